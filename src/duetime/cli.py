@@ -1,0 +1,102 @@
+"""The `duetime` command: `serve`, `demo`. The only place that turns errors into exit codes."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import sys
+from pathlib import Path
+
+from duetime.config import server_settings
+from duetime.errors import ConfigError
+from duetime.loops import new_event_loop
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=getattr(logging, args.log_level.upper()),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        if args.command == "demo":
+            return _demo(args)
+        return _serve(args)
+    except ConfigError as exc:
+        print(f"duetime: {exc.message}", file=sys.stderr)
+        return 2
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="duetime", description=__doc__)
+    parser.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
+    commands = parser.add_subparsers(dest="command", required=True)
+    demo = commands.add_parser("demo", help="write the demo model repository to PATH")
+    demo.add_argument("path", type=Path)
+    serve = commands.add_parser("serve", help="serve a model repository over HTTP and gRPC")
+    serve.add_argument("repository", nargs="?", type=Path, help="the model repository folder")
+    serve.add_argument("--demo", action="store_true", help="serve the built-in demo models")
+    serve.add_argument("--host", help="address to listen on (default 127.0.0.1)")
+    serve.add_argument("--http-port", type=int, help="HTTP port (default 8000; 0 picks one)")
+    serve.add_argument("--grpc-port", type=int, help="gRPC port (default 8001; 0 picks one)")
+    serve.add_argument("--max-body-bytes", type=int, help="largest request body accepted")
+    serve.add_argument("--idle-timeout-s", type=float, help="close idle keep-alive connections")
+    return parser
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from duetime.demo import write_demo_repository
+
+    path = write_demo_repository(args.path)
+    print(f"demo model repository written to {path}")
+    return 0
+
+
+def demo_cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "duetime" / "demo"
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from duetime.server import Server
+
+    if args.demo == (args.repository is not None):
+        raise ConfigError("give a model repository folder or --demo (one of the two)")
+    repository = args.repository
+    if args.demo:
+        from duetime.demo import write_demo_repository
+
+        repository = write_demo_repository(demo_cache_dir())
+    settings = server_settings({
+        "model_repository": repository, "host": args.host, "http_port": args.http_port,
+        "grpc_port": args.grpc_port, "max_body_bytes": args.max_body_bytes,
+        "idle_timeout_s": args.idle_timeout_s,
+    })  # fmt: skip
+    loop = new_event_loop()
+    asyncio.set_event_loop(loop)
+    try:
+        return loop.run_until_complete(_run(Server(settings)))
+    finally:
+        loop.close()
+
+
+async def _run(server: object) -> int:
+    from duetime.server import Server
+
+    assert isinstance(server, Server)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    addresses = await server.start()
+    failures = server.engine.registry.snapshot.failures
+    for name, reason in failures.items():
+        print(f"duetime: model '{name}' not loaded: {reason}", file=sys.stderr)
+    print(addresses.describe(), flush=True)
+    await stop.wait()
+    await server.stop()
+    return 0

@@ -1,0 +1,140 @@
+"""Typed settings, validated once: the model config (config.toml / config.yaml) and the server's."""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from duetime.errors import ConfigError
+
+V2Datatype = Literal[
+    "BOOL", "INT8", "INT16", "INT32", "INT64", "UINT8", "UINT16", "UINT32", "UINT64",
+    "FP16", "FP32", "FP64", "BYTES",
+]  # fmt: skip
+
+CONFIG_FILENAMES = ("config.toml", "config.yaml", "config.yml")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class TensorConfig(_Strict):
+    """An input or output declared in the config; checked against the ONNX graph at load."""
+
+    name: str = Field(min_length=1)
+    datatype: V2Datatype | None = None
+    """The v2 datatype; read from the graph when omitted."""
+    dims: list[int] | None = None
+    """The shape without the batch dim (as Triton's `dims`); -1 marks a free dim."""
+
+
+class SchedulingConfig(_Strict):
+    """How requests for one model are queued and batched."""
+
+    policy: Literal["edf", "fifo"] = "edf"
+    """`edf`: earliest due time first; `fifo`: arrival order (Triton-style batcher)."""
+    max_queue_delay_us: int = Field(default=0, ge=0, le=10_000_000)
+    """The longest a request waits for others to join its batch."""
+    max_queue_size: int = Field(default=1024, ge=1, le=1_000_000)
+    """Requests queued beyond this are rejected at once (HTTP 429 / RESOURCE_EXHAUSTED)."""
+
+
+class ModelConfig(_Strict):
+    """`<repo>/<model>/config.toml`: every field is optional."""
+
+    platform: Literal["onnxruntime_onnx"] = "onnxruntime_onnx"
+    max_batch_size: int | None = Field(default=None, ge=0, le=65_536)
+    """Largest batch one execution takes; 0 disables batching. Default: 32 when the graph's
+    first dim is free on every input and output, else 0."""
+    instances: int = Field(default=1, ge=1, le=64)
+    """ONNX Runtime sessions (each with its own thread) sharing the model's queue."""
+    intra_op_threads: int = Field(default=1, ge=0, le=256)
+    """Threads ORT uses inside one operator; 0 lets ORT choose."""
+    inter_op_threads: int = Field(default=1, ge=1, le=256)
+    default_timeout_ms: float | None = Field(default=None, gt=0)
+    """Due time for requests that bring none; none by default (no deadline)."""
+    scheduling: SchedulingConfig = SchedulingConfig()
+    inputs: list[TensorConfig] | None = None
+    outputs: list[TensorConfig] | None = None
+
+
+def describe_validation_error(source: str, error: ValidationError) -> str:
+    """One line per problem: the file, the dotted field path, what was expected, what came."""
+    lines = []
+    for item in error.errors():
+        where = ".".join(str(part) for part in item["loc"]) or "(top level)"
+        got = f" (got {item['input']!r})" if item["type"] != "missing" else ""
+        lines.append(f"{source}: field '{where}': {item['msg']}{got}")
+    return "; ".join(lines)
+
+
+def read_config_file(path: Path) -> dict[str, Any]:
+    """Parse a TOML or YAML file into a mapping, or raise ConfigError naming the file."""
+    try:
+        text = path.read_text(encoding="utf-8")
+        data = tomllib.loads(text) if path.suffix == ".toml" else yaml.safe_load(text)
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError, yaml.YAMLError) as exc:
+        raise ConfigError(f"{path}: cannot be read as {path.suffix[1:].upper()}: {exc}") from exc
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a table of settings, got {type(data).__name__}")
+    return data
+
+
+def load_model_config(model_dir: Path) -> ModelConfig:
+    """The model's config from `config.toml|yaml|yml` in `model_dir`, or the defaults."""
+    found = [model_dir / name for name in CONFIG_FILENAMES if (model_dir / name).is_file()]
+    if len(found) > 1:
+        names = ", ".join(p.name for p in found)
+        raise ConfigError(f"{model_dir}: more than one config file ({names}); keep one")
+    if not found:
+        return ModelConfig()
+    return parse_model_config(read_config_file(found[0]), source=str(found[0]))
+
+
+def parse_model_config(data: Mapping[str, Any], *, source: str) -> ModelConfig:
+    try:
+        return ModelConfig.model_validate(dict(data))
+    except ValidationError as exc:
+        raise ConfigError(describe_validation_error(source, exc)) from exc
+
+
+class ServerSettings(_Strict):
+    """Settings of one server process: CLI flags, `DUETIME_*` variables, or defaults."""
+
+    model_repository: Path | None = None
+    host: str = "127.0.0.1"
+    http_port: int = Field(default=8000, ge=0, le=65_535)
+    """0 picks a free port."""
+    grpc_port: int = Field(default=8001, ge=0, le=65_535)
+    """0 picks a free port."""
+    max_body_bytes: int = Field(default=64 * 1024 * 1024, ge=1024)
+    max_header_bytes: int = Field(default=64 * 1024, ge=1024)
+    idle_timeout_s: float = Field(default=60.0, gt=0)
+    """A keep-alive connection with no request in flight is closed after this long."""
+    shutdown_grace_s: float = Field(default=5.0, ge=0)
+    """On SIGINT/SIGTERM, queued requests get this long to finish."""
+    max_grpc_message_bytes: int = Field(default=64 * 1024 * 1024, ge=1024)
+
+
+def server_settings(overrides: Mapping[str, Any], env: Mapping[str, str] | None = None) -> ServerSettings:
+    """Build settings from `DUETIME_<FIELD>` variables, then `overrides` (CLI flags) on top."""
+    env = os.environ if env is None else env
+    values: dict[str, Any] = {}
+    for name in ServerSettings.model_fields:
+        key = f"DUETIME_{name.upper()}"
+        if key in env:
+            values[name] = env[key]
+    values.update({k: v for k, v in overrides.items() if v is not None})
+    try:
+        return ServerSettings.model_validate(values)
+    except ValidationError as exc:
+        raise ConfigError(describe_validation_error("server settings", exc)) from exc

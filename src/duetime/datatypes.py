@@ -1,0 +1,68 @@
+"""KServe v2 tensor datatypes and their numpy and ONNX counterparts."""
+
+from __future__ import annotations
+
+from typing import Final
+
+import numpy as np
+
+#: v2 datatype name -> numpy dtype. BYTES tensors are numpy object arrays of `bytes`.
+NUMPY_OF: Final[dict[str, np.dtype[np.generic]]] = {
+    "BOOL": np.dtype(np.bool_),
+    "INT8": np.dtype(np.int8),
+    "INT16": np.dtype(np.int16),
+    "INT32": np.dtype(np.int32),
+    "INT64": np.dtype(np.int64),
+    "UINT8": np.dtype(np.uint8),
+    "UINT16": np.dtype(np.uint16),
+    "UINT32": np.dtype(np.uint32),
+    "UINT64": np.dtype(np.uint64),
+    "FP16": np.dtype(np.float16),
+    "FP32": np.dtype(np.float32),
+    "FP64": np.dtype(np.float64),
+    "BYTES": np.dtype(np.object_),
+}
+
+#: Little-endian wire dtypes for the binary extension and gRPC raw contents.
+WIRE_DTYPE_OF: Final[dict[str, np.dtype[np.generic]]] = {
+    name: dt.newbyteorder("<") for name, dt in NUMPY_OF.items() if name != "BYTES"
+}
+
+#: ONNX Runtime's type strings (`NodeArg.type`) -> v2 datatype name.
+V2_OF_ONNX: Final[dict[str, str]] = {
+    "tensor(bool)": "BOOL",
+    "tensor(int8)": "INT8",
+    "tensor(int16)": "INT16",
+    "tensor(int32)": "INT32",
+    "tensor(int64)": "INT64",
+    "tensor(uint8)": "UINT8",
+    "tensor(uint16)": "UINT16",
+    "tensor(uint32)": "UINT32",
+    "tensor(uint64)": "UINT64",
+    "tensor(float16)": "FP16",
+    "tensor(float)": "FP32",
+    "tensor(double)": "FP64",
+    "tensor(string)": "BYTES",
+}
+
+#: Triton's model-config enum names, used by the config endpoints.
+TRITON_TYPE_OF: Final[dict[str, str]] = {
+    name: "TYPE_STRING" if name == "BYTES" else f"TYPE_{name}" for name in NUMPY_OF
+}
+
+_V2_OF_KIND: Final[dict[str, str]] = {str(dt): name for name, dt in NUMPY_OF.items()}
+
+
+def v2_datatype_of(array: np.ndarray) -> str:
+    """The v2 datatype name of a numpy array; `bytes`/`str` arrays map to BYTES."""
+    if array.dtype.kind in "OSU":
+        return "BYTES"
+    try:
+        return _V2_OF_KIND[str(array.dtype.newbyteorder("="))]
+    except KeyError:
+        raise TypeError(f"numpy dtype {array.dtype} has no KServe v2 datatype") from None
+
+
+def element_size(datatype: str) -> int:
+    """Bytes per element on the wire; 0 for BYTES, whose elements vary in size."""
+    return 0 if datatype == "BYTES" else NUMPY_OF[datatype].itemsize

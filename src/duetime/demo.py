@@ -1,0 +1,160 @@
+"""Build the built-in demo model repository (an MLP and a small ResNet) with onnx.
+
+Weights come from fixed numpy seeds, so the written files are byte-identical across runs.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import pathlib
+from dataclasses import dataclass, field
+
+import numpy as np
+import numpy.typing as npt
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+OPSET = 17
+IR_VERSION = 8  # lowest IR version that supports opset 17; widely loadable
+PRODUCER = "duetime.demo"
+BATCH_DIM = "batch"
+
+MLP_SEED = 1234
+RESNET_SEED = 5678
+MLP_LAYERS = (40, 256, 256, 3)
+RESNET_STEM = 32
+RESNET_WIDE = 64
+RESNET_CLASSES = 10
+RESNET_IMAGE = 64
+
+FloatArray = npt.NDArray[np.float32]
+
+
+@dataclass
+class _GraphBuilder:
+    """Accumulates nodes and initializers with deterministic unique names."""
+
+    rng: np.random.Generator
+    nodes: list[onnx.NodeProto] = field(default_factory=list)
+    inits: list[onnx.TensorProto] = field(default_factory=list)
+    counter: int = 0
+
+    def fresh(self, prefix: str) -> str:
+        self.counter += 1
+        return f"{prefix}_{self.counter}"
+
+    def const(self, prefix: str, value: FloatArray) -> str:
+        name = self.fresh(prefix)
+        self.inits.append(numpy_helper.from_array(value.astype(np.float32), name))
+        return name
+
+    def node(self, op: str, inputs: list[str], output: str | None = None, **attrs: object) -> str:
+        out = output if output is not None else self.fresh(op.lower())
+        node = helper.make_node(op, inputs, [out], name=f"{out}_node")
+        node.attribute.extend(helper.make_attribute(k, v) for k, v in sorted(attrs.items()))
+        self.nodes.append(node)
+        return out
+
+    def he_normal(self, shape: tuple[int, ...], fan_in: int) -> FloatArray:
+        weights: FloatArray = self.rng.standard_normal(shape, dtype=np.float32)
+        return weights * np.float32(np.sqrt(2.0 / fan_in))
+
+
+def _finish_model(
+    b: _GraphBuilder, name: str, doc: str, inp: onnx.ValueInfoProto, out: onnx.ValueInfoProto
+) -> onnx.ModelProto:
+    """Wrap the builder's nodes into a checked ModelProto."""
+    graph = helper.make_graph(b.nodes, name, [inp], [out], initializer=b.inits, doc_string=doc)
+    model = helper.make_model(
+        graph,
+        opset_imports=[helper.make_opsetid("", OPSET)],
+        producer_name=PRODUCER,
+        producer_version="1",
+        doc_string=doc,
+    )
+    model.ir_version = IR_VERSION
+    onnx.checker.check_model(model, full_check=True)
+    return model
+
+
+def _tensor_info(name: str, dims: list[int]) -> onnx.ValueInfoProto:
+    """FP32 value info with a symbolic leading batch dimension."""
+    shape: list[int | str] = [BATCH_DIM, *dims]
+    return helper.make_tensor_value_info(name, TensorProto.FLOAT, shape)
+
+
+def build_mlp(seed: int = MLP_SEED) -> onnx.ModelProto:
+    """MLP 40 -> 256 -> 256 -> 3 with ReLU after the hidden layers: x [N,40] -> y [N,3]."""
+    b = _GraphBuilder(np.random.default_rng(seed))
+    h = "x"
+    last = len(MLP_LAYERS) - 2
+    for i, (fan_in, fan_out) in enumerate(itertools.pairwise(MLP_LAYERS)):
+        w = b.const("w", b.he_normal((fan_in, fan_out), fan_in))
+        bias = b.const("b", (b.rng.standard_normal(fan_out) * 0.01).astype(np.float32))
+        h = b.node("Gemm", [h, w, bias], output="y" if i == last else None)
+        if i < last:
+            h = b.node("Relu", [h])
+    doc = "Demo MLP: 40 -> 256 -> 256 -> 3, ReLU activations, FP32, dynamic batch."
+    inp, out = _tensor_info("x", [MLP_LAYERS[0]]), _tensor_info("y", [MLP_LAYERS[-1]])
+    return _finish_model(b, "mlp", doc, inp, out)
+
+
+def _conv_bn(b: _GraphBuilder, x: str, cin: int, cout: int, kernel: int, stride: int) -> str:
+    """Bias-free Conv followed by an inference-mode BatchNormalization."""
+    w = b.const("conv_w", b.he_normal((cout, cin, kernel, kernel), cin * kernel * kernel))
+    pads = [kernel // 2] * 4
+    y = b.node("Conv", [x, w], kernel_shape=[kernel] * 2, strides=[stride] * 2, pads=pads)
+    scale = b.const("bn_scale", b.rng.uniform(0.5, 1.5, cout).astype(np.float32))
+    bias = b.const("bn_bias", (b.rng.standard_normal(cout) * 0.1).astype(np.float32))
+    mean = b.const("bn_mean", (b.rng.standard_normal(cout) * 0.1).astype(np.float32))
+    var = b.const("bn_var", b.rng.uniform(0.5, 1.5, cout).astype(np.float32))
+    return b.node("BatchNormalization", [y, scale, bias, mean, var], epsilon=1e-5)
+
+
+def _residual_block(b: _GraphBuilder, x: str, cin: int, cout: int, stride: int) -> str:
+    """Basic ResNet block: two 3x3 Conv-BN layers plus a (projected) shortcut."""
+    h = b.node("Relu", [_conv_bn(b, x, cin, cout, 3, stride)])
+    h = _conv_bn(b, h, cout, cout, 3, 1)
+    shortcut = x if (cin == cout and stride == 1) else _conv_bn(b, x, cin, cout, 1, stride)
+    return b.node("Relu", [b.node("Add", [h, shortcut])])
+
+
+def build_resnet(seed: int = RESNET_SEED) -> onnx.ModelProto:
+    """Small residual CNN: image [N,3,64,64] -> logits [N,10]."""
+    b = _GraphBuilder(np.random.default_rng(seed))
+    h = b.node("Relu", [_conv_bn(b, "image", 3, RESNET_STEM, 3, 2)])
+    h = _residual_block(b, h, RESNET_STEM, RESNET_STEM, 1)
+    h = _residual_block(b, h, RESNET_STEM, RESNET_WIDE, 2)
+    h = _residual_block(b, h, RESNET_WIDE, RESNET_WIDE, 1)
+    h = b.node("Flatten", [b.node("GlobalAveragePool", [h])], axis=1)
+    w = b.const("fc_w", b.he_normal((RESNET_WIDE, RESNET_CLASSES), RESNET_WIDE) * np.float32(0.5))
+    bias = b.const("fc_b", np.zeros(RESNET_CLASSES, dtype=np.float32))
+    b.node("Gemm", [h, w, bias], output="logits")
+    doc = (
+        "Demo ResNet: Conv-BN-Relu stem 3->32 stride 2, a 32-ch residual block, "
+        "a stride-2 block to 64 ch, a 64-ch block, GlobalAveragePool, Gemm -> 10 logits."
+    )
+    image = _tensor_info("image", [3, RESNET_IMAGE, RESNET_IMAGE])
+    return _finish_model(b, "resnet", doc, image, _tensor_info("logits", [RESNET_CLASSES]))
+
+
+def _write_model(root: pathlib.Path, name: str, model: onnx.ModelProto, max_batch: int) -> None:
+    """Write NAME/config.toml and NAME/1/model.onnx under root."""
+    version_dir = root / name / "1"
+    version_dir.mkdir(parents=True, exist_ok=True)
+    config = f"# {model.graph.doc_string}\nmax_batch_size = {max_batch}\n"
+    (root / name / "config.toml").write_text(config, encoding="utf-8")
+    (version_dir / "model.onnx").write_bytes(model.SerializeToString(deterministic=True))
+
+
+def write_demo_repository(path: str | os.PathLike[str]) -> pathlib.Path:
+    """Write the demo repository to `path` (created if missing); returns the path.
+
+    Idempotent: rewrites the files.
+    """
+    root = pathlib.Path(path)
+    root.mkdir(parents=True, exist_ok=True)
+    _write_model(root, "mlp", build_mlp(), max_batch=64)
+    _write_model(root, "resnet", build_resnet(), max_batch=32)
+    return root

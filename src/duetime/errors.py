@@ -1,0 +1,87 @@
+"""The one error taxonomy: each error knows its HTTP status, its gRPC code and how to say what to do."""
+
+from __future__ import annotations
+
+
+class DuetimeError(Exception):
+    """Base of every error duetime reports to a client.
+
+    `http_status` and `grpc_code` (the name of a `grpc.StatusCode` member) map the error onto both
+    protocols, so the core never imports a transport. `retry_after_s`, when set, becomes the HTTP
+    `Retry-After` header.
+    """
+
+    http_status: int = 500
+    grpc_code: str = "INTERNAL"
+    retry_after_s: float | None = None
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.message!r})"
+
+
+class InvalidInput(DuetimeError):
+    """The request does not match the protocol or the model's signature."""
+
+    http_status = 400
+    grpc_code = "INVALID_ARGUMENT"
+
+
+class PayloadTooLarge(DuetimeError):
+    """The request body or one of its headers is over a configured limit."""
+
+    http_status = 413
+    grpc_code = "RESOURCE_EXHAUSTED"
+
+
+class ModelNotFound(DuetimeError):
+    """No such model, or no such version of it."""
+
+    http_status = 404
+    grpc_code = "NOT_FOUND"
+
+
+class ModelUnavailable(DuetimeError):
+    """The model exists but cannot serve now (still loading, failed to load, or shutting down)."""
+
+    http_status = 503
+    grpc_code = "UNAVAILABLE"
+
+
+class Overloaded(DuetimeError):
+    """Admission refused the request: the queue is full or its due time cannot be met."""
+
+    http_status = 429
+    grpc_code = "RESOURCE_EXHAUSTED"
+
+    def __init__(self, message: str, *, retry_after_s: float | None = 1.0) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class DeadlineExceeded(DuetimeError):
+    """The request's due time passed before an answer could be produced."""
+
+    http_status = 504
+    grpc_code = "DEADLINE_EXCEEDED"
+
+
+class Cancelled(DuetimeError):
+    """The client went away or cancelled the request before it ran."""
+
+    http_status = 499
+    grpc_code = "CANCELLED"
+
+
+class InternalError(DuetimeError):
+    """A fault inside duetime or ONNX Runtime; never the client's input."""
+
+
+class ConfigError(DuetimeError):
+    """A model repository or server setting is invalid; the message names the file and field."""
+
+    http_status = 400
+    grpc_code = "INVALID_ARGUMENT"

@@ -1,0 +1,1 @@
+"""Execution: ONNX Runtime sessions, each owned by one instance thread."""

@@ -1,0 +1,172 @@
+"""The thread boundary: each model instance is a thread that owns one ONNX Runtime session.
+
+The event loop hands a `BatchJob` to an instance with `Executor.submit`; the instance gathers the
+inputs, runs the session (ORT releases the GIL), splits the outputs per request and hands a
+`BatchResult` back with `loop.call_soon_threadsafe`. Instance threads never touch scheduler state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from duetime.errors import DuetimeError, InvalidInput
+from duetime.execution.ort import strings_from_ort
+
+Feeds = dict[str, np.ndarray]
+
+
+@dataclass(slots=True, eq=False)
+class BatchJob:
+    """Requests to run together: their inputs and rows (all share the non-batch dims)."""
+
+    feeds: list[Feeds]
+    rows: list[int]
+    on_done: Callable[[BatchResult], None]
+    """Called on the event loop with the result."""
+
+
+@dataclass(slots=True, eq=False)
+class BatchResult:
+    """What one execution produced: per request, either its outputs or the error it caused."""
+
+    job: BatchJob
+    instance: int
+    outputs: list[Feeds | DuetimeError] = field(default_factory=list)
+    compute_ns: int = 0
+    """Time inside `session.run`, summed over runs (an isolated retry runs more than once)."""
+
+
+class _Stop:
+    """Tells an instance thread to finish (queued after any pending job)."""
+
+
+class Executor:
+    """The instance threads of one model version, with ORT sessions they own exclusively."""
+
+    def __init__(
+        self,
+        sessions: Sequence[Any],
+        *,
+        output_names: Sequence[str],
+        string_outputs: frozenset[str],
+        batched: bool,
+        label: str,
+    ) -> None:
+        self._sessions = list(sessions)
+        self._output_names = list(output_names)
+        self._string_outputs = string_outputs
+        self._batched = batched
+        self._label = label
+        self._queues: list[queue.SimpleQueue[BatchJob | _Stop]] = []
+        self._threads: list[threading.Thread] = []
+
+    @property
+    def instances(self) -> int:
+        return len(self._sessions)
+
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        for index, session in enumerate(self._sessions):
+            jobs: queue.SimpleQueue[BatchJob | _Stop] = queue.SimpleQueue()
+            thread = threading.Thread(
+                target=self._serve,
+                args=(index, session, jobs, loop),
+                name=f"duetime-{self._label}-i{index}",
+                daemon=True,
+            )
+            self._queues.append(jobs)
+            self._threads.append(thread)
+            thread.start()
+
+    def submit(self, instance: int, job: BatchJob) -> None:
+        """Queue `job` on one instance; the scheduler submits only to an idle instance."""
+        self._queues[instance].put(job)
+
+    def close(self, timeout_s: float = 5.0) -> None:
+        """Stop the threads once they finish their current job; drops the sessions."""
+        for jobs in self._queues:
+            jobs.put(_Stop())
+        for thread in self._threads:
+            thread.join(timeout_s)
+        self._sessions.clear()
+
+    def run_sync(self, feeds: Feeds, instance: int = 0) -> list[np.ndarray]:
+        """Run one set of feeds on the calling thread (load-time warm-up and profiling only)."""
+        return list(self._sessions[instance].run(self._output_names, feeds))
+
+    def _serve(
+        self,
+        index: int,
+        session: Any,
+        jobs: queue.SimpleQueue[BatchJob | _Stop],
+        loop: asyncio.AbstractEventLoop,
+    ) -> None:
+        while True:
+            job = jobs.get()
+            if isinstance(job, _Stop):
+                return
+            result = BatchResult(job, index)
+            self._execute(session, job, result)
+            try:
+                loop.call_soon_threadsafe(job.on_done, result)
+            except RuntimeError:  # the loop closed under us: nobody is waiting any more
+                return
+
+    def _execute(self, session: Any, job: BatchJob, result: BatchResult) -> None:
+        try:
+            result.outputs = self._split(self._run(session, _gather(job), result), job.rows)
+        except Exception as exc:
+            if len(job.feeds) == 1:
+                result.outputs = [_run_error(exc)]
+                return
+            # NOTE: one request's values can make ORT fail (an index out of range, say); run each
+            # alone so that only the request that caused it fails, not the whole batch.
+            result.outputs = [self._isolated(session, feeds, result) for feeds in job.feeds]
+
+    def _isolated(self, session: Any, feeds: Feeds, result: BatchResult) -> Feeds | DuetimeError:
+        try:
+            return self._split(self._run(session, feeds, result), [0])[0]
+        except Exception as exc:
+            return _run_error(exc)
+
+    def _run(self, session: Any, feeds: Feeds, result: BatchResult) -> list[np.ndarray]:
+        started = time.perf_counter_ns()
+        outputs: list[np.ndarray] = session.run(self._output_names, feeds)
+        result.compute_ns += time.perf_counter_ns() - started
+        return outputs
+
+    def _split(self, outputs: list[np.ndarray], rows: list[int]) -> list[Feeds]:
+        named = {
+            name: strings_from_ort(array) if name in self._string_outputs else array
+            for name, array in zip(self._output_names, outputs, strict=True)
+        }
+        if len(rows) == 1:
+            return [named]
+        parts: list[Feeds] = [{} for _ in rows]
+        for name, array in named.items():
+            start = 0
+            for part, count in zip(parts, rows, strict=True):
+                part[name] = array[start : start + count]
+                start += count
+        return parts
+
+
+def _gather(job: BatchJob) -> Feeds:
+    """One feed dict for the whole batch: each input concatenated along the batch dim."""
+    if len(job.feeds) == 1:
+        return job.feeds[0]
+    return {name: np.concatenate([f[name] for f in job.feeds]) for name in job.feeds[0]}
+
+
+def _run_error(exc: Exception) -> DuetimeError:
+    # Inputs were checked against the signature before they got here, so what ORT still refuses
+    # depends on the values a client sent (an index out of range, a shape a Reshape rejects).
+    reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return InvalidInput(f"ONNX Runtime could not run the model on these inputs: {reason}")

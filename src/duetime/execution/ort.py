@@ -1,0 +1,84 @@
+"""ONNX Runtime sessions: options, the signature a graph declares, and string-tensor conversion."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnxruntime as ort
+
+from duetime.datatypes import V2_OF_ONNX
+from duetime.errors import ConfigError, InvalidInput
+from duetime.types import TensorSpec
+
+
+def session_options(*, intra_op_threads: int, inter_op_threads: int) -> ort.SessionOptions:
+    """Options for a serving session: full graph optimisation, sequential execution."""
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    options.intra_op_num_threads = intra_op_threads
+    options.inter_op_num_threads = inter_op_threads
+    # NOTE: spinning ORT workers would steal the core the event loop needs on small machines.
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    options.log_severity_level = 3
+    return options
+
+
+def open_session(model_path: Path, options: ort.SessionOptions) -> ort.InferenceSession:
+    """An InferenceSession on the CPU, or ConfigError naming the file and ORT's reason."""
+    try:
+        return ort.InferenceSession(
+            str(model_path), sess_options=options, providers=["CPUExecutionProvider"]
+        )
+    except Exception as exc:  # ORT raises its own exception types for bad graphs and files
+        raise ConfigError(f"{model_path}: ONNX Runtime cannot load it: {exc}") from exc
+
+
+def graph_specs(session: ort.InferenceSession, model_path: Path) -> tuple[list[TensorSpec], list[TensorSpec]]:
+    """The inputs and outputs the graph declares, with symbolic or unknown dims as -1."""
+    return _specs(session.get_inputs(), model_path, "input"), _specs(
+        session.get_outputs(), model_path, "output"
+    )
+
+
+def _specs(args: list[Any], model_path: Path, kind: str) -> list[TensorSpec]:
+    specs = []
+    for arg in args:
+        datatype = V2_OF_ONNX.get(arg.type)
+        if datatype is None:
+            raise ConfigError(
+                f"{model_path}: {kind} '{arg.name}' has type {arg.type}, which duetime cannot "
+                f"serve; supported: {', '.join(sorted(V2_OF_ONNX))}"
+            )
+        shape = tuple(d if isinstance(d, int) and d >= 0 else -1 for d in (arg.shape or ()))
+        specs.append(TensorSpec(arg.name, datatype, shape))
+    return specs
+
+
+def strings_for_ort(array: np.ndarray, input_name: str) -> np.ndarray:
+    """BYTES elements as `str` (ONNX string tensors hold UTF-8 text); InvalidInput otherwise."""
+    flat = array.reshape(-1)
+    out = np.empty(flat.shape, dtype=object)
+    for i, item in enumerate(flat):
+        if isinstance(item, bytes | bytearray | memoryview):
+            try:
+                out[i] = bytes(item).decode("utf-8")
+            except UnicodeDecodeError:
+                raise InvalidInput(
+                    f"input '{input_name}': BYTES element {i} is not valid UTF-8; the model's "
+                    "string tensor holds text"
+                ) from None
+        else:
+            out[i] = str(item)
+    return out.reshape(array.shape)
+
+
+def strings_from_ort(array: np.ndarray) -> np.ndarray:
+    """ORT string outputs (`str` objects) as BYTES elements (`bytes`)."""
+    flat = array.reshape(-1)
+    out = np.empty(flat.shape, dtype=object)
+    for i, item in enumerate(flat):
+        out[i] = item.encode("utf-8") if isinstance(item, str) else bytes(item)
+    return out.reshape(array.shape)

@@ -1,0 +1,1 @@
+"""Front ends: adapters from the wire (HTTP/REST, gRPC) to the Engine and back."""

@@ -1,0 +1,162 @@
+"""Wire tensors <-> numpy arrays, shared by the HTTP and gRPC front ends.
+
+Raw bytes become arrays without a copy (`np.frombuffer`) where the datatype allows; BYTES tensors
+use the v2 binary layout: each element a 4-byte little-endian length, then its bytes.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from duetime.datatypes import NUMPY_OF, WIRE_DTYPE_OF
+from duetime.errors import InvalidInput
+
+_LENGTH = struct.Struct("<I")
+_MAX_DIMS = 16
+_MAX_ELEMENTS = 1 << 40
+
+
+def parse_shape(value: Any, where: str) -> tuple[int, ...]:
+    """A tensor shape from the wire: a list of non-negative integers."""
+    if not isinstance(value, list | tuple) or len(value) > _MAX_DIMS:
+        raise InvalidInput(f"{where}: 'shape' must be a list of at most {_MAX_DIMS} integers")
+    for dim in value:
+        if isinstance(dim, bool) or not isinstance(dim, int) or dim < 0:
+            raise InvalidInput(f"{where}: 'shape' must hold non-negative integers, got {value!r}")
+    shape = tuple(value)
+    if math.prod(shape) > _MAX_ELEMENTS:
+        raise InvalidInput(f"{where}: shape {list(shape)} has too many elements")
+    return shape
+
+
+def check_datatype(value: Any, where: str) -> str:
+    if not isinstance(value, str) or value not in NUMPY_OF:
+        known = ", ".join(NUMPY_OF)
+        raise InvalidInput(f"{where}: 'datatype' {value!r} is not a v2 datatype; expected one of {known}")
+    return value
+
+
+def from_raw(buffer: bytes | memoryview, datatype: str, shape: tuple[int, ...], where: str) -> np.ndarray:
+    """An array over `buffer` (no copy for fixed-size types); InvalidInput if the size is wrong."""
+    count = math.prod(shape)
+    if datatype == "BYTES":
+        return _bytes_from_raw(memoryview(buffer), count, where).reshape(shape)
+    dtype = WIRE_DTYPE_OF[datatype]
+    expected = count * dtype.itemsize
+    if len(buffer) != expected:
+        raise InvalidInput(
+            f"{where}: {len(buffer)} bytes of data do not make a {datatype} tensor of shape "
+            f"{list(shape)}, which needs {expected} bytes"
+        )
+    array = np.frombuffer(buffer, dtype=dtype)
+    if datatype == "BOOL" and array.view(np.uint8).max(initial=0) > 1:
+        raise InvalidInput(f"{where}: BOOL data must be bytes 0 or 1")
+    if not dtype.isnative:
+        array = array.astype(dtype.newbyteorder("="))
+    return array.reshape(shape)
+
+
+def _bytes_from_raw(view: memoryview, count: int, where: str) -> np.ndarray:
+    out = np.empty(count, dtype=object)
+    offset, end = 0, len(view)
+    for i in range(count):
+        if offset + 4 > end:
+            raise InvalidInput(f"{where}: BYTES data ends inside element {i} of {count}")
+        (length,) = _LENGTH.unpack_from(view, offset)
+        offset += 4
+        if offset + length > end:
+            raise InvalidInput(f"{where}: BYTES element {i} claims {length} bytes past the end")
+        out[i] = bytes(view[offset : offset + length])
+        offset += length
+    if offset != end:
+        raise InvalidInput(f"{where}: {end - offset} bytes left over after {count} BYTES elements")
+    return out
+
+
+def to_raw(array: np.ndarray, datatype: str) -> bytes:
+    """The raw little-endian bytes of `array` (BYTES: length-prefixed elements)."""
+    if datatype == "BYTES":
+        parts = []
+        for item in array.reshape(-1):
+            data = item if isinstance(item, bytes) else str(item).encode("utf-8")
+            parts.append(_LENGTH.pack(len(data)))
+            parts.append(data)
+        return b"".join(parts)
+    wire = WIRE_DTYPE_OF[datatype]
+    if array.dtype != wire:
+        array = array.astype(wire)
+    return np.ascontiguousarray(array).tobytes()
+
+
+def from_json(data: Any, datatype: str, shape: tuple[int, ...], where: str) -> np.ndarray:
+    """An array from JSON `data` (flat or nested, row-major), checked against datatype and shape."""
+    if not isinstance(data, list):
+        raise InvalidInput(f"{where}: 'data' must be a list of values, got {type(data).__name__}")
+    if datatype == "BYTES":
+        array = _bytes_from_json(data, where)
+    else:
+        array = _numbers_from_json(data, datatype, where)
+    count = math.prod(shape)
+    if array.size != count:
+        raise InvalidInput(
+            f"{where}: 'data' holds {array.size} values but shape {list(shape)} needs {count}"
+        )
+    return array.reshape(shape)
+
+
+def _numbers_from_json(data: list[Any], datatype: str, where: str) -> np.ndarray:
+    try:
+        parsed = np.asarray(data)
+    except (ValueError, TypeError, OverflowError):
+        raise InvalidInput(f"{where}: 'data' is not a regular list of {datatype} values") from None
+    kind = parsed.dtype.kind
+    dtype = NUMPY_OF[datatype]
+    allowed = {"b": "b", "i": "iu", "u": "iu", "f": "iuf"}[dtype.kind]
+    if parsed.size and kind not in allowed:
+        raise InvalidInput(f"{where}: 'data' holds values that are not {datatype} ({parsed.dtype})")
+    if dtype.kind in "iu" and parsed.size:
+        info = np.iinfo(dtype)
+        if parsed.min() < info.min or parsed.max() > info.max:
+            raise InvalidInput(f"{where}: 'data' has values outside the range of {datatype}")
+    return parsed.astype(dtype, copy=False).reshape(-1)
+
+
+def _bytes_from_json(data: list[Any], where: str) -> np.ndarray:
+    flat = _flatten(data)
+    out = np.empty(len(flat), dtype=object)
+    for i, item in enumerate(flat):
+        if not isinstance(item, str):
+            raise InvalidInput(f"{where}: BYTES 'data' element {i} must be a string")
+        out[i] = item.encode("utf-8")
+    return out
+
+
+def _flatten(data: Sequence[Any]) -> list[Any]:
+    flat: list[Any] = []
+    stack = [iter(data)]
+    while stack:
+        for item in stack[-1]:
+            if isinstance(item, list):
+                if len(stack) > _MAX_DIMS:
+                    raise InvalidInput("'data' is nested deeper than any tensor")
+                stack.append(iter(item))
+                break
+            flat.append(item)
+        else:
+            stack.pop()
+    return flat
+
+
+def to_json_data(array: np.ndarray, datatype: str) -> Any:
+    """Row-major flat values for a JSON response (BYTES as UTF-8 text)."""
+    if datatype == "BYTES":
+        return [
+            item.decode("utf-8", "replace") if isinstance(item, bytes) else str(item)
+            for item in array.reshape(-1)
+        ]
+    return np.ascontiguousarray(array).reshape(-1)

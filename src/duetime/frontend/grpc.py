@@ -1,0 +1,221 @@
+"""The KServe v2 gRPC front end (`inference.GRPCInferenceService`) on grpc.aio."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
+
+import grpc
+import numpy as np
+from google.protobuf import json_format
+
+from duetime import __version__
+from duetime.config import ServerSettings
+from duetime.datatypes import NUMPY_OF, v2_datatype_of
+from duetime.engine import Engine, Ticket
+from duetime.errors import DuetimeError, InternalError, InvalidInput
+from duetime.frontend import codec
+from duetime.frontend.metadata import model_config_json, model_metadata_json
+from duetime.frontend.parameters import priority_of
+from duetime.frontend.proto import grpc_service_pb2 as pb
+from duetime.frontend.proto import grpc_service_pb2_grpc as pb_grpc
+from duetime.frontend.rest import EXTENSIONS
+from duetime.types import InferRequest
+
+log = logging.getLogger("duetime.grpc")
+
+#: v2 datatype -> the InferTensorContents field that carries it (FP16 only travels raw).
+_CONTENTS_FIELD = {
+    "BOOL": "bool_contents", "INT8": "int_contents", "INT16": "int_contents",
+    "INT32": "int_contents", "INT64": "int64_contents", "UINT8": "uint_contents",
+    "UINT16": "uint_contents", "UINT32": "uint_contents", "UINT64": "uint64_contents",
+    "FP32": "fp32_contents", "FP64": "fp64_contents", "BYTES": "bytes_contents",
+}  # fmt: skip
+
+
+class InferenceService(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
+    """Answers v2 gRPC calls from the engine; every DuetimeError becomes its status code."""
+
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
+        self.accepting = True
+
+    async def ServerLive(self, request: Any, context: Any) -> Any:
+        return pb.ServerLiveResponse(live=True)
+
+    async def ServerReady(self, request: Any, context: Any) -> Any:
+        return pb.ServerReadyResponse(ready=self.accepting and self._engine.ready)
+
+    async def ModelReady(self, request: Any, context: Any) -> Any:
+        try:
+            self._engine.registry.resolve(request.name, request.version or None)
+        except DuetimeError:
+            return pb.ModelReadyResponse(ready=False)
+        return pb.ModelReadyResponse(ready=self.accepting)
+
+    async def ServerMetadata(self, request: Any, context: Any) -> Any:
+        return pb.ServerMetadataResponse(name="duetime", version=__version__, extensions=EXTENSIONS)
+
+    async def ModelMetadata(self, request: Any, context: Any) -> Any:
+        try:
+            deployment = self._engine.registry.resolve(request.name, request.version or None)
+            served = self._engine.registry.snapshot.models[request.name]
+        except DuetimeError as exc:
+            await _abort(context, exc)
+        doc = model_metadata_json(deployment.model, sorted(served.versions, key=int))
+        return json_format.ParseDict(doc, pb.ModelMetadataResponse())
+
+    async def ModelConfig(self, request: Any, context: Any) -> Any:
+        try:
+            deployment = self._engine.registry.resolve(request.name, request.version or None)
+        except DuetimeError as exc:
+            await _abort(context, exc)
+        response = pb.ModelConfigResponse()
+        json_format.ParseDict(model_config_json(deployment.model), response.config)
+        return response
+
+    async def ModelInfer(self, request: Any, context: Any) -> Any:
+        try:
+            ticket = self._submit(request, context)
+            return await _response(ticket, request.id)
+        except DuetimeError as exc:
+            await _abort(context, exc)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            log.exception("internal error in ModelInfer")
+            await _abort(context, InternalError(f"internal error: {type(exc).__name__}: {exc}"))
+
+    async def ModelStreamInfer(self, requests: AsyncIterator[Any], context: Any) -> AsyncIterator[Any]:
+        async for request in requests:
+            try:
+                response = await _response(self._submit(request, context), request.id)
+                yield pb.ModelStreamInferResponse(infer_response=response)
+            except DuetimeError as exc:
+                yield pb.ModelStreamInferResponse(error_message=exc.message)
+
+    def _submit(self, request: Any, context: Any) -> Ticket:
+        parameters = _parameters(request.parameters)
+        infer = InferRequest(
+            model=request.model_name,
+            inputs=decode_inputs(request),
+            version=request.model_version or None,
+            outputs=tuple(o.name for o in request.outputs) or None,
+            id=request.id,
+            due_ns=self._due(parameters, context),
+            priority=priority_of(parameters),
+            parameters=parameters,
+        )
+        return self._engine.submit(infer)
+
+    def _due(self, parameters: Mapping[str, Any], context: Any) -> int | None:
+        from duetime.frontend.parameters import due_from_timeout_us
+
+        now = self._engine.clock.now_ns()
+        due = due_from_timeout_us(parameters, now)
+        remaining = context.time_remaining()
+        if remaining is not None:
+            grpc_due = now + int(remaining * 1e9)
+            due = grpc_due if due is None else min(due, grpc_due)
+        return due
+
+
+async def _response(ticket: Ticket, request_id: str) -> Any:
+    try:
+        await ticket.future
+    except asyncio.CancelledError:
+        ticket.future.cancel()
+        raise
+    result = ticket.response(request_id)
+    response = pb.ModelInferResponse(
+        model_name=result.model, model_version=result.version, id=request_id
+    )
+    for name, array in result.outputs.items():
+        datatype = v2_datatype_of(array)
+        response.outputs.add(name=name, datatype=datatype, shape=array.shape)
+        response.raw_output_contents.append(codec.to_raw(array, datatype))
+    return response
+
+
+def decode_inputs(request: Any) -> dict[str, np.ndarray]:
+    """Input arrays from `raw_input_contents` (zero-copy) or typed `contents`."""
+    raw = request.raw_input_contents
+    if raw and len(raw) != len(request.inputs):
+        raise InvalidInput(
+            f"raw_input_contents has {len(raw)} entries but there are {len(request.inputs)} "
+            "inputs; send one raw entry per input, in order, or use typed contents for all"
+        )
+    arrays: dict[str, np.ndarray] = {}
+    for index, tensor in enumerate(request.inputs):
+        if not tensor.name:
+            raise InvalidInput(f"inputs[{index}]: 'name' must be a non-empty string")
+        where = f"input '{tensor.name}'"
+        if tensor.name in arrays:
+            raise InvalidInput(f"{where} appears more than once")
+        if "shared_memory_region" in tensor.parameters:
+            raise InvalidInput(f"{where}: shared memory is not supported; send the data inline")
+        datatype = codec.check_datatype(tensor.datatype, where)
+        shape = codec.parse_shape(list(tensor.shape), where)
+        if raw:
+            if tensor.HasField("contents"):
+                raise InvalidInput(f"{where}: has typed contents and raw_input_contents; use one")
+            arrays[tensor.name] = codec.from_raw(raw[index], datatype, shape, where)
+        else:
+            arrays[tensor.name] = _from_contents(tensor, datatype, shape, where)
+    return arrays
+
+
+def _from_contents(tensor: Any, datatype: str, shape: tuple[int, ...], where: str) -> np.ndarray:
+    field = _CONTENTS_FIELD.get(datatype)
+    if field is None:
+        raise InvalidInput(f"{where}: {datatype} data must be sent in raw_input_contents")
+    values = getattr(tensor.contents, field)
+    count = int(np.prod(shape))
+    if len(values) != count:
+        raise InvalidInput(
+            f"{where}: contents.{field} holds {len(values)} values but shape {list(shape)} "
+            f"needs {count}"
+        )
+    if datatype == "BYTES":
+        array = np.empty(count, dtype=object)
+        array[:] = list(values)
+        return array.reshape(shape)
+    dtype = NUMPY_OF[datatype]
+    if dtype.kind in "iu" and count:
+        info = np.iinfo(dtype)
+        wide = np.asarray(values, dtype=np.int64 if dtype != np.uint64 else np.uint64)
+        if wide.min() < info.min or wide.max() > info.max:
+            raise InvalidInput(f"{where}: contents.{field} has values outside {datatype}")
+    return np.asarray(values, dtype=dtype).reshape(shape)
+
+
+def _parameters(parameters: Mapping[str, Any]) -> dict[str, Any]:
+    values: dict[str, Any] = {}
+    for key, parameter in parameters.items():
+        choice = parameter.WhichOneof("parameter_choice")
+        values[key] = None if choice is None else getattr(parameter, choice)
+    return values
+
+
+async def _abort(context: Any, exc: DuetimeError) -> None:
+    await context.abort(getattr(grpc.StatusCode, exc.grpc_code), exc.message)
+
+
+async def serve_grpc(service: InferenceService, settings: ServerSettings) -> tuple[Any, int]:
+    """Start the gRPC server on `settings.host:grpc_port` (0: any free port); returns it and the port."""
+    limit = settings.max_grpc_message_bytes
+    server = grpc.aio.server(
+        options=[
+            ("grpc.max_receive_message_length", limit),
+            ("grpc.max_send_message_length", limit),
+            ("grpc.so_reuseport", 0),
+        ]
+    )
+    pb_grpc.add_GRPCInferenceServiceServicer_to_server(service, server)
+    port = server.add_insecure_port(f"{settings.host}:{settings.grpc_port}")
+    if port == 0:
+        raise OSError(f"cannot listen for gRPC on {settings.host}:{settings.grpc_port}")
+    await server.start()
+    return server, port

@@ -1,0 +1,59 @@
+"""Model metadata and Triton-style model configuration, as plain dicts both front ends encode."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from duetime.datatypes import TRITON_TYPE_OF
+from duetime.repository.loader import LoadedModel
+from duetime.types import TensorSpec
+
+PLATFORM = "onnxruntime_onnx"
+
+
+def model_metadata_json(model: LoadedModel, versions: list[str]) -> dict[str, Any]:
+    """The v2 model metadata object."""
+    return {
+        "name": model.name,
+        "versions": versions,
+        "platform": PLATFORM,
+        "inputs": [_tensor(spec) for spec in model.signature.inputs],
+        "outputs": [_tensor(spec) for spec in model.signature.outputs],
+    }
+
+
+def _tensor(spec: TensorSpec) -> dict[str, Any]:
+    return {"name": spec.name, "datatype": spec.datatype, "shape": list(spec.shape)}
+
+
+def model_config_json(model: LoadedModel) -> dict[str, Any]:
+    """The model's configuration in Triton's JSON form (what `get_model_config` returns)."""
+    signature = model.signature
+    batched = signature.max_batch_size > 0
+    config = model.config
+    scheduling = config.scheduling
+    queue_policy: dict[str, Any] = {"max_queue_size": scheduling.max_queue_size}
+    if config.default_timeout_ms is not None:
+        queue_policy["default_timeout_microseconds"] = int(config.default_timeout_ms * 1000)
+        queue_policy["allow_timeout_override"] = True
+    return {
+        "name": model.name,
+        "platform": PLATFORM,
+        "backend": "onnxruntime",
+        "version_policy": {"latest": {"num_versions": 1}},
+        "max_batch_size": signature.max_batch_size,
+        "input": [_config_tensor(s, batched) for s in signature.inputs],
+        "output": [_config_tensor(s, batched) for s in signature.outputs],
+        "instance_group": [{"name": model.name, "kind": "KIND_CPU", "count": config.instances}],
+        "dynamic_batching": {
+            "max_queue_delay_microseconds": scheduling.max_queue_delay_us,
+            "default_queue_policy": queue_policy,
+        },
+        "parameters": {"scheduling_policy": {"string_value": scheduling.policy}},
+        "default_model_filename": model.path.name,
+    }
+
+
+def _config_tensor(spec: TensorSpec, batched: bool) -> dict[str, Any]:
+    dims = list(spec.shape[1:] if batched else spec.shape)
+    return {"name": spec.name, "data_type": TRITON_TYPE_OF[spec.datatype], "dims": dims}

@@ -1,0 +1,372 @@
+"""The KServe v2 REST API (with Triton's binary tensor extension), independent of the transport.
+
+`RestApi.handle` turns one parsed HTTP request into a `Reply` now, or into a `PendingReply` whose
+ticket resolves on the loop; the HTTP protocol writes either in request order.
+"""
+
+from __future__ import annotations
+
+import logging
+import zlib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import unquote
+
+import numpy as np
+import orjson
+
+from duetime import __version__
+from duetime.config import ServerSettings
+from duetime.engine import Engine, Ticket
+from duetime.errors import (
+    DuetimeError,
+    InternalError,
+    InvalidInput,
+    ModelNotFound,
+    PayloadTooLarge,
+)
+from duetime.frontend import codec
+from duetime.frontend.metadata import model_config_json, model_metadata_json
+from duetime.frontend.parameters import due_from_timeout_us, priority_of
+from duetime.types import InferRequest
+
+log = logging.getLogger("duetime.rest")
+
+EXTENSIONS = ["binary_tensor_data", "model_configuration", "parameters"]
+_JSON = (b"Content-Type", b"application/json")
+_HEADER_LENGTH = "inference-header-content-length"
+
+
+@dataclass(slots=True)
+class Reply:
+    """A finished HTTP response (the protocol adds the status line and Content-Length)."""
+
+    status: int
+    body: bytes = b""
+    headers: tuple[tuple[bytes, bytes], ...] = (_JSON,)
+
+
+@dataclass(slots=True)
+class PendingReply:
+    """An inference response still running; `encode` builds the Reply once the ticket is done."""
+
+    ticket: Ticket
+    encode: Callable[[Ticket], Reply]
+
+
+def error_reply(exc: DuetimeError) -> Reply:
+    headers: tuple[tuple[bytes, bytes], ...] = (_JSON,)
+    if exc.retry_after_s is not None:
+        headers += ((b"Retry-After", str(max(1, round(exc.retry_after_s))).encode()),)
+    return Reply(exc.http_status, orjson.dumps({"error": exc.message}), headers)
+
+
+def _json(value: Any, status: int = 200) -> Reply:
+    return Reply(status, orjson.dumps(value, option=orjson.OPT_SERIALIZE_NUMPY))
+
+
+_EMPTY_OK = Reply(200, b"", ())
+_EMPTY_NOT_READY = Reply(400, b"", ())
+
+
+class RestApi:
+    """Routes `/v2/...` requests to the engine."""
+
+    def __init__(self, engine: Engine, settings: ServerSettings) -> None:
+        self._engine = engine
+        self._settings = settings
+        self.accepting = True
+        """False once shutdown starts: readiness reports false."""
+
+    def handle(
+        self, method: str, target: bytes, headers: Mapping[str, str], body: bytes
+    ) -> Reply | PendingReply:
+        """Answer one request; never raises (errors become their HTTP reply)."""
+        try:
+            return self._route(method, _segments(target), headers, body)
+        except DuetimeError as exc:
+            return error_reply(exc)
+        except Exception as exc:  # a bug of ours: answer 500, log it, keep serving
+            log.exception("internal error on %s %r", method, target)
+            return error_reply(InternalError(f"internal error: {type(exc).__name__}: {exc}"))
+
+    def encode(self, pending: PendingReply) -> Reply:
+        """The reply of a finished inference; never raises."""
+        try:
+            return pending.encode(pending.ticket)
+        except Exception as exc:
+            log.exception("internal error encoding a response")
+            return error_reply(InternalError(f"internal error: {type(exc).__name__}: {exc}"))
+
+    def _route(
+        self, method: str, parts: list[str], headers: Mapping[str, str], body: bytes
+    ) -> Reply | PendingReply:
+        if not parts or parts[0] != "v2":
+            raise ModelNotFound(f"no such endpoint '/{'/'.join(parts)}'; the API is under /v2")
+        rest = parts[1:]
+        if not rest:
+            return _expect(method, "GET", self._server_metadata)
+        if rest[0] == "health" and len(rest) == 2 and rest[1] in ("live", "ready"):
+            return _expect(method, "GET", lambda: self._health(rest[1]))
+        if rest[0] == "models" and len(rest) >= 2:
+            return self._model_route(method, rest[1:], headers, body)
+        raise ModelNotFound(f"no such endpoint '/{'/'.join(parts)}'")
+
+    def _model_route(
+        self, method: str, rest: list[str], headers: Mapping[str, str], body: bytes
+    ) -> Reply | PendingReply:
+        model, version, action = rest[0], None, rest[1:]
+        if len(action) >= 2 and action[0] == "versions":
+            version, action = action[1], action[2:]
+        if not action:
+            return _expect(method, "GET", lambda: self._metadata(model, version))
+        if action == ["ready"]:
+            return _expect(method, "GET", lambda: self._model_ready(model, version))
+        if action == ["config"]:
+            return _expect(method, "GET", lambda: self._config(model, version))
+        if action == ["infer"]:
+            if method != "POST":
+                return _method_not_allowed("POST")
+            return self._infer(model, version, headers, body)
+        raise ModelNotFound(f"no such endpoint under model '{model}': '{'/'.join(action)}'")
+
+    # -- metadata ------------------------------------------------------------------------------
+
+    def _server_metadata(self) -> Reply:
+        return _json({"name": "duetime", "version": __version__, "extensions": EXTENSIONS})
+
+    def _health(self, which: str) -> Reply:
+        if which == "live":
+            return _EMPTY_OK
+        return _EMPTY_OK if self.accepting and self._engine.ready else _EMPTY_NOT_READY
+
+    def _metadata(self, model: str, version: str | None) -> Reply:
+        deployment = self._engine.registry.resolve(model, version)
+        served = self._engine.registry.snapshot.models[model]
+        return _json(model_metadata_json(deployment.model, sorted(served.versions, key=int)))
+
+    def _model_ready(self, model: str, version: str | None) -> Reply:
+        self._engine.registry.resolve(model, version)
+        return _EMPTY_OK if self.accepting else _EMPTY_NOT_READY
+
+    def _config(self, model: str, version: str | None) -> Reply:
+        return _json(model_config_json(self._engine.registry.resolve(model, version).model))
+
+    # -- inference -----------------------------------------------------------------------------
+
+    def _infer(
+        self, model: str, version: str | None, headers: Mapping[str, str], body: bytes
+    ) -> Reply | PendingReply:
+        body = _decoded(body, headers.get("content-encoding"), self._settings.max_body_bytes)
+        header = parse_header_length(headers.get(_HEADER_LENGTH), len(body))
+        request, plan = parse_infer_request(body, header, model, version)
+        request.due_ns = due_from_timeout_us(request.parameters, self._engine.clock.now_ns())
+        request.priority = priority_of(request.parameters)
+        ticket = self._engine.submit(request)
+        return PendingReply(ticket, lambda done: encode_infer_response(done, request.id, plan))
+
+
+# -- request parsing -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class OutputPlan:
+    """How each output goes back: as binary data (True) or JSON values (False)."""
+
+    default_binary: bool
+    binary: Mapping[str, bool]
+
+    def is_binary(self, name: str) -> bool:
+        return self.binary.get(name, self.default_binary)
+
+
+def parse_header_length(value: str | None, body_length: int) -> int | None:
+    if value is None:
+        return None
+    if not value.strip().isdigit() or int(value) > body_length:
+        raise InvalidInput(
+            f"header Inference-Header-Content-Length: {value!r} must be an integer between 0 "
+            f"and the body length {body_length}"
+        )
+    return int(value)
+
+
+def parse_infer_request(
+    body: bytes, header_length: int | None, model: str, version: str | None
+) -> tuple[InferRequest, OutputPlan]:
+    """Decode a v2 JSON (or JSON + binary) inference request into an InferRequest."""
+    view = memoryview(body)
+    json_part = view if header_length is None else view[:header_length]
+    binary = view[len(json_part) :]
+    try:
+        doc = orjson.loads(json_part)
+    except orjson.JSONDecodeError as exc:
+        raise InvalidInput(f"request body is not valid JSON: {exc}") from None
+    if not isinstance(doc, dict):
+        raise InvalidInput("request body must be a JSON object with an 'inputs' list")
+    parameters = _parameters(doc.get("parameters"), "request 'parameters'")
+    request_id = doc.get("id", "")
+    if not isinstance(request_id, str):
+        raise InvalidInput("request 'id' must be a string")
+    inputs = _inputs(doc.get("inputs"), binary)
+    outputs, plan = _outputs(doc.get("outputs"), parameters)
+    request = InferRequest(
+        model=model, inputs=inputs, version=version, outputs=outputs, id=request_id,
+        parameters=parameters,
+    )  # fmt: skip
+    return request, plan
+
+
+def _parameters(value: Any, where: str) -> dict[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise InvalidInput(f"{where} must be a JSON object")
+    if "shared_memory_region" in value:
+        raise InvalidInput(f"{where}: shared memory is not supported; send the tensor data inline")
+    return value
+
+
+def _inputs(value: Any, binary: memoryview) -> dict[str, np.ndarray]:
+    if not isinstance(value, list) or not value:
+        raise InvalidInput("request 'inputs' must be a non-empty list of tensors")
+    arrays: dict[str, np.ndarray] = {}
+    offset = 0
+    for index, item in enumerate(value):
+        where = f"inputs[{index}]"
+        if not isinstance(item, dict):
+            raise InvalidInput(f"{where} must be a JSON object with name, datatype, shape, data")
+        name = item.get("name")
+        if not isinstance(name, str) or not name:
+            raise InvalidInput(f"{where}: 'name' must be a non-empty string")
+        where = f"input '{name}'"
+        if name in arrays:
+            raise InvalidInput(f"{where} appears more than once")
+        datatype = codec.check_datatype(item.get("datatype"), where)
+        shape = codec.parse_shape(item.get("shape"), where)
+        size = _binary_size(_parameters(item.get("parameters"), f"{where} 'parameters'"), where)
+        if size is None:
+            if "data" not in item:
+                raise InvalidInput(f"{where}: no 'data' and no 'binary_data_size' parameter")
+            arrays[name] = codec.from_json(item["data"], datatype, shape, where)
+            continue
+        if offset + size > len(binary):
+            raise InvalidInput(
+                f"{where}: binary_data_size {size} runs past the end of the binary data "
+                f"({len(binary)} bytes after the JSON header, {offset} already used)"
+            )
+        arrays[name] = codec.from_raw(binary[offset : offset + size], datatype, shape, where)
+        offset += size
+    if offset != len(binary):
+        raise InvalidInput(
+            f"the binary inputs use {offset} bytes but {len(binary)} follow the JSON header; "
+            "check Inference-Header-Content-Length and each binary_data_size"
+        )
+    return arrays
+
+
+def _binary_size(parameters: Mapping[str, Any], where: str) -> int | None:
+    size = parameters.get("binary_data_size")
+    if size is None:
+        return None
+    if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+        raise InvalidInput(f"{where}: 'binary_data_size' must be a non-negative integer")
+    return size
+
+
+def _outputs(value: Any, parameters: Mapping[str, Any]) -> tuple[tuple[str, ...] | None, OutputPlan]:
+    default = parameters.get("binary_data_output", False)
+    if not isinstance(default, bool):
+        raise InvalidInput("request parameter 'binary_data_output' must be true or false")
+    if value is None:
+        return None, OutputPlan(default, {})
+    if not isinstance(value, list):
+        raise InvalidInput("request 'outputs' must be a list of {'name': ...} objects")
+    names: list[str] = []
+    binary: dict[str, bool] = {}
+    for index, item in enumerate(value):
+        name = item.get("name") if isinstance(item, dict) else None
+        if not isinstance(name, str) or not name:
+            raise InvalidInput(f"outputs[{index}]: 'name' must be a non-empty string")
+        params = _parameters(item.get("parameters"), f"output '{name}' 'parameters'")
+        if "classification" in params:
+            raise InvalidInput(f"output '{name}': the classification extension is not supported")
+        flag = params.get("binary_data", default)
+        if not isinstance(flag, bool):
+            raise InvalidInput(f"output '{name}': parameter 'binary_data' must be true or false")
+        names.append(name)
+        binary[name] = flag
+    return (tuple(names) if names else None), OutputPlan(default, binary)
+
+
+def _decoded(body: bytes, encoding: str | None, limit: int) -> bytes:
+    """The body with its Content-Encoding (gzip or deflate) undone, within the size limit."""
+    if encoding is None or encoding.strip().lower() in ("", "identity"):
+        return body
+    kind = encoding.strip().lower()
+    if kind not in ("gzip", "deflate"):
+        raise InvalidInput(f"Content-Encoding '{encoding}' is not supported; use gzip or deflate")
+    inflater = zlib.decompressobj(wbits=31 if kind == "gzip" else 15)
+    try:
+        data = inflater.decompress(body, limit + 1)
+    except zlib.error as exc:
+        raise InvalidInput(f"body is not valid {kind} data: {exc}") from None
+    if len(data) > limit or inflater.unconsumed_tail:
+        raise PayloadTooLarge(f"the decompressed body is over the {limit}-byte limit")
+    return data
+
+
+# -- response encoding ---------------------------------------------------------------------------
+
+
+def encode_infer_response(ticket: Ticket, request_id: str, plan: OutputPlan) -> Reply:
+    """The v2 response: JSON, with binary outputs appended after it where the plan says so."""
+    try:
+        response = ticket.response(request_id)
+    except DuetimeError as exc:
+        return error_reply(exc)
+    outputs = []
+    blobs: list[bytes] = []
+    for name, array in response.outputs.items():
+        spec = _datatype(array)
+        entry: dict[str, Any] = {"name": name, "datatype": spec, "shape": list(array.shape)}
+        if plan.is_binary(name):
+            raw = codec.to_raw(array, spec)
+            entry["parameters"] = {"binary_data_size": len(raw)}
+            blobs.append(raw)
+        else:
+            entry["data"] = codec.to_json_data(array, spec)
+        outputs.append(entry)
+    doc: dict[str, Any] = {"model_name": response.model, "model_version": response.version}
+    if request_id:
+        doc["id"] = request_id
+    doc["outputs"] = outputs
+    head = orjson.dumps(doc, option=orjson.OPT_SERIALIZE_NUMPY)
+    if not blobs:
+        return Reply(200, head)
+    headers = (
+        (b"Content-Type", b"application/octet-stream"),
+        (b"Inference-Header-Content-Length", str(len(head)).encode()),
+    )
+    return Reply(200, b"".join([head, *blobs]), headers)
+
+
+def _datatype(array: np.ndarray) -> str:
+    from duetime.datatypes import v2_datatype_of
+
+    return v2_datatype_of(array)
+
+
+def _expect(method: str, allowed: str, answer: Callable[[], Reply]) -> Reply:
+    return answer() if method == allowed else _method_not_allowed(allowed)
+
+
+def _method_not_allowed(allowed: str) -> Reply:
+    body = orjson.dumps({"error": f"method not allowed here; use {allowed}"})
+    return Reply(405, body, (_JSON, (b"Allow", allowed.encode())))
+
+
+def _segments(target: bytes) -> list[str]:
+    path = target.split(b"?", 1)[0].decode("latin-1")
+    return [unquote(part) for part in path.split("/") if part]

@@ -1,0 +1,158 @@
+"""Loads one model version: ORT sessions, the signature reconciled with the config, a warm-up.
+
+Everything here blocks (file reads, graph optimisation, warm-up runs): callers run it off the
+event loop. The result is a `LoadedModel` ready to be published by the registry.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from duetime.config import ModelConfig, TensorConfig, load_model_config
+from duetime.datatypes import NUMPY_OF
+from duetime.errors import ConfigError, DuetimeError
+from duetime.execution.executor import Executor
+from duetime.execution.ort import graph_specs, open_session, session_options, strings_for_ort
+from duetime.repository.layout import ModelSource
+from duetime.types import ModelSignature, TensorSpec
+from duetime.validation import Validator
+
+log = logging.getLogger("duetime.loader")
+
+DEFAULT_MAX_BATCH_SIZE = 32
+
+
+@dataclass(eq=False)
+class LoadedModel:
+    """A model version ready to serve: its config, signature, validator and instances."""
+
+    name: str
+    version: str
+    path: Path
+    config: ModelConfig
+    signature: ModelSignature
+    validator: Validator
+    executor: Executor
+
+
+def load_version(source: ModelSource, version: int) -> LoadedModel:
+    """Load `version` of `source`; raise ConfigError naming the file and the field on failure."""
+    config = load_model_config(source.directory)
+    path = source.versions[version]
+    options = session_options(
+        intra_op_threads=config.intra_op_threads, inter_op_threads=config.inter_op_threads
+    )
+    sessions = [open_session(path, options) for _ in range(config.instances)]
+    graph_inputs, graph_outputs = graph_specs(sessions[0], path)
+    signature = reconcile(config, graph_inputs, graph_outputs, source=str(source.directory))
+    executor = Executor(
+        sessions,
+        output_names=[spec.name for spec in signature.outputs],
+        string_outputs=frozenset(s.name for s in signature.outputs if s.datatype == "BYTES"),
+        batched=signature.max_batch_size > 0,
+        label=f"{source.name}-{version}",
+    )
+    warm_up(executor, signature, path)
+    return LoadedModel(
+        source.name, str(version), path, config, signature, Validator(source.name, signature), executor
+    )
+
+
+def reconcile(
+    config: ModelConfig,
+    graph_inputs: list[TensorSpec],
+    graph_outputs: list[TensorSpec],
+    *,
+    source: str,
+) -> ModelSignature:
+    """The signature clients see: the graph's, narrowed by the config, with the batch policy."""
+    free_first = all(spec.shape and spec.shape[0] == -1 for spec in graph_inputs + graph_outputs)
+    max_batch = config.max_batch_size
+    if max_batch is None:
+        max_batch = DEFAULT_MAX_BATCH_SIZE if free_first else 0
+    elif max_batch > 0 and not free_first:
+        fixed = next(s for s in graph_inputs + graph_outputs if not s.shape or s.shape[0] != -1)
+        raise ConfigError(
+            f"{source}: field 'max_batch_size' = {max_batch} needs a free first dim on every input "
+            f"and output, but '{fixed.name}' has shape {list(fixed.shape)}; set max_batch_size = 0"
+        )
+    inputs = _apply(config.inputs, graph_inputs, max_batch > 0, source, "inputs")
+    outputs = _apply(config.outputs, graph_outputs, max_batch > 0, source, "outputs")
+    return ModelSignature(tuple(inputs), tuple(outputs), max_batch)
+
+
+def _apply(
+    declared: list[TensorConfig] | None,
+    graph: list[TensorSpec],
+    batched: bool,
+    source: str,
+    field: str,
+) -> list[TensorSpec]:
+    if not declared:
+        return graph
+    by_name = {spec.name: spec for spec in graph}
+    for index, entry in enumerate(declared):
+        where = f"{source}: field '{field}.{index}'"
+        spec = by_name.get(entry.name)
+        if spec is None:
+            names = ", ".join(repr(s.name) for s in graph)
+            raise ConfigError(f"{where}.name: '{entry.name}' is not in the graph; it has {names}")
+        if entry.datatype is not None and entry.datatype != spec.datatype:
+            raise ConfigError(
+                f"{where}.datatype: {entry.datatype} does not match the graph's {spec.datatype}"
+            )
+        if entry.dims is not None:
+            by_name[entry.name] = TensorSpec(spec.name, spec.datatype, _narrow(spec, entry.dims, batched, where))
+    return [by_name[spec.name] for spec in graph]
+
+
+def _narrow(spec: TensorSpec, dims: list[int], batched: bool, where: str) -> tuple[int, ...]:
+    graph_dims = spec.shape[1:] if batched else spec.shape
+    if len(dims) != len(graph_dims) or any(
+        g != -1 and d not in (-1, g) for d, g in zip(dims, graph_dims, strict=True)
+    ):
+        raise ConfigError(
+            f"{where}.dims: {dims} does not fit the graph's {list(graph_dims)} "
+            "(dims exclude the batch dim; -1 keeps a dim free)"
+        )
+    narrowed = tuple(g if d == -1 else d for d, g in zip(dims, graph_dims, strict=True))
+    return ((-1,) + narrowed) if batched else narrowed
+
+
+def sample_inputs(signature: ModelSignature, rows: int, seed: int = 0) -> dict[str, np.ndarray]:
+    """Inputs of the signature's shapes (free dims 1) for warm-up and profiling."""
+    rng = np.random.default_rng(seed)
+    feeds: dict[str, np.ndarray] = {}
+    for spec in signature.inputs:
+        shape = [d if d >= 0 else 1 for d in spec.shape]
+        if signature.max_batch_size > 0:
+            shape[0] = rows
+        dtype = NUMPY_OF[spec.datatype]
+        if spec.datatype == "BYTES":
+            feeds[spec.name] = strings_for_ort(np.full(shape, b"", dtype=object), spec.name)
+        elif dtype.kind == "f":
+            feeds[spec.name] = rng.standard_normal(shape).astype(dtype)
+        else:
+            feeds[spec.name] = np.zeros(shape, dtype=dtype)
+    return feeds
+
+
+def warm_up(executor: Executor, signature: ModelSignature, path: Path, runs: int = 3) -> None:
+    """Run each instance at batch 1 and the max batch so first requests pay no allocation cost.
+
+    A graph that rejects the sample values (it needs real indices, say) still loads: it is warned
+    about, since real requests may well be valid.
+    """
+    sizes = sorted({1, max(signature.max_batch_size, 1)})
+    try:
+        for instance in range(executor.instances):
+            for rows in sizes:
+                feeds = sample_inputs(signature, rows)
+                for _ in range(runs):
+                    executor.run_sync(feeds, instance)
+    except (DuetimeError, Exception) as exc:  # noqa: BLE001 - any ORT failure is only a warning
+        log.warning("%s: warm-up on sample inputs failed (%s); serving anyway", path, exc)

@@ -1,0 +1,1 @@
+"""Scheduling: the per-model queue, the batch policy, and the loop-side driver."""

@@ -1,0 +1,68 @@
+"""Plain data shared by every stage: tensor specs, model signatures, requests and responses."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+
+@dataclass(frozen=True, slots=True)
+class TensorSpec:
+    """One input or output of a model: its name, v2 datatype and shape (-1 for a free dim).
+
+    For a model that batches (`max_batch_size > 0`) the first dim is the batch dim and is -1.
+    """
+
+    name: str
+    datatype: str
+    shape: tuple[int, ...]
+
+    def describe(self) -> str:
+        return f"{self.datatype}{list(self.shape)}"
+
+
+@dataclass(frozen=True, slots=True)
+class ModelSignature:
+    """What a model version accepts and returns, as clients see it."""
+
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+    max_batch_size: int
+
+    def input(self, name: str) -> TensorSpec | None:
+        return next((spec for spec in self.inputs if spec.name == name), None)
+
+    def output(self, name: str) -> TensorSpec | None:
+        return next((spec for spec in self.outputs if spec.name == name), None)
+
+
+@dataclass(slots=True, eq=False)
+class InferRequest:
+    """One inference request as every front end hands it to the Engine.
+
+    `inputs` maps input names to numpy arrays (views over wire bytes where possible); `due_ns` is
+    a `time.monotonic_ns()` instant or None for no deadline; `outputs` names the outputs wanted
+    (None: all of them); `priority` follows Triton (1 highest, 0 the model's default level).
+    """
+
+    model: str
+    inputs: dict[str, np.ndarray]
+    version: str | None = None
+    outputs: tuple[str, ...] | None = None
+    id: str = ""
+    due_ns: int | None = None
+    priority: int = 0
+    parameters: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(slots=True, eq=False)
+class InferResponse:
+    """The answer to one InferRequest: output arrays keyed by name, in the model's order."""
+
+    model: str
+    version: str
+    id: str
+    outputs: dict[str, np.ndarray]

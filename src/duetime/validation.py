@@ -1,0 +1,124 @@
+"""Checks a request's tensors against a model's signature before anything reaches ONNX Runtime."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from duetime.datatypes import NUMPY_OF, v2_datatype_of
+from duetime.errors import InvalidInput
+from duetime.execution.ort import strings_for_ort
+from duetime.types import ModelSignature, TensorSpec
+
+
+@dataclass(frozen=True, slots=True)
+class Prepared:
+    """A request that passed validation: ORT-ready feeds, its batch rows and batching key."""
+
+    feeds: dict[str, np.ndarray]
+    rows: int
+    shape_key: tuple[Any, ...]
+    outputs: tuple[str, ...]
+
+
+class Validator:
+    """The checks for one model version, built once at load so a request pays only for lookups."""
+
+    def __init__(self, model: str, signature: ModelSignature) -> None:
+        self._model = model
+        self._signature = signature
+        self._batched = signature.max_batch_size > 0
+        self._specs = {spec.name: spec for spec in signature.inputs}
+        self._dtypes = {spec.name: NUMPY_OF[spec.datatype] for spec in signature.inputs}
+        self._all_outputs = tuple(spec.name for spec in signature.outputs)
+        self._output_names = frozenset(self._all_outputs)
+        self._expected = ", ".join(f"'{s.name}' {s.describe()}" for s in signature.inputs)
+
+    def prepare(self, inputs: Mapping[str, np.ndarray], outputs: Sequence[str] | None) -> Prepared:
+        """Validate `inputs` and the requested `outputs`; raise InvalidInput naming the field."""
+        self._check_names(inputs)
+        feeds: dict[str, np.ndarray] = {}
+        rows: int | None = None
+        for name, array in inputs.items():
+            spec = self._specs[name]
+            self._check_tensor(spec, array)
+            if self._batched:
+                rows = self._check_rows(spec, array, rows)
+            feeds[name] = self._for_ort(spec, array)
+        shape_key = tuple((name, a.shape[1:]) for name, a in feeds.items()) if self._batched else ()
+        return Prepared(feeds, rows or 1, shape_key, self._check_outputs(outputs))
+
+    def _check_names(self, inputs: Mapping[str, np.ndarray]) -> None:
+        for name in inputs:
+            if name not in self._specs:
+                raise InvalidInput(
+                    f"input '{name}' is not an input of model '{self._model}'; it expects "
+                    f"{self._expected}"
+                )
+        missing = [name for name in self._specs if name not in inputs]
+        if missing:
+            spec = self._specs[missing[0]]
+            raise InvalidInput(
+                f"input '{spec.name}' ({spec.describe()}) is missing; model '{self._model}' "
+                f"expects {self._expected}"
+            )
+
+    def _check_tensor(self, spec: TensorSpec, array: np.ndarray) -> None:
+        if not isinstance(array, np.ndarray):
+            raise InvalidInput(f"input '{spec.name}': expected a numpy array, got {type(array)}")
+        expected = self._dtypes[spec.name]
+        if array.dtype != expected and not (spec.datatype == "BYTES" and array.dtype.kind in "OSU"):
+            got = _datatype_name(array)
+            raise InvalidInput(
+                f"input '{spec.name}': datatype {got} does not match the model's {spec.datatype}"
+            )
+        if len(array.shape) != len(spec.shape) or any(
+            want not in (-1, got) for want, got in zip(spec.shape, array.shape, strict=True)
+        ):
+            raise InvalidInput(
+                f"input '{spec.name}': shape {list(array.shape)} does not match the model's "
+                f"{list(spec.shape)} (-1 marks a free dim)"
+            )
+
+    def _check_rows(self, spec: TensorSpec, array: np.ndarray, rows: int | None) -> int:
+        batch = array.shape[0]
+        limit = self._signature.max_batch_size
+        if batch < 1:
+            raise InvalidInput(f"input '{spec.name}': batch size must be at least 1, got {batch}")
+        if batch > limit:
+            raise InvalidInput(
+                f"input '{spec.name}': batch size {batch} is over model '{self._model}' "
+                f"max_batch_size {limit}; split the request"
+            )
+        if rows is not None and batch != rows:
+            raise InvalidInput(
+                f"input '{spec.name}': batch size {batch} differs from the other inputs' {rows}; "
+                "all inputs must have the same first dim"
+            )
+        return batch
+
+    def _for_ort(self, spec: TensorSpec, array: np.ndarray) -> np.ndarray:
+        if spec.datatype == "BYTES":
+            return strings_for_ort(array, spec.name)
+        return array if array.flags.c_contiguous else np.ascontiguousarray(array)
+
+    def _check_outputs(self, outputs: Sequence[str] | None) -> tuple[str, ...]:
+        if outputs is None:
+            return self._all_outputs
+        for name in outputs:
+            if name not in self._output_names:
+                raise InvalidInput(
+                    f"requested output '{name}' is not an output of model '{self._model}'; its "
+                    f"outputs are {', '.join(repr(n) for n in self._all_outputs)}"
+                )
+        return tuple(outputs)
+
+
+def _datatype_name(array: np.ndarray) -> str:
+    try:
+        return v2_datatype_of(array)
+    except TypeError:
+        return str(array.dtype)
