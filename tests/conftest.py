@@ -1,0 +1,77 @@
+"""Shared fixtures: the demo repository, and a real server on ephemeral ports in a thread."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from duetime.config import ServerSettings
+from duetime.demo import write_demo_repository
+from duetime.loops import new_event_loop
+from duetime.server import Addresses, Server
+
+
+@pytest.fixture(scope="session")
+def demo_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_demo_repository(tmp_path_factory.mktemp("demo"))
+
+
+@dataclass
+class RunningServer:
+    """A server running on its own loop thread; `http` and `grpc` are host:port strings."""
+
+    server: Server
+    addresses: Addresses
+    loop: asyncio.AbstractEventLoop
+
+    @property
+    def http(self) -> str:
+        return f"{self.addresses.host}:{self.addresses.http_port}"
+
+    @property
+    def grpc(self) -> str:
+        return f"{self.addresses.host}:{self.addresses.grpc_port}"
+
+
+def start_server(settings: ServerSettings) -> tuple[RunningServer, threading.Thread]:
+    """Start a Server on a private loop thread; returns once it listens (a handshake, no sleep)."""
+    loop = new_event_loop()
+    server = Server(settings)
+    started: concurrent.futures.Future[Addresses] = concurrent.futures.Future()
+
+    def run() -> None:
+        asyncio.set_event_loop(loop)
+        try:
+            started.set_result(loop.run_until_complete(server.start()))
+        except BaseException as exc:
+            started.set_exception(exc)
+            return
+        loop.run_forever()
+
+    thread = threading.Thread(target=run, name="test-server", daemon=True)
+    thread.start()
+    return RunningServer(server, started.result(timeout=120), loop), thread
+
+
+def stop_server(running: RunningServer, thread: threading.Thread) -> None:
+    asyncio.run_coroutine_threadsafe(running.server.stop(), running.loop).result(timeout=60)
+    running.loop.call_soon_threadsafe(running.loop.stop)
+    thread.join(timeout=60)
+    running.loop.close()
+
+
+@pytest.fixture(scope="session")
+def server(demo_repo: Path) -> Iterator[RunningServer]:
+    """The demo models served over HTTP and gRPC on ports picked by the OS."""
+    settings = ServerSettings(
+        model_repository=demo_repo, http_port=0, grpc_port=0, max_body_bytes=8 * 1024 * 1024
+    )
+    running, thread = start_server(settings)
+    yield running
+    stop_server(running, thread)
