@@ -45,6 +45,11 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--grpc-port", type=int, help="gRPC port (default 8001; 0 picks one)")
     serve.add_argument("--max-body-bytes", type=int, help="largest request body accepted")
     serve.add_argument("--idle-timeout-s", type=float, help="close idle keep-alive connections")
+    serve.add_argument("--cpus", help="auto (default), none, or a CPU list such as 0,2-3")
+    serve.add_argument(
+        "--no-tune-runtime", dest="tune_runtime", action="store_false", default=None,
+        help="leave the garbage collector at Python's defaults",
+    )
     return parser
 
 
@@ -74,7 +79,8 @@ def _serve(args: argparse.Namespace) -> int:
     settings = server_settings({
         "model_repository": repository, "host": args.host, "http_port": args.http_port,
         "grpc_port": args.grpc_port, "max_body_bytes": args.max_body_bytes,
-        "idle_timeout_s": args.idle_timeout_s,
+        "idle_timeout_s": args.idle_timeout_s, "cpus": args.cpus,
+        "tune_runtime": args.tune_runtime,
     })  # fmt: skip
     loop = new_event_loop()
     asyncio.set_event_loop(loop)

@@ -6,7 +6,7 @@ import os
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -31,7 +31,7 @@ class TensorConfig(_Strict):
     name: str = Field(min_length=1)
     datatype: V2Datatype | None = None
     """The v2 datatype; read from the graph when omitted."""
-    dims: list[int] | None = None
+    dims: list[Annotated[int, Field(ge=-1)]] | None = None
     """The shape without the batch dim (as Triton's `dims`); -1 marks a free dim."""
 
 
@@ -44,6 +44,8 @@ class SchedulingConfig(_Strict):
     """The longest a request waits for others to join its batch."""
     max_queue_size: int = Field(default=1024, ge=1, le=1_000_000)
     """Requests queued beyond this are rejected at once (HTTP 429 / RESOURCE_EXHAUSTED)."""
+    default_priority_level: int = Field(default=1, ge=1, le=1_000_000)
+    """The level of requests that send priority 0 or none (1 is served first, as Triton)."""
 
 
 class ModelConfig(_Strict):
@@ -123,6 +125,15 @@ class ServerSettings(_Strict):
     shutdown_grace_s: float = Field(default=5.0, ge=0)
     """On SIGINT/SIGTERM, queued requests get this long to finish."""
     max_grpc_message_bytes: int = Field(default=64 * 1024 * 1024, ge=1024)
+    cpus: str = "auto"
+    """CPUs to run on: `auto` (all this process may use), `none` (no pinning), or a list like
+    `0,2-3`. The event loop is pinned to the first; small models' instances share it, big
+    models' instances get the others (see execution/affinity.py)."""
+    tune_runtime: bool = True
+    """After loading: `gc.freeze()` and a high gen-0 threshold, so collections stay off the hot
+    path."""
+    gc_threshold: int = Field(default=50_000, ge=100)
+    """gen-0 collection threshold while `tune_runtime` is on (Python's default is 700)."""
 
 
 def server_settings(overrides: Mapping[str, Any], env: Mapping[str, str] | None = None) -> ServerSettings:

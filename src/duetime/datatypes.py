@@ -50,17 +50,22 @@ TRITON_TYPE_OF: Final[dict[str, str]] = {
     name: "TYPE_STRING" if name == "BYTES" else f"TYPE_{name}" for name in NUMPY_OF
 }
 
-_V2_OF_KIND: Final[dict[str, str]] = {str(dt): name for name, dt in NUMPY_OF.items()}
+_V2_OF_DTYPE: Final[dict[np.dtype[np.generic], str]] = {
+    dt: name for name, dt in NUMPY_OF.items() if name != "BYTES"
+} | {dt: name for name, dt in WIRE_DTYPE_OF.items()}
 
 
 def v2_datatype_of(array: np.ndarray) -> str:
     """The v2 datatype name of a numpy array; `bytes`/`str` arrays map to BYTES."""
+    name = _V2_OF_DTYPE.get(array.dtype)
+    if name is not None:
+        return name
     if array.dtype.kind in "OSU":
         return "BYTES"
-    try:
-        return _V2_OF_KIND[str(array.dtype.newbyteorder("="))]
-    except KeyError:
-        raise TypeError(f"numpy dtype {array.dtype} has no KServe v2 datatype") from None
+    name = _V2_OF_DTYPE.get(array.dtype.newbyteorder("="))
+    if name is None:
+        raise TypeError(f"numpy dtype {array.dtype} has no KServe v2 datatype")
+    return name
 
 
 def element_size(datatype: str) -> int:

@@ -21,6 +21,7 @@ import numpy as np
 
 from duetime.clock import Clock, MonotonicClock
 from duetime.errors import ConfigError
+from duetime.execution.affinity import CpuPlan
 from duetime.execution.executor import Feeds
 from duetime.repository.layout import ModelSource, scan_repository
 from duetime.repository.loader import LoadedModel, load_version
@@ -50,12 +51,14 @@ class Ticket:
 class Engine:
     """Models loaded from a repository, each behind its scheduler; the one way to run inference."""
 
-    def __init__(self, *, clock: Clock | None = None) -> None:
+    def __init__(self, *, clock: Clock | None = None, cpus: CpuPlan | None = None) -> None:
         self.clock: Clock = clock or MonotonicClock()
+        self.cpus = cpus or CpuPlan(None)
         self.registry = Registry()
         self.repository: Path | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
+        self._placed = 0
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -91,12 +94,17 @@ class Engine:
 
     def _deploy(self, loaded: LoadedModel) -> Deployment:
         loop = asyncio.get_running_loop()
-        loaded.executor.start(loop)
+        pins = self.cpus.for_instances(
+            loaded.config.instances, loaded.profile.predict(1), offset=self._placed
+        )
+        self._placed += loaded.config.instances
+        loaded.executor.start(loop, pins)
         timeout_ms = loaded.config.default_timeout_ms
         scheduler = ModelScheduler(
             executor=loaded.executor,
             config=loaded.config.scheduling,
             max_batch_size=loaded.signature.max_batch_size,
+            profile=loaded.profile,
             default_timeout_ns=None if timeout_ms is None else int(timeout_ms * 1e6),
             clock=self.clock,
             label=f"'{loaded.name}' version {loaded.version}",

@@ -70,7 +70,9 @@ class Validator:
         if not isinstance(array, np.ndarray):
             raise InvalidInput(f"input '{spec.name}': expected a numpy array, got {type(array)}")
         expected = self._dtypes[spec.name]
-        if array.dtype != expected and not (spec.datatype == "BYTES" and array.dtype.kind in "OSU"):
+        # Byte order is not part of the datatype: a big-endian FP32 array is still FP32.
+        native = array.dtype.newbyteorder("=")
+        if native != expected and not (spec.datatype == "BYTES" and array.dtype.kind in "OSU"):
             got = _datatype_name(array)
             raise InvalidInput(
                 f"input '{spec.name}': datatype {got} does not match the model's {spec.datatype}"
@@ -103,6 +105,8 @@ class Validator:
     def _for_ort(self, spec: TensorSpec, array: np.ndarray) -> np.ndarray:
         if spec.datatype == "BYTES":
             return strings_for_ort(array, spec.name)
+        if not array.dtype.isnative:
+            return array.astype(array.dtype.newbyteorder("="))
         return array if array.flags.c_contiguous else np.ascontiguousarray(array)
 
     def _check_outputs(self, outputs: Sequence[str] | None) -> tuple[str, ...]:

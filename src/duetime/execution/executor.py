@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from duetime.errors import DuetimeError, InvalidInput
+from duetime.execution.affinity import pin_current_thread
 from duetime.execution.ort import strings_from_ort
 
 Feeds = dict[str, np.ndarray]
@@ -29,6 +30,8 @@ class BatchJob:
 
     feeds: list[Feeds]
     rows: list[int]
+    bucket: int
+    """Rows ORT runs: the batch is padded up to this size (0: the model does not batch)."""
     on_done: Callable[[BatchResult], None]
     """Called on the event loop with the result."""
 
@@ -72,12 +75,16 @@ class Executor:
     def instances(self) -> int:
         return len(self._sessions)
 
-    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+    def start(
+        self, loop: asyncio.AbstractEventLoop, cpus: Sequence[frozenset[int] | None] = ()
+    ) -> None:
+        """Start one thread per instance, pinned to `cpus[i]` where given."""
         for index, session in enumerate(self._sessions):
             jobs: queue.SimpleQueue[BatchJob | _Stop] = queue.SimpleQueue()
+            pinned = cpus[index] if index < len(cpus) else None
             thread = threading.Thread(
                 target=self._serve,
-                args=(index, session, jobs, loop),
+                args=(index, session, jobs, loop, pinned),
                 name=f"duetime-{self._label}-i{index}",
                 daemon=True,
             )
@@ -107,21 +114,25 @@ class Executor:
         session: Any,
         jobs: queue.SimpleQueue[BatchJob | _Stop],
         loop: asyncio.AbstractEventLoop,
+        cpus: frozenset[int] | None,
     ) -> None:
+        pin_current_thread(cpus)
+        pool = InputPool()
         while True:
             job = jobs.get()
             if isinstance(job, _Stop):
                 return
             result = BatchResult(job, index)
-            self._execute(session, job, result)
+            self._execute(session, job, result, pool)
             try:
                 loop.call_soon_threadsafe(job.on_done, result)
             except RuntimeError:  # the loop closed under us: nobody is waiting any more
                 return
 
-    def _execute(self, session: Any, job: BatchJob, result: BatchResult) -> None:
+    def _execute(self, session: Any, job: BatchJob, result: BatchResult, pool: InputPool) -> None:
         try:
-            result.outputs = self._split(self._run(session, _gather(job), result), job.rows)
+            feeds = pool.gather(job.feeds, job.rows, job.bucket)
+            result.outputs = self._split(self._run(session, feeds, result), job.rows)
         except Exception as exc:
             if len(job.feeds) == 1:
                 result.outputs = [_run_error(exc)]
@@ -148,6 +159,8 @@ class Executor:
             for name, array in zip(self._output_names, outputs, strict=True)
         }
         if len(rows) == 1:
+            if self._batched and rows[0] != next(iter(named.values())).shape[0]:
+                named = {name: array[: rows[0]] for name, array in named.items()}
             return [named]
         parts: list[Feeds] = [{} for _ in rows]
         for name, array in named.items():
@@ -158,11 +171,36 @@ class Executor:
         return parts
 
 
-def _gather(job: BatchJob) -> Feeds:
-    """One feed dict for the whole batch: each input concatenated along the batch dim."""
-    if len(job.feeds) == 1:
-        return job.feeds[0]
-    return {name: np.concatenate([f[name] for f in job.feeds]) for name in job.feeds[0]}
+class InputPool:
+    """Preallocated input buffers of one instance, one per (input, bucket, inner shape, dtype).
+
+    A batch is copied once into the buffer of its bucket; rows past the batch keep whatever an
+    earlier batch left there (valid inputs, so ORT is happy) and their outputs are dropped.
+    """
+
+    def __init__(self) -> None:
+        self._buffers: dict[tuple[Any, ...], np.ndarray] = {}
+
+    def gather(self, feeds: list[Feeds], rows: list[int], bucket: int) -> Feeds:
+        """The feeds ORT runs: a lone request at its bucket size as is, others copied once."""
+        if len(feeds) == 1 and (bucket == 0 or rows[0] == bucket):
+            return feeds[0]
+        return {name: self._fill(name, [f[name] for f in feeds], bucket) for name in feeds[0]}
+
+    def _fill(self, name: str, parts: list[np.ndarray], bucket: int) -> np.ndarray:
+        first = parts[0]
+        key = (name, bucket, first.shape[1:], first.dtype)
+        buffer = self._buffers.get(key)
+        if buffer is None:
+            buffer = np.zeros((bucket, *first.shape[1:]), dtype=first.dtype)
+            if first.dtype == object:
+                buffer[...] = ""
+            self._buffers[key] = buffer
+        start = 0
+        for part in parts:
+            buffer[start : start + part.shape[0]] = part
+            start += part.shape[0]
+        return buffer
 
 
 def _run_error(exc: Exception) -> DuetimeError:

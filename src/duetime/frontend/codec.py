@@ -110,12 +110,17 @@ def from_json(data: Any, datatype: str, shape: tuple[int, ...], where: str) -> n
 
 
 def _numbers_from_json(data: list[Any], datatype: str, where: str) -> np.ndarray:
+    dtype = NUMPY_OF[datatype]
     try:
         parsed = np.asarray(data)
-    except (ValueError, TypeError, OverflowError):
+        if parsed.dtype.kind == "f" and dtype == np.uint64 and _all_ints(data):
+            # NOTE: numpy reads ints on both sides of INT64_MAX as float64, losing digits.
+            parsed = np.asarray(data, dtype=np.uint64)
+    except OverflowError:
+        raise InvalidInput(f"{where}: 'data' has values outside the range of {datatype}") from None
+    except (ValueError, TypeError):
         raise InvalidInput(f"{where}: 'data' is not a regular list of {datatype} values") from None
     kind = parsed.dtype.kind
-    dtype = NUMPY_OF[datatype]
     allowed = {"b": "b", "i": "iu", "u": "iu", "f": "iuf"}[dtype.kind]
     if parsed.size and kind not in allowed:
         raise InvalidInput(f"{where}: 'data' holds values that are not {datatype} ({parsed.dtype})")
@@ -124,6 +129,10 @@ def _numbers_from_json(data: list[Any], datatype: str, where: str) -> np.ndarray
         if parsed.min() < info.min or parsed.max() > info.max:
             raise InvalidInput(f"{where}: 'data' has values outside the range of {datatype}")
     return parsed.astype(dtype, copy=False).reshape(-1)
+
+
+def _all_ints(data: list[Any]) -> bool:
+    return all(type(item) is int for item in _flatten(data))
 
 
 def _bytes_from_json(data: list[Any], where: str) -> np.ndarray:

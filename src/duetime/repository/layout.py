@@ -50,7 +50,7 @@ def scan_repository(root: Path) -> Scan:
 def scan_model(directory: Path) -> ModelSource:
     versions: dict[int, Path] = {}
     for child in directory.iterdir():
-        if child.is_dir() and child.name.isdigit() and (child / MODEL_FILENAME).is_file():
+        if child.is_dir() and _is_version(child.name) and (child / MODEL_FILENAME).is_file():
             versions[int(child.name)] = child / MODEL_FILENAME
     if not versions:
         raise ConfigError(
@@ -58,3 +58,8 @@ def scan_model(directory: Path) -> ModelSource:
             f"{directory}/<version>/{MODEL_FILENAME} with an integer version such as 1"
         )
     return ModelSource(directory.name, directory, versions)
+
+
+def _is_version(name: str) -> bool:
+    # NOTE: str.isdigit() alone also accepts digits such as '²' that int() rejects.
+    return name.isascii() and name.isdigit()

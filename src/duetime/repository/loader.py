@@ -7,6 +7,7 @@ event loop. The result is a `LoadedModel` ready to be published by the registry.
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from duetime.errors import ConfigError, DuetimeError
 from duetime.execution.executor import Executor
 from duetime.execution.ort import graph_specs, open_session, session_options, strings_for_ort
 from duetime.repository.layout import ModelSource
+from duetime.scheduling.profile import LatencyProfile, batch_buckets, profile_from_samples
 from duetime.types import ModelSignature, TensorSpec
 from duetime.validation import Validator
 
@@ -37,6 +39,7 @@ class LoadedModel:
     signature: ModelSignature
     validator: Validator
     executor: Executor
+    profile: LatencyProfile
 
 
 def load_version(source: ModelSource, version: int) -> LoadedModel:
@@ -57,9 +60,9 @@ def load_version(source: ModelSource, version: int) -> LoadedModel:
         label=f"{source.name}-{version}",
     )
     warm_up(executor, signature, path)
-    return LoadedModel(
-        source.name, str(version), path, config, signature, Validator(source.name, signature), executor
-    )
+    profile = measure_profile(executor, signature, path)
+    validator = Validator(source.name, signature)
+    return LoadedModel(source.name, str(version), path, config, signature, validator, executor, profile)
 
 
 def reconcile(
@@ -96,17 +99,18 @@ def _apply(
         return graph
     by_name = {spec.name: spec for spec in graph}
     for index, entry in enumerate(declared):
-        where = f"{source}: field '{field}.{index}'"
+        at = f"{source}: field '{field}.{index}"  # each message closes the quote after its key
         spec = by_name.get(entry.name)
         if spec is None:
             names = ", ".join(repr(s.name) for s in graph)
-            raise ConfigError(f"{where}.name: '{entry.name}' is not in the graph; it has {names}")
+            raise ConfigError(f"{at}.name': '{entry.name}' is not in the graph; it has {names}")
         if entry.datatype is not None and entry.datatype != spec.datatype:
             raise ConfigError(
-                f"{where}.datatype: {entry.datatype} does not match the graph's {spec.datatype}"
+                f"{at}.datatype': {entry.datatype} does not match the graph's {spec.datatype}"
             )
         if entry.dims is not None:
-            by_name[entry.name] = TensorSpec(spec.name, spec.datatype, _narrow(spec, entry.dims, batched, where))
+            dims = _narrow(spec, entry.dims, batched, f"{at}.dims'")
+            by_name[entry.name] = TensorSpec(spec.name, spec.datatype, dims)
     return [by_name[spec.name] for spec in graph]
 
 
@@ -116,7 +120,7 @@ def _narrow(spec: TensorSpec, dims: list[int], batched: bool, where: str) -> tup
         g != -1 and d not in (-1, g) for d, g in zip(dims, graph_dims, strict=True)
     ):
         raise ConfigError(
-            f"{where}.dims: {dims} does not fit the graph's {list(graph_dims)} "
+            f"{where}: {dims} does not fit the graph's {list(graph_dims)} "
             "(dims exclude the batch dim; -1 keeps a dim free)"
         )
     narrowed = tuple(g if d == -1 else d for d, g in zip(dims, graph_dims, strict=True))
@@ -139,6 +143,39 @@ def sample_inputs(signature: ModelSignature, rows: int, seed: int = 0) -> dict[s
         else:
             feeds[spec.name] = np.zeros(shape, dtype=dtype)
     return feeds
+
+
+PROFILE_BUDGET_S = 1.0
+"""Time spent measuring the latency profile of one model version at load."""
+
+
+def measure_profile(
+    executor: Executor, signature: ModelSignature, path: Path, budget_s: float = PROFILE_BUDGET_S
+) -> LatencyProfile:
+    """Median and p99 execution time of each batch bucket, measured on instance 0.
+
+    Each bucket gets an equal share of `budget_s`, between 5 and 200 runs. A graph that rejects
+    the sample inputs gets a nominal 1 ms per row, corrected online by real executions.
+    """
+    buckets = batch_buckets(signature.max_batch_size)
+    share_ns = budget_s * 1e9 / len(buckets)
+    samples: dict[int, list[int]] = {}
+    try:
+        for rows in buckets:
+            feeds = sample_inputs(signature, rows, seed=rows)
+            first = _timed_run(executor, feeds)
+            runs = int(min(200, max(5, share_ns / max(first, 1))))
+            samples[rows] = [_timed_run(executor, feeds) for _ in range(runs)]
+    except Exception as exc:  # noqa: BLE001 - any ORT failure: fall back to a nominal profile
+        log.warning("%s: profiling on sample inputs failed (%s); using 1 ms per row", path, exc)
+        samples = {rows: [rows * 1_000_000] for rows in buckets}
+    return profile_from_samples(samples)
+
+
+def _timed_run(executor: Executor, feeds: dict[str, np.ndarray]) -> int:
+    started = time.perf_counter_ns()
+    executor.run_sync(feeds)
+    return time.perf_counter_ns() - started
 
 
 def warm_up(executor: Executor, signature: ModelSignature, path: Path, runs: int = 3) -> None:

@@ -1,63 +1,117 @@
-"""BatchPolicy: which queued requests run together next, and which are already too late; pure."""
+"""BatchPolicy: which queued requests run together next, whether to wait for more, and which
+requests can no longer make it. Pure: it reads the queue and the time and returns a decision.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 
-from duetime.scheduling.edf import EDFQueue, QueuedRequest
+from duetime.scheduling.edf import NO_DUE, EDFQueue, QueuedRequest
 
-
-@dataclass(slots=True)
-class Batch:
-    """The outcome of one decision: requests to run now, and requests past their due time."""
-
-    requests: list[QueuedRequest] = field(default_factory=list)
-    expired: list[QueuedRequest] = field(default_factory=list)
-
-    @property
-    def rows(self) -> int:
-        return sum(item.rows for item in self.requests)
+Estimate = Callable[[int], int]
+"""Predicted ns from the start of a batch of `rows` to its result (execution plus hand-off)."""
 
 
-def should_wait(queue: EDFQueue, *, max_rows: int, max_delay_ns: int, now_ns: int) -> int | None:
-    """When the batch former should look again instead of running a partial batch now.
+@dataclass(frozen=True, slots=True)
+class Run:
+    """Start these requests now as one execution, padded up to `bucket` rows."""
 
-    Returns the instant to wait until, or None to form a batch now: a batch waits only while it is
-    not full and its oldest request has waited less than `max_delay_ns` (Triton's window).
+    taken: int
+    """How many queue entries the batch consumes (settled ones it skipped included)."""
+    requests: list[QueuedRequest]
+    rows: int
+    bucket: int
+
+
+@dataclass(frozen=True, slots=True)
+class Wait:
+    """Form no batch yet: look again at `until_ns` (or when a request arrives)."""
+
+    until_ns: int
+
+
+def drop_hopeless(queue: EDFQueue, *, now_ns: int, estimate: Estimate | None) -> list[QueuedRequest]:
+    """Remove from the head the requests that cannot be answered in time, and settled ones.
+
+    With an `estimate` (EDF) a request is hopeless when even starting it now would finish after
+    its due time; without one (FIFO, as Triton) only when its due time has passed. Returns the
+    hopeless requests, to be failed without running; settled ones are discarded.
     """
-    head = queue.peek()
-    if head is None or max_delay_ns <= 0 or queue.rows >= max_rows:
-        return None
-    until = head.arrival_ns + max_delay_ns
-    if head.due_ns is not None:
-        until = min(until, head.due_ns)
-    return until if until > now_ns else None
-
-
-def take_batch(queue: EDFQueue, *, max_rows: int, now_ns: int) -> Batch:
-    """Take the head and the requests after it, in queue order, while they fit one execution.
-
-    A request fits while its shape key equals the head's and the rows stay within `max_rows`
-    (`max_rows` 0: the model does not batch, one request per execution). The first request that
-    does not fit stays at the head for the next batch. Requests whose due time has passed are
-    returned as `expired` instead of being run.
-    """
-    batch = Batch()
-    while (item := queue.pop()) is not None:
-        if item.due_ns is not None and item.due_ns <= now_ns:
-            batch.expired.append(item)
+    hopeless: list[QueuedRequest] = []
+    while len(queue):
+        head = queue[0]
+        if head.future.done():
+            queue.take(1)
             continue
-        if batch.requests and not _fits(batch, item, max_rows):
-            queue.push_back(item)
+        if head.due_ns is None:
             break
-        batch.requests.append(item)
-        if max_rows == 0:
+        finish = now_ns + estimate(head.rows) if estimate is not None else now_ns
+        if finish <= head.due_ns and not (estimate is None and head.due_ns <= now_ns):
             break
-    return batch
+        hopeless.extend(queue.take(1))
+    return hopeless
 
 
-def _fits(batch: Batch, item: QueuedRequest, max_rows: int) -> bool:
-    head = batch.requests[0]
-    return (
-        max_rows > 0 and item.shape_key == head.shape_key and batch.rows + item.rows <= max_rows
-    )
+def plan_batch(
+    queue: EDFQueue,
+    *,
+    now_ns: int,
+    max_rows: int,
+    max_delay_ns: int,
+    estimate: Estimate | None,
+    bucket_of: list[int],
+) -> Run | Wait | None:
+    """The next batch for a free instance: the head and the requests after it, in queue order,
+    while they share its shape, fit `max_rows`, and (with an `estimate`) the batch still finishes
+    before the earliest due time in it. Waits for more requests only while the batch could grow,
+    its oldest request has waited less than `max_delay_ns`, and the slack allows it.
+
+    `max_rows` 0 means the model does not batch: one request per execution, no padding.
+    """
+    taken: list[QueuedRequest] = []
+    rows, earliest_due, scanned, exhausted = 0, NO_DUE, 0, True
+    for index in range(len(queue)):
+        item = queue[index]
+        if item.future.done():
+            continue
+        if taken and not _joins(taken[0], item, rows, max_rows):
+            exhausted = False
+            break
+        due = min(earliest_due, item.due_or_never)
+        if taken and estimate is not None and now_ns + estimate(rows + item.rows) > due:
+            exhausted = False
+            break
+        taken.append(item)
+        rows, earliest_due, scanned = rows + item.rows, due, index + 1
+    if not taken:
+        return None
+    if max_rows == 0:
+        return Run(scanned, taken, rows, 0)
+    until = _wait_until(taken, rows, earliest_due, max_rows, max_delay_ns, estimate, bucket_of)
+    if exhausted and until is not None and until > now_ns:
+        return Wait(until)
+    return Run(scanned, taken, rows, bucket_of[rows])
+
+
+def _joins(head: QueuedRequest, item: QueuedRequest, rows: int, max_rows: int) -> bool:
+    return max_rows > 0 and item.shape_key == head.shape_key and rows + item.rows <= max_rows
+
+
+def _wait_until(
+    taken: list[QueuedRequest],
+    rows: int,
+    earliest_due: int,
+    max_rows: int,
+    max_delay_ns: int,
+    estimate: Estimate | None,
+    bucket_of: list[int],
+) -> int | None:
+    if max_delay_ns <= 0 or rows >= max_rows:
+        return None
+    until = min(item.arrival_ns for item in taken) + max_delay_ns
+    if estimate is not None and earliest_due != NO_DUE:
+        # NOTE: wait only as long as a batch one bucket bigger would still be on time.
+        bigger = bucket_of[min(max_rows, bucket_of[rows] + 1)]
+        until = min(until, earliest_due - estimate(bigger))
+    return until

@@ -1,8 +1,14 @@
-"""EDFQueue: a bounded heap of queued requests, earliest due first within a priority level; pure."""
+"""EDFQueue: a bounded queue of requests kept sorted, earliest due first within a priority level;
+pure (no I/O, no clock of its own).
+
+A sorted list rather than a heap: the batch former reads a prefix in order without popping, and
+admission asks how many requests are ahead of a new one (a bisect). Capacities are small
+(`max_queue_size`), so the list's O(n) insert is a short memmove.
+"""
 
 from __future__ import annotations
 
-import heapq
+import bisect
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
@@ -10,6 +16,8 @@ import numpy as np
 
 NO_DUE = 1 << 62
 """Sort key for requests without a due time: after every real one."""
+
+Key = tuple[int, int, int]
 
 
 class Completion(Protocol):
@@ -32,63 +40,72 @@ class QueuedRequest:
     level: int
     """Priority level: 1 is served first."""
     future: Completion
-    seq: int = 0
-    key: tuple[int, int, int] = field(default=(0, 0, 0))
+    key: Key = field(default=(0, 0, 0))
+
+    @property
+    def due_or_never(self) -> int:
+        return NO_DUE if self.due_ns is None else self.due_ns
 
 
 class EDFQueue:
-    """Bounded priority queue of QueuedRequest.
+    """Bounded queue of QueuedRequest in service order.
 
     `edf` orders by (level, due, arrival); `fifo` by (level, arrival). Requests whose future is
-    already settled (cancelled by a client that went away) are dropped lazily when they reach the
-    head, never searched for.
+    settled (their client went away) are skipped when read and dropped when the queue is full.
     """
 
     def __init__(self, capacity: int, policy: Literal["edf", "fifo"] = "edf") -> None:
         self.capacity = capacity
         self.policy = policy
-        self._heap: list[tuple[tuple[int, int, int], QueuedRequest]] = []
+        self._keys: list[Key] = []
+        self._items: list[QueuedRequest] = []
         self._seq = 0
         self.rows = 0
-        """Rows queued, settled requests included until they are dropped."""
+        """Rows queued (settled requests included until they are dropped)."""
 
     def __len__(self) -> int:
-        return len(self._heap)
+        return len(self._items)
+
+    def __getitem__(self, index: int) -> QueuedRequest:
+        return self._items[index]
+
+    def key_for(self, level: int, due_ns: int | None) -> Key:
+        """The place a request of this level and due time would take (a fresh sequence number)."""
+        self._seq += 1
+        due = (NO_DUE if due_ns is None else due_ns) if self.policy == "edf" else 0
+        return (level, due, self._seq)
+
+    def ahead_of(self, key: Key) -> int:
+        """How many queued requests would be served before one with `key`."""
+        return bisect.bisect_left(self._keys, key)
 
     def push(self, item: QueuedRequest) -> bool:
-        """Queue `item`; False (nothing queued) when the queue is at capacity."""
-        if len(self._heap) >= self.capacity:
+        """Queue `item` at `item.key`; False (nothing queued) when the queue is at capacity."""
+        if len(self._items) >= self.capacity and not self._purge_settled():
             return False
-        self._seq += 1
-        item.seq = self._seq
-        due = item.due_ns if item.due_ns is not None else NO_DUE
-        item.key = (item.level, due if self.policy == "edf" else 0, self._seq)
-        heapq.heappush(self._heap, (item.key, item))
+        index = bisect.bisect_left(self._keys, item.key)
+        self._keys.insert(index, item.key)
+        self._items.insert(index, item)
         self.rows += item.rows
         return True
 
-    def push_back(self, item: QueuedRequest) -> None:
-        """Requeue an item taken by `pop` with its original place (capacity not checked)."""
-        heapq.heappush(self._heap, (item.key, item))
-        self.rows += item.rows
-
-    def peek(self) -> QueuedRequest | None:
-        """The head, after dropping settled requests in front of it."""
-        heap = self._heap
-        while heap and heap[0][1].future.done():
-            self.rows -= heapq.heappop(heap)[1].rows
-        return heap[0][1] if heap else None
-
-    def pop(self) -> QueuedRequest | None:
-        if self.peek() is None:
-            return None
-        item = heapq.heappop(self._heap)[1]
-        self.rows -= item.rows
-        return item
+    def take(self, count: int) -> list[QueuedRequest]:
+        """Remove and return the first `count` requests."""
+        taken = self._items[:count]
+        del self._items[:count]
+        del self._keys[:count]
+        self.rows -= sum(item.rows for item in taken)
+        return taken
 
     def drain(self) -> list[QueuedRequest]:
         """Remove and return everything queued, in order."""
-        items = [item for _, item in sorted(self._heap, key=lambda pair: pair[0])]
-        self._heap.clear()
-        self.rows = 0
-        return items
+        return self.take(len(self._items))
+
+    def _purge_settled(self) -> bool:
+        live = [i for i, item in enumerate(self._items) if not item.future.done()]
+        if len(live) == len(self._items):
+            return False
+        self._items = [self._items[i] for i in live]
+        self._keys = [self._keys[i] for i in live]
+        self.rows = sum(item.rows for item in self._items)
+        return True

@@ -1,31 +1,41 @@
-"""ModelScheduler: drives the pure queue and batch policy on the event loop, one per model version.
+"""ModelScheduler: drives the pure queue, admission and batch policy for one model version.
 
-It owns the request queue and the record of idle instances. Work happens on three events only: a
-request arrives (`submit_nowait`), an instance finishes a batch, or the batching window closes. No
-task per request, no lock: every method runs on the loop that created the scheduler.
+It owns the queue, the record of which instances are busy until when, and the latency profile.
+It acts on three events only: a request arrives (`submit_nowait`), an instance finishes a batch,
+or a batching window closes (a loop timer). NOTE: these event callbacks are the "small async loop
+per variant" of the design, without a task of their own: a task would add a loop iteration
+(~5-10 µs) to every request's path for no gain. Everything runs on the loop that created it.
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
-from collections import Counter
+import time
 from dataclasses import dataclass, field
-from typing import Any
-
-import numpy as np
 
 from duetime.clock import Clock
 from duetime.config import SchedulingConfig
 from duetime.errors import DeadlineExceeded, DuetimeError, ModelUnavailable, Overloaded
 from duetime.execution.executor import BatchJob, BatchResult, Executor, Feeds
-from duetime.scheduling.batching import Batch, should_wait, take_batch
+from duetime.scheduling.admission import admit, predict_finish
+from duetime.scheduling.batching import Run, Wait, drop_hopeless, plan_batch
 from duetime.scheduling.edf import EDFQueue, QueuedRequest
+from duetime.scheduling.profile import LatencyProfile
+
+_OVERHEAD_ALPHA = 0.05
+
+
+@dataclass(slots=True)
+class BatchSizeStatistics:
+    """Executions of one padded batch size and their summed compute time."""
+
+    count: int = 0
+    compute_ns: int = 0
 
 
 @dataclass(frozen=True, slots=True)
 class SchedulerStatistics:
-    """A snapshot of one scheduler's counters (durations in ns)."""
+    """A snapshot of one scheduler's counters (durations in ns, timestamps in ms since epoch)."""
 
     queued: int
     peak_queued: int
@@ -35,16 +45,26 @@ class SchedulerStatistics:
     failed: int
     rejected: int
     expired: int
+    cancelled: int
     executions: int
     inferences: int
+    success_ns: int
     queue_ns: int
     compute_ns: int
-    batch_sizes: dict[int, int] = field(default_factory=dict)
-    """Executions per batch size (rows)."""
+    overhead_ns: int
+    last_inference_ms: int
+    batch_sizes: dict[int, BatchSizeStatistics] = field(default_factory=dict)
+
+
+@dataclass(slots=True, eq=False)
+class _Running:
+    requests: list[QueuedRequest]
+    bucket: int
+    started_ns: int
 
 
 class ModelScheduler:
-    """Queue, batch and dispatch the requests of one model version to its instances."""
+    """Queue, admit, batch and dispatch the requests of one model version to its instances."""
 
     def __init__(
         self,
@@ -52,82 +72,227 @@ class ModelScheduler:
         executor: Executor,
         config: SchedulingConfig,
         max_batch_size: int,
+        profile: LatencyProfile,
         default_timeout_ns: int | None,
         clock: Clock,
         label: str,
     ) -> None:
         self._executor = executor
+        self._config = config
+        self._edf = config.policy == "edf"
         self._queue = EDFQueue(config.max_queue_size, config.policy)
         self._max_rows = max_batch_size
         self._max_delay_ns = config.max_queue_delay_us * 1000
+        self.profile = profile
         self._default_timeout_ns = default_timeout_ns
         self._clock = clock
         self._label = label
         self._loop = asyncio.get_running_loop()
         self._idle = list(range(executor.instances))
+        self._busy_until = [0] * executor.instances
+        self._running: dict[int, _Running] = {}
         self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = 0
+        self._overhead_ns = 0.0
         self._closed = False
         self._drained = asyncio.Event()
         self._drained.set()
-        self._counts: Counter[str] = Counter()
-        self._batch_sizes: Counter[int] = Counter()
-        self._peak = 0
+        self._batch_sizes: dict[int, BatchSizeStatistics] = {}
+        self._peak = self._succeeded = self._failed = self._rejected = self._expired = 0
+        self._cancelled = self._executions = self._inferences = 0
+        self._success_ns = self._queue_ns = self._compute_ns = self._last_ms = 0
+
+    # -- the request path ----------------------------------------------------------------------
 
     def submit_nowait(
         self,
         feeds: Feeds,
         *,
         rows: int,
-        shape_key: tuple[Any, ...],
+        shape_key: tuple[object, ...],
         due_ns: int | None,
         priority: int,
     ) -> asyncio.Future[Feeds]:
-        """Queue one validated request; its future resolves to the model's outputs.
+        """Admit and queue one validated request; its future resolves to the model's outputs.
 
-        Raises `Overloaded` when the queue is full, `DeadlineExceeded` when the due time has already
-        passed, `ModelUnavailable` after `aclose`. Cancelling the future withdraws the request if
-        it has not started.
+        Raises `Overloaded` when the queue is full or (EDF) the request is predicted to finish
+        after its due time, `DeadlineExceeded` when its due time has already passed, and
+        `ModelUnavailable` after `aclose`. Cancelling the future withdraws the request unless it
+        has started.
         """
-        now = self._clock.now_ns()
         if self._closed:
             raise ModelUnavailable(f"model {self._label} is shutting down; retry on another replica")
+        now = self._clock.now_ns()
         if due_ns is None and self._default_timeout_ns is not None:
             due_ns = now + self._default_timeout_ns
-        if due_ns is not None and due_ns <= now:
-            self._counts["expired"] += 1
-            raise DeadlineExceeded(
-                f"model {self._label}: the request was due {(now - due_ns) / 1e3:.0f} µs ago "
-                "when it arrived; send a larger timeout"
-            )
+        queue = self._queue
+        key = queue.key_for(priority if priority > 0 else self._config.default_priority_level, due_ns)
+        if due_ns is not None:
+            self._admit(now, due_ns, rows, key)
         future: asyncio.Future[Feeds] = self._loop.create_future()
-        item = QueuedRequest(feeds, rows, shape_key, now, due_ns, max(priority, 1), future)
-        if not self._queue.push(item):
-            self._counts["rejected"] += 1
+        item = QueuedRequest(feeds, rows, shape_key, now, due_ns, key[0], future, key)
+        if not queue.push(item):
+            self._rejected += 1
             raise Overloaded(
-                f"model {self._label}: queue full ({self._queue.capacity} requests waiting, "
+                f"model {self._label}: queue full ({queue.capacity} requests waiting, "
                 "scheduling.max_queue_size); retry later or raise the limit"
             )
+        if len(queue) > self._peak:
+            self._peak = len(queue)
         self._drained.clear()
-        self._peak = max(self._peak, len(self._queue))
-        self._dispatch()
+        if self._idle:
+            self._dispatch()
         return future
 
+    def _admit(self, now: int, due_ns: int, rows: int, key: tuple[int, int, int]) -> None:
+        queue = self._queue
+        ahead = queue.ahead_of(key) if self._edf else len(queue)
+        rows_ahead = ahead * queue.rows // len(queue) if ahead else 0
+        finish = predict_finish(
+            now_ns=now,
+            rows=rows,
+            rows_ahead=rows_ahead,
+            busy_until_ns=self._busy_until,
+            per_row_ns=self.profile.per_row_ns(),
+            exec_ns=self._estimate(rows),
+        )
+        rejection = admit(now_ns=now, due_ns=due_ns, predicted_finish_ns=finish)
+        if rejection is None:
+            return
+        if rejection.late:
+            self._expired += 1
+            raise DeadlineExceeded(
+                f"model {self._label}: the request was due {(now - due_ns) / 1e3:.0f} µs before "
+                "it arrived; send a larger timeout"
+            )
+        if not self._edf:
+            return  # FIFO, like Triton, admits whatever fits the queue
+        self._rejected += 1
+        raise Overloaded(
+            f"model {self._label}: predicted to finish in {(finish - now) / 1e3:.0f} µs but due "
+            f"in {(due_ns - now) / 1e3:.0f} µs ({ahead} requests ahead); retry with a larger "
+            "timeout or later",
+            retry_after_s=max(0.001, (finish - now) / 1e9),
+        )
+
+    def _estimate(self, rows: int) -> int:
+        return self.profile.predict(rows) + int(self._overhead_ns)
+
+    # -- dispatch ------------------------------------------------------------------------------
+
+    def _dispatch(self) -> None:
+        queue = self._queue
+        estimate = self._estimate if self._edf else None
+        while self._idle and len(queue):
+            now = self._clock.now_ns()
+            self._expire(drop_hopeless(queue, now_ns=now, estimate=estimate), now)
+            decision = plan_batch(
+                queue,
+                now_ns=now,
+                max_rows=self._max_rows,
+                max_delay_ns=self._max_delay_ns,
+                estimate=estimate,
+                bucket_of=self.profile.bucket_of,
+            )
+            if decision is None:
+                break
+            if isinstance(decision, Wait):
+                self._arm_timer(decision.until_ns, now)
+                return
+            queue.take(decision.taken)
+            self._start(decision, now)
+        if not len(queue) and not self._running:
+            self._drained.set()
+
+    def _arm_timer(self, until_ns: int, now_ns: int) -> None:
+        if self._timer is not None:
+            if self._timer_at <= until_ns:
+                return
+            self._timer.cancel()
+        self._timer_at = until_ns
+        self._timer = self._loop.call_at(self._loop.time() + (until_ns - now_ns) / 1e9, self._on_timer)
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        self._dispatch()
+
+    def _expire(self, hopeless: list[QueuedRequest], now: int) -> None:
+        for item in hopeless:
+            self._expired += 1
+            due = item.due_ns if item.due_ns is not None else now
+            _settle(item, DeadlineExceeded(
+                f"model {self._label}: could not finish before the due time "
+                f"({(due - now) / 1e3:.0f} µs left, a run takes {self._estimate(item.rows) / 1e3:.0f} "
+                "µs); it was not run"
+            ))  # fmt: skip
+
+    def _start(self, run: Run, now: int) -> None:
+        instance = self._idle.pop()
+        requests = run.requests
+        self._queue_ns += sum(now - item.arrival_ns for item in requests)
+        self._running[instance] = _Running(requests, run.bucket, now)
+        self._busy_until[instance] = now + self._estimate(run.rows)
+        self._executor.submit(
+            instance,
+            BatchJob([i.feeds for i in requests], [i.rows for i in requests], run.bucket, self._finish),
+        )
+
+    def _finish(self, result: BatchResult) -> None:
+        now = self._clock.now_ns()
+        instance = result.instance
+        running = self._running.pop(instance)
+        self._idle.append(instance)
+        self._busy_until[instance] = 0
+        self._record(running, result, now)
+        for item, outputs in zip(running.requests, result.outputs, strict=True):
+            if item.future.done():
+                self._cancelled += 1
+            elif isinstance(outputs, DuetimeError):
+                self._failed += 1
+                _settle(item, outputs)
+            else:
+                self._succeeded += 1
+                self._inferences += item.rows
+                self._success_ns += now - item.arrival_ns
+                _settle(item, outputs)
+        self._dispatch()
+
+    def _record(self, running: _Running, result: BatchResult, now: int) -> None:
+        self._executions += 1
+        self._compute_ns += result.compute_ns
+        self._last_ms = time.time_ns() // 1_000_000
+        bucket = running.bucket or 1
+        stats = self._batch_sizes.get(bucket)
+        if stats is None:
+            stats = self._batch_sizes[bucket] = BatchSizeStatistics()
+        stats.count += 1
+        stats.compute_ns += result.compute_ns
+        if not any(isinstance(o, DuetimeError) for o in result.outputs):
+            self.profile.observe(bucket, result.compute_ns)
+            overhead = max(0, now - running.started_ns - result.compute_ns)
+            self._overhead_ns += _OVERHEAD_ALPHA * (overhead - self._overhead_ns)
+
+    # -- introspection and shutdown ------------------------------------------------------------
+
     def statistics(self) -> SchedulerStatistics:
-        c = self._counts
         return SchedulerStatistics(
             queued=len(self._queue),
             peak_queued=self._peak,
-            busy_instances=self._executor.instances - len(self._idle),
+            busy_instances=len(self._running),
             instances=self._executor.instances,
-            succeeded=c["succeeded"],
-            failed=c["failed"],
-            rejected=c["rejected"],
-            expired=c["expired"],
-            executions=c["executions"],
-            inferences=c["inferences"],
-            queue_ns=c["queue_ns"],
-            compute_ns=c["compute_ns"],
-            batch_sizes=dict(self._batch_sizes),
+            succeeded=self._succeeded,
+            failed=self._failed,
+            rejected=self._rejected,
+            expired=self._expired,
+            cancelled=self._cancelled,
+            executions=self._executions,
+            inferences=self._inferences,
+            success_ns=self._success_ns,
+            queue_ns=self._queue_ns,
+            compute_ns=self._compute_ns,
+            overhead_ns=int(self._overhead_ns),
+            last_inference_ms=self._last_ms,
+            batch_sizes={k: BatchSizeStatistics(v.count, v.compute_ns) for k, v in self._batch_sizes.items()},
         )
 
     async def aclose(self, grace_s: float) -> None:
@@ -142,73 +307,8 @@ class ModelScheduler:
         for item in self._queue.drain():
             _settle(item, ModelUnavailable(f"model {self._label} shut down before it ran"))
 
-    def _dispatch(self) -> None:
-        queue = self._queue
-        while self._idle and len(queue):
-            now = self._clock.now_ns()
-            until = should_wait(
-                queue, max_rows=self._max_rows, max_delay_ns=self._max_delay_ns, now_ns=now
-            )
-            if until is not None:
-                self._arm_timer(until, now)
-                return
-            batch = take_batch(queue, max_rows=self._max_rows, now_ns=now)
-            self._expire(batch, now)
-            if batch.requests:
-                self._start(batch, now)
-        if not len(queue) and len(self._idle) == self._executor.instances:
-            self._drained.set()
 
-    def _arm_timer(self, until_ns: int, now_ns: int) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-        delay_s = (until_ns - now_ns) / 1e9
-        self._timer = self._loop.call_at(self._loop.time() + delay_s, self._on_timer)
-
-    def _on_timer(self) -> None:
-        self._timer = None
-        self._dispatch()
-
-    def _expire(self, batch: Batch, now: int) -> None:
-        for item in batch.expired:
-            self._counts["expired"] += 1
-            late_us = (now - (item.due_ns or now)) / 1e3
-            _settle(item, DeadlineExceeded(
-                f"model {self._label}: due time passed {late_us:.0f} µs ago while queued; "
-                "the request was not run"
-            ))  # fmt: skip
-
-    def _start(self, batch: Batch, now: int) -> None:
-        instance = self._idle.pop()
-        requests = batch.requests
-        self._counts["queue_ns"] += sum(now - item.arrival_ns for item in requests)
-        job = BatchJob(
-            feeds=[item.feeds for item in requests],
-            rows=[item.rows for item in requests],
-            on_done=functools.partial(self._finish, requests),
-        )
-        self._executor.submit(instance, job)
-
-    def _finish(self, requests: list[QueuedRequest], result: BatchResult) -> None:
-        self._idle.append(result.instance)
-        counts = self._counts
-        counts["executions"] += 1
-        counts["compute_ns"] += result.compute_ns
-        rows = 0
-        for item, outputs in zip(requests, result.outputs, strict=True):
-            if isinstance(outputs, DuetimeError):
-                counts["failed"] += 1
-                _settle(item, outputs)
-            else:
-                counts["succeeded"] += 1
-                rows += item.rows
-                _settle(item, outputs)
-        counts["inferences"] += rows
-        self._batch_sizes[sum(item.rows for item in requests)] += 1
-        self._dispatch()
-
-
-def _settle(item: QueuedRequest, outcome: dict[str, np.ndarray] | DuetimeError) -> None:
+def _settle(item: QueuedRequest, outcome: Feeds | DuetimeError) -> None:
     future: asyncio.Future[Feeds] = item.future  # type: ignore[assignment]
     if future.done():  # cancelled by its client while it ran
         return

@@ -1,0 +1,190 @@
+"""What each layer adds to ONNX Runtime for `mlp` at batch 1, and closed-loop HTTP throughput.
+
+    python3 bench/overhead.py [--requests 3000] [--duration 10] [--out bench/results/overhead.json]
+
+Sequential requests (after a warm-up) measure P50/P99 latency of: ORT in-process, Engine.infer,
+Engine.infer_async, HTTP binary, HTTP JSON (a minimal keep-alive socket client, so the client's
+own cost stays small) and gRPC (a bare grpc channel with a pre-serialised request). Throughput is
+closed-loop over HTTP binary with 16 keep-alive connections, driven by wrk (a Lua script posts
+the binary body) when it is installed. The server runs in its own process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import grpc
+import numpy as np
+import onnxruntime as ort
+
+sys.path.insert(0, str(Path(__file__).parent))
+from common import (  # noqa: E402
+    KeepAliveClient,
+    infer_request_bytes,
+    percentiles_us,
+    print_table,
+    server_process,
+    timed,
+)
+
+from duetime import Engine  # noqa: E402
+from duetime.demo import write_demo_repository  # noqa: E402
+from duetime.execution.affinity import CpuPlan, parse_cpus, pin_current_thread  # noqa: E402
+from duetime.execution.ort import session_options  # noqa: E402
+from duetime.loops import new_event_loop  # noqa: E402
+
+WARMUP = 500
+ALL_CPUS = frozenset(os.sched_getaffinity(0))
+
+
+def bench_ort(model: Path, x: np.ndarray, n: int) -> list[int]:
+    options = session_options(intra_op_threads=1, inter_op_threads=1)
+    session = ort.InferenceSession(str(model), options, providers=["CPUExecutionProvider"])
+    timed(lambda: session.run(None, {"x": x}), WARMUP)
+    return timed(lambda: session.run(None, {"x": x}), n)
+
+
+def pinned_plan() -> CpuPlan:
+    """The server's default CPU plan, applied to this process's in-process measurements."""
+    plan = CpuPlan(parse_cpus("auto"))
+    pin_current_thread(frozenset({plan.loop_cpu}) if plan.loop_cpu is not None else None)
+    return plan
+
+
+def bench_engine_sync(repo: Path, x: np.ndarray, n: int) -> list[int]:
+    with Engine.open(repo) as engine:
+        timed(lambda: engine.infer("mlp", {"x": x}), WARMUP)
+        return timed(lambda: engine.infer("mlp", {"x": x}), n)
+
+
+def bench_engine_async(repo: Path, x: np.ndarray, n: int) -> list[int]:
+    async def run() -> list[int]:
+        engine = Engine(cpus=pinned_plan())
+        await engine.load_repository(repo)
+        samples = []
+        for i in range(WARMUP + n):
+            started = time.perf_counter_ns()
+            await engine.infer_async("mlp", {"x": x})
+            if i >= WARMUP:
+                samples.append(time.perf_counter_ns() - started)
+        await engine.aclose()
+        return samples
+
+    loop = new_event_loop()
+    try:
+        return loop.run_until_complete(run())
+    finally:
+        loop.close()
+
+
+def bench_http(host: str, port: int, x: np.ndarray, n: int, *, binary: bool) -> list[int]:
+    request = infer_request_bytes(host, port, "mlp", "x", x, binary=binary)
+    client = KeepAliveClient(host, port)
+    try:
+        status, _ = client.roundtrip(request)
+        assert status == 200, status
+        timed(lambda: client.roundtrip(request), WARMUP)
+        return timed(lambda: client.roundtrip(request), n)
+    finally:
+        client.close()
+
+
+def bench_grpc(host: str, port: int, x: np.ndarray, n: int) -> list[int]:
+    from duetime.frontend.proto import grpc_service_pb2 as pb
+
+    request = pb.ModelInferRequest(model_name="mlp")
+    request.inputs.add(name="x", datatype="FP32", shape=list(x.shape))
+    request.raw_input_contents.append(x.tobytes())
+    payload = request.SerializeToString()
+    with grpc.insecure_channel(f"{host}:{port}") as channel:
+        call = channel.unary_unary("/inference.GRPCInferenceService/ModelInfer")
+        call(payload)
+        timed(lambda: call(payload), WARMUP)
+        return timed(lambda: call(payload), n)
+
+
+def wrk_throughput(host: str, port: int, x: np.ndarray, duration: int) -> dict[str, Any]:
+    wrk = shutil.which("wrk")
+    if wrk is None:
+        return {"error": "wrk not installed (apt-get install wrk)"}
+    raw = infer_request_bytes(host, port, "mlp", "x", x, binary=True)
+    head, _, body = raw.partition(b"\r\n\r\n")
+    header_len = re.search(rb"Inference-Header-Content-Length: (\d+)", head)[1].decode()  # type: ignore[index]
+    with tempfile.TemporaryDirectory() as tmp:
+        (Path(tmp) / "body.bin").write_bytes(body)
+        script = Path(tmp) / "post.lua"
+        script.write_text(
+            f'local f = io.open("{tmp}/body.bin", "rb")\n'
+            'wrk.body = f:read("*all")\nf:close()\n'
+            'wrk.method = "POST"\n'
+            f'wrk.headers["Inference-Header-Content-Length"] = "{header_len}"\n'
+            'wrk.headers["Content-Type"] = "application/octet-stream"\n'
+            "done = function(summary, latency, requests)\n"
+            '  io.write(string.format("non2xx=%d\\n", summary.errors.status))\nend\n'
+        )
+        url = f"http://{host}:{port}/v2/models/mlp/infer"
+        out = subprocess.run(
+            [wrk, "-t1", "-c16", f"-d{duration}s", "--latency", "-s", str(script), url],
+            capture_output=True, text=True, check=True,
+        ).stdout  # fmt: skip
+    rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out)[1])  # type: ignore[index]
+    non2xx = int(re.search(r"non2xx=(\d+)", out)[1])  # type: ignore[index]
+    latency = dict(re.findall(r"\s+(50|99)%\s+([\d.]+\w+)", out))
+    return {"requests_per_s": rps, "non_2xx": non2xx, "p50": latency.get("50"), "p99": latency.get("99")}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--requests", type=int, default=3000)
+    parser.add_argument("--duration", type=int, default=10, help="seconds of wrk load")
+    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "overhead.json")
+    args = parser.parse_args()
+    n = args.requests
+    x = np.random.default_rng(0).standard_normal((1, 40), dtype=np.float32)
+    with tempfile.TemporaryDirectory() as tmp:
+        repo = write_demo_repository(Path(tmp) / "repo")
+        rows = [{"path": "ORT in-process", **percentiles_us(bench_ort(repo / "mlp/1/model.onnx", x, n))}]
+        rows.append({"path": "Engine.infer_async", **percentiles_us(bench_engine_async(repo, x, n))})
+        rows.append({"path": "Engine.infer (sync)", **percentiles_us(bench_engine_sync(repo, x, n))})
+        pin_current_thread(ALL_CPUS)
+        with server_process(repo) as server:
+            # The clients run on the CPUs the server's loop does not use, as a remote client would.
+            pin_current_thread(ALL_CPUS - {min(ALL_CPUS)} or None)
+            h, hp, gp = server.host, server.http_port, server.grpc_port
+            rows.append({"path": "HTTP binary", **percentiles_us(bench_http(h, hp, x, n, binary=True))})
+            rows.append({"path": "HTTP JSON", **percentiles_us(bench_http(h, hp, x, n, binary=False))})
+            rows.append({"path": "gRPC", **percentiles_us(bench_grpc(h, gp, x, n))})
+            throughput = wrk_throughput(h, hp, x, args.duration)
+    base = rows[0]["p50_us"]
+    for row in rows:
+        row["added_p50_us"] = row["p50_us"] - base
+    print_table(
+        f"mlp, batch 1, {n} sequential requests after {WARMUP} warm-up (latency in µs)",
+        rows, ["path", "p50_us", "p90_us", "p99_us", "added_p50_us"],
+    )  # fmt: skip
+    print_table("closed loop, HTTP binary, wrk -t1 -c16", [throughput], list(throughput))
+    result = {
+        "machine": {"platform": platform.platform(), "cpus": len(ALL_CPUS)},
+        "latency": rows,
+        "throughput_http_binary_c16": throughput,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2))
+    print(f"\nwrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,112 @@
+"""LatencyProfile: predicted execution time of each batch size for one variant; pure.
+
+Measured at load (median and p99 of repeated runs at each batch bucket), then kept current from
+real executions with an EWMA. `predict(rows)` is a list lookup: every scheduling decision asks it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+
+def batch_buckets(max_batch_size: int) -> tuple[int, ...]:
+    """The batch sizes ORT is run at: 1, 2, 3, 4, 6, 8, 12, 16, ... up to and including the max.
+
+    Powers of two and their 1.5 multiples, so a batch padded up to the next bucket wastes at most
+    a third of it, while ORT and the profile see a small, fixed set of shapes.
+    """
+    if max_batch_size <= 1:
+        return (1,)
+    sizes = {1, max_batch_size}
+    power = 2
+    while power < max_batch_size:
+        sizes.add(power)
+        if power * 3 // 2 < max_batch_size:
+            sizes.add(power * 3 // 2)
+        power *= 2
+    return tuple(sorted(sizes))
+
+
+@dataclass(frozen=True, slots=True)
+class ProfilePoint:
+    """Measured execution time of one batch size, in nanoseconds."""
+
+    rows: int
+    median_ns: int
+    p99_ns: int
+
+
+class LatencyProfile:
+    """Execution time per batch size, updated online.
+
+    `bucket_of[rows]` is the bucket a batch of `rows` is padded to; `predict(rows)` the time the
+    batch is expected to take (the EWMA of observed runs, seeded with the median at load, plus a
+    margin of the measured p99 spread so that predictions err on the late side).
+    """
+
+    def __init__(self, points: Sequence[ProfilePoint], *, alpha: float = 0.05) -> None:
+        if not points:
+            raise ValueError("a profile needs at least one measured batch size")
+        ordered = sorted(points, key=lambda p: p.rows)
+        self.max_rows = ordered[-1].rows
+        self.buckets = tuple(p.rows for p in ordered)
+        self._alpha = alpha
+        self._points = {p.rows: p for p in ordered}
+        self._ewma = {p.rows: float(p.median_ns) for p in ordered}
+        self._margin = {p.rows: max(0, p.p99_ns - p.median_ns) for p in ordered}
+        self.bucket_of = [0] * (self.max_rows + 1)
+        self._predicted = [0] * (self.max_rows + 1)
+        for rows in range(1, self.max_rows + 1):
+            self.bucket_of[rows] = next(b for b in self.buckets if b >= rows)
+        self._refresh()
+
+    def predict(self, rows: int) -> int:
+        """Predicted ns to execute a batch of `rows` (padded to its bucket)."""
+        return self._predicted[rows]
+
+    def per_row_ns(self) -> float:
+        """The best sustained cost of one row: what a saturated instance spends per row."""
+        return min(self._predicted[b] / b for b in self.buckets)
+
+    def observe(self, rows: int, elapsed_ns: int) -> None:
+        """Fold one real execution of a batch of `rows` (after padding) into the estimate."""
+        bucket = self.bucket_of[min(rows, self.max_rows)]
+        previous = self._ewma[bucket]
+        self._ewma[bucket] = previous + self._alpha * (elapsed_ns - previous)
+        self._refresh_bucket(bucket)
+
+    def snapshot(self) -> list[dict[str, float]]:
+        """Per bucket: measured median and p99 at load, the current estimate (µs)."""
+        return [
+            {
+                "batch_size": b,
+                "measured_median_us": self._points[b].median_ns / 1e3,
+                "measured_p99_us": self._points[b].p99_ns / 1e3,
+                "estimate_us": self._ewma[b] / 1e3,
+            }
+            for b in self.buckets
+        ]
+
+    def _refresh(self) -> None:
+        for bucket in self.buckets:
+            self._refresh_bucket(bucket)
+
+    def _refresh_bucket(self, bucket: int) -> None:
+        value = int(self._ewma[bucket] + self._margin[bucket] / 2)
+        low = self.buckets.index(bucket)
+        start = self.buckets[low - 1] + 1 if low else 1
+        for rows in range(start, bucket + 1):
+            self._predicted[rows] = value
+
+
+def profile_from_samples(samples: Mapping[int, Sequence[int]]) -> LatencyProfile:
+    """A profile from raw timings: batch size -> list of ns."""
+    points = []
+    for rows, times in samples.items():
+        ordered = sorted(times)
+        median = ordered[len(ordered) // 2]
+        p99 = ordered[min(len(ordered) - 1, math.ceil(0.99 * len(ordered)) - 1)]
+        points.append(ProfilePoint(rows, median, p99))
+    return LatencyProfile(points)

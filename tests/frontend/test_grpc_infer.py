@@ -1,0 +1,257 @@
+"""tritonclient.grpc (sync and aio) against a real server: health, metadata, config, inference.
+
+tritonclient always sends `raw_input_contents`; the typed `contents` path is driven with a
+ModelInferRequest built by hand and sent through a plain grpc channel.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from typing import Any
+
+import grpc
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.grpc.aio as aiogrpcclient
+from conftest import RunningServer
+from test_http_infer import (
+    BY_NAME,
+    DATATYPES,
+    DEMO_MODELS,
+    DTYPES_MODEL,
+    TOLERANCE,
+    TYPED_DATATYPES,
+    TYPED_MODEL,
+    DemoModel,
+    Reference,
+    assert_same_tensor,
+    dtype_samples,
+    dtypes_server,
+    input_name,
+    output_name,
+    reference,
+)
+from tritonclient.grpc import service_pb2, service_pb2_grpc
+
+pytestmark = pytest.mark.timeout(60)
+
+__all__ = ["dtypes_server", "reference"]  # fixtures shared with test_http_infer
+
+#: v2 datatype -> the InferTensorContents field that carries it.
+CONTENTS_FIELD = {
+    "BOOL": "bool_contents", "INT8": "int_contents", "INT16": "int_contents",
+    "INT32": "int_contents", "INT64": "int64_contents", "UINT8": "uint_contents",
+    "UINT16": "uint_contents", "UINT32": "uint_contents", "UINT64": "uint64_contents",
+    "FP32": "fp32_contents", "FP64": "fp64_contents", "BYTES": "bytes_contents",
+}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def client(server: RunningServer) -> Iterator[grpcclient.InferenceServerClient]:
+    client = grpcclient.InferenceServerClient(server.grpc)
+    yield client
+    client.close()
+
+
+def make_input(name: str, array: np.ndarray, datatype: str) -> grpcclient.InferInput:
+    tensor = grpcclient.InferInput(name, list(array.shape), datatype)
+    tensor.set_data_from_numpy(array)
+    return tensor
+
+
+def test_health(client: grpcclient.InferenceServerClient) -> None:
+    assert client.is_server_live()
+    assert client.is_server_ready()
+    assert client.is_model_ready("mlp")
+    assert client.is_model_ready("resnet", "1")
+    assert not client.is_model_ready("no-such-model")
+    assert not client.is_model_ready("mlp", "9")
+
+
+def test_server_metadata(client: grpcclient.InferenceServerClient) -> None:
+    metadata = client.get_server_metadata(as_json=True)
+    assert metadata["name"] == "duetime"
+    assert metadata["version"]
+    assert {"binary_tensor_data", "model_configuration"} <= set(metadata["extensions"])
+
+
+@pytest.mark.parametrize("model", DEMO_MODELS, ids=lambda m: m.name)
+def test_model_metadata(client: grpcclient.InferenceServerClient, model: DemoModel) -> None:
+    metadata = client.get_model_metadata(model.name)
+    assert metadata.name == model.name
+    assert list(metadata.versions) == ["1"]
+    (tensor,) = metadata.inputs
+    assert (tensor.name, tensor.datatype, list(tensor.shape)) == (
+        model.input, "FP32", [-1, *model.sample_shape]
+    )  # fmt: skip
+    (tensor,) = metadata.outputs
+    assert (tensor.name, tensor.datatype, list(tensor.shape)) == (
+        model.output, "FP32", [-1, model.classes]
+    )  # fmt: skip
+    assert client.get_model_metadata(model.name, "1") == metadata
+
+
+@pytest.mark.parametrize("model", DEMO_MODELS, ids=lambda m: m.name)
+def test_model_config(client: grpcclient.InferenceServerClient, model: DemoModel) -> None:
+    config = client.get_model_config(model.name, as_json=True)["config"]
+    assert config["name"] == model.name
+    assert config["platform"] == "onnxruntime_onnx"
+    assert config["max_batch_size"] == model.max_batch_size
+    assert config["input"] == [
+        {"name": model.input, "data_type": "TYPE_FP32", "dims": [str(d) for d in model.sample_shape]}
+    ]  # int64 fields are strings in protobuf's JSON form
+    assert config["output"][0]["dims"] == [str(model.classes)]
+
+
+@pytest.mark.parametrize("rows", [1, 7])
+@pytest.mark.parametrize("model", DEMO_MODELS, ids=lambda m: m.name)
+def test_infer_matches_onnxruntime(
+    client: grpcclient.InferenceServerClient, reference: Reference, model: DemoModel, rows: int
+) -> None:
+    batch = model.batch(rows, seed=rows)
+    result = client.infer(
+        model.name,
+        [make_input(model.input, batch, "FP32")],
+        outputs=[grpcclient.InferRequestedOutput(model.output)],
+        request_id=f"req-{model.name}-{rows}",
+        client_timeout=30,
+    )
+    response = result.get_response()
+    assert response.id == f"req-{model.name}-{rows}"
+    assert (response.model_name, response.model_version) == (model.name, "1")
+    got = result.as_numpy(model.output)
+    assert got.dtype == np.float32
+    assert got.shape == (rows, model.classes)
+    assert np.max(np.abs(got - reference(model, batch))) <= TOLERANCE
+
+
+@pytest.mark.parametrize(
+    ("timeout_us", "priority"), [(10_000_000, 1), (0, 0), (1_000_000, 3)], ids=str
+)
+def test_timeout_and_priority_are_accepted(
+    client: grpcclient.InferenceServerClient, reference: Reference, timeout_us: int, priority: int
+) -> None:
+    model = BY_NAME["mlp"]
+    batch = model.batch(2)
+    result = client.infer(
+        "mlp", [make_input("x", batch, "FP32")], timeout=timeout_us, priority=priority,
+        client_timeout=30,
+    )  # fmt: skip
+    assert np.max(np.abs(result.as_numpy("y") - reference(model, batch))) <= TOLERANCE
+
+
+# -- aio client ----------------------------------------------------------------------------------
+
+
+def test_aio_health_and_metadata(server: RunningServer) -> None:
+    async def scenario() -> None:
+        client = aiogrpcclient.InferenceServerClient(server.grpc)
+        try:
+            assert await client.is_server_live()
+            assert await client.is_server_ready()
+            assert await client.is_model_ready("resnet")
+            assert not await client.is_model_ready("no-such-model")
+            assert (await client.get_server_metadata()).name == "duetime"
+            metadata = await client.get_model_metadata("resnet")
+            assert list(metadata.inputs[0].shape) == [-1, 3, 64, 64]
+            config = await client.get_model_config("mlp")
+            assert config.config.max_batch_size == 64
+        finally:
+            await client.close()
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("model", DEMO_MODELS, ids=lambda m: m.name)
+def test_aio_infer_matches_onnxruntime(
+    server: RunningServer, reference: Reference, model: DemoModel
+) -> None:
+    batches = {rows: model.batch(rows, seed=10 + rows) for rows in (1, 7)}
+
+    async def infer(client: aiogrpcclient.InferenceServerClient, rows: int) -> Any:
+        tensor = aiogrpcclient.InferInput(model.input, list(batches[rows].shape), "FP32")
+        tensor.set_data_from_numpy(batches[rows])
+        return await client.infer(
+            model.name, [tensor], outputs=[aiogrpcclient.InferRequestedOutput(model.output)],
+            request_id=f"aio-{rows}", timeout=5_000_000, priority=2, client_timeout=30,
+        )  # fmt: skip
+
+    async def scenario() -> list[Any]:
+        client = aiogrpcclient.InferenceServerClient(server.grpc)
+        try:  # both in flight at once: the server may batch them together
+            return list(await asyncio.gather(*(infer(client, rows) for rows in batches)))
+        finally:
+            await client.close()
+
+    for rows, result in zip(batches, asyncio.run(scenario()), strict=True):
+        assert result.get_response().id == f"aio-{rows}"
+        got = result.as_numpy(model.output)
+        assert got.shape == (rows, model.classes)
+        assert np.max(np.abs(got - reference(model, batches[rows]))) <= TOLERANCE
+
+
+# -- every datatype ------------------------------------------------------------------------------
+
+
+def test_every_datatype_round_trips_raw(dtypes_server: RunningServer) -> None:
+    samples = dtype_samples(DATATYPES)
+    inputs = [make_input(input_name(d), samples[input_name(d)], d) for d in DATATYPES]
+    client = grpcclient.InferenceServerClient(dtypes_server.grpc)
+    try:
+        result = client.infer(DTYPES_MODEL, inputs, client_timeout=30)
+    finally:
+        client.close()
+    assert [o.name for o in result.get_response().outputs] == [output_name(d) for d in DATATYPES]
+    for datatype in DATATYPES:
+        assert_same_tensor(datatype, result.as_numpy(output_name(datatype)), samples[input_name(datatype)])
+
+
+def test_requested_output_subset(dtypes_server: RunningServer) -> None:
+    samples = dtype_samples(DATATYPES)
+    inputs = [make_input(input_name(d), samples[input_name(d)], d) for d in DATATYPES]
+    wanted = ["BYTES", "INT8", "FP64"]
+    outputs = [grpcclient.InferRequestedOutput(output_name(d)) for d in wanted]
+    client = grpcclient.InferenceServerClient(dtypes_server.grpc)
+    try:
+        result = client.infer(DTYPES_MODEL, inputs, outputs=outputs, client_timeout=30)
+    finally:
+        client.close()
+    assert [o.name for o in result.get_response().outputs] == [output_name(d) for d in wanted]
+    for datatype in wanted:
+        assert_same_tensor(datatype, result.as_numpy(output_name(datatype)), samples[input_name(datatype)])
+
+
+def typed_request(model: str, samples: dict[str, np.ndarray], datatypes: list[str]) -> Any:
+    """A ModelInferRequest carrying every input in typed `contents` (no raw contents)."""
+    request = service_pb2.ModelInferRequest(model_name=model, id="typed")
+    for datatype in datatypes:
+        array = samples[input_name(datatype)]
+        tensor = request.inputs.add(name=input_name(datatype), datatype=datatype, shape=array.shape)
+        field = CONTENTS_FIELD.get(datatype, "fp32_contents")  # FP16 has none: sent as FP32 values
+        getattr(tensor.contents, field).extend(array.reshape(-1).tolist())
+    return request
+
+
+def infer_stub(address: str, request: Any) -> Any:
+    with grpc.insecure_channel(address) as channel:
+        return service_pb2_grpc.GRPCInferenceServiceStub(channel).ModelInfer(request, timeout=30)
+
+
+def test_every_datatype_round_trips_typed(dtypes_server: RunningServer) -> None:
+    samples = dtype_samples(TYPED_DATATYPES)
+    response = infer_stub(dtypes_server.grpc, typed_request(TYPED_MODEL, samples, TYPED_DATATYPES))
+    assert response.id == "typed"
+    result = grpcclient.InferResult(response)
+    for datatype in TYPED_DATATYPES:
+        assert_same_tensor(datatype, result.as_numpy(output_name(datatype)), samples[input_name(datatype)])
+
+
+def test_fp16_in_typed_contents_is_refused(dtypes_server: RunningServer) -> None:
+    samples = dtype_samples(DATATYPES)
+    with pytest.raises(grpc.RpcError) as caught:
+        infer_stub(dtypes_server.grpc, typed_request(DTYPES_MODEL, samples, DATATYPES))
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "input 'in_fp16'" in caught.value.details()
+    assert "raw_input_contents" in caught.value.details()

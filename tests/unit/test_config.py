@@ -1,0 +1,279 @@
+"""Unit tests for `duetime.config`: model config files and server settings."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from duetime.config import (
+    ModelConfig,
+    SchedulingConfig,
+    ServerSettings,
+    load_model_config,
+    parse_model_config,
+    read_config_file,
+    server_settings,
+)
+from duetime.errors import ConfigError
+
+TOML = """
+max_batch_size = 16
+instances = 2
+default_timeout_ms = 2.5
+
+[scheduling]
+policy = "fifo"
+max_queue_delay_us = 500
+
+[[inputs]]
+name = "x"
+datatype = "FP32"
+dims = [4, -1]
+
+[[outputs]]
+name = "y"
+"""
+
+YAML = """
+max_batch_size: 16
+instances: 2
+default_timeout_ms: 2.5
+scheduling:
+  policy: fifo
+  max_queue_delay_us: 500
+inputs:
+  - name: x
+    datatype: FP32
+    dims: [4, -1]
+outputs:
+  - name: y
+"""
+
+
+def write(directory: Path, name: str, text: str) -> Path:
+    path = directory / name
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def test_defaults_when_there_is_no_config_file(tmp_path: Path) -> None:
+    config = load_model_config(tmp_path)
+    assert config == ModelConfig()
+    assert config.platform == "onnxruntime_onnx"
+    assert config.max_batch_size is None
+    assert config.instances == 1
+    assert config.default_timeout_ms is None
+    assert config.scheduling == SchedulingConfig(
+        policy="edf", max_queue_delay_us=0, max_queue_size=1024
+    )
+    assert config.inputs is None
+    assert config.outputs is None
+
+
+@pytest.mark.parametrize(
+    ("name", "text"), [("config.toml", TOML), ("config.yaml", YAML), ("config.yml", YAML)]
+)
+def test_reads_toml_and_yaml(tmp_path: Path, name: str, text: str) -> None:
+    write(tmp_path, name, text)
+    config = load_model_config(tmp_path)
+    assert config.max_batch_size == 16
+    assert config.instances == 2
+    assert config.default_timeout_ms == 2.5
+    assert config.scheduling.policy == "fifo"
+    assert config.scheduling.max_queue_delay_us == 500
+    assert config.scheduling.max_queue_size == 1024
+    assert config.inputs is not None
+    assert [(t.name, t.datatype, t.dims) for t in config.inputs] == [("x", "FP32", [4, -1])]
+    assert config.outputs is not None
+    assert [(t.name, t.datatype, t.dims) for t in config.outputs] == [("y", None, None)]
+
+
+@pytest.mark.parametrize(
+    ("name", "text"), [("config.toml", ""), ("config.yaml", ""), ("config.yaml", "# nothing\n")]
+)
+def test_empty_file_means_defaults(tmp_path: Path, name: str, text: str) -> None:
+    write(tmp_path, name, text)
+    assert load_model_config(tmp_path) == ModelConfig()
+
+
+def test_config_is_frozen() -> None:
+    config = ModelConfig()
+    with pytest.raises(ValueError, match="frozen"):
+        config.instances = 3
+
+
+@pytest.mark.parametrize(
+    ("data", "field", "got"),
+    [
+        pytest.param({"max_batch_sise": 4}, "max_batch_sise", "4", id="unknown-top-level"),
+        pytest.param(
+            {"scheduling": {"polcy": "edf"}}, "scheduling.polcy", "'edf'", id="unknown-nested"
+        ),
+        pytest.param(
+            {"inputs": [{"name": "x", "shape": [1]}]}, "inputs.0.shape", "[1]", id="unknown-in-list"
+        ),
+        pytest.param({"max_batch_size": -1}, "max_batch_size", "-1", id="negative"),
+        pytest.param({"max_batch_size": 70_000}, "max_batch_size", "70000", id="too-big"),
+        pytest.param({"instances": 0}, "instances", "0", id="no-instances"),
+        pytest.param({"default_timeout_ms": 0}, "default_timeout_ms", "0", id="zero-timeout"),
+        pytest.param({"platform": "tensorrt_plan"}, "platform", "'tensorrt_plan'", id="platform"),
+        pytest.param(
+            {"scheduling": {"policy": "lifo"}}, "scheduling.policy", "'lifo'", id="policy"
+        ),
+        pytest.param(
+            {"scheduling": {"max_queue_size": 0}}, "scheduling.max_queue_size", "0", id="queue-size"
+        ),
+        pytest.param(
+            {"inputs": [{"name": "x", "datatype": "FP33"}]},
+            "inputs.0.datatype",
+            "'FP33'",
+            id="datatype",
+        ),
+        pytest.param({"inputs": [{"name": ""}]}, "inputs.0.name", "''", id="empty-name"),
+        pytest.param(
+            {"inputs": [{"name": "x", "dims": [1, "a"]}]}, "inputs.0.dims.1", "'a'", id="dims-type"
+        ),
+        pytest.param(
+            {"outputs": [{"name": "y", "dims": [-2]}]},
+            "outputs.0.dims.0",
+            "-2",
+            id="dims-below-minus-1",
+        ),
+        pytest.param({"inputs": {"name": "x"}}, "inputs", "{'name': 'x'}", id="inputs-not-a-list"),
+    ],
+)
+def test_invalid_fields_name_the_source_path_and_value(
+    data: dict[str, Any], field: str, got: str
+) -> None:
+    with pytest.raises(ConfigError) as caught:
+        parse_model_config(data, source="repo/m/config.toml")
+    message = caught.value.message
+    assert message.startswith("repo/m/config.toml: ")
+    assert f"field '{field}'" in message
+    assert f"(got {got})" in message
+
+
+def test_missing_required_field_has_no_got(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"field 'inputs\.0\.name': Field required$"):
+        parse_model_config({"inputs": [{"datatype": "FP32"}]}, source="s")
+
+
+def test_every_problem_is_reported(tmp_path: Path) -> None:
+    path = write(tmp_path, "config.toml", 'max_batch_size = -1\n[scheduling]\npolicy = "lifo"\n')
+    with pytest.raises(ConfigError) as caught:
+        load_model_config(tmp_path)
+    message = caught.value.message
+    assert message.count(str(path)) == 2
+    assert "field 'max_batch_size'" in message
+    assert "field 'scheduling.policy'" in message
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "match"),
+    [
+        pytest.param("config.toml", "max_batch_size = \n", "cannot be read as TOML", id="bad-toml"),
+        pytest.param("config.yaml", "a: [\n", "cannot be read as YAML", id="bad-yaml"),
+        pytest.param("config.yml", "a: [\n", "cannot be read as YML", id="bad-yml"),
+        pytest.param(
+            "config.yaml", "- 1\n- 2\n", "expected a table of settings, got list", id="yaml-list"
+        ),
+        pytest.param(
+            "config.yaml", "just text\n", "expected a table of settings, got str", id="yaml-str"
+        ),
+    ],
+)
+def test_unreadable_files_name_the_file(tmp_path: Path, name: str, text: str, match: str) -> None:
+    path = write(tmp_path, name, text)
+    with pytest.raises(ConfigError, match=re.escape(str(path)) + ": " + match):
+        load_model_config(tmp_path)
+
+
+def test_not_utf8_names_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "config.toml"
+    path.write_bytes(b"name = '\xff'\n")
+    with pytest.raises(ConfigError, match=re.escape(str(path))):
+        read_config_file(path)
+
+
+def test_yaml_error_names_the_file_and_field(tmp_path: Path) -> None:
+    path = write(tmp_path, "config.yaml", "instances: many\n")
+    with pytest.raises(ConfigError, match=re.escape(f"{path}: field 'instances'") + ".*got 'many'"):
+        load_model_config(tmp_path)
+
+
+@pytest.mark.parametrize("names", [("config.toml", "config.yaml"), ("config.yaml", "config.yml")])
+def test_two_config_files_is_an_error(tmp_path: Path, names: tuple[str, str]) -> None:
+    for name in names:
+        write(tmp_path, name, "")
+    with pytest.raises(
+        ConfigError, match=f"more than one config file \\({', '.join(names)}\\); keep one"
+    ):
+        load_model_config(tmp_path)
+
+
+def test_a_folder_named_like_a_config_file_is_ignored(tmp_path: Path) -> None:
+    (tmp_path / "config.toml").mkdir()
+    assert load_model_config(tmp_path) == ModelConfig()
+
+
+# -- server settings ----------------------------------------------------------------------------
+
+
+def test_server_settings_defaults() -> None:
+    assert server_settings({}, env={}) == ServerSettings()
+    settings = ServerSettings()
+    assert (settings.host, settings.http_port, settings.grpc_port) == ("127.0.0.1", 8000, 8001)
+    assert settings.model_repository is None
+
+
+def test_server_settings_from_env() -> None:
+    env = {
+        "DUETIME_HTTP_PORT": "9000",
+        "DUETIME_HOST": "0.0.0.0",
+        "DUETIME_MODEL_REPOSITORY": "/models",
+        "DUETIME_IDLE_TIMEOUT_S": "2.5",
+        "DUETIME_UNRELATED": "ignored",
+        "HTTP_PORT": "1",
+    }
+    settings = server_settings({}, env=env)
+    assert settings.http_port == 9000
+    assert settings.host == "0.0.0.0"
+    assert settings.model_repository == Path("/models")
+    assert settings.idle_timeout_s == 2.5
+    assert settings.grpc_port == 8001
+
+
+def test_server_settings_overrides_win_over_env_and_none_is_not_an_override() -> None:
+    env = {"DUETIME_HTTP_PORT": "9000", "DUETIME_GRPC_PORT": "9001"}
+    settings = server_settings({"http_port": 1234, "grpc_port": None}, env=env)
+    assert settings.http_port == 1234
+    assert settings.grpc_port == 9001
+
+
+def test_server_settings_reads_os_environ_by_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DUETIME_GRPC_PORT", "7001")
+    assert server_settings({}).grpc_port == 7001
+
+
+@pytest.mark.parametrize(
+    ("overrides", "env", "match"),
+    [
+        pytest.param(
+            {}, {"DUETIME_HTTP_PORT": "abc"}, "field 'http_port'.*got 'abc'", id="env-not-int"
+        ),
+        pytest.param({"http_port": 70_000}, {}, "field 'http_port'.*got 70000", id="port-range"),
+        pytest.param(
+            {}, {"DUETIME_MAX_BODY_BYTES": "10"}, "field 'max_body_bytes'.*got '10'", id="too-small"
+        ),
+        pytest.param({"idle_timeout_s": 0}, {}, "field 'idle_timeout_s'", id="zero-timeout"),
+        pytest.param(
+            {"bogus": 1}, {}, "field 'bogus': Extra inputs are not permitted", id="unknown"
+        ),
+    ],
+)
+def test_server_settings_errors(overrides: dict[str, Any], env: dict[str, str], match: str) -> None:
+    with pytest.raises(ConfigError, match="^server settings: " + match):
+        server_settings(overrides, env=env)

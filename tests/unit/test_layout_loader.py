@@ -1,0 +1,436 @@
+"""Unit tests for `duetime.repository.layout` (scanning) and `duetime.repository.loader`."""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+from duetime.config import ModelConfig, parse_model_config
+from duetime.demo import write_demo_repository
+from duetime.errors import ConfigError, InvalidInput
+from duetime.repository.layout import MODEL_FILENAME, ModelSource, scan_model, scan_repository
+from duetime.repository.loader import (
+    DEFAULT_MAX_BATCH_SIZE,
+    LoadedModel,
+    load_version,
+    reconcile,
+    sample_inputs,
+    warm_up,
+)
+from duetime.types import ModelSignature, TensorSpec
+from duetime.validation import Validator
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_demo_repository(tmp_path_factory.mktemp("demo"))
+
+
+@pytest.fixture
+def loaded() -> Iterator[list[LoadedModel]]:
+    """Collects models a test loads and closes their executors afterwards."""
+    models: list[LoadedModel] = []
+    yield models
+    for model in models:
+        model.executor.close()
+
+
+def identity_model(dtype: int, shape: list[int | str]) -> bytes:
+    """An ONNX graph y = Identity(x) with the given element type and shape."""
+    graph = helper.make_graph(
+        [helper.make_node("Identity", ["x"], ["y"])],
+        "identity",
+        [helper.make_tensor_value_info("x", dtype, shape)],
+        [helper.make_tensor_value_info("y", dtype, shape)],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    return bytes(model.SerializeToString())
+
+
+def model_dir(root: Path, name: str, onnx_bytes: bytes, config: str | None = None) -> ModelSource:
+    (root / name / "1").mkdir(parents=True)
+    (root / name / "1" / MODEL_FILENAME).write_bytes(onnx_bytes)
+    if config is not None:
+        (root / name / "config.toml").write_text(config, encoding="utf-8")
+    return scan_model(root / name)
+
+
+# -- layout -------------------------------------------------------------------------------------
+
+
+def test_scan_finds_models_and_versions(demo: Path) -> None:
+    scan = scan_repository(demo)
+    assert [m.name for m in scan.models] == ["mlp", "resnet"]
+    assert scan.errors == {}
+    mlp = scan.models[0]
+    assert mlp.directory == demo / "mlp"
+    assert mlp.versions == {1: demo / "mlp" / "1" / MODEL_FILENAME}
+    assert mlp.latest == 1
+
+
+def test_scan_versions_and_what_is_not_a_version(tmp_path: Path) -> None:
+    for version in ("1", "3", "10"):
+        (tmp_path / "m" / version).mkdir(parents=True)
+        (tmp_path / "m" / version / MODEL_FILENAME).write_bytes(b"")
+    (tmp_path / "m" / "7").mkdir()  # no model file
+    (tmp_path / "m" / "v2").mkdir()  # not an integer
+    (tmp_path / "m" / "v2" / MODEL_FILENAME).write_bytes(b"")
+    (tmp_path / "m" / "²").mkdir()  # a digit to str.isdigit, but not to int()
+    (tmp_path / "m" / "²" / MODEL_FILENAME).write_bytes(b"")
+    (tmp_path / "m" / "5").write_text("a file, not a folder")
+    (tmp_path / "m" / "2" / MODEL_FILENAME).mkdir(parents=True)  # a folder named model.onnx
+    source = scan_model(tmp_path / "m")
+    assert sorted(source.versions) == [1, 3, 10]
+    assert source.latest == 10
+    assert source.versions[10] == tmp_path / "m" / "10" / MODEL_FILENAME
+
+
+def test_scan_reports_folders_without_versions_and_ignores_hidden(tmp_path: Path) -> None:
+    (tmp_path / "good" / "1").mkdir(parents=True)
+    (tmp_path / "good" / "1" / MODEL_FILENAME).write_bytes(b"")
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "no_model" / "1").mkdir(parents=True)
+    for hidden in (".git", "_staging"):
+        (tmp_path / hidden / "1").mkdir(parents=True)
+        (tmp_path / hidden / "1" / MODEL_FILENAME).write_bytes(b"")
+    (tmp_path / "README.md").write_text("not a model")
+    scan = scan_repository(tmp_path)
+    assert [m.name for m in scan.models] == ["good"]
+    assert sorted(scan.errors) == ["empty", "no_model"]
+    assert str(tmp_path / "empty") in scan.errors["empty"]
+    assert "no version folder holds a model.onnx" in scan.errors["empty"]
+
+
+@pytest.mark.parametrize("make", [lambda p: None, lambda p: p.write_text("x")])
+def test_scan_root_must_be_a_folder(tmp_path: Path, make: Any) -> None:
+    root = tmp_path / "repo"
+    make(root)
+    with pytest.raises(
+        ConfigError, match=f"model repository {re.escape(str(root))} is not a folder"
+    ):
+        scan_repository(root)
+
+
+# -- reconcile ----------------------------------------------------------------------------------
+
+FREE_IN = [TensorSpec("x", "FP32", (-1, 4)), TensorSpec("mask", "BOOL", (-1, -1))]
+FREE_OUT = [TensorSpec("y", "FP32", (-1, 2))]
+FIXED_IN = [TensorSpec("x", "FP32", (3, 4))]
+FIXED_OUT = [TensorSpec("y", "FP32", (3, 2))]
+
+
+def config(**fields: Any) -> ModelConfig:
+    return parse_model_config(fields, source="test")
+
+
+@pytest.mark.parametrize(
+    ("fields", "graph_in", "graph_out", "max_batch"),
+    [
+        pytest.param({}, FREE_IN, FREE_OUT, DEFAULT_MAX_BATCH_SIZE, id="free-first-dim-default"),
+        pytest.param({}, FIXED_IN, FIXED_OUT, 0, id="fixed-first-dim-default"),
+        pytest.param({}, FREE_IN, FIXED_OUT, 0, id="fixed-output-default"),
+        pytest.param({}, [TensorSpec("s", "FP32", ())], FREE_OUT, 0, id="scalar-input-default"),
+        pytest.param({"max_batch_size": 4}, FREE_IN, FREE_OUT, 4, id="explicit"),
+        pytest.param({"max_batch_size": 0}, FREE_IN, FREE_OUT, 0, id="explicit-off"),
+        pytest.param({"max_batch_size": 0}, FIXED_IN, FIXED_OUT, 0, id="explicit-off-fixed"),
+    ],
+)
+def test_reconcile_batch_policy(
+    fields: dict[str, Any], graph_in: list[TensorSpec], graph_out: list[TensorSpec], max_batch: int
+) -> None:
+    signature = reconcile(config(**fields), graph_in, graph_out, source="m")
+    assert signature == ModelSignature(tuple(graph_in), tuple(graph_out), max_batch)
+
+
+@pytest.mark.parametrize(
+    ("graph_in", "graph_out", "culprit"),
+    [
+        (FIXED_IN, FIXED_OUT, r"'x' has shape \[3, 4\]"),
+        (FREE_IN, FIXED_OUT, r"'y' has shape \[3, 2\]"),
+        ([TensorSpec("s", "FP32", ())], FREE_OUT, r"'s' has shape \[\]"),
+    ],
+)
+def test_reconcile_explicit_batch_needs_free_first_dims(
+    graph_in: list[TensorSpec], graph_out: list[TensorSpec], culprit: str
+) -> None:
+    with pytest.raises(ConfigError) as caught:
+        reconcile(config(max_batch_size=8), graph_in, graph_out, source="repo/m")
+    message = caught.value.message
+    assert message.startswith("repo/m: field 'max_batch_size' = 8 needs a free first dim")
+    assert re.search(culprit, message)
+    assert message.endswith("set max_batch_size = 0")
+
+
+@pytest.mark.parametrize(
+    ("fields", "expected_in", "expected_out"),
+    [
+        pytest.param(
+            {"inputs": [{"name": "mask", "dims": [7]}]},
+            [FREE_IN[0], TensorSpec("mask", "BOOL", (-1, 7))],
+            FREE_OUT,
+            id="narrow-free-dim",
+        ),
+        pytest.param(
+            {
+                "inputs": [
+                    {"name": "x", "datatype": "FP32", "dims": [-1]},
+                    {"name": "mask", "dims": [-1]},
+                ]
+            },
+            FREE_IN,
+            FREE_OUT,
+            id="restate-graph",
+        ),
+        pytest.param(
+            {"inputs": [{"name": "mask"}, {"name": "x", "dims": [4]}]},
+            FREE_IN,
+            FREE_OUT,
+            id="order-follows-graph",
+        ),
+        pytest.param(
+            {"outputs": [{"name": "y", "dims": [2]}]},
+            FREE_IN,
+            FREE_OUT,
+            id="outputs",
+        ),
+    ],
+)
+def test_reconcile_config_narrows_dims(
+    fields: dict[str, Any], expected_in: list[TensorSpec], expected_out: list[TensorSpec]
+) -> None:
+    signature = reconcile(config(**fields), FREE_IN, FREE_OUT, source="m")
+    assert signature.inputs == tuple(expected_in)
+    assert signature.outputs == tuple(expected_out)
+    assert signature.max_batch_size == DEFAULT_MAX_BATCH_SIZE
+
+
+def test_reconcile_non_batched_dims_include_the_first_dim() -> None:
+    fields = {"max_batch_size": 0, "inputs": [{"name": "x", "dims": [5, 4]}]}
+    signature = reconcile(config(**fields), FREE_IN[:1], FREE_OUT, source="m")
+    assert signature.inputs == (TensorSpec("x", "FP32", (5, 4)),)
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        pytest.param(
+            {"inputs": [{"name": "x"}, {"name": "z"}]},
+            "m: field 'inputs.1.name': 'z' is not in the graph; it has 'x', 'mask'",
+            id="unknown-input",
+        ),
+        pytest.param(
+            {"outputs": [{"name": "x"}]},
+            "m: field 'outputs.0.name': 'x' is not in the graph; it has 'y'",
+            id="input-name-as-output",
+        ),
+        pytest.param(
+            {"inputs": [{"name": "x", "datatype": "FP16"}]},
+            "m: field 'inputs.0.datatype': FP16 does not match the graph's FP32",
+            id="datatype",
+        ),
+        pytest.param(
+            {"inputs": [{"name": "x", "dims": [5]}]},
+            "m: field 'inputs.0.dims': [5] does not fit the graph's [4]",
+            id="fixed-dim-changed",
+        ),
+        pytest.param(
+            {"inputs": [{"name": "x", "dims": [-1, 4]}]},
+            "m: field 'inputs.0.dims': [-1, 4] does not fit the graph's [4]",
+            id="dims-with-batch-dim",
+        ),
+        pytest.param(
+            {"outputs": [{"name": "y", "dims": []}]},
+            "m: field 'outputs.0.dims': [] does not fit the graph's [2]",
+            id="output-rank",
+        ),
+    ],
+)
+def test_reconcile_config_errors(fields: dict[str, Any], message: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        reconcile(config(**fields), FREE_IN, FREE_OUT, source="m")
+    assert caught.value.message.startswith(message)
+
+
+# -- load_version -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("name", "inputs", "outputs", "max_batch"),
+    [
+        ("mlp", [TensorSpec("x", "FP32", (-1, 40))], [TensorSpec("y", "FP32", (-1, 3))], 64),
+        (
+            "resnet",
+            [TensorSpec("image", "FP32", (-1, 3, 64, 64))],
+            [TensorSpec("logits", "FP32", (-1, 10))],
+            32,
+        ),
+    ],
+)
+def test_load_demo_models(
+    demo: Path,
+    loaded: list[LoadedModel],
+    name: str,
+    inputs: list[TensorSpec],
+    outputs: list[TensorSpec],
+    max_batch: int,
+) -> None:
+    source = scan_model(demo / name)
+    model = load_version(source, 1)
+    loaded.append(model)
+    assert (model.name, model.version, model.path) == (name, "1", source.versions[1])
+    assert model.config.max_batch_size == max_batch
+    assert model.signature == ModelSignature(tuple(inputs), tuple(outputs), max_batch)
+    assert model.executor.instances == 1
+    feeds = sample_inputs(model.signature, rows=2)
+    prepared = model.validator.prepare(feeds, None)
+    assert prepared.rows == 2
+    (result,) = model.executor.run_sync(prepared.feeds)
+    assert result.shape == (2, outputs[0].shape[1])
+
+
+def test_load_with_config_instances_and_narrowing(
+    tmp_path: Path, demo: Path, loaded: list[LoadedModel]
+) -> None:
+    config = 'instances = 2\n[[outputs]]\nname = "y"\ndims = [3]\n'
+    source = model_dir(tmp_path, "m", (demo / "mlp" / "1" / MODEL_FILENAME).read_bytes(), config)
+    model = load_version(source, 1)
+    loaded.append(model)
+    assert model.executor.instances == 2
+    assert model.signature.max_batch_size == DEFAULT_MAX_BATCH_SIZE
+    assert model.validator.prepare(sample_inputs(model.signature, 1), ["y"]).outputs == ("y",)
+
+
+def test_load_corrupt_model_names_the_file(tmp_path: Path) -> None:
+    source = model_dir(tmp_path, "broken", b"this is not a protobuf")
+    with pytest.raises(ConfigError) as caught:
+        load_version(source, 1)
+    assert caught.value.message.startswith(f"{source.versions[1]}: ONNX Runtime cannot load it")
+
+
+def test_load_bad_config_names_the_config_file(tmp_path: Path, demo: Path) -> None:
+    source = model_dir(
+        tmp_path, "m", (demo / "mlp" / "1" / MODEL_FILENAME).read_bytes(), "instances = 0\n"
+    )
+    with pytest.raises(
+        ConfigError, match=re.escape(f"{tmp_path / 'm' / 'config.toml'}: field 'instances'")
+    ):
+        load_version(source, 1)
+
+
+def test_load_config_that_does_not_fit_the_graph_names_the_model_and_field(
+    tmp_path: Path, demo: Path
+) -> None:
+    onnx_bytes = (demo / "mlp" / "1" / MODEL_FILENAME).read_bytes()
+    source = model_dir(tmp_path, "m", onnx_bytes, '[[inputs]]\nname = "input"\n')
+    with pytest.raises(ConfigError, match=re.escape(f"{source.directory}: field 'inputs.0.name'")):
+        load_version(source, 1)
+
+
+def test_load_fixed_shape_model_does_not_batch(tmp_path: Path, loaded: list[LoadedModel]) -> None:
+    source = model_dir(tmp_path, "fixed", identity_model(TensorProto.FLOAT, [2, 3]))
+    model = load_version(source, 1)
+    loaded.append(model)
+    assert model.signature.max_batch_size == 0
+    assert model.signature.inputs == (TensorSpec("x", "FP32", (2, 3)),)
+
+
+def test_load_string_model(tmp_path: Path, loaded: list[LoadedModel]) -> None:
+    source = model_dir(tmp_path, "text", identity_model(TensorProto.STRING, ["n"]))
+    model = load_version(source, 1)
+    loaded.append(model)
+    assert model.signature.inputs == (TensorSpec("x", "BYTES", (-1,)),)
+    assert model.signature.max_batch_size == DEFAULT_MAX_BATCH_SIZE
+    prepared = model.validator.prepare({"x": np.array([b"a", b"bc"], dtype=object)}, None)
+    (result,) = model.executor.run_sync(prepared.feeds)
+    assert result.tolist() == ["a", "bc"]
+
+
+def test_load_unsupported_graph_type_names_the_file(tmp_path: Path) -> None:
+    source = model_dir(tmp_path, "bf16", identity_model(TensorProto.BFLOAT16, ["n"]))
+    with pytest.raises(
+        ConfigError, match=re.escape(f"{source.versions[1]}: input 'x' has type tensor(bfloat16)")
+    ):
+        load_version(source, 1)
+
+
+# -- sample inputs and warm-up ------------------------------------------------------------------
+
+MIXED = ModelSignature(
+    inputs=(
+        TensorSpec("f", "FP32", (-1, 3, -1)),
+        TensorSpec("h", "FP16", (-1, 2)),
+        TensorSpec("i", "INT64", (-1,)),
+        TensorSpec("b", "BOOL", (-1, 2)),
+        TensorSpec("s", "BYTES", (-1, 2)),
+    ),
+    outputs=(TensorSpec("y", "FP32", (-1,)),),
+    max_batch_size=8,
+)
+
+
+def test_sample_inputs_batched() -> None:
+    feeds = sample_inputs(MIXED, rows=5)
+    assert {name: (a.shape, a.dtype) for name, a in feeds.items()} == {
+        "f": ((5, 3, 1), np.dtype(np.float32)),
+        "h": ((5, 2), np.dtype(np.float16)),
+        "i": ((5,), np.dtype(np.int64)),
+        "b": ((5, 2), np.dtype(np.bool_)),
+        "s": ((5, 2), np.dtype(object)),
+    }
+    assert all(type(item) is str for item in feeds["s"].reshape(-1))
+    # Every sample passes the model's own validation.
+    assert Validator("m", MIXED).prepare(feeds, None).rows == 5
+
+
+def test_sample_inputs_non_batched_ignores_rows() -> None:
+    signature = ModelSignature((TensorSpec("x", "FP32", (-1, 4)),), (), max_batch_size=0)
+    assert sample_inputs(signature, rows=7)["x"].shape == (1, 4)
+
+
+def test_sample_inputs_are_deterministic() -> None:
+    one, two = sample_inputs(MIXED, 3, seed=1), sample_inputs(MIXED, 3, seed=1)
+    assert np.array_equal(one["f"], two["f"])
+    assert not np.array_equal(one["f"], sample_inputs(MIXED, 3, seed=2)["f"])
+
+
+class _RecordingExecutor:
+    """Stands in for an Executor in warm_up: records the batch sizes run, or raises."""
+
+    def __init__(self, instances: int, error: Exception | None = None) -> None:
+        self.instances = instances
+        self.error = error
+        self.runs: list[tuple[int, int]] = []
+
+    def run_sync(self, feeds: dict[str, np.ndarray], instance: int = 0) -> list[np.ndarray]:
+        if self.error is not None:
+            raise self.error
+        self.runs.append((instance, len(feeds["x"])))
+        return []
+
+
+def test_warm_up_runs_each_instance_at_batch_1_and_max(tmp_path: Path) -> None:
+    signature = ModelSignature((TensorSpec("x", "FP32", (-1, 4)),), (), max_batch_size=6)
+    executor = _RecordingExecutor(instances=2)
+    warm_up(executor, signature, tmp_path / "model.onnx", runs=2)  # type: ignore[arg-type]
+    assert executor.runs == [(0, 1), (0, 1), (0, 6), (0, 6), (1, 1), (1, 1), (1, 6), (1, 6)]
+
+
+@pytest.mark.parametrize("error", [RuntimeError("bad index"), InvalidInput("bad")])
+def test_warm_up_failure_is_a_warning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, error: Exception
+) -> None:
+    signature = ModelSignature((TensorSpec("x", "FP32", (-1, 4)),), (), max_batch_size=2)
+    with caplog.at_level(logging.WARNING, logger="duetime.loader"):
+        warm_up(_RecordingExecutor(1, error), signature, tmp_path / "model.onnx")  # type: ignore[arg-type]
+    assert "warm-up on sample inputs failed" in caplog.text
+    assert str(tmp_path / "model.onnx") in caplog.text

@@ -1,0 +1,134 @@
+"""Unit tests for `duetime.repository.registry.Registry`: publishing and resolving deployments."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from duetime.errors import ModelNotFound, ModelUnavailable
+from duetime.repository.registry import Deployment, Registry
+
+
+def deployment(name: str, version: str) -> Deployment:
+    """A Deployment with stand-ins: the registry reads only `model.name` and `model.version`."""
+    model: Any = SimpleNamespace(name=name, version=version)
+    scheduler: Any = object()
+    return Deployment(model, scheduler)
+
+
+def registry_with(*deployments: Deployment) -> Registry:
+    registry = Registry()
+    for item in deployments:
+        registry.publish(item)
+    return registry
+
+
+def test_empty_registry() -> None:
+    registry = Registry()
+    assert dict(registry.snapshot.models) == {}
+    with pytest.raises(ModelNotFound, match="unknown model 'm'; served models: none"):
+        registry.resolve("m", None)
+
+
+def test_publish_and_resolve() -> None:
+    one = deployment("m", "1")
+    registry = registry_with(one)
+    assert registry.resolve("m", None) is one
+    assert registry.resolve("m", "") is one
+    assert registry.resolve("m", "1") is one
+    served = registry.snapshot.models["m"]
+    assert (served.name, served.default, list(served.versions)) == ("m", "1", ["1"])
+
+
+@pytest.mark.parametrize(
+    ("versions", "default"),
+    [(["1", "2"], "2"), (["2", "1"], "2"), (["9", "10"], "10"), (["10", "9", "3"], "10")],
+)
+def test_default_is_the_highest_version_numerically(versions: list[str], default: str) -> None:
+    items = {v: deployment("m", v) for v in versions}
+    registry = registry_with(*items.values())
+    assert registry.snapshot.models["m"].default == default
+    assert registry.resolve("m", None) is items[default]
+    for version, item in items.items():
+        assert registry.resolve("m", version) is item
+
+
+def test_republishing_a_version_replaces_it() -> None:
+    old, new = deployment("m", "1"), deployment("m", "1")
+    registry = registry_with(old, new)
+    assert registry.resolve("m", "1") is new
+    assert list(registry.snapshot.models["m"].versions) == ["1"]
+
+
+def test_models_are_independent() -> None:
+    a, b = deployment("a", "1"), deployment("b", "5")
+    registry = registry_with(a, b)
+    assert registry.resolve("a", None) is a
+    assert registry.resolve("b", None) is b
+
+
+def test_unknown_model_lists_served_models() -> None:
+    registry = registry_with(deployment("b", "1"), deployment("a", "1"))
+    with pytest.raises(ModelNotFound, match="unknown model 'c'; served models: 'a', 'b'"):
+        registry.resolve("c", None)
+
+
+def test_unknown_version_lists_loaded_versions() -> None:
+    registry = registry_with(deployment("m", "10"), deployment("m", "2"))
+    with pytest.raises(
+        ModelNotFound, match="model 'm' has no version '3' loaded; loaded versions: 2, 10"
+    ):
+        registry.resolve("m", "3")
+
+
+def test_failure_of_an_unserved_model_is_unavailable_not_unknown() -> None:
+    registry = Registry()
+    registry.record_failure("m", "bad config")
+    with pytest.raises(ModelUnavailable, match="model 'm' failed to load: bad config"):
+        registry.resolve("m", None)
+    with pytest.raises(ModelNotFound, match="unknown model 'other'"):
+        registry.resolve("other", None)
+
+
+def test_publish_clears_the_failure() -> None:
+    registry = Registry()
+    registry.record_failure("m", "bad config")
+    registry.record_failure("n", "broken")
+    one = deployment("m", "1")
+    registry.publish(one)
+    assert registry.resolve("m", None) is one
+    assert dict(registry.snapshot.failures) == {"n": "broken"}
+
+
+def test_failure_does_not_replace_a_working_model() -> None:
+    one = deployment("m", "1")
+    registry = registry_with(one)
+    registry.record_failure("m", "version 2 is broken")
+    assert registry.resolve("m", None) is one
+    assert registry.snapshot.failures["m"] == "version 2 is broken"
+
+
+def test_snapshots_are_immutable_and_replaced_whole() -> None:
+    registry = registry_with(deployment("m", "1"))
+    before = registry.snapshot
+    registry.publish(deployment("m", "2"))
+    assert list(before.models["m"].versions) == ["1"]
+    assert registry.snapshot is not before
+    with pytest.raises(TypeError):
+        registry.snapshot.models["x"] = before.models["m"]  # type: ignore[index]
+    with pytest.raises(TypeError):
+        registry.snapshot.models["m"].versions["3"] = deployment("m", "3")  # type: ignore[index]
+
+
+def test_clear_returns_every_deployment() -> None:
+    items = [deployment("a", "1"), deployment("a", "2"), deployment("b", "1")]
+    registry = registry_with(*items)
+    registry.record_failure("c", "broken")
+    cleared = registry.clear()
+    assert sorted(map(id, cleared)) == sorted(map(id, items))
+    assert dict(registry.snapshot.models) == {}
+    assert dict(registry.snapshot.failures) == {}
+    with pytest.raises(ModelNotFound):
+        registry.resolve("a", None)
