@@ -1,4 +1,4 @@
-"""The `duetime` command: `serve`, `demo`. The only place that turns errors into exit codes."""
+"""The `duetime` command: `serve`, `demo`, `bench`; the only place that sets exit codes."""
 
 from __future__ import annotations
 
@@ -25,6 +25,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "demo":
             return _demo(args)
+        if args.command == "bench":
+            from duetime.tools.loadgen import run as bench
+
+            return bench(args)
         return _serve(args)
     except ConfigError as exc:
         print(f"duetime: {exc.message}", file=sys.stderr)
@@ -50,6 +54,10 @@ def _parser() -> argparse.ArgumentParser:
         "--no-tune-runtime", dest="tune_runtime", action="store_false", default=None,
         help="leave the garbage collector at Python's defaults",
     )
+    bench = commands.add_parser("bench", help="load a server (or an in-process engine) and report")
+    from duetime.tools.loadgen import add_arguments as bench_arguments
+
+    bench_arguments(bench)
     return parser
 
 

@@ -7,6 +7,7 @@ ModelInferRequest built by hand and sent through a plain grpc channel.
 from __future__ import annotations
 
 import asyncio
+import queue
 from collections.abc import Iterator
 from typing import Any
 
@@ -26,7 +27,7 @@ from test_http_infer import (
     TYPED_MODEL,
     DemoModel,
     Reference,
-    assert_same_tensor,
+    assert_echoed,
     dtype_samples,
     dtypes_server,
     input_name,
@@ -100,7 +101,11 @@ def test_model_config(client: grpcclient.InferenceServerClient, model: DemoModel
     assert config["platform"] == "onnxruntime_onnx"
     assert config["max_batch_size"] == model.max_batch_size
     assert config["input"] == [
-        {"name": model.input, "data_type": "TYPE_FP32", "dims": [str(d) for d in model.sample_shape]}
+        {
+            "name": model.input,
+            "data_type": "TYPE_FP32",
+            "dims": [str(d) for d in model.sample_shape],
+        }
     ]  # int64 fields are strings in protobuf's JSON form
     assert config["output"][0]["dims"] == [str(model.classes)]
 
@@ -204,8 +209,7 @@ def test_every_datatype_round_trips_raw(dtypes_server: RunningServer) -> None:
     finally:
         client.close()
     assert [o.name for o in result.get_response().outputs] == [output_name(d) for d in DATATYPES]
-    for datatype in DATATYPES:
-        assert_same_tensor(datatype, result.as_numpy(output_name(datatype)), samples[input_name(datatype)])
+    assert_echoed(result, samples, DATATYPES)
 
 
 def test_requested_output_subset(dtypes_server: RunningServer) -> None:
@@ -219,8 +223,7 @@ def test_requested_output_subset(dtypes_server: RunningServer) -> None:
     finally:
         client.close()
     assert [o.name for o in result.get_response().outputs] == [output_name(d) for d in wanted]
-    for datatype in wanted:
-        assert_same_tensor(datatype, result.as_numpy(output_name(datatype)), samples[input_name(datatype)])
+    assert_echoed(result, samples, wanted)
 
 
 def typed_request(model: str, samples: dict[str, np.ndarray], datatypes: list[str]) -> Any:
@@ -243,9 +246,7 @@ def test_every_datatype_round_trips_typed(dtypes_server: RunningServer) -> None:
     samples = dtype_samples(TYPED_DATATYPES)
     response = infer_stub(dtypes_server.grpc, typed_request(TYPED_MODEL, samples, TYPED_DATATYPES))
     assert response.id == "typed"
-    result = grpcclient.InferResult(response)
-    for datatype in TYPED_DATATYPES:
-        assert_same_tensor(datatype, result.as_numpy(output_name(datatype)), samples[input_name(datatype)])
+    assert_echoed(grpcclient.InferResult(response), samples, TYPED_DATATYPES)
 
 
 def test_fp16_in_typed_contents_is_refused(dtypes_server: RunningServer) -> None:
@@ -255,3 +256,33 @@ def test_fp16_in_typed_contents_is_refused(dtypes_server: RunningServer) -> None
     assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "input 'in_fp16'" in caught.value.details()
     assert "raw_input_contents" in caught.value.details()
+
+
+# -- streaming -----------------------------------------------------------------------------------
+
+
+def test_stream_infer_answers_in_order_and_survives_a_bad_request(
+    server: RunningServer, reference: Reference
+) -> None:
+    model = BY_NAME["mlp"]
+    answers: queue.SimpleQueue[tuple[Any, Any]] = queue.SimpleQueue()
+    client = grpcclient.InferenceServerClient(server.grpc)
+    try:
+        client.start_stream(callback=lambda result, error: answers.put((result, error)))
+        batches = [model.batch(1, seed=1), model.batch(3, seed=3)]
+        client.async_stream_infer("mlp", [make_input("x", batches[0], "FP32")], request_id="a")
+        client.async_stream_infer(
+            "mlp", [make_input("x", batches[0][:, :20], "FP32")], request_id="b"
+        )
+        client.async_stream_infer("mlp", [make_input("x", batches[1], "FP32")], request_id="c")
+        received = [answers.get(timeout=30) for _ in range(3)]
+        client.stop_stream()
+    finally:
+        client.close()
+    (first, no_error), (no_result, error), (third, _) = received
+    assert no_error is None
+    assert no_result is None
+    assert "shape [1, 20] does not match" in str(error)
+    for result, batch, request_id in ((first, batches[0], "a"), (third, batches[1], "c")):
+        assert result.get_response().id == request_id
+        assert np.max(np.abs(result.as_numpy("y") - reference(model, batch))) <= TOLERANCE

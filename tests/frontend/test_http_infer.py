@@ -137,7 +137,9 @@ def dtype_samples(datatypes: list[str]) -> dict[str, np.ndarray]:
             array = np.array(text, dtype=np.object_)
         elif datatype.startswith(("INT", "UINT")):
             info = np.iinfo(datatype.lower())
-            array = np.array([[info.min, info.max, 1], [0, info.max - 1, info.min + 1]], datatype.lower())
+            array = np.array(
+                [[info.min, info.max, 1], [0, info.max - 1, info.min + 1]], datatype.lower()
+            )
         else:
             dtype = {"FP16": np.float16, "FP32": np.float32, "FP64": np.float64}[datatype]
             info = np.finfo(dtype)
@@ -146,8 +148,15 @@ def dtype_samples(datatypes: list[str]) -> dict[str, np.ndarray]:
     return samples
 
 
-def assert_same_tensor(datatype: str, got: np.ndarray | None, sent: np.ndarray) -> None:
-    assert got is not None, f"{datatype}: output missing"
+def assert_echoed(result: Any, samples: dict[str, np.ndarray], datatypes: list[str]) -> None:
+    """Each identity output of `result` (an http or grpc InferResult) equals what was sent."""
+    for datatype in datatypes:
+        got = result.as_numpy(output_name(datatype))
+        assert got is not None, f"{datatype}: output missing"
+        assert_same_tensor(datatype, got, samples[input_name(datatype)])
+
+
+def assert_same_tensor(datatype: str, got: np.ndarray, sent: np.ndarray) -> None:
     assert got.shape == sent.shape, datatype
     if datatype == "BYTES":  # JSON carries text; binary carries bytes
         as_bytes = [v.encode() if isinstance(v, str) else bytes(v) for v in got.reshape(-1)]
@@ -207,7 +216,9 @@ def test_model_metadata(client: httpclient.InferenceServerClient, model: DemoMod
     assert metadata["inputs"] == [
         {"name": model.input, "datatype": "FP32", "shape": [-1, *model.sample_shape]}
     ]
-    assert metadata["outputs"] == [{"name": model.output, "datatype": "FP32", "shape": [-1, model.classes]}]
+    assert metadata["outputs"] == [
+        {"name": model.output, "datatype": "FP32", "shape": [-1, model.classes]}
+    ]
     assert client.get_model_metadata(model.name, "1") == metadata
 
 
@@ -220,7 +231,9 @@ def test_model_config(client: httpclient.InferenceServerClient, model: DemoModel
     assert config["input"] == [
         {"name": model.input, "data_type": "TYPE_FP32", "dims": list(model.sample_shape)}
     ]
-    assert config["output"] == [{"name": model.output, "data_type": "TYPE_FP32", "dims": [model.classes]}]
+    assert config["output"] == [
+        {"name": model.output, "data_type": "TYPE_FP32", "dims": [model.classes]}
+    ]
 
 
 @pytest.mark.parametrize("binary", [True, False], ids=["binary", "json"])
@@ -352,15 +365,18 @@ def test_dtypes_metadata(dtypes_server: RunningServer) -> None:
 @pytest.mark.parametrize("binary", [True, False], ids=["binary", "json"])
 def test_every_datatype_round_trips(dtypes_server: RunningServer, binary: bool) -> None:
     samples = dtype_samples(DATATYPES)
-    inputs = [make_input(input_name(d), samples[input_name(d)], d, binary=binary) for d in DATATYPES]
-    outputs = [httpclient.InferRequestedOutput(output_name(d), binary_data=binary) for d in DATATYPES]
+    inputs = [
+        make_input(input_name(d), samples[input_name(d)], d, binary=binary) for d in DATATYPES
+    ]
+    outputs = [
+        httpclient.InferRequestedOutput(output_name(d), binary_data=binary) for d in DATATYPES
+    ]
     client = httpclient.InferenceServerClient(dtypes_server.http)
     try:
         result = client.infer(DTYPES_MODEL, inputs, outputs=outputs)
     finally:
         client.close()
-    for datatype in DATATYPES:
-        assert_same_tensor(datatype, result.as_numpy(output_name(datatype)), samples[input_name(datatype)])
+    assert_echoed(result, samples, DATATYPES)
 
 
 def test_requested_output_subset(dtypes_server: RunningServer) -> None:
@@ -376,5 +392,4 @@ def test_requested_output_subset(dtypes_server: RunningServer) -> None:
     finally:
         client.close()
     assert [o["name"] for o in result.get_response()["outputs"]] == [output_name(d) for d in wanted]
-    for datatype in wanted:
-        assert_same_tensor(datatype, result.as_numpy(output_name(datatype)), samples[input_name(datatype)])
+    assert_echoed(result, samples, wanted)

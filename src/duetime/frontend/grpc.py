@@ -102,7 +102,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[mi
             model=request.model_name,
             inputs=decode_inputs(request),
             version=request.model_version or None,
-            outputs=tuple(o.name for o in request.outputs) or None,
+            outputs=requested_outputs(request),
             id=request.id,
             due_ns=self._due(parameters, context),
             priority=priority_of(parameters),
@@ -165,6 +165,17 @@ def decode_inputs(request: Any) -> dict[str, np.ndarray]:
         else:
             arrays[tensor.name] = _from_contents(tensor, datatype, shape, where)
     return arrays
+
+
+def requested_outputs(request: Any) -> tuple[str, ...] | None:
+    """The outputs asked for (None: all); refuses the output extensions duetime lacks."""
+    for output in request.outputs:
+        where = f"output '{output.name}'"
+        if "classification" in output.parameters:
+            raise InvalidInput(f"{where}: the classification extension is not supported")
+        if "shared_memory_region" in output.parameters:
+            raise InvalidInput(f"{where}: shared memory is not supported; outputs come back inline")
+    return tuple(output.name for output in request.outputs) or None
 
 
 def _from_contents(tensor: Any, datatype: str, shape: tuple[int, ...], where: str) -> np.ndarray:

@@ -26,6 +26,10 @@ log = logging.getLogger("duetime.http")
 _MAX_PIPELINED = 64
 """Responses owed on one connection before it stops reading more requests."""
 
+_LINGER_S = 2.0
+"""After the last response on a connection the server ends, how long it still drains what the
+client sends, so the client reads that response rather than a reset (a 413 mid-upload, say)."""
+
 _REASONS = {status.value: status.phrase.encode() for status in HTTPStatus}
 _REASONS[499] = b"Client Closed Request"
 
@@ -35,6 +39,7 @@ class _Slot:
     """One request's place in the pipeline; `data` is set once its response is encoded."""
 
     keep_alive: bool
+    http10: bool = False
     data: bytes | None = None
     pending: PendingReply | None = None
 
@@ -55,6 +60,7 @@ class HttpConnection(asyncio.Protocol):
         self._reading_paused = False
         self._writing_paused = False
         self._closing = False
+        self._lingering = False
         self._last_active = 0.0
         self._idle_timer: asyncio.TimerHandle | None = None
         self._reset_message()
@@ -72,18 +78,19 @@ class HttpConnection(asyncio.Protocol):
         self._closing = True
         if self._idle_timer is not None:
             self._idle_timer.cancel()
-        for slot in self._slots:  # the client is gone: withdraw what has not run yet
-            if slot.pending is not None:
-                slot.pending.ticket.future.cancel()
-        self._slots.clear()
+        self._withdraw()  # the client is gone
         self._transport = None
 
     def data_received(self, data: bytes) -> None:
+        if self._lingering:  # the last response is out: discard the rest
+            return
         self._last_active = self._loop.time()
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserUpgrade:
-            self._fail(400, "protocol upgrades are not supported")
+            # NOTE: the request itself was answered as plain HTTP/1.1 (a server may ignore
+            # Upgrade); the parser cannot read past it, so close once the owed responses are out.
+            self.shutdown()
         except httptools.HttpParserError as exc:
             if not self._closing:
                 self._fail(400, f"malformed HTTP request: {exc}")
@@ -142,11 +149,13 @@ class HttpConnection(asyncio.Protocol):
             return
         body = self._body[0] if len(self._body) == 1 else b"".join(self._body)
         method = self._parser.get_method().decode("latin-1")
-        slot = _Slot(keep_alive=self._parser.should_keep_alive())
+        slot = _Slot(self._parser.should_keep_alive(), self._parser.get_http_version() == "1.0")
         self._slots.append(slot)
+        if not slot.keep_alive:  # requests pipelined after the last one are not run
+            self._closing = True
         outcome = self._api.handle(method, self._url, self._headers, body)
         if isinstance(outcome, Reply):
-            slot.data = _encode(outcome, slot.keep_alive)
+            slot.data = _encode(outcome, slot.keep_alive, slot.http10)
             self._flush()
         else:
             slot.pending = outcome
@@ -161,7 +170,7 @@ class HttpConnection(asyncio.Protocol):
             return
         slot.pending = None
         if not pending.ticket.future.cancelled():
-            slot.data = _encode(self._api.encode(pending), slot.keep_alive)
+            slot.data = _encode(self._api.encode(pending), slot.keep_alive, slot.http10)
             self._flush()
 
     def _flush(self) -> None:
@@ -171,7 +180,7 @@ class HttpConnection(asyncio.Protocol):
             slot = slots.popleft()
             transport.write(slot.data)  # type: ignore[arg-type]
             if not slot.keep_alive:
-                self._close()
+                self._linger()
                 return
         self._update_reading()
 
@@ -208,6 +217,31 @@ class HttpConnection(asyncio.Protocol):
         if self._transport is not None:
             self._transport.close()
 
+    def _linger(self) -> None:
+        """Close after the last response: send FIN, drain the client's bytes until it closes too."""
+        transport = self._transport
+        if transport is None or not transport.can_write_eof():
+            self._close()
+            return
+        # NOTE: closing with unread bytes makes the kernel send RST, which can destroy the
+        # response still in flight; a client uploading a body over the limit would never see 413.
+        self._closing = self._lingering = True
+        self._withdraw()
+        transport.write_eof()
+        if self._reading_paused:
+            self._reading_paused = False
+            transport.resume_reading()
+        if self._idle_timer is not None:
+            self._idle_timer.cancel()
+        self._idle_timer = self._loop.call_later(_LINGER_S, self._close)
+
+    def _withdraw(self) -> None:
+        """Cancel the requests that will never be answered on this connection, if not run yet."""
+        for slot in self._slots:
+            if slot.pending is not None:
+                slot.pending.ticket.future.cancel()
+        self._slots.clear()
+
     def _check_idle(self) -> None:
         if self._transport is None:
             return
@@ -226,7 +260,7 @@ class HttpConnection(asyncio.Protocol):
             self._slots[-1].keep_alive = False
 
 
-def _encode(reply: Reply, keep_alive: bool) -> bytes:
+def _encode(reply: Reply, keep_alive: bool, http10: bool = False) -> bytes:
     head = [
         b"HTTP/1.1 %d %s\r\n" % (reply.status, _REASONS.get(reply.status, b"Unknown")),
         b"Content-Length: %d\r\n" % len(reply.body),
@@ -234,6 +268,8 @@ def _encode(reply: Reply, keep_alive: bool) -> bytes:
     head.extend(b"%s: %s\r\n" % pair for pair in reply.headers)
     if not keep_alive:
         head.append(b"Connection: close\r\n")
+    elif http10:  # an HTTP/1.0 client assumes the connection closes unless told otherwise
+        head.append(b"Connection: keep-alive\r\n")
     head.append(b"\r\n")
     head.append(reply.body)
     return b"".join(head)

@@ -88,8 +88,10 @@ def plan_batch(
         return None
     if max_rows == 0:
         return Run(scanned, taken, rows, 0)
+    # NOTE: a full queue refuses the very requests the batch would wait for.
+    can_grow = exhausted and len(taken) < queue.capacity
     until = _wait_until(taken, rows, earliest_due, max_rows, max_delay_ns, estimate, bucket_of)
-    if exhausted and until is not None and until > now_ns:
+    if can_grow and until is not None and until > now_ns:
         return Wait(until)
     return Run(scanned, taken, rows, bucket_of[rows])
 

@@ -1,0 +1,133 @@
+"""The settings of one load-generator run, checked once; errors name the `duetime bench` flag."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from duetime.errors import ConfigError
+from duetime.tools.arrivals import ARRIVAL_KINDS, ArrivalKind, DueClass, due_classes
+from duetime.tools.payloads import PROTOCOLS, WireProtocol
+
+Mode = Literal["open", "closed"]
+
+DEFAULT_HTTP_CONNECTIONS = 32
+"""Connections of an open-loop HTTP run (a closed loop opens one per client)."""
+
+
+@dataclass(frozen=True, slots=True)
+class BenchConfig:
+    """One run; each field is the `duetime bench` flag of the same name (see `add_arguments`).
+
+    `address` is HOST:PORT for protocols http-* and grpc; `repository` is the model repository
+    of protocol "engine" (unless `run_bench_async` is handed an Engine). Invalid values raise
+    ConfigError naming the flag.
+    """
+
+    model: str
+    protocol: WireProtocol = "http-binary"
+    address: str | None = None
+    repository: Path | None = None
+    batch: int = 1
+    mode: Mode = "open"
+    rate: float = 100.0
+    arrival: ArrivalKind = "poisson"
+    concurrency: int = 1
+    duration_s: float = 10.0
+    warmup_s: float = 1.0
+    timeouts_ms: tuple[float, ...] = ()
+    mix: tuple[float, ...] = ()
+    priority: int | None = None
+    connections: int | None = None
+    seed: int = 0
+    processes: int = 1
+    drain_s: float = 5.0
+    pool_size: int = 16
+
+    def __post_init__(self) -> None:
+        # NOTE: lists are accepted from Python callers; the frozen config keeps tuples.
+        object.__setattr__(self, "timeouts_ms", tuple(self.timeouts_ms))
+        object.__setattr__(self, "mix", tuple(self.mix))
+        problems = _problems(self)
+        if problems:
+            raise ConfigError("; ".join(problems))
+        if self.protocol != "engine":
+            self.host_port()  # raises if malformed
+
+    @property
+    def total_s(self) -> float:
+        """Warm-up and measured time: how long requests are sent."""
+        return self.warmup_s + self.duration_s
+
+    @property
+    def classes(self) -> tuple[DueClass, ...]:
+        return due_classes(self.timeouts_ms, self.mix)
+
+    def host_port(self) -> tuple[str, int]:
+        """`address` as (host, port); ConfigError naming the flag if it is not HOST:PORT."""
+        flag = "--grpc" if self.protocol == "grpc" else "--http"
+        host, _, port = (self.address or "").rpartition(":")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ConfigError(
+                f"{flag}: expected HOST:PORT such as 127.0.0.1:8000, got {self.address!r}"
+            )
+        return host.strip("[]"), int(port)
+
+    def lanes(self) -> int:
+        """Connections (HTTP) or channels (gRPC) to open."""
+        if self.protocol == "grpc":
+            return self.connections or 1
+        if self.mode == "closed":
+            return self.concurrency
+        return self.connections or DEFAULT_HTTP_CONNECTIONS
+
+
+def _problems(c: BenchConfig) -> list[str]:
+    found = []
+    if not c.model:
+        found.append("--model: give the name of a model the target serves")
+    if c.protocol not in PROTOCOLS:
+        found.append(f"--protocol: expected one of {', '.join(PROTOCOLS)}, got {c.protocol!r}")
+    if c.batch < 1:
+        found.append(f"--batch: expected rows per request >= 1, got {c.batch}")
+    if c.mode not in ("open", "closed"):
+        found.append(f"--mode: expected open or closed, got {c.mode!r}")
+    if not (c.rate > 0 and math.isfinite(c.rate)):
+        found.append(f"--rate: expected requests per second > 0, got {c.rate}")
+    if c.arrival not in ARRIVAL_KINDS:
+        found.append(f"--arrival: expected poisson or constant, got {c.arrival!r}")
+    if c.concurrency < 1:
+        found.append(f"--concurrency: expected clients >= 1, got {c.concurrency}")
+    if not c.duration_s > 0:
+        found.append(f"--duration: expected seconds > 0, got {c.duration_s}")
+    if c.warmup_s < 0 or c.drain_s < 0:
+        found.append(
+            f"--warmup and --drain: expected seconds >= 0, got {c.warmup_s} and {c.drain_s}"
+        )
+    found += _due_problems(c)
+    if c.priority is not None and c.priority < 0:
+        found.append(f"--priority: expected a level >= 0 (1 is highest), got {c.priority}")
+    if c.connections is not None and c.connections < 1:
+        found.append(f"--connections: expected >= 1, got {c.connections}")
+    if c.processes < 1 or (c.processes > 1 and c.protocol == "engine"):
+        found.append(f"--processes: expected >= 1 (and 1 with --repository), got {c.processes}")
+    if c.pool_size < 1:
+        found.append(f"--pool: expected distinct payloads per class >= 1, got {c.pool_size}")
+    return found
+
+
+def _due_problems(c: BenchConfig) -> list[str]:
+    if any(not (t > 0 and math.isfinite(t)) for t in c.timeouts_ms):
+        return [f"--timeout-ms: expected milliseconds > 0, got {','.join(map(str, c.timeouts_ms))}"]
+    if not c.mix:
+        return []
+    if not c.timeouts_ms:
+        return ["--mix needs --timeout-ms: one share per timeout"]
+    if len(c.mix) != len(c.timeouts_ms):
+        return [f"--mix has {len(c.mix)} shares but --timeout-ms has {len(c.timeouts_ms)} values; "
+                "give one share per timeout"]  # fmt: skip
+    if any(s < 0 for s in c.mix) or abs(sum(c.mix) - 1) > 1e-3:
+        return [f"--mix: expected shares >= 0 adding up to 1, got {','.join(map(str, c.mix))}"]
+    return []

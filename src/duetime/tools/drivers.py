@@ -1,0 +1,227 @@
+"""The two ways the load generator sends: an open loop on a schedule, and closed-loop clients.
+
+Both record every request in a `Ledger` (plain lists, appended on the hot path) and hand it to
+a `Transport`, which reports each end through `Ledger.finish`. Nothing here encodes anything:
+payloads are built before the run and only picked from a pool.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import resource
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+import numpy as np
+
+from duetime.tools.outcomes import Outcome
+from duetime.tools.report import MAX_MESSAGES, Records
+from duetime.tools.transports import Transport
+
+Clock = Callable[[], int]
+"""Monotonic time in ns (`time.perf_counter_ns`)."""
+
+EARLY_NS = 500_000
+"""An open-loop tick also sends requests due within this much: timers only have ~1 ms
+resolution, so this centres each burst on its schedule instead of trailing it by up to 1 ms."""
+_MIN_WAIT_S = 0.001
+"""The shortest timer wait: shorter waits would spin the loop (uvloop rounds them to 0)."""
+
+
+class Ledger:
+    """Every request of one run, by request id: its schedule, class, send and end times, outcome.
+
+    `on_finish`, when set, runs after each request ends (closed-loop clients resend from it).
+    """
+
+    def __init__(self, clock: Clock = time.perf_counter_ns) -> None:
+        self.clock = clock
+        self.scheduled: list[int] = []
+        self.sent: list[int] = []
+        self.due_class: list[int] = []
+        self.finished: list[int] = []
+        self.outcome: list[int] = []
+        self.messages: list[str] = []
+        self.outstanding = 0
+        self.on_finish: Callable[[int], None] | None = None
+        self._idle: asyncio.Future[None] | None = None
+
+    def add(self, scheduled_ns: int | None, due_class: int) -> int:
+        """Record a request going out now; returns its id. `scheduled_ns` None: sent on demand."""
+        now = self.clock()
+        rid = len(self.sent)
+        self.scheduled.append(now if scheduled_ns is None else scheduled_ns)
+        self.sent.append(now)
+        self.due_class.append(due_class)
+        self.finished.append(0)
+        self.outcome.append(Outcome.NO_ANSWER)
+        self.outstanding += 1
+        return rid
+
+    def finish(self, rid: int, outcome: Outcome, message: str | None) -> None:
+        """Record the end of request `rid` (a second report for the same request is ignored)."""
+        if self.outcome[rid] != Outcome.NO_ANSWER:
+            return
+        self.finished[rid] = self.clock()
+        self.outcome[rid] = outcome
+        self.outstanding -= 1
+        if outcome == Outcome.ERROR and message and len(self.messages) < MAX_MESSAGES:
+            self.messages.append(message)
+        if self.on_finish is not None:
+            self.on_finish(rid)
+        if self.outstanding == 0 and self._idle is not None and not self._idle.done():
+            self._idle.set_result(None)
+
+    async def drained(self, timeout_s: float) -> None:
+        """Wait until no request is owed an answer, or `timeout_s` passes."""
+        if self.outstanding == 0:
+            return
+        self._idle = asyncio.get_running_loop().create_future()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._idle, timeout_s)
+
+    def records(self, window: tuple[int, int], cpu_s: float, pipelined: int) -> Records:
+        """The requests scheduled inside `window` (ns, start inclusive), as arrays."""
+        scheduled = np.asarray(self.scheduled, dtype=np.int64)
+        sent = np.asarray(self.sent, dtype=np.int64)
+        finished = np.asarray(self.finished, dtype=np.int64)
+        outcome = np.asarray(self.outcome, dtype=np.int8)
+        keep = (scheduled >= window[0]) & (scheduled < window[1])
+        answered = outcome[keep] != Outcome.NO_ANSWER
+        latency = finished[keep] - np.minimum(scheduled[keep], sent[keep])
+        return Records(
+            due_class=np.asarray(self.due_class, dtype=np.int64)[keep],
+            outcome=outcome[keep],
+            latency_ns=np.where(answered, latency, 0),
+            send_lag_ns=sent[keep] - scheduled[keep],
+            duration_s=(window[1] - window[0]) / 1e9,
+            cpu_s=cpu_s,
+            pipelined=pipelined,
+            error_messages=tuple(self.messages),
+        )
+
+
+class Dispatch:
+    """Sends one request: records it in the ledger and hands its class's next payload over."""
+
+    def __init__(self, ledger: Ledger, transport: Transport, payloads: Sequence[Sequence[Any]]):
+        self.ledger = ledger
+        self.transport = transport
+        self.payloads = payloads
+
+    def send(self, scheduled_ns: int | None, due_class: int, lane: int | None) -> int:
+        rid = self.ledger.add(scheduled_ns, due_class)
+        pool = self.payloads[due_class]
+        self.transport.send(rid, pool[rid % len(pool)], lane)
+        return rid
+
+
+class Sender(Protocol):
+    """Sends a run's requests between two instants of the ledger's clock."""
+
+    async def run(self, start_ns: int, stop_ns: int) -> None:
+        """Send from `start_ns`; return once nothing more is to be sent (at about `stop_ns`)."""
+
+    def stop(self) -> None:
+        """Send nothing more."""
+
+
+class OpenLoop:
+    """Sends request i at `start + offsets[i]`, whatever the answers do (no coordinated omission).
+
+    A timer wakes the loop; each tick sends every request whose time has come (or is within
+    EARLY_NS), then sleeps until the next. The schedule itself says when sending ends.
+    """
+
+    def __init__(self, dispatch: Dispatch, offsets_ns: np.ndarray, classes: np.ndarray) -> None:
+        self._dispatch = dispatch
+        self._clock = dispatch.ledger.clock
+        self._start = 0
+        self._offsets: list[int] = offsets_ns.tolist()
+        self._classes: list[int] = classes.tolist()
+        self._next = 0
+        self._loop = asyncio.get_running_loop()
+        self._done: asyncio.Future[None] = self._loop.create_future()
+        self._timer: asyncio.TimerHandle | None = None
+
+    async def run(self, start_ns: int, stop_ns: int) -> None:
+        self._start = start_ns
+        self._timer = self._loop.call_later(self._wait_s(), self._tick)
+        await self._done
+
+    def stop(self) -> None:
+        self._next = len(self._offsets)
+        if self._timer is not None:
+            self._timer.cancel()
+        if not self._done.done():
+            self._done.set_result(None)
+
+    def _tick(self) -> None:
+        offsets, classes, send = self._offsets, self._classes, self._dispatch.send
+        start, count, i = self._start, len(offsets), self._next
+        horizon = self._clock() + EARLY_NS - start
+        while i < count and offsets[i] <= horizon:
+            send(start + offsets[i], classes[i], None)
+            i += 1
+        self._next = i
+        if i >= count:
+            self.stop()
+            return
+        self._timer = self._loop.call_later(self._wait_s(), self._tick)
+
+    def _wait_s(self) -> float:
+        if self._next >= len(self._offsets):
+            return 0.0
+        due = self._start + self._offsets[self._next] - EARLY_NS
+        return max((due - self._clock()) / 1e9, _MIN_WAIT_S)
+
+
+class ClosedLoop:
+    """Clients, each on its own lane, sending the next request when the previous one ends.
+
+    Classes are taken in turn from `classes` (a pre-drawn, seeded sequence).
+    """
+
+    def __init__(self, dispatch: Dispatch, clients: int, classes: np.ndarray) -> None:
+        self._dispatch = dispatch
+        self._clients = clients
+        self._classes: list[int] = classes.tolist()
+        self._stop = 0
+        self._lane_of: list[int] = []
+        dispatch.ledger.on_finish = self._next
+
+    async def run(self, start_ns: int, stop_ns: int) -> None:
+        clock = self._dispatch.ledger.clock
+        await asyncio.sleep(max(0, start_ns - clock()) / 1e9)
+        self._stop = stop_ns
+        for lane in range(self._clients):
+            self._send(lane)
+        await asyncio.sleep(max(0, stop_ns - clock()) / 1e9)
+
+    def stop(self) -> None:
+        self._stop = 0
+
+    def _send(self, lane: int) -> None:
+        rid = len(self._lane_of)
+        self._lane_of.append(lane)
+        self._dispatch.send(None, self._classes[rid % len(self._classes)], lane)
+
+    def _next(self, rid: int) -> None:
+        if self._dispatch.ledger.clock() < self._stop:
+            self._send(self._lane_of[rid])
+
+
+def cpu_seconds() -> float:
+    """CPU time (user + system) this process has used so far, all threads included."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+async def cpu_over(window: tuple[int, int], clock: Clock) -> float:
+    """The process's CPU seconds between the two instants of `window` (waits for its end)."""
+    await asyncio.sleep(max(0.0, (window[0] - clock()) / 1e9))
+    before = cpu_seconds()
+    await asyncio.sleep(max(0.0, (window[1] - clock()) / 1e9))
+    return cpu_seconds() - before

@@ -1,0 +1,354 @@
+"""`duetime bench`: a load generator with due times, open or closed loop, over HTTP, gRPC or in
+process.
+
+    duetime bench --http 127.0.0.1:8000 --model mlp --rate 2000 --duration 10 \
+        --timeout-ms 10,50 --mix 0.5,0.5 --json out.json
+
+Python API: `run_bench(BenchConfig(...))` runs on a loop of its own; `await run_bench_async(...)`
+runs on the caller's loop (and can reuse an Engine). Both return a `BenchResult`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import multiprocessing
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import replace
+from pathlib import Path
+from queue import Empty
+from typing import Any
+
+import numpy as np
+
+from duetime.engine import Engine
+from duetime.errors import ConfigError
+from duetime.loops import new_event_loop
+from duetime.tools.arrivals import ARRIVAL_KINDS, arrival_offsets_ns, choose_classes
+from duetime.tools.config import DEFAULT_HTTP_CONNECTIONS, BenchConfig
+from duetime.tools.drivers import ClosedLoop, Dispatch, Ledger, OpenLoop, Sender, cpu_over
+from duetime.tools.payloads import PayloadSpec, WireProtocol, build_pool, check_batch
+from duetime.tools.report import BenchResult, Records, merge_records, result_of
+from duetime.tools.transports import (
+    BenchError,
+    EngineTransport,
+    GrpcTransport,
+    HttpTransport,
+    Transport,
+)
+
+CLOSED_LOOP_CLASS_DRAWS = 1 << 16
+"""Length of the pre-drawn class sequence closed-loop clients cycle through."""
+_LEAD_NS = 5_000_000
+"""Time between building the schedule and its first request."""
+_SETUP_TIMEOUT_S = 120.0
+"""Longest wait for the other generator processes to be ready."""
+
+
+# -- running -------------------------------------------------------------------------------------
+
+
+def run_bench(config: BenchConfig) -> BenchResult:
+    """Run on a fresh event loop (uvloop); never call it from a running loop. Blocks till done.
+
+    With `processes` > 1, that many generator processes (spawned, not forked) share the rate
+    and the clients, start together, and their records are merged into one result.
+    Raises ConfigError for a bad setting and BenchError when the target cannot be used.
+    """
+    if config.processes > 1:
+        return _run_processes(config)
+    loop = new_event_loop()
+    try:
+        return loop.run_until_complete(run_bench_async(config))
+    finally:
+        loop.run_until_complete(loop.shutdown_asyncgens())
+        loop.close()
+
+
+async def run_bench_async(config: BenchConfig, *, engine: Engine | None = None) -> BenchResult:
+    """Run on the running loop. `engine`: an engine to drive (protocol "engine"), left open."""
+    if config.processes > 1:
+        raise ConfigError(
+            "--processes > 1 needs run_bench (it spawns processes), not run_bench_async"
+        )
+    return result_of(config, await collect_records(config, engine=engine))
+
+
+async def collect_records(
+    config: BenchConfig,
+    *,
+    engine: Engine | None = None,
+    before_start: Callable[[], Awaitable[object]] | None = None,
+) -> Records:
+    """Connect, read the model's signature, build payloads, then (after `before_start`) run."""
+    ledger = Ledger()
+    transport = _transport(config, ledger, engine)
+    await transport.open(config.lanes())
+    try:
+        signature = await transport.signature(config.model)
+        try:
+            check_batch(signature, config.model, config.batch)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+        spec = _payload_spec(config)
+        rng = np.random.default_rng(config.seed)
+        payloads = [
+            build_pool(spec, signature, due, config.pool_size, rng) for due in config.classes
+        ]
+        if before_start is not None:
+            await before_start()
+        return await _drive(config, ledger, transport, payloads)
+    finally:
+        await transport.aclose()
+
+
+def _transport(config: BenchConfig, ledger: Ledger, engine: Engine | None) -> Transport:
+    if engine is not None and config.protocol != "engine":
+        raise ConfigError(f"an Engine was given, but protocol is {config.protocol!r}, not 'engine'")
+    if config.protocol == "engine":
+        if engine is None and config.repository is None:
+            raise ConfigError("--repository: give the model repository to load in process")
+        return EngineTransport(ledger.finish, engine, config.repository)
+    host, port = config.host_port()
+    if config.protocol == "grpc":
+        return GrpcTransport(f"{host}:{port}", ledger.finish, config.lanes())
+    return HttpTransport(host, port, ledger.finish)
+
+
+def _payload_spec(config: BenchConfig) -> PayloadSpec:
+    host, port = ("", 0) if config.protocol == "engine" else config.host_port()
+    return PayloadSpec(config.protocol, config.model, config.batch, config.priority, host, port)
+
+
+async def _drive(
+    config: BenchConfig, ledger: Ledger, transport: Transport, payloads: list[list[Any]]
+) -> Records:
+    rng = np.random.default_rng([config.seed, 1])
+    sender = _sender(config, Dispatch(ledger, transport, payloads), rng)
+    start = ledger.clock() + _LEAD_NS
+    window = (start + round(config.warmup_s * 1e9), start + round(config.total_s * 1e9))
+    cpu = asyncio.create_task(cpu_over(window, ledger.clock))
+    try:
+        await sender.run(start, window[1])
+        cpu_s = await cpu
+        await ledger.drained(config.drain_s)
+    finally:
+        cpu.cancel()
+        sender.stop()
+    return ledger.records(window, cpu_s, transport.pipelined)
+
+
+def _sender(config: BenchConfig, dispatch: Dispatch, rng: np.random.Generator) -> Sender:
+    """The open loop's whole schedule, or closed-loop clients with a pre-drawn class sequence."""
+    shares = [due.share for due in config.classes]
+    if config.mode == "closed":
+        draws = choose_classes(shares, CLOSED_LOOP_CLASS_DRAWS, rng)
+        return ClosedLoop(dispatch, config.concurrency, draws)
+    offsets = arrival_offsets_ns(config.rate, config.total_s, config.arrival, rng)
+    return OpenLoop(dispatch, offsets, choose_classes(shares, offsets.size, rng))
+
+
+# -- several generator processes -----------------------------------------------------------------
+
+
+def _share(config: BenchConfig, index: int) -> BenchConfig:
+    """The part of `config` that generator process `index` of `config.processes` runs."""
+    n = config.processes
+    clients = config.concurrency // n + (1 if index < config.concurrency % n else 0)
+    connections = None if config.connections is None else max(1, config.connections // n)
+    return replace(
+        config, rate=config.rate / n, concurrency=max(1, clients), connections=connections,
+        seed=config.seed * 1000 + index, processes=1,
+    )  # fmt: skip
+
+
+def _run_processes(config: BenchConfig) -> BenchResult:
+    context = multiprocessing.get_context("spawn")  # fork is unsafe once grpc has threads
+    barrier = context.Barrier(config.processes)
+    queue: Any = context.Queue()
+    children = [
+        context.Process(target=_child, args=(_share(config, i), barrier, queue, i), daemon=True)
+        for i in range(config.processes)
+    ]
+    for child in children:
+        child.start()
+    try:
+        answers = _answers(children, queue, _SETUP_TIMEOUT_S + config.total_s + config.drain_s)
+    finally:
+        for child in children:
+            child.join(timeout=10)
+            if child.is_alive():
+                child.kill()
+    failures = [a for a in answers.values() if isinstance(a, str)]
+    if failures:
+        raise BenchError("; ".join(failures))
+    return result_of(config, merge_records([a for a in answers.values() if isinstance(a, Records)]))
+
+
+def _answers(children: list[Any], queue: Any, limit_s: float) -> dict[int, Records | str]:
+    """What each child process put on `queue` (records or an error), by process index."""
+    answers: dict[int, Records | str] = {}
+    deadline = time.monotonic() + limit_s + 30
+    while len(answers) < len(children):
+        try:
+            index, answer = queue.get(timeout=0.5)
+            answers[index] = answer
+            continue
+        except Empty:
+            pass
+        for index, child in enumerate(children):
+            if index not in answers and child.exitcode is not None:
+                answers[index] = f"generator process {index} exited with code {child.exitcode}"
+        if time.monotonic() > deadline:
+            raise BenchError(f"generator processes gave no result within {limit_s + 30:.0f} s")
+    return answers
+
+
+def _child(config: BenchConfig, barrier: Any, queue: Any, index: int) -> None:
+    async def start_together() -> None:
+        await asyncio.to_thread(barrier.wait, _SETUP_TIMEOUT_S)
+
+    loop = new_event_loop()
+    try:
+        records = loop.run_until_complete(collect_records(config, before_start=start_together))
+        queue.put((index, records))
+    except BaseException as exc:
+        barrier.abort()
+        message = exc.message if isinstance(exc, BenchError | ConfigError) else repr(exc)
+        queue.put((index, f"generator process {index}: {message}"))
+    finally:
+        loop.close()
+
+
+# -- command line --------------------------------------------------------------------------------
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The `duetime bench` flags."""
+    target = parser.add_argument_group("target (give one)").add_mutually_exclusive_group(
+        required=True
+    )
+    target.add_argument("--http", metavar="HOST:PORT", help="a server's HTTP port")
+    target.add_argument("--grpc", metavar="HOST:PORT", help="a server's gRPC port")
+    target.add_argument(
+        "--repository",
+        metavar="PATH",
+        type=Path,
+        help="load this model repository in process and call the Engine",
+    )
+    parser.add_argument(
+        "--protocol",
+        choices=["http-binary", "http-json"],
+        help="with --http: binary tensors (default) or JSON",
+    )
+    parser.add_argument("--model", required=True, help="the model to call")
+    parser.add_argument("--batch", type=int, default=1, help="rows per request (default 1)")
+    load = parser.add_argument_group("load")
+    load.add_argument(
+        "--mode",
+        choices=["open", "closed"],
+        default="open",
+        help="open: send on a schedule (default); closed: clients wait for answers",
+    )
+    load.add_argument(
+        "--rate", type=float, default=100.0, help="open loop: requests/s (default 100)"
+    )
+    load.add_argument(
+        "--arrival",
+        choices=list(ARRIVAL_KINDS),
+        default="poisson",
+        help="open loop: poisson (default) or constant spacing",
+    )
+    load.add_argument("--concurrency", type=int, default=1, help="closed loop: clients (default 1)")
+    load.add_argument("--duration", type=float, default=10.0, help="measured seconds (default 10)")
+    load.add_argument(
+        "--warmup", type=float, default=1.0, help="seconds sent first, not counted (default 1)"
+    )
+    load.add_argument(
+        "--drain", type=float, default=5.0, help="seconds to wait for the last answers (default 5)"
+    )
+    load.add_argument(
+        "--connections",
+        type=int,
+        help=f"HTTP connections (open loop; default {DEFAULT_HTTP_CONNECTIONS}) "
+        "or gRPC channels (default 1)",
+    )
+    load.add_argument(
+        "--processes", type=int, default=1, help="generator processes sharing the load"
+    )
+    load.add_argument("--seed", type=int, default=0, help="seed of arrivals, classes and inputs")
+    load.add_argument(
+        "--pool", type=int, default=16, help="distinct payloads per due class (default 16)"
+    )
+    due = parser.add_argument_group("due times")
+    due.add_argument(
+        "--timeout-ms",
+        type=_numbers("--timeout-ms"),
+        default=(),
+        help="request timeouts, one per due class, e.g. 10,50 (default: none)",
+    )
+    due.add_argument(
+        "--mix",
+        type=_numbers("--mix"),
+        default=(),
+        help="share of each class, e.g. 0.5,0.5 (default: equal)",
+    )
+    due.add_argument("--priority", type=int, help="the v2 priority parameter (1 is highest)")
+    parser.add_argument("--json", type=Path, metavar="PATH", help="also write the results as JSON")
+
+
+def _numbers(flag: str) -> Callable[[str], tuple[float, ...]]:
+    def parse(text: str) -> tuple[float, ...]:
+        try:
+            return tuple(float(part) for part in text.split(","))
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"expected comma-separated numbers such as 10,50, got {text!r}"
+            ) from None
+
+    parse.__name__ = flag
+    return parse
+
+
+def config_from_args(args: argparse.Namespace) -> BenchConfig:
+    if args.protocol is not None and args.http is None:
+        raise ConfigError(
+            "--protocol applies to --http only (--grpc speaks gRPC, --repository calls the Engine)"
+        )
+    protocol: WireProtocol = args.protocol or "http-binary"
+    if args.grpc or args.repository:
+        protocol = "grpc" if args.grpc else "engine"
+    return BenchConfig(
+        model=args.model, protocol=protocol, address=args.http or args.grpc,
+        repository=args.repository, batch=args.batch, mode=args.mode, rate=args.rate,
+        arrival=args.arrival, concurrency=args.concurrency, duration_s=args.duration,
+        warmup_s=args.warmup, timeouts_ms=args.timeout_ms, mix=args.mix, priority=args.priority,
+        connections=args.connections, seed=args.seed, processes=args.processes,
+        drain_s=args.drain, pool_size=args.pool,
+    )  # fmt: skip
+
+
+def run(args: argparse.Namespace) -> int:
+    """`duetime bench`: run, print the table, write --json; 2 for bad flags, 1 if it cannot run."""
+    try:
+        config = config_from_args(args)
+        result = run_bench(config)
+    except ConfigError as exc:
+        print(f"duetime bench: {exc.message}", file=sys.stderr)
+        return 2
+    except BenchError as exc:
+        print(f"duetime bench: {exc.message}", file=sys.stderr)
+        return 1
+    print(result.format())
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(result.to_json(), indent=2))
+        print(f"wrote {args.json}")
+    return 0
+
+
+__all__ = ["BenchConfig", "BenchError", "BenchResult", "add_arguments", "run", "run_bench",
+           "run_bench_async"]  # fmt: skip

@@ -1,0 +1,46 @@
+"""How one load-generator request ended, from an HTTP status, a gRPC code or a duetime error.
+
+`late` is decided later by the client's own clock (`report.apply_due`): here a successful answer
+is simply OK.
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+
+class Outcome(IntEnum):
+    """The end of one request. NO_ANSWER marks one still owed (or never answered)."""
+
+    NO_ANSWER = -1
+    OK = 0
+    LATE = 1
+    REJECTED = 2
+    EXPIRED = 3
+    ERROR = 4
+
+
+_REJECTED_HTTP = frozenset({429, 503})
+_REJECTED_GRPC = frozenset({"RESOURCE_EXHAUSTED", "UNAVAILABLE"})
+
+
+def outcome_of_http_status(status: int) -> Outcome:
+    """2xx: OK; 429 or 503: REJECTED; 504: EXPIRED; anything else: ERROR."""
+    if 200 <= status < 300:
+        return Outcome.OK
+    if status in _REJECTED_HTTP:
+        return Outcome.REJECTED
+    if status == 504:
+        return Outcome.EXPIRED
+    return Outcome.ERROR
+
+
+def outcome_of_grpc_code(code: str) -> Outcome:
+    """`code` is a `grpc.StatusCode` member name, e.g. "DEADLINE_EXCEEDED"."""
+    if code == "OK":
+        return Outcome.OK
+    if code in _REJECTED_GRPC:
+        return Outcome.REJECTED
+    if code == "DEADLINE_EXCEEDED":
+        return Outcome.EXPIRED
+    return Outcome.ERROR

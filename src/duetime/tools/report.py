@@ -1,0 +1,329 @@
+"""What a load-generator run measured: raw per-request records in, per-class summaries out.
+
+`Records` holds one entry per measured request (numpy arrays, cheap to pickle and merge across
+generator processes); `summarize` turns them into counts, rates, latency percentiles and the
+generator's own cost; `BenchResult` is that with the run's settings, printable and JSON-able.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+
+from duetime.tools.arrivals import DueClass
+from duetime.tools.config import BenchConfig
+from duetime.tools.outcomes import Outcome
+
+LATE_SEND_NS = 1_000_000
+"""A send this long after its scheduled time counts as late (the generator fell behind)."""
+LATE_SEND_WARNING = 0.01
+"""Fraction of late sends above which the report warns that the generator was the bottleneck."""
+MAX_MESSAGES = 5
+"""Error messages kept per run (the first ones seen)."""
+
+
+@dataclass(slots=True)
+class Records:
+    """The measured requests of one run, or of several generator processes merged.
+
+    `latency_ns` runs from the scheduled send time (or the actual one, if that was earlier) to
+    the answer; it is 0 for requests never answered. `send_lag_ns` is actual minus scheduled
+    send time (always 0 in closed mode).
+    """
+
+    due_class: np.ndarray
+    outcome: np.ndarray
+    latency_ns: np.ndarray
+    send_lag_ns: np.ndarray
+    duration_s: float
+    cpu_s: float
+    pipelined: int = 0
+    error_messages: tuple[str, ...] = ()
+    processes: int = 1
+
+
+def merge_records(parts: Sequence[Records]) -> Records:
+    """One Records of runs that happened side by side (same window): counts and CPU add up."""
+    messages = [m for part in parts for m in part.error_messages][:MAX_MESSAGES]
+    return Records(
+        due_class=np.concatenate([p.due_class for p in parts]),
+        outcome=np.concatenate([p.outcome for p in parts]),
+        latency_ns=np.concatenate([p.latency_ns for p in parts]),
+        send_lag_ns=np.concatenate([p.send_lag_ns for p in parts]),
+        duration_s=max(p.duration_s for p in parts),
+        cpu_s=sum(p.cpu_s for p in parts),
+        pipelined=sum(p.pipelined for p in parts),
+        error_messages=tuple(messages),
+        processes=sum(p.processes for p in parts),
+    )
+
+
+def apply_due(
+    outcome: np.ndarray, latency_ns: np.ndarray, due_class: np.ndarray, classes: Sequence[DueClass]
+) -> np.ndarray:
+    """`outcome` with each OK answer that came after its class's timeout turned into LATE."""
+    settled = outcome.copy()
+    for index, due in enumerate(classes):
+        timeout_ns = due.timeout_ns
+        if timeout_ns is None:
+            continue
+        late = (due_class == index) & (outcome == Outcome.OK) & (latency_ns > timeout_ns)
+        settled[late] = Outcome.LATE
+    return settled
+
+
+# -- summaries -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class LatencySummary:
+    """Latency of successful answers (ok and late) in ms; None where there were none."""
+
+    p50_ms: float | None
+    p90_ms: float | None
+    p99_ms: float | None
+    p999_ms: float | None
+    max_ms: float | None
+    mean_ms: float | None
+
+
+def latency_summary(latency_ns: np.ndarray) -> LatencySummary:
+    if latency_ns.size == 0:
+        return LatencySummary(None, None, None, None, None, None)
+    ms = latency_ns.astype(np.float64) / 1e6
+    p50, p90, p99, p999 = (float(v) for v in np.percentile(ms, [50, 90, 99, 99.9]))
+    return LatencySummary(p50, p90, p99, p999, float(ms.max()), float(ms.mean()))
+
+
+@dataclass(frozen=True, slots=True)
+class ClassReport:
+    """Counts, rates and latency of one due class (or of all requests: label "all").
+
+    `sent` = ok + late + rejected + expired + errors. `throughput_rps` counts every successful
+    answer per second of the measured window, `goodput_rps` only those within their due time.
+    """
+
+    label: str
+    timeout_ms: float | None
+    sent: int
+    ok: int
+    late: int
+    rejected: int
+    expired: int
+    errors: int
+    unanswered: int
+    throughput_rps: float
+    goodput_rps: float
+    latency: LatencySummary
+
+
+def class_report(
+    label: str, timeout_ms: float | None, outcome: np.ndarray, latency_ns: np.ndarray,
+    duration_s: float,
+) -> ClassReport:  # fmt: skip
+    """Summary of the requests whose settled outcomes (see `apply_due`) are `outcome`."""
+    counts = {kind: int(np.count_nonzero(outcome == kind)) for kind in Outcome}
+    ok, late = counts[Outcome.OK], counts[Outcome.LATE]
+    answered = (outcome == Outcome.OK) | (outcome == Outcome.LATE)
+    return ClassReport(
+        label=label,
+        timeout_ms=timeout_ms,
+        sent=int(outcome.size),
+        ok=ok,
+        late=late,
+        rejected=counts[Outcome.REJECTED],
+        expired=counts[Outcome.EXPIRED],
+        errors=counts[Outcome.ERROR] + counts[Outcome.NO_ANSWER],
+        unanswered=counts[Outcome.NO_ANSWER],
+        throughput_rps=(ok + late) / duration_s if duration_s > 0 else 0.0,
+        goodput_rps=ok / duration_s if duration_s > 0 else 0.0,
+        latency=latency_summary(latency_ns[answered]),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class GeneratorReport:
+    """The load generator's own cost and timeliness over the measured window.
+
+    `cpu_per_1k_rps` is the fraction of one core the generator used per 1,000 requests/s sent
+    (numerically: CPU seconds per 1,000 requests). `late_send_fraction` is the share of sends
+    more than 1 ms after their scheduled time; None in closed mode, which has no schedule.
+    """
+
+    processes: int
+    cpu_s: float
+    cpu_cores: float
+    offered_rps: float
+    cpu_per_1k_rps: float | None
+    late_send_fraction: float | None
+    send_lag_p99_ms: float | None
+    send_lag_max_ms: float | None
+    pipelined_fraction: float
+
+
+def generator_report(records: Records, open_loop: bool) -> GeneratorReport:
+    sent = int(records.outcome.size)
+    duration = records.duration_s
+    lag = records.send_lag_ns
+    timely = open_loop and lag.size > 0
+    return GeneratorReport(
+        processes=records.processes,
+        cpu_s=records.cpu_s,
+        cpu_cores=records.cpu_s / duration if duration > 0 else 0.0,
+        offered_rps=sent / duration if duration > 0 else 0.0,
+        cpu_per_1k_rps=1000 * records.cpu_s / sent if sent else None,
+        late_send_fraction=float(np.mean(lag > LATE_SEND_NS)) if timely else None,
+        send_lag_p99_ms=float(np.percentile(lag, 99)) / 1e6 if timely else None,
+        send_lag_max_ms=float(lag.max()) / 1e6 if timely else None,
+        pipelined_fraction=records.pipelined / sent if sent else 0.0,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Summary:
+    """Everything a report shows: per class, overall, the generator, and what to watch out for."""
+
+    classes: tuple[ClassReport, ...]
+    overall: ClassReport
+    generator: GeneratorReport
+    error_messages: tuple[str, ...]
+    warnings: tuple[str, ...]
+
+
+def summarize(records: Records, classes: Sequence[DueClass], *, open_loop: bool) -> Summary:
+    """Settle late answers by each class's timeout, then count and time everything."""
+    outcome = apply_due(records.outcome, records.latency_ns, records.due_class, classes)
+    duration = records.duration_s
+    per_class = tuple(
+        class_report(
+            due.label,
+            due.timeout_ms,
+            outcome[records.due_class == index],
+            records.latency_ns[records.due_class == index],
+            duration,
+        )
+        for index, due in enumerate(classes)
+    )
+    overall = class_report("all", None, outcome, records.latency_ns, duration)
+    generator = generator_report(records, open_loop)
+    return Summary(per_class, overall, generator, records.error_messages,
+                   _warnings(overall, generator))  # fmt: skip
+
+
+def _warnings(overall: ClassReport, generator: GeneratorReport) -> tuple[str, ...]:
+    found = []
+    late = generator.late_send_fraction
+    if late is not None and late > LATE_SEND_WARNING:
+        found.append(
+            f"{late:.1%} of sends went out more than 1 ms after their scheduled time: the "
+            "generator (or the CPU it shares) was a bottleneck; lower --rate or add --processes"
+        )
+    if overall.unanswered:
+        found.append(
+            f"{overall.unanswered} requests had no answer by the end of --drain; they count as "
+            "errors"
+        )
+    if overall.sent == 0:
+        found.append("no request was sent in the measured window; raise --duration or --rate")
+    return tuple(found)
+
+
+# -- printing ------------------------------------------------------------------------------------
+
+_COLUMNS = ("class", "sent", "ok", "late", "rejected", "expired", "errors", "thru/s", "good/s",
+            "p50 ms", "p90 ms", "p99 ms", "p99.9 ms", "max ms")  # fmt: skip
+
+
+def format_report(summary: Summary, title: str) -> str:
+    """The summary as a text table, one row per class then "all", with the generator's cost."""
+    rows = [_row(report) for report in (*summary.classes, summary.overall)]
+    if len(summary.classes) == 1:
+        rows = rows[-1:]
+    widths = [max(len(c), *(len(r[i]) for r in rows)) for i, c in enumerate(_COLUMNS)]
+    lines = [title, "  ".join(c.rjust(w) for c, w in zip(_COLUMNS, widths, strict=True))]
+    lines += ["  ".join(v.rjust(w) for v, w in zip(r, widths, strict=True)) for r in rows]
+    lines.append(_generator_line(summary.generator))
+    lines += [f"error: {message}" for message in summary.error_messages]
+    lines += [f"WARNING: {warning}" for warning in summary.warnings]
+    return "\n".join(lines)
+
+
+def _row(report: ClassReport) -> list[str]:
+    latency = report.latency
+    times = (latency.p50_ms, latency.p90_ms, latency.p99_ms, latency.p999_ms, latency.max_ms)
+    counts = (report.sent, report.ok, report.late, report.rejected, report.expired, report.errors)
+    return [
+        report.label,
+        *(str(c) for c in counts),
+        f"{report.throughput_rps:,.1f}",
+        f"{report.goodput_rps:,.1f}",
+        *("-" if t is None else f"{t:.3f}" for t in times),
+    ]
+
+
+def _generator_line(generator: GeneratorReport) -> str:
+    per_1k = generator.cpu_per_1k_rps
+    line = (
+        f"generator: {generator.processes} process(es), {generator.cpu_s:.2f} CPU s "
+        f"({generator.cpu_cores:.1%} of a core) at {generator.offered_rps:,.0f} req/s sent = "
+        f"{'-' if per_1k is None else f'{per_1k:.3f}'} cores per 1k req/s"
+    )
+    if generator.late_send_fraction is not None:
+        line += (
+            f"; sends >1 ms late: {generator.late_send_fraction:.2%} "
+            f"(lag p99 {generator.send_lag_p99_ms:.2f} ms, max {generator.send_lag_max_ms:.2f} ms)"
+        )
+    if generator.pipelined_fraction:
+        line += f"; pipelined behind another request: {generator.pipelined_fraction:.1%}"
+    return line
+
+
+# -- the result of a run -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class BenchResult:
+    """What one run measured: per due class, overall, and the generator's own cost."""
+
+    config: BenchConfig
+    classes: tuple[ClassReport, ...]
+    overall: ClassReport
+    generator: GeneratorReport
+    error_messages: tuple[str, ...]
+    warnings: tuple[str, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        doc = asdict(self)
+        doc["config"]["repository"] = (
+            None if self.config.repository is None else str(self.config.repository)
+        )
+        return doc
+
+    def format(self) -> str:
+        summary = Summary(self.classes, self.overall, self.generator, self.error_messages,
+                          self.warnings)  # fmt: skip
+        return format_report(summary, describe(self.config))
+
+
+def describe(config: BenchConfig) -> str:
+    """One line saying what a run does."""
+    if config.mode == "open":
+        load = f"open loop, {config.arrival} {config.rate:g} req/s"
+    else:
+        load = f"closed loop, {config.concurrency} clients"
+    target = config.repository if config.protocol == "engine" else config.address
+    return (
+        f"duetime bench: {load}, {config.protocol} {target or ''}, model {config.model} "
+        f"batch {config.batch}, {config.duration_s:g} s after {config.warmup_s:g} s warm-up"
+    )
+
+
+def result_of(config: BenchConfig, records: Records) -> BenchResult:
+    summary = summarize(records, config.classes, open_loop=config.mode == "open")
+    return BenchResult(
+        config, summary.classes, summary.overall, summary.generator, summary.error_messages,
+        summary.warnings,
+    )  # fmt: skip

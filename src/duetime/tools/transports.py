@@ -1,0 +1,243 @@
+"""Where the load generator's requests go: an HTTP pool, gRPC channels, or an in-process Engine.
+
+Every transport reads the model's signature the way its clients would (v2 metadata and config
+over HTTP or gRPC, the registry in process), sends pre-built payloads, and reports each request's
+end through a `Completion` callback.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import urllib.error
+import urllib.request
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Protocol
+from urllib.parse import quote
+
+import grpc
+import orjson
+
+from duetime.engine import Engine
+from duetime.errors import DuetimeError
+from duetime.frontend.proto import grpc_service_pb2 as pb
+from duetime.frontend.proto import grpc_service_pb2_grpc as pb_grpc
+from duetime.tools.http_client import Completion, HttpPool, error_text
+from duetime.tools.outcomes import Outcome, outcome_of_grpc_code, outcome_of_http_status
+from duetime.tools.payloads import EnginePayload, GrpcPayload
+from duetime.types import ModelSignature, TensorSpec
+
+CONNECT_TIMEOUT_S = 10.0
+_INFER_METHOD = "/inference.GRPCInferenceService/ModelInfer"
+_MAX_MESSAGE = 256 * 1024 * 1024
+
+
+class BenchError(Exception):
+    """The run cannot go on: the target is unreachable, or does not serve the model as asked."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class Transport(Protocol):
+    """Carries pre-built payloads to the target and reports each request's end.
+
+    `send` never reports synchronously (an immediate failure is reported from a later loop
+    callback), so a closed-loop client that resends on completion cannot recurse.
+    `pipelined` counts sends that had to queue behind another request on a connection.
+    """
+
+    pipelined: int
+
+    async def open(self, lanes: int) -> None: ...
+
+    async def signature(self, model: str) -> ModelSignature: ...
+
+    def send(self, rid: int, payload: Any, lane: int | None) -> None: ...
+
+    async def aclose(self) -> None: ...
+
+
+def signature_from_metadata(metadata: Mapping[str, Any], max_batch_size: int) -> ModelSignature:
+    """A ModelSignature from a v2 model metadata object and the config's max_batch_size."""
+
+    def specs(key: str) -> tuple[TensorSpec, ...]:
+        return tuple(
+            TensorSpec(t["name"], t["datatype"], tuple(int(d) for d in t["shape"]))
+            for t in metadata.get(key, [])
+        )
+
+    return ModelSignature(specs("inputs"), specs("outputs"), max_batch_size)
+
+
+# -- HTTP ----------------------------------------------------------------------------------------
+
+
+class HttpTransport(HttpPool):
+    """The HTTP pool, plus model metadata read with one-off GETs before the run."""
+
+    async def open(self, lanes: int) -> None:
+        try:
+            await asyncio.wait_for(super().open(lanes), CONNECT_TIMEOUT_S)
+        except (OSError, TimeoutError) as exc:
+            raise BenchError(f"--http: cannot connect to {self.host}:{self.port}: {exc}") from None
+
+    async def signature(self, model: str) -> ModelSignature:
+        base = f"http://{self.host}:{self.port}/v2/models/{quote(model, safe='')}"
+        metadata = await asyncio.to_thread(_get_json, base)
+        config = await asyncio.to_thread(_get_json, f"{base}/config")
+        return signature_from_metadata(metadata, int(config.get("max_batch_size", 0)))
+
+
+def _get_json(url: str) -> Any:
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # never via a proxy
+    try:
+        with opener.open(url, timeout=CONNECT_TIMEOUT_S) as response:
+            return orjson.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        with exc:
+            raise BenchError(f"GET {url}: {error_text(exc.code, exc.read())}") from None
+    except (OSError, orjson.JSONDecodeError) as exc:
+        raise BenchError(f"GET {url}: {exc}") from None
+
+
+# -- gRPC ----------------------------------------------------------------------------------------
+
+
+class GrpcTransport:
+    """`channels` grpc.aio channels (separate TCP connections) sending pre-serialised requests."""
+
+    def __init__(self, target: str, complete: Completion, channels: int = 1) -> None:
+        self.target = target
+        self.complete = complete
+        self.pipelined = 0
+        self._count = channels
+        self._channels: list[Any] = []
+        self._calls: list[Any] = []
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._turn = 0
+
+    async def open(self, lanes: int) -> None:
+        options = [
+            ("grpc.max_receive_message_length", _MAX_MESSAGE),
+            ("grpc.max_send_message_length", _MAX_MESSAGE),
+            ("grpc.use_local_subchannel_pool", 1),
+        ]
+        self._channels = [
+            grpc.aio.insecure_channel(self.target, options) for _ in range(self._count)
+        ]
+        try:
+            ready = (channel.channel_ready() for channel in self._channels)
+            await asyncio.wait_for(asyncio.gather(*ready), CONNECT_TIMEOUT_S)
+        except TimeoutError:
+            await self.aclose()
+            message = f"--grpc: cannot connect to {self.target} within {CONNECT_TIMEOUT_S} s"
+            raise BenchError(message) from None
+        self._calls = [channel.unary_unary(_INFER_METHOD) for channel in self._channels]
+
+    async def signature(self, model: str) -> ModelSignature:
+        stub = pb_grpc.GRPCInferenceServiceStub(self._channels[0])  # type: ignore[no-untyped-call]
+        try:
+            metadata = await stub.ModelMetadata(pb.ModelMetadataRequest(name=model))
+            config = await stub.ModelConfig(pb.ModelConfigRequest(name=model))
+        except grpc.aio.AioRpcError as exc:
+            raise BenchError(f"--grpc {self.target}: model '{model}': {exc.details()}") from None
+        inputs = [
+            {"name": t.name, "datatype": t.datatype, "shape": list(t.shape)}
+            for t in metadata.inputs
+        ]
+        doc = {"inputs": inputs, "outputs": []}
+        return signature_from_metadata(doc, int(config.config.max_batch_size))
+
+    def send(self, rid: int, payload: GrpcPayload, lane: int | None) -> None:
+        turn = self._turn
+        self._turn = (turn + 1) % len(self._calls)
+        task = asyncio.get_running_loop().create_task(self._call(self._calls[turn], rid, payload))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _call(self, call: Any, rid: int, payload: GrpcPayload) -> None:
+        try:
+            await call(payload.data, timeout=payload.deadline_s)
+        except grpc.aio.AioRpcError as exc:
+            code = exc.code()
+            message = f"gRPC {code.name}: {exc.details()}"
+            self.complete(rid, outcome_of_grpc_code(code.name), message)
+            return
+        except Exception as exc:  # a fault of the client library: count it, keep going
+            self.complete(rid, Outcome.ERROR, f"{type(exc).__name__}: {exc}")
+            return
+        self.complete(rid, Outcome.OK, None)
+
+    async def aclose(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await asyncio.gather(*(channel.close() for channel in self._channels))
+
+
+# -- in process ----------------------------------------------------------------------------------
+
+
+class EngineTransport:
+    """Calls `Engine.infer_async` on the running loop: a given engine, or one it loads (owns)."""
+
+    def __init__(
+        self, complete: Completion, engine: Engine | None, repository: Path | None = None
+    ) -> None:
+        self.complete = complete
+        self.pipelined = 0
+        self._engine = engine
+        self._owned = engine is None
+        self._repository = repository
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._model = ""
+
+    async def open(self, lanes: int) -> None:
+        if self._engine is None:
+            if self._repository is None:
+                raise BenchError("--repository: give the model repository to load in process")
+            engine = Engine()
+            try:
+                await engine.load_repository(self._repository)
+            except DuetimeError as exc:
+                await engine.aclose()
+                raise BenchError(f"--repository {self._repository}: {exc.message}") from None
+            self._engine = engine
+
+    async def signature(self, model: str) -> ModelSignature:
+        assert self._engine is not None, "open() first"
+        try:
+            deployment = self._engine.registry.resolve(model, None)
+        except DuetimeError as exc:
+            raise BenchError(f"--model {model}: {exc.message}") from None
+        self._model = model
+        return deployment.model.signature
+
+    def send(self, rid: int, payload: EnginePayload, lane: int | None) -> None:
+        task = asyncio.get_running_loop().create_task(self._call(rid, payload))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _call(self, rid: int, payload: EnginePayload) -> None:
+        assert self._engine is not None
+        try:
+            await self._engine.infer_async(
+                self._model, payload.inputs, timeout=payload.timeout_s, priority=payload.priority
+            )
+        except DuetimeError as exc:
+            self.complete(rid, outcome_of_http_status(exc.http_status), exc.message)
+            return
+        except Exception as exc:  # a bug in the engine: count it as an error, keep going
+            self.complete(rid, Outcome.ERROR, f"{type(exc).__name__}: {exc}")
+            return
+        self.complete(rid, Outcome.OK, None)
+
+    async def aclose(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._owned and self._engine is not None:
+            await self._engine.aclose()
+            self._engine = None

@@ -1,0 +1,455 @@
+"""The HTTP/1.1 layer over raw sockets: keep-alive, pipelining, bodies, limits and closing."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import socket
+import struct
+import time
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import numpy as np
+import pytest
+from conftest import RunningServer, start_server, stop_server
+
+from duetime.config import ServerSettings
+
+pytestmark = pytest.mark.timeout(60)
+
+GUARD_S = 10.0
+"""Socket timeout: only trips when an expected event never comes."""
+
+
+@dataclass
+class Response:
+    status: int
+    headers: dict[str, str]
+    body: bytes
+
+    def json(self) -> Any:
+        return json.loads(self.body)
+
+
+class RawClient:
+    """One TCP connection to the server; writes bytes as given and parses responses."""
+
+    def __init__(self, address: str) -> None:
+        host, port = address.rsplit(":", 1)
+        self.sock = socket.create_connection((host, int(port)), timeout=GUARD_S)
+        self._buffer = b""
+
+    def __enter__(self) -> RawClient:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.sock.close()
+
+    def send(self, data: bytes) -> None:
+        self.sock.sendall(data)
+
+    def _fill(self) -> None:
+        chunk = self.sock.recv(65536)
+        if not chunk:
+            raise EOFError(f"connection closed; unparsed: {self._buffer[:200]!r}")
+        self._buffer += chunk
+
+    def response(self) -> Response:
+        while b"\r\n\r\n" not in self._buffer:
+            self._fill()
+        head, self._buffer = self._buffer.split(b"\r\n\r\n", 1)
+        status_line, *lines = head.decode("latin-1").split("\r\n")
+        version, status, _ = status_line.split(" ", 2)
+        assert version == "HTTP/1.1", status_line
+        headers = {}
+        for line in lines:
+            name, value = line.split(":", 1)
+            headers[name.strip().lower()] = value.strip()
+        length = int(headers.get("content-length", "0"))
+        while len(self._buffer) < length:
+            self._fill()
+        body, self._buffer = self._buffer[:length], self._buffer[length:]
+        return Response(int(status), headers, body)
+
+    def closed_by_server(self) -> bool:
+        """True once the server closes: reads the stream to its end (guarded by the timeout)."""
+        while True:
+            try:
+                chunk = self.sock.recv(65536)
+            except ConnectionResetError:
+                return True
+            if not chunk:
+                return not self._buffer
+            self._buffer += chunk
+
+
+def request(
+    method: str, path: str, body: bytes = b"", headers: dict[str, str] | None = None
+) -> bytes:
+    lines = [f"{method} {path} HTTP/1.1", "Host: duetime.test"]
+    all_headers = dict(headers or {})
+    if body and "Transfer-Encoding" not in all_headers:
+        all_headers.setdefault("Content-Length", str(len(body)))
+    lines += [f"{name}: {value}" for name, value in all_headers.items()]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
+
+
+def infer_body(model: str = "mlp", rows: int = 1) -> bytes:
+    shape = [rows, 40] if model == "mlp" else [rows, 3, 64, 64]
+    data = np.linspace(-1, 1, int(np.prod(shape)), dtype=np.float32)
+    name = "x" if model == "mlp" else "image"
+    doc = {"inputs": [{"name": name, "datatype": "FP32", "shape": shape, "data": data.tolist()}]}
+    return json.dumps(doc).encode()
+
+
+def infer_request(
+    model: str = "mlp", rows: int = 1, headers: dict[str, str] | None = None
+) -> bytes:
+    return request("POST", f"/v2/models/{model}/infer", infer_body(model, rows), headers)
+
+
+def output_of(response: Response) -> list[float]:
+    assert response.status == 200, response
+    (output,) = response.json()["outputs"]
+    return list(output["data"])
+
+
+@pytest.fixture
+def client(server: RunningServer) -> Iterator[RawClient]:
+    with RawClient(server.http) as client:
+        yield client
+
+
+@pytest.fixture(scope="module")
+def expected_mlp(server: RunningServer) -> list[float]:
+    """mlp's output for `infer_body()`, sent plainly on its own connection."""
+    with RawClient(server.http) as client:
+        client.send(infer_request())
+        return output_of(client.response())
+
+
+# -- persistent connections ----------------------------------------------------------------------
+
+
+def test_keep_alive_serves_many_requests(client: RawClient, expected_mlp: list[float]) -> None:
+    filler = {"X-Filler": "f" * 1024}  # 70 of these together are over the 64 KiB head limit
+    for i in range(70):
+        if i % 10 == 0:
+            client.send(infer_request(headers=filler))
+            response = client.response()
+            assert output_of(response) == expected_mlp
+        else:
+            client.send(request("GET", "/v2/health/live", headers=filler))
+            response = client.response()
+            assert response.status == 200
+        assert "connection" not in response.headers
+
+
+def test_pipelined_requests_are_answered_in_order(
+    client: RawClient, expected_mlp: list[float]
+) -> None:
+    """A slow inference first: the quick requests behind it must wait for its answer."""
+    client.send(
+        infer_request("resnet", rows=8)
+        + request("GET", "/v2/models/mlp")
+        + infer_request()
+        + request("GET", "/v2/health/ready")
+    )
+    first = client.response()
+    assert first.status == 200
+    assert first.json()["model_name"] == "resnet"
+    assert first.json()["outputs"][0]["shape"] == [8, 10]
+    assert client.response().json()["name"] == "mlp"
+    assert output_of(client.response()) == expected_mlp
+    last = client.response()
+    assert (last.status, last.body) == (200, b"")
+
+
+def test_deep_pipeline_pauses_and_resumes_reading(client: RawClient) -> None:
+    """More requests than the server keeps owed at once, all in one write."""
+    paths = [f"/v2/models/{'mlp' if i % 2 else 'resnet'}" for i in range(200)]
+    client.send(b"".join(request("GET", path) for path in paths))
+    for path in paths:
+        assert client.response().json()["name"] == path.rsplit("/", 1)[1]
+
+
+def test_connection_close_is_honoured(client: RawClient) -> None:
+    client.send(request("GET", "/v2/health/live", headers={"Connection": "close"}))
+    response = client.response()
+    assert response.status == 200
+    assert response.headers["connection"] == "close"
+    assert client.closed_by_server()
+
+
+def test_requests_after_connection_close_are_not_answered(client: RawClient) -> None:
+    client.send(
+        request("GET", "/v2/health/live", headers={"Connection": "close"})
+        + request("GET", "/v2/health/ready")
+    )
+    assert client.response().headers["connection"] == "close"
+    assert client.closed_by_server()
+
+
+def test_http_10_closes_after_the_response(client: RawClient) -> None:
+    client.send(b"GET /v2/health/live HTTP/1.0\r\n\r\n")
+    response = client.response()
+    assert response.status == 200
+    assert response.headers["connection"] == "close"
+    assert client.closed_by_server()
+
+
+def test_http_10_keep_alive(client: RawClient, expected_mlp: list[float]) -> None:
+    body = infer_body()
+    post = b"POST /v2/models/mlp/infer HTTP/1.0\r\nConnection: keep-alive\r\n"
+    for _ in range(2):
+        client.send(post + b"Content-Length: %d\r\n\r\n" % len(body) + body)
+        response = client.response()
+        assert output_of(response) == expected_mlp
+        assert response.headers["connection"].lower() == "keep-alive"
+
+
+# -- request bodies ------------------------------------------------------------------------------
+
+
+def test_chunked_request_body(client: RawClient, expected_mlp: list[float]) -> None:
+    body = infer_body()
+    sizes = [1, 7, 100, 4096]
+    chunks, offset = [], 0
+    while offset < len(body):
+        size = sizes[len(chunks) % len(sizes)]
+        chunks.append(body[offset : offset + size])
+        offset += size
+    encoded = b"".join(b"%x\r\n%s\r\n" % (len(chunk), chunk) for chunk in chunks) + b"0\r\n\r\n"
+    headers = {"Transfer-Encoding": "chunked"}
+    client.send(request("POST", "/v2/models/mlp/infer", encoded, headers))
+    assert output_of(client.response()) == expected_mlp
+    client.send(request("GET", "/v2/health/live"))  # the connection is still in step
+    assert client.response().status == 200
+
+
+def test_chunked_body_sent_in_pieces(client: RawClient, expected_mlp: list[float]) -> None:
+    body = infer_body()
+    half = len(body) // 2
+    client.send(request("POST", "/v2/models/mlp/infer", headers={"Transfer-Encoding": "chunked"}))
+    for piece in (b"%x\r\n" % half, body[:half], b"\r\n%x\r\n" % (len(body) - half)):
+        client.send(piece)
+    client.send(body[half:] + b"\r\n0\r\n\r\n")
+    assert output_of(client.response()) == expected_mlp
+
+
+def test_expect_100_continue(client: RawClient, expected_mlp: list[float]) -> None:
+    body = infer_body()
+    headers = {"Expect": "100-continue", "Content-Length": str(len(body))}
+    client.send(request("POST", "/v2/models/mlp/infer", headers=headers))
+    interim = client.response()
+    assert (interim.status, interim.body) == (100, b"")
+    client.send(body)
+    assert output_of(client.response()) == expected_mlp
+
+
+def test_expect_100_continue_over_the_limit_gets_413_instead(
+    client: RawClient, server: RunningServer
+) -> None:
+    limit = server.server.settings.max_body_bytes
+    headers = {"Expect": "100-continue", "Content-Length": str(limit + 1)}
+    client.send(request("POST", "/v2/models/mlp/infer", headers=headers))
+    assert client.response().status == 413
+    assert client.closed_by_server()
+
+
+@pytest.mark.parametrize("encoding", ["gzip", "deflate", "GZIP"])
+def test_compressed_request_body(
+    client: RawClient, expected_mlp: list[float], encoding: str
+) -> None:
+    body = infer_body()
+    packed = gzip.compress(body) if encoding.lower() == "gzip" else zlib.compress(body)
+    client.send(request("POST", "/v2/models/mlp/infer", packed, {"Content-Encoding": encoding}))
+    assert output_of(client.response()) == expected_mlp
+
+
+# -- limits and malformed requests ---------------------------------------------------------------
+
+
+def test_content_length_over_the_limit(client: RawClient, server: RunningServer) -> None:
+    limit = server.server.settings.max_body_bytes
+    client.send(request("POST", "/v2/models/mlp/infer", headers={"Content-Length": str(limit + 1)}))
+    response = client.response()
+    assert response.status == 413
+    assert response.headers["connection"] == "close"
+    assert str(limit) in response.json()["error"]
+    assert client.closed_by_server()
+
+
+@pytest.mark.parametrize("framing", ["content-length", "chunked"])
+def test_body_over_the_limit_sent_whole_still_gets_413(
+    client: RawClient, server: RunningServer, framing: str
+) -> None:
+    """A client that uploads without waiting reads the 413, not a connection reset."""
+    body = b"x" * (server.server.settings.max_body_bytes + 1024)
+    if framing == "chunked":
+        encoded = b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body)
+        client.send(
+            request("POST", "/v2/models/mlp/infer", encoded, {"Transfer-Encoding": "chunked"})
+        )
+    else:
+        client.send(request("POST", "/v2/models/mlp/infer", body))
+    response = client.response()
+    assert response.status == 413
+    assert response.headers["connection"] == "close"
+    assert client.closed_by_server()
+
+
+@pytest.mark.parametrize("where", ["header", "url"])
+def test_head_over_the_limit(client: RawClient, server: RunningServer, where: str) -> None:
+    big = "a" * (server.server.settings.max_header_bytes + 1)
+    if where == "header":
+        client.send(request("GET", "/v2/health/live", headers={"X-Big": big}))
+    else:
+        client.send(request("GET", f"/v2/health/live?{big}"))
+    response = client.response()
+    assert response.status == 431
+    assert "limit" in response.json()["error"]
+    assert client.closed_by_server()
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        b"GARBAGE\r\n\r\n",
+        b"GET /v2/health/live HTTP/1.1 extra\r\n\r\n",
+        b"GET /v2/health/live FTP/1.1\r\n\r\n",
+        b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03" + bytes(32) + b"\r\n\r\n",  # a TLS hello
+        b"POST /v2/models/mlp/infer HTTP/1.1\r\nContent-Length: ten\r\n\r\n",
+        b"POST /v2/models/mlp/infer HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
+        b"GET /v2/health/live HTTP/1.1\r\nBad Header\r\n\r\n",
+    ],
+    ids=["garbage", "extra-token", "not-http", "tls", "bad-length", "bad-chunk", "bad-header"],
+)
+def test_malformed_request_gets_400(client: RawClient, server: RunningServer, data: bytes) -> None:
+    client.send(data)
+    response = client.response()
+    assert response.status == 400
+    assert response.headers["connection"] == "close"
+    assert "malformed" in response.json()["error"]
+    assert client.closed_by_server()
+    with RawClient(server.http) as fresh:
+        fresh.send(request("GET", "/v2/health/ready"))
+        assert fresh.response().status == 200
+
+
+def test_malformed_request_after_a_good_one(client: RawClient) -> None:
+    """The good one is answered first, then the 400, then the connection closes."""
+    client.send(request("GET", "/v2/health/live") + b"NOT HTTP AT ALL\r\n\r\n")
+    assert client.response().status == 200
+    assert client.response().status == 400
+    assert client.closed_by_server()
+
+
+@pytest.mark.parametrize("behind_inference", [False, True])
+def test_upgrade_is_ignored_then_the_connection_closes(
+    client: RawClient, expected_mlp: list[float], behind_inference: bool
+) -> None:
+    """The request is answered as HTTP/1.1 (no 101); nothing after it on the wire is read."""
+    upgrade = request("GET", "/v2/health/live", headers={"Connection": "Upgrade", "Upgrade": "h2c"})
+    if behind_inference:  # owed responses are still written, in order
+        client.send(infer_request() + upgrade + request("GET", "/v2/health/ready"))
+        assert output_of(client.response()) == expected_mlp
+    else:
+        client.send(upgrade)
+    assert client.response().status == 200
+    assert client.closed_by_server()
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "allowed"),
+    [
+        ("DELETE", "/v2/health/live", "GET"),
+        ("POST", "/v2", "GET"),
+        ("PUT", "/v2/models/mlp", "GET"),
+        ("POST", "/v2/models/mlp/config", "GET"),
+        ("GET", "/v2/models/mlp/infer", "POST"),
+    ],
+)
+def test_wrong_method_gets_405(client: RawClient, method: str, path: str, allowed: str) -> None:
+    client.send(request(method, path))
+    response = client.response()
+    assert response.status == 405
+    assert response.headers["allow"] == allowed
+    assert allowed in response.json()["error"]
+    client.send(request("GET", "/v2/health/live"))  # still usable
+    assert client.response().status == 200
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/",
+        "/nope",
+        "/v2/nope",
+        "/v2/health/dead",
+        "/v2/models/mlp/nope",
+        "/v2/models/mlp/versions/1/x",
+    ],
+)
+def test_unknown_path_gets_404(client: RawClient, path: str) -> None:
+    client.send(request("GET", path))
+    response = client.response()
+    assert response.status == 404
+    assert response.json()["error"]
+    client.send(request("GET", "/v2/health/live"))
+    assert client.response().status == 200
+
+
+# -- closing -------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def impatient(demo_repo: Path) -> Iterator[RunningServer]:
+    """The demo models behind a server that closes idle connections after 0.3 s."""
+    settings = ServerSettings(
+        model_repository=demo_repo, http_port=0, grpc_port=0, idle_timeout_s=0.3
+    )
+    running, thread = start_server(settings)
+    yield running
+    stop_server(running, thread)
+
+
+def test_idle_connection_is_closed(impatient: RunningServer) -> None:
+    with RawClient(impatient.http) as client:
+        client.send(request("GET", "/v2/health/live"))
+        assert client.response().status == 200
+        answered = time.monotonic()
+        assert client.closed_by_server()
+        assert time.monotonic() - answered >= 0.2
+
+
+def test_silent_connection_is_closed(impatient: RunningServer) -> None:
+    with RawClient(impatient.http) as client:
+        assert client.closed_by_server()
+
+
+def test_busy_connection_outlives_the_idle_timeout(impatient: RunningServer) -> None:
+    """Requests every so often keep it open past several idle periods."""
+    with RawClient(impatient.http) as client:
+        started = time.monotonic()
+        while time.monotonic() - started < 0.7:
+            client.send(infer_request())
+            assert client.response().status == 200
+
+
+def test_client_gone_with_requests_in_flight(server: RunningServer) -> None:
+    pipelined = b"".join(infer_request("resnet", rows=8) for _ in range(4))
+    with RawClient(server.http) as client:
+        client.send(pipelined)
+        client.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    with RawClient(server.http) as client:  # abort (RST) above; the server keeps serving
+        client.send(infer_request("resnet", rows=2) + request("GET", "/v2/health/ready"))
+        assert client.response().json()["outputs"][0]["shape"] == [2, 10]
+        assert client.response().status == 200

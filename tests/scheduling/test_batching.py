@@ -1,0 +1,264 @@
+"""BatchPolicy: drop_hopeless and plan_batch, driven with plain ints for the time."""
+
+from __future__ import annotations
+
+import pytest
+from factories import OTHER_SHAPE, buckets_up_to, enqueue, linear_estimate, names
+
+from duetime.scheduling.batching import Run, Wait, drop_hopeless, plan_batch
+from duetime.scheduling.edf import EDFQueue
+
+BUCKET_OF = buckets_up_to(8, (1, 2, 3, 4, 6, 8))
+# 1 row: 1100 ns, 2: 1200, 3: 1300, 4: 1400, 5-6: 1600, 7-8: 1800
+ESTIMATE = linear_estimate(1000, 100, BUCKET_OF)
+
+
+def plan(queue: EDFQueue, now: int = 0, **overrides: object) -> Run | Wait | None:
+    options: dict[str, object] = {
+        "max_rows": 8,
+        "max_delay_ns": 0,
+        "estimate": ESTIMATE,
+        "bucket_of": BUCKET_OF,
+    }
+    options.update(overrides)
+    return plan_batch(queue, now_ns=now, **options)  # type: ignore[arg-type]
+
+
+def run_of(decision: Run | Wait | None) -> Run:
+    assert isinstance(decision, Run), decision
+    return decision
+
+
+# -- drop_hopeless -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("dues", "dropped", "kept"),
+    [
+        # now 1000, a 1-row run takes 1100: due 2100 is just in time
+        ([2099, 2100, 1500], ["r2", "r0"], ["r1"]),
+        ([1000, 2000, 2099, 5000], ["r0", "r1", "r2"], ["r3"]),
+        ([None, 0], ["r1"], ["r0"]),  # the no-due request sorts last and is never hopeless
+        ([3000, 0], ["r1"], ["r0"]),
+    ],
+)
+def test_edf_drops_head_requests_that_would_finish_late(
+    dues: list[int | None], dropped: list[str], kept: list[str]
+) -> None:
+    queue = EDFQueue(8)
+    for i, due in enumerate(dues):
+        enqueue(queue, name=f"r{i}", due=due)
+    assert names(drop_hopeless(queue, now_ns=1000, estimate=ESTIMATE)) == dropped
+    assert sorted(names(queue.drain())) == sorted(kept)
+
+
+def test_edf_hopelessness_uses_the_requests_own_rows() -> None:
+    queue = EDFQueue(8)
+    enqueue(queue, name="big", rows=8, due=2500)  # 1800 ns from 1000: late
+    enqueue(queue, name="small", rows=1, due=2500)  # 1100 ns: in time
+    assert names(drop_hopeless(queue, now_ns=1000, estimate=ESTIMATE)) == ["big"]
+    assert names(queue.drain()) == ["small"]
+
+
+def test_drop_stops_at_the_first_request_that_can_make_it() -> None:
+    queue = EDFQueue(8)
+    enqueue(queue, name="ok", level=1, due=10_000)
+    enqueue(queue, name="late", level=2, due=0)  # behind a live head: left for later
+    assert drop_hopeless(queue, now_ns=1000, estimate=ESTIMATE) == []
+    assert len(queue) == 2
+
+
+@pytest.mark.parametrize(
+    ("dues", "dropped"),
+    [
+        ([999, 1000, 1001], ["r0", "r1"]),  # due at or before now has passed
+        ([1001, 500], []),  # FIFO: a live head shields what is behind it
+        ([None, 0], []),
+    ],
+)
+def test_fifo_drops_only_requests_whose_due_has_passed(
+    dues: list[int | None], dropped: list[str]
+) -> None:
+    queue = EDFQueue(8, "fifo")
+    for i, due in enumerate(dues):
+        enqueue(queue, name=f"r{i}", due=due)
+    assert names(drop_hopeless(queue, now_ns=1000, estimate=None)) == dropped
+    assert len(queue) == len(dues) - len(dropped)
+
+
+def test_settled_requests_are_discarded_silently() -> None:
+    queue = EDFQueue(8)
+    cancelled = enqueue(queue, name="cancelled", due=0)
+    enqueue(queue, name="late", due=1500)
+    enqueue(queue, name="ok", due=5000)
+    cancelled.future.cancel()  # type: ignore[attr-defined]
+    assert names(drop_hopeless(queue, now_ns=1000, estimate=ESTIMATE)) == ["late"]
+    assert names(queue.drain()) == ["ok"]
+
+
+def test_drop_on_an_empty_queue() -> None:
+    assert drop_hopeless(EDFQueue(1), now_ns=0, estimate=ESTIMATE) == []
+
+
+# -- plan_batch: what goes in the batch ----------------------------------------------------------
+
+
+def test_nothing_to_plan() -> None:
+    queue = EDFQueue(4)
+    assert plan(queue) is None
+    enqueue(queue).future.cancel()  # type: ignore[attr-defined]
+    assert plan(queue) is None
+
+
+def test_takes_the_head_and_the_requests_after_it_in_queue_order() -> None:
+    queue = EDFQueue(8)
+    for i, due in enumerate([30_000, 10_000, 20_000]):
+        enqueue(queue, name=f"r{i}", due=due, rows=2)
+    run = run_of(plan(queue))
+    assert names(run.requests) == ["r1", "r2", "r0"]
+    assert (run.taken, run.rows, run.bucket) == (3, 6, 6)
+
+
+def test_stops_at_a_different_shape() -> None:
+    queue = EDFQueue(8)
+    enqueue(queue, name="a", due=1)
+    enqueue(queue, name="b", due=2)
+    enqueue(queue, name="other", due=3, shape=OTHER_SHAPE)
+    enqueue(queue, name="c", due=4)
+    # the queue was not exhausted, so the batch does not wait even with a delay allowed
+    run = run_of(plan(queue, estimate=None, max_delay_ns=10_000))
+    assert names(run.requests) == ["a", "b"]
+    assert run.taken == 2
+
+
+@pytest.mark.parametrize(
+    ("rows", "expected_rows"),
+    [
+        ([3, 3, 3], 6),
+        ([8, 1], 8),
+        ([5, 4], 5),
+        ([1, 1, 1, 1, 1, 1, 1, 1, 1], 8),
+        ([2, 7, 1], 2),  # stops at the first request that does not fit
+    ],
+)
+def test_rows_stay_within_max_rows(rows: list[int], expected_rows: int) -> None:
+    queue = EDFQueue(16)
+    for i, count in enumerate(rows):
+        enqueue(queue, rows=count, due=i)
+    run = run_of(plan(queue, estimate=None))
+    assert run.rows == expected_rows
+    assert run.bucket == BUCKET_OF[expected_rows]
+
+
+def test_stops_before_the_batch_would_finish_after_its_earliest_due() -> None:
+    queue = EDFQueue(8)
+    # at now=0: 1 row ends at 1100, 2 at 1200, 3 at 1300, 4 at 1400
+    enqueue(queue, name="a", due=1250)
+    enqueue(queue, name="b", due=9000)
+    enqueue(queue, name="c", due=9000)
+    run = run_of(plan(queue, max_delay_ns=50_000))
+    assert names(run.requests) == ["a", "b"], "a third row would end at 1300 > 1250"
+    # without an estimate (FIFO) due times do not limit the batch
+    assert run_of(plan(queue, estimate=None)).rows == 3
+
+
+def test_a_later_request_with_an_earlier_due_limits_the_batch() -> None:
+    queue = EDFQueue(8)
+    enqueue(queue, name="head", level=1, due=None)
+    enqueue(queue, name="tight", level=2, due=1150)
+    enqueue(queue, name="rest", level=2, due=None)
+    run = run_of(plan(queue))
+    assert names(run.requests) == ["head"], "with 'tight' the batch would end at 1200 > 1150"
+
+
+def test_settled_requests_inside_the_batch_are_skipped_but_consumed() -> None:
+    queue = EDFQueue(8)
+    enqueue(queue, name="a", due=10_000)
+    enqueue(queue, name="gone", due=20_000).future.cancel()  # type: ignore[attr-defined]
+    enqueue(queue, name="b", due=30_000)
+    run = run_of(plan(queue))
+    assert names(run.requests) == ["a", "b"]
+    assert (run.taken, run.rows) == (3, 2)
+
+
+def test_a_settled_head_is_skipped() -> None:
+    queue = EDFQueue(8)
+    enqueue(queue, name="gone", due=10_000).future.cancel()  # type: ignore[attr-defined]
+    enqueue(queue, name="a", due=20_000, shape=OTHER_SHAPE)
+    run = run_of(plan(queue))
+    assert names(run.requests) == ["a"]
+    assert run.taken == 2
+
+
+@pytest.mark.parametrize("max_delay_ns", [0, 10_000])
+def test_max_rows_zero_runs_one_request_unpadded(max_delay_ns: int) -> None:
+    queue = EDFQueue(8)
+    enqueue(queue, name="a", due=10_000)
+    enqueue(queue, name="b", due=20_000)
+    run = run_of(plan(queue, max_rows=0, max_delay_ns=max_delay_ns))
+    assert names(run.requests) == ["a"]
+    assert (run.taken, run.rows, run.bucket) == (1, 1, 0)
+
+
+# -- plan_batch: when to wait ---------------------------------------------------------------------
+
+
+def test_waits_while_the_oldest_request_is_younger_than_max_delay() -> None:
+    queue = EDFQueue(8)
+    enqueue(queue, arrival=1000)
+    enqueue(queue, arrival=3000)
+    assert plan(queue, now=3000, estimate=None, max_delay_ns=5000) == Wait(6000)
+    assert plan(queue, now=5999, estimate=None, max_delay_ns=5000) == Wait(6000)
+    assert run_of(plan(queue, now=6000, estimate=None, max_delay_ns=5000)).rows == 2
+
+
+def test_never_waits_when_max_delay_is_zero() -> None:
+    queue = EDFQueue(8)
+    enqueue(queue, arrival=1000)
+    assert run_of(plan(queue, now=1000, max_delay_ns=0)).rows == 1
+
+
+def test_does_not_wait_once_the_batch_is_full() -> None:
+    queue = EDFQueue(8)
+    enqueue(queue, rows=4)
+    enqueue(queue, rows=4)
+    assert run_of(plan(queue, max_delay_ns=10_000)).rows == 8
+
+
+def test_does_not_wait_when_the_queue_holds_more_than_the_batch() -> None:
+    queue = EDFQueue(8)
+    enqueue(queue, rows=5)
+    enqueue(queue, rows=5)  # does not fit: the batch cannot grow by waiting
+    assert run_of(plan(queue, max_delay_ns=10_000)).rows == 5
+
+
+def test_does_not_wait_when_the_queue_is_full() -> None:
+    queue = EDFQueue(2)
+    enqueue(queue)
+    enqueue(queue)
+    # no further request can be queued, so the batch cannot grow by waiting
+    assert run_of(plan(queue, max_delay_ns=10_000)).rows == 2
+
+
+def test_waits_only_as_long_as_the_slack_allows() -> None:
+    queue = EDFQueue(8)
+    # 3 rows: bucket 3; one bucket bigger (4) takes 1400 ns, so it must start by 5000 - 1400
+    for _ in range(3):
+        enqueue(queue, due=5000)
+    assert plan(queue, now=0, max_delay_ns=10_000) == Wait(3600)
+    assert run_of(plan(queue, now=3600, max_delay_ns=10_000)).rows == 3
+    # the delay bound still applies when it comes first
+    assert plan(queue, now=0, max_delay_ns=2000) == Wait(2000)
+
+
+def test_no_wait_when_there_is_no_slack() -> None:
+    queue = EDFQueue(8)
+    # a bigger batch (2 rows, 1200 ns) would have had to start by 100
+    enqueue(queue, due=1300)
+    assert run_of(plan(queue, now=200, max_delay_ns=10_000)).rows == 1
+
+
+def test_requests_without_due_wait_for_the_delay_only() -> None:
+    queue = EDFQueue(8)
+    enqueue(queue, arrival=0)
+    assert plan(queue, now=0, max_delay_ns=7000) == Wait(7000)

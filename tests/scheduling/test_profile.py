@@ -1,0 +1,142 @@
+"""LatencyProfile, batch_buckets and profile_from_samples."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from duetime.scheduling.profile import (
+    LatencyProfile,
+    ProfilePoint,
+    batch_buckets,
+    profile_from_samples,
+)
+
+
+@pytest.mark.parametrize(
+    ("max_batch_size", "expected"),
+    [
+        (0, (1,)),
+        (1, (1,)),
+        (2, (1, 2)),
+        (3, (1, 2, 3)),
+        (5, (1, 2, 3, 4, 5)),
+        (8, (1, 2, 3, 4, 6, 8)),
+        (10, (1, 2, 3, 4, 6, 8, 10)),
+        (32, (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)),
+        (33, (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 33)),
+    ],
+)
+def test_batch_buckets(max_batch_size: int, expected: tuple[int, ...]) -> None:
+    assert batch_buckets(max_batch_size) == expected
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(min_value=1, max_value=100_000))
+def test_batch_buckets_cover_one_to_max_in_small_steps(max_batch_size: int) -> None:
+    buckets = batch_buckets(max_batch_size)
+    assert buckets[0] == 1
+    assert buckets[-1] == max_batch_size
+    assert all(a < b for a, b in zip(buckets, buckets[1:], strict=False))
+    assert all(b <= 1.5 * a for a, b in zip(buckets, buckets[1:], strict=False) if a >= 4)
+
+
+def flat(samples: dict[int, int]) -> LatencyProfile:
+    return profile_from_samples({rows: [ns] * 5 for rows, ns in samples.items()})
+
+
+def test_profile_from_samples_takes_median_and_p99() -> None:
+    profile = profile_from_samples({1: [50, 10, 40, 20, 30], 2: [100] * 99 + [1100]})
+    snapshot = {row["batch_size"]: row for row in profile.snapshot()}
+    assert snapshot[1]["measured_median_us"] == pytest.approx(0.030)
+    assert snapshot[1]["measured_p99_us"] == pytest.approx(0.050)
+    assert snapshot[2]["measured_median_us"] == pytest.approx(0.100)
+    assert snapshot[2]["measured_p99_us"] == pytest.approx(0.100)
+    assert snapshot[1]["estimate_us"] == pytest.approx(0.030)
+    # the prediction adds half the measured p99 spread, so it errs on the late side
+    assert profile.predict(1) == 30 + (50 - 30) // 2
+    assert profile.predict(2) == 100
+
+
+def test_a_profile_needs_a_point() -> None:
+    with pytest.raises(ValueError, match="at least one"):
+        LatencyProfile([])
+
+
+def test_bucket_of_and_predict_cover_the_rows_between_buckets() -> None:
+    profile = flat({1: 100, 4: 400, 2: 200})  # unordered on purpose
+    assert profile.buckets == (1, 2, 4)
+    assert profile.max_rows == 4
+    assert profile.bucket_of == [0, 1, 2, 4, 4]
+    assert [profile.predict(rows) for rows in range(1, 5)] == [100, 200, 400, 400]
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.sets(st.integers(min_value=1, max_value=64), min_size=1, max_size=10))
+def test_bucket_of_is_the_smallest_bucket_at_least_rows(sizes: set[int]) -> None:
+    profile = flat({rows: 1000 * rows for rows in sizes})
+    assert profile.buckets == tuple(sorted(sizes))
+    for rows in range(1, profile.max_rows + 1):
+        bucket = profile.bucket_of[rows]
+        assert bucket in sizes
+        assert bucket >= rows
+        assert not any(rows <= b < bucket for b in sizes)
+
+
+@st.composite
+def monotone_samples(draw: st.DrawFn) -> dict[int, list[int]]:
+    """Per bucket a list of timings, each one at least the same-rank timing of the bucket below."""
+    max_rows = draw(st.integers(min_value=1, max_value=48))
+    count = draw(st.integers(min_value=1, max_value=9))
+    previous = [0] * count
+    samples: dict[int, list[int]] = {}
+    for rows in batch_buckets(max_rows):
+        steps = draw(st.lists(st.integers(0, 10_000), min_size=count, max_size=count))
+        current = sorted(p + s for p, s in zip(previous, steps, strict=True))
+        samples[rows] = draw(st.permutations(current))
+        previous = current
+    return samples
+
+
+@settings(max_examples=100, deadline=None)
+@given(monotone_samples())
+def test_predict_is_monotone_in_rows_for_monotone_samples(samples: dict[int, list[int]]) -> None:
+    profile = profile_from_samples(samples)
+    predictions = [profile.predict(rows) for rows in range(1, profile.max_rows + 1)]
+    assert predictions == sorted(predictions)
+
+
+def test_per_row_ns_is_the_cheapest_row() -> None:
+    assert flat({1: 100, 2: 150, 4: 240}).per_row_ns() == pytest.approx(60.0)
+    assert flat({1: 100, 2: 300}).per_row_ns() == pytest.approx(100.0)
+
+
+def test_observe_moves_the_estimate_toward_observations() -> None:
+    profile = flat({1: 1000, 2: 2000, 4: 4000})
+    profile.observe(2, 3000)
+    assert 2000 < profile.predict(2) < 3000
+    after_one = profile.predict(2)
+    for _ in range(500):
+        profile.observe(2, 3000)
+    assert after_one < profile.predict(2) <= 3000
+    assert profile.predict(2) == pytest.approx(3000, abs=2)
+    profile.observe(2, 0)
+    assert profile.predict(2) < 3000, "it comes back down too"
+    assert (profile.predict(1), profile.predict(4)) == (1000, 4000), "other buckets are untouched"
+
+
+def test_observe_updates_every_row_count_of_the_bucket() -> None:
+    profile = flat({1: 1000, 4: 4000, 8: 8000})
+    profile.observe(3, 5000)  # three rows run as the 4-row bucket
+    updated = profile.predict(4)
+    assert updated > 4000
+    assert profile.predict(2) == profile.predict(3) == updated
+    profile.observe(100, 9000)  # more rows than the largest bucket: folded into it
+    assert profile.predict(8) > 8000
+
+
+def test_alpha_sets_how_fast_the_estimate_moves() -> None:
+    fast = LatencyProfile([ProfilePoint(1, 1000, 1000)], alpha=0.5)
+    fast.observe(1, 2000)
+    assert fast.predict(1) == 1500

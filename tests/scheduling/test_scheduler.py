@@ -1,0 +1,524 @@
+"""ModelScheduler with a FakeExecutor and a FakeClock: admission, dispatch, completion, shutdown.
+
+Each test body runs under `asyncio.run` (the scheduler binds to the running loop), but nothing
+waits on real time: the clock moves only by `advance`, jobs finish only when the test completes
+them, and a closing batching window is simulated by calling the scheduler's timer callback.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+from factories import OTHER_SHAPE, SHAPE, FakeExecutor, make_profile
+
+from duetime.clock import FakeClock
+from duetime.config import SchedulingConfig
+from duetime.errors import DeadlineExceeded, InvalidInput, ModelUnavailable, Overloaded
+from duetime.execution.executor import Feeds
+from duetime.scheduling.scheduler import BatchSizeStatistics, ModelScheduler
+
+US = 1000
+MS = 1_000_000
+# make_profile(): 1 row takes 100 µs, 2 rows 150, 3 rows 200, 4 rows 250
+ONE_ROW = 100 * US
+LONG_WINDOW_US = 10_000_000  # a batching window no test lives long enough to see close by itself
+
+
+@dataclass
+class Harness:
+    clock: FakeClock
+    executor: FakeExecutor
+    scheduler: ModelScheduler
+
+    def submit(
+        self,
+        name: str,
+        *,
+        rows: int = 1,
+        due_in: int | None = None,
+        priority: int = 0,
+        shape: tuple[object, ...] = SHAPE,
+    ) -> asyncio.Future[Feeds]:
+        due = None if due_in is None else self.clock.now_ns() + due_in
+        return self.scheduler.submit_nowait(
+            {"name": np.array([name] * rows)},
+            rows=rows,
+            shape_key=shape,
+            due_ns=due,
+            priority=priority,
+        )
+
+    def job(self, index: int) -> tuple[int, list[str]]:
+        """The instance the `index`-th job went to and the requests in it."""
+        instance, job = self.executor.jobs[index]
+        return instance, [str(feeds["name"][0]) for feeds in job.feeds]
+
+    def started(self) -> list[str]:
+        """Every request submitted to the executor so far, in order."""
+        return [name for index in range(len(self.executor.jobs)) for name in self.job(index)[1]]
+
+
+def harness(
+    *,
+    instances: int = 1,
+    max_batch_size: int = 0,
+    default_timeout_ns: int | None = None,
+    **scheduling: object,
+) -> Harness:
+    """A scheduler on the running loop; `scheduling` overrides SchedulingConfig fields."""
+    clock = FakeClock(1_000 * MS)
+    executor = FakeExecutor(instances)
+    scheduler = ModelScheduler(
+        executor=executor,  # type: ignore[arg-type]
+        config=SchedulingConfig(**scheduling),  # type: ignore[arg-type]
+        max_batch_size=max_batch_size,
+        profile=make_profile(),
+        default_timeout_ns=default_timeout_ns,
+        clock=clock,
+        label="'m' version 1",
+    )
+    return Harness(clock, executor, scheduler)
+
+
+def run(body: Callable[[], Awaitable[None]]) -> None:
+    asyncio.run(body())  # type: ignore[arg-type]
+
+
+def failure(future: asyncio.Future[Feeds]) -> BaseException | None:
+    assert future.done()
+    return future.exception()
+
+
+# -- admission -----------------------------------------------------------------------------------
+
+
+def test_a_full_queue_is_overloaded() -> None:
+    async def body() -> None:
+        h = harness(max_queue_size=2)
+        h.submit("running")
+        h.submit("q1")
+        h.submit("q2")
+        with pytest.raises(Overloaded, match=r"queue full \(2 requests waiting.*max_queue_size"):
+            h.submit("refused")
+        stats = h.scheduler.statistics()
+        assert (stats.queued, stats.peak_queued, stats.rejected) == (2, 2, 1)
+        assert h.started() == ["running"]
+
+    run(body)
+
+
+@pytest.mark.parametrize("policy", ["edf", "fifo"])
+@pytest.mark.parametrize("due_in", [0, -5 * US])
+def test_a_request_due_before_it_arrives_is_refused(policy: str, due_in: int) -> None:
+    async def body() -> None:
+        h = harness(policy=policy)
+        with pytest.raises(DeadlineExceeded, match="before it arrived"):
+            h.submit("late", due_in=due_in)
+        stats = h.scheduler.statistics()
+        assert (stats.expired, stats.rejected, stats.queued) == (1, 0, 0)
+        assert h.executor.jobs == []
+
+    run(body)
+
+
+def test_edf_refuses_a_due_time_it_predicts_to_miss() -> None:
+    async def body() -> None:
+        h = harness()
+        h.submit("running")  # the only instance is busy for 100 µs
+        with pytest.raises(Overloaded) as caught:
+            h.submit("tight", due_in=150 * US)  # waits 100 µs, then runs 100 µs
+        message = caught.value.message
+        assert "predicted to finish in 200 µs but due in 150 µs (0 requests ahead)" in message
+        assert caught.value.retry_after_s == pytest.approx(0.001)
+        assert h.scheduler.statistics().rejected == 1
+        assert h.scheduler.statistics().queued == 0
+
+    run(body)
+
+
+def test_edf_admission_counts_only_the_requests_served_before_the_newcomer() -> None:
+    async def body() -> None:
+        h = harness()
+        h.submit("running")
+        h.submit("relaxed1", due_in=10 * MS)
+        h.submit("relaxed2", due_in=10 * MS)
+        # both relaxed requests sort after it: it waits for the running one only
+        h.submit("urgent", due_in=200 * US)
+        # one request (1 row at the best 62.5 µs per row) now sorts ahead of the next one
+        with pytest.raises(Overloaded, match=r"finish in 262 µs but due in 260 µs \(1 requests"):
+            h.submit("urgent2", due_in=260 * US)
+        assert h.scheduler.statistics().queued == 3
+
+    run(body)
+
+
+def test_fifo_admits_a_due_time_it_cannot_meet_and_runs_it_while_not_yet_due() -> None:
+    async def body() -> None:
+        h = harness(policy="fifo")
+        running = h.submit("running")
+        tight = h.submit("tight", due_in=150 * US)
+        h.clock.advance(100 * US)
+        h.executor.complete(0)
+        assert running.result()["y"].tolist() == [1.0]
+        assert h.started() == ["running", "tight"], "FIFO drops only what is already past due"
+        h.executor.complete(1)
+        assert tight.done()
+        assert failure(tight) is None
+
+    run(body)
+
+
+def test_default_timeout_applies_to_requests_without_a_due_time() -> None:
+    async def body() -> None:
+        h = harness(default_timeout_ns=50 * US)
+        with pytest.raises(Overloaded, match="due in 50 µs"):
+            h.submit("no-due")
+        explicit = h.submit("explicit", due_in=10 * MS)  # its own due time wins
+        assert h.started() == ["explicit"]
+        h.executor.complete(0)
+        assert failure(explicit) is None
+
+    run(body)
+
+
+def test_default_timeout_makes_a_queued_request_expire() -> None:
+    async def body() -> None:
+        h = harness(default_timeout_ns=1 * MS)
+        h.submit("running")
+        queued = h.submit("no-due")
+        h.clock.advance(2 * MS)
+        h.executor.complete(0, compute_ns=2 * MS)
+        assert isinstance(failure(queued), DeadlineExceeded)
+        assert h.started() == ["running"]
+
+    run(body)
+
+
+def test_without_a_default_timeout_a_request_never_expires() -> None:
+    async def body() -> None:
+        h = harness()
+        h.submit("running")
+        queued = h.submit("no-due")
+        h.clock.advance(3600 * 1000 * MS)
+        h.executor.complete(0)
+        assert h.started() == ["running", "no-due"]
+        h.executor.complete(1)
+        assert failure(queued) is None
+
+    run(body)
+
+
+# -- dispatch ------------------------------------------------------------------------------------
+
+
+def test_instances_share_one_queue() -> None:
+    async def body() -> None:
+        h = harness(instances=2)
+        futures = [h.submit(name) for name in ("a", "b", "c", "d")]
+        assert {h.job(0)[0], h.job(1)[0]} == {0, 1}
+        assert h.started() == ["a", "b"]
+        assert h.scheduler.statistics().busy_instances == 2
+        freed, _ = h.job(1)
+        h.executor.complete(1)
+        assert h.job(2) == (freed, ["c"]), "the instance that frees up takes the next request"
+        freed, _ = h.job(0)
+        h.executor.complete(0)
+        assert h.job(3) == (freed, ["d"])
+        h.executor.complete(2)
+        h.executor.complete(3)
+        assert all(failure(f) is None for f in futures)
+        assert h.scheduler.statistics().busy_instances == 0
+
+    run(body)
+
+
+def test_edf_serves_the_earliest_due_first() -> None:
+    async def body() -> None:
+        h = harness()
+        h.submit("running")
+        h.submit("later", due_in=9 * MS)
+        h.submit("none")
+        h.submit("sooner", due_in=5 * MS)
+        for index in range(3):
+            h.executor.complete(index)
+        assert h.started() == ["running", "sooner", "later", "none"]
+
+    run(body)
+
+
+def test_fifo_serves_in_arrival_order() -> None:
+    async def body() -> None:
+        h = harness(policy="fifo")
+        h.submit("running")
+        h.submit("later", due_in=9 * MS)
+        h.submit("none")
+        h.submit("sooner", due_in=5 * MS)
+        for index in range(3):
+            h.executor.complete(index)
+        assert h.started() == ["running", "later", "none", "sooner"]
+
+    run(body)
+
+
+def test_priority_levels_and_the_default_level() -> None:
+    async def body() -> None:
+        h = harness(default_priority_level=2)
+        h.submit("running")
+        h.submit("p0", priority=0)  # the default level: 2
+        h.submit("p3", priority=3)
+        h.submit("p2", priority=2)
+        h.submit("p1", priority=1)
+        for index in range(4):
+            h.executor.complete(index)
+        assert h.started() == ["running", "p1", "p0", "p2", "p3"]
+
+    run(body)
+
+
+def test_priority_zero_shares_the_default_level() -> None:
+    async def body() -> None:
+        h = harness()  # default level 1
+        h.submit("running")
+        h.submit("p1-later", priority=1, due_in=9 * MS)
+        h.submit("p0-sooner", priority=0, due_in=5 * MS)
+        for index in range(2):
+            h.executor.complete(index)
+        assert h.started() == ["running", "p0-sooner", "p1-later"]
+
+    run(body)
+
+
+def test_queued_requests_are_batched_by_shape() -> None:
+    async def body() -> None:
+        h = harness(max_batch_size=4)
+        h.submit("running")
+        h.submit("a", rows=2)
+        h.submit("b", rows=1)
+        h.submit("other", shape=OTHER_SHAPE)
+        h.submit("c", rows=2)
+        h.executor.complete(0)
+        _, names = h.job(1)
+        assert names == ["a", "b"]
+        assert h.executor.jobs[1][1].rows == [2, 1]
+        assert h.executor.jobs[1][1].bucket == 3
+        h.executor.complete(1)
+        h.executor.complete(2)
+        assert h.started()[3:] == ["other", "c"]
+
+    run(body)
+
+
+def test_the_batch_waits_for_more_requests_until_its_window_closes() -> None:
+    async def body() -> None:
+        h = harness(max_batch_size=4, max_queue_delay_us=LONG_WINDOW_US)
+        window = LONG_WINDOW_US * US
+        first = h.submit("a")
+        h.clock.advance(window // 2)
+        h.submit("b")
+        assert h.executor.jobs == [], "waiting for the batch to fill"
+        h.clock.advance(window // 2 - 1)
+        h.scheduler._on_timer()
+        assert h.executor.jobs == [], "the window runs from the oldest request's arrival"
+        h.clock.advance(1)
+        h.scheduler._on_timer()
+        assert h.job(0)[1] == ["a", "b"]
+        assert h.executor.jobs[0][1].bucket == 2
+        h.executor.complete(0)
+        assert failure(first) is None
+        await h.scheduler.aclose(0)
+
+    run(body)
+
+
+def test_the_batch_waits_only_as_long_as_its_due_time_allows() -> None:
+    async def body() -> None:
+        h = harness(max_batch_size=4, max_queue_delay_us=LONG_WINDOW_US)
+        h.submit("a", due_in=1 * MS)
+        assert h.executor.jobs == []
+        # a 2-row batch takes 150 µs, so it must start by 850 µs after the arrival
+        h.clock.advance(849 * US)
+        h.scheduler._on_timer()
+        assert h.executor.jobs == []
+        h.clock.advance(1 * US)
+        h.scheduler._on_timer()
+        assert h.job(0)[1] == ["a"]
+        await h.scheduler.aclose(0)
+
+    run(body)
+
+
+def test_a_full_batch_starts_without_waiting() -> None:
+    async def body() -> None:
+        h = harness(max_batch_size=4, max_queue_delay_us=LONG_WINDOW_US)
+        h.submit("a", rows=3)
+        assert h.executor.jobs == []
+        h.submit("b", rows=1)
+        assert h.job(0)[1] == ["a", "b"]
+        assert h.executor.jobs[0][1].bucket == 4
+        await h.scheduler.aclose(0)
+
+    run(body)
+
+
+def test_a_cancelled_request_is_never_submitted() -> None:
+    async def body() -> None:
+        h = harness(max_batch_size=4)
+        h.submit("running")
+        gone = h.submit("gone")
+        kept = h.submit("kept")
+        gone.cancel()
+        h.executor.complete(0)
+        assert h.job(1)[1] == ["kept"]
+        alone = h.submit("alone")
+        alone.cancel()
+        h.executor.complete(1)
+        assert h.started() == ["running", "kept"]
+        assert failure(kept) is None
+        assert h.scheduler.statistics().queued == 0
+
+    run(body)
+
+
+def test_a_request_cancelled_in_its_batching_window_never_runs() -> None:
+    async def body() -> None:
+        h = harness(max_batch_size=4, max_queue_delay_us=LONG_WINDOW_US)
+        h.submit("gone").cancel()
+        h.clock.advance(LONG_WINDOW_US * US)
+        h.scheduler._on_timer()
+        assert h.executor.jobs == []
+        assert h.scheduler.statistics().queued == 0
+
+    run(body)
+
+
+def test_a_request_cancelled_while_running_is_counted_and_left_cancelled() -> None:
+    async def body() -> None:
+        h = harness()
+        running = h.submit("running")
+        running.cancel()
+        h.executor.complete(0)
+        assert running.cancelled()
+        stats = h.scheduler.statistics()
+        assert (stats.cancelled, stats.succeeded) == (1, 0)
+
+    run(body)
+
+
+def test_a_request_that_becomes_hopeless_while_queued_fails_without_running() -> None:
+    async def body() -> None:
+        h = harness()
+        h.submit("running")
+        doomed = h.submit("doomed", due_in=250 * US)  # admitted: predicted to end at 200 µs
+        fine = h.submit("fine", due_in=10 * MS)
+        h.clock.advance(200 * US)  # the running batch took twice its estimate
+        h.executor.complete(0, compute_ns=200 * US)
+        error = failure(doomed)
+        assert isinstance(error, DeadlineExceeded)
+        assert "could not finish before the due time" in error.message
+        assert "it was not run" in error.message
+        assert h.started() == ["running", "fine"]
+        assert h.scheduler.statistics().expired == 1
+        h.executor.complete(1)
+        assert failure(fine) is None
+
+    run(body)
+
+
+def test_an_error_in_the_outputs_fails_only_that_request() -> None:
+    async def body() -> None:
+        h = harness(max_batch_size=4)
+        h.submit("running")
+        bad = h.submit("bad")
+        good = h.submit("good")
+        h.executor.complete(0)
+        assert h.job(1)[1] == ["bad", "good"]
+        h.executor.complete(1, outputs=[InvalidInput("index 7 out of range"), {"y": np.ones(1)}])
+        assert isinstance(failure(bad), InvalidInput)
+        assert good.result()["y"].tolist() == [1.0]
+        stats = h.scheduler.statistics()
+        assert (stats.succeeded, stats.failed, stats.executions) == (2, 1, 2)
+
+    run(body)
+
+
+def test_statistics_count_executions_rows_and_time() -> None:
+    async def body() -> None:
+        h = harness(max_batch_size=4)
+        h.submit("a")
+        h.submit("b", rows=2)
+        h.submit("c")
+        h.clock.advance(100 * US)
+        h.executor.complete(0, compute_ns=100 * US)
+        h.clock.advance(200 * US)
+        h.executor.complete(1, compute_ns=200 * US)
+        stats = h.scheduler.statistics()
+        assert (stats.queued, stats.peak_queued, stats.busy_instances, stats.instances) == (0, 2, 0, 1)
+        assert (stats.succeeded, stats.failed, stats.rejected, stats.expired) == (3, 0, 0, 0)
+        assert (stats.executions, stats.inferences) == (2, 4)
+        assert stats.batch_sizes == {
+            1: BatchSizeStatistics(1, 100 * US),
+            3: BatchSizeStatistics(1, 200 * US),
+        }
+        assert stats.compute_ns == 300 * US
+        assert stats.queue_ns == 2 * 100 * US, "b and c waited for a"
+        assert stats.success_ns == 100 * US + 2 * 300 * US
+        assert stats.overhead_ns == 0
+        assert stats.last_inference_ms > 0
+
+    run(body)
+
+
+# -- shutdown ------------------------------------------------------------------------------------
+
+
+def test_aclose_refuses_new_requests_and_lets_queued_ones_finish() -> None:
+    async def body() -> None:
+        h = harness()
+        running = h.submit("running")
+        queued = h.submit("queued")
+        closing = asyncio.create_task(h.scheduler.aclose(60))
+        await asyncio.sleep(0)  # a checkpoint: aclose starts and waits for the queue to drain
+        with pytest.raises(ModelUnavailable, match="shutting down"):
+            h.submit("refused")
+        h.executor.complete(0)
+        assert h.started() == ["running", "queued"]
+        assert not closing.done()
+        h.executor.complete(1)
+        await closing
+        assert failure(running) is None
+        assert failure(queued) is None
+
+    run(body)
+
+
+def test_aclose_fails_what_did_not_run_within_the_grace_period() -> None:
+    async def body() -> None:
+        h = harness()
+        running = h.submit("running")
+        queued = h.submit("queued")
+        await h.scheduler.aclose(0)
+        error = failure(queued)
+        assert isinstance(error, ModelUnavailable)
+        assert "shut down before it ran" in error.message
+        assert not running.done(), "a batch already running is not interrupted"
+        h.executor.complete(0)
+        assert failure(running) is None
+        assert h.started() == ["running"]
+
+    run(body)
+
+
+def test_aclose_returns_at_once_when_idle() -> None:
+    async def body() -> None:
+        h = harness()
+        h.submit("done")
+        h.executor.complete(0)
+        await h.scheduler.aclose(60)
+        with pytest.raises(ModelUnavailable):
+            h.submit("refused")
+
+    run(body)

@@ -1,0 +1,190 @@
+"""The `duetime` command in a subprocess: serve, stop on SIGTERM, write the demo, refuse bad use."""
+
+from __future__ import annotations
+
+import os
+import re
+import selectors
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+
+pytestmark = pytest.mark.timeout(60)
+
+STARTUP_GUARD_S = 45.0
+READY = re.compile(r"^duetime ready: http://(\S+) grpc://(\S+)$")
+
+
+def duetime_env(tmp_path: Path) -> dict[str, str]:
+    """The environment minus DUETIME_* settings, with a private cache folder."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DUETIME_")}
+    env["XDG_CACHE_HOME"] = str(tmp_path / "cache")
+    return env
+
+
+def run_duetime(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "duetime", *args], cwd=tmp_path, env=duetime_env(tmp_path),
+        capture_output=True, text=True, timeout=STARTUP_GUARD_S,
+    )  # fmt: skip
+
+
+@dataclass
+class Serving:
+    process: subprocess.Popen[bytes]
+    http: str
+    grpc: str
+    stderr_path: Path
+
+    def stop(self) -> int:
+        """SIGTERM, then the exit code."""
+        self.process.send_signal(signal.SIGTERM)
+        return self.process.wait(timeout=STARTUP_GUARD_S)
+
+    @property
+    def stderr(self) -> str:
+        return self.stderr_path.read_text()
+
+
+def wait_for_ready_line(process: subprocess.Popen[bytes], stderr_path: Path) -> re.Match[str]:
+    """Read stdout until the ready line; fail if it does not come within the guard."""
+    assert process.stdout is not None
+    deadline = time.monotonic() + STARTUP_GUARD_S
+    pending = b""
+    with selectors.DefaultSelector() as selector:
+        selector.register(process.stdout, selectors.EVENT_READ)
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or not selector.select(remaining):
+                pytest.fail(f"no ready line within {STARTUP_GUARD_S} s: {stderr_path.read_text()}")
+            chunk = os.read(process.stdout.fileno(), 4096)
+            if not chunk:
+                code = process.wait()
+                pytest.fail(f"duetime exited with {code} before ready: {stderr_path.read_text()}")
+            pending += chunk
+            *lines, pending = pending.split(b"\n")
+            for line in lines:
+                if match := READY.match(line.decode()):
+                    return match
+
+
+@contextmanager
+def serving(tmp_path: Path, *args: str) -> Iterator[Serving]:
+    """`duetime serve ARGS --http-port 0 --grpc-port 0`, killed at the end if still running."""
+    stderr_path = tmp_path / "stderr.txt"
+    command = [
+        sys.executable,
+        "-m",
+        "duetime",
+        "serve",
+        *args,
+        "--http-port",
+        "0",
+        "--grpc-port",
+        "0",
+    ]
+    with (
+        stderr_path.open("wb") as stderr,
+        subprocess.Popen(
+            command, cwd=tmp_path, env=duetime_env(tmp_path), stdout=subprocess.PIPE, stderr=stderr
+        ) as process,
+    ):
+        try:
+            match = wait_for_ready_line(process, stderr_path)
+            yield Serving(process, match[1], match[2], stderr_path)
+        finally:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+
+
+def infer_mlp_both_ways(http: str, grpc: str) -> None:
+    x = np.ones((2, 40), np.float32)
+    client = httpclient.InferenceServerClient(http)
+    try:
+        tensor = httpclient.InferInput("x", [2, 40], "FP32")
+        tensor.set_data_from_numpy(x)
+        over_http = client.infer("mlp", [tensor]).as_numpy("y")
+    finally:
+        client.close()
+    client = grpcclient.InferenceServerClient(grpc)
+    try:
+        tensor = grpcclient.InferInput("x", [2, 40], "FP32")
+        tensor.set_data_from_numpy(x)
+        over_grpc = client.infer("mlp", [tensor], client_timeout=30).as_numpy("y")
+    finally:
+        client.close()
+    assert over_http.shape == (2, 3)
+    np.testing.assert_array_equal(over_http, over_grpc)
+
+
+def test_serve_demo_answers_both_protocols_and_stops_on_sigterm(tmp_path: Path) -> None:
+    with serving(tmp_path, "--demo") as server:
+        infer_mlp_both_ways(server.http, server.grpc)
+        assert server.stop() == 0
+    assert (tmp_path / "cache" / "duetime" / "demo" / "resnet" / "1" / "model.onnx").is_file()
+
+
+def test_demo_writes_the_repository(tmp_path: Path, demo_repo: Path) -> None:
+    result = run_duetime(tmp_path, "demo", str(tmp_path / "repo"))
+    assert result.returncode == 0, result.stderr
+    assert str(tmp_path / "repo") in result.stdout
+    for model in ("mlp", "resnet"):
+        for name in ("config.toml", "1/model.onnx"):
+            written = (tmp_path / "repo" / model / name).read_bytes()
+            assert written == (demo_repo / model / name).read_bytes(), f"{model}/{name}"
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["serve"], "give a model repository folder or --demo"),
+        (["serve", "somewhere", "--demo"], "give a model repository folder or --demo"),
+        (["serve", "no-such-folder"], "no-such-folder is not a folder"),
+        (["serve", "--demo", "--http-port", "70000"], "http_port"),
+        ([], "command"),
+    ],
+    ids=["no-repository", "both", "missing-folder", "bad-port", "no-command"],
+)
+def test_bad_use_exits_2_with_a_message(tmp_path: Path, args: list[str], message: str) -> None:
+    result = run_duetime(tmp_path, *args)
+    assert result.returncode == 2, result.stderr
+    assert message in result.stderr
+    assert "Traceback" not in result.stderr
+    assert result.stdout == ""
+
+
+def test_broken_models_are_reported_and_the_rest_served(tmp_path: Path, demo_repo: Path) -> None:
+    repo = tmp_path / "repo"
+    shutil.copytree(demo_repo / "mlp", repo / "mlp")
+    (repo / "corrupt" / "1").mkdir(parents=True)
+    (repo / "corrupt" / "1" / "model.onnx").write_bytes(b"\x08\x07 this is not a protobuf \xff" * 9)
+    shutil.copytree(demo_repo / "mlp", repo / "negative")
+    (repo / "negative" / "config.toml").write_text("max_batch_size = -3\n")
+    with serving(tmp_path, str(repo)) as server:
+        infer_mlp_both_ways(server.http, server.grpc)
+        client = httpclient.InferenceServerClient(server.http)
+        try:
+            assert not client.is_model_ready("corrupt")
+            assert not client.is_model_ready("negative")
+        finally:
+            client.close()
+        assert server.stop() == 0
+        stderr = server.stderr
+    corrupt = next(line for line in stderr.splitlines() if "model 'corrupt' not loaded" in line)
+    assert str(repo / "corrupt" / "1" / "model.onnx") in corrupt
+    negative = next(line for line in stderr.splitlines() if "model 'negative' not loaded" in line)
+    assert str(repo / "negative" / "config.toml") in negative
+    assert "max_batch_size" in negative
+    assert "-3" in negative

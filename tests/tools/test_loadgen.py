@@ -1,0 +1,440 @@
+"""`duetime bench`: the pure parts table-driven, the HTTP client without sockets, then short real
+runs against the test server (HTTP binary, HTTP JSON, gRPC) and an in-process engine.
+
+Real runs last 0.4 s after 0.1 s of warm-up; the server shares this process (and its GIL), so
+only sanity is asserted about latency and rates, never a speed.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+from collections.abc import Coroutine
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, TypeVar
+
+import numpy as np
+import pytest
+from conftest import RunningServer
+
+from duetime.cli import main as cli_main
+from duetime.engine import Engine
+from duetime.errors import ConfigError
+from duetime.frontend.proto import grpc_service_pb2 as pb
+from duetime.frontend.rest import parse_infer_request
+from duetime.loops import new_event_loop
+from duetime.tools.arrivals import arrival_offsets_ns, choose_classes, due_classes
+from duetime.tools.config import BenchConfig
+from duetime.tools.drivers import Ledger
+from duetime.tools.http_client import HttpLane, HttpPool
+from duetime.tools.loadgen import BenchResult, run_bench, run_bench_async
+from duetime.tools.outcomes import Outcome, outcome_of_grpc_code, outcome_of_http_status
+from duetime.tools.payloads import PayloadSpec, encode, random_inputs
+from duetime.tools.report import (
+    Records,
+    apply_due,
+    class_report,
+    generator_report,
+    latency_summary,
+    merge_records,
+    summarize,
+)
+from duetime.tools.transports import BenchError
+from duetime.types import ModelSignature, TensorSpec
+
+pytestmark = pytest.mark.timeout(60)
+
+T = TypeVar("T")
+MS = 1_000_000
+MLP = ModelSignature((TensorSpec("x", "FP32", (-1, 40)),), (TensorSpec("y", "FP32", (-1, 10)),), 64)
+
+
+def run_async(coro: Coroutine[Any, Any, T]) -> T:
+    loop = new_event_loop()
+    try:
+        return loop.run_until_complete(coro)
+    finally:
+        loop.close()
+
+
+# -- arrivals and classes ------------------------------------------------------------------------
+
+
+def test_poisson_arrivals_have_the_asked_mean_rate_and_are_seeded() -> None:
+    offsets = arrival_offsets_ns(1000.0, 20.0, "poisson", np.random.default_rng(7))
+    # 20,000 expected; a Poisson count has sd ~141, so 4 sd either side
+    assert abs(offsets.size - 20_000) < 4 * 141
+    assert np.all(np.diff(offsets) >= 0)
+    assert offsets[0] >= 0
+    assert offsets[-1] < 20 * 10**9
+    gaps_ms = np.diff(offsets) / MS
+    assert gaps_ms.mean() == pytest.approx(1.0, rel=0.03)
+    assert gaps_ms.std() == pytest.approx(1.0, rel=0.05)  # exponential gaps: sd = mean
+    again = arrival_offsets_ns(1000.0, 20.0, "poisson", np.random.default_rng(7))
+    assert np.array_equal(offsets, again)
+
+
+def test_constant_arrivals_are_evenly_spaced() -> None:
+    offsets = arrival_offsets_ns(400.0, 0.5, "constant", np.random.default_rng(0))
+    assert offsets.size == 200
+    assert offsets[0] == 0
+    assert set(np.diff(offsets).tolist()) == {2_500_000}
+
+
+def test_classes_follow_the_mix() -> None:
+    drawn = choose_classes([0.2, 0.8], 100_000, np.random.default_rng(1))
+    assert set(np.unique(drawn).tolist()) == {0, 1}
+    assert np.mean(drawn == 0) == pytest.approx(0.2, abs=0.01)
+    assert np.all(choose_classes([1.0], 10, np.random.default_rng(1)) == 0)
+
+
+def test_due_classes_from_timeouts_and_mix() -> None:
+    (none,) = due_classes((), ())
+    assert (none.label, none.timeout_ms, none.timeout_us) == ("none", None, None)
+    fast, slow = due_classes((10.0, 2.5), ())
+    assert (fast.label, fast.timeout_us, fast.share) == ("10ms", 10_000, 0.5)
+    assert (slow.label, slow.timeout_ns, slow.share) == ("2.5ms", 2_500_000, 0.5)
+    assert [c.share for c in due_classes((1, 2), (0.25, 0.75))] == [0.25, 0.75]
+
+
+# -- outcomes and the report ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("status", "outcome"),
+    [(200, Outcome.OK), (204, Outcome.OK), (429, Outcome.REJECTED), (503, Outcome.REJECTED),
+     (504, Outcome.EXPIRED), (400, Outcome.ERROR), (404, Outcome.ERROR), (499, Outcome.ERROR),
+     (500, Outcome.ERROR), (413, Outcome.ERROR)],
+)  # fmt: skip
+def test_outcome_of_http_status(status: int, outcome: Outcome) -> None:
+    assert outcome_of_http_status(status) is outcome
+
+
+@pytest.mark.parametrize(
+    ("code", "outcome"),
+    [("OK", Outcome.OK), ("RESOURCE_EXHAUSTED", Outcome.REJECTED),
+     ("UNAVAILABLE", Outcome.REJECTED), ("DEADLINE_EXCEEDED", Outcome.EXPIRED),
+     ("INVALID_ARGUMENT", Outcome.ERROR), ("NOT_FOUND", Outcome.ERROR),
+     ("INTERNAL", Outcome.ERROR), ("CANCELLED", Outcome.ERROR)],
+)  # fmt: skip
+def test_outcome_of_grpc_code(code: str, outcome: Outcome) -> None:
+    assert outcome_of_grpc_code(code) is outcome
+
+
+def test_latency_percentiles() -> None:
+    summary = latency_summary(np.arange(1, 1001, dtype=np.int64) * MS)  # 1..1000 ms
+    assert summary.p50_ms == pytest.approx(500.5)
+    assert summary.p90_ms == pytest.approx(900.1)
+    assert summary.p99_ms == pytest.approx(990.01)
+    assert summary.p999_ms == pytest.approx(999.001)
+    assert summary.max_ms == 1000.0
+    assert latency_summary(np.array([], dtype=np.int64)).p50_ms is None
+
+
+def records(
+    classes: list[int], outcomes: list[Outcome], latency_ms: list[float], **kw: Any
+) -> Records:
+    return Records(
+        due_class=np.array(classes, dtype=np.int64),
+        outcome=np.array(outcomes, dtype=np.int8),
+        latency_ns=(np.array(latency_ms) * MS).astype(np.int64),
+        send_lag_ns=np.array(kw.pop("lag_ms", [0.0] * len(classes))) * MS,
+        duration_s=kw.pop("duration_s", 2.0),
+        cpu_s=kw.pop("cpu_s", 0.1),
+        **kw,
+    )
+
+
+def test_answers_after_their_timeout_are_late_and_do_not_count_as_goodput() -> None:
+    classes = due_classes((10.0, 50.0), (0.5, 0.5))
+    ok, rejected, expired, error = Outcome.OK, Outcome.REJECTED, Outcome.EXPIRED, Outcome.ERROR
+    measured = records(
+        [0, 0, 0, 0, 1, 1, 1, 1],
+        [ok, ok, rejected, error, ok, ok, expired, Outcome.NO_ANSWER],
+        [5, 12, 0.1, 1, 20, 49, 50, 0],
+    )
+    settled = apply_due(measured.outcome, measured.latency_ns, measured.due_class, classes)
+    assert settled.tolist() == [ok, Outcome.LATE, rejected, error, ok, ok, expired, -1]
+    summary = summarize(measured, classes, open_loop=True)
+    fast, slow = summary.classes
+    assert (fast.sent, fast.ok, fast.late, fast.rejected, fast.errors) == (4, 1, 1, 1, 1)
+    assert (fast.throughput_rps, fast.goodput_rps) == (1.0, 0.5)  # 2 answers, 1 in time, over 2 s
+    assert fast.latency.max_ms == 12.0  # only answered requests have a latency
+    assert (slow.ok, slow.expired, slow.errors, slow.unanswered) == (2, 1, 1, 1)
+    overall = summary.overall
+    ended = overall.ok + overall.late + overall.rejected + overall.expired + overall.errors
+    assert overall.sent == ended
+    assert (overall.ok, overall.goodput_rps) == (3, 1.5)
+    assert any("no answer" in w for w in summary.warnings)
+
+
+def test_requests_without_due_are_never_late() -> None:
+    report = class_report("none", None, np.array([Outcome.OK] * 3, dtype=np.int8),
+                          np.array([1, 10**9, 10**10]), 1.0)  # fmt: skip
+    assert (report.ok, report.late, report.goodput_rps) == (3, 0, 3.0)
+
+
+def test_generator_cost_and_late_sends() -> None:
+    measured = records([0] * 4, [Outcome.OK] * 4, [1] * 4, lag_ms=[0.1, 0.5, 1.5, 3.0],
+                       duration_s=2.0, cpu_s=0.5, pipelined=1)  # fmt: skip
+    report = generator_report(measured, open_loop=True)
+    assert report.offered_rps == 2.0
+    assert report.cpu_cores == 0.25
+    assert report.cpu_per_1k_rps == pytest.approx(125.0)  # 0.25 cores / 0.002 thousand req/s
+    assert report.late_send_fraction == 0.5
+    assert report.send_lag_max_ms == pytest.approx(3.0)
+    assert report.pipelined_fraction == 0.25
+    assert generator_report(measured, open_loop=False).late_send_fraction is None
+    summary = summarize(measured, due_classes((), ()), open_loop=True)
+    assert any("bottleneck" in w for w in summary.warnings)
+
+
+def test_merged_records_add_up() -> None:
+    one = records([0, 0], [Outcome.OK, Outcome.ERROR], [1, 2], error_messages=("a",), cpu_s=0.2)
+    two = records([0], [Outcome.OK], [3], error_messages=("b",), cpu_s=0.3, pipelined=2)
+    merged = merge_records([one, two])
+    assert merged.outcome.tolist() == [Outcome.OK, Outcome.ERROR, Outcome.OK]
+    assert (merged.cpu_s, merged.pipelined, merged.processes) == (0.5, 2, 2)
+    assert merged.error_messages == ("a", "b")
+
+
+def test_ledger_measures_from_the_scheduled_time_and_keeps_the_window() -> None:
+    now = [0]
+    ledger = Ledger(clock=lambda: now[0])
+    now[0] = 100
+    early = ledger.add(50, 0)  # scheduled before the window
+    now[0] = 1_000
+    behind = ledger.add(400, 1)  # sent 600 ns after its schedule
+    ahead = ledger.add(1_200, 0)  # sent 200 ns before its schedule
+    now[0] = 2_000
+    for rid in (early, behind, ahead):
+        ledger.finish(rid, Outcome.OK, None)
+    ledger.finish(behind, Outcome.ERROR, "a second report is ignored")
+    measured = ledger.records((100, 10_000), cpu_s=0.0, pipelined=0)
+    assert measured.due_class.tolist() == [1, 0]
+    # from the schedule, or from the send when that was earlier
+    assert measured.latency_ns.tolist() == [1_600, 1_000]
+    assert measured.send_lag_ns.tolist() == [600, -200]
+    assert measured.outcome.tolist() == [Outcome.OK, Outcome.OK]
+    assert ledger.outstanding == 0
+
+
+# -- payloads ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("protocol", ["http-binary", "http-json"])
+def test_http_payload_is_a_v2_request_with_the_timeout_in_microseconds(protocol: Any) -> None:
+    spec = PayloadSpec(protocol, "mlp", 3, priority=2, host="h", port=1)
+    inputs = random_inputs(MLP, 3, np.random.default_rng(0))
+    raw = encode(spec, inputs, due_classes((12.5,), ())[0])
+    head, _, body = raw.partition(b"\r\n\r\n")
+    lines = head.decode().split("\r\n")
+    assert lines[0] == "POST /v2/models/mlp/infer HTTP/1.1"
+    headers = dict(line.lower().split(": ") for line in lines[1:])
+    assert int(headers["content-length"]) == len(body)
+    header_length = headers.get("inference-header-content-length")
+    request, _ = parse_infer_request(body, header_length and int(header_length), "mlp", None)
+    assert request.parameters["timeout"] == 12_500
+    assert request.parameters["priority"] == 2
+    np.testing.assert_array_equal(request.inputs["x"], inputs["x"])
+    assert request.inputs["x"].shape == (3, 40)
+
+
+def test_grpc_payload_carries_timeout_and_a_call_deadline() -> None:
+    spec = PayloadSpec("grpc", "mlp", 1, priority=None)
+    inputs = random_inputs(MLP, 1, np.random.default_rng(0))
+    payload = encode(spec, inputs, due_classes((10,), ())[0])
+    request = pb.ModelInferRequest.FromString(payload.data)
+    assert request.model_name == "mlp"
+    assert request.parameters["timeout"].int64_param == 10_000
+    assert "priority" not in request.parameters
+    assert list(request.inputs[0].shape) == [1, 40]
+    assert len(request.raw_input_contents[0]) == 160
+    assert 0.01 < payload.deadline_s < 2.0
+
+
+def test_random_inputs_fill_free_dims_with_one() -> None:
+    signature = ModelSignature(
+        (TensorSpec("ids", "INT64", (-1, -1)), TensorSpec("mask", "BOOL", (-1, 3)),
+         TensorSpec("text", "BYTES", (2,))), (), 8,
+    )  # fmt: skip
+    inputs = random_inputs(signature, 4, np.random.default_rng(0))
+    assert (inputs["ids"].shape, inputs["ids"].dtype) == ((4, 1), np.dtype(np.int64))
+    assert (inputs["mask"].shape, inputs["mask"].dtype) == ((4, 3), np.dtype(np.bool_))
+    assert inputs["text"].shape == (4,)
+    assert isinstance(inputs["text"][0], bytes)
+
+
+# -- settings ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("change", "flag"),
+    [({"rate": 0}, "--rate"), ({"batch": 0}, "--batch"), ({"concurrency": 0}, "--concurrency"),
+     ({"duration_s": 0}, "--duration"), ({"timeouts_ms": (10, -1)}, "--timeout-ms"),
+     ({"timeouts_ms": (10, 50), "mix": (1.0,)}, "--mix"), ({"mix": (1.0,)}, "--mix"),
+     ({"timeouts_ms": (10, 50), "mix": (0.5, 0.6)}, "--mix"), ({"address": "nohost"}, "--http"),
+     ({"protocol": "grpc", "address": "h:99999"}, "--grpc"), ({"priority": -1}, "--priority"),
+     ({"connections": 0}, "--connections"), ({"protocol": "carrier-pigeon"}, "--protocol")],
+)  # fmt: skip
+def test_bad_settings_name_their_flag(change: dict[str, Any], flag: str) -> None:
+    with pytest.raises(ConfigError, match=flag):
+        BenchConfig(**{"model": "mlp", "address": "127.0.0.1:1", **change})
+
+
+# -- the HTTP client, without sockets ------------------------------------------------------------
+
+
+class FakeTransport:
+    def __init__(self) -> None:
+        self.written: list[bytes] = []
+        self.closed = False
+
+    def write(self, data: bytes) -> None:
+        self.written.append(data)
+
+    def close(self) -> None:
+        self.closed = True
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return default
+
+
+def test_http_lane_matches_pipelined_answers_in_order() -> None:
+    ended: list[tuple[int, Outcome, str | None]] = []
+
+    async def scenario() -> None:
+        pool = HttpPool("h", 1, lambda *end: ended.append(end))
+        lane = HttpLane(pool)
+        transport = FakeTransport()
+        lane.connection_made(transport)  # type: ignore[arg-type]
+        lane.send(1, b"one")
+        lane.send(2, b"two")
+        lane.send(3, b"three")
+        assert transport.written == [b"one", b"two", b"three"]
+        error = b'{"error":"queue full"}'
+        lane.data_received(
+            b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nokHTTP/1.1 429 Too Many Requests\r\n"
+            b"Content-Length: %d\r\n\r\n%s" % (len(error), error)
+        )
+        assert not lane.idle
+        lane.connection_lost(None)
+        pool._closing = True  # no reconnection in this test
+
+    run_async(scenario())
+    assert ended[0] == (1, Outcome.OK, None)
+    assert ended[1] == (2, Outcome.REJECTED, "HTTP 429: queue full")
+    assert ended[2][:2] == (3, Outcome.ERROR)
+    assert "connection lost" in str(ended[2][2])
+
+
+# -- real runs -----------------------------------------------------------------------------------
+
+
+def short(**fields: Any) -> BenchConfig:
+    base: dict[str, Any] = {
+        "model": "mlp", "duration_s": 0.4, "warmup_s": 0.1, "rate": 300.0, "concurrency": 4,
+        "timeouts_ms": (100.0, 500.0), "mix": (0.5, 0.5), "drain_s": 5.0, "connections": 4,
+    }  # fmt: skip
+    return BenchConfig(**{**base, **fields})
+
+
+def assert_sane(result: BenchResult) -> None:
+    overall = result.overall
+    assert overall.errors == 0, result.error_messages
+    assert overall.ok > 0
+    assert overall.sent == overall.ok + overall.late + overall.rejected + overall.expired
+    assert sum(c.sent for c in result.classes) == overall.sent
+    assert sum(c.ok for c in result.classes) == overall.ok
+    latency = overall.latency
+    times = [latency.p50_ms, latency.p90_ms, latency.p99_ms, latency.p999_ms, latency.max_ms]
+    assert None not in times
+    assert times[0] > 0  # type: ignore[operator]
+    assert times == sorted(times)  # type: ignore[type-var]
+    assert overall.goodput_rps <= overall.throughput_rps
+    assert result.generator.cpu_s >= 0
+
+
+@pytest.mark.parametrize("mode", ["open", "closed"])
+@pytest.mark.parametrize("protocol", ["http-binary", "http-json", "grpc"])
+def test_short_run_against_the_server(server: RunningServer, protocol: Any, mode: Any) -> None:
+    address = server.grpc if protocol == "grpc" else server.http
+    result = run_bench(short(protocol=protocol, address=address, mode=mode, priority=1))
+    assert_sane(result)
+    assert [c.label for c in result.classes] == ["100ms", "500ms"]
+    if mode == "open":
+        assert result.overall.sent == pytest.approx(0.4 * 300, rel=0.35)
+        assert result.generator.late_send_fraction is not None
+    else:
+        assert result.generator.late_send_fraction is None
+
+
+def test_in_process_engine_open_and_closed(demo_repo: Path, tmp_path: Path) -> None:
+    shutil.copytree(demo_repo / "mlp", tmp_path / "mlp")  # only the small model: a faster load
+
+    async def scenario() -> list[BenchResult]:
+        engine = Engine()
+        await engine.load_repository(tmp_path)
+        try:
+            config = short(protocol="engine", address=None, batch=2)
+            opened = await run_bench_async(config, engine=engine)
+            closed = await run_bench_async(replace(config, mode="closed"), engine=engine)
+            return [opened, closed]
+        finally:
+            await engine.aclose()
+
+    for result in run_async(scenario()):
+        assert_sane(result)
+
+
+def test_cli_bench_prints_a_table_and_writes_json(
+    server: RunningServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "out" / "bench.json"
+    argv = ["bench", "--http", server.http, "--model", "mlp", "--rate", "200", "--duration",
+            "0.3", "--warmup", "0", "--timeout-ms", "200", "--arrival", "constant",
+            "--json", str(out)]  # fmt: skip
+    assert cli_main(argv) == 0
+    printed = capsys.readouterr().out
+    assert "open loop, constant 200 req/s" in printed
+    assert "p99.9 ms" in printed
+    assert "cores per 1k req/s" in printed
+    doc = json.loads(out.read_text())
+    assert set(doc) >= {"config", "classes", "overall", "generator", "warnings"}
+    assert doc["overall"]["sent"] == 60
+    assert doc["overall"]["ok"] + doc["overall"]["late"] > 0
+    assert doc["config"]["timeouts_ms"] == [200.0]
+
+
+def test_cli_reports_bad_flags_and_unknown_models(
+    server: RunningServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["bench", "--http", server.http, "--model", "mlp", "--timeout-ms", "1,2", "--mix", "1"]
+    assert cli_main(argv) == 2
+    assert "--mix has 1 shares but --timeout-ms has 2" in capsys.readouterr().err
+    argv = ["bench", "--grpc", server.grpc, "--protocol", "http-json", "--model", "mlp"]
+    assert cli_main(argv) == 2
+    assert "--protocol applies to --http only" in capsys.readouterr().err
+    assert cli_main(["bench", "--http", server.http, "--model", "nope", "--duration", "1"]) == 1
+    assert "unknown model 'nope'" in capsys.readouterr().err
+
+
+def test_unreachable_target_and_a_batch_too_large(server: RunningServer) -> None:
+    with socket.socket() as sock:  # a port nobody listens on once this closes
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    with pytest.raises(BenchError, match="--http: cannot connect"):
+        run_bench(short(address=f"127.0.0.1:{port}"))
+    with pytest.raises(ConfigError, match="--batch 65 is over model 'mlp''s max_batch_size 64"):
+        run_bench(short(address=server.http, batch=65))
+    with pytest.raises(BenchError, match="unknown model 'nope'"):
+        run_bench(short(protocol="grpc", address=server.grpc, model="nope"))
+
+
+def test_two_generator_processes_merge_their_records(server: RunningServer) -> None:
+    result = run_bench(short(address=server.http, processes=2, rate=400.0, warmup_s=0.0))
+    assert_sane(result)
+    assert result.generator.processes == 2
+    assert result.overall.sent == pytest.approx(0.4 * 400, rel=0.35)
