@@ -41,6 +41,8 @@ class RunningServer:
 
 def start_server(settings: ServerSettings) -> tuple[RunningServer, threading.Thread]:
     """Start a Server on a private loop thread; returns once it listens (a handshake, no sleep)."""
+    # gc.freeze() and GC thresholds would reach into the whole pytest process.
+    settings = settings.model_copy(update={"tune_runtime": False})
     loop = new_event_loop()
     server = Server(settings)
     started: concurrent.futures.Future[Addresses] = concurrent.futures.Future()
@@ -70,7 +72,10 @@ def stop_server(running: RunningServer, thread: threading.Thread) -> None:
 def server(demo_repo: Path) -> Iterator[RunningServer]:
     """The demo models served over HTTP and gRPC on ports picked by the OS."""
     settings = ServerSettings(
-        model_repository=demo_repo, http_port=0, grpc_port=0, max_body_bytes=8 * 1024 * 1024
+        model_repository=demo_repo,
+        http_port=0,
+        grpc_port=0,
+        max_body_bytes=8 * 1024 * 1024,
     )
     running, thread = start_server(settings)
     yield running

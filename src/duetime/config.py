@@ -22,7 +22,9 @@ CONFIG_FILENAMES = ("config.toml", "config.yaml", "config.yml")
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # NOTE: strict types: `max_batch_size = true` or `"4"` in a model config is a mistake to
+    # report, not a value to coerce. ServerSettings relaxes this: its values arrive as text.
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
 
 class TensorConfig(_Strict):
@@ -111,6 +113,8 @@ def parse_model_config(data: Mapping[str, Any], *, source: str) -> ModelConfig:
 
 class ServerSettings(_Strict):
     """Settings of one server process: CLI flags, `DUETIME_*` variables, or defaults."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=False)
 
     model_repository: Path | None = None
     host: str = "127.0.0.1"

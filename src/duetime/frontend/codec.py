@@ -124,11 +124,23 @@ def _numbers_from_json(data: list[Any], datatype: str, where: str) -> np.ndarray
     allowed = {"b": "b", "i": "iu", "u": "iu", "f": "iuf"}[dtype.kind]
     if parsed.size and kind not in allowed:
         raise InvalidInput(f"{where}: 'data' holds values that are not {datatype} ({parsed.dtype})")
+    if kind in "iu" and dtype.kind != "b" and _has_bools(data):
+        raise InvalidInput(f"{where}: 'data' mixes true/false with numbers; {datatype} takes numbers")
     if dtype.kind in "iu" and parsed.size:
         info = np.iinfo(dtype)
         if parsed.min() < info.min or parsed.max() > info.max:
             raise InvalidInput(f"{where}: 'data' has values outside the range of {datatype}")
+    if dtype.kind == "f" and parsed.size:
+        with np.errstate(over="ignore"):
+            converted = parsed.astype(dtype)
+        if not np.isfinite(converted[np.isfinite(parsed)]).all():
+            raise InvalidInput(f"{where}: 'data' has values outside the range of {datatype}")
+        return converted.reshape(-1)
     return parsed.astype(dtype, copy=False).reshape(-1)
+
+
+def _has_bools(data: list[Any]) -> bool:
+    return any(type(item) is bool for item in _flatten(data))
 
 
 def _all_ints(data: list[Any]) -> bool:
@@ -136,6 +148,7 @@ def _all_ints(data: list[Any]) -> bool:
 
 
 def _bytes_from_json(data: list[Any], where: str) -> np.ndarray:
+    _nested_shape(data, where)
     flat = _flatten(data)
     out = np.empty(len(flat), dtype=object)
     for i, item in enumerate(flat):
@@ -143,6 +156,22 @@ def _bytes_from_json(data: list[Any], where: str) -> np.ndarray:
             raise InvalidInput(f"{where}: BYTES 'data' element {i} must be a string")
         out[i] = item.encode("utf-8")
     return out
+
+
+def _nested_shape(data: list[Any], where: str, depth: int = 0) -> tuple[int, ...]:
+    """The shape of nested lists, or InvalidInput when they are ragged (as numpy refuses)."""
+    if depth > _MAX_DIMS:
+        raise InvalidInput(f"{where}: 'data' is nested deeper than any tensor")
+    if not any(isinstance(item, list) for item in data):
+        return (len(data),)
+    shapes = {
+        _nested_shape(item, where, depth + 1) if isinstance(item, list) else None for item in data
+    }
+    if len(shapes) != 1 or None in shapes:
+        raise InvalidInput(f"{where}: 'data' is a ragged nest of lists; rows must match in length")
+    (inner,) = shapes
+    assert inner is not None
+    return (len(data), *inner)
 
 
 def _flatten(data: Sequence[Any]) -> list[Any]:

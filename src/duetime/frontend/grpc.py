@@ -22,6 +22,7 @@ from duetime.frontend.parameters import priority_of
 from duetime.frontend.proto import grpc_service_pb2 as pb
 from duetime.frontend.proto import grpc_service_pb2_grpc as pb_grpc
 from duetime.frontend.rest import EXTENSIONS
+from duetime.frontend.statistics import statistics_json
 from duetime.types import InferRequest
 
 log = logging.getLogger("duetime.grpc")
@@ -75,6 +76,18 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[mi
         response = pb.ModelConfigResponse()
         json_format.ParseDict(model_config_json(deployment.model), response.config)
         return response
+
+    async def ModelStatistics(self, request: Any, context: Any) -> Any:
+        name, version = request.name or None, request.version or None
+        try:
+            if name is not None:
+                self._engine.registry.resolve(name, version)
+        except DuetimeError as exc:
+            await _abort(context, exc)
+        doc = statistics_json(self._engine.registry.snapshot, name, version)
+        for entry in doc["model_stats"]:
+            del entry["duetime"]  # duetime's own figures have no field in the proto
+        return json_format.ParseDict(doc, pb.ModelStatisticsResponse())
 
     async def ModelInfer(self, request: Any, context: Any) -> Any:
         try:

@@ -29,11 +29,12 @@ from duetime.errors import (
 from duetime.frontend import codec
 from duetime.frontend.metadata import model_config_json, model_metadata_json
 from duetime.frontend.parameters import due_from_timeout_us, priority_of
+from duetime.frontend.statistics import statistics_json
 from duetime.types import InferRequest
 
 log = logging.getLogger("duetime.rest")
 
-EXTENSIONS = ["binary_tensor_data", "model_configuration", "parameters"]
+EXTENSIONS = ["binary_tensor_data", "model_configuration", "parameters", "statistics"]
 _JSON = (b"Content-Type", b"application/json")
 _HEADER_LENGTH = "inference-header-content-length"
 
@@ -109,6 +110,8 @@ class RestApi:
             return _expect(method, "GET", self._server_metadata)
         if rest[0] == "health" and len(rest) == 2 and rest[1] in ("live", "ready"):
             return _expect(method, "GET", lambda: self._health(rest[1]))
+        if rest == ["models", "stats"]:
+            return _expect(method, "GET", lambda: self._statistics(None, None))
         if rest[0] == "models" and len(rest) >= 2:
             return self._model_route(method, rest[1:], headers, body)
         raise ModelNotFound(f"no such endpoint '/{'/'.join(parts)}'")
@@ -125,6 +128,8 @@ class RestApi:
             return _expect(method, "GET", lambda: self._model_ready(model, version))
         if action == ["config"]:
             return _expect(method, "GET", lambda: self._config(model, version))
+        if action == ["stats"]:
+            return _expect(method, "GET", lambda: self._statistics(model, version))
         if action == ["infer"]:
             if method != "POST":
                 return _method_not_allowed("POST")
@@ -152,6 +157,11 @@ class RestApi:
 
     def _config(self, model: str, version: str | None) -> Reply:
         return _json(model_config_json(self._engine.registry.resolve(model, version).model))
+
+    def _statistics(self, model: str | None, version: str | None) -> Reply:
+        if model is not None:
+            self._engine.registry.resolve(model, version)
+        return _json(statistics_json(self._engine.registry.snapshot, model, version))
 
     # -- inference -----------------------------------------------------------------------------
 
@@ -184,12 +194,13 @@ class OutputPlan:
 def parse_header_length(value: str | None, body_length: int) -> int | None:
     if value is None:
         return None
-    if not value.strip().isdigit() or int(value) > body_length:
+    digits = value.strip()
+    if not (digits.isascii() and digits.isdigit()) or int(digits) > body_length:
         raise InvalidInput(
             f"header Inference-Header-Content-Length: {value!r} must be an integer between 0 "
             f"and the body length {body_length}"
         )
-    return int(value)
+    return int(digits)
 
 
 def parse_infer_request(
@@ -295,6 +306,8 @@ def _outputs(value: Any, parameters: Mapping[str, Any]) -> tuple[tuple[str, ...]
         flag = params.get("binary_data", default)
         if not isinstance(flag, bool):
             raise InvalidInput(f"output '{name}': parameter 'binary_data' must be true or false")
+        if name in binary:
+            raise InvalidInput(f"outputs[{index}]: output '{name}' is requested more than once")
         names.append(name)
         binary[name] = flag
     return (tuple(names) if names else None), OutputPlan(default, binary)
@@ -314,6 +327,10 @@ def _decoded(body: bytes, encoding: str | None, limit: int) -> bytes:
         raise InvalidInput(f"body is not valid {kind} data: {exc}") from None
     if len(data) > limit or inflater.unconsumed_tail:
         raise PayloadTooLarge(f"the decompressed body is over the {limit}-byte limit")
+    if not inflater.eof or inflater.unused_data:
+        raise InvalidInput(
+            f"body is not one complete {kind} stream (truncated, or followed by other bytes)"
+        )
     return data
 
 

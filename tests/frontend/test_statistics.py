@@ -1,0 +1,60 @@
+"""The statistics extension: Triton's shape over HTTP and gRPC, and duetime's latency profile."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+from conftest import RunningServer
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def _infer_mlp(client: httpclient.InferenceServerClient, rows: int) -> None:
+    x = np.ones((rows, 40), np.float32)
+    tensor = httpclient.InferInput("x", list(x.shape), "FP32")
+    tensor.set_data_from_numpy(x)
+    client.infer("mlp", [tensor])
+
+
+def test_http_statistics_count_inferences_and_show_the_profile(server: RunningServer) -> None:
+    client = httpclient.InferenceServerClient(server.http)
+    try:
+        before = client.get_inference_statistics("mlp")["model_stats"][0]
+        _infer_mlp(client, 3)
+        after = client.get_inference_statistics("mlp")["model_stats"][0]
+        everything = client.get_inference_statistics()
+    finally:
+        client.close()
+    assert after["name"] == "mlp" and after["version"] == "1"
+    assert after["inference_count"] - before["inference_count"] == 3
+    assert after["execution_count"] - before["execution_count"] == 1
+    success = after["inference_stats"]["success"]
+    assert success["count"] >= 1 and success["ns"] > 0
+    assert any(b["batch_size"] == 3 for b in after["batch_stats"])
+    profile = after["duetime"]["latency_profile"]
+    assert [p["batch_size"] for p in profile][0] == 1 and profile[-1]["batch_size"] == 64
+    assert all(p["measured_median_us"] > 0 for p in profile)
+    assert {m["name"] for m in everything["model_stats"]} >= {"mlp", "resnet"}
+
+
+def test_grpc_statistics(server: RunningServer) -> None:
+    with grpcclient.InferenceServerClient(server.grpc) as client:
+        stats = client.get_inference_statistics("resnet", as_json=True)
+    (entry,) = stats["model_stats"]
+    assert entry["name"] == "resnet"
+    assert "inference_stats" in entry
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_statistics_of_an_unknown_model_is_not_found(server: RunningServer, protocol: str) -> None:
+    module = httpclient if protocol == "http" else grpcclient
+    client = module.InferenceServerClient(server.http if protocol == "http" else server.grpc)
+    try:
+        with pytest.raises(InferenceServerException, match="unknown model 'nope'"):
+            client.get_inference_statistics("nope")
+    finally:
+        client.close()
