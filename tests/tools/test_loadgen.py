@@ -56,6 +56,7 @@ def run_async(coro: Coroutine[Any, Any, T]) -> T:
     try:
         return loop.run_until_complete(coro)
     finally:
+        loop.run_until_complete(loop.shutdown_default_executor())
         loop.close()
 
 
@@ -189,6 +190,7 @@ def test_generator_cost_and_late_sends() -> None:
     assert generator_report(measured, open_loop=False).late_send_fraction is None
     summary = summarize(measured, due_classes((), ()), open_loop=True)
     assert any("bottleneck" in w for w in summary.warnings)
+    assert any("raise --connections" in w for w in summary.warnings)
 
 
 def test_merged_records_add_up() -> None:
@@ -321,13 +323,32 @@ def test_http_lane_matches_pipelined_answers_in_order() -> None:
         )
         assert not lane.idle
         lane.connection_lost(None)
-        pool._closing = True  # no reconnection in this test
+        await pool.aclose()  # stops the reconnection that connection_lost started
 
     run_async(scenario())
     assert ended[0] == (1, Outcome.OK, None)
     assert ended[1] == (2, Outcome.REJECTED, "HTTP 429: queue full")
     assert ended[2][:2] == (3, Outcome.ERROR)
     assert "connection lost" in str(ended[2][2])
+
+
+def test_http_lane_holds_requests_until_it_reconnects() -> None:
+    ended: list[tuple[int, Outcome, str | None]] = []
+
+    async def scenario() -> None:
+        pool = HttpPool("h", 1, lambda *end: ended.append(end))
+        await pool.aclose()  # a closed pool does not reconnect by itself: this test does
+        lane = HttpLane(pool)
+        lane.send(7, b"seven")
+        assert not lane.idle
+        transport = FakeTransport()
+        lane.connection_made(transport)  # type: ignore[arg-type]
+        assert transport.written == [b"seven"]
+        lane.data_received(b"HTTP/1.1 504 Gateway Timeout\r\nContent-Length: 0\r\n\r\n")
+        assert lane.idle
+
+    run_async(scenario())
+    assert ended == [(7, Outcome.EXPIRED, "HTTP 504")]
 
 
 # -- real runs -----------------------------------------------------------------------------------

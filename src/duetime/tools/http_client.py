@@ -134,12 +134,14 @@ class HttpLane(asyncio.Protocol):
 
 def error_text(status: int, body: bytes) -> str:
     """`HTTP <status>: <message>`, the message taken from a v2 `{"error": ...}` body if any."""
+    text = body[:500].decode("utf-8", "replace").strip()
     try:
         doc = orjson.loads(body)
-        message = doc["error"] if isinstance(doc, dict) and "error" in doc else body.decode()
-    except (orjson.JSONDecodeError, UnicodeDecodeError):
-        message = repr(body[:200])
-    return f"HTTP {status}: {message}"
+    except orjson.JSONDecodeError:
+        doc = None
+    if isinstance(doc, dict) and "error" in doc:
+        text = str(doc["error"])
+    return f"HTTP {status}: {text}" if text else f"HTTP {status}"
 
 
 class HttpPool:
@@ -164,9 +166,13 @@ class HttpPool:
     async def open(self, lanes: int) -> None:
         """Connect every lane; raise OSError (after closing the others) if any cannot connect."""
         self._lanes = [HttpLane(self) for _ in range(lanes)]
-        results = await asyncio.gather(
-            *(self._connect(lane) for lane in self._lanes), return_exceptions=True
-        )
+        try:
+            results = await asyncio.gather(
+                *(self._connect(lane) for lane in self._lanes), return_exceptions=True
+            )
+        except BaseException:  # cancelled (a connect timeout): close what did connect
+            await self.aclose()
+            raise
         failure = next((r for r in results if isinstance(r, BaseException)), None)
         if failure is not None:
             await self.aclose()

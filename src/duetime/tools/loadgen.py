@@ -64,8 +64,13 @@ def run_bench(config: BenchConfig) -> BenchResult:
     try:
         return loop.run_until_complete(run_bench_async(config))
     finally:
-        loop.run_until_complete(loop.shutdown_asyncgens())
-        loop.close()
+        _close(loop)
+
+
+def _close(loop: asyncio.AbstractEventLoop) -> None:
+    loop.run_until_complete(loop.shutdown_asyncgens())
+    loop.run_until_complete(loop.shutdown_default_executor())
+    loop.close()
 
 
 async def run_bench_async(config: BenchConfig, *, engine: Engine | None = None) -> BenchResult:
@@ -114,7 +119,7 @@ def _transport(config: BenchConfig, ledger: Ledger, engine: Engine | None) -> Tr
         return EngineTransport(ledger.finish, engine, config.repository)
     host, port = config.host_port()
     if config.protocol == "grpc":
-        return GrpcTransport(f"{host}:{port}", ledger.finish, config.lanes())
+        return GrpcTransport(f"{host}:{port}", ledger.finish)
     return HttpTransport(host, port, ledger.finish)
 
 
@@ -220,7 +225,7 @@ def _child(config: BenchConfig, barrier: Any, queue: Any, index: int) -> None:
         message = exc.message if isinstance(exc, BenchError | ConfigError) else repr(exc)
         queue.put((index, f"generator process {index}: {message}"))
     finally:
-        loop.close()
+        _close(loop)
 
 
 # -- command line --------------------------------------------------------------------------------
@@ -228,6 +233,11 @@ def _child(config: BenchConfig, barrier: Any, queue: Any, index: int) -> None:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The `duetime bench` flags."""
+    parser.description = (
+        "Send inference requests (open loop on a schedule, or closed-loop clients) with due "
+        "times, and report per due class: ok, late, rejected, expired, errors, throughput, "
+        "goodput, latency percentiles, and the generator's own CPU cost."
+    )
     target = parser.add_argument_group("target (give one)").add_mutually_exclusive_group(
         required=True
     )

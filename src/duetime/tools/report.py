@@ -21,6 +21,9 @@ LATE_SEND_NS = 1_000_000
 """A send this long after its scheduled time counts as late (the generator fell behind)."""
 LATE_SEND_WARNING = 0.01
 """Fraction of late sends above which the report warns that the generator was the bottleneck."""
+PIPELINED_WARNING = 0.05
+"""Fraction of requests pipelined behind another above which the report suggests more
+connections."""
 MAX_MESSAGES = 5
 """Error messages kept per run (the first ones seen)."""
 
@@ -220,6 +223,11 @@ def _warnings(overall: ClassReport, generator: GeneratorReport) -> tuple[str, ..
         found.append(
             f"{late:.1%} of sends went out more than 1 ms after their scheduled time: the "
             "generator (or the CPU it shares) was a bottleneck; lower --rate or add --processes"
+        )
+    if generator.pipelined_fraction > PIPELINED_WARNING:
+        found.append(
+            f"{generator.pipelined_fraction:.1%} of requests waited behind another on their HTTP "
+            "connection (its answer comes first, which adds to their latency); raise --connections"
         )
     if overall.unanswered:
         found.append(

@@ -106,27 +106,25 @@ def _get_json(url: str) -> Any:
 
 
 class GrpcTransport:
-    """`channels` grpc.aio channels (separate TCP connections) sending pre-serialised requests."""
+    """grpc.aio channels (one TCP connection each, used in turn) sending pre-serialised requests."""
 
-    def __init__(self, target: str, complete: Completion, channels: int = 1) -> None:
+    def __init__(self, target: str, complete: Completion) -> None:
         self.target = target
         self.complete = complete
         self.pipelined = 0
-        self._count = channels
         self._channels: list[Any] = []
         self._calls: list[Any] = []
         self._tasks: set[asyncio.Task[None]] = set()
         self._turn = 0
 
     async def open(self, lanes: int) -> None:
+        """Open `lanes` channels and wait until they are connected."""
         options = [
             ("grpc.max_receive_message_length", _MAX_MESSAGE),
             ("grpc.max_send_message_length", _MAX_MESSAGE),
             ("grpc.use_local_subchannel_pool", 1),
         ]
-        self._channels = [
-            grpc.aio.insecure_channel(self.target, options) for _ in range(self._count)
-        ]
+        self._channels = [grpc.aio.insecure_channel(self.target, options) for _ in range(lanes)]
         try:
             ready = (channel.channel_ready() for channel in self._channels)
             await asyncio.wait_for(asyncio.gather(*ready), CONNECT_TIMEOUT_S)
