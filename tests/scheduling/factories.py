@@ -76,14 +76,18 @@ def buckets_up_to(max_rows: int, buckets: Sequence[int]) -> list[int]:
     return [0] + [next(b for b in buckets if b >= rows) for rows in range(1, max_rows + 1)]
 
 
-def linear_estimate(base_ns: int, per_row_ns: int, bucket_of: Sequence[int]) -> Callable[[int], int]:
+def linear_estimate(
+    base_ns: int, per_row_ns: int, bucket_of: Sequence[int]
+) -> Callable[[int], int]:
     """A deterministic service-time model: a fixed cost plus a cost per padded row."""
     return lambda rows: base_ns + per_row_ns * bucket_of[rows]
 
 
 def make_profile() -> LatencyProfile:
     """Buckets 1, 2, 3, 4 taking 100, 150, 200, 250 µs, with no spread (predict = median)."""
-    return profile_from_samples({1: [100_000] * 5, 2: [150_000] * 5, 3: [200_000] * 5, 4: [250_000] * 5})
+    return profile_from_samples(
+        {1: [100_000] * 5, 2: [150_000] * 5, 3: [200_000] * 5, 4: [250_000] * 5}
+    )
 
 
 @dataclass
@@ -111,7 +115,8 @@ class FakeExecutor:
         outputs: Sequence[Feeds | DuetimeError] | None = None,
         compute_ns: int = 100_000,
     ) -> None:
-        """Finish the `index`-th submitted job; by default request i gets `{"y": [rows_i]*rows_i}`."""
+        """Finish the `index`-th submitted job; by default each request gets `{"y": ...}`, one
+        value per row, each equal to its row count."""
         assert index not in self.finished, f"job {index} already completed"
         instance, job = self.jobs[index]
         if outputs is None:

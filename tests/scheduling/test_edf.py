@@ -1,4 +1,4 @@
-"""EDFQueue: service order per policy, the capacity bound, settled requests, ahead_of, take/drain."""
+"""EDFQueue: order per policy, the capacity bound, settled requests, ahead_of, take and drain."""
 
 from __future__ import annotations
 

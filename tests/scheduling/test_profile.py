@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from itertools import pairwise
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -38,8 +40,8 @@ def test_batch_buckets_cover_one_to_max_in_small_steps(max_batch_size: int) -> N
     buckets = batch_buckets(max_batch_size)
     assert buckets[0] == 1
     assert buckets[-1] == max_batch_size
-    assert all(a < b for a, b in zip(buckets, buckets[1:], strict=False))
-    assert all(b <= 1.5 * a for a, b in zip(buckets, buckets[1:], strict=False) if a >= 4)
+    assert all(a < b for a, b in pairwise(buckets))
+    assert all(b <= 1.5 * a for a, b in pairwise(buckets) if a >= 4)
 
 
 def flat(samples: dict[int, int]) -> LatencyProfile:

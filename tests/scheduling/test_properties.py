@@ -25,7 +25,11 @@ from duetime.scheduling.profile import batch_buckets
 BASE_NS = 1000
 PER_ROW_NS = 100
 SHAPES = (SHAPE, OTHER_SHAPE)
+POLICIES: tuple[Literal["edf", "fifo"], ...] = ("edf", "fifo")
 EXAMPLES = settings(max_examples=250, deadline=None)
+GAPS = st.integers(0, 3000)
+DUES = st.none() | st.integers(0, 20_000)
+CANCELS = st.none() | st.integers(1, 5000)
 
 
 @dataclass(frozen=True)
@@ -172,7 +176,7 @@ def setups(
     capacity: int | None = None,
 ) -> Setup:
     return Setup(
-        policy=policy or draw(st.sampled_from(["edf", "fifo"])),
+        policy=policy if policy is not None else draw(st.sampled_from(POLICIES)),
         instances=draw(st.integers(1, 3)),
         max_rows=draw(st.sampled_from([0, 1, 2, 4, 8])),
         max_delay_ns=draw(st.sampled_from([0, 500, 3000])),
@@ -183,9 +187,9 @@ def setups(
 def arrivals(
     max_rows: int,
     *,
-    gaps: st.SearchStrategy[int] = st.integers(0, 3000),
-    dues: st.SearchStrategy[int | None] = st.none() | st.integers(0, 20_000),
-    cancels: st.SearchStrategy[int | None] = st.none() | st.integers(1, 5000),
+    gaps: st.SearchStrategy[int] = GAPS,
+    dues: st.SearchStrategy[int | None] = DUES,
+    cancels: st.SearchStrategy[int | None] = CANCELS,
 ) -> st.SearchStrategy[list[Arrival]]:
     arrival = st.builds(
         Arrival,

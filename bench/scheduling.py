@@ -1,0 +1,256 @@
+"""EDF vs FIFO under load, built on `duetime bench`: does duetime keep answering on time above
+capacity, and what does batching and runtime tuning cost or buy?
+
+    python3 bench/scheduling.py [--models resnet,mlp] [--duration 5] [--out bench/results/scheduling.json]
+
+For each model the same server build runs three ways (one config file apart): EDF (default),
+FIFO (`scheduling.policy = "fifo"`, a Triton-style batcher), and unbatched (`max_batch_size = 0`).
+1. capacity: open-loop runs at rising rates on EDF; capacity = the highest goodput found;
+2. EDF and FIFO at 50/100/150/200% of capacity, deadlines mixed 10/50 ms (resnet) or 2/10 ms
+   (mlp), half each: goodput, share of answers on time, P50/P99, rejections, misses;
+3. unbatched at 50%: the P50 that batching must not worsen by more than 1 ms;
+4. resnet: saturated HTTP binary throughput (closed loop, 64 clients) vs the bare-ORT limit (best
+   in-process batched rows/s with one intra-op thread, the instance's thread count);
+5. mlp: Engine.infer_async P50 added over calling ORT directly;
+6. runtime tuning: EDF at 100% with `--no-tune-runtime --cpus none` vs the defaults (P99).
+The generator runs in this process, pinned to the core the model's instance does not use.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnxruntime as ort
+
+sys.path.insert(0, str(Path(__file__).parent))
+from common import print_table, server_process  # noqa: E402
+from overhead import ALL_CPUS, bench_engine_async, bench_ort  # noqa: E402
+
+from duetime.demo import write_demo_repository  # noqa: E402
+from duetime.execution.affinity import pin_current_thread  # noqa: E402
+from duetime.execution.ort import session_options  # noqa: E402
+from duetime.scheduling.profile import batch_buckets  # noqa: E402
+from duetime.tools.config import BenchConfig  # noqa: E402
+from duetime.tools.loadgen import run_bench  # noqa: E402
+from duetime.tools.report import BenchResult  # noqa: E402
+
+
+@dataclass(frozen=True)
+class ModelPlan:
+    """How one model is benchmarked: its input, deadline mix and CPU placement."""
+
+    name: str
+    timeouts_ms: tuple[float, float]
+    server_cpus: str
+    """The server's --cpus: mlp shares the loop's core, resnet's instance gets the other."""
+    generator_cpus: frozenset[int]
+    max_batch_size: int
+
+
+def plans() -> dict[str, ModelPlan]:
+    first, last = min(ALL_CPUS), max(ALL_CPUS)
+    every = ",".join(str(c) for c in sorted(ALL_CPUS))
+    return {
+        "resnet": ModelPlan("resnet", (10.0, 50.0), every, frozenset({first}), 32),
+        "mlp": ModelPlan("mlp", (2.0, 10.0), str(first), frozenset({last}) if last != first else frozenset({first}), 64),
+    }
+
+
+def variant_repository(demo: Path, root: Path, model: str, label: str, config: str) -> Path:
+    """A repository holding only `model`, with `config` as its config.toml."""
+    repo = root / label / model
+    shutil.copytree(demo / model / "1", repo / model / "1")
+    (repo / model / "config.toml").write_text(config)
+    return repo
+
+
+def configs(plan: ModelPlan) -> dict[str, str]:
+    batch = f"max_batch_size = {plan.max_batch_size}\n"
+    return {
+        "edf": batch + '[scheduling]\npolicy = "edf"\n',
+        "fifo": batch + '[scheduling]\npolicy = "fifo"\n',
+        "unbatched": 'max_batch_size = 0\n[scheduling]\npolicy = "edf"\n',
+    }
+
+
+class Runner:
+    """Runs `duetime bench` against servers, pinned as the model's plan says."""
+
+    def __init__(self, plan: ModelPlan, duration: float, connections: int) -> None:
+        self.plan = plan
+        self.duration = duration
+        self.connections = connections
+
+    def open_loop(self, port: int, rate: float, *, deadlines: bool = True) -> BenchResult:
+        plan = self.plan
+        config = BenchConfig(
+            model=plan.name, protocol="http-binary", address=f"127.0.0.1:{port}", mode="open",
+            rate=rate, duration_s=self.duration, warmup_s=1.0,
+            timeouts_ms=plan.timeouts_ms if deadlines else (), mix=(0.5, 0.5) if deadlines else (),
+            connections=self.connections, seed=int(rate),
+        )  # fmt: skip
+        return self._run(config)
+
+    def closed_loop(self, port: int, clients: int) -> BenchResult:
+        config = BenchConfig(
+            model=self.plan.name, protocol="http-binary", address=f"127.0.0.1:{port}",
+            mode="closed", concurrency=clients, duration_s=self.duration, warmup_s=1.0,
+        )  # fmt: skip
+        return self._run(config)
+
+    def _run(self, config: BenchConfig) -> BenchResult:
+        pin_current_thread(self.plan.generator_cpus)
+        try:
+            return run_bench(config)
+        finally:
+            pin_current_thread(ALL_CPUS)
+
+
+def row(label: str, load: str, result: BenchResult) -> dict[str, Any]:
+    o = result.overall
+    answered = o.ok + o.late
+    return {
+        "policy": label,
+        "load": load,
+        "offered/s": result.generator.offered_rps,
+        "goodput/s": o.goodput_rps,
+        "on_time_%": 100.0 * o.ok / answered if answered else None,
+        "p50_ms": o.latency.p50_ms,
+        "p99_ms": o.latency.p99_ms,
+        "rejected": o.rejected,
+        "expired": o.expired,
+        "late": o.late,
+        "errors": o.errors,
+        "gen_late_sends_%": 100.0 * (result.generator.late_send_fraction or 0.0),
+    }
+
+
+def find_capacity(runner: Runner, port: int) -> tuple[float, list[dict[str, Any]]]:
+    """Highest goodput over open-loop rates around the closed-loop throughput."""
+    saturated = runner.closed_loop(port, 64).overall.throughput_rps
+    rows, best = [], 0.0
+    for factor in (0.6, 0.8, 1.0, 1.2):
+        result = runner.open_loop(port, saturated * factor)
+        rows.append(row("edf", f"search {factor:.0%} of closed-loop {saturated:,.0f}/s", result))
+        best = max(best, result.overall.goodput_rps)
+    return best, rows
+
+
+def bare_ort_limit(model_path: Path, max_batch: int) -> dict[str, float]:
+    """Best rows/s of one ORT session with one intra-op thread, over the batch buckets."""
+    session = ort.InferenceSession(
+        str(model_path), session_options(intra_op_threads=1, inter_op_threads=1),
+        providers=["CPUExecutionProvider"],
+    )  # fmt: skip
+    name = session.get_inputs()[0].name
+    shape = [d if isinstance(d, int) else 1 for d in session.get_inputs()[0].shape]
+    best = {"rows_per_s": 0.0, "batch": 0.0}
+    for rows in batch_buckets(max_batch):
+        x = np.random.default_rng(rows).standard_normal([rows, *shape[1:]]).astype(np.float32)
+        session.run(None, {name: x})
+        runs, started = 0, time.perf_counter()
+        while time.perf_counter() - started < 0.5:
+            session.run(None, {name: x})
+            runs += 1
+        rate = runs * rows / (time.perf_counter() - started)
+        if rate > best["rows_per_s"]:
+            best = {"rows_per_s": rate, "batch": float(rows)}
+    return best
+
+
+def bench_model(plan: ModelPlan, demo: Path, root: Path, args: argparse.Namespace) -> dict[str, Any]:
+    runner = Runner(plan, args.duration, args.connections)
+    repos = {label: variant_repository(demo, root, plan.name, label, text)
+             for label, text in configs(plan).items()}  # fmt: skip
+    out: dict[str, Any] = {"model": plan.name, "deadlines_ms": plan.timeouts_ms}
+    with server_process(repos["edf"], "--cpus", plan.server_cpus) as server:
+        capacity, search = find_capacity(runner, server.http_port)
+        out["capacity_rps"] = capacity
+        rows = [row("edf", f"{p}%", runner.open_loop(server.http_port, capacity * p / 100))
+                for p in (50, 100, 150, 200)]  # fmt: skip
+        if plan.name == "resnet":
+            saturated = runner.closed_loop(server.http_port, 64).overall.throughput_rps
+            bare = bare_ort_limit(demo / "resnet/1/model.onnx", plan.max_batch_size)
+            out["saturated_http_binary_rps"] = saturated
+            out["bare_ort_limit"] = bare
+            out["saturated_vs_bare"] = saturated / bare["rows_per_s"]
+    with server_process(repos["fifo"], "--cpus", plan.server_cpus) as server:
+        rows += [row("fifo", f"{p}%", runner.open_loop(server.http_port, capacity * p / 100))
+                 for p in (50, 100, 150, 200)]  # fmt: skip
+    with server_process(repos["unbatched"], "--cpus", plan.server_cpus) as server:
+        rows.append(row("unbatched", "50%", runner.open_loop(server.http_port, capacity / 2)))
+    with server_process(repos["edf"], "--cpus", "none", "--no-tune-runtime") as server:
+        rows.append(row("edf, tuning off", "100%", runner.open_loop(server.http_port, capacity)))
+    out["search"] = search
+    out["runs"] = rows
+    out["verdicts"] = verdicts(rows)
+    return out
+
+
+def verdicts(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    by = {(r["policy"], r["load"]): r for r in rows}
+    edf100, edf200, edf50 = by[("edf", "100%")], by[("edf", "200%")], by[("edf", "50%")]
+    unbatched = by[("unbatched", "50%")]
+    return {
+        "edf_goodput_200_over_100": edf200["goodput/s"] / max(edf100["goodput/s"], 1e-9),
+        "edf_on_time_at_200_%": edf200["on_time_%"],
+        "fifo_goodput_200_over_100": by[("fifo", "200%")]["goodput/s"] / max(by[("fifo", "100%")]["goodput/s"], 1e-9),
+        "edf_p50_minus_unbatched_p50_ms_at_50": (edf50["p50_ms"] or 0) - (unbatched["p50_ms"] or 0),
+        "tuning_p99_ms_on_vs_off": (edf100["p99_ms"], by[("edf, tuning off", "100%")]["p99_ms"]),
+    }
+
+
+def engine_overhead(demo: Path, requests: int) -> dict[str, float]:
+    x = np.random.default_rng(0).standard_normal((1, 40), dtype=np.float32)
+    ort_p50 = float(np.median(bench_ort(demo / "mlp/1/model.onnx", x, requests))) / 1e3
+    engine_p50 = float(np.median(bench_engine_async(demo, x, requests))) / 1e3
+    pin_current_thread(ALL_CPUS)
+    return {"ort_p50_us": ort_p50, "engine_infer_async_p50_us": engine_p50,
+            "added_p50_us": engine_p50 - ort_p50}  # fmt: skip
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", default="resnet,mlp")
+    parser.add_argument("--duration", type=float, default=5.0, help="measured seconds per run")
+    parser.add_argument("--connections", type=int, default=512, help="HTTP connections of the generator")
+    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "scheduling.json")
+    args = parser.parse_args()
+    results: dict[str, Any] = {"machine": {"platform": platform.platform(), "cpus": sorted(ALL_CPUS)}}
+    with tempfile.TemporaryDirectory() as tmp:
+        demo = write_demo_repository(Path(tmp) / "demo")
+        for name in args.models.split(","):
+            plan = plans()[name]
+            results[name] = bench_model(plan, demo, Path(tmp), args)
+            print_table(
+                f"{name}: deadlines {plan.timeouts_ms[0]:g}/{plan.timeouts_ms[1]:g} ms, "
+                f"capacity {results[name]['capacity_rps']:,.0f} answers/s on time",
+                results[name]["runs"], list(results[name]["runs"][0]),
+            )  # fmt: skip
+            print(json.dumps(results[name]["verdicts"], indent=2))
+            if name == "resnet":
+                print(f"saturated HTTP binary {results[name]['saturated_http_binary_rps']:,.0f} rows/s "
+                      f"= {results[name]['saturated_vs_bare']:.0%} of bare ORT "
+                      f"{results[name]['bare_ort_limit']['rows_per_s']:,.0f} rows/s")  # fmt: skip
+        if "mlp" in args.models:
+            results["engine_overhead"] = engine_overhead(demo, 3000)
+            print(f"\nEngine.infer_async on mlp: {results['engine_overhead']}")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(results, indent=2, default=str))
+    print(f"\nwrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
