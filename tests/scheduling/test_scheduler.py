@@ -70,7 +70,11 @@ def harness(
     default_timeout_ns: int | None = None,
     **scheduling: object,
 ) -> Harness:
-    """A scheduler on the running loop; `scheduling` overrides SchedulingConfig fields."""
+    """A scheduler on the running loop; `scheduling` overrides SchedulingConfig fields.
+
+    The delivery margin is 0 unless a test sets it, so predictions are the profile's alone.
+    """
+    scheduling.setdefault("delivery_margin_us", 0)
     clock = FakeClock(1_000 * MS)
     executor = FakeExecutor(instances)
     scheduler = ModelScheduler(
@@ -522,5 +526,33 @@ def test_aclose_returns_at_once_when_idle() -> None:
         await h.scheduler.aclose(60)
         with pytest.raises(ModelUnavailable):
             h.submit("refused")
+
+    run(body)
+
+
+def test_delivery_margin_is_kept_before_the_due_time() -> None:
+    async def body() -> None:
+        h = harness(delivery_margin_us=100)
+        # 1 row takes 100 µs: due in 150 µs is refused with a 100 µs margin, 250 µs admitted.
+        with pytest.raises(Overloaded):
+            h.scheduler.submit_nowait({}, rows=1, shape_key=(), due_ns=h.clock.now_ns() + 150 * US, priority=0)
+        h.scheduler.submit_nowait({}, rows=1, shape_key=(), due_ns=h.clock.now_ns() + 250 * US, priority=0)
+        assert len(h.executor.jobs) == 1
+
+    run(body)
+
+
+def test_sweep_fails_hopeless_requests_behind_the_head() -> None:
+    async def body() -> None:
+        h = harness()
+        now = h.clock.now_ns()
+        h.scheduler.submit_nowait({}, rows=1, shape_key=(), due_ns=None, priority=0)  # runs
+        head = h.scheduler.submit_nowait({}, rows=1, shape_key=(), due_ns=None, priority=2)
+        deep = h.scheduler.submit_nowait({}, rows=1, shape_key=(), due_ns=now + 900 * US, priority=3)
+        h.clock.advance(850 * US)  # `deep` now needs 100 µs but has 50 µs left
+        h.scheduler._sweep()
+        assert deep.done() and isinstance(deep.exception(), DeadlineExceeded)
+        assert not head.done()
+        await h.scheduler.aclose(0)
 
     run(body)

@@ -53,6 +53,18 @@ def drop_hopeless(queue: EDFQueue, *, now_ns: int, estimate: Estimate | None) ->
     return hopeless
 
 
+def sweep_hopeless(queue: EDFQueue, *, now_ns: int, estimate: Estimate | None) -> list[QueuedRequest]:
+    """Like `drop_hopeless`, over the whole queue: while every instance is busy, requests deep in
+    the queue can become hopeless too, and their clients should hear so at once."""
+    def doomed(item: QueuedRequest) -> bool:
+        if item.future.done() or item.due_ns is None:
+            return item.future.done()
+        finish = now_ns + estimate(item.rows) if estimate is not None else now_ns
+        return finish > item.due_ns or (estimate is None and item.due_ns <= now_ns)
+
+    return [item for item in queue.remove_where(doomed) if not item.future.done()]
+
+
 def plan_batch(
     queue: EDFQueue,
     *,

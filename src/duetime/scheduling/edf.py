@@ -9,6 +9,7 @@ admission asks how many requests are ahead of a new one (a bisect). Capacities a
 from __future__ import annotations
 
 import bisect
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
@@ -96,6 +97,17 @@ class EDFQueue:
         del self._keys[:count]
         self.rows -= sum(item.rows for item in taken)
         return taken
+
+    def remove_where(self, doomed: Callable[[QueuedRequest], bool]) -> list[QueuedRequest]:
+        """Remove and return every queued request for which `doomed` is true, in order."""
+        keep = [i for i, item in enumerate(self._items) if not doomed(item)]
+        if len(keep) == len(self._items):
+            return []
+        removed = [item for i, item in enumerate(self._items) if i not in set(keep)]
+        self._items = [self._items[i] for i in keep]
+        self._keys = [self._keys[i] for i in keep]
+        self.rows = sum(item.rows for item in self._items)
+        return removed
 
     def drain(self) -> list[QueuedRequest]:
         """Remove and return everything queued, in order."""

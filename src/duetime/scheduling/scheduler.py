@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from duetime.clock import Clock
@@ -18,11 +19,13 @@ from duetime.config import SchedulingConfig
 from duetime.errors import DeadlineExceeded, DuetimeError, ModelUnavailable, Overloaded
 from duetime.execution.executor import BatchJob, BatchResult, Executor, Feeds
 from duetime.scheduling.admission import admit, predict_finish
-from duetime.scheduling.batching import Run, Wait, drop_hopeless, plan_batch
+from duetime.scheduling.batching import Run, Wait, drop_hopeless, plan_batch, sweep_hopeless
 from duetime.scheduling.edf import EDFQueue, QueuedRequest
 from duetime.scheduling.profile import LatencyProfile
 
 _OVERHEAD_ALPHA = 0.05
+_SWEEP_S = 0.001
+"""While requests queue, how often the whole queue is checked for hopeless ones."""
 
 
 @dataclass(slots=True)
@@ -94,6 +97,9 @@ class ModelScheduler:
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = 0
         self._overhead_ns = 0.0
+        self._lag_ns = 0.0
+        self._margin_ns = config.delivery_margin_us * 1000
+        self._sweeper: asyncio.TimerHandle | None = None
         self._closed = False
         self._drained = asyncio.Event()
         self._drained.set()
@@ -142,6 +148,8 @@ class ModelScheduler:
         self._drained.clear()
         if self._idle:
             self._dispatch()
+        elif self._sweeper is None:
+            self._sweeper = self._loop.call_later(_SWEEP_S, self._sweep)
         return future
 
     def _admit(self, now: int, due_ns: int, rows: int, key: tuple[int, int, int]) -> None:
@@ -154,9 +162,10 @@ class ModelScheduler:
             rows_ahead=rows_ahead,
             busy_until_ns=self._busy_until,
             per_row_ns=self.profile.per_row_ns(),
-            exec_ns=self._estimate(rows),
+            exec_ns=self._exec_ns(rows),
         )
-        rejection = admit(now_ns=now, due_ns=due_ns, predicted_finish_ns=finish)
+        needed = finish + self._slack_ns()
+        rejection = admit(now_ns=now, due_ns=due_ns, predicted_finish_ns=needed)
         if rejection is None:
             return
         if rejection.late:
@@ -175,14 +184,23 @@ class ModelScheduler:
             retry_after_s=max(0.001, (finish - now) / 1e9),
         )
 
-    def _estimate(self, rows: int) -> int:
+    def _exec_ns(self, rows: int) -> int:
+        """Predicted time from starting a batch of `rows` to its result on the loop."""
         return self.profile.predict(rows) + int(self._overhead_ns)
+
+    def _slack_ns(self) -> int:
+        """Time kept before each due time: delivering the answer, and one loop turn of lag."""
+        return self._margin_ns + int(self._lag_ns)
+
+    def _estimate(self, rows: int) -> int:
+        """What a batch of `rows` needs before the due time of its requests."""
+        return self._exec_ns(rows) + self._slack_ns()
 
     # -- dispatch ------------------------------------------------------------------------------
 
     def _dispatch(self) -> None:
         queue = self._queue
-        estimate = self._estimate if self._edf else None
+        estimate = self._deadline_rule()
         while self._idle and len(queue):
             now = self._clock.now_ns()
             self._expire(drop_hopeless(queue, now_ns=now, estimate=estimate), now)
@@ -216,6 +234,17 @@ class ModelScheduler:
         self._timer = None
         self._dispatch()
 
+    def _sweep(self) -> None:
+        """Fail every queued request that can no longer make it, not only those at the head."""
+        self._sweeper = None
+        now = self._clock.now_ns()
+        self._expire(sweep_hopeless(self._queue, now_ns=now, estimate=self._deadline_rule()), now)
+        if len(self._queue) and not self._closed:
+            self._sweeper = self._loop.call_later(_SWEEP_S, self._sweep)
+
+    def _deadline_rule(self) -> Callable[[int], int] | None:
+        return self._estimate if self._edf else None
+
     def _expire(self, hopeless: list[QueuedRequest], now: int) -> None:
         for item in hopeless:
             self._expired += 1
@@ -231,7 +260,7 @@ class ModelScheduler:
         requests = run.requests
         self._queue_ns += sum(now - item.arrival_ns for item in requests)
         self._running[instance] = _Running(requests, run.bucket, now)
-        self._busy_until[instance] = now + self._estimate(run.rows)
+        self._busy_until[instance] = now + self._exec_ns(run.rows)
         self._executor.submit(
             instance,
             BatchJob([i.feeds for i in requests], [i.rows for i in requests], run.bucket, self._finish),
@@ -271,6 +300,8 @@ class ModelScheduler:
             self.profile.observe(bucket, result.compute_ns)
             overhead = max(0, now - running.started_ns - result.compute_ns)
             self._overhead_ns += _OVERHEAD_ALPHA * (overhead - self._overhead_ns)
+        if result.finished_ns is not None and 0 <= now - result.finished_ns < 1_000_000_000:
+            self._lag_ns += _OVERHEAD_ALPHA * (now - result.finished_ns - self._lag_ns)
 
     # -- introspection and shutdown ------------------------------------------------------------
 
@@ -302,8 +333,9 @@ class ModelScheduler:
             await asyncio.wait_for(self._drained.wait(), grace_s)
         except TimeoutError:
             pass
-        if self._timer is not None:
-            self._timer.cancel()
+        for timer in (self._timer, self._sweeper):
+            if timer is not None:
+                timer.cancel()
         for item in self._queue.drain():
             _settle(item, ModelUnavailable(f"model {self._label} shut down before it ran"))
 
