@@ -11,8 +11,8 @@ import asyncio
 import concurrent.futures
 import logging
 import threading
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -39,7 +39,14 @@ class Ticket:
     model: str
     version: str
     outputs: tuple[str, ...]
-    future: asyncio.Future[Feeds]
+    future: asyncio.Future[Feeds] = field(init=False)
+    on_done: Callable[[], None] | None = None
+    """Set by a front end before control returns to the loop: called once the future settles
+    (not on cancellation), a loop turn sooner than a future callback."""
+
+    def _settled(self) -> None:
+        if self.on_done is not None:
+            self.on_done()
 
     def response(self, request_id: str = "") -> InferResponse:
         """The response once `future` is done (raises the request's error if it failed)."""
@@ -129,14 +136,16 @@ class Engine:
         deployment = self.registry.resolve(request.model, request.version)
         model = deployment.model
         prepared = model.validator.prepare(request.inputs, request.outputs)
-        future = deployment.scheduler.submit_nowait(
+        ticket = Ticket(model.name, model.version, prepared.outputs)
+        ticket.future = deployment.scheduler.submit_nowait(
             prepared.feeds,
             rows=prepared.rows,
             shape_key=prepared.shape_key,
             due_ns=request.due_ns,
             priority=request.priority,
+            on_done=ticket._settled,
         )
-        return Ticket(model.name, model.version, prepared.outputs, future)
+        return ticket
 
     async def infer_async(
         self,

@@ -159,7 +159,7 @@ class HttpConnection(asyncio.Protocol):
             self._flush()
         else:
             slot.pending = outcome
-            outcome.ticket.future.add_done_callback(lambda _: self._settle(slot))
+            outcome.ticket.on_done = lambda: self._settle(slot)
         self._update_reading()
 
     # -- responses -----------------------------------------------------------------------------

@@ -42,6 +42,9 @@ class QueuedRequest:
     """Priority level: 1 is served first."""
     future: Completion
     key: Key = field(default=(0, 0, 0))
+    on_done: Callable[[], None] | None = None
+    """Called right after the future is settled, on the loop: a front end writes its answer
+    without waiting a loop turn for the future's callbacks."""
 
     @property
     def due_or_never(self) -> int:

@@ -118,13 +118,14 @@ class ModelScheduler:
         shape_key: tuple[object, ...],
         due_ns: int | None,
         priority: int,
+        on_done: Callable[[], None] | None = None,
     ) -> asyncio.Future[Feeds]:
         """Admit and queue one validated request; its future resolves to the model's outputs.
 
         Raises `Overloaded` when the queue is full or (EDF) the request is predicted to finish
         after its due time, `DeadlineExceeded` when its due time has already passed, and
         `ModelUnavailable` after `aclose`. Cancelling the future withdraws the request unless it
-        has started.
+        has started. `on_done`, if given, is called on the loop as soon as the future settles.
         """
         if self._closed:
             raise ModelUnavailable(f"model {self._label} is shutting down; retry on another replica")
@@ -136,7 +137,7 @@ class ModelScheduler:
         if due_ns is not None:
             self._admit(now, due_ns, rows, key)
         future: asyncio.Future[Feeds] = self._loop.create_future()
-        item = QueuedRequest(feeds, rows, shape_key, now, due_ns, key[0], future, key)
+        item = QueuedRequest(feeds, rows, shape_key, now, due_ns, key[0], future, key, on_done)
         if not queue.push(item):
             self._rejected += 1
             raise Overloaded(
@@ -348,3 +349,5 @@ def _settle(item: QueuedRequest, outcome: Feeds | DuetimeError) -> None:
         future.set_exception(outcome)
     else:
         future.set_result(outcome)
+    if item.on_done is not None:
+        item.on_done()
