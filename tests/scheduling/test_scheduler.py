@@ -20,6 +20,7 @@ from duetime.clock import FakeClock
 from duetime.config import SchedulingConfig
 from duetime.errors import DeadlineExceeded, InvalidInput, ModelUnavailable, Overloaded
 from duetime.execution.executor import Feeds
+from duetime.scheduling.profile import profile_from_samples
 from duetime.scheduling.scheduler import BatchSizeStatistics, ModelScheduler
 
 US = 1000
@@ -554,5 +555,36 @@ def test_sweep_fails_hopeless_requests_behind_the_head() -> None:
         assert deep.done() and isinstance(deep.exception(), DeadlineExceeded)
         assert not head.done()
         await h.scheduler.aclose(0)
+
+    run(body)
+
+
+def test_long_batches_get_the_next_batch_queued_before_they_end() -> None:
+    """A model whose batch takes milliseconds: the next batch is handed to the instance shortly
+    before the current one ends, so the instance never idles for a loop round trip."""
+
+    async def body() -> None:
+        clock = FakeClock(1_000 * MS)
+        executor = FakeExecutor(1, depth=2)
+        scheduler = ModelScheduler(
+            executor=executor,  # type: ignore[arg-type]
+            config=SchedulingConfig(delivery_margin_us=0),
+            max_batch_size=4,
+            profile=profile_from_samples({1: [5 * MS] * 5, 2: [9 * MS] * 5, 4: [17 * MS] * 5}),
+            default_timeout_ns=None,
+            clock=clock,
+            label="'big' version 1",
+        )
+        scheduler.submit_nowait({}, rows=1, shape_key=(), due_ns=None, priority=0)
+        scheduler.submit_nowait({}, rows=1, shape_key=(), due_ns=None, priority=0)
+        assert len(executor.jobs) == 1  # 5 ms to go: too early to commit the next batch
+        scheduler.submit_nowait({}, rows=1, shape_key=(), due_ns=None, priority=0)
+        clock.advance(4_500 * US)  # within a millisecond of the end
+        scheduler._on_timer()
+        assert len(executor.jobs) == 2 and executor.jobs[1][1].rows == [1, 1]
+        executor.complete(0, compute_ns=5 * MS)
+        assert scheduler.statistics().busy_instances == 1
+        executor.complete(1, compute_ns=9 * MS)
+        assert scheduler.statistics().succeeded == 3
 
     run(body)

@@ -48,6 +48,7 @@ def model_statistics_json(deployment: Deployment) -> dict[str, Any]:
             "instances": stats.instances,
             "rejected": stats.rejected,
             "expired": stats.expired,
+            "late": stats.late,
             "failed": stats.failed,
             "cancelled": stats.cancelled,
             "handoff_overhead_ns": stats.overhead_ns,

@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from duetime.clock import Clock
 from duetime.config import SchedulingConfig
 from duetime.errors import DeadlineExceeded, DuetimeError, ModelUnavailable, Overloaded
+from duetime.execution.affinity import SMALL_MODEL_NS
 from duetime.execution.executor import BatchJob, BatchResult, Executor, Feeds
 from duetime.scheduling.admission import admit, predict_finish
 from duetime.scheduling.batching import Run, Wait, drop_hopeless, plan_batch, sweep_hopeless
@@ -24,6 +26,10 @@ from duetime.scheduling.edf import EDFQueue, QueuedRequest
 from duetime.scheduling.profile import LatencyProfile
 
 _OVERHEAD_ALPHA = 0.05
+_LOOKAHEAD_MIN_NS = 1_000_000
+"""Plan an instance's next batch at most this long (or two hand-offs) before its current one ends:
+earlier would commit the next batch before the requests that could fill it have arrived, and the
+loop's timers are only good to about a millisecond."""
 _SWEEP_S = 0.001
 """While requests queue, how often the whole queue is checked for hopeless ones."""
 
@@ -48,6 +54,8 @@ class SchedulerStatistics:
     failed: int
     rejected: int
     expired: int
+    late: int
+    """Answered after their due time (the batch ran longer than predicted)."""
     cancelled: int
     executions: int
     inferences: int
@@ -64,6 +72,8 @@ class _Running:
     requests: list[QueuedRequest]
     bucket: int
     started_ns: int
+    """When it was handed to an idle instance, or when the batch before it ended."""
+    rows: int
 
 
 class ModelScheduler:
@@ -91,9 +101,13 @@ class ModelScheduler:
         self._clock = clock
         self._label = label
         self._loop = asyncio.get_running_loop()
-        self._idle = list(range(executor.instances))
+        self._outstanding: list[deque[_Running]] = [deque() for _ in range(executor.instances)]
         self._busy_until = [0] * executor.instances
-        self._running: dict[int, _Running] = {}
+        # NOTE: a model whose batches take long gets its next batch queued on the instance before
+        # the current one ends, so the instance never waits for a round trip through the loop.
+        # Small models keep one batch per instance: their hand-off is cheap next to the batching
+        # a lookahead batch would forgo.
+        self._depth = 1 if profile.predict(1) < SMALL_MODEL_NS else 2
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = 0
         self._overhead_ns = 0.0
@@ -105,6 +119,7 @@ class ModelScheduler:
         self._drained.set()
         self._batch_sizes: dict[int, BatchSizeStatistics] = {}
         self._peak = self._succeeded = self._failed = self._rejected = self._expired = 0
+        self._late = 0
         self._cancelled = self._executions = self._inferences = 0
         self._success_ns = self._queue_ns = self._compute_ns = self._last_ms = 0
 
@@ -147,9 +162,9 @@ class ModelScheduler:
         if len(queue) > self._peak:
             self._peak = len(queue)
         self._drained.clear()
-        if self._idle:
+        if self._has_slot():
             self._dispatch()
-        elif self._sweeper is None:
+        if self._sweeper is None and len(queue):
             self._sweeper = self._loop.call_later(_SWEEP_S, self._sweep)
         return future
 
@@ -199,15 +214,40 @@ class ModelScheduler:
 
     # -- dispatch ------------------------------------------------------------------------------
 
+    def _has_slot(self) -> bool:
+        return any(len(jobs) < self._depth for jobs in self._outstanding)
+
+    def _slot(self, now: int) -> tuple[int, int] | None:
+        """The instance whose next batch starts soonest, and when; None if all are committed.
+
+        A busy instance takes a lookahead batch only shortly before its current batch ends
+        (a timer brings the scheduler back then)."""
+        best: tuple[int, int] | None = None
+        lead = max(_LOOKAHEAD_MIN_NS, 2 * int(self._overhead_ns))
+        for instance, jobs in enumerate(self._outstanding):
+            if len(jobs) >= self._depth:
+                continue
+            start = max(now, self._busy_until[instance]) if jobs else now
+            if jobs and start - now > lead:
+                self._arm_timer(start - lead, now)
+                continue
+            if best is None or start < best[1]:
+                best = (instance, start)
+        return best
+
     def _dispatch(self) -> None:
         queue = self._queue
         estimate = self._deadline_rule()
-        while self._idle and len(queue):
+        while len(queue):
             now = self._clock.now_ns()
-            self._expire(drop_hopeless(queue, now_ns=now, estimate=estimate), now)
+            slot = self._slot(now)
+            if slot is None:
+                break
+            instance, start = slot
+            self._expire(drop_hopeless(queue, now_ns=start, estimate=estimate), now)
             decision = plan_batch(
                 queue,
-                now_ns=now,
+                now_ns=start,
                 max_rows=self._max_rows,
                 max_delay_ns=self._max_delay_ns,
                 estimate=estimate,
@@ -216,11 +256,11 @@ class ModelScheduler:
             if decision is None:
                 break
             if isinstance(decision, Wait):
-                self._arm_timer(decision.until_ns, now)
+                self._arm_timer(max(decision.until_ns, now), now)
                 return
             queue.take(decision.taken)
-            self._start(decision, now)
-        if not len(queue) and not self._running:
+            self._start(decision, instance, start, now)
+        if not len(queue) and not any(self._outstanding):
             self._drained.set()
 
     def _arm_timer(self, until_ns: int, now_ns: int) -> None:
@@ -256,12 +296,11 @@ class ModelScheduler:
                 "µs); it was not run"
             ))  # fmt: skip
 
-    def _start(self, run: Run, now: int) -> None:
-        instance = self._idle.pop()
+    def _start(self, run: Run, instance: int, start: int, now: int) -> None:
         requests = run.requests
-        self._queue_ns += sum(now - item.arrival_ns for item in requests)
-        self._running[instance] = _Running(requests, run.bucket, now)
-        self._busy_until[instance] = now + self._exec_ns(run.rows)
+        self._queue_ns += sum(start - item.arrival_ns for item in requests)
+        self._outstanding[instance].append(_Running(requests, run.bucket, now, run.rows))
+        self._busy_until[instance] = start + self._exec_ns(run.rows)
         self._executor.submit(
             instance,
             BatchJob([i.feeds for i in requests], [i.rows for i in requests], run.bucket, self._finish),
@@ -270,9 +309,13 @@ class ModelScheduler:
     def _finish(self, result: BatchResult) -> None:
         now = self._clock.now_ns()
         instance = result.instance
-        running = self._running.pop(instance)
-        self._idle.append(instance)
-        self._busy_until[instance] = 0
+        jobs = self._outstanding[instance]
+        running = jobs.popleft()
+        if jobs:  # the lookahead batch started as this one ended
+            jobs[0].started_ns = now
+            self._busy_until[instance] = now + self._exec_ns(jobs[0].rows)
+        else:
+            self._busy_until[instance] = 0
         self._record(running, result, now)
         for item, outputs in zip(running.requests, result.outputs, strict=True):
             if item.future.done():
@@ -283,6 +326,8 @@ class ModelScheduler:
             else:
                 self._succeeded += 1
                 self._inferences += item.rows
+                if item.due_ns is not None and now > item.due_ns:
+                    self._late += 1
                 self._success_ns += now - item.arrival_ns
                 _settle(item, outputs)
         self._dispatch()
@@ -310,12 +355,13 @@ class ModelScheduler:
         return SchedulerStatistics(
             queued=len(self._queue),
             peak_queued=self._peak,
-            busy_instances=len(self._running),
+            busy_instances=sum(1 for jobs in self._outstanding if jobs),
             instances=self._executor.instances,
             succeeded=self._succeeded,
             failed=self._failed,
             rejected=self._rejected,
             expired=self._expired,
+            late=self._late,
             cancelled=self._cancelled,
             executions=self._executions,
             inferences=self._inferences,
