@@ -103,12 +103,12 @@ class EDFQueue:
 
     def remove_where(self, doomed: Callable[[QueuedRequest], bool]) -> list[QueuedRequest]:
         """Remove and return every queued request for which `doomed` is true, in order."""
-        keep = [i for i, item in enumerate(self._items) if not doomed(item)]
-        if len(keep) == len(self._items):
+        flags = [doomed(item) for item in self._items]
+        if not any(flags):
             return []
-        removed = [item for i, item in enumerate(self._items) if i not in set(keep)]
-        self._items = [self._items[i] for i in keep]
-        self._keys = [self._keys[i] for i in keep]
+        removed = [item for item, flag in zip(self._items, flags, strict=True) if flag]
+        self._items = [item for item, flag in zip(self._items, flags, strict=True) if not flag]
+        self._keys = [key for key, flag in zip(self._keys, flags, strict=True) if not flag]
         self.rows = sum(item.rows for item in self._items)
         return removed
 

@@ -74,6 +74,9 @@ class LatencyProfile:
         """Fold one real execution of a batch of `rows` (after padding) into the estimate."""
         bucket = self.bucket_of[min(rows, self.max_rows)]
         previous = self._ewma[bucket]
+        # NOTE: one run stalled by something else (a preempted vCPU, say) must not double every
+        # prediction that follows: observations count at most twice the current estimate.
+        elapsed_ns = min(elapsed_ns, int(2 * previous) + 1)
         self._ewma[bucket] = previous + self._alpha * (elapsed_ns - previous)
         self._refresh_bucket(bucket)
 

@@ -345,6 +345,7 @@ class ModelScheduler:
         if not any(isinstance(o, DuetimeError) for o in result.outputs):
             self.profile.observe(bucket, result.compute_ns)
             overhead = max(0, now - running.started_ns - result.compute_ns)
+            overhead = min(overhead, int(2 * self._overhead_ns) + 200_000)  # see LatencyProfile
             self._overhead_ns += _OVERHEAD_ALPHA * (overhead - self._overhead_ns)
         if result.finished_ns is not None and 0 <= now - result.finished_ns < 1_000_000_000:
             self._lag_ns += _OVERHEAD_ALPHA * (now - result.finished_ns - self._lag_ns)
