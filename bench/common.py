@@ -29,13 +29,13 @@ class ServerProcess:
 
 
 @contextmanager
-def server_process(repository: Path, *extra: str, env: dict[str, str] | None = None) -> Iterator[ServerProcess]:
+def server_process(
+    repository: Path, *extra: str, env: dict[str, str] | None = None
+) -> Iterator[ServerProcess]:
     """`duetime serve REPO` on free ports, stopped with SIGTERM when the block ends."""
     command = [sys.executable, "-m", "duetime", "serve", str(repository), "--http-port", "0",
                "--grpc-port", "0", *extra]  # fmt: skip
-    process = subprocess.Popen(
-        command, stdout=subprocess.PIPE, env={**os.environ, **(env or {})}
-    )
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, env={**os.environ, **(env or {})})
     try:
         assert process.stdout is not None
         line = process.stdout.readline()
@@ -89,7 +89,9 @@ class KeepAliveClient:
         return data
 
 
-def infer_request_bytes(host: str, port: int, model: str, name: str, array: np.ndarray, *, binary: bool) -> bytes:
+def infer_request_bytes(
+    host: str, port: int, model: str, name: str, array: np.ndarray, *, binary: bool
+) -> bytes:
     """A complete HTTP request for a v2 infer call with one FP32 input."""
     tensor: dict[str, object] = {"name": name, "datatype": "FP32", "shape": list(array.shape)}
     if binary:

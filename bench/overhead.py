@@ -12,7 +12,6 @@ the binary body) when it is installed. The server runs in its own process.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
 import platform
@@ -30,7 +29,7 @@ import numpy as np
 import onnxruntime as ort
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import (  # noqa: E402
+from common import (
     KeepAliveClient,
     infer_request_bytes,
     percentiles_us,
@@ -39,11 +38,11 @@ from common import (  # noqa: E402
     timed,
 )
 
-from duetime import Engine  # noqa: E402
-from duetime.demo import write_demo_repository  # noqa: E402
-from duetime.execution.affinity import CpuPlan, parse_cpus, pin_current_thread  # noqa: E402
-from duetime.execution.ort import session_options  # noqa: E402
-from duetime.loops import new_event_loop  # noqa: E402
+from duetime import Engine
+from duetime.demo import write_demo_repository
+from duetime.execution.affinity import CpuPlan, parse_cpus, pin_current_thread
+from duetime.execution.ort import session_options
+from duetime.loops import new_event_loop
 
 WARMUP = 500
 ALL_CPUS = frozenset(os.sched_getaffinity(0))
@@ -142,29 +141,48 @@ def wrk_throughput(host: str, port: int, x: np.ndarray, duration: int) -> dict[s
     rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out)[1])  # type: ignore[index]
     non2xx = int(re.search(r"non2xx=(\d+)", out)[1])  # type: ignore[index]
     latency = dict(re.findall(r"\s+(50|99)%\s+([\d.]+\w+)", out))
-    return {"requests_per_s": rps, "non_2xx": non2xx, "p50": latency.get("50"), "p99": latency.get("99")}
+    return {
+        "requests_per_s": rps,
+        "non_2xx": non2xx,
+        "p50": latency.get("50"),
+        "p99": latency.get("99"),
+    }
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--requests", type=int, default=3000)
     parser.add_argument("--duration", type=int, default=10, help="seconds of wrk load")
-    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "overhead.json")
+    parser.add_argument(
+        "--out", type=Path, default=Path(__file__).parent / "results" / "overhead.json"
+    )
     args = parser.parse_args()
     n = args.requests
     x = np.random.default_rng(0).standard_normal((1, 40), dtype=np.float32)
     with tempfile.TemporaryDirectory() as tmp:
         repo = write_demo_repository(Path(tmp) / "repo")
-        rows = [{"path": "ORT in-process", **percentiles_us(bench_ort(repo / "mlp/1/model.onnx", x, n))}]
-        rows.append({"path": "Engine.infer_async", **percentiles_us(bench_engine_async(repo, x, n))})
-        rows.append({"path": "Engine.infer (sync)", **percentiles_us(bench_engine_sync(repo, x, n))})
+        rows = [
+            {"path": "ORT in-process", **percentiles_us(bench_ort(repo / "mlp/1/model.onnx", x, n))}
+        ]
+        rows.append(
+            {"path": "Engine.infer_async", **percentiles_us(bench_engine_async(repo, x, n))}
+        )
+        rows.append(
+            {"path": "Engine.infer (sync)", **percentiles_us(bench_engine_sync(repo, x, n))}
+        )
         pin_current_thread(ALL_CPUS)
         with server_process(repo) as server:
             # The clients run on the CPUs the server's loop does not use, as a remote client would.
             pin_current_thread(ALL_CPUS - {min(ALL_CPUS)} or None)
             h, hp, gp = server.host, server.http_port, server.grpc_port
-            rows.append({"path": "HTTP binary", **percentiles_us(bench_http(h, hp, x, n, binary=True))})
-            rows.append({"path": "HTTP JSON", **percentiles_us(bench_http(h, hp, x, n, binary=False))})
+            rows.append(
+                {"path": "HTTP binary", **percentiles_us(bench_http(h, hp, x, n, binary=True))}
+            )
+            rows.append(
+                {"path": "HTTP JSON", **percentiles_us(bench_http(h, hp, x, n, binary=False))}
+            )
             rows.append({"path": "gRPC", **percentiles_us(bench_grpc(h, gp, x, n))})
             throughput = wrk_throughput(h, hp, x, args.duration)
     base = rows[0]["p50_us"]

@@ -1,7 +1,8 @@
 """EDF vs FIFO under load, built on `duetime bench`: does duetime keep answering on time above
 capacity, and what does batching and runtime tuning cost or buy?
 
-    python3 bench/scheduling.py [--models resnet,mlp] [--duration 5] [--out bench/results/scheduling.json]
+    python3 bench/scheduling.py [--models resnet,mlp] [--duration 5]
+                                [--out bench/results/scheduling.json]
 
 For each model the same server build runs three ways (one config file apart): EDF (default),
 FIFO (`scheduling.policy = "fifo"`, a Triton-style batcher), and unbatched (`max_batch_size = 0`).
@@ -20,13 +21,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import platform
 import shutil
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -34,16 +34,16 @@ import numpy as np
 import onnxruntime as ort
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import print_table, server_process  # noqa: E402
-from overhead import ALL_CPUS, bench_engine_async, bench_ort  # noqa: E402
+from common import print_table, server_process
+from overhead import ALL_CPUS, bench_engine_async, bench_ort
 
-from duetime.demo import write_demo_repository  # noqa: E402
-from duetime.execution.affinity import pin_current_thread  # noqa: E402
-from duetime.execution.ort import session_options  # noqa: E402
-from duetime.scheduling.profile import batch_buckets  # noqa: E402
-from duetime.tools.config import BenchConfig  # noqa: E402
-from duetime.tools.loadgen import run_bench  # noqa: E402
-from duetime.tools.report import BenchResult  # noqa: E402
+from duetime.demo import write_demo_repository
+from duetime.execution.affinity import pin_current_thread
+from duetime.execution.ort import session_options
+from duetime.scheduling.profile import batch_buckets
+from duetime.tools.config import BenchConfig
+from duetime.tools.loadgen import run_bench
+from duetime.tools.report import BenchResult
 
 
 @dataclass(frozen=True)
@@ -63,7 +63,13 @@ def plans() -> dict[str, ModelPlan]:
     every = ",".join(str(c) for c in sorted(ALL_CPUS))
     return {
         "resnet": ModelPlan("resnet", (10.0, 50.0), every, frozenset({first}), 32),
-        "mlp": ModelPlan("mlp", (2.0, 10.0), str(first), frozenset({last}) if last != first else frozenset({first}), 64),
+        "mlp": ModelPlan(
+            "mlp",
+            (2.0, 10.0),
+            str(first),
+            frozenset({last}) if last != first else frozenset({first}),
+            64,
+        ),
     }
 
 
@@ -169,7 +175,9 @@ def bare_ort_limit(model_path: Path, max_batch: int) -> dict[str, float]:
     return best
 
 
-def bench_model(plan: ModelPlan, demo: Path, root: Path, args: argparse.Namespace) -> dict[str, Any]:
+def bench_model(
+    plan: ModelPlan, demo: Path, root: Path, args: argparse.Namespace
+) -> dict[str, Any]:
     runner = Runner(plan, args.duration, args.connections)
     repos = {label: variant_repository(demo, root, plan.name, label, text)
              for label, text in configs(plan).items()}  # fmt: skip
@@ -205,7 +213,8 @@ def verdicts(rows: list[dict[str, Any]]) -> dict[str, Any]:
     return {
         "edf_goodput_200_over_100": edf200["goodput/s"] / max(edf100["goodput/s"], 1e-9),
         "edf_on_time_at_200_%": edf200["on_time_%"],
-        "fifo_goodput_200_over_100": by[("fifo", "200%")]["goodput/s"] / max(by[("fifo", "100%")]["goodput/s"], 1e-9),
+        "fifo_goodput_200_over_100": by[("fifo", "200%")]["goodput/s"]
+        / max(by[("fifo", "100%")]["goodput/s"], 1e-9),
         "edf_p50_minus_unbatched_p50_ms_at_50": (edf50["p50_ms"] or 0) - (unbatched["p50_ms"] or 0),
         "tuning_p99_ms_on_vs_off": (edf100["p99_ms"], by[("edf, tuning off", "100%")]["p99_ms"]),
     }
@@ -221,13 +230,21 @@ def engine_overhead(demo: Path, requests: int) -> dict[str, float]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--models", default="resnet,mlp")
     parser.add_argument("--duration", type=float, default=5.0, help="measured seconds per run")
-    parser.add_argument("--connections", type=int, default=512, help="HTTP connections of the generator")
-    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "scheduling.json")
+    parser.add_argument(
+        "--connections", type=int, default=512, help="HTTP connections of the generator"
+    )
+    parser.add_argument(
+        "--out", type=Path, default=Path(__file__).parent / "results" / "scheduling.json"
+    )
     args = parser.parse_args()
-    results: dict[str, Any] = {"machine": {"platform": platform.platform(), "cpus": sorted(ALL_CPUS)}}
+    results: dict[str, Any] = {
+        "machine": {"platform": platform.platform(), "cpus": sorted(ALL_CPUS)}
+    }
     with tempfile.TemporaryDirectory() as tmp:
         demo = write_demo_repository(Path(tmp) / "demo")
         for name in args.models.split(","):
@@ -240,9 +257,12 @@ def main() -> int:
             )  # fmt: skip
             print(json.dumps(results[name]["verdicts"], indent=2))
             if name == "resnet":
-                print(f"saturated HTTP binary {results[name]['saturated_http_binary_rps']:,.0f} rows/s "
-                      f"= {results[name]['saturated_vs_bare']:.0%} of bare ORT "
-                      f"{results[name]['bare_ort_limit']['rows_per_s']:,.0f} rows/s")  # fmt: skip
+                r = results[name]
+                print(
+                    f"saturated HTTP binary {r['saturated_http_binary_rps']:,.0f} rows/s = "
+                    f"{r['saturated_vs_bare']:.0%} of bare ORT "
+                    f"{r['bare_ort_limit']['rows_per_s']:,.0f} rows/s"
+                )
         if "mlp" in args.models:
             results["engine_overhead"] = engine_overhead(demo, 3000)
             print(f"\nEngine.infer_async on mlp: {results['engine_overhead']}")

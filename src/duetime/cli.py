@@ -37,7 +37,9 @@ def main(argv: list[str] | None = None) -> int:
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="duetime", description=__doc__)
-    parser.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
+    parser.add_argument(
+        "--log-level", default="warning", choices=["debug", "info", "warning", "error"]
+    )
     commands = parser.add_subparsers(dest="command", required=True)
     demo = commands.add_parser("demo", help="write the demo model repository to PATH")
     demo.add_argument("path", type=Path)
@@ -51,7 +53,10 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--idle-timeout-s", type=float, help="close idle keep-alive connections")
     serve.add_argument("--cpus", help="auto (default), none, or a CPU list such as 0,2-3")
     serve.add_argument(
-        "--no-tune-runtime", dest="tune_runtime", action="store_false", default=None,
+        "--no-tune-runtime",
+        dest="tune_runtime",
+        action="store_false",
+        default=None,
         help="leave the garbage collector at Python's defaults",
     )
     bench = commands.add_parser("bench", help="load a server (or an in-process engine) and report")

@@ -143,7 +143,9 @@ class ServerSettings(_Strict):
     """gen-0 collection threshold while `tune_runtime` is on (Python's default is 700)."""
 
 
-def server_settings(overrides: Mapping[str, Any], env: Mapping[str, str] | None = None) -> ServerSettings:
+def server_settings(
+    overrides: Mapping[str, Any], env: Mapping[str, str] | None = None
+) -> ServerSettings:
     """Build settings from `DUETIME_<FIELD>` variables, then `overrides` (CLI flags) on top."""
     env = os.environ if env is None else env
     values: dict[str, Any] = {}

@@ -153,7 +153,7 @@ class Engine:
         inputs: Mapping[str, np.ndarray],
         *,
         version: str | int | None = None,
-        timeout: float | None = None,
+        timeout: float | None = None,  # noqa: ASYNC109 - a due time for the server, not a wait
         priority: int = 0,
         outputs: Sequence[str] | None = None,
     ) -> dict[str, np.ndarray]:

@@ -1,4 +1,4 @@
-"""The one error taxonomy: each error knows its HTTP status, its gRPC code and how to say what to do."""
+"""The one error taxonomy: each error knows its HTTP status and gRPC code, and says what to do."""
 
 from __future__ import annotations
 

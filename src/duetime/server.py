@@ -1,4 +1,4 @@
-"""Server: the composition root. Builds the engine and front ends, starts and stops them in order."""
+"""Server: the composition root; builds the engine and front ends, starts and stops them."""
 
 from __future__ import annotations
 

@@ -11,8 +11,8 @@ import grpc
 import numpy as np
 import orjson
 import pytest
-
 from conftest import RunningServer, start_server, stop_server
+
 from duetime.config import ServerSettings
 from duetime.frontend.proto import grpc_service_pb2 as pb
 
@@ -23,7 +23,9 @@ pytestmark = pytest.mark.timeout(60)
 BIG_BATCH = 32
 
 
-def _post(server: RunningServer, model: str, doc: dict[str, object]) -> tuple[int, dict[str, object]]:
+def _post(
+    server: RunningServer, model: str, doc: dict[str, object]
+) -> tuple[int, dict[str, object]]:
     conn = http.client.HTTPConnection(server.addresses.host, server.addresses.http_port, timeout=30)
     try:
         conn.request("POST", f"/v2/models/{model}/infer", orjson.dumps(doc))
@@ -35,11 +37,18 @@ def _post(server: RunningServer, model: str, doc: dict[str, object]) -> tuple[in
 
 def _resnet_doc(rows: int, **parameters: object) -> dict[str, object]:
     image = np.zeros((rows, 3, 64, 64), np.float32)
-    tensor = {"name": "image", "datatype": "FP32", "shape": list(image.shape), "data": image.ravel().tolist()}
+    tensor = {
+        "name": "image",
+        "datatype": "FP32",
+        "shape": list(image.shape),
+        "data": image.ravel().tolist(),
+    }
     return {"inputs": [tensor], "parameters": parameters}
 
 
-def _grpc_infer(target: str, rows: int, *, deadline_s: float | None, **params: int) -> pb.ModelInferResponse:
+def _grpc_infer(
+    target: str, rows: int, *, deadline_s: float | None, **params: int
+) -> pb.ModelInferResponse:
     request = pb.ModelInferRequest(model_name="resnet")
     request.inputs.add(name="image", datatype="FP32", shape=[rows, 3, 64, 64])
     request.raw_input_contents.append(np.zeros((rows, 3, 64, 64), np.float32).tobytes())
@@ -95,13 +104,19 @@ def test_grpc_deadline_sets_the_due_time(server: RunningServer) -> None:
         _grpc_infer(server.grpc, BIG_BATCH, deadline_s=0.002)
     # The server refuses at admission (RESOURCE_EXHAUSTED) unless the client's own deadline
     # fires first (DEADLINE_EXCEEDED); either way no late answer arrives.
-    assert caught.value.code() in (grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.DEADLINE_EXCEEDED)
+    assert caught.value.code() in (
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+        grpc.StatusCode.DEADLINE_EXCEEDED,
+    )
 
 
 def test_grpc_timeout_parameter_sets_the_due_time(server: RunningServer) -> None:
     with pytest.raises(grpc.RpcError) as caught:
         _grpc_infer(server.grpc, BIG_BATCH, deadline_s=30, timeout=2000)
-    assert caught.value.code() in (grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.DEADLINE_EXCEEDED)
+    assert caught.value.code() in (
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+        grpc.StatusCode.DEADLINE_EXCEEDED,
+    )
     assert "due" in (caught.value.details() or "")
 
 
@@ -111,7 +126,9 @@ def test_grpc_generous_deadline_is_answered(server: RunningServer) -> None:
 
 
 @pytest.fixture(scope="module")
-def strict_server(demo_repo: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+def strict_server(
+    demo_repo: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[RunningServer]:
     """resnet with `default_timeout_ms = 2`: a batch of 32 can never make it."""
     repo = tmp_path_factory.mktemp("strict")
     shutil.copytree(demo_repo / "resnet", repo / "resnet")

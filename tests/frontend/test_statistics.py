@@ -6,9 +6,8 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
-from tritonclient.utils import InferenceServerException
-
 from conftest import RunningServer
+from tritonclient.utils import InferenceServerException
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -29,14 +28,17 @@ def test_http_statistics_count_inferences_and_show_the_profile(server: RunningSe
         everything = client.get_inference_statistics()
     finally:
         client.close()
-    assert after["name"] == "mlp" and after["version"] == "1"
+    assert after["name"] == "mlp"
+    assert after["version"] == "1"
     assert after["inference_count"] - before["inference_count"] == 3
     assert after["execution_count"] - before["execution_count"] == 1
     success = after["inference_stats"]["success"]
-    assert success["count"] >= 1 and success["ns"] > 0
+    assert success["count"] >= 1
+    assert success["ns"] > 0
     assert any(b["batch_size"] == 3 for b in after["batch_stats"])
     profile = after["duetime"]["latency_profile"]
-    assert [p["batch_size"] for p in profile][0] == 1 and profile[-1]["batch_size"] == 64
+    assert profile[0]["batch_size"] == 1
+    assert profile[-1]["batch_size"] == 64
     assert all(p["measured_median_us"] > 0 for p in profile)
     assert {m["name"] for m in everything["model_stats"]} >= {"mlp", "resnet"}
 

@@ -103,7 +103,9 @@ class FakeExecutor:
     """Indexes into `jobs` already completed."""
 
     def submit(self, instance: int, job: BatchJob) -> None:
-        queued = sum(1 for n, (i, _) in enumerate(self.jobs) if i == instance and n not in self.finished)
+        queued = sum(
+            1 for n, (i, _) in enumerate(self.jobs) if i == instance and n not in self.finished
+        )
         assert queued < self.depth, f"instance {instance} was given a job beyond depth {self.depth}"
         self.jobs.append((instance, job))
 

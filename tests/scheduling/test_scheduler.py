@@ -536,8 +536,12 @@ def test_delivery_margin_is_kept_before_the_due_time() -> None:
         h = harness(delivery_margin_us=100)
         # 1 row takes 100 µs: due in 150 µs is refused with a 100 µs margin, 250 µs admitted.
         with pytest.raises(Overloaded):
-            h.scheduler.submit_nowait({}, rows=1, shape_key=(), due_ns=h.clock.now_ns() + 150 * US, priority=0)
-        h.scheduler.submit_nowait({}, rows=1, shape_key=(), due_ns=h.clock.now_ns() + 250 * US, priority=0)
+            h.scheduler.submit_nowait(
+                {}, rows=1, shape_key=(), due_ns=h.clock.now_ns() + 150 * US, priority=0
+            )
+        h.scheduler.submit_nowait(
+            {}, rows=1, shape_key=(), due_ns=h.clock.now_ns() + 250 * US, priority=0
+        )
         assert len(h.executor.jobs) == 1
 
     run(body)
@@ -549,10 +553,13 @@ def test_sweep_fails_hopeless_requests_behind_the_head() -> None:
         now = h.clock.now_ns()
         h.scheduler.submit_nowait({}, rows=1, shape_key=(), due_ns=None, priority=0)  # runs
         head = h.scheduler.submit_nowait({}, rows=1, shape_key=(), due_ns=None, priority=2)
-        deep = h.scheduler.submit_nowait({}, rows=1, shape_key=(), due_ns=now + 900 * US, priority=3)
+        deep = h.scheduler.submit_nowait(
+            {}, rows=1, shape_key=(), due_ns=now + 900 * US, priority=3
+        )
         h.clock.advance(850 * US)  # `deep` now needs 100 µs but has 50 µs left
         h.scheduler._sweep()
-        assert deep.done() and isinstance(deep.exception(), DeadlineExceeded)
+        assert deep.done()
+        assert isinstance(deep.exception(), DeadlineExceeded)
         assert not head.done()
         await h.scheduler.aclose(0)
 
@@ -581,7 +588,8 @@ def test_long_batches_get_the_next_batch_queued_before_they_end() -> None:
         scheduler.submit_nowait({}, rows=1, shape_key=(), due_ns=None, priority=0)
         clock.advance(4_500 * US)  # within a millisecond of the end
         scheduler._on_timer()
-        assert len(executor.jobs) == 2 and executor.jobs[1][1].rows == [1, 1]
+        assert len(executor.jobs) == 2
+        assert executor.jobs[1][1].rows == [1, 1]
         executor.complete(0, compute_ns=5 * MS)
         assert scheduler.statistics().busy_instances == 1
         executor.complete(1, compute_ns=9 * MS)

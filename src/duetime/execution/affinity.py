@@ -30,7 +30,9 @@ def parse_cpus(spec: str) -> tuple[int, ...] | None:
         cpus.update(range(int(low), int(high or low) + 1))
     allowed = os.sched_getaffinity(0)
     if not cpus <= allowed:
-        raise ValueError(f"CPUs {sorted(cpus - allowed)} are not available; usable: {sorted(allowed)}")
+        raise ValueError(
+            f"CPUs {sorted(cpus - allowed)} are not available; usable: {sorted(allowed)}"
+        )
     return tuple(sorted(cpus))
 
 
@@ -44,7 +46,9 @@ class CpuPlan:
     def loop_cpu(self) -> int | None:
         return self.cpus[0] if self.cpus else None
 
-    def for_instances(self, count: int, batch1_ns: int, offset: int = 0) -> list[frozenset[int] | None]:
+    def for_instances(
+        self, count: int, batch1_ns: int, offset: int = 0
+    ) -> list[frozenset[int] | None]:
         """CPUs for each of `count` instance threads of a model whose batch 1 takes `batch1_ns`."""
         if not self.cpus:
             return [None] * count

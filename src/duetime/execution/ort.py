@@ -36,7 +36,9 @@ def open_session(model_path: Path, options: ort.SessionOptions) -> ort.Inference
         raise ConfigError(f"{model_path}: ONNX Runtime cannot load it: {exc}") from exc
 
 
-def graph_specs(session: ort.InferenceSession, model_path: Path) -> tuple[list[TensorSpec], list[TensorSpec]]:
+def graph_specs(
+    session: ort.InferenceSession, model_path: Path
+) -> tuple[list[TensorSpec], list[TensorSpec]]:
     """The inputs and outputs the graph declares, with symbolic or unknown dims as -1."""
     return _specs(session.get_inputs(), model_path, "input"), _specs(
         session.get_outputs(), model_path, "output"

@@ -37,11 +37,15 @@ def parse_shape(value: Any, where: str) -> tuple[int, ...]:
 def check_datatype(value: Any, where: str) -> str:
     if not isinstance(value, str) or value not in NUMPY_OF:
         known = ", ".join(NUMPY_OF)
-        raise InvalidInput(f"{where}: 'datatype' {value!r} is not a v2 datatype; expected one of {known}")
+        raise InvalidInput(
+            f"{where}: 'datatype' {value!r} is not a v2 datatype; expected one of {known}"
+        )
     return value
 
 
-def from_raw(buffer: bytes | memoryview, datatype: str, shape: tuple[int, ...], where: str) -> np.ndarray:
+def from_raw(
+    buffer: bytes | memoryview, datatype: str, shape: tuple[int, ...], where: str
+) -> np.ndarray:
     """An array over `buffer` (no copy for fixed-size types); InvalidInput if the size is wrong."""
     count = math.prod(shape)
     if datatype == "BYTES":
@@ -125,7 +129,9 @@ def _numbers_from_json(data: list[Any], datatype: str, where: str) -> np.ndarray
     if parsed.size and kind not in allowed:
         raise InvalidInput(f"{where}: 'data' holds values that are not {datatype} ({parsed.dtype})")
     if kind in "iu" and dtype.kind != "b" and _has_bools(data):
-        raise InvalidInput(f"{where}: 'data' mixes true/false with numbers; {datatype} takes numbers")
+        raise InvalidInput(
+            f"{where}: 'data' mixes true/false with numbers; {datatype} takes numbers"
+        )
     if dtype.kind in "iu" and parsed.size:
         info = np.iinfo(dtype)
         if parsed.min() < info.min or parsed.max() > info.max:

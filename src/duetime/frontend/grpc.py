@@ -101,7 +101,9 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[mi
             log.exception("internal error in ModelInfer")
             await _abort(context, InternalError(f"internal error: {type(exc).__name__}: {exc}"))
 
-    async def ModelStreamInfer(self, requests: AsyncIterator[Any], context: Any) -> AsyncIterator[Any]:
+    async def ModelStreamInfer(
+        self, requests: AsyncIterator[Any], context: Any
+    ) -> AsyncIterator[Any]:
         async for request in requests:
             try:
                 response = await _response(self._submit(request, context), request.id)
@@ -228,7 +230,8 @@ async def _abort(context: Any, exc: DuetimeError) -> None:
 
 
 async def serve_grpc(service: InferenceService, settings: ServerSettings) -> tuple[Any, int]:
-    """Start the gRPC server on `settings.host:grpc_port` (0: any free port); returns it and the port."""
+    """Start the gRPC server on `settings.host:grpc_port` (0: any free port); returns it and its
+    port."""
     limit = settings.max_grpc_message_bytes
     server = grpc.aio.server(
         options=[

@@ -249,7 +249,9 @@ class HttpConnection(asyncio.Protocol):
         if not self._slots and self._loop.time() >= deadline:
             self._close()
             return
-        self._idle_timer = self._loop.call_at(max(deadline, self._loop.time() + 0.1), self._check_idle)
+        self._idle_timer = self._loop.call_at(
+            max(deadline, self._loop.time() + 0.1), self._check_idle
+        )
 
     def shutdown(self) -> None:
         """Close after the responses already owed; used when the server stops."""

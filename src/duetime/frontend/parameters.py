@@ -27,5 +27,7 @@ def priority_of(parameters: Mapping[str, Any]) -> int:
     """The `priority` parameter (1 is highest; 0 or absent: the model's default level)."""
     value = parameters.get("priority", 0)
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise InvalidInput(f"request parameter 'priority' must be a non-negative integer, got {value!r}")
+        raise InvalidInput(
+            f"request parameter 'priority' must be a non-negative integer, got {value!r}"
+        )
     return value

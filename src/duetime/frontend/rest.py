@@ -286,7 +286,9 @@ def _binary_size(parameters: Mapping[str, Any], where: str) -> int | None:
     return size
 
 
-def _outputs(value: Any, parameters: Mapping[str, Any]) -> tuple[tuple[str, ...] | None, OutputPlan]:
+def _outputs(
+    value: Any, parameters: Mapping[str, Any]
+) -> tuple[tuple[str, ...] | None, OutputPlan]:
     default = parameters.get("binary_data_output", False)
     if not isinstance(default, bool):
         raise InvalidInput("request parameter 'binary_data_output' must be true or false")

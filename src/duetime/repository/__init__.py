@@ -1,1 +1,1 @@
-"""The model repository on disk, loading versions from it, and the live registry of loaded models."""
+"""The model repository on disk, loading versions from it, and the registry of loaded models."""

@@ -62,7 +62,9 @@ def load_version(source: ModelSource, version: int) -> LoadedModel:
     warm_up(executor, signature, path)
     profile = measure_profile(executor, signature, path)
     validator = Validator(source.name, signature)
-    return LoadedModel(source.name, str(version), path, config, signature, validator, executor, profile)
+    return LoadedModel(
+        source.name, str(version), path, config, signature, validator, executor, profile
+    )
 
 
 def reconcile(
@@ -124,7 +126,7 @@ def _narrow(spec: TensorSpec, dims: list[int], batched: bool, where: str) -> tup
             "(dims exclude the batch dim; -1 keeps a dim free)"
         )
     narrowed = tuple(g if d == -1 else d for d, g in zip(dims, graph_dims, strict=True))
-    return ((-1,) + narrowed) if batched else narrowed
+    return (-1, *narrowed) if batched else narrowed
 
 
 def sample_inputs(signature: ModelSignature, rows: int, seed: int = 0) -> dict[str, np.ndarray]:
@@ -166,7 +168,7 @@ def measure_profile(
             first = _timed_run(executor, feeds)
             runs = int(min(200, max(5, share_ns / max(first, 1))))
             samples[rows] = [_timed_run(executor, feeds) for _ in range(runs)]
-    except Exception as exc:  # noqa: BLE001 - any ORT failure: fall back to a nominal profile
+    except Exception as exc:
         log.warning("%s: profiling on sample inputs failed (%s); using 1 ms per row", path, exc)
         samples = {rows: [rows * 1_000_000] for rows in buckets}
     return profile_from_samples(samples)
@@ -191,5 +193,5 @@ def warm_up(executor: Executor, signature: ModelSignature, path: Path, runs: int
                 feeds = sample_inputs(signature, rows)
                 for _ in range(runs):
                     executor.run_sync(feeds, instance)
-    except (DuetimeError, Exception) as exc:  # noqa: BLE001 - any ORT failure is only a warning
+    except (DuetimeError, Exception) as exc:
         log.warning("%s: warm-up on sample inputs failed (%s); serving anyway", path, exc)

@@ -1,4 +1,4 @@
-"""Registry: the live table of served models, swapped as a whole so readers never see it half-made."""
+"""Registry: the table of served models, swapped as a whole so readers never see it half-made."""
 
 from __future__ import annotations
 
@@ -70,9 +70,7 @@ class Registry:
         served = snapshot.models.get(name)
         if served is None:
             if name in snapshot.failures:
-                raise ModelUnavailable(
-                    f"model '{name}' failed to load: {snapshot.failures[name]}"
-                )
+                raise ModelUnavailable(f"model '{name}' failed to load: {snapshot.failures[name]}")
             known = ", ".join(repr(n) for n in sorted(snapshot.models)) or "none"
             raise ModelNotFound(f"unknown model '{name}'; served models: {known}")
         deployment = served.versions.get(version or served.default)

@@ -31,7 +31,9 @@ class Wait:
     until_ns: int
 
 
-def drop_hopeless(queue: EDFQueue, *, now_ns: int, estimate: Estimate | None) -> list[QueuedRequest]:
+def drop_hopeless(
+    queue: EDFQueue, *, now_ns: int, estimate: Estimate | None
+) -> list[QueuedRequest]:
     """Remove from the head the requests that cannot be answered in time, and settled ones.
 
     With an `estimate` (EDF) a request is hopeless when even starting it now would finish after
@@ -53,9 +55,12 @@ def drop_hopeless(queue: EDFQueue, *, now_ns: int, estimate: Estimate | None) ->
     return hopeless
 
 
-def sweep_hopeless(queue: EDFQueue, *, now_ns: int, estimate: Estimate | None) -> list[QueuedRequest]:
+def sweep_hopeless(
+    queue: EDFQueue, *, now_ns: int, estimate: Estimate | None
+) -> list[QueuedRequest]:
     """Like `drop_hopeless`, over the whole queue: while every instance is busy, requests deep in
     the queue can become hopeless too, and their clients should hear so at once."""
+
     def doomed(item: QueuedRequest) -> bool:
         if item.future.done() or item.due_ns is None:
             return item.future.done()

@@ -10,6 +10,7 @@ per variant" of the design, without a task of their own: a task would add a loop
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections import deque
 from collections.abc import Callable
@@ -143,12 +144,16 @@ class ModelScheduler:
         has started. `on_done`, if given, is called on the loop as soon as the future settles.
         """
         if self._closed:
-            raise ModelUnavailable(f"model {self._label} is shutting down; retry on another replica")
+            raise ModelUnavailable(
+                f"model {self._label} is shutting down; retry on another replica"
+            )
         now = self._clock.now_ns()
         if due_ns is None and self._default_timeout_ns is not None:
             due_ns = now + self._default_timeout_ns
         queue = self._queue
-        key = queue.key_for(priority if priority > 0 else self._config.default_priority_level, due_ns)
+        key = queue.key_for(
+            priority if priority > 0 else self._config.default_priority_level, due_ns
+        )
         if due_ns is not None:
             self._admit(now, due_ns, rows, key)
         future: asyncio.Future[Feeds] = self._loop.create_future()
@@ -269,7 +274,9 @@ class ModelScheduler:
                 return
             self._timer.cancel()
         self._timer_at = until_ns
-        self._timer = self._loop.call_at(self._loop.time() + (until_ns - now_ns) / 1e9, self._on_timer)
+        self._timer = self._loop.call_at(
+            self._loop.time() + (until_ns - now_ns) / 1e9, self._on_timer
+        )
 
     def _on_timer(self) -> None:
         self._timer = None
@@ -292,8 +299,8 @@ class ModelScheduler:
             due = item.due_ns if item.due_ns is not None else now
             _settle(item, DeadlineExceeded(
                 f"model {self._label}: could not finish before the due time "
-                f"({(due - now) / 1e3:.0f} µs left, a run takes {self._estimate(item.rows) / 1e3:.0f} "
-                "µs); it was not run"
+                f"({(due - now) / 1e3:.0f} µs left, a run needs "
+                f"{self._estimate(item.rows) / 1e3:.0f} µs); it was not run"
             ))  # fmt: skip
 
     def _start(self, run: Run, instance: int, start: int, now: int) -> None:
@@ -303,7 +310,9 @@ class ModelScheduler:
         self._busy_until[instance] = start + self._exec_ns(run.rows)
         self._executor.submit(
             instance,
-            BatchJob([i.feeds for i in requests], [i.rows for i in requests], run.bucket, self._finish),
+            BatchJob(
+                [i.feeds for i in requests], [i.rows for i in requests], run.bucket, self._finish
+            ),
         )
 
     def _finish(self, result: BatchResult) -> None:
@@ -371,16 +380,16 @@ class ModelScheduler:
             compute_ns=self._compute_ns,
             overhead_ns=int(self._overhead_ns),
             last_inference_ms=self._last_ms,
-            batch_sizes={k: BatchSizeStatistics(v.count, v.compute_ns) for k, v in self._batch_sizes.items()},
+            batch_sizes={
+                k: BatchSizeStatistics(v.count, v.compute_ns) for k, v in self._batch_sizes.items()
+            },
         )
 
     async def aclose(self, grace_s: float) -> None:
         """Refuse new requests, let queued ones finish for up to `grace_s`, fail the rest."""
         self._closed = True
-        try:
+        with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._drained.wait(), grace_s)
-        except TimeoutError:
-            pass
         for timer in (self._timer, self._sweeper):
             if timer is not None:
                 timer.cancel()
