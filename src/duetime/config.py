@@ -141,6 +141,9 @@ class ServerSettings(_Strict):
     path."""
     gc_threshold: int = Field(default=50_000, ge=100)
     """gen-0 collection threshold while `tune_runtime` is on (Python's default is 700)."""
+    switch_interval_us: int = Field(default=500, ge=50, le=100_000)
+    """While `tune_runtime` is on: how long an instance thread back from ONNX Runtime waits for
+    a busy event loop to hand over the GIL (`sys.setswitchinterval`; Python's default 5000)."""
 
 
 def server_settings(

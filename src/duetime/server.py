@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -71,6 +72,7 @@ class Server:
             await self.engine.load_repository(repository)
         if self.settings.tune_runtime:
             tune_gc(self.settings.gc_threshold)
+            sys.setswitchinterval(self.settings.switch_interval_us / 1e6)
         self._http = await serve_http(self._rest, self.settings, self._connections)
         self._grpc, grpc_port = await serve_grpc(self._grpc_service, self.settings)
         http_port = self._http.sockets[0].getsockname()[1]

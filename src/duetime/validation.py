@@ -100,7 +100,7 @@ class Validator:
                 f"input '{spec.name}': batch size {batch} differs from the other inputs' {rows}; "
                 "all inputs must have the same first dim"
             )
-        return batch
+        return int(batch)
 
     def _for_ort(self, spec: TensorSpec, array: np.ndarray) -> np.ndarray:
         if spec.datatype == "BYTES":

@@ -135,7 +135,7 @@ class Executor:
     def _execute(self, session: Any, job: BatchJob, result: BatchResult, pool: InputPool) -> None:
         try:
             feeds = pool.gather(job.feeds, job.rows, job.bucket)
-            result.outputs = self._split(self._run(session, feeds, result), job.rows)
+            result.outputs = list(self._split(self._run(session, feeds, result), job.rows))
         except Exception as exc:
             if len(job.feeds) == 1:
                 result.outputs = [_run_error(exc)]

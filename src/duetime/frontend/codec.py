@@ -133,7 +133,7 @@ def _numbers_from_json(data: list[Any], datatype: str, where: str) -> np.ndarray
             f"{where}: 'data' mixes true/false with numbers; {datatype} takes numbers"
         )
     if dtype.kind in "iu" and parsed.size:
-        info = np.iinfo(dtype)
+        info = np.iinfo(dtype)  # type: ignore[type-var]
         if parsed.min() < info.min or parsed.max() > info.max:
             raise InvalidInput(f"{where}: 'data' has values outside the range of {datatype}")
     if dtype.kind == "f" and parsed.size:

@@ -36,7 +36,7 @@ _CONTENTS_FIELD = {
 }  # fmt: skip
 
 
-class InferenceService(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
+class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
     """Answers v2 gRPC calls from the engine; every DuetimeError becomes its status code."""
 
     def __init__(self, engine: Engine) -> None:
@@ -210,7 +210,7 @@ def _from_contents(tensor: Any, datatype: str, shape: tuple[int, ...], where: st
         return array.reshape(shape)
     dtype = NUMPY_OF[datatype]
     if dtype.kind in "iu" and count:
-        info = np.iinfo(dtype)
+        info = np.iinfo(dtype)  # type: ignore[type-var]
         wide = np.asarray(values, dtype=np.int64 if dtype != np.uint64 else np.uint64)
         if wide.min() < info.min or wide.max() > info.max:
             raise InvalidInput(f"{where}: contents.{field} has values outside {datatype}")
@@ -240,7 +240,8 @@ async def serve_grpc(service: InferenceService, settings: ServerSettings) -> tup
             ("grpc.so_reuseport", 0),
         ]
     )
-    pb_grpc.add_GRPCInferenceServiceServicer_to_server(service, server)
+    add_servicer = pb_grpc.add_GRPCInferenceServiceServicer_to_server
+    add_servicer(service, server)  # type: ignore[no-untyped-call]
     port = server.add_insecure_port(f"{settings.host}:{settings.grpc_port}")
     if port == 0:
         raise OSError(f"cannot listen for gRPC on {settings.host}:{settings.grpc_port}")

@@ -210,8 +210,11 @@ class ModelScheduler:
         return self.profile.predict(rows) + int(self._overhead_ns)
 
     def _slack_ns(self) -> int:
-        """Time kept before each due time: delivering the answer, and one loop turn of lag."""
-        return self._margin_ns + int(self._lag_ns)
+        """Time kept before each due time for delivering the answer (`delivery_margin_us`).
+
+        NOTE: the loop's lag is already in `_overhead_ns` (it is measured up to the moment the
+        loop takes the result); counting it twice made a saturated loop refuse everything."""
+        return self._margin_ns
 
     def _estimate(self, rows: int) -> int:
         """What a batch of `rows` needs before the due time of its requests."""
