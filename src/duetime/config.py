@@ -49,6 +49,10 @@ class SchedulingConfig(_Strict):
     delivery_margin_us: int = Field(default=1000, ge=0, le=10_000_000)
     """Part of every due time kept for getting the answer to the client (encoding, the network,
     the client reading it): batches are planned to finish this long before the due time."""
+    shed_lag_us: int = Field(default=1000, ge=0, le=10_000_000)
+    """When the event loop takes longer than this to pick up finished batches, it is saturated:
+    a growing share of new requests is refused before their body is decoded (HTTP 429), the
+    cheapest way to keep answering the rest on time. 0 disables it."""
     default_priority_level: int = Field(default=1, ge=1, le=1_000_000)
     """The level of requests that send priority 0 or none (1 is served first, as Triton)."""
 

@@ -128,7 +128,7 @@ def _numbers_from_json(data: list[Any], datatype: str, where: str) -> np.ndarray
     allowed = {"b": "b", "i": "iu", "u": "iu", "f": "iuf"}[dtype.kind]
     if parsed.size and kind not in allowed:
         raise InvalidInput(f"{where}: 'data' holds values that are not {datatype} ({parsed.dtype})")
-    if kind in "iu" and dtype.kind != "b" and _has_bools(data):
+    if kind in "iu" and dtype.kind in "iu" and _has_bools(data):
         raise InvalidInput(
             f"{where}: 'data' mixes true/false with numbers; {datatype} takes numbers"
         )

@@ -112,6 +112,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
                 yield pb.ModelStreamInferResponse(error_message=exc.message)
 
     def _submit(self, request: Any, context: Any) -> Ticket:
+        self._engine.shed_nowait(request.model_name, request.model_version or None)
         parameters = _parameters(request.parameters)
         infer = InferRequest(
             model=request.model_name,

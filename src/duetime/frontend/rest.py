@@ -168,6 +168,7 @@ class RestApi:
     def _infer(
         self, model: str, version: str | None, headers: Mapping[str, str], body: bytes
     ) -> Reply | PendingReply:
+        self._engine.shed_nowait(model, version)
         body = _decoded(body, headers.get("content-encoding"), self._settings.max_body_bytes)
         header = parse_header_length(headers.get(_HEADER_LENGTH), len(body))
         request, plan = parse_infer_request(body, header, model, version)
