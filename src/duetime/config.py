@@ -49,6 +49,9 @@ class SchedulingConfig(_Strict):
     delivery_margin_us: int = Field(default=1000, ge=0, le=10_000_000)
     """Part of every due time kept for getting the answer to the client (encoding, the network,
     the client reading it): batches are planned to finish this long before the due time."""
+    exec_margin: float = Field(default=0.5, ge=0.0, le=10.0)
+    """Further margin as a share of the batch's predicted execution time: long batches vary more
+    in absolute terms (other work on the core, memory traffic), so they keep more in hand."""
     shed_lag_us: int = Field(default=1000, ge=0, le=10_000_000)
     """When the event loop takes longer than this to pick up finished batches, it is saturated:
     a growing share of new requests is refused before their body is decoded (HTTP 429), the

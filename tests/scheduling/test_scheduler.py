@@ -76,6 +76,7 @@ def harness(
     The delivery margin is 0 unless a test sets it, so predictions are the profile's alone.
     """
     scheduling.setdefault("delivery_margin_us", 0)
+    scheduling.setdefault("exec_margin", 0.0)
     clock = FakeClock(1_000 * MS)
     executor = FakeExecutor(instances)
     scheduler = ModelScheduler(
@@ -575,7 +576,7 @@ def test_long_batches_get_the_next_batch_queued_before_they_end() -> None:
         executor = FakeExecutor(1, depth=2)
         scheduler = ModelScheduler(
             executor=executor,  # type: ignore[arg-type]
-            config=SchedulingConfig(delivery_margin_us=0),
+            config=SchedulingConfig(delivery_margin_us=0, exec_margin=0.0),
             max_batch_size=4,
             profile=profile_from_samples({1: [5 * MS] * 5, 2: [9 * MS] * 5, 4: [17 * MS] * 5}),
             default_timeout_ns=None,

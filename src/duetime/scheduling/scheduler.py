@@ -114,6 +114,7 @@ class ModelScheduler:
         self._overhead_ns = 0.0
         self._lag_ns = 0.0
         self._margin_ns = config.delivery_margin_us * 1000
+        self._exec_margin = config.exec_margin
         self._shed_lag_ns = config.shed_lag_us * 1000
         self._shed_credit = 0.0
         self._sweeper: asyncio.TimerHandle | None = None
@@ -207,7 +208,7 @@ class ModelScheduler:
             per_row_ns=self.profile.per_row_ns(),
             exec_ns=self._exec_ns(rows),
         )
-        needed = finish + self._slack_ns()
+        needed = finish + self._slack_ns() + int(self._exec_margin * self.profile.predict(rows))
         rejection = admit(now_ns=now, due_ns=due_ns, predicted_finish_ns=needed)
         if rejection is None:
             return
@@ -240,7 +241,8 @@ class ModelScheduler:
 
     def _estimate(self, rows: int) -> int:
         """What a batch of `rows` needs before the due time of its requests."""
-        return self._exec_ns(rows) + self._slack_ns()
+        predicted = self.profile.predict(rows)
+        return predicted + int(self._overhead_ns + self._exec_margin * predicted) + self._margin_ns
 
     # -- dispatch ------------------------------------------------------------------------------
 
