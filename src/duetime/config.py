@@ -46,7 +46,7 @@ class SchedulingConfig(_Strict):
     """The longest a request waits for others to join its batch."""
     max_queue_size: int = Field(default=1024, ge=1, le=1_000_000)
     """Requests queued beyond this are rejected at once (HTTP 429 / RESOURCE_EXHAUSTED)."""
-    delivery_margin_us: int = Field(default=1000, ge=0, le=10_000_000)
+    delivery_margin_us: int = Field(default=300, ge=0, le=10_000_000)
     """Part of every due time kept for getting the answer to the client (encoding, the network,
     the client reading it): batches are planned to finish this long before the due time."""
     exec_margin: float = Field(default=0.5, ge=0.0, le=10.0)
