@@ -53,6 +53,10 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--idle-timeout-s", type=float, help="close idle keep-alive connections")
     serve.add_argument("--cpus", help="auto (default), none, or a CPU list such as 0,2-3")
     serve.add_argument(
+        "--overload-utilization", type=float,
+        help="refuse a share of requests early above this event-loop busy share (0.85; 0: off)",
+    )  # fmt: skip
+    serve.add_argument(
         "--no-tune-runtime",
         dest="tune_runtime",
         action="store_false",
@@ -93,6 +97,7 @@ def _serve(args: argparse.Namespace) -> int:
         "model_repository": repository, "host": args.host, "http_port": args.http_port,
         "grpc_port": args.grpc_port, "max_body_bytes": args.max_body_bytes,
         "idle_timeout_s": args.idle_timeout_s, "cpus": args.cpus,
+        "overload_utilization": args.overload_utilization,
         "tune_runtime": args.tune_runtime,
     })  # fmt: skip
     loop = new_event_loop()

@@ -52,10 +52,6 @@ class SchedulingConfig(_Strict):
     exec_margin: float = Field(default=0.5, ge=0.0, le=10.0)
     """Further margin as a share of the batch's predicted execution time: long batches vary more
     in absolute terms (other work on the core, memory traffic), so they keep more in hand."""
-    shed_lag_us: int = Field(default=1000, ge=0, le=10_000_000)
-    """When the event loop takes longer than this to pick up finished batches, it is saturated:
-    a growing share of new requests is refused before their body is decoded (HTTP 429), the
-    cheapest way to keep answering the rest on time. 0 disables it."""
     default_priority_level: int = Field(default=1, ge=1, le=1_000_000)
     """The level of requests that send priority 0 or none (1 is served first, as Triton)."""
 
@@ -143,6 +139,10 @@ class ServerSettings(_Strict):
     """CPUs to run on: `auto` (all this process may use), `none` (no pinning), or a list like
     `0,2-3`. The event loop is pinned to the first; small models' instances share it, big
     models' instances get the others (see execution/affinity.py)."""
+    overload_utilization: float = Field(default=0.85, ge=0.0, le=1.0)
+    """Above this share of the event loop's time spent busy, a growing share of new requests is
+    refused before their bodies are decoded (HTTP 429 / RESOURCE_EXHAUSTED), so the loop keeps
+    answering the others on time. 0 turns shedding off (see overload.py)."""
     tune_runtime: bool = True
     """After loading: `gc.freeze()` and a high gen-0 threshold, so collections stay off the hot
     path."""

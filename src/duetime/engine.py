@@ -131,15 +131,6 @@ class Engine:
 
     # -- inference -----------------------------------------------------------------------------
 
-    def shed_nowait(self, model: str, version: str | None) -> None:
-        """Refuse a request early (Overloaded) while the server is saturated; front ends call it
-        before decoding the body. Unknown models are left for `submit` to report."""
-        snapshot = self.registry.snapshot.models.get(model)
-        if snapshot is not None:
-            deployment = snapshot.versions.get(version or snapshot.default)
-            if deployment is not None:
-                deployment.scheduler.shed_nowait()
-
     def submit(self, request: InferRequest) -> Ticket:
         """Validate and queue `request` on the loop; raise a DuetimeError if it cannot be queued."""
         deployment = self.registry.resolve(request.model, request.version)

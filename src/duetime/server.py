@@ -16,6 +16,7 @@ from duetime.execution.affinity import CpuPlan, parse_cpus, pin_current_thread
 from duetime.frontend.grpc import InferenceService, serve_grpc
 from duetime.frontend.http import HttpConnection, serve_http
 from duetime.frontend.rest import RestApi
+from duetime.overload import LoadShedder
 
 log = logging.getLogger("duetime.server")
 
@@ -30,6 +31,10 @@ class Addresses:
 
     def describe(self) -> str:
         return f"duetime ready: http://{self.host}:{self.http_port} grpc://{self.host}:{self.grpc_port}"
+
+
+SHED_PERIOD_S = 0.01
+"""How often the load shedder measures the event loop's CPU use."""
 
 
 def tune_gc(threshold: int) -> None:
@@ -54,8 +59,11 @@ class Server:
         except ValueError as exc:
             raise ConfigError(f"server settings: field 'cpus': {exc}") from None
         self.engine = engine or Engine(cpus=self.cpus)
-        self._rest = RestApi(self.engine, settings)
-        self._grpc_service = InferenceService(self.engine)
+        share = settings.overload_utilization
+        self.shedder = LoadShedder(target=share) if share > 0 else None
+        self._shed_timer: asyncio.TimerHandle | None = None
+        self._rest = RestApi(self.engine, settings, self.shedder)
+        self._grpc_service = InferenceService(self.engine, self.shedder)
         self._connections: set[HttpConnection] = set()
         self._http: asyncio.Server | None = None
         self._grpc: Any = None
@@ -75,13 +83,23 @@ class Server:
             sys.setswitchinterval(self.settings.switch_interval_us / 1e6)
         self._http = await serve_http(self._rest, self.settings, self._connections)
         self._grpc, grpc_port = await serve_grpc(self._grpc_service, self.settings)
+        if self.shedder is not None:
+            self.shedder.sample()  # start measuring from now
+            self._shed_timer = asyncio.get_running_loop().call_later(SHED_PERIOD_S, self._sample)
         http_port = self._http.sockets[0].getsockname()[1]
         self.addresses = Addresses(self.settings.host, http_port, grpc_port)
         return self.addresses
 
+    def _sample(self) -> None:
+        assert self.shedder is not None
+        self.shedder.sample()
+        self._shed_timer = asyncio.get_running_loop().call_later(SHED_PERIOD_S, self._sample)
+
     async def stop(self) -> None:
         """Stop accepting, report not-ready, drain queued work, close connections and models."""
         grace = self.settings.shutdown_grace_s
+        if self._shed_timer is not None:
+            self._shed_timer.cancel()
         self._rest.accepting = False
         self._grpc_service.accepting = False
         if self._http is not None:

@@ -597,31 +597,3 @@ def test_long_batches_get_the_next_batch_queued_before_they_end() -> None:
         assert scheduler.statistics().succeeded == 3
 
     run(body)
-
-
-def test_a_saturated_loop_sheds_new_requests_early() -> None:
-    async def body() -> None:
-        h = harness(shed_lag_us=1000)
-        h.scheduler.shed_nowait()  # no lag measured yet: nothing is shed
-        h.scheduler._lag_ns = 1_500_000  # half a target past it: every second request goes
-        messages = []
-        for _ in range(100):
-            try:
-                h.scheduler.shed_nowait()
-            except Overloaded as exc:
-                messages.append(exc.message)
-        assert len(messages) == 50
-        assert all("saturated" in message for message in messages)
-        assert h.scheduler.statistics().rejected == 50
-
-    run(body)
-
-
-def test_shedding_can_be_turned_off() -> None:
-    async def body() -> None:
-        h = harness(shed_lag_us=0)
-        h.scheduler._lag_ns = 50_000_000
-        for _ in range(10):
-            h.scheduler.shed_nowait()
-
-    run(body)

@@ -45,8 +45,6 @@ class BatchResult:
     outputs: list[Feeds | DuetimeError] = field(default_factory=list)
     compute_ns: int = 0
     """Time inside `session.run`, summed over runs (an isolated retry runs more than once)."""
-    finished_ns: int | None = None
-    """`time.monotonic_ns()` when the instance handed the result to the loop."""
 
 
 class _Stop:
@@ -126,7 +124,6 @@ class Executor:
                 return
             result = BatchResult(job, index)
             self._execute(session, job, result, pool)
-            result.finished_ns = time.monotonic_ns()
             try:
                 loop.call_soon_threadsafe(job.on_done, result)
             except RuntimeError:  # the loop closed under us: nobody is waiting any more

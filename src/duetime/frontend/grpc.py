@@ -23,6 +23,7 @@ from duetime.frontend.proto import grpc_service_pb2 as pb
 from duetime.frontend.proto import grpc_service_pb2_grpc as pb_grpc
 from duetime.frontend.rest import EXTENSIONS
 from duetime.frontend.statistics import statistics_json
+from duetime.overload import LoadShedder
 from duetime.types import InferRequest
 
 log = logging.getLogger("duetime.grpc")
@@ -39,8 +40,9 @@ _CONTENTS_FIELD = {
 class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
     """Answers v2 gRPC calls from the engine; every DuetimeError becomes its status code."""
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, shedder: LoadShedder | None = None) -> None:
         self._engine = engine
+        self._shedder = shedder
         self.accepting = True
 
     async def ServerLive(self, request: Any, context: Any) -> Any:
@@ -112,7 +114,8 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
                 yield pb.ModelStreamInferResponse(error_message=exc.message)
 
     def _submit(self, request: Any, context: Any) -> Ticket:
-        self._engine.shed_nowait(request.model_name, request.model_version or None)
+        if self._shedder is not None:
+            self._shedder.check()
         parameters = _parameters(request.parameters)
         infer = InferRequest(
             model=request.model_name,

@@ -30,6 +30,7 @@ from duetime.frontend import codec
 from duetime.frontend.metadata import model_config_json, model_metadata_json
 from duetime.frontend.parameters import due_from_timeout_us, priority_of
 from duetime.frontend.statistics import statistics_json
+from duetime.overload import LoadShedder
 from duetime.types import InferRequest
 
 log = logging.getLogger("duetime.rest")
@@ -74,9 +75,12 @@ _EMPTY_NOT_READY = Reply(400, b"", ())
 class RestApi:
     """Routes `/v2/...` requests to the engine."""
 
-    def __init__(self, engine: Engine, settings: ServerSettings) -> None:
+    def __init__(
+        self, engine: Engine, settings: ServerSettings, shedder: LoadShedder | None = None
+    ) -> None:
         self._engine = engine
         self._settings = settings
+        self._shedder = shedder
         self.accepting = True
         """False once shutdown starts: readiness reports false."""
 
@@ -168,7 +172,8 @@ class RestApi:
     def _infer(
         self, model: str, version: str | None, headers: Mapping[str, str], body: bytes
     ) -> Reply | PendingReply:
-        self._engine.shed_nowait(model, version)
+        if self._shedder is not None:
+            self._shedder.check()
         body = _decoded(body, headers.get("content-encoding"), self._settings.max_body_bytes)
         header = parse_header_length(headers.get(_HEADER_LENGTH), len(body))
         request, plan = parse_infer_request(body, header, model, version)

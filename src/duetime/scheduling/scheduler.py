@@ -112,11 +112,8 @@ class ModelScheduler:
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = 0
         self._overhead_ns = 0.0
-        self._lag_ns = 0.0
         self._margin_ns = config.delivery_margin_us * 1000
         self._exec_margin = config.exec_margin
-        self._shed_lag_ns = config.shed_lag_us * 1000
-        self._shed_credit = 0.0
         self._sweeper: asyncio.TimerHandle | None = None
         self._closed = False
         self._drained = asyncio.Event()
@@ -175,26 +172,6 @@ class ModelScheduler:
         if self._sweeper is None and len(queue):
             self._sweeper = self._loop.call_later(_SWEEP_S, self._sweep)
         return future
-
-    def shed_nowait(self) -> None:
-        """Refuse (raise Overloaded) a share of new requests while the event loop is saturated.
-
-        Call it before decoding a request: refusing then costs a fraction of serving. The share
-        grows with how far the loop's lag (see `_lag_ns`) is past `shed_lag_us`, up to 95%.
-        """
-        excess = self._lag_ns - self._shed_lag_ns
-        if self._shed_lag_ns <= 0 or excess <= 0:
-            return
-        self._shed_credit += min(0.95, excess / self._shed_lag_ns)
-        if self._shed_credit < 1.0:
-            return
-        self._shed_credit -= 1.0
-        self._rejected += 1
-        raise Overloaded(
-            f"model {self._label}: the server is saturated (its event loop lags "
-            f"{self._lag_ns / 1e3:.0f} µs); retry later or on another replica",
-            retry_after_s=0.01,
-        )
 
     def _admit(self, now: int, due_ns: int, rows: int, key: tuple[int, int, int]) -> None:
         queue = self._queue
@@ -383,8 +360,6 @@ class ModelScheduler:
             overhead = max(0, now - running.started_ns - result.compute_ns)
             overhead = min(overhead, int(2 * self._overhead_ns) + 200_000)  # see LatencyProfile
             self._overhead_ns += _OVERHEAD_ALPHA * (overhead - self._overhead_ns)
-        if result.finished_ns is not None and 0 <= now - result.finished_ns < 1_000_000_000:
-            self._lag_ns += _OVERHEAD_ALPHA * (now - result.finished_ns - self._lag_ns)
 
     # -- introspection and shutdown ------------------------------------------------------------
 

@@ -1,0 +1,77 @@
+"""LoadShedder: keeps the event loop below saturation by refusing a share of new requests early.
+
+The loop parses, validates, schedules and answers every request itself. When more arrive than it
+can handle, every request waits in the kernel's socket buffers first, and all of them miss their
+due times together. Refusing a request before its body is decoded costs a fraction of serving it,
+so refusing *some* keeps the loop able to serve the rest on time. The shedder measures the loop
+thread's CPU use over short periods and adjusts the refused share to hold it near a target:
+additive increase while the loop is busier than the target, multiplicative decrease once it is
+not. Pure apart from the two clocks it is given.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from duetime.errors import Overloaded
+
+
+class LoadShedder:
+    """Decides, per new request, whether to refuse it to keep the loop's CPU use near `target`."""
+
+    def __init__(
+        self,
+        *,
+        target: float = 0.85,
+        step: float = 0.05,
+        max_share: float = 0.95,
+        cpu_clock: Callable[[], float] = time.thread_time,
+        wall_clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.target = target
+        self.share = 0.0
+        """The share of new requests refused now (0: none)."""
+        self.utilization = 0.0
+        """The loop thread's CPU use over the last period (1.0: always busy)."""
+        self._step = step
+        self._max_share = max_share
+        self._cpu_clock = cpu_clock
+        self._wall_clock = wall_clock
+        self._cpu = cpu_clock()
+        self._wall = wall_clock()
+        self._credit = 0.0
+        self.refused = 0
+
+    def sample(self) -> None:
+        """Measure the loop's CPU use since the last call and adjust the refused share.
+
+        Call it on the loop thread (its CPU time is what is measured), every few milliseconds.
+        """
+        cpu, wall = self._cpu_clock(), self._wall_clock()
+        elapsed = wall - self._wall
+        if elapsed <= 0:
+            return
+        self.utilization = min(1.0, (cpu - self._cpu) / elapsed)
+        self._cpu, self._wall = cpu, wall
+        if self.utilization > self.target:
+            self.share = min(self._max_share, self.share + self._step)
+        else:
+            self.share *= 0.8
+            if self.share < 0.01:
+                self.share = 0.0
+
+    def check(self) -> None:
+        """Raise Overloaded for the current share of calls (spread evenly, no randomness)."""
+        if self.share <= 0.0:
+            return
+        self._credit += self.share
+        if self._credit < 1.0:
+            return
+        self._credit -= 1.0
+        self.refused += 1
+        raise Overloaded(
+            f"the server is saturated (its event loop is {self.utilization:.0%} busy, refusing "
+            f"{self.share:.0%} of new requests); retry later or on another replica",
+            retry_after_s=0.01,
+        )

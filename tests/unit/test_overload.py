@@ -1,0 +1,94 @@
+"""LoadShedder: the refused share follows the event loop's CPU use (fake clocks, no loop)."""
+
+from __future__ import annotations
+
+import pytest
+
+from duetime.errors import Overloaded
+from duetime.overload import LoadShedder
+
+
+class Clocks:
+    """Wall and CPU time a test moves by hand."""
+
+    def __init__(self) -> None:
+        self.wall = 0.0
+        self.cpu = 0.0
+
+    def run(self, seconds: float, busy: float) -> None:
+        self.wall += seconds
+        self.cpu += seconds * busy
+
+
+def make(target: float = 0.85) -> tuple[LoadShedder, Clocks]:
+    clocks = Clocks()
+    shedder = LoadShedder(
+        target=target, cpu_clock=lambda: clocks.cpu, wall_clock=lambda: clocks.wall
+    )
+    return shedder, clocks
+
+
+def refused(shedder: LoadShedder, calls: int) -> int:
+    count = 0
+    for _ in range(calls):
+        try:
+            shedder.check()
+        except Overloaded:
+            count += 1
+    return count
+
+
+def test_an_idle_loop_refuses_nothing() -> None:
+    shedder, clocks = make()
+    clocks.run(0.01, busy=0.3)
+    shedder.sample()
+    assert shedder.utilization == pytest.approx(0.3)
+    assert refused(shedder, 100) == 0
+
+
+def test_a_busy_loop_refuses_a_growing_share_then_recovers() -> None:
+    shedder, clocks = make()
+    for _ in range(4):
+        clocks.run(0.01, busy=1.0)
+        shedder.sample()
+    assert shedder.share == pytest.approx(0.2)
+    assert refused(shedder, 100) == 20
+    clocks.run(0.01, busy=0.5)
+    shedder.sample()
+    assert shedder.share == pytest.approx(0.16)
+    for _ in range(30):
+        clocks.run(0.01, busy=0.5)
+        shedder.sample()
+    assert shedder.share == 0.0
+    assert refused(shedder, 100) == 0
+
+
+def test_the_share_is_capped_so_some_requests_always_get_through() -> None:
+    shedder, clocks = make()
+    for _ in range(100):
+        clocks.run(0.01, busy=1.0)
+        shedder.sample()
+    assert shedder.share == pytest.approx(0.95)
+    assert refused(shedder, 100) in (94, 95)  # the share accumulates in floating point
+
+
+def test_the_refusal_says_why_and_when_to_retry() -> None:
+    shedder, clocks = make()
+    for _ in range(20):
+        clocks.run(0.01, busy=1.0)
+        shedder.sample()
+    with pytest.raises(Overloaded, match="saturated") as caught:
+        refused_once(shedder)
+    assert caught.value.http_status == 429
+    assert caught.value.retry_after_s is not None
+
+
+def refused_once(shedder: LoadShedder) -> None:
+    for _ in range(10):
+        shedder.check()
+
+
+def test_no_time_passed_changes_nothing() -> None:
+    shedder, _ = make()
+    shedder.sample()
+    assert shedder.share == 0.0
