@@ -54,7 +54,7 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--cpus", help="auto (default), none, or a CPU list such as 0,2-3")
     serve.add_argument(
         "--overload-utilization", type=float,
-        help="refuse a share of requests early above this event-loop busy share (default 0: off)",
+        help="refuse a share of requests early above this event-loop busy share (0.85; 0: off)",
     )  # fmt: skip
     serve.add_argument(
         "--no-tune-runtime",

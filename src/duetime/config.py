@@ -139,12 +139,11 @@ class ServerSettings(_Strict):
     """CPUs to run on: `auto` (all this process may use), `none` (no pinning), or a list like
     `0,2-3`. The event loop is pinned to the first; small models' instances share it, big
     models' instances get the others (see execution/affinity.py)."""
-    overload_utilization: float = Field(default=0.0, ge=0.0, le=1.0)
-    """Above this share of the event loop's time spent busy, a growing share of new requests is
-    refused before their bodies are decoded (HTTP 429 / RESOURCE_EXHAUSTED), so the loop keeps
-    answering the others on time (see overload.py). Off (0) by default: clients that retry at
-    once (any closed loop) turn the refusals into more load, not less; 0.85 suits open-loop
-    traffic with due times."""
+    overload_utilization: float = Field(default=0.85, ge=0.0, le=1.0)
+    """Above this share of the event loop's time spent busy, while requests are failing their
+    due times, a growing share of new requests is refused before their bodies are decoded
+    (HTTP 429 / RESOURCE_EXHAUSTED) so the loop keeps answering the others on time (see
+    overload.py). 0 turns it off."""
     tune_runtime: bool = True
     """After loading: `gc.freeze()` and a high gen-0 threshold, so collections stay off the hot
     path."""

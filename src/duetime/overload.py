@@ -4,9 +4,11 @@ The loop parses, validates, schedules and answers every request itself. When mor
 can handle, every request waits in the kernel's socket buffers first, and all of them miss their
 due times together. Refusing a request before its body is decoded costs a fraction of serving it,
 so refusing *some* keeps the loop able to serve the rest on time. The shedder measures the loop
-thread's CPU use over short periods and adjusts the refused share to hold it near a target:
-additive increase while the loop is busier than the target, multiplicative decrease once it is
-not. Pure apart from the two clocks it is given.
+thread's CPU use over short periods and adjusts the refused share: additive increase while the
+loop is busier than the target *and* requests are failing their due times (refused at admission
+or dropped as hopeless), multiplicative decrease otherwise. The second condition matters: a busy
+loop whose clients send no due times, or meet them, is working, not overloaded, and clients
+that retry a refusal at once (a closed loop) would only add load. Pure apart from its clocks.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ class LoadShedder:
         target: float = 0.85,
         step: float = 0.05,
         max_share: float = 0.95,
+        missed_share: float = 0.05,
         cpu_clock: Callable[[], float] = time.thread_time,
         wall_clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -35,6 +38,9 @@ class LoadShedder:
         self.utilization = 0.0
         """The loop thread's CPU use over the last period (1.0: always busy)."""
         self._step = step
+        self._missed_share = missed_share
+        self._missed = 0
+        self._seen = 0
         self._max_share = max_share
         self._cpu_clock = cpu_clock
         self._wall_clock = wall_clock
@@ -43,10 +49,12 @@ class LoadShedder:
         self._credit = 0.0
         self.refused = 0
 
-    def sample(self) -> None:
+    def sample(self, missed: int = 0, seen: int = 0) -> None:
         """Measure the loop's CPU use since the last call and adjust the refused share.
 
-        Call it on the loop thread (its CPU time is what is measured), every few milliseconds.
+        `missed` and `seen` are running totals over all models: requests that failed their due
+        time (refused at admission, dropped as hopeless) and all requests the schedulers took
+        in. Call it on the loop thread (its CPU time is what is measured) every few ms.
         """
         cpu, wall = self._cpu_clock(), self._wall_clock()
         elapsed = wall - self._wall
@@ -54,7 +62,10 @@ class LoadShedder:
             return
         self.utilization = min(1.0, (cpu - self._cpu) / elapsed)
         self._cpu, self._wall = cpu, wall
-        if self.utilization > self.target:
+        new_missed, new_seen = missed - self._missed, seen - self._seen
+        self._missed, self._seen = missed, seen
+        failing = new_seen > 0 and new_missed > self._missed_share * new_seen
+        if self.utilization > self.target and failing:
             self.share = min(self._max_share, self.share + self._step)
         else:
             self.share *= 0.8
