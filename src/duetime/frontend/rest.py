@@ -18,6 +18,7 @@ import orjson
 
 from duetime import __version__
 from duetime.config import ServerSettings
+from duetime.datatypes import v2_datatype_of
 from duetime.engine import Engine, Ticket
 from duetime.errors import (
     DuetimeError,
@@ -354,14 +355,14 @@ def encode_infer_response(ticket: Ticket, request_id: str, plan: OutputPlan) -> 
     outputs = []
     blobs: list[bytes] = []
     for name, array in response.outputs.items():
-        spec = _datatype(array)
-        entry: dict[str, Any] = {"name": name, "datatype": spec, "shape": list(array.shape)}
+        datatype = v2_datatype_of(array)
+        entry: dict[str, Any] = {"name": name, "datatype": datatype, "shape": list(array.shape)}
         if plan.is_binary(name):
-            raw = codec.to_raw(array, spec)
+            raw = codec.to_raw(array, datatype)
             entry["parameters"] = {"binary_data_size": len(raw)}
             blobs.append(raw)
         else:
-            entry["data"] = codec.to_json_data(array, spec)
+            entry["data"] = codec.to_json_data(array, datatype)
         outputs.append(entry)
     doc: dict[str, Any] = {"model_name": response.model, "model_version": response.version}
     if request_id:
@@ -375,12 +376,6 @@ def encode_infer_response(ticket: Ticket, request_id: str, plan: OutputPlan) -> 
         (b"Inference-Header-Content-Length", str(len(head)).encode()),
     )
     return Reply(200, b"".join([head, *blobs]), headers)
-
-
-def _datatype(array: np.ndarray) -> str:
-    from duetime.datatypes import v2_datatype_of
-
-    return v2_datatype_of(array)
 
 
 def _expect(method: str, allowed: str, answer: Callable[[], Reply]) -> Reply:
