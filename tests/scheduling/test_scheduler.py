@@ -597,3 +597,18 @@ def test_long_batches_get_the_next_batch_queued_before_they_end() -> None:
         assert scheduler.statistics().succeeded == 3
 
     run(body)
+
+
+def test_an_idle_instance_takes_a_lone_request_at_once() -> None:
+    """Nothing queued and an instance free: the request starts without waiting in the queue."""
+
+    async def body() -> None:
+        h = harness(max_batch_size=4)
+        h.scheduler.submit_nowait({}, rows=3, shape_key=(), due_ns=None, priority=0)
+        assert len(h.executor.jobs) == 1
+        assert h.executor.jobs[0][1].bucket == 3
+        assert h.scheduler.statistics().queued == 0
+        h.executor.complete(0)
+        assert h.scheduler.statistics().succeeded == 1
+
+    run(body)

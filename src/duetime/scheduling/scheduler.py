@@ -158,6 +158,16 @@ class ModelScheduler:
             self._admit(now, due_ns, rows, key)
         future: asyncio.Future[Feeds] = self._loop.create_future()
         item = QueuedRequest(feeds, rows, shape_key, now, due_ns, key[0], future, key, on_done)
+        self._drained.clear()
+        if not len(queue) and self._max_delay_ns == 0:
+            instance = self._idle_instance()
+            if instance is not None:
+                # NOTE: the common case at light load, decided without the queue: an idle
+                # instance and nothing waiting means the batch is this request alone, now
+                # (admission has already checked its due time).
+                bucket = self.profile.bucket_of[rows] if self._max_rows else 0
+                self._start(Run(0, [item], rows, bucket), instance, now, now)
+                return future
         if not queue.push(item):
             self._rejected += 1
             raise Overloaded(
@@ -166,7 +176,6 @@ class ModelScheduler:
             )
         if len(queue) > self._peak:
             self._peak = len(queue)
-        self._drained.clear()
         if self._has_slot():
             self._dispatch()
         if self._sweeper is None and len(queue):
@@ -222,6 +231,12 @@ class ModelScheduler:
         return predicted + int(self._overhead_ns + self._exec_margin * predicted) + self._margin_ns
 
     # -- dispatch ------------------------------------------------------------------------------
+
+    def _idle_instance(self) -> int | None:
+        for instance, jobs in enumerate(self._outstanding):
+            if not jobs:
+                return instance
+        return None
 
     def _has_slot(self) -> bool:
         return any(len(jobs) < self._depth for jobs in self._outstanding)
