@@ -42,7 +42,7 @@ class BatchResult:
 
     job: BatchJob
     instance: int
-    outputs: list[Feeds | DuetimeError] = field(default_factory=list)
+    outputs: Sequence[Feeds | DuetimeError] = field(default_factory=list)
     compute_ns: int = 0
     """Time inside `session.run`, summed over runs (an isolated retry runs more than once)."""
 
@@ -132,18 +132,23 @@ class Executor:
     def _execute(self, session: Any, job: BatchJob, result: BatchResult, pool: InputPool) -> None:
         try:
             feeds = pool.gather(job.feeds, job.rows, job.bucket)
-            result.outputs = list(self._split(self._run(session, feeds, result), job.rows))
+            result.outputs = self._split(self._run(session, feeds, result), job.rows)
         except Exception as exc:
             if len(job.feeds) == 1:
                 result.outputs = [_run_error(exc)]
                 return
             # NOTE: one request's values can make ORT fail (an index out of range, say); run each
             # alone so that only the request that caused it fails, not the whole batch.
-            result.outputs = [self._isolated(session, feeds, result) for feeds in job.feeds]
+            result.outputs = [
+                self._isolated(session, feeds, rows, result)
+                for feeds, rows in zip(job.feeds, job.rows, strict=True)
+            ]
 
-    def _isolated(self, session: Any, feeds: Feeds, result: BatchResult) -> Feeds | DuetimeError:
+    def _isolated(
+        self, session: Any, feeds: Feeds, rows: int, result: BatchResult
+    ) -> Feeds | DuetimeError:
         try:
-            return self._split(self._run(session, feeds, result), [0])[0]
+            return self._split(self._run(session, feeds, result), [rows])[0]
         except Exception as exc:
             return _run_error(exc)
 

@@ -1,0 +1,66 @@
+"""Executor: instance threads run batches and hand results back to the loop (a stand-in session)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+import numpy as np
+
+from duetime.errors import InvalidInput
+from duetime.execution.executor import BatchJob, BatchResult, Executor
+
+
+class DoublingSession:
+    """Like an ORT session of y = 2x that refuses negative inputs (as an index out of range)."""
+
+    def __init__(self) -> None:
+        self.batches: list[int] = []
+
+    def run(self, names: Sequence[str], feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+        x = feeds["x"]
+        self.batches.append(x.shape[0])
+        if (x < 0).any():
+            raise ValueError("index -1 is out of bounds")
+        return [x * 2]
+
+
+def run_job(session: DoublingSession, feeds: list[np.ndarray], bucket: int) -> BatchResult:
+    executor = Executor(
+        [session], output_names=["y"], string_outputs=frozenset(), batched=True, label="t"
+    )
+
+    async def body() -> BatchResult:
+        done: asyncio.Future[BatchResult] = asyncio.get_running_loop().create_future()
+        executor.start(asyncio.get_running_loop())
+        rows = [f.shape[0] for f in feeds]
+        executor.submit(0, BatchJob([{"x": f} for f in feeds], rows, bucket, done.set_result))
+        return await done
+
+    try:
+        return asyncio.run(body())
+    finally:
+        executor.close()
+
+
+def test_a_batch_is_padded_to_its_bucket_and_split_per_request() -> None:
+    session = DoublingSession()
+    a, b = np.ones((2, 3), np.float32), np.full((1, 3), 5, np.float32)
+    result = run_job(session, [a, b], bucket=4)
+    assert session.batches == [4]
+    first, second = result.outputs
+    assert isinstance(first, dict)
+    assert isinstance(second, dict)
+    np.testing.assert_array_equal(first["y"], a * 2)
+    np.testing.assert_array_equal(second["y"], b * 2)
+
+
+def test_a_request_that_breaks_the_batch_fails_alone() -> None:
+    session = DoublingSession()
+    good, bad = np.ones((2, 3), np.float32), np.full((1, 3), -1, np.float32)
+    result = run_job(session, [good, bad], bucket=4)
+    first, second = result.outputs
+    assert isinstance(first, dict)
+    np.testing.assert_array_equal(first["y"], good * 2)  # all its rows, none lost to padding
+    assert isinstance(second, InvalidInput)
+    assert "out of bounds" in second.message
