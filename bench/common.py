@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import orjson
+
+from duetime.tools.payloads import PayloadSpec, http_request_bytes
 
 READY = re.compile(rb"duetime ready: http://([\d.]+):(\d+) grpc://([\d.]+):(\d+)")
 
@@ -92,22 +93,10 @@ class KeepAliveClient:
 def infer_request_bytes(
     host: str, port: int, model: str, name: str, array: np.ndarray, *, binary: bool
 ) -> bytes:
-    """A complete HTTP request for a v2 infer call with one FP32 input."""
-    tensor: dict[str, object] = {"name": name, "datatype": "FP32", "shape": list(array.shape)}
-    if binary:
-        tensor["parameters"] = {"binary_data_size": array.nbytes}
-        doc = {"inputs": [tensor], "parameters": {"binary_data_output": True}}
-        head = orjson.dumps(doc)
-        body = head + array.tobytes()
-        extra = f"Inference-Header-Content-Length: {len(head)}\r\n"
-    else:
-        tensor["data"] = array.reshape(-1).tolist()
-        body = orjson.dumps({"inputs": [tensor]})
-        extra = "Content-Type: application/json\r\n"
-    return (
-        f"POST /v2/models/{model}/infer HTTP/1.1\r\nHost: {host}:{port}\r\n{extra}"
-        f"Content-Length: {len(body)}\r\n\r\n"
-    ).encode() + body
+    """A complete HTTP request for a v2 infer call with one input (the load generator's)."""
+    protocol = "http-binary" if binary else "http-json"
+    spec = PayloadSpec(protocol, model, array.shape[0], None, host, port)
+    return http_request_bytes(spec, {name: array}, {}, binary=binary)
 
 
 def percentiles_us(samples_ns: list[int] | np.ndarray) -> dict[str, float]:

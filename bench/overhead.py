@@ -43,6 +43,7 @@ from duetime.demo import write_demo_repository
 from duetime.execution.affinity import CpuPlan, parse_cpus, pin_current_thread
 from duetime.execution.ort import session_options
 from duetime.loops import new_event_loop
+from duetime.tools.payloads import grpc_request_bytes
 
 WARMUP = 500
 ALL_CPUS = frozenset(os.sched_getaffinity(0))
@@ -103,12 +104,7 @@ def bench_http(
 
 
 def bench_grpc(host: str, port: int, x: np.ndarray, n: int) -> list[int]:
-    from duetime.frontend.proto import grpc_service_pb2 as pb
-
-    request = pb.ModelInferRequest(model_name="mlp")
-    request.inputs.add(name="x", datatype="FP32", shape=list(x.shape))
-    request.raw_input_contents.append(x.tobytes())
-    payload = request.SerializeToString()
+    payload = grpc_request_bytes("mlp", {"x": x}, {})
     with grpc.insecure_channel(f"{host}:{port}") as channel:
         call = channel.unary_unary("/inference.GRPCInferenceService/ModelInfer")
         call(payload)

@@ -66,8 +66,3 @@ def v2_datatype_of(array: np.ndarray) -> str:
     if name is None:
         raise TypeError(f"numpy dtype {array.dtype} has no KServe v2 datatype")
     return name
-
-
-def element_size(datatype: str) -> int:
-    """Bytes per element on the wire; 0 for BYTES, whose elements vary in size."""
-    return 0 if datatype == "BYTES" else NUMPY_OF[datatype].itemsize

@@ -15,7 +15,6 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import Any
 
 import numpy as np
 
@@ -196,13 +195,13 @@ class Engine:
             result.set_exception(exc)
             return
 
-        def settle(_: asyncio.Future[Feeds]) -> None:
+        def settle() -> None:
             try:
                 result.set_result(ticket.response().outputs)
             except BaseException as exc:
                 result.set_exception(exc)
 
-        ticket.future.add_done_callback(settle)
+        ticket.on_done = settle
 
     def _request(
         self,
@@ -269,10 +268,6 @@ class Engine:
         self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.close()
-
-    def describe(self) -> dict[str, Any]:
-        snapshot = self.registry.snapshot
-        return {"models": sorted(snapshot.models), "failures": dict(snapshot.failures)}
 
 
 def _running_loop() -> asyncio.AbstractEventLoop | None:

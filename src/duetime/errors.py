@@ -69,13 +69,6 @@ class DeadlineExceeded(DuetimeError):
     grpc_code = "DEADLINE_EXCEEDED"
 
 
-class Cancelled(DuetimeError):
-    """The client went away or cancelled the request before it ran."""
-
-    http_status = 499
-    grpc_code = "CANCELLED"
-
-
 class InternalError(DuetimeError):
     """A fault inside duetime or ONNX Runtime; never the client's input."""
 

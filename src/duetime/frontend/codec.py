@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from duetime.datatypes import NUMPY_OF, WIRE_DTYPE_OF
+from duetime.datatypes import NUMPY_OF, WIRE_DTYPE_OF, v2_datatype_of
 from duetime.errors import InvalidInput
 
 _LENGTH = struct.Struct("<I")
@@ -204,3 +204,16 @@ def to_json_data(array: np.ndarray, datatype: str) -> Any:
             for item in array.reshape(-1)
         ]
     return np.ascontiguousarray(array).reshape(-1)
+
+
+def encode_tensor(name: str, array: np.ndarray, *, binary: bool) -> tuple[dict[str, Any], bytes]:
+    """The v2 JSON entry of a tensor and, with `binary`, its raw bytes to append after the JSON
+    (the entry then carries `binary_data_size`); without, the values go in `data` and no bytes."""
+    datatype = v2_datatype_of(array)
+    entry: dict[str, Any] = {"name": name, "datatype": datatype, "shape": list(array.shape)}
+    if not binary:
+        entry["data"] = to_json_data(array, datatype)
+        return entry, b""
+    raw = to_raw(array, datatype)
+    entry["parameters"] = {"binary_data_size": len(raw)}
+    return entry, raw

@@ -31,7 +31,6 @@ _LINGER_S = 2.0
 client sends, so the client reads that response rather than a reset (a 413 mid-upload, say)."""
 
 _REASONS = {status.value: status.phrase.encode() for status in HTTPStatus}
-_REASONS[499] = b"Client Closed Request"
 
 
 @dataclass(slots=True, eq=False)

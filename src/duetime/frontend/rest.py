@@ -18,7 +18,6 @@ import orjson
 
 from duetime import __version__
 from duetime.config import ServerSettings
-from duetime.datatypes import v2_datatype_of
 from duetime.engine import Engine, Ticket
 from duetime.errors import (
     DuetimeError,
@@ -355,15 +354,11 @@ def encode_infer_response(ticket: Ticket, request_id: str, plan: OutputPlan) -> 
     outputs = []
     blobs: list[bytes] = []
     for name, array in response.outputs.items():
-        datatype = v2_datatype_of(array)
-        entry: dict[str, Any] = {"name": name, "datatype": datatype, "shape": list(array.shape)}
-        if plan.is_binary(name):
-            raw = codec.to_raw(array, datatype)
-            entry["parameters"] = {"binary_data_size": len(raw)}
-            blobs.append(raw)
-        else:
-            entry["data"] = codec.to_json_data(array, datatype)
+        binary = plan.is_binary(name)
+        entry, raw = codec.encode_tensor(name, array, binary=binary)
         outputs.append(entry)
+        if binary:
+            blobs.append(raw)
     doc: dict[str, Any] = {"model_name": response.model, "model_version": response.version}
     if request_id:
         doc["id"] = request_id

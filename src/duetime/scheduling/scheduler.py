@@ -194,7 +194,7 @@ class ModelScheduler:
             per_row_ns=self.profile.per_row_ns(),
             exec_ns=self._exec_ns(rows),
         )
-        needed = finish + self._slack_ns() + int(self._exec_margin * self.profile.predict(rows))
+        needed = finish + self._margin_for(rows)
         rejection = admit(now_ns=now, due_ns=due_ns, predicted_finish_ns=needed)
         if rejection is None:
             return
@@ -218,17 +218,17 @@ class ModelScheduler:
         """Predicted time from starting a batch of `rows` to its result on the loop."""
         return self.profile.predict(rows) + int(self._overhead_ns)
 
-    def _slack_ns(self) -> int:
-        """Time kept before each due time for delivering the answer (`delivery_margin_us`).
+    def _margin_for(self, rows: int) -> int:
+        """Time kept before the due time of a batch of `rows`: `delivery_margin_us` for getting
+        the answer out, plus `exec_margin` of its predicted execution for its variance.
 
-        NOTE: the loop's lag is already in `_overhead_ns` (it is measured up to the moment the
-        loop takes the result); counting it twice made a saturated loop refuse everything."""
-        return self._margin_ns
+        NOTE: the loop's lag is already in `_overhead_ns` (measured up to the moment the loop
+        takes the result); counting it here too made a saturated loop refuse everything."""
+        return self._margin_ns + int(self._exec_margin * self.profile.predict(rows))
 
     def _estimate(self, rows: int) -> int:
         """What a batch of `rows` needs before the due time of its requests."""
-        predicted = self.profile.predict(rows)
-        return predicted + int(self._overhead_ns + self._exec_margin * predicted) + self._margin_ns
+        return self._exec_ns(rows) + self._margin_for(rows)
 
     # -- dispatch ------------------------------------------------------------------------------
 

@@ -130,15 +130,9 @@ def http_request_bytes(
     tensors: list[dict[str, Any]] = []
     blobs: list[bytes] = []
     for name, array in inputs.items():
-        datatype = v2_datatype_of(array)
-        tensor: dict[str, Any] = {"name": name, "datatype": datatype, "shape": list(array.shape)}
-        if binary:
-            raw = codec.to_raw(array, datatype)
-            tensor["parameters"] = {"binary_data_size": len(raw)}
-            blobs.append(raw)
-        else:
-            tensor["data"] = codec.to_json_data(array, datatype)
+        tensor, raw = codec.encode_tensor(name, array, binary=binary)
         tensors.append(tensor)
+        blobs.append(raw)
     request_parameters: dict[str, Any] = dict(parameters)
     if binary:
         request_parameters["binary_data_output"] = True
