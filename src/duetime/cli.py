@@ -9,10 +9,14 @@ import os
 import signal
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from duetime.config import server_settings
 from duetime.errors import ConfigError
 from duetime.loops import new_event_loop
+
+if TYPE_CHECKING:
+    from duetime.server import Server
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -108,10 +112,7 @@ def _serve(args: argparse.Namespace) -> int:
         loop.close()
 
 
-async def _run(server: object) -> int:
-    from duetime.server import Server
-
-    assert isinstance(server, Server)
+async def _run(server: Server) -> int:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -18,7 +18,7 @@ from duetime.engine import Engine, Ticket
 from duetime.errors import DuetimeError, InternalError, InvalidInput
 from duetime.frontend import codec
 from duetime.frontend.metadata import model_config_json, model_metadata_json
-from duetime.frontend.parameters import priority_of
+from duetime.frontend.parameters import due_from_timeout_us, priority_of
 from duetime.frontend.proto import grpc_service_pb2 as pb
 from duetime.frontend.proto import grpc_service_pb2_grpc as pb_grpc
 from duetime.frontend.rest import EXTENSIONS
@@ -130,8 +130,6 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         return self._engine.submit(infer)
 
     def _due(self, parameters: Mapping[str, Any], context: Any) -> int | None:
-        from duetime.frontend.parameters import due_from_timeout_us
-
         now = self._engine.clock.now_ns()
         due = due_from_timeout_us(parameters, now)
         remaining = context.time_remaining()

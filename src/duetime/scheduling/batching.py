@@ -46,13 +46,20 @@ def drop_hopeless(
         if head.future.done():
             queue.take(1)
             continue
-        if head.due_ns is None:
-            break
-        finish = now_ns + estimate(head.rows) if estimate is not None else now_ns
-        if finish <= head.due_ns and not (estimate is None and head.due_ns <= now_ns):
+        if not is_hopeless(head, now_ns, estimate):
             break
         hopeless.extend(queue.take(1))
     return hopeless
+
+
+def is_hopeless(item: QueuedRequest, now_ns: int, estimate: Estimate | None) -> bool:
+    """EDF (an `estimate`): even starting now it would finish after its due time. FIFO (none),
+    as Triton: its due time has passed."""
+    if item.due_ns is None:
+        return False
+    if estimate is None:
+        return item.due_ns <= now_ns
+    return now_ns + estimate(item.rows) > item.due_ns
 
 
 def sweep_hopeless(
@@ -62,10 +69,7 @@ def sweep_hopeless(
     the queue can become hopeless too, and their clients should hear so at once."""
 
     def doomed(item: QueuedRequest) -> bool:
-        if item.future.done() or item.due_ns is None:
-            return item.future.done()
-        finish = now_ns + estimate(item.rows) if estimate is not None else now_ns
-        return finish > item.due_ns or (estimate is None and item.due_ns <= now_ns)
+        return item.future.done() or is_hopeless(item, now_ns, estimate)
 
     return [item for item in queue.remove_where(doomed) if not item.future.done()]
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import urllib.error
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Coroutine, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import quote
@@ -105,6 +105,23 @@ def _get_json(url: str) -> Any:
 # -- gRPC ----------------------------------------------------------------------------------------
 
 
+class _Calls:
+    """The calls in flight of one transport: each is awaited or cancelled by `cancel_all`."""
+
+    def __init__(self) -> None:
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def spawn(self, call: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(call)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def cancel_all(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+
 class GrpcTransport:
     """grpc.aio channels (one TCP connection each, used in turn) sending pre-serialised requests."""
 
@@ -114,7 +131,7 @@ class GrpcTransport:
         self.pipelined = 0
         self._channels: list[Any] = []
         self._calls: list[Any] = []
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._tasks = _Calls()
         self._turn = 0
 
     async def open(self, lanes: int) -> None:
@@ -151,9 +168,7 @@ class GrpcTransport:
     def send(self, rid: int, payload: GrpcPayload, lane: int | None) -> None:
         turn = self._turn
         self._turn = (turn + 1) % len(self._calls)
-        task = asyncio.get_running_loop().create_task(self._call(self._calls[turn], rid, payload))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._tasks.spawn(self._call(self._calls[turn], rid, payload))
 
     async def _call(self, call: Any, rid: int, payload: GrpcPayload) -> None:
         try:
@@ -169,9 +184,7 @@ class GrpcTransport:
         self.complete(rid, Outcome.OK, None)
 
     async def aclose(self) -> None:
-        for task in list(self._tasks):
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self._tasks.cancel_all()
         await asyncio.gather(*(channel.close() for channel in self._channels))
 
 
@@ -189,7 +202,7 @@ class EngineTransport:
         self._engine = engine
         self._owned = engine is None
         self._repository = repository
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._tasks = _Calls()
         self._model = ""
 
     async def open(self, lanes: int) -> None:
@@ -214,9 +227,7 @@ class EngineTransport:
         return deployment.model.signature
 
     def send(self, rid: int, payload: EnginePayload, lane: int | None) -> None:
-        task = asyncio.get_running_loop().create_task(self._call(rid, payload))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._tasks.spawn(self._call(rid, payload))
 
     async def _call(self, rid: int, payload: EnginePayload) -> None:
         assert self._engine is not None
@@ -233,9 +244,7 @@ class EngineTransport:
         self.complete(rid, Outcome.OK, None)
 
     async def aclose(self) -> None:
-        for task in list(self._tasks):
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self._tasks.cancel_all()
         if self._owned and self._engine is not None:
             await self._engine.aclose()
             self._engine = None
