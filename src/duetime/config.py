@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import os
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from duetime.errors import ConfigError
 
@@ -56,6 +56,102 @@ class SchedulingConfig(_Strict):
     """The level of requests that send priority 0 or none (1 is served first, as Triton)."""
 
 
+class LatestVersions(_Strict):
+    num_versions: int = Field(default=1, ge=1, le=1_000)
+    """How many of the highest versions to serve."""
+
+
+class SpecificVersions(_Strict):
+    versions: list[Annotated[int, Field(ge=0)]] = Field(min_length=1)
+
+
+class VersionPolicy(_Strict):
+    """Which versions found on disk are served, as Triton's `version_policy`: one of
+    `latest = { num_versions = N }` (the default, N = 1), `all = {}`, or
+    `specific = { versions = [1, 3] }`."""
+
+    latest: LatestVersions | None = None
+    all: dict[str, Any] | None = None
+    specific: SpecificVersions | None = None
+
+    @model_validator(mode="after")
+    def _one_choice(self) -> VersionPolicy:
+        chosen = [n for n in ("latest", "all", "specific") if getattr(self, n) is not None]
+        if len(chosen) > 1:
+            raise ValueError(f"choose one of latest, all, specific; got {', '.join(chosen)}")
+        if self.all:
+            raise ValueError("'all' takes no settings: write all = {}")
+        return self
+
+    def select(self, available: Iterable[int]) -> list[int]:
+        """The versions to serve out of those `available`, highest first."""
+        found = sorted(set(available), reverse=True)
+        if self.all is not None:
+            return found
+        if self.specific is not None:
+            return [v for v in found if v in set(self.specific.versions)]
+        latest = self.latest.num_versions if self.latest is not None else 1
+        return found[:latest]
+
+
+class VariantQuality(_Strict):
+    """How a variant's answers compare with the primary model's (written by `duetime optimize`)."""
+
+    max_abs_error: float = Field(ge=0)
+    """Largest absolute difference of any output element over the sample set."""
+    argmax_agreement: float = Field(ge=0, le=1)
+    """Share of samples whose argmax (over the last axis of the first output) matches."""
+    samples: int = Field(ge=1)
+
+
+class VariantSpeed(_Strict):
+    """The variant's measured execution time beside the primary's (written by `duetime
+    optimize`); routing reads the live latency profile, not these figures."""
+
+    batch_1_us: float = Field(gt=0)
+    primary_batch_1_us: float = Field(gt=0)
+    max_batch_us: float | None = Field(default=None, gt=0)
+    primary_max_batch_us: float | None = Field(default=None, gt=0)
+
+
+class VariantConfig(_Strict):
+    """A cheaper stand-in for the model: another ONNX file in each version folder, taking the
+    same inputs and giving the same outputs (an fp16 or int8 copy, or a smaller model).
+
+    Variants are listed best first; a request goes to the primary model when its predicted
+    finish meets its due time, else to the first variant whose predicted finish does."""
+
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+    file: str = Field(min_length=1, max_length=255, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+    """File name inside each version folder (no folders); a version without it serves without
+    this variant."""
+    kind: Literal["fp16", "int8-dynamic", "int8-static", "model"] = "model"
+    quality: VariantQuality | None = None
+    speed: VariantSpeed | None = None
+
+
+class TrafficConfig(_Strict):
+    """How requests that name no version are spread over the served versions."""
+
+    weights: dict[str, Annotated[float, Field(ge=0)]] | None = None
+    """Version -> weight (A/B split); versions not listed get none. Default: all to the highest."""
+    sticky_key: str | None = Field(default=None, min_length=1, max_length=128)
+    """A request parameter, HTTP header or gRPC metadata key whose value pins a client to a
+    version (rendezvous hashing over the weights)."""
+    shadow: dict[str, Annotated[float, Field(ge=0, le=1)]] | None = None
+    """Version -> share of requests mirrored to it; its answers are compared, never returned."""
+
+    @model_validator(mode="after")
+    def _versions_are_integers(self) -> TrafficConfig:
+        for field, table in (("weights", self.weights), ("shadow", self.shadow)):
+            for key in table or {}:
+                if not (key.isascii() and key.isdigit()):
+                    raise ValueError(f"{field}: version '{key}' is not an integer version")
+        if self.weights is not None and not any(w > 0 for w in self.weights.values()):
+            raise ValueError("weights: at least one version needs a weight above 0")
+        return self
+
+
 class ModelConfig(_Strict):
     """`<repo>/<model>/config.toml`: every field is optional."""
 
@@ -73,6 +169,21 @@ class ModelConfig(_Strict):
     scheduling: SchedulingConfig = SchedulingConfig()
     inputs: list[TensorConfig] | None = None
     outputs: list[TensorConfig] | None = None
+    version_policy: VersionPolicy = VersionPolicy()
+    variants: list[VariantConfig] = []
+    traffic: TrafficConfig = TrafficConfig()
+
+    @model_validator(mode="after")
+    def _unique_variants(self) -> ModelConfig:
+        names = [v.name for v in self.variants]
+        files = [v.file for v in self.variants]
+        for what, values in (("name", names), ("file", files)):
+            repeated = sorted({x for x in values if values.count(x) > 1})
+            if repeated:
+                raise ValueError(f"variants: {what} {', '.join(repeated)} appears more than once")
+        if "model.onnx" in files:
+            raise ValueError("variants: 'model.onnx' is the primary model, not a variant")
+        return self
 
 
 def describe_validation_error(source: str, error: ValidationError) -> str:

@@ -19,12 +19,13 @@ from types import TracebackType
 import numpy as np
 
 from duetime.clock import Clock, MonotonicClock
-from duetime.errors import ConfigError
+from duetime.errors import ConfigError, DuetimeError, ModelNotFound, ModelUnavailable
 from duetime.execution.affinity import CpuPlan
 from duetime.execution.executor import Feeds
-from duetime.repository.layout import ModelSource, scan_repository
-from duetime.repository.loader import LoadedModel, load_version
-from duetime.repository.registry import Deployment, Registry
+from duetime.repository.loader import LoadedModel
+from duetime.repository.manager import ModelManager, RepositoryOptions
+from duetime.repository.registry import PRIMARY, Deployment, Registry
+from duetime.routing.router import Router
 from duetime.scheduling.scheduler import ModelScheduler
 from duetime.types import InferRequest, InferResponse
 
@@ -38,6 +39,7 @@ class Ticket:
     model: str
     version: str
     outputs: tuple[str, ...]
+    variant: str = PRIMARY
     future: asyncio.Future[Feeds] = field(init=False)
     on_done: Callable[[], None] | None = None
     """Set by a front end before control returns to the loop: called once the future settles
@@ -51,54 +53,58 @@ class Ticket:
         """The response once `future` is done (raises the request's error if it failed)."""
         produced = self.future.result()
         outputs = {name: produced[name] for name in self.outputs}
-        return InferResponse(self.model, self.version, request_id, outputs)
+        return InferResponse(self.model, self.version, request_id, outputs, self.variant)
 
 
 class Engine:
     """Models loaded from a repository, each behind its scheduler; the one way to run inference."""
 
-    def __init__(self, *, clock: Clock | None = None, cpus: CpuPlan | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        clock: Clock | None = None,
+        cpus: CpuPlan | None = None,
+        options: RepositoryOptions | None = None,
+    ) -> None:
         self.clock: Clock = clock or MonotonicClock()
         self.cpus = cpus or CpuPlan(None)
+        self.options = options or RepositoryOptions()
         self.registry = Registry()
-        self.repository: Path | None = None
+        self.router = Router(self.registry, self.clock)
+        self.manager: ModelManager | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._placed = 0
+        self._pending_loads: set[asyncio.Task[None]] = set()
 
     # -- lifecycle -----------------------------------------------------------------------------
 
     @classmethod
-    async def start(cls, repository: str | Path, *, clock: Clock | None = None) -> Engine:
-        """An engine serving every model in `repository`, loaded on the running loop's behalf."""
-        engine = cls(clock=clock)
+    async def start(
+        cls,
+        repository: str | Path,
+        *,
+        clock: Clock | None = None,
+        options: RepositoryOptions | None = None,
+    ) -> Engine:
+        """An engine serving the models in `repository` (as `options` say), on this loop."""
+        engine = cls(clock=clock, options=options)
         await engine.load_repository(Path(repository))
         return engine
 
+    @property
+    def repository(self) -> Path | None:
+        return None if self.manager is None else self.manager.root
+
     async def load_repository(self, root: Path) -> None:
-        """Load the latest version of every model under `root`; failures are recorded, not fatal."""
+        """Serve the models under `root`; failures are recorded in the index, not fatal."""
+        if not root.is_dir():
+            raise ConfigError(f"model repository {root} is not a folder")
         self._loop = asyncio.get_running_loop()
-        self.repository = root
-        scan = scan_repository(root)
-        for name, reason in scan.errors.items():
-            log.error("model %s not loaded: %s", name, reason)
-            self.registry.record_failure(name, reason)
-        for source in scan.models:
-            await self.load_model(source, source.latest)
+        self.manager = ModelManager(root, self.options, self.registry, self._deploy)
+        await self.manager.start()
 
-    async def load_model(self, source: ModelSource, version: int) -> bool:
-        """Load one version in a worker thread and publish it; False (and recorded) on failure."""
-        try:
-            loaded = await asyncio.to_thread(load_version, source, version)
-        except ConfigError as exc:
-            log.error("model %s version %d not loaded: %s", source.name, version, exc.message)
-            self.registry.record_failure(source.name, exc.message)
-            return False
-        self.registry.publish(self._deploy(loaded))
-        log.info("model %s version %s ready", loaded.name, loaded.version)
-        return True
-
-    def _deploy(self, loaded: LoadedModel) -> Deployment:
+    def _deploy(self, loaded: LoadedModel, variant: str) -> Deployment:
         loop = asyncio.get_running_loop()
         pins = self.cpus.for_instances(
             loaded.config.instances, loaded.profile.predict(1), offset=self._placed
@@ -106,6 +112,7 @@ class Engine:
         self._placed += loaded.config.instances
         loaded.executor.start(loop, pins)
         timeout_ms = loaded.config.default_timeout_ms
+        label = f"'{loaded.name}' version {loaded.version}"
         scheduler = ModelScheduler(
             executor=loaded.executor,
             config=loaded.config.scheduling,
@@ -113,12 +120,14 @@ class Engine:
             profile=loaded.profile,
             default_timeout_ns=None if timeout_ms is None else int(timeout_ms * 1e6),
             clock=self.clock,
-            label=f"'{loaded.name}' version {loaded.version}",
+            label=label if variant == PRIMARY else f"{label} variant {variant}",
         )
-        return Deployment(loaded, scheduler)
+        return Deployment(loaded, scheduler, variant)
 
     async def aclose(self, grace_s: float = 5.0) -> None:
         """Stop serving: drain each scheduler for up to `grace_s`, then stop the instances."""
+        if self.manager is not None:
+            await self.manager.aclose()
         deployments = self.registry.clear()
         await asyncio.gather(*(d.scheduler.aclose(grace_s) for d in deployments))
         for deployment in deployments:
@@ -131,20 +140,77 @@ class Engine:
     # -- inference -----------------------------------------------------------------------------
 
     def submit(self, request: InferRequest) -> Ticket:
-        """Validate and queue `request` on the loop; raise a DuetimeError if it cannot be queued."""
-        deployment = self.registry.resolve(request.model, request.version)
-        model = deployment.model
-        prepared = model.validator.prepare(request.inputs, request.outputs)
-        ticket = Ticket(model.name, model.version, prepared.outputs)
-        ticket.future = deployment.scheduler.submit_nowait(
+        """Route, validate and queue `request` on the loop; raise a DuetimeError if it cannot be
+        queued. A model not loaded yet (lazy loading) is loaded first if the request can wait."""
+        try:
+            routed = self.router.route(request)
+        except ModelNotFound:
+            if self.manager is None or not self.manager.can_load_lazily(request.model):
+                raise
+            return self._submit_after_load(request, self.manager)
+        model = routed.deployment.model
+        prepared = routed.prepared
+        ticket = Ticket(model.name, model.version, prepared.outputs, routed.deployment.variant)
+        ticket.future = routed.deployment.scheduler.submit_nowait(
             prepared.feeds,
             rows=prepared.rows,
             shape_key=prepared.shape_key,
-            due_ns=request.due_ns,
+            due_ns=routed.due_ns,
             priority=request.priority,
             on_done=ticket._settled,
         )
+        if routed.served.traffic.shadows:
+            self.router.mirror(routed, request, ticket.future)
         return ticket
+
+    def _submit_after_load(self, request: InferRequest, manager: ModelManager) -> Ticket:
+        """A ticket for a model being loaded on demand; refused at once if loading would take
+        longer than the request may wait."""
+        estimate_ns = int(manager.load_estimate_s(request.model) * 1e9)
+        now = self.clock.now_ns()
+        if request.due_ns is not None and now + estimate_ns > request.due_ns:
+            raise ModelUnavailable(
+                f"model '{request.model}' is not loaded; loading takes about "
+                f"{estimate_ns / 1e6:.0f} ms but the request is due in "
+                f"{(request.due_ns - now) / 1e6:.0f} ms; it is loading now, retry shortly"
+            )  # the load still starts, for the requests that follow
+        ticket = Ticket(request.model, "", ())
+        ticket.future = asyncio.get_running_loop().create_future()
+        task = asyncio.get_running_loop().create_task(self._load_then_submit(request, ticket))
+        self._pending_loads.add(task)
+        task.add_done_callback(self._pending_loads.discard)
+        return ticket
+
+    async def _load_then_submit(self, request: InferRequest, ticket: Ticket) -> None:
+        outer = ticket.future
+        try:
+            assert self.manager is not None
+            await self.manager.load(request.model, explicit=False)
+            if outer.done():
+                return
+            inner = self.submit(request)
+        except DuetimeError as exc:
+            if not outer.done():
+                outer.set_exception(exc)
+                ticket._settled()
+            return
+        ticket.version, ticket.outputs, ticket.variant = inner.version, inner.outputs, inner.variant
+
+        def relay(done: asyncio.Future[Feeds]) -> None:
+            if outer.done():
+                return
+            if done.cancelled():
+                outer.cancel()
+                return
+            error = done.exception()
+            if error is not None:
+                outer.set_exception(error)
+            else:
+                outer.set_result(done.result())
+            ticket._settled()
+
+        inner.future.add_done_callback(relay)
+        outer.add_done_callback(lambda f: inner.future.cancel() if f.cancelled() else None)
 
     async def infer_async(
         self,
@@ -225,9 +291,15 @@ class Engine:
     # -- synchronous use -----------------------------------------------------------------------
 
     @classmethod
-    def open(cls, repository: str | Path, *, clock: Clock | None = None) -> Engine:
+    def open(
+        cls,
+        repository: str | Path,
+        *,
+        clock: Clock | None = None,
+        options: RepositoryOptions | None = None,
+    ) -> Engine:
         """An engine whose loop runs on a private thread, for synchronous callers; `close()` it."""
-        engine = cls(clock=clock)
+        engine = cls(clock=clock, options=options)
         started: concurrent.futures.Future[None] = concurrent.futures.Future()
         engine._thread = threading.Thread(
             target=engine._run_loop, args=(Path(repository), started), name="duetime-engine",

@@ -93,11 +93,10 @@ class Server:
     def _sample(self) -> None:
         assert self.shedder is not None
         missed = seen = 0
-        for served in self.engine.registry.snapshot.models.values():
-            for deployment in served.versions.values():
-                stats = deployment.scheduler.statistics()
-                missed += stats.rejected + stats.expired
-                seen += stats.succeeded + stats.failed + stats.rejected + stats.expired
+        for deployment in self.engine.registry.snapshot.deployments():
+            stats = deployment.scheduler.statistics()
+            missed += stats.rejected + stats.expired
+            seen += stats.succeeded + stats.failed + stats.rejected + stats.expired
         self.shedder.sample(missed, seen)
         self._shed_timer = asyncio.get_running_loop().call_later(SHED_PERIOD_S, self._sample)
 

@@ -56,6 +56,8 @@ class InferRequest:
     due_ns: int | None = None
     priority: int = 0
     parameters: Mapping[str, Any] = field(default_factory=dict)
+    headers: Mapping[str, str] = field(default_factory=dict)
+    """HTTP headers or gRPC metadata, lower-case keys (the traffic policy's sticky key)."""
 
 
 @dataclass(slots=True, eq=False)
@@ -66,3 +68,5 @@ class InferResponse:
     version: str
     id: str
     outputs: dict[str, np.ndarray]
+    variant: str = "default"
+    """Which of the version's variants answered ("default": its own model.onnx)."""

@@ -36,7 +36,7 @@ def test_http_statistics_count_inferences_and_show_the_profile(server: RunningSe
     assert success["count"] >= 1
     assert success["ns"] > 0
     assert any(b["batch_size"] == 3 for b in after["batch_stats"])
-    profile = after["duetime"]["latency_profile"]
+    profile = after["duetime"]["variants"][0]["latency_profile"]
     assert profile[0]["batch_size"] == 1
     assert profile[-1]["batch_size"] == 64
     assert all(p["measured_median_us"] > 0 for p in profile)

@@ -8,7 +8,8 @@ from typing import Any
 import pytest
 
 from duetime.errors import ModelNotFound, ModelUnavailable
-from duetime.repository.registry import Deployment, Registry
+from duetime.config import TrafficConfig
+from duetime.repository.registry import Deployment, Registry, ServedVersion
 
 
 def deployment(name: str, version: str) -> Deployment:
@@ -18,10 +19,18 @@ def deployment(name: str, version: str) -> Deployment:
     return Deployment(model, scheduler)
 
 
+def publish(registry: Registry, item: Deployment) -> None:
+    """Serve `item` beside the versions of its model already served."""
+    current = registry.snapshot.models.get(item.model.name)
+    versions = dict(current.versions) if current else {}
+    versions[item.model.version] = ServedVersion(item.model.version, (item,))
+    registry.publish(item.model.name, versions, TrafficConfig())
+
+
 def registry_with(*deployments: Deployment) -> Registry:
     registry = Registry()
     for item in deployments:
-        registry.publish(item)
+        publish(registry, item)
     return registry
 
 
@@ -86,7 +95,7 @@ def test_unknown_version_lists_loaded_versions() -> None:
 def test_failure_of_an_unserved_model_is_unavailable_not_unknown() -> None:
     registry = Registry()
     registry.record_failure("m", "bad config")
-    with pytest.raises(ModelUnavailable, match="model 'm' failed to load: bad config"):
+    with pytest.raises(ModelUnavailable, match="model 'm' is not available: bad config"):
         registry.resolve("m", None)
     with pytest.raises(ModelNotFound, match="unknown model 'other'"):
         registry.resolve("other", None)
@@ -97,7 +106,7 @@ def test_publish_clears_the_failure() -> None:
     registry.record_failure("m", "bad config")
     registry.record_failure("n", "broken")
     one = deployment("m", "1")
-    registry.publish(one)
+    publish(registry, one)
     assert registry.resolve("m", None) is one
     assert dict(registry.snapshot.failures) == {"n": "broken"}
 
@@ -113,13 +122,13 @@ def test_failure_does_not_replace_a_working_model() -> None:
 def test_snapshots_are_immutable_and_replaced_whole() -> None:
     registry = registry_with(deployment("m", "1"))
     before = registry.snapshot
-    registry.publish(deployment("m", "2"))
+    publish(registry, deployment("m", "2"))
     assert list(before.models["m"].versions) == ["1"]
     assert registry.snapshot is not before
     with pytest.raises(TypeError):
         registry.snapshot.models["x"] = before.models["m"]  # type: ignore[index]
     with pytest.raises(TypeError):
-        registry.snapshot.models["m"].versions["3"] = deployment("m", "3")  # type: ignore[index]
+        registry.snapshot.models["m"].versions["3"] = ServedVersion("3", ())  # type: ignore[index]
 
 
 def test_clear_returns_every_deployment() -> None:
@@ -132,3 +141,21 @@ def test_clear_returns_every_deployment() -> None:
     assert dict(registry.snapshot.failures) == {}
     with pytest.raises(ModelNotFound):
         registry.resolve("a", None)
+
+
+def test_publishing_no_versions_stops_serving_the_model() -> None:
+    registry = registry_with(deployment("m", "1"), deployment("n", "1"))
+    registry.publish("m", {}, TrafficConfig())
+    assert list(registry.snapshot.models) == ["n"]
+    with pytest.raises(ModelNotFound):
+        registry.resolve("m", None)
+
+
+def test_traffic_plan_only_names_served_versions() -> None:
+    registry = registry_with(deployment("m", "1"), deployment("m", "2"))
+    current = registry.snapshot.models["m"]
+    traffic = TrafficConfig(weights={"1": 70, "2": 30, "7": 50}, shadow={"2": 0.1, "9": 1.0})
+    registry.publish("m", current.versions, traffic)
+    plan = registry.snapshot.models["m"].traffic
+    assert plan.versions == ("1", "2")
+    assert plan.shadows == (("2", 0.1),)

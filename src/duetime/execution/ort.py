@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import hashlib
+import logging
+import os
+import platform
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +17,8 @@ import onnxruntime as ort
 from duetime.datatypes import V2_OF_ONNX
 from duetime.errors import ConfigError, InvalidInput
 from duetime.types import TensorSpec
+
+log = logging.getLogger("duetime.ort")
 
 
 def session_options(*, intra_op_threads: int, inter_op_threads: int) -> ort.SessionOptions:
@@ -34,6 +42,77 @@ def open_session(model_path: Path, options: ort.SessionOptions) -> ort.Inference
         )
     except Exception as exc:  # ORT raises its own exception types for bad graphs and files
         raise ConfigError(f"{model_path}: ONNX Runtime cannot load it: {exc}") from exc
+
+
+CACHE_DIR = ".duetime-cache"
+"""Folder beside a model file that holds ORT's optimised copy of it (ignored by the scanner)."""
+
+
+def cached_session(model_path: Path, options: ort.SessionOptions) -> ort.InferenceSession:
+    """A session on `model_path`, reusing the graph ORT optimised the last time it loaded this
+    exact file (same bytes, ORT version and CPU features), or saving it for the next time.
+
+    The cache is `<folder>/.duetime-cache/<name>.<key>.onnx`; a cache that cannot be written
+    (a read-only repository, a model with external data) only costs the time it saves.
+    """
+    try:
+        cached = model_path.parent / CACHE_DIR / f"{model_path.stem}.{_cache_key(model_path)}.onnx"
+    except OSError:
+        return open_session(model_path, options)
+    if cached.is_file():
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+        try:
+            return open_session(cached, options)
+        except ConfigError:
+            log.warning("%s: cached optimised graph is unusable; optimising again", cached)
+        finally:
+            options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    partial = cached.with_name(f".{cached.name}.{os.getpid()}.partial")
+    try:
+        cached.parent.mkdir(exist_ok=True)
+        options.optimized_model_filepath = str(partial)
+    except OSError:
+        return open_session(model_path, options)
+    try:
+        session = open_session(model_path, options)
+    except ConfigError:
+        # NOTE: saving the optimised graph fails for some models (over 2 GB, say) that load
+        # fine without it; a model ORT cannot load at all fails again below.
+        options.optimized_model_filepath = ""
+        with contextlib.suppress(OSError):
+            partial.unlink()
+        return open_session(model_path, options)
+    finally:
+        options.optimized_model_filepath = ""
+    try:
+        os.replace(partial, cached)
+    except OSError as exc:
+        log.info("%s: optimised graph not cached: %s", model_path, exc)
+        with contextlib.suppress(OSError):
+            partial.unlink()
+    return session
+
+
+def _cache_key(model_path: Path) -> str:
+    digest = hashlib.sha256()
+    with model_path.open("rb") as handle:
+        while chunk := handle.read(1 << 20):
+            digest.update(chunk)
+    digest.update(f"{ort.__version__}/{platform.machine()}/{_cpu_features()}".encode())
+    return digest.hexdigest()[:20]
+
+
+@functools.cache
+def _cpu_features() -> str:
+    """The CPU's feature flags (ORT's optimised graphs may use AVX-512 kernels, say)."""
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as info:
+            for line in info:
+                if line.startswith(("flags", "Features")):
+                    return hashlib.sha256(line.encode()).hexdigest()[:12]
+    except OSError:
+        pass
+    return platform.processor()
 
 
 def graph_specs(

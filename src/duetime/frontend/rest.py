@@ -165,7 +165,9 @@ class RestApi:
     def _statistics(self, model: str | None, version: str | None) -> Reply:
         if model is not None:
             self._engine.registry.resolve(model, version)
-        return _json(statistics_json(self._engine.registry.snapshot, model, version))
+        return _json(statistics_json(
+            self._engine.registry.snapshot, model, version, self._engine.router.shadows
+        ))
 
     # -- inference -----------------------------------------------------------------------------
 

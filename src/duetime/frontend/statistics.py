@@ -2,32 +2,48 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
-from duetime.repository.registry import Deployment, Snapshot
+from duetime.repository.registry import Deployment, ServedVersion, Snapshot
+from duetime.routing.router import ShadowStatistics
+from duetime.scheduling.scheduler import SchedulerStatistics
 
 
 def _duration(count: int, ns: int) -> dict[str, int]:
     return {"count": count, "ns": ns}
 
 
-def model_statistics_json(deployment: Deployment) -> dict[str, Any]:
-    """One `model_stats` entry: Triton's fields, and `duetime` with the scheduler's own view."""
-    stats = deployment.scheduler.statistics()
-    model = deployment.model
-    failed = stats.failed + stats.rejected + stats.expired
-    return {
-        "name": model.name,
-        "version": model.version,
-        "last_inference": stats.last_inference_ms,
-        "inference_count": stats.inferences,
-        "execution_count": stats.executions,
+def model_statistics_json(
+    name: str, version: ServedVersion, shadows: Mapping[str, ShadowStatistics] | None = None
+) -> dict[str, Any]:
+    """One `model_stats` entry: Triton's fields summed over the version's variants, and
+    `duetime` with each variant's scheduler view (and shadow comparisons, if any)."""
+    per_variant = [(d, d.scheduler.statistics()) for d in version.variants]
+
+    def total(field: str) -> int:
+        return sum(getattr(stats, field) for _, stats in per_variant)
+
+    batches: dict[int, list[int]] = {}
+    for _, stats in per_variant:
+        for size, batch in stats.batch_sizes.items():
+            entry = batches.setdefault(size, [0, 0])
+            entry[0] += batch.count
+            entry[1] += batch.compute_ns
+    succeeded = total("succeeded")
+    failed = total("failed") + total("rejected") + total("expired")
+    doc: dict[str, Any] = {
+        "name": name,
+        "version": version.version,
+        "last_inference": max(stats.last_inference_ms for _, stats in per_variant),
+        "inference_count": total("inferences"),
+        "execution_count": total("executions"),
         "inference_stats": {
-            "success": _duration(stats.succeeded, stats.success_ns),
+            "success": _duration(succeeded, total("success_ns")),
             "fail": _duration(failed, 0),
-            "queue": _duration(stats.succeeded + stats.failed, stats.queue_ns),
+            "queue": _duration(succeeded + total("failed"), total("queue_ns")),
             "compute_input": _duration(0, 0),
-            "compute_infer": _duration(stats.succeeded, stats.compute_ns),
+            "compute_infer": _duration(succeeded, total("compute_ns")),
             "compute_output": _duration(0, 0),
             "cache_hit": _duration(0, 0),
             "cache_miss": _duration(0, 0),
@@ -36,35 +52,51 @@ def model_statistics_json(deployment: Deployment) -> dict[str, Any]:
             {
                 "batch_size": size,
                 "compute_input": _duration(0, 0),
-                "compute_infer": _duration(batch.count, batch.compute_ns),
+                "compute_infer": _duration(count, ns),
                 "compute_output": _duration(0, 0),
             }
-            for size, batch in sorted(stats.batch_sizes.items())
+            for size, (count, ns) in sorted(batches.items())
         ],
-        "duetime": {
-            "queued": stats.queued,
-            "peak_queued": stats.peak_queued,
-            "busy_instances": stats.busy_instances,
-            "instances": stats.instances,
-            "rejected": stats.rejected,
-            "expired": stats.expired,
-            "late": stats.late,
-            "failed": stats.failed,
-            "cancelled": stats.cancelled,
-            "handoff_overhead_ns": stats.overhead_ns,
-            "scheduling_policy": model.config.scheduling.policy,
-            "latency_profile": deployment.scheduler.profile.snapshot(),
-        },
+    }
+    doc["duetime"] = {"variants": [_variant_json(d, stats) for d, stats in per_variant]}
+    if shadows:
+        doc["duetime"]["shadows"] = {v: s.as_json() for v, s in sorted(shadows.items())}
+    return doc
+
+
+def _variant_json(deployment: Deployment, stats: SchedulerStatistics) -> dict[str, Any]:
+    return {
+        "variant": deployment.variant,
+        "succeeded": stats.succeeded,
+        "queued": stats.queued,
+        "peak_queued": stats.peak_queued,
+        "busy_instances": stats.busy_instances,
+        "instances": stats.instances,
+        "rejected": stats.rejected,
+        "expired": stats.expired,
+        "late": stats.late,
+        "failed": stats.failed,
+        "cancelled": stats.cancelled,
+        "handoff_overhead_ns": stats.overhead_ns,
+        "scheduling_policy": deployment.model.config.scheduling.policy,
+        "latency_profile": deployment.scheduler.profile.snapshot(),
     }
 
 
-def statistics_json(snapshot: Snapshot, name: str | None, version: str | None) -> dict[str, Any]:
+def statistics_json(
+    snapshot: Snapshot,
+    name: str | None,
+    version: str | None,
+    shadows: Mapping[tuple[str, str], ShadowStatistics] | None = None,
+) -> dict[str, Any]:
     """Statistics of every served version of `name` (or of `version` only), or of all models."""
-    deployments = [
-        deployment
-        for model_name, served in sorted(snapshot.models.items())
-        if name is None or model_name == name
-        for v, deployment in sorted(served.versions.items(), key=lambda item: int(item[0]))
-        if version is None or v == version
-    ]
-    return {"model_stats": [model_statistics_json(d) for d in deployments]}
+    entries = []
+    for model_name, served in sorted(snapshot.models.items()):
+        if name is not None and model_name != name:
+            continue
+        mine = {v: s for (m, v), s in (shadows or {}).items() if m == model_name}
+        for number, served_version in sorted(served.versions.items(), key=lambda i: int(i[0])):
+            if version is None or number == version:
+                shadow = mine if number == served.default else None
+                entries.append(model_statistics_json(model_name, served_version, shadow))
+    return {"model_stats": entries}

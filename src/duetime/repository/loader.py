@@ -13,11 +13,11 @@ from pathlib import Path
 
 import numpy as np
 
-from duetime.config import ModelConfig, TensorConfig, load_model_config
+from duetime.config import ModelConfig, TensorConfig, VariantConfig, load_model_config
 from duetime.datatypes import NUMPY_OF
 from duetime.errors import ConfigError, DuetimeError
 from duetime.execution.executor import Executor
-from duetime.execution.ort import graph_specs, open_session, session_options, strings_for_ort
+from duetime.execution.ort import cached_session, graph_specs, session_options, strings_for_ort
 from duetime.repository.layout import ModelSource
 from duetime.scheduling.profile import LatencyProfile, batch_buckets, profile_from_samples
 from duetime.types import ModelSignature, TensorSpec
@@ -26,6 +26,9 @@ from duetime.validation import Validator
 log = logging.getLogger("duetime.loader")
 
 DEFAULT_MAX_BATCH_SIZE = 32
+
+PROFILE_BUDGET_S = 1.0
+"""Time spent measuring the latency profile of one model version at load."""
 
 
 @dataclass(eq=False)
@@ -42,29 +45,55 @@ class LoadedModel:
     profile: LatencyProfile
 
 
-def load_version(source: ModelSource, version: int) -> LoadedModel:
-    """Load `version` of `source`; raise ConfigError naming the file and the field on failure."""
-    config = load_model_config(source.directory)
+def load_version(
+    source: ModelSource,
+    version: int,
+    config: ModelConfig | None = None,
+    *,
+    variant: VariantConfig | None = None,
+    primary: ModelSignature | None = None,
+    profile_budget_s: float = PROFILE_BUDGET_S,
+) -> LoadedModel:
+    """Load `version` of `source` (its `variant` file when given); raise ConfigError naming the
+    file and the field on failure. A variant must take and give what the `primary` does."""
+    if config is None:
+        config = load_model_config(source.directory)
     path = source.versions[version]
+    if variant is not None:
+        path = path.with_name(variant.file)
     options = session_options(
         intra_op_threads=config.intra_op_threads, inter_op_threads=config.inter_op_threads
     )
-    sessions = [open_session(path, options) for _ in range(config.instances)]
+    sessions = [cached_session(path, options) for _ in range(config.instances)]
     graph_inputs, graph_outputs = graph_specs(sessions[0], path)
     signature = reconcile(config, graph_inputs, graph_outputs, source=str(source.directory))
+    if primary is not None and (
+        primary.inputs != signature.inputs or primary.outputs != signature.outputs
+    ):
+        raise ConfigError(
+            f"{path}: variant '{variant.name if variant else path.name}' must take and give what "
+            f"the model does: inputs {_describe(primary.inputs)} and outputs "
+            f"{_describe(primary.outputs)}, but it has {_describe(signature.inputs)} and "
+            f"{_describe(signature.outputs)}"
+        )
+    label = f"{source.name}-{version}" + (f"-{variant.name}" if variant else "")
     executor = Executor(
         sessions,
         output_names=[spec.name for spec in signature.outputs],
         string_outputs=frozenset(s.name for s in signature.outputs if s.datatype == "BYTES"),
         batched=signature.max_batch_size > 0,
-        label=f"{source.name}-{version}",
+        label=label,
     )
     warm_up(executor, signature, path)
-    profile = measure_profile(executor, signature, path)
+    profile = measure_profile(executor, signature, path, profile_budget_s)
     validator = Validator(source.name, signature)
     return LoadedModel(
         source.name, str(version), path, config, signature, validator, executor, profile
     )
+
+
+def _describe(specs: tuple[TensorSpec, ...]) -> str:
+    return ", ".join(f"{s.name} {s.describe()}" for s in specs)
 
 
 def reconcile(
@@ -145,10 +174,6 @@ def sample_inputs(signature: ModelSignature, rows: int, seed: int = 0) -> dict[s
         else:
             feeds[spec.name] = np.zeros(shape, dtype=dtype)
     return feeds
-
-
-PROFILE_BUDGET_S = 1.0
-"""Time spent measuring the latency profile of one model version at load."""
 
 
 def measure_profile(

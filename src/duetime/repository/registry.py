@@ -2,30 +2,50 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
+from duetime.config import TrafficConfig
 from duetime.errors import ModelNotFound, ModelUnavailable
 from duetime.repository.loader import LoadedModel
+from duetime.routing.traffic import TrafficPlan, plan_traffic
 from duetime.scheduling.scheduler import ModelScheduler
+
+PRIMARY = "default"
+"""The variant name of a version's own `model.onnx`."""
 
 
 @dataclass(frozen=True, slots=True, eq=False)
 class Deployment:
-    """A loaded version with the scheduler that feeds its instances."""
+    """A loaded variant of a version with the scheduler that feeds its instances."""
 
     model: LoadedModel
     scheduler: ModelScheduler
+    variant: str = PRIMARY
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class ServedVersion:
+    """One version: its primary model first, then its cheaper variants, best first."""
+
+    version: str
+    variants: tuple[Deployment, ...]
+
+    @property
+    def primary(self) -> Deployment:
+        return self.variants[0]
 
 
 @dataclass(frozen=True, slots=True)
 class ServedModel:
-    """All served versions of one model; `default` answers requests that name no version."""
+    """All served versions of one model; `traffic` spreads requests that name no version."""
 
     name: str
-    versions: Mapping[str, Deployment]
+    versions: Mapping[str, ServedVersion]
     default: str
+    """The highest served version: what metadata calls without a version describe."""
+    traffic: TrafficPlan
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,49 +54,72 @@ class Snapshot:
 
     models: Mapping[str, ServedModel] = field(default_factory=dict)
     failures: Mapping[str, str] = field(default_factory=dict)
-    """Model name -> why it could not be loaded."""
+    """Model name -> why it could not be loaded (while no version of it is served)."""
+
+    def deployments(self) -> Iterator[Deployment]:
+        for served in self.models.values():
+            for version in served.versions.values():
+                yield from version.variants
 
 
 class Registry:
-    """Publishes deployments by swapping one reference; resolves model and version names."""
+    """Publishes models by swapping one reference; resolves model and version names."""
 
     def __init__(self) -> None:
         self.snapshot = Snapshot()
 
-    def publish(self, deployment: Deployment) -> None:
-        """Serve `deployment`, its version beside the others; the highest version is the default."""
-        name = deployment.model.name
-        current = self.snapshot.models.get(name)
-        versions = dict(current.versions) if current else {}
-        versions[deployment.model.version] = deployment
-        served = ServedModel(name, MappingProxyType(versions), max(versions, key=int))
-        models = {**self.snapshot.models, name: served}
-        failures = {k: v for k, v in self.snapshot.failures.items() if k != name}
+    def publish(
+        self, name: str, versions: Mapping[str, ServedVersion], traffic: TrafficConfig
+    ) -> None:
+        """Serve exactly `versions` of `name` from now on (none: stop serving it)."""
+        snapshot = self.snapshot
+        models = dict(snapshot.models)
+        if versions:
+            default = max(versions, key=int)
+            plan = plan_traffic(traffic, list(versions), default)
+            models[name] = ServedModel(name, MappingProxyType(dict(versions)), default, plan)
+        else:
+            models.pop(name, None)
+        failures = {k: v for k, v in snapshot.failures.items() if k != name or not versions}
         self.snapshot = Snapshot(MappingProxyType(models), MappingProxyType(failures))
 
-    def record_failure(self, name: str, reason: str) -> None:
-        failures = {**self.snapshot.failures, name: reason}
+    def record_failure(self, name: str, reason: str | None) -> None:
+        """Remember why `name` is not served (None forgets it)."""
+        failures = {k: v for k, v in self.snapshot.failures.items() if k != name}
+        if reason is not None:
+            failures[name] = reason
         self.snapshot = Snapshot(self.snapshot.models, MappingProxyType(failures))
 
     def clear(self) -> list[Deployment]:
         """Stop serving everything; returns what was served so the caller can close it."""
         old = self.snapshot
         self.snapshot = Snapshot()
-        return [d for served in old.models.values() for d in served.versions.values()]
+        return list(old.deployments())
 
-    def resolve(self, name: str, version: str | None) -> Deployment:
-        """The deployment for `name` and `version` (None or "": the default version)."""
+    def served(self, name: str) -> ServedModel:
+        """The served model `name`, or the error a client should see."""
         snapshot = self.snapshot
         served = snapshot.models.get(name)
         if served is None:
             if name in snapshot.failures:
-                raise ModelUnavailable(f"model '{name}' failed to load: {snapshot.failures[name]}")
+                raise ModelUnavailable(
+                    f"model '{name}' is not available: {snapshot.failures[name]}"
+                )
             known = ", ".join(repr(n) for n in sorted(snapshot.models)) or "none"
             raise ModelNotFound(f"unknown model '{name}'; served models: {known}")
-        deployment = served.versions.get(version or served.default)
-        if deployment is None:
+        return served
+
+    def version(self, name: str, version: str | None) -> ServedVersion:
+        """The served `version` of `name` (None or "": the default version)."""
+        served = self.served(name)
+        found = served.versions.get(version or served.default)
+        if found is None:
             loaded = ", ".join(sorted(served.versions, key=int))
             raise ModelNotFound(
                 f"model '{name}' has no version '{version}' loaded; loaded versions: {loaded}"
             )
-        return deployment
+        return found
+
+    def resolve(self, name: str, version: str | None) -> Deployment:
+        """The primary deployment of `name` and `version` (None or "": the default version)."""
+        return self.version(name, version).primary

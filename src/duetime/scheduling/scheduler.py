@@ -116,6 +116,9 @@ class ModelScheduler:
         self._exec_margin = config.exec_margin
         self._sweeper: asyncio.TimerHandle | None = None
         self._closed = False
+        self.last_arrival_ns = clock.now_ns()
+        """When the last request arrived (or the scheduler started): the least recently used
+        model is the first unloaded when the memory budget is reached."""
         self._drained = asyncio.Event()
         self._drained.set()
         self._batch_sizes: dict[int, BatchSizeStatistics] = {}
@@ -148,6 +151,7 @@ class ModelScheduler:
                 f"model {self._label} is shutting down; retry on another replica"
             )
         now = self._clock.now_ns()
+        self.last_arrival_ns = now
         if due_ns is None and self._default_timeout_ns is not None:
             due_ns = now + self._default_timeout_ns
         queue = self._queue
@@ -182,7 +186,27 @@ class ModelScheduler:
             self._sweeper = self._loop.call_later(_SWEEP_S, self._sweep)
         return future
 
-    def _admit(self, now: int, due_ns: int, rows: int, key: tuple[int, int, int]) -> None:
+    def fits(self, now: int, due_ns: int, rows: int, priority: int) -> bool:
+        """Whether a request of `rows` due at `due_ns` would be admitted now (the router asks
+        before choosing a variant); pure, changes nothing."""
+        queue = self._queue
+        if len(queue) >= queue.capacity or due_ns <= now:
+            return False
+        key = queue.key_for(priority if priority > 0 else self._config.default_priority_level, due_ns)
+        finish, _ = self._predict(now, rows, key)
+        return finish + self._margin_for(rows) <= due_ns
+
+    @property
+    def default_timeout_ns(self) -> int | None:
+        return self._default_timeout_ns
+
+    @property
+    def idle(self) -> bool:
+        """Nothing queued and nothing running."""
+        return self._drained.is_set()
+
+    def _predict(self, now: int, rows: int, key: tuple[int, int, int]) -> tuple[int, int]:
+        """Predicted finish of a request of `rows` with queue key `key`, and how many are ahead."""
         queue = self._queue
         ahead = queue.ahead_of(key) if self._edf else len(queue)
         rows_ahead = ahead * queue.rows // len(queue) if ahead else 0
@@ -194,6 +218,10 @@ class ModelScheduler:
             per_row_ns=self.profile.per_row_ns(),
             exec_ns=self._exec_ns(rows),
         )
+        return finish, ahead
+
+    def _admit(self, now: int, due_ns: int, rows: int, key: tuple[int, int, int]) -> None:
+        finish, ahead = self._predict(now, rows, key)
         needed = finish + self._margin_for(rows)
         rejection = admit(now_ns=now, due_ns=due_ns, predicted_finish_ns=needed)
         if rejection is None:

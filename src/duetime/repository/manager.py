@@ -1,0 +1,495 @@
+"""ModelManager: keeps the served models in step with the repository on disk.
+
+It loads a version (and its variants) in a worker thread, warms it up and profiles it, then
+publishes it by swapping the registry's snapshot; the versions it replaces stop taking requests at
+that instant, finish what is already queued on them, and are closed once drained. A version that
+fails to load never replaces a working one: the versions already served stay, and the index
+reports the failure and its reason.
+
+Half-written files: a version is loaded only once every file it loads (model, variants, config)
+has gone `stable_s` seconds without changing (size and modification time). A copy in progress
+keeps touching its file, so it is picked up by a later poll, once complete; an explicit load
+request waits for the files to settle. Copying into a hidden folder (`.tmp-3`) and renaming it to
+the version number is atomic and needs no wait.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from duetime.config import CONFIG_FILENAMES, ModelConfig, load_model_config, parse_model_config
+from duetime.errors import ConfigError, DuetimeError, InvalidInput, ModelNotFound, ModelUnavailable
+from duetime.repository.layout import ModelSource, scan_model, scan_repository
+from duetime.repository.loader import LoadedModel, load_version
+from duetime.repository.registry import (
+    PRIMARY,
+    Deployment,
+    Registry,
+    ServedModel,
+    ServedVersion,
+)
+
+log = logging.getLogger("duetime.manager")
+
+ControlMode = Literal["none", "explicit", "poll"]
+
+VARIANT_PROFILE_BUDGET_S = 0.5
+"""Profiling time per variant: variants only take over when the primary cannot keep up."""
+
+
+@dataclass(frozen=True, slots=True)
+class RepositoryOptions:
+    """How the repository is watched and how many models it may keep loaded."""
+
+    control_mode: ControlMode = "none"
+    """`none`: load everything at start, no changes after; `explicit`: the repository API loads
+    and unloads; `poll`: rescan every `poll_s` and apply what changed (as Triton)."""
+    poll_s: float = 5.0
+    stable_s: float = 1.0
+    """A version's files must be unchanged this long before they are loaded."""
+    startup_models: tuple[str, ...] = ()
+    """Explicit mode: models to load at start (`*`: all)."""
+    max_loaded_models: int | None = None
+    max_loaded_bytes: int | None = None
+    """Budget on the model files loaded, counted once per instance (ORT's memory for a model is
+    roughly its weights per session); the least recently used idle model is unloaded to stay
+    within it."""
+    lazy: bool = False
+    """Load a model on its first request instead of at start."""
+    drain_s: float = 30.0
+    """How long a replaced or unloaded version may take to finish its queued requests."""
+
+
+@dataclass(slots=True)
+class VersionState:
+    """What the repository index says of one version."""
+
+    state: Literal["READY", "LOADING", "UNLOADING", "UNAVAILABLE"]
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Fingerprint:
+    """What a loaded version was made from; any change to it means a reload."""
+
+    files: tuple[tuple[str, int, int], ...]
+    """(name, size, modification time in ns) of each file the version loads."""
+    config: str
+    """Digest of the config the version was loaded with."""
+
+    @property
+    def newest_ns(self) -> int:
+        return max(mtime for _, _, mtime in self.files)
+
+
+IndexEntry = dict[str, str]
+"""One row of the repository index: name, and version, state, reason where known."""
+
+
+def check_model_name(name: str) -> str:
+    """`name` if it can only name a folder directly under the repository; InvalidInput if not."""
+    if (
+        not name
+        or len(name) > 255
+        or name in (".", "..")
+        or name.startswith((".", "_"))
+        or any(c in name for c in "/\\\0")
+    ):
+        raise InvalidInput(
+            f"model name {name!r} is not valid: expected a folder name directly under the "
+            "model repository (no '/', '\\', leading '.' or '_')"
+        )
+    return name
+
+
+def parse_config_override(text: str, name: str) -> ModelConfig:
+    """A load request's `config` parameter (JSON in duetime's model config schema)."""
+    import orjson
+
+    try:
+        data = orjson.loads(text)
+    except orjson.JSONDecodeError as exc:
+        raise InvalidInput(f"load parameter 'config': not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise InvalidInput("load parameter 'config': expected a JSON object of model settings")
+    given = data.pop("name", name)
+    if given != name:
+        raise InvalidInput(f"load parameter 'config': name '{given}' is not the model '{name}'")
+    if data.get("backend") in ("onnxruntime", "onnxruntime_onnx"):
+        data.pop("backend")
+    try:
+        return parse_model_config(data, source="load parameter 'config'")
+    except ConfigError as exc:
+        raise InvalidInput(exc.message) from None
+
+
+class ModelManager:
+    """Loads, reloads and unloads models of one repository; the repository API's backend."""
+
+    def __init__(
+        self,
+        root: Path,
+        options: RepositoryOptions,
+        registry: Registry,
+        deploy: Callable[[LoadedModel, str], Deployment],
+    ) -> None:
+        self.root = root
+        self.options = options
+        self._registry = registry
+        self._deploy = deploy
+        self._states: dict[str, dict[str, VersionState]] = defaultdict(dict)
+        self._model_errors: dict[str, str] = {}
+        self._fingerprints: dict[tuple[str, str], Fingerprint] = {}
+        self._overrides: dict[str, ModelConfig] = {}
+        self._locks: dict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
+        self._retiring: set[asyncio.Task[None]] = set()
+        self._poller: asyncio.Task[None] | None = None
+        self._load_s: dict[str, float] = {}
+        self._bytes: dict[str, int] = {}
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Load what the control mode loads at start; in poll mode, start watching."""
+        scan = scan_repository(self.root)
+        for name, reason in scan.errors.items():
+            self._fail_model(name, reason)
+        names = [source.name for source in scan.models]
+        if self.options.control_mode == "explicit":
+            wanted = self.options.startup_models
+            names = names if "*" in wanted else [check_model_name(n) for n in wanted]
+        elif self.options.lazy:
+            names = []
+        for name in names:
+            with contextlib.suppress(DuetimeError):
+                await self.load(name, explicit=False, settle=False)
+        if self.options.control_mode == "poll":
+            self._poller = asyncio.get_running_loop().create_task(self._poll_forever())
+
+    async def aclose(self) -> None:
+        """Stop watching and wait for retiring versions to finish."""
+        if self._poller is not None:
+            self._poller.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._poller
+        if self._retiring:
+            await asyncio.gather(*self._retiring, return_exceptions=True)
+
+    async def _poll_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self.options.poll_s)
+            try:
+                await self.poll()
+            except Exception:  # a bug of ours must not end the watching
+                log.exception("repository poll failed")
+
+    async def poll(self) -> None:
+        """Apply what changed on disk: new models and versions, changed files, removed models."""
+        on_disk = {
+            p.name for p in self.root.iterdir() if p.is_dir() and not p.name.startswith((".", "_"))
+        }
+        served = set(self._registry.snapshot.models)
+        for name in sorted(served - on_disk):
+            await self.unload(name, reason="its folder was removed from the repository")
+        candidates = on_disk if not self.options.lazy else on_disk & served
+        for name in sorted(candidates):
+            with contextlib.suppress(DuetimeError):
+                await self.load(name, explicit=False)
+
+    # -- load and unload -----------------------------------------------------------------------
+
+    async def load(
+        self,
+        name: str,
+        *,
+        config: ModelConfig | None = None,
+        explicit: bool = True,
+        settle: bool = True,
+    ) -> None:
+        """Bring `name` in step with its folder (with `config` in place of its config file from
+        now on, if given). Explicit loads wait for files still being written and raise the
+        reason when the model cannot be served; watcher loads record it in the index. The
+        loads at start (`settle=False`) take the repository as it is."""
+        check_model_name(name)
+        if config is not None:
+            self._overrides[name] = config
+        async with self._locks[name]:
+            await self._sync(name, explicit, settle)
+
+    async def unload(self, name: str, *, reason: str = "unloaded by request") -> None:
+        """Stop serving every version of `name`; queued requests finish first."""
+        check_model_name(name)
+        async with self._locks[name]:
+            self._unload_now(name, reason)
+
+    def _unload_now(self, name: str, reason: str) -> None:
+        served = self._registry.snapshot.models.get(name)
+        self._registry.publish(name, {}, ModelConfig().traffic)
+        self._overrides.pop(name, None)
+        self._bytes.pop(name, None)
+        if served is not None:
+            for version in served.versions.values():
+                self._fingerprints.pop((name, version.version), None)
+                self._retire(name, version, reason)
+
+    async def _sync(self, name: str, explicit: bool, settle: bool) -> None:
+        directory = self.root / name
+        current = self._registry.snapshot.models.get(name)
+        if not directory.is_dir():
+            if current is not None:
+                self._unload_now(name, "its folder was removed from the repository")
+            raise ModelNotFound(f"model '{name}' is not in the repository {self.root}")
+        try:
+            source = scan_model(directory)
+            config = self._overrides.get(name) or load_model_config(directory)
+        except ConfigError as exc:
+            self._fail_model(name, exc.message, serving=current is not None)
+            raise ModelUnavailable(f"model '{name}' cannot be loaded: {exc.message}") from None
+        wanted = config.version_policy.select(source.versions)
+        if not wanted:
+            reason = (
+                f"{directory}: version_policy selects none of the versions found "
+                f"({', '.join(str(v) for v in sorted(source.versions))})"
+            )
+            self._fail_model(name, reason, serving=current is not None)
+            raise ModelUnavailable(f"model '{name}' cannot be loaded: {reason}")
+        self._model_errors.pop(name, None)
+        if current is None:
+            await self._make_room(name, _model_bytes(source, wanted, config))
+        served = dict(current.versions) if current else {}
+        chosen: dict[str, ServedVersion] = {}
+        problems: list[str] = []
+        for number in wanted:
+            version = str(number)
+            old = served.get(version)
+            print_ = (
+                await self._settled(source, number, config, explicit)
+                if settle
+                else fingerprint(source, number, config)
+            )
+            if print_ is None:  # still being written: try again on the next poll
+                problems.append(f"version {version}: files are still changing")
+                if old is not None:
+                    chosen[version] = old
+                continue
+            if old is not None and self._fingerprints.get((name, version)) == print_:
+                chosen[version] = old
+                continue
+            loaded = await self._load_version(source, number, config)
+            if isinstance(loaded, str):
+                problems.append(f"version {version}: {loaded}")
+                if old is not None:
+                    chosen[version] = old
+                continue
+            chosen[version] = loaded
+            self._fingerprints[(name, version)] = print_
+        if problems:  # keep serving what worked before rather than fewer versions
+            for version, old in served.items():
+                chosen.setdefault(version, old)
+        retired = [old for version, old in served.items() if chosen.get(version) is not old]
+        self._registry.publish(name, chosen, config.traffic)
+        self._bytes[name] = _model_bytes(source, [int(v) for v in chosen], config)
+        for version in chosen.values():
+            if version not in served.values():
+                self._states[name][version.version] = VersionState("READY")
+        for old in retired:
+            replaced = old.version in chosen
+            self._retire(name, old, "replaced by a new load" if replaced else "not in policy")
+        if not chosen:
+            self._registry.record_failure(name, "; ".join(problems))
+        if problems and explicit:
+            raise ModelUnavailable(f"model '{name}': {'; '.join(problems)}")
+
+    async def _settled(
+        self, source: ModelSource, version: int, config: ModelConfig, wait: bool
+    ) -> Fingerprint | None:
+        """The version's fingerprint once its files have stopped changing (None: not yet)."""
+        for _ in range(20):
+            print_ = fingerprint(source, version, config)
+            age_s = (time.time_ns() - print_.newest_ns) / 1e9
+            if age_s >= self.options.stable_s:
+                return print_
+            if not wait:
+                return None
+            await asyncio.sleep(self.options.stable_s - age_s + 0.01)
+        return None
+
+    async def _load_version(
+        self, source: ModelSource, version: int, config: ModelConfig
+    ) -> ServedVersion | str:
+        """Load and deploy one version with its variants; the reason as text on failure."""
+        key = str(version)
+        previous = self._states[source.name].get(key)
+        self._states[source.name][key] = VersionState("LOADING")
+        started = time.perf_counter()
+        try:
+            loaded = await asyncio.to_thread(_load_with_variants, source, version, config)
+        except ConfigError as exc:
+            log.error("model %s version %d not loaded: %s", source.name, version, exc.message)
+            keep = previous is not None and previous.state == "READY"
+            self._states[source.name][key] = VersionState(
+                "READY" if keep else "UNAVAILABLE",
+                f"a new load failed, the previous one still serves: {exc.message}"
+                if keep
+                else exc.message,
+            )
+            return exc.message
+        self._load_s[source.name] = time.perf_counter() - started
+        variants = tuple(self._deploy(model, variant) for variant, model in loaded)
+        log.info("model %s version %d ready (%d variants)", source.name, version, len(variants))
+        return ServedVersion(key, variants)
+
+    def _retire(self, name: str, version: ServedVersion, reason: str) -> None:
+        states = self._states[name]
+        served = self._registry.snapshot.models.get(name)
+        if served is None or version.version not in served.versions:
+            states[version.version] = VersionState("UNLOADING", reason)
+
+        async def drain() -> None:
+            drain_s = self.options.drain_s
+            await asyncio.gather(*(d.scheduler.aclose(drain_s) for d in version.variants))
+            for deployment in version.variants:
+                await asyncio.to_thread(deployment.model.executor.close)
+            entry = states.get(version.version)
+            if entry is not None and entry.state == "UNLOADING":
+                states[version.version] = VersionState("UNAVAILABLE", reason)
+
+        task = asyncio.get_running_loop().create_task(drain())
+        self._retiring.add(task)
+        task.add_done_callback(self._retiring.discard)
+
+    def _fail_model(self, name: str, reason: str, *, serving: bool = False) -> None:
+        log.error("model %s not loaded: %s", name, reason)
+        self._model_errors[name] = reason
+        if not serving:
+            self._registry.record_failure(name, reason)
+
+    # -- memory budget and lazy loading --------------------------------------------------------
+
+    async def _make_room(self, name: str, needed: int) -> None:
+        """Unload least recently used idle models until `name` fits the budget."""
+        options = self.options
+        while True:
+            models = self._registry.snapshot.models
+            used = sum(self._bytes.get(n, 0) for n in models)
+            if options.max_loaded_models is not None and len(models) >= options.max_loaded_models:
+                limit = "max_loaded_models"
+            elif options.max_loaded_bytes is not None and used + needed > options.max_loaded_bytes:
+                limit = "max_loaded_bytes"
+            else:
+                return
+            idle = []
+            for other, served in models.items():
+                deployments = _deployments(served)
+                if other != name and all(d.scheduler.idle for d in deployments):
+                    idle.append((max(d.scheduler.last_arrival_ns for d in deployments), other))
+            if not idle:
+                raise ModelUnavailable(
+                    f"model '{name}' cannot be loaded: the {limit} budget is full and every "
+                    "loaded model is busy; retry later or raise the budget"
+                )
+            _, victim = min(idle)
+            log.info("unloading idle model %s to make room for %s (%s)", victim, name, limit)
+            async with self._locks[victim]:
+                self._unload_now(victim, f"unloaded to make room for '{name}' ({limit})")
+
+    def can_load_lazily(self, name: str) -> bool:
+        if not self.options.lazy or self.options.control_mode == "explicit":
+            return False
+        try:
+            check_model_name(name)
+        except InvalidInput:
+            return False
+        return (self.root / name).is_dir()
+
+    def load_estimate_s(self, name: str) -> float:
+        """How long loading `name` took last time (a second by default)."""
+        return self._load_s.get(name, 1.0)
+
+    # -- the index -----------------------------------------------------------------------------
+
+    def index(self, ready_only: bool = False) -> list[IndexEntry]:
+        """Triton's repository index: every model on disk or known, each version's state."""
+        names = set(self._states) | set(self._model_errors) | set(self._registry.snapshot.models)
+        with contextlib.suppress(OSError):
+            names |= {
+                p.name
+                for p in self.root.iterdir()
+                if p.is_dir() and not p.name.startswith((".", "_"))
+            }
+        entries: list[IndexEntry] = []
+        for name in sorted(names):
+            versions = self._states.get(name, {})
+            rows: list[IndexEntry] = [
+                {"name": name, "version": version, "state": s.state, "reason": s.reason}
+                for version, s in sorted(versions.items(), key=lambda item: int(item[0]))
+            ]
+            if name in self._model_errors:
+                error = self._model_errors[name]
+                rows.append({"name": name, "state": "UNAVAILABLE", "reason": error})
+            if not rows:
+                rows = [{"name": name}]
+            entries.extend(r for r in rows if not ready_only or r.get("state") == "READY")
+        return entries
+
+
+def _deployments(served: ServedModel) -> list[Deployment]:
+    return [d for version in served.versions.values() for d in version.variants]
+
+
+def _load_with_variants(
+    source: ModelSource, version: int, config: ModelConfig
+) -> list[tuple[str, LoadedModel]]:
+    """The primary model of `version` and each variant file present beside it; blocking."""
+    primary = load_version(source, version, config)
+    loaded = [(PRIMARY, primary)]
+    folder = source.versions[version].parent
+    for variant in config.variants:
+        if not (folder / variant.file).is_file():
+            log.info("%s: no %s; serving without variant %s", folder, variant.file, variant.name)
+            continue
+        try:
+            model = load_version(
+                source, version, config, variant=variant, primary=primary.signature,
+                profile_budget_s=VARIANT_PROFILE_BUDGET_S,
+            )  # fmt: skip
+        except ConfigError as exc:
+            log.error("variant %s of %s not loaded: %s", variant.name, folder, exc.message)
+            continue
+        loaded.append((variant.name, model))
+    return loaded
+
+
+def fingerprint(source: ModelSource, version: int, config: ModelConfig) -> Fingerprint:
+    """Size and modification time of each file `version` loads, and the config's digest."""
+    model = source.versions[version]
+    paths = [model, *(model.with_name(v.file) for v in config.variants)]
+    paths += [source.directory / name for name in CONFIG_FILENAMES]
+    files = []
+    for path in paths:
+        with contextlib.suppress(FileNotFoundError):
+            stat = path.stat()
+            files.append((str(path), stat.st_size, stat.st_mtime_ns))
+    digest = hashlib.sha256(config.model_dump_json().encode()).hexdigest()
+    return Fingerprint(tuple(files), digest)
+
+
+def _model_bytes(source: ModelSource, versions: Iterable[int], config: ModelConfig) -> int:
+    total = 0
+    for version in versions:
+        model = source.versions.get(version)
+        if model is None:
+            continue
+        for path in (model, *(model.with_name(v.file) for v in config.variants)):
+            with contextlib.suppress(OSError):
+                total += path.stat().st_size * config.instances
+    return total

@@ -1,0 +1,174 @@
+"""Router: picks the version and variant that answer a request, and mirrors shadow copies.
+
+It reads one registry snapshot per request. Version: the one the request names, else the traffic
+plan's (sticky key or weighted draw). Variant: the best one (primary first) whose scheduler
+predicts a finish by the request's due time; when none does, the cheapest one takes the request
+and its admission gives the client the reason.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from duetime.clock import Clock
+from duetime.errors import DuetimeError, ModelNotFound
+from duetime.execution.executor import Feeds
+from duetime.repository.registry import Deployment, Registry, ServedModel, ServedVersion
+from duetime.routing.traffic import routing_key
+from duetime.types import InferRequest
+from duetime.validation import Prepared
+
+SHADOW_LEVEL = 1 << 40
+"""Priority level of shadow copies: behind every real request in their queue."""
+
+
+@dataclass(slots=True)
+class ShadowStatistics:
+    """How a shadow version's answers compared with the answering version's."""
+
+    mirrored: int = 0
+    compared: int = 0
+    skipped: int = 0
+    """Copies refused, failed or cancelled (by the shadow, or whose primary failed)."""
+    argmax_disagreements: int = 0
+    max_abs_diff: float = 0.0
+    """Largest absolute difference of any output element seen so far."""
+    sum_max_abs_diff: float = 0.0
+
+    def as_json(self) -> dict[str, float | int]:
+        return {
+            "mirrored": self.mirrored,
+            "compared": self.compared,
+            "skipped": self.skipped,
+            "argmax_disagreements": self.argmax_disagreements,
+            "argmax_disagreement_rate": self.argmax_disagreements / self.compared
+            if self.compared
+            else 0.0,
+            "max_abs_diff": self.max_abs_diff,
+            "mean_max_abs_diff": self.sum_max_abs_diff / self.compared if self.compared else 0.0,
+        }
+
+
+@dataclass(slots=True, eq=False)
+class Routed:
+    """Where a request goes: the served model, the version and variant, the validated inputs."""
+
+    served: ServedModel
+    version: ServedVersion
+    deployment: Deployment
+    prepared: Prepared
+    due_ns: int | None
+
+
+class Router:
+    """Routes requests over the registry's current snapshot."""
+
+    def __init__(self, registry: Registry, clock: Clock, rng: random.Random | None = None) -> None:
+        self._registry = registry
+        self._clock = clock
+        self._random = (rng or random.Random()).random
+        self.shadows: dict[tuple[str, str], ShadowStatistics] = {}
+        """(model, shadow version) -> comparison statistics; kept across reloads."""
+
+    def route(self, request: InferRequest) -> Routed:
+        """Choose version and variant for `request` and validate its inputs; raises the error a
+        client should see (unknown model or version, invalid input)."""
+        served = self._registry.served(request.model)
+        if request.version:
+            version = served.versions.get(request.version)
+            if version is None:
+                loaded = ", ".join(sorted(served.versions, key=int))
+                raise ModelNotFound(
+                    f"model '{served.name}' has no version '{request.version}' loaded; loaded "
+                    f"versions: {loaded}"
+                )
+        else:
+            traffic = served.traffic
+            if traffic.split:
+                key = routing_key(traffic.sticky_key, request.parameters, request.headers)
+                version = served.versions[traffic.pick(key, self._random())]
+            else:
+                version = served.versions[traffic.versions[0]]
+        primary = version.primary
+        prepared = primary.model.validator.prepare(request.inputs, request.outputs)
+        due = request.due_ns
+        if due is None:
+            timeout = primary.scheduler.default_timeout_ns
+            if timeout is not None:
+                due = self._clock.now_ns() + timeout
+        deployment = primary
+        if due is not None and len(version.variants) > 1:
+            now = self._clock.now_ns()
+            deployment = version.variants[-1]
+            for candidate in version.variants:
+                if candidate.scheduler.fits(now, due, prepared.rows, request.priority):
+                    deployment = candidate
+                    break
+        return Routed(served, version, deployment, prepared, due)
+
+    def mirror(self, routed: Routed, request: InferRequest, answer: asyncio.Future[Feeds]) -> None:
+        """Send copies of `request` to the model's shadow versions (each with its share of
+        requests), at the lowest priority, and compare their outputs with `answer`'s."""
+        for name, share in routed.served.traffic.shadows:
+            if name == routed.version.version or self._random() >= share:
+                continue
+            stats = self.shadows.setdefault((routed.served.name, name), ShadowStatistics())
+            stats.mirrored += 1
+            shadow = routed.served.versions[name].primary
+            try:
+                prepared = shadow.model.validator.prepare(request.inputs, None)
+                copy = shadow.scheduler.submit_nowait(
+                    prepared.feeds,
+                    rows=prepared.rows,
+                    shape_key=prepared.shape_key,
+                    due_ns=routed.due_ns,
+                    priority=SHADOW_LEVEL,
+                )
+            except DuetimeError:
+                stats.skipped += 1
+                continue
+            _when_both_done(answer, copy, lambda a, b, s=stats: _compare(a, b, s))
+
+
+def _when_both_done(
+    first: asyncio.Future[Feeds],
+    second: asyncio.Future[Feeds],
+    then: Callable[[asyncio.Future[Feeds], asyncio.Future[Feeds]], None],
+) -> None:
+    def check(_: object) -> None:
+        if first.done() and second.done():
+            then(first, second)
+
+    first.add_done_callback(check)
+    second.add_done_callback(check)
+
+
+def _compare(
+    answer: asyncio.Future[Feeds], copy: asyncio.Future[Feeds], stats: ShadowStatistics
+) -> None:
+    if answer.cancelled() or copy.cancelled() or answer.exception() or copy.exception():
+        stats.skipped += 1
+        return
+    primary, shadow = answer.result(), copy.result()
+    worst = 0.0
+    disagree = False
+    first = True
+    for name, expected in primary.items():
+        got = shadow.get(name)
+        if got is None or got.shape != expected.shape or expected.dtype.kind not in "biuf":
+            continue
+        if expected.size:
+            diff = np.abs(got.astype(np.float64) - expected.astype(np.float64))
+            worst = max(worst, float(diff.max()))
+        if first and expected.ndim and expected.shape[-1] > 1:
+            disagree = bool(np.any(np.argmax(got, axis=-1) != np.argmax(expected, axis=-1)))
+        first = False
+    stats.compared += 1
+    stats.max_abs_diff = max(stats.max_abs_diff, worst)
+    stats.sum_max_abs_diff += worst
+    stats.argmax_disagreements += disagree

@@ -1,0 +1,109 @@
+"""Traffic policy: which version answers a request that names none, and which versions see a copy.
+
+Pure: no clock, no I/O; randomness comes from the caller. A sticky key is mapped to a version by
+weighted rendezvous hashing (Schindelhauer & Schomaker 2005; Resch's logarithmic method): every
+version scores the key as `-weight / ln(u)` with `u` a uniform hash of (key, version), and the
+highest score wins. Each version's share of keys is its share of the weight, and changing one
+version's weight only moves keys to it (weight raised) or away from it (weight lowered): a key
+whose version and winner kept their weights keeps its version.
+"""
+
+from __future__ import annotations
+
+import bisect
+import hashlib
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from duetime.config import TrafficConfig
+
+_SCALE = float(1 << 64)
+
+
+@dataclass(frozen=True, slots=True)
+class TrafficPlan:
+    """The traffic policy of one model, narrowed to the versions actually served."""
+
+    versions: tuple[str, ...]
+    """Versions with a weight above zero, in the order of `cumulative`."""
+    cumulative: tuple[float, ...]
+    """Running sums of the weights, for a weighted draw by bisection."""
+    weights: tuple[float, ...]
+    sticky_key: str | None
+    shadows: tuple[tuple[str, float], ...]
+    """(version, share of requests mirrored to it)."""
+
+    @property
+    def split(self) -> bool:
+        """More than one version takes traffic: a draw or a hash is needed."""
+        return len(self.versions) > 1
+
+    def pick(self, key: str | None, draw: float) -> str:
+        """The version for a request: by `key` when it has one, else by `draw` in [0, 1)."""
+        if key is not None:
+            return rendezvous(key, self.versions, self.weights)
+        index = bisect.bisect_right(self.cumulative, draw * self.cumulative[-1])
+        return self.versions[min(index, len(self.versions) - 1)]
+
+
+def plan_traffic(config: TrafficConfig, served: Sequence[str], default: str) -> TrafficPlan:
+    """The plan for the versions in `served`: weights of versions not served are dropped; with
+    no weighted version served, everything goes to `default`."""
+    weighted = [
+        (version, weight)
+        for version, weight in sorted((config.weights or {}).items(), key=lambda i: int(i[0]))
+        if weight > 0 and version in served
+    ]
+    if not weighted:
+        weighted = [(default, 1.0)]
+    versions = tuple(version for version, _ in weighted)
+    weights = tuple(float(weight) for _, weight in weighted)
+    cumulative = tuple(_running_sums(weights))
+    shadows = tuple(
+        (version, share)
+        for version, share in sorted((config.shadow or {}).items(), key=lambda i: int(i[0]))
+        if share > 0 and version in served
+    )
+    return TrafficPlan(versions, cumulative, weights, config.sticky_key, shadows)
+
+
+def _running_sums(weights: Sequence[float]) -> list[float]:
+    total = 0.0
+    sums = []
+    for weight in weights:
+        total += weight
+        sums.append(total)
+    return sums
+
+
+def rendezvous(key: str, versions: Sequence[str], weights: Sequence[float]) -> str:
+    """The version with the highest weighted rendezvous score for `key`."""
+    best = versions[0]
+    best_score = -math.inf
+    encoded = key.encode("utf-8", "surrogatepass")
+    for version, weight in zip(versions, weights, strict=True):
+        score = -weight / math.log(unit_hash(encoded, version))
+        if score > best_score:
+            best, best_score = version, score
+    return best
+
+
+def unit_hash(key: bytes, version: str) -> float:
+    """A uniform value in (0, 1) from (key, version), the same on every replica and run."""
+    digest = hashlib.blake2b(key, digest_size=8, person=version.encode()[:16]).digest()
+    return (int.from_bytes(digest, "big") + 0.5) / _SCALE
+
+
+def routing_key(
+    name: str | None, parameters: Mapping[str, object], headers: Mapping[str, str]
+) -> str | None:
+    """The sticky key's value: a request parameter of that name, else the header / metadata."""
+    if name is None:
+        return None
+    value = parameters.get(name)
+    if value is None:
+        value = headers.get(name.lower())
+    if value is None or isinstance(value, bool):
+        return None
+    return value if isinstance(value, str) else str(value)
