@@ -61,6 +61,30 @@ def _parser() -> argparse.ArgumentParser:
         help="refuse a share of requests early above this event-loop busy share (0.85; 0: off)",
     )  # fmt: skip
     serve.add_argument(
+        "--model-control-mode", choices=["none", "explicit", "poll"],
+        help="none (default): load all at start; explicit: the repository API loads and "
+        "unloads; poll: rescan the repository and apply changes",
+    )  # fmt: skip
+    serve.add_argument(
+        "--repository-poll-secs", type=float, help="poll mode: seconds between rescans (5)"
+    )
+    serve.add_argument(
+        "--repository-stable-secs", type=float,
+        help="load a changed version once its files are unchanged this long (1)",
+    )  # fmt: skip
+    serve.add_argument(
+        "--load-model", action="append", metavar="MODEL",
+        help="explicit mode: load MODEL at start (repeatable; '*' for all)",
+    )  # fmt: skip
+    serve.add_argument("--max-loaded-models", type=int, help="unload idle models beyond this")
+    serve.add_argument(
+        "--max-loaded-bytes", type=int, help="budget of loaded model bytes (per instance)"
+    )
+    serve.add_argument(
+        "--lazy-load", action="store_true", default=None,
+        help="load each model on its first request",
+    )  # fmt: skip
+    serve.add_argument(
         "--no-tune-runtime",
         dest="tune_runtime",
         action="store_false",
@@ -102,7 +126,12 @@ def _serve(args: argparse.Namespace) -> int:
         "grpc_port": args.grpc_port, "max_body_bytes": args.max_body_bytes,
         "idle_timeout_s": args.idle_timeout_s, "cpus": args.cpus,
         "overload_utilization": args.overload_utilization,
-        "tune_runtime": args.tune_runtime,
+        "tune_runtime": args.tune_runtime, "model_control_mode": args.model_control_mode,
+        "repository_poll_secs": args.repository_poll_secs,
+        "repository_stable_secs": args.repository_stable_secs,
+        "load_model": tuple(args.load_model) if args.load_model else None,
+        "max_loaded_models": args.max_loaded_models, "max_loaded_bytes": args.max_loaded_bytes,
+        "lazy_load": args.lazy_load,
     })  # fmt: skip
     loop = new_event_loop()
     asyncio.set_event_loop(loop)

@@ -260,6 +260,24 @@ class ServerSettings(_Strict):
     path."""
     gc_threshold: int = Field(default=50_000, ge=100)
     """gen-0 collection threshold while `tune_runtime` is on (Python's default is 700)."""
+    model_control_mode: Literal["none", "explicit", "poll"] = "none"
+    """As Triton: `none` loads every model at start and never changes them; `explicit` loads
+    and unloads through the repository API (`load_model` names those loaded at start); `poll`
+    rescans the repository every `repository_poll_secs` and applies what changed."""
+    repository_poll_secs: float = Field(default=5.0, gt=0)
+    repository_stable_secs: float = Field(default=1.0, ge=0)
+    """A changed version is loaded only once its files have been unchanged this long (a copy
+    still in progress keeps changing them)."""
+    load_model: tuple[str, ...] = ()
+    """Explicit mode: models to load at start (`*` for all)."""
+    max_loaded_models: int | None = Field(default=None, ge=1)
+    max_loaded_bytes: int | None = Field(default=None, ge=1)
+    """Budget for loaded model files (per instance); the least recently used idle model is
+    unloaded to make room."""
+    lazy_load: bool = False
+    """Load each model on its first request (which waits if its due time allows)."""
+    unload_drain_secs: float = Field(default=30.0, ge=0)
+    """How long a replaced or unloaded version may take to finish its queued requests."""
     switch_interval_us: int = Field(default=500, ge=50, le=100_000)
     """While `tune_runtime` is on: how long an instance thread back from ONNX Runtime waits for
     a busy event loop to hand over the GIL (`sys.setswitchinterval`; Python's default 5000)."""

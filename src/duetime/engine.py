@@ -19,11 +19,12 @@ from types import TracebackType
 import numpy as np
 
 from duetime.clock import Clock, MonotonicClock
-from duetime.errors import ConfigError, DuetimeError, ModelNotFound, ModelUnavailable
+from duetime.config import ModelConfig
+from duetime.errors import DuetimeError, ModelNotFound, ModelUnavailable, NotAllowed
 from duetime.execution.affinity import CpuPlan
 from duetime.execution.executor import Feeds
 from duetime.repository.loader import LoadedModel
-from duetime.repository.manager import ModelManager, RepositoryOptions
+from duetime.repository.manager import IndexEntry, ModelManager, RepositoryOptions
 from duetime.repository.registry import PRIMARY, Deployment, Registry
 from duetime.routing.router import Router
 from duetime.scheduling.scheduler import ModelScheduler
@@ -98,8 +99,6 @@ class Engine:
 
     async def load_repository(self, root: Path) -> None:
         """Serve the models under `root`; failures are recorded in the index, not fatal."""
-        if not root.is_dir():
-            raise ConfigError(f"model repository {root} is not a folder")
         self._loop = asyncio.get_running_loop()
         self.manager = ModelManager(root, self.options, self.registry, self._deploy)
         await self.manager.start()
@@ -133,9 +132,44 @@ class Engine:
         for deployment in deployments:
             await asyncio.to_thread(deployment.model.executor.close)
 
+    # -- the repository API --------------------------------------------------------------------
+
+    def repository_index(self, ready_only: bool = False) -> list[IndexEntry]:
+        """Every model in the repository with the state of each version (Triton's index)."""
+        return [] if self.manager is None else self.manager.index(ready_only)
+
+    async def load_model(self, name: str, config: ModelConfig | None = None) -> None:
+        """Load `name` (or reload what changed), with `config` in place of its config file."""
+        manager = self._control("load")
+        await manager.load(name, config=config)
+
+    async def unload_model(self, name: str) -> None:
+        """Stop routing to `name`; requests already queued on it still finish."""
+        manager = self._control("unload")
+        if manager.options.control_mode == "poll":
+            raise NotAllowed(
+                f"cannot unload model '{name}' while the repository is polled "
+                "(--model-control-mode poll): remove its folder, or use explicit mode"
+            )
+        await manager.unload(name)
+
+    def _control(self, action: str) -> ModelManager:
+        manager = self.manager
+        if manager is None or manager.options.control_mode == "none":
+            raise NotAllowed(
+                f"model {action} is off: the server runs with --model-control-mode none; start "
+                "it with --model-control-mode explicit (or poll) to load and unload models"
+            )
+        return manager
+
     @property
     def ready(self) -> bool:
-        return bool(self.registry.snapshot.models)
+        """Models are served, or the repository API / first requests will load them."""
+        manager = self.manager
+        if manager is None:
+            return False
+        waiting = manager.options.control_mode == "explicit" or manager.options.lazy
+        return waiting or bool(self.registry.snapshot.models)
 
     # -- inference -----------------------------------------------------------------------------
 

@@ -69,6 +69,13 @@ class DeadlineExceeded(DuetimeError):
     grpc_code = "DEADLINE_EXCEEDED"
 
 
+class NotAllowed(DuetimeError):
+    """The request is valid but this server is not set up to do it (e.g. model control off)."""
+
+    http_status = 400
+    grpc_code = "FAILED_PRECONDITION"
+
+
 class InternalError(DuetimeError):
     """A fault inside duetime or ONNX Runtime; never the client's input."""
 

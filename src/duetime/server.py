@@ -17,6 +17,7 @@ from duetime.frontend.grpc import InferenceService, serve_grpc
 from duetime.frontend.http import HttpConnection, serve_http
 from duetime.frontend.rest import RestApi
 from duetime.overload import LoadShedder
+from duetime.repository.manager import RepositoryOptions
 
 log = logging.getLogger("duetime.server")
 
@@ -49,6 +50,20 @@ def tune_gc(threshold: int) -> None:
     gc.set_threshold(threshold, gen1, gen2)
 
 
+def repository_options(settings: ServerSettings) -> RepositoryOptions:
+    """The repository watcher's options out of the server settings."""
+    return RepositoryOptions(
+        control_mode=settings.model_control_mode,
+        poll_s=settings.repository_poll_secs,
+        stable_s=settings.repository_stable_secs,
+        startup_models=settings.load_model,
+        max_loaded_models=settings.max_loaded_models,
+        max_loaded_bytes=settings.max_loaded_bytes,
+        lazy=settings.lazy_load,
+        drain_s=settings.unload_drain_secs,
+    )
+
+
 class Server:
     """One duetime process: the engine with its models, the HTTP and the gRPC front ends."""
 
@@ -58,7 +73,7 @@ class Server:
             self.cpus = CpuPlan(parse_cpus(settings.cpus))
         except ValueError as exc:
             raise ConfigError(f"server settings: field 'cpus': {exc}") from None
-        self.engine = engine or Engine(cpus=self.cpus)
+        self.engine = engine or Engine(cpus=self.cpus, options=repository_options(settings))
         share = settings.overload_utilization
         self.shedder = LoadShedder(target=share) if share > 0 else None
         self._shed_timer: asyncio.TimerHandle | None = None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Iterator, Mapping
 from typing import Any
 
 import grpc
@@ -21,9 +21,10 @@ from duetime.frontend.metadata import model_config_json, model_metadata_json
 from duetime.frontend.parameters import due_from_timeout_us, priority_of
 from duetime.frontend.proto import grpc_service_pb2 as pb
 from duetime.frontend.proto import grpc_service_pb2_grpc as pb_grpc
-from duetime.frontend.rest import EXTENSIONS
+from duetime.frontend.rest import EXTENSIONS, load_config
 from duetime.frontend.statistics import statistics_json
 from duetime.overload import LoadShedder
+from duetime.repository.manager import check_model_name
 from duetime.types import InferRequest
 
 log = logging.getLogger("duetime.grpc")
@@ -86,10 +87,32 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
                 self._engine.registry.resolve(name, version)
         except DuetimeError as exc:
             await _abort(context, exc)
-        doc = statistics_json(self._engine.registry.snapshot, name, version)
+        doc = statistics_json(self._engine.registry.snapshot, name, version)  # no shadow figures
         for entry in doc["model_stats"]:
             del entry["duetime"]  # duetime's own figures have no field in the proto
         return json_format.ParseDict(doc, pb.ModelStatisticsResponse())
+
+    async def RepositoryIndex(self, request: Any, context: Any) -> Any:
+        entries = self._engine.repository_index(request.ready)
+        return pb.RepositoryIndexResponse(
+            models=[pb.RepositoryIndexResponse.ModelIndex(**entry) for entry in entries]
+        )
+
+    async def RepositoryModelLoad(self, request: Any, context: Any) -> Any:
+        try:
+            name = check_model_name(request.model_name)
+            config = load_config(_parameters(request.parameters), name)
+            await self._engine.load_model(name, config)
+        except DuetimeError as exc:
+            await _abort(context, exc)
+        return pb.RepositoryModelLoadResponse()
+
+    async def RepositoryModelUnload(self, request: Any, context: Any) -> Any:
+        try:
+            await self._engine.unload_model(check_model_name(request.model_name))
+        except DuetimeError as exc:
+            await _abort(context, exc)
+        return pb.RepositoryModelUnloadResponse()
 
     async def ModelInfer(self, request: Any, context: Any) -> Any:
         try:
@@ -126,6 +149,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
             due_ns=self._due(parameters, context),
             priority=priority_of(parameters),
             parameters=parameters,
+            headers=_Metadata(context),
         )
         return self._engine.submit(infer)
 
@@ -149,6 +173,7 @@ async def _response(ticket: Ticket, request_id: str) -> Any:
     response = pb.ModelInferResponse(
         model_name=result.model, model_version=result.version, id=request_id
     )
+    response.parameters["variant"].string_param = result.variant
     for name, array in result.outputs.items():
         datatype = v2_datatype_of(array)
         response.outputs.add(name=name, datatype=datatype, shape=array.shape)
@@ -217,6 +242,29 @@ def _from_contents(tensor: Any, datatype: str, shape: tuple[int, ...], where: st
         if wide.min() < info.min or wide.max() > info.max:
             raise InvalidInput(f"{where}: contents.{field} has values outside {datatype}")
     return np.asarray(values, dtype=dtype).reshape(shape)
+
+
+class _Metadata(Mapping[str, str]):
+    """A call's invocation metadata as a mapping, read only if the router asks for a key."""
+
+    def __init__(self, context: Any) -> None:
+        self._context = context
+        self._items: dict[str, str] | None = None
+
+    def _read(self) -> dict[str, str]:
+        if self._items is None:
+            pairs = self._context.invocation_metadata() or ()
+            self._items = {key.lower(): value for key, value in pairs if isinstance(value, str)}
+        return self._items
+
+    def __getitem__(self, key: str) -> str:
+        return self._read()[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._read())
+
+    def __len__(self) -> int:
+        return len(self._read())
 
 
 def _parameters(parameters: Mapping[str, Any]) -> dict[str, Any]:

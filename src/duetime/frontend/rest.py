@@ -6,18 +6,19 @@ ticket resolves on the loop; the HTTP protocol writes either in request order.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import zlib
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 from urllib.parse import unquote
 
 import numpy as np
 import orjson
 
 from duetime import __version__
-from duetime.config import ServerSettings
+from duetime.config import ModelConfig, ServerSettings
 from duetime.engine import Engine, Ticket
 from duetime.errors import (
     DuetimeError,
@@ -31,11 +32,15 @@ from duetime.frontend.metadata import model_config_json, model_metadata_json
 from duetime.frontend.parameters import due_from_timeout_us, priority_of
 from duetime.frontend.statistics import statistics_json
 from duetime.overload import LoadShedder
+from duetime.repository.manager import check_model_name, parse_config_override
 from duetime.types import InferRequest
 
 log = logging.getLogger("duetime.rest")
 
-EXTENSIONS = ["binary_tensor_data", "model_configuration", "parameters", "statistics"]
+EXTENSIONS = [
+    "binary_tensor_data", "model_configuration", "model_repository",
+    "model_repository(unload_dependents)", "parameters", "statistics",
+]  # fmt: skip
 _JSON = (b"Content-Type", b"application/json")
 _HEADER_LENGTH = "inference-header-content-length"
 
@@ -49,12 +54,57 @@ class Reply:
     headers: tuple[tuple[bytes, bytes], ...] = (_JSON,)
 
 
+class Pending(Protocol):
+    """Work whose reply comes later: a settled `future`, then `on_done` is called."""
+
+    on_done: Callable[[], None] | None
+
+    @property
+    def future(self) -> asyncio.Future[Any]: ...
+
+
 @dataclass(slots=True)
 class PendingReply:
-    """An inference response still running; `encode` builds the Reply once the ticket is done."""
+    """A response still being worked on; `encode` builds the Reply once the ticket is done."""
 
-    ticket: Ticket
-    encode: Callable[[Ticket], Reply]
+    ticket: Pending
+    encode: Callable[[Any], Reply]
+
+
+@dataclass(slots=True, eq=False)
+class ControlCall:
+    """A repository operation (load, unload) running as a task; its future holds the Reply."""
+
+    future: asyncio.Future[Reply]
+    on_done: Callable[[], None] | None = None
+
+    @classmethod
+    def start(cls, operation: Awaitable[None]) -> PendingReply:
+        loop = asyncio.get_running_loop()
+        call = cls(loop.create_future())
+
+        async def run() -> None:
+            try:
+                await operation
+                reply = _EMPTY_OK
+            except DuetimeError as exc:
+                reply = error_reply(exc)
+            except Exception as exc:
+                log.exception("internal error in a repository operation")
+                reply = error_reply(InternalError(f"internal error: {type(exc).__name__}: {exc}"))
+            if not call.future.done():
+                call.future.set_result(reply)
+                if call.on_done is not None:
+                    call.on_done()
+
+        task = loop.create_task(run())
+        _CONTROL_TASKS.add(task)
+        task.add_done_callback(_CONTROL_TASKS.discard)
+        return PendingReply(call, lambda done: done.future.result())
+
+
+_CONTROL_TASKS: set[asyncio.Task[None]] = set()
+"""Running repository operations (kept referenced until they finish)."""
 
 
 def error_reply(exc: DuetimeError) -> Reply:
@@ -118,6 +168,8 @@ class RestApi:
             return _expect(method, "GET", lambda: self._statistics(None, None))
         if rest[0] == "models" and len(rest) >= 2:
             return self._model_route(method, rest[1:], headers, body)
+        if rest[0] == "repository":
+            return self._repository_route(method, rest[1:], body)
         raise ModelNotFound(f"no such endpoint '/{'/'.join(parts)}'")
 
     def _model_route(
@@ -139,6 +191,26 @@ class RestApi:
                 return _method_not_allowed("POST")
             return self._infer(model, version, headers, body)
         raise ModelNotFound(f"no such endpoint under model '{model}': '{'/'.join(action)}'")
+
+    def _repository_route(self, method: str, rest: list[str], body: bytes) -> Reply | PendingReply:
+        if method != "POST":
+            return _method_not_allowed("POST")
+        if rest == ["index"]:
+            return self._repository_index(body)
+        if len(rest) == 3 and rest[0] == "models" and rest[2] in ("load", "unload"):
+            name = check_model_name(rest[1])
+            parameters = _control_parameters(body, f"{rest[2]} request")
+            if rest[2] == "unload":
+                return ControlCall.start(self._engine.unload_model(name))
+            return ControlCall.start(self._engine.load_model(name, load_config(parameters, name)))
+        raise ModelNotFound(f"no such endpoint '/v2/repository/{'/'.join(rest)}'")
+
+    def _repository_index(self, body: bytes) -> Reply:
+        doc = _json_object(body, "index request") if body.strip() else {}
+        ready = doc.get("ready", False)
+        if not isinstance(ready, bool):
+            raise InvalidInput("index request 'ready' must be true or false")
+        return _json(self._engine.repository_index(ready))
 
     # -- metadata ------------------------------------------------------------------------------
 
@@ -165,9 +237,11 @@ class RestApi:
     def _statistics(self, model: str | None, version: str | None) -> Reply:
         if model is not None:
             self._engine.registry.resolve(model, version)
-        return _json(statistics_json(
-            self._engine.registry.snapshot, model, version, self._engine.router.shadows
-        ))
+        return _json(
+            statistics_json(
+                self._engine.registry.snapshot, model, version, self._engine.router.shadows
+            )
+        )
 
     # -- inference -----------------------------------------------------------------------------
 
@@ -179,6 +253,7 @@ class RestApi:
         body = _decoded(body, headers.get("content-encoding"), self._settings.max_body_bytes)
         header = parse_header_length(headers.get(_HEADER_LENGTH), len(body))
         request, plan = parse_infer_request(body, header, model, version)
+        request.headers = headers
         request.due_ns = due_from_timeout_us(request.parameters, self._engine.clock.now_ns())
         request.priority = priority_of(request.parameters)
         ticket = self._engine.submit(request)
@@ -186,6 +261,38 @@ class RestApi:
 
 
 # -- request parsing -----------------------------------------------------------------------------
+
+
+def _json_object(body: bytes, what: str) -> dict[str, Any]:
+    try:
+        doc = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise InvalidInput(f"{what}: body is not valid JSON: {exc}") from None
+    if not isinstance(doc, dict):
+        raise InvalidInput(f"{what}: body must be a JSON object")
+    return doc
+
+
+def _control_parameters(body: bytes, what: str) -> dict[str, Any]:
+    doc = _json_object(body, what) if body.strip() else {}
+    return _parameters(doc.get("parameters"), f"{what} 'parameters'")
+
+
+def load_config(parameters: Mapping[str, Any], name: str) -> ModelConfig | None:
+    """The config override of a load request (`config`, JSON text); model files cannot be
+    uploaded (`file:` parameters): copy them into the repository instead."""
+    for key in parameters:
+        if key.startswith("file:"):
+            raise InvalidInput(
+                f"load parameter '{key}': uploading model files is not supported; copy the "
+                "files into the model repository, then load the model"
+            )
+    text = parameters.get("config")
+    if text is None:
+        return None
+    if not isinstance(text, str):
+        raise InvalidInput("load parameter 'config' must be a string of JSON")
+    return parse_config_override(text, name)
 
 
 @dataclass(frozen=True, slots=True)
@@ -364,6 +471,7 @@ def encode_infer_response(ticket: Ticket, request_id: str, plan: OutputPlan) -> 
     doc: dict[str, Any] = {"model_name": response.model, "model_version": response.version}
     if request_id:
         doc["id"] = request_id
+    doc["parameters"] = {"variant": response.variant}
     doc["outputs"] = outputs
     head = orjson.dumps(doc, option=orjson.OPT_SERIALIZE_NUMPY)
     if not blobs:

@@ -298,9 +298,9 @@ class ModelManager:
         retired = [old for version, old in served.items() if chosen.get(version) is not old]
         self._registry.publish(name, chosen, config.traffic)
         self._bytes[name] = _model_bytes(source, [int(v) for v in chosen], config)
-        for version in chosen.values():
-            if version not in served.values():
-                self._states[name][version.version] = VersionState("READY")
+        for fresh in chosen.values():
+            if fresh not in served.values():
+                self._states[name][fresh.version] = VersionState("READY")
         for old in retired:
             replaced = old.version in chosen
             self._retire(name, old, "replaced by a new load" if replaced else "not in policy")

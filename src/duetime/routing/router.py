@@ -9,6 +9,7 @@ and its admission gives the client the reason.
 from __future__ import annotations
 
 import asyncio
+import functools
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -132,7 +133,7 @@ class Router:
             except DuetimeError:
                 stats.skipped += 1
                 continue
-            _when_both_done(answer, copy, lambda a, b, s=stats: _compare(a, b, s))
+            _when_both_done(answer, copy, functools.partial(_compare, stats=stats))
 
 
 def _when_both_done(

@@ -192,8 +192,8 @@ class ModelScheduler:
         queue = self._queue
         if len(queue) >= queue.capacity or due_ns <= now:
             return False
-        key = queue.key_for(priority if priority > 0 else self._config.default_priority_level, due_ns)
-        finish, _ = self._predict(now, rows, key)
+        level = priority if priority > 0 else self._config.default_priority_level
+        finish, _ = self._predict(now, rows, queue.key_for(level, due_ns))
         return finish + self._margin_for(rows) <= due_ns
 
     @property

@@ -1,0 +1,332 @@
+"""`duetime optimize`: the pure parts (quality, verdicts, the variants plan) table-driven, then
+real runs on the demo models written to tmp_path.
+
+Runs pass `--keep-slower` so which variants are listed never depends on this machine's speed,
+and a short `--measure-s`; speed itself is only checked for sanity.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tomllib
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+import yaml
+from onnx import TensorProto, helper
+
+from duetime.config import (
+    VariantConfig,
+    VariantQuality,
+    VariantSpeed,
+    load_model_config,
+)
+from duetime.demo import write_demo_repository
+from duetime.tools.optimize import add_arguments, compare, plan_variants, run, verdict
+
+pytestmark = pytest.mark.timeout(60)
+
+FAST = ["--measure-s", "0.05", "--keep-slower", "-q"]
+
+
+def optimize(*argv: str | Path) -> int:
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    return run(parser.parse_args([str(a) for a in argv]))
+
+
+@pytest.fixture
+def repo(tmp_path: Path) -> Path:
+    return write_demo_repository(tmp_path / "repo")
+
+
+def variants(model_dir: Path) -> list[VariantConfig]:
+    return load_model_config(model_dir).variants
+
+
+# -- pure parts ----------------------------------------------------------------------------------
+
+
+def test_compare_takes_argmax_over_the_last_axis() -> None:
+    ref = np.array([[0.1, 0.9, 0.0], [0.8, 0.1, 0.1], [0.2, 0.3, 0.5], [0.3, 0.3, 0.4]])
+    out = ref.copy()
+    out[3] = [0.5, 0.3, 0.2]  # argmax moves for one sample of four
+    quality = compare([ref], [out])
+    assert quality.argmax_agreement == 0.75
+    assert quality.max_abs_error == pytest.approx(0.2)
+    assert quality.samples == 4
+
+
+@pytest.mark.parametrize(
+    ("ref", "out", "agreement"),
+    [
+        (np.array([1.0, 2.0, 3.0, 4.0]), np.array([1.0, 2.001, 3.0, 4.5]), 0.75),  # one per sample
+        (np.ones((2, 1)), np.ones((2, 1)) + 0.5, 0.0),  # a last axis of size 1: no argmax
+        (np.array([3, 1], dtype=np.int64), np.array([3, 1], dtype=np.int64), 1.0),  # labels
+    ],
+)
+def test_compare_single_values_agree_within_tolerance(
+    ref: np.ndarray, out: np.ndarray, agreement: float
+) -> None:
+    assert compare([ref], [out]).argmax_agreement == agreement
+
+
+def test_compare_counts_every_output_in_the_error_and_nan_as_infinite() -> None:
+    first = np.zeros((2, 3), dtype=np.float32)
+    second = np.array([[1.0], [2.0]], dtype=np.float32)
+    assert compare([first, second], [first, second + 0.25]).max_abs_error == 0.25
+    broken = second.copy()
+    broken[0, 0] = np.nan
+    assert compare([first, second], [first, broken]).max_abs_error == float("inf")
+    with pytest.raises(ValueError, match="shape"):
+        compare([first], [first[:, :2]])
+
+
+def speed(one: float, top: float | None) -> VariantSpeed:
+    return VariantSpeed(
+        batch_1_us=one, primary_batch_1_us=100.0, max_batch_us=top,
+        primary_max_batch_us=None if top is None else 1000.0,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("measured", "keep_slower", "status", "says"),
+    [
+        (speed(50.0, 2000.0), False, "kept", "faster at batch 1"),
+        (speed(120.0, 500.0), False, "kept", "faster at batch 32"),
+        (speed(50.0, 500.0), False, "kept", "batch 1 and batch 32"),
+        (speed(99.0, 990.0), False, "dropped", "not 2% faster"),  # within noise
+        (speed(150.0, None), False, "dropped", "not 2% faster"),
+        (speed(150.0, None), True, "kept", "--keep-slower"),
+    ],
+)
+def test_verdict(measured: VariantSpeed, keep_slower: bool, status: str, says: str) -> None:
+    got_status, reason = verdict(measured, 32, keep_slower)
+    assert got_status == status
+    assert says in reason
+
+
+def entry(
+    name: str, kind: str, agreement: float | None = None, error: float = 0.1
+) -> VariantConfig:
+    quality = None
+    if agreement is not None:
+        quality = VariantQuality(max_abs_error=error, argmax_agreement=agreement, samples=8)
+    return VariantConfig(name=name, file=f"{name}.onnx", kind=kind, quality=quality)  # type: ignore[arg-type]
+
+
+def test_plan_sorts_the_optimizer_kinds_best_first_in_place_of_the_old_ones() -> None:
+    existing = [
+        entry("tiny", "model"),
+        entry("old16", "fp16", 1.0, 0.001),
+        entry("dyn", "int8-dynamic", 0.95),
+        entry("tinier", "model"),
+    ]
+    new = [entry("st", "int8-static", 0.99), entry("new16", "fp16", 1.0, 0.002)]
+    plan = plan_variants(existing, {"fp16", "int8-static"}, new)
+    names = [existing[e].name if isinstance(e, int) else e.name for e in plan]
+    assert names == ["tiny", "new16", "st", "dyn", "tinier"]
+
+
+def test_plan_puts_new_kinds_first_when_none_were_listed() -> None:
+    existing = [entry("tiny", "model")]
+    plan = plan_variants(existing, {"fp16"}, [entry("fp16", "fp16", 1.0)])
+    assert [e if isinstance(e, int) else e.name for e in plan] == ["fp16", 0]
+    assert plan_variants(existing, {"fp16"}, []) == [0]
+
+
+# -- real runs -----------------------------------------------------------------------------------
+
+
+def test_mlp_gets_all_three_kinds_and_a_second_run_replaces_them(
+    repo: Path, tmp_path: Path
+) -> None:
+    model = repo / "mlp"
+    out = tmp_path / "mlp.json"
+    assert optimize(model, *FAST, "--json", out) == 0
+    listed = {v.kind: v for v in variants(model)}
+    assert set(listed) == {"fp16", "int8-dynamic", "int8-static"}
+    for variant in listed.values():
+        assert (model / "1" / variant.file).is_file()
+        assert variant.quality is not None
+        assert variant.quality.samples == 256
+        assert variant.speed is not None
+        assert variant.speed.max_batch_us is not None  # the mlp batches (max_batch_size 64)
+    assert listed["fp16"].quality is not None
+    assert listed["fp16"].quality.max_abs_error < 0.01
+    for kind in ("int8-dynamic", "int8-static"):
+        quality = listed[kind].quality
+        assert quality is not None
+        assert quality.argmax_agreement > 0.9
+    agreements = [v.quality.argmax_agreement for v in variants(model) if v.quality]
+    assert agreements == sorted(agreements, reverse=True)
+    report = json.loads(out.read_text())
+    assert report["max_batch"] == 64
+    assert {v["status"] for v in report["variants"]} == {"kept"}
+    assert not [p for p in (model / "1").iterdir() if p.name.startswith(".")]  # no temp files
+
+    text = (model / "config.toml").read_text()
+    assert text.startswith("# Demo MLP")  # the comment survives
+    assert optimize(model, *FAST, "--kinds", "fp16") == 0
+    again = variants(model)
+    assert sorted(v.kind for v in again) == ["fp16", "int8-dynamic", "int8-static"]
+    assert tomllib.loads((model / "config.toml").read_text())["max_batch_size"] == 64
+
+
+def test_user_entries_and_comments_survive(repo: Path) -> None:
+    model = repo / "mlp"
+    (model / "config.toml").write_text(
+        """max_batch_size = 16  # small batches
+
+[[variants]]
+# a distilled model
+name = "tiny"
+file = "tiny.onnx"
+kind = "model"
+
+[scheduling]
+max_queue_delay_us = 100
+"""
+    )
+    assert optimize(model, *FAST, "--kinds", "int8-dynamic", "--samples", "40") == 0
+    listed = variants(model)
+    assert [(v.name, v.kind) for v in listed] == [
+        ("int8-dynamic", "int8-dynamic"),
+        ("tiny", "model"),
+    ]
+    quality, measured = listed[0].quality, listed[0].speed
+    assert quality is not None
+    assert quality.samples == 40
+    assert measured is not None
+    assert measured.max_batch_us is not None
+    text = (model / "config.toml").read_text()
+    assert "# a distilled model" in text
+    assert "# small batches" in text
+    assert load_model_config(model).scheduling.max_queue_delay_us == 100
+
+
+def test_a_kind_whose_file_a_user_entry_uses_is_not_written(repo: Path) -> None:
+    model = repo / "mlp"
+    (model / "config.toml").write_text(
+        '[[variants]]\nname = "mine"\nfile = "model.fp16.onnx"\nkind = "model"\n'
+    )
+    (model / "1" / "model.fp16.onnx").write_bytes(b"mine")
+    assert optimize(model, *FAST, "--kinds", "fp16") == 1  # the only kind failed
+    assert (model / "1" / "model.fp16.onnx").read_bytes() == b"mine"
+    assert [v.name for v in variants(model)] == ["mine"]
+
+
+def test_yaml_config_is_updated_in_place(repo: Path) -> None:
+    model = repo / "mlp"
+    (model / "config.toml").unlink()
+    (model / "config.yaml").write_text("max_batch_size: 8\nvariants:\n- {name: t, file: t.onnx}\n")
+    assert optimize(model, *FAST, "--kinds", "int8-dynamic", "--samples", "16") == 0
+    data = yaml.safe_load((model / "config.yaml").read_text())
+    assert [v["name"] for v in data["variants"]] == ["int8-dynamic", "t"]
+    assert not (model / "config.toml").exists()
+
+
+def test_config_is_created_when_missing_and_calibration_file_is_used(
+    repo: Path, tmp_path: Path
+) -> None:
+    model = repo / "mlp"
+    (model / "config.toml").unlink()
+    calibration = tmp_path / "calibration.npz"
+    rng = np.random.default_rng(7)
+    np.savez(calibration, x=rng.standard_normal((48, 40)))  # float64: cast to the input's FP32
+    assert optimize(model, *FAST, "--kinds", "int8-static", "--calibration", calibration) == 0
+    listed = variants(model)
+    assert [v.kind for v in listed] == ["int8-static"]
+    assert listed[0].quality is not None
+    assert listed[0].quality.samples == 48
+    assert listed[0].speed is not None
+    assert listed[0].speed.max_batch_us is not None  # 32 rows: free first dim, no max_batch_size
+
+
+def test_a_model_that_does_not_batch_is_timed_at_batch_1_only(repo: Path) -> None:
+    model = repo / "mlp"
+    (model / "config.toml").write_text("max_batch_size = 0\n")
+    assert optimize(model, *FAST, "--kinds", "fp16", "--samples", "20") == 0
+    (listed,) = variants(model)
+    assert listed.quality is not None
+    assert listed.quality.samples == 20
+    assert listed.speed is not None
+    assert listed.speed.max_batch_us is None
+    assert listed.speed.primary_max_batch_us is None
+
+
+def test_bad_calibration_file_names_the_inputs(
+    repo: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    calibration = tmp_path / "wrong.npz"
+    np.savez(calibration, image=np.zeros((4, 40), dtype=np.float32))
+    assert optimize(repo / "mlp", *FAST, "--calibration", calibration) == 2
+    assert "the model's inputs are ['x']" in capsys.readouterr().err
+    np.savez(calibration, x=np.zeros((4, 41), dtype=np.float32))
+    assert optimize(repo / "mlp", *FAST, "--calibration", calibration) == 2
+    assert "[samples, 40]" in capsys.readouterr().err
+
+
+def test_resnet_int8_static(repo: Path) -> None:
+    model = repo / "resnet"
+    assert optimize(model, *FAST, "--kinds", "int8-static", "--samples", "32") == 0
+    (listed,) = variants(model)
+    assert listed.kind == "int8-static"
+    assert listed.quality is not None
+    assert listed.quality.argmax_agreement > 0.9
+    assert (model / "1" / "model.int8-static.onnx").is_file()
+
+
+@pytest.mark.parametrize(
+    ("where", "says"),
+    [
+        ("missing", "not a folder"),
+        ("repo", "no version folder holds a model.onnx"),
+        ("repo/mlp/1", "give the model folder"),
+    ],
+)
+def test_bad_path_is_a_clear_error(
+    repo: Path, where: str, says: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = repo.parent / where
+    assert optimize(path, *FAST) == 2
+    err = capsys.readouterr().err
+    assert says in err
+    assert str(path) in err
+
+
+def test_missing_version_lists_those_found(repo: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert optimize(repo / "mlp", *FAST, "--version", "7") == 2
+    assert "no version 7 holds a model.onnx; found 1" in capsys.readouterr().err
+
+
+def test_unknown_kind_is_a_usage_error() -> None:
+    with pytest.raises(SystemExit) as exited:
+        optimize("somewhere", "--kinds", "fp16,int4")
+    assert exited.value.code == 2
+
+
+def test_integer_only_graph_fails_every_kind_without_crashing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    model = tmp_path / "counts"
+    (model / "1").mkdir(parents=True)
+    offset = helper.make_tensor("offset", TensorProto.INT64, [4], [1, 2, 3, 4])
+    graph = helper.make_graph(
+        [helper.make_node("Add", ["x", "offset"], ["y"])],
+        "counts",
+        [helper.make_tensor_value_info("x", TensorProto.INT64, ["batch", 4])],
+        [helper.make_tensor_value_info("y", TensorProto.INT64, ["batch", 4])],
+        initializer=[offset],
+    )
+    onnx_model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    onnx_model.ir_version = 8
+    onnx.save(onnx_model, str(model / "1" / "model.onnx"))
+    assert optimize(model, *FAST, "--samples", "8") == 1
+    out = capsys.readouterr().out
+    assert out.count("failed: ValueError: the graph has no FP32 weights") == 3
+    assert not (model / "config.toml").exists()
+    assert sorted(p.name for p in (model / "1").iterdir()) == ["model.onnx"]
