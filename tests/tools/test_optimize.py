@@ -166,7 +166,7 @@ def test_mlp_gets_all_three_kinds_and_a_second_run_replaces_them(
     report = json.loads(out.read_text())
     assert report["max_batch"] == 64
     assert {v["status"] for v in report["variants"]} == {"kept"}
-    assert not [p for p in (model / "1").iterdir() if p.name.startswith(".")]  # no temp files
+    assert not list((model / "1").glob(".*.tmp"))  # no temp files left
 
     text = (model / "config.toml").read_text()
     assert text.startswith("# Demo MLP")  # the comment survives

@@ -141,8 +141,11 @@ def _when_both_done(
     second: asyncio.Future[Feeds],
     then: Callable[[asyncio.Future[Feeds], asyncio.Future[Feeds]], None],
 ) -> None:
+    remaining = [2]
+
     def check(_: object) -> None:
-        if first.done() and second.done():
+        remaining[0] -= 1
+        if remaining[0] == 0:
             then(first, second)
 
     first.add_done_callback(check)

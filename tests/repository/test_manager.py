@@ -1,0 +1,496 @@
+"""The model lifecycle through the Engine: version policies, explicit and polled loading, reloads
+that drain, failures that never replace a working version, the settle rule, the optimised-graph
+cache, variants picked by due time, lazy loading and the loaded-model budget.
+
+Each test runs its scenario under `asyncio.run` against a repository written into tmp_path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from duetime.engine import Engine
+from duetime.errors import InvalidInput, ModelNotFound, ModelUnavailable, NotAllowed
+from duetime.repository.manager import RepositoryOptions
+
+from .models import age, heavy_model, inputs, scale_model, write_version
+
+Scenario = Callable[[Engine], Awaitable[None]]
+
+
+def run(repo: Path, scenario: Scenario, **options: object) -> None:
+    async def main() -> None:
+        engine = await Engine.start(repo, options=RepositoryOptions(**options))  # type: ignore[arg-type]
+        try:
+            await scenario(engine)
+        finally:
+            await engine.aclose()
+
+    asyncio.run(main())
+
+
+async def factor_of(engine: Engine, model: str = "m", **kwargs: object) -> float:
+    """Which scale model answered: y / x."""
+    out = await engine.infer_async(model, inputs(), **kwargs)  # type: ignore[arg-type]
+    return float(out["y"][0, 0] / inputs()["x"][0, 0])
+
+
+def config(repo: Path, model: str, text: str) -> None:
+    path = repo / model / "config.toml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    age(path)
+
+
+def states(engine: Engine, model: str = "m") -> dict[str, tuple[str, str]]:
+    return {
+        e.get("version", ""): (e.get("state", ""), e.get("reason", ""))
+        for e in engine.repository_index()
+        if e["name"] == model
+    }
+
+
+# -- version policies ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("policy", "served"),
+    [
+        ("", ["3"]),
+        ("[version_policy.latest]\nnum_versions = 2\n", ["2", "3"]),
+        ("[version_policy]\nall = {}\n", ["1", "2", "3"]),
+        ("[version_policy.specific]\nversions = [1, 3, 7]\n", ["1", "3"]),
+    ],
+)
+def test_version_policy_chooses_the_served_versions(
+    tmp_path: Path, policy: str, served: list[str]
+) -> None:
+    for version in (1, 2, 3):
+        write_version(tmp_path, "m", version, scale_model(version))
+    config(tmp_path, "m", policy)
+
+    async def scenario(engine: Engine) -> None:
+        assert sorted(engine.registry.snapshot.models["m"].versions, key=int) == served
+        assert await factor_of(engine) == float(served[-1])  # the highest by default
+        for version in served:
+            assert await factor_of(engine, version=version) == float(version)
+        missing = next(v for v in ("1", "2", "3") if v not in served) if len(served) < 3 else None
+        if missing:
+            with pytest.raises(ModelNotFound, match=f"no version '{missing}' loaded"):
+                await factor_of(engine, version=missing)
+
+    run(tmp_path, scenario)
+
+
+def test_a_policy_selecting_nothing_is_reported(tmp_path: Path) -> None:
+    write_version(tmp_path, "m", 1, scale_model(1))
+    config(tmp_path, "m", "[version_policy.specific]\nversions = [5]\n")
+
+    async def scenario(engine: Engine) -> None:
+        with pytest.raises(ModelUnavailable, match="selects none of the versions found"):
+            await factor_of(engine)
+        assert states(engine)[""][0] == "UNAVAILABLE"
+
+    run(tmp_path, scenario)
+
+
+# -- control modes ---------------------------------------------------------------------------------
+
+
+def test_mode_none_refuses_load_and_unload(tmp_path: Path) -> None:
+    write_version(tmp_path, "m", 1, scale_model(1))
+
+    async def scenario(engine: Engine) -> None:
+        with pytest.raises(NotAllowed, match="--model-control-mode none"):
+            await engine.load_model("m")
+        with pytest.raises(NotAllowed):
+            await engine.unload_model("m")
+        assert await factor_of(engine) == 1.0
+
+    run(tmp_path, scenario)
+
+
+def test_explicit_mode_loads_and_unloads_on_request(tmp_path: Path) -> None:
+    write_version(tmp_path, "m", 1, scale_model(1))
+    write_version(tmp_path, "n", 1, scale_model(5))
+
+    async def scenario(engine: Engine) -> None:
+        assert engine.ready
+        assert engine.repository_index() == [{"name": "m"}, {"name": "n"}]
+        with pytest.raises(ModelNotFound):
+            await factor_of(engine)
+        await engine.load_model("m")
+        assert await factor_of(engine) == 1.0
+        assert states(engine) == {"1": ("READY", "")}
+        assert engine.repository_index(ready_only=True) == [
+            {"name": "m", "version": "1", "state": "READY", "reason": ""}
+        ]
+        await engine.unload_model("m")
+        with pytest.raises(ModelNotFound):
+            await factor_of(engine)
+        await asyncio.sleep(0.2)  # the version drains in the background
+        assert states(engine)["1"] == ("UNAVAILABLE", "unloaded by request")
+        await engine.load_model("m")
+        assert await factor_of(engine) == 1.0
+
+    run(tmp_path, scenario, control_mode="explicit")
+
+
+def test_explicit_mode_loads_startup_models(tmp_path: Path) -> None:
+    write_version(tmp_path, "m", 1, scale_model(1))
+    write_version(tmp_path, "n", 1, scale_model(5))
+
+    async def scenario(engine: Engine) -> None:
+        assert list(engine.registry.snapshot.models) == ["n"]
+
+    run(tmp_path, scenario, control_mode="explicit", startup_models=("n",))
+
+
+@pytest.mark.parametrize("name", ["..", "../m", "a/b", ".hidden", "_private", ""])
+def test_model_names_never_leave_the_repository(tmp_path: Path, name: str) -> None:
+    write_version(tmp_path, "m", 1, scale_model(1))
+
+    async def scenario(engine: Engine) -> None:
+        with pytest.raises(InvalidInput, match="is not valid"):
+            await engine.load_model(name)
+        with pytest.raises(InvalidInput, match="is not valid"):
+            await engine.unload_model(name)
+
+    run(tmp_path, scenario, control_mode="explicit")
+
+
+def test_load_of_a_model_not_in_the_repository(tmp_path: Path) -> None:
+    write_version(tmp_path, "m", 1, scale_model(1))
+
+    async def scenario(engine: Engine) -> None:
+        with pytest.raises(ModelNotFound, match="'nope' is not in the repository"):
+            await engine.load_model("nope")
+
+    run(tmp_path, scenario, control_mode="explicit")
+
+
+# -- reloads ---------------------------------------------------------------------------------------
+
+
+def test_reload_swaps_a_changed_file_and_drains_the_old_one(tmp_path: Path) -> None:
+    path = write_version(tmp_path, "m", 1, scale_model(1))
+
+    async def scenario(engine: Engine) -> None:
+        old = engine.registry.resolve("m", None)
+        await engine.load_model("m")  # nothing changed: the same deployment stays
+        assert engine.registry.resolve("m", None) is old
+        path.write_bytes(scale_model(7))
+        age(path)
+        await engine.load_model("m")
+        assert engine.registry.resolve("m", None) is not old
+        assert await factor_of(engine) == 7.0
+        await asyncio.sleep(0.2)
+        with pytest.raises(ModelUnavailable, match="shutting down"):
+            old.scheduler.submit_nowait({}, rows=1, shape_key=(), due_ns=None, priority=0)
+
+    run(tmp_path, scenario, control_mode="explicit", startup_models=("m",))
+
+
+def test_poll_picks_up_new_versions_and_retires_old_ones(tmp_path: Path) -> None:
+    write_version(tmp_path, "m", 1, scale_model(1))
+
+    async def scenario(engine: Engine) -> None:
+        assert await factor_of(engine) == 1.0
+        write_version(tmp_path, "m", 2, scale_model(2))
+        write_version(tmp_path, "n", 1, scale_model(9))
+        await engine.manager.poll()  # type: ignore[union-attr]
+        assert await factor_of(engine) == 2.0
+        assert await factor_of(engine, "n") == 9.0
+        await asyncio.sleep(0.2)
+        assert states(engine)["1"] == ("UNAVAILABLE", "not in policy")
+        assert states(engine)["2"] == ("READY", "")
+
+    run(tmp_path, scenario, control_mode="poll", poll_s=3600)
+
+
+def test_poll_unloads_a_removed_model(tmp_path: Path) -> None:
+    import shutil
+
+    write_version(tmp_path, "m", 1, scale_model(1))
+    write_version(tmp_path, "n", 1, scale_model(2))
+
+    async def scenario(engine: Engine) -> None:
+        shutil.rmtree(tmp_path / "n")
+        await engine.manager.poll()  # type: ignore[union-attr]
+        assert list(engine.registry.snapshot.models) == ["m"]
+        with pytest.raises(ModelNotFound):
+            await factor_of(engine, "n")
+        with pytest.raises(NotAllowed, match="polled"):
+            await engine.unload_model("m")
+
+    run(tmp_path, scenario, control_mode="poll", poll_s=3600)
+
+
+def test_a_broken_version_never_replaces_a_working_one(tmp_path: Path) -> None:
+    write_version(tmp_path, "m", 1, scale_model(1))
+
+    async def scenario(engine: Engine) -> None:
+        write_version(tmp_path, "m", 2, b"not an onnx model")
+        with pytest.raises(ModelUnavailable, match="version 2"):
+            await engine.load_model("m")
+        assert await factor_of(engine) == 1.0
+        state, reason = states(engine)["2"]
+        assert state == "UNAVAILABLE"
+        assert "ONNX Runtime cannot load it" in reason
+        assert states(engine)["1"] == ("READY", "")
+        # a working version 2 then replaces version 1
+        write_version(tmp_path, "m", 2, scale_model(2))
+        await engine.load_model("m")
+        assert await factor_of(engine) == 2.0
+
+    run(tmp_path, scenario, control_mode="explicit", startup_models=("*",))
+
+
+def test_a_broken_rewrite_of_a_served_version_keeps_the_old_one(tmp_path: Path) -> None:
+    path = write_version(tmp_path, "m", 1, scale_model(1))
+
+    async def scenario(engine: Engine) -> None:
+        path.write_bytes(b"\x08\x01garbage")
+        age(path)
+        await engine.manager.poll()  # type: ignore[union-attr]
+        assert await factor_of(engine) == 1.0
+        state, reason = states(engine)["1"]
+        assert state == "READY"
+        assert "previous one still serves" in reason
+
+    run(tmp_path, scenario, control_mode="poll", poll_s=3600)
+
+
+def test_a_bad_config_keeps_the_served_versions(tmp_path: Path) -> None:
+    write_version(tmp_path, "m", 1, scale_model(1))
+
+    async def scenario(engine: Engine) -> None:
+        config(tmp_path, "m", "max_batch_size = 'lots'\n")
+        with pytest.raises(ModelUnavailable, match="max_batch_size"):
+            await engine.load_model("m")
+        assert await factor_of(engine) == 1.0
+        assert "max_batch_size" in states(engine)[""][1]
+
+    run(tmp_path, scenario, control_mode="explicit", startup_models=("m",))
+
+
+def test_files_still_being_written_wait_for_the_next_poll(tmp_path: Path) -> None:
+    write_version(tmp_path, "m", 1, scale_model(1))
+
+    async def scenario(engine: Engine) -> None:
+        fresh = write_version(tmp_path, "m", 2, scale_model(2), aged=False)
+        await engine.manager.poll()  # type: ignore[union-attr]
+        assert await factor_of(engine) == 1.0  # version 2's file changed too recently
+        age(fresh)
+        await engine.manager.poll()  # type: ignore[union-attr]
+        assert await factor_of(engine) == 2.0
+
+    run(tmp_path, scenario, control_mode="poll", poll_s=3600, stable_s=30.0)
+
+
+def test_an_explicit_load_waits_for_files_to_settle(tmp_path: Path) -> None:
+    write_version(tmp_path, "m", 1, scale_model(1))
+
+    async def scenario(engine: Engine) -> None:
+        write_version(tmp_path, "m", 2, scale_model(2), aged=False)
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        await engine.load_model("m")
+        assert loop.time() - started >= 0.25
+        assert await factor_of(engine) == 2.0
+
+    run(tmp_path, scenario, control_mode="explicit", startup_models=("m",), stable_s=0.3)
+
+
+def test_config_override_replaces_the_config_file(tmp_path: Path) -> None:
+    for version in (1, 2):
+        write_version(tmp_path, "m", version, scale_model(version))
+
+    async def scenario(engine: Engine) -> None:
+        assert list(engine.registry.snapshot.models["m"].versions) == ["2"]
+        override = engine.manager.options  # type: ignore[union-attr]
+        assert override.control_mode == "explicit"
+        from duetime.repository.manager import parse_config_override
+
+        text = json.dumps({"name": "m", "version_policy": {"all": {}}, "max_batch_size": 4})
+        await engine.load_model("m", parse_config_override(text, "m"))
+        served = engine.registry.snapshot.models["m"]
+        assert sorted(served.versions) == ["1", "2"]
+        assert served.versions["1"].primary.model.signature.max_batch_size == 4
+        with pytest.raises(InvalidInput, match="name 'other' is not the model 'm'"):
+            parse_config_override(json.dumps({"name": "other"}), "m")
+        with pytest.raises(InvalidInput, match="max_batch_size"):
+            parse_config_override(json.dumps({"max_batch_size": -1}), "m")
+
+    run(tmp_path, scenario, control_mode="explicit", startup_models=("m",))
+
+
+def test_the_optimised_graph_is_cached_and_reused(tmp_path: Path) -> None:
+    path = write_version(tmp_path, "m", 1, scale_model(3))
+
+    async def scenario(engine: Engine) -> None:
+        cache = path.parent / ".duetime-cache"
+        cached = list(cache.glob("model.*.onnx"))
+        assert len(cached) == 1
+        stamp = cached[0].stat().st_mtime_ns
+        await engine.unload_model("m")
+        await engine.load_model("m")
+        assert await factor_of(engine) == 3.0
+        assert [p.stat().st_mtime_ns for p in cache.glob("model.*.onnx")] == [stamp]
+
+    run(tmp_path, scenario, control_mode="explicit", startup_models=("m",))
+
+
+# -- variants --------------------------------------------------------------------------------------
+
+
+def test_a_tight_due_time_goes_to_the_cheaper_variant(tmp_path: Path) -> None:
+    write_version(tmp_path, "m", 1, heavy_model(1))
+    write_version(tmp_path, "m", 1, scale_model(2), name="model.small.onnx")
+    config(tmp_path, "m", '[[variants]]\nname = "small"\nfile = "model.small.onnx"\n')
+
+    async def scenario(engine: Engine) -> None:
+        version = engine.registry.snapshot.models["m"].versions["1"]
+        assert [d.variant for d in version.variants] == ["default", "small"]
+        assert await factor_of(engine) == 1.0  # no due time: the primary
+        assert await factor_of(engine, timeout=1.0) == 1.0  # a second is plenty
+        assert await factor_of(engine, timeout=0.001) == 2.0  # 1 ms: only the small one fits
+        ticket = engine.submit(engine._request("m", inputs(), None, 0.001, 0, None))
+        await ticket.future
+        assert ticket.response().variant == "small"
+
+    run(tmp_path, scenario)
+
+
+def test_a_variant_with_another_signature_is_left_out(tmp_path: Path) -> None:
+    from onnx import TensorProto, helper
+
+    write_version(tmp_path, "m", 1, scale_model(1))
+    x = helper.make_tensor_value_info("other", TensorProto.FLOAT, ["b", 4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["b", 4])
+    graph = helper.make_graph([helper.make_node("Identity", ["other"], ["y"])], "g", [x], [y])
+    odd = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    odd.ir_version = 8
+    write_version(tmp_path, "m", 1, odd.SerializeToString(), name="odd.onnx")
+    config(tmp_path, "m", '[[variants]]\nname = "odd"\nfile = "odd.onnx"\n')
+
+    async def scenario(engine: Engine) -> None:
+        version = engine.registry.snapshot.models["m"].versions["1"]
+        assert [d.variant for d in version.variants] == ["default"]
+        assert await factor_of(engine) == 1.0
+
+    run(tmp_path, scenario)
+
+
+# -- traffic policy --------------------------------------------------------------------------------
+
+
+def test_weights_and_sticky_keys_split_unversioned_requests(tmp_path: Path) -> None:
+    for version in (1, 2):
+        write_version(tmp_path, "m", version, scale_model(version))
+    config(
+        tmp_path, "m",
+        '[version_policy]\nall = {}\n[traffic]\nweights = { "1" = 70, "2" = 30 }\n'
+        'sticky_key = "x-routing-key"\n',
+    )  # fmt: skip
+
+    async def scenario(engine: Engine) -> None:
+        seen = [await factor_of(engine) for _ in range(400)]
+        share = seen.count(1.0) / len(seen)
+        assert 0.6 < share < 0.8, share
+        for key in ("alice", "bob", "carol", "dave"):
+            first = await engine_with_key(engine, key)
+            assert all([await engine_with_key(engine, key) == first for _ in range(10)])
+
+    run(tmp_path, scenario)
+
+
+async def engine_with_key(engine: Engine, key: str) -> float:
+    request = engine._request("m", inputs(), None, None, 0, None)
+    request.headers = {"x-routing-key": key}
+    ticket = engine.submit(request)
+    out = (await ticket.future)["y"]
+    return float(out[0, 0] / inputs()["x"][0, 0])
+
+
+def test_shadow_copies_are_compared_but_never_answer(tmp_path: Path) -> None:
+    for version in (1, 2):
+        write_version(tmp_path, "m", version, scale_model(version))
+    config(
+        tmp_path, "m",
+        '[version_policy]\nall = {}\n[traffic]\nweights = { "1" = 1 }\nshadow = { "2" = 1.0 }\n',
+    )  # fmt: skip
+
+    async def scenario(engine: Engine) -> None:
+        for _ in range(20):
+            assert await factor_of(engine) == 1.0
+        await asyncio.sleep(0.1)
+        stats = engine.router.shadows[("m", "2")]
+        assert stats.mirrored == 20
+        assert stats.compared + stats.skipped == 20
+        assert stats.compared > 0
+        assert stats.max_abs_diff == pytest.approx(4.0)  # x = 1..4, y differs by x
+        assert stats.argmax_disagreements == 0  # scaling keeps the argmax
+
+    run(tmp_path, scenario)
+
+
+# -- lazy loading and the budget -------------------------------------------------------------------
+
+
+def test_lazy_loading_and_the_loaded_model_budget(tmp_path: Path) -> None:
+    for name, factor in (("a", 1), ("b", 2)):
+        write_version(tmp_path, name, 1, scale_model(factor))
+
+    async def scenario(engine: Engine) -> None:
+        assert list(engine.registry.snapshot.models) == []
+        assert await factor_of(engine, "a") == 1.0
+        assert await factor_of(engine, "b") == 2.0  # 'a' is idle: unloaded to make room
+        assert list(engine.registry.snapshot.models) == ["b"]
+        await asyncio.sleep(0.1)
+        state, reason = states(engine, "a")["1"]
+        assert state == "UNAVAILABLE"
+        assert "make room for 'b' (max_loaded_models)" in reason
+        with pytest.raises(ModelUnavailable, match="loading takes about"):
+            await factor_of(engine, "a", timeout=1e-6)
+        await asyncio.sleep(0.5)
+        with pytest.raises(ModelNotFound):
+            await factor_of(engine, "missing")
+
+    run(tmp_path, scenario, lazy=True, max_loaded_models=1)
+
+
+def test_byte_budget_refuses_a_model_when_all_are_busy(tmp_path: Path) -> None:
+    for name in ("a", "b"):
+        write_version(tmp_path, name, 1, heavy_model(1))
+    size = (tmp_path / "a" / "1" / "model.onnx").stat().st_size
+
+    async def scenario(engine: Engine) -> None:
+        busy = [asyncio.ensure_future(factor_of(engine, "a")) for _ in range(1)]
+        await asyncio.sleep(0)
+        assert await busy[0] == 1.0
+        assert list(engine.registry.snapshot.models) == ["a"]
+        results = await asyncio.gather(
+            *[factor_of(engine, "a") for _ in range(20)], factor_of(engine, "b"),
+            return_exceptions=True,
+        )  # fmt: skip
+        last = results[-1]
+        assert last == 1.0 or isinstance(last, ModelUnavailable), last
+
+    run(tmp_path, scenario, lazy=True, max_loaded_bytes=int(size * 1.5))
+
+
+def test_engine_answers_are_arrays(tmp_path: Path) -> None:
+    write_version(tmp_path, "m", 1, scale_model(2))
+
+    async def scenario(engine: Engine) -> None:
+        out = await engine.infer_async("m", inputs(3))
+        np.testing.assert_array_equal(out["y"], 2 * inputs(3)["x"])
+
+    run(tmp_path, scenario)
