@@ -47,7 +47,13 @@ def _graph(nodes: list[onnx.NodeProto], initializers: list[onnx.TensorProto]) ->
 
 
 def write_version(
-    repo: Path, model: str, version: int, data: bytes, *, name: str = "model.onnx", aged: bool = True
+    repo: Path,
+    model: str,
+    version: int,
+    data: bytes,
+    *,
+    name: str = "model.onnx",
+    aged: bool = True,
 ) -> Path:
     """Write a version's file; `aged` back-dates it so the settle rule sees it as complete."""
     path = repo / model / str(version) / name

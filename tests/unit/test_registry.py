@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from duetime.errors import ModelNotFound, ModelUnavailable
 from duetime.config import TrafficConfig
+from duetime.errors import ModelNotFound, ModelUnavailable
 from duetime.repository.registry import Deployment, Registry, ServedVersion
 
 
