@@ -19,7 +19,7 @@ from duetime.engine import Engine
 from duetime.errors import InvalidInput, ModelNotFound, ModelUnavailable, NotAllowed
 from duetime.repository.manager import RepositoryOptions
 
-from .models import age, heavy_model, inputs, scale_model, write_version
+from repo_models import age, heavy_model, inputs, scale_model, write_version
 
 Scenario = Callable[[Engine], Awaitable[None]]
 

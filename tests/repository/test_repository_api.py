@@ -1,0 +1,199 @@
+"""Triton's model repository extension through `tritonclient`, over HTTP and gRPC: index, load
+(with a config override), unload, and the errors a client gets."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+from duetime.config import ServerSettings
+
+from conftest import RunningServer, start_server, stop_server
+from repo_models import inputs, scale_model, write_version
+
+
+@pytest.fixture(scope="module")
+def explicit_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    repo = tmp_path_factory.mktemp("repo")
+    for name, factor in (("m", 1), ("n", 3), ("k", 3)):
+        write_version(repo, name, 1, scale_model(factor))
+    write_version(repo, "m", 2, scale_model(2))
+    write_version(repo, "broken", 1, b"not onnx")
+    settings = ServerSettings(
+        model_repository=repo, http_port=0, grpc_port=0, model_control_mode="explicit",
+        load_model=("m",),
+    )  # fmt: skip
+    running, thread = start_server(settings)
+    yield running
+    stop_server(running, thread)
+
+
+def clients(server: RunningServer) -> list[Any]:
+    return [
+        httpclient.InferenceServerClient(server.http),
+        grpcclient.InferenceServerClient(server.grpc),
+    ]
+
+
+def index(client: Any) -> list[dict[str, str]]:
+    found = client.get_model_repository_index()
+    if isinstance(client, grpcclient.InferenceServerClient):
+        found = [
+            {k: getattr(m, k) for k in ("name", "version", "state", "reason") if getattr(m, k)}
+            for m in found.models
+        ]
+    return [{k: v for k, v in entry.items() if v} for entry in found]
+
+
+def factor(client: Any, model: str, version: str = "") -> float:
+    module = httpclient if isinstance(client, httpclient.InferenceServerClient) else grpcclient
+    tensor = module.InferInput("x", [1, 4], "FP32")
+    tensor.set_data_from_numpy(inputs()["x"])
+    result = client.infer(model, [tensor], model_version=version)
+    return float(result.as_numpy("y")[0, 0])
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_index_load_unload(explicit_server: RunningServer, protocol: str) -> None:
+    client = clients(explicit_server)[protocol == "grpc"]
+    name = "n" if protocol == "http" else "k"  # one model each: the server is shared
+    entries = index(client)
+    assert {"name": "m", "version": "2", "state": "READY"} in entries
+    assert {"name": name} in entries  # on disk, never loaded
+    assert client.is_model_ready("m")
+    assert not client.is_model_ready(name)
+
+    client.load_model(name)
+    assert client.is_model_ready(name)
+    assert factor(client, name) == 3.0
+    assert {"name": name, "version": "1", "state": "READY"} in index(client)
+
+    client.unload_model(name)
+    assert not client.is_model_ready(name)
+    with pytest.raises(InferenceServerException):
+        factor(client, name)
+    states = {e.get("version"): e.get("state") for e in index(client) if e["name"] == name}
+    assert states["1"] in ("UNLOADING", "UNAVAILABLE")
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_load_with_a_config_override(explicit_server: RunningServer, protocol: str) -> None:
+    client = clients(explicit_server)[protocol == "grpc"]
+    try:
+        client.load_model("m", config=json.dumps({"version_policy": {"all": {}}}))
+        assert factor(client, "m", "1") == 1.0
+        assert factor(client, "m", "2") == 2.0
+        assert factor(client, "m") == 2.0
+    finally:
+        client.load_model("m", config=json.dumps({"version_policy": {"latest": {}}}))
+    with pytest.raises(InferenceServerException, match="no version '1' loaded"):
+        factor(client, "m", "1")
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_load_errors_are_clear(explicit_server: RunningServer, protocol: str) -> None:
+    client = clients(explicit_server)[protocol == "grpc"]
+    with pytest.raises(InferenceServerException, match="ONNX Runtime cannot load it"):
+        client.load_model("broken")
+    broken = [e for e in index(client) if e["name"] == "broken"]
+    assert broken[0]["state"] == "UNAVAILABLE"
+    assert "ONNX Runtime cannot load it" in broken[0]["reason"]
+    with pytest.raises(InferenceServerException, match="not in the repository"):
+        client.load_model("missing")
+    with pytest.raises(InferenceServerException, match="max_batch_size"):
+        client.load_model("m", config=json.dumps({"max_batch_size": "many"}))
+    with pytest.raises(InferenceServerException, match="uploading model files is not supported"):
+        client.load_model("m", config="{}", files={"file:1/model.onnx": b"x"})
+    assert factor(client, "m") == 2.0  # a failed load changed nothing
+
+
+def test_http_status_codes(explicit_server: RunningServer) -> None:
+    import http.client
+
+    connection = http.client.HTTPConnection(explicit_server.http.split(":")[0],
+                                            int(explicit_server.http.split(":")[1]))  # fmt: skip
+
+    def post(path: str, body: bytes = b"") -> tuple[int, bytes]:
+        connection.request("POST", path, body)
+        response = connection.getresponse()
+        return response.status, response.read()
+
+    status, body = post("/v2/repository/index", b'{"ready": true}')
+    assert status == 200
+    assert all(entry["state"] == "READY" for entry in json.loads(body))
+    assert post("/v2/repository/index", b'{"ready": "yes"}')[0] == 400
+    assert post("/v2/repository/index", b"[1]")[0] == 400
+    assert post("/v2/repository/models/%2E%2E/load")[0] == 400
+    assert post("/v2/repository/models/..%2Fetc/load")[0] == 400
+    assert post("/v2/repository/models/m/reload")[0] == 404
+    assert post("/v2/repository/models/m/load", b"{not json")[0] == 400
+    connection.request("GET", "/v2/repository/index")
+    response = connection.getresponse()
+    response.read()
+    assert response.status == 405
+    assert post("/v2/repository/models/missing/load")[0] == 404
+    connection.close()
+
+
+def test_server_metadata_lists_the_extension(explicit_server: RunningServer) -> None:
+    metadata = httpclient.InferenceServerClient(explicit_server.http).get_server_metadata()
+    assert "model_repository" in metadata["extensions"]
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_mode_none_refuses_control(server: RunningServer, protocol: str) -> None:
+    client = clients(server)[protocol == "grpc"]
+    with pytest.raises(InferenceServerException, match="--model-control-mode none"):
+        client.load_model("mlp")
+    with pytest.raises(InferenceServerException, match="--model-control-mode none"):
+        client.unload_model("mlp")
+    assert {"name": "mlp", "version": "1", "state": "READY"} in index(client)
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_responses_name_version_and_variant(server: RunningServer, protocol: str) -> None:
+    client = clients(server)[protocol == "grpc"]
+    module = httpclient if protocol == "http" else grpcclient
+    tensor = module.InferInput("x", [1, 40], "FP32")
+    tensor.set_data_from_numpy(np.zeros((1, 40), dtype=np.float32))
+    result = client.infer("mlp", [tensor])
+    response = result.get_response()
+    if protocol == "http":
+        assert response["model_version"] == "1"
+        assert response["parameters"]["variant"] == "default"
+    else:
+        assert response.model_version == "1"
+        assert response.parameters["variant"].string_param == "default"
+
+
+def test_sticky_key_from_a_header_pins_the_version(tmp_path: Path) -> None:
+    for version in (1, 2):
+        write_version(tmp_path, "m", version, scale_model(version))
+    (tmp_path / "m" / "config.toml").write_text(
+        '[version_policy]\nall = {}\n[traffic]\nweights = { "1" = 50, "2" = 50 }\n'
+        'sticky_key = "x-routing-key"\n'
+    )
+    settings = ServerSettings(model_repository=tmp_path, http_port=0, grpc_port=0)
+    running, thread = start_server(settings)
+    try:
+        http, grpc = clients(running)
+        for key in ("k1", "k2", "k3", "k4", "k5", "k6"):
+            seen = set()
+            for client in (http, grpc):
+                module = httpclient if client is http else grpcclient
+                tensor = module.InferInput("x", [1, 4], "FP32")
+                tensor.set_data_from_numpy(inputs()["x"])
+                for _ in range(3):
+                    result = client.infer("m", [tensor], headers={"x-routing-key": key})
+                    seen.add(float(result.as_numpy("y")[0, 0]))
+            assert len(seen) == 1, (key, seen)
+    finally:
+        stop_server(running, thread)
