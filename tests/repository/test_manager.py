@@ -14,12 +14,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from repo_models import age, heavy_model, inputs, scale_model, write_version
 
 from duetime.engine import Engine
 from duetime.errors import InvalidInput, ModelNotFound, ModelUnavailable, NotAllowed
 from duetime.repository.manager import RepositoryOptions
-
-from repo_models import age, heavy_model, inputs, scale_model, write_version
 
 Scenario = Callable[[Engine], Awaitable[None]]
 

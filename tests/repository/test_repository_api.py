@@ -12,12 +12,11 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
+from conftest import RunningServer, start_server, stop_server
+from repo_models import inputs, scale_model, write_version
 from tritonclient.utils import InferenceServerException
 
 from duetime.config import ServerSettings
-
-from conftest import RunningServer, start_server, stop_server
-from repo_models import inputs, scale_model, write_version
 
 
 @pytest.fixture(scope="module")
