@@ -277,3 +277,35 @@ def test_server_settings_reads_os_environ_by_default(monkeypatch: pytest.MonkeyP
 def test_server_settings_errors(overrides: dict[str, Any], env: dict[str, str], match: str) -> None:
     with pytest.raises(ConfigError, match="^server settings: " + match):
         server_settings(overrides, env=env)
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        ({"version_policy": {"all": {}, "latest": {}}}, "choose one of latest, all, specific"),
+        ({"version_policy": {"latest": {"num_versions": 0}}}, "greater than or equal to 1"),
+        ({"version_policy": {"specific": {"versions": []}}}, "at least 1 item"),
+        ({"version_policy": {"all": {"x": 1}}}, "'all' takes no settings"),
+        ({"variants": [{"name": "a", "file": "../x.onnx"}]}, "should match pattern"),
+        ({"variants": [{"name": "a", "file": "model.onnx"}]}, "is the primary model"),
+        (
+            {"variants": [{"name": "a", "file": "a.onnx"}, {"name": "a", "file": "b.onnx"}]},
+            "name a appears more than once",
+        ),
+    ],
+)
+def test_bad_lifecycle_config_names_the_field(data: dict[str, object], message: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        parse_model_config(data, source="config.toml")
+    assert message in caught.value.message
+    assert "config.toml: field '" in caught.value.message
+
+
+def test_version_policy_selects_versions() -> None:
+    def select(data: dict[str, Any]) -> list[int]:
+        return parse_model_config(data, source="c").version_policy.select([1, 3, 2])
+
+    assert select({}) == [3]
+    assert select({"version_policy": {"latest": {"num_versions": 2}}}) == [3, 2]
+    assert select({"version_policy": {"all": {}}}) == [3, 2, 1]
+    assert select({"version_policy": {"specific": {"versions": [1, 9]}}}) == [1]
