@@ -1,4 +1,5 @@
-"""The `duetime` command: `serve`, `demo`, `bench`; the only place that sets exit codes."""
+"""The `duetime` command: `serve`, `demo`, `bench`, `optimize`; the only place that sets exit
+codes."""
 
 from __future__ import annotations
 
@@ -33,6 +34,10 @@ def main(argv: list[str] | None = None) -> int:
             from duetime.tools.loadgen import run as bench
 
             return bench(args)
+        if args.command == "optimize":
+            from duetime.tools.optimize import run as optimize
+
+            return optimize(args)
         return _serve(args)
     except ConfigError as exc:
         print(f"duetime: {exc.message}", file=sys.stderr)
@@ -95,6 +100,12 @@ def _parser() -> argparse.ArgumentParser:
     from duetime.tools.loadgen import add_arguments as bench_arguments
 
     bench_arguments(bench)
+    optimize = commands.add_parser(
+        "optimize", help="build fp16 and int8 variants of a model and list the faster ones"
+    )
+    from duetime.tools.optimize import add_arguments as optimize_arguments
+
+    optimize_arguments(optimize)
     return parser
 
 

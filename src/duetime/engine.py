@@ -100,7 +100,10 @@ class Engine:
     async def load_repository(self, root: Path) -> None:
         """Serve the models under `root`; failures are recorded in the index, not fatal."""
         self._loop = asyncio.get_running_loop()
-        self.manager = ModelManager(root, self.options, self.registry, self._deploy)
+        spare = frozenset(self.cpus.cpus[1:]) if self.cpus.cpus else None
+        self.manager = ModelManager(
+            root, self.options, self.registry, self._deploy, loader_cpus=spare or None
+        )
         await self.manager.start()
 
     def _deploy(self, loaded: LoadedModel, variant: str) -> Deployment:

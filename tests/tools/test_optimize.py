@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import subprocess
+import sys
 import tomllib
 from pathlib import Path
 
@@ -25,7 +27,9 @@ from duetime.config import (
     load_model_config,
 )
 from duetime.demo import write_demo_repository
-from duetime.tools.optimize import add_arguments, compare, plan_variants, run, verdict
+from duetime.tools.optimize import add_arguments, run
+from duetime.tools.optimize.measure import compare, verdict
+from duetime.tools.optimize.records import plan_variants
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -45,6 +49,40 @@ def repo(tmp_path: Path) -> Path:
 
 def variants(model_dir: Path) -> list[VariantConfig]:
     return load_model_config(model_dir).variants
+
+
+# -- the command surface ------------------------------------------------------------------------
+
+
+def test_the_command_surface_imports_no_converter() -> None:
+    """`duetime serve` builds the whole parser, optimize's flags included, on every start."""
+    code = (
+        "import argparse, sys; from duetime.tools.optimize import add_arguments; "
+        "add_arguments(argparse.ArgumentParser()); "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('onnx', 'tomlkit') "
+        "or m.startswith(('onnxruntime.quantization', 'onnxruntime.transformers'))))"
+    )
+    loaded = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=30
+    )
+    assert loaded.stdout.strip() == "[]"
+
+
+def test_duetime_optimize_command(repo: Path) -> None:
+    model = repo / "mlp"
+    result = subprocess.run(
+        [sys.executable, "-m", "duetime", "optimize", str(model), "--kinds", "int8-dynamic",
+         "--samples", "16", *FAST],
+        cwd=repo, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "int8-dynamic" in result.stdout
+    (listed,) = variants(model)
+    assert (listed.name, listed.kind, listed.file) == ("int8-dynamic", "int8-dynamic",
+                                                       "model.int8-dynamic.onnx")  # fmt: skip
+    assert listed.quality is not None
+    assert listed.quality.samples == 16
+    assert (model / "1" / listed.file).is_file()
 
 
 # -- pure parts ----------------------------------------------------------------------------------

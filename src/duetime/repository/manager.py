@@ -19,15 +19,19 @@ import asyncio
 import contextlib
 import hashlib
 import logging
+import os
+import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
 from duetime.config import CONFIG_FILENAMES, ModelConfig, load_model_config, parse_model_config
 from duetime.errors import ConfigError, DuetimeError, InvalidInput, ModelNotFound, ModelUnavailable
+from duetime.execution.affinity import pin_current_thread
 from duetime.repository.layout import ModelSource, scan_model, scan_repository
 from duetime.repository.loader import LoadedModel, load_version
 from duetime.repository.registry import (
@@ -141,11 +145,19 @@ class ModelManager:
         options: RepositoryOptions,
         registry: Registry,
         deploy: Callable[[LoadedModel, str], Deployment],
+        *,
+        loader_cpus: frozenset[int] | None = None,
     ) -> None:
         self.root = root
         self.options = options
         self._registry = registry
         self._deploy = deploy
+        # NOTE: loading (graph optimisation, warm-up, a second of profiling) runs on one thread
+        # kept off the event loop's CPU and below the serving threads' priority, so a reload
+        # under traffic takes spare cycles instead of the loop's.
+        self._loader = ThreadPoolExecutor(
+            1, "duetime-loader", initializer=_background_thread, initargs=(loader_cpus,)
+        )
         self._states: dict[str, dict[str, VersionState]] = defaultdict(dict)
         self._model_errors: dict[str, str] = {}
         self._fingerprints: dict[tuple[str, str], Fingerprint] = {}
@@ -183,6 +195,7 @@ class ModelManager:
                 await self._poller
         if self._retiring:
             await asyncio.gather(*self._retiring, return_exceptions=True)
+        self._loader.shutdown(wait=False, cancel_futures=True)
 
     async def _poll_forever(self) -> None:
         while True:
@@ -332,7 +345,9 @@ class ModelManager:
         self._states[source.name][key] = VersionState("LOADING")
         started = time.perf_counter()
         try:
-            loaded = await asyncio.to_thread(_load_with_variants, source, version, config)
+            loaded = await asyncio.get_running_loop().run_in_executor(
+                self._loader, _load_with_variants, source, version, config
+            )
         except ConfigError as exc:
             log.error("model %s version %d not loaded: %s", source.name, version, exc.message)
             keep = previous is not None and previous.state == "READY"
@@ -444,6 +459,16 @@ class ModelManager:
 
 def _deployments(served: ServedModel) -> list[Deployment]:
     return [d for version in served.versions.values() for d in version.variants]
+
+
+LOADER_NICENESS = 10
+
+
+def _background_thread(cpus: frozenset[int] | None) -> None:
+    """Move the loader thread off the loop's CPU and below the serving threads (Linux)."""
+    pin_current_thread(cpus)
+    with contextlib.suppress(AttributeError, OSError):
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), LOADER_NICENESS)
 
 
 def _load_with_variants(

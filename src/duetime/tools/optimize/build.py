@@ -1,0 +1,162 @@
+"""Making the variant files: fp16 by conversion, int8 by ONNX Runtime's dynamic or static (QDQ)
+quantization. Each is built into a hidden temp file beside the model and checked for answers."""
+
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+from onnxruntime.quantization import (
+    CalibrationDataReader,
+    QuantFormat,
+    QuantType,
+    quant_pre_process,
+    quantize_dynamic,
+    quantize_static,
+)
+from onnxruntime.quantization.registry import IntegerOpsRegistry
+from onnxruntime.transformers.float16 import convert_float_to_float16
+
+from duetime.config import VariantQuality
+from duetime.execution.ort import graph_specs, open_session, session_options
+from duetime.tools.optimize.measure import compare, quality_key
+from duetime.tools.optimize.options import Kind, file_of, reason_of
+from duetime.tools.optimize.samples import Feeds, batches_of, run_all
+from duetime.types import ModelSignature
+
+_DYNAMIC_OPS = sorted(set(IntegerOpsRegistry) - {"Conv"} | {"Gemm"})
+# NOTE: Conv is left out of dynamic quantization: ORT's ConvInteger has no fast CPU kernel (the
+# demo resnet ran 4-5x slower with it). Static QDQ quantization is the way for convolutions.
+
+
+class _Reader(CalibrationDataReader):  # type: ignore[misc]
+    def __init__(self, batches: list[Feeds]) -> None:
+        self._batches = iter(batches)
+
+    def get_next(self) -> Feeds | None:
+        return next(self._batches, None)
+
+
+def _prepare(model: Path, scratch: Path) -> tuple[Path, str | None]:
+    """ORT's documented pre-processing for quantization (shape inference, graph optimisation)."""
+    prepared = scratch / "prepared.onnx"
+    try:
+        quant_pre_process(str(model), str(prepared))
+        return prepared, None
+    except Exception as exc:  # the pre-processor raises whatever its passes raise
+        return model, f"quantization pre-processing failed ({reason_of(exc)}); quantized as is"
+
+
+def _float_weights(model: onnx.ModelProto) -> int:
+    tensors = list(model.graph.initializer) + [
+        attr.t for node in model.graph.node if node.op_type == "Constant" for attr in node.attribute
+    ]
+    return sum(t.data_type == onnx.TensorProto.FLOAT and len(t.dims) > 0 for t in tensors)
+
+
+def _convert(
+    kind: Kind, source: Path, prepared: Path, out: Path, calib: list[Feeds], pc: bool
+) -> None:
+    if kind == "fp16":
+        model = convert_float_to_float16(onnx.load(str(source)), keep_io_types=True)
+        onnx.save(model, str(out))
+    elif kind == "int8-dynamic":
+        quantize_dynamic(str(prepared), str(out), op_types_to_quantize=_DYNAMIC_OPS)
+    else:
+        # NOTE: uint8 activations (U8S8): with ORT's default int8 ones (S8S8) its CPU graph
+        # optimiser fused only 3 of the demo resnet's 8 QDQ convolutions into QLinearConv and
+        # the model ran no faster than fp32; with U8S8 all fuse and it ran 2.5-3x faster.
+        quantize_static(
+            str(prepared), str(out), _Reader(calib), quant_format=QuantFormat.QDQ,
+            per_channel=pc, activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8,
+        )  # fmt: skip
+    wanted = (
+        (onnx.TensorProto.FLOAT16,)
+        if kind == "fp16"
+        else (onnx.TensorProto.INT8, onnx.TensorProto.UINT8)
+    )
+    built = onnx.load(str(out), load_external_data=False)
+    if not any(t.data_type in wanted for t in built.graph.initializer):
+        raise ValueError(f"{kind} conversion changed no weights; nothing to gain")
+
+
+@dataclass
+class Built:
+    """A variant built into `temp` (hidden; the caller moves or removes it), open in `session`."""
+
+    kind: Kind
+    temp: Path
+    session: Any
+    quality: VariantQuality
+    note: str = ""
+
+
+class Builder:
+    """Builds each kind of the version's `model` into a hidden temp file beside it and checks
+    its answers against the primary's on the sample set."""
+
+    def __init__(
+        self,
+        model: Path,
+        signature: ModelSignature,
+        samples: Feeds,
+        calib: Feeds,
+        scratch: Path,
+    ) -> None:
+        self.model, self.signature, self.scratch = model, signature, scratch
+        self.batches, self.calib = batches_of(samples, signature), batches_of(calib, signature)
+        self.options = session_options(intra_op_threads=1, inter_op_threads=1)
+        self.float_weights = _float_weights(onnx.load(str(model), load_external_data=False))
+        self.prepared: Path | None = None
+        self.notes: list[str] = []
+
+    def build(self, kind: Kind, reference: list[np.ndarray]) -> Built:
+        """The built variant (its file still hidden); the better of per-channel and per-tensor
+        for int8-static. Raises whatever the converter or ONNX Runtime raised."""
+        if self.float_weights == 0:
+            raise ValueError("the graph has no FP32 weights to convert")
+        if self.prepared is None and kind != "fp16":
+            self.prepared, note = _prepare(self.model, self.scratch)
+            self.notes += [note] if note else []
+        candidates: list[Built] = []
+        try:
+            for per_channel in [True, False] if kind == "int8-static" else [False]:
+                candidates.append(self._candidate(kind, per_channel, reference))
+        except BaseException:
+            for c in candidates:
+                c.temp.unlink(missing_ok=True)
+            raise
+        best = min(candidates, key=lambda c: quality_key(c.quality))
+        for c in candidates:
+            if c is not best:
+                c.temp.unlink(missing_ok=True)
+        return best
+
+    def _candidate(self, kind: Kind, per_channel: bool, reference: list[np.ndarray]) -> Built:
+        temp = self._temp(kind)
+        try:
+            prepared = self.prepared or self.model
+            _convert(kind, self.model, prepared, temp, self.calib, per_channel)
+            session = open_session(temp, self.options)
+            self._check_signature(session, temp)
+            outputs = run_all(session, self.batches, self.signature.max_batch_size > 0)
+            quality = compare(reference, outputs)
+        except BaseException:
+            temp.unlink(missing_ok=True)
+            raise
+        note = ("per-channel" if per_channel else "per-tensor") if kind == "int8-static" else ""
+        return Built(kind, temp, session, quality, note)
+
+    def _temp(self, kind: Kind) -> Path:
+        return self.model.parent / f".{file_of(kind)}.{secrets.token_hex(4)}.tmp"
+
+    def _check_signature(self, session: Any, path: Path) -> None:
+        inputs, outputs = graph_specs(session, path)
+        mine = [(s.name, s.datatype) for s in (*self.signature.inputs, *self.signature.outputs)]
+        theirs = [(s.name, s.datatype) for s in (*inputs, *outputs)]
+        if sorted(mine) != sorted(theirs):
+            raise ValueError(f"the variant's inputs and outputs {theirs} differ from {mine}")

@@ -1,0 +1,43 @@
+"""What a run of `duetime optimize` is asked to do: the kinds it builds, their file names, the
+defaults, `OptimizeOptions`, and `OptimizeError`. Light: the CLI surface imports it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from duetime.errors import DuetimeError
+
+Kind = Literal["fp16", "int8-dynamic", "int8-static"]
+KINDS: tuple[Kind, ...] = ("fp16", "int8-dynamic", "int8-static")
+DEFAULT_SAMPLES = 256
+DEFAULT_MEASURE_S = 2.0
+"""Seconds spent timing each batch size, shared round-robin by the primary and its variants."""
+
+
+class OptimizeError(DuetimeError):
+    """The model cannot be optimized as asked (its primary cannot run on the sample inputs)."""
+
+
+@dataclass(frozen=True)
+class OptimizeOptions:
+    model_dir: Path
+    version: int | None = None
+    kinds: tuple[Kind, ...] = KINDS
+    calibration: Path | None = None
+    samples: int = DEFAULT_SAMPLES
+    keep_slower: bool = False
+    measure_s: float = DEFAULT_MEASURE_S
+
+
+def file_of(kind: Kind) -> str:
+    """The variant file of `kind`, beside the version's model.onnx."""
+    return f"model.{kind}.onnx"
+
+
+def reason_of(exc: BaseException) -> str:
+    """One line for a table cell: the exception's type and the first line of its message."""
+    text = (exc.message if isinstance(exc, DuetimeError) else str(exc)).strip().splitlines()
+    first = text[0] if text else ""
+    return f"{type(exc).__name__}: {first[:200]}"

@@ -1,0 +1,218 @@
+"""One run of `duetime optimize`, start to end: find the model version, run the primary on the
+sample set, build and time each kind, then move the kept files into place and record them."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from duetime.config import ModelConfig, VariantQuality, VariantSpeed, load_model_config
+from duetime.errors import ConfigError
+from duetime.execution.ort import graph_specs, open_session, session_options
+from duetime.repository.layout import MODEL_FILENAME, scan_model
+from duetime.repository.loader import reconcile
+from duetime.tools.optimize.build import Builder, Built
+from duetime.tools.optimize.measure import rounded, speeds, verdict
+from duetime.tools.optimize.options import (
+    Kind,
+    OptimizeError,
+    OptimizeOptions,
+    file_of,
+    reason_of,
+)
+from duetime.tools.optimize.records import update_config, write_atomic
+from duetime.tools.optimize.report import OptimizeReport, VariantResult
+from duetime.tools.optimize.samples import (
+    SEED,
+    Feeds,
+    batches_of,
+    load_calibration,
+    random_samples,
+    run_all,
+)
+from duetime.types import ModelSignature
+
+
+@dataclass(frozen=True)
+class Target:
+    model_dir: Path
+    version: int
+    path: Path
+
+
+def resolve_target(model_dir: Path, version: int | None) -> Target:
+    """The model file to optimize; ConfigError naming the path when there is none."""
+    if not model_dir.is_dir():
+        raise ConfigError(f"{model_dir}: not a folder; expected a model folder REPO/MODEL")
+    if (
+        model_dir.name.isascii()
+        and model_dir.name.isdigit()
+        and (model_dir / MODEL_FILENAME).is_file()
+    ):
+        raise ConfigError(
+            f"{model_dir} is a version folder; give the model folder {model_dir.parent} "
+            f"and --version {model_dir.name}"
+        )
+    source = scan_model(model_dir)
+    chosen = source.latest if version is None else version
+    if chosen not in source.versions:
+        found = ", ".join(str(v) for v in sorted(source.versions))
+        raise ConfigError(
+            f"{model_dir}: no version {chosen} holds a {MODEL_FILENAME}; found {found}"
+        )
+    return Target(model_dir, chosen, source.versions[chosen])
+
+
+def optimize(options: OptimizeOptions, say: Callable[[str], None]) -> OptimizeReport:
+    """Build, check and time each kind, then record the worthwhile ones in the model's config;
+    `say` gets a line at each step.
+
+    Raises ConfigError for a bad path, config or calibration file, and OptimizeError when the
+    primary model cannot run on the sample inputs. A kind that cannot be built is reported as
+    failed in the result; its config entry (if any) is left as it was.
+    """
+    started = time.perf_counter()
+    target = resolve_target(options.model_dir, options.version)
+    config = load_model_config(target.model_dir)
+    primary = open_session(target.path, session_options(intra_op_threads=1, inter_op_threads=1))
+    signature = reconcile(config, *graph_specs(primary, target.path), source=str(target.model_dir))
+    samples, calib, source = _sample_sets(options, signature)
+    samples, reference = _reference(primary, samples, signature, options.calibration is None)
+    say(f"{target.model_dir.name} version {target.version}: {len(reference[0])} samples ({source})")
+    results: list[VariantResult] = []
+    built: list[Built] = []
+    with tempfile.TemporaryDirectory(prefix="duetime-optimize-") as scratch:
+        builder = Builder(target.path, signature, samples, calib, Path(scratch))
+        try:
+            for kind in options.kinds:
+                say(f"building {kind}")
+                try:
+                    _check_clash(config, kind)
+                    built.append(builder.build(kind, reference))
+                except Exception as exc:  # a kind that cannot be built is reported, not fatal
+                    results.append(VariantResult(kind, file_of(kind), "failed", reason_of(exc)))
+            say("timing")
+            sessions = [primary, *(b.session for b in built)]
+            try:
+                one, top = speeds(sessions, samples, signature, options.measure_s)
+            except Exception as exc:  # ORT's own exception types
+                raise OptimizeError(f"timing failed: {reason_of(exc)}") from exc
+            results += [_measured(b, one, top, i, signature, options) for i, b in enumerate(built)]
+            results.sort(key=lambda r: options.kinds.index(r.kind))
+            config_path = _commit(target, results, built)
+        finally:
+            for b in built:
+                b.temp.unlink(missing_ok=True)
+    notes = builder.notes + _notes(options, target, results, config_path)
+    return OptimizeReport(
+        model=target.model_dir.name, version=target.version, samples=len(reference[0]),
+        sample_source=source, max_batch=signature.max_batch_size if top else 0,
+        primary_batch_1_us=rounded(one[0]), primary_max_batch_us=rounded(top[0]) if top else None,
+        results=results, config_path=config_path, elapsed_s=time.perf_counter() - started,
+        notes=notes,
+    )  # fmt: skip
+
+
+def _notes(
+    options: OptimizeOptions, target: Target, results: list[VariantResult], config: Path | None
+) -> list[str]:
+    """What the reader of the table should also know."""
+    notes = []
+    if config is not None and config.suffix != ".toml":
+        notes.append(f"{config} was rewritten with PyYAML, which keeps no comments")
+    for r in results:
+        stale = target.path.parent / r.file
+        if r.status == "dropped" and stale.is_file():
+            notes.append(f"{stale} (from an earlier run) is left in place, no longer listed")
+    if options.calibration is None and "int8-static" in options.kinds:
+        notes.append("int8-static was calibrated on random inputs; --calibration FILE.npz "
+                     "with real inputs gives it representative ranges")  # fmt: skip
+    return notes
+
+
+def _sample_sets(options: OptimizeOptions, signature: ModelSignature) -> tuple[Feeds, Feeds, str]:
+    """The quality sample set, the calibration set, and a description of where they came from."""
+    if options.calibration is not None:
+        samples = load_calibration(options.calibration, signature, options.samples)
+        return samples, samples, f"from {options.calibration}"
+    # Random calibration data is drawn apart from the quality set, so quality is not in-sample.
+    samples = random_samples(signature, options.samples, SEED)
+    calib = random_samples(signature, options.samples, SEED + 1)
+    return samples, calib, f"random, seed {SEED}"
+
+
+def _reference(
+    primary: Any, samples: Feeds, signature: ModelSignature, random: bool
+) -> tuple[Feeds, list[np.ndarray]]:
+    """The primary's outputs; random integer inputs that it rejects are retried as zeros."""
+    batched = signature.max_batch_size > 0
+    try:
+        return samples, run_all(primary, batches_of(samples, signature), batched)
+    except Exception as exc:  # ORT's own exception types
+        first = exc
+    if random and any(a.dtype.kind in "iu" for a in samples.values()):
+        count = len(next(iter(samples.values())))
+        zeros = random_samples(signature, count, SEED, zero_ints=True)
+        try:
+            return zeros, run_all(primary, batches_of(zeros, signature), batched)
+        except Exception:
+            pass
+    raise OptimizeError(
+        f"the primary model fails on the sample inputs ({reason_of(first)}); give --calibration "
+        "FILE.npz with real inputs"
+    )
+
+
+def _check_clash(config: ModelConfig, kind: Kind) -> None:
+    """Refuse `kind` when an entry of another kind already uses its name or its file."""
+    for entry in config.variants:
+        if entry.kind != kind and (entry.name == kind or entry.file == file_of(kind)):
+            raise ValueError(
+                f"variant '{entry.name}' (kind {entry.kind}) already uses the name {kind} or the "
+                f"file {file_of(kind)}; not overwriting it"
+            )
+
+
+def _measured(
+    built: Built,
+    one: list[float],
+    top: list[float] | None,
+    index: int,
+    signature: ModelSignature,
+    options: OptimizeOptions,
+) -> VariantResult:
+    """The result of the `index`th built variant, given the medians (primary's first)."""
+    speed = VariantSpeed(
+        batch_1_us=rounded(one[index + 1]), primary_batch_1_us=rounded(one[0]),
+        max_batch_us=rounded(top[index + 1]) if top else None,
+        primary_max_batch_us=rounded(top[0]) if top else None,
+    )  # fmt: skip
+    status, reason = verdict(speed, signature.max_batch_size, options.keep_slower)
+    quality = VariantQuality(
+        max_abs_error=rounded(built.quality.max_abs_error),
+        argmax_agreement=round(built.quality.argmax_agreement, 4),
+        samples=built.quality.samples,
+    )
+    reason = f"{reason} ({built.note})" if built.note else reason
+    return VariantResult(built.kind, file_of(built.kind), status, reason, quality, speed)
+
+
+def _commit(target: Target, results: list[VariantResult], built: list[Built]) -> Path | None:
+    """Move the kept files into place, then write the config (so a reader never finds an entry
+    without its file). Returns the config path, or None when nothing was measured."""
+    if all(r.status == "failed" for r in results):
+        return None
+    path, text = update_config(target.model_dir, results)
+    kept = {r.kind for r in results if r.status == "kept"}
+    for b in built:
+        if b.kind in kept:
+            os.replace(b.temp, target.path.parent / file_of(b.kind))
+    write_atomic(path, text.encode("utf-8"))
+    return path

@@ -1,0 +1,132 @@
+"""The model's config as the optimizer leaves it: the new `variants` list planned around the
+user's own entries, rendered into the TOML (comments kept, via tomlkit) or YAML file, validated,
+and written atomically."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import tomllib
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import tomlkit
+import yaml
+
+from duetime.config import CONFIG_FILENAMES, VariantConfig, parse_model_config, read_config_file
+from duetime.errors import ConfigError
+from duetime.tools.optimize.measure import quality_key
+from duetime.tools.optimize.options import KINDS
+from duetime.tools.optimize.report import VariantResult
+
+
+def _entry(result: VariantResult) -> VariantConfig:
+    return VariantConfig(
+        name=result.kind, file=result.file, kind=result.kind, quality=result.quality,
+        speed=result.speed,
+    )  # fmt: skip
+
+
+def plan_variants(
+    existing: Sequence[VariantConfig], replaced: set[str], new: Sequence[VariantConfig]
+) -> list[int | VariantConfig]:
+    """The new `variants` list: an int keeps that entry of `existing` as it is written.
+
+    Entries of the `replaced` kinds go; the optimizer's kinds (new and kept) are sorted best
+    first and take the place of the first such entry, or the front; other entries (kind
+    "model") keep their order around them.
+    """
+    ours = set(KINDS)
+    kept = [i for i, v in enumerate(existing) if v.kind not in replaced]
+    block: list[int | VariantConfig] = [i for i in kept if existing[i].kind in ours]
+    block += list(new)
+    block.sort(key=lambda e: quality_key(existing[e].quality if isinstance(e, int) else e.quality))
+    at = next((i for i, v in enumerate(existing) if v.kind in ours), -1)
+    before: list[int | VariantConfig] = [i for i in kept if existing[i].kind not in ours and i < at]
+    after: list[int | VariantConfig] = [i for i in kept if existing[i].kind not in ours and i > at]
+    return before + block + after
+
+
+def _config_path(model_dir: Path) -> Path:
+    found = [model_dir / name for name in CONFIG_FILENAMES if (model_dir / name).is_file()]
+    if len(found) > 1:
+        names = ", ".join(p.name for p in found)
+        raise ConfigError(f"{model_dir}: more than one config file ({names}); keep one")
+    return found[0] if found else model_dir / "config.toml"
+
+
+def _render_toml(text: str, plan: list[int | VariantConfig]) -> str:
+    doc = tomlkit.parse(text)
+    old = doc.get("variants")
+    items = list(old) if old is not None else []
+    inline = isinstance(old, tomlkit.items.Array)
+    container: Any = tomlkit.array() if inline else tomlkit.aot()
+    if inline:
+        container.multiline(True)
+    for entry in plan:
+        if isinstance(entry, int):
+            container.append(items[entry])
+            continue
+        table: Any = tomlkit.inline_table() if inline else tomlkit.table()
+        for key, value in entry.model_dump(exclude_none=True).items():
+            if isinstance(value, dict):
+                sub = tomlkit.inline_table()
+                sub.update(value)
+                value = sub
+            table[key] = value
+        container.append(table)
+    if plan:
+        doc["variants"] = container
+    elif "variants" in doc:
+        del doc["variants"]
+    return tomlkit.dumps(doc)
+
+
+def _render_yaml(data: dict[str, Any], plan: list[int | VariantConfig]) -> str:
+    old = data.get("variants") or []
+    entries = [old[e] if isinstance(e, int) else e.model_dump(exclude_none=True) for e in plan]
+    data = dict(data)  # "variants" keeps its place among the keys
+    if entries:
+        data["variants"] = entries
+    else:
+        data.pop("variants", None)
+    text: str = yaml.safe_dump(data, sort_keys=False, allow_unicode=True)
+    return text
+
+
+def update_config(model_dir: Path, results: Sequence[VariantResult]) -> tuple[Path, str]:
+    """Rewrite the `variants` of the model's config for the kinds measured in `results`.
+
+    Returns the path and the new text, validated but not yet written (see `write_atomic`).
+    """
+    path = _config_path(model_dir)
+    text = path.read_text(encoding="utf-8") if path.is_file() else ""
+    data = read_config_file(path) if text else {}
+    existing = parse_model_config(data, source=str(path)).variants
+    replaced: set[str] = {r.kind for r in results if r.status != "failed"}
+    plan = plan_variants(existing, replaced, [_entry(r) for r in results if r.status == "kept"])
+    if path.suffix == ".toml":
+        new_text = _render_toml(text, plan)
+        check = tomllib.loads(new_text)
+    else:
+        new_text = _render_yaml(data, plan)
+        check = yaml.safe_load(new_text) or {}
+    parse_model_config(check, source=f"{path} (as optimize would write it)")
+    return path, new_text
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """Write via a hidden temp file in the same folder and rename: readers see old or new."""
+    mode = path.stat().st_mode & 0o777 if path.exists() else 0o644
+    fd, temp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as file:
+            file.write(data)
+            file.flush()
+            os.fsync(file.fileno())
+        os.chmod(temp, mode)
+        os.replace(temp, path)
+    except BaseException:
+        Path(temp).unlink(missing_ok=True)
+        raise

@@ -1,0 +1,111 @@
+"""The inputs a run compares answers on and calibrates with: random ones drawn from the model's
+signature, or those of an .npz file; cut into the feeds a session runs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from duetime.datatypes import NUMPY_OF
+from duetime.errors import ConfigError
+from duetime.types import ModelSignature, TensorSpec
+
+Feeds = dict[str, np.ndarray]
+SEED = 0
+RANDOM_INT_HIGH = 8
+"""Random integer inputs are drawn from [0, 8): valid as small indices or category ids."""
+
+
+def _per_sample_shape(spec: TensorSpec, batched: bool) -> tuple[int, ...]:
+    return spec.shape[1:] if batched else spec.shape
+
+
+def random_samples(
+    signature: ModelSignature, count: int, seed: int, *, zero_ints: bool = False
+) -> Feeds:
+    """`count` samples of every input, stacked on a new first axis; free dims are 1.
+
+    Floats are standard normal; integers uniform in [0, RANDOM_INT_HIGH) (or zeros); text empty.
+    """
+    rng = np.random.default_rng(seed)
+    batched = signature.max_batch_size > 0
+    samples: Feeds = {}
+    for spec in signature.inputs:
+        shape = (count, *(d if d >= 0 else 1 for d in _per_sample_shape(spec, batched)))
+        dtype = NUMPY_OF[spec.datatype]
+        if spec.datatype == "BYTES":
+            samples[spec.name] = np.full(shape, "", dtype=object)
+        elif dtype.kind == "f":
+            samples[spec.name] = rng.standard_normal(shape).astype(dtype)
+        elif dtype.kind == "b":
+            samples[spec.name] = rng.integers(0, 2, shape).astype(dtype)
+        else:
+            high = 1 if zero_ints else RANDOM_INT_HIGH
+            samples[spec.name] = rng.integers(0, high, shape).astype(dtype)
+    return samples
+
+
+def load_calibration(path: Path, signature: ModelSignature, count: int) -> Feeds:
+    """The first `count` samples of an .npz file holding one array per input, samples first."""
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            arrays = {name: data[name] for name in data.files}
+    except (OSError, ValueError, EOFError) as exc:
+        raise ConfigError(f"--calibration {path}: cannot be read as .npz: {exc}") from exc
+    wanted = [spec.name for spec in signature.inputs]
+    if sorted(arrays) != sorted(wanted):
+        raise ConfigError(
+            f"--calibration {path}: holds arrays {sorted(arrays)}; the model's inputs are {wanted}"
+        )
+    batched = signature.max_batch_size > 0
+    samples = {s.name: _fit(path, s, arrays[s.name], batched) for s in signature.inputs}
+    sizes = {name: len(array) for name, array in samples.items()}
+    if len(set(sizes.values())) != 1 or 0 in sizes.values():
+        raise ConfigError(f"--calibration {path}: arrays need the same number of samples: {sizes}")
+    return {name: array[:count] for name, array in samples.items()}
+
+
+def _fit(path: Path, spec: TensorSpec, array: np.ndarray, batched: bool) -> np.ndarray:
+    def fits(shape: tuple[int, ...], want: tuple[int, ...]) -> bool:
+        return len(shape) == len(want) and all(
+            w in (-1, d) for d, w in zip(shape, want, strict=True)
+        )
+
+    want = _per_sample_shape(spec, batched)
+    if not fits(array.shape[1:], want):
+        if not batched and want[:1] == (1,) and fits(array.shape[1:], want[1:]):
+            array = array[:, None]  # a model fixed at batch 1: samples without that dim
+        else:
+            raise ConfigError(
+                f"--calibration {path}: '{spec.name}' has shape {list(array.shape)}; expected "
+                f"[samples, {', '.join(str(d) for d in want)}] (-1: any size)"
+            )
+    dtype = NUMPY_OF[spec.datatype]
+    if spec.datatype == "BYTES" or not np.can_cast(array.dtype, dtype, "same_kind"):
+        raise ConfigError(
+            f"--calibration {path}: '{spec.name}' is {array.dtype}; the model takes {spec.datatype}"
+        )
+    return array.astype(dtype, copy=False)
+
+
+def batches_of(samples: Feeds, signature: ModelSignature) -> list[Feeds]:
+    """The sample set as run feeds: chunks of the max batch, or one sample per run."""
+    count = len(next(iter(samples.values())))
+    if signature.max_batch_size == 0:
+        return [{name: a[i] for name, a in samples.items()} for i in range(count)]
+    step = signature.max_batch_size
+    return [{name: a[i : i + step] for name, a in samples.items()} for i in range(0, count, step)]
+
+
+def first_rows(samples: Feeds, rows: int) -> Feeds:
+    """The first `rows` samples as one batch, repeating the set when it is smaller."""
+    return {name: np.take(a, np.arange(rows) % len(a), axis=0) for name, a in samples.items()}
+
+
+def run_all(session: Any, batches: list[Feeds], batched: bool) -> list[np.ndarray]:
+    """Every output over the whole sample set, samples first."""
+    runs = [session.run(None, feeds) for feeds in batches]
+    join = np.concatenate if batched else np.stack
+    return [join([run[i] for run in runs]) for i in range(len(runs[0]))]
