@@ -106,13 +106,15 @@ class Engine:
         )
         await self.manager.start()
 
-    def _deploy(self, loaded: LoadedModel, variant: str) -> Deployment:
+    def _deploy(self, loaded: LoadedModel, variant: str, background: bool) -> Deployment:
+        """Start `loaded`'s instances (at the lowest CPU priority if it is `background`: a
+        shadow version's) and give it a scheduler."""
         loop = asyncio.get_running_loop()
         pins = self.cpus.for_instances(
             loaded.config.instances, loaded.profile.predict(1), offset=self._placed
         )
         self._placed += loaded.config.instances
-        loaded.executor.start(loop, pins)
+        loaded.executor.start(loop, pins, background=background)
         timeout_ms = loaded.config.default_timeout_ms
         label = f"'{loaded.name}' version {loaded.version}"
         scheduler = ModelScheduler(

@@ -8,7 +8,9 @@ core, where it does not stall the loop. `CpuPlan` makes that choice from the lat
 
 from __future__ import annotations
 
+import contextlib
 import os
+import threading
 from dataclasses import dataclass
 
 SMALL_MODEL_NS = 300_000
@@ -62,3 +64,14 @@ def pin_current_thread(cpus: frozenset[int] | None) -> None:
     """Restrict the calling thread to `cpus` (Linux: pid 0 means the calling thread)."""
     if cpus and hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, cpus)
+
+
+BACKGROUND_NICENESS = 19
+"""Niceness of background work (shadow instances): Linux then gives it about 1/70 of a core
+that real work also wants, and all of a core nobody else wants."""
+
+
+def lower_thread_priority(niceness: int) -> None:
+    """Lower the calling thread's CPU priority (Linux niceness is per thread); best effort."""
+    with contextlib.suppress(AttributeError, OSError):
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), niceness)

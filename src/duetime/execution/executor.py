@@ -18,7 +18,11 @@ from typing import Any
 import numpy as np
 
 from duetime.errors import DuetimeError, InvalidInput
-from duetime.execution.affinity import pin_current_thread
+from duetime.execution.affinity import (
+    BACKGROUND_NICENESS,
+    lower_thread_priority,
+    pin_current_thread,
+)
 from duetime.execution.ort import strings_from_ort
 
 Feeds = dict[str, np.ndarray]
@@ -76,15 +80,21 @@ class Executor:
         return len(self._sessions)
 
     def start(
-        self, loop: asyncio.AbstractEventLoop, cpus: Sequence[frozenset[int] | None] = ()
+        self,
+        loop: asyncio.AbstractEventLoop,
+        cpus: Sequence[frozenset[int] | None] = (),
+        *,
+        background: bool = False,
     ) -> None:
-        """Start one thread per instance, pinned to `cpus[i]` where given."""
+        """Start one thread per instance, pinned to `cpus[i]` where given; `background` threads
+        (a shadow version's) run at the lowest CPU priority, so they take only the time real
+        traffic leaves over."""
         for index, session in enumerate(self._sessions):
             jobs: queue.SimpleQueue[BatchJob | _Stop] = queue.SimpleQueue()
             pinned = cpus[index] if index < len(cpus) else None
             thread = threading.Thread(
                 target=self._serve,
-                args=(index, session, jobs, loop, pinned),
+                args=(index, session, jobs, loop, pinned, background),
                 name=f"duetime-{self._label}-i{index}",
                 daemon=True,
             )
@@ -115,8 +125,11 @@ class Executor:
         jobs: queue.SimpleQueue[BatchJob | _Stop],
         loop: asyncio.AbstractEventLoop,
         cpus: frozenset[int] | None,
+        background: bool,
     ) -> None:
         pin_current_thread(cpus)
+        if background:
+            lower_thread_priority(BACKGROUND_NICENESS)
         pool = InputPool()
         while True:
             job = jobs.get()

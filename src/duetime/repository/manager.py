@@ -19,8 +19,6 @@ import asyncio
 import contextlib
 import hashlib
 import logging
-import os
-import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable
@@ -31,7 +29,7 @@ from typing import Literal
 
 from duetime.config import CONFIG_FILENAMES, ModelConfig, load_model_config, parse_model_config
 from duetime.errors import ConfigError, DuetimeError, InvalidInput, ModelNotFound, ModelUnavailable
-from duetime.execution.affinity import pin_current_thread
+from duetime.execution.affinity import lower_thread_priority, pin_current_thread
 from duetime.repository.layout import ModelSource, scan_model, scan_repository
 from duetime.repository.loader import LoadedModel, load_version
 from duetime.repository.registry import (
@@ -144,7 +142,7 @@ class ModelManager:
         root: Path,
         options: RepositoryOptions,
         registry: Registry,
-        deploy: Callable[[LoadedModel, str], Deployment],
+        deploy: Callable[[LoadedModel, str, bool], Deployment],
         *,
         loader_cpus: frozenset[int] | None = None,
     ) -> None:
@@ -279,6 +277,10 @@ class ModelManager:
         if current is None:
             await self._make_room(name, _model_bytes(source, wanted, config))
         served = dict(current.versions) if current else {}
+        traffic = config.traffic
+        answering = {v for v, w in (traffic.weights or {}).items() if w > 0} or {str(wanted[0])}
+        shadow_only = set(traffic.shadow or {}) - answering
+        """Versions that only ever see shadow copies: their instances run in the background."""
         chosen: dict[str, ServedVersion] = {}
         problems: list[str] = []
         for number in wanted:
@@ -297,7 +299,8 @@ class ModelManager:
             if old is not None and self._fingerprints.get((name, version)) == print_:
                 chosen[version] = old
                 continue
-            loaded = await self._load_version(source, number, config)
+            background = version in shadow_only
+            loaded = await self._load_version(source, number, config, background)
             if isinstance(loaded, str):
                 problems.append(f"version {version}: {loaded}")
                 if old is not None:
@@ -337,7 +340,7 @@ class ModelManager:
         return None
 
     async def _load_version(
-        self, source: ModelSource, version: int, config: ModelConfig
+        self, source: ModelSource, version: int, config: ModelConfig, background: bool
     ) -> ServedVersion | str:
         """Load and deploy one version with its variants; the reason as text on failure."""
         key = str(version)
@@ -359,7 +362,7 @@ class ModelManager:
             )
             return exc.message
         self._load_s[source.name] = time.perf_counter() - started
-        variants = tuple(self._deploy(model, variant) for variant, model in loaded)
+        variants = tuple(self._deploy(model, variant, background) for variant, model in loaded)
         log.info("model %s version %d ready (%d variants)", source.name, version, len(variants))
         return ServedVersion(key, variants)
 
@@ -467,8 +470,7 @@ LOADER_NICENESS = 10
 def _background_thread(cpus: frozenset[int] | None) -> None:
     """Move the loader thread off the loop's CPU and below the serving threads (Linux)."""
     pin_current_thread(cpus)
-    with contextlib.suppress(AttributeError, OSError):
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), LOADER_NICENESS)
+    lower_thread_priority(LOADER_NICENESS)
 
 
 def _load_with_variants(

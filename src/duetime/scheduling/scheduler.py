@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from bisect import bisect_left
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -35,6 +36,50 @@ _SWEEP_S = 0.001
 """While requests queue, how often the whole queue is checked for hopeless ones."""
 
 
+_US, _MS, _S = 1_000, 1_000_000, 1_000_000_000
+LATENCY_BOUNDS_NS: tuple[int, ...] = (
+    5 * _US, 10 * _US, 25 * _US, 50 * _US, 100 * _US, 250 * _US, 500 * _US,
+    1 * _MS, 2_500 * _US, 5 * _MS, 10 * _MS, 25 * _MS, 50 * _MS, 100 * _MS, 250 * _MS, 500 * _MS,
+    1 * _S, 2_500 * _MS, 5 * _S, 10 * _S,
+)  # fmt: skip
+"""Upper bounds (inclusive) of the latency histograms' buckets: 5 µs, 10, 25, 50, 100, 250 µs,
+... 10 s, a 1-2.5-5 series; durations above the last fall in an overflow bucket."""
+
+
+@dataclass(frozen=True, slots=True)
+class HistogramSnapshot:
+    """Counts of durations per bucket of `bounds_ns` (not cumulative; one more count than bounds,
+    for durations above the last bound) and their sum."""
+
+    bounds_ns: tuple[int, ...]
+    counts: tuple[int, ...]
+    sum_ns: int
+
+    @property
+    def count(self) -> int:
+        return sum(self.counts)
+
+
+class LatencyHistogram:
+    """Durations counted into the fixed buckets of `LATENCY_BOUNDS_NS`: a bisect and two integer
+    additions per observation, cheap enough for the request path."""
+
+    __slots__ = ("counts", "sum_ns")
+
+    def __init__(self) -> None:
+        self.counts = [0] * (len(LATENCY_BOUNDS_NS) + 1)
+        self.sum_ns = 0
+
+    def observe(self, ns: int) -> None:
+        self.counts[bisect_left(LATENCY_BOUNDS_NS, ns)] += 1
+        self.sum_ns += ns
+
+    def snapshot(self) -> HistogramSnapshot:
+        # NOTE: tuple() of a list of ints copies it without letting another thread in, so a
+        # scrape on another thread sees each list whole (the sum may trail it by one update).
+        return HistogramSnapshot(LATENCY_BOUNDS_NS, tuple(self.counts), self.sum_ns)
+
+
 @dataclass(slots=True)
 class BatchSizeStatistics:
     """Executions of one padded batch size and their summed compute time."""
@@ -45,7 +90,11 @@ class BatchSizeStatistics:
 
 @dataclass(frozen=True, slots=True)
 class SchedulerStatistics:
-    """A snapshot of one scheduler's counters (durations in ns, timestamps in ms since epoch)."""
+    """A snapshot of one scheduler's counters (durations in ns, timestamps in ms since epoch).
+
+    Safe to take from another thread than the loop's (a metrics scrape): it copies plain ints
+    and lists, and never touches the loop's objects.
+    """
 
     queued: int
     peak_queued: int
@@ -65,6 +114,13 @@ class SchedulerStatistics:
     compute_ns: int
     overhead_ns: int
     last_inference_ms: int
+    request_time: HistogramSnapshot
+    """Arrival to result on the loop, of each request that succeeded (late ones too)."""
+    queue_time: HistogramSnapshot
+    """Arrival to the start of its batch (for a batch queued behind a running one, that one's
+    predicted end), of each request that was started."""
+    compute_time: HistogramSnapshot
+    """Time inside ONNX Runtime, of each batch executed."""
     batch_sizes: dict[int, BatchSizeStatistics] = field(default_factory=dict)
 
 
@@ -124,8 +180,10 @@ class ModelScheduler:
         self._batch_sizes: dict[int, BatchSizeStatistics] = {}
         self._peak = self._succeeded = self._failed = self._rejected = self._expired = 0
         self._late = 0
-        self._cancelled = self._executions = self._inferences = 0
-        self._success_ns = self._queue_ns = self._compute_ns = self._last_ms = 0
+        self._cancelled = self._executions = self._inferences = self._last_ms = 0
+        self._request_time = LatencyHistogram()
+        self._queue_time = LatencyHistogram()
+        self._compute_time = LatencyHistogram()
 
     # -- the request path ----------------------------------------------------------------------
 
@@ -352,7 +410,9 @@ class ModelScheduler:
 
     def _start(self, run: Run, instance: int, start: int, now: int) -> None:
         requests = run.requests
-        self._queue_ns += sum(start - item.arrival_ns for item in requests)
+        queue_time = self._queue_time
+        for item in requests:
+            queue_time.observe(start - item.arrival_ns)
         self._outstanding[instance].append(_Running(requests, run.bucket, now, run.rows))
         self._busy_until[instance] = start + self._exec_ns(run.rows)
         self._executor.submit(
@@ -384,13 +444,13 @@ class ModelScheduler:
                 self._inferences += item.rows
                 if item.due_ns is not None and now > item.due_ns:
                     self._late += 1
-                self._success_ns += now - item.arrival_ns
+                self._request_time.observe(now - item.arrival_ns)
                 _settle(item, outputs)
         self._dispatch()
 
     def _record(self, running: _Running, result: BatchResult, now: int) -> None:
         self._executions += 1
-        self._compute_ns += result.compute_ns
+        self._compute_time.observe(result.compute_ns)
         self._last_ms = time.time_ns() // 1_000_000
         bucket = running.bucket or 1
         stats = self._batch_sizes.get(bucket)
@@ -420,13 +480,18 @@ class ModelScheduler:
             cancelled=self._cancelled,
             executions=self._executions,
             inferences=self._inferences,
-            success_ns=self._success_ns,
-            queue_ns=self._queue_ns,
-            compute_ns=self._compute_ns,
+            success_ns=self._request_time.sum_ns,
+            queue_ns=self._queue_time.sum_ns,
+            compute_ns=self._compute_time.sum_ns,
             overhead_ns=int(self._overhead_ns),
             last_inference_ms=self._last_ms,
+            request_time=self._request_time.snapshot(),
+            queue_time=self._queue_time.snapshot(),
+            compute_time=self._compute_time.snapshot(),
+            # NOTE: list() copies the items before the loop can add a batch size to the dict
             batch_sizes={
-                k: BatchSizeStatistics(v.count, v.compute_ns) for k, v in self._batch_sizes.items()
+                k: BatchSizeStatistics(v.count, v.compute_ns)
+                for k, v in list(self._batch_sizes.items())
             },
         )
 
