@@ -125,6 +125,7 @@ def bench_model(model: str, share: float, duration: float, rounds: int) -> dict[
                     if kind == "shadow" and round_ == rounds - 1:
                         extra = shadow_stats(server.http_port, model)
     p99 = {kind: statistics.median(r["p99_ms"] for r in runs[kind]) for kind in runs}
+    # NOTE: the shadow stats live on the answering version's entry (the default version: 2)
     return {
         "model": model,
         "share": share,
@@ -161,7 +162,7 @@ def main() -> int:
     summary = [
         {
             "model": r["model"],
-            "share": r["share"],
+            "share": f"{r['share']:.0%}",
             "p99 plain ms": r["p99_ms"]["plain"],
             "p99 shadow ms": r["p99_ms"]["shadow"],
             "p99 ratio": r["p99_ratio"],
@@ -171,7 +172,7 @@ def main() -> int:
             "argmax disagreements": r["last_shadow_server"]
             .get("shadow", {})
             .get("argmax_disagreements"),
-        }  # fmt: skip
+        }
         for r in results
     ]
     print_table("Summary (median P99 over rounds; target ratio <= 1.10)", summary, list(summary[0]))
