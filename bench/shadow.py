@@ -83,12 +83,10 @@ def shadow_stats(port: int, model: str) -> dict[str, Any]:
     doc = json.loads(connection.getresponse().read())
     connection.close()
     versions = {entry["version"]: entry for entry in doc["model_stats"]}
-    shadows = versions["2"]["duetime"].get("shadows", {}) if "2" in versions else {}
-    shadows = shadows or versions["1"]["duetime"].get("shadows", {})
     return {
         "version_1_inferences": versions["1"]["inference_count"],
         "version_2_inferences": versions["2"]["inference_count"],
-        "shadow": shadows.get("2", {}),
+        "shadow": versions["2"]["duetime"].get("shadow", {}),
     }
 
 
@@ -125,7 +123,6 @@ def bench_model(model: str, share: float, duration: float, rounds: int) -> dict[
                     if kind == "shadow" and round_ == rounds - 1:
                         extra = shadow_stats(server.http_port, model)
     p99 = {kind: statistics.median(r["p99_ms"] for r in runs[kind]) for kind in runs}
-    # NOTE: the shadow stats live on the answering version's entry (the default version: 2)
     return {
         "model": model,
         "share": share,

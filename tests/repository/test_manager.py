@@ -493,3 +493,26 @@ def test_engine_answers_are_arrays(tmp_path: Path) -> None:
         np.testing.assert_array_equal(out["y"], 2 * inputs(3)["x"])
 
     run(tmp_path, scenario)
+
+
+def test_shadow_statistics_sit_on_the_shadow_version(tmp_path: Path) -> None:
+    from duetime.frontend.statistics import statistics_json
+
+    for version in (1, 2):
+        write_version(tmp_path, "m", version, scale_model(version))
+    config(
+        tmp_path, "m",
+        '[version_policy]\nall = {}\n[traffic]\nweights = { "1" = 1 }\nshadow = { "2" = 1.0 }\n',
+    )  # fmt: skip
+
+    async def scenario(engine: Engine) -> None:
+        for _ in range(5):
+            await factor_of(engine)
+        await asyncio.sleep(0.1)
+        doc = statistics_json(engine.registry.snapshot, "m", None, engine.router.shadows)
+        by_version = {e["version"]: e for e in doc["model_stats"]}
+        assert "shadow" not in by_version["1"]["duetime"]
+        assert by_version["2"]["duetime"]["shadow"]["mirrored"] == 5
+        assert by_version["1"]["inference_count"] == 5
+
+    run(tmp_path, scenario)

@@ -15,10 +15,11 @@ def _duration(count: int, ns: int) -> dict[str, int]:
 
 
 def model_statistics_json(
-    name: str, version: ServedVersion, shadows: Mapping[str, ShadowStatistics] | None = None
+    name: str, version: ServedVersion, shadow: ShadowStatistics | None = None
 ) -> dict[str, Any]:
     """One `model_stats` entry: Triton's fields summed over the version's variants, and
-    `duetime` with each variant's scheduler view (and shadow comparisons, if any)."""
+    `duetime` with each variant's scheduler view (and, for a shadow version, how its outputs
+    compared with the answers)."""
     per_variant = [(d, d.scheduler.statistics()) for d in version.variants]
 
     def total(field: str) -> int:
@@ -59,8 +60,8 @@ def model_statistics_json(
         ],
     }
     doc["duetime"] = {"variants": [_variant_json(d, stats) for d, stats in per_variant]}
-    if shadows:
-        doc["duetime"]["shadows"] = {v: s.as_json() for v, s in sorted(shadows.items())}
+    if shadow is not None:
+        doc["duetime"]["shadow"] = shadow.as_json()
     return doc
 
 
@@ -94,9 +95,8 @@ def statistics_json(
     for model_name, served in sorted(snapshot.models.items()):
         if name is not None and model_name != name:
             continue
-        mine = {v: s for (m, v), s in (shadows or {}).items() if m == model_name}
         for number, served_version in sorted(served.versions.items(), key=lambda i: int(i[0])):
             if version is None or number == version:
-                shadow = mine if number == served.default else None
+                shadow = (shadows or {}).get((model_name, number))
                 entries.append(model_statistics_json(model_name, served_version, shadow))
     return {"model_stats": entries}

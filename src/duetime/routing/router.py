@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from duetime.clock import Clock
-from duetime.errors import DuetimeError, ModelNotFound
+from duetime.errors import DuetimeError, InvalidInput, ModelNotFound
 from duetime.execution.executor import Feeds
 from duetime.repository.registry import Deployment, Registry, ServedModel, ServedVersion
 from duetime.routing.traffic import routing_key
@@ -75,6 +75,9 @@ class Router:
         self._random = (rng or random.Random()).random
         self.shadows: dict[tuple[str, str], ShadowStatistics] = {}
         """(model, shadow version) -> comparison statistics; kept across reloads."""
+        self.invalid: dict[tuple[str, str], int] = {}
+        """(model, version) -> requests whose inputs failed validation (before any variant was
+        chosen, so no scheduler saw them); kept across reloads."""
 
     def route(self, request: InferRequest) -> Routed:
         """Choose version and variant for `request` and validate its inputs; raises the error a
@@ -96,7 +99,12 @@ class Router:
             else:
                 version = served.versions[traffic.versions[0]]
         primary = version.primary
-        prepared = primary.model.validator.prepare(request.inputs, request.outputs)
+        try:
+            prepared = primary.model.validator.prepare(request.inputs, request.outputs)
+        except InvalidInput:
+            key = (served.name, version.version)
+            self.invalid[key] = self.invalid.get(key, 0) + 1
+            raise
         due = request.due_ns
         if due is None:
             timeout = primary.scheduler.default_timeout_ns
