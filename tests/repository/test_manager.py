@@ -315,7 +315,7 @@ def test_config_override_replaces_the_config_file(tmp_path: Path) -> None:
         assert list(engine.registry.snapshot.models["m"].versions) == ["2"]
         override = engine.manager.options  # type: ignore[union-attr]
         assert override.control_mode == "explicit"
-        from duetime.repository.manager import parse_config_override
+        from duetime.frontend.rest import parse_config_override
 
         text = json.dumps({"name": "m", "version_policy": {"all": {}}, "max_batch_size": 4})
         await engine.load_model("m", parse_config_override(text, "m"))

@@ -18,9 +18,10 @@ import numpy as np
 import orjson
 
 from duetime import __version__
-from duetime.config import ModelConfig, ServerSettings
+from duetime.config import ModelConfig, ServerSettings, parse_model_config
 from duetime.engine import Engine, Ticket
 from duetime.errors import (
+    ConfigError,
     DuetimeError,
     InternalError,
     InvalidInput,
@@ -32,7 +33,7 @@ from duetime.frontend.metadata import model_config_json, model_metadata_json
 from duetime.frontend.parameters import due_from_timeout_us, priority_of
 from duetime.frontend.statistics import statistics_json
 from duetime.overload import LoadShedder
-from duetime.repository.manager import check_model_name, parse_config_override
+from duetime.repository.manager import check_model_name
 from duetime.types import InferRequest
 
 log = logging.getLogger("duetime.rest")
@@ -267,9 +268,9 @@ def _json_object(body: bytes, what: str) -> dict[str, Any]:
     try:
         doc = orjson.loads(body)
     except orjson.JSONDecodeError as exc:
-        raise InvalidInput(f"{what}: body is not valid JSON: {exc}") from None
+        raise InvalidInput(f"{what}: not valid JSON: {exc}") from None
     if not isinstance(doc, dict):
-        raise InvalidInput(f"{what}: body must be a JSON object")
+        raise InvalidInput(f"{what}: expected a JSON object")
     return doc
 
 
@@ -293,6 +294,21 @@ def load_config(parameters: Mapping[str, Any], name: str) -> ModelConfig | None:
     if not isinstance(text, str):
         raise InvalidInput("load parameter 'config' must be a string of JSON")
     return parse_config_override(text, name)
+
+
+def parse_config_override(text: str, name: str) -> ModelConfig:
+    """A load request's `config` parameter: JSON in duetime's model config schema (Triton's
+    `name`, and `backend` "onnxruntime", are accepted too)."""
+    data = _json_object(text.encode(), "load parameter 'config'")
+    given = data.pop("name", name)
+    if given != name:
+        raise InvalidInput(f"load parameter 'config': name '{given}' is not the model '{name}'")
+    if data.get("backend") in ("onnxruntime", "onnxruntime_onnx"):
+        data.pop("backend")
+    try:
+        return parse_model_config(data, source="load parameter 'config'")
+    except ConfigError as exc:
+        raise InvalidInput(exc.message) from None
 
 
 @dataclass(frozen=True, slots=True)

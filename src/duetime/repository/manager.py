@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from duetime.config import CONFIG_FILENAMES, ModelConfig, load_model_config, parse_model_config
+from duetime.config import CONFIG_FILENAMES, ModelConfig, load_model_config
 from duetime.errors import ConfigError, DuetimeError, InvalidInput, ModelNotFound, ModelUnavailable
 from duetime.execution.affinity import lower_thread_priority, pin_current_thread
 from duetime.repository.layout import ModelSource, scan_model, scan_repository
@@ -111,27 +111,6 @@ def check_model_name(name: str) -> str:
             "model repository (no '/', '\\', leading '.' or '_')"
         )
     return name
-
-
-def parse_config_override(text: str, name: str) -> ModelConfig:
-    """A load request's `config` parameter (JSON in duetime's model config schema)."""
-    import orjson
-
-    try:
-        data = orjson.loads(text)
-    except orjson.JSONDecodeError as exc:
-        raise InvalidInput(f"load parameter 'config': not valid JSON: {exc}") from None
-    if not isinstance(data, dict):
-        raise InvalidInput("load parameter 'config': expected a JSON object of model settings")
-    given = data.pop("name", name)
-    if given != name:
-        raise InvalidInput(f"load parameter 'config': name '{given}' is not the model '{name}'")
-    if data.get("backend") in ("onnxruntime", "onnxruntime_onnx"):
-        data.pop("backend")
-    try:
-        return parse_model_config(data, source="load parameter 'config'")
-    except ConfigError as exc:
-        raise InvalidInput(exc.message) from None
 
 
 class ModelManager:
