@@ -7,7 +7,9 @@ ticket resolves on the loop; the HTTP protocol writes either in request order.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
+from importlib import resources
 import zlib
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
@@ -163,6 +165,8 @@ class RestApi:
         rest = parts[1:]
         if not rest:
             return _expect(method, "GET", self._server_metadata)
+        if rest == ["openapi.json"]:
+            return _expect(method, "GET", _openapi)
         if rest[0] == "health" and len(rest) == 2 and rest[1] in ("live", "ready"):
             return _expect(method, "GET", lambda: self._health(rest[1]))
         if rest == ["models", "stats"]:
@@ -497,6 +501,13 @@ def encode_infer_response(ticket: Ticket, request_id: str, plan: OutputPlan) -> 
         (b"Inference-Header-Content-Length", str(len(head)).encode()),
     )
     return Reply(200, b"".join([head, *blobs]), headers)
+
+
+@functools.cache
+def _openapi() -> Reply:
+    """The OpenAPI document of this API, shipped in the package (`frontend/openapi.json`)."""
+    text = resources.files("duetime.frontend").joinpath("openapi.json").read_bytes()
+    return Reply(200, text)
 
 
 def _expect(method: str, allowed: str, answer: Callable[[], Reply]) -> Reply:
