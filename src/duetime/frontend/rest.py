@@ -9,10 +9,10 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-from importlib import resources
 import zlib
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
+from importlib import resources
 from typing import Any, Protocol
 from urllib.parse import unquote
 
