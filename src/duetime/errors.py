@@ -69,6 +69,13 @@ class DeadlineExceeded(DuetimeError):
     grpc_code = "DEADLINE_EXCEEDED"
 
 
+class Unauthorized(DuetimeError):
+    """A control request without the server's control token."""
+
+    http_status = 401
+    grpc_code = "UNAUTHENTICATED"
+
+
 class NotAllowed(DuetimeError):
     """The request is valid but this server is not set up to do it (e.g. model control off)."""
 

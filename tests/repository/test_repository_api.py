@@ -196,3 +196,41 @@ def test_sticky_key_from_a_header_pins_the_version(tmp_path: Path) -> None:
             assert len(seen) == 1, (key, seen)
     finally:
         stop_server(running, thread)
+
+
+def test_control_token_guards_load_and_unload(tmp_path: Path) -> None:
+    write_version(tmp_path, "m", 1, scale_model(1))
+    token = "s3cret-token-of-some-length"
+    settings = ServerSettings(
+        model_repository=tmp_path, http_port=0, grpc_port=0, model_control_mode="explicit",
+        control_token=token,
+    )  # fmt: skip
+    running, thread = start_server(settings)
+    try:
+        for client in clients(running):
+            # gRPC metadata keys are lower case
+            for headers in (None, {"authorization": "Bearer wrong"}, {"authorization": token}):
+                with pytest.raises(InferenceServerException, match="control token"):
+                    client.load_model("m", headers=headers)
+                with pytest.raises(InferenceServerException, match="control token"):
+                    client.unload_model("m", headers=headers)
+            assert {"name": "m"} in index(client)  # the index stays readable
+            client.load_model("m", headers={"authorization": f"Bearer {token}"})
+            assert factor(client, "m") == 1.0
+            client.unload_model("m", headers={"authorization": f"bearer {token}"})
+        status = __import__("http.client").client.HTTPConnection(*running.http.split(":"))
+        status.request("POST", "/v2/repository/models/m/load", b"")
+        response = status.getresponse()
+        assert response.status == 401
+        response.read()
+        status.close()
+    finally:
+        stop_server(running, thread)
+
+
+def test_a_short_control_token_is_refused() -> None:
+    from duetime.config import server_settings
+    from duetime.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="control_token"):
+        server_settings({"control_token": "short"}, env={})

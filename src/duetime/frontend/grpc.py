@@ -21,7 +21,7 @@ from duetime.frontend.metadata import model_config_json, model_metadata_json
 from duetime.frontend.parameters import due_from_timeout_us, priority_of
 from duetime.frontend.proto import grpc_service_pb2 as pb
 from duetime.frontend.proto import grpc_service_pb2_grpc as pb_grpc
-from duetime.frontend.rest import EXTENSIONS, load_config
+from duetime.frontend.rest import EXTENSIONS, check_control_token, load_config
 from duetime.frontend.statistics import statistics_json
 from duetime.overload import LoadShedder
 from duetime.repository.manager import check_model_name
@@ -41,8 +41,11 @@ _CONTENTS_FIELD = {
 class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
     """Answers v2 gRPC calls from the engine; every DuetimeError becomes its status code."""
 
-    def __init__(self, engine: Engine, shedder: LoadShedder | None = None) -> None:
+    def __init__(
+        self, engine: Engine, shedder: LoadShedder | None = None, control_token: str | None = None
+    ) -> None:
         self._engine = engine
+        self._control_token = control_token
         self._shedder = shedder
         self.accepting = True
 
@@ -100,6 +103,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
 
     async def RepositoryModelLoad(self, request: Any, context: Any) -> Any:
         try:
+            check_control_token(self._control_token, _Metadata(context).get("authorization"))
             name = check_model_name(request.model_name)
             config = load_config(_parameters(request.parameters), name)
             await self._engine.load_model(name, config)
@@ -109,6 +113,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
 
     async def RepositoryModelUnload(self, request: Any, context: Any) -> Any:
         try:
+            check_control_token(self._control_token, _Metadata(context).get("authorization"))
             await self._engine.unload_model(check_model_name(request.model_name))
         except DuetimeError as exc:
             await _abort(context, exc)

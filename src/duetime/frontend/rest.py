@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import hmac
 import logging
 import zlib
 from collections.abc import Awaitable, Callable, Mapping
@@ -29,6 +30,7 @@ from duetime.errors import (
     InvalidInput,
     ModelNotFound,
     PayloadTooLarge,
+    Unauthorized,
 )
 from duetime.frontend import codec
 from duetime.frontend.metadata import model_config_json, model_metadata_json
@@ -174,7 +176,7 @@ class RestApi:
         if rest[0] == "models" and len(rest) >= 2:
             return self._model_route(method, rest[1:], headers, body)
         if rest[0] == "repository":
-            return self._repository_route(method, rest[1:], body)
+            return self._repository_route(method, rest[1:], headers, body)
         raise ModelNotFound(f"no such endpoint '/{'/'.join(parts)}'")
 
     def _model_route(
@@ -197,12 +199,15 @@ class RestApi:
             return self._infer(model, version, headers, body)
         raise ModelNotFound(f"no such endpoint under model '{model}': '{'/'.join(action)}'")
 
-    def _repository_route(self, method: str, rest: list[str], body: bytes) -> Reply | PendingReply:
+    def _repository_route(
+        self, method: str, rest: list[str], headers: Mapping[str, str], body: bytes
+    ) -> Reply | PendingReply:
         if method != "POST":
             return _method_not_allowed("POST")
         if rest == ["index"]:
             return self._repository_index(body)
         if len(rest) == 3 and rest[0] == "models" and rest[2] in ("load", "unload"):
+            check_control_token(self._settings.control_token, headers.get("authorization"))
             name = check_model_name(rest[1])
             parameters = _control_parameters(body, f"{rest[2]} request")
             if rest[2] == "unload":
@@ -281,6 +286,20 @@ def _json_object(body: bytes, what: str) -> dict[str, Any]:
 def _control_parameters(body: bytes, what: str) -> dict[str, Any]:
     doc = _json_object(body, what) if body.strip() else {}
     return _parameters(doc.get("parameters"), f"{what} 'parameters'")
+
+
+def check_control_token(expected: str | None, authorization: str | None) -> None:
+    """Raise Unauthorized unless `authorization` is `Bearer <expected>` (when a token is set)."""
+    if expected is None:
+        return
+    scheme, _, given = (authorization or "").strip().partition(" ")
+    if scheme.lower() != "bearer" or not hmac.compare_digest(
+        given.strip().encode(), expected.encode()
+    ):
+        raise Unauthorized(
+            "repository load and unload need the server's control token: send "
+            "'Authorization: Bearer <token>'"
+        )
 
 
 def load_config(parameters: Mapping[str, Any], name: str) -> ModelConfig | None:
