@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import logging
 import os
 import signal
 import sys
@@ -15,6 +14,7 @@ from typing import TYPE_CHECKING
 from duetime.config import server_settings
 from duetime.errors import ConfigError
 from duetime.loops import new_event_loop
+from duetime.observability.logs import configure_logging
 
 if TYPE_CHECKING:
     from duetime.server import Server
@@ -23,10 +23,7 @@ if TYPE_CHECKING:
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=getattr(logging, args.log_level.upper()),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    configure_logging(args.log_level, args.log_format)
     try:
         if args.command == "demo":
             return _demo(args)
@@ -47,8 +44,14 @@ def main(argv: list[str] | None = None) -> int:
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="duetime", description=__doc__)
     parser.add_argument(
-        "--log-level", default="warning", choices=["debug", "info", "warning", "error"]
-    )
+        "--log-level", default="warning", choices=["debug", "info", "warning", "error"],
+        help="warning (default) logs failed requests of the server's making (5xx); info adds "
+        "every failed request and the sampled access log",
+    )  # fmt: skip
+    parser.add_argument(
+        "--log-format", default="text", choices=["text", "json"],
+        help="text (default) or one JSON object per line",
+    )  # fmt: skip
     commands = parser.add_subparsers(dest="command", required=True)
     demo = commands.add_parser("demo", help="write the demo model repository to PATH")
     demo.add_argument("path", type=Path)
@@ -58,8 +61,34 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", help="address to listen on (default 127.0.0.1)")
     serve.add_argument("--http-port", type=int, help="HTTP port (default 8000; 0 picks one)")
     serve.add_argument("--grpc-port", type=int, help="gRPC port (default 8001; 0 picks one)")
+    serve.add_argument(
+        "--metrics-port", type=int, help="Prometheus /metrics port (default 8002; 0 picks one)"
+    )
+    serve.add_argument(
+        "--no-metrics", dest="metrics", action="store_false", default=None,
+        help="serve no Prometheus metrics",
+    )  # fmt: skip
     serve.add_argument("--max-body-bytes", type=int, help="largest request body accepted")
     serve.add_argument("--idle-timeout-s", type=float, help="close idle keep-alive connections")
+    serve.add_argument(
+        "--max-connections", type=int, help="open HTTP connections accepted (4096; more get 503)"
+    )
+    serve.add_argument(
+        "--request-read-timeout-s", type=float,
+        help="an HTTP request must arrive within this of its first byte, plus its body at "
+        "--min-body-rate-bytes-s (10; slower clients get 408)",
+    )  # fmt: skip
+    serve.add_argument(
+        "--min-body-rate-bytes-s", type=int, help="slowest accepted body upload rate (65536)"
+    )
+    serve.add_argument(
+        "--max-inflight-bytes", type=int,
+        help="HTTP request body bytes held at once, all connections (1 GiB; more wait)",
+    )  # fmt: skip
+    serve.add_argument(
+        "--max-connection-inflight-bytes", type=int,
+        help="body bytes of unanswered requests per connection before it stops reading (64 MiB)",
+    )  # fmt: skip
     serve.add_argument("--cpus", help="auto (default), none, or a CPU list such as 0,2-3")
     serve.add_argument(
         "--overload-utilization", type=float,
@@ -80,6 +109,15 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--load-model", action="append", metavar="MODEL",
         help="explicit mode: load MODEL at start (repeatable; '*' for all)",
+    )  # fmt: skip
+    serve.add_argument(
+        "--control-token",
+        help="require 'Authorization: Bearer TOKEN' on repository load/unload (16+ characters; "
+        "DUETIME_CONTROL_TOKEN keeps it out of the process list)",
+    )
+    serve.add_argument(
+        "--access-log-sample", type=float,
+        help="share of successful requests logged (at info level; default 0: none)",
     )  # fmt: skip
     serve.add_argument("--max-loaded-models", type=int, help="unload idle models beyond this")
     serve.add_argument(
@@ -134,15 +172,22 @@ def _serve(args: argparse.Namespace) -> int:
         repository = write_demo_repository(demo_cache_dir())
     settings = server_settings({
         "model_repository": repository, "host": args.host, "http_port": args.http_port,
-        "grpc_port": args.grpc_port, "max_body_bytes": args.max_body_bytes,
+        "grpc_port": args.grpc_port, "metrics": args.metrics,
+        "metrics_port": args.metrics_port, "max_body_bytes": args.max_body_bytes,
         "idle_timeout_s": args.idle_timeout_s, "cpus": args.cpus,
+        "max_connections": args.max_connections,
+        "request_read_timeout_s": args.request_read_timeout_s,
+        "min_body_rate_bytes_s": args.min_body_rate_bytes_s,
+        "max_inflight_bytes": args.max_inflight_bytes,
+        "max_connection_inflight_bytes": args.max_connection_inflight_bytes,
         "overload_utilization": args.overload_utilization,
         "tune_runtime": args.tune_runtime, "model_control_mode": args.model_control_mode,
         "repository_poll_secs": args.repository_poll_secs,
         "repository_stable_secs": args.repository_stable_secs,
         "load_model": tuple(args.load_model) if args.load_model else None,
         "max_loaded_models": args.max_loaded_models, "max_loaded_bytes": args.max_loaded_bytes,
-        "lazy_load": args.lazy_load,
+        "lazy_load": args.lazy_load, "control_token": args.control_token,
+        "access_log_sample": args.access_log_sample,
     })  # fmt: skip
     loop = new_event_loop()
     asyncio.set_event_loop(loop)
@@ -161,6 +206,9 @@ async def _run(server: Server) -> int:
     failures = server.engine.registry.snapshot.failures
     for name, reason in failures.items():
         print(f"duetime: model '{name}' not loaded: {reason}", file=sys.stderr)
+    metrics = addresses.describe_metrics()
+    if metrics is not None:
+        print(metrics)
     print(addresses.describe(), flush=True)
     await stop.wait()
     await server.stop()

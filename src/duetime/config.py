@@ -56,6 +56,25 @@ class SchedulingConfig(_Strict):
     """The level of requests that send priority 0 or none (1 is served first, as Triton)."""
 
 
+class BreakerConfig(_Strict):
+    """When an instance stops taking work (see resilience/breaker.py)."""
+
+    failures: int = Field(default=5, ge=1, le=1_000_000)
+    """Executions in a row that failed for every request in them open the breaker."""
+    slow_factor: float = Field(default=10.0, gt=1.0)
+    """An execution is slow when it takes this many times its latency profile's prediction..."""
+    slow_min_us: int = Field(default=5_000, ge=0)
+    """...and at least this long (short runs vary too much in relative terms)."""
+    slow_executions: int = Field(default=5, ge=1, le=1_000_000)
+    """Slow executions in a row that open the breaker."""
+    open_s: float = Field(default=5.0, gt=0, le=3600)
+    """How long an open breaker refuses work before it lets a probe through."""
+    max_open_s: float = Field(default=60.0, gt=0, le=86_400)
+    """Each failed probe doubles the open period, up to this."""
+    probes: int = Field(default=1, ge=1, le=1000)
+    """Good executions while half-open that close the breaker."""
+
+
 class LatestVersions(_Strict):
     num_versions: int = Field(default=1, ge=1, le=1_000)
     """How many of the highest versions to serve."""
@@ -170,6 +189,7 @@ class ModelConfig(_Strict):
     inputs: list[TensorConfig] | None = None
     outputs: list[TensorConfig] | None = None
     version_policy: VersionPolicy = VersionPolicy()
+    breaker: BreakerConfig = BreakerConfig()
     variants: list[VariantConfig] = []
     traffic: TrafficConfig = TrafficConfig()
 
@@ -239,10 +259,28 @@ class ServerSettings(_Strict):
     """0 picks a free port."""
     grpc_port: int = Field(default=8001, ge=0, le=65_535)
     """0 picks a free port."""
+    metrics: bool = True
+    """Serve Prometheus metrics at `/metrics` on `metrics_port`."""
+    metrics_port: int = Field(default=8002, ge=0, le=65_535)
+    """0 picks a free port. When this is left at its default and the port is taken, the server
+    runs without metrics (and logs why); a port that was asked for and is taken fails the
+    start."""
     max_body_bytes: int = Field(default=64 * 1024 * 1024, ge=1024)
     max_header_bytes: int = Field(default=64 * 1024, ge=1024)
     idle_timeout_s: float = Field(default=60.0, gt=0)
     """A keep-alive connection with no request in flight is closed after this long."""
+    max_connections: int = Field(default=4096, ge=1)
+    """Open HTTP connections; beyond this a new one is answered 503 and closed at once."""
+    request_read_timeout_s: float = Field(default=10.0, gt=0)
+    """An HTTP request must arrive within this long of its first byte, plus its body's size at
+    `min_body_rate_bytes_s`; a slower client (slowloris) is answered 408 and closed."""
+    min_body_rate_bytes_s: int = Field(default=64 * 1024, ge=1)
+    max_inflight_bytes: int = Field(default=1024 * 1024 * 1024, ge=1024)
+    """HTTP request body bytes held at once (being read, or waiting for their answer). A body
+    that does not fit waits, its connection paused; a chunked one is refused (503)."""
+    max_connection_inflight_bytes: int = Field(default=64 * 1024 * 1024, ge=1024)
+    """Body bytes of one connection's requests read and not yet answered; beyond this the
+    connection reads no further requests until some are answered."""
     shutdown_grace_s: float = Field(default=5.0, ge=0)
     """On SIGINT/SIGTERM, queued requests get this long to finish."""
     max_grpc_message_bytes: int = Field(default=64 * 1024 * 1024, ge=1024)
@@ -260,6 +298,12 @@ class ServerSettings(_Strict):
     path."""
     gc_threshold: int = Field(default=50_000, ge=100)
     """gen-0 collection threshold while `tune_runtime` is on (Python's default is 700)."""
+    access_log_sample: float = Field(default=0.0, ge=0.0, le=1.0)
+    """Share of successful requests that get an access-log line (`duetime.requests` logger, at
+    INFO); failed requests always get one."""
+    control_token: str | None = Field(default=None, min_length=16)
+    """When set, repository load and unload requests must carry `Authorization: Bearer
+    <token>` (HTTP header or gRPC metadata); the index stays readable."""
     model_control_mode: Literal["none", "explicit", "poll"] = "none"
     """As Triton: `none` loads every model at start and never changes them; `explicit` loads
     and unloads through the repository API (`load_model` names those loaded at start); `poll`

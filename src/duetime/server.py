@@ -16,6 +16,8 @@ from duetime.execution.affinity import CpuPlan, parse_cpus, pin_current_thread
 from duetime.frontend.grpc import InferenceService, serve_grpc
 from duetime.frontend.http import HttpConnection, serve_http
 from duetime.frontend.rest import RestApi
+from duetime.observability.exporter import MetricsExporter
+from duetime.observability.tracing import tracing_from_env
 from duetime.overload import LoadShedder
 from duetime.repository.manager import RepositoryOptions
 
@@ -29,9 +31,18 @@ class Addresses:
     host: str
     http_port: int
     grpc_port: int
+    metrics_port: int | None = None
+    """None: no metrics endpoint."""
 
     def describe(self) -> str:
         return f"duetime ready: http://{self.host}:{self.http_port} grpc://{self.host}:{self.grpc_port}"
+
+    def describe_metrics(self) -> str | None:
+        """The line announcing the metrics endpoint. NOTE: a line of its own, printed before the
+        ready line, because readers of the ready line match it to its end."""
+        if self.metrics_port is None:
+            return None
+        return f"duetime metrics: http://{self.host}:{self.metrics_port}/metrics"
 
 
 SHED_PERIOD_S = 0.01
@@ -77,11 +88,16 @@ class Server:
         share = settings.overload_utilization
         self.shedder = LoadShedder(target=share) if share > 0 else None
         self._shed_timer: asyncio.TimerHandle | None = None
-        self._rest = RestApi(self.engine, settings, self.shedder)
-        self._grpc_service = InferenceService(self.engine, self.shedder)
+        self.tracing = tracing_from_env()
+        self._rest = RestApi(self.engine, settings, self.shedder, self.tracing)
+        self._grpc_service = InferenceService(
+            self.engine, self.shedder, settings.control_token, self.tracing,
+            settings.access_log_sample,
+        )  # fmt: skip
         self._connections: set[HttpConnection] = set()
         self._http: asyncio.Server | None = None
         self._grpc: Any = None
+        self._metrics: MetricsExporter | None = None
         self.addresses: Addresses | None = None
 
     async def start(self) -> Addresses:
@@ -89,6 +105,7 @@ class Server:
         repository = self.settings.model_repository
         if repository is None:
             raise ConfigError("no model repository given: pass a folder, or --demo")
+        metrics_port = await self._start_metrics()  # first: a taken port fails before loading
         if self.cpus.loop_cpu is not None:
             pin_current_thread(frozenset({self.cpus.loop_cpu}))
         if self.engine.repository is None:
@@ -102,8 +119,27 @@ class Server:
             self.shedder.sample()  # start measuring from now
             self._shed_timer = asyncio.get_running_loop().call_later(SHED_PERIOD_S, self._sample)
         http_port = self._http.sockets[0].getsockname()[1]
-        self.addresses = Addresses(self.settings.host, http_port, grpc_port)
+        self.addresses = Addresses(self.settings.host, http_port, grpc_port, metrics_port)
         return self.addresses
+
+    async def _start_metrics(self) -> int | None:
+        """Serve /metrics on its own threads, off the event loop's CPU where there is another."""
+        settings = self.settings
+        if not settings.metrics:
+            return None
+        exporter = MetricsExporter(self.engine, self.shedder)
+        try:
+            spare = frozenset(self.cpus.cpus[1:]) if self.cpus.cpus else None
+            port = await exporter.start(settings.host, settings.metrics_port, spare or None)
+        except ConfigError as exc:
+            if "metrics_port" in settings.model_fields_set:
+                raise
+            # NOTE: the default port is a convenience, not a demand: a second server on the
+            # host (a test, a benchmark, another replica) still serves inference.
+            log.warning("%s; serving without metrics", exc.message)
+            return None
+        self._metrics = exporter
+        return port
 
     def _sample(self) -> None:
         assert self.shedder is not None
@@ -132,4 +168,8 @@ class Server:
             await grpc_stopped
         if self._http is not None:
             await self._http.wait_closed()
+        if self._metrics is not None:
+            await self._metrics.aclose()
+        if self.tracing is not None:
+            await asyncio.to_thread(self.tracing.shutdown)  # exports the spans still buffered
         log.info("stopped; %d HTTP connections were open", len(self._connections))

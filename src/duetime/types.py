@@ -58,6 +58,8 @@ class InferRequest:
     parameters: Mapping[str, Any] = field(default_factory=dict)
     headers: Mapping[str, str] = field(default_factory=dict)
     """HTTP headers or gRPC metadata, lower-case keys (the traffic policy's sticky key)."""
+    timing: Any = None
+    """A `RequestTiming` the stages fill in while tracing is on (None: not traced)."""
 
 
 @dataclass(slots=True, eq=False)

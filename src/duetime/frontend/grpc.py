@@ -23,6 +23,13 @@ from duetime.frontend.proto import grpc_service_pb2 as pb
 from duetime.frontend.proto import grpc_service_pb2_grpc as pb_grpc
 from duetime.frontend.rest import EXTENSIONS, check_control_token, load_config
 from duetime.frontend.statistics import statistics_json
+from duetime.observability.logs import AccessSampler, log_request
+from duetime.observability.tracing import (
+    RequestTiming,
+    Tracing,
+    new_trace_id,
+    parse_traceparent,
+)
 from duetime.overload import LoadShedder
 from duetime.repository.manager import check_model_name
 from duetime.types import InferRequest
@@ -42,10 +49,17 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
     """Answers v2 gRPC calls from the engine; every DuetimeError becomes its status code."""
 
     def __init__(
-        self, engine: Engine, shedder: LoadShedder | None = None, control_token: str | None = None
+        self,
+        engine: Engine,
+        shedder: LoadShedder | None = None,
+        control_token: str | None = None,
+        tracing: Tracing | None = None,
+        access_log_sample: float = 0.0,
     ) -> None:
         self._engine = engine
         self._control_token = control_token
+        self._tracing = tracing
+        self._access = AccessSampler(access_log_sample)
         self._shedder = shedder
         self.accepting = True
 
@@ -120,16 +134,38 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         return pb.RepositoryModelUnloadResponse()
 
     async def ModelInfer(self, request: Any, context: Any) -> Any:
+        tracing = self._tracing
+        timing = RequestTiming(self._engine.clock.now_ns()) if tracing is not None else None
+        ticket: Ticket | None = None
+        error: DuetimeError | None = None
         try:
-            ticket = self._submit(request, context)
-            return await _response(ticket, request.id)
+            ticket = self._submit(request, context, timing)
+            response = await _response(ticket, request.id)
         except DuetimeError as exc:
-            await _abort(context, exc)
+            error = exc
         except asyncio.CancelledError:
             raise
         except Exception as exc:
             log.exception("internal error in ModelInfer")
-            await _abort(context, InternalError(f"internal error: {type(exc).__name__}: {exc}"))
+            error = InternalError(f"internal error: {type(exc).__name__}: {exc}")
+        parent = parse_traceparent(_Metadata(context).get("traceparent"))
+        trace_id = parent.trace_id_hex if parent is not None else None
+        if tracing is not None and timing is not None and ticket is not None:
+            trace_id = tracing.record(
+                timing, parent, protocol="grpc", model=ticket.model, version=ticket.version,
+                variant=ticket.variant, error=None if error is None else error.message,
+                done_ns=self._engine.clock.now_ns(),
+            )  # fmt: skip
+        if error is not None:
+            await _abort(context, error, trace_id, request.model_name, request.model_version)
+        if trace_id is not None:
+            context.set_trailing_metadata((("x-trace-id", trace_id),))
+        if self._access.take():
+            log_request(
+                protocol="grpc", model=request.model_name, version=response.model_version,
+                status=200, reason=None, trace_id=trace_id,
+            )  # fmt: skip
+        return response
 
     async def ModelStreamInfer(
         self, requests: AsyncIterator[Any], context: Any
@@ -139,9 +175,15 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
                 response = await _response(self._submit(request, context), request.id)
                 yield pb.ModelStreamInferResponse(infer_response=response)
             except DuetimeError as exc:
-                yield pb.ModelStreamInferResponse(error_message=exc.message)
+                trace_id = _trace_id(context)
+                log_request(
+                    protocol="grpc-stream", model=request.model_name,
+                    version=request.model_version, status=exc.http_status, reason=exc.message,
+                    trace_id=trace_id,
+                )  # fmt: skip
+                yield pb.ModelStreamInferResponse(error_message=f"{exc.message} (trace {trace_id})")
 
-    def _submit(self, request: Any, context: Any) -> Ticket:
+    def _submit(self, request: Any, context: Any, timing: RequestTiming | None = None) -> Ticket:
         if self._shedder is not None:
             self._shedder.check()
         parameters = _parameters(request.parameters)
@@ -155,7 +197,10 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
             priority=priority_of(parameters),
             parameters=parameters,
             headers=_Metadata(context),
+            timing=timing,
         )
+        if timing is not None:
+            timing.decoded_ns = self._engine.clock.now_ns()
         return self._engine.submit(infer)
 
     def _due(self, parameters: Mapping[str, Any], context: Any) -> int | None:
@@ -280,8 +325,27 @@ def _parameters(parameters: Mapping[str, Any]) -> dict[str, Any]:
     return values
 
 
-async def _abort(context: Any, exc: DuetimeError) -> None:
-    await context.abort(getattr(grpc.StatusCode, exc.grpc_code), exc.message)
+def _trace_id(context: Any) -> str:
+    """The caller's trace id (W3C `traceparent` metadata), else a new one."""
+    parent = parse_traceparent(_Metadata(context).get("traceparent"))
+    return parent.trace_id_hex if parent is not None else new_trace_id()
+
+
+async def _abort(
+    context: Any, exc: DuetimeError, trace_id: str | None = None, model: str = "",
+    version: str = "",
+) -> None:  # fmt: skip
+    """End the call with the error's status; its trace id in the message, the trailing metadata
+    and the log line."""
+    trace_id = trace_id or _trace_id(context)
+    log_request(
+        protocol="grpc", model=model, version=version, status=exc.http_status,
+        reason=exc.message, trace_id=trace_id,
+    )  # fmt: skip
+    context.set_trailing_metadata((("x-trace-id", trace_id),))
+    await context.abort(
+        getattr(grpc.StatusCode, exc.grpc_code), f"{exc.message} (trace {trace_id})"
+    )
 
 
 async def serve_grpc(service: InferenceService, settings: ServerSettings) -> tuple[Any, int]:

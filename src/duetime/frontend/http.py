@@ -4,6 +4,13 @@ One `HttpConnection` per TCP connection. It parses with httptools, answers pipel
 order, supports Content-Length and chunked bodies and `Expect: 100-continue`, limits header and
 body sizes, closes idle keep-alive connections, and pauses reading while too many responses are
 owed. A connection that drops cancels its unanswered requests, so they are never run.
+
+What one server takes in is bounded by its `Intake`: open connections (more are answered 503
+and closed at once) and request body bytes held (a body that does not fit waits, its connection
+paused, until others are answered). A request must arrive within `request_read_timeout_s` of
+its first byte, plus its body's size at `min_body_rate_bytes_s`; a slower client (slowloris)
+is answered 408 and closed. None of this costs a timer or a lookup per request: one timer per
+connection checks the read and idle deadlines, and the byte counts are a few additions.
 """
 
 from __future__ import annotations
@@ -13,7 +20,7 @@ import logging
 from collections import deque
 from dataclasses import dataclass
 from http import HTTPStatus
-from typing import Any
+from typing import Any, cast
 
 import httptools
 import orjson
@@ -31,6 +38,82 @@ _LINGER_S = 2.0
 client sends, so the client reads that response rather than a reset (a 413 mid-upload, say)."""
 
 _REASONS = {status.value: status.phrase.encode() for status in HTTPStatus}
+_JSON = (b"Content-Type", b"application/json")
+
+
+@dataclass(frozen=True, slots=True)
+class IntakeStatistics:
+    """A snapshot of an `Intake`: what is held now, and running totals of what was refused."""
+
+    connections: int
+    inflight_bytes: int
+    """Request body bytes held: being read, or read and waiting for their answer."""
+    waiting_connections: int
+    """Connections paused until a body they announced fits within `max_inflight_bytes`."""
+    refused_connections: int
+    """Connections closed at accept because `max_connections` were open."""
+    read_timeouts: int
+    """Requests that did not arrive in time (408)."""
+    refused_bodies: int
+    """Chunked bodies refused (503) because they outgrew the room left for bodies."""
+
+
+class Intake:
+    """What one HTTP server has taken in and not yet answered, within its limits.
+
+    Shared by the server's connections, owned by the event loop. Body bytes are reserved when a
+    request's head announces them (Content-Length) or as they arrive (chunked), and released
+    when its response is written or its connection drops. A reservation that does not fit waits
+    in arrival order; one always fits when nothing else is held, so every body within
+    `max_body_bytes` eventually goes through.
+    """
+
+    def __init__(self, settings: ServerSettings) -> None:
+        self.max_connections = settings.max_connections
+        self.max_bytes = settings.max_inflight_bytes
+        self.connections = 0
+        self.inflight_bytes = 0
+        self.refused_connections = 0
+        self.read_timeouts = 0
+        self.refused_bodies = 0
+        self._waiting: deque[tuple[HttpConnection, int]] = deque()
+
+    def fits(self, size: int) -> bool:
+        held = self.inflight_bytes
+        return held == 0 or held + size <= self.max_bytes
+
+    def reserve(self, connection: HttpConnection, size: int) -> bool:
+        """Take `size` bytes now (True), or queue `connection` for `_granted` later (False)."""
+        if not self._waiting and self.fits(size):
+            self.inflight_bytes += size
+            return True
+        self._waiting.append((connection, size))
+        return False
+
+    def release(self, size: int) -> None:
+        self.inflight_bytes -= size
+        waiting = self._waiting
+        while waiting and self.fits(waiting[0][1]):
+            connection, wanted = waiting.popleft()
+            self.inflight_bytes += wanted
+            connection.granted(wanted)
+
+    def forget(self, connection: HttpConnection) -> None:
+        """Drop `connection`'s queued reservation, if any (it closed or got its body anyway)."""
+        for entry in self._waiting:
+            if entry[0] is connection:
+                self._waiting.remove(entry)
+                return
+
+    def statistics(self) -> IntakeStatistics:
+        return IntakeStatistics(
+            connections=self.connections,
+            inflight_bytes=self.inflight_bytes,
+            waiting_connections=len(self._waiting),
+            refused_connections=self.refused_connections,
+            read_timeouts=self.read_timeouts,
+            refused_bodies=self.refused_bodies,
+        )
 
 
 @dataclass(slots=True, eq=False)
@@ -41,43 +124,86 @@ class _Slot:
     http10: bool = False
     data: bytes | None = None
     pending: PendingReply | None = None
+    size: int = 0
+    """Body bytes reserved in the Intake until the response is written."""
 
 
 class HttpConnection(asyncio.Protocol):
     """The protocol for one client connection (see the module docstring)."""
 
-    def __init__(self, api: RestApi, settings: ServerSettings, connections: set[HttpConnection]):
+    def __init__(
+        self,
+        api: RestApi,
+        settings: ServerSettings,
+        connections: set[HttpConnection],
+        intake: Intake | None = None,
+    ):
         self._api = api
         self._max_body = settings.max_body_bytes
         self._max_header = settings.max_header_bytes
+        self._max_held = settings.max_connection_inflight_bytes
         self._idle_timeout = settings.idle_timeout_s
+        self._read_timeout = settings.request_read_timeout_s
+        self._min_rate = float(settings.min_body_rate_bytes_s)
         self._connections = connections
+        self._intake = intake if intake is not None else Intake(settings)
         self._loop = asyncio.get_running_loop()
         self._transport: asyncio.Transport | None = None
+        self._accepted = False
         self._parser = httptools.HttpRequestParser(self)
         self._slots: deque[_Slot] = deque()
         self._reading_paused = False
+        self._paused_at = 0.0
         self._writing_paused = False
         self._closing = False
         self._lingering = False
         self._last_active = 0.0
-        self._idle_timer: asyncio.TimerHandle | None = None
+        self._read_started: float | None = None
+        """When the request being read began (its first byte), moved on by pauses of ours."""
+        self._timer: asyncio.TimerHandle | None = None
+        self._held = 0
+        """Body bytes of this connection's requests read and not yet answered."""
+        self._reserved = 0
+        """Body bytes reserved for the request being read."""
+        self._awaiting = 0
+        """Body bytes the request being read waits to reserve (its connection is paused)."""
         self._reset_message()
 
     # -- asyncio.Protocol ----------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self._transport = transport  # type: ignore[assignment]  # uvloop's is not a subclass
+        writer = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
+        self._transport = writer
+        intake = self._intake
+        if intake.connections >= intake.max_connections:
+            intake.refused_connections += 1
+            self._closing = self._lingering = True  # read nothing
+            message = (
+                f"the server has {intake.max_connections} connections open, its limit; "
+                "retry later, reuse a connection, or use another replica"
+            )
+            writer.write(_encode(_error(503, message, retry_after=True), False))
+            writer.close()
+            return
         self._connections.add(self)
+        intake.connections += 1
+        self._accepted = True
         self._last_active = self._loop.time()
-        self._idle_timer = self._loop.call_later(self._idle_timeout, self._check_idle)
+        self._timer = self._loop.call_later(
+            min(self._idle_timeout, self._read_timeout), self._check_timeouts
+        )
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._connections.discard(self)
+        if self._accepted:
+            self._accepted = False
+            self._intake.connections -= 1
         self._closing = True
-        if self._idle_timer is not None:
-            self._idle_timer.cancel()
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         self._withdraw()  # the client is gone
+        self._drop_reservation()
         self._transport = None
 
     def data_received(self, data: bytes) -> None:
@@ -90,6 +216,10 @@ class HttpConnection(asyncio.Protocol):
             # NOTE: the request itself was answered as plain HTTP/1.1 (a server may ignore
             # Upgrade); the parser cannot read past it, so close once the owed responses are out.
             self.shutdown()
+        except httptools.HttpParserCallbackError:
+            log.exception("internal error reading an HTTP request")
+            if not self._closing:
+                self._fail(500, "internal error reading the request; the server logged it")
         except httptools.HttpParserError as exc:
             if not self._closing:
                 self._fail(400, f"malformed HTTP request: {exc}")
@@ -110,10 +240,12 @@ class HttpConnection(asyncio.Protocol):
         self._header_bytes = 0
         self._body: list[bytes] = []
         self._body_bytes = 0
+        self._chunked = False
         self._rejected = False
 
     def on_message_begin(self) -> None:
         self._reset_message()
+        self._read_started = self._last_active
 
     def on_url(self, url: bytes) -> None:
         self._url += url
@@ -125,30 +257,59 @@ class HttpConnection(asyncio.Protocol):
             self._headers[name.decode("latin-1").lower()] = value.decode("latin-1")
 
     def on_headers_complete(self) -> None:
-        if self._rejected:
+        if self._rejected or self._closing:
             return
         length = self._headers.get("content-length")
-        if length is not None and length.isdigit() and int(length) > self._max_body:
-            self._fail(413, f"body of {length} bytes is over the {self._max_body}-byte limit")
-            return
-        if self._headers.get("expect", "").lower() == "100-continue" and self._transport:
-            self._transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        if length is None:
+            self._chunked = True  # or no body at all: bytes are reserved as they come
+        else:
+            size = int(length) if length.isascii() and length.isdigit() else 0
+            if size > self._max_body:
+                self._fail(413, f"body of {length} bytes is over the {self._max_body}-byte limit")
+                return
+            if size and not self._intake.reserve(self, size):
+                self._awaiting = size  # `granted` resumes reading (and sends 100 Continue)
+                self._update_reading()
+                return
+            self._reserved = size
+        self._continue()
 
     def on_body(self, body: bytes) -> None:
-        if self._rejected:
+        if self._rejected or self._closing:
             return
-        self._body_bytes += len(body)
+        size = len(body)
+        self._body_bytes += size
         if self._body_bytes > self._max_body:
             self._fail(413, f"body is over the {self._max_body}-byte limit")
             return
+        if self._chunked:
+            intake = self._intake
+            if not intake.fits(size):
+                intake.refused_bodies += 1
+                self._fail(
+                    503,
+                    f"the server holds {intake.inflight_bytes} bytes of request bodies, its "
+                    "limit; retry later, or send a Content-Length so the body can wait its turn",
+                    retry_after=True,
+                )
+                return
+            intake.inflight_bytes += size
+            self._reserved += size
         self._body.append(body)
 
     def on_message_complete(self) -> None:
+        self._read_started = None
         if self._rejected or self._closing:
             return
+        if self._awaiting:  # the whole body came in the read that announced it
+            self._intake.forget(self)
+            self._intake.inflight_bytes += self._awaiting
+            self._reserved, self._awaiting = self._awaiting, 0
         body = self._body[0] if len(self._body) == 1 else b"".join(self._body)
         method = self._parser.get_method().decode("latin-1")
         slot = _Slot(self._parser.should_keep_alive(), self._parser.get_http_version() == "1.0")
+        slot.size, self._reserved = self._reserved, 0
+        self._held += slot.size
         self._slots.append(slot)
         if not slot.keep_alive:  # requests pipelined after the last one are not run
             self._closing = True
@@ -160,6 +321,28 @@ class HttpConnection(asyncio.Protocol):
             slot.pending = outcome
             outcome.ticket.on_done = lambda: self._settle(slot)
         self._update_reading()
+
+    # -- intake ----------------------------------------------------------------------------------
+
+    def granted(self, size: int) -> None:
+        """The Intake reserved the `size` body bytes this connection waited for: read on."""
+        self._awaiting = 0
+        self._reserved = size
+        self._update_reading()
+        self._continue()
+
+    def _continue(self) -> None:
+        if self._headers.get("expect", "").lower() == "100-continue" and self._transport:
+            self._transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+
+    def _drop_reservation(self) -> None:
+        """Give back what the request being read reserved (it will never be answered)."""
+        if self._awaiting:
+            self._intake.forget(self)
+            self._awaiting = 0
+        if self._reserved:
+            reserved, self._reserved = self._reserved, 0
+            self._intake.release(reserved)
 
     # -- responses -----------------------------------------------------------------------------
 
@@ -178,6 +361,9 @@ class HttpConnection(asyncio.Protocol):
         while slots and slots[0].data is not None and transport is not None:
             slot = slots.popleft()
             transport.write(slot.data)  # type: ignore[arg-type]
+            if slot.size:
+                self._held -= slot.size
+                self._intake.release(slot.size)
             if not slot.keep_alive:
                 self._linger()
                 return
@@ -185,28 +371,39 @@ class HttpConnection(asyncio.Protocol):
 
     def _update_reading(self) -> None:
         transport = self._transport
-        if transport is None:
+        if transport is None or self._lingering:
             return
-        should_pause = self._writing_paused or len(self._slots) >= _MAX_PIPELINED
+        should_pause = (
+            self._writing_paused
+            or len(self._slots) >= _MAX_PIPELINED
+            or self._held >= self._max_held
+            or self._awaiting > 0
+        )
         if should_pause != self._reading_paused:
             self._reading_paused = should_pause
             if should_pause:
                 transport.pause_reading()
+                self._paused_at = self._loop.time()
             else:
                 transport.resume_reading()
+                if self._read_started is not None:  # time spent paused by us is not the client's
+                    self._read_started += self._loop.time() - self._paused_at
 
     def _count_header(self, size: int) -> None:
         self._header_bytes += size
         if self._header_bytes > self._max_header and not self._rejected:
             self._fail(431, f"request head is over the {self._max_header}-byte limit")
 
-    def _fail(self, status: int, message: str) -> None:
+    def _fail(self, status: int, message: str, *, retry_after: bool = False) -> None:
         """Answer a request that cannot be parsed or read further, then close the connection."""
         self._rejected = True
         self._closing = True
-        body = orjson.dumps({"error": message})
-        self._slots.append(_Slot(keep_alive=False, data=_encode(Reply(status, body), False)))
-        if self._transport is not None:
+        self._read_started = None
+        self._drop_reservation()
+        self._body = []
+        reply = _encode(_error(status, message, retry_after=retry_after), False)
+        self._slots.append(_Slot(keep_alive=False, data=reply))
+        if self._transport is not None and not self._reading_paused:
             self._transport.pause_reading()
             self._reading_paused = True
         self._flush()
@@ -226,30 +423,60 @@ class HttpConnection(asyncio.Protocol):
         # response still in flight; a client uploading a body over the limit would never see 413.
         self._closing = self._lingering = True
         self._withdraw()
+        self._drop_reservation()
         transport.write_eof()
         if self._reading_paused:
             self._reading_paused = False
             transport.resume_reading()
-        if self._idle_timer is not None:
-            self._idle_timer.cancel()
-        self._idle_timer = self._loop.call_later(_LINGER_S, self._close)
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer = self._loop.call_later(_LINGER_S, self._close)
 
     def _withdraw(self) -> None:
         """Cancel the requests that will never be answered on this connection, if not run yet."""
+        released = 0
         for slot in self._slots:
             if slot.pending is not None:
                 slot.pending.ticket.future.cancel()
+            released += slot.size
         self._slots.clear()
+        if released:
+            self._held -= released
+            self._intake.release(released)
 
-    def _check_idle(self) -> None:
-        if self._transport is None:
+    def _check_timeouts(self) -> None:
+        """The connection's one timer: closes it when idle too long, answers 408 to a request
+        that arrives too slowly, else runs again by the next deadline."""
+        self._timer = None
+        if self._transport is None or self._lingering:
             return
-        deadline = self._last_active + self._idle_timeout
-        if not self._slots and self._loop.time() >= deadline:
-            self._close()
-            return
-        self._idle_timer = self._loop.call_at(
-            max(deadline, self._loop.time() + 0.1), self._check_idle
+        now = self._loop.time()
+        started = self._read_started
+        if started is not None and not self._reading_paused:
+            deadline = started + self._read_timeout + self._body_bytes / self._min_rate
+            if now >= deadline:
+                self._read_too_slow(now - started)
+                return
+        elif started is None and not self._slots:
+            deadline = self._last_active + self._idle_timeout
+            if now >= deadline:
+                self._close()
+                return
+        else:  # waiting for responses, or paused by us: no deadline runs
+            deadline = now + self._idle_timeout
+        # NOTE: never later than one read timeout, so a request that begins after this check
+        # is still caught on time without a timer of its own.
+        wake = min(deadline, now + self._read_timeout)
+        self._timer = self._loop.call_at(max(wake, now + 0.01), self._check_timeouts)
+
+    def _read_too_slow(self, elapsed: float) -> None:
+        self._intake.read_timeouts += 1
+        got = f"{self._header_bytes} bytes of head and {self._body_bytes} of body"
+        self._fail(
+            408,
+            f"the request did not arrive in time ({got} in {elapsed:.1f} s); a request must "
+            f"arrive within {self._read_timeout:g} s of its first byte, plus 1 s per "
+            f"{self._min_rate:.0f} bytes of body",
         )
 
     def shutdown(self) -> None:
@@ -259,6 +486,13 @@ class HttpConnection(asyncio.Protocol):
             self._close()
         else:
             self._slots[-1].keep_alive = False
+
+
+def _error(status: int, message: str, *, retry_after: bool = False) -> Reply:
+    headers: tuple[tuple[bytes, bytes], ...] = (_JSON,)
+    if retry_after:
+        headers += ((b"Retry-After", b"1"),)
+    return Reply(status, orjson.dumps({"error": message}), headers)
 
 
 def _encode(reply: Reply, keep_alive: bool, http10: bool = False) -> bytes:
@@ -277,13 +511,20 @@ def _encode(reply: Reply, keep_alive: bool, http10: bool = False) -> bytes:
 
 
 async def serve_http(
-    api: RestApi, settings: ServerSettings, connections: set[HttpConnection]
+    api: RestApi,
+    settings: ServerSettings,
+    connections: set[HttpConnection],
+    intake: Intake | None = None,
 ) -> asyncio.Server:
-    """Listen on `settings.host:http_port` (0: any free port); returns the started server."""
+    """Listen on `settings.host:http_port` (0: any free port); returns the started server.
+
+    `intake` (made from `settings` when not given) bounds and counts what the server takes in;
+    pass one to read its `statistics()`."""
     loop = asyncio.get_running_loop()
+    shared = intake if intake is not None else Intake(settings)
 
     def factory() -> Any:
-        return HttpConnection(api, settings, connections)
+        return HttpConnection(api, settings, connections, shared)
 
     return await loop.create_server(
         factory, settings.host, settings.http_port, reuse_address=True, backlog=1024

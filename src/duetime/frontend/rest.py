@@ -36,6 +36,13 @@ from duetime.frontend import codec
 from duetime.frontend.metadata import model_config_json, model_metadata_json
 from duetime.frontend.parameters import due_from_timeout_us, priority_of
 from duetime.frontend.statistics import statistics_json
+from duetime.observability.logs import AccessSampler, log_request
+from duetime.observability.tracing import (
+    RequestTiming,
+    Tracing,
+    new_trace_id,
+    parse_traceparent,
+)
 from duetime.overload import LoadShedder
 from duetime.repository.manager import check_model_name
 from duetime.types import InferRequest
@@ -112,11 +119,16 @@ _CONTROL_TASKS: set[asyncio.Task[None]] = set()
 """Running repository operations (kept referenced until they finish)."""
 
 
-def error_reply(exc: DuetimeError) -> Reply:
+def error_reply(exc: DuetimeError, trace_id: str | None = None) -> Reply:
+    """The error's status and `{"error": message}`, the trace id in the message and header."""
     headers: tuple[tuple[bytes, bytes], ...] = (_JSON,)
     if exc.retry_after_s is not None:
         headers += ((b"Retry-After", str(max(1, round(exc.retry_after_s))).encode()),)
-    return Reply(exc.http_status, orjson.dumps({"error": exc.message}), headers)
+    message = exc.message
+    if trace_id is not None:
+        message = f"{message} (trace {trace_id})"
+        headers += ((b"x-trace-id", trace_id.encode()),)
+    return Reply(exc.http_status, orjson.dumps({"error": message}), headers)
 
 
 def _json(value: Any, status: int = 200) -> Reply:
@@ -131,11 +143,17 @@ class RestApi:
     """Routes `/v2/...` requests to the engine."""
 
     def __init__(
-        self, engine: Engine, settings: ServerSettings, shedder: LoadShedder | None = None
+        self,
+        engine: Engine,
+        settings: ServerSettings,
+        shedder: LoadShedder | None = None,
+        tracing: Tracing | None = None,
     ) -> None:
         self._engine = engine
         self._settings = settings
         self._shedder = shedder
+        self._tracing = tracing
+        self._access = AccessSampler(settings.access_log_sample)
         self.accepting = True
         """False once shutdown starts: readiness reports false."""
 
@@ -143,13 +161,30 @@ class RestApi:
         self, method: str, target: bytes, headers: Mapping[str, str], body: bytes
     ) -> Reply | PendingReply:
         """Answer one request; never raises (errors become their HTTP reply)."""
+        parts = _segments(target)
         try:
-            return self._route(method, _segments(target), headers, body)
+            return self._route(method, parts, headers, body)
         except DuetimeError as exc:
-            return error_reply(exc)
+            return self._failed(exc, headers, parts)
         except Exception as exc:  # a bug of ours: answer 500, log it, keep serving
             log.exception("internal error on %s %r", method, target)
-            return error_reply(InternalError(f"internal error: {type(exc).__name__}: {exc}"))
+            error = InternalError(f"internal error: {type(exc).__name__}: {exc}")
+            return self._failed(error, headers, parts)
+
+    def _failed(
+        self, exc: DuetimeError, headers: Mapping[str, str], parts: list[str], trace_id: str = ""
+    ) -> Reply:
+        """The error reply, with the caller's trace id (or a new one), and its log line."""
+        if not trace_id:
+            parent = parse_traceparent(headers.get("traceparent"))
+            trace_id = parent.trace_id_hex if parent is not None else new_trace_id()
+        model = parts[2] if len(parts) > 2 and parts[1] == "models" else ""
+        version = parts[4] if len(parts) > 4 and parts[3] == "versions" else None
+        log_request(
+            protocol="http", model=model, version=version, status=exc.http_status,
+            reason=exc.message, trace_id=trace_id,
+        )  # fmt: skip
+        return error_reply(exc, trace_id)
 
     def encode(self, pending: PendingReply) -> Reply:
         """The reply of a finished inference; never raises."""
@@ -258,16 +293,48 @@ class RestApi:
     def _infer(
         self, model: str, version: str | None, headers: Mapping[str, str], body: bytes
     ) -> Reply | PendingReply:
+        received = self._engine.clock.now_ns() if self._tracing is not None else 0
         if self._shedder is not None:
             self._shedder.check()
         body = _decoded(body, headers.get("content-encoding"), self._settings.max_body_bytes)
         header = parse_header_length(headers.get(_HEADER_LENGTH), len(body))
         request, plan = parse_infer_request(body, header, model, version)
         request.headers = headers
-        request.due_ns = due_from_timeout_us(request.parameters, self._engine.clock.now_ns())
+        now = self._engine.clock.now_ns()
+        if self._tracing is not None:
+            request.timing = RequestTiming(received, decoded_ns=now)
+        request.due_ns = due_from_timeout_us(request.parameters, now)
         request.priority = priority_of(request.parameters)
         ticket = self._engine.submit(request)
-        return PendingReply(ticket, lambda done: encode_infer_response(done, request.id, plan))
+        return PendingReply(ticket, lambda done: self._infer_reply(done, request, plan))
+
+    def _infer_reply(self, ticket: Ticket, request: InferRequest, plan: OutputPlan) -> Reply:
+        """The answer (or error) of a finished inference, traced and logged."""
+        error: DuetimeError | None = None
+        try:
+            reply = encode_infer_response(ticket, request.id, plan)
+        except DuetimeError as exc:
+            error = exc
+        parent = parse_traceparent(request.headers.get("traceparent"))
+        trace_id = parent.trace_id_hex if parent is not None else None
+        timing = request.timing
+        if self._tracing is not None and timing is not None:
+            trace_id = self._tracing.record(
+                timing, parent, protocol="http", model=ticket.model, version=ticket.version,
+                variant=ticket.variant, error=None if error is None else error.message,
+                done_ns=self._engine.clock.now_ns(),
+            )  # fmt: skip
+        if error is not None:
+            parts = ["v2", "models", request.model, "versions", ticket.version]
+            return self._failed(error, request.headers, parts, trace_id or "")
+        if trace_id is not None:
+            reply.headers += ((b"x-trace-id", trace_id.encode()),)
+        if self._access.take():
+            log_request(
+                protocol="http", model=ticket.model, version=ticket.version, status=200,
+                reason=None, trace_id=trace_id,
+            )  # fmt: skip
+        return reply
 
 
 # -- request parsing -----------------------------------------------------------------------------
@@ -494,11 +561,9 @@ def _decoded(body: bytes, encoding: str | None, limit: int) -> bytes:
 
 
 def encode_infer_response(ticket: Ticket, request_id: str, plan: OutputPlan) -> Reply:
-    """The v2 response: JSON, with binary outputs appended after it where the plan says so."""
-    try:
-        response = ticket.response(request_id)
-    except DuetimeError as exc:
-        return error_reply(exc)
+    """The v2 response: JSON, with binary outputs appended after it where the plan says so;
+    raises the request's DuetimeError if it failed."""
+    response = ticket.response(request_id)
     outputs = []
     blobs: list[bytes] = []
     for name, array in response.outputs.items():

@@ -102,8 +102,8 @@ class Router:
         try:
             prepared = primary.model.validator.prepare(request.inputs, request.outputs)
         except InvalidInput:
-            key = (served.name, version.version)
-            self.invalid[key] = self.invalid.get(key, 0) + 1
+            counted = (served.name, version.version)
+            self.invalid[counted] = self.invalid.get(counted, 0) + 1
             raise
         due = request.due_ns
         if due is None:

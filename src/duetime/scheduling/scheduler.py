@@ -106,6 +106,9 @@ class SchedulerStatistics:
     expired: int
     late: int
     """Answered after their due time (the batch ran longer than predicted)."""
+    on_time: int
+    """Answered by their due time (or had none): `succeeded - late`, counted on its own so that a
+    snapshot taken on another thread (a metrics scrape) never shows it going down."""
     cancelled: int
     executions: int
     inferences: int
@@ -179,7 +182,7 @@ class ModelScheduler:
         self._drained.set()
         self._batch_sizes: dict[int, BatchSizeStatistics] = {}
         self._peak = self._succeeded = self._failed = self._rejected = self._expired = 0
-        self._late = 0
+        self._late = self._on_time = 0
         self._cancelled = self._executions = self._inferences = self._last_ms = 0
         self._request_time = LatencyHistogram()
         self._queue_time = LatencyHistogram()
@@ -444,6 +447,8 @@ class ModelScheduler:
                 self._inferences += item.rows
                 if item.due_ns is not None and now > item.due_ns:
                     self._late += 1
+                else:
+                    self._on_time += 1
                 self._request_time.observe(now - item.arrival_ns)
                 _settle(item, outputs)
         self._dispatch()
@@ -477,6 +482,7 @@ class ModelScheduler:
             rejected=self._rejected,
             expired=self._expired,
             late=self._late,
+            on_time=self._on_time,
             cancelled=self._cancelled,
             executions=self._executions,
             inferences=self._inferences,

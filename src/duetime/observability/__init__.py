@@ -1,0 +1,1 @@
+"""Observability: Prometheus metrics read from the components' `statistics()` snapshots."""

@@ -1,0 +1,100 @@
+"""MetricsExporter: serves `/metrics` on a port of its own, from threads of its own.
+
+A scrape is answered by prometheus_client's WSGI app on a small threaded HTTP server, so it
+never waits for the event loop and the loop never formats a metric; the collector only reads
+snapshots. Binding, and shutting the server down (which waits up to its poll interval), run in a
+worker thread too, so the loop is not held up either.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+from socketserver import ThreadingMixIn
+from typing import TYPE_CHECKING, Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+
+from prometheus_client import CollectorRegistry, GCCollector, ProcessCollector, make_wsgi_app
+
+from duetime.errors import ConfigError
+from duetime.execution.affinity import pin_current_thread
+from duetime.observability.gc_pauses import GcPauses
+from duetime.observability.metrics import MetricsCollector
+
+if TYPE_CHECKING:
+    from duetime.engine import Engine
+    from duetime.overload import LoadShedder
+
+POLL_S = 0.5
+"""How often the server thread checks for shutdown between connections (socketserver's own
+default); `aclose` waits at most this long for it."""
+
+
+class MetricsExporter:
+    """`/metrics` for an engine (and the load shedder, if any), plus GC pause timing.
+
+    `start` binds and starts the server thread (raising ConfigError if the port cannot be had)
+    and installs the GC callbacks; `aclose` removes them and stops the thread.
+    """
+
+    def __init__(self, engine: Engine, shedder: LoadShedder | None = None) -> None:
+        self.gc_pauses = GcPauses()
+        self.registry = CollectorRegistry()
+        self.registry.register(MetricsCollector(engine, shedder, self.gc_pauses))
+        # The process's CPU time and resident memory, and the collector's own counts.
+        ProcessCollector(registry=self.registry)
+        GCCollector(registry=self.registry)
+        self._server: WSGIServer | None = None
+        self._thread: threading.Thread | None = None
+
+    async def start(self, host: str, port: int, cpus: frozenset[int] | None = None) -> int:
+        """Listen on `host`:`port` (0 picks a free port); returns the port. The server's threads
+        run on `cpus` (None: wherever they may), best kept off the event loop's."""
+        server = await asyncio.to_thread(_bind, host, port, make_wsgi_app(self.registry))
+        self._server = server
+        self._thread = threading.Thread(
+            target=_serve, args=(server, cpus), name="duetime-metrics", daemon=True
+        )
+        self._thread.start()
+        self.gc_pauses.install()
+        return int(server.server_port)
+
+    async def aclose(self) -> None:
+        self.gc_pauses.uninstall()
+        server, thread = self._server, self._thread
+        self._server = self._thread = None
+        if server is not None and thread is not None:
+            await asyncio.to_thread(_shut_down, server, thread)
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:
+        """Scrapes every few seconds are not news."""
+
+
+def _bind(host: str, port: int, app: Any) -> WSGIServer:
+    try:
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        server_class = type(
+            "MetricsServer",
+            (ThreadingMixIn, WSGIServer),
+            {"address_family": family[0][0], "daemon_threads": True},
+        )
+        return make_server(host, port, app, server_class, handler_class=_QuietHandler)
+    except OSError as exc:
+        raise ConfigError(
+            f"metrics endpoint: cannot listen on {host}:{port}: {exc.strerror or exc}; pass "
+            "--metrics-port with a free port (0 picks one), or --no-metrics"
+        ) from exc
+
+
+def _serve(server: WSGIServer, cpus: frozenset[int] | None) -> None:
+    pin_current_thread(cpus)  # the threads answering scrapes start from this one and inherit it
+    server.serve_forever(POLL_S)
+
+
+def _shut_down(server: WSGIServer, thread: threading.Thread) -> None:
+    server.shutdown()
+    server.server_close()
+    thread.join()

@@ -1,0 +1,94 @@
+"""Logs: plain text or one JSON object per line; a line per failed request, and a sampled access
+log (off by default).
+
+Request lines go to the `duetime.requests` logger: failures of the server's own making (5xx)
+at WARNING, refusals and client errors (4xx, deadline misses) at INFO, sampled successes at
+INFO. Each names the protocol, model, status, reason and trace id.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from typing import Any
+
+import orjson
+
+requests_log = logging.getLogger("duetime.requests")
+
+_EXTRA_FIELDS = ("protocol", "model", "version", "status", "trace_id", "latency_us")
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per record: time, level, logger, message and the request's fields."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        doc: dict[str, Any] = {
+            "time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
+            + f".{int(record.msecs):03d}Z",
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        for name in _EXTRA_FIELDS:
+            value = record.__dict__.get(name)
+            if value is not None:
+                doc[name] = value
+        if record.exc_info:
+            doc["exception"] = self.formatException(record.exc_info)
+        return orjson.dumps(doc).decode()
+
+
+def configure_logging(level: str, form: str) -> None:
+    """Log to stderr at `level` ("debug".."error") as `form` ("text" or "json")."""
+    handler = logging.StreamHandler(sys.stderr)
+    if form == "json":
+        handler.setFormatter(JsonFormatter())
+    else:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(getattr(logging, level.upper()))
+
+
+def log_request(
+    *,
+    protocol: str,
+    model: str,
+    version: str | None,
+    status: int,
+    reason: str | None,
+    trace_id: str | None,
+    latency_ns: int | None = None,
+) -> None:
+    """One line for one request: a failure, or a sampled success (reason None)."""
+    level = logging.WARNING if status >= 500 else logging.INFO
+    if not requests_log.isEnabledFor(level):
+        return
+    fields = {
+        "protocol": protocol, "model": model, "version": version or None, "status": status,
+        "trace_id": trace_id,
+        "latency_us": None if latency_ns is None else round(latency_ns / 1000, 1),
+    }  # fmt: skip
+    text = f"{protocol} {model} {status}" + (f": {reason}" if reason else "")
+    if trace_id:
+        text += f" (trace {trace_id})"
+    requests_log.log(level, text, extra=fields)
+
+
+class AccessSampler:
+    """Every n-th successful request gets an access-log line (n = 1 / sample rate)."""
+
+    def __init__(self, rate: float) -> None:
+        self._every = 0 if rate <= 0 else max(1, round(1 / rate))
+        self._count = 0
+
+    def take(self) -> bool:
+        if not self._every:
+            return False
+        self._count += 1
+        if self._count >= self._every:
+            self._count = 0
+            return True
+        return False

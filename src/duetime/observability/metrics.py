@@ -1,0 +1,287 @@
+"""MetricsCollector: every duetime Prometheus metric, defined once, read at scrape time from the
+components' `statistics()` snapshots; nothing on the request path touches a metric object.
+
+Per-deployment counters and histograms (a deployment is one variant of one model version) live as
+long as the deployment: a version that is unloaded or replaced disappears from the scrape, and
+one loaded again starts from zero, which Prometheus's `rate()` reads as a counter reset. Invalid
+inputs and shadow comparisons are counted by the router and kept across reloads.
+
+Scrapes run on the metrics server's threads, not on the event loop: they read plain ints and
+lists, copy any dict the loop may change before iterating it, and touch no asyncio object.
+"""
+
+from __future__ import annotations
+
+import functools
+import weakref
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from itertools import accumulate
+from typing import TYPE_CHECKING
+
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+
+from duetime.scheduling.scheduler import HistogramSnapshot, SchedulerStatistics
+
+if TYPE_CHECKING:
+    from duetime.engine import Engine
+    from duetime.observability.gc_pauses import GcPauses
+    from duetime.overload import LoadShedder
+    from duetime.repository.loader import LoadedModel
+    from duetime.repository.registry import Deployment
+
+DEPLOYMENT_LABELS = ("model", "version", "variant")
+OUTCOMES = ("success", "late", "rejected", "expired", "failed", "cancelled", "invalid")
+"""The `outcome` label of `duetime_requests_total`; every request the schedulers or the router's
+validation saw ends in exactly one."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Row:
+    labels: tuple[str, str, str]
+    deployment: Deployment
+    stats: SchedulerStatistics
+
+
+class MetricsCollector:
+    """A prometheus_client collector over an engine's deployments, its router, the load shedder
+    (if any) and the GC pause recorder; register it with a `CollectorRegistry`."""
+
+    def __init__(
+        self, engine: Engine, shedder: LoadShedder | None = None, gc_pauses: GcPauses | None = None
+    ) -> None:
+        self._engine = engine
+        self._shedder = shedder
+        self._gc_pauses = gc_pauses
+        self._file_bytes: weakref.WeakKeyDictionary[LoadedModel, int] = weakref.WeakKeyDictionary()
+
+    def collect(self) -> Iterator[Metric]:
+        snapshot = self._engine.registry.snapshot  # immutable: safe to walk from this thread
+        rows = [
+            _Row((d.model.name, d.model.version, d.variant), d, d.scheduler.statistics())
+            for d in snapshot.deployments()
+        ]
+        yield self._requests(rows)
+        yield _counter(
+            "duetime_inferences_total",
+            "Rows inferred (a request of batch n counts n), per deployment.",
+            ((r.labels, r.stats.inferences) for r in rows),
+        )
+        yield _latency(
+            "duetime_request_duration_seconds",
+            "End to end: from a request's arrival at the scheduler to its result on the event "
+            "loop, of each request answered (late ones too).",
+            ((r.labels, r.stats.request_time) for r in rows),
+        )
+        yield _latency(
+            "duetime_queue_duration_seconds",
+            "From a request's arrival at the scheduler to the start of its batch (for a batch "
+            "queued behind a running one, that one's predicted end), of each request started.",
+            ((r.labels, r.stats.queue_time) for r in rows),
+        )
+        yield _latency(
+            "duetime_compute_duration_seconds",
+            "Time inside ONNX Runtime, of each batch executed.",
+            ((r.labels, r.stats.compute_time) for r in rows),
+        )
+        yield self._batch_sizes(rows)
+        yield from self._gauges(rows)
+        yield from self._shadows()
+        if self._gc_pauses is not None:
+            yield self._gc(self._gc_pauses)
+        if self._shedder is not None:
+            yield from self._loop(self._shedder)
+
+    def _requests(self, rows: Sequence[_Row]) -> Metric:
+        family = CounterMetricFamily(
+            "duetime_requests",
+            "Requests by outcome. success: answered by its due time (or it had none); late: "
+            "answered after it; rejected: refused at admission (queue full or predicted to miss "
+            "its due time); expired: failed without running (due before it arrived, or could no "
+            "longer make it while queued); failed: the model failed; cancelled: the client gave "
+            "up while it ran; invalid: inputs failed validation against the model's signature "
+            "(variant is empty: no variant was chosen yet).",
+            labels=(*DEPLOYMENT_LABELS, "outcome"),
+        )
+        for row in rows:
+            stats = row.stats
+            counts = (
+                ("success", stats.on_time),
+                ("late", stats.late),
+                ("rejected", stats.rejected),
+                ("expired", stats.expired),
+                ("failed", stats.failed),
+                ("cancelled", stats.cancelled),
+            )
+            for outcome, value in counts:
+                family.add_metric((*row.labels, outcome), value)
+        for (model, version), value in list(self._engine.router.invalid.items()):
+            family.add_metric((model, version, "", "invalid"), value)
+        return family
+
+    def _batch_sizes(self, rows: Sequence[_Row]) -> Metric:
+        family = HistogramMetricFamily(
+            "duetime_batch_size",
+            "Rows per execution, as run (padded up to the model's batch bucket), per batch; the "
+            "buckets are the batch sizes the model runs at.",
+            labels=DEPLOYMENT_LABELS,
+        )
+        for row in rows:
+            counts = {size: batch.count for size, batch in row.stats.batch_sizes.items()}
+            sizes = sorted(set(row.deployment.scheduler.profile.buckets) | set(counts))
+            cumulative = list(accumulate(counts.get(size, 0) for size in sizes))
+            buckets = [(_le(s), c) for s, c in zip(sizes, cumulative, strict=True)]
+            buckets.append(("+Inf", cumulative[-1] if cumulative else 0))
+            total = sum(size * count for size, count in counts.items())
+            family.add_metric(row.labels, buckets, total)
+        return family
+
+    def _gauges(self, rows: Sequence[_Row]) -> Iterator[Metric]:
+        yield _gauge(
+            "duetime_queue_depth",
+            "Requests waiting in the scheduler's queue.",
+            ((r.labels, r.stats.queued) for r in rows),
+        )
+        yield _gauge(
+            "duetime_inflight_batches",
+            "Instances running a batch now.",
+            ((r.labels, r.stats.busy_instances) for r in rows),
+        )
+        yield _gauge(
+            "duetime_instances",
+            "ONNX Runtime sessions (instance threads) of the deployment.",
+            ((r.labels, r.stats.instances) for r in rows),
+        )
+        yield _gauge(
+            "duetime_handoff_overhead_seconds",
+            "Average time from a batch's start to its result on the event loop beyond the time "
+            "inside ONNX Runtime (thread hand-offs, loop lag); the scheduler plans with it.",
+            ((r.labels, r.stats.overhead_ns / 1e9) for r in rows),
+        )
+        yield _gauge(
+            "duetime_model_loaded",
+            "1 for every model version variant being served.",
+            ((r.labels, 1) for r in rows),
+        )
+        yield _gauge(
+            "duetime_model_bytes",
+            "Size of the deployment's model file times its instances (each ONNX Runtime session "
+            "holds its own copy of the weights).",
+            ((r.labels, self._model_bytes(r.deployment)) for r in rows),
+        )
+        yield _gauge(
+            "duetime_breaker_state",
+            "Circuit breaker state: 0 closed, 1 half-open, 2 open. Always 0 for now: no "
+            "circuit breakers exist yet.",
+            ((r.labels, 0) for r in rows),
+        )
+
+    def _model_bytes(self, deployment: Deployment) -> int:
+        model = deployment.model
+        size = self._file_bytes.get(model)
+        if size is None:
+            try:
+                size = model.path.stat().st_size
+            except OSError:  # removed from the repository while still served: try again later
+                return 0
+            self._file_bytes[model] = size
+        return size * model.config.instances
+
+    def _shadows(self) -> Iterator[Metric]:
+        shadows = list(self._engine.router.shadows.items())
+        labels = ("model", "version")
+        fields = (
+            ("mirrored", "Requests copied to the shadow version."),
+            ("compared", "Shadow answers compared with the answering version's."),
+            ("skipped", "Copies refused, failed or cancelled, or whose primary failed."),
+            ("argmax_disagreements", "Compared answers whose argmax differs."),
+        )
+        for field, help_text in fields:
+            family = CounterMetricFamily(f"duetime_shadow_{field}", help_text, labels=labels)
+            for key, stats in shadows:
+                family.add_metric(key, getattr(stats, field))
+            yield family
+        worst = GaugeMetricFamily(
+            "duetime_shadow_max_abs_diff",
+            "Largest absolute difference of any output element between a shadow version's "
+            "answers and the answering version's, so far.",
+            labels=labels,
+        )
+        for key, stats in shadows:
+            worst.add_metric(key, stats.max_abs_diff)
+        yield worst
+
+    def _gc(self, gc_pauses: GcPauses) -> Metric:
+        return _latency(
+            "duetime_gc_pause_seconds",
+            "Pauses of Python's cyclic garbage collector, per generation.",
+            (((str(g),), h) for g, h in enumerate(gc_pauses.statistics())),
+            labels=("generation",),
+        )
+
+    def _loop(self, shedder: LoadShedder) -> Iterator[Metric]:
+        yield GaugeMetricFamily(
+            "duetime_event_loop_utilization",
+            "Share of the event loop thread's time spent on the CPU over the last few ms.",
+            value=shedder.utilization,
+        )
+        yield GaugeMetricFamily(
+            "duetime_shed_share",
+            "Share of new requests the load shedder refuses now.",
+            value=shedder.share,
+        )
+        yield CounterMetricFamily(
+            "duetime_requests_shed",
+            "Requests refused by the load shedder before they were decoded (no model known).",
+            value=shedder.refused,
+        )
+
+
+def _counter(
+    name: str, help_text: str, samples: Iterable[tuple[Sequence[str], float]]
+) -> CounterMetricFamily:
+    family = CounterMetricFamily(name, help_text, labels=DEPLOYMENT_LABELS)
+    for labels, value in samples:
+        family.add_metric(labels, value)
+    return family
+
+
+def _gauge(
+    name: str, help_text: str, samples: Iterable[tuple[Sequence[str], float]]
+) -> GaugeMetricFamily:
+    family = GaugeMetricFamily(name, help_text, labels=DEPLOYMENT_LABELS)
+    for labels, value in samples:
+        family.add_metric(labels, value)
+    return family
+
+
+def _latency(
+    name: str,
+    help_text: str,
+    samples: Iterable[tuple[Sequence[str], HistogramSnapshot]],
+    labels: Sequence[str] = DEPLOYMENT_LABELS,
+) -> HistogramMetricFamily:
+    family = HistogramMetricFamily(name, help_text, labels=labels)
+    for values, histogram in samples:
+        cumulative = list(accumulate(histogram.counts))  # the last count: above every bound
+        buckets = [*zip(_seconds(histogram.bounds_ns), cumulative[:-1], strict=True)]
+        buckets.append(("+Inf", cumulative[-1]))
+        family.add_metric(values, buckets, histogram.sum_ns / 1e9)
+    return family
+
+
+@functools.cache
+def _seconds(bounds_ns: tuple[int, ...]) -> tuple[str, ...]:
+    """Bucket bounds in ns as Prometheus `le` labels in seconds."""
+    return tuple(_le(bound / 1e9) for bound in bounds_ns)
+
+
+def _le(bound: float) -> str:
+    """A bucket bound as prometheus_client writes it (`1.0`, `0.0025`, `5e-06`), so series of
+    this collector and of other Python processes line up in `histogram_quantile`."""
+    return repr(float(bound))

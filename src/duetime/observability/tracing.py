@@ -1,0 +1,197 @@
+"""Tracing: an OpenTelemetry span per request, with child spans for its stages.
+
+Configured by the standard environment variables: tracing is on when `OTEL_TRACES_EXPORTER` is
+`otlp` or `console`, or an OTLP endpoint (`OTEL_EXPORTER_OTLP_ENDPOINT`,
+`OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`) is set, and `OTEL_SDK_DISABLED` is not true; the SDK
+reads the rest (`OTEL_SERVICE_NAME`, `OTEL_TRACES_SAMPLER`, the exporter's settings). When off,
+requests carry no timing object and nothing here runs.
+
+Spans are made after the answer is encoded, from monotonic timestamps the request collected on
+its way (decode, queue, batch, execute, encode): the request path only writes a few integers.
+A W3C `traceparent` (HTTP header or gRPC metadata) makes the request's span its child; its trace
+id is returned in `x-trace-id` and in every error message, also when tracing is off.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from opentelemetry import trace
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import (
+    BatchSpanProcessor,
+    ConsoleSpanExporter,
+    SpanExporter,
+)
+from opentelemetry.trace import NonRecordingSpan, SpanContext, Status, StatusCode, TraceFlags
+
+from duetime.errors import ConfigError
+
+log = logging.getLogger("duetime.tracing")
+
+_TRACEPARENT = re.compile(r"([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})")
+
+
+@dataclass(frozen=True, slots=True)
+class TraceParent:
+    """A W3C trace context from the caller."""
+
+    trace_id: int
+    span_id: int
+    sampled: bool
+
+    @property
+    def trace_id_hex(self) -> str:
+        return f"{self.trace_id:032x}"
+
+
+def parse_traceparent(value: str | None) -> TraceParent | None:
+    """The caller's trace context, or None when absent or malformed (then ignored, as W3C says)."""
+    if not value:
+        return None
+    match = _TRACEPARENT.fullmatch(value.strip().lower()[:55])
+    if match is None or match[1] == "ff":
+        return None
+    trace_id, span_id = int(match[2], 16), int(match[3], 16)
+    if trace_id == 0 or span_id == 0:
+        return None
+    return TraceParent(trace_id, span_id, bool(int(match[4], 16) & 1))
+
+
+def new_trace_id() -> str:
+    """A fresh trace id (for errors of requests that came without one while tracing is off)."""
+    return os.urandom(16).hex()
+
+
+@dataclass(slots=True, eq=False)
+class RequestTiming:
+    """Monotonic instants (ns) a traced request passes; 0 where a stage did not happen."""
+
+    received_ns: int
+    decoded_ns: int = 0
+    queued_ns: int = 0
+    """Admitted to its variant's scheduler."""
+    dispatched_ns: int = 0
+    """Taken into a batch."""
+    started_ns: int = 0
+    """When its batch was to start on the instance."""
+    finished_ns: int = 0
+    """Its batch's result back on the event loop."""
+    compute_ns: int = 0
+    batch_rows: int = 0
+    instance: int = -1
+
+
+class Tracing:
+    """Turns finished requests' timings into spans, exported in the background."""
+
+    def __init__(self, provider: TracerProvider) -> None:
+        self.provider = provider
+        self._tracer = provider.get_tracer("duetime")
+        self._epoch_offset_ns = time.time_ns() - time.monotonic_ns()
+
+    def record(
+        self,
+        timing: RequestTiming,
+        parent: TraceParent | None,
+        *,
+        protocol: str,
+        model: str,
+        version: str,
+        variant: str,
+        error: str | None,
+        done_ns: int,
+    ) -> str | None:
+        """Emit the request's span and its stage spans; the trace id (None if not sampled)."""
+        offset = self._epoch_offset_ns
+        context = None
+        if parent is not None:
+            remote = SpanContext(
+                parent.trace_id, parent.span_id, is_remote=True,
+                trace_flags=TraceFlags(TraceFlags.SAMPLED if parent.sampled else 0),
+            )  # fmt: skip
+            context = trace.set_span_in_context(NonRecordingSpan(remote))
+        attributes: dict[str, Any] = {
+            "rpc.system": protocol, "duetime.model": model, "duetime.version": version,
+            "duetime.variant": variant,
+        }  # fmt: skip
+        root = self._tracer.start_span(
+            f"infer {model}", context=context, start_time=timing.received_ns + offset,
+            kind=trace.SpanKind.SERVER, attributes=attributes,
+        )  # fmt: skip
+        span_context = root.get_span_context()
+        if not root.is_recording():
+            return f"{span_context.trace_id:032x}" if span_context.is_valid else None
+        inner = trace.set_span_in_context(root)
+        stages = [
+            ("decode", timing.received_ns, timing.decoded_ns, {}),
+            ("queue", timing.queued_ns, timing.dispatched_ns, {}),
+            ("batch", timing.dispatched_ns, timing.started_ns,
+             {"duetime.batch_rows": timing.batch_rows, "duetime.instance": timing.instance}),
+            ("execute", timing.started_ns, timing.finished_ns,
+             {"duetime.compute_ns": timing.compute_ns}),
+            ("encode", timing.finished_ns or timing.decoded_ns, done_ns, {}),
+        ]  # fmt: skip
+        for name, start, end, extra in stages:
+            if start and end >= start:
+                child = self._tracer.start_span(
+                    name, context=inner, start_time=start + offset, attributes=extra
+                )
+                child.end(end_time=end + offset)
+        if error is not None:
+            root.set_status(Status(StatusCode.ERROR, error))
+        root.end(end_time=done_ns + offset)
+        return f"{span_context.trace_id:032x}"
+
+    def shutdown(self) -> None:
+        self.provider.shutdown()
+
+
+def tracing_from_env(
+    env: Mapping[str, str] | None = None, exporter: SpanExporter | None = None
+) -> Tracing | None:
+    """Tracing as the `OTEL_*` variables say, or None when they do not turn it on. `exporter`
+    (tests, embedding) overrides the one the variables name."""
+    env = os.environ if env is None else env
+    if env.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
+        return None
+    if exporter is None:
+        exporter = _exporter(env)
+        if exporter is None:
+            return None
+    service = env.get("OTEL_SERVICE_NAME") or "duetime"
+    provider = TracerProvider(resource=Resource.create({"service.name": service}))
+    provider.add_span_processor(BatchSpanProcessor(exporter))
+    return Tracing(provider)
+
+
+def _exporter(env: Mapping[str, str]) -> SpanExporter | None:
+    names = [n.strip().lower() for n in env.get("OTEL_TRACES_EXPORTER", "").split(",") if n]
+    endpoint = env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or env.get(
+        "OTEL_EXPORTER_OTLP_ENDPOINT"
+    )
+    if not names:
+        names = ["otlp"] if endpoint else []
+    if not names or names == ["none"]:
+        return None
+    if names[0] == "console":
+        return ConsoleSpanExporter()
+    if names[0] != "otlp":
+        raise ConfigError(
+            f"OTEL_TRACES_EXPORTER={names[0]!r} is not supported; use otlp, console or none"
+        )
+    try:
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    except ImportError:
+        raise ConfigError(
+            "OTLP tracing is configured but its exporter is not installed: "
+            "pip install 'duetime[otlp]'"
+        ) from None
+    return OTLPSpanExporter()
