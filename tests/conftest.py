@@ -8,6 +8,7 @@ import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -39,12 +40,15 @@ class RunningServer:
         return f"{self.addresses.host}:{self.addresses.grpc_port}"
 
 
-def start_server(settings: ServerSettings) -> tuple[RunningServer, threading.Thread]:
-    """Start a Server on a private loop thread; returns once it listens (a handshake, no sleep)."""
+def start_server(
+    settings: ServerSettings, **options: Any
+) -> tuple[RunningServer, threading.Thread]:
+    """Start a Server on a private loop thread; returns once it listens (a handshake, no sleep).
+    `options` go to `Server` (e.g. `tracing`)."""
     # gc.freeze() and GC thresholds would reach into the whole pytest process.
     settings = settings.model_copy(update={"tune_runtime": False})
     loop = new_event_loop()
-    server = Server(settings)
+    server = Server(settings, **options)
     started: concurrent.futures.Future[Addresses] = concurrent.futures.Future()
 
     def run() -> None:

@@ -197,6 +197,7 @@ class Engine:
             due_ns=routed.due_ns,
             priority=request.priority,
             on_done=ticket._settled,
+            timing=request.timing,
         )
         if routed.served.traffic.shadows:
             self.router.mirror(routed, request, ticket.future)

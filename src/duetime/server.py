@@ -17,7 +17,7 @@ from duetime.frontend.grpc import InferenceService, serve_grpc
 from duetime.frontend.http import HttpConnection, serve_http
 from duetime.frontend.rest import RestApi
 from duetime.observability.exporter import MetricsExporter
-from duetime.observability.tracing import tracing_from_env
+from duetime.observability.tracing import Tracing, tracing_from_env
 from duetime.overload import LoadShedder
 from duetime.repository.manager import RepositoryOptions
 
@@ -78,7 +78,13 @@ def repository_options(settings: ServerSettings) -> RepositoryOptions:
 class Server:
     """One duetime process: the engine with its models, the HTTP and the gRPC front ends."""
 
-    def __init__(self, settings: ServerSettings, engine: Engine | None = None) -> None:
+    def __init__(
+        self,
+        settings: ServerSettings,
+        engine: Engine | None = None,
+        tracing: Tracing | None = None,
+    ) -> None:
+        """`tracing` (tests, embedding) replaces what the `OTEL_*` variables configure."""
         self.settings = settings
         try:
             self.cpus = CpuPlan(parse_cpus(settings.cpus))
@@ -88,7 +94,7 @@ class Server:
         share = settings.overload_utilization
         self.shedder = LoadShedder(target=share) if share > 0 else None
         self._shed_timer: asyncio.TimerHandle | None = None
-        self.tracing = tracing_from_env()
+        self.tracing = tracing or tracing_from_env()
         self._rest = RestApi(self.engine, settings, self.shedder, self.tracing)
         self._grpc_service = InferenceService(
             self.engine, self.shedder, settings.control_token, self.tracing,

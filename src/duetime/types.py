@@ -58,8 +58,8 @@ class InferRequest:
     parameters: Mapping[str, Any] = field(default_factory=dict)
     headers: Mapping[str, str] = field(default_factory=dict)
     """HTTP headers or gRPC metadata, lower-case keys (the traffic policy's sticky key)."""
-    timing: Any = None
-    """A `RequestTiming` the stages fill in while tracing is on (None: not traced)."""
+    timing: RequestTiming | None = None
+    """Instants the stages fill in while tracing is on (None: not traced)."""
 
 
 @dataclass(slots=True, eq=False)
@@ -72,3 +72,22 @@ class InferResponse:
     outputs: dict[str, np.ndarray]
     variant: str = "default"
     """Which of the version's variants answered ("default": its own model.onnx)."""
+
+
+@dataclass(slots=True, eq=False)
+class RequestTiming:
+    """Monotonic instants (ns) a traced request passes; 0 where a stage did not happen."""
+
+    received_ns: int
+    decoded_ns: int = 0
+    queued_ns: int = 0
+    """Admitted to its variant's scheduler."""
+    dispatched_ns: int = 0
+    """Taken into a batch."""
+    started_ns: int = 0
+    """When its batch was to start on the instance."""
+    finished_ns: int = 0
+    """Its batch's result back on the event loop."""
+    compute_ns: int = 0
+    batch_rows: int = 0
+    instance: int = -1

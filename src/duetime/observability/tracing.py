@@ -33,8 +33,12 @@ from opentelemetry.sdk.trace.export import (
 from opentelemetry.trace import NonRecordingSpan, SpanContext, Status, StatusCode, TraceFlags
 
 from duetime.errors import ConfigError
+from duetime.types import RequestTiming
 
 log = logging.getLogger("duetime.tracing")
+
+__all__ = ["RequestTiming", "TraceParent", "Tracing", "new_trace_id", "parse_traceparent",
+           "tracing_from_env"]  # fmt: skip
 
 _TRACEPARENT = re.compile(r"([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})")
 
@@ -68,25 +72,6 @@ def parse_traceparent(value: str | None) -> TraceParent | None:
 def new_trace_id() -> str:
     """A fresh trace id (for errors of requests that came without one while tracing is off)."""
     return os.urandom(16).hex()
-
-
-@dataclass(slots=True, eq=False)
-class RequestTiming:
-    """Monotonic instants (ns) a traced request passes; 0 where a stage did not happen."""
-
-    received_ns: int
-    decoded_ns: int = 0
-    queued_ns: int = 0
-    """Admitted to its variant's scheduler."""
-    dispatched_ns: int = 0
-    """Taken into a batch."""
-    started_ns: int = 0
-    """When its batch was to start on the instance."""
-    finished_ns: int = 0
-    """Its batch's result back on the event loop."""
-    compute_ns: int = 0
-    batch_rows: int = 0
-    instance: int = -1
 
 
 class Tracing:

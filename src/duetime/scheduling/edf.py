@@ -45,6 +45,8 @@ class QueuedRequest:
     on_done: Callable[[], None] | None = None
     """Called right after the future is settled, on the loop: a front end writes its answer
     without waiting a loop turn for the future's callbacks."""
+    timing: Any = None
+    """The request's `RequestTiming` while it is traced (None otherwise)."""
 
     @property
     def due_or_never(self) -> int:

@@ -26,6 +26,7 @@ from duetime.scheduling.admission import admit, predict_finish
 from duetime.scheduling.batching import Run, Wait, drop_hopeless, plan_batch, sweep_hopeless
 from duetime.scheduling.edf import EDFQueue, QueuedRequest
 from duetime.scheduling.profile import LatencyProfile
+from duetime.types import RequestTiming
 
 _OVERHEAD_ALPHA = 0.05
 _LOOKAHEAD_MIN_NS = 1_000_000
@@ -199,6 +200,7 @@ class ModelScheduler:
         due_ns: int | None,
         priority: int,
         on_done: Callable[[], None] | None = None,
+        timing: RequestTiming | None = None,
     ) -> asyncio.Future[Feeds]:
         """Admit and queue one validated request; its future resolves to the model's outputs.
 
@@ -223,6 +225,9 @@ class ModelScheduler:
             self._admit(now, due_ns, rows, key)
         future: asyncio.Future[Feeds] = self._loop.create_future()
         item = QueuedRequest(feeds, rows, shape_key, now, due_ns, key[0], future, key, on_done)
+        if timing is not None:
+            timing.queued_ns = now
+            item.timing = timing
         self._drained.clear()
         if not len(queue) and self._max_delay_ns == 0:
             instance = self._idle_instance()
@@ -416,6 +421,8 @@ class ModelScheduler:
         queue_time = self._queue_time
         for item in requests:
             queue_time.observe(start - item.arrival_ns)
+            if item.timing is not None:
+                _timing_started(item.timing, now, start, run.rows, instance)
         self._outstanding[instance].append(_Running(requests, run.bucket, now, run.rows))
         self._busy_until[instance] = start + self._exec_ns(run.rows)
         self._executor.submit(
@@ -443,6 +450,8 @@ class ModelScheduler:
                 self._failed += 1
                 _settle(item, outputs)
             else:
+                if item.timing is not None:
+                    item.timing.finished_ns, item.timing.compute_ns = now, result.compute_ns
                 self._succeeded += 1
                 self._inferences += item.rows
                 if item.due_ns is not None and now > item.due_ns:
@@ -511,6 +520,11 @@ class ModelScheduler:
                 timer.cancel()
         for item in self._queue.drain():
             _settle(item, ModelUnavailable(f"model {self._label} shut down before it ran"))
+
+
+def _timing_started(timing: RequestTiming, now: int, start: int, rows: int, instance: int) -> None:
+    timing.dispatched_ns, timing.started_ns = now, max(now, start)
+    timing.batch_rows, timing.instance = rows, instance
 
 
 def _settle(item: QueuedRequest, outcome: Feeds | DuetimeError) -> None:

@@ -1,0 +1,146 @@
+"""Tracing: the request span and its stage spans, W3C traceparent in, x-trace-id out, and the
+trace id in error messages, over HTTP and gRPC."""
+
+from __future__ import annotations
+
+import http.client
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+from conftest import RunningServer, start_server, stop_server
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from tritonclient.utils import InferenceServerException
+
+from duetime.config import ServerSettings
+from duetime.observability.tracing import Tracing, parse_traceparent, tracing_from_env
+
+TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
+PARENT_ID = "00f067aa0ba902b7"
+TRACEPARENT = f"00-{TRACE_ID}-{PARENT_ID}-01"
+STAGES = {"decode", "queue", "batch", "execute", "encode"}
+
+
+@pytest.fixture(scope="module")
+def traced(demo_repo: Path) -> Iterator[tuple[RunningServer, InMemorySpanExporter, Tracing]]:
+    exporter = InMemorySpanExporter()
+    tracing = tracing_from_env({}, exporter=exporter)
+    assert tracing is not None
+    settings = ServerSettings(model_repository=demo_repo, http_port=0, grpc_port=0)
+    running, thread = start_server(settings, tracing=tracing)
+    yield running, exporter, tracing
+    stop_server(running, thread)
+
+
+def infer_http(
+    server: RunningServer, headers: dict[str, str], rows: int = 1
+) -> tuple[int, dict[str, str], dict]:  # noqa: E501
+    host, port = server.http.split(":")
+    connection = http.client.HTTPConnection(host, int(port))
+    body = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [rows, 40],
+                        "data": [0.5] * (40 * rows)}]}  # fmt: skip
+    connection.request("POST", "/v2/models/mlp/infer", json.dumps(body), headers)
+    response = connection.getresponse()
+    doc = json.loads(response.read())
+    connection.close()
+    return response.status, {k.lower(): v for k, v in response.getheaders()}, doc
+
+
+def spans_of(exporter: InMemorySpanExporter, tracing: Tracing, trace_id: str) -> list:
+    tracing.provider.force_flush()
+    return [s for s in exporter.get_finished_spans() if f"{s.context.trace_id:032x}" == trace_id]
+
+
+def test_http_request_span_has_stage_children_under_the_callers_span(traced) -> None:
+    server, exporter, tracing = traced
+    status, headers, _ = infer_http(server, {"traceparent": TRACEPARENT})
+    assert status == 200
+    assert headers["x-trace-id"] == TRACE_ID
+    spans = spans_of(exporter, tracing, TRACE_ID)
+    root = next(s for s in spans if s.name == "infer mlp")
+    assert f"{root.parent.span_id:016x}" == PARENT_ID
+    assert root.attributes["duetime.model"] == "mlp"
+    assert root.attributes["duetime.variant"] == "default"
+    children = [
+        s for s in spans if s.parent is not None and s.parent.span_id == root.context.span_id
+    ]
+    assert {s.name for s in children} == STAGES
+    for child in children:
+        assert root.start_time <= child.start_time <= child.end_time <= root.end_time
+    execute = next(s for s in children if s.name == "execute")
+    assert execute.attributes["duetime.compute_ns"] > 0
+
+
+def test_a_request_without_traceparent_gets_a_fresh_trace(traced) -> None:
+    server, exporter, tracing = traced
+    status, headers, _ = infer_http(server, {})
+    assert status == 200
+    trace_id = headers["x-trace-id"]
+    assert len(trace_id) == 32
+    assert trace_id != TRACE_ID
+    assert {s.name for s in spans_of(exporter, tracing, trace_id)} >= STAGES
+
+
+def test_errors_carry_the_trace_id(traced) -> None:
+    server, _, _ = traced
+    host, port = server.http.split(":")
+    connection = http.client.HTTPConnection(host, int(port))
+    connection.request("POST", "/v2/models/mlp/infer", b"{bad json", {"traceparent": TRACEPARENT})
+    response = connection.getresponse()
+    doc = json.loads(response.read())
+    assert response.status == 400
+    assert response.getheader("x-trace-id") == TRACE_ID
+    assert doc["error"].endswith(f"(trace {TRACE_ID})")
+    connection.request("GET", "/v2/models/nope")
+    response = connection.getresponse()
+    doc = json.loads(response.read())
+    connection.close()
+    assert response.status == 404
+    assert "(trace " in doc["error"]  # a fresh one when the caller sent none
+
+
+def test_grpc_traceparent_metadata_and_trailing_trace_id(traced) -> None:
+    server, exporter, tracing = traced
+    client = grpcclient.InferenceServerClient(server.grpc)
+    tensor = grpcclient.InferInput("x", [1, 40], "FP32")
+    tensor.set_data_from_numpy(np.zeros((1, 40), dtype=np.float32))
+    trace_id = "0af7651916cd43dd8448eb211c80319c"
+    client.infer("mlp", [tensor], headers={"traceparent": f"00-{trace_id}-b7ad6b7169203331-01"})
+    spans = spans_of(exporter, tracing, trace_id)
+    assert {s.name for s in spans} >= STAGES | {"infer mlp"}
+    bad = grpcclient.InferInput("x", [1, 3], "FP32")
+    bad.set_data_from_numpy(np.zeros((1, 3), dtype=np.float32))
+    with pytest.raises(InferenceServerException, match=f"trace {trace_id}"):
+        client.infer("mlp", [bad], headers={"traceparent": f"00-{trace_id}-b7ad6b7169203331-01"})
+
+
+def test_unsampled_callers_are_not_recorded(traced) -> None:
+    server, exporter, tracing = traced
+    trace_id = "11111111111111111111111111111111"
+    status, headers, _ = infer_http(server, {"traceparent": f"00-{trace_id}-1111111111111111-00"})
+    assert status == 200
+    assert headers["x-trace-id"] == trace_id
+    assert spans_of(exporter, tracing, trace_id) == []
+
+
+@pytest.mark.parametrize(
+    "value",
+    [None, "", "garbage", f"ff-{TRACE_ID}-{PARENT_ID}-01", f"00-{'0' * 32}-{PARENT_ID}-01",
+     f"00-{TRACE_ID}-{'0' * 16}-01", f"00-{TRACE_ID[:-1]}-{PARENT_ID}-01"],
+)  # fmt: skip
+def test_malformed_traceparent_is_ignored(value: str | None) -> None:
+    assert parse_traceparent(value) is None
+
+
+def test_tracing_is_off_without_otel_variables() -> None:
+    assert tracing_from_env({}) is None
+    assert tracing_from_env({"OTEL_TRACES_EXPORTER": "none"}) is None
+    assert (
+        tracing_from_env({"OTEL_SDK_DISABLED": "true", "OTEL_TRACES_EXPORTER": "console"}) is None
+    )
+    console = tracing_from_env({"OTEL_TRACES_EXPORTER": "console"})
+    assert console is not None
+    console.shutdown()
