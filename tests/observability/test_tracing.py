@@ -37,7 +37,7 @@ def traced(demo_repo: Path) -> Iterator[tuple[RunningServer, InMemorySpanExporte
 
 def infer_http(
     server: RunningServer, headers: dict[str, str], rows: int = 1
-) -> tuple[int, dict[str, str], dict]:  # noqa: E501
+) -> tuple[int, dict[str, str], dict[str, object]]:
     host, port = server.http.split(":")
     connection = http.client.HTTPConnection(host, int(port))
     body = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [rows, 40],
