@@ -125,6 +125,7 @@ class Engine:
             default_timeout_ns=None if timeout_ms is None else int(timeout_ms * 1e6),
             clock=self.clock,
             label=label if variant == PRIMARY else f"{label} variant {variant}",
+            breaker=loaded.config.breaker,
         )
         return Deployment(loaded, scheduler, variant)
 

@@ -50,6 +50,10 @@ class ModelUnavailable(DuetimeError):
     http_status = 503
     grpc_code = "UNAVAILABLE"
 
+    def __init__(self, message: str, *, retry_after_s: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
 
 class Overloaded(DuetimeError):
     """Admission refused the request: the queue is full or its due time cannot be met."""

@@ -98,6 +98,13 @@ class Router:
                 version = served.versions[traffic.pick(key, self._random())]
             else:
                 version = served.versions[traffic.versions[0]]
+        now = self._clock.now_ns()
+        if (
+            not request.version
+            and not version.primary.scheduler.available(now)
+            and not _working(version, now)
+        ):
+            version = self._failover(served, version, now)
         primary = version.primary
         try:
             prepared = primary.model.validator.prepare(request.inputs, request.outputs)
@@ -109,16 +116,28 @@ class Router:
         if due is None:
             timeout = primary.scheduler.default_timeout_ns
             if timeout is not None:
-                due = self._clock.now_ns() + timeout
+                due = now + timeout
         deployment = primary
-        if due is not None and len(version.variants) > 1:
-            now = self._clock.now_ns()
-            deployment = version.variants[-1]
-            for candidate in version.variants:
-                if candidate.scheduler.fits(now, due, prepared.rows, request.priority):
-                    deployment = candidate
-                    break
+        if len(version.variants) > 1:
+            if due is not None:
+                deployment = version.variants[-1]
+                for candidate in version.variants:
+                    if candidate.scheduler.fits(now, due, prepared.rows, request.priority):
+                        deployment = candidate
+                        break
+            elif not primary.scheduler.available(now):
+                working = (d for d in version.variants if d.scheduler.available(now))
+                deployment = next(working, primary)
         return Routed(served, version, deployment, prepared, due)
+
+    def _failover(self, served: ServedModel, broken: ServedVersion, now: int) -> ServedVersion:
+        """Another version the traffic policy sends requests to, with a working instance; the
+        broken one when there is none (its scheduler then refuses with a Retry-After)."""
+        for name in served.traffic.versions:
+            candidate = served.versions[name]
+            if candidate is not broken and _working(candidate, now):
+                return candidate
+        return broken
 
     def mirror(self, routed: Routed, request: InferRequest, answer: asyncio.Future[Feeds]) -> None:
         """Send copies of `request` to the model's shadow versions (each with its share of
@@ -142,6 +161,11 @@ class Router:
                 stats.skipped += 1
                 continue
             _when_both_done(answer, copy, functools.partial(_compare, stats=stats))
+
+
+def _working(version: ServedVersion, now: int) -> bool:
+    """Some variant of `version` has an instance whose circuit breaker lets work through."""
+    return any(d.scheduler.available(now) for d in version.variants)
 
 
 def _when_both_done(

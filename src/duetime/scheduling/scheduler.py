@@ -11,22 +11,27 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from bisect import bisect_left
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from duetime.clock import Clock
-from duetime.config import SchedulingConfig
+from duetime.config import BreakerConfig, SchedulingConfig
 from duetime.errors import DeadlineExceeded, DuetimeError, ModelUnavailable, Overloaded
 from duetime.execution.affinity import SMALL_MODEL_NS
 from duetime.execution.executor import BatchJob, BatchResult, Executor, Feeds
+from duetime.resilience.breaker import BreakerState, CircuitBreaker
 from duetime.scheduling.admission import admit, predict_finish
 from duetime.scheduling.batching import Run, Wait, drop_hopeless, plan_batch, sweep_hopeless
 from duetime.scheduling.edf import EDFQueue, QueuedRequest
 from duetime.scheduling.profile import LatencyProfile
 from duetime.types import RequestTiming
+
+log = logging.getLogger("duetime.scheduler")
 
 _OVERHEAD_ALPHA = 0.05
 _LOOKAHEAD_MIN_NS = 1_000_000
@@ -47,17 +52,20 @@ LATENCY_BOUNDS_NS: tuple[int, ...] = (
 ... 10 s, a 1-2.5-5 series; durations above the last fall in an overflow bucket."""
 
 
-@dataclass(frozen=True, slots=True)
-class HistogramSnapshot:
+class HistogramSnapshot(NamedTuple):
     """Counts of durations per bucket of `bounds_ns` (not cumulative; one more count than bounds,
-    for durations above the last bound) and their sum."""
+    for durations above the last bound) and their sum.
+
+    NOTE: a NamedTuple, not a frozen dataclass: it is built three times per `statistics()`, which
+    the load shedder calls every few ms on the loop, and a frozen dataclass takes 4x as long."""
 
     bounds_ns: tuple[int, ...]
     counts: tuple[int, ...]
     sum_ns: int
 
     @property
-    def count(self) -> int:
+    def total(self) -> int:
+        """Durations counted (`count` is tuple's)."""
         return sum(self.counts)
 
 
@@ -150,6 +158,7 @@ class ModelScheduler:
         default_timeout_ns: int | None,
         clock: Clock,
         label: str,
+        breaker: BreakerConfig | None = None,
     ) -> None:
         self._executor = executor
         self._config = config
@@ -169,6 +178,10 @@ class ModelScheduler:
         # Small models keep one batch per instance: their hand-off is cheap next to the batching
         # a lookahead batch would forgo.
         self._depth = 1 if profile.predict(1) < SMALL_MODEL_NS else 2
+        self._breaker_config = breaker or BreakerConfig()
+        self._breakers = [CircuitBreaker(self._breaker_config) for _ in range(executor.instances)]
+        self._tripped = 0
+        """Instances whose breaker is not closed: 0 on the fast path."""
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = 0
         self._overhead_ns = 0.0
@@ -215,6 +228,8 @@ class ModelScheduler:
             )
         now = self._clock.now_ns()
         self.last_arrival_ns = now
+        if self._tripped and not self.available(now):
+            raise self.unavailable_error(now)
         if due_ns is None and self._default_timeout_ns is not None:
             due_ns = now + self._default_timeout_ns
         queue = self._queue
@@ -230,7 +245,7 @@ class ModelScheduler:
             item.timing = timing
         self._drained.clear()
         if not len(queue) and self._max_delay_ns == 0:
-            instance = self._idle_instance()
+            instance = self._idle_instance(now)
             if instance is not None:
                 # NOTE: the common case at light load, decided without the queue: an idle
                 # instance and nothing waiting means the batch is this request alone, now
@@ -256,7 +271,7 @@ class ModelScheduler:
         """Whether a request of `rows` due at `due_ns` would be admitted now (the router asks
         before choosing a variant); pure, changes nothing."""
         queue = self._queue
-        if len(queue) >= queue.capacity or due_ns <= now:
+        if len(queue) >= queue.capacity or due_ns <= now or not self.available(now):
             return False
         level = priority if priority > 0 else self._config.default_priority_level
         finish, _ = self._predict(now, rows, queue.key_for(level, due_ns))
@@ -326,9 +341,9 @@ class ModelScheduler:
 
     # -- dispatch ------------------------------------------------------------------------------
 
-    def _idle_instance(self) -> int | None:
+    def _idle_instance(self, now: int) -> int | None:
         for instance, jobs in enumerate(self._outstanding):
-            if not jobs:
+            if not jobs and (not self._tripped or self._breakers[instance].allows(now)):
                 return instance
         return None
 
@@ -344,6 +359,11 @@ class ModelScheduler:
         lead = max(_LOOKAHEAD_MIN_NS, 2 * int(self._overhead_ns))
         for instance, jobs in enumerate(self._outstanding):
             if len(jobs) >= self._depth:
+                continue
+            if self._tripped and not self._breakers[instance].allows(now):
+                breaker = self._breakers[instance]
+                if breaker.state is BreakerState.OPEN:
+                    self._arm_timer(breaker.open_until_ns, now)
                 continue
             start = max(now, self._busy_until[instance]) if jobs else now
             if jobs and start - now > lead:
@@ -423,6 +443,8 @@ class ModelScheduler:
             queue_time.observe(start - item.arrival_ns)
             if item.timing is not None:
                 _timing_started(item.timing, now, start, run.rows, instance)
+        if self._tripped:
+            self._breakers[instance].started()
         self._outstanding[instance].append(_Running(requests, run.bucket, now, run.rows))
         self._busy_until[instance] = start + self._exec_ns(run.rows)
         self._executor.submit(
@@ -443,6 +465,7 @@ class ModelScheduler:
         else:
             self._busy_until[instance] = 0
         self._record(running, result, now)
+        self._judge(instance, running, result, now)
         for item, outputs in zip(running.requests, result.outputs, strict=True):
             if item.future.done():
                 self._cancelled += 1
@@ -461,6 +484,51 @@ class ModelScheduler:
                 self._request_time.observe(now - item.arrival_ns)
                 _settle(item, outputs)
         self._dispatch()
+
+    def _judge(self, instance: int, running: _Running, result: BatchResult, now: int) -> None:
+        """Tell the instance's breaker how this execution went; fail the queue fast if that
+        left no instance to run it."""
+        config = self._breaker_config
+        outputs = result.outputs
+        failed = bool(outputs) and all(isinstance(o, DuetimeError) for o in outputs)
+        slow = result.compute_ns > max(
+            config.slow_min_us * 1000, config.slow_factor * self.profile.predict(running.rows)
+        )
+        breaker = self._breakers[instance]
+        if not (failed or slow or self._tripped):
+            breaker.record(now, failed=False, slow=False)
+            return
+        was_closed = breaker.state is BreakerState.CLOSED
+        opened = breaker.record(now, failed=failed, slow=slow)
+        if was_closed and opened:
+            self._tripped += 1
+            log.warning(
+                "model %s instance %d: breaker open for %.1f s after %s", self._label, instance,
+                breaker.retry_after_ns(now) / 1e9, "failures" if failed else "slow executions",
+            )  # fmt: skip
+        elif not was_closed and breaker.state is BreakerState.CLOSED:
+            self._tripped -= 1
+            log.warning("model %s instance %d: breaker closed", self._label, instance)
+        if opened and not self.available(now):
+            error = self.unavailable_error(now)
+            for item in self._queue.drain():
+                _settle(item, error)
+
+    def available(self, now: int) -> bool:
+        """Whether some instance's breaker lets work through (or will once its probe ends)."""
+        if not self._tripped:
+            return True
+        return any(
+            b.state is not BreakerState.OPEN or now >= b.open_until_ns for b in self._breakers
+        )
+
+    def unavailable_error(self, now: int) -> ModelUnavailable:
+        wait_ns = min(b.retry_after_ns(now) for b in self._breakers)
+        return ModelUnavailable(
+            f"model {self._label} is failing (circuit breaker open on every instance); retry "
+            f"in {wait_ns / 1e9:.1f} s",
+            retry_after_s=max(0.001, wait_ns / 1e9),
+        )
 
     def _record(self, running: _Running, result: BatchResult, now: int) -> None:
         self._executions += 1

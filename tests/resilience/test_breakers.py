@@ -1,0 +1,192 @@
+"""Circuit breakers with a real model that fails or slows on demand (`faulty_model`: a control
+input k = 1 makes ONNX Runtime fail, k = n > 1 runs n extra matrix products).
+
+The breaker opens within its threshold, requests then fail fast with 503 + Retry-After (or go to
+a healthy version when the traffic policy has one), and it closes once probes succeed."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+from repo_models import age, faulty_model, inputs, write_version
+
+from duetime.engine import Engine, Ticket
+from duetime.errors import InvalidInput, ModelUnavailable
+from duetime.repository.manager import RepositoryOptions
+from duetime.resilience.breaker import BreakerState
+
+Scenario = Callable[[Engine], Awaitable[None]]
+
+
+def run(repo: Path, scenario: Scenario) -> None:
+    async def main() -> None:
+        engine = await Engine.start(repo, options=RepositoryOptions())
+        try:
+            await scenario(engine)
+        finally:
+            await engine.aclose()
+
+    asyncio.run(main())
+
+
+def config(repo: Path, model: str, text: str) -> None:
+    path = repo / model / "config.toml"
+    path.write_text(text)
+    age(path)
+
+
+async def call(engine: Engine, k: int, model: str = "m", **kwargs: object) -> np.ndarray:
+    feeds = {"x": inputs()["x"], "k": np.full((1, 1), k, dtype=np.int64)}
+    return (await engine.infer_async(model, feeds, **kwargs))["y"]  # type: ignore[arg-type]
+
+
+async def unversioned(engine: Engine) -> Ticket:
+    """A good request that names no version; its ticket says who answered."""
+    feeds = {"x": inputs()["x"], "k": np.zeros((1, 1), np.int64)}
+    ticket = engine.submit(engine._request("m", feeds, None, None, 0, None))
+    await ticket.future
+    return ticket
+
+
+def states(engine: Engine, version: str = "1") -> list[BreakerState]:
+    scheduler = engine.registry.snapshot.models["m"].versions[version].primary.scheduler
+    return [b.state for b in scheduler._breakers]
+
+
+BREAKER = "[breaker]\nfailures = 3\nopen_s = 0.3\nslow_executions = 2\nslow_factor = 5.0\n"
+
+
+def test_failures_open_the_breaker_and_probes_close_it(tmp_path: Path) -> None:
+    write_version(tmp_path, "m", 1, faulty_model())
+    config(tmp_path, "m", "max_batch_size = 8\n" + BREAKER)
+
+    async def scenario(engine: Engine) -> None:
+        np.testing.assert_array_equal(await call(engine, 0), inputs()["x"])
+        for _ in range(2):
+            with pytest.raises(InvalidInput, match="ONNX Runtime could not run"):
+                await call(engine, 1)
+        assert states(engine) == [BreakerState.CLOSED]
+        with pytest.raises(InvalidInput):
+            await call(engine, 1)  # the third failure in a row opens it
+        assert states(engine) == [BreakerState.OPEN]
+        with pytest.raises(ModelUnavailable, match="circuit breaker open") as caught:
+            await call(engine, 0)  # fails fast, even a good request
+        assert caught.value.http_status == 503
+        assert caught.value.retry_after_s is not None
+        assert 0 < caught.value.retry_after_s <= 0.3
+        await asyncio.sleep(0.35)
+        np.testing.assert_array_equal(await call(engine, 0), inputs()["x"])  # the probe
+        assert states(engine) == [BreakerState.CLOSED]
+
+    run(tmp_path, scenario)
+
+
+def test_a_failed_probe_reopens_it_for_longer(tmp_path: Path) -> None:
+    write_version(tmp_path, "m", 1, faulty_model())
+    config(tmp_path, "m", "max_batch_size = 8\n" + BREAKER)
+
+    async def scenario(engine: Engine) -> None:
+        for _ in range(3):
+            with pytest.raises(InvalidInput):
+                await call(engine, 1)
+        await asyncio.sleep(0.35)
+        with pytest.raises(InvalidInput):
+            await call(engine, 1)  # the probe fails
+        assert states(engine) == [BreakerState.OPEN]
+        with pytest.raises(ModelUnavailable) as caught:
+            await call(engine, 0)
+        assert caught.value.retry_after_s is not None
+        assert caught.value.retry_after_s > 0.35  # doubled
+
+    run(tmp_path, scenario)
+
+
+def test_a_good_request_between_failures_keeps_it_closed(tmp_path: Path) -> None:
+    write_version(tmp_path, "m", 1, faulty_model())
+    config(tmp_path, "m", "max_batch_size = 8\n" + BREAKER)
+
+    async def scenario(engine: Engine) -> None:
+        for _ in range(5):
+            for _ in range(2):
+                with pytest.raises(InvalidInput):
+                    await call(engine, 1)
+            await call(engine, 0)
+        assert states(engine) == [BreakerState.CLOSED]
+
+    run(tmp_path, scenario)
+
+
+def test_slow_executions_open_it(tmp_path: Path) -> None:
+    write_version(tmp_path, "m", 1, faulty_model())
+    config(
+        tmp_path, "m",
+        "max_batch_size = 8\n" + BREAKER + "slow_min_us = 1000\n",
+    )  # fmt: skip
+
+    async def scenario(engine: Engine) -> None:
+        await call(engine, 4000)  # ~10 ms against a profile of well under a millisecond
+        assert states(engine) == [BreakerState.CLOSED]
+        await call(engine, 4000)
+        assert states(engine) == [BreakerState.OPEN]
+        with pytest.raises(ModelUnavailable, match="circuit breaker open"):
+            await call(engine, 0)
+
+    run(tmp_path, scenario)
+
+
+def test_requests_move_to_a_healthy_version_while_one_is_open(tmp_path: Path) -> None:
+    write_version(tmp_path, "m", 1, faulty_model())
+    write_version(tmp_path, "m", 2, faulty_model())
+    config(
+        tmp_path, "m",
+        "max_batch_size = 8\n[version_policy]\nall = {}\n"
+        '[traffic]\nweights = { "1" = 100, "2" = 1 }\nsticky_key = "user"\n' + BREAKER,
+    )  # fmt: skip
+
+    async def scenario(engine: Engine) -> None:
+        for _ in range(3):  # break version 1 by name
+            with pytest.raises(InvalidInput):
+                await call(engine, 1, version=1)
+        assert states(engine, "1") == [BreakerState.OPEN]
+        assert states(engine, "2") == [BreakerState.CLOSED]
+        for _ in range(20):  # unversioned requests go to version 2 meanwhile
+            ticket = await unversioned(engine)
+            assert ticket.version == "2"
+        with pytest.raises(ModelUnavailable):
+            await call(engine, 0, version=1)  # a request for version 1 by name fails fast
+
+    run(tmp_path, scenario)
+
+
+def test_a_broken_primary_hands_over_to_its_variant(tmp_path: Path) -> None:
+    write_version(tmp_path, "m", 1, faulty_model())
+    write_version(tmp_path, "m", 1, faulty_model(work=16), name="model.small.onnx")
+    config(
+        tmp_path, "m",
+        'max_batch_size = 8\n[[variants]]\nname = "small"\nfile = "model.small.onnx"\n' + BREAKER,
+    )  # fmt: skip
+
+    async def scenario(engine: Engine) -> None:
+        for _ in range(3):
+            with pytest.raises(InvalidInput):
+                await call(engine, 1)
+        version = engine.registry.snapshot.models["m"].versions["1"]
+        assert [b.state for b in version.primary.scheduler._breakers] == [BreakerState.OPEN]
+        ticket = await unversioned(engine)
+        assert ticket.variant == "small"
+
+    run(tmp_path, scenario)
+
+
+def test_breaker_settings_are_validated() -> None:
+    from duetime.config import parse_model_config
+    from duetime.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"breaker\.failures"):
+        parse_model_config({"breaker": {"failures": 0}}, source="config.toml")
+    with pytest.raises(ConfigError, match=r"breaker\.slow_factor"):
+        parse_model_config({"breaker": {"slow_factor": 1.0}}, source="config.toml")
