@@ -79,6 +79,11 @@ def _variant_json(deployment: Deployment, stats: SchedulerStatistics) -> dict[st
         "failed": stats.failed,
         "cancelled": stats.cancelled,
         "handoff_overhead_ns": stats.overhead_ns,
+        "breakers": ["closed", "half-open", "open"][max(stats.breaker_states, default=0)]
+        if stats.breaker_states
+        else "closed",
+        "breaker_states": list(stats.breaker_states),
+        "breakers_opened": stats.breakers_opened,
         "scheduling_policy": deployment.model.config.scheduling.policy,
         "latency_profile": deployment.scheduler.profile.snapshot(),
     }

@@ -134,6 +134,10 @@ class SchedulerStatistics:
     compute_time: HistogramSnapshot
     """Time inside ONNX Runtime, of each batch executed."""
     batch_sizes: dict[int, BatchSizeStatistics] = field(default_factory=dict)
+    breaker_states: tuple[int, ...] = ()
+    """Each instance's circuit breaker: 0 closed, 1 half-open, 2 open."""
+    breakers_opened: int = 0
+    """Times any of the instances' breakers opened."""
 
 
 @dataclass(slots=True, eq=False)
@@ -576,6 +580,8 @@ class ModelScheduler:
                 k: BatchSizeStatistics(v.count, v.compute_ns)
                 for k, v in list(self._batch_sizes.items())
             },
+            breaker_states=tuple(int(b.state) for b in self._breakers),
+            breakers_opened=sum(b.opened for b in self._breakers),
         )
 
     async def aclose(self, grace_s: float) -> None:
