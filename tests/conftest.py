@@ -47,6 +47,8 @@ def start_server(
     `options` go to `Server` (e.g. `tracing`)."""
     # gc.freeze() and GC thresholds would reach into the whole pytest process.
     settings = settings.model_copy(update={"tune_runtime": False})
+    if "metrics_port" not in settings.model_fields_set:
+        settings = settings.model_copy(update={"metrics_port": 0})  # never the shared 8002
     loop = new_event_loop()
     server = Server(settings, **options)
     started: concurrent.futures.Future[Addresses] = concurrent.futures.Future()

@@ -174,11 +174,20 @@ class MetricsCollector:
             "holds its own copy of the weights).",
             ((r.labels, self._model_bytes(r.deployment)) for r in rows),
         )
-        yield _gauge(
+        breakers = GaugeMetricFamily(
             "duetime_breaker_state",
-            "Circuit breaker state: 0 closed, 1 half-open, 2 open. Always 0 for now: no "
-            "circuit breakers exist yet.",
-            ((r.labels, 0) for r in rows),
+            "Circuit breaker of each instance: 0 closed, 1 half-open (letting a probe through), "
+            "2 open (taking no work).",
+            labels=(*DEPLOYMENT_LABELS, "instance"),
+        )
+        for row in rows:
+            for instance, state in enumerate(row.stats.breaker_states):
+                breakers.add_metric((*row.labels, str(instance)), state)
+        yield breakers
+        yield _counter(
+            "duetime_breaker_openings_total",
+            "Times any of the deployment's instance breakers opened.",
+            ((r.labels, r.stats.breakers_opened) for r in rows),
         )
 
     def _model_bytes(self, deployment: Deployment) -> int:

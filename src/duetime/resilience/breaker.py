@@ -65,6 +65,10 @@ class CircuitBreaker:
         if self.state is BreakerState.HALF_OPEN:
             self._probing = True
 
+    def clear(self) -> None:
+        """A good execution while closed: the same as `record(failed=False, slow=False)`."""
+        self._failures = self._slow = 0
+
     def record(self, now_ns: int, *, failed: bool, slow: bool) -> bool:
         """Count one finished execution; True if this opened the breaker."""
         config = self._config

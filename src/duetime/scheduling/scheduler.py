@@ -186,6 +186,7 @@ class ModelScheduler:
         self._breakers = [CircuitBreaker(self._breaker_config) for _ in range(executor.instances)]
         self._tripped = 0
         """Instances whose breaker is not closed: 0 on the fast path."""
+        self._slow_floor_ns = self._breaker_config.slow_min_us * 1000
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = 0
         self._overhead_ns = 0.0
@@ -492,15 +493,20 @@ class ModelScheduler:
     def _judge(self, instance: int, running: _Running, result: BatchResult, now: int) -> None:
         """Tell the instance's breaker how this execution went; fail the queue fast if that
         left no instance to run it."""
-        config = self._breaker_config
         outputs = result.outputs
-        failed = bool(outputs) and all(isinstance(o, DuetimeError) for o in outputs)
-        slow = result.compute_ns > max(
-            config.slow_min_us * 1000, config.slow_factor * self.profile.predict(running.rows)
+        # NOTE: ordered so that a healthy execution costs two comparisons and two stores.
+        failed = (
+            bool(outputs)
+            and isinstance(outputs[0], DuetimeError)
+            and all(isinstance(o, DuetimeError) for o in outputs)
+        )
+        compute = result.compute_ns
+        slow = compute > self._slow_floor_ns and compute > self._breaker_config.slow_factor * (
+            self.profile.predict(running.rows)
         )
         breaker = self._breakers[instance]
         if not (failed or slow or self._tripped):
-            breaker.record(now, failed=False, slow=False)
+            breaker.clear()
             return
         was_closed = breaker.state is BreakerState.CLOSED
         opened = breaker.record(now, failed=failed, slow=slow)
