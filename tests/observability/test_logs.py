@@ -1,0 +1,79 @@
+"""Logs: a line per failed request with its trace id and reason, the sampled access log, and
+the JSON format."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import logging
+from pathlib import Path
+
+import pytest
+from conftest import start_server, stop_server
+
+from duetime.config import ServerSettings
+from duetime.observability.logs import AccessSampler, JsonFormatter, log_request
+
+TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+
+
+def post(address: str, path: str, body: bytes, headers: dict[str, str]) -> int:
+    host, port = address.split(":")
+    connection = http.client.HTTPConnection(host, int(port))
+    connection.request("POST", path, body, headers)
+    response = connection.getresponse()
+    response.read()
+    connection.close()
+    return response.status
+
+
+def test_failed_and_sampled_requests_are_logged(
+    demo_repo: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    settings = ServerSettings(
+        model_repository=demo_repo, http_port=0, grpc_port=0, access_log_sample=1.0
+    )
+    running, thread = start_server(settings)
+    good = json.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 40],
+                                   "data": [0.0] * 40}]}).encode()  # fmt: skip
+    try:
+        with caplog.at_level(logging.INFO, logger="duetime.requests"):
+            assert (
+                post(running.http, "/v2/models/mlp/infer", b"{", {"traceparent": TRACEPARENT})
+                == 400
+            )
+            assert post(running.http, "/v2/models/mlp/infer", good, {}) == 200
+    finally:
+        stop_server(running, thread)
+    records = [r for r in caplog.records if r.name == "duetime.requests"]
+    failed = next(r for r in records if getattr(r, "status", 0) == 400)
+    assert failed.trace_id == "4bf92f3577b34da6a3ce929d0e0e4736"  # type: ignore[attr-defined]
+    assert failed.model == "mlp"  # type: ignore[attr-defined]
+    assert "not valid JSON" in failed.getMessage()
+    assert any(getattr(r, "status", 0) == 200 for r in records)
+
+
+def test_json_lines_carry_the_request_fields() -> None:
+    record = logging.LogRecord("duetime.requests", logging.WARNING, __file__, 1, "boom", None, None)
+    record.status, record.trace_id, record.model = 503, "ab" * 16, "m"
+    doc = json.loads(JsonFormatter().format(record))
+    assert doc["level"] == "warning"
+    assert doc["message"] == "boom"
+    assert (doc["status"], doc["trace_id"], doc["model"]) == (503, "ab" * 16, "m")
+    assert doc["time"].endswith("Z")
+
+
+def test_server_errors_log_at_warning_and_client_errors_at_info(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with caplog.at_level(logging.INFO, logger="duetime.requests"):
+        log_request(protocol="http", model="m", version=None, status=503, reason="x", trace_id="t")
+        log_request(protocol="http", model="m", version=None, status=429, reason="y", trace_id="t")
+    assert [r.levelno for r in caplog.records] == [logging.WARNING, logging.INFO]
+
+
+def test_access_sampler_takes_every_nth() -> None:
+    assert not any(AccessSampler(0.0).take() for _ in range(100))
+    sampler = AccessSampler(0.1)
+    assert sum(sampler.take() for _ in range(100)) == 10
+    assert all(AccessSampler(1.0).take() for _ in range(5))
