@@ -286,3 +286,34 @@ def test_stream_infer_answers_in_order_and_survives_a_bad_request(
     for result, batch, request_id in ((first, batches[0], "a"), (third, batches[1], "c")):
         assert result.get_response().id == request_id
         assert np.max(np.abs(result.as_numpy("y") - reference(model, batch))) <= TOLERANCE
+
+
+def test_stream_requests_run_concurrently_and_batch(server: RunningServer) -> None:
+    model = BY_NAME["resnet"]
+    answers: queue.SimpleQueue[tuple[Any, Any]] = queue.SimpleQueue()
+    stats = grpcclient.InferenceServerClient(server.grpc)
+
+    def executions() -> tuple[int, int]:
+        entry = stats.get_inference_statistics("resnet", as_json=True)["model_stats"][0]
+        return int(entry.get("execution_count", 0)), int(entry.get("inference_count", 0))
+
+    before = executions()
+    client = grpcclient.InferenceServerClient(server.grpc)
+    try:
+        client.start_stream(callback=lambda result, error: answers.put((result, error)))
+        for index in range(24):
+            batch = model.batch(1, seed=index)
+            client.async_stream_infer(
+                "resnet", [make_input("image", batch, "FP32")], request_id=str(index)
+            )
+        received = [answers.get(timeout=30) for _ in range(24)]
+        client.stop_stream()
+    finally:
+        client.close()
+    assert [error for _, error in received] == [None] * 24
+    assert [result.get_response().id for result, _ in received] == [str(i) for i in range(24)]
+    after = executions()
+    runs, rows = after[0] - before[0], after[1] - before[1]
+    assert rows == 24
+    assert runs < 24  # some requests of the stream shared a batch
+    stats.close()

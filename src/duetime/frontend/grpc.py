@@ -36,6 +36,9 @@ from duetime.types import InferRequest
 
 log = logging.getLogger("duetime.grpc")
 
+STREAM_WINDOW = 64
+"""Requests of one ModelStreamInfer stream in flight at once (more wait to be read)."""
+
 #: v2 datatype -> the InferTensorContents field that carries it (FP16 only travels raw).
 _CONTENTS_FIELD = {
     "BOOL": "bool_contents", "INT8": "int_contents", "INT16": "int_contents",
@@ -170,18 +173,51 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
     async def ModelStreamInfer(
         self, requests: AsyncIterator[Any], context: Any
     ) -> AsyncIterator[Any]:
-        async for request in requests:
+        """Requests of a stream run concurrently (they batch with each other and with other
+        clients'); answers go back in request order, at most STREAM_WINDOW in flight."""
+        window: asyncio.Queue[tuple[Any, Ticket | DuetimeError] | None] = asyncio.Queue(
+            STREAM_WINDOW
+        )
+
+        async def read() -> None:
             try:
-                response = await _response(self._submit(request, context), request.id)
-                yield pb.ModelStreamInferResponse(infer_response=response)
-            except DuetimeError as exc:
-                trace_id = _trace_id(context)
-                log_request(
-                    protocol="grpc-stream", model=request.model_name,
-                    version=request.model_version, status=exc.http_status, reason=exc.message,
-                    trace_id=trace_id,
-                )  # fmt: skip
-                yield pb.ModelStreamInferResponse(error_message=f"{exc.message} (trace {trace_id})")
+                async for request in requests:
+                    try:
+                        submitted: Ticket | DuetimeError = self._submit(request, context)
+                    except DuetimeError as exc:
+                        submitted = exc
+                    except Exception as exc:
+                        log.exception("internal error in ModelStreamInfer")
+                        submitted = InternalError(f"internal error: {type(exc).__name__}: {exc}")
+                    await window.put((request, submitted))
+            finally:
+                await window.put(None)
+
+        reader = asyncio.get_running_loop().create_task(read())
+        try:
+            while (item := await window.get()) is not None:
+                request, submitted = item
+                try:
+                    if isinstance(submitted, DuetimeError):
+                        raise submitted
+                    response = await _response(submitted, request.id)
+                    yield pb.ModelStreamInferResponse(infer_response=response)
+                except DuetimeError as exc:
+                    yield self._stream_error(request, exc, context)
+        finally:
+            reader.cancel()
+            while not window.empty():
+                left = window.get_nowait()
+                if left is not None and isinstance(left[1], Ticket):
+                    left[1].future.cancel()
+
+    def _stream_error(self, request: Any, exc: DuetimeError, context: Any) -> Any:
+        trace_id = _trace_id(context)
+        log_request(
+            protocol="grpc-stream", model=request.model_name, version=request.model_version,
+            status=exc.http_status, reason=exc.message, trace_id=trace_id,
+        )  # fmt: skip
+        return pb.ModelStreamInferResponse(error_message=f"{exc.message} (trace {trace_id})")
 
     def _submit(self, request: Any, context: Any, timing: RequestTiming | None = None) -> Ticket:
         if self._shedder is not None:
