@@ -23,7 +23,7 @@ import tritonclient.http as httpclient
 pytestmark = pytest.mark.timeout(60)
 
 STARTUP_GUARD_S = 45.0
-READY = re.compile(r"^duetime ready: http://(\S+) grpc://(\S+)$")
+READY = re.compile(r"^duetime ready: http://(\S+) grpc://(\S+)(?: metrics://(\S+))?$")
 
 
 def duetime_env(tmp_path: Path) -> dict[str, str]:

@@ -75,8 +75,8 @@ def _parser() -> argparse.ArgumentParser:
     )
     serve.add_argument(
         "--request-read-timeout-s", type=float,
-        help="an HTTP request must arrive within this of its first byte, plus its body at "
-        "--min-body-rate-bytes-s (10; slower clients get 408)",
+        help="an HTTP request head must arrive within this of its first byte, then its body "
+        "at --min-body-rate-bytes-s over each such period (10; slower clients get 408)",
     )  # fmt: skip
     serve.add_argument(
         "--min-body-rate-bytes-s", type=int, help="slowest accepted body upload rate (65536)"
@@ -206,9 +206,6 @@ async def _run(server: Server) -> int:
     failures = server.engine.registry.snapshot.failures
     for name, reason in failures.items():
         print(f"duetime: model '{name}' not loaded: {reason}", file=sys.stderr)
-    metrics = addresses.describe_metrics()
-    if metrics is not None:
-        print(metrics)
     print(addresses.describe(), flush=True)
     await stop.wait()
     await server.stop()

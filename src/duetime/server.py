@@ -35,14 +35,12 @@ class Addresses:
     """None: no metrics endpoint."""
 
     def describe(self) -> str:
-        return f"duetime ready: http://{self.host}:{self.http_port} grpc://{self.host}:{self.grpc_port}"
-
-    def describe_metrics(self) -> str | None:
-        """The line announcing the metrics endpoint. NOTE: a line of its own, printed before the
-        ready line, because readers of the ready line match it to its end."""
-        if self.metrics_port is None:
-            return None
-        return f"duetime metrics: http://{self.host}:{self.metrics_port}/metrics"
+        """The one line a started server prints: `duetime ready: http://H:P grpc://H:P`, then
+        ` metrics://H:P` when the metrics endpoint is on."""
+        line = f"duetime ready: http://{self.host}:{self.http_port} grpc://{self.host}:{self.grpc_port}"
+        if self.metrics_port is not None:
+            line += f" metrics://{self.host}:{self.metrics_port}"
+        return line
 
 
 SHED_PERIOD_S = 0.01

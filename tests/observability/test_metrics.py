@@ -217,10 +217,13 @@ def _same_series(bucket: dict[str, str], labels: dict[str, str]) -> bool:
 # -- the endpoint's settings ---------------------------------------------------------------------
 
 
-def test_the_endpoint_is_announced_on_a_line_of_its_own() -> None:
+def test_the_endpoint_is_announced_on_the_ready_line() -> None:
     addresses = Addresses("127.0.0.1", 8000, 8001, 8002)
-    assert addresses.describe() == "duetime ready: http://127.0.0.1:8000 grpc://127.0.0.1:8001"
-    assert addresses.describe_metrics() == "duetime metrics: http://127.0.0.1:8002/metrics"
+    assert addresses.describe() == (
+        "duetime ready: http://127.0.0.1:8000 grpc://127.0.0.1:8001 metrics://127.0.0.1:8002"
+    )
+    off = Addresses("127.0.0.1", 8000, 8001, None)
+    assert off.describe() == "duetime ready: http://127.0.0.1:8000 grpc://127.0.0.1:8001"
 
 
 def test_no_metrics_serves_no_endpoint(demo_repo: Path) -> None:
@@ -228,7 +231,7 @@ def test_no_metrics_serves_no_endpoint(demo_repo: Path) -> None:
     running, thread = start_server(settings)
     try:
         assert running.addresses.metrics_port is None
-        assert running.addresses.describe_metrics() is None
+        assert "metrics://" not in running.addresses.describe()
     finally:
         stop_server(running, thread)
 

@@ -63,7 +63,9 @@ def log_request(
     latency_ns: int | None = None,
 ) -> None:
     """One line for one request: a failure, or a sampled success (reason None)."""
-    level = logging.WARNING if status >= 500 else logging.INFO
+    # NOTE: 504 is a deadline miss (the client's budget, or overload): at overload there are
+    # thousands a second, and they are counted in the metrics; they go at INFO with the 4xx.
+    level = logging.WARNING if status >= 500 and status != 504 else logging.INFO
     if not requests_log.isEnabledFor(level):
         return
     fields = {
