@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import http.client
+import json
 import os
 import re
 import signal
@@ -9,14 +11,18 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, TypeVar
 
 import numpy as np
 
+from duetime.execution.affinity import pin_current_thread
 from duetime.tools.payloads import PayloadSpec, http_request_bytes
+
+T = TypeVar("T")
 
 READY = re.compile(rb"duetime ready: http://([\d.]+):(\d+) grpc://([\d.]+):(\d+)")
 
@@ -35,7 +41,7 @@ def server_process(
 ) -> Iterator[ServerProcess]:
     """`duetime serve REPO` on free ports, stopped with SIGTERM when the block ends."""
     command = [sys.executable, "-m", "duetime", "serve", str(repository), "--http-port", "0",
-               "--grpc-port", "0", *extra]  # fmt: skip
+               "--grpc-port", "0", "--metrics-port", "0", *extra]  # fmt: skip
     process = subprocess.Popen(command, stdout=subprocess.PIPE, env={**os.environ, **(env or {})})
     try:
         assert process.stdout is not None
@@ -133,3 +139,135 @@ def _fmt(value: object) -> str:
     if isinstance(value, float):
         return f"{value:,.1f}"
     return "" if value is None else str(value)
+
+
+def http_json(
+    host: str, port: int, method: str, path: str, body: object = None, *, timeout_s: float = 30.0
+) -> Any:
+    """One JSON request on a fresh connection; the decoded answer. RuntimeError on a non-2xx
+    status, with the server's message."""
+    connection = http.client.HTTPConnection(host, port, timeout=timeout_s)
+    try:
+        data = None if body is None else json.dumps(body).encode()
+        headers = {} if data is None else {"Content-Type": "application/json"}
+        connection.request(method, path, body=data, headers=headers)
+        response = connection.getresponse()
+        text = response.read()
+    finally:
+        connection.close()
+    if not 200 <= response.status < 300:
+        raise RuntimeError(f"{method} {path}: HTTP {response.status}: {text[:300]!r}")
+    return json.loads(text) if text else None
+
+
+@contextmanager
+def pinned(cpus: frozenset[int]) -> Iterator[None]:
+    """Run the block with the calling thread pinned to `cpus`, then restore its affinity."""
+    before = frozenset(os.sched_getaffinity(0))
+    pin_current_thread(cpus)
+    try:
+        yield
+    finally:
+        pin_current_thread(before)
+
+
+@dataclass(frozen=True)
+class CpuSample:
+    """CPU seconds used so far: by the whole machine (busy, and stolen by the hypervisor) and by
+    the processes `cpu_sample` was given; busy minus ours is what other programs used."""
+
+    at_s: float
+    busy_s: float
+    steal_s: float
+    ours_s: float
+
+    def other_cores(self, earlier: CpuSample) -> float:
+        """Cores' worth of CPU that other programs used since `earlier`."""
+        span = self.at_s - earlier.at_s
+        used = (self.busy_s - earlier.busy_s) - (self.ours_s - earlier.ours_s)
+        return max(0.0, used / span) if span > 0 else 0.0
+
+    def steal_cores(self, earlier: CpuSample) -> float:
+        span = self.at_s - earlier.at_s
+        return (self.steal_s - earlier.steal_s) / span if span > 0 else 0.0
+
+
+def cpu_sample(pids: list[int]) -> CpuSample:
+    """A CpuSample from /proc (Linux) for `pids` (threads included)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    with open("/proc/stat") as file:
+        fields = [int(v) for v in file.readline().split()[1:]]
+    # user nice system idle iowait irq softirq steal [guest guest_nice, inside user and nice]
+    busy = sum(fields[:8]) - fields[3] - fields[4] - fields[7]
+    ours = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as file:
+                stat = file.read().rpartition(")")[2].split()
+        except OSError:
+            continue
+        ours += int(stat[11]) + int(stat[12])  # utime, stime
+    return CpuSample(time.monotonic(), busy / tick, fields[7] / tick, ours / tick)
+
+
+def wait_for_quiet(pids: list[int], limit_s: float, threshold: float = 0.25) -> float:
+    """Wait (up to `limit_s`) for a second in which programs other than `pids` used under
+    `threshold` cores; returns the last second's figure. The benchmarks share a small machine
+    with other work (and a server may still be digesting an overload)."""
+    waited = time.monotonic()
+    while True:
+        before = cpu_sample(pids)
+        time.sleep(1.0)
+        other = cpu_sample(pids).other_cores(before)
+        if other < threshold or time.monotonic() - waited >= limit_s:
+            return other
+
+
+@contextmanager
+def logged_server_process(repository: Path, log: Path, *extra: str) -> Iterator[ServerProcess]:
+    """`server_process` with the server's stderr (its log) appended to `log` instead of ours:
+    under overload the server may log a line per failed request."""
+    with ExitStack() as stack:
+        saved = os.dup(2)
+        try:
+            with log.open("ab") as file:
+                os.dup2(file.fileno(), 2)  # the child inherits fd 2 when it is spawned
+                server = stack.enter_context(server_process(repository, *extra))
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+        yield server
+
+
+def log_summary(log: Path, keep: int = 5) -> dict[str, Any]:
+    """Lines of a server log by level, and the first `keep` distinct messages (trace ids cut)."""
+    levels: dict[str, int] = {}
+    first: list[str] = []
+    for line in log.read_text(errors="replace").splitlines():
+        match = re.match(r"\S+ \S+ (DEBUG|INFO|WARNING|ERROR|CRITICAL) (.*)", line)
+        if match is None:
+            continue
+        levels[match[1]] = levels.get(match[1], 0) + 1
+        message = re.sub(r"\(trace \w+\)|\d+ µs", "…", match[2])
+        if len(first) < keep and message not in first:
+            first.append(message)
+    return {"lines_by_level": levels, "first_messages": first}
+
+
+def run_when_quiet(
+    run: Callable[[], T], pids: list[int], *, wait_s: float, retries: int = 1,
+    threshold: float = 0.3,
+) -> tuple[T, float, int]:  # fmt: skip
+    """`run()` once other programs are idle (see `wait_for_quiet`); run again, up to `retries`
+    times, when they used more than `threshold` cores meanwhile. Returns the last result, the
+    cores other programs used during it, and the number of attempts. `pids` are ours (this
+    process, the server): their CPU is not counted as others'."""
+    attempts = 0
+    while True:
+        attempts += 1
+        wait_for_quiet(pids[:1], wait_s)  # the server idle too
+        before = cpu_sample(pids)
+        result = run()
+        others = cpu_sample(pids).other_cores(before)
+        if others <= threshold or attempts > retries:
+            return result, others, attempts
