@@ -38,6 +38,10 @@ class ProfilePoint:
     p99_ns: int
 
 
+_FOLLOW_EVERY = 16
+"""Observations between two corrections of the buckets not run yet."""
+
+
 class LatencyProfile:
     """Execution time per batch size, updated online.
 
@@ -56,6 +60,10 @@ class LatencyProfile:
         self._points = {p.rows: p for p in ordered}
         self._ewma = {p.rows: float(p.median_ns) for p in ordered}
         self._margin = {p.rows: max(0, p.p99_ns - p.median_ns) for p in ordered}
+        self._load_margin = dict(self._margin)
+        self._unseen = set(self.buckets)
+        """Buckets no real execution has run yet: they follow the others (see `observe`)."""
+        self._observed = 0
         self.bucket_of = [0] * (self.max_rows + 1)
         self._predicted = [0] * (self.max_rows + 1)
         for rows in range(1, self.max_rows + 1):
@@ -79,6 +87,28 @@ class LatencyProfile:
         elapsed_ns = min(elapsed_ns, int(2 * previous) + 1)
         self._ewma[bucket] = previous + self._alpha * (elapsed_ns - previous)
         self._refresh_bucket(bucket)
+        if self._unseen:
+            self._unseen.discard(bucket)
+            self._observed += 1
+            if self._observed % _FOLLOW_EVERY == 0:
+                self._follow()
+
+    def _follow(self) -> None:
+        """Scale the buckets not run yet by how the run ones compare with their load figures.
+
+        NOTE: a version loaded while another serves is profiled on a busy CPU, so its figures
+        can be twice the truth; real executions correct the batch sizes that run, and this
+        carries the correction over to the sizes that have not run yet (which admission and
+        batch planning still ask about)."""
+        seen = [b for b in self.buckets if b not in self._unseen]
+        if not seen:
+            return
+        measured = sum(self._points[b].median_ns for b in seen)
+        ratio = min(4.0, max(0.25, sum(self._ewma[b] for b in seen) / max(measured, 1)))
+        for bucket in self._unseen:
+            self._ewma[bucket] = self._points[bucket].median_ns * ratio
+            self._margin[bucket] = int(self._load_margin[bucket] * ratio)
+            self._refresh_bucket(bucket)
 
     def snapshot(self) -> list[dict[str, float]]:
         """Per bucket: measured median and p99 at load, the current estimate (µs)."""
