@@ -27,6 +27,7 @@ from duetime.repository.loader import LoadedModel
 from duetime.repository.manager import IndexEntry, ModelManager, RepositoryOptions
 from duetime.repository.registry import PRIMARY, Deployment, Registry
 from duetime.routing.router import Router
+from duetime.scheduling.ledger import CoreLedger
 from duetime.scheduling.scheduler import ModelScheduler
 from duetime.types import InferRequest, InferResponse
 
@@ -77,6 +78,8 @@ class Engine:
         self._thread: threading.Thread | None = None
         self._placed = 0
         self._pending_loads: set[asyncio.Task[None]] = set()
+        self._ledgers: dict[frozenset[int], CoreLedger] = {}
+        """Per CPU: what the schedulers of instances pinned there have running."""
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -115,6 +118,9 @@ class Engine:
         )
         self._placed += loaded.config.instances
         loaded.executor.start(loop, pins, background=background)
+        ledger = None
+        if pins and pins[0] is not None and all(p == pins[0] for p in pins):
+            ledger = self._ledgers.setdefault(pins[0], CoreLedger())
         timeout_ms = loaded.config.default_timeout_ms
         label = f"'{loaded.name}' version {loaded.version}"
         scheduler = ModelScheduler(
@@ -126,6 +132,7 @@ class Engine:
             clock=self.clock,
             label=label if variant == PRIMARY else f"{label} variant {variant}",
             breaker=loaded.config.breaker,
+            ledger=None if background else ledger,
         )
         return Deployment(loaded, scheduler, variant)
 

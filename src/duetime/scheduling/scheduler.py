@@ -28,6 +28,7 @@ from duetime.resilience.breaker import BreakerState, CircuitBreaker
 from duetime.scheduling.admission import admit, predict_finish
 from duetime.scheduling.batching import Run, Wait, drop_hopeless, plan_batch, sweep_hopeless
 from duetime.scheduling.edf import EDFQueue, QueuedRequest
+from duetime.scheduling.ledger import CoreLedger
 from duetime.scheduling.profile import LatencyProfile
 from duetime.types import RequestTiming
 
@@ -147,6 +148,8 @@ class _Running:
     started_ns: int
     """When it was handed to an idle instance, or when the batch before it ended."""
     rows: int
+    share: int = 1
+    """Ways its CPU was split when it started (its run time is that many times the profile's)."""
 
 
 class ModelScheduler:
@@ -163,7 +166,10 @@ class ModelScheduler:
         clock: Clock,
         label: str,
         breaker: BreakerConfig | None = None,
+        ledger: CoreLedger | None = None,
     ) -> None:
+        """`ledger`: the CPU its instances run on, when other models' instances run there too
+        (see scheduling/ledger.py)."""
         self._executor = executor
         self._config = config
         self._edf = config.policy == "edf"
@@ -177,6 +183,11 @@ class ModelScheduler:
         self._loop = asyncio.get_running_loop()
         self._outstanding: list[deque[_Running]] = [deque() for _ in range(executor.instances)]
         self._busy_until = [0] * executor.instances
+        self._ledger = ledger
+        self._owners = [(id(self), i) for i in range(executor.instances)]
+        if ledger is not None:
+            for owner in self._owners:
+                ledger.join(owner)
         # NOTE: a model whose batches take long gets its next batch queued on the instance before
         # the current one ends, so the instance never waits for a round trip through the loop.
         # Small models keep one batch per instance: their hand-off is cheap next to the batching
@@ -329,8 +340,18 @@ class ModelScheduler:
         )
 
     def _exec_ns(self, rows: int) -> int:
-        """Predicted time from starting a batch of `rows` to its result on the loop."""
-        return self.profile.predict(rows) + int(self._overhead_ns)
+        """Predicted time from starting a batch of `rows` now to its result on the loop."""
+        ledger = self._ledger
+        if ledger is None or not ledger.shared:
+            return self.profile.predict(rows) + int(self._overhead_ns)
+        share = ledger.sharing(self._owners[0], self._clock.now_ns())
+        return share * self.profile.predict(rows) + int(self._overhead_ns)
+
+    def _sharing(self, instance: int, now: int) -> int:
+        ledger = self._ledger
+        if ledger is None or not ledger.shared:
+            return 1
+        return ledger.sharing(self._owners[instance], now)
 
     def _margin_for(self, rows: int) -> int:
         """Time kept before the due time of a batch of `rows`: `delivery_margin_us` for getting
@@ -450,8 +471,11 @@ class ModelScheduler:
                 _timing_started(item.timing, now, start, run.rows, instance)
         if self._tripped:
             self._breakers[instance].started()
-        self._outstanding[instance].append(_Running(requests, run.bucket, now, run.rows))
+        share = self._sharing(instance, now)
+        self._outstanding[instance].append(_Running(requests, run.bucket, now, run.rows, share))
         self._busy_until[instance] = start + self._exec_ns(run.rows)
+        if self._ledger is not None:
+            self._ledger.book(self._owners[instance], self._busy_until[instance])
         self._executor.submit(
             instance,
             BatchJob(
@@ -469,6 +493,8 @@ class ModelScheduler:
             self._busy_until[instance] = now + self._exec_ns(jobs[0].rows)
         else:
             self._busy_until[instance] = 0
+        if self._ledger is not None:
+            self._ledger.book(self._owners[instance], self._busy_until[instance])
         self._record(running, result, now)
         self._judge(instance, running, result, now)
         for item, outputs in zip(running.requests, result.outputs, strict=True):
@@ -551,7 +577,8 @@ class ModelScheduler:
         stats.count += 1
         stats.compute_ns += result.compute_ns
         if not any(isinstance(o, DuetimeError) for o in result.outputs):
-            self.profile.observe(bucket, result.compute_ns)
+            # NOTE: a run that shared its CPU took longer than the model needs alone
+            self.profile.observe(bucket, result.compute_ns // running.share)
             overhead = max(0, now - running.started_ns - result.compute_ns)
             overhead = min(overhead, int(2 * self._overhead_ns) + 200_000)  # see LatencyProfile
             self._overhead_ns += _OVERHEAD_ALPHA * (overhead - self._overhead_ns)
@@ -600,6 +627,9 @@ class ModelScheduler:
                 timer.cancel()
         for item in self._queue.drain():
             _settle(item, ModelUnavailable(f"model {self._label} shut down before it ran"))
+        if self._ledger is not None:
+            for owner in self._owners:
+                self._ledger.leave(owner)
 
 
 def _timing_started(timing: RequestTiming, now: int, start: int, rows: int, instance: int) -> None:
