@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import pytest
 from factories import OTHER_SHAPE, buckets_up_to, enqueue, linear_estimate, names
+from hypothesis import given
+from hypothesis import strategies as st
 
-from duetime.scheduling.batching import Run, Wait, drop_hopeless, plan_batch
+from duetime.scheduling.batching import Run, Wait, drop_hopeless, plan_batch, sweep_hopeless
 from duetime.scheduling.edf import EDFQueue
 
 BUCKET_OF = buckets_up_to(8, (1, 2, 3, 4, 6, 8))
@@ -262,3 +264,43 @@ def test_requests_without_due_wait_for_the_delay_only() -> None:
     queue = EDFQueue(8)
     enqueue(queue, arrival=0)
     assert plan(queue, now=0, max_delay_ns=7000) == Wait(7000)
+
+
+@given(
+    st.lists(
+        st.tuples(
+            st.integers(1, 3),  # level
+            st.one_of(st.none(), st.integers(0, 5_000)),  # due
+            st.integers(1, 8),  # rows
+            st.booleans(),  # cancelled
+        ),
+        max_size=60,
+    ),
+    st.integers(0, 3_000),
+)
+def test_sweep_finds_exactly_the_hopeless(
+    entries: list[tuple[int, int | None, int, bool]], now: int
+) -> None:
+    """The sweep walks only what is due within the widest estimate, yet finds every hopeless
+    request (and keeps the queue in order)."""
+    queue = EDFQueue(1000)
+    for index, (level, due, rows, cancelled) in enumerate(entries):
+        item = enqueue(queue, level=level, due=due, rows=rows, name=str(index))
+        if cancelled:
+            item.future.cancel()  # type: ignore[attr-defined]
+
+    def estimate(rows: int) -> int:
+        return 100 + 50 * rows
+
+    expected = [
+        str(i) for i, (_, due, rows, cancelled) in enumerate(entries)
+        if not cancelled and due is not None and now + estimate(rows) > due
+    ]  # fmt: skip
+    before = len(queue)
+    hopeless = sweep_hopeless(queue, now_ns=now, estimate=estimate)
+    assert sorted(names(hopeless)) == sorted(expected)
+    left = [queue[i] for i in range(len(queue))]
+    assert [i.key for i in left] == sorted(i.key for i in left)
+    assert queue.rows == sum(i.rows for i in left)
+    assert not set(map(id, hopeless)) & set(map(id, left))
+    assert len(left) + len(hopeless) <= before

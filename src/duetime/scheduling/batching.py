@@ -68,10 +68,29 @@ def sweep_hopeless(
     """Like `drop_hopeless`, over the whole queue: while every instance is busy, requests deep in
     the queue can become hopeless too, and their clients should hear so at once."""
 
+    horizon = now_ns  # FIFO: only what is already due
+    if estimate is not None:
+        estimate = _memoized(estimate)
+        # NOTE: nothing due later than the widest request's estimate can be hopeless yet
+        horizon = now_ns + max(estimate(1), estimate(queue.widest or 1))
+
     def doomed(item: QueuedRequest) -> bool:
         return item.future.done() or is_hopeless(item, now_ns, estimate)
 
-    return [item for item in queue.remove_where(doomed) if not item.future.done()]
+    removed = queue.remove_due_by(horizon, doomed)
+    return [item for item in removed if not item.future.done()]
+
+
+def _memoized(estimate: Estimate) -> Estimate:
+    needs: dict[int, int] = {}
+
+    def cached(rows: int) -> int:
+        found = needs.get(rows)
+        if found is None:
+            found = needs[rows] = estimate(rows)
+        return found
+
+    return cached
 
 
 def plan_batch(

@@ -68,6 +68,8 @@ class EDFQueue:
         self._seq = 0
         self.rows = 0
         """Rows queued (settled requests included until they are dropped)."""
+        self.widest = 0
+        """The most rows of any request queued since the queue was last empty."""
 
     def __len__(self) -> int:
         return len(self._items)
@@ -93,6 +95,8 @@ class EDFQueue:
         self._keys.insert(index, item.key)
         self._items.insert(index, item)
         self.rows += item.rows
+        if item.rows > self.widest:
+            self.widest = item.rows
         return True
 
     def take(self, count: int) -> list[QueuedRequest]:
@@ -101,6 +105,8 @@ class EDFQueue:
         del self._items[:count]
         del self._keys[:count]
         self.rows -= sum(item.rows for item in taken)
+        if not self._items:
+            self.widest = 0
         return taken
 
     def remove_where(self, doomed: Callable[[QueuedRequest], bool]) -> list[QueuedRequest]:
@@ -112,6 +118,36 @@ class EDFQueue:
         self._items = [item for item, flag in zip(self._items, flags, strict=True) if not flag]
         self._keys = [key for key, flag in zip(self._keys, flags, strict=True) if not flag]
         self.rows = sum(item.rows for item in self._items)
+        return removed
+
+    def remove_due_by(
+        self, horizon_ns: int, doomed: Callable[[QueuedRequest], bool]
+    ) -> list[QueuedRequest]:
+        """`remove_where`, asking `doomed` only about requests due by `horizon_ns`: in EDF order
+        those are a prefix of each priority level, so a long queue costs a short walk. (FIFO
+        order is not by due time: there every request is asked.)"""
+        if self.policy != "edf":
+            return self.remove_where(doomed)
+        keys, items = self._keys, self._items
+        flagged: list[int] = []
+        index, count = 0, len(items)
+        while index < count:
+            level, due, _ = keys[index]
+            if due > horizon_ns:
+                index = bisect.bisect_left(keys, (level + 1,), index)
+                continue
+            if doomed(items[index]):
+                flagged.append(index)
+            index += 1
+        if not flagged:
+            return []
+        removed = [items[i] for i in flagged]
+        for i in reversed(flagged):
+            del items[i]
+            del keys[i]
+        self.rows -= sum(item.rows for item in removed)
+        if not items:
+            self.widest = 0
         return removed
 
     def drain(self) -> list[QueuedRequest]:
