@@ -272,12 +272,14 @@ class ServerSettings(_Strict):
     max_connections: int = Field(default=4096, ge=1)
     """Open HTTP connections; beyond this a new one is answered 503 and closed at once."""
     request_read_timeout_s: float = Field(default=10.0, gt=0)
-    """An HTTP request must arrive within this long of its first byte, plus its body's size at
-    `min_body_rate_bytes_s`; a slower client (slowloris) is answered 408 and closed."""
+    """An HTTP request's head must arrive within this long of its first byte, and its body
+    must then keep coming at `min_body_rate_bytes_s` over each such period; a slower client
+    (slowloris) is answered 408 and closed."""
     min_body_rate_bytes_s: int = Field(default=64 * 1024, ge=1)
     max_inflight_bytes: int = Field(default=1024 * 1024 * 1024, ge=1024)
-    """HTTP request body bytes held at once (being read, or waiting for their answer). A body
-    that does not fit waits, its connection paused; a chunked one is refused (503)."""
+    """HTTP request body bytes held at once (being read, or waiting for their answer). Bodies
+    up to this over `max_connections` always pass; a bigger one that does not fit waits, its
+    connection paused (a chunked one is refused, 503)."""
     max_connection_inflight_bytes: int = Field(default=64 * 1024 * 1024, ge=1024)
     """Body bytes of one connection's requests read and not yet answered; beyond this the
     connection reads no further requests until some are answered."""

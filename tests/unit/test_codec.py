@@ -143,8 +143,8 @@ def test_from_raw_bool_accepts_0_and_1() -> None:
 @pytest.mark.parametrize(
     ("buffer", "shape", "match"),
     [
-        pytest.param(b"", (1,), "ends inside element 0 of 1", id="empty"),
-        pytest.param(b"\x01\0\0", (1,), "ends inside element 0 of 1", id="short-length"),
+        pytest.param(b"", (1,), "0 bytes of BYTES data cannot hold 1 elements", id="empty"),
+        pytest.param(b"\x01\0\0", (1,), "3 bytes of BYTES data cannot hold 1", id="short-length"),
         pytest.param(
             _length_prefixed(b"ab") + b"\x01\0",
             (2,),

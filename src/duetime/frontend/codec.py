@@ -29,7 +29,9 @@ def parse_shape(value: Any, where: str) -> tuple[int, ...]:
         if isinstance(dim, bool) or not isinstance(dim, int) or dim < 0:
             raise InvalidInput(f"{where}: 'shape' must hold non-negative integers, got {value!r}")
     shape = tuple(value)
-    if math.prod(shape) > _MAX_ELEMENTS:
+    count = math.prod(shape)
+    # NOTE: numpy refuses [0, 2**40, 2**40] too, though it has no elements: zeros left out.
+    if count > _MAX_ELEMENTS or (count == 0 and math.prod(d for d in shape if d) > _MAX_ELEMENTS):
         raise InvalidInput(f"{where}: shape {list(shape)} has too many elements")
     return shape
 
@@ -66,8 +68,15 @@ def from_raw(
 
 
 def _bytes_from_raw(view: memoryview, count: int, where: str) -> np.ndarray:
-    out = np.empty(count, dtype=object)
     offset, end = 0, len(view)
+    if count * _LENGTH.size > end:
+        # NOTE: checked before allocating: a shape of 2**30 over a few bytes would otherwise
+        # reserve gigabytes of element slots before the first length prefix was read.
+        raise InvalidInput(
+            f"{where}: {end} bytes of BYTES data cannot hold {count} elements (each needs a "
+            f"4-byte length prefix); check the shape"
+        )
+    out = np.empty(count, dtype=object)
     for i in range(count):
         if offset + 4 > end:
             raise InvalidInput(f"{where}: BYTES data ends inside element {i} of {count}")

@@ -6,17 +6,23 @@ body sizes, closes idle keep-alive connections, and pauses reading while too man
 owed. A connection that drops cancels its unanswered requests, so they are never run.
 
 What one server takes in is bounded by its `Intake`: open connections (more are answered 503
-and closed at once) and request body bytes held (a body that does not fit waits, its connection
-paused, until others are answered). A request must arrive within `request_read_timeout_s` of
-its first byte, plus its body's size at `min_body_rate_bytes_s`; a slower client (slowloris)
-is answered 408 and closed. None of this costs a timer or a lookup per request: one timer per
-connection checks the read and idle deadlines, and the byte counts are a few additions.
+and closed at once) and the bytes of big request bodies (one that does not fit waits, its
+connection paused, until others are answered). Bulk bodies (a MiB or more) are read in turns
+and at most a tenth of the loop's time while others are connected, so an upload cannot starve
+other clients. A request's head must arrive within `request_read_timeout_s` of its first byte,
+and its body must then keep coming at `min_body_rate_bytes_s` or more over each such period; a
+slower client (slowloris) is answered 408 and closed. The common request pays for none of this
+but a few comparisons: one timer per connection checks the read and idle deadlines, and small
+bodies are not counted.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import threading
+import time
 from collections import deque
 from dataclasses import dataclass
 from http import HTTPStatus
@@ -26,6 +32,7 @@ import httptools
 import orjson
 
 from duetime.config import ServerSettings
+from duetime.execution.affinity import lower_thread_priority
 from duetime.frontend.rest import PendingReply, Reply, RestApi
 
 log = logging.getLogger("duetime.http")
@@ -37,6 +44,30 @@ _LINGER_S = 2.0
 """After the last response on a connection the server ends, how long it still drains what the
 client sends, so the client reads that response rather than a reset (a 413 mid-upload, say)."""
 
+_BULK_BODY_BYTES = 1 << 20
+"""Bodies this big are bulk: read in turns at a share of the loop (see `Intake.take_turns`) and
+joined on a thread of their own (bytes.join releases the GIL there), so that copying them does
+not stall the loop for milliseconds at a time."""
+
+_BULK_SHARE = 0.1
+"""While other connections are open, the share of the event loop's time that reading bulk
+bodies may take; a lone connection's goes as fast as the loop can read."""
+
+_READ_COST = 3.0
+"""The loop's cost of reading a piece of body, over what the protocol measures: uvloop copies
+it from the kernel and into a bytes object before `data_received`, and httptools a third time
+into the piece it hands on (measured: the protocol sees about a third of the thread's time)."""
+
+_BURST_S = 0.005
+"""Loop time bulk bodies may take at once before they are paced."""
+
+_JOIN_NICENESS = 10
+"""The joining thread's niceness: on the loop's CPU it must not take turns from the loop."""
+
+_DRAIN_COST_S = 1e-9
+"""Loop time charged per byte drained after a connection's last response (uvloop's copies): a
+client still uploading is drained in turns with bulk bodies, not as fast as the loop can copy."""
+
 _REASONS = {status.value: status.phrase.encode() for status in HTTPStatus}
 _JSON = (b"Content-Type", b"application/json")
 
@@ -46,57 +77,109 @@ class IntakeStatistics:
     """A snapshot of an `Intake`: what is held now, and running totals of what was refused."""
 
     connections: int
-    inflight_bytes: int
-    """Request body bytes held: being read, or read and waiting for their answer."""
+    big_body_bytes: int
+    """Bytes of big request bodies held: being read, or read and waiting for their answer."""
     waiting_connections: int
-    """Connections paused until a body they announced fits within `max_inflight_bytes`."""
+    """Connections paused until the big body they announced fits."""
     refused_connections: int
     """Connections closed at accept because `max_connections` were open."""
     read_timeouts: int
     """Requests that did not arrive in time (408)."""
     refused_bodies: int
-    """Chunked bodies refused (503) because they outgrew the room left for bodies."""
+    """Chunked bodies refused (503) because they outgrew the room left for big bodies."""
 
 
 class Intake:
     """What one HTTP server has taken in and not yet answered, within its limits.
 
-    Shared by the server's connections, owned by the event loop. Body bytes are reserved when a
-    request's head announces them (Content-Length) or as they arrive (chunked), and released
-    when its response is written or its connection drops. A reservation that does not fit waits
-    in arrival order; one always fits when nothing else is held, so every body within
-    `max_body_bytes` eventually goes through.
+    Shared by the server's connections, owned by the event loop. Bodies of up to
+    `small_body_bytes` (`max_inflight_bytes` over `max_connections`) go through uncounted:
+    they are what inference sends, and what they hold is bounded by the model queues and the
+    pipelining limit. A bigger body's bytes are reserved when its head announces them
+    (Content-Length) or as they arrive (chunked), and released when its response is written or
+    its connection drops; at most `max_inflight_bytes` are reserved at once. A reservation that
+    does not fit waits, in arrival order; one always fits when nothing else is reserved, so
+    every body within `max_body_bytes` eventually goes through.
     """
 
     def __init__(self, settings: ServerSettings) -> None:
         self.max_connections = settings.max_connections
         self.max_bytes = settings.max_inflight_bytes
+        self.small_body_bytes = max(1, self.max_bytes // self.max_connections)
         self.connections = 0
-        self.inflight_bytes = 0
+        self.reserved = 0
         self.refused_connections = 0
         self.read_timeouts = 0
         self.refused_bodies = 0
         self._waiting: deque[tuple[HttpConnection, int]] = deque()
+        """Connections paused until their body's bytes fit, and how many they need."""
+        self._paced: deque[HttpConnection] = deque()
+        """Bulk-body readers paused until their next turn (see `take_turns`)."""
+        self._turn_pending = False
+        self._share = _BULK_SHARE
+        self._credit = _BURST_S
+        self._refilled = time.monotonic()
 
     def fits(self, size: int) -> bool:
-        held = self.inflight_bytes
-        return held == 0 or held + size <= self.max_bytes
+        return self.reserved == 0 or self.reserved + size <= self.max_bytes
 
     def reserve(self, connection: HttpConnection, size: int) -> bool:
-        """Take `size` bytes now (True), or queue `connection` for `_granted` later (False)."""
+        """Take `size` bytes now (True), or queue `connection` for `granted` later (False)."""
         if not self._waiting and self.fits(size):
-            self.inflight_bytes += size
+            self.reserved += size
             return True
         self._waiting.append((connection, size))
         return False
 
     def release(self, size: int) -> None:
-        self.inflight_bytes -= size
+        self.reserved -= size
         waiting = self._waiting
         while waiting and self.fits(waiting[0][1]):
             connection, wanted = waiting.popleft()
-            self.inflight_bytes += wanted
+            self.reserved += wanted
             connection.granted(wanted)
+
+    def take_turns(
+        self, connection: HttpConnection, spent: float, loop: asyncio.AbstractEventLoop
+    ) -> None:
+        """Queue `connection`, paused after reading a piece of a bulk body that took `spent`
+        seconds of the loop, for its next read.
+
+        One queued reader is let go per loop turn, in turn, so the other clients wait behind
+        one piece of bulk body at most. While other connections are open, bulk bodies also
+        share a credit of loop time that refills at `_BULK_SHARE` of real time; when it runs
+        out, the next reader waits for it.
+        """
+        self._charge(spent)
+        self._paced.append(connection)
+        if not self._turn_pending:
+            self._schedule_turn(loop)
+
+    def _turn(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._turn_pending = False
+        self._charge(0.0)
+        if self._credit < 0:
+            self._schedule_turn(loop)
+            return
+        paced = self._paced
+        while paced and not paced.popleft().take_turn():
+            pass  # that one is gone
+        if paced:
+            self._schedule_turn(loop)
+
+    def _schedule_turn(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._turn_pending = True
+        if self._credit >= 0:
+            loop.call_soon(self._turn, loop)
+        else:
+            loop.call_later(-self._credit / self._share, self._turn, loop)
+
+    def _charge(self, spent: float) -> None:
+        now = time.monotonic()
+        refill = (now - self._refilled) * self._share
+        self._credit = min(_BURST_S, self._credit + refill) - spent
+        self._refilled = now
+        self._share = 1.0 if self.connections <= 1 else _BULK_SHARE
 
     def forget(self, connection: HttpConnection) -> None:
         """Drop `connection`'s queued reservation, if any (it closed or got its body anyway)."""
@@ -108,7 +191,7 @@ class Intake:
     def statistics(self) -> IntakeStatistics:
         return IntakeStatistics(
             connections=self.connections,
-            inflight_bytes=self.inflight_bytes,
+            big_body_bytes=self.reserved,
             waiting_connections=len(self._waiting),
             refused_connections=self.refused_connections,
             read_timeouts=self.read_timeouts,
@@ -125,11 +208,22 @@ class _Slot:
     data: bytes | None = None
     pending: PendingReply | None = None
     size: int = 0
-    """Body bytes reserved in the Intake until the response is written."""
+    """Big-body bytes reserved in the Intake until the response is written."""
 
 
 class HttpConnection(asyncio.Protocol):
     """The protocol for one client connection (see the module docstring)."""
+
+    # NOTE: attribute access is most of what this class costs per request, and with this many
+    # attributes an instance dict is measurably slower than slots (0.4 µs a request, measured).
+    __slots__ = (
+        "_accepted", "_api", "_awaiting", "_body", "_body_bytes", "_bytes_block", "_chunked",
+        "_closing", "_connections", "_head_done", "_header_bytes", "_headers", "_held",
+        "_idle_timeout", "_intake", "_last_active", "_lingering", "_loop", "_max_body",
+        "_max_header", "_max_held", "_min_rate", "_parser", "_paused_at", "_read_timeout",
+        "_reading_paused", "_rejected", "_reserved", "_slots", "_small_body", "_timer",
+        "_transport", "_url", "_window_bytes", "_window_start", "_writing_paused", "_yielding",
+    )  # fmt: skip
 
     def __init__(
         self,
@@ -144,9 +238,10 @@ class HttpConnection(asyncio.Protocol):
         self._max_held = settings.max_connection_inflight_bytes
         self._idle_timeout = settings.idle_timeout_s
         self._read_timeout = settings.request_read_timeout_s
-        self._min_rate = float(settings.min_body_rate_bytes_s)
+        self._min_rate = settings.min_body_rate_bytes_s
         self._connections = connections
         self._intake = intake if intake is not None else Intake(settings)
+        self._small_body = min(self._intake.small_body_bytes, self._max_body)
         self._loop = asyncio.get_running_loop()
         self._transport: asyncio.Transport | None = None
         self._accepted = False
@@ -158,15 +253,22 @@ class HttpConnection(asyncio.Protocol):
         self._closing = False
         self._lingering = False
         self._last_active = 0.0
-        self._read_started: float | None = None
-        """When the request being read began (its first byte), moved on by pauses of ours."""
+        self._window_start: float | None = None
+        """While a request is being read: when its current read-timeout period began."""
+        self._window_bytes: int | None = None
+        """Body bytes read when that period began (None: the first period, for the head)."""
         self._timer: asyncio.TimerHandle | None = None
-        self._held = 0
-        """Body bytes of this connection's requests read and not yet answered."""
         self._reserved = 0
-        """Body bytes reserved for the request being read."""
+        """Big-body bytes reserved for the request being read."""
         self._awaiting = 0
-        """Body bytes the request being read waits to reserve (its connection is paused)."""
+        """Big-body bytes the request being read waits for (its connection is paused)."""
+        self._held = 0
+        """Big-body bytes of this connection's requests read and not yet answered."""
+        self._yielding = False
+        """Reading a bulk body, paused until the Intake gives this connection its turn."""
+        self._bytes_block = False
+        """Reading waits: for a reservation, for the loop's next turn, or for `_held` to go
+        under the connection's limit."""
         self._reset_message()
 
     # -- asyncio.Protocol ----------------------------------------------------------------------
@@ -207,9 +309,13 @@ class HttpConnection(asyncio.Protocol):
         self._transport = None
 
     def data_received(self, data: bytes) -> None:
-        if self._lingering:  # the last response is out: discard the rest
+        if self._lingering:  # the last response is out: discard the rest, in turns
+            self._pace(len(data) * _DRAIN_COST_S)
             return
         self._last_active = self._loop.time()
+        bulk = self._reserved >= _BULK_BODY_BYTES  # time it, and pace this connection
+        if bulk:
+            started = time.perf_counter()
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserUpgrade:
@@ -223,6 +329,8 @@ class HttpConnection(asyncio.Protocol):
         except httptools.HttpParserError as exc:
             if not self._closing:
                 self._fail(400, f"malformed HTTP request: {exc}")
+        if bulk and not self._closing:
+            self._pace((time.perf_counter() - started) * _READ_COST)
 
     def pause_writing(self) -> None:
         self._writing_paused = True
@@ -241,11 +349,13 @@ class HttpConnection(asyncio.Protocol):
         self._body: list[bytes] = []
         self._body_bytes = 0
         self._chunked = False
+        self._head_done = False
         self._rejected = False
 
     def on_message_begin(self) -> None:
         self._reset_message()
-        self._read_started = self._last_active
+        self._window_start = self._last_active
+        self._window_bytes = None
 
     def on_url(self, url: bytes) -> None:
         self._url += url
@@ -257,83 +367,170 @@ class HttpConnection(asyncio.Protocol):
             self._headers[name.decode("latin-1").lower()] = value.decode("latin-1")
 
     def on_headers_complete(self) -> None:
+        self._head_done = True
         if self._rejected or self._closing:
             return
-        length = self._headers.get("content-length")
+        headers = self._headers
+        length = headers.get("content-length")
         if length is None:
-            self._chunked = True  # or no body at all: bytes are reserved as they come
+            self._chunked = True  # (or no body): counted once it outgrows a small body
         else:
-            size = int(length) if length.isascii() and length.isdigit() else 0
-            if size > self._max_body:
-                self._fail(413, f"body of {length} bytes is over the {self._max_body}-byte limit")
+            try:
+                size = int(length)
+            except ValueError:  # llhttp refuses such a length before this
+                size = 0
+            if size > self._small_body and not self._big_body(size, length):
                 return
-            if size and not self._intake.reserve(self, size):
-                self._awaiting = size  # `granted` resumes reading (and sends 100 Continue)
-                self._update_reading()
-                return
-            self._reserved = size
-        self._continue()
+        if "expect" in headers:
+            self._continue()
 
     def on_body(self, body: bytes) -> None:
         if self._rejected or self._closing:
             return
-        size = len(body)
-        self._body_bytes += size
+        self._body_bytes += len(body)
         if self._body_bytes > self._max_body:
             self._fail(413, f"body is over the {self._max_body}-byte limit")
             return
-        if self._chunked:
-            intake = self._intake
-            if not intake.fits(size):
-                intake.refused_bodies += 1
-                self._fail(
-                    503,
-                    f"the server holds {intake.inflight_bytes} bytes of request bodies, its "
-                    "limit; retry later, or send a Content-Length so the body can wait its turn",
-                    retry_after=True,
-                )
-                return
-            intake.inflight_bytes += size
-            self._reserved += size
+        if self._chunked and self._body_bytes > self._small_body and not self._big_chunk(body):
+            return
         self._body.append(body)
 
     def on_message_complete(self) -> None:
-        self._read_started = None
+        self._window_start = None
         if self._rejected or self._closing:
             return
-        if self._awaiting:  # the whole body came in the read that announced it
-            self._intake.forget(self)
-            self._intake.inflight_bytes += self._awaiting
-            self._reserved, self._awaiting = self._awaiting, 0
-        body = self._body[0] if len(self._body) == 1 else b"".join(self._body)
         method = self._parser.get_method().decode("latin-1")
         slot = _Slot(self._parser.should_keep_alive(), self._parser.get_http_version() == "1.0")
-        slot.size, self._reserved = self._reserved, 0
-        self._held += slot.size
+        if self._reserved or self._awaiting:
+            self._hold(slot)
         self._slots.append(slot)
         if not slot.keep_alive:  # requests pipelined after the last one are not run
             self._closing = True
-        outcome = self._api.handle(method, self._url, self._headers, body)
+        chunks = self._body
+        if len(chunks) == 1:
+            self._answer(slot, method, self._url, self._headers, chunks[0])
+        elif self._body_bytes < _BULK_BODY_BYTES:
+            self._answer(slot, method, self._url, self._headers, b"".join(chunks))
+        else:
+            self._join_off_loop(slot, method, self._url, self._headers, chunks)
+        self._update_reading()
+
+    def _answer(
+        self, slot: _Slot, method: str, url: bytes, headers: dict[str, str], body: bytes
+    ) -> None:
+        outcome = self._api.handle(method, url, headers, body)
         if isinstance(outcome, Reply):
             slot.data = _encode(outcome, slot.keep_alive, slot.http10)
             self._flush()
         else:
             slot.pending = outcome
             outcome.ticket.on_done = lambda: self._settle(slot)
-        self._update_reading()
 
-    # -- intake ----------------------------------------------------------------------------------
+    def _join_off_loop(
+        self, slot: _Slot, method: str, url: bytes, headers: dict[str, str], chunks: list[bytes]
+    ) -> None:
+        """Join a bulk body's pieces on a thread of its own, then answer it (its place in the
+        pipeline is kept: requests behind it may run first, but answer after it)."""
+
+        def joined(future: asyncio.Future[bytes]) -> None:
+            if self._transport is None or slot not in self._slots:
+                return  # the client left
+            try:
+                body = future.result()
+            except Exception as exc:  # MemoryError, most likely
+                log.exception("could not join a request body")
+                message = f"internal error joining the request body: {type(exc).__name__}"
+                slot.data = _encode(_error(500, message), slot.keep_alive, slot.http10)
+                self._flush()
+                return
+            self._answer(slot, method, url, headers, body)
+            self._update_reading()
+
+        _join_in_thread(self._loop, chunks).add_done_callback(joined)
+
+    def _continue(self) -> None:
+        if self._headers.get("expect", "").lower() == "100-continue" and self._transport:
+            self._transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+
+    # -- big bodies ----------------------------------------------------------------------------
+
+    def _big_body(self, size: int, length: str) -> bool:
+        """Reserve room for a body announced as `size` bytes; False if the request ends here
+        (over the limit) or waits for room (reading paused until `granted`)."""
+        if size > self._max_body:
+            self._fail(413, f"body of {length} bytes is over the {self._max_body}-byte limit")
+            return False
+        if self._intake.reserve(self, size):
+            self._reserved = size
+            return True
+        self._awaiting = size
+        self._recount()
+        return False
 
     def granted(self, size: int) -> None:
         """The Intake reserved the `size` body bytes this connection waited for: read on."""
         self._awaiting = 0
         self._reserved = size
-        self._update_reading()
-        self._continue()
+        self._recount()
+        if "expect" in self._headers:
+            self._continue()
 
-    def _continue(self) -> None:
-        if self._headers.get("expect", "").lower() == "100-continue" and self._transport:
-            self._transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+    def _big_chunk(self, body: bytes) -> bool:
+        """Reserve a chunked body's bytes once it is big (what came so far, then each piece);
+        refuse it (503, False) when they do not fit."""
+        intake = self._intake
+        size = len(body) if self._reserved else self._body_bytes
+        if not intake.fits(size):
+            intake.refused_bodies += 1
+            self._fail(
+                503,
+                f"the server holds {intake.reserved} bytes of big request bodies, its limit; "
+                "retry later, or send a Content-Length so the body can wait its turn",
+                retry_after=True,
+            )
+            return False
+        intake.reserved += size
+        self._reserved += size
+        return True
+
+    def _pace(self, spent: float) -> None:
+        """Read no more (of a bulk body, or what is drained after the last response) until the
+        Intake gives this connection its turn.
+
+        NOTE: libuv reads a ready socket up to 32 times in one go, so an 8 MB upload would be
+        read whole while every other client waits; turns keep them interleaved.
+        """
+        if not self._yielding:
+            self._yielding = True
+            self._recount()
+            self._intake.take_turns(self, spent, self._loop)
+
+    def take_turn(self) -> bool:
+        """Read on (the Intake's call); False if this connection no longer waits for it."""
+        if not self._yielding or self._transport is None:
+            return False
+        self._yielding = False
+        self._recount()
+        return True
+
+    def _hold(self, slot: _Slot) -> None:
+        """Move the complete request's reservation onto its slot, until its answer is out."""
+        if self._awaiting:  # the whole body came in the read that announced it
+            self._intake.forget(self)
+            self._intake.reserved += self._awaiting
+            self._reserved, self._awaiting = self._awaiting, 0
+        slot.size, self._reserved = self._reserved, 0
+        self._held += slot.size
+        self._recount()
+
+    def _release(self, size: int) -> None:
+        self._held -= size
+        self._intake.release(size)
+        self._recount()
+
+    def _recount(self) -> None:
+        self._bytes_block = self._yielding or self._awaiting > 0 or self._held >= self._max_held
+        self._update_reading()
 
     def _drop_reservation(self) -> None:
         """Give back what the request being read reserved (it will never be answered)."""
@@ -362,8 +559,7 @@ class HttpConnection(asyncio.Protocol):
             slot = slots.popleft()
             transport.write(slot.data)  # type: ignore[arg-type]
             if slot.size:
-                self._held -= slot.size
-                self._intake.release(slot.size)
+                self._release(slot.size)
             if not slot.keep_alive:
                 self._linger()
                 return
@@ -371,13 +567,10 @@ class HttpConnection(asyncio.Protocol):
 
     def _update_reading(self) -> None:
         transport = self._transport
-        if transport is None or self._lingering:
+        if transport is None:
             return
         should_pause = (
-            self._writing_paused
-            or len(self._slots) >= _MAX_PIPELINED
-            or self._held >= self._max_held
-            or self._awaiting > 0
+            self._writing_paused or len(self._slots) >= _MAX_PIPELINED or self._bytes_block
         )
         if should_pause != self._reading_paused:
             self._reading_paused = should_pause
@@ -386,8 +579,8 @@ class HttpConnection(asyncio.Protocol):
                 self._paused_at = self._loop.time()
             else:
                 transport.resume_reading()
-                if self._read_started is not None:  # time spent paused by us is not the client's
-                    self._read_started += self._loop.time() - self._paused_at
+                if self._window_start is not None:  # time paused by us is not the client's
+                    self._window_start += self._loop.time() - self._paused_at
 
     def _count_header(self, size: int) -> None:
         self._header_bytes += size
@@ -398,9 +591,9 @@ class HttpConnection(asyncio.Protocol):
         """Answer a request that cannot be parsed or read further, then close the connection."""
         self._rejected = True
         self._closing = True
-        self._read_started = None
-        self._drop_reservation()
+        self._window_start = None
         self._body = []
+        self._drop_reservation()
         reply = _encode(_error(status, message, retry_after=retry_after), False)
         self._slots.append(_Slot(keep_alive=False, data=reply))
         if self._transport is not None and not self._reading_paused:
@@ -444,6 +637,8 @@ class HttpConnection(asyncio.Protocol):
             self._held -= released
             self._intake.release(released)
 
+    # -- timeouts ------------------------------------------------------------------------------
+
     def _check_timeouts(self) -> None:
         """The connection's one timer: closes it when idle too long, answers 408 to a request
         that arrives too slowly, else runs again by the next deadline."""
@@ -451,13 +646,15 @@ class HttpConnection(asyncio.Protocol):
         if self._transport is None or self._lingering:
             return
         now = self._loop.time()
-        started = self._read_started
-        if started is not None and not self._reading_paused:
-            deadline = started + self._read_timeout + self._body_bytes / self._min_rate
+        start = self._window_start
+        if start is not None and not self._reading_paused:
+            deadline = start + self._read_timeout
             if now >= deadline:
-                self._read_too_slow(now - started)
-                return
-        elif started is None and not self._slots:
+                if not self._read_on_time(now - start):
+                    return
+                self._window_start, self._window_bytes = now, self._body_bytes
+                deadline = now + self._read_timeout
+        elif start is None and not self._slots:
             deadline = self._last_active + self._idle_timeout
             if now >= deadline:
                 self._close()
@@ -469,15 +666,26 @@ class HttpConnection(asyncio.Protocol):
         wake = min(deadline, now + self._read_timeout)
         self._timer = self._loop.call_at(max(wake, now + 0.01), self._check_timeouts)
 
-    def _read_too_slow(self, elapsed: float) -> None:
+    def _read_on_time(self, elapsed: float) -> bool:
+        """Whether the request being read kept pace over the last `elapsed` seconds: its head
+        complete by the end of the first period, then `min_rate` body bytes per second. Else
+        answers 408 (the client is too slow, or a slowloris) and returns False."""
+        if not self._head_done:
+            problem = f"its head was not complete {elapsed:.1f} s after its first byte"
+        elif self._window_bytes is None:
+            return True
+        else:
+            rate = (self._body_bytes - self._window_bytes) / elapsed
+            if rate >= self._min_rate:
+                return True
+            problem = f"its body came at {rate:.0f} bytes/s over the last {elapsed:.1f} s"
         self._intake.read_timeouts += 1
-        got = f"{self._header_bytes} bytes of head and {self._body_bytes} of body"
         self._fail(
             408,
-            f"the request did not arrive in time ({got} in {elapsed:.1f} s); a request must "
-            f"arrive within {self._read_timeout:g} s of its first byte, plus 1 s per "
-            f"{self._min_rate:.0f} bytes of body",
+            f"the request did not arrive in time: {problem}; send the head within "
+            f"{self._read_timeout:g} s and the body at {self._min_rate} bytes/s or more",
         )
+        return False
 
     def shutdown(self) -> None:
         """Close after the responses already owed; used when the server stops."""
@@ -486,6 +694,32 @@ class HttpConnection(asyncio.Protocol):
             self._close()
         else:
             self._slots[-1].keep_alive = False
+
+
+def _join_in_thread(loop: asyncio.AbstractEventLoop, chunks: list[bytes]) -> asyncio.Future[bytes]:
+    """`b"".join(chunks)` on a short-lived low-priority thread; its future settles on `loop`."""
+    future: asyncio.Future[bytes] = loop.create_future()
+
+    def settle(body: bytes, error: Exception | None) -> None:
+        if future.done():
+            return
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(body)
+
+    def work() -> None:
+        lower_thread_priority(_JOIN_NICENESS)
+        body, error = b"", None
+        try:
+            body = b"".join(chunks)
+        except Exception as exc:  # MemoryError
+            error = exc
+        with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+            loop.call_soon_threadsafe(settle, body, error)
+
+    threading.Thread(target=work, name="duetime-body-join", daemon=True).start()
+    return future
 
 
 def _error(status: int, message: str, *, retry_after: bool = False) -> Reply:
