@@ -390,14 +390,15 @@ def test_a_variant_with_another_signature_is_left_out(tmp_path: Path) -> None:
 # -- traffic policy --------------------------------------------------------------------------------
 
 
-def test_weights_and_sticky_keys_split_unversioned_requests(tmp_path: Path) -> None:
+def two_versions(repo: Path, traffic: str) -> None:
+    """Model 'm' with versions 1 and 2 (answering x and 2x), both served, with this traffic."""
     for version in (1, 2):
-        write_version(tmp_path, "m", version, scale_model(version))
-    config(
-        tmp_path, "m",
-        '[version_policy]\nall = {}\n[traffic]\nweights = { "1" = 70, "2" = 30 }\n'
-        'sticky_key = "x-routing-key"\n',
-    )  # fmt: skip
+        write_version(repo, "m", version, scale_model(version))
+    config(repo, "m", f"[version_policy]\nall = {{}}\n[traffic]\n{traffic}")
+
+
+def test_weights_and_sticky_keys_split_unversioned_requests(tmp_path: Path) -> None:
+    two_versions(tmp_path, 'weights = { "1" = 70, "2" = 30 }\nsticky_key = "x-routing-key"\n')
 
     async def scenario(engine: Engine) -> None:
         seen = [await factor_of(engine) for _ in range(400)]
@@ -419,12 +420,7 @@ async def engine_with_key(engine: Engine, key: str) -> float:
 
 
 def test_shadow_copies_are_compared_but_never_answer(tmp_path: Path) -> None:
-    for version in (1, 2):
-        write_version(tmp_path, "m", version, scale_model(version))
-    config(
-        tmp_path, "m",
-        '[version_policy]\nall = {}\n[traffic]\nweights = { "1" = 1 }\nshadow = { "2" = 1.0 }\n',
-    )  # fmt: skip
+    two_versions(tmp_path, 'weights = { "1" = 1 }\nshadow = { "2" = 1.0 }\n')
 
     async def scenario(engine: Engine) -> None:
         for _ in range(20):
@@ -498,12 +494,7 @@ def test_engine_answers_are_arrays(tmp_path: Path) -> None:
 def test_shadow_statistics_sit_on_the_shadow_version(tmp_path: Path) -> None:
     from duetime.frontend.statistics import statistics_json
 
-    for version in (1, 2):
-        write_version(tmp_path, "m", version, scale_model(version))
-    config(
-        tmp_path, "m",
-        '[version_policy]\nall = {}\n[traffic]\nweights = { "1" = 1 }\nshadow = { "2" = 1.0 }\n',
-    )  # fmt: skip
+    two_versions(tmp_path, 'weights = { "1" = 1 }\nshadow = { "2" = 1.0 }\n')
 
     async def scenario(engine: Engine) -> None:
         for _ in range(5):
