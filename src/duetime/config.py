@@ -267,6 +267,9 @@ class ServerSettings(_Strict):
     start."""
     max_body_bytes: int = Field(default=64 * 1024 * 1024, ge=1024)
     max_header_bytes: int = Field(default=64 * 1024, ge=1024)
+    max_json_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)
+    """Largest JSON part of an HTTP inference request (JSON is decoded on the event loop, about
+    15 ms a megabyte); bigger tensors must come as binary data (413 otherwise)."""
     idle_timeout_s: float = Field(default=60.0, gt=0)
     """A keep-alive connection with no request in flight is closed after this long."""
     max_connections: int = Field(default=4096, ge=1)

@@ -569,3 +569,38 @@ def test_grpc_message_over_limit(stub: Any) -> None:
     outcome = wire.infer("mlp", [tensor("x", "FP32", [rows, 40])])
     assert_refused(wire, outcome, "too_large", "larger than max")
     assert_still_serves(wire)
+
+
+def test_json_over_its_limit_is_refused_but_binary_of_that_size_is_not(demo_repo: Path) -> None:
+    import http.client
+    import json as jsonlib
+
+    settings = ServerSettings(
+        model_repository=demo_repo, http_port=0, grpc_port=0, max_json_bytes=4096
+    )
+    running, thread = start_server(settings)
+    try:
+        host, port = running.http.split(":")
+        connection = http.client.HTTPConnection(host, int(port))
+        rows = 30  # 1,200 floats: over 4 KiB as JSON, 4,800 bytes as binary
+        body = jsonlib.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [rows, 40],
+                                          "data": [0.25] * (40 * rows)}]}).encode()  # fmt: skip
+        connection.request("POST", "/v2/models/mlp/infer", body)
+        response = connection.getresponse()
+        message = jsonlib.loads(response.read())["error"]
+        assert response.status == 413
+        assert "binary tensor extension" in message
+        tensor = {"name": "x", "datatype": "FP32", "shape": [rows, 40],
+                  "parameters": {"binary_data_size": 160 * rows}}  # fmt: skip
+        head = jsonlib.dumps({"inputs": [tensor]})
+        payload = head.encode() + np.full((rows, 40), 0.25, np.float32).tobytes()
+        connection.request(
+            "POST", "/v2/models/mlp/infer", payload,
+            {"Inference-Header-Content-Length": str(len(head))},
+        )  # fmt: skip
+        response = connection.getresponse()
+        response.read()
+        assert response.status == 200
+        connection.close()
+    finally:
+        stop_server(running, thread)

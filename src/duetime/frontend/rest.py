@@ -298,6 +298,15 @@ class RestApi:
             self._shedder.check()
         body = _decoded(body, headers.get("content-encoding"), self._settings.max_body_bytes)
         header = parse_header_length(headers.get(_HEADER_LENGTH), len(body))
+        json_bytes = len(body) if header is None else header
+        if json_bytes > self._settings.max_json_bytes:
+            # NOTE: JSON is decoded on the event loop (~15 ms a megabyte): a big one would
+            # stall every other client; binary tensors are views, whatever their size.
+            raise PayloadTooLarge(
+                f"the JSON part of the request is {json_bytes} bytes, over the "
+                f"{self._settings.max_json_bytes}-byte limit for JSON (max_json_bytes); send "
+                "large tensors with the binary tensor extension (binary_data_size)"
+            )
         request, plan = parse_infer_request(body, header, model, version)
         request.headers = headers
         now = self._engine.clock.now_ns()
