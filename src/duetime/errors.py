@@ -15,9 +15,10 @@ class DuetimeError(Exception):
     grpc_code: str = "INTERNAL"
     retry_after_s: float | None = None
 
-    def __init__(self, message: str) -> None:
+    def __init__(self, message: str, *, retry_after_s: float | None = None) -> None:
         super().__init__(message)
         self.message = message
+        self.retry_after_s = retry_after_s
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.message!r})"
@@ -50,10 +51,6 @@ class ModelUnavailable(DuetimeError):
     http_status = 503
     grpc_code = "UNAVAILABLE"
 
-    def __init__(self, message: str, *, retry_after_s: float | None = None) -> None:
-        super().__init__(message)
-        self.retry_after_s = retry_after_s
-
 
 class Overloaded(DuetimeError):
     """Admission refused the request: the queue is full or its due time cannot be met."""
@@ -62,8 +59,7 @@ class Overloaded(DuetimeError):
     grpc_code = "RESOURCE_EXHAUSTED"
 
     def __init__(self, message: str, *, retry_after_s: float | None = 1.0) -> None:
-        super().__init__(message)
-        self.retry_after_s = retry_after_s
+        super().__init__(message, retry_after_s=retry_after_s)
 
 
 class DeadlineExceeded(DuetimeError):

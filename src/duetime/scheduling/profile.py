@@ -64,6 +64,8 @@ class LatencyProfile:
         self._unseen = set(self.buckets)
         """Buckets no real execution has run yet: they follow the others (see `observe`)."""
         self._observed = 0
+        self._followed = 1.0
+        """The ratio the buckets not run yet were last scaled by."""
         self.bucket_of = [0] * (self.max_rows + 1)
         self._predicted = [0] * (self.max_rows + 1)
         for rows in range(1, self.max_rows + 1):
@@ -105,6 +107,9 @@ class LatencyProfile:
             return
         measured = sum(self._points[b].median_ns for b in seen)
         ratio = min(4.0, max(0.25, sum(self._ewma[b] for b in seen) / max(measured, 1)))
+        if abs(ratio - self._followed) < 0.01 * self._followed:
+            return  # NOTE: buckets that never run (most of them, for a tiny model) cost nothing
+        self._followed = ratio
         for bucket in self._unseen:
             self._ewma[bucket] = self._points[bucket].median_ns * ratio
             self._margin[bucket] = int(self._load_margin[bucket] * ratio)
