@@ -10,14 +10,16 @@ import onnx
 import onnxruntime as ort
 import pytest
 
-from duetime.demo import write_demo_repository
+from duetime.demo import ORDERBOOK_FEATURES, write_demo_repository
 
 # name -> (max_batch_size, input name, input dims sans batch, output name, output dims sans batch)
 EXPECTED: dict[str, tuple[int, str, list[int], str, list[int]]] = {
     "mlp": (64, "x", [40], "y", [3]),
     "resnet": (32, "image", [3, 64, 64], "logits", [10]),
+    "orderbook": (64, "features", [ORDERBOOK_FEATURES], "logits", [3]),
+    "deeplob": (32, "lob", [100, 40], "logits", [3]),
 }
-FILES = ["mlp/config.toml", "mlp/1/model.onnx", "resnet/config.toml", "resnet/1/model.onnx"]
+FILES = [f"{name}/{file}" for name in EXPECTED for file in ("config.toml", "1/model.onnx")]
 
 
 @pytest.fixture(scope="module")

@@ -27,6 +27,18 @@ RESNET_STEM = 32
 RESNET_WIDE = 64
 RESNET_CLASSES = 10
 RESNET_IMAGE = 64
+ORDERBOOK_SEED = 91011
+ORDERBOOK_FEATURES = 20
+"""Width of the order-book feature vector (`duetime.feeds.itch.features.FEATURE_NAMES`; a test
+keeps the two equal, so the core never imports the feed handler)."""
+ORDERBOOK_HIDDEN = 64
+DEEPLOB_SEED = 121314
+DEEPLOB_EVENTS = 100
+DEEPLOB_COLUMNS = 40
+"""DeepLOB's input: the last 100 book events x (price, size) x 10 levels x both sides."""
+DEEPLOB_CHANNELS = 16
+ORDERBOOK_CLASSES = 3
+"""Mid-price move classes: down, unchanged, up."""
 
 FloatArray = npt.NDArray[np.float32]
 
@@ -100,6 +112,60 @@ def build_mlp(seed: int = MLP_SEED) -> onnx.ModelProto:
     return _finish_model(b, "mlp", doc, inp, out)
 
 
+def build_orderbook_mlp(seed: int = ORDERBOOK_SEED) -> onnx.ModelProto:
+    """MLP over one book event's features: features [N,F] -> logits [N,3] (down, flat, up)."""
+    b = _GraphBuilder(np.random.default_rng(seed))
+    h = "features"
+    widths = (ORDERBOOK_FEATURES, ORDERBOOK_HIDDEN, ORDERBOOK_HIDDEN, ORDERBOOK_CLASSES)
+    last = len(widths) - 2
+    for i, (fan_in, fan_out) in enumerate(itertools.pairwise(widths)):
+        w = b.const("w", b.he_normal((fan_in, fan_out), fan_in))
+        bias = b.const("b", np.zeros(fan_out, dtype=np.float32))
+        h = b.node("Gemm", [h, w, bias], output="logits" if i == last else None)
+        if i < last:
+            h = b.node("Relu", [h])
+    doc = (
+        f"Demo order-book MLP: {ORDERBOOK_FEATURES} order-flow features -> {ORDERBOOK_HIDDEN} -> "
+        f"{ORDERBOOK_HIDDEN} -> 3 logits (mid down, unchanged, up); random weights."
+    )
+    inp = _tensor_info("features", [ORDERBOOK_FEATURES])
+    return _finish_model(b, "orderbook", doc, inp, _tensor_info("logits", [ORDERBOOK_CLASSES]))
+
+
+def build_deeplob(seed: int = DEEPLOB_SEED) -> onnx.ModelProto:
+    """A small DeepLOB-like CNN (Zhang, Zohren & Roberts 2019, without the inception and LSTM
+    stages): lob [N,100,40] -> logits [N,3].
+
+    As in DeepLOB, 1x2 stride-2 convolutions pair price with size, then the two sides of each
+    level, then a 1x10 convolution spans the levels; 4x1 convolutions mix neighbouring events;
+    average pooling over time stands in for the LSTM.
+    """
+    b = _GraphBuilder(np.random.default_rng(seed))
+    c = DEEPLOB_CHANNELS
+    image = np.array([-1, 1, DEEPLOB_EVENTS, DEEPLOB_COLUMNS], dtype=np.int64)
+    b.inits.append(numpy_helper.from_array(image, "lob_shape"))
+    h = b.node("Reshape", ["lob", "lob_shape"])
+    layers = ((1, c, (1, 2), (1, 2)), (c, c, (4, 1), (1, 1)), (c, c, (1, 2), (1, 2)),
+              (c, c, (4, 1), (1, 1)), (c, c, (1, 10), (1, 1)), (c, c, (4, 1), (1, 1)))  # fmt: skip
+    for cin, cout, kernel, stride in layers:
+        w = b.const("conv_w", b.he_normal((cout, cin, *kernel), cin * kernel[0] * kernel[1]))
+        bias = b.const("conv_b", np.zeros(cout, dtype=np.float32))
+        # NOTE: causal padding in time (3 events before, none after) keeps the 100 events
+        pads = [kernel[0] - 1, 0, 0, 0]
+        h = b.node("Conv", [h, w, bias], kernel_shape=list(kernel), strides=list(stride), pads=pads)
+        h = b.node("LeakyRelu", [h], alpha=0.01)
+    h = b.node("Flatten", [b.node("GlobalAveragePool", [h])], axis=1)
+    w = b.const("fc_w", b.he_normal((c, ORDERBOOK_CLASSES), c))
+    bias = b.const("fc_b", np.zeros(ORDERBOOK_CLASSES, dtype=np.float32))
+    b.node("Gemm", [h, w, bias], output="logits")
+    doc = (
+        "Demo DeepLOB-like CNN: the last 100 book events x 10 levels x (price, size) x both sides "
+        "-> 3 logits (mid down, unchanged, up); random weights."
+    )
+    inp = _tensor_info("lob", [DEEPLOB_EVENTS, DEEPLOB_COLUMNS])
+    return _finish_model(b, "deeplob", doc, inp, _tensor_info("logits", [ORDERBOOK_CLASSES]))
+
+
 def _conv_bn(b: _GraphBuilder, x: str, cin: int, cout: int, kernel: int, stride: int) -> str:
     """Bias-free Conv followed by an inference-mode BatchNormalization."""
     w = b.const("conv_w", b.he_normal((cout, cin, kernel, kernel), cin * kernel * kernel))
@@ -157,4 +223,6 @@ def write_demo_repository(path: str | os.PathLike[str]) -> pathlib.Path:
     root.mkdir(parents=True, exist_ok=True)
     _write_model(root, "mlp", build_mlp(), max_batch=64)
     _write_model(root, "resnet", build_resnet(), max_batch=32)
+    _write_model(root, "orderbook", build_orderbook_mlp(), max_batch=64)
+    _write_model(root, "deeplob", build_deeplob(), max_batch=32)
     return root

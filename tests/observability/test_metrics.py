@@ -189,7 +189,7 @@ def test_latency_histograms_count_requests_and_batches(after_traffic: Scrape) ->
 
 def test_gauges_describe_the_loaded_models(after_traffic: Scrape, demo_repo: Path) -> None:
     loaded = {s.labels["model"]: s.value for s in after_traffic.samples("duetime_model_loaded")}
-    assert loaded == {"mlp": 1, "resnet": 1}
+    assert loaded == {"deeplob": 1, "mlp": 1, "orderbook": 1, "resnet": 1}
     size = (demo_repo / "mlp" / "1" / "model.onnx").stat().st_size
     assert after_traffic.value("duetime_model_bytes", **MLP) == size
     assert after_traffic.value("duetime_instances", **MLP) == 1

@@ -70,9 +70,9 @@ def model_dir(root: Path, name: str, onnx_bytes: bytes, config: str | None = Non
 
 def test_scan_finds_models_and_versions(demo: Path) -> None:
     scan = scan_repository(demo)
-    assert [m.name for m in scan.models] == ["mlp", "resnet"]
+    assert [m.name for m in scan.models] == ["deeplob", "mlp", "orderbook", "resnet"]
     assert scan.errors == {}
-    mlp = scan.models[0]
+    mlp = scan.models[1]
     assert mlp.directory == demo / "mlp"
     assert mlp.versions == {1: demo / "mlp" / "1" / MODEL_FILENAME}
     assert mlp.latest == 1
