@@ -35,6 +35,10 @@ def main(argv: list[str] | None = None) -> int:
             from duetime.tools.optimize import run as optimize
 
             return optimize(args)
+        if args.command == "itch":
+            from duetime.feeds.itch.cli import run as itch
+
+            return itch(args)
         return _serve(args)
     except ConfigError as exc:
         print(f"duetime: {exc.message}", file=sys.stderr)
@@ -144,6 +148,12 @@ def _parser() -> argparse.ArgumentParser:
     from duetime.tools.optimize import add_arguments as optimize_arguments
 
     optimize_arguments(optimize)
+    itch = commands.add_parser(
+        "itch", help="Nasdaq ITCH 5.0: order books, features and a model on every book event"
+    )
+    from duetime.feeds.itch.cli import add_arguments as itch_arguments
+
+    itch_arguments(itch)
     return parser
 
 

@@ -28,7 +28,7 @@ RESNET_WIDE = 64
 RESNET_CLASSES = 10
 RESNET_IMAGE = 64
 ORDERBOOK_SEED = 91011
-ORDERBOOK_FEATURES = 20
+ORDERBOOK_FEATURES = 21
 """Width of the order-book feature vector (`duetime.feeds.itch.features.FEATURE_NAMES`; a test
 keeps the two equal, so the core never imports the feed handler)."""
 ORDERBOOK_HIDDEN = 64

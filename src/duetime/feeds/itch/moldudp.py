@@ -1,0 +1,219 @@
+"""MoldUDP64, the UDP framing ITCH is multicast in: packets, sequence numbers and gaps.
+
+A downstream packet is a 20-byte header (session: 10 bytes alpha; sequence number of its first
+message: uint64; message count: uint16) and then that many message blocks, each a 2-byte
+big-endian length and one ITCH message. A count of 0 is a heartbeat, 0xFFFF the end of the
+session; both carry the next sequence number expected. UDP loses, repeats and reorders
+datagrams, so `SequenceTracker` hands out each sequence number at most once, in order, and
+records the ranges it never saw (`Gap`) for a retransmission request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+from collections.abc import Callable, Iterable, Iterator
+from typing import NamedTuple
+
+from duetime.feeds.itch.parser import ItchFormatError, decode_message
+from duetime.feeds.itch.spec import Message
+
+HEADER = struct.Struct(">10sQH")
+HEARTBEAT = 0
+END_OF_SESSION = 0xFFFF
+MAX_DATAGRAM = 1400
+"""Default budget for one encoded packet: fits a 1500-byte Ethernet MTU with IP/UDP headers."""
+
+
+class MoldFormatError(ValueError):
+    """A datagram that is not a well-formed MoldUDP64 downstream packet."""
+
+
+class MoldPacket(NamedTuple):
+    """One decoded downstream packet; `messages` are the ITCH message bytes, in order."""
+
+    session: str
+    sequence_number: int
+    message_count: int
+    messages: tuple[bytes, ...]
+
+    @property
+    def is_heartbeat(self) -> bool:
+        return self.message_count == HEARTBEAT
+
+    @property
+    def is_end_of_session(self) -> bool:
+        return self.message_count == END_OF_SESSION
+
+
+class Gap(NamedTuple):
+    """Sequence numbers `first` up to `last` (inclusive) were never received."""
+
+    first: int
+    last: int
+
+
+def decode_packet(datagram: bytes) -> MoldPacket:
+    """Parse one datagram; raises MoldFormatError when its blocks do not fill it exactly."""
+    if len(datagram) < HEADER.size:
+        raise MoldFormatError(
+            f"a packet has a {HEADER.size}-byte header, got {len(datagram)} bytes"
+        )
+    raw_session, sequence, count = HEADER.unpack_from(datagram)
+    session = raw_session.decode("latin-1").rstrip(" ")
+    if count in (HEARTBEAT, END_OF_SESSION):
+        if len(datagram) != HEADER.size:
+            raise MoldFormatError(f"a packet of count {count} has no messages")
+        return MoldPacket(session, sequence, count, ())
+    messages: list[bytes] = []
+    pos = HEADER.size
+    for _ in range(count):
+        if pos + 2 > len(datagram):
+            raise MoldFormatError(f"packet {sequence}: {len(messages)} of {count} messages")
+        size = (datagram[pos] << 8) | datagram[pos + 1]
+        if pos + 2 + size > len(datagram):
+            raise MoldFormatError(f"packet {sequence}: block {len(messages)} is cut off")
+        messages.append(bytes(datagram[pos + 2 : pos + 2 + size]))
+        pos += 2 + size
+    if pos != len(datagram):
+        raise MoldFormatError(f"packet {sequence}: {len(datagram) - pos} bytes after the blocks")
+    return MoldPacket(session, sequence, count, tuple(messages))
+
+
+def encode_packet(session: str, sequence_number: int, messages: Iterable[bytes] = ()) -> bytes:
+    """One packet carrying `messages` (ITCH message bytes), the first with `sequence_number`."""
+    blocks = [len(m).to_bytes(2, "big") + m for m in messages]
+    return _header(session, sequence_number, len(blocks)) + b"".join(blocks)
+
+
+def heartbeat_packet(session: str, next_sequence: int) -> bytes:
+    return _header(session, next_sequence, HEARTBEAT)
+
+
+def end_of_session_packet(session: str, next_sequence: int) -> bytes:
+    return _header(session, next_sequence, END_OF_SESSION)
+
+
+def _header(session: str, sequence: int, count: int) -> bytes:
+    name = session.encode("ascii")
+    if len(name) > 10:
+        raise ValueError(f"a MoldUDP64 session name has at most 10 characters, got {session!r}")
+    return HEADER.pack(name.ljust(10), sequence, count)
+
+
+def mold_packets(
+    messages: Iterable[bytes],
+    session: str,
+    *,
+    per_packet: int = 32,
+    first_sequence: int = 1,
+    max_size: int = MAX_DATAGRAM,
+) -> Iterator[bytes]:
+    """Pack consecutive ITCH messages into packets of at most `per_packet` messages and
+    `max_size` bytes, numbering them from `first_sequence` (no end-of-session packet)."""
+    if not 0 < per_packet < END_OF_SESSION:
+        raise ValueError(f"per_packet must be in 1..{END_OF_SESSION - 1}, got {per_packet}")
+    batch: list[bytes] = []
+    size = HEADER.size
+    sequence = first_sequence
+    for message in messages:
+        if batch and (len(batch) == per_packet or size + 2 + len(message) > max_size):
+            yield encode_packet(session, sequence, batch)
+            sequence += len(batch)
+            batch, size = [], HEADER.size
+        batch.append(message)
+        size += 2 + len(message)
+    if batch:
+        yield encode_packet(session, sequence, batch)
+
+
+class SequenceTracker:
+    """Turns packets, as they arrive, into each sequence number's message once and in order.
+
+    Messages before `next_sequence` are duplicates and dropped; a packet that starts after it
+    records a `Gap` and moves on (a recovering client would ask for the gap meanwhile).
+    `next_sequence=None` syncs to the first packet seen, as a late joiner does.
+    """
+
+    def __init__(self, next_sequence: int | None = 1) -> None:
+        self.next_sequence = next_sequence
+        self.session: str | None = None
+        self.gaps: list[Gap] = []
+        self.duplicates = 0
+        self.ended = False
+
+    def accept(self, packet: MoldPacket) -> list[tuple[int, bytes]]:
+        """The new (sequence number, message) pairs of `packet`, in order."""
+        if self.session is None:
+            self.session = packet.session
+        elif packet.session != self.session:
+            raise MoldFormatError(f"session {packet.session!r} in a {self.session!r} stream")
+        expected = packet.sequence_number if self.next_sequence is None else self.next_sequence
+        if packet.sequence_number > expected:
+            self.gaps.append(Gap(expected, packet.sequence_number - 1))
+            expected = packet.sequence_number
+        skip = expected - packet.sequence_number  # already seen
+        fresh = packet.messages[skip:]
+        self.duplicates += min(skip, len(packet.messages))
+        self.next_sequence = max(expected, packet.sequence_number + len(packet.messages))
+        if packet.is_end_of_session:
+            self.ended = True
+        return [(expected + i, message) for i, message in enumerate(fresh)]
+
+
+class MoldUdpReceiver(asyncio.DatagramProtocol):
+    """Receives MoldUDP64 datagrams and calls `on_message(sequence, message)` for each new
+    ITCH message in order, `on_gap(gap)` for each gap. Datagrams that do not parse are
+    counted in `bad_packets`, never raised into the event loop. `ended` is set by the
+    session's end-of-session packet.
+    """
+
+    def __init__(
+        self,
+        on_message: Callable[[int, Message], None],
+        *,
+        on_gap: Callable[[Gap], None] | None = None,
+        next_sequence: int | None = 1,
+    ) -> None:
+        self.tracker = SequenceTracker(next_sequence)
+        self.on_message = on_message
+        self.on_gap = on_gap
+        self.bad_packets: list[str] = []
+        self.ended = asyncio.Event()
+
+    def datagram_received(self, data: bytes, addr: tuple[str | int, ...]) -> None:
+        gaps = len(self.tracker.gaps)
+        try:
+            fresh = self.tracker.accept(decode_packet(data))
+        except MoldFormatError as error:
+            self.bad_packets.append(str(error))
+            return
+        if self.on_gap is not None:
+            for gap in self.tracker.gaps[gaps:]:
+                self.on_gap(gap)
+        for sequence, body in fresh:
+            try:
+                message = decode_message(body)
+            except ItchFormatError as error:
+                self.bad_packets.append(f"message {sequence}: {error}")
+                continue
+            self.on_message(sequence, message)
+        if self.tracker.ended:
+            self.ended.set()
+
+
+async def open_receiver(
+    on_message: Callable[[int, Message], None],
+    *,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    on_gap: Callable[[Gap], None] | None = None,
+    next_sequence: int | None = 1,
+) -> tuple[asyncio.DatagramTransport, MoldUdpReceiver]:
+    """Bind a receiver (port 0: any free port, read it from the transport's sockname)."""
+    loop = asyncio.get_running_loop()
+    transport, protocol = await loop.create_datagram_endpoint(
+        lambda: MoldUdpReceiver(on_message, on_gap=on_gap, next_sequence=next_sequence),
+        local_addr=(host, port),
+    )
+    return transport, protocol

@@ -1,0 +1,185 @@
+"""Where a feed's inference requests go: the in-process Engine, or a remote duetime over gRPC.
+
+Both take one input tensor and a due time (a `time.monotonic_ns()` instant) and report the answer
+through a callback on the loop that submitted it, without the feed ever waiting for one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from typing import Any, NamedTuple, Protocol
+
+import grpc
+import numpy as np
+
+from duetime.engine import Engine, Ticket
+from duetime.errors import DuetimeError
+from duetime.frontend import codec
+from duetime.frontend.proto import grpc_service_pb2 as pb
+from duetime.frontend.proto import grpc_service_pb2_grpc as pb_grpc
+from duetime.types import InferRequest, TensorSpec
+
+
+class Failure(NamedTuple):
+    """Why a request got no answer; `refused` when it was turned away for time (it could not
+    finish by its due time, or the server was overloaded), not broken."""
+
+    message: str
+    refused: bool
+
+
+Answer = Callable[[np.ndarray | None, Failure | None], None]
+"""Called once per request: (the model's first output, None) or (None, the failure)."""
+REFUSALS = frozenset({429, 503, 504})
+"""v2 statuses of a request turned away for time: overloaded, unavailable, past its due time."""
+GRPC_REFUSALS = frozenset({"RESOURCE_EXHAUSTED", "UNAVAILABLE", "DEADLINE_EXCEEDED"})
+
+CONNECT_TIMEOUT_S = 10.0
+
+
+class PredictorError(Exception):
+    """The run cannot start: the model is missing, or takes an input the feed cannot give."""
+
+
+class Predictor(Protocol):
+    """Runs one model on one input tensor per request, answering through a callback."""
+
+    input: TensorSpec
+    """The model's input (its shape without the batch dimension where the model batches)."""
+
+    def submit(self, array: np.ndarray, due_ns: int, answer: Answer) -> None: ...
+
+    async def aclose(self) -> None: ...
+
+
+def only_input(inputs: tuple[TensorSpec, ...], model: str) -> TensorSpec:
+    """The model's single input; a feed gives one tensor per event, never several."""
+    if len(inputs) != 1:
+        names = ", ".join(spec.name for spec in inputs)
+        raise PredictorError(
+            f"--model {model}: takes {len(inputs)} inputs ({names}); the feed gives one "
+            "tensor per event (the feature vector or the DeepLOB window)"
+        )
+    return inputs[0]
+
+
+def per_event(spec: TensorSpec, max_batch_size: int) -> TensorSpec:
+    """`spec` without its batch dimension (v2 metadata lists it as -1 where the model batches):
+    the shape of what one event gives."""
+    if max_batch_size > 0 and spec.shape and spec.shape[0] == -1:
+        return TensorSpec(spec.name, spec.datatype, spec.shape[1:])
+    return spec
+
+
+class EnginePredictor:
+    """Submits straight to an Engine's scheduler on the engine's own loop (no thread hop)."""
+
+    def __init__(self, engine: Engine, model: str, version: str | None = None) -> None:
+        try:
+            deployment = engine.registry.resolve(model, version)
+        except DuetimeError as exc:
+            raise PredictorError(f"--model {model}: {exc.message}") from None
+        signature = deployment.model.signature
+        self.input = per_event(only_input(signature.inputs, model), signature.max_batch_size)
+        self._output = signature.outputs[0].name
+        self._engine = engine
+        self._model = model
+        self._version = version
+
+    def submit(self, array: np.ndarray, due_ns: int, answer: Answer) -> None:
+        request = InferRequest(
+            self._model, {self.input.name: array}, version=self._version, due_ns=due_ns
+        )
+        try:
+            ticket = self._engine.submit(request)
+        except DuetimeError as exc:
+            answer(None, _failure(exc))
+            return
+        ticket.on_done = lambda: self._settled(ticket, answer)
+
+    def _settled(self, ticket: Ticket, answer: Answer) -> None:
+        future = ticket.future
+        error = future.exception()
+        if error is None:
+            answer(future.result()[self._output], None)
+        else:
+            answer(None, _failure(error))
+
+    async def aclose(self) -> None:
+        return None
+
+
+def _failure(error: BaseException) -> Failure:
+    if isinstance(error, DuetimeError):
+        return Failure(error.message, error.http_status in REFUSALS)
+    return Failure(f"{type(error).__name__}: {error}", refused=False)
+
+
+class GrpcPredictor:
+    """Sends each request to a remote v2 server over one gRPC channel, with the time left until
+    its due time as the `timeout` parameter (µs), so the remote scheduler plans for it too."""
+
+    def __init__(self, channel: Any, model: str, input_spec: TensorSpec, output: str) -> None:
+        self.input = input_spec
+        self._channel = channel
+        self._call = channel.unary_unary(
+            "/inference.GRPCInferenceService/ModelInfer",
+            request_serializer=pb.ModelInferRequest.SerializeToString,
+            response_deserializer=pb.ModelInferResponse.FromString,
+        )
+        self._model = model
+        self._output = output
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    @classmethod
+    async def connect(cls, target: str, model: str) -> GrpcPredictor:
+        channel = grpc.aio.insecure_channel(target)
+        try:
+            await asyncio.wait_for(channel.channel_ready(), CONNECT_TIMEOUT_S)
+            stub = pb_grpc.GRPCInferenceServiceStub(channel)  # type: ignore[no-untyped-call]
+            metadata = await stub.ModelMetadata(pb.ModelMetadataRequest(name=model))
+            config = await stub.ModelConfig(pb.ModelConfigRequest(name=model))
+        except TimeoutError:
+            await channel.close()
+            raise PredictorError(f"--target {target}: no gRPC server answered") from None
+        except grpc.aio.AioRpcError as exc:
+            await channel.close()
+            raise PredictorError(f"--target {target}: model '{model}': {exc.details()}") from None
+        specs = tuple(
+            TensorSpec(t.name, t.datatype, tuple(int(d) for d in t.shape)) for t in metadata.inputs
+        )
+        spec = per_event(only_input(specs, model), int(config.config.max_batch_size))
+        return cls(channel, model, spec, metadata.outputs[0].name)
+
+    def submit(self, array: np.ndarray, due_ns: int, answer: Answer) -> None:
+        request = pb.ModelInferRequest(model_name=self._model)
+        request.inputs.add(name=self.input.name, datatype="FP32", shape=list(array.shape))
+        request.raw_input_contents.append(codec.to_raw(array, "FP32"))
+        left_us = max(1, (due_ns - time.monotonic_ns()) // 1000)
+        request.parameters["timeout"].int64_param = left_us
+        task = asyncio.get_running_loop().create_task(self._send(request, answer))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _send(self, request: Any, answer: Answer) -> None:
+        try:
+            response = await self._call(request)
+        except grpc.aio.AioRpcError as exc:
+            code = exc.code().name
+            answer(None, Failure(f"gRPC {code}: {exc.details()}", code in GRPC_REFUSALS))
+            return
+        for index, tensor in enumerate(response.outputs):
+            if tensor.name == self._output:
+                shape = tuple(tensor.shape)
+                raw = response.raw_output_contents[index]
+                answer(np.frombuffer(raw, dtype=np.float32).reshape(shape), None)
+                return
+        answer(None, Failure(f"the answer has no output '{self._output}'", refused=False))
+
+    async def aclose(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self._channel.close()

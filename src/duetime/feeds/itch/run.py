@@ -1,0 +1,322 @@
+"""`duetime itch run`: replay an ITCH file through the book and ask a model on book events.
+
+Each message is read, applied to its stock's level-3 book and turned into features the moment it
+"arrives" (at the file's recorded pace, or as fast as the pipeline goes); a triggering event
+sends one request whose due time is its arrival plus the deadline. The answer comes back through
+a callback: on time, it is used (written as a prediction); late, it is counted and dropped.
+Tick-to-prediction runs from the event's arrival to its answer.
+
+Everything runs on one event loop — the engine's, for the in-process Engine — so a request goes
+from the feed to the scheduler without a thread hop, and answers are taken whenever the feed
+yields: while it waits for the next message's time, and every few messages at full pace.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import csv
+import gc
+import io
+import sys
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, TextIO
+
+import numpy as np
+
+from duetime.feeds.itch.book import BookEvent, Books
+from duetime.feeds.itch.features import FEATURE_NAMES, Features
+from duetime.feeds.itch.predictors import Failure, Predictor, PredictorError
+
+Pace = Literal["recorded", "max"]
+
+WINDOW_EVENTS = 100
+WINDOW_LEVELS = 10
+DEEPLOB_SHAPE = (WINDOW_EVENTS, 4 * WINDOW_LEVELS)
+"""The DeepLOB window a model may take instead of the feature vector: events x (price, size) x
+levels x sides."""
+
+TIMER_SLACK_NS = 1_500_000
+"""Closer than this to a message's time, the feed stops sleeping on the loop's timers, which
+are too coarse (a millisecond under uvloop) to wake it on time."""
+NAP_NS = 50_000
+"""...and naps this long at a time instead (releasing the GIL, so the model's instance thread
+can start and hand back a batch), taking any answers between naps."""
+SWITCH_INTERVAL_S = 0.0001
+"""While the feed runs, how long an instance thread back from ONNX Runtime may wait for the GIL
+(Python's default, 5 ms, would be most of a deadline)."""
+YIELD_EVERY = 16
+"""At full pace, messages between two turns of the loop (so answers are taken promptly)."""
+FLUSH_ROWS = 4096
+
+
+@dataclass(frozen=True, slots=True)
+class Trigger:
+    """Which book events ask the model: every `every`-th of a stock's events, or (with
+    `top_change`) each one that changes its best bid or ask."""
+
+    every: int = 1
+    top_change: bool = False
+
+    def __post_init__(self) -> None:
+        if self.every < 1:
+            raise ValueError(f"--every: expected a positive number of events, got {self.every}")
+
+
+@dataclass(slots=True)
+class RunOptions:
+    deadline_ns: int = 1_000_000
+    pace: Pace = "recorded"
+    speed: float = 1.0
+    trigger: Trigger = field(default_factory=Trigger)
+    symbols: frozenset[str] | None = None
+    """Stocks to predict for (None: all); the books of all stocks are kept either way."""
+    limit: int | None = None
+    """Stop after this many messages."""
+    max_gap_ns: int = 1_000_000_000
+    """At the recorded pace, a longer gap between two messages is cut to this (recorded time):
+    a file's hours before the open and after the close are replayed in a second."""
+
+
+@dataclass(slots=True)
+class RunStats:
+    """What a run did; latencies are kept per answered request (tick to prediction)."""
+
+    messages: int = 0
+    book_events: int = 0
+    triggers: int = 0
+    on_time: int = 0
+    late: int = 0
+    """Answers that came after their due time: counted, never used."""
+    refused: int = 0
+    """Requests the scheduler refused or dropped because they could not finish in time."""
+    errors: int = 0
+    first_error: str | None = None
+    latency_ns: list[int] = field(default_factory=list)
+    pace_lag_ns: list[int] = field(default_factory=list)
+    wall_ns: int = 0
+
+    def report(self) -> dict[str, Any]:
+        wall_s = max(self.wall_ns, 1) / 1e9
+        latency = np.asarray(self.latency_ns, dtype=np.int64)
+        lag = np.asarray(self.pace_lag_ns, dtype=np.int64)
+        answered = self.on_time + self.late
+        return {
+            "messages": self.messages,
+            "book_events": self.book_events,
+            "triggers": self.triggers,
+            "on_time": self.on_time,
+            "late_dropped": self.late,
+            "refused": self.refused,
+            "errors": self.errors,
+            "first_error": self.first_error,
+            "misses": self.late + self.refused,
+            "miss_rate": (self.late + self.refused) / self.triggers if self.triggers else 0.0,
+            "tick_to_prediction_us": _percentiles_us(latency),
+            "pace_lag_us": _percentiles_us(lag),
+            "wall_s": round(wall_s, 3),
+            "messages_per_s": round(self.messages / wall_s, 1),
+            "predictions_per_s": round(answered / wall_s, 1),
+        }
+
+
+def _percentiles_us(samples: np.ndarray) -> dict[str, float | None]:
+    if samples.size == 0:
+        return {"p50": None, "p99": None, "p999": None, "max": None}
+    p50, p99, p999 = np.percentile(samples, [50, 99, 99.9]) / 1e3
+    return {
+        "p50": round(float(p50), 1),
+        "p99": round(float(p99), 1),
+        "p999": round(float(p999), 1),
+        "max": round(float(samples.max()) / 1e3, 1),
+    }
+
+
+class PredictionLog:
+    """Predictions as CSV: timestamp, stock, latency, on-time flag, signal and the outputs.
+
+    A late answer gets a row with `on_time` 0 and no outputs: it was not used.
+    """
+
+    def __init__(self, out: TextIO | None, classes: int) -> None:
+        self._out = out
+        self._rows: list[tuple[Any, ...]] = []
+        self._writer = csv.writer(out) if out is not None else None
+        if self._writer is not None:
+            outputs = [f"out{i}" for i in range(classes)]
+            self._writer.writerow(
+                ["timestamp", "stock", "latency_us", "on_time", "signal", *outputs]
+            )
+
+    def add(self, ts: int, stock: str, latency_ns: int, outputs: np.ndarray | None) -> None:
+        if self._writer is None:
+            return
+        if outputs is None:
+            self._rows.append((ts, stock, latency_ns // 1000, 0, ""))
+        else:
+            flat = outputs.reshape(-1)
+            # NOTE: the demo models' classes are (down, unchanged, up): the signal is -1, 0, +1
+            signal = int(flat.argmax()) - 1 if flat.size == 3 else int(flat.argmax())
+            self._rows.append((ts, stock, latency_ns // 1000, 1, signal, *flat.tolist()))
+        if len(self._rows) >= FLUSH_ROWS:
+            self.flush()
+
+    def flush(self) -> None:
+        if self._writer is not None and self._rows:
+            self._writer.writerows(self._rows)
+            self._rows.clear()
+
+
+class FeedRun:
+    """One replay: the books, the features, the predictor and the tallies."""
+
+    def __init__(self, predictor: Predictor, options: RunOptions, log: PredictionLog) -> None:
+        self.options = options
+        self.stats = RunStats()
+        self._predictor = predictor
+        self._log = log
+        self.books = Books()
+        self._wants_window = _wants_window(predictor)
+        # NOTE: the window costs ~3.5 µs an event; a model of the vector does not need it
+        self.features = Features(deeplob_length=WINDOW_EVENTS if self._wants_window else 0)
+        self._counts: dict[int, int] = {}
+        self._outstanding = 0
+        self._done = asyncio.Event()
+
+    async def run(self, messages: Iterable[Any]) -> RunStats:
+        gc.collect()
+        gc.freeze()
+        switch = sys.getswitchinterval()
+        sys.setswitchinterval(SWITCH_INTERVAL_S)
+        started = time.monotonic_ns()
+        try:
+            await self._feed(iter(messages))
+            await self._drain()
+        finally:
+            self.stats.wall_ns = time.monotonic_ns() - started
+            self._log.flush()
+            sys.setswitchinterval(switch)
+            gc.unfreeze()
+        return self.stats
+
+    async def _feed(self, messages: Iterator[Any]) -> None:
+        options = self.options
+        recorded = options.pace == "recorded"
+        limit = options.limit
+        stats = self.stats
+        start_ns = 0
+        first_ts: int | None = None
+        last_ts: int | None = None
+        for message in messages:
+            if limit is not None and stats.messages >= limit:
+                break
+            if recorded:
+                ts = message.timestamp
+                if first_ts is None:
+                    first_ts, start_ns = ts, time.monotonic_ns()
+                gap = ts - last_ts if last_ts is not None else 0
+                if gap > options.max_gap_ns:  # a quiet stretch (the night, a halt): cut short
+                    first_ts += gap - options.max_gap_ns
+                last_ts = ts
+                target = start_ns + int((ts - first_ts) / options.speed)
+                now = await _until(target)
+                stats.pace_lag_ns.append(now - target)
+            elif stats.messages % YIELD_EVERY == 0:
+                await asyncio.sleep(0)
+            stats.messages += 1
+            self._arrived(message, time.monotonic_ns())
+
+    def _arrived(self, message: Any, arrival_ns: int) -> None:
+        """Apply one message; ask the model if its book event triggers."""
+        event = self.books.apply(message)
+        if event is None:
+            return
+        self.stats.book_events += 1
+        book = self.books.book(event.locate)
+        vector = self.features.update(event, book)
+        symbols = self.options.symbols
+        if symbols is not None and book.symbol not in symbols:
+            return
+        if not self._fires(event):
+            return
+        window = self.features.state(event.locate).deeplob
+        # NOTE: the vector is the state's own buffer, rewritten by the next event: copy it
+        array = vector[np.newaxis].copy() if window is None else window.tensor()[np.newaxis]
+        self._ask(array, arrival_ns, event.ts, book.symbol)
+
+    def _fires(self, event: BookEvent) -> bool:
+        trigger = self.options.trigger
+        if trigger.top_change:
+            return bool(event.top_changed)
+        count = self._counts.get(event.locate, 0) + 1
+        self._counts[event.locate] = count
+        return count % trigger.every == 0
+
+    def _ask(self, array: np.ndarray, arrival_ns: int, ts: int, stock: str) -> None:
+        stats = self.stats
+        stats.triggers += 1
+        self._outstanding += 1
+        due_ns = arrival_ns + self.options.deadline_ns
+
+        def answer(outputs: np.ndarray | None, failure: Failure | None) -> None:
+            now = time.monotonic_ns()
+            self._outstanding -= 1
+            if outputs is None:
+                if failure is not None and failure.refused:
+                    stats.refused += 1
+                else:
+                    stats.errors += 1
+                    stats.first_error = stats.first_error or (failure and failure.message)
+            elif now <= due_ns:
+                stats.on_time += 1
+                stats.latency_ns.append(now - arrival_ns)
+                self._log.add(ts, stock, now - arrival_ns, outputs)
+            else:  # late: never used
+                stats.late += 1
+                stats.latency_ns.append(now - arrival_ns)
+                self._log.add(ts, stock, now - arrival_ns, None)
+            if self._outstanding == 0:
+                self._done.set()
+
+        self._done.clear()
+        self._predictor.submit(array, due_ns, answer)
+
+    async def _drain(self) -> None:
+        if self._outstanding:
+            await self._done.wait()
+
+
+def _wants_window(predictor: Predictor) -> bool:
+    """Whether the model takes the DeepLOB window rather than the feature vector."""
+    shape = tuple(predictor.input.shape)
+    if shape == DEEPLOB_SHAPE:
+        return True
+    if shape in ((len(FEATURE_NAMES),), (-1,)):
+        return False
+    raise PredictorError(
+        f"the model's input '{predictor.input.name}' has shape {list(shape)}; the feed gives the "
+        f"feature vector [{len(FEATURE_NAMES)}] or the DeepLOB window {list(DEEPLOB_SHAPE)}"
+    )
+
+
+async def _until(target_ns: int) -> int:
+    """Wait until `target_ns`, taking answers meanwhile; returns the time it woke."""
+    while True:
+        now = time.monotonic_ns()
+        left = target_ns - now
+        if left <= 0:
+            return now
+        if left > TIMER_SLACK_NS:
+            await asyncio.sleep((left - TIMER_SLACK_NS) / 1e9)
+        else:
+            await asyncio.sleep(0)
+            time.sleep(min(left, NAP_NS) / 1e9)  # noqa: ASYNC251 - a nap shorter than a timer
+
+
+def open_log(path: Path | None, classes: int) -> tuple[PredictionLog, io.TextIOBase | None]:
+    if path is None:
+        return PredictionLog(None, classes), None
+    out = path.open("w", newline="", encoding="utf-8")
+    return PredictionLog(out, classes), out

@@ -1,0 +1,158 @@
+"""MoldUDP64: packets, sequence tracking and gaps, and a receiver on a loopback socket."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from duetime.feeds.itch.moldudp import (
+    Gap,
+    MoldFormatError,
+    MoldPacket,
+    SequenceTracker,
+    decode_packet,
+    encode_packet,
+    end_of_session_packet,
+    heartbeat_packet,
+    mold_packets,
+    open_receiver,
+)
+from duetime.feeds.itch.parser import frame_index, read_messages
+from duetime.feeds.itch.spec import Message
+from duetime.feeds.itch.synth import session_bytes
+from duetime.feeds.itch.writer import encode
+
+
+def bodies(data: bytes) -> list[bytes]:
+    """The ITCH messages of a framed stream, without their length prefixes."""
+    index = frame_index(data)
+    return [data[o + 2 : o + 2 + ((data[o] << 8) | data[o + 1])] for o in index.offsets]
+
+
+MESSAGES = [encode("D", order_reference_number=n) for n in range(1, 8)]
+
+
+def test_a_packet_round_trips() -> None:
+    datagram = encode_packet("SESSION01", 42, MESSAGES[:3])
+    assert datagram[:10] == b"SESSION01 "
+    assert len(datagram) == 20 + 3 * (2 + 19)
+    assert decode_packet(datagram) == MoldPacket("SESSION01", 42, 3, tuple(MESSAGES[:3]))
+
+
+def test_heartbeat_and_end_of_session() -> None:
+    beat = decode_packet(heartbeat_packet("S", 9))
+    assert (beat.sequence_number, beat.is_heartbeat, beat.is_end_of_session) == (9, True, False)
+    end = decode_packet(end_of_session_packet("S", 9))
+    assert (end.sequence_number, end.is_heartbeat, end.is_end_of_session) == (9, False, True)
+    assert end.messages == ()
+
+
+@pytest.mark.parametrize(
+    ("datagram", "words"),
+    [
+        (b"short", "20-byte header"),
+        (encode_packet("S", 1, MESSAGES[:2])[:-1], "cut off"),
+        (encode_packet("S", 1, MESSAGES[:2]) + b"\x00", "after the blocks"),
+        (encode_packet("S", 1, MESSAGES[:2])[:41], "1 of 2 messages"),
+        (heartbeat_packet("S", 1) + b"\x00\x01x", "has no messages"),
+    ],
+)
+def test_malformed_packets_are_refused(datagram: bytes, words: str) -> None:
+    with pytest.raises(MoldFormatError, match=words):
+        decode_packet(datagram)
+
+
+def test_session_names_longer_than_ten_are_refused() -> None:
+    with pytest.raises(ValueError, match="at most 10"):
+        encode_packet("ELEVENCHARS", 1)
+
+
+def test_mold_packets_numbers_and_bounds_packets() -> None:
+    packets = [decode_packet(p) for p in mold_packets(MESSAGES, "S", per_packet=3)]
+    assert [(p.sequence_number, p.message_count) for p in packets] == [(1, 3), (4, 3), (7, 1)]
+    small = list(mold_packets(MESSAGES, "S", per_packet=100, max_size=20 + 2 * 21))
+    assert [decode_packet(p).message_count for p in small] == [2, 2, 2, 1]
+    with pytest.raises(ValueError, match="per_packet"):
+        list(mold_packets(MESSAGES, "S", per_packet=0))
+
+
+def test_the_tracker_reports_gaps_and_drops_duplicates() -> None:
+    tracker = SequenceTracker()
+    packets = [decode_packet(p) for p in mold_packets(MESSAGES, "S", per_packet=2)]
+    # Sequence 1-2, 3-4, 5-6, 7: lose 3-4, repeat 1-2, then an overlapping resend of 5-7.
+    assert tracker.accept(packets[0]) == [(1, MESSAGES[0]), (2, MESSAGES[1])]
+    assert tracker.accept(packets[0]) == []
+    assert tracker.accept(packets[2]) == [(5, MESSAGES[4]), (6, MESSAGES[5])]
+    assert tracker.gaps == [Gap(3, 4)]
+    resend = decode_packet(encode_packet("S", 5, MESSAGES[4:7]))
+    assert tracker.accept(resend) == [(7, MESSAGES[6])]
+    assert tracker.duplicates == 4
+    assert tracker.next_sequence == 8
+    assert not tracker.ended
+    assert tracker.accept(decode_packet(heartbeat_packet("S", 10))) == []
+    assert tracker.gaps == [Gap(3, 4), Gap(8, 9)]
+    tracker.accept(decode_packet(end_of_session_packet("S", 10)))
+    assert tracker.ended
+    with pytest.raises(MoldFormatError, match="session"):
+        tracker.accept(decode_packet(heartbeat_packet("OTHER", 10)))
+
+
+def test_a_late_joiner_syncs_to_the_first_packet() -> None:
+    tracker = SequenceTracker(next_sequence=None)
+    assert tracker.accept(decode_packet(encode_packet("S", 500, MESSAGES[:1]))) == [
+        (500, MESSAGES[0])
+    ]
+    assert tracker.gaps == []
+
+
+def test_the_loopback_receiver_decodes_every_message_and_reports_the_gap() -> None:
+    data = session_bytes(seed=4, messages=3000)
+    messages = bodies(data)
+    packets = list(mold_packets(messages, "DUETIME", per_packet=20))
+    lost = 5  # packet 5 never arrives: sequence numbers 101..120
+    sent = [p for i, p in enumerate(packets) if i != lost]
+    sent.append(end_of_session_packet("DUETIME", len(messages) + 1))
+    received, gaps = asyncio.run(receive_over_loopback(sent))
+    assert gaps == [Gap(101, 120)]
+    streamed = list(read_messages(data))
+    expected = [(i + 1, m) for i, m in enumerate(streamed) if not 101 <= i + 1 <= 120]
+    assert received == expected
+
+
+async def receive_over_loopback(
+    datagrams: list[bytes],
+) -> tuple[list[tuple[int, Message]], list[Gap]]:
+    received: list[tuple[int, Message]] = []
+    gaps: list[Gap] = []
+    transport, receiver = await open_receiver(
+        lambda sequence, message: received.append((sequence, message)), on_gap=gaps.append
+    )
+    loop = asyncio.get_running_loop()
+    sender, _ = await loop.create_datagram_endpoint(
+        asyncio.DatagramProtocol, remote_addr=transport.get_extra_info("sockname")
+    )
+    try:
+        for datagram in datagrams:
+            sender.sendto(datagram)
+            await asyncio.sleep(0)  # let the receiver drain its socket as a live feed would
+        await asyncio.wait_for(receiver.ended.wait(), timeout=10)
+    finally:
+        sender.close()
+        transport.close()
+    assert receiver.bad_packets == []
+    return received, gaps
+
+
+def test_the_receiver_counts_bad_datagrams_instead_of_raising() -> None:
+    async def run() -> list[str]:
+        transport, receiver = await open_receiver(lambda s, m: None)
+        receiver.datagram_received(b"junk", ("127.0.0.1", 1))
+        receiver.datagram_received(encode_packet("S", 1, [b"Zbad"]), ("127.0.0.1", 1))
+        transport.close()
+        return receiver.bad_packets
+
+    bad = asyncio.run(run())
+    assert len(bad) == 2
+    assert "20-byte header" in bad[0]
+    assert "unknown message type" in bad[1]

@@ -1,0 +1,133 @@
+"""`duetime itch run`: every triggering book event asks the model; late answers are never used."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from duetime.cli import main
+from duetime.demo import ORDERBOOK_FEATURES
+from duetime.feeds.itch.book import Books
+from duetime.feeds.itch.features import FEATURE_NAMES
+from duetime.feeds.itch.parser import read_messages
+from duetime.feeds.itch.synth import write_session
+from tests.conftest import RunningServer
+
+MESSAGES = 3000
+
+
+@pytest.fixture(scope="module")
+def session(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("itch") / "session.itch"
+    write_session(path, seed=7, messages=MESSAGES)
+    return path
+
+
+@pytest.fixture(scope="module")
+def book_events(session: Path) -> tuple[int, int]:
+    """(book events, of which top-of-book changes) in the session, counted independently."""
+    books = Books()
+    events = [e for e in map(books.apply, read_messages(session)) if e is not None]
+    return len(events), sum(e.top_changed for e in events)
+
+
+def _run(
+    tmp_path: Path, session: Path, *options: str
+) -> tuple[dict[str, Any], list[dict[str, str]]]:
+    report, predictions = tmp_path / "report.json", tmp_path / "predictions.csv"
+    code = main(["itch", "run", str(session), "--json", str(report), "--predictions",
+                 str(predictions), "-q", *options])  # fmt: skip
+    assert code == 0
+    with predictions.open(newline="", encoding="utf-8") as rows:
+        return json.loads(report.read_text(encoding="utf-8")), list(csv.DictReader(rows))
+
+
+def test_the_demo_model_takes_the_feature_vector() -> None:
+    assert len(FEATURE_NAMES) == ORDERBOOK_FEATURES
+
+
+def test_every_book_event_asks_and_every_answer_is_accounted_for(
+    tmp_path: Path, session: Path, demo_repo: Path, book_events: tuple[int, int]
+) -> None:
+    report, rows = _run(tmp_path, session, "--model", "orderbook", "--repository",
+                        str(demo_repo), "--pace", "max", "--deadline-us", "200000")  # fmt: skip
+    assert report["messages"] == MESSAGES
+    assert report["book_events"] == report["triggers"] == book_events[0]
+    outcomes = report["on_time"] + report["late_dropped"] + report["refused"] + report["errors"]
+    assert outcomes == report["triggers"]
+    assert report["errors"] == 0
+    assert report["on_time"] > 0
+    assert report["tick_to_prediction_us"]["p50"] > 0
+    assert len(rows) == report["on_time"] + report["late_dropped"]
+    used = [row for row in rows if row["on_time"] == "1"]
+    assert len(used) == report["on_time"]
+    assert all(row["signal"] in {"-1", "0", "1"} and row["out2"] for row in used)
+
+
+def test_late_answers_are_never_used(tmp_path: Path, session: Path, demo_repo: Path) -> None:
+    # 1 µs: no answer can be on time, so none may be written as used
+    report, rows = _run(tmp_path, session, "--model", "orderbook", "--repository",
+                        str(demo_repo), "--pace", "max", "--deadline-us", "1")  # fmt: skip
+    assert report["on_time"] == 0
+    assert report["misses"] == report["triggers"] > 0
+    assert all(row["on_time"] == "0" and row["signal"] == "" for row in rows)
+
+
+def test_triggers_every_nth_event_and_on_top_changes(
+    tmp_path: Path, session: Path, demo_repo: Path, book_events: tuple[int, int]
+) -> None:
+    common = ["--model", "orderbook", "--repository", str(demo_repo), "--pace", "max"]
+    report, _ = _run(tmp_path, session, *common, "--on", "top-change")
+    assert report["triggers"] == book_events[1]
+    report, _ = _run(tmp_path, session, *common, "--every", "10")
+    assert 0 < report["triggers"] <= book_events[0] // 10
+
+
+def test_deeplob_model_takes_the_window(tmp_path: Path, session: Path, demo_repo: Path) -> None:
+    report, rows = _run(tmp_path, session, "--model", "deeplob", "--repository", str(demo_repo),
+                        "--pace", "max", "--every", "25", "--deadline-us", "500000")  # fmt: skip
+    assert report["errors"] == 0
+    assert report["on_time"] > 0
+    assert len(rows) == report["on_time"] + report["late_dropped"]
+
+
+def test_recorded_pace_follows_the_file(tmp_path: Path, demo_repo: Path) -> None:
+    path = tmp_path / "short.itch"
+    write_session(path, seed=3, messages=600, rate=1000)
+    flow = [m.timestamp for m in read_messages(path) if m.type in "AFECXDU"]
+    assert 0.3 < (flow[-1] - flow[0]) / 1e9 < 1.0  # ~600 messages at 1,000 a second
+    # the hours before the open and after the close are cut to 50 ms each
+    report, _ = _run(tmp_path, path, "--model", "orderbook", "--repository", str(demo_repo),
+                     "--every", "5", "--max-gap-ms", "50")  # fmt: skip
+    assert report["messages"] == 600
+    assert 0.3 <= report["wall_s"] < 5
+    assert report["pace_lag_us"]["p50"] is not None
+
+
+def test_remote_target_over_grpc(tmp_path: Path, session: Path, server: RunningServer) -> None:
+    report, rows = _run(tmp_path, session, "--model", "orderbook", "--target", server.grpc,
+                        "--pace", "max", "--every", "20", "--deadline-us", "500000")  # fmt: skip
+    assert report["errors"] == 0
+    assert report["on_time"] > 0
+    assert len(rows) == report["on_time"] + report["late_dropped"]
+
+
+def test_a_model_the_feed_cannot_feed_is_refused_clearly(
+    tmp_path: Path, session: Path, demo_repo: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = main(["itch", "run", str(session), "--model", "resnet", "--repository", str(demo_repo)])
+    assert code == 1
+    err = capsys.readouterr().err
+    assert "image" in err
+    assert "feature vector" in err
+
+
+def test_a_missing_file_is_a_clear_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["itch", "run", str(tmp_path / "nope.itch"), "--model", "orderbook"]) == 2
+    assert "no such file" in capsys.readouterr().err
