@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from duetime.feeds.itch import spec
-from duetime.feeds.itch.book import ASK, BID, BookError, BookEvent, Books
+from duetime.feeds.itch.book import ANOMALY_KINDS, ASK, BID, REJECTING, BookError, BookEvent, Books
 
 AAPL, MSFT = 1, 2
 
@@ -77,6 +77,7 @@ def test_adds_build_levels_best_first_with_fifo_queues() -> None:
     assert book.depth(BID, 5) == [(101_0000, 50, 1), (100_0000, 130, 2)]
     assert book.depth(ASK, 5) == [(102_0000, 25, 2), (103_0000, 10, 1)]
     assert book.depth(BID, 1) == [(101_0000, 50, 1)]
+    assert book.depth(BID, 0) == []
     assert book.best_bid() == (101_0000, 50, 1)
     assert book.best_ask() == (102_0000, 25, 2)
     assert book.top() == (101_0000, 50, 102_0000, 25)
@@ -220,6 +221,17 @@ def test_unknown_reference_is_ignored() -> None:
     assert books.anomalies.as_dict()["unknown_ref"]["count"] == 5
 
 
+def test_anomaly_samples_are_capped() -> None:
+    books = Books(keep_samples=2)
+    for ref in range(5):
+        books.apply(delete(100 + ref))
+    assert books.anomalies.counts == {"unknown_ref": 5}
+    assert [s.ref for s in books.anomalies.samples["unknown_ref"]] == [100, 101]
+    assert books.anomalies.as_dict() == {
+        "unknown_ref": {"count": 5, "samples": [[0, 23, AAPL, 100], [1, 23, AAPL, 101]]}
+    }
+
+
 def test_duplicate_add_evicts_the_stale_order() -> None:
     books, events = run(
         add(1, "B", 100, 10_0000), add(2, "B", 10, 9_0000), add(1, "S", 50, 12_0000)
@@ -289,6 +301,7 @@ def test_oversize_removal_is_clamped(message: Any, kind: str, shares: int) -> No
 def test_rejected_messages_change_nothing(message: Any, kind: str) -> None:
     books, events = run(add(1, "B", 100, 10_0000), message)
     assert events[1] is None
+    assert kind in REJECTING
     assert anomalies(books) == {kind: 1}
     assert side_of(books) == ([(10_0000, 100, 1)], [])
     assert books.live_orders == 1
@@ -360,6 +373,7 @@ def test_strict_mode_raises_before_changing_anything(
     with pytest.raises(BookError) as info:
         books.apply(message)
     assert info.value.kind == kind
+    assert kind in ANOMALY_KINDS
     assert "strict=False" in str(info.value)
     assert [side_of(books, AAPL), side_of(books, MSFT), books.live_orders] == before
     assert not books.anomalies

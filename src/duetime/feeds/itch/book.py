@@ -42,7 +42,7 @@ ANOMALY_KINDS: Final = (
     "locate_mismatch",
     "crossed",
 )
-"""Every kind `Anomalies` counts, in the order docs/itch_book.md lists them."""
+"""Every kind `Anomalies` counts. Append only: fastbook keeps its counters in this order."""
 
 REJECTING: Final = frozenset(
     {"unknown_ref", "zero_shares", "zero_price", "bad_side", "market_locate"}
@@ -192,7 +192,7 @@ class OrderBook:
         levels = s.levels
         return [
             (lvl.price, lvl.shares, len(lvl.orders))
-            for lvl in map(levels.__getitem__, s.keys[::-1][:k])
+            for lvl in map(levels.__getitem__, s.keys[: -k - 1 : -1] if k > 0 else ())
         ]
 
     def top(self) -> Top:
