@@ -31,10 +31,22 @@ def main(argv: list[str] | None = None) -> int:
             from duetime.tools.loadgen import run as bench
 
             return bench(args)
+        if args.command == "replay":
+            from duetime.tools.replay import run as replay
+
+            return replay(args)
+        if args.command == "report":
+            from duetime.tools.compare import run as report
+
+            return report(args)
         if args.command == "optimize":
             from duetime.tools.optimize import run as optimize
 
             return optimize(args)
+        if args.command == "capture":
+            from duetime.tools.capture.cli import run as capture
+
+            return capture(args)
         if args.command == "itch":
             from duetime.feeds.itch.cli import run as itch
 
@@ -138,16 +150,46 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         help="leave the garbage collector at Python's defaults",
     )
+    serve.add_argument(
+        "--record", metavar="FILE", type=Path,
+        help="capture requests and their outcomes to FILE, a new file (docs/capture-format.md)",
+    )  # fmt: skip
+    serve.add_argument(
+        "--record-sample", type=float, metavar="SHARE",
+        help="share of requests captured, 0 to 1 (default 1: all)",
+    )  # fmt: skip
+    serve.add_argument(
+        "--record-outputs", action="store_true", default=None,
+        help="capture each answer's output tensors too",
+    )  # fmt: skip
+    serve.add_argument(
+        "--record-buffer", type=int, metavar="N",
+        help="captured requests held for the writer (8192); beyond, samples are dropped",
+    )  # fmt: skip
     bench = commands.add_parser("bench", help="load a server (or an in-process engine) and report")
     from duetime.tools.loadgen import add_arguments as bench_arguments
 
     bench_arguments(bench)
+    replay = commands.add_parser("replay", help="send a capture's requests again, on schedule")
+    from duetime.tools.replay import add_arguments as replay_arguments
+
+    replay_arguments(replay)
+    report = commands.add_parser("report", help="plot bench/replay results side by side")
+    from duetime.tools.compare import add_arguments as report_arguments
+
+    report_arguments(report)
     optimize = commands.add_parser(
         "optimize", help="build fp16 and int8 variants of a model and list the faster ones"
     )
     from duetime.tools.optimize import add_arguments as optimize_arguments
 
     optimize_arguments(optimize)
+    capture = commands.add_parser(
+        "capture", help="traffic captures: convert JSON Lines to a capture, show a capture"
+    )
+    from duetime.tools.capture.cli import add_arguments as capture_arguments
+
+    capture_arguments(capture)
     itch = commands.add_parser(
         "itch", help="Nasdaq ITCH 5.0: order books, features and a model on every book event"
     )
@@ -198,6 +240,8 @@ def _serve(args: argparse.Namespace) -> int:
         "max_loaded_models": args.max_loaded_models, "max_loaded_bytes": args.max_loaded_bytes,
         "lazy_load": args.lazy_load, "control_token": args.control_token,
         "access_log_sample": args.access_log_sample,
+        "record_path": args.record, "record_sample": args.record_sample,
+        "record_outputs": args.record_outputs, "record_buffer": args.record_buffer,
     })  # fmt: skip
     loop = new_event_loop()
     asyncio.set_event_loop(loop)

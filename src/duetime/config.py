@@ -330,6 +330,16 @@ class ServerSettings(_Strict):
     switch_interval_us: int = Field(default=500, ge=50, le=100_000)
     """While `tune_runtime` is on: how long an instance thread back from ONNX Runtime waits for
     a busy event loop to hand over the GIL (`sys.setswitchinterval`; Python's default 5000)."""
+    record_path: Path | None = None
+    """Traffic capture: write sampled requests and their outcomes to this new file (it must not
+    exist; format in docs/capture-format.md). None: no capture."""
+    record_sample: float = Field(default=1.0, ge=0.0, le=1.0)
+    """Share of requests captured (each drawn independently)."""
+    record_outputs: bool = False
+    """Capture each answer's output tensors too."""
+    record_buffer: int = Field(default=8192, ge=1, le=10_000_000)
+    """Captured requests held for the writer thread; when it falls this far behind, further
+    samples are dropped (counted, logged at shutdown), never waited for."""
 
 
 def server_settings(

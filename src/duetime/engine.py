@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
+from typing import Protocol
 
 import numpy as np
 
@@ -58,6 +59,18 @@ class Ticket:
         return InferResponse(self.model, self.version, request_id, outputs, self.variant)
 
 
+class RequestRecorder(Protocol):
+    """Sees requests as the engine takes them (traffic capture: tools/capture/recorder.py)."""
+
+    def sampled(self) -> bool:
+        """Whether to record the next request; called on the loop for every request."""
+        ...
+
+    def record(self, request: InferRequest, submit: Callable[[InferRequest], Ticket]) -> Ticket:
+        """`submit(request)`, noting the request and, once it settles, its outcome."""
+        ...
+
+
 class Engine:
     """Models loaded from a repository, each behind its scheduler; the one way to run inference."""
 
@@ -80,6 +93,8 @@ class Engine:
         self._pending_loads: set[asyncio.Task[None]] = set()
         self._ledgers: dict[frozenset[int], CoreLedger] = {}
         """Per CPU: what the schedulers of instances pinned there have running."""
+        self.recorder: RequestRecorder | None = None
+        """Traffic capture: sees every request `submit` takes (None: off)."""
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -189,6 +204,12 @@ class Engine:
     def submit(self, request: InferRequest) -> Ticket:
         """Route, validate and queue `request` on the loop; raise a DuetimeError if it cannot be
         queued. A model not loaded yet (lazy loading) is loaded first if the request can wait."""
+        recorder = self.recorder
+        if recorder is not None and recorder.sampled():
+            return recorder.record(request, self._submit)
+        return self._submit(request)
+
+    def _submit(self, request: InferRequest) -> Ticket:
         try:
             routed = self.router.route(request)
         except ModelNotFound:
@@ -236,7 +257,7 @@ class Engine:
             await self.manager.load(request.model, explicit=False)
             if outer.done():
                 return
-            inner = self.submit(request)
+            inner = self._submit(request)
         except DuetimeError as exc:
             if not outer.done():
                 outer.set_exception(exc)

@@ -17,9 +17,11 @@ from duetime.frontend.grpc import InferenceService, serve_grpc
 from duetime.frontend.http import HttpConnection, serve_http
 from duetime.frontend.rest import RestApi
 from duetime.observability.exporter import MetricsExporter
+from duetime.observability.metrics import CaptureCollector
 from duetime.observability.tracing import Tracing, tracing_from_env
 from duetime.overload import LoadShedder
 from duetime.repository.manager import RepositoryOptions
+from duetime.tools.capture.recorder import Recorder
 
 log = logging.getLogger("duetime.server")
 
@@ -103,6 +105,13 @@ class Server:
         self._grpc: Any = None
         self._metrics: MetricsExporter | None = None
         self.addresses: Addresses | None = None
+        self.recorder: Recorder | None = None
+        if settings.record_path is not None:
+            self.recorder = Recorder(
+                settings.record_path, sample=settings.record_sample,
+                outputs=settings.record_outputs, buffer=settings.record_buffer,
+                clock=self.engine.clock,
+            )  # fmt: skip
 
     async def start(self) -> Addresses:
         """Load the repository, then listen; returns once both front ends accept connections."""
@@ -117,6 +126,8 @@ class Server:
         if self.settings.tune_runtime:
             tune_gc(self.settings.gc_threshold)
             sys.setswitchinterval(self.settings.switch_interval_us / 1e6)
+        if self.recorder is not None:
+            self._start_recorder(self.recorder)
         self._http = await serve_http(self._rest, self.settings, self._connections)
         self._grpc, grpc_port = await serve_grpc(self._grpc_service, self.settings)
         if self.shedder is not None:
@@ -125,6 +136,19 @@ class Server:
         http_port = self._http.sockets[0].getsockname()[1]
         self.addresses = Addresses(self.settings.host, http_port, grpc_port, metrics_port)
         return self.addresses
+
+    def _start_recorder(self, recorder: Recorder) -> None:
+        try:
+            recorder.start()
+        except OSError as exc:
+            raise ConfigError(
+                f"server settings: field 'record_path': cannot create the capture file "
+                f"{recorder.path}: {exc.strerror or exc} (a capture is never overwritten: "
+                "choose a new file name)"
+            ) from None
+        self.engine.recorder = recorder
+        if self._metrics is not None:
+            self._metrics.registry.register(CaptureCollector(recorder))
 
     async def _start_metrics(self) -> int | None:
         """Serve /metrics on its own threads, off the event loop's CPU where there is another."""
@@ -172,6 +196,9 @@ class Server:
             await grpc_stopped
         if self._http is not None:
             await self._http.wait_closed()
+        if self.recorder is not None and self.engine.recorder is not None:
+            self.engine.recorder = None
+            await asyncio.to_thread(self.recorder.stop)
         if self._metrics is not None:
             await self._metrics.aclose()
         if self.tracing is not None:

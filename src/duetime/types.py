@@ -60,6 +60,9 @@ class InferRequest:
     """HTTP headers or gRPC metadata, lower-case keys (the traffic policy's sticky key)."""
     timing: RequestTiming | None = None
     """Instants the stages fill in while tracing is on (None: not traced)."""
+    protocol: str = "engine"
+    """The front end it came through: `http`, `grpc`, `grpc-stream`, or `engine` (in-process);
+    recorded by traffic capture."""
 
 
 @dataclass(slots=True, eq=False)

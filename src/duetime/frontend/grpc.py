@@ -183,7 +183,9 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
             try:
                 async for request in requests:
                     try:
-                        submitted: Ticket | DuetimeError = self._submit(request, context)
+                        submitted: Ticket | DuetimeError = self._submit(
+                            request, context, protocol="grpc-stream"
+                        )
                     except DuetimeError as exc:
                         submitted = exc
                     except Exception as exc:
@@ -219,7 +221,13 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         )  # fmt: skip
         return pb.ModelStreamInferResponse(error_message=f"{exc.message} (trace {trace_id})")
 
-    def _submit(self, request: Any, context: Any, timing: RequestTiming | None = None) -> Ticket:
+    def _submit(
+        self,
+        request: Any,
+        context: Any,
+        timing: RequestTiming | None = None,
+        protocol: str = "grpc",
+    ) -> Ticket:
         if self._shedder is not None:
             self._shedder.check()
         parameters = _parameters(request.parameters)
@@ -234,6 +242,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
             parameters=parameters,
             headers=_Metadata(context),
             timing=timing,
+            protocol=protocol,
         )
         if timing is not None:
             timing.decoded_ns = self._engine.clock.now_ns()

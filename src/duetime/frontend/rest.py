@@ -309,6 +309,7 @@ class RestApi:
             )
         request, plan = parse_infer_request(body, header, model, version)
         request.headers = headers
+        request.protocol = "http"
         now = self._engine.clock.now_ns()
         if self._tracing is not None:
             request.timing = RequestTiming(received, decoded_ns=now)

@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from duetime.overload import LoadShedder
     from duetime.repository.loader import LoadedModel
     from duetime.repository.registry import Deployment
+    from duetime.tools.capture.recorder import Recorder
 
 DEPLOYMENT_LABELS = ("model", "version", "variant")
 OUTCOMES = ("success", "late", "rejected", "expired", "failed", "cancelled", "invalid")
@@ -294,3 +295,29 @@ def _le(bound: float) -> str:
     """A bucket bound as prometheus_client writes it (`1.0`, `0.0025`, `5e-06`), so series of
     this collector and of other Python processes line up in `histogram_quantile`."""
     return repr(float(bound))
+
+
+class CaptureCollector:
+    """The traffic capture's counts (`duetime serve --record`), read from its statistics()."""
+
+    def __init__(self, recorder: Recorder) -> None:
+        self._recorder = recorder
+
+    def collect(self) -> Iterator[Metric]:
+        stats = self._recorder.statistics()
+        family = CounterMetricFamily(
+            "duetime_capture_records",
+            "Sampled requests by what became of them. written: in the capture file; dropped: "
+            "left out because the writer fell behind (the buffer was full); failed: could not "
+            "be encoded.",
+            labels=("outcome",),
+        )
+        for outcome, count in (
+            ("written", stats.written), ("dropped", stats.dropped), ("failed", stats.failed)
+        ):  # fmt: skip
+            family.add_metric((outcome,), count)
+        yield family
+        yield GaugeMetricFamily(
+            "duetime_capture_buffered", "Sampled requests waiting for the capture writer.",
+            value=stats.buffered,
+        )  # fmt: skip

@@ -17,6 +17,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from duetime.tools.outcomes import Outcome
+from duetime.tools.progress import Snapshot
 from duetime.tools.report import MAX_MESSAGES, Records
 from duetime.tools.transports import Transport
 
@@ -45,6 +46,7 @@ class Ledger:
         self.outcome: list[int] = []
         self.messages: list[str] = []
         self.outstanding = 0
+        self.failed = 0
         self.on_finish: Callable[[int], None] | None = None
         self._idle: asyncio.Future[None] | None = None
 
@@ -67,6 +69,8 @@ class Ledger:
         self.finished[rid] = self.clock()
         self.outcome[rid] = outcome
         self.outstanding -= 1
+        if outcome != Outcome.OK:
+            self.failed += 1
         if outcome == Outcome.ERROR and message and len(self.messages) < MAX_MESSAGES:
             self.messages.append(message)
         if self.on_finish is not None:
@@ -81,6 +85,18 @@ class Ledger:
         self._idle = asyncio.get_running_loop().create_future()
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._idle, timeout_s)
+
+    def snapshot(self, recent: int = 2000) -> Snapshot:
+        """Sent so far, failures, and the P99 of the last `recent` sends answered (progress)."""
+        sent = len(self.sent)
+        tail = slice(max(0, sent - recent), sent)
+        finished = np.asarray(self.finished[tail], dtype=np.int64)
+        began = np.minimum(self.scheduled[tail], self.sent[tail])
+        answered = (finished > 0) & (np.asarray(self.outcome[tail]) == Outcome.OK)
+        if not answered.any():
+            return Snapshot(sent, self.failed, None)
+        p99_ns = float(np.percentile(finished[answered] - began[answered], 99))
+        return Snapshot(sent, self.failed, p99_ns / 1000)
 
     def records(self, window: tuple[int, int], cpu_s: float, pipelined: int) -> Records:
         """The requests scheduled inside `window` (ns, start inclusive), as arrays."""
@@ -100,6 +116,7 @@ class Ledger:
             cpu_s=cpu_s,
             pipelined=pipelined,
             error_messages=tuple(self.messages),
+            scheduled_ns=scheduled[keep] - window[0],
         )
 
 

@@ -28,9 +28,11 @@ from duetime.engine import Engine
 from duetime.errors import ConfigError
 from duetime.loops import new_event_loop
 from duetime.tools.arrivals import ARRIVAL_KINDS, arrival_offsets_ns, choose_classes
+from duetime.tools.bench_record import write_bench_capture
 from duetime.tools.config import DEFAULT_HTTP_CONNECTIONS, BenchConfig
 from duetime.tools.drivers import ClosedLoop, Dispatch, Ledger, OpenLoop, Sender, cpu_over
-from duetime.tools.payloads import PayloadSpec, WireProtocol, build_pool, check_batch
+from duetime.tools.payloads import PayloadSpec, WireProtocol, check_batch, encode, random_inputs
+from duetime.tools.progress import Progress
 from duetime.tools.report import BenchResult, Records, merge_records, result_of
 from duetime.tools.transports import (
     BenchError,
@@ -51,18 +53,25 @@ _SETUP_TIMEOUT_S = 120.0
 # -- running -------------------------------------------------------------------------------------
 
 
-def run_bench(config: BenchConfig) -> BenchResult:
+def run_bench(
+    config: BenchConfig, *, record: Path | None = None, progress: bool = False
+) -> BenchResult:
     """Run on a fresh event loop (uvloop); never call it from a running loop. Blocks till done.
 
     With `processes` > 1, that many generator processes (spawned, not forked) share the rate
     and the clients, start together, and their records are merged into one result.
+    `record`: write a capture of every request sent there (`duetime replay` sends it again);
+    `progress`: a live line on stderr (one process only).
     Raises ConfigError for a bad setting and BenchError when the target cannot be used.
     """
     if config.processes > 1:
+        if record is not None:
+            raise ConfigError("--record needs --processes 1 (one process writes the capture)")
         return _run_processes(config)
     loop = new_event_loop()
     try:
-        return loop.run_until_complete(run_bench_async(config))
+        run = run_bench_async(config, record=record, progress=progress)
+        return loop.run_until_complete(run)
     finally:
         _close(loop)
 
@@ -73,13 +82,21 @@ def _close(loop: asyncio.AbstractEventLoop) -> None:
     loop.close()
 
 
-async def run_bench_async(config: BenchConfig, *, engine: Engine | None = None) -> BenchResult:
-    """Run on the running loop. `engine`: an engine to drive (protocol "engine"), left open."""
+async def run_bench_async(
+    config: BenchConfig,
+    *,
+    engine: Engine | None = None,
+    record: Path | None = None,
+    progress: bool = False,
+) -> BenchResult:
+    """Run on the running loop. `engine`: an engine to drive (protocol "engine"), left open;
+    `record` and `progress` as for `run_bench`."""
     if config.processes > 1:
         raise ConfigError(
             "--processes > 1 needs run_bench (it spawns processes), not run_bench_async"
         )
-    return result_of(config, await collect_records(config, engine=engine))
+    records = await collect_records(config, engine=engine, record=record, progress=progress)
+    return result_of(config, records)
 
 
 async def collect_records(
@@ -87,8 +104,11 @@ async def collect_records(
     *,
     engine: Engine | None = None,
     before_start: Callable[[], Awaitable[object]] | None = None,
+    record: Path | None = None,
+    progress: bool = False,
 ) -> Records:
-    """Connect, read the model's signature, build payloads, then (after `before_start`) run."""
+    """Connect, read the model's signature, build payloads, then (after `before_start`) run;
+    then write the capture of what was sent to `record`, if given."""
     ledger = Ledger()
     transport = _transport(config, ledger, engine)
     await transport.open(config.lanes())
@@ -100,12 +120,21 @@ async def collect_records(
             raise ConfigError(str(exc)) from None
         spec = _payload_spec(config)
         rng = np.random.default_rng(config.seed)
+        # the same draws as build_pool, with the inputs kept for the capture
+        pools = [
+            [random_inputs(signature, config.batch, rng) for _ in range(config.pool_size)]
+            for _ in config.classes
+        ]
         payloads = [
-            build_pool(spec, signature, due, config.pool_size, rng) for due in config.classes
+            [encode(spec, inputs, due) for inputs in pool]
+            for pool, due in zip(pools, config.classes, strict=True)
         ]
         if before_start is not None:
             await before_start()
-        return await _drive(config, ledger, transport, payloads)
+        records = await _drive(config, ledger, transport, payloads, progress)
+        if record is not None:
+            write_bench_capture(record, config, ledger, pools)
+        return records
     finally:
         await transport.aclose()
 
@@ -129,18 +158,26 @@ def _payload_spec(config: BenchConfig) -> PayloadSpec:
 
 
 async def _drive(
-    config: BenchConfig, ledger: Ledger, transport: Transport, payloads: list[list[Any]]
+    config: BenchConfig,
+    ledger: Ledger,
+    transport: Transport,
+    payloads: list[list[Any]],
+    progress: bool = False,
 ) -> Records:
     rng = np.random.default_rng([config.seed, 1])
     sender = _sender(config, Dispatch(ledger, transport, payloads), rng)
     start = ledger.clock() + _LEAD_NS
     window = (start + round(config.warmup_s * 1e9), start + round(config.total_s * 1e9))
     cpu = asyncio.create_task(cpu_over(window, ledger.clock))
+    line = Progress("duetime bench", ledger.snapshot)
+    if progress:
+        line.start(config.total_s)
     try:
         await sender.run(start, window[1])
         cpu_s = await cpu
         await ledger.drained(config.drain_s)
     finally:
+        line.stop()
         cpu.cancel()
         sender.stop()
     return ledger.records(window, cpu_s, transport.pipelined)
@@ -308,6 +345,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     due.add_argument("--priority", type=int, help="the v2 priority parameter (1 is highest)")
     parser.add_argument("--json", type=Path, metavar="PATH", help="also write the results as JSON")
+    parser.add_argument(
+        "--record", type=Path, metavar="FILE",
+        help="write a capture of every request sent (duetime replay sends it again)",
+    )  # fmt: skip
+    parser.add_argument("-q", "--quiet", action="store_true", help="no progress line on stderr")
 
 
 def _numbers(flag: str) -> Callable[[str], tuple[float, ...]]:
@@ -345,7 +387,7 @@ def run(args: argparse.Namespace) -> int:
     """`duetime bench`: run, print the table, write --json; 2 for bad flags, 1 if it cannot run."""
     try:
         config = config_from_args(args)
-        result = run_bench(config)
+        result = run_bench(config, record=args.record, progress=not args.quiet)
     except ConfigError as exc:
         print(f"duetime bench: {exc.message}", file=sys.stderr)
         return 2
@@ -357,6 +399,8 @@ def run(args: argparse.Namespace) -> int:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(result.to_json(), indent=2))
         print(f"wrote {args.json}")
+    if args.record is not None:
+        print(f"wrote {args.record}")
     return 0
 
 

@@ -8,7 +8,7 @@ generator's own cost; `BenchResult` is that with the run's settings, printable a
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
@@ -46,6 +46,9 @@ class Records:
     pipelined: int = 0
     error_messages: tuple[str, ...] = ()
     processes: int = 1
+    scheduled_ns: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    """Scheduled send instants from the window's start (the timeline of the JSON report);
+    empty when not kept."""
 
 
 def merge_records(parts: Sequence[Records]) -> Records:
@@ -61,6 +64,7 @@ def merge_records(parts: Sequence[Records]) -> Records:
         pipelined=sum(p.pipelined for p in parts),
         error_messages=tuple(messages),
         processes=sum(p.processes for p in parts),
+        scheduled_ns=np.concatenate([p.scheduled_ns for p in parts]),
     )
 
 
@@ -302,12 +306,15 @@ class BenchResult:
     generator: GeneratorReport
     error_messages: tuple[str, ...]
     warnings: tuple[str, ...]
+    report_fields: dict[str, Any] | None = None
+    """The fields `duetime report` reads (`hdr.run_fields`): None without hdrhistogram."""
 
     def to_json(self) -> dict[str, Any]:
         doc = asdict(self)
         doc["config"]["repository"] = (
             None if self.config.repository is None else str(self.config.repository)
         )
+        doc.update(doc.pop("report_fields") or {})
         return doc
 
     def format(self) -> str:
@@ -333,5 +340,21 @@ def result_of(config: BenchConfig, records: Records) -> BenchResult:
     summary = summarize(records, config.classes, open_loop=config.mode == "open")
     return BenchResult(
         config, summary.classes, summary.overall, summary.generator, summary.error_messages,
-        summary.warnings,
+        summary.warnings, report_fields(config, records),
     )  # fmt: skip
+
+
+def report_fields(config: BenchConfig, records: Records) -> dict[str, Any] | None:
+    """The run as `duetime report` reads it: HDR histogram, per-second timeline, counts."""
+    if records.scheduled_ns.size != records.outcome.size:
+        return None
+    try:
+        from duetime.tools.hdr import MissingHdr, record_arrays, run_fields
+    except ImportError:  # pragma: no cover - hdr itself has no dependencies
+        return None
+    outcome = apply_due(records.outcome, records.latency_ns, records.due_class, config.classes)
+    try:
+        recorded = record_arrays(records.scheduled_ns, records.latency_ns, outcome)
+    except MissingHdr:
+        return None
+    return run_fields("bench", describe(config), records.duration_s, recorded)

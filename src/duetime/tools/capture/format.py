@@ -1,0 +1,423 @@
+"""The capture file format: constants, the record type, and encoding / decoding of one record.
+
+A capture is a file header, then length-prefixed records appended one after another; see
+`docs/capture-format.md` for the byte layout. Encoding takes plain values and buffers (numpy
+arrays or bytes), so the server's recorder and `CaptureWriter` produce the same bytes.
+"""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+import numpy as np
+import orjson
+
+MAGIC: Final = b"DUETCAP\n"
+"""The first 8 bytes of every capture file."""
+FORMAT_VERSION: Final = 1
+"""Bumped on any change a version-1 reader could misread."""
+
+FILE_HEAD: Final = struct.Struct("<8sHHqII")
+"""magic, format version, reserved (0), capture start wall time (ns since the Unix epoch),
+length of the header JSON, CRC32 of the header JSON; the JSON follows."""
+RECORD_PREFIX: Final = struct.Struct("<II")
+"""Before each record's body: its length in bytes, and the CRC32 of the body."""
+RECORD_FIXED: Final = struct.Struct("<qqqqHHHHI")
+"""The start of a record body: arrival_ns, due_in_ns, latency_ns, priority, status, flags,
+number of input tensors, number of output tensors, length of the meta JSON."""
+MAX_RECORD_BYTES: Final = 1 << 31
+"""Bodies longer than this are taken as corruption of the length prefix."""
+META_FIELDS: Final = (
+    "protocol", "model", "version", "request_id", "trace_id", "answered_version", "variant",
+    "error", "parameters", "headers", "outputs_wanted", "input_names", "output_names",
+)  # fmt: skip
+"""The meta JSON is an array of these, in this order."""
+
+# flags
+HAS_DUE: Final = 1
+HAS_OUTPUTS: Final = 2
+KNOWN_FLAGS: Final = 3
+
+DATATYPES: Final = (
+    "BOOL", "INT8", "INT16", "INT32", "INT64", "UINT8", "UINT16", "UINT32", "UINT64",
+    "FP16", "FP32", "FP64", "BYTES",
+)  # fmt: skip
+"""A tensor's datatype is stored as its index in this tuple (one byte)."""
+_CODE_OF: Final = {name: code for code, name in enumerate(DATATYPES)}
+_WIRE_DTYPE: Final[dict[str, np.dtype[Any]]] = {
+    "BOOL": np.dtype("?"), "INT8": np.dtype("<i1"), "INT16": np.dtype("<i2"),
+    "INT32": np.dtype("<i4"), "INT64": np.dtype("<i8"), "UINT8": np.dtype("<u1"),
+    "UINT16": np.dtype("<u2"), "UINT32": np.dtype("<u4"), "UINT64": np.dtype("<u8"),
+    "FP16": np.dtype("<f2"), "FP32": np.dtype("<f4"), "FP64": np.dtype("<f8"),
+}  # fmt: skip
+_DATATYPE_OF_DTYPE: Final[dict[np.dtype[Any], str]] = {
+    dtype: name for name, dtype in _WIRE_DTYPE.items()
+}
+"""Little-endian dtypes only (native ones are equal to them on little-endian machines)."""
+_LENGTH: Final = struct.Struct("<I")
+_MAX_DIMS: Final = 32
+_TENSOR_HEADS: dict[int, struct.Struct] = {}
+
+DROPPED_HEADERS: Final = frozenset(
+    {"authorization", "proxy-authorization", "cookie", "set-cookie", "x-api-key"}
+)
+"""Headers never written: credentials."""
+_INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
+
+
+@dataclass(slots=True)
+class CapturedTensor:
+    """One tensor of a captured request: raw little-endian bytes in row-major order. BYTES
+    tensors use the v2 binary layout: per element a 4-byte little-endian length, then its bytes."""
+
+    name: str
+    datatype: str
+    shape: tuple[int, ...]
+    data: bytes
+
+    def array(self) -> np.ndarray:
+        """The tensor as a numpy array (a read-only view of `data`; BYTES: an object array of
+        `bytes`)."""
+        if self.datatype == "BYTES":
+            return bytes_elements(self.data).reshape(self.shape)
+        return np.frombuffer(self.data, dtype=_WIRE_DTYPE[self.datatype]).reshape(self.shape)
+
+    @classmethod
+    def of(cls, name: str, array: np.ndarray) -> CapturedTensor:
+        """The tensor holding `array`'s values (object / str arrays become BYTES)."""
+        datatype, data = tensor_data(array)
+        return cls(name, datatype, tuple(array.shape), data)
+
+
+@dataclass(slots=True)
+class CapturedRequest:
+    """One request seen by the server and how it ended. Times are nanoseconds on the monotonic
+    clock: `arrival_ns` from the capture's start, `due_in_ns` and `latency_ns` from arrival."""
+
+    arrival_ns: int
+    protocol: str
+    """`http`, `grpc`, `grpc-stream` or `engine` (in-process)."""
+    model: str
+    version: str | None
+    """The version the request named (None: the traffic policy chose)."""
+    request_id: str
+    inputs: list[CapturedTensor]
+    outputs_wanted: tuple[str, ...] | None
+    """The outputs the request named (None: all)."""
+    parameters: dict[str, Any]
+    due_in_ns: int | None
+    """The due time the request brought, from its arrival (None: none; the model's default
+    timeout, if any, is not recorded here)."""
+    priority: int
+    headers: dict[str, str]
+    """HTTP headers or gRPC metadata, lower-case keys, without `DROPPED_HEADERS`."""
+    trace_id: str | None
+    status: int
+    """HTTP-style outcome: 200, or the error's status (400, 404, 429, 503, 504, 500 ...); 499
+    when the client cancelled it."""
+    error: str | None
+    latency_ns: int
+    """From arrival to the answer (or error) on the server's event loop."""
+    answered_version: str | None
+    variant: str | None
+    outputs: list[CapturedTensor] | None
+    """The answer's tensors when the capture records outputs (None: not recorded)."""
+
+
+class CaptureFormatError(Exception):
+    """A capture file that cannot be read: says which record (index from 0, None for the file
+    header), at which byte offset, and what was wrong."""
+
+    def __init__(self, path: str, index: int | None, offset: int, problem: str) -> None:
+        where = "file header" if index is None else f"record {index}"
+        super().__init__(f"{path}: {where} at byte offset {offset}: {problem}")
+        self.path = path
+        self.index = index
+        self.offset = offset
+        self.problem = problem
+
+
+class CaptureTruncated(CaptureFormatError):
+    """The file ends inside a record: a capture still being written, or one whose writer died."""
+
+
+class BadField(ValueError):
+    """A record body that does not decode; the reader adds where it is."""
+
+
+# -- encoding ------------------------------------------------------------------------------------
+
+
+def tensor_data(array: np.ndarray) -> tuple[str, bytes]:
+    """The v2 datatype of `array` and its raw bytes: little-endian, row-major."""
+    datatype = _DATATYPE_OF_DTYPE.get(array.dtype)
+    if datatype is not None:
+        return datatype, array.tobytes()
+    if array.dtype.kind in "OSU":
+        return "BYTES", bytes_layout(array)
+    datatype = _DATATYPE_OF_DTYPE.get(array.dtype.newbyteorder("<"))  # big-endian
+    if datatype is None:
+        raise BadField(f"numpy dtype {array.dtype} has no v2 datatype")
+    return datatype, array.astype(_WIRE_DTYPE[datatype]).tobytes()
+
+
+def tensors_of(arrays: Mapping[str, np.ndarray]) -> list[Tensor]:
+    """`encode_record`'s tensors for arrays by name (see `tensor_data`)."""
+    tensors = []
+    for name, array in arrays.items():
+        datatype = _DATATYPE_OF_DTYPE.get(array.dtype)
+        if datatype is None:
+            datatype, data = tensor_data(array)
+        else:
+            data = array.tobytes()
+        tensors.append((name, datatype, array.shape, data))
+    return tensors
+
+
+def bytes_layout(array: np.ndarray) -> bytes:
+    """A BYTES tensor's raw layout: per element a 4-byte little-endian length, then its bytes
+    (`str` elements as UTF-8)."""
+    parts = []
+    for item in array.reshape(-1):
+        data = item if isinstance(item, bytes) else str(item).encode("utf-8")
+        parts.append(_LENGTH.pack(len(data)))
+        parts.append(data)
+    return b"".join(parts)
+
+
+def bytes_elements(data: bytes) -> np.ndarray:
+    """The elements of a BYTES tensor's raw layout, as a flat object array of `bytes`."""
+    items: list[bytes] = []
+    offset, end = 0, len(data)
+    while offset < end:
+        if offset + 4 > end:
+            raise BadField(f"BYTES data ends inside the length of element {len(items)}")
+        (length,) = _LENGTH.unpack_from(data, offset)
+        offset += 4
+        if offset + length > end:
+            raise BadField(
+                f"BYTES element {len(items)} runs {offset + length - end} bytes past the end"
+            )
+        items.append(data[offset : offset + length])
+        offset += length
+    out = np.empty(len(items), dtype=object)
+    out[:] = items
+    return out
+
+
+Tensor = tuple[str, str, tuple[int, ...], bytes]
+"""A tensor to encode: name, v2 datatype, shape, raw little-endian bytes (see CapturedTensor)."""
+
+
+def _tensor_head(ndim: int) -> struct.Struct:
+    if ndim > _MAX_DIMS:
+        raise BadField(f"a tensor has {ndim} dims, over {_MAX_DIMS}")
+    head = _TENSOR_HEADS[ndim] = struct.Struct(f"<BBQ{ndim}q")
+    return head
+
+
+def encode_record(
+    arrival_ns: int,
+    protocol: str,
+    model: str,
+    version: str | None,
+    request_id: str,
+    inputs: Sequence[Tensor],
+    outputs_wanted: Sequence[str] | None,
+    parameters: Mapping[str, Any],
+    due_in_ns: int | None,
+    priority: int,
+    headers: Mapping[str, str],
+    trace_id: str | None,
+    status: int,
+    error: str | None,
+    latency_ns: int,
+    answered_version: str | None,
+    variant: str | None,
+    outputs: Sequence[Tensor] | None,
+) -> tuple[bytes, bytes]:
+    """One record: its prefix (length, CRC32) and its body. Headers in `DROPPED_HEADERS` are
+    left out. Raises BadField for a value the format cannot hold.
+
+    NOTE: the server's capture thread runs this for every request, competing with the event
+    loop for the GIL, so it is written for few bytecodes rather than for looks: the strings go
+    in one orjson call (meta), the numbers in one struct."""
+    if headers and not DROPPED_HEADERS.isdisjoint(headers):
+        headers = {k: v for k, v in headers.items() if k not in DROPPED_HEADERS}
+    try:
+        meta = orjson.dumps(
+            (
+                protocol, model, version, request_id, trace_id, answered_version, variant,
+                error, parameters, headers, outputs_wanted, [t[0] for t in inputs],
+                None if outputs is None else [t[0] for t in outputs],
+            ),
+            default=str,
+        )  # fmt: skip
+        fixed = RECORD_FIXED.pack(
+            arrival_ns, due_in_ns or 0, latency_ns,
+            priority if _INT64_MIN <= priority <= _INT64_MAX else _clamp(priority), status,
+            (due_in_ns is not None) | (outputs is not None) << 1, len(inputs),
+            0 if outputs is None else len(outputs), len(meta),
+        )  # fmt: skip
+    except (struct.error, orjson.JSONEncodeError) as exc:
+        raise BadField(f"a field cannot be encoded: {exc}") from None
+    parts = [fixed, meta]
+    heads = _TENSOR_HEADS
+    for _, datatype, shape, data in inputs if outputs is None else (*inputs, *outputs):
+        ndim = len(shape)
+        head = heads.get(ndim) or _tensor_head(ndim)
+        parts += (head.pack(_CODE_OF[datatype], ndim, len(data), *shape), data)
+    body = b"".join(parts)
+    return RECORD_PREFIX.pack(len(body), zlib.crc32(body)), body
+
+
+def _clamp(value: int) -> int:
+    return min(max(value, _INT64_MIN), _INT64_MAX)
+
+
+def encode_captured(record: CapturedRequest) -> tuple[bytes, bytes]:
+    """`encode_record` of a CapturedRequest."""
+    return encode_record(
+        arrival_ns=record.arrival_ns, protocol=record.protocol, model=record.model,
+        version=record.version, request_id=record.request_id,
+        inputs=[(t.name, t.datatype, t.shape, t.data) for t in record.inputs],
+        outputs_wanted=record.outputs_wanted, parameters=record.parameters,
+        due_in_ns=record.due_in_ns, priority=record.priority, headers=record.headers,
+        trace_id=record.trace_id, status=record.status, error=record.error,
+        latency_ns=record.latency_ns, answered_version=record.answered_version,
+        variant=record.variant,
+        outputs=None if record.outputs is None
+        else [(t.name, t.datatype, t.shape, t.data) for t in record.outputs],
+    )  # fmt: skip
+
+
+def encode_file_head(start_wall_ns: int, header: Mapping[str, Any]) -> bytes:
+    """The file header: fixed part, then `header` as JSON."""
+    text = orjson.dumps(header, default=str)
+    return (
+        FILE_HEAD.pack(MAGIC, FORMAT_VERSION, 0, start_wall_ns, len(text), zlib.crc32(text)) + text
+    )
+
+
+# -- decoding ------------------------------------------------------------------------------------
+
+
+def decode_record(body: bytes) -> CapturedRequest:
+    """The CapturedRequest in one record body (its CRC already checked); BadField if it does not
+    decode."""
+    if len(body) < RECORD_FIXED.size:
+        raise BadField(
+            f"body of {len(body)} bytes is shorter than the {RECORD_FIXED.size}-byte fixed part"
+        )
+    arrival, due_in, latency, priority, status, flags, n_inputs, n_outputs, meta_length = (
+        RECORD_FIXED.unpack_from(body)
+    )
+    if flags & ~KNOWN_FLAGS:
+        raise BadField(f"unknown flags {flags:#x}")
+    start = RECORD_FIXED.size
+    if start + meta_length > len(body):
+        raise BadField(f"meta ({meta_length} bytes) runs past the end of the record")
+    meta = _Meta(body[start : start + meta_length])
+    protocol, model = meta.text("protocol"), meta.text("model")
+    version, request_id = meta.text("version", True), meta.text("request_id")
+    trace_id, answered = meta.text("trace_id", True), meta.text("answered_version", True)
+    variant, error = meta.text("variant", True), meta.text("error", True)
+    parameters, headers = meta.object("parameters"), meta.object("headers")
+    if not all(isinstance(v, str) for v in headers.values()):
+        raise BadField("meta 'headers' holds a value that is not a string")
+    wanted = meta.names("outputs_wanted", None, True)
+    input_names = meta.names("input_names", n_inputs)
+    output_names = meta.names("output_names", n_outputs, not flags & HAS_OUTPUTS)
+    cursor = _Cursor(body, start + meta_length)
+    inputs = [cursor.tensor(name) for name in input_names or ()]
+    outputs = [cursor.tensor(name) for name in output_names or ()]
+    if cursor.offset != len(body):
+        raise BadField(f"{len(body) - cursor.offset} bytes left over after the last tensor")
+    return CapturedRequest(
+        arrival_ns=arrival, protocol=protocol or "", model=model or "", version=version,
+        request_id=request_id or "", inputs=inputs, outputs_wanted=wanted,
+        parameters=parameters, due_in_ns=due_in if flags & HAS_DUE else None,
+        priority=priority, headers=headers, trace_id=trace_id, status=status, error=error,
+        latency_ns=latency, answered_version=answered, variant=variant,
+        outputs=outputs if flags & HAS_OUTPUTS else None,
+    )  # fmt: skip
+
+
+class _Meta:
+    """The meta JSON array, checked field by field; BadField names the field that is wrong."""
+
+    __slots__ = ("values",)
+
+    def __init__(self, text: bytes) -> None:
+        try:
+            values = orjson.loads(text)
+        except orjson.JSONDecodeError as exc:
+            raise BadField(f"meta is not valid JSON: {exc}") from None
+        if not isinstance(values, list) or len(values) != len(META_FIELDS):
+            raise BadField(f"meta is not an array of the {len(META_FIELDS)} fields")
+        self.values = dict(zip(META_FIELDS, values, strict=True))
+
+    def text(self, name: str, nullable: bool = False) -> str | None:
+        value = self.values[name]
+        if isinstance(value, str) or (nullable and value is None):
+            return value
+        raise BadField(f"meta '{name}' is not a string: {value!r}")
+
+    def object(self, name: str) -> dict[str, Any]:
+        value = self.values[name]
+        if not isinstance(value, dict):
+            raise BadField(f"meta '{name}' is not an object")
+        return value
+
+    def names(self, name: str, count: int | None, nullable: bool = False) -> tuple[str, ...] | None:
+        value = self.values[name]
+        if value is None and nullable:
+            return None
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise BadField(f"meta '{name}' is not a list of names")
+        if count is not None and len(value) != count:
+            raise BadField(f"meta '{name}' names {len(value)} tensors, the record holds {count}")
+        return tuple(value)
+
+
+class _Cursor:
+    """Reads tensors off a record body in order."""
+
+    __slots__ = ("body", "offset")
+
+    def __init__(self, body: bytes, offset: int) -> None:
+        self.body = body
+        self.offset = offset
+
+    def take(self, count: int, what: str) -> bytes:
+        end = self.offset + count
+        if end > len(self.body):
+            raise BadField(f"{what} ({count} bytes) runs past the end of the record")
+        data = self.body[self.offset : end]
+        self.offset = end
+        return data
+
+    def tensor(self, name: str) -> CapturedTensor:
+        if self.offset + 2 > len(self.body):
+            raise BadField(f"tensor '{name}': its header runs past the end of the record")
+        ndim = self.body[self.offset + 1]
+        head = _TENSOR_HEADS.get(ndim) or _tensor_head(ndim)
+        code, _, nbytes, *shape = head.unpack(self.take(head.size, f"tensor '{name}' header"))
+        if code >= len(DATATYPES):
+            raise BadField(f"tensor '{name}': unknown datatype code {code}")
+        if any(dim < 0 for dim in shape):
+            raise BadField(f"tensor '{name}': negative dimension in shape {shape}")
+        datatype = DATATYPES[code]
+        data = self.take(nbytes, f"tensor '{name}' data")
+        if datatype != "BYTES":
+            expected = _WIRE_DTYPE[datatype].itemsize * int(np.prod(shape, dtype=np.int64))
+            if expected != nbytes:
+                raise BadField(
+                    f"tensor '{name}': {nbytes} bytes do not make {datatype}{shape} "
+                    f"({expected} bytes)"
+                )
+        return CapturedTensor(name, datatype, tuple(shape), data)

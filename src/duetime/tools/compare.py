@@ -1,0 +1,72 @@
+"""`duetime report`: several bench or replay results side by side, as one HTML page or PNG.
+
+    duetime report a.json b.json --label before --label after --out cmp.html
+
+Reads the fields every result carries (`hdr.run_fields`), merges nothing: each run keeps its
+own exact latency histogram. matplotlib is needed (the `report` extra); the server never is.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+from duetime.tools.hdr import RunReport
+
+
+def load_reports(paths: list[Path], labels: list[str]) -> list[RunReport]:
+    """The runs in `paths`, relabelled by `labels` in order; ValueError naming a bad file."""
+    if labels and len(labels) != len(paths):
+        raise ValueError(f"{len(labels)} --label for {len(paths)} results; give one per result")
+    reports = []
+    for index, path in enumerate(paths):
+        try:
+            doc = json.loads(path.read_text())
+        except OSError as exc:
+            raise ValueError(f"{path}: cannot read it: {exc.strerror}") from None
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{path}: not JSON: {exc}") from None
+        report = RunReport.from_json(doc, str(path))
+        report = replace(report, label=labels[index] if labels else path.stem)
+        reports.append(report)
+    return reports
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The `duetime report` flags."""
+    parser.description = (
+        "Plot the results of `duetime bench --json` or `duetime replay --json` side by side: "
+        "latency CDFs overlaid, latency and goodput over time per run, and a table with the "
+        "run of the lowest P99 highlighted."
+    )
+    parser.add_argument("results", type=Path, nargs="+", metavar="RESULT.json")
+    parser.add_argument(
+        "--label", action="append", default=[], help="a run's name in the plots (one per result)"
+    )
+    parser.add_argument(
+        "--out", type=Path, required=True, metavar="OUT", help="report.html or report.png"
+    )
+    parser.add_argument("--title", default="duetime report", help="the page's title")
+
+
+def run(args: argparse.Namespace) -> int:
+    """2 for a bad file or flag; 1 when matplotlib is missing."""
+    if args.out.suffix.lower() not in (".html", ".png"):
+        print(f"duetime report: --out {args.out}: expected a .html or .png file", file=sys.stderr)
+        return 2
+    try:
+        reports = load_reports(args.results, args.label)
+        from duetime.tools.plots import write_report
+    except ValueError as exc:
+        print(f"duetime report: {exc}", file=sys.stderr)
+        return 2
+    except ImportError as exc:
+        print(f"duetime report: {exc} (the report extra: pip install 'duetime[report]')",
+              file=sys.stderr)  # fmt: skip
+        return 1
+    write_report(reports, args.out, title=args.title)
+    print(f"wrote {args.out}")
+    return 0

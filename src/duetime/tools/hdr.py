@@ -1,0 +1,356 @@
+"""Latency recording for runs of any length: an HDR histogram of the whole run (constant memory,
+1 µs to 60 s at 3 significant digits) and one row of counts and percentiles per second.
+
+`LatencyRecorder` is fed each send and each end as they happen (the replay) or afterwards from
+arrays (the bench); `Recorded` is what it kept, and `run_fields` the JSON both commands write so
+that `duetime report` reads either. The histogram travels base64-encoded (`HdrHistogram.encode`),
+so several runs' histograms merge exactly.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from duetime.tools.outcomes import Outcome
+
+if TYPE_CHECKING:
+    from hdrh.histogram import HdrHistogram  # type: ignore[import-untyped]
+
+LOWEST_US = 1
+HIGHEST_US = 60_000_000
+"""Latencies above this (60 s) are recorded as 60 s."""
+DIGITS = 3
+INTERVAL_NS = 1_000_000_000
+"""The timeline's bucket: one second."""
+REPORT_FORMAT = 1
+"""Version of the shared JSON fields (`run_fields`); `duetime report` checks it."""
+
+
+class MissingHdr(ImportError):
+    """The `hdrhistogram` package is not installed."""
+
+
+def _histogram_class() -> Any:
+    # NOTE: imported on first use: the server and `duetime serve` never need it.
+    try:
+        from hdrh.histogram import HdrHistogram
+    except ImportError as exc:
+        raise MissingHdr(
+            f"latency histograms need the hdrhistogram package ({exc}); "
+            "pip install 'duetime[report]'"
+        ) from None
+    return HdrHistogram
+
+
+def new_histogram() -> HdrHistogram:
+    histogram: HdrHistogram = _histogram_class()(LOWEST_US, HIGHEST_US, DIGITS)
+    return histogram
+
+
+def encode(histogram: HdrHistogram) -> str:
+    text: bytes = histogram.encode()
+    return text.decode("ascii")
+
+
+def decode(text: str) -> HdrHistogram:
+    """A histogram from `encode`'s text; ValueError if the text is not one."""
+    cls = _histogram_class()
+    try:
+        histogram: HdrHistogram = cls.decode(text.encode("ascii"))
+        return histogram
+    except Exception as exc:  # hdrh raises assorted errors on bad input
+        raise ValueError(f"not an encoded HDR histogram: {exc}") from None
+
+
+def merge(encoded: Iterable[str]) -> HdrHistogram:
+    """One histogram holding every value of the encoded ones."""
+    total = new_histogram()
+    for text in encoded:
+        total.add(decode(text))
+    return total
+
+
+def record_us(histogram: HdrHistogram, latency_us: int) -> None:
+    histogram.record_value(min(max(latency_us, LOWEST_US), HIGHEST_US))
+
+
+def percentiles_us(histogram: HdrHistogram) -> dict[str, float | int | None]:
+    """count, p50, p90, p99, p999, max and mean in µs (None without values)."""
+    count = int(histogram.get_total_count())
+    if count == 0:
+        return {"count": 0, "p50": None, "p90": None, "p99": None, "p999": None, "max": None,
+                "mean": None}  # fmt: skip
+    at = histogram.get_percentile_to_value_dict([50, 90, 99, 99.9])
+    return {
+        "count": count, "p50": float(at[50]), "p90": float(at[90]), "p99": float(at[99]),
+        "p999": float(at[99.9]), "max": float(histogram.get_max_value()),
+        "mean": float(histogram.get_mean_value()),
+    }  # fmt: skip
+
+
+def cdf_points(histogram: HdrHistogram) -> tuple[np.ndarray, np.ndarray]:
+    """(latency µs, fraction of values at or below it) at every recorded value: an exact CDF."""
+    values: list[float] = []
+    counts: list[int] = []
+    for item in histogram.get_recorded_iterator():
+        values.append(float(item.value_iterated_to))
+        counts.append(int(item.count_at_value_iterated_to))
+    total = max(1, sum(counts))
+    return np.asarray(values), np.cumsum(np.asarray(counts, dtype=np.float64)) / total
+
+
+# -- the timeline --------------------------------------------------------------------------------
+
+_ENDS = ("ok", "late", "rejected", "expired", "errors")
+_END_OF: dict[int, int] = {
+    Outcome.OK: 0, Outcome.LATE: 1, Outcome.REJECTED: 2, Outcome.EXPIRED: 3, Outcome.ERROR: 4,
+    Outcome.NO_ANSWER: 4,
+}  # fmt: skip
+
+
+@dataclass(slots=True)
+class Timeline:
+    """Per second of the run: requests sent, how the requests that ended in it ended, and the
+    latency percentiles of its successful answers (µs; None in a second without any)."""
+
+    interval_s: float = INTERVAL_NS / 1e9
+    sent: list[int] = field(default_factory=list)
+    ok: list[int] = field(default_factory=list)
+    late: list[int] = field(default_factory=list)
+    rejected: list[int] = field(default_factory=list)
+    expired: list[int] = field(default_factory=list)
+    errors: list[int] = field(default_factory=list)
+    p50_us: list[float | None] = field(default_factory=list)
+    p99_us: list[float | None] = field(default_factory=list)
+    max_us: list[float | None] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.sent)
+
+    def grow(self, size: int) -> None:
+        """Make room for `size` seconds."""
+        while len(self.sent) < size:
+            for counts in (self.sent, self.ok, self.late, self.rejected, self.expired,
+                           self.errors):  # fmt: skip
+                counts.append(0)
+            for times in (self.p50_us, self.p99_us, self.max_us):
+                times.append(None)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "interval_s": self.interval_s, "sent": self.sent, "ok": self.ok, "late": self.late,
+            "rejected": self.rejected, "expired": self.expired, "errors": self.errors,
+            "p50_us": self.p50_us, "p99_us": self.p99_us, "max_us": self.max_us,
+        }  # fmt: skip
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any]) -> Timeline:
+        """ValueError naming the field when `doc` is not a timeline."""
+        timeline = cls(interval_s=float(doc.get("interval_s", 1.0)))
+        size = len(doc.get("sent", []))
+        for name in ("sent", *_ENDS, "p50_us", "p99_us", "max_us"):
+            column = doc.get(name)
+            if not isinstance(column, list) or len(column) != size:
+                raise ValueError(f"timeline.{name}: expected a list of {size} values")
+            setattr(timeline, name, list(column))
+        return timeline
+
+
+# -- recording -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Recorded:
+    """What a LatencyRecorder kept of one run."""
+
+    histogram: HdrHistogram
+    """Latency of successful answers (ok and late), µs."""
+    timeline: Timeline
+
+
+class LatencyRecorder:
+    """Records sends and ends of one run, instants in ns of one clock, from `start_ns` on.
+
+    Ends come in time order (each is filed in the second it happened); the latencies of the
+    current second are kept until the next begins, the rest is a fixed-size histogram and a
+    few numbers per second.
+    """
+
+    def __init__(self, start_ns: int, interval_ns: int = INTERVAL_NS) -> None:
+        self.start_ns = start_ns
+        self.interval_ns = interval_ns
+        self.histogram = new_histogram()
+        self.timeline = Timeline(interval_s=interval_ns / 1e9)
+        self._second = 0
+        self._latencies_us: list[int] = []
+
+    def sent(self, at_ns: int) -> None:
+        index = max(0, (at_ns - self.start_ns) // self.interval_ns)
+        timeline = self.timeline
+        if index >= len(timeline.sent):
+            timeline.grow(index + 1)
+        timeline.sent[index] += 1
+
+    def ended(self, at_ns: int, latency_ns: int, outcome: int) -> None:
+        """One request's end; `latency_ns` counts only for OK and LATE answers."""
+        index = max(0, (at_ns - self.start_ns) // self.interval_ns)
+        if index != self._second:
+            self._close_second()
+            self._second = index
+        timeline = self.timeline
+        if index >= len(timeline.sent):
+            timeline.grow(index + 1)
+        end = _END_OF[outcome]
+        if end == 0:
+            timeline.ok[index] += 1
+        elif end == 1:
+            timeline.late[index] += 1
+        else:
+            (timeline.rejected, timeline.expired, timeline.errors)[end - 2][index] += 1
+        if end <= 1:
+            latency_us = latency_ns // 1000
+            self._latencies_us.append(latency_us)
+            record_us(self.histogram, latency_us)
+
+    def p99_us(self) -> float | None:
+        """The P99 so far (a scan of the histogram: for a progress line, not per request)."""
+        if self.histogram.get_total_count() == 0:
+            return None
+        return float(self.histogram.get_value_at_percentile(99))
+
+    def finish(self) -> Recorded:
+        self._close_second()
+        return Recorded(self.histogram, self.timeline)
+
+    def _close_second(self) -> None:
+        latencies = self._latencies_us
+        if not latencies:
+            return
+        self._latencies_us = []
+        p50, p99 = np.percentile(np.asarray(latencies, dtype=np.float64), [50, 99])
+        timeline, index = self.timeline, self._second
+        timeline.grow(index + 1)
+        timeline.p50_us[index] = float(p50)
+        timeline.p99_us[index] = float(p99)
+        timeline.max_us[index] = float(max(latencies))
+
+
+def record_arrays(
+    sent_ns: np.ndarray, latency_ns: np.ndarray, outcome: np.ndarray, start_ns: int = 0
+) -> Recorded:
+    """What a LatencyRecorder fed in time order would keep, computed from whole-run arrays
+    (vectorised): each request's send instant, latency and settled outcome; answered requests
+    end at send + latency, the others at their send."""
+    answered = (outcome == Outcome.OK) | (outcome == Outcome.LATE)
+    ends = np.where(answered, sent_ns + latency_ns, sent_ns)
+    sent_at = np.maximum(0, (sent_ns - start_ns) // INTERVAL_NS)
+    end_at = np.maximum(0, (ends - start_ns) // INTERVAL_NS)
+    size = int(max(sent_at.max(initial=-1), end_at.max(initial=-1))) + 1
+    timeline = Timeline()
+    timeline.grow(size)
+    timeline.sent = np.bincount(sent_at, minlength=size).tolist()
+    # the end codes are the Outcome values, with NO_ANSWER (-1) an error (4)
+    kinds = np.where(outcome < 0, _END_OF[Outcome.NO_ANSWER], outcome)
+    for code, name in enumerate(_ENDS):
+        counts = np.bincount(end_at[kinds == code], minlength=size)
+        setattr(timeline, name, counts.tolist())
+    latency_us = latency_ns[answered] // 1000
+    seconds = end_at[answered]
+    order = np.argsort(seconds, kind="stable")
+    seconds, latency_us = seconds[order], latency_us[order]
+    bounds = np.flatnonzero(np.diff(seconds)) + 1
+    for group in np.split(np.arange(seconds.size), bounds):
+        if group.size == 0:
+            continue
+        values = latency_us[group].astype(np.float64)
+        p50, p99 = np.percentile(values, [50, 99])
+        index = int(seconds[group[0]])
+        timeline.p50_us[index], timeline.p99_us[index] = float(p50), float(p99)
+        timeline.max_us[index] = float(values.max())
+    histogram = new_histogram()
+    clipped = np.clip(latency_us, LOWEST_US, HIGHEST_US)
+    for value, count in zip(*np.unique(clipped, return_counts=True), strict=True):
+        histogram.record_value(int(value), int(count))
+    return Recorded(histogram, timeline)
+
+
+# -- the JSON every run writes -------------------------------------------------------------------
+
+
+def run_fields(
+    kind: str,
+    label: str,
+    duration_s: float,
+    recorded: Recorded,
+    extra: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The fields `duetime report` reads, the same for a bench and a replay result."""
+    timeline = recorded.timeline
+    counts = {name: int(sum(getattr(timeline, name))) for name in ("sent", *_ENDS)}
+    span = duration_s if duration_s > 0 else math.inf
+    return {
+        "report_format": REPORT_FORMAT,
+        "kind": kind,
+        "label": label,
+        "duration_s": duration_s,
+        **counts,
+        "throughput_rps": (counts["ok"] + counts["late"]) / span,
+        "goodput_rps": counts["ok"] / span,
+        "latency_us": percentiles_us(recorded.histogram),
+        "histogram": {
+            "unit": "us",
+            "lowest": LOWEST_US,
+            "highest": HIGHEST_US,
+            "digits": DIGITS,
+            "encoded": encode(recorded.histogram),
+        },
+        "timeline": timeline.to_json(),
+        **(extra or {}),
+    }
+
+
+@dataclass(frozen=True, slots=True)
+class RunReport:
+    """One run as `duetime report` sees it (read back from `run_fields`' JSON): `label` names
+    it in plots (the file's name unless given), `description` is what the run said of itself."""
+
+    label: str
+    description: str
+    kind: str
+    duration_s: float
+    counts: dict[str, int]
+    goodput_rps: float
+    histogram: HdrHistogram
+    timeline: Timeline
+
+    @property
+    def latency_us(self) -> dict[str, float | int | None]:
+        return percentiles_us(self.histogram)
+
+    @classmethod
+    def from_json(cls, doc: Any, where: str) -> RunReport:
+        """ValueError saying what is missing when `doc` is no bench or replay result."""
+        if not isinstance(doc, dict) or "histogram" not in doc or "timeline" not in doc:
+            raise ValueError(
+                f"{where}: not a result of `duetime bench --json` or `duetime replay --json` "
+                "(no 'histogram' and 'timeline' fields; results from before they were added "
+                "cannot be plotted)"
+            )
+        try:
+            histogram = decode(str(doc["histogram"]["encoded"]))
+            timeline = Timeline.from_json(doc["timeline"])
+            counts = {name: int(doc.get(name, 0)) for name in ("sent", *_ENDS)}
+            return cls(
+                label=where, description=str(doc.get("label", "")),
+                kind=str(doc.get("kind", "?")),
+                duration_s=float(doc.get("duration_s", 0.0)), counts=counts,
+                goodput_rps=float(doc.get("goodput_rps", 0.0)), histogram=histogram,
+                timeline=timeline,
+            )  # fmt: skip
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"{where}: {exc}") from None

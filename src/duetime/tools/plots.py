@@ -1,0 +1,307 @@
+"""Reports of bench and replay runs: a self-contained HTML page (PNG plots inlined, a summary
+table) or one PNG. matplotlib (Agg, no display) is imported here only, so the server never needs
+it: `pip install 'duetime[report]'`.
+
+Plots: the classic HDR percentile plot (latency against 1/(1-q), so the tail gets room) and the
+CDF, every run overlaid; per run, p50 and p99 per second with the sent rate on a second axis;
+goodput (on-time answers per second) and failures (rejected, expired, errors) per second.
+The table marks the run with the lowest P99.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import math
+from collections.abc import Sequence
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt
+from matplotlib.axes import Axes
+from matplotlib.figure import Figure
+from matplotlib.ticker import FuncFormatter
+
+from duetime.tools.hdr import RunReport, cdf_points
+
+COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2",
+          "#17becf")  # fmt: skip
+_NINES = (0.5, 0.9, 0.99, 0.999, 0.9999, 0.99999)
+
+
+def color(index: int) -> str:
+    return COLORS[index % len(COLORS)]
+
+
+def _plain(value: float, _: object = None) -> str:
+    return f"{value:g}"
+
+
+def _plain_minor(value: float, _: object = None) -> str:
+    """Minor log ticks labelled at 2 and 5 only (0.2, 5, 20 ...)."""
+    text = f"{value:g}"
+    return text if text.lstrip("0.")[:1] in ("2", "5") else ""
+
+
+def _plain_log(ax: Axes, axis: str = "y") -> None:
+    """Label a log axis 0.5, 1, 2, 5 ... instead of powers of ten."""
+    target = ax.yaxis if axis == "y" else ax.xaxis
+    target.set_major_formatter(FuncFormatter(_plain))
+    target.set_minor_formatter(FuncFormatter(_plain_minor))
+
+
+# -- one plot each -------------------------------------------------------------------------------
+
+
+def percentile_plot(ax: Axes, reports: Sequence[RunReport]) -> None:
+    """Latency (ms) against percentile on a 1/(1-q) log axis: the tail gets as much room as
+    the median."""
+    top = 0.99
+    for index, report in enumerate(reports):
+        levels, values = [], []
+        for item in report.histogram.get_percentile_iterator(5):
+            q = float(item.percentile_level_iterated_to) / 100
+            if q >= 1:
+                continue
+            levels.append(1 / (1 - q))
+            values.append(float(item.value_iterated_to) / 1000)
+        if levels:
+            ax.plot(levels, values, color=color(index), label=report.label, linewidth=1.8)
+            top = max(top, 1 - 1 / max(levels))
+    ax.set_xscale("log")
+    ticks = [q for q in _NINES if q <= max(0.99, 1 - (1 - top) / 2)]
+    ax.set_xticks([1 / (1 - q) for q in ticks], [f"{100 * q:g}%" for q in ticks])
+    ax.set_xlim(left=1)
+    ax.set_yscale("log")
+    _plain_log(ax)
+    ax.set_xlabel("percentile")
+    ax.set_ylabel("latency (ms)")
+    ax.set_title("Latency by percentile (lower is better)")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(loc="upper left")
+
+
+def cdf_plot(ax: Axes, reports: Sequence[RunReport]) -> None:
+    """Fraction of answers within each latency (ms, log x)."""
+    for index, report in enumerate(reports):
+        values, fractions = cdf_points(report.histogram)
+        if values.size:
+            ax.step(values / 1000, fractions, where="post", color=color(index),
+                    label=report.label, linewidth=1.8)  # fmt: skip
+    ax.set_xscale("log")
+    _plain_log(ax, "x")
+    ax.set_ylim(0, 1.01)
+    ax.set_xlabel("latency (ms)")
+    ax.set_ylabel("fraction of answers within")
+    ax.set_title("Latency CDF (further left is better)")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(loc="lower right")
+
+
+def _seconds(report: RunReport) -> list[float]:
+    step = report.timeline.interval_s
+    return [step * (i + 0.5) for i in range(len(report.timeline))]
+
+
+def _ms_or_nan(values: Sequence[float | None]) -> list[float]:
+    return [math.nan if v is None else v / 1000 for v in values]
+
+
+def timeline_plot(ax: Axes, report: RunReport, index: int) -> None:
+    """One run's p50 and p99 per second (ms), and the rate it sent on the right axis."""
+    t, timeline = _seconds(report), report.timeline
+    rate = ax.twinx()
+    step = timeline.interval_s
+    rate.fill_between(t, [s / step for s in timeline.sent], step="mid", color="0.85",
+                      label="sent /s")  # fmt: skip
+    rate.set_ylabel("sent per second", color="0.4")
+    rate.set_ylim(bottom=0)
+    ax.set_zorder(rate.get_zorder() + 1)
+    ax.patch.set_visible(False)
+    ax.plot(t, _ms_or_nan(timeline.p99_us), color=color(index), linewidth=1.8, label="p99",
+            marker="o", markersize=3)  # fmt: skip
+    ax.plot(t, _ms_or_nan(timeline.p50_us), color=color(index), linewidth=1.2, linestyle="--",
+            label="p50", marker="o", markersize=2)  # fmt: skip
+    ax.set_yscale("log")
+    _plain_log(ax)
+    ax.set_xlabel("seconds into the run")
+    ax.set_ylabel("latency (ms)")
+    ax.set_title(f"{report.label}: latency over time")
+    ax.grid(True, alpha=0.3)
+    lines, labels = ax.get_legend_handles_labels()
+    more, more_labels = rate.get_legend_handles_labels()
+    ax.legend(lines + more, labels + more_labels, loc="upper left", fontsize="small")
+
+
+def goodput_plot(ax: Axes, reports: Sequence[RunReport]) -> None:
+    """On-time answers per second (solid) and failures per second (dotted), every run."""
+    for index, report in enumerate(reports):
+        t, timeline = _seconds(report), report.timeline
+        step = timeline.interval_s
+        ax.plot(t, [v / step for v in timeline.ok], color=color(index), linewidth=1.8,
+                marker="o", markersize=3, label=f"{report.label}: on time")  # fmt: skip
+        failed = [
+            (r + e + x) / step
+            for r, e, x in zip(timeline.rejected, timeline.expired, timeline.errors, strict=True)
+        ]
+        if any(failed):
+            ax.plot(t, failed, color=color(index), linestyle=":", linewidth=1.5, marker="x",
+                    markersize=4, label=f"{report.label}: rejected, expired, errors")  # fmt: skip
+    ax.set_ylim(bottom=0)
+    ax.set_xlabel("seconds into the run")
+    ax.set_ylabel("per second")
+    ax.set_title("Goodput (on-time answers) and failures over time")
+    ax.grid(True, alpha=0.3)
+    ax.legend(loc="lower left", fontsize="small")
+
+
+# -- the table -----------------------------------------------------------------------------------
+
+_HEADS = ("run", "kind", "sent", "ok (on time)", "late", "rejected", "expired", "errors",
+          "goodput /s", "p50 ms", "p99 ms", "p99.9 ms")  # fmt: skip
+
+
+def winner(reports: Sequence[RunReport]) -> int | None:
+    """The index of the run with the lowest P99 (None: fewer than two runs with answers)."""
+    p99s = [(r.latency_us["p99"], i) for i, r in enumerate(reports) if r.latency_us["p99"]]
+    if len(p99s) < 2:
+        return None
+    return min(p99s)[1]
+
+
+def table_rows(reports: Sequence[RunReport]) -> list[list[str]]:
+    rows = []
+    for report in reports:
+        latency, counts = report.latency_us, report.counts
+        rows.append([
+            report.label, report.kind, *(f"{counts[k]:,}" for k in
+            ("sent", "ok", "late", "rejected", "expired", "errors")),
+            f"{report.goodput_rps:,.1f}",
+            *("-" if latency[k] is None else f"{float(latency[k] or 0) / 1000:.3f}"
+              for k in ("p50", "p99", "p999")),
+        ])  # fmt: skip
+    return rows
+
+
+def verdict(reports: Sequence[RunReport]) -> str:
+    """One sentence naming the fastest run at P99, and by how much."""
+    best = winner(reports)
+    if best is None:
+        return ""
+    p99 = float(reports[best].latency_us["p99"] or 0)
+    others = [
+        f"{r.label} {float(r.latency_us['p99'] or 0) / 1000:.3f} ms"
+        for i, r in enumerate(reports)
+        if i != best and r.latency_us["p99"]
+    ]
+    return (f"Lowest P99: {reports[best].label} at {p99 / 1000:.3f} ms "
+            f"(vs {', '.join(others)}).")  # fmt: skip
+
+
+# -- whole reports -------------------------------------------------------------------------------
+
+
+def _png(figure: Figure) -> bytes:
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", dpi=100, bbox_inches="tight")
+    plt.close(figure)
+    return buffer.getvalue()
+
+
+def figures(reports: Sequence[RunReport]) -> list[tuple[str, bytes]]:
+    """The report's plots as (caption, PNG bytes)."""
+    out = []
+    figure, (left, right) = plt.subplots(1, 2, figsize=(13, 4.8))
+    percentile_plot(left, reports)
+    cdf_plot(right, reports)
+    out.append(("Latency distribution, every run (answers only)", _png(figure)))
+    figure, ax = plt.subplots(figsize=(13, 4))
+    goodput_plot(ax, reports)
+    out.append(("Goodput and failures per second", _png(figure)))
+    for index, report in enumerate(reports):
+        figure, ax = plt.subplots(figsize=(13, 3.6))
+        timeline_plot(ax, report, index)
+        out.append((f"{report.label}: latency over time", _png(figure)))
+    return out
+
+
+def write_png(reports: Sequence[RunReport], out: Path, title: str) -> None:
+    """Everything on one PNG: distributions, goodput, per-run timelines, then the table."""
+    rows = 3 + len(reports)
+    heights = [1.2, 1.0, *([0.9] * len(reports)), 0.25 + 0.12 * len(reports)]
+    figure = plt.figure(figsize=(13, 4.2 * sum(heights)), layout="constrained")
+    grid = figure.add_gridspec(rows, 2, height_ratios=heights)
+    percentile_plot(figure.add_subplot(grid[0, 0]), reports)
+    cdf_plot(figure.add_subplot(grid[0, 1]), reports)
+    goodput_plot(figure.add_subplot(grid[1, :]), reports)
+    for index, report in enumerate(reports):
+        timeline_plot(figure.add_subplot(grid[2 + index, :]), report, index)
+    ax = figure.add_subplot(grid[rows - 1, :])
+    ax.axis("off")
+    table = ax.table(cellText=table_rows(reports), colLabels=_HEADS, loc="center")
+    table.auto_set_font_size(False)
+    table.set_fontsize(9)
+    table.scale(1, 1.6)
+    best = winner(reports)
+    if best is not None:
+        for column in range(len(_HEADS)):
+            table[best + 1, column].set_facecolor("#d8f5d0")
+            table[best + 1, column].set_text_props(fontweight="bold")
+    ax.set_title(verdict(reports) or " ", fontsize=11)
+    figure.suptitle(title, fontsize=14)
+    figure.savefig(out, format="png", dpi=90)
+    plt.close(figure)
+
+
+_STYLE = """body{font:14px system-ui,sans-serif;margin:24px;color:#222;max-width:1400px}
+table{border-collapse:collapse;margin:12px 0}th,td{padding:4px 10px;border:1px solid #ccc;
+text-align:right}th{background:#f2f2f2}td:first-child,td:nth-child(2){text-align:left}
+tr.best td{background:#d8f5d0;font-weight:bold}.verdict{font-size:16px;margin:8px 0}
+figure{margin:18px 0}figcaption{color:#555;margin-bottom:4px}img{max-width:100%}"""
+
+
+def html_page(reports: Sequence[RunReport], title: str) -> str:
+    best = winner(reports)
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in _HEADS)
+    body = []
+    for index, row in enumerate(table_rows(reports)):
+        cells = "".join(f"<td>{html.escape(cell)}</td>" for cell in row)
+        marker = ' class="best"' if index == best else ""
+        body.append(f"<tr{marker}>{cells}</tr>")
+    images = "".join(
+        f'<figure><figcaption>{html.escape(caption)}</figcaption><img alt="{html.escape(caption)}"'
+        f' src="data:image/png;base64,{base64.b64encode(png).decode("ascii")}"></figure>'
+        for caption, png in figures(reports)
+    )
+    described = "".join(
+        f"<li><b>{html.escape(r.label)}</b>: {html.escape(r.description)}</li>"
+        for r in reports
+        if r.description
+    )
+    note = ("Latency runs from each request's scheduled send to its answer; ok counts answers "
+            "within their due time. Percentiles come from each run's HDR histogram (3 "
+            "significant digits).")  # fmt: skip
+    return (
+        f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
+        f"<style>{_STYLE}</style></head><body><h1>{html.escape(title)}</h1>"
+        f"<p class='verdict'>{html.escape(verdict(reports))}</p>"
+        f"<table><tr>{head}</tr>{''.join(body)}</table><ul>{described}</ul>"
+        f"<p>{html.escape(note)}</p>{images}"
+        "</body></html>"
+    )
+
+
+def write_report(reports: Sequence[RunReport], out: Path, title: str = "duetime report") -> None:
+    """`out` .html: a self-contained page; anything else: one PNG."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if out.suffix.lower() == ".html":
+        out.write_text(html_page(reports, title), encoding="utf-8")
+    else:
+        write_png(reports, out, title)
+
+
+__all__ = ["figures", "html_page", "write_png", "write_report"]

@@ -1,0 +1,411 @@
+"""`duetime replay`: send a capture's requests again, on their recorded schedule, to any v2 server.
+
+    duetime replay traffic.cap --target http://127.0.0.1:8000 --speed 2 --json out.json
+
+Open loop: request i goes out at start + arrival_i / speed whatever the answers do, and its
+latency runs from that scheduled instant. Every request is encoded before the run; a timer
+thread wakes the loop at each send time (uvloop's own timers only resolve milliseconds), and a
+connection carries one request at a time, so nothing queues behind a slow answer. The replay
+reports how far its sends strayed from the schedule and the CPU it used doing so.
+`--compare-outputs` checks every answer against the recorded one: a new model version, tested
+on real traffic.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import sys
+import threading
+import time
+from pathlib import Path
+
+from duetime.errors import ConfigError
+from duetime.loops import new_event_loop
+from duetime.tools.capture.format import CaptureFormatError
+from duetime.tools.drivers import cpu_seconds
+from duetime.tools.hdr import LatencyRecorder, MissingHdr, new_histogram, record_us
+from duetime.tools.http_client import error_text
+from duetime.tools.outcomes import Outcome, outcome_of_http_status
+from duetime.tools.progress import Progress, Snapshot
+from duetime.tools.replay_payloads import compare_outputs, grpc_outputs, http_outputs
+from duetime.tools.replay_plan import Plan, ReplayConfig, load_plan
+from duetime.tools.replay_results import (
+    MAX_MESSAGES,
+    MAX_MISMATCHES,
+    Mismatch,
+    ReplayResult,
+    Tally,
+    result_of,
+)
+from duetime.tools.replay_transports import (
+    NO_STATUS,
+    GrpcReplayTransport,
+    HttpReplayPool,
+    ReplayTransport,
+)
+from duetime.tools.transports import BenchError
+
+LEAD_NS = 50_000_000
+"""From the end of setup to the first send."""
+WITHIN_NS = 1_000_000
+"""A send this close to its scheduled instant (either side) counts as on schedule."""
+GROUP_NS = 20_000
+"""The timer thread wakes the loop once for sends this close together."""
+SWITCH_INTERVAL_S = 0.0002
+"""The GIL hand-over interval while replaying (see `replay_async`)."""
+LOOP_EARLY_NS = 500_000
+"""Timer "loop": a tick also sends what is due this soon (uvloop's timers resolve 1 ms)."""
+
+
+# -- the run -------------------------------------------------------------------------------------
+
+
+class Replay:
+    """Sends a Plan through a transport and records each end (see the module docstring)."""
+
+    def __init__(self, plan: Plan, config: ReplayConfig) -> None:
+        self.plan = plan
+        self.config = config
+        self.total = len(plan) * config.loops
+        self.clock = time.perf_counter_ns
+        self.start = 0
+        self.next = 0
+        self.outstanding = 0
+        self.recorder = LatencyRecorder(0)
+        self.late_sends = new_histogram()
+        self.early_sends = new_histogram()
+        self.on_schedule = 0
+        self.sent_early: dict[int, int] = {}
+        self.tally = Tally()
+        self.last_send_ns = 0
+        self.transport: ReplayTransport | None = None
+        self._done: asyncio.Future[None] | None = None
+        self._idle: asyncio.Future[None] | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._grpc = config.address()[0] == "grpc"
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def scheduled(self, rid: int) -> int:
+        loop, index = divmod(rid, len(self.plan.offsets_ns))
+        return self.start + loop * self.plan.span_ns + self.plan.offsets_ns[index]
+
+    # -- sending ---------------------------------------------------------------------------------
+
+    async def send_all(self, start_ns: int) -> None:
+        """Send every request on schedule from `start_ns`; return after the last send."""
+        self.start = start_ns
+        self.recorder = LatencyRecorder(start_ns)
+        loop = self._loop = asyncio.get_running_loop()
+        self._done = loop.create_future()
+        waker: _Waker | None = None
+        if self.config.timer == "thread":
+            waker = _Waker(self, loop)
+            waker.start()
+        else:
+            self._timer = loop.call_later(0, self.tick)
+        try:
+            await self._done
+        finally:
+            if waker is not None:
+                waker.stop()
+            if self._timer is not None:
+                self._timer.cancel()
+
+    def tick(self, early_ns: int = 0) -> None:
+        """Send every request due by now (+ `early_ns`)."""
+        transport = self.transport
+        assert transport is not None
+        clock, send, sent = self.clock, transport.send, self.recorder.sent
+        offsets, payloads, span = self.plan.offsets_ns, self.plan.payloads, self.plan.span_ns
+        count, total, i = len(offsets), self.total, self.next
+        now = clock()
+        horizon = now + early_ns
+        while i < total:
+            loop, index = divmod(i, count)
+            at = self.start + loop * span + offsets[index]
+            if at > horizon:
+                break
+            error = now - at
+            if error >= 0:
+                record_us(self.late_sends, error // 1000)
+            else:
+                record_us(self.early_sends, -error // 1000)
+                self.sent_early[i] = now
+            if -WITHIN_NS <= error <= WITHIN_NS:
+                self.on_schedule += 1
+            self.outstanding += 1
+            sent(now)
+            send(i, payloads[index])
+            i += 1
+            now = clock()
+        self.next = i
+        self.last_send_ns = now
+        if i >= total:
+            if self._done is not None and not self._done.done():
+                self._done.set_result(None)
+        elif self.config.timer == "loop":
+            self._loop_timer()
+
+    def _loop_timer(self) -> None:
+        wait_ns = self.scheduled(self.next) - LOOP_EARLY_NS - self.clock()
+        loop = asyncio.get_running_loop()
+        self._timer = loop.call_later(max(wait_ns / 1e9, 0.001), self.tick, LOOP_EARLY_NS)
+
+    def stop(self) -> None:
+        self.next = self.total
+        if self._done is not None and not self._done.done():
+            self._done.set_result(None)
+
+    # -- answers ---------------------------------------------------------------------------------
+
+    def answered(
+        self, rid: int, status: int, body: bytes | None, head: int | None, message: str | None
+    ) -> None:
+        now = self.clock()
+        plan, tally = self.plan, self.tally
+        loop, index = divmod(rid, len(plan.offsets_ns))
+        began = self.start + loop * plan.span_ns + plan.offsets_ns[index]
+        if self.sent_early:
+            began = min(began, self.sent_early.pop(rid, began))
+        latency = now - began
+        tally.statuses[status] = tally.statuses.get(status, 0) + 1
+        if status == 200:
+            due = plan.dues_ns[index]
+            outcome = Outcome.LATE if due is not None and latency > due else Outcome.OK
+            if body is not None and plan.recorded[index] is not None:
+                self._compare(rid, body, head)
+        else:
+            outcome = Outcome.ERROR if status == NO_STATUS else outcome_of_http_status(status)
+            if outcome == Outcome.ERROR:
+                tally.errors += 1
+                if len(tally.messages) < MAX_MESSAGES:
+                    text = message or error_text(status, body or b"")
+                    tally.messages.append(f"request {index}: {text}")
+        self.recorder.ended(now, latency, outcome)
+        self.outstanding -= 1
+        if self.next < self.total and self.scheduled(self.next) <= now and self._loop:
+            # awake anyway: send what is due without waiting for the timer (once this
+            # answer's connection is free again)
+            self._loop.call_soon(self.tick)
+        if self.outstanding == 0 and self._idle is not None and not self._idle.done():
+            self._idle.set_result(None)
+
+    def _compare(self, rid: int, body: bytes, head: int | None) -> None:
+        tally = self.tally
+        loop, index = divmod(rid, len(self.plan.offsets_ns))
+        recorded = self.plan.recorded[index]
+        assert recorded is not None
+        try:
+            answer = grpc_outputs(body) if self._grpc else http_outputs(body, head)
+        except Exception as exc:  # an answer we cannot read is a mismatch, not a crash
+            tally.undecodable += 1
+            if len(tally.messages) < MAX_MESSAGES:
+                tally.messages.append(f"request {index}: answer not readable: {exc}")
+            return
+        tally.compared += 1
+        difference = compare_outputs(recorded, answer, self.config.rtol, self.config.atol)
+        if difference is None:
+            return
+        tally.mismatched += 1
+        if len(tally.mismatches) < MAX_MISMATCHES:
+            tally.mismatches.append(Mismatch(
+                index, loop, self.plan.request_ids[index], difference.output,
+                difference.max_abs_error, difference.problem,
+            ))  # fmt: skip
+
+    async def drained(self, timeout_s: float) -> None:
+        if self.outstanding <= 0:
+            return
+        self._idle = asyncio.get_running_loop().create_future()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._idle, timeout_s)
+
+    def snapshot(self) -> Snapshot:
+        timeline = self.recorder.timeline
+        errors = sum(timeline.errors) + sum(timeline.rejected) + sum(timeline.expired)
+        return Snapshot(self.next, errors, self.recorder.p99_us())
+
+
+class _Waker(threading.Thread):
+    """Wakes the loop at each send instant of the replay (precise sleeps, off the loop)."""
+
+    def __init__(self, replay: Replay, loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__(name="duetime-replay-timer", daemon=True)
+        self._replay = replay
+        self._loop = loop
+        self._stopped = threading.Event()
+
+    def stop(self) -> None:
+        self._stopped.set()
+        self.join(timeout=5)
+
+    def run(self) -> None:
+        replay, clock, stopped = self._replay, time.perf_counter_ns, self._stopped
+        offsets, span = replay.plan.offsets_ns, replay.plan.span_ns
+        wake = self._loop.call_soon_threadsafe
+        last = -GROUP_NS
+        for loop in range(replay.config.loops):
+            base = replay.start + loop * span
+            for offset in offsets:
+                at = base + offset
+                if at - last < GROUP_NS:
+                    continue
+                last = at
+                delay = at - clock()
+                if delay > 0 and stopped.wait(delay / 1e9):
+                    return
+                if stopped.is_set():
+                    return
+                try:
+                    wake(replay.tick)
+                except RuntimeError:  # the loop closed under us: the run is over
+                    return
+
+
+# -- running -------------------------------------------------------------------------------------
+
+
+def run_replay(config: ReplayConfig, plan: Plan | None = None) -> ReplayResult:
+    """Load (unless given) and replay on a fresh uvloop; never call from a running loop."""
+    plan = plan if plan is not None else load_plan(config)
+    loop = new_event_loop()
+    try:
+        return loop.run_until_complete(replay_async(config, plan))
+    finally:
+        loop.run_until_complete(loop.shutdown_default_executor())
+        loop.close()
+
+
+async def replay_async(config: ReplayConfig, plan: Plan) -> ReplayResult:
+    """Replay `plan` on the running loop; BenchError when the target cannot be reached."""
+    replay = Replay(plan, config)
+    protocol, host, port = config.address()
+    transport: ReplayTransport
+    if protocol == "grpc":
+        transport = GrpcReplayTransport(
+            f"{host}:{port}", replay.answered, keep_bodies=config.compare_outputs
+        )
+    else:
+        transport = HttpReplayPool(
+            host, port, replay.answered, keep_bodies=config.compare_outputs,
+            max_connections=config.max_connections,
+        )  # fmt: skip
+    replay.transport = transport
+    await transport.open(config.connections)
+    progress = Progress("duetime replay", replay.snapshot)
+    switch = sys.getswitchinterval()
+    # NOTE: the timer thread needs the GIL to wake the loop; Python's default hand-over
+    # interval (5 ms) would add that much to a send whenever the loop is busy.
+    sys.setswitchinterval(min(switch, SWITCH_INTERVAL_S))
+    try:
+        start = replay.clock() + LEAD_NS
+        expected_s = (config.loops * plan.span_ns) / 1e9
+        if config.progress:
+            progress.start(expected_s)
+        cpu_before, wall_before = cpu_seconds(), time.perf_counter()
+        await replay.send_all(start)
+        cpu_s, wall_s = cpu_seconds() - cpu_before, time.perf_counter() - wall_before
+        await replay.drained(config.drain_s)
+    finally:
+        sys.setswitchinterval(switch)
+        progress.stop()
+        replay.stop()
+        await transport.aclose()
+    duration_s = max(replay.last_send_ns - start, 0) / 1e9 or plan.span_ns / 1e9
+    return result_of(replay, config, duration_s=duration_s, cpu_s=cpu_s, wall_s=wall_s)
+
+
+# -- command line --------------------------------------------------------------------------------
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The `duetime replay` flags."""
+    parser.description = (
+        "Send the requests of a capture (duetime serve --record, duetime bench --record) to a "
+        "v2 server on their recorded schedule, open loop, and report latency from each "
+        "scheduled send, how closely the schedule was kept, and (--compare-outputs) answers "
+        "that differ from the recorded ones."
+    )
+    parser.add_argument("capture", type=Path, metavar="FILE", help="the capture file")
+    parser.add_argument(
+        "--target", required=True, metavar="URL",
+        help="http://HOST:PORT, grpc://HOST:PORT, or HOST:PORT with --protocol",
+    )  # fmt: skip
+    parser.add_argument("--protocol", choices=["http", "grpc"], help="default: --target's scheme")
+    parser.add_argument(
+        "--speed", type=float, default=1.0, help="time scale: 2 sends twice as fast (default 1)"
+    )
+    parser.add_argument(
+        "--loop", type=int, default=1, metavar="N", help="replay the capture N times back to back"
+    )
+    parser.add_argument(
+        "--compare-outputs", action="store_true",
+        help="check each answer against the recorded outputs (np.allclose)",
+    )  # fmt: skip
+    parser.add_argument("--rtol", type=float, default=1e-5, help="relative tolerance (1e-5)")
+    parser.add_argument("--atol", type=float, default=1e-6, help="absolute tolerance (1e-6)")
+    parser.add_argument(
+        "--connections", type=int, default=8,
+        help="HTTP connections opened first (more open when all are busy), or gRPC channels",
+    )  # fmt: skip
+    parser.add_argument(
+        "--drain", type=float, default=10.0, help="seconds to wait for the last answers (10)"
+    )
+    parser.add_argument(
+        "--timer", choices=["thread", "loop"], default="thread",
+        help="what wakes each send: a timer thread (default, precise) or the loop's timers",
+    )  # fmt: skip
+    parser.add_argument("--json", type=Path, metavar="OUT", help="also write the result as JSON")
+    parser.add_argument(
+        "--report", type=Path, metavar="OUT", help="also write plots: OUT.html or OUT.png"
+    )
+    parser.add_argument("-q", "--quiet", action="store_true", help="no progress line")
+
+
+def config_from_args(args: argparse.Namespace) -> ReplayConfig:
+    return ReplayConfig(
+        capture=args.capture, target=args.target, protocol=args.protocol, speed=args.speed,
+        loops=args.loop, compare_outputs=args.compare_outputs, rtol=args.rtol, atol=args.atol,
+        connections=args.connections, drain_s=args.drain, timer=args.timer,
+        progress=not args.quiet,
+    )  # fmt: skip
+
+
+def run(args: argparse.Namespace) -> int:
+    """`duetime replay`: 2 for bad flags or capture, 1 if the target fails, 3 when outputs
+    differ (with --compare-outputs)."""
+    try:
+        config = config_from_args(args)
+        result = run_replay(config)
+    except ConfigError as exc:
+        print(f"duetime replay: {exc.message}", file=sys.stderr)
+        return 2
+    except CaptureFormatError as exc:
+        print(f"duetime replay: cannot read the capture: {exc}", file=sys.stderr)
+        return 2
+    except BenchError as exc:
+        print(f"duetime replay: {exc.message}", file=sys.stderr)
+        return 1
+    except MissingHdr as exc:
+        print(f"duetime replay: {exc}", file=sys.stderr)
+        return 1
+    print(result.format())
+    doc = result.to_json()
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(doc, indent=2))
+        print(f"wrote {args.json}")
+    if args.report is not None:
+        from duetime.tools.hdr import RunReport
+        from duetime.tools.plots import write_report
+
+        write_report([RunReport.from_json(doc, str(config.capture))], args.report)
+        print(f"wrote {args.report}")
+    return 3 if doc["compare"]["mismatched"] or doc["compare"]["undecodable"] else 0
+
+
+__all__ = ["Plan", "ReplayConfig", "ReplayResult", "add_arguments", "load_plan", "replay_async",
+           "run", "run_replay"]  # fmt: skip

@@ -1,0 +1,233 @@
+"""Captured requests in wire form for `duetime replay`, and the answers' tensors read back.
+
+Each CapturedRequest becomes a complete HTTP/1.1 v2 request (JSON head plus binary tensors) or a
+serialised gRPC `ModelInferRequest` with its metadata, built once before the run. Only standard
+v2 fields are used: model, version, id, inputs, requested outputs, parameters, headers. The
+captured due time, relative to arrival, travels as the v2 `timeout` parameter (µs).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import quote
+
+import numpy as np
+import orjson
+
+from duetime.frontend import codec
+from duetime.frontend.proto import grpc_service_pb2 as pb
+from duetime.tools.capture.format import DROPPED_HEADERS, CapturedRequest, CapturedTensor
+from duetime.tools.payloads import GRPC_DEADLINE_MARGIN_S
+
+_OWN_HTTP_HEADERS = DROPPED_HEADERS | {"host", "content-type", "accept-encoding", "te"}
+"""Headers the replay writes itself (or must not copy) on HTTP."""
+_OWN_GRPC_METADATA = DROPPED_HEADERS | {
+    "host", "content-type", "te", "user-agent", "accept-encoding", "grpc-timeout",
+    "grpc-encoding", "grpc-accept-encoding",
+}  # fmt: skip
+"""Metadata gRPC sets itself (or refuses from an application)."""
+_REPLACED_PARAMETERS = frozenset({"timeout", "binary_data_output"})
+
+
+def due_timeout_us(record: CapturedRequest) -> int | None:
+    """The request's due time as the v2 `timeout` parameter (µs, at least 1), or None."""
+    if record.due_in_ns is None or record.due_in_ns <= 0:
+        return None
+    return max(1, math.ceil(record.due_in_ns / 1000))
+
+
+def request_parameters(record: CapturedRequest) -> dict[str, Any]:
+    """The captured parameters, with the due time as `timeout` and the priority if it had one."""
+    parameters = {k: v for k, v in record.parameters.items() if k not in _REPLACED_PARAMETERS}
+    timeout = due_timeout_us(record)
+    if timeout is not None:
+        parameters["timeout"] = timeout
+    if record.priority and "priority" not in parameters:
+        parameters["priority"] = record.priority
+    return parameters
+
+
+# -- HTTP ----------------------------------------------------------------------------------------
+
+
+def http_request(record: CapturedRequest, host: str, port: int) -> bytes:
+    """The whole HTTP/1.1 request (keep-alive), tensors binary both ways."""
+    inputs = [
+        {"name": t.name, "datatype": t.datatype, "shape": list(t.shape),
+         "parameters": {"binary_data_size": len(t.data)}}
+        for t in record.inputs
+    ]  # fmt: skip
+    doc: dict[str, Any] = {"inputs": inputs}
+    if record.request_id:
+        doc["id"] = record.request_id
+    parameters = request_parameters(record)
+    if record.outputs_wanted is None:
+        parameters["binary_data_output"] = True
+    else:
+        doc["outputs"] = [
+            {"name": name, "parameters": {"binary_data": True}} for name in record.outputs_wanted
+        ]
+    doc["parameters"] = parameters
+    head = orjson.dumps(doc, default=str)
+    body = b"".join([head, *(t.data for t in record.inputs)])
+    model = quote(record.model, safe="")
+    path = f"/v2/models/{model}/infer"
+    if record.version:
+        path = f"/v2/models/{model}/versions/{quote(record.version, safe='')}/infer"
+    lines = [
+        f"POST {path} HTTP/1.1",
+        f"Host: {host}:{port}",
+        f"Content-Length: {len(body)}",
+        "Content-Type: application/octet-stream",
+        f"Inference-Header-Content-Length: {len(head)}",
+    ]
+    lines += [f"{k}: {v}" for k, v in _headers(record.headers, _OWN_HTTP_HEADERS)]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
+
+
+def _headers(headers: Mapping[str, str], skip: frozenset[str]) -> list[tuple[str, str]]:
+    """The headers worth sending again: not ours to set, and safe on the wire."""
+    kept = []
+    for key, value in headers.items():
+        name = key.lower()
+        if name in skip or name.startswith(":") or not _token(name) or not _safe(value):
+            continue
+        kept.append((name, value))
+    return kept
+
+
+def _token(name: str) -> bool:
+    return bool(name) and all(c.isalnum() or c in "-_." for c in name) and name.isascii()
+
+
+def _safe(value: str) -> bool:
+    return "\r" not in value and "\n" not in value and value.isascii()
+
+
+def http_outputs(body: bytes, header_length: int | None) -> dict[str, np.ndarray]:
+    """The output tensors of a v2 HTTP response (JSON, or JSON then binary tensors)."""
+    head = body if header_length is None else body[:header_length]
+    doc = orjson.loads(head)
+    outputs: dict[str, np.ndarray] = {}
+    offset = len(head)
+    view = memoryview(body)
+    for entry in doc.get("outputs", []):
+        name, datatype = str(entry["name"]), str(entry["datatype"])
+        shape = tuple(int(d) for d in entry["shape"])
+        size = (entry.get("parameters") or {}).get("binary_data_size")
+        if size is None:
+            outputs[name] = codec.from_json(entry["data"], datatype, shape, name)
+        else:
+            outputs[name] = codec.from_raw(view[offset : offset + size], datatype, shape, name)
+            offset += int(size)
+    return outputs
+
+
+# -- gRPC ----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class GrpcRequest:
+    """A serialised ModelInferRequest, its metadata, and the call deadline (None: none)."""
+
+    data: bytes
+    metadata: tuple[tuple[str, str], ...]
+    deadline_s: float | None
+
+
+def grpc_request(record: CapturedRequest) -> GrpcRequest:
+    request = pb.ModelInferRequest(
+        model_name=record.model, model_version=record.version or "", id=record.request_id
+    )
+    for tensor in record.inputs:
+        request.inputs.add(name=tensor.name, datatype=tensor.datatype, shape=list(tensor.shape))
+        request.raw_input_contents.append(tensor.data)
+    for name in record.outputs_wanted or ():
+        request.outputs.add(name=name)
+    for key, value in request_parameters(record).items():
+        _set_parameter(request.parameters[key], value)
+    timeout = due_timeout_us(record)
+    deadline = None if timeout is None else timeout / 1e6 + GRPC_DEADLINE_MARGIN_S
+    metadata = tuple(_headers(record.headers, _OWN_GRPC_METADATA))
+    return GrpcRequest(request.SerializeToString(), metadata, deadline)
+
+
+def _set_parameter(parameter: Any, value: Any) -> None:
+    if isinstance(value, bool):
+        parameter.bool_param = value
+    elif isinstance(value, int):
+        parameter.int64_param = value
+    elif isinstance(value, float):
+        parameter.double_param = value
+    else:
+        parameter.string_param = value if isinstance(value, str) else orjson.dumps(value).decode()
+
+
+def grpc_outputs(data: bytes) -> dict[str, np.ndarray]:
+    """The output tensors of a serialised ModelInferResponse."""
+    response = pb.ModelInferResponse.FromString(data)
+    outputs: dict[str, np.ndarray] = {}
+    raw = response.raw_output_contents
+    for index, tensor in enumerate(response.outputs):
+        shape = tuple(int(d) for d in tensor.shape)
+        if index < len(raw):
+            outputs[tensor.name] = codec.from_raw(raw[index], tensor.datatype, shape, tensor.name)
+        else:
+            outputs[tensor.name] = _from_contents(tensor, shape)
+    return outputs
+
+
+def _from_contents(tensor: Any, shape: tuple[int, ...]) -> np.ndarray:
+    contents = tensor.contents
+    for field in ("fp32_contents", "fp64_contents", "int_contents", "int64_contents",
+                  "uint_contents", "uint64_contents", "bool_contents"):  # fmt: skip
+        values = getattr(contents, field)
+        if len(values):
+            return np.asarray(list(values)).reshape(shape)
+    if len(contents.bytes_contents):
+        return np.asarray(list(contents.bytes_contents), dtype=object).reshape(shape)
+    return np.zeros(shape)
+
+
+# -- comparing answers ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Difference:
+    """How an answer differs from the recorded one; `max_abs_error` is inf for a missing output,
+    a shape change or unequal BYTES."""
+
+    output: str
+    max_abs_error: float
+    problem: str
+
+
+def compare_outputs(
+    recorded: Sequence[CapturedTensor], answered: Mapping[str, np.ndarray], rtol: float, atol: float
+) -> Difference | None:
+    """The first recorded output the answer does not match within the tolerances (None: all
+    match; `np.allclose` with `rtol` and `atol`; NaN matches NaN)."""
+    worst: Difference | None = None
+    for tensor in recorded:
+        got = answered.get(tensor.name)
+        if got is None:
+            return Difference(tensor.name, math.inf, "missing from the answer")
+        want = tensor.array()
+        if got.shape != want.shape:
+            return Difference(
+                tensor.name, math.inf, f"shape {list(got.shape)}, recorded {list(want.shape)}"
+            )
+        if want.dtype == object or got.dtype == object:
+            if not np.array_equal(got, want):
+                return Difference(tensor.name, math.inf, "BYTES values differ")
+            continue
+        a, b = got.astype(np.float64), want.astype(np.float64)
+        if np.allclose(a, b, rtol=rtol, atol=atol, equal_nan=True):
+            continue
+        error = float(np.nanmax(np.abs(a - b))) if a.size else 0.0
+        if worst is None or error > worst.max_abs_error:
+            worst = Difference(tensor.name, error, f"max abs error {error:.3g}")
+    return worst

@@ -1,0 +1,123 @@
+"""What `duetime replay` sends: its settings, and the capture read and encoded before the run."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+from urllib.parse import urlsplit
+
+from duetime.errors import ConfigError
+from duetime.tools.capture.format import CapturedTensor
+from duetime.tools.capture.reader import CaptureReader
+from duetime.tools.replay_payloads import grpc_request, http_request
+
+ReplayProtocol = Literal["http", "grpc"]
+Timer = Literal["thread", "loop"]
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayConfig:
+    """One replay; each field is the `duetime replay` flag of the same name."""
+
+    capture: Path
+    target: str
+    protocol: ReplayProtocol | None = None
+    speed: float = 1.0
+    loops: int = 1
+    compare_outputs: bool = False
+    rtol: float = 1e-5
+    atol: float = 1e-6
+    connections: int = 8
+    max_connections: int = 1024
+    drain_s: float = 10.0
+    timer: Timer = "thread"
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        problems = []
+        if not (self.speed > 0 and math.isfinite(self.speed)):
+            problems.append(f"--speed: expected a factor > 0, got {self.speed}")
+        if self.loops < 1:
+            problems.append(f"--loop: expected a count >= 1, got {self.loops}")
+        if self.rtol < 0 or self.atol < 0:
+            problems.append(f"--rtol, --atol: expected >= 0, got {self.rtol} and {self.atol}")
+        if not 1 <= self.connections <= self.max_connections:
+            problems.append(
+                f"--connections: expected 1 to {self.max_connections}, got {self.connections}"
+            )
+        if self.drain_s < 0:
+            problems.append(f"--drain: expected seconds >= 0, got {self.drain_s}")
+        if self.timer not in ("thread", "loop"):
+            problems.append(f"--timer: expected thread or loop, got {self.timer!r}")
+        if problems:
+            raise ConfigError("; ".join(problems))
+        self.address()
+
+    def address(self) -> tuple[ReplayProtocol, str, int]:
+        """(protocol, host, port) of --target: URL http://H:P or grpc://H:P, or plain H:P."""
+        text = self.target if "://" in self.target else f"//{self.target}"
+        parts = urlsplit(text)
+        scheme = parts.scheme or self.protocol or "http"
+        try:
+            host, port = parts.hostname, parts.port
+        except ValueError:
+            host, port = None, None
+        if scheme not in ("http", "grpc") or not host or port is None:
+            raise ConfigError(
+                f"--target: expected http://HOST:PORT, grpc://HOST:PORT or HOST:PORT, got "
+                f"{self.target!r}"
+            )
+        if self.protocol is not None and parts.scheme and self.protocol != scheme:
+            raise ConfigError(f"--protocol {self.protocol} contradicts --target {self.target}")
+        return scheme, host, port  # type: ignore[return-value]
+
+
+# -- the plan: the capture, encoded --------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class Plan:
+    """The capture in send order, encoded for one protocol: request i of loop k goes out at
+    start + k * span_ns + offsets_ns[i]."""
+
+    offsets_ns: list[int]
+    span_ns: int
+    payloads: list[Any]
+    dues_ns: list[int | None]
+    request_ids: list[str]
+    recorded: list[list[CapturedTensor] | None]
+    """Recorded outputs (only with --compare-outputs; None where the capture has none)."""
+
+    def __len__(self) -> int:
+        return len(self.offsets_ns)
+
+
+def load_plan(config: ReplayConfig) -> Plan:
+    """Read and encode the capture; CaptureFormatError names a bad record, ConfigError an empty
+    or missing capture."""
+    protocol, host, port = config.address()
+    if not config.capture.is_file():
+        raise ConfigError(f"{config.capture}: no such capture file")
+    with CaptureReader(config.capture) as reader:
+        records = list(reader)
+    if not records:
+        raise ConfigError(f"{config.capture}: the capture holds no requests")
+    records.sort(key=lambda r: r.arrival_ns)  # a server writes them as they end
+    first = records[0].arrival_ns
+    offsets = [round((r.arrival_ns - first) / config.speed) for r in records]
+    last = offsets[-1]
+    # back to back: the next loop starts one mean gap after the last request
+    span = last + (last // (len(records) - 1) if len(records) > 1 else 1_000_000)
+    if protocol == "grpc":
+        payloads: list[Any] = [grpc_request(r) for r in records]
+    else:
+        payloads = [http_request(r, host, port) for r in records]
+    keep = config.compare_outputs
+    return Plan(
+        offsets_ns=offsets, span_ns=max(span, 1), payloads=payloads,
+        dues_ns=[r.due_in_ns if r.due_in_ns and r.due_in_ns > 0 else None for r in records],
+        request_ids=[r.request_id for r in records],
+        recorded=[r.outputs if keep and r.status == 200 else None for r in records],
+    )  # fmt: skip

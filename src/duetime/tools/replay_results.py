@@ -1,0 +1,180 @@
+"""What `duetime replay` measured: counts kept during the run, then the JSON and the text table."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from duetime.tools.hdr import run_fields
+
+if TYPE_CHECKING:
+    from duetime.tools.replay import Replay
+    from duetime.tools.replay_plan import ReplayConfig
+
+MAX_MESSAGES = 5
+MAX_MISMATCHES = 5
+
+
+@dataclass(slots=True)
+class Mismatch:
+    index: int
+    loop: int
+    request_id: str
+    output: str
+    max_abs_error: float
+    problem: str
+
+
+@dataclass(slots=True)
+class Tally:
+    """What the run counted as it went (besides the latency recorder)."""
+
+    statuses: dict[int, int] = field(default_factory=dict)
+    messages: list[str] = field(default_factory=list)
+    errors: int = 0
+    compared: int = 0
+    mismatched: int = 0
+    mismatches: list[Mismatch] = field(default_factory=list)
+    undecodable: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayResult:
+    """What a replay measured; `to_json` carries the fields `duetime report` reads."""
+
+    doc: dict[str, Any]
+
+    def to_json(self) -> dict[str, Any]:
+        return self.doc
+
+    def format(self) -> str:
+        return format_result(self.doc)
+
+
+def _signed_percentiles(late: Any, early: Any, quantiles: Sequence[float]) -> list[float | None]:
+    """Percentiles (µs) of values recorded as two histograms: >= 0 and the negated < 0."""
+    n_late, n_early = int(late.get_total_count()), int(early.get_total_count())
+    total = n_late + n_early
+    values: list[float | None] = []
+    for q in quantiles:
+        if total == 0:
+            values.append(None)
+            continue
+        rank = q / 100 * total
+        if rank <= n_early and n_early:
+            values.append(-float(early.get_value_at_percentile(100 * (1 - rank / n_early))))
+        else:
+            values.append(float(late.get_value_at_percentile(100 * (rank - n_early) / n_late)))
+    return values
+
+
+def result_of(
+    replay: Replay, config: ReplayConfig, *, duration_s: float, cpu_s: float, wall_s: float
+) -> ReplayResult:
+    recorded = replay.recorder.finish()
+    tally = replay.tally
+    p50, p99, p999 = _signed_percentiles(replay.late_sends, replay.early_sends, [50, 99, 99.9])
+    sent = replay.next
+    late_max = replay.late_sends.get_max_value() if replay.late_sends.get_total_count() else 0
+    transport = replay.transport
+    protocol = config.address()[0]
+    label = f"replay {config.capture.name} to {config.target} at speed {config.speed:g}"
+    extra = {
+        "capture": str(config.capture),
+        "target": config.target,
+        "protocol": protocol,
+        "speed": config.speed,
+        "loops": config.loops,
+        "requests_in_capture": len(replay.plan),
+        "statuses": {str(k): v for k, v in sorted(tally.statuses.items())},
+        "unanswered": replay.outstanding,
+        "schedule_error_us": {
+            "p50": p50,
+            "p99": p99,
+            "p999": p999,
+            "max": float(late_max),
+            "within_1ms": replay.on_schedule / sent if sent else None,
+        },
+        "replayer": {
+            "timer": config.timer,
+            "cpu_s": cpu_s,
+            "wall_s": wall_s,
+            "cpu_fraction": cpu_s / wall_s if wall_s > 0 else None,
+            "connections_opened": None if transport is None else transport.opened,
+            "waited_for_connection": None if transport is None else transport.waited,
+        },
+        "compare": {
+            "enabled": config.compare_outputs,
+            "rtol": config.rtol,
+            "atol": config.atol,
+            "compared": tally.compared,
+            "mismatched": tally.mismatched,
+            "undecodable": tally.undecodable,
+            "first_mismatches": [
+                {
+                    "index": m.index,
+                    "loop": m.loop,
+                    "request_id": m.request_id,
+                    "output": m.output,
+                    "max_abs_error": m.max_abs_error,
+                    "problem": m.problem,
+                }
+                for m in tally.mismatches
+            ],
+        },
+        "error_messages": tally.messages,
+    }
+    doc = run_fields("replay", label, duration_s, recorded, extra)
+    doc["errors"] += replay.outstanding  # never answered: errors, like the bench's
+    return ReplayResult(doc)
+
+
+def _ms(value: Any) -> str:
+    return "-" if value is None else f"{value / 1000:.3f}"
+
+
+def format_result(doc: dict[str, Any]) -> str:
+    latency, lag, me = doc["latency_us"], doc["schedule_error_us"], doc["replayer"]
+    lines = [
+        f"duetime replay: {doc['capture']} ({doc['requests_in_capture']} requests x "
+        f"{doc['loops']}) at speed {doc['speed']:g} to {doc['target']} ({doc['protocol']})",
+        f"sent {doc['sent']:,}  ok {doc['ok']:,}  late {doc['late']:,}  rejected "
+        f"{doc['rejected']:,}  expired {doc['expired']:,}  errors {doc['errors']:,}  "
+        f"goodput {doc['goodput_rps']:,.1f}/s",
+        f"latency ms (from the scheduled send): p50 {_ms(latency['p50'])}  p90 "
+        f"{_ms(latency['p90'])}  p99 {_ms(latency['p99'])}  p99.9 {_ms(latency['p999'])}  "
+        f"max {_ms(latency['max'])}",
+        "statuses: " + ", ".join(f"{k}: {v:,}" for k, v in doc["statuses"].items()),
+    ]
+    within = lag["within_1ms"]
+    lines.append(
+        f"schedule error µs (sent minus scheduled): p50 {_us(lag['p50'])}  p99 {_us(lag['p99'])}"
+        f"  p99.9 {_us(lag['p999'])}  max {_us(lag['max'])}; within 1 ms: "
+        f"{'-' if within is None else f'{within:.2%}'}"
+    )
+    fraction = me["cpu_fraction"]
+    lines.append(
+        f"replayer: {me['cpu_s']:.2f} CPU s over {me['wall_s']:.2f} s sending = "
+        f"{'-' if fraction is None else f'{fraction:.1%}'} of a core ({me['timer']} timer); "
+        f"connections opened {me['connections_opened']}, sends that waited for one "
+        f"{me['waited_for_connection']}"
+    )
+    compare = doc["compare"]
+    if compare["enabled"]:
+        lines.append(
+            f"outputs: {compare['compared']:,} compared, {compare['mismatched']:,} differ "
+            f"(rtol {compare['rtol']:g}, atol {compare['atol']:g})"
+            + (f", {compare['undecodable']} unreadable" if compare["undecodable"] else "")
+        )
+        lines += [
+            f"  request {m['index']} (id {m['request_id']!r}, loop {m['loop']}): output "
+            f"{m['output']!r}: {m['problem']}"
+            for m in compare["first_mismatches"]
+        ]
+    lines += [f"error: {message}" for message in doc["error_messages"]]
+    return "\n".join(lines)
+
+
+def _us(value: Any) -> str:
+    return "-" if value is None else f"{value:,.0f}"

@@ -1,0 +1,265 @@
+"""Traffic capture on a real server (`record_path`): HTTP binary and JSON, gRPC unary and stream,
+in-process calls and failures read back from the capture; the recorder's sampling and its
+bounded buffer driven directly."""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import random
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from conftest import RunningServer, start_server, stop_server
+from tritonclient.utils import InferenceServerException
+
+from duetime.config import ServerSettings
+from duetime.engine import Ticket
+from duetime.errors import InvalidInput
+from duetime.tools.capture import CapturedRequest, CaptureReader, read_capture
+from duetime.tools.capture.recorder import Recorder
+from duetime.types import InferRequest
+
+pytestmark = pytest.mark.timeout(120)
+
+TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
+TRACEPARENT = f"00-{TRACE_ID}-00f067aa0ba902b7-01"
+
+
+def mlp_input(rows: int, seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal((rows, 40)).astype(np.float32)
+
+
+def http_input(array: np.ndarray, binary: bool) -> httpclient.InferInput:
+    tensor = httpclient.InferInput("x", list(array.shape), "FP32")
+    tensor.set_data_from_numpy(array, binary_data=binary)
+    return tensor
+
+
+def grpc_input(array: np.ndarray) -> grpcclient.InferInput:
+    tensor = grpcclient.InferInput("x", list(array.shape), "FP32")
+    tensor.set_data_from_numpy(array)
+    return tensor
+
+
+def send_traffic(server: RunningServer) -> dict[str, np.ndarray]:
+    """One request of each kind; returns the inputs sent, by request id."""
+    sent = {f"req-{i}": mlp_input(i + 1, seed=i) for i in range(6)}
+    http = httpclient.InferenceServerClient(server.http)
+    try:
+        http.infer(
+            "mlp", [http_input(sent["req-0"], binary=True)], request_id="req-0", timeout=50_000,
+            priority=2, headers={"traceparent": TRACEPARENT, "authorization": "Bearer secret",
+                                 "x-tenant": "blue"},
+        )  # fmt: skip
+        http.infer(
+            "mlp", [http_input(sent["req-1"], binary=False)], request_id="req-1",
+            model_version="1", outputs=[httpclient.InferRequestedOutput("y", binary_data=False)],
+        )  # fmt: skip
+        with pytest.raises(InferenceServerException):
+            http.infer("nosuch", [http_input(sent["req-2"], binary=True)], request_id="req-2")
+    finally:
+        http.close()
+    grpc = grpcclient.InferenceServerClient(server.grpc)
+    try:
+        grpc.infer("mlp", [grpc_input(sent["req-3"])], request_id="req-3", timeout=80_000)
+        answers: queue.Queue[Any] = queue.Queue()
+        grpc.start_stream(callback=lambda result, error: answers.put((result, error)))
+        grpc.async_stream_infer("mlp", [grpc_input(sent["req-4"])], request_id="req-4")
+        _result, error = answers.get(timeout=30)
+        assert error is None
+        grpc.stop_stream()
+    finally:
+        grpc.close()
+    engine = server.server.engine
+    call = engine.infer_async("mlp", {"x": sent["req-5"]}, timeout=1.0)
+    asyncio.run_coroutine_threadsafe(call, server.loop).result(timeout=30)
+    return sent
+
+
+@pytest.fixture(scope="module")
+def captured(demo_repo: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("capture") / "traffic.cap"
+    settings = ServerSettings(
+        model_repository=demo_repo, http_port=0, grpc_port=0, record_path=path,
+        record_outputs=True,
+    )  # fmt: skip
+    running, thread = start_server(settings)
+    try:
+        send_traffic(running)
+        (path.parent / "metrics.txt").write_text(scrape(running))
+    finally:
+        stop_server(running, thread)
+    return path
+
+
+def scrape(server: RunningServer) -> str:
+    port = server.addresses.metrics_port
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+        return str(response.read().decode())
+
+
+@pytest.fixture(scope="module")
+def records(captured: Path) -> dict[str, CapturedRequest]:
+    return {record.request_id or record.protocol: record for record in read_capture(captured)}
+
+
+def test_every_request_is_captured_with_its_protocol(records: dict[str, CapturedRequest]) -> None:
+    protocols = {key: r.protocol for key, r in records.items()}
+    assert protocols == {
+        "req-0": "http", "req-1": "http", "req-2": "http", "req-3": "grpc",
+        "req-4": "grpc-stream", "engine": "engine",
+    }  # fmt: skip
+
+
+def test_inputs_come_back_byte_for_byte(records: dict[str, CapturedRequest]) -> None:
+    for i in range(5):
+        (tensor,) = records[f"req-{i}"].inputs
+        assert (tensor.name, tensor.datatype, tensor.shape) == ("x", "FP32", (i + 1, 40))
+        np.testing.assert_array_equal(tensor.array(), mlp_input(i + 1, seed=i))
+    np.testing.assert_array_equal(records["engine"].inputs[0].array(), mlp_input(6, seed=5))
+
+
+def test_due_times_priority_and_parameters(records: dict[str, CapturedRequest]) -> None:
+    binary, json_, grpc, engine = (records[k] for k in ("req-0", "req-1", "req-3", "engine"))
+    assert binary.due_in_ns is not None
+    assert 49_000_000 < binary.due_in_ns <= 50_000_000  # the timeout, less decoding time
+    assert binary.priority == 2
+    assert binary.parameters["timeout"] == 50_000
+    assert json_.due_in_ns is None
+    assert json_.version == "1"
+    assert json_.outputs_wanted == ("y",)
+    assert binary.version is None
+    assert binary.outputs_wanted is None
+    assert grpc.due_in_ns is not None
+    assert 79_000_000 < grpc.due_in_ns <= 80_000_000
+    assert engine.due_in_ns is not None
+    assert 0.99e9 < engine.due_in_ns <= 1e9
+
+
+def test_outcomes_versions_and_outputs(records: dict[str, CapturedRequest]) -> None:
+    for key in ("req-0", "req-1", "req-3", "req-4", "engine"):
+        record = records[key]
+        assert (record.status, record.error) == (200, None)
+        assert (record.answered_version, record.variant) == ("1", "default")
+        assert 0 < record.latency_ns < 30e9
+        assert record.outputs is not None
+        (output,) = record.outputs
+        assert (output.name, output.datatype, output.shape[1]) == ("y", "FP32", 3)
+    missing = records["req-2"]
+    assert missing.status == 404
+    assert missing.error is not None
+    assert "nosuch" in missing.error
+    assert (missing.answered_version, missing.variant, missing.outputs) == (None, None, None)
+
+
+def test_headers_without_credentials_and_trace_id(records: dict[str, CapturedRequest]) -> None:
+    record = records["req-0"]
+    assert record.trace_id == TRACE_ID
+    assert record.headers["x-tenant"] == "blue"
+    assert "authorization" not in record.headers
+    assert record.headers["inference-header-content-length"].isdigit()  # kept: not a secret
+    assert records["req-1"].trace_id is None
+    assert "user-agent" in records["req-3"].headers  # gRPC metadata
+
+
+def test_arrivals_are_relative_to_the_capture_start(captured: Path) -> None:
+    with CaptureReader(captured) as reader:
+        assert reader.header.meta["source"] == "duetime serve"
+        assert reader.header.meta["sample"] == 1.0
+        arrivals = [r.arrival_ns for r in reader]
+    assert all(0 <= t < 120e9 for t in arrivals)
+
+
+def test_capture_counts_are_exported(captured: Path) -> None:
+    text = (captured.parent / "metrics.txt").read_text()
+    assert 'duetime_capture_records_total{outcome="dropped"} 0.0' in text
+    assert "duetime_capture_buffered" in text
+
+
+def test_existing_capture_is_not_overwritten(demo_repo: Path, tmp_path: Path) -> None:
+    path = tmp_path / "old.cap"
+    path.write_bytes(b"precious")
+    settings = ServerSettings(model_repository=demo_repo, http_port=0, grpc_port=0,
+                              record_path=path)  # fmt: skip
+    with pytest.raises(Exception, match="never overwritten"):
+        start_server(settings)
+    assert path.read_bytes() == b"precious"
+
+
+# -- the recorder on its own ---------------------------------------------------------------------
+
+
+class FakeSubmit:
+    """Stands in for Engine._submit: tickets whose futures the test settles."""
+
+    def __init__(self) -> None:
+        self.tickets: list[Ticket] = []
+
+    def __call__(self, request: InferRequest) -> Ticket:
+        if request.model == "bad":
+            raise InvalidInput("input 'x' is wrong")
+        ticket = Ticket(request.model, "3", ("y",), "fp16")
+        ticket.future = asyncio.get_running_loop().create_future()
+        self.tickets.append(ticket)
+        return ticket
+
+
+def request(model: str = "m") -> InferRequest:
+    return InferRequest(model, {"x": np.arange(4, dtype=np.float32)}, protocol="http")
+
+
+def test_sampling_share_is_honoured(tmp_path: Path) -> None:
+    recorder = Recorder(tmp_path / "c.cap", sample=0.25, rng=random.Random(7))
+    taken = sum(recorder.sampled() for _ in range(4000))
+    assert 850 < taken < 1150
+    assert not any(Recorder(tmp_path / "d.cap", sample=0.0).sampled() for _ in range(100))
+    assert all(Recorder(tmp_path / "e.cap", sample=1.0).sampled() for _ in range(100))
+
+
+def test_full_buffer_drops_and_counts(tmp_path: Path) -> None:
+    path = tmp_path / "small.cap"
+    recorder = Recorder(path, buffer=2, flush_s=3600, outputs=True)  # the writer waits
+    submit = FakeSubmit()
+
+    async def scenario() -> None:
+        for _ in range(5):
+            recorder.record(request(), submit)
+        with pytest.raises(InvalidInput):
+            recorder.record(request("bad"), submit)
+        submit.tickets[0].future.set_result({"y": np.ones(2, np.float32)})
+        submit.tickets[1].future.set_exception(InvalidInput("no"))
+        submit.tickets[2].future.cancel()
+        await asyncio.sleep(0)  # done callbacks run
+
+    recorder.start()
+    asyncio.run(scenario())
+    stats = recorder.stop()
+    assert (stats.sampled, stats.written, stats.dropped, stats.failed) == (4, 2, 2, 0)
+    first, second = read_capture(path)
+    assert (first.model, first.status, first.error) == ("bad", 400, "input 'x' is wrong")
+    assert (second.status, second.answered_version, second.variant) == (200, "3", "fp16")
+    assert second.outputs is not None
+    np.testing.assert_array_equal(second.outputs[0].array(), np.ones(2, np.float32))
+
+
+def test_cancelled_request_is_recorded_as_499(tmp_path: Path) -> None:
+    path = tmp_path / "cancel.cap"
+    recorder = Recorder(path)
+    submit = FakeSubmit()
+
+    async def scenario() -> None:
+        recorder.record(request(), submit).future.cancel()
+        await asyncio.sleep(0)
+
+    recorder.start()
+    asyncio.run(scenario())
+    recorder.stop()
+    (record,) = read_capture(path)
+    assert record.status == 499
+    assert record.outputs is None

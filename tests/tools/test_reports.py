@@ -1,0 +1,173 @@
+"""`duetime report` and the progress line: bench and replay results plotted side by side (PNG
+and self-contained HTML), files that are not results refused with a reason, the live line."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import io
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import RunningServer
+
+from duetime.cli import main as cli_main
+from duetime.tools import hdr
+from duetime.tools.compare import load_reports
+from duetime.tools.drivers import Ledger
+from duetime.tools.outcomes import Outcome
+from duetime.tools.plots import html_page, verdict, winner
+from duetime.tools.progress import Progress, Snapshot
+
+pytestmark = pytest.mark.timeout(120)
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def result(path: Path, label: str, latency_ms: float, seed: int) -> Path:
+    """A result file as `duetime replay --json` writes it: 3 s at ~300 req/s."""
+    rng = np.random.default_rng(seed)
+    sent = np.sort(rng.integers(0, 3_000_000_000, 900))
+    latency = (rng.lognormal(0, 0.5, sent.size) * latency_ms * 1e6).astype(np.int64)
+    outcome = np.where(rng.random(sent.size) < 0.03, Outcome.REJECTED, Outcome.OK)
+    recorded = hdr.record_arrays(sent, latency, outcome.astype(np.int8))
+    path.write_text(json.dumps(hdr.run_fields("replay", label, 3.0, recorded)))
+    return path
+
+
+def test_report_png_and_html_side_by_side(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    fast = result(tmp_path / "fast.json", "fast", 1.0, 0)
+    slow = result(tmp_path / "slow.json", "slow", 4.0, 1)
+    png = tmp_path / "out" / "cmp.png"
+    argv = ["report", str(slow), str(fast), "--label", "before", "--label", "after"]
+    assert cli_main([*argv, "--out", str(png)]) == 0
+    assert png.read_bytes().startswith(PNG_MAGIC)
+    page = tmp_path / "cmp.html"
+    assert cli_main([*argv, "--out", str(page)]) == 0
+    text = page.read_text()
+    assert "Lowest P99: after" in text
+    assert '<tr class="best"><td>after</td>' in text
+    images = text.count("data:image/png;base64,")
+    assert images == 4  # distributions, goodput, one timeline per run
+    first = text.split("data:image/png;base64,")[1].split('"')[0]
+    assert base64.b64decode(first).startswith(PNG_MAGIC)
+    assert "wrote" in capsys.readouterr().out
+
+
+def test_winner_is_the_lowest_p99(tmp_path: Path) -> None:
+    paths = [result(tmp_path / f"{i}.json", f"run{i}", ms, i) for i, ms in enumerate([3, 1, 2])]
+    reports = load_reports(paths, [])
+    assert [r.label for r in reports] == ["0", "1", "2"]  # the files' names
+    assert winner(reports) == 1
+    assert reports[1].description == "run1"
+    assert verdict(reports).startswith("Lowest P99: 1 at ")
+    assert winner(reports[:1]) is None
+    assert "<table>" in html_page(reports[:1], "one run")
+
+
+def test_bench_results_are_reports_too(
+    server: RunningServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bench = tmp_path / "bench.json"
+    argv = ["bench", "--http", server.http, "--model", "mlp", "--rate", "200", "--duration",
+            "0.5", "--warmup", "0", "--timeout-ms", "200", "--json", str(bench)]  # fmt: skip
+    assert cli_main(argv) == 0
+    doc = json.loads(bench.read_text())
+    assert doc["kind"] == "bench"
+    assert doc["sent"] == doc["overall"]["sent"]
+    assert doc["ok"] == doc["overall"]["ok"]
+    assert sum(doc["timeline"]["sent"]) == doc["sent"]
+    assert doc["latency_us"]["p99"] == pytest.approx(doc["overall"]["latency"]["p99_ms"] * 1000,
+                                                     rel=0.05)  # fmt: skip
+    replay = result(tmp_path / "replay.json", "replayed", 2.0, 3)
+    out = tmp_path / "mixed.png"
+    assert cli_main(["report", str(bench), str(replay), "--out", str(out)]) == 0
+    assert out.read_bytes().startswith(PNG_MAGIC)
+    capsys.readouterr()
+
+
+def test_files_that_are_no_results_are_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    good = result(tmp_path / "good.json", "good", 1.0, 0)
+    old = tmp_path / "old.json"
+    old.write_text(json.dumps({"config": {}, "overall": {}}))
+    broken = tmp_path / "broken.json"
+    broken.write_text("{not json")
+    out = str(tmp_path / "r.html")
+    cases = [
+        ([str(good), str(old)], "old.json: not a result of `duetime bench --json`"),
+        ([str(broken)], "broken.json: not JSON"),
+        ([str(tmp_path / "missing.json")], "missing.json: cannot read it"),
+        ([str(good), "--label", "a", "--label", "b"], "2 --label for 1 results"),
+    ]
+    for args, message in cases:
+        assert cli_main(["report", *args, "--out", out]) == 2
+        assert message in capsys.readouterr().err
+    assert cli_main(["report", str(good), "--out", str(tmp_path / "r.pdf")]) == 2
+    assert "expected a .html or .png" in capsys.readouterr().err
+
+
+# -- the progress line ---------------------------------------------------------------------------
+
+
+class FakeTerminal(io.StringIO):
+    def __init__(self, tty: bool) -> None:
+        super().__init__()
+        self.tty = tty
+
+    def isatty(self) -> bool:
+        return self.tty
+
+
+def test_progress_line_says_elapsed_sent_rate_p99_and_errors() -> None:
+    progress = Progress("duetime replay", lambda: Snapshot(0, 0, None), FakeTerminal(False))
+    line = progress.line(2.0, Snapshot(sent=3000, errors=7, p99_us=1234.0))
+    assert line == "duetime replay:   2.0 s, sent 3,000 (1,500/s), p99 1.23 ms, errors 7"
+    assert "p99 -" in progress.line(0.5, Snapshot(0, 0, None))
+
+
+def test_progress_redraws_in_place_on_a_terminal_and_clears() -> None:
+    terminal = FakeTerminal(True)
+    snapshots = iter([Snapshot(10, 0, 500.0), Snapshot(20, 1, 600.0)])
+    progress = Progress("run", lambda: next(snapshots), terminal)
+
+    async def scenario() -> None:
+        progress.start(expected_s=10.0)
+        progress._draw()  # what the timer does every REDRAW_S
+        progress._draw()
+        progress.stop()
+
+    asyncio.run(scenario())
+    written = terminal.getvalue()
+    assert written.count("\r") == 4  # two redraws, then blanks between two returns
+    assert "sent 20" in written
+    assert written.endswith("\r")
+    quiet = FakeTerminal(True)
+    short = Progress("run", lambda: Snapshot(0, 0, None), quiet)
+
+    async def short_run() -> None:
+        short.start(expected_s=1.0)  # under MIN_RUN_S: nothing at all
+        short.stop()
+
+    asyncio.run(short_run())
+    assert quiet.getvalue() == ""
+
+
+def test_bench_progress_reads_the_ledger() -> None:
+    now = [0]
+    ledger = Ledger(clock=lambda: now[0])
+    for i in range(100):
+        now[0] = i * 1_000_000
+        ledger.add(now[0], 0)
+    for rid in range(100):
+        now[0] = rid * 1_000_000 + (rid + 1) * 10_000  # latency (rid + 1) * 10 µs
+        ledger.finish(rid, Outcome.OK if rid < 90 else Outcome.REJECTED, None)
+    snap = ledger.snapshot()
+    assert (snap.sent, snap.errors) == (100, 10)
+    assert snap.p99_us == pytest.approx(np.percentile(np.arange(1, 91) * 10.0, 99))
+    assert Ledger().snapshot() == Snapshot(0, 0, None)
