@@ -180,6 +180,12 @@ class ModelConfig(_Strict):
     first dim is free on every input and output, else 0."""
     instances: int = Field(default=1, ge=1, le=64)
     """ONNX Runtime sessions (each with its own thread) sharing the model's queue."""
+    execution: Literal["thread", "inline"] = "thread"
+    """`thread`: each instance runs on a thread of its own, and the event loop never waits for
+    ONNX Runtime. `inline`: the one instance runs on the event loop itself: no hand-off to a
+    thread and back (tens of µs on a VM, more than a tiny model's whole run), but the loop waits
+    for every batch. For models of a few tens of µs whose caller lives on the loop (the ITCH
+    feed handler's in-process Engine); needs `instances = 1`."""
     intra_op_threads: int = Field(default=1, ge=0, le=256)
     """Threads ORT uses inside one operator; 0 lets ORT choose."""
     inter_op_threads: int = Field(default=1, ge=1, le=256)
@@ -192,6 +198,15 @@ class ModelConfig(_Strict):
     breaker: BreakerConfig = BreakerConfig()
     variants: list[VariantConfig] = []
     traffic: TrafficConfig = TrafficConfig()
+
+    @model_validator(mode="after")
+    def _inline_is_one_instance(self) -> ModelConfig:
+        if self.execution == "inline" and self.instances != 1:
+            raise ValueError(
+                f"execution 'inline' runs the model on the event loop, so it has one instance; "
+                f"got instances = {self.instances}"
+            )
+        return self
 
     @model_validator(mode="after")
     def _unique_variants(self) -> ModelConfig:

@@ -99,6 +99,14 @@ def test_empty_file_means_defaults(tmp_path: Path, name: str, text: str) -> None
     assert load_model_config(tmp_path) == ModelConfig()
 
 
+def test_inline_execution_has_one_instance() -> None:
+    assert ModelConfig.model_validate({"execution": "inline"}).execution == "inline"
+    with pytest.raises(ValueError, match=r"inline.*one instance; got instances = 2"):
+        ModelConfig.model_validate({"execution": "inline", "instances": 2})
+    with pytest.raises(ValueError, match="execution"):
+        ModelConfig.model_validate({"execution": "fiber"})
+
+
 def test_config_is_frozen() -> None:
     config = ModelConfig()
     with pytest.raises(ValueError, match="frozen"):

@@ -25,10 +25,13 @@ class DoublingSession:
         return [x * 2]
 
 
-def run_job(session: DoublingSession, feeds: list[np.ndarray], bucket: int) -> BatchResult:
+def run_job(
+    session: DoublingSession, feeds: list[np.ndarray], bucket: int, *, inline: bool = False
+) -> BatchResult:
     executor = Executor(
-        [session], output_names=["y"], string_outputs=frozenset(), batched=True, label="t"
-    )
+        [session], output_names=["y"], string_outputs=frozenset(), batched=True, label="t",
+        inline=inline,
+    )  # fmt: skip
 
     async def body() -> BatchResult:
         done: asyncio.Future[BatchResult] = asyncio.get_running_loop().create_future()
@@ -64,3 +67,34 @@ def test_a_request_that_breaks_the_batch_fails_alone() -> None:
     np.testing.assert_array_equal(first["y"], good * 2)  # all its rows, none lost to padding
     assert isinstance(second, InvalidInput)
     assert "out of bounds" in second.message
+
+
+def test_inline_runs_on_the_loop_and_answers_on_a_later_turn() -> None:
+    session = DoublingSession()
+    executor = Executor(
+        [session], output_names=["y"], string_outputs=frozenset(), batched=True, label="t",
+        inline=True,
+    )  # fmt: skip
+
+    async def body() -> None:
+        results: list[BatchResult] = []
+        executor.start(asyncio.get_running_loop())
+        x = np.ones((1, 3), np.float32)
+        executor.submit(0, BatchJob([{"x": x}], [1], 1, results.append))
+        assert session.batches == [1]  # ran during submit, on this thread
+        assert results == []  # ...but answers like a thread would: from a loop callback
+        await asyncio.sleep(0)
+        (result,) = results
+        first = result.outputs[0]
+        assert isinstance(first, dict)
+        np.testing.assert_array_equal(first["y"], x * 2)
+
+    asyncio.run(body())
+    executor.close()
+
+
+def test_inline_isolates_a_failing_request_too() -> None:
+    good, bad = np.ones((2, 3), np.float32), np.full((1, 3), -1, np.float32)
+    first, second = run_job(DoublingSession(), [good, bad], bucket=4, inline=True).outputs
+    assert isinstance(first, dict)
+    assert isinstance(second, InvalidInput)

@@ -66,7 +66,14 @@ class Executor:
         string_outputs: frozenset[str],
         batched: bool,
         label: str,
+        inline: bool = False,
     ) -> None:
+        if inline and len(sessions) != 1:
+            raise ValueError(f"an inline executor has one session, got {len(sessions)}")
+        self.inline = inline
+        """Run on the event loop itself (ModelConfig.execution 'inline'): no instance thread."""
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._pool = InputPool()
         self._sessions = list(sessions)
         self._output_names = list(output_names)
         self._string_outputs = string_outputs
@@ -89,6 +96,9 @@ class Executor:
         """Start one thread per instance, pinned to `cpus[i]` where given; `background` threads
         (a shadow version's) run at the lowest CPU priority, so they take only the time real
         traffic leaves over."""
+        if self.inline:
+            self._loop = loop
+            return
         for index, session in enumerate(self._sessions):
             jobs: queue.SimpleQueue[BatchJob | _Stop] = queue.SimpleQueue()
             pinned = cpus[index] if index < len(cpus) else None
@@ -103,7 +113,15 @@ class Executor:
             thread.start()
 
     def submit(self, instance: int, job: BatchJob) -> None:
-        """Queue `job` on one instance; the scheduler submits only to an idle instance."""
+        """Queue `job` on one instance; the scheduler submits only to an idle instance.
+
+        Inline, the job runs here and now; its result still arrives by a later loop callback,
+        as from a thread, so the scheduler sees one order of events either way."""
+        if self._loop is not None:
+            result = BatchResult(job, instance)
+            self._execute(self._sessions[instance], job, result, self._pool)
+            self._loop.call_soon(job.on_done, result)
+            return
         self._queues[instance].put(job)
 
     def close(self, timeout_s: float = 5.0) -> None:

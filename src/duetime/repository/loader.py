@@ -83,6 +83,7 @@ def load_version(
         string_outputs=frozenset(s.name for s in signature.outputs if s.datatype == "BYTES"),
         batched=signature.max_batch_size > 0,
         label=label,
+        inline=config.execution == "inline",
     )
     warm_up(executor, signature, path)
     profile = measure_profile(executor, signature, path, profile_budget_s)

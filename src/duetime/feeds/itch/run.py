@@ -42,8 +42,8 @@ TIMER_SLACK_NS = 1_500_000
 """Closer than this to a message's time, the feed stops sleeping on the loop's timers, which
 are too coarse (a millisecond under uvloop) to wake it on time."""
 NAP_NS = 50_000
-"""...and naps this long at a time instead (releasing the GIL, so the model's instance thread
-can start and hand back a batch), taking any answers between naps."""
+"""...and spins, or naps this long at a time (releasing the GIL, so that a model's instance
+thread can start and hand back a batch), taking any answers between naps."""
 SWITCH_INTERVAL_S = 0.0001
 """While the feed runs, how long an instance thread back from ONNX Runtime may wait for the GIL
 (Python's default, 5 ms, would be most of a deadline)."""
@@ -75,6 +75,9 @@ class RunOptions:
     """Stocks to predict for (None: all); the books of all stocks are kept either way."""
     limit: int | None = None
     """Stop after this many messages."""
+    nap: bool = False
+    """At the recorded pace, sleep in short slices instead of spinning before each message's
+    time: for a model on an instance thread, which needs the CPU and the GIL meanwhile."""
     max_gap_ns: int = 1_000_000_000
     """At the recorded pace, a longer gap between two messages is cut to this (recorded time):
     a file's hours before the open and after the close are replayed in a second."""
@@ -221,12 +224,15 @@ class FeedRun:
                     first_ts += gap - options.max_gap_ns
                 last_ts = ts
                 target = start_ns + int((ts - first_ts) / options.speed)
-                now = await _until(target)
+                now = await _until(target, options.nap)
                 stats.pace_lag_ns.append(now - target)
-            elif stats.messages % YIELD_EVERY == 0:
-                await asyncio.sleep(0)
+                arrival = target  # a message waiting for the feed to be free is already here
+            else:
+                if stats.messages % YIELD_EVERY == 0:
+                    await asyncio.sleep(0)
+                arrival = time.monotonic_ns()
             stats.messages += 1
-            self._arrived(message, time.monotonic_ns())
+            self._arrived(message, arrival)
 
     def _arrived(self, message: Any, arrival_ns: int) -> None:
         """Apply one message; ask the model if its book event triggers."""
@@ -301,8 +307,12 @@ def _wants_window(predictor: Predictor) -> bool:
     )
 
 
-async def _until(target_ns: int) -> int:
-    """Wait until `target_ns`, taking answers meanwhile; returns the time it woke."""
+async def _until(target_ns: int, nap: bool) -> int:
+    """Wait until `target_ns`, taking answers meanwhile; returns the time it woke.
+
+    The last stretch spins on the loop (each turn takes the answers that came back), or with
+    `nap` sleeps in slices that let go of the CPU and the GIL for a model's instance thread.
+    """
     while True:
         now = time.monotonic_ns()
         left = target_ns - now
@@ -310,8 +320,9 @@ async def _until(target_ns: int) -> int:
             return now
         if left > TIMER_SLACK_NS:
             await asyncio.sleep((left - TIMER_SLACK_NS) / 1e9)
-        else:
-            await asyncio.sleep(0)
+            continue
+        await asyncio.sleep(0)
+        if nap:
             time.sleep(min(left, NAP_NS) / 1e9)  # noqa: ASYNC251 - a nap shorter than a timer
 
 
