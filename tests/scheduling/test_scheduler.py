@@ -21,7 +21,7 @@ from duetime.config import SchedulingConfig
 from duetime.errors import DeadlineExceeded, InvalidInput, ModelUnavailable, Overloaded
 from duetime.execution.executor import Feeds
 from duetime.scheduling.profile import profile_from_samples
-from duetime.scheduling.scheduler import BatchSizeStatistics, ModelScheduler
+from duetime.scheduling.scheduler import PROBE_NS, BatchSizeStatistics, ModelScheduler
 
 US = 1000
 MS = 1_000_000
@@ -610,5 +610,38 @@ def test_an_idle_instance_takes_a_lone_request_at_once() -> None:
         assert h.scheduler.statistics().queued == 0
         h.executor.complete(0)
         assert h.scheduler.statistics().succeeded == 1
+
+    run(body)
+
+
+def test_an_idle_model_that_refused_everything_for_a_while_probes_once() -> None:
+    async def body() -> None:
+        h = harness()
+        with pytest.raises(Overloaded):
+            h.submit("tight", due_in=50 * US)  # a run takes 100 µs: refused, not probed
+        h.clock.advance(PROBE_NS)
+        probe = h.submit("probe", due_in=50 * US)  # idle and quiet that long: admitted
+        assert h.started() == ["probe"]
+        assert h.scheduler.statistics().probes == 1
+        h.clock.advance(100 * US)
+        h.executor.complete(0)
+        await asyncio.sleep(0)
+        assert probe.done()
+        with pytest.raises(Overloaded):  # one probe per period, not every request after it
+            h.submit("tight again", due_in=50 * US)
+        stats = h.scheduler.statistics()
+        assert (stats.probes, stats.rejected, stats.late) == (1, 2, 1)
+
+    run(body)
+
+
+def test_no_probe_while_requests_run() -> None:
+    async def body() -> None:
+        h = harness()
+        h.clock.advance(PROBE_NS)
+        h.submit("running")  # no due time: always admitted, and the instance is now busy
+        with pytest.raises(Overloaded):
+            h.submit("tight", due_in=50 * US)
+        assert h.scheduler.statistics().probes == 0
 
     run(body)

@@ -41,6 +41,11 @@ earlier would commit the next batch before the requests that could fill it have 
 loop's timers are only good to about a millisecond."""
 _SWEEP_S = 0.001
 """While requests queue, how often the whole queue is checked for hopeless ones."""
+PROBE_NS = 100_000_000
+"""An idle model that has refused every request for this long admits one it predicts to miss:
+its predictions come from what it measures, and a model that refuses everything measures
+nothing, so one bad stretch (another process on its core) would otherwise keep every tight due
+time refused for good. The probe may answer late; its run corrects the prediction."""
 
 
 _US, _MS, _S = 1_000, 1_000_000, 1_000_000_000
@@ -139,6 +144,8 @@ class SchedulerStatistics:
     """Each instance's circuit breaker: 0 closed, 1 half-open, 2 open."""
     breakers_opened: int = 0
     """Times any of the instances' breakers opened."""
+    probes: int = 0
+    """Requests admitted though predicted to miss, to measure again (see PROBE_NS)."""
 
 
 @dataclass(slots=True, eq=False)
@@ -201,6 +208,8 @@ class ModelScheduler:
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = 0
         self._overhead_ns = 0.0
+        self._last_run_ns = clock.now_ns()
+        """When an execution last ended, or the last probe was admitted (see PROBE_NS)."""
         self._margin_ns = config.delivery_margin_us * 1000
         self._exec_margin = config.exec_margin
         self._sweeper: asyncio.TimerHandle | None = None
@@ -212,7 +221,7 @@ class ModelScheduler:
         self._drained.set()
         self._batch_sizes: dict[int, BatchSizeStatistics] = {}
         self._peak = self._succeeded = self._failed = self._rejected = self._expired = 0
-        self._late = self._on_time = 0
+        self._late = self._on_time = self._probes = 0
         self._cancelled = self._executions = self._inferences = self._last_ms = 0
         self._request_time = LatencyHistogram()
         self._queue_time = LatencyHistogram()
@@ -331,6 +340,10 @@ class ModelScheduler:
             )
         if not self._edf:
             return  # FIFO, like Triton, admits whatever fits the queue
+        if now - self._last_run_ns >= PROBE_NS and self.idle:
+            self._last_run_ns = now
+            self._probes += 1
+            return
         self._rejected += 1
         raise Overloaded(
             f"model {self._label}: predicted to finish in {(finish - now) / 1e3:.0f} µs but due "
@@ -484,7 +497,7 @@ class ModelScheduler:
         )
 
     def _finish(self, result: BatchResult) -> None:
-        now = self._clock.now_ns()
+        now = self._last_run_ns = self._clock.now_ns()
         instance = result.instance
         jobs = self._outstanding[instance]
         running = jobs.popleft()
@@ -615,6 +628,7 @@ class ModelScheduler:
             },
             breaker_states=tuple(int(b.state) for b in self._breakers),
             breakers_opened=sum(b.opened for b in self._breakers),
+            probes=self._probes,
         )
 
     async def aclose(self, grace_s: float) -> None:

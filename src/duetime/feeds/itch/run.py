@@ -232,25 +232,29 @@ class FeedRun:
                     await asyncio.sleep(0)
                 arrival = time.monotonic_ns()
             stats.messages += 1
-            self._arrived(message, arrival)
+            if self._arrived(message, arrival):
+                # NOTE: a turn of the loop now takes the answer (inline, it is already there)
+                # before the next message, which may be due at the same nanosecond (a sweep)
+                await asyncio.sleep(0)
 
-    def _arrived(self, message: Any, arrival_ns: int) -> None:
-        """Apply one message; ask the model if its book event triggers."""
+    def _arrived(self, message: Any, arrival_ns: int) -> bool:
+        """Apply one message; ask the model if its book event triggers (returns whether)."""
         event = self.books.apply(message)
         if event is None:
-            return
+            return False
         self.stats.book_events += 1
         book = self.books.book(event.locate)
         vector = self.features.update(event, book)
         symbols = self.options.symbols
         if symbols is not None and book.symbol not in symbols:
-            return
+            return False
         if not self._fires(event):
-            return
+            return False
         window = self.features.state(event.locate).deeplob
         # NOTE: the vector is the state's own buffer, rewritten by the next event: copy it
         array = vector[np.newaxis].copy() if window is None else window.tensor()[np.newaxis]
         self._ask(array, arrival_ns, event.ts, book.symbol)
+        return True
 
     def _fires(self, event: BookEvent) -> bool:
         trigger = self.options.trigger
