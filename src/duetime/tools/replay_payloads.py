@@ -22,9 +22,17 @@ from duetime.frontend.proto import grpc_service_pb2 as pb
 from duetime.tools.capture.format import DROPPED_HEADERS, CapturedRequest, CapturedTensor
 from duetime.tools.payloads import GRPC_DEADLINE_MARGIN_S
 
-_OWN_HTTP_HEADERS = DROPPED_HEADERS | {"host", "content-type", "accept-encoding", "te"}
+_FRAMING_HEADERS = frozenset({
+    "content-length", "transfer-encoding", "connection", "keep-alive", "expect", "upgrade",
+    "proxy-connection", "content-encoding", "inference-header-content-length", "trailer",
+})  # fmt: skip
+"""Headers that describe how the recorded message was framed on its connection, not the
+request: the replay frames its own message (a second Content-Length would be refused)."""
+_OWN_HTTP_HEADERS = DROPPED_HEADERS | _FRAMING_HEADERS | {
+    "host", "content-type", "accept-encoding", "te",
+}  # fmt: skip
 """Headers the replay writes itself (or must not copy) on HTTP."""
-_OWN_GRPC_METADATA = DROPPED_HEADERS | {
+_OWN_GRPC_METADATA = DROPPED_HEADERS | _FRAMING_HEADERS | {
     "host", "content-type", "te", "user-agent", "accept-encoding", "grpc-timeout",
     "grpc-encoding", "grpc-accept-encoding",
 }  # fmt: skip

@@ -1,0 +1,76 @@
+"""What a server records, a replay sends again: a capture written by `serve --record` from real
+clients (HTTP binary, HTTP JSON, gRPC) replays against another server with every request
+answered and every answer equal to the recorded one."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from conftest import RunningServer, start_server, stop_server
+
+from duetime.cli import main
+from duetime.config import ServerSettings
+from duetime.tools.capture import read_capture
+
+REQUESTS = 12
+
+
+def _send(server: RunningServer) -> None:
+    rng = np.random.default_rng(3)
+    http = httpclient.InferenceServerClient(server.http)
+    grpc = grpcclient.InferenceServerClient(server.grpc)
+    try:
+        for i in range(REQUESTS):
+            x = rng.standard_normal((1 + i % 3, 40), dtype=np.float32)
+            headers = {"x-session": f"user-{i % 4}"}
+            if i % 3 == 2:
+                tensor = grpcclient.InferInput("x", list(x.shape), "FP32")
+                tensor.set_data_from_numpy(x)
+                grpc.infer("mlp", [tensor], request_id=f"r{i}", headers=headers)
+                continue
+            tensor = httpclient.InferInput("x", list(x.shape), "FP32")
+            tensor.set_data_from_numpy(x, binary_data=i % 3 == 0)
+            http.infer("mlp", [tensor], request_id=f"r{i}", headers=headers)
+    finally:
+        http.close()
+        grpc.close()
+
+
+@pytest.fixture(scope="module")
+def capture(demo_repo: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("record") / "traffic.cap"
+    settings = ServerSettings(
+        model_repository=demo_repo, http_port=0, grpc_port=0, record_path=path,
+        record_outputs=True,
+    )  # fmt: skip
+    running, thread = start_server(settings)
+    try:
+        _send(running)
+    finally:
+        stop_server(running, thread)
+    return path
+
+
+def test_the_capture_holds_every_request(capture: Path) -> None:
+    records = list(read_capture(capture))
+    assert sorted(r.request_id for r in records) == sorted(f"r{i}" for i in range(REQUESTS))
+    assert all(r.status == 200 for r in records)
+
+
+@pytest.mark.parametrize("scheme", ["http", "grpc"])
+def test_a_server_capture_replays_with_the_same_answers(
+    capture: Path, server: RunningServer, tmp_path: Path, scheme: str
+) -> None:
+    out = tmp_path / "replay.json"
+    target = f"{scheme}://{server.http if scheme == 'http' else server.grpc}"
+    code = main(["replay", str(capture), "--target", target, "--compare-outputs",
+                 "--atol", "1e-5", "--json", str(out), "-q"])  # fmt: skip
+    result = json.loads(out.read_text())
+    assert (result["sent"], result["ok"], result["errors"]) == (REQUESTS, REQUESTS, 0)
+    assert result["compare"]["mismatched"] == 0
+    assert code == 0
