@@ -12,7 +12,9 @@ order of first use, as Nasdaq numbers them: itch-book rejects references above a
 (synth spreads them over 64 bits on purpose), and would otherwise build no book at all. The
 renumbering changes no book (the fast and pure-Python summaries are checked equal on it).
 
-What each row measures is in its `measures` column; the table after it is the numba JIT cost.
+What each row measures is in its `measures` column; the tables after it are the numba JIT cost
+and the tick-to-prediction of `duetime itch run` with the demo `orderbook` MLP through the
+in-process Engine, at the recorded pace of a 2,000 messages/s session and at full pace.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).parent))
 from common import print_table
 
+from duetime.demo import write_demo_repository
 from duetime.feeds.itch.book import Books
 from duetime.feeds.itch.fastbook import FastBook, fast_book_summary, load_buffer
 from duetime.feeds.itch.features import Features
@@ -175,9 +178,47 @@ ROWS: list[tuple[str, str, str, str, Callable[[Path], object], bool]] = [
      python_features, False),
 ]  # fmt: skip
 
-# NOTE: "tick-to-prediction" (message arrival to model answer, `duetime itch run`) is measured
-# by the run itself; its rows go in `result["tick_to_prediction"]` (None until then) and the
-# table is printed from the same row layout.
+PACE_MESSAGES = 60_000
+PACE_RATE = 2_000.0
+"""The tick-to-prediction session: 60k messages at ~2,000 a second (30 s at the recorded pace),
+every book event asking the demo MLP."""
+RUNS = (
+    ("recorded", 1000, 1), ("recorded", 200, 1), ("recorded", 1000, 10), ("max", 1000, 1),
+)  # fmt: skip
+"""(pace, deadline µs, every N-th event) of each `duetime itch run`."""
+
+
+def tick_to_prediction(directory: Path, seed: int, repository: Path) -> list[Row]:
+    """`duetime itch run` with the demo `orderbook` MLP through the in-process Engine, each in a
+    fresh process: tick-to-prediction (recorded arrival to answer), on time, late, refused."""
+    session = directory / "paced.itch"
+    write_session(session, seed=seed, messages=PACE_MESSAGES, rate=PACE_RATE)
+    rows = []
+    for pace, deadline_us, every in RUNS:
+        report = directory / "run.json"
+        subprocess.run(
+            [sys.executable, "-m", "duetime", "itch", "run", str(session), "--model",
+             "orderbook", "--repository", str(repository), "--pace", pace, "--deadline-us",
+             str(deadline_us), "--every", str(every), "--max-gap-ms", "10", "--json",
+             str(report), "-q"],
+            check=True,
+        )  # fmt: skip
+        run = json.loads(report.read_text())
+        latency = run["tick_to_prediction_us"]
+        rows.append({
+            "pace": pace, "deadline_us": deadline_us, "every": every,
+            "requests": run["triggers"], "on_time": run["on_time"],
+            "late_dropped": run["late_dropped"], "refused": run["refused"],
+            "p50_us": latency["p50"], "p99_us": latency["p99"], "p999_us": latency["p999"],
+            "max_us": latency["max"], "pace_lag_p99_us": run["pace_lag_us"]["p99"],
+            "messages_per_s": run["messages_per_s"],
+        })  # fmt: skip
+        print(
+            f"  {pace:8s} deadline {deadline_us:5d} µs every {every:2d}: p99 "
+            f"{latency['p99']} µs, on time {run['on_time']}/{run['triggers']}",
+            flush=True,
+        )
+    return rows
 
 
 def measure(files: dict[str, Path], messages: int, repeat: int) -> list[Row]:
@@ -265,6 +306,8 @@ def main() -> int:
         print(f"fast summary == pure-Python summary: {same}", flush=True)
         rows = measure(files, args.messages, args.repeat)
         stages = fastbook_stages(files["plain"], args.repeat, args.messages)
+        print("tick-to-prediction, demo orderbook MLP, in-process Engine ...", flush=True)
+        ticks = tick_to_prediction(Path(tmp), args.seed, write_demo_repository(Path(tmp) / "m"))
     jit = jit_cost()
     columns = ["section", "tool", "entry", "measures", "plain_Mmsg_per_s", "gzip_Mmsg_per_s"]
     shown = [{**row, **{c: f"{row[c]:.2f}" for c in columns[-2:]}} for row in rows]
@@ -272,6 +315,10 @@ def main() -> int:
                 "compiled rows, 1 run for pure Python)", shown, columns)  # fmt: skip
     print_table("fastbook stages, plain file", stages, ["stage", "ms", "Mmsg_per_s"])
     print_table("numba JIT", jit, ["first call", "import_s", "first_summary_s"])
+    print_table(
+        f"tick-to-prediction (µs, from each message's recorded arrival), {PACE_MESSAGES:,} "
+        f"messages at ~{PACE_RATE:,.0f}/s", ticks, list(ticks[0]),
+    )  # fmt: skip
     result = {
         "machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
                     "python": platform.python_version()},
@@ -281,7 +328,7 @@ def main() -> int:
         "throughput": rows,
         "fastbook_stages": stages,
         "jit": jit,
-        "tick_to_prediction": None,
+        "tick_to_prediction": ticks,
     }  # fmt: skip
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")

@@ -48,6 +48,8 @@ class Predictor(Protocol):
 
     input: TensorSpec
     """The model's input (its shape without the batch dimension where the model batches)."""
+    max_batch: int
+    """Rows one request may carry (0: the model does not batch)."""
 
     def submit(self, array: np.ndarray, due_ns: int, answer: Answer) -> None: ...
 
@@ -83,6 +85,7 @@ class EnginePredictor:
             raise PredictorError(f"--model {model}: {exc.message}") from None
         signature = deployment.model.signature
         self.input = per_event(only_input(signature.inputs, model), signature.max_batch_size)
+        self.max_batch = signature.max_batch_size
         self._output = signature.outputs[0].name
         self._engine = engine
         self._model = model
@@ -97,7 +100,10 @@ class EnginePredictor:
         except DuetimeError as exc:
             answer(None, _failure(exc))
             return
-        ticket.on_done = lambda: self._settled(ticket, answer)
+        if ticket.future.done():  # settled within submit (a request it could not run)
+            self._settled(ticket, answer)
+        else:
+            ticket.on_done = lambda: self._settled(ticket, answer)
 
     def _settled(self, ticket: Ticket, answer: Answer) -> None:
         future = ticket.future
@@ -121,8 +127,11 @@ class GrpcPredictor:
     """Sends each request to a remote v2 server over one gRPC channel, with the time left until
     its due time as the `timeout` parameter (µs), so the remote scheduler plans for it too."""
 
-    def __init__(self, channel: Any, model: str, input_spec: TensorSpec, output: str) -> None:
+    def __init__(
+        self, channel: Any, model: str, input_spec: TensorSpec, output: str, max_batch: int
+    ) -> None:
         self.input = input_spec
+        self.max_batch = max_batch
         self._channel = channel
         self._call = channel.unary_unary(
             "/inference.GRPCInferenceService/ModelInfer",
@@ -150,8 +159,9 @@ class GrpcPredictor:
         specs = tuple(
             TensorSpec(t.name, t.datatype, tuple(int(d) for d in t.shape)) for t in metadata.inputs
         )
-        spec = per_event(only_input(specs, model), int(config.config.max_batch_size))
-        return cls(channel, model, spec, metadata.outputs[0].name)
+        max_batch = int(config.config.max_batch_size)
+        spec = per_event(only_input(specs, model), max_batch)
+        return cls(channel, model, spec, metadata.outputs[0].name, max_batch)
 
     def submit(self, array: np.ndarray, due_ns: int, answer: Answer) -> None:
         request = pb.ModelInferRequest(model_name=self._model)

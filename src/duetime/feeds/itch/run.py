@@ -172,6 +172,15 @@ class PredictionLog:
             self._rows.clear()
 
 
+@dataclass(frozen=True, slots=True)
+class _Asked:
+    """A triggering event whose row is in a request: when and where, for its prediction."""
+
+    ts: int
+    stock: str
+    arrival_ns: int
+
+
 class FeedRun:
     """One replay: the books, the features, the predictor and the tallies."""
 
@@ -185,6 +194,10 @@ class FeedRun:
         # NOTE: the window costs ~3.5 µs an event; a model of the vector does not need it
         self.features = Features(deeplob_length=WINDOW_EVENTS if self._wants_window else 0)
         self._counts: dict[int, int] = {}
+        self._burst: list[_Asked] = []
+        """Triggering events since the feed last asked (they arrived together)."""
+        self._rows: list[np.ndarray] = []
+        self._max_batch = max(1, predictor.max_batch)
         self._outstanding = 0
         self._done = asyncio.Event()
 
@@ -224,7 +237,12 @@ class FeedRun:
                     first_ts += gap - options.max_gap_ns
                 last_ts = ts
                 target = start_ns + int((ts - first_ts) / options.speed)
-                now = await _until(target, options.nap)
+                now = time.monotonic_ns()
+                if target > now:
+                    # NOTE: the burst so far is all there is until then: ask for it now, and
+                    # take its answer while waiting (inline, it is back on the next turn)
+                    self._flush()
+                    now = await _until(target, options.nap)
                 stats.pace_lag_ns.append(now - target)
                 arrival = target  # a message waiting for the feed to be free is already here
             else:
@@ -232,29 +250,33 @@ class FeedRun:
                     await asyncio.sleep(0)
                 arrival = time.monotonic_ns()
             stats.messages += 1
-            if self._arrived(message, arrival):
-                # NOTE: a turn of the loop now takes the answer (inline, it is already there)
-                # before the next message, which may be due at the same nanosecond (a sweep)
+            self._arrived(message, arrival)
+            # NOTE: at full pace every message has arrived already: each event asks at once;
+            # behind the recorded pace, a burst asks when it fills a batch. Either way the next
+            # turn of the loop takes the answer (and lets the scheduler finish the run) before
+            # the feed reads on.
+            if self._burst and (not recorded or len(self._burst) >= self._max_batch):
+                self._flush()
                 await asyncio.sleep(0)
+        self._flush()
 
-    def _arrived(self, message: Any, arrival_ns: int) -> bool:
-        """Apply one message; ask the model if its book event triggers (returns whether)."""
+    def _arrived(self, message: Any, arrival_ns: int) -> None:
+        """Apply one message; add its book event to the burst if it triggers."""
         event = self.books.apply(message)
         if event is None:
-            return False
+            return
         self.stats.book_events += 1
         book = self.books.book(event.locate)
         vector = self.features.update(event, book)
         symbols = self.options.symbols
         if symbols is not None and book.symbol not in symbols:
-            return False
+            return
         if not self._fires(event):
-            return False
+            return
         window = self.features.state(event.locate).deeplob
         # NOTE: the vector is the state's own buffer, rewritten by the next event: copy it
-        array = vector[np.newaxis].copy() if window is None else window.tensor()[np.newaxis]
-        self._ask(array, arrival_ns, event.ts, book.symbol)
-        return True
+        self._rows.append(vector.copy() if window is None else window.tensor())
+        self._burst.append(_Asked(event.ts, book.symbol, arrival_ns))
 
     def _fires(self, event: BookEvent) -> bool:
         trigger = self.options.trigger
@@ -264,34 +286,51 @@ class FeedRun:
         self._counts[event.locate] = count
         return count % trigger.every == 0
 
-    def _ask(self, array: np.ndarray, arrival_ns: int, ts: int, stock: str) -> None:
+    def _flush(self) -> None:
+        """Ask for the events of the burst in one request (one row each): the model runs once
+        for a sweep's several events instead of once after another."""
+        burst = self._burst
+        if not burst:
+            return
+        rows = self._rows
+        batch = np.stack(rows) if len(rows) > 1 else rows[0][np.newaxis]
+        asked = tuple(burst)
+        burst.clear()
+        rows.clear()
+        self._ask(batch, asked)
+
+    def _ask(self, batch: np.ndarray, asked: tuple[_Asked, ...]) -> None:
         stats = self.stats
-        stats.triggers += 1
+        stats.triggers += len(asked)
         self._outstanding += 1
-        due_ns = arrival_ns + self.options.deadline_ns
+        deadline = self.options.deadline_ns
+        due_ns = asked[0].arrival_ns + deadline  # the burst's first event binds it
 
         def answer(outputs: np.ndarray | None, failure: Failure | None) -> None:
             now = time.monotonic_ns()
             self._outstanding -= 1
             if outputs is None:
                 if failure is not None and failure.refused:
-                    stats.refused += 1
+                    stats.refused += len(asked)
                 else:
-                    stats.errors += 1
+                    stats.errors += len(asked)
                     stats.first_error = stats.first_error or (failure and failure.message)
-            elif now <= due_ns:
-                stats.on_time += 1
-                stats.latency_ns.append(now - arrival_ns)
-                self._log.add(ts, stock, now - arrival_ns, outputs)
-            else:  # late: never used
-                stats.late += 1
-                stats.latency_ns.append(now - arrival_ns)
-                self._log.add(ts, stock, now - arrival_ns, None)
+            else:
+                log, latencies = self._log, stats.latency_ns
+                for row, event in enumerate(asked):
+                    latency = now - event.arrival_ns
+                    latencies.append(latency)
+                    if latency <= deadline:
+                        stats.on_time += 1
+                        log.add(event.ts, event.stock, latency, outputs[row])
+                    else:  # late: never used
+                        stats.late += 1
+                        log.add(event.ts, event.stock, latency, None)
             if self._outstanding == 0:
                 self._done.set()
 
         self._done.clear()
-        self._predictor.submit(array, due_ns, answer)
+        self._predictor.submit(batch, due_ns, answer)
 
     async def _drain(self) -> None:
         if self._outstanding:
