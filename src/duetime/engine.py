@@ -47,8 +47,15 @@ class Ticket:
     on_done: Callable[[], None] | None = None
     """Set by a front end before control returns to the loop: called once the future settles
     (not on cancellation), a loop turn sooner than a future callback."""
+    stamp: Callable[[], int] | None = None
+    """Set by traffic capture on the tickets it records: a clock read into `done_ns` as the
+    future settles (not on cancellation)."""
+    done_ns: int = 0
+    """When the future settled, on `stamp`'s clock (0: not yet, or not stamped)."""
 
     def _settled(self) -> None:
+        if self.stamp is not None:
+            self.done_ns = self.stamp()
         if self.on_done is not None:
             self.on_done()
 
@@ -67,7 +74,8 @@ class RequestRecorder(Protocol):
         ...
 
     def record(self, request: InferRequest, submit: Callable[[InferRequest], Ticket]) -> Ticket:
-        """`submit(request)`, noting the request and, once it settles, its outcome."""
+        """`submit(request)`, noting the request and, once it settles, its outcome (the ticket's
+        `stamp` may be set to have it record when it settled)."""
         ...
 
 

@@ -63,6 +63,10 @@ class InferRequest:
     protocol: str = "engine"
     """The front end it came through: `http`, `grpc`, `grpc-stream`, or `engine` (in-process);
     recorded by traffic capture."""
+    wire: tuple[bytes, int | None] | None = None
+    """The v2 REST body it was decoded from (after any Content-Encoding) and the length of its
+    JSON header (None: all JSON), for traffic capture to store verbatim; a reference, not a copy
+    (None: not decoded from an HTTP body)."""
 
 
 @dataclass(slots=True, eq=False)

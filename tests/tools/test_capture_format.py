@@ -8,11 +8,15 @@ import struct
 import zlib
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+import orjson
 import pytest
 
 from duetime.cli import main
+from duetime.frontend.codec import encode_tensor
+from duetime.frontend.rest import parse_infer_request
 from duetime.tools.capture import (
     CapturedRequest,
     CapturedTensor,
@@ -24,6 +28,10 @@ from duetime.tools.capture import (
 )
 from duetime.tools.capture import format as fmt
 from duetime.tools.capture.jsonl import JsonlError, convert
+from duetime.tools.capture.recorder import CANCELLED_STATUS
+
+DATA = Path(__file__).parent / "data"
+TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 
 ALL_DTYPES = {
     "BOOL": np.array([[True, False]]), "INT8": np.array([-3, 4], np.int8),
@@ -107,6 +115,12 @@ def test_credentials_and_wire_headers_are_not_written(tmp_path: Path) -> None:
     assert back.headers == {"content-length": "9", "x-keep": "yes"}
 
 
+def test_parameters_json_cannot_hold_are_written_as_text(tmp_path: Path) -> None:
+    record = make_record(parameters={"n": np.int64(3), "ok": 1})
+    (back,) = read_capture(write(tmp_path / "p.cap", record))
+    assert back.parameters == {"n": "3", "ok": 1}
+
+
 def test_recorder_encoding_matches_the_writer(tmp_path: Path) -> None:
     """The server's fast path (arrays by reference) and CapturedRequest give the same bytes."""
     array = np.arange(40, dtype=np.float32).reshape(1, 40)
@@ -129,6 +143,176 @@ def _typed(array: np.ndarray) -> tuple[str, tuple[int, ...], object]:
 
 def fmt_records(*encoded: tuple[bytes, bytes]) -> list[CapturedRequest]:
     return [fmt.decode_record(body) for _, body in encoded]
+
+
+# -- raw HTTP records ----------------------------------------------------------------------------
+
+SENT = {
+    "x": ALL_DTYPES["FP32"], "s": np.array([[b"ab", b""], ["\u00e9".encode(), b"c"]], object),
+    "b": ALL_DTYPES["BOOL"], "i": ALL_DTYPES["INT64"], "h": ALL_DTYPES["FP16"],
+    "u": np.arange(6, dtype=np.uint8).reshape(3, 2),
+}  # fmt: skip
+"""Inputs of a v2 REST request (BYTES elements UTF-8, so JSON can carry them too)."""
+
+
+def http_body(
+    inputs: dict[str, np.ndarray], *, binary: bool, **doc: Any
+) -> tuple[bytes, int | None]:
+    """A v2 REST body as a client sends it, and its JSON header length (None: all JSON)."""
+    entries, blobs = [], []
+    for name, array in inputs.items():
+        entry, raw = encode_tensor(name, array, binary=binary)
+        entries.append(entry)
+        blobs.append(raw)
+    head = orjson.dumps({**doc, "inputs": entries}, option=orjson.OPT_SERIALIZE_NUMPY)
+    return head + b"".join(blobs), len(head) if binary else None
+
+
+def http_record(body: bytes, header_length: int | None, **changes: Any) -> list[bytes]:
+    fields: dict[str, Any] = {
+        "arrival_ns": 11, "model": "mlp", "version": "2", "body": body,
+        "header_length": header_length, "due_in_ns": 20_000_000, "priority": 2,
+        "headers": {"traceparent": f"00-{TRACE_ID}-00f067aa0ba902b7-01", "cookie": "c",
+                    "x-tenant": "blue"},
+        "trace_id": TRACE_ID, "status": 200, "error": None, "latency_ns": 3_000,
+        "answered_version": "2", "variant": "int8",
+        "outputs": [("y", "FP32", (1, 3), np.ones(3, np.float32).tobytes())],
+    }  # fmt: skip
+    return fmt.encode_http_record(**{**fields, **changes})
+
+
+def write_encoded(path: Path, *records: list[bytes]) -> Path:
+    with CaptureWriter(path) as writer:
+        for parts in records:
+            writer.write_encoded(parts, 1)
+    return path
+
+
+@pytest.mark.parametrize("binary", [False, True], ids=["json", "binary"])
+def test_http_record_reads_back_as_the_request_sent(tmp_path: Path, binary: bool) -> None:
+    doc: dict[str, Any] = {
+        "id": "r-7", "parameters": {"timeout": 20_000, "priority": 2, "tenant": {"k": [1]}},
+        "outputs": [{"name": "y", "parameters": {"binary_data": True}}, {"name": "z"}],
+    }  # fmt: skip
+    body, header = http_body(SENT, binary=binary, **doc)
+    (back,) = read_capture(write_encoded(tmp_path / "h.cap", http_record(body, header)))
+    assert back == CapturedRequest(
+        arrival_ns=11, protocol="http", model="mlp", version="2", request_id="r-7",
+        inputs=[CapturedTensor.of(name, array) for name, array in SENT.items()],
+        outputs_wanted=("y", "z"), parameters=doc["parameters"], due_in_ns=20_000_000,
+        priority=2, headers={"traceparent": f"00-{TRACE_ID}-00f067aa0ba902b7-01",
+                             "x-tenant": "blue"},
+        trace_id=TRACE_ID, status=200, error=None, latency_ns=3_000, answered_version="2",
+        variant="int8", outputs=[CapturedTensor.of("y", np.ones((1, 3), np.float32))],
+    )  # fmt: skip
+    for tensor in back.inputs:
+        np.testing.assert_array_equal(tensor.array(), SENT[tensor.name])
+
+
+@pytest.mark.parametrize("binary", [False, True], ids=["json", "binary"])
+def test_http_record_decodes_like_the_field_by_field_record(tmp_path: Path, binary: bool) -> None:
+    """What the server parsed, written field by field (format 1's way), and the raw body read
+    back give the same record."""
+    body, header = http_body(SENT, binary=binary, parameters={"p": 1})
+    request, _ = parse_infer_request(body, header, "mlp", None)
+    fields: dict[str, Any] = {
+        "arrival_ns": 5, "model": "mlp", "version": None, "due_in_ns": None, "priority": 0,
+        "headers": {}, "trace_id": None, "status": 404, "error": "no model 'mlp'",
+        "latency_ns": 9, "answered_version": None, "variant": None, "outputs": None,
+    }  # fmt: skip
+    by_field = fmt.encode_record(
+        protocol="http", request_id=request.id, inputs=fmt.tensors_of(request.inputs),
+        outputs_wanted=request.outputs, parameters=request.parameters, **fields,
+    )  # fmt: skip
+    raw = http_record(body, header, **fields)
+    path = write_encoded(tmp_path / "same.cap", list(by_field), raw)
+    first, second = read_capture(path)
+    assert first == second
+
+
+def test_http_record_without_outputs_or_due_time(tmp_path: Path) -> None:
+    body, header = http_body({"x": SENT["x"]}, binary=True)
+    parts = http_record(body, header, due_in_ns=None, outputs=None, headers={}, trace_id=None)
+    (back,) = read_capture(write_encoded(tmp_path / "plain.cap", parts))
+    assert (back.due_in_ns, back.outputs, back.outputs_wanted, back.request_id) == (
+        None, None, None, ""
+    )  # fmt: skip
+    assert back.parameters == {}
+
+
+@pytest.mark.parametrize(
+    ("body", "header_length", "message"),
+    [
+        (b'{"inputs": [', None, "the HTTP body does not decode: request body is not valid JSON"),
+        (b'{"inputs": []}', None, "the HTTP body does not decode: request 'inputs' must be"),
+        (b'{"inputs": []}', 99, "meta 'header_length' 99 is not a length within the 14-byte"),
+    ],
+)
+def test_corrupt_http_body_names_the_record(
+    tmp_path: Path, body: bytes, header_length: int | None, message: str
+) -> None:
+    good_body, header = http_body({"x": SENT["x"]}, binary=True)
+    path = write_encoded(
+        tmp_path / "bad.cap", http_record(good_body, header), http_record(body, header_length)
+    )
+    with CaptureReader(path) as reader:
+        second = reader.header.size + len(b"".join(http_record(good_body, header)))
+        records = iter(reader)
+        assert next(records).model == "mlp"
+        with pytest.raises(
+            CaptureFormatError, match=rf"record 1 at byte offset {second}: bad field: {message}"
+        ):
+            next(records)
+
+
+def test_version_1_files_still_read() -> None:
+    """`data/capture-v1.cap`: these records, written by `CaptureWriter.write` of format 1 (the
+    code before raw HTTP records)."""
+    with CaptureReader(DATA / "capture-v1.cap") as reader:
+        assert reader.header.version == 1
+        records = list(reader)
+    assert records == [
+        CapturedRequest(
+            arrival_ns=1_000, protocol="http", model="mlp", version=None, request_id="a",
+            inputs=[CapturedTensor.of("x", np.arange(8, dtype=np.float32).reshape(2, 4))],
+            outputs_wanted=None, parameters={"timeout": 20000, "binary_data_output": True},
+            due_in_ns=20_000_000, priority=2, headers={"x-tenant": "blue"}, trace_id=TRACE_ID,
+            status=200, error=None, latency_ns=250_000, answered_version="1",
+            variant="default", outputs=None,
+        ),
+        CapturedRequest(
+            arrival_ns=2_000, protocol="grpc", model="mlp", version="2", request_id="",
+            inputs=[CapturedTensor.of("s", np.array([b"ab", b""], dtype=object)),
+                    CapturedTensor.of("i", np.array([[-1, 2]], dtype=np.int64))],
+            outputs_wanted=("y",), parameters={}, due_in_ns=None, priority=0, headers={},
+            trace_id=None, status=200, error=None, latency_ns=1_000_000,
+            answered_version="2", variant="int8",
+            outputs=[CapturedTensor.of("y", np.ones((1, 3), np.float32))],
+        ),
+        CapturedRequest(
+            arrival_ns=3_000, protocol="engine", model="nosuch", version=None, request_id="c",
+            inputs=[CapturedTensor.of("x", np.zeros((1,), np.float64))], outputs_wanted=None,
+            parameters={}, due_in_ns=None, priority=0, headers={}, trace_id=None, status=404,
+            error="no model 'nosuch'", latency_ns=5_000, answered_version=None, variant=None,
+            outputs=None,
+        ),
+        CapturedRequest(
+            arrival_ns=4_000, protocol="http", model="mlp", version=None, request_id="d",
+            inputs=[CapturedTensor.of("x", np.zeros((1, 4), np.float32))], outputs_wanted=None,
+            parameters={}, due_in_ns=None, priority=0, headers={}, trace_id=None,
+            status=CANCELLED_STATUS, error="cancelled by the client before its answer",
+            latency_ns=7_000, answered_version="1", variant="default", outputs=None,
+        ),
+    ]  # fmt: skip
+
+
+def test_raw_http_flag_in_a_version_1_file_is_a_bad_field(tmp_path: Path) -> None:
+    body, header = http_body({"x": SENT["x"]}, binary=True)
+    path = write_encoded(tmp_path / "v1.cap", http_record(body, header))
+    data = path.read_bytes()
+    path.write_bytes(data[:8] + struct.pack("<H", 1) + data[10:])  # claims format 1
+    with pytest.raises(CaptureFormatError, match=r"record 0 .*bad field: unknown flags 0x7"):
+        list(read_capture(path))
 
 
 # -- damaged files -------------------------------------------------------------------------------
@@ -319,7 +503,7 @@ def test_cli_convert_and_show(
     capsys.readouterr()
     assert main(["capture", "show", str(target), "--head", "1"]) == 0
     out = capsys.readouterr().out
-    assert "format 1" in out
+    assert f"format {fmt.FORMAT_VERSION}" in out
     assert "requests: 2 over 0.013 s" in out
     assert "models: mlp@1 1, m 1" in out
     assert out.count(" -> 0 ") == 1  # one record listed

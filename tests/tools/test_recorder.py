@@ -7,22 +7,26 @@ from __future__ import annotations
 import asyncio
 import queue
 import random
+import time
 import urllib.request
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import orjson
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from conftest import RunningServer, start_server, stop_server
 from tritonclient.utils import InferenceServerException
 
+from duetime.clock import FakeClock
 from duetime.config import ServerSettings
 from duetime.engine import Ticket
 from duetime.errors import InvalidInput
 from duetime.tools.capture import CapturedRequest, CaptureReader, read_capture
-from duetime.tools.capture.recorder import Recorder
+from duetime.tools.capture import format as fmt
+from duetime.tools.capture.recorder import CANCELLED_STATUS, UNFINISHED, Recorder
 from duetime.types import InferRequest
 
 pytestmark = pytest.mark.timeout(120)
@@ -158,6 +162,31 @@ def test_outcomes_versions_and_outputs(records: dict[str, CapturedRequest]) -> N
     assert (missing.answered_version, missing.variant, missing.outputs) == (None, None, None)
 
 
+def record_flags(path: Path) -> list[int]:
+    """The flags of each record in the capture at `path`, in file order."""
+    with CaptureReader(path) as reader:
+        data = path.read_bytes()[reader.header.size :]
+    flags, offset = [], 0
+    while offset < len(data):
+        (length, _crc) = fmt.RECORD_PREFIX.unpack_from(data, offset)
+        flags.append(fmt.RECORD_FIXED.unpack_from(data, offset + fmt.RECORD_PREFIX.size)[5])
+        offset += fmt.RECORD_PREFIX.size + length
+    return flags
+
+
+def test_http_requests_are_kept_as_their_raw_body(
+    captured: Path, records: dict[str, CapturedRequest]
+) -> None:
+    raw = [bool(flags & fmt.RAW_HTTP) for flags in record_flags(captured)]
+    protocols = [r.protocol for r in read_capture(captured)]
+    assert raw == [protocol == "http" for protocol in protocols]
+    assert records["req-0"].parameters == {
+        "timeout": 50_000, "priority": 2, "binary_data_output": True
+    }  # fmt: skip
+    assert records["req-1"].parameters == {}
+    assert records["req-2"].model == "nosuch"
+
+
 def test_headers_without_credentials_and_trace_id(records: dict[str, CapturedRequest]) -> None:
     record = records["req-0"]
     assert record.trace_id == TRACE_ID
@@ -228,24 +257,92 @@ def test_full_buffer_drops_and_counts(tmp_path: Path) -> None:
     submit = FakeSubmit()
 
     async def scenario() -> None:
-        for _ in range(5):
+        for _ in range(3):
             recorder.record(request(), submit)
         with pytest.raises(InvalidInput):
             recorder.record(request("bad"), submit)
         submit.tickets[0].future.set_result({"y": np.ones(2, np.float32)})
         submit.tickets[1].future.set_exception(InvalidInput("no"))
+        for ticket in submit.tickets[:2]:
+            ticket._settled()
         submit.tickets[2].future.cancel()
-        await asyncio.sleep(0)  # done callbacks run
 
     recorder.start()
     asyncio.run(scenario())
     stats = recorder.stop()
     assert (stats.sampled, stats.written, stats.dropped, stats.failed) == (4, 2, 2, 0)
     first, second = read_capture(path)
-    assert (first.model, first.status, first.error) == ("bad", 400, "input 'x' is wrong")
-    assert (second.status, second.answered_version, second.variant) == (200, "3", "fp16")
-    assert second.outputs is not None
-    np.testing.assert_array_equal(second.outputs[0].array(), np.ones(2, np.float32))
+    assert (first.status, first.answered_version, first.variant) == (200, "3", "fp16")
+    assert first.outputs is not None
+    np.testing.assert_array_equal(first.outputs[0].array(), np.ones(2, np.float32))
+    assert (second.status, second.error, second.outputs) == (400, "no", None)
+
+
+def test_refused_request_is_recorded_with_its_error(tmp_path: Path) -> None:
+    path = tmp_path / "refused.cap"
+    recorder = Recorder(path)
+
+    async def scenario() -> None:
+        with pytest.raises(InvalidInput):
+            recorder.record(request("bad"), FakeSubmit())
+
+    recorder.start()
+    asyncio.run(scenario())
+    recorder.stop()
+    (record,) = read_capture(path)
+    assert (record.model, record.status, record.error) == ("bad", 400, "input 'x' is wrong")
+    assert (record.answered_version, record.variant) == (None, None)
+
+
+def test_the_ticket_stamps_when_it_settled(tmp_path: Path) -> None:
+    """The latency ends when the scheduler settles the request, not when the writer sees it."""
+    path = tmp_path / "stamp.cap"
+    clock = FakeClock(1_000)
+    recorder = Recorder(path, clock=clock, flush_s=3600)
+    submit = FakeSubmit()
+
+    async def scenario() -> None:
+        ticket = recorder.record(request(), submit)
+        clock.advance(250_000)
+        ticket.future.set_result({"y": np.ones(2, np.float32)})
+        ticket._settled()  # as the scheduler does
+        clock.advance(7_000_000)  # the writer looks later
+
+    recorder.start()
+    asyncio.run(scenario())
+    recorder.stop()
+    (record,) = read_capture(path)
+    assert (record.status, record.latency_ns) == (200, 250_000)
+
+
+def test_unsettled_requests_wait_for_a_later_turn(tmp_path: Path) -> None:
+    """The writer takes what settled and keeps the rest, in order, for its next turn."""
+    path = tmp_path / "order.cap"
+    recorder = Recorder(path, flush_s=0.001)
+    submit = FakeSubmit()
+    loop = asyncio.new_event_loop()
+
+    async def submit_three() -> list[Ticket]:
+        return [recorder.record(request(f"m{i}"), submit) for i in range(3)]
+
+    recorder.start()
+    slow, fast, later = loop.run_until_complete(submit_three())
+    for ticket in (fast, later):
+        ticket.future.set_result({"y": np.ones(2, np.float32)})
+        ticket._settled()
+    deadline = time.monotonic() + 30
+    while recorder.statistics().written < 2:  # the writer thread's next turns (1 ms apart)
+        assert time.monotonic() < deadline, "the writer did not write the settled requests"
+        time.sleep(0.001)
+    assert recorder.statistics().buffered == 1
+    slow.future.set_exception(InvalidInput("late"))
+    slow._settled()
+    stats = recorder.stop()
+    loop.close()
+    assert (stats.written, stats.buffered) == (3, 0)
+    assert [(r.model, r.status) for r in read_capture(path)] == [
+        ("m1", 200), ("m2", 200), ("m0", 400)
+    ]  # fmt: skip
 
 
 def test_cancelled_request_is_recorded_as_499(tmp_path: Path) -> None:
@@ -261,5 +358,63 @@ def test_cancelled_request_is_recorded_as_499(tmp_path: Path) -> None:
     asyncio.run(scenario())
     recorder.stop()
     (record,) = read_capture(path)
-    assert record.status == 499
+    assert (record.status, record.error) == (
+        CANCELLED_STATUS, "cancelled by the client before its answer"
+    )  # fmt: skip
     assert record.outputs is None
+    assert record.latency_ns >= 0
+
+
+def test_request_unfinished_at_shutdown_is_recorded_as_such(tmp_path: Path) -> None:
+    path = tmp_path / "unfinished.cap"
+    clock = FakeClock(5_000)
+    recorder = Recorder(path, clock=clock, flush_s=3600)
+    submit = FakeSubmit()
+
+    async def scenario() -> None:
+        recorder.record(request(), submit)
+        clock.advance(40_000)
+
+    recorder.start()
+    asyncio.run(scenario())
+    stats = recorder.stop()
+    assert (stats.written, stats.buffered) == (1, 0)
+    (record,) = read_capture(path)
+    assert (record.status, record.error, record.latency_ns) == (
+        CANCELLED_STATUS,
+        UNFINISHED,
+        40_000,
+    )
+    assert (record.answered_version, record.variant) == ("3", "fp16")
+
+
+def test_http_request_is_written_as_its_body(tmp_path: Path) -> None:
+    """An InferRequest decoded from an HTTP body (`wire`) is written as that body, and reads
+    back as the same request."""
+    path = tmp_path / "wire.cap"
+    recorder = Recorder(path)
+    x = np.arange(4, dtype=np.float32)
+    head = orjson.dumps({
+        "id": "w1", "parameters": {"timeout": 1000},
+        "inputs": [{"name": "x", "datatype": "FP32", "shape": [4],
+                    "parameters": {"binary_data_size": 16}}],
+    })  # fmt: skip
+    wired = request()
+    wired.id, wired.parameters, wired.wire = (
+        "w1",
+        {"timeout": 1000},
+        (head + x.tobytes(), len(head)),
+    )
+
+    async def scenario() -> None:
+        ticket = recorder.record(wired, FakeSubmit())
+        ticket.future.set_result({"y": np.ones(2, np.float32)})
+        ticket._settled()
+
+    recorder.start()
+    asyncio.run(scenario())
+    recorder.stop()
+    assert record_flags(path) == [fmt.RAW_HTTP]
+    (record,) = read_capture(path)
+    assert (record.request_id, record.parameters, record.status) == ("w1", {"timeout": 1000}, 200)
+    np.testing.assert_array_equal(record.inputs[0].array(), x)

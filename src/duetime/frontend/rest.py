@@ -310,6 +310,7 @@ class RestApi:
         request, plan = parse_infer_request(body, header, model, version)
         request.headers = headers
         request.protocol = "http"
+        request.wire = (body, header)
         now = self._engine.clock.now_ns()
         if self._tracing is not None:
             request.timing = RequestTiming(received, decoded_ns=now)

@@ -13,9 +13,9 @@ import orjson
 
 from duetime.tools.capture.format import (
     FILE_HEAD,
-    FORMAT_VERSION,
     MAGIC,
     MAX_RECORD_BYTES,
+    READABLE_VERSIONS,
     RECORD_PREFIX,
     BadField,
     CapturedRequest,
@@ -74,9 +74,10 @@ class CaptureReader:
         if len(fixed) < FILE_HEAD.size:
             raise CaptureTruncated(str(self.path), None, 0, "the file ends inside its header")
         _, version, _, start_wall, length, crc = FILE_HEAD.unpack(fixed)
-        if version != FORMAT_VERSION:
+        if version not in READABLE_VERSIONS:
+            known = ", ".join(map(str, READABLE_VERSIONS))
             raise self._error(
-                f"format version {version} is not one this reader knows ({FORMAT_VERSION}); "
+                f"format version {version} is not one this reader knows ({known}); "
                 "read it with the duetime that wrote it",
                 None, 0,
             )  # fmt: skip
@@ -104,6 +105,7 @@ class CaptureReader:
 
     def __iter__(self) -> Iterator[CapturedRequest]:
         read = self._file.read
+        version = self.header.version
         while True:
             index, offset = self.count, self.offset
             prefix = read(RECORD_PREFIX.size)
@@ -134,7 +136,7 @@ class CaptureReader:
                     index, offset,
                 )  # fmt: skip
             try:
-                record = decode_record(body)
+                record = decode_record(body, version)
             except BadField as exc:
                 raise self._error(f"bad field: {exc}", index, offset) from None
             self.count, self.offset = index + 1, offset + RECORD_PREFIX.size + length

@@ -1,22 +1,24 @@
 """Recorder: the server's traffic capture; samples requests on the event loop, writes them on a
 thread of its own.
 
-The event loop does O(1) work per sampled request: two clock reads, a done-callback on its
-future and an append of a small tuple (references to the request, its ticket and future, no
-copies) to a bounded deque. The writer thread wakes every `flush_s` (or when stopped), encodes
-what is buffered (struct headers, the arrays' raw bytes, many records per `write`) and hands it
-to the OS. When the buffer is full a sample is dropped and counted: requests never wait.
+The event loop does O(1) work per sampled request and adds no callback: at submit it reads the
+clock, gives the ticket the clock to stamp its own completion with (`Ticket.stamp`, read when
+the request settles), and appends a small tuple (references to the request and its ticket, no
+copies) to a bounded deque. The writer thread wakes every `flush_s` (or when stopped), writes
+the requests that have settled since (many records per `write`; an HTTP request as the body it
+came in, others field by field) and keeps the rest for its next turn. When the buffer is full a
+sample is dropped and counted: requests never wait.
 """
 
 from __future__ import annotations
 
-import functools
 import logging
 import os
 import random
 import threading
+import time
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -24,27 +26,27 @@ from typing import TYPE_CHECKING, Any
 from duetime.clock import Clock, MonotonicClock
 from duetime.errors import DuetimeError
 from duetime.observability.tracing import parse_traceparent
-from duetime.tools.capture.format import encode_record, tensors_of
+from duetime.tools.capture.format import encode_http_record, encode_record, tensors_of
 from duetime.tools.capture.writer import CaptureWriter
 
 if TYPE_CHECKING:
-    import asyncio
-
     from duetime.engine import Ticket
-    from duetime.execution.executor import Feeds
     from duetime.types import InferRequest
 
 log = logging.getLogger("duetime.capture")
 
 CANCELLED_STATUS = 499
-"""The status recorded for a request its client gave up on (nginx's "client closed request")."""
+"""The status recorded for a request its client gave up on (nginx's "client closed request"),
+and for one still unfinished when the capture closed (see UNFINISHED)."""
+UNFINISHED = "unfinished at shutdown: the capture closed before the request settled"
+"""The error recorded for a request still running when the recorder stopped."""
 _BATCH = 64
 """Records encoded per `write`: each write lets go of the GIL, so the event loop waits at most
 this many records' encoding for it (about 0.2 ms)."""
 
-_Item = tuple[int, int, "InferRequest", "Ticket | None", "Any", "Mapping[str, str]"]
-"""arrival_ns, done_ns, the request, its ticket (None: refused by submit), its future (or the
-error submit raised), its headers."""
+_Item = tuple[int, int, "InferRequest", "Ticket | None", "Exception | None", "Mapping[str, str]"]
+"""arrival_ns; when submit raised (0 for a ticket: it stamps its own `done_ns`); the request;
+its ticket (None: refused by submit); the error submit raised; its headers."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +61,8 @@ class RecorderStatistics:
     failed: int
     """Samples that could not be encoded (a value the format cannot hold; logged)."""
     buffered: int
+    """Samples held: not yet settled, or settled and not yet written (they count against the
+    buffer's bound)."""
 
 
 class Recorder:
@@ -91,7 +95,9 @@ class Recorder:
         self.share = sample
         self.outputs = outputs
         self.capacity = buffer
-        self._now = (clock or MonotonicClock()).now_ns
+        clock = clock or MonotonicClock()
+        # The real clock without MonotonicClock's frame: it is read twice per request.
+        self._now = time.monotonic_ns if type(clock) is MonotonicClock else clock.now_ns
         self._flush_s = flush_s
         self._random = (rng or random.Random()).random
         self._meta = {
@@ -99,6 +105,11 @@ class Recorder:
             "host": os.uname().nodename, "pid": os.getpid(), **(meta or {}),
         }  # fmt: skip
         self._buffer: deque[_Item] = deque()
+        """Pushed by the loop, taken by the writer."""
+        self._pending: list[_Item] = []
+        """The writer's: taken from the buffer before they settled, in arrival order."""
+        self._unstamped: list[_Item] = []
+        """The writer's: settled but not yet stamped at its last turn (see `_drain`)."""
         self._wake = threading.Event()
         self._stopping = False
         self._closed = False
@@ -108,6 +119,7 @@ class Recorder:
         self._warned = False
         # Each counter is changed by one thread only: sampled/dropped on the loop, the others
         # by whoever writes (the writer thread; the stopping thread once it has joined it).
+        # Requests held (buffered or pending) = sampled - dropped - written - failed.
         self._sampled = 0
         self._dropped = 0
         self._written = 0
@@ -124,7 +136,9 @@ class Recorder:
         log.info("capturing %.0f%% of requests to %s", self.share * 100, self.path)
 
     def stop(self) -> RecorderStatistics:
-        """Write what is buffered, close the file, and log the counts (blocks: off the loop)."""
+        """Write what is buffered, close the file, and log the counts (blocks: off the loop).
+        Requests not settled by then are written as unfinished (status 499, error UNFINISHED):
+        stop the engine first."""
         if self._thread is not None:
             self._stopping = True
             self._wake.set()
@@ -132,7 +146,8 @@ class Recorder:
             self._thread = None
         self._closed = True  # what arrives from here on is dropped
         if self._writer is not None:
-            self._drain(self._writer)  # what arrived while the thread finished
+            # What arrived or settled while the thread finished; the unsettled as unfinished.
+            self._drain(self._writer, final=True)
             self._writer.close()
         stats = self.statistics()
         log.info(
@@ -148,8 +163,11 @@ class Recorder:
         return stats
 
     def statistics(self) -> RecorderStatistics:
+        # The writer's counts first: read from another thread, the held count is never negative.
+        written, failed = self._written, self._failed
+        sampled, dropped = self._sampled, self._dropped
         return RecorderStatistics(
-            self._sampled, self._written, self._dropped, self._failed, len(self._buffer)
+            sampled, written, dropped, failed, sampled - written - dropped - failed
         )
 
     # -- on the event loop ---------------------------------------------------------------------
@@ -163,29 +181,26 @@ class Recorder:
         """`submit(request)`, recording the request and its outcome; raises what submit raises."""
         now = self._now
         arrival = now()
+        headers = request.headers
+        if type(headers) is not dict:
+            # NOTE: gRPC metadata is read from the call object, which only the loop may touch.
+            headers = dict(headers)
         try:
             ticket = submit(request)
         except Exception as exc:
-            self._push((arrival, now(), request, None, exc, request.headers))
+            self._push((arrival, now(), request, None, exc, headers))
             raise
-        ticket.future.add_done_callback(functools.partial(self._settled, arrival, request, ticket))
+        ticket.stamp = now  # (on a dropped sample too: one wasted clock read, no branch)
+        self._push((arrival, 0, request, ticket, None, headers))
         return ticket
 
-    def _settled(
-        self, arrival: int, request: InferRequest, ticket: Ticket, future: asyncio.Future[Feeds]
-    ) -> None:
-        self._push((arrival, self._now(), request, ticket, future, request.headers))
-
     def _push(self, item: _Item) -> None:
+        held = self._sampled - self._dropped - self._written - self._failed
         self._sampled += 1
-        if self._closed or len(self._buffer) >= self.capacity:
+        if self._closed or held >= self.capacity:
             self._dropped += 1
-            return
-        headers = item[5]
-        if type(headers) is not dict:
-            # NOTE: gRPC metadata is read from the call object, which only the loop may touch.
-            item = (*item[:5], dict(headers))
-        self._buffer.append(item)
+        else:
+            self._buffer.append(item)
 
     # -- on the writer thread ------------------------------------------------------------------
 
@@ -201,14 +216,52 @@ class Recorder:
             if stopping:
                 return
 
-    def _drain(self, writer: CaptureWriter) -> None:
+    def _drain(self, writer: CaptureWriter, final: bool = False) -> None:
+        """Write the requests that have settled; keep the others, in order, for the next turn
+        (`final`: write them all, the unsettled ones as UNFINISHED).
+
+        NOTE: this thread reads tickets and futures the loop settles, without a lock. In
+        CPython that is safe: the loop settles a future (its state, then its result) and then
+        stamps the ticket (`Ticket._settled`), each step under the GIL, so a nonzero `done_ns`
+        means the future is done and its result or exception is there to read, and a future
+        seen done never changes again. A future settled but not yet stamped (the loop lost
+        the GIL between the two steps) waits one turn for its stamp; one still unstamped then
+        (settled by a path that does not call `_settled`) and a cancelled one (cancellation
+        does not call it) get this thread's clock instead: a latency up to `flush_s` long.
+        """
+        now = self._now
+        unstamped, self._unstamped = self._unstamped, []
+        pending, self._pending = self._pending, []
         buffer = self._buffer
+        pending += [buffer.popleft() for _ in range(len(buffer))]
+        ready: list[tuple[_Item, int, str | None]] = []
+        for item in unstamped:
+            ticket = item[3]
+            assert ticket is not None
+            ready.append((item, ticket.done_ns or now(), None))
+        for item in pending:
+            ticket = item[3]
+            if ticket is None:
+                ready.append((item, item[1], None))
+            elif ticket.done_ns:
+                ready.append((item, ticket.done_ns, None))
+            elif not ticket.future.done():
+                if final:
+                    ready.append((item, now(), UNFINISHED))
+                else:
+                    self._pending.append(item)
+            elif final or ticket.future.cancelled():
+                ready.append((item, now(), None))
+            else:
+                self._unstamped.append(item)
+        self._write(writer, ready)
+
+    def _write(self, writer: CaptureWriter, ready: list[tuple[_Item, int, str | None]]) -> None:
         chunks: list[bytes] = []
         count = 0
-        while buffer:
-            item = buffer.popleft()
+        for item, done, unfinished in ready:
             try:
-                chunks.extend(self._encode(item))
+                chunks += self._encode(item, done, unfinished)
             except Exception as exc:
                 self._failed += 1
                 if not self._warned:
@@ -225,22 +278,26 @@ class Recorder:
             self._written += count
         writer.flush()
 
-    def _encode(self, item: _Item) -> tuple[bytes, bytes]:
-        arrival, done, request, ticket, outcome, headers = item
+    def _encode(self, item: _Item, done: int, unfinished: str | None) -> Sequence[bytes]:
+        arrival, _, request, ticket, refusal, headers = item
         error: str | None = None
         outputs = answered = variant = None
         if ticket is None:
-            status, error = _failure(outcome)
+            assert refusal is not None
+            status, error = _failure(refusal)
         else:
             answered, variant = ticket.version or None, ticket.variant
-            if outcome.cancelled():
+            future = ticket.future
+            if unfinished is not None:
+                status, error = CANCELLED_STATUS, unfinished
+            elif future.cancelled():
                 status, error = CANCELLED_STATUS, "cancelled by the client before its answer"
-            elif (exc := outcome.exception()) is not None:
+            elif (exc := future.exception()) is not None:
                 status, error = _failure(exc)
             else:
                 status = 200
                 if self.outputs:
-                    produced = outcome.result()
+                    produced = future.result()
                     outputs = tensors_of({name: produced[name] for name in ticket.outputs})
         trace_id = None
         traceparent = headers.get("traceparent")
@@ -248,12 +305,20 @@ class Recorder:
             parent = parse_traceparent(traceparent)
             trace_id = None if parent is None else parent.trace_id_hex
         due = request.due_ns
+        due_in = None if due is None else due - arrival
+        wire = request.wire
         # NOTE: positional: this runs for every captured request (see encode_record).
+        if wire is not None:
+            return encode_http_record(
+                arrival - self._start_ns, request.model, request.version, wire[0], wire[1],
+                due_in, request.priority, headers, trace_id, status, error, done - arrival,
+                answered, variant, outputs,
+            )  # fmt: skip
         return encode_record(
             arrival - self._start_ns, request.protocol, request.model, request.version,
             request.id, tensors_of(request.inputs), request.outputs, request.parameters,
-            None if due is None else due - arrival, request.priority, headers, trace_id, status,
-            error, done - arrival, answered, variant, outputs,
+            due_in, request.priority, headers, trace_id, status, error, done - arrival,
+            answered, variant, outputs,
         )  # fmt: skip
 
 
