@@ -635,6 +635,17 @@ def test_an_idle_model_that_refused_everything_for_a_while_probes_once() -> None
     run(body)
 
 
+def test_no_probe_for_a_request_far_beyond_its_time() -> None:
+    async def body() -> None:
+        h = harness()
+        h.clock.advance(PROBE_NS)
+        with pytest.raises(Overloaded):
+            h.submit("hopeless", due_in=40 * US)  # needs 100 µs: over twice what it has
+        assert h.scheduler.statistics().probes == 0
+
+    run(body)
+
+
 def test_no_probe_while_requests_run() -> None:
     async def body() -> None:
         h = harness()

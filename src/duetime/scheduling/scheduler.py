@@ -46,6 +46,9 @@ PROBE_NS = 100_000_000
 its predictions come from what it measures, and a model that refuses everything measures
 nothing, so one bad stretch (another process on its core) would otherwise keep every tight due
 time refused for good. The probe may answer late; its run corrects the prediction."""
+PROBE_FACTOR = 2
+"""...but only one that would need at most this many times the time it has: a prediction off
+by more than that is not what a stretch of bad luck does, and the request is hopeless."""
 
 
 _US, _MS, _S = 1_000, 1_000_000, 1_000_000_000
@@ -340,7 +343,11 @@ class ModelScheduler:
             )
         if not self._edf:
             return  # FIFO, like Triton, admits whatever fits the queue
-        if now - self._last_run_ns >= PROBE_NS and self.idle:
+        if (
+            now - self._last_run_ns >= PROBE_NS
+            and needed - now <= PROBE_FACTOR * (due_ns - now)
+            and self.idle
+        ):
             self._last_run_ns = now
             self._probes += 1
             return
