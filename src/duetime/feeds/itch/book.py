@@ -448,18 +448,28 @@ class Books:
             BookEvent, (msg.timestamp, book.locate, msg.type, side, price, shares, 0, 0, 0, top, 0)
         )
 
-    def _on_execute(self, msg: Any, book: OrderBook | None) -> BookEvent | None:
+    def _reduce(
+        self, msg: Any, book: OrderBook | None, shares: int
+    ) -> tuple[_Order, int, bool] | None:
+        """Take `shares` off the order `msg` names (E, C, X): the order, the shares taken (the
+        policy clamps too many) and whether the top of book changed; None when nothing is."""
         ref = msg.order_reference_number
         order = self._orders.get(ref)
         if order is None or order.book is not book:
             order = self._resolve(msg, book, ref)
             if order is None:
                 return None
-        executed = msg.executed_shares
-        taken = executed if 0 < executed <= order.shares else self._taken(msg, order, executed)
+        taken = shares if 0 < shares <= order.shares else self._taken(msg, order, shares)
         if not taken:
             return None
-        top = order.book._take(order, taken)
+        return order, taken, order.book._take(order, taken)
+
+    def _on_execute(self, msg: Any, book: OrderBook | None) -> BookEvent | None:
+        executed = msg.executed_shares
+        reduced = self._reduce(msg, book, executed)
+        if reduced is None:
+            return None
+        order, taken, top = reduced
         price = order.price
         return _event(
             BookEvent,
@@ -468,17 +478,11 @@ class Books:
         )  # fmt: skip
 
     def _on_execute_price(self, msg: Any, book: OrderBook | None) -> BookEvent | None:
-        ref = msg.order_reference_number
-        order = self._orders.get(ref)
-        if order is None or order.book is not book:
-            order = self._resolve(msg, book, ref)
-            if order is None:
-                return None
         executed = msg.executed_shares
-        taken = executed if 0 < executed <= order.shares else self._taken(msg, order, executed)
-        if not taken:
+        reduced = self._reduce(msg, book, executed)
+        if reduced is None:
             return None
-        top = order.book._take(order, taken)
+        order, taken, top = reduced
         return _event(
             BookEvent,
             (msg.timestamp, order.book.locate, "C", order.side, order.price, -taken, executed,
@@ -486,17 +490,10 @@ class Books:
         )  # fmt: skip
 
     def _on_cancel(self, msg: Any, book: OrderBook | None) -> BookEvent | None:
-        ref = msg.order_reference_number
-        order = self._orders.get(ref)
-        if order is None or order.book is not book:
-            order = self._resolve(msg, book, ref)
-            if order is None:
-                return None
-        cancelled = msg.cancelled_shares
-        taken = cancelled if 0 < cancelled <= order.shares else self._taken(msg, order, cancelled)
-        if not taken:
+        reduced = self._reduce(msg, book, msg.cancelled_shares)
+        if reduced is None:
             return None
-        top = order.book._take(order, taken)
+        order, taken, top = reduced
         return _event(
             BookEvent,
             (msg.timestamp, order.book.locate, "X", order.side, order.price, -taken, 0, 0, 0,
