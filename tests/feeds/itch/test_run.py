@@ -131,3 +131,21 @@ def test_a_missing_file_is_a_clear_error(
 ) -> None:
     assert main(["itch", "run", str(tmp_path / "nope.itch"), "--model", "orderbook"]) == 2
     assert "no such file" in capsys.readouterr().err
+
+
+def test_a_malformed_file_is_a_clear_error_with_its_offset(
+    tmp_path: Path, session: Path, demo_repo: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    broken = tmp_path / "broken.itch"
+    data = session.read_bytes()
+    cut = 0
+    for _ in range(100):  # past the 100th frame: each is a 2-byte length, then the message
+        cut += 2 + int.from_bytes(data[cut : cut + 2], "big")
+    broken.write_bytes(data[:cut] + b"\x00\x05Zabcd" + data[cut:])
+    argv = ["itch", "run", str(broken), "--model", "orderbook", "--repository", str(demo_repo),
+            "--pace", "max", "-q"]  # fmt: skip
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert "unknown message type 'Z'" in err
+    assert f"offset {cut}" in err
+    assert main([*argv, "--on-error", "skip"]) == 0

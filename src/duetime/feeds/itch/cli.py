@@ -139,7 +139,7 @@ def _run_feed(args: argparse.Namespace) -> int:
 async def _feed(args: argparse.Namespace, options: Any) -> dict[str, Any] | None:
     from duetime.engine import Engine
     from duetime.execution.affinity import CpuPlan, parse_cpus, pin_current_thread
-    from duetime.feeds.itch.parser import read_messages
+    from duetime.feeds.itch.parser import ItchFormatError, read_messages
     from duetime.feeds.itch.predictors import EnginePredictor, GrpcPredictor, PredictorError
     from duetime.feeds.itch.run import FeedRun, open_log
     from duetime.repository.manager import RepositoryOptions
@@ -171,6 +171,10 @@ async def _feed(args: argparse.Namespace, options: Any) -> dict[str, Any] | None
                 out.close()
     except PredictorError as exc:
         print(f"duetime itch run: {exc}", file=sys.stderr)
+        return None
+    except ItchFormatError as exc:
+        print(f"duetime itch run: {args.file}: {exc} (--on-error skip steps over bad frames)",
+              file=sys.stderr)  # fmt: skip
         return None
     finally:
         if predictor is not None:
