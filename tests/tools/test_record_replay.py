@@ -74,3 +74,41 @@ def test_a_server_capture_replays_with_the_same_answers(
     assert (result["sent"], result["ok"], result["errors"]) == (REQUESTS, REQUESTS, 0)
     assert result["compare"]["mismatched"] == 0
     assert code == 0
+
+
+def test_replay_reports_the_batch_sizes_the_server_ran(
+    capture: Path, server: RunningServer, tmp_path: Path
+) -> None:
+    out, png = tmp_path / "replay.json", tmp_path / "report.png"
+    metrics = f"http://127.0.0.1:{server.addresses.metrics_port}/metrics"
+    argv = ["replay", str(capture), "--target", f"http://{server.http}", "--metrics", metrics,
+            "--json", str(out), "--report", str(png), "-q"]  # fmt: skip
+    assert main(argv) == 0
+    ran = json.loads(out.read_text())["batch_sizes"]["mlp"]
+    # every request ran in some batch: executions times rows cover the requests at least
+    assert sum(int(size) * count for size, count in ran.items()) >= REQUESTS
+    assert png.read_bytes().startswith(b"\x89PNG")
+
+
+def test_batch_counts_come_from_the_histogram_between_two_scrapes() -> None:
+    from duetime.tools.server_metrics import batch_sizes_between, parse_batch_counts
+
+    def scrape(one: int, four: int) -> str:
+        lines = ["# TYPE duetime_batch_size histogram"]
+        for version in ("1", "2"):
+            lines += [
+                f'duetime_batch_size_bucket{{model="m",version="{version}",le="1.0"}} {one}',
+                f'duetime_batch_size_bucket{{model="m",version="{version}",le="2.0"}} {one}',
+                f'duetime_batch_size_bucket{{model="m",version="{version}",le="4.0"}} {one + four}',
+                f'duetime_batch_size_bucket{{model="m",version="{version}",le="+Inf"}} '
+                f"{one + four}",
+                f'duetime_batch_size_count{{model="m",version="{version}"}} {one + four}',
+                f'duetime_batch_size_sum{{model="m",version="{version}"}} {one + 4 * four}',
+            ]
+        return "\n".join(lines) + "\n"
+
+    before, after = parse_batch_counts(scrape(3, 1)), parse_batch_counts(scrape(10, 6))
+    assert before == {"m": {1: 6, 4: 2}}  # two versions, summed
+    assert batch_sizes_between(before, after) == {"m": {1: 14, 4: 10}}
+    assert batch_sizes_between(None, after) == {}
+    assert parse_batch_counts("# nothing here\n") == {}

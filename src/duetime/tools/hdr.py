@@ -327,6 +327,8 @@ class RunReport:
     goodput_rps: float
     histogram: HdrHistogram
     timeline: Timeline
+    batch_sizes: dict[int, int] = field(default_factory=dict)
+    """Executions per batch size the server ran during the run (`--metrics`), all models."""
 
     @property
     def latency_us(self) -> dict[str, float | int | None]:
@@ -350,7 +352,16 @@ class RunReport:
                 kind=str(doc.get("kind", "?")),
                 duration_s=float(doc.get("duration_s", 0.0)), counts=counts,
                 goodput_rps=float(doc.get("goodput_rps", 0.0)), histogram=histogram,
-                timeline=timeline,
+                timeline=timeline, batch_sizes=_batch_sizes(doc.get("batch_sizes") or {}),
             )  # fmt: skip
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"{where}: {exc}") from None
+
+
+def _batch_sizes(by_model: Any) -> dict[int, int]:
+    """A result's `batch_sizes` (model -> size -> executions) summed over its models."""
+    total: dict[int, int] = {}
+    for sizes in by_model.values():
+        for size, count in sizes.items():
+            total[int(size)] = total.get(int(size), 0) + int(count)
+    return dict(sorted(total.items()))

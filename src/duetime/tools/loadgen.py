@@ -34,6 +34,11 @@ from duetime.tools.drivers import ClosedLoop, Dispatch, Ledger, OpenLoop, Sender
 from duetime.tools.payloads import PayloadSpec, WireProtocol, check_batch, encode, random_inputs
 from duetime.tools.progress import Progress
 from duetime.tools.report import BenchResult, Records, merge_records, result_of
+from duetime.tools.server_metrics import (
+    batch_sizes_between,
+    batch_sizes_json,
+    scrape_batch_counts,
+)
 from duetime.tools.transports import (
     BenchError,
     EngineTransport,
@@ -344,6 +349,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="share of each class, e.g. 0.5,0.5 (default: equal)",
     )
     due.add_argument("--priority", type=int, help="the v2 priority parameter (1 is highest)")
+    parser.add_argument(
+        "--metrics", metavar="URL", help="the server's Prometheus /metrics (duetime: "
+        "http://HOST:METRICS_PORT/metrics): the result then holds the batch sizes it ran",
+    )  # fmt: skip
     parser.add_argument("--json", type=Path, metavar="PATH", help="also write the results as JSON")
     parser.add_argument(
         "--record", type=Path, metavar="FILE",
@@ -387,6 +396,7 @@ def run(args: argparse.Namespace) -> int:
     """`duetime bench`: run, print the table, write --json; 2 for bad flags, 1 if it cannot run."""
     try:
         config = config_from_args(args)
+        before = scrape_batch_counts(args.metrics) if args.metrics else None
         result = run_bench(config, record=args.record, progress=not args.quiet)
     except ConfigError as exc:
         print(f"duetime bench: {exc.message}", file=sys.stderr)
@@ -397,7 +407,11 @@ def run(args: argparse.Namespace) -> int:
     print(result.format())
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result.to_json(), indent=2))
+        doc = result.to_json()
+        if args.metrics:
+            ran = batch_sizes_between(before, scrape_batch_counts(args.metrics))
+            doc["batch_sizes"] = batch_sizes_json(ran)
+        args.json.write_text(json.dumps(doc, indent=2))
         print(f"wrote {args.json}")
     if args.record is not None:
         print(f"wrote {args.record}")

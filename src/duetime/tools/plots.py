@@ -159,6 +159,27 @@ def goodput_plot(ax: Axes, reports: Sequence[RunReport]) -> None:
     ax.legend(loc="lower left", fontsize="small")
 
 
+def batch_plot(ax: Axes, reports: Sequence[RunReport]) -> None:
+    """The share of executions at each batch size the server ran, one bar per run and size."""
+    sizes = sorted({size for report in reports for size in report.batch_sizes})
+    width = 0.8 / max(1, len(reports))
+    for index, report in enumerate(reports):
+        total = sum(report.batch_sizes.values()) or 1
+        shares = [100 * report.batch_sizes.get(size, 0) / total for size in sizes]
+        offsets = [i + (index - (len(reports) - 1) / 2) * width for i in range(len(sizes))]
+        ax.bar(offsets, shares, width=width, color=color(index), label=report.label)
+    ax.set_xticks(range(len(sizes)), [str(size) for size in sizes])
+    ax.set_xlabel("batch size (rows per execution, as run)")
+    ax.set_ylabel("% of executions")
+    ax.set_title("Batch sizes the server ran (its /metrics, over the run)")
+    ax.grid(True, axis="y", alpha=0.3)
+    ax.legend(loc="upper right", fontsize="small")
+
+
+def _with_batches(reports: Sequence[RunReport]) -> bool:
+    return any(report.batch_sizes for report in reports)
+
+
 # -- the table -----------------------------------------------------------------------------------
 
 _HEADS = ("run", "kind", "sent", "ok (on time)", "late", "rejected", "expired", "errors",
@@ -222,6 +243,10 @@ def figures(reports: Sequence[RunReport]) -> list[tuple[str, bytes]]:
     figure, ax = plt.subplots(figsize=(13, 4))
     goodput_plot(ax, reports)
     out.append(("Goodput and failures per second", _png(figure)))
+    if _with_batches(reports):
+        figure, ax = plt.subplots(figsize=(13, 3.6))
+        batch_plot(ax, reports)
+        out.append(("Batch sizes the server ran", _png(figure)))
     for index, report in enumerate(reports):
         figure, ax = plt.subplots(figsize=(13, 3.6))
         timeline_plot(ax, report, index)
@@ -231,15 +256,20 @@ def figures(reports: Sequence[RunReport]) -> list[tuple[str, bytes]]:
 
 def write_png(reports: Sequence[RunReport], out: Path, title: str) -> None:
     """Everything on one PNG: distributions, goodput, per-run timelines, then the table."""
-    rows = 3 + len(reports)
-    heights = [1.2, 1.0, *([0.9] * len(reports)), 0.25 + 0.12 * len(reports)]
+    batches = _with_batches(reports)
+    first = 3 if batches else 2  # the row of the first run's timeline
+    rows = first + 1 + len(reports)
+    heights = [1.2, 1.0, *([0.8] if batches else []), *([0.9] * len(reports)),
+               0.25 + 0.12 * len(reports)]  # fmt: skip
     figure = plt.figure(figsize=(13, 4.2 * sum(heights)), layout="constrained")
     grid = figure.add_gridspec(rows, 2, height_ratios=heights)
     percentile_plot(figure.add_subplot(grid[0, 0]), reports)
     cdf_plot(figure.add_subplot(grid[0, 1]), reports)
     goodput_plot(figure.add_subplot(grid[1, :]), reports)
+    if batches:
+        batch_plot(figure.add_subplot(grid[2, :]), reports)
     for index, report in enumerate(reports):
-        timeline_plot(figure.add_subplot(grid[2 + index, :]), report, index)
+        timeline_plot(figure.add_subplot(grid[first + index, :]), report, index)
     ax = figure.add_subplot(grid[rows - 1, :])
     ax.axis("off")
     table = ax.table(cellText=table_rows(reports), colLabels=_HEADS, loc="center")
@@ -304,4 +334,4 @@ def write_report(reports: Sequence[RunReport], out: Path, title: str = "duetime 
         write_png(reports, out, title)
 
 
-__all__ = ["figures", "html_page", "write_png", "write_report"]
+__all__ = ["batch_plot", "figures", "html_page", "write_png", "write_report"]

@@ -46,6 +46,11 @@ from duetime.tools.replay_transports import (
     HttpReplayPool,
     ReplayTransport,
 )
+from duetime.tools.server_metrics import (
+    batch_sizes_between,
+    batch_sizes_json,
+    scrape_batch_counts,
+)
 from duetime.tools.transports import BenchError
 
 LEAD_NS = 50_000_000
@@ -362,6 +367,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--report", type=Path, metavar="OUT", help="also write plots: OUT.html or OUT.png"
     )
+    parser.add_argument(
+        "--metrics", metavar="URL", help="the server's Prometheus /metrics (duetime: "
+        "http://HOST:METRICS_PORT/metrics): the result then holds the batch sizes it ran",
+    )  # fmt: skip
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress line")
 
 
@@ -379,6 +388,7 @@ def run(args: argparse.Namespace) -> int:
     differ (with --compare-outputs)."""
     try:
         config = config_from_args(args)
+        before = scrape_batch_counts(args.metrics) if args.metrics else None
         result = run_replay(config)
     except ConfigError as exc:
         print(f"duetime replay: {exc.message}", file=sys.stderr)
@@ -394,6 +404,9 @@ def run(args: argparse.Namespace) -> int:
         return 1
     print(result.format())
     doc = result.to_json()
+    if args.metrics:
+        ran = batch_sizes_between(before, scrape_batch_counts(args.metrics))
+        doc["batch_sizes"] = batch_sizes_json(ran)
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(doc, indent=2))

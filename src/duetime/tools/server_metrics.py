@@ -1,0 +1,79 @@
+"""The batch sizes a server ran during a load run, from its Prometheus `/metrics` read before and
+after (`duetime bench|replay --metrics URL`).
+
+Reads the `duetime_batch_size` histogram (duetime's; its buckets are the batch sizes a model
+runs at). A server without it, or a scrape that fails, gives no batch sizes, never an error: the
+load run is what matters.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import urllib.error
+import urllib.request
+from collections import defaultdict
+
+from prometheus_client.parser import text_string_to_metric_families
+
+log = logging.getLogger("duetime.tools")
+
+BATCH_FAMILY = "duetime_batch_size"
+SCRAPE_TIMEOUT_S = 5.0
+
+BatchCounts = dict[str, dict[int, int]]
+"""Model -> batch size -> executions (summed over versions and variants)."""
+
+
+def scrape_batch_counts(url: str) -> BatchCounts | None:
+    """The executions per batch size so far, per model; None if `url` cannot be read."""
+    try:
+        with urllib.request.urlopen(url, timeout=SCRAPE_TIMEOUT_S) as response:
+            text = response.read().decode("utf-8", "replace")
+    except (OSError, urllib.error.URLError, ValueError) as exc:
+        log.warning("--metrics %s: cannot read it (%s); no batch sizes in the result", url, exc)
+        return None
+    return parse_batch_counts(text)
+
+
+def parse_batch_counts(text: str) -> BatchCounts:
+    """`duetime_batch_size` buckets (cumulative, per deployment) turned into executions per
+    batch size, per model."""
+    cumulative: dict[tuple[tuple[str, str], ...], list[tuple[float, float]]] = defaultdict(list)
+    for family in text_string_to_metric_families(text):
+        if family.name != BATCH_FAMILY:
+            continue
+        for sample in family.samples:
+            if not sample.name.endswith("_bucket"):
+                continue
+            labels = dict(sample.labels)
+            bound = float(labels.pop("le"))
+            cumulative[tuple(sorted(labels.items()))].append((bound, sample.value))
+    counts: BatchCounts = defaultdict(lambda: defaultdict(int))
+    for key, buckets in cumulative.items():
+        model = dict(key).get("model", "?")
+        below = 0.0
+        for bound, total in sorted(buckets):
+            if not math.isinf(bound) and total > below:
+                counts[model][round(bound)] += round(total - below)
+            below = max(below, total)
+    return {model: dict(sizes) for model, sizes in counts.items()}
+
+
+def batch_sizes_between(before: BatchCounts | None, after: BatchCounts | None) -> BatchCounts:
+    """Executions per batch size that happened between two scrapes (empty if either failed)."""
+    if before is None or after is None:
+        return {}
+    ran: BatchCounts = {}
+    for model, sizes in after.items():
+        earlier = before.get(model, {})
+        delta = {size: n - earlier.get(size, 0) for size, n in sizes.items()}
+        delta = {size: n for size, n in sorted(delta.items()) if n > 0}
+        if delta:
+            ran[model] = delta
+    return ran
+
+
+def batch_sizes_json(ran: BatchCounts) -> dict[str, dict[str, int]]:
+    """JSON form: batch sizes as string keys."""
+    return {model: {str(size): n for size, n in sizes.items()} for model, sizes in ran.items()}
