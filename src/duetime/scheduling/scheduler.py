@@ -324,7 +324,8 @@ class ModelScheduler:
             rows=rows,
             rows_ahead=rows_ahead,
             busy_until_ns=self._busy_until,
-            per_row_ns=self.profile.per_row_ns(),
+            # NOTE: a min over every batch size: only worth it with a backlog to cost
+            per_row_ns=self.profile.per_row_ns() if rows_ahead else 0.0,
             exec_ns=self._exec_ns(rows),
         )
         return finish, ahead
