@@ -13,6 +13,8 @@ import pytest
 
 pytest.importorskip("numba")
 
+from directory import R_FIELDS
+
 from duetime.feeds.itch import fastbook
 from duetime.feeds.itch.book import ASK, BID, Books
 from duetime.feeds.itch.fastbook import FastBook, fast_book_summary
@@ -21,22 +23,6 @@ from duetime.feeds.itch.parser import ItchFormatError, read_messages
 from duetime.feeds.itch.summary import book_summary
 from duetime.feeds.itch.synth import session_bytes, write_session
 from duetime.feeds.itch.writer import encode, frame
-
-R_FIELDS: dict[str, Any] = {
-    "market_category": "Q",
-    "financial_status_indicator": "N",
-    "round_lot_size": 100,
-    "round_lots_only": "N",
-    "issue_classification": "C",
-    "issue_sub_type": "Z",
-    "authenticity": "P",
-    "short_sale_threshold_indicator": "N",
-    "ipo_flag": " ",
-    "luld_reference_price_tier": "1",
-    "etp_flag": "N",
-    "etp_leverage_factor": 0,
-    "inverse_indicator": "N",
-}
 
 
 def feed(*messages: tuple[str, dict[str, Any]]) -> bytes:

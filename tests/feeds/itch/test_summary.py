@@ -9,25 +9,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from directory import R_FIELDS
 
 from duetime.feeds.itch.summary import add_book_arguments, book_summary, run_book, write_summary
 from duetime.feeds.itch.writer import ItchWriter
-
-R_FIELDS: dict[str, Any] = {
-    "market_category": "Q",
-    "financial_status_indicator": "N",
-    "round_lot_size": 100,
-    "round_lots_only": "N",
-    "issue_classification": "C",
-    "issue_sub_type": "Z",
-    "authenticity": "P",
-    "short_sale_threshold_indicator": "N",
-    "ipo_flag": " ",
-    "luld_reference_price_tier": "1",
-    "etp_flag": "N",
-    "etp_leverage_factor": 0,
-    "inverse_indicator": "N",
-}
 
 
 def session(path: Path, *, gzip: bool = False, damaged: bool = False) -> Path:
