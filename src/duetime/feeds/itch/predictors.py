@@ -19,6 +19,7 @@ from duetime.errors import DuetimeError
 from duetime.frontend import codec
 from duetime.frontend.proto import grpc_service_pb2 as pb
 from duetime.frontend.proto import grpc_service_pb2_grpc as pb_grpc
+from duetime.tools.outcomes import Outcome, outcome_of_grpc_code, outcome_of_http_status
 from duetime.types import InferRequest, TensorSpec
 
 
@@ -32,9 +33,8 @@ class Failure(NamedTuple):
 
 Answer = Callable[[np.ndarray | None, Failure | None], None]
 """Called once per request: (the model's first output, None) or (None, the failure)."""
-REFUSALS = frozenset({429, 503, 504})
-"""v2 statuses of a request turned away for time: overloaded, unavailable, past its due time."""
-GRPC_REFUSALS = frozenset({"RESOURCE_EXHAUSTED", "UNAVAILABLE", "DEADLINE_EXCEEDED"})
+REFUSED = frozenset({Outcome.REJECTED, Outcome.EXPIRED})
+"""Outcomes of a request turned away for time: overloaded, unavailable, past its due time."""
 
 CONNECT_TIMEOUT_S = 10.0
 
@@ -119,7 +119,7 @@ class EnginePredictor:
 
 def _failure(error: BaseException) -> Failure:
     if isinstance(error, DuetimeError):
-        return Failure(error.message, error.http_status in REFUSALS)
+        return Failure(error.message, outcome_of_http_status(error.http_status) in REFUSED)
     return Failure(f"{type(error).__name__}: {error}", refused=False)
 
 
@@ -178,7 +178,8 @@ class GrpcPredictor:
             response = await self._call(request)
         except grpc.aio.AioRpcError as exc:
             code = exc.code().name
-            answer(None, Failure(f"gRPC {code}: {exc.details()}", code in GRPC_REFUSALS))
+            refused = outcome_of_grpc_code(code) in REFUSED
+            answer(None, Failure(f"gRPC {code}: {exc.details()}", refused))
             return
         for index, tensor in enumerate(response.outputs):
             if tensor.name == self._output:

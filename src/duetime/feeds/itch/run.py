@@ -22,13 +22,17 @@ import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, TextIO
+from typing import TYPE_CHECKING, Any, Literal, TextIO
 
 import numpy as np
 
 from duetime.feeds.itch.book import BookEvent, Books
 from duetime.feeds.itch.features import FEATURE_NAMES, Features
 from duetime.feeds.itch.predictors import Failure, Predictor, PredictorError
+from duetime.tools.hdr import new_histogram, percentiles_us, record_us
+
+if TYPE_CHECKING:
+    from hdrh.histogram import HdrHistogram  # type: ignore[import-untyped]
 
 Pace = Literal["recorded", "max"]
 
@@ -102,14 +106,14 @@ class RunStats:
     """Requests the scheduler refused or dropped because they could not finish in time."""
     errors: int = 0
     first_error: str | None = None
-    latency_ns: list[int] = field(default_factory=list)
-    pace_lag_ns: list[int] = field(default_factory=list)
+    latency: HdrHistogram = field(default_factory=new_histogram)
+    """Tick-to-prediction of each answer, late ones too (µs; constant memory for any file)."""
+    pace_lag: HdrHistogram = field(default_factory=new_histogram)
+    """How late each message was taken up at the recorded pace (µs, at least 1)."""
     wall_ns: int = 0
 
     def report(self) -> dict[str, Any]:
         wall_s = max(self.wall_ns, 1) / 1e9
-        latency = np.asarray(self.latency_ns, dtype=np.int64)
-        lag = np.asarray(self.pace_lag_ns, dtype=np.int64)
         answered = self.on_time + self.late
         return {
             "messages": self.messages,
@@ -122,24 +126,12 @@ class RunStats:
             "first_error": self.first_error,
             "misses": self.late + self.refused,
             "miss_rate": (self.late + self.refused) / self.triggers if self.triggers else 0.0,
-            "tick_to_prediction_us": _percentiles_us(latency),
-            "pace_lag_us": _percentiles_us(lag),
+            "tick_to_prediction_us": percentiles_us(self.latency),
+            "pace_lag_us": percentiles_us(self.pace_lag),
             "wall_s": round(wall_s, 3),
             "messages_per_s": round(self.messages / wall_s, 1),
             "predictions_per_s": round(answered / wall_s, 1),
         }
-
-
-def _percentiles_us(samples: np.ndarray) -> dict[str, float | None]:
-    if samples.size == 0:
-        return {"p50": None, "p99": None, "p999": None, "max": None}
-    p50, p99, p999 = np.percentile(samples, [50, 99, 99.9]) / 1e3
-    return {
-        "p50": round(float(p50), 1),
-        "p99": round(float(p99), 1),
-        "p999": round(float(p999), 1),
-        "max": round(float(samples.max()) / 1e3, 1),
-    }
 
 
 class PredictionLog:
@@ -254,7 +246,7 @@ class FeedRun:
                     # take its answer while waiting (inline, it is back on the next turn)
                     self._flush()
                     now = await _until(target, options.nap)
-                stats.pace_lag_ns.append(now - target)
+                record_us(stats.pace_lag, (now - target) // 1000)
                 arrival = target  # a message waiting for the feed to be free is already here
             else:
                 if stats.messages % YIELD_EVERY == 0:
@@ -284,9 +276,12 @@ class FeedRun:
             return
         if not self._fires(event):
             return
-        window = self.features.state(event.locate).deeplob
-        # NOTE: the vector is the state's own buffer, rewritten by the next event: copy it
-        self._rows.append(vector.copy() if window is None else window.tensor())
+        if self._wants_window:
+            window = self.features.state(event.locate).deeplob
+            assert window is not None  # kept for every stock when the model takes it
+            self._rows.append(window.tensor())
+        else:  # the vector is the state's own buffer, rewritten by the next event: copy it
+            self._rows.append(vector.copy())
         self._burst.append(_Asked(event.ts, book.symbol, arrival_ns))
 
     def _fires(self, event: BookEvent) -> bool:
@@ -327,10 +322,10 @@ class FeedRun:
                     stats.errors += len(asked)
                     stats.first_error = stats.first_error or (failure and failure.message)
             else:
-                log, latencies = self._log, stats.latency_ns
+                log, histogram = self._log, stats.latency
                 for row, event in enumerate(asked):
                     latency = now - event.arrival_ns
-                    latencies.append(latency)
+                    record_us(histogram, latency // 1000)
                     if latency <= deadline:
                         stats.on_time += 1
                         log.add(event.ts, event.stock, latency, outputs[row])
