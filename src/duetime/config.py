@@ -180,12 +180,14 @@ class ModelConfig(_Strict):
     first dim is free on every input and output, else 0."""
     instances: int = Field(default=1, ge=1, le=64)
     """ONNX Runtime sessions (each with its own thread) sharing the model's queue."""
-    execution: Literal["thread", "inline"] = "thread"
+    execution: Literal["auto", "thread", "inline"] = "auto"
     """`thread`: each instance runs on a thread of its own, and the event loop never waits for
     ONNX Runtime. `inline`: the one instance runs on the event loop itself: no hand-off to a
     thread and back (tens of µs on a VM, more than a tiny model's whole run), but the loop waits
-    for every batch. For models of a few tens of µs whose caller lives on the loop (the ITCH
-    feed handler's in-process Engine); needs `instances = 1`."""
+    for every batch; needs `instances = 1`. `auto` (default): inline when the model has one
+    instance and its load-time profile says batch 1 takes at most 50 µs and its largest batch at
+    most 250 µs (see repository/loader.py `runs_inline`), else thread; a shadow version always
+    runs on a thread."""
     intra_op_threads: int = Field(default=1, ge=0, le=256)
     """Threads ORT uses inside one operator; 0 lets ORT choose."""
     inter_op_threads: int = Field(default=1, ge=1, le=256)

@@ -140,6 +140,8 @@ class Engine:
             loaded.config.instances, loaded.profile.predict(1), offset=self._placed
         )
         self._placed += loaded.config.instances
+        if background and loaded.config.execution == "auto":
+            loaded.executor.inline = False  # a shadow takes only the CPU time others leave
         loaded.executor.start(loop, pins, background=background)
         ledger = None
         if pins and pins[0] is not None and all(p == pins[0] for p in pins):

@@ -19,12 +19,16 @@ from duetime.errors import ConfigError, InvalidInput
 from duetime.repository.layout import MODEL_FILENAME, ModelSource, scan_model, scan_repository
 from duetime.repository.loader import (
     DEFAULT_MAX_BATCH_SIZE,
+    INLINE_BATCH1_NS,
+    INLINE_LONGEST_NS,
     LoadedModel,
     load_version,
     reconcile,
+    runs_inline,
     sample_inputs,
     warm_up,
 )
+from duetime.scheduling.profile import LatencyProfile, ProfilePoint
 from duetime.types import ModelSignature, TensorSpec
 from duetime.validation import Validator
 
@@ -434,3 +438,46 @@ def test_warm_up_failure_is_a_warning(
         warm_up(_RecordingExecutor(1, error), signature, tmp_path / "model.onnx")  # type: ignore[arg-type]
     assert "warm-up on sample inputs failed" in caplog.text
     assert str(tmp_path / "model.onnx") in caplog.text
+
+
+# -- execution = "auto" --------------------------------------------------------------------------
+
+
+def profile_of(*medians_ns: tuple[int, int]) -> LatencyProfile:
+    return LatencyProfile([ProfilePoint(rows, ns, ns) for rows, ns in medians_ns])
+
+
+@pytest.mark.parametrize(
+    ("points", "instances", "inline"),
+    [
+        (((1, 10_000), (64, 137_000)), 1, True),  # the demo mlp
+        (((1, INLINE_BATCH1_NS), (32, INLINE_LONGEST_NS)), 1, True),  # both limits inclusive
+        (((1, INLINE_BATCH1_NS + 1), (32, 60_000)), 1, False),  # batch 1 too long
+        (((1, 10_000), (64, INLINE_LONGEST_NS + 1)), 1, False),  # a full batch holds the loop
+        (((1, 10_000), (64, 137_000)), 2, False),  # inline has one instance
+        (((1, 960_000), (32, 30_000_000)), 1, False),  # the demo resnet
+        (((1, 5_000),), 1, True),  # a model that does not batch
+    ],
+)
+def test_auto_execution_is_inline_only_for_short_single_instance_models(
+    points: tuple[tuple[int, int], ...], instances: int, inline: bool
+) -> None:
+    assert runs_inline(profile_of(*points), instances) is inline
+
+
+@pytest.mark.parametrize(
+    ("config", "inline"),
+    [
+        (None, True),  # auto, and an Identity takes a few µs at any batch size
+        ('execution = "thread"\n', False),
+        ('execution = "auto"\ninstances = 2\n', False),
+        ('execution = "inline"\n', True),
+    ],
+)
+def test_load_decides_execution_from_config_and_profile(
+    tmp_path: Path, loaded: list[LoadedModel], config: str | None, inline: bool
+) -> None:
+    source = model_dir(tmp_path, "m", identity_model(TensorProto.FLOAT, ["n", 4]), config)
+    model = load_version(source, 1)
+    loaded.append(model)
+    assert model.executor.inline is inline

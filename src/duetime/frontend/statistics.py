@@ -85,6 +85,7 @@ def _variant_json(deployment: Deployment, stats: SchedulerStatistics) -> dict[st
         "breaker_states": list(stats.breaker_states),
         "breakers_opened": stats.breakers_opened,
         "scheduling_policy": deployment.model.config.scheduling.policy,
+        "execution": "inline" if deployment.model.executor.inline else "thread",
         "latency_profile": deployment.scheduler.profile.snapshot(),
     }
 

@@ -29,6 +29,14 @@ DEFAULT_MAX_BATCH_SIZE = 32
 
 PROFILE_BUDGET_S = 1.0
 """Time spent measuring the latency profile of one model version at load."""
+INLINE_BATCH1_NS = 50_000
+"""`execution = "auto"` runs a model inline when its batch 1 takes at most this long: handing a
+batch to a thread and back costs 30-40 µs on a VM (waking the thread, the GIL, waking the loop),
+more than such a model's whole run, and its thread would share the loop's core anyway
+(execution/affinity.py SMALL_MODEL_NS)."""
+INLINE_LONGEST_NS = 250_000
+"""...and its largest batch at most this long: the longest the loop then waits for one batch
+(other requests' reads and answers wait that long)."""
 
 
 @dataclass(eq=False)
@@ -87,9 +95,20 @@ def load_version(
     )
     warm_up(executor, signature, path)
     profile = measure_profile(executor, signature, path, profile_budget_s)
+    if config.execution == "auto":
+        executor.inline = runs_inline(profile, config.instances)
     validator = Validator(source.name, signature)
     return LoadedModel(
         source.name, str(version), path, config, signature, validator, executor, profile
+    )
+
+
+def runs_inline(profile: LatencyProfile, instances: int) -> bool:
+    """What `execution = "auto"` picks for a model of `instances` with this load-time profile."""
+    return (
+        instances == 1
+        and profile.predict(1) <= INLINE_BATCH1_NS
+        and profile.predict(profile.max_rows) <= INLINE_LONGEST_NS
     )
 
 
