@@ -27,11 +27,11 @@ from duetime.frontend.rest import parse_infer_request
 from duetime.loops import new_event_loop
 from duetime.tools.arrivals import arrival_offsets_ns, choose_classes, due_classes
 from duetime.tools.config import BenchConfig
-from duetime.tools.drivers import Ledger
+from duetime.tools.drivers import GROUP_NS, Dispatch, Ledger, OpenLoop
 from duetime.tools.http_client import HttpLane, HttpPool
 from duetime.tools.loadgen import BenchResult, run_bench, run_bench_async
 from duetime.tools.outcomes import Outcome, outcome_of_grpc_code, outcome_of_http_status
-from duetime.tools.payloads import PayloadSpec, encode, random_inputs
+from duetime.tools.payloads import EnginePayload, PayloadSpec, encode, random_inputs, restamp
 from duetime.tools.report import (
     Records,
     apply_due,
@@ -255,6 +255,80 @@ def test_grpc_payload_carries_timeout_and_a_call_deadline() -> None:
     assert list(request.inputs[0].shape) == [1, 40]
     assert len(request.raw_input_contents[0]) == 160
     assert 0.01 < payload.deadline_s < 2.0
+
+
+@pytest.mark.parametrize("protocol", ["http-binary", "http-json"])
+def test_restamped_http_payload_carries_the_time_left_in_place(protocol: Any) -> None:
+    spec = PayloadSpec(protocol, "mlp", 2, priority=None, host="h", port=1)
+    inputs = random_inputs(MLP, 2, np.random.default_rng(0))
+    original = encode(spec, inputs, due_classes((2,), ())[0])
+    for timeout_us in (1, 1_234, 10**12):
+        raw = restamp(original, timeout_us)
+        assert len(raw) == len(original)  # no length header changes
+        head, _, body = raw.partition(b"\r\n\r\n")
+        headers = dict(line.lower().split(": ") for line in head.decode().split("\r\n")[1:])
+        header_length = headers.get("inference-header-content-length")
+        request, _ = parse_infer_request(body, header_length and int(header_length), "mlp", None)
+        assert request.parameters["timeout"] == timeout_us
+        np.testing.assert_array_equal(request.inputs["x"], inputs["x"])
+
+
+def test_restamped_grpc_and_engine_payloads() -> None:
+    inputs = random_inputs(MLP, 1, np.random.default_rng(0))
+    due = due_classes((10,), ())[0]
+    grpc_payload = encode(PayloadSpec("grpc", "mlp", 1, priority=3), inputs, due)
+    shorter = restamp(grpc_payload, 4_000)
+    request = pb.ModelInferRequest.FromString(shorter.data)
+    assert request.parameters["timeout"].int64_param == 4_000
+    assert request.parameters["priority"].int64_param == 3
+    assert request.raw_input_contents[0] == inputs["x"].tobytes()
+    assert shorter.deadline_s < grpc_payload.deadline_s
+    engine_payload = encode(PayloadSpec("engine", "mlp", 1, priority=None), inputs, due)
+    assert restamp(engine_payload, 4_000) == EnginePayload(engine_payload.inputs, 0.004, 0)
+
+
+class SentPayloads:
+    """A transport that keeps what it is given."""
+
+    pipelined = 0
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[int, Any]] = []
+
+    def send(self, rid: int, payload: Any, lane: int | None) -> None:
+        self.sent.append((rid, payload))
+
+
+def test_a_late_send_carries_only_the_time_left_of_its_due_time() -> None:
+    now = [10_000_000]
+    ledger = Ledger(clock=lambda: now[0])
+    transport = SentPayloads()
+    pools = [[EnginePayload({}, 0.002, 0)], [EnginePayload({}, None, 0)]]
+    dispatch = Dispatch(ledger, transport, pools, [2_000, None])  # type: ignore[arg-type]
+    dispatch.send(now[0], 0, None)  # on time
+    dispatch.send(now[0] + 300_000, 0, None)  # early (by the timer's grouping)
+    dispatch.send(now[0] - 1_500_000, 0, None)  # 1.5 ms late: 0.5 ms left
+    dispatch.send(now[0] - 5_000_000, 0, None)  # past due: the shortest timeout, not none
+    dispatch.send(now[0] - 5_000_000, 1, None)  # no due time: nothing to shorten
+    timeouts = [payload.timeout_s for _, payload in transport.sent]
+    assert timeouts == [0.002, 0.002, 0.0005, 1e-6, None]
+    assert dispatch.restamped == 2
+
+
+def test_open_loop_sends_every_request_in_order_never_much_early() -> None:
+    async def scenario() -> tuple[Ledger, list[int]]:
+        ledger = Ledger()
+        dispatch = Dispatch(ledger, SentPayloads(), [[EnginePayload({}, None, 0)]])  # type: ignore[arg-type]
+        offsets = np.cumsum(np.full(200, 500_000) - np.arange(200) % 3 * 200_000)
+        sender = OpenLoop(dispatch, offsets, np.zeros(200, dtype=np.int64))
+        start = ledger.clock() + 5_000_000
+        await sender.run(start, start + int(offsets[-1]))
+        return ledger, [start + int(o) for o in offsets]
+
+    ledger, scheduled = run_async(scenario())
+    assert ledger.scheduled == scheduled
+    lag = np.asarray(ledger.sent) - np.asarray(scheduled)
+    assert lag.min() >= -GROUP_NS - 100_000  # early only by the timer's grouping (+ clock reads)
 
 
 def test_random_inputs_fill_free_dims_with_one() -> None:

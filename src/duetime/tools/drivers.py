@@ -10,13 +10,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import resource
+import sys
+import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, Protocol
 
 import numpy as np
 
 from duetime.tools.outcomes import Outcome
+from duetime.tools.payloads import restamp
 from duetime.tools.progress import Snapshot
 from duetime.tools.report import MAX_MESSAGES, Records
 from duetime.tools.transports import Transport
@@ -24,11 +27,11 @@ from duetime.tools.transports import Transport
 Clock = Callable[[], int]
 """Monotonic time in ns (`time.perf_counter_ns`)."""
 
-EARLY_NS = 500_000
-"""An open-loop tick also sends requests due within this much: timers only have ~1 ms
-resolution, so this centres each burst on its schedule instead of trailing it by up to 1 ms."""
-_MIN_WAIT_S = 0.001
-"""The shortest timer wait: shorter waits would spin the loop (uvloop rounds them to 0)."""
+GROUP_NS = 20_000
+"""The timer thread wakes the loop once for sends this close together: each wake also sends
+what is due this soon."""
+SWITCH_INTERVAL_S = 0.0002
+"""The GIL hand-over interval while a timer thread paces sends (see `paced_switching`)."""
 
 
 class Ledger:
@@ -121,17 +124,38 @@ class Ledger:
 
 
 class Dispatch:
-    """Sends one request: records it in the ledger and hands its class's next payload over."""
+    """Sends one request: records it in the ledger and hands its class's next payload over.
 
-    def __init__(self, ledger: Ledger, transport: Transport, payloads: Sequence[Sequence[Any]]):
+    A request sent after its scheduled instant carries only the time left of its due time (the
+    schedule's instant + the class's timeout), as a client with a deadline does: the generator's
+    own lateness shortens the server's budget instead of being counted against its answer.
+    """
+
+    def __init__(
+        self,
+        ledger: Ledger,
+        transport: Transport,
+        payloads: Sequence[Sequence[Any]],
+        timeouts_us: Sequence[int | None] = (),
+    ) -> None:
         self.ledger = ledger
         self.transport = transport
         self.payloads = payloads
+        self.timeouts_us = list(timeouts_us) or [None] * len(payloads)
+        self.restamped = 0
+        """Requests sent late enough to carry less than their class's timeout."""
 
     def send(self, scheduled_ns: int | None, due_class: int, lane: int | None) -> int:
         rid = self.ledger.add(scheduled_ns, due_class)
         pool = self.payloads[due_class]
-        self.transport.send(rid, pool[rid % len(pool)], lane)
+        payload = pool[rid % len(pool)]
+        timeout_us = self.timeouts_us[due_class]
+        if timeout_us is not None and scheduled_ns is not None:
+            late_us = (self.ledger.sent[rid] - scheduled_ns) // 1000
+            if late_us > 0:
+                self.restamped += 1
+                payload = restamp(payload, max(1, timeout_us - late_us))
+        self.transport.send(rid, payload, lane)
         return rid
 
 
@@ -148,8 +172,9 @@ class Sender(Protocol):
 class OpenLoop:
     """Sends request i at `start + offsets[i]`, whatever the answers do (no coordinated omission).
 
-    A timer wakes the loop; each tick sends every request whose time has come (or is within
-    EARLY_NS), then sleeps until the next. The schedule itself says when sending ends.
+    A timer thread wakes the loop at each send instant (uvloop's own timers only resolve
+    milliseconds); each wake sends every request due by then (or within GROUP_NS). The schedule
+    itself says when sending ends.
     """
 
     def __init__(self, dispatch: Dispatch, offsets_ns: np.ndarray, classes: np.ndarray) -> None:
@@ -161,38 +186,82 @@ class OpenLoop:
         self._next = 0
         self._loop = asyncio.get_running_loop()
         self._done: asyncio.Future[None] = self._loop.create_future()
-        self._timer: asyncio.TimerHandle | None = None
+        self._waker: Waker | None = None
 
     async def run(self, start_ns: int, stop_ns: int) -> None:
         self._start = start_ns
-        self._timer = self._loop.call_later(self._wait_s(), self._tick)
-        await self._done
+        if not self._offsets:
+            return
+        self._waker = Waker(self._loop, (start_ns + o for o in self._offsets), self._tick)
+        self._waker.start()
+        try:
+            await self._done
+        finally:
+            self._waker.stop()
 
     def stop(self) -> None:
         self._next = len(self._offsets)
-        if self._timer is not None:
-            self._timer.cancel()
+        if self._waker is not None:
+            self._waker.stop(join=False)
         if not self._done.done():
             self._done.set_result(None)
 
     def _tick(self) -> None:
         offsets, classes, send = self._offsets, self._classes, self._dispatch.send
         start, count, i = self._start, len(offsets), self._next
-        horizon = self._clock() + EARLY_NS - start
+        horizon = self._clock() + GROUP_NS - start
         while i < count and offsets[i] <= horizon:
             send(start + offsets[i], classes[i], None)
             i += 1
         self._next = i
         if i >= count:
             self.stop()
-            return
-        self._timer = self._loop.call_later(self._wait_s(), self._tick)
 
-    def _wait_s(self) -> float:
-        if self._next >= len(self._offsets):
-            return 0.0
-        due = self._start + self._offsets[self._next] - EARLY_NS
-        return max((due - self._clock()) / 1e9, _MIN_WAIT_S)
+
+class Waker(threading.Thread):
+    """Calls `tick` on `loop` at each of `instants` (perf_counter ns, ascending; instants within
+    GROUP_NS of the last wake share it): precise sleeps on a thread of their own."""
+
+    def __init__(
+        self, loop: asyncio.AbstractEventLoop, instants: Iterable[int], tick: Callable[[], None]
+    ) -> None:
+        super().__init__(name="duetime-send-timer", daemon=True)
+        self._loop = loop
+        self._instants = instants
+        self._tick = tick
+        self._stopped = threading.Event()
+
+    def stop(self, join: bool = True) -> None:
+        self._stopped.set()
+        if join and self.is_alive() and threading.current_thread() is not self:
+            self.join(timeout=5)
+
+    def run(self) -> None:
+        clock, stopped, wake = time.perf_counter_ns, self._stopped, self._loop.call_soon_threadsafe
+        last = -GROUP_NS
+        for at in self._instants:
+            if at - last < GROUP_NS:
+                continue
+            last = at
+            delay = at - clock()
+            if (delay > 0 and stopped.wait(delay / 1e9)) or stopped.is_set():
+                return
+            try:
+                wake(self._tick)
+            except RuntimeError:  # the loop closed under us: the run is over
+                return
+
+
+@contextlib.contextmanager
+def paced_switching() -> Iterator[None]:
+    """While a timer thread paces sends: it needs the GIL to wake the loop, and Python's default
+    hand-over interval (5 ms) would add that much to a send whenever the loop is busy."""
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(min(switch, SWITCH_INTERVAL_S))
+    try:
+        yield
+    finally:
+        sys.setswitchinterval(switch)
 
 
 class ClosedLoop:

@@ -30,7 +30,15 @@ from duetime.loops import new_event_loop
 from duetime.tools.arrivals import ARRIVAL_KINDS, arrival_offsets_ns, choose_classes
 from duetime.tools.bench_record import write_bench_capture
 from duetime.tools.config import DEFAULT_HTTP_CONNECTIONS, BenchConfig
-from duetime.tools.drivers import ClosedLoop, Dispatch, Ledger, OpenLoop, Sender, cpu_over
+from duetime.tools.drivers import (
+    ClosedLoop,
+    Dispatch,
+    Ledger,
+    OpenLoop,
+    Sender,
+    cpu_over,
+    paced_switching,
+)
 from duetime.tools.payloads import PayloadSpec, WireProtocol, check_batch, encode, random_inputs
 from duetime.tools.progress import Progress
 from duetime.tools.report import BenchResult, Records, merge_records, result_of
@@ -170,7 +178,8 @@ async def _drive(
     progress: bool = False,
 ) -> Records:
     rng = np.random.default_rng([config.seed, 1])
-    sender = _sender(config, Dispatch(ledger, transport, payloads), rng)
+    timeouts = [due.timeout_us for due in config.classes]
+    sender = _sender(config, Dispatch(ledger, transport, payloads, timeouts), rng)
     start = ledger.clock() + _LEAD_NS
     window = (start + round(config.warmup_s * 1e9), start + round(config.total_s * 1e9))
     cpu = asyncio.create_task(cpu_over(window, ledger.clock))
@@ -178,7 +187,8 @@ async def _drive(
     if progress:
         line.start(config.total_s)
     try:
-        await sender.run(start, window[1])
+        with paced_switching():
+            await sender.run(start, window[1])
         cpu_s = await cpu
         await ledger.drained(config.drain_s)
     finally:

@@ -8,7 +8,7 @@ arrays for an in-process engine. The timeout travels as the v2 `timeout` paramet
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 from urllib.parse import quote
 
@@ -28,6 +28,13 @@ GRPC_DEADLINE_MARGIN_S = 1.0
 """Added to a gRPC call's deadline beyond the request's timeout: the server's own due time is
 the timeout (it takes the earlier of the two), the margin only frees the generator from a stuck
 call, and leaves late answers measurable as late."""
+
+
+TIMEOUT_WIDTH = 13
+"""Characters the HTTP payloads keep for the `timeout` value (the parameter's largest, 10**12,
+has 13 digits): shorter values are padded with spaces, which JSON allows, so `restamp` rewrites
+it in place without changing any length header."""
+_TIMEOUT_KEY = b'"timeout":'
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,6 +147,9 @@ def http_request_bytes(
     if request_parameters:
         doc["parameters"] = request_parameters
     head = orjson.dumps(doc, option=orjson.OPT_SERIALIZE_NUMPY)
+    timeout = parameters.get("timeout")
+    if timeout is not None:
+        head = head.replace(_TIMEOUT_KEY + b"%d" % timeout, _timeout_field(timeout), 1)
     body = head + b"".join(blobs)
     lines = [
         f"POST /v2/models/{quote(spec.model, safe='')}/infer HTTP/1.1",
@@ -167,3 +177,25 @@ def grpc_request_bytes(
         request.parameters[key].int64_param = value
     data: bytes = request.SerializeToString()
     return data
+
+
+def _timeout_field(timeout_us: int) -> bytes:
+    return _TIMEOUT_KEY + (b"%d" % timeout_us).ljust(TIMEOUT_WIDTH)
+
+
+def restamp(payload: Any, timeout_us: int) -> Any:
+    """`payload` (as `encode` made it, with a timeout) carrying `timeout_us` instead."""
+    if isinstance(payload, EnginePayload):
+        return replace(payload, timeout_s=timeout_us / 1e6)
+    if isinstance(payload, GrpcPayload):
+        # NOTE: serialised messages concatenate as a merge, and a map key's last entry wins
+        extra = pb.ModelInferRequest()
+        extra.parameters["timeout"].int64_param = timeout_us
+        return GrpcPayload(
+            payload.data + extra.SerializeToString(), timeout_us / 1e6 + GRPC_DEADLINE_MARGIN_S
+        )
+    at = payload.find(_TIMEOUT_KEY)
+    if at < 0:
+        raise ValueError("restamp: the HTTP payload has no timeout parameter")
+    end = at + len(_TIMEOUT_KEY) + TIMEOUT_WIDTH
+    return b"".join((payload[:at], _timeout_field(timeout_us), payload[end:]))

@@ -16,16 +16,17 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import json
 import sys
-import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from duetime.errors import ConfigError
 from duetime.loops import new_event_loop
 from duetime.tools.capture.format import CaptureFormatError
-from duetime.tools.drivers import cpu_seconds
+from duetime.tools.drivers import GROUP_NS, Waker, cpu_seconds, paced_switching
 from duetime.tools.hdr import LatencyRecorder, MissingHdr, new_histogram, record_us
 from duetime.tools.http_client import error_text
 from duetime.tools.outcomes import Outcome, outcome_of_http_status
@@ -57,10 +58,6 @@ LEAD_NS = 50_000_000
 """From the end of setup to the first send."""
 WITHIN_NS = 1_000_000
 """A send this close to its scheduled instant (either side) counts as on schedule."""
-GROUP_NS = 20_000
-"""The timer thread wakes the loop once for sends this close together."""
-SWITCH_INTERVAL_S = 0.0002
-"""The GIL hand-over interval while replaying (see `replay_async`)."""
 LOOP_EARLY_NS = 500_000
 """Timer "loop": a tick also sends what is due this soon (uvloop's timers resolve 1 ms)."""
 
@@ -105,9 +102,9 @@ class Replay:
         self.recorder = LatencyRecorder(start_ns)
         loop = self._loop = asyncio.get_running_loop()
         self._done = loop.create_future()
-        waker: _Waker | None = None
+        waker: Waker | None = None
         if self.config.timer == "thread":
-            waker = _Waker(self, loop)
+            waker = Waker(loop, self._instants(), functools.partial(self.tick, GROUP_NS))
             waker.start()
         else:
             self._timer = loop.call_later(0, self.tick)
@@ -118,6 +115,13 @@ class Replay:
                 waker.stop()
             if self._timer is not None:
                 self._timer.cancel()
+
+    def _instants(self) -> Iterator[int]:
+        span = self.plan.span_ns
+        for loop in range(self.config.loops):
+            base = self.start + loop * span
+            for offset in self.plan.offsets_ns:
+                yield base + offset
 
     def tick(self, early_ns: int = 0) -> None:
         """Send every request due by now (+ `early_ns`)."""
@@ -234,42 +238,6 @@ class Replay:
         return Snapshot(self.next, errors, self.recorder.p99_us())
 
 
-class _Waker(threading.Thread):
-    """Wakes the loop at each send instant of the replay (precise sleeps, off the loop)."""
-
-    def __init__(self, replay: Replay, loop: asyncio.AbstractEventLoop) -> None:
-        super().__init__(name="duetime-replay-timer", daemon=True)
-        self._replay = replay
-        self._loop = loop
-        self._stopped = threading.Event()
-
-    def stop(self) -> None:
-        self._stopped.set()
-        self.join(timeout=5)
-
-    def run(self) -> None:
-        replay, clock, stopped = self._replay, time.perf_counter_ns, self._stopped
-        offsets, span = replay.plan.offsets_ns, replay.plan.span_ns
-        wake = self._loop.call_soon_threadsafe
-        last = -GROUP_NS
-        for loop in range(replay.config.loops):
-            base = replay.start + loop * span
-            for offset in offsets:
-                at = base + offset
-                if at - last < GROUP_NS:
-                    continue
-                last = at
-                delay = at - clock()
-                if delay > 0 and stopped.wait(delay / 1e9):
-                    return
-                if stopped.is_set():
-                    return
-                try:
-                    wake(replay.tick)
-                except RuntimeError:  # the loop closed under us: the run is over
-                    return
-
-
 # -- running -------------------------------------------------------------------------------------
 
 
@@ -301,21 +269,17 @@ async def replay_async(config: ReplayConfig, plan: Plan) -> ReplayResult:
     replay.transport = transport
     await transport.open(config.connections)
     progress = Progress("duetime replay", replay.snapshot)
-    switch = sys.getswitchinterval()
-    # NOTE: the timer thread needs the GIL to wake the loop; Python's default hand-over
-    # interval (5 ms) would add that much to a send whenever the loop is busy.
-    sys.setswitchinterval(min(switch, SWITCH_INTERVAL_S))
     try:
         start = replay.clock() + LEAD_NS
         expected_s = (config.loops * plan.span_ns) / 1e9
         if config.progress:
             progress.start(expected_s)
         cpu_before, wall_before = cpu_seconds(), time.perf_counter()
-        await replay.send_all(start)
+        with paced_switching():
+            await replay.send_all(start)
         cpu_s, wall_s = cpu_seconds() - cpu_before, time.perf_counter() - wall_before
         await replay.drained(config.drain_s)
     finally:
-        sys.setswitchinterval(switch)
         progress.stop()
         replay.stop()
         await transport.aclose()
