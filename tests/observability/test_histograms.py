@@ -79,6 +79,7 @@ class HeldExecutor:
     """Keeps each job until the test finishes it."""
 
     instances: int = 1
+    inline: bool = False
     jobs: list[tuple[int, BatchJob]] = field(default_factory=list)
 
     def submit(self, instance: int, job: BatchJob) -> None:

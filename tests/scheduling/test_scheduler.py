@@ -69,6 +69,7 @@ def harness(
     instances: int = 1,
     max_batch_size: int = 0,
     default_timeout_ns: int | None = None,
+    inline: bool = False,
     **scheduling: object,
 ) -> Harness:
     """A scheduler on the running loop; `scheduling` overrides SchedulingConfig fields.
@@ -78,7 +79,7 @@ def harness(
     scheduling.setdefault("delivery_margin_us", 0)
     scheduling.setdefault("exec_margin", 0.0)
     clock = FakeClock(1_000 * MS)
-    executor = FakeExecutor(instances)
+    executor = FakeExecutor(instances, inline=inline)
     scheduler = ModelScheduler(
         executor=executor,  # type: ignore[arg-type]
         config=SchedulingConfig(**scheduling),  # type: ignore[arg-type]
@@ -654,5 +655,71 @@ def test_no_probe_while_requests_run() -> None:
         with pytest.raises(Overloaded):
             h.submit("tight", due_in=50 * US)
         assert h.scheduler.statistics().probes == 0
+
+    run(body)
+
+
+# -- inline execution ------------------------------------------------------------------------------
+
+
+def test_inline_batches_what_one_loop_turn_brings_and_answers_in_that_turn() -> None:
+    async def body() -> None:
+        h = harness(inline=True, max_batch_size=4)
+        futures = [h.submit(name) for name in ("a", "b", "c")]
+        assert h.executor.jobs == []  # nothing runs inside submit: the turn may bring more
+        await asyncio.sleep(0)  # the dispatch callback runs; the batch runs in it, on the loop
+        assert [h.job(i)[1] for i in range(len(h.executor.jobs))] == [["a", "b", "c"]]
+        assert all(f.done() and f.result()["y"].tolist() == [1.0] for f in futures)
+        stats = h.scheduler.statistics()
+        assert (stats.executions, stats.succeeded, stats.queued) == (1, 3, 0)
+        assert h.scheduler.idle
+
+    run(body)
+
+
+def test_inline_runs_back_to_back_batches_in_one_dispatch_and_edf_order() -> None:
+    async def body() -> None:
+        h = harness(inline=True, max_batch_size=2)
+        h.submit("late", due_in=50 * MS)
+        h.submit("soon", due_in=5 * MS)
+        h.submit("sooner", due_in=2 * MS)
+        await asyncio.sleep(0)
+        assert [h.job(i)[1] for i in range(len(h.executor.jobs))] == [["sooner", "soon"], ["late"]]
+
+    run(body)
+
+
+def test_inline_answer_that_submits_again_runs_in_a_later_turn_not_nested() -> None:
+    async def body() -> None:
+        h = harness(inline=True, max_batch_size=4)
+        follow_ups: list[asyncio.Future[Feeds]] = []
+
+        def again(_: object) -> None:
+            follow_ups.append(h.submit("follow-up"))
+
+        first = h.submit("first")
+        first.add_done_callback(again)
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)  # the done callback runs, and submits
+        assert len(h.executor.jobs) == 1
+        await asyncio.sleep(0)
+        assert h.started() == ["first", "follow-up"]
+        assert follow_ups[0].done()
+
+    run(body)
+
+
+def test_inline_waits_for_its_batching_window_like_a_thread() -> None:
+    async def body() -> None:
+        h = harness(inline=True, max_batch_size=4, max_queue_delay_us=LONG_WINDOW_US)
+        h.submit("a")
+        await asyncio.sleep(0)
+        assert h.executor.jobs == []  # waiting for others to join
+        h.submit("b")
+        await asyncio.sleep(0)
+        assert h.executor.jobs == []
+        h.clock.advance(LONG_WINDOW_US * US)
+        h.scheduler._on_timer()
+        assert h.started() == ["a", "b"]
 
     run(body)

@@ -37,7 +37,10 @@ def run_job(
         done: asyncio.Future[BatchResult] = asyncio.get_running_loop().create_future()
         executor.start(asyncio.get_running_loop())
         rows = [f.shape[0] for f in feeds]
-        executor.submit(0, BatchJob([{"x": f} for f in feeds], rows, bucket, done.set_result))
+        job = BatchJob([{"x": f} for f in feeds], rows, bucket, done.set_result)
+        if inline:
+            return executor.run_now(0, job)
+        executor.submit(0, job)
         return await done
 
     try:
@@ -69,27 +72,22 @@ def test_a_request_that_breaks_the_batch_fails_alone() -> None:
     assert "out of bounds" in second.message
 
 
-def test_inline_runs_on_the_loop_and_answers_on_a_later_turn() -> None:
+def test_inline_runs_on_the_calling_thread_and_returns_the_result() -> None:
     session = DoublingSession()
     executor = Executor(
         [session], output_names=["y"], string_outputs=frozenset(), batched=True, label="t",
         inline=True,
     )  # fmt: skip
-
-    async def body() -> None:
-        results: list[BatchResult] = []
-        executor.start(asyncio.get_running_loop())
-        x = np.ones((1, 3), np.float32)
-        executor.submit(0, BatchJob([{"x": x}], [1], 1, results.append))
-        assert session.batches == [1]  # ran during submit, on this thread
-        assert results == []  # ...but answers like a thread would: from a loop callback
-        await asyncio.sleep(0)
-        (result,) = results
-        first = result.outputs[0]
-        assert isinstance(first, dict)
-        np.testing.assert_array_equal(first["y"], x * 2)
-
-    asyncio.run(body())
+    loop = asyncio.new_event_loop()
+    executor.start(loop)  # starts no thread
+    loop.close()
+    x = np.ones((1, 3), np.float32)
+    result = executor.run_now(0, BatchJob([{"x": x}], [1], 1, lambda _: None))
+    assert session.batches == [1]
+    first = result.outputs[0]
+    assert isinstance(first, dict)
+    np.testing.assert_array_equal(first["y"], x * 2)
+    assert result.compute_ns > 0
     executor.close()
 
 

@@ -72,7 +72,6 @@ class Executor:
             raise ValueError(f"an inline executor has one session, got {len(sessions)}")
         self.inline = inline
         """Run on the event loop itself (ModelConfig.execution 'inline'): no instance thread."""
-        self._loop: asyncio.AbstractEventLoop | None = None
         self._pool = InputPool()
         self._sessions = list(sessions)
         self._output_names = list(output_names)
@@ -97,7 +96,6 @@ class Executor:
         (a shadow version's) run at the lowest CPU priority, so they take only the time real
         traffic leaves over."""
         if self.inline:
-            self._loop = loop
             return
         for index, session in enumerate(self._sessions):
             jobs: queue.SimpleQueue[BatchJob | _Stop] = queue.SimpleQueue()
@@ -113,16 +111,15 @@ class Executor:
             thread.start()
 
     def submit(self, instance: int, job: BatchJob) -> None:
-        """Queue `job` on one instance; the scheduler submits only to an idle instance.
-
-        Inline, the job runs here and now; its result still arrives by a later loop callback,
-        as from a thread, so the scheduler sees one order of events either way."""
-        if self._loop is not None:
-            result = BatchResult(job, instance)
-            self._execute(self._sessions[instance], job, result, self._pool)
-            self._loop.call_soon(job.on_done, result)
-            return
+        """Queue `job` on one instance's thread; the scheduler submits only to an idle instance.
+        `job.on_done` gets the result on the loop."""
         self._queues[instance].put(job)
+
+    def run_now(self, instance: int, job: BatchJob) -> BatchResult:
+        """Inline: run `job` on the calling thread (the loop) and return its result."""
+        result = BatchResult(job, instance)
+        self._execute(self._sessions[instance], job, result, self._pool)
+        return result
 
     def close(self, timeout_s: float = 5.0) -> None:
         """Stop the threads once they finish their current job; drops the sessions."""

@@ -208,6 +208,9 @@ class ModelScheduler:
         self._tripped = 0
         """Instances whose breaker is not closed: 0 on the fast path."""
         self._slow_floor_ns = self._breaker_config.slow_min_us * 1000
+        self._inline = executor.inline
+        """Batches run on this loop, inside `_dispatch` (see `_kick`)."""
+        self._kicked = False
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = 0
         self._overhead_ns = 0.0
@@ -272,7 +275,7 @@ class ModelScheduler:
             timing.queued_ns = now
             item.timing = timing
         self._drained.clear()
-        if not len(queue) and self._max_delay_ns == 0:
+        if not len(queue) and self._max_delay_ns == 0 and not self._inline:
             instance = self._idle_instance(now)
             if instance is not None:
                 # NOTE: the common case at light load, decided without the queue: an idle
@@ -289,6 +292,9 @@ class ModelScheduler:
             )
         if len(queue) > self._peak:
             self._peak = len(queue)
+        if self._inline:
+            self._kick()  # the sweeper is armed by the dispatch if anything is left
+            return future
         if self._has_slot():
             self._dispatch()
         if self._sweeper is None and len(queue):
@@ -448,6 +454,37 @@ class ModelScheduler:
         if not len(queue) and not any(self._outstanding):
             self._drained.set()
 
+    def _kick(self) -> None:
+        """Inline: dispatch once the loop has taken in what this turn brought.
+
+        NOTE: one callback per loop turn, however many requests arrive in it: every request read
+        in the turn can join the batch, and the batch's answers are written in the same turn.
+        Dispatching at each arrival would run every request of a busy loop alone, and handing
+        each result back by a callback of its own (as from a thread) would keep the instance
+        busy, and the next batch waiting, for a whole extra turn of a busy loop."""
+        if not self._kicked:
+            self._kicked = True
+            self._loop.call_soon(self._kicked_dispatch)
+
+    def _kicked_dispatch(self) -> None:
+        self._kicked = False
+        queue = self._queue
+        if len(queue) == 1 and self._max_delay_ns == 0 and not self._outstanding[0]:
+            # NOTE: the common case at light load, decided without the batch policy: one request
+            # and an idle instance means the batch is this request alone, now (admission checked
+            # its due time this same loop turn)
+            now = self._clock.now_ns()
+            if not self._tripped or self._breakers[0].allows(now):
+                (item,) = queue.take(1)
+                if not item.future.done():
+                    bucket = self.profile.bucket_of[item.rows] if self._max_rows else 0
+                    self._start(Run(0, [item], item.rows, bucket), 0, now, now)
+                self._drained.set()
+                return
+        self._dispatch()
+        if self._sweeper is None and len(queue):
+            self._sweeper = self._loop.call_later(_SWEEP_S, self._sweep)
+
     def _arm_timer(self, until_ns: int, now_ns: int) -> None:
         if self._timer is not None:
             if self._timer_at <= until_ns:
@@ -497,14 +534,21 @@ class ModelScheduler:
         self._busy_until[instance] = start + self._exec_ns(run.rows)
         if self._ledger is not None:
             self._ledger.book(self._owners[instance], self._busy_until[instance])
-        self._executor.submit(
-            instance,
-            BatchJob(
-                [i.feeds for i in requests], [i.rows for i in requests], run.bucket, self._finish
-            ),
+        job = BatchJob(
+            [i.feeds for i in requests], [i.rows for i in requests], run.bucket, self._finish
         )
+        if self._inline:
+            self._complete(self._executor.run_now(instance, job))
+        else:
+            self._executor.submit(instance, job)
 
     def _finish(self, result: BatchResult) -> None:
+        """An instance thread's result, on the loop."""
+        self._complete(result)
+        self._dispatch()
+
+    def _complete(self, result: BatchResult) -> None:
+        """Settle the requests of a finished batch and learn from its run."""
         now = self._last_run_ns = self._clock.now_ns()
         instance = result.instance
         jobs = self._outstanding[instance]
@@ -535,7 +579,6 @@ class ModelScheduler:
                     self._on_time += 1
                 self._request_time.observe(now - item.arrival_ns)
                 _settle(item, outputs)
-        self._dispatch()
 
     def _judge(self, instance: int, running: _Running, result: BatchResult, now: int) -> None:
         """Tell the instance's breaker how this execution went; fail the queue fast if that
