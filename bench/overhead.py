@@ -12,15 +12,18 @@ the binary body) when it is installed. The server runs in its own process.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -112,6 +115,21 @@ def bench_grpc(host: str, port: int, x: np.ndarray, n: int) -> list[int]:
         return timed(lambda: call(payload), n)
 
 
+@contextlib.contextmanager
+def echo_process(cpu: int) -> Iterator[int]:
+    """bench/echo_server.py on `cpu` (the duetime server's loop CPU); yields its port."""
+    script = Path(__file__).parent / "echo_server.py"
+    process = subprocess.Popen(
+        [sys.executable, str(script), "--cpu", str(cpu)], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert process.stdout is not None
+        yield int(process.stdout.readline().split()[1])
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.wait(timeout=10)
+
+
 def wrk_throughput(host: str, port: int, x: np.ndarray, duration: int) -> dict[str, Any]:
     wrk = shutil.which("wrk")
     if wrk is None:
@@ -187,12 +205,25 @@ def main() -> int:
             rows.append({"path": "HTTP binary, polling client", **percentiles_us(polled)})
             rows.append({"path": "gRPC", **percentiles_us(bench_grpc(h, gp, x, n))})
             throughput = wrk_throughput(h, hp, x, args.duration)
+        pin_current_thread(ALL_CPUS)
+        with echo_process(min(ALL_CPUS)) as port:
+            pin_current_thread(ALL_CPUS - {min(ALL_CPUS)} or None)
+            for spin, label in ((False, "echo floor"), (True, "echo floor, polling client")):
+                echo = bench_http("127.0.0.1", port, x, n, binary=True, spin=spin)
+                rows.append({"path": label, **percentiles_us(echo)})
+        pin_current_thread(ALL_CPUS)
     base = rows[0]["p50_us"]
+    floors = {row["path"]: row["p50_us"] for row in rows if row["path"].startswith("echo")}
     for row in rows:
         row["added_p50_us"] = row["p50_us"] - base
+        if row["path"].startswith("HTTP binary"):
+            polling = "polling" in row["path"]
+            floor = floors["echo floor, polling client" if polling else "echo floor"]
+            row["over_echo_p50_us"] = row["p50_us"] - floor
     print_table(
-        f"mlp, batch 1, {n} sequential requests after {WARMUP} warm-up (latency in µs)",
-        rows, ["path", "p50_us", "p90_us", "p99_us", "added_p50_us"],
+        f"mlp, batch 1, {n} sequential requests after {WARMUP} warm-up (latency in µs; echo "
+        "floor: a bare uvloop + httptools server answering a fixed 200, same client and CPUs)",
+        rows, ["path", "p50_us", "p90_us", "p99_us", "added_p50_us", "over_echo_p50_us"],
     )  # fmt: skip
     print_table("closed loop, HTTP binary, wrk -t1 -c16", [throughput], list(throughput))
     result = {

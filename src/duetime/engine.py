@@ -144,7 +144,12 @@ class Engine:
             loaded.executor.inline = False  # a shadow takes only the CPU time others leave
         loaded.executor.start(loop, pins, background=background)
         ledger = None
-        if pins and pins[0] is not None and all(p == pins[0] for p in pins):
+        if (
+            not loaded.executor.inline
+            and pins
+            and pins[0] is not None
+            and all(p == pins[0] for p in pins)
+        ):
             ledger = self._ledgers.setdefault(pins[0], CoreLedger())
         timeout_ms = loaded.config.default_timeout_ms
         label = f"'{loaded.name}' version {loaded.version}"

@@ -1,26 +1,43 @@
-"""CoreLedger: schedulers sharing a CPU plan with their share of it."""
+"""CoreLedger: schedulers on one CPU take turns and plan behind each other's work."""
 
 from __future__ import annotations
 
 from duetime.scheduling.ledger import CoreLedger
 
 
-def test_sharing_counts_the_other_owners_busy_now() -> None:
+def test_others_until_is_the_end_of_the_other_owners_booked_work() -> None:
     ledger = CoreLedger()
     a, b, c = (1, 0), (2, 0), (3, 0)
     for owner in (a, b, c):
         ledger.join(owner)
     assert ledger.shared
-    assert ledger.sharing(a, now_ns=100) == 1
+    assert ledger.others_until(a, now_ns=100) == 100
     ledger.book(b, 500)
     ledger.book(c, 150)
-    assert ledger.sharing(a, now_ns=100) == 3
-    assert ledger.sharing(a, now_ns=200) == 2  # c's work is over by then
-    assert ledger.sharing(b, now_ns=100) == 2  # its own work does not count
+    assert ledger.others_until(a, now_ns=100) == 500
+    assert ledger.others_until(b, now_ns=100) == 150  # its own work does not count
+    assert ledger.others_until(b, now_ns=200) == 200  # c's work is over by then
     ledger.book(b, 0)
-    assert ledger.sharing(a, now_ns=100) == 2
+    assert ledger.others_until(a, now_ns=100) == 150
     ledger.leave(c)
-    assert ledger.sharing(a, now_ns=100) == 1
+    assert ledger.others_until(a, now_ns=100) == 100
+
+
+def test_backlogs_of_the_other_schedulers_add_up() -> None:
+    ledger = CoreLedger()
+    queued = {1: 300, 2: 50, 3: 7}
+    ledger.join((1, 0), lambda: queued[1])
+    ledger.join((1, 1))  # a second instance of scheduler 1: one backlog per scheduler
+    ledger.join((2, 0), lambda: queued[2])
+    ledger.join((3, 0), lambda: queued[3])
+    assert ledger.others_backlog_ns(1) == 57
+    assert ledger.others_backlog_ns(2) == 307
+    queued[3] = 0
+    assert ledger.others_backlog_ns(2) == 300
+    ledger.leave((1, 0))
+    assert ledger.others_backlog_ns(2) == 300  # instance 1 of scheduler 1 is still there
+    ledger.leave((1, 1))
+    assert ledger.others_backlog_ns(2) == 0
 
 
 def test_a_lone_owner_does_not_share() -> None:

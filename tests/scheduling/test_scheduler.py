@@ -20,6 +20,7 @@ from duetime.clock import FakeClock
 from duetime.config import SchedulingConfig
 from duetime.errors import DeadlineExceeded, InvalidInput, ModelUnavailable, Overloaded
 from duetime.execution.executor import Feeds
+from duetime.scheduling.ledger import CoreLedger
 from duetime.scheduling.profile import profile_from_samples
 from duetime.scheduling.scheduler import PROBE_NS, BatchSizeStatistics, ModelScheduler
 
@@ -70,6 +71,8 @@ def harness(
     max_batch_size: int = 0,
     default_timeout_ns: int | None = None,
     inline: bool = False,
+    ledger: CoreLedger | None = None,
+    clock: FakeClock | None = None,
     **scheduling: object,
 ) -> Harness:
     """A scheduler on the running loop; `scheduling` overrides SchedulingConfig fields.
@@ -78,7 +81,7 @@ def harness(
     """
     scheduling.setdefault("delivery_margin_us", 0)
     scheduling.setdefault("exec_margin", 0.0)
-    clock = FakeClock(1_000 * MS)
+    clock = clock or FakeClock(1_000 * MS)
     executor = FakeExecutor(instances, inline=inline)
     scheduler = ModelScheduler(
         executor=executor,  # type: ignore[arg-type]
@@ -88,6 +91,7 @@ def harness(
         default_timeout_ns=default_timeout_ns,
         clock=clock,
         label="'m' version 1",
+        ledger=ledger,
     )
     return Harness(clock, executor, scheduler)
 
@@ -721,5 +725,44 @@ def test_inline_waits_for_its_batching_window_like_a_thread() -> None:
         h.clock.advance(LONG_WINDOW_US * US)
         h.scheduler._on_timer()
         assert h.started() == ["a", "b"]
+
+    run(body)
+
+
+# -- schedulers sharing a CPU ----------------------------------------------------------------------
+
+
+def test_schedulers_on_one_cpu_plan_behind_each_other_and_take_turns_in_order() -> None:
+    async def body() -> None:
+        ledger, clock = CoreLedger(), FakeClock(1_000 * MS)
+        a = harness(ledger=ledger, clock=clock)
+        b = harness(ledger=ledger, clock=clock)
+        a.submit("a1")  # runs now: 100 µs
+        assert b.scheduler.fits(clock.now_ns(), clock.now_ns() + 250 * US, 1, 0)
+        assert not b.scheduler.fits(clock.now_ns(), clock.now_ns() + 150 * US, 1, 0)
+        with pytest.raises(Overloaded, match="predicted to finish in 200 µs"):
+            b.submit("b-tight", due_in=150 * US)  # behind a1: 100 + 100 µs
+        b.submit("b1", due_in=250 * US)
+        assert (a.started(), b.started()) == (["a1"], ["b1"])  # handed over, to wait its turn
+        (_, first), (_, second) = a.executor.jobs[0], b.executor.jobs[0]
+        assert first.turn is not None
+        assert second.turn is not None
+        assert first.turn[0] is second.turn[0] is ledger.turns
+        assert first.turn[1] < second.turn[1]
+
+    run(body)
+
+
+def test_work_queued_on_another_scheduler_of_the_cpu_counts_at_admission() -> None:
+    async def body() -> None:
+        ledger, clock = CoreLedger(), FakeClock(1_000 * MS)
+        a = harness(ledger=ledger, clock=clock, max_batch_size=4)
+        b = harness(ledger=ledger, clock=clock)
+        a.submit("running")
+        for name in ("q1", "q2", "q3"):
+            a.submit(name)  # queued behind it: 3 rows at the best per-row cost, 62.5 µs each
+        needed = 100 * US + int(3 * 62.5 * US) + 100 * US
+        assert not b.scheduler.fits(clock.now_ns(), clock.now_ns() + needed - 1_000, 1, 0)
+        assert b.scheduler.fits(clock.now_ns(), clock.now_ns() + needed + 1_000, 1, 0)
 
     run(body)

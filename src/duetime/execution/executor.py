@@ -24,6 +24,7 @@ from duetime.execution.affinity import (
     pin_current_thread,
 )
 from duetime.execution.ort import strings_from_ort
+from duetime.execution.turns import Turns
 
 Feeds = dict[str, np.ndarray]
 
@@ -38,6 +39,8 @@ class BatchJob:
     """Rows ORT runs: the batch is padded up to this size (0: the model does not batch)."""
     on_done: Callable[[BatchResult], None]
     """Called on the event loop with the result."""
+    turn: tuple[Turns, int] | None = None
+    """Its place among the batches of the instance threads sharing its CPU (None: runs at once)."""
 
 
 @dataclass(slots=True, eq=False)
@@ -49,6 +52,8 @@ class BatchResult:
     outputs: Sequence[Feeds | DuetimeError] = field(default_factory=list)
     compute_ns: int = 0
     """Time inside `session.run`, summed over runs (an isolated retry runs more than once)."""
+    waited_ns: int = 0
+    """Time its thread waited for its turn on a shared CPU (see `BatchJob.turn`)."""
 
 
 class _Stop:
@@ -151,7 +156,17 @@ class Executor:
             if isinstance(job, _Stop):
                 return
             result = BatchResult(job, index)
-            self._execute(session, job, result, pool)
+            if job.turn is None:
+                self._execute(session, job, result, pool)
+            else:
+                turns, ticket = job.turn
+                waiting = time.perf_counter_ns()
+                turns.wait(ticket)
+                result.waited_ns = time.perf_counter_ns() - waiting
+                try:
+                    self._execute(session, job, result, pool)
+                finally:
+                    turns.done(ticket)
             try:
                 loop.call_soon_threadsafe(job.on_done, result)
             except RuntimeError:  # the loop closed under us: nobody is waiting any more

@@ -1,31 +1,48 @@
-"""CoreLedger: which schedulers have a batch running on one CPU, so each plans with its share.
+"""CoreLedger: the schedulers whose instances run on one CPU take turns on it, and each plans
+with the work the others have booked there.
 
-Instances pinned to the same CPU (a version's primary and its cheaper variant on a small
-machine, say) would otherwise each plan as if they had the CPU to themselves, while the kernel
-time-slices their batches and both run late. Each scheduler books its instance's predicted
-busy-until instant here; a batch started while k other owners are busy on the CPU is predicted
-to take (k + 1) times as long. Pure bookkeeping, on the event loop.
+Instances pinned to the same CPU (a version's primary and its cheaper variant on a small machine,
+say) would otherwise each plan as if they had the CPU to themselves: the kernel time-slices their
+batches, every batch takes several times its profile, and both run late. Instead their instance
+threads take turns (`turns`: batches run one at a time, in the order the loop handed them over),
+so every batch runs at the speed its profile measured, and each scheduler books its instance's
+predicted busy-until instant and its queued work here. A scheduler then starts a batch no
+earlier than the others' booked batches end, and admits a request only if it also fits behind
+the work the others have queued. Bookkeeping on the event loop; only `turns` is touched by the
+instance threads.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
+
+from duetime.execution.turns import Turns
 
 Owner = tuple[int, int]
 """(id of the scheduler, instance index)."""
 
 
 class CoreLedger:
-    """Booked busy-until instants (ns) per owner on one CPU."""
+    """Booked busy-until instants (ns) per owner, and queued work per scheduler, on one CPU."""
 
     def __init__(self) -> None:
+        self.turns = Turns()
+        """The order the batches handed to instance threads on this CPU run in."""
         self._until: dict[Owner, int] = {}
         self._owners: set[Owner] = set()
+        self._backlogs: dict[int, Callable[[], int]] = {}
 
-    def join(self, owner: Owner) -> None:
+    def join(self, owner: Owner, backlog: Callable[[], int] | None = None) -> None:
+        """`backlog`: ns of work the owner's scheduler has queued and not started yet."""
         self._owners.add(owner)
+        if backlog is not None:
+            self._backlogs[owner[0]] = backlog
 
     def leave(self, owner: Owner) -> None:
         self._owners.discard(owner)
         self._until.pop(owner, None)
+        if not any(o[0] == owner[0] for o in self._owners):
+            self._backlogs.pop(owner[0], None)
 
     @property
     def shared(self) -> bool:
@@ -39,11 +56,14 @@ class CoreLedger:
         else:
             self._until.pop(owner, None)
 
-    def sharing(self, owner: Owner, now_ns: int) -> int:
-        """How many ways the CPU is split for a batch `owner` starts now: 1 + the other owners
-        with work booked past `now_ns`."""
-        busy = 1
-        for other, until in self._until.items():
-            if other != owner and until > now_ns:
-                busy += 1
-        return busy
+    def others_until(self, owner: Owner, now_ns: int) -> int:
+        """When the batches the other owners have booked end (`now_ns` if none runs)."""
+        until = now_ns
+        for other, booked in self._until.items():
+            if other != owner and booked > until:
+                until = booked
+        return until
+
+    def others_backlog_ns(self, scheduler: int) -> int:
+        """The work the other schedulers on this CPU have queued and not started."""
+        return sum(backlog() for owner, backlog in self._backlogs.items() if owner != scheduler)

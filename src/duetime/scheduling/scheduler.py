@@ -158,8 +158,6 @@ class _Running:
     started_ns: int
     """When it was handed to an idle instance, or when the batch before it ended."""
     rows: int
-    share: int = 1
-    """Ways its CPU was split when it started (its run time is that many times the profile's)."""
 
 
 class ModelScheduler:
@@ -197,7 +195,7 @@ class ModelScheduler:
         self._owners = [(id(self), i) for i in range(executor.instances)]
         if ledger is not None:
             for owner in self._owners:
-                ledger.join(owner)
+                ledger.join(owner, self._backlog_ns)
         # NOTE: a model whose batches take long gets its next batch queued on the instance before
         # the current one ends, so the instance never waits for a round trip through the loop.
         # Small models keep one batch per instance: their hand-off is cheap next to the batching
@@ -325,16 +323,25 @@ class ModelScheduler:
         queue = self._queue
         ahead = queue.ahead_of(key) if self._edf else len(queue)
         rows_ahead = ahead * queue.rows // len(queue) if ahead else 0
+        busy_until: list[int] = self._busy_until
+        others_ns = 0
+        ledger = self._ledger
+        if ledger is not None and ledger.shared:
+            # NOTE: the CPU runs the others' booked batches first, and (as far as anyone knows)
+            # the work they have queued
+            free = ledger.others_until(self._owners[0], now)
+            busy_until = [max(b, free) for b in busy_until]
+            others_ns = ledger.others_backlog_ns(self._owners[0][0])
         finish = predict_finish(
             now_ns=now,
             rows=rows,
             rows_ahead=rows_ahead,
-            busy_until_ns=self._busy_until,
+            busy_until_ns=busy_until,
             # NOTE: a min over every batch size: only worth it with a backlog to cost
             per_row_ns=self.profile.per_row_ns() if rows_ahead else 0.0,
             exec_ns=self._exec_ns(rows),
         )
-        return finish, ahead
+        return finish + others_ns, ahead
 
     def _admit(self, now: int, due_ns: int, rows: int, key: tuple[int, int, int]) -> None:
         finish, ahead = self._predict(now, rows, key)
@@ -367,18 +374,20 @@ class ModelScheduler:
         )
 
     def _exec_ns(self, rows: int) -> int:
-        """Predicted time from starting a batch of `rows` now to its result on the loop."""
-        ledger = self._ledger
-        if ledger is None or not ledger.shared:
-            return self.profile.predict(rows) + int(self._overhead_ns)
-        share = ledger.sharing(self._owners[0], self._clock.now_ns())
-        return share * self.profile.predict(rows) + int(self._overhead_ns)
+        """Predicted time from starting a batch of `rows` to its result on the loop."""
+        return self.profile.predict(rows) + int(self._overhead_ns)
 
-    def _sharing(self, instance: int, now: int) -> int:
+    def _backlog_ns(self) -> int:
+        """The work queued and not started, at the saturated per-row cost (for the ledger)."""
+        rows = self._queue.rows
+        return int(rows * self.profile.per_row_ns()) if rows else 0
+
+    def _core_free(self, now: int) -> int:
+        """When the batches other schedulers booked on this CPU end (`now` if none runs)."""
         ledger = self._ledger
         if ledger is None or not ledger.shared:
-            return 1
-        return ledger.sharing(self._owners[instance], now)
+            return now
+        return ledger.others_until(self._owners[0], now)
 
     def _margin_for(self, rows: int) -> int:
         """Time kept before the due time of a batch of `rows`: `delivery_margin_us` for getting
@@ -419,7 +428,8 @@ class ModelScheduler:
                     self._arm_timer(breaker.open_until_ns, now)
                 continue
             start = max(now, self._busy_until[instance]) if jobs else now
-            if jobs and start - now > lead:
+            start = max(start, self._core_free(now))
+            if start - now > lead:
                 self._arm_timer(start - lead, now)
                 continue
             if best is None or start < best[1]:
@@ -529,8 +539,7 @@ class ModelScheduler:
                 _timing_started(item.timing, now, start, run.rows, instance)
         if self._tripped:
             self._breakers[instance].started()
-        share = self._sharing(instance, now)
-        self._outstanding[instance].append(_Running(requests, run.bucket, now, run.rows, share))
+        self._outstanding[instance].append(_Running(requests, run.bucket, now, run.rows))
         self._busy_until[instance] = start + self._exec_ns(run.rows)
         if self._ledger is not None:
             self._ledger.book(self._owners[instance], self._busy_until[instance])
@@ -539,8 +548,11 @@ class ModelScheduler:
         )
         if self._inline:
             self._complete(self._executor.run_now(instance, job))
-        else:
-            self._executor.submit(instance, job)
+            return
+        if self._ledger is not None:
+            turns = self._ledger.turns
+            job.turn = (turns, turns.take())
+        self._executor.submit(instance, job)
 
     def _finish(self, result: BatchResult) -> None:
         """An instance thread's result, on the loop."""
@@ -641,9 +653,9 @@ class ModelScheduler:
         stats.count += 1
         stats.compute_ns += result.compute_ns
         if not any(isinstance(o, DuetimeError) for o in result.outputs):
-            # NOTE: a run that shared its CPU took longer than the model needs alone
-            self.profile.observe(bucket, result.compute_ns // running.share)
-            overhead = max(0, now - running.started_ns - result.compute_ns)
+            self.profile.observe(bucket, result.compute_ns)
+            # NOTE: a wait for the CPU's turn was planned for (`_core_free`): not hand-off cost
+            overhead = max(0, now - running.started_ns - result.compute_ns - result.waited_ns)
             overhead = min(overhead, int(2 * self._overhead_ns) + 200_000)  # see LatencyProfile
             self._overhead_ns += _OVERHEAD_ALPHA * (overhead - self._overhead_ns)
 
