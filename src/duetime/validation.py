@@ -70,9 +70,13 @@ class Validator:
         if not isinstance(array, np.ndarray):
             raise InvalidInput(f"input '{spec.name}': expected a numpy array, got {type(array)}")
         expected = self._dtypes[spec.name]
+        dtype = array.dtype
         # Byte order is not part of the datatype: a big-endian FP32 array is still FP32.
-        native = array.dtype.newbyteorder("=")
-        if native != expected and not (spec.datatype == "BYTES" and array.dtype.kind in "OSU"):
+        if (
+            dtype != expected
+            and dtype.newbyteorder("=") != expected
+            and not (spec.datatype == "BYTES" and dtype.kind in "OSU")
+        ):
             got = _datatype_name(array)
             raise InvalidInput(
                 f"input '{spec.name}': datatype {got} does not match the model's {spec.datatype}"

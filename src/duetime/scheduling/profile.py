@@ -70,6 +70,10 @@ class LatencyProfile:
         self._predicted = [0] * (self.max_rows + 1)
         for rows in range(1, self.max_rows + 1):
             self.bucket_of[rows] = next(b for b in self.buckets if b >= rows)
+        self._rows_of = {
+            b: range(self.buckets[i - 1] + 1 if i else 1, b + 1) for i, b in enumerate(self.buckets)
+        }
+        """The batch sizes each bucket runs."""
         self._refresh()
 
     def predict(self, rows: int) -> int:
@@ -133,10 +137,11 @@ class LatencyProfile:
 
     def _refresh_bucket(self, bucket: int) -> None:
         value = int(self._ewma[bucket] + self._margin[bucket] / 2)
-        low = self.buckets.index(bucket)
-        start = self.buckets[low - 1] + 1 if low else 1
-        for rows in range(start, bucket + 1):
-            self._predicted[rows] = value
+        predicted = self._predicted
+        if predicted[bucket] == value:
+            return
+        for rows in self._rows_of[bucket]:
+            predicted[rows] = value
 
 
 def profile_from_samples(samples: Mapping[int, Sequence[int]]) -> LatencyProfile:
