@@ -3,6 +3,7 @@
 The event loop hands a `BatchJob` to an instance with `Executor.submit`; the instance gathers the
 inputs, runs the session (ORT releases the GIL), splits the outputs per request and hands a
 `BatchResult` back with `loop.call_soon_threadsafe`. Instance threads never touch scheduler state.
+An inline executor (one instance, no thread) runs a job on the loop itself with `run_now`.
 """
 
 from __future__ import annotations

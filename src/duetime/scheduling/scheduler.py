@@ -2,9 +2,11 @@
 
 It owns the queue, the record of which instances are busy until when, and the latency profile.
 It acts on three events only: a request arrives (`submit_nowait`), an instance finishes a batch,
-or a batching window closes (a loop timer). NOTE: these event callbacks are the "small async loop
-per variant" of the design, without a task of their own: a task would add a loop iteration
-(~5-10 µs) to every request's path for no gain. Everything runs on the loop that created it.
+or a batching window closes (a loop timer); an inline model (`Executor.inline`) instead runs its
+batches in one callback per loop turn that brought requests (`_kick`). NOTE: these event
+callbacks are the "small async loop per variant" of the design, without a task of their own: a
+task would add a loop iteration (~5-10 µs) to every request's path for no gain. Everything runs
+on the loop that created it.
 """
 
 from __future__ import annotations
