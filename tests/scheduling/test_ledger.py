@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from duetime.scheduling.ledger import CoreLedger
+from duetime.scheduling.ledger import NO_SLACK, CoreLedger, Queued
 
 
 def test_others_until_is_the_end_of_the_other_owners_booked_work() -> None:
@@ -23,21 +23,22 @@ def test_others_until_is_the_end_of_the_other_owners_booked_work() -> None:
     assert ledger.others_until(a, now_ns=100) == 100
 
 
-def test_backlogs_of_the_other_schedulers_add_up() -> None:
+def test_queued_work_of_the_other_schedulers_adds_up_and_keeps_the_least_slack() -> None:
     ledger = CoreLedger()
-    queued = {1: 300, 2: 50, 3: 7}
-    ledger.join((1, 0), lambda: queued[1])
-    ledger.join((1, 1))  # a second instance of scheduler 1: one backlog per scheduler
-    ledger.join((2, 0), lambda: queued[2])
-    ledger.join((3, 0), lambda: queued[3])
-    assert ledger.others_backlog_ns(1) == 57
-    assert ledger.others_backlog_ns(2) == 307
-    queued[3] = 0
-    assert ledger.others_backlog_ns(2) == 300
+    queued = {1: Queued(300, 40), 2: Queued(50, NO_SLACK), 3: Queued(7, 10)}
+    ledger.join((1, 0), lambda now: queued[1])
+    ledger.join((1, 1))  # a second instance of scheduler 1: one queue per scheduler
+    ledger.join((2, 0), lambda now: queued[2])
+    ledger.join((3, 0), lambda now: queued[3])
+    assert ledger.others_queued(1, 0) == Queued(57, 10)
+    assert ledger.others_queued(2, 0) == Queued(307, 10)
+    assert ledger.others_queued(3, 0) == Queued(350, 40)
+    queued[3] = Queued(0, NO_SLACK)
+    assert ledger.others_queued(2, 0) == Queued(300, 40)
     ledger.leave((1, 0))
-    assert ledger.others_backlog_ns(2) == 300  # instance 1 of scheduler 1 is still there
+    assert ledger.others_queued(2, 0) == Queued(300, 40)  # scheduler 1's instance 1 is there
     ledger.leave((1, 1))
-    assert ledger.others_backlog_ns(2) == 0
+    assert ledger.others_queued(2, 0) == Queued(0, NO_SLACK)
 
 
 def test_a_lone_owner_does_not_share() -> None:

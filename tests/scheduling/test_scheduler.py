@@ -766,3 +766,19 @@ def test_work_queued_on_another_scheduler_of_the_cpu_counts_at_admission() -> No
         assert b.scheduler.fits(clock.now_ns(), clock.now_ns() + needed + 1_000, 1, 0)
 
     run(body)
+
+
+def test_a_request_that_would_make_the_others_queued_work_late_does_not_fit() -> None:
+    async def body() -> None:
+        ledger, clock = CoreLedger(), FakeClock(1_000 * MS)
+        a = harness(ledger=ledger, clock=clock, max_batch_size=4)
+        b = harness(ledger=ledger, clock=clock)
+        a.submit("running", due_in=10 * MS)
+        a.submit("tight", due_in=220 * US)  # queued behind 100 µs running: 57.5 µs of slack
+        now = clock.now_ns()
+        assert not b.scheduler.fits(now, now + 10 * MS, 1, 0)  # a 100 µs run would make it late
+        a.executor.complete(0)
+        await asyncio.sleep(0)  # `tight` started: nothing of a's is left waiting
+        assert b.scheduler.fits(clock.now_ns(), clock.now_ns() + 10 * MS, 1, 0)
+
+    run(body)

@@ -8,18 +8,32 @@ threads take turns (`turns`: batches run one at a time, in the order the loop ha
 so every batch runs at the speed its profile measured, and each scheduler books its instance's
 predicted busy-until instant and its queued work here. A scheduler then starts a batch no
 earlier than the others' booked batches end, and admits a request only if it also fits behind
-the work the others have queued. Bookkeeping on the event loop; only `turns` is touched by the
-instance threads.
+the work the others have queued, and only if its batch would not make a request the others
+have already admitted late (their queue's slack). Bookkeeping on the event loop; only `turns`
+is touched by the instance threads.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import NamedTuple
 
 from duetime.execution.turns import Turns
 
 Owner = tuple[int, int]
 """(id of the scheduler, instance index)."""
+NO_SLACK = 1 << 62
+"""The slack of a queue holding no request with a due time."""
+
+
+class Queued(NamedTuple):
+    """Work a scheduler has queued and not started."""
+
+    backlog_ns: int
+    """Its run time, at the saturated per-row cost."""
+    slack_ns: int
+    """How much later than planned its work could start and every queued request still finish
+    by its due time (NO_SLACK: none has one)."""
 
 
 class CoreLedger:
@@ -30,19 +44,19 @@ class CoreLedger:
         """The order the batches handed to instance threads on this CPU run in."""
         self._until: dict[Owner, int] = {}
         self._owners: set[Owner] = set()
-        self._backlogs: dict[int, Callable[[], int]] = {}
+        self._queued: dict[int, Callable[[int], Queued]] = {}
 
-    def join(self, owner: Owner, backlog: Callable[[], int] | None = None) -> None:
-        """`backlog`: ns of work the owner's scheduler has queued and not started yet."""
+    def join(self, owner: Owner, queued: Callable[[int], Queued] | None = None) -> None:
+        """`queued(now)`: what the owner's scheduler has queued and not started yet."""
         self._owners.add(owner)
-        if backlog is not None:
-            self._backlogs[owner[0]] = backlog
+        if queued is not None:
+            self._queued[owner[0]] = queued
 
     def leave(self, owner: Owner) -> None:
         self._owners.discard(owner)
         self._until.pop(owner, None)
         if not any(o[0] == owner[0] for o in self._owners):
-            self._backlogs.pop(owner[0], None)
+            self._queued.pop(owner[0], None)
 
     @property
     def shared(self) -> bool:
@@ -64,6 +78,13 @@ class CoreLedger:
                 until = booked
         return until
 
-    def others_backlog_ns(self, scheduler: int) -> int:
-        """The work the other schedulers on this CPU have queued and not started."""
-        return sum(backlog() for owner, backlog in self._backlogs.items() if owner != scheduler)
+    def others_queued(self, scheduler: int, now_ns: int) -> Queued:
+        """The work the other schedulers on this CPU have queued and not started (summed), and
+        the least slack of any request in it."""
+        backlog, slack = 0, NO_SLACK
+        for owner, queued in self._queued.items():
+            if owner != scheduler:
+                theirs = queued(now_ns)
+                backlog += theirs.backlog_ns
+                slack = min(slack, theirs.slack_ns)
+        return Queued(backlog, slack)

@@ -30,7 +30,7 @@ from duetime.resilience.breaker import BreakerState, CircuitBreaker
 from duetime.scheduling.admission import admit, predict_finish
 from duetime.scheduling.batching import Run, Wait, drop_hopeless, plan_batch, sweep_hopeless
 from duetime.scheduling.edf import EDFQueue, QueuedRequest
-from duetime.scheduling.ledger import CoreLedger
+from duetime.scheduling.ledger import NO_SLACK, CoreLedger, Queued
 from duetime.scheduling.profile import LatencyProfile
 from duetime.types import RequestTiming
 
@@ -41,6 +41,8 @@ _LOOKAHEAD_MIN_NS = 1_000_000
 """Plan an instance's next batch at most this long (or two hand-offs) before its current one ends:
 earlier would commit the next batch before the requests that could fill it have arrived, and the
 loop's timers are only good to about a millisecond."""
+_SLACK_SCAN = 16
+"""Queued requests looked at for the slack another scheduler of the CPU must leave them."""
 _SWEEP_S = 0.001
 """While requests queue, how often the whole queue is checked for hopeless ones."""
 PROBE_NS = 100_000_000
@@ -197,7 +199,7 @@ class ModelScheduler:
         self._owners = [(id(self), i) for i in range(executor.instances)]
         if ledger is not None:
             for owner in self._owners:
-                ledger.join(owner, self._backlog_ns)
+                ledger.join(owner, self._queued_work)
         # NOTE: a model whose batches take long gets its next batch queued on the instance before
         # the current one ends, so the instance never waits for a round trip through the loop.
         # Small models keep one batch per instance: their hand-off is cheap next to the batching
@@ -208,6 +210,8 @@ class ModelScheduler:
         self._tripped = 0
         """Instances whose breaker is not closed: 0 on the fast path."""
         self._slow_floor_ns = self._breaker_config.slow_min_us * 1000
+        self._queued_cache: tuple[tuple[int, int, int], int, Queued] | None = None
+        """`_queued_work`'s last answer: (queue length, rows, first free instance), when, what."""
         self._inline = executor.inline
         """Batches run on this loop, inside `_dispatch` (see `_kick`)."""
         self._kicked = False
@@ -309,7 +313,7 @@ class ModelScheduler:
             return False
         level = priority if priority > 0 else self._config.default_priority_level
         finish, _ = self._predict(now, rows, queue.key_for(level, due_ns))
-        return finish + self._margin_for(rows) <= due_ns
+        return finish + self._margin_for(rows) <= due_ns and not self._intrudes(now, rows)
 
     @property
     def default_timeout_ns(self) -> int | None:
@@ -333,7 +337,7 @@ class ModelScheduler:
             # the work they have queued
             free = ledger.others_until(self._owners[0], now)
             busy_until = [max(b, free) for b in busy_until]
-            others_ns = ledger.others_backlog_ns(self._owners[0][0])
+            others_ns = ledger.others_queued(self._owners[0][0], now).backlog_ns
         finish = predict_finish(
             now_ns=now,
             rows=rows,
@@ -379,10 +383,39 @@ class ModelScheduler:
         """Predicted time from starting a batch of `rows` to its result on the loop."""
         return self.profile.predict(rows) + int(self._overhead_ns)
 
-    def _backlog_ns(self) -> int:
-        """The work queued and not started, at the saturated per-row cost (for the ledger)."""
-        rows = self._queue.rows
-        return int(rows * self.profile.per_row_ns()) if rows else 0
+    def _queued_work(self, now: int) -> Queued:
+        """The work queued and not started, at the saturated per-row cost, and its slack (what
+        the ledger tells the other schedulers of the CPU). The slack looks at the first
+        `_SLACK_SCAN` requests: in EDF order the tightest are near the head."""
+        queue = self._queue
+        if not len(queue):
+            return Queued(0, NO_SLACK)
+        # NOTE: the other schedulers ask at every arrival they route or admit; between two
+        # changes of this queue only the time moves, which takes from the slack
+        key = (len(queue), queue.rows, min(self._busy_until))
+        cached = self._queued_cache
+        if cached is not None and cached[0] == key:
+            _, at, work = cached
+            return Queued(work.backlog_ns, max(0, work.slack_ns - max(0, now - at)))
+        per_row = self.profile.per_row_ns()
+        finish = max(now, min(self._busy_until)) + int(self._overhead_ns)
+        slack = NO_SLACK
+        for index in range(min(len(queue), _SLACK_SCAN)):
+            item = queue[index]
+            finish += int(item.rows * per_row)
+            if item.due_ns is not None:
+                slack = min(slack, item.due_ns - finish - self._margin_ns)
+        work = Queued(int(queue.rows * per_row), max(0, slack))
+        self._queued_cache = (key, now, work)
+        return work
+
+    def _intrudes(self, now: int, rows: int) -> bool:
+        """A batch of `rows` started now would make a request another scheduler of this CPU
+        has admitted late."""
+        ledger = self._ledger
+        if ledger is None or not ledger.shared:
+            return False
+        return self._exec_ns(rows) > ledger.others_queued(self._owners[0][0], now).slack_ns
 
     def _core_free(self, now: int) -> int:
         """When the batches other schedulers booked on this CPU end (`now` if none runs)."""
@@ -453,7 +486,7 @@ class ModelScheduler:
                 now_ns=start,
                 max_rows=self._max_rows,
                 max_delay_ns=self._max_delay_ns,
-                estimate=estimate,
+                estimate=self._within_others_slack(estimate, now),
                 bucket_of=self.profile.bucket_of,
             )
             if decision is None:
@@ -521,6 +554,24 @@ class ModelScheduler:
 
     def _deadline_rule(self) -> Callable[[int], int] | None:
         return self._estimate if self._edf else None
+
+    def _within_others_slack(
+        self, estimate: Callable[[int], int] | None, now: int
+    ) -> Callable[[int], int] | None:
+        """`estimate` for planning a batch on a CPU other schedulers share: a batch longer than
+        the slack of their queued requests would make them late, so it grows no further (its
+        first request still runs: it was admitted)."""
+        ledger = self._ledger
+        if estimate is None or ledger is None or not ledger.shared:
+            return estimate
+        slack = ledger.others_queued(self._owners[0][0], now).slack_ns
+        if slack >= NO_SLACK:
+            return estimate
+
+        def bounded(rows: int) -> int:
+            return estimate(rows) if self._exec_ns(rows) <= slack else NO_SLACK
+
+        return bounded
 
     def _expire(self, hopeless: list[QueuedRequest], now: int) -> None:
         for item in hopeless:
