@@ -18,7 +18,9 @@ from typing import Any, Final
 import numpy as np
 import orjson
 
-from duetime.errors import DuetimeError
+from duetime.datatypes import WIRE_DTYPE_OF, v2_datatype_of
+from duetime.errors import DuetimeError, InvalidInput
+from duetime.frontend.codec import from_raw, to_raw
 from duetime.frontend.rest import parse_infer_request
 
 MAGIC: Final = b"DUETCAP\n"
@@ -65,17 +67,6 @@ DATATYPES: Final = (
 )  # fmt: skip
 """A tensor's datatype is stored as its index in this tuple (one byte)."""
 _CODE_OF: Final = {name: code for code, name in enumerate(DATATYPES)}
-_WIRE_DTYPE: Final[dict[str, np.dtype[Any]]] = {
-    "BOOL": np.dtype("?"), "INT8": np.dtype("<i1"), "INT16": np.dtype("<i2"),
-    "INT32": np.dtype("<i4"), "INT64": np.dtype("<i8"), "UINT8": np.dtype("<u1"),
-    "UINT16": np.dtype("<u2"), "UINT32": np.dtype("<u4"), "UINT64": np.dtype("<u8"),
-    "FP16": np.dtype("<f2"), "FP32": np.dtype("<f4"), "FP64": np.dtype("<f8"),
-}  # fmt: skip
-_DATATYPE_OF_DTYPE: Final[dict[np.dtype[Any], str]] = {
-    dtype: name for name, dtype in _WIRE_DTYPE.items()
-}
-"""Little-endian dtypes only (native ones are equal to them on little-endian machines)."""
-_LENGTH: Final = struct.Struct("<I")
 _MAX_DIMS: Final = 32
 _TENSOR_HEADS: dict[int, struct.Struct] = {}
 
@@ -99,9 +90,10 @@ class CapturedTensor:
     def array(self) -> np.ndarray:
         """The tensor as a numpy array (a read-only view of `data`; BYTES: an object array of
         `bytes`)."""
-        if self.datatype == "BYTES":
-            return bytes_elements(self.data).reshape(self.shape)
-        return np.frombuffer(self.data, dtype=_WIRE_DTYPE[self.datatype]).reshape(self.shape)
+        try:
+            return from_raw(self.data, self.datatype, self.shape, f"tensor '{self.name}'")
+        except InvalidInput as exc:
+            raise BadField(exc.message) from None
 
     @classmethod
     def of(cls, name: str, array: np.ndarray) -> CapturedTensor:
@@ -171,59 +163,20 @@ class BadField(ValueError):
 
 def tensor_data(array: np.ndarray) -> tuple[str, bytes]:
     """The v2 datatype of `array` and its raw bytes: little-endian, row-major."""
-    datatype = _DATATYPE_OF_DTYPE.get(array.dtype)
-    if datatype is not None:
-        return datatype, array.tobytes()
-    if array.dtype.kind in "OSU":
-        return "BYTES", bytes_layout(array)
-    datatype = _DATATYPE_OF_DTYPE.get(array.dtype.newbyteorder("<"))  # big-endian
-    if datatype is None:
-        raise BadField(f"numpy dtype {array.dtype} has no v2 datatype")
-    return datatype, array.astype(_WIRE_DTYPE[datatype]).tobytes()
+    try:
+        datatype = v2_datatype_of(array)
+    except TypeError as exc:
+        raise BadField(str(exc)) from None
+    return datatype, to_raw(array, datatype)
 
 
 def tensors_of(arrays: Mapping[str, np.ndarray]) -> list[Tensor]:
     """`encode_record`'s tensors for arrays by name (see `tensor_data`)."""
     tensors = []
     for name, array in arrays.items():
-        datatype = _DATATYPE_OF_DTYPE.get(array.dtype)
-        if datatype is None:
-            datatype, data = tensor_data(array)
-        else:
-            data = array.tobytes()
+        datatype, data = tensor_data(array)
         tensors.append((name, datatype, array.shape, data))
     return tensors
-
-
-def bytes_layout(array: np.ndarray) -> bytes:
-    """A BYTES tensor's raw layout: per element a 4-byte little-endian length, then its bytes
-    (`str` elements as UTF-8)."""
-    parts = []
-    for item in array.reshape(-1):
-        data = item if isinstance(item, bytes) else str(item).encode("utf-8")
-        parts.append(_LENGTH.pack(len(data)))
-        parts.append(data)
-    return b"".join(parts)
-
-
-def bytes_elements(data: bytes) -> np.ndarray:
-    """The elements of a BYTES tensor's raw layout, as a flat object array of `bytes`."""
-    items: list[bytes] = []
-    offset, end = 0, len(data)
-    while offset < end:
-        if offset + 4 > end:
-            raise BadField(f"BYTES data ends inside the length of element {len(items)}")
-        (length,) = _LENGTH.unpack_from(data, offset)
-        offset += 4
-        if offset + length > end:
-            raise BadField(
-                f"BYTES element {len(items)} runs {offset + length - end} bytes past the end"
-            )
-        items.append(data[offset : offset + length])
-        offset += length
-    out = np.empty(len(items), dtype=object)
-    out[:] = items
-    return out
 
 
 Tensor = tuple[str, str, tuple[int, ...], bytes]
@@ -539,7 +492,7 @@ class _Cursor:
         datatype = DATATYPES[code]
         data = self.take(nbytes, f"tensor '{name}' data")
         if datatype != "BYTES":
-            expected = _WIRE_DTYPE[datatype].itemsize * int(np.prod(shape, dtype=np.int64))
+            expected = WIRE_DTYPE_OF[datatype].itemsize * int(np.prod(shape, dtype=np.int64))
             if expected != nbytes:
                 raise BadField(
                     f"tensor '{name}': {nbytes} bytes do not make {datatype}{shape} "
