@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -72,6 +73,21 @@ def stop_server(running: RunningServer, thread: threading.Thread) -> None:
     running.loop.call_soon_threadsafe(running.loop.stop)
     thread.join(timeout=60)
     running.loop.close()
+
+
+@contextlib.contextmanager
+def recording_server(repository: Path, capture: Path) -> Iterator[RunningServer]:
+    """A server of `repository` that records every request, with outputs, to `capture`; the
+    capture is complete once the block ends."""
+    settings = ServerSettings(
+        model_repository=repository, http_port=0, grpc_port=0, record_path=capture,
+        record_outputs=True,
+    )  # fmt: skip
+    running, thread = start_server(settings)
+    try:
+        yield running
+    finally:
+        stop_server(running, thread)
 
 
 @pytest.fixture(scope="session")

@@ -11,10 +11,9 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
-from conftest import RunningServer, start_server, stop_server
+from conftest import RunningServer, recording_server
 
 from duetime.cli import main
-from duetime.config import ServerSettings
 from duetime.tools.capture import read_capture
 
 REQUESTS = 12
@@ -44,15 +43,8 @@ def _send(server: RunningServer) -> None:
 @pytest.fixture(scope="module")
 def capture(demo_repo: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("record") / "traffic.cap"
-    settings = ServerSettings(
-        model_repository=demo_repo, http_port=0, grpc_port=0, record_path=path,
-        record_outputs=True,
-    )  # fmt: skip
-    running, thread = start_server(settings)
-    try:
+    with recording_server(demo_repo, path) as running:
         _send(running)
-    finally:
-        stop_server(running, thread)
     return path
 
 

@@ -17,7 +17,7 @@ import orjson
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
-from conftest import RunningServer, start_server, stop_server
+from conftest import RunningServer, recording_server, start_server
 from tritonclient.utils import InferenceServerException
 
 from duetime.clock import FakeClock
@@ -89,16 +89,9 @@ def send_traffic(server: RunningServer) -> dict[str, np.ndarray]:
 @pytest.fixture(scope="module")
 def captured(demo_repo: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("capture") / "traffic.cap"
-    settings = ServerSettings(
-        model_repository=demo_repo, http_port=0, grpc_port=0, record_path=path,
-        record_outputs=True,
-    )  # fmt: skip
-    running, thread = start_server(settings)
-    try:
+    with recording_server(demo_repo, path) as running:
         send_traffic(running)
         (path.parent / "metrics.txt").write_text(scrape(running))
-    finally:
-        stop_server(running, thread)
     return path
 
 

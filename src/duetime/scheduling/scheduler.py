@@ -282,11 +282,7 @@ class ModelScheduler:
         if not len(queue) and self._max_delay_ns == 0 and not self._inline:
             instance = self._idle_instance(now)
             if instance is not None:
-                # NOTE: the common case at light load, decided without the queue: an idle
-                # instance and nothing waiting means the batch is this request alone, now
-                # (admission has already checked its due time).
-                bucket = self.profile.bucket_of[rows] if self._max_rows else 0
-                self._start(Run(0, [item], rows, bucket), instance, now, now)
+                self._start_alone(item, instance, now)
                 return future
         if not queue.push(item):
             self._rejected += 1
@@ -301,8 +297,7 @@ class ModelScheduler:
             return future
         if self._has_slot():
             self._dispatch()
-        if self._sweeper is None and len(queue):
-            self._sweeper = self._loop.call_later(_SWEEP_S, self._sweep)
+        self._arm_sweeper()
         return future
 
     def fits(self, now: int, due_ns: int, rows: int, priority: int) -> bool:
@@ -312,8 +307,11 @@ class ModelScheduler:
         if len(queue) >= queue.capacity or due_ns <= now or not self.available(now):
             return False
         level = priority if priority > 0 else self._config.default_priority_level
-        finish, _ = self._predict(now, rows, queue.key_for(level, due_ns))
-        return finish + self._margin_for(rows) <= due_ns and not self._intrudes(now, rows)
+        others = self._others(now)
+        finish, _ = self._predict(now, rows, queue.key_for(level, due_ns), others)
+        if others is not None and self._exec_ns(rows) > others.slack_ns:
+            return False  # its batch would make a request another scheduler admitted late
+        return finish + self._margin_for(rows) <= due_ns
 
     @property
     def default_timeout_ns(self) -> int | None:
@@ -324,20 +322,22 @@ class ModelScheduler:
         """Nothing queued and nothing running."""
         return self._drained.is_set()
 
-    def _predict(self, now: int, rows: int, key: tuple[int, int, int]) -> tuple[int, int]:
-        """Predicted finish of a request of `rows` with queue key `key`, and how many are ahead."""
+    def _predict(
+        self, now: int, rows: int, key: tuple[int, int, int], others: Queued | None
+    ) -> tuple[int, int]:
+        """Predicted finish of a request of `rows` with queue key `key`, and how many are ahead;
+        `others`: what the other schedulers of a shared CPU have queued (see `_others`)."""
         queue = self._queue
         ahead = queue.ahead_of(key) if self._edf else len(queue)
         rows_ahead = ahead * queue.rows // len(queue) if ahead else 0
         busy_until: list[int] = self._busy_until
         others_ns = 0
-        ledger = self._ledger
-        if ledger is not None and ledger.shared:
+        if others is not None:
             # NOTE: the CPU runs the others' booked batches first, and (as far as anyone knows)
             # the work they have queued
-            free = ledger.others_until(self._owners[0], now)
+            free = self._core_free(now)
             busy_until = [max(b, free) for b in busy_until]
-            others_ns = ledger.others_queued(self._owners[0][0], now).backlog_ns
+            others_ns = others.backlog_ns
         finish = predict_finish(
             now_ns=now,
             rows=rows,
@@ -350,7 +350,7 @@ class ModelScheduler:
         return finish + others_ns, ahead
 
     def _admit(self, now: int, due_ns: int, rows: int, key: tuple[int, int, int]) -> None:
-        finish, ahead = self._predict(now, rows, key)
+        finish, ahead = self._predict(now, rows, key, self._others(now))
         needed = finish + self._margin_for(rows)
         rejection = admit(now_ns=now, due_ns=due_ns, predicted_finish_ns=needed)
         if rejection is None:
@@ -409,13 +409,12 @@ class ModelScheduler:
         self._queued_cache = (key, now, work)
         return work
 
-    def _intrudes(self, now: int, rows: int) -> bool:
-        """A batch of `rows` started now would make a request another scheduler of this CPU
-        has admitted late."""
+    def _others(self, now: int) -> Queued | None:
+        """What the other schedulers of this CPU have queued (None: the CPU is not shared)."""
         ledger = self._ledger
         if ledger is None or not ledger.shared:
-            return False
-        return self._exec_ns(rows) > ledger.others_queued(self._owners[0][0], now).slack_ns
+            return None
+        return ledger.others_queued(self._owners[0][0], now)
 
     def _core_free(self, now: int) -> int:
         """When the batches other schedulers booked on this CPU end (`now` if none runs)."""
@@ -514,20 +513,28 @@ class ModelScheduler:
     def _kicked_dispatch(self) -> None:
         self._kicked = False
         queue = self._queue
-        if len(queue) == 1 and self._max_delay_ns == 0 and not self._outstanding[0]:
-            # NOTE: the common case at light load, decided without the batch policy: one request
-            # and an idle instance means the batch is this request alone, now (admission checked
-            # its due time this same loop turn)
+        if len(queue) == 1 and self._max_delay_ns == 0:
             now = self._clock.now_ns()
-            if not self._tripped or self._breakers[0].allows(now):
+            if self._idle_instance(now) is not None:
                 (item,) = queue.take(1)
                 if not item.future.done():
-                    bucket = self.profile.bucket_of[item.rows] if self._max_rows else 0
-                    self._start(Run(0, [item], item.rows, bucket), 0, now, now)
-                self._drained.set()
+                    self._start_alone(item, 0, now)
+                self._drained.set()  # an inline batch is over when `_start` returns
                 return
         self._dispatch()
-        if self._sweeper is None and len(queue):
+        self._arm_sweeper()
+
+    def _start_alone(self, item: QueuedRequest, instance: int, now: int) -> None:
+        """Start `item` as a batch of its own on an idle instance.
+
+        NOTE: the common case at light load, decided without the batch policy: an idle instance
+        and nothing else waiting means the batch is this request alone, now (admission checked
+        its due time in this same loop turn)."""
+        bucket = self.profile.bucket_of[item.rows] if self._max_rows else 0
+        self._start(Run(0, [item], item.rows, bucket), instance, now, now)
+
+    def _arm_sweeper(self) -> None:
+        if self._sweeper is None and len(self._queue):
             self._sweeper = self._loop.call_later(_SWEEP_S, self._sweep)
 
     def _arm_timer(self, until_ns: int, now_ns: int) -> None:
@@ -549,8 +556,8 @@ class ModelScheduler:
         self._sweeper = None
         now = self._clock.now_ns()
         self._expire(sweep_hopeless(self._queue, now_ns=now, estimate=self._deadline_rule()), now)
-        if len(self._queue) and not self._closed:
-            self._sweeper = self._loop.call_later(_SWEEP_S, self._sweep)
+        if not self._closed:
+            self._arm_sweeper()
 
     def _deadline_rule(self) -> Callable[[int], int] | None:
         return self._estimate if self._edf else None
@@ -561,12 +568,10 @@ class ModelScheduler:
         """`estimate` for planning a batch on a CPU other schedulers share: a batch longer than
         the slack of their queued requests would make them late, so it grows no further (its
         first request still runs: it was admitted)."""
-        ledger = self._ledger
-        if estimate is None or ledger is None or not ledger.shared:
+        others = None if estimate is None else self._others(now)
+        if estimate is None or others is None or others.slack_ns >= NO_SLACK:
             return estimate
-        slack = ledger.others_queued(self._owners[0][0], now).slack_ns
-        if slack >= NO_SLACK:
-            return estimate
+        slack = others.slack_ns
 
         def bounded(rows: int) -> int:
             return estimate(rows) if self._exec_ns(rows) <= slack else NO_SLACK
@@ -602,7 +607,7 @@ class ModelScheduler:
         if self._inline:
             self._complete(self._executor.run_now(instance, job))
             return
-        if self._ledger is not None:
+        if self._ledger is not None and self._ledger.shared:
             turns = self._ledger.turns
             job.turn = (turns, turns.take())
         self._executor.submit(instance, job)
