@@ -9,7 +9,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from duetime.scheduling.profile import (
+    OVERRUN_EVERY,
+    OVERRUN_MAX,
+    OVERRUN_WINDOW,
     LatencyProfile,
+    Overrun,
     ProfilePoint,
     batch_buckets,
     profile_from_samples,
@@ -159,3 +163,46 @@ def test_buckets_not_run_yet_follow_the_ones_that_ran() -> None:
         profile.observe(8, 1_200_000)
     assert profile.predict(8) == pytest.approx(1_200_000, rel=0.05)  # its own runs rule now
     assert profile.predict(4) == pytest.approx(4 * 200_000 * (1_300_000 / 1_800_000), rel=0.1)
+
+
+# -- Overrun -------------------------------------------------------------------------------------
+
+
+def test_overrun_is_one_until_a_window_of_runs_then_the_tail_ratio() -> None:
+    overrun = Overrun()
+    for index in range(OVERRUN_WINDOW - 1):
+        overrun.observe(1_000, 3_000 if index % 50 == 0 else 900)
+        assert overrun.factor == 1.0, "too few runs to say"
+    overrun.observe(1_000, 900)
+    assert overrun.factor == pytest.approx(3.0), "2% of runs took 3x: the 99th percentile"
+
+
+def test_overrun_never_goes_below_one_and_is_capped() -> None:
+    fast = Overrun()
+    for _ in range(OVERRUN_WINDOW):
+        fast.observe(1_000, 500)
+    assert fast.factor == 1.0
+    stalled = Overrun()
+    for _ in range(OVERRUN_WINDOW):
+        stalled.observe(1_000, 100_000)
+    assert stalled.factor == OVERRUN_MAX
+
+
+def test_overrun_forgets_a_bad_stretch_after_a_window() -> None:
+    overrun = Overrun()
+    for _ in range(OVERRUN_WINDOW):
+        overrun.observe(1_000, 4_000)
+    assert overrun.factor == pytest.approx(4.0)
+    for _ in range(OVERRUN_WINDOW - OVERRUN_EVERY):
+        overrun.observe(1_000, 1_000)
+    assert overrun.factor == pytest.approx(4.0), "a few slow runs are still in the window"
+    for _ in range(OVERRUN_EVERY):
+        overrun.observe(1_000, 1_000)
+    assert overrun.factor == 1.0
+
+
+def test_overrun_ignores_runs_with_no_prediction() -> None:
+    overrun = Overrun()
+    for _ in range(2 * OVERRUN_WINDOW):
+        overrun.observe(0, 5_000)
+    assert overrun.factor == 1.0

@@ -21,7 +21,7 @@ from duetime.config import SchedulingConfig
 from duetime.errors import DeadlineExceeded, InvalidInput, ModelUnavailable, Overloaded
 from duetime.execution.executor import Feeds
 from duetime.scheduling.ledger import CoreLedger
-from duetime.scheduling.profile import profile_from_samples
+from duetime.scheduling.profile import OVERRUN_WINDOW, profile_from_samples
 from duetime.scheduling.scheduler import PROBE_NS, BatchSizeStatistics, ModelScheduler
 
 US = 1000
@@ -148,6 +148,24 @@ def test_edf_refuses_a_due_time_it_predicts_to_miss() -> None:
         assert caught.value.retry_after_s == pytest.approx(0.001)
         assert h.scheduler.statistics().rejected == 1
         assert h.scheduler.statistics().queued == 0
+
+    run(body)
+
+
+def test_edf_keeps_a_larger_margin_once_runs_overrun_their_prediction() -> None:
+    async def body() -> None:
+        h = harness(exec_margin=0.5)
+        h.submit("fits", due_in=160 * US)  # 100 µs run + 50 µs margin: admitted
+        for index in range(OVERRUN_WINDOW):  # 2% of runs take 3x their 100 µs
+            h.clock.advance(100 * US)
+            h.executor.complete(index, compute_ns=300 * US if index % 50 == 0 else 100 * US)
+            h.submit(f"r{index}")
+        h.clock.advance(100 * US)
+        h.executor.complete(OVERRUN_WINDOW)
+        assert h.scheduler.statistics().overrun == pytest.approx(3.0, rel=0.05)
+        with pytest.raises(Overloaded):  # 100 µs run + 200 µs margin now
+            h.submit("tight", due_in=250 * US)
+        h.submit("roomy", due_in=320 * US)
 
     run(body)
 

@@ -7,6 +7,7 @@ only sanity is asserted about latency and rates, never a speed.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import shutil
 import socket
@@ -28,7 +29,7 @@ from duetime.loops import new_event_loop
 from duetime.tools.arrivals import arrival_offsets_ns, choose_classes, due_classes
 from duetime.tools.config import BenchConfig
 from duetime.tools.drivers import GROUP_NS, Dispatch, Ledger, OpenLoop
-from duetime.tools.http_client import HttpLane, HttpPool
+from duetime.tools.http_client import NO_STATUS, HttpPool
 from duetime.tools.loadgen import BenchResult, run_bench, run_bench_async
 from duetime.tools.outcomes import Outcome, outcome_of_grpc_code, outcome_of_http_status
 from duetime.tools.payloads import EnginePayload, PayloadSpec, encode, random_inputs, restamp
@@ -41,7 +42,7 @@ from duetime.tools.report import (
     merge_records,
     summarize,
 )
-from duetime.tools.transports import BenchError
+from duetime.tools.transports import BenchError, HttpTransport
 from duetime.types import ModelSignature, TensorSpec
 
 pytestmark = pytest.mark.timeout(60)
@@ -179,26 +180,26 @@ def test_requests_without_due_are_never_late() -> None:
 
 def test_generator_cost_and_late_sends() -> None:
     measured = records([0] * 4, [Outcome.OK] * 4, [1] * 4, lag_ms=[0.1, 0.5, 1.5, 3.0],
-                       duration_s=2.0, cpu_s=0.5, pipelined=1)  # fmt: skip
+                       duration_s=2.0, cpu_s=0.5, waited=1)  # fmt: skip
     report = generator_report(measured, open_loop=True)
     assert report.offered_rps == 2.0
     assert report.cpu_cores == 0.25
     assert report.cpu_per_1k_rps == pytest.approx(125.0)  # 0.25 cores / 0.002 thousand req/s
     assert report.late_send_fraction == 0.5
     assert report.send_lag_max_ms == pytest.approx(3.0)
-    assert report.pipelined_fraction == 0.25
+    assert report.waited_fraction == 0.25
     assert generator_report(measured, open_loop=False).late_send_fraction is None
     summary = summarize(measured, due_classes((), ()), open_loop=True)
     assert any("bottleneck" in w for w in summary.warnings)
-    assert any("raise --connections" in w for w in summary.warnings)
+    assert any("waited for a free HTTP connection" in w for w in summary.warnings)
 
 
 def test_merged_records_add_up() -> None:
     one = records([0, 0], [Outcome.OK, Outcome.ERROR], [1, 2], error_messages=("a",), cpu_s=0.2)
-    two = records([0], [Outcome.OK], [3], error_messages=("b",), cpu_s=0.3, pipelined=2)
+    two = records([0], [Outcome.OK], [3], error_messages=("b",), cpu_s=0.3, waited=2)
     merged = merge_records([one, two])
     assert merged.outcome.tolist() == [Outcome.OK, Outcome.ERROR, Outcome.OK]
-    assert (merged.cpu_s, merged.pipelined, merged.processes) == (0.5, 2, 2)
+    assert (merged.cpu_s, merged.waited, merged.processes) == (0.5, 2, 2)
     assert merged.error_messages == ("a", "b")
 
 
@@ -214,7 +215,7 @@ def test_ledger_measures_from_the_scheduled_time_and_keeps_the_window() -> None:
     for rid in (early, behind, ahead):
         ledger.finish(rid, Outcome.OK, None)
     ledger.finish(behind, Outcome.ERROR, "a second report is ignored")
-    measured = ledger.records((100, 10_000), cpu_s=0.0, pipelined=0)
+    measured = ledger.records((100, 10_000), cpu_s=0.0, waited=0)
     assert measured.due_class.tolist() == [1, 0]
     # from the schedule, or from the send when that was earlier
     assert measured.latency_ns.tolist() == [1_600, 1_000]
@@ -290,7 +291,7 @@ def test_restamped_grpc_and_engine_payloads() -> None:
 class SentPayloads:
     """A transport that keeps what it is given."""
 
-    pipelined = 0
+    waited = 0
 
     def __init__(self) -> None:
         self.sent: list[tuple[int, Any]] = []
@@ -378,51 +379,85 @@ class FakeTransport:
         return default
 
 
-def test_http_lane_matches_pipelined_answers_in_order() -> None:
-    ended: list[tuple[int, Outcome, str | None]] = []
+class FakePool(HttpPool):
+    """An HttpPool whose connections attach to FakeTransports instead of sockets."""
 
-    async def scenario() -> None:
-        pool = HttpPool("h", 1, lambda *end: ended.append(end))
-        lane = HttpLane(pool)
+    def __init__(self, answered: Any, max_connections: int = 4096) -> None:
+        super().__init__("h", 1, answered, max_connections=max_connections)
+        self.transports: list[FakeTransport] = []
+        self.connections: list[Any] = []
+
+    async def _connect(self, connection: Any) -> None:
         transport = FakeTransport()
-        lane.connection_made(transport)  # type: ignore[arg-type]
-        lane.send(1, b"one")
-        lane.send(2, b"two")
-        lane.send(3, b"three")
-        assert transport.written == [b"one", b"two", b"three"]
-        error = b'{"error":"queue full"}'
-        lane.data_received(
-            b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nokHTTP/1.1 429 Too Many Requests\r\n"
-            b"Content-Length: %d\r\n\r\n%s" % (len(error), error)
+        self.transports.append(transport)
+        connection.connection_made(transport)
+        self.connections.append(connection)
+
+
+OK = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
+
+
+def test_http_pool_never_pipelines_it_opens_a_connection_instead() -> None:
+    ended: list[tuple[Any, ...]] = []
+
+    async def scenario() -> FakePool:
+        pool = FakePool(lambda *end: ended.append(end))
+        await pool.open(1)
+        pool.send(1, b"one")
+        pool.send(2, b"two")  # the first connection is busy: a second one opens
+        await asyncio.sleep(0)
+        assert [t.written for t in pool.transports] == [[b"one"], [b"two"]]
+        pool.connections[1].data_received(OK)
+        pool.send(3, b"three")  # the second is idle again: no third connection
+        await asyncio.sleep(0)
+        assert [t.written for t in pool.transports] == [[b"one"], [b"two", b"three"]]
+        pool.connections[0].data_received(OK)
+        await pool.aclose()
+        return pool
+
+    pool = run_async(scenario())
+    assert (pool.opened, pool.waited) == (2, 0)
+    assert [end[:2] for end in ended] == [(2, 200), (1, 200), (3, NO_STATUS)]
+    assert "ended before the answer" in ended[2][4]
+
+
+def test_http_pool_at_its_cap_holds_a_request_until_a_connection_frees() -> None:
+    ended: list[tuple[Any, ...]] = []
+
+    async def scenario() -> FakePool:
+        pool = FakePool(lambda *end: ended.append(end), max_connections=1)
+        await pool.open(1)
+        pool.send(7, b"seven")
+        pool.send(8, b"eight")
+        await asyncio.sleep(0)
+        assert pool.transports[0].written == [b"seven"]  # eight waits, not pipelined
+        pool.connections[0].data_received(
+            b"HTTP/1.1 504 Gateway Timeout\r\nContent-Length: 0\r\n\r\n"
         )
-        assert not lane.idle
-        lane.connection_lost(None)
-        await pool.aclose()  # stops the reconnection that connection_lost started
+        assert pool.transports[0].written == [b"seven", b"eight"]
+        pool.connections[0].data_received(OK)
+        await pool.aclose()
+        return pool
 
-    run_async(scenario())
-    assert ended[0] == (1, Outcome.OK, None)
-    assert ended[1] == (2, Outcome.REJECTED, "HTTP 429: queue full")
-    assert ended[2][:2] == (3, Outcome.ERROR)
-    assert "connection lost" in str(ended[2][2])
+    pool = run_async(scenario())
+    assert (pool.opened, pool.waited) == (1, 1)
+    assert [end[:2] for end in ended] == [(7, 504), (8, 200)]
 
 
-def test_http_lane_holds_requests_until_it_reconnects() -> None:
+def test_http_transport_reports_outcomes_with_the_servers_message() -> None:
     ended: list[tuple[int, Outcome, str | None]] = []
-
-    async def scenario() -> None:
-        pool = HttpPool("h", 1, lambda *end: ended.append(end))
-        await pool.aclose()  # a closed pool does not reconnect by itself: this test does
-        lane = HttpLane(pool)
-        lane.send(7, b"seven")
-        assert not lane.idle
-        transport = FakeTransport()
-        lane.connection_made(transport)  # type: ignore[arg-type]
-        assert transport.written == [b"seven"]
-        lane.data_received(b"HTTP/1.1 504 Gateway Timeout\r\nContent-Length: 0\r\n\r\n")
-        assert lane.idle
-
-    run_async(scenario())
-    assert ended == [(7, Outcome.EXPIRED, "HTTP 504")]
+    transport = HttpTransport("h", 1, lambda *end: ended.append(end))
+    error = b'{"error":"queue full"}'
+    transport._answered(1, 200, None, None, None)
+    transport._answered(2, 429, error, None, None)
+    transport._answered(3, 504, b"", None, None)
+    transport._answered(4, NO_STATUS, None, None, "the server closed the connection")
+    assert ended == [
+        (1, Outcome.OK, None),
+        (2, Outcome.REJECTED, "HTTP 429: queue full"),
+        (3, Outcome.EXPIRED, "HTTP 504"),
+        (4, Outcome.ERROR, "the server closed the connection"),
+    ]
 
 
 # -- real runs -----------------------------------------------------------------------------------

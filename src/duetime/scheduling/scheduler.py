@@ -31,7 +31,7 @@ from duetime.scheduling.admission import admit, predict_finish
 from duetime.scheduling.batching import Run, Wait, drop_hopeless, plan_batch, sweep_hopeless
 from duetime.scheduling.edf import EDFQueue, QueuedRequest
 from duetime.scheduling.ledger import NO_SLACK, CoreLedger, Queued
-from duetime.scheduling.profile import LatencyProfile
+from duetime.scheduling.profile import LatencyProfile, Overrun
 from duetime.types import RequestTiming
 
 log = logging.getLogger("duetime.scheduler")
@@ -153,6 +153,8 @@ class SchedulerStatistics:
     """Times any of the instances' breakers opened."""
     probes: int = 0
     """Requests admitted though predicted to miss, to measure again (see PROBE_NS)."""
+    overrun: float = 1.0
+    """How far executions lately ran past their prediction (see profile.Overrun)."""
 
 
 @dataclass(slots=True, eq=False)
@@ -222,6 +224,7 @@ class ModelScheduler:
         """When an execution last ended, or the last probe was admitted (see PROBE_NS)."""
         self._margin_ns = config.delivery_margin_us * 1000
         self._exec_margin = config.exec_margin
+        self._overrun = Overrun()
         self._sweeper: asyncio.TimerHandle | None = None
         self._closed = False
         self.last_arrival_ns = clock.now_ns()
@@ -425,11 +428,13 @@ class ModelScheduler:
 
     def _margin_for(self, rows: int) -> int:
         """Time kept before the due time of a batch of `rows`: `delivery_margin_us` for getting
-        the answer out, plus `exec_margin` of its predicted execution for its variance.
+        the answer out, plus a share of its predicted execution for its variance: `exec_margin`,
+        or more where runs lately overran their predictions by more (see `Overrun`).
 
         NOTE: the loop's lag is already in `_overhead_ns` (measured up to the moment the loop
         takes the result); counting it here too made a saturated loop refuse everything."""
-        return self._margin_ns + int(self._exec_margin * self.profile.predict(rows))
+        share = max(self._exec_margin, self._overrun.factor - 1.0)
+        return self._margin_ns + int(share * self.profile.predict(rows))
 
     def _estimate(self, rows: int) -> int:
         """What a batch of `rows` needs before the due time of its requests."""
@@ -711,6 +716,7 @@ class ModelScheduler:
         stats.count += 1
         stats.compute_ns += result.compute_ns
         if not any(isinstance(o, DuetimeError) for o in result.outputs):
+            self._overrun.observe(self.profile.predict(bucket), result.compute_ns)
             self.profile.observe(bucket, result.compute_ns)
             # NOTE: a wait for the CPU's turn was planned for (`_core_free`): not hand-off cost
             overhead = max(0, now - running.started_ns - result.compute_ns - result.waited_ns)
@@ -750,6 +756,7 @@ class ModelScheduler:
             breaker_states=tuple(int(b.state) for b in self._breakers),
             breakers_opened=sum(b.opened for b in self._breakers),
             probes=self._probes,
+            overrun=self._overrun.factor,
         )
 
     async def aclose(self, grace_s: float) -> None:

@@ -14,7 +14,11 @@ from duetime.tools.payloads import PROTOCOLS, WireProtocol
 Mode = Literal["open", "closed"]
 
 DEFAULT_HTTP_CONNECTIONS = 32
-"""Connections of an open-loop HTTP run (a closed loop opens one per client)."""
+"""Connections an open-loop HTTP run opens first (a closed loop opens one per client); more
+open while all are busy, up to `MAX_HTTP_CONNECTIONS`."""
+MAX_HTTP_CONNECTIONS = 1024
+"""Connections an HTTP run may open in all: a request never waits behind another's answer on a
+connection, only for a free connection once this many are busy."""
 
 
 @dataclass(frozen=True, slots=True)

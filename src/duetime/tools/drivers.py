@@ -101,7 +101,7 @@ class Ledger:
         p99_ns = float(np.percentile(finished[answered] - began[answered], 99))
         return Snapshot(sent, self.failed, p99_ns / 1000)
 
-    def records(self, window: tuple[int, int], cpu_s: float, pipelined: int) -> Records:
+    def records(self, window: tuple[int, int], cpu_s: float, waited: int) -> Records:
         """The requests scheduled inside `window` (ns, start inclusive), as arrays."""
         scheduled = np.asarray(self.scheduled, dtype=np.int64)
         sent = np.asarray(self.sent, dtype=np.int64)
@@ -117,7 +117,7 @@ class Ledger:
             send_lag_ns=sent[keep] - scheduled[keep],
             duration_s=(window[1] - window[0]) / 1e9,
             cpu_s=cpu_s,
-            pipelined=pipelined,
+            waited=waited,
             error_messages=tuple(self.messages),
             scheduled_ns=scheduled[keep] - window[0],
         )

@@ -1,10 +1,12 @@
-"""The load generator's HTTP/1.1 client: a pool of keep-alive connections on asyncio Protocols.
+"""The load tools' HTTP/1.1 client: keep-alive connections on asyncio Protocols, never pipelined.
 
-Each `HttpLane` is one connection whose responses httptools parses; answers come back in the
-order requests went out, so a lane may carry several at once (pipelining). The pool sends on an
-idle lane when there is one and otherwise round robin, counting those pipelined sends (a request
-queued behind another on the same connection). A lost connection is reopened; requests sent to
-it meanwhile wait in its backlog, and fail if it cannot be reopened.
+Open loop must not wait behind slow answers, so a connection carries one request at a time: a
+send takes an idle connection, or opens a new one (up to a cap; past it the request waits for
+the first connection to free, and is counted). Pipelining instead would hold an answer behind
+every answer ahead of it on its connection: a request with a 10 ms due time queued behind one
+with 50 ms would come back late however early the server finished it (and real v2 clients,
+tritonclient's pool or httpx, do not pipeline). Every request ends through one `Answered`
+callback with its HTTP status.
 """
 
 from __future__ import annotations
@@ -13,123 +15,25 @@ import asyncio
 import contextlib
 import socket
 from collections import deque
-from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import httptools
 import orjson
 
-from duetime.tools.outcomes import Outcome, outcome_of_http_status
+NO_STATUS = 0
+"""The status of a request that got no answer (connection lost, refused, client fault)."""
 
-Completion = Callable[[int, Outcome, str | None], None]
-"""Called once per request: its id, how it ended, and the server's message when it failed."""
-
-_REOPEN_FIRST_S = 0.05
-_REOPEN_MAX_S = 1.0
+CONNECT_TIMEOUT_S = 10.0
 
 
-class HttpLane(asyncio.Protocol):
-    """One keep-alive connection of an `HttpPool` (see the module docstring)."""
+class Answered(Protocol):
+    """One request's end: its id, HTTP-style status (NO_STATUS: none came), the answer's body
+    when kept (error bodies always), the v2 JSON head's length within it (None: all JSON), and
+    what went wrong when no answer came."""
 
-    def __init__(self, pool: HttpPool) -> None:
-        self._pool = pool
-        self._transport: Any = None  # uvloop's transports are not asyncio.Transport subclasses
-        self._parser = httptools.HttpResponseParser(self)
-        self._owed: deque[int] = deque()
-        self._backlog: list[tuple[int, bytes]] = []
-        self._status = 0
-        self._body: list[bytes] | None = None
-        self._lost: asyncio.Future[None] | None = None
-
-    @property
-    def idle(self) -> bool:
-        return self._transport is not None and not self._owed and not self._backlog
-
-    def send(self, rid: int, data: bytes) -> None:
-        transport = self._transport
-        if transport is None:
-            self._backlog.append((rid, data))
-            self._pool.reopen(self)
-            return
-        self._owed.append(rid)
-        transport.write(data)
-
-    def fail_backlog(self, reason: str) -> None:
-        backlog, self._backlog = self._backlog, []
-        for rid, _ in backlog:
-            self._pool.complete(rid, Outcome.ERROR, reason)
-
-    async def aclose(self) -> None:
-        """Close the connection and wait until the loop has let go of it."""
-        transport, lost = self._transport, self._lost
-        if transport is None or lost is None:
-            return
-        transport.close()
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(asyncio.shield(lost), 5.0)
-
-    # -- asyncio.Protocol ----------------------------------------------------------------------
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        sock = transport.get_extra_info("socket")
-        if sock is not None:
-            with contextlib.suppress(OSError):
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self._transport = transport
-        self._lost = asyncio.get_running_loop().create_future()
-        self._parser = httptools.HttpResponseParser(self)
-        backlog, self._backlog = self._backlog, []
-        for rid, data in backlog:
-            self.send(rid, data)
-        if not self._owed:
-            self._pool.became_idle(self)
-
-    def data_received(self, data: bytes) -> None:
-        try:
-            self._parser.feed_data(data)
-        except httptools.HttpParserError as exc:
-            self._drop(f"malformed HTTP response from the server: {exc}")
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self._transport = None
-        if self._lost is not None and not self._lost.done():
-            self._lost.set_result(None)
-        owed, self._owed = self._owed, deque()
-        reason = f"connection lost with {len(owed)} answers owed" + (f": {exc}" if exc else "")
-        for rid in owed:
-            self._pool.complete(rid, Outcome.ERROR, reason)
-        self._pool.lost(self)
-
-    # -- httptools callbacks -------------------------------------------------------------------
-
-    def on_headers_complete(self) -> None:
-        self._status = self._parser.get_status_code()
-        self._body = [] if self._status >= 300 else None
-
-    def on_body(self, body: bytes) -> None:
-        if self._body is not None:
-            self._body.append(body)
-
-    def on_message_complete(self) -> None:
-        if not self._owed:
-            self._drop(f"the server sent a response ({self._status}) nobody asked for")
-            return
-        rid = self._owed.popleft()
-        status = self._status
-        if self._body is None:
-            self._pool.complete(rid, Outcome.OK, None)
-        else:
-            message = error_text(status, b"".join(self._body))
-            self._pool.complete(rid, outcome_of_http_status(status), message)
-        if not self._owed and not self._backlog:
-            self._pool.became_idle(self)
-
-    def _drop(self, reason: str) -> None:
-        owed, self._owed = self._owed, deque()
-        for rid in owed:
-            self._pool.complete(rid, Outcome.ERROR, reason)
-        if self._transport is not None:
-            self._transport.close()
+    def __call__(
+        self, rid: int, status: int, body: bytes | None, head: int | None, message: str | None
+    ) -> None: ...
 
 
 def error_text(status: int, body: bytes) -> str:
@@ -144,92 +48,182 @@ def error_text(status: int, body: bytes) -> str:
     return f"HTTP {status}: {text}" if text else f"HTTP {status}"
 
 
+class _Connection(asyncio.Protocol):
+    """One keep-alive HTTP/1.1 connection carrying at most one request at a time."""
+
+    def __init__(self, pool: HttpPool) -> None:
+        self._pool = pool
+        self._transport: Any = None
+        self._parser = httptools.HttpResponseParser(self)
+        self._rid = -1
+        self._pending: bytes | None = None
+        self._status = 0
+        self._head: int | None = None
+        self._body: list[bytes] | None = None
+        self.closed = False
+
+    def send(self, rid: int, data: bytes) -> None:
+        self._rid = rid
+        if self._transport is None:
+            self._pending = data
+        else:
+            self._transport.write(data)
+
+    def close(self) -> None:
+        self.closed = True
+        if self._transport is not None:
+            self._transport.close()
+
+    def fail(self, message: str) -> None:
+        """End the request this connection carries (if any) without an answer."""
+        rid, self._rid = self._rid, -1
+        if rid >= 0:
+            self._pool.answered(rid, NO_STATUS, None, None, message)
+
+    # -- asyncio.Protocol ----------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._transport = transport
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            transport.write(pending)  # type: ignore[attr-defined]
+        else:
+            self._pool.freed(self)
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            self._parser.feed_data(data)
+        except httptools.HttpParserError as exc:
+            self.fail(f"malformed HTTP response from the server: {exc}")
+            self.close()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self._transport = None
+        self.fail("the server closed the connection" + (f": {exc}" if exc else ""))
+        self._pool.lost(self)
+
+    # -- httptools callbacks -------------------------------------------------------------------
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if name.lower() == b"inference-header-content-length":
+            self._head = int(value)
+
+    def on_headers_complete(self) -> None:
+        self._status = self._parser.get_status_code()
+        self._body = [] if self._pool.keep_bodies or self._status >= 300 else None
+
+    def on_body(self, body: bytes) -> None:
+        if self._body is not None:
+            self._body.append(body)
+
+    def on_message_complete(self) -> None:
+        rid, self._rid = self._rid, -1
+        body = None if self._body is None else b"".join(self._body)
+        head, self._head = self._head, None
+        if rid < 0:
+            self.close()  # an answer nobody asked for: this connection cannot be trusted
+            return
+        if not self._parser.should_keep_alive():
+            self.closed = True  # the server closes it; connection_lost follows
+        self._pool.answered(rid, self._status, body, head, None)
+        if not self.closed:
+            self._pool.freed(self)
+
+
 class HttpPool:
-    """`lanes` keep-alive connections to `host:port`; `send(rid, request_bytes, lane)`.
+    """Keep-alive connections to `host:port`, each with at most one request outstanding."""
 
-    With `lane` None the request goes to an idle connection, or round robin when all are busy;
-    with a lane index it goes to that connection (a closed-loop client's own). Every request
-    ends through `complete`, never synchronously inside `send`.
-    """
-
-    def __init__(self, host: str, port: int, complete: Completion) -> None:
+    def __init__(
+        self, host: str, port: int, answered: Answered, *, keep_bodies: bool = False,
+        max_connections: int = 4096,
+    ) -> None:  # fmt: skip
         self.host = host
         self.port = port
-        self.complete = complete
-        self.pipelined = 0
-        self._lanes: list[HttpLane] = []
-        self._idle: list[HttpLane] = []
-        self._turn = 0
+        self.answered = answered
+        self.keep_bodies = keep_bodies
+        self.max_connections = max_connections
+        self.opened = 0
+        self.waited = 0
+        self._live: set[_Connection] = set()
+        self._idle: list[_Connection] = []
+        self._waiting: deque[tuple[int, bytes]] = deque()
+        self._connecting: set[asyncio.Task[None]] = set()
         self._closing = False
-        self._reopening: dict[HttpLane, asyncio.Task[None]] = {}
 
-    async def open(self, lanes: int) -> None:
-        """Connect every lane; raise OSError (after closing the others) if any cannot connect."""
-        self._lanes = [HttpLane(self) for _ in range(lanes)]
+    async def open(self, connections: int) -> None:
+        """Open `connections` before the run (more open on demand); OSError if one cannot."""
+        conns = [self._new() for _ in range(connections)]
         try:
-            results = await asyncio.gather(
-                *(self._connect(lane) for lane in self._lanes), return_exceptions=True
+            await asyncio.wait_for(
+                asyncio.gather(*(self._connect(c) for c in conns)), CONNECT_TIMEOUT_S
             )
-        except BaseException:  # cancelled (a connect timeout): close what did connect
+        except (OSError, TimeoutError) as exc:
             await self.aclose()
-            raise
-        failure = next((r for r in results if isinstance(r, BaseException)), None)
-        if failure is not None:
-            await self.aclose()
-            raise failure
+            raise OSError(f"cannot connect to {self.host}:{self.port}: {exc}") from None
 
-    async def _connect(self, lane: HttpLane) -> None:
+    def _new(self) -> _Connection:
+        connection = _Connection(self)
+        self._live.add(connection)
+        self.opened += 1
+        return connection
+
+    async def _connect(self, connection: _Connection) -> None:
         loop = asyncio.get_running_loop()
-        await loop.create_connection(lambda: lane, self.host, self.port)
+        await loop.create_connection(lambda: connection, self.host, self.port)
 
-    def send(self, rid: int, data: bytes, lane: int | None) -> None:
-        if lane is not None:
-            self._lanes[lane].send(rid, data)
-            return
+    def send(self, rid: int, payload: bytes) -> None:
         idle = self._idle
         while idle:
-            candidate = idle.pop()
-            if candidate.idle:
-                candidate.send(rid, data)
+            connection = idle.pop()
+            if not connection.closed:
+                connection.send(rid, payload)
                 return
-        lanes = self._lanes
-        turn = self._turn
-        self._turn = (turn + 1) % len(lanes)
-        self.pipelined += 1
-        lanes[turn].send(rid, data)
-
-    def became_idle(self, lane: HttpLane) -> None:
-        self._idle.append(lane)
-
-    def lost(self, lane: HttpLane) -> None:
-        self.reopen(lane)
-
-    def reopen(self, lane: HttpLane) -> None:
-        if self._closing or lane in self._reopening:
+        if len(self._live) >= self.max_connections:
+            self.waited += 1
+            self._waiting.append((rid, payload))
             return
-        self._reopening[lane] = asyncio.get_running_loop().create_task(self._reopen(lane))
+        connection = self._new()
+        connection.send(rid, payload)
+        task = asyncio.get_running_loop().create_task(self._open_one(connection))
+        self._connecting.add(task)
+        task.add_done_callback(self._connecting.discard)
 
-    async def _reopen(self, lane: HttpLane) -> None:
-        delay = _REOPEN_FIRST_S
+    async def _open_one(self, connection: _Connection) -> None:
         try:
-            while not self._closing:
-                await asyncio.sleep(delay)
-                try:
-                    await self._connect(lane)
-                    return
-                except OSError as exc:
-                    lane.fail_backlog(f"cannot reconnect to {self.host}:{self.port}: {exc}")
-                delay = min(2 * delay, _REOPEN_MAX_S)
-        finally:
-            self._reopening.pop(lane, None)
+            await self._connect(connection)
+        except OSError as exc:
+            connection.closed = True
+            connection.fail(f"cannot connect to {self.host}:{self.port}: {exc}")
+            self._live.discard(connection)
+
+    def freed(self, connection: _Connection) -> None:
+        if self._waiting and not self._closing:
+            rid, payload = self._waiting.popleft()
+            connection.send(rid, payload)
+        else:
+            self._idle.append(connection)
+
+    def lost(self, connection: _Connection) -> None:
+        self._live.discard(connection)
+        if self._waiting and not self._closing:  # room for a new connection now
+            rid, payload = self._waiting.popleft()
+            self.send(rid, payload)
 
     async def aclose(self) -> None:
-        """Close every connection; requests still owed end as errors."""
+        """Close every connection; requests still owed end without an answer."""
         self._closing = True
-        tasks = list(self._reopening.values())
-        for task in tasks:
+        for task in list(self._connecting):
             task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        await asyncio.gather(*(lane.aclose() for lane in self._lanes))
-        for lane in self._lanes:
-            lane.fail_backlog("the run ended before the connection could be reopened")
+        await asyncio.gather(*self._connecting, return_exceptions=True)
+        for connection in list(self._live):
+            connection.fail("the run ended before the answer came")
+            connection.close()
+        while self._waiting:
+            rid, _ = self._waiting.popleft()
+            self.answered(rid, NO_STATUS, None, None, "the run ended before it could be sent")
+        await asyncio.sleep(0)  # let the loop deliver connection_lost

@@ -29,7 +29,7 @@ from duetime.errors import ConfigError
 from duetime.loops import new_event_loop
 from duetime.tools.arrivals import ARRIVAL_KINDS, arrival_offsets_ns, choose_classes
 from duetime.tools.bench_record import write_bench_capture
-from duetime.tools.config import DEFAULT_HTTP_CONNECTIONS, BenchConfig
+from duetime.tools.config import DEFAULT_HTTP_CONNECTIONS, MAX_HTTP_CONNECTIONS, BenchConfig
 from duetime.tools.drivers import (
     ClosedLoop,
     Dispatch,
@@ -195,7 +195,7 @@ async def _drive(
         line.stop()
         cpu.cancel()
         sender.stop()
-    return ledger.records(window, cpu_s, transport.pipelined)
+    return ledger.records(window, cpu_s, transport.waited)
 
 
 def _sender(config: BenchConfig, dispatch: Dispatch, rng: np.random.Generator) -> Sender:
@@ -335,8 +335,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     load.add_argument(
         "--connections",
         type=int,
-        help=f"HTTP connections (open loop; default {DEFAULT_HTTP_CONNECTIONS}) "
-        "or gRPC channels (default 1)",
+        help=f"HTTP connections opened first (open loop; default {DEFAULT_HTTP_CONNECTIONS}; "
+        f"more open while all are busy, up to {MAX_HTTP_CONNECTIONS}: a request never waits "
+        "behind another's answer) or gRPC channels (default 1)",
     )
     load.add_argument(
         "--processes", type=int, default=1, help="generator processes sharing the load"

@@ -28,7 +28,7 @@ from duetime.loops import new_event_loop
 from duetime.tools.capture.format import CaptureFormatError
 from duetime.tools.drivers import GROUP_NS, Waker, cpu_seconds, paced_switching
 from duetime.tools.hdr import LatencyRecorder, MissingHdr, new_histogram, record_us
-from duetime.tools.http_client import error_text
+from duetime.tools.http_client import NO_STATUS, HttpPool, error_text
 from duetime.tools.outcomes import Outcome, outcome_of_http_status
 from duetime.tools.progress import Progress, Snapshot
 from duetime.tools.replay_payloads import compare_outputs, grpc_outputs, http_outputs
@@ -41,12 +41,7 @@ from duetime.tools.replay_results import (
     Tally,
     result_of,
 )
-from duetime.tools.replay_transports import (
-    NO_STATUS,
-    GrpcReplayTransport,
-    HttpReplayPool,
-    ReplayTransport,
-)
+from duetime.tools.replay_transports import GrpcReplayTransport, ReplayTransport
 from duetime.tools.server_metrics import (
     batch_sizes_between,
     batch_sizes_json,
@@ -262,12 +257,15 @@ async def replay_async(config: ReplayConfig, plan: Plan) -> ReplayResult:
             f"{host}:{port}", replay.answered, keep_bodies=config.compare_outputs
         )
     else:
-        transport = HttpReplayPool(
+        transport = HttpPool(
             host, port, replay.answered, keep_bodies=config.compare_outputs,
             max_connections=config.max_connections,
         )  # fmt: skip
     replay.transport = transport
-    await transport.open(config.connections)
+    try:
+        await transport.open(config.connections)
+    except OSError as exc:
+        raise BenchError(f"--target: {exc}") from None
     progress = Progress("duetime replay", replay.snapshot)
     try:
         start = replay.clock() + LEAD_NS

@@ -14,16 +14,16 @@ from typing import Any
 import numpy as np
 
 from duetime.tools.arrivals import DueClass
-from duetime.tools.config import BenchConfig
+from duetime.tools.config import MAX_HTTP_CONNECTIONS, BenchConfig
 from duetime.tools.outcomes import Outcome
 
 LATE_SEND_NS = 1_000_000
 """A send this long after its scheduled time counts as late (the generator fell behind)."""
 LATE_SEND_WARNING = 0.01
 """Fraction of late sends above which the report warns that the generator was the bottleneck."""
-PIPELINED_WARNING = 0.05
-"""Fraction of requests pipelined behind another above which the report suggests more
-connections."""
+WAITED_WARNING = 0.01
+"""Fraction of requests that waited for a free HTTP connection (all the generator may open were
+busy) above which the report warns: their wait counts in their latency."""
 MAX_MESSAGES = 5
 """Error messages kept per run (the first ones seen)."""
 
@@ -43,7 +43,7 @@ class Records:
     send_lag_ns: np.ndarray
     duration_s: float
     cpu_s: float
-    pipelined: int = 0
+    waited: int = 0
     error_messages: tuple[str, ...] = ()
     processes: int = 1
     scheduled_ns: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
@@ -61,7 +61,7 @@ def merge_records(parts: Sequence[Records]) -> Records:
         send_lag_ns=np.concatenate([p.send_lag_ns for p in parts]),
         duration_s=max(p.duration_s for p in parts),
         cpu_s=sum(p.cpu_s for p in parts),
-        pipelined=sum(p.pipelined for p in parts),
+        waited=sum(p.waited for p in parts),
         error_messages=tuple(messages),
         processes=sum(p.processes for p in parts),
         scheduled_ns=np.concatenate([p.scheduled_ns for p in parts]),
@@ -168,7 +168,7 @@ class GeneratorReport:
     late_send_fraction: float | None
     send_lag_p99_ms: float | None
     send_lag_max_ms: float | None
-    pipelined_fraction: float
+    waited_fraction: float
 
 
 def generator_report(records: Records, open_loop: bool) -> GeneratorReport:
@@ -185,7 +185,7 @@ def generator_report(records: Records, open_loop: bool) -> GeneratorReport:
         late_send_fraction=float(np.mean(lag > LATE_SEND_NS)) if timely else None,
         send_lag_p99_ms=float(np.percentile(lag, 99)) / 1e6 if timely else None,
         send_lag_max_ms=float(lag.max()) / 1e6 if timely else None,
-        pipelined_fraction=records.pipelined / sent if sent else 0.0,
+        waited_fraction=records.waited / sent if sent else 0.0,
     )
 
 
@@ -228,10 +228,11 @@ def _warnings(overall: ClassReport, generator: GeneratorReport) -> tuple[str, ..
             f"{late:.1%} of sends went out more than 1 ms after their scheduled time: the "
             "generator (or the CPU it shares) was a bottleneck; lower --rate or add --processes"
         )
-    if generator.pipelined_fraction > PIPELINED_WARNING:
+    if generator.waited_fraction > WAITED_WARNING:
         found.append(
-            f"{generator.pipelined_fraction:.1%} of requests waited behind another on their HTTP "
-            "connection (its answer comes first, which adds to their latency); raise --connections"
+            f"{generator.waited_fraction:.1%} of requests waited for a free HTTP connection (all "
+            f"{MAX_HTTP_CONNECTIONS} the generator may open were busy), which adds to their "
+            "latency; lower --rate or add --processes"
         )
     if overall.unanswered:
         found.append(
@@ -288,8 +289,8 @@ def _generator_line(generator: GeneratorReport) -> str:
             f"; sends >1 ms late: {generator.late_send_fraction:.2%} "
             f"(lag p99 {generator.send_lag_p99_ms:.2f} ms, max {generator.send_lag_max_ms:.2f} ms)"
         )
-    if generator.pipelined_fraction:
-        line += f"; pipelined behind another request: {generator.pipelined_fraction:.1%}"
+    if generator.waited_fraction:
+        line += f"; waited for a free connection: {generator.waited_fraction:.1%}"
     return line
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import urllib.error
 import urllib.request
-from collections.abc import Coroutine, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import quote
@@ -22,7 +22,8 @@ from duetime.engine import Engine
 from duetime.errors import DuetimeError
 from duetime.frontend.proto import grpc_service_pb2 as pb
 from duetime.frontend.proto import grpc_service_pb2_grpc as pb_grpc
-from duetime.tools.http_client import Completion, HttpPool, error_text
+from duetime.tools.config import MAX_HTTP_CONNECTIONS
+from duetime.tools.http_client import NO_STATUS, HttpPool, error_text
 from duetime.tools.outcomes import Outcome, outcome_of_grpc_code, outcome_of_http_status
 from duetime.tools.payloads import EnginePayload, GrpcPayload
 from duetime.types import ModelSignature, TensorSpec
@@ -30,6 +31,10 @@ from duetime.types import ModelSignature, TensorSpec
 CONNECT_TIMEOUT_S = 10.0
 _INFER_METHOD = "/inference.GRPCInferenceService/ModelInfer"
 _MAX_MESSAGE = 256 * 1024 * 1024
+
+
+Completion = Callable[[int, Outcome, str | None], None]
+"""Called once per request: its id, how it ended, and the server's message when it failed."""
 
 
 class BenchError(Exception):
@@ -45,10 +50,12 @@ class Transport(Protocol):
 
     `send` never reports synchronously (an immediate failure is reported from a later loop
     callback), so a closed-loop client that resends on completion cannot recurse.
-    `pipelined` counts sends that had to queue behind another request on a connection.
+    `waited` counts sends that could not go at once: every HTTP connection was busy and no more
+    could be opened.
     """
 
-    pipelined: int
+    @property
+    def waited(self) -> int: ...
 
     async def open(self, lanes: int) -> None: ...
 
@@ -74,14 +81,41 @@ def signature_from_metadata(metadata: Mapping[str, Any], max_batch_size: int) ->
 # -- HTTP ----------------------------------------------------------------------------------------
 
 
-class HttpTransport(HttpPool):
-    """The HTTP pool, plus model metadata read with one-off GETs before the run."""
+class HttpTransport:
+    """The tools' HTTP pool (a connection per request in flight, see `http_client`), plus model
+    metadata read with one-off GETs before the run."""
+
+    def __init__(self, host: str, port: int, complete: Completion) -> None:
+        self.host = host
+        self.port = port
+        self.complete = complete
+        self._pool = HttpPool(host, port, self._answered, max_connections=MAX_HTTP_CONNECTIONS)
+
+    @property
+    def waited(self) -> int:
+        return self._pool.waited
 
     async def open(self, lanes: int) -> None:
         try:
-            await asyncio.wait_for(super().open(lanes), CONNECT_TIMEOUT_S)
+            await asyncio.wait_for(self._pool.open(lanes), CONNECT_TIMEOUT_S)
         except (OSError, TimeoutError) as exc:
             raise BenchError(f"--http: cannot connect to {self.host}:{self.port}: {exc}") from None
+
+    def send(self, rid: int, payload: bytes, lane: int | None) -> None:
+        self._pool.send(rid, payload)
+
+    async def aclose(self) -> None:
+        await self._pool.aclose()
+
+    def _answered(
+        self, rid: int, status: int, body: bytes | None, head: int | None, message: str | None
+    ) -> None:
+        if 200 <= status < 300:
+            self.complete(rid, Outcome.OK, None)
+        elif status == NO_STATUS:
+            self.complete(rid, Outcome.ERROR, message)
+        else:
+            self.complete(rid, outcome_of_http_status(status), error_text(status, body or b""))
 
     async def signature(self, model: str) -> ModelSignature:
         base = f"http://{self.host}:{self.port}/v2/models/{quote(model, safe='')}"
@@ -128,7 +162,7 @@ class GrpcTransport:
     def __init__(self, target: str, complete: Completion) -> None:
         self.target = target
         self.complete = complete
-        self.pipelined = 0
+        self.waited = 0
         self._channels: list[Any] = []
         self._calls: list[Any] = []
         self._tasks = _Calls()
@@ -198,7 +232,7 @@ class EngineTransport:
         self, complete: Completion, engine: Engine | None, repository: Path | None = None
     ) -> None:
         self.complete = complete
-        self.pipelined = 0
+        self.waited = 0
         self._engine = engine
         self._owned = engine is None
         self._repository = repository
