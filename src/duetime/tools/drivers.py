@@ -14,7 +14,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 
@@ -307,7 +307,17 @@ def cpu_seconds() -> float:
 
 async def cpu_over(window: tuple[int, int], clock: Clock) -> float:
     """The process's CPU seconds between the two instants of `window` (waits for its end)."""
+    return await growth_over(window, clock, cpu_seconds)
+
+
+_Counter = TypeVar("_Counter", int, float)
+
+
+async def growth_over(
+    window: tuple[int, int], clock: Clock, read: Callable[[], _Counter]
+) -> _Counter:
+    """How much the counter `read` grew between the two instants of `window` (waits for its end)."""
     await asyncio.sleep(max(0.0, (window[0] - clock()) / 1e9))
-    before = cpu_seconds()
+    before = read()
     await asyncio.sleep(max(0.0, (window[1] - clock()) / 1e9))
-    return cpu_seconds() - before
+    return read() - before

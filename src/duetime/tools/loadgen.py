@@ -37,6 +37,7 @@ from duetime.tools.drivers import (
     OpenLoop,
     Sender,
     cpu_over,
+    growth_over,
     paced_switching,
 )
 from duetime.tools.payloads import PayloadSpec, WireProtocol, check_batch, encode, random_inputs
@@ -183,6 +184,7 @@ async def _drive(
     start = ledger.clock() + _LEAD_NS
     window = (start + round(config.warmup_s * 1e9), start + round(config.total_s * 1e9))
     cpu = asyncio.create_task(cpu_over(window, ledger.clock))
+    waited = asyncio.create_task(growth_over(window, ledger.clock, lambda: transport.waited))
     line = Progress("duetime bench", ledger.snapshot)
     if progress:
         line.start(config.total_s)
@@ -190,12 +192,14 @@ async def _drive(
         with paced_switching():
             await sender.run(start, window[1])
         cpu_s = await cpu
+        waited_measured = await waited  # sends of the measured window, as `records` counts them
         await ledger.drained(config.drain_s)
     finally:
         line.stop()
         cpu.cancel()
+        waited.cancel()
         sender.stop()
-    return ledger.records(window, cpu_s, transport.waited)
+    return ledger.records(window, cpu_s, waited_measured)
 
 
 def _sender(config: BenchConfig, dispatch: Dispatch, rng: np.random.Generator) -> Sender:
