@@ -45,13 +45,27 @@ class Ticket:
     variant: str = PRIMARY
     future: asyncio.Future[Feeds] = field(init=False)
     on_done: Callable[[], None] | None = None
-    """Set by a front end before control returns to the loop: called once the future settles
-    (not on cancellation), a loop turn sooner than a future callback."""
+    """Called once the future settles (not on cancellation), a loop turn sooner than a future
+    callback; set it with `when_done`, which also covers a future settled already."""
     stamp: Callable[[], int] | None = None
     """Set by traffic capture on the tickets it records: a clock read into `done_ns` as the
     future settles (not on cancellation)."""
     done_ns: int = 0
     """When the future settled, on `stamp`'s clock (0: not yet, or not stamped)."""
+
+    def when_done(self, callback: Callable[[], None]) -> None:
+        """Call `callback` once the future settles (not if it is cancelled): now, if it has.
+
+        NOTE: `submit` can return a ticket already settled: the scheduler may fail a request
+        within the call that queued it (a dispatch in the same call found it could no longer
+        finish in time). A callback stored after that would never run, and the client of an
+        HTTP keep-alive connection would wait for its answer forever."""
+        future = self.future
+        if future.done():
+            if not future.cancelled():
+                callback()
+            return
+        self.on_done = callback
 
     def _settled(self) -> None:
         if self.stamp is not None:
@@ -351,7 +365,7 @@ class Engine:
             except BaseException as exc:
                 result.set_exception(exc)
 
-        ticket.on_done = settle
+        ticket.when_done(settle)
 
     def _request(
         self,

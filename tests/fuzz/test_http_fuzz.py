@@ -49,6 +49,12 @@ class Ticket:
     future: asyncio.Future[Reply]
     on_done: Any = None
 
+    def when_done(self, callback: Any) -> None:  # as engine.Ticket: at once if settled already
+        if self.future.done():
+            callback()
+        else:
+            self.on_done = callback
+
     def finish(self, reply: Reply) -> None:
         if not self.future.done():
             self.future.set_result(reply)
@@ -58,7 +64,9 @@ class Ticket:
 
 class EchoApi:
     """Answers at once with what it received, except under `/later` (a pending reply that the
-    loop finishes) and, with `hold`, every POST (finished by the test)."""
+    loop finishes), under `/settled` (a pending reply already finished when it is handed over,
+    as the scheduler can fail a request within the call that queued it) and, with `hold`, every
+    POST (finished by the test)."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, *, hold: bool = False) -> None:
         self.loop = loop
@@ -69,6 +77,10 @@ class EchoApi:
         reply = Reply(
             200, json.dumps([method, target.decode("latin-1"), zlib.crc32(body)]).encode()
         )
+        if target.startswith(b"/settled"):
+            ticket = Ticket(self.loop.create_future())
+            ticket.finish(reply)
+            return PendingReply(ticket, lambda done: done.future.result())
         if target.startswith(b"/later") or (self.hold and method == "POST"):
             ticket = Ticket(self.loop.create_future())
             if self.hold:
@@ -285,6 +297,17 @@ def test_pipelined_requests_split_anywhere_are_answered_in_order(
     assert not outcome.closed
     assert [r.status for r in outcome.responses] == [200] * len(pipeline)
     assert [json.loads(r.body) for r in outcome.responses] == [echo for _, echo in pipeline]
+
+
+def test_a_reply_settled_before_it_is_handed_over_is_still_written(
+    loop: asyncio.AbstractEventLoop,
+) -> None:
+    pipeline = [request("GET", "/settled/1"), request("GET", "/later/2"), request("GET", "/3")]
+    outcome = converse(loop, [b"".join(pipeline)])
+    assert not outcome.closed
+    assert [json.loads(r.body)[1] for r in outcome.responses] == ["/settled/1", "/later/2", "/3"]
+    alone = converse(loop, [request("GET", "/settled/alone")], hang_up=False)
+    assert [r.status for r in alone.responses] == [200], "the client is not left waiting"
 
 
 @FUZZ

@@ -424,7 +424,7 @@ class HttpConnection(asyncio.Protocol):
             self._flush()
         else:
             slot.pending = outcome
-            outcome.ticket.on_done = lambda: self._settle(slot)
+            outcome.ticket.when_done(lambda: self._settle(slot))
 
     def _join_off_loop(
         self, slot: _Slot, method: str, url: bytes, headers: dict[str, str], chunks: list[bytes]

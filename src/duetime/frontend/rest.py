@@ -67,12 +67,13 @@ class Reply:
 
 
 class Pending(Protocol):
-    """Work whose reply comes later: a settled `future`, then `on_done` is called."""
-
-    on_done: Callable[[], None] | None
+    """Work whose reply comes later: a settled `future`, then the `when_done` callback."""
 
     @property
     def future(self) -> asyncio.Future[Any]: ...
+
+    def when_done(self, callback: Callable[[], None]) -> None:
+        """Call `callback` once `future` settles (at once if it has; never if cancelled)."""
 
 
 @dataclass(slots=True)
@@ -89,6 +90,12 @@ class ControlCall:
 
     future: asyncio.Future[Reply]
     on_done: Callable[[], None] | None = None
+
+    def when_done(self, callback: Callable[[], None]) -> None:
+        if self.future.done():
+            callback()
+        else:
+            self.on_done = callback
 
     @classmethod
     def start(cls, operation: Awaitable[None]) -> PendingReply:

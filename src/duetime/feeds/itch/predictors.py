@@ -100,10 +100,7 @@ class EnginePredictor:
         except DuetimeError as exc:
             answer(None, _failure(exc))
             return
-        if ticket.future.done():  # settled within submit (a request it could not run)
-            self._settled(ticket, answer)
-        else:
-            ticket.on_done = lambda: self._settled(ticket, answer)
+        ticket.when_done(lambda: self._settled(ticket, answer))
 
     def _settled(self, ticket: Ticket, answer: Answer) -> None:
         future = ticket.future
