@@ -92,10 +92,10 @@ class ControlCall:
     on_done: Callable[[], None] | None = None
 
     def when_done(self, callback: Callable[[], None]) -> None:
-        if self.future.done():
-            callback()
-        else:
+        if not self.future.done():
             self.on_done = callback
+        elif not self.future.cancelled():
+            callback()
 
     @classmethod
     def start(cls, operation: Awaitable[None]) -> PendingReply:

@@ -139,8 +139,8 @@ class HttpPool:
     """Keep-alive connections to `host:port`, each with at most one request outstanding."""
 
     def __init__(
-        self, host: str, port: int, answered: Answered, *, keep_bodies: bool = False,
-        max_connections: int = 4096,
+        self, host: str, port: int, answered: Answered, *, max_connections: int,
+        keep_bodies: bool = False,
     ) -> None:  # fmt: skip
         self.host = host
         self.port = port
@@ -156,7 +156,8 @@ class HttpPool:
         self._closing = False
 
     async def open(self, connections: int) -> None:
-        """Open `connections` before the run (more open on demand); OSError if one cannot."""
+        """Open `connections` before the run (more open on demand); OSError if one cannot
+        within CONNECT_TIMEOUT_S."""
         conns = [self._new() for _ in range(connections)]
         try:
             await asyncio.wait_for(

@@ -11,6 +11,7 @@ from urllib.parse import urlsplit
 from duetime.errors import ConfigError
 from duetime.tools.capture.format import CapturedTensor
 from duetime.tools.capture.reader import CaptureReader
+from duetime.tools.config import MAX_HTTP_CONNECTIONS
 from duetime.tools.replay_payloads import grpc_request, http_request
 
 ReplayProtocol = Literal["http", "grpc"]
@@ -30,7 +31,7 @@ class ReplayConfig:
     rtol: float = 1e-5
     atol: float = 1e-6
     connections: int = 8
-    max_connections: int = 1024
+    max_connections: int = MAX_HTTP_CONNECTIONS
     drain_s: float = 10.0
     timer: Timer = "thread"
     progress: bool = True
