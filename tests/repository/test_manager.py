@@ -432,9 +432,9 @@ def test_shadow_copies_are_compared_but_never_answer(tmp_path: Path) -> None:
         assert stats.compared > 0
         assert stats.max_abs_diff == pytest.approx(4.0)  # x = 1..4, y differs by x
         assert stats.argmax_disagreements == 0  # scaling keeps the argmax
-        # a tiny model runs inline (execution "auto"), but a shadow only on a background thread
+        # a tiny model may run inline (execution "auto", when the machine measured it fast), but
+        # a shadow runs only on a background thread
         versions = engine.registry.snapshot.models["m"].versions
-        assert versions["1"].primary.model.executor.inline
         assert not versions["2"].primary.model.executor.inline
 
     run(tmp_path, scenario)
