@@ -731,6 +731,21 @@ def test_inline_answer_that_submits_again_runs_in_a_later_turn_not_nested() -> N
     run(body)
 
 
+@pytest.mark.parametrize("policy", ["edf", "fifo"])
+def test_inline_lone_request_the_loop_held_past_its_due_time_is_not_run(policy: str) -> None:
+    async def body() -> None:
+        h = harness(inline=True, max_batch_size=4, policy=policy)
+        held = h.submit("held", due_in=1 * MS)  # admitted: a run takes 100 µs
+        h.clock.advance(2 * MS)  # the loop does other work before its dispatch turn
+        await asyncio.sleep(0)
+        assert h.executor.jobs == []
+        assert isinstance(failure(held), DeadlineExceeded)
+        assert h.scheduler.statistics().expired == 1
+        assert h.scheduler.idle
+
+    run(body)
+
+
 def test_inline_waits_for_its_batching_window_like_a_thread() -> None:
     async def body() -> None:
         h = harness(inline=True, max_batch_size=4, max_queue_delay_us=LONG_WINDOW_US)

@@ -14,7 +14,7 @@ from google.protobuf import json_format
 from duetime import __version__
 from duetime.config import ServerSettings
 from duetime.datatypes import NUMPY_OF, v2_datatype_of
-from duetime.engine import Engine, Ticket
+from duetime.engine import Engine, Ticket, settled
 from duetime.errors import DuetimeError, InternalError, InvalidInput
 from duetime.frontend import codec
 from duetime.frontend.metadata import model_config_json, model_metadata_json
@@ -145,7 +145,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
             ticket = self._submit(request, context, timing)
             response = await _response(ticket, request.id)
         except DuetimeError as exc:
-            error = exc
+            error = exc.with_traceback(None)  # this frame would hold its own traceback
         except asyncio.CancelledError:
             raise
         except Exception as exc:
@@ -187,7 +187,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
                             request, context, protocol="grpc-stream"
                         )
                     except DuetimeError as exc:
-                        submitted = exc
+                        submitted = exc.with_traceback(None)  # see Ticket.failure
                     except Exception as exc:
                         log.exception("internal error in ModelStreamInfer")
                         submitted = InternalError(f"internal error: {type(exc).__name__}: {exc}")
@@ -199,9 +199,10 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         try:
             while (item := await window.get()) is not None:
                 request, submitted = item
+                if isinstance(submitted, DuetimeError):
+                    yield self._stream_error(request, submitted, context)
+                    continue
                 try:
-                    if isinstance(submitted, DuetimeError):
-                        raise submitted
                     response = await _response(submitted, request.id)
                     yield pb.ModelStreamInferResponse(infer_response=response)
                 except DuetimeError as exc:
@@ -259,11 +260,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
 
 
 async def _response(ticket: Ticket, request_id: str) -> Any:
-    try:
-        await ticket.future
-    except asyncio.CancelledError:
-        ticket.future.cancel()
-        raise
+    await settled(ticket.future)
     result = ticket.response(request_id)
     response = pb.ModelInferResponse(
         model_name=result.model, model_version=result.version, id=request_id

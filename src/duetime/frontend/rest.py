@@ -328,11 +328,12 @@ class RestApi:
 
     def _infer_reply(self, ticket: Ticket, request: InferRequest, plan: OutputPlan) -> Reply:
         """The answer (or error) of a finished inference, traced and logged."""
-        error: DuetimeError | None = None
-        try:
-            reply = encode_infer_response(ticket, request.id, plan)
-        except DuetimeError as exc:
-            error = exc
+        error = ticket.failure()  # read, not raised: see Ticket.failure
+        if error is None:
+            try:
+                reply = encode_infer_response(ticket, request.id, plan)
+            except DuetimeError as exc:
+                error = exc.with_traceback(None)  # this frame would hold its own traceback
         parent = parse_traceparent(request.headers.get("traceparent"))
         trace_id = parent.trace_id_hex if parent is not None else None
         timing = request.timing

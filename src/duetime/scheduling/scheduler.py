@@ -28,7 +28,14 @@ from duetime.execution.affinity import SMALL_MODEL_NS
 from duetime.execution.executor import BatchJob, BatchResult, Executor, Feeds
 from duetime.resilience.breaker import BreakerState, CircuitBreaker
 from duetime.scheduling.admission import admit, predict_finish
-from duetime.scheduling.batching import Run, Wait, drop_hopeless, plan_batch, sweep_hopeless
+from duetime.scheduling.batching import (
+    Run,
+    Wait,
+    drop_hopeless,
+    is_hopeless,
+    plan_batch,
+    sweep_hopeless,
+)
 from duetime.scheduling.edf import EDFQueue, QueuedRequest
 from duetime.scheduling.ledger import NO_SLACK, CoreLedger, Queued
 from duetime.scheduling.profile import LatencyProfile, Overrun
@@ -522,7 +529,12 @@ class ModelScheduler:
             now = self._clock.now_ns()
             if self._idle_instance(now) is not None:
                 (item,) = queue.take(1)
-                if not item.future.done():
+                if item.future.done():  # cancelled by its client
+                    pass
+                elif is_hopeless(item, now, self._deadline_rule()):
+                    # the loop was held past its due time between its admission and this turn
+                    self._expire([item], now)
+                else:
                     self._start_alone(item, 0, now)
                 self._drained.set()  # an inline batch is over when `_start` returns
                 return
