@@ -72,15 +72,22 @@ class LoadShedder:
             if self.share < 0.01:
                 self.share = 0.0
 
-    def check(self) -> None:
-        """Raise Overloaded for the current share of calls (spread evenly, no randomness)."""
+    def refuse(self) -> bool:
+        """Whether to refuse this call: true for the current share of calls (spread evenly, no
+        randomness); counted in `refused`."""
         if self.share <= 0.0:
-            return
+            return False
         self._credit += self.share
         if self._credit < 1.0:
-            return
+            return False
         self._credit -= 1.0
         self.refused += 1
+        return True
+
+    def check(self) -> None:
+        """Raise Overloaded for the current share of calls (see `refuse`)."""
+        if not self.refuse():
+            return
         raise Overloaded(
             f"the server is saturated (its event loop is {self.utilization:.0%} busy, refusing "
             f"{self.share:.0%} of new requests); retry later or on another replica",

@@ -27,10 +27,13 @@ from hypothesis.stateful import (
     rule,
 )
 
+from duetime.clock import MonotonicClock
 from duetime.config import ServerSettings
+from duetime.frontend.arrival import ReadTurn
 from duetime.frontend.http import HttpConnection, Intake
 from duetime.frontend.rest import PendingReply, Reply
 from duetime.loops import new_event_loop
+from duetime.overload import LoadShedder
 
 pytestmark = pytest.mark.timeout(TIMEOUT_S)
 
@@ -68,10 +71,18 @@ class EchoApi:
     as the scheduler can fail a request within the call that queued it) and, with `hold`, every
     POST (finished by the test)."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, *, hold: bool = False) -> None:
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        *,
+        hold: bool = False,
+        shedder: LoadShedder | None = None,
+    ) -> None:
         self.loop = loop
         self.hold = hold
         self.held: list[tuple[Ticket, Reply]] = []
+        self.turn = ReadTurn(MonotonicClock())
+        self.shedder = shedder
 
     def handle(self, method: str, target: bytes, headers: Any, body: bytes) -> Any:
         reply = Reply(
@@ -218,13 +229,15 @@ def converse(
     *,
     settings: ServerSettings = SETTINGS,
     hang_up: bool = True,
+    shedder: LoadShedder | None = None,
 ) -> Outcome:
     """One connection: send `chunks` one read at a time, let replies settle, then (with
     `hang_up`) the client goes away. Exceptions from the connection fail the test."""
 
     async def scenario() -> Outcome:
         intake = Intake(settings)
-        connection = HttpConnection(EchoApi(loop), settings, set(), intake)  # type: ignore[arg-type]
+        api = EchoApi(loop, shedder=shedder)
+        connection = HttpConnection(api, settings, set(), intake)  # type: ignore[arg-type]
         transport = FakeTransport(loop, connection)
         connection.connection_made(transport)  # type: ignore[arg-type]
         for chunk in chunks:
@@ -308,6 +321,26 @@ def test_a_reply_settled_before_it_is_handed_over_is_still_written(
     assert [json.loads(r.body)[1] for r in outcome.responses] == ["/settled/1", "/later/2", "/3"]
     alone = converse(loop, [request("GET", "/settled/alone")], hang_up=False)
     assert [r.status for r in alone.responses] == [200], "the client is not left waiting"
+
+
+def test_the_load_shedder_refuses_inference_unread_and_nothing_else(
+    loop: asyncio.AbstractEventLoop,
+) -> None:
+    shedder = LoadShedder()
+    shedder.share = 1.0
+    pipeline = [
+        request("POST", "/v2/models/m/infer", b"{}"),
+        request("GET", "/v2/models/m"),
+        request("POST", "/v2/models/m/versions/2/infer?x=1", b"{}"),
+        request("POST", "/v2/repository/index", b"{}"),
+    ]
+    outcome = converse(loop, [b"".join(pipeline)], shedder=shedder)
+    assert [r.status for r in outcome.responses] == [429, 200, 429, 200]
+    refused = outcome.responses[0]
+    assert refused.headers.get(b"retry-after") == b"1"
+    assert "saturated" in json.loads(refused.body)["error"]
+    assert shedder.refused == 2
+    assert not outcome.closed  # a refusal keeps the connection
 
 
 @FUZZ

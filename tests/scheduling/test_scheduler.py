@@ -128,7 +128,7 @@ def test_a_full_queue_is_overloaded() -> None:
 def test_a_request_due_before_it_arrives_is_refused(policy: str, due_in: int) -> None:
     async def body() -> None:
         h = harness(policy=policy)
-        with pytest.raises(DeadlineExceeded, match="before it arrived"):
+        with pytest.raises(DeadlineExceeded, match="before it reached the scheduler"):
             h.submit("late", due_in=due_in)
         stats = h.scheduler.statistics()
         assert (stats.expired, stats.rejected, stats.queued) == (1, 0, 0)

@@ -125,7 +125,8 @@ def test_inputs_come_back_byte_for_byte(records: dict[str, CapturedRequest]) -> 
 def test_due_times_priority_and_parameters(records: dict[str, CapturedRequest]) -> None:
     binary, json_, grpc, engine = (records[k] for k in ("req-0", "req-1", "req-3", "engine"))
     assert binary.due_in_ns is not None
-    assert 49_000_000 < binary.due_in_ns <= 50_000_000  # the timeout, less decoding time
+    # the timeout, less the time since the read turn that took it in began (a busy test machine)
+    assert 40_000_000 < binary.due_in_ns <= 50_000_000
     assert binary.priority == 2
     assert binary.parameters["timeout"] == 50_000
     assert json_.due_in_ns is None

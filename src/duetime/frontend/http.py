@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import threading
 import time
@@ -34,6 +35,7 @@ import orjson
 from duetime.config import ServerSettings
 from duetime.execution.affinity import lower_thread_priority
 from duetime.frontend.rest import PendingReply, Reply, RestApi
+from duetime.observability.logs import log_request
 
 log = logging.getLogger("duetime.http")
 
@@ -221,8 +223,9 @@ class HttpConnection(asyncio.Protocol):
         "_closing", "_connections", "_head_done", "_header_bytes", "_headers", "_held",
         "_idle_timeout", "_intake", "_last_active", "_lingering", "_loop", "_max_body",
         "_max_header", "_max_held", "_min_rate", "_parser", "_paused_at", "_read_timeout",
-        "_reading_paused", "_rejected", "_reserved", "_slots", "_small_body", "_timer",
-        "_transport", "_url", "_window_bytes", "_window_start", "_writing_paused", "_yielding",
+        "_reading_paused", "_rejected", "_reserved", "_shedder", "_slots", "_small_body", "_timer",
+        "_transport", "_turn", "_url", "_window_bytes", "_window_start", "_writing_paused",
+        "_yielding",
     )  # fmt: skip
 
     def __init__(
@@ -233,6 +236,8 @@ class HttpConnection(asyncio.Protocol):
         intake: Intake | None = None,
     ):
         self._api = api
+        self._turn = api.turn
+        self._shedder = api.shedder
         self._max_body = settings.max_body_bytes
         self._max_header = settings.max_header_bytes
         self._max_held = settings.max_connection_inflight_bytes
@@ -312,6 +317,7 @@ class HttpConnection(asyncio.Protocol):
         if self._lingering:  # the last response is out: discard the rest, in turns
             self._pace(len(data) * _DRAIN_COST_S)
             return
+        self._turn.mark(self._loop)
         self._last_active = self._loop.time()
         bulk = self._reserved >= _BULK_BODY_BYTES  # time it, and pace this connection
         if bulk:
@@ -418,6 +424,15 @@ class HttpConnection(asyncio.Protocol):
     def _answer(
         self, slot: _Slot, method: str, url: bytes, headers: dict[str, str], body: bytes
     ) -> None:
+        shedder = self._shedder
+        if shedder is not None and shedder.share and _is_infer(method, url) and shedder.refuse():
+            log_request(
+                protocol="http", model="", version=None, status=429, reason=_SHED_MESSAGE,
+                trace_id=None,
+            )  # fmt: skip
+            slot.data = _shed_reply(slot.keep_alive, slot.http10)
+            self._flush()
+            return
         outcome = self._api.handle(method, url, headers, body)
         if isinstance(outcome, Reply):
             slot.data = _encode(outcome, slot.keep_alive, slot.http10)
@@ -720,6 +735,26 @@ def _join_in_thread(loop: asyncio.AbstractEventLoop, chunks: list[bytes]) -> asy
 
     threading.Thread(target=work, name="duetime-body-join", daemon=True).start()
     return future
+
+
+_SHED_MESSAGE = (
+    "the server is saturated (its event loop is busy past its limit, and requests are missing "
+    "their due times); this request was refused unread; retry later or on another replica"
+)
+
+
+def _is_infer(method: str, url: bytes) -> bool:
+    return method == "POST" and url.split(b"?", 1)[0].endswith(b"/infer")
+
+
+@functools.cache
+def _shed_reply(keep_alive: bool, http10: bool) -> bytes:
+    """The refusal of a request the load shedder turns away, encoded once.
+
+    NOTE: at overload most requests are refused, and a refusal that cost as much as an answer
+    (routing, an exception, a trace id, a JSON body: 70% of serving mlp, measured) left the loop
+    too little time to answer the rest: refusing 50% of 200% load took all of it."""
+    return _encode(_error(429, _SHED_MESSAGE, retry_after=True), keep_alive, http10)
 
 
 def _error(status: int, message: str, *, retry_after: bool = False) -> Reply:

@@ -33,6 +33,7 @@ from duetime.errors import (
     Unauthorized,
 )
 from duetime.frontend import codec
+from duetime.frontend.arrival import ReadTurn
 from duetime.frontend.metadata import model_config_json, model_metadata_json
 from duetime.frontend.parameters import due_from_timeout_us, priority_of
 from duetime.frontend.statistics import statistics_json
@@ -158,9 +159,13 @@ class RestApi:
     ) -> None:
         self._engine = engine
         self._settings = settings
-        self._shedder = shedder
+        self.shedder = shedder
+        """The HTTP front end refuses its share of inference requests before reading them."""
         self._tracing = tracing
         self._access = AccessSampler(settings.access_log_sample)
+        self.turn = ReadTurn(engine.clock)
+        """Marked by the HTTP connections as they read: a request's timeout counts from the
+        start of the loop turn that read it."""
         self.accepting = True
         """False once shutdown starts: readiness reports false."""
 
@@ -301,8 +306,8 @@ class RestApi:
         self, model: str, version: str | None, headers: Mapping[str, str], body: bytes
     ) -> Reply | PendingReply:
         received = self._engine.clock.now_ns() if self._tracing is not None else 0
-        if self._shedder is not None:
-            self._shedder.check()
+        if self.shedder is not None:  # (the HTTP front end refuses most before this)
+            self.shedder.check()
         body = _decoded(body, headers.get("content-encoding"), self._settings.max_body_bytes)
         header = parse_header_length(headers.get(_HEADER_LENGTH), len(body))
         json_bytes = len(body) if header is None else header
@@ -321,7 +326,7 @@ class RestApi:
         now = self._engine.clock.now_ns()
         if self._tracing is not None:
             request.timing = RequestTiming(received, decoded_ns=now)
-        request.due_ns = due_from_timeout_us(request.parameters, now)
+        request.due_ns = due_from_timeout_us(request.parameters, self.turn.arrival_ns(now))
         request.priority = priority_of(request.parameters)
         ticket = self._engine.submit(request)
         return PendingReply(ticket, lambda done: self._infer_reply(done, request, plan))

@@ -103,8 +103,9 @@ class MetricsCollector:
             "duetime_requests",
             "Requests by outcome. success: answered by its due time (or it had none); late: "
             "answered after it; rejected: refused at admission (queue full or predicted to miss "
-            "its due time); expired: failed without running (due before it arrived, or could no "
-            "longer make it while queued); failed: the model failed; cancelled: the client gave "
+            "its due time); expired: failed without running (due before it reached the "
+            "scheduler, or could no longer make it while queued); failed: the model failed; "
+            "cancelled: the client gave "
             "up while it ran; invalid: inputs failed validation against the model's signature "
             "(variant is empty: no variant was chosen yet).",
             labels=(*DEPLOYMENT_LABELS, "outcome"),

@@ -369,7 +369,8 @@ class ModelScheduler:
             self._expired += 1
             raise DeadlineExceeded(
                 f"model {self._label}: the request was due {(now - due_ns) / 1e3:.0f} µs before "
-                "it arrived; send a larger timeout"
+                "it reached the scheduler (its timeout is too short, or it waited that long to "
+                "be read: the server is overloaded); send a larger timeout or retry later"
             )
         if not self._edf:
             return  # FIFO, like Triton, admits whatever fits the queue

@@ -1,9 +1,11 @@
-"""A request that fails after it was queued leaves no reference cycle behind.
+"""The HTTP front end on a real engine, its connections fed in memory by the test.
 
-Raising the exception a future holds ties it into a cycle (its traceback's frames hold the
-future); the cyclic collector then frees the request's frames, arrays and connection slot in
-one pause. Under overload thousands of requests a second fail this way: the pauses grew to
-30-70 ms and the event loop missed every due time meanwhile (engine.py `Ticket.failure`).
+1. A request that fails after it was queued leaves no reference cycle behind. Raising the
+   exception a future holds ties it into a cycle (its traceback's frames hold the future); the
+   cyclic collector then frees the request's frames, arrays and connection slot in one pause.
+   Under overload thousands of requests a second fail this way: the pauses grew to 30-70 ms and
+   the event loop missed every due time meanwhile (engine.py `Ticket.failure`).
+2. A request's timeout counts from the start of the loop turn that read it (frontend/arrival.py).
 """
 
 from __future__ import annotations
@@ -120,6 +122,46 @@ def test_requests_that_expire_in_the_queue_leave_no_cycle(mlp_repo: Path) -> Non
                 assert all(b" 504 " in answer.split(b"\r\n")[0] for answer in transport.written)
                 assert gc.collect() == 0
             connection.connection_lost(None)
+        finally:
+            await server.stop()
+
+    asyncio.run(body())
+
+
+def test_a_timeout_counts_from_the_start_of_the_turn_that_read_the_request(
+    mlp_repo: Path,
+) -> None:
+    settings = ServerSettings(
+        model_repository=mlp_repo, http_port=0, grpc_port=0, metrics=False,
+        tune_runtime=False, cpus="none",
+    )  # fmt: skip
+    x = np.ones((1, 40), np.float32)
+    spec = PayloadSpec("http-binary", "mlp", 1, None, "127.0.0.1", 1)
+    due_in_5ms = http_request_bytes(spec, {"x": x}, {"timeout": 5_000}, binary=True)
+
+    async def body() -> None:
+        server = Server(settings)
+        await server.start()
+        try:
+            first, second = Transport(), Transport()
+            connections = [
+                HttpConnection(server._rest, settings, server._connections) for _ in range(2)
+            ]
+            connections[0].connection_made(first)  # type: ignore[arg-type]
+            connections[1].connection_made(second)  # type: ignore[arg-type]
+            # one turn reads both connections; the first read took 10 ms of it
+            connections[0].data_received(due_in_5ms)
+            time.sleep(0.01)  # noqa: ASYNC251 - the loop is busy on purpose
+            connections[1].data_received(due_in_5ms)
+            await asyncio.sleep(0.05)
+            assert second.written[0].startswith(b"HTTP/1.1 504 ")
+            assert b"before it reached the scheduler" in second.written[0]
+            # in a turn of its own the same request is answered
+            connections[1].data_received(due_in_5ms)
+            await asyncio.sleep(0.05)
+            assert second.written[1].startswith(b"HTTP/1.1 200 ")
+            for connection in connections:
+                connection.connection_lost(None)
         finally:
             await server.stop()
 
