@@ -14,8 +14,8 @@ import asyncio
 import gc
 import shutil
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager, suppress
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager, suppress
 from pathlib import Path
 
 import numpy as np
@@ -90,29 +90,60 @@ def mlp_repo(demo_repo: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
-def test_requests_that_expire_in_the_queue_leave_no_cycle(mlp_repo: Path) -> None:
+X = np.ones((1, 40), np.float32)
+DUE_IN_5MS = http_request_bytes(
+    PayloadSpec("http-binary", "mlp", 1, None, "127.0.0.1", 1),
+    {"x": X},
+    {"timeout": 5_000},
+    binary=True,
+)
+
+
+@asynccontextmanager
+async def serving(
+    repository: Path,
+) -> AsyncIterator[Callable[[], tuple[HttpConnection, Transport]]]:
+    """A started server on `repository`; yields a function that opens an in-memory connection."""
     settings = ServerSettings(
-        model_repository=mlp_repo, http_port=0, grpc_port=0, metrics=False,
+        model_repository=repository, http_port=0, grpc_port=0, metrics=False,
         tune_runtime=False, cpus="none",
     )  # fmt: skip
-    x = np.ones((1, 40), np.float32)
-    spec = PayloadSpec("http-binary", "mlp", 1, None, "127.0.0.1", 1)
-    due_in_5ms = http_request_bytes(spec, {"x": x}, {"timeout": 5_000}, binary=True)
+    server = Server(settings)
+    await server.start()
+    opened: list[HttpConnection] = []
 
+    def connect() -> tuple[HttpConnection, Transport]:
+        connection = HttpConnection(server._rest, settings, server._connections)
+        transport = Transport()
+        connection.connection_made(transport)  # type: ignore[arg-type]
+        opened.append(connection)
+        return connection, transport
+
+    try:
+        yield connect
+    finally:
+        for connection in opened:
+            connection.connection_lost(None)
+        await server.stop()
+
+
+async def turns(count: int) -> None:
+    """Let the loop run `count` turns (an inline batch forms and answers in the next one)."""
+    for _ in range(count):
+        await asyncio.sleep(0)
+
+
+def test_requests_that_expire_in_the_queue_leave_no_cycle(mlp_repo: Path) -> None:
     async def body() -> None:
-        server = Server(settings)
-        await server.start()
-        engine = server.engine
-        try:
-            connection = HttpConnection(server._rest, settings, server._connections)
-            transport = Transport()
-            connection.connection_made(transport)  # type: ignore[arg-type]
+        async with serving(mlp_repo) as connect:
+            connection, transport = connect()
+            engine = connection._api._engine
             with collector_off():
                 for _ in range(20):
                     # admitted, then the loop is held past its due time before the batch forms
-                    connection.data_received(due_in_5ms)
+                    connection.data_received(DUE_IN_5MS)
                     time.sleep(0.01)  # noqa: ASYNC251 - the loop is held before the batch forms
-                    call = asyncio.ensure_future(engine.infer_async("mlp", {"x": x}, timeout=0.005))
+                    call = asyncio.ensure_future(engine.infer_async("mlp", {"x": X}, timeout=0.005))
                     # ...and held again once the call has queued its request
                     asyncio.get_running_loop().call_soon(time.sleep, 0.01)
                     await asyncio.wait([call])
@@ -121,9 +152,6 @@ def test_requests_that_expire_in_the_queue_leave_no_cycle(mlp_repo: Path) -> Non
                 assert len(transport.written) == 20  # each answered as its batch failed
                 assert all(b" 504 " in answer.split(b"\r\n")[0] for answer in transport.written)
                 assert gc.collect() == 0
-            connection.connection_lost(None)
-        finally:
-            await server.stop()
 
     asyncio.run(body())
 
@@ -131,38 +159,19 @@ def test_requests_that_expire_in_the_queue_leave_no_cycle(mlp_repo: Path) -> Non
 def test_a_timeout_counts_from_the_start_of_the_turn_that_read_the_request(
     mlp_repo: Path,
 ) -> None:
-    settings = ServerSettings(
-        model_repository=mlp_repo, http_port=0, grpc_port=0, metrics=False,
-        tune_runtime=False, cpus="none",
-    )  # fmt: skip
-    x = np.ones((1, 40), np.float32)
-    spec = PayloadSpec("http-binary", "mlp", 1, None, "127.0.0.1", 1)
-    due_in_5ms = http_request_bytes(spec, {"x": x}, {"timeout": 5_000}, binary=True)
-
     async def body() -> None:
-        server = Server(settings)
-        await server.start()
-        try:
-            first, second = Transport(), Transport()
-            connections = [
-                HttpConnection(server._rest, settings, server._connections) for _ in range(2)
-            ]
-            connections[0].connection_made(first)  # type: ignore[arg-type]
-            connections[1].connection_made(second)  # type: ignore[arg-type]
+        async with serving(mlp_repo) as connect:
+            (first, _), (second, answers) = connect(), connect()
             # one turn reads both connections; the first read took 10 ms of it
-            connections[0].data_received(due_in_5ms)
+            first.data_received(DUE_IN_5MS)
             time.sleep(0.01)  # noqa: ASYNC251 - the loop is busy on purpose
-            connections[1].data_received(due_in_5ms)
-            await asyncio.sleep(0.05)
-            assert second.written[0].startswith(b"HTTP/1.1 504 ")
-            assert b"before it reached the scheduler" in second.written[0]
+            second.data_received(DUE_IN_5MS)
+            assert answers.written[0].startswith(b"HTTP/1.1 504 ")
+            assert b"before it reached the scheduler" in answers.written[0]
+            await turns(2)
             # in a turn of its own the same request is answered
-            connections[1].data_received(due_in_5ms)
-            await asyncio.sleep(0.05)
-            assert second.written[1].startswith(b"HTTP/1.1 200 ")
-            for connection in connections:
-                connection.connection_lost(None)
-        finally:
-            await server.stop()
+            second.data_received(DUE_IN_5MS)
+            await turns(2)
+            assert answers.written[1].startswith(b"HTTP/1.1 200 ")
 
     asyncio.run(body())
