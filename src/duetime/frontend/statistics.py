@@ -79,7 +79,7 @@ def _variant_json(deployment: Deployment, stats: SchedulerStatistics) -> dict[st
         "failed": stats.failed,
         "cancelled": stats.cancelled,
         "handoff_overhead_ns": stats.overhead_ns,
-        "execution_overrun_p99": round(stats.overrun, 3),
+        "execution_overrun": round(stats.overrun, 3),
         "breakers": ["closed", "half-open", "open"][max(stats.breaker_states, default=0)]
         if stats.breaker_states
         else "closed",
