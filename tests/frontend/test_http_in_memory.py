@@ -175,3 +175,20 @@ def test_a_timeout_counts_from_the_start_of_the_turn_that_read_the_request(
             assert answers.written[1].startswith(b"HTTP/1.1 200 ")
 
     asyncio.run(body())
+
+
+def test_the_shedder_refuses_its_share_of_http_requests_once(mlp_repo: Path) -> None:
+    async def body() -> None:
+        async with serving(mlp_repo) as connect:
+            connection, transport = connect()
+            shedder = connection._shedder
+            assert shedder is not None
+            shedder.share = 0.5  # (its next sample is 10 ms away)
+            for _ in range(4):
+                connection.data_received(DUE_IN_5MS)
+            await turns(2)
+            statuses = [answer.split(b" ", 2)[1] for answer in transport.written]
+            assert sorted(statuses) == [b"200", b"200", b"429", b"429"]
+            assert shedder.refused == 2
+
+    asyncio.run(body())

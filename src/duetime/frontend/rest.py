@@ -160,7 +160,8 @@ class RestApi:
         self._engine = engine
         self._settings = settings
         self.shedder = shedder
-        """The HTTP front end refuses its share of inference requests before reading them."""
+        """Read by the HTTP front end, which refuses its share of inference requests before
+        they reach this API (`HttpConnection._answer`)."""
         self._tracing = tracing
         self._access = AccessSampler(settings.access_log_sample)
         self.turn = ReadTurn(engine.clock)
@@ -306,8 +307,6 @@ class RestApi:
         self, model: str, version: str | None, headers: Mapping[str, str], body: bytes
     ) -> Reply | PendingReply:
         received = self._engine.clock.now_ns() if self._tracing is not None else 0
-        if self.shedder is not None:  # (the HTTP front end refuses most before this)
-            self.shedder.check()
         body = _decoded(body, headers.get("content-encoding"), self._settings.max_body_bytes)
         header = parse_header_length(headers.get(_HEADER_LENGTH), len(body))
         json_bytes = len(body) if header is None else header
