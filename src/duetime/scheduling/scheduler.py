@@ -530,13 +530,12 @@ class ModelScheduler:
             now = self._clock.now_ns()
             if self._idle_instance(now) is not None:
                 (item,) = queue.take(1)
-                if item.future.done():  # cancelled by its client
-                    pass
-                elif is_hopeless(item, now, self._deadline_rule()):
-                    # the loop was held past its due time between its admission and this turn
-                    self._expire([item], now)
-                else:
-                    self._start_alone(item, 0, now)
+                if not item.future.done():  # (done: cancelled by its client)
+                    if is_hopeless(item, now, self._deadline_rule()):
+                        # the loop was held past its due time since its admission
+                        self._expire([item], now)
+                    else:
+                        self._start_alone(item, 0, now)
                 self._drained.set()  # an inline batch is over when `_start` returns
                 return
         self._dispatch()
