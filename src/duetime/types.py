@@ -54,6 +54,9 @@ class InferRequest:
     outputs: tuple[str, ...] | None = None
     id: str = ""
     due_ns: int | None = None
+    arrival_ns: int | None = None
+    """When it reached the server, as far as its front end can tell (None: when it is routed);
+    a model's `default_timeout_ms` counts from here (see frontend/arrival.py)."""
     priority: int = 0
     parameters: Mapping[str, Any] = field(default_factory=dict)
     headers: Mapping[str, str] = field(default_factory=dict)

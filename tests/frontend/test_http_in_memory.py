@@ -97,6 +97,9 @@ DUE_IN_5MS = http_request_bytes(
     {"timeout": 5_000},
     binary=True,
 )
+NO_TIMEOUT = http_request_bytes(
+    PayloadSpec("http-binary", "mlp", 1, None, "127.0.0.1", 1), {"x": X}, {}, binary=True
+)
 
 
 @asynccontextmanager
@@ -171,6 +174,33 @@ def test_a_timeout_counts_from_the_start_of_the_turn_that_read_the_request(
             await turns(2)
             # in a turn of its own the same request is answered
             second.data_received(DUE_IN_5MS)
+            await turns(2)
+            assert answers.written[1].startswith(b"HTTP/1.1 200 ")
+
+    asyncio.run(body())
+
+
+@pytest.fixture(scope="module")
+def mlp_due_in_5ms_repo(mlp_repo: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("mlp-default-timeout")
+    shutil.copytree(mlp_repo / "mlp", root / "mlp")
+    with (root / "mlp" / "config.toml").open("a") as config:
+        config.write("default_timeout_ms = 5\n")
+    return root
+
+
+def test_a_default_timeout_counts_from_the_start_of_the_read_turn_too(
+    mlp_due_in_5ms_repo: Path,
+) -> None:
+    async def body() -> None:
+        async with serving(mlp_due_in_5ms_repo) as connect:
+            (first, _), (second, answers) = connect(), connect()
+            first.data_received(NO_TIMEOUT)
+            time.sleep(0.01)  # noqa: ASYNC251 - the loop is busy on purpose
+            second.data_received(NO_TIMEOUT)
+            assert answers.written[0].startswith(b"HTTP/1.1 504 ")
+            await turns(2)
+            second.data_received(NO_TIMEOUT)
             await turns(2)
             assert answers.written[1].startswith(b"HTTP/1.1 200 ")
 

@@ -325,7 +325,8 @@ class RestApi:
         now = self._engine.clock.now_ns()
         if self._tracing is not None:
             request.timing = RequestTiming(received, decoded_ns=now)
-        request.due_ns = due_from_timeout_us(request.parameters, self.turn.arrival_ns(now))
+        request.arrival_ns = arrival = self.turn.arrival_ns(now)
+        request.due_ns = due_from_timeout_us(request.parameters, arrival)
         request.priority = priority_of(request.parameters)
         ticket = self._engine.submit(request)
         return PendingReply(ticket, lambda done: self._infer_reply(done, request, plan))

@@ -116,7 +116,8 @@ class Router:
         if due is None:
             timeout = primary.scheduler.default_timeout_ns
             if timeout is not None:
-                due = now + timeout
+                arrival = request.arrival_ns
+                due = (now if arrival is None else arrival) + timeout
         deployment = primary
         if len(version.variants) > 1:
             if due is not None:
