@@ -80,14 +80,23 @@ def test_a_raised_failure_is_a_copy_and_makes_no_cycle() -> None:
     asyncio.run(body())
 
 
+def mlp_copy(source: Path, root: Path, config: str) -> Path:
+    """A repository at `root` holding `source`'s mlp, with `config` added to its config."""
+    shutil.copytree(source / "mlp", root / "mlp")
+    with (root / "mlp" / "config.toml").open("a") as file:
+        file.write(f"\n{config}\n")
+    return root
+
+
 @pytest.fixture(scope="module")
 def mlp_repo(demo_repo: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("mlp-only")
-    shutil.copytree(demo_repo / "mlp", root / "mlp")
     # inline: a batch forms on the loop's next turn, which the tests hold back
-    with (root / "mlp" / "config.toml").open("a") as config:
-        config.write('\nexecution = "inline"\n')
-    return root
+    return mlp_copy(demo_repo, tmp_path_factory.mktemp("mlp-only"), 'execution = "inline"')
+
+
+@pytest.fixture(scope="module")
+def mlp_due_in_5ms_repo(mlp_repo: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return mlp_copy(mlp_repo, tmp_path_factory.mktemp("mlp-default"), "default_timeout_ms = 5")
 
 
 X = np.ones((1, 40), np.float32)
@@ -159,48 +168,27 @@ def test_requests_that_expire_in_the_queue_leave_no_cycle(mlp_repo: Path) -> Non
     asyncio.run(body())
 
 
+@pytest.mark.parametrize(
+    ("repository", "payload"),
+    [("mlp_repo", "due in 5 ms"), ("mlp_due_in_5ms_repo", "no timeout: the model's default")],
+)
 def test_a_timeout_counts_from_the_start_of_the_turn_that_read_the_request(
-    mlp_repo: Path,
+    request: pytest.FixtureRequest, repository: str, payload: str
 ) -> None:
+    wire = DUE_IN_5MS if payload == "due in 5 ms" else NO_TIMEOUT
+
     async def body() -> None:
-        async with serving(mlp_repo) as connect:
+        async with serving(request.getfixturevalue(repository)) as connect:
             (first, _), (second, answers) = connect(), connect()
             # one turn reads both connections; the first read took 10 ms of it
-            first.data_received(DUE_IN_5MS)
+            first.data_received(wire)
             time.sleep(0.01)  # noqa: ASYNC251 - the loop is busy on purpose
-            second.data_received(DUE_IN_5MS)
+            second.data_received(wire)
             assert answers.written[0].startswith(b"HTTP/1.1 504 ")
             assert b"before it reached the scheduler" in answers.written[0]
             await turns(2)
             # in a turn of its own the same request is answered
-            second.data_received(DUE_IN_5MS)
-            await turns(2)
-            assert answers.written[1].startswith(b"HTTP/1.1 200 ")
-
-    asyncio.run(body())
-
-
-@pytest.fixture(scope="module")
-def mlp_due_in_5ms_repo(mlp_repo: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("mlp-default-timeout")
-    shutil.copytree(mlp_repo / "mlp", root / "mlp")
-    with (root / "mlp" / "config.toml").open("a") as config:
-        config.write("default_timeout_ms = 5\n")
-    return root
-
-
-def test_a_default_timeout_counts_from_the_start_of_the_read_turn_too(
-    mlp_due_in_5ms_repo: Path,
-) -> None:
-    async def body() -> None:
-        async with serving(mlp_due_in_5ms_repo) as connect:
-            (first, _), (second, answers) = connect(), connect()
-            first.data_received(NO_TIMEOUT)
-            time.sleep(0.01)  # noqa: ASYNC251 - the loop is busy on purpose
-            second.data_received(NO_TIMEOUT)
-            assert answers.written[0].startswith(b"HTTP/1.1 504 ")
-            await turns(2)
-            second.data_received(NO_TIMEOUT)
+            second.data_received(wire)
             await turns(2)
             assert answers.written[1].startswith(b"HTTP/1.1 200 ")
 
