@@ -95,7 +95,7 @@ class Server:
         self.shedder = LoadShedder(target=share) if share > 0 else None
         self._shed_timer: asyncio.TimerHandle | None = None
         self.tracing = tracing or tracing_from_env()
-        self._rest = RestApi(self.engine, settings, self.shedder, self.tracing)
+        self._rest = RestApi(self.engine, settings, self.tracing)
         self._grpc_service = InferenceService(
             self.engine, self.shedder, settings.control_token, self.tracing,
             settings.access_log_sample,
@@ -128,7 +128,9 @@ class Server:
             sys.setswitchinterval(self.settings.switch_interval_us / 1e6)
         if self.recorder is not None:
             self._start_recorder(self.recorder)
-        self._http = await serve_http(self._rest, self.settings, self._connections)
+        self._http = await serve_http(
+            self._rest, self.settings, self._connections, shedder=self.shedder
+        )
         self._grpc, grpc_port = await serve_grpc(self._grpc_service, self.settings)
         if self.shedder is not None:
             self.shedder.sample()  # start measuring from now

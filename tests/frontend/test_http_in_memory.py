@@ -125,7 +125,9 @@ async def serving(
     opened: list[HttpConnection] = []
 
     def connect() -> tuple[HttpConnection, Transport]:
-        connection = HttpConnection(server._rest, settings, server._connections)
+        connection = HttpConnection(
+            server._rest, settings, server._connections, shedder=server.shedder
+        )
         transport = Transport()
         connection.connection_made(transport)  # type: ignore[arg-type]
         opened.append(connection)

@@ -76,13 +76,11 @@ class EchoApi:
         loop: asyncio.AbstractEventLoop,
         *,
         hold: bool = False,
-        shedder: LoadShedder | None = None,
     ) -> None:
         self.loop = loop
         self.hold = hold
         self.held: list[tuple[Ticket, Reply]] = []
         self.turn = ReadTurn(MonotonicClock())
-        self.shedder = shedder
 
     def handle(self, method: str, target: bytes, headers: Any, body: bytes) -> Any:
         reply = Reply(
@@ -236,8 +234,8 @@ def converse(
 
     async def scenario() -> Outcome:
         intake = Intake(settings)
-        api = EchoApi(loop, shedder=shedder)
-        connection = HttpConnection(api, settings, set(), intake)  # type: ignore[arg-type]
+        api = EchoApi(loop)
+        connection = HttpConnection(api, settings, set(), intake, shedder)  # type: ignore[arg-type]
         transport = FakeTransport(loop, connection)
         connection.connection_made(transport)  # type: ignore[arg-type]
         for chunk in chunks:

@@ -765,11 +765,17 @@ def test_inline_waits_for_its_batching_window_like_a_thread() -> None:
 # -- schedulers sharing a CPU ----------------------------------------------------------------------
 
 
+def one_cpu(max_batch_size: int = 0) -> tuple[CoreLedger, FakeClock, Harness, Harness]:
+    """Two schedulers whose instances share one CPU (one ledger, one clock); the first batches
+    up to `max_batch_size` rows."""
+    ledger, clock = CoreLedger(), FakeClock(1_000 * MS)
+    a = harness(ledger=ledger, clock=clock, max_batch_size=max_batch_size)
+    return ledger, clock, a, harness(ledger=ledger, clock=clock)
+
+
 def test_schedulers_on_one_cpu_plan_behind_each_other_and_take_turns_in_order() -> None:
     async def body() -> None:
-        ledger, clock = CoreLedger(), FakeClock(1_000 * MS)
-        a = harness(ledger=ledger, clock=clock)
-        b = harness(ledger=ledger, clock=clock)
+        ledger, clock, a, b = one_cpu()
         a.submit("a1")  # runs now: 100 µs
         assert b.scheduler.fits(clock.now_ns(), clock.now_ns() + 250 * US, 1, 0)
         assert not b.scheduler.fits(clock.now_ns(), clock.now_ns() + 150 * US, 1, 0)
@@ -788,9 +794,7 @@ def test_schedulers_on_one_cpu_plan_behind_each_other_and_take_turns_in_order() 
 
 def test_work_queued_on_another_scheduler_of_the_cpu_counts_at_admission() -> None:
     async def body() -> None:
-        ledger, clock = CoreLedger(), FakeClock(1_000 * MS)
-        a = harness(ledger=ledger, clock=clock, max_batch_size=4)
-        b = harness(ledger=ledger, clock=clock)
+        _, clock, a, b = one_cpu(max_batch_size=4)
         a.submit("running")
         for name in ("q1", "q2", "q3"):
             a.submit(name)  # queued behind it: 3 rows at the best per-row cost, 62.5 µs each
@@ -803,9 +807,7 @@ def test_work_queued_on_another_scheduler_of_the_cpu_counts_at_admission() -> No
 
 def test_a_request_that_would_make_the_others_queued_work_late_does_not_fit() -> None:
     async def body() -> None:
-        ledger, clock = CoreLedger(), FakeClock(1_000 * MS)
-        a = harness(ledger=ledger, clock=clock, max_batch_size=4)
-        b = harness(ledger=ledger, clock=clock)
+        _, clock, a, b = one_cpu(max_batch_size=4)
         a.submit("running", due_in=10 * MS)
         a.submit("tight", due_in=220 * US)  # queued behind 100 µs running: 57.5 µs of slack
         now = clock.now_ns()

@@ -36,6 +36,7 @@ from duetime.config import ServerSettings
 from duetime.execution.affinity import lower_thread_priority
 from duetime.frontend.rest import PendingReply, Reply, RestApi
 from duetime.observability.logs import log_request
+from duetime.overload import LoadShedder
 
 log = logging.getLogger("duetime.http")
 
@@ -234,10 +235,12 @@ class HttpConnection(asyncio.Protocol):
         settings: ServerSettings,
         connections: set[HttpConnection],
         intake: Intake | None = None,
+        shedder: LoadShedder | None = None,
     ):
         self._api = api
         self._turn = api.turn
-        self._shedder = api.shedder
+        self._shedder = shedder
+        """Refuses its share of inference requests before they reach the API (`_answer`)."""
         self._max_body = settings.max_body_bytes
         self._max_header = settings.max_header_bytes
         self._max_held = settings.max_connection_inflight_bytes
@@ -784,6 +787,7 @@ async def serve_http(
     settings: ServerSettings,
     connections: set[HttpConnection],
     intake: Intake | None = None,
+    shedder: LoadShedder | None = None,
 ) -> asyncio.Server:
     """Listen on `settings.host:http_port` (0: any free port); returns the started server.
 
@@ -793,7 +797,7 @@ async def serve_http(
     shared = intake if intake is not None else Intake(settings)
 
     def factory() -> Any:
-        return HttpConnection(api, settings, connections, shared)
+        return HttpConnection(api, settings, connections, shared, shedder)
 
     return await loop.create_server(
         factory, settings.host, settings.http_port, reuse_address=True, backlog=1024

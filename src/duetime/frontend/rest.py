@@ -44,7 +44,6 @@ from duetime.observability.tracing import (
     new_trace_id,
     parse_traceparent,
 )
-from duetime.overload import LoadShedder
 from duetime.repository.manager import check_model_name
 from duetime.types import InferRequest
 
@@ -154,14 +153,10 @@ class RestApi:
         self,
         engine: Engine,
         settings: ServerSettings,
-        shedder: LoadShedder | None = None,
         tracing: Tracing | None = None,
     ) -> None:
         self._engine = engine
         self._settings = settings
-        self.shedder = shedder
-        """Read by the HTTP front end, which refuses its share of inference requests before
-        they reach this API (`HttpConnection._answer`)."""
         self._tracing = tracing
         self._access = AccessSampler(settings.access_log_sample)
         self.turn = ReadTurn(engine.clock)

@@ -545,8 +545,8 @@ class ModelScheduler:
         """Start `item` as a batch of its own on an idle instance.
 
         NOTE: the common case at light load, decided without the batch policy: an idle instance
-        and nothing else waiting means the batch is this request alone, now (admission checked
-        its due time in this same loop turn)."""
+        and nothing else waiting means the batch is this request alone, now. Its due time was
+        checked at admission; a caller on a later turn of the loop checks it again."""
         bucket = self.profile.bucket_of[item.rows] if self._max_rows else 0
         self._start(Run(0, [item], item.rows, bucket), instance, now, now)
 
