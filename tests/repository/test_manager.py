@@ -17,8 +17,9 @@ import pytest
 from repo_models import age, heavy_model, inputs, scale_model, write_version
 
 from duetime.engine import Engine
-from duetime.errors import InvalidInput, ModelNotFound, ModelUnavailable, NotAllowed
+from duetime.errors import DuetimeError, InvalidInput, ModelNotFound, ModelUnavailable, NotAllowed
 from duetime.repository.manager import RepositoryOptions
+from duetime.scheduling.scheduler import REFUSALS_SEEN_NS
 
 Scenario = Callable[[Engine], Awaitable[None]]
 
@@ -363,6 +364,25 @@ def test_a_tight_due_time_goes_to_the_cheaper_variant(tmp_path: Path) -> None:
         ticket = engine.submit(engine._request("m", inputs(), None, 0.001, 0, None))
         await ticket.future
         assert ticket.response().variant == "small"
+
+    run(tmp_path, scenario)
+
+
+def test_while_the_cheaper_variant_turns_requests_away_the_primary_takes_none(
+    tmp_path: Path,
+) -> None:
+    write_version(tmp_path, "m", 1, heavy_model(1))
+    write_version(tmp_path, "m", 1, scale_model(2), name="model.small.onnx")
+    config(tmp_path, "m", '[[variants]]\nname = "small"\nfile = "model.small.onnx"\n')
+
+    async def scenario(engine: Engine) -> None:
+        assert await factor_of(engine, timeout=1.0) == 1.0  # idle: the primary
+        with pytest.raises(DuetimeError):  # due in 1 µs: nothing fits, the small one refuses
+            await factor_of(engine, timeout=1e-6)
+        # the primary would fit, but the CPU they share is backlogged: the small one answers
+        assert await factor_of(engine, timeout=1.0) == 2.0
+        await asyncio.sleep(REFUSALS_SEEN_NS / 1e9 + 0.01)
+        assert await factor_of(engine, timeout=1.0) == 1.0
 
     run(tmp_path, scenario)
 

@@ -2,8 +2,9 @@
 
 It reads one registry snapshot per request. Version: the one the request names, else the traffic
 plan's (sticky key or weighted draw). Variant: the best one (primary first) whose scheduler
-predicts a finish by the request's due time; when none does, the cheapest one takes the request
-and its admission gives the client the reason.
+predicts a finish by the request's due time, while no cheaper one is backlogged (`_cascade`);
+when none does, the cheapest one takes the request and its admission gives the client the
+reason.
 """
 
 from __future__ import annotations
@@ -121,11 +122,7 @@ class Router:
         deployment = primary
         if len(version.variants) > 1:
             if due is not None:
-                deployment = version.variants[-1]
-                for candidate in version.variants:
-                    if candidate.scheduler.fits(now, due, prepared.rows, request.priority):
-                        deployment = candidate
-                        break
+                deployment = _cascade(version.variants, now, due, prepared.rows, request.priority)
             elif not primary.scheduler.available(now):
                 working = (d for d in version.variants if d.scheduler.available(now))
                 deployment = next(working, primary)
@@ -162,6 +159,24 @@ class Router:
                 stats.skipped += 1
                 continue
             _when_both_done(answer, copy, functools.partial(_compare, stats=stats))
+
+
+def _cascade(
+    variants: tuple[Deployment, ...], now: int, due: int, rows: int, priority: int
+) -> Deployment:
+    """The best variant that fits the request while no cheaper variant is backlogged; the
+    cheapest when none does.
+
+    NOTE: a backlogged cheaper variant means the CPU they share is busy: a request that the
+    better variant would still fit in takes three or four cheaper requests' worth of it, and
+    the cheaper variant's waiting requests, admitted on the CPU they expected, run late or
+    expire. Under overload everything goes to the cheapest; below it, the best."""
+    for index, candidate in enumerate(variants):
+        if any(cheaper.scheduler.backlogged(now) for cheaper in variants[index + 1 :]):
+            continue
+        if candidate.scheduler.fits(now, due, rows, priority):
+            return candidate
+    return variants[-1]
 
 
 def _working(version: ServedVersion, now: int) -> bool:

@@ -52,6 +52,8 @@ _SLACK_SCAN = 16
 """Queued requests looked at for the slack another scheduler of the CPU must leave them."""
 _SWEEP_S = 0.001
 """While requests queue, how often the whole queue is checked for hopeless ones."""
+REFUSALS_SEEN_NS = 50_000_000
+"""A model that refused or expired a request this recently counts as backlogged (`backlogged`)."""
 PROBE_NS = 100_000_000
 """An idle model that has refused every request for this long admits one it predicts to miss:
 its predictions come from what it measures, and a model that refuses everything measures
@@ -232,6 +234,8 @@ class ModelScheduler:
         self._margin_ns = config.delivery_margin_us * 1000
         self._exec_margin = config.exec_margin
         self._overrun = Overrun()
+        self._refused_ns = -REFUSALS_SEEN_NS
+        """When it last refused or expired a request."""
         self._sweeper: asyncio.TimerHandle | None = None
         self._closed = False
         self.last_arrival_ns = clock.now_ns()
@@ -296,6 +300,7 @@ class ModelScheduler:
                 return future
         if not queue.push(item):
             self._rejected += 1
+            self._refused_ns = now
             raise Overloaded(
                 f"model {self._label}: queue full ({queue.capacity} requests waiting, "
                 "scheduling.max_queue_size); retry later or raise the limit"
@@ -322,6 +327,16 @@ class ModelScheduler:
         if others is not None and self._exec_ns(rows) > others.slack_ns:
             return False  # its batch would make a request another scheduler admitted late
         return finish + self._margin_for(rows) <= due_ns
+
+    def backlogged(self, now: int) -> bool:
+        """Requests wait in the queue, or every instance has as many batches as it takes (the
+        next batch would wait for one of them), or it turned a request away lately (its queue
+        empties between arrivals even while it refuses most of them)."""
+        return (
+            bool(len(self._queue))
+            or not self._has_slot()
+            or now - self._refused_ns < REFUSALS_SEEN_NS
+        )
 
     @property
     def default_timeout_ns(self) -> int | None:
@@ -365,6 +380,7 @@ class ModelScheduler:
         rejection = admit(now_ns=now, due_ns=due_ns, predicted_finish_ns=needed)
         if rejection is None:
             return
+        self._refused_ns = now
         if rejection.late:
             self._expired += 1
             raise DeadlineExceeded(
@@ -596,6 +612,8 @@ class ModelScheduler:
         return bounded
 
     def _expire(self, hopeless: list[QueuedRequest], now: int) -> None:
+        if hopeless:
+            self._refused_ns = now
         for item in hopeless:
             self._expired += 1
             due = item.due_ns if item.due_ns is not None else now
