@@ -107,6 +107,11 @@ def _parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     serve.add_argument("--cpus", help="auto (default), none, or a CPU list such as 0,2-3")
     serve.add_argument(
+        "--busy-poll-us", type=int,
+        help="after each read, poll instead of sleeping this long (0: off; lower latency for a "
+        "busy core)",
+    )  # fmt: skip
+    serve.add_argument(
         "--overload-utilization", type=float,
         help="refuse a share of requests early above this event-loop busy share (0.85; 0: off)",
     )  # fmt: skip
@@ -227,6 +232,7 @@ def _serve(args: argparse.Namespace) -> int:
         "grpc_port": args.grpc_port, "metrics": args.metrics,
         "metrics_port": args.metrics_port, "max_body_bytes": args.max_body_bytes,
         "idle_timeout_s": args.idle_timeout_s, "cpus": args.cpus,
+        "busy_poll_us": args.busy_poll_us,
         "max_connections": args.max_connections,
         "request_read_timeout_s": args.request_read_timeout_s,
         "min_body_rate_bytes_s": args.min_body_rate_bytes_s,

@@ -310,6 +310,9 @@ class ServerSettings(_Strict):
     """CPUs to run on: `auto` (all this process may use), `none` (no pinning), or a list like
     `0,2-3`. The event loop is pinned to the first; small models' instances share it, big
     models' instances get the others (see execution/affinity.py)."""
+    busy_poll_us: int = Field(default=0, ge=0, le=1_000_000)
+    """After a read, the event loop keeps polling (a busy core) this long before it sleeps, so
+    that a client's next request is read without waking the core (see loops.BusyPoll). 0: off."""
     overload_utilization: float = Field(default=0.85, ge=0.0, le=1.0)
     """Above this share of the event loop's time spent busy, while requests are failing their
     due times, a growing share of new requests is refused before their bodies are decoded

@@ -16,6 +16,7 @@ from duetime.execution.affinity import CpuPlan, parse_cpus, pin_current_thread
 from duetime.frontend.grpc import InferenceService, serve_grpc
 from duetime.frontend.http import HttpConnection, serve_http
 from duetime.frontend.rest import RestApi
+from duetime.loops import BusyPoll
 from duetime.observability.exporter import MetricsExporter
 from duetime.observability.metrics import CaptureCollector
 from duetime.observability.tracing import Tracing, tracing_from_env
@@ -128,6 +129,10 @@ class Server:
             sys.setswitchinterval(self.settings.switch_interval_us / 1e6)
         if self.recorder is not None:
             self._start_recorder(self.recorder)
+        if self.settings.busy_poll_us:
+            self._rest.turn.busy_poll = BusyPoll(
+                asyncio.get_running_loop(), self.settings.busy_poll_us / 1e6
+            )
         self._http = await serve_http(
             self._rest, self.settings, self._connections, shedder=self.shedder
         )

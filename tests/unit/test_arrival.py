@@ -1,13 +1,21 @@
-"""Unit tests for `duetime.frontend.arrival.ReadTurn`."""
+"""Unit tests for `duetime.frontend.arrival.ReadTurn` and `duetime.loops.BusyPoll`."""
 
 from __future__ import annotations
 
 import asyncio
+import http.client
+import json
 import socket
+import time
+from pathlib import Path
+
+from conftest import start_server, stop_server
+from repo_models import scale_model, write_version
 
 from duetime.clock import FakeClock
+from duetime.config import ServerSettings
 from duetime.frontend.arrival import ReadTurn
-from duetime.loops import new_event_loop
+from duetime.loops import BusyPoll, new_event_loop
 
 
 def test_requests_read_in_one_turn_arrive_when_the_turn_began() -> None:
@@ -72,3 +80,43 @@ def test_reads_that_one_poll_returns_share_a_turn_on_the_server_loop() -> None:
         loop.run_until_complete(body())
     finally:
         loop.close()
+
+
+def test_busy_poll_keeps_the_loop_turning_for_its_window_then_lets_it_sleep() -> None:
+    async def body() -> None:
+        loop = asyncio.get_running_loop()
+        poll = BusyPoll(loop, 0.005)
+        started = time.monotonic()
+        poll.poke()
+        turns = 0
+        while poll.spinning:
+            turns += 1
+            await asyncio.sleep(0)
+        assert time.monotonic() - started >= 0.005  # never stops early
+        assert turns > 10  # the loop kept turning meanwhile
+        poll.poke()  # a new read starts a new window
+        assert poll.spinning
+
+    asyncio.run(body())
+
+
+def test_a_server_with_busy_poll_answers_keep_alive_requests(tmp_path: Path) -> None:
+    write_version(tmp_path, "m", 1, scale_model(3))
+    settings = ServerSettings(
+        model_repository=tmp_path, http_port=0, grpc_port=0, metrics=False, busy_poll_us=300
+    )
+    running, thread = start_server(settings)
+    try:
+        assert running.server._rest.turn.busy_poll is not None
+        body = json.dumps(
+            {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 4], "data": [1, 2, 3, 4]}]}
+        )
+        connection = http.client.HTTPConnection(running.addresses.host, running.addresses.http_port)
+        for _ in range(20):
+            connection.request("POST", "/v2/models/m/infer", body)
+            response = connection.getresponse()
+            assert response.status == 200
+            assert json.loads(response.read())["outputs"][0]["data"] == [3, 6, 9, 12]
+        connection.close()
+    finally:
+        stop_server(running, thread)

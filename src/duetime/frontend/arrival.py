@@ -20,17 +20,20 @@ from __future__ import annotations
 import asyncio
 
 from duetime.clock import Clock
+from duetime.loops import BusyPoll
 
 
 class ReadTurn:
     """The start of the loop turn in which the front end reads requests (see the module doc)."""
 
-    __slots__ = ("_clock", "_open", "_started_ns")
+    __slots__ = ("_clock", "_open", "_started_ns", "busy_poll")
 
     def __init__(self, clock: Clock) -> None:
         self._clock = clock
         self._open = False
         self._started_ns = 0
+        self.busy_poll: BusyPoll | None = None
+        """Poked at each turn that reads (`busy_poll_us`); None: the loop sleeps when idle."""
 
     def mark(self, loop: asyncio.AbstractEventLoop) -> None:
         """Call as data is read, on `loop`: the turn's first read starts it.
@@ -41,6 +44,8 @@ class ReadTurn:
             self._open = True
             self._started_ns = self._clock.now_ns()
             loop.call_soon(self._close)
+            if self.busy_poll is not None:
+                self.busy_poll.poke()
 
     def arrival_ns(self, now_ns: int) -> int:
         """When a request being handled now reached the server, as far as the loop can tell:
