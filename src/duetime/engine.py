@@ -20,6 +20,7 @@ from typing import Protocol
 
 import numpy as np
 
+from duetime.classification import check_classifiable, top_classes
 from duetime.clock import Clock, MonotonicClock
 from duetime.config import ModelConfig
 from duetime.errors import (
@@ -59,6 +60,10 @@ class Ticket:
     future settles (not on cancellation)."""
     done_ns: int = 0
     """When the future settled, on `stamp`'s clock (0: not yet, or not stamped)."""
+    classes: Mapping[str, int] | None = None
+    """Outputs returned as their top classes, and how many (see duetime/classification.py)."""
+    batched: bool = True
+    """Whether the model's outputs have a batch dimension (classes are per batch element)."""
 
     def when_done(self, callback: Callable[[], None]) -> None:
         """Call `callback` once the future settles (not if it is cancelled): now, if it has.
@@ -108,6 +113,9 @@ class Ticket:
                 error = None  # this frame is in the copy's traceback: it must not hold the copy
         produced = self.future.result()
         outputs = {name: produced[name] for name in self.outputs}
+        if self.classes:
+            for name, count in self.classes.items():
+                outputs[name] = top_classes(outputs[name], count, self.batched)
         return InferResponse(self.model, self.version, request_id, outputs, self.variant)
 
 
@@ -279,6 +287,10 @@ class Engine:
         model = routed.deployment.model
         prepared = routed.prepared
         ticket = Ticket(model.name, model.version, prepared.outputs, routed.deployment.variant)
+        if request.classes:
+            signature = model.signature
+            check_classifiable(request.classes, {o.name: o.datatype for o in signature.outputs})
+            ticket.classes, ticket.batched = request.classes, signature.max_batch_size > 0
         ticket.future = routed.deployment.scheduler.submit_nowait(
             prepared.feeds,
             rows=prepared.rows,
@@ -324,6 +336,7 @@ class Engine:
                 ticket._settled()
             return
         ticket.version, ticket.outputs, ticket.variant = inner.version, inner.outputs, inner.variant
+        ticket.classes, ticket.batched = inner.classes, inner.batched
 
         def relay(done: asyncio.Future[Feeds]) -> None:
             if outer.done():

@@ -52,6 +52,9 @@ class InferRequest:
     inputs: dict[str, np.ndarray]
     version: str | None = None
     outputs: tuple[str, ...] | None = None
+    classes: Mapping[str, int] | None = None
+    """Outputs to return as their top classes, and how many (the classification extension: see
+    duetime/classification.py)."""
     id: str = ""
     due_ns: int | None = None
     arrival_ns: int | None = None

@@ -386,15 +386,20 @@ def test_bad_parameters(wire: Wire, parameters: dict[str, Any], needle: str) -> 
     assert_still_serves(wire)
 
 
-@pytest.mark.parametrize(
-    ("parameter", "needle"),
-    [("classification", "classification"), ("shared_memory_region", "shared memory")],
-)
-def test_unsupported_output_extensions(wire: Wire, parameter: str, needle: str) -> None:
-    """Results for these would be silently wrong if the parameter were ignored."""
+def test_output_shared_memory_is_refused(wire: Wire) -> None:
+    """The results would be silently lost if the parameter were ignored."""
     inputs = [tensor("x", "FP32", [1, 40])]
-    outcome = wire.infer("mlp", inputs, outputs=["y"], output_parameters={parameter: 3})
-    assert_refused(wire, outcome, "invalid", "output 'y'", needle)
+    parameters = {"shared_memory_region": 3}
+    outcome = wire.infer("mlp", inputs, outputs=["y"], output_parameters=parameters)
+    assert_refused(wire, outcome, "invalid", "output 'y'", "shared memory")
+    assert_still_serves(wire)
+
+
+@pytest.mark.parametrize("count", [0, -2, True, "3"], ids=repr)
+def test_bad_classification_count(wire: Wire, count: Any) -> None:
+    inputs = [tensor("x", "FP32", [1, 40])]
+    outcome = wire.infer("mlp", inputs, outputs=["y"], output_parameters={"classification": count})
+    assert_refused(wire, outcome, "invalid", "output 'y'", "'classification'")
     assert_still_serves(wire)
 
 

@@ -27,6 +27,7 @@ from test_http_infer import (
     TYPED_MODEL,
     DemoModel,
     Reference,
+    assert_classes,
     assert_echoed,
     dtype_samples,
     dtypes_server,
@@ -317,3 +318,18 @@ def test_stream_requests_run_concurrently_and_batch(server: RunningServer) -> No
     assert rows == 24
     assert runs < 24  # some requests of the stream shared a batch
     stats.close()
+
+
+def test_classification_extension(
+    client: grpcclient.InferenceServerClient, reference: Reference
+) -> None:
+    model = DEMO_MODELS[1]
+    batch = model.batch(2, seed=9)
+    result = client.infer(
+        model.name,
+        [make_input(model.input, batch, "FP32")],
+        outputs=[grpcclient.InferRequestedOutput(model.output, class_count=20)],
+        client_timeout=30,
+    )
+    # more classes asked for than there are: all of them
+    assert_classes(result.as_numpy(model.output), reference(model, batch), model.classes)

@@ -393,3 +393,33 @@ def test_requested_output_subset(dtypes_server: RunningServer) -> None:
         client.close()
     assert [o["name"] for o in result.get_response()["outputs"]] == [output_name(d) for d in wanted]
     assert_echoed(result, samples, wanted)
+
+
+def assert_classes(got: np.ndarray, logits: np.ndarray, count: int) -> None:
+    """`got` holds Triton's classification strings of each row of `logits`: b"<value>:<index>",
+    the `count` highest values first, each value printed with six decimals."""
+    assert got.shape == (len(logits), count)
+    for strings, row in zip(got.tolist(), logits, strict=True):
+        texts = [item.decode() if isinstance(item, bytes) else item for item in strings]
+        pairs = [text.split(":") for text in texts]  # (JSON gives str, binary bytes)
+        assert [int(index) for _, index in pairs] == list(np.argsort(-row, kind="stable")[:count])
+        assert all(len(value.split(".")[1]) == 6 for value, _ in pairs)
+        values = np.array([float(value) for value, _ in pairs])
+        assert np.max(np.abs(values - np.sort(row)[::-1][:count])) <= 1e-5
+
+
+@pytest.mark.parametrize("binary", [True, False], ids=["binary", "json"])
+def test_classification_extension(
+    client: httpclient.InferenceServerClient, reference: Reference, binary: bool
+) -> None:
+    model = DEMO_MODELS[0]
+    batch = model.batch(3, seed=5)
+    result = client.infer(
+        model.name,
+        [make_input(model.input, batch, "FP32", binary=binary)],
+        outputs=[httpclient.InferRequestedOutput(model.output, binary_data=binary, class_count=2)],
+    )
+    got = result.as_numpy(model.output)
+    assert got is not None
+    assert_classes(got, reference(model, batch), 2)
+    assert "classification" in client.get_server_metadata()["extensions"]

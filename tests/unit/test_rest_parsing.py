@@ -269,9 +269,14 @@ def test_invalid_inputs(inputs: list[dict[str, Any]], match: str) -> None:
             id="output-empty",
         ),
         pytest.param(
-            {"outputs": [{"name": "y", "parameters": {"classification": 3}}]},
-            "output 'y': the classification extension is not supported",
-            id="classification",
+            {"outputs": [{"name": "y", "parameters": {"classification": 0}}]},
+            "output 'y': parameter 'classification' must be a positive integer",
+            id="classification-zero",
+        ),
+        pytest.param(
+            {"outputs": [{"name": "y", "parameters": {"classification": 2.5}}]},
+            "output 'y': parameter 'classification' must be a positive integer",
+            id="classification-float",
         ),
         pytest.param(
             {"outputs": [{"name": "y", "parameters": {"shared_memory_region": "r"}}]},

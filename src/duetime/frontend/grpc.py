@@ -11,7 +11,7 @@ import grpc
 import numpy as np
 from google.protobuf import json_format
 
-from duetime import __version__
+from duetime import __version__, classification
 from duetime.config import ServerSettings
 from duetime.datatypes import NUMPY_OF, v2_datatype_of
 from duetime.engine import Engine, Ticket, settled
@@ -232,11 +232,13 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         if self._shedder is not None:
             self._shedder.check()
         parameters = _parameters(request.parameters)
+        outputs, classes = requested_outputs(request)
         infer = InferRequest(
             model=request.model_name,
             inputs=decode_inputs(request),
             version=request.model_version or None,
-            outputs=requested_outputs(request),
+            outputs=outputs,
+            classes=classes,
             id=request.id,
             due_ns=self._due(parameters, context),
             priority=priority_of(parameters),
@@ -301,15 +303,21 @@ def decode_inputs(request: Any) -> dict[str, np.ndarray]:
     return arrays
 
 
-def requested_outputs(request: Any) -> tuple[str, ...] | None:
-    """The outputs asked for (None: all); refuses the output extensions duetime lacks."""
+def requested_outputs(request: Any) -> tuple[tuple[str, ...] | None, dict[str, int] | None]:
+    """The outputs asked for (None: all), and those asked for as their top classes (the
+    classification extension) with how many; refuses the output extensions duetime lacks."""
+    classes: dict[str, int] = {}
     for output in request.outputs:
         where = f"output '{output.name}'"
-        if "classification" in output.parameters:
-            raise InvalidInput(f"{where}: the classification extension is not supported")
-        if "shared_memory_region" in output.parameters:
+        parameters = output.parameters
+        if classification.PARAMETER in parameters:
+            value = parameters[classification.PARAMETER]
+            if value.WhichOneof("parameter_choice") != "int64_param":
+                raise InvalidInput(f"{where}: parameter 'classification' must be an int64_param")
+            classes[output.name] = classification.class_count(value.int64_param, output.name)
+        if "shared_memory_region" in parameters:
             raise InvalidInput(f"{where}: shared memory is not supported; outputs come back inline")
-    return tuple(output.name for output in request.outputs) or None
+    return tuple(output.name for output in request.outputs) or None, classes or None
 
 
 def _from_contents(tensor: Any, datatype: str, shape: tuple[int, ...], where: str) -> np.ndarray:

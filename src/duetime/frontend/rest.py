@@ -20,7 +20,7 @@ from urllib.parse import unquote
 import numpy as np
 import orjson
 
-from duetime import __version__
+from duetime import __version__, classification
 from duetime.config import ModelConfig, ServerSettings, parse_model_config
 from duetime.engine import Engine, Ticket
 from duetime.errors import (
@@ -50,7 +50,7 @@ from duetime.types import InferRequest
 log = logging.getLogger("duetime.rest")
 
 EXTENSIONS = [
-    "binary_tensor_data", "model_configuration", "model_repository",
+    "binary_tensor_data", "classification", "model_configuration", "model_repository",
     "model_repository(unload_dependents)", "parameters", "statistics",
 ]  # fmt: skip
 _JSON = (b"Content-Type", b"application/json")
@@ -426,6 +426,8 @@ class OutputPlan:
 
     default_binary: bool
     binary: Mapping[str, bool]
+    classes: Mapping[str, int] | None = None
+    """Outputs asked for as their top classes (the classification extension), and how many."""
 
     def is_binary(self, name: str) -> bool:
         return self.binary.get(name, self.default_binary)
@@ -464,7 +466,7 @@ def parse_infer_request(
     outputs, plan = _outputs(doc.get("outputs"), parameters)
     request = InferRequest(
         model=model, inputs=inputs, version=version, outputs=outputs, id=request_id,
-        parameters=parameters,
+        parameters=parameters, classes=plan.classes,
     )  # fmt: skip
     return request, plan
 
@@ -538,13 +540,14 @@ def _outputs(
         raise InvalidInput("request 'outputs' must be a list of {'name': ...} objects")
     names: list[str] = []
     binary: dict[str, bool] = {}
+    classes: dict[str, int] = {}
     for index, item in enumerate(value):
         name = item.get("name") if isinstance(item, dict) else None
         if not isinstance(name, str) or not name:
             raise InvalidInput(f"outputs[{index}]: 'name' must be a non-empty string")
         params = _parameters(item.get("parameters"), f"output '{name}' 'parameters'")
-        if "classification" in params:
-            raise InvalidInput(f"output '{name}': the classification extension is not supported")
+        if classification.PARAMETER in params:
+            classes[name] = classification.class_count(params[classification.PARAMETER], name)
         flag = params.get("binary_data", default)
         if not isinstance(flag, bool):
             raise InvalidInput(f"output '{name}': parameter 'binary_data' must be true or false")
@@ -552,7 +555,7 @@ def _outputs(
             raise InvalidInput(f"outputs[{index}]: output '{name}' is requested more than once")
         names.append(name)
         binary[name] = flag
-    return (tuple(names) if names else None), OutputPlan(default, binary)
+    return (tuple(names) if names else None), OutputPlan(default, binary, classes or None)
 
 
 def _decoded(body: bytes, encoding: str | None, limit: int) -> bytes:

@@ -1,0 +1,64 @@
+"""The classification extension (Triton's): an output returned as its top classes, not its values.
+
+A request asks for it per output (HTTP: the output parameter `classification`; gRPC: the output
+parameter `classification` as `int64_param`; tritonclient: `InferRequestedOutput(name,
+class_count=N)`). The output then comes back as BYTES of shape [batch, N] (a model that does not
+batch: [N]); each element is `"<value>:<index>"` for one of the N highest values of that batch
+element's output (all its elements, flattened, are the classes), highest first. Values print as
+Triton prints them: floating point with six decimals (`%f`), integers as integers. Equal values
+keep index order. A count above the number of classes gives all of them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from duetime.errors import InvalidInput
+
+PARAMETER = "classification"
+
+
+def class_count(value: Any, output: str) -> int:
+    """The `classification` parameter of `output`, checked: a positive integer."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InvalidInput(
+            f"output '{output}': parameter 'classification' must be a positive integer (the "
+            f"number of classes to return), got {value!r}"
+        )
+    return value
+
+
+def check_classifiable(classes: Mapping[str, int], datatypes: Mapping[str, str]) -> None:
+    """Refuse classification of an output whose values are not numbers (`datatypes`: the
+    model's output datatypes by name)."""
+    for name in classes:
+        datatype = datatypes.get(name)
+        if datatype is not None and datatype == "BYTES":
+            raise InvalidInput(
+                f"output '{name}': classification needs numeric values, but the output is BYTES"
+            )
+
+
+def top_classes(array: np.ndarray, count: int, batched: bool) -> np.ndarray:
+    """`array`'s top `count` classes per batch element, as the extension returns them."""
+    if array.dtype.kind not in "biuf":
+        raise InvalidInput(
+            f"classification needs numeric values, but the output holds {array.dtype}"
+        )
+    rows = array.reshape(array.shape[0], -1) if batched and array.ndim else array.reshape(1, -1)
+    classes = rows.shape[1]
+    k = min(count, classes)
+    # NOTE: a stable ascending sort of the reversed row, read backwards: highest value first,
+    # and among equal values the lower index first
+    backwards = np.argsort(rows[:, ::-1], axis=1, kind="stable")[:, ::-1][:, :k]
+    order = classes - 1 - backwards
+    values = np.take_along_axis(rows, order, axis=1)
+    text = "%f:%d" if array.dtype.kind == "f" else "%d:%d"
+    out = np.empty(order.shape, dtype=object)
+    for r in range(order.shape[0]):
+        for c in range(k):
+            out[r, c] = (text % (values[r, c], order[r, c])).encode()
+    return out if batched and array.ndim else out.reshape(k)
