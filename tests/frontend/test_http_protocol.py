@@ -169,7 +169,20 @@ def test_pipelined_requests_are_answered_in_order(
     assert client.response().json()["name"] == "mlp"
     assert output_of(client.response()) == expected_mlp
     last = client.response()
-    assert (last.status, last.body) == (200, b"")
+    assert (last.status, last.json()) == (200, {"ready": True})
+
+
+def test_health_answers_carry_json_bodies(client: RawClient) -> None:
+    """tritonclient reads the status; KServe's client reads `live` / `ready` from the body."""
+    for path, body in (
+        ("/v2/health/live", {"live": True}),
+        ("/v2/health/ready", {"ready": True}),
+        ("/v2/models/mlp/ready", {"name": "mlp", "ready": True}),
+        ("/v2/models/mlp/versions/1/ready", {"name": "mlp", "ready": True}),
+    ):
+        client.send(request("GET", path))
+        answer = client.response()
+        assert (answer.status, answer.json()) == (200, body)
 
 
 def test_deep_pipeline_pauses_and_resumes_reading(client: RawClient) -> None:

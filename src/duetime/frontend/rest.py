@@ -143,7 +143,12 @@ def _json(value: Any, status: int = 200) -> Reply:
 
 
 _EMPTY_OK = Reply(200, b"", ())
-_EMPTY_NOT_READY = Reply(400, b"", ())
+# NOTE: Triton answers health with an empty body and clients read the status; KServe's client
+# reads `live` / `ready` from a JSON body (the Open Inference Protocol's health responses), and
+# fails on an empty one. A JSON body serves both.
+_LIVE = Reply(200, b'{"live":true}', (_JSON,))
+_READY = Reply(200, b'{"ready":true}', (_JSON,))
+_NOT_READY = Reply(400, b'{"ready":false}', (_JSON,))
 
 
 class RestApi:
@@ -272,8 +277,8 @@ class RestApi:
 
     def _health(self, which: str) -> Reply:
         if which == "live":
-            return _EMPTY_OK
-        return _EMPTY_OK if self.accepting and self._engine.ready else _EMPTY_NOT_READY
+            return _LIVE
+        return _READY if self.accepting and self._engine.ready else _NOT_READY
 
     def _metadata(self, model: str, version: str | None) -> Reply:
         deployment = self._engine.registry.resolve(model, version)
@@ -282,7 +287,8 @@ class RestApi:
 
     def _model_ready(self, model: str, version: str | None) -> Reply:
         self._engine.registry.resolve(model, version)
-        return _EMPTY_OK if self.accepting else _EMPTY_NOT_READY
+        ready = self.accepting
+        return Reply(200 if ready else 400, orjson.dumps({"name": model, "ready": ready}), (_JSON,))
 
     def _config(self, model: str, version: str | None) -> Reply:
         return _json(model_config_json(self._engine.registry.resolve(model, version).model))
