@@ -18,6 +18,7 @@ from duetime.frontend.http import HttpConnection, serve_http
 from duetime.frontend.rest import RestApi
 from duetime.loops import BusyPoll
 from duetime.observability.exporter import MetricsExporter
+from duetime.observability.logsettings import LogSettings
 from duetime.observability.metrics import CaptureCollector
 from duetime.observability.tracing import Tracing, tracing_from_env
 from duetime.overload import LoadShedder
@@ -96,10 +97,11 @@ class Server:
         self.shedder = LoadShedder(target=share) if share > 0 else None
         self._shed_timer: asyncio.TimerHandle | None = None
         self.tracing = tracing or tracing_from_env()
-        self._rest = RestApi(self.engine, settings, self.tracing)
+        self.log_settings = LogSettings()
+        self._rest = RestApi(self.engine, settings, self.tracing, self.log_settings)
         self._grpc_service = InferenceService(
             self.engine, self.shedder, settings.control_token, self.tracing,
-            settings.access_log_sample,
+            settings.access_log_sample, self.log_settings,
         )  # fmt: skip
         self._connections: set[HttpConnection] = set()
         self._http: asyncio.Server | None = None
@@ -211,3 +213,4 @@ class Server:
         if self.tracing is not None:
             await asyncio.to_thread(self.tracing.shutdown)  # exports the spans still buffered
         log.info("stopped; %d HTTP connections were open", len(self._connections))
+        self.log_settings.close()

@@ -43,6 +43,7 @@ RPCS = [
     "RepositoryIndex",
     "RepositoryModelLoad",
     "RepositoryModelUnload",
+    "LogSettings",
 ]
 REQUIRED_MESSAGES = [
     "ServerLiveRequest",

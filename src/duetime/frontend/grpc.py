@@ -24,6 +24,7 @@ from duetime.frontend.proto import grpc_service_pb2_grpc as pb_grpc
 from duetime.frontend.rest import EXTENSIONS, check_control_token, load_config
 from duetime.frontend.statistics import statistics_json
 from duetime.observability.logs import AccessSampler, log_request
+from duetime.observability.logsettings import LogSettings
 from duetime.observability.tracing import (
     RequestTiming,
     Tracing,
@@ -58,8 +59,10 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         control_token: str | None = None,
         tracing: Tracing | None = None,
         access_log_sample: float = 0.0,
+        log_settings: LogSettings | None = None,
     ) -> None:
         self._engine = engine
+        self._log_settings = log_settings or LogSettings()
         self._control_token = control_token
         self._tracing = tracing
         self._access = AccessSampler(access_log_sample)
@@ -135,6 +138,31 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         except DuetimeError as exc:
             await _abort(context, exc)
         return pb.RepositoryModelUnloadResponse()
+
+    async def LogSettings(self, request: Any, context: Any) -> Any:
+        try:
+            if request.settings:
+                check_control_token(self._control_token, _Metadata(context).get("authorization"))
+                changes = {
+                    name: getattr(value, value.WhichOneof("parameter_choice"))
+                    if value.WhichOneof("parameter_choice")
+                    else None
+                    for name, value in request.settings.items()
+                }
+                settings = self._log_settings.update(changes)
+            else:
+                settings = self._log_settings.current()
+        except DuetimeError as exc:
+            await _abort(context, exc)
+        response = pb.LogSettingsResponse()
+        for name, value in settings.items():
+            field = (
+                "bool_param"
+                if isinstance(value, bool)
+                else ("uint32_param" if isinstance(value, int) else "string_param")
+            )
+            setattr(response.settings[name], field, value)
+        return response
 
     async def ModelInfer(self, request: Any, context: Any) -> Any:
         tracing = self._tracing

@@ -38,6 +38,7 @@ from duetime.frontend.metadata import model_config_json, model_metadata_json
 from duetime.frontend.parameters import due_from_timeout_us, priority_of
 from duetime.frontend.statistics import statistics_json
 from duetime.observability.logs import AccessSampler, log_request
+from duetime.observability.logsettings import LogSettings
 from duetime.observability.tracing import (
     RequestTiming,
     Tracing,
@@ -159,6 +160,7 @@ class RestApi:
         engine: Engine,
         settings: ServerSettings,
         tracing: Tracing | None = None,
+        log_settings: LogSettings | None = None,
     ) -> None:
         self._engine = engine
         self._settings = settings
@@ -167,6 +169,8 @@ class RestApi:
         self.turn = ReadTurn(engine.clock)
         """Marked by the HTTP connections as they read: a request's timeout counts from the
         start of the loop turn that read it."""
+        self.log_settings = log_settings or LogSettings()
+        """`/v2/logging` (shared with the gRPC service)."""
         self.accepting = True
         """False once shutdown starts: readiness reports false."""
 
@@ -221,6 +225,8 @@ class RestApi:
             return _expect(method, "GET", lambda: self._health(rest[1]))
         if rest == ["models", "stats"]:
             return _expect(method, "GET", lambda: self._statistics(None, None))
+        if rest == ["logging"]:
+            return self._logging(method, headers, body)
         if rest[0] == "models" and len(rest) >= 2:
             return self._model_route(method, rest[1:], headers, body)
         if rest[0] == "repository":
@@ -269,6 +275,14 @@ class RestApi:
         if not isinstance(ready, bool):
             raise InvalidInput("index request 'ready' must be true or false")
         return _json(self._engine.repository_index(ready))
+
+    def _logging(self, method: str, headers: Mapping[str, str], body: bytes) -> Reply:
+        if method == "GET":
+            return _json(self.log_settings.current())
+        if method != "POST":
+            return _method_not_allowed("GET, POST")
+        check_control_token(self._settings.control_token, headers.get("authorization"))
+        return _json(self.log_settings.update(_json_object(body, "log settings")))
 
     # -- metadata ------------------------------------------------------------------------------
 
@@ -389,8 +403,8 @@ def check_control_token(expected: str | None, authorization: str | None) -> None
         given.strip().encode(), expected.encode()
     ):
         raise Unauthorized(
-            "repository load and unload need the server's control token: send "
-            "'Authorization: Bearer <token>'"
+            "this call changes the server (repository load and unload, log settings) and needs "
+            "the server's control token: send 'Authorization: Bearer <token>'"
         )
 
 

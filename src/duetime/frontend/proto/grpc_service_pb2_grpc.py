@@ -96,6 +96,11 @@ class GRPCInferenceServiceStub(object):
                 request_serializer=duetime_dot_frontend_dot_proto_dot_grpc__service__pb2.RepositoryModelUnloadRequest.SerializeToString,
                 response_deserializer=duetime_dot_frontend_dot_proto_dot_grpc__service__pb2.RepositoryModelUnloadResponse.FromString,
                 _registered_method=True)
+        self.LogSettings = channel.unary_unary(
+                '/inference.GRPCInferenceService/LogSettings',
+                request_serializer=duetime_dot_frontend_dot_proto_dot_grpc__service__pb2.LogSettingsRequest.SerializeToString,
+                response_deserializer=duetime_dot_frontend_dot_proto_dot_grpc__service__pb2.LogSettingsResponse.FromString,
+                _registered_method=True)
 
 
 class GRPCInferenceServiceServicer(object):
@@ -187,6 +192,13 @@ class GRPCInferenceServiceServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def LogSettings(self, request, context):
+        """Get or update the log settings (an empty request only reads them).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_GRPCInferenceServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -249,6 +261,11 @@ def add_GRPCInferenceServiceServicer_to_server(servicer, server):
                     servicer.RepositoryModelUnload,
                     request_deserializer=duetime_dot_frontend_dot_proto_dot_grpc__service__pb2.RepositoryModelUnloadRequest.FromString,
                     response_serializer=duetime_dot_frontend_dot_proto_dot_grpc__service__pb2.RepositoryModelUnloadResponse.SerializeToString,
+            ),
+            'LogSettings': grpc.unary_unary_rpc_method_handler(
+                    servicer.LogSettings,
+                    request_deserializer=duetime_dot_frontend_dot_proto_dot_grpc__service__pb2.LogSettingsRequest.FromString,
+                    response_serializer=duetime_dot_frontend_dot_proto_dot_grpc__service__pb2.LogSettingsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -577,6 +594,33 @@ class GRPCInferenceService(object):
             '/inference.GRPCInferenceService/RepositoryModelUnload',
             duetime_dot_frontend_dot_proto_dot_grpc__service__pb2.RepositoryModelUnloadRequest.SerializeToString,
             duetime_dot_frontend_dot_proto_dot_grpc__service__pb2.RepositoryModelUnloadResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def LogSettings(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/inference.GRPCInferenceService/LogSettings',
+            duetime_dot_frontend_dot_proto_dot_grpc__service__pb2.LogSettingsRequest.SerializeToString,
+            duetime_dot_frontend_dot_proto_dot_grpc__service__pb2.LogSettingsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,151 @@
+"""Triton's log settings API (`GET/POST /v2/logging`, gRPC `LogSettings`) over Python logging.
+
+The settings and what they do here:
+
+- `log_info`, `log_warning`, `log_error` (bool), `log_verbose_level` (integer >= 0): the level
+  of the `duetime` loggers. Python logs by threshold, so the switches must describe one: a level
+  on while a more severe one is off (info on, warning off) is refused. A verbose level above 0
+  logs debug records too.
+- `log_file` (string): a file the `duetime` loggers write to instead of the server's stderr
+  (appended to; "" goes back to stderr). A file that cannot be opened is refused.
+- `log_format` ("default" or "ISO8601"): the time stamps of the log file's lines.
+
+An update is checked whole before any of it applies; the answer is the settings after it.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from duetime.errors import InvalidInput
+
+LOGGER = "duetime"
+FORMATS = ("default", "ISO8601")
+_TYPES: dict[str, type] = {
+    "log_file": str, "log_info": bool, "log_warning": bool, "log_error": bool,
+    "log_verbose_level": int, "log_format": str,
+}  # fmt: skip
+_LINE = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+class LogSettings:
+    """The log settings of one server process, applied to the `duetime` logger."""
+
+    def __init__(self, logger: logging.Logger | None = None) -> None:
+        self._logger = logger or logging.getLogger(LOGGER)
+        self._own_level = self._logger.level
+        level = self._logger.getEffectiveLevel()
+        self._settings: dict[str, Any] = {
+            "log_file": "",
+            "log_info": level <= logging.INFO,
+            "log_warning": level <= logging.WARNING,
+            "log_error": level <= logging.ERROR,
+            "log_verbose_level": 1 if level <= logging.DEBUG else 0,
+            "log_format": "default",
+        }
+        self._handler: logging.FileHandler | None = None
+
+    def current(self) -> dict[str, Any]:
+        return dict(self._settings)
+
+    def update(self, changes: Mapping[str, Any]) -> dict[str, Any]:
+        """Apply `changes` (setting -> value; None keeps a setting); the settings after."""
+        merged = dict(self._settings)
+        for name, value in changes.items():
+            kind = _TYPES.get(name)
+            if kind is None:
+                known = ", ".join(_TYPES)
+                raise InvalidInput(f"unknown log setting '{name}'; the settings are {known}")
+            if value is None:
+                continue
+            if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+                raise InvalidInput(
+                    f"log setting '{name}': expected {_KIND_NAMES[kind]}, got {value!r}"
+                )
+            merged[name] = value
+        if merged["log_verbose_level"] < 0:
+            raise InvalidInput("log setting 'log_verbose_level': expected an integer >= 0")
+        if merged["log_format"] not in FORMATS:
+            raise InvalidInput(
+                f"log setting 'log_format': expected one of {', '.join(FORMATS)}, got "
+                f"{merged['log_format']!r}"
+            )
+        level = _threshold(merged)
+        moved = merged["log_file"] != self._settings["log_file"]
+        handler = self._file_handler(merged) if moved else self._handler
+        self._apply(merged, level, handler)
+        return self.current()
+
+    def _file_handler(self, merged: Mapping[str, Any]) -> logging.FileHandler | None:
+        path = merged["log_file"]
+        if not path:
+            return None
+        try:
+            return logging.FileHandler(Path(path), mode="a", encoding="utf-8")
+        except OSError as exc:
+            raise InvalidInput(
+                f"log setting 'log_file': cannot open {path!r} for appending: {exc.strerror or exc}"
+            ) from None
+
+    def _apply(
+        self, merged: dict[str, Any], level: int, handler: logging.FileHandler | None
+    ) -> None:
+        logger = self._logger
+        logger.setLevel(level)
+        if handler is not self._handler:
+            if self._handler is not None:
+                logger.removeHandler(self._handler)
+                self._handler.close()
+            self._handler = handler
+            if handler is not None:
+                logger.addHandler(handler)
+            logger.propagate = handler is None  # a file takes the place of stderr
+        if self._handler is not None:
+            self._handler.setFormatter(_formatter(merged["log_format"]))
+        self._settings = merged
+
+    def close(self) -> None:
+        """Put the `duetime` logger back as it was (its level, stderr; closes a log file)."""
+        self._logger.setLevel(self._own_level)
+        if self._handler is not None:
+            self._logger.removeHandler(self._handler)
+            self._handler.close()
+            self._handler = None
+            self._logger.propagate = True
+
+
+_KIND_NAMES = {str: "a string", bool: "true or false", int: "an integer >= 0"}
+
+
+def _threshold(settings: Mapping[str, Any]) -> int:
+    """The one logging level the switches describe (see the module doc)."""
+    switches = [
+        (logging.DEBUG, settings["log_verbose_level"] > 0, "log_verbose_level"),
+        (logging.INFO, settings["log_info"], "log_info"),
+        (logging.WARNING, settings["log_warning"], "log_warning"),
+        (logging.ERROR, settings["log_error"], "log_error"),
+    ]
+    level = logging.CRITICAL + 10  # all off
+    for index, (candidate, on, name) in enumerate(switches):
+        if on:
+            off = [n for _, o, n in switches[index + 1 :] if not o]
+            if off:
+                raise InvalidInput(
+                    f"log settings: {name} is on but {', '.join(off)} off; duetime logs by "
+                    "level, so a level on turns on every more severe one"
+                )
+            level = candidate
+            break
+    return level
+
+
+def _formatter(form: str) -> logging.Formatter:
+    if form == "ISO8601":
+        formatter = logging.Formatter(_LINE, datefmt="%Y-%m-%dT%H:%M:%SZ")
+        formatter.converter = time.gmtime
+        return formatter
+    return logging.Formatter(_LINE)

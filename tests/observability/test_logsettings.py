@@ -1,0 +1,133 @@
+"""The log settings API: `LogSettings` on a private logger, then tritonclient on both protocols."""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from conftest import RunningServer, start_server, stop_server
+from repo_models import scale_model, write_version
+from tritonclient.utils import InferenceServerException
+
+from duetime.config import ServerSettings
+from duetime.errors import InvalidInput
+from duetime.observability.logsettings import LogSettings
+
+
+@pytest.fixture
+def logger() -> Iterator[logging.Logger]:
+    logger = logging.getLogger("duetime.test-log-settings")
+    logger.setLevel(logging.INFO)
+    yield logger
+    logger.setLevel(logging.NOTSET)
+
+
+def test_the_settings_start_from_the_loggers_level(logger: logging.Logger) -> None:
+    assert LogSettings(logger).current() == {
+        "log_file": "", "log_info": True, "log_warning": True, "log_error": True,
+        "log_verbose_level": 0, "log_format": "default",
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("changes", "level"),
+    [
+        ({"log_verbose_level": 1}, logging.DEBUG),
+        ({"log_info": False}, logging.WARNING),
+        ({"log_info": False, "log_warning": False}, logging.ERROR),
+        ({"log_info": False, "log_warning": False, "log_error": False}, logging.CRITICAL + 10),
+        ({"log_info": None}, logging.INFO),  # None leaves a setting as it is
+    ],
+    ids=str,
+)
+def test_the_switches_set_the_level(
+    logger: logging.Logger, changes: dict[str, Any], level: int
+) -> None:
+    settings = LogSettings(logger)
+    after = settings.update(changes)
+    assert logger.level == level
+    assert all(after[k] == v for k, v in changes.items() if v is not None)
+    settings.close()
+    assert logger.level == logging.INFO
+
+
+@pytest.mark.parametrize(
+    ("changes", "needle"),
+    [
+        ({"log_colour": True}, "unknown log setting 'log_colour'"),
+        ({"log_info": "yes"}, "'log_info': expected true or false"),
+        ({"log_verbose_level": True}, "'log_verbose_level': expected an integer"),
+        ({"log_verbose_level": -1}, "'log_verbose_level': expected an integer >= 0"),
+        ({"log_format": "json"}, "'log_format': expected one of default, ISO8601"),
+        ({"log_warning": False}, "log_verbose_level is on but log_warning off"),
+        ({"log_file": "/no/such/folder/x.log"}, "'log_file': cannot open"),
+    ],
+    ids=str,
+)
+def test_bad_settings_change_nothing(
+    logger: logging.Logger, changes: dict[str, Any], needle: str
+) -> None:
+    settings = LogSettings(logger)
+    before = settings.current()
+    with pytest.raises(InvalidInput, match=re.escape(needle)):
+        settings.update({"log_verbose_level": 1, **changes})
+    assert settings.current() == before
+    assert logger.level == logging.INFO
+
+
+def test_a_log_file_takes_the_place_of_stderr_in_its_format(
+    logger: logging.Logger, tmp_path: Path
+) -> None:
+    settings = LogSettings(logger)
+    path = tmp_path / "server.log"
+    settings.update({"log_file": str(path), "log_format": "ISO8601"})
+    assert not logger.propagate
+    logger.warning("into the file")
+    settings.update({"log_file": ""})
+    assert logger.propagate
+    logger.warning("not into the file")
+    (line,) = path.read_text().splitlines()
+    assert re.fullmatch(
+        r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ WARNING duetime.test-log-settings: into the file", line
+    )
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    repo = tmp_path_factory.mktemp("repo")
+    write_version(repo, "m", 1, scale_model(2))
+    running, thread = start_server(ServerSettings(model_repository=repo, http_port=0, grpc_port=0))
+    yield running
+    stop_server(running, thread)
+    assert logging.getLogger("duetime").level == logging.NOTSET  # put back at stop
+
+
+def test_tritonclient_reads_and_updates_the_log_settings(server: RunningServer) -> None:
+    http = httpclient.InferenceServerClient(server.http)
+    grpc = grpcclient.InferenceServerClient(server.grpc)
+    try:
+        assert http.get_log_settings()["log_format"] == "default"
+        updated = http.update_log_settings({"log_info": True, "log_verbose_level": 2})
+        assert updated["log_verbose_level"] == 2
+        assert logging.getLogger("duetime").level == logging.DEBUG
+        seen = grpc.get_log_settings(as_json=True)["settings"]
+        assert seen["log_verbose_level"] == {"uint32_param": 2}
+        assert seen["log_info"] == {"bool_param": True}
+        after = grpc.update_log_settings({"log_verbose_level": 0}, as_json=True)["settings"]
+        assert "uint32_param" not in after["log_verbose_level"] or (
+            after["log_verbose_level"]["uint32_param"] == 0
+        )
+        assert logging.getLogger("duetime").level == logging.INFO
+        with pytest.raises(InferenceServerException, match="unknown log setting 'x'"):
+            http.update_log_settings({"x": 1})
+        with pytest.raises(InferenceServerException, match="log_format"):
+            grpc.update_log_settings({"log_format": "json"})
+    finally:
+        http.close()
+        grpc.close()
