@@ -20,6 +20,7 @@ from duetime.loops import BusyPoll
 from duetime.observability.exporter import MetricsExporter
 from duetime.observability.logsettings import LogSettings
 from duetime.observability.metrics import CaptureCollector
+from duetime.observability.tracesettings import trace_settings_of
 from duetime.observability.tracing import Tracing, tracing_from_env
 from duetime.overload import LoadShedder
 from duetime.repository.manager import RepositoryOptions
@@ -98,10 +99,11 @@ class Server:
         self._shed_timer: asyncio.TimerHandle | None = None
         self.tracing = tracing or tracing_from_env()
         self.log_settings = LogSettings()
-        self._rest = RestApi(self.engine, settings, self.tracing, self.log_settings)
+        trace_settings = trace_settings_of(self.tracing)
+        self._rest = RestApi(self.engine, settings, self.tracing, self.log_settings, trace_settings)
         self._grpc_service = InferenceService(
             self.engine, self.shedder, settings.control_token, self.tracing,
-            settings.access_log_sample, self.log_settings,
+            settings.access_log_sample, self.log_settings, trace_settings,
         )  # fmt: skip
         self._connections: set[HttpConnection] = set()
         self._http: asyncio.Server | None = None

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import queue
+import shutil
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -16,7 +18,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.grpc.aio as aiogrpcclient
-from conftest import RunningServer
+from conftest import RunningServer, start_server, stop_server
 from test_http_infer import (
     BY_NAME,
     DATATYPES,
@@ -36,6 +38,8 @@ from test_http_infer import (
     reference,
 )
 from tritonclient.grpc import service_pb2, service_pb2_grpc
+
+from duetime.config import ServerSettings
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -289,7 +293,27 @@ def test_stream_infer_answers_in_order_and_survives_a_bad_request(
         assert np.max(np.abs(result.as_numpy("y") - reference(model, batch))) <= TOLERANCE
 
 
-def test_stream_requests_run_concurrently_and_batch(server: RunningServer) -> None:
+@pytest.fixture(scope="module")
+def waiting_server(demo_repo: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
+    RunningServer
+]:  # fmt: skip
+    """The demo resnet, whose batches wait up to 50 ms for more requests."""
+    repo = tmp_path_factory.mktemp("waiting")
+    shutil.copytree(demo_repo / "resnet", repo / "resnet")
+    (repo / "resnet" / "config.toml").write_text(
+        "max_batch_size = 32\n[scheduling]\nmax_queue_delay_us = 50000\n"
+    )
+    running, thread = start_server(ServerSettings(model_repository=repo, http_port=0, grpc_port=0))
+    yield running
+    stop_server(running, thread)
+
+
+def test_stream_requests_run_concurrently_and_batch(waiting_server: RunningServer) -> None:
+    """A stream's requests are submitted as they are read, not one after another's answer: the
+    ones that arrive while a batch waits for company join it.
+
+    NOTE: with no wait allowed, whether two of them met depended on the machine's speed."""
+    server = waiting_server
     model = BY_NAME["resnet"]
     answers: queue.SimpleQueue[tuple[Any, Any]] = queue.SimpleQueue()
     stats = grpcclient.InferenceServerClient(server.grpc)

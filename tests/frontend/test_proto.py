@@ -43,6 +43,7 @@ RPCS = [
     "RepositoryIndex",
     "RepositoryModelLoad",
     "RepositoryModelUnload",
+    "TraceSetting",
     "LogSettings",
 ]
 REQUIRED_MESSAGES = [

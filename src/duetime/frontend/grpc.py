@@ -25,6 +25,7 @@ from duetime.frontend.rest import EXTENSIONS, check_control_token, load_config
 from duetime.frontend.statistics import statistics_json
 from duetime.observability.logs import AccessSampler, log_request
 from duetime.observability.logsettings import LogSettings
+from duetime.observability.tracesettings import TraceSettings, trace_settings_of
 from duetime.observability.tracing import (
     RequestTiming,
     Tracing,
@@ -60,9 +61,11 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         tracing: Tracing | None = None,
         access_log_sample: float = 0.0,
         log_settings: LogSettings | None = None,
+        trace_settings: TraceSettings | None = None,
     ) -> None:
         self._engine = engine
         self._log_settings = log_settings or LogSettings()
+        self._trace_settings = trace_settings or trace_settings_of(tracing)
         self._control_token = control_token
         self._tracing = tracing
         self._access = AccessSampler(access_log_sample)
@@ -138,6 +141,24 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         except DuetimeError as exc:
             await _abort(context, exc)
         return pb.RepositoryModelUnloadResponse()
+
+    async def TraceSetting(self, request: Any, context: Any) -> Any:
+        model = request.model_name or None
+        try:
+            if model is not None:
+                self._engine.registry.resolve(model, None)
+            if request.settings:
+                check_control_token(self._control_token, _Metadata(context).get("authorization"))
+                changes = {name: list(value.value) for name, value in request.settings.items()}
+                settings = self._trace_settings.update(changes, model)
+            else:
+                settings = self._trace_settings.current(model)
+        except DuetimeError as exc:
+            await _abort(context, exc)
+        response = pb.TraceSettingResponse()
+        for name, value in settings.items():
+            response.settings[name].value.extend(value if isinstance(value, list) else [value])
+        return response
 
     async def LogSettings(self, request: Any, context: Any) -> Any:
         try:

@@ -39,6 +39,7 @@ from duetime.frontend.parameters import due_from_timeout_us, priority_of
 from duetime.frontend.statistics import statistics_json
 from duetime.observability.logs import AccessSampler, log_request
 from duetime.observability.logsettings import LogSettings
+from duetime.observability.tracesettings import TraceSettings, trace_settings_of
 from duetime.observability.tracing import (
     RequestTiming,
     Tracing,
@@ -161,6 +162,7 @@ class RestApi:
         settings: ServerSettings,
         tracing: Tracing | None = None,
         log_settings: LogSettings | None = None,
+        trace_settings: TraceSettings | None = None,
     ) -> None:
         self._engine = engine
         self._settings = settings
@@ -171,6 +173,8 @@ class RestApi:
         start of the loop turn that read it."""
         self.log_settings = log_settings or LogSettings()
         """`/v2/logging` (shared with the gRPC service)."""
+        self.trace_settings = trace_settings or trace_settings_of(tracing)
+        """`/v2/[models/<m>/]trace/setting` (shared with the gRPC service)."""
         self.accepting = True
         """False once shutdown starts: readiness reports false."""
 
@@ -227,6 +231,8 @@ class RestApi:
             return _expect(method, "GET", lambda: self._statistics(None, None))
         if rest == ["logging"]:
             return self._logging(method, headers, body)
+        if rest == ["trace", "setting"]:
+            return self._trace_setting(method, None, headers, body)
         if rest[0] == "models" and len(rest) >= 2:
             return self._model_route(method, rest[1:], headers, body)
         if rest[0] == "repository":
@@ -247,6 +253,9 @@ class RestApi:
             return _expect(method, "GET", lambda: self._config(model, version))
         if action == ["stats"]:
             return _expect(method, "GET", lambda: self._statistics(model, version))
+        if action == ["trace", "setting"] and version is None:
+            self._engine.registry.resolve(model, None)
+            return self._trace_setting(method, model, headers, body)
         if action == ["infer"]:
             if method != "POST":
                 return _method_not_allowed("POST")
@@ -283,6 +292,17 @@ class RestApi:
             return _method_not_allowed("GET, POST")
         check_control_token(self._settings.control_token, headers.get("authorization"))
         return _json(self.log_settings.update(_json_object(body, "log settings")))
+
+    def _trace_setting(
+        self, method: str, model: str | None, headers: Mapping[str, str], body: bytes
+    ) -> Reply:
+        if method == "GET":
+            return _json(self.trace_settings.current(model))
+        if method != "POST":
+            return _method_not_allowed("GET, POST")
+        check_control_token(self._settings.control_token, headers.get("authorization"))
+        changes = _json_object(body, "trace settings") if body.strip() else {}
+        return _json(self.trace_settings.update(changes, model))
 
     # -- metadata ------------------------------------------------------------------------------
 

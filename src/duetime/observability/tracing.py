@@ -33,6 +33,7 @@ from opentelemetry.sdk.trace.export import (
 from opentelemetry.trace import NonRecordingSpan, SpanContext, Status, StatusCode, TraceFlags
 
 from duetime.errors import ConfigError
+from duetime.observability.tracesettings import TraceSettings
 from duetime.types import RequestTiming
 
 log = logging.getLogger("duetime.tracing")
@@ -79,6 +80,8 @@ class Tracing:
 
     def __init__(self, provider: TracerProvider) -> None:
         self.provider = provider
+        self.settings = TraceSettings(exporting=True)
+        """Which requests get spans (Triton's trace settings API)."""
         self._tracer = provider.get_tracer("duetime")
         self._epoch_offset_ns = time.time_ns() - time.monotonic_ns()
 
@@ -95,6 +98,8 @@ class Tracing:
         done_ns: int,
     ) -> str | None:
         """Emit the request's span and its stage spans; the trace id (None if not sampled)."""
+        if not self.settings.sample(model):
+            return parent.trace_id_hex if parent is not None else None
         offset = self._epoch_offset_ns
         context = None
         if parent is not None:

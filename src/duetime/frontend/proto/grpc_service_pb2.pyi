@@ -475,3 +475,41 @@ class LogSettingsResponse(_message.Message):
     SETTINGS_FIELD_NUMBER: _ClassVar[int]
     settings: _containers.MessageMap[str, LogSettingsResponse.SettingValue]
     def __init__(self, settings: _Optional[_Mapping[str, LogSettingsResponse.SettingValue]] = ...) -> None: ...
+
+class TraceSettingRequest(_message.Message):
+    __slots__ = ("settings", "model_name")
+    class SettingValue(_message.Message):
+        __slots__ = ("value",)
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        value: _containers.RepeatedScalarFieldContainer[str]
+        def __init__(self, value: _Optional[_Iterable[str]] = ...) -> None: ...
+    class SettingsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: TraceSettingRequest.SettingValue
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[TraceSettingRequest.SettingValue, _Mapping]] = ...) -> None: ...
+    SETTINGS_FIELD_NUMBER: _ClassVar[int]
+    MODEL_NAME_FIELD_NUMBER: _ClassVar[int]
+    settings: _containers.MessageMap[str, TraceSettingRequest.SettingValue]
+    model_name: str
+    def __init__(self, settings: _Optional[_Mapping[str, TraceSettingRequest.SettingValue]] = ..., model_name: _Optional[str] = ...) -> None: ...
+
+class TraceSettingResponse(_message.Message):
+    __slots__ = ("settings",)
+    class SettingValue(_message.Message):
+        __slots__ = ("value",)
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        value: _containers.RepeatedScalarFieldContainer[str]
+        def __init__(self, value: _Optional[_Iterable[str]] = ...) -> None: ...
+    class SettingsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: TraceSettingResponse.SettingValue
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[TraceSettingResponse.SettingValue, _Mapping]] = ...) -> None: ...
+    SETTINGS_FIELD_NUMBER: _ClassVar[int]
+    settings: _containers.MessageMap[str, TraceSettingResponse.SettingValue]
+    def __init__(self, settings: _Optional[_Mapping[str, TraceSettingResponse.SettingValue]] = ...) -> None: ...

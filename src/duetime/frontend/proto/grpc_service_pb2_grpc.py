@@ -96,6 +96,11 @@ class GRPCInferenceServiceStub(object):
                 request_serializer=duetime_dot_frontend_dot_proto_dot_grpc__service__pb2.RepositoryModelUnloadRequest.SerializeToString,
                 response_deserializer=duetime_dot_frontend_dot_proto_dot_grpc__service__pb2.RepositoryModelUnloadResponse.FromString,
                 _registered_method=True)
+        self.TraceSetting = channel.unary_unary(
+                '/inference.GRPCInferenceService/TraceSetting',
+                request_serializer=duetime_dot_frontend_dot_proto_dot_grpc__service__pb2.TraceSettingRequest.SerializeToString,
+                response_deserializer=duetime_dot_frontend_dot_proto_dot_grpc__service__pb2.TraceSettingResponse.FromString,
+                _registered_method=True)
         self.LogSettings = channel.unary_unary(
                 '/inference.GRPCInferenceService/LogSettings',
                 request_serializer=duetime_dot_frontend_dot_proto_dot_grpc__service__pb2.LogSettingsRequest.SerializeToString,
@@ -192,6 +197,14 @@ class GRPCInferenceServiceServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def TraceSetting(self, request, context):
+        """Get or update the trace settings, globally or of one model (an empty
+        request only reads them).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def LogSettings(self, request, context):
         """Get or update the log settings (an empty request only reads them).
         """
@@ -261,6 +274,11 @@ def add_GRPCInferenceServiceServicer_to_server(servicer, server):
                     servicer.RepositoryModelUnload,
                     request_deserializer=duetime_dot_frontend_dot_proto_dot_grpc__service__pb2.RepositoryModelUnloadRequest.FromString,
                     response_serializer=duetime_dot_frontend_dot_proto_dot_grpc__service__pb2.RepositoryModelUnloadResponse.SerializeToString,
+            ),
+            'TraceSetting': grpc.unary_unary_rpc_method_handler(
+                    servicer.TraceSetting,
+                    request_deserializer=duetime_dot_frontend_dot_proto_dot_grpc__service__pb2.TraceSettingRequest.FromString,
+                    response_serializer=duetime_dot_frontend_dot_proto_dot_grpc__service__pb2.TraceSettingResponse.SerializeToString,
             ),
             'LogSettings': grpc.unary_unary_rpc_method_handler(
                     servicer.LogSettings,
@@ -594,6 +612,33 @@ class GRPCInferenceService(object):
             '/inference.GRPCInferenceService/RepositoryModelUnload',
             duetime_dot_frontend_dot_proto_dot_grpc__service__pb2.RepositoryModelUnloadRequest.SerializeToString,
             duetime_dot_frontend_dot_proto_dot_grpc__service__pb2.RepositoryModelUnloadResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def TraceSetting(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/inference.GRPCInferenceService/TraceSetting',
+            duetime_dot_frontend_dot_proto_dot_grpc__service__pb2.TraceSettingRequest.SerializeToString,
+            duetime_dot_frontend_dot_proto_dot_grpc__service__pb2.TraceSettingResponse.FromString,
             options,
             channel_credentials,
             insecure,

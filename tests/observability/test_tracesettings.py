@@ -1,0 +1,147 @@
+"""The trace settings API: `TraceSettings` alone, then tritonclient on both protocols against a
+server whose spans go to an in-memory exporter."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from conftest import RunningServer, start_server, stop_server
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from tritonclient.utils import InferenceServerException
+
+from duetime.config import ServerSettings
+from duetime.errors import InvalidInput
+from duetime.observability.tracesettings import TraceSettings
+from duetime.observability.tracing import Tracing, tracing_from_env
+
+
+def traced(settings: TraceSettings, model: str, requests: int) -> int:
+    return sum(settings.sample(model) for _ in range(requests))
+
+
+def test_defaults_follow_whether_spans_have_an_exporter() -> None:
+    assert TraceSettings(exporting=True).current() == {
+        "trace_level": ["TIMESTAMPS"], "trace_rate": "1", "trace_count": "-1",
+        "log_frequency": "0", "trace_file": "", "trace_mode": "opentelemetry",
+    }  # fmt: skip
+    off = TraceSettings(exporting=False)
+    assert off.current()["trace_level"] == ["OFF"]
+    assert traced(off, "m", 5) == 0
+    with pytest.raises(InvalidInput, match="tracing has no exporter"):
+        off.update({"trace_level": ["TIMESTAMPS"]})
+
+
+def test_rate_count_and_level_decide_which_requests_are_traced() -> None:
+    settings = TraceSettings(exporting=True)
+    assert traced(settings, "m", 10) == 10
+    settings.update({"trace_rate": "4"})
+    assert traced(settings, "m", 8) == 2
+    settings.update({"trace_rate": 1, "trace_count": "3"})
+    assert traced(settings, "m", 5) == 3
+    assert settings.current()["trace_count"] == "0"  # counted down
+    settings.update({"trace_count": "-1", "trace_level": ["OFF"]})
+    assert traced(settings, "m", 3) == 0
+
+
+def test_a_models_settings_override_the_global_ones_until_cleared() -> None:
+    settings = TraceSettings(exporting=True)
+    settings.update({"trace_level": ["OFF"]})
+    after = settings.update({"trace_level": ["TIMESTAMPS"], "trace_count": "2"}, "a")
+    assert after["trace_level"] == ["TIMESTAMPS"]
+    assert traced(settings, "a", 5) == 2
+    assert traced(settings, "b", 5) == 0  # the global OFF
+    assert settings.current("b")["trace_count"] == "-1"
+    settings.update({"trace_level": None, "trace_count": []}, "a")  # cleared: the global ones
+    assert settings.current("a") == settings.current()
+    settings.update({"trace_level": None})  # a global setting goes back to its default
+    assert settings.current()["trace_level"] == ["TIMESTAMPS"]
+
+
+@pytest.mark.parametrize(
+    ("changes", "needle"),
+    [
+        ({"trace_colour": "x"}, "unknown trace setting 'trace_colour'"),
+        ({"trace_level": ["TENSORS"]}, "TENSORS is not supported"),
+        ({"trace_level": ["OFF", "TIMESTAMPS"]}, "expected TIMESTAMPS or OFF"),
+        ({"trace_rate": "0"}, "'trace_rate': expected an integer >= 1"),
+        ({"trace_count": "-2"}, "'trace_count': expected an integer >= -1"),
+        ({"trace_rate": ["1", "2"]}, "expected one value"),
+        ({"trace_rate": True}, "expected strings"),
+        ({"log_frequency": "5"}, "'log_frequency': only 0"),
+        ({"trace_file": "/tmp/t.json"}, "'trace_file': only"),
+        ({"trace_mode": "triton"}, "'trace_mode': only opentelemetry"),
+    ],
+    ids=str,
+)
+def test_bad_settings_are_refused(changes: dict[str, Any], needle: str) -> None:
+    settings = TraceSettings(exporting=True)
+    with pytest.raises(InvalidInput, match=re.escape(needle)):
+        settings.update(changes)
+    assert settings.current() == TraceSettings(exporting=True).current()
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory, demo_repo: Path) -> Iterator[
+    tuple[RunningServer, InMemorySpanExporter, Tracing]
+]:  # fmt: skip
+    exporter = InMemorySpanExporter()
+    tracing = tracing_from_env({}, exporter=exporter)
+    assert tracing is not None
+    settings = ServerSettings(model_repository=demo_repo, http_port=0, grpc_port=0)
+    running, thread = start_server(settings, tracing=tracing)
+    yield running, exporter, tracing
+    stop_server(running, thread)
+
+
+def roots(exporter: InMemorySpanExporter, tracing: Tracing) -> int:
+    tracing.provider.force_flush()
+    count = sum(1 for s in exporter.get_finished_spans() if s.name == "infer mlp")
+    exporter.clear()
+    return count
+
+
+def test_tritonclient_trace_settings_decide_the_spans(
+    server: tuple[RunningServer, InMemorySpanExporter, Tracing],
+) -> None:
+    running, exporter, tracing = server
+    http = httpclient.InferenceServerClient(running.http)
+    grpc = grpcclient.InferenceServerClient(running.grpc)
+    x = httpclient.InferInput("x", [1, 40], "FP32")
+    x.set_data_from_numpy(np.zeros((1, 40), np.float32))
+
+    def infer(times: int) -> int:
+        for _ in range(times):
+            http.infer("mlp", [x])
+        return roots(exporter, tracing)
+
+    try:
+        assert http.get_trace_settings()["trace_level"] == ["TIMESTAMPS"]
+        roots(exporter, tracing)
+        assert infer(3) == 3
+        assert http.update_trace_settings(settings={"trace_rate": "3"})["trace_rate"] == "3"
+        assert infer(6) == 2
+        updated = grpc.update_trace_settings(
+            model_name="mlp", settings={"trace_level": ["OFF"]}, as_json=True
+        )
+        assert updated["settings"]["trace_level"] == {"value": ["OFF"]}
+        assert infer(3) == 0
+        assert grpc.get_trace_settings(as_json=True)["settings"]["trace_level"] == {
+            "value": ["TIMESTAMPS"]
+        }  # the global setting is unchanged
+        http.update_trace_settings(model_name="mlp", settings={"trace_level": None})
+        http.update_trace_settings(settings={"trace_rate": None})
+        assert infer(2) == 2
+        with pytest.raises(InferenceServerException, match="TENSORS is not supported"):
+            grpc.update_trace_settings(settings={"trace_level": ["TENSORS"]})
+        with pytest.raises(InferenceServerException, match="no-such-model"):
+            http.get_trace_settings(model_name="no-such-model")
+    finally:
+        http.close()
+        grpc.close()
