@@ -4,25 +4,25 @@ server whose spans go to an in-memory exporter."""
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
-from conftest import RunningServer, start_server, stop_server
+from conftest import RunningServer
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from test_tracing import traced
 from tritonclient.utils import InferenceServerException
 
-from duetime.config import ServerSettings
 from duetime.errors import InvalidInput
 from duetime.observability.tracesettings import TraceSettings
-from duetime.observability.tracing import Tracing, tracing_from_env
+from duetime.observability.tracing import Tracing
+
+__all__ = ["traced"]  # the traced server fixture of test_tracing
 
 
-def traced(settings: TraceSettings, model: str, requests: int) -> int:
+def count_traced(settings: TraceSettings, model: str, requests: int) -> int:
     return sum(settings.sample(model) for _ in range(requests))
 
 
@@ -33,21 +33,21 @@ def test_defaults_follow_whether_spans_have_an_exporter() -> None:
     }  # fmt: skip
     off = TraceSettings(exporting=False)
     assert off.current()["trace_level"] == ["OFF"]
-    assert traced(off, "m", 5) == 0
+    assert count_traced(off, "m", 5) == 0
     with pytest.raises(InvalidInput, match="tracing has no exporter"):
         off.update({"trace_level": ["TIMESTAMPS"]})
 
 
 def test_rate_count_and_level_decide_which_requests_are_traced() -> None:
     settings = TraceSettings(exporting=True)
-    assert traced(settings, "m", 10) == 10
+    assert count_traced(settings, "m", 10) == 10
     settings.update({"trace_rate": "4"})
-    assert traced(settings, "m", 8) == 2
+    assert count_traced(settings, "m", 8) == 2
     settings.update({"trace_rate": 1, "trace_count": "3"})
-    assert traced(settings, "m", 5) == 3
+    assert count_traced(settings, "m", 5) == 3
     assert settings.current()["trace_count"] == "0"  # counted down
     settings.update({"trace_count": "-1", "trace_level": ["OFF"]})
-    assert traced(settings, "m", 3) == 0
+    assert count_traced(settings, "m", 3) == 0
 
 
 def test_a_models_settings_override_the_global_ones_until_cleared() -> None:
@@ -55,8 +55,8 @@ def test_a_models_settings_override_the_global_ones_until_cleared() -> None:
     settings.update({"trace_level": ["OFF"]})
     after = settings.update({"trace_level": ["TIMESTAMPS"], "trace_count": "2"}, "a")
     assert after["trace_level"] == ["TIMESTAMPS"]
-    assert traced(settings, "a", 5) == 2
-    assert traced(settings, "b", 5) == 0  # the global OFF
+    assert count_traced(settings, "a", 5) == 2
+    assert count_traced(settings, "b", 5) == 0  # the global OFF
     assert settings.current("b")["trace_count"] == "-1"
     settings.update({"trace_level": None, "trace_count": []}, "a")  # cleared: the global ones
     assert settings.current("a") == settings.current()
@@ -87,19 +87,6 @@ def test_bad_settings_are_refused(changes: dict[str, Any], needle: str) -> None:
     assert settings.current() == TraceSettings(exporting=True).current()
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory, demo_repo: Path) -> Iterator[
-    tuple[RunningServer, InMemorySpanExporter, Tracing]
-]:  # fmt: skip
-    exporter = InMemorySpanExporter()
-    tracing = tracing_from_env({}, exporter=exporter)
-    assert tracing is not None
-    settings = ServerSettings(model_repository=demo_repo, http_port=0, grpc_port=0)
-    running, thread = start_server(settings, tracing=tracing)
-    yield running, exporter, tracing
-    stop_server(running, thread)
-
-
 def roots(exporter: InMemorySpanExporter, tracing: Tracing) -> int:
     tracing.provider.force_flush()
     count = sum(1 for s in exporter.get_finished_spans() if s.name == "infer mlp")
@@ -108,9 +95,9 @@ def roots(exporter: InMemorySpanExporter, tracing: Tracing) -> int:
 
 
 def test_tritonclient_trace_settings_decide_the_spans(
-    server: tuple[RunningServer, InMemorySpanExporter, Tracing],
+    traced: tuple[RunningServer, InMemorySpanExporter, Tracing],
 ) -> None:
-    running, exporter, tracing = server
+    running, exporter, tracing = traced
     http = httpclient.InferenceServerClient(running.http)
     grpc = grpcclient.InferenceServerClient(running.grpc)
     x = httpclient.InferInput("x", [1, 40], "FP32")
