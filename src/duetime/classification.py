@@ -35,8 +35,7 @@ def check_classifiable(classes: Mapping[str, int], datatypes: Mapping[str, str])
     """Refuse classification of an output whose values are not numbers (`datatypes`: the
     model's output datatypes by name)."""
     for name in classes:
-        datatype = datatypes.get(name)
-        if datatype is not None and datatype == "BYTES":
+        if datatypes.get(name) == "BYTES":
             raise InvalidInput(
                 f"output '{name}': classification needs numeric values, but the output is BYTES"
             )

@@ -164,12 +164,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         try:
             if request.settings:
                 check_control_token(self._control_token, _Metadata(context).get("authorization"))
-                changes = {
-                    name: getattr(value, value.WhichOneof("parameter_choice"))
-                    if value.WhichOneof("parameter_choice")
-                    else None
-                    for name, value in request.settings.items()
-                }
+                changes = {name: _chosen(value) for name, value in request.settings.items()}
                 settings = self._log_settings.update(changes)
             else:
                 settings = self._log_settings.current()
@@ -177,12 +172,14 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
             await _abort(context, exc)
         response = pb.LogSettingsResponse()
         for name, value in settings.items():
-            field = (
-                "bool_param"
+            kind = (
+                "bool"
                 if isinstance(value, bool)
-                else ("uint32_param" if isinstance(value, int) else "string_param")
+                else "uint32"
+                if isinstance(value, int)
+                else "string"
             )
-            setattr(response.settings[name], field, value)
+            setattr(response.settings[name], f"{kind}_param", value)
         return response
 
     async def ModelInfer(self, request: Any, context: Any) -> Any:
@@ -350,6 +347,12 @@ def decode_inputs(request: Any) -> dict[str, np.ndarray]:
         else:
             arrays[tensor.name] = _from_contents(tensor, datatype, shape, where)
     return arrays
+
+
+def _chosen(value: Any) -> Any:
+    """The value a oneof `parameter_choice` message holds (None: none set)."""
+    choice = value.WhichOneof("parameter_choice")
+    return None if choice is None else getattr(value, choice)
 
 
 def requested_outputs(request: Any) -> tuple[tuple[str, ...] | None, dict[str, int] | None]:

@@ -286,23 +286,37 @@ class RestApi:
         return _json(self._engine.repository_index(ready))
 
     def _logging(self, method: str, headers: Mapping[str, str], body: bytes) -> Reply:
-        if method == "GET":
-            return _json(self.log_settings.current())
-        if method != "POST":
-            return _method_not_allowed("GET, POST")
-        check_control_token(self._settings.control_token, headers.get("authorization"))
-        return _json(self.log_settings.update(_json_object(body, "log settings")))
+        settings = self.log_settings
+        return self._settings_call(
+            method, headers, body, "log settings", settings.current, settings.update
+        )
 
     def _trace_setting(
         self, method: str, model: str | None, headers: Mapping[str, str], body: bytes
     ) -> Reply:
+        settings = self.trace_settings
+        return self._settings_call(
+            method, headers, body, "trace settings", lambda: settings.current(model),
+            lambda changes: settings.update(changes, model),
+        )  # fmt: skip
+
+    def _settings_call(
+        self,
+        method: str,
+        headers: Mapping[str, str],
+        body: bytes,
+        what: str,
+        current: Callable[[], Any],
+        update: Callable[[dict[str, Any]], Any],
+    ) -> Reply:
+        """GET reads settings; POST (with the control token, when the server has one) updates
+        them with the body's JSON object and answers the settings after."""
         if method == "GET":
-            return _json(self.trace_settings.current(model))
+            return _json(current())
         if method != "POST":
             return _method_not_allowed("GET, POST")
         check_control_token(self._settings.control_token, headers.get("authorization"))
-        changes = _json_object(body, "trace settings") if body.strip() else {}
-        return _json(self.trace_settings.update(changes, model))
+        return _json(update(_json_object(body, what) if body.strip() else {}))
 
     # -- metadata ------------------------------------------------------------------------------
 
