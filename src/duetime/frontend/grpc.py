@@ -172,14 +172,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
             await _abort(context, exc)
         response = pb.LogSettingsResponse()
         for name, value in settings.items():
-            kind = (
-                "bool"
-                if isinstance(value, bool)
-                else "uint32"
-                if isinstance(value, int)
-                else "string"
-            )
-            setattr(response.settings[name], f"{kind}_param", value)
+            setattr(response.settings[name], _LOG_SETTING_FIELD[type(value)], value)
         return response
 
     async def ModelInfer(self, request: Any, context: Any) -> Any:
@@ -347,6 +340,10 @@ def decode_inputs(request: Any) -> dict[str, np.ndarray]:
         else:
             arrays[tensor.name] = _from_contents(tensor, datatype, shape, where)
     return arrays
+
+
+_LOG_SETTING_FIELD = {bool: "bool_param", int: "uint32_param", str: "string_param"}
+"""The field of a `LogSettingsResponse.SettingValue` that holds a setting of each type."""
 
 
 def _chosen(value: Any) -> Any:
