@@ -16,6 +16,7 @@ from duetime.execution.affinity import CpuPlan, parse_cpus, pin_current_thread
 from duetime.frontend.grpc import InferenceService, serve_grpc
 from duetime.frontend.http import HttpConnection, serve_http
 from duetime.frontend.rest import RestApi
+from duetime.frontend.sharedmemory import SharedMemoryRegions
 from duetime.loops import BusyPoll
 from duetime.observability.exporter import MetricsExporter
 from duetime.observability.logsettings import LogSettings
@@ -100,10 +101,14 @@ class Server:
         self.tracing = tracing or tracing_from_env()
         self.log_settings = LogSettings()
         trace_settings = trace_settings_of(self.tracing)
-        self._rest = RestApi(self.engine, settings, self.tracing, self.log_settings, trace_settings)
+        self.shared_memory = SharedMemoryRegions()
+        self._rest = RestApi(
+            self.engine, settings, self.tracing, self.log_settings, trace_settings,
+            self.shared_memory,
+        )  # fmt: skip
         self._grpc_service = InferenceService(
             self.engine, self.shedder, settings.control_token, self.tracing,
-            settings.access_log_sample, self.log_settings, trace_settings,
+            settings.access_log_sample, self.log_settings, trace_settings, self.shared_memory,
         )  # fmt: skip
         self._connections: set[HttpConnection] = set()
         self._http: asyncio.Server | None = None
@@ -216,3 +221,4 @@ class Server:
             await asyncio.to_thread(self.tracing.shutdown)  # exports the spans still buffered
         log.info("stopped; %d HTTP connections were open", len(self._connections))
         self.log_settings.close()
+        self.shared_memory.close()

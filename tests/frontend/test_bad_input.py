@@ -386,12 +386,24 @@ def test_bad_parameters(wire: Wire, parameters: dict[str, Any], needle: str) -> 
     assert_still_serves(wire)
 
 
-def test_output_shared_memory_is_refused(wire: Wire) -> None:
-    """The results would be silently lost if the parameter were ignored."""
+@pytest.mark.parametrize(
+    ("parameters", "needle"),
+    [
+        ({"shared_memory_region": 3}, "'shared_memory_region' must be a region name"),
+        ({"shared_memory_region": "r"}, "needs 'shared_memory_byte_size'"),
+        ({"shared_memory_region": "r", "shared_memory_byte_size": -1}, "must be an integer >= 0"),
+        (
+            {"shared_memory_region": "nowhere", "shared_memory_byte_size": 12},
+            "no shared memory region 'nowhere'",
+        ),
+    ],
+    ids=str,
+)
+def test_bad_output_shared_memory(wire: Wire, parameters: dict[str, Any], needle: str) -> None:
+    """The results would be silently lost if a bad window were ignored."""
     inputs = [tensor("x", "FP32", [1, 40])]
-    parameters = {"shared_memory_region": 3}
     outcome = wire.infer("mlp", inputs, outputs=["y"], output_parameters=parameters)
-    assert_refused(wire, outcome, "invalid", "output 'y'", "shared memory")
+    assert_refused(wire, outcome, "invalid", "output 'y'", needle)
     assert_still_serves(wire)
 
 
@@ -451,7 +463,7 @@ def test_http_binary_sizes_do_not_add_up(
     [
         ([X_BYTES[:-4]], "input 'x': 156 bytes of data do not make a FP32 tensor"),
         ([X_BYTES + b"\0\0\0\0"], "input 'x': 164 bytes of data do not make a FP32 tensor"),
-        ([X_BYTES, X_BYTES], "raw_input_contents has 2 entries but there are 1 inputs"),
+        ([X_BYTES, X_BYTES], "raw_input_contents has 2 entries but 1 inputs carry their data"),
         ([b""], "input 'x': 0 bytes of data"),
     ],
     ids=["short", "long", "two-entries", "empty"],

@@ -43,6 +43,9 @@ RPCS = [
     "RepositoryIndex",
     "RepositoryModelLoad",
     "RepositoryModelUnload",
+    "SystemSharedMemoryStatus",
+    "SystemSharedMemoryRegister",
+    "SystemSharedMemoryUnregister",
     "TraceSetting",
     "LogSettings",
 ]

@@ -210,7 +210,7 @@ def test_malformed_documents(body: bytes, match: str) -> None:
         ),
         pytest.param(
             [fp32(parameters={"shared_memory_region": "r0", "shared_memory_byte_size": 8})],
-            "input 'x' 'parameters': shared memory is not supported",
+            "input 'x': its data is in shared memory; send no 'data'",
             id="shared-memory",
         ),
         pytest.param(
@@ -247,7 +247,7 @@ def test_invalid_inputs(inputs: list[dict[str, Any]], match: str) -> None:
         ),
         pytest.param(
             {"parameters": {"shared_memory_region": "r"}},
-            "request 'parameters': shared memory is not supported",
+            "request 'parameters': shared memory is named per input and output",
             id="request-shared-memory",
         ),
         pytest.param(
@@ -280,7 +280,7 @@ def test_invalid_inputs(inputs: list[dict[str, Any]], match: str) -> None:
         ),
         pytest.param(
             {"outputs": [{"name": "y", "parameters": {"shared_memory_region": "r"}}]},
-            "output 'y' 'parameters': shared memory is not supported",
+            "output 'y': 'shared_memory_region' needs 'shared_memory_byte_size'",
             id="output-shared-memory",
         ),
         pytest.param(

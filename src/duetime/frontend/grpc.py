@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator, Iterator, Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 import grpc
 import numpy as np
@@ -16,12 +16,13 @@ from duetime.config import ServerSettings
 from duetime.datatypes import NUMPY_OF, v2_datatype_of
 from duetime.engine import Engine, Ticket, settled
 from duetime.errors import DuetimeError, InternalError, InvalidInput
-from duetime.frontend import codec
+from duetime.frontend import codec, sharedmemory
 from duetime.frontend.metadata import model_config_json, model_metadata_json
 from duetime.frontend.parameters import due_from_timeout_us, priority_of
 from duetime.frontend.proto import grpc_service_pb2 as pb
 from duetime.frontend.proto import grpc_service_pb2_grpc as pb_grpc
 from duetime.frontend.rest import EXTENSIONS, check_control_token, load_config
+from duetime.frontend.sharedmemory import SharedMemoryRegions
 from duetime.frontend.statistics import statistics_json
 from duetime.observability.logs import AccessSampler, log_request
 from duetime.observability.logsettings import LogSettings
@@ -62,8 +63,10 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         access_log_sample: float = 0.0,
         log_settings: LogSettings | None = None,
         trace_settings: TraceSettings | None = None,
+        shared_memory: SharedMemoryRegions | None = None,
     ) -> None:
         self._engine = engine
+        self._regions = shared_memory or SharedMemoryRegions()
         self._log_settings = log_settings or LogSettings()
         self._trace_settings = trace_settings or trace_settings_of(tracing)
         self._control_token = control_token
@@ -142,6 +145,29 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
             await _abort(context, exc)
         return pb.RepositoryModelUnloadResponse()
 
+    async def SystemSharedMemoryStatus(self, request: Any, context: Any) -> Any:
+        try:
+            regions = self._regions.status(request.name or None)
+        except DuetimeError as exc:
+            await _abort(context, exc)
+        response = pb.SystemSharedMemoryStatusResponse()
+        for region in regions:
+            response.regions[region["name"]].CopyFrom(
+                pb.SystemSharedMemoryStatusResponse.RegionStatus(**region)
+            )
+        return response
+
+    async def SystemSharedMemoryRegister(self, request: Any, context: Any) -> Any:
+        try:
+            self._regions.register(request.name, request.key, request.offset, request.byte_size)
+        except DuetimeError as exc:
+            await _abort(context, exc)
+        return pb.SystemSharedMemoryRegisterResponse()
+
+    async def SystemSharedMemoryUnregister(self, request: Any, context: Any) -> Any:
+        self._regions.unregister(request.name or None)
+        return pb.SystemSharedMemoryUnregisterResponse()
+
     async def TraceSetting(self, request: Any, context: Any) -> Any:
         model = request.model_name or None
         try:
@@ -164,7 +190,10 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         try:
             if request.settings:
                 check_control_token(self._control_token, _Metadata(context).get("authorization"))
-                changes = {name: _chosen(value) for name, value in request.settings.items()}
+                changes = {
+                    name: sharedmemory.parameter_value(value)
+                    for name, value in request.settings.items()
+                }
                 settings = self._log_settings.update(changes)
             else:
                 settings = self._log_settings.current()
@@ -182,7 +211,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         error: DuetimeError | None = None
         try:
             ticket = self._submit(request, context, timing)
-            response = await _response(ticket, request.id)
+            response = await _response(ticket, request, self._regions)
         except DuetimeError as exc:
             error = exc.with_traceback(None)  # this frame would hold its own traceback
         except asyncio.CancelledError:
@@ -242,7 +271,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
                     yield self._stream_error(request, submitted, context)
                     continue
                 try:
-                    response = await _response(submitted, request.id)
+                    response = await _response(submitted, request, self._regions)
                     yield pb.ModelStreamInferResponse(infer_response=response)
                 except DuetimeError as exc:
                     yield self._stream_error(request, exc, context)
@@ -271,13 +300,15 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         if self._shedder is not None:
             self._shedder.check()
         parameters = _parameters(request.parameters)
-        outputs, classes = requested_outputs(request)
+        requested = requested_outputs(request)
+        for name, window in (requested.shared or {}).items():
+            self._regions.check(window, f"output '{name}'")
         infer = InferRequest(
             model=request.model_name,
-            inputs=decode_inputs(request),
+            inputs=decode_inputs(request, self._regions),
             version=request.model_version or None,
-            outputs=outputs,
-            classes=classes,
+            outputs=requested.names,
+            classes=requested.classes,
             id=request.id,
             due_ns=self._due(parameters, context),
             priority=priority_of(parameters),
@@ -300,43 +331,64 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         return due
 
 
-async def _response(ticket: Ticket, request_id: str) -> Any:
+async def _response(ticket: Ticket, request: Any, regions: SharedMemoryRegions) -> Any:
     await settled(ticket.future)
-    result = ticket.response(request_id)
+    result = ticket.response(request.id)
     response = pb.ModelInferResponse(
-        model_name=result.model, model_version=result.version, id=request_id
+        model_name=result.model, model_version=result.version, id=request.id
     )
     response.parameters["variant"].string_param = result.variant
+    shared = requested_outputs(request).shared or {}
     for name, array in result.outputs.items():
         datatype = v2_datatype_of(array)
-        response.outputs.add(name=name, datatype=datatype, shape=array.shape)
-        response.raw_output_contents.append(codec.to_raw(array, datatype))
+        output = response.outputs.add(name=name, datatype=datatype, shape=array.shape)
+        raw = codec.to_raw(array, datatype)
+        window = shared.get(name)
+        if window is not None:
+            regions.write(window, raw, f"output '{name}'")
+            output.parameters[sharedmemory.REGION].string_param = window.region
+            output.parameters[sharedmemory.BYTE_SIZE].int64_param = len(raw)
+            raw = b""  # (an entry all the same: the others' entries keep their index)
+        response.raw_output_contents.append(raw)
     return response
 
 
-def decode_inputs(request: Any) -> dict[str, np.ndarray]:
-    """Input arrays from `raw_input_contents` (zero-copy) or typed `contents`."""
+def decode_inputs(
+    request: Any, regions: SharedMemoryRegions | None = None
+) -> dict[str, np.ndarray]:
+    """Input arrays from `raw_input_contents` (zero-copy), typed `contents`, or shared memory
+    (`regions`; such inputs have no raw entry)."""
     raw = request.raw_input_contents
-    if raw and len(raw) != len(request.inputs):
+    inline = sum(1 for t in request.inputs if sharedmemory.REGION not in t.parameters)
+    if raw and len(raw) != inline:
         raise InvalidInput(
-            f"raw_input_contents has {len(raw)} entries but there are {len(request.inputs)} "
-            "inputs; send one raw entry per input, in order, or use typed contents for all"
+            f"raw_input_contents has {len(raw)} entries but {inline} inputs carry their data; "
+            "send one raw entry per such input, in order, or use typed contents for all"
         )
     arrays: dict[str, np.ndarray] = {}
+    next_raw = 0
     for index, tensor in enumerate(request.inputs):
         if not tensor.name:
             raise InvalidInput(f"inputs[{index}]: 'name' must be a non-empty string")
         where = f"input '{tensor.name}'"
         if tensor.name in arrays:
             raise InvalidInput(f"{where} appears more than once")
-        if "shared_memory_region" in tensor.parameters:
-            raise InvalidInput(f"{where}: shared memory is not supported; send the data inline")
         datatype = codec.check_datatype(tensor.datatype, where)
         shape = codec.parse_shape(list(tensor.shape), where)
-        if raw:
+        window = sharedmemory.window_of(tensor.parameters, where)
+        if window is not None:
+            if tensor.HasField("contents"):
+                raise InvalidInput(f"{where}: its data is in shared memory; send no contents")
+            if regions is None:
+                raise InvalidInput(f"{where}: shared memory is not available here")
+            arrays[tensor.name] = codec.from_raw(
+                regions.read(window, where), datatype, shape, where
+            )
+        elif raw:
             if tensor.HasField("contents"):
                 raise InvalidInput(f"{where}: has typed contents and raw_input_contents; use one")
-            arrays[tensor.name] = codec.from_raw(raw[index], datatype, shape, where)
+            arrays[tensor.name] = codec.from_raw(raw[next_raw], datatype, shape, where)
+            next_raw += 1
         else:
             arrays[tensor.name] = _from_contents(tensor, datatype, shape, where)
     return arrays
@@ -346,16 +398,21 @@ _LOG_SETTING_FIELD = {bool: "bool_param", int: "uint32_param", str: "string_para
 """The field of a `LogSettingsResponse.SettingValue` that holds a setting of each type."""
 
 
-def _chosen(value: Any) -> Any:
-    """The value a oneof `parameter_choice` message holds (None: none set)."""
-    choice = value.WhichOneof("parameter_choice")
-    return None if choice is None else getattr(value, choice)
+class Requested(NamedTuple):
+    """What a request asks of its outputs."""
+
+    names: tuple[str, ...] | None
+    """The outputs asked for (None: all)."""
+    classes: dict[str, int] | None
+    """Those asked for as their top classes (the classification extension), and how many."""
+    shared: dict[str, sharedmemory.Window] | None
+    """Those to write into shared memory, and where."""
 
 
-def requested_outputs(request: Any) -> tuple[tuple[str, ...] | None, dict[str, int] | None]:
-    """The outputs asked for (None: all), and those asked for as their top classes (the
-    classification extension) with how many; refuses the output extensions duetime lacks."""
+def requested_outputs(request: Any) -> Requested:
+    """What `request` asks of its outputs (see `Requested`)."""
     classes: dict[str, int] = {}
+    shared: dict[str, sharedmemory.Window] = {}
     for output in request.outputs:
         where = f"output '{output.name}'"
         parameters = output.parameters
@@ -364,9 +421,11 @@ def requested_outputs(request: Any) -> tuple[tuple[str, ...] | None, dict[str, i
             if value.WhichOneof("parameter_choice") != "int64_param":
                 raise InvalidInput(f"{where}: parameter 'classification' must be an int64_param")
             classes[output.name] = classification.class_count(value.int64_param, output.name)
-        if "shared_memory_region" in parameters:
-            raise InvalidInput(f"{where}: shared memory is not supported; outputs come back inline")
-    return tuple(output.name for output in request.outputs) or None, classes or None
+        window = sharedmemory.window_of(parameters, where)
+        if window is not None:
+            shared[output.name] = window
+    names = tuple(output.name for output in request.outputs) or None
+    return Requested(names, classes or None, shared or None)
 
 
 def _from_contents(tensor: Any, datatype: str, shape: tuple[int, ...], where: str) -> np.ndarray:

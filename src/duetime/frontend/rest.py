@@ -22,6 +22,7 @@ import orjson
 
 from duetime import __version__, classification
 from duetime.config import ModelConfig, ServerSettings, parse_model_config
+from duetime.datatypes import v2_datatype_of
 from duetime.engine import Engine, Ticket
 from duetime.errors import (
     ConfigError,
@@ -32,10 +33,11 @@ from duetime.errors import (
     PayloadTooLarge,
     Unauthorized,
 )
-from duetime.frontend import codec
+from duetime.frontend import codec, sharedmemory
 from duetime.frontend.arrival import ReadTurn
 from duetime.frontend.metadata import model_config_json, model_metadata_json
 from duetime.frontend.parameters import due_from_timeout_us, priority_of
+from duetime.frontend.sharedmemory import SharedMemoryRegions
 from duetime.frontend.statistics import statistics_json
 from duetime.observability.logs import AccessSampler, log_request
 from duetime.observability.logsettings import LogSettings
@@ -53,7 +55,8 @@ log = logging.getLogger("duetime.rest")
 
 EXTENSIONS = [
     "binary_tensor_data", "classification", "model_configuration", "model_repository",
-    "model_repository(unload_dependents)", "parameters", "statistics",
+    "model_repository(unload_dependents)", "parameters", "statistics", "system_shared_memory",
+    "trace", "logging",
 ]  # fmt: skip
 _JSON = (b"Content-Type", b"application/json")
 _HEADER_LENGTH = "inference-header-content-length"
@@ -163,6 +166,7 @@ class RestApi:
         tracing: Tracing | None = None,
         log_settings: LogSettings | None = None,
         trace_settings: TraceSettings | None = None,
+        shared_memory: SharedMemoryRegions | None = None,
     ) -> None:
         self._engine = engine
         self._settings = settings
@@ -175,6 +179,8 @@ class RestApi:
         """`/v2/logging` (shared with the gRPC service)."""
         self.trace_settings = trace_settings or trace_settings_of(tracing)
         """`/v2/[models/<m>/]trace/setting` (shared with the gRPC service)."""
+        self.shared_memory = shared_memory or SharedMemoryRegions()
+        """`/v2/systemsharedmemory/...` (shared with the gRPC service)."""
         self.accepting = True
         """False once shutdown starts: readiness reports false."""
 
@@ -233,6 +239,10 @@ class RestApi:
             return self._logging(method, headers, body)
         if rest == ["trace", "setting"]:
             return self._trace_setting(method, None, headers, body)
+        if rest[0] == "systemsharedmemory":
+            return self._shared_memory_route(method, rest[1:], body)
+        if rest[0] == "cudasharedmemory":
+            raise InvalidInput("CUDA shared memory is not supported; use system shared memory")
         if rest[0] == "models" and len(rest) >= 2:
             return self._model_route(method, rest[1:], headers, body)
         if rest[0] == "repository":
@@ -284,6 +294,23 @@ class RestApi:
         if not isinstance(ready, bool):
             raise InvalidInput("index request 'ready' must be true or false")
         return _json(self._engine.repository_index(ready))
+
+    def _shared_memory_route(self, method: str, rest: list[str], body: bytes) -> Reply:
+        regions = self.shared_memory
+        name: str | None = None
+        if len(rest) == 3 and rest[0] == "region":
+            name, rest = rest[1], rest[2:]
+        if rest == ["status"]:
+            return _expect(method, "GET", lambda: _json(regions.status(name)))
+        if rest == ["unregister"]:
+            return _expect(method, "POST", lambda: _unregistered(regions, name))
+        if rest == ["register"] and name is not None:
+            if method != "POST":
+                return _method_not_allowed("POST")
+            doc = _json_object(body, "shared memory register request")
+            regions.register(name, doc.get("key"), doc.get("offset", 0), doc.get("byte_size"))
+            return _EMPTY_OK
+        raise ModelNotFound(f"no such endpoint '/v2/systemsharedmemory/{'/'.join(rest)}'")
 
     def _logging(self, method: str, headers: Mapping[str, str], body: bytes) -> Reply:
         settings = self.log_settings
@@ -367,7 +394,7 @@ class RestApi:
                 f"{self._settings.max_json_bytes}-byte limit for JSON (max_json_bytes); send "
                 "large tensors with the binary tensor extension (binary_data_size)"
             )
-        request, plan = parse_infer_request(body, header, model, version)
+        request, plan = parse_infer_request(body, header, model, version, self.shared_memory)
         request.headers = headers
         request.protocol = "http"
         request.wire = (body, header)
@@ -482,6 +509,9 @@ class OutputPlan:
     binary: Mapping[str, bool]
     classes: Mapping[str, int] | None = None
     """Outputs asked for as their top classes (the classification extension), and how many."""
+    shared: Mapping[str, sharedmemory.Window] | None = None
+    """Outputs to write into shared memory, and where."""
+    regions: SharedMemoryRegions | None = None
 
     def is_binary(self, name: str) -> bool:
         return self.binary.get(name, self.default_binary)
@@ -500,9 +530,14 @@ def parse_header_length(value: str | None, body_length: int) -> int | None:
 
 
 def parse_infer_request(
-    body: bytes, header_length: int | None, model: str, version: str | None
+    body: bytes,
+    header_length: int | None,
+    model: str,
+    version: str | None,
+    regions: SharedMemoryRegions | None = None,
 ) -> tuple[InferRequest, OutputPlan]:
-    """Decode a v2 JSON (or JSON + binary) inference request into an InferRequest."""
+    """Decode a v2 JSON (or JSON + binary) inference request into an InferRequest; `regions`:
+    the shared memory its tensors may name."""
     view = memoryview(body)
     json_part = view if header_length is None else view[:header_length]
     binary = view[len(json_part) :]
@@ -513,11 +548,15 @@ def parse_infer_request(
     if not isinstance(doc, dict):
         raise InvalidInput("request body must be a JSON object with an 'inputs' list")
     parameters = _parameters(doc.get("parameters"), "request 'parameters'")
+    if sharedmemory.REGION in parameters:
+        raise InvalidInput(
+            "request 'parameters': shared memory is named per input and output, not per request"
+        )
     request_id = doc.get("id", "")
     if not isinstance(request_id, str):
         raise InvalidInput("request 'id' must be a string")
-    inputs = _inputs(doc.get("inputs"), binary)
-    outputs, plan = _outputs(doc.get("outputs"), parameters)
+    inputs = _inputs(doc.get("inputs"), binary, regions)
+    outputs, plan = _outputs(doc.get("outputs"), parameters, regions)
     request = InferRequest(
         model=model, inputs=inputs, version=version, outputs=outputs, id=request_id,
         parameters=parameters, classes=plan.classes,
@@ -530,12 +569,12 @@ def _parameters(value: Any, where: str) -> dict[str, Any]:
         return {}
     if not isinstance(value, dict):
         raise InvalidInput(f"{where} must be a JSON object")
-    if "shared_memory_region" in value:
-        raise InvalidInput(f"{where}: shared memory is not supported; send the tensor data inline")
     return value
 
 
-def _inputs(value: Any, binary: memoryview) -> dict[str, np.ndarray]:
+def _inputs(
+    value: Any, binary: memoryview, regions: SharedMemoryRegions | None
+) -> dict[str, np.ndarray]:
     if not isinstance(value, list) or not value:
         raise InvalidInput("request 'inputs' must be a non-empty list of tensors")
     arrays: dict[str, np.ndarray] = {}
@@ -552,7 +591,17 @@ def _inputs(value: Any, binary: memoryview) -> dict[str, np.ndarray]:
             raise InvalidInput(f"{where} appears more than once")
         datatype = codec.check_datatype(item.get("datatype"), where)
         shape = codec.parse_shape(item.get("shape"), where)
-        size = _binary_size(_parameters(item.get("parameters"), f"{where} 'parameters'"), where)
+        parameters = _parameters(item.get("parameters"), f"{where} 'parameters'")
+        window = sharedmemory.window_of(parameters, where)
+        if window is not None:
+            if "data" in item or "binary_data_size" in parameters:
+                raise InvalidInput(
+                    f"{where}: its data is in shared memory; send no 'data' or 'binary_data_size'"
+                )
+            data = _shared(regions, where).read(window, where)
+            arrays[name] = codec.from_raw(data, datatype, shape, where)
+            continue
+        size = _binary_size(parameters, where)
         if size is None:
             if "data" not in item:
                 raise InvalidInput(f"{where}: no 'data' and no 'binary_data_size' parameter")
@@ -583,7 +632,7 @@ def _binary_size(parameters: Mapping[str, Any], where: str) -> int | None:
 
 
 def _outputs(
-    value: Any, parameters: Mapping[str, Any]
+    value: Any, parameters: Mapping[str, Any], regions: SharedMemoryRegions | None
 ) -> tuple[tuple[str, ...] | None, OutputPlan]:
     default = parameters.get("binary_data_output", False)
     if not isinstance(default, bool):
@@ -595,6 +644,7 @@ def _outputs(
     names: list[str] = []
     binary: dict[str, bool] = {}
     classes: dict[str, int] = {}
+    shared: dict[str, sharedmemory.Window] = {}
     for index, item in enumerate(value):
         name = item.get("name") if isinstance(item, dict) else None
         if not isinstance(name, str) or not name:
@@ -602,6 +652,10 @@ def _outputs(
         params = _parameters(item.get("parameters"), f"output '{name}' 'parameters'")
         if classification.PARAMETER in params:
             classes[name] = classification.class_count(params[classification.PARAMETER], name)
+        window = sharedmemory.window_of(params, f"output '{name}'")
+        if window is not None:
+            _shared(regions, f"output '{name}'").check(window, f"output '{name}'")
+            shared[name] = window
         flag = params.get("binary_data", default)
         if not isinstance(flag, bool):
             raise InvalidInput(f"output '{name}': parameter 'binary_data' must be true or false")
@@ -609,7 +663,14 @@ def _outputs(
             raise InvalidInput(f"outputs[{index}]: output '{name}' is requested more than once")
         names.append(name)
         binary[name] = flag
-    return (tuple(names) if names else None), OutputPlan(default, binary, classes or None)
+    plan = OutputPlan(default, binary, classes or None, shared or None, regions)
+    return (tuple(names) if names else None), plan
+
+
+def _shared(regions: SharedMemoryRegions | None, where: str) -> SharedMemoryRegions:
+    if regions is None:
+        raise InvalidInput(f"{where}: shared memory is not available here; send the data inline")
+    return regions
 
 
 def _decoded(body: bytes, encoding: str | None, limit: int) -> bytes:
@@ -642,7 +703,13 @@ def encode_infer_response(ticket: Ticket, request_id: str, plan: OutputPlan) -> 
     response = ticket.response(request_id)
     outputs = []
     blobs: list[bytes] = []
+    shared = plan.shared or {}
     for name, array in response.outputs.items():
+        window = shared.get(name)
+        if window is not None:
+            assert plan.regions is not None  # checked when the request was parsed
+            outputs.append(_write_shared(name, array, window, plan.regions))
+            continue
         binary = plan.is_binary(name)
         entry, raw = codec.encode_tensor(name, array, binary=binary)
         outputs.append(entry)
@@ -661,6 +728,24 @@ def encode_infer_response(ticket: Ticket, request_id: str, plan: OutputPlan) -> 
         (b"Inference-Header-Content-Length", str(len(head)).encode()),
     )
     return Reply(200, b"".join([head, *blobs]), headers)
+
+
+def _unregistered(regions: SharedMemoryRegions, name: str | None) -> Reply:
+    regions.unregister(name)
+    return _EMPTY_OK
+
+
+def _write_shared(
+    name: str, array: np.ndarray, window: sharedmemory.Window, regions: SharedMemoryRegions
+) -> dict[str, Any]:
+    """Write an output into its shared-memory window; its JSON entry, which names the window."""
+    datatype = v2_datatype_of(array)
+    raw = codec.to_raw(array, datatype)
+    regions.write(window, raw, f"output '{name}'")
+    return {
+        "name": name, "datatype": datatype, "shape": list(array.shape),
+        "parameters": {sharedmemory.REGION: window.region, sharedmemory.BYTE_SIZE: len(raw)},
+    }  # fmt: skip
 
 
 @functools.cache

@@ -1,0 +1,176 @@
+"""Triton's system shared-memory extension: tensors passed through POSIX shared memory.
+
+A client creates a shared-memory object (`shm_open`, e.g. with `tritonclient.utils.
+shared_memory`), registers a window of it under a name (`key`, `offset`, `byte_size`), then names
+that region in an input's or output's parameters (`shared_memory_region`,
+`shared_memory_byte_size`, `shared_memory_offset` within the region) instead of sending the
+bytes. duetime copies an input's bytes out of the region when it decodes the request (the
+client may reuse the region as soon as the answer comes) and writes an output's bytes into its
+region when it encodes the answer, which then carries the region and the byte count instead of
+the data. The layout of the bytes is the binary tensor extension's (BYTES: 4-byte little-endian
+lengths before each element).
+
+Regions are mapped with `mmap` from `/dev/shm/<key>` (Linux); a key names an object there, never
+a path elsewhere. CUDA shared memory is not supported (no GPU path).
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from duetime.errors import InvalidInput
+
+SHM_ROOT = Path("/dev/shm")
+REGION = "shared_memory_region"
+BYTE_SIZE = "shared_memory_byte_size"
+OFFSET = "shared_memory_offset"
+
+
+@dataclass(slots=True)
+class _Region:
+    name: str
+    key: str
+    offset: int
+    byte_size: int
+    mapping: mmap.mmap
+
+    def status(self) -> dict[str, Any]:
+        return {"name": self.name, "key": self.key, "offset": self.offset,
+                "byte_size": self.byte_size}  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class Window:
+    """Where a tensor's bytes are: `byte_size` bytes at `offset` in region `region`."""
+
+    region: str
+    byte_size: int
+    offset: int
+
+
+class SharedMemoryRegions:
+    """The registered regions of one server (owned by the event loop)."""
+
+    def __init__(self, root: Path = SHM_ROOT) -> None:
+        self._root = root
+        self._regions: dict[str, _Region] = {}
+
+    def register(self, name: str, key: Any, offset: Any, byte_size: Any) -> None:
+        """Map `byte_size` bytes at `offset` of the object `key` as region `name` (the values
+        as a client sent them: each is checked)."""
+        if not isinstance(name, str) or not name:
+            raise InvalidInput("shared memory: the region name must be a non-empty string")
+        if name in self._regions:
+            raise InvalidInput(
+                f"shared memory region '{name}' is already registered; unregister it first"
+            )
+        _check_count(offset, "offset")
+        _check_count(byte_size, "byte_size")
+        stem = key.lstrip("/") if isinstance(key, str) else ""
+        if not stem or "/" in stem or stem in (".", ".."):
+            raise InvalidInput(
+                f"shared memory region '{name}': key {key!r} must name a shared-memory object "
+                "(like '/input0'), not a path"
+            )
+        path = self._root / stem
+        try:
+            fd = os.open(path, os.O_RDWR)
+        except OSError as exc:
+            raise InvalidInput(
+                f"shared memory region '{name}': cannot open key {key!r}: {exc.strerror or exc}"
+            ) from None
+        try:
+            size = os.fstat(fd).st_size
+            if offset + byte_size > size or byte_size == 0:
+                raise InvalidInput(
+                    f"shared memory region '{name}': offset {offset} + byte_size {byte_size} "
+                    f"does not fit the {size}-byte object {key!r} (and byte_size must be > 0)"
+                )
+            mapping = mmap.mmap(fd, offset + byte_size)
+        finally:
+            os.close(fd)
+        self._regions[name] = _Region(name, key, offset, byte_size, mapping)
+
+    def unregister(self, name: str | None = None) -> None:
+        """Forget region `name` (None or "": every region); an unknown name is not an error."""
+        names = list(self._regions) if not name else [name]
+        for each in names:
+            region = self._regions.pop(each, None)
+            if region is not None:
+                region.mapping.close()
+
+    def status(self, name: str | None = None) -> list[dict[str, Any]]:
+        if not name:
+            return [region.status() for region in self._regions.values()]
+        return [self._region(name).status()]
+
+    def read(self, window: Window, where: str) -> bytes:
+        """A copy of the window's bytes."""
+        region, start = self._bounds(window, where)
+        return region.mapping[start : start + window.byte_size]
+
+    def write(self, window: Window, data: bytes, where: str) -> None:
+        region, start = self._bounds(window, where)
+        if len(data) > window.byte_size:
+            raise InvalidInput(
+                f"{where}: the output is {len(data)} bytes but shared_memory_byte_size gives "
+                f"{window.byte_size}"
+            )
+        region.mapping[start : start + len(data)] = data
+
+    def check(self, window: Window, where: str) -> None:
+        """Refuse a window that is not inside a registered region (before the model runs)."""
+        self._bounds(window, where)
+
+    def close(self) -> None:
+        self.unregister(None)
+
+    def _region(self, name: str, where: str = "shared memory") -> _Region:
+        region = self._regions.get(name)
+        if region is None:
+            raise InvalidInput(f"{where}: no shared memory region '{name}' is registered")
+        return region
+
+    def _bounds(self, window: Window, where: str) -> tuple[_Region, int]:
+        region = self._region(window.region, where)
+        if window.offset + window.byte_size > region.byte_size:
+            raise InvalidInput(
+                f"{where}: shared_memory_offset {window.offset} + shared_memory_byte_size "
+                f"{window.byte_size} runs past region '{region.name}' ({region.byte_size} bytes)"
+            )
+        return region, region.offset + window.offset
+
+
+def window_of(parameters: Any, where: str) -> Window | None:
+    """The shared-memory window a tensor's parameters name (None: they name none). Works on a
+    JSON object and on a gRPC parameter map."""
+    if REGION not in parameters:
+        return None
+    region = parameter_value(parameters[REGION])
+    size = parameter_value(parameters[BYTE_SIZE]) if BYTE_SIZE in parameters else None
+    offset = parameter_value(parameters[OFFSET]) if OFFSET in parameters else 0
+    if not isinstance(region, str) or not region:
+        raise InvalidInput(f"{where}: '{REGION}' must be a region name")
+    if size is None:
+        raise InvalidInput(f"{where}: '{REGION}' needs '{BYTE_SIZE}'")
+    _check_count(size, BYTE_SIZE, where)
+    _check_count(offset, OFFSET, where)
+    return Window(region, size, offset)
+
+
+def parameter_value(parameter: Any) -> Any:
+    """A JSON value as is; the value a gRPC parameter message (oneof `parameter_choice`) holds,
+    None if it holds none."""
+    if hasattr(parameter, "WhichOneof"):
+        choice = parameter.WhichOneof("parameter_choice")
+        return None if choice is None else getattr(parameter, choice)
+    return parameter
+
+
+def _check_count(value: Any, field: str, where: str = "shared memory") -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise InvalidInput(f"{where}: '{field}' must be an integer >= 0, got {value!r}")

@@ -1,0 +1,138 @@
+"""System shared memory: `SharedMemoryRegions` on files in a temporary folder, then tritonclient
+with real POSIX shared memory over HTTP and gRPC, outputs compared with inline inference."""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+import tritonclient.utils.shared_memory as shm
+from conftest import RunningServer
+from tritonclient.utils import InferenceServerException
+
+from duetime.errors import InvalidInput
+from duetime.frontend.sharedmemory import SharedMemoryRegions, Window
+
+pytestmark = pytest.mark.skipif(not Path("/dev/shm").is_dir(), reason="needs /dev/shm")
+
+
+@pytest.fixture
+def regions(tmp_path: Path) -> Iterator[SharedMemoryRegions]:
+    (tmp_path / "obj").write_bytes(bytes(range(64)))
+    regions = SharedMemoryRegions(root=tmp_path)
+    yield regions
+    regions.close()
+
+
+def test_a_region_is_a_window_of_an_object(regions: SharedMemoryRegions, tmp_path: Path) -> None:
+    regions.register("r", "/obj", 16, 32)
+    assert regions.status() == [{"name": "r", "key": "/obj", "offset": 16, "byte_size": 32}]
+    assert regions.read(Window("r", 4, 2), "input 'x'") == bytes([18, 19, 20, 21])
+    regions.write(Window("r", 2, 30), b"\xff\xfe", "output 'y'")
+    assert (tmp_path / "obj").read_bytes()[46:48] == b"\xff\xfe"
+    regions.unregister("r")
+    assert regions.status() == []
+
+
+@pytest.mark.parametrize(
+    ("name", "key", "offset", "size", "needle"),
+    [
+        ("", "/obj", 0, 8, "region name must be a non-empty string"),
+        ("r", "/../obj", 0, 8, "must name a shared-memory object"),
+        ("r", "/missing", 0, 8, "cannot open key '/missing'"),
+        ("r", "/obj", 60, 8, "does not fit the 64-byte object"),
+        ("r", "/obj", 0, 0, "byte_size must be > 0"),
+        ("r", "/obj", -1, 8, "'offset' must be an integer >= 0"),
+        ("r", 5, 0, 8, "must name a shared-memory object"),
+    ],
+)
+def test_bad_registrations_are_refused(
+    regions: SharedMemoryRegions, name: str, key: Any, offset: Any, size: Any, needle: str
+) -> None:
+    with pytest.raises(InvalidInput, match=re.escape(needle)):
+        regions.register(name, key, offset, size)
+    assert regions.status() == []
+
+
+def test_windows_must_lie_in_a_registered_region(regions: SharedMemoryRegions) -> None:
+    regions.register("r", "/obj", 0, 16)
+    with pytest.raises(InvalidInput, match="already registered"):
+        regions.register("r", "/obj", 0, 8)
+    with pytest.raises(InvalidInput, match="input 'x': no shared memory region 'q'"):
+        regions.read(Window("q", 4, 0), "input 'x'")
+    with pytest.raises(InvalidInput, match="runs past region 'r' \\(16 bytes\\)"):
+        regions.read(Window("r", 8, 12), "input 'x'")
+    with pytest.raises(InvalidInput, match="the output is 9 bytes but"):
+        regions.write(Window("r", 8, 0), b"123456789", "output 'y'")
+    with pytest.raises(InvalidInput, match="no shared memory region 'q'"):
+        regions.status("q")
+
+
+@pytest.fixture
+def objects() -> Iterator[list[Any]]:
+    """Shared-memory objects made with tritonclient's helper; destroyed afterwards."""
+    made: list[Any] = []
+    yield made
+    for handle in made:
+        shm.destroy_shared_memory_region(handle)
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_tritonclient_sends_and_receives_tensors_through_shared_memory(
+    server: RunningServer, objects: list[Any], protocol: str
+) -> None:
+    module: Any = httpclient if protocol == "http" else grpcclient
+    client = module.InferenceServerClient(server.http if protocol == "http" else server.grpc)
+    tag = f"{protocol}-{os.getpid()}"
+    x = np.random.default_rng(3).standard_normal((3, 40), dtype=np.float32)
+    objects.append(shm.create_shared_memory_region(f"in-{tag}", f"/dt-in-{tag}", 64 + x.nbytes))
+    objects.append(shm.create_shared_memory_region(f"out-{tag}", f"/dt-out-{tag}", 128))
+    shm.set_shared_memory_region(objects[0], [x], offset=64)
+    try:
+        client.register_system_shared_memory(f"in-{tag}", f"/dt-in-{tag}", x.nbytes, offset=64)
+        client.register_system_shared_memory(f"out-{tag}", f"/dt-out-{tag}", 128)
+        source = module.InferInput("x", list(x.shape), "FP32")
+        source.set_shared_memory(f"in-{tag}", x.nbytes)
+        target = module.InferRequestedOutput("y")
+        target.set_shared_memory(f"out-{tag}", 36, offset=16)
+        result = client.infer("mlp", [source], outputs=[target])
+        output = result.get_output("y")
+        parameters = output["parameters"] if protocol == "http" else {
+            k: v.string_param or v.int64_param for k, v in output.parameters.items()
+        }  # fmt: skip
+        assert parameters == {
+            "shared_memory_region": f"out-{tag}", "shared_memory_byte_size": 36
+        }  # fmt: skip
+        inline = module.InferInput("x", list(x.shape), "FP32")
+        inline.set_data_from_numpy(x)
+        expected = client.infer("mlp", [inline]).as_numpy("y")
+        got = shm.get_contents_as_numpy(objects[1], np.float32, [3, 3], offset=16)
+        np.testing.assert_array_equal(got, expected)
+        small = module.InferRequestedOutput("y")
+        small.set_shared_memory(f"out-{tag}", 36, offset=100)  # runs past the region's end
+        with pytest.raises(InferenceServerException, match="runs past region"):
+            client.infer("mlp", [source], outputs=[small])
+        status = client.get_system_shared_memory_status(f"in-{tag}")
+        assert status is not None
+    finally:
+        client.unregister_system_shared_memory()
+        client.close()
+    listed = client_status_names(module, server)
+    assert listed == []
+
+
+def client_status_names(module: Any, server: RunningServer) -> list[str]:
+    client = module.InferenceServerClient(server.http if module is httpclient else server.grpc)
+    try:
+        if module is httpclient:
+            return [r["name"] for r in client.get_system_shared_memory_status()]
+        return list(client.get_system_shared_memory_status(as_json=True).get("regions", {}))
+    finally:
+        client.close()
