@@ -16,7 +16,7 @@ from repo_models import scale_model, write_version
 from tritonclient.utils import InferenceServerException
 
 from duetime.config import ServerSettings
-from duetime.errors import InvalidInput
+from duetime.errors import InvalidInput, NotAllowed
 from duetime.observability.logsettings import LogSettings
 
 
@@ -66,7 +66,7 @@ def test_the_switches_set_the_level(
         ({"log_verbose_level": -1}, "'log_verbose_level': expected an integer >= 0"),
         ({"log_format": "json"}, "'log_format': expected one of default, ISO8601"),
         ({"log_warning": False}, "log_verbose_level is on but log_warning off"),
-        ({"log_file": "/no/such/folder/x.log"}, "'log_file': cannot open"),
+        ({"log_file": "/no/such/folder/x.log"}, "needs its control token"),
     ],
     ids=str,
 )
@@ -75,7 +75,7 @@ def test_bad_settings_change_nothing(
 ) -> None:
     settings = LogSettings(logger)
     before = settings.current()
-    with pytest.raises(InvalidInput, match=re.escape(needle)):
+    with pytest.raises((InvalidInput, NotAllowed), match=re.escape(needle)):
         settings.update({"log_verbose_level": 1, **changes})
     assert settings.current() == before
     assert logger.level == logging.INFO
@@ -86,7 +86,11 @@ def test_a_log_file_takes_the_place_of_stderr_in_its_format(
 ) -> None:
     settings = LogSettings(logger)
     path = tmp_path / "server.log"
-    settings.update({"log_file": str(path), "log_format": "ISO8601"})
+    with pytest.raises(NotAllowed, match="needs its control token"):
+        settings.update({"log_file": str(path)})  # a caller without the token
+    with pytest.raises(InvalidInput, match="'log_file': cannot open"):
+        settings.update({"log_file": str(tmp_path / "no" / "x.log")}, files=True)
+    settings.update({"log_file": str(path), "log_format": "ISO8601"}, files=True)
     assert not logger.propagate
     logger.warning("into the file")
     settings.update({"log_file": ""})

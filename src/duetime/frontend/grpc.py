@@ -194,7 +194,8 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
                     name: sharedmemory.parameter_value(value)
                     for name, value in request.settings.items()
                 }
-                settings = self._log_settings.update(changes)
+                files = self._control_token is not None  # checked above
+                settings = self._log_settings.update(changes, files=files)
             else:
                 settings = self._log_settings.current()
         except DuetimeError as exc:

@@ -314,9 +314,11 @@ class RestApi:
 
     def _logging(self, method: str, headers: Mapping[str, str], body: bytes) -> Reply:
         settings = self.log_settings
+        files = self._settings.control_token is not None  # checked by _settings_call
         return self._settings_call(
-            method, headers, body, "log settings", settings.current, settings.update
-        )
+            method, headers, body, "log settings", settings.current,
+            lambda changes: settings.update(changes, files=files),
+        )  # fmt: skip
 
     def _trace_setting(
         self, method: str, model: str | None, headers: Mapping[str, str], body: bytes

@@ -7,7 +7,8 @@ The settings and what they do here:
   on while a more severe one is off (info on, warning off) is refused. A verbose level above 0
   logs debug records too.
 - `log_file` (string): a file the `duetime` loggers write to instead of the server's stderr
-  (appended to; "" goes back to stderr). A file that cannot be opened is refused.
+  (appended to; "" goes back to stderr). A file that cannot be opened is refused, and so is
+  any file unless the server has a control token and the caller sent it.
 - `log_format` ("default" or "ISO8601"): the time stamps of the log file's lines.
 
 An update is checked whole before any of it applies; the answer is the settings after it.
@@ -21,7 +22,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from duetime.errors import InvalidInput
+from duetime.errors import InvalidInput, NotAllowed
 
 LOGGER = "duetime"
 FORMATS = ("default", "ISO8601")
@@ -52,8 +53,12 @@ class LogSettings:
     def current(self) -> dict[str, Any]:
         return dict(self._settings)
 
-    def update(self, changes: Mapping[str, Any]) -> dict[str, Any]:
-        """Apply `changes` (setting -> value; None keeps a setting); the settings after."""
+    def update(self, changes: Mapping[str, Any], *, files: bool = False) -> dict[str, Any]:
+        """Apply `changes` (setting -> value; None keeps a setting); the settings after.
+
+        `files`: whether the caller may choose a log file. NOTE: the server appends to any file
+        its user can write, so only a caller that proved it holds the control token may (the
+        server has one); anyone may turn the file off."""
         merged = dict(self._settings)
         for name, value in changes.items():
             kind = _TYPES.get(name)
@@ -76,6 +81,12 @@ class LogSettings:
             )
         level = _threshold(merged)
         moved = merged["log_file"] != self._settings["log_file"]
+        if moved and merged["log_file"] and not files:
+            raise NotAllowed(
+                "log setting 'log_file': choosing a file the server appends to needs its control "
+                "token (start it with --control-token and send it); without one a log file can "
+                "only be turned off"
+            )
         handler = self._file_handler(merged) if moved else self._handler
         self._apply(merged, level, handler)
         return self.current()
