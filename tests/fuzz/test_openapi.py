@@ -67,7 +67,12 @@ def test_document_covers_every_route() -> None:
     assert {
         "/v2", "/v2/health/live", "/v2/health/ready", "/v2/openapi.json", "/v2/models/stats",
         "/v2/repository/index", "/v2/repository/models/{model_name}/load",
-        "/v2/repository/models/{model_name}/unload",
+        "/v2/repository/models/{model_name}/unload", "/v2/logging", "/v2/trace/setting",
+        "/v2/models/{model_name}/trace/setting", "/v2/systemsharedmemory/status",
+        "/v2/systemsharedmemory/region/{region_name}/status",
+        "/v2/systemsharedmemory/region/{region_name}/register",
+        "/v2/systemsharedmemory/unregister",
+        "/v2/systemsharedmemory/region/{region_name}/unregister",
     } <= paths  # fmt: skip
 
 
