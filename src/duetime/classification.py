@@ -11,12 +11,13 @@ keep index order. A count above the number of classes gives all of them.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import numpy as np
 
 from duetime.errors import InvalidInput
+from duetime.types import TensorSpec
 
 PARAMETER = "classification"
 
@@ -31,13 +32,14 @@ def class_count(value: Any, output: str) -> int:
     return value
 
 
-def check_classifiable(classes: Mapping[str, int], datatypes: Mapping[str, str]) -> None:
-    """Refuse classification of an output whose values are not numbers (`datatypes`: the
-    model's output datatypes by name)."""
-    for name in classes:
-        if datatypes.get(name) == "BYTES":
+def check_classifiable(classes: Mapping[str, int], outputs: Iterable[TensorSpec]) -> None:
+    """Refuse classification of an output whose values are not numbers (`outputs`: the model's
+    output specs)."""
+    for spec in outputs:
+        if spec.name in classes and spec.datatype == "BYTES":
             raise InvalidInput(
-                f"output '{name}': classification needs numeric values, but the output is BYTES"
+                f"output '{spec.name}': classification needs numeric values, but the output is "
+                "BYTES"
             )
 
 

@@ -289,7 +289,7 @@ class Engine:
         ticket = Ticket(model.name, model.version, prepared.outputs, routed.deployment.variant)
         if request.classes:
             signature = model.signature
-            check_classifiable(request.classes, {o.name: o.datatype for o in signature.outputs})
+            check_classifiable(request.classes, signature.outputs)
             ticket.classes, ticket.batched = request.classes, signature.max_batch_size > 0
         ticket.future = routed.deployment.scheduler.submit_nowait(
             prepared.feeds,

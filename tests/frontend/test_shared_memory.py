@@ -14,11 +14,14 @@ import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 import tritonclient.utils.shared_memory as shm
-from conftest import RunningServer
+from conftest import RunningServer, start_server, stop_server
 from tritonclient.utils import InferenceServerException
 
+from duetime.config import ServerSettings
 from duetime.errors import InvalidInput
 from duetime.frontend.sharedmemory import SharedMemoryRegions, Window
+
+TOKEN = "a-control-token-of-some-length"
 
 pytestmark = pytest.mark.skipif(not Path("/dev/shm").is_dir(), reason="needs /dev/shm")
 
@@ -136,3 +139,27 @@ def client_status_names(module: Any, server: RunningServer) -> list[str]:
         return list(client.get_system_shared_memory_status(as_json=True).get("regions", {}))
     finally:
         client.close()
+
+
+def test_registration_needs_the_control_token_when_the_server_has_one(demo_repo: Path) -> None:
+    settings = ServerSettings(
+        model_repository=demo_repo, http_port=0, grpc_port=0, metrics=False, control_token=TOKEN
+    )
+    running, thread = start_server(settings)
+    http = httpclient.InferenceServerClient(running.http)
+    grpc = grpcclient.InferenceServerClient(running.grpc)
+    try:
+        for client in (http, grpc):
+            with pytest.raises(InferenceServerException, match="control token"):
+                client.register_system_shared_memory("r", "/dt-none", 8)
+            with pytest.raises(InferenceServerException, match="control token"):
+                client.unregister_system_shared_memory()
+        with pytest.raises(InferenceServerException, match="cannot open key"):  # let through
+            http.register_system_shared_memory(
+                "r", "/dt-none", 8, headers={"Authorization": f"Bearer {TOKEN}"}
+            )
+        assert http.get_system_shared_memory_status() == []  # reading needs no token
+    finally:
+        http.close()
+        grpc.close()
+        stop_server(running, thread)

@@ -159,12 +159,17 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
 
     async def SystemSharedMemoryRegister(self, request: Any, context: Any) -> Any:
         try:
+            check_control_token(self._control_token, _Metadata(context).get("authorization"))
             self._regions.register(request.name, request.key, request.offset, request.byte_size)
         except DuetimeError as exc:
             await _abort(context, exc)
         return pb.SystemSharedMemoryRegisterResponse()
 
     async def SystemSharedMemoryUnregister(self, request: Any, context: Any) -> Any:
+        try:
+            check_control_token(self._control_token, _Metadata(context).get("authorization"))
+        except DuetimeError as exc:
+            await _abort(context, exc)
         self._regions.unregister(request.name or None)
         return pb.SystemSharedMemoryUnregisterResponse()
 
@@ -190,10 +195,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         try:
             if request.settings:
                 check_control_token(self._control_token, _Metadata(context).get("authorization"))
-                changes = {
-                    name: sharedmemory.parameter_value(value)
-                    for name, value in request.settings.items()
-                }
+                changes = _parameters(request.settings)  # (the same oneof as InferParameter)
                 files = self._control_token is not None  # checked above
                 settings = self._log_settings.update(changes, files=files)
             else:
@@ -211,8 +213,9 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         ticket: Ticket | None = None
         error: DuetimeError | None = None
         try:
-            ticket = self._submit(request, context, timing)
-            response = await _response(ticket, request, self._regions)
+            submitted = self._submit(request, context, timing)
+            ticket = submitted.ticket
+            response = await self._response(submitted, request.id)
         except DuetimeError as exc:
             error = exc.with_traceback(None)  # this frame would hold its own traceback
         except asyncio.CancelledError:
@@ -244,7 +247,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
     ) -> AsyncIterator[Any]:
         """Requests of a stream run concurrently (they batch with each other and with other
         clients'); answers go back in request order, at most STREAM_WINDOW in flight."""
-        window: asyncio.Queue[tuple[Any, Ticket | DuetimeError] | None] = asyncio.Queue(
+        window: asyncio.Queue[tuple[Any, _Submitted | DuetimeError] | None] = asyncio.Queue(
             STREAM_WINDOW
         )
 
@@ -252,7 +255,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
             try:
                 async for request in requests:
                     try:
-                        submitted: Ticket | DuetimeError = self._submit(
+                        submitted: _Submitted | DuetimeError = self._submit(
                             request, context, protocol="grpc-stream"
                         )
                     except DuetimeError as exc:
@@ -272,7 +275,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
                     yield self._stream_error(request, submitted, context)
                     continue
                 try:
-                    response = await _response(submitted, request, self._regions)
+                    response = await self._response(submitted, request.id)
                     yield pb.ModelStreamInferResponse(infer_response=response)
                 except DuetimeError as exc:
                     yield self._stream_error(request, exc, context)
@@ -280,8 +283,8 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
             reader.cancel()
             while not window.empty():
                 left = window.get_nowait()
-                if left is not None and isinstance(left[1], Ticket):
-                    left[1].future.cancel()
+                if left is not None and isinstance(left[1], _Submitted):
+                    left[1].ticket.future.cancel()
 
     def _stream_error(self, request: Any, exc: DuetimeError, context: Any) -> Any:
         trace_id = _trace_id(context)
@@ -297,7 +300,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         context: Any,
         timing: RequestTiming | None = None,
         protocol: str = "grpc",
-    ) -> Ticket:
+    ) -> _Submitted:
         if self._shedder is not None:
             self._shedder.check()
         parameters = _parameters(request.parameters)
@@ -320,7 +323,29 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         )
         if timing is not None:
             timing.decoded_ns = self._engine.clock.now_ns()
-        return self._engine.submit(infer)
+        return _Submitted(self._engine.submit(infer), requested.shared)
+
+    async def _response(self, submitted: _Submitted, request_id: str) -> Any:
+        ticket = submitted.ticket
+        await settled(ticket.future)
+        result = ticket.response(request_id)
+        response = pb.ModelInferResponse(
+            model_name=result.model, model_version=result.version, id=request_id
+        )
+        response.parameters["variant"].string_param = result.variant
+        shared = submitted.shared or {}
+        for name, array in result.outputs.items():
+            datatype = v2_datatype_of(array)
+            output = response.outputs.add(name=name, datatype=datatype, shape=array.shape)
+            raw = codec.to_raw(array, datatype)
+            window = shared.get(name)
+            if window is not None:
+                self._regions.write(window, raw, f"output '{name}'")
+                output.parameters[sharedmemory.REGION].string_param = window.region
+                output.parameters[sharedmemory.BYTE_SIZE].int64_param = len(raw)
+                raw = b""  # (an entry all the same: the others' entries keep their index)
+            response.raw_output_contents.append(raw)
+        return response
 
     def _due(self, parameters: Mapping[str, Any], context: Any) -> int | None:
         now = self._engine.clock.now_ns()
@@ -330,28 +355,6 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
             grpc_due = now + int(remaining * 1e9)
             due = grpc_due if due is None else min(due, grpc_due)
         return due
-
-
-async def _response(ticket: Ticket, request: Any, regions: SharedMemoryRegions) -> Any:
-    await settled(ticket.future)
-    result = ticket.response(request.id)
-    response = pb.ModelInferResponse(
-        model_name=result.model, model_version=result.version, id=request.id
-    )
-    response.parameters["variant"].string_param = result.variant
-    shared = requested_outputs(request).shared or {}
-    for name, array in result.outputs.items():
-        datatype = v2_datatype_of(array)
-        output = response.outputs.add(name=name, datatype=datatype, shape=array.shape)
-        raw = codec.to_raw(array, datatype)
-        window = shared.get(name)
-        if window is not None:
-            regions.write(window, raw, f"output '{name}'")
-            output.parameters[sharedmemory.REGION].string_param = window.region
-            output.parameters[sharedmemory.BYTE_SIZE].int64_param = len(raw)
-            raw = b""  # (an entry all the same: the others' entries keep their index)
-        response.raw_output_contents.append(raw)
-    return response
 
 
 def decode_inputs(
@@ -376,7 +379,7 @@ def decode_inputs(
             raise InvalidInput(f"{where} appears more than once")
         datatype = codec.check_datatype(tensor.datatype, where)
         shape = codec.parse_shape(list(tensor.shape), where)
-        window = sharedmemory.window_of(tensor.parameters, where)
+        window = _window(tensor.parameters, where)
         if window is not None:
             if tensor.HasField("contents"):
                 raise InvalidInput(f"{where}: its data is in shared memory; send no contents")
@@ -399,6 +402,13 @@ _LOG_SETTING_FIELD = {bool: "bool_param", int: "uint32_param", str: "string_para
 """The field of a `LogSettingsResponse.SettingValue` that holds a setting of each type."""
 
 
+class _Submitted(NamedTuple):
+    """A request handed to the engine, and the outputs it wants written into shared memory."""
+
+    ticket: Ticket
+    shared: dict[str, sharedmemory.Window] | None
+
+
 class Requested(NamedTuple):
     """What a request asks of its outputs."""
 
@@ -415,18 +425,24 @@ def requested_outputs(request: Any) -> Requested:
     classes: dict[str, int] = {}
     shared: dict[str, sharedmemory.Window] = {}
     for output in request.outputs:
-        where = f"output '{output.name}'"
-        parameters = output.parameters
+        if not output.parameters:
+            continue
+        parameters = _parameters(output.parameters)
         if classification.PARAMETER in parameters:
             value = parameters[classification.PARAMETER]
-            if value.WhichOneof("parameter_choice") != "int64_param":
-                raise InvalidInput(f"{where}: parameter 'classification' must be an int64_param")
-            classes[output.name] = classification.class_count(value.int64_param, output.name)
-        window = sharedmemory.window_of(parameters, where)
+            classes[output.name] = classification.class_count(value, output.name)
+        window = sharedmemory.window_of(parameters, f"output '{output.name}'")
         if window is not None:
             shared[output.name] = window
     names = tuple(output.name for output in request.outputs) or None
     return Requested(names, classes or None, shared or None)
+
+
+def _window(parameters: Mapping[str, Any], where: str) -> sharedmemory.Window | None:
+    """The shared-memory window an input's gRPC parameters name (None: none)."""
+    if sharedmemory.REGION not in parameters:
+        return None
+    return sharedmemory.window_of(_parameters(parameters), where)
 
 
 def _from_contents(tensor: Any, datatype: str, shape: tuple[int, ...], where: str) -> np.ndarray:

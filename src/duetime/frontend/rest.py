@@ -240,7 +240,7 @@ class RestApi:
         if rest == ["trace", "setting"]:
             return self._trace_setting(method, None, headers, body)
         if rest[0] == "systemsharedmemory":
-            return self._shared_memory_route(method, rest[1:], body)
+            return self._shared_memory_route(method, rest[1:], headers, body)
         if rest[0] == "cudasharedmemory":
             raise InvalidInput("CUDA shared memory is not supported; use system shared memory")
         if rest[0] == "models" and len(rest) >= 2:
@@ -295,20 +295,25 @@ class RestApi:
             raise InvalidInput("index request 'ready' must be true or false")
         return _json(self._engine.repository_index(ready))
 
-    def _shared_memory_route(self, method: str, rest: list[str], body: bytes) -> Reply:
+    def _shared_memory_route(
+        self, method: str, rest: list[str], headers: Mapping[str, str], body: bytes
+    ) -> Reply:
         regions = self.shared_memory
         name: str | None = None
         if len(rest) == 3 and rest[0] == "region":
             name, rest = rest[1], rest[2:]
         if rest == ["status"]:
             return _expect(method, "GET", lambda: _json(regions.status(name)))
-        if rest == ["unregister"]:
-            return _expect(method, "POST", lambda: _unregistered(regions, name))
-        if rest == ["register"] and name is not None:
+        if rest == ["unregister"] or (rest == ["register"] and name is not None):
             if method != "POST":
                 return _method_not_allowed("POST")
-            doc = _json_object(body, "shared memory register request")
-            regions.register(name, doc.get("key"), doc.get("offset", 0), doc.get("byte_size"))
+            # NOTE: the server writes outputs into whatever object a region names
+            check_control_token(self._settings.control_token, headers.get("authorization"))
+            if name is None or rest == ["unregister"]:
+                regions.unregister(name)
+            else:
+                doc = _json_object(body, "shared memory register request")
+                regions.register(name, doc.get("key"), doc.get("offset", 0), doc.get("byte_size"))
             return _EMPTY_OK
         raise ModelNotFound(f"no such endpoint '/v2/systemsharedmemory/{'/'.join(rest)}'")
 
@@ -466,8 +471,9 @@ def check_control_token(expected: str | None, authorization: str | None) -> None
         given.strip().encode(), expected.encode()
     ):
         raise Unauthorized(
-            "this call changes the server (repository load and unload, log settings) and needs "
-            "the server's control token: send 'Authorization: Bearer <token>'"
+            "this call changes the server (repository load and unload, log and trace settings, "
+            "shared-memory registration) and needs the server's control token: send "
+            "'Authorization: Bearer <token>'"
         )
 
 
@@ -730,11 +736,6 @@ def encode_infer_response(ticket: Ticket, request_id: str, plan: OutputPlan) -> 
         (b"Inference-Header-Content-Length", str(len(head)).encode()),
     )
     return Reply(200, b"".join([head, *blobs]), headers)
-
-
-def _unregistered(regions: SharedMemoryRegions, name: str | None) -> Reply:
-    regions.unregister(name)
-    return _EMPTY_OK
 
 
 def _write_shared(

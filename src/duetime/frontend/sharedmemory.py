@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import mmap
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -145,14 +146,13 @@ class SharedMemoryRegions:
         return region, region.offset + window.offset
 
 
-def window_of(parameters: Any, where: str) -> Window | None:
-    """The shared-memory window a tensor's parameters name (None: they name none). Works on a
-    JSON object and on a gRPC parameter map."""
+def window_of(parameters: Mapping[str, Any], where: str) -> Window | None:
+    """The shared-memory window a tensor's parameters (plain values) name; None: none."""
     if REGION not in parameters:
         return None
-    region = parameter_value(parameters[REGION])
-    size = parameter_value(parameters[BYTE_SIZE]) if BYTE_SIZE in parameters else None
-    offset = parameter_value(parameters[OFFSET]) if OFFSET in parameters else 0
+    region = parameters[REGION]
+    size = parameters.get(BYTE_SIZE)
+    offset = parameters.get(OFFSET, 0)
     if not isinstance(region, str) or not region:
         raise InvalidInput(f"{where}: '{REGION}' must be a region name")
     if size is None:
@@ -160,15 +160,6 @@ def window_of(parameters: Any, where: str) -> Window | None:
     _check_count(size, BYTE_SIZE, where)
     _check_count(offset, OFFSET, where)
     return Window(region, size, offset)
-
-
-def parameter_value(parameter: Any) -> Any:
-    """A JSON value as is; the value a gRPC parameter message (oneof `parameter_choice`) holds,
-    None if it holds none."""
-    if hasattr(parameter, "WhichOneof"):
-        choice = parameter.WhichOneof("parameter_choice")
-        return None if choice is None else getattr(parameter, choice)
-    return parameter
 
 
 def _check_count(value: Any, field: str, where: str = "shared memory") -> None:

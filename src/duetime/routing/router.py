@@ -171,9 +171,8 @@ def _cascade(
     better variant would still fit in takes three or four cheaper requests' worth of it, and
     the cheaper variant's waiting requests, admitted on the CPU they expected, run late or
     expire. Under overload everything goes to the cheapest; below it, the best."""
-    for index, candidate in enumerate(variants):
-        if any(cheaper.scheduler.backlogged(now) for cheaper in variants[index + 1 :]):
-            continue
+    backlogged = [i for i, v in enumerate(variants) if v.scheduler.backlogged(now)]
+    for candidate in variants[backlogged[-1] if backlogged else 0 :]:
         if candidate.scheduler.fits(now, due, rows, priority):
             return candidate
     return variants[-1]
