@@ -11,6 +11,7 @@ import asyncio
 import concurrent.futures
 import copy
 import logging
+import os
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -176,12 +177,12 @@ class Engine:
     def repository(self) -> Path | None:
         return None if self.manager is None else self.manager.root
 
-    async def load_repository(self, root: Path) -> None:
+    async def load_repository(self, root: str | os.PathLike[str]) -> None:
         """Serve the models under `root`; failures are recorded in the index, not fatal."""
         self._loop = asyncio.get_running_loop()
         spare = frozenset(self.cpus.cpus[1:]) if self.cpus.cpus else None
         self.manager = ModelManager(
-            root, self.options, self.registry, self._deploy, loader_cpus=spare or None
+            Path(root), self.options, self.registry, self._deploy, loader_cpus=spare or None
         )
         await self.manager.start()
 

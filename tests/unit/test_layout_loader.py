@@ -368,6 +368,54 @@ def test_load_unsupported_graph_type_names_the_file(tmp_path: Path) -> None:
         load_version(source, 1)
 
 
+def classifier_model(with_label: bool = True) -> bytes:
+    """A scikit-learn-style classifier as skl2onnx exports it: a label tensor and the class
+    probabilities through ZipMap, a sequence of maps (not a tensor)."""
+    seq_of_maps = helper.make_sequence_type_proto(
+        helper.make_map_type_proto(TensorProto.INT64, helper.make_tensor_type_proto(1, []))
+    )
+    nodes = [
+        helper.make_node("Softmax", ["x"], ["p"], axis=1),
+        helper.make_node(
+            "ZipMap", ["p"], ["probabilities"], domain="ai.onnx.ml", classlabels_int64s=[0, 1, 2]
+        ),
+    ]
+    outputs = [helper.make_value_info("probabilities", seq_of_maps)]
+    if with_label:
+        nodes.append(helper.make_node("ArgMax", ["p"], ["label"], axis=1, keepdims=0))
+        outputs.insert(0, helper.make_tensor_value_info("label", TensorProto.INT64, ["n"]))
+    graph = helper.make_graph(
+        nodes, "classifier", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 3])],
+        outputs,
+    )  # fmt: skip
+    model = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("ai.onnx.ml", 3)]
+    )
+    model.ir_version = 8
+    return bytes(model.SerializeToString())
+
+
+def test_load_serves_the_tensor_outputs_of_a_model_with_a_zipmap(
+    tmp_path: Path, loaded: list[LoadedModel], caplog: pytest.LogCaptureFixture
+) -> None:
+    source = model_dir(tmp_path, "classifier", classifier_model())
+    with caplog.at_level(logging.WARNING, logger="duetime.ort"):
+        model = load_version(source, 1)
+    loaded.append(model)
+    assert model.signature.outputs == (TensorSpec("label", "INT64", (-1,)),)
+    assert "output 'probabilities' has type seq(map(int64,tensor(float)))" in caplog.text
+    assert "zipmap" in caplog.text
+    x = np.array([[0.0, 5.0, 1.0], [9.0, 0.0, 0.0]], dtype=np.float32)
+    (label,) = model.executor.run_sync(model.validator.prepare({"x": x}, None).feeds)
+    assert label.tolist() == [1, 0]
+
+
+def test_load_refuses_a_model_without_a_tensor_output(tmp_path: Path) -> None:
+    source = model_dir(tmp_path, "maps", classifier_model(with_label=False))
+    with pytest.raises(ConfigError, match=r"no output is a tensor \('probabilities' seq\(map"):
+        load_version(source, 1)
+
+
 # -- sample inputs and warm-up ------------------------------------------------------------------
 
 MIXED = ModelSignature(

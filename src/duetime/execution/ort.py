@@ -118,17 +118,37 @@ def _cpu_features() -> str:
 def graph_specs(
     session: ort.InferenceSession, model_path: Path
 ) -> tuple[list[TensorSpec], list[TensorSpec]]:
-    """The inputs and outputs the graph declares, with symbolic or unknown dims as -1."""
-    return _specs(session.get_inputs(), model_path, "input"), _specs(
-        session.get_outputs(), model_path, "output"
-    )
+    """The inputs and outputs the graph declares, with symbolic or unknown dims as -1.
+
+    An output that is not a tensor (the `seq(map(...))` of a scikit-learn classifier's ZipMap,
+    say) is left out with a warning: the v2 protocol has no way to carry it, and the model's
+    tensor outputs (the predicted label) are still worth serving. An input that is not a tensor,
+    or a graph with no tensor output at all, cannot be served."""
+    inputs = _specs(session.get_inputs(), model_path, "input")
+    outputs = _specs(session.get_outputs(), model_path, "output", skip_unsupported=True)
+    if not outputs:
+        kinds = ", ".join(f"'{arg.name}' {arg.type}" for arg in session.get_outputs())
+        raise ConfigError(
+            f"{model_path}: no output is a tensor ({kinds}), so duetime has nothing to serve; "
+            f"supported: {', '.join(sorted(V2_OF_ONNX))}"
+        )
+    return inputs, outputs
 
 
-def _specs(args: list[Any], model_path: Path, kind: str) -> list[TensorSpec]:
+def _specs(
+    args: list[Any], model_path: Path, kind: str, *, skip_unsupported: bool = False
+) -> list[TensorSpec]:
     specs = []
     for arg in args:
         datatype = V2_OF_ONNX.get(arg.type)
         if datatype is None:
+            if skip_unsupported:
+                log.warning(
+                    "%s: %s '%s' has type %s, which the v2 protocol cannot carry: not served "
+                    "(a scikit-learn classifier exported with options {'zipmap': False} gives "
+                    "its probabilities as a tensor)", model_path, kind, arg.name, arg.type,
+                )  # fmt: skip
+                continue
             raise ConfigError(
                 f"{model_path}: {kind} '{arg.name}' has type {arg.type}, which duetime cannot "
                 f"serve; supported: {', '.join(sorted(V2_OF_ONNX))}"
