@@ -17,6 +17,7 @@ from duetime.datatypes import NUMPY_OF, v2_datatype_of
 from duetime.engine import Engine, Ticket, settled
 from duetime.errors import DuetimeError, InternalError, InvalidInput
 from duetime.frontend import codec, sharedmemory
+from duetime.frontend.grpchealth import add_health_and_reflection
 from duetime.frontend.metadata import model_config_json, model_metadata_json
 from duetime.frontend.parameters import due_from_timeout_us, priority_of
 from duetime.frontend.proto import grpc_service_pb2 as pb
@@ -78,8 +79,12 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
     async def ServerLive(self, request: Any, context: Any) -> Any:
         return pb.ServerLiveResponse(live=True)
 
+    def serving(self) -> bool:
+        """Whether the server takes inference requests: accepting, with its models ready."""
+        return self.accepting and self._engine.ready
+
     async def ServerReady(self, request: Any, context: Any) -> Any:
-        return pb.ServerReadyResponse(ready=self.accepting and self._engine.ready)
+        return pb.ServerReadyResponse(ready=self.serving())
 
     async def ModelReady(self, request: Any, context: Any) -> Any:
         try:
@@ -536,6 +541,7 @@ async def serve_grpc(service: InferenceService, settings: ServerSettings) -> tup
     )
     add_servicer = pb_grpc.add_GRPCInferenceServiceServicer_to_server
     add_servicer(service, server)  # type: ignore[no-untyped-call]
+    add_health_and_reflection(server, service.serving)
     port = server.add_insecure_port(f"{settings.host}:{settings.grpc_port}")
     if port == 0:
         raise OSError(f"cannot listen for gRPC on {settings.host}:{settings.grpc_port}")
