@@ -46,6 +46,9 @@ RPCS = [
     "SystemSharedMemoryStatus",
     "SystemSharedMemoryRegister",
     "SystemSharedMemoryUnregister",
+    "CudaSharedMemoryStatus",
+    "CudaSharedMemoryRegister",
+    "CudaSharedMemoryUnregister",
     "TraceSetting",
     "LogSettings",
 ]
@@ -80,6 +83,12 @@ REQUIRED_MESSAGES = [
     "RepositoryModelLoadResponse",
     "RepositoryModelUnloadRequest",
     "RepositoryModelUnloadResponse",
+    "CudaSharedMemoryStatusRequest",
+    "CudaSharedMemoryStatusResponse",
+    "CudaSharedMemoryRegisterRequest",
+    "CudaSharedMemoryRegisterResponse",
+    "CudaSharedMemoryUnregisterRequest",
+    "CudaSharedMemoryUnregisterResponse",
 ]
 
 DIRECTIONS = pytest.mark.parametrize(

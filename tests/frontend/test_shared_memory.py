@@ -163,3 +163,24 @@ def test_registration_needs_the_control_token_when_the_server_has_one(demo_repo:
         http.close()
         grpc.close()
         stop_server(running, thread)
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_cuda_shared_memory_has_no_regions_and_refuses_registration(
+    server: RunningServer, protocol: str
+) -> None:
+    """A Triton client tidying up at start (status, unregister all) finds nothing amiss; a
+    registration is refused with a message that points to system shared memory."""
+    module = httpclient if protocol == "http" else grpcclient
+    client = module.InferenceServerClient(server.http if protocol == "http" else server.grpc)
+    try:
+        status = client.get_cuda_shared_memory_status()
+        assert (status == []) if protocol == "http" else (len(status.regions) == 0)
+        client.unregister_cuda_shared_memory()
+        client.unregister_cuda_shared_memory("gone")
+        with pytest.raises(InferenceServerException, match="no CUDA shared memory region 'x'"):
+            client.get_cuda_shared_memory_status("x")
+        with pytest.raises(InferenceServerException, match="use system shared memory|system"):
+            client.register_cuda_shared_memory("r", b"\0" * 64, 0, 8)
+    finally:
+        client.close()

@@ -23,7 +23,7 @@ from duetime.frontend.parameters import due_from_timeout_us, priority_of
 from duetime.frontend.proto import grpc_service_pb2 as pb
 from duetime.frontend.proto import grpc_service_pb2_grpc as pb_grpc
 from duetime.frontend.rest import EXTENSIONS, check_control_token, load_config
-from duetime.frontend.sharedmemory import SharedMemoryRegions
+from duetime.frontend.sharedmemory import CudaRegions, SharedMemoryRegions
 from duetime.frontend.statistics import statistics_json
 from duetime.observability.logs import AccessSampler, log_request
 from duetime.observability.logsettings import LogSettings
@@ -177,6 +177,28 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
             await _abort(context, exc)
         self._regions.unregister(request.name or None)
         return pb.SystemSharedMemoryUnregisterResponse()
+
+    async def CudaSharedMemoryStatus(self, request: Any, context: Any) -> Any:
+        try:
+            CudaRegions.status(request.name or None)
+        except DuetimeError as exc:
+            await _abort(context, exc)
+        return pb.CudaSharedMemoryStatusResponse()
+
+    async def CudaSharedMemoryRegister(self, request: Any, context: Any) -> Any:
+        try:
+            check_control_token(self._control_token, _Metadata(context).get("authorization"))
+            CudaRegions.register(request.name)
+        except DuetimeError as exc:
+            await _abort(context, exc)
+        return pb.CudaSharedMemoryRegisterResponse()
+
+    async def CudaSharedMemoryUnregister(self, request: Any, context: Any) -> Any:
+        try:
+            check_control_token(self._control_token, _Metadata(context).get("authorization"))
+        except DuetimeError as exc:
+            await _abort(context, exc)
+        return pb.CudaSharedMemoryUnregisterResponse()
 
     async def TraceSetting(self, request: Any, context: Any) -> Any:
         model = request.model_name or None

@@ -11,7 +11,9 @@ the data. The layout of the bytes is the binary tensor extension's (BYTES: 4-byt
 lengths before each element).
 
 Regions are mapped with `mmap` from `/dev/shm/<key>` (Linux); a key names an object there, never
-a path elsewhere. CUDA shared memory is not supported (no GPU path).
+a path elsewhere. CUDA shared memory is not supported (no GPU path): its status lists no region,
+unregistering has nothing to do and registering is refused (`CudaRegions`), so that a Triton
+client tidying up at start finds nothing amiss.
 """
 
 from __future__ import annotations
@@ -165,3 +167,24 @@ def window_of(parameters: Mapping[str, Any], where: str) -> Window | None:
 def _check_count(value: Any, field: str, where: str = "shared memory") -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise InvalidInput(f"{where}: '{field}' must be an integer >= 0, got {value!r}")
+
+
+CUDA_UNSUPPORTED = (
+    "CUDA shared memory is not supported: this server runs models on the CPU; register system "
+    "shared memory instead (/v2/systemsharedmemory)"
+)
+
+
+class CudaRegions:
+    """The CUDA shared-memory extension of a server without a GPU path: never any region."""
+
+    @staticmethod
+    def status(name: str | None = None) -> list[dict[str, Any]]:
+        if name:
+            raise InvalidInput(f"no CUDA shared memory region '{name}' is registered; "
+                               f"{CUDA_UNSUPPORTED}")  # fmt: skip
+        return []
+
+    @staticmethod
+    def register(name: str) -> None:
+        raise InvalidInput(f"CUDA shared memory region '{name}': {CUDA_UNSUPPORTED}")
