@@ -185,6 +185,29 @@ def test_health_answers_carry_json_bodies(client: RawClient) -> None:
         assert (answer.status, answer.json()) == (200, body)
 
 
+def test_head_answers_like_get_without_the_body(client: RawClient) -> None:
+    """A load balancer's HEAD health check: the GET's status and Content-Length, no body; the
+    request pipelined behind it is answered right after its head."""
+    client.send(request("GET", "/v2/models/mlp"))
+    full = client.response()
+    client.send(request("HEAD", "/v2/models/mlp") + request("GET", "/v2/health/ready"))
+    while client._buffer.count(b"\r\n\r\n") < 2:
+        client._fill()
+    head, rest = client._buffer.split(b"\r\n\r\n", 1)
+    assert head.startswith(b"HTTP/1.1 200 OK\r\n")
+    assert f"Content-Length: {len(full.body)}".encode() in head
+    assert rest.startswith(b"HTTP/1.1 200 OK\r\n")
+    client._buffer = rest
+    assert client.response().json() == {"ready": True}
+
+
+def test_absolute_form_target_is_served(client: RawClient) -> None:
+    """A request line naming the whole URL, as through a proxy (RFC 9112 3.2.2)."""
+    client.send(request("GET", "http://duetime.test/v2/health/ready"))
+    answer = client.response()
+    assert (answer.status, answer.json()) == (200, {"ready": True})
+
+
 def test_deep_pipeline_pauses_and_resumes_reading(client: RawClient) -> None:
     """More requests than the server keeps owed at once, all in one write."""
     paths = [f"/v2/models/{'mlp' if i % 2 else 'resnet'}" for i in range(200)]

@@ -436,9 +436,10 @@ class HttpConnection(asyncio.Protocol):
             slot.data = _shed_reply(slot.keep_alive, slot.http10)
             self._flush()
             return
-        outcome = self._api.handle(method, url, headers, body)
+        head = method == "HEAD"  # a GET's status and headers without its body (RFC 9110 9.3.2)
+        outcome = self._api.handle("GET" if head else method, url, headers, body)
         if isinstance(outcome, Reply):
-            slot.data = _encode(outcome, slot.keep_alive, slot.http10)
+            slot.data = _encode(outcome, slot.keep_alive, slot.http10, head_only=head)
             self._flush()
         else:
             slot.pending = outcome
@@ -767,7 +768,11 @@ def _error(status: int, message: str, *, retry_after: bool = False) -> Reply:
     return Reply(status, orjson.dumps({"error": message}), headers)
 
 
-def _encode(reply: Reply, keep_alive: bool, http10: bool = False) -> bytes:
+def _encode(
+    reply: Reply, keep_alive: bool, http10: bool = False, *, head_only: bool = False
+) -> bytes:
+    """The reply on the wire; `head_only` (an answer to HEAD) leaves out the body, not its
+    Content-Length."""
     head = [
         b"HTTP/1.1 %d %s\r\n" % (reply.status, _REASONS.get(reply.status, b"Unknown")),
         b"Content-Length: %d\r\n" % len(reply.body),
@@ -778,7 +783,8 @@ def _encode(reply: Reply, keep_alive: bool, http10: bool = False) -> bytes:
     elif http10:  # an HTTP/1.0 client assumes the connection closes unless told otherwise
         head.append(b"Connection: keep-alive\r\n")
     head.append(b"\r\n")
-    head.append(reply.body)
+    if not head_only:
+        head.append(reply.body)
     return b"".join(head)
 
 

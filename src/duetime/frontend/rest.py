@@ -787,4 +787,6 @@ def _method_not_allowed(allowed: str) -> Reply:
 
 def _segments(target: bytes) -> list[str]:
     path = target.split(b"?", 1)[0].decode("latin-1")
+    if not path.startswith("/") and "://" in path:  # absolute-form (RFC 9112 3.2.2), via a proxy
+        path = "/" + path.split("://", 1)[1].partition("/")[2]
     return [unquote(part) for part in path.split("/") if part]
