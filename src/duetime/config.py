@@ -18,7 +18,8 @@ V2Datatype = Literal[
     "FP16", "FP32", "FP64", "BYTES",
 ]  # fmt: skip
 
-CONFIG_FILENAMES = ("config.toml", "config.yaml", "config.yml")
+CONFIG_FILENAMES = ("config.toml", "config.yaml", "config.yml", "config.pbtxt")
+"""A model's config file: duetime's own (TOML or YAML) or Triton's (see tritonconfig.py)."""
 
 
 class _Strict(BaseModel):
@@ -248,13 +249,15 @@ def read_config_file(path: Path) -> dict[str, Any]:
 
 
 def load_model_config(model_dir: Path) -> ModelConfig:
-    """The model's config from `config.toml|yaml|yml` in `model_dir`, or the defaults."""
+    """The model's config from `config.toml|yaml|yml|pbtxt` in `model_dir`, or the defaults."""
     found = [model_dir / name for name in CONFIG_FILENAMES if (model_dir / name).is_file()]
     if len(found) > 1:
         names = ", ".join(p.name for p in found)
         raise ConfigError(f"{model_dir}: more than one config file ({names}); keep one")
     if not found:
         return ModelConfig()
+    if found[0].suffix == ".pbtxt":  # NOTE: the repository layer reads these (it has the schema)
+        raise ConfigError(f"{found[0]}: read Triton configs with repository/tritonconfig.py")
     return parse_model_config(read_config_file(found[0]), source=str(found[0]))
 
 

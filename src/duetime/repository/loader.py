@@ -13,12 +13,13 @@ from pathlib import Path
 
 import numpy as np
 
-from duetime.config import ModelConfig, TensorConfig, VariantConfig, load_model_config
+from duetime.config import ModelConfig, TensorConfig, VariantConfig
 from duetime.datatypes import NUMPY_OF
 from duetime.errors import ConfigError, DuetimeError
 from duetime.execution.executor import Executor
 from duetime.execution.ort import cached_session, graph_specs, session_options, strings_for_ort
 from duetime.repository.layout import ModelSource
+from duetime.repository.tritonconfig import load_model_config
 from duetime.scheduling.profile import LatencyProfile, batch_buckets, profile_from_samples
 from duetime.types import ModelSignature, TensorSpec
 from duetime.validation import Validator

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from duetime.config import CONFIG_FILENAMES, ModelConfig, load_model_config
+from duetime.config import CONFIG_FILENAMES, ModelConfig
 from duetime.errors import ConfigError, DuetimeError, InvalidInput, ModelNotFound, ModelUnavailable
 from duetime.execution.affinity import lower_thread_priority, pin_current_thread
 from duetime.repository.layout import ModelSource, scan_model, scan_repository
@@ -39,6 +39,7 @@ from duetime.repository.registry import (
     ServedModel,
     ServedVersion,
 )
+from duetime.repository.tritonconfig import load_model_config
 
 log = logging.getLogger("duetime.manager")
 

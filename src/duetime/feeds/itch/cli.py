@@ -198,9 +198,10 @@ async def _load(engine: Any, repository: Path, args: argparse.Namespace) -> None
     hundred µs would otherwise be refused outright. Inline, a request goes from the feed to
     ONNX Runtime and back without a thread hop (tens of µs each way on a VM).
     """
-    from duetime.config import ModelConfig, load_model_config
+    from duetime.config import ModelConfig
     from duetime.errors import DuetimeError
     from duetime.feeds.itch.predictors import PredictorError
+    from duetime.repository.tritonconfig import load_model_config
 
     model = args.model
     try:

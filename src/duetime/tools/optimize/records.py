@@ -53,6 +53,11 @@ def _config_path(model_dir: Path) -> Path:
     if len(found) > 1:
         names = ", ".join(p.name for p in found)
         raise ConfigError(f"{model_dir}: more than one config file ({names}); keep one")
+    if found and found[0].suffix == ".pbtxt":
+        raise ConfigError(
+            f"{found[0]}: the optimizer records variants in duetime's config.toml; move this "
+            "model's settings from Triton's config.pbtxt to config.toml first"
+        )
     return found[0] if found else model_dir / "config.toml"
 
 

@@ -1,0 +1,200 @@
+"""Triton's `config.pbtxt`, read as a duetime model config: a Triton model repository of ONNX
+models serves unchanged.
+
+The file is parsed whole by protobuf's text_format against Triton's ModelConfig schema (the
+complete `model_config.proto`, so every section parses), then translated field by field into
+the settings `config.py` validates (a `max_batch_size` of 0 with no tensors listed is left to the
+graph, as Triton's auto-complete does):
+
+| Triton | duetime |
+|---|---|
+| `max_batch_size` (0 and no `input`/`output`: from the graph) | `max_batch_size` |
+| `input`/`output` `name`, `data_type`, `dims` | `inputs`/`outputs` |
+| `instance_group` counts (summed; GPU groups run on the CPU, with a warning) | `instances` |
+| `dynamic_batching.max_queue_delay_microseconds` | `scheduling.max_queue_delay_us` |
+| `dynamic_batching.default_queue_policy.max_queue_size` | `scheduling.max_queue_size` |
+| `dynamic_batching.default_queue_policy.default_timeout_microseconds` | `default_timeout_ms` |
+| `dynamic_batching.default_priority_level` | `scheduling.default_priority_level` |
+| `version_policy` | `version_policy` |
+| `parameters` `intra_op_thread_count`, `inter_op_...` | `intra_op_threads`, `inter_op_...` |
+
+What duetime cannot honour is refused with the field named: another platform or backend,
+sequence batching (stateful models), ensembles, decoupled models, `reshape`, shape tensors,
+batch inputs/outputs, a model file other than `model.onnx`. Sections that only tune Triton
+itself (`optimization`, `model_warmup`, `response_cache`, ...) are ignored with a warning.
+Without `dynamic_batching` Triton runs each request alone; duetime's scheduler batches anyway
+(that is what it is for): set `max_batch_size = 0` to stop it.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from google.protobuf import text_format
+
+from duetime import config as settings
+from duetime.config import ModelConfig, parse_model_config
+from duetime.errors import ConfigError
+from duetime.frontend.proto import model_config_pb2 as mc
+
+log = logging.getLogger("duetime.config")
+
+FILENAME = "config.pbtxt"
+ONNX_PLATFORMS = frozenset({"", "onnxruntime_onnx"})
+ONNX_BACKENDS = frozenset({"", "onnxruntime"})
+MODEL_FILE = "model.onnx"
+
+_TRANSLATED = frozenset({
+    "name", "platform", "backend", "max_batch_size", "input", "output", "instance_group",
+    "dynamic_batching", "version_policy", "parameters", "default_model_filename",
+})  # fmt: skip
+_REFUSED = {
+    "sequence_batching": "sequence batching (stateful models) is not supported",
+    "ensemble_scheduling": "ensembles are not supported; serve each model on its own",
+    "batch_input": "batch inputs are not supported",
+    "batch_output": "batch outputs are not supported",
+}
+_THREAD_PARAMETERS = {
+    "intra_op_thread_count": "intra_op_threads",
+    "inter_op_thread_count": "inter_op_threads",
+}
+
+
+def load_model_config(model_dir: Path) -> ModelConfig:
+    """The model's config from its config file (duetime's TOML or YAML, or Triton's pbtxt)."""
+    path = model_dir / FILENAME
+    if not path.is_file():
+        return settings.load_model_config(model_dir)
+    others = [name for name in settings.CONFIG_FILENAMES if (model_dir / name).is_file()]
+    if len(others) > 1:
+        raise ConfigError(f"{model_dir}: more than one config file ({', '.join(others)}); keep one")
+    return parse_model_config(read_pbtxt(path, model_dir.name), source=str(path))
+
+
+def read_pbtxt(path: Path, model_name: str) -> dict[str, Any]:
+    """The settings `path` (a Triton config.pbtxt of model `model_name`) translates to."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: cannot be read: {exc}") from exc
+    return translate(text, source=str(path), model_name=model_name)
+
+
+def translate(text: str, *, source: str, model_name: str) -> dict[str, Any]:
+    config = mc.ModelConfig()
+    try:
+        text_format.Parse(text, config)
+    except text_format.ParseError as exc:
+        raise ConfigError(
+            f"{source}: not a Triton model config (protobuf text format): {exc}"
+        ) from None
+    _refuse_what_cannot_be_served(config, source, model_name)
+    out: dict[str, Any] = {}
+    tensors = [("inputs", config.input), ("outputs", config.output)]
+    for key, specs in tensors:
+        if specs:
+            out[key] = [_tensor(spec) for spec in specs]
+    if config.max_batch_size > 0 or any(specs for _, specs in tensors):
+        out["max_batch_size"] = config.max_batch_size
+    instances = _instances(config, source)
+    if instances is not None:
+        out["instances"] = instances
+    if config.HasField("dynamic_batching"):
+        _dynamic_batching(config.dynamic_batching, out, source)
+    if config.HasField("version_policy"):
+        out["version_policy"] = _version_policy(config.version_policy)
+    for name, parameter in config.parameters.items():
+        if name in _THREAD_PARAMETERS:
+            out[_THREAD_PARAMETERS[name]] = _integer(
+                parameter.string_value, f"parameters['{name}']", source
+            )
+    ignored = sorted(f.name for f, _ in config.ListFields() if f.name not in _TRANSLATED)
+    if ignored:
+        log.warning("%s: %s: Triton-only settings, no effect in duetime", source,
+                    ", ".join(ignored))  # fmt: skip
+    return out
+
+
+def _refuse_what_cannot_be_served(config: Any, source: str, model_name: str) -> None:
+    def refuse(field: str, why: str) -> ConfigError:
+        return ConfigError(f"{source}: {field}: {why}")
+
+    if config.name and config.name != model_name:
+        raise refuse("name", f"'{config.name}' differs from the model's folder '{model_name}'")
+    if config.platform not in ONNX_PLATFORMS or config.backend not in ONNX_BACKENDS:
+        field = "platform" if config.platform not in ONNX_PLATFORMS else "backend"
+        value = config.platform if field == "platform" else config.backend
+        raise refuse(field, f"'{value}': duetime serves ONNX models with ONNX Runtime "
+                            "(platform 'onnxruntime_onnx', backend 'onnxruntime')")  # fmt: skip
+    for field, why in _REFUSED.items():
+        if (
+            config.HasField(field)
+            if field in ("sequence_batching", "ensemble_scheduling")
+            else len(getattr(config, field))
+        ):
+            raise refuse(field, why)
+    if config.model_transaction_policy.decoupled:
+        raise refuse("model_transaction_policy.decoupled", "decoupled models are not supported")
+    if config.default_model_filename not in ("", MODEL_FILE):
+        raise refuse("default_model_filename", f"'{config.default_model_filename}': duetime "
+                     f"reads <version>/{MODEL_FILE}; rename the file")  # fmt: skip
+    for kind, specs in (("input", config.input), ("output", config.output)):
+        for spec in specs:
+            if spec.HasField("reshape"):
+                raise refuse(f"{kind} '{spec.name}'.reshape", "reshape is not supported")
+            if spec.is_shape_tensor:
+                raise refuse(f"{kind} '{spec.name}'.is_shape_tensor", "shape tensors are not "
+                             "supported")  # fmt: skip
+
+
+def _tensor(spec: Any) -> dict[str, Any]:
+    tensor: dict[str, Any] = {"name": spec.name}
+    if spec.data_type != mc.TYPE_INVALID:
+        name = mc.DataType.Name(spec.data_type).removeprefix("TYPE_")
+        tensor["datatype"] = "BYTES" if name == "STRING" else name
+    if spec.dims:
+        tensor["dims"] = list(spec.dims)
+    return tensor
+
+
+def _instances(config: Any, source: str) -> int | None:
+    groups = config.instance_group
+    if not groups:
+        return None
+    if any(group.kind == mc.ModelInstanceGroup.KIND_GPU for group in groups):
+        log.warning("%s: instance_group: GPU instances run on the CPU in duetime", source)
+    return sum(group.count or 1 for group in groups)
+
+
+def _dynamic_batching(batching: Any, out: dict[str, Any], source: str) -> None:
+    scheduling: dict[str, Any] = {"max_queue_delay_us": batching.max_queue_delay_microseconds}
+    if batching.default_priority_level:
+        scheduling["default_priority_level"] = batching.default_priority_level
+    if batching.HasField("default_queue_policy"):
+        policy = batching.default_queue_policy
+        if policy.max_queue_size:
+            scheduling["max_queue_size"] = policy.max_queue_size
+        if policy.default_timeout_microseconds:
+            out["default_timeout_ms"] = policy.default_timeout_microseconds / 1000
+        if policy.timeout_action == mc.ModelQueuePolicy.DELAY:
+            log.warning("%s: dynamic_batching.default_queue_policy.timeout_action DELAY: duetime "
+                        "never runs a request after its due time (REJECT)", source)  # fmt: skip
+    out["scheduling"] = scheduling
+
+
+def _version_policy(policy: Any) -> dict[str, Any]:
+    choice = policy.WhichOneof("policy_choice")
+    if choice == "all":
+        return {"all": {}}
+    if choice == "specific":
+        return {"specific": {"versions": list(policy.specific.versions)}}
+    return {"latest": {"num_versions": policy.latest.num_versions or 1}}
+
+
+def _integer(value: str, field: str, source: str) -> int:
+    try:
+        return int(value)
+    except ValueError:
+        raise ConfigError(f"{source}: {field}: expected an integer, got '{value}'") from None

@@ -1,0 +1,132 @@
+"""Triton's config.pbtxt read as a duetime model config (repository/tritonconfig.py)."""
+
+from __future__ import annotations
+
+import logging
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+
+from duetime.config import ModelConfig
+from duetime.demo import write_demo_repository
+from duetime.errors import ConfigError
+from duetime.repository.layout import scan_model
+from duetime.repository.loader import load_version
+from duetime.repository.tritonconfig import load_model_config, translate
+
+# A config as Triton users write them, with sections duetime has no use for.
+TRITON_CONFIG = """
+name: "mlp"
+platform: "onnxruntime_onnx"
+max_batch_size: 16
+version_policy: { specific: { versions: [1, 3] } }
+input [ { name: "x" data_type: TYPE_FP32 dims: [ 40 ] } ]
+output [ { name: "y" data_type: TYPE_FP32 dims: [ 3 ] } ]
+instance_group [ { count: 2 kind: KIND_CPU }, { kind: KIND_GPU gpus: [ 0 ] } ]
+dynamic_batching {
+  preferred_batch_size: [ 4, 8 ]
+  max_queue_delay_microseconds: 200
+  default_priority_level: 2
+  priority_levels: 3
+  default_queue_policy { default_timeout_microseconds: 5000 max_queue_size: 64 }
+}
+parameters { key: "intra_op_thread_count" value: { string_value: "2" } }
+optimization { execution_accelerators { cpu_execution_accelerator: [ { name: "openvino" } ] } }
+model_warmup [ { name: "w" batch_size: 1 inputs { key: "x" value {
+  data_type: TYPE_FP32 dims: [ 40 ] zero_data: true } } } ]
+response_cache { enable: true }
+"""
+
+
+def test_a_triton_config_translates_field_by_field(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING, logger="duetime.config"):
+        settings = translate(TRITON_CONFIG, source="mlp/config.pbtxt", model_name="mlp")
+    assert settings == {
+        "max_batch_size": 16,
+        "inputs": [{"name": "x", "datatype": "FP32", "dims": [40]}],
+        "outputs": [{"name": "y", "datatype": "FP32", "dims": [3]}],
+        "instances": 3,
+        "scheduling": {
+            "max_queue_delay_us": 200,
+            "default_priority_level": 2,
+            "max_queue_size": 64,
+        },
+        "default_timeout_ms": 5.0,
+        "version_policy": {"specific": {"versions": [1, 3]}},
+        "intra_op_threads": 2,
+    }
+    assert "GPU instances run on the CPU" in caplog.text
+    assert "model_warmup, optimization, response_cache: Triton-only settings" in caplog.text
+    ModelConfig.model_validate(settings)  # and duetime accepts what it says
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ('max_batch_size: 0 input [ { name: "x" data_type: TYPE_STRING dims: [ -1 ] } ]',
+         {"max_batch_size": 0, "inputs": [{"name": "x", "datatype": "BYTES", "dims": [-1]}]}),
+        ("max_batch_size: 0", {}),  # left to the graph, as Triton's auto-complete does
+        ('backend: "onnxruntime" version_policy { all {} }', {"version_policy": {"all": {}}}),
+        ("version_policy { latest { } }", {"version_policy": {"latest": {"num_versions": 1}}}),
+        ("dynamic_batching { }", {"scheduling": {"max_queue_delay_us": 0}}),
+    ],
+)  # fmt: skip
+def test_defaults_and_datatypes(text: str, expected: dict[str, object]) -> None:
+    assert translate(text, source="c", model_name="m") == expected
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ('platform: "tensorrt_plan"', "c: platform: 'tensorrt_plan': duetime serves ONNX models"),
+        ('backend: "python"', "c: backend: 'python'"),
+        ('name: "other"', "c: name: 'other' differs from the model's folder 'm'"),
+        ("sequence_batching { }", "c: sequence_batching: sequence batching (stateful models)"),
+        ('input [ { name: "x" dims: [ 4 ] reshape { shape: [ 2, 2 ] } } ]',
+         "c: input 'x'.reshape: reshape is not supported"),
+        ('default_model_filename: "net.onnx"', "c: default_model_filename: 'net.onnx'"),
+        ("model_transaction_policy { decoupled: true }", "decoupled models are not supported"),
+        ('parameters { key: "intra_op_thread_count" value { string_value: "two" } }',
+         "c: parameters['intra_op_thread_count']: expected an integer, got 'two'"),
+        ("max_batch_size: 8\nbogus_field: 1", "c: not a Triton model config (protobuf text "
+         'format): 2:1 : Message type "inference.ModelConfig" has no field named "bogus_field"'),
+    ],
+)  # fmt: skip
+def test_what_duetime_cannot_honour_is_refused_naming_the_field(text: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        translate(text, source="c", model_name="m")
+
+
+@pytest.fixture
+def triton_repo(tmp_path: Path) -> Path:
+    """The demo mlp as a Triton repository: model.onnx and a config.pbtxt."""
+    demo = write_demo_repository(tmp_path / "demo")
+    model = tmp_path / "triton" / "mlp"
+    shutil.copytree(demo / "mlp" / "1", model / "1")
+    (model / "config.pbtxt").write_text(
+        'name: "mlp"\nplatform: "onnxruntime_onnx"\nmax_batch_size: 8\n'
+        'input [ { name: "x", data_type: TYPE_FP32, dims: [ 40 ] } ]\n'
+        'output [ { name: "y", data_type: TYPE_FP32, dims: [ 3 ] } ]\n'
+        "dynamic_batching { max_queue_delay_microseconds: 100 }\n",
+        encoding="utf-8",
+    )
+    return model
+
+
+def test_a_triton_model_folder_loads_with_its_config(triton_repo: Path) -> None:
+    config = load_model_config(triton_repo)
+    assert (config.max_batch_size, config.scheduling.max_queue_delay_us) == (8, 100)
+    model = load_version(scan_model(triton_repo), 1)
+    try:
+        assert model.signature.max_batch_size == 8
+        assert [spec.name for spec in model.signature.inputs] == ["x"]
+    finally:
+        model.executor.close()
+
+
+def test_a_pbtxt_beside_a_duetime_config_is_refused(triton_repo: Path) -> None:
+    (triton_repo / "config.toml").write_text("max_batch_size = 4\n", encoding="utf-8")
+    with pytest.raises(ConfigError, match="more than one config file"):
+        load_model_config(triton_repo)
