@@ -153,9 +153,19 @@ def test_demo_writes_the_repository(tmp_path: Path, demo_repo: Path) -> None:
         (["serve", "somewhere", "--demo"], "give a model repository folder or --demo"),
         (["serve", "no-such-folder"], "no-such-folder is not a folder"),
         (["serve", "--demo", "--http-port", "70000"], "http_port"),
+        (["serve", "a", "--model-repository", "b"], "give the model repository once"),
+        (["serve", "--model-store", "b", "--demo"], "give a model repository folder or --demo"),
         ([], "command"),
     ],
-    ids=["no-repository", "both", "missing-folder", "bad-port", "no-command"],
+    ids=[
+        "no-repository",
+        "both",
+        "missing-folder",
+        "bad-port",
+        "twice",
+        "flag-and-demo",
+        "no-command",
+    ],
 )
 def test_bad_use_exits_2_with_a_message(tmp_path: Path, args: list[str], message: str) -> None:
     result = run_duetime(tmp_path, *args)
@@ -172,7 +182,7 @@ def test_broken_models_are_reported_and_the_rest_served(tmp_path: Path, demo_rep
     (repo / "corrupt" / "1" / "model.onnx").write_bytes(b"\x08\x07 this is not a protobuf \xff" * 9)
     shutil.copytree(demo_repo / "mlp", repo / "negative")
     (repo / "negative" / "config.toml").write_text("max_batch_size = -3\n")
-    with serving(tmp_path, str(repo)) as server:
+    with serving(tmp_path, f"--model-repository={repo}") as server:  # Triton's flag
         infer_mlp_both_ways(server.http, server.grpc)
         client = httpclient.InferenceServerClient(server.http)
         try:

@@ -73,6 +73,10 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("path", type=Path)
     serve = commands.add_parser("serve", help="serve a model repository over HTTP and gRPC")
     serve.add_argument("repository", nargs="?", type=Path, help="the model repository folder")
+    serve.add_argument(
+        "--model-repository", "--model-store", dest="model_repository", type=Path,
+        metavar="PATH", help="the model repository folder, by Triton's flag name",
+    )  # fmt: skip
     serve.add_argument("--demo", action="store_true", help="serve the built-in demo models")
     serve.add_argument("--host", help="address to listen on (default 127.0.0.1)")
     serve.add_argument("--http-port", type=int, help="HTTP port (default 8000; 0 picks one)")
@@ -220,9 +224,11 @@ def demo_cache_dir() -> Path:
 def _serve(args: argparse.Namespace) -> int:
     from duetime.server import Server
 
-    if args.demo == (args.repository is not None):
+    if args.repository is not None and args.model_repository is not None:
+        raise ConfigError("give the model repository once: as the argument or --model-repository")
+    repository = args.repository or args.model_repository
+    if args.demo == (repository is not None):
         raise ConfigError("give a model repository folder or --demo (one of the two)")
-    repository = args.repository
     if args.demo:
         from duetime.demo import write_demo_repository
 
