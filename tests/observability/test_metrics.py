@@ -69,6 +69,7 @@ FAMILIES = {
 class Scrape:
     families: dict[str, tuple[str, list[Sample]]]
     """Family name (counters without `_total`) -> its type and samples."""
+    text: str = ""
 
     def samples(self, family: str, suffix: str = "", **labels: str) -> list[Sample]:
         kind, samples = self.families[family]
@@ -88,7 +89,7 @@ def scrape(port: int) -> Scrape:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as response:
         text = response.read().decode()
     families = {f.name: (f.type, f.samples) for f in text_string_to_metric_families(text)}
-    return Scrape(families)
+    return Scrape(families, text)
 
 
 def send_traffic(running: RunningServer) -> None:
@@ -149,6 +150,24 @@ def test_request_outcomes_count_what_was_sent(after_traffic: Scrape) -> None:
         ("", "1", INVALID)
     ]
     assert after_traffic.value("duetime_inferences", **MLP) == GOOD_HTTP + GOOD_GRPC
+
+
+def test_triton_metric_names_count_the_same_requests(after_traffic: Scrape) -> None:
+    """A dashboard written for Triton finds its series, named exactly as Triton names them."""
+    mlp = {"model": "mlp", "version": "1"}
+    good = GOOD_HTTP + GOOD_GRPC
+    assert after_traffic.value("nv_inference_request_success", **mlp) == good
+    assert after_traffic.value("nv_inference_count", **mlp) == good
+    assert 1 <= after_traffic.value("nv_inference_exec_count", **mlp) <= good
+    reasons = {
+        s.labels["reason"]: s.value
+        for s in after_traffic.samples("nv_inference_request_failure", **mlp)
+    }
+    assert reasons == {"REJECTED": REFUSED, "CANCELED": 0, "BACKEND": 0}
+    for family in ("request_duration_us", "queue_duration_us", "compute_infer_duration_us"):
+        assert after_traffic.value(f"nv_inference_{family}", **mlp) > 0, family
+    assert after_traffic.value("nv_inference_pending_request_count", **mlp) == 0
+    assert '\nnv_inference_request_success{model="mlp",version="1"} ' in after_traffic.text
 
 
 @pytest.mark.parametrize("family", [*HISTOGRAMS, "duetime_gc_pause_seconds"])

@@ -92,6 +92,7 @@ class MetricsCollector:
         )
         yield self._batch_sizes(rows)
         yield from self._gauges(rows)
+        yield from _triton_families(rows)
         yield from self._shadows()
         if self._gc_pauses is not None:
             yield self._gc(self._gc_pauses)
@@ -251,6 +252,65 @@ class MetricsCollector:
             "Requests refused by the load shedder before they were decoded (no model known).",
             value=shedder.refused,
         )
+
+
+TRITON_LABELS = ("model", "version")
+TRITON_FAILURE_REASONS = ("REJECTED", "CANCELED", "BACKEND")
+
+
+_TRITON_CUMULATIVE = (
+    ("nv_inference_request_success", "Successful inference requests"),
+    ("nv_inference_count", "Inferences performed, a batch of n counting n"),
+    ("nv_inference_exec_count", "Batches executed"),
+    ("nv_inference_request_duration_us", "Cumulative end-to-end time of successful requests, µs"),
+    ("nv_inference_queue_duration_us", "Cumulative queue time of started requests, µs"),
+    ("nv_inference_compute_infer_duration_us", "Cumulative time inside ONNX Runtime, µs"),
+)
+
+
+def _triton_families(rows: Sequence[_Row]) -> Iterator[Metric]:
+    """Triton's own metric names (`nv_inference_*`, per model and version, variants summed), so
+    that dashboards and alerts written for a Triton fleet read duetime unchanged. Durations are
+    cumulative microseconds, as Triton's are; a request refused at admission or expired in the
+    queue is a REJECTED failure (Triton's queue-timeout rejections are too).
+
+    NOTE: the cumulative ones are exposed untyped: prometheus_client names a counter family
+    `<name>_total`, and Triton's series carry no suffix (`rate()` works on either)."""
+    cumulative: dict[tuple[str, str], list[int]] = {}
+    failures: dict[tuple[str, str], list[int]] = {}
+    pending: dict[tuple[str, str], int] = {}
+    for row in rows:
+        s, key = row.stats, (row.labels[0], row.labels[1])
+        values = (s.succeeded, s.inferences, s.executions, s.success_ns // 1000,
+                  s.queue_ns // 1000, s.compute_ns // 1000)  # fmt: skip
+        summed = cumulative.setdefault(key, [0] * len(values))
+        for index, value in enumerate(values):
+            summed[index] += value
+        failed = failures.setdefault(key, [0, 0, 0])
+        for index, value in enumerate((s.rejected + s.expired, s.cancelled, s.failed)):
+            failed[index] += value
+        pending[key] = pending.get(key, 0) + s.queued
+    for index, (name, help_text) in enumerate(_TRITON_CUMULATIVE):
+        family = Metric(name, f"{help_text} (Triton's name).", "untyped")
+        for (model, version), summed in cumulative.items():
+            family.add_sample(name, {"model": model, "version": version}, summed[index])
+        yield family
+    name = "nv_inference_request_failure"
+    help_text = ("Failed inference requests by reason: REJECTED refused or expired for time, "
+                 "CANCELED, BACKEND the model failed (Triton's name).")  # fmt: skip
+    family = Metric(name, help_text, "untyped")
+    for (model, version), failed in failures.items():
+        for reason, value in zip(TRITON_FAILURE_REASONS, failed, strict=True):
+            family.add_sample(name, {"model": model, "version": version, "reason": reason}, value)
+    yield family
+    gauge = GaugeMetricFamily(
+        "nv_inference_pending_request_count",
+        "Requests queued, not started yet (Triton's name).",
+        labels=TRITON_LABELS,
+    )
+    for labels, value in pending.items():
+        gauge.add_metric(labels, value)
+    yield gauge
 
 
 def _counter(
