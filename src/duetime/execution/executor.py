@@ -24,7 +24,7 @@ from duetime.execution.affinity import (
     lower_thread_priority,
     pin_current_thread,
 )
-from duetime.execution.ort import strings_from_ort
+from duetime.execution.ort import Run, direct_run, strings_from_ort
 from duetime.execution.turns import Turns
 
 Feeds = dict[str, np.ndarray]
@@ -80,6 +80,7 @@ class Executor:
         """Run on the event loop itself (ModelConfig.execution 'inline'): no instance thread."""
         self._pool = InputPool()
         self._sessions = list(sessions)
+        self._runs = [direct_run(session) for session in self._sessions]
         self._output_names = list(output_names)
         self._string_outputs = string_outputs
         self._batched = batched
@@ -103,12 +104,12 @@ class Executor:
         traffic leaves over."""
         if self.inline:
             return
-        for index, session in enumerate(self._sessions):
+        for index, run in enumerate(self._runs):
             jobs: queue.SimpleQueue[BatchJob | _Stop] = queue.SimpleQueue()
             pinned = cpus[index] if index < len(cpus) else None
             thread = threading.Thread(
                 target=self._serve,
-                args=(index, session, jobs, loop, pinned, background),
+                args=(index, run, jobs, loop, pinned, background),
                 name=f"duetime-{self._label}-i{index}",
                 daemon=True,
             )
@@ -124,7 +125,7 @@ class Executor:
     def run_now(self, instance: int, job: BatchJob) -> BatchResult:
         """Inline: run `job` on the calling thread (the loop) and return its result."""
         result = BatchResult(job, instance)
-        self._execute(self._sessions[instance], job, result, self._pool)
+        self._execute(self._runs[instance], job, result, self._pool)
         return result
 
     def close(self, timeout_s: float = 5.0) -> None:
@@ -134,6 +135,7 @@ class Executor:
         for thread in self._threads:
             thread.join(timeout_s)
         self._sessions.clear()
+        self._runs.clear()
 
     def run_sync(self, feeds: Feeds, instance: int = 0) -> list[np.ndarray]:
         """Run one set of feeds on the calling thread (load-time warm-up and profiling only)."""
@@ -142,7 +144,7 @@ class Executor:
     def _serve(
         self,
         index: int,
-        session: Any,
+        run: Run,
         jobs: queue.SimpleQueue[BatchJob | _Stop],
         loop: asyncio.AbstractEventLoop,
         cpus: frozenset[int] | None,
@@ -158,14 +160,14 @@ class Executor:
                 return
             result = BatchResult(job, index)
             if job.turn is None:
-                self._execute(session, job, result, pool)
+                self._execute(run, job, result, pool)
             else:
                 turns, ticket = job.turn
                 waiting = time.perf_counter_ns()
                 turns.wait(ticket)
                 result.waited_ns = time.perf_counter_ns() - waiting
                 try:
-                    self._execute(session, job, result, pool)
+                    self._execute(run, job, result, pool)
                 finally:
                     turns.done(ticket)
             try:
@@ -173,10 +175,10 @@ class Executor:
             except RuntimeError:  # the loop closed under us: nobody is waiting any more
                 return
 
-    def _execute(self, session: Any, job: BatchJob, result: BatchResult, pool: InputPool) -> None:
+    def _execute(self, run: Run, job: BatchJob, result: BatchResult, pool: InputPool) -> None:
         try:
             feeds = pool.gather(job.feeds, job.rows, job.bucket)
-            result.outputs = self._split(self._run(session, feeds, result), job.rows)
+            result.outputs = self._split(self._run(run, feeds, result), job.rows)
         except Exception as exc:
             if len(job.feeds) == 1:
                 result.outputs = [_run_error(exc)]
@@ -184,21 +186,21 @@ class Executor:
             # NOTE: one request's values can make ORT fail (an index out of range, say); run each
             # alone so that only the request that caused it fails, not the whole batch.
             result.outputs = [
-                self._isolated(session, feeds, rows, result)
+                self._isolated(run, feeds, rows, result)
                 for feeds, rows in zip(job.feeds, job.rows, strict=True)
             ]
 
     def _isolated(
-        self, session: Any, feeds: Feeds, rows: int, result: BatchResult
+        self, run: Run, feeds: Feeds, rows: int, result: BatchResult
     ) -> Feeds | DuetimeError:
         try:
-            return self._split(self._run(session, feeds, result), [rows])[0]
+            return self._split(self._run(run, feeds, result), [rows])[0]
         except Exception as exc:
             return _run_error(exc)
 
-    def _run(self, session: Any, feeds: Feeds, result: BatchResult) -> list[np.ndarray]:
+    def _run(self, run: Run, feeds: Feeds, result: BatchResult) -> list[np.ndarray]:
         started = time.perf_counter_ns()
-        outputs: list[np.ndarray] = session.run(self._output_names, feeds)
+        outputs = run(self._output_names, feeds)
         result.compute_ns += time.perf_counter_ns() - started
         return outputs
 

@@ -8,8 +8,9 @@ import hashlib
 import logging
 import os
 import platform
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import onnxruntime as ort
@@ -156,6 +157,26 @@ def _specs(
         shape = tuple(d if isinstance(d, int) and d >= 0 else -1 for d in (arg.shape or ()))
         specs.append(TensorSpec(arg.name, datatype, shape))
     return specs
+
+
+Run = Callable[[list[str], dict[str, np.ndarray]], list[np.ndarray]]
+"""Runs a session: (output names, feeds) -> outputs."""
+
+
+def direct_run(session: Any) -> Run:
+    """`session.run` without the Python wrapper's per-call checks (that every input is fed, that
+    no OrtValue belongs to another session, that WebGPU graph capture is off): the validator has
+    checked the feeds, which are numpy arrays, and the session is on the CPU. About 3 µs of a
+    10 µs model's run. Falls back to `session.run` where the wrapper has no `_sess`."""
+    inner = getattr(session, "_sess", None)
+    if inner is None or not callable(getattr(inner, "run", None)):
+        return cast(Run, session.run)
+    run = inner.run
+
+    def direct(output_names: list[str], feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+        return cast(list[np.ndarray], run(output_names, feeds, None))
+
+    return direct
 
 
 def strings_for_ort(array: np.ndarray, input_name: str) -> np.ndarray:
