@@ -235,10 +235,14 @@ class Engine:
         """Every model in the repository with the state of each version (Triton's index)."""
         return [] if self.manager is None else self.manager.index(ready_only)
 
-    async def load_model(self, name: str, config: ModelConfig | None = None) -> None:
-        """Load `name` (or reload what changed), with `config` in place of its config file."""
+    async def load_model(
+        self, name: str, config: ModelConfig | None = None, files: Mapping[str, bytes] | None = None
+    ) -> None:
+        """Load `name` (or reload what changed), with `config` in place of its config file; with
+        `files` (path in the model folder -> content, and a `config`), from those instead of its
+        folder in the repository, until it is unloaded."""
         manager = self._control("load")
-        await manager.load(name, config=config)
+        await manager.load(name, config=config, files=files)
 
     async def unload_model(self, name: str) -> None:
         """Stop routing to `name`; requests already queued on it still finish."""

@@ -63,7 +63,8 @@ def test_reflection_lists_the_services_and_describes_the_inference_service(
     names = {service.name for service in listed.list_services_response.service}
     assert {INFERENCE_SERVICE, HEALTH_SERVICE} <= names
     files = described.file_descriptor_response.file_descriptor_proto
-    assert files and not described.HasField("error_response")
+    assert files
+    assert not described.HasField("error_response")
     assert any(b"ModelInfer" in proto for proto in files)
 
 

@@ -36,10 +36,23 @@ def explicit_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Runnin
 
 
 def clients(server: RunningServer) -> list[Any]:
-    return [
+    made = [
         httpclient.InferenceServerClient(server.http),
         grpcclient.InferenceServerClient(server.grpc),
     ]
+    _open.extend(made)
+    return made
+
+
+_open: list[Any] = []
+
+
+@pytest.fixture(autouse=True)
+def _close_clients() -> Iterator[None]:
+    """Clients are closed after each test (an unclosed socket's warning would fail a later one)."""
+    yield
+    while _open:
+        _open.pop().close()
 
 
 def index(client: Any) -> list[dict[str, str]]:
@@ -109,9 +122,40 @@ def test_load_errors_are_clear(explicit_server: RunningServer, protocol: str) ->
         client.load_model("missing")
     with pytest.raises(InferenceServerException, match="max_batch_size"):
         client.load_model("m", config=json.dumps({"max_batch_size": "many"}))
-    with pytest.raises(InferenceServerException, match="uploading model files is not supported"):
-        client.load_model("m", config="{}", files={"file:1/model.onnx": b"x"})
+    with pytest.raises(InferenceServerException, match="uploaded files need a 'config' too"):
+        client.load_model("m", files={"file:1/model.onnx": scale_model(5)})
+    with pytest.raises(InferenceServerException, match="expected a relative path inside"):
+        client.load_model("m", config="{}", files={"file:../1/model.onnx": scale_model(5)})
+    with pytest.raises(InferenceServerException, match="ONNX Runtime cannot load it"):
+        client.load_model("m", config="{}", files={"file:1/model.onnx": b"not onnx"})
     assert factor(client, "m") == 2.0  # a failed load changed nothing
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_uploaded_files_are_served_until_the_model_is_unloaded(
+    explicit_server: RunningServer, protocol: str
+) -> None:
+    """Triton's model upload: the files given with a load form the model's folder, in place of
+    the repository's; unloading forgets them, and the next load reads the repository again."""
+    client = clients(explicit_server)[protocol == "grpc"]
+    name = f"up-{protocol}"  # not in the repository at all
+    files = {"file:1/model.onnx": scale_model(7), "file:3/model.onnx": scale_model(9)}
+    client.load_model(name, config=json.dumps({"version_policy": {"all": {}}}), files=files)
+    assert (factor(client, name, "1"), factor(client, name, "3")) == (7.0, 9.0)
+    assert {"name": name, "version": "3", "state": "READY"} in index(client)
+    client.load_model(name, config="{}", files={"file:1/model.onnx": scale_model(11)})
+    assert factor(client, name) == 11.0  # a new upload replaces the last one
+    client.unload_model(name)
+    with pytest.raises(InferenceServerException, match="not in the repository"):
+        client.load_model(name)
+    try:
+        client.load_model("n", config="{}", files={"file:1/model.onnx": scale_model(13)})
+        assert factor(client, "n") == 13.0  # over a model in the repository
+        client.unload_model("n")
+        client.load_model("n")
+        assert factor(client, "n") == 3.0  # the repository's again
+    finally:
+        client.unload_model("n")
 
 
 def test_http_status_codes(explicit_server: RunningServer) -> None:

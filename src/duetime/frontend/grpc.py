@@ -22,7 +22,7 @@ from duetime.frontend.metadata import model_config_json, model_metadata_json
 from duetime.frontend.parameters import due_from_timeout_us, priority_of
 from duetime.frontend.proto import grpc_service_pb2 as pb
 from duetime.frontend.proto import grpc_service_pb2_grpc as pb_grpc
-from duetime.frontend.rest import EXTENSIONS, check_control_token, load_config
+from duetime.frontend.rest import EXTENSIONS, check_control_token, load_request
 from duetime.frontend.sharedmemory import CudaRegions, SharedMemoryRegions
 from duetime.frontend.statistics import statistics_json
 from duetime.observability.logs import AccessSampler, log_request
@@ -136,8 +136,8 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         try:
             check_control_token(self._control_token, _Metadata(context).get("authorization"))
             name = check_model_name(request.model_name)
-            config = load_config(_parameters(request.parameters), name)
-            await self._engine.load_model(name, config)
+            asked = load_request(_parameters(request.parameters), name)
+            await self._engine.load_model(name, asked.config, asked.files)
         except DuetimeError as exc:
             await _abort(context, exc)
         return pb.RepositoryModelLoadResponse()

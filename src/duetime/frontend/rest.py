@@ -7,6 +7,8 @@ ticket resolves on the loop; the HTTP protocol writes either in request order.
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import functools
 import hmac
 import logging
@@ -14,7 +16,7 @@ import zlib
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from importlib import resources
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 from urllib.parse import unquote
 
 import numpy as np
@@ -48,7 +50,7 @@ from duetime.observability.tracing import (
     new_trace_id,
     parse_traceparent,
 )
-from duetime.repository.manager import check_model_name
+from duetime.repository.manager import check_model_name, check_upload_path
 from duetime.types import InferRequest
 
 log = logging.getLogger("duetime.rest")
@@ -285,7 +287,8 @@ class RestApi:
             parameters = _control_parameters(body, f"{rest[2]} request")
             if rest[2] == "unload":
                 return ControlCall.start(self._engine.unload_model(name))
-            return ControlCall.start(self._engine.load_model(name, load_config(parameters, name)))
+            asked = load_request(parameters, name)
+            return ControlCall.start(self._engine.load_model(name, asked.config, asked.files))
         raise ModelNotFound(f"no such endpoint '/v2/repository/{'/'.join(rest)}'")
 
     def _repository_index(self, body: bytes) -> Reply:
@@ -495,21 +498,38 @@ def check_control_token(expected: str | None, authorization: str | None) -> None
         )
 
 
-def load_config(parameters: Mapping[str, Any], name: str) -> ModelConfig | None:
-    """The config override of a load request (`config`, JSON text); model files cannot be
-    uploaded (`file:` parameters): copy them into the repository instead."""
-    for key in parameters:
-        if key.startswith("file:"):
-            raise InvalidInput(
-                f"load parameter '{key}': uploading model files is not supported; copy the "
-                "files into the model repository, then load the model"
-            )
+class LoadRequest(NamedTuple):
+    """What a repository load request asks for: a config override and uploaded files."""
+
+    config: ModelConfig | None
+    files: dict[str, bytes]
+
+
+def load_request(parameters: Mapping[str, Any], name: str) -> LoadRequest:
+    """The parameters of a load request: `config` (JSON text) in place of the model's config
+    file, and `file:<path>` entries, the files of a model folder to load instead of the
+    repository's (base64 text over HTTP, bytes over gRPC; Triton's model upload)."""
+    files: dict[str, bytes] = {}
+    for key, value in parameters.items():
+        if not key.startswith("file:"):
+            continue
+        path = key.removeprefix("file:")
+        check_upload_path(path)
+        if isinstance(value, bytes):
+            files[path] = value
+        elif isinstance(value, str):
+            try:
+                files[path] = base64.b64decode(value, validate=True)
+            except binascii.Error:
+                raise InvalidInput(f"load parameter '{key}': expected base64 text") from None
+        else:
+            raise InvalidInput(f"load parameter '{key}': expected the file's bytes (base64)")
     text = parameters.get("config")
     if text is None:
-        return None
+        return LoadRequest(None, files)
     if not isinstance(text, str):
         raise InvalidInput("load parameter 'config' must be a string of JSON")
-    return parse_config_override(text, name)
+    return LoadRequest(parse_config_override(text, name), files)
 
 
 def parse_config_override(text: str, name: str) -> ModelConfig:

@@ -19,9 +19,11 @@ import asyncio
 import contextlib
 import hashlib
 import logging
+import shutil
+import tempfile
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -140,6 +142,9 @@ class ModelManager:
         self._model_errors: dict[str, str] = {}
         self._fingerprints: dict[tuple[str, str], Fingerprint] = {}
         self._overrides: dict[str, ModelConfig] = {}
+        self._uploads: dict[str, Path] = {}
+        """Model -> the folder its uploaded files form (in a temporary directory of its own),
+        served in place of its folder in the repository until it is unloaded."""
         self._locks: dict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
         self._retiring: set[asyncio.Task[None]] = set()
         self._poller: asyncio.Task[None] | None = None
@@ -174,6 +179,8 @@ class ModelManager:
         if self._retiring:
             await asyncio.gather(*self._retiring, return_exceptions=True)
         self._loader.shutdown(wait=False, cancel_futures=True)
+        for name in list(self._uploads):
+            _remove_upload(self._uploads.pop(name))
 
     async def _poll_forever(self) -> None:
         while True:
@@ -188,6 +195,7 @@ class ModelManager:
         on_disk = {
             p.name for p in self.root.iterdir() if p.is_dir() and not p.name.startswith((".", "_"))
         }
+        on_disk |= set(self._uploads)  # an uploaded model lives outside the repository
         served = set(self._registry.snapshot.models)
         for name in sorted(served - on_disk):
             await self.unload(name, reason="its folder was removed from the repository")
@@ -203,18 +211,50 @@ class ModelManager:
         name: str,
         *,
         config: ModelConfig | None = None,
+        files: Mapping[str, bytes] | None = None,
         explicit: bool = True,
         settle: bool = True,
     ) -> None:
         """Bring `name` in step with its folder (with `config` in place of its config file from
         now on, if given). Explicit loads wait for files still being written and raise the
         reason when the model cannot be served; watcher loads record it in the index. The
-        loads at start (`settle=False`) take the repository as it is."""
+        loads at start (`settle=False`) take the repository as it is.
+
+        `files` (path in the model's folder -> content, with `config`: Triton's load with
+        `file:` parameters) form a folder of their own that is served in place of the
+        repository's until the model is unloaded; a failed load leaves what served before."""
         check_model_name(name)
-        if config is not None:
-            self._overrides[name] = config
+        if files and config is None:
+            raise InvalidInput(
+                f"model '{name}': uploaded files need a 'config' too (they form the whole "
+                "model folder, as in Triton)"
+            )
+        upload = await asyncio.to_thread(_write_upload, name, files) if files else None
         async with self._locks[name]:
-            await self._sync(name, explicit, settle)
+            previous = self._uploads.get(name), self._overrides.get(name)
+            if upload is not None:
+                self._uploads[name] = upload
+            if config is not None:
+                self._overrides[name] = config
+            try:  # (uploaded files are whole already: no waiting for them to settle)
+                await self._sync(name, explicit, settle and upload is None)
+            except DuetimeError:
+                if upload is not None:  # serve the folder that served before
+                    self._restore(name, *previous)
+                    _remove_upload(upload)
+                raise
+            if upload is not None and previous[0] is not None:
+                _remove_upload(previous[0])  # its sessions hold what they loaded
+
+    def _restore(self, name: str, upload: Path | None, config: ModelConfig | None) -> None:
+        if upload is None:
+            self._uploads.pop(name, None)
+        else:
+            self._uploads[name] = upload
+        if config is None:
+            self._overrides.pop(name, None)
+        else:
+            self._overrides[name] = config
 
     async def unload(self, name: str, *, reason: str = "unloaded by request") -> None:
         """Stop serving every version of `name`; queued requests finish first."""
@@ -226,6 +266,9 @@ class ModelManager:
         served = self._registry.snapshot.models.get(name)
         self._registry.publish(name, {}, ModelConfig().traffic)
         self._overrides.pop(name, None)
+        upload = self._uploads.pop(name, None)
+        if upload is not None:
+            _remove_upload(upload)
         self._bytes.pop(name, None)
         if served is not None:
             for version in served.versions.values():
@@ -233,7 +276,7 @@ class ModelManager:
                 self._retire(name, version, reason)
 
     async def _sync(self, name: str, explicit: bool, settle: bool) -> None:
-        directory = self.root / name
+        directory = self._uploads.get(name) or self.root / name
         current = self._registry.snapshot.models.get(name)
         if not directory.is_dir():
             if current is not None:
@@ -438,6 +481,41 @@ class ModelManager:
                 rows = [{"name": name}]
             entries.extend(r for r in rows if not ready_only or r.get("state") == "READY")
         return entries
+
+
+UPLOAD_PREFIX = "duetime-upload-"
+
+
+def _write_upload(name: str, files: Mapping[str, bytes]) -> Path:
+    """A fresh temporary folder `<tmp>/duetime-upload-XXXX/<name>` holding `files` (relative
+    paths, checked by `check_upload_path`)."""
+    folder = Path(tempfile.mkdtemp(prefix=UPLOAD_PREFIX)) / name
+    try:
+        for relative, content in files.items():
+            target = folder.joinpath(*check_upload_path(relative))
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(content)
+    except BaseException:
+        _remove_upload(folder)
+        raise
+    return folder
+
+
+def check_upload_path(relative: str) -> tuple[str, ...]:
+    """The parts of an uploaded file's path in its model folder; InvalidInput for a path that
+    could land outside it (absolute, `..`, empty parts, backslashes, hidden names)."""
+    parts = tuple(relative.split("/"))
+    if not relative or any(p in ("", ".", "..") or p.startswith(".") or "\\" in p for p in parts):
+        raise InvalidInput(
+            f"load parameter 'file:{relative}': expected a relative path inside the model "
+            "folder, such as 'file:1/model.onnx'"
+        )
+    return parts
+
+
+def _remove_upload(folder: Path) -> None:
+    """Remove the temporary directory holding an uploaded model folder."""
+    shutil.rmtree(folder.parent, ignore_errors=True)
 
 
 def _deployments(served: ServedModel) -> list[Deployment]:
