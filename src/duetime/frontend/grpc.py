@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from typing import Any, NamedTuple
 
 import grpc
@@ -23,7 +23,7 @@ from duetime.frontend.parameters import due_from_timeout_us, priority_of
 from duetime.frontend.proto import grpc_service_pb2 as pb
 from duetime.frontend.proto import grpc_service_pb2_grpc as pb_grpc
 from duetime.frontend.rest import EXTENSIONS, check_control_token, load_request
-from duetime.frontend.sharedmemory import CudaRegions, SharedMemoryRegions
+from duetime.frontend.sharedmemory import CUDA_REGIONS, SharedMemoryRegions
 from duetime.frontend.statistics import statistics_json
 from duetime.observability.logs import AccessSampler, log_request
 from duetime.observability.logsettings import LogSettings
@@ -163,42 +163,39 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         return response
 
     async def SystemSharedMemoryRegister(self, request: Any, context: Any) -> Any:
-        try:
-            check_control_token(self._control_token, _Metadata(context).get("authorization"))
-            self._regions.register(request.name, request.key, request.offset, request.byte_size)
-        except DuetimeError as exc:
-            await _abort(context, exc)
+        register = self._regions.register
+        await self._change(
+            context, lambda: register(request.name, request.key, request.offset, request.byte_size)
+        )
         return pb.SystemSharedMemoryRegisterResponse()
 
     async def SystemSharedMemoryUnregister(self, request: Any, context: Any) -> Any:
-        try:
-            check_control_token(self._control_token, _Metadata(context).get("authorization"))
-        except DuetimeError as exc:
-            await _abort(context, exc)
-        self._regions.unregister(request.name or None)
+        await self._change(context, lambda: self._regions.unregister(request.name or None))
         return pb.SystemSharedMemoryUnregisterResponse()
 
     async def CudaSharedMemoryStatus(self, request: Any, context: Any) -> Any:
         try:
-            CudaRegions.status(request.name or None)
+            CUDA_REGIONS.status(request.name or None)
         except DuetimeError as exc:
             await _abort(context, exc)
         return pb.CudaSharedMemoryStatusResponse()
 
     async def CudaSharedMemoryRegister(self, request: Any, context: Any) -> Any:
-        try:
-            check_control_token(self._control_token, _Metadata(context).get("authorization"))
-            CudaRegions.register(request.name)
-        except DuetimeError as exc:
-            await _abort(context, exc)
+        await self._change(context, lambda: CUDA_REGIONS.register(request.name))
         return pb.CudaSharedMemoryRegisterResponse()
 
     async def CudaSharedMemoryUnregister(self, request: Any, context: Any) -> Any:
+        await self._change(context, lambda: CUDA_REGIONS.unregister(request.name or None))
+        return pb.CudaSharedMemoryUnregisterResponse()
+
+    async def _change(self, context: Any, change: Callable[[], None]) -> None:
+        """Make a change only a caller holding the control token may make; the call ends with
+        the error's status if the token is missing or the change fails."""
         try:
             check_control_token(self._control_token, _Metadata(context).get("authorization"))
+            change()
         except DuetimeError as exc:
             await _abort(context, exc)
-        return pb.CudaSharedMemoryUnregisterResponse()
 
     async def TraceSetting(self, request: Any, context: Any) -> Any:
         model = request.model_name or None

@@ -39,7 +39,7 @@ from duetime.frontend import codec, sharedmemory
 from duetime.frontend.arrival import ReadTurn
 from duetime.frontend.metadata import model_config_json, model_metadata_json
 from duetime.frontend.parameters import due_from_timeout_us, priority_of
-from duetime.frontend.sharedmemory import CudaRegions, SharedMemoryRegions
+from duetime.frontend.sharedmemory import CUDA_REGIONS, CudaRegions, SharedMemoryRegions
 from duetime.frontend.statistics import statistics_json
 from duetime.observability.logs import AccessSampler, log_request
 from duetime.observability.logsettings import LogSettings
@@ -242,9 +242,11 @@ class RestApi:
         if rest == ["trace", "setting"]:
             return self._trace_setting(method, None, headers, body)
         if rest[0] == "systemsharedmemory":
-            return self._shared_memory_route(method, rest[1:], headers, body)
+            return self._shared_memory_route(method, rest[1:], headers, body, self.shared_memory)
         if rest[0] == "cudasharedmemory":
-            return self._cuda_shared_memory_route(method, rest[1:], headers)
+            return self._shared_memory_route(
+                method, rest[1:], headers, body, CUDA_REGIONS, "cudasharedmemory"
+            )
         if rest[0] == "models" and len(rest) >= 2:
             return self._model_route(method, rest[1:], headers, body)
         if rest[0] == "repository":
@@ -299,9 +301,15 @@ class RestApi:
         return _json(self._engine.repository_index(ready))
 
     def _shared_memory_route(
-        self, method: str, rest: list[str], headers: Mapping[str, str], body: bytes
+        self,
+        method: str,
+        rest: list[str],
+        headers: Mapping[str, str],
+        body: bytes,
+        regions: SharedMemoryRegions | CudaRegions,
+        kind: str = "systemsharedmemory",
     ) -> Reply:
-        regions = self.shared_memory
+        """`/v2/<kind>/...`: status, register and unregister of system (or CUDA) regions."""
         name: str | None = None
         if len(rest) == 3 and rest[0] == "region":
             name, rest = rest[1], rest[2:]
@@ -318,25 +326,7 @@ class RestApi:
                 doc = _json_object(body, "shared memory register request")
                 regions.register(name, doc.get("key"), doc.get("offset", 0), doc.get("byte_size"))
             return _EMPTY_OK
-        raise ModelNotFound(f"no such endpoint '/v2/systemsharedmemory/{'/'.join(rest)}'")
-
-    def _cuda_shared_memory_route(
-        self, method: str, rest: list[str], headers: Mapping[str, str]
-    ) -> Reply:
-        """No region is ever registered (see sharedmemory.CudaRegions)."""
-        name: str | None = None
-        if len(rest) == 3 and rest[0] == "region":
-            name, rest = rest[1], rest[2:]
-        if rest == ["status"]:
-            return _expect(method, "GET", lambda: _json(CudaRegions.status(name)))
-        if rest == ["unregister"] or (rest == ["register"] and name is not None):
-            if method != "POST":
-                return _method_not_allowed("POST")
-            check_control_token(self._settings.control_token, headers.get("authorization"))
-            if rest == ["register"] and name is not None:
-                CudaRegions.register(name)
-            return _EMPTY_OK
-        raise ModelNotFound(f"no such endpoint '/v2/cudasharedmemory/{'/'.join(rest)}'")
+        raise ModelNotFound(f"no such endpoint '/v2/{kind}/{'/'.join(rest)}'")
 
     def _logging(self, method: str, headers: Mapping[str, str], body: bytes) -> Reply:
         settings = self.log_settings

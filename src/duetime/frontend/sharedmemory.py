@@ -176,15 +176,20 @@ CUDA_UNSUPPORTED = (
 
 
 class CudaRegions:
-    """The CUDA shared-memory extension of a server without a GPU path: never any region."""
+    """The CUDA shared-memory extension of a server without a GPU path: never any region (the
+    interface of `SharedMemoryRegions`)."""
 
-    @staticmethod
-    def status(name: str | None = None) -> list[dict[str, Any]]:
+    def status(self, name: str | None = None) -> list[dict[str, Any]]:
         if name:
             raise InvalidInput(f"no CUDA shared memory region '{name}' is registered; "
                                f"{CUDA_UNSUPPORTED}")  # fmt: skip
         return []
 
-    @staticmethod
-    def register(name: str) -> None:
+    def register(self, name: str, *_: Any) -> None:
         raise InvalidInput(f"CUDA shared memory region '{name}': {CUDA_UNSUPPORTED}")
+
+    def unregister(self, name: str | None = None) -> None:
+        """Nothing to forget."""
+
+
+CUDA_REGIONS = CudaRegions()
