@@ -29,7 +29,10 @@ PANELS = {
     "Breaker state",
     "Shadow divergence",
 }
-SUFFIXES = {"counter": ("_total",), "gauge": ("",), "histogram": ("_bucket", "_sum", "_count")}
+SUFFIXES = {
+    "counter": ("_total",), "gauge": ("",), "unknown": ("",),  # (Triton's names: untyped)
+    "histogram": ("_bucket", "_sum", "_count"),
+}  # fmt: skip
 
 
 @pytest.fixture(scope="module")
