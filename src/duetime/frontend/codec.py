@@ -106,23 +106,35 @@ def to_raw(array: np.ndarray, datatype: str) -> bytes:
     return np.ascontiguousarray(array).tobytes()
 
 
-def from_json(data: Any, datatype: str, shape: tuple[int, ...], where: str) -> np.ndarray:
-    """An array from JSON `data` (flat or nested, row-major), checked against datatype and shape."""
+def from_json(
+    data: Any, datatype: str, shape: tuple[int, ...], where: str, field: str = "data"
+) -> np.ndarray:
+    """An array from JSON `data` (flat or nested, row-major), checked against datatype and shape;
+    errors name `where` and the request's `field`."""
     if not isinstance(data, list):
-        raise InvalidInput(f"{where}: 'data' must be a list of values, got {type(data).__name__}")
+        raise InvalidInput(
+            f"{where}: '{field}' must be a list of values, got {type(data).__name__}"
+        )
     if datatype == "BYTES":
-        array = _bytes_from_json(data, where)
+        array = _bytes_from_json(data, where, field)
     else:
-        array = _numbers_from_json(data, datatype, where)
+        array = _numbers_from_json(data, datatype, where, field)
     count = math.prod(shape)
     if array.size != count:
         raise InvalidInput(
-            f"{where}: 'data' holds {array.size} values but shape {list(shape)} needs {count}"
+            f"{where}: '{field}' holds {array.size} values but shape {list(shape)} needs {count}"
         )
     return array.reshape(shape)
 
 
-def _numbers_from_json(data: list[Any], datatype: str, where: str) -> np.ndarray:
+def from_nested_json(data: Any, datatype: str, where: str, field: str) -> np.ndarray:
+    """An array shaped as the nesting of JSON lists `data` (KServe v1 instances)."""
+    if not isinstance(data, list):
+        return from_json([data], datatype, (), where, field)  # a scalar
+    return from_json(data, datatype, _nested_shape(data, where, field=field), where, field)
+
+
+def _numbers_from_json(data: list[Any], datatype: str, where: str, field: str) -> np.ndarray:
     dtype = NUMPY_OF[datatype]
     try:
         parsed = np.asarray(data)
@@ -130,26 +142,32 @@ def _numbers_from_json(data: list[Any], datatype: str, where: str) -> np.ndarray
             # NOTE: numpy reads ints on both sides of INT64_MAX as float64, losing digits.
             parsed = np.asarray(data, dtype=np.uint64)
     except OverflowError:
-        raise InvalidInput(f"{where}: 'data' has values outside the range of {datatype}") from None
+        raise InvalidInput(
+            f"{where}: '{field}' has values outside the range of {datatype}"
+        ) from None
     except (ValueError, TypeError):
-        raise InvalidInput(f"{where}: 'data' is not a regular list of {datatype} values") from None
+        raise InvalidInput(
+            f"{where}: '{field}' is not a regular list of {datatype} values"
+        ) from None
     kind = parsed.dtype.kind
     allowed = {"b": "b", "i": "iu", "u": "iu", "f": "iuf"}[dtype.kind]
     if parsed.size and kind not in allowed:
-        raise InvalidInput(f"{where}: 'data' holds values that are not {datatype} ({parsed.dtype})")
+        raise InvalidInput(
+            f"{where}: '{field}' holds values that are not {datatype} ({parsed.dtype})"
+        )
     if kind in "iu" and dtype.kind in "iu" and _has_bools(data):
         raise InvalidInput(
-            f"{where}: 'data' mixes true/false with numbers; {datatype} takes numbers"
+            f"{where}: '{field}' mixes true/false with numbers; {datatype} takes numbers"
         )
     if dtype.kind in "iu" and parsed.size:
         info = np.iinfo(dtype)  # type: ignore[type-var]
         if parsed.min() < info.min or parsed.max() > info.max:
-            raise InvalidInput(f"{where}: 'data' has values outside the range of {datatype}")
+            raise InvalidInput(f"{where}: '{field}' has values outside the range of {datatype}")
     if dtype.kind == "f" and parsed.size:
         with np.errstate(over="ignore"):
             converted = parsed.astype(dtype)
         if not np.isfinite(converted[np.isfinite(parsed)]).all():
-            raise InvalidInput(f"{where}: 'data' has values outside the range of {datatype}")
+            raise InvalidInput(f"{where}: '{field}' has values outside the range of {datatype}")
         return converted.reshape(-1)
     return parsed.astype(dtype, copy=False).reshape(-1)
 
@@ -162,28 +180,33 @@ def _all_ints(data: list[Any]) -> bool:
     return all(type(item) is int for item in _flatten(data))
 
 
-def _bytes_from_json(data: list[Any], where: str) -> np.ndarray:
-    _nested_shape(data, where)
+def _bytes_from_json(data: list[Any], where: str, field: str) -> np.ndarray:
+    _nested_shape(data, where, field=field)
     flat = _flatten(data)
     out = np.empty(len(flat), dtype=object)
     for i, item in enumerate(flat):
         if not isinstance(item, str):
-            raise InvalidInput(f"{where}: BYTES 'data' element {i} must be a string")
+            raise InvalidInput(f"{where}: BYTES '{field}' element {i} must be a string")
         out[i] = item.encode("utf-8")
     return out
 
 
-def _nested_shape(data: list[Any], where: str, depth: int = 0) -> tuple[int, ...]:
+def _nested_shape(
+    data: list[Any], where: str, depth: int = 0, field: str = "data"
+) -> tuple[int, ...]:
     """The shape of nested lists, or InvalidInput when they are ragged (as numpy refuses)."""
     if depth > _MAX_DIMS:
-        raise InvalidInput(f"{where}: 'data' is nested deeper than any tensor")
+        raise InvalidInput(f"{where}: '{field}' is nested deeper than any tensor")
     if not any(isinstance(item, list) for item in data):
         return (len(data),)
     shapes = {
-        _nested_shape(item, where, depth + 1) if isinstance(item, list) else None for item in data
+        _nested_shape(item, where, depth + 1, field) if isinstance(item, list) else None
+        for item in data
     }
     if len(shapes) != 1 or None in shapes:
-        raise InvalidInput(f"{where}: 'data' is a ragged nest of lists; rows must match in length")
+        raise InvalidInput(
+            f"{where}: '{field}' is a ragged nest of lists; rows must match in length"
+        )
     (inner,) = shapes
     assert inner is not None
     return (len(data), *inner)

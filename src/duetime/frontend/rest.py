@@ -41,6 +41,7 @@ from duetime.frontend.metadata import model_config_json, model_metadata_json
 from duetime.frontend.parameters import due_from_timeout_us, priority_of
 from duetime.frontend.sharedmemory import CUDA_REGIONS, CudaRegions, SharedMemoryRegions
 from duetime.frontend.statistics import statistics_json
+from duetime.frontend.v1 import v1_inputs, v1_predictions
 from duetime.observability.logs import AccessSampler, log_request
 from duetime.observability.logsettings import LogSettings
 from duetime.observability.tracesettings import TraceSettings, trace_settings_of
@@ -154,6 +155,8 @@ _EMPTY_OK = Reply(200, b"", ())
 # reads `live` / `ready` from a JSON body (the Open Inference Protocol's health responses), and
 # fails on an empty one. A JSON body serves both.
 _LIVE = Reply(200, b'{"live":true}', (_JSON,))
+_ALIVE = Reply(200, b'{"status":"alive"}', (_JSON,))
+"""KServe V1's liveness answer, at `/`."""
 _READY = Reply(200, b'{"ready":true}', (_JSON,))
 _NOT_READY = Reply(400, b'{"ready":false}', (_JSON,))
 
@@ -226,7 +229,11 @@ class RestApi:
     def _route(
         self, method: str, parts: list[str], headers: Mapping[str, str], body: bytes
     ) -> Reply | PendingReply:
-        if not parts or parts[0] != "v2":
+        if not parts:  # KServe V1 liveness (`{"status": "alive"}`)
+            return _expect(method, "GET", lambda: _ALIVE)
+        if parts[0] == "v1":
+            return self._v1_route(method, parts[1:], headers, body)
+        if parts[0] != "v2":
             raise ModelNotFound(f"no such endpoint '/{'/'.join(parts)}'; the API is under /v2")
         rest = parts[1:]
         if not rest:
@@ -367,6 +374,59 @@ class RestApi:
 
     def _server_metadata(self) -> Reply:
         return _json({"name": "duetime", "version": __version__, "extensions": EXTENSIONS})
+
+    def _v1_route(
+        self, method: str, rest: list[str], headers: Mapping[str, str], body: bytes
+    ) -> Reply | PendingReply:
+        """KServe's V1 protocol (see v1.py)."""
+        if rest == ["models"]:
+            return _expect(method, "GET", lambda: _json({"models": sorted(self._served())}))
+        if len(rest) != 2 or rest[0] != "models":
+            raise ModelNotFound(f"no such endpoint '/v1/{'/'.join(rest)}'")
+        model, colon, verb = rest[1].rpartition(":")
+        if not colon:
+            model = rest[1]
+            return _expect(method, "GET", lambda: self._v1_ready(model))
+        if verb != "predict":
+            raise ModelNotFound(f"no such endpoint '/v1/models/{rest[1]}': only ':predict'")
+        if method != "POST":
+            return _method_not_allowed("POST")
+        return self._v1_predict(model, headers, body)
+
+    def _served(self) -> list[str]:
+        return list(self._engine.registry.snapshot.models)
+
+    def _v1_ready(self, model: str) -> Reply:
+        self._engine.registry.resolve(model, None)
+        ready = self.accepting
+        return Reply(200 if ready else 503, orjson.dumps({"name": model, "ready": ready}), (_JSON,))
+
+    def _v1_predict(self, model: str, headers: Mapping[str, str], body: bytes) -> PendingReply:
+        body = _decoded(body, headers.get("content-encoding"), self._settings.max_body_bytes)
+        if len(body) > self._settings.max_json_bytes:
+            raise PayloadTooLarge(
+                f"the predict request is {len(body)} bytes of JSON, over the "
+                f"{self._settings.max_json_bytes}-byte limit (max_json_bytes); send large "
+                "tensors over the v2 protocol's binary tensor extension"
+            )
+        signature = self._engine.registry.resolve(model, None).model.signature
+        try:
+            doc = orjson.loads(body)
+        except orjson.JSONDecodeError as exc:
+            raise InvalidInput(f"request body is not valid JSON: {exc}") from None
+        request = InferRequest(model, v1_inputs(doc, signature, model), headers=headers)
+        request.protocol = "http"
+        request.arrival_ns = self.turn.arrival_ns(self._engine.clock.now_ns())
+        ticket = self._engine.submit(request)
+        batched = signature.max_batch_size > 0
+        return PendingReply(ticket, lambda done: self._v1_reply(done, request, batched))
+
+    def _v1_reply(self, ticket: Ticket, request: InferRequest, batched: bool) -> Reply:
+        error = ticket.failure()  # read, not raised: see Ticket.failure
+        if error is not None:
+            return self._failed(error, request.headers, ["v1", "models", request.model])
+        outputs = ticket.response(request.id).outputs
+        return Reply(200, v1_predictions(outputs, batched), (_JSON,))
 
     def _health(self, which: str) -> Reply:
         if which == "live":

@@ -1,0 +1,107 @@
+"""KServe's V1 protocol (the TensorFlow Serving style JSON that KServe's `InferenceRESTClient`
+speaks by default): `GET /` (liveness), `GET /v1/models`, `GET /v1/models/<m>` (readiness) and
+`POST /v1/models/<m>:predict`.
+
+A predict request carries `instances`, a list with one entry per example: the example's tensor
+for a model with one input, or an object of input name -> tensor for several; or `inputs` in the
+same row format, or as one object of input name -> all examples' values (columnar). Examples are
+stacked on the batch dimension of a model that batches; a model that does not takes exactly one.
+The answer is `{"predictions": [...]}`, one entry per example: the output's tensor for a model
+with one output, else an object of output name -> tensor. Values are checked as the v2 JSON
+path checks them (datatype, range, ragged lists), with the field named in the error.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import orjson
+
+from duetime.errors import InvalidInput
+from duetime.frontend.codec import from_nested_json
+from duetime.types import ModelSignature, TensorSpec
+
+FIELDS = ("instances", "inputs")
+
+
+def v1_inputs(doc: Any, signature: ModelSignature, model: str) -> dict[str, np.ndarray]:
+    """The model's input tensors from a V1 predict request's JSON document."""
+    if not isinstance(doc, dict):
+        raise InvalidInput("predict request: expected a JSON object with 'instances'")
+    field = next((name for name in FIELDS if name in doc), None)
+    if field is None:
+        raise InvalidInput(
+            "predict request: expected 'instances' (a list with one entry per example) or 'inputs'"
+        )
+    data = doc[field]
+    specs = signature.inputs
+    batched = signature.max_batch_size > 0
+    if isinstance(data, dict):  # columnar: input name -> every example's values
+        return {
+            spec.name: _tensor(spec, _named(data, spec, field, "the request"), field)
+            for spec in specs
+        }
+    if not isinstance(data, list) or not data:
+        raise InvalidInput(f"predict request: '{field}' must be a non-empty list of examples")
+    if not batched and len(data) != 1:
+        raise InvalidInput(
+            f"predict request: model '{model}' does not batch (max_batch_size 0); send one "
+            f"example in '{field}', got {len(data)}"
+        )
+    if len(specs) == 1 and not isinstance(data[0], dict):
+        (spec,) = specs
+        return {spec.name: _tensor(spec, data if batched else data[0], field)}
+    if not all(isinstance(example, dict) for example in data):
+        names = ", ".join(f"'{spec.name}'" for spec in specs)
+        raise InvalidInput(
+            f"predict request: model '{model}' takes {len(specs)} inputs ({names}); each entry "
+            f"of '{field}' must be an object of input name -> value"
+        )
+    tensors = {}
+    for spec in specs:
+        values = [_named(example, spec, field, f"example {i}") for i, example in enumerate(data)]
+        tensors[spec.name] = _tensor(spec, values if batched else values[0], field)
+    return tensors
+
+
+def _named(values: dict[str, Any], spec: TensorSpec, field: str, where: str) -> Any:
+    if spec.name not in values:
+        raise InvalidInput(
+            f"predict request: '{field}': {where} has no input '{spec.name}' ({spec.describe()})"
+        )
+    return values[spec.name]
+
+
+def _tensor(spec: TensorSpec, values: Any, field: str) -> np.ndarray:
+    return from_nested_json(values, spec.datatype, f"input '{spec.name}'", field)
+
+
+def v1_predictions(outputs: dict[str, np.ndarray], batched: bool) -> bytes:
+    """`{"predictions": [...]}`: per example, the only output's value or an object of them."""
+    columns = {name: _rows(array, batched) for name, array in outputs.items()}
+    if len(columns) == 1:
+        (predictions,) = columns.values()
+    else:
+        count = min((len(rows) for rows in columns.values()), default=0)
+        predictions = [{name: rows[i] for name, rows in columns.items()} for i in range(count)]
+    return orjson.dumps({"predictions": predictions}, option=orjson.OPT_SERIALIZE_NUMPY)
+
+
+def _rows(array: np.ndarray, batched: bool) -> list[Any]:
+    """One entry per example (a model that does not batch answers one example)."""
+    if array.dtype == object:
+        array = np.vectorize(_text, otypes=[object])(array) if array.size else array
+        values = array.tolist()
+        return values if batched and array.ndim else [values]
+    if not array.flags.c_contiguous:
+        array = np.ascontiguousarray(array)
+    if array.ndim == 0:
+        return [array.item()]
+    if not batched:
+        return [array]
+    return list(array)
+
+
+def _text(item: Any) -> str:
+    return item.decode("utf-8", "replace") if isinstance(item, bytes) else str(item)

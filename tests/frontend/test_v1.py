@@ -1,0 +1,129 @@
+"""KServe's V1 protocol (frontend/v1.py): the request and answer formats, and the endpoints on a
+real server, answered as the v2 endpoint answers the same tensors."""
+
+from __future__ import annotations
+
+import http.client
+import json
+from typing import Any
+
+import numpy as np
+import pytest
+import tritonclient.http as httpclient
+from conftest import RunningServer
+
+from duetime.errors import InvalidInput
+from duetime.frontend.v1 import v1_inputs, v1_predictions
+from duetime.types import ModelSignature, TensorSpec
+
+pytestmark = pytest.mark.timeout(60)
+
+ONE = ModelSignature(
+    inputs=(TensorSpec("x", "FP32", (-1, 2)),), outputs=(TensorSpec("y", "FP32", (-1,)),),
+    max_batch_size=8,
+)  # fmt: skip
+TWO = ModelSignature(
+    inputs=(TensorSpec("a", "INT64", (-1, 2)), TensorSpec("s", "BYTES", (-1,))),
+    outputs=(TensorSpec("y", "FP32", (-1,)),),
+    max_batch_size=8,
+)
+UNBATCHED = ModelSignature(
+    inputs=(TensorSpec("x", "FP32", (2, 2)),), outputs=(TensorSpec("y", "FP32", (2,)),),
+    max_batch_size=0,
+)  # fmt: skip
+
+
+def test_examples_stack_on_the_batch_dimension() -> None:
+    (x,) = v1_inputs({"instances": [[1, 2], [3, 4.5]]}, ONE, "m").values()
+    assert x.dtype == np.float32
+    assert x.tolist() == [[1, 2], [3, 4.5]]
+    (x,) = v1_inputs({"inputs": {"x": [[1, 2]]}}, ONE, "m").values()  # columnar
+    assert x.tolist() == [[1, 2]]
+    (x,) = v1_inputs({"instances": [[[1, 2], [3, 4]]]}, UNBATCHED, "m").values()
+    assert x.shape == (2, 2)  # a model that does not batch takes the one example as it is
+
+
+def test_several_inputs_come_as_objects() -> None:
+    doc = {"instances": [{"a": [1, 2], "s": "x"}, {"a": [3, 4], "s": "yz"}]}
+    tensors = v1_inputs(doc, TWO, "m")
+    assert tensors["a"].dtype == np.int64
+    assert tensors["a"].tolist() == [[1, 2], [3, 4]]
+    assert tensors["s"].tolist() == [b"x", b"yz"]
+    columnar = v1_inputs({"inputs": {"a": [[1, 2]], "s": ["x"]}}, TWO, "m")
+    assert columnar["s"].tolist() == [b"x"]
+
+
+@pytest.mark.parametrize(
+    ("doc", "signature", "message"),
+    [
+        ([1], ONE, "expected a JSON object with 'instances'"),
+        ({"examples": []}, ONE, "expected 'instances'"),
+        ({"instances": []}, ONE, "'instances' must be a non-empty list"),
+        ({"instances": [[1, "2"]]}, ONE, "input 'x': 'instances' holds values that are not FP32"),
+        ({"instances": [[1, 2], [3]]}, ONE, "input 'x': 'instances' is a ragged nest of lists"),
+        ({"instances": [[1e39, 2]]}, ONE, "'instances' has values outside the range of FP32"),
+        ({"instances": [{"a": [1, 2]}]}, TWO, "example 0 has no input 's' (BYTES[-1])"),
+        ({"inputs": {"s": ["x"]}}, TWO, "'inputs': the request has no input 'a'"),
+        ({"instances": [[1, 2]]}, TWO, "takes 2 inputs ('a', 's'); each entry of 'instances'"),
+        ({"instances": [{"a": [1.5, 2], "s": "x"}]}, TWO, "values that are not INT64"),
+        ({"instances": [[1]] * 2}, UNBATCHED, "does not batch (max_batch_size 0); send one"),
+    ],
+)  # fmt: skip
+def test_bad_requests_name_the_field(doc: Any, signature: ModelSignature, message: str) -> None:
+    with pytest.raises(InvalidInput) as raised:
+        v1_inputs(doc, signature, "m")
+    assert message in raised.value.message
+
+
+def test_predictions_are_one_entry_per_example() -> None:
+    y = np.array([[0.5, 1.0], [2.0, 3.0]], np.float32)
+    assert json.loads(v1_predictions({"y": y}, batched=True)) == {"predictions": y.tolist()}
+    both = v1_predictions({"y": y, "s": np.array([b"a", b"b"], dtype=object)}, batched=True)
+    assert json.loads(both)["predictions"] == [{"y": [0.5, 1.0], "s": "a"},
+                                               {"y": [2.0, 3.0], "s": "b"}]  # fmt: skip
+    assert json.loads(v1_predictions({"y": y}, batched=False)) == {"predictions": [y.tolist()]}
+    assert json.loads(v1_predictions({"y": np.array(2.5)}, batched=False))["predictions"] == [2.5]
+
+
+def call(server: RunningServer, method: str, path: str, doc: Any = None) -> tuple[int, Any]:
+    host, port = server.http.rsplit(":", 1)
+    connection = http.client.HTTPConnection(host, int(port), timeout=30)
+    try:
+        body = None if doc is None else json.dumps(doc)
+        connection.request(method, path, body=body)
+        response = connection.getresponse()
+        return response.status, json.loads(response.read())
+    finally:
+        connection.close()
+
+
+def test_the_endpoints_answer_as_kserve_v1_does(server: RunningServer) -> None:
+    assert call(server, "GET", "/") == (200, {"status": "alive"})
+    status, listed = call(server, "GET", "/v1/models")
+    assert status == 200
+    assert {"mlp", "resnet"} <= set(listed["models"])
+    assert call(server, "GET", "/v1/models/mlp") == (200, {"name": "mlp", "ready": True})
+    status, error = call(server, "GET", "/v1/models/nope")
+    assert status == 404
+    assert "unknown model 'nope'" in error["error"]
+    status, error = call(server, "POST", "/v1/models/mlp:explain", {"instances": [[0] * 40]})
+    assert status == 404
+    assert "only ':predict'" in error["error"]
+
+
+def test_predict_answers_what_the_v2_endpoint_answers(server: RunningServer) -> None:
+    x = np.random.default_rng(7).random((3, 40), dtype=np.float32)
+    status, answer = call(server, "POST", "/v1/models/mlp:predict", {"instances": x.tolist()})
+    assert status == 200
+    client = httpclient.InferenceServerClient(server.http)
+    try:
+        tensor = httpclient.InferInput("x", [3, 40], "FP32")
+        tensor.set_data_from_numpy(x)
+        expected = client.infer("mlp", [tensor]).as_numpy("y")
+    finally:
+        client.close()
+    np.testing.assert_allclose(np.array(answer["predictions"], np.float32), expected, rtol=1e-6)
+    status, error = call(server, "POST", "/v1/models/mlp:predict", {"instances": [[1, 2]]})
+    assert status == 400
+    assert "input 'x': shape [1, 2] does not match" in error["error"]
+    assert call(server, "GET", "/v1/models/mlp")[0] == 200  # still serving
