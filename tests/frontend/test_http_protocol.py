@@ -426,8 +426,8 @@ def test_wrong_method_gets_405(client: RawClient, method: str, path: str, allowe
 @pytest.mark.parametrize(
     "path",
     [
-        "/",
-        "/nope",
+        "/nope",  # ("/" is KServe V1's liveness)
+        "/v1/nope",
         "/v2/nope",
         "/v2/health/dead",
         "/v2/models/mlp/nope",
