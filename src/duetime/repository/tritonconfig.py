@@ -35,7 +35,7 @@ from typing import Any
 from google.protobuf import text_format
 
 from duetime import config as settings
-from duetime.config import ModelConfig, parse_model_config
+from duetime.config import ModelConfig, find_config_file, parse_model_config
 from duetime.errors import ConfigError
 from duetime.frontend.proto import model_config_pb2 as mc
 
@@ -64,12 +64,9 @@ _THREAD_PARAMETERS = {
 
 def load_model_config(model_dir: Path) -> ModelConfig:
     """The model's config from its config file (duetime's TOML or YAML, or Triton's pbtxt)."""
-    path = model_dir / FILENAME
-    if not path.is_file():
+    path = find_config_file(model_dir)
+    if path is None or path.name != FILENAME:
         return settings.load_model_config(model_dir)
-    others = [name for name in settings.CONFIG_FILENAMES if (model_dir / name).is_file()]
-    if len(others) > 1:
-        raise ConfigError(f"{model_dir}: more than one config file ({', '.join(others)}); keep one")
     return parse_model_config(read_pbtxt(path, model_dir.name), source=str(path))
 
 
@@ -90,7 +87,8 @@ def translate(text: str, *, source: str, model_name: str) -> dict[str, Any]:
         raise ConfigError(
             f"{source}: not a Triton model config (protobuf text format): {exc}"
         ) from None
-    _refuse_what_cannot_be_served(config, source, model_name)
+    given = {field.name for field, _ in config.ListFields()}
+    _refuse_what_cannot_be_served(config, given, source, model_name)
     out: dict[str, Any] = {}
     tensors = [("inputs", config.input), ("outputs", config.output)]
     for key, specs in tensors:
@@ -110,14 +108,18 @@ def translate(text: str, *, source: str, model_name: str) -> dict[str, Any]:
             out[_THREAD_PARAMETERS[name]] = _integer(
                 parameter.string_value, f"parameters['{name}']", source
             )
-    ignored = sorted(f.name for f, _ in config.ListFields() if f.name not in _TRANSLATED)
+    ignored = sorted(given - _TRANSLATED)
     if ignored:
         log.warning("%s: %s: Triton-only settings, no effect in duetime", source,
                     ", ".join(ignored))  # fmt: skip
     return out
 
 
-def _refuse_what_cannot_be_served(config: Any, source: str, model_name: str) -> None:
+def _refuse_what_cannot_be_served(
+    config: Any, given: set[str], source: str, model_name: str
+) -> None:
+    """`given`: the fields the config sets (repeated ones only when not empty)."""
+
     def refuse(field: str, why: str) -> ConfigError:
         return ConfigError(f"{source}: {field}: {why}")
 
@@ -128,13 +130,9 @@ def _refuse_what_cannot_be_served(config: Any, source: str, model_name: str) -> 
         value = config.platform if field == "platform" else config.backend
         raise refuse(field, f"'{value}': duetime serves ONNX models with ONNX Runtime "
                             "(platform 'onnxruntime_onnx', backend 'onnxruntime')")  # fmt: skip
-    for field, why in _REFUSED.items():
-        if (
-            config.HasField(field)
-            if field in ("sequence_batching", "ensemble_scheduling")
-            else len(getattr(config, field))
-        ):
-            raise refuse(field, why)
+    refused = sorted(given & _REFUSED.keys())
+    if refused:
+        raise refuse(refused[0], _REFUSED[refused[0]])
     if config.model_transaction_policy.decoupled:
         raise refuse("model_transaction_policy.decoupled", "decoupled models are not supported")
     if config.default_model_filename not in ("", MODEL_FILE):

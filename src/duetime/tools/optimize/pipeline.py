@@ -13,11 +13,12 @@ from typing import Any
 
 import numpy as np
 
-from duetime.config import ModelConfig, VariantQuality, VariantSpeed, load_model_config
+from duetime.config import ModelConfig, VariantQuality, VariantSpeed
 from duetime.errors import ConfigError
 from duetime.execution.ort import graph_specs, open_session, session_options
 from duetime.repository.layout import MODEL_FILENAME, scan_model
 from duetime.repository.loader import reconcile
+from duetime.repository.tritonconfig import load_model_config
 from duetime.tools.optimize.build import Builder, Built
 from duetime.tools.optimize.measure import rounded, speeds, verdict
 from duetime.tools.optimize.options import (

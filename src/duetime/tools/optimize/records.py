@@ -14,7 +14,7 @@ from typing import Any
 import tomlkit
 import yaml
 
-from duetime.config import CONFIG_FILENAMES, VariantConfig, parse_model_config, read_config_file
+from duetime.config import VariantConfig, find_config_file, parse_model_config, read_config_file
 from duetime.errors import ConfigError
 from duetime.tools.optimize.measure import quality_key
 from duetime.tools.optimize.options import KINDS
@@ -49,16 +49,13 @@ def plan_variants(
 
 
 def _config_path(model_dir: Path) -> Path:
-    found = [model_dir / name for name in CONFIG_FILENAMES if (model_dir / name).is_file()]
-    if len(found) > 1:
-        names = ", ".join(p.name for p in found)
-        raise ConfigError(f"{model_dir}: more than one config file ({names}); keep one")
-    if found and found[0].suffix == ".pbtxt":
+    found = find_config_file(model_dir)
+    if found is not None and found.suffix == ".pbtxt":
         raise ConfigError(
-            f"{found[0]}: the optimizer records variants in duetime's config.toml; move this "
+            f"{found}: the optimizer records variants in duetime's config.toml; move this "
             "model's settings from Triton's config.pbtxt to config.toml first"
         )
-    return found[0] if found else model_dir / "config.toml"
+    return found or model_dir / "config.toml"
 
 
 def _render_toml(text: str, plan: list[int | VariantConfig]) -> str:
