@@ -164,8 +164,14 @@ def test_triton_metric_names_count_the_same_requests(after_traffic: Scrape) -> N
         for s in after_traffic.samples("nv_inference_request_failure", **mlp)
     }
     assert reasons == {"REJECTED": REFUSED, "CANCELED": 0, "BACKEND": 0}
-    for family in ("request_duration_us", "queue_duration_us", "compute_infer_duration_us"):
-        assert after_traffic.value(f"nv_inference_{family}", **mlp) > 0, family
+    duration = {
+        family: after_traffic.value(f"nv_inference_{family}_duration_us", **mlp)
+        for family in ("request", "queue", "compute_infer")
+    }
+    # a request started in the same loop turn that admitted it queued 0 µs: all of them may have
+    assert duration["request"] > 0
+    assert duration["compute_infer"] > 0
+    assert 0 <= duration["queue"] < duration["request"]
     assert after_traffic.value("nv_inference_pending_request_count", **mlp) == 0
     assert '\nnv_inference_request_success{model="mlp",version="1"} ' in after_traffic.text
 
