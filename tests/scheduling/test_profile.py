@@ -9,9 +9,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from duetime.scheduling.profile import (
+    HANDOFF_MEMORY_NS,
     OVERRUN_EVERY,
     OVERRUN_MAX,
     OVERRUN_WINDOW,
+    HandoffTail,
     LatencyProfile,
     Overrun,
     ProfilePoint,
@@ -206,3 +208,26 @@ def test_overrun_ignores_runs_with_no_prediction() -> None:
     for _ in range(2 * OVERRUN_WINDOW):
         overrun.observe(0, 5_000)
     assert overrun.factor == 1.0
+
+
+# -- HandoffTail ---------------------------------------------------------------------------------
+
+
+def test_handoff_tail_is_zero_until_a_window_then_its_tail() -> None:
+    tail = HandoffTail()
+    for index in range(OVERRUN_WINDOW - 1):
+        tail.observe(3_000_000 if index % 50 == 0 else 40_000, index * 1_000)
+        assert tail.ns == 0, "too few hand-offs to say"
+    tail.observe(40_000, OVERRUN_WINDOW * 1_000)
+    assert tail.ns == 3_000_000, "2% of hand-offs took 3 ms: the tail, not the median"
+
+
+def test_handoff_tail_forgets_stalls_older_than_its_memory() -> None:
+    tail = HandoffTail()
+    for index in range(OVERRUN_WINDOW):
+        tail.observe(5_000_000, index)
+    assert tail.ns == 5_000_000
+    # a probe a while later (everything else was refused): the old stalls no longer count
+    later = HANDOFF_MEMORY_NS + OVERRUN_WINDOW
+    tail.observe(50_000, later)
+    assert tail.ns == 50_000

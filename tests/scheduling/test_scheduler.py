@@ -170,6 +170,42 @@ def test_edf_keeps_a_larger_margin_once_runs_overrun_their_prediction() -> None:
     run(body)
 
 
+def test_edf_keeps_the_tail_of_the_hand_offs_before_the_due_time() -> None:
+    async def body() -> None:
+        h = harness()
+        for index in range(OVERRUN_WINDOW):  # 2% of results reach the loop 2 ms after the run
+            h.submit(f"r{index}")
+            h.clock.advance(100 * US + (2 * MS if index % 50 == 0 else 0))
+            h.executor.complete(index, compute_ns=100 * US)
+        assert h.scheduler.statistics().handoff_tail_ns == 2 * MS
+        with pytest.raises(Overloaded):  # a 100 µs run, but a result may take 2 ms more
+            h.submit("tight", due_in=2 * MS)
+        h.submit("roomy", due_in=2_200 * US)
+
+    run(body)
+
+
+def test_edf_counts_the_answers_settled_on_the_loop() -> None:
+    async def body() -> None:
+        h = harness()
+
+        def written() -> None:  # a front end encoding and writing the answer
+            h.clock.advance(40 * US)
+
+        for index in range(200):
+            h.scheduler.submit_nowait(
+                {}, rows=1, shape_key=(), due_ns=None, priority=0, on_done=written
+            )
+            h.clock.advance(100 * US)
+            h.executor.complete(index, compute_ns=100 * US)
+        assert h.scheduler.statistics().answer_ns == pytest.approx(40 * US, rel=0.01)
+        with pytest.raises(Overloaded):  # the run ends at 100 µs, its answer leaves at 140
+            h.submit("tight", due_in=130 * US)
+        h.submit("fits", due_in=150 * US)
+
+    run(body)
+
+
 def test_edf_admission_counts_only_the_requests_served_before_the_newcomer() -> None:
     async def body() -> None:
         h = harness()

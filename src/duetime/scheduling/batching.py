@@ -101,11 +101,16 @@ def plan_batch(
     max_delay_ns: int,
     estimate: Estimate | None,
     bucket_of: list[int],
+    answer_ns: int = 0,
 ) -> Run | Wait | None:
     """The next batch for a free instance: the head and the requests after it, in queue order,
     while they share its shape, fit `max_rows`, and (with an `estimate`) the batch still finishes
     before the earliest due time in it. Waits for more requests only while the batch could grow,
     its oldest request has waited less than `max_delay_ns`, and the slack allows it.
+
+    The answers of a finished batch are settled one after another in this order, `answer_ns`
+    per row: a request's own answer leaves after those of the rows before it, so its due time
+    counts as that much earlier.
 
     `max_rows` 0 means the model does not batch: one request per execution, no padding.
     """
@@ -118,7 +123,7 @@ def plan_batch(
         if taken and not _joins(taken[0], item, rows, max_rows):
             exhausted = False
             break
-        due = min(earliest_due, item.due_or_never)
+        due = min(earliest_due, item.due_or_never - (rows + item.rows) * answer_ns)
         if taken and estimate is not None and now_ns + estimate(rows + item.rows) > due:
             exhausted = False
             break

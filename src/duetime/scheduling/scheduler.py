@@ -38,7 +38,7 @@ from duetime.scheduling.batching import (
 )
 from duetime.scheduling.edf import EDFQueue, QueuedRequest
 from duetime.scheduling.ledger import NO_SLACK, CoreLedger, Queued
-from duetime.scheduling.profile import LatencyProfile, Overrun
+from duetime.scheduling.profile import HandoffTail, LatencyProfile, Overrun
 from duetime.types import RequestTiming
 
 log = logging.getLogger("duetime.scheduler")
@@ -52,6 +52,12 @@ _SLACK_SCAN = 16
 """Queued requests looked at for the slack another scheduler of the CPU must leave them."""
 _SWEEP_S = 0.001
 """While requests queue, how often the whole queue is checked for hopeless ones."""
+HANDOFF_TAIL_MAX = 2
+"""The hand-offs' tail is kept in hand for at most this many runs of the batch. NOTE: a tail
+longer than that comes from a loop saturated by the requests themselves (the load shedder's
+business), which refusing them does not shorten: measured on the 2-core VM, mlp on a thread at
+twice its capacity had a 50 ms tail, and keeping it in hand cut its answers on time from 2,230/s
+to 177/s. Resnet's tail (2-3 ms, the load generator preempting the loop) stays within it."""
 REFUSALS_SEEN_NS = 50_000_000
 """A model that refused or expired a request this recently counts as backlogged (`backlogged`)."""
 PROBE_NS = 100_000_000
@@ -164,6 +170,10 @@ class SchedulerStatistics:
     """Requests admitted though predicted to miss, to measure again (see PROBE_NS)."""
     overrun: float = 1.0
     """How far executions lately ran past their prediction (see profile.Overrun)."""
+    handoff_tail_ns: int = 0
+    """The tail of the hand-offs from ONNX Runtime to the loop (see profile.HandoffTail)."""
+    answer_ns: int = 0
+    """Time settling one row of a finished batch takes on the loop, its answer included."""
 
 
 @dataclass(slots=True, eq=False)
@@ -229,11 +239,15 @@ class ModelScheduler:
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = 0
         self._overhead_ns = 0.0
+        self._answer_ns = 0.0
+        """What settling one row of a finished batch takes on the loop (its client's answer
+        encoded and written, where a front end answers from the settle callback); EWMA."""
         self._last_run_ns = clock.now_ns()
         """When an execution last ended, or the last probe was admitted (see PROBE_NS)."""
         self._margin_ns = config.delivery_margin_us * 1000
         self._exec_margin = config.exec_margin
         self._overrun = Overrun()
+        self._handoff = HandoffTail()
         self._refused_ns = -REFUSALS_SEEN_NS
         """When it last refused or expired a request."""
         self._sweeper: asyncio.TimerHandle | None = None
@@ -326,7 +340,7 @@ class ModelScheduler:
         finish, _ = self._predict(now, rows, queue.key_for(level, due_ns), others)
         if others is not None and self._exec_ns(rows) > others.slack_ns:
             return False  # its batch would make a request another scheduler admitted late
-        return finish + self._margin_for(rows) <= due_ns
+        return finish + self._margin_for(rows) + int(rows * self._answer_ns) <= due_ns
 
     def backlogged(self, now: int) -> bool:
         """Requests wait in the queue, or every instance has as many batches as it takes (the
@@ -376,7 +390,7 @@ class ModelScheduler:
 
     def _admit(self, now: int, due_ns: int, rows: int, key: tuple[int, int, int]) -> None:
         finish, ahead = self._predict(now, rows, key, self._others(now))
-        needed = finish + self._margin_for(rows)
+        needed = finish + self._margin_for(rows) + int(rows * self._answer_ns)
         rejection = admit(now_ns=now, due_ns=due_ns, predicted_finish_ns=needed)
         if rejection is None:
             return
@@ -453,15 +467,25 @@ class ModelScheduler:
     def _margin_for(self, rows: int) -> int:
         """Time kept before the due time of a batch of `rows`: `delivery_margin_us` for getting
         the answer out, plus a share of its predicted execution for its variance: `exec_margin`,
-        or more where runs lately overran their predictions by more (see `Overrun`).
+        or more where runs lately overran their predictions by more (see `Overrun`), plus what
+        the tail of the hand-offs adds to their mean (see `HandoffTail`).
 
-        NOTE: the loop's lag is already in `_overhead_ns` (measured up to the moment the loop
-        takes the result); counting it here too made a saturated loop refuse everything."""
+        NOTE: the loop's mean lag is already in `_overhead_ns` (measured up to the moment the
+        loop takes the result); counting it here too made a saturated loop refuse everything.
+        The tail counts for at most `HANDOFF_TAIL_MAX` runs of the batch, for the same reason."""
+        run = self.profile.predict(rows)
         share = max(self._exec_margin, self._overrun.factor - 1.0)
-        return self._margin_ns + int(share * self.profile.predict(rows))
+        tail = min(max(0, self._handoff.ns - int(self._overhead_ns)), HANDOFF_TAIL_MAX * run)
+        return self._margin_ns + tail + int(share * run)
 
     def _estimate(self, rows: int) -> int:
-        """What a batch of `rows` needs before the due time of its requests."""
+        """What a request of `rows` needs before its due time, run at once: its batch's run and
+        margin, and settling its own answer (see `_answer_ns`)."""
+        return self._exec_ns(rows) + self._margin_for(rows) + int(rows * self._answer_ns)
+
+    def _batch_estimate(self, rows: int) -> int:
+        """What a batch of `rows` needs before its first answer is settled; `plan_batch` adds
+        the answers settled before each request's own (`answer_ns`)."""
         return self._exec_ns(rows) + self._margin_for(rows)
 
     # -- dispatch ------------------------------------------------------------------------------
@@ -514,8 +538,9 @@ class ModelScheduler:
                 now_ns=start,
                 max_rows=self._max_rows,
                 max_delay_ns=self._max_delay_ns,
-                estimate=self._within_others_slack(estimate, now),
+                estimate=self._within_others_slack(self._batch_rule(), now),
                 bucket_of=self.profile.bucket_of,
+                answer_ns=int(self._answer_ns),
             )
             if decision is None:
                 break
@@ -595,6 +620,9 @@ class ModelScheduler:
     def _deadline_rule(self) -> Callable[[int], int] | None:
         return self._estimate if self._edf else None
 
+    def _batch_rule(self) -> Callable[[int], int] | None:
+        return self._batch_estimate if self._edf else None
+
     def _within_others_slack(
         self, estimate: Callable[[int], int] | None, now: int
     ) -> Callable[[int], int] | None:
@@ -667,6 +695,14 @@ class ModelScheduler:
             self._ledger.book(self._owners[instance], self._busy_until[instance])
         self._record(running, result, now)
         self._judge(instance, running, result, now)
+        self._settle_batch(running, result, now)
+        # NOTE: the batch's last answer leaves after all the others are encoded and written:
+        # for resnet's batches of 16-32 on HTTP, 0.5-1 ms, more than `delivery_margin_us`
+        answer = (self._clock.now_ns() - now) / max(1, running.rows)
+        answer = min(answer, 2 * self._answer_ns + 100_000)  # one stall must not double it
+        self._answer_ns += _OVERHEAD_ALPHA * (answer - self._answer_ns)
+
+    def _settle_batch(self, running: _Running, result: BatchResult, now: int) -> None:
         for item, outputs in zip(running.requests, result.outputs, strict=True):
             if item.future.done():
                 self._cancelled += 1
@@ -750,6 +786,7 @@ class ModelScheduler:
             self.profile.observe(bucket, result.compute_ns)
             # NOTE: a wait for the CPU's turn was planned for (`_core_free`): not hand-off cost
             overhead = max(0, now - running.started_ns - result.compute_ns - result.waited_ns)
+            self._handoff.observe(overhead, now)
             overhead = min(overhead, int(2 * self._overhead_ns) + 200_000)  # see LatencyProfile
             self._overhead_ns += _OVERHEAD_ALPHA * (overhead - self._overhead_ns)
 
@@ -787,6 +824,8 @@ class ModelScheduler:
             breakers_opened=sum(b.opened for b in self._breakers),
             probes=self._probes,
             overrun=self._overrun.factor,
+            handoff_tail_ns=self._handoff.ns,
+            answer_ns=int(self._answer_ns),
         )
 
     async def aclose(self, grace_s: float) -> None:
