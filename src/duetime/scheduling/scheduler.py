@@ -786,7 +786,8 @@ class ModelScheduler:
             self.profile.observe(bucket, result.compute_ns)
             # NOTE: a wait for the CPU's turn was planned for (`_core_free`): not hand-off cost
             overhead = max(0, now - running.started_ns - result.compute_ns - result.waited_ns)
-            self._handoff.observe(overhead, now)
+            if not self._inline:  # an inline batch's result is on the loop as it ends
+                self._handoff.observe(overhead, now)
             overhead = min(overhead, int(2 * self._overhead_ns) + 200_000)  # see LatencyProfile
             self._overhead_ns += _OVERHEAD_ALPHA * (overhead - self._overhead_ns)
 
