@@ -379,6 +379,25 @@ def test_every_datatype_round_trips(dtypes_server: RunningServer, binary: bool) 
     assert_echoed(result, samples, DATATYPES)
 
 
+def test_non_finite_floats_round_trip_as_json_tokens_like_triton(
+    dtypes_server: RunningServer,
+) -> None:
+    """tritonclient writes NaN and ±Infinity into a JSON request (Python's json does); Triton
+    reads them and writes them back so, where orjson alone would refuse them and write null."""
+    floats = ["FP16", "FP32", "FP64"]
+    samples = dtype_samples(DATATYPES)
+    for datatype, dtype in zip(floats, (np.float16, np.float32, np.float64), strict=True):
+        samples[input_name(datatype)] = np.array([[np.nan, np.inf, -np.inf], [0.5, -0.0, 2]], dtype)
+    inputs = [make_input(input_name(d), samples[input_name(d)], d, binary=False) for d in DATATYPES]
+    outputs = [httpclient.InferRequestedOutput(output_name(d), binary_data=False) for d in floats]
+    client = httpclient.InferenceServerClient(dtypes_server.http)
+    try:
+        result = client.infer(DTYPES_MODEL, inputs, outputs=outputs)
+    finally:
+        client.close()
+    assert_echoed(result, samples, floats)
+
+
 def test_requested_output_subset(dtypes_server: RunningServer) -> None:
     samples = dtype_samples(DATATYPES)
     inputs = [make_input(input_name(d), samples[input_name(d)], d, binary=True) for d in DATATYPES]

@@ -343,3 +343,23 @@ def test_check_datatype_accepts_every_v2_datatype(value: str) -> None:
 def test_check_datatype_errors(value: Any) -> None:
     with _raises_invalid("input 'x'.*is not a v2 datatype; expected one of BOOL"):
         codec.check_datatype(value, WHERE)
+
+
+def test_json_reads_the_non_finite_tokens_triton_writes() -> None:
+    doc = codec.loads_json(b'{"data": [1.5, NaN, Infinity, -Infinity]}')
+    assert doc["data"][0] == 1.5
+    assert np.isnan(doc["data"][1])
+    assert doc["data"][2:] == [np.inf, -np.inf]
+
+
+@pytest.mark.parametrize("text", [b'{"data": [1, NaNa]}', b'{"data": [1, 2}', b"[" * 5000 + b"NaN"])
+def test_json_that_is_not_json_even_with_those_tokens_keeps_orjsons_error(text: bytes) -> None:
+    with pytest.raises(orjson.JSONDecodeError):
+        codec.loads_json(text)
+
+
+def test_json_data_writes_non_finite_floats_as_tokens_and_finite_ones_as_numbers() -> None:
+    mixed = codec.to_json_data(np.array([[1.5, np.nan], [np.inf, -np.inf]], np.float32), "FP32")
+    assert orjson.dumps({"data": mixed}) == b'{"data":[1.5, NaN, Infinity, -Infinity]}'
+    finite = codec.to_json_data(np.array([1.5, 2.0], np.float32), "FP32")
+    assert orjson.dumps(finite, option=orjson.OPT_SERIALIZE_NUMPY) == b"[1.5,2.0]"

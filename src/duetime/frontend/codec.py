@@ -6,12 +6,14 @@ use the v2 binary layout: each element a 4-byte little-endian length, then its b
 
 from __future__ import annotations
 
+import json
 import math
 import struct
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+import orjson
 
 from duetime.datatypes import NUMPY_OF, WIRE_DTYPE_OF, v2_datatype_of
 from duetime.errors import InvalidInput
@@ -228,14 +230,37 @@ def _flatten(data: Sequence[Any]) -> list[Any]:
     return flat
 
 
+def loads_json(data: bytes | memoryview) -> Any:
+    """A JSON document, where numbers may also be `NaN`, `Infinity` and `-Infinity`.
+
+    NOTE: JSON has no non-finite numbers; Triton writes them as those tokens and reads them back
+    (server PR #3870), and so does Python's `json`, which tritonclient uses. orjson refuses them,
+    so a document holding one is read again by `json`: only such documents pay for it."""
+    try:
+        return orjson.loads(data)
+    except orjson.JSONDecodeError as exc:
+        raw = bytes(data)
+        if b"NaN" not in raw and b"Infinity" not in raw:
+            raise
+        error = exc
+    try:
+        return json.loads(raw)
+    except (ValueError, RecursionError):  # not JSON with those tokens either
+        raise error from None
+
+
 def to_json_data(array: np.ndarray, datatype: str) -> Any:
-    """Row-major flat values for a JSON response (BYTES as UTF-8 text)."""
+    """Row-major flat values for a JSON response (BYTES as UTF-8 text; a non-finite float as
+    `NaN`, `Infinity` or `-Infinity`, as Triton writes them, where orjson would write null)."""
     if datatype == "BYTES":
         return [
             item.decode("utf-8", "replace") if isinstance(item, bytes) else str(item)
             for item in array.reshape(-1)
         ]
-    return np.ascontiguousarray(array).reshape(-1)
+    flat = np.ascontiguousarray(array).reshape(-1)
+    if flat.dtype.kind == "f" and not np.isfinite(flat).all():
+        return orjson.Fragment(json.dumps(flat.tolist()))
+    return flat
 
 
 def encode_tensor(name: str, array: np.ndarray, *, binary: bool) -> tuple[dict[str, Any], bytes]:

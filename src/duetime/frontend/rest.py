@@ -511,7 +511,7 @@ class RestApi:
 
 def _json_object(body: bytes, what: str) -> dict[str, Any]:
     try:
-        doc = orjson.loads(body)
+        doc = codec.loads_json(body)
     except orjson.JSONDecodeError as exc:
         raise InvalidInput(f"{what}: not valid JSON: {exc}") from None
     if not isinstance(doc, dict):
@@ -629,7 +629,7 @@ def parse_infer_request(
     json_part = view if header_length is None else view[:header_length]
     binary = view[len(json_part) :]
     try:
-        doc = orjson.loads(json_part)
+        doc = codec.loads_json(json_part)
     except orjson.JSONDecodeError as exc:
         raise InvalidInput(f"request body is not valid JSON: {exc}") from None
     if not isinstance(doc, dict):
