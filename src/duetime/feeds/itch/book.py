@@ -127,13 +127,16 @@ class Anomalies:
 
 
 class _Side:
-    __slots__ = ("keys", "levels", "sign")
+    __slots__ = ("depth", "depth_k", "keys", "levels", "sign")
 
     def __init__(self, sign: int) -> None:
         self.sign = sign
         self.levels: dict[int, _Level] = {}
         self.keys: list[int] = []
         """Level keys (`sign * price`) ascending: the best level is the last."""
+        self.depth: list[Level] | None = None
+        """The last `OrderBook.depth` of this side (`depth_k` levels); None once it changed."""
+        self.depth_k = 0
 
 
 class _Level:
@@ -187,13 +190,22 @@ class OrderBook:
         return _best(self.asks)
 
     def depth(self, side: int, k: int) -> list[Level]:
-        """Up to `k` levels of one side (+1 bids, -1 asks), best first."""
+        """Up to `k` levels of one side (+1 bids, -1 asks), best first. The same list comes back
+        until the side changes: read it, do not modify it.
+
+        NOTE: an event changes one side, and the features read both after every event: the
+        other side's list is the one they read last (a third of the features' time, measured)."""
         s = self.bids if side == BID else self.asks
+        cached = s.depth
+        if cached is not None and s.depth_k == k:
+            return cached
         levels = s.levels
-        return [
+        s.depth = cached = [
             (lvl.price, lvl.shares, len(lvl.orders))
             for lvl in map(levels.__getitem__, s.keys[: -k - 1 : -1] if k > 0 else ())
         ]
+        s.depth_k = k
+        return cached
 
     def top(self) -> Top:
         """The best price and the total shares there on each side."""
@@ -268,6 +280,7 @@ class OrderBook:
                 insort(keys, key)
         level.orders[order.ref] = order
         level.shares += order.shares
+        side.depth = None
         order.level = level
         self._index[order.ref] = order
         self.live_orders += 1
@@ -282,6 +295,7 @@ class OrderBook:
         else:
             order.shares -= shares
             level.shares -= shares
+            level.side.depth = None
         return top
 
     def _remove(self, order: _Order) -> bool:
@@ -294,6 +308,7 @@ class OrderBook:
         level = order.level
         del level.orders[order.ref]
         level.shares -= order.shares
+        level.side.depth = None
         del self._index[order.ref]
         self.live_orders -= 1
         if not level.orders:

@@ -291,6 +291,9 @@ class FeatureState:
         """The mid after the last update (raw price units); None while a side is empty."""
         self._last_ts: int | None = None
         self._vector = np.zeros(N_FEATURES, dtype=np.float32)
+        self._sums: dict[int, tuple[Sequence[Level], int, int]] = {}
+        """Per side: the depth list last read and its shares over 5 and 10 levels (a book
+        hands back the same list while the side is unchanged: one side changes per event)."""
 
     def update(self, event: EventView, book: BookView) -> np.ndarray:
         """The feature vector after `event` (order: FEATURE_NAMES); every value finite.
@@ -326,12 +329,8 @@ class FeatureState:
             self.mid = None
 
         # depth_imbalance() at 5 and 10 levels, from one pass over each side's sizes.
-        bid_sizes = [level[1] for level in bids]
-        ask_sizes = [level[1] for level in asks]
-        bid_5 = sum(bid_sizes[:SHALLOW_LEVELS])
-        ask_5 = sum(ask_sizes[:SHALLOW_LEVELS])
-        bid_10 = sum(bid_sizes)
-        ask_10 = sum(ask_sizes)
+        bid_5, bid_10 = self._depth_sums(1, bids)
+        ask_5, ask_10 = self._depth_sums(-1, asks)
         last_ts = self._last_ts
         dt_us = 0.0 if last_ts is None else (event.ts - last_ts) / 1000
 
@@ -361,6 +360,16 @@ class FeatureState:
         self.top = top
         self._last_ts = event.ts
         return self._vector
+
+    def _depth_sums(self, side: int, levels: Sequence[Level]) -> tuple[int, int]:
+        """Shares over the best `SHALLOW_LEVELS` and over all of `levels` (one side's depth)."""
+        known = self._sums.get(side)
+        if known is not None and known[0] is levels:
+            return known[1], known[2]
+        sizes = [level[1] for level in levels]
+        shallow, deep = sum(sizes[:SHALLOW_LEVELS]), sum(sizes)
+        self._sums[side] = (levels, shallow, deep)
+        return shallow, deep
 
 
 class Features:
