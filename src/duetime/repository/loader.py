@@ -30,6 +30,8 @@ DEFAULT_MAX_BATCH_SIZE = 32
 
 PROFILE_BUDGET_S = 1.0
 """Time spent measuring the latency profile of one model version at load."""
+PROFILE_ROUNDS = 5
+"""Rounds over all the buckets that profiling takes its runs in (see `measure_profile`)."""
 INLINE_BATCH1_NS = 50_000
 """`execution = "auto"` runs a model inline when its batch 1 takes at most this long: handing a
 batch to a thread and back costs 30-40 µs on a VM (waking the thread, the GIL, waking the loop),
@@ -202,18 +204,29 @@ def measure_profile(
 ) -> LatencyProfile:
     """Median and p99 execution time of each batch bucket, measured on instance 0.
 
-    Each bucket gets an equal share of `budget_s`, between 5 and 200 runs. A graph that rejects
-    the sample inputs gets a nominal 1 ms per row, corrected online by real executions.
+    Each bucket gets an equal share of `budget_s`, between 5 and 200 runs, taken in
+    `PROFILE_ROUNDS` rounds over all the buckets. A graph that rejects the sample inputs gets a
+    nominal 1 ms per row, corrected online by real executions.
+
+    NOTE: one bucket after another, a change of the machine's speed during profiling (another
+    process, a VM's neighbours) lands on some buckets only. On the 2-core VM one such profile of
+    resnet read 1.5-1.6 ms a row for batches 1-16 and 1.16-1.21 ms for 24-32, where the cost per
+    row is flat (interleaved runs of ORT alone: 889-931 rows/s from batch 1 to 32); in rounds,
+    every bucket sees the same stretch of time (profiles taken so: 1.04-1.10 ms a row).
     """
     buckets = batch_buckets(signature.max_batch_size)
     share_ns = budget_s * 1e9 / len(buckets)
-    samples: dict[int, list[int]] = {}
+    samples: dict[int, list[int]] = {rows: [] for rows in buckets}
     try:
+        plan: dict[int, tuple[dict[str, np.ndarray], int]] = {}
         for rows in buckets:
             feeds = sample_inputs(signature, rows, seed=rows)
             first = _timed_run(executor, feeds)
-            runs = int(min(200, max(5, share_ns / max(first, 1))))
-            samples[rows] = [_timed_run(executor, feeds) for _ in range(runs)]
+            plan[rows] = feeds, int(min(200, max(5, share_ns / max(first, 1))))
+        for round_ in range(PROFILE_ROUNDS):
+            for rows, (feeds, runs) in plan.items():
+                share = runs * (round_ + 1) // PROFILE_ROUNDS - runs * round_ // PROFILE_ROUNDS
+                samples[rows].extend(_timed_run(executor, feeds) for _ in range(share))
     except Exception as exc:
         log.warning("%s: profiling on sample inputs failed (%s); using 1 ms per row", path, exc)
         samples = {rows: [rows * 1_000_000] for rows in buckets}
