@@ -9,10 +9,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from duetime.scheduling.profile import (
-    HANDOFF_MEMORY_NS,
     OVERRUN_EVERY,
     OVERRUN_MAX,
     OVERRUN_WINDOW,
+    TAIL_MEMORY_NS,
     HandoffTail,
     LatencyProfile,
     Overrun,
@@ -173,41 +173,53 @@ def test_buckets_not_run_yet_follow_the_ones_that_ran() -> None:
 def test_overrun_is_one_until_a_window_of_runs_then_the_tail_ratio() -> None:
     overrun = Overrun()
     for index in range(OVERRUN_WINDOW - 1):
-        overrun.observe(1_000, 3_000 if index % 50 == 0 else 900)
+        overrun.observe(1_000, 3_000 if index % 50 == 0 else 900, 0)
         assert overrun.factor == 1.0, "too few runs to say"
-    overrun.observe(1_000, 900)
+    overrun.observe(1_000, 900, 0)
     assert overrun.factor == pytest.approx(3.0), "2% of runs took 3x: the 99th percentile"
 
 
 def test_overrun_never_goes_below_one_and_is_capped() -> None:
     fast = Overrun()
     for _ in range(OVERRUN_WINDOW):
-        fast.observe(1_000, 500)
+        fast.observe(1_000, 500, 0)
     assert fast.factor == 1.0
     stalled = Overrun()
     for _ in range(OVERRUN_WINDOW):
-        stalled.observe(1_000, 100_000)
+        stalled.observe(1_000, 100_000, 0)
     assert stalled.factor == OVERRUN_MAX
 
 
 def test_overrun_forgets_a_bad_stretch_after_a_window() -> None:
     overrun = Overrun()
     for _ in range(OVERRUN_WINDOW):
-        overrun.observe(1_000, 4_000)
+        overrun.observe(1_000, 4_000, 0)
     assert overrun.factor == pytest.approx(4.0)
     for _ in range(OVERRUN_WINDOW - OVERRUN_EVERY):
-        overrun.observe(1_000, 1_000)
+        overrun.observe(1_000, 1_000, 0)
     assert overrun.factor == pytest.approx(4.0), "a few slow runs are still in the window"
     for _ in range(OVERRUN_EVERY):
-        overrun.observe(1_000, 1_000)
+        overrun.observe(1_000, 1_000, 0)
     assert overrun.factor == 1.0
 
 
 def test_overrun_ignores_runs_with_no_prediction() -> None:
     overrun = Overrun()
     for _ in range(2 * OVERRUN_WINDOW):
-        overrun.observe(0, 5_000)
+        overrun.observe(0, 5_000, 0)
     assert overrun.factor == 1.0
+
+
+def test_overrun_forgets_a_stall_older_than_its_memory_though_few_runs_followed() -> None:
+    overrun = Overrun()
+    for index in range(OVERRUN_WINDOW):
+        overrun.observe(1_000, 8_000 if index == 0 else 1_000, index)
+    assert overrun.factor == 1.0, "one stall in a window is past the quantile"
+    for index in range(OVERRUN_WINDOW):
+        overrun.observe(1_000, 8_000, index)
+    assert overrun.factor == 8.0
+    overrun.observe(1_000, 1_000, TAIL_MEMORY_NS + OVERRUN_WINDOW)
+    assert overrun.factor == 1.0, "a run a second later: the stalls no longer count"
 
 
 # -- HandoffTail ---------------------------------------------------------------------------------
@@ -228,6 +240,6 @@ def test_handoff_tail_forgets_stalls_older_than_its_memory() -> None:
         tail.observe(5_000_000, index)
     assert tail.ns == 5_000_000
     # a probe a while later (everything else was refused): the old stalls no longer count
-    later = HANDOFF_MEMORY_NS + OVERRUN_WINDOW
+    later = TAIL_MEMORY_NS + OVERRUN_WINDOW
     tail.observe(50_000, later)
     assert tail.ns == 50_000

@@ -50,11 +50,51 @@ OVERRUN_WINDOW = 512
 OVERRUN_EVERY = 64
 """Executions between two readings of the quantile."""
 OVERRUN_MAX = 8.0
+TAIL_MEMORY_NS = 1_000_000_000
+"""Observations older than this no longer count towards a tail (see `RecentTail`)."""
+TAIL_REFRESH_NS = 100_000_000
+"""A tail is recomputed at least this often while observations come (and every
+`OVERRUN_EVERY`)."""
+
+
+class RecentTail:
+    """The `OVERRUN_QUANTILE` of the last `OVERRUN_WINDOW` values observed within
+    `TAIL_MEMORY_NS` (`value`; 0 until a window's worth has been observed).
+
+    NOTE: it forgets within a second. A margin grown from one stall refuses the requests near
+    their due time, so fewer batches run, and a tail that only a window of new batches could
+    replace stayed up for minutes: measured with `duetime itch run --every 10` (about 200 batches
+    a second at the recorded pace), one run in two refused 90% of its requests once a stall had
+    set the overrun to its cap (before this memory)."""
+
+    __slots__ = ("_count", "_refreshed_ns", "_stamps", "_values", "value")
+
+    def __init__(self) -> None:
+        self._values = [0.0] * OVERRUN_WINDOW
+        self._stamps = [0] * OVERRUN_WINDOW
+        self._count = 0
+        self._refreshed_ns = 0
+        self.value = 0.0
+
+    def observe(self, value: float, now_ns: int) -> None:
+        count = self._count
+        self._values[count % OVERRUN_WINDOW] = value
+        self._stamps[count % OVERRUN_WINDOW] = now_ns
+        self._count = count = count + 1
+        if count < OVERRUN_WINDOW:
+            return
+        if count % OVERRUN_EVERY and now_ns - self._refreshed_ns < TAIL_REFRESH_NS:
+            return
+        self._refreshed_ns = now_ns
+        since = now_ns - TAIL_MEMORY_NS
+        recent = sorted(v for v, t in zip(self._values, self._stamps, strict=True) if t >= since)
+        # NOTE: never the longest of fewer than a window: one stall alone sets no margin
+        self.value = recent[max(0, min(len(recent) - 2, int(OVERRUN_QUANTILE * len(recent))))]
 
 
 class Overrun:
-    """How far executions lately ran past their prediction: the `OVERRUN_QUANTILE` of
-    actual / predicted over the last `OVERRUN_WINDOW` runs (1.0 until a window's worth of runs).
+    """How far executions lately ran past their prediction: the `RecentTail` of actual /
+    predicted (1.0 until a window's worth of runs; at most `OVERRUN_MAX`).
 
     NOTE: a batch is planned to end a margin before the earliest due time in it; a run that takes
     longer than that margin answers late. On a quiet machine runs stay within a few percent of
@@ -64,67 +104,43 @@ class Overrun:
     requests refused up front instead of answered late.
     """
 
-    __slots__ = ("_count", "_ratios", "factor")
+    __slots__ = ("_tail", "factor")
 
     def __init__(self) -> None:
-        self._ratios = [1.0] * OVERRUN_WINDOW
-        self._count = 0
+        self._tail = RecentTail()
         self.factor = 1.0
 
-    def observe(self, predicted_ns: int, actual_ns: int) -> None:
+    def observe(self, predicted_ns: int, actual_ns: int, now_ns: int) -> None:
         if predicted_ns <= 0:
             return
-        count = self._count
-        self._ratios[count % OVERRUN_WINDOW] = actual_ns / predicted_ns
-        self._count = count = count + 1
-        if count % OVERRUN_EVERY == 0 and count >= OVERRUN_WINDOW:
-            ordered = sorted(self._ratios)
-            tail = ordered[min(OVERRUN_WINDOW - 1, int(OVERRUN_QUANTILE * OVERRUN_WINDOW))]
-            self.factor = min(OVERRUN_MAX, max(1.0, tail))
-
-
-HANDOFF_MEMORY_NS = 1_000_000_000
-"""Hand-offs older than this no longer count towards the tail."""
-HANDOFF_REFRESH_NS = 100_000_000
-"""The tail is recomputed at least this often while batches run (and every `OVERRUN_EVERY`)."""
+        tail = self._tail
+        tail.observe(actual_ns / predicted_ns, now_ns)
+        if tail.value:
+            self.factor = min(OVERRUN_MAX, max(1.0, tail.value))
 
 
 class HandoffTail:
-    """How long results lately took from ONNX Runtime to the loop: the `OVERRUN_QUANTILE` of
-    the hand-offs of the last `OVERRUN_WINDOW` batches within `HANDOFF_MEMORY_NS`, in ns (0
-    until a window's worth has run).
+    """How long results lately took from ONNX Runtime to the loop: the `RecentTail` of the
+    hand-offs, in ns (0 until a window's worth has run).
 
     NOTE: the mean hand-off is in every prediction (`ModelScheduler._overhead_ns`); its tail
     is not, and it does not scale with the batch: a result waits for a loop busy reading
     requests, or preempted by another process on its core. Measured on the 2-core VM, resnet at
     200% load with the load generator on the loop's core: median 37 µs, p99 1.5 ms, p99.9
     3.1 ms, where the whole batch took 1-6 ms. The margin that keeps those answers on time is
-    this tail, not a share of the execution (see `Overrun`). It forgets within a second: a
-    margin that refuses every request runs no batch to measure a smaller one with (only the
-    occasional probe, `PROBE_NS`), so old stalls must not keep it up."""
+    this tail, not a share of the execution (see `Overrun`)."""
 
-    __slots__ = ("_count", "_refreshed_ns", "_stamps", "_values", "ns")
+    __slots__ = ("_tail",)
 
     def __init__(self) -> None:
-        self._values = [0] * OVERRUN_WINDOW
-        self._stamps = [0] * OVERRUN_WINDOW
-        self._count = 0
-        self._refreshed_ns = 0
-        self.ns = 0
+        self._tail = RecentTail()
+
+    @property
+    def ns(self) -> int:
+        return int(self._tail.value)
 
     def observe(self, handoff_ns: int, now_ns: int) -> None:
-        count = self._count
-        self._values[count % OVERRUN_WINDOW] = handoff_ns
-        self._stamps[count % OVERRUN_WINDOW] = now_ns
-        self._count = count = count + 1
-        if count < OVERRUN_WINDOW:
-            return
-        if count % OVERRUN_EVERY and now_ns - self._refreshed_ns < HANDOFF_REFRESH_NS:
-            return
-        self._refreshed_ns = now_ns
-        since = now_ns - HANDOFF_MEMORY_NS
-        recent = sorted(v for v, t in zip(self._values, self._stamps, strict=True) if t >= since)
-        self.ns = recent[min(len(recent) - 1, int(OVERRUN_QUANTILE * len(recent)))]
+        self._tail.observe(handoff_ns, now_ns)
 
 
 class LatencyProfile:

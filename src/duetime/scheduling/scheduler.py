@@ -782,7 +782,7 @@ class ModelScheduler:
         stats.count += 1
         stats.compute_ns += result.compute_ns
         if not any(isinstance(o, DuetimeError) for o in result.outputs):
-            self._overrun.observe(self.profile.predict(bucket), result.compute_ns)
+            self._overrun.observe(self.profile.predict(bucket), result.compute_ns, now)
             self.profile.observe(bucket, result.compute_ns)
             # NOTE: a wait for the CPU's turn was planned for (`_core_free`): not hand-off cost
             overhead = max(0, now - running.started_ns - result.compute_ns - result.waited_ns)
