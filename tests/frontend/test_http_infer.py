@@ -362,6 +362,19 @@ def test_dtypes_metadata(dtypes_server: RunningServer) -> None:
     ]
 
 
+def infer_identities(
+    server: RunningServer,
+    inputs: list[httpclient.InferInput],
+    outputs: list[httpclient.InferRequestedOutput],
+) -> Any:
+    """One request to the identity model of every datatype, on a client of its own."""
+    client = httpclient.InferenceServerClient(server.http)
+    try:
+        return client.infer(DTYPES_MODEL, inputs, outputs=outputs)
+    finally:
+        client.close()
+
+
 @pytest.mark.parametrize("binary", [True, False], ids=["binary", "json"])
 def test_every_datatype_round_trips(dtypes_server: RunningServer, binary: bool) -> None:
     samples = dtype_samples(DATATYPES)
@@ -371,11 +384,7 @@ def test_every_datatype_round_trips(dtypes_server: RunningServer, binary: bool) 
     outputs = [
         httpclient.InferRequestedOutput(output_name(d), binary_data=binary) for d in DATATYPES
     ]
-    client = httpclient.InferenceServerClient(dtypes_server.http)
-    try:
-        result = client.infer(DTYPES_MODEL, inputs, outputs=outputs)
-    finally:
-        client.close()
+    result = infer_identities(dtypes_server, inputs, outputs)
     assert_echoed(result, samples, DATATYPES)
 
 
@@ -390,11 +399,7 @@ def test_non_finite_floats_round_trip_as_json_tokens_like_triton(
         samples[input_name(datatype)] = np.array([[np.nan, np.inf, -np.inf], [0.5, -0.0, 2]], dtype)
     inputs = [make_input(input_name(d), samples[input_name(d)], d, binary=False) for d in DATATYPES]
     outputs = [httpclient.InferRequestedOutput(output_name(d), binary_data=False) for d in floats]
-    client = httpclient.InferenceServerClient(dtypes_server.http)
-    try:
-        result = client.infer(DTYPES_MODEL, inputs, outputs=outputs)
-    finally:
-        client.close()
+    result = infer_identities(dtypes_server, inputs, outputs)
     assert_echoed(result, samples, floats)
 
 
@@ -405,11 +410,7 @@ def test_requested_output_subset(dtypes_server: RunningServer) -> None:
     outputs = [
         httpclient.InferRequestedOutput(output_name(d), binary_data=d != "BYTES") for d in wanted
     ]
-    client = httpclient.InferenceServerClient(dtypes_server.http)
-    try:
-        result = client.infer(DTYPES_MODEL, inputs, outputs=outputs)
-    finally:
-        client.close()
+    result = infer_identities(dtypes_server, inputs, outputs)
     assert [o["name"] for o in result.get_response()["outputs"]] == [output_name(d) for d in wanted]
     assert_echoed(result, samples, wanted)
 
