@@ -166,7 +166,7 @@ def test_stops_before_the_batch_would_finish_after_its_earliest_due() -> None:
 
 def test_each_request_waits_for_the_answers_settled_before_its_own() -> None:
     queue = EDFQueue(8)
-    # at now=0: 3 rows end at 1300; answers then leave 100 ns a row, in queue order
+    # at now=0: 3 rows end at 1300; answers then leave 100 ns a request, in queue order
     enqueue(queue, name="a", due=1400)  # its answer at 1400: in time
     enqueue(queue, name="b", due=1500)  # at 1500: in time
     enqueue(queue, name="c", due=1550)  # at 1600 (1300 + 3 rows): late
@@ -174,6 +174,14 @@ def test_each_request_waits_for_the_answers_settled_before_its_own() -> None:
     run = run_of(plan(queue, answer_ns=100))
     assert names(run.requests) == ["a", "b"]
     assert names(run_of(plan(queue)).requests) == ["a", "b", "c", "d"], "answers free: 4 rows fit"
+
+
+def test_answers_count_per_request_not_per_row() -> None:
+    queue = EDFQueue(8)
+    # 4 rows end at 1400; "burst" (3 rows, one answer) at 1500, "next" at 1600
+    enqueue(queue, name="burst", rows=3, due=1500)
+    enqueue(queue, name="next", due=1600)
+    assert names(run_of(plan(queue, answer_ns=100)).requests) == ["burst", "next"]
 
 
 def test_a_later_request_with_an_earlier_due_limits_the_batch() -> None:

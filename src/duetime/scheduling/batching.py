@@ -109,8 +109,8 @@ def plan_batch(
     its oldest request has waited less than `max_delay_ns`, and the slack allows it.
 
     The answers of a finished batch are settled one after another in this order, `answer_ns`
-    per row: a request's own answer leaves after those of the rows before it, so its due time
-    counts as that much earlier.
+    per request: a request's own answer leaves after those of the requests before it, so its
+    due time counts as that much earlier.
 
     `max_rows` 0 means the model does not batch: one request per execution, no padding.
     """
@@ -123,7 +123,7 @@ def plan_batch(
         if taken and not _joins(taken[0], item, rows, max_rows):
             exhausted = False
             break
-        due = min(earliest_due, item.due_or_never - (rows + item.rows) * answer_ns)
+        due = min(earliest_due, item.due_or_never - (len(taken) + 1) * answer_ns)
         if taken and estimate is not None and now_ns + estimate(rows + item.rows) > due:
             exhausted = False
             break
