@@ -13,10 +13,10 @@ from duetime.scheduling.profile import (
     OVERRUN_MAX,
     OVERRUN_WINDOW,
     TAIL_MEMORY_NS,
-    HandoffTail,
     LatencyProfile,
     Overrun,
     ProfilePoint,
+    RecentTail,
     batch_buckets,
     profile_from_samples,
 )
@@ -222,24 +222,24 @@ def test_overrun_forgets_a_stall_older_than_its_memory_though_few_runs_followed(
     assert overrun.factor == 1.0, "a run a second later: the stalls no longer count"
 
 
-# -- HandoffTail ---------------------------------------------------------------------------------
+# -- RecentTail (the hand-offs' tail) --------------------------------------------------------------
 
 
 def test_handoff_tail_is_zero_until_a_window_then_its_tail() -> None:
-    tail = HandoffTail()
+    tail = RecentTail()
     for index in range(OVERRUN_WINDOW - 1):
         tail.observe(3_000_000 if index % 50 == 0 else 40_000, index * 1_000)
-        assert tail.ns == 0, "too few hand-offs to say"
+        assert tail.value == 0, "too few hand-offs to say"
     tail.observe(40_000, OVERRUN_WINDOW * 1_000)
-    assert tail.ns == 3_000_000, "2% of hand-offs took 3 ms: the tail, not the median"
+    assert tail.value == 3_000_000, "2% of hand-offs took 3 ms: the tail, not the median"
 
 
 def test_handoff_tail_forgets_stalls_older_than_its_memory() -> None:
-    tail = HandoffTail()
+    tail = RecentTail()
     for index in range(OVERRUN_WINDOW):
         tail.observe(5_000_000, index)
-    assert tail.ns == 5_000_000
+    assert tail.value == 5_000_000
     # a probe a while later (everything else was refused): the old stalls no longer count
     later = TAIL_MEMORY_NS + OVERRUN_WINDOW
     tail.observe(50_000, later)
-    assert tail.ns == 50_000
+    assert tail.value == 50_000

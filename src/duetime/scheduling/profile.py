@@ -119,30 +119,6 @@ class Overrun:
             self.factor = min(OVERRUN_MAX, max(1.0, tail.value))
 
 
-class HandoffTail:
-    """How long results lately took from ONNX Runtime to the loop: the `RecentTail` of the
-    hand-offs, in ns (0 until a window's worth has run).
-
-    NOTE: the mean hand-off is in every prediction (`ModelScheduler._overhead_ns`); its tail
-    is not, and it does not scale with the batch: a result waits for a loop busy reading
-    requests, or preempted by another process on its core. Measured on the 2-core VM, resnet at
-    200% load with the load generator on the loop's core: median 37 µs, p99 1.5 ms, p99.9
-    3.1 ms, where the whole batch took 1-6 ms. The margin that keeps those answers on time is
-    this tail, not a share of the execution (see `Overrun`)."""
-
-    __slots__ = ("_tail",)
-
-    def __init__(self) -> None:
-        self._tail = RecentTail()
-
-    @property
-    def ns(self) -> int:
-        return int(self._tail.value)
-
-    def observe(self, handoff_ns: int, now_ns: int) -> None:
-        self._tail.observe(handoff_ns, now_ns)
-
-
 class LatencyProfile:
     """Execution time per batch size, updated online.
 
