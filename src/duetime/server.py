@@ -189,9 +189,9 @@ class Server:
         assert self.shedder is not None
         missed = seen = 0
         for deployment in self.engine.registry.snapshot.deployments():
-            stats = deployment.scheduler.statistics()
-            missed += stats.rejected + stats.expired
-            seen += stats.succeeded + stats.failed + stats.rejected + stats.expired
+            missed_here, seen_here = deployment.scheduler.outcomes()
+            missed += missed_here
+            seen += seen_here
         self.shedder.sample(missed, seen)
         self._shed_timer = asyncio.get_running_loop().call_later(SHED_PERIOD_S, self._sample)
 

@@ -505,6 +505,11 @@ def test_a_request_that_becomes_hopeless_while_queued_fails_without_running() ->
         assert h.scheduler.statistics().expired == 1
         h.executor.complete(1)
         assert failure(fine) is None
+        with pytest.raises(Overloaded):
+            h.submit("refused", due_in=1 * US)
+        stats = h.scheduler.statistics()
+        assert (stats.rejected, stats.expired, stats.succeeded) == (1, 1, 2)
+        assert h.scheduler.outcomes() == (2, 4)  # what the load shedder reads: missed, seen
 
     run(body)
 

