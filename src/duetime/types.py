@@ -69,6 +69,10 @@ class InferRequest:
     protocol: str = "engine"
     """The front end it came through: `http`, `grpc`, `grpc-stream`, or `engine` (in-process);
     recorded by traffic capture."""
+    template: object | None = None
+    """Set by a front end on requests decoded from one template (the same names, datatypes and
+    shapes of inputs, the same outputs asked for): an object compared by identity, which lets the
+    validator skip checks it passed before (see `Validator.prepare`). None: checked in full."""
     wire: tuple[bytes, int | None] | None = None
     """The v2 REST body it was decoded from (after any Content-Encoding) and the length of its
     JSON header (None: all JSON), for traffic capture to store verbatim; a reference, not a copy

@@ -24,6 +24,10 @@ class Prepared:
     outputs: tuple[str, ...]
 
 
+TEMPLATES_MAX = 256
+"""Request templates a validator remembers as valid; all are forgotten when full."""
+
+
 class Validator:
     """The checks for one model version, built once at load so a request pays only for lookups."""
 
@@ -36,9 +40,32 @@ class Validator:
         self._all_outputs = tuple(spec.name for spec in signature.outputs)
         self._output_names = frozenset(self._all_outputs)
         self._expected = ", ".join(f"'{s.name}' {s.describe()}" for s in signature.inputs)
+        self._templates: dict[object, tuple[int, tuple[Any, ...], tuple[str, ...]]] = {}
+        """Templates whose requests passed: their rows, batching key and outputs."""
 
-    def prepare(self, inputs: Mapping[str, np.ndarray], outputs: Sequence[str] | None) -> Prepared:
-        """Validate `inputs` and the requested `outputs`; raise InvalidInput naming the field."""
+    def prepare(
+        self,
+        inputs: Mapping[str, np.ndarray],
+        outputs: Sequence[str] | None,
+        template: object | None = None,
+    ) -> Prepared:
+        """Validate `inputs` and the requested `outputs`; raise InvalidInput naming the field.
+
+        `template` (see `InferRequest.template`): requests made from one template have inputs of
+        the same names, datatypes and shapes, and ask for the same outputs; once one of them
+        passed, and its arrays went to ONNX Runtime as they are, the others skip the checks."""
+        if template is not None:
+            known = self._templates.get(template)
+            if known is not None:
+                return Prepared(dict(inputs), *known)
+        prepared = self._prepare(inputs, outputs)
+        if template is not None and all(prepared.feeds[n] is a for n, a in inputs.items()):
+            if len(self._templates) >= TEMPLATES_MAX:
+                self._templates.clear()
+            self._templates[template] = (prepared.rows, prepared.shape_key, prepared.outputs)
+        return prepared
+
+    def _prepare(self, inputs: Mapping[str, np.ndarray], outputs: Sequence[str] | None) -> Prepared:
         self._check_names(inputs)
         feeds: dict[str, np.ndarray] = {}
         rows: int | None = None

@@ -410,3 +410,80 @@ def test_decompression_bomb_stops_at_the_limit() -> None:
     assert len(bomb) < 100_000
     with pytest.raises(PayloadTooLarge, match="over the 1048576-byte limit"):
         _decoded(bomb, "gzip", limit=1 << 20)
+
+
+# -- decoded headers kept (recipes) ---------------------------------------------------------------
+
+
+def test_a_binary_header_seen_before_decodes_each_requests_own_bytes() -> None:
+    recipes: dict[bytes, Any] = {}
+    doc = {
+        "inputs": [binary("a", 8), binary("b", 2, "BOOL"), binary("c", 10, "BYTES", [2])],
+        "parameters": {"binary_data_output": True, "timeout": 5000},
+        "outputs": [{"name": "y", "parameters": {"binary_data": False}}],
+    }
+    strings = struct.pack("<I", 2) + b"hi" + struct.pack("<I", 0)
+    for values, flags in (([1.5, -2.0], b"\x01\x00"), ([3.0, 4.0], b"\x00\x01")):
+        blob = np.array(values, dtype="<f4").tobytes()
+        body, length = request(doc, blob, flags, strings)
+        req, plan = parse_infer_request(body, length, "m", "2", None, recipes)
+        assert len(recipes) == 1
+        np.testing.assert_array_equal(req.inputs["a"], np.array(values, dtype=np.float32))
+        np.testing.assert_array_equal(req.inputs["b"], np.frombuffer(flags, dtype=bool))
+        assert req.inputs["c"].tolist() == [b"hi", b""]
+        assert (req.model, req.version, req.outputs) == ("m", "2", ("y",))
+        assert req.parameters == {"binary_data_output": True, "timeout": 5000}
+        assert plan.is_binary("y") is False
+        assert plan.is_binary("z") is True
+
+
+def test_a_kept_header_still_checks_the_bytes_that_follow_it() -> None:
+    recipes: dict[bytes, Any] = {}
+    doc = {"inputs": [binary("a", 2, "BOOL")]}
+    parse_infer_request(*request(doc, b"\x01\x00"), "m", None, None, recipes)
+    assert len(recipes) == 1
+    with pytest.raises(InvalidInput, match="BOOL data must be bytes 0 or 1"):
+        parse_infer_request(*request(doc, b"\x01\x07"), "m", None, None, recipes)
+    with pytest.raises(InvalidInput, match="binary_data_size 2 runs past the end"):
+        parse_infer_request(*request(doc, b"\x01"), "m", None, None, recipes)
+    with pytest.raises(InvalidInput, match="use 2 bytes but 3 follow"):
+        parse_infer_request(*request(doc, b"\x01\x00\x00"), "m", None, None, recipes)
+
+
+def test_headers_with_an_id_or_json_data_are_not_kept() -> None:
+    recipes: dict[bytes, Any] = {}
+    with_id = {"id": "r7", "inputs": [binary("a", 8)]}
+    req, _ = parse_infer_request(*request(with_id, F32), "m", None, None, recipes)
+    assert req.id == "r7"
+    json_data = {"inputs": [binary("a", 8), fp32("b")]}
+    req, _ = parse_infer_request(*request(json_data, F32), "m", None, None, recipes)
+    assert req.inputs["b"].tolist() == [1.0, 2.0]
+    assert recipes == {}
+
+
+def test_kept_headers_are_bounded() -> None:
+    from duetime.frontend.rest import RECIPES_MAX
+
+    recipes: dict[bytes, Any] = {}
+    for i in range(RECIPES_MAX + 5):
+        doc = {"inputs": [binary(f"x{i}", 8)]}
+        parse_infer_request(*request(doc, F32), "m", None, None, recipes)
+        assert 1 <= len(recipes) <= RECIPES_MAX
+
+
+@pytest.mark.parametrize(
+    ("path", "infer"),
+    [
+        ("/v2/models/m/infer", True),
+        ("/v2/models/m/versions/3/infer", True),
+        ("/v2/models/m/versions/infer", False),  # the metadata of version 'infer'
+        ("/v2/models/m/ready", False),
+        ("/v2/models/infer", False),
+        ("/v1/models/m/infer", False),
+        ("/v2/models/m/versions/3/x/infer", False),
+    ],
+)
+def test_the_inference_paths_whose_routing_is_kept(path: str, infer: bool) -> None:
+    from duetime.frontend.rest import _names_infer, _segments
+
+    assert _names_infer(_segments(path.encode())) is infer

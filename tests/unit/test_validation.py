@@ -221,3 +221,27 @@ def test_non_batched_model_with_a_free_first_dim_takes_any_size() -> None:
         prepared = validator.prepare({"x": np.zeros((rows, 4), np.float32)}, None)
         assert prepared.rows == 1
         assert prepared.shape_key == ()
+
+
+# -- templates: requests decoded from one header ---------------------------------------------------
+
+
+def test_a_template_that_passed_skips_the_checks_and_keeps_its_answer() -> None:
+    validator, template = Validator("m", BATCHED), object()
+    first = validator.prepare(inputs(rows=3), ["y"], template)
+    feeds = inputs(rows=3)
+    again = validator.prepare(feeds, ["y"], template)
+    assert (again.rows, again.shape_key, again.outputs) == (3, first.shape_key, ("y",))
+    assert all(again.feeds[name] is array for name, array in feeds.items())
+    assert validator.prepare(inputs(rows=2), None).rows == 2  # without one: checked in full
+
+
+def test_a_template_that_failed_or_needed_converting_is_checked_every_time() -> None:
+    validator, template = Validator("m", BATCHED), object()
+    for _ in range(2):
+        with pytest.raises(InvalidInput, match="batch size 9 is over"):
+            validator.prepare(inputs(rows=9), None, template)
+    text = Validator("t", TEXT)
+    for _ in range(2):  # BYTES become str for ORT: feeds are not the request's arrays
+        prepared = text.prepare({"text": np.array([b"a"], dtype=object)}, None, template)
+        assert prepared.feeds["text"].tolist() == ["a"]

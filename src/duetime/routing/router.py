@@ -108,7 +108,9 @@ class Router:
             version = self._failover(served, version, now)
         primary = version.primary
         try:
-            prepared = primary.model.validator.prepare(request.inputs, request.outputs)
+            prepared = primary.model.validator.prepare(
+                request.inputs, request.outputs, request.template
+            )
         except InvalidInput:
             counted = (served.name, version.version)
             self.invalid[counted] = self.invalid.get(counted, 0) + 1
