@@ -371,8 +371,12 @@ class HttpConnection(asyncio.Protocol):
         self._count_header(len(url))
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        self._count_header(len(name) + len(value))
-        if not self._rejected:
+        # NOTE: `_count_header` written out: this runs for every header of every request
+        size = self._header_bytes = self._header_bytes + len(name) + len(value)
+        if size > self._max_header:
+            if not self._rejected:
+                self._fail(431, f"request head is over the {self._max_header}-byte limit")
+        elif not self._rejected:
             self._headers[name.decode("latin-1").lower()] = value.decode("latin-1")
 
     def on_headers_complete(self) -> None:

@@ -87,7 +87,12 @@ class RecentTail:
             return
         self._refreshed_ns = now_ns
         since = now_ns - TAIL_MEMORY_NS
-        recent = sorted(v for v, t in zip(self._values, self._stamps, strict=True) if t >= since)
+        if min(self._stamps) >= since:  # the common case, sorted without a Python loop
+            recent = sorted(self._values)
+        else:
+            recent = sorted(
+                v for v, t in zip(self._values, self._stamps, strict=True) if t >= since
+            )
         # NOTE: never the longest of fewer than a window: one stall alone sets no margin
         self.value = recent[max(0, min(len(recent) - 2, int(OVERRUN_QUANTILE * len(recent))))]
 
