@@ -700,12 +700,12 @@ def parse_infer_request(
         model=model, inputs=inputs, version=version, outputs=outputs, id=request_id,
         parameters=parameters, classes=plan.classes,
     )  # fmt: skip
-    if key is not None and not request_id:  # (a header with an id is new every time)
+    if recipes is not None and key is not None and not request_id:  # (an id: new every time)
         recipe = _recipe_of(doc, inputs, len(binary), outputs, plan)
         if recipe is not None:
-            if len(recipes) >= RECIPES_MAX:  # type: ignore[arg-type]
-                recipes.clear()  # type: ignore[union-attr]
-            recipes[key] = recipe  # type: ignore[index]
+            if len(recipes) >= RECIPES_MAX:
+                recipes.clear()
+            recipes[key] = recipe
     return request, plan
 
 
