@@ -388,6 +388,22 @@ def test_every_datatype_round_trips(dtypes_server: RunningServer, binary: bool) 
     assert_echoed(result, samples, DATATYPES)
 
 
+def test_every_datatype_round_trips_from_a_header_sent_again(dtypes_server: RunningServer) -> None:
+    """The same JSON header with other tensor bytes: a server that kept the header decoded must
+    still read each request's own values (the first request decodes it, the others reuse it)."""
+    client = httpclient.InferenceServerClient(dtypes_server.http)
+    try:
+        for shift in range(3):
+            samples = {k: np.roll(v, shift, axis=1) for k, v in dtype_samples(DATATYPES).items()}
+            inputs = [
+                make_input(input_name(d), samples[input_name(d)], d, binary=True) for d in DATATYPES
+            ]
+            outputs = [httpclient.InferRequestedOutput(output_name(d)) for d in DATATYPES]
+            assert_echoed(client.infer(DTYPES_MODEL, inputs, outputs=outputs), samples, DATATYPES)
+    finally:
+        client.close()
+
+
 def test_non_finite_floats_round_trip_as_json_tokens_like_triton(
     dtypes_server: RunningServer,
 ) -> None:
