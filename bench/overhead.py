@@ -7,7 +7,7 @@ Engine.infer_async, HTTP binary, HTTP JSON (a minimal keep-alive socket client, 
 own cost stays small) and gRPC (a bare grpc channel with a pre-serialised request). Throughput is
 closed-loop over HTTP binary with 16 keep-alive connections, driven by wrk (a Lua script posts
 the binary body) when it is installed. The server runs in its own process; a second one with
-`--busy-poll-us` gives the last HTTP row.
+`--busy-poll-us` gives the last two HTTP rows (blocking and polling client).
 """
 
 from __future__ import annotations
@@ -217,6 +217,9 @@ def main() -> int:
             spun = bench_http(server.host, server.http_port, x, n, binary=True)
             rows.append({"path": f"HTTP binary, --busy-poll-us {BUSY_POLL_US}",
                          **percentiles_us(spun)})  # fmt: skip
+            both = bench_http(server.host, server.http_port, x, n, binary=True, spin=True)
+            rows.append({"path": f"HTTP binary, polling client, --busy-poll-us {BUSY_POLL_US}",
+                         **percentiles_us(both)})  # fmt: skip
         pin_current_thread(ALL_CPUS)
         with echo_process(min(ALL_CPUS)) as port:
             pin_current_thread(ALL_CPUS - {min(ALL_CPUS)} or None)
