@@ -222,6 +222,34 @@ def test_perturbed_binary_requests_accept_or_refuse_clearly(data: st.DataObject)
     check_decoded(request)
 
 
+def outcome(body: bytes, length: int, recipes: dict[bytes, Any] | None) -> Any:
+    """What the parser makes of a request: its refusal's message, or its arrays as plain data."""
+    try:
+        request, plan = parse_infer_request(body, length, "m", None, None, recipes)
+    except InvalidInput as exc:
+        return exc.message
+    arrays = {
+        name: (a.dtype.str, a.shape, a.tolist() if a.dtype == object else a.tobytes())
+        for name, a in request.inputs.items()
+    }
+    return arrays, request.outputs, dict(request.parameters), plan.default_binary
+
+
+@FUZZ
+@given(st.data())
+def test_a_kept_header_decodes_other_bytes_as_the_full_parser_does(data: st.DataObject) -> None:
+    body, length = well_formed_binary(data.draw)
+    recipes: dict[bytes, Any] = {}
+    parse_infer_request(body, length, "m", None, None, recipes)  # keeps its header
+    assert len(recipes) == 1
+    size = len(body) - length
+    tail = data.draw(
+        st.one_of(st.binary(min_size=size, max_size=size), st.binary(max_size=size + 8))
+    )
+    again = body[:length] + tail
+    assert outcome(again, length, recipes) == outcome(again, length, None)
+
+
 @FUZZ
 @example("BYTES", [2**33], b"")
 @example("FP32", [0, 2**40, 2**40], b"")
