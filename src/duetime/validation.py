@@ -56,8 +56,8 @@ class Validator:
         passed, and its arrays went to ONNX Runtime as they are, the others skip the checks."""
         if template is not None:
             known = self._templates.get(template)
-            if known is not None:
-                return Prepared(dict(inputs), *known)
+            if known is not None:  # (a front end's own dict, made for this request: not copied)
+                return Prepared(inputs if type(inputs) is dict else dict(inputs), *known)
         prepared = self._prepare(inputs, outputs)
         if template is not None and all(prepared.feeds[n] is a for n, a in inputs.items()):
             if len(self._templates) >= TEMPLATES_MAX:

@@ -371,11 +371,10 @@ class HttpConnection(asyncio.Protocol):
         self._count_header(len(url))
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        # NOTE: `_count_header` written out: this runs for every header of every request
+        # NOTE: `_count_header` written out but for the refusal: this runs for every header
         size = self._header_bytes = self._header_bytes + len(name) + len(value)
         if size > self._max_header:
-            if not self._rejected:
-                self._fail(431, f"request head is over the {self._max_header}-byte limit")
+            self._count_header(0)
         elif not self._rejected:
             self._headers[name.decode("latin-1").lower()] = value.decode("latin-1")
 

@@ -674,10 +674,11 @@ def parse_infer_request(
     view = memoryview(body)
     json_part = view if header_length is None else view[:header_length]
     binary = view[len(json_part) :]
-    key = None
+    key: bytes | memoryview | None = None
     if recipes is not None and header_length is not None and header_length <= RECIPE_MAX_BYTES:
-        key = bytes(json_part)
-        recipe = recipes.get(key)
+        # NOTE: a read-only view hashes and compares as its bytes: looked up without a copy
+        key = json_part if json_part.readonly else bytes(json_part)
+        recipe = recipes.get(key)  # type: ignore[arg-type]
         if recipe is not None and len(binary) == recipe.size:
             return _from_recipe(recipe, binary, model, version), recipe.plan
     try:
@@ -705,7 +706,7 @@ def parse_infer_request(
         if recipe is not None:
             if len(recipes) >= RECIPES_MAX:
                 recipes.clear()
-            recipes[key] = recipe
+            recipes[bytes(key)] = recipe  # (a view would pin the whole request body)
     return request, plan
 
 
