@@ -75,7 +75,12 @@ class Validator:
             if self._batched:
                 rows = self._check_rows(spec, array, rows)
             feeds[name] = self._for_ort(spec, array)
-        shape_key = tuple((name, a.shape[1:]) for name, a in feeds.items()) if self._batched else ()
+        if not self._batched:
+            shape_key: tuple[Any, ...] = ()
+        elif len(feeds) == 1:
+            shape_key = ((name, feeds[name].shape[1:]),)
+        else:
+            shape_key = tuple((name, a.shape[1:]) for name, a in feeds.items())
         return Prepared(feeds, rows or 1, shape_key, self._check_outputs(outputs))
 
     def _check_names(self, inputs: Mapping[str, np.ndarray]) -> None:
@@ -85,6 +90,8 @@ class Validator:
                     f"input '{name}' is not an input of model '{self._model}'; it expects "
                     f"{self._expected}"
                 )
+        if len(inputs) == len(self._specs):  # every name known and as many: none missing
+            return
         missing = [name for name in self._specs if name not in inputs]
         if missing:
             spec = self._specs[missing[0]]
@@ -108,13 +115,17 @@ class Validator:
             raise InvalidInput(
                 f"input '{spec.name}': datatype {got} does not match the model's {spec.datatype}"
             )
-        if len(array.shape) != len(spec.shape) or any(
-            want not in (-1, got) for want, got in zip(spec.shape, array.shape, strict=True)
-        ):
-            raise InvalidInput(
-                f"input '{spec.name}': shape {list(array.shape)} does not match the model's "
-                f"{list(spec.shape)} (-1 marks a free dim)"
-            )
+        shape = array.shape
+        if len(shape) == len(spec.shape):
+            for want, got in zip(spec.shape, shape, strict=True):  # a loop: a generator is a frame
+                if want != got and want != -1:
+                    break
+            else:
+                return
+        raise InvalidInput(
+            f"input '{spec.name}': shape {list(array.shape)} does not match the model's "
+            f"{list(spec.shape)} (-1 marks a free dim)"
+        )
 
     def _check_rows(self, spec: TensorSpec, array: np.ndarray, rows: int | None) -> int:
         batch = array.shape[0]

@@ -205,10 +205,13 @@ class Executor:
         return outputs
 
     def _split(self, outputs: list[np.ndarray], rows: list[int]) -> list[Feeds]:
-        named = {
-            name: strings_from_ort(array) if name in self._string_outputs else array
-            for name, array in zip(self._output_names, outputs, strict=True)
-        }
+        if self._string_outputs:
+            named = {
+                name: strings_from_ort(array) if name in self._string_outputs else array
+                for name, array in zip(self._output_names, outputs, strict=True)
+            }
+        else:  # (no comprehension: its frame costs more than the dict)
+            named = dict(zip(self._output_names, outputs, strict=True))
         if len(rows) == 1:
             if self._batched and rows[0] != next(iter(named.values())).shape[0]:
                 named = {name: array[: rows[0]] for name, array in named.items()}

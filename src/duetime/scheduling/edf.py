@@ -104,7 +104,10 @@ class EDFQueue:
         taken = self._items[:count]
         del self._items[:count]
         del self._keys[:count]
-        self.rows -= sum(item.rows for item in taken)
+        if len(taken) == 1:  # (the common case, without a generator's frame)
+            self.rows -= taken[0].rows
+        else:
+            self.rows -= sum(item.rows for item in taken)
         if not self._items:
             self.widest = 0
         return taken

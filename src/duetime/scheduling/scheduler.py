@@ -264,8 +264,10 @@ class ModelScheduler:
         self.last_arrival_ns = clock.now_ns()
         """When the last request arrived (or the scheduler started): the least recently used
         model is the first unloaded when the memory budget is reached."""
-        self._drained = asyncio.Event()
-        self._drained.set()
+        self._drained = True
+        """Nothing queued and nothing running. NOTE: a flag, with a future only while `aclose`
+        waits for it: an asyncio.Event's set and clear are a Python call each, per request."""
+        self._drain_waiter: asyncio.Future[None] | None = None
         self._batch_sizes: dict[int, BatchSizeStatistics] = {}
         self._peak = self._succeeded = self._failed = self._rejected = self._expired = 0
         self._late = self._on_time = self._probes = 0
@@ -315,7 +317,7 @@ class ModelScheduler:
         if timing is not None:
             timing.queued_ns = now
             item.timing = timing
-        self._drained.clear()
+        self._drained = False
         if not len(queue) and self._max_delay_ns == 0 and not self._inline:
             instance = self._idle_instance(now)
             if instance is not None:
@@ -368,7 +370,7 @@ class ModelScheduler:
     @property
     def idle(self) -> bool:
         """Nothing queued and nothing running."""
-        return self._drained.is_set()
+        return self._drained
 
     def _predict(
         self, now: int, rows: int, key: tuple[int, int, int], others: Queued | None
@@ -564,7 +566,7 @@ class ModelScheduler:
             queue.take(decision.taken)
             self._start(decision, instance, start, now)
         if not len(queue) and not any(self._outstanding):
-            self._drained.set()
+            self._set_drained()
 
     def _kick(self) -> None:
         """Inline: dispatch once the loop has taken in what this turn brought.
@@ -591,10 +593,18 @@ class ModelScheduler:
                         self._expire([item], now)
                     else:
                         self._start_alone(item, 0, now)
-                self._drained.set()  # an inline batch is over when `_start` returns
+                self._drained = True  # an inline batch is over when `_start` returns
+                if self._drain_waiter is not None:
+                    self._set_drained()
                 return
         self._dispatch()
         self._arm_sweeper()
+
+    def _set_drained(self) -> None:
+        self._drained = True
+        waiter = self._drain_waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
 
     def _start_alone(self, item: QueuedRequest, instance: int, now: int) -> None:
         """Start `item` as a batch of its own on an idle instance.
@@ -678,9 +688,12 @@ class ModelScheduler:
         self._busy_until[instance] = start + self._exec_ns(run.rows)
         if self._ledger is not None:
             self._ledger.book(self._owners[instance], self._busy_until[instance])
-        job = BatchJob(
-            [i.feeds for i in requests], [i.rows for i in requests], run.bucket, self._finish
-        )
+        if len(requests) == 1:  # (no comprehensions: a frame each)
+            job = BatchJob([requests[0].feeds], [run.rows], run.bucket, self._finish)
+        else:
+            job = BatchJob(
+                [i.feeds for i in requests], [i.rows for i in requests], run.bucket, self._finish
+            )
         if self._inline:
             self._complete(self._executor.run_now(instance, job))
             return
@@ -796,7 +809,12 @@ class ModelScheduler:
             stats = self._batch_sizes[bucket] = BatchSizeStatistics()
         stats.count += 1
         stats.compute_ns += result.compute_ns
-        if not any(isinstance(o, DuetimeError) for o in result.outputs):
+        outputs = result.outputs
+        if (
+            not isinstance(outputs[0], DuetimeError)
+            if len(outputs) == 1
+            else not any(isinstance(o, DuetimeError) for o in outputs)
+        ):
             self._overrun.observe(self.profile.predict(bucket), result.compute_ns, now)
             self.profile.observe(bucket, result.compute_ns)
             # NOTE: a wait for the CPU's turn was planned for (`_core_free`): not hand-off cost
@@ -857,8 +875,10 @@ class ModelScheduler:
     async def aclose(self, grace_s: float) -> None:
         """Refuse new requests, let queued ones finish for up to `grace_s`, fail the rest."""
         self._closed = True
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._drained.wait(), grace_s)
+        if not self._drained:
+            self._drain_waiter = self._loop.create_future()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(self._drain_waiter), grace_s)
         for timer in (self._timer, self._sweeper):
             if timer is not None:
                 timer.cancel()
