@@ -125,10 +125,11 @@ def test_snapshots_are_immutable_and_replaced_whole() -> None:
     publish(registry, deployment("m", "2"))
     assert list(before.models["m"].versions) == ["1"]
     assert registry.snapshot is not before
+    variants = before.models["m"].versions["1"].variants
     with pytest.raises(TypeError):
         registry.snapshot.models["x"] = before.models["m"]  # type: ignore[index]
     with pytest.raises(TypeError):
-        registry.snapshot.models["m"].versions["3"] = ServedVersion("3", ())  # type: ignore[index]
+        registry.snapshot.models["m"].versions["3"] = ServedVersion("3", variants)  # type: ignore[index]
 
 
 def test_clear_returns_every_deployment() -> None:

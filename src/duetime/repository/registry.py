@@ -31,10 +31,13 @@ class ServedVersion:
 
     version: str
     variants: tuple[Deployment, ...]
+    primary: Deployment = field(init=False)
+    """`variants[0]` (a field, not a property: every request reads it)."""
 
-    @property
-    def primary(self) -> Deployment:
-        return self.variants[0]
+    def __post_init__(self) -> None:
+        if not self.variants:
+            raise ValueError(f"version {self.version}: a served version has at least one variant")
+        object.__setattr__(self, "primary", self.variants[0])
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,7 +14,7 @@ import bisect
 import hashlib
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from duetime.config import TrafficConfig
 
@@ -34,10 +34,12 @@ class TrafficPlan:
     shadows: tuple[tuple[str, float], ...]
     """(version, share of requests mirrored to it)."""
 
-    @property
-    def split(self) -> bool:
-        """More than one version takes traffic: a draw or a hash is needed."""
-        return len(self.versions) > 1
+    split: bool = field(init=False)
+    """More than one version takes traffic: a draw or a hash is needed (a field: every request
+    reads it)."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "split", len(self.versions) > 1)
 
     def pick(self, key: str | None, draw: float) -> str:
         """The version for a request: by `key` when it has one, else by `draw` in [0, 1)."""

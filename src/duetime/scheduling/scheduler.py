@@ -210,7 +210,8 @@ class ModelScheduler:
         self._max_rows = max_batch_size
         self._max_delay_ns = config.max_queue_delay_us * 1000
         self.profile = profile
-        self._default_timeout_ns = default_timeout_ns
+        self.default_timeout_ns = default_timeout_ns
+        """The model's `default_timeout_ms`, in ns (None: none)."""
         self._clock = clock
         self._label = label
         self._loop = asyncio.get_running_loop()
@@ -304,8 +305,8 @@ class ModelScheduler:
         self.last_arrival_ns = now
         if self._tripped and not self.available(now):
             raise self.unavailable_error(now)
-        if due_ns is None and self._default_timeout_ns is not None:
-            due_ns = now + self._default_timeout_ns
+        if due_ns is None and self.default_timeout_ns is not None:
+            due_ns = now + self.default_timeout_ns
         queue = self._queue
         key = queue.key_for(
             priority if priority > 0 else self._config.default_priority_level, due_ns
@@ -363,9 +364,6 @@ class ModelScheduler:
             or now - self._refused_ns < REFUSALS_SEEN_NS
         )
 
-    @property
-    def default_timeout_ns(self) -> int | None:
-        return self._default_timeout_ns
 
     @property
     def idle(self) -> bool:
