@@ -364,7 +364,6 @@ class ModelScheduler:
             or now - self._refused_ns < REFUSALS_SEEN_NS
         )
 
-
     @property
     def idle(self) -> bool:
         """Nothing queued and nothing running."""
