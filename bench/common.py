@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 import numpy as np
 
@@ -100,7 +100,7 @@ def infer_request_bytes(
     host: str, port: int, model: str, name: str, array: np.ndarray, *, binary: bool
 ) -> bytes:
     """A complete HTTP request for a v2 infer call with one input (the load generator's)."""
-    protocol = "http-binary" if binary else "http-json"
+    protocol: Literal["http-binary", "http-json"] = "http-binary" if binary else "http-json"
     spec = PayloadSpec(protocol, model, array.shape[0], None, host, port)
     return http_request_bytes(spec, {name: array}, {}, binary=binary)
 

@@ -8,6 +8,12 @@ own cost stays small) and gRPC (a bare grpc channel with a pre-serialised reques
 closed-loop over HTTP binary with 16 keep-alive connections, driven by wrk (a Lua script posts
 the binary body) when it is installed. The server runs in its own process; a second one with
 `--busy-poll-us` gives the last two HTTP rows (blocking and polling client).
+
+Each row's `added_p50_us` is over ONNX Runtime timed in alternation with it (blocks of
+`BLOCK` calls, or call by call for the Engine rows), in the same process and thread: the host
+of a shared VM speeds up and slows down by half within a minute, and a baseline measured once
+at the start made the added figures swing by more than they measure (`ort_p50_us`: that
+row's own baseline).
 """
 
 from __future__ import annotations
@@ -24,7 +30,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -50,14 +56,37 @@ from duetime.loops import new_event_loop
 from duetime.tools.payloads import grpc_request_bytes
 
 WARMUP = 500
+BLOCK = 100
+"""Calls of a path timed before as many of ONNX Runtime alone, and so on (see the docstring)."""
 ALL_CPUS = frozenset(os.sched_getaffinity(0))
 
 
-def bench_ort(model: Path, x: np.ndarray, n: int) -> list[int]:
+Samples = tuple[list[int], list[int]]
+"""A path's latencies and those of ONNX Runtime alone, timed in alternation with them."""
+
+
+def ort_call(model: Path, x: np.ndarray) -> Callable[[], object]:
+    """One mlp run on ONNX Runtime alone, one thread, warmed up."""
     options = session_options(intra_op_threads=1, inter_op_threads=1)
     session = ort.InferenceSession(str(model), options, providers=["CPUExecutionProvider"])
-    timed(lambda: session.run(None, {"x": x}), WARMUP)
-    return timed(lambda: session.run(None, {"x": x}), n)
+    feeds = {"x": x}
+
+    def run() -> object:
+        return session.run(None, feeds)
+
+    timed(run, WARMUP)
+    return run
+
+
+def alternated(call: Callable[[], object], baseline: Callable[[], object], n: int) -> Samples:
+    """`n` timed calls of `call` and of `baseline`, in alternating blocks of `BLOCK`."""
+    samples: list[int] = []
+    base: list[int] = []
+    while len(samples) < n:
+        count = min(BLOCK, n - len(samples))
+        samples += timed(call, count)
+        base += timed(baseline, count)
+    return samples, base
 
 
 def pinned_plan() -> CpuPlan:
@@ -67,24 +96,28 @@ def pinned_plan() -> CpuPlan:
     return plan
 
 
-def bench_engine_sync(repo: Path, x: np.ndarray, n: int) -> list[int]:
+def bench_engine_sync(repo: Path, x: np.ndarray, n: int, ort_run: Callable[[], object]) -> Samples:
     with Engine.open(repo) as engine:
         timed(lambda: engine.infer("mlp", {"x": x}), WARMUP)
-        return timed(lambda: engine.infer("mlp", {"x": x}), n)
+        return alternated(lambda: engine.infer("mlp", {"x": x}), ort_run, n)
 
 
-def bench_engine_async(repo: Path, x: np.ndarray, n: int) -> list[int]:
-    async def run() -> list[int]:
+def bench_engine_async(repo: Path, x: np.ndarray, n: int, ort_run: Callable[[], object]) -> Samples:
+    async def run() -> Samples:
         engine = Engine(cpus=pinned_plan())
         await engine.load_repository(repo)
-        samples = []
-        for i in range(WARMUP + n):
-            started = time.perf_counter_ns()
+        samples, base = [], []
+        clock = time.perf_counter_ns
+        for i in range(WARMUP + n):  # call by call: one ORT run, one request
+            started = clock()
+            ort_run()
+            ran = clock()
             await engine.infer_async("mlp", {"x": x})
             if i >= WARMUP:
-                samples.append(time.perf_counter_ns() - started)
+                base.append(ran - started)
+                samples.append(clock() - ran)
         await engine.aclose()
-        return samples
+        return samples, base
 
     loop = new_event_loop()
     try:
@@ -99,26 +132,29 @@ blocking client's next request then finds it awake."""
 
 
 def bench_http(
-    host: str, port: int, x: np.ndarray, n: int, *, binary: bool, spin: bool = False
-) -> list[int]:
+    host: str, port: int, x: np.ndarray, n: int, ort_run: Callable[[], object], *,
+    binary: bool, spin: bool = False,
+) -> Samples:  # fmt: skip
     request = infer_request_bytes(host, port, "mlp", "x", x, binary=binary)
     client = KeepAliveClient(host, port, spin=spin)
     try:
         status, _ = client.roundtrip(request)
         assert status == 200, status
         timed(lambda: client.roundtrip(request), WARMUP)
-        return timed(lambda: client.roundtrip(request), n)
+        return alternated(lambda: client.roundtrip(request), ort_run, n)
     finally:
         client.close()
 
 
-def bench_grpc(host: str, port: int, x: np.ndarray, n: int) -> list[int]:
+def bench_grpc(
+    host: str, port: int, x: np.ndarray, n: int, ort_run: Callable[[], object]
+) -> Samples:
     payload = grpc_request_bytes("mlp", {"x": x}, {})
     with grpc.insecure_channel(f"{host}:{port}") as channel:
         call = channel.unary_unary("/inference.GRPCInferenceService/ModelInfer")
         call(payload)
         timed(lambda: call(payload), WARMUP)
-        return timed(lambda: call(payload), n)
+        return alternated(lambda: call(payload), ort_run, n)
 
 
 @contextlib.contextmanager
@@ -185,52 +221,50 @@ def main() -> int:
     x = np.random.default_rng(0).standard_normal((1, 40), dtype=np.float32)
     with tempfile.TemporaryDirectory() as tmp:
         repo = write_demo_repository(Path(tmp) / "repo")
-        rows = [
-            {"path": "ORT in-process", **percentiles_us(bench_ort(repo / "mlp/1/model.onnx", x, n))}
+        ort_run = ort_call(repo / "mlp/1/model.onnx", x)
+        rows: list[dict[str, Any]] = [
+            {"path": "ORT in-process", **percentiles_us(timed(ort_run, n))}
         ]
-        rows.append(
-            {"path": "Engine.infer_async", **percentiles_us(bench_engine_async(repo, x, n))}
-        )
-        rows.append(
-            {"path": "Engine.infer (sync)", **percentiles_us(bench_engine_sync(repo, x, n))}
-        )
+        paired: dict[str, Samples] = {
+            "Engine.infer_async": bench_engine_async(repo, x, n, ort_run),
+            "Engine.infer (sync)": bench_engine_sync(repo, x, n, ort_run),
+        }
         pin_current_thread(ALL_CPUS)
         with server_process(repo) as server:
             # The clients run on the CPUs the server's loop does not use, as a remote client would.
             pin_current_thread(ALL_CPUS - {min(ALL_CPUS)} or None)
             h, hp, gp = server.host, server.http_port, server.grpc_port
-            rows.append(
-                {"path": "HTTP binary", **percentiles_us(bench_http(h, hp, x, n, binary=True))}
-            )
-            rows.append(
-                {"path": "HTTP JSON", **percentiles_us(bench_http(h, hp, x, n, binary=False))}
-            )
+            paired["HTTP binary"] = bench_http(h, hp, x, n, ort_run, binary=True)
+            paired["HTTP JSON"] = bench_http(h, hp, x, n, ort_run, binary=False)
             # A client that polls its socket instead of sleeping: on a VM, waking an idle vCPU
             # costs tens of µs that belong to the client's machine, not to the server.
-            polled = bench_http(h, hp, x, n, binary=True, spin=True)
-            rows.append({"path": "HTTP binary, polling client", **percentiles_us(polled)})
-            rows.append({"path": "gRPC", **percentiles_us(bench_grpc(h, gp, x, n))})
+            paired["HTTP binary, polling client"] = bench_http(
+                h, hp, x, n, ort_run, binary=True, spin=True
+            )
+            paired["gRPC"] = bench_grpc(h, gp, x, n, ort_run)
             throughput = wrk_throughput(h, hp, x, args.duration)
         pin_current_thread(ALL_CPUS)
         with server_process(repo, "--busy-poll-us", str(BUSY_POLL_US)) as server:
             pin_current_thread(ALL_CPUS - {min(ALL_CPUS)} or None)
-            spun = bench_http(server.host, server.http_port, x, n, binary=True)
-            rows.append({"path": f"HTTP binary, --busy-poll-us {BUSY_POLL_US}",
-                         **percentiles_us(spun)})  # fmt: skip
-            both = bench_http(server.host, server.http_port, x, n, binary=True, spin=True)
-            rows.append({"path": f"HTTP binary, polling client, --busy-poll-us {BUSY_POLL_US}",
-                         **percentiles_us(both)})  # fmt: skip
+            h, hp = server.host, server.http_port
+            spun = f"HTTP binary, --busy-poll-us {BUSY_POLL_US}"
+            paired[spun] = bench_http(h, hp, x, n, ort_run, binary=True)
+            paired[f"HTTP binary, polling client, --busy-poll-us {BUSY_POLL_US}"] = bench_http(
+                h, hp, x, n, ort_run, binary=True, spin=True
+            )
         pin_current_thread(ALL_CPUS)
         with echo_process(min(ALL_CPUS)) as port:
             pin_current_thread(ALL_CPUS - {min(ALL_CPUS)} or None)
             for spin, label in ((False, "echo floor"), (True, "echo floor, polling client")):
-                echo = bench_http("127.0.0.1", port, x, n, binary=True, spin=spin)
-                rows.append({"path": label, **percentiles_us(echo)})
+                paired[label] = bench_http("127.0.0.1", port, x, n, ort_run, binary=True, spin=spin)
         pin_current_thread(ALL_CPUS)
-    base = rows[0]["p50_us"]
+    rows[0]["ort_p50_us"] = rows[0]["p50_us"]
+    for path, (samples, base) in paired.items():
+        ort_p50 = percentiles_us(base)["p50_us"]
+        rows.append({"path": path, **percentiles_us(samples), "ort_p50_us": ort_p50})
     floors = {row["path"]: row["p50_us"] for row in rows if row["path"].startswith("echo")}
     for row in rows:
-        row["added_p50_us"] = row["p50_us"] - base
+        row["added_p50_us"] = row["p50_us"] - row["ort_p50_us"]
         if row["path"].startswith("HTTP binary"):
             polling = "polling" in row["path"]
             floor = floors["echo floor, polling client" if polling else "echo floor"]
@@ -238,7 +272,8 @@ def main() -> int:
     print_table(
         f"mlp, batch 1, {n} sequential requests after {WARMUP} warm-up (latency in µs; echo "
         "floor: a bare uvloop + httptools server answering a fixed 200, same client and CPUs)",
-        rows, ["path", "p50_us", "p90_us", "p99_us", "added_p50_us", "over_echo_p50_us"],
+        rows,
+        ["path", "p50_us", "p90_us", "p99_us", "ort_p50_us", "added_p50_us", "over_echo_p50_us"],
     )  # fmt: skip
     print_table("closed loop, HTTP binary, wrk -t1 -c16", [throughput], list(throughput))
     result = {
