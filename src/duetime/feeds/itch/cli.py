@@ -15,9 +15,12 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from duetime.demo import ORDERBOOK_CLASSES
+
+if TYPE_CHECKING:
+    from duetime.feeds.itch.run import FeedRun, RunStats
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -26,6 +29,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "run", help="replay a file through the books and ask a model on book events"
     )
     _add_run_arguments(run)
+    listen = commands.add_parser(
+        "listen", help="take a live MoldUDP64 feed through the books and ask a model on book "
+        "events (see `send`)",
+    )  # fmt: skip
+    _add_run_arguments(listen, live=True)
+    send = commands.add_parser(
+        "send", help="play a file out as MoldUDP64 datagrams at its recorded pace (a feed)"
+    )
+    send.add_argument("file", type=Path, help="an ITCH 5.0 file (plain or gzip)")
+    send.add_argument("--udp", required=True, help="where to send: HOST:PORT")
+    send.add_argument("--pace", choices=("recorded", "max"), default="recorded")
+    send.add_argument("--speed", type=float, default=1.0, help="replay this many times faster")
+    send.add_argument("--max-gap-ms", type=float, default=1000.0, help="cut longer quiet "
+                      "stretches between two messages to this (default 1000 ms)")  # fmt: skip
+    send.add_argument("--per-packet", type=int, default=32, help="messages a datagram at most")
+    send.add_argument("--session", default="DUETIME", help="MoldUDP64 session name (10 chars)")
+    send.add_argument("--limit", type=int, help="stop after this many messages")
+    send.add_argument("--on-error", choices=("stop", "skip"), default="stop")
     book = commands.add_parser("book", help="write each stock's book summary as JSON")
     from duetime.feeds.itch.summary import add_book_arguments
 
@@ -40,28 +61,45 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _add_run_arguments(run: argparse.ArgumentParser) -> None:
-    run.add_argument("file", type=Path, help="an ITCH 5.0 file (plain or gzip)")
+def _add_run_arguments(run: argparse.ArgumentParser, *, live: bool = False) -> None:
+    if live:
+        run.add_argument(
+            "--udp", required=True, help="HOST:PORT to take MoldUDP64 datagrams on (port 0: "
+            "any free port; the address taken is printed)",
+        )  # fmt: skip
+        run.add_argument(
+            "--idle-s", type=float, default=10.0, help="end after this long without a datagram "
+            "once the feed has started (heartbeats count; default 10 s); the feed's "
+            "end-of-session packet, --limit or Ctrl-C end it too",
+        )  # fmt: skip
+        run.add_argument(
+            "--busy-poll-us", type=int, default=0, help="keep polling the socket this long "
+            "after each datagram instead of sleeping (a core stays busy; default 0)",
+        )  # fmt: skip
+    else:
+        run.add_argument("file", type=Path, help="an ITCH 5.0 file (plain or gzip)")
     run.add_argument("--model", required=True, help="e.g. orderbook or deeplob (demo models)")
     run.add_argument("--version", help="the model version (default: the model's default)")
     run.add_argument(
         "--deadline-us", type=float, default=1000.0,
         help="due time of each request after its event's arrival (default 1000 µs)",
     )  # fmt: skip
-    run.add_argument("--pace", choices=("recorded", "max"), default="recorded")
-    run.add_argument(
-        "--speed", type=float, default=1.0, help="with --pace recorded: replay this many times "
-        "faster than recorded (default 1)",
-    )  # fmt: skip
+    if not live:
+        run.add_argument("--pace", choices=("recorded", "max"), default="recorded")
+        run.add_argument(
+            "--speed", type=float, default=1.0, help="with --pace recorded: replay this many "
+            "times faster than recorded (default 1)",
+        )  # fmt: skip
+        run.add_argument(
+            "--max-gap-ms", type=float, default=1000.0, help="with --pace recorded: cut longer "
+            "quiet stretches between two messages to this (default 1000 ms)",
+        )  # fmt: skip
+        run.add_argument("--on-error", choices=("stop", "skip"), default="stop")
     trigger = run.add_mutually_exclusive_group()
     trigger.add_argument("--every", type=int, default=1, help="ask on every N-th book event")
     trigger.add_argument(
         "--on", choices=("top-change",), help="ask when the best bid or ask changes"
     )
-    run.add_argument(
-        "--max-gap-ms", type=float, default=1000.0, help="with --pace recorded: cut longer "
-        "quiet stretches between two messages to this (default 1000 ms)",
-    )  # fmt: skip
     run.add_argument("--symbols", help="comma-separated stocks to predict for (default: all)")
     run.add_argument("--limit", type=int, help="stop after this many messages")
     where = run.add_mutually_exclusive_group()
@@ -81,7 +119,6 @@ def _add_run_arguments(run: argparse.ArgumentParser) -> None:
     )  # fmt: skip
     run.add_argument("--predictions", type=Path, help="write the predictions as CSV")
     run.add_argument("--json", type=Path, help="write the run's report as JSON")
-    run.add_argument("--on-error", choices=("stop", "skip"), default="stop")
     run.add_argument("-q", "--quiet", action="store_true", help="print no report table")
 
 
@@ -98,29 +135,73 @@ def run(args: argparse.Namespace) -> int:
         from duetime.feeds.itch.summary import run_book
 
         return run_book(args)
+    if args.itch_command == "send":
+        return _send(args)
     return _run_feed(args)
+
+
+def _send(args: argparse.Namespace) -> int:
+    from duetime.feeds.itch.live import send_session
+    from duetime.feeds.itch.parser import ItchFormatError
+
+    if not args.file.is_file():
+        print(f"duetime itch send: {args.file}: no such file", file=sys.stderr)
+        return 2
+    try:
+        address = parse_address(args.udp, "--udp")
+        report = send_session(
+            args.file, address, pace=args.pace, speed=args.speed,
+            max_gap_ns=int(args.max_gap_ms * 1e6), per_packet=args.per_packet,
+            session=args.session, limit=args.limit, on_error=args.on_error,
+        )  # fmt: skip
+    except (ValueError, OSError) as exc:
+        print(f"duetime itch send: {exc}", file=sys.stderr)
+        return 2
+    except ItchFormatError as exc:
+        print(f"duetime itch send: {args.file}: {exc}", file=sys.stderr)
+        return 1
+    late = "" if report.late_p99_us is None else f", p99 {report.late_p99_us:.0f} µs late"
+    print(f"sent {report.messages} messages in {report.packets} datagrams to "
+          f"{address[0]}:{address[1]} over {report.wall_s:.3f} s{late}")  # fmt: skip
+    return 0
+
+
+def parse_address(text: str, option: str) -> tuple[str, int]:
+    """HOST:PORT (an IPv6 host in brackets: [::1]:31000) as (host, port)."""
+    host, colon, port = text.rpartition(":")
+    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    if not colon or not host or not port.isdigit() or int(port) > 65535:
+        raise ValueError(f"{option}: expected HOST:PORT (e.g. 127.0.0.1:31000), got {text!r}")
+    return host, int(port)
 
 
 def _run_feed(args: argparse.Namespace) -> int:
     from duetime.feeds.itch.run import RunOptions, Trigger
     from duetime.loops import new_event_loop
 
-    if not args.file.is_file():
-        print(f"duetime itch run: {args.file}: no such file", file=sys.stderr)
+    command = f"duetime itch {args.itch_command}"
+    live = args.itch_command == "listen"
+    if not live and not args.file.is_file():
+        print(f"{command}: {args.file}: no such file", file=sys.stderr)
         return 2
-    if args.deadline_us <= 0 or args.speed <= 0:
-        print("duetime itch run: --deadline-us and --speed must be positive", file=sys.stderr)
+    speed = 1.0 if live else args.speed
+    if args.deadline_us <= 0 or speed <= 0:
+        print(f"{command}: --deadline-us and --speed must be positive", file=sys.stderr)
         return 2
     try:
         trigger = Trigger(every=args.every, top_change=args.on == "top-change")
+        if live:
+            parse_address(args.udp, "--udp")
     except ValueError as exc:
-        print(f"duetime itch run: {exc}", file=sys.stderr)
+        print(f"{command}: {exc}", file=sys.stderr)
         return 2
     options = RunOptions(
-        deadline_ns=int(args.deadline_us * 1000), pace=args.pace, speed=args.speed,
-        trigger=trigger, limit=args.limit, max_gap_ns=int(args.max_gap_ms * 1e6),
+        deadline_ns=int(args.deadline_us * 1000), pace="max" if live else args.pace,
+        speed=speed, trigger=trigger, limit=args.limit,
         symbols=frozenset(args.symbols.split(",")) if args.symbols else None,
     )  # fmt: skip
+    if not live:
+        options.max_gap_ns = int(args.max_gap_ms * 1e6)
     loop = new_event_loop()
     asyncio.set_event_loop(loop)
     try:
@@ -164,13 +245,19 @@ async def _feed(args: argparse.Namespace, options: Any) -> dict[str, Any] | None
         log, out = open_log(args.predictions, ORDERBOOK_CLASSES)
         try:
             feed = FeedRun(predictor, options, log)
-            messages = read_messages(args.file, on_error=args.on_error)
-            stats = await feed.run(messages)
+            if args.itch_command == "listen":
+                stats = await _listen(feed, args)
+            else:
+                messages = read_messages(args.file, on_error=args.on_error)
+                stats = await feed.run(messages)
         finally:
             if out is not None:
                 out.close()
     except PredictorError as exc:
-        print(f"duetime itch run: {exc}", file=sys.stderr)
+        print(f"duetime itch {args.itch_command}: {exc}", file=sys.stderr)
+        return None
+    except OSError as exc:  # the UDP address could not be bound
+        print(f"duetime itch {args.itch_command}: --udp {args.udp}: {exc}", file=sys.stderr)
         return None
     except ItchFormatError as exc:
         print(f"duetime itch run: {args.file}: {exc} (--on-error skip steps over bad frames)",
@@ -183,10 +270,34 @@ async def _feed(args: argparse.Namespace, options: Any) -> dict[str, Any] | None
             await engine.aclose()
         pin_current_thread(pinned)  # as it was: the caller's thread goes on after the run
     report = stats.report()
-    report.update(
-        model=args.model, deadline_us=args.deadline_us, pace=args.pace, file=str(args.file)
-    )
+    if args.itch_command == "listen":
+        report.update(model=args.model, deadline_us=args.deadline_us, pace="live",
+                      file=f"udp://{args.udp}")  # fmt: skip
+    else:
+        report.update(
+            model=args.model, deadline_us=args.deadline_us, pace=args.pace, file=str(args.file)
+        )
     return report
+
+
+async def _listen(feed: FeedRun, args: argparse.Namespace) -> RunStats:
+    """Bind the feed's socket, say where, and run the pipeline on it until it ends."""
+    import signal
+
+    from duetime.feeds.itch.live import UdpFeed
+
+    host, port = parse_address(args.udp, "--udp")
+    udp = await UdpFeed.open(host, port, idle_s=args.idle_s, busy_poll_us=args.busy_poll_us)
+    bound_host, bound_port = udp.address
+    print(f"listening on udp://{bound_host}:{bound_port}", flush=True)
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, udp.stop)
+    try:
+        return await feed.run_live(udp)
+    finally:
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(signum)
 
 
 async def _load(engine: Any, repository: Path, args: argparse.Namespace) -> None:
@@ -237,6 +348,9 @@ def _print_report(report: dict[str, Any]) -> None:
     ]
     if lag["p50"] is not None:
         lines.append(f"  pace lag µs: p50 {lag['p50']}  p99 {lag['p99']}")
+    if report["pace"] == "live":
+        lines.append(f"  missed messages (sequence gaps) {report['missed_messages']}  "
+                     f"bad packets {report['bad_packets']}")  # fmt: skip
     if report["first_error"]:
         lines.append(f"  first error: {report['first_error']}")
     print("\n".join(lines))

@@ -11,7 +11,10 @@ records the ranges it never saw (`Gap`) for a retransmission request.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import socket
 import struct
+import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import NamedTuple
 
@@ -163,25 +166,31 @@ class SequenceTracker:
 
 class MoldUdpReceiver(asyncio.DatagramProtocol):
     """Receives MoldUDP64 datagrams and calls `on_message(sequence, message)` for each new
-    ITCH message in order, `on_gap(gap)` for each gap. Datagrams that do not parse are
-    counted in `bad_packets`, never raised into the event loop. `ended` is set by the
-    session's end-of-session packet.
+    ITCH message in order, and `on_packet(messages, received_ns)` once per datagram with its
+    new messages (if any) and the monotonic time it was taken in; `on_gap(gap)` for each gap.
+    Datagrams that do not parse are counted in `bad_packets`, never raised into the event loop.
+    `ended` is set by the session's end-of-session packet; `last_received_ns` is when the last
+    datagram (heartbeats too) came in.
     """
 
     def __init__(
         self,
-        on_message: Callable[[int, Message], None],
+        on_message: Callable[[int, Message], None] | None = None,
         *,
+        on_packet: Callable[[list[Message], int], None] | None = None,
         on_gap: Callable[[Gap], None] | None = None,
         next_sequence: int | None = 1,
     ) -> None:
         self.tracker = SequenceTracker(next_sequence)
         self.on_message = on_message
+        self.on_packet = on_packet
         self.on_gap = on_gap
         self.bad_packets: list[str] = []
         self.ended = asyncio.Event()
+        self.last_received_ns = 0
 
     def datagram_received(self, data: bytes, addr: tuple[str | int, ...]) -> None:
+        self.last_received_ns = received = time.monotonic_ns()
         gaps = len(self.tracker.gaps)
         try:
             fresh = self.tracker.accept(decode_packet(data))
@@ -191,29 +200,50 @@ class MoldUdpReceiver(asyncio.DatagramProtocol):
         if self.on_gap is not None:
             for gap in self.tracker.gaps[gaps:]:
                 self.on_gap(gap)
+        decoded: list[Message] = []
         for sequence, body in fresh:
             try:
                 message = decode_message(body)
             except ItchFormatError as error:
                 self.bad_packets.append(f"message {sequence}: {error}")
                 continue
-            self.on_message(sequence, message)
+            if self.on_message is not None:
+                self.on_message(sequence, message)
+            decoded.append(message)
+        if decoded and self.on_packet is not None:
+            self.on_packet(decoded, received)
         if self.tracker.ended:
             self.ended.set()
 
 
 async def open_receiver(
-    on_message: Callable[[int, Message], None],
+    on_message: Callable[[int, Message], None] | None = None,
     *,
     host: str = "127.0.0.1",
     port: int = 0,
+    on_packet: Callable[[list[Message], int], None] | None = None,
     on_gap: Callable[[Gap], None] | None = None,
     next_sequence: int | None = 1,
+    receive_buffer: int | None = None,
 ) -> tuple[asyncio.DatagramTransport, MoldUdpReceiver]:
-    """Bind a receiver (port 0: any free port, read it from the transport's sockname)."""
+    """Bind a receiver (port 0: any free port, read it from the transport's sockname);
+    `receive_buffer`: the socket's receive buffer in bytes (the kernel may cap it)."""
     loop = asyncio.get_running_loop()
-    transport, protocol = await loop.create_datagram_endpoint(
-        lambda: MoldUdpReceiver(on_message, on_gap=on_gap, next_sequence=next_sequence),
-        local_addr=(host, port),
-    )
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_DGRAM)
+    try:
+        if receive_buffer is not None:
+            with contextlib.suppress(OSError):  # a cap below it is the kernel's business
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, receive_buffer)
+        sock.bind((host, port))
+        sock.setblocking(False)
+        transport, protocol = await loop.create_datagram_endpoint(
+            lambda: MoldUdpReceiver(
+                on_message, on_packet=on_packet, on_gap=on_gap, next_sequence=next_sequence
+            ),
+            sock=sock,
+        )
+    except BaseException:
+        sock.close()
+        raise
     return transport, protocol

@@ -168,7 +168,7 @@ def decode_message(body: bytes, offset: int = 0) -> Message:
 
 # --- the streaming reader ------------------------------------------------------------------
 
-T = TypeVar("T", Message, tuple[int, Message])
+T = TypeVar("T", Message, tuple[int, Message], bytes)
 
 
 class ItchReader(Generic[T]):
@@ -179,12 +179,15 @@ class ItchReader(Generic[T]):
     is raised instead). A truncated last frame ends the stream in both policies.
     """
 
-    def __init__(self, source: Source, on_error: OnError, offsets: bool) -> None:
+    def __init__(
+        self, source: Source, on_error: OnError, offsets: bool, *, raw: bool = False
+    ) -> None:
         if on_error not in ("stop", "skip"):
             raise ValueError(f"on_error must be 'stop' or 'skip', got {on_error!r}")
         self.errors: list[ItchFormatError] = []
         self.messages = 0
         self._skip = on_error == "skip"
+        self._raw = raw
         self._iterator: Iterator[Any] = self._run(_chunks(source), offsets)
 
     def __iter__(self) -> ItchReader[T]:
@@ -195,7 +198,7 @@ class ItchReader(Generic[T]):
         return item
 
     def _run(self, chunks: Iterator[bytes], offsets: bool) -> Iterator[Any]:
-        lengths, decoders = _LENGTHS, _DECODERS
+        lengths, decoders, raw = _LENGTHS, _DECODERS, self._raw
         carry = b""
         base = 0  # stream offset of data[0]
         for chunk in chunks:
@@ -212,7 +215,7 @@ class ItchReader(Generic[T]):
                     self._reject(frame_error(base + pos, size, kind, n - pos))
                     pos = end if size else pos + 2
                     continue
-                message = decoders[kind](data, pos + 2)  # type: ignore[misc]
+                message = data[pos + 2 : end] if raw else decoders[kind](data, pos + 2)  # type: ignore[misc]
                 self.messages += 1
                 yield (base + pos, message) if offsets else message
                 pos = end
@@ -251,6 +254,12 @@ def read_messages(
     if offsets:
         return ItchReader[tuple[int, Message]](source, on_error, offsets)
     return ItchReader[Message](source, on_error, offsets)
+
+
+def read_frames(source: Source, *, on_error: OnError = "stop") -> ItchReader[bytes]:
+    """Stream the message bodies of `source` undecoded (each without its length prefix), framed
+    and checked as `read_messages` frames them: what a feed sends on (see `live.send_session`)."""
+    return ItchReader[bytes](source, on_error, False, raw=True)
 
 
 def _chunks(source: Source) -> Iterator[bytes]:

@@ -14,15 +14,17 @@ yields: while it waits for the next message's time, and every few messages at fu
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import csv
 import gc
 import io
 import sys
 import time
-from collections.abc import Iterable, Iterator
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, TextIO
+from typing import TYPE_CHECKING, Any, Literal, Protocol, TextIO
 
 import numpy as np
 
@@ -61,6 +63,26 @@ FULL_COLLECT_GAP_NS = 100_000_000
 YIELD_EVERY = 16
 """At full pace, messages between two turns of the loop (so answers are taken promptly)."""
 FLUSH_ROWS = 4096
+LIVE_COLLECT_S = 0.05
+"""Live feed: how often noted latencies are recorded and young garbage collected."""
+
+
+class LiveSource(Protocol):
+    """A live feed (`live.UdpFeed`): hands each datagram's messages, decoded and in sequence
+    order, to a callback with the time it was received."""
+
+    @property
+    def missed(self) -> int:
+        """Messages lost so far (sequence gaps)."""
+
+    @property
+    def bad(self) -> int:
+        """Datagrams or messages that did not parse so far."""
+
+    def start(self, on_packet: Callable[[Sequence[Any], int], None]) -> None: ...
+    def stop(self) -> None: ...
+    async def ended(self) -> None:
+        """Returns when the feed has said it ended (its end-of-session packet)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,6 +130,10 @@ class RunStats:
     """Requests the scheduler refused or dropped because they could not finish in time."""
     errors: int = 0
     first_error: str | None = None
+    missed_messages: int = 0
+    """Live: messages the feed never delivered (MoldUDP64 sequence gaps)."""
+    bad_packets: int = 0
+    """Live: datagrams (or messages in them) that did not parse, skipped."""
     latency: HdrHistogram = field(default_factory=new_histogram)
     """Tick-to-prediction of each answer, late ones too (µs; constant memory for any file)."""
     pace_lag: HdrHistogram = field(default_factory=new_histogram)
@@ -144,6 +170,8 @@ class RunStats:
             "refused": self.refused,
             "errors": self.errors,
             "first_error": self.first_error,
+            "missed_messages": self.missed_messages,
+            "bad_packets": self.bad_packets,
             "misses": self.late + self.refused,
             "miss_rate": (self.late + self.refused) / self.triggers if self.triggers else 0.0,
             "tick_to_prediction_us": percentiles_us(self.latency),
@@ -217,8 +245,96 @@ class FeedRun:
         self._max_batch = max(1, predictor.max_batch)
         self._outstanding = 0
         self._done = asyncio.Event()
+        self._live_done = asyncio.Event()
+        """Live: set when `options.limit` messages were taken."""
+        self._packets: deque[tuple[Sequence[Any], int]] = deque()
+        """Live: datagrams received and not applied yet, with their arrival."""
+        self._arrivals = asyncio.Event()
 
     async def run(self, messages: Iterable[Any]) -> RunStats:
+        """Replay `messages` (a file's, at `options.pace`) and wait for every answer."""
+        with self._tuned():
+            await self._feed(iter(messages))
+            await self._drain()
+        return self.stats
+
+    async def run_live(self, source: LiveSource) -> RunStats:
+        """Take the messages of a live feed as they come (each datagram's at the time it was
+        received: its arrival), until the feed ends, `options.limit` messages, or cancellation;
+        then wait for every answer. The pace is the feed's own."""
+        self._live_done.clear()
+        with self._tuned():
+            waits = [
+                asyncio.ensure_future(self._consume()),
+                asyncio.ensure_future(self._collect_live()),
+                asyncio.ensure_future(self._live_done.wait()),
+                asyncio.ensure_future(source.ended()),
+            ]
+            try:
+                source.start(self._received)
+                done, _ = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+                for task in done:
+                    task.result()  # (a failure of the feed's own tasks is the run's)
+            finally:
+                source.stop()
+                for waiting in waits:
+                    waiting.cancel()
+                self.stats.missed_messages = source.missed
+                self.stats.bad_packets = source.bad
+            while self._packets:  # what came in before the end
+                self._take_received()
+                self._flush()
+            await self._drain()
+        return self.stats
+
+    def _received(self, messages: Sequence[Any], arrival_ns: int) -> None:
+        """A live feed's datagram: its messages arrived together, at `arrival_ns`.
+
+        NOTE: queued, not applied here: the loop reads up to a few dozen datagrams in one go,
+        and applying them all before the model's turn made the first ones miss their due times
+        (a third of them on the 2-core VM). `_consume` applies what is queued, asks, and lets
+        the model run before it takes more."""
+        self._packets.append((messages, arrival_ns))
+        if len(self._packets) == 1:
+            self._arrivals.set()
+
+    async def _consume(self) -> None:
+        arrivals = self._arrivals
+        while True:
+            if not self._packets:
+                arrivals.clear()
+                await arrivals.wait()
+            self._take_received()
+            self._flush()
+            await asyncio.sleep(0)  # the model's turn (inline: it runs there)
+
+    def _take_received(self) -> None:
+        """Apply the queued datagrams' messages, up to a batch of triggering events."""
+        packets, stats, limit = self._packets, self.stats, self.options.limit
+        while packets:
+            messages, arrival_ns = packets.popleft()
+            for index, message in enumerate(messages):
+                if limit is not None and stats.messages >= limit:
+                    packets.clear()
+                    self._live_done.set()
+                    return
+                stats.messages += 1
+                self._arrived(message, arrival_ns)
+                if len(self._burst) >= self._max_batch:
+                    if index + 1 < len(messages):  # the rest waits for the next batch
+                        packets.appendleft((messages[index + 1 :], arrival_ns))
+                    return
+
+    async def _collect_live(self) -> None:
+        """Live, the gaps between messages are not known ahead: record the noted latencies
+        and collect the young generations every `LIVE_COLLECT_S`."""
+        while True:
+            await asyncio.sleep(LIVE_COLLECT_S)
+            _work_in_gap(0, self.stats)
+
+    @contextlib.contextmanager
+    def _tuned(self) -> Iterator[None]:
+        """The run's runtime settings (collector, GIL switch interval), and its wall time."""
         gc.collect()
         gc.freeze()
         # NOTE: the collector would run every few hundred allocations, ~200 µs each on this VM:
@@ -229,8 +345,7 @@ class FeedRun:
         sys.setswitchinterval(SWITCH_INTERVAL_S)
         started = time.monotonic_ns()
         try:
-            await self._feed(iter(messages))
-            await self._drain()
+            yield
         finally:
             self.stats.wall_ns = time.monotonic_ns() - started
             self.stats.settle()
@@ -239,7 +354,6 @@ class FeedRun:
             gc.unfreeze()
             if collecting:
                 gc.enable()
-        return self.stats
 
     async def _feed(self, messages: Iterator[Any]) -> None:
         options = self.options

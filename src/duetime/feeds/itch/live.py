@@ -1,0 +1,259 @@
+"""A live ITCH feed over MoldUDP64: `UdpFeed` takes datagrams into `FeedRun.run_live`, and
+`send_session` plays a file out as datagrams at its recorded pace, as an exchange's feed would.
+
+    duetime itch listen --udp 127.0.0.1:31000 --model orderbook     # the pipeline, live
+    duetime itch send day.itch --udp 127.0.0.1:31000                # the exchange, replayed
+
+A datagram's messages arrive when the datagram is taken in: that is the arrival of their book
+events, and their due time is that plus the deadline. UDP loses datagrams when a receiver
+falls behind (its socket buffer fills); the sequence numbers show what was lost, which the run
+reports as missed messages. Nothing is retransmitted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from duetime.feeds.itch.moldudp import (
+    HEADER,
+    MAX_DATAGRAM,
+    MoldUdpReceiver,
+    encode_packet,
+    end_of_session_packet,
+    open_receiver,
+)
+from duetime.feeds.itch.parser import OnError, Source, read_frames
+from duetime.feeds.itch.spec import Message
+from duetime.loops import BusyPoll
+
+RECEIVE_BUFFER = 8 << 20
+"""Receive buffer asked of the kernel for a live feed's socket (Linux caps it at
+net.core.rmem_max): room for bursts while the pipeline works through a sweep."""
+END_REPEATS = 3
+"""The end-of-session packet is sent this many times, a millisecond apart (UDP may lose one)."""
+SPIN_NS = 1_500_000
+"""Closer than this to a packet's time the sender spins instead of sleeping (a sleep's wake-up
+is late by up to a millisecond)."""
+_TIMESTAMP = slice(5, 11)
+"""Where an ITCH message's 6-byte timestamp sits in its body."""
+
+
+class UdpFeed:
+    """A MoldUDP64 feed bound on a UDP socket, as `run.LiveSource`: each datagram's new messages
+    in sequence order, with the time it was received. It ends at the session's end-of-session
+    packet, after `idle_s` without a datagram (heartbeats count) once one came, or on `stop`."""
+
+    def __init__(
+        self,
+        transport: asyncio.DatagramTransport,
+        receiver: MoldUdpReceiver,
+        idle_s: float | None,
+        busy_poll_us: int = 0,
+    ) -> None:
+        self._transport = transport
+        self._receiver = receiver
+        self._idle_ns = None if idle_s is None else int(idle_s * 1e9)
+        self._poll = (
+            BusyPoll(asyncio.get_running_loop(), busy_poll_us / 1e6) if busy_poll_us else None
+        )
+        self._stopped = asyncio.Event()
+        self._early: list[tuple[list[Message], int]] = []
+        receiver.on_packet = self._keep  # until `start`: nothing may be lost in between
+
+    @classmethod
+    async def open(
+        cls,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        *,
+        idle_s: float | None = 10.0,
+        busy_poll_us: int = 0,
+    ) -> UdpFeed:
+        """Bind the feed's socket (port 0: any free port; see `address`). The first datagram
+        sets the session's sequence (a late joiner starts where the feed is). `busy_poll_us`:
+        keep the loop polling that long after each datagram instead of sleeping (see
+        `loops.BusyPoll`): the next one is then taken without waking a halted CPU."""
+        transport, receiver = await open_receiver(
+            host=host, port=port, next_sequence=None, receive_buffer=RECEIVE_BUFFER
+        )
+        return cls(transport, receiver, idle_s, busy_poll_us)
+
+    @property
+    def address(self) -> tuple[str, int]:
+        host, port = self._transport.get_extra_info("sockname")[:2]
+        return str(host), int(port)
+
+    @property
+    def missed(self) -> int:
+        return sum(gap.last - gap.first + 1 for gap in self._receiver.tracker.gaps)
+
+    @property
+    def bad(self) -> int:
+        return len(self._receiver.bad_packets)
+
+    def start(self, on_packet: Callable[[Sequence[Any], int], None]) -> None:
+        poll = self._poll
+        if poll is not None:
+
+            def polled(messages: Sequence[Any], received_ns: int) -> None:
+                poll.poke()
+                on_packet(messages, received_ns)
+
+            self._receiver.on_packet = polled
+        else:
+            self._receiver.on_packet = on_packet
+        early, self._early = self._early, []
+        for messages, received in early:
+            on_packet(messages, received)
+
+    def stop(self) -> None:
+        """Close the socket and end `ended` (also from a signal handler)."""
+        self._stopped.set()
+        self._transport.close()
+
+    async def ended(self) -> None:
+        receiver = self._receiver
+        while not (receiver.ended.is_set() or self._stopped.is_set()):
+            last = receiver.last_received_ns
+            if self._idle_ns is not None and last:
+                idle = time.monotonic_ns() - last
+                if idle >= self._idle_ns:
+                    return
+                wait_s = (self._idle_ns - idle) / 1e9
+            else:
+                wait_s = 1.0
+            await _first_of(receiver.ended, self._stopped, wait_s)
+
+    def _keep(self, messages: list[Message], received_ns: int) -> None:
+        self._early.append((messages, received_ns))
+
+
+async def _first_of(first: asyncio.Event, second: asyncio.Event, timeout_s: float) -> None:
+    waits = [asyncio.ensure_future(first.wait()), asyncio.ensure_future(second.wait())]
+    try:
+        await asyncio.wait(waits, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for waiting in waits:
+            waiting.cancel()
+
+
+@dataclass(slots=True)
+class SendReport:
+    messages: int = 0
+    packets: int = 0
+    wall_s: float = 0.0
+    late_p99_us: float | None = None
+    """How late the packets left after their recorded time (recorded pace; 99th percentile)."""
+
+
+def send_session(
+    source: Source,
+    address: tuple[str, int],
+    *,
+    pace: str = "recorded",
+    speed: float = 1.0,
+    max_gap_ns: int = 1_000_000_000,
+    per_packet: int = 32,
+    session: str = "DUETIME",
+    limit: int | None = None,
+    on_error: OnError = "stop",
+) -> SendReport:
+    """Send the messages of `source` to `address` as MoldUDP64 datagrams, then the session's
+    end (blocking; returns what it sent).
+
+    At the recorded pace (`speed` times faster; quiet stretches cut to `max_gap_ns`) the
+    messages of one timestamp (a sweep) share datagrams and each datagram leaves at that time;
+    at full pace (`pace="max"`) datagrams are filled up to `per_packet` messages and sent back
+    to back, which a receiver slower than the sender answers with lost datagrams."""
+    if pace not in ("recorded", "max"):
+        raise ValueError(f"pace must be 'recorded' or 'max', got {pace!r}")
+    if not 0 < per_packet < 0xFFFF:
+        raise ValueError(f"per_packet must be in 1..65534, got {per_packet}")
+    if speed <= 0:
+        raise ValueError(f"speed must be positive, got {speed}")
+    report = SendReport()
+    lates: list[int] = []
+    family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
+    sequence = 1
+    started = time.monotonic_ns()
+    # NOTE: not connected: a connected UDP socket reports the "port unreachable" of an earlier
+    # datagram as an error of a later send, and a feed goes on whether anyone listens or not
+    with socket.socket(family, socket.SOCK_DGRAM) as sock:
+        groups = _groups(read_frames(source, on_error=on_error), per_packet, limit, pace == "max")
+        clock = _Pace(speed, max_gap_ns) if pace == "recorded" else None
+        for stamp, bodies in groups:
+            if clock is not None:
+                lates.append(clock.wait(stamp))
+            sock.sendto(encode_packet(session, sequence, bodies), address)
+            sequence += len(bodies)
+            report.messages += len(bodies)
+            report.packets += 1
+        end = end_of_session_packet(session, sequence)
+        for repeat in range(END_REPEATS):
+            if repeat:
+                time.sleep(0.001)
+            sock.sendto(end, address)
+    report.wall_s = (time.monotonic_ns() - started) / 1e9
+    if lates:
+        lates.sort()
+        report.late_p99_us = lates[min(len(lates) - 1, int(0.99 * len(lates)))] / 1e3
+    return report
+
+
+def _groups(
+    bodies: Iterator[bytes], per_packet: int, limit: int | None, full: bool
+) -> Iterator[tuple[int, list[bytes]]]:
+    """(timestamp, message bodies) of each datagram: consecutive messages of one timestamp (or
+    any, when `full`), at most `per_packet` and one datagram's worth of bytes."""
+    batch: list[bytes] = []
+    stamp = 0
+    size = HEADER.size
+    for count, body in enumerate(bodies):
+        if limit is not None and count >= limit:
+            break
+        ts = int.from_bytes(body[_TIMESTAMP], "big")
+        if batch and (
+            (not full and ts != stamp)
+            or len(batch) == per_packet
+            or size + 2 + len(body) > MAX_DATAGRAM
+        ):
+            yield stamp, batch
+            batch, size = [], HEADER.size
+        if not batch:
+            stamp = ts
+        batch.append(body)
+        size += 2 + len(body)
+    if batch:
+        yield stamp, batch
+
+
+class _Pace:
+    """The recorded clock of a session, replayed on the monotonic clock."""
+
+    def __init__(self, speed: float, max_gap_ns: int) -> None:
+        self._speed = speed
+        self._max_gap_ns = max_gap_ns
+        self._first: int | None = None
+        self._last = 0
+        self._start_ns = 0
+
+    def wait(self, stamp: int) -> int:
+        """Wait until the time of recorded `stamp`; how late it is then (ns, at least 0)."""
+        if self._first is None:
+            self._first, self._last, self._start_ns = stamp, stamp, time.monotonic_ns()
+        gap = stamp - self._last
+        if gap > self._max_gap_ns:  # a quiet stretch (the night, a halt): cut short
+            self._first += gap - self._max_gap_ns
+        self._last = stamp
+        target = self._start_ns + int((stamp - self._first) / self._speed)
+        left = target - time.monotonic_ns()
+        if left > SPIN_NS:
+            time.sleep((left - SPIN_NS) / 1e9)
+        while (now := time.monotonic_ns()) < target:
+            pass
+        return now - target

@@ -1,0 +1,250 @@
+"""The live path: `duetime itch send` plays a file out as MoldUDP64 datagrams, and `duetime itch
+listen` (`UdpFeed` into `FeedRun.run_live`) takes them through the same books, features and
+model as a file replay, on 127.0.0.1."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import socket
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from duetime.feeds.itch.book import Books
+from duetime.feeds.itch.cli import parse_address
+from duetime.feeds.itch.features import Features
+from duetime.feeds.itch.live import UdpFeed, _groups, send_session
+from duetime.feeds.itch.moldudp import (
+    HEADER,
+    MAX_DATAGRAM,
+    decode_packet,
+    encode_packet,
+    end_of_session_packet,
+    mold_packets,
+)
+from duetime.feeds.itch.parser import read_frames, read_messages
+from duetime.feeds.itch.predictors import Answer
+from duetime.feeds.itch.run import FeedRun, PredictionLog, RunOptions
+from duetime.feeds.itch.synth import write_session
+from duetime.feeds.itch.writer import encode
+
+pytestmark = pytest.mark.timeout(120)
+
+MESSAGES = 2500
+
+
+@pytest.fixture(scope="module")
+def session(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("live") / "session.itch"
+    write_session(path, seed=11, messages=MESSAGES)
+    return path
+
+
+class Recorder:
+    """A predictor that answers at once with a constant row per event (the model is not what
+    these tests look at) and keeps what it was asked."""
+
+    def __init__(self) -> None:
+        self.input = type("Spec", (), {"name": "features", "shape": (21,)})()
+        self.max_batch = 8
+        self.batches: list[np.ndarray] = []
+
+    def submit(self, array: np.ndarray, due_ns: int, answer: Answer) -> None:
+        self.batches.append(array.copy())
+        answer(np.zeros((len(array), 3), np.float32), None)
+
+    async def aclose(self) -> None:
+        return None
+
+
+def _file_vectors(path: Path) -> np.ndarray:
+    books, features, rows = Books(), Features(deeplob_length=0), []
+    for message in read_messages(path):
+        event = books.apply(message)
+        if event is not None:
+            rows.append(features.update(event, books.book(event.locate)).copy())
+    return np.stack(rows)
+
+
+async def _send_in_thread(path: Path, address: tuple[str, int], **options: Any) -> Any:
+    return await asyncio.get_running_loop().run_in_executor(
+        None, lambda: send_session(path, address, **options)
+    )
+
+
+def test_datagrams_group_one_timestamp_at_most_per_packet_and_a_datagram_of_bytes() -> None:
+    def body(ts: int, ref: int) -> bytes:
+        return encode("D", stock_locate=1, timestamp=ts, order_reference_number=ref)
+
+    bodies = [body(5, 1), body(5, 2), body(5, 3), body(6, 4), body(7, 5), body(7, 6)]
+    recorded = list(_groups(iter(bodies), per_packet=2, limit=None, full=False))
+    assert [(ts, len(batch)) for ts, batch in recorded] == [(5, 2), (5, 1), (6, 1), (7, 2)]
+    full = list(_groups(iter(bodies), per_packet=4, limit=5, full=True))
+    assert [len(batch) for _, batch in full] == [4, 1]  # any timestamps; the limit stops it
+    big = [body(9, ref) for ref in range(200)]  # 19-byte bodies: 65 fit in 1,400 bytes
+    sizes = [HEADER.size + sum(2 + len(b) for b in batch) for _, batch in
+             _groups(iter(big), per_packet=1000, limit=None, full=False)]  # fmt: skip
+    assert max(sizes) <= MAX_DATAGRAM
+    assert sum(len(batch) for _, batch in _groups(iter(big), 1000, None, False)) == 200
+
+
+def test_a_sent_session_arrives_whole_and_in_order(session: Path) -> None:
+    async def scenario() -> tuple[list[Any], int, int]:
+        feed = await UdpFeed.open(idle_s=None)
+        got: list[Any] = []
+        feed.start(lambda messages, _arrival: got.extend(messages))
+        report = await _send_in_thread(session, feed.address, pace="max", per_packet=16)
+        await asyncio.wait_for(feed.ended(), 10)
+        feed.stop()
+        return got, report.messages, feed.missed
+
+    got, sent, missed = asyncio.run(scenario())
+    assert sent == MESSAGES
+    assert missed == 0
+    assert got == list(read_messages(session))
+
+
+def test_the_raw_frames_are_the_file_s_messages(session: Path) -> None:
+    frames = list(read_frames(session))
+    assert len(frames) == MESSAGES
+    assert frames[0][0:1] == b"S"  # the session starts with its system event
+    decoded = [decode_packet(p).messages for p in mold_packets(frames, "X", per_packet=7)]
+    assert [m for packet in decoded for m in packet] == frames
+
+
+def test_a_live_run_sees_the_books_and_features_a_file_replay_sees(session: Path) -> None:
+    async def scenario() -> tuple[Any, Recorder]:
+        predictor = Recorder()
+        run = FeedRun(predictor, RunOptions(deadline_ns=10**9), PredictionLog(None, 3))
+        feed = await UdpFeed.open(idle_s=None)
+        sending = asyncio.ensure_future(
+            _send_in_thread(session, feed.address, pace="recorded", speed=1e6)
+        )
+        stats = await asyncio.wait_for(run.run_live(feed), 30)
+        await sending
+        return stats, predictor
+
+    stats, predictor = asyncio.run(scenario())
+    expected = _file_vectors(session)
+    assert stats.messages == MESSAGES
+    assert stats.missed_messages == 0
+    assert stats.book_events == stats.triggers == len(expected)
+    assert stats.on_time == stats.triggers
+    assert stats.late == stats.refused == 0
+    assert all(len(batch) <= predictor.max_batch for batch in predictor.batches)
+    np.testing.assert_array_equal(np.concatenate(predictor.batches), expected)
+
+
+def test_a_limit_ends_a_live_run(session: Path) -> None:
+    async def scenario() -> Any:
+        run = FeedRun(Recorder(), RunOptions(limit=700), PredictionLog(None, 3))
+        feed = await UdpFeed.open(idle_s=None)
+        sending = asyncio.ensure_future(_send_in_thread(session, feed.address, pace="max"))
+        stats = await asyncio.wait_for(run.run_live(feed), 30)
+        await sending
+        return stats
+
+    stats = asyncio.run(scenario())
+    assert stats.messages == 700
+
+
+def test_lost_datagrams_are_counted_and_the_rest_still_applied(session: Path) -> None:
+    frames = list(read_frames(session))[:400]
+    packets = list(mold_packets(frames, "GAPPY", per_packet=10))
+    lost = packets[5]  # messages 51..60
+
+    async def scenario() -> tuple[Any, list[Sequence[Any]]]:
+        feed = await UdpFeed.open(idle_s=None)
+        got: list[Sequence[Any]] = []
+        feed.start(lambda messages, _arrival: got.append(messages))
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+            for packet in packets:
+                if packet is not lost:
+                    sock.sendto(packet, feed.address)
+            sock.sendto(b"garbage", feed.address)
+            sock.sendto(end_of_session_packet("GAPPY", len(frames) + 1), feed.address)
+        await asyncio.wait_for(feed.ended(), 10)
+        feed.stop()
+        return feed, got
+
+    feed, got = asyncio.run(scenario())
+    assert feed.missed == 10
+    assert feed.bad == 1
+    assert sum(len(messages) for messages in got) == 390
+
+
+def test_an_idle_feed_ends_after_its_idle_time() -> None:
+    async def scenario() -> None:
+        feed = await UdpFeed.open(idle_s=0.2)
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+            sock.sendto(encode_packet("IDLE", 1, []), feed.address)  # a heartbeat starts it
+        await asyncio.wait_for(feed.ended(), 5)
+        feed.stop()
+
+    asyncio.run(scenario())
+
+
+def test_addresses_are_checked() -> None:
+    assert parse_address("127.0.0.1:31000", "--udp") == ("127.0.0.1", 31000)
+    assert parse_address("[::1]:9", "--udp") == ("::1", 9)
+    for bad in ("127.0.0.1", ":80", "host:port", "127.0.0.1:70000"):
+        with pytest.raises(ValueError, match="--udp: expected HOST:PORT"):
+            parse_address(bad, "--udp")
+
+
+def test_listen_and_send_from_the_command_line(
+    tmp_path: Path, session: Path, demo_repo: Path
+) -> None:
+    """The two commands as a user runs them: the listener prints where it listens, the sender
+    plays the file there, and the listener's report accounts for every message and event."""
+    report = tmp_path / "live.json"
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    command = [
+        sys.executable, "-m", "duetime", "itch", "listen", "--udp", "127.0.0.1:0", "--model",
+        "orderbook", "--repository", str(demo_repo), "--deadline-us", "200000", "--json",
+        str(report), "-q",
+    ]  # fmt: skip
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          env=env) as listener:  # fmt: skip
+        try:
+            assert listener.stdout is not None
+            line = listener.stdout.readline()
+            assert line.startswith("listening on udp://127.0.0.1:"), line
+            port = line.strip().rsplit(":", 1)[1]
+            sent = subprocess.run(
+                [sys.executable, "-m", "duetime", "itch", "send", str(session), "--udp",
+                 f"127.0.0.1:{port}", "--speed", "1000000"],
+                capture_output=True, text=True, env=env, timeout=60, check=True,
+            )  # fmt: skip
+            assert f"sent {MESSAGES} messages" in sent.stdout
+            _, errors = listener.communicate(timeout=60)
+            assert listener.returncode == 0, errors
+        finally:
+            if listener.poll() is None:
+                listener.kill()
+    result = json.loads(report.read_text(encoding="utf-8"))
+    books = Books()
+    events = sum(books.apply(m) is not None for m in read_messages(session))
+    assert result["messages"] == MESSAGES
+    assert result["missed_messages"] == 0
+    assert result["book_events"] == result["triggers"] == events
+    outcomes = result["on_time"] + result["late_dropped"] + result["refused"]
+    assert outcomes == events
+    assert result["errors"] == 0
+    assert result["on_time"] > 0
+
+
+def test_send_refuses_a_bad_address_clearly(
+    session: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from duetime.cli import main
+
+    assert main(["itch", "send", str(session), "--udp", "nowhere"]) == 2
+    assert "--udp: expected HOST:PORT" in capsys.readouterr().err
