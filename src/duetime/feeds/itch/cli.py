@@ -1,10 +1,13 @@
-"""`duetime itch ...`: run a model on an ITCH file's book events, summarise books, make files.
+"""`duetime itch ...`: run a model on an ITCH file's (or a live feed's) book events, summarise
+books, make files, play a file out as a feed.
 
 duetime itch synth FILE [--messages N] [--seed S] [--gzip]
 duetime itch run FILE --model NAME [--deadline-us D] [--pace recorded|max] [--every N |
     --on top-change] [--repository DIR | --target HOST:PORT] [--predictions OUT.csv]
     [--json OUT.json]
 duetime itch book FILE --json OUT
+duetime itch listen --udp HOST:PORT --model NAME [the options of run, less the file's pacing]
+duetime itch send FILE --udp HOST:PORT [--pace recorded|max] [--speed X] [--per-packet N]
 """
 
 from __future__ import annotations
