@@ -63,8 +63,13 @@ FULL_COLLECT_GAP_NS = 100_000_000
 YIELD_EVERY = 16
 """At full pace, messages between two turns of the loop (so answers are taken promptly)."""
 FLUSH_ROWS = 4096
-LIVE_COLLECT_S = 0.05
-"""Live feed: how often noted latencies are recorded and young garbage collected."""
+LIVE_COLLECT_S = 0.01
+"""Live feed: how often it looks for a quiet moment to record the noted latencies and collect
+the young generations..."""
+LIVE_QUIET_NS = 2_000_000
+"""...one this long without a datagram (a collection takes ~0.2 ms on the VM: not in a burst)..."""
+LIVE_COLLECT_MAX_S = 1.0
+"""...or, in a feed that is never quiet that long, after this long anyway (bounded memory)."""
 
 
 class LiveSource(Protocol):
@@ -250,6 +255,7 @@ class FeedRun:
         self._packets: deque[tuple[Sequence[Any], int]] = deque()
         """Live: datagrams received and not applied yet, with their arrival."""
         self._arrivals = asyncio.Event()
+        self._last_arrival_ns = 0
 
     async def run(self, messages: Iterable[Any]) -> RunStats:
         """Replay `messages` (a file's, at `options.pace`) and wait for every answer."""
@@ -295,6 +301,7 @@ class FeedRun:
         (a third of them on the 2-core VM). `_consume` applies what is queued, asks, and lets
         the model run before it takes more."""
         self._packets.append((messages, arrival_ns))
+        self._last_arrival_ns = arrival_ns
         if len(self._packets) == 1:
             self._arrivals.set()
 
@@ -326,11 +333,17 @@ class FeedRun:
                     return
 
     async def _collect_live(self) -> None:
-        """Live, the gaps between messages are not known ahead: record the noted latencies
-        and collect the young generations every `LIVE_COLLECT_S`."""
+        """Live, the gaps between messages are not known ahead: every `LIVE_COLLECT_S`, if the
+        feed has been quiet for `LIVE_QUIET_NS` (or nothing was done for `LIVE_COLLECT_MAX_S`),
+        record the noted latencies and collect the young generations."""
+        done_ns = time.monotonic_ns()
         while True:
             await asyncio.sleep(LIVE_COLLECT_S)
-            _work_in_gap(0, self.stats)
+            now = time.monotonic_ns()
+            quiet = now - self._last_arrival_ns >= LIVE_QUIET_NS
+            if quiet or now - done_ns >= LIVE_COLLECT_MAX_S * 1e9:
+                _work_in_gap(0, self.stats)
+                done_ns = now
 
     @contextlib.contextmanager
     def _tuned(self) -> Iterator[None]:
