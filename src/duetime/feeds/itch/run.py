@@ -6,6 +6,9 @@ sends one request whose due time is its arrival plus the deadline. The answer co
 a callback: on time, it is used (written as a prediction); late, it is counted and dropped.
 Tick-to-prediction runs from the event's arrival to its answer.
 
+A live feed (`run_live`, `duetime itch listen`) is the same pipeline with the feed's own pace:
+each datagram's messages arrive when it is received.
+
 Everything runs on one event loop — the engine's, for the in-process Engine — so a request goes
 from the feed to the scheduler without a thread hop, and answers are taken whenever the feed
 yields: while it waits for the next message's time, and every few messages at full pace.
@@ -87,7 +90,7 @@ class LiveSource(Protocol):
     def start(self, on_packet: Callable[[Sequence[Any], int], None]) -> None: ...
     def stop(self) -> None: ...
     async def ended(self) -> None:
-        """Returns when the feed has said it ended (its end-of-session packet)."""
+        """Returns when the feed has ended (its end-of-session packet, a silence, `stop`)."""
 
 
 @dataclass(frozen=True, slots=True)
