@@ -13,6 +13,7 @@ reports as missed messages. Nothing is retransmitted.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import socket
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -20,14 +21,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from duetime.feeds.itch.moldudp import (
-    HEADER,
-    MAX_DATAGRAM,
     MoldUdpReceiver,
     encode_packet,
     end_of_session_packet,
+    message_batches,
     open_receiver,
 )
 from duetime.feeds.itch.parser import OnError, Source, read_frames
+from duetime.feeds.itch.run import RecordedClock
 from duetime.feeds.itch.spec import Message
 from duetime.loops import BusyPoll
 
@@ -172,8 +173,6 @@ def send_session(
     to back, which a receiver slower than the sender answers with lost datagrams."""
     if pace not in ("recorded", "max"):
         raise ValueError(f"pace must be 'recorded' or 'max', got {pace!r}")
-    if not 0 < per_packet < 0xFFFF:
-        raise ValueError(f"per_packet must be in 1..65534, got {per_packet}")
     if speed <= 0:
         raise ValueError(f"speed must be positive, got {speed}")
     report = SendReport()
@@ -185,10 +184,10 @@ def send_session(
     # datagram as an error of a later send, and a feed goes on whether anyone listens or not
     with socket.socket(family, socket.SOCK_DGRAM) as sock:
         groups = _groups(read_frames(source, on_error=on_error), per_packet, limit, pace == "max")
-        clock = _Pace(speed, max_gap_ns) if pace == "recorded" else None
+        clock = RecordedClock(speed, max_gap_ns) if pace == "recorded" else None
         for stamp, bodies in groups:
             if clock is not None:
-                lates.append(clock.wait(stamp))
+                lates.append(_wait_until(clock.target_ns(stamp)))
             sock.sendto(encode_packet(session, sequence, bodies), address)
             sequence += len(bodies)
             report.messages += len(bodies)
@@ -210,50 +209,22 @@ def _groups(
 ) -> Iterator[tuple[int, list[bytes]]]:
     """(timestamp, message bodies) of each datagram: consecutive messages of one timestamp (or
     any, when `full`), at most `per_packet` and one datagram's worth of bytes."""
-    batch: list[bytes] = []
-    stamp = 0
-    size = HEADER.size
-    for count, body in enumerate(bodies):
-        if limit is not None and count >= limit:
-            break
-        ts = int.from_bytes(body[_TIMESTAMP], "big")
-        if batch and (
-            (not full and ts != stamp)
-            or len(batch) == per_packet
-            or size + 2 + len(body) > MAX_DATAGRAM
-        ):
-            yield stamp, batch
-            batch, size = [], HEADER.size
-        if not batch:
-            stamp = ts
-        batch.append(body)
-        size += 2 + len(body)
-    if batch:
-        yield stamp, batch
+    if limit is not None:
+        bodies = itertools.islice(bodies, limit)
+    apart = None if full else _apart_in_time
+    for batch in message_batches(bodies, per_packet=per_packet, apart=apart):
+        yield int.from_bytes(batch[0][_TIMESTAMP], "big"), batch
 
 
-class _Pace:
-    """The recorded clock of a session, replayed on the monotonic clock."""
+def _apart_in_time(previous: bytes, message: bytes) -> bool:
+    return previous[_TIMESTAMP] != message[_TIMESTAMP]
 
-    def __init__(self, speed: float, max_gap_ns: int) -> None:
-        self._speed = speed
-        self._max_gap_ns = max_gap_ns
-        self._first: int | None = None
-        self._last = 0
-        self._start_ns = 0
 
-    def wait(self, stamp: int) -> int:
-        """Wait until the time of recorded `stamp`; how late it is then (ns, at least 0)."""
-        if self._first is None:
-            self._first, self._last, self._start_ns = stamp, stamp, time.monotonic_ns()
-        gap = stamp - self._last
-        if gap > self._max_gap_ns:  # a quiet stretch (the night, a halt): cut short
-            self._first += gap - self._max_gap_ns
-        self._last = stamp
-        target = self._start_ns + int((stamp - self._first) / self._speed)
-        left = target - time.monotonic_ns()
-        if left > SPIN_NS:
-            time.sleep((left - SPIN_NS) / 1e9)
-        while (now := time.monotonic_ns()) < target:
-            pass
-        return now - target
+def _wait_until(target_ns: int) -> int:
+    """Block until `target_ns` (a sleep, then a spin for the last `SPIN_NS`); how late it woke."""
+    left = target_ns - time.monotonic_ns()
+    if left > SPIN_NS:
+        time.sleep((left - SPIN_NS) / 1e9)
+    while (now := time.monotonic_ns()) < target_ns:
+        pass
+    return now - target_ns

@@ -114,20 +114,38 @@ def mold_packets(
 ) -> Iterator[bytes]:
     """Pack consecutive ITCH messages into packets of at most `per_packet` messages and
     `max_size` bytes, numbering them from `first_sequence` (no end-of-session packet)."""
+    sequence = first_sequence
+    for batch in message_batches(messages, per_packet=per_packet, max_size=max_size):
+        yield encode_packet(session, sequence, batch)
+        sequence += len(batch)
+
+
+def message_batches(
+    messages: Iterable[bytes],
+    *,
+    per_packet: int = 32,
+    max_size: int = MAX_DATAGRAM,
+    apart: Callable[[bytes, bytes], bool] | None = None,
+) -> Iterator[list[bytes]]:
+    """Consecutive messages in batches that fit one packet each: at most `per_packet` messages
+    and `max_size` bytes with the header; `apart(previous, message)` true also starts a new
+    batch (the sender's: a new timestamp)."""
     if not 0 < per_packet < END_OF_SESSION:
         raise ValueError(f"per_packet must be in 1..{END_OF_SESSION - 1}, got {per_packet}")
     batch: list[bytes] = []
     size = HEADER.size
-    sequence = first_sequence
     for message in messages:
-        if batch and (len(batch) == per_packet or size + 2 + len(message) > max_size):
-            yield encode_packet(session, sequence, batch)
-            sequence += len(batch)
+        if batch and (
+            len(batch) == per_packet
+            or size + 2 + len(message) > max_size
+            or (apart is not None and apart(batch[-1], message))
+        ):
+            yield batch
             batch, size = [], HEADER.size
         batch.append(message)
         size += 2 + len(message)
     if batch:
-        yield encode_packet(session, sequence, batch)
+        yield batch
 
 
 class SequenceTracker:

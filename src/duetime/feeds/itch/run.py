@@ -376,21 +376,12 @@ class FeedRun:
         recorded = options.pace == "recorded"
         limit = options.limit
         stats = self.stats
-        start_ns = 0
-        first_ts: int | None = None
-        last_ts: int | None = None
+        clock = RecordedClock(options.speed, options.max_gap_ns)
         for message in messages:
             if limit is not None and stats.messages >= limit:
                 break
             if recorded:
-                ts = message.timestamp
-                if first_ts is None:
-                    first_ts, start_ns = ts, time.monotonic_ns()
-                gap = ts - last_ts if last_ts is not None else 0
-                if gap > options.max_gap_ns:  # a quiet stretch (the night, a halt): cut short
-                    first_ts += gap - options.max_gap_ns
-                last_ts = ts
-                target = start_ns + int((ts - first_ts) / options.speed)
+                target = clock.target_ns(message.timestamp)
                 now = time.monotonic_ns()
                 if target > now:
                     # NOTE: the burst so far is all there is until then: ask for it now, and
@@ -492,6 +483,31 @@ class FeedRun:
     async def _drain(self) -> None:
         if self._outstanding:
             await self._done.wait()
+
+
+class RecordedClock:
+    """A session's recorded timestamps replayed on the monotonic clock: the first one is now,
+    the others `speed` times faster than recorded, with quiet stretches (the night, a halt) cut
+    to `max_gap_ns`."""
+
+    __slots__ = ("_first", "_last", "_max_gap_ns", "_speed", "_start_ns")
+
+    def __init__(self, speed: float, max_gap_ns: int) -> None:
+        self._speed = speed
+        self._max_gap_ns = max_gap_ns
+        self._first: int | None = None
+        self._last = 0
+        self._start_ns = 0
+
+    def target_ns(self, ts: int) -> int:
+        """When recorded timestamp `ts` comes (monotonic ns); timestamps in file order."""
+        if self._first is None:
+            self._first, self._last, self._start_ns = ts, ts, time.monotonic_ns()
+        gap = ts - self._last
+        if gap > self._max_gap_ns:
+            self._first += gap - self._max_gap_ns
+        self._last = ts
+        return self._start_ns + int((ts - self._first) / self._speed)
 
 
 def _wants_window(predictor: Predictor) -> bool:
