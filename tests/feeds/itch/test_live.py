@@ -16,6 +16,8 @@ from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from duetime.feeds.itch.book import Books
 from duetime.feeds.itch.cli import parse_address
@@ -24,12 +26,13 @@ from duetime.feeds.itch.live import UdpFeed, _groups, send_session
 from duetime.feeds.itch.moldudp import (
     HEADER,
     MAX_DATAGRAM,
+    MoldUdpReceiver,
     decode_packet,
     encode_packet,
     end_of_session_packet,
     mold_packets,
 )
-from duetime.feeds.itch.parser import read_frames, read_messages
+from duetime.feeds.itch.parser import decode_message, read_frames, read_messages
 from duetime.feeds.itch.predictors import Answer
 from duetime.feeds.itch.run import FeedRun, PredictionLog, RunOptions
 from duetime.feeds.itch.synth import write_session
@@ -38,6 +41,10 @@ from duetime.feeds.itch.writer import encode
 pytestmark = pytest.mark.timeout(120)
 
 MESSAGES = 2500
+_REAL_FRAMES = [
+    encode("D", stock_locate=1, timestamp=ts, order_reference_number=ts) for ts in range(1, 41)
+]
+_REAL_PACKETS = list(mold_packets(_REAL_FRAMES, "FUZZ", per_packet=4))
 
 
 @pytest.fixture(scope="module")
@@ -248,3 +255,57 @@ def test_send_refuses_a_bad_address_clearly(
 
     assert main(["itch", "send", str(session), "--udp", "nowhere"]) == 2
     assert "--udp: expected HOST:PORT" in capsys.readouterr().err
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.lists(
+        st.one_of(
+            st.binary(max_size=64),  # noise
+            st.builds(  # a header with any sequence and count, then noise
+                lambda seq, count, tail: HEADER.pack(b"FUZZ".ljust(10), seq, count) + tail,
+                st.integers(0, 2**64 - 1),
+                st.integers(0, 0xFFFF),
+                st.binary(max_size=48),
+            ),
+            st.sampled_from(_REAL_PACKETS),  # real packets, in any order and repeated
+            st.sampled_from(_REAL_PACKETS).map(lambda p: p[: len(p) // 2]),  # cut short
+        ),
+        max_size=40,
+    )
+)
+def test_no_datagram_breaks_the_feed(datagrams: list[bytes]) -> None:
+    """Whatever arrives, the receiver raises nothing into the loop and hands on decoded
+    messages only, each sequence number once and in increasing order (a datagram's messages
+    once more, together, to `on_packet`); what it cannot use it counts."""
+    numbered: list[tuple[int, Any]] = []
+    packets: list[Any] = []
+    receiver = MoldUdpReceiver(
+        lambda sequence, message: numbered.append((sequence, message)),
+        on_packet=lambda messages, _arrival: packets.extend(messages),
+        next_sequence=None,
+    )
+    for datagram in datagrams:
+        receiver.datagram_received(datagram, ("127.0.0.1", 9))
+    sequences = [sequence for sequence, _ in numbered]
+    assert sequences == sorted(set(sequences))
+    assert packets == [message for _, message in numbered]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.sampled_from(_REAL_PACKETS), max_size=30))
+def test_real_packets_in_any_order_give_their_own_messages(datagrams: list[bytes]) -> None:
+    """Reordered, repeated and missing packets of one session: each message handed on is the
+    one sent under its sequence number, once; the numbers never seen are gaps."""
+    numbered: list[tuple[int, Any]] = []
+    receiver = MoldUdpReceiver(
+        lambda sequence, message: numbered.append((sequence, message)), next_sequence=1
+    )
+    for datagram in datagrams:
+        receiver.datagram_received(datagram, ("127.0.0.1", 9))
+    sequences = [sequence for sequence, _ in numbered]
+    assert sequences == sorted(set(sequences))
+    for sequence, message in numbered:
+        assert message == decode_message(_REAL_FRAMES[sequence - 1])
+    lost = sum(gap.last - gap.first + 1 for gap in receiver.tracker.gaps)
+    assert len(numbered) + lost == (sequences[-1] if sequences else 0)
