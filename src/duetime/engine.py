@@ -113,7 +113,11 @@ class Ticket:
             finally:
                 error = None  # this frame is in the copy's traceback: it must not hold the copy
         produced = self.future.result()
-        outputs = {name: produced[name] for name in self.outputs}
+        wanted = self.outputs
+        if tuple(produced) == wanted:  # all of them, in order (the usual): a copy, no frame
+            outputs = dict(produced)
+        else:
+            outputs = {name: produced[name] for name in wanted}
         if self.classes:
             for name, count in self.classes.items():
                 outputs[name] = top_classes(outputs[name], count, self.batched)
@@ -371,21 +375,8 @@ class Engine:
     ) -> dict[str, np.ndarray]:
         """Run `model` on `inputs`; `timeout` in seconds sets the request's due time."""
         ticket = self.submit(self._request(model, inputs, version, timeout, priority, outputs))
-        future = ticket.future
-        # NOTE: `settled`'s body, inline (a coroutine of its own is a frame and an object more)
-        try:
-            await future
-        except asyncio.CancelledError:
-            future.cancel()
-            raise
-        except BaseException as exc:  # read below, by `response`, without its traceback
-            exc.__traceback__ = None
-        if ticket.classes or future.exception() is not None:
-            return ticket.response().outputs
-        produced, wanted = future.result(), ticket.outputs
-        if tuple(produced) == wanted:  # all of them, in order: a copy, without a frame
-            return dict(produced)
-        return {name: produced[name] for name in wanted}
+        await settled(ticket.future)
+        return ticket.response().outputs
 
     def infer(
         self,

@@ -210,11 +210,11 @@ class RestApi:
                 self._infer_targets[target] = (parts[2], parts[4] if len(parts) == 6 else None)
             return self._route(method, parts, headers, body)
         except DuetimeError as exc:
-            return self._failed(exc, headers, _segments(target) if parts is None else parts)
+            return self._failed(exc, headers, parts or _segments(target))
         except Exception as exc:  # a bug of ours: answer 500, log it, keep serving
             log.exception("internal error on %s %r", method, target)
             error = InternalError(f"internal error: {type(exc).__name__}: {exc}")
-            return self._failed(error, headers, _segments(target) if parts is None else parts)
+            return self._failed(error, headers, parts or _segments(target))
 
     def _failed(
         self, exc: DuetimeError, headers: Mapping[str, str], parts: list[str], trace_id: str = ""

@@ -265,10 +265,8 @@ class ModelScheduler:
         self.last_arrival_ns = clock.now_ns()
         """When the last request arrived (or the scheduler started): the least recently used
         model is the first unloaded when the memory budget is reached."""
-        self._drained = True
-        """Nothing queued and nothing running. NOTE: a flag, with a future only while `aclose`
-        waits for it: an asyncio.Event's set and clear are a Python call each, per request."""
         self._drain_waiter: asyncio.Future[None] | None = None
+        """Set while `aclose` waits for `idle`; resolved by the dispatch that gets there."""
         self._batch_sizes: dict[int, BatchSizeStatistics] = {}
         self._peak = self._succeeded = self._failed = self._rejected = self._expired = 0
         self._late = self._on_time = self._probes = 0
@@ -318,7 +316,6 @@ class ModelScheduler:
         if timing is not None:
             timing.queued_ns = now
             item.timing = timing
-        self._drained = False
         if not len(queue) and self._max_delay_ns == 0 and not self._inline:
             instance = self._idle_instance(now)
             if instance is not None:
@@ -367,7 +364,7 @@ class ModelScheduler:
     @property
     def idle(self) -> bool:
         """Nothing queued and nothing running."""
-        return self._drained
+        return not len(self._queue) and not any(self._outstanding)
 
     def _predict(
         self, now: int, rows: int, key: tuple[int, int, int], others: Queued | None
@@ -562,8 +559,8 @@ class ModelScheduler:
                 return
             queue.take(decision.taken)
             self._start(decision, instance, start, now)
-        if not len(queue) and not any(self._outstanding):
-            self._set_drained()
+        if self._drain_waiter is not None:
+            self._wake_drain_waiter()
 
     def _kick(self) -> None:
         """Inline: dispatch once the loop has taken in what this turn brought.
@@ -590,17 +587,15 @@ class ModelScheduler:
                         self._expire([item], now)
                     else:
                         self._start_alone(item, 0, now)
-                self._drained = True  # an inline batch is over when `_start` returns
-                if self._drain_waiter is not None:
-                    self._set_drained()
+                if self._drain_waiter is not None:  # (an inline batch is over when it returns)
+                    self._wake_drain_waiter()
                 return
         self._dispatch()
         self._arm_sweeper()
 
-    def _set_drained(self) -> None:
-        self._drained = True
+    def _wake_drain_waiter(self) -> None:
         waiter = self._drain_waiter
-        if waiter is not None and not waiter.done():
+        if waiter is not None and not waiter.done() and self.idle:
             waiter.set_result(None)
 
     def _start_alone(self, item: QueuedRequest, instance: int, now: int) -> None:
@@ -635,6 +630,8 @@ class ModelScheduler:
         self._sweeper = None
         now = self._clock.now_ns()
         self._expire(sweep_hopeless(self._queue, now_ns=now, estimate=self._deadline_rule()), now)
+        if self._drain_waiter is not None:
+            self._wake_drain_waiter()
         if not self._closed:
             self._arm_sweeper()
 
@@ -872,7 +869,7 @@ class ModelScheduler:
     async def aclose(self, grace_s: float) -> None:
         """Refuse new requests, let queued ones finish for up to `grace_s`, fail the rest."""
         self._closed = True
-        if not self._drained:
+        if not self.idle:
             self._drain_waiter = self._loop.create_future()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(asyncio.shield(self._drain_waiter), grace_s)

@@ -193,8 +193,7 @@ def _run_feed(args: argparse.Namespace) -> int:
         return 2
     try:
         trigger = Trigger(every=args.every, top_change=args.on == "top-change")
-        if live:
-            parse_address(args.udp, "--udp")
+        args.address = parse_address(args.udp, "--udp") if live else None
     except ValueError as exc:
         print(f"{command}: {exc}", file=sys.stderr)
         return 2
@@ -248,8 +247,8 @@ async def _feed(args: argparse.Namespace, options: Any) -> dict[str, Any] | None
         log, out = open_log(args.predictions, ORDERBOOK_CLASSES)
         try:
             feed = FeedRun(predictor, options, log)
-            if args.itch_command == "listen":
-                stats = await _listen(feed, args)
+            if args.address is not None:
+                stats = await _listen(feed, args.address, args)
             else:
                 messages = read_messages(args.file, on_error=args.on_error)
                 stats = await feed.run(messages)
@@ -273,24 +272,21 @@ async def _feed(args: argparse.Namespace, options: Any) -> dict[str, Any] | None
             await engine.aclose()
         pin_current_thread(pinned)  # as it was: the caller's thread goes on after the run
     report = stats.report()
-    if args.itch_command == "listen":
-        report.update(model=args.model, deadline_us=args.deadline_us, pace="live",
-                      file=f"udp://{args.udp}")  # fmt: skip
-    else:
-        report.update(
-            model=args.model, deadline_us=args.deadline_us, pace=args.pace, file=str(args.file)
-        )
+    live = args.address is not None
+    report.update(
+        model=args.model, deadline_us=args.deadline_us, pace="live" if live else args.pace,
+        file=f"udp://{args.udp}" if live else str(args.file),
+    )  # fmt: skip
     return report
 
 
-async def _listen(feed: FeedRun, args: argparse.Namespace) -> RunStats:
+async def _listen(feed: FeedRun, address: tuple[str, int], args: argparse.Namespace) -> RunStats:
     """Bind the feed's socket, say where, and run the pipeline on it until it ends."""
     import signal
 
     from duetime.feeds.itch.live import UdpFeed
 
-    host, port = parse_address(args.udp, "--udp")
-    udp = await UdpFeed.open(host, port, idle_s=args.idle_s, busy_poll_us=args.busy_poll_us)
+    udp = await UdpFeed.open(*address, idle_s=args.idle_s, busy_poll_us=args.busy_poll_us)
     bound_host, bound_port = udp.address
     print(f"listening on udp://{bound_host}:{bound_port}", flush=True)
     loop = asyncio.get_running_loop()

@@ -13,6 +13,7 @@ reports as missed messages. Nothing is retransmitted.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import socket
 import time
@@ -62,7 +63,6 @@ class UdpFeed:
         self._poll = (
             BusyPoll(asyncio.get_running_loop(), busy_poll_us / 1e6) if busy_poll_us else None
         )
-        self._stopped = asyncio.Event()
         self._early: list[tuple[list[Message], int]] = []
         receiver.on_packet = self._keep  # until `start`: nothing may be lost in between
 
@@ -114,12 +114,12 @@ class UdpFeed:
 
     def stop(self) -> None:
         """Close the socket and end `ended` (also from a signal handler)."""
-        self._stopped.set()
+        self._receiver.ended.set()
         self._transport.close()
 
     async def ended(self) -> None:
         receiver = self._receiver
-        while not (receiver.ended.is_set() or self._stopped.is_set()):
+        while not receiver.ended.is_set():
             last = receiver.last_received_ns
             if self._idle_ns is not None and last:
                 idle = time.monotonic_ns() - last
@@ -128,19 +128,11 @@ class UdpFeed:
                 wait_s = (self._idle_ns - idle) / 1e9
             else:
                 wait_s = 1.0
-            await _first_of(receiver.ended, self._stopped, wait_s)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(receiver.ended.wait(), wait_s)
 
     def _keep(self, messages: list[Message], received_ns: int) -> None:
         self._early.append((messages, received_ns))
-
-
-async def _first_of(first: asyncio.Event, second: asyncio.Event, timeout_s: float) -> None:
-    waits = [asyncio.ensure_future(first.wait()), asyncio.ensure_future(second.wait())]
-    try:
-        await asyncio.wait(waits, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for waiting in waits:
-            waiting.cancel()
 
 
 @dataclass(slots=True)

@@ -187,8 +187,8 @@ class MoldUdpReceiver(asyncio.DatagramProtocol):
     ITCH message in order, and `on_packet(messages, received_ns)` once per datagram with its
     new messages (if any) and the monotonic time it was taken in; `on_gap(gap)` for each gap.
     Datagrams that do not parse are counted in `bad_packets`, never raised into the event loop.
-    `ended` is set by the session's end-of-session packet; `last_received_ns` is when the last
-    datagram (heartbeats too) came in.
+    `ended` is set by the session's end-of-session packet (or by its owner, to stop);
+    `last_received_ns` is when the last datagram (heartbeats too) came in.
     """
 
     def __init__(
