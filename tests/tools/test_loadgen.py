@@ -11,6 +11,7 @@ import asyncio
 import json
 import shutil
 import socket
+import time
 from collections.abc import Coroutine
 from dataclasses import replace
 from pathlib import Path
@@ -330,6 +331,40 @@ def test_open_loop_sends_every_request_in_order_never_much_early() -> None:
     assert ledger.scheduled == scheduled
     lag = np.asarray(ledger.sent) - np.asarray(scheduled)
     assert lag.min() >= -GROUP_NS - 100_000  # early only by the timer's grouping (+ clock reads)
+
+
+def test_an_answer_sends_what_fell_due_without_waiting_for_the_timer() -> None:
+    """Under load the timer thread's wake waits for the loop's turn to end; an answer read in
+    that turn sends the requests already due itself, at once."""
+    hour = 3600 * 10**9
+
+    async def scenario() -> tuple[Ledger, int, int]:
+        start = time.perf_counter_ns()  # the timer thread's clock: the first send is due now
+        now = [start]
+        ledger = Ledger(clock=lambda: now[0])
+        first = asyncio.Event()
+
+        class Transport(SentPayloads):
+            def send(self, rid: int, payload: Any, lane: int | None) -> None:
+                super().send(rid, payload, lane)
+                first.set()
+
+        transport = Transport()
+        dispatch = Dispatch(ledger, transport, [[EnginePayload({}, None, 0)]])  # type: ignore[arg-type]
+        offsets = np.array([0, hour, hour + GROUP_NS // 2], dtype=np.int64)
+        sender = OpenLoop(dispatch, offsets, np.zeros(3, dtype=np.int64))
+        run = asyncio.ensure_future(sender.run(start, start + hour))
+        await asyncio.wait_for(first.wait(), 10)
+        assert len(transport.sent) == 1
+        now[0] = start + hour  # the timer would wake in an hour; the answer comes now
+        ledger.finish(0, Outcome.OK, None)
+        sent_at_once = len(transport.sent)
+        await asyncio.wait_for(run, 10)  # every request sent: the run ends, its timer stopped
+        return ledger, sent_at_once, start
+
+    ledger, sent_at_once, start = run_async(scenario())
+    assert sent_at_once == 3
+    assert ledger.sent[1:] == [start + hour, start + hour]
 
 
 def test_random_inputs_fill_free_dims_with_one() -> None:
