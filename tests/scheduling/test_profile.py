@@ -243,3 +243,28 @@ def test_handoff_tail_forgets_stalls_older_than_its_memory() -> None:
     later = TAIL_MEMORY_NS + OVERRUN_WINDOW
     tail.observe(50_000, later)
     assert tail.value == 50_000
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(
+        st.floats(min_value=0.0, max_value=1e7, allow_nan=False),
+        min_size=OVERRUN_WINDOW,
+        max_size=3 * OVERRUN_WINDOW,
+    )
+)
+def test_tail_read_at_each_block_is_the_second_longest_of_the_window(values: list[float]) -> None:
+    tail = RecentTail()
+    for count, value in enumerate(values, start=1):
+        tail.observe(value, 5_000)
+        if count >= OVERRUN_WINDOW and count % OVERRUN_EVERY == 0:
+            assert tail.value == sorted(values[count - OVERRUN_WINDOW : count])[-2]
+
+
+def test_profile_followers_track_the_estimates_of_every_bucket_that_ran() -> None:
+    profile = LatencyProfile([ProfilePoint(r, 100_000 * r, 100_000 * r) for r in (1, 2, 4, 8, 16)])
+    for index in range(2_000):  # sizes 1 and 2 run, at 1.5x and 0.5x their load figures
+        rows = 1 + index % 2
+        profile.observe(rows, 150_000 if rows == 1 else 100_000)
+    ratio = (150_000 + 100_000) / (100_000 + 200_000)
+    assert profile.predict(16) == pytest.approx(16 * 100_000 * ratio, rel=0.02)
