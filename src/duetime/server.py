@@ -187,13 +187,17 @@ class Server:
 
     def _sample(self) -> None:
         assert self.shedder is not None
+        self.shedder.sample(self._outcomes)
+        self._shed_timer = asyncio.get_running_loop().call_later(SHED_PERIOD_S, self._sample)
+
+    def _outcomes(self) -> tuple[int, int]:
+        """`(missed, seen)` over every served variant (see `LoadShedder.sample`)."""
         missed = seen = 0
         for deployment in self.engine.registry.snapshot.deployments():
             missed_here, seen_here = deployment.scheduler.outcomes()
             missed += missed_here
             seen += seen_here
-        self.shedder.sample(missed, seen)
-        self._shed_timer = asyncio.get_running_loop().call_later(SHED_PERIOD_S, self._sample)
+        return missed, seen
 
     async def stop(self) -> None:
         """Stop accepting, report not-ready, drain queued work, close connections and models."""

@@ -47,7 +47,7 @@ def refused(shedder: LoadShedder, calls: int) -> int:
 def test_an_idle_loop_refuses_nothing() -> None:
     shedder, clocks = make()
     clocks.run(0.01, busy=0.3)
-    shedder.sample(*clocks.failing())
+    shedder.sample(clocks.failing)
     assert shedder.utilization == pytest.approx(0.3)
     assert refused(shedder, 100) == 0
 
@@ -56,15 +56,15 @@ def test_a_busy_loop_refuses_a_growing_share_then_recovers() -> None:
     shedder, clocks = make()
     for _ in range(4):
         clocks.run(0.01, busy=1.0)
-        shedder.sample(*clocks.failing())
+        shedder.sample(clocks.failing)
     assert shedder.share == pytest.approx(0.2)
     assert refused(shedder, 100) == 20
     clocks.run(0.01, busy=0.5)
-    shedder.sample(*clocks.failing())
+    shedder.sample(clocks.failing)
     assert shedder.share == pytest.approx(0.2 * DECAY)
     for _ in range(200):
         clocks.run(0.01, busy=0.5)
-        shedder.sample(*clocks.failing())
+        shedder.sample(clocks.failing)
     assert shedder.share == 0.0
     assert refused(shedder, 100) == 0
 
@@ -73,7 +73,7 @@ def test_the_share_is_capped_so_some_requests_always_get_through() -> None:
     shedder, clocks = make()
     for _ in range(100):
         clocks.run(0.01, busy=1.0)
-        shedder.sample(*clocks.failing())
+        shedder.sample(clocks.failing)
     assert shedder.share == pytest.approx(0.95)
     assert refused(shedder, 100) in (94, 95)  # the share accumulates in floating point
 
@@ -82,7 +82,7 @@ def test_the_refusal_says_why_and_when_to_retry() -> None:
     shedder, clocks = make()
     for _ in range(20):
         clocks.run(0.01, busy=1.0)
-        shedder.sample(*clocks.failing())
+        shedder.sample(clocks.failing)
     with pytest.raises(Overloaded, match="saturated") as caught:
         refused_once(shedder)
     assert caught.value.http_status == 429
@@ -96,7 +96,7 @@ def refused_once(shedder: LoadShedder) -> None:
 
 def test_no_time_passed_changes_nothing() -> None:
     shedder, clocks = make()
-    shedder.sample(*clocks.failing())
+    shedder.sample(clocks.failing)
     assert shedder.share == 0.0
 
 
@@ -104,7 +104,7 @@ def test_a_busy_loop_whose_requests_meet_their_due_times_sheds_nothing() -> None
     shedder, clocks = make()
     for step in range(1, 20):
         clocks.run(0.01, busy=1.0)
-        shedder.sample(missed=0, seen=100 * step)  # a closed loop without due times, say
+        shedder.sample(lambda step=step: (0, 100 * step))  # a closed loop without due times, say
     assert shedder.share == 0.0
     assert refused(shedder, 100) == 0
 
@@ -113,8 +113,26 @@ def test_shedding_stops_once_misses_stop() -> None:
     shedder, clocks = make()
     for step in range(1, 6):
         clocks.run(0.01, busy=1.0)
-        shedder.sample(missed=50 * step, seen=100 * step)
+        shedder.sample(lambda step=step: (50 * step, 100 * step))
     assert shedder.share == pytest.approx(0.25)
     clocks.run(0.01, busy=1.0)
-    shedder.sample(missed=250, seen=600)  # no new misses
+    shedder.sample(lambda: (250, 600))  # no new misses
     assert shedder.share == pytest.approx(0.25 * DECAY)
+
+
+def test_below_its_target_the_shedder_never_reads_the_totals() -> None:
+    shedder, clocks = make()
+    read = []
+
+    def totals() -> tuple[int, int]:
+        read.append(clocks.wall)
+        return clocks.failing()
+
+    for _ in range(50):
+        clocks.run(0.01, busy=0.5)
+        shedder.sample(totals)
+    assert read == [], "an idle or lightly loaded loop samples with two clock reads"
+    clocks.run(0.01, busy=1.0)
+    shedder.sample(totals)
+    assert len(read) == 1
+    assert shedder.share == pytest.approx(0.05)
