@@ -19,7 +19,7 @@ from factories import OTHER_SHAPE, SHAPE, FakeExecutor, make_profile
 from duetime.clock import FakeClock
 from duetime.config import SchedulingConfig
 from duetime.errors import DeadlineExceeded, InvalidInput, ModelUnavailable, Overloaded
-from duetime.execution.executor import Feeds
+from duetime.execution.executor import BatchResult, Feeds
 from duetime.scheduling.ledger import CoreLedger
 from duetime.scheduling.profile import OVERRUN_WINDOW, profile_from_samples
 from duetime.scheduling.scheduler import PROBE_NS, BatchSizeStatistics, ModelScheduler
@@ -674,6 +674,65 @@ def test_long_batches_get_the_next_batch_queued_before_they_end() -> None:
         assert scheduler.statistics().busy_instances == 1
         executor.complete(1, compute_ns=9 * MS)
         assert scheduler.statistics().succeeded == 3
+
+    run(body)
+
+
+def test_a_lookahead_batch_its_thread_takes_too_late_fails_its_requests_unrun() -> None:
+    """The batch ahead overran: the next batch, already on the instance's thread, can no longer
+    answer in time, so the thread skips it and its requests fail as expired, not late."""
+
+    async def body() -> None:
+        clock = FakeClock(1_000 * MS)
+        executor = FakeExecutor(1, depth=2)
+        scheduler = ModelScheduler(
+            executor=executor,  # type: ignore[arg-type]
+            config=SchedulingConfig(delivery_margin_us=0, exec_margin=0.0),
+            max_batch_size=4,
+            profile=profile_from_samples({1: [5 * MS] * 5, 2: [9 * MS] * 5, 4: [17 * MS] * 5}),
+            default_timeout_ns=None,
+            clock=clock,
+            label="'big' version 1",
+        )
+        first = scheduler.submit_nowait({}, rows=1, shape_key=(), due_ns=None, priority=0)
+        due = clock.now_ns() + 20 * MS
+        second = scheduler.submit_nowait({}, rows=1, shape_key=(), due_ns=due, priority=0)
+        unbound = scheduler.submit_nowait({}, rows=1, shape_key=(), due_ns=None, priority=0)
+        clock.advance(4_500 * US)
+        scheduler._on_timer()
+        assert [job.rows for _, job in executor.jobs] == [[1], [1, 1]]
+        assert executor.jobs[0][1].start_by is None, "a batch to an idle instance starts at once"
+        assert executor.jobs[1][1].start_by is None, "one request in it has no due time"
+        executor.complete(0, compute_ns=5 * MS)
+        executor.complete(1, compute_ns=9 * MS)
+        assert all(f.done() and f.exception() is None for f in (first, second, unbound))
+
+        # the same with due times only: the batch ahead overruns
+        now = clock.now_ns()
+        dues = [now + 40 * MS, now + 20 * MS, now + 20 * MS]
+        tight = [
+            scheduler.submit_nowait({}, rows=1, shape_key=(), due_ns=due, priority=0)
+            for due in dues
+        ]
+        clock.advance(4_500 * US)
+        scheduler._on_timer()
+        instance, lookahead = executor.jobs[3]
+        assert lookahead.rows == [1, 1]
+        assert lookahead.start_by is not None
+        read_clock, start_by = lookahead.start_by
+        assert start_by == dues[2] - scheduler._exec_ns(2), "in time for its last due, no later"
+        executor.complete(2, compute_ns=5 * MS)
+        clock.advance(15 * MS)  # the thread takes the lookahead batch now: too late for both
+        assert read_clock() > start_by
+        skipped = BatchResult(lookahead, instance, skipped=True)
+        executor.finished.add(3)
+        lookahead.on_done(skipped)
+        await asyncio.sleep(0)
+        for future in tight[1:]:
+            assert isinstance(future.exception(), DeadlineExceeded)
+            assert "it was not run" in str(future.exception())
+        stats = scheduler.statistics()
+        assert (stats.expired, stats.late, stats.executions) == (2, 0, 3)
 
     run(body)
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -26,7 +26,12 @@ class DoublingSession:
 
 
 def run_job(
-    session: DoublingSession, feeds: list[np.ndarray], bucket: int, *, inline: bool = False
+    session: DoublingSession,
+    feeds: list[np.ndarray],
+    bucket: int,
+    *,
+    inline: bool = False,
+    start_by: tuple[Callable[[], int], int] | None = None,
 ) -> BatchResult:
     executor = Executor(
         [session], output_names=["y"], string_outputs=frozenset(), batched=True, label="t",
@@ -38,6 +43,7 @@ def run_job(
         executor.start(asyncio.get_running_loop())
         rows = [f.shape[0] for f in feeds]
         job = BatchJob([{"x": f} for f in feeds], rows, bucket, done.set_result)
+        job.start_by = start_by
         if inline:
             return executor.run_now(0, job)
         executor.submit(0, job)
@@ -59,6 +65,18 @@ def test_a_batch_is_padded_to_its_bucket_and_split_per_request() -> None:
     assert isinstance(second, dict)
     np.testing.assert_array_equal(first["y"], a * 2)
     np.testing.assert_array_equal(second["y"], b * 2)
+
+
+def test_a_thread_skips_a_job_it_takes_after_its_start_by_and_runs_one_in_time() -> None:
+    session = DoublingSession()
+    x = np.ones((1, 3), np.float32)
+    late = run_job(session, [x], bucket=1, start_by=(lambda: 2_000, 1_000))
+    assert late.skipped
+    assert list(late.outputs) == []
+    assert session.batches == [], "a skipped job never reaches the session"
+    in_time = run_job(session, [x], bucket=1, start_by=(lambda: 1_000, 1_000))
+    assert not in_time.skipped
+    assert session.batches == [1]
 
 
 def test_a_request_that_breaks_the_batch_fails_alone() -> None:

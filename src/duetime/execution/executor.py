@@ -42,6 +42,9 @@ class BatchJob:
     """Called on the event loop with the result."""
     turn: tuple[Turns, int] | None = None
     """Its place among the batches of the instance threads sharing its CPU (None: runs at once)."""
+    start_by: tuple[Callable[[], int], int] | None = None
+    """A clock and the last instant on it at which running still helps: a thread that takes the
+    job later skips it (`BatchResult.skipped`). None: it always runs."""
 
 
 @dataclass(slots=True, eq=False)
@@ -55,6 +58,8 @@ class BatchResult:
     """Time inside `session.run`, summed over runs (an isolated retry runs more than once)."""
     waited_ns: int = 0
     """Time its thread waited for its turn on a shared CPU (see `BatchJob.turn`)."""
+    skipped: bool = False
+    """Not run: its thread took it after `BatchJob.start_by` (no outputs)."""
 
 
 class _Stop:
@@ -160,20 +165,29 @@ class Executor:
                 return
             result = BatchResult(job, index)
             if job.turn is None:
-                self._execute(run, job, result, pool)
+                self._execute_in_time(run, job, result, pool)
             else:
                 turns, ticket = job.turn
                 waiting = time.perf_counter_ns()
                 turns.wait(ticket)
                 result.waited_ns = time.perf_counter_ns() - waiting
                 try:
-                    self._execute(run, job, result, pool)
+                    self._execute_in_time(run, job, result, pool)
                 finally:
                     turns.done(ticket)
             try:
                 loop.call_soon_threadsafe(job.on_done, result)
             except RuntimeError:  # the loop closed under us: nobody is waiting any more
                 return
+
+    def _execute_in_time(
+        self, run: Run, job: BatchJob, result: BatchResult, pool: InputPool
+    ) -> None:
+        start_by = job.start_by
+        if start_by is not None and start_by[0]() > start_by[1]:
+            result.skipped = True
+            return
+        self._execute(run, job, result, pool)
 
     def _execute(self, run: Run, job: BatchJob, result: BatchResult, pool: InputPool) -> None:
         try:
