@@ -646,22 +646,28 @@ def test_sweep_fails_hopeless_requests_behind_the_head() -> None:
     run(body)
 
 
+def long_batches() -> tuple[FakeClock, FakeExecutor, ModelScheduler]:
+    """A model whose batches take 5-17 ms, on one instance that takes a lookahead batch."""
+    clock = FakeClock(1_000 * MS)
+    executor = FakeExecutor(1, depth=2)
+    scheduler = ModelScheduler(
+        executor=executor,  # type: ignore[arg-type]
+        config=SchedulingConfig(delivery_margin_us=0, exec_margin=0.0),
+        max_batch_size=4,
+        profile=profile_from_samples({1: [5 * MS] * 5, 2: [9 * MS] * 5, 4: [17 * MS] * 5}),
+        default_timeout_ns=None,
+        clock=clock,
+        label="'big' version 1",
+    )
+    return clock, executor, scheduler
+
+
 def test_long_batches_get_the_next_batch_queued_before_they_end() -> None:
     """A model whose batch takes milliseconds: the next batch is handed to the instance shortly
     before the current one ends, so the instance never idles for a loop round trip."""
 
     async def body() -> None:
-        clock = FakeClock(1_000 * MS)
-        executor = FakeExecutor(1, depth=2)
-        scheduler = ModelScheduler(
-            executor=executor,  # type: ignore[arg-type]
-            config=SchedulingConfig(delivery_margin_us=0, exec_margin=0.0),
-            max_batch_size=4,
-            profile=profile_from_samples({1: [5 * MS] * 5, 2: [9 * MS] * 5, 4: [17 * MS] * 5}),
-            default_timeout_ns=None,
-            clock=clock,
-            label="'big' version 1",
-        )
+        clock, executor, scheduler = long_batches()
         scheduler.submit_nowait({}, rows=1, shape_key=(), due_ns=None, priority=0)
         scheduler.submit_nowait({}, rows=1, shape_key=(), due_ns=None, priority=0)
         assert len(executor.jobs) == 1  # 5 ms to go: too early to commit the next batch
@@ -683,17 +689,7 @@ def test_a_lookahead_batch_its_thread_takes_too_late_fails_its_requests_unrun() 
     answer in time, so the thread skips it and its requests fail as expired, not late."""
 
     async def body() -> None:
-        clock = FakeClock(1_000 * MS)
-        executor = FakeExecutor(1, depth=2)
-        scheduler = ModelScheduler(
-            executor=executor,  # type: ignore[arg-type]
-            config=SchedulingConfig(delivery_margin_us=0, exec_margin=0.0),
-            max_batch_size=4,
-            profile=profile_from_samples({1: [5 * MS] * 5, 2: [9 * MS] * 5, 4: [17 * MS] * 5}),
-            default_timeout_ns=None,
-            clock=clock,
-            label="'big' version 1",
-        )
+        clock, executor, scheduler = long_batches()
         first = scheduler.submit_nowait({}, rows=1, shape_key=(), due_ns=None, priority=0)
         due = clock.now_ns() + 20 * MS
         second = scheduler.submit_nowait({}, rows=1, shape_key=(), due_ns=due, priority=0)
