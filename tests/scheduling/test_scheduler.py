@@ -646,13 +646,17 @@ def test_sweep_fails_hopeless_requests_behind_the_head() -> None:
     run(body)
 
 
-def long_batches() -> tuple[FakeClock, FakeExecutor, ModelScheduler]:
+def long_batches(policy: str = "edf") -> tuple[FakeClock, FakeExecutor, ModelScheduler]:
     """A model whose batches take 5-17 ms, on one instance that takes a lookahead batch."""
     clock = FakeClock(1_000 * MS)
     executor = FakeExecutor(1, depth=2)
     scheduler = ModelScheduler(
         executor=executor,  # type: ignore[arg-type]
-        config=SchedulingConfig(delivery_margin_us=0, exec_margin=0.0),
+        config=SchedulingConfig(
+            delivery_margin_us=0,
+            exec_margin=0.0,
+            policy=policy,  # type: ignore[arg-type]
+        ),
         max_batch_size=4,
         profile=profile_from_samples({1: [5 * MS] * 5, 2: [9 * MS] * 5, 4: [17 * MS] * 5}),
         default_timeout_ns=None,
@@ -729,6 +733,26 @@ def test_a_lookahead_batch_its_thread_takes_too_late_fails_its_requests_unrun() 
             assert "it was not run" in str(future.exception())
         stats = scheduler.statistics()
         assert (stats.expired, stats.late, stats.executions) == (2, 0, 3)
+
+    run(body)
+
+
+def test_fifo_runs_every_batch_it_handed_to_an_instance() -> None:
+    """FIFO mode stands for Triton's batcher: a batch handed over runs, whatever the time."""
+
+    async def body() -> None:
+        clock, executor, scheduler = long_batches("fifo")
+        for _ in range(3):
+            scheduler.submit_nowait(
+                {}, rows=1, shape_key=(), due_ns=clock.now_ns() + 20 * MS, priority=0
+            )
+        clock.advance(4_500 * US)
+        scheduler._on_timer()
+        assert len(executor.jobs) == 2
+        assert executor.jobs[1][1].start_by is None
+        executor.complete(0, compute_ns=5 * MS)
+        executor.complete(1, compute_ns=9 * MS)
+        await scheduler.aclose(0)
 
     run(body)
 

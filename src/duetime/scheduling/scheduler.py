@@ -694,7 +694,7 @@ class ModelScheduler:
         if self._ledger is not None and self._ledger.shared:
             turns = self._ledger.turns
             job.turn = (turns, turns.take())
-        if len(self._outstanding[instance]) > 1:
+        if self._edf and len(self._outstanding[instance]) > 1:
             job.start_by = self._start_by(requests, run.rows)
         self._executor.submit(instance, job)
 
@@ -708,7 +708,8 @@ class ModelScheduler:
         batch ahead of it is predicted to end; when that one overran (a stalled vCPU, say), the
         thread took the next batch whatever the time, and ran requests past their due times: 3
         of the 8 answers the server itself counted late in one resnet run at twice its
-        capacity. Skipped, they fail as expired, and the thread moves on."""
+        capacity. Skipped, they fail as expired, and the thread moves on. (FIFO mode runs what
+        it handed over, as Triton's batcher does.)"""
         last_due = 0
         for item in requests:
             if item.due_ns is None:
