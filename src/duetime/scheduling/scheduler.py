@@ -735,8 +735,10 @@ class ModelScheduler:
             self._busy_until[instance] = 0
         if self._ledger is not None:
             self._ledger.book(self._owners[instance], self._busy_until[instance])
-        if result.skipped:
-            self._expire_skipped(running, now)
+        if result.skipped:  # its thread took it too late to run (see `_start_by`)
+            live = [item for item in running.requests if not item.future.done()]
+            self._cancelled += len(running.requests) - len(live)
+            self._expire(live, now)
             return
         self._record(running, result, now)
         self._judge(instance, running, result, now)
@@ -747,20 +749,6 @@ class ModelScheduler:
         answer = (self._clock.now_ns() - now) / max(1, len(running.requests))
         answer = min(answer, 2 * self._answer_ns + 100_000)  # one stall must not double it
         self._answer_ns += _OVERHEAD_ALPHA * (answer - self._answer_ns)
-
-    def _expire_skipped(self, running: _Running, now: int) -> None:
-        """Fail the requests of a batch its thread took too late to run (see `_start_by`)."""
-        self._refused_ns = now
-        for item in running.requests:
-            if item.future.done():
-                self._cancelled += 1
-                continue
-            self._expired += 1
-            _settle(item, DeadlineExceeded(
-                f"model {self._label}: the batch before it ran long, so it could not start in "
-                f"time for its due time ({((item.due_ns or now) - now) / 1e3:.0f} µs left, a run "
-                f"needs {self._exec_ns(running.rows) / 1e3:.0f} µs); it was not run"
-            ))  # fmt: skip
 
     def _settle_batch(self, running: _Running, result: BatchResult, now: int) -> None:
         for item, outputs in zip(running.requests, result.outputs, strict=True):
