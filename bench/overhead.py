@@ -7,7 +7,10 @@ Engine.infer_async, HTTP binary, HTTP JSON (a minimal keep-alive socket client, 
 own cost stays small) and gRPC (a bare grpc channel with a pre-serialised request). Throughput is
 closed-loop over HTTP binary with 16 keep-alive connections, driven by wrk (a Lua script posts
 the binary body) when it is installed. The server runs in its own process; a second one with
-`--busy-poll-us` gives the last two HTTP rows (blocking and polling client).
+`--busy-poll-us` gives two HTTP rows (blocking and polling client), and where the bench may write
+/dev/cpu_dma_latency (root) a third with `--cpu-dma-latency-us 0` gives the rows so marked: the
+machine's idle CPUs poll instead of halting while it runs, and the echo floor is measured again
+under that limit.
 
 Each row's `added_p50_us` is over ONNX Runtime timed in alternation with it (blocks of
 `BLOCK` calls, or call by call for the Engine rows), in the same process and thread: the host
@@ -50,7 +53,12 @@ from common import (
 
 from duetime import Engine
 from duetime.demo import write_demo_repository
-from duetime.execution.affinity import CpuPlan, parse_cpus, pin_current_thread
+from duetime.execution.affinity import (
+    CPU_DMA_LATENCY,
+    CpuPlan,
+    parse_cpus,
+    pin_current_thread,
+)
 from duetime.execution.ort import session_options
 from duetime.loops import new_event_loop
 from duetime.tools.payloads import grpc_request_bytes
@@ -172,6 +180,30 @@ def echo_process(cpu: int) -> Iterator[int]:
         process.wait(timeout=10)
 
 
+LATENCY_TAG = ", --cpu-dma-latency-us 0"
+
+
+def bench_polling_cpus(
+    repo: Path, x: np.ndarray, n: int, ort_run: Callable[[], object]
+) -> dict[str, Samples]:
+    """The server holding idle CPUs to a 0 µs wake-up (they poll instead of halting), and the
+    echo floor measured while it holds it (the limit is the whole machine's)."""
+    paired: dict[str, Samples] = {}
+    with server_process(repo, "--cpu-dma-latency-us", "0") as server:
+        pin_current_thread(ALL_CPUS - {min(ALL_CPUS)} or None)
+        h, hp, gp = server.host, server.http_port, server.grpc_port
+        paired["HTTP binary" + LATENCY_TAG] = bench_http(h, hp, x, n, ort_run, binary=True)
+        paired["HTTP JSON" + LATENCY_TAG] = bench_http(h, hp, x, n, ort_run, binary=False)
+        paired["gRPC" + LATENCY_TAG] = bench_grpc(h, gp, x, n, ort_run)
+        pin_current_thread(ALL_CPUS)
+        with echo_process(min(ALL_CPUS)) as port:
+            pin_current_thread(ALL_CPUS - {min(ALL_CPUS)} or None)
+            echo = bench_http("127.0.0.1", port, x, n, ort_run, binary=True)
+            paired["echo floor" + LATENCY_TAG] = echo
+    pin_current_thread(ALL_CPUS)
+    return paired
+
+
 def wrk_throughput(host: str, port: int, x: np.ndarray, duration: int) -> dict[str, Any]:
     wrk = shutil.which("wrk")
     if wrk is None:
@@ -258,6 +290,10 @@ def main() -> int:
             for spin, label in ((False, "echo floor"), (True, "echo floor, polling client")):
                 paired[label] = bench_http("127.0.0.1", port, x, n, ort_run, binary=True, spin=spin)
         pin_current_thread(ALL_CPUS)
+        if os.access(CPU_DMA_LATENCY, os.W_OK):
+            paired.update(bench_polling_cpus(repo, x, n, ort_run))
+        else:
+            print(f"(no {LATENCY_TAG.lstrip(', ')} rows: {CPU_DMA_LATENCY} is not writable here)")
     rows[0]["ort_p50_us"] = rows[0]["p50_us"]
     for path, (samples, base) in paired.items():
         ort_p50 = percentiles_us(base)["p50_us"]
@@ -266,8 +302,11 @@ def main() -> int:
     for row in rows:
         row["added_p50_us"] = row["p50_us"] - row["ort_p50_us"]
         if row["path"].startswith("HTTP binary"):
-            polling = "polling" in row["path"]
-            floor = floors["echo floor, polling client" if polling else "echo floor"]
+            if row["path"].endswith(LATENCY_TAG):
+                floor = floors["echo floor" + LATENCY_TAG]
+            else:
+                polling = "polling" in row["path"]
+                floor = floors["echo floor, polling client" if polling else "echo floor"]
             row["over_echo_p50_us"] = row["p50_us"] - floor
     print_table(
         f"mlp, batch 1, {n} sequential requests after {WARMUP} warm-up (latency in µs; echo "

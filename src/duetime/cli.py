@@ -116,6 +116,11 @@ def _parser() -> argparse.ArgumentParser:
         "busy core)",
     )  # fmt: skip
     serve.add_argument(
+        "--cpu-dma-latency-us", type=int,
+        help="while serving, keep idle CPUs able to wake within this many µs (Linux PM QoS, "
+        "whole machine, needs root; 0: idle CPUs poll, the lowest latency)",
+    )  # fmt: skip
+    serve.add_argument(
         "--overload-utilization", type=float,
         help="refuse a share of requests early above this event-loop busy share (0.85; 0: off)",
     )  # fmt: skip
@@ -239,6 +244,7 @@ def _serve(args: argparse.Namespace) -> int:
         "metrics_port": args.metrics_port, "max_body_bytes": args.max_body_bytes,
         "idle_timeout_s": args.idle_timeout_s, "cpus": args.cpus,
         "busy_poll_us": args.busy_poll_us,
+        "cpu_dma_latency_us": args.cpu_dma_latency_us,
         "max_connections": args.max_connections,
         "request_read_timeout_s": args.request_read_timeout_s,
         "min_body_rate_bytes_s": args.min_body_rate_bytes_s,

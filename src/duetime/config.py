@@ -323,6 +323,11 @@ class ServerSettings(_Strict):
     busy_poll_us: int = Field(default=0, ge=0, le=1_000_000)
     """After a read, the event loop keeps polling (a busy core) this long before it sleeps, so
     that a client's next request is read without waking the core (see loops.BusyPoll). 0: off."""
+    cpu_dma_latency_us: int | None = Field(default=None, ge=0, le=2**31 - 1)
+    """While serving, hold this limit on how long an idle CPU may take to wake up (Linux PM QoS,
+    `/dev/cpu_dma_latency`, every CPU of the machine; needs root). 0: idle CPUs poll instead of
+    halting, so a request finds its core awake (see execution/affinity.py `CpuLatencyLimit`).
+    None: the system's own idle policy."""
     overload_utilization: float = Field(default=0.85, ge=0.0, le=1.0)
     """Above this share of the event loop's time spent busy, while requests are failing their
     due times, a growing share of new requests is refused before their bodies are decoded

@@ -12,7 +12,12 @@ from typing import Any
 from duetime.config import ServerSettings
 from duetime.engine import Engine
 from duetime.errors import ConfigError
-from duetime.execution.affinity import CpuPlan, parse_cpus, pin_current_thread
+from duetime.execution.affinity import (
+    CpuLatencyLimit,
+    CpuPlan,
+    parse_cpus,
+    pin_current_thread,
+)
 from duetime.frontend.grpc import InferenceService, serve_grpc
 from duetime.frontend.http import HttpConnection, serve_http
 from duetime.frontend.rest import RestApi
@@ -110,6 +115,11 @@ class Server:
             self.engine, self.shedder, settings.control_token, self.tracing,
             settings.access_log_sample, self.log_settings, trace_settings, self.shared_memory,
         )  # fmt: skip
+        self.cpu_latency = (
+            None
+            if settings.cpu_dma_latency_us is None
+            else CpuLatencyLimit(settings.cpu_dma_latency_us)
+        )
         self._connections: set[HttpConnection] = set()
         self._http: asyncio.Server | None = None
         self._grpc: Any = None
@@ -128,7 +138,10 @@ class Server:
         repository = self.settings.model_repository
         if repository is None:
             raise ConfigError("no model repository given: pass a folder, or --demo")
-        metrics_port = await self._start_metrics()  # first: a taken port fails before loading
+        if self.cpu_latency is not None:  # first: a refusal fails before anything starts
+            self.cpu_latency.hold()
+            log.info("idle CPUs held to a %d µs wake-up latency", self.cpu_latency.limit_us)
+        metrics_port = await self._start_metrics()  # a taken port fails before loading
         if self.cpus.loop_cpu is not None:
             pin_current_thread(frozenset({self.cpus.loop_cpu}))
         if self.engine.repository is None:
@@ -223,6 +236,8 @@ class Server:
             await self._metrics.aclose()
         if self.tracing is not None:
             await asyncio.to_thread(self.tracing.shutdown)  # exports the spans still buffered
+        if self.cpu_latency is not None:
+            self.cpu_latency.release()
         log.info("stopped; %d HTTP connections were open", len(self._connections))
         self.log_settings.close()
         self.shared_memory.close()
