@@ -22,7 +22,7 @@ from duetime.config import ServerSettings
 @pytest.fixture(scope="module")
 def explicit_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
     repo = tmp_path_factory.mktemp("repo")
-    for name, factor in (("m", 1), ("n", 3), ("k", 3)):
+    for name, factor in (("m", 1), ("n", 3), ("k", 3), ("q", 3)):
         write_version(repo, name, 1, scale_model(factor))
     write_version(repo, "m", 2, scale_model(2))
     write_version(repo, "broken", 1, b"not onnx")
@@ -94,6 +94,40 @@ def test_index_load_unload(explicit_server: RunningServer, protocol: str) -> Non
         factor(client, name)
     states = {e.get("version"): e.get("state") for e in index(client) if e["name"] == name}
     assert states["1"] in ("UNLOADING", "UNAVAILABLE")
+
+
+def test_kserve_clients_load_and_unload_with_their_own_messages(
+    explicit_server: RunningServer,
+) -> None:
+    """KServe's v2 proto has these calls on the same service with other messages: the request
+    is `model_name = 1` (Triton's field 1 is `repository_name`), the response `model_name = 1`,
+    `isLoaded` / `isUnloaded = 2`; over HTTP KServe answers {"name", "load"/"unload": true}."""
+    import http.client
+
+    import grpc
+
+    kserve_request = b"\x0a\x01q"  # model_name: "q"
+    kserve_response = b"\x0a\x01q\x10\x01"  # model_name: "q", isLoaded / isUnloaded: true
+    client = clients(explicit_server)[1]
+    with grpc.insecure_channel(explicit_server.grpc) as channel:
+        for call in ("RepositoryModelLoad", "RepositoryModelUnload"):
+            change = channel.unary_unary(f"/inference.GRPCInferenceService/{call}")
+            assert change(kserve_request, timeout=30) == kserve_response
+            assert client.is_model_ready("q") == (call == "RepositoryModelLoad")
+    host, port = explicit_server.http.split(":")
+    connection = http.client.HTTPConnection(host, int(port))
+    try:
+        for action in ("load", "unload"):
+            connection.request("POST", f"/v2/repository/models/q/{action}")
+            response = connection.getresponse()
+            assert (response.status, json.loads(response.read())) == (
+                200, {"name": "q", action: True}
+            )  # fmt: skip
+    finally:
+        connection.close()
+    client.load_model("q")  # tritonclient reads both answers as before
+    assert client.is_model_ready("q")
+    client.unload_model("q")
 
 
 @pytest.mark.parametrize("protocol", ["http", "grpc"])

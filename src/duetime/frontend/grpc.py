@@ -135,20 +135,21 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
     async def RepositoryModelLoad(self, request: Any, context: Any) -> Any:
         try:
             check_control_token(self._control_token, _Metadata(context).get("authorization"))
-            name = check_model_name(request.model_name)
+            name = _model_to_change(request)
             asked = load_request(_parameters(request.parameters), name)
             await self._engine.load_model(name, asked.config, asked.files)
         except DuetimeError as exc:
             await _abort(context, exc)
-        return pb.RepositoryModelLoadResponse()
+        return _changed(pb.RepositoryModelLoadResponse(), name)
 
     async def RepositoryModelUnload(self, request: Any, context: Any) -> Any:
         try:
             check_control_token(self._control_token, _Metadata(context).get("authorization"))
-            await self._engine.unload_model(check_model_name(request.model_name))
+            name = _model_to_change(request)
+            await self._engine.unload_model(name)
         except DuetimeError as exc:
             await _abort(context, exc)
-        return pb.RepositoryModelUnloadResponse()
+        return _changed(pb.RepositoryModelUnloadResponse(), name)
 
     async def SystemSharedMemoryStatus(self, request: Any, context: Any) -> Any:
         try:
@@ -528,6 +529,27 @@ def _trace_id(context: Any) -> str:
     """The caller's trace id (W3C `traceparent` metadata), else a new one."""
     parent = parse_traceparent(_Metadata(context).get("traceparent"))
     return parent.trace_id_hex if parent is not None else new_trace_id()
+
+
+def _model_to_change(request: Any) -> str:
+    """The model a load or unload request names, from Triton's proto or KServe's.
+
+    NOTE: both define these calls on `inference.GRPCInferenceService`, with different messages:
+    KServe's request is `model_name = 1`, where Triton's has `repository_name = 1` and
+    `model_name = 2`. A KServe client's model name therefore arrives as the repository's; a
+    Triton client always names the model, so the repository name stands in only without it."""
+    return check_model_name(request.model_name or request.repository_name)
+
+
+def _changed(response: Any, name: str) -> Any:
+    """A load or unload response that both protos read: Triton's is empty, KServe's carries
+    `model_name = 1` and `isLoaded` / `isUnloaded = 2` (true). The two fields ride as unknown
+    fields of Triton's empty message, which Triton's clients skip. (`RepositoryIndexRequest` is
+    a string at 1 and a bool at 2: it encodes them.)"""
+    response.MergeFromString(
+        pb.RepositoryIndexRequest(repository_name=name, ready=True).SerializeToString()
+    )
+    return response
 
 
 async def _abort(

@@ -106,14 +106,15 @@ class ControlCall:
             callback()
 
     @classmethod
-    def start(cls, operation: Awaitable[None]) -> PendingReply:
+    def start(cls, operation: Awaitable[None], done: Reply) -> PendingReply:
+        """Run `operation`; the reply is `done` when it succeeds, its error otherwise."""
         loop = asyncio.get_running_loop()
         call = cls(loop.create_future())
 
         async def run() -> None:
             try:
                 await operation
-                reply = _EMPTY_OK
+                reply = done
             except DuetimeError as exc:
                 reply = error_reply(exc)
             except Exception as exc:
@@ -307,10 +308,13 @@ class RestApi:
             check_control_token(self._settings.control_token, headers.get("authorization"))
             name = check_model_name(rest[1])
             parameters = _control_parameters(body, f"{rest[2]} request")
+            # NOTE: Triton answers with an empty 200, KServe's model server with {"name": ...,
+            # "load"/"unload": true}; tritonclient reads no body on success, so this one does both.
+            done = _json({"name": name, rest[2]: True})
             if rest[2] == "unload":
-                return ControlCall.start(self._engine.unload_model(name))
+                return ControlCall.start(self._engine.unload_model(name), done)
             asked = load_request(parameters, name)
-            return ControlCall.start(self._engine.load_model(name, asked.config, asked.files))
+            return ControlCall.start(self._engine.load_model(name, asked.config, asked.files), done)
         raise ModelNotFound(f"no such endpoint '/v2/repository/{'/'.join(rest)}'")
 
     def _repository_index(self, body: bytes) -> Reply:
