@@ -49,6 +49,7 @@ def test_a_region_is_a_window_of_an_object(regions: SharedMemoryRegions, tmp_pat
     [
         ("", "/obj", 0, 8, "region name must be a non-empty string"),
         ("r", "/../obj", 0, 8, "must name a shared-memory object"),
+        ("r", "/ob\0j", 0, 8, "hold no NUL character"),
         ("r", "/missing", 0, 8, "cannot open key '/missing'"),
         ("r", "/obj", 60, 8, "does not fit the 64-byte object"),
         ("r", "/obj", 0, 0, "byte_size must be > 0"),

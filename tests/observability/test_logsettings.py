@@ -90,6 +90,8 @@ def test_a_log_file_takes_the_place_of_stderr_in_its_format(
         settings.update({"log_file": str(path)})  # a caller without the token
     with pytest.raises(InvalidInput, match="'log_file': cannot open"):
         settings.update({"log_file": str(tmp_path / "no" / "x.log")}, files=True)
+    with pytest.raises(InvalidInput, match="'log_file': cannot open"):
+        settings.update({"log_file": str(tmp_path / "x\0.log")}, files=True)
     settings.update({"log_file": str(path), "log_format": "ISO8601"}, files=True)
     assert not logger.propagate
     logger.warning("into the file")

@@ -160,6 +160,10 @@ def test_load_errors_are_clear(explicit_server: RunningServer, protocol: str) ->
         client.load_model("m", files={"file:1/model.onnx": scale_model(5)})
     with pytest.raises(InferenceServerException, match="expected a relative path inside"):
         client.load_model("m", config="{}", files={"file:../1/model.onnx": scale_model(5)})
+    with pytest.raises(InferenceServerException, match="expected a relative path inside"):
+        client.load_model("m", config="{}", files={"file:1/mo\0del.onnx": scale_model(5)})
+    with pytest.raises(InferenceServerException, match="cannot write it into the model folder"):
+        client.load_model("m", config="{}", files={f"file:1/{'a' * 300}.onnx": scale_model(5)})
     with pytest.raises(InferenceServerException, match="ONNX Runtime cannot load it"):
         client.load_model("m", config="{}", files={"file:1/model.onnx": b"not onnx"})
     assert factor(client, "m") == 2.0  # a failed load changed nothing

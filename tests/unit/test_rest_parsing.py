@@ -352,6 +352,16 @@ def test_parse_header_length_errors(value: str) -> None:
         parse_header_length(value, 99)
 
 
+def test_a_header_length_of_thousands_of_digits_is_refused_not_converted() -> None:
+    with pytest.raises(
+        InvalidInput,
+        match=re.escape("'9999999999999999999999999999999999999999... (5000 characters)' must be"),
+    ):
+        parse_header_length("9" * 5000, 99)
+    with pytest.raises(InvalidInput, match="must be an integer between 0 and the body"):
+        parse_header_length("0" * 21, 99)  # (a value in range, but no length is that long)
+
+
 # -- Content-Encoding ---------------------------------------------------------------------------
 
 DATA = b'{"inputs": []}' * 100

@@ -627,12 +627,16 @@ def parse_header_length(value: str | None, body_length: int) -> int | None:
     if value is None:
         return None
     digits = value.strip()
-    if not (digits.isascii() and digits.isdigit()) or int(digits) > body_length:
+    # (a length of thousands of digits is no length: Python refuses to convert past 4,300)
+    valid = digits.isascii() and digits.isdigit() and len(digits) <= 20
+    length = int(digits) if valid else -1
+    if not 0 <= length <= body_length:
+        shown = value if len(value) <= 40 else f"{value[:40]}... ({len(value)} characters)"
         raise InvalidInput(
-            f"header Inference-Header-Content-Length: {value!r} must be an integer between 0 "
+            f"header Inference-Header-Content-Length: {shown!r} must be an integer between 0 "
             f"and the body length {body_length}"
         )
-    return int(digits)
+    return length
 
 
 RECIPES_MAX = 256

@@ -74,10 +74,10 @@ class SharedMemoryRegions:
         _check_count(offset, "offset")
         _check_count(byte_size, "byte_size")
         stem = key.lstrip("/") if isinstance(key, str) else ""
-        if not stem or "/" in stem or stem in (".", ".."):
+        if not stem or "/" in stem or "\0" in stem or stem in (".", ".."):
             raise InvalidInput(
                 f"shared memory region '{name}': key {key!r} must name a shared-memory object "
-                "(like '/input0'), not a path"
+                "(like '/input0'), not a path (and hold no NUL character)"
             )
         path = self._root / stem
         try:

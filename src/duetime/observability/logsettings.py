@@ -97,9 +97,10 @@ class LogSettings:
             return None
         try:
             return logging.FileHandler(Path(path), mode="a", encoding="utf-8")
-        except OSError as exc:
+        except (OSError, ValueError) as exc:  # (ValueError: a NUL in the path)
+            reason = getattr(exc, "strerror", None) or exc
             raise InvalidInput(
-                f"log setting 'log_file': cannot open {path!r} for appending: {exc.strerror or exc}"
+                f"log setting 'log_file': cannot open {path!r} for appending: {reason}"
             ) from None
 
     def _apply(

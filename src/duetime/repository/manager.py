@@ -493,8 +493,14 @@ def _write_upload(name: str, files: Mapping[str, bytes]) -> Path:
     try:
         for relative, content in files.items():
             target = folder.joinpath(*check_upload_path(relative))
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_bytes(content)
+            try:
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_bytes(content)
+            except OSError as exc:  # a name too long, a file where a folder goes, a full disk
+                raise InvalidInput(
+                    f"load parameter 'file:{relative}': cannot write it into the model folder: "
+                    f"{exc.strerror or exc}"
+                ) from None
     except BaseException:
         _remove_upload(folder)
         raise
@@ -503,9 +509,11 @@ def _write_upload(name: str, files: Mapping[str, bytes]) -> Path:
 
 def check_upload_path(relative: str) -> tuple[str, ...]:
     """The parts of an uploaded file's path in its model folder; InvalidInput for a path that
-    could land outside it (absolute, `..`, empty parts, backslashes, hidden names)."""
+    could land outside it (absolute, `..`, empty parts, backslashes, NUL, hidden names)."""
     parts = tuple(relative.split("/"))
-    if not relative or any(p in ("", ".", "..") or p.startswith(".") or "\\" in p for p in parts):
+    if not relative or any(
+        p in ("", ".", "..") or p.startswith(".") or "\\" in p or "\0" in p for p in parts
+    ):
         raise InvalidInput(
             f"load parameter 'file:{relative}': expected a relative path inside the model "
             "folder, such as 'file:1/model.onnx'"
