@@ -16,7 +16,8 @@ What each row measures is in its `measures` column; the tables after it are the 
 and the tick-to-prediction of `duetime itch run` with the demo `orderbook` MLP through the
 in-process Engine, at the recorded pace of a 2,000 messages/s session and at full pace, and of
 `duetime itch listen` fed that session over MoldUDP64 on loopback by `duetime itch send` (the
-live row). `--tick-only` runs that last table alone (about three minutes).
+live row; where /dev/cpu_dma_latency is writable, again with `--cpu-dma-latency-us 0`).
+`--tick-only` runs that last table alone (about three minutes).
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from common import print_table
 
 from duetime.demo import write_demo_repository
+from duetime.execution.affinity import CPU_DMA_LATENCY
 from duetime.feeds.itch.book import Books
 from duetime.feeds.itch.fastbook import FastBook, fast_book_summary, load_buffer
 from duetime.feeds.itch.features import Features
@@ -209,16 +211,21 @@ def tick_to_prediction(directory: Path, seed: int, repository: Path) -> list[Row
         )  # fmt: skip
         rows.append(_tick_row(pace, deadline_us, every, json.loads(report.read_text())))
     rows.append(_tick_row("live", LIVE_DEADLINE_US, 1, live_run(session, repository, directory)))
+    if os.access(CPU_DMA_LATENCY, os.W_OK):  # idle CPUs poll instead of halting (needs root)
+        polling = live_run(session, repository, directory, "--cpu-dma-latency-us", "0")
+        rows.append(_tick_row("live, --cpu-dma-latency-us 0", LIVE_DEADLINE_US, 1, polling))
     return rows
 
 
-def live_run(session: Path, repository: Path, directory: Path) -> dict[str, Any]:
-    """`duetime itch listen` on 127.0.0.1, fed the session by `duetime itch send` at its recorded
-    pace (each its own process, the sender on the CPU the listener's loop does not use)."""
+def live_run(session: Path, repository: Path, directory: Path, *extra: str) -> dict[str, Any]:
+    """`duetime itch listen` on 127.0.0.1 (with `extra` arguments), fed the session by `duetime
+    itch send` at its recorded pace (each its own process, the sender on the CPU the listener's
+    loop does not use)."""
     report = directory / "live.json"
     listen = [sys.executable, "-m", "duetime", "itch", "listen", "--udp", "127.0.0.1:0",
               "--model", "orderbook", "--repository", str(repository), "--deadline-us",
-              str(LIVE_DEADLINE_US), "--idle-s", "5", "--json", str(report), "-q"]  # fmt: skip
+              str(LIVE_DEADLINE_US), "--idle-s", "5", "--json", str(report), "-q",
+              *extra]  # fmt: skip
     cpus = sorted(os.sched_getaffinity(0))
     with subprocess.Popen(listen, stdout=subprocess.PIPE, text=True) as listener:
         assert listener.stdout is not None

@@ -19,6 +19,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from duetime.cli import main
+from duetime.execution import affinity
 from duetime.feeds.itch.book import Books
 from duetime.feeds.itch.cli import parse_address
 from duetime.feeds.itch.features import Features
@@ -309,3 +311,23 @@ def test_real_packets_in_any_order_give_their_own_messages(datagrams: list[bytes
         assert message == decode_message(_REAL_FRAMES[sequence - 1])
     lost = sum(gap.last - gap.first + 1 for gap in receiver.tracker.gaps)
     assert len(numbered) + lost == (sequences[-1] if sequences else 0)
+
+
+def test_listen_that_cannot_hold_its_cpu_latency_limit_says_so_and_binds_nothing(
+    tmp_path: Path,
+    demo_repo: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    missing = tmp_path / "cpu_dma_latency"
+    limit = affinity.CpuLatencyLimit
+    monkeypatch.setattr(affinity, "CpuLatencyLimit", lambda limit_us: limit(limit_us, missing))
+    code = main([
+        "itch", "listen", "--udp", "127.0.0.1:0", "--model", "orderbook", "--repository",
+        str(demo_repo), "--cpu-dma-latency-us", "0",
+    ])  # fmt: skip
+    out, err = capsys.readouterr()
+    assert code == 1
+    assert "listening on" not in out
+    assert "duetime itch listen: server settings: field 'cpu_dma_latency_us'" in err
+    assert str(missing) in err

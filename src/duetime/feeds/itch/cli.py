@@ -79,6 +79,10 @@ def _add_run_arguments(run: argparse.ArgumentParser, *, live: bool = False) -> N
             "--busy-poll-us", type=int, default=0, help="keep polling the socket this long "
             "after each datagram instead of sleeping (a core stays busy; default 0)",
         )  # fmt: skip
+        run.add_argument(
+            "--cpu-dma-latency-us", type=int, help="while listening, keep idle CPUs able to wake "
+            "within this many µs (Linux PM QoS, whole machine, needs root; 0: they poll)",
+        )  # fmt: skip
     else:
         run.add_argument("file", type=Path, help="an ITCH 5.0 file (plain or gzip)")
     run.add_argument("--model", required=True, help="e.g. orderbook or deeplob (demo models)")
@@ -221,6 +225,7 @@ def _run_feed(args: argparse.Namespace) -> int:
 
 async def _feed(args: argparse.Namespace, options: Any) -> dict[str, Any] | None:
     from duetime.engine import Engine
+    from duetime.errors import ConfigError
     from duetime.execution.affinity import CpuPlan, parse_cpus, pin_current_thread
     from duetime.feeds.itch.parser import ItchFormatError, read_messages
     from duetime.feeds.itch.predictors import EnginePredictor, GrpcPredictor, PredictorError
@@ -258,6 +263,9 @@ async def _feed(args: argparse.Namespace, options: Any) -> dict[str, Any] | None
     except PredictorError as exc:
         print(f"duetime itch {args.itch_command}: {exc}", file=sys.stderr)
         return None
+    except ConfigError as exc:  # --cpu-dma-latency-us could not be held
+        print(f"duetime itch {args.itch_command}: {exc.message}", file=sys.stderr)
+        return None
     except OSError as exc:  # the UDP address could not be bound
         print(f"duetime itch {args.itch_command}: --udp {args.udp}: {exc}", file=sys.stderr)
         return None
@@ -284,8 +292,12 @@ async def _listen(feed: FeedRun, address: tuple[str, int], args: argparse.Namesp
     """Bind the feed's socket, say where, and run the pipeline on it until it ends."""
     import signal
 
+    from duetime.execution.affinity import CpuLatencyLimit
     from duetime.feeds.itch.live import UdpFeed
 
+    latency = None if args.cpu_dma_latency_us is None else CpuLatencyLimit(args.cpu_dma_latency_us)
+    if latency is not None:
+        latency.hold()  # before binding: a refusal ends the command before the feed starts
     udp = await UdpFeed.open(*address, idle_s=args.idle_s, busy_poll_us=args.busy_poll_us)
     bound_host, bound_port = udp.address
     print(f"listening on udp://{bound_host}:{bound_port}", flush=True)
@@ -297,6 +309,8 @@ async def _listen(feed: FeedRun, address: tuple[str, int], args: argparse.Namesp
     finally:
         for signum in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(signum)
+        if latency is not None:
+            latency.release()
 
 
 async def _load(engine: Any, repository: Path, args: argparse.Namespace) -> None:
