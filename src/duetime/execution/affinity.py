@@ -133,8 +133,8 @@ class CpuLatencyLimit:
 
     def _refused(self, exc: OSError) -> str:
         return (
-            f"server settings: field 'cpu_dma_latency_us': cannot hold a CPU wake-up latency "
-            f"limit of {self.limit_us} µs through {self.device}: {exc.strerror or exc} (it "
+            f"setting 'cpu_dma_latency_us' (--cpu-dma-latency-us): cannot hold a CPU wake-up "
+            f"latency limit of {self.limit_us} µs through {self.device}: {exc.strerror or exc} (it "
             "needs a Linux kernel with PM QoS and write access to the device, normally root; "
             "leave the setting out to run with the system's own idle policy)"
         )

@@ -329,5 +329,5 @@ def test_listen_that_cannot_hold_its_cpu_latency_limit_says_so_and_binds_nothing
     out, err = capsys.readouterr()
     assert code == 1
     assert "listening on" not in out
-    assert "duetime itch listen: server settings: field 'cpu_dma_latency_us'" in err
+    assert "duetime itch listen: setting 'cpu_dma_latency_us' (--cpu-dma-latency-us)" in err
     assert str(missing) in err
