@@ -59,19 +59,25 @@ def test_a_device_that_cannot_be_opened_is_a_config_error_naming_the_setting(
     assert not limit.held
 
 
+def settings_holding(
+    limit_us: int, device: Path, repository: Path, monkeypatch: pytest.MonkeyPatch
+) -> ServerSettings:
+    """Settings asking for `limit_us`, with the servers' limits taken on `device`."""
+    monkeypatch.setattr(
+        duetime.server, "CpuLatencyLimit", lambda limit_us: CpuLatencyLimit(limit_us, device)
+    )
+    return ServerSettings(
+        model_repository=repository, http_port=0, grpc_port=0, metrics=False, cpus="none",
+        cpu_dma_latency_us=limit_us,
+    )  # fmt: skip
+
+
 def test_a_server_holds_the_limit_while_it_serves(
     tmp_path: Path, demo_repo: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     device = tmp_path / "cpu_dma_latency"
     device.write_bytes(b"")
-    monkeypatch.setattr(
-        duetime.server, "CpuLatencyLimit", lambda limit_us: CpuLatencyLimit(limit_us, device)
-    )
-    settings = ServerSettings(
-        model_repository=demo_repo, http_port=0, grpc_port=0, metrics=False, cpus="none",
-        cpu_dma_latency_us=0,
-    )  # fmt: skip
-    running, thread = start_server(settings)
+    running, thread = start_server(settings_holding(0, device, demo_repo, monkeypatch))
     try:
         assert device.read_bytes() == struct.pack("=i", 0)
         assert open_descriptors_on(device) == 1
@@ -83,14 +89,7 @@ def test_a_server_holds_the_limit_while_it_serves(
 def test_a_server_that_cannot_hold_the_limit_does_not_start(
     tmp_path: Path, demo_repo: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    device = tmp_path / "missing"
-    monkeypatch.setattr(
-        duetime.server, "CpuLatencyLimit", lambda limit_us: CpuLatencyLimit(limit_us, device)
-    )
-    settings = ServerSettings(
-        model_repository=demo_repo, http_port=0, grpc_port=0, metrics=False, cpus="none",
-        cpu_dma_latency_us=5,
-    )  # fmt: skip
+    settings = settings_holding(5, tmp_path / "missing", demo_repo, monkeypatch)
     server = duetime.server.Server(settings)
     with pytest.raises(ConfigError, match="cpu_dma_latency_us"):
         asyncio.run(server.start())  # refused first: nothing was loaded or listening
