@@ -13,6 +13,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import numpy as np
+import onnx
 import pytest
 from repo_models import age, heavy_model, inputs, scale_model, write_version
 
@@ -343,6 +344,35 @@ def test_the_optimised_graph_is_cached_and_reused(tmp_path: Path) -> None:
         await engine.load_model("m")
         assert await factor_of(engine) == 3.0
         assert [p.stat().st_mtime_ns for p in cache.glob("model.*.onnx")] == [stamp]
+
+    run(tmp_path, scenario, control_mode="explicit", startup_models=("m",))
+
+
+def with_external_data(data: bytes, folder: Path) -> None:
+    """Write the model `data` into `folder` as model.onnx with its tensors in weights.bin."""
+    model = onnx.load_from_string(data)
+    (folder / "weights.bin").unlink(missing_ok=True)  # (onnx appends to a file already there)
+    onnx.save_model(
+        model, str(folder / "model.onnx"), save_as_external_data=True,
+        all_tensors_to_one_file=True, location="weights.bin", size_threshold=0,
+    )  # fmt: skip
+
+
+def test_a_model_with_external_data_is_served_from_its_files_not_a_cache(tmp_path: Path) -> None:
+    """ORT's optimised copy of such a model refers to its weights by relative paths that do not
+    resolve from the cache folder; and the model file alone would not key the weights."""
+    folder = write_version(tmp_path, "m", 1, scale_model(3)).parent
+    with_external_data(scale_model(3), folder)
+    graph = (folder / "model.onnx").read_bytes()
+
+    async def scenario(engine: Engine) -> None:
+        assert await factor_of(engine) == 3.0
+        await engine.unload_model("m")
+        with_external_data(scale_model(5), folder)  # new weights, the same model file
+        assert (folder / "model.onnx").read_bytes() == graph
+        await engine.load_model("m")
+        assert await factor_of(engine) == 5.0
+        assert not list((folder / ".duetime-cache").glob("*.onnx"))
 
     run(tmp_path, scenario, control_mode="explicit", startup_models=("m",))
 

@@ -54,12 +54,17 @@ def cached_session(model_path: Path, options: ort.SessionOptions) -> ort.Inferen
     exact file (same bytes, ORT version and CPU features), or saving it for the next time.
 
     The cache is `<folder>/.duetime-cache/<name>.<key>.onnx`; a cache that cannot be written
-    (a read-only repository, a model with external data) only costs the time it saves.
+    (a read-only repository) only costs the time it saves. A model whose tensors live in files
+    of their own (ONNX external data) is not cached: ORT's optimised copy refers to those files
+    by paths relative to the model, which do not resolve from the cache folder.
     """
     try:
-        cached = model_path.parent / CACHE_DIR / f"{model_path.stem}.{_cache_key(model_path)}.onnx"
+        key = _cache_key(model_path)
     except OSError:
         return open_session(model_path, options)
+    if key is None:
+        return open_session(model_path, options)
+    cached = model_path.parent / CACHE_DIR / f"{model_path.stem}.{key}.onnx"
     if cached.is_file():
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
         try:
@@ -94,11 +99,23 @@ def cached_session(model_path: Path, options: ort.SessionOptions) -> ort.Inferen
     return session
 
 
-def _cache_key(model_path: Path) -> str:
+EXTERNAL_DATA_MARK = b"location"
+"""The key every external-data entry of an ONNX tensor carries (`external_data` {key:
+"location", value: <file>}). Its bytes anywhere in the file (a node named so, say) only cost the
+model its cache."""
+
+
+def _cache_key(model_path: Path) -> str | None:
+    """The file's bytes, ORT's version and the CPU, hashed; None for a model that looks like it
+    keeps tensors in other files (see `EXTERNAL_DATA_MARK`)."""
     digest = hashlib.sha256()
+    tail = b""
     with model_path.open("rb") as handle:
         while chunk := handle.read(1 << 20):
             digest.update(chunk)
+            if EXTERNAL_DATA_MARK in tail + chunk:  # (with the end of the chunk before)
+                return None
+            tail = chunk[1 - len(EXTERNAL_DATA_MARK) :]
     digest.update(f"{ort.__version__}/{platform.machine()}/{_cpu_features()}".encode())
     return digest.hexdigest()[:20]
 
