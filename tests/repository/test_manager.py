@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
@@ -279,6 +280,26 @@ def test_a_bad_config_keeps_the_served_versions(tmp_path: Path) -> None:
         assert "max_batch_size" in states(engine)[""][1]
 
     run(tmp_path, scenario, control_mode="explicit", startup_models=("m",))
+
+
+def test_poll_reloads_a_version_whose_external_data_alone_changed(tmp_path: Path) -> None:
+    folder = write_version(tmp_path, "m", 1, scale_model(1)).parent
+    with_external_data(scale_model(1), folder)
+    age(folder / "model.onnx")
+    age(folder / "weights.bin")
+
+    async def scenario(engine: Engine) -> None:
+        assert await factor_of(engine) == 1.0
+        graph = folder / "model.onnx"
+        before = graph.stat()
+        with_external_data(scale_model(4), folder)  # the same model.onnx, new weights
+        os.utime(graph, ns=(before.st_atime_ns, before.st_mtime_ns))  # (unchanged, to the ns)
+        assert graph.stat().st_size == before.st_size
+        age(folder / "weights.bin", seconds=30)
+        await engine.manager.poll()  # type: ignore[union-attr]
+        assert await factor_of(engine) == 4.0
+
+    run(tmp_path, scenario, control_mode="poll", poll_s=3600)
 
 
 def test_files_still_being_written_wait_for_the_next_poll(tmp_path: Path) -> None:

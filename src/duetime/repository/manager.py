@@ -563,9 +563,12 @@ def _load_with_variants(
 
 
 def fingerprint(source: ModelSource, version: int, config: ModelConfig) -> Fingerprint:
-    """Size and modification time of each file `version` loads, and the config's digest."""
+    """Size and modification time of each file `version` loads, and the config's digest.
+
+    Every file of the version's folder counts, not only the model files: a model's tensors can
+    live in files of their own (ONNX external data), which a new release may change alone."""
     model = source.versions[version]
-    paths = [model, *(model.with_name(v.file) for v in config.variants)]
+    paths = _version_files(model, config)
     paths += [source.directory / name for name in CONFIG_FILENAMES]
     files = []
     for path in paths:
@@ -582,7 +585,20 @@ def _model_bytes(source: ModelSource, versions: Iterable[int], config: ModelConf
         model = source.versions.get(version)
         if model is None:
             continue
-        for path in (model, *(model.with_name(v.file) for v in config.variants)):
+        for path in _version_files(model, config):
             with contextlib.suppress(OSError):
                 total += path.stat().st_size * config.instances
     return total
+
+
+def _version_files(model: Path, config: ModelConfig) -> list[Path]:
+    """The model files of a version (`model` and its variants' files), then every other file in
+    its folder and below, but hidden ones (the optimised-graph cache, a copy in progress)."""
+    files = [model, *(model.with_name(v.file) for v in config.variants)]
+    named = set(files)
+    with contextlib.suppress(OSError):
+        for path in sorted(model.parent.rglob("*")):
+            hidden = any(part.startswith(".") for part in path.relative_to(model.parent).parts)
+            if not hidden and path not in named and path.is_file():
+                files.append(path)
+    return files
