@@ -19,6 +19,11 @@ def scale_model(factor: float) -> bytes:
     return _graph([helper.make_node("Mul", ["x", "factor"], ["y"])], [scale])
 
 
+def stacking_model() -> bytes:
+    """y = Concat(x, x) on the first axis: a free first dim that is not the batch (2N rows)."""
+    return _graph([helper.make_node("Concat", ["x", "x"], ["y"], axis=0)], [])
+
+
 def heavy_model(factor: float, width: int = 1024, depth: int = 24) -> bytes:
     """y = factor * x, after `depth` products with a `width`-square matrix (milliseconds)."""
     rng = np.random.default_rng(0)

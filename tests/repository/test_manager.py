@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from repo_models import age, heavy_model, inputs, scale_model, write_version
+from repo_models import age, heavy_model, inputs, scale_model, stacking_model, write_version
 
 from duetime.engine import Engine
 from duetime.errors import DuetimeError, InvalidInput, ModelNotFound, ModelUnavailable, NotAllowed
@@ -396,6 +396,28 @@ def test_a_model_with_external_data_is_served_from_its_files_not_a_cache(tmp_pat
         assert not list((folder / ".duetime-cache").glob("*.onnx"))
 
     run(tmp_path, scenario, control_mode="explicit", startup_models=("m",))
+
+
+def test_a_graph_whose_free_first_dim_is_not_the_batch_is_never_batched(tmp_path: Path) -> None:
+    """Its answers would be split by rows it does not have: loaded unbatched when the config is
+    silent, refused when the config asks for batches."""
+    write_version(tmp_path, "m", 1, stacking_model())
+    write_version(tmp_path, "n", 1, stacking_model())
+    config(tmp_path, "n", "max_batch_size = 4\n")
+
+    async def scenario(engine: Engine) -> None:
+        snapshot = engine.registry.snapshot
+        assert snapshot.models["m"].versions["1"].primary.model.signature.max_batch_size == 0
+        answers = await asyncio.gather(*(engine.infer_async("m", inputs()) for _ in range(3)))
+        for answer in answers:
+            np.testing.assert_array_equal(answer["y"], np.concatenate([inputs()["x"]] * 2))
+        assert "n" not in snapshot.models
+        assert (
+            "field 'max_batch_size' = 4 needs outputs whose first dim is the batch, but "
+            "output 'y' has shape [2, 4] for a batch of 1" in snapshot.failures["n"]
+        )
+
+    run(tmp_path, scenario)
 
 
 # -- variants --------------------------------------------------------------------------------------

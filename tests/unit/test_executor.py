@@ -7,7 +7,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from duetime.errors import InvalidInput
+from duetime.errors import InternalError, InvalidInput
 from duetime.execution.executor import BatchJob, BatchResult, Executor
 
 
@@ -114,3 +114,23 @@ def test_inline_isolates_a_failing_request_too() -> None:
     first, second = run_job(DoublingSession(), [good, bad], bucket=4, inline=True).outputs
     assert isinstance(first, dict)
     assert isinstance(second, InvalidInput)
+
+
+class StackingSession(DoublingSession):
+    """Like an ORT session of y = Concat(x, x) on the first axis: 2N rows for N (`run_job` takes
+    its session by type, so this one is a DoublingSession)."""
+
+    def run(self, names: Sequence[str], feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+        x = feeds["x"]
+        self.batches.append(x.shape[0])
+        return [np.concatenate([x, x])]
+
+
+def test_outputs_whose_first_dim_is_not_the_batch_fail_every_request_not_mix_answers() -> None:
+    ones, fives = np.ones((1, 3), np.float32), np.full((1, 3), 5, np.float32)
+    for feeds, bucket in (([ones, fives], 2), ([ones], 1)):
+        result = run_job(StackingSession(), feeds, bucket)
+        assert len(result.outputs) == len(feeds)
+        for outcome in result.outputs:
+            assert isinstance(outcome, InternalError)
+            assert "output 'y' has shape [2, 3] for a batch of 1 rows" in outcome.message

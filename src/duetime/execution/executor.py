@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from duetime.errors import DuetimeError, InvalidInput
+from duetime.errors import DuetimeError, InternalError, InvalidInput
 from duetime.execution.affinity import (
     BACKGROUND_NICENESS,
     lower_thread_priority,
@@ -192,7 +192,7 @@ class Executor:
     def _execute(self, run: Run, job: BatchJob, result: BatchResult, pool: InputPool) -> None:
         try:
             feeds = pool.gather(job.feeds, job.rows, job.bucket)
-            result.outputs = self._split(self._run(run, feeds, result), job.rows)
+            result.outputs = self._split(self._run(run, feeds, result), job.rows, feeds)
         except Exception as exc:
             if len(job.feeds) == 1:
                 result.outputs = [_run_error(exc)]
@@ -208,7 +208,7 @@ class Executor:
         self, run: Run, feeds: Feeds, rows: int, result: BatchResult
     ) -> Feeds | DuetimeError:
         try:
-            return self._split(self._run(run, feeds, result), [rows])[0]
+            return self._split(self._run(run, feeds, result), [rows], feeds)[0]
         except Exception as exc:
             return _run_error(exc)
 
@@ -218,7 +218,17 @@ class Executor:
         result.compute_ns += time.perf_counter_ns() - started
         return outputs
 
-    def _split(self, outputs: list[np.ndarray], rows: list[int]) -> list[Feeds]:
+    def _split(self, outputs: list[np.ndarray], rows: list[int], feeds: Feeds) -> list[Feeds]:
+        """Each request's rows of `outputs` (run on `feeds`, which may hold padding rows)."""
+        if self._batched and feeds:
+            ran = len(next(iter(feeds.values())))
+            for name, array in zip(self._output_names, outputs, strict=True):
+                if array.ndim == 0 or len(array) != ran:  # (load checks this on sample inputs)
+                    raise InternalError(
+                        f"model output '{name}' has shape {list(array.shape)} for a batch of "
+                        f"{ran} rows: its first dim is not the batch, so the batch's answers "
+                        "cannot be told apart (the model needs max_batch_size = 0)"
+                    )
         if self._string_outputs:
             named = {
                 name: strings_from_ort(array) if name in self._string_outputs else array
@@ -272,6 +282,8 @@ class InputPool:
 
 
 def _run_error(exc: Exception) -> DuetimeError:
+    if isinstance(exc, DuetimeError):  # (a batch's outputs that do not follow it, say)
+        return exc
     # Inputs were checked against the signature before they got here, so what ORT still refuses
     # depends on the values a client sent (an index out of range, a shape a Reshape rejects).
     reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__

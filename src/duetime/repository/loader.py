@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import onnxruntime as ort
 
 from duetime.config import ModelConfig, TensorConfig, VariantConfig
 from duetime.datatypes import NUMPY_OF
@@ -78,6 +79,19 @@ def load_version(
     sessions = [cached_session(path, options) for _ in range(config.instances)]
     graph_inputs, graph_outputs = graph_specs(sessions[0], path)
     signature = reconcile(config, graph_inputs, graph_outputs, source=str(source.directory))
+    if signature.max_batch_size > 0:
+        mismatch = batch_mismatch(sessions[0], signature)
+        if mismatch is not None and config.max_batch_size is not None:
+            raise ConfigError(
+                f"{path}: field 'max_batch_size' = {config.max_batch_size} needs outputs whose "
+                f"first dim is the batch, but {mismatch}; set max_batch_size = 0"
+            )
+        if mismatch is not None:  # the graph's free first dims only looked like a batch
+            log.warning("%s: %s; served unbatched (max_batch_size = 0)", path, mismatch)
+            unbatched = config.model_copy(update={"max_batch_size": 0})
+            signature = reconcile(
+                unbatched, graph_inputs, graph_outputs, source=str(source.directory)
+            )
     if primary is not None and (
         primary.inputs != signature.inputs or primary.outputs != signature.outputs
     ):
@@ -179,6 +193,27 @@ def _narrow(spec: TensorSpec, dims: list[int], batched: bool, where: str) -> tup
         )
     narrowed = tuple(g if d == -1 else d for d, g in zip(dims, graph_dims, strict=True))
     return (-1, *narrowed) if batched else narrowed
+
+
+def batch_mismatch(session: ort.InferenceSession, signature: ModelSignature) -> str | None:
+    """How the graph's outputs fail to follow the batch, run on sample inputs of 1 and 2 rows
+    (every output's first dim must be the rows run, or the server would split a batch's answers
+    wrongly); None if they follow it, or if the graph rejects the sample inputs.
+
+    NOTE: free first dims on every input and output are what makes a graph batchable, but a dim
+    can be free and still not the batch: a Concat of the input with itself gives 2N rows, a
+    reduction over the batch none."""
+    names = [spec.name for spec in signature.outputs]
+    for rows in sorted({1, min(2, signature.max_batch_size)}):
+        try:
+            outputs = session.run(names, sample_inputs(signature, rows, seed=rows))
+        except Exception:  # (warm-up tells of sample inputs the graph rejects)
+            return None
+        for name, array in zip(names, outputs, strict=True):
+            shape = list(np.shape(array))
+            if not shape or shape[0] != rows:
+                return f"output '{name}' has shape {shape} for a batch of {rows}"
+    return None
 
 
 def sample_inputs(signature: ModelSignature, rows: int, seed: int = 0) -> dict[str, np.ndarray]:
