@@ -24,6 +24,12 @@ def stacking_model() -> bytes:
     return _graph([helper.make_node("Concat", ["x", "x"], ["y"], axis=0)], [])
 
 
+def mixing_model() -> bytes:
+    """y = the running sum of x over the first axis: as many rows as x, each from those before."""
+    axis = numpy_helper.from_array(np.array(0, dtype=np.int64), "axis")
+    return _graph([helper.make_node("CumSum", ["x", "axis"], ["y"])], [axis])
+
+
 def heavy_model(factor: float, width: int = 1024, depth: int = 24) -> bytes:
     """y = factor * x, after `depth` products with a `width`-square matrix (milliseconds)."""
     rng = np.random.default_rng(0)

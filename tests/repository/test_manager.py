@@ -16,7 +16,15 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from repo_models import age, heavy_model, inputs, scale_model, stacking_model, write_version
+from repo_models import (
+    age,
+    heavy_model,
+    inputs,
+    mixing_model,
+    scale_model,
+    stacking_model,
+    write_version,
+)
 
 from duetime.engine import Engine
 from duetime.errors import DuetimeError, InvalidInput, ModelNotFound, ModelUnavailable, NotAllowed
@@ -418,6 +426,30 @@ def test_a_graph_whose_free_first_dim_is_not_the_batch_is_never_batched(tmp_path
         )
 
     run(tmp_path, scenario)
+
+
+def test_a_graph_that_mixes_its_rows_is_batched_only_if_its_config_says_so(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    write_version(tmp_path, "m", 1, mixing_model())
+    write_version(tmp_path, "n", 1, mixing_model())
+    config(tmp_path, "n", "max_batch_size = 4\n")
+
+    async def scenario(engine: Engine) -> None:
+        models = engine.registry.snapshot.models
+        assert models["m"].versions["1"].primary.model.signature.max_batch_size == 0
+        assert models["n"].versions["1"].primary.model.signature.max_batch_size == 4
+        rows = np.arange(8, dtype=np.float32).reshape(2, 4)
+        answer = await engine.infer_async("m", {"x": rows})
+        np.testing.assert_array_equal(answer["y"], np.cumsum(rows, axis=0))
+
+    with caplog.at_level("WARNING", logger="duetime.loader"):
+        run(tmp_path, scenario)
+    warned = [r.getMessage() for r in caplog.records]
+    assert any(
+        "/m: output 'y' of a batch of 2 rows differs" in w and "unbatched" in w for w in warned
+    )
+    assert any("/n: output 'y'" in w and "batched anyway, as its config asks" in w for w in warned)
 
 
 # -- variants --------------------------------------------------------------------------------------

@@ -80,18 +80,9 @@ def load_version(
     graph_inputs, graph_outputs = graph_specs(sessions[0], path)
     signature = reconcile(config, graph_inputs, graph_outputs, source=str(source.directory))
     if signature.max_batch_size > 0:
-        mismatch = batch_mismatch(sessions[0], signature)
-        if mismatch is not None and config.max_batch_size is not None:
-            raise ConfigError(
-                f"{path}: field 'max_batch_size' = {config.max_batch_size} needs outputs whose "
-                f"first dim is the batch, but {mismatch}; set max_batch_size = 0"
-            )
-        if mismatch is not None:  # the graph's free first dims only looked like a batch
-            log.warning("%s: %s; served unbatched (max_batch_size = 0)", path, mismatch)
-            unbatched = config.model_copy(update={"max_batch_size": 0})
-            signature = reconcile(
-                unbatched, graph_inputs, graph_outputs, source=str(source.directory)
-            )
+        signature = _checked_batching(
+            sessions[0], signature, config, (graph_inputs, graph_outputs), str(source.directory)
+        )
     if primary is not None and (
         primary.inputs != signature.inputs or primary.outputs != signature.outputs
     ):
@@ -193,6 +184,73 @@ def _narrow(spec: TensorSpec, dims: list[int], batched: bool, where: str) -> tup
         )
     narrowed = tuple(g if d == -1 else d for d, g in zip(dims, graph_dims, strict=True))
     return (-1, *narrowed) if batched else narrowed
+
+
+def _checked_batching(
+    session: ort.InferenceSession,
+    signature: ModelSignature,
+    config: ModelConfig,
+    graph: tuple[list[TensorSpec], list[TensorSpec]],
+    source: str,
+) -> ModelSignature:
+    """`signature` if the graph batches as it claims; unbatched (max_batch_size 0) if its free
+    first dims only looked like a batch and the config is silent. A config that asks for batches
+    of a graph whose outputs do not follow them is an error; of one whose rows seem to interact
+    (a tolerance decides), a warning: the config may know better."""
+    mismatch = batch_mismatch(session, signature)
+    if mismatch is not None and config.max_batch_size is not None:
+        raise ConfigError(
+            f"{source}: field 'max_batch_size' = {config.max_batch_size} needs outputs whose "
+            f"first dim is the batch, but {mismatch}; set max_batch_size = 0"
+        )
+    problem = mismatch or rows_interact(session, signature)
+    if problem is None:
+        return signature
+    if config.max_batch_size is not None:
+        log.warning("%s: %s; batched anyway, as its config asks", source, problem)
+        return signature
+    log.warning("%s: %s; served unbatched (max_batch_size = 0)", source, problem)
+    unbatched = config.model_copy(update={"max_batch_size": 0})
+    return reconcile(unbatched, *graph, source=source)
+
+
+def rows_interact(session: ort.InferenceSession, signature: ModelSignature) -> str | None:
+    """Whether a row's outputs depend on the other rows of its batch, on a sample batch of 2 run
+    whole and row by row (None: they agree, or the graph rejects the sample inputs).
+
+    NOTE: a graph can keep its rows' count and still mix them (a cumulative sum, a softmax or a
+    normalisation over the first axis, a recurrent net whose first axis is time): batching
+    requests would hand each one an answer computed from the others'. Batched and lone runs of
+    independent rows may differ in the last bits (other kernels), so floats are compared within
+    1% of the output's scale; integers, booleans and strings exactly.
+    """
+    if signature.max_batch_size < 2:
+        return None
+    names = [spec.name for spec in signature.outputs]
+    feeds = sample_inputs(signature, 2, seed=2)
+    try:
+        whole = session.run(names, feeds)
+        alone = [
+            session.run(names, {k: v[row : row + 1] for k, v in feeds.items()}) for row in (0, 1)
+        ]
+    except Exception:  # (warm-up tells of sample inputs the graph rejects)
+        return None
+    for index, name in enumerate(names):
+        batched = np.asarray(whole[index])
+        lone = np.concatenate([np.asarray(run[index]) for run in alone])
+        if batched.shape != lone.shape:
+            return f"output '{name}' has shape {list(batched.shape)} for a batch of 2"
+        if batched.dtype.kind in "fc":
+            scale = max(1.0, float(np.max(np.abs(lone))) if lone.size else 1.0)
+            same = np.allclose(batched, lone, rtol=0, atol=0.01 * scale, equal_nan=True)
+        else:
+            same = bool(np.array_equal(batched, lone))
+        if not same:
+            return (
+                f"output '{name}' of a batch of 2 rows differs from the rows run one at a time "
+                "(its rows are not independent)"
+            )
+    return None
 
 
 def batch_mismatch(session: ort.InferenceSession, signature: ModelSignature) -> str | None:
