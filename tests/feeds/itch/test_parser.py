@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from duetime.feeds.itch import parser
+from duetime.feeds.itch.fastbook import load_buffer
 from duetime.feeds.itch.parser import (
     ItchFormatError,
     decode_columns,
@@ -183,6 +184,38 @@ def test_gzip_is_detected_in_paths_bytes_and_file_objects(tmp_path: Path) -> Non
     with path.open("rb") as file:
         assert list(read_messages(file)) == plain
     assert list(read_messages(ShortReads(gzip.compress(data), random.Random(1)))) == plain
+
+
+@pytest.mark.parametrize("damage", ["cut short", "bad checksum", "bad deflate data"])
+def test_a_damaged_gzip_stream_is_an_error_with_its_offset_never_a_crash(damage: str) -> None:
+    """Cut short or failing its checksum, the stream ends with a bad_gzip error where it could
+    be read no further (then the frame it cut, if any, is truncated); deflate data damaged in
+    the middle may first decode to garbage, which the framing reports."""
+    data = session_bytes(seed=5, messages=60_000)  # (over a MiB: a chunk is read before)
+    plain = list(read_messages(data))
+    packed = bytearray(gzip.compress(data))
+    if damage == "cut short":
+        packed = packed[: len(packed) * 3 // 4]
+    elif damage == "bad checksum":
+        packed[-6] ^= 0xFF  # (the CRC-32 in the trailer)
+    else:
+        packed[len(packed) // 2 : len(packed) // 2 + 64] = bytes(64)
+    with pytest.raises(ItchFormatError) as raised:
+        list(read_messages(bytes(packed)))
+    reader = read_messages(bytes(packed), on_error="skip")
+    read = list(reader)
+    reasons = [e.reason for e in reader.errors]
+    if damage != "bad deflate data":
+        error = raised.value
+        assert error.reason == "bad_gzip"
+        assert 0 <= error.offset <= len(data)
+        assert str(error).startswith(f"ITCH stream at byte offset {error.offset}: the gzip data")
+        assert read == plain[: len(read)]  # what came before the damage, then the end
+        assert reasons[0] == "bad_gzip"
+        assert set(reasons[1:]) <= {"truncated"}
+    assert "bad_gzip" in reasons
+    with pytest.raises(ItchFormatError, match="the gzip data is damaged or cut short"):
+        load_buffer(bytes(packed))
 
 
 def test_writer_round_trips_through_a_file_and_leaves_file_objects_open(tmp_path: Path) -> None:

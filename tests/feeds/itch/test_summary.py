@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import gzip
 import hashlib
 import json
 from pathlib import Path
@@ -160,6 +161,21 @@ def test_cli_damaged_file_stops_or_skips(
     assert str(path) in capsys.readouterr().err
     assert run_book(book_args(str(path), "--json", str(out), "--on-error", "skip")) == 0
     assert json.loads(out.read_text()) == book_summary(session(tmp_path / "clean.itch"))
+
+
+def test_cli_reports_a_damaged_gzip_file_and_a_missing_one(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    clean = session(tmp_path / "s.itch").read_bytes()
+    damaged = tmp_path / "s.itch.gz"
+    damaged.write_bytes(gzip.compress(clean)[:-12])  # cut short
+    out = tmp_path / "out.json"
+    assert run_book(book_args(str(damaged), "--json", str(out))) == 1
+    assert "the gzip data is damaged or cut short" in capsys.readouterr().err
+    assert run_book(book_args(str(damaged), "--json", str(out), "--on-error", "skip")) == 0
+    assert "skipped 1 malformed part(s) of the stream" in capsys.readouterr().err
+    assert run_book(book_args(str(tmp_path / "none.itch"), "--json", str(out))) == 2
+    assert "none.itch: no such file" in capsys.readouterr().err
 
 
 def test_cli_rejects_a_depth_below_one(tmp_path: Path) -> None:

@@ -161,12 +161,12 @@ def _send(args: argparse.Namespace) -> int:
             max_gap_ns=int(args.max_gap_ms * 1e6), per_packet=args.per_packet,
             session=args.session, limit=args.limit, on_error=args.on_error,
         )  # fmt: skip
+    except ItchFormatError as exc:  # (a ValueError: before those)
+        print(f"duetime itch send: {args.file}: {exc}", file=sys.stderr)
+        return 1
     except (ValueError, OSError) as exc:
         print(f"duetime itch send: {exc}", file=sys.stderr)
         return 2
-    except ItchFormatError as exc:
-        print(f"duetime itch send: {args.file}: {exc}", file=sys.stderr)
-        return 1
     late = "" if report.late_p99_us is None else f", p99 {report.late_p99_us:.0f} µs late"
     print(f"sent {report.messages} messages in {report.packets} datagrams to "
           f"{address[0]}:{address[1]} over {report.wall_s:.3f} s{late}")  # fmt: skip
@@ -227,7 +227,7 @@ async def _feed(args: argparse.Namespace, options: Any) -> dict[str, Any] | None
     from duetime.engine import Engine
     from duetime.errors import ConfigError
     from duetime.execution.affinity import CpuPlan, parse_cpus, pin_current_thread
-    from duetime.feeds.itch.parser import ItchFormatError, read_messages
+    from duetime.feeds.itch.parser import ItchFormatError, read_messages, skipped_note
     from duetime.feeds.itch.predictors import EnginePredictor, GrpcPredictor, PredictorError
     from duetime.feeds.itch.run import FeedRun, open_log
     from duetime.repository.manager import RepositoryOptions
@@ -257,6 +257,9 @@ async def _feed(args: argparse.Namespace, options: Any) -> dict[str, Any] | None
             else:
                 messages = read_messages(args.file, on_error=args.on_error)
                 stats = await feed.run(messages)
+                if messages.errors:
+                    note = skipped_note(messages.errors)
+                    print(f"duetime itch run: {args.file}: {note}", file=sys.stderr)
         finally:
             if out is not None:
                 out.close()
@@ -266,12 +269,13 @@ async def _feed(args: argparse.Namespace, options: Any) -> dict[str, Any] | None
     except ConfigError as exc:  # --cpu-dma-latency-us could not be held
         print(f"duetime itch {args.itch_command}: {exc.message}", file=sys.stderr)
         return None
-    except OSError as exc:  # the UDP address could not be bound
-        print(f"duetime itch {args.itch_command}: --udp {args.udp}: {exc}", file=sys.stderr)
+    except ItchFormatError as exc:  # (a ValueError; a damaged gzip stream is no OSError here)
+        hint = "" if exc.reason == "bad_gzip" else " (--on-error skip steps over bad frames)"
+        print(f"duetime itch run: {args.file}: {exc}{hint}", file=sys.stderr)
         return None
-    except ItchFormatError as exc:
-        print(f"duetime itch run: {args.file}: {exc} (--on-error skip steps over bad frames)",
-              file=sys.stderr)  # fmt: skip
+    except OSError as exc:  # the UDP address could not be bound, the file could not be read
+        where = f"--udp {args.udp}" if args.address is not None else str(args.file)
+        print(f"duetime itch {args.itch_command}: {where}: {exc}", file=sys.stderr)
         return None
     finally:
         if predictor is not None:

@@ -11,7 +11,6 @@ is cached on disk, so only the first call in a fresh environment pays the JIT (a
 
 from __future__ import annotations
 
-import gzip
 import hashlib
 from os import PathLike
 from pathlib import Path
@@ -46,7 +45,7 @@ from duetime.feeds.itch.fastbook_tables import (
     hash_find,
     new_tables,
 )
-from duetime.feeds.itch.parser import ItchFormatError, OnError, frame_error
+from duetime.feeds.itch.parser import ItchFormatError, OnError, frame_error, gunzip
 
 Summary = dict[str, Any]
 Source = str | PathLike[str] | bytes | bytearray | memoryview | np.ndarray
@@ -69,7 +68,7 @@ def load_buffer(source: Source) -> np.ndarray:
     if not isinstance(data, bytes):
         data = Path(data).read_bytes()
     if data[:2] == _GZIP_MAGIC:
-        data = gzip.decompress(data)
+        data = gunzip(data)
     return np.frombuffer(data, np.uint8)
 
 

@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import functools
 import gzip
+import io
 import os
 import struct
+import zlib
 from collections.abc import Callable, Iterator
 from typing import Any, BinaryIO, Generic, Literal, NamedTuple, TypeVar, overload
 
@@ -27,7 +29,7 @@ from duetime.feeds.itch.spec import SPECS, Field, Message, MessageSpec
 
 Source = str | os.PathLike[str] | bytes | bytearray | memoryview | BinaryIO
 OnError = Literal["stop", "skip"]
-Reason = Literal["unknown_type", "bad_length", "zero_length", "truncated"]
+Reason = Literal["unknown_type", "bad_length", "zero_length", "truncated", "bad_gzip"]
 Engine = Literal["auto", "numba", "python"]
 CHUNK_SIZE = 1 << 20
 _GZIP_MAGIC = b"\x1f\x8b"
@@ -37,8 +39,10 @@ class ItchFormatError(ValueError):
     """A frame that is not a well-formed ITCH 5.0 message, at `offset` in the stream.
 
     `offset` is the position of the frame's 2-byte length prefix in the uncompressed stream;
-    `reason` is one of unknown_type, bad_length, zero_length, truncated; `letter` the type
-    byte as a character (None when there was none); `expected` and `got` the lengths.
+    `reason` is one of unknown_type, bad_length, zero_length, truncated, or bad_gzip (a gzip
+    file damaged or cut short: `offset` is then how far its uncompressed stream could be read);
+    `letter` the type byte as a character (None when there was none); `expected` and `got` the
+    lengths.
     """
 
     def __init__(
@@ -51,12 +55,18 @@ class ItchFormatError(ValueError):
         expected: int | None = None,
         got: int | None = None,
     ) -> None:
-        super().__init__(f"ITCH frame at byte offset {offset}: {detail}")
+        what = "ITCH stream" if reason == "bad_gzip" else "ITCH frame"
+        super().__init__(f"{what} at byte offset {offset}: {detail}")
         self.offset = offset
         self.reason: Reason = reason
         self.letter = letter
         self.expected = expected
         self.got = got
+
+
+def skipped_note(errors: list[ItchFormatError]) -> str:
+    """One line on what `on_error="skip"` stepped over (for stderr): how many, and the first."""
+    return f"skipped {len(errors)} malformed part(s) of the stream; the first: {errors[0]}"
 
 
 def frame_error(offset: int, size: int, type_byte: int | None, remaining: int) -> ItchFormatError:
@@ -201,7 +211,7 @@ class ItchReader(Generic[T]):
         lengths, decoders, raw = _LENGTHS, _DECODERS, self._raw
         carry = b""
         base = 0  # stream offset of data[0]
-        for chunk in chunks:
+        for chunk in self._readable(chunks):
             data = carry + chunk if carry else chunk
             n = len(data)
             pos = 0
@@ -227,6 +237,14 @@ class ItchReader(Generic[T]):
                 self._reject(frame_error(base, 0, None, 2))
             else:
                 self._reject(frame_error(base, size, None, len(carry)))
+
+    def _readable(self, chunks: Iterator[bytes]) -> Iterator[bytes]:
+        """`chunks` up to a damaged gzip stream, which ends the stream in both policies (nothing
+        after it can be read): raised with "stop", listed in `errors` with "skip"."""
+        try:
+            yield from chunks
+        except ItchFormatError as error:
+            self._reject(error)
 
     def _reject(self, error: ItchFormatError) -> None:
         if not self._skip:
@@ -265,7 +283,10 @@ def read_frames(source: Source, *, on_error: OnError = "stop") -> ItchReader[byt
 def _chunks(source: Source) -> Iterator[bytes]:
     if isinstance(source, bytes | bytearray | memoryview):
         data = bytes(source)
-        yield gzip.decompress(data) if data[:2] == _GZIP_MAGIC else data
+        if data[:2] == _GZIP_MAGIC:
+            yield from _file_chunks(io.BytesIO(data))
+        else:
+            yield data
         return
     if isinstance(source, str | os.PathLike):
         with open(source, "rb") as file:
@@ -274,13 +295,28 @@ def _chunks(source: Source) -> Iterator[bytes]:
     yield from _file_chunks(source)
 
 
+def gunzip(data: bytes) -> bytes:
+    """The uncompressed bytes of a whole gzip file (members one after another, as `gzip`
+    writes them); `ItchFormatError` (bad_gzip) if it is damaged or cut short."""
+    return b"".join(_file_chunks(io.BytesIO(data)))
+
+
 def _file_chunks(file: BinaryIO) -> Iterator[bytes]:
     first = file.read(CHUNK_SIZE)
     if first[:2] == _GZIP_MAGIC:
+        delivered = 0
         with gzip.GzipFile(fileobj=_Prefixed(first, file), mode="rb") as unzipped:
-            while chunk := unzipped.read(CHUNK_SIZE):
+            while True:
+                try:
+                    chunk = unzipped.read(CHUNK_SIZE)
+                except (EOFError, gzip.BadGzipFile, zlib.error) as exc:
+                    raise ItchFormatError(
+                        delivered, "bad_gzip", f"the gzip data is damaged or cut short ({exc})"
+                    ) from None
+                if not chunk:
+                    return
+                delivered += len(chunk)
                 yield chunk
-        return
     if first:
         yield first
     while chunk := file.read(CHUNK_SIZE):

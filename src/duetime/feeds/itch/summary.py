@@ -19,7 +19,13 @@ from pathlib import Path
 from typing import Any
 
 from duetime.feeds.itch.book import ASK, BID, BookError, Books, OrderBook, Top
-from duetime.feeds.itch.parser import ItchFormatError, OnError, Source, read_messages
+from duetime.feeds.itch.parser import (
+    ItchFormatError,
+    OnError,
+    Source,
+    read_messages,
+    skipped_note,
+)
 
 Summary = dict[str, Any]
 
@@ -181,16 +187,22 @@ def run_book(args: argparse.Namespace) -> int:
     if args.depth < 1:
         print("duetime itch book: --depth must be at least 1", file=sys.stderr)
         return 2
+    if not Path(args.file).is_file():
+        print(f"duetime itch book: {args.file}: no such file", file=sys.stderr)
+        return 2
+    reader = read_messages(args.file, on_error=args.on_error)
     try:
         summary, books = summarize(
-            read_messages(args.file, on_error=args.on_error),
-            depth=args.depth,
-            first_changes=args.first_changes,
-            strict=args.strict,
+            reader, depth=args.depth, first_changes=args.first_changes, strict=args.strict
         )
     except (BookError, ItchFormatError) as exc:
         print(f"duetime itch book: {args.file}: {exc}", file=sys.stderr)
         return 1
+    except OSError as exc:  # (unreadable: a folder, no permission)
+        print(f"duetime itch book: {args.file}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
+    if reader.errors:
+        print(f"duetime itch book: {args.file}: {skipped_note(reader.errors)}", file=sys.stderr)
     args.json_out.write_text(dumps(summary))
     if books.anomalies:
         counts = ", ".join(f"{k}={v}" for k, v in books.anomalies.counts.items())
