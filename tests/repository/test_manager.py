@@ -455,6 +455,38 @@ def test_a_graph_that_mixes_its_rows_is_batched_only_if_its_config_says_so(
 # -- variants --------------------------------------------------------------------------------------
 
 
+def test_variants_batch_as_their_primary_and_dynamic_int8_rows_still_batch(
+    tmp_path: Path, demo_repo: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An int8 variant quantized dynamically mixes its rows a little (each batch's scale; the
+    demo mlp's moves by 2% of its output's scale on the sample rows): still batched, as its
+    float primary; a variant of a primary served unbatched is unbatched too."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    mlp = (demo_repo / "mlp" / "1" / "model.onnx").read_bytes()
+    primary = write_version(tmp_path, "m", 1, mlp)
+    quantize_dynamic(primary, primary.with_name("model.int8.onnx"), weight_type=QuantType.QInt8)
+    config(tmp_path, "m", '[[variants]]\nname = "int8"\nfile = "model.int8.onnx"\n')
+    write_version(tmp_path, "q", 1, primary.with_name("model.int8.onnx").read_bytes())
+    write_version(tmp_path, "n", 1, mixing_model())
+    write_version(tmp_path, "n", 1, mixing_model(), name="model.small.onnx")
+    config(tmp_path, "n", '[[variants]]\nname = "small"\nfile = "model.small.onnx"\n')
+
+    async def scenario(engine: Engine) -> None:
+        models = engine.registry.snapshot.models
+        m = [d.model.signature.max_batch_size for d in models["m"].versions["1"].variants]
+        n = [d.model.signature.max_batch_size for d in models["n"].versions["1"].variants]
+        q = models["q"].versions["1"].primary.model.signature.max_batch_size
+        assert (m, n, q) == ([32, 32], [0, 0], 32)
+        x = np.ones((1, 40), np.float32)  # the int8 variant answers too
+        assert (await engine.infer_async("m", {"x": x}, timeout=1.0))["y"].shape == (1, 3)
+
+    with caplog.at_level("WARNING"):
+        run(tmp_path, scenario)
+    assert not any("variant" in r.getMessage() and "not loaded" in r.getMessage()
+                   for r in caplog.records)  # fmt: skip
+
+
 def test_a_tight_due_time_goes_to_the_cheaper_variant(tmp_path: Path) -> None:
     write_version(tmp_path, "m", 1, heavy_model(1))
     write_version(tmp_path, "m", 1, scale_model(2), name="model.small.onnx")
