@@ -10,6 +10,7 @@ import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import onnxruntime as ort
@@ -204,87 +205,84 @@ def _checked_batching(
     unbatched = config.model_copy(update={"max_batch_size": 0})
     if settled == 0:
         return reconcile(unbatched, *graph, source=source)
-    asked = config.max_batch_size is not None or settled is not None
-    mismatch = batch_mismatch(session, signature)
-    if mismatch is not None and asked:
-        raise ConfigError(
-            f"{source}: field 'max_batch_size' = {signature.max_batch_size} needs outputs whose "
-            f"first dim is the batch, but {mismatch}; set max_batch_size = 0"
-        )
-    problem = mismatch or rows_interact(session, signature)
+    problem = batching_problem(session, signature)
     if problem is None:
         return signature
+    asked = config.max_batch_size is not None or settled is not None
+    if asked and problem.rows_differ:
+        raise ConfigError(
+            f"{source}: field 'max_batch_size' = {signature.max_batch_size} needs outputs whose "
+            f"first dim is the batch, but {problem.why}; set max_batch_size = 0"
+        )
     if asked:
-        log.warning("%s: %s; batched anyway, as its config asks", source, problem)
+        log.warning("%s: %s; batched anyway, as its config asks", source, problem.why)
         return signature
-    log.warning("%s: %s; served unbatched (max_batch_size = 0)", source, problem)
+    log.warning("%s: %s; served unbatched (max_batch_size = 0)", source, problem.why)
     return reconcile(unbatched, *graph, source=source)
 
 
 ROWS_TOLERANCE = 0.2
 """How far (a share of the output's largest value, at least 1) a row's output may move between a
-batch and a run alone before `rows_interact` calls the rows dependent."""
+batch and a run alone before `batching_problem` calls the rows dependent."""
 
 
-def rows_interact(session: ort.InferenceSession, signature: ModelSignature) -> str | None:
-    """Whether a row's outputs depend on the other rows of its batch, on a sample batch of 2 run
-    whole and row by row (None: they agree, or the graph rejects the sample inputs).
+class BatchingProblem(NamedTuple):
+    why: str
+    rows_differ: bool
+    """True: the outputs do not have the batch's rows (their first dim is something else);
+    False: they do, but a row's values depend on the other rows of its batch."""
 
-    NOTE: a graph can keep its rows' count and still mix them (a cumulative sum, a softmax or a
+
+def batching_problem(
+    session: ort.InferenceSession, signature: ModelSignature
+) -> BatchingProblem | None:
+    """Whether a graph with free first dims really batches, on two sample rows run together and
+    one at a time: each output must have the rows run, and each row the values it has alone
+    (None: it batches, or the graph rejects the sample inputs, which warm-up tells of).
+
+    NOTE: a dim can be free and still not the batch: a Concat of the input with itself gives 2N
+    rows, a reduction over the batch none, and the server would split a batch's answers wrongly.
+    A graph can also keep its rows' count and mix them (a cumulative sum, a softmax or a
     normalisation over the first axis, a recurrent net whose first axis is time): batching
     requests would hand each one an answer computed from the others'. Such mixing moves an
-    output by the order of its own scale; floats are compared within 20% of it, integers,
-    booleans and strings exactly. (Rows of a model quantized dynamically do interact a little:
-    the scale of each batch's activations is taken over all its rows. Its int8 variants of the
-    demo models moved by 1.3-3.4% of their outputs' scale, batched as everyone batches them.)
+    output by the order of its own scale; floats are compared within `ROWS_TOLERANCE` of it,
+    integers, booleans and strings exactly. (Rows of a model quantized dynamically do interact a
+    little, the scale of each batch's activations being taken over all its rows: the demo
+    models' int8 variants moved by 1.3-3.4% of their outputs' scale, batched as everyone
+    batches them.)
     """
-    if signature.max_batch_size < 2:
-        return None
     names = [spec.name for spec in signature.outputs]
-    feeds = sample_inputs(signature, 2, seed=2)
+    rows = min(2, signature.max_batch_size)
+    feeds = sample_inputs(signature, rows, seed=2)
     try:
-        whole = session.run(names, feeds)
         alone = [
-            session.run(names, {k: v[row : row + 1] for k, v in feeds.items()}) for row in (0, 1)
+            session.run(names, {k: v[row : row + 1] for k, v in feeds.items()})
+            for row in range(rows)
         ]
-    except Exception:  # (warm-up tells of sample inputs the graph rejects)
+        whole = session.run(names, feeds) if rows > 1 else alone[0]
+    except Exception:
         return None
     for index, name in enumerate(names):
+        for outputs, count in (*((run, 1) for run in alone), (whole, rows)):
+            shape = list(np.shape(outputs[index]))
+            if not shape or shape[0] != count:
+                why = f"output '{name}' has shape {shape} for a batch of {count}"
+                return BatchingProblem(why, rows_differ=True)
         batched = np.asarray(whole[index])
         lone = np.concatenate([np.asarray(run[index]) for run in alone])
-        if batched.shape != lone.shape:
-            return f"output '{name}' has shape {list(batched.shape)} for a batch of 2"
-        if batched.dtype.kind in "fc":
+        if batched.shape != lone.shape:  # (other dims sized by the whole batch: padding, say)
+            same = False
+        elif batched.dtype.kind in "fc":
             scale = max(1.0, float(np.max(np.abs(lone))) if lone.size else 1.0)
             same = np.allclose(batched, lone, rtol=0, atol=ROWS_TOLERANCE * scale, equal_nan=True)
         else:
             same = bool(np.array_equal(batched, lone))
         if not same:
-            return (
+            why = (
                 f"output '{name}' of a batch of 2 rows differs from the rows run one at a time "
                 "(its rows are not independent)"
             )
-    return None
-
-
-def batch_mismatch(session: ort.InferenceSession, signature: ModelSignature) -> str | None:
-    """How the graph's outputs fail to follow the batch, run on sample inputs of 1 and 2 rows
-    (every output's first dim must be the rows run, or the server would split a batch's answers
-    wrongly); None if they follow it, or if the graph rejects the sample inputs.
-
-    NOTE: free first dims on every input and output are what makes a graph batchable, but a dim
-    can be free and still not the batch: a Concat of the input with itself gives 2N rows, a
-    reduction over the batch none."""
-    names = [spec.name for spec in signature.outputs]
-    for rows in sorted({1, min(2, signature.max_batch_size)}):
-        try:
-            outputs = session.run(names, sample_inputs(signature, rows, seed=rows))
-        except Exception:  # (warm-up tells of sample inputs the graph rejects)
-            return None
-        for name, array in zip(names, outputs, strict=True):
-            shape = list(np.shape(array))
-            if not shape or shape[0] != rows:
-                return f"output '{name}' has shape {shape} for a batch of {rows}"
+            return BatchingProblem(why, rows_differ=False)
     return None
 
 
