@@ -7,6 +7,7 @@ import re
 import selectors
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -175,6 +176,21 @@ def test_bad_use_exits_2_with_a_message(tmp_path: Path, args: list[str], message
     assert message in result.stderr
     assert "Traceback" not in result.stderr
     assert result.stdout == ""
+
+
+@pytest.mark.parametrize("flag", ["--http-port", "--grpc-port"])
+def test_a_taken_port_is_a_clear_error_not_a_traceback(tmp_path: Path, flag: str) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        others = {"--http-port": "0", "--grpc-port": "0", flag: port}
+        args = [arg for pair in others.items() for arg in pair]
+        result = run_duetime(tmp_path, "serve", "--demo", *args, "--metrics-port", "0")
+    assert result.returncode == 2, result.stderr
+    assert f"field '{flag[2:].replace('-', '_')}': cannot listen" in result.stderr
+    assert f"127.0.0.1:{port}" in result.stderr
+    assert "Traceback" not in result.stderr
 
 
 def test_broken_models_are_reported_and_the_rest_served(tmp_path: Path, demo_repo: Path) -> None:

@@ -7,6 +7,7 @@ import gc
 import logging
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from duetime.config import ServerSettings
@@ -138,9 +139,28 @@ class Server:
         repository = self.settings.model_repository
         if repository is None:
             raise ConfigError("no model repository given: pass a folder, or --demo")
-        if self.cpu_latency is not None:  # first: a refusal fails before anything starts
-            self.cpu_latency.hold()
+        if self.cpu_latency is not None:
+            self.cpu_latency.hold()  # first: a refusal fails before anything starts
             log.info("idle CPUs held to a %d µs wake-up latency", self.cpu_latency.limit_us)
+        try:
+            return await self._start(repository)
+        except BaseException:  # (a taken port, a bad capture file): let go of what it took
+            await self._abandon()
+            raise
+
+    async def _abandon(self) -> None:
+        """Undo a start that failed half way: listeners closed, the CPU latency limit dropped
+        (the models it loaded stay with the engine, for `stop` or a retry)."""
+        if self._http is not None:
+            self._http.close()
+            self._http = None
+        if self._metrics is not None:
+            await self._metrics.aclose()
+            self._metrics = None
+        if self.cpu_latency is not None:
+            self.cpu_latency.release()
+
+    async def _start(self, repository: Path) -> Addresses:
         metrics_port = await self._start_metrics()  # a taken port fails before loading
         if self.cpus.loop_cpu is not None:
             pin_current_thread(frozenset({self.cpus.loop_cpu}))

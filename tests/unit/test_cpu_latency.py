@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import socket
 import struct
 from pathlib import Path
 
@@ -95,3 +96,22 @@ def test_a_server_that_cannot_hold_the_limit_does_not_start(
         asyncio.run(server.start())  # refused first: nothing was loaded or listening
     assert server.addresses is None
     assert server.engine.repository is None
+
+
+def test_a_start_that_fails_later_lets_the_limit_go(
+    tmp_path: Path, demo_repo: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    device = tmp_path / "cpu_dma_latency"
+    device.write_bytes(b"")
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        settings = settings_holding(0, device, demo_repo, monkeypatch).model_copy(
+            update={"http_port": taken.getsockname()[1]}
+        )
+        server = duetime.server.Server(settings)
+        with pytest.raises(ConfigError, match="field 'http_port': cannot listen on 127"):
+            asyncio.run(server.start())
+    assert device.read_bytes() == struct.pack("=i", 0)  # it was held...
+    assert not server.cpu_latency.held  # ...and let go
+    assert open_descriptors_on(device) == 0

@@ -15,7 +15,7 @@ from duetime import __version__, classification
 from duetime.config import ServerSettings
 from duetime.datatypes import NUMPY_OF, v2_datatype_of
 from duetime.engine import Engine, Ticket, settled
-from duetime.errors import DuetimeError, InternalError, InvalidInput
+from duetime.errors import ConfigError, DuetimeError, InternalError, InvalidInput
 from duetime.frontend import codec, sharedmemory
 from duetime.frontend.grpchealth import add_health_and_reflection
 from duetime.frontend.metadata import model_config_json, model_metadata_json
@@ -583,8 +583,15 @@ async def serve_grpc(service: InferenceService, settings: ServerSettings) -> tup
     add_servicer = pb_grpc.add_GRPCInferenceServiceServicer_to_server
     add_servicer(service, server)  # type: ignore[no-untyped-call]
     add_health_and_reflection(server, service.serving)
-    port = server.add_insecure_port(f"{settings.host}:{settings.grpc_port}")
+    address = f"{settings.host}:{settings.grpc_port}"
+    try:
+        port = server.add_insecure_port(address)
+    except RuntimeError:  # (grpcio raises this, or returns 0, for an address it cannot bind)
+        port = 0
     if port == 0:
-        raise OSError(f"cannot listen for gRPC on {settings.host}:{settings.grpc_port}")
+        raise ConfigError(
+            f"server settings: field 'grpc_port': cannot listen for gRPC on {address} (in use, "
+            "or not an address of this host); pass --grpc-port with a free port (0 picks one)"
+        )
     await server.start()
     return server, port

@@ -33,6 +33,7 @@ import httptools
 import orjson
 
 from duetime.config import ServerSettings
+from duetime.errors import ConfigError
 from duetime.execution.affinity import lower_thread_priority
 from duetime.frontend.rest import PendingReply, Reply, RestApi
 from duetime.observability.logs import log_request
@@ -808,6 +809,13 @@ async def serve_http(
     def factory() -> Any:
         return HttpConnection(api, settings, connections, shared, shedder)
 
-    return await loop.create_server(
-        factory, settings.host, settings.http_port, reuse_address=True, backlog=1024
-    )
+    try:
+        return await loop.create_server(
+            factory, settings.host, settings.http_port, reuse_address=True, backlog=1024
+        )
+    except OSError as exc:
+        raise ConfigError(
+            f"server settings: field 'http_port': cannot listen on {settings.host}:"
+            f"{settings.http_port}: {exc.strerror or exc}; pass --http-port with a free port "
+            "(0 picks one)"
+        ) from None
