@@ -144,21 +144,9 @@ class Server:
             log.info("idle CPUs held to a %d µs wake-up latency", self.cpu_latency.limit_us)
         try:
             return await self._start(repository)
-        except BaseException:  # (a taken port, a bad capture file): let go of what it took
-            await self._abandon()
+        except BaseException:  # (a taken port, a bad capture file): nothing it took stays
+            await self.stop()
             raise
-
-    async def _abandon(self) -> None:
-        """Undo a start that failed half way: listeners closed, the CPU latency limit dropped
-        (the models it loaded stay with the engine, for `stop` or a retry)."""
-        if self._http is not None:
-            self._http.close()
-            self._http = None
-        if self._metrics is not None:
-            await self._metrics.aclose()
-            self._metrics = None
-        if self.cpu_latency is not None:
-            self.cpu_latency.release()
 
     async def _start(self, repository: Path) -> Addresses:
         metrics_port = await self._start_metrics()  # a taken port fails before loading

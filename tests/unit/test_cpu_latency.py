@@ -47,6 +47,16 @@ def test_the_limit_is_written_as_a_native_s32_and_held_open_until_released(
     limit.release()  # (nothing held: nothing to do)
 
 
+def test_as_a_context_the_limit_is_held_inside_it_only(tmp_path: Path) -> None:
+    device = tmp_path / "cpu_dma_latency"
+    device.write_bytes(b"")
+    with CpuLatencyLimit(3, device) as limit:
+        assert limit.held
+        assert open_descriptors_on(device) == 1
+    assert not limit.held
+    assert open_descriptors_on(device) == 0
+
+
 def test_a_device_that_cannot_be_opened_is_a_config_error_naming_the_setting(
     tmp_path: Path,
 ) -> None:

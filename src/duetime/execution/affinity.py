@@ -131,6 +131,13 @@ class CpuLatencyLimit:
     def held(self) -> bool:
         return self._fd is not None
 
+    def __enter__(self) -> CpuLatencyLimit:
+        self.hold()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
     def _refused(self, exc: OSError) -> str:
         return (
             f"setting 'cpu_dma_latency_us' (--cpu-dma-latency-us): cannot hold a CPU wake-up "

@@ -293,28 +293,27 @@ async def _feed(args: argparse.Namespace, options: Any) -> dict[str, Any] | None
 
 
 async def _listen(feed: FeedRun, address: tuple[str, int], args: argparse.Namespace) -> RunStats:
-    """Bind the feed's socket, say where, and run the pipeline on it until it ends."""
+    """Bind the feed's socket, say where, and run the pipeline on it until it ends (holding
+    idle CPUs to `--cpu-dma-latency-us` throughout, when given)."""
+    import contextlib
     import signal
 
     from duetime.execution.affinity import CpuLatencyLimit
     from duetime.feeds.itch.live import UdpFeed
 
-    latency = None if args.cpu_dma_latency_us is None else CpuLatencyLimit(args.cpu_dma_latency_us)
-    if latency is not None:
-        latency.hold()  # before binding: a refusal ends the command before the feed starts
-    udp = await UdpFeed.open(*address, idle_s=args.idle_s, busy_poll_us=args.busy_poll_us)
-    bound_host, bound_port = udp.address
-    print(f"listening on udp://{bound_host}:{bound_port}", flush=True)
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(signum, udp.stop)
-    try:
-        return await feed.run_live(udp)
-    finally:
+    limit = args.cpu_dma_latency_us
+    with contextlib.nullcontext() if limit is None else CpuLatencyLimit(limit):
+        udp = await UdpFeed.open(*address, idle_s=args.idle_s, busy_poll_us=args.busy_poll_us)
+        bound_host, bound_port = udp.address
+        print(f"listening on udp://{bound_host}:{bound_port}", flush=True)
+        loop = asyncio.get_running_loop()
         for signum in (signal.SIGINT, signal.SIGTERM):
-            loop.remove_signal_handler(signum)
-        if latency is not None:
-            latency.release()
+            loop.add_signal_handler(signum, udp.stop)
+        try:
+            return await feed.run_live(udp)
+        finally:
+            for signum in (signal.SIGINT, signal.SIGTERM):
+                loop.remove_signal_handler(signum)
 
 
 async def _load(engine: Any, repository: Path, args: argparse.Namespace) -> None:
