@@ -89,6 +89,10 @@ def _parser() -> argparse.ArgumentParser:
         help="serve no Prometheus metrics",
     )  # fmt: skip
     serve.add_argument("--max-body-bytes", type=int, help="largest request body accepted")
+    serve.add_argument(
+        "--max-grpc-message-bytes", type=int,
+        help="largest gRPC message, request or answer (64 MiB; at most 2 GiB - 1)",
+    )  # fmt: skip
     serve.add_argument("--idle-timeout-s", type=float, help="close idle keep-alive connections")
     serve.add_argument(
         "--max-connections", type=int, help="open HTTP connections accepted (4096; more get 503)"
@@ -242,6 +246,7 @@ def _serve(args: argparse.Namespace) -> int:
         "model_repository": repository, "host": args.host, "http_port": args.http_port,
         "grpc_port": args.grpc_port, "metrics": args.metrics,
         "metrics_port": args.metrics_port, "max_body_bytes": args.max_body_bytes,
+        "max_grpc_message_bytes": args.max_grpc_message_bytes,
         "idle_timeout_s": args.idle_timeout_s, "cpus": args.cpus,
         "busy_poll_us": args.busy_poll_us,
         "cpu_dma_latency_us": args.cpu_dma_latency_us,

@@ -315,7 +315,10 @@ class ServerSettings(_Strict):
     connection reads no further requests until some are answered."""
     shutdown_grace_s: float = Field(default=5.0, ge=0)
     """On SIGINT/SIGTERM, queued requests get this long to finish."""
-    max_grpc_message_bytes: int = Field(default=64 * 1024 * 1024, ge=1024)
+    max_grpc_message_bytes: int = Field(default=64 * 1024 * 1024, ge=1024, le=2**31 - 1)
+    """Largest gRPC message, received or sent: a bigger request is refused by gRPC itself, a
+    bigger answer is refused (RESOURCE_EXHAUSTED, in a stream its error_message) before it is
+    sent. Triton's limit is 2 GiB - 1; answers this size want shared-memory outputs."""
     cpus: str = "auto"
     """CPUs to run on: `auto` (all this process may use), `none` (no pinning), or a list like
     `0,2-3`. The event loop is pinned to the first; small models' instances share it, big

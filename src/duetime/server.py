@@ -115,6 +115,7 @@ class Server:
         self._grpc_service = InferenceService(
             self.engine, self.shedder, settings.control_token, self.tracing,
             settings.access_log_sample, self.log_settings, trace_settings, self.shared_memory,
+            settings.max_grpc_message_bytes,
         )  # fmt: skip
         self.cpu_latency = (
             None

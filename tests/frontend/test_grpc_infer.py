@@ -19,6 +19,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.grpc.aio as aiogrpcclient
 from conftest import RunningServer, start_server, stop_server
+from repo_models import stacking_model, write_version
 from test_http_infer import (
     BY_NAME,
     DATATYPES,
@@ -290,7 +291,54 @@ def test_stream_infer_answers_in_order_and_survives_a_bad_request(
     assert "shape [1, 20] does not match" in str(error)
     for result, batch, request_id in ((first, batches[0], "a"), (third, batches[1], "c")):
         assert result.get_response().id == request_id
+        assert result.get_response().parameters["triton_final_response"].bool_param
         assert np.max(np.abs(result.as_numpy("y") - reference(model, batch))) <= TOLERANCE
+
+
+@pytest.fixture(scope="module")
+def small_messages_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    """A model whose answer is twice its request (y = Concat(x, x)), gRPC messages up to 4 KiB."""
+    repo = tmp_path_factory.mktemp("small-messages")
+    write_version(repo, "stack", 1, stacking_model())
+    settings = ServerSettings(
+        model_repository=repo, http_port=0, grpc_port=0, max_grpc_message_bytes=4096
+    )
+    running, thread = start_server(settings)
+    yield running
+    stop_server(running, thread)
+
+
+def stack_request(rows: int, request_id: str) -> Any:
+    request = service_pb2.ModelInferRequest(model_name="stack", id=request_id)
+    request.inputs.add(name="x", datatype="FP32", shape=[rows, 4])
+    request.raw_input_contents.append(np.ones((rows, 4), dtype=np.float32).tobytes())
+    return request
+
+
+def test_an_answer_over_the_message_limit_fails_its_request_not_the_stream(
+    small_messages_server: RunningServer,
+) -> None:
+    """gRPC would end the whole stream ("Sent message larger than max"); the oversized answer is
+    refused instead, as an error response carrying its request's id (as Triton's)."""
+    limit = "over the gRPC message limit of 4096 bytes"
+    with grpc.insecure_channel(small_messages_server.grpc) as channel:
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        requests = [stack_request(2, "a"), stack_request(200, "big"), stack_request(3, "c")]
+        answers = list(stub.ModelStreamInfer(iter(requests), timeout=30))
+        with pytest.raises(grpc.RpcError) as unary:
+            stub.ModelInfer(stack_request(200, "alone"), timeout=30)
+    assert [answer.infer_response.id for answer in answers] == ["a", "big", "c"]
+    first, big, third = answers
+    assert (first.error_message, third.error_message) == ("", "")
+    assert [list(answer.infer_response.outputs[0].shape) for answer in (first, third)] == [
+        [4, 4], [6, 4]
+    ]  # fmt: skip
+    assert limit in big.error_message
+    assert big.infer_response.model_name == "stack"
+    final = [a.infer_response.parameters["triton_final_response"].bool_param for a in answers]
+    assert final == [True, True, True]
+    assert unary.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert limit in str(unary.value.details())
 
 
 @pytest.fixture(scope="module")

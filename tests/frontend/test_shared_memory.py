@@ -79,6 +79,21 @@ def test_windows_must_lie_in_a_registered_region(regions: SharedMemoryRegions) -
         regions.status("q")
 
 
+
+def test_an_object_shrunk_after_registering_is_refused_not_a_crash(
+    regions: SharedMemoryRegions, tmp_path: Path
+) -> None:
+    """A client can truncate its object after registering it: a memory-mapped region would then
+    kill the whole server with SIGBUS (here: pytest itself) on the next access."""
+    regions.register("r", "/obj", 16, 48)
+    os.truncate(tmp_path / "obj", 20)
+    with pytest.raises(InvalidInput, match=r"input 'x': .* region 'r' ends before its registered "
+                       r"size: 4 of 32 bytes at offset 16 .* register it again"):  # fmt: skip
+        regions.read(Window("r", 32, 0), "input 'x'")
+    assert regions.read(Window("r", 4, 0), "input 'x'") == bytes([16, 17, 18, 19])
+    regions.write(Window("r", 2, 40), b"\x01\x02", "output 'y'")  # (the object grows again)
+    assert (tmp_path / "obj").read_bytes()[56:58] == b"\x01\x02"
+
 @pytest.fixture
 def objects() -> Iterator[list[Any]]:
     """Shared-memory objects made with tritonclient's helper; destroyed afterwards."""

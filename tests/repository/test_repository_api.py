@@ -144,6 +144,39 @@ def test_load_with_a_config_override(explicit_server: RunningServer, protocol: s
         factor(client, "m", "1")
 
 
+def model_config(client: Any, model: str) -> dict[str, Any]:
+    if isinstance(client, grpcclient.InferenceServerClient):
+        return dict(client.get_model_config(model, as_json=True)["config"])
+    return dict(client.get_model_config(model))
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_the_model_config_as_given_can_be_edited_and_loaded(
+    explicit_server: RunningServer, protocol: str
+) -> None:
+    """Triton's load takes a ModelConfig as JSON: a client gets the config, edits it, loads it."""
+    client = clients(explicit_server)[protocol == "grpc"]
+    config = model_config(client, "m")
+    config["version_policy"] = {"all": {}}
+    config["instance_group"] = [{"kind": "KIND_CPU", "count": 2}]
+    config["dynamic_batching"]["default_queue_policy"]["max_queue_size"] = 77
+    config["parameters"]["scheduling_policy"] = {"string_value": "fifo"}
+    try:
+        client.load_model("m", config=json.dumps(config))
+        assert factor(client, "m", "1") == 1.0
+        reloaded = model_config(client, "m")
+        assert reloaded["version_policy"] == {"all": {}}
+        assert int(reloaded["instance_group"][0]["count"]) == 2
+        assert int(reloaded["dynamic_batching"]["default_queue_policy"]["max_queue_size"]) == 77
+        assert reloaded["parameters"]["scheduling_policy"] == {"string_value": "fifo"}
+        assert [t["name"] for t in reloaded["input"]] == ["x"]
+        config["sequence_batching"] = config.pop("dynamic_batching") and {}
+        with pytest.raises(InferenceServerException, match="sequence_batching: sequence"):
+            client.load_model("m", config=json.dumps(config))
+    finally:
+        client.load_model("m", config=json.dumps({"version_policy": {"latest": {}}}))
+
+
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
 def test_load_errors_are_clear(explicit_server: RunningServer, protocol: str) -> None:
     client = clients(explicit_server)[protocol == "grpc"]

@@ -15,7 +15,13 @@ from duetime import __version__, classification
 from duetime.config import ServerSettings
 from duetime.datatypes import NUMPY_OF, v2_datatype_of
 from duetime.engine import Engine, Ticket, settled
-from duetime.errors import ConfigError, DuetimeError, InternalError, InvalidInput
+from duetime.errors import (
+    ConfigError,
+    DuetimeError,
+    InternalError,
+    InvalidInput,
+    PayloadTooLarge,
+)
 from duetime.frontend import codec, sharedmemory
 from duetime.frontend.grpchealth import add_health_and_reflection
 from duetime.frontend.metadata import model_config_json, model_metadata_json
@@ -42,6 +48,11 @@ log = logging.getLogger("duetime.grpc")
 
 STREAM_WINDOW = 64
 """Requests of one ModelStreamInfer stream in flight at once (more wait to be read)."""
+FINAL_RESPONSE = "triton_final_response"
+"""The parameter Triton sets on every ModelStreamInfer response: true on a request's last one
+(here every response: duetime serves no decoupled models)."""
+MESSAGE_SLACK = 64 * 1024
+"""An answer whose output bytes come this close to the message limit has its size checked."""
 
 #: v2 datatype -> the InferTensorContents field that carries it (FP16 only travels raw).
 _CONTENTS_FIELD = {
@@ -65,8 +76,10 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         log_settings: LogSettings | None = None,
         trace_settings: TraceSettings | None = None,
         shared_memory: SharedMemoryRegions | None = None,
+        max_message_bytes: int | None = None,
     ) -> None:
         self._engine = engine
+        self._max_message_bytes = max_message_bytes
         self._regions = shared_memory or SharedMemoryRegions()
         self._log_settings = log_settings or LogSettings()
         self._trace_settings = trace_settings or trace_settings_of(tracing)
@@ -301,6 +314,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
                     continue
                 try:
                     response = await self._response(submitted, request.id)
+                    response.parameters[FINAL_RESPONSE].bool_param = True
                     yield pb.ModelStreamInferResponse(infer_response=response)
                 except DuetimeError as exc:
                     yield self._stream_error(request, exc, context)
@@ -317,7 +331,14 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
             protocol="grpc-stream", model=request.model_name, version=request.model_version,
             status=exc.http_status, reason=exc.message, trace_id=trace_id,
         )  # fmt: skip
-        return pb.ModelStreamInferResponse(error_message=f"{exc.message} (trace {trace_id})")
+        # (as Triton: the request's id, so that the client knows which one failed)
+        response = pb.ModelInferResponse(
+            model_name=request.model_name, model_version=request.model_version, id=request.id
+        )
+        response.parameters[FINAL_RESPONSE].bool_param = True
+        return pb.ModelStreamInferResponse(
+            error_message=f"{exc.message} (trace {trace_id})", infer_response=response
+        )
 
     def _submit(
         self,
@@ -359,6 +380,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         )
         response.parameters["variant"].string_param = result.variant
         shared = submitted.shared or {}
+        carried = 0
         for name, array in result.outputs.items():
             datatype = v2_datatype_of(array)
             output = response.outputs.add(name=name, datatype=datatype, shape=array.shape)
@@ -370,6 +392,16 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
                 output.parameters[sharedmemory.BYTE_SIZE].int64_param = len(raw)
                 raw = b""  # (an entry all the same: the others' entries keep their index)
             response.raw_output_contents.append(raw)
+            carried += len(raw)
+        limit = self._max_message_bytes
+        if limit is not None and carried > limit - MESSAGE_SLACK and response.ByteSize() > limit:
+            # NOTE: gRPC itself would fail the call with a bare "Sent message larger than max"
+            # (and end a whole ModelStreamInfer stream with it)
+            raise PayloadTooLarge(
+                f"the answer is {response.ByteSize()} bytes, over the gRPC message limit of "
+                f"{limit} bytes (server setting max_grpc_message_bytes, --max-grpc-message-"
+                "bytes); ask for fewer rows or outputs, or have outputs written to shared memory"
+            )
         return response
 
     def _due(self, parameters: Mapping[str, Any], context: Any) -> int | None:

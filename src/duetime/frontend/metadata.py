@@ -40,7 +40,8 @@ def model_config_json(model: LoadedModel) -> dict[str, Any]:
         "name": model.name,
         "platform": PLATFORM,
         "backend": "onnxruntime",
-        "version_policy": {"latest": {"num_versions": 1}},
+        "version_policy": config.version_policy.model_dump(exclude_none=True)
+        or {"latest": {"num_versions": 1}},
         "max_batch_size": signature.max_batch_size,
         "input": [_config_tensor(s, batched) for s in signature.inputs],
         "output": [_config_tensor(s, batched) for s in signature.outputs],
@@ -49,7 +50,11 @@ def model_config_json(model: LoadedModel) -> dict[str, Any]:
             "max_queue_delay_microseconds": scheduling.max_queue_delay_us,
             "default_queue_policy": queue_policy,
         },
-        "parameters": {"scheduling_policy": {"string_value": scheduling.policy}},
+        "parameters": {
+            "scheduling_policy": {"string_value": scheduling.policy},
+            "intra_op_thread_count": {"string_value": str(config.intra_op_threads)},
+            "inter_op_thread_count": {"string_value": str(config.inter_op_threads)},
+        },
         "default_model_filename": model.path.name,
     }
 

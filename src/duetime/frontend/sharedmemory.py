@@ -10,15 +10,19 @@ region when it encodes the answer, which then carries the region and the byte co
 the data. The layout of the bytes is the binary tensor extension's (BYTES: 4-byte little-endian
 lengths before each element).
 
-Regions are mapped with `mmap` from `/dev/shm/<key>` (Linux); a key names an object there, never
-a path elsewhere. CUDA shared memory is not supported (no GPU path): its status lists no region,
-unregistering has nothing to do and registering is refused (`CudaRegions`), so that a Triton
-client tidying up at start finds nothing amiss.
+Regions are objects in `/dev/shm/<key>` (Linux); a key names an object there, never a path
+elsewhere. They are read and written with `pread`/`pwrite` on a descriptor kept open, not through
+a memory map: a client may shrink its object after registering it, and a mapped page past the new
+end would kill the whole server with SIGBUS on the next access; a read past the end is merely
+short (refused, naming the region), and a write there grows the client's object again.
+
+CUDA shared memory is not supported (no GPU path): its status lists no region, unregistering
+has nothing to do and registering is refused (`CudaRegions`), so that a Triton client tidying up
+at start finds nothing amiss.
 """
 
 from __future__ import annotations
 
-import mmap
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -39,7 +43,7 @@ class _Region:
     key: str
     offset: int
     byte_size: int
-    mapping: mmap.mmap
+    fd: int
 
     def status(self) -> dict[str, Any]:
         return {"name": self.name, "key": self.key, "offset": self.offset,
@@ -93,10 +97,10 @@ class SharedMemoryRegions:
                     f"shared memory region '{name}': offset {offset} + byte_size {byte_size} "
                     f"does not fit the {size}-byte object {key!r} (and byte_size must be > 0)"
                 )
-            mapping = mmap.mmap(fd, offset + byte_size)
-        finally:
+        except BaseException:
             os.close(fd)
-        self._regions[name] = _Region(name, key, offset, byte_size, mapping)
+            raise
+        self._regions[name] = _Region(name, key, offset, byte_size, fd)
 
     def unregister(self, name: str | None = None) -> None:
         """Forget region `name` (None or "": every region); an unknown name is not an error."""
@@ -104,7 +108,7 @@ class SharedMemoryRegions:
         for each in names:
             region = self._regions.pop(each, None)
             if region is not None:
-                region.mapping.close()
+                os.close(region.fd)
 
     def status(self, name: str | None = None) -> list[dict[str, Any]]:
         if not name:
@@ -114,7 +118,20 @@ class SharedMemoryRegions:
     def read(self, window: Window, where: str) -> bytes:
         """A copy of the window's bytes."""
         region, start = self._bounds(window, where)
-        return region.mapping[start : start + window.byte_size]
+        size = window.byte_size
+        data = os.pread(region.fd, size, start)
+        while 0 < len(data) < size:  # (a read stops at 2 GiB)
+            more = os.pread(region.fd, size - len(data), start + len(data))
+            if not more:
+                break
+            data += more
+        if len(data) < size:
+            raise InvalidInput(
+                f"{where}: shared memory region '{region.name}' ends before its registered "
+                f"size: {len(data)} of {size} bytes at offset {start} of object "
+                f"{region.key!r} (the object was shrunk; register it again)"
+            )
+        return data
 
     def write(self, window: Window, data: bytes, where: str) -> None:
         region, start = self._bounds(window, where)
@@ -123,7 +140,10 @@ class SharedMemoryRegions:
                 f"{where}: the output is {len(data)} bytes but shared_memory_byte_size gives "
                 f"{window.byte_size}"
             )
-        region.mapping[start : start + len(data)] = data
+        view = memoryview(data).cast("B")
+        while view:
+            written = os.pwrite(region.fd, view, start)
+            view, start = view[written:], start + written
 
     def check(self, window: Window, where: str) -> None:
         """Refuse a window that is not inside a registered region (before the model runs)."""

@@ -29,10 +29,11 @@ Without `dynamic_batching` Triton runs each request alone; duetime's scheduler b
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from google.protobuf import text_format
+from google.protobuf import json_format, text_format
 
 from duetime import config as settings
 from duetime.config import ModelConfig, find_config_file, parse_model_config
@@ -50,12 +51,22 @@ _TRANSLATED = frozenset({
     "name", "platform", "backend", "max_batch_size", "input", "output", "instance_group",
     "dynamic_batching", "version_policy", "parameters", "default_model_filename",
 })  # fmt: skip
+_TRITON_FIELDS = mc.ModelConfig.DESCRIPTOR.fields
+_TRITON_ONLY = (
+    frozenset(
+        {field.name for field in _TRITON_FIELDS} | {field.json_name for field in _TRITON_FIELDS}
+    )
+    - set(ModelConfig.model_fields)
+    - {"name", "backend"}
+)  # (both forms take these two)
 _REFUSED = {
     "sequence_batching": "sequence batching (stateful models) is not supported",
     "ensemble_scheduling": "ensembles are not supported; serve each model on its own",
     "batch_input": "batch inputs are not supported",
     "batch_output": "batch outputs are not supported",
 }
+SCHEDULING_POLICY = "scheduling_policy"
+"""The parameter carrying duetime's `scheduling.policy` (edf or fifo) in Triton's form."""
 _THREAD_PARAMETERS = {
     "intra_op_thread_count": "intra_op_threads",
     "inter_op_thread_count": "inter_op_threads",
@@ -87,6 +98,30 @@ def translate(text: str, *, source: str, model_name: str) -> dict[str, Any]:
         raise ConfigError(
             f"{source}: not a Triton model config (protobuf text format): {exc}"
         ) from None
+    return _translated(config, source, model_name)
+
+
+def is_triton_json(data: Mapping[str, Any]) -> bool:
+    """Whether a JSON config (a load request's `config`) is Triton's ModelConfig rather than
+    duetime's own settings: it names a field only Triton's has (`input`, `instance_group`,
+    `dynamic_batching`, ... as `get_model_config` returns them)."""
+    return any(key in _TRITON_ONLY for key in data)
+
+
+def translate_json(data: Mapping[str, Any], *, source: str, model_name: str) -> dict[str, Any]:
+    """The settings Triton's ModelConfig in its JSON form (protobuf's JSON mapping: the form
+    `get_model_config` returns and Triton's load request takes) translates to."""
+    config = mc.ModelConfig()
+    try:
+        json_format.ParseDict(data, config)
+    except json_format.ParseError as exc:
+        raise ConfigError(
+            f"{source}: not a Triton model config (JSON ModelConfig): {exc}"
+        ) from None
+    return _translated(config, source, model_name)
+
+
+def _translated(config: Any, source: str, model_name: str) -> dict[str, Any]:
     given = {field.name for field, _ in config.ListFields()}
     _refuse_what_cannot_be_served(config, given, source, model_name)
     out: dict[str, Any] = {}
@@ -108,6 +143,8 @@ def translate(text: str, *, source: str, model_name: str) -> dict[str, Any]:
             out[_THREAD_PARAMETERS[name]] = _integer(
                 parameter.string_value, f"parameters['{name}']", source
             )
+        elif name == SCHEDULING_POLICY:  # (duetime's own, as its model config reports it)
+            out.setdefault("scheduling", {})["policy"] = parameter.string_value
     ignored = sorted(given - _TRANSLATED)
     if ignored:
         log.warning("%s: %s: Triton-only settings, no effect in duetime", source,
@@ -167,7 +204,8 @@ def _instances(config: Any, source: str) -> int | None:
 
 
 def _dynamic_batching(batching: Any, out: dict[str, Any], source: str) -> None:
-    scheduling: dict[str, Any] = {"max_queue_delay_us": batching.max_queue_delay_microseconds}
+    scheduling: dict[str, Any] = out.setdefault("scheduling", {})
+    scheduling["max_queue_delay_us"] = batching.max_queue_delay_microseconds
     if batching.default_priority_level:
         scheduling["default_priority_level"] = batching.default_priority_level
     if batching.HasField("default_queue_policy"):
@@ -179,7 +217,6 @@ def _dynamic_batching(batching: Any, out: dict[str, Any], source: str) -> None:
         if policy.timeout_action == mc.ModelQueuePolicy.DELAY:
             log.warning("%s: dynamic_batching.default_queue_policy.timeout_action DELAY: duetime "
                         "never runs a request after its due time (REJECT)", source)  # fmt: skip
-    out["scheduling"] = scheduling
 
 
 def _version_policy(policy: Any) -> dict[str, Any]:
