@@ -79,6 +79,22 @@ def test_windows_must_lie_in_a_registered_region(regions: SharedMemoryRegions) -
         regions.status("q")
 
 
+def test_a_key_must_be_an_object_not_a_link_or_a_folder(
+    regions: SharedMemoryRegions, tmp_path: Path
+) -> None:
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.write_bytes(bytes(64))
+    (tmp_path / "link").symlink_to(elsewhere)
+    (tmp_path / "folder").mkdir()
+    os.mkfifo(tmp_path / "fifo")  # (opened without blocking, then refused)
+    with pytest.raises(InvalidInput, match="cannot open key '/link': a symbolic link"):
+        regions.register("r", "/link", 0, 8)
+    with pytest.raises(InvalidInput, match="cannot open key '/folder': Is a directory"):
+        regions.register("r", "/folder", 0, 8)
+    with pytest.raises(InvalidInput, match="key '/fifo' is not a shared-memory object"):
+        regions.register("r", "/fifo", 0, 8)
+    assert regions.status() == []
+
 
 def test_an_object_shrunk_after_registering_is_refused_not_a_crash(
     regions: SharedMemoryRegions, tmp_path: Path
@@ -93,6 +109,7 @@ def test_an_object_shrunk_after_registering_is_refused_not_a_crash(
     assert regions.read(Window("r", 4, 0), "input 'x'") == bytes([16, 17, 18, 19])
     regions.write(Window("r", 2, 40), b"\x01\x02", "output 'y'")  # (the object grows again)
     assert (tmp_path / "obj").read_bytes()[56:58] == b"\x01\x02"
+
 
 @pytest.fixture
 def objects() -> Iterator[list[Any]]:

@@ -26,7 +26,9 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
+from errno import ELOOP
 from pathlib import Path
+from stat import S_ISREG
 from typing import Any
 
 from duetime.errors import InvalidInput
@@ -85,13 +87,22 @@ class SharedMemoryRegions:
             )
         path = self._root / stem
         try:
-            fd = os.open(path, os.O_RDWR)
+            # NOTE: O_NOFOLLOW as shm_open has it: a symbolic link in /dev/shm would otherwise
+            # let a client have outputs written into (and inputs read from) any file the
+            # server can open
+            fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK)
         except OSError as exc:
+            why = "a symbolic link" if exc.errno == ELOOP else (exc.strerror or str(exc))
             raise InvalidInput(
-                f"shared memory region '{name}': cannot open key {key!r}: {exc.strerror or exc}"
+                f"shared memory region '{name}': cannot open key {key!r}: {why}"
             ) from None
         try:
-            size = os.fstat(fd).st_size
+            stat = os.fstat(fd)
+            if not S_ISREG(stat.st_mode):
+                raise InvalidInput(
+                    f"shared memory region '{name}': key {key!r} is not a shared-memory object"
+                )
+            size = stat.st_size
             if offset + byte_size > size or byte_size == 0:
                 raise InvalidInput(
                     f"shared memory region '{name}': offset {offset} + byte_size {byte_size} "
