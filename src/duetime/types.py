@@ -19,9 +19,19 @@ class TensorSpec:
     name: str
     datatype: str
     shape: tuple[int, ...]
+    any_rank: bool = False
+    """The graph declares no shape at all (not even a rank): any shape is taken, and `shape`
+    is () (a model config's `dims` can give it one)."""
 
     def describe(self) -> str:
+        if self.any_rank:
+            return f"{self.datatype}[any shape]"
         return f"{self.datatype}{list(self.shape)}"
+
+    def shown(self) -> list[int]:
+        """The shape as metadata gives it: [-1] for any shape (the v2 protocol has no way to
+        say "any rank"; a free dim is the nearest)."""
+        return [-1] if self.any_rank else list(self.shape)
 
 
 @dataclass(frozen=True, slots=True)

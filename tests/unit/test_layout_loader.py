@@ -349,6 +349,41 @@ def test_load_fixed_shape_model_does_not_batch(tmp_path: Path, loaded: list[Load
     assert model.signature.inputs == (TensorSpec("x", "FP32", (2, 3)),)
 
 
+def test_a_tensor_without_a_shape_takes_any_shape_or_the_configs(
+    tmp_path: Path, loaded: list[LoadedModel]
+) -> None:
+    """ONNX Runtime reports a graph input declared without a shape as [], as it does a scalar:
+    it is served taking any shape, not scalars only, and a config's dims give it one."""
+    graph = helper.make_graph(
+        [helper.make_node("Identity", ["x"], ["y"])], "shapeless",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, None)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+    )  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    shapeless = model.SerializeToString()  # (onnx's checker wants shapes; ORT does not)
+    scalar = load_version(model_dir(tmp_path, "scalar", identity_model(TensorProto.FLOAT, [])), 1)
+    free = load_version(model_dir(tmp_path, "free", shapeless), 1)
+    config = 'max_batch_size = 8\ninputs = [{name = "x", dims = [3]}]\n'
+    config += 'outputs = [{name = "y", dims = [3]}]\n'
+    ranked = load_version(model_dir(tmp_path, "ranked", shapeless, config), 1)
+    loaded.extend((scalar, free, ranked))
+    assert scalar.signature.inputs == (TensorSpec("x", "FP32", ()),)
+    assert free.signature.inputs == (TensorSpec("x", "FP32", (), any_rank=True),)
+    assert free.signature.inputs[0].describe() == "FP32[any shape]"
+    assert free.signature.max_batch_size == 0
+    for shape in ((), (2, 3), (1, 2, 3)):
+        x = np.ones(shape, dtype=np.float32)
+        (y,) = free.executor.run_sync(free.validator.prepare({"x": x}, None).feeds)
+        assert y.shape == shape
+    with pytest.raises(InvalidInput, match=r"shape \[2\] does not match the model's \[\]"):
+        scalar.validator.prepare({"x": np.ones(2, dtype=np.float32)}, None)
+    assert ranked.signature.inputs == (TensorSpec("x", "FP32", (-1, 3)),)
+    assert ranked.signature.max_batch_size == 8
+    with pytest.raises(InvalidInput, match=r"shape \[2, 4\] does not match the model's \[-1, 3\]"):
+        ranked.validator.prepare({"x": np.ones((2, 4), dtype=np.float32)}, None)
+
+
 def test_load_string_model(tmp_path: Path, loaded: list[LoadedModel]) -> None:
     source = model_dir(tmp_path, "text", identity_model(TensorProto.STRING, ["n"]))
     model = load_version(source, 1)

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, cast
 
 import numpy as np
+import onnx
 import onnxruntime as ort
 
 from duetime.datatypes import V2_OF_ONNX
@@ -157,6 +158,7 @@ def _specs(
     args: list[Any], model_path: Path, kind: str, *, skip_unsupported: bool = False
 ) -> list[TensorSpec]:
     specs = []
+    shapeless = _shapeless(model_path) if any(not arg.shape for arg in args) else frozenset()
     for arg in args:
         datatype = V2_OF_ONNX.get(arg.type)
         if datatype is None:
@@ -172,8 +174,24 @@ def _specs(
                 f"serve; supported: {', '.join(sorted(V2_OF_ONNX))}"
             )
         shape = tuple(d if isinstance(d, int) and d >= 0 else -1 for d in (arg.shape or ()))
-        specs.append(TensorSpec(arg.name, datatype, shape))
+        specs.append(TensorSpec(arg.name, datatype, shape, any_rank=arg.name in shapeless))
     return specs
+
+
+def _shapeless(model_path: Path) -> frozenset[str]:
+    """The graph's inputs and outputs declared with no shape at all.
+
+    NOTE: ONNX Runtime reports those as [], as it does scalars; only the graph itself tells them
+    apart (read without external data: the declarations are all that is wanted)."""
+    try:
+        model = onnx.load(str(model_path), load_external_data=False)
+    except Exception:  # (ORT read it: a file this cannot read is one ORT's own format took)
+        return frozenset()
+    return frozenset(
+        value.name
+        for value in (*model.graph.input, *model.graph.output)
+        if value.type.HasField("tensor_type") and not value.type.tensor_type.HasField("shape")
+    )
 
 
 Run = Callable[[list[str], dict[str, np.ndarray]], list[np.ndarray]]

@@ -23,7 +23,7 @@ def model_metadata_json(model: LoadedModel, versions: list[str]) -> dict[str, An
 
 
 def _tensor(spec: TensorSpec) -> dict[str, Any]:
-    return {"name": spec.name, "datatype": spec.datatype, "shape": list(spec.shape)}
+    return {"name": spec.name, "datatype": spec.datatype, "shape": spec.shown()}
 
 
 def model_config_json(model: LoadedModel) -> dict[str, Any]:
@@ -60,5 +60,5 @@ def model_config_json(model: LoadedModel) -> dict[str, Any]:
 
 
 def _config_tensor(spec: TensorSpec, batched: bool) -> dict[str, Any]:
-    dims = list(spec.shape[1:] if batched else spec.shape)
+    dims = spec.shown()[1:] if batched else spec.shown()
     return {"name": spec.name, "data_type": TRITON_TYPE_OF[spec.datatype], "dims": dims}

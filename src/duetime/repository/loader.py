@@ -134,12 +134,13 @@ def reconcile(
     source: str,
 ) -> ModelSignature:
     """The signature clients see: the graph's, narrowed by the config, with the batch policy."""
-    free_first = all(spec.shape and spec.shape[0] == -1 for spec in graph_inputs + graph_outputs)
+    specs = graph_inputs + graph_outputs
+    free_first = all(spec.shape and spec.shape[0] == -1 for spec in specs)
     max_batch = config.max_batch_size
     if max_batch is None:
         max_batch = DEFAULT_MAX_BATCH_SIZE if free_first else 0
-    elif max_batch > 0 and not free_first:
-        fixed = next(s for s in graph_inputs + graph_outputs if not s.shape or s.shape[0] != -1)
+    elif max_batch > 0 and not all(s.any_rank or (s.shape and s.shape[0] == -1) for s in specs):
+        fixed = next(s for s in specs if not s.any_rank and (not s.shape or s.shape[0] != -1))
         raise ConfigError(
             f"{source}: field 'max_batch_size' = {max_batch} needs a free first dim on every input "
             f"and output, but '{fixed.name}' has shape {list(fixed.shape)}; set max_batch_size = 0"
@@ -176,6 +177,8 @@ def _apply(
 
 
 def _narrow(spec: TensorSpec, dims: list[int], batched: bool, where: str) -> tuple[int, ...]:
+    if spec.any_rank:  # (the graph says nothing: the config's dims are the shape)
+        return (-1, *dims) if batched else tuple(dims)
     graph_dims = spec.shape[1:] if batched else spec.shape
     if len(dims) != len(graph_dims) or any(
         g != -1 and d not in (-1, g) for d, g in zip(dims, graph_dims, strict=True)
