@@ -4,14 +4,15 @@ A request asks for it per output (HTTP: the output parameter `classification`; g
 parameter `classification` as `int64_param`; tritonclient: `InferRequestedOutput(name,
 class_count=N)`). The output then comes back as BYTES of shape [batch, N] (a model that does not
 batch: [N]); each element is `"<value>:<index>"` for one of the N highest values of that batch
-element's output (all its elements, flattened, are the classes), highest first. Values print as
-Triton prints them: floating point with six decimals (`%f`), integers as integers. Equal values
-keep index order. A count above the number of classes gives all of them.
+element's output (all its elements, flattened, are the classes), highest first; with labels
+(the output's config `labels`, Triton's `label_filename`) `"<value>:<index>:<label>"`. Values
+print as Triton prints them: floating point with six decimals (`%f`), integers as integers.
+Equal values keep index order. A count above the number of classes gives all of them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -43,8 +44,11 @@ def check_classifiable(classes: Mapping[str, int], outputs: Iterable[TensorSpec]
             )
 
 
-def top_classes(array: np.ndarray, count: int, batched: bool) -> np.ndarray:
-    """`array`'s top `count` classes per batch element, as the extension returns them."""
+def top_classes(
+    array: np.ndarray, count: int, batched: bool, labels: Sequence[str] = ()
+) -> np.ndarray:
+    """`array`'s top `count` classes per batch element, as the extension returns them (with the
+    class's label where `labels` has one)."""
     if array.dtype.kind not in "biuf":
         raise InvalidInput(
             f"classification needs numeric values, but the output holds {array.dtype}"
@@ -59,7 +63,12 @@ def top_classes(array: np.ndarray, count: int, batched: bool) -> np.ndarray:
     values = np.take_along_axis(rows, order, axis=1)
     text = "%f:%d" if array.dtype.kind == "f" else "%d:%d"
     out = np.empty(order.shape, dtype=object)
+    named = len(labels)
     for r in range(order.shape[0]):
         for c in range(k):
-            out[r, c] = (text % (values[r, c], order[r, c])).encode()
+            index = order[r, c]
+            entry = text % (values[r, c], index)
+            if index < named and labels[index]:  # (as Triton: no label, no third field)
+                entry = f"{entry}:{labels[index]}"
+            out[r, c] = entry.encode()
     return out if batched and array.ndim else out.reshape(k)

@@ -36,6 +36,10 @@ class TensorConfig(_Strict):
     """The v2 datatype; read from the graph when omitted."""
     dims: list[Annotated[int, Field(ge=-1)]] | None = None
     """The shape without the batch dim (as Triton's `dims`); -1 marks a free dim."""
+    labels: str | None = Field(default=None, min_length=1)
+    """An output's class labels: a file in the model's folder, one label a line, the label of
+    class i on line i (Triton's `label_filename`); classification answers then read
+    `value:index:label`."""
 
 
 class SchedulingConfig(_Strict):

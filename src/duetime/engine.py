@@ -65,6 +65,8 @@ class Ticket:
     """Outputs returned as their top classes, and how many (see duetime/classification.py)."""
     batched: bool = True
     """Whether the model's outputs have a batch dimension (classes are per batch element)."""
+    labels: Mapping[str, tuple[str, ...]] | None = None
+    """The classified outputs' class labels, where the model has them."""
 
     def when_done(self, callback: Callable[[], None]) -> None:
         """Call `callback` once the future settles (not if it is cancelled): now, if it has.
@@ -120,7 +122,8 @@ class Ticket:
             outputs = {name: produced[name] for name in wanted}
         if self.classes:
             for name, count in self.classes.items():
-                outputs[name] = top_classes(outputs[name], count, self.batched)
+                labels = self.labels.get(name, ()) if self.labels else ()
+                outputs[name] = top_classes(outputs[name], count, self.batched, labels)
         return InferResponse(self.model, self.version, request_id, outputs, self.variant)
 
 
@@ -300,6 +303,7 @@ class Engine:
             signature = model.signature
             check_classifiable(request.classes, signature.outputs)
             ticket.classes, ticket.batched = request.classes, signature.max_batch_size > 0
+            ticket.labels = model.labels
         ticket.future = routed.deployment.scheduler.submit_nowait(
             prepared.feeds,
             rows=prepared.rows,

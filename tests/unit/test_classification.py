@@ -32,6 +32,12 @@ def test_each_batch_element_is_flattened() -> None:
     assert out.tolist() == [[b"5.000000:5"], [b"11.000000:5"]]
 
 
+def test_labels_follow_the_index_where_there_is_one() -> None:
+    out = top_classes(np.array([[1, 9, 5, 7]], dtype=np.int64), 4, True, ("cat", "", "dog"))
+    assert out.tolist() == [[b"9:1", b"7:3", b"5:2:dog", b"1:0:cat"]]  # (as Triton: no label, no
+    # third field)
+
+
 def test_non_numbers_are_refused() -> None:
     with pytest.raises(InvalidInput, match="numeric"):
         top_classes(np.array([[b"a", b"b"]], dtype=object), 1, batched=True)

@@ -12,6 +12,7 @@ import pytest
 from duetime.config import ModelConfig
 from duetime.demo import write_demo_repository
 from duetime.errors import ConfigError
+from duetime.frontend.metadata import model_config_json
 from duetime.repository.layout import scan_model
 from duetime.repository.loader import load_version
 from duetime.repository.tritonconfig import load_model_config, translate
@@ -124,6 +125,25 @@ def test_a_triton_model_folder_loads_with_its_config(triton_repo: Path) -> None:
         assert [spec.name for spec in model.signature.inputs] == ["x"]
     finally:
         model.executor.close()
+
+
+def test_label_filename_names_the_classes_of_classification_answers(triton_repo: Path) -> None:
+    config = triton_repo / "config.pbtxt"
+    text = config.read_text(encoding="utf-8")
+    config.write_text(text.replace("dims: [ 3 ] }", 'dims: [ 3 ], label_filename: "l.txt" }'))
+    (triton_repo / "l.txt").write_text("up\ndown\nflat\n", encoding="utf-8")
+    model = load_version(scan_model(triton_repo), 1)
+    try:
+        assert model.labels == {"y": ("up", "down", "flat")}
+        assert model_config_json(model)["output"][0]["label_filename"] == "l.txt"
+    finally:
+        model.executor.close()
+    (triton_repo / "l.txt").unlink()
+    with pytest.raises(ConfigError, match=r"field 'outputs.0.labels': cannot read '.*l.txt'"):
+        load_version(scan_model(triton_repo), 1)
+    config.write_text(text.replace("dims: [ 3 ] }", 'dims: [ 3 ], label_filename: "../x" }'))
+    with pytest.raises(ConfigError, match=re.escape("'../x' must be a file name in the model's folder")):
+        load_version(scan_model(triton_repo), 1)
 
 
 def test_a_pbtxt_beside_a_duetime_config_is_refused(triton_repo: Path) -> None:

@@ -32,6 +32,7 @@ def model_config_json(model: LoadedModel) -> dict[str, Any]:
     batched = signature.max_batch_size > 0
     config = model.config
     scheduling = config.scheduling
+    labels = {t.name: t.labels for t in config.outputs or () if t.labels is not None}
     queue_policy: dict[str, Any] = {"max_queue_size": scheduling.max_queue_size}
     if config.default_timeout_ms is not None:
         queue_policy["default_timeout_microseconds"] = int(config.default_timeout_ms * 1000)
@@ -44,7 +45,7 @@ def model_config_json(model: LoadedModel) -> dict[str, Any]:
         or {"latest": {"num_versions": 1}},
         "max_batch_size": signature.max_batch_size,
         "input": [_config_tensor(s, batched) for s in signature.inputs],
-        "output": [_config_tensor(s, batched) for s in signature.outputs],
+        "output": [_config_tensor(s, batched, labels.get(s.name)) for s in signature.outputs],
         "instance_group": [{"name": model.name, "kind": "KIND_CPU", "count": config.instances}],
         "dynamic_batching": {
             "max_queue_delay_microseconds": scheduling.max_queue_delay_us,
@@ -59,6 +60,9 @@ def model_config_json(model: LoadedModel) -> dict[str, Any]:
     }
 
 
-def _config_tensor(spec: TensorSpec, batched: bool) -> dict[str, Any]:
+def _config_tensor(spec: TensorSpec, batched: bool, labels: str | None = None) -> dict[str, Any]:
     dims = spec.shown()[1:] if batched else spec.shown()
-    return {"name": spec.name, "data_type": TRITON_TYPE_OF[spec.datatype], "dims": dims}
+    tensor = {"name": spec.name, "data_type": TRITON_TYPE_OF[spec.datatype], "dims": dims}
+    if labels is not None:
+        tensor["label_filename"] = labels
+    return tensor

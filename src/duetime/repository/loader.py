@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
 
@@ -56,6 +57,8 @@ class LoadedModel:
     validator: Validator
     executor: Executor
     profile: LatencyProfile
+    labels: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    """Outputs' class labels, by output name (config `labels`: Triton's `label_filename`)."""
 
 
 def load_version(
@@ -94,6 +97,7 @@ def load_version(
             f"{_describe(primary.outputs)}, but it has {_describe(signature.inputs)} and "
             f"{_describe(signature.outputs)}"
         )
+    labels = read_labels(config, source.directory)
     label = f"{source.name}-{version}" + (f"-{variant.name}" if variant else "")
     executor = Executor(
         sessions,
@@ -109,8 +113,32 @@ def load_version(
         executor.inline = runs_inline(profile, config.instances)
     validator = Validator(source.name, signature)
     return LoadedModel(
-        source.name, str(version), path, config, signature, validator, executor, profile
+        source.name, str(version), path, config, signature, validator, executor, profile, labels
     )
+
+
+def read_labels(config: ModelConfig, directory: Path) -> dict[str, tuple[str, ...]]:
+    """Each output's class labels from the file its config `labels` names (one a line)."""
+    for index, tensor in enumerate(config.inputs or ()):
+        if tensor.labels is not None:
+            raise ConfigError(
+                f"{directory}: field 'inputs.{index}.labels': labels name an output's classes; "
+                "an input has none"
+            )
+    labels: dict[str, tuple[str, ...]] = {}
+    for index, tensor in enumerate(config.outputs or ()):
+        if tensor.labels is None:
+            continue
+        where = f"{directory}: field 'outputs.{index}.labels'"
+        name = tensor.labels
+        if name in (".", "..") or "/" in name or "\\" in name or "\0" in name:
+            raise ConfigError(f"{where}: '{name}' must be a file name in the model's folder")
+        try:
+            text = (directory / name).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"{where}: cannot read '{directory / name}': {exc}") from None
+        labels[tensor.name] = tuple(text.splitlines())
+    return labels
 
 
 def runs_inline(profile: LatencyProfile, instances: int) -> bool:

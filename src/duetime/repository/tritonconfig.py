@@ -10,6 +10,7 @@ graph, as Triton's auto-complete does):
 |---|---|
 | `max_batch_size` (0 and no `input`/`output`: from the graph) | `max_batch_size` |
 | `input`/`output` `name`, `data_type`, `dims` | `inputs`/`outputs` |
+| `output` `label_filename` | `outputs` `labels` |
 | `instance_group` counts (summed; GPU groups run on the CPU, with a warning) | `instances` |
 | `dynamic_batching.max_queue_delay_microseconds` | `scheduling.max_queue_delay_us` |
 | `dynamic_batching.default_queue_policy.max_queue_size` | `scheduling.max_queue_size` |
@@ -191,6 +192,8 @@ def _tensor(spec: Any) -> dict[str, Any]:
         tensor["datatype"] = "BYTES" if name == "STRING" else name
     if spec.dims:
         tensor["dims"] = list(spec.dims)
+    if spec.DESCRIPTOR.name == "ModelOutput" and spec.label_filename:
+        tensor["labels"] = spec.label_filename
     return tensor
 
 
