@@ -254,7 +254,10 @@ def read_config_file(path: Path) -> dict[str, Any]:
 
 def find_config_file(model_dir: Path) -> Path | None:
     """The model's one config file (any of CONFIG_FILENAMES), None if it has none."""
-    found = [model_dir / name for name in CONFIG_FILENAMES if (model_dir / name).is_file()]
+    found = [model_dir / name for name in CONFIG_FILENAMES if (model_dir / name).exists()]
+    for path in found:
+        if not path.is_file():  # (a folder of that name would leave the model on defaults)
+            raise ConfigError(f"{path}: a config file's name, but not a file")
     if len(found) > 1:
         names = ", ".join(p.name for p in found)
         raise ConfigError(f"{model_dir}: more than one config file ({names}); keep one")

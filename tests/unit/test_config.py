@@ -222,9 +222,11 @@ def test_two_config_files_is_an_error(tmp_path: Path, names: tuple[str, str]) ->
         load_model_config(tmp_path)
 
 
-def test_a_folder_named_like_a_config_file_is_ignored(tmp_path: Path) -> None:
+def test_a_folder_named_like_a_config_file_is_refused(tmp_path: Path) -> None:
+    """Not ignored: the model would quietly run on defaults its owner meant to change."""
     (tmp_path / "config.toml").mkdir()
-    assert load_model_config(tmp_path) == ModelConfig()
+    with pytest.raises(ConfigError, match=r"config\.toml: a config file's name, but not a file"):
+        load_model_config(tmp_path)
 
 
 # -- server settings ----------------------------------------------------------------------------

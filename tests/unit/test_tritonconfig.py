@@ -78,6 +78,28 @@ def test_defaults_and_datatypes(text: str, expected: dict[str, object]) -> None:
     assert translate(text, source="c", model_name="m") == expected
 
 
+def test_nested_triton_only_settings_are_named_in_a_warning(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    text = (
+        'input [ { name: "x" dims: [ 4 ] optional: true format: FORMAT_NCHW } ]\n'
+        "dynamic_batching { preferred_batch_size: [ 4 ] priority_levels: 2 }\n"
+        'parameters { key: "inter_op_thread_count" value { string_value: "0" } }\n'
+        'parameters { key: "intra_op_thread_count" value { string_value: "0" } }\n'
+    )
+    with caplog.at_level(logging.WARNING, logger="duetime.config"):
+        out = translate(text, source="c", model_name="m")
+    assert "c: input 'x': format, optional: Triton-only settings" in caplog.text
+    assert "c: dynamic_batching: preferred_batch_size, priority_levels: Triton-only" in caplog.text
+    assert (out["intra_op_threads"], "inter_op_threads" in out) == (0, False)  # (0: ORT's own)
+
+
+def test_a_config_name_that_is_not_a_file_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "m" / "config.pbtxt").mkdir(parents=True)
+    with pytest.raises(ConfigError, match=r"config\.pbtxt: a config file's name, but not a file"):
+        load_model_config(tmp_path / "m")
+
+
 @pytest.mark.parametrize(
     ("text", "message"),
     [
@@ -89,6 +111,7 @@ def test_defaults_and_datatypes(text: str, expected: dict[str, object]) -> None:
          "c: input 'x'.reshape: reshape is not supported"),
         ('default_model_filename: "net.onnx"', "c: default_model_filename: 'net.onnx'"),
         ("model_transaction_policy { decoupled: true }", "decoupled models are not supported"),
+        ("max_batch_size: -1", "c: max_batch_size: -1: must be 0 (no batching) or more"),
         ('parameters { key: "intra_op_thread_count" value { string_value: "two" } }',
          "c: parameters['intra_op_thread_count']: expected an integer, got 'two'"),
         ("max_batch_size: 8\nbogus_field: 1", "c: not a Triton model config (protobuf text "
@@ -142,7 +165,9 @@ def test_label_filename_names_the_classes_of_classification_answers(triton_repo:
     with pytest.raises(ConfigError, match=r"field 'outputs.0.labels': cannot read '.*l.txt'"):
         load_version(scan_model(triton_repo), 1)
     config.write_text(text.replace("dims: [ 3 ] }", 'dims: [ 3 ], label_filename: "../x" }'))
-    with pytest.raises(ConfigError, match=re.escape("'../x' must be a file name in the model's folder")):
+    with pytest.raises(
+        ConfigError, match=re.escape("'../x' must be a file name in the model's folder")
+    ):
         load_version(scan_model(triton_repo), 1)
 
 

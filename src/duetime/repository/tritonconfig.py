@@ -52,6 +52,10 @@ _TRANSLATED = frozenset({
     "name", "platform", "backend", "max_batch_size", "input", "output", "instance_group",
     "dynamic_batching", "version_policy", "parameters", "default_model_filename",
 })  # fmt: skip
+_TENSOR_FIELDS = frozenset({"name", "data_type", "dims", "label_filename"})
+_BATCHING_FIELDS = frozenset({
+    "max_queue_delay_microseconds", "default_priority_level", "default_queue_policy",
+})  # fmt: skip
 _TRITON_FIELDS = mc.ModelConfig.DESCRIPTOR.fields
 _TRITON_ONLY = (
     frozenset(
@@ -129,7 +133,7 @@ def _translated(config: Any, source: str, model_name: str) -> dict[str, Any]:
     tensors = [("inputs", config.input), ("outputs", config.output)]
     for key, specs in tensors:
         if specs:
-            out[key] = [_tensor(spec) for spec in specs]
+            out[key] = [_tensor(spec, key[:-1], source) for spec in specs]
     if config.max_batch_size > 0 or any(specs for _, specs in tensors):
         out["max_batch_size"] = config.max_batch_size
     instances = _instances(config, source)
@@ -141,9 +145,10 @@ def _translated(config: Any, source: str, model_name: str) -> dict[str, Any]:
         out["version_policy"] = _version_policy(config.version_policy)
     for name, parameter in config.parameters.items():
         if name in _THREAD_PARAMETERS:
-            out[_THREAD_PARAMETERS[name]] = _integer(
-                parameter.string_value, f"parameters['{name}']", source
-            )
+            threads = _integer(parameter.string_value, f"parameters['{name}']", source)
+            if threads != 0 or name == "intra_op_thread_count":
+                # (an inter-op count of 0 is ONNX Runtime's own choice: duetime's default, 1)
+                out[_THREAD_PARAMETERS[name]] = threads
         elif name == SCHEDULING_POLICY:  # (duetime's own, as its model config reports it)
             out.setdefault("scheduling", {})["policy"] = parameter.string_value
     ignored = sorted(given - _TRANSLATED)
@@ -163,6 +168,8 @@ def _refuse_what_cannot_be_served(
 
     if config.name and config.name != model_name:
         raise refuse("name", f"'{config.name}' differs from the model's folder '{model_name}'")
+    if config.max_batch_size < 0:
+        raise refuse("max_batch_size", f"{config.max_batch_size}: must be 0 (no batching) or more")
     if config.platform not in ONNX_PLATFORMS or config.backend not in ONNX_BACKENDS:
         field = "platform" if config.platform not in ONNX_PLATFORMS else "backend"
         value = config.platform if field == "platform" else config.backend
@@ -185,7 +192,11 @@ def _refuse_what_cannot_be_served(
                              "supported")  # fmt: skip
 
 
-def _tensor(spec: Any) -> dict[str, Any]:
+def _tensor(spec: Any, kind: str, source: str) -> dict[str, Any]:
+    ignored = sorted({f.name for f, _ in spec.ListFields()} - _TENSOR_FIELDS)
+    if ignored:
+        log.warning("%s: %s '%s': %s: Triton-only settings, no effect in duetime", source, kind,
+                    spec.name, ", ".join(ignored))  # fmt: skip
     tensor: dict[str, Any] = {"name": spec.name}
     if spec.data_type != mc.TYPE_INVALID:
         name = mc.DataType.Name(spec.data_type).removeprefix("TYPE_")
@@ -207,6 +218,10 @@ def _instances(config: Any, source: str) -> int | None:
 
 
 def _dynamic_batching(batching: Any, out: dict[str, Any], source: str) -> None:
+    ignored = sorted({f.name for f, _ in batching.ListFields()} - _BATCHING_FIELDS)
+    if ignored:
+        log.warning("%s: dynamic_batching: %s: Triton-only settings, no effect in duetime (it "
+                    "sizes batches by due times)", source, ", ".join(ignored))  # fmt: skip
     scheduling: dict[str, Any] = out.setdefault("scheduling", {})
     scheduling["max_queue_delay_us"] = batching.max_queue_delay_microseconds
     if batching.default_priority_level:
