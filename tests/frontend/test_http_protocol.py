@@ -280,6 +280,18 @@ def test_chunked_body_sent_in_pieces(client: RawClient, expected_mlp: list[float
     assert output_of(client.response()) == expected_mlp
 
 
+def test_a_transfer_coding_other_than_chunked_gets_501(client: RawClient) -> None:
+    """llhttp frames `gzip, chunked` as chunked; the body would be read still compressed."""
+    body = gzip.compress(infer_body())
+    encoded = b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body)
+    headers = {"Transfer-Encoding": "gzip, chunked"}
+    client.send(request("POST", "/v2/models/mlp/infer", encoded, headers))
+    response = client.response()
+    assert response.status == 501
+    assert "Transfer-Encoding 'gzip, chunked' is not supported" in response.json()["error"]
+    assert client.closed_by_server()
+
+
 def test_expect_100_continue(client: RawClient, expected_mlp: list[float]) -> None:
     body = infer_body()
     headers = {"Expect": "100-continue", "Content-Length": str(len(body))}

@@ -85,6 +85,16 @@ def test_predictions_are_one_entry_per_example() -> None:
     assert json.loads(v1_predictions({"y": np.array(2.5)}, batched=False))["predictions"] == [2.5]
 
 
+def test_non_finite_predictions_stay_nan_and_infinity_not_null() -> None:
+    y = np.array([[np.nan, np.inf, -np.inf, 1.5], [1, 2, 3, 4]], dtype=np.float32)
+    text = v1_predictions({"y": y, "z": y[:, 0]}, batched=True)
+    assert b"null" not in text
+    got = json.loads(text)["predictions"]
+    assert [row["z"] for row in got][1:] == [1.0]
+    assert np.isnan(got[0]["z"])
+    assert got[0]["y"][1:] == [float("inf"), float("-inf"), 1.5]
+
+
 def call(server: RunningServer, method: str, path: str, doc: Any = None) -> tuple[int, Any]:
     host, port = server.http.rsplit(":", 1)
     connection = http.client.HTTPConnection(host, int(port), timeout=30)

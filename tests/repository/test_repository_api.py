@@ -280,10 +280,13 @@ def test_responses_name_version_and_variant(server: RunningServer, protocol: str
     tensor.set_data_from_numpy(np.zeros((1, 40), dtype=np.float32))
     result = client.infer("mlp", [tensor])
     response = result.get_response()
+    leading_zero = client.infer("mlp", [tensor], model_version="01").get_response()  # (version 1)
     if protocol == "http":
+        assert leading_zero["model_version"] == "1"
         assert response["model_version"] == "1"
         assert response["parameters"]["variant"] == "default"
     else:
+        assert leading_zero.model_version == "1"
         assert response.model_version == "1"
         assert response.parameters["variant"].string_param == "default"
 

@@ -384,6 +384,13 @@ class HttpConnection(asyncio.Protocol):
         if self._rejected or self._closing:
             return
         headers = self._headers
+        coding = headers.get("transfer-encoding")
+        if coding is not None and coding.strip().lower() != "chunked":
+            # NOTE: llhttp takes the last coding, chunked, for the framing: the body would reach
+            # the API still compressed (RFC 9112: 501 for a transfer coding not understood)
+            self._fail(501, f"Transfer-Encoding '{coding}' is not supported: send 'chunked' alone "
+                       "(compress with Content-Encoding: gzip or deflate)")  # fmt: skip
+            return
         length = headers.get("content-length")
         if length is None:
             self._chunked = True  # (or no body): counted once it outgrows a small body

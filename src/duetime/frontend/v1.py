@@ -13,6 +13,7 @@ path checks them (datatype, range, ragged lists), with the field named in the er
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import numpy as np
@@ -94,6 +95,11 @@ def _rows(array: np.ndarray, batched: bool) -> list[Any]:
         array = np.vectorize(_text, otypes=[object])(array) if array.size else array
         values = array.tolist()
         return values if batched and array.ndim else [values]
+    if array.dtype.kind == "f" and not np.isfinite(array).all():
+        # NOTE: orjson writes a non-finite float as null; the v2 path writes NaN, Infinity and
+        # -Infinity (as Triton, and as Python's json): so does this one
+        rows = list(array) if batched and array.ndim else [array]
+        return [orjson.Fragment(json.dumps(np.asarray(row).tolist())) for row in rows]
     if not array.flags.c_contiguous:
         array = np.ascontiguousarray(array)
     if array.ndim == 0:

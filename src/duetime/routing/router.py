@@ -86,6 +86,8 @@ class Router:
         served = self._registry.served(request.model)
         if request.version:
             version = served.versions.get(request.version)
+            if version is None and _numeral(request.version):  # ("01" is version 1, as Triton)
+                version = served.versions.get(str(int(request.version)))
             if version is None:
                 loaded = ", ".join(sorted(served.versions, key=int))
                 raise ModelNotFound(
@@ -225,3 +227,8 @@ def _compare(
     stats.max_abs_diff = max(stats.max_abs_diff, worst)
     stats.sum_max_abs_diff += worst
     stats.argmax_disagreements += disagree
+
+
+def _numeral(text: str) -> bool:
+    """Whether `text` is a version number written in ASCII digits (of a sane length)."""
+    return text.isascii() and text.isdigit() and len(text) <= 20
