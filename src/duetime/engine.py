@@ -289,13 +289,18 @@ class Engine:
             return recorder.record(request, self._submit)
         return self._submit(request)
 
-    def _submit(self, request: InferRequest) -> Ticket:
+    def _submit(self, request: InferRequest, lazy: bool = True) -> Ticket:
+        """`submit` without the recorder; `lazy=False`: never load the model first (the
+        request that follows a load must not start another)."""
         try:
             routed = self.router.route(request)
-        except ModelNotFound:
-            if self.manager is None or not self.manager.can_load_lazily(request.model):
+        except (ModelNotFound, ModelUnavailable):
+            # NOTE: ModelUnavailable from routing is a model whose last load failed: lazily,
+            # a later request retries it (`can_load_lazily` spaces the retries out).
+            manager = self.manager
+            if not lazy or manager is None or not manager.can_load_lazily(request.model):
                 raise
-            return self._submit_after_load(request, self.manager)
+            return self._submit_after_load(request, manager)
         model = routed.deployment.model
         prepared = routed.prepared
         ticket = Ticket(model.name, model.version, prepared.outputs, routed.deployment.variant)
@@ -342,7 +347,7 @@ class Engine:
             await self.manager.load(request.model, explicit=False)
             if outer.done():
                 return
-            inner = self._submit(request)
+            inner = self._submit(request, lazy=False)
         except DuetimeError as exc:
             if not outer.done():
                 outer.set_exception(exc)

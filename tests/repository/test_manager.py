@@ -12,6 +12,7 @@ import json
 import os
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -26,8 +27,17 @@ from repo_models import (
     write_version,
 )
 
+from duetime.config import ModelConfig
 from duetime.engine import Engine
-from duetime.errors import DuetimeError, InvalidInput, ModelNotFound, ModelUnavailable, NotAllowed
+from duetime.errors import (
+    ConfigError,
+    DuetimeError,
+    InvalidInput,
+    ModelNotFound,
+    ModelUnavailable,
+    NotAllowed,
+)
+from duetime.repository import manager as manager_module
 from duetime.repository.manager import RepositoryOptions
 from duetime.scheduling.scheduler import REFUSALS_SEEN_NS
 
@@ -162,7 +172,7 @@ def test_explicit_mode_loads_startup_models(tmp_path: Path) -> None:
     run(tmp_path, scenario, control_mode="explicit", startup_models=("n",))
 
 
-@pytest.mark.parametrize("name", ["..", "../m", "a/b", ".hidden", "_private", ""])
+@pytest.mark.parametrize("name", ["..", "../m", "a/b", ".hidden", ""])
 def test_model_names_never_leave_the_repository(tmp_path: Path, name: str) -> None:
     write_version(tmp_path, "m", 1, scale_model(1))
 
@@ -173,6 +183,85 @@ def test_model_names_never_leave_the_repository(tmp_path: Path, name: str) -> No
             await engine.unload_model(name)
 
     run(tmp_path, scenario, control_mode="explicit")
+
+
+def test_a_model_named_with_a_leading_underscore_is_served(tmp_path: Path) -> None:
+    """Triton accepts `_preprocess`; it was skipped without a word and its name refused."""
+    write_version(tmp_path, "_pre", 1, scale_model(3))
+
+    async def at_start(engine: Engine) -> None:
+        assert await factor_of(engine, "_pre") == 3.0
+        assert states(engine, "_pre") == {"1": ("READY", "")}
+
+    run(tmp_path, at_start)
+
+    async def explicitly(engine: Engine) -> None:
+        assert engine.repository_index() == [{"name": "_pre"}]
+        await engine.load_model("_pre")
+        assert await factor_of(engine, "_pre") == 3.0
+        await engine.unload_model("_pre")
+
+    run(tmp_path, explicitly, control_mode="explicit")
+
+
+@pytest.mark.parametrize("name", ["../m", ".m", "a/b"])
+def test_an_invalid_startup_model_fails_the_start_naming_the_setting(
+    tmp_path: Path, name: str
+) -> None:
+    write_version(tmp_path, "m", 1, scale_model(1))
+    with pytest.raises(ConfigError, match=r"field 'load_model' \(--load-model '.*'\): model na"):
+        run(tmp_path, _nothing, control_mode="explicit", startup_models=(name,))
+
+
+def test_a_startup_model_not_in_the_repository_fails_the_start(tmp_path: Path) -> None:
+    write_version(tmp_path, "m", 1, scale_model(1))
+    write_version(tmp_path, "n", 1, scale_model(2))
+    with pytest.raises(ConfigError, match=r"'typo'.*no model folder of that name.*'m', 'n'"):
+        run(tmp_path, _nothing, control_mode="explicit", startup_models=("n", "typo"))
+
+
+def test_a_startup_model_that_fails_to_load_is_reported_and_the_rest_serve(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    write_version(tmp_path, "m", 1, scale_model(1))
+    write_version(tmp_path, "broken", 1, b"not an onnx model")
+    (tmp_path / "empty").mkdir()
+
+    async def scenario(engine: Engine) -> None:
+        assert await factor_of(engine) == 1.0
+        state, reason = states(engine, "broken")["1"]
+        assert state == "UNAVAILABLE"
+        assert "ONNX Runtime cannot load it" in reason
+        assert "no version folder" in states(engine, "empty")[""][1]
+
+    startup = ("m", "broken", "empty")
+    with caplog.at_level("ERROR", logger="duetime.manager"):
+        run(tmp_path, scenario, control_mode="explicit", startup_models=startup)
+    logged = " ".join(r.getMessage() for r in caplog.records)
+    assert "model broken version 1 not loaded" in logged
+    assert "model empty not loaded" in logged
+
+
+def test_startup_models_outside_explicit_mode_are_ignored_with_a_warning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """As Triton: `--load-model` only takes effect in explicit mode (it was ignored silently)."""
+    write_version(tmp_path, "m", 1, scale_model(1))
+    write_version(tmp_path, "n", 1, scale_model(2))
+
+    async def scenario(engine: Engine) -> None:
+        assert sorted(engine.registry.snapshot.models) == ["m", "n"]
+
+    with caplog.at_level("WARNING", logger="duetime.manager"):
+        run(tmp_path, scenario, startup_models=("n",))
+    assert any(
+        "--load-model n is ignored" in r.getMessage() and "explicit" in r.getMessage()
+        for r in caplog.records
+    )
+
+
+async def _nothing(engine: Engine) -> None:
+    pass
 
 
 def test_load_of_a_model_not_in_the_repository(tmp_path: Path) -> None:
@@ -308,6 +397,120 @@ def test_poll_reloads_a_version_whose_external_data_alone_changed(tmp_path: Path
         assert await factor_of(engine) == 4.0
 
     run(tmp_path, scenario, control_mode="poll", poll_s=3600)
+
+
+def loads_counted(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The models ONNX Runtime is asked to load from now on (their folder names)."""
+    seen: list[str] = []
+    real = manager_module.load_version
+
+    def counting(source: Any, version: int, *args: Any, **kwargs: Any) -> Any:
+        seen.append(f"{source.name}/{version}")
+        return real(source, version, *args, **kwargs)
+
+    monkeypatch.setattr(manager_module, "load_version", counting)
+    return seen
+
+
+def test_poll_tries_a_failed_version_again_only_once_its_files_change(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A broken, unchanged file was loaded (and logged) again at every poll."""
+    write_version(tmp_path, "m", 1, scale_model(1))
+    write_version(tmp_path, "broken", 1, b"not an onnx model")
+    write_version(tmp_path, "bad_config", 1, scale_model(1))
+    config(tmp_path, "bad_config", "max_batch_size = 'lots'\n")
+    loads = loads_counted(monkeypatch)
+
+    async def scenario(engine: Engine) -> None:
+        manager = engine.manager
+        assert manager is not None
+        assert sorted(loads) == ["broken/1", "m/1"]
+        loads.clear()
+        caplog.clear()
+        with caplog.at_level("ERROR", logger="duetime.manager"):
+            for _ in range(3):
+                await manager.poll()
+        assert loads == []  # the start tried it; nothing changed since
+        assert [r.getMessage() for r in caplog.records] == []
+        assert "ONNX Runtime cannot load it" in states(engine, "broken")["1"][1]
+        assert "max_batch_size" in states(engine, "bad_config")[""][1]
+        write_version(tmp_path, "broken", 1, b"still not an onnx model")  # changed, still bad
+        await manager.poll()
+        await manager.poll()
+        assert loads == ["broken/1"]
+        write_version(tmp_path, "broken", 1, scale_model(5))
+        await manager.poll()
+        assert await factor_of(engine, "broken") == 5.0
+        assert states(engine, "broken") == {"1": ("READY", "")}
+        assert loads == ["broken/1", "broken/1"]
+
+    run(tmp_path, scenario, control_mode="poll", poll_s=3600)
+
+
+def test_an_explicit_load_retries_a_failed_version_even_unchanged(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    write_version(tmp_path, "m", 1, b"not an onnx model")
+    loads = loads_counted(monkeypatch)
+
+    async def scenario(engine: Engine) -> None:
+        for _ in range(2):
+            with pytest.raises(ModelUnavailable, match="ONNX Runtime cannot load it"):
+                await engine.load_model("m")
+        assert loads == ["m/1", "m/1"]
+
+    run(tmp_path, scenario, control_mode="explicit")
+
+
+def test_the_index_forgets_folders_removed_from_the_repository(tmp_path: Path) -> None:
+    """Removed broken models stayed listed UNAVAILABLE with their old reasons, and so did
+    removed versions."""
+    import shutil
+
+    for version in (1, 2):
+        write_version(tmp_path, "m", version, scale_model(version))
+    write_version(tmp_path, "m", 3, b"not an onnx model")
+    config(tmp_path, "m", "[version_policy]\nall = {}\n")
+    write_version(tmp_path, "broken", 1, b"not an onnx model")
+    (tmp_path / "empty").mkdir()
+    write_version(tmp_path, "gone", 1, scale_model(9))
+
+    async def scenario(engine: Engine) -> None:
+        manager = engine.manager
+        assert manager is not None
+        assert {"broken", "empty", "gone"} <= {e["name"] for e in engine.repository_index()}
+        assert states(engine)["3"][0] == "UNAVAILABLE"
+        for folder in ("broken", "empty", "gone", "m/3", "m/2"):
+            shutil.rmtree(tmp_path / folder)
+        await manager.poll()
+        await asyncio.sleep(0.2)  # removed versions drain
+        index = engine.repository_index()
+        assert {e["name"] for e in index} == {"m", "gone"}
+        removed = ("UNAVAILABLE", "its folder was removed from the repository")
+        assert states(engine) == {"1": ("READY", ""), "2": removed}
+        assert states(engine, "gone") == {"1": removed}  # served: the index says it went
+        with pytest.raises(ModelNotFound):  # not 'unavailable' with its old failure
+            await factor_of(engine, "broken")
+        await manager.poll()
+        assert engine.repository_index() == index
+
+    run(tmp_path, scenario, control_mode="poll", poll_s=3600)
+
+
+def test_unloading_an_upload_leaves_only_the_repositorys_versions_listed(tmp_path: Path) -> None:
+    write_version(tmp_path, "m", 1, scale_model(1))
+
+    async def scenario(engine: Engine) -> None:
+        policy = ModelConfig.model_validate({"version_policy": {"all": {}}})
+        files = {f"{v}/model.onnx": scale_model(10 + v) for v in (1, 2, 3)}
+        await engine.load_model("m", config=policy, files=files)
+        assert sorted(states(engine)) == ["1", "2", "3"]
+        await engine.unload_model("m")
+        await asyncio.sleep(0.2)  # the versions drain
+        assert states(engine) == {"1": ("UNAVAILABLE", "unloaded by request")}
+
+    run(tmp_path, scenario, control_mode="explicit")
 
 
 def test_files_still_being_written_wait_for_the_next_poll(tmp_path: Path) -> None:
@@ -622,6 +825,78 @@ def test_lazy_loading_and_the_loaded_model_budget(tmp_path: Path) -> None:
     run(tmp_path, scenario, lazy=True, max_loaded_models=1)
 
 
+def test_a_failed_lazy_load_is_retried_by_a_later_request(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A lazy load that failed (files still being written, a broken file since fixed) refused
+    the model until a restart."""
+    monkeypatch.setattr(manager_module, "LAZY_RETRY_S", 0.3)
+    loads = loads_counted(monkeypatch)
+
+    async def scenario(engine: Engine) -> None:
+        fresh = write_version(tmp_path, "m", 1, scale_model(1), aged=False)  # after the start
+        with pytest.raises(ModelUnavailable, match="files are still changing"):
+            await factor_of(engine)
+        age(fresh)
+        with pytest.raises(ModelUnavailable, match="files are still changing"):
+            await factor_of(engine)  # too soon: refused with the failure, no new try
+        await asyncio.sleep(0.35)
+        assert await factor_of(engine) == 1.0
+        broken = write_version(tmp_path, "n", 1, b"not an onnx model")
+        for _ in range(3):
+            with pytest.raises(ModelUnavailable, match="ONNX Runtime cannot load it"):
+                await factor_of(engine, "n")
+        await asyncio.sleep(0.35)
+        with pytest.raises(ModelUnavailable, match="ONNX Runtime cannot load it"):
+            await factor_of(engine, "n")  # a retry, but the file is unchanged: no new load
+        assert loads == ["m/1", "n/1"]
+        write_version(tmp_path, "n", 1, scale_model(2))
+        age(broken, seconds=30)
+        await asyncio.sleep(0.35)
+        assert await factor_of(engine, "n") == 2.0
+
+    run(tmp_path, scenario, lazy=True, stable_s=30.0)
+
+
+def test_lazy_files_present_at_start_are_taken_as_they_are(tmp_path: Path) -> None:
+    """As at start in the other modes; a first request waited for them to settle."""
+    age(write_version(tmp_path, "m", 1, scale_model(1), aged=False), seconds=1.0)
+
+    async def scenario(engine: Engine) -> None:
+        assert await factor_of(engine) == 1.0
+
+    run(tmp_path, scenario, lazy=True, stable_s=30.0)
+
+
+def test_lazy_poll_loads_a_failed_model_once_its_file_is_fixed(tmp_path: Path) -> None:
+    write_version(tmp_path, "m", 1, b"not an onnx model")
+
+    async def scenario(engine: Engine) -> None:
+        manager = engine.manager
+        assert manager is not None
+        with pytest.raises(ModelUnavailable, match="ONNX Runtime cannot load it"):
+            await factor_of(engine)
+        write_version(tmp_path, "m", 1, scale_model(4))
+        write_version(tmp_path, "idle", 1, scale_model(5))
+        await manager.poll()
+        assert list(engine.registry.snapshot.models) == ["m"]  # no request: 'idle' waits
+        assert await factor_of(engine) == 4.0
+
+    run(tmp_path, scenario, lazy=True, control_mode="poll", poll_s=3600)
+
+
+def test_a_lazy_request_for_a_version_not_served_fails_at_once(tmp_path: Path) -> None:
+    for version in (1, 2):
+        write_version(tmp_path, "m", version, scale_model(version))
+
+    async def scenario(engine: Engine) -> None:
+        assert await factor_of(engine) == 2.0
+        with pytest.raises(ModelNotFound, match="no version '1' loaded"):
+            await asyncio.wait_for(factor_of(engine, version="1"), 5.0)
+
+    run(tmp_path, scenario, lazy=True)
+
+
 def test_byte_budget_refuses_a_model_when_all_are_busy(tmp_path: Path) -> None:
     for name in ("a", "b"):
         write_version(tmp_path, name, 1, heavy_model(1))
@@ -640,6 +915,28 @@ def test_byte_budget_refuses_a_model_when_all_are_busy(tmp_path: Path) -> None:
         assert last == 1.0 or isinstance(last, ModelUnavailable), last
 
     run(tmp_path, scenario, lazy=True, max_loaded_bytes=int(size * 1.5))
+
+
+def test_two_folders_of_one_version_fail_the_model_naming_both(tmp_path: Path) -> None:
+    """`1` and `01` were both version 1: one was served, picked by the listing order."""
+    write_version(tmp_path, "m", 1, scale_model(1))
+    write_version(tmp_path, "n", 1, scale_model(2))
+
+    async def scenario(engine: Engine) -> None:
+        manager = engine.manager
+        assert manager is not None
+        with pytest.raises(ModelUnavailable, match="version folders '01' and '1' are both"):
+            await factor_of(engine, "n")
+        assert await factor_of(engine) == 1.0
+        (tmp_path / "m" / "001").mkdir()
+        (tmp_path / "m" / "001" / "model.onnx").write_bytes(scale_model(100))
+        await manager.poll()
+        assert await factor_of(engine) == 1.0  # the served version stays
+        assert "'001' and '1' are both version 1" in states(engine)[""][1]
+
+    (tmp_path / "n" / "01").mkdir()
+    (tmp_path / "n" / "01" / "model.onnx").write_bytes(scale_model(200))
+    run(tmp_path, scenario, control_mode="poll", poll_s=3600)
 
 
 def test_engine_answers_are_arrays(tmp_path: Path) -> None:

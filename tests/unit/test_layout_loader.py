@@ -105,12 +105,12 @@ def test_scan_reports_folders_without_versions_and_ignores_hidden(tmp_path: Path
     (tmp_path / "good" / "1" / MODEL_FILENAME).write_bytes(b"")
     (tmp_path / "empty").mkdir()
     (tmp_path / "no_model" / "1").mkdir(parents=True)
-    for hidden in (".git", "_staging"):
-        (tmp_path / hidden / "1").mkdir(parents=True)
-        (tmp_path / hidden / "1" / MODEL_FILENAME).write_bytes(b"")
+    for folder in (".git", "_staging"):  # (hidden; a leading '_' is a model, as in Triton)
+        (tmp_path / folder / "1").mkdir(parents=True)
+        (tmp_path / folder / "1" / MODEL_FILENAME).write_bytes(b"")
     (tmp_path / "README.md").write_text("not a model")
     scan = scan_repository(tmp_path)
-    assert [m.name for m in scan.models] == ["good"]
+    assert [m.name for m in scan.models] == ["_staging", "good"]
     assert sorted(scan.errors) == ["empty", "no_model"]
     assert str(tmp_path / "empty") in scan.errors["empty"]
     assert "no version folder holds a model.onnx" in scan.errors["empty"]

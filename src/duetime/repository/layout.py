@@ -31,15 +31,28 @@ class Scan:
     errors: dict[str, str]
 
 
+def is_hidden(name: str) -> bool:
+    """Whether a folder directly under the repository is left alone: hidden ones (`.git`, a copy
+    in progress `.tmp-m`) are never models.
+
+    NOTE: names starting with `_` are models, as in Triton (`_preprocess`); they used to be
+    skipped too, though nothing of the server's own lives in the repository under such a name
+    (uploads go to a temporary directory, the ORT cache is `<version>/.duetime-cache`)."""
+    return name.startswith(".")
+
+
+def model_folders(root: Path) -> list[Path]:
+    """The folders directly under `root` that hold (or should hold) a model, sorted by name."""
+    return sorted(p for p in root.iterdir() if p.is_dir() and not is_hidden(p.name))
+
+
 def scan_repository(root: Path) -> Scan:
     """List the models under `root`; a folder that is not a valid model is reported, not fatal."""
     if not root.is_dir():
         raise ConfigError(f"model repository {root} is not a folder")
     models: list[ModelSource] = []
     errors: dict[str, str] = {}
-    for directory in sorted(p for p in root.iterdir() if p.is_dir()):
-        if directory.name.startswith((".", "_")):
-            continue
+    for directory in model_folders(root):
         try:
             models.append(scan_model(directory))
         except ConfigError as exc:
@@ -48,10 +61,22 @@ def scan_repository(root: Path) -> Scan:
 
 
 def scan_model(directory: Path) -> ModelSource:
+    """The versions of one model folder; ConfigError if it holds none, or two folders name the
+    same version (`1` and `01`)."""
     versions: dict[int, Path] = {}
-    for child in directory.iterdir():
-        if child.is_dir() and _is_version(child.name) and (child / MODEL_FILENAME).is_file():
-            versions[int(child.name)] = child / MODEL_FILENAME
+    for child in sorted(directory.iterdir()):
+        number = version_of(child.name)
+        if number is not None and child.is_dir() and (child / MODEL_FILENAME).is_file():
+            seen = versions.get(number)
+            if seen is not None:
+                # NOTE: serving either would depend on the listing order; refusing the model
+                # (a served one keeps serving) names the stray folder instead.
+                raise ConfigError(
+                    f"{directory}: version folders '{seen.parent.name}' and '{child.name}' are "
+                    f"both version {number}; keep one (versions are integers: name it "
+                    f"'{number}')"
+                )
+            versions[number] = child / MODEL_FILENAME
     if not versions:
         raise ConfigError(
             f"{directory}: no version folder holds a {MODEL_FILENAME}; expected "
@@ -60,6 +85,7 @@ def scan_model(directory: Path) -> ModelSource:
     return ModelSource(directory.name, directory, versions)
 
 
-def _is_version(name: str) -> bool:
+def version_of(name: str) -> int | None:
+    """The version a folder named `name` holds (None: not a version folder)."""
     # NOTE: str.isdigit() alone also accepts digits such as '²' that int() rejects.
-    return name.isascii() and name.isdigit()
+    return int(name) if name.isascii() and name.isdigit() else None

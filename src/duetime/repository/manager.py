@@ -32,7 +32,15 @@ from typing import Literal
 from duetime.config import CONFIG_FILENAMES, ModelConfig
 from duetime.errors import ConfigError, DuetimeError, InvalidInput, ModelNotFound, ModelUnavailable
 from duetime.execution.affinity import lower_thread_priority, pin_current_thread
-from duetime.repository.layout import ModelSource, scan_model, scan_repository
+from duetime.repository.layout import (
+    ModelSource,
+    Scan,
+    is_hidden,
+    model_folders,
+    scan_model,
+    scan_repository,
+    version_of,
+)
 from duetime.repository.loader import LoadedModel, load_version
 from duetime.repository.registry import (
     PRIMARY,
@@ -50,6 +58,16 @@ ControlMode = Literal["none", "explicit", "poll"]
 VARIANT_PROFILE_BUDGET_S = 0.5
 """Profiling time per variant: variants only take over when the primary cannot keep up."""
 
+LAZY_RETRY_S = 1.0
+"""With lazy loading, how often requests for a model whose load failed may try it again (the
+others in between are refused with the failure at once). A retry reloads only if the model's
+files or config changed since the failure, so this bounds a cheap check, not ORT loads."""
+
+START_MARGIN_NS = 50_000_000
+"""Files stamped before the server started, less this, count as present at start (taken as they
+are). NOTE: file systems stamp files from a coarse clock that can lag `time.time_ns()` by a
+tick, so a file written just after the start may carry a time just before it."""
+
 
 @dataclass(frozen=True, slots=True)
 class RepositoryOptions:
@@ -62,7 +80,11 @@ class RepositoryOptions:
     stable_s: float = 1.0
     """A version's files must be unchanged this long before they are loaded."""
     startup_models: tuple[str, ...] = ()
-    """Explicit mode: models to load at start (`*`: all)."""
+    """Explicit mode: models to load at start (`*`: all). A name that is not a model folder of
+    the repository fails the start (ConfigError); a model that is there but fails to load is
+    logged and shown in the index, and the server starts (as Triton with `--exit-on-error
+    false`, and as the other modes treat a broken model). Other modes ignore it, with a
+    warning (Triton: it only takes effect in explicit mode)."""
     max_loaded_models: int | None = None
     max_loaded_bytes: int | None = None
     """Budget on the model files loaded, counted once per instance (ORT's memory for a model is
@@ -96,6 +118,10 @@ class Fingerprint:
         return max(mtime for _, _, mtime in self.files)
 
 
+REMOVED = "its folder was removed from the repository"
+"""The reason given for a version unloaded because its folder went away: the one row the index
+keeps of a folder that is gone (rows of failures or unloads there would only be stale)."""
+
 IndexEntry = dict[str, str]
 """One row of the repository index: name, and version, state, reason where known."""
 
@@ -106,12 +132,12 @@ def check_model_name(name: str) -> str:
         not name
         or len(name) > 255
         or name in (".", "..")
-        or name.startswith((".", "_"))
+        or is_hidden(name)
         or any(c in name for c in "/\\\0")
     ):
         raise InvalidInput(
             f"model name {name!r} is not valid: expected a folder name directly under the "
-            "model repository (no '/', '\\', leading '.' or '_')"
+            "model repository (no '/', '\\' or leading '.')"
         )
     return name
 
@@ -141,6 +167,12 @@ class ModelManager:
         self._states: dict[str, dict[str, VersionState]] = defaultdict(dict)
         self._model_errors: dict[str, str] = {}
         self._fingerprints: dict[tuple[str, str], Fingerprint] = {}
+        self._failed: dict[tuple[str, str], tuple[Fingerprint, str]] = {}
+        """(model, version) -> what a failed load was made from, and why it failed: watcher and
+        lazy loads try such a version again only once its files or config change."""
+        self._retry_at: dict[str, float] = {}
+        """Lazy loading: model -> when (monotonic s) a request may next retry its failed load."""
+        self._started_ns = 0
         self._overrides: dict[str, ModelConfig] = {}
         self._uploads: dict[str, Path] = {}
         """Model -> the folder its uploaded files form (in a temporary directory of its own),
@@ -154,21 +186,52 @@ class ModelManager:
     # -- lifecycle -----------------------------------------------------------------------------
 
     async def start(self) -> None:
-        """Load what the control mode loads at start; in poll mode, start watching."""
+        """Load what the control mode loads at start; in poll mode, start watching.
+
+        ConfigError for a startup model (`--load-model`) that is not a model folder of the
+        repository: a typo would otherwise start a server without the model, without a word."""
+        self._started_ns = time.time_ns() - START_MARGIN_NS
         scan = scan_repository(self.root)
         for name, reason in scan.errors.items():
             self._fail_model(name, reason)
         names = [source.name for source in scan.models]
+        wanted = self.options.startup_models
         if self.options.control_mode == "explicit":
-            wanted = self.options.startup_models
-            names = names if "*" in wanted else [check_model_name(n) for n in wanted]
-        elif self.options.lazy:
-            names = []
+            names = names if "*" in wanted else self._startup_models(wanted, scan)
+        else:
+            if wanted:
+                log.warning(
+                    "--load-model %s is ignored: it only takes effect with "
+                    "--model-control-mode explicit (this server runs with %s%s)",
+                    " ".join(wanted), self.options.control_mode,
+                    ", --lazy-load" if self.options.lazy else "",
+                )  # fmt: skip
+            if self.options.lazy:
+                names = []
         for name in names:
             with contextlib.suppress(DuetimeError):
                 await self.load(name, explicit=False, settle=False)
         if self.options.control_mode == "poll":
             self._poller = asyncio.get_running_loop().create_task(self._poll_forever())
+
+    def _startup_models(self, wanted: Iterable[str], scan: Scan) -> list[str]:
+        """`wanted`, each checked to be a model folder of the repository (ConfigError if not)."""
+        found = {source.name for source in scan.models} | set(scan.errors)
+        names = []
+        for name in wanted:
+            field = f"server settings: field 'load_model' (--load-model {name!r})"
+            try:
+                check_model_name(name)
+            except InvalidInput as exc:
+                raise ConfigError(f"{field}: {exc.message}") from None
+            if name not in found:
+                known = ", ".join(repr(n) for n in sorted(found)) or "none"
+                raise ConfigError(
+                    f"{field}: no model folder of that name in the repository {self.root}; "
+                    f"models there: {known}"
+                )
+            names.append(name)
+        return names
 
     async def aclose(self) -> None:
         """Stop watching and wait for retiring versions to finish."""
@@ -191,15 +254,24 @@ class ModelManager:
                 log.exception("repository poll failed")
 
     async def poll(self) -> None:
-        """Apply what changed on disk: new models and versions, changed files, removed models."""
-        on_disk = {
-            p.name for p in self.root.iterdir() if p.is_dir() and not p.name.startswith((".", "_"))
-        }
+        """Apply what changed on disk: new models and versions, changed files, removed models.
+
+        A version that failed to load is tried again once its files or config change (not at
+        every poll: the same error each time, and ORT reading the whole file to say so)."""
+        on_disk = {p.name for p in model_folders(self.root)}
         on_disk |= set(self._uploads)  # an uploaded model lives outside the repository
-        served = set(self._registry.snapshot.models)
+        snapshot = self._registry.snapshot
+        served = set(snapshot.models)
         for name in sorted(served - on_disk):
-            await self.unload(name, reason="its folder was removed from the repository")
-        candidates = on_disk if not self.options.lazy else on_disk & served
+            await self.unload(name, reason=REMOVED)
+        known = set(self._states) | set(self._model_errors) | set(snapshot.failures)
+        for name in sorted(known - on_disk - served):
+            self._forget(name)
+        # NOTE: lazily, a model is loaded on its first request; the poll keeps the served ones
+        # in step, and retries those a request tried to load and failed (once their files
+        # change), so a fixed model serves without waiting for a request to retry it.
+        failed = set(snapshot.failures)
+        candidates = on_disk if not self.options.lazy else on_disk & (served | failed)
         for name in sorted(candidates):
             with contextlib.suppress(DuetimeError):
                 await self.load(name, explicit=False)
@@ -280,7 +352,9 @@ class ModelManager:
         current = self._registry.snapshot.models.get(name)
         if not directory.is_dir():
             if current is not None:
-                self._unload_now(name, "its folder was removed from the repository")
+                self._unload_now(name, REMOVED)
+            else:
+                self._forget(name)
             raise ModelNotFound(f"model '{name}' is not in the repository {self.root}")
         try:
             source = scan_model(directory)
@@ -288,6 +362,7 @@ class ModelManager:
         except ConfigError as exc:
             self._fail_model(name, exc.message, serving=current is not None)
             raise ModelUnavailable(f"model '{name}' cannot be loaded: {exc.message}") from None
+        self._prune_versions(name, source.versions)
         wanted = config.version_policy.select(source.versions)
         if not wanted:
             reason = (
@@ -322,13 +397,21 @@ class ModelManager:
             if old is not None and self._fingerprints.get((name, version)) == print_:
                 chosen[version] = old
                 continue
+            failed = self._failed.get((name, version))
+            if failed is not None and failed[0] == print_ and not explicit:
+                problems.append(f"version {version}: {failed[1]}")  # (an explicit load retries)
+                if old is not None:
+                    chosen[version] = old
+                continue
             background = version in shadow_only
             loaded = await self._load_version(source, number, config, background)
             if isinstance(loaded, str):
+                self._failed[(name, version)] = print_, loaded
                 problems.append(f"version {version}: {loaded}")
                 if old is not None:
                     chosen[version] = old
                 continue
+            self._failed.pop((name, version), None)
             chosen[version] = loaded
             self._fingerprints[(name, version)] = print_
         if problems:  # keep serving what worked before rather than fewer versions
@@ -341,8 +424,11 @@ class ModelManager:
             if fresh not in served.values():
                 self._states[name][fresh.version] = VersionState("READY")
         for old in retired:
-            replaced = old.version in chosen
-            self._retire(name, old, "replaced by a new load" if replaced else "not in policy")
+            if old.version in chosen:
+                self._retire(name, old, "replaced by a new load")
+            else:
+                gone = int(old.version) not in source.versions
+                self._retire(name, old, REMOVED if gone else "not in policy")
         if not chosen:
             self._registry.record_failure(name, "; ".join(problems))
         if problems and explicit:
@@ -355,8 +441,8 @@ class ModelManager:
         for _ in range(20):
             print_ = fingerprint(source, version, config)
             age_s = (time.time_ns() - print_.newest_ns) / 1e9
-            if age_s >= self.options.stable_s:
-                return print_
+            if age_s >= self.options.stable_s or print_.newest_ns < self._started_ns:
+                return print_  # (files present at start are taken as they are: a lazy load)
             if not wait:
                 return None
             await asyncio.sleep(self.options.stable_s - age_s + 0.01)
@@ -402,17 +488,56 @@ class ModelManager:
                 await asyncio.to_thread(deployment.model.executor.close)
             entry = states.get(version.version)
             if entry is not None and entry.state == "UNLOADING":
-                states[version.version] = VersionState("UNAVAILABLE", reason)
+                if reason == REMOVED or self._on_disk(name, version.version):
+                    states[version.version] = VersionState("UNAVAILABLE", reason)
+                else:  # (an upload's version, unloaded: the index lists what is on disk)
+                    del states[version.version]
 
         task = asyncio.get_running_loop().create_task(drain())
         self._retiring.add(task)
         task.add_done_callback(self._retiring.discard)
 
     def _fail_model(self, name: str, reason: str, *, serving: bool = False) -> None:
-        log.error("model %s not loaded: %s", name, reason)
+        if self._model_errors.get(name) != reason:  # (each poll meets an unfixed error again)
+            log.error("model %s not loaded: %s", name, reason)
         self._model_errors[name] = reason
         if not serving:
             self._registry.record_failure(name, reason)
+
+    def _forget(self, name: str) -> None:
+        """Drop what the index and the failure records say of `name`, whose folder is gone;
+        versions still loading or draining stay listed, and those unloaded as it went."""
+        states = self._states.get(name, {})
+        for version, state in list(states.items()):
+            if not _outlives_folder(state):
+                del states[version]  # (in place: a drain in progress holds this dict)
+        if not states:
+            self._states.pop(name, None)
+        self._model_errors.pop(name, None)
+        if name in self._registry.snapshot.failures:
+            self._registry.record_failure(name, None)
+        for key in [key for key in self._failed if key[0] == name]:
+            del self._failed[key]
+        self._retry_at.pop(name, None)
+
+    def _prune_versions(self, name: str, versions: Iterable[int]) -> None:
+        """Forget the failed or unloaded versions of `name` no longer on disk (a removed version
+        folder, or versions of an upload since unloaded)."""
+        present = {str(v) for v in versions}
+        states = self._states.get(name, {})
+        for version, state in list(states.items()):
+            if version not in present and not _outlives_folder(state):
+                del states[version]
+        for key in [key for key in self._failed if key[0] == name and key[1] not in present]:
+            del self._failed[key]
+
+    def _on_disk(self, name: str, version: str) -> bool:
+        """Whether the folder `name` is served from holds a folder of `version`."""
+        directory = self._uploads.get(name) or self.root / name
+        try:
+            return any(version_of(p.name) == int(version) for p in directory.iterdir())
+        except OSError:
+            return False
 
     # -- memory budget and lazy loading --------------------------------------------------------
 
@@ -444,13 +569,27 @@ class ModelManager:
                 self._unload_now(victim, f"unloaded to make room for '{name}' ({limit})")
 
     def can_load_lazily(self, name: str) -> bool:
+        """Whether a request for `name`, which is not served, should load it first.
+
+        A model whose last load failed is tried again by one request every `LAZY_RETRY_S` (the
+        failure could be passing: files still being written, a full budget, a file since
+        fixed); the requests in between get the failure at once, not a load each."""
         if not self.options.lazy or self.options.control_mode == "explicit":
+            return False
+        snapshot = self._registry.snapshot
+        if name in snapshot.models:  # served: a version it lacks is not loaded on demand
             return False
         try:
             check_model_name(name)
         except InvalidInput:
             return False
-        return (self.root / name).is_dir()
+        if not (self.root / name).is_dir():
+            return False
+        now = time.monotonic()
+        if name in snapshot.failures and now < self._retry_at.get(name, 0.0):
+            return False
+        self._retry_at[name] = now + LAZY_RETRY_S  # (from the try: the failure is its outcome)
+        return True
 
     def load_estimate_s(self, name: str) -> float:
         """How long loading `name` took last time (a second by default)."""
@@ -459,21 +598,24 @@ class ModelManager:
     # -- the index -----------------------------------------------------------------------------
 
     def index(self, ready_only: bool = False) -> list[IndexEntry]:
-        """Triton's repository index: every model on disk or known, each version's state."""
-        names = set(self._states) | set(self._model_errors) | set(self._registry.snapshot.models)
+        """Triton's repository index: every model on disk or served, with each version's
+        state. Of a folder that is gone, only versions still loading or draining are listed, and
+        those unloaded as it went (its failures and older states would only be stale)."""
+        present = set(self._registry.snapshot.models) | set(self._uploads)
         with contextlib.suppress(OSError):
-            names |= {
-                p.name
-                for p in self.root.iterdir()
-                if p.is_dir() and not p.name.startswith((".", "_"))
-            }
+            present |= {p.name for p in model_folders(self.root)}
+        names = present | set(self._states) | set(self._model_errors)
         entries: list[IndexEntry] = []
         for name in sorted(names):
             versions = self._states.get(name, {})
             rows: list[IndexEntry] = [
                 {"name": name, "version": version, "state": s.state, "reason": s.reason}
                 for version, s in sorted(versions.items(), key=lambda item: int(item[0]))
+                if name in present or _outlives_folder(s)
             ]
+            if name not in present:  # its folder is gone (explicit mode: no poll forgot it)
+                entries.extend(r for r in rows if not ready_only or r.get("state") == "READY")
+                continue
             if name in self._model_errors:
                 error = self._model_errors[name]
                 rows.append({"name": name, "state": "UNAVAILABLE", "reason": error})
@@ -524,6 +666,12 @@ def check_upload_path(relative: str) -> tuple[str, ...]:
 def _remove_upload(folder: Path) -> None:
     """Remove the temporary directory holding an uploaded model folder."""
     shutil.rmtree(folder.parent, ignore_errors=True)
+
+
+def _outlives_folder(state: VersionState) -> bool:
+    """Whether the index lists a version whose folder is gone: while it loads or drains, and
+    once unloaded because the folder went away (to say so)."""
+    return state.state in ("LOADING", "UNLOADING") or state.reason == REMOVED
 
 
 def _deployments(served: ServedModel) -> list[Deployment]:
