@@ -281,6 +281,8 @@ def test_responses_name_version_and_variant(server: RunningServer, protocol: str
     result = client.infer("mlp", [tensor])
     response = result.get_response()
     leading_zero = client.infer("mlp", [tensor], model_version="01").get_response()  # (version 1)
+    assert client.is_model_ready("mlp", "001")
+    assert not client.is_model_ready("mlp", "1" + "0" * 30)
     if protocol == "http":
         assert leading_zero["model_version"] == "1"
         assert response["model_version"] == "1"

@@ -87,5 +87,6 @@ def scan_model(directory: Path) -> ModelSource:
 
 def version_of(name: str) -> int | None:
     """The version a folder named `name` holds (None: not a version folder)."""
-    # NOTE: str.isdigit() alone also accepts digits such as '²' that int() rejects.
-    return int(name) if name.isascii() and name.isdigit() else None
+    # NOTE: str.isdigit() alone also accepts digits such as '²' that int() rejects; and a
+    # version is an int64, as Triton's (int() refuses thousands of digits with an error).
+    return int(name) if name.isascii() and name.isdigit() and len(name) <= 20 else None

@@ -8,6 +8,7 @@ from types import MappingProxyType
 
 from duetime.config import TrafficConfig
 from duetime.errors import ModelNotFound, ModelUnavailable
+from duetime.repository.layout import version_of
 from duetime.repository.loader import LoadedModel
 from duetime.routing.traffic import TrafficPlan, plan_traffic
 from duetime.scheduling.scheduler import ModelScheduler
@@ -116,6 +117,9 @@ class Registry:
         """The served `version` of `name` (None or "": the default version)."""
         served = self.served(name)
         found = served.versions.get(version or served.default)
+        number = version_of(version) if version else None
+        if found is None and number is not None:  # ("01" is version 1, as Triton parses it)
+            found = served.versions.get(str(number))
         if found is None:
             loaded = ", ".join(sorted(served.versions, key=int))
             raise ModelNotFound(

@@ -20,6 +20,7 @@ import numpy as np
 from duetime.clock import Clock
 from duetime.errors import DuetimeError, InvalidInput, ModelNotFound
 from duetime.execution.executor import Feeds
+from duetime.repository.layout import version_of
 from duetime.repository.registry import Deployment, Registry, ServedModel, ServedVersion
 from duetime.routing.traffic import routing_key
 from duetime.types import InferRequest
@@ -86,8 +87,9 @@ class Router:
         served = self._registry.served(request.model)
         if request.version:
             version = served.versions.get(request.version)
-            if version is None and _numeral(request.version):  # ("01" is version 1, as Triton)
-                version = served.versions.get(str(int(request.version)))
+            number = version_of(request.version)
+            if version is None and number is not None:  # ("01" is version 1, as Triton)
+                version = served.versions.get(str(number))
             if version is None:
                 loaded = ", ".join(sorted(served.versions, key=int))
                 raise ModelNotFound(
@@ -227,8 +229,3 @@ def _compare(
     stats.max_abs_diff = max(stats.max_abs_diff, worst)
     stats.sum_max_abs_diff += worst
     stats.argmax_disagreements += disagree
-
-
-def _numeral(text: str) -> bool:
-    """Whether `text` is a version number written in ASCII digits (of a sane length)."""
-    return text.isascii() and text.isdigit() and len(text) <= 20
