@@ -3,6 +3,7 @@ counts), on synthetic sessions, on random damaged flows and on one case per poli
 
 from __future__ import annotations
 
+import gzip
 import random
 from collections.abc import Iterator
 from pathlib import Path
@@ -224,6 +225,7 @@ def damaged() -> Iterator[tuple[str, bytes]]:
     yield "unknown_type", good[:41] + frame(b"Z" + bytes(10)) + good[41:]
     yield "bad_length", good[:41] + frame(b"D" + bytes(10)) + good[41:]
     yield "zero_length", good[:41] + b"\x00\x00" + good[41:]
+    yield "zero_length", good + b"\x00\x00"  # (complete, and the last two bytes)
     yield "truncated", good + good[41:60]
     yield "truncated", good + b"\x00"
 
@@ -237,6 +239,74 @@ def test_bad_frames_follow_the_parser(reason: str, data: bytes) -> None:
     assert (got.value.offset, got.value.reason) == (want.value.offset, want.value.reason)
     assert got.value.reason == reason
     assert fast_book_summary(data, on_error="skip") == book_summary(data, on_error="skip")
+    reader = read_messages(data, on_error="skip")
+    list(reader)
+    frames = [e for e in reader.errors if e.reason != "truncated"]
+    assert FastBook(data, on_error="skip").skipped == len(frames)
+
+
+def damaged_gzip() -> dict[str, bytes]:
+    """gzip files damaged after intact frames (for both paths to read alike)."""
+    good = feed(directory(1, "A"), *[add(1, ref, "B", 10, 100 + ref) for ref in range(1, 40)])
+    packed = gzip.compress(good, mtime=0)
+    return {
+        "junk after": packed + b"JUNK",
+        "no trailer": packed[:-8],
+        "cut in a frame": gzip.compress(good[:-7], mtime=0)[:-8],
+        "a bad frame first": gzip.compress(good[:41] + b"\x00\x00" + good[41:], mtime=0) + b"JUNK",
+    }
+
+
+@pytest.mark.parametrize("name", list(damaged_gzip()))
+def test_a_damaged_gzip_file_follows_the_parser(name: str) -> None:
+    """Same messages and the same bad_gzip error as `read_messages`: raised with "stop" after
+    any bad frame before it, and recorded with "skip" (the pass read what was decompressed)."""
+    data = damaged_gzip()[name]
+    with pytest.raises(ItchFormatError) as want:
+        book_summary(data)
+    with pytest.raises(ItchFormatError) as got:
+        fast_book_summary(data)
+    assert (got.value.offset, got.value.reason) == (want.value.offset, want.value.reason)
+    assert got.value.reason == ("zero_length" if name == "a bad frame first" else "bad_gzip")
+    summary = book_summary(data, on_error="skip")
+    assert summary["stocks"]["A"]["live_orders"] > 0
+    assert fast_book_summary(data, on_error="skip") == summary
+    reader = read_messages(data, on_error="skip")
+    list(reader)
+    fast = FastBook(data, on_error="skip")
+    gzip_errors = [e for e in reader.errors if e.reason == "bad_gzip"]
+    assert fast.gzip_error is not None
+    assert [(fast.gzip_error.reason, fast.gzip_error.offset)] == [
+        (e.reason, e.offset) for e in gzip_errors
+    ]
+    assert fast.skipped == sum(e.reason not in ("bad_gzip", "truncated") for e in reader.errors)
+    with pytest.raises(ItchFormatError, match="damaged or cut short"):
+        fastbook.load_buffer(data)
+
+
+def test_two_locates_with_one_symbol_keep_both_records() -> None:
+    """The lowest locate keeps the symbol; another one with it is keyed symbol@locate, as is a
+    `#<locate>` key a symbol took first."""
+    data = feed(directory(3, "AAPL"), add(3, 1, "B", 10, 100), directory(2, "#9"),
+                directory(5, "AAPL"), add(5, 2, "S", 5, 200), add(5, 3, "S", 5, 201),
+                add(9, 4, "B", 1, 1), directory(1, "AAPL@5"))  # fmt: skip
+    summary = assert_same(data).summary()
+    keys = {key: entry["locate"] for key, entry in summary["stocks"].items()}
+    assert keys == {"AAPL@5": 1, "#9": 2, "AAPL": 3, "AAPL@5@5": 5, "#9@9": 9}
+    assert summary["stocks"]["AAPL@5@5"]["live_orders"] == 2
+
+
+def test_first_changes_must_not_be_negative() -> None:
+    """A negative count once listed other stocks' rows (a slice of the shared change table)."""
+    data = feed(add(1, 1, "B", 10, 100), add(2, 2, "B", 20, 200))
+    for call in (
+        lambda: fast_book_summary(data, first_changes=-1),
+        lambda: FastBook(data).summary(first_changes=-1),
+        lambda: book_summary(data, first_changes=-1),
+    ):
+        with pytest.raises(ValueError, match="first_changes must be 0 or more, got -1"):
+            call()
+    assert fast_book_summary(data, first_changes=0) == book_summary(data, first_changes=0)
 
 
 def test_on_error_is_checked() -> None:

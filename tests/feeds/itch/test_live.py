@@ -8,6 +8,7 @@ import asyncio
 import json
 import os
 import socket
+import struct
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -118,6 +119,21 @@ def test_a_sent_session_arrives_whole_and_in_order(session: Path) -> None:
     assert sent == MESSAGES
     assert missed == 0
     assert got == list(read_messages(session))
+
+
+def test_send_is_not_late_on_a_timestamp_that_steps_back() -> None:
+    """A timestamp behind the one before it, after a gap cut to max_gap, once made the sender
+    report ~2**48 ns (days) of lateness: it is due at once."""
+    stamps = [10, 2**48 - 1, 20, 30]
+    data = b"".join(
+        struct.pack(">H", 19) + encode("D", stock_locate=1, timestamp=ts, order_reference_number=1)
+        for ts in stamps
+    )
+    report = send_session(data, ("127.0.0.1", 9), max_gap_ns=20_000_000)
+    assert report.messages == 4
+    assert report.late_p99_us is not None
+    assert report.late_p99_us < 20_000  # (was ~2.8e11 µs)
+    assert report.wall_s < 5
 
 
 def test_the_raw_frames_are_the_file_s_messages(session: Path) -> None:

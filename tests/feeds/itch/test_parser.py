@@ -6,6 +6,8 @@ import gzip
 import io
 import random
 import re
+import struct
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -216,6 +218,75 @@ def test_a_damaged_gzip_stream_is_an_error_with_its_offset_never_a_crash(damage:
     assert "bad_gzip" in reasons
     with pytest.raises(ItchFormatError, match="the gzip data is damaged or cut short"):
         load_buffer(bytes(packed))
+
+
+def adds(n: int) -> bytes:
+    """`n` framed 36-byte A messages, packed by hand (not by the writer): 38 bytes each."""
+    return b"".join(
+        struct.pack(">HcHH6sQcI8sI", 36, b"A", 1, 0, i.to_bytes(6, "big"), i + 1, b"B", 10,
+                    b"X       ", 100 + i % 50)
+        for i in range(n)
+    )  # fmt: skip
+
+
+def inflatable(packed: bytes) -> int:
+    """How many bytes zlib itself decompresses of a (damaged) one-member gzip file."""
+    return len(zlib.decompressobj(wbits=31).decompress(packed))
+
+
+@pytest.mark.parametrize("n", [100, 40_000])  # under and over the 1 MiB read chunk
+@pytest.mark.parametrize("damage", ["junk after", "no trailer", "cut short", "bad checksum"])
+def test_a_damaged_gzip_file_gives_every_message_before_the_damage(damage: str, n: int) -> None:
+    """Every message zlib can decompress before the damage comes through (skip reads them, stop
+    raises after them), and bad_gzip's offset is how far the uncompressed stream goes: not the
+    start of the failing read, with the messages decompressed in it lost."""
+    data = adds(n)
+    packed = gzip.compress(data, mtime=0)
+    damaged = {
+        "junk after": packed + b"JUNK",
+        "no trailer": packed[:-8],
+        "cut short": packed[: len(packed) * 3 // 4],
+        "bad checksum": packed[:-8] + bytes([packed[-8] ^ 0xFF]) + packed[-7:],
+    }[damage]
+    reach = len(data) if damage != "cut short" else inflatable(damaged)
+    assert 0 < reach <= len(data)
+    whole = list(read_messages(data, offsets=True))
+    before = [message for offset, message in whole if offset + 38 <= reach]
+    reader = read_messages(damaged, on_error="skip")
+    assert list(reader) == before
+    reasons = [(e.reason, e.offset) for e in reader.errors]
+    cut = [] if reach % 38 == 0 else [("truncated", reach - reach % 38)]
+    assert reasons == [("bad_gzip", reach), *cut]
+    stopped = read_messages(damaged)
+    got = []
+    with pytest.raises(ItchFormatError) as raised:
+        got.extend(stopped)
+    assert got == before
+    assert (raised.value.reason, raised.value.offset) == ("bad_gzip", reach)
+
+
+def test_gzip_members_and_zero_padding_are_read_and_other_trailing_bytes_are_damage() -> None:
+    data = adds(3000)
+    # (a frame split across the two members)
+    one, two = gzip.compress(data[:1001], mtime=0), gzip.compress(data[1001:], mtime=0)
+    whole = list(read_messages(data))
+    for packed in (one + two, one + bytes(100) + two + bytes(7), one + two + b"\x00"):
+        assert list(read_messages(packed)) == whole
+        assert list(read_messages(ShortReads(packed, random.Random(2)))) == whole
+    for tail, reach in ((b"\x00\x00x", len(data)), (b"\x1f", len(data)), (b"PK" + two, 1001)):
+        packed = one + two + tail if reach == len(data) else one + tail
+        reader = read_messages(packed, on_error="skip")
+        assert len(list(reader)) == reach // 38
+        assert reader.errors[0].reason == "bad_gzip"
+        assert reader.errors[0].offset == reach
+
+
+def test_a_gzip_file_is_read_in_bounded_chunks() -> None:
+    """A file that inflates 1000-fold still comes out a chunk at a time (never whole)."""
+    packed = gzip.compress(adds(1) * 100_000, mtime=0)  # 3.8 MB from ~15 KB
+    chunks = list(parser._file_chunks(io.BytesIO(packed)))
+    assert b"".join(chunks) == adds(1) * 100_000
+    assert max(len(chunk) for chunk in chunks) <= parser.CHUNK_SIZE
 
 
 def test_writer_round_trips_through_a_file_and_leaves_file_objects_open(tmp_path: Path) -> None:

@@ -14,6 +14,7 @@ from duetime.demo import ORDERBOOK_FEATURES
 from duetime.feeds.itch.book import Books
 from duetime.feeds.itch.features import FEATURE_NAMES
 from duetime.feeds.itch.parser import read_messages
+from duetime.feeds.itch.run import RecordedClock
 from duetime.feeds.itch.synth import write_session
 from tests.conftest import RunningServer
 
@@ -149,3 +150,16 @@ def test_a_malformed_file_is_a_clear_error_with_its_offset(
     assert "unknown message type 'Z'" in err
     assert f"offset {cut}" in err
     assert main([*argv, "--on-error", "skip"]) == 0
+
+
+@pytest.mark.parametrize("speed", [1.0, 4.0])
+def test_recorded_clock_never_goes_back(speed: float) -> None:
+    """A timestamp behind the last one is due when the last one was (at once), and the next
+    ones are paced from it; a long gap is cut to max_gap. Shifting the start only on a forward
+    gap once put a backward timestamp ~2**48 ns in the past: days of lateness."""
+    clock = RecordedClock(speed, max_gap_ns=1000)
+    stamps = [10, 2**48 - 1, 20, 30, 25, 25, 100, 2**48]
+    targets = [clock.target_ns(ts) for ts in stamps]
+    targets = [target - targets[0] for target in targets]
+    assert targets == [int(recorded / speed) for recorded in (0, 1000, 1000, 1010, 1010, 1010,
+                                                              1085, 2085)]  # fmt: skip

@@ -173,7 +173,9 @@ def test_cli_reports_a_damaged_gzip_file_and_a_missing_one(
     assert run_book(book_args(str(damaged), "--json", str(out))) == 1
     assert "the gzip data is damaged or cut short" in capsys.readouterr().err
     assert run_book(book_args(str(damaged), "--json", str(out), "--on-error", "skip")) == 0
-    assert "skipped 1 malformed part(s) of the stream" in capsys.readouterr().err
+    # the gzip damage, then the frame it cut; the messages before it are all there
+    assert "skipped 2 malformed part(s) of the stream" in capsys.readouterr().err
+    assert json.loads(out.read_text())["stocks"]["A"]["changes_total"] == len(EXPECTED_A)
     assert run_book(book_args(str(tmp_path / "none.itch"), "--json", str(out))) == 2
     assert "none.itch: no such file" in capsys.readouterr().err
 
@@ -181,3 +183,41 @@ def test_cli_reports_a_damaged_gzip_file_and_a_missing_one(
 def test_cli_rejects_a_depth_below_one(tmp_path: Path) -> None:
     args = book_args(str(tmp_path / "x"), "--json", str(tmp_path / "o"), "--depth", "0")
     assert run_book(args) == 2
+
+
+def test_cli_rejects_a_negative_first_changes(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = session(tmp_path / "s.itch")
+    out = tmp_path / "out.json"
+    assert run_book(book_args(str(path), "--json", str(out), "--first-changes", "-1")) == 2
+    assert "--first-changes must be 0 or more" in capsys.readouterr().err
+    assert not out.exists()
+    with pytest.raises(ValueError, match="first_changes"):
+        book_summary(path, first_changes=-1)
+    assert run_book(book_args(str(path), "--json", str(out), "--first-changes", "0")) == 0
+    assert all(entry["changes"] == [] for entry in json.loads(out.read_text())["stocks"].values())
+
+
+def test_cli_keeps_and_reports_locates_that_share_a_symbol(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Keyed by symbol alone, the second locate's record overwrote the first's, silently."""
+    path = tmp_path / "twice.itch"
+    add = {"stock": "AAPL", "price": 100, "buy_sell_indicator": "B"}
+    with ItchWriter(path) as w:
+        w.write("R", stock_locate=2, timestamp=1, stock="AAPL", **R_FIELDS)
+        w.write("A", stock_locate=2, timestamp=2, order_reference_number=1, shares=1, **add)
+        w.write("R", stock_locate=1, timestamp=3, stock="AAPL", **R_FIELDS)
+        w.write("A", stock_locate=1, timestamp=4, order_reference_number=2, shares=2, **add)
+        w.write("A", stock_locate=1, timestamp=5, order_reference_number=3, shares=3, **add)
+    out = tmp_path / "out.json"
+    assert run_book(book_args(str(path), "--json", str(out))) == 0
+    stocks = json.loads(out.read_text())["stocks"]
+    assert {key: (v["locate"], v["live_orders"]) for key, v in stocks.items()} == {
+        "AAPL": (1, 2),  # the lower locate, though its directory message came second
+        "AAPL@2": (2, 1),
+    }
+    assert "1 locate(s) share their symbol with a lower locate" in capsys.readouterr().err
+    assert run_book(book_args(str(session(tmp_path / "s.itch")), "--json", str(out))) == 0
+    assert "share their symbol" not in capsys.readouterr().err

@@ -45,7 +45,8 @@ from duetime.feeds.itch.fastbook_tables import (
     hash_find,
     new_tables,
 )
-from duetime.feeds.itch.parser import ItchFormatError, OnError, frame_error, gunzip
+from duetime.feeds.itch.parser import ItchFormatError, OnError, frame_error, gunzip_readable
+from duetime.feeds.itch.summary import check_first_changes, stock_keys
 
 Summary = dict[str, Any]
 Source = str | PathLike[str] | bytes | bytearray | memoryview | np.ndarray
@@ -61,15 +62,26 @@ column order is the summary's key order."""
 def load_buffer(source: Source) -> np.ndarray:
     """The uncompressed bytes of a file path or a buffer, as a uint8 array (gzip is detected by
     its magic number and decompressed in memory: the pass needs the whole buffer). A numpy
-    array is taken as it is: uncompressed bytes."""
+    array is taken as it is: uncompressed bytes. A damaged gzip file raises its bad_gzip
+    `ItchFormatError`."""
+    buffer, error = _load(source)
+    if error is not None:
+        raise error
+    return buffer
+
+
+def _load(source: Source) -> tuple[np.ndarray, ItchFormatError | None]:
+    """`load_buffer`, but a damaged gzip file gives the bytes read before the damage and its
+    bad_gzip error, for the pass to apply the error policy to (as the streaming reader does)."""
     if isinstance(source, np.ndarray):
-        return source.view(np.uint8).reshape(-1)
+        return source.view(np.uint8).reshape(-1), None
     data = bytes(source) if isinstance(source, bytearray | memoryview) else source
     if not isinstance(data, bytes):
         data = Path(data).read_bytes()
+    error = None
     if data[:2] == _GZIP_MAGIC:
-        data = gunzip(data)
-    return np.frombuffer(data, np.uint8)
+        data, error = gunzip_readable(data)
+    return np.frombuffer(data, np.uint8), error
 
 
 class FastBook:
@@ -83,8 +95,12 @@ class FastBook:
     def __init__(self, source: Source, *, on_error: OnError = "stop") -> None:
         if on_error not in ("stop", "skip"):
             raise ValueError(f"on_error must be 'stop' or 'skip', got {on_error!r}")
-        self.buffer = load_buffer(source)
-        self.tables = _run(self.buffer, new_tables(*_initial_sizes(len(self.buffer))), on_error)
+        self.buffer, self.gzip_error = _load(source)
+        """The uncompressed stream (of a damaged gzip file: as far as it could be read), and
+        the bad_gzip `ItchFormatError` that ended it (None if intact; with on_error="stop" it
+        is raised, after any bad frame before it, as `read_messages` does)."""
+        tables = new_tables(*_initial_sizes(len(self.buffer)))
+        self.tables = _run(self.buffer, tables, on_error, self.gzip_error)
         self.skipped = int(self.tables.state[S_BAD_FRAMES])
         """Malformed frames stepped over (on_error="skip"; a cut-off last frame not included)."""
         self._live_cache: np.ndarray | None = None
@@ -173,6 +189,7 @@ def fast_book_summary(
     Raises the parser's `ItchFormatError` where `book_summary` would: at the first malformed
     frame with on_error="stop" (including a frame cut off at the end).
     """
+    check_first_changes(first_changes)  # (before the pass, not after)
     return FastBook(source, on_error=on_error).summary(depth=depth, first_changes=first_changes)
 
 
@@ -184,9 +201,12 @@ def _initial_sizes(nbytes: int) -> tuple[int, int, int]:
     return 1 << 12, 1 << 10, max(nbytes // 30, 1 << 12)
 
 
-def _run(buf: np.ndarray, tables: Tables, on_error: OnError) -> Tables:
+def _run(
+    buf: np.ndarray, tables: Tables, on_error: OnError, gzip_error: ItchFormatError | None
+) -> Tables:
     """The compiled pass to the end of `buf`, doubling whichever table fills up; raises the
-    parser's error for a malformed frame as `read_messages(buf, on_error=...)` would."""
+    parser's error for a malformed frame as `read_messages(buf, on_error=...)` would, and for
+    `buf` read from a damaged gzip file (`gzip_error`), as `read_messages` reads that file."""
     growers = {
         kernel.GROW_ORDERS: grow_orders,
         kernel.GROW_LEVELS: grow_levels,
@@ -196,7 +216,14 @@ def _run(buf: np.ndarray, tables: Tables, on_error: OnError) -> Tables:
     while (status := kernel.run(buf, tables, skip)) in growers:
         tables = growers[status](tables)
     pos = int(tables.state[S_POS])
-    if not skip and (status == kernel.BAD_FRAME or pos != len(buf)):
+    if skip:
+        return tables
+    if status == kernel.BAD_FRAME:
+        raise _frame_error(buf, pos)
+    # NOTE: the damage comes before a frame it cut (the reader meets it first) in the stream
+    if gzip_error is not None:
+        raise gzip_error
+    if pos != len(buf):
         raise _frame_error(buf, pos)
     return tables
 
@@ -209,16 +236,18 @@ def _frame_error(buf: np.ndarray, pos: int) -> ItchFormatError:
 
 
 def _summary(book: FastBook, depth: int, first_changes: int) -> Summary:
+    check_first_changes(first_changes)
     changes = book._packed_changes
     rows, starts = group_by_locate(changes)
     text, text_starts = digest_text(changes)
     locates = book.locates()
     levels, sizes = book_depth(book.tables.levels, book.tables.ends, locates, depth)
     stocks: dict[str, Any] = {}
+    keys = stock_keys((locate, book.symbol(locate)) for locate in locates.tolist())
     for i, locate in enumerate(locates.tolist()):
         first, last = int(starts[locate]), int(starts[locate + 1])
         lines = text[text_starts[locate] : text_starts[locate + 1]]
-        stocks[book.symbol(locate) or f"#{locate}"] = {
+        stocks[keys[locate]] = {
             "locate": locate,
             "counts": book.counts(locate),
             "book": {

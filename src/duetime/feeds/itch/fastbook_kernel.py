@@ -229,19 +229,21 @@ def _run(
     # add may evict a second order), insert.
     pos = st[S_POS]
     end = len(buf)
-    while pos + 2 < end:
+    # NOTE: `<=`: a zero-length frame may be the last two bytes (no type byte to read), and
+    # is a bad frame there as anywhere (the streaming reader reports it too)
+    while pos + 2 <= end:
         size = (np.int64(buf[pos]) << 8) | np.int64(buf[pos + 1])
         m = pos + 2
         if m + size > end:
             break
-        kind = buf[m]
-        if _LENGTHS[kind] != size:
+        if size == 0 or _LENGTHS[buf[m]] != size:
             if not skip:
                 st[S_POS] = pos
                 return BAD_FRAME
             st[S_BAD_FRAMES] += 1
             pos = m + size if size else m
             continue
+        kind = buf[m]
         if _ROLE[kind] == _CHANGES_BOOK:  # room for an order, a level and a change row?
             room = DONE
             if st[S_ORDER_FREE] < 0 and st[S_ORDER_HIGH] >= len(orders):

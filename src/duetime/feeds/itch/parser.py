@@ -15,7 +15,6 @@ into columns at once.
 from __future__ import annotations
 
 import functools
-import gzip
 import io
 import os
 import struct
@@ -298,49 +297,111 @@ def _chunks(source: Source) -> Iterator[bytes]:
 def gunzip(data: bytes) -> bytes:
     """The uncompressed bytes of a whole gzip file (members one after another, as `gzip`
     writes them); `ItchFormatError` (bad_gzip) if it is damaged or cut short."""
-    return b"".join(_file_chunks(io.BytesIO(data)))
+    readable, error = gunzip_readable(data)
+    if error is not None:
+        raise error
+    return readable
+
+
+def gunzip_readable(data: bytes) -> tuple[bytes, ItchFormatError | None]:
+    """The uncompressed bytes of a gzip file as far as they can be read, and the bad_gzip error
+    that ended them (None for an intact file): what `read_messages` reads of it, for the
+    whole-buffer paths (`fastbook`) to apply the same error policy."""
+    chunks: list[bytes] = []
+    try:
+        for chunk in _file_chunks(io.BytesIO(data)):
+            chunks.append(chunk)
+    except ItchFormatError as error:
+        return b"".join(chunks), error
+    return b"".join(chunks), None
 
 
 def _file_chunks(file: BinaryIO) -> Iterator[bytes]:
     first = file.read(CHUNK_SIZE)
     if first[:2] == _GZIP_MAGIC:
-        delivered = 0
-        with gzip.GzipFile(fileobj=_Prefixed(first, file), mode="rb") as unzipped:
-            while True:
-                try:
-                    chunk = unzipped.read(CHUNK_SIZE)
-                except (EOFError, gzip.BadGzipFile, zlib.error) as exc:
-                    raise ItchFormatError(
-                        delivered, "bad_gzip", f"the gzip data is damaged or cut short ({exc})"
-                    ) from None
-                if not chunk:
-                    return
-                delivered += len(chunk)
-                yield chunk
+        yield from _gunzip_chunks(first, file)
+        return
     if first:
         yield first
     while chunk := file.read(CHUNK_SIZE):
         yield chunk
 
 
-class _Prefixed:
-    """A readable file: `head` (already read to sniff the format), then the rest of `tail`."""
+def _gunzip_chunks(head: bytes, file: BinaryIO) -> Iterator[bytes]:
+    """The uncompressed stream of the gzip file `head` + the rest of `file`, in chunks of at
+    most `CHUNK_SIZE`; at damage, every byte that decompressed before it, then `ItchFormatError`
+    (bad_gzip) with the uncompressed offset reached.
 
-    def __init__(self, head: bytes, tail: BinaryIO) -> None:
-        self._head = head
-        self._tail = tail
+    Members follow one another (each starts with the gzip magic); zero bytes after a member are
+    padding (as `gzip` accepts them); any other trailing byte is damage.
 
-    def read(self, size: int = -1) -> bytes:
-        if not self._head:
-            return self._tail.read(size)
-        if size < 0:
-            data, self._head = self._head + self._tail.read(), b""
-            return data
-        data, self._head = self._head[:size], self._head[size:]
-        return data
+    NOTE: zlib itself, not `gzip.GzipFile`: `GzipFile.read` drops what it decompressed in a
+    call that fails (up to a whole chunk of intact messages before damage, or before junk after
+    the last member), and `zlib.error` does the same; so each call starts from a copy of the
+    inflater, and a failing one is replayed from it in small steps (`_salvage`)."""
+    delivered = 0
+    pending = head  # compressed bytes not fed to the inflater yet
+    inflater = zlib.decompressobj(wbits=31)
 
-    def seek(self, offset: int, /) -> int:
-        raise OSError("a gzip stream read from a file object cannot be rewound")
+    def damaged(why: str) -> ItchFormatError:
+        detail = f"the gzip data is damaged or cut short ({why})"
+        return ItchFormatError(delivered, "bad_gzip", detail)
+
+    while True:
+        if not pending:
+            pending = file.read(CHUNK_SIZE)
+        before = inflater.copy()
+        try:
+            # NOTE: with no input left this drains what the inflater still holds (the rest of
+            # a long match when the last call filled its output)
+            out = inflater.decompress(pending, CHUNK_SIZE) if pending else inflater.flush()
+        except zlib.error as exc:
+            out = _salvage(before, pending)
+            if out:
+                delivered += len(out)
+                yield out
+            raise damaged(str(exc)) from None
+        if out:
+            delivered += len(out)
+            yield out
+        if not inflater.eof:
+            if not pending:
+                raise damaged("the file ends inside a member")
+            pending = inflater.unconsumed_tail
+            continue
+        pending = inflater.unused_data
+        while True:  # after a member: zero padding, the next member, the end, or junk
+            pending = pending.lstrip(b"\x00")
+            if len(pending) >= 2:
+                break
+            more = file.read(CHUNK_SIZE)
+            if not more:
+                break
+            pending += more
+        if not pending:
+            return
+        if pending[:2] != _GZIP_MAGIC:
+            raise damaged(f"trailing bytes that start no gzip member: {pending[:4]!r}")
+        inflater = zlib.decompressobj(wbits=31)
+
+
+def _salvage(inflater: Any, data: bytes) -> bytes:
+    """What `inflater` (a copy made before the call that failed on `data`) decompresses of
+    `data` before the byte it fails at: fed in ever smaller steps, each from a copy."""
+    out: list[bytes] = []
+    pos = 0
+    step = 4096
+    while step and pos < len(data):
+        trial = inflater.copy()
+        try:
+            got = trial.decompress(data[pos : pos + step])
+        except zlib.error:
+            step //= 16  # (4096, 256, 16, 1: one failing call each)
+            continue
+        out.append(got)
+        inflater = trial
+        pos += step
+    return b"".join(out)
 
 
 # --- the whole-file fast path --------------------------------------------------------------

@@ -488,7 +488,13 @@ class FeedRun:
 class RecordedClock:
     """A session's recorded timestamps replayed on the monotonic clock: the first one is now,
     the others `speed` times faster than recorded, with quiet stretches (the night, a halt) cut
-    to `max_gap_ns`."""
+    to `max_gap_ns`.
+
+    A timestamp behind the one before it (a file out of order, or spliced) is due when that one
+    was: at once, neither waited for nor late, and the timestamps after it are paced from it.
+    Each step between two timestamps is taken as 0 to `max_gap_ns`, so a target never goes
+    back (`itch run` and `itch send` share this clock).
+    """
 
     __slots__ = ("_first", "_last", "_max_gap_ns", "_speed", "_start_ns")
 
@@ -506,6 +512,8 @@ class RecordedClock:
         gap = ts - self._last
         if gap > self._max_gap_ns:
             self._first += gap - self._max_gap_ns
+        elif gap < 0:  # NOTE: its target is the last one's (see the class)
+            self._first += gap
         self._last = ts
         return self._start_ns + int((ts - self._first) / self._speed)
 

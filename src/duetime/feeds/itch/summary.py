@@ -80,6 +80,7 @@ def summarize(
     messages: Iterable[Any], *, depth: int = 5, first_changes: int = 1000, strict: bool = False
 ) -> tuple[Summary, Books]:
     """Apply an iterable of parsed messages; the summary and the `Books` (for its anomalies)."""
+    check_first_changes(first_changes)
     books = Books(strict=strict)
     apply = books.apply
     stocks = books.books
@@ -136,17 +137,61 @@ def dumps(summary: Summary) -> str:
     return json.dumps(summary, separators=(",", ":")) + "\n"
 
 
+def check_first_changes(first_changes: int) -> None:
+    """`ValueError` unless `first_changes` is 0 or more (a negative one would slice from the end:
+    other stocks' rows in the fast path's shared table)."""
+    if first_changes < 0:
+        raise ValueError(f"first_changes must be 0 or more, got {first_changes}")
+
+
 def stock_key(book: OrderBook) -> str:
     """The stock's symbol from its R message, or `#<locate>` for a locate never in a directory."""
     return book.symbol or f"#{book.locate}"
 
 
+def stock_keys(symbols: Iterable[tuple[int, str]]) -> dict[int, str]:
+    """The `stocks` key of each (locate, symbol) pair given in ascending locate order ('' for a
+    locate never in a directory): its `stock_key`, unless a lower locate has that key already
+    (two locates with one symbol), which gets `@<locate>` appended: "AAPL", "AAPL@2".
+
+    NOTE: the lowest locate keeps the plain key, not the first one seen in the file: both paths
+    (and any other tool) know it without the message order, and it is the first in the layout.
+    """
+    keys: dict[int, str] = {}
+    taken: set[str] = set()
+    for locate, symbol in symbols:
+        key = symbol or f"#{locate}"
+        while key in taken:  # (repeated only if a symbol spells "X@<locate>" itself)
+            key = f"{key}@{locate}"
+        taken.add(key)
+        keys[locate] = key
+    return keys
+
+
+def renamed_note(keys: dict[int, str], symbols: dict[int, str]) -> str | None:
+    """One line (for stderr) on the locates `stock_keys` keyed with their locate because a lower
+    one has their symbol; None if none was."""
+    renamed = [key for locate, key in keys.items() if key != (symbols[locate] or f"#{locate}")]
+    if not renamed:
+        return None
+    return (
+        f"{len(renamed)} locate(s) share their symbol with a lower locate and are keyed "
+        f"<symbol>@<locate>: {', '.join(renamed[:5])}{', ...' if len(renamed) > 5 else ''}"
+    )
+
+
+def _symbols(books: Books) -> dict[int, str]:
+    """Each locate's symbol ('' if none), in ascending locate order."""
+    return {locate: books.books[locate].symbol for locate in sorted(books.books)}
+
+
 def _layout(books: Books, logs: dict[int, _Changes], depth: int, first_changes: int) -> Summary:
     stocks: dict[str, Any] = {}
+    keys = stock_keys(_symbols(books).items())
     for locate in sorted(books.books):
         book = books.books[locate]
         log = logs.get(locate) or _Changes(first_changes)
-        stocks[stock_key(book)] = {
+        stocks[keys[locate]] = {
             "locate": locate,
             "counts": dict(sorted(book.counts.items())),
             "book": {
@@ -187,6 +232,9 @@ def run_book(args: argparse.Namespace) -> int:
     if args.depth < 1:
         print("duetime itch book: --depth must be at least 1", file=sys.stderr)
         return 2
+    if args.first_changes < 0:
+        print("duetime itch book: --first-changes must be 0 or more", file=sys.stderr)
+        return 2
     if not Path(args.file).is_file():
         print(f"duetime itch book: {args.file}: no such file", file=sys.stderr)
         return 2
@@ -204,6 +252,9 @@ def run_book(args: argparse.Namespace) -> int:
     if reader.errors:
         print(f"duetime itch book: {args.file}: {skipped_note(reader.errors)}", file=sys.stderr)
     args.json_out.write_text(dumps(summary))
+    symbols = _symbols(books)
+    if note := renamed_note(stock_keys(symbols.items()), symbols):
+        print(f"duetime itch book: {args.file}: {note}", file=sys.stderr)
     if books.anomalies:
         counts = ", ".join(f"{k}={v}" for k, v in books.anomalies.counts.items())
         print(f"duetime itch book: {args.file}: book anomalies: {counts}", file=sys.stderr)
