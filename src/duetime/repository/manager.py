@@ -310,10 +310,13 @@ class ModelManager:
                 self._overrides[name] = config
             try:  # (uploaded files are whole already: no waiting for them to settle)
                 await self._sync(name, explicit, settle and upload is None)
-            except DuetimeError:
-                if upload is not None:  # serve the folder that served before
-                    self._restore(name, *previous)
-                    _remove_upload(upload)
+            except DuetimeError as exc:
+                if upload is None:
+                    raise
+                self._restore(name, *previous)  # serve the folder that served before
+                _remove_upload(upload)
+                if isinstance(exc, ModelUnavailable):  # (what the client sent cannot be served:
+                    raise InvalidInput(exc.message) from None  # its request's fault, 400)
                 raise
             if upload is not None and previous[0] is not None:
                 _remove_upload(previous[0])  # its sessions hold what they loaded
