@@ -46,6 +46,15 @@ def test_rate_count_and_level_decide_which_requests_are_traced() -> None:
     settings.update({"trace_rate": 1, "trace_count": "3"})
     assert count_traced(settings, "m", 5) == 3
     assert settings.current()["trace_count"] == "0"  # counted down
+    settings.update({"trace_count": "5"})  # a new count replaces what was left of the old
+    assert count_traced(settings, "m", 7) == 5
+    settings.update({"trace_count": "2"})
+    assert settings.current()["trace_count"] == "2"
+    settings.update({"trace_count": "-1"})
+    assert count_traced(settings, "m", 7) == 7
+    settings.update({"trace_count": "3"})
+    settings.update({"trace_count": None})  # cleared: the default, no limit
+    assert count_traced(settings, "m", 7) == 7
     settings.update({"trace_count": "-1", "trace_level": ["OFF"]})
     assert count_traced(settings, "m", 3) == 0
 
@@ -58,7 +67,11 @@ def test_a_models_settings_override_the_global_ones_until_cleared() -> None:
     assert count_traced(settings, "a", 5) == 2
     assert count_traced(settings, "b", 5) == 0  # the global OFF
     assert settings.current("b")["trace_count"] == "-1"
+    settings.update({"trace_count": "1"})  # (the global count)
+    settings.update({"trace_count": "3"}, "a")
+    assert count_traced(settings, "a", 5) == 3  # a's own count, restarted
     settings.update({"trace_level": None, "trace_count": []}, "a")  # cleared: the global ones
+    assert settings.current("a")["trace_count"] == "1"  # (the global count left as it was)
     assert settings.current("a") == settings.current()
     settings.update({"trace_level": None})  # a global setting goes back to its default
     assert settings.current()["trace_level"] == ["TIMESTAMPS"]
@@ -72,6 +85,9 @@ def test_a_models_settings_override_the_global_ones_until_cleared() -> None:
         ({"trace_level": ["OFF", "TIMESTAMPS"]}, "expected TIMESTAMPS or OFF"),
         ({"trace_rate": "0"}, "'trace_rate': expected an integer >= 1"),
         ({"trace_count": "-2"}, "'trace_count': expected an integer >= -1"),
+        ({"trace_count": "--1"}, "'trace_count': expected an integer >= -1"),
+        ({"trace_rate": "1²"}, "'trace_rate': expected an integer >= 1"),
+        ({"log_frequency": "²"}, "'log_frequency': expected an integer >= 0"),
         ({"trace_rate": ["1", "2"]}, "expected one value"),
         ({"trace_rate": True}, "expected strings"),
         ({"log_frequency": "5"}, "'log_frequency': only 0"),

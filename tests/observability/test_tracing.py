@@ -129,10 +129,20 @@ def test_unsampled_callers_are_not_recorded(traced) -> None:
 @pytest.mark.parametrize(
     "value",
     [None, "", "garbage", f"ff-{TRACE_ID}-{PARENT_ID}-01", f"00-{'0' * 32}-{PARENT_ID}-01",
-     f"00-{TRACE_ID}-{'0' * 16}-01", f"00-{TRACE_ID[:-1]}-{PARENT_ID}-01"],
+     f"00-{TRACE_ID}-{'0' * 16}-01", f"00-{TRACE_ID[:-1]}-{PARENT_ID}-01",
+     f"00-{TRACE_ID.upper()}-{PARENT_ID}-01", f"00-{TRACE_ID}-{PARENT_ID}-01-extra",
+     f"00-{TRACE_ID}-{PARENT_ID}-01.", f"cc-{TRACE_ID}-{PARENT_ID}-01.what"],
 )  # fmt: skip
 def test_malformed_traceparent_is_ignored(value: str | None) -> None:
+    """As W3C Trace Context (and OpenTelemetry's propagator): lowercase hex only; version 00
+    is exactly 55 characters; a later version may only add '-' separated fields."""
     assert parse_traceparent(value) is None
+
+
+def test_a_later_traceparent_version_may_carry_more_fields() -> None:
+    parent = parse_traceparent(f" cc-{TRACE_ID}-{PARENT_ID}-01-what-follows ")
+    assert parent is not None
+    assert parent.trace_id_hex == TRACE_ID
 
 
 def test_tracing_is_off_without_otel_variables() -> None:

@@ -17,6 +17,7 @@ Values come as Triton sends them: strings (numbers too), or lists of strings.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -27,6 +28,8 @@ if TYPE_CHECKING:
 
 Value = list[str] | str
 NAMES = ("trace_level", "trace_rate", "trace_count", "log_frequency", "trace_file", "trace_mode")
+_INTEGER = re.compile(r"-?[0-9]{1,18}")
+"""An integer setting as text (ASCII digits: str.isdigit() also takes "²", which int() refuses)."""
 
 
 class TraceSettings:
@@ -73,11 +76,13 @@ class TraceSettings:
         else:
             self._models[model] = target
         if "trace_count" in changes:
-            count = int(str(self.current(model)["trace_count"]))
-            scope = self._count_scope(model)
-            self._left.pop(scope, None)
-            if count >= 0:
-                self._left[scope] = count
+            # NOTE: the scope written restarts from its new count (the remaining count of the
+            # old one must not shadow it); a model's count cleared leaves the global one as it is
+            self._left.pop(model, None)
+            if self._count_scope(model) == model:
+                count = int(str(target["trace_count"]))
+                if count >= 0:
+                    self._left[model] = count
         return self.current(model)
 
     def sample(self, model: str) -> bool:
@@ -133,7 +138,7 @@ class TraceSettings:
         text = texts[0].strip()
         if name in ("trace_rate", "trace_count", "log_frequency"):
             lowest = {"trace_rate": 1, "trace_count": -1, "log_frequency": 0}[name]
-            if not text.lstrip("-").isdigit() or int(text) < lowest:
+            if _INTEGER.fullmatch(text) is None or int(text) < lowest:
                 raise InvalidInput(
                     f"trace setting '{name}': expected an integer >= {lowest}, got {raw!r}"
                 )

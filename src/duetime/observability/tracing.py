@@ -61,9 +61,12 @@ def parse_traceparent(value: str | None) -> TraceParent | None:
     """The caller's trace context, or None when absent or malformed (then ignored, as W3C says)."""
     if not value:
         return None
-    match = _TRACEPARENT.fullmatch(value.strip().lower()[:55])
+    value = value.strip(" \t")  # (optional whitespace around a header value)
+    match = _TRACEPARENT.fullmatch(value[:55])  # (lowercase hex only, as W3C has it)
     if match is None or match[1] == "ff":
         return None
+    if len(value) > 55 and (match[1] == "00" or value[55] != "-"):
+        return None  # (version 00 is exactly 55 characters; a later one may add '-' fields)
     trace_id, span_id = int(match[2], 16), int(match[3], 16)
     if trace_id == 0 or span_id == 0:
         return None
