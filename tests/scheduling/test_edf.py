@@ -73,6 +73,7 @@ def test_full_queue_purges_settled_requests_to_make_room() -> None:
     assert queue.push(make_request(queue, name="new", rows=4, due=5))
     assert names(queue.drain()) == ["new", "kept"]
     assert kept.future.done() is False
+    assert queue.withdrawn == 2  # (counted once, as they go)
 
 
 def test_settled_requests_are_not_purged_below_capacity() -> None:
@@ -80,7 +81,9 @@ def test_settled_requests_are_not_purged_below_capacity() -> None:
     gone = enqueue(queue, name="gone", due=10)
     gone.future.cancel()  # type: ignore[attr-defined]
     enqueue(queue, name="new", due=20)
+    assert queue.withdrawn == 0
     assert names(queue.drain()) == ["gone", "new"]
+    assert queue.withdrawn == 1
 
 
 @pytest.mark.parametrize(

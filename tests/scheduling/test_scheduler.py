@@ -459,7 +459,32 @@ def test_a_cancelled_request_is_never_submitted() -> None:
         h.executor.complete(1)
         assert h.started() == ["running", "kept"]
         assert failure(kept) is None
-        assert h.scheduler.statistics().queued == 0
+        stats = h.scheduler.statistics()
+        assert stats.queued == 0
+        # every request ends in exactly one outcome: those withdrawn from the queue too
+        assert (stats.succeeded, stats.cancelled) == (2, 2)
+
+    run(body)
+
+
+def test_statistics_give_each_request_its_batch_compute_time_and_failures_their_wait() -> None:
+    """As Triton's: a request's compute_infer is its whole batch's run (the sum over executions
+    would understate it by the batch size); a failure counts from arrival to failure."""
+
+    async def body() -> None:
+        h = harness(max_batch_size=4)
+        h.submit("running")
+        h.submit("a")
+        h.submit("b")
+        h.submit("c", due_in=300 * US)  # due before the second batch can finish
+        h.clock.advance(250 * US)
+        h.executor.complete(0, compute_ns=100 * US)
+        h.executor.complete(1, compute_ns=150 * US)
+        stats = h.scheduler.statistics()
+        assert (stats.succeeded, stats.executions, stats.expired) == (3, 2, 1)
+        assert stats.compute_ns == 250 * US
+        assert stats.request_compute_ns == (100 + 2 * 150) * US
+        assert stats.fail_ns == 250 * US
 
     run(body)
 

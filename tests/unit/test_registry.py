@@ -140,7 +140,8 @@ def test_clear_returns_every_deployment() -> None:
     assert sorted(map(id, cleared)) == sorted(map(id, items))
     assert dict(registry.snapshot.models) == {}
     assert dict(registry.snapshot.failures) == {}
-    with pytest.raises(ModelNotFound):
+    # cleared at shutdown: unavailable (503, retry elsewhere), not unknown (404, final)
+    with pytest.raises(ModelUnavailable, match="'a': the server is shutting down; retry on"):
         registry.resolve("a", None)
 
 

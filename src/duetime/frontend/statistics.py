@@ -41,10 +41,10 @@ def model_statistics_json(
         "execution_count": total("executions"),
         "inference_stats": {
             "success": _duration(succeeded, total("success_ns")),
-            "fail": _duration(failed, 0),
+            "fail": _duration(failed, total("fail_ns")),
             "queue": _duration(succeeded + total("failed"), total("queue_ns")),
             "compute_input": _duration(0, 0),
-            "compute_infer": _duration(succeeded, total("compute_ns")),
+            "compute_infer": _duration(succeeded, total("request_compute_ns")),
             "compute_output": _duration(0, 0),
             "cache_hit": _duration(0, 0),
             "cache_miss": _duration(0, 0),

@@ -282,7 +282,7 @@ def _triton_families(rows: Sequence[_Row]) -> Iterator[Metric]:
     for row in rows:
         s, key = row.stats, (row.labels[0], row.labels[1])
         values = (s.succeeded, s.inferences, s.executions, s.success_ns // 1000,
-                  s.queue_ns // 1000, s.compute_ns // 1000)  # fmt: skip
+                  s.queue_ns // 1000, s.request_compute_ns // 1000)  # fmt: skip
         summed = cumulative.setdefault(key, [0] * len(values))
         for index, value in enumerate(values):
             summed[index] += value

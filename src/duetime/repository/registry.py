@@ -59,6 +59,9 @@ class Snapshot:
     models: Mapping[str, ServedModel] = field(default_factory=dict)
     failures: Mapping[str, str] = field(default_factory=dict)
     """Model name -> why it could not be loaded (while no version of it is served)."""
+    closed: bool = False
+    """The server is shutting down: a model it served is unavailable (503, retry elsewhere),
+    not unknown (404, which clients and load balancers take as final)."""
 
     def deployments(self) -> Iterator[Deployment]:
         for served in self.models.values():
@@ -95,9 +98,10 @@ class Registry:
         self.snapshot = Snapshot(self.snapshot.models, MappingProxyType(failures))
 
     def clear(self) -> list[Deployment]:
-        """Stop serving everything; returns what was served so the caller can close it."""
+        """Stop serving everything (for good: requests are told the server is shutting down);
+        returns what was served so the caller can drain and close it."""
         old = self.snapshot
-        self.snapshot = Snapshot()
+        self.snapshot = Snapshot(closed=True)
         return list(old.deployments())
 
     def served(self, name: str) -> ServedModel:
@@ -108,6 +112,10 @@ class Registry:
             if name in snapshot.failures:
                 raise ModelUnavailable(
                     f"model '{name}' is not available: {snapshot.failures[name]}"
+                )
+            if snapshot.closed:
+                raise ModelUnavailable(
+                    f"model '{name}': the server is shutting down; retry on another replica"
                 )
             known = ", ".join(repr(n) for n in sorted(snapshot.models)) or "none"
             raise ModelNotFound(f"unknown model '{name}'; served models: {known}")

@@ -70,6 +70,9 @@ class EDFQueue:
         """Rows queued (settled requests included until they are dropped)."""
         self.widest = 0
         """The most rows of any request queued since the queue was last empty."""
+        self.withdrawn = 0
+        """Requests removed already settled: their client went away while they waited (each
+        ends here, counted once, as the scheduler's other outcomes are)."""
 
     def __len__(self) -> int:
         return len(self._items)
@@ -106,8 +109,11 @@ class EDFQueue:
         del self._keys[:count]
         if len(taken) == 1:  # (the common case, without a generator's frame)
             self.rows -= taken[0].rows
+            if taken[0].future.done():
+                self.withdrawn += 1
         else:
             self.rows -= sum(item.rows for item in taken)
+            self.withdrawn += sum(1 for item in taken if item.future.done())
         if not self._items:
             self.widest = 0
         return taken
@@ -121,6 +127,7 @@ class EDFQueue:
         self._items = [item for item, flag in zip(self._items, flags, strict=True) if not flag]
         self._keys = [key for key, flag in zip(self._keys, flags, strict=True) if not flag]
         self.rows = sum(item.rows for item in self._items)
+        self.withdrawn += sum(1 for item in removed if item.future.done())
         return removed
 
     def remove_due_by(
@@ -149,6 +156,7 @@ class EDFQueue:
             del items[i]
             del keys[i]
         self.rows -= sum(item.rows for item in removed)
+        self.withdrawn += sum(1 for item in removed if item.future.done())
         if not items:
             self.widest = 0
         return removed
@@ -161,6 +169,7 @@ class EDFQueue:
         live = [i for i, item in enumerate(self._items) if not item.future.done()]
         if len(live) == len(self._items):
             return False
+        self.withdrawn += len(self._items) - len(live)
         self._items = [self._items[i] for i in live]
         self._keys = [self._keys[i] for i in live]
         self.rows = sum(item.rows for item in self._items)

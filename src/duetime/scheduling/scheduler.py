@@ -152,6 +152,13 @@ class SchedulerStatistics:
     success_ns: int
     queue_ns: int
     compute_ns: int
+    """Time inside ONNX Runtime, summed over executions (`batch_sizes` splits it by size)."""
+    request_compute_ns: int
+    """Summed over the requests that succeeded: each one's batch's time inside ONNX Runtime
+    (Triton's per-request compute_infer: every request sat through its whole batch)."""
+    fail_ns: int
+    """Summed over the requests that failed (refused, expired, the model failed): arrival to
+    failure."""
     overhead_ns: int
     last_inference_ms: int
     request_time: HistogramSnapshot
@@ -271,6 +278,7 @@ class ModelScheduler:
         self._peak = self._succeeded = self._failed = self._rejected = self._expired = 0
         self._late = self._on_time = self._probes = 0
         self._cancelled = self._executions = self._inferences = self._last_ms = 0
+        self._request_compute_ns = self._fail_ns = 0
         self._request_time = LatencyHistogram()
         self._queue_time = LatencyHistogram()
         self._compute_time = LatencyHistogram()
@@ -662,6 +670,7 @@ class ModelScheduler:
             self._refused_ns = now
         for item in hopeless:
             self._expired += 1
+            self._fail_ns += now - item.arrival_ns
             due = item.due_ns if item.due_ns is not None else now
             _settle(item, DeadlineExceeded(
                 f"model {self._label}: could not finish before the due time "
@@ -756,11 +765,13 @@ class ModelScheduler:
                 self._cancelled += 1
             elif isinstance(outputs, DuetimeError):
                 self._failed += 1
+                self._fail_ns += now - item.arrival_ns
                 _settle(item, outputs)
             else:
                 if item.timing is not None:
                     item.timing.finished_ns, item.timing.compute_ns = now, result.compute_ns
                 self._succeeded += 1
+                self._request_compute_ns += result.compute_ns
                 self._inferences += item.rows
                 if item.due_ns is not None and now > item.due_ns:
                     self._late += 1
@@ -868,12 +879,14 @@ class ModelScheduler:
             expired=self._expired,
             late=self._late,
             on_time=self._on_time,
-            cancelled=self._cancelled,
+            cancelled=self._cancelled + self._queue.withdrawn,
             executions=self._executions,
             inferences=self._inferences,
             success_ns=self._request_time.sum_ns,
             queue_ns=self._queue_time.sum_ns,
             compute_ns=self._compute_time.sum_ns,
+            request_compute_ns=self._request_compute_ns,
+            fail_ns=self._fail_ns,
             overhead_ns=int(self._overhead_ns),
             last_inference_ms=self._last_ms,
             request_time=self._request_time.snapshot(),
