@@ -157,6 +157,11 @@ def test_demo_writes_the_repository(tmp_path: Path, demo_repo: Path) -> None:
         (["serve", "--demo", "--cpu-dma-latency-us", "-1"], "cpu_dma_latency_us"),
         (["serve", "a", "--model-repository", "b"], "give the model repository once"),
         (["serve", "--model-store", "b", "--demo"], "give a model repository folder or --demo"),
+        (
+            ["serve", "--demo", "--host", "999.1.1.1", "--http-port", "0", "--no-metrics"],
+            "field 'host': cannot listen on 999.1.1.1:0",
+        ),
+        (["demo", ""], "demo: PATH is empty"),
         ([], "command"),
     ],
     ids=[
@@ -167,6 +172,8 @@ def test_demo_writes_the_repository(tmp_path: Path, demo_repo: Path) -> None:
         "bad-cpu-latency",
         "twice",
         "flag-and-demo",
+        "bad-host",
+        "demo-nowhere",
         "no-command",
     ],
 )

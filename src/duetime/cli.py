@@ -70,7 +70,7 @@ def _parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     commands = parser.add_subparsers(dest="command", required=True)
     demo = commands.add_parser("demo", help="write the demo model repository to PATH")
-    demo.add_argument("path", type=Path)
+    demo.add_argument("path")
     serve = commands.add_parser("serve", help="serve a model repository over HTTP and gRPC")
     serve.add_argument("repository", nargs="?", type=Path, help="the model repository folder")
     serve.add_argument(
@@ -220,7 +220,16 @@ def _parser() -> argparse.ArgumentParser:
 def _demo(args: argparse.Namespace) -> int:
     from duetime.demo import write_demo_repository
 
-    path = write_demo_repository(args.path)
+    if not args.path.strip():
+        raise ConfigError("demo: PATH is empty; give the folder to write the repository into")
+    folder = Path(args.path)
+    if folder.exists() and not folder.is_dir():
+        raise ConfigError(f"demo: PATH {folder} is a file, not a folder")
+    try:
+        path = write_demo_repository(folder)
+    except OSError as exc:
+        print(f"duetime: demo: cannot write {folder}: {exc.strerror or exc}", file=sys.stderr)
+        return 1
     print(f"demo model repository written to {path}")
     return 0
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import functools
 import logging
 import threading
@@ -821,8 +822,13 @@ async def serve_http(
             factory, settings.host, settings.http_port, reuse_address=True, backlog=1024
         )
     except OSError as exc:
-        raise ConfigError(
-            f"server settings: field 'http_port': cannot listen on {settings.host}:"
-            f"{settings.http_port}: {exc.strerror or exc}; pass --http-port with a free port "
-            "(0 picks one)"
+        where = f"{settings.host}:{settings.http_port}: {exc.strerror or exc}"
+        if exc.errno == errno.EADDRINUSE:
+            raise ConfigError(
+                f"server settings: field 'http_port': cannot listen on {where}; pass "
+                "--http-port with a free port (0 picks one)"
+            ) from None
+        raise ConfigError(  # (no such address here, or a name that does not resolve)
+            f"server settings: field 'host': cannot listen on {where}; pass --host with an "
+            "address of this host (127.0.0.1, 0.0.0.0 for every one)"
         ) from None
