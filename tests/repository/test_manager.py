@@ -743,8 +743,48 @@ def test_a_variant_with_another_signature_is_left_out(tmp_path: Path) -> None:
         version = engine.registry.snapshot.models["m"].versions["1"]
         assert [d.variant for d in version.variants] == ["default"]
         assert await factor_of(engine) == 1.0
+        ((state, reason),) = states(engine).values()  # (served, and the index says what not)
+        assert state == "READY"
+        assert "variant 'odd' not loaded" in reason
 
     run(tmp_path, scenario)
+
+
+def test_a_broken_variant_file_never_replaces_a_working_version(tmp_path: Path) -> None:
+    """A new file that breaks a variant would take the cheaper answers away from tight due
+    times: the version served with it stays, as a version that fails to load does."""
+    write_version(tmp_path, "m", 1, scale_model(1))
+    small = write_version(tmp_path, "m", 1, scale_model(2), name="model.small.onnx")
+    config(tmp_path, "m", '[[variants]]\nname = "small"\nfile = "model.small.onnx"\n')
+
+    async def scenario(engine: Engine) -> None:
+        served = engine.registry.snapshot.models["m"].versions["1"]
+        small.write_bytes(b"not onnx")
+        age(small)
+        await engine.manager.poll()  # type: ignore[union-attr]
+        assert engine.registry.snapshot.models["m"].versions["1"] is served
+        assert [d.variant for d in served.variants] == ["default", "small"]
+        (state, reason) = states(engine)["1"]
+        assert state == "READY"
+        assert "previous one still serves: variant 'small' not loaded" in reason
+
+    run(tmp_path, scenario, control_mode="poll", poll_s=3600)
+
+
+def test_a_config_still_being_written_is_not_applied(tmp_path: Path) -> None:
+    """Read half written, a config would be applied as it is (its traffic plan at once)."""
+    two_versions(tmp_path, 'weights = { "1" = 100 }\n')
+
+    async def scenario(engine: Engine) -> None:
+        assert {await factor_of(engine) for _ in range(5)} == {1.0}
+        (tmp_path / "m" / "config.toml").write_text("[version_policy]\nall = {}\n")  # (fresh)
+        await engine.manager.poll()  # type: ignore[union-attr]
+        assert {await factor_of(engine) for _ in range(20)} == {1.0}  # still the old plan
+        age(tmp_path / "m" / "config.toml")
+        await engine.manager.poll()  # type: ignore[union-attr]
+        assert {await factor_of(engine) for _ in range(5)} == {2.0}  # settled: no weights
+
+    run(tmp_path, scenario, control_mode="poll", poll_s=3600)
 
 
 # -- traffic policy --------------------------------------------------------------------------------

@@ -170,6 +170,8 @@ class ModelManager:
         self._failed: dict[tuple[str, str], tuple[Fingerprint, str]] = {}
         """(model, version) -> what a failed load was made from, and why it failed: watcher and
         lazy loads try such a version again only once its files or config change."""
+        self._degraded: dict[tuple[str, str], str] = {}
+        """(model, version) -> the variants that did not load with it (the index says so)."""
         self._retry_at: dict[str, float] = {}
         """Lazy loading: model -> when (monotonic s) a request may next retry its failed load."""
         self._started_ns = 0
@@ -359,6 +361,18 @@ class ModelManager:
             else:
                 self._forget(name)
             raise ModelNotFound(f"model '{name}' is not in the repository {self.root}")
+        if (
+            settle
+            and name not in self._overrides
+            and not await self._config_settled(directory, wait=explicit)
+        ):
+            # NOTE: a config half written would be applied as it is (its traffic plan at once):
+            # what serves goes on serving as it is until the next poll finds the file settled
+            if current is not None:
+                return
+            raise ModelUnavailable(
+                f"model '{name}': its config file is still being written; retry shortly"
+            )
         try:
             source = scan_model(directory)
             config = self._overrides.get(name) or load_model_config(directory)
@@ -425,7 +439,9 @@ class ModelManager:
         self._bytes[name] = _model_bytes(source, [int(v) for v in chosen], config)
         for fresh in chosen.values():
             if fresh not in served.values():
-                self._states[name][fresh.version] = VersionState("READY")
+                self._states[name][fresh.version] = VersionState(
+                    "READY", self._degraded.get((name, fresh.version), "")
+                )
         for old in retired:
             if old.version in chosen:
                 self._retire(name, old, "replaced by a new load")
@@ -436,6 +452,22 @@ class ModelManager:
             self._registry.record_failure(name, "; ".join(problems))
         if problems and explicit:
             raise ModelUnavailable(f"model '{name}': {'; '.join(problems)}")
+
+    async def _config_settled(self, directory: Path, wait: bool) -> bool:
+        """Whether the model's config file (if any) has gone `stable_s` unchanged, or was there
+        at the start; with `wait`, waits for it (a while)."""
+        for _ in range(20):
+            newest = 0
+            for file in CONFIG_FILENAMES:
+                with contextlib.suppress(OSError):
+                    newest = max(newest, (directory / file).stat().st_mtime_ns)
+            age_s = (time.time_ns() - newest) / 1e9
+            if age_s >= self.options.stable_s or newest < self._started_ns:
+                return True
+            if not wait:
+                return False
+            await asyncio.sleep(self.options.stable_s - age_s + 0.01)
+        return False
 
     async def _settled(
         self, source: ModelSource, version: int, config: ModelConfig, wait: bool
@@ -459,13 +491,19 @@ class ModelManager:
         previous = self._states[source.name].get(key)
         self._states[source.name][key] = VersionState("LOADING")
         started = time.perf_counter()
+        keep = previous is not None and previous.state == "READY"
         try:
-            loaded = await asyncio.get_running_loop().run_in_executor(
+            loaded, broken = await asyncio.get_running_loop().run_in_executor(
                 self._loader, _load_with_variants, source, version, config
             )
+            if broken and keep:
+                # NOTE: a working version (with its variants) is not swapped for one with fewer:
+                # a broken variant file would take cheaper answers away from tight due times
+                for _, model in loaded:
+                    model.executor.close()
+                raise ConfigError("; ".join(broken))
         except ConfigError as exc:
             log.error("model %s version %d not loaded: %s", source.name, version, exc.message)
-            keep = previous is not None and previous.state == "READY"
             self._states[source.name][key] = VersionState(
                 "READY" if keep else "UNAVAILABLE",
                 f"a new load failed, the previous one still serves: {exc.message}"
@@ -476,6 +514,10 @@ class ModelManager:
         self._load_s[source.name] = time.perf_counter() - started
         variants = tuple(self._deploy(model, variant, background) for variant, model in loaded)
         log.info("model %s version %d ready (%d variants)", source.name, version, len(variants))
+        if broken:  # (a first load serves what loaded; the index says what did not)
+            self._degraded[(source.name, key)] = "; ".join(broken)
+        else:
+            self._degraded.pop((source.name, key), None)
         return ServedVersion(key, variants)
 
     def _retire(self, name: str, version: ServedVersion, reason: str) -> None:
@@ -692,10 +734,12 @@ def _background_thread(cpus: frozenset[int] | None) -> None:
 
 def _load_with_variants(
     source: ModelSource, version: int, config: ModelConfig
-) -> list[tuple[str, LoadedModel]]:
-    """The primary model of `version` and each variant file present beside it; blocking."""
+) -> tuple[list[tuple[str, LoadedModel]], list[str]]:
+    """The primary model of `version` and each variant file present beside it, and why each
+    variant whose file is there did not load; blocking."""
     primary = load_version(source, version, config)
     loaded = [(PRIMARY, primary)]
+    broken: list[str] = []
     folder = source.versions[version].parent
     for variant in config.variants:
         if not (folder / variant.file).is_file():
@@ -708,9 +752,10 @@ def _load_with_variants(
             )  # fmt: skip
         except ConfigError as exc:
             log.error("variant %s of %s not loaded: %s", variant.name, folder, exc.message)
+            broken.append(f"variant '{variant.name}' not loaded: {exc.message}")
             continue
         loaded.append((variant.name, model))
-    return loaded
+    return loaded, broken
 
 
 def fingerprint(source: ModelSource, version: int, config: ModelConfig) -> Fingerprint:
