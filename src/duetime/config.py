@@ -9,7 +9,15 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from duetime.errors import ConfigError
 
@@ -157,23 +165,35 @@ class VariantConfig(_Strict):
 class TrafficConfig(_Strict):
     """How requests that name no version are spread over the served versions."""
 
-    weights: dict[str, Annotated[float, Field(ge=0)]] | None = None
-    """Version -> weight (A/B split); versions not listed get none. Default: all to the highest."""
+    weights: dict[str, Annotated[float, Field(ge=0, le=1e9)]] | None = None
+    """Version -> weight (A/B split; relative, each at most 1e9); versions not listed get none.
+    Default: all to the highest. A weighted version that is not served gets none (warned of at
+    load)."""
     sticky_key: str | None = Field(default=None, min_length=1, max_length=128)
     """A request parameter, HTTP header or gRPC metadata key whose value pins a client to a
     version (rendezvous hashing over the weights)."""
     shadow: dict[str, Annotated[float, Field(ge=0, le=1)]] | None = None
     """Version -> share of requests mirrored to it; its answers are compared, never returned."""
 
-    @model_validator(mode="after")
-    def _versions_are_integers(self) -> TrafficConfig:
-        for field, table in (("weights", self.weights), ("shadow", self.shadow)):
-            for key in table or {}:
-                if not (key.isascii() and key.isdigit()):
-                    raise ValueError(f"{field}: version '{key}' is not an integer version")
-        if self.weights is not None and not any(w > 0 for w in self.weights.values()):
-            raise ValueError("weights: at least one version needs a weight above 0")
-        return self
+    @field_validator("weights", "shadow", mode="after")
+    @classmethod
+    def _versions_are_integers(
+        cls, table: dict[str, float] | None, info: ValidationInfo
+    ) -> dict[str, float] | None:
+        """Keys as the versions they name: "01" is version "1" (as a request's version is)."""
+        if table is None:
+            return None
+        versions: dict[str, float] = {}
+        for key, value in table.items():
+            if not (key.isascii() and key.isdigit() and len(key) <= 20):
+                raise ValueError(f"version '{key}' is not an integer version")
+            version = str(int(key))
+            if version in versions:
+                raise ValueError(f"version {version} is given twice ('{key}')")
+            versions[version] = value
+        if info.field_name == "weights" and not any(w > 0 for w in versions.values()):
+            raise ValueError("at least one version needs a weight above 0")
+        return versions
 
 
 class ModelConfig(_Strict):

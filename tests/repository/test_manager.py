@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -838,6 +839,51 @@ def test_shadow_copies_are_compared_but_never_answer(tmp_path: Path) -> None:
         assert not versions["2"].primary.model.executor.inline
 
     run(tmp_path, scenario)
+
+
+def test_a_shadow_answering_other_outputs_is_counted_mismatched_not_in_agreement(
+    tmp_path: Path,
+) -> None:
+    from onnx import TensorProto, helper
+
+    write_version(tmp_path, "m", 1, scale_model(1))
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", 4])
+    z = helper.make_tensor_value_info("z", TensorProto.FLOAT, ["b", 4])
+    graph = helper.make_graph([helper.make_node("Neg", ["x"], ["z"])], "g", [x], [z])
+    renamed = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    renamed.ir_version = 8
+    write_version(tmp_path, "m", 2, renamed.SerializeToString())
+    config(tmp_path, "m", '[version_policy]\nall = {}\n[traffic]\nweights = { "1" = 1 }\n'
+           'shadow = { "2" = 1.0 }\n')  # fmt: skip
+
+    async def scenario(engine: Engine) -> None:
+        for _ in range(10):
+            assert await factor_of(engine) == 1.0
+        await asyncio.sleep(0.1)
+        stats = engine.router.shadows[("m", "2")]
+        assert stats.mismatched + stats.skipped == 10
+        assert stats.mismatched > 0
+        assert (stats.compared, stats.max_abs_diff) == (0, 0.0)
+
+    run(tmp_path, scenario)
+
+
+def test_traffic_naming_versions_not_served_is_warned_of_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    write_version(tmp_path, "m", 1, scale_model(1))
+    config(tmp_path, "m", '[traffic]\nweights = { "01" = 50, "7" = 50 }\n')
+
+    async def scenario(engine: Engine) -> None:
+        assert {await factor_of(engine) for _ in range(5)} == {1.0}  # ("01" is version 1)
+        await engine.manager.poll()  # type: ignore[union-attr]
+        await engine.manager.poll()  # type: ignore[union-attr]
+
+    with caplog.at_level(logging.WARNING, logger="duetime.manager"):
+        run(tmp_path, scenario, control_mode="poll", poll_s=3600)
+    warned = [r.getMessage() for r in caplog.records if "[traffic] weights" in r.getMessage()]
+    assert len(warned) == 1
+    assert "names version(s) 7, not served (version_policy serves 1)" in warned[0]
 
 
 # -- lazy loading and the budget -------------------------------------------------------------------

@@ -110,6 +110,14 @@ def test_routing_key_prefers_the_request_parameter() -> None:
     assert routing_key(None, {"x-routing-key": "p"}, {}) is None
 
 
+def test_versions_are_named_as_requests_name_them() -> None:
+    config = parse_model_config(
+        {"traffic": {"weights": {"01": 90, "2": 10}, "shadow": {"003": 0.5}}}, source="c"
+    )
+    assert config.traffic.weights == {"1": 90, "2": 10}
+    assert config.traffic.shadow == {"3": 0.5}
+
+
 @pytest.mark.parametrize(
     ("traffic", "message"),
     [
@@ -119,6 +127,10 @@ def test_routing_key_prefers_the_request_parameter() -> None:
         ({"shadow": {"2": 1.5}}, "less than or equal to 1"),
         ({"sticky_key": ""}, "at least 1 character"),
         ({"mirror": {}}, "Extra inputs are not permitted"),
+        ({"weights": {"1": float("inf"), "2": 1}}, "less than or equal to 1000000000"),
+        ({"weights": {"1": 1e308, "2": 1e308}}, "less than or equal to 1000000000"),
+        ({"weights": {"1": float("nan")}}, "less than or equal to 1000000000"),
+        ({"weights": {"1": 1, "01": 2}}, "version 1 is given twice ('01')"),
     ],
 )
 def test_bad_traffic_config_names_the_field(traffic: dict[str, object], message: str) -> None:

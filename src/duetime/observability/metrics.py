@@ -211,6 +211,7 @@ class MetricsCollector:
             ("mirrored", "Requests copied to the shadow version."),
             ("compared", "Shadow answers compared with the answering version's."),
             ("skipped", "Copies refused, failed or cancelled, or whose primary failed."),
+            ("mismatched", "Copies whose outputs differ from the answer's in names or shapes."),
             ("argmax_disagreements", "Compared answers whose argmax differs."),
         )
         for field, help_text in fields:

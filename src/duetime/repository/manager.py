@@ -173,6 +173,8 @@ class ModelManager:
         self._degraded: dict[tuple[str, str], str] = {}
         """(model, version) -> the variants that did not load with it (the index says so)."""
         self._retry_at: dict[str, float] = {}
+        self._warned: dict[str, str] = {}
+        """Model -> the last warning about its traffic config (said once, not at every poll)."""
         """Lazy loading: model -> when (monotonic s) a request may next retry its failed load."""
         self._started_ns = 0
         self._overrides: dict[str, ModelConfig] = {}
@@ -393,6 +395,12 @@ class ModelManager:
             await self._make_room(name, _model_bytes(source, wanted, config))
         served = dict(current.versions) if current else {}
         traffic = config.traffic
+        warning = _unserved(traffic.weights, "weights", wanted) + _unserved(
+            traffic.shadow, "shadow", wanted
+        )
+        if warning and self._warned.get(name) != warning:  # (once, not at every poll)
+            log.warning("model %s: %s", name, warning)
+        self._warned[name] = warning
         answering = {v for v, w in (traffic.weights or {}).items() if w > 0} or {str(wanted[0])}
         shadow_only = set(traffic.shadow or {}) - answering
         """Versions that only ever see shadow copies: their instances run in the background."""
@@ -730,6 +738,18 @@ def _background_thread(cpus: frozenset[int] | None) -> None:
     """Move the loader thread off the loop's CPU and below the serving threads (Linux)."""
     pin_current_thread(cpus)
     lower_thread_priority(LOADER_NICENESS)
+
+
+def _unserved(table: Mapping[str, float] | None, field: str, served: Iterable[int]) -> str:
+    """What to say when `[traffic] field` names versions the version policy does not serve:
+    they get no requests (the others share them), which is easy to miss."""
+    missing = sorted(set(table or ()) - {str(v) for v in served}, key=int)
+    if not missing:
+        return ""
+    return (
+        f"[traffic] {field} names version(s) {', '.join(missing)}, not served (version_policy "
+        f"serves {', '.join(str(v) for v in sorted(served))}): they get no requests. "
+    )
 
 
 def _load_with_variants(

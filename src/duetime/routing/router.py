@@ -38,6 +38,9 @@ class ShadowStatistics:
     compared: int = 0
     skipped: int = 0
     """Copies refused, failed or cancelled (by the shadow, or whose primary failed)."""
+    mismatched: int = 0
+    """Copies whose outputs differ from the answer's in names or shapes: nothing to compare
+    element by element, and a divergence of its own (not counted as `compared`)."""
     argmax_disagreements: int = 0
     max_abs_diff: float = 0.0
     """Largest absolute difference of any output element seen so far."""
@@ -48,6 +51,7 @@ class ShadowStatistics:
             "mirrored": self.mirrored,
             "compared": self.compared,
             "skipped": self.skipped,
+            "mismatched": self.mismatched,
             "argmax_disagreements": self.argmax_disagreements,
             "argmax_disagreement_rate": self.argmax_disagreements / self.compared
             if self.compared
@@ -212,12 +216,17 @@ def _compare(
         stats.skipped += 1
         return
     primary, shadow = answer.result(), copy.result()
+    if primary.keys() != shadow.keys() or any(
+        shadow[name].shape != expected.shape for name, expected in primary.items()
+    ):
+        stats.mismatched += 1
+        return
     worst = 0.0
     disagree = False
     first = True
     for name, expected in primary.items():
-        got = shadow.get(name)
-        if got is None or got.shape != expected.shape or expected.dtype.kind not in "biuf":
+        got = shadow[name]
+        if expected.dtype.kind not in "biuf" or got.dtype.kind not in "biuf":
             continue
         if expected.size:
             diff = np.abs(got.astype(np.float64) - expected.astype(np.float64))
