@@ -413,6 +413,30 @@ def loads_counted(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     return seen
 
 
+def test_a_fault_loading_one_model_leaves_the_others_served(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Not only a ConfigError: whatever goes wrong loading one version stays with it."""
+    for name in ("good", "faulty"):
+        write_version(tmp_path, name, 1, scale_model(1))
+    real = manager_module.load_version
+
+    def faulty(source: Any, version: int, *args: Any, **kwargs: Any) -> Any:
+        if source.name == "faulty":
+            raise IndexError("list assignment index out of range")
+        return real(source, version, *args, **kwargs)
+
+    monkeypatch.setattr(manager_module, "load_version", faulty)
+
+    async def scenario(engine: Engine) -> None:
+        assert await factor_of(engine, "good") == 1.0
+        state, reason = states(engine, "faulty")["1"]
+        assert state == "UNAVAILABLE"
+        assert "internal error while loading: IndexError: list assignment" in reason
+
+    run(tmp_path, scenario)
+
+
 def test_poll_tries_a_failed_version_again_only_once_its_files_change(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:

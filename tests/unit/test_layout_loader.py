@@ -367,6 +367,9 @@ def test_a_tensor_without_a_shape_takes_any_shape_or_the_configs(
     config = 'max_batch_size = 8\ninputs = [{name = "x", dims = [3]}]\n'
     config += 'outputs = [{name = "y", dims = [3]}]\n'
     ranked = load_version(model_dir(tmp_path, "ranked", shapeless, config), 1)
+    batched_blind = model_dir(tmp_path, "blind", shapeless, "max_batch_size = 8\n")
+    with pytest.raises(ConfigError, match="'x' has no shape in the graph, so it has no batch"):
+        load_version(batched_blind, 1)
     loaded.extend((scalar, free, ranked))
     assert scalar.signature.inputs == (TensorSpec("x", "FP32", ()),)
     assert free.signature.inputs == (TensorSpec("x", "FP32", (), any_rank=True),)

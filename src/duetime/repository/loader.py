@@ -175,6 +175,14 @@ def reconcile(
         )
     inputs = _apply(config.inputs, graph_inputs, max_batch > 0, source, "inputs")
     outputs = _apply(config.outputs, graph_outputs, max_batch > 0, source, "outputs")
+    shapeless = next((s for s in inputs + outputs if s.any_rank), None)
+    if max_batch > 0 and shapeless is not None:
+        field = "inputs" if shapeless in inputs else "outputs"
+        raise ConfigError(
+            f"{source}: field 'max_batch_size' = {max_batch}: '{shapeless.name}' has no shape in "
+            f"the graph, so it has no batch dim; give its dims under '{field}' (without the "
+            "batch dim), or set max_batch_size = 0"
+        )
     return ModelSignature(tuple(inputs), tuple(outputs), max_batch)
 
 

@@ -510,15 +510,19 @@ class ModelManager:
                 for _, model in loaded:
                     model.executor.close()
                 raise ConfigError("; ".join(broken))
-        except ConfigError as exc:
-            log.error("model %s version %d not loaded: %s", source.name, version, exc.message)
+        except Exception as exc:  # (a ConfigError, or a fault of duetime's: either way, this
+            # version only: the other models and versions load on)
+            if isinstance(exc, ConfigError):
+                message = exc.message
+                log.error("model %s version %d not loaded: %s", source.name, version, message)
+            else:
+                message = f"internal error while loading: {type(exc).__name__}: {exc}"
+                log.exception("model %s version %d not loaded", source.name, version)
             self._states[source.name][key] = VersionState(
                 "READY" if keep else "UNAVAILABLE",
-                f"a new load failed, the previous one still serves: {exc.message}"
-                if keep
-                else exc.message,
+                f"a new load failed, the previous one still serves: {message}" if keep else message,
             )
-            return exc.message
+            return message
         self._load_s[source.name] = time.perf_counter() - started
         variants = tuple(self._deploy(model, variant, background) for variant, model in loaded)
         log.info("model %s version %d ready (%d variants)", source.name, version, len(variants))
