@@ -33,9 +33,20 @@ def class_count(value: Any, output: str) -> int:
     return value
 
 
-def check_classifiable(classes: Mapping[str, int], outputs: Iterable[TensorSpec]) -> None:
-    """Refuse classification of an output whose values are not numbers (`outputs`: the model's
-    output specs)."""
+def check_classifiable(
+    classes: Mapping[str, int], outputs: Iterable[TensorSpec], returned: Iterable[str]
+) -> None:
+    """Refuse classification of an output that is not returned (`returned`: the outputs the
+    request gets) or whose values are not numbers (`outputs`: the model's output specs), and a
+    count that is not a positive integer."""
+    answered = set(returned)
+    for name, count in classes.items():
+        class_count(count, name)
+        if name not in answered:
+            raise InvalidInput(
+                f"output '{name}': asked for as classes, but it is not among the outputs "
+                f"returned ({', '.join(sorted(answered)) or 'none'})"
+            )
     for spec in outputs:
         if spec.name in classes and spec.datatype == "BYTES":
             raise InvalidInput(

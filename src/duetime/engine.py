@@ -11,6 +11,7 @@ import asyncio
 import concurrent.futures
 import copy
 import logging
+import math
 import os
 import threading
 from collections.abc import Callable, Mapping, Sequence
@@ -27,6 +28,7 @@ from duetime.config import ModelConfig
 from duetime.errors import (
     DuetimeError,
     InternalError,
+    InvalidInput,
     ModelNotFound,
     ModelUnavailable,
     NotAllowed,
@@ -158,6 +160,11 @@ class Engine:
         self.manager: ModelManager | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
+        self._closed = False
+        """`close()` has begun: synchronous calls are refused (an engine made by `open()`)."""
+        self._waiting: set[concurrent.futures.Future[dict[str, np.ndarray]]] = set()
+        """Synchronous calls not answered yet: failed at `close()` if the loop never took them."""
+        self._sync_lock = threading.Lock()
         self._placed = 0
         self._pending_loads: set[asyncio.Task[None]] = set()
         self._ledgers: dict[frozenset[int], CoreLedger] = {}
@@ -284,6 +291,11 @@ class Engine:
     def submit(self, request: InferRequest) -> Ticket:
         """Route, validate and queue `request` on the loop; raise a DuetimeError if it cannot be
         queued. A model not loaded yet (lazy loading) is loaded first if the request can wait."""
+        if self._thread is not None and _running_loop() is not self._loop:
+            raise RuntimeError(
+                "Engine.submit runs on the engine's own loop; from other threads or loops use "
+                "infer() or infer_async()"
+            )
         recorder = self.recorder
         if recorder is not None and recorder.sampled():
             return recorder.record(request, self._submit)
@@ -306,7 +318,7 @@ class Engine:
         ticket = Ticket(model.name, model.version, prepared.outputs, routed.deployment.variant)
         if request.classes:
             signature = model.signature
-            check_classifiable(request.classes, signature.outputs)
+            check_classifiable(request.classes, signature.outputs, prepared.outputs)
             ticket.classes, ticket.batched = request.classes, signature.max_batch_size > 0
             ticket.labels = model.labels
         ticket.future = routed.deployment.scheduler.submit_nowait(
@@ -382,8 +394,15 @@ class Engine:
         priority: int = 0,
         outputs: Sequence[str] | None = None,
     ) -> dict[str, np.ndarray]:
-        """Run `model` on `inputs`; `timeout` in seconds sets the request's due time."""
-        ticket = self.submit(self._request(model, inputs, version, timeout, priority, outputs))
+        """Run `model` on `inputs`; `timeout` in seconds sets the request's due time (None or
+        infinity: none). The arrays are not copied: leave them unchanged until the answer.
+
+        On an engine made by `open()`, awaited from another loop, the request is handed to the
+        engine's loop as `infer` does."""
+        request = self._request(model, inputs, version, timeout, priority, outputs)
+        if self._thread is not None and _running_loop() is not self._loop:
+            return await asyncio.wrap_future(self._submit_threadsafe(request))
+        ticket = self.submit(request)
         await settled(ticket.future)
         return ticket.response().outputs
 
@@ -398,15 +417,26 @@ class Engine:
         outputs: Sequence[str] | None = None,
     ) -> dict[str, np.ndarray]:
         """Blocking `infer_async` for synchronous code; never call it on the engine's own loop."""
-        loop = self._loop
-        if loop is None:
+        if self._loop is None:
             raise RuntimeError("the engine has no loop yet: use Engine.open() for synchronous use")
-        if _running_loop() is loop:
+        if _running_loop() is self._loop:
             raise RuntimeError("Engine.infer blocks; on the engine's loop use await infer_async")
         request = self._request(model, inputs, version, timeout, priority, outputs)
+        return self._submit_threadsafe(request).result()
+
+    def _submit_threadsafe(
+        self, request: InferRequest
+    ) -> concurrent.futures.Future[dict[str, np.ndarray]]:
+        """Hand `request` to the engine's loop from another thread; its answer's future."""
         result: concurrent.futures.Future[dict[str, np.ndarray]] = concurrent.futures.Future()
-        loop.call_soon_threadsafe(self._submit_for_thread, request, result)
-        return result.result()
+        with self._sync_lock:  # (against close(): a call it misses would wait forever)
+            loop = self._loop
+            if self._closed or loop is None or loop.is_closed():
+                raise ModelUnavailable("the engine is closed; open a new one")
+            self._waiting.add(result)
+            loop.call_soon_threadsafe(self._submit_for_thread, request, result)
+        result.add_done_callback(self._waiting.discard)
+        return result
 
     def _submit_for_thread(
         self, request: InferRequest, result: concurrent.futures.Future[dict[str, np.ndarray]]
@@ -435,7 +465,20 @@ class Engine:
         priority: int,
         outputs: Sequence[str] | None,
     ) -> InferRequest:
-        due = None if timeout is None else self.clock.now_ns() + int(timeout * 1e9)
+        if timeout is not None and (
+            isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout >= 0
+        ):
+            raise InvalidInput(f"timeout: expected seconds >= 0 (or None), got {timeout!r}")
+        if isinstance(priority, bool) or not isinstance(priority, int) or priority < 0:
+            raise InvalidInput(f"priority: expected an integer >= 0, got {priority!r}")
+        if not isinstance(inputs, Mapping):
+            raise InvalidInput(
+                f"inputs: expected a mapping of input name to array, got {type(inputs).__name__}"
+            )
+        if isinstance(outputs, str | bytes):
+            raise InvalidInput(f"outputs: expected a sequence of output names, got {outputs!r}")
+        finite = timeout is not None and timeout != math.inf
+        due = self.clock.now_ns() + int(timeout * 1e9) if finite else None  # type: ignore[operator]
         return InferRequest(
             model=model,
             inputs=dict(inputs),
@@ -483,12 +526,22 @@ class Engine:
         loop.close()
 
     def close(self) -> None:
-        """Stop an engine made by `open()`: drain its models and end its loop thread."""
-        if self._thread is None or self._loop is None:
+        """Stop an engine made by `open()`: drain its models and end its loop thread. Calls
+        made meanwhile from other threads end too (answered, or ModelUnavailable); closing a
+        closed engine does nothing."""
+        if self._closed:
+            return
+        thread, loop = self._thread, self._loop
+        if thread is None or loop is None:
             raise RuntimeError("close() is for engines made by Engine.open(); await aclose()")
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join()
-        self._thread = None
+        with self._sync_lock:
+            self._closed = True
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join()
+        closed = ModelUnavailable("the engine closed before answering; open a new one")
+        for waiting in list(self._waiting):  # (handed over as the loop stopped: never taken)
+            if not waiting.done():
+                waiting.set_exception(closed)
 
     def __enter__(self) -> Engine:
         return self

@@ -1,0 +1,150 @@
+"""The in-process API as a Python program uses it: `Engine.open` (its loop on a thread of its
+own) from threads and from other event loops, and what it says about arguments it cannot take."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+from duetime import Engine
+from duetime.errors import DuetimeError, InvalidInput, ModelUnavailable
+from duetime.types import InferRequest
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture(scope="module")
+def engine(demo_repo: Path) -> Iterator[Engine]:
+    opened = Engine.open(demo_repo)
+    yield opened
+    opened.close()
+
+
+def mlp_rows(rows: int, seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal((rows, 40), dtype=np.float32)
+
+
+def reference(demo_repo: Path, x: np.ndarray) -> np.ndarray:
+    session = ort.InferenceSession(str(demo_repo / "mlp" / "1" / "model.onnx"))
+    return np.asarray(session.run(None, {"x": x})[0])
+
+
+def test_infer_from_threads_and_from_another_loop_match_onnxruntime(
+    engine: Engine, demo_repo: Path
+) -> None:
+    x = mlp_rows(3)
+    expected = reference(demo_repo, x)
+    answers: list[np.ndarray] = []
+
+    def call() -> None:
+        answers.append(engine.infer("mlp", {"x": x}, timeout=10.0)["y"])
+
+    threads = [threading.Thread(target=call) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert len(answers) == 8
+    for answer in answers:
+        np.testing.assert_allclose(answer, expected, rtol=1e-6, atol=1e-6)
+
+    async def elsewhere() -> list[dict[str, np.ndarray]]:  # (this loop is not the engine's)
+        return list(await asyncio.gather(*(engine.infer_async("mlp", {"x": x}) for _ in range(8))))
+
+    for outputs in asyncio.run(elsewhere()):
+        np.testing.assert_allclose(outputs["y"], expected, rtol=1e-6, atol=1e-6)
+    with pytest.raises(RuntimeError, match="runs on the engine's own loop"):
+        engine.submit(InferRequest(model="mlp", inputs={"x": x}))
+
+
+@pytest.mark.parametrize(
+    ("arguments", "needle"),
+    [
+        ({"timeout": math.nan}, "timeout: expected seconds >= 0"),
+        ({"timeout": -1.0}, "timeout: expected seconds >= 0"),
+        ({"timeout": "1"}, "timeout: expected seconds >= 0"),
+        ({"priority": None}, "priority: expected an integer >= 0"),
+        ({"priority": "1"}, "priority: expected an integer >= 0"),
+        ({"outputs": "y"}, "outputs: expected a sequence of output names"),
+    ],
+    ids=str,
+)
+def test_arguments_it_cannot_take_are_invalid_input(
+    engine: Engine, arguments: dict[str, object], needle: str
+) -> None:
+    with pytest.raises(InvalidInput, match=needle):
+        engine.infer("mlp", {"x": mlp_rows(1)}, **arguments)  # type: ignore[arg-type]
+
+
+def test_an_infinite_timeout_is_no_due_time_and_inputs_must_be_a_mapping(engine: Engine) -> None:
+    assert engine.infer("mlp", {"x": mlp_rows(1)}, timeout=math.inf)["y"].shape == (1, 3)
+    with pytest.raises(InvalidInput, match="inputs: expected a mapping"):
+        engine.infer("mlp", mlp_rows(1))  # type: ignore[arg-type]
+
+
+def test_classes_must_name_a_returned_output_and_count_from_one(engine: Engine) -> None:
+    async def submit(classes: dict[str, object], outputs: tuple[str, ...] | None) -> None:
+        request = InferRequest(
+            model="mlp",
+            inputs={"x": mlp_rows(2)},
+            classes=classes,
+            outputs=outputs,  # type: ignore[arg-type]
+        )
+        ticket = engine.submit(request)
+        await ticket.future
+        assert ticket.response().outputs["y"].shape == (2, 2)
+
+    def on_engine_loop(classes: dict[str, object], outputs: tuple[str, ...] | None) -> None:
+        loop = engine._loop
+        assert loop is not None
+        asyncio.run_coroutine_threadsafe(submit(classes, outputs), loop).result(30)
+
+    on_engine_loop({"y": 2}, None)
+    for classes, outputs, needle in (
+        ({"zz": 2}, None, "output 'zz': asked for as classes, but it is not among the outputs"),
+        ({"y": 2}, (), "output 'y': asked for as classes, but it is not among"),
+        ({"y": 0}, None, "parameter 'classification' must be a positive integer"),
+        ({"y": 1.5}, None, "parameter 'classification' must be a positive integer"),
+        ({"y": True}, None, "parameter 'classification' must be a positive integer"),
+    ):
+        with pytest.raises(InvalidInput, match=needle):
+            on_engine_loop(classes, outputs)
+
+
+def hammer(engine: Engine, ended: list[str]) -> None:
+    """Call until the engine says it is closed (the other refusals a busy engine gives pass)."""
+    while True:
+        try:
+            engine.infer("mlp", {"x": mlp_rows(1)}, timeout=1.0)
+        except ModelUnavailable:
+            break
+        except DuetimeError:
+            continue
+    ended.append("ended")
+
+
+def test_close_ends_every_call_made_meanwhile_and_twice_is_nothing(demo_repo: Path) -> None:
+    """Calls racing close() were handed to a loop that closed without taking them: they waited
+    forever."""
+    for _ in range(3):
+        engine = Engine.open(demo_repo)
+        ended: list[str] = []
+        threads = [
+            threading.Thread(target=hammer, args=(engine, ended), daemon=True) for _ in range(8)
+        ]
+        for thread in threads:
+            thread.start()
+        engine.close()
+        for thread in threads:
+            thread.join(10)
+        assert len(ended) == 8, "a call made while closing never ended"
+        engine.close()  # (again: nothing)
+        with pytest.raises(ModelUnavailable, match="the engine is closed"):
+            engine.infer("mlp", {"x": mlp_rows(1)})
