@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import math
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -148,3 +150,26 @@ def test_close_ends_every_call_made_meanwhile_and_twice_is_nothing(demo_repo: Pa
         engine.close()  # (again: nothing)
         with pytest.raises(ModelUnavailable, match="the engine is closed"):
             engine.infer("mlp", {"x": mlp_rows(1)})
+
+
+def test_an_engine_left_open_is_closed_as_the_interpreter_exits(demo_repo: Path) -> None:
+    """Its instance threads are daemons: killed in the middle of an ONNX Runtime run, they abort
+    the process (exit 134) unless the engine is closed first."""
+    script = f"""
+import threading, numpy as np
+from duetime import Engine
+engine = Engine.open({str(demo_repo)!r})
+def work():
+    while True:
+        try:
+            engine.infer("resnet", {{"image": np.ones((2, 3, 64, 64), np.float32)}})
+        except Exception:
+            return
+for _ in range(3):
+    threading.Thread(target=work, daemon=True).start()
+engine.infer("mlp", {{"x": np.ones((1, 40), np.float32)}})
+"""
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=100, check=False
+    )
+    assert result.returncode == 0, result.stderr[-2000:]

@@ -8,12 +8,15 @@ Synchronous code uses `Engine.open(repo)`, which runs the engine's loop on a pri
 from __future__ import annotations
 
 import asyncio
+import atexit
 import concurrent.futures
+import contextlib
 import copy
 import logging
 import math
 import os
 import threading
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -507,6 +510,7 @@ class Engine:
         )  # fmt: skip
         engine._thread.start()
         started.result()
+        _OPEN.add(engine)
         return engine
 
     def _run_loop(self, repository: Path, started: concurrent.futures.Future[None]) -> None:
@@ -550,6 +554,21 @@ class Engine:
         self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.close()
+
+
+_OPEN: weakref.WeakSet[Engine] = weakref.WeakSet()
+"""Engines made by `open()` and not closed yet."""
+
+
+@atexit.register
+def _close_open_engines() -> None:
+    """Close what `open()` made and was left open as the interpreter exits.
+
+    NOTE: its instance threads are daemons: killed in the middle of an ONNX Runtime run, they
+    abort the whole process ("terminate called without an active exception", exit 134)."""
+    for engine in list(_OPEN):
+        with contextlib.suppress(Exception):
+            engine.close()
 
 
 def _running_loop() -> asyncio.AbstractEventLoop | None:
