@@ -55,6 +55,9 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"duetime: {exc.message}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # (Ctrl-C before a command took it over: importing, loading)
+        print("duetime: interrupted", file=sys.stderr)
+        return 130
 
 
 def _parser() -> argparse.ArgumentParser:

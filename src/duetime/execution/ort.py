@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any, cast
 
 import numpy as np
-import onnx
 import onnxruntime as ort
 
 from duetime.datatypes import V2_OF_ONNX
@@ -183,6 +182,8 @@ def _shapeless(model_path: Path) -> frozenset[str]:
 
     NOTE: ONNX Runtime reports those as [], as it does scalars; only the graph itself tells them
     apart (read without external data: the declarations are all that is wanted)."""
+    import onnx  # (here: the onnx package costs ~0.3 s to import, and most graphs declare shapes)
+
     try:
         model = onnx.load(str(model_path), load_external_data=False)
     except Exception:  # (ORT read it: a file this cannot read is one ORT's own format took)

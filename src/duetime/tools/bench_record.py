@@ -30,7 +30,8 @@ def write_bench_capture(
 ) -> int:
     """Write request i as sent by the run (the inputs of its pool entry, its scheduled instant
     from the first one, its class's timeout and the priority) with how it ended; returns the
-    count. `pools[c][k]` are the inputs of payload k of due class c (`Dispatch`'s choice)."""
+    count. `pools[c][k]` are the inputs of payload k of due class c (`Dispatch`'s choice).
+    FileExistsError if `path` exists: a capture is never overwritten."""
     protocol = {"grpc": "grpc", "engine": "engine"}.get(config.protocol, "http")
     meta = {"written_by": "duetime bench", "model": config.model, "protocol": config.protocol,
             "mode": config.mode, "rate": config.rate, "seed": config.seed}  # fmt: skip
@@ -38,7 +39,7 @@ def write_bench_capture(
     classes = config.classes
     tensors = [[[CapturedTensor.of(n, a) for n, a in inputs.items()] for inputs in pool]
                for pool in pools]  # fmt: skip
-    with CaptureWriter(path, meta=meta) as writer:
+    with CaptureWriter(path, meta=meta, overwrite=False) as writer:
         for rid, scheduled in enumerate(ledger.scheduled):
             due_class = ledger.due_class[rid]
             due = classes[due_class]

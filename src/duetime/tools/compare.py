@@ -14,7 +14,9 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
+from duetime.errors import ConfigError
 from duetime.tools.hdr import RunReport
+from duetime.tools.outputs import OutputError, check_output, failed_write, make_parents
 
 
 def load_reports(paths: list[Path], labels: list[str]) -> list[RunReport]:
@@ -58,8 +60,12 @@ def run(args: argparse.Namespace) -> int:
         print(f"duetime report: --out {args.out}: expected a .html or .png file", file=sys.stderr)
         return 2
     try:
+        check_output(args.out, "--out")
         reports = load_reports(args.results, args.label)
         from duetime.tools.plots import write_report
+    except ConfigError as exc:
+        print(f"duetime report: {exc.message}", file=sys.stderr)
+        return 2
     except ValueError as exc:
         print(f"duetime report: {exc}", file=sys.stderr)
         return 2
@@ -67,6 +73,14 @@ def run(args: argparse.Namespace) -> int:
         print(f"duetime report: {exc} (the report extra: pip install 'duetime[report]')",
               file=sys.stderr)  # fmt: skip
         return 1
-    write_report(reports, args.out, title=args.title)
+    try:
+        make_parents(args.out, "--out")
+        try:
+            write_report(reports, args.out, title=args.title)
+        except OSError as exc:
+            raise failed_write(args.out, "--out", exc) from None
+    except OutputError as exc:
+        print(f"duetime report: {exc.message}", file=sys.stderr)
+        return 1
     print(f"wrote {args.out}")
     return 0

@@ -19,6 +19,15 @@ open while all are busy, up to `MAX_HTTP_CONNECTIONS`."""
 MAX_HTTP_CONNECTIONS = 1024
 """Connections an HTTP run may open in all: a request never waits behind another's answer on a
 connection, only for a free connection once this many are busy."""
+MAX_SECONDS = 1_000_000.0
+"""The longest --duration, --warmup or --drain (11.6 days): past it a run only overflows timers."""
+MAX_SCHEDULED = 20_000_000
+"""Requests one open-loop generator process may schedule (--rate x (--warmup + --duration)):
+the schedule is built before the run, about 50 bytes a request."""
+MAX_TIMEOUT_MS = 1e9
+"""The longest --timeout-ms (11.6 days): its nanoseconds still fit an int64."""
+MAX_PRIORITY = (1 << 63) - 1
+"""The highest --priority: what the payloads and the capture format carry (int64)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,15 +113,26 @@ def _problems(c: BenchConfig) -> list[str]:
         found.append(f"--arrival: expected poisson or constant, got {c.arrival!r}")
     if c.concurrency < 1:
         found.append(f"--concurrency: expected clients >= 1, got {c.concurrency}")
-    if not c.duration_s > 0:
-        found.append(f"--duration: expected seconds > 0, got {c.duration_s}")
-    if c.warmup_s < 0 or c.drain_s < 0:
+    # NOTE: written so that NaN fails every check (any comparison with it is False)
+    if not 0 < c.duration_s <= MAX_SECONDS:
+        found.append(f"--duration: expected seconds > 0 and <= {MAX_SECONDS:g}, got {c.duration_s}")
+    for flag, seconds in (("--warmup", c.warmup_s), ("--drain", c.drain_s)):
+        if not 0 <= seconds <= MAX_SECONDS:
+            found.append(f"{flag}: expected seconds >= 0 and <= {MAX_SECONDS:g}, got {seconds}")
+    if c.mode == "open" and not found and c.rate * c.total_s / c.processes > MAX_SCHEDULED:
         found.append(
-            f"--warmup and --drain: expected seconds >= 0, got {c.warmup_s} and {c.drain_s}"
+            f"--rate x (--warmup + --duration): {c.rate * c.total_s:,.0f} requests to schedule, "
+            f"over the {MAX_SCHEDULED:,} a generator process may; shorten the run or add "
+            "--processes"
         )
     found += _due_problems(c)
-    if c.priority is not None and c.priority < 0:
-        found.append(f"--priority: expected a level >= 0 (1 is highest), got {c.priority}")
+    if c.priority is not None and not 0 <= c.priority <= MAX_PRIORITY:
+        found.append(
+            f"--priority: expected a level from 0 to {MAX_PRIORITY} (1 is highest), got "
+            f"{c.priority}"
+        )
+    if c.seed < 0:
+        found.append(f"--seed: expected a number >= 0, got {c.seed}")
     if c.connections is not None and c.connections < 1:
         found.append(f"--connections: expected >= 1, got {c.connections}")
     if c.processes < 1 or (c.processes > 1 and c.protocol == "engine"):
@@ -123,8 +143,9 @@ def _problems(c: BenchConfig) -> list[str]:
 
 
 def _due_problems(c: BenchConfig) -> list[str]:
-    if any(not (t > 0 and math.isfinite(t)) for t in c.timeouts_ms):
-        return [f"--timeout-ms: expected milliseconds > 0, got {','.join(map(str, c.timeouts_ms))}"]
+    if any(not 0 < t <= MAX_TIMEOUT_MS for t in c.timeouts_ms):
+        return [f"--timeout-ms: expected milliseconds > 0 and <= {MAX_TIMEOUT_MS:g}, got "
+                f"{','.join(map(str, c.timeouts_ms))}"]  # fmt: skip
     if not c.mix:
         return []
     if not c.timeouts_ms:
@@ -132,6 +153,6 @@ def _due_problems(c: BenchConfig) -> list[str]:
     if len(c.mix) != len(c.timeouts_ms):
         return [f"--mix has {len(c.mix)} shares but --timeout-ms has {len(c.timeouts_ms)} values; "
                 "give one share per timeout"]  # fmt: skip
-    if any(s < 0 for s in c.mix) or abs(sum(c.mix) - 1) > 1e-3:
+    if any(not 0 <= s <= 1 for s in c.mix) or not abs(sum(c.mix) - 1) <= 1e-3:
         return [f"--mix: expected shares >= 0 adding up to 1, got {','.join(map(str, c.mix))}"]
     return []

@@ -101,7 +101,9 @@ class Ledger:
         p99_ns = float(np.percentile(finished[answered] - began[answered], 99))
         return Snapshot(sent, self.failed, p99_ns / 1000)
 
-    def records(self, window: tuple[int, int], cpu_s: float, waited: int) -> Records:
+    def records(
+        self, window: tuple[int, int], cpu_s: float, waited: int, *, interrupted: bool = False
+    ) -> Records:
         """The requests scheduled inside `window` (ns, start inclusive), as arrays."""
         scheduled = np.asarray(self.scheduled, dtype=np.int64)
         sent = np.asarray(self.sent, dtype=np.int64)
@@ -120,6 +122,7 @@ class Ledger:
             waited=waited,
             error_messages=tuple(self.messages),
             scheduled_ns=scheduled[keep] - window[0],
+            interrupted=interrupted,
         )
 
 
@@ -316,19 +319,32 @@ def cpu_seconds() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-async def cpu_over(window: tuple[int, int], clock: Clock) -> float:
+async def cpu_over(
+    window: tuple[int, int], clock: Clock, stop: asyncio.Event | None = None
+) -> float:
     """The process's CPU seconds between the two instants of `window` (waits for its end)."""
-    return await growth_over(window, clock, cpu_seconds)
+    return await growth_over(window, clock, cpu_seconds, stop)
 
 
 _Counter = TypeVar("_Counter", int, float)
 
 
 async def growth_over(
-    window: tuple[int, int], clock: Clock, read: Callable[[], _Counter]
-) -> _Counter:
-    """How much the counter `read` grew between the two instants of `window` (waits for its end)."""
-    await asyncio.sleep(max(0.0, (window[0] - clock()) / 1e9))
+    window: tuple[int, int], clock: Clock, read: Callable[[], _Counter],
+    stop: asyncio.Event | None = None,
+) -> _Counter:  # fmt: skip
+    """How much the counter `read` grew between the two instants of `window` (waits for its end);
+    `stop` set (Ctrl-C) ends the window then (before it began: no growth)."""
+    await _sleep_until(window[0], clock, stop)
     before = read()
-    await asyncio.sleep(max(0.0, (window[1] - clock()) / 1e9))
+    await _sleep_until(window[1], clock, stop)
     return read() - before
+
+
+async def _sleep_until(instant: int, clock: Clock, stop: asyncio.Event | None) -> None:
+    delay = max(0.0, (instant - clock()) / 1e9)
+    if stop is None:
+        await asyncio.sleep(delay)
+        return
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(stop.wait(), delay)

@@ -36,15 +36,23 @@ class Answered(Protocol):
     ) -> None: ...
 
 
+ERROR_TEXT_CHARS = 200
+"""An error message is cut to this many characters (a server's HTML error page, say)."""
+
+
 def error_text(status: int, body: bytes) -> str:
-    """`HTTP <status>: <message>`, the message taken from a v2 `{"error": ...}` body if any."""
-    text = body[:500].decode("utf-8", "replace").strip()
+    """`HTTP <status>: <message>`, the message taken from a v2 `{"error": ...}` body if any; one
+    line (whitespace runs become one space), at most ERROR_TEXT_CHARS long."""
+    text = body[: 4 * ERROR_TEXT_CHARS].decode("utf-8", "replace")
     try:
         doc = orjson.loads(body)
     except orjson.JSONDecodeError:
         doc = None
     if isinstance(doc, dict) and "error" in doc:
         text = str(doc["error"])
+    text = " ".join(text.split())
+    if len(text) > ERROR_TEXT_CHARS:
+        text = text[: ERROR_TEXT_CHARS - 3] + "..."
     return f"HTTP {status}: {text}" if text else f"HTTP {status}"
 
 
@@ -159,10 +167,12 @@ class HttpPool:
         """Open `connections` before the run (more open on demand); OSError if one cannot
         within CONNECT_TIMEOUT_S."""
         conns = [self._new() for _ in range(connections)]
+        connecting = asyncio.gather(*(self._connect(c) for c in conns))
+        # NOTE: when the caller is cancelled (Ctrl-C while connecting), wait_for cancels the
+        # gather, which then ends with an error nobody reads ("exception was never retrieved").
+        connecting.add_done_callback(lambda f: f.cancelled() or f.exception())
         try:
-            await asyncio.wait_for(
-                asyncio.gather(*(self._connect(c) for c in conns)), CONNECT_TIMEOUT_S
-            )
+            await asyncio.wait_for(connecting, CONNECT_TIMEOUT_S)
         except (OSError, TimeoutError) as exc:
             await self.aclose()
             raise OSError(f"cannot connect to {self.host}:{self.port}: {exc}") from None

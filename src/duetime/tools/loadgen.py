@@ -12,14 +12,19 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import multiprocessing
+import os
+import signal
 import sys
+import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 from queue import Empty
+from types import FrameType
 from typing import Any
 
 import numpy as np
@@ -40,6 +45,8 @@ from duetime.tools.drivers import (
     growth_over,
     paced_switching,
 )
+from duetime.tools.interrupt import EXIT_CODE, Interrupt
+from duetime.tools.outputs import OutputError, check_output, failed_write, write_output
 from duetime.tools.payloads import PayloadSpec, WireProtocol, check_batch, encode, random_inputs
 from duetime.tools.progress import Progress
 from duetime.tools.report import BenchResult, Records, merge_records, result_of
@@ -77,15 +84,18 @@ def run_bench(
     `record`: write a capture of every request sent there (`duetime replay` sends it again);
     `progress`: a live line on stderr (one process only).
     Raises ConfigError for a bad setting and BenchError when the target cannot be used.
+    Ctrl-C while sending ends the run early: the result covers what was measured till then and
+    says it was interrupted; Ctrl-C before sending starts raises KeyboardInterrupt.
     """
     if config.processes > 1:
         if record is not None:
             raise ConfigError("--record needs --processes 1 (one process writes the capture)")
         return _run_processes(config)
     loop = new_event_loop()
+    interrupt = Interrupt()
     try:
-        run = run_bench_async(config, record=record, progress=progress)
-        return loop.run_until_complete(run)
+        run = run_bench_async(config, record=record, progress=progress, interrupt=interrupt)
+        return interrupt.run(loop, run)
     finally:
         _close(loop)
 
@@ -102,14 +112,17 @@ async def run_bench_async(
     engine: Engine | None = None,
     record: Path | None = None,
     progress: bool = False,
+    interrupt: Interrupt | None = None,
 ) -> BenchResult:
     """Run on the running loop. `engine`: an engine to drive (protocol "engine"), left open;
-    `record` and `progress` as for `run_bench`."""
+    `record` and `progress` as for `run_bench`; `interrupt.fire()` stops sending early."""
     if config.processes > 1:
         raise ConfigError(
             "--processes > 1 needs run_bench (it spawns processes), not run_bench_async"
         )
-    records = await collect_records(config, engine=engine, record=record, progress=progress)
+    records = await collect_records(
+        config, engine=engine, record=record, progress=progress, interrupt=interrupt
+    )
     return result_of(config, records)
 
 
@@ -120,6 +133,7 @@ async def collect_records(
     before_start: Callable[[], Awaitable[object]] | None = None,
     record: Path | None = None,
     progress: bool = False,
+    interrupt: Interrupt | None = None,
 ) -> Records:
     """Connect, read the model's signature, build payloads, then (after `before_start`) run;
     then write the capture of what was sent to `record`, if given."""
@@ -145,9 +159,14 @@ async def collect_records(
         ]
         if before_start is not None:
             await before_start()
-        records = await _drive(config, ledger, transport, payloads, progress)
+        interrupt = interrupt or Interrupt()  # never fired: the run goes to its end
+        records = await _drive(config, ledger, transport, payloads, interrupt, progress)
         if record is not None:
-            write_bench_capture(record, config, ledger, pools)
+            try:
+                record.parent.mkdir(parents=True, exist_ok=True)
+                write_bench_capture(record, config, ledger, pools)
+            except OSError as exc:
+                raise BenchError(failed_write(record, "--record", exc).message) from None
         return records
     finally:
         await transport.aclose()
@@ -176,30 +195,37 @@ async def _drive(
     ledger: Ledger,
     transport: Transport,
     payloads: list[list[Any]],
+    interrupt: Interrupt,
     progress: bool = False,
 ) -> Records:
+    """Send, then wait for the answers; Ctrl-C (`interrupt`) ends the measured window early."""
     rng = np.random.default_rng([config.seed, 1])
     timeouts = [due.timeout_us for due in config.classes]
     sender = _sender(config, Dispatch(ledger, transport, payloads, timeouts), rng)
     start = ledger.clock() + _LEAD_NS
     window = (start + round(config.warmup_s * 1e9), start + round(config.total_s * 1e9))
-    cpu = asyncio.create_task(cpu_over(window, ledger.clock))
-    waited = asyncio.create_task(growth_over(window, ledger.clock, lambda: transport.waited))
+    stop = interrupt.stopped
+    cpu = asyncio.create_task(cpu_over(window, ledger.clock, stop))
+    waited = asyncio.create_task(growth_over(window, ledger.clock, lambda: transport.waited, stop))
     line = Progress("duetime bench", ledger.snapshot)
     if progress:
         line.start(config.total_s)
+    interrupt.sending = True
     try:
         with paced_switching():
-            await sender.run(start, window[1])
+            if await interrupt.first(sender.run(start, window[1])):
+                sender.stop()
+                # the measured window ends now (or is empty, if still warming up)
+                window = (window[0], min(window[1], max(window[0], ledger.clock())))
         cpu_s = await cpu
         waited_measured = await waited  # sends of the measured window, as `records` counts them
-        await ledger.drained(config.drain_s)
+        await interrupt.drain(ledger.drained(interrupt.drain_s(config.drain_s)))
     finally:
         line.stop()
         cpu.cancel()
         waited.cancel()
         sender.stop()
-    return ledger.records(window, cpu_s, waited_measured)
+    return ledger.records(window, cpu_s, waited_measured, interrupted=interrupt.fired)
 
 
 def _sender(config: BenchConfig, dispatch: Dispatch, rng: np.random.Generator) -> Sender:
@@ -236,17 +262,47 @@ def _run_processes(config: BenchConfig) -> BenchResult:
     ]
     for child in children:
         child.start()
+    interrupted: list[int] = []
     try:
-        answers = _answers(children, queue, _SETUP_TIMEOUT_S + config.total_s + config.drain_s)
+        with _forwarding_sigint(children, interrupted):
+            limit_s = _SETUP_TIMEOUT_S + config.total_s + config.drain_s
+            answers = _answers(children, queue, limit_s)
     finally:
         for child in children:
             child.join(timeout=10)
             if child.is_alive():
                 child.kill()
     failures = [a for a in answers.values() if isinstance(a, str)]
+    if failures and interrupted:
+        raise KeyboardInterrupt  # a child stopped before sending: nothing to report
     if failures:
         raise BenchError("; ".join(failures))
     return result_of(config, merge_records([a for a in answers.values() if isinstance(a, Records)]))
+
+
+@contextlib.contextmanager
+def _forwarding_sigint(children: list[Any], interrupted: list[int]) -> Iterator[None]:
+    """Ctrl-C while generator processes run goes to each of them (each then stops sending and
+    reports what it measured, see `Interrupt`); the parent keeps waiting for their records."""
+    # NOTE: a terminal sends SIGINT to the whole process group, children included; the one
+    # forwarded here then only cuts their brief wait for answers short. `kill -INT` of the
+    # parent alone reaches the children only this way.
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def forward(signum: int, frame: FrameType | None) -> None:
+        interrupted.append(signum)
+        for child in children:
+            if child.pid is not None and child.exitcode is None:
+                with contextlib.suppress(OSError):
+                    os.kill(child.pid, signal.SIGINT)
+
+    previous = signal.signal(signal.SIGINT, forward)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def _answers(children: list[Any], queue: Any, limit_s: float) -> dict[int, Records | str]:
@@ -273,8 +329,10 @@ def _child(config: BenchConfig, barrier: Any, queue: Any, index: int) -> None:
         await asyncio.to_thread(barrier.wait, _SETUP_TIMEOUT_S)
 
     loop = new_event_loop()
+    interrupt = Interrupt()
     try:
-        records = loop.run_until_complete(collect_records(config, before_start=start_together))
+        run = collect_records(config, before_start=start_together, interrupt=interrupt)
+        records = interrupt.run(loop, run)
         queue.put((index, records))
     except BaseException as exc:
         barrier.abort()
@@ -411,6 +469,8 @@ def run(args: argparse.Namespace) -> int:
     """`duetime bench`: run, print the table, write --json; 2 for bad flags, 1 if it cannot run."""
     try:
         config = config_from_args(args)
+        check_output(args.json, "--json")
+        check_output(args.record, "--record", new=True)
         before = scrape_batch_counts(args.metrics) if args.metrics else None
         result = run_bench(config, record=args.record, progress=not args.quiet)
     except ConfigError as exc:
@@ -419,18 +479,24 @@ def run(args: argparse.Namespace) -> int:
     except BenchError as exc:
         print(f"duetime bench: {exc.message}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        print("duetime bench: interrupted before sending started", file=sys.stderr)
+        return EXIT_CODE
     print(result.format())
+    if args.record is not None:
+        print(f"wrote {args.record}")
     if args.json is not None:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
         doc = result.to_json()
         if args.metrics:
             ran = batch_sizes_between(before, scrape_batch_counts(args.metrics))
             doc["batch_sizes"] = batch_sizes_json(ran)
-        args.json.write_text(json.dumps(doc, indent=2))
+        try:
+            write_output(args.json, json.dumps(doc, indent=2), "--json")
+        except OutputError as exc:
+            print(f"duetime bench: {exc.message}", file=sys.stderr)
+            return 1
         print(f"wrote {args.json}")
-    if args.record is not None:
-        print(f"wrote {args.record}")
-    return 0
+    return EXIT_CODE if result.interrupted else 0
 
 
 __all__ = ["BenchConfig", "BenchError", "BenchResult", "add_arguments", "run", "run_bench",

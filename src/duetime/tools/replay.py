@@ -29,7 +29,15 @@ from duetime.tools.capture.format import CaptureFormatError
 from duetime.tools.drivers import GROUP_NS, Waker, cpu_seconds, paced_switching
 from duetime.tools.hdr import LatencyRecorder, MissingHdr, new_histogram, record_us
 from duetime.tools.http_client import NO_STATUS, HttpPool, error_text
+from duetime.tools.interrupt import EXIT_CODE, Interrupt
 from duetime.tools.outcomes import Outcome, outcome_of_http_status
+from duetime.tools.outputs import (
+    OutputError,
+    check_output,
+    failed_write,
+    make_parents,
+    write_output,
+)
 from duetime.tools.progress import Progress, Snapshot
 from duetime.tools.replay_payloads import compare_outputs, grpc_outputs, http_outputs
 from duetime.tools.replay_plan import Plan, ReplayConfig, load_plan
@@ -159,7 +167,8 @@ class Replay:
         self._timer = loop.call_later(max(wait_ns / 1e9, 0.001), self.tick, LOOP_EARLY_NS)
 
     def stop(self) -> None:
-        self.next = self.total
+        """Send nothing more (`next`, the count sent, stays as it is)."""
+        self.total = self.next
         if self._done is not None and not self._done.done():
             self._done.set_result(None)
 
@@ -237,18 +246,25 @@ class Replay:
 
 
 def run_replay(config: ReplayConfig, plan: Plan | None = None) -> ReplayResult:
-    """Load (unless given) and replay on a fresh uvloop; never call from a running loop."""
+    """Load (unless given) and replay on a fresh uvloop; never call from a running loop.
+    Ctrl-C while sending stops the replay early: the result covers what was sent and says it
+    was interrupted; Ctrl-C before sending starts raises KeyboardInterrupt."""
     plan = plan if plan is not None else load_plan(config)
     loop = new_event_loop()
+    interrupt = Interrupt()
     try:
-        return loop.run_until_complete(replay_async(config, plan))
+        return interrupt.run(loop, replay_async(config, plan, interrupt))
     finally:
         loop.run_until_complete(loop.shutdown_default_executor())
         loop.close()
 
 
-async def replay_async(config: ReplayConfig, plan: Plan) -> ReplayResult:
-    """Replay `plan` on the running loop; BenchError when the target cannot be reached."""
+async def replay_async(
+    config: ReplayConfig, plan: Plan, interrupt: Interrupt | None = None
+) -> ReplayResult:
+    """Replay `plan` on the running loop; BenchError when the target cannot be reached.
+    `interrupt.fire()` stops sending early."""
+    interrupt = interrupt or Interrupt()  # never fired: the replay goes to its end
     replay = Replay(plan, config)
     protocol, host, port = config.address()
     transport: ReplayTransport
@@ -273,16 +289,21 @@ async def replay_async(config: ReplayConfig, plan: Plan) -> ReplayResult:
         if config.progress:
             progress.start(expected_s)
         cpu_before, wall_before = cpu_seconds(), time.perf_counter()
+        interrupt.sending = True
         with paced_switching():
-            await replay.send_all(start)
+            if await interrupt.first(replay.send_all(start)):
+                replay.stop()
         cpu_s, wall_s = cpu_seconds() - cpu_before, time.perf_counter() - wall_before
-        await replay.drained(config.drain_s)
+        await interrupt.drain(replay.drained(interrupt.drain_s(config.drain_s)))
     finally:
         progress.stop()
         replay.stop()
         await transport.aclose()
     duration_s = max(replay.last_send_ns - start, 0) / 1e9 or plan.span_ns / 1e9
-    return result_of(replay, config, duration_s=duration_s, cpu_s=cpu_s, wall_s=wall_s)
+    return result_of(
+        replay, config, duration_s=duration_s, cpu_s=cpu_s, wall_s=wall_s,
+        interrupted=interrupt.fired,
+    )  # fmt: skip
 
 
 # -- command line --------------------------------------------------------------------------------
@@ -350,6 +371,10 @@ def run(args: argparse.Namespace) -> int:
     differ (with --compare-outputs)."""
     try:
         config = config_from_args(args)
+        check_output(args.json, "--json")
+        check_output(args.report, "--report")
+        if args.report is not None and args.report.suffix.lower() not in (".html", ".png"):
+            raise ConfigError(f"--report {args.report}: expected a .html or .png file")
         before = scrape_batch_counts(args.metrics) if args.metrics else None
         result = run_replay(config)
     except ConfigError as exc:
@@ -364,21 +389,33 @@ def run(args: argparse.Namespace) -> int:
     except MissingHdr as exc:
         print(f"duetime replay: {exc}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        print("duetime replay: interrupted before sending started", file=sys.stderr)
+        return EXIT_CODE
     print(result.format())
     doc = result.to_json()
     if args.metrics:
         ran = batch_sizes_between(before, scrape_batch_counts(args.metrics))
         doc["batch_sizes"] = batch_sizes_json(ran)
-    if args.json is not None:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(doc, indent=2))
-        print(f"wrote {args.json}")
-    if args.report is not None:
-        from duetime.tools.hdr import RunReport
-        from duetime.tools.plots import write_report
+    try:
+        if args.json is not None:
+            write_output(args.json, json.dumps(doc, indent=2), "--json")
+            print(f"wrote {args.json}")
+        if args.report is not None:
+            from duetime.tools.hdr import RunReport
+            from duetime.tools.plots import write_report
 
-        write_report([RunReport.from_json(doc, str(config.capture))], args.report)
-        print(f"wrote {args.report}")
+            make_parents(args.report, "--report")
+            try:
+                write_report([RunReport.from_json(doc, str(config.capture))], args.report)
+            except OSError as exc:
+                raise failed_write(args.report, "--report", exc) from None
+            print(f"wrote {args.report}")
+    except OutputError as exc:
+        print(f"duetime replay: {exc.message}", file=sys.stderr)
+        return 1
+    if doc["interrupted"]:
+        return EXIT_CODE
     return 3 if doc["compare"]["mismatched"] or doc["compare"]["undecodable"] else 0
 
 

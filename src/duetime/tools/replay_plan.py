@@ -11,7 +11,7 @@ from urllib.parse import urlsplit
 from duetime.errors import ConfigError
 from duetime.tools.capture.format import CapturedTensor
 from duetime.tools.capture.reader import CaptureReader
-from duetime.tools.config import MAX_HTTP_CONNECTIONS
+from duetime.tools.config import MAX_HTTP_CONNECTIONS, MAX_SECONDS
 from duetime.tools.replay_payloads import grpc_request, http_request
 
 ReplayProtocol = Literal["http", "grpc"]
@@ -42,14 +42,16 @@ class ReplayConfig:
             problems.append(f"--speed: expected a factor > 0, got {self.speed}")
         if self.loops < 1:
             problems.append(f"--loop: expected a count >= 1, got {self.loops}")
-        if self.rtol < 0 or self.atol < 0:
+        if not (0 <= self.rtol < math.inf and 0 <= self.atol < math.inf):
             problems.append(f"--rtol, --atol: expected >= 0, got {self.rtol} and {self.atol}")
         if not 1 <= self.connections <= self.max_connections:
             problems.append(
                 f"--connections: expected 1 to {self.max_connections}, got {self.connections}"
             )
-        if self.drain_s < 0:
-            problems.append(f"--drain: expected seconds >= 0, got {self.drain_s}")
+        if not 0 <= self.drain_s <= MAX_SECONDS:  # NaN fails it too
+            problems.append(
+                f"--drain: expected seconds >= 0 and <= {MAX_SECONDS:g}, got {self.drain_s}"
+            )
         if self.timer not in ("thread", "loop"):
             problems.append(f"--timer: expected thread or loop, got {self.timer!r}")
         if problems:
@@ -116,6 +118,12 @@ def load_plan(config: ReplayConfig) -> Plan:
     else:
         payloads = [http_request(r, host, port) for r in records]
     keep = config.compare_outputs
+    if keep and not any(r.outputs is not None and r.status == 200 for r in records):
+        # NOTE: refused, not run: "0 compared, 0 differ" and exit 0 read as a pass
+        raise ConfigError(
+            f"--compare-outputs: {config.capture} holds no recorded outputs to compare with "
+            "(record them with `duetime serve --record FILE --record-outputs`)"
+        )
     return Plan(
         offsets_ns=offsets, span_ns=max(span, 1), payloads=payloads,
         dues_ns=[r.due_in_ns if r.due_in_ns and r.due_in_ns > 0 else None for r in records],

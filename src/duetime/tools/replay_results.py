@@ -70,8 +70,9 @@ def _signed_percentiles(late: Any, early: Any, quantiles: Sequence[float]) -> li
 
 
 def result_of(
-    replay: Replay, config: ReplayConfig, *, duration_s: float, cpu_s: float, wall_s: float
-) -> ReplayResult:
+    replay: Replay, config: ReplayConfig, *, duration_s: float, cpu_s: float, wall_s: float,
+    interrupted: bool = False,
+) -> ReplayResult:  # fmt: skip
     recorded = replay.recorder.finish()
     tally = replay.tally
     p50, p99, p999 = _signed_percentiles(replay.late_sends, replay.early_sends, [50, 99, 99.9])
@@ -87,6 +88,7 @@ def result_of(
         "speed": config.speed,
         "loops": config.loops,
         "requests_in_capture": len(replay.plan),
+        "interrupted": interrupted,
         "statuses": {str(k): v for k, v in sorted(tally.statuses.items())},
         "unanswered": replay.outstanding,
         "schedule_error_us": {
@@ -173,6 +175,11 @@ def format_result(doc: dict[str, Any]) -> str:
             for m in compare["first_mismatches"]
         ]
     lines += [f"error: {message}" for message in doc["error_messages"]]
+    if doc.get("interrupted"):
+        lines.append(
+            f"INTERRUPTED (Ctrl-C): partial results, {doc['sent']:,} of "
+            f"{doc['requests_in_capture'] * doc['loops']:,} requests sent"
+        )
     return "\n".join(lines)
 
 

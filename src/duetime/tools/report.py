@@ -49,6 +49,8 @@ class Records:
     scheduled_ns: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     """Scheduled send instants from the window's start (the timeline of the JSON report);
     empty when not kept."""
+    interrupted: bool = False
+    """Ctrl-C ended the run early: `duration_s` is the part of the window it measured."""
 
 
 def merge_records(parts: Sequence[Records]) -> Records:
@@ -65,6 +67,7 @@ def merge_records(parts: Sequence[Records]) -> Records:
         error_messages=tuple(messages),
         processes=sum(p.processes for p in parts),
         scheduled_ns=np.concatenate([p.scheduled_ns for p in parts]),
+        interrupted=any(p.interrupted for p in parts),
     )
 
 
@@ -309,6 +312,10 @@ class BenchResult:
     warnings: tuple[str, ...]
     report_fields: dict[str, Any] | None = None
     """The fields `duetime report` reads (`hdr.run_fields`): None without hdrhistogram."""
+    interrupted: bool = False
+    """Ctrl-C stopped the run: the counts and rates cover the `measured_s` it ran."""
+    measured_s: float | None = None
+    """Seconds of the measured window the run covered (--duration, unless interrupted)."""
 
     def to_json(self) -> dict[str, Any]:
         doc = asdict(self)
@@ -321,7 +328,14 @@ class BenchResult:
     def format(self) -> str:
         summary = Summary(self.classes, self.overall, self.generator, self.error_messages,
                           self.warnings)  # fmt: skip
-        return format_report(summary, describe(self.config))
+        text = format_report(summary, describe(self.config))
+        if self.interrupted:
+            measured = self.config.duration_s if self.measured_s is None else self.measured_s
+            text += (
+                f"\nINTERRUPTED (Ctrl-C): partial results, {measured:.2f} s of the "
+                f"{self.config.duration_s:g} s measured"
+            )
+        return text
 
 
 def describe(config: BenchConfig) -> str:
@@ -341,7 +355,8 @@ def result_of(config: BenchConfig, records: Records) -> BenchResult:
     summary = summarize(records, config.classes, open_loop=config.mode == "open")
     return BenchResult(
         config, summary.classes, summary.overall, summary.generator, summary.error_messages,
-        summary.warnings, report_fields(config, records),
+        summary.warnings, report_fields(config, records), records.interrupted,
+        records.duration_s,
     )  # fmt: skip
 
 

@@ -33,7 +33,12 @@ def scrape_batch_counts(url: str) -> BatchCounts | None:
     except (OSError, urllib.error.URLError, ValueError) as exc:
         log.warning("--metrics %s: cannot read it (%s); no batch sizes in the result", url, exc)
         return None
-    return parse_batch_counts(text)
+    try:
+        return parse_batch_counts(text)
+    except ValueError as exc:  # not Prometheus text (a web page, say): no error either
+        log.warning("--metrics %s: not Prometheus metrics (%s); no batch sizes in the result",
+                    url, exc)  # fmt: skip
+        return None
 
 
 def parse_batch_counts(text: str) -> BatchCounts:

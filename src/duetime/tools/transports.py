@@ -8,6 +8,7 @@ end through a `Completion` callback.
 from __future__ import annotations
 
 import asyncio
+import http.client
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Coroutine, Mapping
@@ -131,6 +132,11 @@ def _get_json(url: str) -> Any:
     except urllib.error.HTTPError as exc:
         with exc:
             raise BenchError(f"GET {url}: {error_text(exc.code, exc.read())}") from None
+    except http.client.HTTPException as exc:  # not HTTP at all: a gRPC port, say
+        raise BenchError(
+            f"GET {url}: the answer is not HTTP/1.1 ({type(exc).__name__}: {exc}); is this the "
+            "server's HTTP port?"
+        ) from None
     except (OSError, orjson.JSONDecodeError) as exc:
         raise BenchError(f"GET {url}: {exc}") from None
 

@@ -32,6 +32,12 @@ FIELDS = frozenset({
     "t_ms", "model", "inputs", "version", "id", "timeout_us", "priority", "outputs",
     "parameters", "headers", "protocol",
 })  # fmt: skip
+MAX_INT64 = (1 << 63) - 1
+MAX_T_MS = MAX_INT64 / 1e6 / 2
+"""The latest arrival a record can hold: its nanoseconds fit the format's int64 (with room to
+spare for the latency added to it)."""
+MAX_TIMEOUT_US = MAX_INT64 / 1e3 / 2
+"""The longest due time a record can hold, in nanoseconds as an int64 (likewise)."""
 NO_OUTCOME = 0
 """The status of a record that was written by hand, not observed."""
 
@@ -85,14 +91,20 @@ def parse_request(doc: Any, where: str) -> CapturedRequest:
         )
     t_ms = _number(doc, "t_ms", where, required=True)
     assert t_ms is not None
-    if t_ms < 0:
-        raise JsonlError(f"{where}: field 't_ms' must be >= 0, got {t_ms}")
+    if not 0 <= t_ms <= MAX_T_MS:
+        raise JsonlError(f"{where}: field 't_ms' must be from 0 to {MAX_T_MS:g}, got {t_ms}")
     timeout_us = _number(doc, "timeout_us", where)
-    if timeout_us is not None and timeout_us <= 0:
-        raise JsonlError(f"{where}: field 'timeout_us' must be > 0, got {timeout_us}")
+    if timeout_us is not None and not 0 < timeout_us <= MAX_TIMEOUT_US:
+        raise JsonlError(
+            f"{where}: field 'timeout_us' must be > 0 and <= {MAX_TIMEOUT_US:g}, got {timeout_us}"
+        )
     priority = doc.get("priority", 0)
-    if isinstance(priority, bool) or not isinstance(priority, int) or priority < 0:
-        raise JsonlError(f"{where}: field 'priority' must be a non-negative integer")
+    if (
+        isinstance(priority, bool)
+        or not isinstance(priority, int)
+        or not 0 <= priority <= MAX_INT64
+    ):
+        raise JsonlError(f"{where}: field 'priority' must be an integer from 0 to {MAX_INT64}")
     outputs = doc.get("outputs")
     if outputs is not None and (
         not isinstance(outputs, list) or not all(isinstance(o, str) and o for o in outputs)

@@ -20,15 +20,16 @@ class CaptureWriter:
 
     `meta` (JSON-able) goes in the header for readers (what was captured, where). The capture
     starts now: `start_mono_ns` is the monotonic instant records' `arrival_ns` count from, and
-    the header holds the matching wall-clock time. An existing file is replaced unless
-    `overwrite` is False (then FileExistsError). Records are gathered up to FLUSH_BYTES: a
+    the header holds the matching wall-clock time. An existing file raises FileExistsError
+    unless `overwrite` is True: a capture is never replaced by accident (one a recording server
+    is still writing, say). Records are gathered up to FLUSH_BYTES: a
     reader sees them after that, `flush()` or `close()` (a file written by a process that died
     may end inside a record: CaptureReader reports it).
     Not thread-safe: one thread writes.
     """
 
     def __init__(
-        self, path: str | Path, *, meta: dict[str, Any] | None = None, overwrite: bool = True
+        self, path: str | Path, *, meta: dict[str, Any] | None = None, overwrite: bool = False
     ) -> None:
         self.path = Path(path)
         self.start_wall_ns = time.time_ns()

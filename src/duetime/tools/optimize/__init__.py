@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -30,6 +31,7 @@ from duetime.tools.optimize.options import (
     OptimizeOptions,
 )
 from duetime.tools.optimize.report import OptimizeReport, VariantResult
+from duetime.tools.outputs import OutputError, check_output, write_output
 
 
 def _silent(message: str) -> None:
@@ -68,6 +70,18 @@ def _positive(text: str) -> int:
     return value
 
 
+def _seconds(text: str) -> float:
+    """A finite number of seconds > 0: 0, nan or inf would time nothing (or forever) and still
+    rewrite config.toml on the verdicts."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (value > 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError(f"expected seconds > 0, got {text!r}")
+    return value
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The `duetime optimize` flags."""
     parser.description = (
@@ -102,7 +116,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--measure-s",
-        type=float,
+        type=_seconds,
         default=DEFAULT_MEASURE_S,
         help=f"seconds of timing per batch size (default {DEFAULT_MEASURE_S:g})",
     )
@@ -124,6 +138,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"duetime optimize: {message}", file=sys.stderr, flush=True)
 
     try:
+        check_output(args.json, "--json")  # before config.toml is rewritten
         report = optimize(options, say)
     except ConfigError as exc:
         print(f"duetime optimize: {exc.message}", file=sys.stderr)
@@ -133,8 +148,11 @@ def run(args: argparse.Namespace) -> int:
         return 1
     print(report.format())
     if args.json is not None:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(report.to_json(), indent=2))
+        try:
+            write_output(args.json, json.dumps(report.to_json(), indent=2), "--json")
+        except OutputError as exc:
+            print(f"duetime optimize: {exc.message}", file=sys.stderr)
+            return 1
         say(f"wrote {args.json}")
     return 1 if all(r.status == "failed" for r in report.results) else 0
 

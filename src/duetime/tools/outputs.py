@@ -1,0 +1,65 @@
+"""The files the tools write (--json, --record, --report, --out): checked before a run, so a bad
+path costs nothing but a one-line error, and written with a one-line error if that still fails
+(a full disk, /proc) instead of a traceback after the whole run."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from duetime.errors import ConfigError
+
+
+class OutputError(Exception):
+    """An output file could not be written; `message` names the flag and the file."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+def check_output(path: Path | None, flag: str, *, new: bool = False) -> None:
+    """ConfigError naming `flag` unless `path` can be written: not a directory, and its closest
+    existing folder writable (missing folders are created when writing). `new`: the file must
+    not exist yet (a capture is never overwritten). Nothing to check for None."""
+    if path is None:
+        return
+    if path.is_dir():
+        raise ConfigError(f"{flag} {path}: is a directory; give a file name")
+    if new and (path.exists() or path.is_symlink()):
+        raise ConfigError(f"{flag} {path}: exists, and a capture is never overwritten")
+    folder = path.parent
+    while not folder.exists():
+        if folder.is_symlink() or folder == folder.parent:
+            break
+        folder = folder.parent
+    if not folder.is_dir():
+        raise ConfigError(f"{flag} {path}: {folder} is not a folder")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise ConfigError(f"{flag} {path}: cannot write in {folder}")
+
+
+def make_parents(path: Path, flag: str) -> None:
+    """Create the missing folders of `path`; OutputError naming `flag` if they cannot be."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise OutputError(f"{flag} {path}: cannot create its folder: {_reason(exc)}") from None
+
+
+def write_output(path: Path, text: str, flag: str) -> None:
+    """Write `text` to `path` (folders created); OutputError naming `flag` if it fails."""
+    make_parents(path, flag)
+    try:
+        path.write_text(text, encoding="utf-8")
+    except OSError as exc:
+        raise OutputError(f"{flag} {path}: cannot write it: {_reason(exc)}") from None
+
+
+def failed_write(path: Path, flag: str, exc: OSError) -> OutputError:
+    """The OutputError for `exc`, raised writing `path` (given by `flag`) some other way."""
+    return OutputError(f"{flag} {path}: cannot write it: {_reason(exc)}")
+
+
+def _reason(exc: OSError) -> str:
+    return exc.strerror or str(exc)

@@ -1,0 +1,209 @@
+"""The tools refuse what they cannot do before they start, with one line naming the flag (exit
+2): an output they could not write, a capture they would overwrite, numbers out of range; and a
+write that still fails ends in one line (exit 1), not a traceback after the whole run."""
+
+from __future__ import annotations
+
+import json
+import math
+import socket
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fake_v2 import fake_v2_server
+from test_interrupt import write_capture
+
+from duetime.cli import main as cli_main
+from duetime.errors import ConfigError
+from duetime.tools.config import BenchConfig
+from duetime.tools.http_client import ERROR_TEXT_CHARS, error_text
+from duetime.tools.replay_plan import ReplayConfig
+from duetime.tools.server_metrics import scrape_batch_counts
+from duetime.tools.transports import BenchError, _get_json
+
+pytestmark = pytest.mark.timeout(60)
+
+NOWHERE = "127.0.0.1:1"
+"""Never connected to: every check here comes first."""
+
+
+def bench(*args: str) -> list[str]:
+    return ["bench", "--http", NOWHERE, "--model", "m", "--duration", "0.2", "--warmup", "0",
+            "-q", *args]  # fmt: skip
+
+
+def refused(argv: list[str], flag: str, capsys: pytest.CaptureFixture[str]) -> str:
+    assert cli_main(argv) == 2
+    err = capsys.readouterr().err
+    assert flag in err
+    assert "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1, err
+    return err
+
+
+def test_bench_record_never_overwrites_a_capture(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    existing = tmp_path / "live.cap"
+    existing.write_bytes(b"a capture a server is writing")
+    err = refused(bench("--record", str(existing)), "--record", capsys)
+    assert "never overwritten" in err
+    assert existing.read_bytes() == b"a capture a server is writing"
+
+
+@pytest.mark.parametrize("where", ["dir", "under-a-file", "record-dir"])
+def test_bench_refuses_outputs_it_could_not_write_before_running(
+    where: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "file").write_text("x")
+    flag, path = {
+        "dir": ("--json", tmp_path),
+        "under-a-file": ("--json", tmp_path / "file" / "x.json"),
+        "record-dir": ("--record", tmp_path),
+    }[where]
+    refused(bench(flag, str(path)), flag, capsys)
+
+
+def test_replay_report_and_optimize_refuse_bad_outputs_first(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    capture = tmp_path / "none.cap"  # never read: the outputs are checked first
+    replay = ["replay", str(capture), "--target", f"http://{NOWHERE}", "-q"]
+    refused([*replay, "--json", str(tmp_path)], "--json", capsys)
+    refused([*replay, "--report", str(tmp_path / "out.txt")], "--report", capsys)
+    result = tmp_path / "r.json"
+    result.write_text("{}")
+    refused(["report", str(result), "--out", str(result / "x.html")], "--out", capsys)
+    (tmp_path / "d.html").mkdir()
+    refused(["report", str(result), "--out", str(tmp_path / "d.html")], "--out", capsys)
+    model = tmp_path / "repo" / "m"
+    refused(["optimize", str(model), "-q", "--json", str(tmp_path)], "--json", capsys)
+
+
+def test_a_write_that_fails_after_the_run_is_one_line_and_exit_1(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    if not Path("/dev/full").exists():
+        pytest.skip("no /dev/full")
+    with fake_v2_server() as fake:
+        argv = ["bench", "--http", fake.address, "--model", "m", "--duration", "0.2",
+                "--warmup", "0", "--rate", "50", "-q", "--json", "/dev/full"]  # fmt: skip
+        assert cli_main(argv) == 1
+    captured = capsys.readouterr()
+    assert "sent" in captured.out  # the report came first
+    assert captured.err.strip().startswith("duetime bench: --json /dev/full: cannot write it")
+    assert len(captured.err.strip().splitlines()) == 1
+
+
+def test_bench_record_writes_into_a_new_folder(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    record = tmp_path / "new" / "run.cap"
+    out = tmp_path / "new" / "run.json"
+    with fake_v2_server() as fake:
+        argv = ["bench", "--http", fake.address, "--model", "m", "--duration", "0.2",
+                "--warmup", "0", "--rate", "50", "-q", "--record", str(record),
+                "--json", str(out)]  # fmt: skip
+        assert cli_main(argv) == 0, capsys.readouterr().err
+    assert record.stat().st_size > 0
+    assert json.loads(out.read_text())["interrupted"] is False
+
+
+@pytest.mark.parametrize(
+    ("change", "flag"),
+    [({"duration_s": math.inf}, "--duration"), ({"duration_s": math.nan}, "--duration"),
+     ({"duration_s": 1e12}, "--duration"), ({"warmup_s": math.nan}, "--warmup"),
+     ({"warmup_s": math.inf}, "--warmup"), ({"drain_s": math.nan}, "--drain"),
+     ({"timeouts_ms": (10, 20), "mix": (math.nan, math.nan)}, "--mix"),
+     ({"timeouts_ms": (1e300,)}, "--timeout-ms"), ({"priority": 10**20}, "--priority"),
+     ({"seed": -1}, "--seed"), ({"rate": 1e12}, "--rate")],
+)  # fmt: skip
+def test_non_finite_and_huge_numbers_name_their_flag(change: dict[str, Any], flag: str) -> None:
+    with pytest.raises(ConfigError, match=flag):
+        BenchConfig(**{"model": "m", "address": NOWHERE, **change})
+
+
+def test_huge_numbers_are_refused_before_connecting(capsys: pytest.CaptureFixture[str]) -> None:
+    refused(bench("--rate", "1e12"), "--rate", capsys)
+    refused(bench("--priority", "99999999999999999999"), "--priority", capsys)
+
+
+@pytest.mark.parametrize(
+    ("change", "flag"),
+    [({"drain_s": math.nan}, "--drain"), ({"drain_s": math.inf}, "--drain"),
+     ({"rtol": math.nan}, "--rtol")],
+)  # fmt: skip
+def test_replay_refuses_nan_drain_and_tolerances(change: dict[str, Any], flag: str) -> None:
+    with pytest.raises(ConfigError, match=flag):
+        ReplayConfig(Path("x.cap"), f"http://{NOWHERE}", **change)
+
+
+@pytest.mark.parametrize("seconds", ["0", "-1", "nan", "inf"])
+def test_optimize_measure_s_must_be_finite_and_positive(
+    seconds: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        cli_main(["optimize", str(tmp_path / "m"), f"--measure-s={seconds}"])
+    assert exit_.value.code == 2
+    assert "--measure-s" in capsys.readouterr().err
+
+
+def test_compare_outputs_refuses_a_capture_without_outputs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    capture = write_capture(tmp_path / "no-outputs.cap")
+    argv = ["replay", str(capture), "--target", f"http://{NOWHERE}", "-q", "--compare-outputs"]
+    err = refused(argv, "--compare-outputs", capsys)
+    assert "no recorded outputs" in err
+    assert "--record-outputs" in err
+
+
+@pytest.mark.parametrize(
+    ("line", "field"),
+    [('"t_ms": 1e300', "t_ms"), ('"t_ms": 1, "timeout_us": 1e30', "timeout_us"),
+     ('"t_ms": 1, "priority": 99999999999999999999', "priority")],
+)  # fmt: skip
+def test_capture_convert_names_file_line_and_field_of_a_huge_number(
+    line: str, field: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    source = tmp_path / "huge.jsonl"
+    tensor = '"inputs": {"x": {"datatype": "FP32", "shape": [1], "data": [1]}}'
+    source.write_text(f'{{{line}, "model": "m", {tensor}}}\n')
+    target = tmp_path / "out.cap"
+    assert cli_main(["capture", "convert", str(source), str(target)]) == 1
+    err = capsys.readouterr().err
+    assert f"{source}:1: field '{field}'" in err
+    assert "Traceback" not in err
+    assert not target.exists()
+
+
+def test_error_text_of_an_html_page_is_one_short_line() -> None:
+    page = b"<!DOCTYPE HTML>\n<html>\n  <head>\n    <title>Error response</title>\n" * 20
+    text = error_text(501, page)
+    assert "\n" not in text
+    assert text.startswith("HTTP 501: <!DOCTYPE HTML> <html> <head> <title>Error response")
+    assert len(text) <= len("HTTP 501: ") + ERROR_TEXT_CHARS
+
+
+def test_metrics_that_are_not_prometheus_text_give_no_batch_sizes() -> None:
+    with fake_v2_server() as fake:  # its model metadata: JSON, not Prometheus text
+        assert scrape_batch_counts(f"http://{fake.address}/v2/models/m") is None
+
+
+def test_a_port_that_does_not_speak_http_is_a_one_line_bench_error() -> None:
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        port = listener.getsockname()[1]
+
+        def answer_garbage() -> None:
+            connection, _ = listener.accept()
+            with connection:
+                connection.recv(4096)
+                connection.sendall(b"\x00\x00\x18\x04\x00\x00\x00\x00\x00 not http\r\n\r\n")
+
+        thread = threading.Thread(target=answer_garbage, daemon=True)
+        thread.start()
+        with pytest.raises(BenchError, match="is not HTTP"):
+            _get_json(f"http://127.0.0.1:{port}/v2/models/m")
+        thread.join(timeout=10)
