@@ -14,7 +14,8 @@ renumbering changes no book (the fast and pure-Python summaries are checked equa
 
 What each row measures is in its `measures` column; the tables after it are the numba JIT cost
 and the tick-to-prediction of `duetime itch run` with the demo `orderbook` MLP through the
-in-process Engine, at the recorded pace of a 2,000 messages/s session and at full pace, and of
+in-process Engine, at the recorded pace of a 2,000 messages/s session (also without keeping
+the per-event path warm while waiting, `--no-keep-warm`) and at full pace, and of
 `duetime itch listen` fed that session over MoldUDP64 on loopback by `duetime itch send` (the
 live row; where /dev/cpu_dma_latency is writable, again with `--cpu-dma-latency-us 0`).
 `--tick-only` runs that last table alone (about three minutes).
@@ -186,10 +187,12 @@ PACE_MESSAGES = 60_000
 PACE_RATE = 2_000.0
 """The tick-to-prediction session: 60k messages at ~2,000 a second (30 s at the recorded pace),
 every book event asking the demo MLP."""
-RUNS = (
-    ("recorded", 1000, 1), ("recorded", 200, 1), ("recorded", 1000, 10), ("max", 1000, 1),
+RUNS: tuple[tuple[str, int, int, tuple[str, ...]], ...] = (
+    ("recorded", 1000, 1, ()), ("recorded", 1000, 1, ("--no-keep-warm",)),
+    ("recorded", 200, 1, ()), ("recorded", 1000, 10, ()), ("max", 1000, 1, ()),
 )  # fmt: skip
-"""(pace, deadline µs, every N-th event) of each `duetime itch run`."""
+"""(pace, deadline µs, every N-th event, other arguments) of each `duetime itch run`; the
+second row is the first without keeping the per-event path warm while waiting."""
 LIVE_DEADLINE_US = 1000
 """The live row: `duetime itch listen` fed the same session over MoldUDP64 by `itch send`."""
 
@@ -200,16 +203,17 @@ def tick_to_prediction(directory: Path, seed: int, repository: Path) -> list[Row
     session = directory / "paced.itch"
     write_session(session, seed=seed, messages=PACE_MESSAGES, rate=PACE_RATE)
     rows = []
-    for pace, deadline_us, every in RUNS:
+    for pace, deadline_us, every, extra in RUNS:
         report = directory / "run.json"
         subprocess.run(
             [sys.executable, "-m", "duetime", "itch", "run", str(session), "--model",
              "orderbook", "--repository", str(repository), "--pace", pace, "--deadline-us",
              str(deadline_us), "--every", str(every), "--max-gap-ms", "10", "--json",
-             str(report), "-q"],
+             str(report), "-q", *extra],
             check=True,
         )  # fmt: skip
-        rows.append(_tick_row(pace, deadline_us, every, json.loads(report.read_text())))
+        label = " ".join((pace, *extra))
+        rows.append(_tick_row(label, deadline_us, every, json.loads(report.read_text())))
     rows.append(_tick_row("live", LIVE_DEADLINE_US, 1, live_run(session, repository, directory)))
     if os.access(CPU_DMA_LATENCY, os.W_OK):  # idle CPUs poll instead of halting (needs root)
         polling = live_run(session, repository, directory, "--cpu-dma-latency-us", "0")

@@ -109,6 +109,28 @@ def test_recorded_pace_follows_the_file(tmp_path: Path, demo_repo: Path) -> None
     assert report["pace_lag_us"]["p50"] is not None
 
 
+def test_keeping_warm_changes_no_prediction(tmp_path: Path, demo_repo: Path) -> None:
+    """The warmer runs the per-event path on a book of its own: the run's books, features,
+    counts and answers are the same with it as without."""
+    path = tmp_path / "sparse.itch"
+    write_session(path, seed=5, messages=300, rate=2000)
+    common = ["--model", "orderbook", "--repository", str(demo_repo), "--deadline-us", "1000000",
+              "--max-gap-ms", "20"]  # fmt: skip
+    runs = []
+    for name, extra in (("warm", []), ("cold", ["--no-keep-warm"])):
+        (tmp_path / name).mkdir()
+        runs.append(_run(tmp_path / name, path, *common, *extra))
+    (warm, warm_rows), (cold, cold_rows) = runs
+    for key in ("messages", "book_events", "triggers", "on_time", "errors"):
+        assert warm[key] == cold[key], key
+    assert warm["on_time"] > 0
+
+    def answers(rows: list[dict[str, str]]) -> list[list[str]]:
+        return [[v for k, v in row.items() if k not in ("latency_us", "on_time")] for row in rows]
+
+    assert answers(warm_rows) == answers(cold_rows)
+
+
 def test_remote_target_over_grpc(tmp_path: Path, session: Path, server: RunningServer) -> None:
     report, rows = _run(tmp_path, session, "--model", "orderbook", "--target", server.grpc,
                         "--pace", "max", "--every", "20", "--deadline-us", "500000")  # fmt: skip

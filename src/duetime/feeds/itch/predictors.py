@@ -53,6 +53,10 @@ class Predictor(Protocol):
 
     def submit(self, array: np.ndarray, due_ns: int, answer: Answer) -> None: ...
 
+    def warm(self, array: np.ndarray) -> None:
+        """Run the model on `array` (one row) and drop the answer, if that is cheap and safe
+        here (see `FeedRun`'s keep-warm); a remote model is not run."""
+
     async def aclose(self) -> None: ...
 
 
@@ -90,6 +94,7 @@ class EnginePredictor:
         self._engine = engine
         self._model = model
         self._version = version
+        self._executor = deployment.model.executor
         self._templates: dict[int, object] = {}
         """Per batch size, the template its requests are made from (see `InferRequest.template`):
         the feed's rows are always the same datatype and shape, so once one request of a size
@@ -110,6 +115,13 @@ class EnginePredictor:
             answer(None, _failure(exc))
             return
         ticket.when_done(lambda: self._settled(ticket, answer))
+
+    def warm(self, array: np.ndarray) -> None:
+        """Run ONNX Runtime on `array` directly, its answer dropped (nothing counted): only a
+        model run on the loop, which is then free (an instance thread may be running a batch)."""
+        executor = self._executor
+        if executor.inline and executor.instances:  # (none once closed)
+            executor.run_sync({self.input.name: array})
 
     def _settled(self, ticket: Ticket, answer: Answer) -> None:
         future = ticket.future
@@ -194,6 +206,9 @@ class GrpcPredictor:
                 answer(np.frombuffer(raw, dtype=np.float32).reshape(shape), None)
                 return
         answer(None, Failure(f"the answer has no output '{self._output}'", refused=False))
+
+    def warm(self, array: np.ndarray) -> None:
+        """The model is remote: nothing to warm here."""
 
     async def aclose(self) -> None:
         for task in list(self._tasks):
