@@ -268,7 +268,8 @@ class FeedRun:
         self._arrivals = asyncio.Event()
         self._last_arrival_ns = 0
         window = WINDOW_EVENTS if self._wants_window else 0
-        self._warmer = Warmer(window, predictor) if options.keep_warm else None
+        recorded = options.keep_warm and options.pace == "recorded"
+        self._warmer = Warmer(window, predictor) if recorded else None
 
     async def run(self, messages: Iterable[Any]) -> RunStats:
         """Replay `messages` (a file's, at `options.pace`) and wait for every answer."""
@@ -600,16 +601,17 @@ class Warmer:
     path go cold, not the vCPU. Running that same code on a book of its own in the last 1.5 ms
     brought a book-and-features step back from 230 to 55-60 µs after a 20 ms gap."""
 
-    __slots__ = ("_add", "_books", "_features", "_predictor", "_ref", "_row", "cost_ns")
+    __slots__ = ("_add", "_books", "_features", "_model", "_ref", "_row", "cost_ns")
 
     def __init__(self, deeplob_length: int, predictor: Predictor) -> None:
         self._books = Books()
         self._features = Features(deeplob_length=deeplob_length)
-        self._predictor = predictor
+        self._model = getattr(predictor, "warm", None)  # (a predictor may have no model here)
         self._add = AddOrder("A", 1, 0, 0, 0, "B", 100, "WARM", 1_000_000)
         self._ref = 0
-        self._row = np.zeros((1, *(d if d > 0 else 1 for d in predictor.input.shape)),
-                             dtype=NUMPY_OF.get(predictor.input.datatype, np.float32))  # fmt: skip
+        spec = predictor.input
+        shape = (1, *(d if d > 0 else 1 for d in spec.shape))
+        self._row = np.zeros(shape, dtype=NUMPY_OF.get(getattr(spec, "datatype", ""), np.float32))
         self.cost_ns = 0
         """How long one warming took last (it is not started closer than that to a message)."""
 
@@ -624,7 +626,8 @@ class Warmer:
             event = books.apply(message)
             if event is not None:
                 features.update(event, books.book(event.locate))
-        self._predictor.warm(self._row)
+        if self._model is not None:
+            self._model(self._row)
         self.cost_ns = time.monotonic_ns() - started
 
 
