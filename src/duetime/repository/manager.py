@@ -575,7 +575,10 @@ class ModelManager:
             self._registry.record_failure(name, None)
         for key in [key for key in self._failed if key[0] == name]:
             del self._failed[key]
+        for key in [key for key in self._degraded if key[0] == name]:
+            del self._degraded[key]
         self._retry_at.pop(name, None)
+        self._warned.pop(name, None)
 
     def _prune_versions(self, name: str, versions: Iterable[int]) -> None:
         """Forget the failed or unloaded versions of `name` no longer on disk (a removed version
@@ -587,6 +590,8 @@ class ModelManager:
                 del states[version]
         for key in [key for key in self._failed if key[0] == name and key[1] not in present]:
             del self._failed[key]
+        for key in [key for key in self._degraded if key[0] == name and key[1] not in present]:
+            del self._degraded[key]
 
     def _on_disk(self, name: str, version: str) -> bool:
         """Whether the folder `name` is served from holds a folder of `version`."""
