@@ -207,3 +207,24 @@ def test_a_port_that_does_not_speak_http_is_a_one_line_bench_error() -> None:
         with pytest.raises(BenchError, match="is not HTTP"):
             _get_json(f"http://127.0.0.1:{port}/v2/models/m")
         thread.join(timeout=10)
+
+
+def test_answers_that_are_no_v2_response_are_errors_not_goodput(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A server answering 200 "hello" to every POST was counted all ok, all on time."""
+    out = tmp_path / "run.json"
+    with fake_v2_server(answer=b"hello, not v2", content_type="text/plain") as fake:
+        argv = ["bench", "--http", fake.address, "--model", "m", "--duration", "0.3",
+                "--warmup", "0", "--rate", "40", "-q", "--json", str(out)]  # fmt: skip
+        cli_main(argv)
+    result = json.loads(out.read_text())
+    assert result["sent"] > 0
+    assert (result["ok"], result["errors"], result["goodput_rps"]) == (0, result["sent"], 0.0)
+    assert "not a v2 inference response" in " ".join(result["error_messages"])
+    with fake_v2_server() as fake:  # (a v2 answer still counts)
+        argv = ["bench", "--http", fake.address, "--model", "m", "--duration", "0.3",
+                "--warmup", "0", "--rate", "40", "-q", "--json", str(out)]  # fmt: skip
+        assert cli_main(argv) == 0
+    result = json.loads(out.read_text())
+    assert result["ok"] == result["sent"] > 0

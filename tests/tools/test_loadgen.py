@@ -429,7 +429,7 @@ class FakePool(HttpPool):
         self.connections.append(connection)
 
 
-OK = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
+OK = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}"  # (a v2 answer is a JSON object)
 
 
 def test_http_pool_never_pipelines_it_opens_a_connection_instead() -> None:

@@ -68,6 +68,8 @@ class _Connection(asyncio.Protocol):
         self._status = 0
         self._head: int | None = None
         self._body: list[bytes] | None = None
+        self._lead = b""
+        """The answer's first byte: a v2 inference response is a JSON object."""
         self.closed = False
 
     def send(self, rid: int, data: bytes) -> None:
@@ -126,6 +128,8 @@ class _Connection(asyncio.Protocol):
         self._body = [] if self._pool.keep_bodies or self._status >= 300 else None
 
     def on_body(self, body: bytes) -> None:
+        if not self._lead:
+            self._lead = body[:1]
         if self._body is not None:
             self._body.append(body)
 
@@ -138,7 +142,14 @@ class _Connection(asyncio.Protocol):
             return
         if not self._parser.should_keep_alive():
             self.closed = True  # the server closes it; connection_lost follows
-        self._pool.answered(rid, self._status, body, head, None)
+        lead, self._lead = self._lead, b""
+        if 200 <= self._status < 300 and lead != b"{":  # (a server that is no v2 one)
+            self._pool.answered(rid, NO_STATUS, None, None, (
+                f"HTTP {self._status}, but not a v2 inference response (it does not start "
+                f"with a JSON object: {lead!r}); is the target a v2 server?"
+            ))  # fmt: skip
+        else:
+            self._pool.answered(rid, self._status, body, head, None)
         if not self.closed:
             self._pool.freed(self)
 
