@@ -49,7 +49,7 @@ class GrpcReplayTransport(GrpcTransport):
     """The load generator's gRPC channels, calls taken in turn, answers kept as bytes."""
 
     def __init__(self, target: str, answered: Answered, *, keep_bodies: bool) -> None:
-        super().__init__(target, _unused)
+        super().__init__(target, _unused, flag="--target")
         self.answered = answered
         self.keep_bodies = keep_bodies
         self.opened = 0

@@ -164,9 +164,11 @@ class _Calls:
 class GrpcTransport:
     """grpc.aio channels (one TCP connection each, used in turn) sending pre-serialised requests."""
 
-    def __init__(self, target: str, complete: Completion) -> None:
+    def __init__(self, target: str, complete: Completion, flag: str = "--grpc") -> None:
         self.target = target
         self.complete = complete
+        self.flag = flag
+        """The command-line flag that named the target (in error messages)."""
         self.waited = 0
         self._channels: list[Any] = []
         self._calls: list[Any] = []
@@ -186,7 +188,7 @@ class GrpcTransport:
             await asyncio.wait_for(asyncio.gather(*ready), CONNECT_TIMEOUT_S)
         except TimeoutError:
             await self.aclose()
-            message = f"--grpc: cannot connect to {self.target} within {CONNECT_TIMEOUT_S} s"
+            message = f"{self.flag}: cannot connect to {self.target} within {CONNECT_TIMEOUT_S} s"
             raise BenchError(message) from None
         self._calls = [channel.unary_unary(_INFER_METHOD) for channel in self._channels]
 
@@ -196,7 +198,9 @@ class GrpcTransport:
             metadata = await stub.ModelMetadata(pb.ModelMetadataRequest(name=model))
             config = await stub.ModelConfig(pb.ModelConfigRequest(name=model))
         except grpc.aio.AioRpcError as exc:
-            raise BenchError(f"--grpc {self.target}: model '{model}': {exc.details()}") from None
+            raise BenchError(
+                f"{self.flag} {self.target}: model '{model}': {exc.details()}"
+            ) from None
         inputs = [
             {"name": t.name, "datatype": t.datatype, "shape": list(t.shape)}
             for t in metadata.inputs
