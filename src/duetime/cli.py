@@ -58,6 +58,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:  # (Ctrl-C before a command took it over: importing, loading)
         print("duetime: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # (the report piped into `head`, say: it read what it wanted)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # (no second error)
+        return 141
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -331,6 +331,8 @@ def test_bad_flags_and_an_unreachable_target(
     capture = str(write(tmp_path / "in.cap", traffic(2)))
     assert cli_main(["replay", capture, "--target", "ftp://x:1"]) == 2
     assert "--target: expected http://HOST:PORT" in capsys.readouterr().err
+    assert cli_main(["replay", capture, "--target", "http://x:1/v2/models"]) == 2  # (a path
+    assert "--target: expected http://HOST:PORT" in capsys.readouterr().err  # was dropped)
     assert cli_main(["replay", capture, "--target", "127.0.0.1:1", "--speed", "0"]) == 2
     assert "--speed" in capsys.readouterr().err
     assert cli_main(["replay", capture, "--target", "grpc://h:1", "--protocol", "http"]) == 2

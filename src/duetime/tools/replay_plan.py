@@ -67,7 +67,8 @@ class ReplayConfig:
             host, port = parts.hostname, parts.port
         except ValueError:
             host, port = None, None
-        if scheme not in ("http", "grpc") or not host or port is None:
+        extra = parts.path.strip("/") or parts.query or parts.fragment  # (a path is dropped)
+        if scheme not in ("http", "grpc") or not host or port is None or extra:
             raise ConfigError(
                 f"--target: expected http://HOST:PORT, grpc://HOST:PORT or HOST:PORT, got "
                 f"{self.target!r}"
