@@ -66,6 +66,7 @@ def test_failures_open_the_breaker_and_probes_close_it(tmp_path: Path) -> None:
 
     async def scenario(engine: Engine) -> None:
         np.testing.assert_array_equal(await call(engine, 0), inputs()["x"])
+        await asyncio.sleep(0.35)  # (an answer within open_s clears the model: see below)
         for _ in range(2):
             with pytest.raises(InvalidInput, match="ONNX Runtime could not run"):
                 await call(engine, 1)
@@ -116,6 +117,24 @@ def test_a_good_request_between_failures_keeps_it_closed(tmp_path: Path) -> None
                     await call(engine, 1)
             await call(engine, 0)
         assert states(engine) == [BreakerState.CLOSED]
+
+    run(tmp_path, scenario)
+
+
+def test_one_client_s_bad_values_do_not_open_it_on_everyone_else(tmp_path: Path) -> None:
+    """Values ONNX Runtime refuses (here k = 1) while the model answered others within open_s
+    are the inputs' fault: each fails alone (400), and the breaker stays closed; a flood of them
+    opened it, and every other client got 503 for its whole open time."""
+    write_version(tmp_path, "m", 1, faulty_model())
+    config(tmp_path, "m", "max_batch_size = 8\n" + BREAKER.replace("0.3", "5.0"))
+
+    async def scenario(engine: Engine) -> None:
+        for _ in range(3):
+            np.testing.assert_array_equal(await call(engine, 0), inputs()["x"])
+            for _ in range(10):
+                with pytest.raises(InvalidInput, match="ONNX Runtime could not run"):
+                    await call(engine, 1)
+            assert states(engine) == [BreakerState.CLOSED]
 
     run(tmp_path, scenario)
 

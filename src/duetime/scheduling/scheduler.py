@@ -23,7 +23,13 @@ from typing import NamedTuple
 
 from duetime.clock import Clock
 from duetime.config import BreakerConfig, SchedulingConfig
-from duetime.errors import DeadlineExceeded, DuetimeError, ModelUnavailable, Overloaded
+from duetime.errors import (
+    DeadlineExceeded,
+    DuetimeError,
+    InvalidInput,
+    ModelUnavailable,
+    Overloaded,
+)
 from duetime.execution.affinity import SMALL_MODEL_NS
 from duetime.execution.executor import BatchJob, BatchResult, Executor, Feeds
 from duetime.resilience.breaker import BreakerState, CircuitBreaker
@@ -239,6 +245,10 @@ class ModelScheduler:
         self._tripped = 0
         """Instances whose breaker is not closed: 0 on the fast path."""
         self._slow_floor_ns = self._breaker_config.slow_min_us * 1000
+        self._answered_ns = -(1 << 62)
+        """When an execution last gave some request an answer (not a failure)."""
+        self._trust_ns = int(self._breaker_config.open_s * 1e9)
+        """How recent such an answer clears the model of inputs' failures (see `_judge`)."""
         self._queued_cache: tuple[tuple[int, int, int], int, Queued] | None = None
         """`_queued_work`'s last answer: (queue length, rows, first free instance), when, what."""
         self._inline = executor.inline
@@ -790,6 +800,15 @@ class ModelScheduler:
             and isinstance(outputs[0], DuetimeError)
             and all(isinstance(o, DuetimeError) for o in outputs)
         )
+        if not failed:
+            self._answered_ns = now
+        elif now - self._answered_ns < self._trust_ns and all(
+            isinstance(o, InvalidInput) for o in outputs
+        ):
+            # NOTE: ONNX Runtime refused these requests' values (an index out of range, say)
+            # while the model answered others lately: the inputs' fault, not the model's. One
+            # client sending such values must not open the breaker on everyone else's requests.
+            failed = False
         compute = result.compute_ns
         slow = compute > self._slow_floor_ns and compute > self._breaker_config.slow_factor * (
             self.profile.predict(running.rows)
