@@ -119,6 +119,11 @@ def test_a_full_queue_is_overloaded() -> None:
         stats = h.scheduler.statistics()
         assert (stats.queued, stats.peak_queued, stats.rejected) == (2, 2, 1)
         assert h.started() == ["running"]
+        # a request that brought no due time missed none: the load shedder must not count it
+        assert h.scheduler.outcomes() == (0, 1)
+        with pytest.raises(Overloaded, match="queue full"):
+            h.submit("due", due_in=10 * MS)
+        assert h.scheduler.outcomes() == (1, 2)
 
     run(body)
 
