@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import pytest
 from conftest import RunningServer, start_server, stop_server
+from repo_models import write_version
 
 from duetime.config import ServerSettings
 
@@ -501,3 +502,53 @@ def test_client_gone_with_requests_in_flight(server: RunningServer) -> None:
         client.send(infer_request("resnet", rows=2) + request("GET", "/v2/health/ready"))
         assert client.response().json()["outputs"][0]["shape"] == [2, 10]
         assert client.response().status == 200
+
+
+@pytest.fixture(scope="module")
+def big_answers_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    """A model whose answer is 400 KB for a 16-byte input: y = Tile(x, [1, 25000])."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    repeats = numpy_helper.from_array(np.array([1, 25_000], dtype=np.int64), "repeats")
+    graph = helper.make_graph(
+        [helper.make_node("Tile", ["x", "repeats"], ["y"])], "tile",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 100_000])], [repeats],
+    )  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    repo = tmp_path_factory.mktemp("big-answers")
+    write_version(repo, "tile", 1, model.SerializeToString())
+    running, thread = start_server(ServerSettings(model_repository=repo, http_port=0, grpc_port=0))
+    yield running
+    stop_server(running, thread)
+
+
+def executions(server: RunningServer) -> int:
+    with RawClient(server.http) as other:
+        other.send(request("GET", "/v2/models/tile/stats"))
+        return int(other.response().json()["model_stats"][0]["inference_count"])
+
+
+def test_a_client_not_reading_its_answers_gets_no_more_started(
+    big_answers_server: RunningServer,
+) -> None:
+    """A read can hold many pipelined requests: they all ran, and their answers piled up in the
+    server's memory while the client read none (100 MB each, 4 GB in one probe). Requests wait
+    unstarted beyond the owed answers allowed, or while the client does not read."""
+    body = json.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 4],
+                                   "data": [1, 2, 3, 4]}]}).encode()  # fmt: skip
+    count = 150
+    with RawClient(big_answers_server.http) as client:
+        client.send(request("POST", "/v2/models/tile/infer", body) * count)
+        time.sleep(1.0)
+        started = executions(big_answers_server)
+        # 64 owed, and those whose answers the kernel's socket buffers took (a few MB)
+        assert started <= 100, f"{started} of {count} run while none of their answers was read"
+        time.sleep(0.5)
+        assert executions(big_answers_server) == started  # (and no more while nothing is read)
+        for _ in range(count):  # none is lost: each is answered, in order, once read
+            response = client.response()
+            assert response.status == 200
+            assert len(response.json()["outputs"][0]["data"]) == 100_000
+    assert executions(big_answers_server) == count

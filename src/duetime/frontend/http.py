@@ -214,6 +214,11 @@ class _Slot:
     pending: PendingReply | None = None
     size: int = 0
     """Big-body bytes reserved in the Intake until the response is written."""
+    deferred: tuple[str, bytes, dict[str, str], list[bytes], int] | None = None
+    """A request read but not started (method, URL, headers, body pieces, body bytes): the
+    connection had `_MAX_PIPELINED` answers owed, or its client was not reading them."""
+    started: bool = False
+    """Its request was handed to the API (it counts in the connection's `_running`)."""
 
 
 class HttpConnection(asyncio.Protocol):
@@ -223,12 +228,12 @@ class HttpConnection(asyncio.Protocol):
     # attributes an instance dict is measurably slower than slots (0.4 µs a request, measured).
     __slots__ = (
         "_accepted", "_api", "_awaiting", "_body", "_body_bytes", "_bytes_block", "_chunked",
-        "_closing", "_connections", "_head_done", "_header_bytes", "_headers", "_held",
+        "_closing", "_connections", "_deferred", "_head_done", "_header_bytes", "_headers", "_held",
         "_idle_timeout", "_intake", "_last_active", "_lingering", "_loop", "_max_body",
         "_max_header", "_max_held", "_min_rate", "_parser", "_paused_at", "_read_timeout",
-        "_reading_paused", "_rejected", "_reserved", "_shedder", "_slots", "_small_body", "_timer",
-        "_transport", "_turn", "_url", "_window_bytes", "_window_start", "_writing_paused",
-        "_yielding",
+        "_reading_paused", "_rejected", "_reserved", "_running", "_shedder", "_slots",
+        "_small_body", "_starting", "_timer", "_transport", "_turn", "_url", "_window_bytes",
+        "_window_start", "_writing_paused", "_yielding",
     )  # fmt: skip
 
     def __init__(
@@ -257,6 +262,11 @@ class HttpConnection(asyncio.Protocol):
         self._accepted = False
         self._parser = httptools.HttpRequestParser(self)
         self._slots: deque[_Slot] = deque()
+        self._running = 0
+        """Slots whose request was started and whose answer is not written yet."""
+        self._starting = False
+        self._deferred = 0
+        """Slots holding a request not started (see `_Slot.deferred`)."""
         self._reading_paused = False
         self._paused_at = 0.0
         self._writing_paused = False
@@ -349,6 +359,8 @@ class HttpConnection(asyncio.Protocol):
 
     def resume_writing(self) -> None:
         self._writing_paused = False
+        if self._deferred:
+            self._start_deferred()
         self._update_reading()
 
     # -- httptools callbacks -------------------------------------------------------------------
@@ -427,14 +439,55 @@ class HttpConnection(asyncio.Protocol):
         self._slots.append(slot)
         if not slot.keep_alive:  # requests pipelined after the last one are not run
             self._closing = True
-        chunks = self._body
-        if len(chunks) == 1:
-            self._answer(slot, method, self._url, self._headers, chunks[0])
-        elif self._body_bytes < _BULK_BODY_BYTES:
-            self._answer(slot, method, self._url, self._headers, b"".join(chunks))
+        if self._running >= _MAX_PIPELINED or self._writing_paused:
+            # NOTE: one read can hold many pipelined requests (pausing reading stops only the
+            # next read): beyond the owed answers allowed, or while the client is not reading
+            # its answers, a request waits here unstarted (its answer would pile up unsent)
+            slot.deferred = (method, self._url, self._headers, self._body, self._body_bytes)
+            self._deferred += 1
         else:
-            self._join_off_loop(slot, method, self._url, self._headers, chunks)
+            self._start(slot, method, self._url, self._headers, self._body, self._body_bytes)
         self._update_reading()
+
+    def _start(
+        self,
+        slot: _Slot,
+        method: str,
+        url: bytes,
+        headers: dict[str, str],
+        chunks: list[bytes],
+        body_bytes: int,
+    ) -> None:
+        self._running += 1
+        slot.started = True
+        if len(chunks) == 1:
+            self._answer(slot, method, url, headers, chunks[0])
+        elif body_bytes < _BULK_BODY_BYTES:
+            self._answer(slot, method, url, headers, b"".join(chunks))
+        else:
+            self._join_off_loop(slot, method, url, headers, chunks)
+
+    def _start_deferred(self) -> None:
+        """Start the requests waiting unstarted, in order, while the connection may.
+
+        NOTE: a request answered at once (a refusal, metadata) flushes, which calls this again:
+        that inner call returns at once and this loop goes on (no recursion per request)."""
+        if self._starting:
+            return
+        self._starting = True
+        try:
+            for slot in list(self._slots):
+                if self._running >= _MAX_PIPELINED or self._writing_paused:
+                    return
+                if self._transport is None or self._lingering:  # (the client is gone)
+                    return
+                deferred = slot.deferred
+                if deferred is not None and slot in self._slots:
+                    slot.deferred = None
+                    self._deferred -= 1
+                    self._start(slot, *deferred)
+        finally:
+            self._starting = False
 
     def _answer(
         self, slot: _Slot, method: str, url: bytes, headers: dict[str, str], body: bytes
@@ -586,14 +639,20 @@ class HttpConnection(asyncio.Protocol):
     def _flush(self) -> None:
         transport = self._transport
         slots = self._slots
+        written = False
         while slots and slots[0].data is not None and transport is not None:
             slot = slots.popleft()
             transport.write(slot.data)  # type: ignore[arg-type]
+            if slot.started:
+                self._running -= 1
+            written = True
             if slot.size:
                 self._release(slot.size)
             if not slot.keep_alive:
                 self._linger()
                 return
+        if written and self._deferred:
+            self._start_deferred()
         self._update_reading()
 
     def _update_reading(self) -> None:
@@ -664,6 +723,7 @@ class HttpConnection(asyncio.Protocol):
                 slot.pending.ticket.future.cancel()
             released += slot.size
         self._slots.clear()
+        self._running = self._deferred = 0
         if released:
             self._held -= released
             self._intake.release(released)
