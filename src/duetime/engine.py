@@ -28,6 +28,7 @@ import numpy as np
 from duetime.classification import check_classifiable, top_classes
 from duetime.clock import Clock, MonotonicClock
 from duetime.config import ModelConfig
+from duetime.datatypes import NUMPY_OF
 from duetime.errors import (
     DuetimeError,
     InternalError,
@@ -44,7 +45,7 @@ from duetime.repository.registry import PRIMARY, Deployment, Registry
 from duetime.routing.router import Router
 from duetime.scheduling.ledger import CoreLedger
 from duetime.scheduling.scheduler import ModelScheduler
-from duetime.types import InferRequest, InferResponse
+from duetime.types import InferRequest, InferResponse, ModelSignature
 
 log = logging.getLogger("duetime.engine")
 
@@ -234,6 +235,7 @@ class Engine:
             label=label if variant == PRIMARY else f"{label} variant {variant}",
             breaker=loaded.config.breaker,
             ledger=None if background else ledger,
+            sample_row_bytes=sample_row_bytes(loaded.signature),
         )
         return Deployment(loaded, scheduler, variant)
 
@@ -569,6 +571,16 @@ def _close_open_engines() -> None:
     for engine in list(_OPEN):
         with contextlib.suppress(Exception):
             engine.close()
+
+
+def sample_row_bytes(signature: ModelSignature) -> int:
+    """The input bytes of one row of the samples a model is profiled on (free dims 1)."""
+    batched = signature.max_batch_size > 0
+    total = 0
+    for spec in signature.inputs:
+        dims = spec.shape[1:] if batched else spec.shape
+        total += math.prod(max(d, 1) for d in dims) * NUMPY_OF[spec.datatype].itemsize
+    return total
 
 
 def _running_loop() -> asyncio.AbstractEventLoop | None:

@@ -157,6 +157,31 @@ def test_slow_executions_open_it(tmp_path: Path) -> None:
     run(tmp_path, scenario)
 
 
+def test_big_inputs_to_a_model_of_free_size_are_not_slow_executions(tmp_path: Path) -> None:
+    """A model that does not batch takes inputs of any size: its profile was measured on a
+    sample of one element, and valid inputs a million times bigger opened the breaker."""
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(
+        [helper.make_node("ReduceSum", ["x"], ["y"], keepdims=0)], "sum",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [])],
+    )  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 11)])
+    model.ir_version = 8
+    write_version(tmp_path, "m", 1, model.SerializeToString())
+    config(tmp_path, "m", BREAKER + "slow_min_us = 100\n")
+
+    async def scenario(engine: Engine) -> None:
+        big = np.ones(2_000_000, dtype=np.float32)
+        for _ in range(4):
+            out = await engine.infer_async("m", {"x": big})
+            assert float(out["y"]) == 2_000_000.0
+        assert states(engine) == [BreakerState.CLOSED]
+
+    run(tmp_path, scenario)
+
+
 def test_requests_move_to_a_healthy_version_while_one_is_open(tmp_path: Path) -> None:
     write_version(tmp_path, "m", 1, faulty_model())
     write_version(tmp_path, "m", 2, faulty_model())

@@ -213,10 +213,13 @@ class ModelScheduler:
         label: str,
         breaker: BreakerConfig | None = None,
         ledger: CoreLedger | None = None,
+        sample_row_bytes: int = 0,
     ) -> None:
         """`ledger`: the CPU its instances run on, when other models' instances run there too
-        (see scheduling/ledger.py)."""
+        (see scheduling/ledger.py). `sample_row_bytes`: the input bytes a row of the samples the
+        profile was measured on had (0: not known)."""
         self._executor = executor
+        self._sample_row_bytes = sample_row_bytes
         self._config = config
         self._edf = config.policy == "edf"
         self._queue = EDFQueue(config.max_queue_size, config.policy)
@@ -814,9 +817,16 @@ class ModelScheduler:
             # client sending such values must not open the breaker on everyone else's requests.
             failed = False
         compute = result.compute_ns
-        slow = compute > self._slow_floor_ns and compute > self._breaker_config.slow_factor * (
+        factor = self._breaker_config.slow_factor
+        slow = compute > self._slow_floor_ns and compute > factor * (
             self.profile.predict(running.rows)
         )
+        if slow and self._sample_row_bytes:
+            sent = sum(a.nbytes for item in running.requests for a in item.feeds.values())
+            if sent > factor * running.rows * self._sample_row_bytes:
+                # NOTE: inputs far bigger than the profile's samples (free dims: a model that
+                # does not batch takes any size): a long run is their size, not a model fault
+                slow = False
         breaker = self._breakers[instance]
         if not (failed or slow or self._tripped):
             breaker.clear()
