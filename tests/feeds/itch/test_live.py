@@ -144,11 +144,19 @@ def test_the_raw_frames_are_the_file_s_messages(session: Path) -> None:
     assert [m for packet in decoded for m in packet] == frames
 
 
-def test_a_live_run_sees_the_books_and_features_a_file_replay_sees(session: Path) -> None:
+@pytest.mark.parametrize("busy_poll_us", [0, 20_000], ids=["sleeping", "busy-polling-warm"])
+def test_a_live_run_sees_the_books_and_features_a_file_replay_sees(
+    session: Path, busy_poll_us: int
+) -> None:
+    """Busy-polling, the feed also keeps its path warm on a book of its own between datagrams:
+    the run's own books, features and requests are the same."""
+
     async def scenario() -> tuple[Any, Recorder]:
         predictor = Recorder()
-        run = FeedRun(predictor, RunOptions(deadline_ns=10**9), PredictionLog(None, 3))
-        feed = await UdpFeed.open(idle_s=None)
+        options = RunOptions(deadline_ns=10**9, pace="max", busy_poll_ns=busy_poll_us * 1000)
+        run = FeedRun(predictor, options, PredictionLog(None, 3))
+        assert (run._warmer is not None) == bool(busy_poll_us)
+        feed = await UdpFeed.open(idle_s=None, busy_poll_us=busy_poll_us)
         sending = asyncio.ensure_future(
             _send_in_thread(session, feed.address, pace="recorded", speed=1e6)
         )

@@ -102,11 +102,11 @@ def _add_run_arguments(run: argparse.ArgumentParser, *, live: bool = False) -> N
             "quiet stretches between two messages to this (default 1000 ms)",
         )  # fmt: skip
         run.add_argument("--on-error", choices=("stop", "skip"), default="stop")
-        run.add_argument(
-            "--no-keep-warm", dest="keep_warm", action="store_false", help="with --pace "
-            "recorded: do not run the per-event path on a book of its own while waiting for a "
-            "message (it keeps the code path's caches warm: faster answers after quiet gaps)",
-        )  # fmt: skip
+    run.add_argument(
+        "--no-keep-warm", dest="keep_warm", action="store_false", help="do not run the per-event "
+        "path on a book of its own while waiting for a message (with --pace recorded, or live "
+        "with --busy-poll-us: it keeps the code path's caches warm, faster answers after gaps)",
+    )  # fmt: skip
     trigger = run.add_mutually_exclusive_group()
     trigger.add_argument("--every", type=int, default=1, help="ask on every N-th book event")
     trigger.add_argument(
@@ -211,9 +211,11 @@ def _run_feed(args: argparse.Namespace) -> int:
         speed=speed, trigger=trigger, limit=args.limit,
         symbols=frozenset(args.symbols.split(",")) if args.symbols else None,
     )  # fmt: skip
+    options.keep_warm = args.keep_warm
     if not live:
         options.max_gap_ns = int(args.max_gap_ms * 1e6)
-        options.keep_warm = args.keep_warm
+    else:
+        options.busy_poll_ns = max(0, args.busy_poll_us) * 1000
     loop = new_event_loop()
     asyncio.set_event_loop(loop)
     try:

@@ -128,8 +128,11 @@ class RunOptions:
     """At the recorded pace, a longer gap between two messages is cut to this (recorded time):
     a file's hours before the open and after the close are replayed in a second."""
     keep_warm: bool = True
-    """At the recorded pace, while spinning before a message: run the per-event path (a book,
-    its features, the model) on a book of its own every `WARM_EVERY_NS` (see `Warmer`)."""
+    """At the recorded pace, while spinning before a message, and live while the feed
+    busy-polls (`busy_poll_ns`): run the per-event path (a book, its features, the model) on a
+    book of its own every `WARM_EVERY_NS` (see `Warmer`)."""
+    busy_poll_ns: int = 0
+    """Live: how long the feed keeps polling after a datagram (`itch listen --busy-poll-us`)."""
 
 
 @dataclass(slots=True)
@@ -268,8 +271,10 @@ class FeedRun:
         self._arrivals = asyncio.Event()
         self._last_arrival_ns = 0
         window = WINDOW_EVENTS if self._wants_window else 0
-        recorded = options.keep_warm and options.pace == "recorded"
-        self._warmer = Warmer(window, predictor) if recorded else None
+        warm = options.keep_warm and (options.pace == "recorded" or options.busy_poll_ns > 0)
+        self._warmer = Warmer(window, predictor) if warm else None
+        self._woken = asyncio.Event()
+        """Live: set at each datagram (the warmer's cue that the feed is busy again)."""
 
     async def run(self, messages: Iterable[Any]) -> RunStats:
         """Replay `messages` (a file's, at `options.pace`) and wait for every answer."""
@@ -290,6 +295,8 @@ class FeedRun:
                 asyncio.ensure_future(self._live_done.wait()),
                 asyncio.ensure_future(source.ended()),
             ]
+            if self._warmer is not None and self.options.busy_poll_ns:
+                waits.append(asyncio.ensure_future(self._warm_live(self._warmer)))
             try:
                 source.start(self._received)
                 done, _ = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
@@ -318,6 +325,7 @@ class FeedRun:
         self._last_arrival_ns = arrival_ns
         if len(self._packets) == 1:
             self._arrivals.set()
+        self._woken.set()
 
     async def _consume(self) -> None:
         arrivals = self._arrivals
@@ -345,6 +353,27 @@ class FeedRun:
                     if index + 1 < len(messages):  # the rest waits for the next batch
                         packets.appendleft((messages[index + 1 :], arrival_ns))
                     return
+
+    async def _warm_live(self, warmer: Warmer) -> None:
+        """Live, while the feed busy-polls after a datagram: between loop turns with nothing
+        to do, run `warmer` every `WARM_EVERY_NS`; once the polling window is over, wait for the
+        next datagram (the loop may sleep again).
+
+        NOTE: a datagram that comes during a warming waits for it (tens of µs); in exchange the
+        next event does not run on a path the host has let go cold (see `Warmer`)."""
+        window_ns = self.options.busy_poll_ns
+        warmed_ns = 0
+        while True:
+            now = time.monotonic_ns()
+            if now - self._last_arrival_ns > window_ns:
+                self._woken.clear()
+                await self._woken.wait()
+                continue
+            await asyncio.sleep(0)  # a turn of the loop: what came is read and taken first
+            now = time.monotonic_ns()
+            if not self._packets and not self._outstanding and now - warmed_ns >= WARM_EVERY_NS:
+                warmer.warm()
+                warmed_ns = now
 
     async def _collect_live(self) -> None:
         """Live, the gaps between messages are not known ahead: every `LIVE_COLLECT_S`, if the
