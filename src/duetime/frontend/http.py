@@ -44,6 +44,8 @@ log = logging.getLogger("duetime.http")
 
 _MAX_PIPELINED = 64
 """Responses owed on one connection before it stops reading more requests."""
+_FIRST_ANSWERS = 8
+"""Requests a connection runs at once before the size of its answers is known."""
 
 _LINGER_S = 2.0
 """After the last response on a connection the server ends, how long it still drains what the
@@ -227,8 +229,9 @@ class HttpConnection(asyncio.Protocol):
     # NOTE: attribute access is most of what this class costs per request, and with this many
     # attributes an instance dict is measurably slower than slots (0.4 µs a request, measured).
     __slots__ = (
-        "_accepted", "_api", "_awaiting", "_body", "_body_bytes", "_bytes_block", "_chunked",
-        "_closing", "_connections", "_deferred", "_head_done", "_header_bytes", "_headers", "_held",
+        "_accepted", "_answer_bytes", "_api", "_awaiting", "_body", "_body_bytes", "_bytes_block",
+        "_chunked", "_closing", "_connections", "_deferred", "_head_done", "_header_bytes",
+        "_headers", "_held",
         "_idle_timeout", "_intake", "_last_active", "_lingering", "_loop", "_max_body",
         "_max_header", "_max_held", "_min_rate", "_parser", "_paused_at", "_read_timeout",
         "_reading_paused", "_rejected", "_reserved", "_running", "_shedder", "_slots",
@@ -264,6 +267,10 @@ class HttpConnection(asyncio.Protocol):
         self._slots: deque[_Slot] = deque()
         self._running = 0
         """Slots whose request was started and whose answer is not written yet."""
+        self._answer_bytes = self._max_held // _FIRST_ANSWERS
+        """The size of the connection's last answer written (before any: a share of
+        `_max_held` that lets `_FIRST_ANSWERS` start): requests run at once while their answers
+        fit `_max_held` at this size each (see `_full`)."""
         self._starting = False
         self._deferred = 0
         """Slots holding a request not started (see `_Slot.deferred`)."""
@@ -439,7 +446,7 @@ class HttpConnection(asyncio.Protocol):
         self._slots.append(slot)
         if not slot.keep_alive:  # requests pipelined after the last one are not run
             self._closing = True
-        if self._running >= _MAX_PIPELINED or self._writing_paused:
+        if self._full():
             # NOTE: one read can hold many pipelined requests (pausing reading stops only the
             # next read): beyond the owed answers allowed, or while the client is not reading
             # its answers, a request waits here unstarted (its answer would pile up unsent)
@@ -448,6 +455,18 @@ class HttpConnection(asyncio.Protocol):
         else:
             self._start(slot, method, self._url, self._headers, self._body, self._body_bytes)
         self._update_reading()
+
+    def _full(self) -> bool:
+        """Whether the connection runs as many requests as it may: `_MAX_PIPELINED` answers
+        owed, its client not reading them, or as many as `_max_held` bytes of answers the size
+        of its last one (a client pipelining requests for 100 MB answers and reading none ran
+        them all: gigabytes held for it)."""
+        running = self._running
+        return (
+            running >= _MAX_PIPELINED
+            or self._writing_paused
+            or (running > 0 and running * self._answer_bytes >= self._max_held)
+        )
 
     def _start(
         self,
@@ -477,7 +496,7 @@ class HttpConnection(asyncio.Protocol):
         self._starting = True
         try:
             for slot in list(self._slots):
-                if self._running >= _MAX_PIPELINED or self._writing_paused:
+                if self._full():
                     return
                 if self._transport is None or self._lingering:  # (the client is gone)
                     return
@@ -642,7 +661,9 @@ class HttpConnection(asyncio.Protocol):
         written = False
         while slots and slots[0].data is not None and transport is not None:
             slot = slots.popleft()
-            transport.write(slot.data)  # type: ignore[arg-type]
+            data = slot.data
+            transport.write(data)  # type: ignore[arg-type]
+            self._answer_bytes = len(data)  # type: ignore[arg-type]
             if slot.started:
                 self._running -= 1
             written = True
