@@ -228,3 +228,16 @@ def test_answers_that_are_no_v2_response_are_errors_not_goodput(
         assert cli_main(argv) == 0
     result = json.loads(out.read_text())
     assert result["ok"] == result["sent"] > 0
+
+
+def test_report_and_replay_name_what_a_file_is_not(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    capture = write_capture(tmp_path / "run.cap")
+    refused(["report", str(capture), "--out", str(tmp_path / "r.html")], "run.cap: not a JSON "
+            "result", capsys)  # fmt: skip
+    future = tmp_path / "future.json"
+    future.write_text('{"histogram": {"encoded": ""}, "timeline": {}, "report_format": 99}')
+    refused(["report", str(future), "--out", str(tmp_path / "r.html")], "report_format 99: this "
+            "duetime reads format 1", capsys)  # fmt: skip
+    refused(["replay", str(tmp_path), "--target", NOWHERE], "a folder, not a capture file", capsys)

@@ -29,8 +29,8 @@ def load_reports(paths: list[Path], labels: list[str]) -> list[RunReport]:
             doc = json.loads(path.read_text())
         except OSError as exc:
             raise ValueError(f"{path}: cannot read it: {exc.strerror}") from None
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"{path}: not JSON: {exc}") from None
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:  # (a capture, say)
+            raise ValueError(f"{path}: not a JSON result: {exc}") from None
         report = RunReport.from_json(doc, str(path))
         report = replace(report, label=labels[index] if labels else path.stem)
         reports.append(report)

@@ -343,6 +343,11 @@ class RunReport:
                 "(no 'histogram' and 'timeline' fields; results from before they were added "
                 "cannot be plotted)"
             )
+        version = doc.get("report_format", REPORT_FORMAT)
+        if version != REPORT_FORMAT:
+            raise ValueError(
+                f"{where}: report_format {version!r}: this duetime reads format {REPORT_FORMAT}"
+            )
         try:
             histogram = decode(str(doc["histogram"]["encoded"]))
             timeline = Timeline.from_json(doc["timeline"])

@@ -103,7 +103,8 @@ def load_plan(config: ReplayConfig) -> Plan:
     or missing capture."""
     protocol, host, port = config.address()
     if not config.capture.is_file():
-        raise ConfigError(f"{config.capture}: no such capture file")
+        what = "a folder, not a capture file" if config.capture.is_dir() else "no such capture file"
+        raise ConfigError(f"{config.capture}: {what}")
     with CaptureReader(config.capture) as reader:
         records = list(reader)
     if not records:
