@@ -234,8 +234,8 @@ def test_report_and_replay_name_what_a_file_is_not(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     capture = write_capture(tmp_path / "run.cap")
-    refused(["report", str(capture), "--out", str(tmp_path / "r.html")], "run.cap: not a JSON "
-            "result", capsys)  # fmt: skip
+    refused(["report", str(capture), "--out", str(tmp_path / "r.html")], "run.cap: not JSON",
+            capsys)  # fmt: skip
     future = tmp_path / "future.json"
     future.write_text('{"histogram": {"encoded": ""}, "timeline": {}, "report_format": 99}')
     refused(["report", str(future), "--out", str(tmp_path / "r.html")], "report_format 99: this "

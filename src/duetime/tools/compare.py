@@ -30,7 +30,7 @@ def load_reports(paths: list[Path], labels: list[str]) -> list[RunReport]:
         except OSError as exc:
             raise ValueError(f"{path}: cannot read it: {exc.strerror}") from None
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:  # (a capture, say)
-            raise ValueError(f"{path}: not a JSON result: {exc}") from None
+            raise ValueError(f"{path}: not JSON: {exc}") from None
         report = RunReport.from_json(doc, str(path))
         report = replace(report, label=labels[index] if labels else path.stem)
         reports.append(report)
