@@ -230,13 +230,13 @@ class HttpConnection(asyncio.Protocol):
     # attributes an instance dict is measurably slower than slots (0.4 µs a request, measured).
     __slots__ = (
         "_accepted", "_answer_bytes", "_api", "_awaiting", "_body", "_body_bytes", "_bytes_block",
-        "_chunked", "_closing", "_connections", "_deferred", "_head_done", "_header_bytes",
+        "_chunked", "_closing", "_connections", "_head_done", "_header_bytes",
         "_headers", "_held",
         "_idle_timeout", "_intake", "_last_active", "_lingering", "_loop", "_max_body",
         "_max_header", "_max_held", "_min_rate", "_parser", "_paused_at", "_read_timeout",
         "_reading_paused", "_rejected", "_reserved", "_running", "_shedder", "_slots",
-        "_small_body", "_starting", "_timer", "_transport", "_turn", "_url", "_window_bytes",
-        "_window_start", "_writing_paused", "_yielding",
+        "_small_body", "_starting", "_timer", "_transport", "_turn", "_unstarted", "_url",
+        "_window_bytes", "_window_start", "_writing_paused", "_yielding",
     )  # fmt: skip
 
     def __init__(
@@ -272,8 +272,8 @@ class HttpConnection(asyncio.Protocol):
         `_max_held` that lets `_FIRST_ANSWERS` start): requests run at once while their answers
         fit `_max_held` at this size each (see `_full`)."""
         self._starting = False
-        self._deferred = 0
-        """Slots holding a request not started (see `_Slot.deferred`)."""
+        self._unstarted: deque[_Slot] = deque()
+        """Slots holding a request not started yet, in order (see `_Slot.deferred`)."""
         self._reading_paused = False
         self._paused_at = 0.0
         self._writing_paused = False
@@ -366,7 +366,7 @@ class HttpConnection(asyncio.Protocol):
 
     def resume_writing(self) -> None:
         self._writing_paused = False
-        if self._deferred:
+        if self._unstarted:
             self._start_deferred()
         self._update_reading()
 
@@ -446,12 +446,13 @@ class HttpConnection(asyncio.Protocol):
         self._slots.append(slot)
         if not slot.keep_alive:  # requests pipelined after the last one are not run
             self._closing = True
-        if self._full():
+        if self._unstarted or self._full():
             # NOTE: one read can hold many pipelined requests (pausing reading stops only the
             # next read): beyond the owed answers allowed, or while the client is not reading
-            # its answers, a request waits here unstarted (its answer would pile up unsent)
+            # its answers, a request waits here unstarted (its answer would pile up unsent);
+            # behind one waiting, every later one waits too (they start in order)
             slot.deferred = (method, self._url, self._headers, self._body, self._body_bytes)
-            self._deferred += 1
+            self._unstarted.append(slot)
         else:
             self._start(slot, method, self._url, self._headers, self._body, self._body_bytes)
         self._update_reading()
@@ -494,16 +495,14 @@ class HttpConnection(asyncio.Protocol):
         if self._starting:
             return
         self._starting = True
+        unstarted = self._unstarted
         try:
-            for slot in list(self._slots):
-                if self._full():
-                    return
+            while unstarted and not self._full():
                 if self._transport is None or self._lingering:  # (the client is gone)
                     return
-                deferred = slot.deferred
-                if deferred is not None and slot in self._slots:
-                    slot.deferred = None
-                    self._deferred -= 1
+                slot = unstarted.popleft()
+                deferred, slot.deferred = slot.deferred, None
+                if deferred is not None:  # (always: only unstarted slots are queued here)
                     self._start(slot, *deferred)
         finally:
             self._starting = False
@@ -672,7 +671,7 @@ class HttpConnection(asyncio.Protocol):
             if not slot.keep_alive:
                 self._linger()
                 return
-        if written and self._deferred:
+        if written and self._unstarted:
             self._start_deferred()
         self._update_reading()
 
@@ -744,7 +743,8 @@ class HttpConnection(asyncio.Protocol):
                 slot.pending.ticket.future.cancel()
             released += slot.size
         self._slots.clear()
-        self._running = self._deferred = 0
+        self._unstarted.clear()
+        self._running = 0
         if released:
             self._held -= released
             self._intake.release(released)
