@@ -28,7 +28,6 @@ import numpy as np
 from duetime.classification import check_classifiable, top_classes
 from duetime.clock import Clock, MonotonicClock
 from duetime.config import ModelConfig
-from duetime.datatypes import NUMPY_OF
 from duetime.errors import (
     DuetimeError,
     InternalError,
@@ -39,13 +38,13 @@ from duetime.errors import (
 )
 from duetime.execution.affinity import CpuPlan
 from duetime.execution.executor import Feeds
-from duetime.repository.loader import LoadedModel
+from duetime.repository.loader import LoadedModel, sample_row_bytes
 from duetime.repository.manager import IndexEntry, ModelManager, RepositoryOptions
 from duetime.repository.registry import PRIMARY, Deployment, Registry
 from duetime.routing.router import Router
 from duetime.scheduling.ledger import CoreLedger
 from duetime.scheduling.scheduler import ModelScheduler
-from duetime.types import InferRequest, InferResponse, ModelSignature
+from duetime.types import InferRequest, InferResponse
 
 log = logging.getLogger("duetime.engine")
 
@@ -571,16 +570,6 @@ def _close_open_engines() -> None:
     for engine in list(_OPEN):
         with contextlib.suppress(Exception):
             engine.close()
-
-
-def sample_row_bytes(signature: ModelSignature) -> int:
-    """The input bytes of one row of the samples a model is profiled on (free dims 1)."""
-    batched = signature.max_batch_size > 0
-    total = 0
-    for spec in signature.inputs:
-        dims = spec.shape[1:] if batched else spec.shape
-        total += math.prod(max(d, 1) for d in dims) * NUMPY_OF[spec.datatype].itemsize
-    return total
 
 
 def _running_loop() -> asyncio.AbstractEventLoop | None:

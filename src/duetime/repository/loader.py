@@ -343,6 +343,11 @@ def sample_inputs(signature: ModelSignature, rows: int, seed: int = 0) -> dict[s
     return feeds
 
 
+def sample_row_bytes(signature: ModelSignature) -> int:
+    """The input bytes of one row of `sample_inputs`: what the profile was measured on."""
+    return sum(array.nbytes for array in sample_inputs(signature, 1).values())
+
+
 def measure_profile(
     executor: Executor, signature: ModelSignature, path: Path, budget_s: float = PROFILE_BUDGET_S
 ) -> LatencyProfile:
