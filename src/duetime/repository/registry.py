@@ -51,6 +51,21 @@ class ServedModel:
     """The highest served version: what metadata calls without a version describe."""
     traffic: TrafficPlan
 
+    def version(self, version: str) -> ServedVersion:
+        """The served `version` ("01" is version 1, as Triton parses it), or ModelNotFound."""
+        found = self.versions.get(version)
+        if found is None:
+            number = version_of(version)
+            if number is not None:
+                found = self.versions.get(str(number))
+            if found is None:
+                loaded = ", ".join(sorted(self.versions, key=int))
+                raise ModelNotFound(
+                    f"model '{self.name}' has no version '{version}' loaded; loaded versions: "
+                    f"{loaded}"
+                )
+        return found
+
 
 @dataclass(frozen=True, slots=True)
 class Snapshot:
@@ -124,16 +139,7 @@ class Registry:
     def version(self, name: str, version: str | None) -> ServedVersion:
         """The served `version` of `name` (None or "": the default version)."""
         served = self.served(name)
-        found = served.versions.get(version or served.default)
-        number = version_of(version) if version else None
-        if found is None and number is not None:  # ("01" is version 1, as Triton parses it)
-            found = served.versions.get(str(number))
-        if found is None:
-            loaded = ", ".join(sorted(served.versions, key=int))
-            raise ModelNotFound(
-                f"model '{name}' has no version '{version}' loaded; loaded versions: {loaded}"
-            )
-        return found
+        return served.version(version or served.default)
 
     def resolve(self, name: str, version: str | None) -> Deployment:
         """The primary deployment of `name` and `version` (None or "": the default version)."""

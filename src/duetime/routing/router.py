@@ -18,9 +18,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from duetime.clock import Clock
-from duetime.errors import DuetimeError, InvalidInput, ModelNotFound
+from duetime.errors import DuetimeError, InvalidInput
 from duetime.execution.executor import Feeds
-from duetime.repository.layout import version_of
 from duetime.repository.registry import Deployment, Registry, ServedModel, ServedVersion
 from duetime.routing.traffic import routing_key
 from duetime.types import InferRequest
@@ -90,16 +89,7 @@ class Router:
         client should see (unknown model or version, invalid input)."""
         served = self._registry.served(request.model)
         if request.version:
-            version = served.versions.get(request.version)
-            number = version_of(request.version)
-            if version is None and number is not None:  # ("01" is version 1, as Triton)
-                version = served.versions.get(str(number))
-            if version is None:
-                loaded = ", ".join(sorted(served.versions, key=int))
-                raise ModelNotFound(
-                    f"model '{served.name}' has no version '{request.version}' loaded; loaded "
-                    f"versions: {loaded}"
-                )
+            version = served.version(request.version)
         else:
             traffic = served.traffic
             if traffic.split:
