@@ -163,12 +163,11 @@ def reconcile(
 ) -> ModelSignature:
     """The signature clients see: the graph's, narrowed by the config, with the batch policy."""
     specs = graph_inputs + graph_outputs
-    free_first = all(spec.shape and spec.shape[0] == -1 for spec in specs)
     max_batch = config.max_batch_size
     if max_batch is None:
-        max_batch = DEFAULT_MAX_BATCH_SIZE if free_first else 0
-    elif max_batch > 0 and not all(s.any_rank or (s.shape and s.shape[0] == -1) for s in specs):
-        fixed = next(s for s in specs if not s.any_rank and (not s.shape or s.shape[0] != -1))
+        max_batch = DEFAULT_MAX_BATCH_SIZE if all(map(_free_first, specs)) else 0
+    elif max_batch > 0 and not all(s.any_rank or _free_first(s) for s in specs):
+        fixed = next(s for s in specs if not (s.any_rank or _free_first(s)))
         raise ConfigError(
             f"{source}: field 'max_batch_size' = {max_batch} needs a free first dim on every input "
             f"and output, but '{fixed.name}' has shape {list(fixed.shape)}; set max_batch_size = 0"
@@ -184,6 +183,11 @@ def reconcile(
             "batch dim), or set max_batch_size = 0"
         )
     return ModelSignature(tuple(inputs), tuple(outputs), max_batch)
+
+
+def _free_first(spec: TensorSpec) -> bool:
+    """Whether the graph declares `spec`'s first dim free (a batch dim, perhaps)."""
+    return bool(spec.shape) and spec.shape[0] == -1
 
 
 def _apply(

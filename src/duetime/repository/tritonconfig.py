@@ -96,13 +96,7 @@ def read_pbtxt(path: Path, model_name: str) -> dict[str, Any]:
 
 
 def translate(text: str, *, source: str, model_name: str) -> dict[str, Any]:
-    config = mc.ModelConfig()
-    try:
-        text_format.Parse(text, config)
-    except text_format.ParseError as exc:
-        raise ConfigError(
-            f"{source}: not a Triton model config (protobuf text format): {exc}"
-        ) from None
+    config = _parsed(text_format.Parse, text, source, "protobuf text format")
     return _translated(config, source, model_name)
 
 
@@ -116,14 +110,18 @@ def is_triton_json(data: Mapping[str, Any]) -> bool:
 def translate_json(data: Mapping[str, Any], *, source: str, model_name: str) -> dict[str, Any]:
     """The settings Triton's ModelConfig in its JSON form (protobuf's JSON mapping: the form
     `get_model_config` returns and Triton's load request takes) translates to."""
+    config = _parsed(json_format.ParseDict, data, source, "JSON ModelConfig")
+    return _translated(config, source, model_name)
+
+
+def _parsed(parse: Any, given: Any, source: str, form: str) -> Any:
+    """Triton's ModelConfig that `parse` (protobuf's text or JSON reader) makes of `given`."""
     config = mc.ModelConfig()
     try:
-        json_format.ParseDict(data, config)
-    except json_format.ParseError as exc:
-        raise ConfigError(
-            f"{source}: not a Triton model config (JSON ModelConfig): {exc}"
-        ) from None
-    return _translated(config, source, model_name)
+        parse(given, config)
+    except (text_format.ParseError, json_format.ParseError) as exc:
+        raise ConfigError(f"{source}: not a Triton model config ({form}): {exc}") from None
+    return config
 
 
 def _translated(config: Any, source: str, model_name: str) -> dict[str, Any]:
