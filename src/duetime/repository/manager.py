@@ -573,10 +573,9 @@ class ModelManager:
         self._model_errors.pop(name, None)
         if name in self._registry.snapshot.failures:
             self._registry.record_failure(name, None)
-        for key in [key for key in self._failed if key[0] == name]:
-            del self._failed[key]
-        for key in [key for key in self._degraded if key[0] == name]:
-            del self._degraded[key]
+        for table in (self._failed, self._degraded):  # (keyed by model and version)
+            for key in [key for key in table if key[0] == name]:
+                del table[key]
         self._retry_at.pop(name, None)
         self._warned.pop(name, None)
 
@@ -588,10 +587,9 @@ class ModelManager:
         for version, state in list(states.items()):
             if version not in present and not _outlives_folder(state):
                 del states[version]
-        for key in [key for key in self._failed if key[0] == name and key[1] not in present]:
-            del self._failed[key]
-        for key in [key for key in self._degraded if key[0] == name and key[1] not in present]:
-            del self._degraded[key]
+        for table in (self._failed, self._degraded):
+            for key in [key for key in table if key[0] == name and key[1] not in present]:
+                del table[key]
 
     def _on_disk(self, name: str, version: str) -> bool:
         """Whether the folder `name` is served from holds a folder of `version`."""
