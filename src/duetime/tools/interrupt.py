@@ -91,32 +91,28 @@ class Interrupt:
     async def first(self, sending: Awaitable[None]) -> bool:
         """Await `sending`, or stop at the first Ctrl-C (`sending` is then cancelled); True if
         Ctrl-C came first."""
-        task = asyncio.ensure_future(sending)
-        stop = asyncio.ensure_future(self.stopped.wait())
-        try:
-            await asyncio.wait({task, stop}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            stop.cancel()
-            if not task.done():
-                task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await _until_either(sending, self.stopped)
         return self.stopped.is_set()
 
     async def drain(self, drained: Awaitable[None]) -> None:
         """Await `drained` unless Ctrl-C comes (again) meanwhile: the first Ctrl-C of a run that
         had sent everything ends its wait for answers at once."""
-        task = asyncio.ensure_future(drained)
-        again = asyncio.ensure_future((self.again if self.fired else self.stopped).wait())
-        try:
-            await asyncio.wait({task, again}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            again.cancel()
-            if not task.done():
-                task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await _until_either(drained, self.again if self.fired else self.stopped)
 
     def drain_s(self, drain_s: float) -> float:
         """How long to wait for the answers owed: --drain, or less once interrupted."""
         return min(drain_s, INTERRUPTED_DRAIN_S) if self.fired else drain_s
+
+
+async def _until_either(work: Awaitable[None], event: asyncio.Event) -> None:
+    """Await `work` until it ends or `event` is set; `work` is cancelled if it has not ended."""
+    task = asyncio.ensure_future(work)
+    waiting = asyncio.ensure_future(event.wait())
+    try:
+        await asyncio.wait({task, waiting}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        waiting.cancel()
+        if not task.done():
+            task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
