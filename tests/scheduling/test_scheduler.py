@@ -21,7 +21,7 @@ from duetime.config import SchedulingConfig
 from duetime.errors import DeadlineExceeded, InvalidInput, ModelUnavailable, Overloaded
 from duetime.execution.executor import BatchResult, Feeds
 from duetime.scheduling.ledger import CoreLedger
-from duetime.scheduling.profile import OVERRUN_WINDOW, profile_from_samples
+from duetime.scheduling.profile import OVERRUN_WINDOW, LatencyProfile, profile_from_samples
 from duetime.scheduling.scheduler import PROBE_NS, BatchSizeStatistics, ModelScheduler
 
 US = 1000
@@ -73,6 +73,7 @@ def harness(
     inline: bool = False,
     ledger: CoreLedger | None = None,
     clock: FakeClock | None = None,
+    profile: LatencyProfile | None = None,
     **scheduling: object,
 ) -> Harness:
     """A scheduler on the running loop; `scheduling` overrides SchedulingConfig fields.
@@ -87,7 +88,7 @@ def harness(
         executor=executor,  # type: ignore[arg-type]
         config=SchedulingConfig(**scheduling),  # type: ignore[arg-type]
         max_batch_size=max_batch_size,
-        profile=make_profile(),
+        profile=profile or make_profile(),
         default_timeout_ns=default_timeout_ns,
         clock=clock,
         label="'m' version 1",
@@ -585,6 +586,19 @@ def test_statistics_count_executions_rows_and_time() -> None:
         assert stats.success_ns == 100 * US + 2 * 300 * US
         assert stats.overhead_ns == 0
         assert stats.last_inference_ms > 0
+
+    run(body)
+
+
+def test_batch_sizes_count_the_rows_sent_not_the_bucket_they_were_padded_to() -> None:
+    async def body() -> None:
+        buckets = {1: [100 * US] * 5, 2: [150 * US] * 5, 4: [250 * US] * 5}
+        h = harness(max_batch_size=4, profile=profile_from_samples(buckets))
+        h.submit("a", rows=3)
+        h.clock.advance(250 * US)
+        h.executor.complete(0, compute_ns=250 * US)
+        assert h.executor.jobs[0][1].bucket == 4, "3 rows run padded to the bucket of 4"
+        assert h.scheduler.statistics().batch_sizes == {3: BatchSizeStatistics(1, 250 * US)}
 
     run(body)
 

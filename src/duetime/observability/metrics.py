@@ -130,8 +130,8 @@ class MetricsCollector:
     def _batch_sizes(self, rows: Sequence[_Row]) -> Metric:
         family = HistogramMetricFamily(
             "duetime_batch_size",
-            "Rows per execution, as run (padded up to the model's batch bucket), per batch; the "
-            "buckets are the batch sizes the model runs at.",
+            "Rows per execution (the requests' rows, before any padding up to the model's "
+            "batch bucket); the histogram's buckets are the batch sizes the model runs at.",
             labels=DEPLOYMENT_LABELS,
         )
         for row in rows:

@@ -868,9 +868,12 @@ class ModelScheduler:
         self._compute_time.observe(result.compute_ns)
         self._last_ms = time.time_ns() // 1_000_000
         bucket = running.bucket or 1
-        stats = self._batch_sizes.get(bucket)
+        # NOTE: by rows as sent, not the bucket run (5 rows padded to 6 show as 5): Triton's
+        # batch_stats, and how full the batches are, is what a reader of them wants to know
+        size = running.rows if self._max_rows else 1
+        stats = self._batch_sizes.get(size)
         if stats is None:
-            stats = self._batch_sizes[bucket] = BatchSizeStatistics()
+            stats = self._batch_sizes[size] = BatchSizeStatistics()
         stats.count += 1
         stats.compute_ns += result.compute_ns
         outputs = result.outputs
