@@ -14,7 +14,10 @@ CPU), while abusers run in a process of their own:
 - 100 MB refused: --uploaders clients that each announce a 100 MB body and send all of it as
   fast as they can, then do it again; the server's 64 MiB limit refuses it from the head (413);
 - 8 MB accepted: the same with 8 MB bodies under --max-body-bytes 9 MB: each body is read
-  whole, then refused as invalid (a batch far over mlp's largest) without running.
+  whole, then refused as invalid (a batch far over mlp's largest) without running;
+- big answers: --downloaders clients that each ask a model of the repository (`big`, which
+  repeats its input `x` `n` times) for a 4 MB answer in JSON (1M floats, ~10 MB of text) or a
+  100 MB answer in the binary extension, read it whole, and ask again.
 
 Rounds interleave the scenarios (each run first waits for other programs to go quiet, as this
 machine is shared) and the table shows each one's median P50/P99 over the rounds, and the P99's
@@ -42,6 +45,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import onnx
+from onnx import TensorProto, helper
 
 sys.path.insert(0, str(Path(__file__).parent))
 from common import print_table, server_process, wait_for_quiet
@@ -72,6 +78,10 @@ class Scenario:
     uploaders: int = 0
     body_bytes: int = 0
     """Body size each uploader sends, again and again."""
+    downloaders: int = 0
+    answer_floats: int = 0
+    """Floats in the answer each downloader asks for, again and again."""
+    binary_answers: bool = False
     server_env: tuple[tuple[str, str], ...] = ()
 
 
@@ -191,6 +201,58 @@ def run_uploader(
             pass  # refused mid-upload and reset: connect again
 
 
+def big_answer_request(floats: int, binary: bool) -> bytes:
+    """A JSON request to the `big` model for `floats` copies of 0.5."""
+    body = json.dumps(
+        {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1], "data": [0.5]},
+                    {"name": "n", "datatype": "INT64", "shape": [1], "data": [floats]}],
+         "outputs": [{"name": "y", "parameters": {"binary_data": binary}}]}
+    ).encode()  # fmt: skip
+    head = (
+        "POST /v2/models/big/infer HTTP/1.1\r\nHost: downloader\r\n"
+        f"Content-Length: {len(body)}\r\nContent-Type: application/json\r\n\r\n"
+    ).encode()
+    return head + body
+
+
+def run_downloader(
+    host: str, port: int, scenario: Scenario, stop: threading.Event, report: AbuseReport
+) -> None:
+    """Asks for big answers on one keep-alive connection, reading each whole, back to back."""
+    request = big_answer_request(scenario.answer_floats, scenario.binary_answers)
+    while not stop.is_set():
+        try:
+            sock = _connect(host, port)
+        except OSError:
+            continue
+        report.connections += 1
+        sock.settimeout(30)
+        try:
+            with sock:
+                while not stop.is_set():
+                    sock.sendall(request)
+                    report.bytes_sent += len(request)
+                    data = b""
+                    while b"\r\n\r\n" not in data:
+                        piece = sock.recv(65536)
+                        if not piece:
+                            raise OSError("closed")
+                        data += piece
+                    head, _, body = data.partition(b"\r\n\r\n")
+                    length = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
+                    left = length - len(body)
+                    while left > 0:
+                        piece = sock.recv(min(left, 1 << 20))
+                        if not piece:
+                            raise OSError("closed")
+                        left -= len(piece)
+                    status = _status_of(head)
+                    if status is not None:
+                        report.saw(status)
+        except OSError:
+            pass
+
+
 def abuse(host: str, port: int, scenario: Scenario, stop: Any, out: Any) -> None:
     """The abusers' process: runs until `stop` is set, then sends its AbuseReport to `out`."""
     pin_current_thread(CLIENT_CPUS)
@@ -209,6 +271,10 @@ def abuse(host: str, port: int, scenario: Scenario, stop: Any, out: Any) -> None
             threading.Thread(
                 target=run_uploader, args=(host, port, scenario.body_bytes, done, report)
             )
+        )
+    for _ in range(scenario.downloaders):
+        threads.append(
+            threading.Thread(target=run_downloader, args=(host, port, scenario, done, report))
         )
     for thread in threads:
         thread.start()
@@ -288,6 +354,20 @@ def summarize(runs: list[dict[str, Any]], names: list[str]) -> list[dict[str, An
     return rows
 
 
+def write_big_answer_model(path: Path) -> None:
+    """`big`: y = x (FP32 [1]) repeated n (INT64 [1]) times, an answer of any size."""
+    graph = helper.make_graph(
+        [helper.make_node("Expand", ["x", "n"], ["y"])], "big",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1]),
+         helper.make_tensor_value_info("n", TensorProto.INT64, [1])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["count"])],
+    )  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    path.parent.mkdir(parents=True)
+    onnx.save(model, str(path))
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -297,6 +377,12 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=3, help="rounds over the scenarios")
     parser.add_argument("--lorises", type=int, default=500)
     parser.add_argument("--uploaders", type=int, default=4)
+    parser.add_argument("--downloaders", type=int, default=2)
+    parser.add_argument(
+        "--only", default="",
+        help="comma-separated words: run only the scenarios whose names hold one (baseline runs "
+        "always), e.g. --only answers",
+    )  # fmt: skip
     parser.add_argument(
         "--quiet-wait", type=float, default=30.0,
         help="before each run, wait up to this long for other programs to go quiet",
@@ -318,12 +404,26 @@ def main() -> int:
             f"8 MB accepted x{uploaders}, malloc tuned", ("--max-body-bytes", str(9 * MB)),
             uploaders=uploaders, body_bytes=8 * MB, server_env=MALLOC_TUNED,
         ),
+        Scenario(
+            f"4 MB JSON answers x{args.downloaders}", downloaders=args.downloaders,
+            answer_floats=MB, binary_answers=False,
+        ),
+        Scenario(
+            f"100 MB binary answers x{args.downloaders}", downloaders=args.downloaders,
+            answer_floats=25 * MB, binary_answers=True,
+        ),
     ]  # fmt: skip
+    if args.only:
+        words = [w.strip() for w in args.only.split(",") if w.strip()]
+        scenarios = [
+            s for s in scenarios if s.name == "baseline" or any(w in s.name for w in words)
+        ]
     runs = []
     with tempfile.TemporaryDirectory() as tmp:
         demo = write_demo_repository(Path(tmp) / "demo")
         repo = Path(tmp) / "mlp-only"
         shutil.copytree(demo / "mlp", repo / "mlp")
+        write_big_answer_model(repo / "big" / "1" / "model.onnx")
         for round_ in range(args.repeats):
             for scenario in scenarios:
                 run = measure(repo, scenario, args)
@@ -352,6 +452,7 @@ def main() -> int:
             "repeats": args.repeats,
             "lorises": args.lorises,
             "uploaders": args.uploaders,
+            "downloaders": args.downloaders,
             "request_read_timeout_s": READ_TIMEOUT_S,
         },
         "summary": rows,

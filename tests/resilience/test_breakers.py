@@ -182,6 +182,32 @@ def test_big_inputs_to_a_model_of_free_size_are_not_slow_executions(tmp_path: Pa
     run(tmp_path, scenario)
 
 
+def test_big_outputs_asked_for_by_input_values_are_not_slow_executions(tmp_path: Path) -> None:
+    """A model whose output size follows an input's value (Expand to `n` copies): its samples
+    (n = 0) made nothing, and 4 answers of 2 M floats opened the breaker."""
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(
+        [helper.make_node("Expand", ["x", "n"], ["y"])], "expand",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1]),
+         helper.make_tensor_value_info("n", TensorProto.INT64, [1])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["count"])],
+    )  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    write_version(tmp_path, "m", 1, model.SerializeToString())
+    config(tmp_path, "m", BREAKER + "slow_min_us = 100\n")
+
+    async def scenario(engine: Engine) -> None:
+        feeds = {"x": np.ones(1, np.float32), "n": np.array([2_000_000], np.int64)}
+        for _ in range(4):
+            out = await engine.infer_async("m", feeds)
+            assert out["y"].shape == (2_000_000,)
+        assert states(engine) == [BreakerState.CLOSED]
+
+    run(tmp_path, scenario)
+
+
 def test_requests_move_to_a_healthy_version_while_one_is_open(tmp_path: Path) -> None:
     write_version(tmp_path, "m", 1, faulty_model())
     write_version(tmp_path, "m", 2, faulty_model())

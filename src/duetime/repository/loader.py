@@ -370,11 +370,16 @@ def measure_profile(
     buckets = batch_buckets(signature.max_batch_size)
     share_ns = budget_s * 1e9 / len(buckets)
     samples: dict[int, list[int]] = {rows: [] for rows in buckets}
+    output_row_bytes: int | None = None
     try:
         plan: dict[int, tuple[dict[str, np.ndarray], int]] = {}
         for rows in buckets:
             feeds = sample_inputs(signature, rows, seed=rows)
-            first = _timed_run(executor, feeds)
+            started = time.perf_counter_ns()
+            made = executor.run_sync(feeds)
+            first = time.perf_counter_ns() - started
+            if rows == buckets[0]:
+                output_row_bytes = sum(np.asarray(a).nbytes for a in made) // rows
             plan[rows] = feeds, int(min(200, max(5, share_ns / max(first, 1))))
         for round_ in range(PROFILE_ROUNDS):
             for rows, (feeds, runs) in plan.items():
@@ -383,7 +388,10 @@ def measure_profile(
     except Exception as exc:
         log.warning("%s: profiling on sample inputs failed (%s); using 1 ms per row", path, exc)
         samples = {rows: [rows * 1_000_000] for rows in buckets}
-    return profile_from_samples(samples)
+        output_row_bytes = None
+    profile = profile_from_samples(samples)
+    profile.sample_output_row_bytes = output_row_bytes
+    return profile
 
 
 def _timed_run(executor: Executor, feeds: dict[str, np.ndarray]) -> int:

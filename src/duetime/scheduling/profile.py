@@ -167,6 +167,10 @@ class LatencyProfile:
         self._unseen = set(self.buckets)
         """Buckets no real execution has run yet: they follow the others (see `observe`)."""
         self._observed = 0
+        self.sample_output_row_bytes: int | None = None
+        """The output bytes of one row of the samples it was measured on (None: not known); an
+        execution making far more (a model whose output size follows its input values) is
+        expected to take longer than predicted."""
         self._seen_measured = 0
         self._seen_estimated = 0.0
         """Of the buckets that have run: their medians at load, and their current estimates."""

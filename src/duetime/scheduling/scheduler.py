@@ -827,6 +827,16 @@ class ModelScheduler:
                 # NOTE: inputs far bigger than the profile's samples (free dims: a model that
                 # does not batch takes any size): a long run is their size, not a model fault
                 slow = False
+        sample_made = self.profile.sample_output_row_bytes
+        if slow and sample_made is not None:
+            made = sum(
+                a.nbytes for o in outputs if not isinstance(o, DuetimeError) for a in o.values()
+            )
+            if made > factor * running.rows * max(1, sample_made):
+                # NOTE: likewise outputs far bigger than the samples' (their size follows the
+                # input values: Expand, Range, NonZero): 25 M floats from a 16-byte request
+                # opened the breaker of a model whose samples made none
+                slow = False
         breaker = self._breakers[instance]
         if not (failed or slow or self._tripped):
             breaker.clear()
