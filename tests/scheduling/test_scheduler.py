@@ -74,6 +74,7 @@ def harness(
     ledger: CoreLedger | None = None,
     clock: FakeClock | None = None,
     profile: LatencyProfile | None = None,
+    wake_slack_ns: int = 0,
     **scheduling: object,
 ) -> Harness:
     """A scheduler on the running loop; `scheduling` overrides SchedulingConfig fields.
@@ -93,6 +94,7 @@ def harness(
         clock=clock,
         label="'m' version 1",
         ledger=ledger,
+        wake_slack_ns=wake_slack_ns,
     )
     return Harness(clock, executor, scheduler)
 
@@ -433,6 +435,29 @@ def test_the_batch_waits_only_as_long_as_its_due_time_allows() -> None:
         h.clock.advance(1 * US)
         h.scheduler._on_timer()
         assert h.job(0)[1] == ["a"]
+        await h.scheduler.aclose(0)
+
+    run(body)
+
+
+def test_a_batch_waiting_on_a_due_time_wakes_early_enough_for_a_late_timer() -> None:
+    """A lone request due in 1 ms on a model with a long window: on an idle server it waited
+    until the last instant it could start (850 µs), and a timer a few µs late found it hopeless
+    and failed it unrun. The wait now ends `wake_slack_ns` before the last instant its own batch
+    (1 row, 100 µs) could start."""
+
+    async def body() -> None:
+        h = harness(max_batch_size=4, max_queue_delay_us=LONG_WINDOW_US, wake_slack_ns=300 * US)
+        request = h.submit("a", due_in=1 * MS)
+        h.clock.advance(599 * US)
+        h.scheduler._on_timer()
+        assert h.executor.jobs == []
+        assert h.scheduler._timer_at == h.clock.now_ns() + 1 * US, "900 - 300 µs after arrival"
+        h.clock.advance(1 * US + 250 * US)  # the timer comes 250 µs late
+        h.scheduler._on_timer()
+        assert h.job(0)[1] == ["a"]
+        h.executor.complete(0)
+        assert failure(request) is None
         await h.scheduler.aclose(0)
 
     run(body)

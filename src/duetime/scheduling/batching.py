@@ -102,6 +102,7 @@ def plan_batch(
     estimate: Estimate | None,
     bucket_of: list[int],
     answer_ns: int = 0,
+    wake_slack_ns: int = 0,
 ) -> Run | Wait | None:
     """The next batch for a free instance: the head and the requests after it, in queue order,
     while they share its shape, fit `max_rows`, and (with an `estimate`) the batch still finishes
@@ -111,6 +112,9 @@ def plan_batch(
     The answers of a finished batch are settled one after another in this order, `answer_ns`
     per request: a request's own answer leaves after those of the requests before it, so its
     due time counts as that much earlier.
+
+    A wait bounded by a due time ends `wake_slack_ns` early: how late the caller's wake-up may
+    come (a loop's timers: about a millisecond).
 
     `max_rows` 0 means the model does not batch: one request per execution, no padding.
     """
@@ -136,6 +140,8 @@ def plan_batch(
     # NOTE: a full queue refuses the very requests the batch would wait for.
     can_grow = exhausted and len(taken) < queue.capacity
     until = _wait_until(taken, rows, earliest_due, max_rows, max_delay_ns, estimate, bucket_of)
+    if until is not None and estimate is not None and earliest_due != NO_DUE:
+        until = min(until, earliest_due - estimate(bucket_of[rows]) - wake_slack_ns)
     if can_grow and until is not None and until > now_ns:
         return Wait(until)
     return Run(scanned, taken, rows, bucket_of[rows])

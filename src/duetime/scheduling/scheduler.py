@@ -56,6 +56,15 @@ earlier would commit the next batch before the requests that could fill it have 
 loop's timers are only good to about a millisecond."""
 _SLACK_SCAN = 16
 """Queued requests looked at for the slack another scheduler of the CPU must leave them."""
+WAKE_SLACK_NS = 2_000_000
+"""How late a wake-up of the loop's timers may come (libuv's are good to a millisecond): a batch
+waiting for more requests is started this much before the last instant it could start on time
+(twice the timers' grain: a wake-up also waits for the loop turn it lands in).
+NOTE: without it, a lone request with a due time on a model with a batching window was woken a
+few µs past that instant, found hopeless, and failed unrun on an idle server. Where wake-ups
+come later (a loaded machine: 0.1-4 ms, measured), the slack follows them, up to
+`WAKE_SLACK_MAX_NS`, and decays back."""
+WAKE_SLACK_MAX_NS = 5_000_000
 _SWEEP_S = 0.001
 """While requests queue, how often the whole queue is checked for hopeless ones."""
 HANDOFF_TAIL_MAX = 2
@@ -214,10 +223,12 @@ class ModelScheduler:
         breaker: BreakerConfig | None = None,
         ledger: CoreLedger | None = None,
         sample_row_bytes: int = 0,
+        wake_slack_ns: int = WAKE_SLACK_NS,
     ) -> None:
         """`ledger`: the CPU its instances run on, when other models' instances run there too
         (see scheduling/ledger.py). `sample_row_bytes`: the input bytes a row of the samples the
-        profile was measured on had (0: not known)."""
+        profile was measured on had (0: not known). `wake_slack_ns`: see `WAKE_SLACK_NS`."""
+        self._wake_slack_base_ns = self._wake_slack_ns = wake_slack_ns
         self._executor = executor
         self._sample_row_bytes = sample_row_bytes
         self._config = config
@@ -576,6 +587,7 @@ class ModelScheduler:
                 estimate=self._within_others_slack(self._batch_rule(), now),
                 bucket_of=self.profile.bucket_of,
                 answer_ns=int(self._answer_ns),
+                wake_slack_ns=self._wake_slack_ns,
             )
             if decision is None:
                 break
@@ -648,6 +660,12 @@ class ModelScheduler:
 
     def _on_timer(self) -> None:
         self._timer = None
+        late = self._clock.now_ns() - self._timer_at
+        slack = self._wake_slack_ns
+        if late > slack:
+            self._wake_slack_ns = min(late, WAKE_SLACK_MAX_NS)
+        elif slack > self._wake_slack_base_ns:
+            self._wake_slack_ns = slack - ((slack - self._wake_slack_base_ns) >> 4)
         self._dispatch()
 
     def _sweep(self) -> None:
