@@ -173,3 +173,24 @@ engine.infer("mlp", {{"x": np.ones((1, 40), np.float32)}})
         [sys.executable, "-c", script], capture_output=True, text=True, timeout=100, check=False
     )
     assert result.returncode == 0, result.stderr[-2000:]
+
+
+def test_a_request_padded_up_to_its_bucket_runs_no_row_the_model_refuses(tmp_path: Path) -> None:
+    """5 rows run as 6: the padding row once was zeros, and y = 100 / x failed the request with
+    ONNX Runtime's integer division by zero (a 400 blaming the client's valid inputs)."""
+    from onnx import TensorProto, helper
+    from repo_models import write_version
+
+    graph = helper.make_graph(
+        [helper.make_node("Div", ["hundred", "x"], ["y"])], "intdiv",
+        [helper.make_tensor_value_info("x", TensorProto.INT32, ["n", 2])],
+        [helper.make_tensor_value_info("y", TensorProto.INT32, ["n", 2])],
+        [helper.make_tensor("hundred", TensorProto.INT32, [], [100])],
+    )  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    write_version(tmp_path, "intdiv", 1, model.SerializeToString())
+    (tmp_path / "intdiv" / "config.toml").write_text("max_batch_size = 8\n")
+    x = np.arange(1, 11, dtype=np.int32).reshape(5, 2)
+    with Engine.open(tmp_path) as engine:
+        np.testing.assert_array_equal(engine.infer("intdiv", {"x": x})["y"], 100 // x)

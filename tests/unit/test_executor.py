@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from duetime.errors import InternalError, InvalidInput
-from duetime.execution.executor import BatchJob, BatchResult, Executor
+from duetime.execution.executor import BatchJob, BatchResult, Executor, InputPool
 
 
 class DoublingSession:
@@ -134,3 +134,19 @@ def test_outputs_whose_first_dim_is_not_the_batch_fail_every_request_not_mix_ans
         for outcome in result.outputs:
             assert isinstance(outcome, InternalError)
             assert "output 'y' has shape [2, 3] for a batch of 1 rows" in outcome.message
+
+
+def test_padding_rows_copy_the_batch_s_last_row_never_zeros_or_an_earlier_batch() -> None:
+    """Rows padded up to the bucket must be inputs the model takes and must move no batch-wide
+    statistic: zeros divided by, or big values an earlier batch left (a dynamically quantized
+    model scales by the batch's largest value), changed or failed the real rows' answers."""
+    pool = InputPool()
+    big = np.full((6, 2), 1e6, np.float32)
+    assert pool.gather([{"x": big[:3]}, {"x": big[3:]}], [3, 3], 6)["x"] is not big
+    small = np.arange(10, dtype=np.float32).reshape(5, 2) + 1
+    padded = pool.gather([{"x": small}], [5], 6)["x"]
+    np.testing.assert_array_equal(padded[:5], small)
+    np.testing.assert_array_equal(padded[5], small[4])
+    words = np.array([[b"1.5"], [b"2.5"], [b"3.5"]], dtype=object)
+    padded = InputPool().gather([{"s": words[:2]}, {"s": words[2:]}], [2, 1], 4)["s"]
+    assert padded.tolist() == [[b"1.5"], [b"2.5"], [b"3.5"], [b"3.5"]]

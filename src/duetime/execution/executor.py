@@ -252,8 +252,15 @@ class Executor:
 class InputPool:
     """Preallocated input buffers of one instance, one per (input, bucket, inner shape, dtype).
 
-    A batch is copied once into the buffer of its bucket; rows past the batch keep whatever an
-    earlier batch left there (valid inputs, so ORT is happy) and their outputs are dropped.
+    A batch is copied once into the buffer of its bucket; rows past the batch are copies of its
+    last row, and their outputs are dropped.
+
+    NOTE: padding rows must be inputs the model takes and must not change the real rows'
+    answers. Zeros (or what an earlier batch left) were neither: a 5-row request to y = 100 / x
+    failed with a division by zero in its 6th row, string rows "" failed a Cast, and a
+    dynamically quantized model (its scale is the batch's largest value) answered all zeros
+    after other clients' batches of big values had left them in the buffer. A copy of a real
+    row is valid wherever that row is, and moves no batch-wide statistic (max, min) at all.
     """
 
     def __init__(self) -> None:
@@ -270,14 +277,13 @@ class InputPool:
         key = (name, bucket, first.shape[1:], first.dtype)
         buffer = self._buffers.get(key)
         if buffer is None:
-            buffer = np.zeros((bucket, *first.shape[1:]), dtype=first.dtype)
-            if first.dtype == object:
-                buffer[...] = ""
-            self._buffers[key] = buffer
+            buffer = self._buffers[key] = np.empty((bucket, *first.shape[1:]), first.dtype)
         start = 0
         for part in parts:
             buffer[start : start + part.shape[0]] = part
             start += part.shape[0]
+        if start < bucket:
+            buffer[start:] = buffer[start - 1] if start else ("" if first.dtype == object else 0)
         return buffer
 
 
