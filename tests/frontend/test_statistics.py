@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
@@ -60,3 +62,37 @@ def test_statistics_of_an_unknown_model_is_not_found(server: RunningServer, prot
             client.get_inference_statistics("nope")
     finally:
         client.close()
+
+
+def test_requests_their_clients_cancelled_count_as_failed(tmp_path: Path) -> None:
+    """Triton's `fail` and nv_inference_request_failure{reason="CANCELED"} are one count: six
+    cancelled requests showed in the metric and not in the statistics."""
+    import asyncio
+
+    from repo_models import scale_model, write_version
+
+    from duetime import Engine
+    from duetime.frontend.statistics import statistics_json
+
+    write_version(tmp_path, "m", 1, scale_model(2.0))
+    (tmp_path / "m" / "config.toml").write_text(
+        "max_batch_size = 8\n[scheduling]\nmax_queue_delay_us = 5000000\n"
+    )
+
+    async def main() -> dict[str, object]:
+        engine = await Engine.start(tmp_path)
+        try:
+            x = np.ones((1, 4), np.float32)
+            calls = [asyncio.ensure_future(engine.infer_async("m", {"x": x})) for _ in range(3)]
+            await asyncio.sleep(0.05)  # queued, waiting for the batch to fill
+            for call in calls:
+                call.cancel()
+            await asyncio.gather(*calls, return_exceptions=True)
+            await asyncio.sleep(0)
+            return statistics_json(engine.registry.snapshot, "m", None)
+        finally:
+            await engine.aclose()
+
+    (entry,) = asyncio.run(main())["model_stats"]  # type: ignore[index]
+    assert entry["inference_stats"]["fail"]["count"] == 3
+    assert entry["execution_count"] == 0

@@ -32,7 +32,9 @@ def model_statistics_json(
             entry[0] += batch.count
             entry[1] += batch.compute_ns
     succeeded = total("succeeded")
-    failed = total("failed") + total("rejected") + total("expired")
+    # NOTE: as Triton's: its `fail` and nv_inference_request_failure (reasons REJECTED, CANCELED,
+    # BACKEND) come from one count, so requests their clients cancelled are failures here too
+    failed = total("failed") + total("rejected") + total("expired") + total("cancelled")
     doc: dict[str, Any] = {
         "name": name,
         "version": version.version,

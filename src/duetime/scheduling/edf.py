@@ -161,6 +161,11 @@ class EDFQueue:
             self.widest = 0
         return removed
 
+    def settled_waiting(self) -> int:
+        """Requests still queued that are settled already (withdrawn by their clients, not yet
+        dropped): O(queue), for statistics."""
+        return sum(1 for item in list(self._items) if item.future.done())
+
     def drain(self) -> list[QueuedRequest]:
         """Remove and return everything queued, in order."""
         return self.take(len(self._items))

@@ -933,8 +933,11 @@ class ModelScheduler:
         return missed, refused + self._succeeded + self._failed
 
     def statistics(self) -> SchedulerStatistics:
+        # NOTE: a request its client withdrew ends then, though the queue drops it only when it
+        # reaches it (or sweeps it): counted at once, it is cancelled and no longer queued
+        gone = self._queue.settled_waiting()
         return SchedulerStatistics(
-            queued=len(self._queue),
+            queued=len(self._queue) - gone,
             peak_queued=self._peak,
             busy_instances=sum(1 for jobs in self._outstanding if jobs),
             instances=self._executor.instances,
@@ -944,7 +947,7 @@ class ModelScheduler:
             expired=self._expired,
             late=self._late,
             on_time=self._on_time,
-            cancelled=self._cancelled + self._queue.withdrawn,
+            cancelled=self._cancelled + self._queue.withdrawn + gone,
             executions=self._executions,
             inferences=self._inferences,
             success_ns=self._request_time.sum_ns,
