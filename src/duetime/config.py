@@ -67,6 +67,22 @@ class SchedulingConfig(_Strict):
     in absolute terms (other work on the core, memory traffic), so they keep more in hand."""
     default_priority_level: int = Field(default=1, ge=1, le=1_000_000)
     """The level of requests that send priority 0 or none (1 is served first, as Triton)."""
+    priority_levels: int = Field(default=0, ge=0, le=1_000_000)
+    """How many levels requests may ask for (0: any). With levels set, a request asking for
+    a level beyond them gets the default level, as Triton's `priority_levels`."""
+    preferred_batch_size: list[Annotated[int, Field(ge=1)]] = Field(default_factory=list)
+    """FIFO mode, as Triton's: batches grow to the largest of these at most, and one that
+    reached any of them starts at once when no more requests are queued (no window wait).
+    EDF mode sizes batches by due times and ignores them."""
+
+    @model_validator(mode="after")
+    def _levels(self) -> SchedulingConfig:
+        if self.priority_levels and self.default_priority_level > self.priority_levels:
+            raise ValueError(
+                f"default_priority_level {self.default_priority_level} is beyond "
+                f"priority_levels {self.priority_levels}"
+            )
+        return self
 
 
 class BreakerConfig(_Strict):
@@ -217,7 +233,9 @@ class ModelConfig(_Strict):
     """Threads ORT uses inside one operator; 0 lets ORT choose."""
     inter_op_threads: int = Field(default=1, ge=1, le=256)
     default_timeout_ms: float | None = Field(default=None, gt=0)
-    """Due time for requests that bring none; none by default (no deadline)."""
+    """Due time of every request: those that bring none get it, and those that bring a later
+    one are held to it (a request may shorten it, never extend it, as Triton's
+    `allow_timeout_override`); none by default (no deadline)."""
     scheduling: SchedulingConfig = SchedulingConfig()
     inputs: list[TensorConfig] | None = None
     outputs: list[TensorConfig] | None = None
@@ -232,6 +250,16 @@ class ModelConfig(_Strict):
             raise ValueError(
                 f"execution 'inline' runs the model on the event loop, so it has one instance; "
                 f"got instances = {self.instances}"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _preferred_fit(self) -> ModelConfig:
+        preferred = self.scheduling.preferred_batch_size
+        if preferred and self.max_batch_size is not None and max(preferred) > self.max_batch_size:
+            raise ValueError(
+                f"scheduling.preferred_batch_size {max(preferred)} is over max_batch_size "
+                f"{self.max_batch_size}"
             )
         return self
 

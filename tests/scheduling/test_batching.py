@@ -234,6 +234,24 @@ def test_waits_while_the_oldest_request_is_younger_than_max_delay() -> None:
     assert run_of(plan(queue, now=6000, estimate=None, max_delay_ns=5000)).rows == 2
 
 
+def test_a_preferred_batch_size_reached_starts_at_once_as_triton_s() -> None:
+    """FIFO mode with `preferred_batch_size` [2, 4]: two requests make a preferred batch and go
+    without waiting out the window; three go as the preferred two, the third waits; the batch
+    never grows past the largest preferred size."""
+    fifo = {"estimate": None, "max_delay_ns": 300_000, "preferred": (2, 4)}
+    queue = EDFQueue(16, "fifo")
+    enqueue(queue, name="a")
+    assert plan(queue, now=1000, **fifo) == Wait(300_000), "one request: no preferred size yet"
+    enqueue(queue, name="b")
+    assert names(run_of(plan(queue, now=1000, **fifo)).requests) == ["a", "b"]
+    enqueue(queue, name="c")
+    run = run_of(plan(queue, now=1000, **fifo))
+    assert (names(run.requests), run.taken) == (["a", "b"], 2)
+    for name in "defgh":
+        enqueue(queue, name=name)
+    assert names(run_of(plan(queue, now=1000, **fifo)).requests) == ["a", "b", "c", "d"]
+
+
 def test_never_waits_when_max_delay_is_zero() -> None:
     queue = EDFQueue(8)
     enqueue(queue, arrival=1000)

@@ -261,15 +261,40 @@ def test_fifo_admits_a_due_time_it_cannot_meet_and_runs_it_while_not_yet_due() -
     run(body)
 
 
-def test_default_timeout_applies_to_requests_without_a_due_time() -> None:
+def test_default_timeout_applies_to_requests_without_a_due_time_and_caps_later_ones() -> None:
+    """The earliest applies: a request may shorten the model's default due time, never extend
+    it (Triton's `allow_timeout_override`)."""
+
     async def body() -> None:
         h = harness(default_timeout_ns=50 * US)
         with pytest.raises(Overloaded, match="due in 50 µs"):
             h.submit("no-due")
-        explicit = h.submit("explicit", due_in=10 * MS)  # its own due time wins
+        with pytest.raises(Overloaded, match="due in 50 µs"):
+            h.submit("later", due_in=10 * MS)
+        h = harness(default_timeout_ns=10 * MS)
+        with pytest.raises(Overloaded, match="due in 50 µs"):
+            h.submit("sooner", due_in=50 * US)
+        explicit = h.submit("explicit", due_in=5 * MS)
         assert h.started() == ["explicit"]
         h.executor.complete(0)
         assert failure(explicit) is None
+
+    run(body)
+
+
+def test_priorities_beyond_the_model_s_levels_get_the_default_level() -> None:
+    """As Triton's `priority_levels`: a level the model does not have is its default level."""
+
+    async def body() -> None:
+        h = harness(priority_levels=2, default_priority_level=2)
+        h.submit("running")
+        h.submit("beyond", priority=9)  # level 2: behind the earlier level-2 request
+        h.submit("default")  # level 2
+        h.submit("first", priority=1)
+        h.executor.complete(0)
+        h.executor.complete(1)
+        h.executor.complete(2)
+        assert h.started() == ["running", "first", "beyond", "default"]
 
     run(body)
 

@@ -52,6 +52,8 @@ def test_a_triton_config_translates_field_by_field(caplog: pytest.LogCaptureFixt
         "scheduling": {
             "max_queue_delay_us": 200,
             "default_priority_level": 2,
+            "priority_levels": 3,
+            "preferred_batch_size": [4, 8],
             "max_queue_size": 64,
         },
         "default_timeout_ms": 5.0,
@@ -72,6 +74,10 @@ def test_a_triton_config_translates_field_by_field(caplog: pytest.LogCaptureFixt
         ('backend: "onnxruntime" version_policy { all {} }', {"version_policy": {"all": {}}}),
         ("version_policy { latest { } }", {"version_policy": {"latest": {"num_versions": 1}}}),
         ("dynamic_batching { }", {"scheduling": {"max_queue_delay_us": 0}}),
+        # Triton's form of a tensor with no dims beyond the batch (its auto-complete writes it)
+        ('max_batch_size: 8 output [ { name: "label" data_type: TYPE_INT64 dims: [ 1 ] '
+         "reshape { shape: [ ] } } ]",
+         {"max_batch_size": 8, "outputs": [{"name": "label", "datatype": "INT64", "dims": []}]}),
     ],
 )  # fmt: skip
 def test_defaults_and_datatypes(text: str, expected: dict[str, object]) -> None:
@@ -83,14 +89,16 @@ def test_nested_triton_only_settings_are_named_in_a_warning(
 ) -> None:
     text = (
         'input [ { name: "x" dims: [ 4 ] optional: true format: FORMAT_NCHW } ]\n'
-        "dynamic_batching { preferred_batch_size: [ 4 ] priority_levels: 2 }\n"
+        "dynamic_batching { preserve_ordering: true priority_queue_policy { key: 1 value {} } }\n"
         'parameters { key: "inter_op_thread_count" value { string_value: "0" } }\n'
         'parameters { key: "intra_op_thread_count" value { string_value: "0" } }\n'
     )
     with caplog.at_level(logging.WARNING, logger="duetime.config"):
         out = translate(text, source="c", model_name="m")
     assert "c: input 'x': format, optional: Triton-only settings" in caplog.text
-    assert "c: dynamic_batching: preferred_batch_size, priority_levels: Triton-only" in caplog.text
+    assert "c: dynamic_batching: preserve_ordering, priority_queue_policy: Triton-only" in (
+        caplog.text
+    )
     assert (out["intra_op_threads"], "inter_op_threads" in out) == (0, False)  # (0: ORT's own)
 
 
@@ -175,3 +183,33 @@ def test_a_pbtxt_beside_a_duetime_config_is_refused(triton_repo: Path) -> None:
     (triton_repo / "config.toml").write_text("max_batch_size = 4\n", encoding="utf-8")
     with pytest.raises(ConfigError, match="more than one config file"):
         load_model_config(triton_repo)
+
+
+def test_a_tensor_without_dims_is_reported_as_triton_does_and_read_back(tmp_path: Path) -> None:
+    """An output of one value per row (a classifier's label) had `"dims": []`, which Triton's
+    own config check refuses: it is `dims: [1]` with `reshape { shape: [] }`, and duetime
+    takes that form back (get the config, load it)."""
+    from onnx import TensorProto, helper
+
+    from duetime.repository.tritonconfig import translate_json
+
+    graph = helper.make_graph(
+        [helper.make_node("ArgMax", ["x"], ["label"], axis=1, keepdims=0)], "argmax",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 3])],
+        [helper.make_tensor_value_info("label", TensorProto.INT64, ["n"])],
+    )  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    (tmp_path / "m" / "1").mkdir(parents=True)
+    (tmp_path / "m" / "1" / "model.onnx").write_bytes(model.SerializeToString())
+    (tmp_path / "m" / "config.toml").write_text("max_batch_size = 4\n")
+    loaded = load_version(scan_model(tmp_path / "m"), 1)
+    try:
+        config = model_config_json(loaded)
+    finally:
+        loaded.executor.close()
+    (label,) = config["output"]
+    assert (label["dims"], label["reshape"]) == ([1], {"shape": []})
+    assert config["input"][0]["dims"] == [3] and "reshape" not in config["input"][0]
+    settings = translate_json(config, source="m", model_name="m")
+    assert settings["outputs"] == [{"name": "label", "datatype": "INT64", "dims": []}]

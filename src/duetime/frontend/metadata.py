@@ -49,6 +49,9 @@ def model_config_json(model: LoadedModel) -> dict[str, Any]:
         "instance_group": [{"name": model.name, "kind": "KIND_CPU", "count": config.instances}],
         "dynamic_batching": {
             "max_queue_delay_microseconds": scheduling.max_queue_delay_us,
+            "preferred_batch_size": list(scheduling.preferred_batch_size),
+            "priority_levels": scheduling.priority_levels,
+            "default_priority_level": scheduling.default_priority_level,
             "default_queue_policy": queue_policy,
         },
         "parameters": {
@@ -62,7 +65,11 @@ def model_config_json(model: LoadedModel) -> dict[str, Any]:
 
 def _config_tensor(spec: TensorSpec, batched: bool, labels: str | None = None) -> dict[str, Any]:
     dims = spec.shown()[1:] if batched else spec.shown()
-    tensor = {"name": spec.name, "data_type": TRITON_TYPE_OF[spec.datatype], "dims": dims}
+    tensor: dict[str, Any] = {"name": spec.name, "data_type": TRITON_TYPE_OF[spec.datatype]}
+    if dims:
+        tensor["dims"] = dims
+    else:  # NOTE: as Triton writes a tensor without dims (its config check refuses empty dims)
+        tensor["dims"], tensor["reshape"] = [1], {"shape": []}
     if labels is not None:
         tensor["label_filename"] = labels
     return tensor

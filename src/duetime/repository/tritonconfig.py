@@ -14,10 +14,15 @@ graph, as Triton's auto-complete does):
 | `instance_group` counts (summed; GPU groups run on the CPU, with a warning) | `instances` |
 | `dynamic_batching.max_queue_delay_microseconds` | `scheduling.max_queue_delay_us` |
 | `dynamic_batching.default_queue_policy.max_queue_size` | `scheduling.max_queue_size` |
-| `dynamic_batching.default_queue_policy.default_timeout_microseconds` | `default_timeout_ms` |
-| `dynamic_batching.default_priority_level` | `scheduling.default_priority_level` |
+| `dynamic_batching.default_queue_policy.default_timeout_microseconds` | `default_timeout_ms` (*) |
+| `dynamic_batching.default_priority_level`, `priority_levels` | `scheduling.` the same |
+| `dynamic_batching.preferred_batch_size` (FIFO mode) | `scheduling.preferred_batch_size` |
+| `scheduling_policy` in `parameters` (`edf`, `fifo`) | `scheduling.policy` |
 | `version_policy` | `version_policy` |
 | `parameters` `intra_op_thread_count`, `inter_op_...` | `intra_op_threads`, `inter_op_...` |
+
+(*) A request may always shorten the model's default due time and never extend it: Triton's
+`allow_timeout_override: true`, whatever the file says (duetime always honours a request's own).
 
 What duetime cannot honour is refused with the field named: another platform or backend,
 sequence batching (stateful models), ensembles, decoupled models, `reshape`, shape tensors,
@@ -55,6 +60,7 @@ _TRANSLATED = frozenset({
 _TENSOR_FIELDS = frozenset({"name", "data_type", "dims", "label_filename"})
 _BATCHING_FIELDS = frozenset({
     "max_queue_delay_microseconds", "default_priority_level", "default_queue_policy",
+    "priority_levels", "preferred_batch_size",
 })  # fmt: skip
 _TRITON_FIELDS = mc.ModelConfig.DESCRIPTOR.fields
 _TRITON_ONLY = (
@@ -183,15 +189,23 @@ def _refuse_what_cannot_be_served(
                      f"reads <version>/{MODEL_FILE}; rename the file")  # fmt: skip
     for kind, specs in (("input", config.input), ("output", config.output)):
         for spec in specs:
-            if spec.HasField("reshape"):
-                raise refuse(f"{kind} '{spec.name}'.reshape", "reshape is not supported")
+            if spec.HasField("reshape") and not _scalar_reshape(spec):
+                raise refuse(f"{kind} '{spec.name}'.reshape", "reshape is not supported (but "
+                             "dims [1] with reshape { shape: [] }, Triton's form of a tensor "
+                             "without dims)")  # fmt: skip
             if spec.is_shape_tensor:
                 raise refuse(f"{kind} '{spec.name}'.is_shape_tensor", "shape tensors are not "
                              "supported")  # fmt: skip
 
 
+def _scalar_reshape(spec: Any) -> bool:
+    """`dims: [1]` with `reshape { shape: [] }`: how Triton (its auto-complete, its config
+    validation) writes a tensor with no dims beyond the batch: duetime's `dims = []`."""
+    return list(spec.dims) == [1] and not list(spec.reshape.shape)
+
+
 def _tensor(spec: Any, kind: str, source: str) -> dict[str, Any]:
-    ignored = sorted({f.name for f, _ in spec.ListFields()} - _TENSOR_FIELDS)
+    ignored = sorted({f.name for f, _ in spec.ListFields()} - _TENSOR_FIELDS - {"reshape"})
     if ignored:
         log.warning("%s: %s '%s': %s: Triton-only settings, no effect in duetime", source, kind,
                     spec.name, ", ".join(ignored))  # fmt: skip
@@ -199,7 +213,9 @@ def _tensor(spec: Any, kind: str, source: str) -> dict[str, Any]:
     if spec.data_type != mc.TYPE_INVALID:
         name = mc.DataType.Name(spec.data_type).removeprefix("TYPE_")
         tensor["datatype"] = "BYTES" if name == "STRING" else name
-    if spec.dims:
+    if spec.HasField("reshape"):  # (checked: the scalar form)
+        tensor["dims"] = []
+    elif spec.dims:
         tensor["dims"] = list(spec.dims)
     if spec.DESCRIPTOR.name == "ModelOutput" and spec.label_filename:
         tensor["labels"] = spec.label_filename
@@ -224,6 +240,10 @@ def _dynamic_batching(batching: Any, out: dict[str, Any], source: str) -> None:
     scheduling["max_queue_delay_us"] = batching.max_queue_delay_microseconds
     if batching.default_priority_level:
         scheduling["default_priority_level"] = batching.default_priority_level
+    if batching.priority_levels:
+        scheduling["priority_levels"] = batching.priority_levels
+    if batching.preferred_batch_size:
+        scheduling["preferred_batch_size"] = list(batching.preferred_batch_size)
     if batching.HasField("default_queue_policy"):
         policy = batching.default_queue_policy
         if policy.max_queue_size:

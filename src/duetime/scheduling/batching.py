@@ -103,6 +103,7 @@ def plan_batch(
     bucket_of: list[int],
     answer_ns: int = 0,
     wake_slack_ns: int = 0,
+    preferred: tuple[int, ...] = (),
 ) -> Run | Wait | None:
     """The next batch for a free instance: the head and the requests after it, in queue order,
     while they share its shape, fit `max_rows`, and (with an `estimate`) the batch still finishes
@@ -116,15 +117,23 @@ def plan_batch(
     A wait bounded by a due time ends `wake_slack_ns` early: how late the caller's wake-up may
     come (a loop's timers: about a millisecond).
 
+    `preferred` batch sizes (Triton's `preferred_batch_size`, FIFO mode): a batch grows to the
+    largest of them at most, and one that reached any of them when the queue has no more to add
+    starts at once, without waiting out the window (the batch is cut back to the largest size
+    reached that is preferred).
+
     `max_rows` 0 means the model does not batch: one request per execution, no padding.
     """
     taken: list[QueuedRequest] = []
     rows, earliest_due, scanned, exhausted = 0, NO_DUE, 0, True
+    limit = min(max_rows, max(preferred)) if preferred and max_rows else max_rows
+    best = 0  # how many of `taken` make the largest preferred batch reached so far
+    best_scanned = 0
     for index in range(len(queue)):
         item = queue[index]
         if item.future.done():
             continue
-        if taken and not _joins(taken[0], item, rows, max_rows):
+        if taken and not _joins(taken[0], item, rows, limit):
             exhausted = False
             break
         due = min(earliest_due, item.due_or_never - (len(taken) + 1) * answer_ns)
@@ -133,13 +142,19 @@ def plan_batch(
             break
         taken.append(item)
         rows, earliest_due, scanned = rows + item.rows, due, index + 1
+        if rows in preferred:
+            best, best_scanned = len(taken), scanned
     if not taken:
         return None
     if max_rows == 0:
         return Run(scanned, taken, rows, 0)
+    if best and exhausted and rows < limit:  # no more to add: the preferred batch goes now
+        taken = taken[:best]
+        rows = sum(item.rows for item in taken)
+        return Run(best_scanned, taken, rows, bucket_of[rows])
     # NOTE: a full queue refuses the very requests the batch would wait for.
     can_grow = exhausted and len(taken) < queue.capacity
-    until = _wait_until(taken, rows, earliest_due, max_rows, max_delay_ns, estimate, bucket_of)
+    until = _wait_until(taken, rows, earliest_due, limit, max_delay_ns, estimate, bucket_of)
     if until is not None and estimate is not None and earliest_due != NO_DUE:
         until = min(until, earliest_due - estimate(bucket_of[rows]) - wake_slack_ns)
     if can_grow and until is not None and until > now_ns:

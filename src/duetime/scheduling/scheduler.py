@@ -229,6 +229,14 @@ class ModelScheduler:
         (see scheduling/ledger.py). `sample_row_bytes`: the input bytes a row of the samples the
         profile was measured on had (0: not known). `wake_slack_ns`: see `WAKE_SLACK_NS`."""
         self._wake_slack_base_ns = self._wake_slack_ns = wake_slack_ns
+        self._preferred = (
+            () if config.policy == "edf" else tuple(sorted(set(config.preferred_batch_size)))
+        )
+        if config.preferred_batch_size and config.policy == "edf":
+            log.warning(
+                "model %s: scheduling.preferred_batch_size has no effect in EDF mode (batches "
+                "are sized by due times); set policy 'fifo' for it", label,
+            )  # fmt: skip
         self._executor = executor
         self._sample_row_bytes = sample_row_bytes
         self._config = config
@@ -337,12 +345,11 @@ class ModelScheduler:
         self.last_arrival_ns = now
         if self._tripped and not self.available(now):
             raise self.unavailable_error(now)
-        if due_ns is None and self.default_timeout_ns is not None:
-            due_ns = now + self.default_timeout_ns
+        if self.default_timeout_ns is not None:
+            default_due = now + self.default_timeout_ns
+            due_ns = default_due if due_ns is None else min(due_ns, default_due)
         queue = self._queue
-        key = queue.key_for(
-            priority if priority > 0 else self._config.default_priority_level, due_ns
-        )
+        key = queue.key_for(self._level(priority), due_ns)
         if due_ns is not None:
             self._admit(now, due_ns, rows, key)
         future: asyncio.Future[Feeds] = self._loop.create_future()
@@ -380,12 +387,20 @@ class ModelScheduler:
         queue = self._queue
         if len(queue) >= queue.capacity or due_ns <= now or not self.available(now):
             return False
-        level = priority if priority > 0 else self._config.default_priority_level
+        level = self._level(priority)
         others = self._others(now)
         finish, _ = self._predict(now, rows, queue.key_for(level, due_ns), others)
         if others is not None and self._exec_ns(rows) > others.slack_ns:
             return False  # its batch would make a request another scheduler admitted late
         return finish + self._kept_for(rows) <= due_ns
+
+    def _level(self, priority: int) -> int:
+        """The queue level of a request's `priority`: the default for 0, and (as Triton's) for
+        one beyond the model's `priority_levels` where it sets them."""
+        config = self._config
+        if priority <= 0 or (config.priority_levels and priority > config.priority_levels):
+            return config.default_priority_level
+        return priority
 
     def backlogged(self, now: int) -> bool:
         """Requests wait in the queue, or every instance has as many batches as it takes (the
@@ -588,6 +603,7 @@ class ModelScheduler:
                 bucket_of=self.profile.bucket_of,
                 answer_ns=int(self._answer_ns),
                 wake_slack_ns=self._wake_slack_ns,
+                preferred=self._preferred,
             )
             if decision is None:
                 break
