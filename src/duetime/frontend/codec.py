@@ -255,28 +255,63 @@ def loads_json(data: bytes | memoryview) -> Any:
         raise error from None
 
 
+JSON_CHUNK = 32_768
+"""Values encoded per call when a tensor's JSON is built in pieces (about 1.5 ms of floats): a
+thread building a big answer gives the GIL back between pieces, so the event loop runs on."""
+
+
 def to_json_data(array: np.ndarray, datatype: str) -> Any:
     """Row-major flat values for a JSON response (BYTES as UTF-8 text; a non-finite float as
-    `NaN`, `Infinity` or `-Infinity`, as Triton writes them, where orjson would write null)."""
+    `NaN`, `Infinity` or `-Infinity`, as Triton writes them, where orjson would write null).
+    More than `JSON_CHUNK` numbers come as one `orjson.Fragment`, encoded in pieces."""
     if datatype == "BYTES":
         return [
             item.decode("utf-8", "replace") if isinstance(item, bytes) else str(item)
             for item in array.reshape(-1)
         ]
     flat = np.ascontiguousarray(array).reshape(-1)
+    if flat.size > JSON_CHUNK:
+        return orjson.Fragment(_json_in_pieces(flat))
     if flat.dtype.kind == "f" and not np.isfinite(flat).all():
         return orjson.Fragment(json.dumps(flat.tolist()))
     return flat
 
 
-def encode_tensor(name: str, array: np.ndarray, *, binary: bool) -> tuple[dict[str, Any], bytes]:
+def _json_in_pieces(flat: np.ndarray) -> bytes:
+    """`flat` as a JSON list, `JSON_CHUNK` values per encoding call."""
+    pieces = []
+    for start in range(0, flat.size, JSON_CHUNK):
+        chunk = flat[start : start + JSON_CHUNK]
+        if chunk.dtype.kind == "f" and not np.isfinite(chunk).all():
+            text = json.dumps(chunk.tolist()).encode()
+        else:
+            text = orjson.dumps(chunk, option=orjson.OPT_SERIALIZE_NUMPY)
+        pieces.append(text[1:-1])
+    return b"[" + b",".join(pieces) + b"]"
+
+
+def raw_view(array: np.ndarray, datatype: str) -> bytes | memoryview:
+    """`to_raw` without copying where the array is already its wire form (contiguous,
+    little-endian, numeric): a view of its bytes, which must not change until written."""
+    if datatype == "BYTES":
+        return to_raw(array, datatype)
+    wire = WIRE_DTYPE_OF[datatype]
+    if array.dtype != wire:
+        array = array.astype(wire)
+    return np.ascontiguousarray(array).reshape(-1).view(np.uint8).data
+
+
+def encode_tensor(
+    name: str, array: np.ndarray, *, binary: bool
+) -> tuple[dict[str, Any], bytes | memoryview]:
     """The v2 JSON entry of a tensor and, with `binary`, its raw bytes to append after the JSON
-    (the entry then carries `binary_data_size`); without, the values go in `data` and no bytes."""
+    (the entry then carries `binary_data_size`; a view of the array where it can be); without,
+    the values go in `data` and no bytes."""
     datatype = v2_datatype_of(array)
     entry: dict[str, Any] = {"name": name, "datatype": datatype, "shape": list(array.shape)}
     if not binary:
         entry["data"] = to_json_data(array, datatype)
         return entry, b""
-    raw = to_raw(array, datatype)
+    raw = raw_view(array, datatype)
     entry["parameters"] = {"binary_data_size": len(raw)}
     return entry, raw

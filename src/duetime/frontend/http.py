@@ -26,17 +26,18 @@ import logging
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from http import HTTPStatus
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 import httptools
 import orjson
 
 from duetime.config import ServerSettings
-from duetime.errors import ConfigError
+from duetime.errors import ConfigError, DuetimeError
 from duetime.execution.affinity import lower_thread_priority
-from duetime.frontend.rest import PendingReply, Reply, RestApi
+from duetime.frontend.rest import BulkReply, PendingReply, Reply, RestApi, build_bulk
 from duetime.observability.logs import log_request
 from duetime.overload import LoadShedder
 
@@ -70,6 +71,7 @@ _BURST_S = 0.005
 
 _JOIN_NICENESS = 10
 """The joining thread's niceness: on the loop's CPU it must not take turns from the loop."""
+T = TypeVar("T")
 
 _DRAIN_COST_S = 1e-9
 """Loop time charged per byte drained after a connection's last response (uvloop's copies): a
@@ -212,7 +214,8 @@ class _Slot:
 
     keep_alive: bool
     http10: bool = False
-    data: bytes | None = None
+    data: bytes | list[bytes | memoryview] | None = None
+    """The encoded response: one piece, or several (a big binary answer's arrays)."""
     pending: PendingReply | None = None
     size: int = 0
     """Big-body bytes reserved in the Intake until the response is written."""
@@ -311,7 +314,7 @@ class HttpConnection(asyncio.Protocol):
                 f"the server has {intake.max_connections} connections open, its limit; "
                 "retry later, reuse a connection, or use another replica"
             )
-            writer.write(_encode(_error(503, message, retry_after=True), False))
+            writer.write(cast(bytes, _encode(_error(503, message, retry_after=True), False)))
             writer.close()
             return
         self._connections.add(self)
@@ -548,7 +551,9 @@ class HttpConnection(asyncio.Protocol):
             self._answer(slot, method, url, headers, body)
             self._update_reading()
 
-        _join_in_thread(self._loop, chunks).add_done_callback(joined)
+        _in_thread(self._loop, lambda: b"".join(chunks), "duetime-body-join").add_done_callback(
+            joined
+        )
 
     def _continue(self) -> None:
         if self._headers.get("expect", "").lower() == "100-continue" and self._transport:
@@ -651,8 +656,25 @@ class HttpConnection(asyncio.Protocol):
             return
         slot.pending = None
         if not pending.ticket.future.cancelled():
-            slot.data = _encode(self._api.encode(pending), slot.keep_alive, slot.http10)
+            reply = self._api.encode(pending)
+            if isinstance(reply, BulkReply):
+                self._build_off_loop(slot, reply)
+                return
+            slot.data = _encode(reply, slot.keep_alive, slot.http10)
             self._flush()
+
+    def _build_off_loop(self, slot: _Slot, bulk: BulkReply) -> None:
+        """Build a big answer on a thread of its own, then write it in its place (see
+        BulkReply); answers after it wait for it, as ever."""
+
+        def built(future: asyncio.Future[Reply | DuetimeError]) -> None:
+            if self._transport is None or slot not in self._slots:
+                return  # the client left
+            reply = self._api.finish(bulk, future.result())
+            slot.data = _encode(reply, slot.keep_alive, slot.http10)
+            self._flush()
+
+        _in_thread(self._loop, lambda: build_bulk(bulk), "duetime-answer").add_done_callback(built)
 
     def _flush(self) -> None:
         transport = self._transport
@@ -661,8 +683,13 @@ class HttpConnection(asyncio.Protocol):
         while slots and slots[0].data is not None and transport is not None:
             slot = slots.popleft()
             data = slot.data
-            transport.write(data)  # type: ignore[arg-type]
-            self._answer_bytes = len(data)  # type: ignore[arg-type]
+            if isinstance(data, bytes):
+                transport.write(data)
+                self._answer_bytes = len(data)
+            else:
+                assert data is not None
+                transport.writelines(data)
+                self._answer_bytes = sum(len(piece) for piece in data)
             if slot.started:
                 self._running -= 1
             written = True
@@ -808,29 +835,31 @@ class HttpConnection(asyncio.Protocol):
             self._slots[-1].keep_alive = False
 
 
-def _join_in_thread(loop: asyncio.AbstractEventLoop, chunks: list[bytes]) -> asyncio.Future[bytes]:
-    """`b"".join(chunks)` on a short-lived low-priority thread; its future settles on `loop`."""
-    future: asyncio.Future[bytes] = loop.create_future()
+def _in_thread(
+    loop: asyncio.AbstractEventLoop, job: Callable[[], T], name: str
+) -> asyncio.Future[T]:
+    """`job()` on a short-lived low-priority thread; its future settles on `loop`."""
+    future: asyncio.Future[T] = loop.create_future()
 
-    def settle(body: bytes, error: Exception | None) -> None:
+    def settle(result: T | None, error: Exception | None) -> None:
         if future.done():
             return
         if error is not None:
             future.set_exception(error)
         else:
-            future.set_result(body)
+            future.set_result(result)  # type: ignore[arg-type]
 
     def work() -> None:
         lower_thread_priority(_JOIN_NICENESS)
-        body, error = b"", None
+        result, error = None, None
         try:
-            body = b"".join(chunks)
+            result = job()
         except Exception as exc:  # MemoryError
             error = exc
         with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
-            loop.call_soon_threadsafe(settle, body, error)
+            loop.call_soon_threadsafe(settle, result, error)
 
-    threading.Thread(target=work, name="duetime-body-join", daemon=True).start()
+    threading.Thread(target=work, name=name, daemon=True).start()
     return future
 
 
@@ -851,7 +880,7 @@ def _shed_reply(keep_alive: bool, http10: bool) -> bytes:
     NOTE: at overload most requests are refused, and a refusal that cost as much as an answer
     (routing, an exception, a trace id, a JSON body: 70% of serving mlp, measured) left the loop
     too little time to answer the rest: refusing 50% of 200% load took all of it."""
-    return _encode(_error(429, _SHED_MESSAGE, retry_after=True), keep_alive, http10)
+    return cast(bytes, _encode(_error(429, _SHED_MESSAGE, retry_after=True), keep_alive, http10))
 
 
 def _error(status: int, message: str, *, retry_after: bool = False) -> Reply:
@@ -863,12 +892,15 @@ def _error(status: int, message: str, *, retry_after: bool = False) -> Reply:
 
 def _encode(
     reply: Reply, keep_alive: bool, http10: bool = False, *, head_only: bool = False
-) -> bytes:
-    """The reply on the wire; `head_only` (an answer to HEAD) leaves out the body, not its
+) -> bytes | list[bytes | memoryview]:
+    """The reply on the wire: bytes, or a list of pieces where it has a tail (written as they
+    are, never joined); `head_only` (an answer to HEAD) leaves out the body, not its
     Content-Length."""
+    tail = reply.tail
+    size = len(reply.body) + sum(len(piece) for piece in tail) if tail else len(reply.body)
     head = [
         b"HTTP/1.1 %d %s\r\n" % (reply.status, _REASONS.get(reply.status, b"Unknown")),
-        b"Content-Length: %d\r\n" % len(reply.body),
+        b"Content-Length: %d\r\n" % size,
     ]
     head.extend(b"%s: %s\r\n" % pair for pair in reply.headers)
     if not keep_alive:
@@ -876,8 +908,11 @@ def _encode(
     elif http10:  # an HTTP/1.0 client assumes the connection closes unless told otherwise
         head.append(b"Connection: keep-alive\r\n")
     head.append(b"\r\n")
-    if not head_only:
-        head.append(reply.body)
+    if head_only:
+        return b"".join(head)
+    head.append(reply.body)
+    if tail:
+        return [b"".join(head), *tail]
     return b"".join(head)
 
 

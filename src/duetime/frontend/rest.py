@@ -73,6 +73,31 @@ class Reply:
     status: int
     body: bytes = b""
     headers: tuple[tuple[bytes, bytes], ...] = (_JSON,)
+    tail: tuple[bytes | memoryview, ...] = ()
+    """Bytes written after `body`, part of it (big binary outputs, as views of their arrays:
+    never copied on the event loop)."""
+
+
+@dataclass(slots=True)
+class BulkReply:
+    """An answer too big to build on the event loop: `build` makes its Reply (or its error) on
+    another thread, then `finish` completes it on the loop (tracing, the access log).
+
+    NOTE: a 4 MB answer in JSON (1M floats) took ~50 ms to encode, the loop stalled all the
+    while: two clients asking for such answers back to back made every other client's P99
+    2 s. Built on a thread, in pieces (`codec.JSON_CHUNK`), the loop takes the GIL back between
+    them."""
+
+    build: Callable[[], Reply | DuetimeError]
+    finish: Callable[[Reply | DuetimeError], Reply]
+
+
+BULK_JSON_VALUES = 65_536
+"""JSON answers with more values than this (~3 ms of encoding) are built off the loop."""
+BULK_SHARED_BYTES = 4 << 20
+"""Likewise answers writing more than this into shared memory."""
+TAIL_BYTES = 64 << 10
+"""Binary outputs beyond this are written from their arrays, not copied into the body."""
 
 
 class Pending(Protocol):
@@ -90,7 +115,7 @@ class PendingReply:
     """A response still being worked on; `encode` builds the Reply once the ticket is done."""
 
     ticket: Pending
-    encode: Callable[[Any], Reply]
+    encode: Callable[[Any], Reply | BulkReply]
 
 
 @dataclass(slots=True, eq=False)
@@ -134,6 +159,20 @@ class ControlCall:
 
 _CONTROL_TASKS: set[asyncio.Task[None]] = set()
 """Running repository operations (kept referenced until they finish)."""
+
+
+def _internal_error(exc: Exception) -> Reply:
+    log.exception("internal error encoding a response")
+    return error_reply(InternalError(f"internal error: {type(exc).__name__}: {exc}"))
+
+
+def build_bulk(bulk: BulkReply) -> Reply | DuetimeError:
+    """`bulk.build()` on any thread; an unexpected fault comes back as an InternalError."""
+    try:
+        return bulk.build()
+    except Exception as exc:
+        log.exception("internal error building a response")
+        return InternalError(f"internal error: {type(exc).__name__}: {exc}")
 
 
 def error_reply(exc: DuetimeError, trace_id: str | None = None) -> Reply:
@@ -233,13 +272,19 @@ class RestApi:
         )  # fmt: skip
         return error_reply(exc, trace_id)
 
-    def encode(self, pending: PendingReply) -> Reply:
-        """The reply of a finished inference; never raises."""
+    def encode(self, pending: PendingReply) -> Reply | BulkReply:
+        """The reply of a finished inference (or how to build it off the loop); never raises."""
         try:
             return pending.encode(pending.ticket)
         except Exception as exc:
-            log.exception("internal error encoding a response")
-            return error_reply(InternalError(f"internal error: {type(exc).__name__}: {exc}"))
+            return _internal_error(exc)
+
+    def finish(self, bulk: BulkReply, built: Reply | DuetimeError) -> Reply:
+        """The reply of an answer `bulk.build` built off the loop; never raises."""
+        try:
+            return bulk.finish(built)
+        except Exception as exc:
+            return _internal_error(exc)
 
     def _route(
         self, method: str, parts: list[str], headers: Mapping[str, str], body: bytes
@@ -496,14 +541,25 @@ class RestApi:
         ticket = self._engine.submit(request)
         return PendingReply(ticket, lambda done: self._infer_reply(done, request, plan))
 
-    def _infer_reply(self, ticket: Ticket, request: InferRequest, plan: OutputPlan) -> Reply:
-        """The answer (or error) of a finished inference, traced and logged."""
+    def _infer_reply(
+        self, ticket: Ticket, request: InferRequest, plan: OutputPlan
+    ) -> Reply | BulkReply:
+        """The answer (or error) of a finished inference, traced and logged; a big one is
+        built off the loop (see BulkReply)."""
         error = ticket.failure()  # read, not raised: see Ticket.failure
-        if error is None:
-            try:
-                reply = encode_infer_response(ticket, request.id, plan)
-            except DuetimeError as exc:
-                error = exc.with_traceback(None)  # this frame would hold its own traceback
+        if error is not None:
+            return self._answered(ticket, request, error)
+        if _bulky(ticket, plan):
+            return BulkReply(
+                lambda: _built(ticket, request.id, plan),
+                lambda built: self._answered(ticket, request, built),
+            )
+        return self._answered(ticket, request, _built(ticket, request.id, plan))
+
+    def _answered(
+        self, ticket: Ticket, request: InferRequest, outcome: Reply | DuetimeError
+    ) -> Reply:
+        error = outcome if isinstance(outcome, DuetimeError) else None
         parent = parse_traceparent(request.headers.get("traceparent"))
         trace_id = parent.trace_id_hex if parent is not None else None
         timing = request.timing
@@ -516,6 +572,8 @@ class RestApi:
         if error is not None:
             parts = ["v2", "models", request.model, "versions", ticket.version]
             return self._failed(error, request.headers, parts, trace_id or "")
+        reply = outcome
+        assert isinstance(reply, Reply)
         if trace_id is not None:
             reply.headers += ((b"x-trace-id", trace_id.encode()),)
         if self._access.take():
@@ -906,12 +964,33 @@ def _decoded(body: bytes, encoding: str | None, limit: int) -> bytes:
 # -- response encoding ---------------------------------------------------------------------------
 
 
+def _built(ticket: Ticket, request_id: str, plan: OutputPlan) -> Reply | DuetimeError:
+    try:
+        return encode_infer_response(ticket, request_id, plan)
+    except DuetimeError as exc:
+        return exc.with_traceback(None)  # this frame would hold its own traceback
+
+
+def _bulky(ticket: Ticket, plan: OutputPlan) -> bool:
+    """Whether the answer is big enough to build off the loop (see BulkReply)."""
+    produced = ticket.future.result()
+    shared = plan.shared or {}
+    values = shared_bytes = 0
+    for name in ticket.outputs:
+        array = produced[name]
+        if name in shared:
+            shared_bytes += array.nbytes
+        elif not plan.is_binary(name):
+            values += array.size
+    return values > BULK_JSON_VALUES or shared_bytes > BULK_SHARED_BYTES
+
+
 def encode_infer_response(ticket: Ticket, request_id: str, plan: OutputPlan) -> Reply:
     """The v2 response: JSON, with binary outputs appended after it where the plan says so;
     raises the request's DuetimeError if it failed."""
     response = ticket.response(request_id)
     outputs = []
-    blobs: list[bytes] = []
+    blobs: list[bytes | memoryview] = []
     shared = plan.shared or {}
     for name, array in response.outputs.items():
         window = shared.get(name)
@@ -936,6 +1015,8 @@ def encode_infer_response(ticket: Ticket, request_id: str, plan: OutputPlan) -> 
         (b"Content-Type", b"application/octet-stream"),
         (b"Inference-Header-Content-Length", str(len(head)).encode()),
     )
+    if sum(len(blob) for blob in blobs) > TAIL_BYTES:
+        return Reply(200, head, headers, tuple(blobs))
     return Reply(200, b"".join([head, *blobs]), headers)
 
 

@@ -135,7 +135,7 @@ def http_request_bytes(
 ) -> bytes:
     """A complete HTTP/1.1 v2 infer request (keep-alive), JSON or JSON + binary tensors."""
     tensors: list[dict[str, Any]] = []
-    blobs: list[bytes] = []
+    blobs: list[bytes | memoryview] = []
     for name, array in inputs.items():
         tensor, raw = codec.encode_tensor(name, array, binary=binary)
         tensors.append(tensor)
