@@ -370,6 +370,9 @@ def _print_report(report: dict[str, Any]) -> None:
         f"  tick-to-prediction µs: p50 {latency['p50']}  p99 {latency['p99']}  "
         f"p99.9 {latency['p999']}  max {latency['max']}",
     ]
+    if report["unanswered"]:
+        lines.append(f"  unanswered (given up after their due time; counted late) "
+                     f"{report['unanswered']}")  # fmt: skip
     if lag["p50"] is not None:
         lines.append(f"  pace lag µs: p50 {lag['p50']}  p99 {lag['p99']}")
     if report["pace"] == "live":

@@ -25,10 +25,12 @@ from duetime.types import InferRequest, TensorSpec
 
 class Failure(NamedTuple):
     """Why a request got no answer; `refused` when it was turned away for time (it could not
-    finish by its due time, or the server was overloaded), not broken."""
+    finish by its due time, or the server was overloaded), not broken; `unanswered` when no
+    answer came by its due time and the predictor gave up waiting (a stalled server)."""
 
     message: str
     refused: bool
+    unanswered: bool = False
 
 
 Answer = Callable[[np.ndarray | None, Failure | None], None]
@@ -37,6 +39,10 @@ REFUSED = frozenset({Outcome.REJECTED, Outcome.EXPIRED})
 """Outcomes of a request turned away for time: overloaded, unavailable, past its due time."""
 
 CONNECT_TIMEOUT_S = 10.0
+GIVE_UP_AFTER_DUE_NS = 100_000_000
+"""A remote call's gRPC deadline: its request's due time plus this. An answer that comes in
+between is counted late (never used); none by then, the call is abandoned and the request counted
+unanswered, so a server that stops answering cannot hold the feed (or its end) forever."""
 
 
 class PredictorError(Exception):
@@ -143,7 +149,9 @@ def _failure(error: BaseException) -> Failure:
 
 class GrpcPredictor:
     """Sends each request to a remote v2 server over one gRPC channel, with the time left until
-    its due time as the `timeout` parameter (µs), so the remote scheduler plans for it too."""
+    its due time as the `timeout` parameter (µs), so the remote scheduler plans for it too, and
+    a gRPC deadline `GIVE_UP_AFTER_DUE_NS` after it: a request the server never answers is
+    reported unanswered then."""
 
     def __init__(
         self, channel: Any, model: str, input_spec: TensorSpec, output: str, max_batch: int
@@ -166,8 +174,12 @@ class GrpcPredictor:
         try:
             await asyncio.wait_for(channel.channel_ready(), CONNECT_TIMEOUT_S)
             stub = pb_grpc.GRPCInferenceServiceStub(channel)  # type: ignore[no-untyped-call]
-            metadata = await stub.ModelMetadata(pb.ModelMetadataRequest(name=model))
-            config = await stub.ModelConfig(pb.ModelConfigRequest(name=model))
+            metadata = await stub.ModelMetadata(
+                pb.ModelMetadataRequest(name=model), timeout=CONNECT_TIMEOUT_S
+            )
+            config = await stub.ModelConfig(
+                pb.ModelConfigRequest(name=model), timeout=CONNECT_TIMEOUT_S
+            )
         except TimeoutError:
             await channel.close()
             raise PredictorError(f"--target {target}: no gRPC server answered") from None
@@ -185,19 +197,20 @@ class GrpcPredictor:
         request = pb.ModelInferRequest(model_name=self._model)
         request.inputs.add(name=self.input.name, datatype="FP32", shape=list(array.shape))
         request.raw_input_contents.append(codec.to_raw(array, "FP32"))
-        left_us = max(1, (due_ns - time.monotonic_ns()) // 1000)
-        request.parameters["timeout"].int64_param = left_us
-        task = asyncio.get_running_loop().create_task(self._send(request, answer))
+        left_ns = due_ns - time.monotonic_ns()
+        request.parameters["timeout"].int64_param = max(1, left_ns // 1000)
+        timeout_s = (max(0, left_ns) + GIVE_UP_AFTER_DUE_NS) / 1e9
+        task = asyncio.get_running_loop().create_task(
+            self._send(request, timeout_s, due_ns, answer)
+        )
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _send(self, request: Any, answer: Answer) -> None:
+    async def _send(self, request: Any, timeout_s: float, due_ns: int, answer: Answer) -> None:
         try:
-            response = await self._call(request)
+            response = await self._call(request, timeout=timeout_s)
         except grpc.aio.AioRpcError as exc:
-            code = exc.code().name
-            refused = outcome_of_grpc_code(code) in REFUSED
-            answer(None, Failure(f"gRPC {code}: {exc.details()}", refused))
+            answer(None, self._failure(exc, due_ns))
             return
         for index, tensor in enumerate(response.outputs):
             if tensor.name == self._output:
@@ -206,6 +219,17 @@ class GrpcPredictor:
                 answer(np.frombuffer(raw, dtype=np.float32).reshape(shape), None)
                 return
         answer(None, Failure(f"the answer has no output '{self._output}'", refused=False))
+
+    def _failure(self, exc: grpc.aio.AioRpcError, due_ns: int) -> Failure:
+        code = exc.code().name
+        message = f"gRPC {code}: {exc.details()}"
+        # NOTE: a server that expires the request sends DEADLINE_EXCEEDED by its due time; the
+        # call's own deadline (GIVE_UP_AFTER_DUE_NS later) is this client giving up
+        if code == "DEADLINE_EXCEEDED" and (
+            time.monotonic_ns() >= due_ns + GIVE_UP_AFTER_DUE_NS // 2
+        ):
+            return Failure(message, refused=False, unanswered=True)
+        return Failure(message, outcome_of_grpc_code(code) in REFUSED)
 
     def warm(self, array: np.ndarray) -> None:
         """The model is remote: nothing to warm here."""

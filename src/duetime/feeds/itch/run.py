@@ -78,6 +78,10 @@ LIVE_QUIET_NS = 2_000_000
 """...one this long without a datagram (a collection takes ~0.2 ms on the VM: not in a burst)..."""
 LIVE_COLLECT_MAX_S = 1.0
 """...or, in a feed that is never quiet that long, after this long anyway (bounded memory)."""
+DRAIN_AFTER_DUE_NS = 1_000_000_000
+"""At the end, answers are waited for until this long after the last request's due time; those
+still owed then are counted unanswered (late) and dropped if they come (a predictor that never
+answers cannot hold the run; a remote one gives up on its own before, `GIVE_UP_AFTER_DUE_NS`)."""
 
 
 class LiveSource(Protocol):
@@ -144,7 +148,11 @@ class RunStats:
     triggers: int = 0
     on_time: int = 0
     late: int = 0
-    """Answers that came after their due time: counted, never used."""
+    """Answers that came after their due time, and requests never answered (`unanswered`):
+    counted, never used."""
+    unanswered: int = 0
+    """Of `late`: requests with no answer at all by their due time and a grace (a stalled
+    server), given up on."""
     refused: int = 0
     """Requests the scheduler refused or dropped because they could not finish in time."""
     errors: int = 0
@@ -186,6 +194,7 @@ class RunStats:
             "triggers": self.triggers,
             "on_time": self.on_time,
             "late_dropped": self.late,
+            "unanswered": self.unanswered,
             "refused": self.refused,
             "errors": self.errors,
             "first_error": self.first_error,
@@ -204,7 +213,8 @@ class RunStats:
 class PredictionLog:
     """Predictions as CSV: timestamp, stock, latency, on-time flag, signal and the outputs.
 
-    A late answer gets a row with `on_time` 0 and no outputs: it was not used.
+    A late answer, or a request never answered, gets a row with `on_time` 0 and no outputs: it
+    was not used.
     """
 
     def __init__(self, out: TextIO | None, classes: int) -> None:
@@ -263,6 +273,13 @@ class FeedRun:
         self._rows: list[np.ndarray] = []
         self._max_batch = max(1, predictor.max_batch)
         self._outstanding = 0
+        """Requests not answered yet..."""
+        self._owed_events = 0
+        """...the events they carry..."""
+        self._last_due_ns = 0
+        """...and the latest due time among the requests (`_drain` waits a grace past it)."""
+        self._abandoned = False
+        """Set when `_drain` stopped waiting: answers that come later are dropped uncounted."""
         self._done = asyncio.Event()
         self._live_done = asyncio.Event()
         """Live: set when `options.limit` messages were taken."""
@@ -491,14 +508,25 @@ class FeedRun:
         stats = self.stats
         stats.triggers += len(asked)
         self._outstanding += 1
+        self._owed_events += len(asked)
         deadline = self.options.deadline_ns
         due_ns = asked[0].arrival_ns + deadline  # the burst's first event binds it
+        if due_ns > self._last_due_ns:
+            self._last_due_ns = due_ns
 
         def answer(outputs: np.ndarray | None, failure: Failure | None) -> None:
+            if self._abandoned:  # (counted unanswered when the run stopped waiting)
+                return
             now = time.monotonic_ns()
             self._outstanding -= 1
+            self._owed_events -= len(asked)
             if outputs is None:
-                if failure is not None and failure.refused:
+                if failure is not None and failure.unanswered:  # no answer by its due time
+                    stats.late += len(asked)
+                    stats.unanswered += len(asked)
+                    for event in asked:
+                        self._log.add(event.ts, event.stock, now - event.arrival_ns, None)
+                elif failure is not None and failure.refused:
                     stats.refused += len(asked)
                 else:
                     stats.errors += len(asked)
@@ -521,8 +549,17 @@ class FeedRun:
         self._predictor.submit(batch, due_ns, answer)
 
     async def _drain(self) -> None:
+        """Wait for the answers still owed, until `DRAIN_AFTER_DUE_NS` past the last due time;
+        what is owed then is counted unanswered (late), and never used if it comes."""
+        if not self._outstanding:
+            return
+        left_s = (self._last_due_ns + DRAIN_AFTER_DUE_NS - time.monotonic_ns()) / 1e9
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._done.wait(), max(0.0, left_s))
         if self._outstanding:
-            await self._done.wait()
+            self._abandoned = True
+            self.stats.late += self._owed_events
+            self.stats.unanswered += self._owed_events
 
 
 class RecordedClock:

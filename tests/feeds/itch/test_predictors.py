@@ -1,0 +1,88 @@
+"""Where the feed's requests go: a remote v2 server over gRPC that stalls or goes away must
+never hold the run or pass for an answer; the run's wait for the last answers is bounded."""
+
+from __future__ import annotations
+
+import asyncio
+import csv
+import io
+from typing import Any
+
+import numpy as np
+import pytest
+
+from duetime.feeds.itch import run as run_module
+from duetime.feeds.itch.parser import read_messages
+from duetime.feeds.itch.predictors import Answer, GrpcPredictor
+from duetime.feeds.itch.run import FeedRun, PredictionLog, RunOptions, RunStats
+from duetime.feeds.itch.synth import session_bytes
+from tests.feeds.itch.fake_server import fake_server, never_answer
+
+pytestmark = pytest.mark.timeout(60)
+
+MESSAGES = list(read_messages(session_bytes(seed=3, messages=400)))
+
+
+def _rows(out: io.StringIO) -> list[dict[str, str]]:
+    return list(csv.DictReader(io.StringIO(out.getvalue())))
+
+
+def test_a_server_that_stops_answering_cannot_hold_the_run() -> None:
+    """Each call's gRPC deadline is its due time plus a grace: a stalled server's requests end
+    as unanswered (counted late, never used) instead of being waited for forever."""
+    out = io.StringIO()
+
+    async def scenario() -> RunStats:
+        async with fake_server(never_answer) as server:
+            predictor = await GrpcPredictor.connect(server.target, "orderbook")
+            try:
+                options = RunOptions(deadline_ns=20_000_000, pace="max", keep_warm=False)
+                run = FeedRun(predictor, options, PredictionLog(out, 3))
+                return await asyncio.wait_for(run.run(MESSAGES), 10)
+            finally:
+                await predictor.aclose()
+
+    stats = asyncio.run(scenario())
+    assert stats.triggers > 0
+    assert stats.on_time == stats.refused == stats.errors == 0
+    assert stats.unanswered == stats.late == stats.triggers
+    rows = _rows(out)
+    assert len(rows) == stats.triggers
+    assert all(row["on_time"] == "0" and row["signal"] == "" for row in rows)
+
+
+class Silent:
+    """A predictor that takes requests and never answers them."""
+
+    def __init__(self) -> None:
+        self.input = type("Spec", (), {"name": "features", "shape": (21,)})()
+        self.max_batch = 8
+        self.answers: list[Answer] = []
+
+    def submit(self, array: np.ndarray, due_ns: int, answer: Answer) -> None:
+        self.answers.append(answer)
+
+    async def aclose(self) -> None:
+        return None
+
+
+def test_the_wait_for_the_last_answers_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Whatever the predictor, the run stops waiting a while after the last due time; what is
+    still owed is unanswered, and an answer that comes after that is not used."""
+    monkeypatch.setattr(run_module, "DRAIN_AFTER_DUE_NS", 50_000_000)
+    predictor = Silent()
+
+    async def scenario() -> tuple[RunStats, dict[str, Any]]:
+        options = RunOptions(deadline_ns=1_000_000, pace="max", keep_warm=False)
+        run = FeedRun(predictor, options, PredictionLog(None, 3))
+        stats = await asyncio.wait_for(run.run(MESSAGES), 10)
+        before = stats.report()
+        for answer in predictor.answers:  # too late: dropped, not counted
+            answer(np.zeros((8, 3), np.float32), None)
+        return stats, before
+
+    stats, before = asyncio.run(scenario())
+    assert stats.triggers > 0
+    assert stats.unanswered == stats.late == stats.triggers
+    assert stats.on_time == 0
+    assert stats.report()["on_time"] == before["on_time"] == 0
