@@ -210,6 +210,7 @@ def test_a_tensor_without_dims_is_reported_as_triton_does_and_read_back(tmp_path
         loaded.executor.close()
     (label,) = config["output"]
     assert (label["dims"], label["reshape"]) == ([1], {"shape": []})
-    assert config["input"][0]["dims"] == [3] and "reshape" not in config["input"][0]
+    assert config["input"][0]["dims"] == [3]
+    assert "reshape" not in config["input"][0]
     settings = translate_json(config, source="m", model_name="m")
     assert settings["outputs"] == [{"name": "label", "datatype": "INT64", "dims": []}]

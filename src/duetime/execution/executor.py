@@ -45,6 +45,9 @@ class BatchJob:
     start_by: tuple[Callable[[], int], int] | None = None
     """A clock and the last instant on it at which running still helps: a thread that takes the
     job later skips it (`BatchResult.skipped`). None: it always runs."""
+    revoked: bool = False
+    """Set by the loop while the job waits for its thread: the thread skips it
+    (`BatchResult.skipped`) and the loop plans its requests again."""
 
 
 @dataclass(slots=True, eq=False)
@@ -184,7 +187,7 @@ class Executor:
         self, run: Run, job: BatchJob, result: BatchResult, pool: InputPool
     ) -> None:
         start_by = job.start_by
-        if start_by is not None and start_by[0]() > start_by[1]:
+        if job.revoked or (start_by is not None and start_by[0]() > start_by[1]):
             result.skipped = True
             return
         self._execute(run, job, result, pool)

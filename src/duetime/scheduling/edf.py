@@ -102,6 +102,16 @@ class EDFQueue:
             self.widest = item.rows
         return True
 
+    def restore(self, item: QueuedRequest) -> None:
+        """Put back a request taken for a batch that did not run (its place is its key; the
+        capacity does not apply: it was admitted already)."""
+        index = bisect.bisect_left(self._keys, item.key)
+        self._keys.insert(index, item.key)
+        self._items.insert(index, item)
+        self.rows += item.rows
+        if item.rows > self.widest:
+            self.widest = item.rows
+
     def take(self, count: int) -> list[QueuedRequest]:
         """Remove and return the first `count` requests."""
         taken = self._items[:count]

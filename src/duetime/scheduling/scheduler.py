@@ -65,6 +65,9 @@ few µs past that instant, found hopeless, and failed unrun on an idle server. W
 come later (a loaded machine: 0.1-4 ms, measured), the slack follows them, up to
 `WAKE_SLACK_MAX_NS`, and decays back."""
 WAKE_SLACK_MAX_NS = 5_000_000
+_REVOKE_AFTER_NS = 1_000_000
+"""A running batch this far past its predicted end has overrun: the lookahead batch behind it
+may be taken back for a more urgent request (see `_revoke_passed`)."""
 _SWEEP_S = 0.001
 """While requests queue, how often the whole queue is checked for hopeless ones."""
 HANDOFF_TAIL_MAX = 2
@@ -205,6 +208,8 @@ class _Running:
     started_ns: int
     """When it was handed to an idle instance, or when the batch before it ended."""
     rows: int
+    job: BatchJob | None = None
+    """What its instance's thread was given (None: run inline)."""
 
 
 class ModelScheduler:
@@ -373,6 +378,8 @@ class ModelScheduler:
             )
         if len(queue) > self._peak:
             self._peak = len(queue)
+        if self._depth > 1:
+            self._revoke_passed(item, now)
         if self._inline:
             self._kick()  # the sweeper is armed by the dispatch if anything is left
             return future
@@ -738,7 +745,8 @@ class ModelScheduler:
                 _timing_started(item.timing, now, start, run.rows, instance)
         if self._tripped:
             self._breakers[instance].started()
-        self._outstanding[instance].append(_Running(requests, run.bucket, now, run.rows))
+        running = _Running(requests, run.bucket, now, run.rows)
+        self._outstanding[instance].append(running)
         self._busy_until[instance] = start + self._exec_ns(run.rows)
         if self._ledger is not None:
             self._ledger.book(self._owners[instance], self._busy_until[instance])
@@ -756,7 +764,32 @@ class ModelScheduler:
             job.turn = (turns, turns.take())
         if self._edf and len(self._outstanding[instance]) > 1:
             job.start_by = self._start_by(requests, run.rows)
+        running.job = job
         self._executor.submit(instance, job)
+
+    def _revoke_passed(self, item: QueuedRequest, now: int) -> None:
+        """Take back a lookahead batch that `item` should run before, while the batch ahead of
+        it overruns its prediction: its requests are planned again when the instance is free.
+
+        NOTE: a lookahead batch is planned shortly before the running one is predicted to end;
+        one that then ran far longer (0.3 s against 15 ms predicted) kept the next batch
+        committed all the while, and requests of a higher priority or an earlier due time that
+        arrived meanwhile ran after it. On schedule, it stands: what arrives in the last
+        millisecond waits for the next batch, and the pipeline keeps its thread busy."""
+        for instance, jobs in enumerate(self._outstanding):
+            if len(jobs) < 2:
+                continue
+            committed = jobs[1]
+            job = committed.job
+            if job is None or job.revoked:
+                continue
+            # (`_busy_until` is the committed batch's predicted end: the running one's is its
+            # start)
+            running_ends = self._busy_until[instance] - self._exec_ns(committed.rows)
+            if now <= running_ends + _REVOKE_AFTER_NS:
+                continue
+            if any(item.key < waiting.key for waiting in committed.requests):
+                job.revoked = True
 
     def _start_by(
         self, requests: list[QueuedRequest], rows: int
@@ -795,10 +828,14 @@ class ModelScheduler:
             self._busy_until[instance] = 0
         if self._ledger is not None:
             self._ledger.book(self._owners[instance], self._busy_until[instance])
-        if result.skipped:  # its thread took it too late to run (see `_start_by`)
+        if result.skipped:  # its thread took it too late to run (see `_start_by`), or revoked
             live = [item for item in running.requests if not item.future.done()]
             self._cancelled += len(running.requests) - len(live)
-            self._expire(live, now)
+            if result.job.revoked:
+                for item in live:
+                    self._queue.restore(item)
+            else:
+                self._expire(live, now)
             return
         self._record(running, result, now)
         self._judge(instance, running, result, now)
