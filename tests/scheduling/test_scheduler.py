@@ -75,6 +75,7 @@ def harness(
     clock: FakeClock | None = None,
     profile: LatencyProfile | None = None,
     wake_slack_ns: int = 0,
+    sample_row_bytes: int = 0,
     **scheduling: object,
 ) -> Harness:
     """A scheduler on the running loop; `scheduling` overrides SchedulingConfig fields.
@@ -95,6 +96,7 @@ def harness(
         label="'m' version 1",
         ledger=ledger,
         wake_slack_ns=wake_slack_ns,
+        sample_row_bytes=sample_row_bytes,
     )
     return Harness(clock, executor, scheduler)
 
@@ -636,6 +638,36 @@ def test_statistics_count_executions_rows_and_time() -> None:
         assert stats.success_ns == 100 * US + 2 * 300 * US
         assert stats.overhead_ns == 0
         assert stats.last_inference_ms > 0
+
+    run(body)
+
+
+def test_requests_far_bigger_than_the_samples_are_predicted_by_their_size() -> None:
+    """A model of free size profiled on 4-byte samples: a 40 KB request ran 5 s against 100 µs
+    predicted. Its run teaches a time per byte (the profile stays as it was), and the next big
+    request with a due time it cannot meet is refused at once instead of answered late."""
+
+    async def body() -> None:
+        h = harness(sample_row_bytes=4)
+        scheduler = h.scheduler
+
+        def submit(size: int, due_in: int | None = None) -> asyncio.Future[Feeds]:
+            due = None if due_in is None else h.clock.now_ns() + due_in
+            feeds = {"x": np.zeros(size, np.float32)}
+            return scheduler.submit_nowait(feeds, rows=1, shape_key=(), due_ns=due, priority=0)
+
+        before = scheduler.profile.predict(1)
+        submit(10_000)
+        h.clock.advance(5_000 * MS)
+        h.executor.complete(0, compute_ns=5_000 * MS)
+        assert scheduler.profile.predict(1) == before, "the big run left the profile alone"
+        with pytest.raises(Overloaded, match="predicted to finish in 5000"):
+            submit(10_000, due_in=20 * MS)
+        small = submit(1, due_in=20 * MS)  # the samples' size: the profile's 100 µs
+        h.executor.complete(1)
+        assert small.exception() is None
+        submit(10_000, due_in=10_000 * MS)  # time enough: admitted
+        assert len(h.executor.jobs) == 3
 
     run(body)
 

@@ -65,6 +65,8 @@ few µs past that instant, found hopeless, and failed unrun on an idle server. W
 come later (a loaded machine: 0.1-4 ms, measured), the slack follows them, up to
 `WAKE_SLACK_MAX_NS`, and decays back."""
 WAKE_SLACK_MAX_NS = 5_000_000
+_BIG_INPUT_FACTOR = 4
+"""Inputs this many times the profile samples' bytes a row are predicted by their size."""
 _REVOKE_AFTER_NS = 1_000_000
 """A running batch this far past its predicted end has overrun: the lookahead batch behind it
 may be taken back for a more urgent request (see `_revoke_passed`)."""
@@ -244,6 +246,9 @@ class ModelScheduler:
             )  # fmt: skip
         self._executor = executor
         self._sample_row_bytes = sample_row_bytes
+        self._ns_per_byte = 0.0
+        """Execution time per input byte of runs far bigger than the profile's samples (0:
+        none seen yet): what admission predicts such requests by (see `_size_extra_ns`)."""
         self._config = config
         self._edf = config.policy == "edf"
         self._queue = EDFQueue(config.max_queue_size, config.policy)
@@ -356,7 +361,8 @@ class ModelScheduler:
         queue = self._queue
         key = queue.key_for(self._level(priority), due_ns)
         if due_ns is not None:
-            self._admit(now, due_ns, rows, key)
+            extra = self._size_extra_ns(feeds, rows) if self._ns_per_byte else 0
+            self._admit(now, due_ns, rows, key, extra)
         future: asyncio.Future[Feeds] = self._loop.create_future()
         item = QueuedRequest(feeds, rows, shape_key, now, due_ns, key[0], future, key, on_done)
         if timing is not None:
@@ -451,8 +457,19 @@ class ModelScheduler:
         )
         return finish + others_ns, ahead
 
-    def _admit(self, now: int, due_ns: int, rows: int, key: tuple[int, int, int]) -> None:
+    def _size_extra_ns(self, feeds: Feeds, rows: int) -> int:
+        """How much longer than its profile a request this much bigger than the samples is
+        predicted to run (0 for one of the samples' size)."""
+        sent = sum(a.nbytes for a in feeds.values())
+        if sent <= _BIG_INPUT_FACTOR * rows * self._sample_row_bytes:
+            return 0
+        return max(0, int(sent * self._ns_per_byte) - self.profile.predict(rows))
+
+    def _admit(
+        self, now: int, due_ns: int, rows: int, key: tuple[int, int, int], extra_ns: int = 0
+    ) -> None:
         finish, ahead = self._predict(now, rows, key, self._others(now))
+        finish += extra_ns
         needed = finish + self._kept_for(rows)
         rejection = admit(now_ns=now, due_ns=due_ns, predicted_finish_ns=needed)
         if rejection is None:
@@ -963,6 +980,8 @@ class ModelScheduler:
             if len(outputs) == 1
             else not any(isinstance(o, DuetimeError) for o in outputs)
         ):
+            if self._sample_row_bytes and self._big_inputs(running, result.compute_ns):
+                return
             self._overrun.observe(self.profile.predict(bucket), result.compute_ns, now)
             self.profile.observe(bucket, result.compute_ns)
             # NOTE: a wait for the CPU's turn was planned for (`_core_free`): not hand-off cost
@@ -971,6 +990,21 @@ class ModelScheduler:
                 self._handoff.observe(overhead, now)
             overhead = min(overhead, int(2 * self._overhead_ns) + 200_000)  # see LatencyProfile
             self._overhead_ns += _OVERHEAD_ALPHA * (overhead - self._overhead_ns)
+
+    def _big_inputs(self, running: _Running, compute_ns: int) -> bool:
+        """Whether a batch's inputs were far bigger than the profile's samples (free dims);
+        if so, learn its time per byte (`_ns_per_byte`) instead of updating the profile.
+
+        NOTE: a model of free size is profiled on samples of size 1; a request 30,000 times
+        bigger ran 5 s against 15 ms predicted, was admitted under a 20 ms due time, and was
+        answered seconds late, and its run dragged the profile of the small ones. Runs this
+        big now teach admission a time per input byte, and leave the profile alone."""
+        sent = sum(a.nbytes for item in running.requests for a in item.feeds.values())
+        if sent <= _BIG_INPUT_FACTOR * running.rows * self._sample_row_bytes:
+            return False
+        rate, known = compute_ns / sent, self._ns_per_byte
+        self._ns_per_byte = rate if rate > known else known + 0.2 * (rate - known)
+        return True
 
     # -- introspection and shutdown ------------------------------------------------------------
 
