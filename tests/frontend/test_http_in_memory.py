@@ -212,3 +212,42 @@ def test_the_shedder_refuses_its_share_of_http_requests_once(mlp_repo: Path) -> 
             assert shedder.refused == 2
 
     asyncio.run(body())
+
+
+def test_a_closed_connection_is_freed_without_the_collector(mlp_repo: Path) -> None:
+    """The parser and the protocol hold each other: a closed connection stayed in that cycle with
+    its last body until the collector ran, which the runtime tuning makes rare (a client opening
+    a connection per request grew the server by a body each)."""
+
+    async def body() -> None:
+        settings = ServerSettings(
+            model_repository=mlp_repo, http_port=0, grpc_port=0, metrics=False,
+            tune_runtime=False, cpus="none",
+        )  # fmt: skip
+        server = Server(settings)
+        await server.start()
+        try:
+            with collector_off():
+                gc.set_debug(gc.DEBUG_SAVEALL)
+                try:
+                    for _ in range(3):
+                        connection = HttpConnection(
+                            server._rest, settings, server._connections, shedder=server.shedder
+                        )
+                        transport = Transport()
+                        connection.connection_made(transport)  # type: ignore[arg-type]
+                        connection.data_received(NO_TIMEOUT)
+                        await turns(2)
+                        assert transport.written[0].startswith(b"HTTP/1.1 200 ")
+                        connection.connection_lost(None)
+                        del connection, transport
+                    gc.collect()
+                    left = [o for o in gc.garbage if isinstance(o, HttpConnection)]
+                finally:
+                    gc.set_debug(0)
+                    gc.garbage.clear()
+                assert left == []
+        finally:
+            await server.stop()
+
+    asyncio.run(body())

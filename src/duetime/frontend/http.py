@@ -337,6 +337,13 @@ class HttpConnection(asyncio.Protocol):
         self._withdraw()  # the client is gone
         self._drop_reservation()
         self._transport = None
+        # NOTE: the parser holds this protocol (its callbacks), and this protocol the parser: a
+        # cycle only the collector frees, with the last body read, and with the runtime tuning
+        # (gc.freeze, a gen-0 threshold of 50,000) it hardly runs. A client opening a connection
+        # per request grew the server by a body each: 0.55 MB a connection, 1.4 GB in 2,400.
+        self._parser = None  # type: ignore[assignment]
+        self._body = []
+        self._headers = {}
 
     def data_received(self, data: bytes) -> None:
         if self._lingering:  # the last response is out: discard the rest, in turns
