@@ -355,3 +355,44 @@ def test_listen_that_cannot_hold_its_cpu_latency_limit_says_so_and_binds_nothing
     assert "listening on" not in out
     assert "duetime itch listen: setting 'cpu_dma_latency_us' (--cpu-dma-latency-us)" in err
     assert str(missing) in err
+
+
+class _Transport:
+    """Stands in for a datagram transport when a test hands the receiver datagrams itself."""
+
+    def close(self) -> None:
+        return None
+
+    def get_extra_info(self, name: str) -> Any:
+        return ("127.0.0.1", 9)
+
+
+def test_a_full_queue_drops_datagrams_and_reports_them_missed() -> None:
+    """Datagrams read faster than the run applies them wait in a bounded queue: one that comes
+    while it is full is dropped, and its sequence numbers are a gap in the report (the queue
+    once grew without bound, hiding the loss a full socket buffer would have shown)."""
+    frames = [encode("D", stock_locate=1, timestamp=n, order_reference_number=n) for n in
+              range(1, 301)]  # fmt: skip
+    packets = list(mold_packets(frames, "FULL", per_packet=10))  # 30 datagrams of 10 messages
+
+    async def scenario() -> FeedRun:
+        receiver = MoldUdpReceiver(next_sequence=1)
+        feed = UdpFeed(_Transport(), receiver, idle_s=None)  # type: ignore[arg-type]
+        options = RunOptions(deadline_ns=10**9, pace="max", max_queued=40, keep_warm=False)
+        run = FeedRun(Recorder(), options, PredictionLog(None, 3))
+        running = asyncio.ensure_future(run.run_live(feed))
+        await asyncio.sleep(0)  # started: it takes datagrams
+        for packet in packets:  # one burst, in one turn of the loop: nothing applied meanwhile
+            receiver.datagram_received(packet, ("127.0.0.1", 9))
+            assert run._queued <= 40
+        receiver.datagram_received(end_of_session_packet("FULL", 301), ("127.0.0.1", 9))
+        await asyncio.wait_for(running, 10)
+        return run
+
+    run = asyncio.run(scenario())
+    report = run.stats.report()
+    assert report["messages"] == 40
+    assert report["missed_messages"] == report["queue_dropped_messages"] == 260
+    assert report["gaps"] == 26
+    assert report["first_gaps"][:2] == [[41, 50], [51, 60]]
+    assert run._queued == 0

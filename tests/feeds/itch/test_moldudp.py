@@ -10,6 +10,7 @@ from duetime.feeds.itch.moldudp import (
     Gap,
     MoldFormatError,
     MoldPacket,
+    MoldUdpReceiver,
     SequenceTracker,
     decode_packet,
     encode_packet,
@@ -156,3 +157,22 @@ def test_the_receiver_counts_bad_datagrams_instead_of_raising() -> None:
     assert len(bad) == 2
     assert "20-byte header" in bad[0]
     assert "unknown message type" in bad[1]
+
+
+def test_a_refused_datagram_is_a_gap() -> None:
+    """A consumer that refuses a datagram (its queue is full) loses its messages: a gap of their
+    sequence numbers, counted as missed and as discarded."""
+    gaps: list[Gap] = []
+    taken: list[int] = []
+
+    def on_packet(messages: list[Message], _received: int) -> bool:
+        taken.append(len(messages))
+        return len(taken) != 2  # the second datagram is refused
+
+    receiver = MoldUdpReceiver(on_packet=on_packet, on_gap=gaps.append)
+    for packet in mold_packets(MESSAGES, "S", per_packet=3):
+        receiver.datagram_received(packet, ("127.0.0.1", 9))
+    assert taken == [3, 3, 1]
+    assert gaps == [Gap(4, 6)]
+    assert (receiver.tracker.missed, receiver.tracker.discarded) == (3, 3)
+    assert receiver.tracker.next_sequence == 8

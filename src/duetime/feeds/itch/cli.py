@@ -80,6 +80,11 @@ def _add_run_arguments(run: argparse.ArgumentParser, *, live: bool = False) -> N
             "after each datagram instead of sleeping (a core stays busy; default 0)",
         )  # fmt: skip
         run.add_argument(
+            "--max-queued-messages", type=int, help="messages "
+            "received and not applied yet, at most (default 100000, about 25 MB): a datagram "
+            "that comes while the queue is full is dropped and its messages reported missed",
+        )  # fmt: skip
+        run.add_argument(
             "--cpu-dma-latency-us", type=int, help="while listening, keep idle CPUs able to wake "
             "within this many µs (Linux PM QoS, whole machine, needs root; 0: they poll)",
         )  # fmt: skip
@@ -200,6 +205,10 @@ def _run_feed(args: argparse.Namespace) -> int:
     if args.deadline_us <= 0 or speed <= 0:
         print(f"{command}: --deadline-us and --speed must be positive", file=sys.stderr)
         return 2
+    if live and args.max_queued_messages is not None and args.max_queued_messages < 1:
+        print(f"{command}: --max-queued-messages must be at least 1, got "
+              f"{args.max_queued_messages}", file=sys.stderr)  # fmt: skip
+        return 2
     try:
         trigger = Trigger(every=args.every, top_change=args.on == "top-change")
         args.address = parse_address(args.udp, "--udp") if live else None
@@ -216,6 +225,8 @@ def _run_feed(args: argparse.Namespace) -> int:
         options.max_gap_ns = int(args.max_gap_ms * 1e6)
     else:
         options.busy_poll_ns = max(0, args.busy_poll_us) * 1000
+        if args.max_queued_messages is not None:  # (default: run.MAX_QUEUED_MESSAGES)
+            options.max_queued = args.max_queued_messages
     loop = new_event_loop()
     asyncio.set_event_loop(loop)
     try:
@@ -376,7 +387,9 @@ def _print_report(report: dict[str, Any]) -> None:
     if lag["p50"] is not None:
         lines.append(f"  pace lag µs: p50 {lag['p50']}  p99 {lag['p99']}")
     if report["pace"] == "live":
-        lines.append(f"  missed messages (sequence gaps) {report['missed_messages']}  "
+        dropped = report.get("queue_dropped_messages")
+        full = f" (dropped for a full queue: {dropped})" if dropped else ""
+        lines.append(f"  missed messages (sequence gaps) {report['missed_messages']}{full}  "
                      f"bad packets {report['bad_packets']}")  # fmt: skip
     if report["first_error"]:
         lines.append(f"  first error: {report['first_error']}")

@@ -29,7 +29,7 @@ from duetime.feeds.itch.moldudp import (
     open_receiver,
 )
 from duetime.feeds.itch.parser import OnError, Source, read_frames
-from duetime.feeds.itch.run import RecordedClock
+from duetime.feeds.itch.run import FIRST_GAPS, FeedStatistics, RecordedClock
 from duetime.feeds.itch.spec import Message
 from duetime.loops import BusyPoll
 
@@ -91,26 +91,35 @@ class UdpFeed:
 
     @property
     def missed(self) -> int:
-        return sum(gap.last - gap.first + 1 for gap in self._receiver.tracker.gaps)
+        return self._receiver.tracker.missed
 
     @property
     def bad(self) -> int:
         return len(self._receiver.bad_packets)
 
-    def start(self, on_packet: Callable[[Sequence[Any], int], None]) -> None:
+    def statistics(self) -> FeedStatistics:
+        tracker = self._receiver.tracker
+        return FeedStatistics(
+            missed=tracker.missed, dropped=tracker.discarded, gaps=tracker.gap_count,
+            first_gaps=tuple(tracker.gaps[:FIRST_GAPS]),
+        )  # fmt: skip
+
+    def start(self, on_packet: Callable[[Sequence[Any], int], bool]) -> None:
+        """Hand each datagram's messages to `on_packet` from now on (those that came since
+        `open` first); `on_packet` returning False refuses one: its messages are missed."""
         poll = self._poll
         if poll is not None:
 
-            def polled(messages: Sequence[Any], received_ns: int) -> None:
+            def polled(messages: Sequence[Any], received_ns: int) -> bool:
                 poll.poke()
-                on_packet(messages, received_ns)
+                return on_packet(messages, received_ns)
 
             self._receiver.on_packet = polled
         else:
             self._receiver.on_packet = on_packet
         early, self._early = self._early, []
         for messages, received in early:
-            on_packet(messages, received)
+            on_packet(messages, received)  # (a few at most: taken whatever the queue holds)
 
     def stop(self) -> None:
         """Close the socket and end `ended` (also from a signal handler)."""

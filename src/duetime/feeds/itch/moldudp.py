@@ -26,6 +26,12 @@ HEARTBEAT = 0
 END_OF_SESSION = 0xFFFF
 MAX_DATAGRAM = 1400
 """Default budget for one encoded packet: fits a 1500-byte Ethernet MTU with IP/UDP headers."""
+KEEP_GAPS = 100
+"""Gaps a `SequenceTracker` keeps (the first ones; all are counted)."""
+
+
+OnPacket = Callable[[list[Message], int], bool | None]
+"""A datagram's new messages and when it was received; False: refused (see `MoldUdpReceiver`)."""
 
 
 class MoldFormatError(ValueError):
@@ -153,13 +159,21 @@ class SequenceTracker:
 
     Messages before `next_sequence` are duplicates and dropped; a packet that starts after it
     records a `Gap` and moves on (a recovering client would ask for the gap meanwhile).
-    `next_sequence=None` syncs to the first packet seen, as a late joiner does.
+    `next_sequence=None` syncs to the first packet seen, as a late joiner does. Memory stays
+    bounded: `gaps` keeps the first `KEEP_GAPS` gaps, `gap_count` and `missed` count them all.
     """
 
     def __init__(self, next_sequence: int | None = 1) -> None:
         self.next_sequence = next_sequence
         self.session: str | None = None
         self.gaps: list[Gap] = []
+        """The first `KEEP_GAPS` gaps."""
+        self.gap_count = 0
+        self.last_gap: Gap | None = None
+        self.missed = 0
+        """Messages in all the gaps."""
+        self.discarded = 0
+        """Of `missed`: messages received but discarded by their consumer (`discard`)."""
         self.duplicates = 0
         self.ended = False
 
@@ -171,7 +185,7 @@ class SequenceTracker:
             raise MoldFormatError(f"session {packet.session!r} in a {self.session!r} stream")
         expected = packet.sequence_number if self.next_sequence is None else self.next_sequence
         if packet.sequence_number > expected:
-            self.gaps.append(Gap(expected, packet.sequence_number - 1))
+            self._gap(expected, packet.sequence_number - 1)
             expected = packet.sequence_number
         skip = expected - packet.sequence_number  # already seen
         fresh = packet.messages[skip:]
@@ -181,11 +195,28 @@ class SequenceTracker:
             self.ended = True
         return [(expected + i, message) for i, message in enumerate(fresh)]
 
+    def discard(self, first: int, last: int, count: int) -> Gap:
+        """Messages `first`..`last` (`count` of them) were handed out but their consumer could
+        not take them (its queue was full): they are a gap like a lost datagram's."""
+        gap = self._gap(first, last, count)
+        self.discarded += count
+        return gap
+
+    def _gap(self, first: int, last: int, count: int | None = None) -> Gap:
+        gap = self.last_gap = Gap(first, last)
+        self.gap_count += 1
+        self.missed += last - first + 1 if count is None else count
+        if len(self.gaps) < KEEP_GAPS:
+            self.gaps.append(gap)
+        return gap
+
 
 class MoldUdpReceiver(asyncio.DatagramProtocol):
     """Receives MoldUDP64 datagrams and calls `on_message(sequence, message)` for each new
     ITCH message in order, and `on_packet(messages, received_ns)` once per datagram with its
     new messages (if any) and the monotonic time it was taken in; `on_gap(gap)` for each gap.
+    `on_packet` returning False refuses the datagram (its consumer's queue is full): its
+    messages become a gap (`SequenceTracker.discard`), as if the datagram had been lost.
     Datagrams that do not parse are counted in `bad_packets`, never raised into the event loop.
     `ended` is set by the session's end-of-session packet (or by its owner, to stop);
     `last_received_ns` is when the last datagram (heartbeats too) came in.
@@ -195,7 +226,7 @@ class MoldUdpReceiver(asyncio.DatagramProtocol):
         self,
         on_message: Callable[[int, Message], None] | None = None,
         *,
-        on_packet: Callable[[list[Message], int], None] | None = None,
+        on_packet: OnPacket | None = None,
         on_gap: Callable[[Gap], None] | None = None,
         next_sequence: int | None = 1,
     ) -> None:
@@ -209,15 +240,16 @@ class MoldUdpReceiver(asyncio.DatagramProtocol):
 
     def datagram_received(self, data: bytes, addr: tuple[str | int, ...]) -> None:
         self.last_received_ns = received = time.monotonic_ns()
-        gaps = len(self.tracker.gaps)
+        tracker = self.tracker
+        gaps = tracker.gap_count
         try:
-            fresh = self.tracker.accept(decode_packet(data))
+            fresh = tracker.accept(decode_packet(data))
         except MoldFormatError as error:
             self.bad_packets.append(str(error))
             return
-        if self.on_gap is not None:
-            for gap in self.tracker.gaps[gaps:]:
-                self.on_gap(gap)
+        if tracker.gap_count != gaps and self.on_gap is not None:
+            assert tracker.last_gap is not None
+            self.on_gap(tracker.last_gap)
         decoded: list[Message] = []
         for sequence, body in fresh:
             try:
@@ -228,9 +260,12 @@ class MoldUdpReceiver(asyncio.DatagramProtocol):
             if self.on_message is not None:
                 self.on_message(sequence, message)
             decoded.append(message)
-        if decoded and self.on_packet is not None:
-            self.on_packet(decoded, received)
-        if self.tracker.ended:
+        on_packet = self.on_packet
+        if decoded and on_packet is not None and on_packet(decoded, received) is False:
+            gap = tracker.discard(fresh[0][0], fresh[-1][0], len(decoded))
+            if self.on_gap is not None:
+                self.on_gap(gap)
+        if tracker.ended:
             self.ended.set()
 
 
@@ -239,7 +274,7 @@ async def open_receiver(
     *,
     host: str = "127.0.0.1",
     port: int = 0,
-    on_packet: Callable[[list[Message], int], None] | None = None,
+    on_packet: OnPacket | None = None,
     on_gap: Callable[[Gap], None] | None = None,
     next_sequence: int | None = 1,
     receive_buffer: int | None = None,

@@ -76,6 +76,12 @@ LIVE_COLLECT_S = 0.01
 the young generations..."""
 LIVE_QUIET_NS = 2_000_000
 """...one this long without a datagram (a collection takes ~0.2 ms on the VM: not in a burst)..."""
+MAX_QUEUED_MESSAGES = 100_000
+"""Live: messages received and not applied yet, at most (`itch listen --max-queued-messages`;
+about 25 MB). A datagram that comes while the queue is full is dropped, and its messages are
+reported missed (a sequence gap), as the kernel's drop of a datagram would be."""
+FIRST_GAPS = 10
+"""Live: gaps listed in the report (all are counted)."""
 LIVE_COLLECT_MAX_S = 1.0
 """...or, in a feed that is never quiet that long, after this long anyway (bounded memory)."""
 DRAIN_AFTER_DUE_NS = 1_000_000_000
@@ -84,9 +90,23 @@ still owed then are counted unanswered (late) and dropped if they come (a predic
 answers cannot hold the run; a remote one gives up on its own before, `GIVE_UP_AFTER_DUE_NS`)."""
 
 
+@dataclass(frozen=True, slots=True)
+class FeedStatistics:
+    """What a live feed made of its sequence numbers so far."""
+
+    missed: int = 0
+    """Messages never delivered: sequence gaps (lost datagrams, and `dropped`)."""
+    dropped: int = 0
+    """Of `missed`: received, but refused because the run's queue was full."""
+    gaps: int = 0
+    first_gaps: tuple[tuple[int, int], ...] = ()
+    """The first `FIRST_GAPS` gaps, (first, last) sequence numbers."""
+
+
 class LiveSource(Protocol):
     """A live feed (`live.UdpFeed`): hands each datagram's messages, decoded and in sequence
-    order, to a callback with the time it was received."""
+    order, to a callback with the time it was received; a datagram the callback refuses
+    (returns False: the run's queue is full) is missed, a gap like a lost one."""
 
     @property
     def missed(self) -> int:
@@ -96,7 +116,8 @@ class LiveSource(Protocol):
     def bad(self) -> int:
         """Datagrams or messages that did not parse so far."""
 
-    def start(self, on_packet: Callable[[Sequence[Any], int], None]) -> None: ...
+    def statistics(self) -> FeedStatistics: ...
+    def start(self, on_packet: Callable[[Sequence[Any], int], bool]) -> None: ...
     def stop(self) -> None: ...
     async def ended(self) -> None:
         """Returns when the feed has ended (its end-of-session packet, a silence, `stop`)."""
@@ -137,6 +158,8 @@ class RunOptions:
     book of its own every `WARM_EVERY_NS` (see `Warmer`)."""
     busy_poll_ns: int = 0
     """Live: how long the feed keeps polling after a datagram (`itch listen --busy-poll-us`)."""
+    max_queued: int = MAX_QUEUED_MESSAGES
+    """Live: messages received and not applied yet, at most (see `MAX_QUEUED_MESSAGES`)."""
 
 
 @dataclass(slots=True)
@@ -159,6 +182,8 @@ class RunStats:
     first_error: str | None = None
     missed_messages: int = 0
     """Live: messages the feed never delivered (MoldUDP64 sequence gaps)."""
+    feed: FeedStatistics | None = None
+    """Live: the feed's own account of its sequence numbers, at the end."""
     bad_packets: int = 0
     """Live: datagrams (or messages in them) that did not parse, skipped."""
     latency: HdrHistogram = field(default_factory=new_histogram)
@@ -200,6 +225,7 @@ class RunStats:
             "first_error": self.first_error,
             "missed_messages": self.missed_messages,
             "bad_packets": self.bad_packets,
+            **self._feed_report(),
             "misses": self.late + self.refused,
             "miss_rate": (self.late + self.refused) / self.triggers if self.triggers else 0.0,
             "tick_to_prediction_us": percentiles_us(self.latency),
@@ -207,6 +233,16 @@ class RunStats:
             "wall_s": round(wall_s, 3),
             "messages_per_s": round(self.messages / wall_s, 1),
             "predictions_per_s": round(answered / wall_s, 1),
+        }
+
+    def _feed_report(self) -> dict[str, Any]:
+        feed = self.feed
+        if feed is None:
+            return {}
+        return {
+            "queue_dropped_messages": feed.dropped,
+            "gaps": feed.gaps,
+            "first_gaps": [list(gap) for gap in feed.first_gaps],
         }
 
 
@@ -284,7 +320,9 @@ class FeedRun:
         self._live_done = asyncio.Event()
         """Live: set when `options.limit` messages were taken."""
         self._packets: deque[tuple[Sequence[Any], int]] = deque()
-        """Live: datagrams received and not applied yet, with their arrival."""
+        """Live: datagrams received and not applied yet, with their arrival..."""
+        self._queued = 0
+        """...and their messages (at most about `options.max_queued`)."""
         self._arrivals = asyncio.Event()
         self._last_arrival_ns = 0
         window = WINDOW_EVENTS if self._wants_window else 0
@@ -325,24 +363,30 @@ class FeedRun:
                     waiting.cancel()
                 self.stats.missed_messages = source.missed
                 self.stats.bad_packets = source.bad
+                self.stats.feed = source.statistics()
             while self._packets:  # what came in before the end
                 self._take_received()
                 self._flush()
             await self._drain()
         return self.stats
 
-    def _received(self, messages: Sequence[Any], arrival_ns: int) -> None:
-        """A live feed's datagram: its messages arrived together, at `arrival_ns`.
+    def _received(self, messages: Sequence[Any], arrival_ns: int) -> bool:
+        """A live feed's datagram: its messages arrived together, at `arrival_ns`. False: it
+        is refused, the queue is full (`options.max_queued`; the feed reports it missed).
 
         NOTE: queued, not applied here: the loop reads up to a few dozen datagrams in one go,
         and applying them all before the model's turn made the first ones miss their due times
         (a third of them on the 2-core VM). `_consume` applies what is queued, asks, and lets
         the model run before it takes more."""
-        self._packets.append((messages, arrival_ns))
         self._last_arrival_ns = arrival_ns
+        self._woken.set()
+        if self._queued >= self.options.max_queued:
+            return False
+        self._packets.append((messages, arrival_ns))
+        self._queued += len(messages)
         if len(self._packets) == 1:
             self._arrivals.set()
-        self._woken.set()
+        return True
 
     async def _consume(self) -> None:
         arrivals = self._arrivals
@@ -359,16 +403,20 @@ class FeedRun:
         packets, stats, limit = self._packets, self.stats, self.options.limit
         while packets:
             messages, arrival_ns = packets.popleft()
+            self._queued -= len(messages)
             for index, message in enumerate(messages):
                 if limit is not None and stats.messages >= limit:
                     packets.clear()
+                    self._queued = 0
                     self._live_done.set()
                     return
                 stats.messages += 1
                 self._arrived(message, arrival_ns)
                 if len(self._burst) >= self._max_batch:
                     if index + 1 < len(messages):  # the rest waits for the next batch
-                        packets.appendleft((messages[index + 1 :], arrival_ns))
+                        rest = messages[index + 1 :]
+                        packets.appendleft((rest, arrival_ns))
+                        self._queued += len(rest)
                     return
 
     async def _warm_live(self, warmer: Warmer) -> None:
