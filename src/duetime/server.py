@@ -35,6 +35,9 @@ from duetime.tools.capture.recorder import Recorder
 
 log = logging.getLogger("duetime.server")
 
+_GRPC_GRACE_EXTRA_S = 1.0
+"""gRPC's shutdown grace beyond the engine's (see `Server.stop`)."""
+
 
 @dataclass(frozen=True, slots=True)
 class Addresses:
@@ -230,7 +233,11 @@ class Server:
         self._grpc_service.accepting = False
         if self._http is not None:
             self._http.close()
-        grpc_stopped = self._grpc.stop(grace) if self._grpc is not None else None
+        # NOTE: gRPC cancels the calls still running when its grace ends, with a bare CANCELLED
+        # (which clients read as their own doing, and do not retry); a little longer, it lets
+        # the engine fail what is left first, with UNAVAILABLE "shut down before it ran"
+        grpc_grace = grace + _GRPC_GRACE_EXTRA_S
+        grpc_stopped = self._grpc.stop(grpc_grace) if self._grpc is not None else None
         await self.engine.aclose(grace)
         for connection in list(self._connections):
             connection.shutdown()

@@ -251,3 +251,22 @@ def test_a_closed_connection_is_freed_without_the_collector(mlp_repo: Path) -> N
             await server.stop()
 
     asyncio.run(body())
+
+
+def test_answers_while_shutting_down_close_the_connection(mlp_repo: Path) -> None:
+    """A client reusing a connection the server is about to close never knows whether its next
+    request ran: once the server stops accepting, its answers say `Connection: close`."""
+
+    async def body() -> None:
+        async with serving(mlp_repo) as connect:
+            connection, transport = connect()
+            connection.data_received(NO_TIMEOUT)
+            await turns(2)
+            assert b"Connection: close" not in transport.written[0]
+            connection._api.accepting = False
+            connection.data_received(NO_TIMEOUT + NO_TIMEOUT)  # the second one is not run
+            await turns(2)
+            assert len(transport.written) == 2
+            assert b"\r\nConnection: close\r\n" in transport.written[1]
+
+    asyncio.run(body())

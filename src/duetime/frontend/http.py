@@ -342,8 +342,7 @@ class HttpConnection(asyncio.Protocol):
         # (gc.freeze, a gen-0 threshold of 50,000) it hardly runs. A client opening a connection
         # per request grew the server by a body each: 0.55 MB a connection, 1.4 GB in 2,400.
         self._parser = None  # type: ignore[assignment]
-        self._body = []
-        self._headers = {}
+        self._reset_message()  # (the last body read)
 
     def data_received(self, data: bytes) -> None:
         if self._lingering:  # the last response is out: discard the rest, in turns
@@ -532,7 +531,7 @@ class HttpConnection(asyncio.Protocol):
         head = method == "HEAD"  # a GET's status and headers without its body (RFC 9110 9.3.2)
         outcome = self._api.handle("GET" if head else method, url, headers, body)
         if isinstance(outcome, Reply):
-            slot.data = _encode(outcome, slot.keep_alive, slot.http10, head_only=head)
+            slot.data = _encode(outcome, self._keep_alive(slot), slot.http10, head_only=head)
             self._flush()
         else:
             slot.pending = outcome
@@ -667,8 +666,17 @@ class HttpConnection(asyncio.Protocol):
             if isinstance(reply, BulkReply):
                 self._build_off_loop(slot, reply)
                 return
-            slot.data = _encode(reply, slot.keep_alive, slot.http10)
+            slot.data = _encode(reply, self._keep_alive(slot), slot.http10)
             self._flush()
+
+    def _keep_alive(self, slot: _Slot) -> bool:
+        """Whether the connection stays open after `slot`'s answer: not once the server is
+        shutting down (its answer says `Connection: close`, so the client does not write its
+        next request on a connection about to close and never know whether it ran)."""
+        if slot.keep_alive and not self._api.accepting:
+            slot.keep_alive = False
+            self._closing = True
+        return slot.keep_alive
 
     def _build_off_loop(self, slot: _Slot, bulk: BulkReply) -> None:
         """Build a big answer on a thread of its own, then write it in its place (see
@@ -678,7 +686,7 @@ class HttpConnection(asyncio.Protocol):
             if self._transport is None or slot not in self._slots:
                 return  # the client left
             reply = self._api.finish(bulk, future.result())
-            slot.data = _encode(reply, slot.keep_alive, slot.http10)
+            slot.data = _encode(reply, self._keep_alive(slot), slot.http10)
             self._flush()
 
         _in_thread(self._loop, lambda: build_bulk(bulk), "duetime-answer").add_done_callback(built)
