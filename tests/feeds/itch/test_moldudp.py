@@ -7,6 +7,8 @@ import asyncio
 import pytest
 
 from duetime.feeds.itch.moldudp import (
+    KEEP_EXAMPLES,
+    BadPackets,
     Gap,
     MoldFormatError,
     MoldPacket,
@@ -141,12 +143,12 @@ async def receive_over_loopback(
     finally:
         sender.close()
         transport.close()
-    assert receiver.bad_packets == []
+    assert len(receiver.bad_packets) == 0
     return received, gaps
 
 
 def test_the_receiver_counts_bad_datagrams_instead_of_raising() -> None:
-    async def run() -> list[str]:
+    async def run() -> BadPackets:
         transport, receiver = await open_receiver(lambda s, m: None)
         receiver.datagram_received(b"junk", ("127.0.0.1", 1))
         receiver.datagram_received(encode_packet("S", 1, [b"Zbad"]), ("127.0.0.1", 1))
@@ -155,8 +157,26 @@ def test_the_receiver_counts_bad_datagrams_instead_of_raising() -> None:
 
     bad = asyncio.run(run())
     assert len(bad) == 2
-    assert "20-byte header" in bad[0]
-    assert "unknown message type" in bad[1]
+    assert bad.counts == {"short": 1, "bad_message": 1}
+    assert "20-byte header" in bad.examples["short"][0]
+    assert "unknown message type" in bad.examples["bad_message"][0]
+
+
+def test_bad_datagrams_are_counted_by_kind_in_bounded_memory() -> None:
+    """A flood of datagrams the feed cannot use (another session's, garbage) is counted per
+    kind with the first few reasons: each one's reason string was once kept forever."""
+    receiver = MoldUdpReceiver(lambda s, m: None)
+    receiver.datagram_received(encode_packet("MINE", 1, MESSAGES[:1]), ("127.0.0.1", 1))
+    other, junk = heartbeat_packet("OTHER", 1), b"x" * 7
+    for n in range(20_000):
+        receiver.datagram_received(other if n % 4 else junk, ("127.0.0.1", 1))
+    bad = receiver.bad_packets
+    assert len(bad) == 20_000
+    assert bad.counts == {"other_session": 15_000, "short": 5_000}
+    assert all(len(examples) <= KEEP_EXAMPLES for examples in bad.examples.values())
+    assert list(bad.as_dict()) == ["other_session", "short"]  # the most first
+    assert "session 'OTHER'" in bad.examples["other_session"][0]
+    assert bad.note().startswith("20000 bad packet(s): other_session 15000 (the first: ")
 
 
 def test_a_refused_datagram_is_a_gap() -> None:

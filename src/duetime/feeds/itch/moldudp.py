@@ -16,7 +16,7 @@ import socket
 import struct
 import time
 from collections.abc import Callable, Iterable, Iterator
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from duetime.feeds.itch.parser import ItchFormatError, decode_message
 from duetime.feeds.itch.spec import Message
@@ -28,6 +28,8 @@ MAX_DATAGRAM = 1400
 """Default budget for one encoded packet: fits a 1500-byte Ethernet MTU with IP/UDP headers."""
 KEEP_GAPS = 100
 """Gaps a `SequenceTracker` keeps (the first ones; all are counted)."""
+KEEP_EXAMPLES = 3
+"""Reasons `BadPackets` keeps per kind (the first ones; all are counted)."""
 
 
 OnPacket = Callable[[list[Message], int], bool | None]
@@ -35,7 +37,51 @@ OnPacket = Callable[[list[Message], int], bool | None]
 
 
 class MoldFormatError(ValueError):
-    """A datagram that is not a well-formed MoldUDP64 downstream packet."""
+    """A datagram that is not a well-formed MoldUDP64 downstream packet, or that does not belong
+    to the stream; `kind` names the case in a word (`BadPackets` counts by it)."""
+
+    def __init__(self, message: str, kind: str = "malformed") -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+class BadPackets:
+    """Datagrams (or messages in them) that could not be used: a count per kind and the first
+    `KEEP_EXAMPLES` reasons of each, so memory stays bounded whatever a feed sends.
+
+    Kinds: `short` (less than a header), `cut_off` (fewer or shorter blocks than the count
+    says), `trailing_bytes`, `control_with_messages` (a heartbeat or end of session with
+    blocks), `other_session` (a datagram of another session than the stream's),
+    `bad_message` (a block that is no ITCH message).
+    """
+
+    __slots__ = ("counts", "examples", "total")
+
+    def __init__(self) -> None:
+        self.counts: dict[str, int] = {}
+        self.examples: dict[str, list[str]] = {}
+        self.total = 0
+
+    def add(self, kind: str, reason: str) -> None:
+        self.total += 1
+        count = self.counts.get(kind, 0)
+        self.counts[kind] = count + 1
+        if count < KEEP_EXAMPLES:
+            self.examples.setdefault(kind, []).append(reason)
+
+    def __len__(self) -> int:
+        return self.total
+
+    def as_dict(self) -> dict[str, dict[str, Any]]:
+        """JSON-ready: kind -> {"count": n, "examples": [the first reasons]}, the most first."""
+        ordered = sorted(self.counts.items(), key=lambda item: -item[1])
+        return {kind: {"count": n, "examples": list(self.examples[kind])} for kind, n in ordered}
+
+    def note(self) -> str:
+        """One line (for stderr): how many of each kind, and the first reason of each."""
+        parts = [f"{kind} {entry['count']} (the first: {entry['examples'][0]})"
+                 for kind, entry in self.as_dict().items()]  # fmt: skip
+        return f"{self.total} bad packet(s): " + "; ".join(parts)
 
 
 class MoldPacket(NamedTuple):
@@ -66,26 +112,34 @@ def decode_packet(datagram: bytes) -> MoldPacket:
     """Parse one datagram; raises MoldFormatError when its blocks do not fill it exactly."""
     if len(datagram) < HEADER.size:
         raise MoldFormatError(
-            f"a packet has a {HEADER.size}-byte header, got {len(datagram)} bytes"
+            f"a packet has a {HEADER.size}-byte header, got {len(datagram)} bytes", "short"
         )
     raw_session, sequence, count = HEADER.unpack_from(datagram)
     session = raw_session.decode("latin-1").rstrip(" ")
     if count in (HEARTBEAT, END_OF_SESSION):
         if len(datagram) != HEADER.size:
-            raise MoldFormatError(f"a packet of count {count} has no messages")
+            raise MoldFormatError(
+                f"a packet of count {count} has no messages, got {len(datagram) - HEADER.size} "
+                "bytes after the header",
+                "control_with_messages",
+            )
         return MoldPacket(session, sequence, count, ())
     messages: list[bytes] = []
     pos = HEADER.size
     for _ in range(count):
         if pos + 2 > len(datagram):
-            raise MoldFormatError(f"packet {sequence}: {len(messages)} of {count} messages")
+            raise MoldFormatError(
+                f"packet {sequence}: {len(messages)} of {count} messages", "cut_off"
+            )
         size = (datagram[pos] << 8) | datagram[pos + 1]
         if pos + 2 + size > len(datagram):
-            raise MoldFormatError(f"packet {sequence}: block {len(messages)} is cut off")
+            raise MoldFormatError(f"packet {sequence}: block {len(messages)} is cut off", "cut_off")
         messages.append(bytes(datagram[pos + 2 : pos + 2 + size]))
         pos += 2 + size
     if pos != len(datagram):
-        raise MoldFormatError(f"packet {sequence}: {len(datagram) - pos} bytes after the blocks")
+        raise MoldFormatError(
+            f"packet {sequence}: {len(datagram) - pos} bytes after the blocks", "trailing_bytes"
+        )
     return MoldPacket(session, sequence, count, tuple(messages))
 
 
@@ -182,7 +236,12 @@ class SequenceTracker:
         if self.session is None:
             self.session = packet.session
         elif packet.session != self.session:
-            raise MoldFormatError(f"session {packet.session!r} in a {self.session!r} stream")
+            raise MoldFormatError(
+                f"a datagram of session {packet.session!r} (sequence {packet.sequence_number}) "
+                f"in the stream of session {self.session!r}: ignored (a new session needs a "
+                "new listener)",
+                "other_session",
+            )
         expected = packet.sequence_number if self.next_sequence is None else self.next_sequence
         if packet.sequence_number > expected:
             self._gap(expected, packet.sequence_number - 1)
@@ -217,7 +276,8 @@ class MoldUdpReceiver(asyncio.DatagramProtocol):
     new messages (if any) and the monotonic time it was taken in; `on_gap(gap)` for each gap.
     `on_packet` returning False refuses the datagram (its consumer's queue is full): its
     messages become a gap (`SequenceTracker.discard`), as if the datagram had been lost.
-    Datagrams that do not parse are counted in `bad_packets`, never raised into the event loop.
+    Datagrams that do not parse are counted in `bad_packets` (by kind, with the first few
+    reasons), never raised into the event loop.
     `ended` is set by the session's end-of-session packet (or by its owner, to stop);
     `last_received_ns` is when the last datagram (heartbeats too) came in.
     """
@@ -234,7 +294,7 @@ class MoldUdpReceiver(asyncio.DatagramProtocol):
         self.on_message = on_message
         self.on_packet = on_packet
         self.on_gap = on_gap
-        self.bad_packets: list[str] = []
+        self.bad_packets = BadPackets()
         self.ended = asyncio.Event()
         self.last_received_ns = 0
 
@@ -245,7 +305,7 @@ class MoldUdpReceiver(asyncio.DatagramProtocol):
         try:
             fresh = tracker.accept(decode_packet(data))
         except MoldFormatError as error:
-            self.bad_packets.append(str(error))
+            self.bad_packets.add(error.kind, str(error))
             return
         if tracker.gap_count != gaps and self.on_gap is not None:
             assert tracker.last_gap is not None
@@ -255,7 +315,7 @@ class MoldUdpReceiver(asyncio.DatagramProtocol):
             try:
                 message = decode_message(body)
             except ItchFormatError as error:
-                self.bad_packets.append(f"message {sequence}: {error}")
+                self.bad_packets.add("bad_message", f"message {sequence}: {error}")
                 continue
             if self.on_message is not None:
                 self.on_message(sequence, message)
