@@ -396,3 +396,36 @@ def test_a_full_queue_drops_datagrams_and_reports_them_missed() -> None:
     assert report["gaps"] == 26
     assert report["first_gaps"][:2] == [[41, 50], [51, 60]]
     assert run._queued == 0
+
+
+@pytest.mark.parametrize("join_late", [False, True], ids=["from-1", "join-late"])
+def test_a_first_datagram_lost_or_reordered_is_missed_unless_joining_late(
+    join_late: bool,
+) -> None:
+    """A MoldUDP64 session starts at sequence 1: a feed whose first datagram seen is the second
+    one (the first came after it, or never) has missed the first one's messages. Joining late
+    (`--join-late`) starts where the first datagram seen is, as the feed once always did, and
+    silently dropped the session's start."""
+    frames = [encode("D", stock_locate=1, timestamp=n, order_reference_number=n) for n in
+              range(1, 41)]  # fmt: skip
+    packets = list(mold_packets(frames, "START", per_packet=8))
+
+    async def scenario() -> tuple[Any, list[Any]]:
+        feed = await UdpFeed.open(idle_s=None, join_late=join_late)
+        got: list[Any] = []
+        feed.start(lambda messages, _arrival: got.extend(messages) or True)
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+            for packet in [packets[1], packets[0], *packets[2:]]:  # the first two swapped
+                sock.sendto(packet, feed.address)
+            sock.sendto(end_of_session_packet("START", 41), feed.address)
+        await asyncio.wait_for(feed.ended(), 10)
+        feed.stop()
+        return feed.statistics(), got
+
+    statistics, got = asyncio.run(scenario())
+    assert len(got) == 32  # the first datagram's 8 came too late to be applied
+    assert statistics.first_sequence == 9
+    if join_late:
+        assert (statistics.missed, statistics.gaps) == (0, 0)
+    else:
+        assert (statistics.missed, statistics.first_gaps) == (8, ((1, 8),))

@@ -80,6 +80,11 @@ def _add_run_arguments(run: argparse.ArgumentParser, *, live: bool = False) -> N
             "after each datagram instead of sleeping (a core stays busy; default 0)",
         )  # fmt: skip
         run.add_argument(
+            "--join-late", action="store_true", help="join the session where it stands: the "
+            "first datagram sets the sequence (default: a session starts at sequence 1, and "
+            "messages before the first datagram seen are missed)",
+        )  # fmt: skip
+        run.add_argument(
             "--max-queued-messages", type=int, help="messages "
             "received and not applied yet, at most (default 100000, about 25 MB): a datagram "
             "that comes while the queue is full is dropped and its messages reported missed",
@@ -322,7 +327,10 @@ async def _listen(feed: FeedRun, address: tuple[str, int], args: argparse.Namesp
 
     limit = args.cpu_dma_latency_us
     with contextlib.nullcontext() if limit is None else CpuLatencyLimit(limit):
-        udp = await UdpFeed.open(*address, idle_s=args.idle_s, busy_poll_us=args.busy_poll_us)
+        udp = await UdpFeed.open(
+            *address, idle_s=args.idle_s, busy_poll_us=args.busy_poll_us,
+            join_late=args.join_late,
+        )  # fmt: skip
         bound_host, bound_port = udp.address
         print(f"listening on udp://{bound_host}:{bound_port}", flush=True)
         loop = asyncio.get_running_loop()

@@ -74,14 +74,19 @@ class UdpFeed:
         *,
         idle_s: float | None = 10.0,
         busy_poll_us: int = 0,
+        join_late: bool = False,
     ) -> UdpFeed:
-        """Bind the feed's socket (port 0: any free port; see `address`). The first datagram
-        sets the session's sequence (a late joiner starts where the feed is). `busy_poll_us`:
-        keep the loop polling that long after each datagram instead of sleeping (see
-        `loops.BusyPoll`): the next one is then taken without waking a halted CPU."""
+        """Bind the feed's socket (port 0: any free port; see `address`). A MoldUDP64 session
+        starts at sequence number 1: the messages before the first datagram seen are missed (a
+        lost or reordered first datagram is a gap), unless `join_late`, where the first
+        datagram sets the sequence (a late joiner starts where the feed is, and its books lack
+        the orders added before). `busy_poll_us`: keep the loop polling that long after each
+        datagram instead of sleeping (see `loops.BusyPoll`): the next one is then taken
+        without waking a halted CPU."""
         transport, receiver = await open_receiver(
-            host=host, port=port, next_sequence=None, receive_buffer=RECEIVE_BUFFER
-        )
+            host=host, port=port, next_sequence=None if join_late else 1,
+            receive_buffer=RECEIVE_BUFFER,
+        )  # fmt: skip
         return cls(transport, receiver, idle_s, busy_poll_us)
 
     @property
@@ -101,7 +106,7 @@ class UdpFeed:
         tracker = self._receiver.tracker
         return FeedStatistics(
             missed=tracker.missed, dropped=tracker.discarded, gaps=tracker.gap_count,
-            first_gaps=tuple(tracker.gaps[:FIRST_GAPS]),
+            first_gaps=tuple(tracker.gaps[:FIRST_GAPS]), first_sequence=tracker.first_sequence,
         )  # fmt: skip
 
     def start(self, on_packet: Callable[[Sequence[Any], int], bool]) -> None:

@@ -220,6 +220,8 @@ class SequenceTracker:
     def __init__(self, next_sequence: int | None = 1) -> None:
         self.next_sequence = next_sequence
         self.session: str | None = None
+        self.first_sequence: int | None = None
+        """The sequence number of the first packet of the stream."""
         self.gaps: list[Gap] = []
         """The first `KEEP_GAPS` gaps."""
         self.gap_count = 0
@@ -235,6 +237,7 @@ class SequenceTracker:
         """The new (sequence number, message) pairs of `packet`, in order."""
         if self.session is None:
             self.session = packet.session
+            self.first_sequence = packet.sequence_number
         elif packet.session != self.session:
             raise MoldFormatError(
                 f"a datagram of session {packet.session!r} (sequence {packet.sequence_number}) "

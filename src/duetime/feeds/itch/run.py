@@ -101,6 +101,8 @@ class FeedStatistics:
     gaps: int = 0
     first_gaps: tuple[tuple[int, int], ...] = ()
     """The first `FIRST_GAPS` gaps, (first, last) sequence numbers."""
+    first_sequence: int | None = None
+    """The sequence number of the first datagram (None: none came)."""
 
 
 class LiveSource(Protocol):
@@ -243,6 +245,7 @@ class RunStats:
             "queue_dropped_messages": feed.dropped,
             "gaps": feed.gaps,
             "first_gaps": [list(gap) for gap in feed.first_gaps],
+            "first_sequence": feed.first_sequence,
         }
 
 
