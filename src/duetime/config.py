@@ -48,6 +48,10 @@ class TensorConfig(_Strict):
     """An output's class labels: a file in the model's folder, one label a line, the label of
     class i on line i (Triton's `label_filename`); classification answers then read
     `value:index:label`."""
+    optional: bool = False
+    """An input requests may leave out (Triton's `optional`). Only a graph input with an
+    initializer can be: ONNX Runtime runs on that default. Such inputs are optional whether
+    the config says so or not; on any other input this has no effect (with a warning)."""
 
 
 class SchedulingConfig(_Strict):

@@ -22,6 +22,9 @@ class TensorSpec:
     any_rank: bool = False
     """The graph declares no shape at all (not even a rank): any shape is taken, and `shape`
     is () (a model config's `dims` can give it one)."""
+    optional: bool = False
+    """An input requests may leave out: a graph input with an initializer, which ONNX Runtime
+    uses when the request gives none (Triton's `optional: true`)."""
 
     def describe(self) -> str:
         if self.any_rank:
@@ -41,6 +44,10 @@ class ModelSignature:
     inputs: tuple[TensorSpec, ...]
     outputs: tuple[TensorSpec, ...]
     max_batch_size: int
+
+    @property
+    def required_inputs(self) -> tuple[TensorSpec, ...]:
+        return tuple(spec for spec in self.inputs if not spec.optional)
 
     def input(self, name: str) -> TensorSpec | None:
         return next((spec for spec in self.inputs if spec.name == name), None)

@@ -37,11 +37,16 @@ class Validator:
         self._batched = signature.max_batch_size > 0
         self._specs = {spec.name: spec for spec in signature.inputs}
         self._dtypes = {spec.name: NUMPY_OF[spec.datatype] for spec in signature.inputs}
+        self._required = tuple(spec.name for spec in signature.required_inputs)
         self._all_outputs = tuple(spec.name for spec in signature.outputs)
         self._output_names = frozenset(self._all_outputs)
-        self._expected = ", ".join(f"'{s.name}' {s.describe()}" for s in signature.inputs)
+        self._expected = _expected(signature)
         self._templates: dict[object, tuple[int, tuple[Any, ...], tuple[str, ...]]] = {}
         """Templates whose requests passed: their rows, batching key and outputs."""
+
+    def overrides(self, prepared: Prepared) -> bool:
+        """Whether the request gives optional inputs (it gave every required one)."""
+        return len(prepared.feeds) > len(self._required)
 
     def prepare(
         self,
@@ -92,7 +97,7 @@ class Validator:
                 )
         if len(inputs) == len(self._specs):  # every name known and as many: none missing
             return
-        missing = [name for name in self._specs if name not in inputs]
+        missing = [name for name in self._required if name not in inputs]
         if missing:
             spec = self._specs[missing[0]]
             raise InvalidInput(
@@ -163,6 +168,21 @@ class Validator:
                     f"outputs are {', '.join(repr(n) for n in self._all_outputs)}"
                 )
         return tuple(outputs)
+
+
+EXPECTED_OPTIONAL_MAX = 8
+"""Optional inputs an error message names (a model from an older exporter has one a weight)."""
+
+
+def _expected(signature: ModelSignature) -> str:
+    """The inputs `signature` takes, as error messages name them."""
+    text = ", ".join(f"'{s.name}' {s.describe()}" for s in signature.required_inputs) or "no input"
+    optional = [s for s in signature.inputs if s.optional]
+    if optional:
+        named = ", ".join(f"'{s.name}' {s.describe()}" for s in optional[:EXPECTED_OPTIONAL_MAX])
+        more = len(optional) - EXPECTED_OPTIONAL_MAX
+        text += f" (optional: {named}{f' and {more} more' if more > 0 else ''})"
+    return text
 
 
 def _datatype_name(array: np.ndarray) -> str:

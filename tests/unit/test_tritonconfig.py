@@ -95,7 +95,8 @@ def test_nested_triton_only_settings_are_named_in_a_warning(
     )
     with caplog.at_level(logging.WARNING, logger="duetime.config"):
         out = translate(text, source="c", model_name="m")
-    assert "c: input 'x': format, optional: Triton-only settings" in caplog.text
+    assert "c: input 'x': format: Triton-only settings" in caplog.text
+    assert out["inputs"] == [{"name": "x", "dims": [4], "optional": True}]  # (duetime's too)
     assert "c: dynamic_batching: preserve_ordering, priority_queue_policy: Triton-only" in (
         caplog.text
     )

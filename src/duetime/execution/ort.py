@@ -141,8 +141,16 @@ def graph_specs(
     An output that is not a tensor (the `seq(map(...))` of a scikit-learn classifier's ZipMap,
     say) is left out with a warning: the v2 protocol has no way to carry it, and the model's
     tensor outputs (the predicted label) are still worth serving. An input that is not a tensor,
-    or a graph with no tensor output at all, cannot be served."""
+    or a graph with no tensor output at all, cannot be served.
+
+    The inputs end with the optional ones: graph inputs that also have an initializer, which
+    ONNX Runtime uses unless a request gives a value (`get_overridable_initializers`; models
+    from older exporters list every weight so). One of a type the v2 protocol cannot carry is
+    left out with a warning: its default still serves."""
     inputs = _specs(session.get_inputs(), model_path, "input")
+    inputs += _specs(
+        session.get_overridable_initializers(), model_path, "optional input", optional=True
+    )
     outputs = _specs(session.get_outputs(), model_path, "output", skip_unsupported=True)
     if not outputs:
         kinds = ", ".join(f"'{arg.name}' {arg.type}" for arg in session.get_outputs())
@@ -154,13 +162,25 @@ def graph_specs(
 
 
 def _specs(
-    args: list[Any], model_path: Path, kind: str, *, skip_unsupported: bool = False
+    args: list[Any],
+    model_path: Path,
+    kind: str,
+    *,
+    skip_unsupported: bool = False,
+    optional: bool = False,
 ) -> list[TensorSpec]:
     specs = []
     shapeless = _shapeless(model_path) if any(not arg.shape for arg in args) else frozenset()
     for arg in args:
         datatype = V2_OF_ONNX.get(arg.type)
         if datatype is None:
+            if optional:
+                log.warning(
+                    "%s: %s '%s' has type %s, which the v2 protocol cannot carry: requests "
+                    "cannot give it (its initializer serves)", model_path, kind, arg.name,
+                    arg.type,
+                )  # fmt: skip
+                continue
             if skip_unsupported:
                 log.warning(
                     "%s: %s '%s' has type %s, which the v2 protocol cannot carry: not served "
@@ -173,7 +193,9 @@ def _specs(
                 f"serve; supported: {', '.join(sorted(V2_OF_ONNX))}"
             )
         shape = tuple(d if isinstance(d, int) and d >= 0 else -1 for d in (arg.shape or ()))
-        specs.append(TensorSpec(arg.name, datatype, shape, any_rank=arg.name in shapeless))
+        specs.append(
+            TensorSpec(arg.name, datatype, shape, any_rank=arg.name in shapeless, optional=optional)
+        )
     return specs
 
 

@@ -72,4 +72,6 @@ def _config_tensor(spec: TensorSpec, batched: bool, labels: str | None = None) -
         tensor["dims"], tensor["reshape"] = [1], {"shape": []}
     if labels is not None:
         tensor["label_filename"] = labels
+    if spec.optional:
+        tensor["optional"] = True
     return tensor

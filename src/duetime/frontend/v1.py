@@ -3,8 +3,9 @@ speaks by default): `GET /` (liveness), `GET /v1/models`, `GET /v1/models/<m>` (
 `POST /v1/models/<m>:predict`.
 
 A predict request carries `instances`, a list with one entry per example: the example's tensor
-for a model with one input, or an object of input name -> tensor for several; or `inputs` in the
-same row format, or as one object of input name -> all examples' values (columnar). Examples are
+for a model with one input, or an object of input name -> tensor for several (optional inputs
+may be left out); or `inputs` in the same row format, or as one object of input name -> all
+examples' values (columnar). Examples are
 stacked on the batch dimension of a model that batches; a model that does not takes exactly one.
 The answer is `{"predictions": [...]}`, one entry per example: the output's tensor for a model
 with one output, else an object of output name -> tensor. Values are checked as the v2 JSON
@@ -37,11 +38,13 @@ def v1_inputs(doc: Any, signature: ModelSignature, model: str) -> dict[str, np.n
         )
     data = doc[field]
     specs = signature.inputs
+    required = signature.required_inputs
     batched = signature.max_batch_size > 0
     if isinstance(data, dict):  # columnar: input name -> every example's values
         return {
             spec.name: _tensor(spec, _named(data, spec, field, "the request"), field)
             for spec in specs
+            if not spec.optional or spec.name in data
         }
     if not isinstance(data, list) or not data:
         raise InvalidInput(f"predict request: '{field}' must be a non-empty list of examples")
@@ -50,17 +53,19 @@ def v1_inputs(doc: Any, signature: ModelSignature, model: str) -> dict[str, np.n
             f"predict request: model '{model}' does not batch (max_batch_size 0); send one "
             f"example in '{field}', got {len(data)}"
         )
-    if len(specs) == 1 and not isinstance(data[0], dict):
-        (spec,) = specs
+    if len(required) == 1 and not isinstance(data[0], dict):
+        (spec,) = required
         return {spec.name: _tensor(spec, data if batched else data[0], field)}
     if not all(isinstance(example, dict) for example in data):
-        names = ", ".join(f"'{spec.name}'" for spec in specs)
+        names = ", ".join(f"'{spec.name}'" for spec in required)
         raise InvalidInput(
-            f"predict request: model '{model}' takes {len(specs)} inputs ({names}); each entry "
-            f"of '{field}' must be an object of input name -> value"
+            f"predict request: model '{model}' takes {len(required)} inputs ({names}); each "
+            f"entry of '{field}' must be an object of input name -> value"
         )
     tensors = {}
     for spec in specs:
+        if spec.optional and not any(spec.name in example for example in data):
+            continue  # (given by some examples only: `_named` names one without it)
         values = [_named(example, spec, field, f"example {i}") for i, example in enumerate(data)]
         tensors[spec.name] = _tensor(spec, values if batched else values[0], field)
     return tensors

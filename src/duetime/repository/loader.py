@@ -88,14 +88,16 @@ def load_version(
             sessions[0], signature, config, (graph_inputs, graph_outputs), str(source.directory),
             settled=None if primary is None else primary.max_batch_size,
         )  # fmt: skip
+    # NOTE: optional inputs may differ (quantizing a weight drops its graph input): requests
+    # that give one are served by the primary alone (see `Validator.overrides`).
     if primary is not None and (
-        primary.inputs != signature.inputs or primary.outputs != signature.outputs
+        primary.required_inputs != signature.required_inputs or primary.outputs != signature.outputs
     ):
         raise ConfigError(
             f"{path}: variant '{variant.name if variant else path.name}' must take and give what "
-            f"the model does: inputs {_describe(primary.inputs)} and outputs "
-            f"{_describe(primary.outputs)}, but it has {_describe(signature.inputs)} and "
-            f"{_describe(signature.outputs)}"
+            f"the model does: inputs {_describe(primary.required_inputs)} and outputs "
+            f"{_describe(primary.outputs)}, but it has {_describe(signature.required_inputs)} "
+            f"and {_describe(signature.outputs)}"
         )
     labels = read_labels(config, source.directory)
     label = f"{source.name}-{version}" + (f"-{variant.name}" if variant else "")
@@ -161,8 +163,11 @@ def reconcile(
     *,
     source: str,
 ) -> ModelSignature:
-    """The signature clients see: the graph's, narrowed by the config, with the batch policy."""
-    specs = graph_inputs + graph_outputs
+    """The signature clients see: the graph's, narrowed by the config, with the batch policy.
+
+    Optional inputs (see `graph_specs`) have no say in the batch policy: older exporters list
+    every weight as one. See `_batched_inputs` for those a batching model serves."""
+    specs = [spec for spec in graph_inputs if not spec.optional] + graph_outputs
     max_batch = config.max_batch_size
     if max_batch is None:
         max_batch = DEFAULT_MAX_BATCH_SIZE if all(map(_free_first, specs)) else 0
@@ -172,6 +177,8 @@ def reconcile(
             f"{source}: field 'max_batch_size' = {max_batch} needs a free first dim on every input "
             f"and output, but '{fixed.name}' has shape {list(fixed.shape)}; set max_batch_size = 0"
         )
+    if max_batch > 0:
+        graph_inputs = _batched_inputs(config.inputs, graph_inputs, max_batch, source)
     inputs = _apply(config.inputs, graph_inputs, max_batch > 0, source, "inputs")
     outputs = _apply(config.outputs, graph_outputs, max_batch > 0, source, "outputs")
     shapeless = next((s for s in inputs + outputs if s.any_rank), None)
@@ -188,6 +195,29 @@ def reconcile(
 def _free_first(spec: TensorSpec) -> bool:
     """Whether the graph declares `spec`'s first dim free (a batch dim, perhaps)."""
     return bool(spec.shape) and spec.shape[0] == -1
+
+
+def _batched_inputs(
+    declared: list[TensorConfig] | None, graph: list[TensorSpec], max_batch: int, source: str
+) -> list[TensorSpec]:
+    """The inputs a batching model serves: an optional one only if its first dim is free (the
+    batch's: requests giving it are batched with the others giving it, see `Validator`). A
+    weight has a fixed first dim and no batch dim, so requests cannot give it; a config
+    naming such an input is an error (Triton refuses optional inputs of batching models)."""
+    named = {entry.name: index for index, entry in enumerate(declared or ())}
+    served = []
+    for spec in graph:
+        if not spec.optional or _free_first(spec) or (spec.any_rank and spec.name in named):
+            served.append(spec)
+        elif spec.name in named:
+            raise ConfigError(
+                f"{source}: field 'inputs.{named[spec.name]}.name': '{spec.name}' is an "
+                f"optional input (the graph has an initializer for it) of shape "
+                f"{list(spec.shape)}, with no batch dim, so requests to a model that batches "
+                f"(max_batch_size = {max_batch}) cannot give it; set max_batch_size = 0 to "
+                "serve it"
+            )
+    return served
 
 
 def _apply(
@@ -210,9 +240,16 @@ def _apply(
             raise ConfigError(
                 f"{at}.datatype': {entry.datatype} does not match the graph's {spec.datatype}"
             )
+        if entry.optional and not spec.optional:
+            if field == "outputs":
+                raise ConfigError(f"{at}.optional': only an input can be optional")
+            log.warning(
+                "%s.optional': '%s' has no initializer in the graph, so ONNX Runtime cannot "
+                "run without it: requests must give it", at, spec.name,
+            )  # fmt: skip
         if entry.dims is not None:
             dims = _narrow(spec, entry.dims, batched, f"{at}.dims'")
-            by_name[entry.name] = TensorSpec(spec.name, spec.datatype, dims)
+            by_name[entry.name] = TensorSpec(spec.name, spec.datatype, dims, optional=spec.optional)
     return [by_name[spec.name] for spec in graph]
 
 
@@ -330,10 +367,11 @@ def batching_problem(
 
 
 def sample_inputs(signature: ModelSignature, rows: int, seed: int = 0) -> dict[str, np.ndarray]:
-    """Inputs of the signature's shapes (free dims 1) for warm-up and profiling."""
+    """Inputs of the signature's shapes (free dims 1) for warm-up and profiling; none for the
+    optional inputs, which ONNX Runtime then takes from their initializers."""
     rng = np.random.default_rng(seed)
     feeds: dict[str, np.ndarray] = {}
-    for spec in signature.inputs:
+    for spec in signature.required_inputs:  # (optional ones: their initializers)
         shape = [d if d >= 0 else 1 for d in spec.shape]
         if signature.max_batch_size > 0:
             shape[0] = rows

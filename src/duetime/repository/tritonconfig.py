@@ -11,6 +11,7 @@ graph, as Triton's auto-complete does):
 | `max_batch_size` (0 and no `input`/`output`: from the graph) | `max_batch_size` |
 | `input`/`output` `name`, `data_type`, `dims` | `inputs`/`outputs` |
 | `output` `label_filename` | `outputs` `labels` |
+| `input` `optional` | `inputs` `optional` |
 | `instance_group` counts (summed; GPU groups run on the CPU, with a warning) | `instances` |
 | `dynamic_batching.max_queue_delay_microseconds` | `scheduling.max_queue_delay_us` |
 | `dynamic_batching.default_queue_policy.max_queue_size` | `scheduling.max_queue_size` |
@@ -57,7 +58,7 @@ _TRANSLATED = frozenset({
     "name", "platform", "backend", "max_batch_size", "input", "output", "instance_group",
     "dynamic_batching", "version_policy", "parameters", "default_model_filename",
 })  # fmt: skip
-_TENSOR_FIELDS = frozenset({"name", "data_type", "dims", "label_filename"})
+_TENSOR_FIELDS = frozenset({"name", "data_type", "dims", "label_filename", "optional"})
 _BATCHING_FIELDS = frozenset({
     "max_queue_delay_microseconds", "default_priority_level", "default_queue_policy",
     "priority_levels", "preferred_batch_size",
@@ -219,6 +220,8 @@ def _tensor(spec: Any, kind: str, source: str) -> dict[str, Any]:
         tensor["dims"] = list(spec.dims)
     if spec.DESCRIPTOR.name == "ModelOutput" and spec.label_filename:
         tensor["labels"] = spec.label_filename
+    if spec.DESCRIPTOR.name == "ModelInput" and spec.optional:
+        tensor["optional"] = True
     return tensor
 
 

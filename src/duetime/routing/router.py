@@ -120,7 +120,8 @@ class Router:
                 arrival = request.arrival_ns
                 due = (now if arrival is None else arrival) + timeout
         deployment = primary
-        if len(version.variants) > 1:
+        # (a variant may lack an optional input: see loader.load_version)
+        if len(version.variants) > 1 and not primary.model.validator.overrides(prepared):
             if due is not None:
                 deployment = _cascade(version.variants, now, due, prepared.rows, request.priority)
             elif not primary.scheduler.available(now):

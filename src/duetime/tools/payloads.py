@@ -78,9 +78,10 @@ def check_batch(signature: ModelSignature, model: str, batch: int) -> None:
 def random_inputs(
     signature: ModelSignature, batch: int, rng: np.random.Generator
 ) -> dict[str, np.ndarray]:
-    """One random tensor per input: free dims 1, the batch dim `batch` (for a batching model)."""
+    """One random tensor per required input: free dims 1, the batch dim `batch` (for a batching
+    model)."""
     inputs: dict[str, np.ndarray] = {}
-    for spec in signature.inputs:
+    for spec in signature.required_inputs:
         shape = [d if d >= 0 else 1 for d in spec.shape]
         if signature.max_batch_size > 0 and shape:
             shape[0] = batch

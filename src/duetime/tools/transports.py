@@ -11,7 +11,7 @@ import asyncio
 import http.client
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Callable, Collection, Coroutine, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import quote
@@ -66,12 +66,20 @@ class Transport(Protocol):
     async def aclose(self) -> None: ...
 
 
-def signature_from_metadata(metadata: Mapping[str, Any], max_batch_size: int) -> ModelSignature:
-    """A ModelSignature from a v2 model metadata object and the config's max_batch_size."""
+def signature_from_metadata(
+    metadata: Mapping[str, Any], max_batch_size: int, optional: Collection[str] = ()
+) -> ModelSignature:
+    """A ModelSignature from a v2 model metadata object and the config's max_batch_size and
+    `optional` inputs (the v2 metadata does not say which are)."""
 
     def specs(key: str) -> tuple[TensorSpec, ...]:
         return tuple(
-            TensorSpec(t["name"], t["datatype"], tuple(int(d) for d in t["shape"]))
+            TensorSpec(
+                t["name"],
+                t["datatype"],
+                tuple(int(d) for d in t["shape"]),
+                optional=t["name"] in optional,
+            )
             for t in metadata.get(key, [])
         )
 
@@ -121,7 +129,8 @@ class HttpTransport:
         base = f"http://{self.host}:{self.port}/v2/models/{quote(model, safe='')}"
         metadata = await asyncio.to_thread(_get_json, base)
         config = await asyncio.to_thread(_get_json, f"{base}/config")
-        return signature_from_metadata(metadata, int(config.get("max_batch_size", 0)))
+        optional = [t.get("name") for t in config.get("input", ()) if t.get("optional")]
+        return signature_from_metadata(metadata, int(config.get("max_batch_size", 0)), optional)
 
 
 def _get_json(url: str) -> Any:
@@ -206,7 +215,8 @@ class GrpcTransport:
             for t in metadata.inputs
         ]
         doc = {"inputs": inputs, "outputs": []}
-        return signature_from_metadata(doc, int(config.config.max_batch_size))
+        optional = [t.name for t in config.config.input if t.optional]
+        return signature_from_metadata(doc, int(config.config.max_batch_size), optional)
 
     def send(self, rid: int, payload: GrpcPayload, lane: int | None) -> None:
         turn = self._turn

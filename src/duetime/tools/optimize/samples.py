@@ -25,14 +25,15 @@ def _per_sample_shape(spec: TensorSpec, batched: bool) -> tuple[int, ...]:
 def random_samples(
     signature: ModelSignature, count: int, seed: int, *, zero_ints: bool = False
 ) -> Feeds:
-    """`count` samples of every input, stacked on a new first axis; free dims are 1.
+    """`count` samples of every required input (optional ones keep their initializers),
+    stacked on a new first axis; free dims are 1.
 
     Floats are standard normal; integers uniform in [0, RANDOM_INT_HIGH) (or zeros); text empty.
     """
     rng = np.random.default_rng(seed)
     batched = signature.max_batch_size > 0
     samples: Feeds = {}
-    for spec in signature.inputs:
+    for spec in signature.required_inputs:
         shape = (count, *(d if d >= 0 else 1 for d in _per_sample_shape(spec, batched)))
         dtype = NUMPY_OF[spec.datatype]
         if spec.datatype == "BYTES":
@@ -48,19 +49,20 @@ def random_samples(
 
 
 def load_calibration(path: Path, signature: ModelSignature, count: int) -> Feeds:
-    """The first `count` samples of an .npz file holding one array per input, samples first."""
+    """The first `count` samples of an .npz file holding one array per required input, samples
+    first."""
     try:
         with np.load(path, allow_pickle=False) as data:
             arrays = {name: data[name] for name in data.files}
     except (OSError, ValueError, EOFError) as exc:
         raise ConfigError(f"--calibration {path}: cannot be read as .npz: {exc}") from exc
-    wanted = [spec.name for spec in signature.inputs]
+    wanted = [spec.name for spec in signature.required_inputs]
     if sorted(arrays) != sorted(wanted):
         raise ConfigError(
             f"--calibration {path}: holds arrays {sorted(arrays)}; the model's inputs are {wanted}"
         )
     batched = signature.max_batch_size > 0
-    samples = {s.name: _fit(path, s, arrays[s.name], batched) for s in signature.inputs}
+    samples = {s.name: _fit(path, s, arrays[s.name], batched) for s in signature.required_inputs}
     sizes = {name: len(array) for name, array in samples.items()}
     if len(set(sizes.values())) != 1 or 0 in sizes.values():
         raise ConfigError(f"--calibration {path}: arrays need the same number of samples: {sizes}")
