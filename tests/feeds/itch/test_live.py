@@ -429,3 +429,32 @@ def test_a_first_datagram_lost_or_reordered_is_missed_unless_joining_late(
         assert (statistics.missed, statistics.gaps) == (0, 0)
     else:
         assert (statistics.missed, statistics.first_gaps) == (8, ((1, 8),))
+
+
+def test_a_stray_datagram_far_ahead_does_not_end_the_feed() -> None:
+    """A datagram of the session numbered 2**63 among valid ones is a bad packet: every later
+    message is still applied (they were all dropped as duplicates), nothing is missed, and
+    the datagram the feed repeats is counted as duplicates."""
+    frames = [encode("D", stock_locate=1, timestamp=n, order_reference_number=n) for n in
+              range(1, 41)]  # fmt: skip
+    packets = list(mold_packets(frames, "ROGUE", per_packet=8))
+    stray = encode_packet("ROGUE", 2**63, frames[:1])
+
+    async def scenario() -> FeedRun:
+        receiver = MoldUdpReceiver(next_sequence=1)
+        feed = UdpFeed(_Transport(), receiver, idle_s=None)  # type: ignore[arg-type]
+        options = RunOptions(deadline_ns=10**9, pace="max", keep_warm=False)
+        run = FeedRun(Recorder(), options, PredictionLog(None, 3))
+        running = asyncio.ensure_future(run.run_live(feed))
+        await asyncio.sleep(0)
+        datagrams = [*packets[:2], stray, packets[1], *packets[2:]]
+        for datagram in [*datagrams, end_of_session_packet("ROGUE", 41)]:
+            receiver.datagram_received(datagram, ("127.0.0.1", 9))
+        await asyncio.wait_for(running, 10)
+        return run
+
+    report = asyncio.run(scenario()).stats.report()
+    assert report["messages"] == 40
+    assert report["missed_messages"] == report["gaps"] == 0
+    assert report["bad_packets"] == 1
+    assert report["duplicate_messages"] == 8

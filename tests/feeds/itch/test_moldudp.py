@@ -196,3 +196,39 @@ def test_a_refused_datagram_is_a_gap() -> None:
     assert gaps == [Gap(4, 6)]
     assert (receiver.tracker.missed, receiver.tracker.discarded) == (3, 3)
     assert receiver.tracker.next_sequence == 8
+
+
+def test_a_stray_sequence_number_far_ahead_is_a_bad_packet_not_a_gap() -> None:
+    """One datagram numbered near 2**63 once made every later message a 'duplicate' and
+    reported ~9.2e18 missed messages: further ahead than `max_jump` it is ignored as a stray."""
+    tracker = SequenceTracker(max_jump=1000)
+    packets = [decode_packet(p) for p in mold_packets(MESSAGES, "S", per_packet=2)]
+    assert len(tracker.accept(packets[0])) == 2
+    stray = decode_packet(encode_packet("S", 2**63, MESSAGES[:1]))
+    with pytest.raises(MoldFormatError, match="past the next expected, 3") as raised:
+        tracker.accept(stray)
+    assert raised.value.kind == "implausible_sequence"
+    assert [n for n, _ in tracker.accept(packets[1])] == [3, 4]
+    assert (tracker.missed, tracker.gap_count, tracker.duplicates) == (0, 0, 0)
+    assert tracker.accept(decode_packet(encode_packet("S", 1003, MESSAGES[:1])))  # plausible
+    assert tracker.gaps == [Gap(5, 1002)]
+
+
+def test_a_jump_the_next_packet_continues_is_a_gap() -> None:
+    """A feed that really jumped (a receiver cut off for long) goes on: the second packet past
+    the bound that continues the first confirms the jump, and the lost messages are a gap."""
+    tracker = SequenceTracker(max_jump=10)
+    assert tracker.accept(decode_packet(encode_packet("S", 1, MESSAGES[:2])))
+    with pytest.raises(MoldFormatError, match="as a stray"):
+        tracker.accept(decode_packet(encode_packet("S", 5000, MESSAGES[:2])))
+    fresh = tracker.accept(decode_packet(encode_packet("S", 5002, MESSAGES[2:4])))
+    assert [n for n, _ in fresh] == [5002, 5003]
+    assert tracker.gaps == [Gap(3, 5001)]
+    assert tracker.missed == 4999
+
+
+def test_a_first_datagram_far_ahead_names_join_late() -> None:
+    tracker = SequenceTracker(next_sequence=1, max_jump=10)
+    with pytest.raises(MoldFormatError, match="--join-late"):
+        tracker.accept(decode_packet(encode_packet("S", 500, MESSAGES[:1])))
+    assert tracker.first_sequence is None

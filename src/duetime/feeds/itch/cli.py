@@ -85,6 +85,11 @@ def _add_run_arguments(run: argparse.ArgumentParser, *, live: bool = False) -> N
             "messages before the first datagram seen are missed)",
         )  # fmt: skip
         run.add_argument(
+            "--max-sequence-jump", type=int, help="a datagram more than this many messages "
+            "ahead of the next expected is a stray (a bad packet), not a gap, unless the next "
+            "one continues it (default 1000000)",
+        )  # fmt: skip
+        run.add_argument(
             "--max-queued-messages", type=int, help="messages "
             "received and not applied yet, at most (default 100000, about 25 MB): a datagram "
             "that comes while the queue is full is dropped and its messages reported missed",
@@ -210,10 +215,13 @@ def _run_feed(args: argparse.Namespace) -> int:
     if args.deadline_us <= 0 or speed <= 0:
         print(f"{command}: --deadline-us and --speed must be positive", file=sys.stderr)
         return 2
-    if live and args.max_queued_messages is not None and args.max_queued_messages < 1:
-        print(f"{command}: --max-queued-messages must be at least 1, got "
-              f"{args.max_queued_messages}", file=sys.stderr)  # fmt: skip
-        return 2
+    if live:
+        for option in ("max_queued_messages", "max_sequence_jump"):
+            value = getattr(args, option)
+            if value is not None and value < 1:
+                flag = "--" + option.replace("_", "-")
+                print(f"{command}: {flag} must be at least 1, got {value}", file=sys.stderr)
+                return 2
     try:
         trigger = Trigger(every=args.every, top_change=args.on == "top-change")
         args.address = parse_address(args.udp, "--udp") if live else None
@@ -324,12 +332,13 @@ async def _listen(feed: FeedRun, address: tuple[str, int], args: argparse.Namesp
 
     from duetime.execution.affinity import CpuLatencyLimit
     from duetime.feeds.itch.live import UdpFeed
+    from duetime.feeds.itch.moldudp import MAX_JUMP
 
     limit = args.cpu_dma_latency_us
     with contextlib.nullcontext() if limit is None else CpuLatencyLimit(limit):
         udp = await UdpFeed.open(
             *address, idle_s=args.idle_s, busy_poll_us=args.busy_poll_us,
-            join_late=args.join_late,
+            join_late=args.join_late, max_jump=args.max_sequence_jump or MAX_JUMP,
         )  # fmt: skip
         bound_host, bound_port = udp.address
         print(f"listening on udp://{bound_host}:{bound_port}", flush=True)
@@ -398,6 +407,7 @@ def _print_report(report: dict[str, Any]) -> None:
         dropped = report.get("queue_dropped_messages")
         full = f" (dropped for a full queue: {dropped})" if dropped else ""
         lines.append(f"  missed messages (sequence gaps) {report['missed_messages']}{full}  "
+                     f"duplicates {report.get('duplicate_messages', 0)}  "
                      f"bad packets {report['bad_packets']}")  # fmt: skip
     if report["first_error"]:
         lines.append(f"  first error: {report['first_error']}")

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from duetime.feeds.itch.moldudp import (
+    MAX_JUMP,
     MoldUdpReceiver,
     encode_packet,
     end_of_session_packet,
@@ -75,6 +76,7 @@ class UdpFeed:
         idle_s: float | None = 10.0,
         busy_poll_us: int = 0,
         join_late: bool = False,
+        max_jump: int = MAX_JUMP,
     ) -> UdpFeed:
         """Bind the feed's socket (port 0: any free port; see `address`). A MoldUDP64 session
         starts at sequence number 1: the messages before the first datagram seen are missed (a
@@ -82,10 +84,11 @@ class UdpFeed:
         datagram sets the sequence (a late joiner starts where the feed is, and its books lack
         the orders added before). `busy_poll_us`: keep the loop polling that long after each
         datagram instead of sleeping (see `loops.BusyPoll`): the next one is then taken
-        without waking a halted CPU."""
+        without waking a halted CPU. `max_jump`: a datagram further ahead is a stray (see
+        `moldudp.SequenceTracker`)."""
         transport, receiver = await open_receiver(
             host=host, port=port, next_sequence=None if join_late else 1,
-            receive_buffer=RECEIVE_BUFFER,
+            receive_buffer=RECEIVE_BUFFER, max_jump=max_jump,
         )  # fmt: skip
         return cls(transport, receiver, idle_s, busy_poll_us)
 
@@ -107,6 +110,7 @@ class UdpFeed:
         return FeedStatistics(
             missed=tracker.missed, dropped=tracker.discarded, gaps=tracker.gap_count,
             first_gaps=tuple(tracker.gaps[:FIRST_GAPS]), first_sequence=tracker.first_sequence,
+            duplicates=tracker.duplicates,
         )  # fmt: skip
 
     def start(self, on_packet: Callable[[Sequence[Any], int], bool]) -> None:

@@ -28,6 +28,9 @@ MAX_DATAGRAM = 1400
 """Default budget for one encoded packet: fits a 1500-byte Ethernet MTU with IP/UDP headers."""
 KEEP_GAPS = 100
 """Gaps a `SequenceTracker` keeps (the first ones; all are counted)."""
+MAX_JUMP = 1_000_000
+"""Sequence numbers further ahead than this are implausible (see `SequenceTracker`): far more
+messages than a receiver plausibly loses in one gap (an 8 MB socket buffer holds ~200,000)."""
 KEEP_EXAMPLES = 3
 """Reasons `BadPackets` keeps per kind (the first ones; all are counted)."""
 
@@ -52,7 +55,8 @@ class BadPackets:
     Kinds: `short` (less than a header), `cut_off` (fewer or shorter blocks than the count
     says), `trailing_bytes`, `control_with_messages` (a heartbeat or end of session with
     blocks), `other_session` (a datagram of another session than the stream's),
-    `bad_message` (a block that is no ITCH message).
+    `bad_message` (a block that is no ITCH message), `implausible_sequence` (far ahead of the
+    stream, see `SequenceTracker`).
     """
 
     __slots__ = ("counts", "examples", "total")
@@ -215,10 +219,16 @@ class SequenceTracker:
     records a `Gap` and moves on (a recovering client would ask for the gap meanwhile).
     `next_sequence=None` syncs to the first packet seen, as a late joiner does. Memory stays
     bounded: `gaps` keeps the first `KEEP_GAPS` gaps, `gap_count` and `missed` count them all.
+
+    A packet more than `max_jump` messages ahead of `next_sequence` is no gap but an
+    implausible sequence number (a corrupt or stray header, raised as `implausible_sequence`),
+    unless the next such packet continues it: then the feed did jump, and the jump is a gap.
+    One stray number near 2**63 once ended a feed: every later message was a "duplicate".
     """
 
-    def __init__(self, next_sequence: int | None = 1) -> None:
+    def __init__(self, next_sequence: int | None = 1, max_jump: int = MAX_JUMP) -> None:
         self.next_sequence = next_sequence
+        self.max_jump = max_jump
         self.session: str | None = None
         self.first_sequence: int | None = None
         """The sequence number of the first packet of the stream."""
@@ -232,30 +242,53 @@ class SequenceTracker:
         """Of `missed`: messages received but discarded by their consumer (`discard`)."""
         self.duplicates = 0
         self.ended = False
+        self._jump_to: int | None = None
+        """Where the last implausible packet would have left `next_sequence`."""
 
     def accept(self, packet: MoldPacket) -> list[tuple[int, bytes]]:
         """The new (sequence number, message) pairs of `packet`, in order."""
-        if self.session is None:
-            self.session = packet.session
-            self.first_sequence = packet.sequence_number
-        elif packet.session != self.session:
+        if self.session is not None and packet.session != self.session:
             raise MoldFormatError(
                 f"a datagram of session {packet.session!r} (sequence {packet.sequence_number}) "
                 f"in the stream of session {self.session!r}: ignored (a new session needs a "
                 "new listener)",
                 "other_session",
             )
-        expected = packet.sequence_number if self.next_sequence is None else self.next_sequence
-        if packet.sequence_number > expected:
-            self._gap(expected, packet.sequence_number - 1)
-            expected = packet.sequence_number
-        skip = expected - packet.sequence_number  # already seen
+        sequence = packet.sequence_number
+        expected = sequence if self.next_sequence is None else self.next_sequence
+        if sequence - expected > self.max_jump:
+            self._implausible(packet, expected)
+        if self.session is None:
+            self.session = packet.session
+            self.first_sequence = sequence
+        if sequence > expected:
+            self._gap(expected, sequence - 1)
+            expected = sequence
+        skip = expected - sequence  # already seen
         fresh = packet.messages[skip:]
         self.duplicates += min(skip, len(packet.messages))
-        self.next_sequence = max(expected, packet.sequence_number + len(packet.messages))
+        self.next_sequence = max(expected, sequence + len(packet.messages))
         if packet.is_end_of_session:
             self.ended = True
         return [(expected + i, message) for i, message in enumerate(fresh)]
+
+    def _implausible(self, packet: MoldPacket, expected: int) -> None:
+        """Raise for a packet too far ahead, unless it continues the last such one."""
+        sequence = packet.sequence_number
+        if sequence == self._jump_to:
+            self._jump_to = None
+            return
+        self._jump_to = sequence + len(packet.messages)
+        hint = (
+            " (a session under way? --join-late joins where it stands)"
+            if self.first_sequence is None else ""
+        )  # fmt: skip
+        raise MoldFormatError(
+            f"sequence number {sequence} is {sequence - expected} past the next expected, "
+            f"{expected}: more than the {self.max_jump} messages a gap may plausibly hold; "
+            f"ignored as a stray{hint}",
+            "implausible_sequence",
+        )
 
     def discard(self, first: int, last: int, count: int) -> Gap:
         """Messages `first`..`last` (`count` of them) were handed out but their consumer could
@@ -292,8 +325,9 @@ class MoldUdpReceiver(asyncio.DatagramProtocol):
         on_packet: OnPacket | None = None,
         on_gap: Callable[[Gap], None] | None = None,
         next_sequence: int | None = 1,
+        max_jump: int = MAX_JUMP,
     ) -> None:
-        self.tracker = SequenceTracker(next_sequence)
+        self.tracker = SequenceTracker(next_sequence, max_jump)
         self.on_message = on_message
         self.on_packet = on_packet
         self.on_gap = on_gap
@@ -341,6 +375,7 @@ async def open_receiver(
     on_gap: Callable[[Gap], None] | None = None,
     next_sequence: int | None = 1,
     receive_buffer: int | None = None,
+    max_jump: int = MAX_JUMP,
 ) -> tuple[asyncio.DatagramTransport, MoldUdpReceiver]:
     """Bind a receiver (port 0: any free port, read it from the transport's sockname);
     `receive_buffer`: the socket's receive buffer in bytes (the kernel may cap it)."""
@@ -355,7 +390,11 @@ async def open_receiver(
         sock.setblocking(False)
         transport, protocol = await loop.create_datagram_endpoint(
             lambda: MoldUdpReceiver(
-                on_message, on_packet=on_packet, on_gap=on_gap, next_sequence=next_sequence
+                on_message,
+                on_packet=on_packet,
+                on_gap=on_gap,
+                next_sequence=next_sequence,
+                max_jump=max_jump,
             ),
             sock=sock,
         )

@@ -103,6 +103,8 @@ class FeedStatistics:
     """The first `FIRST_GAPS` gaps, (first, last) sequence numbers."""
     first_sequence: int | None = None
     """The sequence number of the first datagram (None: none came)."""
+    duplicates: int = 0
+    """Messages dropped because their sequence number had been handed on already."""
 
 
 class LiveSource(Protocol):
@@ -246,6 +248,7 @@ class RunStats:
             "gaps": feed.gaps,
             "first_gaps": [list(gap) for gap in feed.first_gaps],
             "first_sequence": feed.first_sequence,
+            "duplicate_messages": feed.duplicates,
         }
 
 
