@@ -31,6 +31,22 @@ class InvalidInput(DuetimeError):
     grpc_code = "INVALID_ARGUMENT"
 
 
+class ModelOutputError(InvalidInput):
+    """The model ran but made an output duetime cannot return (a string that is not UTF-8):
+    the model's fault, not the request's, so HTTP 500 / INTERNAL, as Triton answers a model
+    that failed.
+
+    NOTE: an InvalidInput only for the circuit breaker, which does not count these while the
+    model answered other requests lately (see `ModelScheduler._judge`): which requests make such
+    an output may depend on their values, and one client sending those must not open the breaker
+    on everyone else. A model that makes it for every request still opens it. Catch this class
+    before InvalidInput to tell the two apart.
+    """
+
+    http_status = 500
+    grpc_code = "INTERNAL"
+
+
 class PayloadTooLarge(DuetimeError):
     """The request body or one of its headers is over a configured limit."""
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from duetime.errors import DuetimeError, InternalError, InvalidInput
+from duetime.errors import DuetimeError, InternalError, InvalidInput, ModelOutputError
 from duetime.execution.affinity import (
     BACKGROUND_NICENESS,
     lower_thread_priority,
@@ -198,7 +198,7 @@ class Executor:
             result.outputs = self._split(self._run(run, feeds, result), job.rows, feeds)
         except Exception as exc:
             if len(job.feeds) == 1:
-                result.outputs = [_run_error(exc)]
+                result.outputs = [self._run_error(exc, run, job.feeds[0])]
                 return
             # NOTE: one request's values can make ORT fail (an index out of range, say); run each
             # alone so that only the request that caused it fails, not the whole batch.
@@ -213,7 +213,26 @@ class Executor:
         try:
             return self._split(self._run(run, feeds, result), [rows], feeds)[0]
         except Exception as exc:
-            return _run_error(exc)
+            return self._run_error(exc, run, feeds)
+
+    def _run_error(self, exc: Exception, run: Run, feeds: Feeds) -> DuetimeError:
+        if isinstance(exc, UnicodeDecodeError):
+            return self._not_utf8(exc, run, feeds)
+        return _run_error(exc)
+
+    def _not_utf8(self, exc: UnicodeDecodeError, run: Run, feeds: Feeds) -> ModelOutputError:
+        """What a run that raised `exc` means: ORT's Python API decodes each string output to
+        `str` as UTF-8, and ONNX strings are bytes; the culprit is found by running each string
+        output alone (after the failure: no answer waits on it)."""
+        names = [name for name in self._output_names if name in self._string_outputs]
+        if len(names) > 1:
+            names = [name for name in names if _not_utf8(run, name, feeds)]
+        which = " and ".join(f"'{name}'" for name in names) or "a string output"
+        return ModelOutputError(
+            f"the model made string output {which} holding bytes that are not valid UTF-8 "
+            f"({exc}), which ONNX Runtime's Python API cannot return: a fault of the model, not "
+            "of the request"
+        )
 
     def _run(self, run: Run, feeds: Feeds, result: BatchResult) -> list[np.ndarray]:
         started = time.perf_counter_ns()
@@ -288,6 +307,16 @@ class InputPool:
         if start < bucket:
             buffer[start:] = buffer[start - 1] if start else ("" if first.dtype == object else 0)
         return buffer
+
+
+def _not_utf8(run: Run, name: str, feeds: Feeds) -> bool:
+    try:
+        run([name], feeds)
+    except UnicodeDecodeError:
+        return True
+    except Exception:  # (another failure: not this one)
+        return False
+    return False
 
 
 def _run_error(exc: Exception) -> DuetimeError:
