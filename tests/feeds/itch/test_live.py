@@ -458,3 +458,55 @@ def test_a_stray_datagram_far_ahead_does_not_end_the_feed() -> None:
     assert report["missed_messages"] == report["gaps"] == 0
     assert report["bad_packets"] == 1
     assert report["duplicate_messages"] == 8
+
+
+def _listen(demo_repo: Path, report: Path, *options: str) -> tuple[subprocess.Popen[str], int]:
+    """`duetime itch listen` in a process of its own, and the port it took."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    command = [
+        sys.executable, "-m", "duetime", "itch", "listen", "--udp", "127.0.0.1:0", "--model",
+        "orderbook", "--repository", str(demo_repo), "--deadline-us", "200000", "--json",
+        str(report), "--idle-s", "10", *options,
+    ]  # fmt: skip
+    listener = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+    )
+    assert listener.stdout is not None
+    line = listener.stdout.readline()
+    assert line.startswith("listening on udp://127.0.0.1:"), line
+    return listener, int(line.strip().rsplit(":", 1)[1])
+
+
+def test_listen_says_why_packets_were_bad_and_a_session_change(
+    tmp_path: Path, session: Path, demo_repo: Path
+) -> None:
+    """Bad packets were only counted: the listener now prints each kind's count and first
+    reason on stderr (as `itch run` does for skipped frames) and puts them in the report; a
+    feed that switches session mid-stream says so."""
+    frames = list(read_frames(session))[:400]
+    old = list(mold_packets(frames[:200], "OLD", per_packet=10))
+    new = list(mold_packets(frames[200:], "NEW", per_packet=10, first_sequence=201))
+    report = tmp_path / "report.json"
+    listener, port = _listen(demo_repo, report, "-q")
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+            for datagram in [*old, b"junk", *new, end_of_session_packet("OLD", 201)]:
+                sock.sendto(datagram, ("127.0.0.1", port))
+        _, errors = listener.communicate(timeout=60)
+    finally:
+        if listener.poll() is None:
+            listener.kill()
+            listener.wait()
+    assert listener.returncode == 0, errors
+    result = json.loads(report.read_text(encoding="utf-8"))
+    assert result["session"] == "OLD"
+    assert result["messages"] == 200
+    kinds = result["bad_packet_kinds"]
+    assert {kind: entry["count"] for kind, entry in kinds.items()} == {
+        "other_session": 20, "short": 1
+    }  # fmt: skip
+    assert result["bad_packets"] == 21
+    first = kinds["other_session"]["examples"][0]
+    assert "session 'NEW' (sequence 201) in the stream of session 'OLD'" in first
+    assert "21 bad packet(s): other_session 20 (the first: a datagram of session 'NEW'" in errors
+    assert "short 1 (the first: a packet has a 20-byte header, got 4 bytes)" in errors

@@ -332,7 +332,7 @@ async def _listen(feed: FeedRun, address: tuple[str, int], args: argparse.Namesp
 
     from duetime.execution.affinity import CpuLatencyLimit
     from duetime.feeds.itch.live import UdpFeed
-    from duetime.feeds.itch.moldudp import MAX_JUMP
+    from duetime.feeds.itch.moldudp import MAX_JUMP, bad_packets_note
 
     limit = args.cpu_dma_latency_us
     with contextlib.nullcontext() if limit is None else CpuLatencyLimit(limit):
@@ -346,10 +346,14 @@ async def _listen(feed: FeedRun, address: tuple[str, int], args: argparse.Namesp
         for signum in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(signum, udp.stop)
         try:
-            return await feed.run_live(udp)
+            stats = await feed.run_live(udp)
         finally:
             for signum in (signal.SIGINT, signal.SIGTERM):
                 loop.remove_signal_handler(signum)
+    if stats.feed is not None and stats.feed.bad_kinds:  # (as `itch run` says what it skipped)
+        note = bad_packets_note(stats.feed.bad_kinds)
+        print(f"duetime itch listen: udp://{bound_host}:{bound_port}: {note}", file=sys.stderr)
+    return stats
 
 
 async def _load(engine: Any, repository: Path, args: argparse.Namespace) -> None:

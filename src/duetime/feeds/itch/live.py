@@ -110,7 +110,8 @@ class UdpFeed:
         return FeedStatistics(
             missed=tracker.missed, dropped=tracker.discarded, gaps=tracker.gap_count,
             first_gaps=tuple(tracker.gaps[:FIRST_GAPS]), first_sequence=tracker.first_sequence,
-            duplicates=tracker.duplicates,
+            duplicates=tracker.duplicates, session=tracker.session,
+            bad_kinds=self._receiver.bad_packets.as_dict(),
         )  # fmt: skip
 
     def start(self, on_packet: Callable[[Sequence[Any], int], bool]) -> None:

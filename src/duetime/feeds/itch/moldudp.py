@@ -83,9 +83,16 @@ class BadPackets:
 
     def note(self) -> str:
         """One line (for stderr): how many of each kind, and the first reason of each."""
-        parts = [f"{kind} {entry['count']} (the first: {entry['examples'][0]})"
-                 for kind, entry in self.as_dict().items()]  # fmt: skip
-        return f"{self.total} bad packet(s): " + "; ".join(parts)
+        return bad_packets_note(self.as_dict())
+
+
+def bad_packets_note(kinds: dict[str, dict[str, Any]]) -> str:
+    """One line on `BadPackets.as_dict()` (a report's `bad_packet_kinds`): how many of each
+    kind, and the first reason of each."""
+    total = sum(entry["count"] for entry in kinds.values())
+    parts = [f"{kind} {entry['count']} (the first: {entry['examples'][0]})"
+             for kind, entry in kinds.items()]  # fmt: skip
+    return f"{total} bad packet(s): " + "; ".join(parts)
 
 
 class MoldPacket(NamedTuple):

@@ -105,6 +105,10 @@ class FeedStatistics:
     """The sequence number of the first datagram (None: none came)."""
     duplicates: int = 0
     """Messages dropped because their sequence number had been handed on already."""
+    session: str | None = None
+    """The MoldUDP64 session of the stream (its first datagram's)."""
+    bad_kinds: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Bad packets by kind: {"count": n, "examples": [the first reasons]} (`BadPackets`)."""
 
 
 class LiveSource(Protocol):
@@ -249,6 +253,8 @@ class RunStats:
             "first_gaps": [list(gap) for gap in feed.first_gaps],
             "first_sequence": feed.first_sequence,
             "duplicate_messages": feed.duplicates,
+            "session": feed.session,
+            "bad_packet_kinds": feed.bad_kinds,
         }
 
 
