@@ -17,9 +17,20 @@ def model_metadata_json(model: LoadedModel, versions: list[str]) -> dict[str, An
         "name": model.name,
         "versions": versions,
         "platform": PLATFORM,
-        "inputs": [_tensor(spec) for spec in model.signature.inputs],
+        "inputs": [_tensor(spec) for spec in shown_inputs(model)],
         "outputs": [_tensor(spec) for spec in model.signature.outputs],
     }
+
+
+def shown_inputs(model: LoadedModel) -> list[TensorSpec]:
+    """The inputs metadata and the model config list: the required ones, and the optional
+    ones (initializers a request may override) that the model's config names.
+
+    NOTE: as Triton's: exporters of a few years ago listed every weight of a model as a graph
+    input, and clients that make up a value for each listed input (perf_analyzer, load
+    generators) would send hundreds of random weights. Requests may override any of them."""
+    named = {tensor.name for tensor in model.config.inputs or ()}
+    return [s for s in model.signature.inputs if not s.optional or s.name in named]
 
 
 def _tensor(spec: TensorSpec) -> dict[str, Any]:
@@ -44,7 +55,7 @@ def model_config_json(model: LoadedModel) -> dict[str, Any]:
         "version_policy": config.version_policy.model_dump(exclude_none=True)
         or {"latest": {"num_versions": 1}},
         "max_batch_size": signature.max_batch_size,
-        "input": [_config_tensor(s, batched) for s in signature.inputs],
+        "input": [_config_tensor(s, batched) for s in shown_inputs(model)],
         "output": [_config_tensor(s, batched, labels.get(s.name)) for s in signature.outputs],
         "instance_group": [{"name": model.name, "kind": "KIND_CPU", "count": config.instances}],
         "dynamic_batching": {
