@@ -9,9 +9,9 @@ import os
 import signal
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from duetime.config import server_settings
+from duetime.config import ServerSettings, server_settings
 from duetime.errors import ConfigError
 from duetime.loops import new_event_loop
 from duetime.observability.logs import configure_logging
@@ -96,6 +96,14 @@ def _parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     serve.add_argument("--max-body-bytes", type=int, help="largest request body accepted")
     serve.add_argument(
+        "--max-header-bytes", type=int, help="largest HTTP request head (65536; more get 431)"
+    )
+    serve.add_argument(
+        "--max-json-bytes", type=int,
+        help="largest JSON part of an HTTP inference request (8 MiB; more get 413: send big "
+        "tensors as binary data)",
+    )  # fmt: skip
+    serve.add_argument(
         "--max-grpc-message-bytes", type=int,
         help="largest gRPC message, request or answer (64 MiB; at most 2 GiB - 1)",
     )  # fmt: skip
@@ -175,7 +183,23 @@ def _parser() -> argparse.ArgumentParser:
         help="leave the garbage collector at Python's defaults",
     )
     serve.add_argument(
-        "--record", metavar="FILE", type=Path,
+        "--gc-threshold", type=int,
+        help="gen-0 garbage collection threshold while the runtime is tuned (50000)",
+    )  # fmt: skip
+    serve.add_argument(
+        "--switch-interval-us", type=int,
+        help="GIL switch interval while the runtime is tuned (50; Python's is 5000)",
+    )  # fmt: skip
+    serve.add_argument(
+        "--shutdown-grace-s", type=float,
+        help="on SIGINT/SIGTERM, how long queued requests get to finish (5)",
+    )  # fmt: skip
+    serve.add_argument(
+        "--unload-drain-secs", "--unload-drain-s", dest="unload_drain_secs", type=float,
+        help="how long a replaced or unloaded version may take to finish its queued requests (30)",
+    )  # fmt: skip
+    serve.add_argument(
+        "--record", metavar="FILE", type=Path, dest="record_path",
         help="capture requests and their outcomes to FILE, a new file (docs/capture-format.md)",
     )  # fmt: skip
     serve.add_argument(
@@ -257,36 +281,22 @@ def _serve(args: argparse.Namespace) -> int:
         from duetime.demo import write_demo_repository
 
         repository = write_demo_repository(demo_cache_dir())
-    settings = server_settings({
-        "model_repository": repository, "host": args.host, "http_port": args.http_port,
-        "grpc_port": args.grpc_port, "metrics": args.metrics,
-        "metrics_port": args.metrics_port, "max_body_bytes": args.max_body_bytes,
-        "max_grpc_message_bytes": args.max_grpc_message_bytes,
-        "idle_timeout_s": args.idle_timeout_s, "cpus": args.cpus,
-        "busy_poll_us": args.busy_poll_us,
-        "cpu_dma_latency_us": args.cpu_dma_latency_us,
-        "max_connections": args.max_connections,
-        "request_read_timeout_s": args.request_read_timeout_s,
-        "min_body_rate_bytes_s": args.min_body_rate_bytes_s,
-        "max_inflight_bytes": args.max_inflight_bytes,
-        "max_connection_inflight_bytes": args.max_connection_inflight_bytes,
-        "overload_utilization": args.overload_utilization,
-        "tune_runtime": args.tune_runtime, "model_control_mode": args.model_control_mode,
-        "repository_poll_secs": args.repository_poll_secs,
-        "repository_stable_secs": args.repository_stable_secs,
-        "load_model": tuple(args.load_model) if args.load_model else None,
-        "max_loaded_models": args.max_loaded_models, "max_loaded_bytes": args.max_loaded_bytes,
-        "lazy_load": args.lazy_load, "control_token": args.control_token,
-        "access_log_sample": args.access_log_sample,
-        "record_path": args.record, "record_sample": args.record_sample,
-        "record_outputs": args.record_outputs, "record_buffer": args.record_buffer,
-    })  # fmt: skip
+    settings = server_settings(_setting_flags(args, repository))
     loop = new_event_loop()
     asyncio.set_event_loop(loop)
     try:
         return loop.run_until_complete(_run(Server(settings)))
     finally:
         loop.close()
+
+
+def _setting_flags(args: argparse.Namespace, repository: Path | None) -> dict[str, Any]:
+    """The server settings given as `serve` flags: each flag's dest is its setting's name."""
+    flags = {name: getattr(args, name, None) for name in ServerSettings.model_fields}
+    flags["model_repository"] = repository
+    if args.load_model:
+        flags["load_model"] = tuple(args.load_model)
+    return flags
 
 
 async def _run(server: Server) -> int:

@@ -1,0 +1,55 @@
+"""The `duetime` command's flags, parsed in process: every server setting has a `serve` flag."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pytest
+
+from duetime import cli
+from duetime.config import ServerSettings, server_settings
+
+NO_FLAG = {"model_repository": "the positional REPO (or --model-repository)"}
+
+
+def _subparser(name: str) -> argparse.ArgumentParser:
+    commands = next(a for a in cli._parser()._actions if isinstance(a, argparse._SubParsersAction))
+    parser: argparse.ArgumentParser = commands.choices[name]
+    return parser
+
+
+def test_every_server_setting_has_a_serve_flag() -> None:
+    dests = {action.dest for action in _subparser("serve")._actions}
+    missing = sorted(set(ServerSettings.model_fields) - dests - set(NO_FLAG))
+    assert not missing, f"settings with no `duetime serve` flag: {missing}"
+
+
+@pytest.mark.parametrize(
+    ("flags", "setting", "value"),
+    [
+        (["--max-json-bytes", "4096"], "max_json_bytes", 4096),
+        (["--max-header-bytes", "2048"], "max_header_bytes", 2048),
+        (["--shutdown-grace-s", "0.5"], "shutdown_grace_s", 0.5),
+        (["--unload-drain-secs", "2"], "unload_drain_secs", 2.0),
+        (["--unload-drain-s", "3"], "unload_drain_secs", 3.0),  # (the -s spelling of --*-s)
+        (["--gc-threshold", "1000"], "gc_threshold", 1000),
+        (["--switch-interval-us", "100"], "switch_interval_us", 100),
+        (["--record", "a.cap"], "record_path", Path("a.cap")),
+        (["--load-model", "a", "--load-model", "b"], "load_model", ("a", "b")),
+        (["--no-tune-runtime"], "tune_runtime", False),
+    ],
+)
+def test_serve_flags_reach_the_settings(flags: list[str], setting: str, value: object) -> None:
+    args = cli._parser().parse_args(["serve", "repo", *flags])
+    settings = server_settings(cli._setting_flags(args, Path("repo")), env={})
+    assert getattr(settings, setting) == value
+    assert settings.model_repository == Path("repo")
+
+
+def test_flags_not_given_leave_the_environment_in_charge() -> None:
+    args = cli._parser().parse_args(["serve", "repo"])
+    env = {"DUETIME_SHUTDOWN_GRACE_S": "7", "DUETIME_MAX_JSON_BYTES": "2048"}
+    settings = server_settings(cli._setting_flags(args, Path("repo")), env=env)
+    assert settings.shutdown_grace_s == 7.0
+    assert settings.max_json_bytes == 2048
