@@ -5,16 +5,18 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import os
 import signal
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from duetime.config import ServerSettings, server_settings
 from duetime.errors import ConfigError
 from duetime.loops import new_event_loop
-from duetime.observability.logs import configure_logging
+from duetime.observability.logs import configure_logging, console
 
 if TYPE_CHECKING:
     from duetime.server import Server
@@ -53,10 +55,10 @@ def main(argv: list[str] | None = None) -> int:
             return itch(args)
         return _serve(args)
     except ConfigError as exc:
-        print(f"duetime: {exc.message}", file=sys.stderr)
+        console(f"duetime: {exc.message}")
         return 2
     except KeyboardInterrupt:  # (Ctrl-C before a command took it over: importing, loading)
-        print("duetime: interrupted", file=sys.stderr)
+        console("duetime: interrupted", logging.WARNING)
         return 130
     except BrokenPipeError:  # (the report piped into `head`, say: it read what it wanted)
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # (no second error)
@@ -65,15 +67,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="duetime", description=__doc__)
-    parser.add_argument(
-        "--log-level", default="warning", choices=["debug", "info", "warning", "error"],
-        help="warning (default) logs failed requests of the server's making (5xx); info adds "
-        "every failed request and the sampled access log",
-    )  # fmt: skip
-    parser.add_argument(
-        "--log-format", default="text", choices=["text", "json"],
-        help="text (default) or one JSON object per line",
-    )  # fmt: skip
+    _add_log_flags(parser, top=True)
     commands = parser.add_subparsers(dest="command", required=True)
     demo = commands.add_parser("demo", help="write the demo model repository to PATH")
     demo.add_argument("path")
@@ -244,7 +238,35 @@ def _parser() -> argparse.ArgumentParser:
     from duetime.feeds.itch.cli import add_arguments as itch_arguments
 
     itch_arguments(itch)
+    seen: set[int] = set()
+    for sub in _subcommand_parsers(parser):
+        if id(sub) not in seen:  # (an alias names the same parser again)
+            seen.add(id(sub))
+            _add_log_flags(sub, top=False)
     return parser
+
+
+def _add_log_flags(parser: argparse.ArgumentParser, *, top: bool) -> None:
+    """The flags every command takes, before its name or after (`duetime serve --log-format
+    json`). A subcommand's copy has no default, so it never hides a value given before it."""
+    parser.add_argument(
+        "--log-level", choices=["debug", "info", "warning", "error"],
+        default="warning" if top else argparse.SUPPRESS,
+        help="warning (default) logs failed requests of the server's making (5xx); info adds "
+        "every failed request and the sampled access log",
+    )  # fmt: skip
+    parser.add_argument(
+        "--log-format", choices=["text", "json"], default="text" if top else argparse.SUPPRESS,
+        help="text (default) or one JSON object per line, messages to stderr included",
+    )  # fmt: skip
+
+
+def _subcommand_parsers(parser: argparse.ArgumentParser) -> Iterator[argparse.ArgumentParser]:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                yield sub
+                yield from _subcommand_parsers(sub)
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -258,7 +280,7 @@ def _demo(args: argparse.Namespace) -> int:
     try:
         path = write_demo_repository(folder)
     except OSError as exc:
-        print(f"duetime: demo: cannot write {folder}: {exc.strerror or exc}", file=sys.stderr)
+        console(f"duetime: demo: cannot write {folder}: {exc.strerror or exc}")
         return 1
     print(f"demo model repository written to {path}")
     return 0
@@ -307,7 +329,7 @@ async def _run(server: Server) -> int:
     addresses = await server.start()
     failures = server.engine.registry.snapshot.failures
     for name, reason in failures.items():
-        print(f"duetime: model '{name}' not loaded: {reason}", file=sys.stderr)
+        console(f"duetime: model '{name}' not loaded: {reason}", logging.WARNING)
     print(addresses.describe(), flush=True)
     await stop.wait()
     await server.stop()

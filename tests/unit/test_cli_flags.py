@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import argparse
+import json
+import logging
+import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from duetime import cli
 from duetime.config import ServerSettings, server_settings
+from duetime.observability.logs import configure_logging, console
 
 NO_FLAG = {"model_repository": "the positional REPO (or --model-repository)"}
 
@@ -53,3 +58,52 @@ def test_flags_not_given_leave_the_environment_in_charge() -> None:
     settings = server_settings(cli._setting_flags(args, Path("repo")), env=env)
     assert settings.shutdown_grace_s == 7.0
     assert settings.max_json_bytes == 2048
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["serve", "repo"],
+        ["bench", "--http", "127.0.0.1:8000", "--model", "mlp"],
+        ["replay", "a.cap", "--target", "http://127.0.0.1:8000"],
+        ["capture", "show", "a.cap"],
+        ["itch", "run", "day.itch", "--model", "orderbook"],
+    ],
+    ids=["serve", "bench", "replay", "capture-show", "itch-run"],
+)
+def test_log_flags_go_before_or_after_the_command(command: list[str]) -> None:
+    after = cli._parser().parse_args([*command, "--log-format", "json", "--log-level", "info"])
+    assert (after.log_format, after.log_level) == ("json", "info")
+    before = cli._parser().parse_args(["--log-format", "json", "--log-level", "info", *command])
+    assert (before.log_format, before.log_level) == ("json", "info")  # (not reset by the command)
+    neither = cli._parser().parse_args(command)
+    assert (neither.log_format, neither.log_level) == ("text", "warning")
+
+
+@pytest.fixture
+def restore_logging() -> Iterator[None]:
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    yield
+    root.handlers[:], root.level = handlers, level
+
+
+@pytest.mark.usefixtures("restore_logging")
+def test_messages_on_stderr_are_json_records_in_json_mode(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(os, "environ", {})  # (no DUETIME_* setting of this shell)
+    assert cli.main(["serve", str(tmp_path / "nowhere"), "--log-format", "json"]) == 2
+    lines = capsys.readouterr().err.splitlines()
+    assert lines
+    records = [json.loads(line) for line in lines]
+    assert records[-1]["level"] == "error"
+    assert records[-1]["logger"] == "duetime"
+    assert str(tmp_path / "nowhere") in records[-1]["message"]
+
+
+@pytest.mark.usefixtures("restore_logging")
+def test_messages_stay_plain_text_in_text_mode(capsys: pytest.CaptureFixture[str]) -> None:
+    configure_logging("error", "text")
+    console("duetime: model 'a' not loaded: why", logging.WARNING)  # (shown whatever the level)
+    assert capsys.readouterr().err == "duetime: model 'a' not loaded: why\n"

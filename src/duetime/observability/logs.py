@@ -52,6 +52,19 @@ def configure_logging(level: str, form: str) -> None:
     root.setLevel(getattr(logging, level.upper()))
 
 
+def console(message: str, level: int = logging.ERROR) -> None:
+    """A line for whoever runs the command, on stderr whatever the log level: the text as it is,
+    or one JSON record (logger `duetime`) while the logs are JSON, so that a log collector reading
+    stderr parses every line."""
+    if any(isinstance(h.formatter, JsonFormatter) for h in logging.getLogger().handlers):
+        record = logging.makeLogRecord(
+            {"name": "duetime", "levelno": level, "levelname": logging.getLevelName(level),
+             "msg": message}
+        )  # fmt: skip
+        message = JsonFormatter().format(record)
+    print(message, file=sys.stderr, flush=True)
+
+
 def log_request(
     *,
     protocol: str,

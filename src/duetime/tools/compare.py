@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from dataclasses import replace
 from pathlib import Path
 
 from duetime.errors import ConfigError
+from duetime.observability.logs import console
 from duetime.tools.hdr import RunReport
 from duetime.tools.outputs import OutputError, check_output, failed_write, make_parents
 
@@ -57,21 +57,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """2 for a bad file or flag; 1 when matplotlib is missing."""
     if args.out.suffix.lower() not in (".html", ".png"):
-        print(f"duetime report: --out {args.out}: expected a .html or .png file", file=sys.stderr)
+        console(f"duetime report: --out {args.out}: expected a .html or .png file")
         return 2
     try:
         check_output(args.out, "--out")
         reports = load_reports(args.results, args.label)
         from duetime.tools.plots import write_report
     except ConfigError as exc:
-        print(f"duetime report: {exc.message}", file=sys.stderr)
+        console(f"duetime report: {exc.message}")
         return 2
     except ValueError as exc:
-        print(f"duetime report: {exc}", file=sys.stderr)
+        console(f"duetime report: {exc}")
         return 2
     except ImportError as exc:
-        print(f"duetime report: {exc} (the report extra: pip install 'duetime[report]')",
-              file=sys.stderr)  # fmt: skip
+        console(f"duetime report: {exc} (the report extra: pip install 'duetime[report]')")
         return 1
     try:
         make_parents(args.out, "--out")
@@ -80,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
         except OSError as exc:
             raise failed_write(args.out, "--out", exc) from None
     except OutputError as exc:
-        print(f"duetime report: {exc.message}", file=sys.stderr)
+        console(f"duetime report: {exc.message}")
         return 1
     print(f"wrote {args.out}")
     return 0

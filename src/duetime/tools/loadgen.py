@@ -14,10 +14,10 @@ import argparse
 import asyncio
 import contextlib
 import json
+import logging
 import multiprocessing
 import os
 import signal
-import sys
 import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator
@@ -32,6 +32,7 @@ import numpy as np
 from duetime.engine import Engine
 from duetime.errors import ConfigError
 from duetime.loops import new_event_loop
+from duetime.observability.logs import console
 from duetime.tools.arrivals import ARRIVAL_KINDS, arrival_offsets_ns, choose_classes
 from duetime.tools.bench_record import write_bench_capture
 from duetime.tools.config import DEFAULT_HTTP_CONNECTIONS, MAX_HTTP_CONNECTIONS, BenchConfig
@@ -474,13 +475,13 @@ def run(args: argparse.Namespace) -> int:
         before = scrape_batch_counts(args.metrics) if args.metrics else None
         result = run_bench(config, record=args.record, progress=not args.quiet)
     except ConfigError as exc:
-        print(f"duetime bench: {exc.message}", file=sys.stderr)
+        console(f"duetime bench: {exc.message}")
         return 2
     except BenchError as exc:
-        print(f"duetime bench: {exc.message}", file=sys.stderr)
+        console(f"duetime bench: {exc.message}")
         return 1
     except KeyboardInterrupt:
-        print("duetime bench: interrupted before sending started", file=sys.stderr)
+        console("duetime bench: interrupted before sending started", logging.WARNING)
         return EXIT_CODE
     print(result.format())
     if args.record is not None:
@@ -493,7 +494,7 @@ def run(args: argparse.Namespace) -> int:
         try:
             write_output(args.json, json.dumps(doc, indent=2), "--json")
         except OutputError as exc:
-            print(f"duetime bench: {exc.message}", file=sys.stderr)
+            console(f"duetime bench: {exc.message}")
             return 1
         print(f"wrote {args.json}")
     return EXIT_CODE if result.interrupted else 0

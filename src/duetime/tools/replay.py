@@ -18,13 +18,14 @@ import asyncio
 import contextlib
 import functools
 import json
-import sys
+import logging
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 from duetime.errors import ConfigError
 from duetime.loops import new_event_loop
+from duetime.observability.logs import console
 from duetime.tools.capture.format import CaptureFormatError
 from duetime.tools.drivers import GROUP_NS, Waker, cpu_seconds, paced_switching
 from duetime.tools.hdr import LatencyRecorder, MissingHdr, new_histogram, record_us
@@ -378,19 +379,19 @@ def run(args: argparse.Namespace) -> int:
         before = scrape_batch_counts(args.metrics) if args.metrics else None
         result = run_replay(config)
     except ConfigError as exc:
-        print(f"duetime replay: {exc.message}", file=sys.stderr)
+        console(f"duetime replay: {exc.message}")
         return 2
     except CaptureFormatError as exc:
-        print(f"duetime replay: cannot read the capture: {exc}", file=sys.stderr)
+        console(f"duetime replay: cannot read the capture: {exc}")
         return 2
     except BenchError as exc:
-        print(f"duetime replay: {exc.message}", file=sys.stderr)
+        console(f"duetime replay: {exc.message}")
         return 1
     except MissingHdr as exc:
-        print(f"duetime replay: {exc}", file=sys.stderr)
+        console(f"duetime replay: {exc}")
         return 1
     except KeyboardInterrupt:
-        print("duetime replay: interrupted before sending started", file=sys.stderr)
+        console("duetime replay: interrupted before sending started", logging.WARNING)
         return EXIT_CODE
     print(result.format())
     doc = result.to_json()
@@ -412,7 +413,7 @@ def run(args: argparse.Namespace) -> int:
                 raise failed_write(args.report, "--report", exc) from None
             print(f"wrote {args.report}")
     except OutputError as exc:
-        print(f"duetime replay: {exc.message}", file=sys.stderr)
+        console(f"duetime replay: {exc.message}")
         return 1
     if doc["interrupted"]:
         return EXIT_CODE

@@ -9,6 +9,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TextIO
 
+from duetime.observability.logs import console
 from duetime.tools.capture.format import BadField, CapturedRequest, CaptureFormatError
 from duetime.tools.capture.jsonl import JsonlError, convert
 from duetime.tools.capture.reader import CaptureReader
@@ -39,13 +40,13 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
             return 0
         return show(args.file, args.head, out)
     except (JsonlError, CaptureFormatError) as exc:
-        print(f"duetime capture: {exc}", file=sys.stderr)
+        console(f"duetime capture: {exc}")
         return 1
     except BadField as exc:  # a value parse_request let through that the format cannot hold
-        print(f"duetime capture: {args.source}: {exc}", file=sys.stderr)
+        console(f"duetime capture: {args.source}: {exc}")
         return 1
     except OSError as exc:
-        print(f"duetime capture: {exc}", file=sys.stderr)
+        console(f"duetime capture: {exc}")
         return 2
 
 

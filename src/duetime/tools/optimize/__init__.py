@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import math
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
 from duetime.errors import ConfigError, DuetimeError
+from duetime.observability.logs import console
 from duetime.tools.optimize.options import (
     DEFAULT_MEASURE_S,
     DEFAULT_SAMPLES,
@@ -135,23 +136,23 @@ def run(args: argparse.Namespace) -> int:
 
     def say(message: str) -> None:
         if not args.quiet:
-            print(f"duetime optimize: {message}", file=sys.stderr, flush=True)
+            console(f"duetime optimize: {message}", logging.INFO)
 
     try:
         check_output(args.json, "--json")  # before config.toml is rewritten
         report = optimize(options, say)
     except ConfigError as exc:
-        print(f"duetime optimize: {exc.message}", file=sys.stderr)
+        console(f"duetime optimize: {exc.message}")
         return 2
     except DuetimeError as exc:
-        print(f"duetime optimize: {exc.message}", file=sys.stderr)
+        console(f"duetime optimize: {exc.message}")
         return 1
     print(report.format())
     if args.json is not None:
         try:
             write_output(args.json, json.dumps(report.to_json(), indent=2), "--json")
         except OutputError as exc:
-            print(f"duetime optimize: {exc.message}", file=sys.stderr)
+            console(f"duetime optimize: {exc.message}")
             return 1
         say(f"wrote {args.json}")
     return 1 if all(r.status == "failed" for r in report.results) else 0
