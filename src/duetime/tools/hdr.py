@@ -41,8 +41,8 @@ def _histogram_class() -> Any:
         from hdrh.histogram import HdrHistogram
     except ImportError as exc:
         raise MissingHdr(
-            f"latency histograms need the hdrhistogram package ({exc}); "
-            "pip install 'duetime[report]'"
+            f"latency histograms need the hdrhistogram package ({exc}), a dependency of "
+            "duetime: pip install 'hdrhistogram>=0.10'"
         ) from None
     return HdrHistogram
 
