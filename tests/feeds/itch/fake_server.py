@@ -1,11 +1,13 @@
 """A stand-in v2 gRPC server for the feed's remote predictor: it describes an order-book model
-and answers `ModelInfer` as a test wants (at once, never, or not at all once stopped)."""
+and answers `ModelInfer` as a test wants (at once, never, turned away), and can go away."""
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable
+import threading
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any
 
 import grpc
@@ -15,10 +17,11 @@ from duetime.feeds.itch.features import FEATURE_NAMES
 from duetime.frontend.proto import grpc_service_pb2 as pb
 from duetime.frontend.proto import grpc_service_pb2_grpc as pb_grpc
 
-Infer = Callable[[Any], Awaitable[Any]]
+Infer = Callable[[Any, Any], Awaitable[Any]]
+"""How `ModelInfer` answers: (request, context) -> response."""
 
 
-async def answer_at_once(request: Any) -> Any:
+async def answer_at_once(request: Any, context: Any) -> Any:
     """Three zero outputs per row, as the demo order-book model's shape."""
     rows = int(request.inputs[0].shape[0])
     response = pb.ModelInferResponse(model_name=request.model_name)
@@ -27,15 +30,23 @@ async def answer_at_once(request: Any) -> Any:
     return response
 
 
-async def never_answer(request: Any) -> Any:
+async def never_answer(request: Any, context: Any) -> Any:
     await asyncio.Event().wait()  # a stalled host: the call stays open, nothing comes back
     raise AssertionError("unreachable")
 
 
+async def unavailable(request: Any, context: Any) -> Any:
+    """The server itself turns the request away (a model still loading, a shutdown)."""
+    await context.abort(grpc.StatusCode.UNAVAILABLE, "model 'orderbook' is loading")
+
+
 class _Service(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
-    def __init__(self, infer: Infer) -> None:
+    def __init__(self, infer: Infer, stop_after: int | None) -> None:
         self.infer = infer
         self.calls = 0
+        self.stop_after = stop_after
+        self.server: Any = None
+        self._stopping: asyncio.Task[None] | None = None
 
     async def ModelMetadata(self, request: Any, context: Any) -> Any:
         response = pb.ModelMetadataResponse(name=request.name, platform="onnxruntime_onnx")
@@ -51,7 +62,9 @@ class _Service(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
 
     async def ModelInfer(self, request: Any, context: Any) -> Any:
         self.calls += 1
-        return await self.infer(request)
+        if self.calls == self.stop_after:  # the process goes away: from a task of its own
+            self._stopping = asyncio.get_running_loop().create_task(self.server.stop(0))
+        return await self.infer(request, context)
 
 
 class FakeServer:
@@ -71,10 +84,14 @@ class FakeServer:
 
 
 @contextlib.asynccontextmanager
-async def fake_server(infer: Infer = answer_at_once) -> AsyncIterator[FakeServer]:
-    """Serve on 127.0.0.1 (a free port) on the running loop until the block ends."""
+async def fake_server(
+    infer: Infer = answer_at_once, *, stop_after: int | None = None
+) -> AsyncIterator[FakeServer]:
+    """Serve on 127.0.0.1 (a free port) on the running loop until the block ends, or until the
+    `stop_after`-th inference request (answered as the others, then the server is gone)."""
     server = grpc.aio.server()
-    service = _Service(infer)
+    service = _Service(infer, stop_after)
+    service.server = server
     pb_grpc.add_GRPCInferenceServiceServicer_to_server(service, server)  # type: ignore[no-untyped-call]
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
@@ -82,3 +99,28 @@ async def fake_server(infer: Infer = answer_at_once) -> AsyncIterator[FakeServer
         yield FakeServer(server, service, port)
     finally:
         await server.stop(0)
+
+
+@contextlib.contextmanager
+def fake_server_in_thread(
+    infer: Infer = answer_at_once, *, stop_after: int | None = None
+) -> Iterator[FakeServer]:
+    """`fake_server` on a loop thread of its own, for a client that runs its own loop (the
+    command line)."""
+    loop = asyncio.new_event_loop()
+    started: concurrent.futures.Future[FakeServer] = concurrent.futures.Future()
+    stop = asyncio.Event()
+
+    async def serve() -> None:
+        async with fake_server(infer, stop_after=stop_after) as server:
+            started.set_result(server)
+            await stop.wait()
+
+    thread = threading.Thread(target=loop.run_until_complete, args=(serve(),), daemon=True)
+    thread.start()
+    try:
+        yield started.result(timeout=30)
+    finally:
+        loop.call_soon_threadsafe(stop.set)
+        thread.join(timeout=30)
+        loop.close()

@@ -7,6 +7,7 @@ through a callback on the loop that submitted it, without the feed ever waiting 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Callable
 from typing import Any, NamedTuple, Protocol
@@ -39,6 +40,9 @@ REFUSED = frozenset({Outcome.REJECTED, Outcome.EXPIRED})
 """Outcomes of a request turned away for time: overloaded, unavailable, past its due time."""
 
 CONNECT_TIMEOUT_S = 10.0
+_GONE = frozenset({"UNAVAILABLE", "CANCELLED"})
+"""gRPC codes of calls that failed for want of a connection (when the channel has none)."""
+GONE_WAIT_S = 0.05
 GIVE_UP_AFTER_DUE_NS = 100_000_000
 """A remote call's gRPC deadline: its request's due time plus this. An answer that comes in
 between is counted late (never used); none by then, the call is abandoned and the request counted
@@ -151,10 +155,17 @@ class GrpcPredictor:
     """Sends each request to a remote v2 server over one gRPC channel, with the time left until
     its due time as the `timeout` parameter (µs), so the remote scheduler plans for it too, and
     a gRPC deadline `GIVE_UP_AFTER_DUE_NS` after it: a request the server never answers is
-    reported unanswered then."""
+    reported unanswered then. A server that goes away (no connection) is an error for each
+    request, not a refusal: the run fails."""
 
     def __init__(
-        self, channel: Any, model: str, input_spec: TensorSpec, output: str, max_batch: int
+        self,
+        channel: Any,
+        model: str,
+        input_spec: TensorSpec,
+        output: str,
+        max_batch: int,
+        target: str = "",
     ) -> None:
         self.input = input_spec
         self.max_batch = max_batch
@@ -166,6 +177,7 @@ class GrpcPredictor:
         )
         self._model = model
         self._output = output
+        self._target = target
         self._tasks: set[asyncio.Task[None]] = set()
 
     @classmethod
@@ -191,7 +203,7 @@ class GrpcPredictor:
         )
         max_batch = int(config.config.max_batch_size)
         spec = per_event(only_input(specs, model), max_batch)
-        return cls(channel, model, spec, metadata.outputs[0].name, max_batch)
+        return cls(channel, model, spec, metadata.outputs[0].name, max_batch, target)
 
     def submit(self, array: np.ndarray, due_ns: int, answer: Answer) -> None:
         request = pb.ModelInferRequest(model_name=self._model)
@@ -210,7 +222,7 @@ class GrpcPredictor:
         try:
             response = await self._call(request, timeout=timeout_s)
         except grpc.aio.AioRpcError as exc:
-            answer(None, self._failure(exc, due_ns))
+            answer(None, await self._failure(exc, due_ns))
             return
         for index, tensor in enumerate(response.outputs):
             if tensor.name == self._output:
@@ -220,7 +232,7 @@ class GrpcPredictor:
                 return
         answer(None, Failure(f"the answer has no output '{self._output}'", refused=False))
 
-    def _failure(self, exc: grpc.aio.AioRpcError, due_ns: int) -> Failure:
+    async def _failure(self, exc: grpc.aio.AioRpcError, due_ns: int) -> Failure:
         code = exc.code().name
         message = f"gRPC {code}: {exc.details()}"
         # NOTE: a server that expires the request sends DEADLINE_EXCEEDED by its due time; the
@@ -229,7 +241,23 @@ class GrpcPredictor:
             time.monotonic_ns() >= due_ns + GIVE_UP_AFTER_DUE_NS // 2
         ):
             return Failure(message, refused=False, unanswered=True)
+        # NOTE: UNAVAILABLE is a server turning a request away (a model loading: refused) or
+        # no server at all (refused connection, the connection lost: an error, the run fails);
+        # only the first leaves the channel connected. Calls in flight when the server goes
+        # away end CANCELLED
+        if code in _GONE and await self._disconnected():
+            return Failure(f"{message} (the server at {self._target} went away)", refused=False)
         return Failure(message, outcome_of_grpc_code(code) in REFUSED)
+
+    async def _disconnected(self) -> bool:
+        """Whether the channel has lost its server: not connected now, nor `GONE_WAIT_S` on (a
+        call fails a moment before the channel sees its connection go)."""
+        ready = grpc.ChannelConnectivity.READY
+        channel = self._channel
+        if channel.get_state() == ready:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(channel.wait_for_state_change(ready), GONE_WAIT_S)
+        return bool(channel.get_state() != ready)
 
     def warm(self, array: np.ndarray) -> None:
         """The model is remote: nothing to warm here."""
