@@ -194,3 +194,38 @@ def test_a_request_padded_up_to_its_bucket_runs_no_row_the_model_refuses(tmp_pat
     x = np.arange(1, 11, dtype=np.int32).reshape(5, 2)
     with Engine.open(tmp_path) as engine:
         np.testing.assert_array_equal(engine.infer("intdiv", {"x": x})["y"], 100 // x)
+
+
+def test_a_request_its_variant_refuses_at_admission_goes_to_a_cheaper_one(tmp_path: Path) -> None:
+    """The router picks a variant by `fits`; admission a moment later can still refuse it (the
+    clock moved, the request's size): a cheaper variant that fits takes it, not a 429."""
+    from repo_models import scale_model, write_version
+
+    from duetime.errors import Overloaded
+
+    write_version(tmp_path, "m", 1, scale_model(2.0))
+    write_version(tmp_path, "m", 1, scale_model(2.0), name="small.onnx")
+    (tmp_path / "m" / "config.toml").write_text(
+        'max_batch_size = 4\n[[variants]]\nname = "small"\nfile = "small.onnx"\n'
+    )
+
+    async def main() -> None:
+        engine = await Engine.start(tmp_path)
+        try:
+            primary = engine.registry.snapshot.models["m"].versions["1"].primary
+
+            def refuse(*args: object, **kwargs: object) -> object:
+                raise Overloaded("predicted to finish too late")
+
+            primary.scheduler.submit_nowait = refuse  # type: ignore[method-assign]
+            x = np.ones((1, 4), np.float32)
+            ticket = engine.submit(engine._request("m", {"x": x}, None, 1.0, 0, None))
+            await ticket.future
+            assert ticket.variant == "small"
+            np.testing.assert_array_equal(ticket.response().outputs["y"], 2 * x)
+            with pytest.raises(Overloaded):  # no due time: no variant choice either
+                engine.submit(engine._request("m", {"x": x}, None, None, 0, None))
+        finally:
+            await engine.aclose()
+
+    asyncio.run(main())

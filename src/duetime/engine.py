@@ -12,6 +12,7 @@ import atexit
 import concurrent.futures
 import contextlib
 import copy
+import functools
 import logging
 import math
 import os
@@ -35,10 +36,11 @@ from duetime.errors import (
     ModelNotFound,
     ModelUnavailable,
     NotAllowed,
+    Overloaded,
 )
 from duetime.execution.affinity import CpuPlan
 from duetime.execution.executor import Feeds
-from duetime.repository.loader import LoadedModel, sample_row_bytes
+from duetime.repository.loader import LoadedModel, sample_inputs, sample_row_bytes
 from duetime.repository.manager import IndexEntry, ModelManager, RepositoryOptions
 from duetime.repository.registry import PRIMARY, Deployment, Registry
 from duetime.routing.router import Router
@@ -235,6 +237,7 @@ class Engine:
             breaker=loaded.config.breaker,
             ledger=None if background else ledger,
             sample_row_bytes=sample_row_bytes(loaded.signature),
+            sample=functools.partial(sample_inputs, loaded.signature, 1),
         )
         return Deployment(loaded, scheduler, variant)
 
@@ -325,15 +328,27 @@ class Engine:
             check_classifiable(request.classes, signature.outputs, prepared.outputs)
             ticket.classes, ticket.batched = request.classes, signature.max_batch_size > 0
             ticket.labels = model.labels
-        ticket.future = routed.deployment.scheduler.submit_nowait(
-            prepared.feeds,
-            rows=prepared.rows,
-            shape_key=prepared.shape_key,
-            due_ns=routed.due_ns,
-            priority=request.priority,
-            on_done=ticket._settled,
-            timing=request.timing,
-        )
+        deployment = routed.deployment
+        while True:
+            try:
+                ticket.future = deployment.scheduler.submit_nowait(
+                    prepared.feeds,
+                    rows=prepared.rows,
+                    shape_key=prepared.shape_key,
+                    due_ns=routed.due_ns,
+                    priority=request.priority,
+                    on_done=ticket._settled,
+                    timing=request.timing,
+                )
+                break
+            except Overloaded:
+                # NOTE: the router chose by `fits`; admission a moment later can still refuse
+                # (the clock moved, the request's size): a cheaper variant may yet take it
+                cheaper = _cheaper(routed.version.variants, deployment)
+                if cheaper is None or routed.due_ns is None or model.validator.overrides(prepared):
+                    raise  # (a variant may lack an optional input: see loader.load_version)
+                deployment = cheaper
+                ticket.variant = deployment.variant
         if routed.served.traffic.shadows:
             self.router.mirror(routed, request, ticket.future)
         return ticket
@@ -559,6 +574,12 @@ class Engine:
 
 _OPEN: weakref.WeakSet[Engine] = weakref.WeakSet()
 """Engines made by `open()` and not closed yet."""
+
+
+def _cheaper(variants: Sequence[Deployment], deployment: Deployment) -> Deployment | None:
+    """The variant after `deployment` in quality order (None: it is the cheapest)."""
+    index = variants.index(deployment)
+    return variants[index + 1] if index + 1 < len(variants) else None
 
 
 @atexit.register

@@ -76,6 +76,7 @@ def harness(
     profile: LatencyProfile | None = None,
     wake_slack_ns: int = 0,
     sample_row_bytes: int = 0,
+    sample: Callable[[], Feeds] | None = None,
     **scheduling: object,
 ) -> Harness:
     """A scheduler on the running loop; `scheduling` overrides SchedulingConfig fields.
@@ -97,6 +98,7 @@ def harness(
         ledger=ledger,
         wake_slack_ns=wake_slack_ns,
         sample_row_bytes=sample_row_bytes,
+        sample=sample,
     )
     return Harness(clock, executor, scheduler)
 
@@ -668,6 +670,38 @@ def test_requests_far_bigger_than_the_samples_are_predicted_by_their_size() -> N
         assert small.exception() is None
         submit(10_000, due_in=10_000 * MS)  # time enough: admitted
         assert len(h.executor.jobs) == 3
+
+    run(body)
+
+
+def test_a_profile_taken_on_a_busy_cpu_is_corrected_by_one_run_on_an_idle_instance() -> None:
+    """A version profiled while other work held the CPU predicted 38 times its real run: it
+    refused every tight request (or the router passed it over), never ran, and nothing
+    corrected it. Refusing on its predictions, idle and not run for a second, it runs its
+    sample inputs once; a run far under the estimate scales the whole profile down."""
+
+    async def body() -> None:
+        busy = profile_from_samples({1: [3_800 * US] * 5, 2: [5_700 * US] * 5})
+        h = harness(max_batch_size=2, profile=busy, sample=lambda: {"x": np.zeros((1, 4))})
+        with pytest.raises(Overloaded, match="predicted to finish in 3800 µs"):
+            h.submit("tight", due_in=1 * MS)
+        assert h.executor.jobs == [], "it ran a moment ago (at load): no check yet"
+        h.clock.advance(2_000 * MS)
+        with pytest.raises(Overloaded):
+            h.submit("tight", due_in=1 * MS)
+        ((_, check),) = h.executor.jobs
+        assert check.rows == [1]
+        with pytest.raises(Overloaded):  # one check at a time
+            h.submit("tight", due_in=1 * MS)
+        assert len(h.executor.jobs) == 1
+        h.executor.complete(0, compute_ns=100 * US)
+        assert h.scheduler.profile.predict(1) == 100 * US
+        assert h.scheduler.profile.predict(2) == 150 * US, "every bucket scaled alike"
+        admitted = h.submit("tight", due_in=1 * MS)
+        h.executor.complete(1, compute_ns=100 * US)
+        assert admitted.exception() is None
+        stats = h.scheduler.statistics()
+        assert (stats.executions, stats.succeeded) == (1, 1), "the check is not a request"
 
     run(body)
 

@@ -176,6 +176,7 @@ def _cascade(
     for candidate in variants[backlogged[-1] if backlogged else 0 :]:
         if candidate.scheduler.fits(now, due, rows, priority):
             return candidate
+        candidate.scheduler.refresh_if_stale(now)  # (passed over on its predictions)
     return variants[-1]
 
 

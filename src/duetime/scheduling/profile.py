@@ -214,6 +214,24 @@ class LatencyProfile:
             if self._observed % _FOLLOW_EVERY == 0:
                 self._follow()
 
+    def recalibrate(self, rows: int, elapsed_ns: int) -> None:
+        """Fold in a run on an idle instance (see `ModelScheduler.refresh_if_stale`): where the
+        estimate is more than twice what it took, the profile was taken on a busy CPU, and every
+        bucket is scaled down by the same ratio at once.
+
+        NOTE: a version reloaded while other work held the CPU measured 50 ms a run for a model
+        of 1.3 ms; the router then sent everything to its cheaper variants, the version never
+        ran again, and nothing corrected it (the EWMA would take ~70 runs)."""
+        bucket = self.bucket_of[min(rows, self.max_rows)]
+        ratio = elapsed_ns / max(1.0, self._ewma[bucket])
+        if ratio >= 0.5:
+            self.observe(rows, elapsed_ns)
+            return
+        for b in self.buckets:
+            self._ewma[b] *= ratio
+            self._margin[b] = int(self._margin[b] * ratio)
+        self._refresh()
+
     def _follow(self) -> None:
         """Scale the buckets not run yet by how the run ones compare with their load figures.
 

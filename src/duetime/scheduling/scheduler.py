@@ -65,6 +65,9 @@ few µs past that instant, found hopeless, and failed unrun on an idle server. W
 come later (a loaded machine: 0.1-4 ms, measured), the slack follows them, up to
 `WAKE_SLACK_MAX_NS`, and decays back."""
 WAKE_SLACK_MAX_NS = 5_000_000
+REFRESH_NS = 1_000_000_000
+"""A variant refusing on its predictions, and not run for this long, runs its sample inputs
+once to check its profile (see `ModelScheduler.refresh_if_stale`)."""
 _BIG_INPUT_FACTOR = 4
 """Inputs this many times the profile samples' bytes a row are predicted by their size."""
 _REVOKE_AFTER_NS = 1_000_000
@@ -231,10 +234,14 @@ class ModelScheduler:
         ledger: CoreLedger | None = None,
         sample_row_bytes: int = 0,
         wake_slack_ns: int = WAKE_SLACK_NS,
+        sample: Callable[[], Feeds] | None = None,
     ) -> None:
         """`ledger`: the CPU its instances run on, when other models' instances run there too
         (see scheduling/ledger.py). `sample_row_bytes`: the input bytes a row of the samples the
-        profile was measured on had (0: not known). `wake_slack_ns`: see `WAKE_SLACK_NS`."""
+        profile was measured on had (0: not known). `wake_slack_ns`: see `WAKE_SLACK_NS`.
+        `sample`: inputs of one row for `refresh_if_stale` (None: it never runs one)."""
+        self._sample = sample
+        self._refreshing = False
         self._wake_slack_base_ns = self._wake_slack_ns = wake_slack_ns
         self._preferred = (
             () if config.policy == "edf" else tuple(sorted(set(config.preferred_batch_size)))
@@ -493,10 +500,13 @@ class ModelScheduler:
             self._probes += 1
             return
         self._rejected += 1
+        self.refresh_if_stale(now)
+        kept = needed - finish
+        margins = f" (+{kept / 1e3:.0f} µs kept for margins and delivery)" if kept >= 1000 else ""
         raise Overloaded(
-            f"model {self._label}: predicted to finish in {(finish - now) / 1e3:.0f} µs but due "
-            f"in {(due_ns - now) / 1e3:.0f} µs ({ahead} requests ahead); retry with a larger "
-            "timeout or later",
+            f"model {self._label}: predicted to finish in {(finish - now) / 1e3:.0f} µs"
+            f"{margins} but due in {(due_ns - now) / 1e3:.0f} µs ({ahead} requests ahead); retry "
+            "with a larger timeout or later",
             retry_after_s=max(0.001, (finish - now) / 1e9),
         )
 
@@ -832,10 +842,8 @@ class ModelScheduler:
         self._complete(result)
         self._dispatch()
 
-    def _complete(self, result: BatchResult) -> None:
-        """Settle the requests of a finished batch and learn from its run."""
-        now = self._last_run_ns = self._clock.now_ns()
-        instance = result.instance
+    def _ended(self, instance: int, now: int) -> _Running:
+        """The instance's oldest batch, which just ended; the next (if any) starts."""
         jobs = self._outstanding[instance]
         running = jobs.popleft()
         if jobs:  # the lookahead batch started as this one ended
@@ -845,6 +853,50 @@ class ModelScheduler:
             self._busy_until[instance] = 0
         if self._ledger is not None:
             self._ledger.book(self._owners[instance], self._busy_until[instance])
+        return running
+
+    def refresh_if_stale(self, now: int) -> None:
+        """Run the sample inputs once on an idle instance, to check the profile, when this
+        variant refuses requests (or the router passes it over) on its predictions and has not
+        run for `REFRESH_NS`: a profile taken on a busy CPU would otherwise keep it refusing
+        for good (see `LatencyProfile.recalibrate`). Thread-run models only."""
+        if (
+            self._sample is None
+            or self._refreshing
+            or self._closed
+            or self._inline
+            or now - self._last_run_ns < REFRESH_NS
+            or len(self._queue)
+            or self._outstanding[0]
+            or not self.available(now)
+        ):
+            return
+        feeds = self._sample()
+        rows = 1
+        bucket = self.profile.bucket_of[rows] if self._max_rows else 0
+        self._refreshing = True
+        self._last_run_ns = now
+        job = BatchJob([feeds], [rows], bucket, self._refreshed)
+        self._outstanding[0].append(_Running([], bucket, now, rows, job))
+        self._busy_until[0] = now + self._exec_ns(rows)
+        if self._ledger is not None:
+            self._ledger.book(self._owners[0], self._busy_until[0])
+        self._executor.submit(0, job)
+
+    def _refreshed(self, result: BatchResult) -> None:
+        now = self._clock.now_ns()
+        running = self._ended(result.instance, now)
+        self._refreshing = False
+        outputs = result.outputs
+        if not result.skipped and outputs and not isinstance(outputs[0], DuetimeError):
+            self.profile.recalibrate(running.bucket or 1, result.compute_ns)
+        self._dispatch()
+
+    def _complete(self, result: BatchResult) -> None:
+        """Settle the requests of a finished batch and learn from its run."""
+        now = self._last_run_ns = self._clock.now_ns()
+        instance = result.instance
+        running = self._ended(instance, now)
         if result.skipped:  # its thread took it too late to run (see `_start_by`), or revoked
             live = [item for item in running.requests if not item.future.done()]
             self._cancelled += len(running.requests) - len(live)
