@@ -910,6 +910,34 @@ def test_traffic_naming_versions_not_served_is_warned_of_once(
     assert "names version(s) 7, not served (version_policy serves 1)" in warned[0]
 
 
+def test_a_configs_warnings_are_said_once_per_content_not_at_every_poll(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    write_version(tmp_path, "m", 1, scale_model(1))
+    pbtxt = tmp_path / "m" / "config.pbtxt"
+    pbtxt.write_text('backend: "onnxruntime"\nmodel_warmup { name: "w" }\n')
+    age(pbtxt)
+
+    def warned() -> list[str]:
+        return [r.getMessage() for r in caplog.records if "Triton-only" in r.getMessage()]
+
+    async def scenario(engine: Engine) -> None:
+        manager = engine.manager
+        assert manager is not None
+        for _ in range(3):
+            await manager.poll()
+        assert len(warned()) == 1
+        assert "model_warmup" in warned()[0]
+        pbtxt.write_text('backend: "onnxruntime"\nmodel_warmup { name: "w2" }\n')  # (changed)
+        age(pbtxt)
+        for _ in range(3):
+            await manager.poll()
+        assert len(warned()) == 2
+
+    with caplog.at_level(logging.WARNING, logger="duetime.config"):
+        run(tmp_path, scenario, control_mode="poll", poll_s=3600)
+
+
 # -- lazy loading and the budget -------------------------------------------------------------------
 
 

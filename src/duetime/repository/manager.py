@@ -49,9 +49,10 @@ from duetime.repository.registry import (
     ServedModel,
     ServedVersion,
 )
-from duetime.repository.tritonconfig import load_model_config
+from duetime.repository.tritonconfig import read_model_config
 
 log = logging.getLogger("duetime.manager")
+log_config = logging.getLogger("duetime.config")
 
 ControlMode = Literal["none", "explicit", "poll"]
 
@@ -173,9 +174,12 @@ class ModelManager:
         self._degraded: dict[tuple[str, str], str] = {}
         """(model, version) -> the variants that did not load with it (the index says so)."""
         self._retry_at: dict[str, float] = {}
+        """Lazy loading: model -> when (monotonic s) a request may next retry its failed load."""
         self._warned: dict[str, str] = {}
         """Model -> the last warning about its traffic config (said once, not at every poll)."""
-        """Lazy loading: model -> when (monotonic s) a request may next retry its failed load."""
+        self._config_warned: dict[str, str] = {}
+        """Model -> the digest of the config file whose warnings were said (once per content,
+        not at every poll)."""
         self._started_ns = 0
         self._overrides: dict[str, ModelConfig] = {}
         self._uploads: dict[str, Path] = {}
@@ -377,7 +381,7 @@ class ModelManager:
             )
         try:
             source = scan_model(directory)
-            config = self._overrides.get(name) or load_model_config(directory)
+            config = self._overrides.get(name) or self._read_config(name, directory)
         except ConfigError as exc:
             self._fail_model(name, exc.message, serving=current is not None)
             raise ModelUnavailable(f"model '{name}' cannot be loaded: {exc.message}") from None
@@ -554,6 +558,16 @@ class ModelManager:
         self._retiring.add(task)
         task.add_done_callback(self._retiring.discard)
 
+    def _read_config(self, name: str, directory: Path) -> ModelConfig:
+        """The model's config from its file; the file's warnings are logged the first time its
+        content is read, again only once it changes."""
+        read = read_model_config(directory)
+        if self._config_warned.get(name) != read.digest:
+            for message in read.warnings:
+                log_config.warning("%s", message)
+            self._config_warned[name] = read.digest
+        return read.config
+
     def _fail_model(self, name: str, reason: str, *, serving: bool = False) -> None:
         if self._model_errors.get(name) != reason:  # (each poll meets an unfixed error again)
             log.error("model %s not loaded: %s", name, reason)
@@ -578,6 +592,7 @@ class ModelManager:
                 del table[key]
         self._retry_at.pop(name, None)
         self._warned.pop(name, None)
+        self._config_warned.pop(name, None)
 
     def _prune_versions(self, name: str, versions: Iterable[int]) -> None:
         """Forget the failed or unloaded versions of `name` no longer on disk (a removed version

@@ -35,8 +35,10 @@ Without `dynamic_batching` Triton runs each request alone; duetime's scheduler b
 
 from __future__ import annotations
 
+import hashlib
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -85,26 +87,60 @@ _THREAD_PARAMETERS = {
 }
 
 
+Warn = Callable[[str], None]
+"""Where the translation's warnings go (what it ignores or changes)."""
+
+
+def _log(message: str) -> None:
+    log.warning("%s", message)
+
+
+@dataclass(frozen=True, slots=True)
+class ReadConfig:
+    """A model's config, with the warnings its file gave and that file's digest (the same
+    content gives the same warnings: a watcher says them again only when the digest changes)."""
+
+    config: ModelConfig
+    warnings: tuple[str, ...] = ()
+    digest: str = ""
+
+
 def load_model_config(model_dir: Path) -> ModelConfig:
-    """The model's config from its config file (duetime's TOML or YAML, or Triton's pbtxt)."""
+    """The model's config from its config file (duetime's TOML or YAML, or Triton's pbtxt);
+    its warnings are logged."""
+    read = read_model_config(model_dir)
+    for message in read.warnings:
+        _log(message)
+    return read.config
+
+
+def read_model_config(model_dir: Path) -> ReadConfig:
+    """The model's config from its config file, its warnings returned, not logged."""
     path = find_config_file(model_dir)
     if path is None or path.name != FILENAME:
-        return settings.load_model_config(model_dir)
-    return parse_model_config(read_pbtxt(path, model_dir.name), source=str(path))
+        return ReadConfig(settings.load_model_config(model_dir))
+    text = _read_text(path)
+    warnings: list[str] = []
+    data = translate(text, source=str(path), model_name=model_dir.name, warn=warnings.append)
+    digest = hashlib.sha256(text.encode()).hexdigest()
+    return ReadConfig(parse_model_config(data, source=str(path)), tuple(warnings), digest)
 
 
 def read_pbtxt(path: Path, model_name: str) -> dict[str, Any]:
     """The settings `path` (a Triton config.pbtxt of model `model_name`) translates to."""
+    return translate(_read_text(path), source=str(path), model_name=model_name)
+
+
+def _read_text(path: Path) -> str:
     try:
-        text = path.read_text(encoding="utf-8")
+        return path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{path}: cannot be read: {exc}") from exc
-    return translate(text, source=str(path), model_name=model_name)
 
 
-def translate(text: str, *, source: str, model_name: str) -> dict[str, Any]:
+def translate(text: str, *, source: str, model_name: str, warn: Warn = _log) -> dict[str, Any]:
     config = _parsed(text_format.Parse, text, source, "protobuf text format")
-    return _translated(config, source, model_name)
+    return _translated(config, source, model_name, warn)
 
 
 def is_triton_json(data: Mapping[str, Any]) -> bool:
@@ -114,11 +150,13 @@ def is_triton_json(data: Mapping[str, Any]) -> bool:
     return any(key in _TRITON_ONLY for key in data)
 
 
-def translate_json(data: Mapping[str, Any], *, source: str, model_name: str) -> dict[str, Any]:
+def translate_json(
+    data: Mapping[str, Any], *, source: str, model_name: str, warn: Warn = _log
+) -> dict[str, Any]:
     """The settings Triton's ModelConfig in its JSON form (protobuf's JSON mapping: the form
     `get_model_config` returns and Triton's load request takes) translates to."""
     config = _parsed(json_format.ParseDict, data, source, "JSON ModelConfig")
-    return _translated(config, source, model_name)
+    return _translated(config, source, model_name, warn)
 
 
 def _parsed(parse: Any, given: Any, source: str, form: str) -> Any:
@@ -131,21 +169,21 @@ def _parsed(parse: Any, given: Any, source: str, form: str) -> Any:
     return config
 
 
-def _translated(config: Any, source: str, model_name: str) -> dict[str, Any]:
+def _translated(config: Any, source: str, model_name: str, warn: Warn) -> dict[str, Any]:
     given = {field.name for field, _ in config.ListFields()}
     _refuse_what_cannot_be_served(config, given, source, model_name)
     out: dict[str, Any] = {}
     tensors = [("inputs", config.input), ("outputs", config.output)]
     for key, specs in tensors:
         if specs:
-            out[key] = [_tensor(spec, key[:-1], source) for spec in specs]
+            out[key] = [_tensor(spec, key[:-1], source, warn) for spec in specs]
     if config.max_batch_size > 0 or any(specs for _, specs in tensors):
         out["max_batch_size"] = config.max_batch_size
-    instances = _instances(config, source)
+    instances = _instances(config, source, warn)
     if instances is not None:
         out["instances"] = instances
     if config.HasField("dynamic_batching"):
-        _dynamic_batching(config.dynamic_batching, out, source)
+        _dynamic_batching(config.dynamic_batching, out, source, warn)
     if config.HasField("version_policy"):
         out["version_policy"] = _version_policy(config.version_policy)
     for name, parameter in config.parameters.items():
@@ -158,8 +196,7 @@ def _translated(config: Any, source: str, model_name: str) -> dict[str, Any]:
             out.setdefault("scheduling", {})["policy"] = parameter.string_value
     ignored = sorted(given - _TRANSLATED)
     if ignored:
-        log.warning("%s: %s: Triton-only settings, no effect in duetime", source,
-                    ", ".join(ignored))  # fmt: skip
+        warn(f"{source}: {', '.join(ignored)}: Triton-only settings, no effect in duetime")
     return out
 
 
@@ -205,11 +242,11 @@ def _scalar_reshape(spec: Any) -> bool:
     return list(spec.dims) == [1] and not list(spec.reshape.shape)
 
 
-def _tensor(spec: Any, kind: str, source: str) -> dict[str, Any]:
+def _tensor(spec: Any, kind: str, source: str, warn: Warn) -> dict[str, Any]:
     ignored = sorted({f.name for f, _ in spec.ListFields()} - _TENSOR_FIELDS - {"reshape"})
     if ignored:
-        log.warning("%s: %s '%s': %s: Triton-only settings, no effect in duetime", source, kind,
-                    spec.name, ", ".join(ignored))  # fmt: skip
+        warn(f"{source}: {kind} '{spec.name}': {', '.join(ignored)}: Triton-only settings, no "
+             "effect in duetime")  # fmt: skip
     tensor: dict[str, Any] = {"name": spec.name}
     if spec.data_type != mc.TYPE_INVALID:
         name = mc.DataType.Name(spec.data_type).removeprefix("TYPE_")
@@ -225,20 +262,20 @@ def _tensor(spec: Any, kind: str, source: str) -> dict[str, Any]:
     return tensor
 
 
-def _instances(config: Any, source: str) -> int | None:
+def _instances(config: Any, source: str, warn: Warn) -> int | None:
     groups = config.instance_group
     if not groups:
         return None
     if any(group.kind == mc.ModelInstanceGroup.KIND_GPU for group in groups):
-        log.warning("%s: instance_group: GPU instances run on the CPU in duetime", source)
+        warn(f"{source}: instance_group: GPU instances run on the CPU in duetime")
     return sum(group.count or 1 for group in groups)
 
 
-def _dynamic_batching(batching: Any, out: dict[str, Any], source: str) -> None:
+def _dynamic_batching(batching: Any, out: dict[str, Any], source: str, warn: Warn) -> None:
     ignored = sorted({f.name for f, _ in batching.ListFields()} - _BATCHING_FIELDS)
     if ignored:
-        log.warning("%s: dynamic_batching: %s: Triton-only settings, no effect in duetime (it "
-                    "sizes batches by due times)", source, ", ".join(ignored))  # fmt: skip
+        warn(f"{source}: dynamic_batching: {', '.join(ignored)}: Triton-only settings, no effect "
+             "in duetime (it sizes batches by due times)")  # fmt: skip
     scheduling: dict[str, Any] = out.setdefault("scheduling", {})
     scheduling["max_queue_delay_us"] = batching.max_queue_delay_microseconds
     if batching.default_priority_level:
@@ -254,8 +291,8 @@ def _dynamic_batching(batching: Any, out: dict[str, Any], source: str) -> None:
         if policy.default_timeout_microseconds:
             out["default_timeout_ms"] = policy.default_timeout_microseconds / 1000
         if policy.timeout_action == mc.ModelQueuePolicy.DELAY:
-            log.warning("%s: dynamic_batching.default_queue_policy.timeout_action DELAY: duetime "
-                        "never runs a request after its due time (REJECT)", source)  # fmt: skip
+            warn(f"{source}: dynamic_batching.default_queue_policy.timeout_action DELAY: duetime "
+                 "never runs a request after its due time (REJECT)")  # fmt: skip
 
 
 def _version_policy(policy: Any) -> dict[str, Any]:
