@@ -5,6 +5,8 @@ model as a file replay, on 127.0.0.1."""
 from __future__ import annotations
 
 import asyncio
+import csv
+import io
 import json
 import os
 import socket
@@ -335,6 +337,8 @@ def test_real_packets_in_any_order_give_their_own_messages(datagrams: list[bytes
         assert message == decode_message(_REAL_FRAMES[sequence - 1])
     lost = sum(gap.last - gap.first + 1 for gap in receiver.tracker.gaps)
     assert len(numbered) + lost == (sequences[-1] if sequences else 0)
+    # each number of a gap either never came (missed) or came after it (reordered)
+    assert receiver.tracker.missed + receiver.tracker.reordered == lost
 
 
 def test_listen_that_cannot_hold_its_cpu_latency_limit_says_so_and_binds_nothing(
@@ -426,9 +430,10 @@ def test_a_first_datagram_lost_or_reordered_is_missed_unless_joining_late(
     assert len(got) == 32  # the first datagram's 8 came too late to be applied
     assert statistics.first_sequence == 9
     if join_late:
-        assert (statistics.missed, statistics.gaps) == (0, 0)
-    else:
-        assert (statistics.missed, statistics.first_gaps) == (8, ((1, 8),))
+        assert (statistics.missed, statistics.gaps, statistics.duplicates) == (0, 0, 8)
+    else:  # a gap from 1, whose messages came after all: reordered, not applied
+        assert statistics.first_gaps == ((1, 8),)
+        assert (statistics.missed, statistics.reordered) == (0, 8)
 
 
 def test_a_stray_datagram_far_ahead_does_not_end_the_feed() -> None:
@@ -510,3 +515,68 @@ def test_listen_says_why_packets_were_bad_and_a_session_change(
     assert "session 'NEW' (sequence 201) in the stream of session 'OLD'" in first
     assert "21 bad packet(s): other_session 20 (the first: a datagram of session 'NEW'" in errors
     assert "short 1 (the first: a packet has a 20-byte header, got 4 bytes)" in errors
+
+
+def _adds_then_deletes(count: int) -> list[bytes]:
+    adds = [encode("A", stock_locate=1, timestamp=n, order_reference_number=n,
+                   buy_sell_indicator="B", shares=100, stock="GAP", price=10_000 + n)
+            for n in range(1, count + 1)]  # fmt: skip
+    deletes = [encode("D", stock_locate=1, timestamp=100 + n, order_reference_number=n)
+               for n in range(1, count + 1)]  # fmt: skip
+    return adds + deletes
+
+
+def test_after_a_gap_the_books_and_predictions_say_they_may_be_incomplete() -> None:
+    """A lost datagram's adds leave the books without those orders: the run reports the book
+    anomalies it causes and that the books may be incomplete, and each prediction row says
+    how many gaps came before its event (they went on as if nothing had happened)."""
+    packets = list(mold_packets(_adds_then_deletes(20), "GAP", per_packet=5))  # 8 datagrams
+    out = io.StringIO()
+
+    async def scenario() -> FeedRun:
+        receiver = MoldUdpReceiver(next_sequence=1)
+        feed = UdpFeed(_Transport(), receiver, idle_s=None)  # type: ignore[arg-type]
+        options = RunOptions(deadline_ns=10**9, pace="max", keep_warm=False)
+        run = FeedRun(Recorder(), options, PredictionLog(out, 3))
+        running = asyncio.ensure_future(run.run_live(feed))
+        await asyncio.sleep(0)
+        for datagram in [packets[0], *packets[2:], end_of_session_packet("GAP", 41)]:
+            receiver.datagram_received(datagram, ("127.0.0.1", 9))  # adds 6-10 lost
+            await asyncio.sleep(0)
+        await asyncio.wait_for(running, 10)
+        return run
+
+    run = asyncio.run(scenario())
+    report = run.stats.report()
+    assert report["missed_messages"] == 5
+    assert report["book_incomplete"] is True
+    assert report["book_anomalies"] == {"unknown_ref": 5}  # the lost orders' deletes
+    rows = list(csv.DictReader(io.StringIO(out.getvalue())))
+    assert len(rows) == report["on_time"] == 30  # 5 adds, the gap, 10 adds, 15 deletes
+    assert [row["book_gaps"] for row in rows] == ["0"] * 5 + ["1"] * 25
+
+
+def test_listen_says_what_a_gap_did_to_the_books(tmp_path: Path, demo_repo: Path) -> None:
+    """The listener prints the book anomalies on stderr as `itch book` does, and its report and
+    prediction rows say the books may be incomplete after the gap."""
+    packets = list(mold_packets(_adds_then_deletes(20), "GAP", per_packet=5))
+    report, predictions = tmp_path / "report.json", tmp_path / "predictions.csv"
+    listener, port = _listen(demo_repo, report, "--predictions", str(predictions))
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+            for datagram in [packets[0], *packets[2:], end_of_session_packet("GAP", 41)]:
+                sock.sendto(datagram, ("127.0.0.1", port))
+        out, errors = listener.communicate(timeout=60)
+    finally:
+        if listener.poll() is None:
+            listener.kill()
+            listener.wait()
+    assert listener.returncode == 0, errors
+    assert "udp://127.0.0.1:0: book anomalies: unknown_ref=5" in errors
+    assert "the books may lack orders (1 sequence gap(s), first sequence 1)" in out
+    result = json.loads(report.read_text(encoding="utf-8"))
+    assert (result["missed_messages"], result["book_incomplete"]) == (5, True)
+    assert result["book_anomalies"] == {"unknown_ref": 5}
+    with predictions.open(newline="", encoding="utf-8") as rows:
+        gaps = [row["book_gaps"] for row in csv.DictReader(rows)]
+    assert gaps == ["0"] * 5 + ["1"] * 25

@@ -232,3 +232,20 @@ def test_a_first_datagram_far_ahead_names_join_late() -> None:
     with pytest.raises(MoldFormatError, match="--join-late"):
         tracker.accept(decode_packet(encode_packet("S", 500, MESSAGES[:1])))
     assert tracker.first_sequence is None
+
+
+def test_a_datagram_that_comes_after_its_gap_is_reordered_not_missed() -> None:
+    """Datagrams overtaken on the way were reported missed though they came: the messages of a
+    gap that come later are counted reordered (still not handed out: the stream moved on),
+    and only what never comes stays missed; a repeat after that is a duplicate."""
+    tracker = SequenceTracker()
+    packets = [decode_packet(p) for p in mold_packets(MESSAGES, "S", per_packet=2)]  # 1-2 ...
+    tracker.accept(packets[0])
+    tracker.accept(packets[2])  # 5-6: a gap 3-4
+    tracker.accept(decode_packet(encode_packet("S", 8, MESSAGES[:1])))  # a gap at 7
+    assert (tracker.missed, tracker.gaps) == (3, [Gap(3, 4), Gap(7, 7)])
+    assert tracker.accept(packets[1]) == []  # 3-4, late
+    assert (tracker.missed, tracker.reordered, tracker.duplicates) == (1, 2, 0)
+    assert tracker.accept(decode_packet(encode_packet("S", 4, MESSAGES[:4]))) == []  # 4-7
+    assert (tracker.missed, tracker.reordered, tracker.duplicates) == (0, 3, 3)
+    assert tracker.gaps == [Gap(3, 4), Gap(7, 7)]  # the gaps as they were seen

@@ -321,6 +321,10 @@ async def _feed(args: argparse.Namespace, options: Any) -> dict[str, Any] | None
         model=args.model, deadline_us=args.deadline_us, pace="live" if live else args.pace,
         file=f"udp://{args.udp}" if live else str(args.file),
     )  # fmt: skip
+    if stats.book_anomalies:  # (as `itch book` says them; a live feed's gap shows here)
+        counts = ", ".join(f"{kind}={n}" for kind, n in stats.book_anomalies.items())
+        print(f"duetime itch {args.itch_command}: {report['file']}: book anomalies: {counts}",
+              file=sys.stderr)  # fmt: skip
     return report
 
 
@@ -411,8 +415,13 @@ def _print_report(report: dict[str, Any]) -> None:
         dropped = report.get("queue_dropped_messages")
         full = f" (dropped for a full queue: {dropped})" if dropped else ""
         lines.append(f"  missed messages (sequence gaps) {report['missed_messages']}{full}  "
+                     f"reordered {report.get('reordered_messages', 0)}  "
                      f"duplicates {report.get('duplicate_messages', 0)}  "
                      f"bad packets {report['bad_packets']}")  # fmt: skip
+        if report.get("book_incomplete"):
+            lines.append(f"  the books may lack orders ({report['gaps']} sequence gap(s), "
+                         f"first sequence {report['first_sequence']}): predictions after a gap "
+                         "have book_gaps > 0")  # fmt: skip
     if report["first_error"]:
         lines.append(f"  first error: {report['first_error']}")
     print("\n".join(lines))

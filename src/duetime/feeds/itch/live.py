@@ -64,7 +64,8 @@ class UdpFeed:
         self._poll = (
             BusyPoll(asyncio.get_running_loop(), busy_poll_us / 1e6) if busy_poll_us else None
         )
-        self._early: list[tuple[list[Message], int]] = []
+        self._early: list[tuple[list[Message], int, int]] = []
+        """Datagrams before `start`: messages, arrival, the gaps before them."""
         receiver.on_packet = self._keep  # until `start`: nothing may be lost in between
 
     @classmethod
@@ -110,13 +111,18 @@ class UdpFeed:
         return FeedStatistics(
             missed=tracker.missed, dropped=tracker.discarded, gaps=tracker.gap_count,
             first_gaps=tuple(tracker.gaps[:FIRST_GAPS]), first_sequence=tracker.first_sequence,
-            duplicates=tracker.duplicates, session=tracker.session,
+            duplicates=tracker.duplicates, reordered=tracker.reordered, session=tracker.session,
             bad_kinds=self._receiver.bad_packets.as_dict(),
         )  # fmt: skip
 
-    def start(self, on_packet: Callable[[Sequence[Any], int], bool]) -> None:
+    def start(
+        self,
+        on_packet: Callable[[Sequence[Any], int], bool],
+        on_gap: Callable[[Any], None] | None = None,
+    ) -> None:
         """Hand each datagram's messages to `on_packet` from now on (those that came since
-        `open` first); `on_packet` returning False refuses one: its messages are missed."""
+        `open` first); `on_packet` returning False refuses one: its messages are missed.
+        `on_gap(gap)` at each sequence gap, before the messages after it."""
         poll = self._poll
         if poll is not None:
 
@@ -128,8 +134,17 @@ class UdpFeed:
         else:
             self._receiver.on_packet = on_packet
         early, self._early = self._early, []
-        for messages, received in early:
-            on_packet(messages, received)  # (a few at most: taken whatever the queue holds)
+        tracker, told = self._receiver.tracker, 0
+        for messages, received, gaps in early:  # (a few at most: taken, whatever the queue holds)
+            if on_gap is not None:
+                for gap in tracker.gaps[told:gaps]:
+                    on_gap(gap)
+                told = gaps
+            on_packet(messages, received)
+        if on_gap is not None:
+            for gap in tracker.gaps[told : tracker.gap_count]:
+                on_gap(gap)
+            self._receiver.on_gap = on_gap
 
     def stop(self) -> None:
         """Close the socket and end `ended` (also from a signal handler)."""
@@ -151,7 +166,7 @@ class UdpFeed:
                 await asyncio.wait_for(receiver.ended.wait(), wait_s)
 
     def _keep(self, messages: list[Message], received_ns: int) -> None:
-        self._early.append((messages, received_ns))
+        self._early.append((messages, received_ns, self._receiver.tracker.gap_count))
 
 
 @dataclass(slots=True)

@@ -28,6 +28,8 @@ MAX_DATAGRAM = 1400
 """Default budget for one encoded packet: fits a 1500-byte Ethernet MTU with IP/UDP headers."""
 KEEP_GAPS = 100
 """Gaps a `SequenceTracker` keeps (the first ones; all are counted)."""
+KEEP_OPEN_GAPS = 1024
+"""Gaps a `SequenceTracker` still expects late messages of (the last ones)."""
 MAX_JUMP = 1_000_000
 """Sequence numbers further ahead than this are implausible (see `SequenceTracker`): far more
 messages than a receiver plausibly loses in one gap (an 8 MB socket buffer holds ~200,000)."""
@@ -222,10 +224,13 @@ def message_batches(
 class SequenceTracker:
     """Turns packets, as they arrive, into each sequence number's message once and in order.
 
-    Messages before `next_sequence` are duplicates and dropped; a packet that starts after it
-    records a `Gap` and moves on (a recovering client would ask for the gap meanwhile).
-    `next_sequence=None` syncs to the first packet seen, as a late joiner does. Memory stays
-    bounded: `gaps` keeps the first `KEEP_GAPS` gaps, `gap_count` and `missed` count them all.
+    A packet that starts after `next_sequence` records a `Gap` and moves on (a recovering
+    client would ask for the gap meanwhile). Messages before `next_sequence` are dropped: those
+    inside a gap came late (a reordered datagram: `reordered`, no longer `missed`, though never
+    handed out), the others had been handed out already (`duplicates`). `next_sequence=None`
+    syncs to the first packet seen, as a late joiner does. Memory stays bounded: `gaps` keeps the
+    first `KEEP_GAPS` gaps, `gap_count` and `missed` count them all, and late messages are looked
+    for in the last `KEEP_OPEN_GAPS` gaps only.
 
     A packet more than `max_jump` messages ahead of `next_sequence` is no gap but an
     implausible sequence number (a corrupt or stray header, raised as `implausible_sequence`),
@@ -244,11 +249,15 @@ class SequenceTracker:
         self.gap_count = 0
         self.last_gap: Gap | None = None
         self.missed = 0
-        """Messages in all the gaps."""
+        """Messages in all the gaps, less those that came late (`reordered`)."""
         self.discarded = 0
         """Of `missed`: messages received but discarded by their consumer (`discard`)."""
+        self.reordered = 0
+        """Messages of a gap that came after it (dropped: the stream had moved on)."""
         self.duplicates = 0
         self.ended = False
+        self._open: list[tuple[int, int]] = []
+        """The last `KEEP_OPEN_GAPS` gaps' numbers not come yet, (first, last) in order."""
         self._jump_to: int | None = None
         """Where the last implausible packet would have left `next_sequence`."""
 
@@ -271,9 +280,14 @@ class SequenceTracker:
         if sequence > expected:
             self._gap(expected, sequence - 1)
             expected = sequence
-        skip = expected - sequence  # already seen
+        skip = expected - sequence  # already passed
         fresh = packet.messages[skip:]
-        self.duplicates += min(skip, len(packet.messages))
+        if skip > 0 and packet.messages:
+            late = min(skip, len(packet.messages))
+            reordered = self._fill(sequence, sequence + late - 1) if self._open else 0
+            self.reordered += reordered
+            self.missed -= reordered
+            self.duplicates += late - reordered
         self.next_sequence = max(expected, sequence + len(packet.messages))
         if packet.is_end_of_session:
             self.ended = True
@@ -307,10 +321,35 @@ class SequenceTracker:
     def _gap(self, first: int, last: int, count: int | None = None) -> Gap:
         gap = self.last_gap = Gap(first, last)
         self.gap_count += 1
-        self.missed += last - first + 1 if count is None else count
+        if count is None:  # (a discarded datagram's messages are not expected again)
+            count = last - first + 1
+            self._open.append((first, last))
+            if len(self._open) > KEEP_OPEN_GAPS:
+                del self._open[0]
+        self.missed += count
         if len(self.gaps) < KEEP_GAPS:
             self.gaps.append(gap)
         return gap
+
+    def _fill(self, first: int, last: int) -> int:
+        """Messages `first`..`last` came after the stream passed them: take the ones inside
+        open gaps out of those gaps, and return how many they were."""
+        filled = 0
+        open_gaps = self._open
+        index = len(open_gaps) - 1
+        while index >= 0:  # from the latest: a reordered datagram is usually a recent one
+            gap_first, gap_last = open_gaps[index]
+            if gap_last < first:
+                break
+            if gap_first <= last:
+                low, high = max(first, gap_first), min(last, gap_last)
+                filled += high - low + 1
+                rest = [(gap_first, low - 1)] if gap_first < low else []
+                if high < gap_last:
+                    rest.append((high + 1, gap_last))
+                open_gaps[index : index + 1] = rest
+            index -= 1
+        return filled
 
 
 class MoldUdpReceiver(asyncio.DatagramProtocol):

@@ -105,6 +105,8 @@ class FeedStatistics:
     """The sequence number of the first datagram (None: none came)."""
     duplicates: int = 0
     """Messages dropped because their sequence number had been handed on already."""
+    reordered: int = 0
+    """Messages that came after the feed had passed their gap (dropped; not in `missed`)."""
     session: str | None = None
     """The MoldUDP64 session of the stream (its first datagram's)."""
     bad_kinds: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -125,7 +127,14 @@ class LiveSource(Protocol):
         """Datagrams or messages that did not parse so far."""
 
     def statistics(self) -> FeedStatistics: ...
-    def start(self, on_packet: Callable[[Sequence[Any], int], bool]) -> None: ...
+    def start(
+        self,
+        on_packet: Callable[[Sequence[Any], int], bool],
+        on_gap: Callable[[Any], None] | None = None,
+    ) -> None:
+        """Hand on each datagram's messages from now on, and call `on_gap` at each sequence gap
+        (before the messages after it)."""
+
     def stop(self) -> None: ...
     async def ended(self) -> None:
         """Returns when the feed has ended (its end-of-session packet, a silence, `stop`)."""
@@ -194,6 +203,9 @@ class RunStats:
     """Live: the feed's own account of its sequence numbers, at the end."""
     bad_packets: int = 0
     """Live: datagrams (or messages in them) that did not parse, skipped."""
+    book_anomalies: dict[str, int] = field(default_factory=dict)
+    """The books' policy cases by kind (`Books.anomalies`), at the end: a gap in a live feed
+    shows here as the orders it lost (unknown references)."""
     latency: HdrHistogram = field(default_factory=new_histogram)
     """Tick-to-prediction of each answer, late ones too (µs; constant memory for any file)."""
     pace_lag: HdrHistogram = field(default_factory=new_histogram)
@@ -233,6 +245,7 @@ class RunStats:
             "first_error": self.first_error,
             "missed_messages": self.missed_messages,
             "bad_packets": self.bad_packets,
+            "book_anomalies": self.book_anomalies,
             **self._feed_report(),
             "misses": self.late + self.refused,
             "miss_rate": (self.late + self.refused) / self.triggers if self.triggers else 0.0,
@@ -248,6 +261,8 @@ class RunStats:
         if feed is None:
             return {}
         return {
+            "book_incomplete": feed.gaps > 0 or (feed.first_sequence or 1) > 1,
+            "reordered_messages": feed.reordered,
             "queue_dropped_messages": feed.dropped,
             "gaps": feed.gaps,
             "first_gaps": [list(gap) for gap in feed.first_gaps],
@@ -259,7 +274,9 @@ class RunStats:
 
 
 class PredictionLog:
-    """Predictions as CSV: timestamp, stock, latency, on-time flag, signal and the outputs.
+    """Predictions as CSV: timestamp, stock, latency, on-time flag, the feed's gaps before the
+    event (`book_gaps`: 0, the book has every message; more, it may lack orders), signal and the
+    outputs.
 
     A late answer, or a request never answered, gets a row with `on_time` 0 and no outputs: it
     was not used.
@@ -272,19 +289,21 @@ class PredictionLog:
         if self._writer is not None:
             outputs = [f"out{i}" for i in range(classes)]
             self._writer.writerow(
-                ["timestamp", "stock", "latency_us", "on_time", "signal", *outputs]
+                ["timestamp", "stock", "latency_us", "on_time", "book_gaps", "signal", *outputs]
             )
 
-    def add(self, ts: int, stock: str, latency_ns: int, outputs: np.ndarray | None) -> None:
+    def add(
+        self, ts: int, stock: str, latency_ns: int, outputs: np.ndarray | None, gaps: int
+    ) -> None:
         if self._writer is None:
             return
         if outputs is None:
-            self._rows.append((ts, stock, latency_ns // 1000, 0, ""))
+            self._rows.append((ts, stock, latency_ns // 1000, 0, gaps, ""))
         else:
             flat = outputs.reshape(-1)
             # NOTE: the demo models' classes are (down, unchanged, up): the signal is -1, 0, +1
             signal = int(flat.argmax()) - 1 if flat.size == 3 else int(flat.argmax())
-            self._rows.append((ts, stock, latency_ns // 1000, 1, signal, *flat.tolist()))
+            self._rows.append((ts, stock, latency_ns // 1000, 1, gaps, signal, *flat.tolist()))
         if len(self._rows) >= FLUSH_ROWS:
             self.flush()
 
@@ -301,6 +320,8 @@ class _Asked:
     ts: int
     stock: str
     arrival_ns: int
+    book_gaps: int
+    """The live feed's sequence gaps before the event (its book may lack their orders)."""
 
 
 class FeedRun:
@@ -331,10 +352,15 @@ class FeedRun:
         self._done = asyncio.Event()
         self._live_done = asyncio.Event()
         """Live: set when `options.limit` messages were taken."""
-        self._packets: deque[tuple[Sequence[Any], int]] = deque()
-        """Live: datagrams received and not applied yet, with their arrival..."""
+        self._packets: deque[tuple[Sequence[Any], int, int]] = deque()
+        """Live: datagrams received and not applied yet, with their arrival and the feed's gaps
+        before them..."""
         self._queued = 0
         """...and their messages (at most about `options.max_queued`)."""
+        self._gaps = 0
+        """Live: the sequence gaps the feed reported so far..."""
+        self._book_gaps = 0
+        """...and before the datagram being applied (0: the books have every message)."""
         self._arrivals = asyncio.Event()
         self._last_arrival_ns = 0
         window = WINDOW_EVENTS if self._wants_window else 0
@@ -365,7 +391,7 @@ class FeedRun:
             if self._warmer is not None and self.options.busy_poll_ns:
                 waits.append(asyncio.ensure_future(self._warm_live(self._warmer)))
             try:
-                source.start(self._received)
+                source.start(self._received, self._gapped)
                 done, _ = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
                 for task in done:
                     task.result()  # (a failure of the feed's own tasks is the run's)
@@ -394,11 +420,15 @@ class FeedRun:
         self._woken.set()
         if self._queued >= self.options.max_queued:
             return False
-        self._packets.append((messages, arrival_ns))
+        self._packets.append((messages, arrival_ns, self._gaps))
         self._queued += len(messages)
         if len(self._packets) == 1:
             self._arrivals.set()
         return True
+
+    def _gapped(self, gap: Any) -> None:
+        """A live feed's sequence gap: the events after it are on books that may lack orders."""
+        self._gaps += 1
 
     async def _consume(self) -> None:
         arrivals = self._arrivals
@@ -414,7 +444,8 @@ class FeedRun:
         """Apply the queued datagrams' messages, up to a batch of triggering events."""
         packets, stats, limit = self._packets, self.stats, self.options.limit
         while packets:
-            messages, arrival_ns = packets.popleft()
+            messages, arrival_ns, gaps = packets.popleft()
+            self._book_gaps = gaps
             self._queued -= len(messages)
             for index, message in enumerate(messages):
                 if limit is not None and stats.messages >= limit:
@@ -427,7 +458,7 @@ class FeedRun:
                 if len(self._burst) >= self._max_batch:
                     if index + 1 < len(messages):  # the rest waits for the next batch
                         rest = messages[index + 1 :]
-                        packets.appendleft((rest, arrival_ns))
+                        packets.appendleft((rest, arrival_ns, gaps))
                         self._queued += len(rest)
                     return
 
@@ -481,6 +512,7 @@ class FeedRun:
             yield
         finally:
             self.stats.wall_ns = time.monotonic_ns() - started
+            self.stats.book_anomalies = dict(self.books.anomalies.counts)
             self.stats.settle()
             self._log.flush()
             sys.setswitchinterval(switch)
@@ -541,7 +573,7 @@ class FeedRun:
             self._rows.append(window.tensor())
         else:  # the vector is the state's own buffer, rewritten by the next event: copy it
             self._rows.append(vector.copy())
-        self._burst.append(_Asked(event.ts, book.symbol, arrival_ns))
+        self._burst.append(_Asked(event.ts, book.symbol, arrival_ns, self._book_gaps))
 
     def _fires(self, event: BookEvent) -> bool:
         trigger = self.options.trigger
@@ -585,7 +617,8 @@ class FeedRun:
                     stats.late += len(asked)
                     stats.unanswered += len(asked)
                     for event in asked:
-                        self._log.add(event.ts, event.stock, now - event.arrival_ns, None)
+                        latency = now - event.arrival_ns
+                        self._log.add(event.ts, event.stock, latency, None, event.book_gaps)
                 elif failure is not None and failure.refused:
                     stats.refused += len(asked)
                 else:
@@ -598,10 +631,10 @@ class FeedRun:
                     stats.note(noted, latency // 1000)
                     if latency <= deadline:
                         stats.on_time += 1
-                        log.add(event.ts, event.stock, latency, outputs[row])
+                        log.add(event.ts, event.stock, latency, outputs[row], event.book_gaps)
                     else:  # late: never used
                         stats.late += 1
-                        log.add(event.ts, event.stock, latency, None)
+                        log.add(event.ts, event.stock, latency, None, event.book_gaps)
             if self._outstanding == 0:
                 self._done.set()
 
