@@ -152,7 +152,7 @@ def test_demo_writes_the_repository(tmp_path: Path, demo_repo: Path) -> None:
     [
         (["serve"], "give a model repository folder or --demo"),
         (["serve", "somewhere", "--demo"], "give a model repository folder or --demo"),
-        (["serve", "no-such-folder"], "no-such-folder is not a folder"),
+        (["serve", "no-such-folder"], "model repository no-such-folder does not exist"),
         (["serve", "--demo", "--http-port", "70000"], "http_port"),
         (["serve", "--demo", "--cpu-dma-latency-us", "-1"], "cpu_dma_latency_us"),
         (["serve", "a", "--model-repository", "b"], "give the model repository once"),

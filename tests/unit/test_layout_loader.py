@@ -116,14 +116,40 @@ def test_scan_reports_folders_without_versions_and_ignores_hidden(tmp_path: Path
     assert "no version folder holds a model.onnx" in scan.errors["empty"]
 
 
-@pytest.mark.parametrize("make", [lambda p: None, lambda p: p.write_text("x")])
-def test_scan_root_must_be_a_folder(tmp_path: Path, make: Any) -> None:
+@pytest.mark.parametrize(
+    ("make", "what"),
+    [(lambda p: None, "does not exist"), (lambda p: p.write_text("x"), "is not a folder")],
+)
+def test_scan_root_must_be_a_folder(tmp_path: Path, make: Any, what: str) -> None:
     root = tmp_path / "repo"
     make(root)
-    with pytest.raises(
-        ConfigError, match=f"model repository {re.escape(str(root))} is not a folder"
-    ):
+    with pytest.raises(ConfigError, match=f"model repository {re.escape(str(root))} {what}"):
         scan_repository(root)
+
+
+def test_a_model_folder_given_as_the_repository_points_to_its_parent(tmp_path: Path) -> None:
+    model = tmp_path / "repo1" / "mymodel"
+    (model / "1").mkdir(parents=True)
+    (model / "1" / MODEL_FILENAME).write_bytes(b"")
+    (model / "config.toml").write_text("")
+    with pytest.raises(ConfigError) as raised:
+        scan_repository(model)
+    message = raised.value.message
+    assert "looks like a model folder" in message
+    assert f"serve its parent folder, {tmp_path / 'repo1'} " in message
+    with pytest.raises(ConfigError, match="looks like a version folder") as raised:
+        scan_repository(model / "1")
+    assert f"two levels up, {tmp_path / 'repo1'} " in raised.value.message
+
+
+def test_a_repository_with_models_is_never_taken_for_a_model_folder(tmp_path: Path) -> None:
+    for name in ("m", "7"):  # ("7": a model folder named like a version, its files misplaced)
+        (tmp_path / name / ("1" if name == "m" else "")).mkdir(parents=True, exist_ok=True)
+    (tmp_path / "m" / "1" / MODEL_FILENAME).write_bytes(b"")
+    (tmp_path / "7" / MODEL_FILENAME).write_bytes(b"")
+    scan = scan_repository(tmp_path)
+    assert [m.name for m in scan.models] == ["m"]
+    assert sorted(scan.errors) == ["7"]
 
 
 # -- reconcile ----------------------------------------------------------------------------------

@@ -47,7 +47,12 @@ def model_folders(root: Path) -> list[Path]:
 
 
 def scan_repository(root: Path) -> Scan:
-    """List the models under `root`; a folder that is not a valid model is reported, not fatal."""
+    """List the models under `root`; a folder that is not a valid model is reported, not fatal.
+
+    ConfigError when `root` is no folder, or holds no model but is one (a model's folder, or
+    one of its version folders, given in place of the repository)."""
+    if not root.exists():
+        raise ConfigError(f"model repository {root} does not exist")
     if not root.is_dir():
         raise ConfigError(f"model repository {root} is not a folder")
     models: list[ModelSource] = []
@@ -57,7 +62,30 @@ def scan_repository(root: Path) -> Scan:
             models.append(scan_model(directory))
         except ConfigError as exc:
             errors[directory.name] = exc.message
+    if not models:
+        _refuse_a_model_given_as_repository(root)
     return Scan(models, errors)
+
+
+def _refuse_a_model_given_as_repository(root: Path) -> None:
+    layout = f"a repository holds <model>/<version>/{MODEL_FILENAME}"
+    if (root / MODEL_FILENAME).is_file():
+        raise ConfigError(
+            f"model repository {root} holds a {MODEL_FILENAME}: it looks like a version folder "
+            f"of a model; serve the repository two levels up, {root.absolute().parent.parent} "
+            f"({layout})"
+        )
+    versions = [
+        p.name
+        for p in model_folders(root)
+        if version_of(p.name) is not None and (p / MODEL_FILENAME).is_file()
+    ]
+    if versions:
+        raise ConfigError(
+            f"model repository {root} looks like a model folder (its folder '{versions[0]}' "
+            f"is a version holding {MODEL_FILENAME}); serve its parent folder, "
+            f"{root.absolute().parent} ({layout})"
+        )
 
 
 def scan_model(directory: Path) -> ModelSource:
