@@ -285,6 +285,17 @@ def test_send_refuses_a_bad_address_clearly(
     assert "--udp: expected HOST:PORT" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("name", ["é", "ELEVENCHARS"])
+def test_send_refuses_a_bad_session_name_naming_the_flag(
+    session: Path, capsys: pytest.CaptureFixture[str], name: str
+) -> None:
+    """A name that is not ASCII once failed with a bare codec error."""
+    assert main(["itch", "send", str(session), "--udp", "127.0.0.1:9", "--session", name]) == 2
+    err = capsys.readouterr().err
+    assert "duetime itch send: --session: a MoldUDP64 session name has at most 10 " in err
+    assert repr(name) in err
+
+
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     st.lists(

@@ -169,6 +169,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _send(args: argparse.Namespace) -> int:
     from duetime.feeds.itch.live import send_session
+    from duetime.feeds.itch.moldudp import session_name
     from duetime.feeds.itch.parser import ItchFormatError
 
     if not args.file.is_file():
@@ -176,6 +177,15 @@ def _send(args: argparse.Namespace) -> int:
         return 2
     try:
         address = parse_address(args.udp, "--udp")
+    except ValueError as exc:
+        print(f"duetime itch send: {exc}", file=sys.stderr)
+        return 2
+    try:
+        session_name(args.session)
+    except ValueError as exc:
+        print(f"duetime itch send: --session: {exc}", file=sys.stderr)
+        return 2
+    try:
         report = send_session(
             args.file, address, pace=args.pace, speed=args.speed,
             max_gap_ns=int(args.max_gap_ms * 1e6), per_packet=args.per_packet,

@@ -28,6 +28,7 @@ from duetime.feeds.itch.moldudp import (
     end_of_session_packet,
     message_batches,
     open_receiver,
+    session_name,
 )
 from duetime.feeds.itch.parser import OnError, Source, read_frames
 from duetime.feeds.itch.run import FIRST_GAPS, FeedStatistics, RecordedClock
@@ -201,6 +202,7 @@ def send_session(
         raise ValueError(f"pace must be 'recorded' or 'max', got {pace!r}")
     if speed <= 0:
         raise ValueError(f"speed must be positive, got {speed}")
+    session_name(session)  # (before the first datagram: a bad name raises, naming it)
     report = SendReport()
     lates: list[int] = []
     family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET

@@ -170,11 +170,18 @@ def end_of_session_packet(session: str, next_sequence: int) -> bytes:
     return _header(session, next_sequence, END_OF_SESSION)
 
 
+def session_name(session: str) -> bytes:
+    """`session` as a header's 10 bytes (space-padded); ValueError, naming it, when it is not
+    ASCII or longer than 10 characters."""
+    if not session.isascii() or len(session) > 10:
+        raise ValueError(
+            f"a MoldUDP64 session name has at most 10 characters, all ASCII, got {session!r}"
+        )
+    return session.encode("ascii").ljust(10)
+
+
 def _header(session: str, sequence: int, count: int) -> bytes:
-    name = session.encode("ascii")
-    if len(name) > 10:
-        raise ValueError(f"a MoldUDP64 session name has at most 10 characters, got {session!r}")
-    return HEADER.pack(name.ljust(10), sequence, count)
+    return HEADER.pack(session_name(session), sequence, count)
 
 
 def mold_packets(
