@@ -775,6 +775,28 @@ def test_a_variant_with_another_signature_is_left_out(tmp_path: Path) -> None:
     run(tmp_path, scenario)
 
 
+def test_a_variant_whose_file_is_missing_is_warned_of_by_name(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    write_version(tmp_path, "m", 1, scale_model(1))
+    write_version(tmp_path, "m", 1, scale_model(2), name="model.int8_static.onnx")  # (misspelt)
+    config(tmp_path, "m", '[[variants]]\nname = "int8-static"\nfile = "model.int8-static.onnx"\n')
+
+    async def scenario(engine: Engine) -> None:
+        version = engine.registry.snapshot.models["m"].versions["1"]
+        assert [d.variant for d in version.variants] == ["default"]
+        assert await factor_of(engine) == 1.0
+
+    with caplog.at_level(logging.WARNING, logger="duetime.manager"):
+        run(tmp_path, scenario)
+    (warned,) = [r for r in caplog.records if "int8-static" in r.getMessage()]
+    assert warned.levelno == logging.WARNING
+    message = warned.getMessage()
+    assert "variant 'int8-static'" in message
+    assert f"no file model.int8-static.onnx in {tmp_path / 'm' / '1'}" in message
+    assert "model.int8_static.onnx" in message  # (the files it does hold)
+
+
 def test_a_broken_variant_file_never_replaces_a_working_version(tmp_path: Path) -> None:
     """A new file that breaks a variant would take the cheaper answers away from tight due
     times: the version served with it stays, as a version that fails to load does."""

@@ -785,7 +785,7 @@ def _load_with_variants(
     folder = source.versions[version].parent
     for variant in config.variants:
         if not (folder / variant.file).is_file():
-            log.info("%s: no %s; serving without variant %s", folder, variant.file, variant.name)
+            log.warning("%s", _missing_variant(variant.name, variant.file, folder, version))
             continue
         try:
             model = load_version(
@@ -798,6 +798,17 @@ def _load_with_variants(
             continue
         loaded.append((variant.name, model))
     return loaded, broken
+
+
+def _missing_variant(name: str, file: str, folder: Path, version: int) -> str:
+    try:
+        others = sorted(p.name for p in folder.iterdir() if p.suffix == ".onnx")
+    except OSError:
+        others = []
+    return (
+        f"variant '{name}': no file {file} in {folder}; version {version} serves without it "
+        f"(model files there: {', '.join(others) or 'none'})"
+    )
 
 
 def fingerprint(source: ModelSource, version: int, config: ModelConfig) -> Fingerprint:
