@@ -26,6 +26,7 @@ from duetime.config import ServerSettings
 from duetime.frontend.rest import parse_infer_request
 from duetime.loops import new_event_loop
 from duetime.tools.capture import CapturedRequest, CapturedTensor, CaptureWriter, read_capture
+from duetime.tools.outcomes import Outcome
 from duetime.tools.replay import (
     LOOP_EARLY_NS,
     Replay,
@@ -156,6 +157,19 @@ def test_round_trip_keeps_count_order_inputs_and_timing(
     assert -LOOP_EARLY_NS / 1000 <= lag["p50"] <= lag["p99"] <= lag["p999"]
     assert lag["max"] >= 0
     assert 0 <= lag["within_1ms"] <= 1
+
+
+def test_the_progress_line_counts_ends_by_the_tables_names(tmp_path: Path) -> None:
+    capture = write(tmp_path / "in.cap", traffic(8))
+    settings = config(capture, "http://127.0.0.1:9")
+    replay = Replay(load_plan(settings), settings)
+    ends = [Outcome.OK, Outcome.LATE, Outcome.REJECTED, Outcome.REJECTED, Outcome.EXPIRED]
+    for at, outcome in enumerate(ends):
+        replay.recorder.sent(at)
+        replay.recorder.ended(at + 1000, 1000, outcome)
+    replay.next = len(ends)
+    snap = replay.snapshot()
+    assert (snap.sent, snap.late, snap.rejected, snap.expired, snap.errors) == (5, 1, 2, 1, 0)
 
 
 def test_loop_and_speed(scale_server: RunningServer, tmp_path: Path) -> None:

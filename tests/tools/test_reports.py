@@ -126,16 +126,21 @@ class FakeTerminal(io.StringIO):
         return self.tty
 
 
-def test_progress_line_says_elapsed_sent_rate_p99_and_errors() -> None:
-    progress = Progress("duetime replay", lambda: Snapshot(0, 0, None), FakeTerminal(False))
-    line = progress.line(2.0, Snapshot(sent=3000, errors=7, p99_us=1234.0))
-    assert line == "duetime replay:   2.0 s, sent 3,000 (1,500/s), p99 1.23 ms, errors 7"
-    assert "p99 -" in progress.line(0.5, Snapshot(0, 0, None))
+def test_progress_line_names_the_ends_as_the_final_table_does() -> None:
+    """Not 'errors' for every request that was no answer in time: the table says errors 0 for
+    a run whose only misses were late, rejected or expired."""
+    progress = Progress("duetime replay", lambda: Snapshot(0, None), FakeTerminal(False))
+    snap = Snapshot(sent=3000, p99_us=1234.0, late=4, rejected=5, expired=6, errors=7)
+    assert progress.line(2.0, snap) == (
+        "duetime replay:   2.0 s, sent 3,000 (1,500/s), p99 1.23 ms, late 4, rejected 5, "
+        "expired 6, errors 7"
+    )
+    assert "p99 -" in progress.line(0.5, Snapshot(0, None))
 
 
 def test_progress_redraws_in_place_on_a_terminal_and_clears() -> None:
     terminal = FakeTerminal(True)
-    snapshots = iter([Snapshot(10, 0, 500.0), Snapshot(20, 1, 600.0)])
+    snapshots = iter([Snapshot(10, 500.0), Snapshot(20, 600.0, errors=1)])
     progress = Progress("run", lambda: next(snapshots), terminal)
 
     async def scenario() -> None:
@@ -150,7 +155,7 @@ def test_progress_redraws_in_place_on_a_terminal_and_clears() -> None:
     assert "sent 20" in written
     assert written.endswith("\r")
     quiet = FakeTerminal(True)
-    short = Progress("run", lambda: Snapshot(0, 0, None), quiet)
+    short = Progress("run", lambda: Snapshot(0, None), quiet)
 
     async def short_run() -> None:
         short.start(expected_s=1.0)  # under MIN_RUN_S: nothing at all
@@ -162,14 +167,18 @@ def test_progress_redraws_in_place_on_a_terminal_and_clears() -> None:
 
 def test_bench_progress_reads_the_ledger() -> None:
     now = [0]
-    ledger = Ledger(clock=lambda: now[0])
+    ledger = Ledger(clock=lambda: now[0], timeouts_ns=[None, 500_000])
+    ends = [Outcome.OK] * 80 + [Outcome.REJECTED] * 10 + [Outcome.EXPIRED] * 6 + [Outcome.ERROR] * 4
     for i in range(100):
         now[0] = i * 1_000_000
-        ledger.add(now[0], 0)
+        ledger.add(now[0], i % 2)  # odd ones due in 0.5 ms
     for rid in range(100):
         now[0] = rid * 1_000_000 + (rid + 1) * 10_000  # latency (rid + 1) * 10 µs
-        ledger.finish(rid, Outcome.OK if rid < 90 else Outcome.REJECTED, None)
+        ledger.finish(rid, ends[rid], None)
     snap = ledger.snapshot()
-    assert (snap.sent, snap.errors) == (100, 10)
-    assert snap.p99_us == pytest.approx(np.percentile(np.arange(1, 91) * 10.0, 99))
-    assert Ledger().snapshot() == Snapshot(0, 0, None)
+    late = sum(1 for rid in range(80) if rid % 2 and (rid + 1) * 10 > 500)
+    assert (snap.sent, snap.late, snap.rejected, snap.expired, snap.errors) == (
+        100, late, 10, 6, 4
+    )  # fmt: skip
+    assert snap.p99_us == pytest.approx(np.percentile(np.arange(1, 81) * 10.0, 99))
+    assert Ledger().snapshot() == Snapshot(0, None)

@@ -38,10 +38,15 @@ class Ledger:
     """Every request of one run, by request id: its schedule, class, send and end times, outcome.
 
     `on_finish`, when set, runs after each request ends (closed-loop clients resend from it).
+    `timeouts_ns` (by due class) lets the progress line count late answers as they come; the
+    report settles them again from the arrays (`report.apply_due`).
     """
 
-    def __init__(self, clock: Clock = time.perf_counter_ns) -> None:
+    def __init__(
+        self, clock: Clock = time.perf_counter_ns, timeouts_ns: Sequence[int | None] = ()
+    ) -> None:
         self.clock = clock
+        self.timeouts_ns = tuple(timeouts_ns)
         self.scheduled: list[int] = []
         self.sent: list[int] = []
         self.due_class: list[int] = []
@@ -49,7 +54,8 @@ class Ledger:
         self.outcome: list[int] = []
         self.messages: list[str] = []
         self.outstanding = 0
-        self.failed = 0
+        self.ends = [0] * len(Outcome)
+        """Requests ended, by outcome (indexed by `Outcome`; NO_ANSWER unused)."""
         self.on_finish: Callable[[int], None] | None = None
         self._idle: asyncio.Future[None] | None = None
 
@@ -69,11 +75,10 @@ class Ledger:
         """Record the end of request `rid` (a second report for the same request is ignored)."""
         if self.outcome[rid] != Outcome.NO_ANSWER:
             return
-        self.finished[rid] = self.clock()
+        now = self.finished[rid] = self.clock()
         self.outcome[rid] = outcome
         self.outstanding -= 1
-        if outcome != Outcome.OK:
-            self.failed += 1
+        self.ends[self._settled(rid, outcome, now)] += 1
         if outcome == Outcome.ERROR and message and len(self.messages) < MAX_MESSAGES:
             self.messages.append(message)
         if self.on_finish is not None:
@@ -89,17 +94,30 @@ class Ledger:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._idle, timeout_s)
 
+    def _settled(self, rid: int, outcome: Outcome, now: int) -> Outcome:
+        """LATE for an OK answer after its class's timeout, as the report will settle it."""
+        if outcome != Outcome.OK or not self.timeouts_ns:
+            return outcome
+        timeout_ns = self.timeouts_ns[self.due_class[rid]]
+        began = min(self.scheduled[rid], self.sent[rid])
+        return Outcome.LATE if timeout_ns is not None and now - began > timeout_ns else outcome
+
     def snapshot(self, recent: int = 2000) -> Snapshot:
-        """Sent so far, failures, and the P99 of the last `recent` sends answered (progress)."""
+        """Sent so far, the ends that were no answer in time (by the report's names), and the
+        P99 of the last `recent` sends answered (progress)."""
         sent = len(self.sent)
         tail = slice(max(0, sent - recent), sent)
         finished = np.asarray(self.finished[tail], dtype=np.int64)
         began = np.minimum(self.scheduled[tail], self.sent[tail])
         answered = (finished > 0) & (np.asarray(self.outcome[tail]) == Outcome.OK)
-        if not answered.any():
-            return Snapshot(sent, self.failed, None)
-        p99_ns = float(np.percentile(finished[answered] - began[answered], 99))
-        return Snapshot(sent, self.failed, p99_ns / 1000)
+        ends = self.ends
+        p99_us = None
+        if answered.any():
+            p99_us = float(np.percentile(finished[answered] - began[answered], 99)) / 1000
+        return Snapshot(
+            sent, p99_us, late=ends[Outcome.LATE], rejected=ends[Outcome.REJECTED],
+            expired=ends[Outcome.EXPIRED], errors=ends[Outcome.ERROR],
+        )  # fmt: skip
 
     def records(
         self, window: tuple[int, int], cpu_s: float, waited: int, *, interrupted: bool = False

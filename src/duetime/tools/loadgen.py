@@ -138,7 +138,7 @@ async def collect_records(
 ) -> Records:
     """Connect, read the model's signature, build payloads, then (after `before_start`) run;
     then write the capture of what was sent to `record`, if given."""
-    ledger = Ledger()
+    ledger = Ledger(timeouts_ns=[due.timeout_ns for due in config.classes])
     transport = _transport(config, ledger, engine)
     await transport.open(config.lanes())
     try:

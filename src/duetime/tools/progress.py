@@ -23,11 +23,16 @@ MIN_RUN_S = 2.0
 
 @dataclass(frozen=True, slots=True)
 class Snapshot:
-    """What a run has done so far."""
+    """What a run has done so far: the requests sent, the P99 of recent answers, and the ends
+    that were no answer in time, by the final table's names (`sent` = ok + late + rejected +
+    expired + errors, once all have ended)."""
 
     sent: int
-    errors: int
     p99_us: float | None
+    late: int = 0
+    rejected: int = 0
+    expired: int = 0
+    errors: int = 0
 
 
 class Progress:
@@ -69,7 +74,8 @@ class Progress:
         p99 = "-" if snap.p99_us is None else f"{snap.p99_us / 1000:.2f} ms"
         return (
             f"{self.name}: {elapsed_s:5.1f} s, sent {snap.sent:,} ({rate:,.0f}/s), "
-            f"p99 {p99}, errors {snap.errors:,}"
+            f"p99 {p99}, late {snap.late:,}, rejected {snap.rejected:,}, "
+            f"expired {snap.expired:,}, errors {snap.errors:,}"
         )
 
     def stop(self) -> None:

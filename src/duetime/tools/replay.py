@@ -239,8 +239,11 @@ class Replay:
 
     def snapshot(self) -> Snapshot:
         timeline = self.recorder.timeline
-        errors = sum(timeline.errors) + sum(timeline.rejected) + sum(timeline.expired)
-        return Snapshot(self.next, errors, self.recorder.p99_us())
+        return Snapshot(
+            self.next, self.recorder.p99_us(), late=sum(timeline.late),
+            rejected=sum(timeline.rejected), expired=sum(timeline.expired),
+            errors=sum(timeline.errors),
+        )  # fmt: skip
 
 
 # -- running -------------------------------------------------------------------------------------
