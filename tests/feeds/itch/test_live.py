@@ -39,8 +39,9 @@ from duetime.feeds.itch.moldudp import (
 )
 from duetime.feeds.itch.parser import decode_message, read_frames, read_messages
 from duetime.feeds.itch.predictors import Answer
-from duetime.feeds.itch.run import FeedRun, PredictionLog, RunOptions
+from duetime.feeds.itch.run import FeedRun, RunOptions
 from duetime.feeds.itch.synth import write_session
+from duetime.feeds.itch.tally import PredictionLog
 from duetime.feeds.itch.writer import encode
 
 pytestmark = pytest.mark.timeout(120)

@@ -17,8 +17,9 @@ from duetime.cli import main
 from duetime.feeds.itch import run as run_module
 from duetime.feeds.itch.parser import read_messages
 from duetime.feeds.itch.predictors import Answer, GrpcPredictor
-from duetime.feeds.itch.run import FeedRun, PredictionLog, RunOptions, RunStats
+from duetime.feeds.itch.run import FeedRun, RunOptions
 from duetime.feeds.itch.synth import session_bytes
+from duetime.feeds.itch.tally import PredictionLog, RunStats
 from tests.feeds.itch.fake_server import (
     fake_server,
     fake_server_in_thread,

@@ -23,7 +23,8 @@ from typing import TYPE_CHECKING, Any
 from duetime.demo import ORDERBOOK_CLASSES
 
 if TYPE_CHECKING:
-    from duetime.feeds.itch.run import FeedRun, RunStats
+    from duetime.feeds.itch.run import FeedRun
+    from duetime.feeds.itch.tally import RunStats
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -271,7 +272,8 @@ async def _feed(args: argparse.Namespace, options: Any) -> dict[str, Any] | None
     from duetime.execution.affinity import CpuPlan, parse_cpus, pin_current_thread
     from duetime.feeds.itch.parser import ItchFormatError, read_messages, skipped_note
     from duetime.feeds.itch.predictors import EnginePredictor, GrpcPredictor, PredictorError
-    from duetime.feeds.itch.run import FeedRun, open_log
+    from duetime.feeds.itch.run import FeedRun
+    from duetime.feeds.itch.tally import open_log
     from duetime.repository.manager import RepositoryOptions
 
     engine: Engine | None = None

@@ -31,8 +31,9 @@ from duetime.feeds.itch.moldudp import (
     session_name,
 )
 from duetime.feeds.itch.parser import OnError, Source, read_frames
-from duetime.feeds.itch.run import FIRST_GAPS, FeedStatistics, RecordedClock
+from duetime.feeds.itch.run import RecordedClock
 from duetime.feeds.itch.spec import Message
+from duetime.feeds.itch.tally import FIRST_GAPS, FeedStatistics
 from duetime.loops import BusyPoll
 
 RECEIVE_BUFFER = 8 << 20

@@ -18,16 +18,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import csv
 import gc
-import io
 import sys
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, Protocol, TextIO
+from typing import Any, Literal, Protocol
 
 import numpy as np
 
@@ -36,10 +33,7 @@ from duetime.feeds.itch.book import BookEvent, Books
 from duetime.feeds.itch.features import FEATURE_NAMES, Features
 from duetime.feeds.itch.predictors import Failure, Predictor, PredictorError
 from duetime.feeds.itch.spec import AddOrder, OrderDelete
-from duetime.tools.hdr import new_histogram, percentiles_us, record_us
-
-if TYPE_CHECKING:
-    from hdrh.histogram import HdrHistogram  # type: ignore[import-untyped]
+from duetime.feeds.itch.tally import FeedStatistics, PredictionLog, RunStats
 
 Pace = Literal["recorded", "max"]
 
@@ -64,53 +58,26 @@ per-event path on a book of its own."""
 YOUNG_OBJECTS = 700
 """Objects allocated since the last collection above which a gap is used to collect (Python's
 own gen-0 threshold)."""
-SETTLE_AT = 100_000
-"""Values noted before they are recorded even without a gap (bounds the memory)."""
 FULL_COLLECT_GAP_NS = 100_000_000
 """A gap this long (a quiet stretch, a halt) takes a full collection."""
 YIELD_EVERY = 16
 """At full pace, messages between two turns of the loop (so answers are taken promptly)."""
-FLUSH_ROWS = 4096
 LIVE_COLLECT_S = 0.01
 """Live feed: how often it looks for a quiet moment to record the noted latencies and collect
 the young generations..."""
 LIVE_QUIET_NS = 2_000_000
 """...one this long without a datagram (a collection takes ~0.2 ms on the VM: not in a burst)..."""
-MAX_QUEUED_MESSAGES = 100_000
-"""Live: messages received and not applied yet, at most (`itch listen --max-queued-messages`;
-about 25 MB). A datagram that comes while the queue is full is dropped, and its messages are
-reported missed (a sequence gap), as the kernel's drop of a datagram would be."""
-FIRST_GAPS = 10
-"""Live: gaps listed in the report (all are counted)."""
 LIVE_COLLECT_MAX_S = 1.0
 """...or, in a feed that is never quiet that long, after this long anyway (bounded memory)."""
+MAX_QUEUED_MESSAGES = 100_000
+"""Live: messages received and not applied yet, at most (`itch listen --max-queued-messages`;
+about 25 MB of decoded messages). A datagram that comes while the queue is full is dropped,
+and its messages are reported missed (a sequence gap), as the kernel's drop of a datagram
+would be."""
 DRAIN_AFTER_DUE_NS = 1_000_000_000
 """At the end, answers are waited for until this long after the last request's due time; those
 still owed then are counted unanswered (late) and dropped if they come (a predictor that never
 answers cannot hold the run; a remote one gives up on its own before, `GIVE_UP_AFTER_DUE_NS`)."""
-
-
-@dataclass(frozen=True, slots=True)
-class FeedStatistics:
-    """What a live feed made of its sequence numbers so far."""
-
-    missed: int = 0
-    """Messages never delivered: sequence gaps (lost datagrams, and `dropped`)."""
-    dropped: int = 0
-    """Of `missed`: received, but refused because the run's queue was full."""
-    gaps: int = 0
-    first_gaps: tuple[tuple[int, int], ...] = ()
-    """The first `FIRST_GAPS` gaps, (first, last) sequence numbers."""
-    first_sequence: int | None = None
-    """The sequence number of the first datagram (None: none came)."""
-    duplicates: int = 0
-    """Messages dropped because their sequence number had been handed on already."""
-    reordered: int = 0
-    """Messages that came after the feed had passed their gap (dropped; not in `missed`)."""
-    session: str | None = None
-    """The MoldUDP64 session of the stream (its first datagram's)."""
-    bad_kinds: dict[str, dict[str, Any]] = field(default_factory=dict)
-    """Bad packets by kind: {"count": n, "examples": [the first reasons]} (`BadPackets`)."""
 
 
 class LiveSource(Protocol):
@@ -177,140 +144,6 @@ class RunOptions:
     """Live: how long the feed keeps polling after a datagram (`itch listen --busy-poll-us`)."""
     max_queued: int = MAX_QUEUED_MESSAGES
     """Live: messages received and not applied yet, at most (see `MAX_QUEUED_MESSAGES`)."""
-
-
-@dataclass(slots=True)
-class RunStats:
-    """What a run did; latencies are kept per answered request (tick to prediction)."""
-
-    messages: int = 0
-    book_events: int = 0
-    triggers: int = 0
-    on_time: int = 0
-    late: int = 0
-    """Answers that came after their due time, and requests never answered (`unanswered`):
-    counted, never used."""
-    unanswered: int = 0
-    """Of `late`: requests with no answer at all by their due time and a grace (a stalled
-    server), given up on."""
-    refused: int = 0
-    """Requests the scheduler refused or dropped because they could not finish in time."""
-    errors: int = 0
-    first_error: str | None = None
-    missed_messages: int = 0
-    """Live: messages the feed never delivered (MoldUDP64 sequence gaps)."""
-    feed: FeedStatistics | None = None
-    """Live: the feed's own account of its sequence numbers, at the end."""
-    bad_packets: int = 0
-    """Live: datagrams (or messages in them) that did not parse, skipped."""
-    book_anomalies: dict[str, int] = field(default_factory=dict)
-    """The books' policy cases by kind (`Books.anomalies`), at the end: a gap in a live feed
-    shows here as the orders it lost (unknown references)."""
-    latency: HdrHistogram = field(default_factory=new_histogram)
-    """Tick-to-prediction of each answer, late ones too (µs; constant memory for any file)."""
-    pace_lag: HdrHistogram = field(default_factory=new_histogram)
-    """How late each message was taken up at the recorded pace (µs, at least 1)."""
-    new_latency_us: list[int] = field(default_factory=list)
-    new_lag_us: list[int] = field(default_factory=list)
-    """Values not in the histograms yet: appending is ~20x cheaper than recording, so the feed
-    records them in the gaps between messages (`settle`), not while an event waits."""
-
-    def note(self, values: list[int], value: int) -> None:
-        values.append(value)
-        if len(values) >= SETTLE_AT:
-            self.settle()
-
-    def settle(self) -> None:
-        """Move the values noted so far into the histograms."""
-        for histogram, values in ((self.latency, self.new_latency_us),
-                                  (self.pace_lag, self.new_lag_us)):  # fmt: skip
-            for value in values:
-                record_us(histogram, value)
-            values.clear()
-
-    wall_ns: int = 0
-
-    def report(self) -> dict[str, Any]:
-        wall_s = max(self.wall_ns, 1) / 1e9
-        answered = self.on_time + self.late
-        return {
-            "messages": self.messages,
-            "book_events": self.book_events,
-            "triggers": self.triggers,
-            "on_time": self.on_time,
-            "late_dropped": self.late,
-            "unanswered": self.unanswered,
-            "refused": self.refused,
-            "errors": self.errors,
-            "first_error": self.first_error,
-            "missed_messages": self.missed_messages,
-            "bad_packets": self.bad_packets,
-            "book_anomalies": self.book_anomalies,
-            **self._feed_report(),
-            "misses": self.late + self.refused,
-            "miss_rate": (self.late + self.refused) / self.triggers if self.triggers else 0.0,
-            "tick_to_prediction_us": percentiles_us(self.latency),
-            "pace_lag_us": percentiles_us(self.pace_lag),
-            "wall_s": round(wall_s, 3),
-            "messages_per_s": round(self.messages / wall_s, 1),
-            "predictions_per_s": round(answered / wall_s, 1),
-        }
-
-    def _feed_report(self) -> dict[str, Any]:
-        feed = self.feed
-        if feed is None:
-            return {}
-        return {
-            "book_incomplete": feed.gaps > 0 or (feed.first_sequence or 1) > 1,
-            "reordered_messages": feed.reordered,
-            "queue_dropped_messages": feed.dropped,
-            "gaps": feed.gaps,
-            "first_gaps": [list(gap) for gap in feed.first_gaps],
-            "first_sequence": feed.first_sequence,
-            "duplicate_messages": feed.duplicates,
-            "session": feed.session,
-            "bad_packet_kinds": feed.bad_kinds,
-        }
-
-
-class PredictionLog:
-    """Predictions as CSV: timestamp, stock, latency, on-time flag, the feed's gaps before the
-    event (`book_gaps`: 0, the book has every message; more, it may lack orders), signal and the
-    outputs.
-
-    A late answer, or a request never answered, gets a row with `on_time` 0 and no outputs: it
-    was not used.
-    """
-
-    def __init__(self, out: TextIO | None, classes: int) -> None:
-        self._out = out
-        self._rows: list[tuple[Any, ...]] = []
-        self._writer = csv.writer(out) if out is not None else None
-        if self._writer is not None:
-            outputs = [f"out{i}" for i in range(classes)]
-            self._writer.writerow(
-                ["timestamp", "stock", "latency_us", "on_time", "book_gaps", "signal", *outputs]
-            )
-
-    def add(
-        self, ts: int, stock: str, latency_ns: int, outputs: np.ndarray | None, gaps: int
-    ) -> None:
-        if self._writer is None:
-            return
-        if outputs is None:
-            self._rows.append((ts, stock, latency_ns // 1000, 0, gaps, ""))
-        else:
-            flat = outputs.reshape(-1)
-            # NOTE: the demo models' classes are (down, unchanged, up): the signal is -1, 0, +1
-            signal = int(flat.argmax()) - 1 if flat.size == 3 else int(flat.argmax())
-            self._rows.append((ts, stock, latency_ns // 1000, 1, gaps, signal, *flat.tolist()))
-        if len(self._rows) >= FLUSH_ROWS:
-            self.flush()
-
-    def flush(self) -> None:
-        if self._writer is not None and self._rows:
-            self._writer.writerows(self._rows)
-            self._rows.clear()
 
 
 @dataclass(frozen=True, slots=True)
@@ -788,10 +621,3 @@ class Warmer:
         if self._model is not None:
             self._model(self._row)
         self.cost_ns = time.monotonic_ns() - started
-
-
-def open_log(path: Path | None, classes: int) -> tuple[PredictionLog, io.TextIOBase | None]:
-    if path is None:
-        return PredictionLog(None, classes), None
-    out = path.open("w", newline="", encoding="utf-8")
-    return PredictionLog(out, classes), out
