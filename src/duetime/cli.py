@@ -77,7 +77,10 @@ def _parser() -> argparse.ArgumentParser:
         "--model-repository", "--model-store", dest="model_repository", type=Path,
         metavar="PATH", help="the model repository folder, by Triton's flag name",
     )  # fmt: skip
-    serve.add_argument("--demo", action="store_true", help="serve the built-in demo models")
+    serve.add_argument(
+        "--demo", action="store_true",
+        help="serve the built-in demo models (written to ~/.cache/duetime/demo)",
+    )  # fmt: skip
     serve.add_argument("--host", help="address to listen on (default 127.0.0.1)")
     serve.add_argument("--http-port", type=int, help="HTTP port (default 8000; 0 picks one)")
     serve.add_argument("--grpc-port", type=int, help="gRPC port (default 8001; 0 picks one)")
@@ -88,7 +91,9 @@ def _parser() -> argparse.ArgumentParser:
         "--no-metrics", dest="metrics", action="store_false", default=None,
         help="serve no Prometheus metrics",
     )  # fmt: skip
-    serve.add_argument("--max-body-bytes", type=int, help="largest request body accepted")
+    serve.add_argument(
+        "--max-body-bytes", type=int, help="largest request body accepted (64 MiB; more get 413)"
+    )
     serve.add_argument(
         "--max-header-bytes", type=int, help="largest HTTP request head (65536; more get 431)"
     )
@@ -101,7 +106,9 @@ def _parser() -> argparse.ArgumentParser:
         "--max-grpc-message-bytes", type=int,
         help="largest gRPC message, request or answer (64 MiB; at most 2 GiB - 1)",
     )  # fmt: skip
-    serve.add_argument("--idle-timeout-s", type=float, help="close idle keep-alive connections")
+    serve.add_argument(
+        "--idle-timeout-s", type=float, help="close keep-alive connections idle this long (60)"
+    )
     serve.add_argument(
         "--max-connections", type=int, help="open HTTP connections accepted (4096; more get 503)"
     )
@@ -174,7 +181,7 @@ def _parser() -> argparse.ArgumentParser:
         dest="tune_runtime",
         action="store_false",
         default=None,
-        help="leave the garbage collector at Python's defaults",
+        help="leave the garbage collector and the GIL switch interval at Python's defaults",
     )
     serve.add_argument(
         "--gc-threshold", type=int,

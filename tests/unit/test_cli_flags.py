@@ -6,6 +6,7 @@ import argparse
 import json
 import logging
 import os
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -107,3 +108,53 @@ def test_messages_stay_plain_text_in_text_mode(capsys: pytest.CaptureFixture[str
     configure_logging("error", "text")
     console("duetime: model 'a' not loaded: why", logging.WARNING)  # (shown whatever the level)
     assert capsys.readouterr().err == "duetime: model 'a' not loaded: why\n"
+
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+
+
+def test_every_serve_flag_is_in_the_readme() -> None:
+    text = README.read_text(encoding="utf-8")
+    flags = [o for a in _subparser("serve")._actions for o in a.option_strings if o != "--help"]
+    named = set(re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*(?![\w-])", text))
+    missing = [flag for flag in flags if flag.startswith("--") and flag not in named]
+    assert not missing, f"`duetime serve` flags the README never names: {missing}"
+
+
+def _renderings(default: object) -> set[str]:
+    """How a help text may write `default`: 8000, 0.85, 64 MiB, auto."""
+    if isinstance(default, str):
+        return {default}
+    assert isinstance(default, int | float)
+    shown = {f"{default:g}"}
+    for power, unit in ((3, "GiB"), (2, "MiB"), (1, "KiB")):
+        if isinstance(default, int) and default and default % 1024**power == 0:
+            shown.add(f"{default // 1024**power} {unit}")
+    return shown
+
+
+def test_serve_help_gives_each_settings_default() -> None:
+    without = []
+    for action in _subparser("serve")._actions:
+        field = ServerSettings.model_fields.get(action.dest)
+        default = None if field is None else field.default
+        if default is None or isinstance(default, bool | tuple):
+            continue  # (none, an on/off switch, a list)
+        if not any(shown in (action.help or "") for shown in _renderings(default)):
+            without.append(f"{action.option_strings[0]} (default {default})")
+    assert not without, f"serve flags whose help omits the default: {without}"
+
+
+def test_no_tune_runtime_says_all_it_leaves_alone() -> None:
+    (action,) = [a for a in _subparser("serve")._actions if "--no-tune-runtime" in a.option_strings]
+    assert "garbage collector" in (action.help or "")
+    assert "switch interval" in (action.help or "")
+
+
+def test_optimize_measure_s_help_says_it_bounds_rounds() -> None:
+    from duetime.tools.optimize.measure import MAX_TIMING_ROUNDS, MIN_TIMING_ROUNDS
+
+    (action,) = [a for a in _subparser("optimize")._actions if "--measure-s" in a.option_strings]
+    assert f"at least {MIN_TIMING_ROUNDS} and at most {MAX_TIMING_ROUNDS} rounds" in (
+        action.help or ""
+    )

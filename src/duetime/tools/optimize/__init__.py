@@ -23,6 +23,7 @@ from pathlib import Path
 
 from duetime.errors import ConfigError, DuetimeError
 from duetime.observability.logs import console
+from duetime.tools.optimize.measure import MAX_TIMING_ROUNDS, MIN_TIMING_ROUNDS
 from duetime.tools.optimize.options import (
     DEFAULT_MEASURE_S,
     DEFAULT_SAMPLES,
@@ -119,7 +120,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--measure-s",
         type=_seconds,
         default=DEFAULT_MEASURE_S,
-        help=f"seconds of timing per batch size (default {DEFAULT_MEASURE_S:g})",
+        help=f"timing per batch size: rounds of one run of the model and each variant until "
+        f"this many seconds have passed, but at least {MIN_TIMING_ROUNDS} and at most "
+        f"{MAX_TIMING_ROUNDS} rounds (default {DEFAULT_MEASURE_S:g})",
     )
     parser.add_argument("--json", type=Path, metavar="PATH", help="also write the results as JSON")
     parser.add_argument("-q", "--quiet", action="store_true", help="print only the result table")
