@@ -3,6 +3,7 @@ quantization. Each is built into a hidden temp file beside the model and checked
 
 from __future__ import annotations
 
+import importlib.util
 import secrets
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,13 +43,22 @@ class _Reader(CalibrationDataReader):  # type: ignore[misc]
 
 
 def _prepare(model: Path, scratch: Path) -> tuple[Path, str | None]:
-    """ORT's documented pre-processing for quantization (shape inference, graph optimisation)."""
+    """ORT's documented pre-processing for quantization (shape inference, graph optimisation).
+
+    NOTE: its symbolic shape inference needs sympy, which neither duetime nor ONNX Runtime
+    installs: without it that one pass is skipped (ONNX's own shape inference still runs)."""
     prepared = scratch / "prepared.onnx"
+    symbolic = importlib.util.find_spec("sympy") is not None
     try:
-        quant_pre_process(str(model), str(prepared))
-        return prepared, None
+        quant_pre_process(str(model), str(prepared), skip_symbolic_shape=not symbolic)
     except Exception as exc:  # the pre-processor raises whatever its passes raise
         return model, f"quantization pre-processing failed ({reason_of(exc)}); quantized as is"
+    if not symbolic:
+        return prepared, (
+            "quantization pre-processing ran without symbolic shape inference, which needs "
+            "sympy (pip install sympy)"
+        )
+    return prepared, None
 
 
 def _float_weights(model: onnx.ModelProto) -> int:
