@@ -443,6 +443,17 @@ GOOD = (
 )
 
 
+def test_the_documented_jsonl_example_converts_as_pasted(tmp_path: Path) -> None:
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "capture-format.md").read_text()
+    section = doc.split("## Hand-written traffic: JSON Lines", 1)[1]
+    example = section.split("```json\n", 1)[1].split("```", 1)[0]
+    source = tmp_path / "in.jsonl"
+    source.write_text(example)
+    assert convert(source, tmp_path / "out.cap") == len(example.splitlines())
+    (record,) = read_capture(tmp_path / "out.cap")
+    assert (record.model, record.inputs[0].shape) == ("mlp", (1, 40))
+
+
 def test_jsonl_converts(tmp_path: Path) -> None:
     source = tmp_path / "in.jsonl"
     source.write_text(GOOD)
