@@ -4,6 +4,7 @@ write that still fails ends in one line (exit 1), not a traceback after the whol
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import socket
@@ -17,11 +18,12 @@ from test_interrupt import write_capture
 
 from duetime.cli import main as cli_main
 from duetime.errors import ConfigError
+from duetime.tools import transports
 from duetime.tools.config import BenchConfig
 from duetime.tools.http_client import ERROR_TEXT_CHARS, error_text
 from duetime.tools.replay_plan import ReplayConfig
 from duetime.tools.server_metrics import scrape_batch_counts
-from duetime.tools.transports import BenchError, _get_json
+from duetime.tools.transports import BenchError, GrpcTransport, _get_json
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -207,6 +209,27 @@ def test_a_port_that_does_not_speak_http_is_a_one_line_bench_error() -> None:
         with pytest.raises(BenchError, match="is not HTTP"):
             _get_json(f"http://127.0.0.1:{port}/v2/models/m")
         thread.join(timeout=10)
+
+
+@pytest.mark.parametrize("what", ["http", "nothing"])
+def test_grpc_at_a_port_that_is_not_grpc_says_what_is_there(
+    monkeypatch: pytest.MonkeyPatch, what: str
+) -> None:
+    monkeypatch.setattr(transports, "CONNECT_TIMEOUT_S", 0.5)
+
+    def open_at(target: str) -> str:
+        transport = GrpcTransport(target, lambda rid, outcome, message: None)
+        with pytest.raises(BenchError) as raised:
+            asyncio.run(transport.open(1))
+        return raised.value.message
+
+    if what == "http":
+        with fake_v2_server() as fake:  # (an HTTP/1.1 server, as duetime's HTTP port)
+            message = open_at(fake.address)
+        assert f"--grpc: cannot connect to {fake.address} within 0.5 s" in message
+        assert "is this the server's HTTP port?" in message
+    else:
+        assert "is the server running?" in open_at(NOWHERE)
 
 
 def test_answers_that_are_no_v2_response_are_errors_not_goodput(

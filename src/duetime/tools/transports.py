@@ -153,6 +153,35 @@ def _get_json(url: str) -> Any:
 # -- gRPC ----------------------------------------------------------------------------------------
 
 
+PROBE_TIMEOUT_S = 1.0
+
+
+async def _why_no_grpc(target: str) -> str:
+    """Why a gRPC channel to `target` (host:port) never became ready, as far as one plain
+    connection tells: nothing listens there, or an HTTP/1.1 server does (its HTTP port)."""
+    host, _, port = target.rpartition(":")
+    try:
+        connecting = asyncio.open_connection(host.strip("[]"), int(port))
+        reader, writer = await asyncio.wait_for(connecting, PROBE_TIMEOUT_S)
+    except (TimeoutError, ValueError):  # (TimeoutError first: it is an OSError)
+        return ""
+    except OSError as exc:
+        return f" ({exc.strerror or exc}: is the server running?)"
+    try:
+        writer.write(b"GET / HTTP/1.0\r\nHost: duetime\r\n\r\n")
+        head = await asyncio.wait_for(reader.read(5), PROBE_TIMEOUT_S)
+    except OSError:  # (a timeout too)
+        head = b""
+    finally:
+        writer.close()
+    if head.startswith(b"HTTP/"):
+        return (
+            "; it answers HTTP/1.1, not gRPC: is this the server's HTTP port? (duetime's gRPC "
+            "port is 8001 by default)"
+        )
+    return "; it accepts connections but does not speak gRPC"
+
+
 class _Calls:
     """The calls in flight of one transport: each is awaited or cancelled by `cancel_all`."""
 
@@ -198,7 +227,7 @@ class GrpcTransport:
         except TimeoutError:
             await self.aclose()
             message = f"{self.flag}: cannot connect to {self.target} within {CONNECT_TIMEOUT_S} s"
-            raise BenchError(message) from None
+            raise BenchError(message + await _why_no_grpc(self.target)) from None
         self._calls = [channel.unary_unary(_INFER_METHOD) for channel in self._channels]
 
     async def signature(self, model: str) -> ModelSignature:
