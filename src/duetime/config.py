@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import tomllib
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -280,12 +280,21 @@ class ModelConfig(_Strict):
         return self
 
 
-def describe_validation_error(source: str, error: ValidationError) -> str:
-    """One line per problem: the file, the dotted field path, what was expected, what came."""
+def describe_validation_error(
+    source: str, error: ValidationError, secrets: Collection[str] = ()
+) -> str:
+    """One line per problem: the file, the dotted field path, what was expected, what came (of
+    the fields named in `secrets`, only the length of what came: it may be a credential)."""
     lines = []
     for item in error.errors():
         where = ".".join(str(part) for part in item["loc"]) or "(top level)"
-        got = f" (got {item['input']!r})" if item["type"] != "missing" else ""
+        given = item["input"]
+        if item["type"] == "missing":
+            got = ""
+        elif item["loc"][:1] and item["loc"][0] in secrets:
+            got = f" (got {len(given)} characters)" if isinstance(given, str) else ""
+        else:
+            got = f" (got {given!r})"
         lines.append(f"{source}: field '{where}': {item['msg']}{got}")
     return "; ".join(lines)
 
@@ -403,9 +412,10 @@ class ServerSettings(_Strict):
     access_log_sample: float = Field(default=0.0, ge=0.0, le=1.0)
     """Share of successful requests that get an access-log line (`duetime.requests` logger, at
     INFO); failed requests always get one."""
-    control_token: str | None = Field(default=None, min_length=16)
+    control_token: str | None = Field(default=None, min_length=16, repr=False)
     """When set, repository load and unload requests must carry `Authorization: Bearer
-    <token>` (HTTP header or gRPC metadata); the index stays readable."""
+    <token>` (HTTP header or gRPC metadata); the index stays readable. A secret: `repr=False`
+    keeps it out of the settings' repr and of validation errors (which give its length)."""
     model_control_mode: Literal["none", "explicit", "poll"] = "none"
     """As Triton: `none` loads every model at start and never changes them; `explicit` loads
     and unloads through the repository API (`load_model` names those loaded at start); `poll`
@@ -459,4 +469,5 @@ def server_settings(
     try:
         return ServerSettings.model_validate(values)
     except ValidationError as exc:
-        raise ConfigError(describe_validation_error("server settings", exc)) from exc
+        secrets = [name for name, field in ServerSettings.model_fields.items() if not field.repr]
+        raise ConfigError(describe_validation_error("server settings", exc, secrets)) from None

@@ -290,6 +290,21 @@ def test_server_settings_errors(overrides: dict[str, Any], env: dict[str, str], 
 
 
 @pytest.mark.parametrize(
+    ("overrides", "env"),
+    [({"control_token": "hunter2"}, {}), ({}, {"DUETIME_CONTROL_TOKEN": "hunter2"})],
+    ids=["flag", "env"],
+)
+def test_a_bad_control_token_is_not_echoed(overrides: dict[str, Any], env: dict[str, str]) -> None:
+    with pytest.raises(ConfigError) as raised:
+        server_settings(overrides, env=env)
+    assert "hunter2" not in raised.value.message
+    assert "field 'control_token'" in raised.value.message
+    assert "at least 16 characters" in raised.value.message
+    assert "got 7 characters" in raised.value.message
+    assert "hunter2" not in repr(ServerSettings(control_token="x" * 16 + "hunter2"))
+
+
+@pytest.mark.parametrize(
     ("data", "message"),
     [
         ({"version_policy": {"all": {}, "latest": {}}}, "choose one of latest, all, specific"),
