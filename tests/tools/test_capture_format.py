@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import io
 import struct
+import subprocess
+import sys
 import zlib
 from dataclasses import replace
 from pathlib import Path
@@ -530,6 +532,20 @@ def test_cli_show_reports_truncation(tmp_path: Path, capsys: pytest.CaptureFixtu
     path.write_bytes(b"nonsense" * 10)
     assert main(["capture", "show", str(path)]) == 1
     assert "not a duetime capture" in capsys.readouterr().err
+
+
+def test_cli_show_piped_into_head_ends_quietly(tmp_path: Path) -> None:
+    """The reader went away after what it wanted: no 'Broken pipe' error line."""
+    path = write(tmp_path / "many.cap", *[make_record() for _ in range(3000)])
+    command = [sys.executable, "-m", "duetime", "capture", "show", str(path), "--head", "3000"]
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE) as shown:
+        assert shown.stdout is not None
+        assert shown.stderr is not None
+        assert shown.stdout.readline().startswith(b"capture ")
+        shown.stdout.close()  # (as `head -1` does: the rest is more than a pipe holds)
+        stderr = shown.stderr.read()
+        assert shown.wait(timeout=30) == 141
+    assert stderr == b""
 
 
 def test_writer_refuses_to_overwrite_when_asked(tmp_path: Path) -> None:

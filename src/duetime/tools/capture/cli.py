@@ -45,6 +45,8 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
     except BadField as exc:  # a value parse_request let through that the format cannot hold
         console(f"duetime capture: {args.source}: {exc}")
         return 1
+    except BrokenPipeError:  # (`show` piped into `head`: the command's handler says nothing)
+        raise
     except OSError as exc:
         console(f"duetime capture: {exc}")
         return 2
