@@ -79,6 +79,7 @@ class EchoApi:
     ) -> None:
         self.loop = loop
         self.hold = hold
+        self.accepting = True  # (as RestApi: False once the server stops)
         self.held: list[tuple[Ticket, Reply]] = []
         self.turn = ReadTurn(MonotonicClock())
 
