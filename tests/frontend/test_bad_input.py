@@ -607,6 +607,7 @@ def test_json_over_its_limit_is_refused_but_binary_of_that_size_is_not(demo_repo
         message = jsonlib.loads(response.read())["error"]
         assert response.status == 413
         assert "binary tensor extension" in message
+        assert "--max-json-bytes" in message
         tensor = {"name": "x", "datatype": "FP32", "shape": [rows, 40],
                   "parameters": {"binary_data_size": 160 * rows}}  # fmt: skip
         head = jsonlib.dumps({"inputs": [tensor]})

@@ -515,8 +515,9 @@ class RestApi:
         if json_bytes > self._settings.max_json_bytes:
             raise PayloadTooLarge(
                 f"the JSON part of the request is {json_bytes} bytes, over the "
-                f"{self._settings.max_json_bytes}-byte limit for JSON (max_json_bytes); send "
-                "large tensors with the v2 binary tensor extension (binary_data_size)"
+                f"{self._settings.max_json_bytes}-byte limit for JSON (server flag "
+                "--max-json-bytes); send large tensors with the v2 binary tensor extension "
+                "(binary_data_size)"
             )
 
     def _infer(
