@@ -13,6 +13,7 @@ import subprocess
 import sys
 import tomllib
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -27,9 +28,12 @@ from duetime.config import (
     load_model_config,
 )
 from duetime.demo import write_demo_repository
+from duetime.errors import ConfigError
 from duetime.tools.optimize import add_arguments, run
 from duetime.tools.optimize.measure import compare, verdict
 from duetime.tools.optimize.records import plan_variants
+from duetime.tools.optimize.samples import load_calibration
+from duetime.types import ModelSignature, TensorSpec
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -325,6 +329,70 @@ def test_bad_calibration_file_names_the_inputs(
     np.savez(calibration, x=np.zeros((4, 41), dtype=np.float32))
     assert optimize(repo / "mlp", *FAST, "--calibration", calibration) == 2
     assert "[samples, 40]" in capsys.readouterr().err
+
+
+WORDS = ModelSignature(
+    (TensorSpec("s", "BYTES", (-1, 1)), TensorSpec("x", "FP32", (-1, 8))),
+    (TensorSpec("y", "FP32", (-1, 3)),),
+    8,
+)
+"""The signature of `text_model`."""
+
+
+def text_model(tmp_path: Path) -> Path:
+    """A model with a text input: s (STRING [N, 1]) picks an embedding row added to x."""
+    model = tmp_path / "words"
+    (model / "1").mkdir(parents=True)
+    rng = np.random.default_rng(3)
+    emb = helper.make_tensor("emb", TensorProto.FLOAT, [4, 8], rng.standard_normal(32).tolist())
+    w = helper.make_tensor("w", TensorProto.FLOAT, [8, 3], rng.standard_normal(24).tolist())
+    words = {"keys_strings": ["a", "b", "c"], "values_int64s": [1, 2, 3], "default_int64": 0}
+    nodes = [
+        helper.make_node("LabelEncoder", ["s"], ["sid"], domain="ai.onnx.ml", **words),
+        helper.make_node("Gather", ["emb", "sid"], ["e"]),
+        helper.make_node("Flatten", ["e"], ["ef"]),
+        helper.make_node("Add", ["ef", "x"], ["ex"]),
+        helper.make_node("MatMul", ["ex", "w"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes, "words",
+        [helper.make_tensor_value_info("s", TensorProto.STRING, ["N", 1]),
+         helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 3])],
+        initializer=[emb, w],
+    )  # fmt: skip
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid("ai.onnx.ml", 2)]
+    onnx_model = helper.make_model(graph, opset_imports=opsets)
+    onnx_model.ir_version = 8
+    onnx.save(onnx_model, str(model / "1" / "model.onnx"))
+    return model
+
+
+@pytest.mark.parametrize("words", [["a", "b", "zz"], [b"a", b"b", b"zz"]])
+def test_a_text_input_takes_str_or_utf8_bytes_calibration(
+    tmp_path: Path, words: list[Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    model = text_model(tmp_path)
+    calibration = tmp_path / "calibration.npz"
+    x = np.random.default_rng(1).standard_normal((12, 8)).astype(np.float32)
+    np.savez(calibration, s=np.array([[w] for w in words] * 4), x=x)
+    assert optimize(model, *FAST, "--kinds", "fp16", "--calibration", calibration) == 0
+    assert f"12 samples (from {calibration})" in capsys.readouterr().out
+    samples = load_calibration(calibration, WORDS, 12)
+    assert samples["s"].dtype == object
+    assert samples["s"][:3, 0].tolist() == ["a", "b", "zz"]  # str: ORT reads bytes as no word
+
+
+def test_a_text_input_refuses_numbers_and_bytes_that_are_not_utf8(tmp_path: Path) -> None:
+    signature = WORDS
+    x = np.zeros((2, 8), dtype=np.float32)
+    calibration = tmp_path / "calibration.npz"
+    np.savez(calibration, s=np.zeros((2, 1)), x=x)
+    with pytest.raises(ConfigError, match="'s' is float64; the model takes BYTES"):
+        load_calibration(calibration, signature, 2)
+    np.savez(calibration, s=np.array([[b"\xff"], [b"a"]]), x=x)
+    with pytest.raises(ConfigError, match="'s' holds bytes that are not UTF-8 text"):
+        load_calibration(calibration, signature, 2)
 
 
 def test_resnet_int8_static(repo: Path) -> None:

@@ -84,12 +84,32 @@ def _fit(path: Path, spec: TensorSpec, array: np.ndarray, batched: bool) -> np.n
                 f"--calibration {path}: '{spec.name}' has shape {list(array.shape)}; expected "
                 f"[samples, {', '.join(str(d) for d in want)}] (-1: any size)"
             )
+    if spec.datatype == "BYTES":
+        return _text(path, spec, array)
     dtype = NUMPY_OF[spec.datatype]
-    if spec.datatype == "BYTES" or not np.can_cast(array.dtype, dtype, "same_kind"):
+    if not np.can_cast(array.dtype, dtype, "same_kind"):
         raise ConfigError(
             f"--calibration {path}: '{spec.name}' is {array.dtype}; the model takes {spec.datatype}"
         )
     return array.astype(dtype, copy=False)
+
+
+def _text(path: Path, spec: TensorSpec, array: np.ndarray) -> np.ndarray:
+    """A BYTES input's samples as ONNX Runtime takes text: an object array of str (from a str
+    array, or a bytes one read as UTF-8; ORT maps bytes objects to no string at all)."""
+    if array.dtype.kind == "S":
+        try:
+            array = np.char.decode(array, "utf-8")
+        except UnicodeDecodeError as exc:
+            raise ConfigError(
+                f"--calibration {path}: '{spec.name}' holds bytes that are not UTF-8 text: {exc}"
+            ) from None
+    elif array.dtype.kind != "U":
+        raise ConfigError(
+            f"--calibration {path}: '{spec.name}' is {array.dtype}; the model takes BYTES (text: "
+            "save a str or bytes array)"
+        )
+    return array.astype(object)
 
 
 def batches_of(samples: Feeds, signature: ModelSignature) -> list[Feeds]:
