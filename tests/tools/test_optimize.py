@@ -395,6 +395,42 @@ def test_a_text_input_refuses_numbers_and_bytes_that_are_not_utf8(tmp_path: Path
         load_calibration(calibration, signature, 2)
 
 
+@pytest.mark.parametrize("content", [b"hello", b"\x93NUMPY"])
+def test_a_calibration_file_that_is_no_npz_says_so(
+    repo: Path, tmp_path: Path, content: bytes, capsys: pytest.CaptureFixture[str]
+) -> None:
+    calibration = tmp_path / "calibration.npz"
+    calibration.write_bytes(content)  # text (np.load would try pickle), or an .npy array
+    assert optimize(repo / "mlp", *FAST, "--calibration", calibration) == 2
+    err = capsys.readouterr().err
+    assert f"--calibration {calibration}: not an .npz file" in err
+    assert "pickle" not in err
+
+
+def test_calibration_inputs_the_model_rejects_are_not_answered_with_give_calibration(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    model = tmp_path / "lookup"
+    (model / "1").mkdir(parents=True)
+    emb = helper.make_tensor("emb", TensorProto.FLOAT, [5, 4], [0.5] * 20)
+    graph = helper.make_graph(
+        [helper.make_node("Gather", ["emb", "ids"], ["y"])],
+        "lookup",
+        [helper.make_tensor_value_info("ids", TensorProto.INT64, ["batch"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4])],
+        initializer=[emb],
+    )
+    onnx_model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    onnx_model.ir_version = 8
+    onnx.save(onnx_model, str(model / "1" / "model.onnx"))
+    calibration = tmp_path / "calibration.npz"
+    np.savez(calibration, ids=np.full(8, 99, dtype=np.int64))  # rows 0-4 only
+    assert optimize(model, *FAST, "--calibration", calibration) == 1
+    err = capsys.readouterr().err
+    assert "fails on the --calibration inputs" in err
+    assert "give --calibration" not in err
+
+
 def test_resnet_int8_static(repo: Path) -> None:
     model = repo / "resnet"
     assert optimize(model, *FAST, "--kinds", "int8-static", "--samples", "32") == 0

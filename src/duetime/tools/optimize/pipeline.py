@@ -165,6 +165,10 @@ def _reference(
             return zeros, run_all(primary, batches_of(zeros, signature), batched)
         except Exception:
             pass
+    if not random:
+        raise OptimizeError(
+            f"the primary model fails on the --calibration inputs ({reason_of(first)})"
+        )
     raise OptimizeError(
         f"the primary model fails on the sample inputs ({reason_of(first)}); give --calibration "
         "FILE.npz with real inputs"

@@ -51,11 +51,7 @@ def random_samples(
 def load_calibration(path: Path, signature: ModelSignature, count: int) -> Feeds:
     """The first `count` samples of an .npz file holding one array per required input, samples
     first."""
-    try:
-        with np.load(path, allow_pickle=False) as data:
-            arrays = {name: data[name] for name in data.files}
-    except (OSError, ValueError, EOFError) as exc:
-        raise ConfigError(f"--calibration {path}: cannot be read as .npz: {exc}") from exc
+    arrays = _read_npz(path)
     wanted = [spec.name for spec in signature.required_inputs]
     if sorted(arrays) != sorted(wanted):
         raise ConfigError(
@@ -67,6 +63,30 @@ def load_calibration(path: Path, signature: ModelSignature, count: int) -> Feeds
     if len(set(sizes.values())) != 1 or 0 in sizes.values():
         raise ConfigError(f"--calibration {path}: arrays need the same number of samples: {sizes}")
     return {name: array[:count] for name, array in samples.items()}
+
+
+_NPZ_MAGIC = b"PK\x03\x04"
+"""An .npz file is a zip archive; np.load reads anything else as an .npy array or a pickle."""
+
+
+def _read_npz(path: Path) -> dict[str, np.ndarray]:
+    try:
+        with path.open("rb") as file:
+            lead = file.read(len(_NPZ_MAGIC))
+    except OSError as exc:
+        raise ConfigError(f"--calibration {path}: cannot be read: {exc.strerror or exc}") from None
+    if lead != _NPZ_MAGIC:
+        raise ConfigError(
+            f"--calibration {path}: not an .npz file (np.savez(path, name=array, ...) writes one, "
+            "one array per model input)"
+        )
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            return {name: data[name] for name in data.files}
+    except (OSError, ValueError, EOFError) as exc:
+        # NOTE: an object array (e.g. of Python strings) needs pickle, which a file given to
+        # read should never run
+        raise ConfigError(f"--calibration {path}: cannot be read as .npz: {exc}") from None
 
 
 def _fit(path: Path, spec: TensorSpec, array: np.ndarray, batched: bool) -> np.ndarray:
