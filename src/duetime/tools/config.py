@@ -119,6 +119,8 @@ def _problems(c: BenchConfig) -> list[str]:
     for flag, seconds in (("--warmup", c.warmup_s), ("--drain", c.drain_s)):
         if not 0 <= seconds <= MAX_SECONDS:
             found.append(f"{flag}: expected seconds >= 0 and <= {MAX_SECONDS:g}, got {seconds}")
+    if c.processes < 1 or (c.processes > 1 and c.protocol == "engine"):
+        found.append(f"--processes: expected >= 1 (and 1 with --repository), got {c.processes}")
     if c.mode == "open" and not found and c.rate * c.total_s / c.processes > MAX_SCHEDULED:
         found.append(
             f"--rate x (--warmup + --duration): {c.rate * c.total_s:,.0f} requests to schedule, "
@@ -135,8 +137,6 @@ def _problems(c: BenchConfig) -> list[str]:
         found.append(f"--seed: expected a number >= 0, got {c.seed}")
     if c.connections is not None and c.connections < 1:
         found.append(f"--connections: expected >= 1, got {c.connections}")
-    if c.processes < 1 or (c.processes > 1 and c.protocol == "engine"):
-        found.append(f"--processes: expected >= 1 (and 1 with --repository), got {c.processes}")
     if c.pool_size < 1:
         found.append(f"--pool: expected distinct payloads per class >= 1, got {c.pool_size}")
     return found
