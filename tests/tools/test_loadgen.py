@@ -31,7 +31,14 @@ from duetime.tools.arrivals import arrival_offsets_ns, choose_classes, due_class
 from duetime.tools.config import BenchConfig
 from duetime.tools.drivers import GROUP_NS, Dispatch, Ledger, OpenLoop
 from duetime.tools.http_client import NO_STATUS, HttpPool
-from duetime.tools.loadgen import BenchResult, run_bench, run_bench_async
+from duetime.tools.loadgen import (
+    BenchResult,
+    phase_of,
+    run_bench,
+    run_bench_async,
+    schedule_ns,
+    share,
+)
 from duetime.tools.outcomes import Outcome, outcome_of_grpc_code, outcome_of_http_status
 from duetime.tools.payloads import EnginePayload, PayloadSpec, encode, random_inputs, restamp
 from duetime.tools.report import (
@@ -597,6 +604,28 @@ def test_unreachable_target_and_a_batch_too_large(server: RunningServer) -> None
         run_bench(short(address=server.http, batch=65))
     with pytest.raises(BenchError, match="unknown model 'nope'"):
         run_bench(short(protocol="grpc", address=server.grpc, model="nope"))
+
+
+def test_processes_share_the_clients_exactly_and_never_outnumber_them() -> None:
+    config = short(address="127.0.0.1:1", mode="closed", concurrency=5, processes=2)
+    assert [share(config, i).concurrency for i in range(2)] == [3, 2]
+    assert all(share(config, i).processes == 1 for i in range(2))
+    with pytest.raises(ConfigError, match="--processes 2: a closed loop splits its --concurrency"):
+        replace(config, concurrency=1)
+    replace(config, mode="open", concurrency=1)  # an open loop has no clients to split
+
+
+@pytest.mark.parametrize("processes", [2, 3])
+def test_processes_interleave_a_constant_schedule(processes: int) -> None:
+    config = short(address="127.0.0.1:1", rate=300.0, arrival="constant", processes=processes)
+    merged = np.sort(np.concatenate([
+        schedule_ns(share(config, i), np.random.default_rng(i), phase_of(config, i))
+        for i in range(processes)
+    ]))  # fmt: skip
+    alone = arrival_offsets_ns(300.0, config.total_s, "constant", np.random.default_rng(0))
+    assert np.abs(merged - alone).max() <= 1  # ns: one every 1/rate, none together
+    poisson = replace(config, arrival="poisson")
+    assert [phase_of(poisson, i) for i in range(processes)] == [0] * processes
 
 
 def test_two_generator_processes_merge_their_records(server: RunningServer) -> None:

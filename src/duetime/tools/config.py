@@ -121,6 +121,11 @@ def _problems(c: BenchConfig) -> list[str]:
             found.append(f"{flag}: expected seconds >= 0 and <= {MAX_SECONDS:g}, got {seconds}")
     if c.processes < 1 or (c.processes > 1 and c.protocol == "engine"):
         found.append(f"--processes: expected >= 1 (and 1 with --repository), got {c.processes}")
+    if c.mode == "closed" and 1 <= c.concurrency < c.processes:
+        found.append(
+            f"--processes {c.processes}: a closed loop splits its --concurrency {c.concurrency} "
+            f"clients among the generator processes; give --processes {c.concurrency} or fewer"
+        )
     if c.mode == "open" and not found and c.rate * c.total_s / c.processes > MAX_SCHEDULED:
         found.append(
             f"--rate x (--warmup + --duration): {c.rate * c.total_s:,.0f} requests to schedule, "

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import multiprocessing
@@ -131,13 +132,19 @@ async def collect_records(
     config: BenchConfig,
     *,
     engine: Engine | None = None,
-    before_start: Callable[[], Awaitable[object]] | None = None,
+    before_start: Callable[[], Awaitable[int | None]] | None = None,
     record: Path | None = None,
     progress: bool = False,
     interrupt: Interrupt | None = None,
+    phase_ns: int = 0,
 ) -> Records:
     """Connect, read the model's signature, build payloads, then (after `before_start`) run;
-    then write the capture of what was sent to `record`, if given."""
+    then write the capture of what was sent to `record`, if given.
+
+    `before_start` may return the instant (`time.perf_counter_ns`) to start sending at, shared
+    by generator processes; otherwise sending starts shortly after it. `phase_ns` delays the
+    whole open-loop schedule (one process's share of a constant rate), within the same window.
+    """
     ledger = Ledger(timeouts_ns=[due.timeout_ns for due in config.classes])
     transport = _transport(config, ledger, engine)
     await transport.open(config.lanes())
@@ -158,10 +165,12 @@ async def collect_records(
             [encode(spec, inputs, due) for inputs in pool]
             for pool, due in zip(pools, config.classes, strict=True)
         ]
-        if before_start is not None:
-            await before_start()
+        start_ns = None if before_start is None else await before_start()
         interrupt = interrupt or Interrupt()  # never fired: the run goes to its end
-        records = await _drive(config, ledger, transport, payloads, interrupt, progress)
+        records = await _drive(
+            config, ledger, transport, payloads, interrupt, progress=progress,
+            start_ns=start_ns, phase_ns=phase_ns,
+        )  # fmt: skip
         if record is not None:
             try:
                 record.parent.mkdir(parents=True, exist_ok=True)
@@ -197,13 +206,16 @@ async def _drive(
     transport: Transport,
     payloads: list[list[Any]],
     interrupt: Interrupt,
+    *,
     progress: bool = False,
+    start_ns: int | None = None,
+    phase_ns: int = 0,
 ) -> Records:
     """Send, then wait for the answers; Ctrl-C (`interrupt`) ends the measured window early."""
     rng = np.random.default_rng([config.seed, 1])
     timeouts = [due.timeout_us for due in config.classes]
-    sender = _sender(config, Dispatch(ledger, transport, payloads, timeouts), rng)
-    start = ledger.clock() + _LEAD_NS
+    sender = _sender(config, Dispatch(ledger, transport, payloads, timeouts), rng, phase_ns)
+    start = ledger.clock() + _LEAD_NS if start_ns is None else start_ns
     window = (start + round(config.warmup_s * 1e9), start + round(config.total_s * 1e9))
     stop = interrupt.stopped
     cpu = asyncio.create_task(cpu_over(window, ledger.clock, stop))
@@ -229,38 +241,68 @@ async def _drive(
     return ledger.records(window, cpu_s, waited_measured, interrupted=interrupt.fired)
 
 
-def _sender(config: BenchConfig, dispatch: Dispatch, rng: np.random.Generator) -> Sender:
+def _sender(
+    config: BenchConfig, dispatch: Dispatch, rng: np.random.Generator, phase_ns: int = 0
+) -> Sender:
     """The open loop's whole schedule, or closed-loop clients with a pre-drawn class sequence."""
     shares = [due.share for due in config.classes]
     if config.mode == "closed":
         draws = choose_classes(shares, CLOSED_LOOP_CLASS_DRAWS, rng)
         return ClosedLoop(dispatch, config.concurrency, draws)
-    offsets = arrival_offsets_ns(config.rate, config.total_s, config.arrival, rng)
+    offsets = schedule_ns(config, rng, phase_ns)
     return OpenLoop(dispatch, offsets, choose_classes(shares, offsets.size, rng))
+
+
+def schedule_ns(config: BenchConfig, rng: np.random.Generator, phase_ns: int = 0) -> np.ndarray:
+    """The open loop's send instants after the start: its arrivals, `phase_ns` later, those
+    still before the end of the run."""
+    offsets = arrival_offsets_ns(config.rate, config.total_s, config.arrival, rng)
+    if phase_ns:
+        offsets = offsets + phase_ns
+        offsets = offsets[offsets < round(config.total_s * 1e9)]
+    return offsets
 
 
 # -- several generator processes -----------------------------------------------------------------
 
 
-def _share(config: BenchConfig, index: int) -> BenchConfig:
-    """The part of `config` that generator process `index` of `config.processes` runs."""
+def share(config: BenchConfig, index: int) -> BenchConfig:
+    """The part of `config` that generator process `index` of `config.processes` runs: a share
+    of the rate, or of the clients (each process at least one, see `BenchConfig`)."""
     n = config.processes
     clients = config.concurrency // n + (1 if index < config.concurrency % n else 0)
     connections = None if config.connections is None else max(1, config.connections // n)
     return replace(
-        config, rate=config.rate / n, concurrency=max(1, clients), connections=connections,
+        config, rate=config.rate / n, connections=connections,
+        concurrency=clients if config.mode == "closed" else config.concurrency,
         seed=config.seed * 1000 + index, processes=1,
     )  # fmt: skip
 
 
+def phase_of(config: BenchConfig, index: int) -> int:
+    """How much later (ns) generator process `index` runs its share of a constant schedule, so
+    that the processes' sends interleave one every 1/rate instead of going out together."""
+    if config.mode != "open" or config.arrival != "constant":
+        return 0  # (Poisson shares merge into a Poisson schedule as they are)
+    return round(index * 1e9 / config.rate)
+
+
+def _set_start(start_at: Any) -> None:
+    """The generator processes' barrier action (run by the last one ready): the instant they
+    all start sending."""
+    start_at.value = time.perf_counter_ns() + _LEAD_NS
+
+
 def _run_processes(config: BenchConfig) -> BenchResult:
     context = multiprocessing.get_context("spawn")  # fork is unsafe once grpc has threads
-    barrier = context.Barrier(config.processes)
+    start_at = context.Value("q", 0, lock=False)
+    barrier = context.Barrier(config.processes, action=functools.partial(_set_start, start_at))
     queue: Any = context.Queue()
-    children = [
-        context.Process(target=_child, args=(_share(config, i), barrier, queue, i), daemon=True)
+    args = [
+        (share(config, i), phase_of(config, i), barrier, start_at, queue, i)
         for i in range(config.processes)
     ]
+    children = [context.Process(target=_child, args=a, daemon=True) for a in args]
     for child in children:
         child.start()
     interrupted: list[int] = []
@@ -325,14 +367,19 @@ def _answers(children: list[Any], queue: Any, limit_s: float) -> dict[int, Recor
     return answers
 
 
-def _child(config: BenchConfig, barrier: Any, queue: Any, index: int) -> None:
-    async def start_together() -> None:
+def _child(
+    config: BenchConfig, phase_ns: int, barrier: Any, start_at: Any, queue: Any, index: int
+) -> None:
+    async def start_together() -> int:
         await asyncio.to_thread(barrier.wait, _SETUP_TIMEOUT_S)
+        return int(start_at.value)
 
     loop = new_event_loop()
     interrupt = Interrupt()
     try:
-        run = collect_records(config, before_start=start_together, interrupt=interrupt)
+        run = collect_records(
+            config, before_start=start_together, interrupt=interrupt, phase_ns=phase_ns
+        )
         records = interrupt.run(loop, run)
         queue.put((index, records))
     except BaseException as exc:
