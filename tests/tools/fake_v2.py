@@ -1,5 +1,6 @@
-"""A stand-in HTTP server for the tools' tests: v2 metadata of model `m` (x: FP32 [-1, 4]) and
-an infer answer chosen per test (a v2 answer, or something that is not one)."""
+"""A stand-in HTTP server for the tools' tests: v2 metadata of model `m` (x: FP32 [-1, 4]), its
+Triton-style config (unless `has_config` is False, as MLServer) and an infer answer chosen per
+test (a v2 answer, or something that is not one)."""
 
 from __future__ import annotations
 
@@ -36,7 +37,7 @@ class FakeV2:
 
 @contextmanager
 def fake_v2_server(
-    answer: bytes = V2_ANSWER, content_type: str = "application/json"
+    answer: bytes = V2_ANSWER, content_type: str = "application/json", *, has_config: bool = True
 ) -> Iterator[FakeV2]:
     fake = FakeV2(answer, content_type)
 
@@ -55,7 +56,10 @@ def fake_v2_server(
 
         def do_GET(self) -> None:
             if self.path.endswith("/config"):
-                self._send(200, b'{"max_batch_size": 8}')
+                if has_config:
+                    self._send(200, b'{"max_batch_size": 8}')
+                else:
+                    self._send(404, b'{"error": "not found"}')
             elif self.path.startswith("/v2/models/"):
                 self._send(200, json.dumps(METADATA).encode())
             else:

@@ -12,6 +12,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
 from fake_v2 import fake_v2_server
 from test_interrupt import write_capture
@@ -23,7 +24,7 @@ from duetime.tools.config import BenchConfig
 from duetime.tools.http_client import ERROR_TEXT_CHARS, error_text
 from duetime.tools.replay_plan import ReplayConfig
 from duetime.tools.server_metrics import scrape_batch_counts
-from duetime.tools.transports import BenchError, GrpcTransport, _get_json
+from duetime.tools.transports import BenchError, GrpcTransport, HttpTransport, _get_json
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -264,3 +265,39 @@ def test_report_and_replay_name_what_a_file_is_not(
     refused(["report", str(future), "--out", str(tmp_path / "r.html")], "report_format 99: this "
             "duetime reads format 1", capsys)  # fmt: skip
     refused(["replay", str(tmp_path), "--target", NOWHERE], "a folder, not a capture file", capsys)
+
+
+def test_a_v2_server_without_model_config_is_benched_from_its_metadata(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """MLServer and KServe runtimes have no /v2/models/<m>/config (Triton's extension)."""
+
+    async def signature(port: int, batch: int) -> Any:
+        transport = HttpTransport("127.0.0.1", port, lambda rid, outcome, message: None)
+        return await transport.signature("m", batch)
+
+    with fake_v2_server(has_config=False) as fake:
+        alone = asyncio.run(signature(fake.port, 1))
+        assert (alone.max_batch_size, alone.inputs[0].shape) == (0, (-1, 4))
+        assert "no batch dimension is assumed" in capsys.readouterr().err
+        batched = asyncio.run(signature(fake.port, 3))  # x: [-1, 4], its first dim free
+        assert batched.max_batch_size == 3
+        err = capsys.readouterr().err
+        assert "the first dimension is taken as the batch dimension (--batch 3)" in err
+        assert len(err.strip().splitlines()) == 1
+        argv = ["bench", "--http", fake.address, "--model", "m", "--duration", "0.3",
+                "--warmup", "0", "--rate", "40", "-q", "--batch", "2"]  # fmt: skip
+        assert cli_main(argv) == 0
+    out = capsys.readouterr().out
+    assert "model m batch 2" in out
+    assert "error:" not in out
+
+
+def test_grpc_without_the_model_config_rpc_falls_back_to_the_metadata() -> None:
+    class Stub:
+        async def ModelConfig(self, request: Any) -> Any:
+            raise grpc.aio.AioRpcError(
+                grpc.StatusCode.UNIMPLEMENTED, grpc.aio.Metadata(), grpc.aio.Metadata(), "no"
+            )
+
+    assert asyncio.run(GrpcTransport._config(Stub(), "m")) is None

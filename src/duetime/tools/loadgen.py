@@ -149,7 +149,7 @@ async def collect_records(
     transport = _transport(config, ledger, engine)
     await transport.open(config.lanes())
     try:
-        signature = await transport.signature(config.model)
+        signature = await transport.signature(config.model, config.batch)
         try:
             check_batch(signature, config.model, config.batch)
         except ValueError as exc:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import http.client
+import logging
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Collection, Coroutine, Mapping
@@ -23,6 +24,7 @@ from duetime.engine import Engine
 from duetime.errors import DuetimeError
 from duetime.frontend.proto import grpc_service_pb2 as pb
 from duetime.frontend.proto import grpc_service_pb2_grpc as pb_grpc
+from duetime.observability.logs import console
 from duetime.tools.config import MAX_HTTP_CONNECTIONS
 from duetime.tools.http_client import CONNECT_TIMEOUT_S, NO_STATUS, HttpPool, error_text
 from duetime.tools.outcomes import Outcome, outcome_of_grpc_code, outcome_of_http_status
@@ -59,7 +61,10 @@ class Transport(Protocol):
 
     async def open(self, lanes: int) -> None: ...
 
-    async def signature(self, model: str) -> ModelSignature: ...
+    async def signature(self, model: str, batch: int = 1) -> ModelSignature:
+        """`model`'s inputs and outputs, for requests of `batch` rows (see
+        `signature_without_config`)."""
+        ...
 
     def send(self, rid: int, payload: Any, lane: int | None) -> None: ...
 
@@ -84,6 +89,28 @@ def signature_from_metadata(
         )
 
     return ModelSignature(specs("inputs"), specs("outputs"), max_batch_size)
+
+
+def signature_without_config(metadata: Mapping[str, Any], batch: int, where: str) -> ModelSignature:
+    """A ModelSignature from the v2 metadata alone, of a server without Triton's model config
+    extension (MLServer, KServe runtimes): whether an input's first dimension is a batch one is
+    not known there, so it is taken as one only when `batch` > 1 needs it (and every input's
+    first dimension is free, -1). Says so in one line on stderr; `where` names the missing
+    endpoint."""
+    signature = signature_from_metadata(metadata, 0)
+    firsts = [spec.shape[:1] for spec in signature.required_inputs]
+    batching = batch > 1 and bool(firsts) and all(first == (-1,) for first in firsts)
+    assumed = (
+        f"the first dimension is taken as the batch dimension (--batch {batch})"
+        if batching
+        else "no batch dimension is assumed"
+    )
+    console(
+        f"duetime bench: the server has no model config ({where}); the model's metadata alone "
+        f"gives its inputs, and {assumed}",
+        logging.INFO,
+    )
+    return ModelSignature(signature.inputs, signature.outputs, batch if batching else 0)
 
 
 # -- HTTP ----------------------------------------------------------------------------------------
@@ -125,21 +152,30 @@ class HttpTransport:
         else:
             self.complete(rid, outcome_of_http_status(status), error_text(status, body or b""))
 
-    async def signature(self, model: str) -> ModelSignature:
+    async def signature(self, model: str, batch: int = 1) -> ModelSignature:
         base = f"http://{self.host}:{self.port}/v2/models/{quote(model, safe='')}"
         metadata = await asyncio.to_thread(_get_json, base)
-        config = await asyncio.to_thread(_get_json, f"{base}/config")
+        config = await asyncio.to_thread(_get_json, f"{base}/config", missing_ok=True)
+        if config is None:
+            return signature_without_config(metadata, batch, f"GET {base}/config: not found")
         optional = [t.get("name") for t in config.get("input", ()) if t.get("optional")]
         return signature_from_metadata(metadata, int(config.get("max_batch_size", 0)), optional)
 
 
-def _get_json(url: str) -> Any:
+_MISSING = frozenset({404, 501})
+"""The statuses of an endpoint a server does not have."""
+
+
+def _get_json(url: str, *, missing_ok: bool = False) -> Any:
+    """The JSON document at `url`; None if `missing_ok` and the server has no such endpoint."""
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # never via a proxy
     try:
         with opener.open(url, timeout=CONNECT_TIMEOUT_S) as response:
             return orjson.loads(response.read())
     except urllib.error.HTTPError as exc:
         with exc:
+            if missing_ok and exc.code in _MISSING:
+                return None
             raise BenchError(f"GET {url}: {error_text(exc.code, exc.read())}") from None
     except http.client.HTTPException as exc:  # not HTTP at all: a gRPC port, say
         raise BenchError(
@@ -230,11 +266,11 @@ class GrpcTransport:
             raise BenchError(message + await _why_no_grpc(self.target)) from None
         self._calls = [channel.unary_unary(_INFER_METHOD) for channel in self._channels]
 
-    async def signature(self, model: str) -> ModelSignature:
+    async def signature(self, model: str, batch: int = 1) -> ModelSignature:
         stub = pb_grpc.GRPCInferenceServiceStub(self._channels[0])  # type: ignore[no-untyped-call]
         try:
             metadata = await stub.ModelMetadata(pb.ModelMetadataRequest(name=model))
-            config = await stub.ModelConfig(pb.ModelConfigRequest(name=model))
+            config = await self._config(stub, model)
         except grpc.aio.AioRpcError as exc:
             raise BenchError(
                 f"{self.flag} {self.target}: model '{model}': {exc.details()}"
@@ -244,8 +280,20 @@ class GrpcTransport:
             for t in metadata.inputs
         ]
         doc = {"inputs": inputs, "outputs": []}
+        if config is None:
+            return signature_without_config(doc, batch, "gRPC ModelConfig: UNIMPLEMENTED")
         optional = [t.name for t in config.config.input if t.optional]
         return signature_from_metadata(doc, int(config.config.max_batch_size), optional)
+
+    @staticmethod
+    async def _config(stub: Any, model: str) -> Any:
+        """The model's config, or None from a server without Triton's ModelConfig RPC."""
+        try:
+            return await stub.ModelConfig(pb.ModelConfigRequest(name=model))
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() == grpc.StatusCode.UNIMPLEMENTED:
+                return None
+            raise
 
     def send(self, rid: int, payload: GrpcPayload, lane: int | None) -> None:
         turn = self._turn
@@ -299,7 +347,7 @@ class EngineTransport:
                 raise BenchError(f"--repository {self._repository}: {exc.message}") from None
             self._engine = engine
 
-    async def signature(self, model: str) -> ModelSignature:
+    async def signature(self, model: str, batch: int = 1) -> ModelSignature:
         assert self._engine is not None, "open() first"
         try:
             deployment = self._engine.registry.resolve(model, None)
