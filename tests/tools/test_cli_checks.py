@@ -301,3 +301,55 @@ def test_grpc_without_the_model_config_rpc_falls_back_to_the_metadata() -> None:
             )
 
     assert asyncio.run(GrpcTransport._config(Stub(), "m")) is None
+
+
+@pytest.mark.parametrize("flag", ["--http", "--grpc"])
+def test_a_host_name_that_does_not_resolve_is_one_line(
+    flag: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["bench", flag, "no.such.host.invalid:8000", "--model", "m", "--duration", "0.2",
+            "--warmup", "0", "-q"]  # fmt: skip
+    assert cli_main(argv) == 1
+    err = capsys.readouterr().err
+    assert err.strip().splitlines() == [
+        f"duetime bench: {flag}: cannot resolve the host name 'no.such.host.invalid': "
+        + err.split("'no.such.host.invalid': ", 1)[1].strip()
+    ]
+
+
+def test_a_host_name_is_resolved_once_and_its_answering_address_kept() -> None:
+    """localhost may resolve to ::1 first while the server listens on 127.0.0.1 only."""
+    with fake_v2_server() as fake:
+        looked_up: list[str] = []
+        answers: list[int] = []
+
+        async def scenario() -> None:
+            loop = asyncio.get_running_loop()
+            all_answered = asyncio.Event()
+
+            def answered(rid: int, status: int, *rest: Any) -> None:
+                answers.append(status)
+                if len(answers) == 5:
+                    all_answered.set()
+
+            resolved = loop.getaddrinfo
+
+            async def getaddrinfo(host: str, *args: Any, **kwargs: Any) -> Any:
+                looked_up.append(host)
+                if host == "twice.test":
+                    host = "127.0.0.1"
+                infos = await resolved(host, *args, **kwargs)
+                _, kind, proto, _, _ = infos[0]
+                return [(socket.AF_INET6, kind, proto, "", ("::1", 0, 0, 0)), *infos]
+
+            loop.getaddrinfo = getaddrinfo  # type: ignore[method-assign]
+            pool = transports.HttpPool("twice.test", fake.port, answered, max_connections=8)
+            await pool.open(3)  # ::1 refuses; 127.0.0.1 is kept
+            for rid in range(5):  # 3 connections, then 2 more opened on demand
+                pool.send(rid, b"GET /v2/models/m HTTP/1.1\r\nHost: x\r\n\r\n")
+            await asyncio.wait_for(all_answered.wait(), 10)
+            await pool.aclose()
+
+        asyncio.run(scenario())
+    assert looked_up == ["twice.test"]
+    assert answers == [200] * 5

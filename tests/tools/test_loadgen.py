@@ -426,11 +426,11 @@ class FakePool(HttpPool):
     """An HttpPool whose connections attach to FakeTransports instead of sockets."""
 
     def __init__(self, answered: Any, max_connections: int = 4096) -> None:
-        super().__init__("h", 1, answered, max_connections=max_connections)
+        super().__init__("127.0.0.1", 1, answered, max_connections=max_connections)
         self.transports: list[FakeTransport] = []
         self.connections: list[Any] = []
 
-    async def _connect(self, connection: Any) -> None:
+    async def _connect(self, connection: Any, address: str | None = None) -> None:
         transport = FakeTransport()
         self.transports.append(transport)
         connection.connection_made(transport)

@@ -26,6 +26,20 @@ NO_STATUS = 0
 CONNECT_TIMEOUT_S = 10.0
 
 
+async def resolve(host: str, port: int) -> list[str]:
+    """`host`'s addresses (IP literals), resolved once, in the order to try them; OSError with
+    one line saying so when the name does not resolve."""
+    loop = asyncio.get_running_loop()
+    try:
+        infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as exc:
+        raise OSError(f"cannot resolve the host name {host!r}: {exc.strerror or exc}") from None
+    addresses = list(dict.fromkeys(str(info[4][0]) for info in infos))
+    if not addresses:
+        raise OSError(f"cannot resolve the host name {host!r}: no address")
+    return addresses
+
+
 class Answered(Protocol):
     """One request's end: its id, HTTP-style status (NO_STATUS: none came), the answer's body
     when kept (error bodies always), the v2 JSON head's length within it (None: all JSON), and
@@ -173,14 +187,21 @@ class HttpPool:
         self._waiting: deque[tuple[int, bytes]] = deque()
         self._connecting: set[asyncio.Task[None]] = set()
         self._closing = False
+        self._address = host
+        """The address every connection goes to: `host` resolved once, by `open`."""
 
     async def open(self, connections: int) -> None:
-        """Open `connections` before the run (more open on demand); OSError if one cannot
-        within CONNECT_TIMEOUT_S."""
+        """Resolve the host once, then open `connections` before the run (more open on demand);
+        OSError if the name does not resolve or a connection cannot open within
+        CONNECT_TIMEOUT_S."""
+        # NOTE: resolved here once, not by every connection: a name that does not resolve
+        # would fail each of them (their lookups ending after the loop closed), and a lookup
+        # would delay every connection opened on demand during the run
+        addresses = await resolve(self.host, self.port)
         conns = [self._new() for _ in range(connections)]
-        connecting = asyncio.gather(*(self._connect(c) for c in conns))
+        connecting = asyncio.ensure_future(self._connect_all(conns, addresses))
         # NOTE: when the caller is cancelled (Ctrl-C while connecting), wait_for cancels the
-        # gather, which then ends with an error nobody reads ("exception was never retrieved").
+        # task, which then ends with an error nobody reads ("exception was never retrieved").
         connecting.add_done_callback(lambda f: f.cancelled() or f.exception())
         try:
             await asyncio.wait_for(connecting, CONNECT_TIMEOUT_S)
@@ -188,15 +209,37 @@ class HttpPool:
             await self.aclose()
             raise OSError(f"cannot connect to {self.host}:{self.port}: {exc}") from None
 
+    async def _connect_all(self, conns: list[_Connection], addresses: list[str]) -> None:
+        """The first connection tries each address in turn and keeps the first that answers;
+        the others go there together (all are cancelled when one fails)."""
+        if not conns:
+            return
+        for address in addresses:
+            try:
+                await self._connect(conns[0], address)
+            except OSError:
+                if address == addresses[-1]:
+                    raise
+                continue
+            self._address = address
+            break
+        rest = [asyncio.ensure_future(self._connect(c)) for c in conns[1:]]
+        try:
+            await asyncio.gather(*rest)
+        finally:
+            for task in rest:
+                task.cancel()
+            await asyncio.gather(*rest, return_exceptions=True)
+
     def _new(self) -> _Connection:
         connection = _Connection(self)
         self._live.add(connection)
         self.opened += 1
         return connection
 
-    async def _connect(self, connection: _Connection) -> None:
+    async def _connect(self, connection: _Connection, address: str | None = None) -> None:
         loop = asyncio.get_running_loop()
-        await loop.create_connection(lambda: connection, self.host, self.port)
+        await loop.create_connection(lambda: connection, address or self._address, self.port)
 
     def send(self, rid: int, payload: bytes) -> None:
         idle = self._idle

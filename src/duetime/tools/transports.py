@@ -26,7 +26,13 @@ from duetime.frontend.proto import grpc_service_pb2 as pb
 from duetime.frontend.proto import grpc_service_pb2_grpc as pb_grpc
 from duetime.observability.logs import console
 from duetime.tools.config import MAX_HTTP_CONNECTIONS
-from duetime.tools.http_client import CONNECT_TIMEOUT_S, NO_STATUS, HttpPool, error_text
+from duetime.tools.http_client import (
+    CONNECT_TIMEOUT_S,
+    NO_STATUS,
+    HttpPool,
+    error_text,
+    resolve,
+)
 from duetime.tools.outcomes import Outcome, outcome_of_grpc_code, outcome_of_http_status
 from duetime.tools.payloads import EnginePayload, GrpcPayload
 from duetime.types import ModelSignature, TensorSpec
@@ -251,6 +257,11 @@ class GrpcTransport:
 
     async def open(self, lanes: int) -> None:
         """Open `lanes` channels and wait until they are connected."""
+        host, _, port = self.target.rpartition(":")
+        try:
+            await resolve(host.strip("[]"), int(port))  # (a channel would retry a name for ever)
+        except OSError as exc:
+            raise BenchError(f"{self.flag}: {exc}") from None
         options = [
             ("grpc.max_receive_message_length", _MAX_MESSAGE),
             ("grpc.max_send_message_length", _MAX_MESSAGE),
