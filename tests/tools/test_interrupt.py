@@ -5,6 +5,7 @@ no traceback is printed. In process with `Interrupt.fire`, then SIGINT to a real
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import os
 import signal
@@ -22,6 +23,7 @@ from duetime.tools.config import BenchConfig
 from duetime.tools.interrupt import Interrupt
 from duetime.tools.loadgen import BenchResult, run_bench_async
 from duetime.tools.replay import ReplayConfig, load_plan, replay_async
+from duetime.tools.transports import GrpcTransport
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -148,3 +150,21 @@ def test_sigint_prints_the_partial_report_writes_json_and_exits_130(
     assert "destroyed but it is pending" not in stderr
     assert "INTERRUPTED (Ctrl-C)" in stdout
     assert json.loads(out.read_text())["interrupted"] is True
+
+
+def test_ctrl_c_while_grpc_connects_leaves_no_unread_error() -> None:
+    """A gRPC channel that cannot connect (nothing listens) retries till CONNECT_TIMEOUT_S."""
+    unhandled: list[str] = []
+    interrupt = Interrupt()
+    transport = GrpcTransport("127.0.0.1:1", lambda rid, outcome, message: None)
+    loop = new_event_loop()
+    loop.set_exception_handler(lambda loop, context: unhandled.append(context["message"]))
+    try:
+        loop.call_later(0.3, interrupt.fire)
+        with pytest.raises(KeyboardInterrupt):
+            interrupt.run(loop, transport.open(1))
+        gc.collect()  # an unread error is reported when its future is collected
+        loop.run_until_complete(transport.aclose())
+    finally:
+        loop.close()
+    assert unhandled == []

@@ -268,9 +268,12 @@ class GrpcTransport:
             ("grpc.use_local_subchannel_pool", 1),
         ]
         self._channels = [grpc.aio.insecure_channel(self.target, options) for _ in range(lanes)]
+        ready = asyncio.gather(*(channel.channel_ready() for channel in self._channels))
+        # NOTE: when the caller is cancelled (Ctrl-C while connecting), wait_for cancels the
+        # gather, which then ends with an error nobody reads ("exception was never retrieved")
+        ready.add_done_callback(lambda f: f.cancelled() or f.exception())
         try:
-            ready = (channel.channel_ready() for channel in self._channels)
-            await asyncio.wait_for(asyncio.gather(*ready), CONNECT_TIMEOUT_S)
+            await asyncio.wait_for(ready, CONNECT_TIMEOUT_S)
         except TimeoutError:
             await self.aclose()
             message = f"{self.flag}: cannot connect to {self.target} within {CONNECT_TIMEOUT_S} s"
