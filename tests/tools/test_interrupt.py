@@ -5,12 +5,14 @@ no traceback is printed. In process with `Interrupt.fire`, then SIGINT to a real
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import json
 import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -168,3 +170,43 @@ def test_ctrl_c_while_grpc_connects_leaves_no_unread_error() -> None:
     finally:
         loop.close()
     assert unhandled == []
+
+
+def spawned_children(pid: int) -> list[int]:
+    """The multiprocessing children (spawned) of process `pid` (Linux /proc)."""
+    try:
+        listed = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    except OSError:
+        return []
+    found = []
+    for child in map(int, listed):
+        with contextlib.suppress(OSError):
+            if b"spawn_main" in Path(f"/proc/{child}/cmdline").read_bytes():
+                found.append(child)
+    return found
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="reads /proc")
+def test_ctrl_c_while_generator_processes_start_prints_no_traceback() -> None:
+    """The parent forwards Ctrl-C to its generator processes, which were still importing."""
+    with fake_v2_server() as fake:
+        args = ["bench", "--http", fake.address, "--model", "m", "--processes", "2",
+                "--duration", "30", "-q"]  # fmt: skip
+        process = subprocess.Popen(
+            [sys.executable, "-m", "duetime", *args],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        try:
+            deadline = time.monotonic() + 30
+            while len(spawned_children(process.pid)) < 2 and time.monotonic() < deadline:
+                time.sleep(0.001)
+            os.kill(process.pid, signal.SIGINT)  # (the parent alone, as `kill -INT` does)
+            _, stderr = process.communicate(timeout=30)
+        finally:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+    assert process.returncode == 130, stderr
+    assert "Traceback" not in stderr
+    assert "KeyboardInterrupt" not in stderr
+    assert stderr.strip().splitlines()[-1] == "duetime bench: interrupted before sending started"

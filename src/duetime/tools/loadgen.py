@@ -303,15 +303,18 @@ def _run_processes(config: BenchConfig) -> BenchResult:
         for i in range(config.processes)
     ]
     children = [context.Process(target=_child, args=a, daemon=True) for a in args]
-    for child in children:
-        child.start()
     interrupted: list[int] = []
     try:
         with _forwarding_sigint(children, interrupted):
+            with _sigint_held():
+                for child in children:
+                    child.start()
             limit_s = _SETUP_TIMEOUT_S + config.total_s + config.drain_s
             answers = _answers(children, queue, limit_s)
     finally:
         for child in children:
+            if child.pid is None:
+                continue  # never started
             child.join(timeout=10)
             if child.is_alive():
                 child.kill()
@@ -348,6 +351,22 @@ def _forwarding_sigint(children: list[Any], interrupted: list[int]) -> Iterator[
         signal.signal(signal.SIGINT, previous)
 
 
+@contextlib.contextmanager
+def _sigint_held() -> Iterator[None]:
+    """SIGINT blocked (held pending) in this thread while generator processes start: they
+    inherit the mask, so that a Ctrl-C cannot break into their imports (a traceback each); it
+    reaches each of them once `_child` has its handler in place, and this process once
+    `_forwarding_sigint`'s is."""
+    if not hasattr(signal, "pthread_sigmask"):  # (Windows)
+        yield
+        return
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
 def _answers(children: list[Any], queue: Any, limit_s: float) -> dict[int, Records | str]:
     """What each child process put on `queue` (records or an error), by process index."""
     answers: dict[int, Records | str] = {}
@@ -374,13 +393,19 @@ def _child(
         await asyncio.to_thread(barrier.wait, _SETUP_TIMEOUT_S)
         return int(start_at.value)
 
+    async def run() -> Records:
+        # Interrupt's handler is in place now: a Ctrl-C held since this process started (see
+        # `_sigint_held`) arrives, and cancels the setup
+        if hasattr(signal, "pthread_sigmask"):
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+        return await collect_records(
+            config, before_start=start_together, interrupt=interrupt, phase_ns=phase_ns
+        )
+
     loop = new_event_loop()
     interrupt = Interrupt()
     try:
-        run = collect_records(
-            config, before_start=start_together, interrupt=interrupt, phase_ns=phase_ns
-        )
-        records = interrupt.run(loop, run)
+        records = interrupt.run(loop, run())
         queue.put((index, records))
     except BaseException as exc:
         barrier.abort()
