@@ -17,6 +17,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, TypeVar
 
+import grpc
 import numpy as np
 import pytest
 from conftest import RunningServer
@@ -40,7 +41,16 @@ from duetime.tools.loadgen import (
     share,
 )
 from duetime.tools.outcomes import Outcome, outcome_of_grpc_code, outcome_of_http_status
-from duetime.tools.payloads import EnginePayload, PayloadSpec, encode, random_inputs, restamp
+from duetime.tools.payloads import (
+    EnginePayload,
+    GrpcPayload,
+    PayloadSpec,
+    encode,
+    random_inputs,
+    restamp,
+)
+from duetime.tools.replay_payloads import GrpcRequest
+from duetime.tools.replay_transports import GrpcReplayTransport
 from duetime.tools.report import (
     Records,
     apply_due,
@@ -50,7 +60,7 @@ from duetime.tools.report import (
     merge_records,
     summarize,
 )
-from duetime.tools.transports import BenchError, HttpTransport
+from duetime.tools.transports import BenchError, GrpcTransport, HttpTransport, connection_failed
 from duetime.types import ModelSignature, TensorSpec
 
 pytestmark = pytest.mark.timeout(60)
@@ -501,6 +511,87 @@ def test_http_transport_reports_outcomes_with_the_servers_message() -> None:
         (3, Outcome.EXPIRED, "HTTP 504"),
         (4, Outcome.ERROR, "the server closed the connection"),
     ]
+
+
+READY = grpc.ChannelConnectivity.READY
+REFUSED = (
+    "failed to connect to all addresses; last error: UNKNOWN: ipv4:127.0.0.1:1: Failed to "
+    "connect to remote host: Connection refused"
+)
+
+
+@pytest.mark.parametrize(
+    ("details", "state", "failed"),
+    [("model 'm' is still loading", READY, False), ("", READY, False),
+     (REFUSED, grpc.ChannelConnectivity.TRANSIENT_FAILURE, True),
+     ("Stream removed (Socket closed)", READY, True),  # (before the channel saw it go)
+     ("Cancelling all calls", grpc.ChannelConnectivity.IDLE, True),
+     ("whatever it says", grpc.ChannelConnectivity.CONNECTING, True)],
+)  # fmt: skip
+def test_grpc_unavailable_from_the_connection_is_told_from_the_servers(
+    details: str, state: grpc.ChannelConnectivity, failed: bool
+) -> None:
+    assert connection_failed(details, state) is failed
+
+
+async def unavailable_then_gone(transport: Any, payload: Any, ended: asyncio.Event) -> None:
+    """Send request 0 to a server that answers UNAVAILABLE, then request 1 once it has gone."""
+
+    async def infer(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        await context.abort(grpc.StatusCode.UNAVAILABLE, "model 'm' is still loading")
+        return b""
+
+    handler = grpc.method_handlers_generic_handler(
+        "inference.GRPCInferenceService", {"ModelInfer": grpc.unary_unary_rpc_method_handler(infer)}
+    )
+    server = grpc.aio.server()
+    server.add_generic_rpc_handlers([handler])
+    transport.target = f"127.0.0.1:{server.add_insecure_port('127.0.0.1:0')}"
+    await server.start()
+    await transport.open(1)
+    try:
+        for rid in range(2):
+            if rid == 1:
+                await server.stop(None)
+            ended.clear()
+            transport.send(rid, payload, None)
+            await asyncio.wait_for(ended.wait(), 10)
+    finally:
+        await transport.aclose()
+        await server.stop(None)
+
+
+def test_grpc_counts_a_server_gone_as_errors_and_its_unavailable_as_rejected() -> None:
+    """grpcio fails calls with UNAVAILABLE when no server is there: those were 'rejected'."""
+    ends: list[tuple[int, Outcome, str | None]] = []
+
+    async def scenario() -> None:
+        ended = asyncio.Event()
+        transport = GrpcTransport("", lambda *end: (ends.append(end), ended.set()))
+        await unavailable_then_gone(transport, GrpcPayload(b"", None), ended)
+
+    run_async(scenario())
+    assert ends[0] == (0, Outcome.REJECTED, "gRPC UNAVAILABLE: model 'm' is still loading")
+    assert ends[1][:2] == (1, Outcome.ERROR)
+    assert str(ends[1][2]).startswith("gRPC UNAVAILABLE: ")
+
+
+def test_grpc_replay_gives_a_server_gone_no_status() -> None:
+    """As HTTP's replay: a 503 is the server's answer, a failed connection none (an error)."""
+    ends: list[tuple[int, int]] = []
+
+    async def scenario() -> None:
+        ended = asyncio.Event()
+
+        def answered(rid: int, status: int, *rest: Any) -> None:
+            ends.append((rid, status))
+            ended.set()
+
+        transport = GrpcReplayTransport("", answered, keep_bodies=False)
+        await unavailable_then_gone(transport, GrpcRequest(b"", (), None), ended)
+
+    run_async(scenario())
+    assert ends == [(0, 503), (1, NO_STATUS)]
 
 
 # -- real runs -----------------------------------------------------------------------------------

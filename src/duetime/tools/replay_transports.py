@@ -62,15 +62,18 @@ class GrpcReplayTransport(GrpcTransport):
     def send(self, rid: int, payload: GrpcRequest, lane: int | None = None) -> None:  # type: ignore[override]
         turn = self._turn
         self._turn = (turn + 1) % len(self._calls)
-        self._tasks.spawn(self._replay(self._calls[turn], rid, payload))
+        self._tasks.spawn(self._replay(turn, rid, payload))
 
-    async def _replay(self, call: Any, rid: int, payload: GrpcRequest) -> None:
+    async def _replay(self, turn: int, rid: int, payload: GrpcRequest) -> None:
+        call = self._calls[turn]
         try:
             data = await call(payload.data, timeout=payload.deadline_s, metadata=payload.metadata)
         except grpc.aio.AioRpcError as exc:
             code = exc.code().name
-            status = HTTP_STATUS_OF_GRPC.get(code, 500)
-            self.answered(rid, status, None, None, f"gRPC {code}: {exc.details()}")
+            outcome, message = self.failure(exc, turn)
+            no_answer = code == "UNAVAILABLE" and outcome == Outcome.ERROR  # (the connection)
+            status = NO_STATUS if no_answer else HTTP_STATUS_OF_GRPC.get(code, 500)
+            self.answered(rid, status, None, None, message)
             return
         except Exception as exc:  # a fault of the client library: count it, keep going
             self.answered(rid, NO_STATUS, None, None, f"{type(exc).__name__}: {exc}")

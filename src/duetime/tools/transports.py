@@ -312,24 +312,52 @@ class GrpcTransport:
     def send(self, rid: int, payload: GrpcPayload, lane: int | None) -> None:
         turn = self._turn
         self._turn = (turn + 1) % len(self._calls)
-        self._tasks.spawn(self._call(self._calls[turn], rid, payload))
+        self._tasks.spawn(self._call(turn, rid, payload))
 
-    async def _call(self, call: Any, rid: int, payload: GrpcPayload) -> None:
+    async def _call(self, turn: int, rid: int, payload: GrpcPayload) -> None:
         try:
-            await call(payload.data, timeout=payload.deadline_s)
+            await self._calls[turn](payload.data, timeout=payload.deadline_s)
         except grpc.aio.AioRpcError as exc:
-            code = exc.code()
-            message = f"gRPC {code.name}: {exc.details()}"
-            self.complete(rid, outcome_of_grpc_code(code.name), message)
+            self.complete(rid, *self.failure(exc, turn))
             return
         except Exception as exc:  # a fault of the client library: count it, keep going
             self.complete(rid, Outcome.ERROR, f"{type(exc).__name__}: {exc}")
             return
         self.complete(rid, Outcome.OK, None)
 
+    def failure(self, exc: grpc.aio.AioRpcError, turn: int) -> tuple[Outcome, str]:
+        """How a call on channel `turn` ended, and its message: as its status code says, but an
+        UNAVAILABLE that is the connection failing (`connection_failed`) is an error."""
+        code, details = exc.code().name, exc.details() or ""
+        message = f"gRPC {code}: {details}"
+        if code == "UNAVAILABLE":
+            state = self._channels[turn].get_state(try_to_connect=False)
+            if connection_failed(details, state):
+                return Outcome.ERROR, message
+        return outcome_of_grpc_code(code), message
+
     async def aclose(self) -> None:
         await self._tasks.cancel_all()
         await asyncio.gather(*(channel.close() for channel in self._channels))
+
+
+_CONNECTION_FAILURES = (
+    "failed to connect to all addresses", "errors resolving", "DNS resolution failed",
+    "Socket closed", "Connection reset", "Connection refused", "Broken pipe", "Stream removed",
+    "GOAWAY", "Endpoint read failed", "keepalive watchdog timeout", "Cancelling all calls",
+)  # fmt: skip
+"""What grpcio (its C core) says when it fails a call for want of a connection."""
+
+
+def connection_failed(details: str, state: grpc.ChannelConnectivity) -> bool:
+    """Whether a call's UNAVAILABLE came from the client's connection (nothing listening, the
+    server gone or unreachable) rather than from the server, which says UNAVAILABLE to turn a
+    request away (duetime's 503: a model still loading, say). grpcio reports both with the same
+    code: its own have details of its own, and leave the channel not READY (by the time a call
+    fails, the channel may not have seen its connection go yet, hence both)."""
+    if state != grpc.ChannelConnectivity.READY:
+        return True
+    return any(phrase in details for phrase in _CONNECTION_FAILURES)
 
 
 # -- in process ----------------------------------------------------------------------------------
