@@ -12,7 +12,7 @@ import json
 import shutil
 import socket
 import time
-from collections.abc import Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, TypeVar
@@ -28,6 +28,7 @@ from duetime.errors import ConfigError
 from duetime.frontend.proto import grpc_service_pb2 as pb
 from duetime.frontend.rest import parse_infer_request
 from duetime.loops import new_event_loop
+from duetime.tools import transports
 from duetime.tools.arrivals import arrival_offsets_ns, choose_classes, due_classes
 from duetime.tools.config import BenchConfig
 from duetime.tools.drivers import GROUP_NS, Dispatch, Ledger, OpenLoop
@@ -42,6 +43,7 @@ from duetime.tools.loadgen import (
 )
 from duetime.tools.outcomes import Outcome, outcome_of_grpc_code, outcome_of_http_status
 from duetime.tools.payloads import (
+    GRPC_DEADLINE_MARGIN_S,
     EnginePayload,
     GrpcPayload,
     PayloadSpec,
@@ -60,7 +62,13 @@ from duetime.tools.report import (
     merge_records,
     summarize,
 )
-from duetime.tools.transports import BenchError, GrpcTransport, HttpTransport, connection_failed
+from duetime.tools.transports import (
+    BenchError,
+    GrpcTransport,
+    HttpTransport,
+    connection_failed,
+    gave_up,
+)
 from duetime.types import ModelSignature, TensorSpec
 
 pytestmark = pytest.mark.timeout(60)
@@ -273,7 +281,7 @@ def test_grpc_payload_carries_timeout_and_a_call_deadline() -> None:
     assert "priority" not in request.parameters
     assert list(request.inputs[0].shape) == [1, 40]
     assert len(request.raw_input_contents[0]) == 160
-    assert 0.01 < payload.deadline_s < 2.0
+    assert payload.deadline_s == pytest.approx(0.01 + GRPC_DEADLINE_MARGIN_S)
 
 
 @pytest.mark.parametrize("protocol", ["http-binary", "http-json"])
@@ -534,6 +542,22 @@ def test_grpc_unavailable_from_the_connection_is_told_from_the_servers(
     assert connection_failed(details, state) is failed
 
 
+Infer = Callable[[bytes, grpc.aio.ServicerContext], Awaitable[bytes]]
+
+
+async def grpc_server(infer: Infer) -> tuple[grpc.aio.Server, str]:
+    """A started gRPC server whose ModelInfer is `infer` (raw bytes in and out), and its target."""
+    method = grpc.unary_unary_rpc_method_handler(infer)
+    handler = grpc.method_handlers_generic_handler(
+        "inference.GRPCInferenceService", {"ModelInfer": method}
+    )
+    server = grpc.aio.server()
+    server.add_generic_rpc_handlers([handler])
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    return server, f"127.0.0.1:{port}"
+
+
 async def unavailable_then_gone(transport: Any, payload: Any, ended: asyncio.Event) -> None:
     """Send request 0 to a server that answers UNAVAILABLE, then request 1 once it has gone."""
 
@@ -541,13 +565,7 @@ async def unavailable_then_gone(transport: Any, payload: Any, ended: asyncio.Eve
         await context.abort(grpc.StatusCode.UNAVAILABLE, "model 'm' is still loading")
         return b""
 
-    handler = grpc.method_handlers_generic_handler(
-        "inference.GRPCInferenceService", {"ModelInfer": grpc.unary_unary_rpc_method_handler(infer)}
-    )
-    server = grpc.aio.server()
-    server.add_generic_rpc_handlers([handler])
-    transport.target = f"127.0.0.1:{server.add_insecure_port('127.0.0.1:0')}"
-    await server.start()
+    server, transport.target = await grpc_server(infer)
     await transport.open(1)
     try:
         for rid in range(2):
@@ -592,6 +610,57 @@ def test_grpc_replay_gives_a_server_gone_no_status() -> None:
 
     run_async(scenario())
     assert ends == [(0, 503), (1, NO_STATUS)]
+
+
+def rpc_error(code: grpc.StatusCode, details: str = "") -> grpc.aio.AioRpcError:
+    return grpc.aio.AioRpcError(code, grpc.aio.Metadata(), grpc.aio.Metadata(), details)
+
+
+@pytest.mark.parametrize(
+    ("code", "deadline_s", "elapsed_s", "late"),
+    [("DEADLINE_EXCEEDED", 5.01, 5.01, True), ("DEADLINE_EXCEEDED", 5.01, 5.3, True),
+     ("DEADLINE_EXCEEDED", 5.01, 0.011, False),  # the server expired it by its due time
+     ("DEADLINE_EXCEEDED", None, 9.0, False), ("UNAVAILABLE", 5.01, 5.01, False)],
+)  # fmt: skip
+def test_a_grpc_calls_own_deadline_is_told_from_the_servers_expiry(
+    code: str, deadline_s: float | None, elapsed_s: float, late: bool
+) -> None:
+    assert gave_up(rpc_error(grpc.StatusCode[code]), deadline_s, elapsed_s) is late
+
+
+def test_an_answer_slower_than_the_grpc_call_deadline_is_late_with_its_latency_so_far(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """It was 'expired' (as if the server had said DEADLINE_EXCEEDED), its latency dropped."""
+    monkeypatch.setattr(transports, "GRPC_DEADLINE_MARGIN_S", 0.2)
+    ledger = Ledger(timeouts_ns=[10 * MS])
+
+    async def scenario() -> Records:
+        async def infer(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+            if request == b"expire":
+                await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, "past its due time")
+            await asyncio.sleep(2)
+            return b""
+
+        server, target = await grpc_server(infer)
+        transport = GrpcTransport(target, ledger.finish)
+        await transport.open(1)
+        try:
+            for rid, data in enumerate([b"slow", b"expire"]):
+                ledger.add(None, 0)
+                transport.send(rid, GrpcPayload(data, 0.01 + 0.2), None)
+            await ledger.drained(10)
+        finally:
+            await transport.aclose()
+            await server.stop(None)
+        return ledger.records((0, ledger.clock()), 0.0, 0)
+
+    records = run_async(scenario())
+    assert records.outcome.tolist() == [Outcome.LATE, Outcome.EXPIRED]
+    assert 0.21 <= records.latency_ns[0] / 1e9 < 1.5  # up to the call's deadline, not 2 s
+    assert records.cut_short == 1
+    (warning,) = summarize(records, due_classes((10,), ()), open_loop=True).warnings
+    assert warning.startswith("1 late requests had no answer when their gRPC call's own deadline")
 
 
 # -- real runs -----------------------------------------------------------------------------------

@@ -53,6 +53,8 @@ class Ledger:
         self.finished: list[int] = []
         self.outcome: list[int] = []
         self.messages: list[str] = []
+        self.cut_short: list[int] = []
+        """Requests the client stopped waiting for (late, with a message saying why)."""
         self.outstanding = 0
         self.ends = [0] * len(Outcome)
         """Requests ended, by outcome (indexed by `Outcome`; NO_ANSWER unused)."""
@@ -81,6 +83,8 @@ class Ledger:
         self.ends[self._settled(rid, outcome, now)] += 1
         if outcome == Outcome.ERROR and message and len(self.messages) < MAX_MESSAGES:
             self.messages.append(message)
+        if outcome == Outcome.LATE and message:
+            self.cut_short.append(rid)
         if self.on_finish is not None:
             self.on_finish(rid)
         if self.outstanding == 0 and self._idle is not None and not self._idle.done():
@@ -128,6 +132,7 @@ class Ledger:
         finished = np.asarray(self.finished, dtype=np.int64)
         outcome = np.asarray(self.outcome, dtype=np.int8)
         keep = (scheduled >= window[0]) & (scheduled < window[1])
+        cut = scheduled[np.asarray(self.cut_short, dtype=np.int64)]
         answered = outcome[keep] != Outcome.NO_ANSWER
         latency = finished[keep] - np.minimum(scheduled[keep], sent[keep])
         return Records(
@@ -141,6 +146,7 @@ class Ledger:
             error_messages=tuple(self.messages),
             scheduled_ns=scheduled[keep] - window[0],
             interrupted=interrupted,
+            cut_short=int(np.count_nonzero((cut >= window[0]) & (cut < window[1]))),
         )
 
 

@@ -24,10 +24,11 @@ from duetime.types import ModelSignature
 WireProtocol = Literal["http-binary", "http-json", "grpc", "engine"]
 PROTOCOLS: tuple[WireProtocol, ...] = ("http-binary", "http-json", "grpc", "engine")
 
-GRPC_DEADLINE_MARGIN_S = 1.0
+GRPC_DEADLINE_MARGIN_S = 5.0
 """Added to a gRPC call's deadline beyond the request's timeout: the server's own due time is
 the timeout (it takes the earlier of the two), the margin only frees the generator from a stuck
-call, and leaves late answers measurable as late."""
+call, and leaves late answers measurable as late (as long as an HTTP run's default --drain
+waits for them). A call whose own deadline fires is late, not expired (see `GrpcTransport`)."""
 
 
 TIMEOUT_WIDTH = 13

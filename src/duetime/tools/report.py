@@ -16,6 +16,7 @@ import numpy as np
 from duetime.tools.arrivals import DueClass
 from duetime.tools.config import MAX_HTTP_CONNECTIONS, BenchConfig
 from duetime.tools.outcomes import Outcome
+from duetime.tools.payloads import GRPC_DEADLINE_MARGIN_S
 
 LATE_SEND_NS = 1_000_000
 """A send this long after its scheduled time counts as late (the generator fell behind)."""
@@ -51,6 +52,9 @@ class Records:
     empty when not kept."""
     interrupted: bool = False
     """Ctrl-C ended the run early: `duration_s` is the part of the window it measured."""
+    cut_short: int = 0
+    """Late requests the client stopped waiting for (a gRPC call's own deadline fired): their
+    latency runs to that instant, a lower bound."""
 
 
 def merge_records(parts: Sequence[Records]) -> Records:
@@ -68,6 +72,7 @@ def merge_records(parts: Sequence[Records]) -> Records:
         processes=sum(p.processes for p in parts),
         scheduled_ns=np.concatenate([p.scheduled_ns for p in parts]),
         interrupted=any(p.interrupted for p in parts),
+        cut_short=sum(p.cut_short for p in parts),
     )
 
 
@@ -220,10 +225,12 @@ def summarize(records: Records, classes: Sequence[DueClass], *, open_loop: bool)
     overall = class_report("all", None, outcome, records.latency_ns, duration)
     generator = generator_report(records, open_loop)
     return Summary(per_class, overall, generator, records.error_messages,
-                   _warnings(overall, generator))  # fmt: skip
+                   _warnings(overall, generator, records.cut_short))  # fmt: skip
 
 
-def _warnings(overall: ClassReport, generator: GeneratorReport) -> tuple[str, ...]:
+def _warnings(
+    overall: ClassReport, generator: GeneratorReport, cut_short: int = 0
+) -> tuple[str, ...]:
     found = []
     late = generator.late_send_fraction
     if late is not None and late > LATE_SEND_WARNING:
@@ -236,6 +243,11 @@ def _warnings(overall: ClassReport, generator: GeneratorReport) -> tuple[str, ..
             f"{generator.waited_fraction:.1%} of requests waited for a free HTTP connection (all "
             f"{MAX_HTTP_CONNECTIONS} the generator may open were busy), which adds to their "
             "latency; lower --rate or add --processes"
+        )
+    if cut_short:
+        found.append(
+            f"{cut_short} late requests had no answer when their gRPC call's own deadline (the "
+            f"timeout + {GRPC_DEADLINE_MARGIN_S:g} s) fired; their latency counts up to then"
         )
     if overall.unanswered:
         found.append(

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import http.client
 import logging
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Collection, Coroutine, Mapping
@@ -34,7 +35,7 @@ from duetime.tools.http_client import (
     resolve,
 )
 from duetime.tools.outcomes import Outcome, outcome_of_grpc_code, outcome_of_http_status
-from duetime.tools.payloads import EnginePayload, GrpcPayload
+from duetime.tools.payloads import GRPC_DEADLINE_MARGIN_S, EnginePayload, GrpcPayload
 from duetime.types import ModelSignature, TensorSpec
 
 _INFER_METHOD = "/inference.GRPCInferenceService/ModelInfer"
@@ -42,7 +43,8 @@ _MAX_MESSAGE = 256 * 1024 * 1024
 
 
 Completion = Callable[[int, Outcome, str | None], None]
-"""Called once per request: its id, how it ended, and the server's message when it failed."""
+"""Called once per request: its id, how it ended, and the server's message when it failed; a
+message with LATE says the client stopped waiting (its own deadline fired) and why."""
 
 
 class BenchError(Exception):
@@ -315,9 +317,15 @@ class GrpcTransport:
         self._tasks.spawn(self._call(turn, rid, payload))
 
     async def _call(self, turn: int, rid: int, payload: GrpcPayload) -> None:
+        began = time.perf_counter()
         try:
             await self._calls[turn](payload.data, timeout=payload.deadline_s)
         except grpc.aio.AioRpcError as exc:
+            if gave_up(exc, payload.deadline_s, time.perf_counter() - began):
+                # NOTE: the call's own deadline (timeout + margin), not the server's answer:
+                # late, its latency counted till now (as HTTP counts a late answer's)
+                self.complete(rid, Outcome.LATE, GAVE_UP)
+                return
             self.complete(rid, *self.failure(exc, turn))
             return
         except Exception as exc:  # a fault of the client library: count it, keep going
@@ -339,6 +347,18 @@ class GrpcTransport:
     async def aclose(self) -> None:
         await self._tasks.cancel_all()
         await asyncio.gather(*(channel.close() for channel in self._channels))
+
+
+GAVE_UP = f"no answer by the call's gRPC deadline (timeout + {GRPC_DEADLINE_MARGIN_S:g} s)"
+
+
+def gave_up(exc: grpc.aio.AioRpcError, deadline_s: float | None, elapsed_s: float) -> bool:
+    """Whether a call's DEADLINE_EXCEEDED is its own deadline firing in this client (`elapsed_s`
+    after it began) rather than the server expiring the request by its due time, the margin
+    earlier."""
+    if deadline_s is None or exc.code() != grpc.StatusCode.DEADLINE_EXCEEDED:
+        return False
+    return elapsed_s >= deadline_s - GRPC_DEADLINE_MARGIN_S / 2
 
 
 _CONNECTION_FAILURES = (
