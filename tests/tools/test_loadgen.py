@@ -31,8 +31,8 @@ from duetime.loops import new_event_loop
 from duetime.tools import transports
 from duetime.tools.arrivals import arrival_offsets_ns, choose_classes, due_classes
 from duetime.tools.config import BenchConfig
-from duetime.tools.drivers import GROUP_NS, Dispatch, Ledger, OpenLoop
-from duetime.tools.http_client import NO_STATUS, HttpPool
+from duetime.tools.drivers import GROUP_NS, MAX_BACKOFF_S, ClosedLoop, Dispatch, Ledger, OpenLoop
+from duetime.tools.http_client import NO_CONNECTION, NO_STATUS, HttpPool
 from duetime.tools.loadgen import (
     BenchResult,
     phase_of,
@@ -68,6 +68,7 @@ from duetime.tools.transports import (
     HttpTransport,
     connection_failed,
     gave_up,
+    never_connected,
 )
 from duetime.types import ModelSignature, TensorSpec
 
@@ -513,11 +514,13 @@ def test_http_transport_reports_outcomes_with_the_servers_message() -> None:
     transport._answered(2, 429, error, None, None)
     transport._answered(3, 504, b"", None, None)
     transport._answered(4, NO_STATUS, None, None, "the server closed the connection")
+    transport._answered(5, NO_CONNECTION, None, None, "cannot connect to h:1: refused")
     assert ended == [
         (1, Outcome.OK, None),
         (2, Outcome.REJECTED, "HTTP 429: queue full"),
         (3, Outcome.EXPIRED, "HTTP 504"),
         (4, Outcome.ERROR, "the server closed the connection"),
+        (5, Outcome.UNSENT, "cannot connect to h:1: refused"),
     ]
 
 
@@ -579,7 +582,7 @@ async def unavailable_then_gone(transport: Any, payload: Any, ended: asyncio.Eve
         await server.stop(None)
 
 
-def test_grpc_counts_a_server_gone_as_errors_and_its_unavailable_as_rejected() -> None:
+def test_grpc_counts_a_server_gone_as_a_failure_and_its_unavailable_as_rejected() -> None:
     """grpcio fails calls with UNAVAILABLE when no server is there: those were 'rejected'."""
     ends: list[tuple[int, Outcome, str | None]] = []
 
@@ -590,8 +593,20 @@ def test_grpc_counts_a_server_gone_as_errors_and_its_unavailable_as_rejected() -
 
     run_async(scenario())
     assert ends[0] == (0, Outcome.REJECTED, "gRPC UNAVAILABLE: model 'm' is still loading")
-    assert ends[1][:2] == (1, Outcome.ERROR)
+    # an error if it was sent on the connection as it went, else not sent (connection refused)
+    assert ends[1][1] in (Outcome.ERROR, Outcome.UNSENT)
     assert str(ends[1][2]).startswith("gRPC UNAVAILABLE: ")
+
+
+@pytest.mark.parametrize(
+    ("details", "unsent"),
+    [(REFUSED, True), ("errors resolving nowhere.invalid:80: [...]", True),
+     ("Stream removed (Socket closed)", False), ("model 'm' is still loading", False)],
+)  # fmt: skip
+def test_grpc_calls_failed_for_want_of_a_connection_were_never_sent(
+    details: str, unsent: bool
+) -> None:
+    assert never_connected(details) is unsent
 
 
 def test_grpc_replay_gives_a_server_gone_no_status() -> None:
@@ -661,6 +676,81 @@ def test_an_answer_slower_than_the_grpc_call_deadline_is_late_with_its_latency_s
     assert records.cut_short == 1
     (warning,) = summarize(records, due_classes((10,), ()), open_loop=True).warnings
     assert warning.startswith("1 late requests had no answer when their gRPC call's own deadline")
+
+
+def test_http_pool_reports_a_connection_it_could_not_open_as_never_sent() -> None:
+    ended: list[tuple[int, int, str | None]] = []
+
+    async def scenario() -> None:
+        accepted: list[asyncio.StreamWriter] = []
+
+        async def accept(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            accepted.append(writer)
+
+        server = await asyncio.start_server(accept, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        one_more = asyncio.Event()
+
+        def answered(rid: int, status: int, body: Any, head: Any, message: str | None) -> None:
+            ended.append((rid, status, message))
+            one_more.set()
+
+        pool = HttpPool("127.0.0.1", port, answered, max_connections=4)
+        await pool.open(1)
+        server.close()
+        await server.wait_closed()
+        for writer in accepted:
+            writer.close()  # the server is gone: the idle connection goes too
+        await asyncio.sleep(0.1)
+        pool.send(0, b"GET / HTTP/1.1\r\nHost: h\r\n\r\n")
+        await asyncio.wait_for(one_more.wait(), 10)
+        await pool.aclose()
+
+    run_async(scenario())
+    ((rid, status, message),) = ended
+    assert (rid, status) == (0, NO_CONNECTION)
+    assert str(message).startswith("cannot connect to 127.0.0.1:")
+
+
+class NoServer:
+    """A transport whose every send finds no connection (reported on a later loop turn)."""
+
+    waited = 0
+
+    def __init__(self, ledger: Ledger) -> None:
+        self.ledger = ledger
+        self.sends = 0
+
+    def send(self, rid: int, payload: Any, lane: int | None) -> None:
+        self.sends += 1
+        message = "cannot connect to h:1: [Errno 111] Connection refused"
+        asyncio.get_running_loop().call_soon(self.ledger.finish, rid, Outcome.UNSENT, message)
+
+
+def test_closed_loop_clients_back_off_while_no_server_is_there_and_send_nothing() -> None:
+    """Each client resent at once on every refused connection: ~10,000 'sent' a second."""
+    ledger = Ledger()
+    transport = NoServer(ledger)
+
+    async def scenario() -> Records:
+        dispatch = Dispatch(ledger, transport, [[b"x"]])  # type: ignore[arg-type]
+        clients = ClosedLoop(dispatch, 2, np.zeros(4, dtype=np.int64))
+        start = ledger.clock()
+        await clients.run(start, start + 600 * MS)
+        clients.stop()
+        return ledger.records((start, start + 600 * MS), 0.0, 0)
+
+    records = run_async(scenario())
+    # 1, 2, 4 ... 64 ms, then every 100 ms: about 10 attempts a client in 0.6 s
+    assert 2 * 8 <= transport.sends <= 2 * (8 + 0.6 / MAX_BACKOFF_S)
+    assert records.outcome.size == 0  # none was sent
+    assert records.unsent == transport.sends
+    summary = summarize(records, due_classes((), ()), open_loop=False)
+    assert summary.overall.sent == summary.overall.errors == 0
+    assert summary.generator.offered_rps == 0.0
+    assert summary.generator.unsent == transport.sends
+    assert summary.error_messages[0] == "cannot connect to h:1: [Errno 111] Connection refused"
+    assert summary.warnings[0].startswith(f"{transport.sends} requests were not sent")
 
 
 # -- real runs -----------------------------------------------------------------------------------

@@ -32,6 +32,10 @@ GROUP_NS = 20_000
 what is due this soon."""
 SWITCH_INTERVAL_S = 0.0002
 """The GIL hand-over interval while a timer thread paces sends (see `paced_switching`)."""
+FIRST_BACKOFF_S = 0.001
+MAX_BACKOFF_S = 0.1
+"""A closed-loop client whose request found no connection to the server waits FIRST_BACKOFF_S
+before the next, doubling after each further one up to MAX_BACKOFF_S."""
 
 
 class Ledger:
@@ -81,7 +85,8 @@ class Ledger:
         self.outcome[rid] = outcome
         self.outstanding -= 1
         self.ends[self._settled(rid, outcome, now)] += 1
-        if outcome == Outcome.ERROR and message and len(self.messages) < MAX_MESSAGES:
+        failed = outcome == Outcome.ERROR or outcome == Outcome.UNSENT
+        if failed and message and len(self.messages) < MAX_MESSAGES:
             self.messages.append(message)
         if outcome == Outcome.LATE and message:
             self.cut_short.append(rid)
@@ -109,29 +114,32 @@ class Ledger:
     def snapshot(self, recent: int = 2000) -> Snapshot:
         """Sent so far, the ends that were no answer in time (by the report's names), and the
         P99 of the last `recent` sends answered (progress)."""
+        ends = self.ends
         sent = len(self.sent)
         tail = slice(max(0, sent - recent), sent)
         finished = np.asarray(self.finished[tail], dtype=np.int64)
         began = np.minimum(self.scheduled[tail], self.sent[tail])
         answered = (finished > 0) & (np.asarray(self.outcome[tail]) == Outcome.OK)
-        ends = self.ends
         p99_us = None
         if answered.any():
             p99_us = float(np.percentile(finished[answered] - began[answered], 99)) / 1000
         return Snapshot(
-            sent, p99_us, late=ends[Outcome.LATE], rejected=ends[Outcome.REJECTED],
-            expired=ends[Outcome.EXPIRED], errors=ends[Outcome.ERROR],
+            sent - ends[Outcome.UNSENT], p99_us, late=ends[Outcome.LATE],
+            rejected=ends[Outcome.REJECTED], expired=ends[Outcome.EXPIRED],
+            errors=ends[Outcome.ERROR] + ends[Outcome.UNSENT],
         )  # fmt: skip
 
     def records(
         self, window: tuple[int, int], cpu_s: float, waited: int, *, interrupted: bool = False
     ) -> Records:
-        """The requests scheduled inside `window` (ns, start inclusive), as arrays."""
+        """The requests scheduled inside `window` (ns, start inclusive), as arrays; those that
+        were never sent (UNSENT) only counted."""
         scheduled = np.asarray(self.scheduled, dtype=np.int64)
         sent = np.asarray(self.sent, dtype=np.int64)
         finished = np.asarray(self.finished, dtype=np.int64)
         outcome = np.asarray(self.outcome, dtype=np.int8)
-        keep = (scheduled >= window[0]) & (scheduled < window[1])
+        inside = (scheduled >= window[0]) & (scheduled < window[1])
+        keep = inside & (outcome != Outcome.UNSENT)
         cut = scheduled[np.asarray(self.cut_short, dtype=np.int64)]
         answered = outcome[keep] != Outcome.NO_ANSWER
         latency = finished[keep] - np.minimum(scheduled[keep], sent[keep])
@@ -147,6 +155,7 @@ class Ledger:
             scheduled_ns=scheduled[keep] - window[0],
             interrupted=interrupted,
             cut_short=int(np.count_nonzero((cut >= window[0]) & (cut < window[1]))),
+            unsent=int(np.count_nonzero(inside & (outcome == Outcome.UNSENT))),
         )
 
 
@@ -305,7 +314,9 @@ def paced_switching() -> Iterator[None]:
 class ClosedLoop:
     """Clients, each on its own lane, sending the next request when the previous one ends.
 
-    Classes are taken in turn from `classes` (a pre-drawn, seeded sequence).
+    Classes are taken in turn from `classes` (a pre-drawn, seeded sequence). A client whose
+    request found no connection (UNSENT: the server is not there) backs off before the next
+    (FIRST_BACKOFF_S, doubling up to MAX_BACKOFF_S) instead of spinning on refused connections.
     """
 
     def __init__(self, dispatch: Dispatch, clients: int, classes: np.ndarray) -> None:
@@ -314,6 +325,9 @@ class ClosedLoop:
         self._classes: list[int] = classes.tolist()
         self._stop = 0
         self._lane_of: list[int] = []
+        self._backoff_s = [0.0] * clients
+        self._waits: list[asyncio.TimerHandle | None] = [None] * clients
+        """Each lane's pending resend after a backoff."""
         dispatch.ledger.on_finish = self._next
 
     async def run(self, start_ns: int, stop_ns: int) -> None:
@@ -326,6 +340,9 @@ class ClosedLoop:
 
     def stop(self) -> None:
         self._stop = 0
+        for wait in self._waits:
+            if wait is not None:
+                wait.cancel()
 
     def _send(self, lane: int) -> None:
         rid = len(self._lane_of)
@@ -333,8 +350,21 @@ class ClosedLoop:
         self._dispatch.send(None, self._classes[rid % len(self._classes)], lane)
 
     def _next(self, rid: int) -> None:
+        ledger, lane = self._dispatch.ledger, self._lane_of[rid]
+        if ledger.clock() >= self._stop:
+            return
+        if ledger.outcome[rid] != Outcome.UNSENT:
+            self._backoff_s[lane] = 0.0
+            self._send(lane)
+            return
+        backoff = min(MAX_BACKOFF_S, max(FIRST_BACKOFF_S, 2 * self._backoff_s[lane]))
+        self._backoff_s[lane] = backoff
+        self._waits[lane] = asyncio.get_running_loop().call_later(backoff, self._resend, lane)
+
+    def _resend(self, lane: int) -> None:
+        self._waits[lane] = None
         if self._dispatch.ledger.clock() < self._stop:
-            self._send(self._lane_of[rid])
+            self._send(lane)
 
 
 def cpu_seconds() -> float:

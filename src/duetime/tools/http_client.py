@@ -21,7 +21,9 @@ import httptools
 import orjson
 
 NO_STATUS = 0
-"""The status of a request that got no answer (connection lost, refused, client fault)."""
+"""The status of a request that got no answer (connection lost, client fault)."""
+NO_CONNECTION = -1
+"""The status of a request that never went out: its connection could not be opened."""
 
 CONNECT_TIMEOUT_S = 10.0
 
@@ -41,7 +43,8 @@ async def resolve(host: str, port: int) -> list[str]:
 
 
 class Answered(Protocol):
-    """One request's end: its id, HTTP-style status (NO_STATUS: none came), the answer's body
+    """One request's end: its id, HTTP-style status (NO_STATUS: none came; NO_CONNECTION: it
+    could not be sent), the answer's body
     when kept (error bodies always), the v2 JSON head's length within it (None: all JSON), and
     what went wrong when no answer came."""
 
@@ -98,11 +101,11 @@ class _Connection(asyncio.Protocol):
         if self._transport is not None:
             self._transport.close()
 
-    def fail(self, message: str) -> None:
+    def fail(self, message: str, status: int = NO_STATUS) -> None:
         """End the request this connection carries (if any) without an answer."""
         rid, self._rid = self._rid, -1
         if rid >= 0:
-            self._pool.answered(rid, NO_STATUS, None, None, message)
+            self._pool.answered(rid, status, None, None, message)
 
     # -- asyncio.Protocol ----------------------------------------------------------------------
 
@@ -263,7 +266,8 @@ class HttpPool:
             await self._connect(connection)
         except OSError as exc:
             connection.closed = True
-            connection.fail(f"cannot connect to {self.host}:{self.port}: {exc}")
+            message = f"cannot connect to {self.host}:{self.port}: {exc}"
+            connection.fail(message, NO_CONNECTION)
             self._live.discard(connection)
 
     def freed(self, connection: _Connection) -> None:

@@ -10,7 +10,8 @@ from enum import IntEnum
 
 
 class Outcome(IntEnum):
-    """The end of one request. NO_ANSWER marks one still owed (or never answered)."""
+    """The end of one request. NO_ANSWER marks one still owed (or never answered); UNSENT one
+    that never left the generator: no connection to the server could be opened."""
 
     NO_ANSWER = -1
     OK = 0
@@ -18,6 +19,7 @@ class Outcome(IntEnum):
     REJECTED = 2
     EXPIRED = 3
     ERROR = 4
+    UNSENT = 5
 
 
 _REJECTED_HTTP = frozenset({429, 503})

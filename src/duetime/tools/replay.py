@@ -29,7 +29,7 @@ from duetime.observability.logs import console
 from duetime.tools.capture.format import CaptureFormatError
 from duetime.tools.drivers import GROUP_NS, Waker, cpu_seconds, paced_switching
 from duetime.tools.hdr import LatencyRecorder, MissingHdr, new_histogram, record_us
-from duetime.tools.http_client import NO_STATUS, HttpPool, error_text
+from duetime.tools.http_client import NO_CONNECTION, NO_STATUS, HttpPool, error_text
 from duetime.tools.interrupt import EXIT_CODE, Interrupt
 from duetime.tools.outcomes import Outcome, outcome_of_http_status
 from duetime.tools.outputs import (
@@ -180,6 +180,7 @@ class Replay:
     ) -> None:
         now = self.clock()
         plan, tally = self.plan, self.tally
+        status = NO_STATUS if status == NO_CONNECTION else status  # (an error all the same)
         loop, index = divmod(rid, len(plan.offsets_ns))
         began = self.start + loop * plan.span_ns + plan.offsets_ns[index]
         if self.sent_early:

@@ -71,7 +71,7 @@ class GrpcReplayTransport(GrpcTransport):
         except grpc.aio.AioRpcError as exc:
             code = exc.code().name
             outcome, message = self.failure(exc, turn)
-            no_answer = code == "UNAVAILABLE" and outcome == Outcome.ERROR  # (the connection)
+            no_answer = code == "UNAVAILABLE" and outcome in (Outcome.ERROR, Outcome.UNSENT)
             status = NO_STATUS if no_answer else HTTP_STATUS_OF_GRPC.get(code, 500)
             self.answered(rid, status, None, None, message)
             return

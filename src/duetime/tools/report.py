@@ -55,6 +55,9 @@ class Records:
     cut_short: int = 0
     """Late requests the client stopped waiting for (a gRPC call's own deadline fired): their
     latency runs to that instant, a lower bound."""
+    unsent: int = 0
+    """Requests that found no connection to the server (refused, unreachable): never sent, so
+    in none of the arrays above."""
 
 
 def merge_records(parts: Sequence[Records]) -> Records:
@@ -73,6 +76,7 @@ def merge_records(parts: Sequence[Records]) -> Records:
         scheduled_ns=np.concatenate([p.scheduled_ns for p in parts]),
         interrupted=any(p.interrupted for p in parts),
         cut_short=sum(p.cut_short for p in parts),
+        unsent=sum(p.unsent for p in parts),
     )
 
 
@@ -166,6 +170,8 @@ class GeneratorReport:
     `cpu_per_1k_rps` is the fraction of one core the generator used per 1,000 requests/s sent
     (numerically: CPU seconds per 1,000 requests). `late_send_fraction` is the share of sends
     more than 1 ms after their scheduled time; None in closed mode, which has no schedule.
+    `unsent` counts requests that found no connection to the server: not sent, so in no other
+    count or rate.
     """
 
     processes: int
@@ -177,6 +183,7 @@ class GeneratorReport:
     send_lag_p99_ms: float | None
     send_lag_max_ms: float | None
     waited_fraction: float
+    unsent: int = 0
 
 
 def generator_report(records: Records, open_loop: bool) -> GeneratorReport:
@@ -194,6 +201,7 @@ def generator_report(records: Records, open_loop: bool) -> GeneratorReport:
         send_lag_p99_ms=float(np.percentile(lag, 99)) / 1e6 if timely else None,
         send_lag_max_ms=float(lag.max()) / 1e6 if timely else None,
         waited_fraction=records.waited / sent if sent else 0.0,
+        unsent=records.unsent,
     )
 
 
@@ -243,6 +251,11 @@ def _warnings(
             f"{generator.waited_fraction:.1%} of requests waited for a free HTTP connection (all "
             f"{MAX_HTTP_CONNECTIONS} the generator may open were busy), which adds to their "
             "latency; lower --rate or add --processes"
+        )
+    if generator.unsent:
+        found.append(
+            f"{generator.unsent} requests were not sent: no connection to the server could be "
+            "opened (they are in no count above); is it running?"
         )
     if cut_short:
         found.append(
@@ -306,6 +319,8 @@ def _generator_line(generator: GeneratorReport) -> str:
         )
     if generator.waited_fraction:
         line += f"; waited for a free connection: {generator.waited_fraction:.1%}"
+    if generator.unsent:
+        line += f"; not sent (no connection): {generator.unsent}"
     return line
 
 

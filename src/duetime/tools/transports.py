@@ -29,6 +29,7 @@ from duetime.observability.logs import console
 from duetime.tools.config import MAX_HTTP_CONNECTIONS
 from duetime.tools.http_client import (
     CONNECT_TIMEOUT_S,
+    NO_CONNECTION,
     NO_STATUS,
     HttpPool,
     error_text,
@@ -157,6 +158,8 @@ class HttpTransport:
             self.complete(rid, Outcome.OK, None)
         elif status == NO_STATUS:
             self.complete(rid, Outcome.ERROR, message)
+        elif status == NO_CONNECTION:
+            self.complete(rid, Outcome.UNSENT, message)
         else:
             self.complete(rid, outcome_of_http_status(status), error_text(status, body or b""))
 
@@ -335,10 +338,13 @@ class GrpcTransport:
 
     def failure(self, exc: grpc.aio.AioRpcError, turn: int) -> tuple[Outcome, str]:
         """How a call on channel `turn` ended, and its message: as its status code says, but an
-        UNAVAILABLE that is the connection failing (`connection_failed`) is an error."""
+        UNAVAILABLE that is the connection failing (`connection_failed`) is an error, or UNSENT
+        when the channel had no connection to send it on (`never_connected`)."""
         code, details = exc.code().name, exc.details() or ""
         message = f"gRPC {code}: {details}"
         if code == "UNAVAILABLE":
+            if never_connected(details):
+                return Outcome.UNSENT, message
             state = self._channels[turn].get_state(try_to_connect=False)
             if connection_failed(details, state):
                 return Outcome.ERROR, message
@@ -361,12 +367,22 @@ def gave_up(exc: grpc.aio.AioRpcError, deadline_s: float | None, elapsed_s: floa
     return elapsed_s >= deadline_s - GRPC_DEADLINE_MARGIN_S / 2
 
 
-_CONNECTION_FAILURES = (
+_NEVER_CONNECTED = (
     "failed to connect to all addresses", "errors resolving", "DNS resolution failed",
-    "Socket closed", "Connection reset", "Connection refused", "Broken pipe", "Stream removed",
-    "GOAWAY", "Endpoint read failed", "keepalive watchdog timeout", "Cancelling all calls",
+)  # fmt: skip
+"""What grpcio (its C core) says when it fails a call it had no connection to send on."""
+_CONNECTION_FAILURES = (
+    *_NEVER_CONNECTED, "Socket closed", "Connection reset", "Connection refused", "Broken pipe",
+    "Stream removed", "GOAWAY", "Endpoint read failed", "keepalive watchdog timeout",
+    "Cancelling all calls",
 )  # fmt: skip
 """What grpcio (its C core) says when it fails a call for want of a connection."""
+
+
+def never_connected(details: str) -> bool:
+    """Whether grpcio failed a call with UNAVAILABLE without sending it: the channel could not
+    connect (nothing listening, a name that does not resolve)."""
+    return any(phrase in details for phrase in _NEVER_CONNECTED)
 
 
 def connection_failed(details: str, state: grpc.ChannelConnectivity) -> bool:
