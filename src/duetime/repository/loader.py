@@ -386,7 +386,16 @@ def sample_inputs(signature: ModelSignature, rows: int, seed: int = 0) -> dict[s
 
 
 def sample_row_bytes(signature: ModelSignature) -> int:
-    """The input bytes of one row of `sample_inputs`: what the profile was measured on."""
+    """The input bytes of one row of `sample_inputs`: what the profile was measured on; 0 where
+    every input has a fixed size beyond the batch (no request can be bigger than the samples,
+    and the scheduler then never weighs a batch's inputs)."""
+    batched = signature.max_batch_size > 0
+    free = any(
+        spec.any_rank or -1 in (spec.shape[1:] if batched else spec.shape)
+        for spec in signature.inputs
+    )
+    if not free:
+        return 0
     return sum(array.nbytes for array in sample_inputs(signature, 1).values())
 
 
