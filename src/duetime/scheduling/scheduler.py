@@ -906,8 +906,10 @@ class ModelScheduler:
             else:
                 self._expire(live, now)
             return
-        self._record(running, result, now)
-        self._judge(instance, running, result, now)
+        # (the inputs' bytes matter only where a request can be bigger than the samples)
+        sent = _input_bytes(running) if self._sample_row_bytes else 0
+        self._record(running, result, now, sent)
+        self._judge(instance, running, result, now, sent)
         self._settle_batch(running, result, now)
         # NOTE: the batch's last answer leaves after all the others are encoded and written:
         # measured over HTTP on the 2-core VM, 25-75 µs a request for mlp and 115-135 µs for
@@ -937,7 +939,9 @@ class ModelScheduler:
                 self._request_time.observe(now - item.arrival_ns)
                 _settle(item, outputs)
 
-    def _judge(self, instance: int, running: _Running, result: BatchResult, now: int) -> None:
+    def _judge(
+        self, instance: int, running: _Running, result: BatchResult, now: int, sent: int
+    ) -> None:
         """Tell the instance's breaker how this execution went; fail the queue fast if that
         left no instance to run it."""
         outputs = result.outputs
@@ -961,12 +965,10 @@ class ModelScheduler:
         slow = compute > self._slow_floor_ns and compute > factor * (
             self.profile.predict(running.rows)
         )
-        if slow and self._sample_row_bytes:
-            sent = sum(a.nbytes for item in running.requests for a in item.feeds.values())
-            if sent > factor * running.rows * self._sample_row_bytes:
-                # NOTE: inputs far bigger than the profile's samples (free dims: a model that
-                # does not batch takes any size): a long run is their size, not a model fault
-                slow = False
+        if slow and sent > factor * running.rows * self._sample_row_bytes:
+            # NOTE: inputs far bigger than the profile's samples (free dims: a model that does
+            # not batch takes any size): a long run is their size, not a model fault
+            slow = False
         sample_made = self.profile.sample_output_row_bytes
         if slow and sample_made is not None:
             made = sum(
@@ -1013,7 +1015,7 @@ class ModelScheduler:
             retry_after_s=max(0.001, wait_ns / 1e9),
         )
 
-    def _record(self, running: _Running, result: BatchResult, now: int) -> None:
+    def _record(self, running: _Running, result: BatchResult, now: int, sent: int) -> None:
         self._executions += 1
         self._compute_time.observe(result.compute_ns)
         self._last_ms = time.time_ns() // 1_000_000
@@ -1032,7 +1034,7 @@ class ModelScheduler:
             if len(outputs) == 1
             else not any(isinstance(o, DuetimeError) for o in outputs)
         ):
-            if self._sample_row_bytes and self._big_inputs(running, result.compute_ns):
+            if sent and self._big_inputs(sent, running.rows, result.compute_ns):
                 return
             self._overrun.observe(self.profile.predict(bucket), result.compute_ns, now)
             self.profile.observe(bucket, result.compute_ns)
@@ -1043,7 +1045,7 @@ class ModelScheduler:
             overhead = min(overhead, int(2 * self._overhead_ns) + 200_000)  # see LatencyProfile
             self._overhead_ns += _OVERHEAD_ALPHA * (overhead - self._overhead_ns)
 
-    def _big_inputs(self, running: _Running, compute_ns: int) -> bool:
+    def _big_inputs(self, sent: int, rows: int, compute_ns: int) -> bool:
         """Whether a batch's inputs were far bigger than the profile's samples (free dims);
         if so, learn its time per byte (`_ns_per_byte`) instead of updating the profile.
 
@@ -1051,8 +1053,7 @@ class ModelScheduler:
         bigger ran 5 s against 15 ms predicted, was admitted under a 20 ms due time, and was
         answered seconds late, and its run dragged the profile of the small ones. Runs this
         big now teach admission a time per input byte, and leave the profile alone."""
-        sent = sum(a.nbytes for item in running.requests for a in item.feeds.values())
-        if sent <= _BIG_INPUT_FACTOR * running.rows * self._sample_row_bytes:
+        if sent <= _BIG_INPUT_FACTOR * rows * self._sample_row_bytes:
             return False
         rate, known = compute_ns / sent, self._ns_per_byte
         self._ns_per_byte = rate if rate > known else known + 0.2 * (rate - known)
@@ -1127,6 +1128,10 @@ class ModelScheduler:
         if self._ledger is not None:
             for owner in self._owners:
                 self._ledger.leave(owner)
+
+
+def _input_bytes(running: _Running) -> int:
+    return sum(a.nbytes for item in running.requests for a in item.feeds.values())
 
 
 def _timing_started(timing: RequestTiming, now: int, start: int, rows: int, instance: int) -> None:
