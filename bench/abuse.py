@@ -42,6 +42,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -172,18 +173,26 @@ def upload_body(size: int) -> tuple[bytes, bytes]:
     return head, struct.pack("<f", 0.5) * 40 * (MB // 160)  # 1 MB of rows
 
 
-def run_uploader(
-    host: str, port: int, size: int, stop: threading.Event, report: AbuseReport
-) -> None:
-    """Sends `size`-byte bodies back to back, as fast as it can, without waiting for answers."""
-    head, chunk = upload_body(size)
-    rows_bytes = (size // 160) * 160
+def _connections(
+    host: str, port: int, stop: threading.Event, report: AbuseReport
+) -> Iterator[socket.socket]:
+    """Connections to the server, a new one each time the last is done with, until `stop`."""
     while not stop.is_set():
         try:
             sock = _connect(host, port)
         except OSError:
             continue
         report.connections += 1
+        yield sock
+
+
+def run_uploader(
+    host: str, port: int, size: int, stop: threading.Event, report: AbuseReport
+) -> None:
+    """Sends `size`-byte bodies back to back, as fast as it can, without waiting for answers."""
+    head, chunk = upload_body(size)
+    rows_bytes = (size // 160) * 160
+    for sock in _connections(host, port, stop, report):
         try:
             with sock:
                 sock.sendall(head)
@@ -220,12 +229,7 @@ def run_downloader(
 ) -> None:
     """Asks for big answers on one keep-alive connection, reading each whole, back to back."""
     request = big_answer_request(scenario.answer_floats, scenario.binary_answers)
-    while not stop.is_set():
-        try:
-            sock = _connect(host, port)
-        except OSError:
-            continue
-        report.connections += 1
+    for sock in _connections(host, port, stop, report):
         sock.settimeout(30)
         try:
             with sock:
