@@ -185,6 +185,27 @@ def test_bad_use_exits_2_with_a_message(tmp_path: Path, args: list[str], message
     assert result.stdout == ""
 
 
+def test_ctrl_c_while_the_command_loads_is_one_line_not_a_traceback(tmp_path: Path) -> None:
+    # The command's modules take a second to import on a slow machine: a Ctrl-C then (here, raised
+    # by the import itself, as Python raises it wherever the signal lands) ends with exit code 130.
+    interrupt_the_import = (
+        "import sys\n"
+        "class Interrupt:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name == 'duetime.cli':\n"
+        "            raise KeyboardInterrupt\n"
+        "sys.meta_path.insert(0, Interrupt())\n"
+        "from duetime.__main__ import main\n"
+        "raise SystemExit(main())\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", interrupt_the_import, "serve", "--demo"], cwd=tmp_path,
+        env=duetime_env(tmp_path), capture_output=True, text=True, timeout=STARTUP_GUARD_S,
+    )  # fmt: skip
+    assert result.returncode == 130, result.stderr
+    assert result.stderr == "duetime: interrupted\n"
+
+
 @pytest.mark.parametrize("flag", ["--http-port", "--grpc-port"])
 def test_a_taken_port_is_a_clear_error_not_a_traceback(tmp_path: Path, flag: str) -> None:
     with socket.socket() as taken:

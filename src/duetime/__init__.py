@@ -1,6 +1,7 @@
 """duetime: a deadline-aware inference server for ONNX models (KServe v2 over HTTP and gRPC)."""
 
-from duetime.engine import Engine
+from typing import TYPE_CHECKING, Any
+
 from duetime.errors import (
     ConfigError,
     DeadlineExceeded,
@@ -10,6 +11,9 @@ from duetime.errors import (
     ModelUnavailable,
     Overloaded,
 )
+
+if TYPE_CHECKING:
+    from duetime.engine import Engine
 
 __all__ = [
     "ConfigError",
@@ -22,3 +26,13 @@ __all__ = [
     "Overloaded",
 ]
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> Any:
+    # Engine brings ONNX Runtime and numpy (a third of a second): imported on first use, so that
+    # `duetime --help`, and a Ctrl-C while the command starts, do not wait for it.
+    if name == "Engine":
+        from duetime.engine import Engine
+
+        return Engine
+    raise AttributeError(f"module 'duetime' has no attribute {name!r}")

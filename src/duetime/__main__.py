@@ -1,5 +1,21 @@
-"""`python -m duetime` runs the command line."""
+"""The `duetime` command's entry point (and `python -m duetime`).
 
-from duetime.cli import main
+A Ctrl-C while the command's modules load ends with one line and exit code 130, not a
+traceback.
+"""
 
-raise SystemExit(main())
+import sys
+
+
+def main() -> int:
+    try:
+        from duetime.cli import main as run
+
+        return run()
+    except KeyboardInterrupt:  # (what the command has not taken over: its imports, its flags)
+        sys.stderr.write("duetime: interrupted\n")
+        return 130
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
