@@ -98,6 +98,8 @@ BULK_SHARED_BYTES = 4 << 20
 """Likewise answers writing more than this into shared memory."""
 TAIL_BYTES = 64 << 10
 """Binary outputs beyond this are written from their arrays, not copied into the body."""
+BULK_COMPRESS_BYTES = 64 << 10
+"""Answers bigger than this are compressed off the loop (~0.5 ms of zlib at level 1)."""
 
 
 class Pending(Protocol):
@@ -545,17 +547,28 @@ class RestApi:
     def _infer_reply(
         self, ticket: Ticket, request: InferRequest, plan: OutputPlan
     ) -> Reply | BulkReply:
-        """The answer (or error) of a finished inference, traced and logged; a big one is
-        built off the loop (see BulkReply)."""
+        """The answer (or error) of a finished inference, traced and logged, compressed as the
+        client accepts; a big one is built or compressed off the loop (see BulkReply)."""
         error = ticket.failure()  # read, not raised: see Ticket.failure
         if error is not None:
             return self._answered(ticket, request, error)
+        accepted = request.headers.get("accept-encoding")
+        coding = None if accepted is None else response_coding(accepted)
         if _bulky(ticket, plan):
             return BulkReply(
-                lambda: _built(ticket, request.id, plan),
+                lambda: _built(ticket, request.id, plan, coding),
                 lambda built: self._answered(ticket, request, built),
             )
-        return self._answered(ticket, request, _built(ticket, request.id, plan))
+        built = _built(ticket, request.id, plan)
+        if coding is not None and isinstance(built, Reply):
+            if _size(built) > BULK_COMPRESS_BYTES:
+                reply = built
+                return BulkReply(
+                    lambda: compressed(reply, coding),
+                    lambda done: self._answered(ticket, request, done),
+                )
+            built = compressed(built, coding)
+        return self._answered(ticket, request, built)
 
     def _answered(
         self, ticket: Ticket, request: InferRequest, outcome: Reply | DuetimeError
@@ -962,14 +975,75 @@ def _decoded(body: bytes, encoding: str | None, limit: int) -> bytes:
     return data
 
 
+# -- content codings ----------------------------------------------------------------------------
+
+_CODINGS = ("identity", "gzip", "deflate")
+_COMPRESS_LEVEL = 1
+"""zlib's fastest level: tensors compress little better at higher levels, and cost several
+times more to compress (Triton uses zlib's default, 6; any level decodes the same)."""
+_VARY = (b"Vary", b"Accept-Encoding")
+
+
+@functools.lru_cache(maxsize=64)
+def response_coding(accepted: str) -> str | None:
+    """The coding of an inference answer for a request's `Accept-Encoding`: 'gzip', 'deflate' or
+    None (identity), as Triton picks it (`HTTPAPIServer::GetResponseCompressionType`): of
+    identity, gzip and deflate, the one with the highest q-value (1 when not given), the first
+    listed on a tie; q=0 refuses a coding, and '*' or other codings name none of the three.
+
+    NOTE: unlike Triton, names and the `q` parameter are read case-insensitively and with
+    spaces around them (RFC 9110 12.5.3); a q-value that is no number in [0, 1] drops its entry.
+    """
+    best, weight = "identity", 0.0
+    for entry in accepted.split(","):
+        coding, *parameters = entry.split(";")
+        coding = coding.strip().lower()
+        if coding not in _CODINGS:
+            continue
+        quality = 1.0
+        for parameter in parameters:
+            name, _, value = parameter.partition("=")
+            if name.strip().lower() == "q":
+                try:
+                    quality = float(value.strip())
+                except ValueError:
+                    quality = -1.0
+        if 0.0 <= quality <= 1.0 and quality > weight:
+            best, weight = coding, quality
+    return None if best == "identity" else best
+
+
+def compressed(reply: Reply, coding: str) -> Reply:
+    """`reply` with its body and tail compressed in `coding` (gzip or deflate, that is zlib's
+    format: RFC 9110 8.4.1.2) and `Content-Encoding` set; the other headers are kept, so an
+    `Inference-Header-Content-Length` still gives the JSON's length in the decompressed body (as
+    Triton's, and as tritonclient reads it: it decompresses first, then splits).
+
+    Runs on any thread: zlib releases the GIL while it compresses."""
+    compressor = zlib.compressobj(_COMPRESS_LEVEL, zlib.DEFLATED, 31 if coding == "gzip" else 15)
+    pieces = [compressor.compress(reply.body)]
+    pieces.extend(compressor.compress(piece) for piece in reply.tail)
+    pieces.append(compressor.flush())
+    headers = (*reply.headers, (b"Content-Encoding", coding.encode()), _VARY)
+    return Reply(reply.status, b"".join(pieces), headers)
+
+
 # -- response encoding ---------------------------------------------------------------------------
 
 
-def _built(ticket: Ticket, request_id: str, plan: OutputPlan) -> Reply | DuetimeError:
+def _built(
+    ticket: Ticket, request_id: str, plan: OutputPlan, coding: str | None = None
+) -> Reply | DuetimeError:
+    """The answer, compressed in `coding` (gzip, deflate; None: not), or the request's error."""
     try:
-        return encode_infer_response(ticket, request_id, plan)
+        reply = encode_infer_response(ticket, request_id, plan)
     except DuetimeError as exc:
         return exc.with_traceback(None)  # this frame would hold its own traceback
+    return reply if coding is None else compressed(reply, coding)
+
+
+def _size(reply: Reply) -> int:
+    return len(reply.body) + sum(len(piece) for piece in reply.tail)
 
 
 def _bulky(ticket: Ticket, plan: OutputPlan) -> bool:
