@@ -102,6 +102,16 @@ BULK_COMPRESS_BYTES = 64 << 10
 """Answers bigger than this are compressed off the loop (~0.5 ms of zlib at level 1)."""
 
 
+class UnsupportedEncoding(InvalidInput):
+    """A request body in a content coding the server cannot decode: 415, with the codings it
+    can in `Accept-Encoding` (RFC 9110 15.5.16 and 12.5.3, as Triton answers)."""
+
+    http_status = 415
+
+
+_ACCEPTED_CODINGS = (b"Accept-Encoding", b"gzip, deflate")
+
+
 class Pending(Protocol):
     """Work whose reply comes later: a settled `future`, then the `when_done` callback."""
 
@@ -182,6 +192,8 @@ def error_reply(exc: DuetimeError, trace_id: str | None = None) -> Reply:
     headers: tuple[tuple[bytes, bytes], ...] = (_JSON,)
     if exc.retry_after_s is not None:
         headers += ((b"Retry-After", str(max(1, round(exc.retry_after_s))).encode()),)
+    if isinstance(exc, UnsupportedEncoding):
+        headers += (_ACCEPTED_CODINGS,)
     message = exc.message
     if trace_id is not None:
         message = f"{message} (trace {trace_id})"
@@ -960,7 +972,9 @@ def _decoded(body: bytes, encoding: str | None, limit: int) -> bytes:
         return body
     kind = encoding.strip().lower()
     if kind not in ("gzip", "deflate"):
-        raise InvalidInput(f"Content-Encoding '{encoding}' is not supported; use gzip or deflate")
+        raise UnsupportedEncoding(
+            f"Content-Encoding '{encoding}' is not supported; use gzip or deflate"
+        )
     inflater = zlib.decompressobj(wbits=31 if kind == "gzip" else 15)
     try:
         data = inflater.decompress(body, limit + 1)

@@ -1,0 +1,97 @@
+"""HTTP semantics (RFC 9110 / 9112) at the edges of the v2 REST API, over raw sockets."""
+
+from __future__ import annotations
+
+import json
+import socket
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from conftest import RunningServer
+
+pytestmark = pytest.mark.timeout(60)
+
+X = json.dumps(
+    {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 40], "data": [0.5] * 40}]}
+).encode()
+
+
+@dataclass
+class Response:
+    version: str
+    status: int
+    headers: dict[str, str]
+    body: bytes
+
+    def json(self) -> Any:
+        return json.loads(self.body)
+
+
+class Raw:
+    """One connection; sends bytes as given, reads responses with a Content-Length."""
+
+    def __init__(self, address: str) -> None:
+        host, port = address.rsplit(":", 1)
+        self.sock = socket.create_connection((host, int(port)), timeout=10)
+        self.buffer = b""
+
+    def close(self) -> None:
+        self.sock.close()
+
+    def _fill(self) -> None:
+        chunk = self.sock.recv(65536)
+        if not chunk:
+            raise EOFError(f"connection closed; unparsed: {self.buffer[:200]!r}")
+        self.buffer += chunk
+
+    def response(self) -> Response:
+        while b"\r\n\r\n" not in self.buffer:
+            self._fill()
+        head, self.buffer = self.buffer.split(b"\r\n\r\n", 1)
+        status_line, *lines = head.decode("latin-1").split("\r\n")
+        version, status, _ = status_line.split(" ", 2)
+        headers = {}
+        for line in lines:
+            name, value = line.split(":", 1)
+            headers[name.strip().lower()] = value.strip()
+        length = int(headers.get("content-length", "0"))
+        while len(self.buffer) < length:
+            self._fill()
+        body, self.buffer = self.buffer[:length], self.buffer[length:]
+        return Response(version, int(status), headers, body)
+
+
+def exchange(
+    server: RunningServer,
+    method: str,
+    path: str,
+    body: bytes = b"",
+    headers: dict[str, str] | None = None,
+    version: str = "HTTP/1.1",
+) -> Response:
+    lines = [f"{method} {path} {version}", "Host: duetime.test"]
+    lines += [f"{name}: {value}" for name, value in (headers or {}).items()]
+    if body or method == "POST":
+        lines.append(f"Content-Length: {len(body)}")
+    raw = Raw(server.http)
+    try:
+        raw.sock.sendall(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body)
+        return raw.response()
+    finally:
+        raw.close()
+
+
+# -- Content-Encoding ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("coding", ["br", "compress", "gzip, br"])
+def test_a_body_in_an_unsupported_coding_gets_415_and_the_codings_accepted(
+    server: RunningServer, coding: str
+) -> None:
+    response = exchange(server, "POST", "/v2/models/mlp/infer", X, {"Content-Encoding": coding})
+    assert response.status == 415, response
+    assert response.headers["accept-encoding"] == "gzip, deflate"
+    assert f"Content-Encoding '{coding}' is not supported" in response.json()["error"]
+    response = exchange(server, "POST", "/v1/models/mlp:predict", b"{}", {"Content-Encoding": "br"})
+    assert response.status == 415, response
