@@ -44,7 +44,9 @@ def model_statistics_json(
         "inference_stats": {
             "success": _duration(succeeded, total("success_ns")),
             "fail": _duration(failed, total("fail_ns")),
-            "queue": _duration(succeeded + total("failed"), total("queue_ns")),
+            # NOTE: as Triton's, queue and compute count the successful requests only (its
+            # InferenceStatsAggregator adds them in UpdateSuccess, never in UpdateFailure)
+            "queue": _duration(succeeded, total("queue_ns")),
             "compute_input": _duration(0, 0),
             "compute_infer": _duration(succeeded, total("request_compute_ns")),
             "compute_output": _duration(0, 0),

@@ -82,7 +82,9 @@ class MetricsCollector:
         yield _latency(
             "duetime_queue_duration_seconds",
             "From a request's arrival at the scheduler to the start of its batch (for a batch "
-            "queued behind a running one, that one's predicted end), of each request started.",
+            "queued behind a running one, that one's predicted end), of each request started, "
+            "whatever became of it (nv_inference_queue_duration_us, as Triton's, sums the "
+            "successful requests' only).",
             ((r.labels, r.stats.queue_time) for r in rows),
         )
         yield _latency(
@@ -264,7 +266,7 @@ _TRITON_CUMULATIVE = (
     ("nv_inference_count", "Inferences performed, a batch of n counting n"),
     ("nv_inference_exec_count", "Batches executed"),
     ("nv_inference_request_duration_us", "Cumulative end-to-end time of successful requests, µs"),
-    ("nv_inference_queue_duration_us", "Cumulative queue time of started requests, µs"),
+    ("nv_inference_queue_duration_us", "Cumulative queue time of successful requests, µs"),
     ("nv_inference_compute_infer_duration_us", "Cumulative time inside ONNX Runtime, µs"),
 )
 

@@ -174,6 +174,8 @@ class SchedulerStatistics:
     inferences: int
     success_ns: int
     queue_ns: int
+    """Summed over the requests that succeeded: arrival to the start of its batch (Triton's
+    `queue`, whose count is the successes'; `queue_time` measures every request started)."""
     compute_ns: int
     """Time inside ONNX Runtime, summed over executions (`batch_sizes` splits it by size)."""
     request_compute_ns: int
@@ -215,6 +217,8 @@ class _Running:
     rows: int
     job: BatchJob | None = None
     """What its instance's thread was given (None: run inline)."""
+    queued_until_ns: int = 0
+    """Where its requests' queue time ends: the start it was planned for (see `_start`)."""
 
 
 class ModelScheduler:
@@ -327,7 +331,7 @@ class ModelScheduler:
         self._peak = self._succeeded = self._failed = self._rejected = self._expired = 0
         self._late = self._on_time = self._probes = 0
         self._cancelled = self._executions = self._inferences = self._last_ms = 0
-        self._request_compute_ns = self._fail_ns = 0
+        self._request_compute_ns = self._fail_ns = self._queue_ns = 0
         self._full_undue = 0
         """Refused for a full queue, bringing no due time: none missed (see `outcomes`)."""
         self._request_time = LatencyHistogram()
@@ -772,7 +776,7 @@ class ModelScheduler:
                 _timing_started(item.timing, now, start, run.rows, instance)
         if self._tripped:
             self._breakers[instance].started()
-        running = _Running(requests, run.bucket, now, run.rows)
+        running = _Running(requests, run.bucket, now, run.rows, queued_until_ns=start)
         self._outstanding[instance].append(running)
         self._busy_until[instance] = start + self._exec_ns(run.rows)
         if self._ledger is not None:
@@ -919,6 +923,8 @@ class ModelScheduler:
         self._answer_ns += _OVERHEAD_ALPHA * (answer - self._answer_ns)
 
     def _settle_batch(self, running: _Running, result: BatchResult, now: int) -> None:
+        answered = queued = 0
+        queued_until = running.queued_until_ns
         for item, outputs in zip(running.requests, result.outputs, strict=True):
             if item.future.done():
                 self._cancelled += 1
@@ -930,7 +936,8 @@ class ModelScheduler:
                 if item.timing is not None:
                     item.timing.finished_ns, item.timing.compute_ns = now, result.compute_ns
                 self._succeeded += 1
-                self._request_compute_ns += result.compute_ns
+                answered += 1
+                queued += queued_until - item.arrival_ns
                 self._inferences += item.rows
                 if item.due_ns is not None and now > item.due_ns:
                     self._late += 1
@@ -938,6 +945,12 @@ class ModelScheduler:
                     self._on_time += 1
                 self._request_time.observe(now - item.arrival_ns)
                 _settle(item, outputs)
+        if answered:
+            # NOTE: as Triton's, the queue and compute times count the requests that succeeded
+            # only, so that each has the successes' count (a failed or cancelled request's
+            # queue time is in `queue_time` alone); each got its whole batch's run
+            self._queue_ns += queued
+            self._request_compute_ns += answered * result.compute_ns
 
     def _judge(
         self, instance: int, running: _Running, result: BatchResult, now: int, sent: int
@@ -1091,7 +1104,7 @@ class ModelScheduler:
             executions=self._executions,
             inferences=self._inferences,
             success_ns=self._request_time.sum_ns,
-            queue_ns=self._queue_time.sum_ns,
+            queue_ns=self._queue_ns,
             compute_ns=self._compute_time.sum_ns,
             request_compute_ns=self._request_compute_ns,
             fail_ns=self._fail_ns,

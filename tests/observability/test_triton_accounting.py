@@ -1,0 +1,166 @@
+"""What the statistics extension and the nv_inference_* metrics count, checked against Triton's
+own accounting (core `InferenceStatsAggregator`, the ONNX Runtime backend's reports): a fake
+executor and a fake clock drive one scheduler; its statistics go through `/stats`'s builder
+and the metrics collector, the same snapshot read both ways."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Coroutine, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from duetime.clock import FakeClock
+from duetime.config import SchedulingConfig
+from duetime.errors import DuetimeError, InvalidInput
+from duetime.execution.executor import BatchJob, BatchResult, Feeds
+from duetime.frontend.statistics import model_statistics_json
+from duetime.observability.metrics import MetricsCollector
+from duetime.scheduling.profile import profile_from_samples
+from duetime.scheduling.scheduler import ModelScheduler
+
+US = 1_000
+_MODELS: dict[int, object] = {}
+
+
+@dataclass
+class HeldExecutor:
+    """Keeps each job until the test finishes it, with the outputs (or errors) it chooses."""
+
+    instances: int = 1
+    inline: bool = False
+    jobs: list[tuple[int, BatchJob]] = field(default_factory=list)
+
+    def submit(self, instance: int, job: BatchJob) -> None:
+        self.jobs.append((instance, job))
+
+    def finish(
+        self,
+        index: int,
+        *,
+        compute_ns: int = 100 * US,
+        outputs: Sequence[Feeds | DuetimeError] | None = None,
+        input_ns: int = 0,
+        output_ns: int = 0,
+    ) -> None:
+        instance, job = self.jobs[index]
+        if outputs is None:
+            outputs = [{"y": np.zeros(rows)} for rows in job.rows]
+        result = BatchResult(job, instance, outputs=list(outputs), compute_ns=compute_ns)
+        if input_ns or output_ns:
+            result.input_ns, result.output_ns = input_ns, output_ns
+        job.on_done(result)
+
+
+@dataclass
+class Harness:
+    clock: FakeClock
+    executor: HeldExecutor
+    scheduler: ModelScheduler
+
+    def submit(self, due_in: int | None = None) -> asyncio.Future[Feeds]:
+        due = None if due_in is None else self.clock.now_ns() + due_in
+        return self.scheduler.submit_nowait(
+            {"x": np.zeros((1, 4), np.float32)}, rows=1, shape_key=("f",), due_ns=due, priority=0
+        )
+
+    def stats(self) -> dict[str, Any]:
+        """The `/stats` entry of the model (one version, this scheduler its only variant)."""
+        return model_statistics_json("m", _served(self.scheduler))
+
+    def metrics(self) -> dict[str, dict[tuple[tuple[str, str], ...], float]]:
+        """The nv_inference_* samples: name -> sorted labels -> value."""
+        registry = CollectorRegistry()
+        registry.register(MetricsCollector(_engine(self.scheduler)))  # type: ignore[arg-type]
+        text = generate_latest(registry).decode()
+        samples: dict[str, dict[tuple[tuple[str, str], ...], float]] = {}
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.name.startswith("nv_inference"):
+                    labels = tuple(sorted(sample.labels.items()))
+                    samples.setdefault(sample.name, {})[labels] = sample.value
+        return samples
+
+
+def harness(**scheduling: Any) -> Harness:
+    clock = FakeClock(1_000_000_000)
+    executor = HeldExecutor()
+    scheduler = ModelScheduler(
+        executor=executor,  # type: ignore[arg-type]
+        config=SchedulingConfig(delivery_margin_us=0, exec_margin=0.0, **scheduling),
+        max_batch_size=4,
+        profile=profile_from_samples({b: [100 * US] * 5 for b in (1, 2, 3, 4)}),
+        default_timeout_ns=None,
+        clock=clock,
+        label="'m' version 1",
+    )
+    return Harness(clock, executor, scheduler)
+
+
+def run(body: Callable[[], Coroutine[Any, Any, None]]) -> None:
+    asyncio.run(body())
+
+
+def triton(samples: dict[str, dict[tuple[tuple[str, str], ...], float]], name: str) -> float:
+    (value,) = samples[name].values()
+    return value
+
+
+class _Model:
+    """What the statistics and the collector read of a loaded model (weakly referenced)."""
+
+    name, version = "m", "1"
+    path = Path("/nonexistent/model.onnx")
+    config = SimpleNamespace(scheduling=SchedulingConfig(), instances=1)
+    executor = SimpleNamespace(inline=False)
+
+
+def _served(scheduler: ModelScheduler) -> Any:
+    model = _MODELS.setdefault(id(scheduler), _Model())
+    deployment = SimpleNamespace(model=model, variant="default", scheduler=scheduler)
+    return SimpleNamespace(version="1", variants=(deployment,))
+
+
+def _engine(scheduler: ModelScheduler) -> Any:
+    deployments = _served(scheduler).variants
+    return SimpleNamespace(
+        registry=SimpleNamespace(snapshot=SimpleNamespace(deployments=lambda: deployments)),
+        router=SimpleNamespace(invalid={}, shadows={}),
+    )
+
+
+# -- queue: the successful requests' only ----------------------------------------------------------
+
+
+def test_queue_counts_and_times_the_successful_requests_only() -> None:
+    """Triton adds a request's queue time in UpdateSuccess, never in UpdateFailure: `queue` has
+    the successes' count, and its ns covers those same requests. Here one request failed in the
+    model and one was cancelled by its client while it ran, after 100 µs in the queue each; they
+    showed in queue's ns (and a failure in its count) while success counted neither."""
+
+    async def body() -> None:
+        h = harness()
+        h.submit()  # starts at once, alone: 0 µs queued
+        queued = [h.submit() for _ in range(3)]
+        h.clock.advance(100 * US)
+        h.executor.finish(0)  # the three start now, after 100 µs each
+        queued[2].cancel()
+        h.executor.finish(1, outputs=[{"y": np.zeros(1)}, InvalidInput("index 9"), {}])
+        assert isinstance(queued[1].exception(), InvalidInput)
+        stats = h.stats()["inference_stats"]
+        assert stats["success"]["count"] == 2
+        assert stats["fail"]["count"] == 2
+        assert stats["queue"] == {"count": 2, "ns": 100 * US}
+        assert stats["compute_infer"] == {"count": 2, "ns": 2 * 100 * US}
+        nv = h.metrics()
+        assert triton(nv, "nv_inference_request_success") == 2
+        assert triton(nv, "nv_inference_queue_duration_us") == 100
+        assert triton(nv, "nv_inference_compute_infer_duration_us") == 200
+
+    run(body)
