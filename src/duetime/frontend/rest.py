@@ -943,21 +943,60 @@ def _outputs(
         if not isinstance(name, str) or not name:
             raise InvalidInput(f"outputs[{index}]: 'name' must be a non-empty string")
         params = _parameters(item.get("parameters"), f"output '{name}' 'parameters'")
+        count = None
         if classification.PARAMETER in params:
-            classes[name] = classification.class_count(params[classification.PARAMETER], name)
+            count = classification.class_count(params[classification.PARAMETER], name)
         window = sharedmemory.window_of(params, f"output '{name}'")
         if window is not None:
             _shared(regions, f"output '{name}'").check(window, f"output '{name}'")
-            shared[name] = window
         flag = params.get("binary_data", default)
         if not isinstance(flag, bool):
             raise InvalidInput(f"output '{name}': parameter 'binary_data' must be true or false")
         if name in binary:
-            raise InvalidInput(f"outputs[{index}]: output '{name}' is requested more than once")
+            # NOTE: asked for again, it is answered once, as over gRPC (and as Triton, whose
+            # core keeps the requested outputs in a set); but only one way
+            _check_same_output(name, (flag, count, window), binary, classes, shared)
+            continue
         names.append(name)
         binary[name] = flag
+        if count is not None:
+            classes[name] = count
+        if window is not None:
+            shared[name] = window
     plan = OutputPlan(default, binary, classes or None, shared or None, regions)
     return (tuple(names) if names else None), plan
+
+
+def _check_same_output(
+    name: str,
+    again: tuple[bool, int | None, sharedmemory.Window | None],
+    binary: Mapping[str, bool],
+    classes: Mapping[str, int],
+    shared: Mapping[str, sharedmemory.Window],
+) -> None:
+    """InvalidInput unless output `name`, requested again as `again` (binary_data, class count,
+    shared-memory window), is requested as it was the first time."""
+    first = (binary[name], classes.get(name), shared.get(name))
+    if again == first:
+        return
+    fields = ("binary_data", classification.PARAMETER, "shared memory")
+    differ = [
+        f"{field} {_shown(now)} (first {_shown(then)})"
+        for field, now, then in zip(fields, again, first, strict=True)
+        if now != then
+    ]
+    raise InvalidInput(
+        f"output '{name}' is requested more than once with different parameters: "
+        f"{', '.join(differ)}; request it once, or the same way each time"
+    )
+
+
+def _shown(setting: bool | int | sharedmemory.Window | None) -> str:
+    if setting is None:
+        return "none"
+    if isinstance(setting, sharedmemory.Window):
+        return f"region '{setting.region}' at {setting.offset} ({setting.byte_size} bytes)"
+    return orjson.dumps(setting).decode()
 
 
 def _shared(regions: SharedMemoryRegions | None, where: str) -> SharedMemoryRegions:

@@ -1,0 +1,127 @@
+"""What a v2 inference request may hold over HTTP: outputs requested twice, parameter types, and
+numbers out of range, with gRPC's answer beside it where gRPC can say the same."""
+
+from __future__ import annotations
+
+import http.client
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from conftest import RunningServer
+
+from duetime.errors import InvalidInput
+from duetime.frontend.rest import parse_infer_request
+from duetime.frontend.sharedmemory import SharedMemoryRegions
+
+pytestmark = pytest.mark.timeout(60)
+
+X = np.linspace(-1, 1, 2 * 40, dtype=np.float32).reshape(2, 40)
+X_JSON = {"name": "x", "datatype": "FP32", "shape": [2, 40], "data": X.ravel().tolist()}
+
+
+def post(server: RunningServer, path: str, doc: Any) -> tuple[int, Any]:
+    host, port = server.http.rsplit(":", 1)
+    connection = http.client.HTTPConnection(host, int(port), timeout=30)
+    try:
+        connection.request("POST", path, json.dumps(doc).encode())
+        response = connection.getresponse()
+        return response.status, json.loads(response.read())
+    finally:
+        connection.close()
+
+
+# -- an output requested twice -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("binary", [False, True], ids=["json", "binary"])
+def test_an_output_requested_twice_is_answered_once_as_over_grpc(
+    server: RunningServer, binary: bool
+) -> None:
+    client = httpclient.InferenceServerClient(server.http)
+    try:
+        x = httpclient.InferInput("x", [2, 40], "FP32")
+        x.set_data_from_numpy(X, binary_data=binary)
+        twice = [httpclient.InferRequestedOutput("y", binary_data=binary) for _ in range(2)]
+        over_http = client.infer("mlp", [x], outputs=twice)
+    finally:
+        client.close()
+    assert [output["name"] for output in over_http.get_response()["outputs"]] == ["y"]
+    grpc = grpcclient.InferenceServerClient(server.grpc)
+    try:
+        x = grpcclient.InferInput("x", [2, 40], "FP32")
+        x.set_data_from_numpy(X)
+        twice = [grpcclient.InferRequestedOutput("y") for _ in range(2)]
+        over_grpc = grpc.infer("mlp", [x], outputs=twice)
+    finally:
+        grpc.close()
+    assert [output.name for output in over_grpc.get_response().outputs] == ["y"]
+    np.testing.assert_array_equal(over_http.as_numpy("y"), over_grpc.as_numpy("y"))
+
+
+def test_the_same_output_twice_the_same_way_in_other_words(server: RunningServer) -> None:
+    # binary_data given on one and left to the request's default on the other: the same
+    doc = {
+        "inputs": [X_JSON],
+        "parameters": {"binary_data_output": False},
+        "outputs": [
+            {"name": "y", "parameters": {"classification": 2}},
+            {"name": "y", "parameters": {"classification": 2, "binary_data": False}},
+        ],
+    }
+    status, answer = post(server, "/v2/models/mlp/infer", doc)
+    assert status == 200, answer
+    (output,) = answer["outputs"]
+    assert output["datatype"] == "BYTES"  # the top classes
+    assert output["shape"] == [2, 2]
+
+
+@pytest.mark.parametrize(
+    ("first", "again", "needle"),
+    [
+        ({"binary_data": True}, {"binary_data": False}, "binary_data false (first true)"),
+        ({}, {"classification": 2}, "classification 2 (first none)"),
+        ({"classification": 3}, {"classification": 2}, "classification 2 (first 3)"),
+    ],
+    ids=["binary_data", "classification", "class-count"],
+)
+def test_an_output_requested_twice_in_two_ways_is_refused(
+    server: RunningServer, first: dict[str, Any], again: dict[str, Any], needle: str
+) -> None:
+    doc = {
+        "inputs": [X_JSON],
+        "outputs": [{"name": "y", "parameters": first}, {"name": "y", "parameters": again}],
+    }
+    status, answer = post(server, "/v2/models/mlp/infer", doc)
+    assert status == 400, answer
+    assert "output 'y' is requested more than once with different parameters" in answer["error"]
+    assert needle in answer["error"]
+
+
+def test_an_output_written_twice_to_two_places_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "out").write_bytes(bytes(256))
+    regions = SharedMemoryRegions(root=tmp_path)
+    regions.register("out", "/out", 0, 256)
+    try:
+
+        def output(offset: int) -> dict[str, Any]:
+            where = {"shared_memory_region": "out", "shared_memory_byte_size": 24}
+            return {"name": "y", "parameters": {**where, "shared_memory_offset": offset}}
+
+        def parse(outputs: list[dict[str, Any]]) -> Any:
+            body = json.dumps({"inputs": [X_JSON], "outputs": outputs}).encode()
+            return parse_infer_request(body, None, "mlp", None, regions)
+
+        request, plan = parse([output(0), output(0)])
+        assert request.outputs == ("y",)
+        assert plan.shared is not None
+        assert plan.shared["y"].offset == 0
+        with pytest.raises(InvalidInput, match="shared memory region 'out' at 24") as caught:
+            parse([output(0), output(24)])
+        assert "output 'y'" in caught.value.message
+    finally:
+        regions.unregister()
