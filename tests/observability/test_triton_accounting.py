@@ -164,3 +164,35 @@ def test_queue_counts_and_times_the_successful_requests_only() -> None:
         assert triton(nv, "nv_inference_compute_infer_duration_us") == 200
 
     run(body)
+
+
+# -- executions: those that answered some request --------------------------------------------------
+
+
+def test_an_execution_in_which_every_request_failed_is_no_execution() -> None:
+    """Triton's execution_count is "the number of successful inference executions": its ONNX
+    Runtime backend reports batch statistics only when not all the responses failed. A model
+    whose 3 requests of 5 failed alone showed execution_count 5 (and nv_inference_exec_count 5)
+    for 2 successes."""
+
+    async def body() -> None:
+        h = harness(max_queue_size=8)
+        answers = [h.submit() for _ in range(3)]
+        h.executor.finish(0)  # the first alone: answered
+        h.executor.finish(1, outputs=[InvalidInput("index 50"), InvalidInput("index 60")])
+        answers += [h.submit(), h.submit()]
+        h.executor.finish(2, outputs=[InvalidInput("index 70")])
+        h.executor.finish(3, outputs=[{"y": np.zeros(1)}])
+        assert [type(a.exception()) for a in answers[1:4]] == [InvalidInput] * 3
+        entry = h.stats()
+        assert entry["execution_count"] == 2
+        assert entry["inference_count"] == 2
+        assert [(b["batch_size"], b["compute_infer"]["count"]) for b in entry["batch_stats"]] == [
+            (1, 2)
+        ]
+        assert entry["inference_stats"]["fail"]["count"] == 3
+        nv = h.metrics()
+        assert triton(nv, "nv_inference_exec_count") == 2
+        assert triton(nv, "nv_inference_count") == 2
+
+    run(body)

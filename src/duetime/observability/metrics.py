@@ -89,7 +89,8 @@ class MetricsCollector:
         )
         yield _latency(
             "duetime_compute_duration_seconds",
-            "Time inside ONNX Runtime, of each batch executed.",
+            "Time inside ONNX Runtime, of each batch executed (those in which every request "
+            "failed too).",
             ((r.labels, r.stats.compute_time) for r in rows),
         )
         yield self._batch_sizes(rows)
@@ -132,8 +133,11 @@ class MetricsCollector:
     def _batch_sizes(self, rows: Sequence[_Row]) -> Metric:
         family = HistogramMetricFamily(
             "duetime_batch_size",
-            "Rows per execution (the requests' rows, before any padding up to the model's "
-            "batch bucket); the histogram's buckets are the batch sizes the model runs at.",
+            "Rows per execution that answered some request (the requests' rows, before any "
+            "padding up to the model's batch bucket; an execution in which every request failed "
+            "is counted in duetime_compute_duration_seconds only, as Triton's "
+            "nv_inference_exec_count leaves it out); the histogram's buckets are the batch "
+            "sizes the model runs at.",
             labels=DEPLOYMENT_LABELS,
         )
         for row in rows:
@@ -264,7 +268,7 @@ TRITON_FAILURE_REASONS = ("REJECTED", "CANCELED", "BACKEND")
 _TRITON_CUMULATIVE = (
     ("nv_inference_request_success", "Successful inference requests"),
     ("nv_inference_count", "Inferences performed, a batch of n counting n"),
-    ("nv_inference_exec_count", "Batches executed"),
+    ("nv_inference_exec_count", "Batch executions that answered some request"),
     ("nv_inference_request_duration_us", "Cumulative end-to-end time of successful requests, µs"),
     ("nv_inference_queue_duration_us", "Cumulative queue time of successful requests, µs"),
     ("nv_inference_compute_infer_duration_us", "Cumulative time inside ONNX Runtime, µs"),

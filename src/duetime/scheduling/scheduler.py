@@ -142,7 +142,8 @@ class LatencyHistogram:
 
 @dataclass(slots=True)
 class BatchSizeStatistics:
-    """Executions of one padded batch size and their summed compute time."""
+    """Executions of one batch size (rows sent) that answered some request, and their summed
+    compute time."""
 
     count: int = 0
     compute_ns: int = 0
@@ -171,6 +172,8 @@ class SchedulerStatistics:
     snapshot taken on another thread (a metrics scrape) never shows it going down."""
     cancelled: int
     executions: int
+    """Executions that answered some request (Triton's execution_count: one in which every
+    request failed is not counted; `compute_time` counts every execution)."""
     inferences: int
     success_ns: int
     queue_ns: int
@@ -186,6 +189,7 @@ class SchedulerStatistics:
     failure."""
     overhead_ns: int
     last_inference_ms: int
+    """When the last execution counted in `executions` ended."""
     request_time: HistogramSnapshot
     """Arrival to result on the loop, of each request that succeeded (late ones too)."""
     queue_time: HistogramSnapshot
@@ -194,6 +198,7 @@ class SchedulerStatistics:
     compute_time: HistogramSnapshot
     """Time inside ONNX Runtime, of each batch executed."""
     batch_sizes: dict[int, BatchSizeStatistics] = field(default_factory=dict)
+    """The executions of `executions`, by batch size."""
     breaker_states: tuple[int, ...] = ()
     """Each instance's circuit breaker: 0 closed, 1 half-open, 2 open."""
     breakers_opened: int = 0
@@ -1029,34 +1034,40 @@ class ModelScheduler:
         )
 
     def _record(self, running: _Running, result: BatchResult, now: int, sent: int) -> None:
-        self._executions += 1
         self._compute_time.observe(result.compute_ns)
-        self._last_ms = time.time_ns() // 1_000_000
-        bucket = running.bucket or 1
-        # NOTE: by rows as sent, not the bucket run (5 rows padded to 6 show as 5): Triton's
-        # batch_stats, and how full the batches are, is what a reader of them wants to know
-        size = running.rows if self._max_rows else 1
-        stats = self._batch_sizes.get(size)
-        if stats is None:
-            stats = self._batch_sizes[size] = BatchSizeStatistics()
-        stats.count += 1
-        stats.compute_ns += result.compute_ns
         outputs = result.outputs
-        if (
-            not isinstance(outputs[0], DuetimeError)
-            if len(outputs) == 1
-            else not any(isinstance(o, DuetimeError) for o in outputs)
-        ):
-            if sent and self._big_inputs(sent, running.rows, result.compute_ns):
-                return
-            self._overrun.observe(self.profile.predict(bucket), result.compute_ns, now)
-            self.profile.observe(bucket, result.compute_ns)
-            # NOTE: a wait for the CPU's turn was planned for (`_core_free`): not hand-off cost
-            overhead = max(0, now - running.started_ns - result.compute_ns - result.waited_ns)
-            if not self._inline:  # an inline batch's result is on the loop as it ends
-                self._handoff.observe(overhead, now)
-            overhead = min(overhead, int(2 * self._overhead_ns) + 200_000)  # see LatencyProfile
-            self._overhead_ns += _OVERHEAD_ALPHA * (overhead - self._overhead_ns)
+        if len(outputs) == 1:
+            clean = answered = not isinstance(outputs[0], DuetimeError)
+        else:
+            failures = sum(1 for o in outputs if isinstance(o, DuetimeError))
+            clean, answered = not failures, failures < len(outputs)
+        if answered:
+            # NOTE: as Triton's, an execution in which every request failed is no execution
+            # (its ONNX Runtime backend reports batch statistics only when not all responses
+            # failed); `compute_time` counts it
+            self._executions += 1
+            self._last_ms = time.time_ns() // 1_000_000
+            # NOTE: by rows as sent, not the bucket run (5 rows padded to 6 show as 5): Triton's
+            # batch_stats, and how full the batches are, is what a reader of them wants to know
+            size = running.rows if self._max_rows else 1
+            stats = self._batch_sizes.get(size)
+            if stats is None:
+                stats = self._batch_sizes[size] = BatchSizeStatistics()
+            stats.count += 1
+            stats.compute_ns += result.compute_ns
+        if not clean:
+            return
+        bucket = running.bucket or 1
+        if sent and self._big_inputs(sent, running.rows, result.compute_ns):
+            return
+        self._overrun.observe(self.profile.predict(bucket), result.compute_ns, now)
+        self.profile.observe(bucket, result.compute_ns)
+        # NOTE: a wait for the CPU's turn was planned for (`_core_free`): not hand-off cost
+        overhead = max(0, now - running.started_ns - result.compute_ns - result.waited_ns)
+        if not self._inline:  # an inline batch's result is on the loop as it ends
+            self._handoff.observe(overhead, now)
+        overhead = min(overhead, int(2 * self._overhead_ns) + 200_000)  # see LatencyProfile
+        self._overhead_ns += _OVERHEAD_ALPHA * (overhead - self._overhead_ns)
 
     def _big_inputs(self, sent: int, rows: int, compute_ns: int) -> bool:
         """Whether a batch's inputs were far bigger than the profile's samples (free dims);
