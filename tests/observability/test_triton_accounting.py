@@ -88,8 +88,8 @@ class Harness:
         return samples
 
 
-def harness(**scheduling: Any) -> Harness:
-    clock = FakeClock(1_000_000_000)
+def harness(clock: FakeClock | None = None, **scheduling: Any) -> Harness:
+    clock = clock or FakeClock(1_000_000_000)
     executor = HeldExecutor()
     scheduler = ModelScheduler(
         executor=executor,  # type: ignore[arg-type]
@@ -194,5 +194,62 @@ def test_an_execution_in_which_every_request_failed_is_no_execution() -> None:
         nv = h.metrics()
         assert triton(nv, "nv_inference_exec_count") == 2
         assert triton(nv, "nv_inference_count") == 2
+
+    run(body)
+
+
+# -- fail: every failure with its time -------------------------------------------------------------
+
+
+class TickingClock(FakeClock):
+    """A fake clock that moves 1 µs at every read: admission takes some time on it."""
+
+    def now_ns(self) -> int:
+        self.advance(1 * US)
+        return super().now_ns()
+
+
+def test_requests_their_clients_cancelled_fail_with_their_time() -> None:
+    """Triton's `fail` adds end - start for every failed request; a cancelled one counted in
+    fail.count with no ns. One withdrawn while queued counts until the scheduler drops it (still
+    queued: until now); one cancelled while it ran, until its batch ends."""
+
+    async def body() -> None:
+        h = harness()
+        h.submit()  # runs
+        withdrawn, cancelled = h.submit(), h.submit()
+        h.clock.advance(30 * US)
+        withdrawn.cancel()
+        assert h.stats()["inference_stats"]["fail"] == {"count": 1, "ns": 30 * US}
+        h.clock.advance(20 * US)
+        h.executor.finish(0)  # the queue drops `withdrawn` now, 50 µs after it came
+        assert h.stats()["inference_stats"]["fail"] == {"count": 1, "ns": 50 * US}
+        cancelled.cancel()  # while its batch runs
+        h.clock.advance(10 * US)
+        h.executor.finish(1)
+        fail = h.stats()["inference_stats"]["fail"]
+        assert fail == {"count": 2, "ns": 50 * US + 60 * US}
+
+    run(body)
+
+
+def test_requests_refused_at_admission_fail_with_the_time_admission_took() -> None:
+    """Predicted to miss its due time, due before it came, queue full: each one a failure whose
+    ns is its time in the scheduler (a clock that moves at every read shows it; it was 0)."""
+
+    async def body() -> None:
+        h = harness(TickingClock(1_000_000_000), max_queue_size=2)
+        h.submit()  # runs
+        h.submit()  # queued
+        refusals = []
+        for due_in in (50 * US, -5 * US, None, None):
+            try:
+                h.submit(due_in=due_in)
+            except DuetimeError as exc:
+                refusals.append(exc.message.split(":")[1].split()[0:2])
+            fail = h.stats()["inference_stats"]["fail"]
+            assert fail["count"] == len(refusals)
+            assert fail["ns"] >= len(refusals) * US
+        assert refusals == [["predicted", "to"], ["the", "request"], ["queue", "full"]]
 
     run(body)

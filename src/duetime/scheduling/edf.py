@@ -1,5 +1,5 @@
 """EDFQueue: a bounded queue of requests kept sorted, earliest due first within a priority level;
-pure (no I/O, no clock of its own).
+pure (no I/O; the clock it may be given times only the requests their clients withdrew).
 
 A sorted list rather than a heap: the batch former reads a prefix in order without popping, and
 admission asks how many requests are ahead of a new one (a bisect). Capacities are small
@@ -60,7 +60,13 @@ class EDFQueue:
     settled (their client went away) are skipped when read and dropped when the queue is full.
     """
 
-    def __init__(self, capacity: int, policy: Literal["edf", "fifo"] = "edf") -> None:
+    def __init__(
+        self,
+        capacity: int,
+        policy: Literal["edf", "fifo"] = "edf",
+        now_ns: Callable[[], int] | None = None,
+    ) -> None:
+        """`now_ns`: the scheduler's clock, for `withdrawn_ns` (None: that stays 0)."""
         self.capacity = capacity
         self.policy = policy
         self._keys: list[Key] = []
@@ -73,6 +79,10 @@ class EDFQueue:
         self.withdrawn = 0
         """Requests removed already settled: their client went away while they waited (each
         ends here, counted once, as the scheduler's other outcomes are)."""
+        self.withdrawn_ns = 0
+        """Their time from arrival to their removal (as Triton's scheduler times a cancelled
+        request: until it finds it cancelled)."""
+        self._now_ns = now_ns
 
     def __len__(self) -> int:
         return len(self._items)
@@ -120,10 +130,10 @@ class EDFQueue:
         if len(taken) == 1:  # (the common case, without a generator's frame)
             self.rows -= taken[0].rows
             if taken[0].future.done():
-                self.withdrawn += 1
+                self._withdraw(taken)
         else:
             self.rows -= sum(item.rows for item in taken)
-            self.withdrawn += sum(1 for item in taken if item.future.done())
+            self._withdraw(taken)
         if not self._items:
             self.widest = 0
         return taken
@@ -137,7 +147,7 @@ class EDFQueue:
         self._items = [item for item, flag in zip(self._items, flags, strict=True) if not flag]
         self._keys = [key for key, flag in zip(self._keys, flags, strict=True) if not flag]
         self.rows = sum(item.rows for item in self._items)
-        self.withdrawn += sum(1 for item in removed if item.future.done())
+        self._withdraw(removed)
         return removed
 
     def remove_due_by(
@@ -166,25 +176,41 @@ class EDFQueue:
             del items[i]
             del keys[i]
         self.rows -= sum(item.rows for item in removed)
-        self.withdrawn += sum(1 for item in removed if item.future.done())
+        self._withdraw(removed)
         if not items:
             self.widest = 0
         return removed
 
-    def settled_waiting(self) -> int:
+    def settled_waiting(self, now_ns: int) -> tuple[int, int]:
         """Requests still queued that are settled already (withdrawn by their clients, not yet
-        dropped): O(queue), for statistics."""
-        return sum(1 for item in list(self._items) if item.future.done())
+        dropped), and their time from arrival to `now_ns`: O(queue), for statistics."""
+        count = waited = 0
+        for item in list(self._items):
+            if item.future.done():
+                count += 1
+                waited += now_ns - item.arrival_ns
+        return count, waited
 
     def drain(self) -> list[QueuedRequest]:
         """Remove and return everything queued, in order."""
         return self.take(len(self._items))
 
+    def _withdraw(self, removed: list[QueuedRequest]) -> None:
+        """Count the settled requests of `removed` (all just taken off the queue) as withdrawn."""
+        now = None
+        for item in removed:
+            if item.future.done():
+                self.withdrawn += 1
+                if self._now_ns is not None:
+                    if now is None:
+                        now = self._now_ns()
+                    self.withdrawn_ns += now - item.arrival_ns
+
     def _purge_settled(self) -> bool:
         live = [i for i, item in enumerate(self._items) if not item.future.done()]
         if len(live) == len(self._items):
             return False
-        self.withdrawn += len(self._items) - len(live)
+        self._withdraw(self._items)
         self._items = [self._items[i] for i in live]
         self._keys = [self._keys[i] for i in live]
         self.rows = sum(item.rows for item in self._items)

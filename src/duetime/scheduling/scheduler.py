@@ -185,8 +185,11 @@ class SchedulerStatistics:
     """Summed over the requests that succeeded: each one's batch's time inside ONNX Runtime
     (Triton's per-request compute_infer: every request sat through its whole batch)."""
     fail_ns: int
-    """Summed over the requests that failed (refused, expired, the model failed): arrival to
-    failure."""
+    """Summed over every request that failed (the model failed, refused, expired, cancelled by
+    its client), from its arrival to its failure: for one refused or expired at admission, the
+    time admission took; for one its client cancelled, until the scheduler let go of it (one
+    still queued: until now), as Triton's scheduler times a request until it finds it cancelled.
+    """
     overhead_ns: int
     last_inference_ms: int
     """When the last execution counted in `executions` ended."""
@@ -267,7 +270,7 @@ class ModelScheduler:
         none seen yet): what admission predicts such requests by (see `_size_extra_ns`)."""
         self._config = config
         self._edf = config.policy == "edf"
-        self._queue = EDFQueue(config.max_queue_size, config.policy)
+        self._queue = EDFQueue(config.max_queue_size, config.policy, clock.now_ns)
         self._max_rows = max_batch_size
         self._max_delay_ns = config.max_queue_delay_us * 1000
         self.profile = profile
@@ -391,6 +394,7 @@ class ModelScheduler:
                 return future
         if not queue.push(item):
             self._rejected += 1
+            self._fail_ns += self._clock.now_ns() - now  # (Triton's fail times every failure)
             if due_ns is None:
                 self._full_undue += 1
             self._refused_ns = now
@@ -493,6 +497,7 @@ class ModelScheduler:
         self._refused_ns = now
         if rejection.late:
             self._expired += 1
+            self._fail_ns += self._clock.now_ns() - now
             raise DeadlineExceeded(
                 f"model {self._label}: the request was due {(now - due_ns) / 1e3:.0f} µs before "
                 "it reached the scheduler (its timeout is too short, or it waited that long to "
@@ -509,6 +514,7 @@ class ModelScheduler:
             self._probes += 1
             return
         self._rejected += 1
+        self._fail_ns += self._clock.now_ns() - now
         self.refresh_if_stale(now)
         kept = needed - finish
         margins = f" (+{kept / 1e3:.0f} µs kept for margins and delivery)" if kept >= 1000 else ""
@@ -908,7 +914,10 @@ class ModelScheduler:
         running = self._ended(instance, now)
         if result.skipped:  # its thread took it too late to run (see `_start_by`), or revoked
             live = [item for item in running.requests if not item.future.done()]
-            self._cancelled += len(running.requests) - len(live)
+            for item in running.requests:
+                if item.future.done():
+                    self._cancelled += 1
+                    self._fail_ns += now - item.arrival_ns
             if result.job.revoked:
                 for item in live:
                     self._queue.restore(item)
@@ -931,8 +940,9 @@ class ModelScheduler:
         answered = queued = 0
         queued_until = running.queued_until_ns
         for item, outputs in zip(running.requests, result.outputs, strict=True):
-            if item.future.done():
+            if item.future.done():  # (cancelled by its client while it ran)
                 self._cancelled += 1
+                self._fail_ns += now - item.arrival_ns
             elif isinstance(outputs, DuetimeError):
                 self._failed += 1
                 self._fail_ns += now - item.arrival_ns
@@ -1099,7 +1109,8 @@ class ModelScheduler:
     def statistics(self) -> SchedulerStatistics:
         # NOTE: a request its client withdrew ends then, though the queue drops it only when it
         # reaches it (or sweeps it): counted at once, it is cancelled and no longer queued
-        gone = self._queue.settled_waiting()
+        queue = self._queue
+        gone, gone_ns = queue.settled_waiting(self._clock.now_ns())
         return SchedulerStatistics(
             queued=len(self._queue) - gone,
             peak_queued=self._peak,
@@ -1111,14 +1122,14 @@ class ModelScheduler:
             expired=self._expired,
             late=self._late,
             on_time=self._on_time,
-            cancelled=self._cancelled + self._queue.withdrawn + gone,
+            cancelled=self._cancelled + queue.withdrawn + gone,
             executions=self._executions,
             inferences=self._inferences,
             success_ns=self._request_time.sum_ns,
             queue_ns=self._queue_ns,
             compute_ns=self._compute_time.sum_ns,
             request_compute_ns=self._request_compute_ns,
-            fail_ns=self._fail_ns,
+            fail_ns=self._fail_ns + queue.withdrawn_ns + gone_ns,
             overhead_ns=int(self._overhead_ns),
             last_inference_ms=self._last_ms,
             request_time=self._request_time.snapshot(),
