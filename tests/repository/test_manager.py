@@ -337,7 +337,7 @@ def test_a_broken_version_never_replaces_a_working_one(tmp_path: Path) -> None:
 
     async def scenario(engine: Engine) -> None:
         write_version(tmp_path, "m", 2, b"not an onnx model")
-        with pytest.raises(ModelUnavailable, match="version 2"):
+        with pytest.raises(InvalidInput, match="version 2"):  # (Triton: a failed load is 400)
             await engine.load_model("m")
         assert await factor_of(engine) == 1.0
         state, reason = states(engine)["2"]
@@ -372,7 +372,7 @@ def test_a_bad_config_keeps_the_served_versions(tmp_path: Path) -> None:
 
     async def scenario(engine: Engine) -> None:
         config(tmp_path, "m", "max_batch_size = 'lots'\n")
-        with pytest.raises(ModelUnavailable, match="max_batch_size"):
+        with pytest.raises(InvalidInput, match="max_batch_size"):
             await engine.load_model("m")
         assert await factor_of(engine) == 1.0
         assert "max_batch_size" in states(engine)[""][1]
@@ -481,7 +481,7 @@ def test_an_explicit_load_retries_a_failed_version_even_unchanged(
 
     async def scenario(engine: Engine) -> None:
         for _ in range(2):
-            with pytest.raises(ModelUnavailable, match="ONNX Runtime cannot load it"):
+            with pytest.raises(InvalidInput, match="ONNX Runtime cannot load it"):
                 await engine.load_model("m")
         assert loads == ["m/1", "m/1"]
 
@@ -585,6 +585,62 @@ def test_config_override_replaces_the_config_file(tmp_path: Path) -> None:
             parse_config_override(json.dumps({"name": "other"}), "m")
         with pytest.raises(InvalidInput, match="max_batch_size"):
             parse_config_override(json.dumps({"max_batch_size": -1}), "m")
+
+    run(tmp_path, scenario, control_mode="explicit", startup_models=("m",))
+
+
+def test_a_failed_override_leaves_no_trace(tmp_path: Path) -> None:
+    """A refused config override stayed the model's config: every later plain load failed the
+    same way, and the index called the version that still served UNAVAILABLE."""
+    write_version(tmp_path, "m", 1, scale_model(1))
+    config(tmp_path, "m", "max_batch_size = 8\n")
+
+    async def scenario(engine: Engine) -> None:
+        bad = ModelConfig.model_validate({"inputs": [{"name": "zz"}]})
+        with pytest.raises(InvalidInput, match="'zz' is not in the graph"):
+            await engine.load_model("m", bad)
+        assert await factor_of(engine) == 1.0
+        state, reason = states(engine)["1"]
+        assert state == "READY"
+        assert reason.startswith("a new load failed, the previous one still serves: ")
+        await engine.load_model("m")  # (the config file, not the refused override)
+        assert states(engine)["1"] == ("READY", "")  # (a failure since past)
+        served = engine.registry.snapshot.models["m"].versions["1"]
+        assert served.primary.model.signature.max_batch_size == 8
+
+    run(tmp_path, scenario, control_mode="explicit", startup_models=("m",))
+
+
+def test_a_failed_upload_leaves_the_index_as_it_was(tmp_path: Path) -> None:
+    for version in (1, 2):
+        write_version(tmp_path, "m", version, scale_model(version))
+
+    async def scenario(engine: Engine) -> None:
+        before = states(engine)
+        junk = {"1/model.onnx": b"not an onnx model"}
+        with pytest.raises(InvalidInput, match="ONNX Runtime cannot load it"):
+            await engine.load_model("m", ModelConfig(), files=junk)
+        assert await factor_of(engine) == 2.0
+        after = states(engine)
+        assert after.keys() == before.keys()  # (version 2 was gone from the index)
+        assert after["2"][0] == "READY"
+        assert "previous one still serves" in after["2"][1]
+
+    run(tmp_path, scenario, control_mode="explicit", startup_models=("m",))
+
+
+def test_versions_an_upload_replaces_say_so(tmp_path: Path) -> None:
+    write_version(tmp_path, "m", 1, scale_model(1))
+
+    async def scenario(engine: Engine) -> None:
+        await engine.load_model("m", ModelConfig(), files={"7/model.onnx": scale_model(7)})
+        await asyncio.sleep(0.2)  # version 1 drains
+        listed = states(engine)
+        assert listed["7"] == ("READY", "")
+        assert listed["1"] == ("UNAVAILABLE", manager_module.UPLOADED)  # (not "removed")
+        await engine.unload_model("m")
+        await asyncio.sleep(0.2)
+        assert states(engine) == {"": ("", "")}  # (its folder's again, and none loaded)
 
     run(tmp_path, scenario, control_mode="explicit", startup_models=("m",))
 

@@ -122,9 +122,27 @@ class Fingerprint:
 REMOVED = "its folder was removed from the repository"
 """The reason given for a version unloaded because its folder went away: the one row the index
 keeps of a folder that is gone (rows of failures or unloads there would only be stale)."""
+UPLOADED = "the model's uploaded files serve in place of its folder until it is unloaded"
+"""The reason given for a version of the repository's folder an upload took the place of."""
 
 IndexEntry = dict[str, str]
 """One row of the repository index: name, and version, state, reason where known."""
+
+
+class _LoadFailed(ModelUnavailable):
+    """A load the model's files or config rule out (not one that waits for files being
+    written): the requests it would have served are told the model is unavailable, and an
+    explicit load, as in Triton, that its request failed (400)."""
+
+
+@dataclass(frozen=True)
+class _IndexRecord:
+    """What the index and the registry said of a model before a load (see `_index_record`)."""
+
+    name: str
+    states: dict[str, VersionState]
+    error: str | None
+    served: dict[str, ServedVersion]
 
 
 def check_model_name(name: str) -> str:
@@ -312,6 +330,7 @@ class ModelManager:
         upload = await asyncio.to_thread(_write_upload, name, files) if files else None
         async with self._locks[name]:
             previous = self._uploads.get(name), self._overrides.get(name)
+            before = self._index_record(name)
             if upload is not None:
                 self._uploads[name] = upload
             if config is not None:
@@ -319,12 +338,15 @@ class ModelManager:
             try:  # (uploaded files are whole already: no waiting for them to settle)
                 await self._sync(name, explicit, settle and upload is None)
             except DuetimeError as exc:
-                if upload is None:
-                    raise
-                self._restore(name, *previous)  # serve the folder that served before
-                _remove_upload(upload)
-                if isinstance(exc, ModelUnavailable):  # (what the client sent cannot be served:
-                    raise InvalidInput(exc.message) from None  # its request's fault, 400)
+                if (upload is not None or config is not None) and not self._changed(before):
+                    # what the request brought left no trace: the folder and config that
+                    # served before serve on, and later plain loads read them again
+                    self._restore(name, *previous)
+                    self._restore_index(name, before, exc.message)
+                if upload is not None and self._uploads.get(name) is not upload:
+                    _remove_upload(upload)
+                if explicit and isinstance(exc, _LoadFailed):  # (Triton: a failed load is 400)
+                    raise InvalidInput(exc.message) from None
                 raise
             if upload is not None and previous[0] is not None:
                 _remove_upload(previous[0])  # its sessions hold what they loaded
@@ -339,6 +361,39 @@ class ModelManager:
         else:
             self._overrides[name] = config
 
+    def _index_record(self, name: str) -> _IndexRecord:
+        """What the index and the registry say of `name` now, to put back after a failed load
+        that changed nothing served."""
+        snapshot = self._registry.snapshot
+        served = snapshot.models.get(name)
+        return _IndexRecord(
+            name, dict(self._states.get(name, {})), self._model_errors.get(name),
+            dict(served.versions) if served else {},
+        )  # fmt: skip
+
+    def _changed(self, before: _IndexRecord) -> bool:
+        """Whether a load published other versions than those `before` was taken with."""
+        served = self._registry.snapshot.models.get(before.name)
+        now = dict(served.versions) if served else {}
+        return now.keys() != before.served.keys() or any(
+            now[v] is not old for v, old in before.served.items()
+        )
+
+    def _restore_index(self, name: str, before: _IndexRecord, message: str) -> None:
+        states = self._states[name]
+        states.clear()  # (in place: a drain in progress holds this dict)
+        states.update(before.states)
+        for version in before.served:  # (what serves says why it still does)
+            states[version] = VersionState(
+                "READY", f"a new load failed, the previous one still serves: {message}"
+            )
+        if before.error is None:
+            self._model_errors.pop(name, None)
+        else:
+            self._model_errors[name] = before.error
+        if not before.served:  # (nothing serves: the index says why, as after any failure)
+            self._registry.record_failure(name, message)
+
     async def unload(self, name: str, *, reason: str = "unloaded by request") -> None:
         """Stop serving every version of `name`; queued requests finish first."""
         check_model_name(name)
@@ -352,6 +407,9 @@ class ModelManager:
         upload = self._uploads.pop(name, None)
         if upload is not None:
             _remove_upload(upload)
+            states = self._states.get(name, {})
+            for number in [v for v, state in states.items() if state.reason == UPLOADED]:
+                del states[number]  # (its folder is the model's again)
         self._bytes.pop(name, None)
         if served is not None:
             for version in served.versions.values():
@@ -384,7 +442,7 @@ class ModelManager:
             config = self._overrides.get(name) or self._read_config(name, directory)
         except ConfigError as exc:
             self._fail_model(name, exc.message, serving=current is not None)
-            raise ModelUnavailable(f"model '{name}' cannot be loaded: {exc.message}") from None
+            raise _LoadFailed(f"model '{name}' cannot be loaded: {exc.message}") from None
         self._prune_versions(name, source.versions)
         wanted = config.version_policy.select(source.versions)
         if not wanted:
@@ -393,7 +451,7 @@ class ModelManager:
                 f"({', '.join(str(v) for v in sorted(source.versions))})"
             )
             self._fail_model(name, reason, serving=current is not None)
-            raise ModelUnavailable(f"model '{name}' cannot be loaded: {reason}")
+            raise _LoadFailed(f"model '{name}' cannot be loaded: {reason}")
         self._model_errors.pop(name, None)
         if current is None:
             await self._make_room(name, _model_bytes(source, wanted, config))
@@ -410,6 +468,9 @@ class ModelManager:
         """Versions that only ever see shadow copies: their instances run in the background."""
         chosen: dict[str, ServedVersion] = {}
         problems: list[str] = []
+        failures = 0
+        """Of the problems, versions that cannot load (the others are still being written)."""
+        troubled: set[str] = set()
         for number in wanted:
             version = str(number)
             old = served.get(version)
@@ -420,6 +481,7 @@ class ModelManager:
             )
             if print_ is None:  # still being written: try again on the next poll
                 problems.append(f"version {version}: files are still changing")
+                troubled.add(version)
                 if old is not None:
                     chosen[version] = old
                 continue
@@ -429,6 +491,8 @@ class ModelManager:
             failed = self._failed.get((name, version))
             if failed is not None and failed[0] == print_ and not explicit:
                 problems.append(f"version {version}: {failed[1]}")  # (an explicit load retries)
+                troubled.add(version)
+                failures += 1
                 if old is not None:
                     chosen[version] = old
                 continue
@@ -437,6 +501,8 @@ class ModelManager:
             if isinstance(loaded, str):
                 self._failed[(name, version)] = print_, loaded
                 problems.append(f"version {version}: {loaded}")
+                troubled.add(version)
+                failures += 1
                 if old is not None:
                     chosen[version] = old
                 continue
@@ -449,21 +515,22 @@ class ModelManager:
         retired = [old for version, old in served.items() if chosen.get(version) is not old]
         self._registry.publish(name, chosen, config.traffic)
         self._bytes[name] = _model_bytes(source, [int(v) for v in chosen], config)
-        for fresh in chosen.values():
-            if fresh not in served.values():
-                self._states[name][fresh.version] = VersionState(
-                    "READY", self._degraded.get((name, fresh.version), "")
-                )
+        for version in chosen.keys() - troubled:  # (a failure an earlier load noted is past)
+            self._states[name][version] = VersionState(
+                "READY", self._degraded.get((name, version), "")
+            )
         for old in retired:
             if old.version in chosen:
                 self._retire(name, old, "replaced by a new load")
+            elif int(old.version) in source.versions:
+                self._retire(name, old, "not in policy")
             else:
-                gone = int(old.version) not in source.versions
-                self._retire(name, old, REMOVED if gone else "not in policy")
+                self._retire(name, old, UPLOADED if name in self._uploads else REMOVED)
         if not chosen:
             self._registry.record_failure(name, "; ".join(problems))
         if problems and explicit:
-            raise ModelUnavailable(f"model '{name}': {'; '.join(problems)}")
+            error = _LoadFailed if failures else ModelUnavailable  # (or files still changing)
+            raise error(f"model '{name}': {'; '.join(problems)}")
 
     async def _config_settled(self, directory: Path, wait: bool) -> bool:
         """Whether the model's config file (if any) has gone `stable_s` unchanged, or was there
@@ -549,7 +616,7 @@ class ModelManager:
                 await asyncio.to_thread(deployment.model.executor.close)
             entry = states.get(version.version)
             if entry is not None and entry.state == "UNLOADING":
-                if reason == REMOVED or self._on_disk(name, version.version):
+                if reason in (REMOVED, UPLOADED) or self._on_disk(name, version.version):
                     states[version.version] = VersionState("UNAVAILABLE", reason)
                 else:  # (an upload's version, unloaded: the index lists what is on disk)
                     del states[version.version]
@@ -745,8 +812,8 @@ def _remove_upload(folder: Path) -> None:
 
 def _outlives_folder(state: VersionState) -> bool:
     """Whether the index lists a version whose folder is gone: while it loads or drains, and
-    once unloaded because the folder went away (to say so)."""
-    return state.state in ("LOADING", "UNLOADING") or state.reason == REMOVED
+    once unloaded because the folder went away or an upload took its place (to say so)."""
+    return state.state in ("LOADING", "UNLOADING") or state.reason in (REMOVED, UPLOADED)
 
 
 def _deployments(served: ServedModel) -> list[Deployment]:
