@@ -13,13 +13,15 @@ from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
+import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from duetime.clock import FakeClock
 from duetime.config import SchedulingConfig
 from duetime.errors import DuetimeError, InvalidInput
-from duetime.execution.executor import BatchJob, BatchResult, Feeds
+from duetime.execution import executor as executor_module
+from duetime.execution.executor import BatchJob, BatchResult, Executor, Feeds
 from duetime.frontend.statistics import model_statistics_json
 from duetime.observability.metrics import MetricsCollector
 from duetime.scheduling.profile import profile_from_samples
@@ -251,5 +253,64 @@ def test_requests_refused_at_admission_fail_with_the_time_admission_took() -> No
             assert fail["count"] == len(refusals)
             assert fail["ns"] >= len(refusals) * US
         assert refusals == [["predicted", "to"], ["the", "request"], ["queue", "full"]]
+
+    run(body)
+
+
+# -- compute_input and compute_output: the batch's gathering and splitting -------------------------
+
+
+class DoublingSession:
+    """A stand-in ORT session of y = 2x."""
+
+    def run(self, names: Sequence[str], feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+        return [feeds["x"] * 2]
+
+
+def test_the_executor_times_gathering_running_and_splitting_apart(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Triton's backends report compute_input (the inputs copied into the batch), compute_infer
+    (the run) and compute_output (the outputs taken out per request) apart; duetime reported
+    only the run. A clock read between stages gives each its own time."""
+    ticks = iter([1_000, 1_300, 9_300, 9_350])  # gathered 300 ns later, ran 8 µs, split 50 ns
+    monkeypatch.setattr(executor_module, "time", SimpleNamespace(perf_counter_ns=ticks.__next__))
+    executor = Executor(
+        [DoublingSession()], output_names=["y"], string_outputs=frozenset(), batched=True,
+        label="t", inline=True,
+    )  # fmt: skip
+    a, b = np.ones((1, 3), np.float32), np.full((2, 3), 5, np.float32)
+    job = BatchJob([{"x": a}, {"x": b}], [1, 2], 4, lambda result: None)
+    result = executor.run_now(0, job)
+    assert (result.input_ns, result.compute_ns, result.output_ns) == (300, 8_000, 50)
+    first, second = result.outputs
+    assert isinstance(first, dict)
+    assert isinstance(second, dict)
+    np.testing.assert_array_equal(second["y"], b * 2)
+
+
+def test_compute_input_and_output_are_reported_as_triton_reports_them() -> None:
+    """Per successful request, its batch's times (each request sat through the whole batch, as
+    with compute_infer); per batch size, each execution's. They were always 0 (the metrics had
+    no nv_inference_compute_input_duration_us or _output_ at all)."""
+
+    async def body() -> None:
+        h = harness()
+        h.submit()
+        queued = [h.submit(), h.submit()]
+        h.executor.finish(0, input_ns=1 * US, output_ns=2 * US)
+        h.executor.finish(1, input_ns=5 * US, output_ns=7 * US)
+        assert all(f.done() for f in queued)
+        entry = h.stats()
+        stats = entry["inference_stats"]
+        assert stats["compute_input"] == {"count": 3, "ns": (1 + 2 * 5) * US}
+        assert stats["compute_output"] == {"count": 3, "ns": (2 + 2 * 7) * US}
+        by_size = {b["batch_size"]: b for b in entry["batch_stats"]}
+        assert by_size[1]["compute_input"] == {"count": 1, "ns": 1 * US}
+        assert by_size[2]["compute_input"] == {"count": 1, "ns": 5 * US}
+        assert by_size[2]["compute_output"] == {"count": 1, "ns": 7 * US}
+        nv = h.metrics()
+        assert triton(nv, "nv_inference_compute_input_duration_us") == 11
+        assert triton(nv, "nv_inference_compute_output_duration_us") == 16
 
     run(body)

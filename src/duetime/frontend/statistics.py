@@ -28,9 +28,11 @@ def model_statistics_json(
     batches: dict[int, list[int]] = {}
     for _, stats in per_variant:
         for size, batch in stats.batch_sizes.items():
-            entry = batches.setdefault(size, [0, 0])
+            entry = batches.setdefault(size, [0, 0, 0, 0])
             entry[0] += batch.count
-            entry[1] += batch.compute_ns
+            entry[1] += batch.input_ns
+            entry[2] += batch.compute_ns
+            entry[3] += batch.output_ns
     succeeded = total("succeeded")
     # NOTE: as Triton's: its `fail` and nv_inference_request_failure (reasons REJECTED, CANCELED,
     # BACKEND) come from one count, so requests their clients cancelled are failures here too
@@ -47,20 +49,20 @@ def model_statistics_json(
             # NOTE: as Triton's, queue and compute count the successful requests only (its
             # InferenceStatsAggregator adds them in UpdateSuccess, never in UpdateFailure)
             "queue": _duration(succeeded, total("queue_ns")),
-            "compute_input": _duration(0, 0),
+            "compute_input": _duration(succeeded, total("request_input_ns")),
             "compute_infer": _duration(succeeded, total("request_compute_ns")),
-            "compute_output": _duration(0, 0),
+            "compute_output": _duration(succeeded, total("request_output_ns")),
             "cache_hit": _duration(0, 0),
             "cache_miss": _duration(0, 0),
         },
         "batch_stats": [
             {
                 "batch_size": size,
-                "compute_input": _duration(0, 0),
-                "compute_infer": _duration(count, ns),
-                "compute_output": _duration(0, 0),
+                "compute_input": _duration(count, input_ns),
+                "compute_infer": _duration(count, infer_ns),
+                "compute_output": _duration(count, output_ns),
             }
-            for size, (count, ns) in sorted(batches.items())
+            for size, (count, input_ns, infer_ns, output_ns) in sorted(batches.items())
         ],
     }
     doc["duetime"] = {"variants": [_variant_json(d, stats) for d, stats in per_variant]}

@@ -271,8 +271,13 @@ _TRITON_CUMULATIVE = (
     ("nv_inference_exec_count", "Batch executions that answered some request"),
     ("nv_inference_request_duration_us", "Cumulative end-to-end time of successful requests, µs"),
     ("nv_inference_queue_duration_us", "Cumulative queue time of successful requests, µs"),
-    ("nv_inference_compute_infer_duration_us", "Cumulative time inside ONNX Runtime, µs"),
-)
+    ("nv_inference_compute_input_duration_us",
+     "Cumulative time of successful requests gathering their batch's inputs, µs"),
+    ("nv_inference_compute_infer_duration_us",
+     "Cumulative time of successful requests inside ONNX Runtime, µs"),
+    ("nv_inference_compute_output_duration_us",
+     "Cumulative time of successful requests splitting their batch's outputs, µs"),
+)  # fmt: skip
 
 
 def _triton_families(rows: Sequence[_Row]) -> Iterator[Metric]:
@@ -289,7 +294,8 @@ def _triton_families(rows: Sequence[_Row]) -> Iterator[Metric]:
     for row in rows:
         s, key = row.stats, (row.labels[0], row.labels[1])
         values = (s.succeeded, s.inferences, s.executions, s.success_ns // 1000,
-                  s.queue_ns // 1000, s.request_compute_ns // 1000)  # fmt: skip
+                  s.queue_ns // 1000, s.request_input_ns // 1000,
+                  s.request_compute_ns // 1000, s.request_output_ns // 1000)  # fmt: skip
         summed = cumulative.setdefault(key, [0] * len(values))
         for index, value in enumerate(values):
             summed[index] += value

@@ -147,6 +147,10 @@ class BatchSizeStatistics:
 
     count: int = 0
     compute_ns: int = 0
+    input_ns: int = 0
+    """Gathering their inputs (`BatchResult.input_ns`)."""
+    output_ns: int = 0
+    """Splitting their outputs (`BatchResult.output_ns`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,6 +188,10 @@ class SchedulerStatistics:
     request_compute_ns: int
     """Summed over the requests that succeeded: each one's batch's time inside ONNX Runtime
     (Triton's per-request compute_infer: every request sat through its whole batch)."""
+    request_input_ns: int
+    """Likewise its batch's time gathering the inputs (Triton's compute_input)."""
+    request_output_ns: int
+    """Likewise its batch's time splitting the outputs (Triton's compute_output)."""
     fail_ns: int
     """Summed over every request that failed (the model failed, refused, expired, cancelled by
     its client), from its arrival to its failure: for one refused or expired at admission, the
@@ -340,6 +348,7 @@ class ModelScheduler:
         self._late = self._on_time = self._probes = 0
         self._cancelled = self._executions = self._inferences = self._last_ms = 0
         self._request_compute_ns = self._fail_ns = self._queue_ns = 0
+        self._request_input_ns = self._request_output_ns = 0
         self._full_undue = 0
         """Refused for a full queue, bringing no due time: none missed (see `outcomes`)."""
         self._request_time = LatencyHistogram()
@@ -966,6 +975,8 @@ class ModelScheduler:
             # queue time is in `queue_time` alone); each got its whole batch's run
             self._queue_ns += queued
             self._request_compute_ns += answered * result.compute_ns
+            self._request_input_ns += answered * result.input_ns
+            self._request_output_ns += answered * result.output_ns
 
     def _judge(
         self, instance: int, running: _Running, result: BatchResult, now: int, sent: int
@@ -1065,6 +1076,8 @@ class ModelScheduler:
                 stats = self._batch_sizes[size] = BatchSizeStatistics()
             stats.count += 1
             stats.compute_ns += result.compute_ns
+            stats.input_ns += result.input_ns
+            stats.output_ns += result.output_ns
         if not clean:
             return
         bucket = running.bucket or 1
@@ -1129,6 +1142,8 @@ class ModelScheduler:
             queue_ns=self._queue_ns,
             compute_ns=self._compute_time.sum_ns,
             request_compute_ns=self._request_compute_ns,
+            request_input_ns=self._request_input_ns,
+            request_output_ns=self._request_output_ns,
             fail_ns=self._fail_ns + queue.withdrawn_ns + gone_ns,
             overhead_ns=int(self._overhead_ns),
             last_inference_ms=self._last_ms,
@@ -1137,7 +1152,7 @@ class ModelScheduler:
             compute_time=self._compute_time.snapshot(),
             # NOTE: list() copies the items before the loop can add a batch size to the dict
             batch_sizes={
-                k: BatchSizeStatistics(v.count, v.compute_ns)
+                k: BatchSizeStatistics(v.count, v.compute_ns, v.input_ns, v.output_ns)
                 for k, v in list(self._batch_sizes.items())
             },
             breaker_states=tuple(int(b.state) for b in self._breakers),
