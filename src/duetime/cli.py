@@ -177,6 +177,11 @@ def _parser() -> argparse.ArgumentParser:
         help="load each model on its first request",
     )  # fmt: skip
     serve.add_argument(
+        "--strict-readiness", type=_boolean, metavar="true|false",
+        help="server ready only while no model failed to load with nothing serving it "
+        "(default true, as Triton)",
+    )  # fmt: skip
+    serve.add_argument(
         "--no-tune-runtime",
         dest="tune_runtime",
         action="store_false",
@@ -251,6 +256,15 @@ def _parser() -> argparse.ArgumentParser:
             seen.add(id(sub))
             _add_log_flags(sub, top=False)
     return parser
+
+
+def _boolean(text: str) -> bool:
+    """A flag's `true` or `false` (Triton's `--strict-readiness=false`; also 1/0, yes/no)."""
+    value = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
+    try:
+        return value[text.strip().lower()]
+    except KeyError:
+        raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}") from None
 
 
 def _add_log_flags(parser: argparse.ArgumentParser, *, top: bool) -> None:

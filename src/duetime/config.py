@@ -432,6 +432,9 @@ class ServerSettings(_Strict):
     unloaded to make room."""
     lazy_load: bool = False
     """Load each model on its first request (which waits if its due time allows)."""
+    strict_readiness: bool = True
+    """As Triton: server ready (HTTP `/v2/health/ready`, gRPC `ServerReady` and health checks)
+    only while no model of the repository failed to load with nothing serving it."""
     unload_drain_secs: float = Field(default=30.0, ge=0)
     """How long a replaced or unloaded version may take to finish its queued requests."""
     switch_interval_us: int = Field(default=50, ge=10, le=100_000)

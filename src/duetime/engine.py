@@ -286,12 +286,16 @@ class Engine:
 
     @property
     def ready(self) -> bool:
-        """Models are served, or the repository API / first requests will load them."""
+        """Models are served, or the repository API / first requests will load them; and
+        (strict readiness, as Triton) none failed to load with nothing serving it."""
         manager = self.manager
         if manager is None:
             return False
+        snapshot = self.registry.snapshot
+        if manager.options.strict_readiness and snapshot.failures:
+            return False
         waiting = manager.options.control_mode == "explicit" or manager.options.lazy
-        return waiting or bool(self.registry.snapshot.models)
+        return waiting or bool(snapshot.models)
 
     # -- inference -----------------------------------------------------------------------------
 

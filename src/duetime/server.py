@@ -84,6 +84,7 @@ def repository_options(settings: ServerSettings) -> RepositoryOptions:
         max_loaded_models=settings.max_loaded_models,
         max_loaded_bytes=settings.max_loaded_bytes,
         lazy=settings.lazy_load,
+        strict_readiness=settings.strict_readiness,
         drain_s=settings.unload_drain_secs,
     )
 

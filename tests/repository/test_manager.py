@@ -137,6 +137,28 @@ def test_mode_none_refuses_load_and_unload(tmp_path: Path) -> None:
     run(tmp_path, scenario)
 
 
+@pytest.mark.parametrize("strict", [True, False])
+def test_a_model_that_failed_to_load_makes_the_server_unready(tmp_path: Path, strict: bool) -> None:
+    """The v2 protocol's server ready means "all the models are ready" (Triton's strict
+    readiness): it said ready while one model of the repository had failed to load."""
+    write_version(tmp_path, "m", 1, scale_model(1))
+    write_version(tmp_path, "broken", 1, b"not an onnx model")
+
+    async def scenario(engine: Engine) -> None:
+        assert await factor_of(engine) == 1.0
+        assert engine.ready is not strict
+        await engine.unload_model("broken")  # (no longer a model that failed: ready)
+        assert engine.ready
+        with pytest.raises(InvalidInput):
+            await engine.load_model("broken")
+        assert engine.ready is not strict
+        write_version(tmp_path, "broken", 1, scale_model(2))
+        await engine.load_model("broken")
+        assert engine.ready
+
+    run(tmp_path, scenario, control_mode="explicit", startup_models=("*",), strict_readiness=strict)
+
+
 def test_explicit_mode_loads_and_unloads_on_request(tmp_path: Path) -> None:
     write_version(tmp_path, "m", 1, scale_model(1))
     write_version(tmp_path, "n", 1, scale_model(5))

@@ -93,6 +93,10 @@ class RepositoryOptions:
     within it."""
     lazy: bool = False
     """Load a model on its first request instead of at start."""
+    strict_readiness: bool = True
+    """As Triton's `--strict-readiness`: the server is ready only while no model of the
+    repository has failed to load with nothing serving it (the v2 protocol's server ready: "all
+    the models are ready"); off, it is ready once it serves (or can load) models."""
     drain_s: float = 30.0
     """How long a replaced or unloaded version may take to finish its queued requests."""
 
@@ -403,6 +407,7 @@ class ModelManager:
     def _unload_now(self, name: str, reason: str) -> None:
         served = self._registry.snapshot.models.get(name)
         self._registry.publish(name, {}, ModelConfig().traffic)
+        self._registry.record_failure(name, None)  # (unloaded: no longer one that failed)
         self._overrides.pop(name, None)
         upload = self._uploads.pop(name, None)
         if upload is not None:
