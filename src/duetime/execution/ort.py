@@ -31,7 +31,10 @@ def session_options(*, intra_op_threads: int, inter_op_threads: int) -> ort.Sess
     options.inter_op_num_threads = inter_op_threads
     # NOTE: spinning ORT workers would steal the core the event loop needs on small machines.
     options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    options.log_severity_level = 3
+    # NOTE: fatal only: ORT logs a failing kernel at ERROR to stderr, so a client's bad value
+    # (an index out of range) wrote a coloured line per request past the server's log level and
+    # format; what a failure says reaches the client, and the server's log, as its exception.
+    options.log_severity_level = 4
     return options
 
 
