@@ -19,7 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from duetime.clock import FakeClock
 from duetime.config import SchedulingConfig
-from duetime.errors import DuetimeError, InvalidInput
+from duetime.errors import DuetimeError, InvalidInput, ModelUnavailable
 from duetime.execution import executor as executor_module
 from duetime.execution.executor import BatchJob, BatchResult, Executor, Feeds
 from duetime.frontend.statistics import model_statistics_json
@@ -77,14 +77,14 @@ class Harness:
         return model_statistics_json("m", _served(self.scheduler))
 
     def metrics(self) -> dict[str, dict[tuple[tuple[str, str], ...], float]]:
-        """The nv_inference_* samples: name -> sorted labels -> value."""
+        """The nv_inference_* and duetime_requests samples: name -> sorted labels -> value."""
         registry = CollectorRegistry()
         registry.register(MetricsCollector(_engine(self.scheduler)))  # type: ignore[arg-type]
         text = generate_latest(registry).decode()
         samples: dict[str, dict[tuple[tuple[str, str], ...], float]] = {}
         for family in text_string_to_metric_families(text):
             for sample in family.samples:
-                if sample.name.startswith("nv_inference"):
+                if sample.name.startswith(("nv_inference", "duetime_requests")):
                     labels = tuple(sorted(sample.labels.items()))
                     samples.setdefault(sample.name, {})[labels] = sample.value
         return samples
@@ -312,5 +312,35 @@ def test_compute_input_and_output_are_reported_as_triton_reports_them() -> None:
         nv = h.metrics()
         assert triton(nv, "nv_inference_compute_input_duration_us") == 11
         assert triton(nv, "nv_inference_compute_output_duration_us") == 16
+
+    run(body)
+
+
+# -- failure reasons: OTHER, and what is no failure ------------------------------------------------
+
+
+def test_queued_requests_no_instance_will_take_fail_as_other() -> None:
+    """Triton's nv_inference_request_failure has four reasons, OTHER among them. Requests failed
+    unrun because the model shut down under them (or every breaker opened) were counted
+    nowhere: not in /stats, not in any failure series, not in duetime_requests_total."""
+
+    async def body() -> None:
+        h = harness()
+        h.submit()  # runs, and never finishes
+        queued = [h.submit(), h.submit()]
+        h.clock.advance(40 * US)
+        await h.scheduler.aclose(0)
+        assert all(isinstance(f.exception(), ModelUnavailable) for f in queued)
+        assert h.stats()["inference_stats"]["fail"] == {"count": 2, "ns": 2 * 40 * US}
+        assert h.stats()["duetime"]["variants"][0]["unavailable"] == 2
+        nv = h.metrics()
+        reasons = {
+            dict(labels)["reason"]: v for labels, v in nv["nv_inference_request_failure"].items()
+        }
+        assert reasons == {"REJECTED": 0, "CANCELED": 0, "BACKEND": 0, "OTHER": 2}
+        outcomes = {
+            dict(labels)["outcome"]: v for labels, v in nv["duetime_requests_total"].items()
+        }
+        assert outcomes["unavailable"] == 2
 
     run(body)

@@ -35,8 +35,16 @@ def model_statistics_json(
             entry[3] += batch.output_ns
     succeeded = total("succeeded")
     # NOTE: as Triton's: its `fail` and nv_inference_request_failure (reasons REJECTED, CANCELED,
-    # BACKEND) come from one count, so requests their clients cancelled are failures here too
-    failed = total("failed") + total("rejected") + total("expired") + total("cancelled")
+    # BACKEND, OTHER) come from one count, so requests their clients cancelled are failures here
+    # too. Requests refused by validation are not: Triton refuses them before they reach the
+    # model (TRITONSERVER_ServerInferAsync returns PrepareForInference's error), uncounted.
+    failed = (
+        total("failed")
+        + total("rejected")
+        + total("expired")
+        + total("cancelled")
+        + total("unavailable")
+    )
     doc: dict[str, Any] = {
         "name": name,
         "version": version.version,
@@ -84,6 +92,7 @@ def _variant_json(deployment: Deployment, stats: SchedulerStatistics) -> dict[st
         "late": stats.late,
         "failed": stats.failed,
         "cancelled": stats.cancelled,
+        "unavailable": stats.unavailable,
         "handoff_overhead_ns": stats.overhead_ns,
         "execution_overrun": round(stats.overrun, 3),
         "handoff_tail_ns": stats.handoff_tail_ns,

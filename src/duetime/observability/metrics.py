@@ -37,7 +37,9 @@ if TYPE_CHECKING:
     from duetime.tools.capture.recorder import Recorder
 
 DEPLOYMENT_LABELS = ("model", "version", "variant")
-OUTCOMES = ("success", "late", "rejected", "expired", "failed", "cancelled", "invalid")
+OUTCOMES = (
+    "success", "late", "rejected", "expired", "failed", "cancelled", "unavailable", "invalid",
+)  # fmt: skip
 """The `outcome` label of `duetime_requests_total`; every request the schedulers or the router's
 validation saw ends in exactly one."""
 
@@ -109,9 +111,10 @@ class MetricsCollector:
             "answered after it; rejected: refused at admission (queue full or predicted to miss "
             "its due time); expired: failed without running (due before it reached the "
             "scheduler, or could no longer make it while queued); failed: the model failed; "
-            "cancelled: the client gave "
-            "up while it ran; invalid: inputs failed validation against the model's signature "
-            "(variant is empty: no variant was chosen yet).",
+            "cancelled: the client gave up (while it waited or ran); unavailable: failed unrun "
+            "while queued, no instance taking work any more (every breaker open, or shut "
+            "down); invalid: inputs failed validation against the model's signature (variant "
+            "is empty: no variant was chosen yet).",
             labels=(*DEPLOYMENT_LABELS, "outcome"),
         )
         for row in rows:
@@ -123,6 +126,7 @@ class MetricsCollector:
                 ("expired", stats.expired),
                 ("failed", stats.failed),
                 ("cancelled", stats.cancelled),
+                ("unavailable", stats.unavailable),
             )
             for outcome, value in counts:
                 family.add_metric((*row.labels, outcome), value)
@@ -262,7 +266,7 @@ class MetricsCollector:
 
 
 TRITON_LABELS = ("model", "version")
-TRITON_FAILURE_REASONS = ("REJECTED", "CANCELED", "BACKEND")
+TRITON_FAILURE_REASONS = ("REJECTED", "CANCELED", "BACKEND", "OTHER")
 
 
 _TRITON_CUMULATIVE = (
@@ -299,8 +303,9 @@ def _triton_families(rows: Sequence[_Row]) -> Iterator[Metric]:
         summed = cumulative.setdefault(key, [0] * len(values))
         for index, value in enumerate(values):
             summed[index] += value
-        failed = failures.setdefault(key, [0, 0, 0])
-        for index, value in enumerate((s.rejected + s.expired, s.cancelled, s.failed)):
+        failed = failures.setdefault(key, [0, 0, 0, 0])
+        reasons = (s.rejected + s.expired, s.cancelled, s.failed, s.unavailable)
+        for index, value in enumerate(reasons):
             failed[index] += value
         pending[key] = pending.get(key, 0) + s.queued
     for index, (name, help_text) in enumerate(_TRITON_CUMULATIVE):
@@ -310,7 +315,9 @@ def _triton_families(rows: Sequence[_Row]) -> Iterator[Metric]:
         yield family
     name = "nv_inference_request_failure"
     help_text = ("Failed inference requests by reason: REJECTED refused or expired for time, "
-                 "CANCELED, BACKEND the model failed (Triton's name).")  # fmt: skip
+                 "CANCELED by the client, BACKEND the model failed, OTHER failed unrun when no "
+                 "instance would take work any more (Triton's name; requests refused by input "
+                 "validation are not counted, as Triton's are not).")  # fmt: skip
     family = Metric(name, help_text, "untyped")
     for (model, version), failed in failures.items():
         for reason, value in zip(TRITON_FAILURE_REASONS, failed, strict=True):

@@ -175,6 +175,9 @@ class SchedulerStatistics:
     """Answered by their due time (or had none): `succeeded - late`, counted on its own so that a
     snapshot taken on another thread (a metrics scrape) never shows it going down."""
     cancelled: int
+    unavailable: int
+    """Failed while queued, unrun, because no instance would take them any more (every
+    instance's breaker open, or the scheduler shut down); Triton's failure reason OTHER."""
     executions: int
     """Executions that answered some request (Triton's execution_count: one in which every
     request failed is not counted; `compute_time` counts every execution)."""
@@ -349,7 +352,7 @@ class ModelScheduler:
         self._cancelled = self._executions = self._inferences = self._last_ms = 0
         self._request_compute_ns = self._fail_ns = self._queue_ns = 0
         self._request_input_ns = self._request_output_ns = 0
-        self._full_undue = 0
+        self._full_undue = self._unavailable = 0
         """Refused for a full queue, bringing no due time: none missed (see `outcomes`)."""
         self._request_time = LatencyHistogram()
         self._queue_time = LatencyHistogram()
@@ -1034,9 +1037,7 @@ class ModelScheduler:
             self._tripped -= 1
             log.warning("model %s instance %d: breaker closed", self._label, instance)
         if opened and not self.available(now):
-            error = self.unavailable_error(now)
-            for item in self._queue.drain():
-                _settle(item, error)
+            self._fail_queued(self.unavailable_error(now), now)
 
     def available(self, now: int) -> bool:
         """Whether some instance's breaker lets work through (or will once its probe ends)."""
@@ -1136,6 +1137,7 @@ class ModelScheduler:
             late=self._late,
             on_time=self._on_time,
             cancelled=self._cancelled + queue.withdrawn + gone,
+            unavailable=self._unavailable,
             executions=self._executions,
             inferences=self._inferences,
             success_ns=self._request_time.sum_ns,
@@ -1173,11 +1175,19 @@ class ModelScheduler:
         for timer in (self._timer, self._sweeper):
             if timer is not None:
                 timer.cancel()
-        for item in self._queue.drain():
-            _settle(item, ModelUnavailable(f"model {self._label} shut down before it ran"))
+        error = ModelUnavailable(f"model {self._label} shut down before it ran")
+        self._fail_queued(error, self._clock.now_ns())
         if self._ledger is not None:
             for owner in self._owners:
                 self._ledger.leave(owner)
+
+    def _fail_queued(self, error: ModelUnavailable, now: int) -> None:
+        """Fail every queued request with `error`: no instance will take them any more."""
+        for item in self._queue.drain():
+            if not item.future.done():  # (else withdrawn by its client: counted so)
+                self._unavailable += 1
+                self._fail_ns += now - item.arrival_ns
+                _settle(item, error)
 
 
 def _input_bytes(running: _Running) -> int:
