@@ -26,19 +26,28 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Any, TypeVar, cast
 
 import httptools
-import orjson
 
 from duetime.config import ServerSettings
 from duetime.errors import ConfigError, DuetimeError
 from duetime.execution.affinity import lower_thread_priority
-from duetime.frontend.rest import BulkReply, PendingReply, Reply, RestApi, build_bulk
+from duetime.frontend.rest import (
+    BulkReply,
+    HttpError,
+    PendingReply,
+    Reply,
+    RestApi,
+    build_bulk,
+    error_reply,
+    failed_reply,
+)
 from duetime.observability.logs import log_request
+from duetime.observability.tracing import new_trace_id, parse_traceparent
 from duetime.overload import LoadShedder
 
 log = logging.getLogger("duetime.http")
@@ -78,7 +87,6 @@ _DRAIN_COST_S = 1e-9
 client still uploading is drained in turns with bulk bodies, not as fast as the loop can copy."""
 
 _REASONS = {status.value: status.phrase.encode() for status in HTTPStatus}
-_JSON = (b"Content-Type", b"application/json")
 
 
 @dataclass(frozen=True, slots=True)
@@ -314,7 +322,7 @@ class HttpConnection(asyncio.Protocol):
                 f"the server has {intake.max_connections} connections open, its limit; "
                 "retry later, reuse a connection, or use another replica"
             )
-            writer.write(cast(bytes, _encode(_error(503, message, retry_after=True), False)))
+            writer.write(cast(bytes, _encode(_error(503, message, None, retry_after=True), False)))
             writer.close()
             return
         self._connections.add(self)
@@ -521,11 +529,7 @@ class HttpConnection(asyncio.Protocol):
     ) -> None:
         shedder = self._shedder
         if shedder is not None and shedder.share and _is_infer(method, url) and shedder.refuse():
-            log_request(
-                protocol="http", model="", version=None, status=429, reason=_SHED_MESSAGE,
-                trace_id=None,
-            )  # fmt: skip
-            slot.data = _shed_reply(slot.keep_alive, slot.http10)
+            slot.data = _shed_reply(slot.keep_alive, slot.http10, headers)
             self._flush()
             return
         head = method == "HEAD"  # a GET's status and headers without its body (RFC 9110 9.3.2)
@@ -551,7 +555,8 @@ class HttpConnection(asyncio.Protocol):
             except Exception as exc:  # MemoryError, most likely
                 log.exception("could not join a request body")
                 message = f"internal error joining the request body: {type(exc).__name__}"
-                slot.data = _encode(_error(500, message), slot.keep_alive, slot.http10)
+                reply = _error(500, message, headers)
+                slot.data = _encode(reply, slot.keep_alive, slot.http10)
                 self._flush()
                 return
             self._answer(slot, method, url, headers, body)
@@ -746,7 +751,7 @@ class HttpConnection(asyncio.Protocol):
         self._window_start = None
         self._body = []
         self._drop_reservation()
-        reply = _encode(_error(status, message, retry_after=retry_after), False)
+        reply = _encode(_error(status, message, self._headers, retry_after=retry_after), False)
         self._slots.append(_Slot(keep_alive=False, data=reply))
         if self._transport is not None and not self._reading_paused:
             self._transport.pause_reading()
@@ -888,21 +893,42 @@ def _is_infer(method: str, url: bytes) -> bool:
     return method == "POST" and url.split(b"?", 1)[0].endswith(b"/infer")
 
 
-@functools.cache
-def _shed_reply(keep_alive: bool, http10: bool) -> bytes:
-    """The refusal of a request the load shedder turns away, encoded once.
+_TRACE_SLOT = "~" * 32
+"""Where a refusal's trace id goes in its bytes encoded once (as long as a trace id)."""
+
+
+def _shed_reply(keep_alive: bool, http10: bool, headers: Mapping[str, str]) -> bytes:
+    """The refusal of a request the load shedder turns away, with its trace id, and its log
+    line.
 
     NOTE: at overload most requests are refused, and a refusal that cost as much as an answer
-    (routing, an exception, a trace id, a JSON body: 70% of serving mlp, measured) left the loop
-    too little time to answer the rest: refusing 50% of 200% load took all of it."""
-    return cast(bytes, _encode(_error(429, _SHED_MESSAGE, retry_after=True), keep_alive, http10))
+    (routing, an exception, a JSON body: 70% of serving mlp, measured) left the loop too little
+    time to answer the rest: refusing 50% of 200% load took all of it. It is encoded once, the
+    trace id put into its place."""
+    parent = parse_traceparent(headers.get("traceparent"))
+    trace_id = parent.trace_id_hex if parent is not None else new_trace_id()
+    log_request(
+        protocol="http", model="", version=None, status=429, reason=_SHED_MESSAGE,
+        trace_id=trace_id,
+    )  # fmt: skip
+    return trace_id.encode().join(_shed_pieces(keep_alive, http10))
 
 
-def _error(status: int, message: str, *, retry_after: bool = False) -> Reply:
-    headers: tuple[tuple[bytes, bytes], ...] = (_JSON,)
-    if retry_after:
-        headers += ((b"Retry-After", b"1"),)
-    return Reply(status, orjson.dumps({"error": message}), headers)
+@functools.cache
+def _shed_pieces(keep_alive: bool, http10: bool) -> list[bytes]:
+    """The shedder's refusal encoded, split where its trace id goes."""
+    error = HttpError(429, _SHED_MESSAGE, retry_after_s=1.0)
+    encoded = cast(bytes, _encode(error_reply(error, _TRACE_SLOT), keep_alive, http10))
+    return encoded.split(_TRACE_SLOT.encode())
+
+
+def _error(
+    status: int, message: str, headers: Mapping[str, str] | None, *, retry_after: bool = False
+) -> Reply:
+    """The answer to a request the protocol layer refuses itself, with its trace id (that of the
+    `traceparent` in `headers`, if any, else a new one) and its log line."""
+    error = HttpError(status, message, retry_after_s=1.0 if retry_after else None)
+    return failed_reply(error, headers or {})
 
 
 def _encode(

@@ -102,14 +102,34 @@ BULK_COMPRESS_BYTES = 64 << 10
 """Answers bigger than this are compressed off the loop (~0.5 ms of zlib at level 1)."""
 
 
+Headers = tuple[tuple[bytes, bytes], ...]
+
+
 class UnsupportedEncoding(InvalidInput):
     """A request body in a content coding the server cannot decode: 415, with the codings it
     can in `Accept-Encoding` (RFC 9110 15.5.16 and 12.5.3, as Triton answers)."""
 
     http_status = 415
+    headers: Headers = ((b"Accept-Encoding", b"gzip, deflate"),)
 
 
-_ACCEPTED_CODINGS = (b"Accept-Encoding", b"gzip, deflate")
+class HttpError(DuetimeError):
+    """An error only HTTP has (a method not allowed, a request the protocol layer refuses: too
+    big, too slow, malformed), with its status and any headers its answer needs."""
+
+    grpc_code = "UNIMPLEMENTED"
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        retry_after_s: float | None = None,
+        headers: Headers = (),
+    ) -> None:
+        super().__init__(message, retry_after_s=retry_after_s)
+        self.http_status = status
+        self.headers = headers
 
 
 class Pending(Protocol):
@@ -144,8 +164,10 @@ class ControlCall:
             callback()
 
     @classmethod
-    def start(cls, operation: Awaitable[None], done: Reply) -> PendingReply:
-        """Run `operation`; the reply is `done` when it succeeds, its error otherwise."""
+    def start(
+        cls, operation: Awaitable[None], done: Reply, failed: Callable[[DuetimeError], Reply]
+    ) -> PendingReply:
+        """Run `operation`; the reply is `done` when it succeeds, `failed(error)` otherwise."""
         loop = asyncio.get_running_loop()
         call = cls(loop.create_future())
 
@@ -154,10 +176,10 @@ class ControlCall:
                 await operation
                 reply = done
             except DuetimeError as exc:
-                reply = error_reply(exc)
+                reply = failed(exc)
             except Exception as exc:
                 log.exception("internal error in a repository operation")
-                reply = error_reply(InternalError(f"internal error: {type(exc).__name__}: {exc}"))
+                reply = failed(InternalError(f"internal error: {type(exc).__name__}: {exc}"))
             if not call.future.done():
                 call.future.set_result(reply)
                 if call.on_done is not None:
@@ -188,17 +210,37 @@ def build_bulk(bulk: BulkReply) -> Reply | DuetimeError:
 
 
 def error_reply(exc: DuetimeError, trace_id: str | None = None) -> Reply:
-    """The error's status and `{"error": message}`, the trace id in the message and header."""
-    headers: tuple[tuple[bytes, bytes], ...] = (_JSON,)
+    """The error's status and `{"error": message}`, its trace id (`trace_id`, else a new one) at
+    the end of the message and in `x-trace-id`."""
+    headers: Headers = (_JSON,)
     if exc.retry_after_s is not None:
         headers += ((b"Retry-After", str(max(1, round(exc.retry_after_s))).encode()),)
-    if isinstance(exc, UnsupportedEncoding):
-        headers += (_ACCEPTED_CODINGS,)
-    message = exc.message
-    if trace_id is not None:
-        message = f"{message} (trace {trace_id})"
-        headers += ((b"x-trace-id", trace_id.encode()),)
+    if isinstance(exc, HttpError | UnsupportedEncoding):
+        headers += exc.headers
+    if trace_id is None:
+        trace_id = new_trace_id()
+    headers += ((b"x-trace-id", trace_id.encode()),)
+    message = f"{exc.message} (trace {trace_id})"
     return Reply(exc.http_status, orjson.dumps({"error": message}), headers)
+
+
+def failed_reply(
+    exc: DuetimeError,
+    headers: Mapping[str, str],
+    model: str = "",
+    version: str | None = None,
+    trace_id: str = "",
+) -> Reply:
+    """The reply of a request that failed, with its trace id (`trace_id`, else the caller's
+    `traceparent`'s, else a new one), and its log line."""
+    if not trace_id:
+        parent = parse_traceparent(headers.get("traceparent"))
+        trace_id = parent.trace_id_hex if parent is not None else new_trace_id()
+    log_request(
+        protocol="http", model=model, version=version, status=exc.http_status,
+        reason=exc.message, trace_id=trace_id,
+    )  # fmt: skip
+    return error_reply(exc, trace_id)
 
 
 def _json(value: Any, status: int = 200) -> Reply:
@@ -274,17 +316,10 @@ class RestApi:
     def _failed(
         self, exc: DuetimeError, headers: Mapping[str, str], parts: list[str], trace_id: str = ""
     ) -> Reply:
-        """The error reply, with the caller's trace id (or a new one), and its log line."""
-        if not trace_id:
-            parent = parse_traceparent(headers.get("traceparent"))
-            trace_id = parent.trace_id_hex if parent is not None else new_trace_id()
+        """The error reply of a request to `parts` (see `failed_reply`)."""
         model = parts[2] if len(parts) > 2 and parts[1] == "models" else ""
         version = parts[4] if len(parts) > 4 and parts[3] == "versions" else None
-        log_request(
-            protocol="http", model=model, version=version, status=exc.http_status,
-            reason=exc.message, trace_id=trace_id,
-        )  # fmt: skip
-        return error_reply(exc, trace_id)
+        return failed_reply(exc, headers, model, version, trace_id)
 
     def encode(self, pending: PendingReply) -> Reply | BulkReply:
         """The reply of a finished inference (or how to build it off the loop); never raises."""
@@ -353,7 +388,7 @@ class RestApi:
             return self._trace_setting(method, model, headers, body)
         if action == ["infer"]:
             if method != "POST":
-                return _method_not_allowed("POST")
+                raise _method_not_allowed("POST")
             return self._infer(model, version, headers, body)
         raise ModelNotFound(f"no such endpoint under model '{model}': '{'/'.join(action)}'")
 
@@ -361,7 +396,7 @@ class RestApi:
         self, method: str, rest: list[str], headers: Mapping[str, str], body: bytes
     ) -> Reply | PendingReply:
         if method != "POST":
-            return _method_not_allowed("POST")
+            raise _method_not_allowed("POST")
         if rest == ["index"]:
             return self._repository_index(body)
         if len(rest) == 3 and rest[0] == "models" and rest[2] in ("load", "unload"):
@@ -371,10 +406,15 @@ class RestApi:
             # NOTE: Triton answers with an empty 200, KServe's model server with {"name": ...,
             # "load"/"unload": true}; tritonclient reads no body on success, so this one does both.
             done = _json({"name": name, rest[2]: True})
+
+            def failed(exc: DuetimeError) -> Reply:
+                return self._failed(exc, headers, ["v2", "models", name])
+
             if rest[2] == "unload":
-                return ControlCall.start(self._engine.unload_model(name), done)
+                return ControlCall.start(self._engine.unload_model(name), done, failed)
             asked = load_request(parameters, name)
-            return ControlCall.start(self._engine.load_model(name, asked.config, asked.files), done)
+            operation = self._engine.load_model(name, asked.config, asked.files)
+            return ControlCall.start(operation, done, failed)
         raise ModelNotFound(f"no such endpoint '/v2/repository/{'/'.join(rest)}'")
 
     def _repository_index(self, body: bytes) -> Reply:
@@ -401,7 +441,7 @@ class RestApi:
             return _expect(method, "GET", lambda: _json(regions.status(name)))
         if rest == ["unregister"] or (rest == ["register"] and name is not None):
             if method != "POST":
-                return _method_not_allowed("POST")
+                raise _method_not_allowed("POST")
             # NOTE: the server writes outputs into whatever object a region names
             check_control_token(self._settings.control_token, headers.get("authorization"))
             if name is None or rest == ["unregister"]:
@@ -443,7 +483,7 @@ class RestApi:
         if method == "GET":
             return _json(current())
         if method != "POST":
-            return _method_not_allowed("GET, POST")
+            raise _method_not_allowed("GET, POST")
         check_control_token(self._settings.control_token, headers.get("authorization"))
         return _json(update(_json_object(body, what) if body.strip() else {}))
 
@@ -469,7 +509,7 @@ class RestApi:
         if verb != "predict":
             raise ModelNotFound(f"no such endpoint '/v1/models/{rest[1]}': only ':predict'")
         if method != "POST":
-            return _method_not_allowed("POST")
+            raise _method_not_allowed("POST")
         return self._v1_predict(model, headers, body)
 
     def _v1_predict(self, model: str, headers: Mapping[str, str], body: bytes) -> PendingReply:
@@ -1169,12 +1209,14 @@ def _openapi() -> Reply:
 
 
 def _expect(method: str, allowed: str, answer: Callable[[], Reply]) -> Reply:
-    return answer() if method == allowed else _method_not_allowed(allowed)
+    if method != allowed:
+        raise _method_not_allowed(allowed)
+    return answer()
 
 
-def _method_not_allowed(allowed: str) -> Reply:
-    body = orjson.dumps({"error": f"method not allowed here; use {allowed}"})
-    return Reply(405, body, (_JSON, (b"Allow", allowed.encode())))
+def _method_not_allowed(allowed: str) -> HttpError:
+    headers = ((b"Allow", allowed.encode()),)
+    return HttpError(405, f"method not allowed here; use {allowed}", headers=headers)
 
 
 INFER_TARGETS_MAX = 256
