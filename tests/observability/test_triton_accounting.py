@@ -6,6 +6,8 @@ and the metrics collector, the same snapshot read both ways."""
 from __future__ import annotations
 
 import asyncio
+import gzip
+import wsgiref.util
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,6 +17,9 @@ from typing import Any
 import numpy as np
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.openmetrics.parser import (
+    text_string_to_metric_families as openmetrics_families,
+)
 from prometheus_client.parser import text_string_to_metric_families
 
 from duetime.clock import FakeClock
@@ -23,7 +28,7 @@ from duetime.errors import DuetimeError, InvalidInput, ModelUnavailable
 from duetime.execution import executor as executor_module
 from duetime.execution.executor import BatchJob, BatchResult, Executor, Feeds
 from duetime.frontend.statistics import model_statistics_json
-from duetime.observability.metrics import MetricsCollector
+from duetime.observability.metrics import TRITON_COUNTERS, MetricsCollector, WsgiApp, metrics_app
 from duetime.scheduling.profile import profile_from_samples
 from duetime.scheduling.scheduler import ModelScheduler
 
@@ -342,5 +347,58 @@ def test_queued_requests_no_instance_will_take_fail_as_other() -> None:
             dict(labels)["outcome"]: v for labels, v in nv["duetime_requests_total"].items()
         }
         assert outcomes["unavailable"] == 2
+
+    run(body)
+
+
+# -- exposition: counters, as Triton's -------------------------------------------------------------
+
+
+def scrape(app: WsgiApp, accept: str = "", encoding: str = "") -> tuple[str, dict[str, str]]:
+    environ: dict[str, Any] = {"HTTP_ACCEPT": accept, "HTTP_ACCEPT_ENCODING": encoding}
+    wsgiref.util.setup_testing_defaults(environ)
+    answer: list[Any] = []
+    body = b"".join(app(environ, lambda status, headers: answer.extend((status, headers))))
+    assert answer[0] == "200 OK"
+    headers = dict(answer[1])
+    if headers.get("Content-Encoding") == "gzip":
+        body = gzip.decompress(body)
+    return body.decode(), headers
+
+
+def test_triton_counters_are_typed_counter_under_their_own_names() -> None:
+    """Triton writes `# TYPE nv_inference_request_success counter` over series of that exact
+    name; duetime wrote them `untyped` (prometheus_client renames a counter `<name>_total`).
+    The Prometheus text format now types them as Triton does; OpenMetrics, whose counters must
+    end in `_total`, gets them as `unknown` under the same names, and parses."""
+
+    async def body() -> None:
+        h = harness()
+        h.submit()
+        h.executor.finish(0)
+        registry = CollectorRegistry()
+        registry.register(MetricsCollector(_engine(h.scheduler)))  # type: ignore[arg-type]
+        app = metrics_app(registry)
+
+        text, headers = scrape(app)
+        assert headers["Content-Type"].startswith("text/plain")
+        for name in TRITON_COUNTERS:
+            assert f"\n# TYPE {name} counter\n" in text
+        assert '\nnv_inference_request_success{model="m",version="1"} 1.0\n' in text
+        assert "nv_inference_request_success_total" not in text
+        assert "\n# TYPE duetime_requests_total counter\n" in text, "duetime's own: unchanged"
+        families = {f.name: f.type for f in text_string_to_metric_families(text)}
+        assert {families[name] for name in TRITON_COUNTERS} == {"counter"}
+
+        zipped, headers = scrape(app, encoding="gzip")
+        assert headers["Content-Encoding"] == "gzip"
+        assert zipped == text
+
+        openmetrics, headers = scrape(app, accept="application/openmetrics-text; version=1.0.0")
+        assert headers["Content-Type"].startswith("application/openmetrics-text")
+        parsed = {f.name: f for f in openmetrics_families(openmetrics)}
+        success = parsed["nv_inference_request_success"]
+        assert success.type == "unknown"
+        assert [s.name for s in success.samples] == ["nv_inference_request_success"]
 
     run(body)

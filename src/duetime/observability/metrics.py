@@ -13,18 +13,23 @@ lists, copy any dict the loop may change before iterating it, and touch no async
 from __future__ import annotations
 
 import functools
+import gzip
+import re
 import weakref
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from itertools import accumulate
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+from prometheus_client import make_wsgi_app
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
     HistogramMetricFamily,
     Metric,
 )
+from prometheus_client.exposition import gzip_accepted
+from prometheus_client.registry import Collector
 
 from duetime.scheduling.scheduler import HistogramSnapshot, SchedulerStatistics
 
@@ -290,8 +295,10 @@ def _triton_families(rows: Sequence[_Row]) -> Iterator[Metric]:
     cumulative microseconds, as Triton's are; a request refused at admission or expired in the
     queue is a REJECTED failure (Triton's queue-timeout rejections are too).
 
-    NOTE: the cumulative ones are exposed untyped: prometheus_client names a counter family
-    `<name>_total`, and Triton's series carry no suffix (`rate()` works on either)."""
+    NOTE: the cumulative ones are families of type `unknown` here: prometheus_client names a
+    counter family's series `<name>_total`, and Triton's carry no suffix. `metrics_app` serves
+    them as Triton does, typed `counter` in the Prometheus text format; in OpenMetrics, whose
+    counters must end in `_total`, they stay `unknown` under their exact names."""
     cumulative: dict[tuple[str, str], list[int]] = {}
     failures: dict[tuple[str, str], list[int]] = {}
     pending: dict[tuple[str, str], int] = {}
@@ -331,6 +338,39 @@ def _triton_families(rows: Sequence[_Row]) -> Iterator[Metric]:
     for labels, value in pending.items():
         gauge.add_metric(labels, value)
     yield gauge
+
+
+TRITON_COUNTERS = (*(name for name, _ in _TRITON_CUMULATIVE), "nv_inference_request_failure")
+_UNTYPED_TRITON_COUNTER = re.compile(
+    rb"^(# TYPE (?:" + b"|".join(n.encode() for n in TRITON_COUNTERS) + rb") )untyped$", re.M
+)
+
+WsgiApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
+
+
+def metrics_app(registry: Collector) -> WsgiApp:
+    """prometheus_client's WSGI app for `registry`, with Triton's cumulative series typed as
+    Triton types them: `# TYPE nv_inference_request_success counter` over samples of that
+    exact name, in the Prometheus text format (prometheus_client can only write them untyped
+    there: it renames a counter family `<name>_total`). An OpenMetrics scrape gets them as
+    `unknown` (OpenMetrics counters must end in `_total`; these keep Triton's names)."""
+    served = make_wsgi_app(registry, disable_compression=True)
+
+    def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        answer: list[Any] = []
+        body = b"".join(served(environ, lambda *head: answer.extend(head[:2])))
+        status, headers = answer
+        kind = next((v for k, v in headers if k == "Content-Type"), None)
+        if kind is not None:  # (a scrape, not OPTIONS or another method)
+            if kind.startswith("text/plain"):
+                body = _UNTYPED_TRITON_COUNTER.sub(rb"\1counter", body)
+            if gzip_accepted(environ.get("HTTP_ACCEPT_ENCODING", "")):
+                body = gzip.compress(body)
+                headers = [*headers, ("Content-Encoding", "gzip")]
+        start_response(status, headers)
+        return [body]
+
+    return app
 
 
 def _counter(
