@@ -95,3 +95,32 @@ def test_a_body_in_an_unsupported_coding_gets_415_and_the_codings_accepted(
     assert f"Content-Encoding '{coding}' is not supported" in response.json()["error"]
     response = exchange(server, "POST", "/v1/models/mlp:predict", b"{}", {"Content-Encoding": "br"})
     assert response.status == 415, response
+
+
+# -- Expect: 100-continue ------------------------------------------------------------------------
+
+
+def _first_answer_to_expect(server: RunningServer, version: str) -> list[Response]:
+    """The answers to a request with `Expect: 100-continue` whose body follows its head at once:
+    an interim 100 first if the server sends one, then the final answer."""
+    raw = Raw(server.http)
+    try:
+        head = (
+            f"POST /v2/models/mlp/infer {version}\r\nHost: duetime.test\r\n"
+            f"Content-Length: {len(X)}\r\nExpect: 100-continue\r\n\r\n"
+        )
+        raw.sock.sendall(head.encode() + X)
+        answers = [raw.response()]
+        if answers[0].status == 100:
+            answers.append(raw.response())
+        return answers
+    finally:
+        raw.close()
+
+
+def test_expect_100_continue_is_ignored_on_an_http_1_0_request(server: RunningServer) -> None:
+    # RFC 9110 10.1.1: a server MUST ignore it there (an HTTP/1.0 client knows no 1xx)
+    (answer,) = _first_answer_to_expect(server, "HTTP/1.0")
+    assert answer.status == 200, answer
+    interim, answer = _first_answer_to_expect(server, "HTTP/1.1")
+    assert (interim.status, answer.status) == (100, 200)

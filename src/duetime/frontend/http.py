@@ -567,7 +567,13 @@ class HttpConnection(asyncio.Protocol):
         )
 
     def _continue(self) -> None:
-        if self._headers.get("expect", "").lower() == "100-continue" and self._transport:
+        """Answer `Expect: 100-continue`, but not on an HTTP/1.0 request: a 1.0 client knows no
+        interim answers, and RFC 9110 10.1.1 has the server ignore it there."""
+        if (
+            self._headers.get("expect", "").lower() == "100-continue"
+            and self._transport is not None
+            and self._parser.get_http_version() != "1.0"
+        ):
             self._transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
 
     # -- big bodies ----------------------------------------------------------------------------
