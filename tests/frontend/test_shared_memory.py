@@ -18,8 +18,8 @@ from conftest import RunningServer, start_server, stop_server
 from tritonclient.utils import InferenceServerException
 
 from duetime.config import ServerSettings
-from duetime.errors import InvalidInput
-from duetime.frontend.sharedmemory import SharedMemoryRegions, Window
+from duetime.errors import InvalidInput, PayloadTooLarge
+from duetime.frontend.sharedmemory import READ_MAX_BYTES, SharedMemoryRegions, Window
 
 TOKEN = "a-control-token-of-some-length"
 
@@ -111,6 +111,39 @@ def test_an_object_shrunk_after_registering_is_refused_not_a_crash(
     assert (tmp_path / "obj").read_bytes()[56:58] == b"\x01\x02"
 
 
+def test_an_input_of_the_wrong_size_is_refused_before_anything_is_read(
+    regions: SharedMemoryRegions, tmp_path: Path
+) -> None:
+    """The size a datatype and shape need is checked first: a window of any other size is
+    refused without reading it (here the object is empty: a read would fail otherwise)."""
+    regions.register("r", "/obj", 0, 64)
+    assert bytes(regions.read(Window("r", 32, 0), "input 'x'", "FP32", (1, 8))) == bytes(range(32))
+    os.truncate(tmp_path / "obj", 0)
+    with pytest.raises(InvalidInput, match=re.escape(
+        "input byte size mismatch for input 'x'. Expected 32, got 64 (shared_memory_byte_size "
+        "must be the size of a FP32 tensor of shape [1, 8]; nothing was read)"
+    )):  # fmt: skip
+        regions.read(Window("r", 64, 0), "input 'x'", "FP32", (1, 8))
+
+
+def test_an_input_read_from_shared_memory_is_bounded(tmp_path: Path) -> None:
+    """BYTES (whose size the shape does not give) or a caller that gives no shape: a window over
+    the limit is refused before it is read."""
+    with open(tmp_path / "big", "wb") as sparse:  # (no disk or memory used)
+        sparse.truncate(1 << 30)
+    regions = SharedMemoryRegions(root=tmp_path, max_read_bytes=1024)
+    try:
+        regions.register("r", "/big", 0, 1 << 30)
+        for datatype, shape in (("BYTES", (1,)), (None, None)):
+            with pytest.raises(PayloadTooLarge, match=re.escape(
+                f"input 'x': shared_memory_byte_size {1 << 30} is over the 1024-byte limit"
+            )):  # fmt: skip
+                regions.read(Window("r", 1 << 30, 0), "input 'x'", datatype, shape)
+        assert bytes(regions.read(Window("r", 1024, 0), "input 'x'", "BYTES", (1,))) == bytes(1024)
+    finally:
+        regions.close()
+
+
 @pytest.fixture
 def objects() -> Iterator[list[Any]]:
     """Shared-memory objects made with tritonclient's helper; destroyed afterwards."""
@@ -162,6 +195,31 @@ def test_tritonclient_sends_and_receives_tensors_through_shared_memory(
         client.close()
     listed = client_status_names(module, server)
     assert listed == []
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_an_input_window_over_the_limit_is_refused_over_the_wire(
+    server: RunningServer, objects: list[Any], protocol: str
+) -> None:
+    """A window of a sparse object bigger than the limit, for a 160-byte input: refused with
+    413 / RESOURCE_EXHAUSTED, not read on the event loop (it was read whole, then refused)."""
+    module: Any = httpclient if protocol == "http" else grpcclient
+    client = module.InferenceServerClient(server.http if protocol == "http" else server.grpc)
+    tag = f"big-{protocol}-{os.getpid()}"
+    size = READ_MAX_BYTES + 4096
+    objects.append(shm.create_shared_memory_region(tag, f"/dt-{tag}", size))
+    try:
+        client.register_system_shared_memory(tag, f"/dt-{tag}", size)
+        source = module.InferInput("x", [1, 40], "FP32")
+        source.set_shared_memory(tag, size)
+        with pytest.raises(InferenceServerException, match=f"over the {READ_MAX_BYTES}-byte") as e:
+            client.infer("mlp", [source])
+        assert e.value.status() == (
+            "413" if protocol == "http" else "StatusCode.RESOURCE_EXHAUSTED"
+        )
+    finally:
+        client.unregister_system_shared_memory()
+        client.close()
 
 
 def client_status_names(module: Any, server: RunningServer) -> list[str]:

@@ -8,7 +8,9 @@ bytes. duetime copies an input's bytes out of the region when it decodes the req
 client may reuse the region as soon as the answer comes) and writes an output's bytes into its
 region when it encodes the answer, which then carries the region and the byte count instead of
 the data. The layout of the bytes is the binary tensor extension's (BYTES: 4-byte little-endian
-lengths before each element).
+lengths before each element). An input's `shared_memory_byte_size` is checked against what its
+datatype and shape need before anything is read, and no input reads more than `READ_MAX_BYTES`
+(the copy is made on the event loop, while the request is decoded).
 
 Regions are objects in `/dev/shm/<key>` (Linux); a key names an object there, never a path
 elsewhere. They are read and written with `pread`/`pwrite` on a descriptor kept open, not through
@@ -23,6 +25,7 @@ at start finds nothing amiss.
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -31,12 +34,19 @@ from pathlib import Path
 from stat import S_ISREG
 from typing import Any
 
-from duetime.errors import InvalidInput
+from duetime.datatypes import WIRE_DTYPE_OF
+from duetime.errors import InvalidInput, PayloadTooLarge
 
 SHM_ROOT = Path("/dev/shm")
 REGION = "shared_memory_region"
 BYTE_SIZE = "shared_memory_byte_size"
 OFFSET = "shared_memory_offset"
+
+READ_MAX_BYTES = 64 * 1024 * 1024
+"""The most bytes one input may read from shared memory: as much as a request body (or gRPC
+message) may carry by default. NOTE: reads run on the event loop, while the request is decoded;
+without a bound, one request naming a sparse multi-GiB object stalled every client for seconds
+and grew the server by the whole window."""
 
 
 @dataclass(slots=True)
@@ -64,8 +74,9 @@ class Window:
 class SharedMemoryRegions:
     """The registered regions of one server (owned by the event loop)."""
 
-    def __init__(self, root: Path = SHM_ROOT) -> None:
+    def __init__(self, root: Path = SHM_ROOT, max_read_bytes: int = READ_MAX_BYTES) -> None:
         self._root = root
+        self._max_read_bytes = max_read_bytes
         self._regions: dict[str, _Region] = {}
 
     def register(self, name: str, key: Any, offset: Any, byte_size: Any) -> None:
@@ -126,23 +137,46 @@ class SharedMemoryRegions:
             return [region.status() for region in self._regions.values()]
         return [self._region(name).status()]
 
-    def read(self, window: Window, where: str) -> bytes:
-        """A copy of the window's bytes."""
+    def read(
+        self,
+        window: Window,
+        where: str,
+        datatype: str | None = None,
+        shape: tuple[int, ...] | None = None,
+    ) -> memoryview:
+        """The window's bytes, copied once into a new buffer: the `datatype` tensor of `shape`
+        (when given: `byte_size` must be what they need) that an input names.
+
+        Nothing is read from a window of the wrong size, or over `max_read_bytes` (the only
+        bound on a BYTES tensor, or when the datatype and shape are not given)."""
         region, start = self._bounds(window, where)
         size = window.byte_size
-        data = os.pread(region.fd, size, start)
-        while 0 < len(data) < size:  # (a read stops at 2 GiB)
-            more = os.pread(region.fd, size - len(data), start + len(data))
-            if not more:
-                break
-            data += more
-        if len(data) < size:
-            raise InvalidInput(
-                f"{where}: shared memory region '{region.name}' ends before its registered "
-                f"size: {len(data)} of {size} bytes at offset {start} of object "
-                f"{region.key!r} (the object was shrunk; register it again)"
+        if datatype is not None and shape is not None and datatype in WIRE_DTYPE_OF:
+            need = math.prod(shape) * WIRE_DTYPE_OF[datatype].itemsize
+            if size != need:
+                raise InvalidInput(
+                    f"input byte size mismatch for {where}. Expected {need}, got {size} "
+                    f"(shared_memory_byte_size must be the size of a {datatype} tensor of "
+                    f"shape {list(shape)}; nothing was read)"
+                )
+        if size > self._max_read_bytes:
+            raise PayloadTooLarge(
+                f"{where}: shared_memory_byte_size {size} is over the {self._max_read_bytes}"
+                "-byte limit of an input read from shared memory; give the size of the tensor "
+                "itself, not of the whole region"
             )
-        return data
+        buffer = memoryview(bytearray(size))
+        done = 0
+        while done < size:  # (one read stops at 2 GiB, or where the object now ends)
+            count = os.preadv(region.fd, [buffer[done:]], start + done)
+            if count == 0:
+                raise InvalidInput(
+                    f"{where}: shared memory region '{region.name}' ends before its "
+                    f"registered size: {done} of {size} bytes at offset {start} of object "
+                    f"{region.key!r} (the object was shrunk; register it again)"
+                )
+            done += count
+        return buffer
 
     def write(self, window: Window, data: bytes, where: str) -> None:
         region, start = self._bounds(window, where)
