@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import email.utils
 import json
+import math
 import socket
+import time
 from dataclasses import dataclass
 from typing import Any
 
 import pytest
 from conftest import RunningServer
+
+from duetime.frontend import http
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -124,3 +129,43 @@ def test_expect_100_continue_is_ignored_on_an_http_1_0_request(server: RunningSe
     assert answer.status == 200, answer
     interim, answer = _first_answer_to_expect(server, "HTTP/1.1")
     assert (interim.status, answer.status) == (100, 200)
+
+
+# -- Date ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "body", "status"),
+    [
+        ("GET", "/v2/health/live", b"", 200),
+        ("POST", "/v2/models/mlp/infer", X, 200),
+        ("GET", "/v2/models/nope", b"", 404),
+        ("DELETE", "/v2", b"", 405),
+    ],
+    ids=["health", "infer", "not-found", "method"],
+)
+def test_every_answer_says_when_it_was_made(
+    server: RunningServer, method: str, path: str, body: bytes, status: int
+) -> None:
+    # RFC 9110 6.6.1: an origin server with a clock MUST send Date (in 2xx, 3xx and 4xx)
+    before = math.floor(time.time())
+    response = exchange(server, method, path, body)
+    after = math.ceil(time.time())
+    assert response.status == status, response
+    sent = email.utils.parsedate_to_datetime(response.headers["date"]).timestamp()
+    assert response.headers["date"].endswith(" GMT")
+    assert before <= sent <= after
+
+
+def test_the_date_line_is_an_http_date() -> None:
+    assert http._date_line(0) == b"Date: Thu, 01 Jan 1970 00:00:00 GMT\r\n"
+    assert http._date_line(784111777) == b"Date: Sun, 06 Nov 1994 08:49:37 GMT\r\n"
+
+
+def test_the_shedder_s_refusal_is_dated_too() -> None:
+    before = math.floor(time.time())
+    head = http._shed_reply(True, False, {}).split(b"\r\n\r\n", 1)[0].decode()
+    after = math.ceil(time.time())
+    (line,) = [line for line in head.split("\r\n") if line.startswith("Date: ")]
+    sent = email.utils.parsedate_to_datetime(line.removeprefix("Date: ")).timestamp()
+    assert before <= sent <= after

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import email.utils
 import errno
 import functools
 import logging
@@ -917,15 +918,25 @@ def _shed_reply(keep_alive: bool, http10: bool, headers: Mapping[str, str]) -> b
         protocol="http", model="", version=None, status=429, reason=_SHED_MESSAGE,
         trace_id=trace_id,
     )  # fmt: skip
-    return trace_id.encode().join(_shed_pieces(keep_alive, http10))
+    pieces = _shed_pieces(keep_alive, http10, _date_line(int(time.time())))
+    return trace_id.encode().join(pieces)
 
 
-@functools.cache
-def _shed_pieces(keep_alive: bool, http10: bool) -> list[bytes]:
-    """The shedder's refusal encoded, split where its trace id goes."""
+@functools.lru_cache(maxsize=4)
+def _shed_pieces(keep_alive: bool, http10: bool, date: bytes) -> list[bytes]:
+    """The shedder's refusal encoded (with the Date line `date`), split where its trace id
+    goes."""
     error = HttpError(429, _SHED_MESSAGE, retry_after_s=1.0)
-    encoded = cast(bytes, _encode(error_reply(error, _TRACE_SLOT), keep_alive, http10))
+    reply = error_reply(error, _TRACE_SLOT)
+    encoded = cast(bytes, _encode(reply, keep_alive, http10, date=date))
     return encoded.split(_TRACE_SLOT.encode())
+
+
+@functools.lru_cache(maxsize=1)
+def _date_line(second: int) -> bytes:
+    """The Date header line of answers sent in `second` (of the epoch), formatted once a second
+    (RFC 9110 6.6.1: an origin server with a clock sends one)."""
+    return b"Date: %s\r\n" % email.utils.formatdate(second, usegmt=True).encode()
 
 
 def _error(
@@ -938,15 +949,21 @@ def _error(
 
 
 def _encode(
-    reply: Reply, keep_alive: bool, http10: bool = False, *, head_only: bool = False
+    reply: Reply,
+    keep_alive: bool,
+    http10: bool = False,
+    *,
+    head_only: bool = False,
+    date: bytes | None = None,
 ) -> bytes | list[bytes | memoryview]:
     """The reply on the wire: bytes, or a list of pieces where it has a tail (written as they
     are, never joined); `head_only` (an answer to HEAD) leaves out the body, not its
-    Content-Length."""
+    Content-Length; `date`: its Date line (None: now's)."""
     tail = reply.tail
     size = len(reply.body) + sum(len(piece) for piece in tail) if tail else len(reply.body)
     head = [
         b"HTTP/1.1 %d %s\r\n" % (reply.status, _REASONS.get(reply.status, b"Unknown")),
+        _date_line(int(time.time())) if date is None else date,
         b"Content-Length: %d\r\n" % size,
     ]
     head.extend(b"%s: %s\r\n" % pair for pair in reply.headers)
