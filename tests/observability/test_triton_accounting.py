@@ -95,14 +95,15 @@ class Harness:
         return samples
 
 
-def harness(clock: FakeClock | None = None, **scheduling: Any) -> Harness:
+def harness(clock: FakeClock | None = None, batch_us: int = 100, **scheduling: Any) -> Harness:
+    """A scheduler of batches up to 4 rows, each predicted to take `batch_us`."""
     clock = clock or FakeClock(1_000_000_000)
     executor = HeldExecutor()
     scheduler = ModelScheduler(
         executor=executor,  # type: ignore[arg-type]
         config=SchedulingConfig(delivery_margin_us=0, exec_margin=0.0, **scheduling),
         max_batch_size=4,
-        profile=profile_from_samples({b: [100 * US] * 5 for b in (1, 2, 3, 4)}),
+        profile=profile_from_samples({b: [batch_us * US] * 5 for b in (1, 2, 3, 4)}),
         default_timeout_ns=None,
         clock=clock,
         label="'m' version 1",
@@ -400,5 +401,28 @@ def test_triton_counters_are_typed_counter_under_their_own_names() -> None:
         success = parsed["nv_inference_request_success"]
         assert success.type == "unknown"
         assert [s.name for s in success.samples] == ["nv_inference_request_success"]
+
+    run(body)
+
+
+# -- pending: until a backend is about to run them -------------------------------------------------
+
+
+def test_requests_of_a_lookahead_batch_are_still_pending() -> None:
+    """Triton's nv_inference_pending_request_count counts a request until a backend is about to
+    execute it. A batch handed to a busy instance (to start when the running one ends) left the
+    queue and counted nowhere."""
+
+    async def body() -> None:
+        h = harness(batch_us=5_000)  # (batches this long are handed over before they are due)
+        h.submit()  # runs for 5 ms
+        h.submit(), h.submit()
+        h.clock.advance(4_500 * US)  # within a millisecond of its end: the next batch is handed
+        h.scheduler._on_timer()
+        assert [len(job.rows) for _, job in h.executor.jobs] == [1, 2]
+        assert h.scheduler.statistics().queued == 0
+        assert triton(h.metrics(), "nv_inference_pending_request_count") == 2
+        h.executor.finish(0)  # the lookahead batch starts
+        assert triton(h.metrics(), "nv_inference_pending_request_count") == 0
 
     run(body)

@@ -314,7 +314,8 @@ def _triton_families(rows: Sequence[_Row]) -> Iterator[Metric]:
         reasons = (s.rejected + s.expired, s.cancelled, s.failed, s.unavailable)
         for index, value in enumerate(reasons):
             failed[index] += value
-        pending[key] = pending.get(key, 0) + s.queued
+        # (as Triton's: until a backend is about to run them, a lookahead batch's too)
+        pending[key] = pending.get(key, 0) + s.queued + s.committed
     for index, (name, help_text) in enumerate(_TRITON_CUMULATIVE):
         family = Metric(name, f"{help_text} (Triton's name).", "untyped")
         for (model, version), summed in cumulative.items():
@@ -332,7 +333,8 @@ def _triton_families(rows: Sequence[_Row]) -> Iterator[Metric]:
     yield family
     gauge = GaugeMetricFamily(
         "nv_inference_pending_request_count",
-        "Requests queued, not started yet (Triton's name).",
+        "Requests awaiting execution: queued, or in a batch waiting for its instance to finish "
+        "the one before (Triton's name).",
         labels=TRITON_LABELS,
     )
     for labels, value in pending.items():

@@ -225,6 +225,9 @@ class SchedulerStatistics:
     """The tail of the hand-offs from ONNX Runtime to the loop (see `ModelScheduler._handoff`)."""
     answer_ns: int = 0
     """Time settling one request of a finished batch takes on the loop, its answer included."""
+    committed: int = 0
+    """Requests in batches handed to a busy instance, waiting behind its running batch (a
+    lookahead batch): no longer queued, not started either."""
 
 
 @dataclass(slots=True, eq=False)
@@ -1163,6 +1166,8 @@ class ModelScheduler:
             overrun=self._overrun.factor,
             handoff_tail_ns=int(self._handoff.value),
             answer_ns=int(self._answer_ns),
+            # NOTE: list() copies each instance's batches before the loop can change them
+            committed=sum(len(r.requests) for jobs in self._outstanding for r in list(jobs)[1:]),
         )
 
     async def aclose(self, grace_s: float) -> None:
