@@ -19,7 +19,12 @@ from tritonclient.utils import InferenceServerException
 
 from duetime.config import ServerSettings
 from duetime.errors import InvalidInput, PayloadTooLarge
-from duetime.frontend.sharedmemory import READ_MAX_BYTES, SharedMemoryRegions, Window
+from duetime.frontend.sharedmemory import (
+    READ_MAX_BYTES,
+    SharedMemoryRegions,
+    TooManyRegions,
+    Window,
+)
 
 TOKEN = "a-control-token-of-some-length"
 
@@ -109,6 +114,75 @@ def test_an_object_shrunk_after_registering_is_refused_not_a_crash(
     assert regions.read(Window("r", 4, 0), "input 'x'") == bytes([16, 17, 18, 19])
     regions.write(Window("r", 2, 40), b"\x01\x02", "output 'y'")  # (the object grows again)
     assert (tmp_path / "obj").read_bytes()[56:58] == b"\x01\x02"
+
+
+def open_descriptors() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="needs /proc")
+def test_a_region_holds_no_descriptor(regions: SharedMemoryRegions, tmp_path: Path) -> None:
+    """Each region kept its object open: 20,000 registrations of one object took the server to
+    its descriptor limit, and every new connection was refused."""
+    before = open_descriptors()
+    for index in range(50):
+        regions.register(f"r{index}", "/obj", 0, 64)
+    regions.write(Window("r7", 2, 0), b"\x01\x02", "output 'y'")
+    assert bytes(regions.read(Window("r9", 4, 0), "input 'x'")) == bytes([1, 2, 2, 3])
+    assert open_descriptors() == before
+    regions.unregister()
+    assert regions.status() == []
+
+
+def test_registered_regions_are_capped(tmp_path: Path) -> None:
+    (tmp_path / "obj").write_bytes(bytes(64))
+    regions = SharedMemoryRegions(root=tmp_path, max_regions=3)
+    for name in ("a", "b", "c"):
+        regions.register(name, "/obj", 0, 8)
+    with pytest.raises(TooManyRegions, match=re.escape(
+        "shared memory region 'd': 3 regions are registered, the most this server keeps "
+        "(REGIONS_MAX 3); unregister regions no longer used"
+    )) as refused:  # fmt: skip
+        regions.register("d", "/obj", 0, 8)
+    assert (refused.value.http_status, refused.value.grpc_code) == (400, "RESOURCE_EXHAUSTED")
+    regions.unregister("a")
+    regions.register("d", "/obj", 0, 8)
+    assert [region["name"] for region in regions.status()] == ["b", "c", "d"]
+    with pytest.raises(InvalidInput, match="at most 1024 characters"):
+        SharedMemoryRegions(root=tmp_path).register("n" * 1025, "/obj", 0, 8)
+
+
+def test_an_object_removed_or_made_again_after_registering_is_refused(
+    regions: SharedMemoryRegions, tmp_path: Path
+) -> None:
+    """Each access opens the object again: one removed since is refused, and so is another
+    object made under the same key (the region named the one registered)."""
+    regions.register("r", "/obj", 0, 64)
+    keep = os.open(tmp_path / "obj", os.O_RDONLY)
+    (tmp_path / "obj").unlink()
+    with pytest.raises(InvalidInput, match=re.escape(
+        "input 'x': shared memory region 'r': cannot open its object '/obj': No such file or "
+        "directory (removed since it was registered?)"
+    )):  # fmt: skip
+        regions.read(Window("r", 4, 0), "input 'x'")
+    # (the old object is still open: a disk file system may give a new file the inode just
+    # freed, where /dev/shm's tmpfs numbers inodes afresh)
+    (tmp_path / "again").write_bytes(bytes(64))
+    os.replace(tmp_path / "again", tmp_path / "obj")
+    for access in (
+        lambda: regions.read(Window("r", 4, 0), "input 'x'"),
+        lambda: regions.write(Window("r", 4, 0), b"1234", "input 'x'"),
+    ):
+        with pytest.raises(InvalidInput, match=re.escape(
+            "input 'x': shared memory region 'r': object '/obj' is not the one registered (it "
+            "was removed and made again); register it again"
+        )):  # fmt: skip
+            access()
+    os.close(keep)
+    assert (tmp_path / "obj").read_bytes() == bytes(64)
+    regions.unregister("r")
+    regions.register("r", "/obj", 0, 64)
+    assert bytes(regions.read(Window("r", 4, 0), "input 'x'")) == bytes(4)
 
 
 def test_an_input_of_the_wrong_size_is_refused_before_anything_is_read(

@@ -13,10 +13,14 @@ datatype and shape need before anything is read, and no input reads more than `R
 (the copy is made on the event loop, while the request is decoded).
 
 Regions are objects in `/dev/shm/<key>` (Linux); a key names an object there, never a path
-elsewhere. They are read and written with `pread`/`pwrite` on a descriptor kept open, not through
-a memory map: a client may shrink its object after registering it, and a mapped page past the new
-end would kill the whole server with SIGBUS on the next access; a read past the end is merely
-short (refused, naming the region), and a write there grows the client's object again.
+elsewhere. They are read and written with `pread`/`pwrite`, not through a memory map: a client
+may shrink its object after registering it, and a mapped page past the new end would kill the
+whole server with SIGBUS on the next access; a read past the end is merely short (refused,
+naming the region), and a write there grows the client's object again. The object is opened for
+each access and closed after it, so a region holds no descriptor (one each let a client that
+registered thousands of regions take the server to its descriptor limit, after which every new
+connection was refused); an object removed or made again since it was registered is refused
+(register it again). At most `REGIONS_MAX` regions are registered at once.
 
 CUDA shared memory is not supported (no GPU path): its status lists no region, unregistering
 has nothing to do and registering is refused (`CudaRegions`), so that a Triton client tidying up
@@ -27,7 +31,8 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from errno import ELOOP
 from pathlib import Path
@@ -48,14 +53,30 @@ message) may carry by default. NOTE: reads run on the event loop, while the requ
 without a bound, one request naming a sparse multi-GiB object stalled every client for seconds
 and grew the server by the whole window."""
 
+REGIONS_MAX = 4096
+"""The most regions one server keeps registered; registering more is refused (unregister first).
+A region costs a few hundred bytes and no descriptor."""
 
-@dataclass(slots=True)
+NAME_MAX_CHARS = 1024
+"""The longest region name (so that `REGIONS_MAX` regions stay small)."""
+
+
+class TooManyRegions(InvalidInput):
+    """`REGIONS_MAX` regions are registered already: 400 / RESOURCE_EXHAUSTED."""
+
+    grpc_code = "RESOURCE_EXHAUSTED"
+
+
+@dataclass(frozen=True, slots=True)
 class _Region:
     name: str
     key: str
     offset: int
     byte_size: int
-    fd: int
+    path: Path
+    identity: tuple[int, int]
+    """The registered object's device and inode: an object of the same name made since is
+    another one (tmpfs numbers inodes afresh, never reusing a freed one's number soon)."""
 
     def status(self) -> dict[str, Any]:
         return {"name": self.name, "key": self.key, "offset": self.offset,
@@ -74,19 +95,34 @@ class Window:
 class SharedMemoryRegions:
     """The registered regions of one server (owned by the event loop)."""
 
-    def __init__(self, root: Path = SHM_ROOT, max_read_bytes: int = READ_MAX_BYTES) -> None:
+    def __init__(
+        self,
+        root: Path = SHM_ROOT,
+        max_read_bytes: int = READ_MAX_BYTES,
+        max_regions: int = REGIONS_MAX,
+    ) -> None:
         self._root = root
         self._max_read_bytes = max_read_bytes
+        self._max_regions = max_regions
         self._regions: dict[str, _Region] = {}
 
     def register(self, name: str, key: Any, offset: Any, byte_size: Any) -> None:
         """Map `byte_size` bytes at `offset` of the object `key` as region `name` (the values
         as a client sent them: each is checked)."""
-        if not isinstance(name, str) or not name:
-            raise InvalidInput("shared memory: the region name must be a non-empty string")
+        if not isinstance(name, str) or not name or len(name) > NAME_MAX_CHARS:
+            raise InvalidInput(
+                "shared memory: the region name must be a non-empty string of at most "
+                f"{NAME_MAX_CHARS} characters"
+            )
         if name in self._regions:
             raise InvalidInput(
                 f"shared memory region '{name}' is already registered; unregister it first"
+            )
+        if len(self._regions) >= self._max_regions:
+            raise TooManyRegions(
+                f"shared memory region '{name}': {len(self._regions)} regions are registered, "
+                f"the most this server keeps (REGIONS_MAX {self._max_regions}); unregister "
+                "regions no longer used"
             )
         _check_count(offset, "offset")
         _check_count(byte_size, "byte_size")
@@ -98,39 +134,34 @@ class SharedMemoryRegions:
             )
         path = self._root / stem
         try:
-            # NOTE: O_NOFOLLOW as shm_open has it: a symbolic link in /dev/shm would otherwise
-            # let a client have outputs written into (and inputs read from) any file the
-            # server can open
-            fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK)
+            fd = _open(path, os.O_RDWR)
         except OSError as exc:
-            why = "a symbolic link" if exc.errno == ELOOP else (exc.strerror or str(exc))
             raise InvalidInput(
-                f"shared memory region '{name}': cannot open key {key!r}: {why}"
+                f"shared memory region '{name}': cannot open key {key!r}: {_why(exc)}"
             ) from None
         try:
             stat = os.fstat(fd)
-            if not S_ISREG(stat.st_mode):
-                raise InvalidInput(
-                    f"shared memory region '{name}': key {key!r} is not a shared-memory object"
-                )
-            size = stat.st_size
-            if offset + byte_size > size or byte_size == 0:
-                raise InvalidInput(
-                    f"shared memory region '{name}': offset {offset} + byte_size {byte_size} "
-                    f"does not fit the {size}-byte object {key!r} (and byte_size must be > 0)"
-                )
-        except BaseException:
+        finally:
             os.close(fd)
-            raise
-        self._regions[name] = _Region(name, key, offset, byte_size, fd)
+        if not S_ISREG(stat.st_mode):
+            raise InvalidInput(
+                f"shared memory region '{name}': key {key!r} is not a shared-memory object"
+            )
+        size = stat.st_size
+        if offset + byte_size > size or byte_size == 0:
+            raise InvalidInput(
+                f"shared memory region '{name}': offset {offset} + byte_size {byte_size} "
+                f"does not fit the {size}-byte object {key!r} (and byte_size must be > 0)"
+            )
+        identity = (stat.st_dev, stat.st_ino)
+        self._regions[name] = _Region(name, key, offset, byte_size, path, identity)
 
     def unregister(self, name: str | None = None) -> None:
         """Forget region `name` (None or "": every region); an unknown name is not an error."""
-        names = list(self._regions) if not name else [name]
-        for each in names:
-            region = self._regions.pop(each, None)
-            if region is not None:
-                os.close(region.fd)
+        if name:
+            self._regions.pop(name, None)
+        else:
+            self._regions.clear()
 
     def status(self, name: str | None = None) -> list[dict[str, Any]]:
         if not name:
@@ -167,15 +198,16 @@ class SharedMemoryRegions:
             )
         buffer = memoryview(bytearray(size))
         done = 0
-        while done < size:  # (one read stops at 2 GiB, or where the object now ends)
-            count = os.preadv(region.fd, [buffer[done:]], start + done)
-            if count == 0:
-                raise InvalidInput(
-                    f"{where}: shared memory region '{region.name}' ends before its "
-                    f"registered size: {done} of {size} bytes at offset {start} of object "
-                    f"{region.key!r} (the object was shrunk; register it again)"
-                )
-            done += count
+        with self._opened(region, os.O_RDONLY, where) as fd:
+            while done < size:  # (one read stops at 2 GiB, or where the object now ends)
+                count = os.preadv(fd, [buffer[done:]], start + done)
+                if count == 0:
+                    raise InvalidInput(
+                        f"{where}: shared memory region '{region.name}' ends before its "
+                        f"registered size: {done} of {size} bytes at offset {start} of object "
+                        f"{region.key!r} (the object was shrunk; register it again)"
+                    )
+                done += count
         return buffer
 
     def write(self, window: Window, data: bytes, where: str) -> None:
@@ -186,9 +218,10 @@ class SharedMemoryRegions:
                 f"{window.byte_size}"
             )
         view = memoryview(data).cast("B")
-        while view:
-            written = os.pwrite(region.fd, view, start)
-            view, start = view[written:], start + written
+        with self._opened(region, os.O_WRONLY, where) as fd:
+            while view:
+                written = os.pwrite(fd, view, start)
+                view, start = view[written:], start + written
 
     def check(self, window: Window, where: str) -> None:
         """Refuse a window that is not inside a registered region (before the model runs)."""
@@ -196,6 +229,32 @@ class SharedMemoryRegions:
 
     def close(self) -> None:
         self.unregister(None)
+
+    @contextmanager
+    def _opened(self, region: _Region, flags: int, where: str) -> Iterator[int]:
+        """A descriptor of the region's object, for one access (closed after it); InvalidInput
+        if the object is gone or is not the one registered, or the access fails."""
+        try:
+            fd = _open(region.path, flags)
+        except OSError as exc:
+            raise InvalidInput(
+                f"{where}: shared memory region '{region.name}': cannot open its object "
+                f"{region.key!r}: {_why(exc)} (removed since it was registered?)"
+            ) from None
+        try:
+            stat = os.fstat(fd)
+            if (stat.st_dev, stat.st_ino) != region.identity:
+                raise InvalidInput(
+                    f"{where}: shared memory region '{region.name}': object {region.key!r} is "
+                    "not the one registered (it was removed and made again); register it again"
+                )
+            yield fd
+        except OSError as exc:
+            raise InvalidInput(
+                f"{where}: shared memory region '{region.name}': {_why(exc)}"
+            ) from None
+        finally:
+            os.close(fd)
 
     def _region(self, name: str, where: str = "shared memory") -> _Region:
         region = self._regions.get(name)
@@ -227,6 +286,16 @@ def window_of(parameters: Mapping[str, Any], where: str) -> Window | None:
     _check_count(size, BYTE_SIZE, where)
     _check_count(offset, OFFSET, where)
     return Window(region, size, offset)
+
+
+def _open(path: Path, flags: int) -> int:
+    # NOTE: O_NOFOLLOW as shm_open has it: a symbolic link in /dev/shm would otherwise let a
+    # client have outputs written into (and inputs read from) any file the server can open
+    return os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK)
+
+
+def _why(exc: OSError) -> str:
+    return "a symbolic link" if exc.errno == ELOOP else (exc.strerror or str(exc))
 
 
 def _check_count(value: Any, field: str, where: str = "shared memory") -> None:
