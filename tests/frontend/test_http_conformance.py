@@ -169,3 +169,45 @@ def test_the_shedder_s_refusal_is_dated_too() -> None:
     (line,) = [line for line in head.split("\r\n") if line.startswith("Date: ")]
     sent = email.utils.parsedate_to_datetime(line.removeprefix("Date: ")).timestamp()
     assert before <= sent <= after
+
+
+# -- empty path segments -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "what"),
+    [
+        ("POST", "/v2/models//infer", "model name"),
+        ("GET", "/v2/models//infer", "model name"),
+        ("GET", "/v2/models//ready", "model name"),
+        ("GET", "/v2/models//", "model name"),
+        ("POST", "/v2/models/mlp/versions//infer", "version"),
+        ("GET", "/v2/models/mlp/versions//", "version"),
+        ("POST", "/v2/repository/models//load", "model name"),
+        ("GET", "/v2/systemsharedmemory/region//status", "region name"),
+        ("GET", "/v1/models//", "model name"),
+    ],
+)
+def test_an_empty_name_in_the_path_is_refused_naming_it(
+    server: RunningServer, method: str, path: str, what: str
+) -> None:
+    # collapsed, '/v2/models//infer' was the metadata of a model 'infer' (GET), or a 405 (POST)
+    response = exchange(server, method, path, X if method == "POST" else b"")
+    assert response.status == 400, response
+    assert f"the {what} in '{path}' is empty" in response.json()["error"]
+
+
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [
+        ("GET", "//v2/health/live"),  # (a client's base URL ending in '/')
+        ("GET", "/v2//models/mlp"),
+        ("GET", "/v2/models/mlp/"),
+        ("POST", "//v2/models/mlp/infer"),
+        ("POST", "/v2/models/mlp//infer"),
+        ("POST", "/v2/models/mlp/versions/1/infer/"),
+    ],
+)
+def test_other_empty_segments_are_ignored(server: RunningServer, method: str, path: str) -> None:
+    response = exchange(server, method, path, X if method == "POST" else b"")
+    assert response.status == 200, response

@@ -301,6 +301,8 @@ class RestApi:
             if infer is not None:
                 return self._infer(infer[0], infer[1], headers, body)
             assert parts is not None
+            if "" in parts:
+                parts = _collapsed(parts, target)
             if method == "POST" and _names_infer(parts):
                 if len(self._infer_targets) >= INFER_TARGETS_MAX:
                     self._infer_targets.clear()
@@ -1232,9 +1234,53 @@ def _names_infer(parts: list[str]) -> bool:
 
 
 def _segments(target: bytes) -> list[str]:
+    """The segments of the target's path, decoded; empty ones ('//') are kept (see `_collapsed`)
+    but for the one before the leading slash and the one after a trailing slash."""
     path = target.split(b"?", 1)[0].decode("latin-1")
     if not path.startswith("/") and "://" in path:  # absolute-form (RFC 9112 3.2.2), via a proxy
         path = "/" + path.split("://", 1)[1].partition("/")[2]
+    parts = path.split("/")
+    if not parts[0]:
+        del parts[0]
+    if parts and not parts[-1]:
+        parts.pop()
     if "%" not in path:  # NOTE: the common case, without four calls to unquote per request
-        return [part for part in path.split("/") if part]
-    return [unquote(part) for part in path.split("/") if part]
+        return parts
+    return [unquote(part) for part in parts]
+
+
+_NAMED_SEGMENTS: dict[tuple[str, ...], tuple[int, str]] = {
+    ("v2", "models"): (2, "model name"),
+    ("v1", "models"): (2, "model name"),
+    ("v2", "repository"): (3, "model name"),  # /v2/repository/models/<m>/...
+    ("v2", "systemsharedmemory"): (3, "region name"),  # .../region/<r>/...
+    ("v2", "cudasharedmemory"): (3, "region name"),
+}
+"""Where a path names something, by its first two segments: the name's segment and what it
+names (the segment before it is one of `_NAMERS`)."""
+_NAMERS = ("models", "region")
+
+
+def _collapsed(parts: list[str], target: bytes) -> list[str]:
+    """`parts` without their empty segments, as if each '//' in the path were one '/';
+    InvalidInput where an empty segment stands for a model name, a version or a region name.
+
+    NOTE: collapsed there, the path would name another endpoint ('/v2/models//infer': the
+    metadata of a model 'infer'), or be refused for the wrong reason (405, use GET)."""
+    while parts and not parts[0]:  # '//v2/...' (a client's base URL ending in '/')
+        parts = parts[1:]
+    what = _empty_name(parts)
+    if what is not None:
+        path = target.split(b"?", 1)[0].decode("latin-1")
+        raise InvalidInput(f"the {what} in '{path}' is empty (an empty path segment); name one")
+    return [part for part in parts if part]
+
+
+def _empty_name(parts: list[str]) -> str | None:
+    """What the empty segment of `parts` stands for, if one names something."""
+    index, what = _NAMED_SEGMENTS.get(tuple(parts[:2]), (0, ""))
+    if what and len(parts) > index and not parts[index] and parts[index - 1] in _NAMERS:
+        return what
+    if parts[:2] == ["v2", "models"] and len(parts) > 4 and parts[3] == "versions":
+        return None if parts[4] else "version"
+    return None
