@@ -152,13 +152,7 @@ def _add_run_arguments(run: argparse.ArgumentParser, *, live: bool = False) -> N
 
 def run(args: argparse.Namespace) -> int:
     if args.itch_command == "synth":
-        from duetime.feeds.itch.synth import write_session
-
-        write_session(
-            args.file, seed=args.seed, messages=args.messages, gzip=args.gzip, rate=args.rate
-        )
-        print(f"wrote {args.messages} messages to {args.file}")
-        return 0
+        return _synth(args)
     if args.itch_command == "book":
         from duetime.feeds.itch.summary import run_book
 
@@ -166,6 +160,31 @@ def run(args: argparse.Namespace) -> int:
     if args.itch_command == "send":
         return _send(args)
     return _run_feed(args)
+
+
+def _synth(args: argparse.Namespace) -> int:
+    from duetime.errors import ConfigError
+    from duetime.feeds.itch.synth import write_session
+    from duetime.tools.outputs import OutputError, check_output, failed_write, make_parents
+
+    try:
+        check_output(args.file, "FILE")
+        make_parents(args.file, "FILE")
+        write_session(
+            args.file, seed=args.seed, messages=args.messages, gzip=args.gzip, rate=args.rate
+        )
+    except ConfigError as exc:
+        print(f"duetime itch synth: {exc.message}", file=sys.stderr)
+        return 2
+    except OutputError as exc:
+        print(f"duetime itch synth: {exc.message}", file=sys.stderr)
+        return 1
+    except OSError as exc:  # (a full disk)
+        print(f"duetime itch synth: {failed_write(args.file, 'FILE', exc).message}",
+              file=sys.stderr)  # fmt: skip
+        return 1
+    print(f"wrote {args.messages} messages to {args.file}")
+    return 0
 
 
 def _send(args: argparse.Namespace) -> int:
@@ -214,8 +233,10 @@ def parse_address(text: str, option: str) -> tuple[str, int]:
 
 
 def _run_feed(args: argparse.Namespace) -> int:
+    from duetime.errors import ConfigError
     from duetime.feeds.itch.run import RunOptions, Trigger
     from duetime.loops import new_event_loop
+    from duetime.tools.outputs import OutputError, check_output, write_output
 
     command = f"duetime itch {args.itch_command}"
     live = args.itch_command == "listen"
@@ -225,6 +246,12 @@ def _run_feed(args: argparse.Namespace) -> int:
     speed = 1.0 if live else args.speed
     if args.deadline_us <= 0 or speed <= 0:
         print(f"{command}: --deadline-us and --speed must be positive", file=sys.stderr)
+        return 2
+    try:  # (before the model loads and the file is read, not after)
+        check_output(args.json, "--json")
+        check_output(args.predictions, "--predictions")
+    except ConfigError as exc:
+        print(f"{command}: {exc.message}", file=sys.stderr)
         return 2
     if live:
         for option in ("max_queued_messages", "max_sequence_jump"):
@@ -254,19 +281,26 @@ def _run_feed(args: argparse.Namespace) -> int:
     loop = new_event_loop()
     asyncio.set_event_loop(loop)
     try:
-        report = loop.run_until_complete(_feed(args, options))
+        outcome = loop.run_until_complete(_feed(args, options))
     finally:
         loop.close()
-    if report is None:
+    if outcome is None:
         return 1
-    if args.json is not None:
-        args.json.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    report, written = outcome
     if not args.quiet:
         _print_report(report)
-    return 0 if report["errors"] == 0 else 1
+    if args.json is not None:
+        try:
+            write_output(args.json, json.dumps(report, indent=2) + "\n", "--json")
+        except OutputError as exc:
+            print(f"{command}: {exc.message}", file=sys.stderr)
+            written = False
+    return 0 if report["errors"] == 0 and written else 1
 
 
-async def _feed(args: argparse.Namespace, options: Any) -> dict[str, Any] | None:
+async def _feed(args: argparse.Namespace, options: Any) -> tuple[dict[str, Any], bool] | None:
+    """The run's report, and whether its predictions were written (all of them, if asked for);
+    None when it could not run (said on stderr)."""
     from duetime.engine import Engine
     from duetime.errors import ConfigError
     from duetime.execution.affinity import CpuPlan, parse_cpus, pin_current_thread
@@ -275,6 +309,7 @@ async def _feed(args: argparse.Namespace, options: Any) -> dict[str, Any] | None
     from duetime.feeds.itch.run import FeedRun
     from duetime.feeds.itch.tally import open_log
     from duetime.repository.manager import RepositoryOptions
+    from duetime.tools.outputs import OutputError, failed_write
 
     engine: Engine | None = None
     predictor: Any = None
@@ -293,7 +328,7 @@ async def _feed(args: argparse.Namespace, options: Any) -> dict[str, Any] | None
             await _load(engine, Path(repository), args)
             options.nap = args.execution == "thread"
             predictor = EnginePredictor(engine, args.model, args.version)
-        log, out = open_log(args.predictions, ORDERBOOK_CLASSES)
+        log = open_log(args.predictions, ORDERBOOK_CLASSES, "--predictions")
         try:
             feed = FeedRun(predictor, options, log)
             if args.address is not None:
@@ -305,8 +340,10 @@ async def _feed(args: argparse.Namespace, options: Any) -> dict[str, Any] | None
                     note = skipped_note(messages.errors)
                     print(f"duetime itch run: {args.file}: {note}", file=sys.stderr)
         finally:
-            if out is not None:
-                out.close()
+            log.close()
+    except OutputError as exc:  # (--predictions: checked before; its folder went away)
+        print(f"duetime itch {args.itch_command}: {exc.message}", file=sys.stderr)
+        return None
     except PredictorError as exc:
         print(f"duetime itch {args.itch_command}: {exc}", file=sys.stderr)
         return None
@@ -337,7 +374,10 @@ async def _feed(args: argparse.Namespace, options: Any) -> dict[str, Any] | None
         counts = ", ".join(f"{kind}={n}" for kind, n in stats.book_anomalies.items())
         print(f"duetime itch {args.itch_command}: {report['file']}: book anomalies: {counts}",
               file=sys.stderr)  # fmt: skip
-    return report
+    if log.error is not None:  # (a full disk: the run went on; its predictions are cut short)
+        failure = failed_write(args.predictions, "--predictions", log.error)
+        print(f"duetime itch {args.itch_command}: {failure.message}", file=sys.stderr)
+    return report, log.error is None
 
 
 async def _listen(feed: FeedRun, address: tuple[str, int], args: argparse.Namespace) -> RunStats:

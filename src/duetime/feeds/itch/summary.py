@@ -18,6 +18,7 @@ from os import PathLike
 from pathlib import Path
 from typing import Any
 
+from duetime.errors import ConfigError
 from duetime.feeds.itch.book import ASK, BID, BookError, Books, OrderBook, Top
 from duetime.feeds.itch.parser import (
     ItchFormatError,
@@ -26,6 +27,7 @@ from duetime.feeds.itch.parser import (
     read_messages,
     skipped_note,
 )
+from duetime.tools.outputs import OutputError, check_output, write_output
 
 Summary = dict[str, Any]
 
@@ -228,7 +230,9 @@ def add_book_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run_book(args: argparse.Namespace) -> int:
     """Write the summary; anomaly counts go to stderr. 0 on success; 1 when a malformed frame
-    (with --on-error stop) or a policy case (with --strict) stopped the run; 2 on bad options."""
+    (with --on-error stop) or a policy case (with --strict) stopped the run, or the summary
+    could not be written; 2 on bad options (an output path that cannot be written among them,
+    found before the file is read)."""
     if args.depth < 1:
         print("duetime itch book: --depth must be at least 1", file=sys.stderr)
         return 2
@@ -237,6 +241,11 @@ def run_book(args: argparse.Namespace) -> int:
         return 2
     if not Path(args.file).is_file():
         print(f"duetime itch book: {args.file}: no such file", file=sys.stderr)
+        return 2
+    try:
+        check_output(args.json_out, "--json")  # (before the file is read, not after)
+    except ConfigError as exc:
+        print(f"duetime itch book: {exc.message}", file=sys.stderr)
         return 2
     reader = read_messages(args.file, on_error=args.on_error)
     try:
@@ -251,11 +260,15 @@ def run_book(args: argparse.Namespace) -> int:
         return 2
     if reader.errors:
         print(f"duetime itch book: {args.file}: {skipped_note(reader.errors)}", file=sys.stderr)
-    args.json_out.write_text(dumps(summary))
     symbols = _symbols(books)
     if note := renamed_note(stock_keys(symbols.items()), symbols):
         print(f"duetime itch book: {args.file}: {note}", file=sys.stderr)
     if books.anomalies:
         counts = ", ".join(f"{k}={v}" for k, v in books.anomalies.counts.items())
         print(f"duetime itch book: {args.file}: book anomalies: {counts}", file=sys.stderr)
+    try:
+        write_output(args.json_out, dumps(summary), "--json")
+    except OutputError as exc:  # (a full disk: checked before, the path itself was fine)
+        print(f"duetime itch book: {exc.message}", file=sys.stderr)
+        return 1
     return 0

@@ -4,7 +4,6 @@ of its sequence numbers) and `PredictionLog` (the predictions, as CSV)."""
 from __future__ import annotations
 
 import csv
-import io
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
@@ -12,6 +11,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 import numpy as np
 
 from duetime.tools.hdr import new_histogram, percentiles_us, record_us
+from duetime.tools.outputs import failed_write, make_parents
 
 if TYPE_CHECKING:
     from hdrh.histogram import HdrHistogram  # type: ignore[import-untyped]
@@ -147,10 +147,14 @@ class PredictionLog:
 
     A late answer, or a request never answered, gets a row with `on_time` 0 and no outputs: it
     was not used.
+
+    A write that fails (a full disk) does not stop the run: the rows from then on are dropped
+    and `error` keeps the failure, for the caller to report.
     """
 
     def __init__(self, out: TextIO | None, classes: int) -> None:
         self._out = out
+        self.error: OSError | None = None
         self._rows: list[tuple[Any, ...]] = []
         self._writer = csv.writer(out) if out is not None else None
         if self._writer is not None:
@@ -176,12 +180,34 @@ class PredictionLog:
 
     def flush(self) -> None:
         if self._writer is not None and self._rows:
-            self._writer.writerows(self._rows)
+            try:
+                self._writer.writerows(self._rows)
+            except OSError as exc:
+                self._failed(exc)
             self._rows.clear()
 
+    def close(self) -> None:
+        """Write the rows kept and close the file (`error` says if that failed)."""
+        self.flush()
+        if self._out is not None:
+            try:
+                self._out.close()  # (the last buffered rows reach the disk here)
+            except OSError as exc:
+                self._failed(exc)
 
-def open_log(path: Path | None, classes: int) -> tuple[PredictionLog, io.TextIOBase | None]:
+    def _failed(self, exc: OSError) -> None:
+        self.error = self.error or exc
+        self._writer = None
+
+
+def open_log(path: Path | None, classes: int, flag: str) -> PredictionLog:
+    """The log writing to `path` (None: no file); `OutputError` naming `flag` if it cannot be
+    opened (missing folders are created)."""
     if path is None:
-        return PredictionLog(None, classes), None
-    out = path.open("w", newline="", encoding="utf-8")
-    return PredictionLog(out, classes), out
+        return PredictionLog(None, classes)
+    make_parents(path, flag)
+    try:
+        out = path.open("w", newline="", encoding="utf-8")
+    except OSError as exc:
+        raise failed_write(path, flag, exc) from None
+    return PredictionLog(out, classes)

@@ -1,0 +1,118 @@
+"""`duetime itch ...` on bad paths: one line on stderr and an exit status, never a traceback,
+and an output that cannot be written is found before the input is read."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from duetime.cli import main
+from duetime.feeds.itch.synth import write_session
+from duetime.feeds.itch.writer import ItchWriter
+
+FULL = Path("/dev/full")
+"""Writes fail there with ENOSPC: an output that passes the checks and still cannot be written."""
+needs_full = pytest.mark.skipif(not FULL.exists(), reason="needs /dev/full")
+
+
+@pytest.fixture(scope="module")
+def session(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("itch") / "session.itch"
+    write_session(path, seed=5, messages=1500)
+    return path
+
+
+@pytest.fixture(scope="module")
+def damaged(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A file whose first frame is malformed: reading it at all ends the command with 1."""
+    path = tmp_path_factory.mktemp("itch") / "damaged.itch"
+    with ItchWriter(path) as writer:
+        writer.write_body(b"Z" + bytes(10))
+    return path
+
+
+def one_line(capsys: pytest.CaptureFixture[str]) -> str:
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err
+    assert "Traceback" not in err
+    return err
+
+
+@pytest.mark.parametrize(
+    ("command", "flag"),
+    [
+        ("book", "--json"),
+        ("run", "--json"),
+        ("run", "--predictions"),
+        ("listen", "--json"),
+        ("listen", "--predictions"),
+    ],
+)
+def test_an_output_that_is_a_folder_is_refused_before_anything_is_read(
+    tmp_path: Path, damaged: Path, capsys: pytest.CaptureFixture[str], command: str, flag: str
+) -> None:
+    # the input is damaged (read, it would end the run with 1) and the repository missing (a
+    # model load would fail): 2 and the output named show the check came first
+    source = ["--udp", "127.0.0.1:0"] if command == "listen" else [str(damaged)]
+    model = [] if command == "book" else ["--model", "orderbook", "--repository", "/nowhere"]
+    assert main(["itch", command, *source, *model, flag, str(tmp_path)]) == 2
+    assert one_line(capsys) == (
+        f"duetime itch {command}: {flag} {tmp_path}: is a directory; give a file name\n"
+    )
+
+
+def test_an_output_in_a_folder_that_is_a_file_is_refused(
+    tmp_path: Path, damaged: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    out = blocker / "o.json"
+    assert main(["itch", "book", str(damaged), "--json", str(out)]) == 2
+    assert one_line(capsys) == f"duetime itch book: --json {out}: {blocker} is not a folder\n"
+
+
+def test_missing_folders_of_an_output_are_made(
+    tmp_path: Path, session: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "new" / "folder" / "o.json"
+    assert main(["itch", "book", str(session), "--json", str(out)]) == 0
+    assert out.read_text().startswith('{"market"')
+
+
+@needs_full
+def test_book_says_in_one_line_that_the_summary_could_not_be_written(
+    session: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["itch", "book", str(session), "--json", str(FULL)]) == 1
+    assert one_line(capsys) == (
+        "duetime itch book: --json /dev/full: cannot write it: No space left on device\n"
+    )
+
+
+@needs_full
+def test_run_reports_outputs_it_could_not_write_and_exits_1(
+    session: Path, demo_repo: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = main(["itch", "run", str(session), "--model", "orderbook", "--repository",
+                 str(demo_repo), "--pace", "max", "--deadline-us", "1000000", "-q",
+                 "--predictions", str(FULL), "--json", str(FULL)])  # fmt: skip
+    assert code == 1
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    assert err.splitlines() == [
+        "duetime itch run: --predictions /dev/full: cannot write it: No space left on device",
+        "duetime itch run: --json /dev/full: cannot write it: No space left on device",
+    ]
+
+
+def test_synth_checks_its_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["itch", "synth", str(tmp_path), "--messages", "100"]) == 2
+    assert one_line(capsys) == (
+        f"duetime itch synth: FILE {tmp_path}: is a directory; give a file name\n"
+    )
+    if FULL.exists():
+        assert main(["itch", "synth", str(FULL), "--messages", "100000"]) == 1
+        assert one_line(capsys) == (
+            "duetime itch synth: FILE /dev/full: cannot write it: No space left on device\n"
+        )
