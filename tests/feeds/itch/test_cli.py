@@ -116,3 +116,18 @@ def test_synth_checks_its_file(tmp_path: Path, capsys: pytest.CaptureFixture[str
         assert one_line(capsys) == (
             "duetime itch synth: FILE /dev/full: cannot write it: No space left on device\n"
         )
+
+
+@pytest.mark.parametrize("command", ["book", "run", "send"])
+def test_an_input_that_is_a_folder_is_named_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], command: str
+) -> None:
+    options = {
+        "book": ["--json", str(tmp_path / "o.json")],
+        "run": ["--model", "orderbook"],
+        "send": ["--udp", "127.0.0.1:9"],
+    }[command]
+    assert main(["itch", command, str(tmp_path), *options]) == 2
+    assert one_line(capsys) == f"duetime itch {command}: {tmp_path}: is a directory, not a file\n"
+    assert main(["itch", command, str(tmp_path / "none.itch"), *options]) == 2
+    assert one_line(capsys) == f"duetime itch {command}: {tmp_path / 'none.itch'}: no such file\n"

@@ -190,10 +190,10 @@ def _synth(args: argparse.Namespace) -> int:
 def _send(args: argparse.Namespace) -> int:
     from duetime.feeds.itch.live import send_session
     from duetime.feeds.itch.moldudp import session_name
-    from duetime.feeds.itch.parser import ItchFormatError
+    from duetime.feeds.itch.parser import ItchFormatError, file_problem
 
-    if not args.file.is_file():
-        print(f"duetime itch send: {args.file}: no such file", file=sys.stderr)
+    if problem := file_problem(args.file):
+        print(f"duetime itch send: {args.file}: {problem}", file=sys.stderr)
         return 2
     try:
         address = parse_address(args.udp, "--udp")
@@ -234,14 +234,15 @@ def parse_address(text: str, option: str) -> tuple[str, int]:
 
 def _run_feed(args: argparse.Namespace) -> int:
     from duetime.errors import ConfigError
+    from duetime.feeds.itch.parser import file_problem
     from duetime.feeds.itch.run import RunOptions, Trigger
     from duetime.loops import new_event_loop
     from duetime.tools.outputs import OutputError, check_output, write_output
 
     command = f"duetime itch {args.itch_command}"
     live = args.itch_command == "listen"
-    if not live and not args.file.is_file():
-        print(f"{command}: {args.file}: no such file", file=sys.stderr)
+    if not live and (problem := file_problem(args.file)):
+        print(f"{command}: {args.file}: {problem}", file=sys.stderr)
         return 2
     speed = 1.0 if live else args.speed
     if args.deadline_us <= 0 or speed <= 0:

@@ -63,6 +63,16 @@ class ItchFormatError(ValueError):
         self.got = got
 
 
+def file_problem(path: str | os.PathLike[str]) -> str | None:
+    """Why `path` cannot be read as an ITCH file, in a few words for a command's one-line error
+    ("no such file", "is a directory, not a file"), or None if it is a regular file."""
+    if os.path.isfile(path):
+        return None
+    if os.path.isdir(path):
+        return "is a directory, not a file"
+    return "is not a regular file" if os.path.exists(path) else "no such file"
+
+
 def skipped_note(errors: list[ItchFormatError]) -> str:
     """One line on what `on_error="skip"` stepped over (for stderr): how many, and the first."""
     return f"skipped {len(errors)} malformed part(s) of the stream; the first: {errors[0]}"

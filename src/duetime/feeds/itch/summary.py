@@ -24,6 +24,7 @@ from duetime.feeds.itch.parser import (
     ItchFormatError,
     OnError,
     Source,
+    file_problem,
     read_messages,
     skipped_note,
 )
@@ -239,8 +240,8 @@ def run_book(args: argparse.Namespace) -> int:
     if args.first_changes < 0:
         print("duetime itch book: --first-changes must be 0 or more", file=sys.stderr)
         return 2
-    if not Path(args.file).is_file():
-        print(f"duetime itch book: {args.file}: no such file", file=sys.stderr)
+    if problem := file_problem(args.file):
+        print(f"duetime itch book: {args.file}: {problem}", file=sys.stderr)
         return 2
     try:
         check_output(args.json_out, "--json")  # (before the file is read, not after)
@@ -255,7 +256,7 @@ def run_book(args: argparse.Namespace) -> int:
     except (BookError, ItchFormatError) as exc:
         print(f"duetime itch book: {args.file}: {exc}", file=sys.stderr)
         return 1
-    except OSError as exc:  # (unreadable: a folder, no permission)
+    except OSError as exc:  # (unreadable: no permission)
         print(f"duetime itch book: {args.file}: {exc.strerror or exc}", file=sys.stderr)
         return 2
     if reader.errors:
