@@ -131,3 +131,19 @@ def test_an_input_that_is_a_folder_is_named_so(
     assert one_line(capsys) == f"duetime itch {command}: {tmp_path}: is a directory, not a file\n"
     assert main(["itch", command, str(tmp_path / "none.itch"), *options]) == 2
     assert one_line(capsys) == f"duetime itch {command}: {tmp_path / 'none.itch'}: no such file\n"
+
+
+@pytest.mark.parametrize(
+    ("option", "error"),
+    [
+        (["--messages", "5"], "messages must be at least 68, got 5"),
+        (["--rate", "0"], "rate must be a positive number of messages a second, got 0.0"),
+    ],
+)
+def test_synth_refuses_bad_numbers_before_making_the_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], option: list[str], error: str
+) -> None:
+    path = tmp_path / "s.itch"
+    assert main(["itch", "synth", str(path), *option]) == 2
+    assert one_line(capsys) == f"duetime itch synth: {error}\n"
+    assert not path.exists()

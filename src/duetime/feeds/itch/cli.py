@@ -176,6 +176,9 @@ def _synth(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"duetime itch synth: {exc.message}", file=sys.stderr)
         return 2
+    except ValueError as exc:  # (too few --messages, a --rate that is not positive)
+        print(f"duetime itch synth: {exc}", file=sys.stderr)
+        return 2
     except OutputError as exc:
         print(f"duetime itch synth: {exc.message}", file=sys.stderr)
         return 1

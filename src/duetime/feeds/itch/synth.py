@@ -15,6 +15,7 @@ precompiled structs: a million messages take seconds.
 
 from __future__ import annotations
 
+import itertools
 import os
 import random
 from collections.abc import Iterator, Sequence
@@ -56,10 +57,13 @@ def write_session(
 
     The order flow is spread over the trading day, or, with `rate`, arrives at about `rate`
     messages a second from the open (Poisson arrivals; sweeps share a timestamp), so that a
-    replay at the recorded pace is as busy as a live feed of that rate.
+    replay at the recorded pace is as busy as a live feed of that rate. `ValueError` for too
+    few messages or a rate that is not positive, before the file is made.
     """
+    chunks = _session(seed, messages, symbols, rate)
+    first = next(chunks)  # (the checks run here)
     with ItchWriter(path, gzip=gzip) as writer:
-        for chunk, count in _session(seed, messages, symbols, rate):
+        for chunk, count in itertools.chain([first], chunks):
             writer.write_framed(chunk, count)
         return writer.messages
 
