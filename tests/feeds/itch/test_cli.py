@@ -147,3 +147,17 @@ def test_synth_refuses_bad_numbers_before_making_the_file(
     assert main(["itch", "synth", str(path), *option]) == 2
     assert one_line(capsys) == f"duetime itch synth: {error}\n"
     assert not path.exists()
+
+
+@pytest.mark.parametrize("command", ["run", "listen", "send"])
+def test_a_negative_limit_is_refused(
+    session: Path, capsys: pytest.CaptureFixture[str], command: str
+) -> None:
+    """run took no message at all and said nothing; send failed on islice's own wording."""
+    options = {
+        "run": [str(session), "--model", "orderbook", "--repository", "/nowhere"],
+        "listen": ["--udp", "127.0.0.1:0", "--model", "orderbook", "--repository", "/nowhere"],
+        "send": [str(session), "--udp", "127.0.0.1:9"],
+    }[command]
+    assert main(["itch", command, *options, "--limit", "-1"]) == 2
+    assert one_line(capsys) == f"duetime itch {command}: --limit must be 0 or more, got -1\n"

@@ -198,6 +198,9 @@ def _send(args: argparse.Namespace) -> int:
     if problem := file_problem(args.file):
         print(f"duetime itch send: {args.file}: {problem}", file=sys.stderr)
         return 2
+    if args.limit is not None and args.limit < 0:
+        print(f"duetime itch send: --limit must be 0 or more, got {args.limit}", file=sys.stderr)
+        return 2
     try:
         address = parse_address(args.udp, "--udp")
     except ValueError as exc:
@@ -250,6 +253,9 @@ def _run_feed(args: argparse.Namespace) -> int:
     speed = 1.0 if live else args.speed
     if args.deadline_us <= 0 or speed <= 0:
         print(f"{command}: --deadline-us and --speed must be positive", file=sys.stderr)
+        return 2
+    if args.limit is not None and args.limit < 0:
+        print(f"{command}: --limit must be 0 or more, got {args.limit}", file=sys.stderr)
         return 2
     try:  # (before the model loads and the file is read, not after)
         check_output(args.json, "--json")
