@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,9 +18,11 @@ from conftest import RunningServer, start_server, stop_server
 from tritonclient.utils import InferenceServerException
 
 from duetime.config import ServerSettings
-from duetime.errors import InvalidInput, PayloadTooLarge
+from duetime.errors import DuetimeError, InvalidInput, PayloadTooLarge
 from duetime.frontend.sharedmemory import (
     READ_MAX_BYTES,
+    RegionExists,
+    RegionNotFound,
     SharedMemoryRegions,
     TooManyRegions,
     Window,
@@ -52,14 +54,30 @@ def test_a_region_is_a_window_of_an_object(regions: SharedMemoryRegions, tmp_pat
 @pytest.mark.parametrize(
     ("name", "key", "offset", "size", "needle"),
     [
-        ("", "/obj", 0, 8, "region name must be a non-empty string"),
+        ("", "/obj", 0, 8, "'region name' is necessary to register system shared memory"),
         ("r", "/../obj", 0, 8, "must name a shared-memory object"),
         ("r", "/ob\0j", 0, 8, "hold no NUL character"),
-        ("r", "/missing", 0, 8, "cannot open key '/missing'"),
-        ("r", "/obj", 60, 8, "does not fit the 64-byte object"),
+        (
+            "r",
+            "/missing",
+            0,
+            8,
+            "Unable to open shared memory region: '/missing' (region "
+            "'r'): cannot open it: No such file or directory",
+        ),
+        (
+            "r",
+            "/obj",
+            60,
+            8,
+            "failed to register shared memory region 'r': invalid args: "
+            "offset 60 + byte_size 8 does not fit the 64-byte object '/obj'",
+        ),
         ("r", "/obj", 0, 0, "byte_size must be > 0"),
         ("r", "/obj", -1, 8, "'offset' must be an integer >= 0"),
         ("r", 5, 0, 8, "must name a shared-memory object"),
+        ("r", None, 0, 8, "Shared memory register request has no 'key' field"),
+        ("r", "/obj", 0, None, "Shared memory register request has no 'byte_size' field"),
     ],
 )
 def test_bad_registrations_are_refused(
@@ -71,17 +89,34 @@ def test_bad_registrations_are_refused(
 
 
 def test_windows_must_lie_in_a_registered_region(regions: SharedMemoryRegions) -> None:
+    """Each error begins with Triton's words for it (its clients and tests look for them) and
+    has its status codes (but for an output too small: see `SharedMemoryRegions.write`)."""
     regions.register("r", "/obj", 0, 16)
-    with pytest.raises(InvalidInput, match="already registered"):
-        regions.register("r", "/obj", 0, 8)
-    with pytest.raises(InvalidInput, match="input 'x': no shared memory region 'q'"):
-        regions.read(Window("q", 4, 0), "input 'x'")
-    with pytest.raises(InvalidInput, match="runs past region 'r' \\(16 bytes\\)"):
-        regions.read(Window("r", 8, 12), "input 'x'")
-    with pytest.raises(InvalidInput, match="the output is 9 bytes but"):
-        regions.write(Window("r", 8, 0), b"123456789", "output 'y'")
-    with pytest.raises(InvalidInput, match="no shared memory region 'q'"):
-        regions.status("q")
+    refusals: list[tuple[Callable[[], object], type[DuetimeError], int, str, str]] = [
+        (lambda: regions.register("r", "/obj", 0, 8), RegionExists, 400, "ALREADY_EXISTS",
+         "shared memory region 'r' already in manager; unregister it first"),
+        (lambda: regions.read(Window("q", 4, 0), "input 'x'"), RegionNotFound, 404,
+         "NOT_FOUND", "Unable to find shared memory region: 'q' (input 'x': not registered)"),
+        (lambda: regions.status("q"), RegionNotFound, 404, "NOT_FOUND",
+         "Unable to find system shared memory region: 'q' (not registered)"),
+        (lambda: regions.check(Window("r", 0, 16), "output 'y'"), InvalidInput, 400,
+         "INVALID_ARGUMENT", "Invalid offset for shared memory region: 'r' (output 'y': "
+         "shared_memory_offset 16 is not inside its 16 bytes)"),
+        (lambda: regions.read(Window("r", 8, 12), "input 'x'"), InvalidInput, 400,
+         "INVALID_ARGUMENT", "Invalid offset + byte size for shared memory region: 'r' (input "
+         "'x': shared_memory_offset 12 + shared_memory_byte_size 8 runs past its 16 bytes)"),
+        (lambda: regions.check(Window("r", 2**64 - 8, 8), "output 'y'"), InvalidInput, 400,
+         "INVALID_ARGUMENT", f"Integer overflow detected: byte_size ({2**64 - 8}) + offset "
+         f"(8) exceeds maximum value ({2**64 - 1}) for region 'r' (output 'y')"),
+        (lambda: regions.write(Window("r", 8, 0), b"123456789", "output 'y'"), InvalidInput,
+         400, "INVALID_ARGUMENT", "shared memory size specified with the request for output "
+         "'y' (8 bytes) should be at least 9 bytes to hold the results"),
+    ]  # fmt: skip
+    for call, kind, http_status, grpc_code, message in refusals:
+        with pytest.raises(kind, match=re.escape(message)) as refused:
+            call()
+        assert (refused.value.http_status, refused.value.grpc_code) == (http_status, grpc_code)
+    regions.unregister("q")  # (unknown: nothing to do, as in Triton)
 
 
 def test_a_key_must_be_an_object_not_a_link_or_a_folder(
@@ -92,11 +127,11 @@ def test_a_key_must_be_an_object_not_a_link_or_a_folder(
     (tmp_path / "link").symlink_to(elsewhere)
     (tmp_path / "folder").mkdir()
     os.mkfifo(tmp_path / "fifo")  # (opened without blocking, then refused)
-    with pytest.raises(InvalidInput, match="cannot open key '/link': a symbolic link"):
+    with pytest.raises(InvalidInput, match=r"'/link' .*: cannot open it: a symbolic link"):
         regions.register("r", "/link", 0, 8)
-    with pytest.raises(InvalidInput, match="cannot open key '/folder': Is a directory"):
+    with pytest.raises(InvalidInput, match=r"'/folder' .*: cannot open it: Is a directory"):
         regions.register("r", "/folder", 0, 8)
-    with pytest.raises(InvalidInput, match="key '/fifo' is not a shared-memory object"):
+    with pytest.raises(InvalidInput, match=r"'/fifo' .*: it is not a shared-memory object"):
         regions.register("r", "/fifo", 0, 8)
     assert regions.status() == []
 
@@ -260,7 +295,7 @@ def test_tritonclient_sends_and_receives_tensors_through_shared_memory(
         np.testing.assert_array_equal(got, expected)
         small = module.InferRequestedOutput("y")
         small.set_shared_memory(f"out-{tag}", 36, offset=100)  # runs past the region's end
-        with pytest.raises(InferenceServerException, match="runs past region"):
+        with pytest.raises(InferenceServerException, match="Invalid offset \\+ byte size"):
             client.infer("mlp", [source], outputs=[small])
         status = client.get_system_shared_memory_status(f"in-{tag}")
         assert status is not None
@@ -296,6 +331,80 @@ def test_an_input_window_over_the_limit_is_refused_over_the_wire(
         client.close()
 
 
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_shared_memory_errors_have_tritons_status_and_words(
+    server: RunningServer, objects: list[Any], protocol: str
+) -> None:
+    """The checks Triton's L0_shared_memory makes, over the wire (and the status codes)."""
+    http = protocol == "http"
+    module: Any = httpclient if http else grpcclient
+    client = module.InferenceServerClient(server.http if http else server.grpc)
+    tag = f"errors-{protocol}-{os.getpid()}"
+    objects.append(shm.create_shared_memory_region(tag, f"/dt-{tag}", 64))
+
+    def refused(call: Callable[[], object], status: tuple[str, str], words: str) -> None:
+        with pytest.raises(InferenceServerException, match=re.escape(words)) as error:
+            call()
+        assert error.value.status() == (status[0] if http else f"StatusCode.{status[1]}")
+
+    def infer(offset: int, byte_size: int, region: str = tag) -> None:
+        source = module.InferInput("x", [1, 40], "FP32")
+        source.set_data_from_numpy(np.zeros((1, 40), np.float32))
+        target = module.InferRequestedOutput("y")
+        target.set_shared_memory(region, byte_size, offset=offset)
+        client.infer("mlp", [source], outputs=[target])
+
+    try:
+        refused(
+            lambda: client.get_system_shared_memory_status("nope"),
+            ("404", "NOT_FOUND"),
+            "Unable to find system shared memory region: 'nope'",
+        )
+        client.unregister_system_shared_memory("nope")  # (not an error)
+        refused(
+            lambda: client.register_system_shared_memory(tag, f"/dt-{tag}", 65),
+            ("400", "INVALID_ARGUMENT"),
+            f"failed to register shared memory region '{tag}': invalid args",
+        )
+        client.register_system_shared_memory(tag, f"/dt-{tag}", 64)
+        refused(
+            lambda: client.register_system_shared_memory(tag, f"/dt-{tag}", 64),
+            ("400", "ALREADY_EXISTS"),
+            f"shared memory region '{tag}' already in manager",
+        )
+        refused(
+            lambda: infer(0, 12, "nope"),
+            ("404", "NOT_FOUND"),
+            "Unable to find shared memory region: 'nope' (output 'y': not registered)",
+        )
+        # (as L0's test: over HTTP 2**64 - 32 is -32 in an int64; gRPC's int64 cannot hold it)
+        refused(
+            lambda: infer(2**64 - 32 if http else 64, 12),
+            ("400", "INVALID_ARGUMENT"),
+            "Invalid offset for shared memory region",
+        )
+        refused(
+            lambda: infer(60, 12),
+            ("400", "INVALID_ARGUMENT"),
+            "Invalid offset + byte size for shared memory region",
+        )
+        if http:
+            refused(
+                lambda: infer(32, 2**64 - 32),
+                ("400", "INVALID_ARGUMENT"),
+                "Integer overflow detected: byte_size ",
+            )
+        refused(
+            lambda: infer(0, 4),
+            ("400", "INVALID_ARGUMENT"),
+            "shared memory size specified with the request for output 'y' (4 bytes) "
+            "should be at least 12 bytes to hold the results",
+        )
+    finally:
+        client.unregister_system_shared_memory()
+        client.close()
+
+
 def client_status_names(module: Any, server: RunningServer) -> list[str]:
     client = module.InferenceServerClient(server.http if module is httpclient else server.grpc)
     try:
@@ -319,7 +428,7 @@ def test_registration_needs_the_control_token_when_the_server_has_one(demo_repo:
                 client.register_system_shared_memory("r", "/dt-none", 8)
             with pytest.raises(InferenceServerException, match="control token"):
                 client.unregister_system_shared_memory()
-        with pytest.raises(InferenceServerException, match="cannot open key"):  # let through
+        with pytest.raises(InferenceServerException, match="Unable to open"):  # let through
             http.register_system_shared_memory(
                 "r", "/dt-none", 8, headers={"Authorization": f"Bearer {TOKEN}"}
             )
@@ -343,9 +452,16 @@ def test_cuda_shared_memory_has_no_regions_and_refuses_registration(
         assert (status == []) if protocol == "http" else (len(status.regions) == 0)
         client.unregister_cuda_shared_memory()
         client.unregister_cuda_shared_memory("gone")
-        with pytest.raises(InferenceServerException, match="no CUDA shared memory region 'x'"):
+        with pytest.raises(
+            InferenceServerException, match="Unable to find cuda shared memory region: 'x'"
+        ) as missing:
             client.get_cuda_shared_memory_status("x")
-        with pytest.raises(InferenceServerException, match="register system shared memory instead"):
+        assert missing.value.status() == ("404" if protocol == "http" else "StatusCode.NOT_FOUND")
+        with pytest.raises(InferenceServerException, match=re.escape(
+            "failed to register CUDA shared memory region: 'r', GPUs not supported (CUDA "
+            "shared memory is not supported: this server runs models on the CPU; register "
+            "system shared memory instead"
+        )):  # fmt: skip
             client.register_cuda_shared_memory("r", b"\0" * 64, 0, 8)
     finally:
         client.close()

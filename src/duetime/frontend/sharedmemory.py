@@ -40,7 +40,7 @@ from stat import S_ISREG
 from typing import Any
 
 from duetime.datatypes import WIRE_DTYPE_OF
-from duetime.errors import InvalidInput, PayloadTooLarge
+from duetime.errors import DuetimeError, InvalidInput, PayloadTooLarge
 
 SHM_ROOT = Path("/dev/shm")
 REGION = "shared_memory_region"
@@ -59,6 +59,24 @@ A region costs a few hundred bytes and no descriptor."""
 
 NAME_MAX_CHARS = 1024
 """The longest region name (so that `REGIONS_MAX` regions stay small)."""
+
+
+SIZE_MAX = 2**64 - 1
+"""The largest offset + byte size Triton can add up (a size_t); a bigger sum is refused as an
+overflow, as Triton does."""
+
+
+class RegionNotFound(DuetimeError):
+    """No region of that name is registered: 404 / NOT_FOUND, as Triton answers."""
+
+    http_status = 404
+    grpc_code = "NOT_FOUND"
+
+
+class RegionExists(InvalidInput):
+    """A region of that name is registered already: 400 / ALREADY_EXISTS, as Triton answers."""
+
+    grpc_code = "ALREADY_EXISTS"
 
 
 class TooManyRegions(InvalidInput):
@@ -93,7 +111,8 @@ class Window:
 
 
 class SharedMemoryRegions:
-    """The registered regions of one server (owned by the event loop)."""
+    """The registered regions of one server (owned by the event loop; `write` may run on a
+    thread that builds a big answer: each access opens a descriptor of its own)."""
 
     def __init__(
         self,
@@ -107,16 +126,18 @@ class SharedMemoryRegions:
         self._regions: dict[str, _Region] = {}
 
     def register(self, name: str, key: Any, offset: Any, byte_size: Any) -> None:
-        """Map `byte_size` bytes at `offset` of the object `key` as region `name` (the values
-        as a client sent them: each is checked)."""
+        """Register `byte_size` bytes at `offset` of the object `key` as region `name` (the
+        values as a client sent them: each is checked). Errors begin with Triton's words for
+        them (and have its status codes, but for a key that cannot be opened: 400, where Triton
+        answers 500 INTERNAL, though the client is at fault)."""
         if not isinstance(name, str) or not name or len(name) > NAME_MAX_CHARS:
             raise InvalidInput(
-                "shared memory: the region name must be a non-empty string of at most "
-                f"{NAME_MAX_CHARS} characters"
+                "'region name' is necessary to register system shared memory region (a "
+                f"non-empty string of at most {NAME_MAX_CHARS} characters)"
             )
         if name in self._regions:
-            raise InvalidInput(
-                f"shared memory region '{name}' is already registered; unregister it first"
+            raise RegionExists(
+                f"shared memory region '{name}' already in manager; unregister it first"
             )
         if len(self._regions) >= self._max_regions:
             raise TooManyRegions(
@@ -124,36 +145,12 @@ class SharedMemoryRegions:
                 f"the most this server keeps (REGIONS_MAX {self._max_regions}); unregister "
                 "regions no longer used"
             )
+        for field, value in (("key", key), ("byte_size", byte_size)):
+            if value is None:
+                raise InvalidInput(f"Shared memory register request has no '{field}' field")
         _check_count(offset, "offset")
         _check_count(byte_size, "byte_size")
-        stem = key.lstrip("/") if isinstance(key, str) else ""
-        if not stem or "/" in stem or "\0" in stem or stem in (".", ".."):
-            raise InvalidInput(
-                f"shared memory region '{name}': key {key!r} must name a shared-memory object "
-                "(like '/input0'), not a path (and hold no NUL character)"
-            )
-        path = self._root / stem
-        try:
-            fd = _open(path, os.O_RDWR)
-        except OSError as exc:
-            raise InvalidInput(
-                f"shared memory region '{name}': cannot open key {key!r}: {_why(exc)}"
-            ) from None
-        try:
-            stat = os.fstat(fd)
-        finally:
-            os.close(fd)
-        if not S_ISREG(stat.st_mode):
-            raise InvalidInput(
-                f"shared memory region '{name}': key {key!r} is not a shared-memory object"
-            )
-        size = stat.st_size
-        if offset + byte_size > size or byte_size == 0:
-            raise InvalidInput(
-                f"shared memory region '{name}': offset {offset} + byte_size {byte_size} "
-                f"does not fit the {size}-byte object {key!r} (and byte_size must be > 0)"
-            )
-        identity = (stat.st_dev, stat.st_ino)
+        path, identity = self._examine(name, key, offset, byte_size)
         self._regions[name] = _Region(name, key, offset, byte_size, path, identity)
 
     def unregister(self, name: str | None = None) -> None:
@@ -164,9 +161,15 @@ class SharedMemoryRegions:
             self._regions.clear()
 
     def status(self, name: str | None = None) -> list[dict[str, Any]]:
+        """Every region (`name` None or ""), or region `name`: RegionNotFound if there is none."""
         if not name:
             return [region.status() for region in self._regions.values()]
-        return [self._region(name).status()]
+        region = self._regions.get(name)
+        if region is None:
+            raise RegionNotFound(
+                f"Unable to find system shared memory region: '{name}' (not registered)"
+            )
+        return [region.status()]
 
     def read(
         self,
@@ -213,9 +216,11 @@ class SharedMemoryRegions:
     def write(self, window: Window, data: bytes, where: str) -> None:
         region, start = self._bounds(window, where)
         if len(data) > window.byte_size:
+            # NOTE: 400: Triton answers 500 INTERNAL, though the client is at fault
             raise InvalidInput(
-                f"{where}: the output is {len(data)} bytes but shared_memory_byte_size gives "
-                f"{window.byte_size}"
+                f"shared memory size specified with the request for {where} "
+                f"({window.byte_size} bytes) should be at least {len(data)} bytes to hold the "
+                "results"
             )
         view = memoryview(data).cast("B")
         with self._opened(region, os.O_WRONLY, where) as fd:
@@ -229,6 +234,38 @@ class SharedMemoryRegions:
 
     def close(self) -> None:
         self.unregister(None)
+
+    def _examine(
+        self, name: str, key: Any, offset: int, byte_size: int
+    ) -> tuple[Path, tuple[int, int]]:
+        """The path and identity (device, inode) of the object `key`, once it is checked to be
+        one the window fits in."""
+        unable = f"Unable to open shared memory region: '{key}' (region '{name}')"
+        stem = key.lstrip("/") if isinstance(key, str) else ""
+        if not stem or "/" in stem or "\0" in stem or stem in (".", ".."):
+            raise InvalidInput(
+                f"{unable}: the key must name a shared-memory object (like '/input0'), not a "
+                "path (and hold no NUL character)"
+            )
+        path = self._root / stem
+        try:
+            fd = _open(path, os.O_RDWR)
+        except OSError as exc:
+            raise InvalidInput(f"{unable}: cannot open it: {_why(exc)}") from None
+        try:
+            stat = os.fstat(fd)
+        finally:
+            os.close(fd)
+        if not S_ISREG(stat.st_mode):
+            raise InvalidInput(f"{unable}: it is not a shared-memory object")
+        size = stat.st_size
+        if offset + byte_size > size or byte_size == 0:
+            raise InvalidInput(
+                f"failed to register shared memory region '{name}': invalid args: offset "
+                f"{offset} + byte_size {byte_size} does not fit the {size}-byte object '{key}' "
+                "(and byte_size must be > 0)"
+            )
+        return path, (stat.st_dev, stat.st_ino)
 
     @contextmanager
     def _opened(self, region: _Region, flags: int, where: str) -> Iterator[int]:
@@ -256,20 +293,32 @@ class SharedMemoryRegions:
         finally:
             os.close(fd)
 
-    def _region(self, name: str, where: str = "shared memory") -> _Region:
+    def _bounds(self, window: Window, where: str) -> tuple[_Region, int]:
+        """The window's region and where the window starts in the region's object; the errors
+        (and their order) are Triton's, with the details after them."""
+        name, offset, size = window.region, window.offset, window.byte_size
         region = self._regions.get(name)
         if region is None:
-            raise InvalidInput(f"{where}: no shared memory region '{name}' is registered")
-        return region
-
-    def _bounds(self, window: Window, where: str) -> tuple[_Region, int]:
-        region = self._region(window.region, where)
-        if window.offset + window.byte_size > region.byte_size:
-            raise InvalidInput(
-                f"{where}: shared_memory_offset {window.offset} + shared_memory_byte_size "
-                f"{window.byte_size} runs past region '{region.name}' ({region.byte_size} bytes)"
+            raise RegionNotFound(
+                f"Unable to find shared memory region: '{name}' ({where}: not registered)"
             )
-        return region, region.offset + window.offset
+        if offset >= region.byte_size:
+            raise InvalidInput(
+                f"Invalid offset for shared memory region: '{name}' ({where}: "
+                f"shared_memory_offset {offset} is not inside its {region.byte_size} bytes)"
+            )
+        if size > SIZE_MAX - offset:
+            raise InvalidInput(
+                f"Integer overflow detected: byte_size ({size}) + offset ({offset}) exceeds "
+                f"maximum value ({SIZE_MAX}) for region '{name}' ({where})"
+            )
+        if offset + size > region.byte_size:
+            raise InvalidInput(
+                f"Invalid offset + byte size for shared memory region: '{name}' ({where}: "
+                f"shared_memory_offset {offset} + shared_memory_byte_size {size} runs past its "
+                f"{region.byte_size} bytes)"
+            )
+        return region, region.offset + offset
 
 
 def window_of(parameters: Mapping[str, Any], where: str) -> Window | None:
@@ -315,12 +364,16 @@ class CudaRegions:
 
     def status(self, name: str | None = None) -> list[dict[str, Any]]:
         if name:
-            raise InvalidInput(f"no CUDA shared memory region '{name}' is registered; "
-                               f"{CUDA_UNSUPPORTED}")  # fmt: skip
+            raise RegionNotFound(
+                f"Unable to find cuda shared memory region: '{name}' ({CUDA_UNSUPPORTED})"
+            )
         return []
 
     def register(self, name: str, *_: Any) -> None:
-        raise InvalidInput(f"CUDA shared memory region '{name}': {CUDA_UNSUPPORTED}")
+        raise InvalidInput(
+            f"failed to register CUDA shared memory region: '{name}', GPUs not supported "
+            f"({CUDA_UNSUPPORTED})"
+        )
 
     def unregister(self, name: str | None = None) -> None:
         """Nothing to forget."""
