@@ -75,6 +75,8 @@ def test_infer_from_threads_and_from_another_loop_match_onnxruntime(
         ({"priority": None}, "priority: expected an integer >= 0"),
         ({"priority": "1"}, "priority: expected an integer >= 0"),
         ({"outputs": "y"}, "outputs: expected a sequence of output names"),
+        ({"version": True}, "version: expected a version number or name"),
+        ({"version": 1.5}, "version: expected a version number or name"),
     ],
     ids=str,
 )
@@ -87,6 +89,12 @@ def test_arguments_it_cannot_take_are_invalid_input(
 
 def test_an_infinite_timeout_is_no_due_time_and_inputs_must_be_a_mapping(engine: Engine) -> None:
     assert engine.infer("mlp", {"x": mlp_rows(1)}, timeout=math.inf)["y"].shape == (1, 3)
+    # (1e300 s overflowed the clock's integer: a bare OverflowError)
+    assert engine.infer("mlp", {"x": mlp_rows(1)}, timeout=1e300)["y"].shape == (1, 3)
+    # numpy's numbers are numbers
+    x = {"x": mlp_rows(1)}
+    assert engine.infer("mlp", x, priority=np.int64(1), version=np.int64(1))["y"].shape == (1, 3)
+    assert engine.infer("mlp", x, timeout=np.float32(5))["y"].shape == (1, 3)
     with pytest.raises(InvalidInput, match="inputs: expected a mapping"):
         engine.infer("mlp", mlp_rows(1))  # type: ignore[arg-type]
 
@@ -173,6 +181,87 @@ engine.infer("mlp", {{"x": np.ones((1, 40), np.float32)}})
         [sys.executable, "-c", script], capture_output=True, text=True, timeout=100, check=False
     )
     assert result.returncode == 0, result.stderr[-2000:]
+    # (closing at exit found the thread pools shut down already: "cannot schedule new futures
+    # after interpreter shutdown", a traceback at every exit)
+    assert "Traceback" not in result.stderr, result.stderr[-2000:]
+
+
+def test_calls_given_up_on_another_loop_are_withdrawn_and_the_rest_answered(
+    engine: Engine, caplog: pytest.LogCaptureFixture
+) -> None:
+    """`asyncio.wait_for(engine.infer_async(...), t)` on a loop of the caller's: the cancel
+    never reached the request, which ran anyway, and its answer, set on the cancelled future,
+    raised in the scheduler's settling of its batch (InvalidStateError): the batch's other
+    requests were never answered and the model stopped taking work."""
+    images = {"image": np.ones((1, 3, 64, 64), np.float32)}
+
+    async def impatient() -> int:
+        async def call() -> bool:
+            try:
+                await asyncio.wait_for(engine.infer_async("resnet", images), 0.0005)
+            except TimeoutError:
+                return False
+            return True
+
+        return sum(await asyncio.gather(*(call() for _ in range(300))))
+
+    with caplog.at_level("ERROR"):
+        asyncio.run(impatient())
+        answers: list[np.ndarray] = []
+        threads = [
+            threading.Thread(
+                target=lambda: answers.append(engine.infer("resnet", images)["logits"])
+            )
+            for _ in range(4)
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+    assert len(answers) == 4, "calls made after the cancelled ones were never answered"
+    assert "InvalidStateError" not in caplog.text
+
+
+def test_an_engine_opened_before_a_fork_refuses_calls_in_the_child(demo_repo: Path) -> None:
+    """Its loop thread does not come along into the child: a call there waited forever."""
+    script = f"""
+import os, numpy as np
+from duetime import Engine
+engine = Engine.open({str(demo_repo)!r})
+pid = os.fork()
+if pid == 0:
+    try:
+        engine.infer("mlp", {{"x": np.ones((1, 40), np.float32)}}, timeout=1.0)
+    except RuntimeError as exc:
+        print("child:", exc, flush=True)
+    os._exit(0)
+os.waitpid(pid, 0)
+print("parent:", engine.infer("mlp", {{"x": np.ones((1, 40), np.float32)}})["y"].shape)
+engine.close()
+"""
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=100, check=False
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "child: this engine was opened in another process" in result.stdout
+    assert "parent: (1, 3)" in result.stdout
+
+
+def test_an_engine_started_on_a_loop_refuses_calls_from_another(demo_repo: Path) -> None:
+    async def main() -> None:
+        engine = await Engine.start(demo_repo)
+        try:
+
+            async def elsewhere() -> None:
+                await engine.infer_async("mlp", {"x": mlp_rows(1)})
+
+            with pytest.raises(RuntimeError, match="runs on the loop that started it"):
+                await asyncio.to_thread(asyncio.run, elsewhere())
+            assert (await engine.infer_async("mlp", {"x": mlp_rows(1)}))["y"].shape == (1, 3)
+        finally:
+            await engine.aclose()
+
+    asyncio.run(main())
 
 
 def test_a_request_padded_up_to_its_bucket_runs_no_row_the_model_refuses(tmp_path: Path) -> None:

@@ -2,18 +2,18 @@
 
 from typing import TYPE_CHECKING, Any
 
-from duetime.errors import (
-    ConfigError,
-    DeadlineExceeded,
-    DuetimeError,
-    InvalidInput,
-    ModelNotFound,
-    ModelUnavailable,
-    Overloaded,
-)
-
 if TYPE_CHECKING:
     from duetime.engine import Engine
+    from duetime.errors import (
+        ConfigError,
+        DeadlineExceeded,
+        DuetimeError,
+        InvalidInput,
+        ModelNotFound,
+        ModelUnavailable,
+        NotAllowed,
+        Overloaded,
+    )
 
 __all__ = [
     "ConfigError",
@@ -23,16 +23,21 @@ __all__ = [
     "InvalidInput",
     "ModelNotFound",
     "ModelUnavailable",
+    "NotAllowed",
     "Overloaded",
 ]
 __version__ = "0.1.0"
 
 
 def __getattr__(name: str) -> Any:
-    # Engine brings ONNX Runtime and numpy (a third of a second): imported on first use, so that
-    # `duetime --help`, and a Ctrl-C while the command starts, do not wait for it.
+    # NOTE: imported on first use: Engine brings ONNX Runtime and numpy (a third of a second),
+    # and `duetime --help`, or a Ctrl-C while the command starts, should not wait for them.
     if name == "Engine":
         from duetime.engine import Engine
 
         return Engine
+    if name in __all__:
+        from duetime import errors
+
+        return getattr(errors, name)
     raise AttributeError(f"module 'duetime' has no attribute {name!r}")

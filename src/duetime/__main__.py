@@ -15,6 +15,11 @@ def main() -> int:
     except KeyboardInterrupt:  # (what the command has not taken over: its imports, its flags)
         sys.stderr.write("duetime: interrupted\n")
         return 130
+    except ImportError as exc:  # (ONNX Runtime's own import, interrupted: "initialization
+        if not isinstance(exc.__context__, KeyboardInterrupt):  # failed" on the Ctrl-C)
+            raise
+        sys.stderr.write("duetime: interrupted\n")
+        return 130
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ import contextlib
 import copy
 import functools
 import logging
-import math
+import numbers
 import os
 import threading
 import weakref
@@ -40,6 +40,7 @@ from duetime.errors import (
 )
 from duetime.execution.affinity import CpuPlan
 from duetime.execution.executor import Feeds
+from duetime.loops import in_thread
 from duetime.repository.loader import LoadedModel, sample_inputs, sample_row_bytes
 from duetime.repository.manager import IndexEntry, ModelManager, RepositoryOptions
 from duetime.repository.registry import PRIMARY, Deployment, Registry
@@ -170,6 +171,8 @@ class Engine:
         self._waiting: set[concurrent.futures.Future[dict[str, np.ndarray]]] = set()
         """Synchronous calls not answered yet: failed at `close()` if the loop never took them."""
         self._sync_lock = threading.Lock()
+        self._forked = False
+        """This process is a fork of the one that opened the engine (see `_after_fork`)."""
         self._placed = 0
         self._pending_loads: set[asyncio.Task[None]] = set()
         self._ledgers: dict[frozenset[int], CoreLedger] = {}
@@ -248,7 +251,7 @@ class Engine:
         deployments = self.registry.clear()
         await asyncio.gather(*(d.scheduler.aclose(grace_s) for d in deployments))
         for deployment in deployments:
-            await asyncio.to_thread(deployment.model.executor.close)
+            await in_thread(deployment.model.executor.close)
 
     # -- the repository API --------------------------------------------------------------------
 
@@ -423,7 +426,12 @@ class Engine:
         On an engine made by `open()`, awaited from another loop, the request is handed to the
         engine's loop as `infer` does."""
         request = self._request(model, inputs, version, timeout, priority, outputs)
-        if self._thread is not None and _running_loop() is not self._loop:
+        if _running_loop() is not self._loop:
+            if self._thread is None:  # (its futures belong to the loop that started it)
+                raise RuntimeError(
+                    "this engine runs on the loop that started it (Engine.start); await "
+                    "infer_async there, or make an engine for many loops with Engine.open()"
+                )
             return await asyncio.wrap_future(self._submit_threadsafe(request))
         ticket = self.submit(request)
         await settled(ticket.future)
@@ -455,6 +463,11 @@ class Engine:
         with self._sync_lock:  # (against close(): a call it misses would wait forever)
             loop = self._loop
             if self._closed or loop is None or loop.is_closed():
+                if self._forked:
+                    raise RuntimeError(
+                        "this engine was opened in another process, which forked this one "
+                        "(its loop thread did not come along): open a new engine here"
+                    )
                 raise ModelUnavailable("the engine is closed; open a new one")
             self._waiting.add(result)
             loop.call_soon_threadsafe(self._submit_for_thread, request, result)
@@ -464,20 +477,32 @@ class Engine:
     def _submit_for_thread(
         self, request: InferRequest, result: concurrent.futures.Future[dict[str, np.ndarray]]
     ) -> None:
+        """On the loop: submit a request handed over by `_submit_threadsafe`, and answer
+        `result`. A caller that gives up (an `infer_async` awaited on another loop, cancelled)
+        cancels `result`, from its own thread: that withdraws the request as a cancelled ticket
+        does, and its answer, if it came anyway, is dropped."""
+        if result.cancelled():  # (given up before the loop took it: never queued)
+            return
         try:
             ticket = self.submit(request)
         except Exception as exc:
-            result.set_exception(exc)
+            _answer(result, None, exc)
             return
 
         def settle() -> None:
             error = ticket.failure()
-            if error is None:
-                result.set_result(ticket.response().outputs)
-            else:
-                result.set_exception(error)
+            _answer(result, ticket.response().outputs if error is None else None, error)
 
         ticket.when_done(settle)
+        loop = self._loop
+        assert loop is not None
+
+        def withdraw(done: concurrent.futures.Future[dict[str, np.ndarray]]) -> None:
+            if done.cancelled():
+                with contextlib.suppress(RuntimeError):  # (the loop has closed: nothing runs)
+                    loop.call_soon_threadsafe(ticket.future.cancel)
+
+        result.add_done_callback(withdraw)
 
     def _request(
         self,
@@ -489,26 +514,29 @@ class Engine:
         outputs: Sequence[str] | None,
     ) -> InferRequest:
         if timeout is not None and (
-            isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout >= 0
+            isinstance(timeout, bool) or not isinstance(timeout, numbers.Real) or not timeout >= 0
         ):
             raise InvalidInput(f"timeout: expected seconds >= 0 (or None), got {timeout!r}")
-        if isinstance(priority, bool) or not isinstance(priority, int) or priority < 0:
+        if isinstance(priority, bool) or not isinstance(priority, numbers.Integral) or priority < 0:
             raise InvalidInput(f"priority: expected an integer >= 0, got {priority!r}")
+        if isinstance(version, bool) or not isinstance(version, str | numbers.Integral | None):
+            raise InvalidInput(f"version: expected a version number or name, got {version!r}")
         if not isinstance(inputs, Mapping):
             raise InvalidInput(
                 f"inputs: expected a mapping of input name to array, got {type(inputs).__name__}"
             )
         if isinstance(outputs, str | bytes):
             raise InvalidInput(f"outputs: expected a sequence of output names, got {outputs!r}")
-        finite = timeout is not None and timeout != math.inf
-        due = self.clock.now_ns() + int(timeout * 1e9) if finite else None  # type: ignore[operator]
+        # (a due time past a century, or infinity, is none)
+        finite = timeout is not None and timeout * 1e9 < NO_DUE_BEYOND_NS
+        due = self.clock.now_ns() + int(timeout * 1e9) if finite else None
         return InferRequest(
             model=model,
             inputs=dict(inputs),
             version=None if version is None else str(version),
             outputs=None if outputs is None else tuple(outputs),
             due_ns=due,
-            priority=priority,
+            priority=int(priority),
         )
 
     # -- synchronous use -----------------------------------------------------------------------
@@ -576,6 +604,9 @@ class Engine:
         self.close()
 
 
+NO_DUE_BEYOND_NS = 100 * 365 * 24 * 3600 * 10**9
+"""A timeout this long or longer (infinity too) sets no due time."""
+
 _OPEN: weakref.WeakSet[Engine] = weakref.WeakSet()
 """Engines made by `open()` and not closed yet."""
 
@@ -595,6 +626,33 @@ def _close_open_engines() -> None:
     for engine in list(_OPEN):
         with contextlib.suppress(Exception):
             engine.close()
+
+
+def _after_fork() -> None:
+    """In a forked child, the engines `open()` made have no loop thread: a call would wait for
+    it forever. They refuse calls instead, saying why."""
+    for engine in list(_OPEN):
+        engine._forked = engine._closed = True
+        engine._sync_lock = threading.Lock()  # (another thread may have held it at the fork)
+    _OPEN.clear()  # (nothing to close at the child's exit)
+
+
+os.register_at_fork(after_in_child=_after_fork)
+
+
+def _answer(
+    result: concurrent.futures.Future[dict[str, np.ndarray]],
+    outputs: dict[str, np.ndarray] | None,
+    error: BaseException | None,
+) -> None:
+    """Settle `result` unless its caller cancelled it meanwhile (from its own thread: checking
+    first would race). Called on the loop, from the scheduler's settling of a whole batch, where
+    an exception would leave the batch's other requests unsettled."""
+    with contextlib.suppress(concurrent.futures.InvalidStateError):
+        if error is None:
+            result.set_result(outputs)  # type: ignore[arg-type]
+        else:
+            result.set_exception(error)
 
 
 def _running_loop() -> asyncio.AbstractEventLoop | None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 
 
 def new_event_loop() -> asyncio.AbstractEventLoop:
@@ -13,6 +14,18 @@ def new_event_loop() -> asyncio.AbstractEventLoop:
         return asyncio.new_event_loop()
     loop: asyncio.AbstractEventLoop = uvloop.new_event_loop()
     return loop
+
+
+async def in_thread(function: Callable[[], object]) -> None:
+    """`asyncio.to_thread(function)`, or, while the interpreter exits (an engine closed by its
+    atexit hook: the executors take no more work then), `function()` here, blocking the loop."""
+    loop = asyncio.get_running_loop()
+    try:
+        done = loop.run_in_executor(None, function)
+    except RuntimeError:  # ("cannot schedule new futures after interpreter shutdown")
+        function()
+        return
+    await done
 
 
 class BusyPoll:

@@ -32,6 +32,7 @@ from typing import Literal
 from duetime.config import CONFIG_FILENAMES, ModelConfig
 from duetime.errors import ConfigError, DuetimeError, InvalidInput, ModelNotFound, ModelUnavailable
 from duetime.execution.affinity import lower_thread_priority, pin_current_thread
+from duetime.loops import in_thread
 from duetime.repository.layout import (
     ModelSource,
     Scan,
@@ -618,7 +619,7 @@ class ModelManager:
             drain_s = self.options.drain_s
             await asyncio.gather(*(d.scheduler.aclose(drain_s) for d in version.variants))
             for deployment in version.variants:
-                await asyncio.to_thread(deployment.model.executor.close)
+                await in_thread(deployment.model.executor.close)
             entry = states.get(version.version)
             if entry is not None and entry.state == "UNLOADING":
                 if reason in (REMOVED, UPLOADED) or self._on_disk(name, version.version):
