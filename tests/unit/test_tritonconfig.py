@@ -72,7 +72,12 @@ def test_a_triton_config_translates_field_by_field(caplog: pytest.LogCaptureFixt
          {"max_batch_size": 0, "inputs": [{"name": "x", "datatype": "BYTES", "dims": [-1]}]}),
         ("max_batch_size: 0", {}),  # left to the graph, as Triton's auto-complete does
         ('backend: "onnxruntime" version_policy { all {} }', {"version_policy": {"all": {}}}),
-        ("version_policy { latest { } }", {"version_policy": {"latest": {"num_versions": 1}}}),
+        ("version_policy { latest { num_versions: 2 } }",
+         {"version_policy": {"latest": {"num_versions": 2}}}),
+        # (`latest { }` is 0 versions, refused at validation as Triton refuses it: it was
+        # served as latest 1)
+        ("version_policy { latest { } }", {"version_policy": {"latest": {"num_versions": 0}}}),
+        ("name: 'm'", {}),  # (no policy: duetime's default, Triton's latest 1)
         ("dynamic_batching { }", {"scheduling": {"max_queue_delay_us": 0}}),
         # Triton's form of a tensor with no dims beyond the batch (its auto-complete writes it)
         ('max_batch_size: 8 output [ { name: "label" data_type: TYPE_INT64 dims: [ 1 ] '
@@ -101,6 +106,13 @@ def test_nested_triton_only_settings_are_named_in_a_warning(
         caplog.text
     )
     assert (out["intra_op_threads"], "inter_op_threads" in out) == (0, False)  # (0: ORT's own)
+
+
+def test_a_latest_policy_of_no_versions_is_refused_naming_the_field(tmp_path: Path) -> None:
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.pbtxt").write_text("version_policy { latest { num_versions: 0 } }")
+    with pytest.raises(ConfigError, match=r"field 'version_policy\.latest\.num_versions'"):
+        load_model_config(tmp_path / "m")
 
 
 def test_a_config_name_that_is_not_a_file_is_refused(tmp_path: Path) -> None:

@@ -301,7 +301,9 @@ def _version_policy(policy: Any) -> dict[str, Any]:
         return {"all": {}}
     if choice == "specific":
         return {"specific": {"versions": list(policy.specific.versions)}}
-    return {"latest": {"num_versions": policy.latest.num_versions or 1}}
+    if choice == "latest":  # (`latest: {}` too: 0 versions, refused by validation as in Triton)
+        return {"latest": {"num_versions": policy.latest.num_versions}}
+    return {"latest": {"num_versions": 1}}  # (no policy: Triton's default)
 
 
 def _integer(value: str, field: str, source: str) -> int:
