@@ -965,6 +965,31 @@ def test_shadow_copies_are_compared_but_never_answer(tmp_path: Path) -> None:
     run(tmp_path, scenario)
 
 
+def test_a_shadow_copy_owns_its_inputs_when_the_caller_owns_the_arrays(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """In process, the caller's arrays are theirs again once the answer is back; a shadow copy
+    still queued then ran on whatever the caller had written into them since."""
+    two_versions(tmp_path, 'weights = { "1" = 1 }\nshadow = { "2" = 1.0 }\n')
+
+    async def scenario(engine: Engine) -> None:
+        shadow = engine.registry.snapshot.models["m"].versions["2"].primary.scheduler
+        taken: list[np.ndarray] = []
+        submit = shadow.submit_nowait
+
+        def capture(feeds: dict[str, np.ndarray], **kwargs: Any) -> Any:
+            taken.extend(feeds.values())
+            return submit(feeds, **kwargs)
+
+        monkeypatch.setattr(shadow, "submit_nowait", capture)
+        x = inputs()["x"]
+        await engine.infer_async("m", {"x": x})
+        assert taken
+        assert not any(np.shares_memory(feed, x) for feed in taken)
+
+    run(tmp_path, scenario)
+
+
 def test_a_shadow_answering_other_outputs_is_counted_mismatched_not_in_agreement(
     tmp_path: Path,
 ) -> None:

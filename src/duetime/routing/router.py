@@ -147,8 +147,11 @@ class Router:
             stats = self.shadows.setdefault((routed.served.name, name), ShadowStatistics())
             stats.mirrored += 1
             shadow = routed.served.versions[name].primary
+            inputs = request.inputs
+            if request.protocol == "engine":  # (the caller's arrays: theirs again once answered,
+                inputs = {k: np.array(v, copy=True) for k, v in inputs.items()}  # the copy later)
             try:
-                prepared = shadow.model.validator.prepare(request.inputs, None)
+                prepared = shadow.model.validator.prepare(inputs, None)
                 copy = shadow.scheduler.submit_nowait(
                     prepared.feeds,
                     rows=prepared.rows,
