@@ -227,6 +227,18 @@ def test_a_model_named_with_a_leading_underscore_is_served(tmp_path: Path) -> No
     run(tmp_path, explicitly, control_mode="explicit")
 
 
+def test_a_model_named_with_a_backslash_is_served(tmp_path: Path) -> None:
+    """A backslash separates nothing on POSIX (Triton serves such a folder); it was skipped
+    without a word, and the index listed it with no state."""
+    write_version(tmp_path, "back\\slash", 1, scale_model(3))
+
+    async def scenario(engine: Engine) -> None:
+        assert await factor_of(engine, "back\\slash") == 3.0
+        assert states(engine, "back\\slash") == {"1": ("READY", "")}
+
+    run(tmp_path, scenario)
+
+
 @pytest.mark.parametrize("name", ["../m", ".m", "a/b"])
 def test_an_invalid_startup_model_fails_the_start_naming_the_setting(
     tmp_path: Path, name: str

@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import hashlib
 import logging
+import os
 import shutil
 import tempfile
 import time
@@ -150,6 +151,11 @@ class _IndexRecord:
     served: dict[str, ServedVersion]
 
 
+_NOT_IN_NAMES = "/\0" if os.sep == "/" else "/\\:\0"
+"""What a model name cannot hold: a path separator (a backslash is one only on Windows: a
+folder `a\\b` is a model of that name elsewhere, as in Triton), or NUL."""
+
+
 def check_model_name(name: str) -> str:
     """`name` if it can only name a folder directly under the repository; InvalidInput if not."""
     if (
@@ -157,11 +163,12 @@ def check_model_name(name: str) -> str:
         or len(name) > 255
         or name in (".", "..")
         or is_hidden(name)
-        or any(c in name for c in "/\\\0")
+        or any(c in name for c in _NOT_IN_NAMES)
     ):
         raise InvalidInput(
             f"model name {name!r} is not valid: expected a folder name directly under the "
-            "model repository (no '/', '\\' or leading '.')"
+            f"model repository (no {' or '.join(map(repr, _NOT_IN_NAMES.strip(chr(0))))}, no "
+            "leading '.')"
         )
     return name
 
