@@ -220,7 +220,7 @@ def meatpy_books(path: str | Path, *, depth: int = 5) -> dict[str, dict[str, Any
         bids = lob.get_bid_levels(depth) if lob else []
         asks = lob.get_ask_levels(depth) if lob else []
         live = sum(len(lvl.queue) for lvl in (lob.bid_levels + lob.ask_levels)) if lob else 0
-        out[proc.instrument.decode().strip()] = {
+        out[proc.instrument.decode().rstrip(" ")] = {
             "book": {
                 "bids": [[lvl.price, lvl.volume, len(lvl.queue)] for lvl in bids],
                 "asks": [[lvl.price, lvl.volume, len(lvl.queue)] for lvl in asks],

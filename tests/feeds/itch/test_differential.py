@@ -23,6 +23,7 @@ pytest.importorskip("itch_book")
 pytest.importorskip("itchcpp")
 
 import oracle
+from directory import R_FIELDS
 
 from duetime.feeds.itch.parser import read_messages
 from duetime.feeds.itch.summary import summarize
@@ -100,6 +101,22 @@ def test_final_books_match_meatpy(sessions: dict[int, Path]) -> None:
     for name, stock in theirs.items():
         assert stock["book"] == mine["stocks"][name]["book"], name
         assert stock["live_orders"] == mine["stocks"][name]["live_orders"], name
+
+
+def test_symbols_match_itch_book(tmp_path: Path) -> None:
+    """Only trailing spaces pad a symbol (itch-book keeps a leading one too), and an all-space
+    symbol is none: `#<locate>`, as the oracle keys a locate without a symbol."""
+    path = tmp_path / "symbols.itch"
+    add = {"timestamp": 2, "buy_sell_indicator": "B", "shares": 1, "stock": "X", "price": 1}
+    with ItchWriter(path) as writer:
+        for locate, symbol in ((1, " " * 8), (2, " LEAD"), (3, "AB CD")):
+            writer.write("R", stock_locate=locate, timestamp=1, stock=symbol, **R_FIELDS)
+        for locate in (1, 2, 3, 4):
+            writer.write("A", stock_locate=locate, order_reference_number=locate, **add)
+    mine, _ = summarize(read_messages(path))
+    theirs, _ = oracle.itch_book_summary(path)
+    assert list(mine["stocks"]) == ["#1", " LEAD", "AB CD", "#4"]
+    assert mine == theirs
 
 
 def damaged(messages: Iterator[Any], seed: int) -> Iterator[bytes]:

@@ -296,6 +296,17 @@ def test_two_locates_with_one_symbol_keep_both_records() -> None:
     assert summary["stocks"]["AAPL@5@5"]["live_orders"] == 2
 
 
+def test_symbols_lose_only_their_trailing_spaces() -> None:
+    """Alpha fields are left-justified: " LEAD" was keyed "LEAD". An all-space symbol (here
+    after a real one: the last R message wins) is no symbol: `#<locate>`, as with no R."""
+    data = feed(directory(1, "AAPL"), add(1, 1, "B", 1, 1), directory(1, " " * 8),
+                directory(2, " LEAD"), add(2, 2, "B", 1, 1), add(3, 3, "B", 1, 1))  # fmt: skip
+    fast = assert_same(data)
+    assert [fast.symbol(locate) for locate in (1, 2, 3)] == ["", " LEAD", ""]
+    keys = {key: entry["locate"] for key, entry in fast.summary()["stocks"].items()}
+    assert keys == {"#1": 1, " LEAD": 2, "#3": 3}
+
+
 def test_first_changes_must_not_be_negative() -> None:
     """A negative count once listed other stocks' rows (a slice of the shared change table)."""
     data = feed(add(1, 1, "B", 10, 100), add(2, 2, "B", 20, 200))

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from directory import R_FIELDS
 
 from duetime.cli import main
 from duetime.demo import ORDERBOOK_FEATURES
@@ -16,6 +17,7 @@ from duetime.feeds.itch.features import FEATURE_NAMES
 from duetime.feeds.itch.parser import read_messages
 from duetime.feeds.itch.run import RecordedClock
 from duetime.feeds.itch.synth import write_session
+from duetime.feeds.itch.writer import ItchWriter
 from tests.conftest import RunningServer
 
 MESSAGES = 3000
@@ -137,6 +139,25 @@ def test_remote_target_over_grpc(tmp_path: Path, session: Path, server: RunningS
     assert report["errors"] == 0
     assert report["on_time"] > 0
     assert len(rows) == report["on_time"] + report["late_dropped"]
+
+
+def test_predictions_name_stocks_as_the_book_summary_does(tmp_path: Path, demo_repo: Path) -> None:
+    """A locate with an all-space symbol or none got an empty `stock`, a leading space was
+    dropped, and two locates with one symbol were told apart nowhere: the keys of `itch book`
+    now, and `--symbols` selects by them."""
+    path = tmp_path / "keys.itch"
+    with ItchWriter(path) as writer:
+        for locate, symbol in ((1, " " * 8), (2, " LEAD"), (4, "DUP"), (5, "DUP")):
+            writer.write("R", stock_locate=locate, timestamp=1, stock=symbol, **R_FIELDS)
+        for locate in (1, 2, 3, 4, 5):
+            writer.write("A", stock_locate=locate, timestamp=2, order_reference_number=locate,
+                         buy_sell_indicator="B", shares=1, stock="X", price=1)  # fmt: skip
+    common = ["--model", "orderbook", "--repository", str(demo_repo), "--pace", "max",
+              "--deadline-us", "1000000"]  # fmt: skip
+    _, rows = _run(tmp_path, path, *common)
+    assert [row["stock"] for row in rows] == ["#1", " LEAD", "#3", "DUP", "DUP@5"]
+    _, rows = _run(tmp_path, path, *common, "--symbols", "#3,DUP@5")
+    assert [row["stock"] for row in rows] == ["#3", "DUP@5"]
 
 
 def test_a_model_the_feed_cannot_feed_is_refused_clearly(

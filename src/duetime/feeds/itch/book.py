@@ -25,6 +25,8 @@ from collections import defaultdict
 from collections.abc import Callable, Iterator
 from typing import Any, Final, NamedTuple
 
+from duetime.feeds.itch.keys import StockKeys
+
 BID: Final = 1
 ASK: Final = -1
 
@@ -361,6 +363,8 @@ class Books:
         self.evictions = 0
         """Stale orders removed because a new order reused their reference: the one way a book
         changes without an event of its own (the event belongs to the new order's stock)."""
+        self.keys = StockKeys()
+        """Each book's key as the summary would give it after the messages so far (`keys`)."""
         self._orders: dict[int, _Order] = {}
         self._handlers: dict[str, _Handler] = {
             "A": self._on_add,
@@ -383,6 +387,7 @@ class Books:
         book = self.books.get(locate)
         if book is None:
             book = self.books[locate] = OrderBook(locate, "", self._orders)
+            self.keys.name(locate, "")
         return book
 
     def apply(self, msg: Any) -> BookEvent | None:
@@ -582,5 +587,6 @@ class Books:
         )
 
     def _on_directory(self, msg: Any, book: OrderBook | None) -> None:
-        if book is not None:
-            book.symbol = msg.stock.strip()
+        if book is not None:  # (alpha fields are left-justified: only trailing spaces pad)
+            book.symbol = msg.stock.rstrip(" ")
+            self.keys.name(book.locate, book.symbol)

@@ -128,7 +128,10 @@ def _add_run_arguments(run: argparse.ArgumentParser, *, live: bool = False) -> N
     trigger.add_argument(
         "--on", choices=("top-change",), help="ask when the best bid or ask changes"
     )
-    run.add_argument("--symbols", help="comma-separated stocks to predict for (default: all)")
+    run.add_argument(
+        "--symbols", help="comma-separated stocks to predict for, keyed as `itch book` keys "
+        "them: AAPL, #17 (a locate with no symbol), AAPL@2 (default: all)",
+    )  # fmt: skip
     run.add_argument("--limit", type=int, help="stop after this many messages")
     where = run.add_mutually_exclusive_group()
     where.add_argument(

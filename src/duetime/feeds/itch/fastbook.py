@@ -45,8 +45,9 @@ from duetime.feeds.itch.fastbook_tables import (
     hash_find,
     new_tables,
 )
+from duetime.feeds.itch.keys import stock_keys
 from duetime.feeds.itch.parser import ItchFormatError, OnError, frame_error, gunzip_readable
-from duetime.feeds.itch.summary import check_first_changes, stock_keys
+from duetime.feeds.itch.summary import check_first_changes
 
 Summary = dict[str, Any]
 Source = str | PathLike[str] | bytes | bytearray | memoryview | np.ndarray
@@ -128,10 +129,10 @@ class FastBook:
         return stocks
 
     def symbol(self, locate: int) -> str:
-        """The stripped symbol of the locate's last R message ('' if none)."""
+        """The symbol of the locate's last R message, trailing spaces removed ('' if none)."""
         if not self.tables.stocks[locate, _R_COLUMN]:
             return ""
-        return bytes(self.tables.symbols[locate]).decode("latin-1").strip()
+        return bytes(self.tables.symbols[locate]).decode("latin-1").rstrip(" ")
 
     def counts(self, locate: int) -> dict[str, int]:
         """Messages carrying `locate` by type letter, sorted (locate 0: market-wide)."""

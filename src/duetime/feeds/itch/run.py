@@ -127,7 +127,8 @@ class RunOptions:
     speed: float = 1.0
     trigger: Trigger = field(default_factory=Trigger)
     symbols: frozenset[str] | None = None
-    """Stocks to predict for (None: all); the books of all stocks are kept either way."""
+    """Stocks to predict for, by the key `itch book` gives them (`keys`: "AAPL", "#17",
+    "AAPL@2"; None: all); the books of all stocks are kept either way."""
     limit: int | None = None
     """Stop after this many messages."""
     nap: bool = False
@@ -152,6 +153,7 @@ class _Asked:
 
     ts: int
     stock: str
+    """The stock's key when the event came (`Books.keys`)."""
     arrival_ns: int
     book_gaps: int
     """The live feed's sequence gaps before the event (its book may lack their orders)."""
@@ -395,8 +397,9 @@ class FeedRun:
         self.stats.book_events += 1
         book = self.books.book(event.locate)
         vector = self.features.update(event, book)
+        key = self.books.keys.key
         symbols = self.options.symbols
-        if symbols is not None and book.symbol not in symbols:
+        if symbols is not None and key(event.locate) not in symbols:
             return
         if not self._fires(event):
             return
@@ -406,7 +409,7 @@ class FeedRun:
             self._rows.append(window.tensor())
         else:  # the vector is the state's own buffer, rewritten by the next event: copy it
             self._rows.append(vector.copy())
-        self._burst.append(_Asked(event.ts, book.symbol, arrival_ns, self._book_gaps))
+        self._burst.append(_Asked(event.ts, key(event.locate), arrival_ns, self._book_gaps))
 
     def _fires(self, event: BookEvent) -> bool:
         trigger = self.options.trigger

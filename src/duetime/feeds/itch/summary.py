@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from duetime.errors import ConfigError
-from duetime.feeds.itch.book import ASK, BID, BookError, Books, OrderBook, Top
+from duetime.feeds.itch.book import ASK, BID, BookError, Books, Top
+from duetime.feeds.itch.keys import renamed_note, stock_keys
 from duetime.feeds.itch.parser import (
     ItchFormatError,
     OnError,
@@ -145,42 +146,6 @@ def check_first_changes(first_changes: int) -> None:
     other stocks' rows in the fast path's shared table)."""
     if first_changes < 0:
         raise ValueError(f"first_changes must be 0 or more, got {first_changes}")
-
-
-def stock_key(book: OrderBook) -> str:
-    """The stock's symbol from its R message, or `#<locate>` for a locate never in a directory."""
-    return book.symbol or f"#{book.locate}"
-
-
-def stock_keys(symbols: Iterable[tuple[int, str]]) -> dict[int, str]:
-    """The `stocks` key of each (locate, symbol) pair given in ascending locate order ('' for a
-    locate never in a directory): its `stock_key`, unless a lower locate has that key already
-    (two locates with one symbol), which gets `@<locate>` appended: "AAPL", "AAPL@2".
-
-    NOTE: the lowest locate keeps the plain key, not the first one seen in the file: both paths
-    (and any other tool) know it without the message order, and it is the first in the layout.
-    """
-    keys: dict[int, str] = {}
-    taken: set[str] = set()
-    for locate, symbol in symbols:
-        key = symbol or f"#{locate}"
-        while key in taken:  # (repeated only if a symbol spells "X@<locate>" itself)
-            key = f"{key}@{locate}"
-        taken.add(key)
-        keys[locate] = key
-    return keys
-
-
-def renamed_note(keys: dict[int, str], symbols: dict[int, str]) -> str | None:
-    """One line (for stderr) on the locates `stock_keys` keyed with their locate because a lower
-    one has their symbol; None if none was."""
-    renamed = [key for locate, key in keys.items() if key != (symbols[locate] or f"#{locate}")]
-    if not renamed:
-        return None
-    return (
-        f"{len(renamed)} locate(s) share their symbol with a lower locate and are keyed "
-        f"<symbol>@<locate>: {', '.join(renamed[:5])}{', ...' if len(renamed) > 5 else ''}"
-    )
 
 
 def _symbols(books: Books) -> dict[int, str]:
