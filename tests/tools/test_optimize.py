@@ -32,7 +32,7 @@ from duetime.errors import ConfigError
 from duetime.tools.optimize import add_arguments, run
 from duetime.tools.optimize.measure import compare, verdict
 from duetime.tools.optimize.records import plan_variants
-from duetime.tools.optimize.samples import load_calibration
+from duetime.tools.optimize.samples import batches_of, load_calibration, random_samples
 from duetime.types import ModelSignature, TensorSpec
 
 pytestmark = pytest.mark.timeout(60)
@@ -491,3 +491,17 @@ def test_integer_only_graph_fails_every_kind_without_crashing(
     assert out.count("failed: ValueError: the graph has no FP32 weights") == 3
     assert not (model / "config.toml").exists()
     assert sorted(p.name for p in (model / "1").iterdir()) == ["model.onnx"]
+
+
+def test_samples_of_an_input_with_no_shape_run_as_arrays() -> None:
+    """A graph input with no declared shape (any rank) gave per-sample numpy scalars, which ORT
+    refuses ("Unable to handle object of type numpy.float32"): optimize failed on such a model
+    the engine serves."""
+    signature = ModelSignature(
+        inputs=(TensorSpec("x", "FP32", (), any_rank=True),),
+        outputs=(TensorSpec("y", "FP32", (), any_rank=True),),
+        max_batch_size=0,
+    )
+    feeds = batches_of(random_samples(signature, 3, seed=0), signature)
+    assert len(feeds) == 3
+    assert all(isinstance(f["x"], np.ndarray) and f["x"].shape == () for f in feeds)

@@ -136,7 +136,7 @@ def batches_of(samples: Feeds, signature: ModelSignature) -> list[Feeds]:
     """The sample set as run feeds: chunks of the max batch, or one sample per run."""
     count = len(next(iter(samples.values())))
     if signature.max_batch_size == 0:
-        return [{name: a[i] for name, a in samples.items()} for i in range(count)]
+        return [{name: a[i, ...] for name, a in samples.items()} for i in range(count)]  # (arrays)
     step = signature.max_batch_size
     return [{name: a[i : i + step] for name, a in samples.items()} for i in range(0, count, step)]
 
