@@ -60,10 +60,12 @@ class BookError(Exception):
     """A message broke the book policy in `strict` mode; nothing was changed by it."""
 
     def __init__(self, kind: str, sample: AnomalySample) -> None:
-        super().__init__(
+        self.where = (
             f"{kind} at message {sample.seq} (ts {sample.ts}, locate {sample.locate}, "
-            f"ref {sample.ref}); use strict=False to count and apply the documented policy"
+            f"ref {sample.ref})"
         )
+        """The case and the message, without the advice (a command words its own)."""
+        super().__init__(f"{self.where}; use strict=False to count and apply the documented policy")
         self.kind = kind
         self.sample = sample
 

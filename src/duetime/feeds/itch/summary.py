@@ -218,7 +218,11 @@ def run_book(args: argparse.Namespace) -> int:
         summary, books = summarize(
             reader, depth=args.depth, first_changes=args.first_changes, strict=args.strict
         )
-    except (BookError, ItchFormatError) as exc:
+    except BookError as exc:
+        print(f"duetime itch book: {args.file}: {exc.where}; drop --strict to count such cases "
+              "and apply the documented policy", file=sys.stderr)  # fmt: skip
+        return 1
+    except ItchFormatError as exc:
         print(f"duetime itch book: {args.file}: {exc}", file=sys.stderr)
         return 1
     except OSError as exc:  # (unreadable: no permission)
