@@ -89,6 +89,44 @@ def repository_options(settings: ServerSettings) -> RepositoryOptions:
     )
 
 
+FILES_BESIDE_CONNECTIONS = 256
+"""Descriptors a server needs beside its HTTP connections: listening sockets, gRPC's
+connections and pipes, model and log files."""
+
+
+def open_files_for(max_connections: int) -> int:
+    """Raise the process's soft limit on open files towards its hard limit, far enough for
+    `max_connections` HTTP connections and the rest (`FILES_BESIDE_CONNECTIONS`); returns the
+    limit now. Below that, connections past it are reset at accept (EMFILE), not answered with
+    the 503 `max_connections` promises: say so.
+
+    NOTE: the usual soft limit is 1024, the default `max_connections` 4096; the hard limit is
+    the administrator's ceiling, which a process may raise its soft limit to (Go's runtime
+    does so at every start)."""
+    try:
+        import resource
+    except ImportError:  # pragma: no cover - not on Windows
+        return max_connections
+    wanted = max_connections + FILES_BESIDE_CONNECTIONS
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        raised = wanted if hard == resource.RLIM_INFINITY else min(hard, wanted)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (raised, hard))
+            soft = raised
+        except (ValueError, OSError) as exc:
+            log.warning("could not raise the open-files limit from %d: %s", soft, exc)
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        log.warning(
+            "the open-files limit is %d (hard limit %d), below --max-connections %d plus %d "
+            "for the rest: connections past about %d are reset at accept instead of answered "
+            "503; raise `ulimit -n` or lower --max-connections",
+            soft, hard, max_connections, FILES_BESIDE_CONNECTIONS,
+            max(0, soft - FILES_BESIDE_CONNECTIONS),
+        )  # fmt: skip
+    return int(soft)
+
+
 class Server:
     """One duetime process: the engine with its models, the HTTP and the gRPC front ends."""
 
@@ -164,6 +202,7 @@ class Server:
             sys.setswitchinterval(self.settings.switch_interval_us / 1e6)
         if self.recorder is not None:
             self._start_recorder(self.recorder)
+        open_files_for(self.settings.max_connections)
         if self.settings.busy_poll_us:
             self._rest.turn.busy_poll = BusyPoll(
                 asyncio.get_running_loop(), self.settings.busy_poll_us / 1e6
