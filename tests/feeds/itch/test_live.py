@@ -584,9 +584,11 @@ def test_listen_says_what_a_gap_did_to_the_books(tmp_path: Path, demo_repo: Path
             listener.kill()
             listener.wait()
     assert listener.returncode == 0, errors
-    assert "udp://127.0.0.1:0: book anomalies: unknown_ref=5" in errors
+    # (the address bound, not the one asked for: port 0)
+    assert f"udp://127.0.0.1:{port}: book anomalies: unknown_ref=5" in errors
     assert "the books may lack orders (1 sequence gap(s), first sequence 1)" in out
     result = json.loads(report.read_text(encoding="utf-8"))
+    assert result["file"] == f"udp://127.0.0.1:{port}"
     assert (result["missed_messages"], result["book_incomplete"]) == (5, True)
     assert result["book_anomalies"] == {"unknown_ref": 5}
     with predictions.open(newline="", encoding="utf-8") as rows:

@@ -344,8 +344,9 @@ async def _feed(args: argparse.Namespace, options: Any) -> tuple[dict[str, Any],
         log = open_log(args.predictions, ORDERBOOK_CLASSES, "--predictions")
         try:
             feed = FeedRun(predictor, options, log)
+            source = str(args.file) if args.address is None else f"udp://{args.udp}"
             if args.address is not None:
-                stats = await _listen(feed, args.address, args)
+                stats, source = await _listen(feed, args.address, args)
             else:
                 messages = read_messages(args.file, on_error=args.on_error)
                 stats = await feed.run(messages)
@@ -381,7 +382,7 @@ async def _feed(args: argparse.Namespace, options: Any) -> tuple[dict[str, Any],
     live = args.address is not None
     report.update(
         model=args.model, deadline_us=args.deadline_us, pace="live" if live else args.pace,
-        file=f"udp://{args.udp}" if live else str(args.file),
+        file=source,
     )  # fmt: skip
     if stats.book_anomalies:  # (as `itch book` says them; a live feed's gap shows here)
         counts = ", ".join(f"{kind}={n}" for kind, n in stats.book_anomalies.items())
@@ -393,9 +394,12 @@ async def _feed(args: argparse.Namespace, options: Any) -> tuple[dict[str, Any],
     return report, log.error is None
 
 
-async def _listen(feed: FeedRun, address: tuple[str, int], args: argparse.Namespace) -> RunStats:
+async def _listen(
+    feed: FeedRun, address: tuple[str, int], args: argparse.Namespace
+) -> tuple[RunStats, str]:
     """Bind the feed's socket, say where, and run the pipeline on it until it ends (holding
-    idle CPUs to `--cpu-dma-latency-us` throughout, when given)."""
+    idle CPUs to `--cpu-dma-latency-us` throughout, when given); the stats, and the address
+    bound as a udp:// URL (port 0 asks for any free port: this is the one taken)."""
     import contextlib
     import signal
 
@@ -410,7 +414,9 @@ async def _listen(feed: FeedRun, address: tuple[str, int], args: argparse.Namesp
             join_late=args.join_late, max_jump=args.max_sequence_jump or MAX_JUMP,
         )  # fmt: skip
         bound_host, bound_port = udp.address
-        print(f"listening on udp://{bound_host}:{bound_port}", flush=True)
+        host = f"[{bound_host}]" if ":" in bound_host else bound_host
+        where = f"udp://{host}:{bound_port}"
+        print(f"listening on {where}", flush=True)
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(signum, udp.stop)
@@ -421,8 +427,8 @@ async def _listen(feed: FeedRun, address: tuple[str, int], args: argparse.Namesp
                 loop.remove_signal_handler(signum)
     if stats.feed is not None and stats.feed.bad_kinds:  # (as `itch run` says what it skipped)
         note = bad_packets_note(stats.feed.bad_kinds)
-        print(f"duetime itch listen: udp://{bound_host}:{bound_port}: {note}", file=sys.stderr)
-    return stats
+        print(f"duetime itch listen: {where}: {note}", file=sys.stderr)
+    return stats, where
 
 
 async def _load(engine: Any, repository: Path, args: argparse.Namespace) -> None:
