@@ -117,6 +117,49 @@ def test_grpc_traceparent_metadata_and_trailing_trace_id(traced) -> None:
         client.infer("mlp", [bad], headers={"traceparent": f"00-{trace_id}-b7ad6b7169203331-01"})
 
 
+def test_grpc_requests_refused_or_streamed_get_their_span(traced) -> None:
+    """Only answered unary calls had a span: an invalid request, one refused for its due time,
+    and every request of a stream had none (with a sampled traceparent)."""
+    server, exporter, tracing = traced
+    client = grpcclient.InferenceServerClient(server.grpc)
+    bad = grpcclient.InferInput("x", [1, 3], "FP32")
+    bad.set_data_from_numpy(np.zeros((1, 3), dtype=np.float32))
+    good = grpcclient.InferInput("x", [1, 40], "FP32")
+    good.set_data_from_numpy(np.zeros((1, 40), dtype=np.float32))
+
+    def traceparent(trace_id: str) -> dict[str, str]:
+        return {"traceparent": f"00-{trace_id}-b7ad6b7169203331-01"}
+
+    invalid, late = "1" * 31 + "a", "1" * 31 + "b"
+    with pytest.raises(InferenceServerException):
+        client.infer("mlp", [bad], headers=traceparent(invalid))
+    with pytest.raises(InferenceServerException, match="due"):
+        client.infer("mlp", [good], headers=traceparent(late), timeout=1)  # (1 µs)
+    for trace_id, needle in ((invalid, "shape"), (late, "due")):
+        [root] = [s for s in spans_of(exporter, tracing, trace_id) if s.name == "infer mlp"]
+        assert not root.status.is_ok
+        assert needle in root.status.description
+        assert root.attributes["rpc.system"] == "grpc"
+
+    streamed = "2" * 31 + "c"
+    answers: list[object] = []
+    client.start_stream(callback=lambda result, error: answers.append(error or result),
+                        headers=traceparent(streamed))  # fmt: skip
+    client.async_stream_infer("mlp", [good], request_id="ok")
+    client.async_stream_infer("mlp", [bad], request_id="bad")
+    client.stop_stream()
+    assert len(answers) == 2
+    roots = [s for s in spans_of(exporter, tracing, streamed) if s.name == "infer mlp"]
+    assert sorted(s.status.is_ok for s in roots) == [False, True]
+    assert {s.attributes["rpc.system"] for s in roots} == {"grpc-stream"}
+    answered = next(s for s in roots if s.status.is_ok)
+    children = {
+        s.name for s in spans_of(exporter, tracing, streamed)
+        if s.parent is not None and s.parent.span_id == answered.context.span_id
+    }  # fmt: skip
+    assert children == STAGES
+
+
 def test_unsampled_callers_are_not_recorded(traced) -> None:
     server, exporter, tracing = traced
     trace_id = "11111111111111111111111111111111"

@@ -261,14 +261,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         except Exception as exc:
             log.exception("internal error in ModelInfer")
             error = InternalError(f"internal error: {type(exc).__name__}: {exc}")
-        parent = parse_traceparent(_Metadata(context).get("traceparent"))
-        trace_id = parent.trace_id_hex if parent is not None else None
-        if tracing is not None and timing is not None and ticket is not None:
-            trace_id = tracing.record(
-                timing, parent, protocol="grpc", model=ticket.model, version=ticket.version,
-                variant=ticket.variant, error=None if error is None else error.message,
-                done_ns=self._engine.clock.now_ns(),
-            )  # fmt: skip
+        trace_id = self._record(request, context, timing, ticket, error, "grpc")
         if error is not None:
             await _abort(context, error, trace_id, request.model_name, request.model_version)
         if trace_id is not None:
@@ -280,44 +273,74 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
             )  # fmt: skip
         return response
 
+    def _record(
+        self,
+        request: Any,
+        context: Any,
+        timing: RequestTiming | None,
+        ticket: Ticket | None,
+        error: DuetimeError | None,
+        protocol: str,
+    ) -> str | None:
+        """The request's span, whatever became of it (refused at admission, invalid, expired:
+        those most worth a look); its trace id, or the caller's (None: neither)."""
+        parent = parse_traceparent(_Metadata(context).get("traceparent"))
+        tracing = self._tracing
+        if tracing is None or timing is None:
+            return parent.trace_id_hex if parent is not None else None
+        return tracing.record(
+            timing, parent, protocol=protocol,
+            model=ticket.model if ticket is not None else request.model_name,
+            version=ticket.version if ticket is not None else request.model_version,
+            variant=ticket.variant if ticket is not None else "",
+            error=None if error is None else error.message, done_ns=self._engine.clock.now_ns(),
+        )  # fmt: skip
+
     async def ModelStreamInfer(
         self, requests: AsyncIterator[Any], context: Any
     ) -> AsyncIterator[Any]:
         """Requests of a stream run concurrently (they batch with each other and with other
         clients'); answers go back in request order, at most STREAM_WINDOW in flight."""
-        window: asyncio.Queue[tuple[Any, _Submitted | DuetimeError] | None] = asyncio.Queue(
-            STREAM_WINDOW
-        )
+        window: asyncio.Queue[
+            tuple[Any, _Submitted | DuetimeError, RequestTiming | None] | None
+        ] = asyncio.Queue(STREAM_WINDOW)
+        clock = self._engine.clock
 
         async def read() -> None:
             try:
                 async for request in requests:
+                    timing = RequestTiming(clock.now_ns()) if self._tracing is not None else None
                     try:
                         submitted: _Submitted | DuetimeError = self._submit(
-                            request, context, protocol="grpc-stream"
+                            request, context, timing, protocol="grpc-stream"
                         )
                     except DuetimeError as exc:
                         submitted = exc.with_traceback(None)  # see Ticket.failure
                     except Exception as exc:
                         log.exception("internal error in ModelStreamInfer")
                         submitted = InternalError(f"internal error: {type(exc).__name__}: {exc}")
-                    await window.put((request, submitted))
+                    await window.put((request, submitted, timing))
             finally:
                 await window.put(None)
 
         reader = asyncio.get_running_loop().create_task(read())
         try:
             while (item := await window.get()) is not None:
-                request, submitted = item
+                request, submitted, timing = item
                 if isinstance(submitted, DuetimeError):
-                    yield self._stream_error(request, submitted, context)
+                    trace_id = self._record(request, context, timing, None, submitted, STREAM)
+                    yield self._stream_error(request, submitted, context, trace_id)
                     continue
+                ticket = submitted.ticket
                 try:
                     response = await self._response(submitted, request.id)
                     response.parameters[FINAL_RESPONSE].bool_param = True
-                    yield pb.ModelStreamInferResponse(infer_response=response)
                 except DuetimeError as exc:
-                    yield self._stream_error(request, exc, context)
+                    trace_id = self._record(request, context, timing, ticket, exc, STREAM)
+                    yield self._stream_error(request, exc, context, trace_id)
+                    continue
+                self._record(request, context, timing, ticket, None, STREAM)
+                yield pb.ModelStreamInferResponse(infer_response=response)
         finally:
             reader.cancel()
             while not window.empty():
@@ -325,8 +348,10 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
                 if left is not None and isinstance(left[1], _Submitted):
                     left[1].ticket.future.cancel()
 
-    def _stream_error(self, request: Any, exc: DuetimeError, context: Any) -> Any:
-        trace_id = _trace_id(context)
+    def _stream_error(
+        self, request: Any, exc: DuetimeError, context: Any, trace_id: str | None = None
+    ) -> Any:
+        trace_id = trace_id or _trace_id(context)
         log_request(
             protocol="grpc-stream", model=request.model_name, version=request.model_version,
             status=exc.http_status, reason=exc.message, trace_id=trace_id,
@@ -555,6 +580,10 @@ def _parameters(parameters: Mapping[str, Any]) -> dict[str, Any]:
         choice = parameter.WhichOneof("parameter_choice")
         values[key] = None if choice is None else getattr(parameter, choice)
     return values
+
+
+STREAM = "grpc-stream"
+"""The protocol a streamed request's span and log line name."""
 
 
 def _trace_id(context: Any) -> str:
