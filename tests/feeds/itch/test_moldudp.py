@@ -101,6 +101,21 @@ def test_the_tracker_reports_gaps_and_drops_duplicates() -> None:
         tracker.accept(decode_packet(heartbeat_packet("OTHER", 10)))
 
 
+@pytest.mark.parametrize("next_sequence", [1, None])
+def test_sequence_zero_is_a_bad_packet_of_its_own(next_sequence: int | None) -> None:
+    """Sessions number messages from 1: a datagram numbered 0 was counted as duplicates (or,
+    first, made `first_sequence` 0 and claimed the session); now it is ignored, as bad."""
+    receiver = MoldUdpReceiver(next_sequence=next_sequence)
+    receiver.datagram_received(encode_packet("BAD", 0, MESSAGES[:2]), ("127.0.0.1", 9))
+    receiver.datagram_received(heartbeat_packet("BAD", 0), ("127.0.0.1", 9))
+    tracker = receiver.tracker
+    assert (tracker.session, tracker.first_sequence, tracker.duplicates) == (None, None, 0)
+    assert receiver.bad_packets.counts == {"zero_sequence": 2}
+    assert "sequence number 0" in receiver.bad_packets.examples["zero_sequence"][0]
+    assert tracker.accept(decode_packet(encode_packet("S", 1, MESSAGES[:1]))) == [(1, MESSAGES[0])]
+    assert (tracker.session, tracker.first_sequence) == ("S", 1)
+
+
 def test_a_late_joiner_syncs_to_the_first_packet() -> None:
     tracker = SequenceTracker(next_sequence=None)
     assert tracker.accept(decode_packet(encode_packet("S", 500, MESSAGES[:1]))) == [

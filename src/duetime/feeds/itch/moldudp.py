@@ -57,8 +57,9 @@ class BadPackets:
     Kinds: `short` (less than a header), `cut_off` (fewer or shorter blocks than the count
     says), `trailing_bytes`, `control_with_messages` (a heartbeat or end of session with
     blocks), `other_session` (a datagram of another session than the stream's),
-    `bad_message` (a block that is no ITCH message), `implausible_sequence` (far ahead of the
-    stream, see `SequenceTracker`).
+    `bad_message` (a block that is no ITCH message), `zero_sequence` (sequence number 0: a
+    session's start at 1), `implausible_sequence` (far ahead of the stream, see
+    `SequenceTracker`).
     """
 
     __slots__ = ("counts", "examples", "total")
@@ -270,6 +271,12 @@ class SequenceTracker:
 
     def accept(self, packet: MoldPacket) -> list[tuple[int, bytes]]:
         """The new (sequence number, message) pairs of `packet`, in order."""
+        if packet.sequence_number == 0:  # (it would pass as a duplicate, or start the stream)
+            raise MoldFormatError(
+                f"sequence number 0 in a datagram of session {packet.session!r}: a MoldUDP64 "
+                "session numbers its messages from 1; ignored",
+                "zero_sequence",
+            )
         if self.session is not None and packet.session != self.session:
             raise MoldFormatError(
                 f"a datagram of session {packet.session!r} (sequence {packet.sequence_number}) "
