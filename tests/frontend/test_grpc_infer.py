@@ -405,3 +405,29 @@ def test_classification_extension(
     )
     # more classes asked for than there are: all of them
     assert_classes(result.as_numpy(model.output), reference(model, batch), model.classes)
+
+
+@pytest.mark.parametrize("method", ["ModelInfer", "ServerLive", "ModelStreamInfer"])
+def test_bytes_that_are_no_protobuf_message_are_invalid_argument(
+    server: RunningServer, method: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """grpcio answered UNKNOWN "Unexpected <class 'DecodeError'>" and logged a traceback for
+    each such call: a client sending garbage filled the server's log."""
+    garbage = b"\xff\xff\xff\xff\xff\xff"
+    path = f"/inference.GRPCInferenceService/{method}"
+
+    def call(channel: grpc.Channel) -> object:
+        if method == "ModelStreamInfer":
+            return list(channel.stream_stream(path)(iter([garbage]), timeout=10))
+        return channel.unary_unary(path)(garbage, timeout=10)
+
+    with (
+        grpc.insecure_channel(server.grpc) as channel,
+        caplog.at_level("ERROR"),
+        pytest.raises(grpc.RpcError) as caught,
+    ):
+        call(channel)
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "the request is not a valid protobuf message" in caught.value.details()
+    assert "Traceback" not in caplog.text
+    assert "deserializ" not in caplog.text.lower()

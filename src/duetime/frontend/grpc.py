@@ -630,6 +630,68 @@ async def _abort(
     )
 
 
+class _Undecodable(NamedTuple):
+    """What a request's bytes decode to when they are not its message."""
+
+    message: str
+
+
+def _method_handlers(service: InferenceService) -> dict[str, dict[str, Any]]:
+    """The v2 service's method handlers, as the generated code registers them."""
+
+    class Capture:
+        handlers: dict[str, dict[str, Any]] = {}
+
+        def add_generic_rpc_handlers(self, handlers: object) -> None:
+            pass
+
+        def add_registered_method_handlers(self, name: str, handlers: dict[str, Any]) -> None:
+            self.handlers[name] = handlers
+
+    capture = Capture()
+    pb_grpc.add_GRPCInferenceServiceServicer_to_server(service, capture)  # type: ignore[no-untyped-call]
+    return capture.handlers
+
+
+def _guarded(handler: Any) -> Any:
+    """`handler`, with bytes that are not its request message answered INVALID_ARGUMENT.
+
+    NOTE: grpcio answers a request its deserializer cannot decode with UNKNOWN ("Unexpected
+    <class 'DecodeError'>") and logs a traceback for each: a client sending garbage filled the
+    log."""
+    decode = handler.request_deserializer
+
+    def deserialize(data: bytes) -> Any:
+        try:
+            return decode(data)
+        except Exception as exc:  # (protobuf's DecodeError, and whatever else bad bytes raise)
+            return _Undecodable(f"the request is not a valid protobuf message: {exc}")
+
+    serialize = handler.response_serializer
+    if handler.unary_unary is not None:
+        call = handler.unary_unary
+
+        async def unary(request: Any, context: Any) -> Any:
+            if isinstance(request, _Undecodable):
+                await _abort(context, InvalidInput(request.message))
+            return await call(request, context)
+
+        return grpc.unary_unary_rpc_method_handler(unary, deserialize, serialize)
+    streamed = handler.stream_stream
+
+    async def stream(requests: AsyncIterator[Any], context: Any) -> AsyncIterator[Any]:
+        async def decoded() -> AsyncIterator[Any]:
+            async for request in requests:
+                if isinstance(request, _Undecodable):  # (its id is unknown: the stream ends)
+                    await _abort(context, InvalidInput(request.message))
+                yield request
+
+        async for response in streamed(decoded(), context):
+            yield response
+
+    return grpc.stream_stream_rpc_method_handler(stream, deserialize, serialize)
+
+
 async def serve_grpc(service: InferenceService, settings: ServerSettings) -> tuple[Any, int]:
     """Start the gRPC server on `settings.host:grpc_port` (0: any free port); returns it and its
     port."""
@@ -641,8 +703,10 @@ async def serve_grpc(service: InferenceService, settings: ServerSettings) -> tup
             ("grpc.so_reuseport", 0),
         ]
     )
-    add_servicer = pb_grpc.add_GRPCInferenceServiceServicer_to_server
-    add_servicer(service, server)  # type: ignore[no-untyped-call]
+    for name, handlers in _method_handlers(service).items():
+        guarded = {method: _guarded(handler) for method, handler in handlers.items()}
+        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(name, guarded),))
+        server.add_registered_method_handlers(name, guarded)
     add_health_and_reflection(server, service.serving)
     address = f"{settings.host}:{settings.grpc_port}"
     try:
