@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import csv
+import io
 import json
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from directory import R_FIELDS
 
@@ -17,6 +19,7 @@ from duetime.feeds.itch.features import FEATURE_NAMES
 from duetime.feeds.itch.parser import read_messages
 from duetime.feeds.itch.run import RecordedClock
 from duetime.feeds.itch.synth import write_session
+from duetime.feeds.itch.tally import PredictionLog
 from duetime.feeds.itch.writer import ItchWriter
 from tests.conftest import RunningServer
 
@@ -78,6 +81,21 @@ def test_late_answers_are_never_used(tmp_path: Path, session: Path, demo_repo: P
     assert report["on_time"] == 0
     assert report["misses"] == report["triggers"] > 0
     assert all(row["on_time"] == "0" and row["signal"] == "" for row in rows)
+
+
+def test_a_prediction_not_used_has_every_column_empty() -> None:
+    """A late or unanswered request's row had 6 fields against the header's 9: a CSV reader
+    gave None for the outputs. It has all of them now, empty."""
+    out = io.StringIO()
+    log = PredictionLog(out, 3)
+    log.add(5, "AAPL", 2_000_000, None, 0)
+    log.add(6, "AAPL", 1_000, np.array([0.1, 0.7, 0.2], np.float32), 1)
+    log.flush()
+    rows = list(csv.DictReader(io.StringIO(out.getvalue())))
+    unused = {"on_time": "0", "book_gaps": "0", "signal": "", "out0": "", "out1": "", "out2": ""}
+    assert rows[0] == {"timestamp": "5", "stock": "AAPL", "latency_us": "2000", **unused}
+    assert rows[1]["signal"] == "0"
+    assert None not in rows[1].values()
 
 
 def test_triggers_every_nth_event_and_on_top_changes(

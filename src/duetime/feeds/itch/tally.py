@@ -157,6 +157,8 @@ class PredictionLog:
         self.error: OSError | None = None
         self._rows: list[tuple[Any, ...]] = []
         self._writer = csv.writer(out) if out is not None else None
+        self._unused = ("",) * (1 + classes)
+        """A row's signal and outputs when the answer was not used: empty, in every column."""
         if self._writer is not None:
             outputs = [f"out{i}" for i in range(classes)]
             self._writer.writerow(
@@ -169,7 +171,7 @@ class PredictionLog:
         if self._writer is None:
             return
         if outputs is None:
-            self._rows.append((ts, stock, latency_ns // 1000, 0, gaps, ""))
+            self._rows.append((ts, stock, latency_ns // 1000, 0, gaps, *self._unused))
         else:
             flat = outputs.reshape(-1)
             # NOTE: the demo models' classes are (down, unchanged, up): the signal is -1, 0, +1
