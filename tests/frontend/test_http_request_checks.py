@@ -125,3 +125,47 @@ def test_an_output_written_twice_to_two_places_is_refused(tmp_path: Path) -> Non
         assert "output 'y'" in caught.value.message
     finally:
         regions.unregister()
+
+
+# -- parameter types -----------------------------------------------------------------------------
+
+
+def _with_parameter(where: str, value: Any) -> dict[str, Any]:
+    """A request for mlp with parameter 'p' = `value` on the request, its input or its output."""
+    doc: dict[str, Any] = {"inputs": [dict(X_JSON)], "outputs": [{"name": "y"}]}
+    holder = {"request": doc, "input": doc["inputs"][0], "output": doc["outputs"][0]}[where]
+    holder["parameters"] = {"p": value}
+    return doc
+
+
+@pytest.mark.parametrize(
+    ("value", "kind"), [(None, "null"), ({"k": 1}, "an object"), ([1], "a list")]
+)
+@pytest.mark.parametrize(
+    ("where", "named"),
+    [("request", "request"), ("input", "input 'x'"), ("output", "output 'y'")],
+)
+def test_a_parameter_that_is_no_string_number_or_boolean_is_refused(
+    server: RunningServer, where: str, named: str, value: Any, kind: str
+) -> None:
+    status, answer = post(server, "/v2/models/mlp/infer", _with_parameter(where, value))
+    assert status == 400, answer
+    assert f"{named} parameter 'p' has invalid type: it is {kind}" in answer["error"]
+
+
+@pytest.mark.parametrize("value", ["text", 7, 2.5, True])
+@pytest.mark.parametrize("where", ["request", "input", "output"])
+def test_a_string_number_or_boolean_parameter_is_taken(
+    server: RunningServer, where: str, value: Any
+) -> None:
+    status, answer = post(server, "/v2/models/mlp/infer", _with_parameter(where, value))
+    assert status == 200, answer
+
+
+def test_only_the_server_s_decoding_refuses_them() -> None:
+    # a capture reader decodes what was sent, as it was sent
+    doc = _with_parameter("request", {"k": [1]})
+    request, _ = parse_infer_request(json.dumps(doc).encode(), None, "mlp", None)
+    assert request.parameters == {"p": {"k": [1]}}
+    with pytest.raises(InvalidInput, match="request parameter 'p' has invalid type"):
+        parse_infer_request(json.dumps(doc).encode(), None, "mlp", None, strict=True)

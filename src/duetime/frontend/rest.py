@@ -584,7 +584,7 @@ class RestApi:
         header = parse_header_length(headers.get(_HEADER_LENGTH), len(body))
         self._check_json_size(len(body) if header is None else header)
         request, plan = parse_infer_request(
-            body, header, model, version, self.shared_memory, self._recipes
+            body, header, model, version, self.shared_memory, self._recipes, strict=True
         )
         request.headers = headers
         request.protocol = "http"
@@ -811,10 +811,14 @@ def parse_infer_request(
     version: str | None,
     regions: SharedMemoryRegions | None = None,
     recipes: Recipes | None = None,
+    *,
+    strict: bool = False,
 ) -> tuple[InferRequest, OutputPlan]:
     """Decode a v2 JSON (or JSON + binary) inference request into an InferRequest; `regions`:
     the shared memory its tensors may name; `recipes`: the JSON headers of binary requests
-    decoded before (read and extended)."""
+    decoded before (read and extended); `strict`: refuse what decodes but the protocol does not
+    allow (parameters that are no string, number or boolean), as the server does (a capture
+    reader reads what was sent)."""
     view = memoryview(body)
     json_part = view if header_length is None else view[:header_length]
     binary = view[len(json_part) :]
@@ -831,6 +835,8 @@ def parse_infer_request(
         raise InvalidInput(f"request body is not valid JSON: {exc}") from None
     if not isinstance(doc, dict):
         raise InvalidInput("request body must be a JSON object with an 'inputs' list")
+    if strict:
+        _check_parameter_types(doc)
     parameters = _parameters(doc.get("parameters"), "request 'parameters'")
     if sharedmemory.REGION in parameters:
         raise InvalidInput(
@@ -905,6 +911,29 @@ def _parameters(value: Any, where: str) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise InvalidInput(f"{where} must be a JSON object")
     return value
+
+
+def _check_parameter_types(doc: dict[str, Any]) -> None:
+    """InvalidInput for a parameter of the request, of an input or of an output that is no
+    string, number or boolean: the v2 protocol's parameter values (Triton refuses others:
+    "parameter '<p>' has invalid type"). What is no object where one belongs is left to the
+    decoding to refuse."""
+    _check_scalars(doc.get("parameters"), "request")
+    for field in ("inputs", "outputs"):
+        tensors = doc.get(field)
+        for tensor in tensors if isinstance(tensors, list) else ():
+            if isinstance(tensor, dict):
+                _check_scalars(tensor.get("parameters"), f"{field[:-1]} {tensor.get('name')!r}")
+
+
+def _check_scalars(parameters: Any, where: str) -> None:
+    for key, value in parameters.items() if isinstance(parameters, dict) else ():
+        if value is None or isinstance(value, dict | list):
+            kind = "null" if value is None else "an object" if isinstance(value, dict) else "a list"
+            raise InvalidInput(
+                f"{where} parameter '{key}' has invalid type: it is {kind}; a parameter must be "
+                "a string, a number or true/false"
+            )
 
 
 def _inputs(
