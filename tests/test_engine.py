@@ -95,6 +95,8 @@ def test_an_infinite_timeout_is_no_due_time_and_inputs_must_be_a_mapping(engine:
     x = {"x": mlp_rows(1)}
     assert engine.infer("mlp", x, priority=np.int64(1), version=np.int64(1))["y"].shape == (1, 3)
     assert engine.infer("mlp", x, timeout=np.float32(5))["y"].shape == (1, 3)
+    # no outputs named is all of them, as over HTTP and gRPC (an empty list answered none)
+    assert list(engine.infer("mlp", x, outputs=[])) == ["y"]
     with pytest.raises(InvalidInput, match="inputs: expected a mapping"):
         engine.infer("mlp", mlp_rows(1))  # type: ignore[arg-type]
 

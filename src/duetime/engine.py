@@ -527,6 +527,7 @@ class Engine:
             )
         if isinstance(outputs, str | bytes):
             raise InvalidInput(f"outputs: expected a sequence of output names, got {outputs!r}")
+        wanted = () if outputs is None else tuple(outputs)
         # (a due time past a century, or infinity, is none)
         finite = timeout is not None and timeout * 1e9 < NO_DUE_BEYOND_NS
         due = self.clock.now_ns() + int(timeout * 1e9) if finite else None
@@ -534,7 +535,7 @@ class Engine:
             model=model,
             inputs=dict(inputs),
             version=None if version is None else str(version),
-            outputs=None if outputs is None else tuple(outputs),
+            outputs=wanted or None,  # (none named: all of them, as over HTTP and gRPC)
             due_ns=due,
             priority=int(priority),
         )
