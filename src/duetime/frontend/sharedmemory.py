@@ -9,8 +9,10 @@ client may reuse the region as soon as the answer comes) and writes an output's 
 region when it encodes the answer, which then carries the region and the byte count instead of
 the data. The layout of the bytes is the binary tensor extension's (BYTES: 4-byte little-endian
 lengths before each element). An input's `shared_memory_byte_size` is checked against what its
-datatype and shape need before anything is read, and no input reads more than `READ_MAX_BYTES`
-(the copy is made on the event loop, while the request is decoded).
+datatype and shape need (where the decoder passes them to `read`) before anything is read, and
+no input reads more than `READ_MAX_BYTES` (the copy is made on the event loop, while the request
+is decoded). Errors begin with Triton's words for them and have its status codes (see
+`SharedMemoryRegions.register` for where they differ).
 
 Regions are objects in `/dev/shm/<key>` (Linux); a key names an object there, never a path
 elsewhere. They are read and written with `pread`/`pwrite`, not through a memory map: a client
@@ -59,7 +61,6 @@ A region costs a few hundred bytes and no descriptor."""
 
 NAME_MAX_CHARS = 1024
 """The longest region name (so that `REGIONS_MAX` regions stay small)."""
-
 
 SIZE_MAX = 2**64 - 1
 """The largest offset + byte size Triton can add up (a size_t); a bigger sum is refused as an
@@ -128,8 +129,9 @@ class SharedMemoryRegions:
     def register(self, name: str, key: Any, offset: Any, byte_size: Any) -> None:
         """Register `byte_size` bytes at `offset` of the object `key` as region `name` (the
         values as a client sent them: each is checked). Errors begin with Triton's words for
-        them (and have its status codes, but for a key that cannot be opened: 400, where Triton
-        answers 500 INTERNAL, though the client is at fault)."""
+        them and have its status codes, but for a key that cannot be opened (and, in `write`,
+        an output window too small): 400, where Triton answers 500 INTERNAL, though the client
+        is at fault."""
         if not isinstance(name, str) or not name or len(name) > NAME_MAX_CHARS:
             raise InvalidInput(
                 "'region name' is necessary to register system shared memory region (a "
