@@ -468,7 +468,7 @@ def decode_inputs(
             if regions is None:
                 raise InvalidInput(f"{where}: shared memory is not available here")
             arrays[tensor.name] = codec.from_raw(
-                regions.read(window, where), datatype, shape, where
+                regions.read(window, where, datatype, shape), datatype, shape, where
             )
         elif raw:
             if tensor.HasField("contents"):
