@@ -962,7 +962,7 @@ def _inputs(
                 raise InvalidInput(
                     f"{where}: its data is in shared memory; send no 'data' or 'binary_data_size'"
                 )
-            data = _shared(regions, where).read(window, where)
+            data = _shared(regions, where).read(window, where, datatype, shape)
             arrays[name] = codec.from_raw(data, datatype, shape, where)
             continue
         size = _binary_size(parameters, where)
