@@ -149,7 +149,9 @@ class Server:
         self.tracing = tracing or tracing_from_env()
         self.log_settings = LogSettings()
         trace_settings = trace_settings_of(self.tracing)
-        self.shared_memory = SharedMemoryRegions()
+        # (an input read from shared memory is bounded as one sent inline is)
+        inline_limit = max(settings.max_body_bytes, settings.max_grpc_message_bytes)
+        self.shared_memory = SharedMemoryRegions(max_read_bytes=inline_limit)
         self._rest = RestApi(
             self.engine, settings, self.tracing, self.log_settings, trace_settings,
             self.shared_memory,

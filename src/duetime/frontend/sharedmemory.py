@@ -10,8 +10,8 @@ region when it encodes the answer, which then carries the region and the byte co
 the data. The layout of the bytes is the binary tensor extension's (BYTES: 4-byte little-endian
 lengths before each element). An input's `shared_memory_byte_size` is checked against what its
 datatype and shape need (where the decoder passes them to `read`) before anything is read, and
-no input reads more than `READ_MAX_BYTES` (the copy is made on the event loop, while the request
-is decoded). Errors begin with Triton's words for them and have its status codes (see
+no input reads more than `max_read_bytes` (the server's: the larger of its HTTP body and gRPC
+message limits; the copy is made on the event loop, while the request is decoded). Errors begin with Triton's words for them and have its status codes (see
 `SharedMemoryRegions.register` for where they differ).
 
 Regions are objects in `/dev/shm/<key>` (Linux); a key names an object there, never a path
@@ -198,8 +198,9 @@ class SharedMemoryRegions:
         if size > self._max_read_bytes:
             raise PayloadTooLarge(
                 f"{where}: shared_memory_byte_size {size} is over the {self._max_read_bytes}"
-                "-byte limit of an input read from shared memory; give the size of the tensor "
-                "itself, not of the whole region"
+                "-byte limit of an input read from shared memory (as of one sent inline: the "
+                "larger of --max-body-bytes and --max-grpc-message-bytes); give the size of the "
+                "tensor itself, not of the whole region"
             )
         buffer = memoryview(bytearray(size))
         done = 0
