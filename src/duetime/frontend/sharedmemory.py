@@ -11,8 +11,9 @@ the data. The layout of the bytes is the binary tensor extension's (BYTES: 4-byt
 lengths before each element). An input's `shared_memory_byte_size` is checked against what its
 datatype and shape need (where the decoder passes them to `read`) before anything is read, and
 no input reads more than `max_read_bytes` (the server's: the larger of its HTTP body and gRPC
-message limits; the copy is made on the event loop, while the request is decoded). Errors begin with Triton's words for them and have its status codes (see
-`SharedMemoryRegions.register` for where they differ).
+message limits; the copy is made on the event loop, while the request is decoded). Errors begin
+with Triton's words for them and have its status codes (see `SharedMemoryRegions.register` for
+where they differ).
 
 Regions are objects in `/dev/shm/<key>` (Linux); a key names an object there, never a path
 elsewhere. They are read and written with `pread`/`pwrite`, not through a memory map: a client
