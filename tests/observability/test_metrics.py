@@ -137,6 +137,16 @@ def test_every_family_is_exposed_with_its_type(after_traffic: Scrape) -> None:
     assert "process_resident_memory_bytes" in exposed
 
 
+def test_the_served_triton_families_are_typed_counter_under_their_names(
+    after_traffic: Scrape,
+) -> None:
+    """As Triton writes them; the exporter served them untyped (prometheus_client can only
+    write a counter as `<name>_total`)."""
+    for name in ("nv_inference_request_success", "nv_inference_count", "nv_inference_exec_count"):
+        assert f"# TYPE {name} counter\n" in after_traffic.text
+        assert f"\n{name}{{" in after_traffic.text
+
+
 def test_request_outcomes_count_what_was_sent(after_traffic: Scrape) -> None:
     outcome = {
         s.labels["outcome"]: s.value for s in after_traffic.samples("duetime_requests", **MLP)

@@ -15,12 +15,12 @@ from socketserver import ThreadingMixIn
 from typing import TYPE_CHECKING, Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-from prometheus_client import CollectorRegistry, GCCollector, ProcessCollector, make_wsgi_app
+from prometheus_client import CollectorRegistry, GCCollector, ProcessCollector
 
 from duetime.errors import ConfigError
 from duetime.execution.affinity import pin_current_thread
 from duetime.observability.gc_pauses import GcPauses
-from duetime.observability.metrics import MetricsCollector
+from duetime.observability.metrics import MetricsCollector, metrics_app
 
 if TYPE_CHECKING:
     from duetime.engine import Engine
@@ -51,7 +51,7 @@ class MetricsExporter:
     async def start(self, host: str, port: int, cpus: frozenset[int] | None = None) -> int:
         """Listen on `host`:`port` (0 picks a free port); returns the port. The server's threads
         run on `cpus` (None: wherever they may), best kept off the event loop's."""
-        server = await asyncio.to_thread(_bind, host, port, make_wsgi_app(self.registry))
+        server = await asyncio.to_thread(_bind, host, port, metrics_app(self.registry))
         self._server = server
         self._thread = threading.Thread(
             target=_serve, args=(server, cpus), name="duetime-metrics", daemon=True
