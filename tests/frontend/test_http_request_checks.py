@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import http.client
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -12,8 +13,11 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
-from conftest import RunningServer
+from conftest import RunningServer, start_server, stop_server
+from onnx import TensorProto, helper
+from repo_models import write_version
 
+from duetime.config import ServerSettings
 from duetime.errors import InvalidInput
 from duetime.frontend.rest import parse_infer_request
 from duetime.frontend.sharedmemory import SharedMemoryRegions
@@ -169,3 +173,90 @@ def test_only_the_server_s_decoding_refuses_them() -> None:
     assert request.parameters == {"p": {"k": [1]}}
     with pytest.raises(InvalidInput, match="request parameter 'p' has invalid type"):
         parse_infer_request(json.dumps(doc).encode(), None, "mlp", None, strict=True)
+
+
+# -- numbers out of range ------------------------------------------------------------------------
+
+ONNX_TYPES = {
+    "INT64": TensorProto.INT64, "UINT64": TensorProto.UINT64, "INT8": TensorProto.INT8,
+    "FP32": TensorProto.FLOAT,
+}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def dtypes_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    """`id_<datatype>`: y = x, both [batch, 3], for each of `ONNX_TYPES`."""
+    repo = tmp_path_factory.mktemp("identities")
+    for datatype, kind in ONNX_TYPES.items():
+        graph = helper.make_graph(
+            [helper.make_node("Identity", ["x"], ["y"])], "identity",
+            [helper.make_tensor_value_info("x", kind, ["batch", 3])],
+            [helper.make_tensor_value_info("y", kind, ["batch", 3])],
+        )  # fmt: skip
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+        model.ir_version = 8
+        write_version(repo, f"id_{datatype.lower()}", 1, model.SerializeToString())
+    running, thread = start_server(ServerSettings(model_repository=repo, http_port=0, grpc_port=0))
+    try:
+        yield running
+    finally:
+        stop_server(running, thread)
+
+
+OUTSIDE = "has values outside the range of"
+INT64 = f"{OUTSIDE} INT64 (-9223372036854775808 to 9223372036854775807)"
+UINT64 = f"{OUTSIDE} UINT64 (0 to 18446744073709551615)"
+
+
+@pytest.mark.parametrize(
+    ("datatype", "values", "needle"),
+    [
+        pytest.param("INT64", [2**63, 0, 0], INT64, id="int64-2**63"),
+        pytest.param("INT64", [-(2**63) - 1, 0, 0], INT64, id="int64-low"),
+        pytest.param("INT64", [2**70, 0, 0], INT64, id="int64-2**70"),
+        pytest.param("UINT64", [2**64, 0, 0], UINT64, id="uint64-2**64"),
+        pytest.param("UINT64", [-1, 2**63, 0], UINT64, id="uint64-negative"),
+        pytest.param("INT8", [128, 0, 0], f"{OUTSIDE} INT8 (-128 to 127)", id="int8"),
+        pytest.param(
+            "FP32", [1e39, 0, 0], f"{OUTSIDE} FP32 (-3.4028235e+38 to 3.4028235e+38)", id="fp32"
+        ),
+        pytest.param(  # (a fraction is no range problem)
+            "INT64", [1.5, 0, 0], "holds values that are not INT64 (float64)", id="fraction"
+        ),
+    ],
+)
+def test_a_value_out_of_range_says_so_naming_the_input_and_the_range(
+    dtypes_server: RunningServer, datatype: str, values: list[Any], needle: str
+) -> None:
+    doc = {"inputs": [{"name": "x", "datatype": datatype, "shape": [1, 3], "data": values}]}
+    status, answer = post(dtypes_server, f"/v2/models/id_{datatype.lower()}/infer", doc)
+    assert status == 400, answer
+    assert f"input 'x': 'data' {needle}" in answer["error"]
+
+
+def test_the_edges_of_the_64_bit_ranges_are_taken(dtypes_server: RunningServer) -> None:
+    for datatype, values in [("INT64", [2**63 - 1, -(2**63), 0]), ("UINT64", [2**64 - 1, 0, 1])]:
+        doc = {"inputs": [{"name": "x", "datatype": datatype, "shape": [1, 3], "data": values}]}
+        status, answer = post(dtypes_server, f"/v2/models/id_{datatype.lower()}/infer", doc)
+        assert status == 200, answer
+        assert answer["outputs"][0]["data"] == values
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "needle"),
+    [
+        ("priority", 2**64, "0 and 18446744073709551615 (a uint64), got 18446744073709551616"),
+        ("priority", 2**64 + 1, "got 18446744073709551617"),
+        ("priority", -(2**63) - 1, "got -9223372036854775809"),
+        ("timeout", 2**64, "got 18446744073709551616"),
+    ],
+    ids=["priority-2**64", "priority-2**64+1", "priority-low", "timeout"],
+)
+def test_a_big_integer_parameter_is_echoed_as_sent(
+    server: RunningServer, name: str, value: int, needle: str
+) -> None:
+    doc = {"inputs": [X_JSON], "parameters": {name: value}}
+    status, answer = post(server, "/v2/models/mlp/infer", doc)
+    assert status == 400, answer
+    assert f"request parameter '{name}' must be" in answer["error"]
+    assert needle in answer["error"]

@@ -267,7 +267,7 @@ def test_from_json_ints_for_floats_are_accepted() -> None:
         pytest.param([-1], "UINT8", (1,), "outside the range of UINT8", id="uint8-negative"),
         pytest.param([65536], "UINT16", (1,), "outside the range of UINT16", id="uint16-high"),
         pytest.param([2**31], "INT32", (1,), "outside the range of INT32", id="int32-high"),
-        pytest.param([2**64], "UINT64", (1,), "not UINT64", id="uint64-too-big"),
+        pytest.param([2**64], "UINT64", (1,), "outside the range of UINT64", id="uint64-too-big"),
         pytest.param([[1, 2], [3]], "FP32", (3,), "not a regular list of FP32", id="ragged"),
         pytest.param([[1, 2], 3], "FP32", (3,), "not a regular list of FP32", id="list-and-scalar"),
         pytest.param(

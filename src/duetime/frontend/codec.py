@@ -140,13 +140,14 @@ def _numbers_from_json(data: list[Any], datatype: str, where: str, field: str) -
     dtype = NUMPY_OF[datatype]
     try:
         parsed = np.asarray(data)
-        if parsed.dtype.kind == "f" and dtype == np.uint64 and _all_ints(data):
-            # NOTE: numpy reads ints on both sides of INT64_MAX as float64, losing digits.
+        if parsed.size and parsed.dtype.kind in "fO" and dtype.kind in "iu" and _all_ints(data):
+            # NOTE: numpy reads ints on both sides of INT64_MAX as float64, losing digits (and
+            # ints beyond 64 bits as objects): none of them fit a signed type, all may fit UINT64
+            if dtype != np.uint64:
+                raise OverflowError
             parsed = np.asarray(data, dtype=np.uint64)
     except OverflowError:
-        raise InvalidInput(
-            f"{where}: '{field}' has values outside the range of {datatype}"
-        ) from None
+        raise _out_of_range(where, field, datatype) from None
     except (ValueError, TypeError):
         raise InvalidInput(
             f"{where}: '{field}' is not a regular list of {datatype} values"
@@ -154,6 +155,9 @@ def _numbers_from_json(data: list[Any], datatype: str, where: str, field: str) -
     kind = parsed.dtype.kind
     allowed = {"b": "b", "i": "iu", "u": "iu", "f": "iuf"}[dtype.kind]
     if parsed.size and kind not in allowed:
+        if kind == "f" and dtype.kind in "iu" and _whole_beyond(parsed, dtype):
+            # (JSON integers beyond 64 bits, which orjson reads as floats: 2**64 for UINT64)
+            raise _out_of_range(where, field, datatype)
         raise InvalidInput(
             f"{where}: '{field}' holds values that are not {datatype} ({parsed.dtype})"
         )
@@ -164,14 +168,36 @@ def _numbers_from_json(data: list[Any], datatype: str, where: str, field: str) -
     if dtype.kind in "iu" and parsed.size:
         info = np.iinfo(dtype)  # type: ignore[type-var]
         if parsed.min() < info.min or parsed.max() > info.max:
-            raise InvalidInput(f"{where}: '{field}' has values outside the range of {datatype}")
+            raise _out_of_range(where, field, datatype)
     if dtype.kind == "f" and parsed.size:
         with np.errstate(over="ignore"):
             converted = parsed.astype(dtype)
         if not np.isfinite(converted[np.isfinite(parsed)]).all():
-            raise InvalidInput(f"{where}: '{field}' has values outside the range of {datatype}")
+            raise _out_of_range(where, field, datatype)
         return converted.reshape(-1)
     return parsed.astype(dtype, copy=False).reshape(-1)
+
+
+def _out_of_range(where: str, field: str, datatype: str) -> InvalidInput:
+    dtype = NUMPY_OF[datatype]
+    if dtype.kind in "iu":
+        info = np.iinfo(dtype)  # type: ignore[type-var]
+        low, high = str(info.min), str(info.max)
+    else:
+        top = float(np.finfo(dtype).max)  # type: ignore[type-var]
+        low, high = f"{-top:.8g}", f"{top:.8g}"
+    return InvalidInput(
+        f"{where}: '{field}' has values outside the range of {datatype} ({low} to {high})"
+    )
+
+
+def _whole_beyond(values: np.ndarray, dtype: np.dtype[Any]) -> bool:
+    """Whether some of the float `values` are whole numbers outside integer `dtype`'s range."""
+    info = np.iinfo(dtype)
+    # (bounds as floats: info.max + 1 and info.min are powers of two, so exact; -2**63 itself
+    # counts, as orjson reads -2**63 - 1 as that float)
+    beyond = (values >= float(info.max + 1)) | (values < float(info.min)) | (values <= -(2.0**63))
+    return bool((beyond & (np.floor(values) == values)).any())
 
 
 def _has_bools(data: list[Any]) -> bool:

@@ -8,6 +8,8 @@ from typing import Any
 from duetime.errors import InvalidInput
 
 _MAX_TIMEOUT_US = 10**12
+_MAX_PRIORITY = 2**64 - 1
+"""Triton's priority is a uint64."""
 
 
 def due_from_timeout_us(parameters: Mapping[str, Any], now_ns: int) -> int | None:
@@ -26,8 +28,9 @@ def due_from_timeout_us(parameters: Mapping[str, Any], now_ns: int) -> int | Non
 def priority_of(parameters: Mapping[str, Any]) -> int:
     """The `priority` parameter (1 is highest; 0 or absent: the model's default level)."""
     value = parameters.get("priority", 0)
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= _MAX_PRIORITY:
         raise InvalidInput(
-            f"request parameter 'priority' must be a non-negative integer, got {value!r}"
+            f"request parameter 'priority' must be an integer between 0 and {_MAX_PRIORITY} "
+            f"(a uint64), got {value!r}"
         )
     return value

@@ -11,6 +11,7 @@ import base64
 import binascii
 import functools
 import hmac
+import json
 import logging
 import zlib
 from collections.abc import Awaitable, Callable, Mapping
@@ -838,6 +839,8 @@ def parse_infer_request(
     if strict:
         _check_parameter_types(doc)
     parameters = _parameters(doc.get("parameters"), "request 'parameters'")
+    if any(_rounded(value) for value in parameters.values()):
+        parameters = _exact_parameters(json_part, parameters)
     if sharedmemory.REGION in parameters:
         raise InvalidInput(
             "request 'parameters': shared memory is named per input and output, not per request"
@@ -911,6 +914,30 @@ def _parameters(value: Any, where: str) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise InvalidInput(f"{where} must be a JSON object")
     return value
+
+
+EXACT_REREAD_BYTES = 64 << 10
+"""JSON this small is read again when a request parameter needs it (see `_exact_parameters`)."""
+
+
+def _rounded(value: Any) -> bool:
+    """Whether `value` may be an integer of more than 64 bits that orjson read as a float (and
+    rounded: -2**63 - 1 is read as -2**63)."""
+    return isinstance(value, float) and value.is_integer() and not -(2**63) < value < 2**64
+
+
+def _exact_parameters(json_part: memoryview, parameters: dict[str, Any]) -> dict[str, Any]:
+    """The request's parameters with their integers as sent: orjson reads one of more than 64
+    bits as a float (2**64 as 1.8446744073709552e+19), and a message about it (the `priority`
+    or `timeout` out of range) would echo that. Read again by `json` where the JSON is small
+    (its integers are exact); else, and if that fails, as orjson read them."""
+    if len(json_part) > EXACT_REREAD_BYTES:
+        return parameters
+    try:
+        exact = json.loads(bytes(json_part)).get("parameters")
+    except ValueError:  # (an integer of over 4,300 digits: Python will not read it)
+        return parameters
+    return exact if isinstance(exact, dict) else parameters
 
 
 def _check_parameter_types(doc: dict[str, Any]) -> None:
