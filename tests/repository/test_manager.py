@@ -832,8 +832,13 @@ def test_while_the_cheaper_variant_turns_requests_away_the_primary_takes_none(
 
     async def scenario(engine: Engine) -> None:
         assert await factor_of(engine, timeout=1.0) == 1.0  # idle: the primary
-        with pytest.raises(DuetimeError):  # due in 1 µs: nothing fits, the small one refuses
+        with pytest.raises(DuetimeError):  # due in 1 µs: nothing could meet it
             await factor_of(engine, timeout=1e-6)
+        # (that refusal was the request's own doing: a client's impossible due times sent every
+        # other client's requests to the cheaper variant)
+        assert await factor_of(engine, timeout=1.0) == 1.0
+        small = engine.registry.snapshot.models["m"].versions["1"].variants[1].scheduler
+        small._refused_ns = engine.clock.now_ns()  # (as a refusal for the work ahead marks it)
         # the primary would fit, but the CPU they share is backlogged: the small one answers
         assert await factor_of(engine, timeout=1.0) == 2.0
         await asyncio.sleep(REFUSALS_SEEN_NS / 1e9 + 0.01)

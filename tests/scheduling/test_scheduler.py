@@ -135,6 +135,28 @@ def test_a_full_queue_is_overloaded() -> None:
     run(body)
 
 
+def test_only_a_refusal_for_the_work_ahead_makes_the_model_backlogged() -> None:
+    """A due time no idle instance could meet is the request's own doing: it made the model
+    look backlogged, and the router sent other clients' requests to cheaper variants."""
+
+    async def body() -> None:
+        h = harness()  # (one instance; a run of one row takes 100 µs)
+        with pytest.raises(Overloaded):
+            h.submit("impossible", due_in=50 * US)
+        assert not h.scheduler.backlogged(h.clock.now_ns())
+        h.submit("running")
+        h.submit("queued", due_in=10 * ONE_ROW)
+        with pytest.raises(Overloaded):  # (it would fit alone: 150 µs, behind 200 µs of work)
+            h.submit("behind", due_in=150 * US)
+        h.executor.complete(0)
+        h.executor.complete(1)  # (idle again: only the refusal tells of the backlog now)
+        assert h.started() == ["running", "queued"]
+        assert h.scheduler.idle
+        assert h.scheduler.backlogged(h.clock.now_ns())
+
+    run(body)
+
+
 @pytest.mark.parametrize("policy", ["edf", "fifo"])
 @pytest.mark.parametrize("due_in", [0, -5 * US])
 def test_a_request_due_before_it_arrives_is_refused(policy: str, due_in: int) -> None:

@@ -509,7 +509,11 @@ class ModelScheduler:
         rejection = admit(now_ns=now, due_ns=due_ns, predicted_finish_ns=needed)
         if rejection is None:
             return
-        self._refused_ns = now
+        if now + self._exec_ns(rows) + extra_ns + self._kept_for(rows) <= due_ns:
+            # NOTE: only a refusal for the work ahead of it tells of a backlog: one whose due
+            # time no idle instance could meet (a client's impossible timeouts) told the router
+            # so too, and it sent every other client's requests to cheaper variants meanwhile
+            self._refused_ns = now
         if rejection.late:
             self._expired += 1
             self._fail_ns += self._clock.now_ns() - now
