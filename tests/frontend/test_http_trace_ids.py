@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import json
+import logging
 import re
 import socket
 from collections.abc import Iterator
@@ -154,3 +155,25 @@ def test_a_shed_request_gets_a_trace_id_of_its_own() -> None:
     assert assert_traced(status, headers, body, 429) == PARENT
     assert headers["retry-after"] == "1"
     assert headers["connection"] == "close"
+
+
+def test_a_connection_over_the_limit_is_traced_but_not_logged(
+    demo_repo: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    settings = ServerSettings(
+        model_repository=demo_repo, http_port=0, grpc_port=0, model_control_mode="explicit",
+        max_connections=1,
+    )  # fmt: skip
+    running, thread = start_server(settings)
+    try:
+        host, port = running.http.rsplit(":", 1)
+        with socket.create_connection((host, int(port)), timeout=10) as first:
+            first.sendall(request("GET", "/v2/health/live"))
+            assert first.recv(65536).startswith(b"HTTP/1.1 200 ")  # (the first is in)
+            with caplog.at_level(logging.INFO, logger="duetime.requests"):
+                answer = exchange(running, request("GET", "/v2/health/live"))
+            assert_traced(*answer, 503)
+            # no request was read: a flood of connections would be a flood of warnings
+            assert [r for r in caplog.records if r.name == "duetime.requests"] == []
+    finally:
+        stop_server(running, thread)

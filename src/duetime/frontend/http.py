@@ -323,7 +323,10 @@ class HttpConnection(asyncio.Protocol):
                 f"the server has {intake.max_connections} connections open, its limit; "
                 "retry later, reuse a connection, or use another replica"
             )
-            writer.write(cast(bytes, _encode(_error(503, message, None, retry_after=True), False)))
+            # NOTE: traced but not logged: no request was read, and a flood of connections
+            # would be a flood of warnings (the Intake counts them)
+            refusal = error_reply(HttpError(503, message, retry_after_s=1.0))
+            writer.write(cast(bytes, _encode(refusal, False)))
             writer.close()
             return
         self._connections.add(self)
@@ -940,12 +943,12 @@ def _date_line(second: int) -> bytes:
 
 
 def _error(
-    status: int, message: str, headers: Mapping[str, str] | None, *, retry_after: bool = False
+    status: int, message: str, headers: Mapping[str, str], *, retry_after: bool = False
 ) -> Reply:
     """The answer to a request the protocol layer refuses itself, with its trace id (that of the
     `traceparent` in `headers`, if any, else a new one) and its log line."""
     error = HttpError(status, message, retry_after_s=1.0 if retry_after else None)
-    return failed_reply(error, headers or {})
+    return failed_reply(error, headers)
 
 
 def _encode(
