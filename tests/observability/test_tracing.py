@@ -117,6 +117,32 @@ def test_grpc_traceparent_metadata_and_trailing_trace_id(traced) -> None:
         client.infer("mlp", [bad], headers={"traceparent": f"00-{trace_id}-b7ad6b7169203331-01"})
 
 
+def test_http_requests_refused_get_their_span(traced) -> None:
+    """Only answered requests had a span: an invalid one and one refused for its due time had
+    none, with a sampled traceparent."""
+    server, exporter, tracing = traced
+    host, port = server.http.split(":")
+    cases = {
+        "1" * 31 + "c": ({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 3],
+                                       "data": [0.5] * 3}]}, 400, "shape"),
+        "1" * 31 + "d": ({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 40],
+                                       "data": [0.5] * 40}], "parameters": {"timeout": 1}},
+                         504, "due"),
+    }  # fmt: skip
+    for trace_id, (body, status, needle) in cases.items():
+        connection = http.client.HTTPConnection(host, int(port))
+        traceparent = {"traceparent": f"00-{trace_id}-{PARENT_ID}-01"}
+        connection.request("POST", "/v2/models/mlp/infer", json.dumps(body), traceparent)
+        response = connection.getresponse()
+        response.read()
+        connection.close()
+        assert (response.status, response.getheader("x-trace-id")) == (status, trace_id)
+        [root] = [s for s in spans_of(exporter, tracing, trace_id) if s.name == "infer mlp"]
+        assert not root.status.is_ok
+        assert needle in root.status.description
+        assert f"{root.parent.span_id:016x}" == PARENT_ID
+
+
 def test_grpc_requests_refused_or_streamed_get_their_span(traced) -> None:
     """Only answered unary calls had a span: an invalid request, one refused for its due time,
     and every request of a stream had none (with a sampled traceparent)."""

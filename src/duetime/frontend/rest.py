@@ -581,23 +581,43 @@ class RestApi:
         self, model: str, version: str | None, headers: Mapping[str, str], body: bytes
     ) -> Reply | PendingReply:
         received = self._engine.clock.now_ns() if self._tracing is not None else 0
-        body = _decoded(body, headers.get("content-encoding"), self._settings.max_body_bytes)
-        header = parse_header_length(headers.get(_HEADER_LENGTH), len(body))
-        self._check_json_size(len(body) if header is None else header)
-        request, plan = parse_infer_request(
-            body, header, model, version, self.shared_memory, self._recipes, strict=True
-        )
-        request.headers = headers
-        request.protocol = "http"
-        request.wire = (body, header)
-        now = self._engine.clock.now_ns()
-        if self._tracing is not None:
-            request.timing = RequestTiming(received, decoded_ns=now)
-        request.arrival_ns = arrival = self.turn.arrival_ns(now)
-        request.due_ns = due_from_timeout_us(request.parameters, arrival)
-        request.priority = priority_of(request.parameters)
-        ticket = self._engine.submit(request)
+        try:
+            body = _decoded(body, headers.get("content-encoding"), self._settings.max_body_bytes)
+            header = parse_header_length(headers.get(_HEADER_LENGTH), len(body))
+            self._check_json_size(len(body) if header is None else header)
+            request, plan = parse_infer_request(
+                body, header, model, version, self.shared_memory, self._recipes, strict=True
+            )
+            request.headers = headers
+            request.protocol = "http"
+            request.wire = (body, header)
+            now = self._engine.clock.now_ns()
+            if self._tracing is not None:
+                request.timing = RequestTiming(received, decoded_ns=now)
+            request.arrival_ns = arrival = self.turn.arrival_ns(now)
+            request.due_ns = due_from_timeout_us(request.parameters, arrival)
+            request.priority = priority_of(request.parameters)
+            ticket = self._engine.submit(request)
+        except DuetimeError as exc:
+            if self._tracing is None:
+                raise
+            return self._refused(exc, model, version, headers, received)
         return PendingReply(ticket, lambda done: self._infer_reply(done, request, plan))
+
+    def _refused(
+        self, exc: DuetimeError, model: str, version: str | None, headers: Mapping[str, str],
+        received: int,
+    ) -> Reply:  # fmt: skip
+        """The error reply of an inference request that never got a ticket (invalid, refused at
+        admission, due before it was queued), with its span: those are the most worth a look."""
+        assert self._tracing is not None
+        trace_id = self._tracing.record(
+            RequestTiming(received), parse_traceparent(headers.get("traceparent")),
+            protocol="http", model=model, version=version or "", variant="", error=exc.message,
+            done_ns=self._engine.clock.now_ns(),
+        )  # fmt: skip
+        parts = ["v2", "models", model, *(["versions", version] if version else [])]
+        return self._failed(exc, headers, parts, trace_id or "")
 
     def _infer_reply(
         self, ticket: Ticket, request: InferRequest, plan: OutputPlan
