@@ -48,6 +48,22 @@ def heavy_model(factor: float, width: int = 1024, depth: int = 24) -> bytes:
     return _graph(nodes, inits)
 
 
+def tiling_model() -> bytes:
+    """y = x (FP32 [3]) tiled n (INT64 [1]) times along a new axis: [n, 3], an answer of any
+    size from a request of 20 bytes."""
+    graph = helper.make_graph(
+        [helper.make_node("Concat", ["n", "three"], ["shape"], axis=0),
+         helper.make_node("Expand", ["x", "shape"], ["y"])], "big",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3]),
+         helper.make_tensor_value_info("n", TensorProto.INT64, [1])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["count", 3])],
+        [helper.make_tensor("three", TensorProto.INT64, [1], [3])],
+    )  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    return model.SerializeToString()
+
+
 def _graph(nodes: list[onnx.NodeProto], initializers: list[onnx.TensorProto]) -> bytes:
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", WIDTH])
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", WIDTH])

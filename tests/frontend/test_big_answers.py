@@ -12,8 +12,7 @@ import orjson
 import pytest
 import tritonclient.http as httpclient
 from conftest import RunningServer, start_server, stop_server
-from onnx import TensorProto, helper
-from repo_models import write_version
+from repo_models import tiling_model, write_version
 
 from duetime.config import ServerSettings
 from duetime.frontend import codec, rest
@@ -23,19 +22,9 @@ pytestmark = pytest.mark.timeout(120)
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
-    """`big`: y = x (FP32 [3]) tiled n (INT64 [1]) times along a new axis: [n, 3], any size."""
+    """`big`: see `tiling_model`."""
     repo = tmp_path_factory.mktemp("big")
-    graph = helper.make_graph(
-        [helper.make_node("Concat", ["n", "three"], ["shape"], axis=0),
-         helper.make_node("Expand", ["x", "shape"], ["y"])], "big",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3]),
-         helper.make_tensor_value_info("n", TensorProto.INT64, [1])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["count", 3])],
-        [helper.make_tensor("three", TensorProto.INT64, [1], [3])],
-    )  # fmt: skip
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
-    model.ir_version = 8
-    write_version(repo, "big", 1, model.SerializeToString())
+    write_version(repo, "big", 1, tiling_model())
     running, thread = start_server(ServerSettings(model_repository=repo, http_port=0, grpc_port=0))
     try:
         yield running
