@@ -2,6 +2,7 @@
 beside the C++ libraries itch-book and itchcpp on the same file.
 
     python bench/itch.py [--messages 1000000] [--seed 1] [--repeat 3] [--out PATH]
+                         [--tick-only | --no-tick]
 
 Every row runs from the file on disk (plain, then gzip; both in the page cache) to its result,
 so reading and decompressing count. Compiled rows run once untimed (JIT, caches), then keep the
@@ -18,7 +19,8 @@ in-process Engine, at the recorded pace of a 2,000 messages/s session (also with
 the per-event path warm while waiting, `--no-keep-warm`) and at full pace, and of
 `duetime itch listen` fed that session over MoldUDP64 on loopback by `duetime itch send` (the
 live row; where /dev/cpu_dma_latency is writable, again with `--cpu-dma-latency-us 0`).
-`--tick-only` runs that last table alone (about three minutes).
+`--tick-only` runs that last table alone (about three minutes), `--no-tick` all but it. The
+`command` rows run `duetime itch book` as a user does, a process each, imports included.
 """
 
 from __future__ import annotations
@@ -153,6 +155,20 @@ def itchcpp_book(path: Path) -> int:
     return int(manager.book_count())
 
 
+def book_command(path: Path, engine: str) -> int:
+    """`duetime itch book FILE --json OUT --engine ENGINE` in a process of its own: from the
+    command line to the summary written, imports and (numba) loading the compiled code
+    included."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "book.json"
+        subprocess.run(
+            [sys.executable, "-m", "duetime", "itch", "book", str(path), "--json", str(out),
+             "--engine", engine],
+            check=True,
+        )  # fmt: skip
+        return out.stat().st_size
+
+
 # (section, tool, entry point, what it measures, runner, fast)
 ROWS: list[tuple[str, str, str, str, Callable[[Path], object], bool]] = [
     ("parse", "duetime", "parser.read_messages", "stream of message tuples", streaming_parse,
@@ -181,6 +197,10 @@ ROWS: list[tuple[str, str, str, str, Callable[[Path], object], bool]] = [
      itchcpp_book, True),
     ("parse + book + features", "duetime", "Books + Features.update", "21 features per event",
      python_features, False),
+    ("command", "duetime", "itch book (--engine auto)", "a process: file -> summary JSON "
+     "(numba)", lambda p: book_command(p, "auto"), True),
+    ("command", "duetime", "itch book --engine python", "the same on the streaming books",
+     lambda p: book_command(p, "python"), False),
 ]  # fmt: skip
 
 PACE_MESSAGES = 60_000
@@ -341,6 +361,9 @@ def main() -> int:
     parser.add_argument(
         "--tick-only", action="store_true", help="only the tick-to-prediction table (and JSON)"
     )
+    parser.add_argument(
+        "--no-tick", action="store_true", help="leave out the tick-to-prediction table"
+    )
     args = parser.parse_args()
     if args.tick_only:
         with tempfile.TemporaryDirectory() as tmp:
@@ -359,8 +382,11 @@ def main() -> int:
         print(f"fast summary == pure-Python summary: {same}", flush=True)
         rows = measure(files, args.messages, args.repeat)
         stages = fastbook_stages(files["plain"], args.repeat, args.messages)
-        print("tick-to-prediction, demo orderbook MLP, in-process Engine ...", flush=True)
-        ticks = tick_to_prediction(Path(tmp), args.seed, write_demo_repository(Path(tmp) / "m"))
+        ticks = []
+        if not args.no_tick:
+            print("tick-to-prediction, demo orderbook MLP, in-process Engine ...", flush=True)
+            repository = write_demo_repository(Path(tmp) / "m")
+            ticks = tick_to_prediction(Path(tmp), args.seed, repository)
     jit = jit_cost()
     columns = ["section", "tool", "entry", "measures", "plain_Mmsg_per_s", "gzip_Mmsg_per_s"]
     shown = [{**row, **{c: f"{row[c]:.2f}" for c in columns[-2:]}} for row in rows]
@@ -368,10 +394,11 @@ def main() -> int:
                 "compiled rows, 1 run for pure Python)", shown, columns)  # fmt: skip
     print_table("fastbook stages, plain file", stages, ["stage", "ms", "Mmsg_per_s"])
     print_table("numba JIT", jit, ["first call", "import_s", "first_summary_s"])
-    print_table(
-        f"tick-to-prediction (µs, from each message's recorded arrival), {PACE_MESSAGES:,} "
-        f"messages at ~{PACE_RATE:,.0f}/s", ticks, list(ticks[0]),
-    )  # fmt: skip
+    if ticks:
+        print_table(
+            f"tick-to-prediction (µs, from each message's recorded arrival), {PACE_MESSAGES:,} "
+            f"messages at ~{PACE_RATE:,.0f}/s", ticks, list(ticks[0]),
+        )  # fmt: skip
     result = {
         "machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
                     "python": platform.python_version()},

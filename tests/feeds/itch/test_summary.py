@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 from directory import R_FIELDS
 
-from duetime.feeds.itch.summary import add_book_arguments, book_summary, run_book, write_summary
+from duetime.feeds.itch.book_command import add_book_arguments, run_book
+from duetime.feeds.itch.summary import book_summary, write_summary
 from duetime.feeds.itch.writer import ItchWriter
 
 

@@ -52,7 +52,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     send.add_argument("--limit", type=int, help="stop after this many messages")
     send.add_argument("--on-error", choices=("stop", "skip"), default="stop")
     book = commands.add_parser("book", help="write each stock's book summary as JSON")
-    from duetime.feeds.itch.summary import add_book_arguments
+    from duetime.feeds.itch.book_command import add_book_arguments
 
     add_book_arguments(book)
     synth = commands.add_parser("synth", help="write a realistic synthetic ITCH 5.0 session")
@@ -157,7 +157,7 @@ def run(args: argparse.Namespace) -> int:
     if args.itch_command == "synth":
         return _synth(args)
     if args.itch_command == "book":
-        from duetime.feeds.itch.summary import run_book
+        from duetime.feeds.itch.book_command import run_book
 
         return run_book(args)
     if args.itch_command == "send":
@@ -351,7 +351,7 @@ async def _feed(args: argparse.Namespace, options: Any) -> tuple[dict[str, Any],
                 messages = read_messages(args.file, on_error=args.on_error)
                 stats = await feed.run(messages)
                 if messages.errors:
-                    note = skipped_note(messages.errors)
+                    note = skipped_note(len(messages.errors), messages.errors[0])
                     print(f"duetime itch run: {args.file}: {note}", file=sys.stderr)
         finally:
             log.close()

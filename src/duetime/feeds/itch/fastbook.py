@@ -36,6 +36,7 @@ from duetime.feeds.itch.fastbook_tables import (
     S_ANOMALIES,
     S_BAD_FRAMES,
     S_CHANGES,
+    S_FIRST_BAD,
     S_POS,
     ST_MESSAGES,
     Tables,
@@ -93,18 +94,39 @@ class FastBook:
     ask_px, ask_sz, locate (price -1 for an empty side).
     """
 
-    def __init__(self, source: Source, *, on_error: OnError = "stop") -> None:
+    def __init__(
+        self,
+        source: Source,
+        *,
+        on_error: OnError = "stop",
+        gzip_error: ItchFormatError | None = None,
+    ) -> None:
         if on_error not in ("stop", "skip"):
             raise ValueError(f"on_error must be 'stop' or 'skip', got {on_error!r}")
         self.buffer, self.gzip_error = _load(source)
         """The uncompressed stream (of a damaged gzip file: as far as it could be read), and
         the bad_gzip `ItchFormatError` that ended it (None if intact; with on_error="stop" it
-        is raised, after any bad frame before it, as `read_messages` does)."""
+        is raised, after any bad frame before it, as `read_messages` does). `gzip_error`: the
+        one that ended a `source` already decompressed (`parser.read_stream`)."""
+        self.gzip_error = self.gzip_error or gzip_error
         tables = new_tables(*_initial_sizes(len(self.buffer)))
         self.tables = _run(self.buffer, tables, on_error, self.gzip_error)
         self.skipped = int(self.tables.state[S_BAD_FRAMES])
         """Malformed frames stepped over (on_error="skip"; a cut-off last frame not included)."""
         self._live_cache: np.ndarray | None = None
+
+    def skipped_parts(self) -> tuple[int, ItchFormatError | None]:
+        """With on_error="skip": the malformed parts of the stream stepped over, counted as
+        `read_messages` lists them in `errors` (each bad frame, the damage of a gzip file, a
+        frame cut off at the end), and the first of them (None if none)."""
+        end = int(self.tables.state[S_POS])
+        cut = end != len(self.buffer)  # (the pass stops short of a frame cut off)
+        count = self.skipped + (self.gzip_error is not None) + cut
+        if self.skipped:
+            return count, _frame_error(self.buffer, int(self.tables.state[S_FIRST_BAD]))
+        if self.gzip_error is not None:  # (before the frame it cut, as the reader meets them)
+            return count, self.gzip_error
+        return count, _frame_error(self.buffer, end) if cut else None
 
     @property
     def changes(self) -> np.ndarray:

@@ -41,6 +41,7 @@ from duetime.feeds.itch.fastbook_tables import (
     S_ANOMALIES,
     S_BAD_FRAMES,
     S_CHANGES,
+    S_FIRST_BAD,
     S_LEVEL_FREE,
     S_LEVEL_HIGH,
     S_ORDER_FREE,
@@ -240,6 +241,8 @@ def _run(
             if not skip:
                 st[S_POS] = pos
                 return BAD_FRAME
+            if st[S_BAD_FRAMES] == 0:
+                st[S_FIRST_BAD] = pos
             st[S_BAD_FRAMES] += 1
             pos = m + size if size else m
             continue

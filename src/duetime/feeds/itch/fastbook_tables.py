@@ -35,8 +35,10 @@ C_STAMP, C_PRICES, C_BID_SZ, C_ASK_SZ = range(4)
 CHANGE_FIELDS = 4
 TS_BITS = 48
 # `state` scalars, kept in an array so a pass can stop and resume; the anomaly counts follow.
+# S_FIRST_BAD: the offset of the first frame skipped (-1: none yet).
 S_POS, S_ORDER_FREE, S_ORDER_HIGH, S_LEVEL_FREE, S_LEVEL_HIGH, S_CHANGES, S_BAD_FRAMES = range(7)
-S_ANOMALIES = 7
+S_FIRST_BAD = 7
+S_ANOMALIES = 8
 ANOMALY_KINDS = 9
 STATE_FIELDS = S_ANOMALIES + ANOMALY_KINDS
 # Hash table columns.
@@ -76,6 +78,7 @@ def new_tables(orders: int = 1 << 16, levels: int = 1 << 12, changes: int = 1 <<
     state = np.zeros(STATE_FIELDS, np.int64)
     state[S_ORDER_FREE] = -1
     state[S_LEVEL_FREE] = -1
+    state[S_FIRST_BAD] = -1
     return Tables(
         state=state,
         orders=np.empty((orders, ORDER_FIELDS), np.int64),

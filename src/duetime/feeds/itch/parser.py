@@ -73,9 +73,9 @@ def file_problem(path: str | os.PathLike[str]) -> str | None:
     return "is not a regular file" if os.path.exists(path) else "no such file"
 
 
-def skipped_note(errors: list[ItchFormatError]) -> str:
+def skipped_note(count: int, first: ItchFormatError) -> str:
     """One line on what `on_error="skip"` stepped over (for stderr): how many, and the first."""
-    return f"skipped {len(errors)} malformed part(s) of the stream; the first: {errors[0]}"
+    return f"skipped {count} malformed part(s) of the stream; the first: {first}"
 
 
 def frame_error(offset: int, size: int, type_byte: int | None, remaining: int) -> ItchFormatError:
@@ -324,6 +324,25 @@ def gunzip_readable(data: bytes) -> tuple[bytes, ItchFormatError | None]:
     except ItchFormatError as error:
         return b"".join(chunks), error
     return b"".join(chunks), None
+
+
+def read_stream(
+    path: str | os.PathLike[str], max_bytes: int | None = None
+) -> tuple[bytearray, ItchFormatError | None] | None:
+    """The uncompressed stream of the file at `path` (plain or gzip) as far as it can be read,
+    and the bad_gzip error that ended it (None for an intact file), as `gunzip_readable` gives
+    them; None as soon as the stream is longer than `max_bytes` (a gzip file is decompressed no
+    further), for a whole-buffer path to give the file to the streaming reader instead."""
+    data = bytearray()
+    with open(path, "rb") as file:
+        try:
+            for chunk in _file_chunks(file):
+                data += chunk
+                if max_bytes is not None and len(data) > max_bytes:
+                    return None
+        except ItchFormatError as error:
+            return data, error
+    return data, None
 
 
 def _file_chunks(file: BinaryIO) -> Iterator[bytes]:

@@ -9,27 +9,16 @@ dict from independent libraries, and the numba kernel `fastbook.py` must produce
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
-import sys
 from collections.abc import Iterable
 from os import PathLike
 from pathlib import Path
 from typing import Any
 
-from duetime.errors import ConfigError
-from duetime.feeds.itch.book import ASK, BID, BookError, Books, Top
-from duetime.feeds.itch.keys import renamed_note, stock_keys
-from duetime.feeds.itch.parser import (
-    ItchFormatError,
-    OnError,
-    Source,
-    file_problem,
-    read_messages,
-    skipped_note,
-)
-from duetime.tools.outputs import OutputError, check_output, write_output
+from duetime.feeds.itch.book import ASK, BID, Books, Top
+from duetime.feeds.itch.keys import stock_keys
+from duetime.feeds.itch.parser import OnError, Source, read_messages
 
 Summary = dict[str, Any]
 
@@ -148,14 +137,14 @@ def check_first_changes(first_changes: int) -> None:
         raise ValueError(f"first_changes must be 0 or more, got {first_changes}")
 
 
-def _symbols(books: Books) -> dict[int, str]:
+def symbols(books: Books) -> dict[int, str]:
     """Each locate's symbol ('' if none), in ascending locate order."""
     return {locate: books.books[locate].symbol for locate in sorted(books.books)}
 
 
 def _layout(books: Books, logs: dict[int, _Changes], depth: int, first_changes: int) -> Summary:
     stocks: dict[str, Any] = {}
-    keys = stock_keys(_symbols(books).items())
+    keys = stock_keys(symbols(books).items())
     for locate in sorted(books.books):
         book = books.books[locate]
         log = logs.get(locate) or _Changes(first_changes)
@@ -173,72 +162,3 @@ def _layout(books: Books, logs: dict[int, _Changes], depth: int, first_changes: 
             "changes_digest": log.hexdigest(),
         }
     return {"market": {"counts": dict(sorted(books.market_counts.items()))}, "stocks": stocks}
-
-
-def add_book_arguments(parser: argparse.ArgumentParser) -> None:
-    """`duetime itch book FILE --json OUT [--depth 5] [--on-error stop|skip] [--strict]`."""
-    parser.add_argument("file", type=Path, help="ITCH 5.0 file (raw or gzip)")
-    parser.add_argument("--json", dest="json_out", type=Path, required=True, help="summary path")
-    parser.add_argument("--depth", type=int, default=5, help="price levels per side (default 5)")
-    parser.add_argument(
-        "--first-changes", type=int, default=1000,
-        help="top-of-book changes per stock listed in full (default 1000; all are digested)",
-    )  # fmt: skip
-    parser.add_argument(
-        "--on-error", choices=["stop", "skip"], default="stop",
-        help="a malformed frame stops the run (default) or is skipped",
-    )  # fmt: skip
-    parser.add_argument(
-        "--strict", action="store_true",
-        help="stop at the first message that breaks the book policy instead of counting it",
-    )  # fmt: skip
-
-
-def run_book(args: argparse.Namespace) -> int:
-    """Write the summary; anomaly counts go to stderr. 0 on success; 1 when a malformed frame
-    (with --on-error stop) or a policy case (with --strict) stopped the run, or the summary
-    could not be written; 2 on bad options (an output path that cannot be written among them,
-    found before the file is read)."""
-    if args.depth < 1:
-        print("duetime itch book: --depth must be at least 1", file=sys.stderr)
-        return 2
-    if args.first_changes < 0:
-        print("duetime itch book: --first-changes must be 0 or more", file=sys.stderr)
-        return 2
-    if problem := file_problem(args.file):
-        print(f"duetime itch book: {args.file}: {problem}", file=sys.stderr)
-        return 2
-    try:
-        check_output(args.json_out, "--json")  # (before the file is read, not after)
-    except ConfigError as exc:
-        print(f"duetime itch book: {exc.message}", file=sys.stderr)
-        return 2
-    reader = read_messages(args.file, on_error=args.on_error)
-    try:
-        summary, books = summarize(
-            reader, depth=args.depth, first_changes=args.first_changes, strict=args.strict
-        )
-    except BookError as exc:
-        print(f"duetime itch book: {args.file}: {exc.where}; drop --strict to count such cases "
-              "and apply the documented policy", file=sys.stderr)  # fmt: skip
-        return 1
-    except ItchFormatError as exc:
-        print(f"duetime itch book: {args.file}: {exc}", file=sys.stderr)
-        return 1
-    except OSError as exc:  # (unreadable: no permission)
-        print(f"duetime itch book: {args.file}: {exc.strerror or exc}", file=sys.stderr)
-        return 2
-    if reader.errors:
-        print(f"duetime itch book: {args.file}: {skipped_note(reader.errors)}", file=sys.stderr)
-    symbols = _symbols(books)
-    if note := renamed_note(stock_keys(symbols.items()), symbols):
-        print(f"duetime itch book: {args.file}: {note}", file=sys.stderr)
-    if books.anomalies:
-        counts = ", ".join(f"{k}={v}" for k, v in books.anomalies.counts.items())
-        print(f"duetime itch book: {args.file}: book anomalies: {counts}", file=sys.stderr)
-    try:
-        write_output(args.json_out, dumps(summary), "--json")
-    except OutputError as exc:  # (a full disk: checked before, the path itself was fine)
-        print(f"duetime itch book: {exc.message}", file=sys.stderr)
-        return 1
-    return 0

@@ -1,0 +1,217 @@
+"""`duetime itch book FILE --json OUT`: the book summary of a whole file (docs/itch_book.md).
+
+Two ways to the same summary: the compiled pass (`fastbook`, numba), twenty-odd times faster,
+which holds the whole uncompressed file and the change rows in memory, and the streaming
+pure-Python books (`summary.summarize`), whose memory does not grow with the file and which
+alone has `--strict`. `--engine auto` (default) takes the compiled pass whenever it can: numba
+is there, no --strict, the file is big enough for the pass to pay for loading it, and small
+enough for the memory available. Either way the JSON and the lines on stderr are the same,
+byte for byte.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from duetime.errors import ConfigError
+from duetime.feeds.itch.book import ANOMALY_KINDS, BookError
+from duetime.feeds.itch.keys import renamed_note, stock_keys
+from duetime.feeds.itch.parser import ItchFormatError, file_problem, read_messages, skipped_note
+from duetime.feeds.itch.summary import Summary, dumps, summarize, symbols
+from duetime.tools.outputs import OutputError, check_output, write_output
+
+FAST_MIN_BYTES = 1 << 20
+"""auto: a smaller file (on disk) goes the pure-Python way: importing numba and loading the
+compiled pass (~0.3 s) costs more than the pass saves on fewer than ~30,000 messages."""
+FAST_BYTES_PER_BYTE = 5
+"""The compiled pass's peak memory per byte of uncompressed stream, with room to spare
+(measured: about 3, the buffer, the change rows and their digest text, plus ~100 MB of fixed
+tables and compiled code)."""
+MEMORY_SHARE = 0.5
+"""auto: the compiled pass may take this share of the memory available when it starts; for a
+longer stream the file goes the streaming way."""
+
+
+@dataclass(frozen=True, slots=True)
+class BookRun:
+    """What either way gives for one file: the summary and what stderr says about it."""
+
+    summary: Summary
+    symbols: dict[int, str]
+    """Each locate's symbol ('' if none), ascending: for `keys.renamed_note`."""
+    anomalies: dict[str, int]
+    """The policy cases by kind, in `book.ANOMALY_KINDS` order."""
+    skipped: int
+    """Malformed parts of the stream stepped over (--on-error skip)..."""
+    first_skipped: ItchFormatError | None
+    """...and the first of them."""
+
+
+def add_book_arguments(parser: argparse.ArgumentParser) -> None:
+    """`duetime itch book FILE --json OUT [--depth 5] [--on-error stop|skip] [--strict]
+    [--engine auto|numba|python]`."""
+    parser.add_argument("file", type=Path, help="ITCH 5.0 file (raw or gzip)")
+    parser.add_argument("--json", dest="json_out", type=Path, required=True, help="summary path")
+    parser.add_argument("--depth", type=int, default=5, help="price levels per side (default 5)")
+    parser.add_argument(
+        "--first-changes", type=int, default=1000,
+        help="top-of-book changes per stock listed in full (default 1000; all are digested)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--on-error", choices=["stop", "skip"], default="stop",
+        help="a malformed frame stops the run (default) or is skipped",
+    )  # fmt: skip
+    parser.add_argument(
+        "--strict", action="store_true",
+        help="stop at the first message that breaks the book policy instead of counting it "
+        "(pure Python)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--engine", choices=["auto", "numba", "python"], default="auto",
+        help="the compiled whole-file pass (numba; holds the file in memory) or the streaming "
+        "pure-Python books; both write the same summary (default auto: numba whenever it can)",
+    )  # fmt: skip
+
+
+def run_book(args: argparse.Namespace) -> int:
+    """Write the summary; anomaly counts go to stderr. 0 on success; 1 when a malformed frame
+    (with --on-error stop) or a policy case (with --strict) stopped the run, or the summary
+    could not be written; 2 on bad options (an output path that cannot be written among them,
+    found before the file is read)."""
+    if problem := _option_problem(args):
+        print(f"duetime itch book: {problem}", file=sys.stderr)
+        return 2
+    try:
+        check_output(args.json_out, "--json")  # (before the file is read, not after)
+    except ConfigError as exc:
+        print(f"duetime itch book: {exc.message}", file=sys.stderr)
+        return 2
+    try:
+        run = _compiled(args) or _streamed(args)
+    except BookError as exc:
+        print(f"duetime itch book: {args.file}: {exc.where}; drop --strict to count such cases "
+              "and apply the documented policy", file=sys.stderr)  # fmt: skip
+        return 1
+    except ItchFormatError as exc:
+        print(f"duetime itch book: {args.file}: {exc}", file=sys.stderr)
+        return 1
+    except OSError as exc:  # (unreadable: no permission)
+        print(f"duetime itch book: {args.file}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
+    for note in _notes(run):
+        print(f"duetime itch book: {args.file}: {note}", file=sys.stderr)
+    try:
+        write_output(args.json_out, dumps(run.summary), "--json")
+    except OutputError as exc:  # (a full disk: checked before, the path itself was fine)
+        print(f"duetime itch book: {exc.message}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _option_problem(args: argparse.Namespace) -> str | None:
+    if args.depth < 1:
+        return "--depth must be at least 1"
+    if args.first_changes < 0:
+        return "--first-changes must be 0 or more"
+    if problem := file_problem(args.file):
+        return f"{args.file}: {problem}"
+    if args.engine == "numba" and args.strict:
+        return "--strict needs the pure-Python books (--engine python or auto)"
+    if args.engine == "numba" and not _has_numba():
+        return "--engine numba needs numba (pip install 'duetime[itch]')"
+    return None
+
+
+def _notes(run: BookRun) -> list[str]:
+    """The lines for stderr: what was skipped, locates keyed with their number, anomalies."""
+    notes = []
+    if run.first_skipped is not None:
+        notes.append(skipped_note(run.skipped, run.first_skipped))
+    if renamed := renamed_note(stock_keys(run.symbols.items()), run.symbols):
+        notes.append(renamed)
+    if run.anomalies:
+        counts = ", ".join(f"{kind}={n}" for kind, n in run.anomalies.items())
+        notes.append(f"book anomalies: {counts}")
+    return notes
+
+
+def _streamed(args: argparse.Namespace) -> BookRun:
+    reader = read_messages(args.file, on_error=args.on_error)
+    summary, books = summarize(
+        reader, depth=args.depth, first_changes=args.first_changes, strict=args.strict
+    )
+    counts = books.anomalies.counts
+    errors = reader.errors
+    return BookRun(
+        summary=summary,
+        symbols=symbols(books),
+        anomalies={kind: counts[kind] for kind in ANOMALY_KINDS if kind in counts},
+        skipped=len(errors),
+        first_skipped=errors[0] if errors else None,
+    )
+
+
+def _compiled(args: argparse.Namespace) -> BookRun | None:
+    """The run on the compiled pass, or None where `--engine auto` leaves the file to the
+    streaming books (see the module)."""
+    forced = args.engine == "numba"
+    if not forced and (
+        args.engine == "python"
+        or args.strict
+        or os.path.getsize(args.file) < FAST_MIN_BYTES
+        or not _has_numba()
+    ):
+        return None
+    available = None if forced else _memory_available()
+    limit = None if available is None else int(available * MEMORY_SHARE / FAST_BYTES_PER_BYTE)
+    if limit is not None and os.path.getsize(args.file) > limit:  # (gzip only grows)
+        return None
+    from duetime.feeds.itch.fastbook import FastBook
+    from duetime.feeds.itch.parser import read_stream
+
+    loaded = read_stream(args.file, limit)
+    if loaded is None:
+        return None
+    data, gzip_error = loaded
+    buffer = np.frombuffer(data, np.uint8)  # (no copy; an array is taken as uncompressed)
+    book = FastBook(buffer, on_error=args.on_error, gzip_error=gzip_error)
+    skipped, first = book.skipped_parts()
+    return BookRun(
+        summary=book.summary(depth=args.depth, first_changes=args.first_changes),
+        symbols={locate: book.symbol(locate) for locate in book.locates().tolist()},
+        anomalies=book.anomalies,
+        skipped=skipped,
+        first_skipped=first,
+    )
+
+
+def _has_numba() -> bool:
+    return importlib.util.find_spec("numba") is not None
+
+
+def _memory_available() -> int | None:
+    """Bytes of memory this process may still take: Linux's MemAvailable, less where a cgroup
+    (a container) allows less; None where neither is known."""
+    sizes = []
+    try:
+        with open("/proc/meminfo", encoding="ascii") as info:
+            for line in info:
+                if line.startswith("MemAvailable:"):
+                    sizes.append(int(line.split()[1]) * 1024)
+    except (OSError, ValueError):
+        pass
+    try:
+        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+        used = Path("/sys/fs/cgroup/memory.current").read_text().strip()
+        if limit != "max":
+            sizes.append(max(0, int(limit) - int(used)))
+    except (OSError, ValueError):
+        pass
+    return min(sizes) if sizes else None
