@@ -11,6 +11,7 @@ checks that the documented policy matches itch-book's on every invalid flow it s
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import random
 from collections.abc import Iterator
@@ -43,6 +44,15 @@ def sessions(tmp_path_factory: pytest.TempPathFactory) -> dict[int, Path]:
         write_session(path, seed=seed, messages=MESSAGES, gzip=gz)
         paths[seed] = path
     return paths
+
+
+def fast_summary(path: Path, otherwise: dict[str, Any]) -> dict[str, Any]:
+    """The compiled pass's summary (`otherwise` where numba is not installed)."""
+    if importlib.util.find_spec("numba") is None:
+        return otherwise
+    from duetime.feeds.itch.fastbook import fast_book_summary
+
+    return fast_book_summary(path)
 
 
 def diff(mine: dict[str, Any], theirs: dict[str, Any]) -> list[str]:
@@ -78,6 +88,7 @@ def test_summary_matches_itch_book(sessions: dict[int, Path], seed: int, gz: boo
     theirs, stats = oracle.itch_book_summary(path)
     assert diff(mine, theirs) == []
     assert mine == theirs
+    assert fast_summary(path, theirs) == theirs  # (what `duetime itch book` runs on)
     # a valid session: neither side saw anything to forgive
     assert not books.anomalies
     assert (stats["missing_ref"], stats["dup_ref"], stats["rejected"], stats["clamped"]) == (
@@ -117,6 +128,7 @@ def test_symbols_match_itch_book(tmp_path: Path) -> None:
     theirs, _ = oracle.itch_book_summary(path)
     assert list(mine["stocks"]) == ["#1", " LEAD", "AB CD", "#4"]
     assert mine == theirs
+    assert fast_summary(path, theirs) == theirs
 
 
 def damaged(messages: Iterator[Any], seed: int) -> Iterator[bytes]:
@@ -167,6 +179,7 @@ def test_policy_matches_itch_book_on_a_damaged_session(
     mine, books = summarize(read_messages(path))
     theirs, stats = oracle.itch_book_summary(path)
     assert diff(mine, theirs) == []
+    assert fast_summary(path, theirs) == theirs
     counts = books.anomalies.counts
     for kind in ("unknown_ref", "duplicate_ref", "oversize", "zero_shares", "zero_price"):
         assert counts.get(kind, 0) > 0, kind
