@@ -70,7 +70,7 @@ def from_raw(
 
 
 def _bytes_from_raw(view: memoryview, count: int, where: str) -> np.ndarray:
-    offset, end = 0, len(view)
+    end = len(view)
     if count * _LENGTH.size > end:
         # NOTE: checked before allocating: a shape of 2**30 over a few bytes would otherwise
         # reserve gigabytes of element slots before the first length prefix was read.
@@ -78,18 +78,58 @@ def _bytes_from_raw(view: memoryview, count: int, where: str) -> np.ndarray:
             f"{where}: {end} bytes of BYTES data cannot hold {count} elements (each needs a "
             f"4-byte length prefix); check the shape"
         )
-    out = np.empty(count, dtype=object)
+    if count > _FEW_ELEMENTS:
+        (length,) = _LENGTH.unpack_from(view, 0)
+        stride = _LENGTH.size + length
+        if stride * count == end:
+            prefixes = np.ndarray((count,), dtype="<u4", buffer=view, strides=(stride,))
+            if (prefixes == length).all():
+                return _alike(view, count, length)
+    return _elements(view, count, where)
+
+
+_FEW_ELEMENTS = 16
+"""BYTES tensors of more elements are checked for elements all of one length first (see
+`_alike`)."""
+
+
+def _alike(view: memoryview, count: int, length: int) -> np.ndarray:
+    """`count` BYTES elements of `length` bytes each, every one after its length prefix: read
+    by numpy, without a Python step per element.
+
+    NOTE: elements of one length are common (fixed-size keys, hashes) and are what a request
+    built to stall the loop holds: 16.7M empty elements in 64 MiB took 13 s one by one."""
+    if length == 0:
+        return np.full(count, b"", dtype=object)
+    items = np.ndarray(
+        (count,), dtype=f"V{length}", buffer=view, offset=_LENGTH.size,
+        strides=(_LENGTH.size + length,),
+    )  # fmt: skip
+    return items.astype(object)  # (void items become `bytes`, trailing zero bytes kept)
+
+
+def _elements(view: memoryview, count: int, where: str) -> np.ndarray:
+    """BYTES elements of any lengths, read one by one from a copy of `view` (a slice of
+    `bytes` is one step; of a memoryview, two)."""
+    data, end = bytes(view), len(view)
+    unpack = _LENGTH.unpack_from
+    items: list[bytes] = []
+    append = items.append
+    offset = 0
     for i in range(count):
         if offset + 4 > end:
             raise InvalidInput(f"{where}: BYTES data ends inside element {i} of {count}")
-        (length,) = _LENGTH.unpack_from(view, offset)
+        (length,) = unpack(data, offset)
         offset += 4
-        if offset + length > end:
+        stop = offset + length
+        if stop > end:
             raise InvalidInput(f"{where}: BYTES element {i} claims {length} bytes past the end")
-        out[i] = bytes(view[offset : offset + length])
-        offset += length
+        append(data[offset:stop])
+        offset = stop
     if offset != end:
         raise InvalidInput(f"{where}: {end - offset} bytes left over after {count} BYTES elements")
+    out = np.empty(count, dtype=object)
+    out[:] = items
     return out
 
 
