@@ -10,13 +10,14 @@ import json
 import math
 import struct
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 import orjson
 
 from duetime.datatypes import NUMPY_OF, WIRE_DTYPE_OF, v2_datatype_of
 from duetime.errors import InvalidInput
+from duetime.types import ModelSignature
 
 _LENGTH = struct.Struct("<I")
 _MAX_DIMS = 16
@@ -45,6 +46,114 @@ def check_datatype(value: Any, where: str) -> str:
             f"{where}: 'datatype' {value!r} is not a v2 datatype; expected one of {known}"
         )
     return value
+
+
+class Expected:
+    """What one model version takes and gives, to check a request's tensors against as a front
+    end reads them, before their data is decoded.
+
+    The validator checks the decoded request in full (validation.py); these are its checks of
+    what a tensor's header already tells (name, datatype, shape, batch size), with its messages,
+    and of how many outputs are asked for: a request the model would refuse is refused before the
+    front end decodes its data, which can take seconds (16.7M BYTES elements in a 64 MiB
+    body, 140k input tensors or 440k outputs in 8 MiB of JSON). A refusal counts in `invalid`
+    under `counted`, as the router counts the validator's.
+    """
+
+    __slots__ = (
+        "_batch_limit", "_counted", "_invalid", "_model", "_outputs", "_specs", "signature",
+    )  # fmt: skip
+
+    def __init__(
+        self,
+        model: str,
+        signature: ModelSignature,
+        counted: tuple[str, str],
+        invalid: dict[tuple[str, str], int],
+    ) -> None:
+        self._model = model
+        self.signature = signature
+        self._specs = {spec.name: spec for spec in signature.inputs}
+        self._outputs = tuple(spec.name for spec in signature.outputs)
+        self._batch_limit = signature.max_batch_size
+        self._counted = counted
+        self._invalid = invalid
+
+    def outputs(self, count: int) -> None:
+        """InvalidInput for more requested outputs than `OUTPUT_REPEATS` times the model's
+        outputs (one may be asked for again, and is answered once; but each entry is read).
+
+        NOTE: input tensors need no such count: each is checked as it is read, and past the
+        model's inputs one is unknown or named twice."""
+        if count > OUTPUT_REPEATS * len(self._outputs):
+            self._refuse(
+                f"the request asks for {count} outputs but model '{self._model}' has "
+                f"{len(self._outputs)}: {self._named_outputs()}; ask for each once"
+            )
+
+    def input(self, name: str, datatype: str, shape: tuple[int, ...]) -> None:
+        """InvalidInput unless the model takes input `name` of this datatype and shape."""
+        spec = self._specs.get(name)
+        if spec is None:
+            self._refuse(
+                f"input '{name}' is not an input of model '{self._model}'; it expects "
+                f"{_described(self.signature)}"
+            )
+        if datatype != spec.datatype and NUMPY_OF[datatype] != NUMPY_OF.get(spec.datatype):
+            self._refuse(
+                f"input '{name}': datatype {datatype} does not match the model's {spec.datatype}"
+            )
+        if not spec.any_rank and (
+            len(shape) != len(spec.shape)
+            or any(want not in (-1, got) for want, got in zip(spec.shape, shape, strict=True))
+        ):
+            self._refuse(
+                f"input '{name}': shape {list(shape)} does not match the model's "
+                f"{list(spec.shape)} (-1 marks a free dim)"
+            )
+        if self._batch_limit > 0 and shape:
+            batch = shape[0]
+            if batch < 1:
+                self._refuse(f"input '{name}': batch size must be at least 1, got {batch}")
+            if batch > self._batch_limit:
+                self._refuse(
+                    f"input '{name}': batch size {batch} is over model '{self._model}' "
+                    f"max_batch_size {self._batch_limit}; split the request"
+                )
+
+    def output(self, name: str) -> None:
+        """InvalidInput unless the model has output `name`."""
+        if name not in self._outputs:
+            self._refuse(
+                f"requested output '{name}' is not an output of model '{self._model}'; its "
+                f"outputs are {self._named_outputs()}"
+            )
+
+    def _named_outputs(self) -> str:
+        return ", ".join(repr(name) for name in self._outputs)
+
+    def _refuse(self, message: str) -> NoReturn:
+        self._invalid[self._counted] = self._invalid.get(self._counted, 0) + 1
+        raise InvalidInput(message)
+
+
+def _described(signature: ModelSignature) -> str:
+    """The inputs `signature` takes, as the validator's messages name them."""
+    text = ", ".join(f"'{s.name}' {s.describe()}" for s in signature.required_inputs) or "no input"
+    optional = [s for s in signature.inputs if s.optional]
+    if optional:
+        named = ", ".join(f"'{s.name}' {s.describe()}" for s in optional[:_OPTIONAL_NAMED])
+        more = len(optional) - _OPTIONAL_NAMED
+        text += f" (optional: {named}{f' and {more} more' if more > 0 else ''})"
+    return text
+
+
+_OPTIONAL_NAMED = 8
+"""Optional inputs a message names (as validation.EXPECTED_OPTIONAL_MAX)."""
+
+OUTPUT_REPEATS = 4
+"""How many times a request may ask for each output of a model, on average (see
+`Expected.outputs`): asked for again, an output is answered once, but every entry is read."""
 
 
 def from_raw(

@@ -28,7 +28,7 @@ from duetime.frontend.metadata import model_config_json, model_metadata_json
 from duetime.frontend.parameters import due_from_timeout_us, priority_of
 from duetime.frontend.proto import grpc_service_pb2 as pb
 from duetime.frontend.proto import grpc_service_pb2_grpc as pb_grpc
-from duetime.frontend.rest import EXTENSIONS, check_control_token, load_request
+from duetime.frontend.rest import EXTENSIONS, Signatures, check_control_token, load_request
 from duetime.frontend.sharedmemory import CUDA_REGIONS, SharedMemoryRegions
 from duetime.frontend.statistics import statistics_json
 from duetime.observability.logs import AccessSampler, log_request
@@ -87,6 +87,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         self._tracing = tracing
         self._access = AccessSampler(access_log_sample)
         self._shedder = shedder
+        self._signatures = Signatures(engine)
         self.accepting = True
 
     async def ServerLive(self, request: Any, context: Any) -> Any:
@@ -375,12 +376,15 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         if self._shedder is not None:
             self._shedder.check()
         parameters = _parameters(request.parameters)
-        requested = requested_outputs(request)
+        expected = self._signatures.expected(request.model_name, request.model_version or None)
+        if expected is not None:
+            expected.outputs(len(request.outputs))
+        requested = requested_outputs(request, expected)
         for name, window in (requested.shared or {}).items():
             self._regions.check(window, f"output '{name}'")
         infer = InferRequest(
             model=request.model_name,
-            inputs=decode_inputs(request, self._regions),
+            inputs=decode_inputs(request, self._regions, expected),
             version=request.model_version or None,
             outputs=requested.names,
             classes=requested.classes,
@@ -440,17 +444,16 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
 
 
 def decode_inputs(
-    request: Any, regions: SharedMemoryRegions | None = None
+    request: Any,
+    regions: SharedMemoryRegions | None = None,
+    expected: codec.Expected | None = None,
 ) -> dict[str, np.ndarray]:
     """Input arrays from `raw_input_contents` (zero-copy), typed `contents`, or shared memory
-    (`regions`; such inputs have no raw entry)."""
+    (`regions`; such inputs have no raw entry); each input checked against `expected` (what
+    the model takes) before its data is decoded."""
     raw = request.raw_input_contents
-    inline = sum(1 for t in request.inputs if sharedmemory.REGION not in t.parameters)
-    if raw and len(raw) != inline:
-        raise InvalidInput(
-            f"raw_input_contents has {len(raw)} entries but {inline} inputs carry their data; "
-            "send one raw entry per such input, in order, or use typed contents for all"
-        )
+    if raw and expected is None:  # (else each input is checked first: see codec.Expected)
+        _check_raw_count(request)
     arrays: dict[str, np.ndarray] = {}
     next_raw = 0
     for index, tensor in enumerate(request.inputs):
@@ -461,6 +464,8 @@ def decode_inputs(
             raise InvalidInput(f"{where} appears more than once")
         datatype = codec.check_datatype(tensor.datatype, where)
         shape = codec.parse_shape(list(tensor.shape), where)
+        if expected is not None:
+            expected.input(tensor.name, datatype, shape)
         window = _window(tensor.parameters, where)
         if window is not None:
             if tensor.HasField("contents"):
@@ -473,11 +478,29 @@ def decode_inputs(
         elif raw:
             if tensor.HasField("contents"):
                 raise InvalidInput(f"{where}: has typed contents and raw_input_contents; use one")
+            if next_raw == len(raw):
+                _check_raw_count(request)
             arrays[tensor.name] = codec.from_raw(raw[next_raw], datatype, shape, where)
             next_raw += 1
         else:
             arrays[tensor.name] = _from_contents(tensor, datatype, shape, where)
+    if next_raw != len(raw):
+        _check_raw_count(request)
     return arrays
+
+
+def _check_raw_count(request: Any) -> None:
+    """InvalidInput unless `raw_input_contents` has one entry per input not in shared memory.
+
+    NOTE: a scan of every input (200k in one probe): the model's inputs are checked before it
+    where the model is known, and past them an input is refused."""
+    raw = request.raw_input_contents
+    inline = sum(1 for t in request.inputs if sharedmemory.REGION not in t.parameters)
+    if len(raw) != inline:
+        raise InvalidInput(
+            f"raw_input_contents has {len(raw)} entries but {inline} inputs carry their data; "
+            "send one raw entry per such input, in order, or use typed contents for all"
+        )
 
 
 _LOG_SETTING_FIELD = {bool: "bool_param", int: "uint32_param", str: "string_param"}
@@ -502,11 +525,14 @@ class Requested(NamedTuple):
     """Those to write into shared memory, and where."""
 
 
-def requested_outputs(request: Any) -> Requested:
-    """What `request` asks of its outputs (see `Requested`)."""
+def requested_outputs(request: Any, expected: codec.Expected | None = None) -> Requested:
+    """What `request` asks of its outputs (see `Requested`); each checked against `expected`
+    (what the model gives) before its parameters are read."""
     classes: dict[str, int] = {}
     shared: dict[str, sharedmemory.Window] = {}
     for output in request.outputs:
+        if expected is not None:
+            expected.output(output.name)
         if not output.parameters:
             continue
         parameters = _parameters(output.parameters)

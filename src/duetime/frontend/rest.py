@@ -259,6 +259,54 @@ _READY = Reply(200, b'{"ready":true}', (_JSON,))
 _NOT_READY = Reply(400, b'{"ready":false}', (_JSON,))
 
 
+class Signatures:
+    """What the served model versions take (`codec.Expected`), looked up by model name and
+    version before a request's tensors are decoded; one per front end, each made once per
+    version loaded."""
+
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
+        self._made: dict[tuple[str, str], codec.Expected] = {}
+
+    def expected(self, model: str, version: str | None) -> codec.Expected | None:
+        """What the version a request names takes (naming none: the versions its traffic goes
+        to, when they all take the same); raises the error of a model or version not served,
+        as routing would. None where it is not known before routing: a model a request may
+        load first (lazy loading), or served versions that differ."""
+        engine = self._engine
+        served = engine.registry.snapshot.models.get(model)
+        if served is None:
+            manager = engine.manager
+            options = None if manager is None else manager.options
+            if options is not None and options.lazy and options.control_mode != "explicit":
+                return None
+            engine.registry.served(model)  # raises: unknown, failed to load, shutting down
+            return None
+        if version:
+            chosen = served.version(version)
+        else:
+            names = served.traffic.versions
+            chosen = served.versions[names[0]]
+            if len(names) > 1:
+                signature = chosen.primary.model.signature
+                if any(served.versions[n].primary.model.signature != signature for n in names):
+                    return None
+        loaded = chosen.primary.model
+        key = (model, chosen.version)
+        found = self._made.get(key)
+        if found is None or found.signature is not loaded.signature:
+            if len(self._made) >= SIGNATURES_MAX:
+                self._made.clear()
+            counted = (served.name, chosen.version)
+            found = codec.Expected(model, loaded.signature, counted, engine.router.invalid)
+            self._made[key] = found
+        return found
+
+
+SIGNATURES_MAX = 256
+"""Model versions whose `codec.Expected` a front end keeps; all are dropped when full."""
+
+
 class RestApi:
     """Routes `/v2/...` requests to the engine."""
 
@@ -280,6 +328,8 @@ class RestApi:
         start of the loop turn that read it."""
         self._recipes: Recipes = {}
         """JSON headers of binary inference requests, decoded (see `_Recipe`)."""
+        self.signatures = Signatures(engine)
+        """What each model takes, checked before a request's tensors are decoded."""
         self._infer_targets: dict[bytes, tuple[str, str | None]] = {}
         """Request targets (URL path and query) of inference, and the model and version each
         names: the routing of a target seen before, skipped (see `_names_infer`)."""
@@ -586,8 +636,9 @@ class RestApi:
             header = parse_header_length(headers.get(_HEADER_LENGTH), len(body))
             self._check_json_size(len(body) if header is None else header)
             request, plan = parse_infer_request(
-                body, header, model, version, self.shared_memory, self._recipes, strict=True
-            )
+                body, header, model, version, self.shared_memory, self._recipes, strict=True,
+                signatures=self.signatures,
+            )  # fmt: skip
             request.headers = headers
             request.protocol = "http"
             request.wire = (body, header)
@@ -834,12 +885,14 @@ def parse_infer_request(
     recipes: Recipes | None = None,
     *,
     strict: bool = False,
+    signatures: Signatures | None = None,
 ) -> tuple[InferRequest, OutputPlan]:
     """Decode a v2 JSON (or JSON + binary) inference request into an InferRequest; `regions`:
     the shared memory its tensors may name; `recipes`: the JSON headers of binary requests
     decoded before (read and extended); `strict`: refuse what decodes but the protocol does not
     allow (parameters that are no string, number or boolean), as the server does (a capture
-    reader reads what was sent)."""
+    reader reads what was sent); `signatures`: what the served models take, each tensor checked
+    against it before its data is decoded (see `codec.Expected`)."""
     view = memoryview(body)
     json_part = view if header_length is None else view[:header_length]
     binary = view[len(json_part) :]
@@ -849,13 +902,16 @@ def parse_infer_request(
         key = json_part if json_part.readonly else bytes(json_part)
         recipe = recipes.get(key)  # type: ignore[arg-type]
         if recipe is not None and len(binary) == recipe.size:
-            return _from_recipe(recipe, binary, model, version), recipe.plan
+            return _from_recipe(recipe, binary, model, version, signatures), recipe.plan
+    expected = None if signatures is None else signatures.expected(model, version)
     try:
         doc = codec.loads_json(json_part)
     except orjson.JSONDecodeError as exc:
         raise InvalidInput(f"request body is not valid JSON: {exc}") from None
     if not isinstance(doc, dict):
         raise InvalidInput("request body must be a JSON object with an 'inputs' list")
+    if expected is not None and isinstance(doc.get("outputs"), list):
+        expected.outputs(len(doc["outputs"]))
     if strict:
         _check_parameter_types(doc)
     parameters = _parameters(doc.get("parameters"), "request 'parameters'")
@@ -868,8 +924,9 @@ def parse_infer_request(
     request_id = doc.get("id", "")
     if not isinstance(request_id, str):
         raise InvalidInput("request 'id' must be a string")
-    inputs = _inputs(doc.get("inputs"), binary, regions)
-    outputs, plan = _outputs(doc.get("outputs"), parameters, regions)
+    # (outputs first: they are only names and parameters, the inputs' data may be big)
+    outputs, plan = _outputs(doc.get("outputs"), parameters, regions, expected)
+    inputs = _inputs(doc.get("inputs"), binary, regions, expected)
     request = InferRequest(
         model=model, inputs=inputs, version=version, outputs=outputs, id=request_id,
         parameters=parameters, classes=plan.classes,
@@ -911,7 +968,11 @@ def _recipe_of(
 
 
 def _from_recipe(
-    recipe: _Recipe, binary: memoryview, model: str, version: str | None
+    recipe: _Recipe,
+    binary: memoryview,
+    model: str,
+    version: str | None,
+    signatures: Signatures | None,
 ) -> InferRequest:
     inputs: dict[str, np.ndarray] = {}
     offset = 0
@@ -920,6 +981,11 @@ def _from_recipe(
         if dtype is not None:
             inputs[name] = np.frombuffer(part, dtype=dtype).reshape(shape)
         else:
+            if datatype == "BYTES" and signatures is not None:
+                # (a recipe is kept by its header's bytes, whichever model the URL names)
+                expected = signatures.expected(model, version)
+                if expected is not None:
+                    expected.input(name, datatype, shape)
             inputs[name] = codec.from_raw(part, datatype, shape, f"input '{name}'")
         offset += size
     return InferRequest(
@@ -984,7 +1050,10 @@ def _check_scalars(parameters: Any, where: str) -> None:
 
 
 def _inputs(
-    value: Any, binary: memoryview, regions: SharedMemoryRegions | None
+    value: Any,
+    binary: memoryview,
+    regions: SharedMemoryRegions | None,
+    expected: codec.Expected | None = None,
 ) -> dict[str, np.ndarray]:
     if not isinstance(value, list) or not value:
         raise InvalidInput("request 'inputs' must be a non-empty list of tensors")
@@ -1002,6 +1071,8 @@ def _inputs(
             raise InvalidInput(f"{where} appears more than once")
         datatype = codec.check_datatype(item.get("datatype"), where)
         shape = codec.parse_shape(item.get("shape"), where)
+        if expected is not None:
+            expected.input(name, datatype, shape)
         parameters = _parameters(item.get("parameters"), f"{where} 'parameters'")
         window = sharedmemory.window_of(parameters, where)
         if window is not None:
@@ -1043,7 +1114,10 @@ def _binary_size(parameters: Mapping[str, Any], where: str) -> int | None:
 
 
 def _outputs(
-    value: Any, parameters: Mapping[str, Any], regions: SharedMemoryRegions | None
+    value: Any,
+    parameters: Mapping[str, Any],
+    regions: SharedMemoryRegions | None,
+    expected: codec.Expected | None = None,
 ) -> tuple[tuple[str, ...] | None, OutputPlan]:
     default = parameters.get("binary_data_output", False)
     if not isinstance(default, bool):
@@ -1060,6 +1134,8 @@ def _outputs(
         name = item.get("name") if isinstance(item, dict) else None
         if not isinstance(name, str) or not name:
             raise InvalidInput(f"outputs[{index}]: 'name' must be a non-empty string")
+        if expected is not None:
+            expected.output(name)
         params = _parameters(item.get("parameters"), f"output '{name}' 'parameters'")
         count = None
         if classification.PARAMETER in params:
