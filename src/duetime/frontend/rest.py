@@ -272,8 +272,11 @@ class Signatures:
         """What the version a request names takes (naming none: the versions its traffic goes
         to, when they all take the same); raises the error of a model or version not served,
         as routing would. None where it is not known before routing: a model a request may
-        load first (lazy loading), or served versions that differ."""
+        load first (lazy loading), or served versions that differ; and while traffic capture
+        records (it records what the engine is handed, refused requests too)."""
         engine = self._engine
+        if engine.recorder is not None:
+            return None
         served = engine.registry.snapshot.models.get(model)
         if served is None:
             manager = engine.manager
