@@ -1092,6 +1092,11 @@ def _inputs(
                 raise InvalidInput(f"{where}: no 'data' and no 'binary_data_size' parameter")
             arrays[name] = codec.from_json(item["data"], datatype, shape, where)
             continue
+        if "data" in item:  # (which would it be? as a raw entry beside typed contents in gRPC)
+            raise InvalidInput(
+                f"{where}: has both 'data' and a 'binary_data_size' parameter; send its values "
+                "one way: in 'data', or as binary data after the JSON"
+            )
         if offset + size > len(binary):
             raise InvalidInput(
                 f"{where}: binary_data_size {size} runs past the end of the binary data "
