@@ -243,7 +243,7 @@ class HttpConnection(asyncio.Protocol):
     __slots__ = (
         "_accepted", "_answer_bytes", "_api", "_awaiting", "_body", "_body_bytes", "_bytes_block",
         "_chunked", "_closing", "_connections", "_head_done", "_header_bytes",
-        "_headers", "_held",
+        "_headers", "_held", "_http10",
         "_idle_timeout", "_intake", "_last_active", "_lingering", "_loop", "_max_body",
         "_max_header", "_max_held", "_min_rate", "_parser", "_paused_at", "_read_timeout",
         "_reading_paused", "_rejected", "_reserved", "_running", "_shedder", "_slots",
@@ -286,6 +286,8 @@ class HttpConnection(asyncio.Protocol):
         self._starting = False
         self._unstarted: deque[_Slot] = deque()
         """Slots holding a request not started yet, in order (see `_Slot.deferred`)."""
+        self._http10 = False
+        """The request being read is HTTP/1.0 (its head is read)."""
         self._reading_paused = False
         self._paused_at = 0.0
         self._writing_paused = False
@@ -377,7 +379,10 @@ class HttpConnection(asyncio.Protocol):
                 self._fail(500, "internal error reading the request; the server logged it")
         except httptools.HttpParserError as exc:
             if not self._closing:
-                self._fail(400, f"malformed HTTP request: {exc}")
+                if "HTTP version" in str(exc):  # (llhttp's for HTTP/3.0 or 1.2, say)
+                    self._fail(505, f"{exc}: send HTTP/1.1 (or 1.0)")
+                else:
+                    self._fail(400, f"malformed HTTP request: {exc}")
         if bulk and not self._closing:
             self._pace((time.perf_counter() - started) * _READ_COST)
 
@@ -424,6 +429,13 @@ class HttpConnection(asyncio.Protocol):
         self._head_done = True
         if self._rejected or self._closing:
             return
+        version = self._parser.get_http_version()
+        self._http10 = version == "1.0"
+        if version != "1.1" and not self._http10:
+            # NOTE: llhttp reads 'HTTP/2.0' and a request line with no version (HTTP/0.9); both
+            # were answered as HTTP/1.1
+            self._fail(505, f"HTTP/{version} is not supported here; send HTTP/1.1 (or 1.0)")
+            return
         headers = self._headers
         coding = headers.get("transfer-encoding")
         if coding is not None and coding.strip().lower() != "chunked":
@@ -461,7 +473,7 @@ class HttpConnection(asyncio.Protocol):
         if self._rejected or self._closing:
             return
         method = self._parser.get_method().decode("latin-1")
-        slot = _Slot(self._parser.should_keep_alive(), self._parser.get_http_version() == "1.0")
+        slot = _Slot(self._parser.should_keep_alive(), self._http10)
         if self._reserved or self._awaiting:
             self._hold(slot)
         self._slots.append(slot)
@@ -576,7 +588,7 @@ class HttpConnection(asyncio.Protocol):
         if (
             self._headers.get("expect", "").lower() == "100-continue"
             and self._transport is not None
-            and self._parser.get_http_version() != "1.0"
+            and not self._http10
         ):
             self._transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
 
