@@ -103,23 +103,29 @@ class Expected:
             self._refuse(
                 f"input '{name}': datatype {datatype} does not match the model's {spec.datatype}"
             )
-        if not spec.any_rank and (
-            len(shape) != len(spec.shape)
-            or any(want not in (-1, got) for want, got in zip(spec.shape, shape, strict=True))
-        ):
-            self._refuse(
-                f"input '{name}': shape {list(shape)} does not match the model's "
-                f"{list(spec.shape)} (-1 marks a free dim)"
-            )
-        if self._batch_limit > 0 and shape:
+        if not spec.any_rank:
+            wanted = spec.shape
+            if len(shape) != len(wanted):
+                self._refuse_shape(name, shape, wanted)
+            for index in range(len(wanted)):  # (not zip, nor a generator: a third the time)
+                want = wanted[index]
+                if want != shape[index] and want != -1:
+                    self._refuse_shape(name, shape, wanted)
+        limit = self._batch_limit
+        if limit > 0 and shape and not 0 < shape[0] <= limit:
             batch = shape[0]
             if batch < 1:
                 self._refuse(f"input '{name}': batch size must be at least 1, got {batch}")
-            if batch > self._batch_limit:
-                self._refuse(
-                    f"input '{name}': batch size {batch} is over model '{self._model}' "
-                    f"max_batch_size {self._batch_limit}; split the request"
-                )
+            self._refuse(
+                f"input '{name}': batch size {batch} is over model '{self._model}' "
+                f"max_batch_size {limit}; split the request"
+            )
+
+    def _refuse_shape(self, name: str, shape: tuple[int, ...], wanted: tuple[int, ...]) -> NoReturn:
+        self._refuse(
+            f"input '{name}': shape {list(shape)} does not match the model's {list(wanted)} (-1 "
+            "marks a free dim)"
+        )
 
     def output(self, name: str) -> None:
         """InvalidInput unless the model has output `name`."""
