@@ -126,7 +126,13 @@ def _parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     serve.add_argument(
         "--max-connection-inflight-bytes", type=int,
-        help="body bytes of unanswered requests per connection before it stops reading (64 MiB)",
+        help="body bytes of unanswered requests, and answer bytes not yet read, per connection "
+        "before it starts no more requests (64 MiB)",
+    )  # fmt: skip
+    serve.add_argument(
+        "--max-unsent-answer-bytes", type=int,
+        help="big HTTP answer bytes not yet read by clients, all connections (1 GiB; requests "
+        "that may make more wait)",
     )  # fmt: skip
     serve.add_argument("--cpus", help="auto (default), none, or a CPU list such as 0,2-3")
     serve.add_argument(

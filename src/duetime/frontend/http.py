@@ -55,8 +55,6 @@ log = logging.getLogger("duetime.http")
 
 _MAX_PIPELINED = 64
 """Responses owed on one connection before it stops reading more requests."""
-_FIRST_ANSWERS = 8
-"""Requests a connection runs at once before the size of its answers is known."""
 
 _LINGER_S = 2.0
 """After the last response on a connection the server ends, how long it still drains what the
@@ -105,6 +103,10 @@ class IntakeStatistics:
     """Requests that did not arrive in time (408)."""
     refused_bodies: int
     """Chunked bodies refused (503) because they outgrew the room left for big bodies."""
+    answer_bytes: int
+    """Bytes of big answers made and not yet read by their clients."""
+    waiting_for_answers: int
+    """Connections whose next request waits until clients read some of those."""
 
 
 class Intake:
@@ -118,12 +120,34 @@ class Intake:
     its connection drops; at most `max_inflight_bytes` are reserved at once. A reservation that
     does not fit waits, in arrival order; one always fits when nothing else is reserved, so
     every body within `max_body_bytes` eventually goes through.
+
+    Answers are bounded alike: the answers connections made that are bigger than
+    `small_answer_bytes` (`max_answer_bytes` over `max_connections`) count from when they are
+    made until their client has read them (the transport's buffer drained). While they are
+    `max_answer_bytes` or more, a connection whose answers may be big (its last one was, or it
+    has made none yet) starts no request; it waits, in arrival order, until clients read
+    (`_wake_answers`). Smaller answers go uncounted: a connection stops reading requests while
+    its client reads none of its answers, so they are bounded by the pipelining limit.
+
+    NOTE: what a request's answer will weigh is known once it is made; requests already running
+    when the count reaches the limit still make theirs (each connection runs at most as many as
+    its own limit holds answers the size of its last: see `HttpConnection._full`).
     """
 
     def __init__(self, settings: ServerSettings) -> None:
         self.max_connections = settings.max_connections
         self.max_bytes = settings.max_inflight_bytes
         self.small_body_bytes = max(1, self.max_bytes // self.max_connections)
+        self.max_answer_bytes = settings.max_unsent_answer_bytes
+        self.small_answer_bytes = max(1, self.max_answer_bytes // self.max_connections)
+        self.answers = 0
+        """Bytes of big answers made and not yet read (see the class docstring)."""
+        self._answer_waiting: deque[HttpConnection] = deque()
+        """Connections waiting for room for their next answer, in order (see `_wake_answers`)."""
+        self._answer_waiters: set[HttpConnection] = set()
+        self._passing: HttpConnection | None = None
+        """The connection let on by `_wake_answers`, while it starts what it may."""
+        self._wake_pending = False
         self.connections = 0
         self.reserved = 0
         self.refused_connections = 0
@@ -206,6 +230,50 @@ class Intake:
                 self._waiting.remove(entry)
                 return
 
+    def room_for_answer(self, connection: HttpConnection) -> bool:
+        """Whether big answers leave room for another now; if not, `connection` waits (its
+        `answers_room` is called), behind those that waited first."""
+        if (connection is self._passing or not self._answer_waiting) and self._room():
+            return True
+        if connection not in self._answer_waiters:
+            self._answer_waiters.add(connection)
+            self._answer_waiting.append(connection)
+        return False
+
+    def _room(self) -> bool:
+        return self.answers < self.max_answer_bytes
+
+    def answers_made(self, size: int) -> None:
+        self.answers += size
+
+    def answers_read(self, size: int, loop: asyncio.AbstractEventLoop) -> None:
+        """`size` counted answer bytes were read (or dropped): waiting connections go on, on
+        the loop's next turn (this runs inside another connection's write)."""
+        self.answers -= size
+        if self._answer_waiting and not self._wake_pending:
+            self._wake_pending = True
+            loop.call_soon(self._wake_answers)
+
+    def _wake_answers(self) -> None:
+        """Let waiting connections start requests, in order, while there is room; one that
+        cannot for its own reasons (its client reads nothing) tries again when they pass."""
+        self._wake_pending = False
+        waiting = self._answer_waiting
+        while waiting and self._room():
+            connection = waiting.popleft()
+            self._answer_waiters.discard(connection)
+            self._passing = connection
+            try:
+                connection.answers_room()
+            finally:
+                self._passing = None
+
+    def forget_answers(self, connection: HttpConnection) -> None:
+        """Drop `connection` from those waiting for room for answers (it closed)."""
+        if connection in self._answer_waiters:
+            self._answer_waiters.discard(connection)
+            self._answer_waiting.remove(connection)
+
     def statistics(self) -> IntakeStatistics:
         return IntakeStatistics(
             connections=self.connections,
@@ -214,6 +282,8 @@ class Intake:
             refused_connections=self.refused_connections,
             read_timeouts=self.read_timeouts,
             refused_bodies=self.refused_bodies,
+            answer_bytes=self.answers,
+            waiting_for_answers=len(self._answer_waiting),
         )
 
 
@@ -228,6 +298,8 @@ class _Slot:
     pending: PendingReply | None = None
     size: int = 0
     """Big-body bytes reserved in the Intake until the response is written."""
+    counted: int = 0
+    """Its answer's bytes, counted in the Intake until read, if it is big (see `Intake`)."""
     deferred: tuple[str, bytes, dict[str, str], list[bytes], int] | None = None
     """A request read but not started (method, URL, headers, body pieces, body bytes): the
     connection had `_MAX_PIPELINED` answers owed, or its client was not reading them."""
@@ -242,13 +314,13 @@ class HttpConnection(asyncio.Protocol):
     # attributes an instance dict is measurably slower than slots (0.4 µs a request, measured).
     __slots__ = (
         "_accepted", "_answer_bytes", "_api", "_awaiting", "_body", "_body_bytes", "_bytes_block",
-        "_chunked", "_closing", "_connections", "_head_done", "_header_bytes",
-        "_headers", "_held", "_http10",
-        "_idle_timeout", "_intake", "_last_active", "_lingering", "_loop", "_max_body",
-        "_max_header", "_max_held", "_min_rate", "_parser", "_paused_at", "_read_timeout",
-        "_reading_paused", "_rejected", "_reserved", "_running", "_shedder", "_slots",
-        "_small_body", "_starting", "_timer", "_transport", "_turn", "_unstarted", "_url",
-        "_window_bytes", "_window_start", "_writing_paused", "_yielding",
+        "_chunked", "_closing", "_connections", "_head_done", "_header_bytes", "_headers",
+        "_held", "_http10", "_idle_timeout", "_in_transport", "_intake", "_last_active",
+        "_lingering", "_loop", "_max_body", "_max_header", "_max_held", "_min_rate", "_parser",
+        "_paused_at", "_read_timeout", "_reading_paused", "_rejected", "_reserved", "_running",
+        "_shedder", "_slots", "_small_answer", "_small_body", "_start_pending", "_starting",
+        "_timer", "_transport", "_turn", "_unsent", "_unstarted", "_url", "_window_bytes",
+        "_window_start", "_writing_paused", "_yielding",
     )  # fmt: skip
 
     def __init__(
@@ -272,6 +344,7 @@ class HttpConnection(asyncio.Protocol):
         self._connections = connections
         self._intake = intake if intake is not None else Intake(settings)
         self._small_body = min(self._intake.small_body_bytes, self._max_body)
+        self._small_answer = self._intake.small_answer_bytes
         self._loop = asyncio.get_running_loop()
         self._transport: asyncio.Transport | None = None
         self._accepted = False
@@ -279,11 +352,18 @@ class HttpConnection(asyncio.Protocol):
         self._slots: deque[_Slot] = deque()
         self._running = 0
         """Slots whose request was started and whose answer is not written yet."""
-        self._answer_bytes = self._max_held // _FIRST_ANSWERS
-        """The size of the connection's last answer written (before any: a share of
-        `_max_held` that lets `_FIRST_ANSWERS` start): requests run at once while their answers
-        fit `_max_held` at this size each (see `_full`)."""
+        self._answer_bytes = self._max_held
+        """The size of the connection's last answer made (before any: all of `_max_held`, so
+        that one request runs until the first answer's size is known): requests run at once
+        while their answers at this size each, and those not yet read, fit `_max_held` (see
+        `_full`)."""
+        self._unsent = 0
+        """Bytes of the connection's big answers made and not yet read by its client, written
+        or not (counted in the Intake too)."""
+        self._in_transport = 0
+        """Those of them written, and still in the transport's buffer when it was last seen."""
         self._starting = False
+        self._start_pending = False
         self._unstarted: deque[_Slot] = deque()
         """Slots holding a request not started yet, in order (see `_Slot.deferred`)."""
         self._http10 = False
@@ -350,6 +430,11 @@ class HttpConnection(asyncio.Protocol):
             self._timer = None
         self._withdraw()  # the client is gone
         self._drop_reservation()
+        self._intake.forget_answers(self)
+        if self._in_transport:
+            self._unsent -= self._in_transport
+            self._intake.answers_read(self._in_transport, self._loop)
+            self._in_transport = 0
         self._transport = None
         # NOTE: the parser holds this protocol (its callbacks), and this protocol the parser: a
         # cycle only the collector frees, with the last body read, and with the runtime tuning
@@ -392,6 +477,8 @@ class HttpConnection(asyncio.Protocol):
 
     def resume_writing(self) -> None:
         self._writing_paused = False
+        if self._in_transport:
+            self._sent()
         if self._unstarted:
             self._start_deferred()
         self._update_reading()
@@ -492,15 +579,25 @@ class HttpConnection(asyncio.Protocol):
 
     def _full(self) -> bool:
         """Whether the connection runs as many requests as it may: `_MAX_PIPELINED` answers
-        owed, its client not reading them, or as many as `_max_held` bytes of answers the size
-        of its last one (a client pipelining requests for 100 MB answers and reading none ran
-        them all: gigabytes held for it)."""
+        owed, its client not reading them, or no room within `_max_held` for one more answer
+        the size of its last beside those running (as big each) and those made and not yet
+        read (a client pipelining requests for 100 MB answers and reading none ran them all:
+        gigabytes held for it); nor, when its answers are big, within the server's
+        (`Intake.room_for_answer`)."""
         running = self._running
-        return (
-            running >= _MAX_PIPELINED
-            or self._writing_paused
-            or (running > 0 and running * self._answer_bytes >= self._max_held)
-        )
+        if running >= _MAX_PIPELINED or self._writing_paused:
+            return True
+        estimate = self._answer_bytes
+        owed = self._unsent + running * estimate
+        if owed and owed + estimate > self._max_held:
+            return True
+        return estimate > self._small_answer and not self._intake.room_for_answer(self)
+
+    def answers_room(self) -> None:
+        """The Intake has room for big answers again: start what waits (the Intake's call)."""
+        if self._unstarted and self._transport is not None:
+            self._start_deferred()
+            self._update_reading()
 
     def _start(
         self,
@@ -540,19 +637,34 @@ class HttpConnection(asyncio.Protocol):
         finally:
             self._starting = False
 
+    def _start_soon(self) -> None:
+        """`_start_deferred` on the loop's next turn.
+
+        NOTE: an answer is mostly written from the callback that settled it, inside the
+        scheduler's completion of a batch: a request started there would enter the engine
+        from within it (and now that a connection runs one request until its answers' size is
+        known, pipelined requests start this way)."""
+        if not self._start_pending:
+            self._start_pending = True
+            self._loop.call_soon(self._start_later)
+
+    def _start_later(self) -> None:
+        self._start_pending = False
+        if self._unstarted and self._transport is not None:
+            self._start_deferred()
+            self._update_reading()
+
     def _answer(
         self, slot: _Slot, method: str, url: bytes, headers: dict[str, str], body: bytes
     ) -> None:
         shedder = self._shedder
         if shedder is not None and shedder.share and _is_infer(method, url) and shedder.refuse():
-            slot.data = _shed_reply(slot.keep_alive, slot.http10, headers)
-            self._flush()
+            self._made(slot, _shed_reply(slot.keep_alive, slot.http10, headers))
             return
         head = method == "HEAD"  # a GET's status and headers without its body (RFC 9110 9.3.2)
         outcome = self._api.handle("GET" if head else method, url, headers, body)
         if isinstance(outcome, Reply):
-            slot.data = _encode(outcome, self._keep_alive(slot), slot.http10, head_only=head)
-            self._flush()
+            self._made(slot, _encode(outcome, self._keep_alive(slot), slot.http10, head_only=head))
         else:
             slot.pending = outcome
             outcome.ticket.when_done(lambda: self._settle(slot))
@@ -572,8 +684,7 @@ class HttpConnection(asyncio.Protocol):
                 log.exception("could not join a request body")
                 message = f"internal error joining the request body: {type(exc).__name__}"
                 reply = _error(500, message, headers)
-                slot.data = _encode(reply, slot.keep_alive, slot.http10)
-                self._flush()
+                self._made(slot, _encode(reply, slot.keep_alive, slot.http10))
                 return
             self._answer(slot, method, url, headers, body)
             self._update_reading()
@@ -693,8 +804,7 @@ class HttpConnection(asyncio.Protocol):
             if isinstance(reply, BulkReply):
                 self._build_off_loop(slot, reply)
                 return
-            slot.data = _encode(reply, self._keep_alive(slot), slot.http10)
-            self._flush()
+            self._made(slot, _encode(reply, self._keep_alive(slot), slot.http10))
 
     def _keep_alive(self, slot: _Slot) -> bool:
         """Whether the connection stays open after `slot`'s answer: not once the server is
@@ -713,10 +823,22 @@ class HttpConnection(asyncio.Protocol):
             if self._transport is None or slot not in self._slots:
                 return  # the client left
             reply = self._api.finish(bulk, future.result())
-            slot.data = _encode(reply, self._keep_alive(slot), slot.http10)
-            self._flush()
+            self._made(slot, _encode(reply, self._keep_alive(slot), slot.http10))
 
         _in_thread(self._loop, lambda: build_bulk(bulk), "duetime-answer").add_done_callback(built)
+
+    def _made(self, slot: _Slot, data: bytes | list[bytes | memoryview]) -> None:
+        """`slot`'s answer is made: its size is the connection's estimate from now on, it counts
+        until read if big (see `Intake`), and it is written once those before it are."""
+        slot.data = data
+        size = len(data) if isinstance(data, bytes) else sum(len(piece) for piece in data)
+        if slot.started:
+            self._answer_bytes = size
+        if size > self._small_answer:
+            slot.counted = size
+            self._unsent += size
+            self._intake.answers_made(size)
+        self._flush()
 
     def _flush(self) -> None:
         transport = self._transport
@@ -727,11 +849,12 @@ class HttpConnection(asyncio.Protocol):
             data = slot.data
             if isinstance(data, bytes):
                 transport.write(data)
-                self._answer_bytes = len(data)
             else:
                 assert data is not None
                 transport.writelines(data)
-                self._answer_bytes = sum(len(piece) for piece in data)
+            if slot.counted:
+                self._in_transport += slot.counted
+                self._sent()  # (the kernel may have taken it all)
             if slot.started:
                 self._running -= 1
             written = True
@@ -740,8 +863,8 @@ class HttpConnection(asyncio.Protocol):
             if not slot.keep_alive:
                 self._linger()
                 return
-        if written and self._unstarted:
-            self._start_deferred()
+        if written and self._unstarted and not self._starting:
+            self._start_soon()
         self._update_reading()
 
     def _update_reading(self) -> None:
@@ -806,17 +929,37 @@ class HttpConnection(asyncio.Protocol):
 
     def _withdraw(self) -> None:
         """Cancel the requests that will never be answered on this connection, if not run yet."""
-        released = 0
+        released = answers = 0
         for slot in self._slots:
             if slot.pending is not None:
                 slot.pending.ticket.future.cancel()
             released += slot.size
+            answers += slot.counted
         self._slots.clear()
         self._unstarted.clear()
         self._running = 0
         if released:
             self._held -= released
             self._intake.release(released)
+        if answers:
+            self._unsent -= answers
+            self._intake.answers_read(answers, self._loop)
+
+    def _sent(self) -> None:
+        """Uncount what the client has read of the big answers written.
+
+        NOTE: what stays in the transport's buffer below its high-water mark (when it does not
+        pause writing) is taken as read: it is bounded per connection, as small answers are,
+        and the transport says when it drains only across that mark."""
+        transport = self._transport
+        buffered = 0
+        if self._writing_paused and transport is not None:
+            buffered = transport.get_write_buffer_size()
+        read = self._in_transport - buffered
+        if read > 0:
+            self._in_transport -= read
+            self._unsent -= read
+            self._intake.answers_read(read, self._loop)
 
     # -- timeouts ------------------------------------------------------------------------------
 
@@ -841,6 +984,8 @@ class HttpConnection(asyncio.Protocol):
                 self._close()
                 return
         else:  # waiting for responses, or paused by us: no deadline runs
+            if self._in_transport:
+                self._sent()
             deadline = now + self._idle_timeout
         # NOTE: never later than one read timeout, so a request that begins after this check
         # is still caught on time without a timer of its own.

@@ -1,0 +1,239 @@
+"""Answers a client has not read are bounded, per connection and over all of them.
+
+A connection ran 8 requests at once before it knew how big its answers were, and counted an
+answer only once it was written: one client pipelining requests for 64 MiB answers and reading
+none held ~470 MiB, six of them 2.9 GB. Now a connection runs one request until its first
+answer is made, counts every big answer from when it is made until its client has read it, and
+starts no request whose answer would not fit its budget; over all connections, while big
+answers not yet read reach `max_unsent_answer_bytes`, requests that may make more wait
+unstarted, and start once clients read.
+
+The connections here are driven in memory: an API whose answers the test makes, and a transport
+whose client reads only when the test says so.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass, field
+from typing import Any
+
+from duetime.clock import MonotonicClock
+from duetime.config import ServerSettings
+from duetime.frontend.arrival import ReadTurn
+from duetime.frontend.http import HttpConnection, Intake
+from duetime.frontend.rest import PendingReply, Reply
+
+REQUEST = b"POST /v2/models/m/infer HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}"
+MiB = 1024 * 1024
+
+
+@dataclass(eq=False)
+class Ticket:
+    """A request the API took; the test makes its answer (`answer`)."""
+
+    future: asyncio.Future[Reply]
+    on_done: Callable[[], None] | None = None
+
+    def when_done(self, callback: Callable[[], None]) -> None:
+        self.on_done = callback
+
+    def answer(self, size: int) -> None:
+        self.future.set_result(Reply(200, b"a" * size))
+        assert self.on_done is not None
+        self.on_done()
+
+
+@dataclass
+class Api:
+    """Takes every request; the test answers them."""
+
+    tickets: list[Ticket] = field(default_factory=list)
+    accepting = True
+    turn = ReadTurn(MonotonicClock())
+
+    def handle(self, method: str, target: bytes, headers: Any, body: bytes) -> PendingReply:
+        ticket = Ticket(asyncio.get_running_loop().create_future())
+        self.tickets.append(ticket)
+        return PendingReply(ticket, lambda done: done.future.result())
+
+    def encode(self, pending: PendingReply) -> Reply:
+        return pending.encode(pending.ticket)  # type: ignore[no-any-return]
+
+
+class Transport:
+    """What a connection writes to. Its client reads everything at once while `reading`; else
+    the bytes stay in the buffer, and writing pauses past 64 KiB, as asyncio's does."""
+
+    HIGH_WATER = 64 * 1024
+
+    def __init__(self, protocol: HttpConnection) -> None:
+        self.protocol = protocol
+        self.reading = True
+        self.buffered = 0
+        self.paused = False
+        self.answers = 0
+
+    def write(self, data: bytes) -> None:
+        self.answers += data.startswith(b"HTTP/1.1 ")
+        if self.reading:
+            return
+        self.buffered += len(data)
+        if not self.paused and self.buffered > self.HIGH_WATER:
+            self.paused = True
+            self.protocol.pause_writing()
+
+    def writelines(self, pieces: list[bytes]) -> None:
+        for piece in pieces:
+            self.write(piece)
+
+    def read_all(self) -> None:
+        """The client reads what the server sent, and goes on reading."""
+        self.reading = True
+        self.buffered = 0
+        if self.paused:
+            self.paused = False
+            self.protocol.resume_writing()
+
+    def get_write_buffer_size(self) -> int:
+        return self.buffered
+
+    def pause_reading(self) -> None: ...
+
+    def resume_reading(self) -> None: ...
+
+    def is_closing(self) -> bool:
+        return False
+
+    def get_extra_info(self, name: str, default: object = None) -> object:
+        return default
+
+    def can_write_eof(self) -> bool:
+        return False
+
+    def close(self) -> None: ...
+
+
+def run(body: Callable[[], Coroutine[Any, Any, None]]) -> None:
+    asyncio.run(body())
+
+
+async def turns(count: int = 2) -> None:
+    for _ in range(count):
+        await asyncio.sleep(0)
+
+
+def connect(api: Api, settings: ServerSettings, intake: Intake) -> tuple[HttpConnection, Transport]:
+    connection = HttpConnection(api, settings, set(), intake)  # type: ignore[arg-type]
+    transport = Transport(connection)
+    connection.connection_made(transport)  # type: ignore[arg-type]
+    return connection, transport
+
+
+def test_one_request_runs_until_the_size_of_the_answers_is_known() -> None:
+    async def body() -> None:
+        settings = ServerSettings()
+        api = Api()
+        connection, transport = connect(api, settings, Intake(settings))
+        connection.data_received(REQUEST * 3)
+        assert len(api.tickets) == 1  # (8 ran at once: 8 answers of any size)
+        api.tickets[0].answer(100)
+        await turns()
+        assert len(api.tickets) == 3  # small answers: the others run at once
+        for ticket in api.tickets[1:]:
+            ticket.answer(100)
+        assert transport.answers == 3
+        connection.connection_lost(None)
+
+    run(body)
+
+
+def test_an_answer_counts_once_made_and_the_next_waits_until_the_client_reads() -> None:
+    async def body() -> None:
+        settings = ServerSettings(max_connection_inflight_bytes=3 * MiB)
+        api = Api()
+        intake = Intake(settings)
+        connection, transport = connect(api, settings, intake)
+        connection.data_received(REQUEST)
+        api.tickets[0].answer(1000)  # answers are small, so far
+        await turns()
+        transport.reading = False
+        connection.data_received(REQUEST * 3)
+        assert len(api.tickets) == 4
+        api.tickets[2].answer(2 * MiB)  # made, not written: the second is not answered yet
+        assert intake.statistics().answer_bytes > 2 * MiB
+        connection.data_received(REQUEST)
+        await turns()
+        assert len(api.tickets) == 4  # 2 MiB made, and two running as big: no room for one more
+        api.tickets[1].answer(1000)
+        api.tickets[3].answer(1000)
+        await turns()
+        assert transport.paused
+        assert len(api.tickets) == 4  # written, not read
+        transport.read_all()
+        await turns()
+        assert len(api.tickets) == 5
+        assert intake.statistics().answer_bytes == 0
+        api.tickets[4].answer(1000)
+        assert transport.answers == 5
+        connection.connection_lost(None)
+
+    run(body)
+
+
+def test_over_all_connections_big_answers_not_read_hold_back_requests_that_may_make_more() -> None:
+    async def body() -> None:
+        settings = ServerSettings(max_unsent_answer_bytes=4 * MiB, max_connections=16)
+        intake = Intake(settings)  # (answers over 256 KiB count)
+        api = Api()
+        small, small_transport = connect(api, settings, intake)
+        small.data_received(REQUEST)
+        api.tickets[0].answer(1000)  # this one's answers are small
+        await turns()
+        greedy, greedy_transport = connect(api, settings, intake)
+        greedy_transport.reading = False
+        greedy.data_received(REQUEST)
+        api.tickets[1].answer(5 * MiB)
+        assert intake.statistics().answer_bytes >= 5 * MiB  # over the limit, unread
+        fresh, fresh_transport = connect(api, settings, intake)
+        fresh.data_received(REQUEST)  # its answers could be as big
+        small.data_received(REQUEST)  # answers small: not held back
+        await turns()
+        assert len(api.tickets) == 3
+        assert intake.statistics().waiting_for_answers == 1
+        api.tickets[2].answer(1000)
+        greedy_transport.read_all()
+        await turns()
+        assert len(api.tickets) == 4  # the fresh connection's request, once the greedy read
+        assert intake.statistics().waiting_for_answers == 0
+        api.tickets[3].answer(1000)
+        assert (small_transport.answers, greedy_transport.answers, fresh_transport.answers) == (
+            2, 1, 1,
+        )  # fmt: skip
+        for connection in (small, greedy, fresh):
+            connection.connection_lost(None)
+
+    run(body)
+
+
+def test_a_client_that_leaves_gives_back_what_its_answers_held() -> None:
+    async def body() -> None:
+        settings = ServerSettings(max_unsent_answer_bytes=4 * MiB, max_connections=16)
+        intake = Intake(settings)
+        api = Api()
+        greedy, greedy_transport = connect(api, settings, intake)
+        greedy_transport.reading = False
+        greedy.data_received(REQUEST * 2)
+        api.tickets[0].answer(5 * MiB)
+        fresh, _ = connect(api, settings, intake)
+        fresh.data_received(REQUEST)
+        await turns()
+        assert len(api.tickets) == 1
+        greedy.connection_lost(None)
+        await turns()
+        assert intake.statistics().answer_bytes == 0
+        assert len(api.tickets) == 2  # the fresh one's: the greedy one's second never runs
+        fresh.connection_lost(None)
+
+    run(body)
