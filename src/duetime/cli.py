@@ -131,8 +131,8 @@ def _parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     serve.add_argument(
         "--max-unsent-answer-bytes", type=int,
-        help="big HTTP answer bytes not yet read by clients, all connections (1 GiB; requests "
-        "that may make more wait)",
+        help="big answer bytes not yet read by clients, all connections (1 GiB each for HTTP "
+        "and gRPC; requests that may make more wait)",
     )  # fmt: skip
     serve.add_argument("--cpus", help="auto (default), none, or a CPU list such as 0,2-3")
     serve.add_argument(

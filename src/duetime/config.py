@@ -384,8 +384,9 @@ class ServerSettings(_Strict):
     read by the client count against it too: a request whose answer would not fit (at the
     size of the connection's last) waits unstarted until the client reads."""
     max_unsent_answer_bytes: int = Field(default=1024 * 1024 * 1024, ge=1024)
-    """Bytes of big HTTP answers made and not yet read by their clients, over all connections:
-    at or beyond it, requests whose answers may be big wait unstarted until clients read."""
+    """Bytes of big inference answers made and not yet read by their clients, over all
+    connections (HTTP's and gRPC's counted apart, each within this): at or beyond it, requests
+    whose answers may be big wait unstarted until clients read theirs."""
     shutdown_grace_s: float = Field(default=5.0, ge=0)
     """On SIGINT/SIGTERM, queued requests get this long to finish."""
     max_grpc_message_bytes: int = Field(default=64 * 1024 * 1024, ge=1024, le=2**31 - 1)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from typing import Any, NamedTuple
 
@@ -63,6 +64,113 @@ _CONTENTS_FIELD = {
 }  # fmt: skip
 
 
+class AnswerBudget:
+    """Bytes of big gRPC answers being made or not yet sent, over all calls, within `limit`.
+
+    grpc.aio holds an answer until its client takes it (a unary call ends once its message is
+    sent or the call is cancelled; a stream's next answer waits for the one before): a client
+    that reads nothing holds every answer it asked for (30 calls for 64 MiB answers, on a
+    connection whose flow-control window stayed shut, grew the server by 1.6 GB). So a call
+    holds, before its request is decoded, what its model's answers weigh (the largest it made
+    so far; before any, `unknown`: the most an answer may weigh), from then until its answer is
+    sent; one that would go over `limit` waits, in order, until others are sent. Models whose
+    answers are `small` bytes or less are not counted.
+    """
+
+    def __init__(self, limit: int, unknown: int, small: int) -> None:
+        self.limit = limit
+        self.unknown = unknown
+        self.small = small
+        self.held = 0
+        self._sizes: dict[str, int] = {}
+        """Model name -> the largest answer it made."""
+        self._waiting: deque[tuple[int, asyncio.Future[None]]] = deque()
+
+    @classmethod
+    def of(cls, settings: ServerSettings) -> AnswerBudget:
+        limit = settings.max_unsent_answer_bytes
+        small = max(1, limit // settings.max_connections)
+        return cls(limit, settings.max_grpc_message_bytes, small)
+
+    def hold(self, model: str) -> AnswerHold:
+        """A hold for an answer of `model` (its `taken` waits for room)."""
+        return AnswerHold(self, model, self._sizes.get(model, self.unknown))
+
+    def learned(self, model: str, size: int) -> None:
+        if size > self._sizes.get(model, -1):
+            if len(self._sizes) >= ANSWER_SIZES_MAX:
+                self._sizes.clear()
+            self._sizes[model] = size
+
+    async def take(self, size: int) -> None:
+        """Hold `size` more bytes once they fit (nothing else held, or within `limit`), after
+        the calls that waited first."""
+        if not self._waiting and (self.held == 0 or self.held + size <= self.limit):
+            self.held += size
+            return
+        entry = (size, asyncio.get_running_loop().create_future())
+        self._waiting.append(entry)
+        try:
+            await entry[1]
+        except asyncio.CancelledError:
+            if entry[1].cancelled():
+                self._waiting.remove(entry)
+            else:  # (let in, then cancelled before it ran on)
+                self.give(size)
+            raise
+
+    def give(self, size: int) -> None:
+        self.held -= size
+        waiting = self._waiting
+        while waiting and (self.held == 0 or self.held + waiting[0][0] <= self.limit):
+            size, future = waiting.popleft()
+            self.held += size
+            future.set_result(None)
+
+    def resize(self, old: int, new: int) -> None:
+        if new > old:
+            self.held += new - old
+        elif old > new:
+            self.give(old - new)
+
+
+ANSWER_SIZES_MAX = 1024
+"""Models whose answers' size a gRPC service keeps; all are forgotten when full."""
+
+
+class AnswerHold:
+    """One call's part of an `AnswerBudget`: the bytes it holds until `release`."""
+
+    __slots__ = ("_budget", "_estimate", "_model", "size")
+
+    def __init__(self, budget: AnswerBudget, model: str, estimate: int) -> None:
+        self._budget = budget
+        self._model = model
+        self._estimate = estimate
+        self.size = 0
+
+    async def taken(self) -> None:
+        """Hold the model's estimate, once it fits, if big."""
+        if self._estimate > self._budget.small:
+            await self._budget.take(self._estimate)
+            self.size = self._estimate
+
+    def made(self, size: int) -> None:
+        """The answer is made and weighs `size` bytes: held from now on if big."""
+        budget = self._budget
+        budget.learned(self._model, size)
+        counted = size if size > budget.small else 0
+        if counted != self.size:
+            budget.resize(self.size, counted)
+            self.size = counted
+
+    def release(self, _context: object = None) -> None:
+        """The answer is sent, or never will be (a call's done callback)."""
+        if self.size:
+            size, self.size = self.size, 0
+            self._budget.give(size)
+
+
 class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
     """Answers v2 gRPC calls from the engine; every DuetimeError becomes its status code."""
 
@@ -88,6 +196,8 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         self._access = AccessSampler(access_log_sample)
         self._shedder = shedder
         self._signatures = Signatures(engine)
+        self.answers = AnswerBudget.of(ServerSettings())
+        """What answers not yet sent hold (`serve_grpc` sets the server's limits)."""
         self.accepting = True
 
     async def ServerLive(self, request: Any, context: Any) -> Any:
@@ -251,10 +361,13 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         timing = RequestTiming(self._engine.clock.now_ns()) if tracing is not None else None
         ticket: Ticket | None = None
         error: DuetimeError | None = None
+        hold = self.answers.hold(request.model_name)
+        context.add_done_callback(hold.release)
         try:
+            await hold.taken()
             submitted = self._submit(request, context, timing)
             ticket = submitted.ticket
-            response = await self._response(submitted, request.id)
+            response = await self._response(submitted, request.id, hold)
         except DuetimeError as exc:
             error = exc.with_traceback(None)  # this frame would hold its own traceback
         except asyncio.CancelledError:
@@ -301,15 +414,18 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         self, requests: AsyncIterator[Any], context: Any
     ) -> AsyncIterator[Any]:
         """Requests of a stream run concurrently (they batch with each other and with other
-        clients'); answers go back in request order, at most STREAM_WINDOW in flight."""
+        clients'); answers go back in request order, at most STREAM_WINDOW in flight, each
+        holding its part of `answers` until it is sent."""
         window: asyncio.Queue[
-            tuple[Any, _Submitted | DuetimeError, RequestTiming | None] | None
+            tuple[Any, _Submitted | DuetimeError, RequestTiming | None, AnswerHold] | None
         ] = asyncio.Queue(STREAM_WINDOW)
         clock = self._engine.clock
 
         async def read() -> None:
             try:
                 async for request in requests:
+                    hold = self.answers.hold(request.model_name)
+                    await hold.taken()
                     timing = RequestTiming(clock.now_ns()) if self._tracing is not None else None
                     try:
                         submitted: _Submitted | DuetimeError = self._submit(
@@ -320,34 +436,43 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
                     except Exception as exc:
                         log.exception("internal error in ModelStreamInfer")
                         submitted = InternalError(f"internal error: {type(exc).__name__}: {exc}")
-                    await window.put((request, submitted, timing))
+                    try:
+                        await window.put((request, submitted, timing, hold))
+                    except BaseException:  # (the stream ended meanwhile)
+                        hold.release()
+                        raise
             finally:
                 await window.put(None)
 
         reader = asyncio.get_running_loop().create_task(read())
         try:
             while (item := await window.get()) is not None:
-                request, submitted, timing = item
-                if isinstance(submitted, DuetimeError):
-                    trace_id = self._record(request, context, timing, None, submitted, STREAM)
-                    yield self._stream_error(request, submitted, context, trace_id)
-                    continue
-                ticket = submitted.ticket
+                request, submitted, timing, hold = item
                 try:
-                    response = await self._response(submitted, request.id)
-                    response.parameters[FINAL_RESPONSE].bool_param = True
-                except DuetimeError as exc:
-                    trace_id = self._record(request, context, timing, ticket, exc, STREAM)
-                    yield self._stream_error(request, exc, context, trace_id)
-                    continue
-                self._record(request, context, timing, ticket, None, STREAM)
-                yield pb.ModelStreamInferResponse(infer_response=response)
+                    if isinstance(submitted, DuetimeError):
+                        trace_id = self._record(request, context, timing, None, submitted, STREAM)
+                        yield self._stream_error(request, submitted, context, trace_id)
+                        continue
+                    ticket = submitted.ticket
+                    try:
+                        response = await self._response(submitted, request.id, hold)
+                        response.parameters[FINAL_RESPONSE].bool_param = True
+                    except DuetimeError as exc:
+                        trace_id = self._record(request, context, timing, ticket, exc, STREAM)
+                        yield self._stream_error(request, exc, context, trace_id)
+                        continue
+                    self._record(request, context, timing, ticket, None, STREAM)
+                    yield pb.ModelStreamInferResponse(infer_response=response)
+                finally:
+                    hold.release()  # (sent: the next answer waited for it)
         finally:
             reader.cancel()
             while not window.empty():
                 left = window.get_nowait()
-                if left is not None and isinstance(left[1], _Submitted):
-                    left[1].ticket.future.cancel()
+                if left is not None:
+                    left[3].release()
+                    if isinstance(left[1], _Submitted):
+                        left[1].ticket.future.cancel()
 
     def _stream_error(
         self, request: Any, exc: DuetimeError, context: Any, trace_id: str | None = None
@@ -400,7 +525,9 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
             timing.decoded_ns = self._engine.clock.now_ns()
         return _Submitted(self._engine.submit(infer), requested.shared)
 
-    async def _response(self, submitted: _Submitted, request_id: str) -> Any:
+    async def _response(
+        self, submitted: _Submitted, request_id: str, hold: AnswerHold | None = None
+    ) -> Any:
         ticket = submitted.ticket
         await settled(ticket.future)
         result = ticket.response(request_id)
@@ -422,6 +549,8 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
                 raw = b""  # (an entry all the same: the others' entries keep their index)
             response.raw_output_contents.append(raw)
             carried += len(raw)
+        if hold is not None:
+            hold.made(carried)
         limit = self._max_message_bytes
         if limit is not None and carried > limit - MESSAGE_SLACK and response.ByteSize() > limit:
             # NOTE: gRPC itself would fail the call with a bare "Sent message larger than max"
@@ -721,6 +850,7 @@ def _guarded(handler: Any) -> Any:
 async def serve_grpc(service: InferenceService, settings: ServerSettings) -> tuple[Any, int]:
     """Start the gRPC server on `settings.host:grpc_port` (0: any free port); returns it and its
     port."""
+    service.answers = AnswerBudget.of(settings)
     limit = settings.max_grpc_message_bytes
     server = grpc.aio.server(
         options=[

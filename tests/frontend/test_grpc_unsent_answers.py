@@ -1,0 +1,172 @@
+"""gRPC answers not yet sent are bounded over all calls (`max_unsent_answer_bytes`).
+
+grpc.aio holds an answer until its client takes it; a client that read nothing held every
+answer it asked for (a raw HTTP/2 client with its window shut and 30 calls for 64 MiB answers
+grew the server by 1.6 GB; 60 streams of 32 MiB answers, 5.9 GB). A call now holds what its
+model's answers weigh before its request is decoded, until its answer is sent; calls beyond the
+limit wait, in order, and run once clients read.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import numpy as np
+import pytest
+from conftest import RunningServer, start_server, stop_server
+from onnx import TensorProto, helper, numpy_helper
+from repo_models import write_version
+from tritonclient.grpc import service_pb2, service_pb2_grpc
+
+from duetime.config import ServerSettings
+from duetime.frontend.grpc import AnswerBudget
+
+pytestmark = pytest.mark.timeout(60)
+
+
+# -- the budget ------------------------------------------------------------------------------
+
+
+def test_calls_past_the_limit_wait_in_order_and_go_on_as_answers_are_sent() -> None:
+    async def body() -> None:
+        budget = AnswerBudget(limit=100, unknown=60, small=10)
+        first = budget.hold("m")
+        await first.taken()  # nothing held: always fits
+        second, third = budget.hold("m"), budget.hold("m")
+        waiting = [asyncio.ensure_future(h.taken()) for h in (second, third)]
+        await asyncio.sleep(0)
+        assert (budget.held, [w.done() for w in waiting]) == (60, [False, False])
+        first.made(30)  # smaller than feared: room for one more
+        await asyncio.sleep(0)
+        assert (budget.held, [w.done() for w in waiting]) == (90, [True, False])
+        first.release()
+        await asyncio.sleep(0)
+        assert (budget.held, [w.done() for w in waiting]) == (60, [True, False])
+        second.release()
+        second.release()  # (once only)
+        await asyncio.sleep(0)
+        assert (budget.held, [w.done() for w in waiting]) == (60, [True, True])
+        third.release()
+        assert budget.held == 0
+
+    asyncio.run(body())
+
+
+def test_a_model_s_estimate_is_its_largest_answer_and_small_ones_are_not_counted() -> None:
+    async def body() -> None:
+        budget = AnswerBudget(limit=100, unknown=60, small=10)
+        hold = budget.hold("m")
+        await hold.taken()
+        hold.made(5)  # small: not counted
+        assert budget.held == 0
+        hold.release()
+        tiny = budget.hold("m")
+        await tiny.taken()  # known small now: nothing to wait for, nothing held
+        assert tiny.size == 0
+        tiny.made(40)  # bigger than it said: held all the same, and learned
+        assert budget.held == 40
+        tiny.release()
+        assert budget.hold("m")._estimate == 40
+
+    asyncio.run(body())
+
+
+def test_a_call_cancelled_while_it_waits_takes_nothing() -> None:
+    async def body() -> None:
+        budget = AnswerBudget(limit=100, unknown=80, small=10)
+        first = budget.hold("m")
+        await first.taken()
+        waiter = asyncio.ensure_future(budget.hold("m").taken())
+        await asyncio.sleep(0)
+        waiter.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiter
+        first.release()
+        assert budget.held == 0
+
+    asyncio.run(body())
+
+
+# -- a stream whose client reads nothing ---------------------------------------------------------
+
+
+ROWS = 10
+ANSWER_BYTES = ROWS * 100_000 * 4
+"""4 MB: more than a gRPC client takes unread."""
+
+
+def tile_model(repo: Path) -> Path:
+    """y = Tile(x, [1, 25000]): 400 KB of answer for each row of 4 floats."""
+    repeats = numpy_helper.from_array(np.array([1, 25_000], dtype=np.int64), "repeats")
+    graph = helper.make_graph(
+        [helper.make_node("Tile", ["x", "repeats"], ["y"])], "tile",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 100_000])], [repeats],
+    )  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    write_version(repo, "tile", 1, model.SerializeToString())
+    (repo / "tile" / "config.toml").write_text("[breaker]\nslow_min_us = 60000000\n")
+    return repo
+
+
+@pytest.fixture(scope="module")
+def tight(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    settings = ServerSettings(
+        model_repository=tile_model(tmp_path_factory.mktemp("unsent")), http_port=0,
+        grpc_port=0, max_grpc_message_bytes=8 * 1024 * 1024, max_unsent_answer_bytes=1024 * 1024,
+    )  # fmt: skip
+    running, thread = start_server(settings)
+    yield running
+    stop_server(running, thread)
+
+
+def until(condition: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + 30
+    while not condition():
+        assert time.monotonic() < deadline, f"never {what}"
+        time.sleep(0.01)
+
+
+def executions(stub: Any) -> int:
+    stats = stub.ModelStatistics(service_pb2.ModelStatisticsRequest(name="tile"), timeout=10)
+    return int(stats.model_stats[0].execution_count)
+
+
+def test_a_stream_whose_client_reads_nothing_runs_no_more_than_the_limit_holds(
+    tight: RunningServer,
+) -> None:
+    count = 12
+    budget = tight.server._grpc_service.answers
+    options = [("grpc.max_receive_message_length", -1)]
+    with grpc.insecure_channel(tight.grpc, options=options) as channel:
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        before = executions(stub)
+        sent = threading.Event()
+
+        def requests() -> Iterator[Any]:
+            for i in range(count):
+                request = service_pb2.ModelInferRequest(model_name="tile", id=str(i))
+                request.inputs.add(name="x", datatype="FP32", shape=[ROWS, 4])
+                request.raw_input_contents.append(np.ones((ROWS, 4), np.float32).tobytes())
+                yield request
+            sent.set()
+            time.sleep(30)  # (the stream stays open while the test reads)
+
+        answers = stub.ModelStreamInfer(requests(), timeout=60)
+        until(lambda: len(budget._waiting) == 1, "a request waited for room")
+        # one answer unsent, and one the client's transport may have taken unread: the others
+        # wait unstarted (all ran, their answers held)
+        assert executions(stub) - before <= 2
+        assert budget.held >= ANSWER_BYTES
+        received = [next(answers) for _ in range(count)]  # the client reads: all go on
+        assert [r.infer_response.id for r in received] == [str(i) for i in range(count)]
+        assert all(not r.error_message for r in received)
+        answers.cancel()
+    until(lambda: budget.held == 0, "gave back what the stream held")
