@@ -25,6 +25,7 @@ from repo_models import write_version
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from duetime.config import ServerSettings
+from duetime.frontend import codec
 from duetime.frontend.grpc import AnswerBudget
 
 pytestmark = pytest.mark.timeout(60)
@@ -170,3 +171,30 @@ def test_a_stream_whose_client_reads_nothing_runs_no_more_than_the_limit_holds(
         assert all(not r.error_message for r in received)
         answers.cancel()
     until(lambda: budget.held == 0, "gave back what the stream held")
+
+
+def test_an_answer_over_the_message_limit_is_refused_before_it_is_copied(
+    tight: RunningServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its outputs alone over the limit, it was copied twice (a bytes copy, then into the
+    message), then measured and refused: 64 MiB answers took half a second of the loop each."""
+    copied: list[str] = []
+    to_raw = codec.to_raw
+
+    def counted(array: np.ndarray, datatype: str) -> bytes:
+        copied.append(datatype)
+        return to_raw(array, datatype)
+
+    monkeypatch.setattr(codec, "to_raw", counted)
+    request = service_pb2.ModelInferRequest(model_name="tile")
+    request.inputs.add(name="x", datatype="FP32", shape=[30, 4])  # 12 MB of answer
+    request.raw_input_contents.append(np.ones((30, 4), np.float32).tobytes())
+    with grpc.insecure_channel(tight.grpc) as channel:
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        with pytest.raises(grpc.RpcError) as caught:
+            stub.ModelInfer(request, timeout=30)
+    assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert "the answer is over 12000000 bytes, over the gRPC message limit of 8388608" in str(
+        caught.value.details()
+    )
+    assert copied == []

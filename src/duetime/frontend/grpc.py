@@ -536,6 +536,18 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         )
         response.parameters["variant"].string_param = result.variant
         shared = submitted.shared or {}
+        limit = self._max_message_bytes
+        if limit is not None:
+            carried = sum(
+                array.nbytes for name, array in result.outputs.items()
+                if name not in shared and array.dtype.kind != "O"
+            )  # fmt: skip
+            if carried > limit:
+                # NOTE: its outputs alone are too big: refused before they are copied (twice,
+                # 64 MiB each in probe a10, half a second of the event loop)
+                if hold is not None:
+                    hold.made(carried)
+                raise _too_large(f"over {carried}", limit)
         carried = 0
         for name, array in result.outputs.items():
             datatype = v2_datatype_of(array)
@@ -551,15 +563,10 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
             carried += len(raw)
         if hold is not None:
             hold.made(carried)
-        limit = self._max_message_bytes
         if limit is not None and carried > limit - MESSAGE_SLACK and response.ByteSize() > limit:
             # NOTE: gRPC itself would fail the call with a bare "Sent message larger than max"
             # (and end a whole ModelStreamInfer stream with it)
-            raise PayloadTooLarge(
-                f"the answer is {response.ByteSize()} bytes, over the gRPC message limit of "
-                f"{limit} bytes (server setting max_grpc_message_bytes, --max-grpc-message-"
-                "bytes); ask for fewer rows or outputs, or have outputs written to shared memory"
-            )
+            raise _too_large(str(response.ByteSize()), limit)
         return response
 
     def _due(self, parameters: Mapping[str, Any], context: Any) -> int | None:
@@ -570,6 +577,14 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
             grpc_due = now + int(remaining * 1e9)
             due = grpc_due if due is None else min(due, grpc_due)
         return due
+
+
+def _too_large(size: str, limit: int) -> PayloadTooLarge:
+    return PayloadTooLarge(
+        f"the answer is {size} bytes, over the gRPC message limit of {limit} bytes (server "
+        "setting max_grpc_message_bytes, --max-grpc-message-bytes); ask for fewer rows or "
+        "outputs, or have outputs written to shared memory"
+    )
 
 
 def decode_inputs(
