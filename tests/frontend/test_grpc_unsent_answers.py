@@ -100,6 +100,8 @@ def test_a_call_cancelled_while_it_waits_takes_nothing() -> None:
 ROWS = 10
 ANSWER_BYTES = ROWS * 100_000 * 4
 """4 MB: more than a gRPC client takes unread."""
+LIMIT = 21 * 400_000
+"""The gRPC message limit of the server below: the outputs of 21 rows, exactly."""
 
 
 def tile_model(repo: Path) -> Path:
@@ -121,7 +123,7 @@ def tile_model(repo: Path) -> Path:
 def tight(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
     settings = ServerSettings(
         model_repository=tile_model(tmp_path_factory.mktemp("unsent")), http_port=0,
-        grpc_port=0, max_grpc_message_bytes=8 * 1024 * 1024, max_unsent_answer_bytes=1024 * 1024,
+        grpc_port=0, max_grpc_message_bytes=LIMIT, max_unsent_answer_bytes=1024 * 1024,
     )  # fmt: skip
     running, thread = start_server(settings)
     yield running
@@ -187,14 +189,15 @@ def test_an_answer_over_the_message_limit_is_refused_before_it_is_copied(
 
     monkeypatch.setattr(codec, "to_raw", counted)
     request = service_pb2.ModelInferRequest(model_name="tile")
-    request.inputs.add(name="x", datatype="FP32", shape=[30, 4])  # 12 MB of answer
-    request.raw_input_contents.append(np.ones((30, 4), np.float32).tobytes())
+    rows = LIMIT // 400_000  # (outputs exactly as big as the limit: with the message, over)
+    request.inputs.add(name="x", datatype="FP32", shape=[rows, 4])
+    request.raw_input_contents.append(np.ones((rows, 4), np.float32).tobytes())
     with grpc.insecure_channel(tight.grpc) as channel:
         stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
         with pytest.raises(grpc.RpcError) as caught:
             stub.ModelInfer(request, timeout=30)
     assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-    assert "the answer is over 12000000 bytes, over the gRPC message limit of 8388608" in str(
+    assert "the answer is more than 8400000 bytes, over the gRPC message limit of 8400000" in str(
         caught.value.details()
     )
     assert copied == []

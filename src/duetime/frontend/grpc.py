@@ -542,12 +542,13 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
                 array.nbytes for name, array in result.outputs.items()
                 if name not in shared and array.dtype.kind != "O"
             )  # fmt: skip
-            if carried > limit:
-                # NOTE: its outputs alone are too big: refused before they are copied (twice,
-                # 64 MiB each in probe a10, half a second of the event loop)
+            if carried >= limit:
+                # NOTE: its outputs alone are too big (each costs a few bytes more in the
+                # message): refused before they are copied (twice, then measured: 64 MiB
+                # answers in probe a10 took half a second of the event loop)
                 if hold is not None:
                     hold.made(carried)
-                raise _too_large(f"over {carried}", limit)
+                raise _too_large(f"more than {carried}", limit)
         carried = 0
         for name, array in result.outputs.items():
             datatype = v2_datatype_of(array)
