@@ -26,7 +26,7 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from duetime.config import ServerSettings
 from duetime.frontend import codec
-from duetime.frontend.grpc import AnswerBudget
+from duetime.frontend.grpc import ANSWER_COPIES, AnswerBudget
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -34,25 +34,29 @@ pytestmark = pytest.mark.timeout(60)
 # -- the budget ------------------------------------------------------------------------------
 
 
+C = ANSWER_COPIES
+"""An answer holds this many times its outputs' bytes."""
+
+
 def test_calls_past_the_limit_wait_in_order_and_go_on_as_answers_are_sent() -> None:
     async def body() -> None:
-        budget = AnswerBudget(limit=100, unknown=60, small=10)
+        budget = AnswerBudget(limit=100 * C, unknown=60, small=10)
         first = budget.hold("m")
         await first.taken()  # nothing held: always fits
         second, third = budget.hold("m"), budget.hold("m")
         waiting = [asyncio.ensure_future(h.taken()) for h in (second, third)]
         await asyncio.sleep(0)
-        assert (budget.held, [w.done() for w in waiting]) == (60, [False, False])
+        assert (budget.held, [w.done() for w in waiting]) == (60 * C, [False, False])
         first.made(30)  # smaller than feared: room for one more
         await asyncio.sleep(0)
-        assert (budget.held, [w.done() for w in waiting]) == (90, [True, False])
+        assert (budget.held, [w.done() for w in waiting]) == (90 * C, [True, False])
         first.release()
         await asyncio.sleep(0)
-        assert (budget.held, [w.done() for w in waiting]) == (60, [True, False])
+        assert (budget.held, [w.done() for w in waiting]) == (60 * C, [True, False])
         second.release()
         second.release()  # (once only)
         await asyncio.sleep(0)
-        assert (budget.held, [w.done() for w in waiting]) == (60, [True, True])
+        assert (budget.held, [w.done() for w in waiting]) == (60 * C, [True, True])
         third.release()
         assert budget.held == 0
 
@@ -61,7 +65,7 @@ def test_calls_past_the_limit_wait_in_order_and_go_on_as_answers_are_sent() -> N
 
 def test_a_model_s_estimate_is_its_largest_answer_and_small_ones_are_not_counted() -> None:
     async def body() -> None:
-        budget = AnswerBudget(limit=100, unknown=60, small=10)
+        budget = AnswerBudget(limit=100 * C, unknown=60, small=10)
         hold = budget.hold("m")
         await hold.taken()
         hold.made(5)  # small: not counted
@@ -71,7 +75,7 @@ def test_a_model_s_estimate_is_its_largest_answer_and_small_ones_are_not_counted
         await tiny.taken()  # known small now: nothing to wait for, nothing held
         assert tiny.size == 0
         tiny.made(40)  # bigger than it said: held all the same, and learned
-        assert budget.held == 40
+        assert budget.held == 40 * C
         tiny.release()
         assert budget.hold("m")._estimate == 40
 
@@ -80,7 +84,7 @@ def test_a_model_s_estimate_is_its_largest_answer_and_small_ones_are_not_counted
 
 def test_a_call_cancelled_while_it_waits_takes_nothing() -> None:
     async def body() -> None:
-        budget = AnswerBudget(limit=100, unknown=80, small=10)
+        budget = AnswerBudget(limit=100 * C, unknown=80, small=10)
         first = budget.hold("m")
         await first.taken()
         waiter = asyncio.ensure_future(budget.hold("m").taken())
@@ -201,3 +205,20 @@ def test_an_answer_over_the_message_limit_is_refused_before_it_is_copied(
         caught.value.details()
     )
     assert copied == []
+
+
+def test_an_answer_holds_what_the_server_keeps_of_it_three_copies() -> None:
+    """Counted once, 60 unread streams of 32 MiB answers held 3.2 GB within a 1 GiB limit: the
+    outputs, the message carrying them and its serialized form (kept by grpc.aio until sent)."""
+
+    async def body() -> None:
+        budget = AnswerBudget(limit=1000, unknown=100, small=10)
+        hold = budget.hold("m")
+        await hold.taken()
+        assert budget.held == 300
+        hold.made(50)
+        assert budget.held == 150
+        hold.release()
+        assert budget.held == 0
+
+    asyncio.run(body())
