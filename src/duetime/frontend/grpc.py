@@ -368,6 +368,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         tracing = self._tracing
         timing = RequestTiming(self._engine.clock.now_ns()) if tracing is not None else None
         ticket: Ticket | None = None
+        submitted: _Submitted | None = None
         error: DuetimeError | None = None
         hold = self.answers.hold(request.model_name)
         context.add_done_callback(hold.release)
@@ -385,6 +386,10 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
             error = InternalError(f"internal error: {type(exc).__name__}: {exc}")
         trace_id = self._record(request, context, timing, ticket, error, "grpc")
         if error is not None:
+            # NOTE: the abort's exception holds this frame, and is held long after the call:
+            # the outputs of an answer refused (over the message limit) must not be held too
+            # (100 such calls for 64 MiB answers left the server 6.7 GB bigger)
+            ticket = submitted = None
             await _abort(context, error, trace_id, request.model_name, request.model_version)
         if trace_id is not None:
             context.set_trailing_metadata((("x-trace-id", trace_id),))
