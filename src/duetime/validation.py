@@ -40,7 +40,7 @@ class Validator:
         self._required = tuple(spec.name for spec in signature.required_inputs)
         self._all_outputs = tuple(spec.name for spec in signature.outputs)
         self._output_names = frozenset(self._all_outputs)
-        self._expected = _expected(signature)
+        self._expected = expected_inputs(signature)
         self._templates: dict[object, tuple[int, tuple[Any, ...], tuple[str, ...]]] = {}
         """Templates whose requests passed: their rows, batching key and outputs."""
 
@@ -174,7 +174,7 @@ EXPECTED_OPTIONAL_MAX = 8
 """Optional inputs an error message names (a model from an older exporter has one a weight)."""
 
 
-def _expected(signature: ModelSignature) -> str:
+def expected_inputs(signature: ModelSignature) -> str:
     """The inputs `signature` takes, as error messages name them."""
     text = ", ".join(f"'{s.name}' {s.describe()}" for s in signature.required_inputs) or "no input"
     optional = [s for s in signature.inputs if s.optional]

@@ -18,6 +18,7 @@ import orjson
 from duetime.datatypes import NUMPY_OF, WIRE_DTYPE_OF, v2_datatype_of
 from duetime.errors import InvalidInput
 from duetime.types import ModelSignature
+from duetime.validation import expected_inputs
 
 _LENGTH = struct.Struct("<I")
 _MAX_DIMS = 16
@@ -97,7 +98,7 @@ class Expected:
         if spec is None:
             self._refuse(
                 f"input '{name}' is not an input of model '{self._model}'; it expects "
-                f"{_described(self.signature)}"
+                f"{expected_inputs(self.signature)}"
             )
         if datatype != spec.datatype and NUMPY_OF[datatype] != NUMPY_OF.get(spec.datatype):
             self._refuse(
@@ -142,20 +143,6 @@ class Expected:
         self._invalid[self._counted] = self._invalid.get(self._counted, 0) + 1
         raise InvalidInput(message)
 
-
-def _described(signature: ModelSignature) -> str:
-    """The inputs `signature` takes, as the validator's messages name them."""
-    text = ", ".join(f"'{s.name}' {s.describe()}" for s in signature.required_inputs) or "no input"
-    optional = [s for s in signature.inputs if s.optional]
-    if optional:
-        named = ", ".join(f"'{s.name}' {s.describe()}" for s in optional[:_OPTIONAL_NAMED])
-        more = len(optional) - _OPTIONAL_NAMED
-        text += f" (optional: {named}{f' and {more} more' if more > 0 else ''})"
-    return text
-
-
-_OPTIONAL_NAMED = 8
-"""Optional inputs a message names (as validation.EXPECTED_OPTIONAL_MAX)."""
 
 OUTPUT_REPEATS = 4
 """How many times a request may ask for each output of a model, on average (see
