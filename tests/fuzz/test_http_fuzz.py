@@ -38,7 +38,7 @@ from duetime.overload import LoadShedder
 pytestmark = pytest.mark.timeout(TIMEOUT_S)
 
 SETTINGS = ServerSettings(max_body_bytes=4096, max_header_bytes=2048)
-ERROR_STATUSES = {400, 408, 413, 431, 503}
+ERROR_STATUSES = {400, 408, 413, 431, 503, 505}  # (505: a request line of HTTP/0.9 or 2.0)
 FUZZ = settings(max_examples=examples(150), deadline=None, suppress_health_check=list(HealthCheck))
 
 
