@@ -64,6 +64,19 @@ def tiling_model() -> bytes:
     return model.SerializeToString()
 
 
+def wide_tile_model() -> bytes:
+    """y = Tile(x, [1, 25000]): 400 KB of answer (FP32 [n, 100000]) for each row of 4 floats."""
+    repeats = numpy_helper.from_array(np.array([1, 25_000], dtype=np.int64), "repeats")
+    graph = helper.make_graph(
+        [helper.make_node("Tile", ["x", "repeats"], ["y"])], "tile",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 100_000])], [repeats],
+    )  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model.SerializeToString()
+
+
 def _graph(nodes: list[onnx.NodeProto], initializers: list[onnx.TensorProto]) -> bytes:
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", WIDTH])
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", WIDTH])

@@ -22,8 +22,7 @@ import grpc
 import numpy as np
 import pytest
 from conftest import RunningServer, start_server, stop_server
-from onnx import TensorProto, helper, numpy_helper
-from repo_models import write_version
+from repo_models import wide_tile_model, write_version
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from duetime.config import ServerSettings
@@ -113,15 +112,7 @@ LIMIT = 21 * 400_000
 
 def tile_model(repo: Path) -> Path:
     """y = Tile(x, [1, 25000]): 400 KB of answer for each row of 4 floats."""
-    repeats = numpy_helper.from_array(np.array([1, 25_000], dtype=np.int64), "repeats")
-    graph = helper.make_graph(
-        [helper.make_node("Tile", ["x", "repeats"], ["y"])], "tile",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 4])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 100_000])], [repeats],
-    )  # fmt: skip
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    write_version(repo, "tile", 1, model.SerializeToString())
+    write_version(repo, "tile", 1, wide_tile_model())
     (repo / "tile" / "config.toml").write_text("[breaker]\nslow_min_us = 60000000\n")
     return repo
 

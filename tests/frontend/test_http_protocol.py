@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import pytest
 from conftest import RunningServer, start_server, stop_server
-from repo_models import write_version
+from repo_models import wide_tile_model, write_version
 
 from duetime.config import ServerSettings
 
@@ -506,17 +506,7 @@ def test_client_gone_with_requests_in_flight(server: RunningServer) -> None:
 
 def tile_repository(repo: Path) -> Path:
     """A model whose answer is 400 KB for a 16-byte input: y = Tile(x, [1, 25000])."""
-    from onnx import TensorProto, helper, numpy_helper
-
-    repeats = numpy_helper.from_array(np.array([1, 25_000], dtype=np.int64), "repeats")
-    graph = helper.make_graph(
-        [helper.make_node("Tile", ["x", "repeats"], ["y"])], "tile",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 4])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 100_000])], [repeats],
-    )  # fmt: skip
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    write_version(repo, "tile", 1, model.SerializeToString())
+    write_version(repo, "tile", 1, wide_tile_model())
     # (its 400 KB JSON answers are encoded on the loop, holding the GIL for milliseconds that
     # the instance thread's runs then count as their own: no slow-execution breaker here)
     (repo / "tile" / "config.toml").write_text("[breaker]\nslow_min_us = 60000000\n")
