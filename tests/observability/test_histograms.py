@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from dataclasses import dataclass, field
 
 import numpy as np
 import pytest
+from held_executor import HeldExecutor
 
 from duetime.clock import FakeClock
 from duetime.config import SchedulingConfig
-from duetime.execution.executor import BatchJob, BatchResult
 from duetime.scheduling.profile import profile_from_samples
 from duetime.scheduling.scheduler import (
     LATENCY_BOUNDS_NS,
@@ -72,23 +71,6 @@ def test_snapshot_counts_and_sums() -> None:
 
 
 # -- what the scheduler records ------------------------------------------------------------------
-
-
-@dataclass
-class HeldExecutor:
-    """Keeps each job until the test finishes it."""
-
-    instances: int = 1
-    inline: bool = False
-    jobs: list[tuple[int, BatchJob]] = field(default_factory=list)
-
-    def submit(self, instance: int, job: BatchJob) -> None:
-        self.jobs.append((instance, job))
-
-    def finish(self, index: int, compute_ns: int) -> None:
-        instance, job = self.jobs[index]
-        outputs = [{"y": np.zeros(rows)} for rows in job.rows]
-        job.on_done(BatchResult(job, instance, outputs=outputs, compute_ns=compute_ns))
 
 
 def nonzero(snapshot: HistogramSnapshot) -> dict[int, int]:

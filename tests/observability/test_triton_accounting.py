@@ -9,13 +9,14 @@ import asyncio
 import gzip
 import wsgiref.util
 from collections.abc import Callable, Coroutine, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
 import pytest
+from held_executor import HeldExecutor
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.openmetrics.parser import (
     text_string_to_metric_families as openmetrics_families,
@@ -26,7 +27,7 @@ from duetime.clock import FakeClock
 from duetime.config import SchedulingConfig
 from duetime.errors import DuetimeError, InvalidInput, ModelUnavailable
 from duetime.execution import executor as executor_module
-from duetime.execution.executor import BatchJob, BatchResult, Executor, Feeds
+from duetime.execution.executor import BatchJob, Executor, Feeds
 from duetime.frontend.statistics import model_statistics_json
 from duetime.observability.metrics import TRITON_COUNTERS, MetricsCollector, WsgiApp, metrics_app
 from duetime.scheduling.profile import profile_from_samples
@@ -34,35 +35,6 @@ from duetime.scheduling.scheduler import ModelScheduler
 
 US = 1_000
 _MODELS: dict[int, object] = {}
-
-
-@dataclass
-class HeldExecutor:
-    """Keeps each job until the test finishes it, with the outputs (or errors) it chooses."""
-
-    instances: int = 1
-    inline: bool = False
-    jobs: list[tuple[int, BatchJob]] = field(default_factory=list)
-
-    def submit(self, instance: int, job: BatchJob) -> None:
-        self.jobs.append((instance, job))
-
-    def finish(
-        self,
-        index: int,
-        *,
-        compute_ns: int = 100 * US,
-        outputs: Sequence[Feeds | DuetimeError] | None = None,
-        input_ns: int = 0,
-        output_ns: int = 0,
-    ) -> None:
-        instance, job = self.jobs[index]
-        if outputs is None:
-            outputs = [{"y": np.zeros(rows)} for rows in job.rows]
-        result = BatchResult(job, instance, outputs=list(outputs), compute_ns=compute_ns)
-        if input_ns or output_ns:
-            result.input_ns, result.output_ns = input_ns, output_ns
-        job.on_done(result)
 
 
 @dataclass
