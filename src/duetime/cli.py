@@ -107,8 +107,10 @@ def _parser() -> argparse.ArgumentParser:
         help="largest gRPC message, request or answer (64 MiB; at most 2 GiB - 1)",
     )  # fmt: skip
     serve.add_argument(
-        "--idle-timeout-s", type=float, help="close keep-alive connections idle this long (60)"
-    )
+        "--idle-timeout-s", type=float,
+        help="close keep-alive connections idle this long, and drop those whose client reads "
+        "none of its answers this long (60)",
+    )  # fmt: skip
     serve.add_argument(
         "--max-connections", type=int, help="open HTTP connections accepted (4096; more get 503)"
     )

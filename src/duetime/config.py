@@ -366,7 +366,8 @@ class ServerSettings(_Strict):
     """Largest JSON part of an HTTP inference request (JSON is decoded on the event loop, about
     15 ms a megabyte); bigger tensors must come as binary data (413 otherwise)."""
     idle_timeout_s: float = Field(default=60.0, gt=0)
-    """A keep-alive connection with no request in flight is closed after this long."""
+    """A keep-alive connection with no request in flight is closed after this long, and one
+    whose client reads none of its answers for this long is dropped (nginx's `send_timeout`)."""
     max_connections: int = Field(default=4096, ge=1)
     """Open HTTP connections; beyond this a new one is answered 503 and closed at once."""
     request_read_timeout_s: float = Field(default=10.0, gt=0)

@@ -40,9 +40,15 @@ class Response:
 class RawClient:
     """One TCP connection to the server; writes bytes as given and parses responses."""
 
-    def __init__(self, address: str) -> None:
+    def __init__(self, address: str, receive_buffer: int | None = None) -> None:
         host, port = address.rsplit(":", 1)
-        self.sock = socket.create_connection((host, int(port)), timeout=GUARD_S)
+        if receive_buffer is None:
+            self.sock = socket.create_connection((host, int(port)), timeout=GUARD_S)
+        else:  # (set before connecting: the window the server may fill)
+            self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, receive_buffer)
+            self.sock.settimeout(GUARD_S)
+            self.sock.connect((host, int(port)))
         self._buffer = b""
 
     def __enter__(self) -> RawClient:
@@ -559,3 +565,61 @@ def test_a_client_not_reading_its_answers_gets_no_more_started(
             assert response.status == 200
             assert len(response.json()["outputs"][0]["data"]) == 100_000
     assert executions(big_answers_server) - before == count
+
+
+@pytest.fixture(scope="module")
+def impatient_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    """The tile model, closing connections idle (or not reading) for 1 s."""
+    repo = tile_repository(tmp_path_factory.mktemp("impatient"))
+    settings = ServerSettings(
+        model_repository=repo, http_port=0, grpc_port=0,
+        idle_timeout_s=1.0, request_read_timeout_s=1.0,
+    )  # fmt: skip
+    running, thread = start_server(settings)
+    yield running
+    stop_server(running, thread)
+
+
+TILE_BODY = json.dumps(
+    {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 4], "data": [1, 2, 3, 4]}]}
+).encode()
+
+
+def test_a_client_that_reads_none_of_its_answers_is_dropped_after_the_idle_timeout(
+    impatient_server: RunningServer,
+) -> None:
+    """As nginx's `send_timeout`: a connection whose client read nothing for `idle_timeout_s`
+    while answers wait to be sent is dropped. It used to stay open for as long as the client
+    kept it, holding its answers (up to `max_connection_inflight_bytes`) and a connection."""
+    count = 20  # 8 MB of answers: more than the socket buffers take
+    with RawClient(impatient_server.http, receive_buffer=32 * 1024) as client:
+        client.send(request("POST", "/v2/models/tile/infer", TILE_BODY) * count)
+        time.sleep(3.5)  # (timeouts are checked every second)
+        answered = 0
+        try:
+            for _ in range(count):
+                assert client.response().status == 200
+                answered += 1
+        except (EOFError, ConnectionResetError):
+            pass  # dropped
+        assert answered < count, "the server kept the connection of a client not reading"
+    with RawClient(impatient_server.http) as other:  # the server serves on
+        other.send(request("POST", "/v2/models/tile/infer", TILE_BODY))
+        assert other.response().status == 200
+
+
+def test_a_client_reading_slowly_is_not_dropped(impatient_server: RunningServer) -> None:
+    """Each read restarts the clock: a client reading big answers (10 MB) more slowly than the
+    server writes them, but reading, gets them all, however long that takes."""
+    body = json.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [10, 4],
+                                   "data": list(range(40))}]}).encode()  # fmt: skip
+    with RawClient(impatient_server.http, receive_buffer=128 * 1024) as client:
+        client.send(request("POST", "/v2/models/tile/infer", body) * 2)
+        received = b""
+        started = time.monotonic()
+        while received.count(b"HTTP/1.1 200") < 2 or not received.endswith(b"]}]}"):
+            time.sleep(0.025)
+            chunk = client.sock.recv(128 * 1024)
+            assert chunk, f"dropped after {len(received)} bytes"
+            received += chunk
+        assert time.monotonic() - started > 1.5, "read faster than the idle timeout"

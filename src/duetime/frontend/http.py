@@ -101,6 +101,8 @@ class IntakeStatistics:
     """Connections closed at accept because `max_connections` were open."""
     read_timeouts: int
     """Requests that did not arrive in time (408)."""
+    send_timeouts: int
+    """Connections closed because their client read none of the answers for `idle_timeout_s`."""
     refused_bodies: int
     """Chunked bodies refused (503) because they outgrew the room left for big bodies."""
     answer_bytes: int
@@ -152,6 +154,7 @@ class Intake:
         self.reserved = 0
         self.refused_connections = 0
         self.read_timeouts = 0
+        self.send_timeouts = 0
         self.refused_bodies = 0
         self._waiting: deque[tuple[HttpConnection, int]] = deque()
         """Connections paused until their body's bytes fit, and how many they need."""
@@ -281,6 +284,7 @@ class Intake:
             waiting_connections=len(self._waiting),
             refused_connections=self.refused_connections,
             read_timeouts=self.read_timeouts,
+            send_timeouts=self.send_timeouts,
             refused_bodies=self.refused_bodies,
             answer_bytes=self.answers,
             waiting_for_answers=len(self._answer_waiting),
@@ -318,7 +322,8 @@ class HttpConnection(asyncio.Protocol):
         "_held", "_http10", "_idle_timeout", "_in_transport", "_intake", "_last_active",
         "_lingering", "_loop", "_max_body", "_max_header", "_max_held", "_min_rate", "_parser",
         "_paused_at", "_read_timeout", "_reading_paused", "_rejected", "_reserved", "_running",
-        "_shedder", "_slots", "_small_answer", "_small_body", "_start_pending", "_starting",
+        "_sent_checked", "_shedder", "_slots", "_small_answer", "_small_body", "_stall_since",
+        "_start_pending", "_starting",
         "_timer", "_transport", "_turn", "_unsent", "_unstarted", "_url", "_window_bytes",
         "_window_start", "_writing_paused", "_yielding",
     )  # fmt: skip
@@ -370,6 +375,10 @@ class HttpConnection(asyncio.Protocol):
         """The request being read is HTTP/1.0 (its head is read)."""
         self._reading_paused = False
         self._paused_at = 0.0
+        self._stall_since = 0.0
+        """The last check at which the transport's buffer was empty or smaller than before."""
+        self._sent_checked = 0
+        """The transport's buffered bytes at the last check (see `_send_stalled`)."""
         self._writing_paused = False
         self._closing = False
         self._lingering = False
@@ -414,7 +423,7 @@ class HttpConnection(asyncio.Protocol):
         self._connections.add(self)
         intake.connections += 1
         self._accepted = True
-        self._last_active = self._loop.time()
+        self._last_active = self._stall_since = self._loop.time()
         self._timer = self._loop.call_later(
             min(self._idle_timeout, self._read_timeout), self._check_timeouts
         )
@@ -980,10 +989,16 @@ class HttpConnection(asyncio.Protocol):
                 deadline = now + self._read_timeout
         elif start is None and not self._slots:
             deadline = self._last_active + self._idle_timeout
-            if now >= deadline:
-                self._close()
+            if self._send_stalled(now):
                 return
+            if now >= deadline:
+                if not self._sent_checked:
+                    self._close()
+                    return
+                deadline = now + self._idle_timeout  # (its client is still reading)
         else:  # waiting for responses, or paused by us: no deadline runs
+            if self._send_stalled(now):
+                return
             if self._in_transport:
                 self._sent()
             deadline = now + self._idle_timeout
@@ -991,6 +1006,28 @@ class HttpConnection(asyncio.Protocol):
         # is still caught on time without a timer of its own.
         wake = min(deadline, now + self._read_timeout)
         self._timer = self._loop.call_at(max(wake, now + 0.01), self._check_timeouts)
+
+    def _send_stalled(self, now: float) -> bool:
+        """Whether the client has read none of its answers for `idle_timeout_s`, as nginx's
+        `send_timeout`: answer bytes stayed in the transport's buffer (the kernel's socket
+        buffers full), the same number from one check to the next over that time. If so, drops
+        the connection (its requests not started yet are withdrawn) and returns True.
+
+        NOTE: a buffer that grew says nothing of the client, yet it restarts the clock too: it
+        grows only by the answers of requests already running (none start while writing is
+        paused), so a client reading nothing is still caught, a little later."""
+        transport = self._transport
+        assert transport is not None
+        buffered = transport.get_write_buffer_size()
+        if not buffered or buffered != self._sent_checked:  # owes nothing, or it moved
+            self._stall_since = now
+        self._sent_checked = buffered
+        if now - self._stall_since < self._idle_timeout:
+            return False
+        self._intake.send_timeouts += 1
+        self._closing = True
+        transport.abort()  # (close would wait for the client to read)
+        return True
 
     def _read_on_time(self, elapsed: float) -> bool:
         """Whether the request being read kept pace over the last `elapsed` seconds: its head
