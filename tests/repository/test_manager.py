@@ -1105,6 +1105,26 @@ def test_lazy_loading_and_the_loaded_model_budget(tmp_path: Path) -> None:
     run(tmp_path, scenario, lazy=True, max_loaded_models=1)
 
 
+def test_first_requests_for_several_models_at_once_keep_to_the_budget(tmp_path: Path) -> None:
+    """Each load counts from its start: four first requests at once, under a budget of two,
+    loaded all four (each load saw no model loaded yet). Two load; the others are refused."""
+    for factor in range(1, 5):
+        write_version(tmp_path, f"m{factor}", 1, scale_model(factor))
+
+    async def scenario(engine: Engine) -> None:
+        results = await asyncio.gather(
+            *(factor_of(engine, f"m{factor}") for factor in range(1, 5)), return_exceptions=True
+        )
+        answered = [r for r in results if not isinstance(r, BaseException)]
+        refused = [r for r in results if isinstance(r, ModelUnavailable)]
+        assert len(answered) + len(refused) == 4, results
+        assert 1 <= len(answered) <= 2, results
+        assert all("max_loaded_models budget is full" in str(r) for r in refused)
+        assert len(engine.registry.snapshot.models) <= 2
+
+    run(tmp_path, scenario, lazy=True, max_loaded_models=2)
+
+
 def test_a_failed_lazy_load_is_retried_by_a_later_request(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

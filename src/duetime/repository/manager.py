@@ -220,6 +220,9 @@ class ModelManager:
         self._poller: asyncio.Task[None] | None = None
         self._load_s: dict[str, float] = {}
         self._bytes: dict[str, int] = {}
+        self._loading: dict[str, int] = {}
+        """Models being loaded, not served yet -> their bytes: counted in the budget as loaded
+        (see `_make_room`)."""
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -468,82 +471,85 @@ class ModelManager:
         self._model_errors.pop(name, None)
         if current is None:
             await self._make_room(name, _model_bytes(source, wanted, config))
-        served = dict(current.versions) if current else {}
-        traffic = config.traffic
-        warning = _unserved(traffic.weights, "weights", wanted) + _unserved(
-            traffic.shadow, "shadow", wanted
-        )
-        if warning and self._warned.get(name) != warning:  # (once, not at every poll)
-            log.warning("model %s: %s", name, warning)
-        self._warned[name] = warning
-        answering = {v for v, w in (traffic.weights or {}).items() if w > 0} or {str(wanted[0])}
-        shadow_only = set(traffic.shadow or {}) - answering
-        """Versions that only ever see shadow copies: their instances run in the background."""
-        chosen: dict[str, ServedVersion] = {}
-        problems: list[str] = []
-        failures = 0
-        """Of the problems, versions that cannot load (the others are still being written)."""
-        troubled: set[str] = set()
-        for number in wanted:
-            version = str(number)
-            old = served.get(version)
-            print_ = (
-                await self._settled(source, number, config, explicit)
-                if settle
-                else fingerprint(source, number, config)
+        try:
+            served = dict(current.versions) if current else {}
+            traffic = config.traffic
+            warning = _unserved(traffic.weights, "weights", wanted) + _unserved(
+                traffic.shadow, "shadow", wanted
             )
-            if print_ is None:  # still being written: try again on the next poll
-                problems.append(f"version {version}: files are still changing")
-                troubled.add(version)
-                if old is not None:
+            if warning and self._warned.get(name) != warning:  # (once, not at every poll)
+                log.warning("model %s: %s", name, warning)
+            self._warned[name] = warning
+            answering = {v for v, w in (traffic.weights or {}).items() if w > 0} or {str(wanted[0])}
+            shadow_only = set(traffic.shadow or {}) - answering
+            """Versions that only ever see shadow copies: their instances run in the background."""
+            chosen: dict[str, ServedVersion] = {}
+            problems: list[str] = []
+            failures = 0
+            """Of the problems, versions that cannot load (the others are still being written)."""
+            troubled: set[str] = set()
+            for number in wanted:
+                version = str(number)
+                old = served.get(version)
+                print_ = (
+                    await self._settled(source, number, config, explicit)
+                    if settle
+                    else fingerprint(source, number, config)
+                )
+                if print_ is None:  # still being written: try again on the next poll
+                    problems.append(f"version {version}: files are still changing")
+                    troubled.add(version)
+                    if old is not None:
+                        chosen[version] = old
+                    continue
+                if old is not None and self._fingerprints.get((name, version)) == print_:
                     chosen[version] = old
-                continue
-            if old is not None and self._fingerprints.get((name, version)) == print_:
-                chosen[version] = old
-                continue
-            failed = self._failed.get((name, version))
-            if failed is not None and failed[0] == print_ and not explicit:
-                problems.append(f"version {version}: {failed[1]}")  # (an explicit load retries)
-                troubled.add(version)
-                failures += 1
-                if old is not None:
-                    chosen[version] = old
-                continue
-            background = version in shadow_only
-            loaded = await self._load_version(source, number, config, background)
-            if isinstance(loaded, str):
-                self._failed[(name, version)] = print_, loaded
-                problems.append(f"version {version}: {loaded}")
-                troubled.add(version)
-                failures += 1
-                if old is not None:
-                    chosen[version] = old
-                continue
-            self._failed.pop((name, version), None)
-            chosen[version] = loaded
-            self._fingerprints[(name, version)] = print_
-        if problems:  # keep serving what worked before rather than fewer versions
-            for version, old in served.items():
-                chosen.setdefault(version, old)
-        retired = [old for version, old in served.items() if chosen.get(version) is not old]
-        self._registry.publish(name, chosen, config.traffic)
-        self._bytes[name] = _model_bytes(source, [int(v) for v in chosen], config)
-        for version in chosen.keys() - troubled:  # (a failure an earlier load noted is past)
-            self._states[name][version] = VersionState(
-                "READY", self._degraded.get((name, version), "")
-            )
-        for old in retired:
-            if old.version in chosen:
-                self._retire(name, old, "replaced by a new load")
-            elif int(old.version) in source.versions:
-                self._retire(name, old, "not in policy")
-            else:
-                self._retire(name, old, UPLOADED if name in self._uploads else REMOVED)
-        if not chosen:
-            self._registry.record_failure(name, "; ".join(problems))
-        if problems and explicit:
-            error = _LoadFailed if failures else ModelUnavailable  # (or files still changing)
-            raise error(f"model '{name}': {'; '.join(problems)}")
+                    continue
+                failed = self._failed.get((name, version))
+                if failed is not None and failed[0] == print_ and not explicit:
+                    problems.append(f"version {version}: {failed[1]}")  # (an explicit load retries)
+                    troubled.add(version)
+                    failures += 1
+                    if old is not None:
+                        chosen[version] = old
+                    continue
+                background = version in shadow_only
+                loaded = await self._load_version(source, number, config, background)
+                if isinstance(loaded, str):
+                    self._failed[(name, version)] = print_, loaded
+                    problems.append(f"version {version}: {loaded}")
+                    troubled.add(version)
+                    failures += 1
+                    if old is not None:
+                        chosen[version] = old
+                    continue
+                self._failed.pop((name, version), None)
+                chosen[version] = loaded
+                self._fingerprints[(name, version)] = print_
+            if problems:  # keep serving what worked before rather than fewer versions
+                for version, old in served.items():
+                    chosen.setdefault(version, old)
+            retired = [old for version, old in served.items() if chosen.get(version) is not old]
+            self._registry.publish(name, chosen, config.traffic)
+            self._bytes[name] = _model_bytes(source, [int(v) for v in chosen], config)
+            for version in chosen.keys() - troubled:  # (a failure an earlier load noted is past)
+                self._states[name][version] = VersionState(
+                    "READY", self._degraded.get((name, version), "")
+                )
+            for old in retired:
+                if old.version in chosen:
+                    self._retire(name, old, "replaced by a new load")
+                elif int(old.version) in source.versions:
+                    self._retire(name, old, "not in policy")
+                else:
+                    self._retire(name, old, UPLOADED if name in self._uploads else REMOVED)
+            if not chosen:
+                self._registry.record_failure(name, "; ".join(problems))
+            if problems and explicit:
+                error = _LoadFailed if failures else ModelUnavailable  # (or files still changing)
+                raise error(f"model '{name}': {'; '.join(problems)}")
+        finally:
+            self._loading.pop(name, None)
 
     async def _config_settled(self, directory: Path, wait: bool) -> bool:
         """Whether the model's config file (if any) has gone `stable_s` unchanged, or was there
@@ -697,16 +703,25 @@ class ModelManager:
     # -- memory budget and lazy loading --------------------------------------------------------
 
     async def _make_room(self, name: str, needed: int) -> None:
-        """Unload least recently used idle models until `name` fits the budget."""
+        """Unload least recently used idle models until `name` fits the budget, and count it
+        as loaded from now until its load ends (`_sync` forgets it then).
+
+        NOTE: loads under way count as models loaded: four first requests for four models at
+        once, under a budget of two, loaded all four (each saw none loaded yet). A load that
+        finds the budget full of other loads is refused at once (503, retry), not queued behind
+        them: the models they bring are about to take their own first requests."""
         options = self.options
         while True:
             models = self._registry.snapshot.models
-            used = sum(self._bytes.get(n, 0) for n in models)
-            if options.max_loaded_models is not None and len(models) >= options.max_loaded_models:
+            loading = {n: b for n, b in self._loading.items() if n not in models and n != name}
+            used = sum(self._bytes.get(n, 0) for n in models) + sum(loading.values())
+            count = len(models) + len(loading)
+            if options.max_loaded_models is not None and count >= options.max_loaded_models:
                 limit = "max_loaded_models"
             elif options.max_loaded_bytes is not None and used + needed > options.max_loaded_bytes:
                 limit = "max_loaded_bytes"
             else:
+                self._loading[name] = needed
                 return
             idle = []
             for other, served in models.items():
@@ -714,9 +729,10 @@ class ModelManager:
                 if other != name and all(d.scheduler.idle for d in deployments):
                     idle.append((max(d.scheduler.last_arrival_ns for d in deployments), other))
             if not idle:
+                busy = "loaded or loading" if loading else "loaded"
                 raise ModelUnavailable(
                     f"model '{name}' cannot be loaded: the {limit} budget is full and every "
-                    "loaded model is busy; retry later or raise the budget"
+                    f"{busy} model is busy; retry later or raise the budget"
                 )
             _, victim = min(idle)
             log.info("unloading idle model %s to make room for %s (%s)", victim, name, limit)
