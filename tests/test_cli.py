@@ -206,6 +206,43 @@ def test_ctrl_c_while_the_command_loads_is_one_line_not_a_traceback(tmp_path: Pa
     assert result.stderr == "duetime: interrupted\n"
 
 
+def test_sigterm_while_the_models_load_stops_at_once(tmp_path: Path, demo_repo: Path) -> None:
+    """A stop asked for during the start-up load waited for every model to load, then said
+    ready, then stopped (21 s with big models). Here a load takes 60 s (made slow in the
+    child): the stop ends the command at once, exit code 0, never ready."""
+    slow_loads = (
+        "import sys, time\n"
+        "import duetime.repository.manager as manager\n"
+        "def load_version(*args, **kwargs):\n"
+        "    print('loading', flush=True)\n"
+        "    time.sleep(60)\n"
+        "manager.load_version = load_version\n"
+        "from duetime.__main__ import main\n"
+        "raise SystemExit(main())\n"
+    )
+    command = [sys.executable, "-c", slow_loads, "serve", str(demo_repo), "--http-port", "0",
+               "--grpc-port", "0", "--metrics-port", "0"]  # fmt: skip
+    with subprocess.Popen(
+        command, cwd=tmp_path, env=duetime_env(tmp_path), stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True,
+    ) as process:  # fmt: skip
+        try:
+            assert process.stdout is not None
+            assert process.stdout.readline() == "loading\n"
+            started = time.monotonic()
+            process.send_signal(signal.SIGTERM)
+            stdout, stderr = process.communicate(timeout=STARTUP_GUARD_S)
+        finally:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+    assert time.monotonic() - started < 20, "it waited for the load"
+    assert process.returncode == 0, stderr
+    assert "duetime: stopped before it was ready" in stderr
+    assert "ready" not in stdout
+    assert "Traceback" not in stderr
+
+
 @pytest.mark.parametrize("flag", ["--http-port", "--grpc-port"])
 def test_a_taken_port_is_a_clear_error_not_a_traceback(tmp_path: Path, flag: str) -> None:
     with socket.socket() as taken:

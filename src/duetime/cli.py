@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
 import os
 import signal
@@ -336,9 +337,22 @@ def _serve(args: argparse.Namespace) -> int:
     loop = new_event_loop()
     asyncio.set_event_loop(loop)
     try:
-        return loop.run_until_complete(_run(Server(settings)))
+        code = loop.run_until_complete(_run(Server(settings)))
     finally:
         loop.close()
+    if code == _STOPPED_LOADING:
+        # NOTE: a model load under way in the loader thread cannot be interrupted (ONNX Runtime
+        # builds the session in one call), and the interpreter waits for that thread at exit:
+        # the stop asked for before the server was ready would wait out the load.
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
+    return code
+
+
+_STOPPED_LOADING = -1
+"""What `_run` returns when a stop came before the server was ready (exit code 0)."""
 
 
 def _setting_flags(args: argparse.Namespace, repository: Path | None) -> dict[str, Any]:
@@ -355,7 +369,17 @@ async def _run(server: Server) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    addresses = await server.start()
+    starting = asyncio.ensure_future(server.start())
+    stopping = asyncio.ensure_future(stop.wait())
+    await asyncio.wait((starting, stopping), return_when=asyncio.FIRST_COMPLETED)
+    if not starting.done():  # (a stop while the models load: they took 20 s to finish first)
+        starting.cancel()  # (the server stops what it started)
+        with contextlib.suppress(asyncio.CancelledError):
+            await starting
+        console("duetime: stopped before it was ready", logging.WARNING)
+        return _STOPPED_LOADING
+    stopping.cancel()
+    addresses = starting.result()
     failures = server.engine.registry.snapshot.failures
     for name, reason in failures.items():
         console(f"duetime: model '{name}' not loaded: {reason}", logging.WARNING)
