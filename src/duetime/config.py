@@ -10,6 +10,7 @@ from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -36,14 +37,26 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
 
+def _declared_dim(dim: int) -> int:
+    """A dim a config declares: 1 or more, or -1 for a free one.
+
+    NOTE: 0 is refused, as Triton refuses it (model_config_utils ValidateIOShape): a model
+    whose dim is 0 can take only empty tensors, so a config saying so is a mistake, and
+    serving it would refuse every request that carries data."""
+    if dim == 0 or dim < -1:
+        raise ValueError("a dim must be 1 or more, or -1 for a free dim")
+    return dim
+
+
 class TensorConfig(_Strict):
     """An input or output declared in the config; checked against the ONNX graph at load."""
 
     name: str = Field(min_length=1)
     datatype: V2Datatype | None = None
     """The v2 datatype; read from the graph when omitted."""
-    dims: list[Annotated[int, Field(ge=-1)]] | None = None
-    """The shape without the batch dim (as Triton's `dims`); -1 marks a free dim."""
+    dims: list[Annotated[int, AfterValidator(_declared_dim)]] | None = None
+    """The shape without the batch dim (as Triton's `dims`); each 1 or more, or -1 for a free
+    dim."""
     labels: str | None = Field(default=None, min_length=1)
     """An output's class labels: a file in the model's folder, one label a line, the label of
     class i on line i (Triton's `label_filename`); classification answers then read

@@ -1,0 +1,58 @@
+"""What a model config may say, in each of its forms (config.toml, Triton's config.pbtxt, a
+load request's JSON), checked as Triton checks it (repository/tritonconfig.py, config.py)."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from duetime.errors import ConfigError, InvalidInput
+from duetime.frontend.rest import parse_config_override
+from duetime.repository.tritonconfig import load_model_config
+
+
+def model_dir(tmp_path: Path, filename: str, text: str) -> Path:
+    """A model folder holding only its config file (enough for reading the config)."""
+    folder = tmp_path / "m"
+    folder.mkdir()
+    (folder / filename).write_text(text, encoding="utf-8")
+    return folder
+
+
+DIM_RULE = "a dim must be 1 or more, or -1 for a free dim (got 0)"
+
+
+def test_a_dim_of_0_in_a_pbtxt_is_refused_at_load(tmp_path: Path) -> None:
+    folder = model_dir(
+        tmp_path, "config.pbtxt",
+        'max_batch_size: 8\ninput [{ name: "x" data_type: TYPE_FP32 dims: [0] }]\n',
+    )  # fmt: skip
+    with pytest.raises(ConfigError, match=re.escape(DIM_RULE)):
+        load_model_config(folder)
+
+
+def test_a_dim_of_0_in_a_config_toml_is_refused_at_load(tmp_path: Path) -> None:
+    folder = model_dir(tmp_path, "config.toml", '[[outputs]]\nname = "y"\ndims = [4, 0]\n')
+    with pytest.raises(ConfigError, match=r"field 'outputs\.0\.dims\.1': .*" + re.escape(DIM_RULE)):
+        load_model_config(folder)
+
+
+@pytest.mark.parametrize(
+    "override",
+    [
+        {"inputs": [{"name": "x", "dims": [0]}]},  # duetime's form
+        {"input": [{"name": "x", "data_type": "TYPE_FP32", "dims": ["0"]}]},  # Triton's
+    ],
+)
+def test_a_dim_of_0_in_a_load_override_is_refused(override: dict[str, object]) -> None:
+    with pytest.raises(InvalidInput, match=re.escape(DIM_RULE)):
+        parse_config_override(json.dumps(override), "m")
+
+
+def test_free_and_positive_dims_are_still_accepted(tmp_path: Path) -> None:
+    folder = model_dir(tmp_path, "config.toml", '[[inputs]]\nname = "x"\ndims = [-1, 1, 3]\n')
+    (tensor,) = load_model_config(folder).inputs or ()
+    assert tensor.dims == [-1, 1, 3]
