@@ -1125,6 +1125,20 @@ def test_first_requests_for_several_models_at_once_keep_to_the_budget(tmp_path: 
     run(tmp_path, scenario, lazy=True, max_loaded_models=2)
 
 
+def test_lazy_loading_in_explicit_mode_is_said_to_be_ignored(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    write_version(tmp_path, "m", 1, scale_model(1))
+
+    async def scenario(engine: Engine) -> None:
+        with pytest.raises(ModelNotFound):
+            await factor_of(engine)
+
+    with caplog.at_level(logging.WARNING, logger="duetime"):
+        run(tmp_path, scenario, lazy=True, control_mode="explicit")
+    assert "--lazy-load is ignored: with --model-control-mode explicit" in caplog.text
+
+
 def test_a_failed_lazy_load_is_retried_by_a_later_request(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

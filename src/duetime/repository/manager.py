@@ -239,6 +239,11 @@ class ModelManager:
         wanted = self.options.startup_models
         if self.options.control_mode == "explicit":
             names = names if "*" in wanted else self._startup_models(wanted, scan)
+            if self.options.lazy:  # (requests for models not loaded got 404, without a word)
+                log.warning(
+                    "--lazy-load is ignored: with --model-control-mode explicit, models load "
+                    "through the repository API (and --load-model at start), never on a request"
+                )
         else:
             if wanted:
                 log.warning(
