@@ -261,6 +261,18 @@ class ModelConfig(_Strict):
     variants: list[VariantConfig] = []
     traffic: TrafficConfig = TrafficConfig()
 
+    @field_validator("inputs", "outputs", mode="after")
+    @classmethod
+    def _tensors_named_once(cls, tensors: list[TensorConfig] | None) -> list[TensorConfig] | None:
+        """NOTE: refused, as Triton refuses it: of two entries for one tensor, one would win
+        without a word (the later), and the config would not say what is served."""
+        names = [tensor.name for tensor in tensors or ()]
+        repeated = sorted({name for name in names if names.count(name) > 1})
+        if repeated:
+            listed = ", ".join(f"'{name}'" for name in repeated)
+            raise ValueError(f"{listed} listed more than once; list each tensor once")
+        return tensors
+
     @model_validator(mode="after")
     def _inline_is_one_instance(self) -> ModelConfig:
         if self.execution == "inline" and self.instances != 1:

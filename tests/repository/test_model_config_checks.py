@@ -9,9 +9,12 @@ from pathlib import Path
 
 import pytest
 
+from duetime.config import parse_model_config
 from duetime.errors import ConfigError, InvalidInput
 from duetime.frontend.rest import parse_config_override
+from duetime.repository.loader import reconcile
 from duetime.repository.tritonconfig import load_model_config
+from duetime.types import TensorSpec
 
 
 def model_dir(tmp_path: Path, filename: str, text: str) -> Path:
@@ -56,3 +59,43 @@ def test_free_and_positive_dims_are_still_accepted(tmp_path: Path) -> None:
     folder = model_dir(tmp_path, "config.toml", '[[inputs]]\nname = "x"\ndims = [-1, 1, 3]\n')
     (tensor,) = load_model_config(folder).inputs or ()
     assert tensor.dims == [-1, 1, 3]
+
+
+@pytest.mark.parametrize(
+    ("filename", "text"),
+    [
+        ("config.pbtxt", 'input [{ name: "x" dims: [4] }, { name: "x" dims: [-1] }]\n'),
+        ("config.toml", '[[outputs]]\nname = "y"\n[[outputs]]\nname = "y"\ndims = [4]\n'),
+    ],
+)
+def test_a_tensor_listed_twice_is_refused_naming_it(
+    tmp_path: Path, filename: str, text: str
+) -> None:
+    folder = model_dir(tmp_path, filename, text)
+    with pytest.raises(ConfigError, match=r"'[xy]' listed more than once; list each tensor once"):
+        load_model_config(folder)
+
+
+TWO_INPUTS = [TensorSpec("a", "FP32", (-1, 3)), TensorSpec("b", "FP32", (-1, 3))]
+SUM = [TensorSpec("s", "FP32", (-1, 3))]
+
+
+def test_a_config_listing_some_of_the_required_inputs_is_refused() -> None:
+    """As Triton's ONNX Runtime backend ("configuration expects 1 inputs, model provides 2");
+    'b' was served on the graph's shape, unlisted."""
+    config = parse_model_config({"inputs": [{"name": "a", "dims": [3]}]}, source="c")
+    with pytest.raises(ConfigError, match=re.escape(
+        "m: field 'inputs': the config lists 1 of the model's inputs but not 'b', which "
+        "requests must give"
+    )):  # fmt: skip
+        reconcile(config, TWO_INPUTS, SUM, source="m")
+
+
+def test_inputs_with_a_default_and_outputs_may_be_left_out_of_the_config() -> None:
+    weight = TensorSpec("w", "FP32", (-1, 3), optional=True)
+    config = parse_model_config(
+        {"inputs": [{"name": "a"}, {"name": "b"}], "outputs": []}, source="c"
+    )
+    signature = reconcile(config, [*TWO_INPUTS, weight], SUM, source="m")
+    assert [spec.name for spec in signature.inputs] == ["a", "b", "w"]
+    assert [spec.name for spec in signature.outputs] == ["s"]

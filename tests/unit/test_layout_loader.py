@@ -206,7 +206,7 @@ def test_reconcile_explicit_batch_needs_free_first_dims(
     ("fields", "expected_in", "expected_out"),
     [
         pytest.param(
-            {"inputs": [{"name": "mask", "dims": [7]}]},
+            {"inputs": [{"name": "x"}, {"name": "mask", "dims": [7]}]},
             [FREE_IN[0], TensorSpec("mask", "BOOL", (-1, 7))],
             FREE_OUT,
             id="narrow-free-dim",

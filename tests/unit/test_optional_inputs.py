@@ -193,11 +193,11 @@ def test_a_batching_model_serves_only_optional_inputs_with_a_batch_dim(
 def test_a_config_naming_a_weight_of_a_batching_model_is_refused(
     tmp_path: Path, loaded: list[LoadedModel]
 ) -> None:
-    toml = 'max_batch_size = 8\n[[inputs]]\nname = "W"\n'
+    toml = 'max_batch_size = 8\n[[inputs]]\nname = "W"\n[[inputs]]\nname = "x"\n'
     with pytest.raises(ConfigError, match=r"field 'inputs.0.name': 'W' is an optional input .*"
                        r"no batch dim.*set max_batch_size = 0"):  # fmt: skip
         load(dense_model(tmp_path / "m", ("config.toml", toml)), loaded)
-    toml = 'max_batch_size = 0\n[[inputs]]\nname = "W"\n'
+    toml = 'max_batch_size = 0\n[[inputs]]\nname = "W"\n[[inputs]]\nname = "x"\n'
     model = load(dense_model(tmp_path / "u", ("config.toml", toml)), loaded)
     x = np.ones((1, 4), np.float32)
     assert run(model, {"x": x, "W": np.full((4, 3), 2, np.float32)}).tolist() == [[8.0] * 3]

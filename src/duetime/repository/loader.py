@@ -250,7 +250,29 @@ def _apply(
         if entry.dims is not None:
             dims = _narrow(spec, entry.dims, batched, f"{at}.dims'")
             by_name[entry.name] = TensorSpec(spec.name, spec.datatype, dims, optional=spec.optional)
+    if field == "inputs":
+        _refuse_unlisted_required(declared, graph, source)
     return [by_name[spec.name] for spec in graph]
+
+
+def _refuse_unlisted_required(
+    declared: list[TensorConfig], graph: list[TensorSpec], source: str
+) -> None:
+    """A config that lists inputs lists every one requests must give.
+
+    NOTE: as Triton's ONNX Runtime backend ("configuration expects 1 inputs, model provides
+    2"): an input left out was served on the graph's own shape, so the config did not say what
+    the model takes. Optional inputs (an initializer gives their default) may be left out, and
+    so may outputs (Triton's backend checks only those listed)."""
+    listed = {entry.name for entry in declared}
+    missing = [spec.name for spec in graph if not spec.optional and spec.name not in listed]
+    if missing:
+        names = ", ".join(f"'{name}'" for name in missing)
+        raise ConfigError(
+            f"{source}: field 'inputs': the config lists {len(declared)} of the model's inputs "
+            f"but not {names}, which requests must give (the graph has no initializer for it); "
+            "list every required input, or none to take them all from the graph"
+        )
 
 
 def _narrow(spec: TensorSpec, dims: list[int], batched: bool, where: str) -> tuple[int, ...]:
