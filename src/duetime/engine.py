@@ -241,6 +241,7 @@ class Engine:
             ledger=None if background else ledger,
             sample_row_bytes=sample_row_bytes(loaded.signature),
             sample=functools.partial(sample_inputs, loaded.signature, 1),
+            predictable_cost=not loaded.cost_depends_on_values,
         )
         return Deployment(loaded, scheduler, variant)
 

@@ -1,8 +1,10 @@
 """Circuit breakers with a real model that fails or slows on demand (`faulty_model`: a control
-input k = 1 makes ONNX Runtime fail, k = n > 1 runs n extra matrix products).
+input k = 1 makes ONNX Runtime fail, k = n > 1 runs n extra matrix products), and one that fails
+on every input, its own sample inputs included (`broken_model`).
 
-The breaker opens within its threshold, requests then fail fast with 503 + Retry-After (or go to
-a healthy version when the traffic policy has one), and it closes once probes succeed."""
+Failures on a client's values (answered 400) never open the breaker; a model that fails on its
+own samples opens it, requests then fail fast with 503 + Retry-After (or go to a healthy version
+when the traffic policy has one). The probe cycle is in tests/scheduling/test_scheduler.py."""
 
 from __future__ import annotations
 
@@ -60,44 +62,88 @@ def states(engine: Engine, version: str = "1") -> list[BreakerState]:
 BREAKER = "[breaker]\nfailures = 3\nopen_s = 0.3\nslow_executions = 2\nslow_factor = 5.0\n"
 
 
-def test_failures_open_the_breaker_and_probes_close_it(tmp_path: Path) -> None:
+def broken_model() -> bytes:
+    """y = x[:, [10, 10, 10, 10]] for x FP32 [-1, 4], with an unused control input k INT64
+    [-1, 1] (the signature of `faulty_model`): index 10 is out of range for every input, so ONNX
+    Runtime fails on each (answered 400, as a value it refuses), its sample inputs too: the
+    model is at fault, not its clients."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    graph = helper.make_graph(
+        [helper.make_node("Gather", ["x", "ten"], ["y"], axis=1)],
+        "broken",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 4]),
+         helper.make_tensor_value_info("k", TensorProto.INT64, ["n", 1])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 4])],
+        [numpy_helper.from_array(np.full(4, 10, dtype=np.int64), "ten")],
+    )  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    return model.SerializeToString()
+
+
+def test_a_client_s_bad_values_never_open_it_even_on_a_model_nobody_used_yet(
+    tmp_path: Path,
+) -> None:
+    """Probe t2: 5 requests with an out-of-range index to a fresh model (no answer within
+    open_s to clear it) opened its breaker, and the next valid request got 503. Answered 400,
+    they say nothing of the model; its own samples show it healthy."""
     write_version(tmp_path, "m", 1, faulty_model())
-    config(tmp_path, "m", "max_batch_size = 8\n" + BREAKER)
+    config(tmp_path, "m", "max_batch_size = 8\n" + BREAKER.replace("0.3", "5.0"))
 
     async def scenario(engine: Engine) -> None:
-        np.testing.assert_array_equal(await call(engine, 0), inputs()["x"])
-        await asyncio.sleep(0.35)  # (an answer within open_s clears the model: see below)
-        for _ in range(2):
+        for _ in range(10):
             with pytest.raises(InvalidInput, match="ONNX Runtime could not run"):
                 await call(engine, 1)
         assert states(engine) == [BreakerState.CLOSED]
-        with pytest.raises(InvalidInput):
-            await call(engine, 1)  # the third failure in a row opens it
-        assert states(engine) == [BreakerState.OPEN]
-        with pytest.raises(ModelUnavailable, match="circuit breaker open") as caught:
-            await call(engine, 0)  # fails fast, even a good request
-        assert caught.value.http_status == 503
-        assert caught.value.retry_after_s is not None
-        assert 0 < caught.value.retry_after_s <= 0.3
-        await asyncio.sleep(0.35)
-        np.testing.assert_array_equal(await call(engine, 0), inputs()["x"])  # the probe
-        assert states(engine) == [BreakerState.CLOSED]
+        np.testing.assert_array_equal(await call(engine, 0), inputs()["x"])
 
     run(tmp_path, scenario)
 
 
-def test_a_failed_probe_reopens_it_for_longer(tmp_path: Path) -> None:
-    write_version(tmp_path, "m", 1, faulty_model())
+def test_a_model_that_fails_on_its_own_samples_opens_it(tmp_path: Path) -> None:
+    write_version(tmp_path, "m", 1, broken_model())
     config(tmp_path, "m", "max_batch_size = 8\n" + BREAKER)
 
     async def scenario(engine: Engine) -> None:
-        for _ in range(3):
-            with pytest.raises(InvalidInput):
-                await call(engine, 1)
-        await asyncio.sleep(0.35)
-        with pytest.raises(InvalidInput):
-            await call(engine, 1)  # the probe fails
+        for _ in range(3):  # the third in a row has its samples run: they fail too
+            with pytest.raises(InvalidInput, match="ONNX Runtime could not run"):
+                await call(engine, 0)
+        for _ in range(100):  # (the samples' run ends on its thread)
+            if states(engine) == [BreakerState.OPEN]:
+                break
+            await asyncio.sleep(0.01)
         assert states(engine) == [BreakerState.OPEN]
+        with pytest.raises(ModelUnavailable, match="circuit breaker open") as caught:
+            await call(engine, 0)  # fails fast
+        assert caught.value.http_status == 503
+        assert caught.value.retry_after_s is not None
+        assert 0 < caught.value.retry_after_s <= 0.3
+
+    run(tmp_path, scenario)
+
+
+async def opened(engine: Engine, version: str = "1") -> None:
+    """Three failing requests to a `broken_model` version, then until its samples' run has
+    opened its breaker."""
+    for _ in range(3):
+        with pytest.raises(InvalidInput):
+            await call(engine, 0, version=int(version))
+    for _ in range(100):
+        if states(engine, version) == [BreakerState.OPEN]:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"breaker of version {version} not open: {states(engine, version)}")
+
+
+def test_a_broken_model_probed_again_reopens_for_longer(tmp_path: Path) -> None:
+    write_version(tmp_path, "m", 1, broken_model())
+    config(tmp_path, "m", "max_batch_size = 8\n" + BREAKER)
+
+    async def scenario(engine: Engine) -> None:
+        await opened(engine)
+        await asyncio.sleep(0.35)
+        await opened(engine)  # half-open: its probes fail on their data, then its samples
         with pytest.raises(ModelUnavailable) as caught:
             await call(engine, 0)
         assert caught.value.retry_after_s is not None
@@ -117,24 +163,6 @@ def test_a_good_request_between_failures_keeps_it_closed(tmp_path: Path) -> None
                     await call(engine, 1)
             await call(engine, 0)
         assert states(engine) == [BreakerState.CLOSED]
-
-    run(tmp_path, scenario)
-
-
-def test_one_client_s_bad_values_do_not_open_it_on_everyone_else(tmp_path: Path) -> None:
-    """Values ONNX Runtime refuses (here k = 1) while the model answered others within open_s
-    are the inputs' fault: each fails alone (400), and the breaker stays closed; a flood of them
-    opened it, and every other client got 503 for its whole open time."""
-    write_version(tmp_path, "m", 1, faulty_model())
-    config(tmp_path, "m", "max_batch_size = 8\n" + BREAKER.replace("0.3", "5.0"))
-
-    async def scenario(engine: Engine) -> None:
-        for _ in range(3):
-            np.testing.assert_array_equal(await call(engine, 0), inputs()["x"])
-            for _ in range(10):
-                with pytest.raises(InvalidInput, match="ONNX Runtime could not run"):
-                    await call(engine, 1)
-            assert states(engine) == [BreakerState.CLOSED]
 
     run(tmp_path, scenario)
 
@@ -209,7 +237,7 @@ def test_big_outputs_asked_for_by_input_values_are_not_slow_executions(tmp_path:
 
 
 def test_requests_move_to_a_healthy_version_while_one_is_open(tmp_path: Path) -> None:
-    write_version(tmp_path, "m", 1, faulty_model())
+    write_version(tmp_path, "m", 1, broken_model())
     write_version(tmp_path, "m", 2, faulty_model())
     config(
         tmp_path, "m",
@@ -218,10 +246,7 @@ def test_requests_move_to_a_healthy_version_while_one_is_open(tmp_path: Path) ->
     )  # fmt: skip
 
     async def scenario(engine: Engine) -> None:
-        for _ in range(3):  # break version 1 by name
-            with pytest.raises(InvalidInput):
-                await call(engine, 1, version=1)
-        assert states(engine, "1") == [BreakerState.OPEN]
+        await opened(engine, "1")  # by name
         assert states(engine, "2") == [BreakerState.CLOSED]
         for _ in range(20):  # unversioned requests go to version 2 meanwhile
             ticket = await unversioned(engine)
@@ -233,7 +258,7 @@ def test_requests_move_to_a_healthy_version_while_one_is_open(tmp_path: Path) ->
 
 
 def test_a_broken_primary_hands_over_to_its_variant(tmp_path: Path) -> None:
-    write_version(tmp_path, "m", 1, faulty_model())
+    write_version(tmp_path, "m", 1, broken_model())
     write_version(tmp_path, "m", 1, faulty_model(work=16), name="model.small.onnx")
     config(
         tmp_path, "m",
@@ -241,9 +266,7 @@ def test_a_broken_primary_hands_over_to_its_variant(tmp_path: Path) -> None:
     )  # fmt: skip
 
     async def scenario(engine: Engine) -> None:
-        for _ in range(3):
-            with pytest.raises(InvalidInput):
-                await call(engine, 1)
+        await opened(engine, "1")
         version = engine.registry.snapshot.models["m"].versions["1"]
         assert [b.state for b in version.primary.scheduler._breakers] == [BreakerState.OPEN]
         ticket = await unversioned(engine)

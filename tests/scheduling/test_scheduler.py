@@ -17,9 +17,16 @@ import pytest
 from factories import OTHER_SHAPE, SHAPE, FakeExecutor, make_profile
 
 from duetime.clock import FakeClock
-from duetime.config import SchedulingConfig
-from duetime.errors import DeadlineExceeded, InvalidInput, ModelUnavailable, Overloaded
+from duetime.config import BreakerConfig, SchedulingConfig
+from duetime.errors import (
+    DeadlineExceeded,
+    InternalError,
+    InvalidInput,
+    ModelUnavailable,
+    Overloaded,
+)
 from duetime.execution.executor import BatchResult, Feeds
+from duetime.resilience.breaker import BreakerState
 from duetime.scheduling.ledger import CoreLedger
 from duetime.scheduling.profile import OVERRUN_WINDOW, LatencyProfile, profile_from_samples
 from duetime.scheduling.scheduler import PROBE_NS, BatchSizeStatistics, ModelScheduler
@@ -77,6 +84,8 @@ def harness(
     wake_slack_ns: int = 0,
     sample_row_bytes: int = 0,
     sample: Callable[[], Feeds] | None = None,
+    breaker: BreakerConfig | None = None,
+    predictable_cost: bool = True,
     **scheduling: object,
 ) -> Harness:
     """A scheduler on the running loop; `scheduling` overrides SchedulingConfig fields.
@@ -99,6 +108,8 @@ def harness(
         wake_slack_ns=wake_slack_ns,
         sample_row_bytes=sample_row_bytes,
         sample=sample,
+        breaker=breaker,
+        predictable_cost=predictable_cost,
     )
     return Harness(clock, executor, scheduler)
 
@@ -1179,5 +1190,103 @@ def test_a_request_that_would_make_the_others_queued_work_late_does_not_fit() ->
         a.executor.complete(0)
         await asyncio.sleep(0)  # `tight` started: nothing of a's is left waiting
         assert b.scheduler.fits(clock.now_ns(), clock.now_ns() + 10 * MS, 1, 0)
+
+    run(body)
+
+
+# -- the circuit breaker ---------------------------------------------------------------------------
+
+FAST_BREAKER = BreakerConfig(failures=2, open_s=0.01, slow_executions=2, slow_min_us=0)
+
+
+def test_a_probe_that_fails_on_its_client_s_data_lets_the_next_request_probe() -> None:
+    """Answered 400, a half-open probe says nothing of the model: the breaker stays half-open
+    for the next request to probe (it reopened, doubled, and refused everyone for longer)."""
+
+    async def body() -> None:
+        h = harness(breaker=FAST_BREAKER)
+        fault = InternalError("the session crashed")
+        for index in range(2):  # the model's faults open it
+            h.submit(f"m{index}")
+            h.executor.complete(index, outputs=[fault])
+        assert [b.state for b in h.scheduler._breakers] == [BreakerState.OPEN]
+        h.clock.advance(20 * MS)
+        bad = h.submit("bad-values")
+        h.executor.complete(2, outputs=[InvalidInput("index 99 out of range")])
+        assert isinstance(failure(bad), InvalidInput)
+        assert [b.state for b in h.scheduler._breakers] == [BreakerState.HALF_OPEN]
+        good = h.submit("good")
+        assert h.started()[-1] == "good", "the next request probes"
+        h.executor.complete(3)
+        assert failure(good) is None
+        assert [b.state for b in h.scheduler._breakers] == [BreakerState.CLOSED]
+
+    run(body)
+
+
+def test_a_probe_its_thread_skipped_lets_the_next_request_probe() -> None:
+    """A half-open probe that never ran (its thread took it too late) told nothing: without
+    letting go of it, the instance waited for that probe's verdict for good."""
+
+    async def body() -> None:
+        h = harness(breaker=FAST_BREAKER)
+        for index in range(2):
+            h.submit(f"m{index}")
+            h.executor.complete(index, outputs=[InternalError("crashed")])
+        h.clock.advance(20 * MS)
+        probe = h.submit("probe", due_in=10 * MS)
+        instance, job = h.executor.jobs[2]
+        h.executor.finished.add(2)
+        job.on_done(BatchResult(job, instance, skipped=True))
+        assert isinstance(failure(probe), DeadlineExceeded)
+        h.submit("next")
+        assert h.started()[-1] == "next"
+
+    run(body)
+
+
+def test_a_model_whose_cost_follows_its_inputs_values_is_never_judged_slow() -> None:
+    """Probe t3: valid Loop requests of 60-120 ms against a 1 ms profile, all answered, opened
+    the breaker for everyone. With `predictable_cost=False` runs are never slow; failures
+    still count."""
+
+    async def body() -> None:
+        h = harness(breaker=FAST_BREAKER, predictable_cost=False)
+        for index in range(4):
+            h.submit(f"long{index}")
+            h.executor.complete(index, compute_ns=1_000 * ONE_ROW)
+        assert [b.state for b in h.scheduler._breakers] == [BreakerState.CLOSED]
+        for index in range(4, 6):
+            h.submit(f"crash{index}")
+            h.executor.complete(index, outputs=[InternalError("crashed")])
+        assert [b.state for b in h.scheduler._breakers] == [BreakerState.OPEN]
+
+        control = harness(breaker=FAST_BREAKER)  # a model of predictable cost: slow opens it
+        for index in range(2):
+            control.submit(f"long{index}")
+            control.executor.complete(index, compute_ns=1_000 * ONE_ROW)
+        assert [b.state for b in control.scheduler._breakers] == [BreakerState.OPEN]
+
+    run(body)
+
+
+def test_requests_failing_on_their_data_have_the_model_checked_on_its_samples() -> None:
+    """Failures on clients' data never count; after `failures` of them with no answer lately,
+    the model runs its own samples: a model that fails on them opens its breaker, one that
+    answers them is cleared."""
+
+    async def body() -> None:
+        sample = {"name": np.array(["sample"])}
+        for samples_fail in (False, True):
+            h = harness(breaker=FAST_BREAKER, sample=lambda: sample)
+            for index in range(2):
+                h.submit(f"bad{index}")
+                h.executor.complete(index, outputs=[InvalidInput("index 99 out of range")])
+            assert h.started()[-1] == "sample", "the samples' run was handed over"
+            verdict = [InvalidInput("index 10 out of range")] if samples_fail else None
+            h.executor.complete(2, outputs=verdict)
+            state = BreakerState.OPEN if samples_fail else BreakerState.CLOSED
+            assert [b.state for b in h.scheduler._breakers] == [state]
+            assert h.scheduler.statistics().failed == 2
 
     run(body)

@@ -59,6 +59,10 @@ class LoadedModel:
     profile: LatencyProfile
     labels: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     """Outputs' class labels, by output name (config `labels`: Triton's `label_filename`)."""
+    cost_depends_on_values: bool = False
+    """Its run time follows its inputs' values (a Loop's trip count, a size read from an
+    input) or free non-batch dims: its profile cannot say what a run should take, so the
+    scheduler never judges a run slow (see `ModelScheduler`'s `predictable_cost`)."""
 
 
 def load_version(

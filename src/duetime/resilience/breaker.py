@@ -7,6 +7,11 @@ closed ──(N failed or slow executions in a row)──► open ──(open_s 
 
 While open, the instance takes no batch. Half-open lets one batch through at a time (a probe);
 each time a probe fails, the next open period doubles, up to `max_open_s`.
+
+Only the model's faults count. A batch that failed on its clients' data (answered 400) says
+nothing of the model, healthy or not: the caller `release`s it instead of recording it, and
+while half-open the next batch probes. A model that fails on every input, its own sample inputs
+included, is `trip`ped by the caller once it has checked so (see `ModelScheduler._suspect`).
 """
 
 from __future__ import annotations
@@ -64,6 +69,22 @@ class CircuitBreaker:
         """A batch was handed to the instance (while half-open: the probe)."""
         if self.state is BreakerState.HALF_OPEN:
             self._probing = True
+
+    def release(self) -> None:
+        """The batch handed over told nothing of the model (it failed on its clients' data, or
+        was not run): neither good nor bad; while half-open, the next batch probes."""
+        self._probing = False
+
+    def trip(self, now_ns: int) -> bool:
+        """Open now, whatever the count: the model failed on inputs known to be good (the
+        samples it answered at load). While half-open this is a failed probe (the open period
+        doubles); True if this opened the breaker (False if it was open already)."""
+        if self.state is BreakerState.OPEN:
+            return False
+        self._probing = False
+        if self.state is BreakerState.HALF_OPEN:
+            self._open_ns = min(2 * self._open_ns, int(self._config.max_open_s * 1e9))
+        return self._open(now_ns)
 
     def clear(self) -> None:
         """A good execution while closed: the same as `record(failed=False, slow=False)`."""

@@ -17,7 +17,7 @@ import logging
 import time
 from bisect import bisect_left
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -261,11 +261,17 @@ class ModelScheduler:
         sample_row_bytes: int = 0,
         wake_slack_ns: int = WAKE_SLACK_NS,
         sample: Callable[[], Feeds] | None = None,
+        predictable_cost: bool = True,
     ) -> None:
         """`ledger`: the CPU its instances run on, when other models' instances run there too
         (see scheduling/ledger.py). `sample_row_bytes`: the input bytes a row of the samples the
         profile was measured on had (0: not known). `wake_slack_ns`: see `WAKE_SLACK_NS`.
-        `sample`: inputs of one row for `refresh_if_stale` (None: it never runs one)."""
+        `sample`: inputs of one row for `refresh_if_stale` and `_suspect` (None: it never
+        runs one). `predictable_cost`: False for a model whose run time follows its inputs'
+        values (a Loop's trip count, a size read from an input) or free non-batch dims: its
+        executions are never judged slow, since its profile cannot say what a run should take
+        (5 valid Loop requests of 60-120 ms opened the breaker of one profiled at 1 ms).
+        Failures still count."""
         self._sample = sample
         self._refreshing = False
         self._wake_slack_base_ns = self._wake_slack_ns = wake_slack_ns
@@ -314,6 +320,9 @@ class ModelScheduler:
         """When an execution last gave some request an answer (not a failure)."""
         self._trust_ns = int(self._breaker_config.open_s * 1e9)
         """How recent such an answer clears the model of inputs' failures (see `_judge`)."""
+        self._clients_failures = 0
+        """Executions in a row that failed on their clients' data (see `_suspect`)."""
+        self._predictable_cost = predictable_cost
         self._queued_cache: tuple[tuple[int, int, int], int, Queued] | None = None
         """`_queued_work`'s last answer: (queue length, rows, first free instance), when, what."""
         self._inline = executor.inline
@@ -905,17 +914,30 @@ class ModelScheduler:
             or not self.available(now)
         ):
             return
-        feeds = self._sample()
+        if self._run_sample(0, now, self._refreshed):
+            self._refreshing = True
+            self._last_run_ns = now
+
+    def _run_sample(self, instance: int, now: int, on_done: Callable[[BatchResult], None]) -> bool:
+        """Hand the sample inputs (one row) to `instance` if it has no batch, for `on_done` to
+        judge (it must end the run with `_ended`); False if it could not (no samples, an inline
+        model, a busy instance, shutting down)."""
+        if self._sample is None or self._inline or self._closed or self._outstanding[instance]:
+            return False
         rows = 1
         bucket = self.profile.bucket_of[rows] if self._max_rows else 0
-        self._refreshing = True
-        self._last_run_ns = now
-        job = BatchJob([feeds], [rows], bucket, self._refreshed)
-        self._outstanding[0].append(_Running([], bucket, now, rows, job))
-        self._busy_until[0] = now + self._exec_ns(rows)
+        job = BatchJob([self._sample()], [rows], bucket, on_done)
+        self._outstanding[instance].append(_Running([], bucket, now, rows, job))
+        self._busy_until[instance] = now + self._exec_ns(rows)
         if self._ledger is not None:
-            self._ledger.book(self._owners[0], self._busy_until[0])
-        self._executor.submit(0, job)
+            self._ledger.book(self._owners[instance], self._busy_until[instance])
+            if self._ledger.shared:  # (it takes its turn on the CPU, as a batch does)
+                turns = self._ledger.turns
+                job.turn = (turns, turns.take())
+        if self._tripped:
+            self._breakers[instance].started()
+        self._executor.submit(instance, job)
+        return True
 
     def _refreshed(self, result: BatchResult) -> None:
         now = self._clock.now_ns()
@@ -932,6 +954,8 @@ class ModelScheduler:
         instance = result.instance
         running = self._ended(instance, now)
         if result.skipped:  # its thread took it too late to run (see `_start_by`), or revoked
+            if self._tripped:  # (a probe not run tells nothing: without this, never another)
+                self._breakers[instance].release()
             live = [item for item in running.requests if not item.future.done()]
             for item in running.requests:
                 if item.future.done():
@@ -1000,35 +1024,29 @@ class ModelScheduler:
             and isinstance(outputs[0], DuetimeError)
             and all(isinstance(o, DuetimeError) for o in outputs)
         )
+        breaker = self._breakers[instance]
         if not failed:
             self._answered_ns = now
+            self._clients_failures = 0
+        elif _clients_fault(outputs):
+            # NOTE: every request of the batch was answered 400: ONNX Runtime refused their
+            # values (an index out of range, say). That is no fault of the model, whether or
+            # not it answered anyone lately: 5 such requests to a model with no answer in
+            # `open_s` (a fresh one, or one with sparse traffic) opened its breaker, and every
+            # other client got 503 for seconds. Nor is it a failed probe: it tells nothing of
+            # the model, so the next batch probes. Whether the model itself is broken is asked
+            # of its own sample inputs (`_suspect`).
+            if self._tripped:
+                breaker.release()
+            self._suspect(instance, now)
+            return
         elif now - self._answered_ns < self._trust_ns and all(
             isinstance(o, InvalidInput) for o in outputs
         ):
-            # NOTE: ONNX Runtime refused these requests' values (an index out of range, say)
-            # while the model answered others lately: the inputs' fault, not the model's. One
-            # client sending such values must not open the breaker on everyone else's requests.
+            # NOTE: a ModelOutputError (a string output that is not UTF-8) may follow some
+            # requests' values too: while the model answered others lately, it is not counted.
             failed = False
-        compute = result.compute_ns
-        factor = self._breaker_config.slow_factor
-        slow = compute > self._slow_floor_ns and compute > factor * (
-            self.profile.predict(running.rows)
-        )
-        if slow and sent > factor * running.rows * self._sample_row_bytes:
-            # NOTE: inputs far bigger than the profile's samples (free dims: a model that does
-            # not batch takes any size): a long run is their size, not a model fault
-            slow = False
-        sample_made = self.profile.sample_output_row_bytes
-        if slow and sample_made is not None:
-            made = sum(
-                a.nbytes for o in outputs if not isinstance(o, DuetimeError) for a in o.values()
-            )
-            if made > factor * running.rows * max(1, sample_made):
-                # NOTE: likewise outputs far bigger than the samples' (their size follows the
-                # input values: Expand, Range, NonZero): 25 M floats from a 16-byte request
-                # opened the breaker of a model whose samples made none
-                slow = False
-        breaker = self._breakers[instance]
+        slow = self._predictable_cost and self._slow(running, result, sent)
         if not (failed or slow or self._tripped):
             breaker.clear()
             return
@@ -1036,15 +1054,83 @@ class ModelScheduler:
         opened = breaker.record(now, failed=failed, slow=slow)
         if was_closed and opened:
             self._tripped += 1
-            log.warning(
-                "model %s instance %d: breaker open for %.1f s after %s", self._label, instance,
-                breaker.retry_after_ns(now) / 1e9, "failures" if failed else "slow executions",
-            )  # fmt: skip
+            self._opened(instance, now, "failures" if failed else "slow executions")
         elif not was_closed and breaker.state is BreakerState.CLOSED:
             self._tripped -= 1
             log.warning("model %s instance %d: breaker closed", self._label, instance)
         if opened and not self.available(now):
             self._fail_queued(self.unavailable_error(now), now)
+
+    def _slow(self, running: _Running, result: BatchResult, sent: int) -> bool:
+        """Whether an execution ran far longer than its profile predicts for its batch, for no
+        reason its inputs or outputs explain (see the NOTEs)."""
+        compute = result.compute_ns
+        factor = self._breaker_config.slow_factor
+        if compute <= self._slow_floor_ns or compute <= factor * self.profile.predict(running.rows):
+            return False
+        if sent > running.rows * self._sample_row_bytes:
+            # NOTE: inputs bigger than the profile's samples (free dims: a model that does not
+            # batch takes any size): a long run is their size, not a model fault. Any bigger,
+            # not only `slow_factor` times: a cost that grows faster than the bytes (attention
+            # over a longer sequence: 3x the bytes, 9x the time) made valid inputs "slow".
+            return False
+        sample_made = self.profile.sample_output_row_bytes
+        if sample_made is not None:
+            made = sum(
+                a.nbytes
+                for o in result.outputs
+                if not isinstance(o, DuetimeError)
+                for a in o.values()
+            )
+            if made > factor * running.rows * max(1, sample_made):
+                # NOTE: likewise outputs far bigger than the samples' (their size follows the
+                # input values: Expand, Range, NonZero): 25 M floats from a 16-byte request
+                # opened the breaker of a model whose samples made none
+                return False
+        return True
+
+    def _opened(self, instance: int, now: int, why: str) -> None:
+        log.warning(
+            "model %s instance %d: breaker open for %.1f s after %s", self._label, instance,
+            self._breakers[instance].retry_after_ns(now) / 1e9, why,
+        )  # fmt: skip
+
+    def _suspect(self, instance: int, now: int) -> None:
+        """An execution failed on its clients' data: after `breaker.failures` of them in a row
+        with no answer to anyone within `open_s`, check whether the model answers its own
+        sample inputs (`_checked`)."""
+        self._clients_failures += 1
+        if (
+            self._clients_failures >= self._breaker_config.failures
+            and now - self._answered_ns >= self._trust_ns
+            and self._run_sample(instance, now, self._checked)
+        ):
+            self._clients_failures = 0
+
+    def _checked(self, result: BatchResult) -> None:
+        """The sample inputs' run that `_suspect` asked for, on the loop: a model that fails on
+        the very inputs it answered at load is at fault, whatever its clients sent: its
+        breaker opens (the breaker is for that model: it is shed, and the router sends its
+        requests to a healthy version or variant). One that answers them is cleared for
+        `open_s`: the failures were its clients'."""
+        now = self._clock.now_ns()
+        instance = result.instance
+        self._ended(instance, now)
+        outputs = result.outputs
+        if result.skipped:
+            pass
+        elif outputs and not isinstance(outputs[0], DuetimeError):
+            self._answered_ns = now
+        else:
+            breaker = self._breakers[instance]
+            was_closed = breaker.state is BreakerState.CLOSED
+            if breaker.trip(now):
+                if was_closed:
+                    self._tripped += 1
+                self._opened(instance, now, "failing on its own sample inputs")
+                if not self.available(now):
+                    self._fail_queued(self.unavailable_error(now), now)
+        self._dispatch()
 
     def available(self, now: int) -> bool:
         """Whether some instance's breaker lets work through (or will once its probe ends)."""
@@ -1197,6 +1283,12 @@ class ModelScheduler:
                 self._unavailable += 1
                 self._fail_ns += now - item.arrival_ns
                 _settle(item, error)
+
+
+def _clients_fault(outputs: Sequence[Feeds | DuetimeError]) -> bool:
+    """Every request failed on its own data: answered 400 (InvalidInput), not 500 (a
+    ModelOutputError is an InvalidInput answered 500: the model's output was at fault)."""
+    return all(isinstance(o, DuetimeError) and o.http_status < 500 for o in outputs)
 
 
 def _input_bytes(running: _Running) -> int:
