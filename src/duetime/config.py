@@ -261,6 +261,15 @@ class ModelConfig(_Strict):
     variants: list[VariantConfig] = []
     traffic: TrafficConfig = TrafficConfig()
 
+    @field_validator("scheduling", mode="before")
+    @classmethod
+    def _policy_shorthand(cls, value: object) -> object:
+        """`scheduling = "fifo"` is short for `[scheduling] policy = "fifo"`: the natural
+        spelling when the policy is all a model sets (it was refused with "Input should be a
+        valid dictionary or instance of SchedulingConfig"). Other strings are refused by
+        `policy`, naming the choices."""
+        return {"policy": value} if isinstance(value, str) else value
+
     @field_validator("inputs", "outputs", mode="after")
     @classmethod
     def _tensors_named_once(cls, tensors: list[TensorConfig] | None) -> list[TensorConfig] | None:

@@ -99,3 +99,56 @@ def test_inputs_with_a_default_and_outputs_may_be_left_out_of_the_config() -> No
     signature = reconcile(config, [*TWO_INPUTS, weight], SUM, source="m")
     assert [spec.name for spec in signature.inputs] == ["a", "b", "w"]
     assert [spec.name for spec in signature.outputs] == ["s"]
+
+
+@pytest.mark.parametrize(
+    ("override", "max_batch_size", "versions"),
+    [
+        # protobuf's JSON form writes int64 as strings (tritonclient gRPC, as_json=True)
+        ({"name": "m", "platform": "onnxruntime_onnx",
+          "version_policy": {"specific": {"versions": ["1", "3"]}}}, None, [1, 3]),
+        ({"name": "m", "backend": "onnxruntime", "max_batch_size": "4"}, 4, None),
+        ({"maxBatchSize": 4}, 4, None),  # (protobuf's JSON names, as json_format writes them)
+        # duetime's own form, where both read the same keys: 0 is "no batching" (Triton's
+        # form would take it from the graph)
+        ({"name": "m", "max_batch_size": 0}, 0, None),
+        ({"max_batch_size": 2, "version_policy": {"specific": {"versions": [3]}}}, 2, [3]),
+    ],
+)  # fmt: skip
+def test_a_load_override_in_either_json_form_is_taken_with_only_shared_fields(
+    override: dict[str, object], max_batch_size: int | None, versions: list[int] | None
+) -> None:
+    config = parse_config_override(json.dumps(override), "m")
+    specific = config.version_policy.specific
+    assert config.max_batch_size == max_batch_size
+    assert (specific.versions if specific else None) == versions
+
+
+def test_triton_config_as_grpc_get_model_config_returns_it_loads_back() -> None:
+    from google.protobuf import json_format
+
+    from duetime.frontend.proto import model_config_pb2 as mc
+
+    config = mc.ModelConfig(name="m", backend="onnxruntime", max_batch_size=4)
+    config.version_policy.specific.versions.extend([1, 3])
+    as_json = json_format.MessageToDict(config, preserving_proto_field_name=True)
+    assert as_json["version_policy"] == {"specific": {"versions": ["1", "3"]}}
+    loaded = parse_config_override(json.dumps(as_json), "m")
+    assert (loaded.max_batch_size, loaded.version_policy.select([1, 2, 3])) == (4, [3, 1])
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ({"name": "m", "backend": "python"}, "backend: 'python': duetime serves ONNX models"),
+        ({"name": "other"}, "name 'other' is not the model 'm'"),
+        # valid in neither form: the errors of the form its keys belong to
+        ({"instances": 0}, "field 'instances': Input should be greater than or equal to 1"),
+        ({"instance_group": [], "bogus": 1}, 'has no field named "bogus"'),
+    ],
+)
+def test_a_load_override_valid_in_neither_form_says_why(
+    override: dict[str, object], message: str
+) -> None:
+    with pytest.raises(InvalidInput, match=re.escape(message)):
+        parse_config_override(json.dumps(override), "m")

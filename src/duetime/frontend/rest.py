@@ -24,7 +24,7 @@ import numpy as np
 import orjson
 
 from duetime import __version__, classification
-from duetime.config import ModelConfig, ServerSettings, parse_model_config
+from duetime.config import ModelConfig, ServerSettings
 from duetime.datatypes import WIRE_DTYPE_OF, v2_datatype_of
 from duetime.engine import Engine, Ticket
 from duetime.errors import (
@@ -53,7 +53,7 @@ from duetime.observability.tracing import (
     parse_traceparent,
 )
 from duetime.repository.manager import check_model_name, check_upload_path
-from duetime.repository.tritonconfig import is_triton_json, translate_json
+from duetime.repository.tritonconfig import read_json_config
 from duetime.types import InferRequest
 
 log = logging.getLogger("duetime.rest")
@@ -795,25 +795,13 @@ def load_request(parameters: Mapping[str, Any], name: str) -> LoadRequest:
 
 
 def parse_config_override(text: str, name: str) -> ModelConfig:
-    """A load request's `config` parameter: JSON in duetime's model config schema (Triton's
-    `name`, and `backend` "onnxruntime", are accepted too), or Triton's ModelConfig as JSON (as
-    `get_model_config` returns it: edit, load)."""
+    """A load request's `config` parameter: JSON in duetime's model config schema, or Triton's
+    ModelConfig as JSON (as `get_model_config` returns it, over HTTP or gRPC: edit, load); see
+    `tritonconfig.read_json_config`."""
     source = "load parameter 'config'"
     data = _json_object(text.encode(), source)
     try:
-        if is_triton_json(data):
-            return parse_model_config(
-                translate_json(data, source=source, model_name=name), source=source
-            )
-    except ConfigError as exc:
-        raise InvalidInput(exc.message) from None
-    given = data.pop("name", name)
-    if given != name:
-        raise InvalidInput(f"load parameter 'config': name '{given}' is not the model '{name}'")
-    if data.get("backend") in ("onnxruntime", "onnxruntime_onnx"):
-        data.pop("backend")
-    try:
-        return parse_model_config(data, source=source)
+        return read_json_config(data, source=source, model_name=name)
     except ConfigError as exc:
         raise InvalidInput(exc.message) from None
 

@@ -143,11 +143,36 @@ def translate(text: str, *, source: str, model_name: str, warn: Warn = _log) -> 
     return _translated(config, source, model_name, warn)
 
 
-def is_triton_json(data: Mapping[str, Any]) -> bool:
-    """Whether a JSON config (a load request's `config`) is Triton's ModelConfig rather than
-    duetime's own settings: it names a field only Triton's has (`input`, `instance_group`,
-    `dynamic_batching`, ... as `get_model_config` returns them)."""
-    return any(key in _TRITON_ONLY for key in data)
+def read_json_config(
+    data: Mapping[str, Any], *, source: str, model_name: str, warn: Warn = _log
+) -> ModelConfig:
+    """A JSON model config (a load request's `config`): duetime's own settings (Triton's `name`,
+    and `backend` "onnxruntime", accepted too), or Triton's ModelConfig in protobuf's JSON form.
+
+    NOTE: the form is the one the JSON is valid in, duetime's first: the fields both share
+    (`name`, `platform`, `backend`, `max_batch_size`, `version_policy`) mean the same in each,
+    except in the form protobuf writes them (int64 as strings: `"max_batch_size": "4"`, what
+    tritonclient's gRPC `get_model_config(as_json=True)` returns) and `max_batch_size` 0,
+    which duetime reads as "no batching" and Triton as "from the graph". Choosing by a
+    Triton-only key refused such configs unless one stood beside them. Valid in neither: the
+    errors of the form its keys name (Triton's if any is Triton's alone)."""
+    given = data.get("name", model_name)
+    if given != model_name:
+        raise ConfigError(f"{source}: name '{given}' is not the model '{model_name}'")
+    own = {key: value for key, value in data.items() if key != "name"}
+    if own.get("backend") in ("onnxruntime", "onnxruntime_onnx"):
+        del own["backend"]
+    try:
+        return parse_model_config(own, source=source)
+    except ConfigError as exc:
+        own_error = exc
+    try:
+        config = _parsed(json_format.ParseDict, data, source, "JSON ModelConfig")
+    except ConfigError:
+        if any(key in _TRITON_ONLY for key in data):
+            raise
+        raise own_error from None
+    return parse_model_config(_translated(config, source, model_name, warn), source=source)
 
 
 def translate_json(
