@@ -94,18 +94,37 @@ def test_to_raw_bytes_encodes_text_as_utf8() -> None:
     assert codec.to_raw(array, "BYTES") == _length_prefixed("é".encode(), b"ab")
 
 
+def _aligned_bytes(data: bytes, skip: int = 0) -> memoryview:
+    """`data` in a new buffer, after `skip` bytes at a multiple of `codec.ALIGNMENT`."""
+    buffer = codec.aligned_empty(skip + len(data))
+    buffer[skip:] = np.frombuffer(data, np.uint8)
+    return buffer.data
+
+
 @pytest.mark.parametrize("datatype", FIXED)
-@pytest.mark.parametrize("source", [bytes, bytearray])
-def test_from_raw_is_zero_copy(datatype: str, source: type) -> None:
+def test_from_raw_is_zero_copy_where_the_bytes_are_aligned(datatype: str) -> None:
     dtype = NUMPY_OF[datatype]
-    buffer = source(np.ones(6, dtype=dtype.newbyteorder("<")).tobytes())
+    buffer = _aligned_bytes(np.ones(6, dtype=dtype.newbyteorder("<")).tobytes())
     array = codec.from_raw(buffer, datatype, (2, 3), WHERE)
     assert np.shares_memory(array, np.frombuffer(buffer, dtype=np.uint8))
 
 
-def test_from_raw_view_into_a_larger_body_is_zero_copy() -> None:
-    body = b"HEADER" + np.arange(4, dtype="<f4").tobytes() + b"tail"
-    view = memoryview(body)[6:22]
+@pytest.mark.parametrize("datatype", FIXED)
+@pytest.mark.parametrize("source", [bytes, bytearray])
+def test_from_raw_copies_misaligned_bytes_to_an_aligned_address(
+    datatype: str, source: type
+) -> None:
+    dtype = NUMPY_OF[datatype]
+    data = np.ones(6, dtype=dtype.newbyteorder("<")).tobytes()
+    buffer = memoryview(source(b"\0" + data))[1:]  # (numpy's and Python's: at a multiple of 16)
+    array = codec.from_raw(buffer, datatype, (2, 3), WHERE)
+    assert array.ctypes.data % codec.ALIGNMENT == 0
+    assert array.tobytes() == data
+
+
+def test_from_raw_view_into_a_larger_body_is_zero_copy_where_aligned() -> None:
+    body = _aligned_bytes(b"HEADER" + np.arange(4, dtype="<f4").tobytes() + b"tail", 58)
+    view = body[64:80]
     array = codec.from_raw(view, "FP32", (4,), WHERE)
     assert array.tolist() == [0.0, 1.0, 2.0, 3.0]
     assert np.shares_memory(array, np.frombuffer(body, dtype=np.uint8))

@@ -893,7 +893,8 @@ def parse_infer_request(
         key = json_part if json_part.readonly else bytes(json_part)
         recipe = recipes.get(key)  # type: ignore[arg-type]
         if recipe is not None and len(binary) == recipe.size:
-            return _from_recipe(recipe, binary, model, version, signatures), recipe.plan
+            address = codec.data_address(body) + header_length
+            return _from_recipe(recipe, binary, address, model, version, signatures), recipe.plan
     expected = None if signatures is None else signatures.expected(model, version)
     try:
         doc = codec.loads_json(json_part)
@@ -961,16 +962,21 @@ def _recipe_of(
 def _from_recipe(
     recipe: _Recipe,
     binary: memoryview,
+    address: int,
     model: str,
     version: str | None,
     signatures: Signatures | None,
 ) -> InferRequest:
+    """The request a recipe makes of its binary bytes (at `address` in memory): each input a
+    view of them where it lies at a multiple of `codec.ALIGNMENT`, else an aligned copy."""
     inputs: dict[str, np.ndarray] = {}
     offset = 0
     for name, dtype, datatype, shape, size in recipe.inputs:
         part = binary[offset : offset + size]
         if dtype is not None:
-            inputs[name] = np.frombuffer(part, dtype=dtype).reshape(shape)
+            array = np.frombuffer(part, dtype=dtype).reshape(shape)
+            aligned = (address + offset) % codec.ALIGNMENT == 0
+            inputs[name] = array if aligned else codec.aligned_copy(array)
         else:
             if datatype == "BYTES" and signatures is not None:
                 # (a recipe is kept by its header's bytes, whichever model the URL names)

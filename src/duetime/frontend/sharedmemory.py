@@ -44,6 +44,7 @@ from typing import Any
 
 from duetime.datatypes import WIRE_DTYPE_OF
 from duetime.errors import DuetimeError, InvalidInput, PayloadTooLarge
+from duetime.frontend import codec
 
 SHM_ROOT = Path("/dev/shm")
 REGION = "shared_memory_region"
@@ -203,7 +204,9 @@ class SharedMemoryRegions:
                 "larger of --max-body-bytes and --max-grpc-message-bytes); give the size of the "
                 "tensor itself, not of the whole region"
             )
-        buffer = memoryview(bytearray(size))
+        # NOTE: numpy's, at a multiple of codec.ALIGNMENT, so that the input is decoded without
+        # another copy (a bytearray's data lies at a multiple of 16; see codec.ALIGNMENT)
+        buffer = codec.aligned_empty(size).data
         done = 0
         with self._opened(region, os.O_RDONLY, where) as fd:
             while done < size:  # (one read stops at 2 GiB, or where the object now ends)
