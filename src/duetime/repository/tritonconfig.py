@@ -12,7 +12,7 @@ graph, as Triton's auto-complete does):
 | `input`/`output` `name`, `data_type`, `dims` | `inputs`/`outputs` |
 | `output` `label_filename` | `outputs` `labels` |
 | `input` `optional` | `inputs` `optional` |
-| `instance_group` counts (summed; GPU groups run on the CPU, with a warning) | `instances` |
+| `instance_group` counts (summed, passive groups left out; a GPU group's count is per GPU, run on the CPU, with a warning) | `instances` |
 | `dynamic_batching.max_queue_delay_microseconds` | `scheduling.max_queue_delay_us` |
 | `dynamic_batching.default_queue_policy.max_queue_size` | `scheduling.max_queue_size` |
 | `dynamic_batching.default_queue_policy.default_timeout_microseconds` | `default_timeout_ms` (*) |
@@ -287,13 +287,52 @@ def _tensor(spec: Any, kind: str, source: str, warn: Warn) -> dict[str, Any]:
     return tensor
 
 
+_GROUP_FIELDS = frozenset({"name", "kind", "count", "gpus", "passive"})
+"""An instance group's fields `_instances` reads; the others tune Triton only (warned of)."""
+
+
 def _instances(config: Any, source: str, warn: Warn) -> int | None:
+    """How many instances the config's groups add up to (None: no groups, duetime's default);
+    see `_group_instances`."""
     groups = config.instance_group
     if not groups:
         return None
-    if any(group.kind == mc.ModelInstanceGroup.KIND_GPU for group in groups):
-        warn(f"{source}: instance_group: GPU instances run on the CPU in duetime")
-    return sum(group.count or 1 for group in groups)
+    counts = [
+        _group_instances(group, f"{source}: instance_group[{index}]", warn)
+        for index, group in enumerate(groups)
+    ]
+    if not any(counts):
+        raise ConfigError(f"{source}: instance_group: every group is passive, so no instance "
+                          "would take requests; make one group not passive")  # fmt: skip
+    return sum(counts)
+
+
+def _group_instances(group: Any, where: str, warn: Warn) -> int:
+    """The serving instances one instance group adds, as Triton counts them: a count below 1
+    is 1 (its config normalisation), a GPU group's count is per listed GPU, and a passive
+    group adds none (Triton schedules no requests to its instances).
+
+    NOTE: duetime runs on the CPU: a GPU group gets its Triton count of CPU instances, each a
+    session with a thread of its own, and a warning saying how many."""
+    ignored = sorted({f.name for f, _ in group.ListFields()} - _GROUP_FIELDS)
+    if ignored:
+        warn(f"{where}: {', '.join(ignored)}: Triton-only settings, no effect in duetime")
+    count: int = max(group.count, 1)
+    gpus = list(group.gpus)
+    if group.kind == mc.ModelInstanceGroup.KIND_CPU and gpus:
+        raise ConfigError(f"{where}.gpus: a KIND_CPU group names GPUs {gpus}; drop them or "
+                          "make the group KIND_GPU")  # fmt: skip
+    if group.kind == mc.ModelInstanceGroup.KIND_GPU:
+        per = (f"{count} for each of gpus {gpus}, as Triton counts them" if gpus
+               else "its count; Triton would run that many on each GPU")  # fmt: skip
+        count *= max(len(gpus), 1)
+        warn(f"{where}: KIND_GPU: GPU instances run on the CPU in duetime: {count} of them "
+             f"({per})")  # fmt: skip
+    if group.passive:
+        warn(f"{where}: passive: Triton schedules no requests to a passive group's instances; "
+             f"duetime adds none of its {count}")  # fmt: skip
+        return 0
+    return count
 
 
 def _dynamic_batching(batching: Any, out: dict[str, Any], source: str, warn: Warn) -> None:
