@@ -13,7 +13,7 @@ from duetime.config import parse_model_config
 from duetime.errors import ConfigError, InvalidInput
 from duetime.frontend.rest import parse_config_override
 from duetime.repository.loader import reconcile
-from duetime.repository.tritonconfig import load_model_config
+from duetime.repository.tritonconfig import load_model_config, translate
 from duetime.types import TensorSpec
 
 
@@ -152,3 +152,55 @@ def test_a_load_override_valid_in_neither_form_says_why(
 ) -> None:
     with pytest.raises(InvalidInput, match=re.escape(message)):
         parse_config_override(json.dumps(override), "m")
+
+
+def translated(text: str) -> tuple[dict[str, object], list[str]]:
+    """What a config.pbtxt translates to, and the warnings it gives."""
+    warnings: list[str] = []
+    return translate(text, source="c", model_name="m", warn=warnings.append), warnings
+
+
+def test_a_passive_instance_group_adds_no_serving_instances_and_says_so() -> None:
+    settings, warnings = translated(
+        "instance_group [{ kind: KIND_CPU count: 1 }, { kind: KIND_CPU count: 3 passive: true "
+        'host_policy: "numa1" rate_limiter { resources [{ name: "R" count: 2 }] } }]'
+    )
+    assert settings == {"instances": 1}
+    assert warnings == [
+        "c: instance_group[1]: host_policy, rate_limiter: Triton-only settings, no effect in "
+        "duetime",
+        "c: instance_group[1]: passive: Triton schedules no requests to a passive group's "
+        "instances; duetime adds none of its 3",
+    ]
+
+
+def test_a_gpu_group_counts_its_instances_per_gpu_as_triton_does() -> None:
+    settings, warnings = translated("instance_group [{ kind: KIND_GPU count: 2 gpus: [0, 1] }]")
+    assert settings == {"instances": 4}
+    assert warnings == [
+        "c: instance_group[0]: KIND_GPU: GPU instances run on the CPU in duetime: 4 of them "
+        "(2 for each of gpus [0, 1], as Triton counts them)"
+    ]
+
+
+@pytest.mark.parametrize(
+    "fields", ["secondary_devices [{ device_id: 1 }]", 'profile: ["0"]', 'host_policy: "h"']
+)
+def test_instance_group_settings_duetime_does_not_honour_are_named(fields: str) -> None:
+    settings, warnings = translated(f"instance_group [{{ count: 2 {fields} }}]")
+    name = fields.split(" ")[0].rstrip(":")
+    assert settings == {"instances": 2}
+    assert warnings == [f"c: instance_group[0]: {name}: Triton-only settings, no effect in duetime"]
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("instance_group [{ count: 2 passive: true }]", "every group is passive"),
+        ("instance_group [{ kind: KIND_CPU gpus: [0] }]",
+         "instance_group[0].gpus: a KIND_CPU group names GPUs [0]"),
+    ],
+)  # fmt: skip
+def test_instance_groups_that_cannot_serve_are_refused(text: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        translated(text)
