@@ -32,6 +32,7 @@ def run_job(
     *,
     inline: bool = False,
     start_by: tuple[Callable[[], int], int] | None = None,
+    settled: Sequence[bool] = (),
 ) -> BatchResult:
     executor = Executor(
         [session], output_names=["y"], string_outputs=frozenset(), batched=True, label="t",
@@ -44,6 +45,8 @@ def run_job(
         rows = [f.shape[0] for f in feeds]
         job = BatchJob([{"x": f} for f in feeds], rows, bucket, done.set_result)
         job.start_by = start_by
+        if settled:
+            job.futures = [Settled(done) for done in settled]
         if inline:
             return executor.run_now(0, job)
         executor.submit(0, job)
@@ -77,6 +80,68 @@ def test_a_thread_skips_a_job_it_takes_after_its_start_by_and_runs_one_in_time()
     in_time = run_job(session, [x], bucket=1, start_by=(lambda: 1_000, 1_000))
     assert not in_time.skipped
     assert session.batches == [1]
+
+
+class Settled:
+    """A request's future, settled or not (its client withdrew it, say)."""
+
+    def __init__(self, settled: bool) -> None:
+        self.settled = settled
+
+    def done(self) -> bool:
+        return self.settled
+
+
+class RecordingSession(DoublingSession):
+    """A DoublingSession that keeps a copy of each batch it ran."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ran: list[np.ndarray] = []
+
+    def run(self, names: Sequence[str], feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+        self.ran.append(feeds["x"].copy())
+        return super().run(names, feeds)
+
+
+def test_a_job_whose_every_request_was_withdrawn_before_its_thread_took_it_is_not_run() -> None:
+    """A lookahead batch waits behind the running one; its clients may go meanwhile (a
+    cancelled 300-row run delayed the next request by 300-600 ms and counted an execution)."""
+    session = DoublingSession()
+    x = np.ones((3, 3), np.float32)
+    result = run_job(session, [x, x], bucket=8, settled=[True, True])
+    assert session.batches == [], "never reaches the session"
+    assert result.skipped, "skipped: the loop counts no execution"
+    assert result.withdrawn == 2
+    assert list(result.outputs) == []
+
+
+def test_a_job_runs_only_the_requests_still_waiting_and_gives_the_withdrawn_no_outputs() -> None:
+    session = RecordingSession()
+    gone, kept, also_gone = (np.full((2, 3), v, np.float32) for v in (1, 7, 3))
+    result = run_job(session, [gone, kept, also_gone], bucket=8, settled=[True, False, True])
+    assert not result.skipped
+    assert result.withdrawn == 2
+    (ran,) = session.ran
+    assert ran.shape == (8, 3), "padded to the bucket planned, as before"
+    assert (ran == 7).all(), "no row of a withdrawn request"
+    first, second, third = result.outputs
+    assert first == {}
+    assert third == {}
+    assert isinstance(second, dict)
+    np.testing.assert_array_equal(second["y"], kept * 2)
+
+
+def test_a_job_whose_requests_all_wait_runs_whole() -> None:
+    session = DoublingSession()
+    a, b = np.ones((1, 3), np.float32), np.full((2, 3), 5, np.float32)
+    result = run_job(session, [a, b], bucket=4, settled=[False, False])
+    assert session.batches == [4]
+    assert result.withdrawn == 0
+    first, second = result.outputs
+    assert isinstance(first, dict)
+    assert isinstance(second, dict)
+    np.testing.assert_array_equal(second["y"], b * 2)
 
 
 def test_a_request_that_breaks_the_batch_fails_alone() -> None:

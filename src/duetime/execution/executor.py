@@ -14,7 +14,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -28,6 +28,12 @@ from duetime.execution.ort import Run, direct_run, strings_from_ort
 from duetime.execution.turns import Turns
 
 Feeds = dict[str, np.ndarray]
+
+
+class Settles(Protocol):
+    """What an instance thread needs of a request's future: whether it is settled already."""
+
+    def done(self) -> bool: ...
 
 
 @dataclass(slots=True, eq=False)
@@ -48,6 +54,10 @@ class BatchJob:
     revoked: bool = False
     """Set by the loop while the job waits for its thread: the thread skips it
     (`BatchResult.skipped`) and the loop plans its requests again."""
+    futures: Sequence[Settles] = ()
+    """The requests' futures, in the order of `feeds` (empty: not known, all run). A request
+    whose future is done when its thread takes the job (its client withdrew it, or the loop
+    failed it) is not run (`BatchResult.withdrawn`); if none is left, the job is skipped."""
 
 
 @dataclass(slots=True, eq=False)
@@ -68,7 +78,11 @@ class BatchResult:
     waited_ns: int = 0
     """Time its thread waited for its turn on a shared CPU (see `BatchJob.turn`)."""
     skipped: bool = False
-    """Not run: its thread took it after `BatchJob.start_by` (no outputs)."""
+    """Not run (no outputs): revoked, taken after `BatchJob.start_by`, or every request of it
+    already settled (`withdrawn`)."""
+    withdrawn: int = 0
+    """Requests of the job not run because their futures were done when its thread took it; their
+    outputs are empty (the loop finds their futures done, and answers nothing)."""
 
 
 class _Stop:
@@ -192,11 +206,43 @@ class Executor:
     def _execute_in_time(
         self, run: Run, job: BatchJob, result: BatchResult, pool: InputPool
     ) -> None:
+        """Run `job` as its thread takes it, unless running it no longer helps anyone."""
         start_by = job.start_by
         if job.revoked or (start_by is not None and start_by[0]() > start_by[1]):
             result.skipped = True
             return
-        self._execute(run, job, result, pool)
+        if not job.futures:
+            self._execute(run, job, result, pool)
+            return
+        live = _unsettled(job.futures)
+        if len(live) == len(job.feeds):
+            self._execute(run, job, result, pool)
+            return
+        # NOTE: a job waits on its thread behind the running one (a lookahead batch), and its
+        # clients may withdraw meanwhile: a cancelled 300-row run delayed the next request by
+        # 300-600 ms and counted as an execution. Settled requests are not run; a job left with
+        # none is skipped (no execution), as one whose start_by passed.
+        result.withdrawn = len(job.feeds) - len(live)
+        if not live:
+            result.skipped = True
+            return
+        self._execute_some(run, job, live, result, pool)
+
+    def _execute_some(
+        self, run: Run, job: BatchJob, live: list[int], result: BatchResult, pool: InputPool
+    ) -> None:
+        """Run the requests of `job` at indices `live` only; the others get empty outputs.
+
+        NOTE: padded to the job's bucket still: it may be the only size a model with a fixed
+        batch dim takes, and the scheduler planned (and learns) the run at that bucket."""
+        rest = BatchJob(
+            [job.feeds[i] for i in live], [job.rows[i] for i in live], job.bucket, job.on_done
+        )
+        self._execute(run, rest, result, pool)
+        outputs: list[Feeds | DuetimeError] = [{} for _ in job.feeds]
+        for index, outcome in zip(live, result.outputs, strict=True):
+            outputs[index] = outcome
+        result.outputs = outputs
 
     def _execute(self, run: Run, job: BatchJob, result: BatchResult, pool: InputPool) -> None:
         try:
@@ -325,6 +371,11 @@ class InputPool:
         if start < bucket:
             buffer[start:] = buffer[start - 1] if start else ("" if first.dtype == object else 0)
         return buffer
+
+
+def _unsettled(futures: Sequence[Settles]) -> list[int]:
+    """The indices of the futures not done yet."""
+    return [index for index, future in enumerate(futures) if not future.done()]
 
 
 def _not_utf8(run: Run, name: str, feeds: Feeds) -> bool:
