@@ -8,7 +8,7 @@ import hashlib
 import logging
 import os
 import platform
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, cast
 
@@ -38,23 +38,41 @@ def session_options(*, intra_op_threads: int, inter_op_threads: int) -> ort.Sess
     return options
 
 
-def open_session(model_path: Path, options: ort.SessionOptions) -> ort.InferenceSession:
-    """An InferenceSession on the CPU, or ConfigError naming the file and ORT's reason."""
+def open_session(
+    model_path: Path, options: ort.SessionOptions, graph: bytes | None = None
+) -> ort.InferenceSession:
+    """An InferenceSession on the CPU, or ConfigError naming the file and ORT's reason.
+
+    `graph`: the model's bytes as the loader rewrote them (repository/graphs.py), served in place
+    of the file's; tensors the model keeps in files of their own are still read beside it."""
+    source: str | bytes = str(model_path)
+    if graph is not None:
+        source = graph
+        # NOTE: ORT looks for a graph-from-bytes' external data in the working directory, and
+        # refuses it there (a path that "escapes" it), unless told the model's folder.
+        options.add_session_config_entry(EXTERNAL_DATA_FOLDER, str(model_path.parent.absolute()))
     try:
         return ort.InferenceSession(
-            str(model_path), sess_options=options, providers=["CPUExecutionProvider"]
+            source, sess_options=options, providers=["CPUExecutionProvider"]
         )
     except Exception as exc:  # ORT raises its own exception types for bad graphs and files
         raise ConfigError(f"{model_path}: ONNX Runtime cannot load it: {exc}") from exc
+
+
+EXTERNAL_DATA_FOLDER = "session.model_external_initializers_file_folder_path"
+"""ORT's session option naming the folder of a model's external data, for a model from bytes."""
 
 
 CACHE_DIR = ".duetime-cache"
 """Folder beside a model file that holds ORT's optimised copy of it (ignored by the scanner)."""
 
 
-def cached_session(model_path: Path, options: ort.SessionOptions) -> ort.InferenceSession:
-    """A session on `model_path`, reusing the graph ORT optimised the last time it loaded this
-    exact file (same bytes, ORT version and CPU features), or saving it for the next time.
+def cached_session(
+    model_path: Path, options: ort.SessionOptions, graph: bytes | None = None
+) -> ort.InferenceSession:
+    """A session on `model_path` (on `graph`, its bytes as rewritten, when given: see
+    `open_session`), reusing the graph ORT optimised the last time it loaded these exact bytes
+    (same ORT version and CPU features), or saving it for the next time.
 
     The cache is `<folder>/.duetime-cache/<name>.<key>.onnx`; a cache that cannot be written
     (a read-only repository) only costs the time it saves. A model whose tensors live in files
@@ -62,11 +80,11 @@ def cached_session(model_path: Path, options: ort.SessionOptions) -> ort.Inferen
     by paths relative to the model, which do not resolve from the cache folder.
     """
     try:
-        key = _cache_key(model_path)
+        key = _cache_key(model_path, graph)
     except OSError:
-        return open_session(model_path, options)
+        return open_session(model_path, options, graph)
     if key is None:
-        return open_session(model_path, options)
+        return open_session(model_path, options, graph)
     cached = model_path.parent / CACHE_DIR / f"{model_path.stem}.{key}.onnx"
     if cached.is_file():
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
@@ -81,16 +99,16 @@ def cached_session(model_path: Path, options: ort.SessionOptions) -> ort.Inferen
         cached.parent.mkdir(exist_ok=True)
         options.optimized_model_filepath = str(partial)
     except OSError:
-        return open_session(model_path, options)
+        return open_session(model_path, options, graph)
     try:
-        session = open_session(model_path, options)
+        session = open_session(model_path, options, graph)
     except ConfigError:
         # NOTE: saving the optimised graph fails for some models (over 2 GB, say) that load
         # fine without it; a model ORT cannot load at all fails again below.
         options.optimized_model_filepath = ""
         with contextlib.suppress(OSError):
             partial.unlink()
-        return open_session(model_path, options)
+        return open_session(model_path, options, graph)
     finally:
         options.optimized_model_filepath = ""
     try:
@@ -108,19 +126,29 @@ EXTERNAL_DATA_MARK = b"location"
 model its cache."""
 
 
-def _cache_key(model_path: Path) -> str | None:
-    """The file's bytes, ORT's version and the CPU, hashed; None for a model that looks like it
-    keeps tensors in other files (see `EXTERNAL_DATA_MARK`)."""
+def _cache_key(model_path: Path, graph: bytes | None = None) -> str | None:
+    """The model's bytes (the file's, or `graph`), ORT's version and the CPU, hashed; None for a
+    model that looks like it keeps tensors in other files (see `EXTERNAL_DATA_MARK`)."""
     digest = hashlib.sha256()
     tail = b""
-    with model_path.open("rb") as handle:
-        while chunk := handle.read(1 << 20):
-            digest.update(chunk)
-            if EXTERNAL_DATA_MARK in tail + chunk:  # (with the end of the chunk before)
-                return None
-            tail = chunk[1 - len(EXTERNAL_DATA_MARK) :]
+    for chunk in _chunks(model_path) if graph is None else _slices(graph):
+        digest.update(chunk)
+        if EXTERNAL_DATA_MARK in tail + chunk:  # (with the end of the chunk before)
+            return None
+        tail = chunk[1 - len(EXTERNAL_DATA_MARK) :]
     digest.update(f"{ort.__version__}/{platform.machine()}/{_cpu_features()}".encode())
     return digest.hexdigest()[:20]
+
+
+def _chunks(path: Path, size: int = 1 << 20) -> Iterator[bytes]:
+    with path.open("rb") as handle:
+        while chunk := handle.read(size):
+            yield chunk
+
+
+def _slices(data: bytes, size: int = 1 << 20) -> Iterator[bytes]:
+    for start in range(0, len(data), size):
+        yield data[start : start + size]
 
 
 @functools.cache
