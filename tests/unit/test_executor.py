@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable, Sequence
 
 import numpy as np
+import pytest
 
-from duetime.errors import InternalError, InvalidInput
+from duetime.errors import InvalidInput
 from duetime.execution.executor import BatchJob, BatchResult, Executor, InputPool
 
 
@@ -191,14 +193,46 @@ class StackingSession(DoublingSession):
         return [np.concatenate([x, x])]
 
 
-def test_outputs_whose_first_dim_is_not_the_batch_fail_every_request_not_mix_answers() -> None:
+def test_a_lone_request_gets_outputs_whose_first_dim_is_not_the_batch_whole() -> None:
+    """A data-dependent output (Unique) need not have the rows run; a request that ran alone,
+    unpadded, owns all of it (it failed with a 500 'has shape [2] for a batch of 3 rows')."""
+    ones = np.ones((1, 3), np.float32)
+    (outcome,) = run_job(StackingSession(), [ones], bucket=1).outputs
+    assert isinstance(outcome, dict)
+    np.testing.assert_array_equal(outcome["y"], np.ones((2, 3), np.float32))
+
+
+def test_a_batch_whose_outputs_do_not_have_its_rows_runs_each_request_alone_from_then_on(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    session = StackingSession()
+    executor = Executor(
+        [session], output_names=["y"], string_outputs=frozenset(), batched=True, label="m-1",
+        inline=True,
+    )  # fmt: skip
     ones, fives = np.ones((1, 3), np.float32), np.full((1, 3), 5, np.float32)
-    for feeds, bucket in (([ones, fives], 2), ([ones], 1)):
-        result = run_job(StackingSession(), feeds, bucket)
-        assert len(result.outputs) == len(feeds)
-        for outcome in result.outputs:
-            assert isinstance(outcome, InternalError)
-            assert "output 'y' has shape [2, 3] for a batch of 1 rows" in outcome.message
+    with caplog.at_level(logging.WARNING, logger="duetime.executor"):
+        first, second = run_inline(executor, [ones, fives], bucket=2).outputs
+        assert session.batches == [2, 1, 1], "the batch, then each request on its own"
+        assert isinstance(first, dict)
+        assert isinstance(second, dict)
+        np.testing.assert_array_equal(first["y"], np.concatenate([ones, ones]))
+        np.testing.assert_array_equal(second["y"], np.concatenate([fives, fives]))
+        assert executor.splits_batches
+        session.batches.clear()
+        padded = run_inline(executor, [fives], bucket=2).outputs[0]
+        run_inline(executor, [ones, fives], bucket=2)
+    assert session.batches == [1, 1, 1], "no more batches, nor padding rows"
+    assert isinstance(padded, dict)
+    np.testing.assert_array_equal(padded["y"], np.concatenate([fives, fives]))
+    warnings = [r.getMessage() for r in caplog.records]
+    assert len(warnings) == 1, "warned once per model"
+    assert "model m-1: output 'y' has shape [4, 3] for a batch of 2 rows" in warnings[0]
+
+
+def run_inline(executor: Executor, feeds: list[np.ndarray], bucket: int) -> BatchResult:
+    job = BatchJob([{"x": f} for f in feeds], [f.shape[0] for f in feeds], bucket, lambda _: None)
+    return executor.run_now(0, job)
 
 
 def test_padding_rows_copy_the_batch_s_last_row_never_zeros_or_an_earlier_batch() -> None:

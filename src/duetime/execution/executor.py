@@ -9,6 +9,7 @@ An inline executor (one instance, no thread) runs a job on the loop itself with 
 from __future__ import annotations
 
 import asyncio
+import logging
 import queue
 import threading
 import time
@@ -18,7 +19,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from duetime.errors import DuetimeError, InternalError, InvalidInput, ModelOutputError
+from duetime.errors import DuetimeError, InvalidInput, ModelOutputError
 from duetime.execution.affinity import (
     BACKGROUND_NICENESS,
     lower_thread_priority,
@@ -26,6 +27,8 @@ from duetime.execution.affinity import (
 )
 from duetime.execution.ort import Run, direct_run, strings_from_ort
 from duetime.execution.turns import Turns
+
+log = logging.getLogger("duetime.executor")
 
 Feeds = dict[str, np.ndarray]
 
@@ -106,6 +109,11 @@ class Executor:
             raise ValueError(f"an inline executor has one session, got {len(sessions)}")
         self.inline = inline
         """Run on the event loop itself (ModelConfig.execution 'inline'): no instance thread."""
+        self.splits_batches = False
+        """The model's outputs were seen not to have a batch's rows (a data-dependent output:
+        Unique, NonZero), so a batch's answers cannot be told apart: from then on each request
+        runs on its own, whatever batches it is handed (see `_execute`). A scheduler may read it
+        to stop forming batches of this model."""
         self._pool = InputPool()
         self._sessions = list(sessions)
         self._runs = [direct_run(session) for session in self._sessions]
@@ -113,6 +121,7 @@ class Executor:
         self._string_outputs = string_outputs
         self._batched = batched
         self._label = label
+        self._split_lock = threading.Lock()
         self._queues: list[queue.SimpleQueue[BatchJob | _Stop]] = []
         self._threads: list[threading.Thread] = []
 
@@ -245,6 +254,9 @@ class Executor:
         result.outputs = outputs
 
     def _execute(self, run: Run, job: BatchJob, result: BatchResult, pool: InputPool) -> None:
+        if self.splits_batches and _batched_or_padded(job):
+            result.outputs = self._each_alone(run, job, result)
+            return
         try:
             # NOTE: one clock read between stages: each ends where the next begins
             started = time.perf_counter_ns()
@@ -254,7 +266,14 @@ class Executor:
             outputs = run(self._output_names, feeds)
             ran = time.perf_counter_ns()
             result.compute_ns += ran - gathered
-            result.outputs = self._split(outputs, job.rows, feeds)
+            rows = len(next(iter(feeds.values()))) if self._batched and feeds else None
+            misfit = None if rows is None else _misfit(self._output_names, outputs, rows)
+            if misfit is not None and _batched_or_padded(job):
+                self._stop_batching(misfit, outputs, rows)
+                result.outputs = self._each_alone(run, job, result)
+                return
+            # (a lone request that was not padded gets its outputs whole, whatever their shape)
+            result.outputs = self._split(outputs, job.rows, trim=misfit is None)
             result.output_ns += time.perf_counter_ns() - ran
         except Exception as exc:
             if len(job.feeds) == 1:
@@ -262,10 +281,34 @@ class Executor:
                 return
             # NOTE: one request's values can make ORT fail (an index out of range, say); run each
             # alone so that only the request that caused it fails, not the whole batch.
-            result.outputs = [
-                self._isolated(run, feeds, rows, result)
-                for feeds, rows in zip(job.feeds, job.rows, strict=True)
-            ]
+            result.outputs = self._each_alone(run, job, result)
+
+    def _each_alone(
+        self, run: Run, job: BatchJob, result: BatchResult
+    ) -> list[Feeds | DuetimeError]:
+        """Each request of `job` run on its own feeds (no padding), in this thread."""
+        return [
+            self._isolated(run, feeds, rows, result)
+            for feeds, rows in zip(job.feeds, job.rows, strict=True)
+        ]
+
+    def _stop_batching(self, name: str, outputs: list[np.ndarray], rows: int | None) -> None:
+        """Run each request of this model alone from now on (`splits_batches`); warn once.
+
+        NOTE: the load-time check runs sample inputs, on which a data-dependent output (Unique
+        of random floats) may have the batch's rows; real values then broke every batch that
+        held a repeated value with a 500. Each client's request, run alone, has an answer."""
+        with self._split_lock:
+            if self.splits_batches:
+                return
+            self.splits_batches = True
+        shape = list(outputs[self._output_names.index(name)].shape)
+        log.warning(
+            "model %s: output '%s' has shape %s for a batch of %s rows: its first dim is not the "
+            "batch (its size depends on the values), so batched requests' answers cannot be told "
+            "apart; each request now runs on its own (set max_batch_size = 0 to say so)",
+            self._label, name, shape, rows,
+        )  # fmt: skip
 
     def _isolated(
         self, run: Run, feeds: Feeds, rows: int, result: BatchResult
@@ -273,7 +316,7 @@ class Executor:
         try:
             outputs = self._run(run, feeds, result)
             ran = time.perf_counter_ns()
-            (split,) = self._split(outputs, [rows], feeds)
+            (split,) = self._split(outputs, [rows], trim=False)
             result.output_ns += time.perf_counter_ns() - ran
             return split
         except Exception as exc:
@@ -304,17 +347,10 @@ class Executor:
         result.compute_ns += time.perf_counter_ns() - started
         return outputs
 
-    def _split(self, outputs: list[np.ndarray], rows: list[int], feeds: Feeds) -> list[Feeds]:
-        """Each request's rows of `outputs` (run on `feeds`, which may hold padding rows)."""
-        if self._batched and feeds:
-            ran = len(next(iter(feeds.values())))
-            for name, array in zip(self._output_names, outputs, strict=True):
-                if array.ndim == 0 or len(array) != ran:  # (load checks this on sample inputs)
-                    raise InternalError(
-                        f"model output '{name}' has shape {list(array.shape)} for a batch of "
-                        f"{ran} rows: its first dim is not the batch, so the batch's answers "
-                        "cannot be told apart (the model needs max_batch_size = 0)"
-                    )
+    def _split(self, outputs: list[np.ndarray], rows: list[int], *, trim: bool) -> list[Feeds]:
+        """Each request's rows of `outputs`, whose first dim is the batch run (padding rows
+        included: `trim` drops them from a lone request's) unless there is one request and
+        `trim` is False: it gets them whole."""
         if self._string_outputs:
             named = {
                 name: strings_from_ort(array) if name in self._string_outputs else array
@@ -323,7 +359,7 @@ class Executor:
         else:  # (no comprehension: its frame costs more than the dict)
             named = dict(zip(self._output_names, outputs, strict=True))
         if len(rows) == 1:
-            if self._batched and rows[0] != next(iter(named.values())).shape[0]:
+            if trim and self._batched and rows[0] != next(iter(named.values())).shape[0]:
                 named = {name: array[: rows[0]] for name, array in named.items()}
             return [named]
         parts: list[Feeds] = [{} for _ in rows]
@@ -376,6 +412,19 @@ class InputPool:
 def _unsettled(futures: Sequence[Settles]) -> list[int]:
     """The indices of the futures not done yet."""
     return [index for index, future in enumerate(futures) if not future.done()]
+
+
+def _batched_or_padded(job: BatchJob) -> bool:
+    """Whether `job` runs rows other than one request's own: several requests, or padding."""
+    return len(job.rows) > 1 or job.bucket not in (0, job.rows[0])
+
+
+def _misfit(names: Sequence[str], outputs: Sequence[np.ndarray], rows: int) -> str | None:
+    """The first output whose first dim is not the `rows` run (None: all have them)."""
+    for name, array in zip(names, outputs, strict=True):
+        if array.ndim == 0 or len(array) != rows:
+            return name
+    return None
 
 
 def _not_utf8(run: Run, name: str, feeds: Feeds) -> bool:
