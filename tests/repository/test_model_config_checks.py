@@ -204,3 +204,39 @@ def test_instance_group_settings_duetime_does_not_honour_are_named(fields: str) 
 def test_instance_groups_that_cannot_serve_are_refused(text: str, message: str) -> None:
     with pytest.raises(ConfigError, match=re.escape(message)):
         translated(text)
+
+
+def parameters(**values: str) -> str:
+    return "\n".join(
+        f'parameters {{ key: "{key.replace("__", ".")}" value {{ string_value: "{value}" }} }}'
+        for key, value in values.items()
+    )
+
+
+def test_onnxruntime_parameters_duetime_does_not_honour_are_each_named() -> None:
+    settings, warnings = translated(parameters(
+        execution_mode="1", enable_mem_arena="0", enable_mem_pattern="0",
+        memory__enable_memory_arena_shrinkage="cpu:0", no_such_parameter="x",
+        inter_op_thread_count="2",
+    ))  # fmt: skip
+    assert settings == {"inter_op_threads": 2}
+    assert sorted(warnings) == [  # (protobuf keeps a map in no order)
+        "c: parameters['enable_mem_arena'] '0': not honoured: duetime keeps ONNX Runtime's CPU "
+        "memory arena on",
+        "c: parameters['enable_mem_pattern'] '0': not honoured: duetime keeps memory patterns on",
+        "c: parameters['execution_mode'] '1': not honoured: duetime runs a graph's operators "
+        "one at a time",
+        "c: parameters['memory.enable_memory_arena_shrinkage'] 'cpu:0': not honoured: duetime "
+        "never shrinks the arena after a run",
+        "c: parameters['no_such_parameter']: not a parameter of Triton's onnxruntime backend nor "
+        "of duetime; ignored",
+    ]
+
+
+def test_onnxruntime_parameters_asking_for_what_duetime_does_give_no_warning() -> None:
+    settings, warnings = translated(parameters(
+        execution_mode="0", enable_mem_arena="1", enable_mem_pattern="true",
+        scheduling_policy="fifo", intra_op_thread_count="2",
+    ))  # fmt: skip
+    assert settings == {"scheduling": {"policy": "fifo"}, "intra_op_threads": 2}
+    assert warnings == []

@@ -12,7 +12,7 @@ graph, as Triton's auto-complete does):
 | `input`/`output` `name`, `data_type`, `dims` | `inputs`/`outputs` |
 | `output` `label_filename` | `outputs` `labels` |
 | `input` `optional` | `inputs` `optional` |
-| `instance_group` counts (summed, passive groups left out; a GPU group's count is per GPU, run on the CPU, with a warning) | `instances` |
+| `instance_group` counts (summed, but passive groups'; per GPU listed, on the CPU) | `instances` |
 | `dynamic_batching.max_queue_delay_microseconds` | `scheduling.max_queue_delay_us` |
 | `dynamic_batching.default_queue_policy.max_queue_size` | `scheduling.max_queue_size` |
 | `dynamic_batching.default_queue_policy.default_timeout_microseconds` | `default_timeout_ms` (*) |
@@ -21,6 +21,7 @@ graph, as Triton's auto-complete does):
 | `scheduling_policy` in `parameters` (`edf`, `fifo`) | `scheduling.policy` |
 | `version_policy` | `version_policy` |
 | `parameters` `intra_op_thread_count`, `inter_op_...` | `intra_op_threads`, `inter_op_...` |
+| other onnxruntime backend `parameters` | warned of, unless they ask for what duetime does |
 
 (*) A request may always shorten the model's default due time and never extend it: Triton's
 `allow_timeout_override: true`, whatever the file says (duetime always honours a request's own).
@@ -85,6 +86,26 @@ _THREAD_PARAMETERS = {
     "intra_op_thread_count": "intra_op_threads",
     "inter_op_thread_count": "inter_op_threads",
 }
+
+_UNHONOURED_PARAMETERS: dict[str, tuple[str, frozenset[str]]] = {
+    "execution_mode": ("runs a graph's operators one at a time", frozenset({"0"})),
+    "enable_mem_arena": ("keeps ONNX Runtime's CPU memory arena on", frozenset({"1", "true"})),
+    "enable_mem_pattern": ("keeps memory patterns on", frozenset({"1", "true"})),
+    "memory.enable_memory_arena_shrinkage": ("never shrinks the arena after a run", frozenset()),
+    "session.use_device_allocator_for_initializers": (
+        "allocates initializers as ONNX Runtime does by default", frozenset({"0", "false"})
+    ),
+    **{gpu_only: ("runs on the CPU", frozenset()) for gpu_only in (
+        "cudnn_conv_algo_search", "gpu_mem_limit", "arena_extend_strategy",
+        "do_copy_in_default_stream",
+    )},
+}  # fmt: skip
+"""The onnxruntime backend's `parameters` (its README, "Model Config Options") that duetime's
+sessions do not take: what duetime does instead, and the values that ask for just that (no
+warning then).
+
+NOTE: honouring them means session options per model (execution/ort.py `session_options`,
+called by loader.load_version), which take only the thread counts today."""
 
 
 Warn = Callable[[str], None]
@@ -212,17 +233,31 @@ def _translated(config: Any, source: str, model_name: str, warn: Warn) -> dict[s
     if config.HasField("version_policy"):
         out["version_policy"] = _version_policy(config.version_policy)
     for name, parameter in config.parameters.items():
-        if name in _THREAD_PARAMETERS:
-            threads = _integer(parameter.string_value, f"parameters['{name}']", source)
-            if threads != 0 or name == "intra_op_thread_count":
-                # (an inter-op count of 0 is ONNX Runtime's own choice: duetime's default, 1)
-                out[_THREAD_PARAMETERS[name]] = threads
-        elif name == SCHEDULING_POLICY:  # (duetime's own, as its model config reports it)
-            out.setdefault("scheduling", {})["policy"] = parameter.string_value
+        _parameter(name, parameter.string_value, out, source, warn)
     ignored = sorted(given - _TRANSLATED)
     if ignored:
         warn(f"{source}: {', '.join(ignored)}: Triton-only settings, no effect in duetime")
     return out
+
+
+def _parameter(name: str, value: str, out: dict[str, Any], source: str, warn: Warn) -> None:
+    """One of the config's `parameters`: the thread counts and duetime's scheduling policy
+    are settings; the onnxruntime backend's others are warned of where they ask for what
+    duetime does not do (see `_UNHONOURED_PARAMETERS`), and unknown keys always."""
+    where = f"{source}: parameters['{name}']"
+    if name in _THREAD_PARAMETERS:
+        threads = _integer(value, f"parameters['{name}']", source)
+        if threads != 0 or name == "intra_op_thread_count":
+            # (an inter-op count of 0 is ONNX Runtime's own choice: duetime's default, 1)
+            out[_THREAD_PARAMETERS[name]] = threads
+    elif name == SCHEDULING_POLICY:  # (duetime's own, as its model config reports it)
+        out.setdefault("scheduling", {})["policy"] = value
+    elif name in _UNHONOURED_PARAMETERS:
+        what_duetime_does, same = _UNHONOURED_PARAMETERS[name]
+        if value.strip().lower() not in same:
+            warn(f"{where} '{value}': not honoured: duetime {what_duetime_does}")
+    else:
+        warn(f"{where}: not a parameter of Triton's onnxruntime backend nor of duetime; ignored")
 
 
 def _refuse_what_cannot_be_served(
