@@ -107,6 +107,7 @@ def _parser() -> argparse.ArgumentParser:
         "--max-grpc-message-bytes", type=int,
         help="largest gRPC message, request or answer (64 MiB; at most 2 GiB - 1)",
     )  # fmt: skip
+    _add_grpc_transport_flags(serve)
     serve.add_argument(
         "--idle-timeout-s", type=float,
         help="close keep-alive connections idle this long, and drop those whose client reads "
@@ -265,6 +266,41 @@ def _parser() -> argparse.ArgumentParser:
             seen.add(id(sub))
             _add_log_flags(sub, top=False)
     return parser
+
+
+def _add_grpc_transport_flags(serve: argparse.ArgumentParser) -> None:
+    """Triton's gRPC keepalive and compression flags, with its names, units (ms) and defaults."""
+    serve.add_argument(
+        "--grpc-keepalive-time", dest="grpc_keepalive_time_ms", type=int, metavar="MS",
+        help="ping a gRPC client after this long without activity (7200000: 2 hours)",
+    )  # fmt: skip
+    serve.add_argument(
+        "--grpc-keepalive-timeout", dest="grpc_keepalive_timeout_ms", type=int, metavar="MS",
+        help="close a gRPC connection whose client does not answer a ping within this (20000)",
+    )  # fmt: skip
+    serve.add_argument(
+        "--grpc-keepalive-permit-without-calls", type=_boolean, metavar="true|false",
+        help="take clients' keepalive pings on gRPC connections with no call open (false)",
+    )  # fmt: skip
+    serve.add_argument(
+        "--grpc-http2-max-pings-without-data", type=int, metavar="N",
+        help="pings the server sends while it sends no data (2; 0: no limit)",
+    )  # fmt: skip
+    serve.add_argument(
+        "--grpc-http2-min-recv-ping-interval-without-data", type=int, metavar="MS",
+        dest="grpc_http2_min_recv_ping_interval_without_data_ms",
+        help="while the server sends no data, a client ping sooner than this after the last "
+        "is a strike (300000: 5 minutes)",
+    )  # fmt: skip
+    serve.add_argument(
+        "--grpc-http2-max-ping-strikes", type=int, metavar="N",
+        help="strikes before a gRPC connection is closed with GOAWAY too_many_pings (2; 0: any "
+        "number)",
+    )  # fmt: skip
+    serve.add_argument(
+        "--grpc-infer-response-compression-level", choices=["none", "low", "medium", "high"],
+        help="gRPC compression of answers (none)",
+    )  # fmt: skip
 
 
 def _boolean(text: str) -> bool:

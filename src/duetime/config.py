@@ -428,6 +428,31 @@ class ServerSettings(_Strict):
     """Largest gRPC message, received or sent: a bigger request is refused by gRPC itself, a
     bigger answer is refused (RESOURCE_EXHAUSTED, in a stream its error_message) before it is
     sent. Triton's limit is 2 GiB - 1; answers this size want shared-memory outputs."""
+    grpc_keepalive_time_ms: int = Field(default=7_200_000, ge=1, le=2**31 - 1)
+    """Triton's `--grpc-keepalive-time`: after this long without activity on a gRPC
+    connection the server pings the client (gRPC's server default, 2 hours)."""
+    grpc_keepalive_timeout_ms: int = Field(default=20_000, ge=1, le=2**31 - 1)
+    """Triton's `--grpc-keepalive-timeout`: a connection whose client does not answer the
+    server's ping within this long is closed."""
+    grpc_keepalive_permit_without_calls: bool = False
+    """Triton's `--grpc-keepalive-permit-without-calls`: take clients' keepalive pings on a
+    connection with no call open at `grpc_http2_min_recv_ping_interval_without_data_ms`, not
+    once per 2 hours (gRPC's policy for such pings)."""
+    grpc_http2_max_pings_without_data: int = Field(default=2, ge=0, le=2**31 - 1)
+    """Triton's `--grpc-http2-max-pings-without-data`: pings the server sends while it sends
+    no data (0: no limit)."""
+    grpc_http2_min_recv_ping_interval_without_data_ms: int = Field(
+        default=300_000, ge=0, le=2**31 - 1
+    )
+    """Triton's `--grpc-http2-min-recv-ping-interval-without-data`: while the server sends no
+    data, a client's ping sooner than this after its last is a bad ping (a strike). A client
+    whose keepalive pings come every second on an idle stream needs at most 1000 here."""
+    grpc_http2_max_ping_strikes: int = Field(default=2, ge=0, le=2**31 - 1)
+    """Triton's `--grpc-http2-max-ping-strikes`: bad pings tolerated before the server closes
+    the connection (GOAWAY `too_many_pings`); 0: any number."""
+    grpc_infer_response_compression_level: Literal["none", "low", "medium", "high"] = "none"
+    """Triton's `--grpc-infer-response-compression-level`: the gRPC compression level of
+    answers, gRPC choosing the algorithm among those the client accepts (`none`: none)."""
     cpus: str = "auto"
     """CPUs to run on: `auto` (all this process may use), `none` (no pinning), or a list like
     `0,2-3`. The event loop is pinned to the first; small models' instances share it, big

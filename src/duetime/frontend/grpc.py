@@ -876,18 +876,43 @@ def _guarded(handler: Any) -> Any:
     return grpc.stream_stream_rpc_method_handler(stream, deserialize, serialize)
 
 
+COMPRESSION_LEVELS = {"none": 0, "low": 1, "medium": 2, "high": 3}
+"""Triton's `--grpc-infer-response-compression-level` -> gRPC core's `grpc_compression_level`."""
+
+
+def server_options(settings: ServerSettings) -> list[tuple[str, int]]:
+    """The gRPC server's channel arguments: message limits, then Triton's keepalive settings
+    (always given, as Triton does; their defaults are gRPC's) and answer compression.
+
+    NOTE: the compression level is the server's default for every call, where Triton sets it on
+    inference calls only (grpc.aio has no per-call level, only an algorithm, which would ignore
+    what the client accepts); the other answers are small."""
+    limit = settings.max_grpc_message_bytes
+    return [
+        ("grpc.max_receive_message_length", limit),
+        ("grpc.max_send_message_length", limit),
+        ("grpc.so_reuseport", 0),
+        ("grpc.keepalive_time_ms", settings.grpc_keepalive_time_ms),
+        ("grpc.keepalive_timeout_ms", settings.grpc_keepalive_timeout_ms),
+        ("grpc.keepalive_permit_without_calls", int(settings.grpc_keepalive_permit_without_calls)),
+        ("grpc.http2.max_pings_without_data", settings.grpc_http2_max_pings_without_data),
+        (
+            "grpc.http2.min_ping_interval_without_data_ms",
+            settings.grpc_http2_min_recv_ping_interval_without_data_ms,
+        ),
+        ("grpc.http2.max_ping_strikes", settings.grpc_http2_max_ping_strikes),
+        (
+            "grpc.default_compression_level",
+            COMPRESSION_LEVELS[settings.grpc_infer_response_compression_level],
+        ),
+    ]
+
+
 async def serve_grpc(service: InferenceService, settings: ServerSettings) -> tuple[Any, int]:
     """Start the gRPC server on `settings.host:grpc_port` (0: any free port); returns it and its
     port."""
     service.answers = AnswerBudget.of(settings)
-    limit = settings.max_grpc_message_bytes
-    server = grpc.aio.server(
-        options=[
-            ("grpc.max_receive_message_length", limit),
-            ("grpc.max_send_message_length", limit),
-            ("grpc.so_reuseport", 0),
-        ]
-    )
+    server = grpc.aio.server(options=server_options(settings))
     for name, handlers in _method_handlers(service).items():
         guarded = {method: _guarded(handler) for method, handler in handlers.items()}
         server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(name, guarded),))

@@ -1,0 +1,191 @@
+"""The gRPC server's transport settings, Triton's flags: keepalive pings and answer compression."""
+
+from __future__ import annotations
+
+import contextlib
+import queue
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+from conftest import RunningServer, start_server, stop_server
+from repo_models import scale_model, tiling_model, write_version
+
+from duetime import cli
+from duetime.config import ServerSettings, server_settings
+from duetime.errors import ConfigError
+from duetime.frontend.grpc import server_options
+
+pytestmark = pytest.mark.timeout(60)
+
+PING_MS = 1000
+"""The client's keepalive interval, as the tester's (gRPC clients ping at most once a second)."""
+IDLE_S = 4.0
+"""How long the stream stays idle while its client pings: with gRPC's default policy (a ping
+sooner than 5 minutes after the last is a strike; the third closes the connection) the server
+sends GOAWAY `too_many_pings` after 3 s."""
+
+
+def repository(root: Path) -> Path:
+    write_version(root, "scale", 1, scale_model(2.0))
+    write_version(root, "tile", 1, tiling_model())
+    return root
+
+
+@pytest.fixture(scope="module")
+def permissive_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    """A server that takes a client's keepalive pings every PING_MS (or ten times as often)."""
+    settings = ServerSettings(
+        model_repository=repository(tmp_path_factory.mktemp("keepalive")),
+        http_port=0, grpc_port=0, grpc_keepalive_permit_without_calls=True,
+        grpc_http2_min_recv_ping_interval_without_data_ms=PING_MS // 10,
+    )  # fmt: skip
+    running, thread = start_server(settings)
+    yield running
+    stop_server(running, thread)
+
+
+def scale_input() -> grpcclient.InferInput:
+    tensor = grpcclient.InferInput("x", [1, 4], "FP32")
+    tensor.set_data_from_numpy(np.ones((1, 4), np.float32))
+    return tensor
+
+
+def test_keepalive_settings_are_passed_to_grpc_by_its_channel_argument_names() -> None:
+    settings = ServerSettings(
+        grpc_keepalive_time_ms=1000, grpc_keepalive_timeout_ms=500,
+        grpc_keepalive_permit_without_calls=True, grpc_http2_max_pings_without_data=0,
+        grpc_http2_min_recv_ping_interval_without_data_ms=250, grpc_http2_max_ping_strikes=7,
+        grpc_infer_response_compression_level="medium",
+    )  # fmt: skip
+    options = dict(server_options(settings))
+    assert options["grpc.keepalive_time_ms"] == 1000
+    assert options["grpc.keepalive_timeout_ms"] == 500
+    assert options["grpc.keepalive_permit_without_calls"] == 1
+    assert options["grpc.http2.max_pings_without_data"] == 0
+    assert options["grpc.http2.min_ping_interval_without_data_ms"] == 250
+    assert options["grpc.http2.max_ping_strikes"] == 7
+    assert options["grpc.default_compression_level"] == 2
+
+
+def test_keepalive_defaults_are_tritons() -> None:
+    options = dict(server_options(ServerSettings()))
+    assert options["grpc.keepalive_time_ms"] == 7_200_000
+    assert options["grpc.keepalive_timeout_ms"] == 20_000
+    assert options["grpc.keepalive_permit_without_calls"] == 0
+    assert options["grpc.http2.max_pings_without_data"] == 2
+    assert options["grpc.http2.min_ping_interval_without_data_ms"] == 300_000
+    assert options["grpc.http2.max_ping_strikes"] == 2
+    assert options["grpc.default_compression_level"] == 0
+
+
+def test_tritons_flags_set_the_keepalive_settings_in_milliseconds() -> None:
+    args = cli._parser().parse_args(
+        ["serve", "repo", "--grpc-keepalive-time", "1000", "--grpc-keepalive-timeout", "500",
+         "--grpc-keepalive-permit-without-calls", "true",
+         "--grpc-http2-max-pings-without-data", "0",
+         "--grpc-http2-min-recv-ping-interval-without-data", "250",
+         "--grpc-http2-max-ping-strikes", "0", "--grpc-infer-response-compression-level", "low"]
+    )  # fmt: skip
+    settings = server_settings(cli._setting_flags(args, Path("repo")), env={})
+    assert settings.grpc_keepalive_time_ms == 1000
+    assert settings.grpc_keepalive_timeout_ms == 500
+    assert settings.grpc_keepalive_permit_without_calls is True
+    assert settings.grpc_http2_max_pings_without_data == 0
+    assert settings.grpc_http2_min_recv_ping_interval_without_data_ms == 250
+    assert settings.grpc_http2_max_ping_strikes == 0
+    assert settings.grpc_infer_response_compression_level == "low"
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("grpc_keepalive_time_ms", "0"), ("grpc_keepalive_timeout_ms", "-1"),
+     ("grpc_http2_max_ping_strikes", "-1"), ("grpc_infer_response_compression_level", "max")],
+)  # fmt: skip
+def test_a_bad_keepalive_setting_is_an_error_naming_it(field: str, value: str) -> None:
+    with pytest.raises(ConfigError, match=field):
+        server_settings({}, env={f"DUETIME_{field.upper()}": value})
+
+
+def test_an_idle_stream_of_a_client_pinging_every_second_lives_when_the_server_permits_it(
+    permissive_server: RunningServer,
+) -> None:
+    keepalive = grpcclient.KeepAliveOptions(
+        keepalive_time_ms=PING_MS, keepalive_timeout_ms=2000,
+        keepalive_permit_without_calls=True, http2_max_pings_without_data=0,
+    )  # fmt: skip
+    client = grpcclient.InferenceServerClient(permissive_server.grpc, keepalive_options=keepalive)
+    answers: queue.SimpleQueue[tuple[Any, Any]] = queue.SimpleQueue()
+    try:
+        client.start_stream(callback=lambda result, error: answers.put((result, error)))
+        client.async_stream_infer("scale", [scale_input()], request_id="before")
+        before = answers.get(timeout=30)
+        time.sleep(IDLE_S)  # (idle on purpose: the client pings meanwhile)
+        client.async_stream_infer("scale", [scale_input()], request_id="after")
+        after = answers.get(timeout=30)
+        client.stop_stream()
+    finally:
+        client.close()
+    for (result, error), request_id in ((before, "before"), (after, "after")):
+        assert error is None, error
+        assert result.get_response().id == request_id
+
+
+class CountingProxy:
+    """A TCP forwarder on 127.0.0.1 (one connection) that counts the bytes the server sends."""
+
+    def __init__(self, target: str) -> None:
+        host, port = target.rsplit(":", 1)
+        self._target = (host, int(port))
+        self._sockets = [socket.create_server(("127.0.0.1", 0))]
+        self.address = f"127.0.0.1:{self._sockets[0].getsockname()[1]}"
+        self.from_server = 0
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        with contextlib.suppress(OSError):  # (closed before a client came)
+            client, _ = self._sockets[0].accept()
+            server = socket.create_connection(self._target)
+            self._sockets += [client, server]
+            threading.Thread(target=self._pipe, args=(client, server, False), daemon=True).start()
+            self._pipe(server, client, True)
+
+    def _pipe(self, source: socket.socket, sink: socket.socket, counted: bool) -> None:
+        with contextlib.suppress(OSError):  # (either end closed: the copy ends)
+            while data := source.recv(65536):
+                if counted:
+                    self.from_server += len(data)
+                sink.sendall(data)
+
+    def close(self) -> None:
+        for sock in self._sockets:
+            sock.close()
+
+
+def test_answers_are_compressed_at_the_level_asked(tmp_path: Path) -> None:
+    settings = ServerSettings(
+        model_repository=repository(tmp_path), http_port=0, grpc_port=0,
+        grpc_infer_response_compression_level="high",
+    )  # fmt: skip
+    running, thread = start_server(settings)
+    proxy = CountingProxy(running.grpc)
+    client = grpcclient.InferenceServerClient(proxy.address)
+    try:
+        x = grpcclient.InferInput("x", [3], "FP32")
+        x.set_data_from_numpy(np.zeros(3, np.float32))
+        n = grpcclient.InferInput("n", [1], "INT64")
+        n.set_data_from_numpy(np.array([100_000], np.int64))
+        y = client.infer("tile", [x, n]).as_numpy("y")
+    finally:
+        client.close()
+        proxy.close()
+        stop_server(running, thread)
+    assert y.shape == (100_000, 3)
+    assert not y.any()
+    assert proxy.from_server < y.nbytes // 10  # (1.2 MB of zeros, compressed)
