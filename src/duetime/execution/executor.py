@@ -4,6 +4,9 @@ The event loop hands a `BatchJob` to an instance with `Executor.submit`; the ins
 inputs, runs the session (ORT releases the GIL), splits the outputs per request and hands a
 `BatchResult` back with `loop.call_soon_threadsafe`. Instance threads never touch scheduler state.
 An inline executor (one instance, no thread) runs a job on the loop itself with `run_now`.
+
+Each instance's runs share one `onnxruntime.RunOptions`: `close` sets its `terminate`, so a run
+still going when the server stops ends between two nodes, and its requests are told so.
 """
 
 from __future__ import annotations
@@ -18,8 +21,9 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
+import onnxruntime as ort
 
-from duetime.errors import DuetimeError, InvalidInput, ModelOutputError
+from duetime.errors import DuetimeError, InvalidInput, ModelOutputError, ModelUnavailable
 from duetime.execution.affinity import (
     BACKGROUND_NICENESS,
     lower_thread_priority,
@@ -116,11 +120,19 @@ class Executor:
         to stop forming batches of this model."""
         self._pool = InputPool()
         self._sessions = list(sessions)
-        self._runs = [direct_run(session) for session in self._sessions]
+        # NOTE: one RunOptions per instance, reused by each of its runs (ORT documents reuse:
+        # `terminate` is checked between nodes of the runs given it, and stays set): one made per
+        # run would cost an allocation per batch, and `close` would have to find the live ones
+        self._run_options = [ort.RunOptions() for _ in self._sessions]
+        self._runs = [
+            direct_run(session, options)
+            for session, options in zip(self._sessions, self._run_options, strict=True)
+        ]
         self._output_names = list(output_names)
         self._string_outputs = string_outputs
         self._batched = batched
         self._label = label
+        self._closing = False
         self._split_lock = threading.Lock()
         self._queues: list[queue.SimpleQueue[BatchJob | _Stop]] = []
         self._threads: list[threading.Thread] = []
@@ -166,11 +178,26 @@ class Executor:
         return result
 
     def close(self, timeout_s: float = 5.0) -> None:
-        """Stop the threads once they finish their current job; drops the sessions."""
+        """Stop the threads and drop the sessions. A run still going is terminated (ORT stops
+        between two nodes) and jobs still queued are not run: their requests get
+        ModelUnavailable, handed back to the loop as any result.
+
+        NOTE: the scheduler has drained for its grace period before this is called. A run that
+        outlasted it (25 s of a Loop) kept its thread inside ORT past the join's timeout, and the
+        process exited under it: SIGABRT ("terminate called without an active exception"), and
+        its client got no answer at all."""
+        self._closing = True
+        for options in self._run_options:
+            options.terminate = True
         for jobs in self._queues:
             jobs.put(_Stop())
-        for thread in self._threads:
+        for index, thread in enumerate(self._threads):
             thread.join(timeout_s)
+            if thread.is_alive():  # (one node that runs for long: ORT checks between nodes)
+                log.warning(
+                    "model %s instance %d: its run did not stop within %.1f s of the close",
+                    self._label, index, timeout_s,
+                )  # fmt: skip
         self._sessions.clear()
         self._runs.clear()
 
@@ -216,6 +243,9 @@ class Executor:
         self, run: Run, job: BatchJob, result: BatchResult, pool: InputPool
     ) -> None:
         """Run `job` as its thread takes it, unless running it no longer helps anyone."""
+        if self._closing:
+            result.outputs = [self._closed_error()] * len(job.feeds)
+            return
         start_by = job.start_by
         if job.revoked or (start_by is not None and start_by[0]() > start_by[1]):
             result.skipped = True
@@ -276,6 +306,9 @@ class Executor:
             result.outputs = self._split(outputs, job.rows, trim=misfit is None)
             result.output_ns += time.perf_counter_ns() - ran
         except Exception as exc:
+            if self._closing:
+                result.outputs = [self._closed_error()] * len(job.feeds)
+                return
             if len(job.feeds) == 1:
                 result.outputs = [self._run_error(exc, run, job.feeds[0])]
                 return
@@ -322,7 +355,15 @@ class Executor:
         except Exception as exc:
             return self._run_error(exc, run, feeds)
 
+    def _closed_error(self) -> ModelUnavailable:
+        return ModelUnavailable(
+            f"model {self._label}: the server is shutting down (or this version is unloading) "
+            "and stopped this request's run; retry, on another replica if there is one"
+        )
+
     def _run_error(self, exc: Exception, run: Run, feeds: Feeds) -> DuetimeError:
+        if self._closing:  # (ORT's "Exiting due to terminate flag": not the request's fault)
+            return self._closed_error()
         if isinstance(exc, UnicodeDecodeError):
             return self._not_utf8(exc, run, feeds)
         return _run_error(exc)
