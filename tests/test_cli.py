@@ -158,6 +158,16 @@ def test_demo_writes_the_repository(tmp_path: Path, demo_repo: Path) -> None:
         (["serve", "a", "--model-repository", "b"], "give the model repository once"),
         (["serve", "--model-store", "b", "--demo"], "give a model repository folder or --demo"),
         (
+            ["serve", "--model-repository", "a", "--model-repository", "b"],
+            "give the model "
+            "repository once: as the argument or --model-repository (duetime serves one",
+        ),
+        (
+            ["serve", "--demo", "--load-model", "*", "--load-model", "mlp"],
+            "field 'load_model' (--load-model): Value error, '*' loads every model: give it alone",
+        ),
+        (["serve", "--demo", "--record-sample", "2"], "field 'record_sample' (--record-sample)"),
+        (
             ["serve", "--demo", "--host", "999.1.1.1", "--http-port", "0", "--no-metrics"],
             "field 'host': cannot listen on 999.1.1.1:0",
         ),
@@ -172,6 +182,9 @@ def test_demo_writes_the_repository(tmp_path: Path, demo_repo: Path) -> None:
         "bad-cpu-latency",
         "twice",
         "flag-and-demo",
+        "two-repositories",
+        "load-all-and-one",
+        "flag-named",
         "bad-host",
         "demo-nowhere",
         "no-command",
@@ -183,6 +196,17 @@ def test_bad_use_exits_2_with_a_message(tmp_path: Path, args: list[str], message
     assert message in result.stderr
     assert "Traceback" not in result.stderr
     assert result.stdout == ""
+
+
+def test_the_repository_can_come_from_its_variable(tmp_path: Path) -> None:
+    """`DUETIME_MODEL_REPOSITORY` was refused: "give a model repository folder or --demo"."""
+    env = duetime_env(tmp_path) | {"DUETIME_MODEL_REPOSITORY": str(tmp_path / "nowhere")}
+    result = subprocess.run(
+        [sys.executable, "-m", "duetime", "serve", "--model-control-mode", "EXPLICIT"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=STARTUP_GUARD_S,
+    )  # fmt: skip
+    assert result.returncode == 2, result.stderr
+    assert "nowhere does not exist" in result.stderr  # (and Triton's capitals were taken)
 
 
 def test_ctrl_c_while_the_command_loads_is_one_line_not_a_traceback(tmp_path: Path) -> None:

@@ -1,5 +1,4 @@
-"""The `duetime` command: `serve`, `demo`, `bench`, `optimize`; the only place that sets exit
-codes."""
+"""The `duetime` command: every subcommand's flags, and the only place that sets exit codes."""
 
 from __future__ import annotations
 
@@ -67,20 +66,25 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="duetime", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="duetime",
+        description="duetime: an inference server for ONNX models whose requests carry due "
+        "times (KServe v2 / Triton protocol over HTTP and gRPC), and the tools that measure it.",
+    )
     _add_log_flags(parser, top=True)
     commands = parser.add_subparsers(dest="command", required=True)
     demo = commands.add_parser("demo", help="write the demo model repository to PATH")
-    demo.add_argument("path")
+    demo.add_argument("path", help="the folder to write the models to (created if missing)")
     serve = commands.add_parser("serve", help="serve a model repository over HTTP and gRPC")
     serve.add_argument("repository", nargs="?", type=Path, help="the model repository folder")
     serve.add_argument(
         "--model-repository", "--model-store", dest="model_repository", type=Path,
-        metavar="PATH", help="the model repository folder, by Triton's flag name",
+        metavar="PATH", action="append", help="the model repository folder, by Triton's flag name",
     )  # fmt: skip
     serve.add_argument(
         "--demo", action="store_true",
-        help="serve the built-in demo models (written to ~/.cache/duetime/demo)",
+        help="serve the built-in demo models (written to $XDG_CACHE_HOME/duetime/demo, by "
+        "default ~/.cache/duetime/demo)",
     )  # fmt: skip
     serve.add_argument("--host", help="address to listen on (default 127.0.0.1)")
     serve.add_argument("--http-port", type=int, help="HTTP port (default 8000; 0 picks one)")
@@ -154,7 +158,7 @@ def _parser() -> argparse.ArgumentParser:
         help="refuse a share of requests early above this event-loop busy share (0.85; 0: off)",
     )  # fmt: skip
     serve.add_argument(
-        "--model-control-mode", choices=["none", "explicit", "poll"],
+        "--model-control-mode", choices=["none", "explicit", "poll"], type=str.lower,
         help="none (default): load all at start; explicit: the repository API loads and "
         "unloads; poll: rescan the repository and apply changes",
     )  # fmt: skip
@@ -360,16 +364,22 @@ def demo_cache_dir() -> Path:
 def _serve(args: argparse.Namespace) -> int:
     from duetime.server import Server
 
-    if args.repository is not None and args.model_repository is not None:
-        raise ConfigError("give the model repository once: as the argument or --model-repository")
-    repository = args.repository or args.model_repository
+    given = [*([args.repository] if args.repository is not None else []),
+             *(args.model_repository or ())]  # fmt: skip
+    if len(given) > 1:  # (argparse kept the last: the others' models went unserved, unsaid)
+        raise ConfigError(
+            "give the model repository once: as the argument or --model-repository (duetime "
+            "serves one repository; Triton's several --model-repository folders would be served "
+            "as their union: put the models in one folder)"
+        )
+    repository = given[0] if given else _repository_from_env(args.demo)
     if args.demo == (repository is not None):
         raise ConfigError("give a model repository folder or --demo (one of the two)")
     if args.demo:
         from duetime.demo import write_demo_repository
 
         repository = write_demo_repository(demo_cache_dir())
-    settings = server_settings(_setting_flags(args, repository))
+    settings = server_settings(_setting_flags(args, repository), flags=_flag_names())
     loop = new_event_loop()
     asyncio.set_event_loop(loop)
     try:
@@ -385,6 +395,25 @@ def _serve(args: argparse.Namespace) -> int:
         sys.stderr.flush()
         os._exit(0)
     return code
+
+
+def _flag_names() -> dict[str, str]:
+    """Each server setting -> the `serve` flag that sets it, for error messages."""
+    commands = next(
+        a for a in _parser()._actions if isinstance(a, argparse._SubParsersAction)
+    ).choices
+    names: dict[str, str] = {}
+    for action in commands["serve"]._actions:
+        longs = [o for o in action.option_strings if o.startswith("--")]
+        if longs and action.dest in ServerSettings.model_fields:
+            names.setdefault(action.dest, longs[0])
+    return names
+
+
+def _repository_from_env(demo: bool) -> Path | None:
+    """`DUETIME_MODEL_REPOSITORY`, as every setting has its variable (unless --demo is given)."""
+    value = os.environ.get("DUETIME_MODEL_REPOSITORY")
+    return None if demo or not value else Path(value)
 
 
 _STOPPED_LOADING = -1

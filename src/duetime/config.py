@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import difflib
+import logging
 import os
 import tomllib
 from collections.abc import Collection, Iterable, Mapping
@@ -21,6 +23,8 @@ from pydantic import (
 )
 
 from duetime.errors import ConfigError
+
+log = logging.getLogger(__name__)
 
 V2Datatype = Literal[
     "BOOL", "INT8", "INT16", "INT32", "INT64", "UINT8", "UINT16", "UINT32", "UINT64",
@@ -380,7 +384,8 @@ def parse_model_config(data: Mapping[str, Any], *, source: str) -> ModelConfig:
 class ServerSettings(_Strict):
     """Settings of one server process: CLI flags, `DUETIME_*` variables, or defaults."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=False)
+    # (protected_namespaces: pydantic before 2.10 warned of every `model_*` field at import)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=False, protected_namespaces=())
 
     model_repository: Path | None = None
     host: str = "127.0.0.1"
@@ -491,7 +496,18 @@ class ServerSettings(_Strict):
     """A changed version is loaded only once its files have been unchanged this long (a copy
     still in progress keeps changing them)."""
     load_model: tuple[str, ...] = ()
-    """Explicit mode: models to load at start (`*` for all)."""
+    """Explicit mode: models to load at start (`*` for all); `DUETIME_LOAD_MODEL=a,b`."""
+
+    @field_validator("load_model", mode="before")
+    @classmethod
+    def _listed(cls, value: object) -> object:
+        """A variable's comma-separated names as a tuple; `*` only alone, as Triton has it."""
+        if isinstance(value, str):
+            value = tuple(name.strip() for name in value.split(",") if name.strip())
+        if isinstance(value, tuple | list) and "*" in value and len(value) > 1:
+            raise ValueError("'*' loads every model: give it alone, not with other names")
+        return value
+
     max_loaded_models: int | None = Field(default=None, ge=1)
     max_loaded_bytes: int | None = Field(default=None, ge=1)
     """Budget for loaded model files (per instance); the least recently used idle model is
@@ -524,19 +540,35 @@ class ServerSettings(_Strict):
     samples are dropped (counted, logged at shutdown), never waited for."""
 
 
+_OTHER_VARIABLES = frozenset({"DUETIME_FUZZ_EXAMPLES"})
+"""`DUETIME_*` variables that are not server settings (the test suite's)."""
+
+
 def server_settings(
-    overrides: Mapping[str, Any], env: Mapping[str, str] | None = None
+    overrides: Mapping[str, Any],
+    env: Mapping[str, str] | None = None,
+    flags: Mapping[str, str] | None = None,
 ) -> ServerSettings:
-    """Build settings from `DUETIME_<FIELD>` variables, then `overrides` (CLI flags) on top."""
+    """Build settings from `DUETIME_<FIELD>` variables, then `overrides` (CLI flags) on top.
+    A `DUETIME_*` variable that names no setting is warned of, with the nearest that does (it
+    was ignored without a word: `DUETIME_RECORD` for `DUETIME_RECORD_PATH`, say)."""
     env = os.environ if env is None else env
     values: dict[str, Any] = {}
-    for name in ServerSettings.model_fields:
-        key = f"DUETIME_{name.upper()}"
+    keys = {f"DUETIME_{name.upper()}": name for name in ServerSettings.model_fields}
+    for key, name in keys.items():
         if key in env:
             values[name] = env[key]
+    for key in sorted(set(env) - set(keys) - _OTHER_VARIABLES):
+        if key.startswith("DUETIME_"):
+            near = difflib.get_close_matches(key, list(keys), n=1, cutoff=0.6)
+            hint = f" (did you mean {near[0]}?)" if near else ""
+            log.warning("environment variable %s names no server setting; ignored%s", key, hint)
     values.update({k: v for k, v in overrides.items() if v is not None})
     try:
         return ServerSettings.model_validate(values)
     except ValidationError as exc:
         secrets = [name for name, field in ServerSettings.model_fields.items() if not field.repr]
-        raise ConfigError(describe_validation_error("server settings", exc, secrets)) from None
+        message = describe_validation_error("server settings", exc, secrets)
+        for name, flag in (flags or {}).items():  # (`flags`: setting -> its flag, to name it)
+            message = message.replace(f"field '{name}'", f"field '{name}' ({flag})")
+        raise ConfigError(message) from None

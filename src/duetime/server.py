@@ -225,7 +225,7 @@ class Server:
             recorder.start()
         except OSError as exc:
             raise ConfigError(
-                f"server settings: field 'record_path': cannot create the capture file "
+                f"server settings: field 'record_path' (--record): cannot create the capture file "
                 f"{recorder.path}: {exc.strerror or exc} (a capture is never overwritten: "
                 "choose a new file name)"
             ) from None

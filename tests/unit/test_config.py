@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import re
 from pathlib import Path
 from typing import Any
@@ -334,3 +335,22 @@ def test_version_policy_selects_versions() -> None:
     assert select({"version_policy": {"latest": {"num_versions": 2}}}) == [3, 2]
     assert select({"version_policy": {"all": {}}}) == [3, 2, 1]
     assert select({"version_policy": {"specific": {"versions": [1, 9]}}}) == [1]
+
+
+def test_load_model_from_a_variable_is_a_comma_separated_list() -> None:
+    """No value of `DUETIME_LOAD_MODEL` worked: a tuple was required."""
+    settings = server_settings({}, env={"DUETIME_LOAD_MODEL": "mlp, resnet"})
+    assert settings.load_model == ("mlp", "resnet")
+
+
+def test_a_variable_naming_no_setting_is_warned_of_with_the_nearest(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """`DUETIME_RECORD` (the flag is --record) was ignored without a word."""
+    with caplog.at_level(logging.WARNING, logger="duetime"):
+        server_settings({}, env={"DUETIME_RECORD": "x.cap", "DUETIME_FUZZ_EXAMPLES": "5"})
+    assert (
+        "DUETIME_RECORD names no server setting; ignored (did you mean DUETIME_RECORD_PATH?)"
+        in (caplog.text)
+    )
+    assert "FUZZ" not in caplog.text
