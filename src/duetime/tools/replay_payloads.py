@@ -3,7 +3,8 @@
 Each CapturedRequest becomes a complete HTTP/1.1 v2 request (JSON head plus binary tensors) or a
 serialised gRPC `ModelInferRequest` with its metadata, built once before the run. Only standard
 v2 fields are used: model, version, id, inputs, requested outputs, parameters, headers. The
-captured due time, relative to arrival, travels as the v2 `timeout` parameter (µs).
+request's due time travels as the v2 `timeout` parameter (µs): the one its client sent where the
+capture holds it, else the captured due time (see `due_timeout_us`).
 """
 
 from __future__ import annotations
@@ -37,22 +38,52 @@ _OWN_GRPC_METADATA = DROPPED_HEADERS | _FRAMING_HEADERS | {
     "grpc-encoding", "grpc-accept-encoding",
 }  # fmt: skip
 """Metadata gRPC sets itself (or refuses from an application)."""
-_REPLACED_PARAMETERS = frozenset({"timeout", "binary_data_output"})
 
 
 def due_timeout_us(record: CapturedRequest) -> int | None:
-    """The request's due time as the v2 `timeout` parameter (µs, at least 1), or None."""
-    if record.due_in_ns is None or record.due_in_ns <= 0:
+    """The budget the replay gives the request, as the v2 `timeout` parameter (µs), or None
+    when it had no due time.
+
+    The client's own `timeout` parameter where the record holds it (a v2 REST body always
+    does; a gRPC or in-process request when its client set one), as it was sent; otherwise the
+    captured due time from arrival (`due_in_ns`), at least 1 µs, the smallest budget the
+    protocol can say: a request already overdue when it arrived replays overdue (the server
+    answers 504 as it did), never as one without a due time.
+
+    NOTE: `due_in_ns` is only the fallback because it under-states the client's budget: the
+    server counts a `timeout` from receipt, the capture stamps arrival after the body was read
+    and parsed, so each record -> replay round would hand the server a tighter due time. A
+    gRPC deadline tighter than the request's `timeout` parameter is not recorded apart from
+    `due_in_ns`: such a request replays with its `timeout` (and a call deadline beyond it).
+    """
+    sent = client_timeout_us(record.parameters)
+    if sent is not None:
+        return sent
+    if record.due_in_ns is None:
         return None
     return max(1, math.ceil(record.due_in_ns / 1000))
 
 
+def client_timeout_us(parameters: Mapping[str, Any]) -> int | None:
+    """The `timeout` parameter the client sent, when it sets a due time (a positive integer)."""
+    value = parameters.get("timeout")
+    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        return value
+    return None
+
+
 def request_parameters(record: CapturedRequest) -> dict[str, Any]:
-    """The captured parameters, with the due time as `timeout` and the priority if it had one."""
-    parameters = {k: v for k, v in record.parameters.items() if k not in _REPLACED_PARAMETERS}
-    timeout = due_timeout_us(record)
-    if timeout is not None:
-        parameters["timeout"] = timeout
+    """The captured parameters, with the due time as `timeout` and the priority if it had one.
+
+    A `timeout` the client sent stays as it was, even one the server refused (the replay asks
+    the same, and is refused the same); one is added only where the client set none (absent or
+    0) but the request had a due time (a gRPC deadline; an in-process `timeout_s`)."""
+    parameters = {k: v for k, v in record.parameters.items() if k != "binary_data_output"}
+    sent = parameters.get("timeout")
+    if sent is None or (type(sent) is int and sent == 0):
+        timeout = due_timeout_us(record)
+        if timeout is not None:
+            parameters["timeout"] = timeout
     if record.priority and "priority" not in parameters:
         parameters["priority"] = record.priority
     return parameters

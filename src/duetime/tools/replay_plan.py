@@ -9,10 +9,10 @@ from typing import Any, Literal
 from urllib.parse import urlsplit
 
 from duetime.errors import ConfigError
-from duetime.tools.capture.format import CapturedTensor
+from duetime.tools.capture.format import CapturedRequest, CapturedTensor
 from duetime.tools.capture.reader import CaptureReader
 from duetime.tools.config import MAX_HTTP_CONNECTIONS, MAX_SECONDS
-from duetime.tools.replay_payloads import grpc_request, http_request
+from duetime.tools.replay_payloads import due_timeout_us, grpc_request, http_request
 
 ReplayProtocol = Literal["http", "grpc"]
 Timer = Literal["thread", "loop"]
@@ -90,6 +90,7 @@ class Plan:
     span_ns: int
     payloads: list[Any]
     dues_ns: list[int | None]
+    """The budget each request is sent with (ns; None: none): an answer after it is late."""
     request_ids: list[str]
     recorded: list[list[CapturedTensor] | None]
     """Recorded outputs (only with --compare-outputs; None where the capture has none)."""
@@ -128,7 +129,16 @@ def load_plan(config: ReplayConfig) -> Plan:
         )
     return Plan(
         offsets_ns=offsets, span_ns=max(span, 1), payloads=payloads,
-        dues_ns=[r.due_in_ns if r.due_in_ns and r.due_in_ns > 0 else None for r in records],
+        dues_ns=[replay_due_ns(r) for r in records],
         request_ids=[r.request_id for r in records],
         recorded=[r.outputs if keep and r.status == 200 else None for r in records],
     )  # fmt: skip
+
+
+def replay_due_ns(record: CapturedRequest) -> int | None:
+    """The budget the replay sends `record` with, in ns: the one its answer is judged late by.
+
+    NOTE: from the same `due_timeout_us` as the payload, so a request sent overdue (1 µs) and
+    served all the same counts late, not ok."""
+    timeout = due_timeout_us(record)
+    return None if timeout is None else timeout * 1000

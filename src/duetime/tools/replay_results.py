@@ -110,6 +110,7 @@ def result_of(
             "enabled": config.compare_outputs,
             "rtol": config.rtol,
             "atol": config.atol,
+            "recorded": recorded_answers_sent(replay.plan.recorded, sent),
             "compared": tally.compared,
             "mismatched": tally.mismatched,
             "undecodable": tally.undecodable,
@@ -130,6 +131,17 @@ def result_of(
     doc = run_fields("replay", label, duration_s, recorded, extra)
     doc["errors"] += replay.outstanding  # never answered: errors, like the bench's
     return ReplayResult(doc)
+
+
+def recorded_answers_sent(recorded: Sequence[object | None], sent: int) -> int:
+    """How many of the first `sent` sends (the capture over and over) have recorded outputs to
+    compare with: `compared` + `undecodable` + those not answered 200 (a request recorded as
+    answered and replayed overdue, refused or failed is not compared, and is counted here)."""
+    if not recorded:
+        return 0
+    loops, rest = divmod(sent, len(recorded))
+    with_outputs = [entry is not None for entry in recorded]
+    return loops * sum(with_outputs) + sum(with_outputs[:rest])
 
 
 def _ms(value: Any) -> str:
@@ -168,6 +180,7 @@ def format_result(doc: dict[str, Any]) -> str:
             f"outputs: {compare['compared']:,} compared, {compare['mismatched']:,} differ "
             f"(rtol {compare['rtol']:g}, atol {compare['atol']:g})"
             + (f", {compare['undecodable']} unreadable" if compare["undecodable"] else "")
+            + _not_compared(compare)
         )
         lines += [
             f"  request {m['index']} (id {m['request_id']!r}, loop {m['loop']}): output "
@@ -181,6 +194,11 @@ def format_result(doc: dict[str, Any]) -> str:
             f"{doc['requests_in_capture'] * doc['loops']:,} requests sent"
         )
     return "\n".join(lines)
+
+
+def _not_compared(compare: dict[str, Any]) -> str:
+    missed = compare["recorded"] - compare["compared"] - compare["undecodable"]
+    return f", {missed:,} recorded answers not answered 200 this time" if missed > 0 else ""
 
 
 def _us(value: Any) -> str:
