@@ -249,6 +249,33 @@ engine.close()
     assert "parent: (1, 3)" in result.stdout
 
 
+def test_a_model_that_is_no_name_is_invalid_input(engine: Engine) -> None:
+    """None was looked up: "unknown model 'None'"."""
+    with pytest.raises(InvalidInput, match="model: expected a model name"):
+        engine.infer(None, {"x": mlp_rows(1)})  # type: ignore[arg-type]
+
+
+def test_async_with_closes_an_engine_at_its_end(demo_repo: Path) -> None:
+    """`async with` was a TypeError: Engine had no __aenter__."""
+
+    async def main() -> None:
+        async with await Engine.start(demo_repo) as engine:
+            assert (await engine.infer_async("mlp", {"x": mlp_rows(1)}))["y"].shape == (1, 3)
+        with pytest.raises(ModelUnavailable):
+            await engine.infer_async("mlp", {"x": mlp_rows(1)})
+
+    asyncio.run(main())
+    with Engine.open(demo_repo) as opened:  # (and an open() engine, from a loop of the caller's)
+
+        async def elsewhere() -> None:
+            async with opened:
+                await opened.infer_async("mlp", {"x": mlp_rows(1)})
+
+        asyncio.run(elsewhere())
+        with pytest.raises(ModelUnavailable):
+            opened.infer("mlp", {"x": mlp_rows(1)})
+
+
 def test_an_engine_started_on_a_loop_refuses_calls_from_another(demo_repo: Path) -> None:
     async def main() -> None:
         engine = await Engine.start(demo_repo)

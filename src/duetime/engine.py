@@ -522,6 +522,8 @@ class Engine:
             raise InvalidInput(f"priority: expected an integer >= 0, got {priority!r}")
         if isinstance(version, bool) or not isinstance(version, str | numbers.Integral | None):
             raise InvalidInput(f"version: expected a version number or name, got {version!r}")
+        if not isinstance(model, str):  # (None was "unknown model 'None'")
+            raise InvalidInput(f"model: expected a model name (str), got {model!r}")
         if not isinstance(inputs, Mapping):
             raise InvalidInput(
                 f"inputs: expected a mapping of input name to array, got {type(inputs).__name__}"
@@ -599,6 +601,18 @@ class Engine:
 
     def __enter__(self) -> Engine:
         return self
+
+    async def __aenter__(self) -> Engine:
+        """`async with await Engine.start(repo) as engine:`, closed (`aclose`) at the end."""
+        return self
+
+    async def __aexit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if self._thread is not None:  # (made by open(): its own loop thread stops it)
+            await in_thread(self.close)
+        else:
+            await self.aclose()
 
     def __exit__(
         self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
