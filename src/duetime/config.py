@@ -76,8 +76,10 @@ class SchedulingConfig(_Strict):
 
     policy: Literal["edf", "fifo"] = "edf"
     """`edf`: earliest due time first; `fifo`: arrival order (Triton-style batcher)."""
-    max_queue_delay_us: int = Field(default=0, ge=0, le=10_000_000)
-    """The longest a request waits for others to join its batch."""
+    max_queue_delay_us: int = Field(default=0, ge=0, le=2**64 - 1)
+    """The longest a request waits for others to join its batch (a due time may cut it short).
+    NOTE: any length, as Triton's `max_queue_delay_microseconds` (a uint64): a long one is the
+    model owner's choice (a Triton config.pbtxt with one is warned of, see tritonconfig.py)."""
     max_queue_size: int = Field(default=1024, ge=1, le=1_000_000)
     """Requests queued beyond this are rejected at once (HTTP 429 / RESOURCE_EXHAUSTED)."""
     delivery_margin_us: int = Field(default=300, ge=0, le=10_000_000)

@@ -240,3 +240,75 @@ def test_onnxruntime_parameters_asking_for_what_duetime_does_give_no_warning() -
     ))  # fmt: skip
     assert settings == {"scheduling": {"policy": "fifo"}, "intra_op_threads": 2}
     assert warnings == []
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ('max_batch_size: 8\ninput [{ name: "x" data_type: TYPE_FP32 dims: [-2] }]',
+         "c: field 'input[0].dims': Value error, a dim must be 1 or more, or -1 for a free dim "
+         "(got -2)"),
+        ('output [{ name: "y" label_filename: "" }, { name: "z" dims: [0] }]',
+         "c: field 'output[1].dims': Value error"),
+        ("instance_group [{ count: 100 }]",
+         "c: field 'instance_group (its counts summed)': Input should be less than or equal to "
+         "64 (got 100)"),
+        ("max_batch_size: 4\ndynamic_batching { preferred_batch_size: [8] }",
+         "c: dynamic_batching.preferred_batch_size: 8 is over max_batch_size 4"),
+        ("dynamic_batching { priority_levels: 2 default_priority_level: 3 }",
+         "c: dynamic_batching.default_priority_level: 3 is beyond priority_levels 2"),
+        ("dynamic_batching { default_queue_policy { max_queue_size: 2000000 } }",
+         "c: field 'dynamic_batching.default_queue_policy.max_queue_size': Input should be less "
+         "than or equal to 1000000 (got 2000000)"),
+        ('parameters { key: "scheduling_policy" value { string_value: "lifo" } }',
+         "c: field 'parameters['scheduling_policy']': Input should be 'edf' or 'fifo' "
+         "(got 'lifo')"),
+        ('max_batch_size: 8\ninput [{ name: "x" data_type: TYPE_BF16 dims: [4] }]',
+         "c: input[0].data_type: TYPE_BF16 is not supported: duetime has no BF16 tensors"),
+        ('input [{ name: "x" format: FORMAT_NCHW dims: [4] }]',
+         "c: input[0].format: FORMAT_NCHW needs 3 dims (without the batch dim), but dims are [4]"),
+    ],
+)  # fmt: skip
+def test_a_pbtxt_error_names_the_triton_field_it_came_from(
+    tmp_path: Path, text: str, message: str
+) -> None:
+    folder = model_dir(tmp_path, "config.pbtxt", text)
+    with pytest.raises(ConfigError) as caught:
+        load_model_config(folder)
+    assert caught.value.message.startswith(message.replace("c: ", f"{folder}/config.pbtxt: ", 1))
+    assert "scheduling" not in caught.value.message.replace("scheduling_policy", "")
+    assert "(top level)" not in caught.value.message
+
+
+def test_a_triton_json_override_error_names_the_triton_field() -> None:
+    override = {"input": [{"name": "x", "dims": ["0"]}], "instance_group": [{"count": 65}]}
+    with pytest.raises(InvalidInput) as caught:
+        parse_config_override(json.dumps(override), "m")
+    assert "field 'input[0].dims'" in caught.value.message
+    assert "field 'instance_group (its counts summed)'" in caught.value.message
+
+
+def test_values_triton_takes_are_taken(tmp_path: Path) -> None:
+    """A count below 1 is 1 (Triton's normalisation); a delay has no cap (Triton's is a
+    uint64), a long one is warned of."""
+    settings, warnings = translated(
+        "max_batch_size: 8\ninstance_group [{ kind: KIND_CPU count: -1 }]\n"
+        "dynamic_batching { max_queue_delay_microseconds: 20000000 }"
+    )
+    assert (settings["instances"], settings["scheduling"]) == (
+        1,
+        {"max_queue_delay_us": 20_000_000},
+    )
+    assert warnings == [
+        "c: dynamic_batching.max_queue_delay_microseconds: 20000000 (20 s): a request with no due "
+        "time may wait that long for its batch to fill"
+    ]
+    folder = model_dir(tmp_path, "config.pbtxt", "max_batch_size: 8\ninstance_group [{ count: 0 }]"
+                       "\ndynamic_batching { max_queue_delay_microseconds: 20000000 }")  # fmt: skip
+    config = load_model_config(folder)
+    assert (config.instances, config.scheduling.max_queue_delay_us) == (1, 20_000_000)
+
+
+def test_a_config_with_nchw_and_three_dims_is_taken() -> None:
+    settings, _ = translated('input [{ name: "x" format: FORMAT_NCHW dims: [3, 8, 8] }]')
+    assert settings["inputs"] == [{"name": "x", "dims": [3, 8, 8]}]

@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from google.protobuf import json_format, text_format
+from pydantic import ValidationError
 
 from duetime import config as settings
 from duetime.config import ModelConfig, find_config_file, parse_model_config
@@ -144,7 +145,7 @@ def read_model_config(model_dir: Path) -> ReadConfig:
     warnings: list[str] = []
     data = translate(text, source=str(path), model_name=model_dir.name, warn=warnings.append)
     digest = hashlib.sha256(text.encode()).hexdigest()
-    return ReadConfig(parse_model_config(data, source=str(path)), tuple(warnings), digest)
+    return ReadConfig(validated(data, source=str(path)), tuple(warnings), digest)
 
 
 def read_pbtxt(path: Path, model_name: str) -> dict[str, Any]:
@@ -193,7 +194,7 @@ def read_json_config(
         if any(key in _TRITON_ONLY for key in data):
             raise
         raise own_error from None
-    return parse_model_config(_translated(config, source, model_name, warn), source=source)
+    return validated(_translated(config, source, model_name, warn), source=source)
 
 
 def translate_json(
@@ -203,6 +204,52 @@ def translate_json(
     `get_model_config` returns and Triton's load request takes) translates to."""
     config = _parsed(json_format.ParseDict, data, source, "JSON ModelConfig")
     return _translated(config, source, model_name, warn)
+
+
+def validated(data: dict[str, Any], *, source: str) -> ModelConfig:
+    """The duetime config that a Triton config translated to (`data`), validated; errors name
+    the Triton fields the wrong values came from (see `triton_field`), not duetime's."""
+    try:
+        return ModelConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError("; ".join(_described(source, item) for item in exc.errors())) from None
+
+
+def _described(source: str, item: Any) -> str:
+    given = item["input"]
+    # (a section's whole translated content says nothing of the Triton file: left out)
+    got = "" if item["type"] == "missing" or isinstance(given, dict | list) else f" (got {given!r})"
+    return f"{source}: field '{triton_field(item['loc'])}': {item['msg']}{got}"
+
+
+_FIELD_OF_SETTING = {
+    "": "(the config)",
+    "inputs": "input",
+    "outputs": "output",
+    "instances": "instance_group (its counts summed)",
+    "scheduling": "dynamic_batching",
+    "scheduling.max_queue_delay_us": "dynamic_batching.max_queue_delay_microseconds",
+    "scheduling.max_queue_size": "dynamic_batching.default_queue_policy.max_queue_size",
+    "scheduling.default_priority_level": "dynamic_batching.default_priority_level",
+    "scheduling.priority_levels": "dynamic_batching.priority_levels",
+    "scheduling.preferred_batch_size": "dynamic_batching.preferred_batch_size",
+    "scheduling.policy": f"parameters['{SCHEDULING_POLICY}']",
+    "default_timeout_ms": "dynamic_batching.default_queue_policy.default_timeout_microseconds",
+    **{setting: f"parameters['{key}']" for key, setting in _THREAD_PARAMETERS.items()},
+}
+_FIELD_OF_TENSOR_SETTING = {"datatype": "data_type", "labels": "label_filename"}
+
+
+def triton_field(loc: tuple[int | str, ...]) -> str:
+    """The Triton field that the duetime setting at `loc` (a validation error's path through
+    what `_translated` made) came from: `('inputs', 0, 'dims', 0)` is `input[0].dims`."""
+    if len(loc) > 1 and loc[0] in ("inputs", "outputs") and isinstance(loc[1], int):
+        tensor = f"{str(loc[0])[:-1]}[{loc[1]}]"
+        if len(loc) == 2:
+            return tensor
+        return f"{tensor}.{_FIELD_OF_TENSOR_SETTING.get(str(loc[2]), loc[2])}"
+    dotted = ".".join(str(part) for part in loc if not isinstance(part, int))
+    return _FIELD_OF_SETTING.get(dotted, dotted)
 
 
 def _parsed(parse: Any, given: Any, source: str, form: str) -> Any:
@@ -222,13 +269,17 @@ def _translated(config: Any, source: str, model_name: str, warn: Warn) -> dict[s
     tensors = [("inputs", config.input), ("outputs", config.output)]
     for key, specs in tensors:
         if specs:
-            out[key] = [_tensor(spec, key[:-1], source, warn) for spec in specs]
+            out[key] = [
+                _tensor(spec, f"{key[:-1]}[{index}]", source, warn)
+                for index, spec in enumerate(specs)
+            ]
     if config.max_batch_size > 0 or any(specs for _, specs in tensors):
         out["max_batch_size"] = config.max_batch_size
     instances = _instances(config, source, warn)
     if instances is not None:
         out["instances"] = instances
     if config.HasField("dynamic_batching"):
+        _refuse_contradictions(config.dynamic_batching, config.max_batch_size, source)
         _dynamic_batching(config.dynamic_batching, out, source, warn)
     if config.HasField("version_policy"):
         out["version_policy"] = _version_policy(config.version_policy)
@@ -302,11 +353,22 @@ def _scalar_reshape(spec: Any) -> bool:
     return list(spec.dims) == [1] and not list(spec.reshape.shape)
 
 
-def _tensor(spec: Any, kind: str, source: str, warn: Warn) -> dict[str, Any]:
+def _tensor(spec: Any, where: str, source: str, warn: Warn) -> dict[str, Any]:
+    """`where`: the tensor's field (`input[0]`)."""
+    kind = where.split("[")[0]
     ignored = sorted({f.name for f, _ in spec.ListFields()} - _TENSOR_FIELDS - {"reshape"})
     if ignored:
         warn(f"{source}: {kind} '{spec.name}': {', '.join(ignored)}: Triton-only settings, no "
              "effect in duetime")  # fmt: skip
+    if kind == "input" and spec.format != mc.ModelInput.FORMAT_NONE and len(spec.dims) != 3:
+        # NOTE: as Triton (ValidateModelInput): "model input NHWC/NCHW require 3 dims"
+        layout = mc.ModelInput.Format.Name(spec.format)
+        raise ConfigError(f"{source}: {where}.format: {layout} needs 3 dims (without the batch "
+                          f"dim), but dims are {list(spec.dims)}")  # fmt: skip
+    if spec.data_type == mc.TYPE_BF16:
+        raise ConfigError(f"{source}: {where}.data_type: TYPE_BF16 is not supported: duetime has "
+                          "no BF16 tensors (numpy has none); use a model whose "
+                          f"{kind} is FP16 or FP32")  # fmt: skip
     tensor: dict[str, Any] = {"name": spec.name}
     if spec.data_type != mc.TYPE_INVALID:
         name = mc.DataType.Name(spec.data_type).removeprefix("TYPE_")
@@ -370,13 +432,34 @@ def _group_instances(group: Any, where: str, warn: Warn) -> int:
     return count
 
 
+def _refuse_contradictions(batching: Any, max_batch_size: int, source: str) -> None:
+    """What Triton refuses of `dynamic_batching` against the rest of the config, in Triton's
+    terms (duetime's own checks would name duetime's settings)."""
+    levels, default = batching.priority_levels, batching.default_priority_level
+    if levels and default > levels:
+        raise ConfigError(f"{source}: dynamic_batching.default_priority_level: {default} is "
+                          f"beyond priority_levels {levels}")  # fmt: skip
+    preferred = list(batching.preferred_batch_size)
+    if preferred and max_batch_size > 0 and max(preferred) > max_batch_size:
+        raise ConfigError(f"{source}: dynamic_batching.preferred_batch_size: {max(preferred)} is "
+                          f"over max_batch_size {max_batch_size}")  # fmt: skip
+
+
+LONG_QUEUE_DELAY_US = 10_000_000
+"""A `max_queue_delay_microseconds` over this (10 s) is taken, as Triton takes any, with a
+warning: a request may wait that long for its batch to fill."""
+
+
 def _dynamic_batching(batching: Any, out: dict[str, Any], source: str, warn: Warn) -> None:
     ignored = sorted({f.name for f, _ in batching.ListFields()} - _BATCHING_FIELDS)
     if ignored:
         warn(f"{source}: dynamic_batching: {', '.join(ignored)}: Triton-only settings, no effect "
              "in duetime (it sizes batches by due times)")  # fmt: skip
     scheduling: dict[str, Any] = out.setdefault("scheduling", {})
-    scheduling["max_queue_delay_us"] = batching.max_queue_delay_microseconds
+    scheduling["max_queue_delay_us"] = delay = batching.max_queue_delay_microseconds
+    if delay > LONG_QUEUE_DELAY_US:
+        warn(f"{source}: dynamic_batching.max_queue_delay_microseconds: {delay} ({delay / 1e6:g} "
+             "s): a request with no due time may wait that long for its batch to fill")  # fmt: skip
     if batching.default_priority_level:
         scheduling["default_priority_level"] = batching.default_priority_level
     if batching.priority_levels:
