@@ -108,6 +108,11 @@ def _parser() -> argparse.ArgumentParser:
         "tensors as binary data)",
     )  # fmt: skip
     serve.add_argument(
+        "--max-json-answer-bytes", type=int,
+        help="largest HTTP inference answer written as JSON (256 MiB; a bigger one gets 400: "
+        "ask for big outputs as binary data)",
+    )  # fmt: skip
+    serve.add_argument(
         "--max-grpc-message-bytes", type=int,
         help="largest gRPC message, request or answer (64 MiB; at most 2 GiB - 1)",
     )  # fmt: skip

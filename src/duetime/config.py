@@ -406,6 +406,10 @@ class ServerSettings(_Strict):
     max_json_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)
     """Largest JSON part of an HTTP inference request (JSON is decoded on the event loop, about
     15 ms a megabyte); bigger tensors must come as binary data (413 otherwise)."""
+    max_json_answer_bytes: int = Field(default=256 * 1024 * 1024, ge=1024)
+    """Largest HTTP inference answer to write as JSON, as estimated from its outputs' sizes and
+    datatypes before it is encoded; a bigger one is refused (400, naming the output) with a
+    pointer to binary data. A 1 GB JSON answer took 20 s and 4 GB of memory to make."""
     idle_timeout_s: float = Field(default=60.0, gt=0)
     """A keep-alive connection with no request in flight is closed after this long, and one
     whose client reads none of its answers for this long is dropped (nginx's `send_timeout`)."""

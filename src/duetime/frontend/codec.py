@@ -489,6 +489,28 @@ JSON_CHUNK = 32_768
 thread building a big answer gives the GIL back between pieces, so the event loop runs on."""
 
 
+JSON_VALUE_BYTES = {
+    "BOOL": 5, "INT8": 4, "INT16": 6, "INT32": 11, "INT64": 20, "UINT8": 3, "UINT16": 5,
+    "UINT32": 10, "UINT64": 20, "FP16": 16, "FP32": 16, "FP64": 24,
+}  # fmt: skip
+"""The longest one value of each numeric datatype is written as JSON (`false`, `-2147483648`;
+a float in its shortest exact form, `-0.0000050164504` as FP32)."""
+
+
+def json_size(array: np.ndarray, datatype: str) -> int:
+    """About how many bytes `array`'s values take as JSON: each number at its longest, and a
+    comma; BYTES elements at their length and two quotes (text that needs no escapes).
+
+    NOTE: numbers from the count alone, without reading them: this runs before an answer is
+    encoded, to refuse one too big to make (see rest.py `_check_json_answer`). So FP16 and FP32
+    pieces that hold a NaN or an infinity, which `json` writes (each value as a double, then
+    ', ': up to 26 bytes), can come out longer than this says."""
+    if datatype != "BYTES":
+        return array.size * (JSON_VALUE_BYTES[datatype] + 1)
+    flat = array.reshape(-1)
+    return 3 * flat.size + sum(len(item) if isinstance(item, bytes | str) else 0 for item in flat)
+
+
 def to_json_data(array: np.ndarray, datatype: str) -> Any:
     """Row-major flat values for a JSON response (BYTES as UTF-8 text; a non-finite float as
     `NaN`, `Infinity` or `-Infinity`, as Triton writes them, where orjson would write null).

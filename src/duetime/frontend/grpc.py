@@ -428,7 +428,10 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
     ) -> AsyncIterator[Any]:
         """Requests of a stream run concurrently (they batch with each other and with other
         clients'); answers go back in request order, at most STREAM_WINDOW in flight, each
-        holding its part of `answers` until it is sent."""
+        holding its part of `answers` until it is sent. A request that fails gets its error in
+        the stream (`error_message`), or, where the client asked with Triton's
+        `triton_grpc_error: true` header, ends the stream with the error's status code."""
+        grpc_errors = _wants_grpc_errors(context)
         window: asyncio.Queue[
             tuple[Any, _Submitted | DuetimeError, RequestTiming | None, AnswerHold] | None
         ] = asyncio.Queue(STREAM_WINDOW)
@@ -462,20 +465,19 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
             while (item := await window.get()) is not None:
                 request, submitted, timing, hold = item
                 try:
-                    if isinstance(submitted, DuetimeError):
-                        trace_id = self._record(request, context, timing, None, submitted, STREAM)
-                        yield self._stream_error(request, submitted, context, trace_id)
+                    answer = await self._stream_answer(submitted, request.id, hold)
+                    ticket = None if isinstance(submitted, DuetimeError) else submitted.ticket
+                    if not isinstance(answer, DuetimeError):
+                        self._record(request, context, timing, ticket, None, STREAM)
+                        yield answer
                         continue
-                    ticket = submitted.ticket
-                    try:
-                        response = await self._response(submitted, request.id, hold)
-                        response.parameters[FINAL_RESPONSE].bool_param = True
-                    except DuetimeError as exc:
-                        trace_id = self._record(request, context, timing, ticket, exc, STREAM)
-                        yield self._stream_error(request, exc, context, trace_id)
-                        continue
-                    self._record(request, context, timing, ticket, None, STREAM)
-                    yield pb.ModelStreamInferResponse(infer_response=response)
+                    trace_id = self._record(request, context, timing, ticket, answer, STREAM)
+                    if grpc_errors:
+                        # (its outputs not held by the abort's traceback: see ModelInfer)
+                        del item, submitted, ticket
+                        model, version = request.model_name, request.model_version
+                        await _abort(context, answer, trace_id, model, version)
+                    yield self._stream_error(request, answer, context, trace_id)
                 finally:
                     hold.release()  # (sent: the next answer waited for it)
         finally:
@@ -486,6 +488,19 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
                     left[3].release()
                     if isinstance(left[1], _Submitted):
                         left[1].ticket.future.cancel()
+
+    async def _stream_answer(
+        self, submitted: _Submitted | DuetimeError, request_id: str, hold: AnswerHold
+    ) -> Any:
+        """A streamed request's answer (a `ModelStreamInferResponse`), or its error."""
+        if isinstance(submitted, DuetimeError):
+            return submitted
+        try:
+            response = await self._response(submitted, request_id, hold)
+        except DuetimeError as exc:
+            return exc.with_traceback(None)  # (its traceback would hold the answer's frames)
+        response.parameters[FINAL_RESPONSE].bool_param = True
+        return pb.ModelStreamInferResponse(infer_response=response)
 
     def _stream_error(
         self, request: Any, exc: DuetimeError, context: Any, trace_id: str | None = None
@@ -756,6 +771,15 @@ class _Metadata(Mapping[str, str]):
 
     def __len__(self) -> int:
         return len(self._read())
+
+
+GRPC_ERROR_HEADER = "triton_grpc_error"
+"""Triton's (24.08+) ModelStreamInfer header: `true` asks for a stream's first error as its
+gRPC status code, which ends it, in place of an `error_message` in the stream."""
+
+
+def _wants_grpc_errors(context: Any) -> bool:
+    return _Metadata(context).get(GRPC_ERROR_HEADER, "").strip().lower() == "true"
 
 
 def _parameters(parameters: Mapping[str, Any]) -> dict[str, Any]:

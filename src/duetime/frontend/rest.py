@@ -683,12 +683,13 @@ class RestApi:
             return self._answered(ticket, request, error)
         accepted = request.headers.get("accept-encoding")
         coding = None if accepted is None else response_coding(accepted)
+        limit = self._settings.max_json_answer_bytes
         if _bulky(ticket, plan):
             return BulkReply(
-                lambda: _built(ticket, request.id, plan, coding),
+                lambda: _built(ticket, request.id, plan, coding, limit),
                 lambda built: self._answered(ticket, request, built),
             )
-        built = _built(ticket, request.id, plan)
+        built = _built(ticket, request.id, plan, json_limit=limit)
         if coding is not None and isinstance(built, Reply):
             if _size(built) > BULK_COMPRESS_BYTES:
                 reply = built
@@ -1281,11 +1282,16 @@ def compressed(reply: Reply, coding: str) -> Reply:
 
 
 def _built(
-    ticket: Ticket, request_id: str, plan: OutputPlan, coding: str | None = None
+    ticket: Ticket,
+    request_id: str,
+    plan: OutputPlan,
+    coding: str | None = None,
+    json_limit: int | None = None,
 ) -> Reply | DuetimeError:
-    """The answer, compressed in `coding` (gzip, deflate; None: not), or the request's error."""
+    """The answer, compressed in `coding` (gzip, deflate; None: not), or the request's error
+    (or InvalidInput for an answer over `json_limit` bytes of JSON)."""
     try:
-        reply = encode_infer_response(ticket, request_id, plan)
+        reply = encode_infer_response(ticket, request_id, plan, json_limit)
     except DuetimeError as exc:
         return exc.with_traceback(None)  # this frame would hold its own traceback
     return reply if coding is None else compressed(reply, coding)
@@ -1309,13 +1315,18 @@ def _bulky(ticket: Ticket, plan: OutputPlan) -> bool:
     return values > BULK_JSON_VALUES or shared_bytes > BULK_SHARED_BYTES
 
 
-def encode_infer_response(ticket: Ticket, request_id: str, plan: OutputPlan) -> Reply:
+def encode_infer_response(
+    ticket: Ticket, request_id: str, plan: OutputPlan, json_limit: int | None = None
+) -> Reply:
     """The v2 response: JSON, with binary outputs appended after it where the plan says so;
-    raises the request's DuetimeError if it failed."""
+    raises the request's DuetimeError if it failed, and InvalidInput if its outputs in JSON
+    would take more than `json_limit` bytes (see `_check_json_answer`)."""
     response = ticket.response(request_id)
     outputs = []
     blobs: list[bytes | memoryview] = []
     shared = plan.shared or {}
+    if json_limit is not None:
+        _check_json_answer(response.outputs, plan, json_limit)
     for name, array in response.outputs.items():
         window = shared.get(name)
         if window is not None:
@@ -1342,6 +1353,32 @@ def encode_infer_response(ticket: Ticket, request_id: str, plan: OutputPlan) -> 
     if sum(len(blob) for blob in blobs) > TAIL_BYTES:
         return Reply(200, head, headers, tuple(blobs))
     return Reply(200, b"".join([head, *blobs]), headers)
+
+
+def _check_json_answer(outputs: Mapping[str, np.ndarray], plan: OutputPlan, limit: int) -> None:
+    """InvalidInput, naming the biggest, when the outputs asked for as JSON would take more than
+    `limit` bytes (`codec.json_size`), before any is encoded.
+
+    NOTE: a JSON answer takes about 4 times its size in memory while it is made, and 20 ms a
+    megabyte: one request to a model that expands its input (32 bytes in) made a 1 GB answer in
+    20 s, the server 4 GB bigger. Binary data is the size of the tensor and written from it."""
+    shared = plan.shared or {}
+    sizes = {
+        name: codec.json_size(array, v2_datatype_of(array))
+        for name, array in outputs.items()
+        if name not in shared and not plan.is_binary(name)
+    }
+    total = sum(sizes.values())
+    if total <= limit:
+        return
+    name = max(sizes, key=sizes.__getitem__)
+    raise InvalidInput(
+        f"output '{name}' is too big to answer as JSON: about {sizes[name]} bytes of JSON"
+        + (f" ({total} with the other outputs)" if total != sizes[name] else "")
+        + f", over the {limit}-byte limit for a JSON answer (server flag "
+        "--max-json-answer-bytes); ask for it as binary data: output parameter "
+        "'binary_data': true, or request parameter 'binary_data_output': true"
+    )
 
 
 def _write_shared(
