@@ -84,7 +84,10 @@ def load_version(
     options = session_options(
         intra_op_threads=config.intra_op_threads, inter_op_threads=config.inter_op_threads
     )
-    sessions = [cached_session(path, options) for _ in range(config.instances)]
+    from duetime.repository.graphs import study_graph  # (onnx takes ~0.5 s to import)
+
+    studied = study_graph(path)
+    sessions = _open_sessions(path, options, studied.guarded, config.instances)
     graph_inputs, graph_outputs = graph_specs(sessions[0], path)
     signature = reconcile(config, graph_inputs, graph_outputs, source=str(source.directory))
     if signature.max_batch_size > 0:
@@ -121,6 +124,24 @@ def load_version(
     return LoadedModel(
         source.name, str(version), path, config, signature, validator, executor, profile, labels
     )
+
+
+def _open_sessions(
+    path: Path, options: ort.SessionOptions, guarded: bytes | None, count: int
+) -> list[ort.InferenceSession]:
+    """`count` sessions on the model at `path`, on its `guarded` graph where it has one.
+
+    NOTE: a guarded graph ORT refuses (an ORT too old to find external data for a graph from
+    bytes, say) is served as the file is, with a warning, rather than not at all."""
+    if guarded is not None:
+        try:
+            return [cached_session(path, options, guarded) for _ in range(count)]
+        except ConfigError as exc:
+            log.warning(
+                "%s: its integer divisions cannot be guarded (%s); serving it as it is: a "
+                "request dividing INT_MIN by -1 would crash the server", path, exc,
+            )  # fmt: skip
+    return [cached_session(path, options) for _ in range(count)]
 
 
 def read_labels(config: ModelConfig, directory: Path) -> dict[str, tuple[str, ...]]:

@@ -1,0 +1,260 @@
+"""The one rewrite the loader makes to a model's ONNX graph before serving it: signed-integer
+Div and Mod, so that no request can trap the process with INT_MIN / -1 (see
+`guard_integer_division`).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import onnx
+import onnx.inliner
+from onnx import TensorProto, helper, numpy_helper
+
+log = logging.getLogger("duetime.graphs")
+
+TRAPPING_INTEGERS = {TensorProto.INT32: "int32", TensorProto.INT64: "int64"}
+"""Element types whose INT_MIN / -1 traps (SIGFPE) in ORT's CPU Div: the hardware's divide.
+
+NOTE: int8 and int16 are divided after C's promotion to int, which cannot overflow (ORT 1.32
+answers -128 / -1 with -128), and unsigned types have no -1."""
+
+GUARD_MIN_OPSET = 9
+"""The first opset with Where, which the guard needs (Equal and Neg of int32/int64 are older)."""
+
+
+@dataclass(frozen=True)
+class StudiedGraph:
+    """A model file as the loader serves it."""
+
+    guarded: bytes | None = None
+    """The model with its integer divisions guarded, to serve in place of the file; None: the
+    file as it is (it has none, or they cannot be guarded: see the log)."""
+
+
+def study_graph(path: Path) -> StudiedGraph:
+    """Read `path` (without its external tensors' data: tensors in files of their own stay
+    there) and guard its integer divisions."""
+    try:
+        model = onnx.load(str(path), load_external_data=False)
+    except Exception:  # (ORT read it: a file this cannot read is one ORT's own format took)
+        return StudiedGraph()
+    guarded = guard_integer_division(model, str(path))
+    return StudiedGraph(model.SerializeToString() if guarded else None)
+
+
+def _subgraphs(node: onnx.NodeProto) -> Iterator[onnx.GraphProto]:
+    for attr in node.attribute:
+        if attr.type == onnx.AttributeProto.GRAPH:
+            yield attr.g
+        elif attr.type == onnx.AttributeProto.GRAPHS:
+            yield from attr.graphs
+
+
+# -- the guard ------------------------------------------------------------------------------------
+
+
+def guard_integer_division(model: onnx.ModelProto, source: str = "model") -> int:
+    """Rewrite `model` in place so that no int32/int64 Div or Mod, in its graph or any subgraph,
+    divides by -1; return how many were rewritten.
+
+    ORT's CPU kernels divide with the hardware's instruction, which traps on INT_MIN / -1: the
+    whole server dies of SIGFPE on one request (plain onnxruntime does the same). Division by
+    zero, the other trap, ORT checks itself (a clean error). So, with `m1 = Equal(b, -1)`:
+
+        Div(a, b) -> Where(m1, Neg(a), Div(a, Where(m1, 1, b)))
+        Mod(a, b) -> Mod(a, Where(m1, 1, b))
+
+    `a / -1` is `-a` exactly, and INT_MIN's negation wraps to INT_MIN (numpy's INT_MIN // -1);
+    `a mod -1` and `a mod 1` are both 0 (fmod or not). Every other answer is ORT's own, bit for
+    bit. A divisor that is a constant without -1 (a shape's `// 2`) is left as it is. Float
+    division does not trap and is left alone; element types come from ONNX shape inference.
+    """
+    if not any(_divisions(model)):
+        return 0
+    opset = next(
+        (o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), GUARD_MIN_OPSET
+    )
+    if opset < GUARD_MIN_OPSET:
+        log.warning(
+            "%s: integer Div/Mod cannot be guarded below opset %d (it has %d): a request "
+            "dividing INT_MIN by -1 would crash the server", source, GUARD_MIN_OPSET, opset,
+        )  # fmt: skip
+        return 0
+    if any(_divisions_in_functions(model)):
+        # NOTE: local functions have no types of their own to read; ORT inlines them anyway.
+        model.CopyFrom(onnx.inliner.inline_local_functions(model))
+    types = _element_types(model)
+    unknown = [
+        node.output[0]
+        for graph in _graphs(model.graph)
+        for node in graph.node
+        if _is_division(node) and types.get(node.input[0]) is None
+    ]
+    if unknown:
+        log.warning(
+            "%s: the element type of %s is unknown, so it is not guarded: if it is an "
+            "int32/int64 division, a request dividing INT_MIN by -1 would crash the server",
+            source, ", ".join(f"'{name}'" for name in unknown[:3]),
+        )  # fmt: skip
+    return _guard_graph(model.graph, types, _Names(model))
+
+
+def _guard_graph(graph: onnx.GraphProto, types: Mapping[str, int], names: _Names) -> int:
+    """Guard `graph`'s divisions, then its subgraphs'; return how many were guarded."""
+    constants = _constant_values(graph)
+    kinds = [_guarded_kind(node, types, constants) for node in graph.node]
+    if any(kind is not None for kind in kinds):
+        nodes: list[onnx.NodeProto] = []
+        for node, kind in zip(graph.node, kinds, strict=True):
+            nodes.extend([node] if kind is None else _guard(node, kind, names))
+        replaced = [_copy(node) for node in nodes]  # (before the field lets go of its own)
+        graph.ClearField("node")
+        graph.node.extend(replaced)
+    guarded = sum(kind is not None for kind in kinds)
+    for node in graph.node:
+        for sub in _subgraphs(node):
+            guarded += _guard_graph(sub, types, names)
+    return guarded
+
+
+def _copy(node: onnx.NodeProto) -> onnx.NodeProto:
+    copied = onnx.NodeProto()
+    copied.CopyFrom(node)
+    return copied
+
+
+def _is_division(node: onnx.NodeProto) -> bool:
+    ours = node.domain in ("", "ai.onnx")
+    return ours and node.op_type in ("Div", "Mod") and len(node.input) == 2
+
+
+def _divisions(model: onnx.ModelProto) -> Iterator[onnx.NodeProto]:
+    for graph in _graphs(model.graph):
+        yield from (node for node in graph.node if _is_division(node))
+    yield from _divisions_in_functions(model)
+
+
+def _divisions_in_functions(model: onnx.ModelProto) -> Iterator[onnx.NodeProto]:
+    for function in model.functions:
+        for node in function.node:
+            if _is_division(node):
+                yield node
+            for sub in _subgraphs(node):
+                yield from (n for g in _graphs(sub) for n in g.node if _is_division(n))
+
+
+def _graphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
+    """`graph` and every subgraph in it (Loop, If and Scan bodies, nested)."""
+    yield graph
+    for node in graph.node:
+        for sub in _subgraphs(node):
+            yield from _graphs(sub)
+
+
+def _element_types(model: onnx.ModelProto) -> dict[str, int]:
+    """Each tensor's element type, as ONNX shape inference has it (subgraphs' too)."""
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model)
+    except Exception as exc:  # (a graph it cannot type: its divisions go unguarded, warned of)
+        log.debug("shape inference failed: %s", exc)
+        inferred = model
+    types: dict[str, int] = {}
+    for graph in _graphs(inferred.graph):
+        for value in (*graph.input, *graph.output, *graph.value_info):
+            if value.type.HasField("tensor_type") and value.type.tensor_type.elem_type:
+                types[value.name] = value.type.tensor_type.elem_type
+        for init in graph.initializer:
+            types[init.name] = init.data_type
+        for node in graph.node:
+            if node.op_type == "Constant" and node.attribute and node.attribute[0].name == "value":
+                types[node.output[0]] = node.attribute[0].t.data_type
+    return types
+
+
+def _constant_values(graph: onnx.GraphProto) -> dict[str, onnx.TensorProto]:
+    """The graph's constant tensors whose data it holds (not a request's to give)."""
+    given = {value.name for value in graph.input}
+    constants = {
+        init.name: init
+        for init in graph.initializer
+        if init.name not in given and init.data_location != TensorProto.EXTERNAL
+    }
+    for node in graph.node:
+        if node.op_type == "Constant" and node.attribute and node.attribute[0].name == "value":
+            constants[node.output[0]] = node.attribute[0].t
+    return constants
+
+
+def _guarded_kind(
+    node: onnx.NodeProto, types: Mapping[str, int], constants: Mapping[str, onnx.TensorProto]
+) -> int | None:
+    """The element type to guard `node` for; None if it cannot divide INT_MIN by -1."""
+    if not _is_division(node):
+        return None
+    kind = types.get(node.input[0]) or types.get(node.input[1]) or types.get(node.output[0])
+    if kind not in TRAPPING_INTEGERS:
+        return None
+    divisor = constants.get(node.input[1])
+    if divisor is not None and not (numpy_helper.to_array(divisor) == -1).any():
+        return None
+    return kind
+
+
+class _Names:
+    """Fresh tensor and node names, none already in the model."""
+
+    def __init__(self, model: onnx.ModelProto) -> None:
+        self.taken: set[str] = set()
+        for graph in _graphs(model.graph):
+            self.taken.update(value.name for value in (*graph.input, *graph.output))
+            self.taken.update(init.name for init in graph.initializer)
+            for node in graph.node:
+                self.taken.update(node.output)
+                self.taken.add(node.name)
+
+    def fresh(self, base: str) -> str:
+        name, count = base, 0
+        while name in self.taken:
+            count += 1
+            name = f"{base}_{count}"
+        self.taken.add(name)
+        return name
+
+
+def _guard(node: onnx.NodeProto, kind: int, names: _Names) -> list[onnx.NodeProto]:
+    """The nodes that replace `node` (see `guard_integer_division`)."""
+    a, b = node.input
+    base = f"{node.name or node.output[0]}/duetime_guard"
+    minus_one, one, is_minus_one, safe = (
+        names.fresh(f"{base}/{part}") for part in ("minus_one", "one", "is_minus_one", "divisor")
+    )
+    nodes = [
+        helper.make_node(
+            "Constant", [], [minus_one], names.fresh(minus_one),
+            value=helper.make_tensor(minus_one, kind, [], [-1]),
+        ),
+        helper.make_node(
+            "Constant", [], [one], names.fresh(one), value=helper.make_tensor(one, kind, [], [1])
+        ),
+        helper.make_node("Equal", [b, minus_one], [is_minus_one], names.fresh(is_minus_one)),
+        helper.make_node("Where", [is_minus_one, one, b], [safe], names.fresh(safe)),
+    ]  # fmt: skip
+    divided = _copy(node)
+    divided.input[1] = safe
+    if node.op_type == "Mod":
+        return [*nodes, divided]
+    quotient, negated = names.fresh(f"{base}/quotient"), names.fresh(f"{base}/negated")
+    divided.output[0] = quotient  # (its name stays: ORT's errors, division by zero, name it)
+    return [
+        *nodes,
+        divided,
+        helper.make_node("Neg", [a], [negated], names.fresh(negated)),
+        helper.make_node(
+            "Where", [is_minus_one, negated, quotient], [node.output[0]],
+            names.fresh(f"{base}/answer"),
+        ),
+    ]  # fmt: skip
