@@ -895,7 +895,9 @@ def test_a_lookahead_batch_its_thread_takes_too_late_fails_its_requests_unrun() 
         scheduler._on_timer()
         assert [job.rows for _, job in executor.jobs] == [[1], [1, 1]]
         assert executor.jobs[0][1].start_by is None, "a batch to an idle instance starts at once"
-        assert executor.jobs[1][1].start_by is None, "one request in it has no due time"
+        never = executor.jobs[1][1].start_by
+        assert never is not None
+        assert never[1] > clock.now_ns() + 10**15, "one request in it has no due time: it runs"
         executor.complete(0, compute_ns=5 * MS)
         executor.complete(1, compute_ns=9 * MS)
         assert all(f.done() and f.exception() is None for f in (first, second, unbound))
@@ -1288,5 +1290,124 @@ def test_requests_failing_on_their_data_have_the_model_checked_on_its_samples() 
             state = BreakerState.OPEN if samples_fail else BreakerState.CLOSED
             assert [b.state for b in h.scheduler._breakers] == [state]
             assert h.scheduler.statistics().failed == 2
+
+    run(body)
+
+
+# -- batches handed over that wait for another -----------------------------------------------------
+
+
+def test_a_hopeless_request_committed_behind_an_overrunning_batch_fails_at_its_time() -> None:
+    """Probe t_lookahead_late504: a request committed as the lookahead batch behind a batch
+    that overran heard its 504 only when that batch ended, long after its due time. The sweep
+    now fails it unrun once it cannot make it, and takes its batch back."""
+
+    async def body() -> None:
+        clock, executor, scheduler = long_batches()
+        scheduler.submit_nowait({}, rows=1, shape_key=(), due_ns=None, priority=0)
+        due = clock.now_ns() + 14 * MS
+        victim = scheduler.submit_nowait({}, rows=1, shape_key=(), due_ns=due, priority=0)
+        clock.advance(4_500 * US)
+        scheduler._on_timer()
+        instance, lookahead = executor.jobs[1]
+        assert lookahead.start_by is not None
+        clock.advance(3 * MS)  # 7.5 ms in, the 5 ms batch still runs; the victim needs 5 ms
+        scheduler._sweep()
+        assert not victim.done(), "it can still make it"
+        clock.advance(2 * MS)  # 4.5 ms left
+        scheduler._sweep()
+        assert isinstance(failure(victim), DeadlineExceeded)
+        assert "it was not run" in str(failure(victim))
+        assert lookahead.revoked
+        executor.complete(0, compute_ns=300 * MS)  # the overrunning batch ends
+        executor.finished.add(1)
+        lookahead.on_done(BatchResult(lookahead, instance, skipped=True))
+        stats = scheduler.statistics()
+        assert (stats.expired, stats.cancelled, stats.succeeded) == (1, 0, 1)
+
+    run(body)
+
+
+def test_a_request_late_only_in_its_committed_batch_is_planned_again() -> None:
+    async def body() -> None:
+        clock, executor, scheduler = long_batches()
+        scheduler.submit_nowait({}, rows=1, shape_key=(), due_ns=None, priority=0)
+        now = clock.now_ns()
+        tight = scheduler.submit_nowait({}, rows=1, shape_key=(), due_ns=now + 20 * MS, priority=0)
+        loose = scheduler.submit_nowait({}, rows=1, shape_key=(), due_ns=now + 90 * MS, priority=0)
+        clock.advance(4_500 * US)
+        scheduler._on_timer()
+        instance, lookahead = executor.jobs[1]
+        assert lookahead.rows == [1, 1]
+        clock.advance(7 * MS)  # 11.5 ms in: the pair (9 ms) would answer `tight` late, alone not
+        scheduler._sweep()
+        assert lookahead.revoked
+        assert not tight.done()
+        executor.complete(0, compute_ns=12 * MS)
+        executor.finished.add(1)
+        lookahead.on_done(BatchResult(lookahead, instance, skipped=True))
+        assert executor.jobs[2][1].rows == [1], "planned again: `tight` alone first"
+        executor.complete(2, compute_ns=5 * MS)
+        assert tight.exception() is None
+        assert not loose.done()
+
+    run(body)
+
+
+def test_a_big_request_s_batch_is_booked_for_its_size_not_the_profile() -> None:
+    """Admission predicts a request far bigger than the samples by its size; the instance's
+    busy-until used the profile alone, so requests behind it were planned and admitted for a
+    start long before it ended."""
+
+    async def body() -> None:
+        h = harness(sample_row_bytes=4)
+        big = {"x": np.zeros(10_000, np.float32)}
+        h.scheduler.submit_nowait(big, rows=1, shape_key=(), due_ns=None, priority=0)
+        h.clock.advance(5_000 * MS)
+        h.executor.complete(0, compute_ns=5_000 * MS)  # learns ~125 µs a byte
+        h.scheduler.submit_nowait(big, rows=1, shape_key=(), due_ns=None, priority=0)
+        now = h.clock.now_ns()
+        assert h.scheduler._busy_until[0] >= now + 4_900 * MS
+        assert not h.scheduler.fits(now, now + 1_000 * MS, 1, 0)
+
+    run(body)
+
+
+def test_instances_sharing_one_cpu_bound_every_batch_by_its_due_times() -> None:
+    """Probe t_instances: two instances pinned to the one spare core of a 2-core machine take
+    turns; the second instance's batch, its instance's only one, had no start_by and ran
+    whenever its turn came, 300-600 ms after its due time. Now it has one, and the sweep
+    fails its request unrun when the batch ahead overruns."""
+
+    async def body() -> None:
+        h = harness(instances=2, ledger=CoreLedger())
+        h.submit("blocker")  # instance 0, 100 µs predicted
+        small = h.submit("small", due_in=500 * US)
+        instance, job = h.executor.jobs[1]
+        assert (instance, job.turn is not None) == (1, True)
+        assert job.start_by is not None
+        assert job.start_by[1] == h.clock.now_ns() + 500 * US - h.scheduler._exec_ns(1)
+        h.clock.advance(450 * US)  # the blocker overran: its turn has not come
+        h.scheduler._sweep()
+        assert isinstance(failure(small), DeadlineExceeded)
+        assert job.revoked
+
+    run(body)
+
+
+def test_instances_sharing_one_cpu_are_admitted_as_one() -> None:
+    """Their batches take turns: the work queued ahead of a request is not shared out between
+    them at admission."""
+
+    async def body() -> None:
+        h = harness(instances=2, ledger=CoreLedger())
+        h.submit("running")  # instance 0: 100 µs
+        h.submit("next")  # instance 1, after it: 200 µs
+        h.submit("q1")
+        h.submit("q2")  # queued: 2 rows at the best per-row cost, 62.5 µs each
+        now = h.clock.now_ns()
+        needed = 200 * US + 125 * US + 100 * US  # (priority 2: behind q1 and q2)
+        assert not h.scheduler.fits(now, now + needed - 10 * US, 1, 2)
+        assert h.scheduler.fits(now, now + needed + 10 * US, 1, 2)
 
     run(body)

@@ -241,6 +241,13 @@ class _Running:
     """What its instance's thread was given (None: run inline)."""
     queued_until_ns: int = 0
     """Where its requests' queue time ends: the start it was planned for (see `_start`)."""
+    predicted_ns: int = 0
+    """Its predicted run, from its start to its result on the loop (see `_run_ns`)."""
+    taken: bool = False
+    """Its thread took it (set on that thread, by the clock of its `BatchJob.start_by`): it
+    runs, or has run. Meaningful only for a job given a `start_by` (one that waits)."""
+    swept: list[QueuedRequest] = field(default_factory=list)
+    """Its requests failed unrun while it waited (`_sweep_committed`): counted as expired."""
 
 
 class ModelScheduler:
@@ -486,9 +493,11 @@ class ModelScheduler:
         others_ns = 0
         if others is not None:
             # NOTE: the CPU runs the others' booked batches first, and (as far as anyone knows)
-            # the work they have queued
-            free = self._core_free(now)
-            busy_until = [max(b, free) for b in busy_until]
+            # the work they have queued. Its batches take turns (see ledger.py), so this model's
+            # instances there run one batch at a time, as one instance: the work ahead of a
+            # request is not shared out between them (two instances on the one core of a 2-core
+            # machine admitted requests as if each had a core)
+            busy_until = [max(self._core_free(now), *busy_until)]
             others_ns = others.backlog_ns
         finish = predict_finish(
             now_ns=now,
@@ -553,6 +562,22 @@ class ModelScheduler:
             retry_after_s=max(0.001, (finish - now) / 1e9),
         )
 
+    def _run_ns(self, requests: list[QueuedRequest], rows: int) -> int:
+        """Predicted time from starting a batch of `requests` (`rows`) to its result on the
+        loop: `_exec_ns`, or more for inputs far bigger than the profile's samples, as
+        admission predicts them (see `_size_extra_ns`).
+
+        NOTE: the instance's busy-until used the profile alone: a 400-row request to a model
+        of free size, admitted on its size (hundreds of ms), was booked at 15 ms, and the
+        requests behind it were admitted and planned for a start long before it ended."""
+        run = self._exec_ns(rows)
+        if not self._ns_per_byte:
+            return run
+        if len(requests) == 1:
+            return run + self._size_extra_ns(requests[0].feeds, rows)
+        feeds = {f"{n}.{k}": a for n, item in enumerate(requests) for k, a in item.feeds.items()}
+        return run + self._size_extra_ns(feeds, rows)
+
     def _exec_ns(self, rows: int) -> int:
         """Predicted time from starting a batch of `rows` to its result on the loop."""
         return self.profile.predict(rows) + int(self._overhead_ns)
@@ -590,12 +615,17 @@ class ModelScheduler:
             return None
         return ledger.others_queued(self._owners[0][0], now)
 
-    def _core_free(self, now: int) -> int:
-        """When the batches other schedulers booked on this CPU end (`now` if none runs)."""
+    def _core_free(self, now: int, instance: int = 0) -> int:
+        """When the batches booked on this CPU by others than `instance` end (`now` if none
+        runs): other schedulers' and this one's other instances'.
+
+        NOTE: it left out instance 0's booking whichever instance asked: with two instances on
+        one core, the second planned its batch to start at once while the first's ran, and it
+        waited for its turn (see `_start`)."""
         ledger = self._ledger
         if ledger is None or not ledger.shared:
             return now
-        return ledger.others_until(self._owners[0], now)
+        return ledger.others_until(self._owners[instance], now)
 
     def _margin_for(self, rows: int) -> int:
         """Time kept before the due time of a batch of `rows`: `delivery_margin_us` for getting
@@ -653,7 +683,7 @@ class ModelScheduler:
                     self._arm_timer(breaker.open_until_ns, now)
                 continue
             start = max(now, self._busy_until[instance]) if jobs else now
-            start = max(start, self._core_free(now))
+            start = max(start, self._core_free(now, instance))
             if start - now > lead:
                 self._arm_timer(start - lead, now)
                 continue
@@ -733,13 +763,23 @@ class ModelScheduler:
 
         NOTE: the common case at light load, decided without the batch policy: an idle instance
         and nothing else waiting means the batch is this request alone, now. Its due time was
-        checked at admission; a caller on a later turn of the loop checks it again."""
+        checked at admission; a caller on a later turn of the loop checks it again. On a CPU
+        whose batches take turns, it starts when the batches booked there end."""
         bucket = self.profile.bucket_of[item.rows] if self._max_rows else 0
-        self._start(Run(0, [item], item.rows, bucket), instance, now, now)
+        start = now if self._ledger is None else self._core_free(now, instance)
+        self._start(Run(0, [item], item.rows, bucket), instance, start, now)
 
     def _arm_sweeper(self) -> None:
-        if self._sweeper is None and len(self._queue):
+        if self._sweeper is None and (len(self._queue) or self._waiting()):
             self._sweeper = self._loop.call_later(_SWEEP_S, self._sweep)
+
+    def _waiting(self) -> bool:
+        """Some batch handed to an instance waits for another to end (see `_sweep_committed`)."""
+        for jobs in self._outstanding:
+            for running in jobs:
+                if running.job is not None and running.job.start_by and not running.taken:
+                    return True
+        return False
 
     def _arm_timer(self, until_ns: int, now_ns: int) -> None:
         if self._timer is not None:
@@ -766,10 +806,42 @@ class ModelScheduler:
         self._sweeper = None
         now = self._clock.now_ns()
         self._expire(sweep_hopeless(self._queue, now_ns=now, estimate=self._deadline_rule()), now)
+        self._sweep_committed(now)
         if self._drain_waiter is not None:
             self._wake_drain_waiter()
         if not self._closed:
             self._arm_sweeper()
+
+    def _sweep_committed(self, now: int) -> None:
+        """Fail the requests of batches handed over but not started (a lookahead batch behind
+        an overrunning one, a batch waiting for its turn on a shared CPU) that can no longer be
+        answered in time even alone, and take back (`BatchJob.revoked`) each batch that would
+        answer one of its requests late: its thread skips it, and the rest are planned again.
+
+        NOTE: such a batch has left the queue, so the queue's sweep never saw it, and
+        `_revoke_passed` acts only when a more urgent request arrives: a hopeless request
+        committed behind a batch that overran heard its 504 when that batch ended, 100-400 ms
+        after its due time. A batch its thread took (`_Running.taken`) runs: its requests are
+        left alone. The thread may take it just as it is revoked here; then it runs, and the
+        requests failed here (each predicted to be late even started now) keep their 504."""
+        if not self._edf:
+            return  # FIFO runs what it handed over, as Triton's batcher does
+        for jobs in self._outstanding:
+            for running in jobs:
+                job = running.job
+                if job is None or job.start_by is None or running.taken:
+                    continue
+                late = now + running.predicted_ns
+                hopeless = []
+                for item in running.requests:
+                    if item.due_ns is None or item.future.done():
+                        continue
+                    if late + self._kept_for(item.rows) > item.due_ns:
+                        job.revoked = True
+                        if now + self._estimate(item.rows) > item.due_ns:
+                            hopeless.append(item)
+                running.swept.extend(hopeless)
+                self._expire(hopeless, now)
 
     def _deadline_rule(self) -> Callable[[int], int] | None:
         return self._estimate if self._edf else None
@@ -815,9 +887,10 @@ class ModelScheduler:
                 _timing_started(item.timing, now, start, run.rows, instance)
         if self._tripped:
             self._breakers[instance].started()
-        running = _Running(requests, run.bucket, now, run.rows, queued_until_ns=start)
+        predicted = self._run_ns(requests, run.rows)
+        running = _Running(requests, run.bucket, now, run.rows, None, start, predicted)
         self._outstanding[instance].append(running)
-        self._busy_until[instance] = start + self._exec_ns(run.rows)
+        self._busy_until[instance] = start + predicted
         if self._ledger is not None:
             self._ledger.book(self._owners[instance], self._busy_until[instance])
         if len(requests) == 1:  # (no comprehensions: a frame each)
@@ -832,8 +905,14 @@ class ModelScheduler:
         if self._ledger is not None and self._ledger.shared:
             turns = self._ledger.turns
             job.turn = (turns, turns.take())
-        if self._edf and len(self._outstanding[instance]) > 1:
-            job.start_by = self._start_by(requests, run.rows)
+        if self._edf and (len(self._outstanding[instance]) > 1 or job.turn is not None):
+            # NOTE: it waits for another batch (its instance's, or its turn on a shared CPU),
+            # which may overrun: its thread skips it past its `start_by`, and until then the
+            # sweeper fails those of its requests that can no longer make it (see
+            # `_sweep_committed`). The second of two instances sharing the one core of a 2-core
+            # machine ran its batch whenever its turn came: answers 300-600 ms late
+            job.start_by = self._start_by(running)
+            self._arm_sweeper()
         running.job = job
         self._executor.submit(instance, job)
 
@@ -855,17 +934,16 @@ class ModelScheduler:
                 continue
             # (`_busy_until` is the committed batch's predicted end: the running one's is its
             # start)
-            running_ends = self._busy_until[instance] - self._exec_ns(committed.rows)
+            running_ends = self._busy_until[instance] - committed.predicted_ns
             if now <= running_ends + _REVOKE_AFTER_NS:
                 continue
             if any(item.key < waiting.key for waiting in committed.requests):
                 job.revoked = True
 
-    def _start_by(
-        self, requests: list[QueuedRequest], rows: int
-    ) -> tuple[Callable[[], int], int] | None:
-        """For a lookahead batch: when it must start for its last-due request to be answered in
-        time (None if a request has no due time).
+    def _start_by(self, running: _Running) -> tuple[Callable[[], int], int]:
+        """For a batch that waits for another: a clock for its thread that marks it taken
+        (`_Running.taken`), and the last instant it may start for its last-due request to be
+        answered in time (never, if a request has no due time: it must run).
 
         NOTE: a lookahead batch waits on its instance's thread and is planned to start when the
         batch ahead of it is predicted to end; when that one overran (a stalled vCPU, say), the
@@ -874,11 +952,18 @@ class ModelScheduler:
         capacity. Skipped, they fail as expired, and the thread moves on. (FIFO mode runs what
         it handed over, as Triton's batcher does.)"""
         last_due = 0
-        for item in requests:
+        for item in running.requests:
             if item.due_ns is None:
-                return None
+                last_due = NO_SLACK
+                break
             last_due = max(last_due, item.due_ns)
-        return self._clock.now_ns, last_due - self._exec_ns(rows)
+        now_ns = self._clock.now_ns
+
+        def taken() -> int:
+            running.taken = True
+            return now_ns()
+
+        return taken, last_due - running.predicted_ns
 
     def _finish(self, result: BatchResult) -> None:
         """An instance thread's result, on the loop."""
@@ -891,7 +976,7 @@ class ModelScheduler:
         running = jobs.popleft()
         if jobs:  # the lookahead batch started as this one ended
             jobs[0].started_ns = now
-            self._busy_until[instance] = now + self._exec_ns(jobs[0].rows)
+            self._busy_until[instance] = now + jobs[0].predicted_ns
         else:
             self._busy_until[instance] = 0
         if self._ledger is not None:
@@ -927,8 +1012,9 @@ class ModelScheduler:
         rows = 1
         bucket = self.profile.bucket_of[rows] if self._max_rows else 0
         job = BatchJob([self._sample()], [rows], bucket, on_done)
-        self._outstanding[instance].append(_Running([], bucket, now, rows, job))
-        self._busy_until[instance] = now + self._exec_ns(rows)
+        predicted = self._exec_ns(rows)
+        self._outstanding[instance].append(_Running([], bucket, now, rows, job, now, predicted))
+        self._busy_until[instance] = now + predicted
         if self._ledger is not None:
             self._ledger.book(self._owners[instance], self._busy_until[instance])
             if self._ledger.shared:  # (it takes its turn on the CPU, as a batch does)
@@ -958,7 +1044,7 @@ class ModelScheduler:
                 self._breakers[instance].release()
             live = [item for item in running.requests if not item.future.done()]
             for item in running.requests:
-                if item.future.done():
+                if item.future.done() and not _among(item, running.swept):
                     self._cancelled += 1
                     self._fail_ns += now - item.arrival_ns
             if result.job.revoked:
@@ -984,8 +1070,9 @@ class ModelScheduler:
         queued_until = running.queued_until_ns
         for item, outputs in zip(running.requests, result.outputs, strict=True):
             if item.future.done():  # (cancelled by its client while it ran)
-                self._cancelled += 1
-                self._fail_ns += now - item.arrival_ns
+                if not _among(item, running.swept):  # (else failed unrun: counted so)
+                    self._cancelled += 1
+                    self._fail_ns += now - item.arrival_ns
             elif isinstance(outputs, DuetimeError):
                 self._failed += 1
                 self._fail_ns += now - item.arrival_ns
@@ -1289,6 +1376,11 @@ def _clients_fault(outputs: Sequence[Feeds | DuetimeError]) -> bool:
     """Every request failed on its own data: answered 400 (InvalidInput), not 500 (a
     ModelOutputError is an InvalidInput answered 500: the model's output was at fault)."""
     return all(isinstance(o, DuetimeError) and o.http_status < 500 for o in outputs)
+
+
+def _among(item: QueuedRequest, items: list[QueuedRequest]) -> bool:
+    """`item` is one of `items` (by identity: requests compare by value)."""
+    return any(item is other for other in items)
 
 
 def _input_bytes(running: _Running) -> int:
