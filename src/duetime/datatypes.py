@@ -23,6 +23,16 @@ NUMPY_OF: Final[dict[str, np.dtype[np.generic]]] = {
     "BYTES": np.dtype(np.object_),
 }
 
+#: v2 datatypes duetime does not serve (yet), and why: a request naming one is told so.
+#: NOTE: BF16 (Triton's TYPE_BF16): onnxruntime 1.32's Python API refuses `ml_dtypes.bfloat16`
+#: arrays as inputs ("Numpy_type 256 can't be converted to MLDataType") and gives no numpy array
+#: of a bfloat16 output; only OrtValues over uint16 (`ortvalue_from_numpy_with_onnx_type`) and
+#: raw output pointers would carry them, a separate run path in the executor.
+UNSERVED: Final[dict[str, str]] = {
+    "BF16": "ONNX Runtime's Python API takes and gives no bfloat16 numpy arrays, so a model with "
+    "bfloat16 inputs or outputs does not load; send FP32 (or FP16) to a model exported with them",
+}
+
 #: Little-endian wire dtypes for the binary extension and gRPC raw contents.
 WIRE_DTYPE_OF: Final[dict[str, np.dtype[np.generic]]] = {
     name: dt.newbyteorder("<") for name, dt in NUMPY_OF.items() if name != "BYTES"

@@ -386,3 +386,16 @@ def test_json_data_writes_non_finite_floats_as_tokens_and_finite_ones_as_numbers
     assert orjson.dumps({"data": mixed}) == b'{"data":[1.5, NaN, Infinity, -Infinity]}'
     finite = codec.to_json_data(np.array([1.5, 2.0], np.float32), "FP32")
     assert orjson.dumps(finite, option=orjson.OPT_SERIALIZE_NUMPY) == b"[1.5,2.0]"
+
+
+@pytest.mark.parametrize("datatype", ["BF16", "FP8", None])
+def test_a_datatype_duetime_does_not_serve_is_refused_naming_the_field(datatype: Any) -> None:
+    with _raises_invalid(rf"input 'x': 'datatype' '?{datatype}'? is"):
+        codec.check_datatype(datatype, WHERE)
+
+
+def test_bf16_is_refused_as_a_v2_datatype_duetime_does_not_serve_not_as_unknown() -> None:
+    with pytest.raises(InvalidInput) as refused:
+        codec.check_datatype("BF16", WHERE)
+    assert "is a v2 datatype that duetime does not serve (yet)" in refused.value.message
+    assert "not a v2 datatype" not in refused.value.message

@@ -17,7 +17,7 @@ from typing import Any, NoReturn
 import numpy as np
 import orjson
 
-from duetime.datatypes import NUMPY_OF, WIRE_DTYPE_OF, v2_datatype_of
+from duetime.datatypes import NUMPY_OF, UNSERVED, WIRE_DTYPE_OF, v2_datatype_of
 from duetime.errors import InvalidInput
 from duetime.types import ModelSignature
 from duetime.validation import expected_inputs
@@ -43,6 +43,13 @@ def parse_shape(value: Any, where: str) -> tuple[int, ...]:
 
 
 def check_datatype(value: Any, where: str) -> str:
+    """`value` if it is a v2 datatype duetime serves; InvalidInput saying which it takes (or,
+    for a v2 datatype it does not serve, why) otherwise."""
+    if isinstance(value, str) and value in UNSERVED:
+        raise InvalidInput(
+            f"{where}: 'datatype' {value} is a v2 datatype that duetime does not serve (yet): "
+            f"{UNSERVED[value]}"
+        )
     if not isinstance(value, str) or value not in NUMPY_OF:
         known = ", ".join(NUMPY_OF)
         raise InvalidInput(
