@@ -34,6 +34,15 @@ def shown_inputs(model: LoadedModel) -> list[TensorSpec]:
 
 
 def _tensor(spec: TensorSpec) -> dict[str, Any]:
+    """A tensor's metadata entry.
+
+    NOTE: a graph input declared with no shape at all takes any shape, and is shown as [-1]
+    (`TensorSpec.shown`, in the config's dims too): neither the v2 protocol nor Triton's model
+    config can say "any rank". Triton's ONNX Runtime backend has no answer either: ORT reports
+    such an input with no dims, as it does a scalar, so Triton's autocomplete makes it dims [1]
+    (with `reshape: []` when batching) and then refuses every other shape, which the model
+    would take. [-1] keeps it free, and makes clients that fill inputs from metadata
+    (perf_analyzer) ask for its shape; a model config's `dims` pins one."""
     return {"name": spec.name, "datatype": spec.datatype, "shape": spec.shown()}
 
 
