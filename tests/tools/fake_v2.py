@@ -1,6 +1,7 @@
 """A stand-in HTTP server for the tools' tests: v2 metadata of model `m` (x: FP32 [-1, 4]), its
 Triton-style config (unless `has_config` is False, as MLServer) and an infer answer chosen per
-test (a v2 answer, or something that is not one)."""
+test (a v2 answer, or something that is not one). `dies_at_first_post`: it answers its first
+POSTs, each on a connection it then closes, and stops listening (a server dying mid-run)."""
 
 from __future__ import annotations
 
@@ -37,7 +38,11 @@ class FakeV2:
 
 @contextmanager
 def fake_v2_server(
-    answer: bytes = V2_ANSWER, content_type: str = "application/json", *, has_config: bool = True
+    answer: bytes = V2_ANSWER,
+    content_type: str = "application/json",
+    *,
+    has_config: bool = True,
+    dies_at_first_post: bool = False,
 ) -> Iterator[FakeV2]:
     fake = FakeV2(answer, content_type)
 
@@ -51,6 +56,9 @@ def fake_v2_server(
             self.send_response(code)
             self.send_header("Content-Type", content_type)
             self.send_header("Content-Length", str(len(body)))
+            if dies_at_first_post and self.command == "POST":
+                self.send_header("Connection", "close")
+                self.close_connection = True
             self.end_headers()
             self.wfile.write(body)
 
@@ -67,17 +75,24 @@ def fake_v2_server(
 
         def do_POST(self) -> None:
             self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            if dies_at_first_post and not fake.posted.is_set():
+                # (from a thread of its own: shutdown() waits for serve_forever to return)
+                threading.Thread(target=stop, name="fake-v2-dies", daemon=True).start()
             fake.posted.set()
             self._send(200, fake.answer, fake.content_type)
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     server.daemon_threads = True
     fake.port = server.server_address[1]
+
+    def stop() -> None:
+        server.shutdown()
+        server.server_close()
+
     thread = threading.Thread(target=server.serve_forever, name="fake-v2", daemon=True)
     thread.start()
     try:
         yield fake
     finally:
-        server.shutdown()
-        server.server_close()
+        stop()
         thread.join(timeout=10)

@@ -353,3 +353,30 @@ def test_a_host_name_is_resolved_once_and_its_answering_address_kept() -> None:
         asyncio.run(scenario())
     assert looked_up == ["twice.test"]
     assert answers == [200] * 5
+
+
+def test_a_server_dying_mid_run_counts_the_unsent_and_exits_3(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Requests that found no connection were in no count, and bench exited 0."""
+    out = tmp_path / "run.json"
+    with fake_v2_server(dies_at_first_post=True) as fake:
+        argv = ["bench", "--http", fake.address, "--model", "m", "--duration", "0.5",
+                "--warmup", "0", "--rate", "100", "--timeout-ms", "500,900",
+                "--connections", "2", "--drain", "1", "-q", "--json", str(out)]  # fmt: skip
+        assert cli_main(argv) == 3
+    doc = json.loads(out.read_text())
+    unsent = doc["generator"]["unsent"]
+    assert unsent > 0
+    assert doc["overall"]["unsent"] == unsent
+    assert sum(c["unsent"] for c in doc["classes"]) == unsent
+    printed = capsys.readouterr().out
+    head = printed.splitlines()[1].split()
+    assert head[head.index("errors") + 1] == "unsent"
+    assert f"{unsent} requests were not sent" in printed
+
+
+def test_bench_help_names_its_exit_statuses(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        cli_main(["bench", "--help"])
+    assert "3 some requests could not be sent" in " ".join(capsys.readouterr().out.split())

@@ -57,6 +57,7 @@ from duetime.tools.report import (
     Records,
     apply_due,
     class_report,
+    format_report,
     generator_report,
     latency_summary,
     merge_records,
@@ -249,6 +250,27 @@ def test_ledger_measures_from_the_scheduled_time_and_keeps_the_window() -> None:
     assert measured.send_lag_ns.tolist() == [600, -200]
     assert measured.outcome.tolist() == [Outcome.OK, Outcome.OK]
     assert ledger.outstanding == 0
+
+
+def test_requests_that_found_no_connection_count_per_class_as_unsent() -> None:
+    now = [0]
+    ledger = Ledger(clock=lambda: now[0])
+    answered, lost, lost_too, before = (ledger.add(at, cls) for at, cls in
+                                        ((100, 0), (200, 1), (300, 1), (50, 0)))  # fmt: skip
+    ledger.finish(answered, Outcome.OK, None)
+    for rid in (lost, lost_too, before):
+        ledger.finish(rid, Outcome.UNSENT, "cannot connect to h:1: [Errno 111] Connection refused")
+    measured = ledger.records((100, 10_000), cpu_s=0.0, waited=0)
+    assert (measured.unsent, measured.unsent_class.tolist()) == (2, [1, 1])
+    summary = summarize(measured, due_classes((10.0, 50.0), (0.5, 0.5)), open_loop=True)
+    assert [c.unsent for c in summary.classes] == [0, 2]
+    assert (summary.overall.sent, summary.overall.unsent) == (1, 2)
+    merged = merge_records([measured, measured])
+    assert (merged.unsent, merged.unsent_class.tolist()) == (4, [1, 1, 1, 1])
+    table = format_report(summary, "run").splitlines()
+    assert table[1].split()[6:8] == ["errors", "unsent"]
+    overall = next(line.split() for line in table if line.lstrip().startswith("all "))
+    assert overall[:8] == ["all", "1", "1", "0", "0", "0", "0", "2"]
 
 
 # -- payloads ------------------------------------------------------------------------------------

@@ -139,7 +139,8 @@ class Ledger:
         finished = np.asarray(self.finished, dtype=np.int64)
         outcome = np.asarray(self.outcome, dtype=np.int8)
         inside = (scheduled >= window[0]) & (scheduled < window[1])
-        keep = inside & (outcome != Outcome.UNSENT)
+        unsent = inside & (outcome == Outcome.UNSENT)
+        keep = inside & ~unsent
         cut = scheduled[np.asarray(self.cut_short, dtype=np.int64)]
         answered = outcome[keep] != Outcome.NO_ANSWER
         latency = finished[keep] - np.minimum(scheduled[keep], sent[keep])
@@ -155,7 +156,8 @@ class Ledger:
             scheduled_ns=scheduled[keep] - window[0],
             interrupted=interrupted,
             cut_short=int(np.count_nonzero((cut >= window[0]) & (cut < window[1]))),
-            unsent=int(np.count_nonzero(inside & (outcome == Outcome.UNSENT))),
+            unsent=int(np.count_nonzero(unsent)),
+            unsent_class=np.asarray(self.due_class, dtype=np.int64)[unsent],
         )
 
 

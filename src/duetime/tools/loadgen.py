@@ -51,7 +51,7 @@ from duetime.tools.interrupt import EXIT_CODE, Interrupt
 from duetime.tools.outputs import OutputError, check_output, failed_write, write_output
 from duetime.tools.payloads import PayloadSpec, WireProtocol, check_batch, encode, random_inputs
 from duetime.tools.progress import Progress
-from duetime.tools.report import BenchResult, Records, merge_records, result_of
+from duetime.tools.report import EXIT_UNSENT, BenchResult, Records, merge_records, result_of
 from duetime.tools.server_metrics import (
     batch_sizes_between,
     batch_sizes_json,
@@ -425,6 +425,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "times, and report per due class: ok, late, rejected, expired, errors, throughput, "
         "goodput, latency percentiles, and the generator's own CPU cost."
     )
+    parser.epilog = (
+        f"exit status: 0 the run went through; 1 it could not run (target unreachable, output "
+        f"not written); 2 bad flags; {EXIT_UNSENT} some requests could not be sent (no "
+        f"connection: the server died or stopped listening; the table's 'unsent' column); "
+        f"{EXIT_CODE} interrupted (Ctrl-C)"
+    )
     target = parser.add_argument_group("target (give one)").add_mutually_exclusive_group(
         required=True
     )
@@ -539,7 +545,8 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
 
 
 def run(args: argparse.Namespace) -> int:
-    """`duetime bench`: run, print the table, write --json; 2 for bad flags, 1 if it cannot run."""
+    """`duetime bench`: run, print the table, write --json; 2 for bad flags, 1 if it cannot run,
+    EXIT_UNSENT if some requests found no connection, EXIT_CODE when interrupted."""
     try:
         config = config_from_args(args)
         check_output(args.json, "--json")
@@ -569,7 +576,15 @@ def run(args: argparse.Namespace) -> int:
             console(f"duetime bench: {exc.message}")
             return 1
         print(f"wrote {args.json}")
-    return EXIT_CODE if result.interrupted else 0
+    return exit_status(result)
+
+
+def exit_status(result: BenchResult) -> int:
+    """EXIT_CODE for a run Ctrl-C stopped, EXIT_UNSENT for one where some requests found no
+    connection (whatever the table says of the others, the run is broken), else 0."""
+    if result.interrupted:
+        return EXIT_CODE
+    return EXIT_UNSENT if result.generator.unsent else 0
 
 
 __all__ = ["BenchConfig", "BenchError", "BenchResult", "add_arguments", "run", "run_bench",

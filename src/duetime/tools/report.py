@@ -27,6 +27,9 @@ WAITED_WARNING = 0.01
 busy) above which the report warns: their wait counts in their latency."""
 MAX_MESSAGES = 5
 """Error messages kept per run (the first ones seen)."""
+EXIT_UNSENT = 3
+"""`duetime bench`'s exit status when some requests could not be sent (no connection to the
+server: it died or stopped listening mid-run), so that a CI script sees the run was broken."""
 
 
 @dataclass(slots=True)
@@ -58,6 +61,8 @@ class Records:
     unsent: int = 0
     """Requests that found no connection to the server (refused, unreachable): never sent, so
     in none of the arrays above."""
+    unsent_class: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    """The due class of each of the `unsent` (empty where not kept: counted in no class)."""
 
 
 def merge_records(parts: Sequence[Records]) -> Records:
@@ -77,6 +82,7 @@ def merge_records(parts: Sequence[Records]) -> Records:
         interrupted=any(p.interrupted for p in parts),
         cut_short=sum(p.cut_short for p in parts),
         unsent=sum(p.unsent for p in parts),
+        unsent_class=np.concatenate([p.unsent_class for p in parts]),
     )
 
 
@@ -123,6 +129,8 @@ class ClassReport:
 
     `sent` = ok + late + rejected + expired + errors. `throughput_rps` counts every successful
     answer per second of the measured window, `goodput_rps` only those within their due time.
+    `unsent`: requests of the class scheduled in the window that found no connection to the
+    server, so were never sent (in no other count).
     """
 
     label: str
@@ -137,13 +145,15 @@ class ClassReport:
     throughput_rps: float
     goodput_rps: float
     latency: LatencySummary
+    unsent: int = 0
 
 
 def class_report(
     label: str, timeout_ms: float | None, outcome: np.ndarray, latency_ns: np.ndarray,
-    duration_s: float,
+    duration_s: float, unsent: int = 0,
 ) -> ClassReport:  # fmt: skip
-    """Summary of the requests whose settled outcomes (see `apply_due`) are `outcome`."""
+    """Summary of the requests whose settled outcomes (see `apply_due`) are `outcome`, and of
+    `unsent` more that were never sent."""
     counts = {kind: int(np.count_nonzero(outcome == kind)) for kind in Outcome}
     ok, late = counts[Outcome.OK], counts[Outcome.LATE]
     answered = (outcome == Outcome.OK) | (outcome == Outcome.LATE)
@@ -160,6 +170,7 @@ def class_report(
         throughput_rps=(ok + late) / duration_s if duration_s > 0 else 0.0,
         goodput_rps=ok / duration_s if duration_s > 0 else 0.0,
         latency=latency_summary(latency_ns[answered]),
+        unsent=unsent,
     )
 
 
@@ -227,10 +238,11 @@ def summarize(records: Records, classes: Sequence[DueClass], *, open_loop: bool)
             outcome[records.due_class == index],
             records.latency_ns[records.due_class == index],
             duration,
+            int(np.count_nonzero(records.unsent_class == index)),
         )
         for index, due in enumerate(classes)
     )
-    overall = class_report("all", None, outcome, records.latency_ns, duration)
+    overall = class_report("all", None, outcome, records.latency_ns, duration, records.unsent)
     generator = generator_report(records, open_loop)
     return Summary(per_class, overall, generator, records.error_messages,
                    _warnings(overall, generator, records.cut_short))  # fmt: skip
@@ -255,7 +267,7 @@ def _warnings(
     if generator.unsent:
         found.append(
             f"{generator.unsent} requests were not sent: no connection to the server could be "
-            "opened (they are in no count above); is it running?"
+            f"opened (counted as unsent only; bench exits {EXIT_UNSENT}); is it running?"
         )
     if cut_short:
         found.append(
@@ -279,12 +291,15 @@ _COLUMNS = ("class", "sent", "ok", "late", "rejected", "expired", "errors", "thr
 
 
 def format_report(summary: Summary, title: str) -> str:
-    """The summary as a text table, one row per class then "all", with the generator's cost."""
-    rows = [_row(report) for report in (*summary.classes, summary.overall)]
+    """The summary as a text table, one row per class then "all", with the generator's cost;
+    an `unsent` column after `errors` when some requests could not be sent."""
+    unsent = summary.overall.unsent > 0
+    columns = _columns(unsent)
+    rows = [_row(report, unsent) for report in (*summary.classes, summary.overall)]
     if len(summary.classes) == 1:
         rows = rows[-1:]
-    widths = [max(len(c), *(len(r[i]) for r in rows)) for i, c in enumerate(_COLUMNS)]
-    lines = [title, "  ".join(c.rjust(w) for c, w in zip(_COLUMNS, widths, strict=True))]
+    widths = [max(len(c), *(len(r[i]) for r in rows)) for i, c in enumerate(columns)]
+    lines = [title, "  ".join(c.rjust(w) for c, w in zip(columns, widths, strict=True))]
     lines += ["  ".join(v.rjust(w) for v, w in zip(r, widths, strict=True)) for r in rows]
     lines.append(_generator_line(summary.generator))
     lines += [f"error: {message}" for message in summary.error_messages]
@@ -292,10 +307,21 @@ def format_report(summary: Summary, title: str) -> str:
     return "\n".join(lines)
 
 
-def _row(report: ClassReport) -> list[str]:
+def _columns(unsent: bool) -> tuple[str, ...]:
+    if not unsent:
+        return _COLUMNS
+    at = _COLUMNS.index("errors") + 1
+    return (*_COLUMNS[:at], "unsent", *_COLUMNS[at:])
+
+
+def _row(report: ClassReport, unsent: bool = False) -> list[str]:
     latency = report.latency
     times = (latency.p50_ms, latency.p90_ms, latency.p99_ms, latency.p999_ms, latency.max_ms)
-    counts = (report.sent, report.ok, report.late, report.rejected, report.expired, report.errors)
+    counts: tuple[int, ...] = (
+        report.sent, report.ok, report.late, report.rejected, report.expired, report.errors,
+    )  # fmt: skip
+    if unsent:
+        counts += (report.unsent,)
     return [
         report.label,
         *(str(c) for c in counts),
