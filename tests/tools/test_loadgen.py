@@ -273,6 +273,18 @@ def test_requests_that_found_no_connection_count_per_class_as_unsent() -> None:
     assert overall[:8] == ["all", "1", "1", "0", "0", "0", "0", "2"]
 
 
+def test_the_generators_cost_counts_every_attempt_sent_or_not() -> None:
+    """A server dead for half the window: its CPU went on twice the requests that were sent."""
+    measured = records([0] * 4, [Outcome.OK] * 4, [1] * 4, duration_s=2.0, cpu_s=0.5, unsent=4)
+    report = generator_report(measured, open_loop=True)
+    assert report.offered_rps == 2.0  # sent
+    assert report.cpu_per_1k_rps == pytest.approx(62.5)  # 0.5 CPU s / 8 attempts * 1000
+    assert report.unsent == 4
+    nothing = records([], [], [], cpu_s=0.5, unsent=3)
+    assert generator_report(nothing, open_loop=True).cpu_per_1k_rps == pytest.approx(500 / 3)
+    assert generator_report(records([], [], []), open_loop=True).cpu_per_1k_rps is None
+
+
 # -- payloads ------------------------------------------------------------------------------------
 
 

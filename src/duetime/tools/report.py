@@ -178,11 +178,11 @@ def class_report(
 class GeneratorReport:
     """The load generator's own cost and timeliness over the measured window.
 
-    `cpu_per_1k_rps` is the fraction of one core the generator used per 1,000 requests/s sent
-    (numerically: CPU seconds per 1,000 requests). `late_send_fraction` is the share of sends
-    more than 1 ms after their scheduled time; None in closed mode, which has no schedule.
-    `unsent` counts requests that found no connection to the server: not sent, so in no other
-    count or rate.
+    `cpu_per_1k_rps` is the fraction of one core the generator used per 1,000 requests/s it
+    attempted, sent or not (numerically: CPU seconds per 1,000 attempts). `late_send_fraction`
+    is the share of sends more than 1 ms after their scheduled time; None in closed mode, which
+    has no schedule. `unsent` counts requests that found no connection to the server: not sent,
+    so in no other count or rate than `cpu_per_1k_rps`'s.
     """
 
     processes: int
@@ -199,6 +199,10 @@ class GeneratorReport:
 
 def generator_report(records: Records, open_loop: bool) -> GeneratorReport:
     sent = int(records.outcome.size)
+    # NOTE: per attempt, not per request sent: the window's CPU also went on the attempts that
+    # found no connection (the server died mid-run), and dividing it by the sent alone made
+    # the generator look twice as costly as it is
+    attempted = sent + records.unsent
     duration = records.duration_s
     lag = records.send_lag_ns
     timely = open_loop and lag.size > 0
@@ -207,7 +211,7 @@ def generator_report(records: Records, open_loop: bool) -> GeneratorReport:
         cpu_s=records.cpu_s,
         cpu_cores=records.cpu_s / duration if duration > 0 else 0.0,
         offered_rps=sent / duration if duration > 0 else 0.0,
-        cpu_per_1k_rps=1000 * records.cpu_s / sent if sent else None,
+        cpu_per_1k_rps=1000 * records.cpu_s / attempted if attempted else None,
         late_send_fraction=float(np.mean(lag > LATE_SEND_NS)) if timely else None,
         send_lag_p99_ms=float(np.percentile(lag, 99)) / 1e6 if timely else None,
         send_lag_max_ms=float(lag.max()) / 1e6 if timely else None,
@@ -338,6 +342,8 @@ def _generator_line(generator: GeneratorReport) -> str:
         f"({generator.cpu_cores:.1%} of a core) at {generator.offered_rps:,.0f} req/s sent = "
         f"{'-' if per_1k is None else f'{per_1k:.3f}'} cores per 1k req/s"
     )
+    if generator.unsent:
+        line += " attempted (sent, or found no connection)"
     if generator.late_send_fraction is not None:
         line += (
             f"; sends >1 ms late: {generator.late_send_fraction:.2%} "
