@@ -26,7 +26,11 @@ from duetime.errors import (
 from duetime.frontend import codec, sharedmemory
 from duetime.frontend.grpchealth import add_health_and_reflection
 from duetime.frontend.metadata import model_config_json, model_metadata_json
-from duetime.frontend.parameters import due_from_timeout_us, priority_of
+from duetime.frontend.parameters import (
+    check_grpc_parameters,
+    due_from_timeout_us,
+    priority_of,
+)
 from duetime.frontend.proto import grpc_service_pb2 as pb
 from duetime.frontend.proto import grpc_service_pb2_grpc as pb_grpc
 from duetime.frontend.rest import EXTENSIONS, Signatures, check_control_token, load_request
@@ -529,6 +533,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         if self._shedder is not None:
             self._shedder.check()
         parameters = _parameters(request.parameters)
+        check_grpc_parameters(_kinds(request.parameters))
         expected = self._signatures.expected(request.model_name, request.model_version or None)
         if expected is not None:
             expected.outputs(len(request.outputs))
@@ -780,6 +785,11 @@ gRPC status code, which ends it, in place of an `error_message` in the stream.""
 
 def _wants_grpc_errors(context: Any) -> bool:
     return _Metadata(context).get(GRPC_ERROR_HEADER, "").strip().lower() == "true"
+
+
+def _kinds(parameters: Mapping[str, Any]) -> dict[str, str | None]:
+    """Each parameter's `InferParameter` field (`int64_param`, ...; None: none set)."""
+    return {key: parameter.WhichOneof("parameter_choice") for key, parameter in parameters.items()}
 
 
 def _parameters(parameters: Mapping[str, Any]) -> dict[str, Any]:

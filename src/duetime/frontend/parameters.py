@@ -1,7 +1,9 @@
-"""Request parameters both protocols share: `timeout` (µs, as tritonclient sends it), `priority`."""
+"""Request parameters both protocols share: `timeout` (µs, as tritonclient sends it), `priority`,
+and those Triton reserves (`sequence_*`, keys starting with `triton_`), refused as Triton does."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from typing import Any
 
@@ -34,3 +36,73 @@ def priority_of(parameters: Mapping[str, Any]) -> int:
             f"(a uint64), got {value!r}"
         )
     return value
+
+
+RESERVED_PREFIX = "triton_"
+GRPC_TRITON_PARAMETERS = ("triton_enable_empty_final_response",)
+"""The parameters starting with RESERVED_PREFIX that Triton's gRPC front end takes (its
+`TRITON_RESERVED_REQUEST_PARAMS`); its HTTP front end takes none."""
+_GRPC_KINDS = {
+    "sequence_id": ("int64_param", "string_param"),
+    "sequence_start": ("bool_param",),
+    "sequence_end": ("bool_param",),
+    "triton_enable_empty_final_response": ("bool_param",),
+}
+"""Reserved gRPC request parameters -> the `InferParameter` fields Triton takes them in."""
+
+
+def check_grpc_parameters(kinds: Mapping[str, str | None]) -> None:
+    """InvalidInput, in Triton's words (grpc/infer_handler.cc `SetInferenceRequestMetadata`),
+    for a request parameter Triton's gRPC front end refuses; `kinds`: each parameter's
+    `InferParameter` field (`int64_param`, ...; None: none set).
+
+    NOTE: duetime serves no sequences, and answers every stream request with one final
+    response; these parameters change nothing here, but a request Triton would refuse is
+    refused, so that a client's mistake shows before it meets a Triton server."""
+    for key, kind in kinds.items():
+        allowed = _GRPC_KINDS.get(key)
+        if allowed is not None:
+            if kind not in allowed:
+                raise InvalidInput(
+                    f"invalid value type for '{key}' parameter, expected {' or '.join(allowed)}."
+                )
+        elif key.startswith(RESERVED_PREFIX):
+            raise InvalidInput(
+                "parameter keys starting with 'triton_' are reserved for Triton usage. Only the "
+                f"following keys starting with 'triton_' are allowed: "
+                f"{' '.join(GRPC_TRITON_PARAMETERS)} (got '{key}')"
+            )
+
+
+def check_http_parameters(parameters: Mapping[str, Any]) -> None:
+    """InvalidInput, in Triton's words (http_server.cc `ParseJsonTritonParams`), for a request
+    parameter Triton's HTTP front end refuses: a `sequence_id` that is no unsigned integer or
+    string, a `sequence_start` or `sequence_end` that is no boolean, any key starting with
+    `triton_` (see check_grpc_parameters)."""
+    for key, value in parameters.items():
+        if key == "sequence_id":
+            if isinstance(value, bool) or not (isinstance(value, str) or _is_uint64(value)):
+                raise InvalidInput(
+                    "Unable to parse 'sequence_id': request parameter 'sequence_id' must be an "
+                    f"unsigned integer or a string, got {_json(value)}"
+                )
+        elif key in ("sequence_start", "sequence_end"):
+            if not isinstance(value, bool):
+                raise InvalidInput(
+                    f"Unable to parse '{key}': request parameter '{key}' must be true or false, "
+                    f"got {_json(value)}"
+                )
+        elif key.startswith(RESERVED_PREFIX):
+            raise InvalidInput(
+                "parameter keys starting with 'triton_' are reserved for Triton usage and should "
+                f"not be specified (got '{key}')"
+            )
+
+
+def _json(value: Any) -> str:
+    """A parameter's value as the JSON it came in (`true`, not `True`)."""
+    return json.dumps(value)[:100]
+
+
+def _is_uint64(value: Any) -> bool:
+    return isinstance(value, int) and 0 <= value < 2**64

@@ -39,7 +39,11 @@ from duetime.errors import (
 from duetime.frontend import codec, sharedmemory
 from duetime.frontend.arrival import ReadTurn
 from duetime.frontend.metadata import model_config_json, model_metadata_json
-from duetime.frontend.parameters import due_from_timeout_us, priority_of
+from duetime.frontend.parameters import (
+    check_http_parameters,
+    due_from_timeout_us,
+    priority_of,
+)
 from duetime.frontend.sharedmemory import CUDA_REGIONS, CudaRegions, SharedMemoryRegions
 from duetime.frontend.statistics import statistics_json
 from duetime.frontend.v1 import v1_inputs, v1_predictions
@@ -649,6 +653,7 @@ class RestApi:
             if self._tracing is not None:
                 request.timing = RequestTiming(received, decoded_ns=now)
             request.arrival_ns = arrival = self.turn.arrival_ns(now)
+            check_http_parameters(request.parameters)
             request.due_ns = due_from_timeout_us(request.parameters, arrival)
             request.priority = priority_of(request.parameters)
             ticket = self._engine.submit(request)
