@@ -387,6 +387,24 @@ def test_instances_share_one_queue() -> None:
     run(body)
 
 
+def test_a_job_carries_its_requests_futures_for_its_thread_to_skip_the_withdrawn() -> None:
+    """The instance thread runs only the requests still waiting when it takes a job
+    (executor.BatchJob.futures): a client that withdrew from a batch waiting its turn behind
+    another had its request run all the same."""
+
+    async def body() -> None:
+        h = harness(max_batch_size=4)
+        first = h.submit("a")
+        queued = [h.submit("b"), h.submit("c")]
+        h.executor.complete(0)
+        assert h.job(1)[1] == ["b", "c"]
+        assert list(h.executor.jobs[0][1].futures) == [first]
+        assert list(h.executor.jobs[1][1].futures) == queued
+        h.executor.complete(1)
+
+    run(body)
+
+
 def test_edf_serves_the_earliest_due_first() -> None:
     async def body() -> None:
         h = harness()

@@ -913,6 +913,9 @@ class ModelScheduler:
             # machine ran its batch whenever its turn came: answers 300-600 ms late
             job.start_by = self._start_by(running)
             self._arm_sweeper()
+        # (its thread runs only the requests not settled meanwhile: a client that withdrew from
+        # a batch waiting its turn had its request run all the same)
+        job.futures = [requests[0].future] if len(requests) == 1 else [i.future for i in requests]
         running.job = job
         self._executor.submit(instance, job)
 
