@@ -5,6 +5,7 @@ write that still fails ends in one line (exit 1), not a traceback after the whol
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import json
 import math
 import socket
@@ -21,7 +22,7 @@ from duetime.cli import main as cli_main
 from duetime.errors import ConfigError
 from duetime.tools import transports
 from duetime.tools.config import BenchConfig
-from duetime.tools.http_client import ERROR_TEXT_CHARS, error_text
+from duetime.tools.http_client import ERROR_TEXT_CHARS, error_text, one_line
 from duetime.tools.replay_plan import ReplayConfig
 from duetime.tools.server_metrics import scrape_batch_counts
 from duetime.tools.transports import BenchError, GrpcTransport, HttpTransport, _get_json
@@ -207,9 +208,36 @@ def test_a_port_that_does_not_speak_http_is_a_one_line_bench_error() -> None:
 
         thread = threading.Thread(target=answer_garbage, daemon=True)
         thread.start()
-        with pytest.raises(BenchError, match="is not HTTP"):
+        with pytest.raises(BenchError) as raised:
             _get_json(f"http://127.0.0.1:{port}/v2/models/m")
         thread.join(timeout=10)
+    message = raised.value.message
+    assert "not an HTTP/1.1 server (is it the gRPC port?)" in message
+    assert message.isprintable()  # the frame's bytes escaped: no NUL reaches the terminal
+    assert "\\x00\\x00\\x18\\x04" in message
+    assert len(message) < 200
+
+
+def test_a_grpc_port_given_to_bench_http_is_named_without_its_bytes(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    server = grpc.server(concurrent.futures.ThreadPoolExecutor(1))
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        argv = ["bench", "--http", f"127.0.0.1:{port}", "--model", "m", "--duration", "0.2", "-q"]
+        assert cli_main(argv) == 1
+    finally:
+        server.stop(0)
+    err = capsys.readouterr().err.strip()
+    assert "not an HTTP/1.1 server (is it the gRPC port?)" in err
+    assert err.isprintable()
+    assert len(err.splitlines()) == 1
+
+
+def test_error_text_escapes_what_does_not_print() -> None:
+    assert error_text(502, b"bad\x00gate\x1b[31mway") == "HTTP 502: bad\\x00gate\\x1b[31mway"
+    assert one_line("a\x00" * 50, 10) == "a\\x00a..."
 
 
 @pytest.mark.parametrize("what", ["http", "nothing"])

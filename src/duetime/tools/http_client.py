@@ -59,7 +59,7 @@ ERROR_TEXT_CHARS = 200
 
 def error_text(status: int, body: bytes) -> str:
     """`HTTP <status>: <message>`, the message taken from a v2 `{"error": ...}` body if any; one
-    line (whitespace runs become one space), at most ERROR_TEXT_CHARS long."""
+    printable line (see `one_line`), at most ERROR_TEXT_CHARS long."""
     text = body[: 4 * ERROR_TEXT_CHARS].decode("utf-8", "replace")
     try:
         doc = orjson.loads(body)
@@ -67,10 +67,24 @@ def error_text(status: int, body: bytes) -> str:
         doc = None
     if isinstance(doc, dict) and "error" in doc:
         text = str(doc["error"])
-    text = " ".join(text.split())
-    if len(text) > ERROR_TEXT_CHARS:
-        text = text[: ERROR_TEXT_CHARS - 3] + "..."
+    text = one_line(text, ERROR_TEXT_CHARS)
     return f"HTTP {status}: {text}" if text else f"HTTP {status}"
+
+
+def one_line(text: str, limit: int) -> str:
+    """`text` safe to print on a terminal: whitespace runs become one space, other characters
+    that do not print (NUL, escapes, a binary protocol's bytes) their `\\xNN` escape, and it is
+    cut to `limit` characters ("..." at the end when cut)."""
+    pieces = [c if c.isprintable() else repr(c)[1:-1] for c in " ".join(text.split())]
+    if sum(len(piece) for piece in pieces) <= limit:
+        return "".join(pieces)
+    kept, length = [], 0
+    for piece in pieces:  # (never half an escape)
+        if length + len(piece) > limit - 3:
+            break
+        kept.append(piece)
+        length += len(piece)
+    return "".join(kept) + "..."
 
 
 class _Connection(asyncio.Protocol):

@@ -29,10 +29,12 @@ from duetime.observability.logs import console
 from duetime.tools.config import MAX_HTTP_CONNECTIONS
 from duetime.tools.http_client import (
     CONNECT_TIMEOUT_S,
+    ERROR_TEXT_CHARS,
     NO_CONNECTION,
     NO_STATUS,
     HttpPool,
     error_text,
+    one_line,
     resolve,
 )
 from duetime.tools.outcomes import Outcome, outcome_of_grpc_code, outcome_of_http_status
@@ -177,6 +179,10 @@ _MISSING = frozenset({404, 501})
 """The statuses of an endpoint a server does not have."""
 
 
+SHOWN_ANSWER_CHARS = 40
+"""How much of an answer that is not HTTP an error shows (escaped: an HTTP/2 frame is binary)."""
+
+
 def _get_json(url: str, *, missing_ok: bool = False) -> Any:
     """The JSON document at `url`; None if `missing_ok` and the server has no such endpoint."""
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # never via a proxy
@@ -188,13 +194,23 @@ def _get_json(url: str, *, missing_ok: bool = False) -> Any:
             if missing_ok and exc.code in _MISSING:
                 return None
             raise BenchError(f"GET {url}: {error_text(exc.code, exc.read())}") from None
-    except http.client.HTTPException as exc:  # not HTTP at all: a gRPC port, say
+    except http.client.RemoteDisconnected:  # (a BadStatusLine too: no answer at all, here)
         raise BenchError(
-            f"GET {url}: the answer is not HTTP/1.1 ({type(exc).__name__}: {exc}); is this the "
+            f"GET {url}: the server closed the connection without answering; is this the "
             "server's HTTP port?"
         ) from None
+    except http.client.BadStatusLine as exc:  # not HTTP at all: a gRPC port, say
+        raise BenchError(
+            f"GET {url}: not an HTTP/1.1 server (is it the gRPC port?); its answer began "
+            f"'{one_line(str(exc), SHOWN_ANSWER_CHARS)}'"
+        ) from None
+    except http.client.HTTPException as exc:
+        raise BenchError(
+            f"GET {url}: no HTTP/1.1 answer ({type(exc).__name__}: "
+            f"{one_line(str(exc), SHOWN_ANSWER_CHARS)}); is this the server's HTTP port?"
+        ) from None
     except (OSError, orjson.JSONDecodeError) as exc:
-        raise BenchError(f"GET {url}: {exc}") from None
+        raise BenchError(f"GET {url}: {one_line(str(exc), ERROR_TEXT_CHARS)}") from None
 
 
 # -- gRPC ----------------------------------------------------------------------------------------
