@@ -64,9 +64,11 @@ log = logging.getLogger("duetime.rest")
 
 EXTENSIONS = [
     "binary_tensor_data", "classification", "model_configuration", "model_repository",
-    "model_repository(unload_dependents)", "parameters", "statistics", "system_shared_memory",
-    "trace", "logging",
+    "model_repository(unload_dependents)", "parameters", "schedule_policy", "statistics",
+    "system_shared_memory", "trace", "logging",
 ]  # fmt: skip
+"""The v2 extensions both front ends serve (`schedule_policy`: the `priority` and `timeout`
+request parameters, which the scheduler honours)."""
 _JSON = (b"Content-Type", b"application/json")
 _HEADER_LENGTH = "inference-header-content-length"
 
