@@ -58,6 +58,18 @@ def test_report_png_and_html_side_by_side(
     assert "wrote" in capsys.readouterr().out
 
 
+def test_a_run_without_answers_is_plotted_without_warnings(tmp_path: Path) -> None:
+    """Empty latency plots called `legend()` with nothing in them: matplotlib's UserWarnings
+    (with file paths and source lines) leaked on stderr (an error under this suite's config)."""
+    sent = np.arange(0, 1_000_000_000, 10_000_000, dtype=np.int64)
+    errors = np.full(sent.size, Outcome.ERROR, dtype=np.int8)
+    recorded = hdr.record_arrays(sent, np.zeros(sent.size, dtype=np.int64), errors)
+    path = tmp_path / "errors.json"
+    path.write_text(json.dumps(hdr.run_fields("bench", "all errors", 1.0, recorded)))
+    for out in (tmp_path / "r.png", tmp_path / "r.html"):
+        assert cli_main(["report", str(path), "--out", str(out)]) == 0
+
+
 def test_winner_is_the_lowest_p99(tmp_path: Path) -> None:
     paths = [result(tmp_path / f"{i}.json", f"run{i}", ms, i) for i, ms in enumerate([3, 1, 2])]
     reports = load_reports(paths, [])

@@ -82,7 +82,7 @@ def percentile_plot(ax: Axes, reports: Sequence[RunReport]) -> None:
     ax.set_ylabel("latency (ms)")
     ax.set_title("Latency by percentile (lower is better)")
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(loc="upper left")
+    _legend(ax, loc="upper left")
 
 
 def cdf_plot(ax: Axes, reports: Sequence[RunReport]) -> None:
@@ -99,7 +99,17 @@ def cdf_plot(ax: Axes, reports: Sequence[RunReport]) -> None:
     ax.set_ylabel("fraction of answers within")
     ax.set_title("Latency CDF (further left is better)")
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(loc="lower right")
+    _legend(ax, loc="lower right")
+
+
+def _legend(ax: Axes, **options: object) -> None:
+    """The legend, or "no answers" on a plot with nothing to draw (matplotlib warns of a
+    legend without entries)."""
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(**options)
+    else:
+        ax.text(0.5, 0.5, "no answers", transform=ax.transAxes, ha="center", va="center",
+                color="0.4")  # fmt: skip
 
 
 def _seconds(report: RunReport) -> list[float]:
@@ -156,7 +166,7 @@ def goodput_plot(ax: Axes, reports: Sequence[RunReport]) -> None:
     ax.set_ylabel("per second")
     ax.set_title("Goodput (on-time answers) and failures over time")
     ax.grid(True, alpha=0.3)
-    ax.legend(loc="lower left", fontsize="small")
+    _legend(ax, loc="lower left", fontsize="small")
 
 
 def batch_plot(ax: Axes, reports: Sequence[RunReport]) -> None:
