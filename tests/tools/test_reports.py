@@ -9,6 +9,7 @@ import io
 import json
 from pathlib import Path
 
+import matplotlib.pyplot as plt
 import numpy as np
 import pytest
 from conftest import RunningServer
@@ -18,7 +19,7 @@ from duetime.tools import hdr
 from duetime.tools.compare import load_reports
 from duetime.tools.drivers import Ledger
 from duetime.tools.outcomes import Outcome
-from duetime.tools.plots import html_page, verdict, winner
+from duetime.tools.plots import bucket_spans, goodput_plot, html_page, verdict, winner
 from duetime.tools.progress import Progress, Snapshot
 
 pytestmark = pytest.mark.timeout(120)
@@ -68,6 +69,33 @@ def test_a_run_without_answers_is_plotted_without_warnings(tmp_path: Path) -> No
     path.write_text(json.dumps(hdr.run_fields("bench", "all errors", 1.0, recorded)))
     for out in (tmp_path / "r.png", tmp_path / "r.html"):
         assert cli_main(["report", str(path), "--out", str(out)]) == 0
+
+
+def test_the_last_partial_second_is_plotted_at_its_real_rate(tmp_path: Path) -> None:
+    """A steady 100 req/s for 2.5 s: the last half second plotted as 50/s looked like a
+    collapse at the end of every run."""
+    sent = np.arange(0, 2_500_000_000, 10_000_000, dtype=np.int64)
+    latency = np.full(sent.size, 1_000_000, dtype=np.int64)
+    ok = np.full(sent.size, Outcome.OK, dtype=np.int8)
+    path = tmp_path / "steady.json"
+    path.write_text(json.dumps(hdr.run_fields("bench", "steady", 2.5, hdr.record_arrays(
+        sent, latency, ok))))  # fmt: skip
+    (report,) = load_reports([path], [])
+    figure, ax = plt.subplots()
+    try:
+        goodput_plot(ax, [report])
+        on_time = ax.lines[0].get_ydata()
+    finally:
+        plt.close(figure)
+    assert list(on_time) == pytest.approx([100.0, 100.0, 100.0])
+
+
+def test_bucket_spans_cut_the_last_second_to_the_run() -> None:
+    assert bucket_spans(3, 1.0, 2.5) == [1.0, 1.0, 0.5]
+    assert bucket_spans(3, 1.0, 2.2) == [1.0, 1.0, None]  # a sliver: left off
+    assert bucket_spans(3, 1.0, 2.0) == [1.0, 1.0, None]  # the drain's answers only
+    assert bucket_spans(1, 1.0, 0.3) == [0.3]  # a run shorter than a second
+    assert bucket_spans(2, 1.0, 0.0) == [1.0, 1.0]  # duration unknown
 
 
 def test_winner_is_the_lowest_p99(tmp_path: Path) -> None:

@@ -28,6 +28,10 @@ from matplotlib.ticker import FuncFormatter
 
 from duetime.tools.hdr import RunReport, cdf_points
 
+MIN_PARTIAL = 0.5
+"""A run's last, partial second is plotted as a rate (its counts over its real length) when it
+covers at least this share of a second of the run; a shorter one is left off the rate plots: a
+few requests over a sliver of a second would plot as a spike (or a collapse)."""
 COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2",
           "#17becf")  # fmt: skip
 _NINES = (0.5, 0.9, 0.99, 0.999, 0.9999, 0.99999)
@@ -117,17 +121,46 @@ def _seconds(report: RunReport) -> list[float]:
     return [step * (i + 0.5) for i in range(len(report.timeline))]
 
 
+def bucket_spans(size: int, step_s: float, duration_s: float) -> list[float | None]:
+    """How long each of a timeline's `size` buckets of `step_s` lies within a run of
+    `duration_s` (s): `step_s` but for the last, partial one; None for one left off the rate
+    plots (shorter than MIN_PARTIAL of a step, or past the run's end: the drain, where only
+    the last answers land), unless it is the first (a run shorter than a second). A run of
+    unknown duration (0): every bucket whole."""
+    if duration_s <= 0:
+        return [step_s] * size
+    spans: list[float | None] = []
+    for index in range(size):
+        span = min(step_s, duration_s - index * step_s)
+        shown = span >= MIN_PARTIAL * step_s or (index == 0 and span > 0)
+        spans.append(span if shown else None)
+    return spans
+
+
+def _rates(counts: Sequence[int], spans: Sequence[float | None]) -> list[float]:
+    """Per second: each bucket's count over its span (NaN where it is left off)."""
+    return [math.nan if span is None else count / span for count, span in zip(counts, spans,
+            strict=True)]  # fmt: skip
+
+
+def _rate_seconds(spans: Sequence[float | None], step_s: float) -> list[float]:
+    """Where each bucket's rate is plotted: the middle of its span."""
+    return [step_s * i + (step_s if span is None else span) / 2 for i, span in enumerate(spans)]
+
+
 def _ms_or_nan(values: Sequence[float | None]) -> list[float]:
     return [math.nan if v is None else v / 1000 for v in values]
 
 
 def timeline_plot(ax: Axes, report: RunReport, index: int) -> None:
-    """One run's p50 and p99 per second (ms), and the rate it sent on the right axis."""
+    """One run's p50 and p99 per second (ms), and the rate it sent on the right axis (the last,
+    partial second by its real length: see `bucket_spans`)."""
     t, timeline = _seconds(report), report.timeline
     rate = ax.twinx()
     step = timeline.interval_s
-    rate.fill_between(t, [s / step for s in timeline.sent], step="mid", color="0.85",
-                      label="sent /s")  # fmt: skip
+    spans = bucket_spans(len(timeline), step, report.duration_s)
+    rate.fill_between(_rate_seconds(spans, step), _rates(timeline.sent, spans), step="mid",
+                      color="0.85", label="sent /s")  # fmt: skip
     rate.set_ylabel("sent per second", color="0.4")
     rate.set_ylim(bottom=0)
     ax.set_zorder(rate.get_zorder() + 1)
@@ -148,17 +181,18 @@ def timeline_plot(ax: Axes, report: RunReport, index: int) -> None:
 
 
 def goodput_plot(ax: Axes, reports: Sequence[RunReport]) -> None:
-    """On-time answers per second (solid) and failures per second (dotted), every run."""
+    """On-time answers per second (solid) and failures per second (dotted), every run; the last,
+    partial second by its real length (see `bucket_spans`)."""
     for index, report in enumerate(reports):
-        t, timeline = _seconds(report), report.timeline
+        timeline = report.timeline
         step = timeline.interval_s
-        ax.plot(t, [v / step for v in timeline.ok], color=color(index), linewidth=1.8,
+        spans = bucket_spans(len(timeline), step, report.duration_s)
+        t = _rate_seconds(spans, step)
+        ax.plot(t, _rates(timeline.ok, spans), color=color(index), linewidth=1.8,
                 marker="o", markersize=3, label=f"{report.label}: on time")  # fmt: skip
-        failed = [
-            (r + e + x) / step
-            for r, e, x in zip(timeline.rejected, timeline.expired, timeline.errors, strict=True)
-        ]
-        if any(failed):
+        ends = zip(timeline.rejected, timeline.expired, timeline.errors, strict=True)
+        failed = _rates([r + e + x for r, e, x in ends], spans)
+        if any(rate > 0 for rate in failed):
             ax.plot(t, failed, color=color(index), linestyle=":", linewidth=1.5, marker="x",
                     markersize=4, label=f"{report.label}: rejected, expired, errors")  # fmt: skip
     ax.set_ylim(bottom=0)
