@@ -1,13 +1,16 @@
-"""The one rewrite the loader makes to a model's ONNX graph before serving it: signed-integer
-Div and Mod, so that no request can trap the process with INT_MIN / -1 (see
-`guard_integer_division`).
+"""What the loader learns from a model's ONNX graph, and the one rewrite it makes before serving it.
+
+Learned: which outputs have a size set by the input values (Unique, NonZero, ...), whether an
+execution's cost follows the values (a Loop's trip count, an Expand to a requested shape), and
+whether activations are quantized dynamically. Rewritten: signed-integer Div and Mod, so that no
+request can trap the process with INT_MIN / -1 (see `guard_integer_division`).
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import onnx
@@ -15,6 +18,34 @@ import onnx.inliner
 from onnx import TensorProto, helper, numpy_helper
 
 log = logging.getLogger("duetime.graphs")
+
+VALUE_SIZED_OPS = frozenset(
+    {"NonZero", "Unique", "Compress", "NonMaxSuppression", "StringSplit", "StringNormalizer",
+     "ImageDecoder", "Loop", "If", "SequenceMap"}
+)  # fmt: skip
+"""Ops whose outputs' sizes follow their inputs' values (or a subgraph's runs), whatever those
+are."""
+
+SIZE_INPUTS: Mapping[str, tuple[int, ...]] = {
+    "Expand": (1,), "Tile": (1,), "ConstantOfShape": (0,), "Reshape": (1,), "Range": (0, 1, 2),
+    "Resize": (1, 2, 3), "Upsample": (1,), "Pad": (1, 3), "Slice": (1, 2, 3, 4), "OneHot": (1,),
+    "TopK": (1,), "Split": (1,), "SplitToSequence": (1,), "Squeeze": (1,), "Unsqueeze": (1,),
+    "CenterCropPad": (1,), "Col2Im": (1, 2), "DFT": (1,), "STFT": (2, 3), "AffineGrid": (1,),
+    "MelWeightMatrix": (0, 1), "BlackmanWindow": (0,), "HannWindow": (0,), "HammingWindow": (0,),
+}  # fmt: skip
+"""Ops whose outputs' sizes follow the values of these inputs (a shape, a count, bounds)."""
+
+SHAPE_OPS = frozenset({"Shape", "Size"})
+"""Ops whose output is a tensor's shape, not its values."""
+
+DYNAMIC_QUANTIZERS = frozenset(
+    {"DynamicQuantizeLinear", "DynamicQuantizeMatMul", "DynamicQuantizeLSTM"}
+)
+"""Ops that quantize activations with a scale taken from the activations themselves: those
+`onnxruntime.quantization.quantize_dynamic` emits (uint8 activations: DynamicQuantizeLinear
+feeding MatMulInteger/ConvInteger/QAttention; LSTMs: DynamicQuantizeLSTM) and the fused form ORT
+saves (DynamicQuantizeMatMul). Its int8 activations are quantized by a QuantizeLinear whose scale
+is computed from the input (ReduceMin/ReduceMax), which `GraphFacts` finds by the scale's flow."""
 
 TRAPPING_INTEGERS = {TensorProto.INT32: "int32", TensorProto.INT64: "int64"}
 """Element types whose INT_MIN / -1 traps (SIGFPE) in ORT's CPU Div: the hardware's divide.
@@ -27,9 +58,25 @@ GUARD_MIN_OPSET = 9
 
 
 @dataclass(frozen=True)
+class GraphFacts:
+    """What a graph's structure says about serving it (see `graph_facts`)."""
+
+    value_sized_outputs: Mapping[str, str] = field(default_factory=dict)
+    """Outputs whose size follows the input values, each with the node that sizes it."""
+    cost_depends_on_values: bool = False
+    """Whether one execution's cost follows the input values, not only their shapes."""
+    cost_why: str = ""
+    """What makes it so, for the log."""
+    dynamically_quantized: bool = False
+    """Whether activations are quantized with a scale taken from the batch's own values."""
+
+
+@dataclass(frozen=True)
 class StudiedGraph:
     """A model file as the loader serves it."""
 
+    facts: GraphFacts | None
+    """None: the onnx package cannot read the file (ORT's own format), so nothing is known."""
     guarded: bytes | None = None
     """The model with its integer divisions guarded, to serve in place of the file; None: the
     file as it is (it has none, or they cannot be guarded: see the log)."""
@@ -37,13 +84,118 @@ class StudiedGraph:
 
 def study_graph(path: Path) -> StudiedGraph:
     """Read `path` (without its external tensors' data: tensors in files of their own stay
-    there) and guard its integer divisions."""
+    there) and learn what serving it needs to know."""
     try:
         model = onnx.load(str(path), load_external_data=False)
     except Exception:  # (ORT read it: a file this cannot read is one ORT's own format took)
-        return StudiedGraph()
+        return StudiedGraph(None)
+    facts = graph_facts(model)
     guarded = guard_integer_division(model, str(path))
-    return StudiedGraph(model.SerializeToString() if guarded else None)
+    return StudiedGraph(facts, model.SerializeToString() if guarded else None)
+
+
+# -- facts ----------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Flow:
+    """Marks on a graph's tensors, each only ever added (so a pass to a fixed point ends)."""
+
+    values: set[str]
+    """Tensors whose values follow the request's values."""
+    sized: dict[str, str]
+    """Tensors whose size follows the request's values, each with the node that made it so."""
+    cost: str = ""
+    """The first node whose cost follows the values ("": none)."""
+    dynamic: bool = False
+
+
+def graph_facts(model: onnx.ModelProto) -> GraphFacts:
+    """What `model`'s graph says about serving it, by following the request's values through it.
+
+    A tensor's size follows the values when an op sizes it by them (`VALUE_SIZED_OPS`, or a
+    `SIZE_INPUTS` input fed by them) or when an input's size does. A shape taken with Shape or
+    Size is not a value: `Range(0, Shape(x)[1])` or `Reshape(x, [Shape(x)[0], -1])` cost what
+    `x`'s size does, which the scheduler weighs. Inputs of type string count too: their cost is
+    their text's length, which no shape shows.
+
+    NOTE: a judgement from the graph alone, and conservative: any Loop or If counts (a trip count
+    or a branch can follow the values), and so does any op of the lists, even one whose size
+    moves only a little (a Slice to requested bounds). Ops of other domains are not judged.
+    """
+    graph = model.graph
+    inputs = list(graph.input)  # (one with an initializer too is a request's to give)
+    flow = _Flow(values={value.name for value in inputs}, sized={})
+    _follow(graph, flow)
+    strings = next(
+        (v.name for v in inputs if v.type.tensor_type.elem_type == TensorProto.STRING), None
+    )
+    cost_why = flow.cost or (f"input '{strings}' is a string tensor" if strings else "")
+    outputs = {v.name: flow.sized[v.name] for v in graph.output if v.name in flow.sized}
+    return GraphFacts(outputs, bool(cost_why), cost_why, flow.dynamic)
+
+
+def _follow(graph: onnx.GraphProto, flow: _Flow) -> None:
+    """Mark `graph`'s tensors in `flow` until no node adds a mark (nodes out of order too)."""
+    while True:
+        before = (len(flow.values), len(flow.sized))
+        for node in graph.node:
+            _mark(node, flow)
+        if (len(flow.values), len(flow.sized)) == before:
+            return
+
+
+def _mark(node: onnx.NodeProto, flow: _Flow) -> None:
+    ours = node.domain in ("", "ai.onnx")
+    op = node.op_type if ours else ""
+    described = f"{node.op_type} node '{node.name or node.output[0]}'"
+    inputs = [name for name in node.input if name]
+    if op in SHAPE_OPS:
+        valued = any(name in flow.sized for name in inputs)
+    else:
+        valued = any(name in flow.values or name in flow.sized for name in inputs)
+    origin = next((flow.sized[name] for name in inputs if name in flow.sized), None)
+    if op in SHAPE_OPS:
+        origin = None  # (a shape's size is the rank)
+    elif op in VALUE_SIZED_OPS:
+        origin = described
+    elif op == "Scan":
+        origin = _scan_origin(node, flow) or origin
+    elif any(
+        index < len(node.input) and node.input[index] in flow.values
+        for index in SIZE_INPUTS.get(op, ())
+    ):
+        origin = origin or described
+    if ours and op == "QuantizeLinear" and len(node.input) > 1 and node.input[1] in flow.values:
+        flow.dynamic = True
+    if node.op_type in DYNAMIC_QUANTIZERS:  # (of this domain and Microsoft's)
+        flow.dynamic = True
+    for sub in _subgraphs(node):  # (quantizers in a branch count too)
+        if op != "Scan":
+            inner = _Flow(set(flow.values), dict(flow.sized))
+            inner.values.update(value.name for value in sub.input)
+            _follow(sub, inner)
+            flow.dynamic = flow.dynamic or inner.dynamic
+    if origin is not None and not flow.cost:
+        flow.cost = origin
+    for name in node.output:
+        if not name:
+            continue
+        if valued:
+            flow.values.add(name)
+        if origin is not None:
+            flow.sized.setdefault(name, origin)
+
+
+def _scan_origin(node: onnx.NodeProto, flow: _Flow) -> str | None:
+    """A Scan's trip count is its scanned inputs' length, a size: it follows the values only if
+    its body does something that does (or a scanned input's size does)."""
+    body = next(_subgraphs(node))
+    inner = _Flow(set(flow.values), dict(flow.sized))
+    inner.values.update(value.name for value in body.input)
+    _follow(body, inner)
+    flow.dynamic = flow.dynamic or inner.dynamic
+    return inner.cost or None
 
 
 def _subgraphs(node: onnx.NodeProto) -> Iterator[onnx.GraphProto]:

@@ -11,7 +11,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import NamedTuple
+from typing import TYPE_CHECKING, Literal, NamedTuple
 
 import numpy as np
 import onnxruntime as ort
@@ -26,6 +26,9 @@ from duetime.repository.tritonconfig import load_model_config
 from duetime.scheduling.profile import LatencyProfile, batch_buckets, profile_from_samples
 from duetime.types import ModelSignature, TensorSpec
 from duetime.validation import Validator
+
+if TYPE_CHECKING:
+    from duetime.repository.graphs import GraphFacts
 
 log = logging.getLogger("duetime.loader")
 
@@ -93,7 +96,7 @@ def load_version(
     if signature.max_batch_size > 0:
         signature = _checked_batching(
             sessions[0], signature, config, (graph_inputs, graph_outputs), str(source.directory),
-            settled=None if primary is None else primary.max_batch_size,
+            settled=None if primary is None else primary.max_batch_size, facts=studied.facts,
         )  # fmt: skip
     # NOTE: optional inputs may differ (quantizing a weight drops its graph input): requests
     # that give one are served by the primary alone (see `Validator.overrides`).
@@ -323,6 +326,7 @@ def _checked_batching(
     source: str,
     *,
     settled: int | None = None,
+    facts: GraphFacts | None = None,
 ) -> ModelSignature:
     """`signature` if the graph batches as it claims; unbatched (max_batch_size 0) if its free
     first dims only looked like a batch and nothing asked for batches. A config that asks for
@@ -332,7 +336,7 @@ def _checked_batching(
     unbatched = config.model_copy(update={"max_batch_size": 0})
     if settled == 0:
         return reconcile(unbatched, *graph, source=source)
-    problem = batching_problem(session, signature)
+    problem = batching_problem(session, signature, facts)
     if problem is None:
         return signature
     asked = config.max_batch_size is not None or settled is not None
@@ -348,9 +352,20 @@ def _checked_batching(
     return reconcile(unbatched, *graph, source=source)
 
 
-ROWS_TOLERANCE = 0.2
+ROWS_TOLERANCE = 1e-5
 """How far (a share of the output's largest value, at least 1) a row's output may move between a
-batch and a run alone before `batching_problem` calls the rows dependent."""
+batch and a run alone before `batching_problem` calls the rows dependent: a float sum may be
+grouped otherwise in a batch (another kernel, another blocking); rows that mix move far more."""
+ROWS_ULPS = 8
+"""...or this many units in the last place of the output's type, where that is more (FP16)."""
+QUANTIZED_ROWS_TOLERANCE = 0.2
+"""`ROWS_TOLERANCE` for a graph quantized dynamically (see `GraphFacts.dynamically_quantized`)."""
+
+SampleFill = Literal["zeros", "distinct", "binary"]
+"""What `sample_inputs` puts in integer, BOOL and BYTES inputs: zeros (False, ""); small
+non-zero numbers (1-100) that differ from row to row; or row 0 zeros and row 1 ones."""
+BATCHING_FILLS: tuple[SampleFill, ...] = ("distinct", "binary", "zeros")
+"""The samples `batching_problem` tries, each where the one before failed to run."""
 
 
 class BatchingProblem(NamedTuple):
@@ -361,34 +376,56 @@ class BatchingProblem(NamedTuple):
 
 
 def batching_problem(
-    session: ort.InferenceSession, signature: ModelSignature
+    session: ort.InferenceSession, signature: ModelSignature, facts: GraphFacts | None = None
 ) -> BatchingProblem | None:
     """Whether a graph with free first dims really batches, on two sample rows run together and
-    one at a time: each output must have the rows run, and each row the values it has alone
-    (None: it batches, or the graph rejects the sample inputs, which warm-up tells of).
+    one at a time, and on a batch of the first row twice: each output must have the rows run,
+    and each row the values it has alone; and no output may take its size from the values
+    (`facts`, from the graph). None: it batches, as far as this can tell.
 
     NOTE: a dim can be free and still not the batch: a Concat of the input with itself gives 2N
-    rows, a reduction over the batch none, and the server would split a batch's answers wrongly.
-    A graph can also keep its rows' count and mix them (a cumulative sum, a softmax or a
-    normalisation over the first axis, a recurrent net whose first axis is time): batching
-    requests would hand each one an answer computed from the others'. Such mixing moves an
-    output by the order of its own scale; floats are compared within `ROWS_TOLERANCE` of it,
-    integers, booleans and strings exactly. (Rows of a model quantized dynamically do interact a
-    little, the scale of each batch's activations being taken over all its rows: the demo
-    models' int8 variants moved by 1.3-3.4% of their outputs' scale, batched as everyone
-    batches them.)
+    rows, a reduction over the batch none, a Unique as many rows as distinct values (the twin
+    rows show it), and the server would split a batch's answers wrongly. A graph can also keep
+    its rows' count and mix them (a cumulative sum, a softmax or a normalisation over the first
+    axis, a recurrent net whose first axis is time): batching requests would hand each one an
+    answer computed from the others'. Such mixing can move an output by a small share of its
+    scale (`x - 0.15 * mean(x, axis=0)`), so floats are compared within `ROWS_TOLERANCE` of it,
+    integers, booleans and strings exactly, and integer inputs differ from row to row (all
+    zeros, a running sum of them is zeros too). Rows of a model quantized dynamically do
+    interact a little, the scale of each batch's activations being taken over all its rows: the
+    demo models' int8 variants moved by 1.3-3.4% of their outputs' scale, batched as everyone
+    batches them, within `QUANTIZED_ROWS_TOLERANCE`.
     """
     names = [spec.name for spec in signature.outputs]
     rows = min(2, signature.max_batch_size)
-    feeds = sample_inputs(signature, rows, seed=2)
-    try:
-        alone = [
-            session.run(names, {k: v[row : row + 1] for k, v in feeds.items()})
-            for row in range(rows)
-        ]
-        whole = session.run(names, feeds) if rows > 1 else alone[0]
-    except Exception:
-        return None
+    quantized = facts is not None and facts.dynamically_quantized
+    tolerance = QUANTIZED_ROWS_TOLERANCE if quantized else ROWS_TOLERANCE
+    for fill in BATCHING_FILLS:  # (a graph taking its inputs as indices may refuse some)
+        feeds = sample_inputs(signature, rows, seed=2, fill=fill)
+        twins = {name: np.repeat(array[:1], rows, axis=0) for name, array in feeds.items()}
+        try:
+            alone = [
+                session.run(names, {k: v[row : row + 1] for k, v in feeds.items()})
+                for row in range(rows)
+            ]
+            whole = session.run(names, feeds) if rows > 1 else alone[0]
+            twinned = session.run(names, twins) if rows > 1 else alone[0]
+        except Exception:
+            continue
+        problem = _rows_problem(names, alone, whole, tolerance) or _rows_problem(
+            names, [alone[0]] * rows, twinned, tolerance
+        )
+        if problem is not None:
+            return problem
+        break
+    return _value_sized(names, facts)
+
+
+def _rows_problem(
+    names: list[str], alone: list[list[np.ndarray]], whole: list[np.ndarray], tolerance: float
+) -> BatchingProblem | None:
+    """Whether `whole`, the outputs of a batch, are the `alone` outputs of its rows, stacked."""
+    rows = len(alone)
     for index, name in enumerate(names):
         for outputs, count in (*((run, 1) for run in alone), (whole, rows)):
             shape = list(np.shape(outputs[index]))
@@ -397,25 +434,48 @@ def batching_problem(
                 return BatchingProblem(why, rows_differ=True)
         batched = np.asarray(whole[index])
         lone = np.concatenate([np.asarray(run[index]) for run in alone])
-        if batched.shape != lone.shape:  # (other dims sized by the whole batch: padding, say)
-            same = False
-        elif batched.dtype.kind in "fc":
-            scale = max(1.0, float(np.max(np.abs(lone))) if lone.size else 1.0)
-            same = np.allclose(batched, lone, rtol=0, atol=ROWS_TOLERANCE * scale, equal_nan=True)
-        else:
-            same = bool(np.array_equal(batched, lone))
-        if not same:
+        if not _same_rows(batched, lone, tolerance):
             why = (
-                f"output '{name}' of a batch of 2 rows differs from the rows run one at a time "
-                "(its rows are not independent)"
+                f"output '{name}' of a batch of {rows} rows differs from the rows run one at a "
+                "time (its rows are not independent)"
             )
             return BatchingProblem(why, rows_differ=False)
     return None
 
 
-def sample_inputs(signature: ModelSignature, rows: int, seed: int = 0) -> dict[str, np.ndarray]:
+def _same_rows(batched: np.ndarray, lone: np.ndarray, tolerance: float) -> bool:
+    if batched.shape != lone.shape:  # (other dims sized by the whole batch: padding, say)
+        return False
+    if batched.dtype.kind not in "fc":
+        return bool(np.array_equal(batched, lone))
+    finite = np.abs(lone[np.isfinite(lone)])
+    scale = max(1.0, float(finite.max()) if finite.size else 1.0)
+    share = max(tolerance, ROWS_ULPS * float(np.finfo(lone.dtype).eps))
+    return bool(np.allclose(batched, lone, rtol=0, atol=share * scale, equal_nan=True))
+
+
+def _value_sized(names: list[str], facts: GraphFacts | None) -> BatchingProblem | None:
+    """The first output whose size the graph takes from the input values, if any.
+
+    NOTE: not `rows_differ`: the graph says so, no run showed it, and a config that asks for
+    batches may know better (the executor fails a batch whose outputs do not follow it)."""
+    sized = facts.value_sized_outputs if facts is not None else {}
+    name = next((name for name in names if name in sized), None)
+    if name is None:
+        return None
+    why = (
+        f"output '{name}' takes its size from the input values ({sized[name]}), so its first "
+        "dim need not be the batch's"
+    )
+    return BatchingProblem(why, rows_differ=False)
+
+
+def sample_inputs(
+    signature: ModelSignature, rows: int, seed: int = 0, fill: SampleFill = "zeros"
+) -> dict[str, np.ndarray]:
     """Inputs of the signature's shapes (free dims 1) for warm-up and profiling; none for the
-    optional inputs, which ONNX Runtime then takes from their initializers."""
+    optional inputs, which ONNX Runtime then takes from their initializers. Floats are random
+    (`seed`); integers, booleans and strings as `fill` says (zeros: an index any table has)."""
     rng = np.random.default_rng(seed)
     feeds: dict[str, np.ndarray] = {}
     for spec in signature.required_inputs:  # (optional ones: their initializers)
@@ -423,13 +483,30 @@ def sample_inputs(signature: ModelSignature, rows: int, seed: int = 0) -> dict[s
         if signature.max_batch_size > 0:
             shape[0] = rows
         dtype = NUMPY_OF[spec.datatype]
-        if spec.datatype == "BYTES":
-            feeds[spec.name] = strings_for_ort(np.full(shape, b"", dtype=object), spec.name)
-        elif dtype.kind == "f":
+        if spec.datatype != "BYTES" and dtype.kind == "f":
             feeds[spec.name] = rng.standard_normal(shape).astype(dtype)
+            continue
+        numbers = _sample_numbers(shape, fill)
+        if spec.datatype == "BYTES":
+            text = numbers.astype(str) if fill != "zeros" else np.full(shape, "", dtype=object)
+            feeds[spec.name] = strings_for_ort(text.astype(object), spec.name)
+        elif dtype.kind == "b":
+            feeds[spec.name] = numbers % 2 == 1
         else:
-            feeds[spec.name] = np.zeros(shape, dtype=dtype)
+            feeds[spec.name] = numbers.astype(dtype)
     return feeds
+
+
+def _sample_numbers(shape: list[int], fill: SampleFill) -> np.ndarray:
+    """Integers of `shape` as `SampleFill` describes them (int64; at most 100)."""
+    size = int(np.prod(shape))
+    if fill == "zeros" or size == 0:
+        return np.zeros(shape, dtype=np.int64)
+    per_row = size // (shape[0] if shape else 1)
+    flat = np.arange(size)
+    row, within = flat // per_row, flat % per_row
+    numbers = row % 2 if fill == "binary" else 1 + (row + within) % 100
+    return numbers.reshape(shape)
 
 
 def sample_row_bytes(signature: ModelSignature) -> int:

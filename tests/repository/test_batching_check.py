@@ -1,0 +1,250 @@
+"""The load-time check that a free first dim is a batch: rows that interact, however little, and
+outputs sized by the values are served unbatched; the demo models and their int8 variants batch."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+from onnxruntime.quantization import quantize_dynamic
+
+from duetime.config import ModelConfig
+from duetime.demo import write_demo_repository
+from duetime.execution.ort import graph_specs
+from duetime.repository.graphs import GraphFacts, graph_facts, study_graph
+from duetime.repository.layout import MODEL_FILENAME, scan_model
+from duetime.repository.loader import (
+    LoadedModel,
+    batching_problem,
+    load_version,
+    reconcile,
+    sample_inputs,
+)
+from duetime.types import ModelSignature, TensorSpec
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def model_of(
+    nodes: list[onnx.NodeProto],
+    inputs: list[tuple[str, int, list[int | str]]],
+    outputs: list[tuple[str, int, list[int | str]]],
+    initializers: tuple[tuple[str, np.ndarray], ...] = (),
+) -> onnx.ModelProto:
+    graph = helper.make_graph(
+        nodes, "g",
+        [helper.make_tensor_value_info(name, kind, shape) for name, kind, shape in inputs],
+        [helper.make_tensor_value_info(name, kind, shape) for name, kind, shape in outputs],
+        [numpy_helper.from_array(array, name) for name, array in initializers],
+    )  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    return model
+
+
+INT64, FLOAT, BOOL, STRING = (
+    TensorProto.INT64,
+    TensorProto.FLOAT,
+    TensorProto.BOOL,
+    TensorProto.STRING,
+)
+AXIS0 = (("axis", np.array(0, dtype=np.int64)),)
+
+MIXING_MODELS = {
+    # (the testers' cumsum_int: all-zero integer samples sum to zeros)
+    "int running sum": model_of(
+        [helper.make_node("CumSum", ["x", "axis"], ["y"])],
+        [("x", INT64, ["N", 2])], [("y", INT64, ["N", 2])], AXIS0,
+    ),
+    # (the testers' center_small: moves each row by 0.15 of the rows' mean, under 20% of scale)
+    "slight centring": model_of(
+        [helper.make_node("ReduceMean", ["x"], ["m"], axes=[0], keepdims=1),
+         helper.make_node("Mul", ["m", "w"], ["mw"]), helper.make_node("Sub", ["x", "mw"], ["y"])],
+        [("x", FLOAT, ["N", 4])], [("y", FLOAT, ["N", 4])],
+        (("w", np.array(0.15, dtype=np.float32)),),
+    ),
+    # (all-False samples: a running count of them is zeros)
+    "bool running count": model_of(
+        [helper.make_node("Cast", ["x"], ["n"], to=INT64),
+         helper.make_node("CumSum", ["n", "axis"], ["y"])],
+        [("x", BOOL, ["N", 3])], [("y", INT64, ["N", 3])], AXIS0,
+    ),
+    # (all-empty string samples: every row is the first)
+    "strings of the first row": model_of(
+        [helper.make_node("Shape", ["x"], ["rows"], end=1),
+         helper.make_node("ConstantOfShape", ["rows"], ["firsts"],
+                          value=numpy_helper.from_array(np.array([0], dtype=np.int64))),
+         helper.make_node("Gather", ["x", "firsts"], ["y"], axis=0)],
+        [("x", STRING, ["N", 2])], [("y", STRING, ["N", 2])],
+    ),
+}  # fmt: skip
+
+
+@pytest.fixture
+def loaded() -> Iterator[list[LoadedModel]]:
+    models: list[LoadedModel] = []
+    yield models
+    for model in models:
+        model.executor.close()
+
+
+def load(root: Path, model: onnx.ModelProto, loaded: list[LoadedModel]) -> LoadedModel:
+    folder = root / "m"
+    (folder / "1").mkdir(parents=True)
+    onnx.save(model, str(folder / "1" / MODEL_FILENAME))
+    result = load_version(scan_model(folder), 1, profile_budget_s=0.01)
+    loaded.append(result)
+    return result
+
+
+@pytest.mark.parametrize("name", list(MIXING_MODELS))
+def test_a_model_whose_rows_interact_is_served_unbatched(
+    tmp_path: Path, loaded: list[LoadedModel], caplog: pytest.LogCaptureFixture, name: str
+) -> None:
+    model = load(tmp_path, MIXING_MODELS[name], loaded)
+    assert model.signature.max_batch_size == 0
+    assert "its rows are not independent" in caplog.text
+
+
+def test_a_model_taking_integer_inputs_as_indices_into_a_small_table_still_batches(
+    tmp_path: Path, loaded: list[LoadedModel]
+) -> None:
+    # (the distinct samples 1 and 2 are out of a 2-row table: the zeros-and-ones sample is not)
+    gather = model_of(
+        [helper.make_node("Gather", ["table", "index"], ["y"], axis=0)],
+        [("index", INT64, ["N"])], [("y", FLOAT, ["N", 3])],
+        (("table", np.arange(6, dtype=np.float32).reshape(2, 3)),),
+    )  # fmt: skip
+    assert load(tmp_path, gather, loaded).signature.max_batch_size > 0
+
+
+def test_integer_bool_and_string_samples_differ_from_row_to_row() -> None:
+    signature = ModelSignature(
+        tuple(TensorSpec(n, t, (-1, 3)) for n, t in (("i", "INT8"), ("b", "BOOL"), ("s", "BYTES"))),
+        (), max_batch_size=4,
+    )  # fmt: skip
+    for fill in ("distinct", "binary"):
+        feeds = sample_inputs(signature, 2, fill=fill)  # type: ignore[arg-type]
+        assert all(not np.array_equal(array[0], array[1]) for array in feeds.values())
+    distinct = sample_inputs(signature, 2, fill="distinct")
+    assert (distinct["i"] != 0).all()
+    assert sample_inputs(signature, 2, fill="binary")["i"].tolist() == [[0, 0, 0], [1, 1, 1]]
+    zeros = sample_inputs(signature, 2)  # (warm-up and profiling: an index any table has)
+    assert not zeros["i"].any()
+    assert not zeros["b"].any()
+
+
+def test_the_demo_models_and_their_dynamically_quantized_variants_batch(tmp_path: Path) -> None:
+    root = write_demo_repository(tmp_path / "demo")
+    for name in ("mlp", "orderbook", "deeplob"):
+        path = root / name / "1" / MODEL_FILENAME
+        int8 = path.with_name("int8.onnx")
+        quantize_dynamic(str(path), str(int8))
+        for file in (path, int8):
+            facts = study_graph(file).facts
+            assert facts is not None
+            assert facts.dynamically_quantized is (file == int8)
+            session = ort.InferenceSession(str(file), providers=["CPUExecutionProvider"])
+            signature = reconcile(ModelConfig(), *graph_specs(session, file), source=name)
+            assert signature.max_batch_size > 0
+            assert batching_problem(session, signature, facts) is None, file
+
+
+# -- outputs sized by the values ------------------------------------------------------------------
+
+
+def test_a_unique_model_is_served_unbatched(
+    tmp_path: Path, loaded: list[LoadedModel], caplog: pytest.LogCaptureFixture
+) -> None:
+    # (the testers' unique0: random float rows never repeat, so two rows gave two)
+    unique = model_of(
+        [helper.make_node("Unique", ["x"], ["u"], sorted=0)],
+        [("x", FLOAT, ["N"])], [("u", FLOAT, ["U"])],
+    )  # fmt: skip
+    assert load(tmp_path, unique, loaded).signature.max_batch_size == 0
+    assert "output 'u'" in caplog.text
+
+
+VALUE_SIZED = {
+    "Unique": ([helper.make_node("Unique", ["x"], ["y"])], "Unique"),
+    "NonZero": ([helper.make_node("NonZero", ["x"], ["y"])], "NonZero"),
+    "Compress": (
+        [helper.make_node("Greater", ["x", "zero"], ["keep"]),
+         helper.make_node("Compress", ["x", "keep"], ["y"], axis=0)], "Compress",
+    ),
+    "TopK of a count read from the input": (
+        [helper.make_node("ReduceMax", ["x"], ["top"], keepdims=1),
+         helper.make_node("Cast", ["top"], ["k"], to=INT64),
+         helper.make_node("TopK", ["x", "k"], ["y", "i"], axis=0)], "TopK",
+    ),
+    "Expand to a shape read from the input": (
+        [helper.make_node("Cast", ["x"], ["shape"], to=INT64),
+         helper.make_node("Expand", ["x", "shape"], ["y"])], "Expand",
+    ),
+}  # fmt: skip
+
+
+def facts_of(nodes: list[onnx.NodeProto], shape: list[int | str] | None = None) -> GraphFacts:
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("x", FLOAT, shape or ["N"])],
+        [helper.make_tensor_value_info("y", FLOAT, None)],
+        [numpy_helper.from_array(np.array(0, dtype=np.float32), "zero")],
+    )  # fmt: skip
+    return graph_facts(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+
+
+@pytest.mark.parametrize("case", list(VALUE_SIZED))
+def test_an_output_from_an_op_sized_by_the_values_is_found_in_the_graph(case: str) -> None:
+    nodes, op = VALUE_SIZED[case]
+    facts = facts_of(nodes)
+    assert op in facts.value_sized_outputs["y"]
+
+
+SHAPE_SIZED = {
+    "Reshape to the input's own rows": [
+        helper.make_node("Shape", ["x"], ["s"]),
+        helper.make_node("Concat", ["s", "minus_one"], ["shape"], axis=0),
+        helper.make_node("Reshape", ["x", "shape"], ["y"]),
+    ],
+    "Range over the input's length": [
+        helper.make_node("Size", ["x"], ["n"]),
+        helper.make_node("Cast", ["n"], ["stop"], to=FLOAT),
+        helper.make_node("Range", ["zero", "stop", "one"], ["y"]),
+    ],
+}
+
+
+@pytest.mark.parametrize("case", list(SHAPE_SIZED))
+def test_a_size_read_from_the_input_shape_is_not_a_value(case: str) -> None:
+    graph = helper.make_graph(
+        SHAPE_SIZED[case], "g", [helper.make_tensor_value_info("x", FLOAT, ["N"])],
+        [helper.make_tensor_value_info("y", FLOAT, None)],
+        [numpy_helper.from_array(np.array(v, dtype=t), n) for n, v, t in (
+            ("minus_one", [-1], np.int64), ("zero", 0, np.float32), ("one", 1, np.float32))],
+    )  # fmt: skip
+    facts = graph_facts(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+    assert facts.value_sized_outputs == {}
+    assert not facts.cost_depends_on_values
+
+
+def test_an_output_the_graph_sizes_by_the_values_is_a_batching_problem_even_if_samples_pass(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "identity.onnx"
+    onnx.save(
+        model_of([helper.make_node("Identity", ["x"], ["y"])], [("x", FLOAT, ["N", 2])],
+                 [("y", FLOAT, ["N", 2])]), str(path),
+    )  # fmt: skip
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    signature = reconcile(ModelConfig(), *graph_specs(session, path), source="m")
+    assert batching_problem(session, signature, GraphFacts()) is None
+    problem = batching_problem(session, signature, GraphFacts({"y": "Unique node 'u'"}))
+    assert problem is not None
+    assert not problem.rows_differ
+    assert "Unique node 'u'" in problem.why
