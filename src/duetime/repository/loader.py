@@ -121,12 +121,16 @@ def load_version(
     )
     warm_up(executor, signature, path)
     profile = measure_profile(executor, signature, path, profile_budget_s)
+    varies = cost_varies(studied.facts, signature)
+    if varies:
+        log.info("%s: its run time follows its inputs (%s)", path, varies)
     if config.execution == "auto":
-        executor.inline = runs_inline(profile, config.instances)
+        executor.inline = runs_inline(profile, config.instances, cost_varies=bool(varies))
     validator = Validator(source.name, signature)
     return LoadedModel(
-        source.name, str(version), path, config, signature, validator, executor, profile, labels
-    )
+        source.name, str(version), path, config, signature, validator, executor, profile, labels,
+        cost_depends_on_values=bool(varies),
+    )  # fmt: skip
 
 
 def _open_sessions(
@@ -145,6 +149,26 @@ def _open_sessions(
                 "request dividing INT_MIN by -1 would crash the server", path, exc,
             )  # fmt: skip
     return [cached_session(path, options) for _ in range(count)]
+
+
+def cost_varies(facts: GraphFacts | None, signature: ModelSignature) -> str:
+    """What makes a run's cost follow its inputs beyond its rows ("": nothing): values its graph
+    sizes work by (see `graph_facts`), or an input's free dim other than the batch's. A graph
+    the onnx package cannot read (ORT's own format) may do anything."""
+    if facts is None:
+        return "its graph cannot be read"
+    if facts.cost_depends_on_values:
+        return facts.cost_why
+    batched = signature.max_batch_size > 0
+    free = next(
+        (
+            spec.name
+            for spec in signature.inputs
+            if spec.any_rank or -1 in (spec.shape[1:] if batched else spec.shape)
+        ),
+        None,
+    )
+    return "" if free is None else f"input '{free}' has a free dim other than the batch's"
 
 
 def read_labels(config: ModelConfig, directory: Path) -> dict[str, tuple[str, ...]]:
@@ -171,10 +195,15 @@ def read_labels(config: ModelConfig, directory: Path) -> dict[str, tuple[str, ..
     return labels
 
 
-def runs_inline(profile: LatencyProfile, instances: int) -> bool:
-    """What `execution = "auto"` picks for a model of `instances` with this load-time profile."""
+def runs_inline(profile: LatencyProfile, instances: int, *, cost_varies: bool = False) -> bool:
+    """What `execution = "auto"` picks for a model of `instances` with this load-time profile.
+
+    Never a model whose cost varies with its inputs beyond their rows (see `cost_varies`): its
+    profile, taken on small sample inputs, says nothing of a request's run (a Loop of a million
+    trips, a product of two 2000-square inputs), which would hold the loop, liveness included."""
     return (
         instances == 1
+        and not cost_varies
         and profile.predict(1) <= INLINE_BATCH1_NS
         and profile.predict(profile.max_rows) <= INLINE_LONGEST_NS
     )
