@@ -79,6 +79,16 @@ def record_us(histogram: HdrHistogram, latency_us: int) -> None:
     histogram.record_value(min(max(latency_us, LOWEST_US), HIGHEST_US))
 
 
+def histogram_of(latency_us: np.ndarray) -> HdrHistogram:
+    """A histogram of `latency_us` (µs, clipped to the histogram's range), recorded per
+    distinct value."""
+    histogram = new_histogram()
+    clipped = np.clip(latency_us, LOWEST_US, HIGHEST_US)
+    for value, count in zip(*np.unique(clipped, return_counts=True), strict=True):
+        histogram.record_value(int(value), int(count))
+    return histogram
+
+
 def percentiles_us(histogram: HdrHistogram) -> dict[str, float | int | None]:
     """count, p50, p90, p99, p999, max and mean in µs (None without values)."""
     count = int(histogram.get_total_count())
@@ -272,11 +282,7 @@ def record_arrays(
         index = int(seconds[group[0]])
         timeline.p50_us[index], timeline.p99_us[index] = float(p50), float(p99)
         timeline.max_us[index] = float(values.max())
-    histogram = new_histogram()
-    clipped = np.clip(latency_us, LOWEST_US, HIGHEST_US)
-    for value, count in zip(*np.unique(clipped, return_counts=True), strict=True):
-        histogram.record_value(int(value), int(count))
-    return Recorded(histogram, timeline)
+    return Recorded(histogram_of(latency_us), timeline)
 
 
 # -- the JSON every run writes -------------------------------------------------------------------

@@ -47,6 +47,7 @@ from duetime.tools.drivers import (
     growth_over,
     paced_switching,
 )
+from duetime.tools.hdr import MissingHdr
 from duetime.tools.interrupt import EXIT_CODE, Interrupt
 from duetime.tools.outputs import OutputError, check_output, failed_write, write_output
 from duetime.tools.payloads import PayloadSpec, WireProtocol, check_batch, encode, random_inputs
@@ -558,6 +559,9 @@ def run(args: argparse.Namespace) -> int:
         return 2
     except BenchError as exc:
         console(f"duetime bench: {exc.message}")
+        return 1
+    except MissingHdr as exc:
+        console(f"duetime bench: {exc}")
         return 1
     except KeyboardInterrupt:
         console("duetime bench: interrupted before sending started", logging.WARNING)

@@ -15,6 +15,7 @@ import numpy as np
 
 from duetime.tools.arrivals import DueClass
 from duetime.tools.config import MAX_HTTP_CONNECTIONS, BenchConfig
+from duetime.tools.hdr import MissingHdr, histogram_of, percentiles_us, record_arrays, run_fields
 from duetime.tools.outcomes import Outcome
 from duetime.tools.payloads import GRPC_DEADLINE_MARGIN_S
 
@@ -116,11 +117,19 @@ class LatencySummary:
 
 
 def latency_summary(latency_ns: np.ndarray) -> LatencySummary:
+    """The latencies' percentiles, max and mean, read from an HDR histogram of them (µs, 3
+    significant digits).
+
+    NOTE: the estimator of the JSON's `latency_us` and of `duetime report`, so that the table's
+    "all" row and they show the same figures; numpy's interpolated percentiles differed from
+    them in the tail (P99 4.707 ms here, 4.663 there, for the same run)."""
     if latency_ns.size == 0:
         return LatencySummary(None, None, None, None, None, None)
-    ms = latency_ns.astype(np.float64) / 1e6
-    p50, p90, p99, p999 = (float(v) for v in np.percentile(ms, [50, 90, 99, 99.9]))
-    return LatencySummary(p50, p90, p99, p999, float(ms.max()), float(ms.mean()))
+    at = percentiles_us(histogram_of(latency_ns // 1000))
+    p50, p90, p99, p999, top, mean = (
+        float(at[name] or 0) / 1000 for name in ("p50", "p90", "p99", "p999", "max", "mean")
+    )
+    return LatencySummary(p50, p90, p99, p999, top, mean)
 
 
 @dataclass(frozen=True, slots=True)
@@ -422,10 +431,6 @@ def result_of(config: BenchConfig, records: Records) -> BenchResult:
 def report_fields(config: BenchConfig, records: Records) -> dict[str, Any] | None:
     """The run as `duetime report` reads it: HDR histogram, per-second timeline, counts."""
     if records.scheduled_ns.size != records.outcome.size:
-        return None
-    try:
-        from duetime.tools.hdr import MissingHdr, record_arrays, run_fields
-    except ImportError:  # pragma: no cover - hdr itself has no dependencies
         return None
     outcome = apply_due(records.outcome, records.latency_ns, records.due_class, config.classes)
     try:
