@@ -126,7 +126,7 @@ def _renderings(default: object) -> set[str]:
     if isinstance(default, str):
         return {default}
     assert isinstance(default, int | float)
-    shown = {f"{default:g}"}
+    shown = {f"{default:g}", str(default)}  # (7200000 is 7.2e+06 to :g)
     for power, unit in ((3, "GiB"), (2, "MiB"), (1, "KiB")):
         if isinstance(default, int) and default and default % 1024**power == 0:
             shown.add(f"{default // 1024**power} {unit}")
