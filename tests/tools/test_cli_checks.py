@@ -261,6 +261,23 @@ def test_grpc_at_a_port_that_is_not_grpc_says_what_is_there(
         assert "is the server running?" in open_at(NOWHERE)
 
 
+def test_a_grpc_target_with_nothing_listening_fails_at_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The channel retried until CONNECT_TIMEOUT_S ran out: 11 s to report a refused port."""
+    monkeypatch.setattr(transports, "CONNECT_TIMEOUT_S", 3600.0)
+    transport = GrpcTransport(NOWHERE, lambda rid, outcome, message: None)
+
+    async def opening() -> None:
+        await asyncio.wait_for(transport.open(1), 30)  # (3600 s without the quick check)
+
+    with pytest.raises(BenchError) as raised:
+        asyncio.run(opening())
+    assert raised.value.message == (
+        f"--grpc: cannot connect to {NOWHERE} (Connection refused: is the server running?)"
+    )
+
+
 def test_answers_that_are_no_v2_response_are_errors_not_goodput(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import http.client
 import logging
+import os
 import time
 import urllib.error
 import urllib.request
@@ -245,6 +246,20 @@ async def _why_no_grpc(target: str) -> str:
     return "; it accepts connections but does not speak gRPC"
 
 
+async def _refused(host: str, port: int) -> str | None:
+    """Why a plain TCP connection to `host`:`port` failed at once ("Connection refused"), or
+    None when one opened, or the attempt did not end within PROBE_TIMEOUT_S (no conclusion)."""
+    try:
+        connecting = asyncio.open_connection(host, port)
+        _, writer = await asyncio.wait_for(connecting, PROBE_TIMEOUT_S)
+    except TimeoutError:  # (before OSError: it is one)
+        return None
+    except OSError as exc:  # (asyncio's own strerror: "Connect call failed ('h', p)")
+        return os.strerror(exc.errno) if exc.errno else str(exc)
+    writer.close()
+    return None
+
+
 class _Calls:
     """The calls in flight of one transport: each is awaited or cancelled by `cancel_all`."""
 
@@ -283,6 +298,14 @@ class GrpcTransport:
             await resolve(host.strip("[]"), int(port))  # (a channel would retry a name for ever)
         except OSError as exc:
             raise BenchError(f"{self.flag}: {exc}") from None
+        # NOTE: a channel to a port where nothing listens is not refused: it retries with
+        # backoff until channel_ready's CONNECT_TIMEOUT_S runs out (11 s to fail a typo), so
+        # one plain connection first says at once what the channel would take seconds to
+        refusal = await _refused(host.strip("[]"), int(port))
+        if refusal is not None:
+            raise BenchError(
+                f"{self.flag}: cannot connect to {self.target} ({refusal}: is the server running?)"
+            )
         options = [
             ("grpc.max_receive_message_length", _MAX_MESSAGE),
             ("grpc.max_send_message_length", _MAX_MESSAGE),
