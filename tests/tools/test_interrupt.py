@@ -10,6 +10,7 @@ import gc
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -155,20 +156,23 @@ def test_sigint_prints_the_partial_report_writes_json_and_exits_130(
 
 
 def test_ctrl_c_while_grpc_connects_leaves_no_unread_error() -> None:
-    """A gRPC channel that cannot connect (nothing listens) retries till CONNECT_TIMEOUT_S."""
+    """A gRPC channel that cannot connect (a port that takes connections but never speaks)
+    waits till CONNECT_TIMEOUT_S."""
     unhandled: list[str] = []
     interrupt = Interrupt()
-    transport = GrpcTransport("127.0.0.1:1", lambda rid, outcome, message: None)
-    loop = new_event_loop()
-    loop.set_exception_handler(lambda loop, context: unhandled.append(context["message"]))
-    try:
-        loop.call_later(0.3, interrupt.fire)
-        with pytest.raises(KeyboardInterrupt):
-            interrupt.run(loop, transport.open(1))
-        gc.collect()  # an unread error is reported when its future is collected
-        loop.run_until_complete(transport.aclose())
-    finally:
-        loop.close()
+    with socket.create_server(("127.0.0.1", 0)) as silent:  # never accepts: TCP only
+        target = f"127.0.0.1:{silent.getsockname()[1]}"
+        transport = GrpcTransport(target, lambda rid, outcome, message: None)
+        loop = new_event_loop()
+        loop.set_exception_handler(lambda loop, context: unhandled.append(context["message"]))
+        try:
+            loop.call_later(0.3, interrupt.fire)
+            with pytest.raises(KeyboardInterrupt):
+                interrupt.run(loop, transport.open(1))
+            gc.collect()  # an unread error is reported when its future is collected
+            loop.run_until_complete(transport.aclose())
+        finally:
+            loop.close()
     assert unhandled == []
 
 
