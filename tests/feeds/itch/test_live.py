@@ -67,6 +67,8 @@ class Recorder:
     def __init__(self) -> None:
         self.input = type("Spec", (), {"name": "features", "shape": (21,)})()
         self.max_batch = 8
+        self.answered_elsewhere = False
+        self.max_in_flight = 0
         self.batches: list[np.ndarray] = []
 
     def submit(self, array: np.ndarray, due_ns: int, answer: Answer) -> None:

@@ -47,6 +47,9 @@ GIVE_UP_AFTER_DUE_NS = 100_000_000
 """A remote call's gRPC deadline: its request's due time plus this. An answer that comes in
 between is counted late (never used); none by then, the call is abandoned and the request counted
 unanswered, so a server that stops answering cannot hold the feed (or its end) forever."""
+REMOTE_MAX_IN_FLIGHT = 4
+"""Requests a feed has out to a remote server at once, at most; the events that trigger
+meanwhile wait and go together in the next request (see `Predictor.max_in_flight`)."""
 
 
 class PredictorError(Exception):
@@ -60,6 +63,13 @@ class Predictor(Protocol):
     """The model's input (its shape without the batch dimension where the model batches)."""
     max_batch: int
     """Rows one request may carry (0: the model does not batch)."""
+    answered_elsewhere: bool
+    """Whether answers come back from outside the feed's own turns of the loop (a remote
+    server's, read off a socket; an instance thread's): the feed must keep turning the loop
+    while it waits for a message then, never spin on the clock."""
+    max_in_flight: int
+    """Requests out at once, at most, at the full pace (0: no limit): a feed that asks for
+    each event at once as fast as it reads would otherwise swamp a remote server."""
 
     def submit(self, array: np.ndarray, due_ns: int, answer: Answer) -> None: ...
 
@@ -105,6 +115,8 @@ class EnginePredictor:
         self._model = model
         self._version = version
         self._executor = deployment.model.executor
+        self.answered_elsewhere = not self._executor.inline
+        self.max_in_flight = 0  # (inline, each answer is back on the next turn)
         self._templates: dict[int, object] = {}
         """Per batch size, the template its requests are made from (see `InferRequest.template`):
         the feed's rows are always the same datatype and shape, so once one request of a size
@@ -169,6 +181,8 @@ class GrpcPredictor:
     ) -> None:
         self.input = input_spec
         self.max_batch = max_batch
+        self.answered_elsewhere = True
+        self.max_in_flight = REMOTE_MAX_IN_FLIGHT
         self._channel = channel
         self._call = channel.unary_unary(
             "/inference.GRPCInferenceService/ModelInfer",
@@ -212,15 +226,16 @@ class GrpcPredictor:
         left_ns = due_ns - time.monotonic_ns()
         request.parameters["timeout"].int64_param = max(1, left_ns // 1000)
         timeout_s = (max(0, left_ns) + GIVE_UP_AFTER_DUE_NS) / 1e9
-        task = asyncio.get_running_loop().create_task(
-            self._send(request, timeout_s, due_ns, answer)
-        )
+        # NOTE: the call is made here, not in the task: its own task then sends the request on
+        # the loop's next turn, one turn (a message's gap, for a feed between messages) sooner
+        call = self._call(request, timeout=timeout_s)
+        task = asyncio.get_running_loop().create_task(self._settle(call, due_ns, answer))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _send(self, request: Any, timeout_s: float, due_ns: int, answer: Answer) -> None:
+    async def _settle(self, call: Any, due_ns: int, answer: Answer) -> None:
         try:
-            response = await self._call(request, timeout=timeout_s)
+            response = await call
         except grpc.aio.AioRpcError as exc:
             answer(None, await self._failure(exc, due_ns))
             return

@@ -11,7 +11,9 @@ each datagram's messages arrive when it is received.
 
 Everything runs on one event loop — the engine's, for the in-process Engine — so a request goes
 from the feed to the scheduler without a thread hop, and answers are taken whenever the feed
-yields: while it waits for the next message's time, and every few messages at full pace.
+yields: while it waits for the next message's time, and every few messages at full pace. A
+predictor whose answers come from elsewhere (a remote server) keeps the loop turning while the
+feed waits, and holds at most `max_in_flight` requests out: the events meanwhile go together.
 """
 
 from __future__ import annotations
@@ -176,8 +178,14 @@ class FeedRun:
         """Triggering events since the feed last asked (they arrived together)."""
         self._rows: list[np.ndarray] = []
         self._max_batch = max(1, predictor.max_batch)
+        self._max_in_flight = predictor.max_in_flight
+        self._nap = options.nap or predictor.answered_elsewhere
+        """Whether the feed naps before a message instead of spinning: its answers come from
+        outside its own turns of the loop, which it must keep turning to take them."""
         self._outstanding = 0
         """Requests not answered yet..."""
+        self._answered = asyncio.Event()
+        """...(set at each answer: a burst held back goes then, see `_flush_if_room`)..."""
         self._owed_events = 0
         """...the events they carry..."""
         self._last_due_ns = 0
@@ -272,7 +280,7 @@ class FeedRun:
                 arrivals.clear()
                 await arrivals.wait()
             self._take_received()
-            self._flush()
+            self._flush_if_room()
             await asyncio.sleep(0)  # the model's turn (inline: it runs there)
 
     def _take_received(self) -> None:
@@ -368,10 +376,11 @@ class FeedRun:
                 target = clock.target_ns(message.timestamp)
                 now = time.monotonic_ns()
                 if target > now:
-                    # NOTE: the burst so far is all there is until then: ask for it now, and
-                    # take its answer while waiting (inline, it is back on the next turn)
-                    self._flush()
-                    now = await _until(target, options.nap, stats, self._warmer)
+                    # NOTE: the burst so far is all there is until then: ask for it now (or,
+                    # with `max_in_flight` requests out, at the first answer), and take its
+                    # answer while waiting (inline, it is back on the next turn)
+                    self._flush_if_room()
+                    now = await _until(target, self._nap, stats, self._warmer)
                 stats.note(stats.new_lag_us, (now - target) // 1000)
                 arrival = target  # a message waiting for the feed to be free is already here
             else:
@@ -380,14 +389,40 @@ class FeedRun:
                 arrival = time.monotonic_ns()
             stats.messages += 1
             self._arrived(message, arrival)
-            # NOTE: at full pace every message has arrived already: each event asks at once;
-            # behind the recorded pace, a burst asks when it fills a batch. Either way the next
+            # NOTE: at full pace every message has arrived already: each event asks at once,
+            # unless `max_in_flight` requests are out (a remote server): then the events wait
+            # for the next answer and go together, and a full batch holds the feed until then.
+            # Behind the recorded pace, a burst asks when it fills a batch. Either way the next
             # turn of the loop takes the answer (and lets the scheduler finish the run) before
             # the feed reads on.
-            if self._burst and (not recorded or len(self._burst) >= self._max_batch):
+            if self._burst and not recorded:
+                if self._has_room():
+                    self._flush()
+                elif len(self._burst) >= self._max_batch:
+                    await self._burst_asked()
+                await asyncio.sleep(0)
+            elif len(self._burst) >= self._max_batch:
                 self._flush()
                 await asyncio.sleep(0)
-        self._flush()
+        if self._has_room():
+            self._flush()
+        await self._burst_asked()
+
+    def _flush_if_room(self) -> None:
+        """Ask for the burst now if a request may go out or it fills a batch; otherwise it
+        waits for the first answer (which asks for it), gathering the events that come."""
+        if len(self._burst) >= self._max_batch or self._has_room():
+            self._flush()
+
+    def _has_room(self) -> bool:
+        """Whether a request may go out now (fewer than the predictor's `max_in_flight`)."""
+        return not self._max_in_flight or self._outstanding < self._max_in_flight
+
+    async def _burst_asked(self) -> None:
+        """Wait until a burst held back has gone (an answer sends it, see `_ask`)."""
+        while self._burst:
+            self._answered.clear()
+            await self._answered.wait()
 
     def _arrived(self, message: Any, arrival_ns: int) -> None:
         """Apply one message; add its book event to the burst if it triggers."""
@@ -448,6 +483,9 @@ class FeedRun:
             now = time.monotonic_ns()
             self._outstanding -= 1
             self._owed_events -= len(asked)
+            self._answered.set()
+            if self._burst and self._has_room():  # (a burst held back: see `_flush_if_room`)
+                self._flush()
             if outputs is None:
                 if failure is not None and failure.unanswered:  # no answer by its due time
                     stats.late += len(asked)
@@ -552,8 +590,9 @@ async def _until(target_ns: int, nap: bool, stats: RunStats, warmer: Warmer | No
 
     The last stretch spins on the clock (the answers of an inline model are back by then),
     running `warmer` every `WARM_EVERY_NS` that leave time for it, or with `nap` sleeps in slices
-    that let go of the CPU and the GIL for a model's instance thread, taking its answers between
-    slices.
+    that let go of the CPU and the GIL for a model's instance thread, turning the loop between
+    slices to take answers (a remote server's too: each needs a few turns to be read and handed
+    back, and a spin without a turn held them all until the next message).
     """
     await asyncio.sleep(0)  # the answers already back (inline: all of them)
     while True:
