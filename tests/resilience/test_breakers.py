@@ -171,7 +171,8 @@ def test_a_good_request_between_failures_keeps_it_closed(tmp_path: Path) -> None
 def test_slow_executions_open_it(tmp_path: Path) -> None:
     """A model whose cost is fixed (products of fixed-size matrices) that runs far slower than
     its profile says (simulated: its profile is swapped for one 1,000 times faster) is shed."""
-    write_version(tmp_path, "m", 1, heavy_model(1.0, width=256, depth=16))
+    # (about 1 ms a run: well over the 100 µs floor below which no run is slow, on any machine)
+    write_version(tmp_path, "m", 1, heavy_model(1.0, width=512, depth=16))
     config(
         tmp_path, "m",
         "max_batch_size = 8\n" + BREAKER + "slow_min_us = 100\n",
