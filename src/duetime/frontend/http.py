@@ -33,10 +33,12 @@ from http import HTTPStatus
 from typing import Any, TypeVar, cast
 
 import httptools
+import numpy as np
 
 from duetime.config import ServerSettings
 from duetime.errors import ConfigError, DuetimeError
 from duetime.execution.affinity import lower_thread_priority
+from duetime.frontend import codec
 from duetime.frontend.rest import (
     BulkReply,
     HttpError,
@@ -698,9 +700,9 @@ class HttpConnection(asyncio.Protocol):
             self._answer(slot, method, url, headers, body)
             self._update_reading()
 
-        _in_thread(self._loop, lambda: b"".join(chunks), "duetime-body-join").add_done_callback(
-            joined
-        )
+        at = _binary_start(method, url, headers)
+        join = (lambda: b"".join(chunks)) if at is None else (lambda: _join_aligned(chunks, at))
+        _in_thread(self._loop, join, "duetime-body-join").add_done_callback(joined)
 
     def _continue(self) -> None:
         """Answer `Expect: 100-continue`, but not on an HTTP/1.0 request: a 1.0 client knows no
@@ -1095,6 +1097,33 @@ _SHED_MESSAGE = (
 
 def _is_infer(method: str, url: bytes) -> bool:
     return method == "POST" and url.split(b"?", 1)[0].endswith(b"/infer")
+
+
+def _binary_start(method: str, url: bytes, headers: dict[str, str]) -> int | None:
+    """Where an inference request's binary tensors start in its body (the JSON header's
+    length), if it has them and its body is not compressed; else None."""
+    if not _is_infer(method, url) or headers.get("content-encoding", "identity") != "identity":
+        return None
+    length = headers.get("inference-header-content-length", "")
+    return int(length) if length.isdigit() and len(length) < 19 else None
+
+
+def _join_aligned(chunks: list[bytes], at: int) -> Any:
+    """The body's pieces joined so that byte `at` (its first binary tensor) lies at a multiple
+    of `codec.ALIGNMENT`, as a memoryview.
+
+    NOTE: the decoder copies a tensor that does not lie so (ONNX Runtime gives other bits for
+    misaligned data), on the event loop: 20-45 ms for 64 MiB. Laid out here, on the joining
+    thread, the first tensor (most often the only big one) is used where it lies. numpy's
+    copies release the GIL, and ran faster than bytes.join (26 vs 37 ms for 64 MiB)."""
+    total = sum(map(len, chunks))
+    start = -min(at, total) % codec.ALIGNMENT
+    body = codec.aligned_empty(total + start)[start:]
+    position = 0
+    for chunk in chunks:
+        body[position : position + len(chunk)] = np.frombuffer(chunk, np.uint8)
+        position += len(chunk)
+    return body.data
 
 
 _TRACE_SLOT = "~" * 32
