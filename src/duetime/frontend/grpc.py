@@ -532,6 +532,9 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
     ) -> _Submitted:
         if self._shedder is not None:
             self._shedder.check()
+        # (its due time counts from here, and a capture stamps its arrival here, as HTTP's: the
+        # capture's `due_in_ns` was short by the decoding, and each replay's due time shrank)
+        received = self._engine.clock.now_ns()
         parameters = _parameters(request.parameters)
         check_grpc_parameters(_kinds(request.parameters))
         expected = self._signatures.expected(request.model_name, request.model_version or None)
@@ -547,7 +550,8 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
             outputs=requested.names,
             classes=requested.classes,
             id=request.id,
-            due_ns=self._due(parameters, context),
+            due_ns=self._due(parameters, context, received),
+            arrival_ns=received,
             priority=priority_of(parameters),
             parameters=parameters,
             headers=_Metadata(context),
@@ -603,8 +607,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
             raise _too_large(str(response.ByteSize()), limit)
         return response
 
-    def _due(self, parameters: Mapping[str, Any], context: Any) -> int | None:
-        now = self._engine.clock.now_ns()
+    def _due(self, parameters: Mapping[str, Any], context: Any, now: int) -> int | None:
         due = due_from_timeout_us(parameters, now)
         remaining = context.time_remaining()
         if remaining is not None:

@@ -180,7 +180,9 @@ class Recorder:
     def record(self, request: InferRequest, submit: Callable[[InferRequest], Ticket]) -> Ticket:
         """`submit(request)`, recording the request and its outcome; raises what submit raises."""
         now = self._now
-        arrival = now()
+        # (the front end's receipt, from which the request's due time counts: stamped here,
+        # after decoding, a capture's `due_in_ns` understated the client's budget)
+        arrival = request.arrival_ns or now()
         headers = request.headers
         if type(headers) is not dict:
             # NOTE: gRPC metadata is read from the call object, which only the loop may touch.
