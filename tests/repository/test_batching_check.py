@@ -140,6 +140,18 @@ def test_integer_bool_and_string_samples_differ_from_row_to_row() -> None:
     assert not zeros["b"].any()
 
 
+def test_samples_of_scalar_inputs_are_arrays_of_every_datatype() -> None:
+    """A scalar BOOL input's sample was a numpy.bool_, which ORT refuses: warm-up and profiling
+    failed, and the model got a made-up 1 ms per row that refused requests it answers in µs."""
+    types = ("BOOL", "INT32", "UINT8", "FP32", "FP16", "BYTES")
+    signature = ModelSignature(
+        tuple(TensorSpec(f"x{i}", t, ()) for i, t in enumerate(types)), (), max_batch_size=0
+    )
+    for fill in ("zeros", "distinct", "binary"):
+        feeds = sample_inputs(signature, 1, fill=fill)  # type: ignore[arg-type]
+        assert all(type(array) is np.ndarray and array.shape == () for array in feeds.values())
+
+
 def test_the_demo_models_and_their_dynamically_quantized_variants_batch(tmp_path: Path) -> None:
     root = write_demo_repository(tmp_path / "demo")
     for name in ("mlp", "orderbook", "deeplob"):

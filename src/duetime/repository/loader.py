@@ -520,7 +520,8 @@ def sample_inputs(
             text = numbers.astype(str) if fill != "zeros" else np.full(shape, "", dtype=object)
             feeds[spec.name] = strings_for_ort(text.astype(object), spec.name)
         elif dtype.kind == "b":
-            feeds[spec.name] = numbers % 2 == 1
+            # (asarray: on a 0-d array, == gives a numpy.bool_, which ORT refuses as an input)
+            feeds[spec.name] = np.asarray(numbers % 2 == 1)
         else:
             feeds[spec.name] = numbers.astype(dtype)
     return feeds
