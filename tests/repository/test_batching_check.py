@@ -260,3 +260,49 @@ def test_an_output_the_graph_sizes_by_the_values_is_a_batching_problem_even_if_s
     assert problem is not None
     assert not problem.rows_differ
     assert "Unique node 'u'" in problem.why
+
+
+def _if_model(condition: list[onnx.NodeProto]) -> onnx.ModelProto:
+    """y = If(c, Relu(x), Neg(x)), `condition` making c from x."""
+    then = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["t"])], "then", [],
+        [helper.make_tensor_value_info("t", FLOAT, ["N", 4])],
+    )  # fmt: skip
+    other = helper.make_graph(
+        [helper.make_node("Neg", ["x"], ["e"])], "else", [],
+        [helper.make_tensor_value_info("e", FLOAT, ["N", 4])],
+    )  # fmt: skip
+    return model_of(
+        [*condition, helper.make_node("If", ["c"], ["y"], then_branch=then, else_branch=other)],
+        [("x", FLOAT, ["N", 4])], [("y", FLOAT, ["N", 4])],
+        (("one", np.array(1, dtype=np.int64)), ("two", np.array(2, dtype=np.int64)),
+         ("zero", np.array(0.0, dtype=np.float32))),
+    )  # fmt: skip
+
+
+def test_an_if_on_a_shape_still_batches(tmp_path: Path, loaded: list[LoadedModel]) -> None:
+    """The shape guard exporters write, If(Shape(x)[1] > 2, ...): any If counted as sized by the
+    values, and such a model, whose rows are independent, lost its batching."""
+    model = _if_model(
+        [
+            helper.make_node("Shape", ["x"], ["s"]),
+            helper.make_node("Gather", ["s", "one"], ["d"], axis=0),
+            helper.make_node("Greater", ["d", "two"], ["c"]),
+        ]
+    )
+    assert graph_facts(model) == GraphFacts()
+    result = load(tmp_path, model, loaded)
+    assert result.signature.max_batch_size > 0
+    assert not result.cost_depends_on_values
+
+
+def test_an_if_on_the_values_is_sized_by_them() -> None:
+    model = _if_model(
+        [
+            helper.make_node("ReduceSum", ["x"], ["total"], keepdims=0),
+            helper.make_node("Greater", ["total", "zero"], ["c"]),
+        ]
+    )
+    facts = graph_facts(model)
+    assert facts.cost_depends_on_values
+    assert "If node" in facts.value_sized_outputs["y"]

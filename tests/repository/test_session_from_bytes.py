@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -10,7 +11,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from duetime.execution.ort import CACHE_DIR, cached_session, session_options
+from duetime.execution.ort import CACHE_DIR, cached_session, open_session, session_options
 
 
 def add_model(path: Path, *, external: bool) -> onnx.ModelProto:
@@ -62,3 +63,17 @@ def test_the_optimised_graph_cache_is_keyed_on_the_bytes_served(tmp_path: Path) 
     again = cached_session(path, options, graph).run(None, {"x": x})[0]  # (from the cache)
     assert np.array_equal(again, 2 * plain)
     assert np.array_equal(cached_session(path, options).run(None, {"x": x})[0], plain)
+
+
+@pytest.mark.parametrize("cache", [True, False])
+def test_a_session_on_rewritten_bytes_keeps_no_copy_of_them(tmp_path: Path, cache: bool) -> None:
+    """ORT's Python session held the bytes it was made from for its whole life: a second copy
+    of every guarded model, weights and all (905 vs 514 MB for a 400 MB model)."""
+    path = tmp_path / "m" / "1" / "model.onnx"
+    graph = times_two(add_model(path, external=False))
+    before = sys.getrefcount(graph)
+    make = cached_session if cache else open_session
+    session = make(path, session_options(intra_op_threads=1, inter_op_threads=1), graph)
+    assert sys.getrefcount(graph) == before
+    x = np.ones((1, 2048), np.float32)
+    np.testing.assert_array_equal(session.run(None, {"x": x})[0], 2 * (x + np.arange(2048)))

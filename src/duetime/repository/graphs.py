@@ -21,10 +21,10 @@ log = logging.getLogger("duetime.graphs")
 
 VALUE_SIZED_OPS = frozenset(
     {"NonZero", "Unique", "Compress", "NonMaxSuppression", "StringSplit", "StringNormalizer",
-     "ImageDecoder", "Loop", "If", "SequenceMap"}
+     "ImageDecoder", "Loop", "SequenceMap"}
 )  # fmt: skip
 """Ops whose outputs' sizes follow their inputs' values (or a subgraph's runs), whatever those
-are."""
+are. (An If is judged by its condition and branches: see `_mark`.)"""
 
 SIZE_INPUTS: Mapping[str, tuple[int, ...]] = {
     "Expand": (1,), "Tile": (1,), "ConstantOfShape": (0,), "Reshape": (1,), "Range": (0, 1, 2),
@@ -119,9 +119,12 @@ def graph_facts(model: onnx.ModelProto) -> GraphFacts:
     `x`'s size does, which the scheduler weighs. Inputs of type string count too: their cost is
     their text's length, which no shape shows.
 
-    NOTE: a judgement from the graph alone, and conservative: any Loop or If counts (a trip count
-    or a branch can follow the values), and so does any op of the lists, even one whose size
-    moves only a little (a Slice to requested bounds). Ops of other domains are not judged.
+    NOTE: a judgement from the graph alone, and conservative: any Loop counts (its body can end
+    it on the values), an If whose condition follows the values counts (one branch may give
+    another size), and so does any op of the lists, even one whose size moves only a little (a
+    Slice to requested bounds). An If on a shape (`If(Shape(x)[1] > 2, ...)`, as exporters guard
+    shapes) counts only if a branch does: judged as any If, such models lost their batching.
+    Ops of other domains are not judged.
     """
     graph = model.graph
     inputs = list(graph.input)  # (one with an initializer too is a request's to give)
@@ -161,6 +164,11 @@ def _mark(node: onnx.NodeProto, flow: _Flow) -> None:
         origin = described
     elif op == "Scan":
         origin = _scan_origin(node, flow) or origin
+    elif op == "If":
+        branches = _branches_origin(node, flow)
+        origin = (described if node.input and node.input[0] in flow.values else None) or (
+            branches or origin
+        )
     elif any(
         index < len(node.input) and node.input[index] in flow.values
         for index in SIZE_INPUTS.get(op, ())
@@ -196,6 +204,16 @@ def _scan_origin(node: onnx.NodeProto, flow: _Flow) -> str | None:
     _follow(body, inner)
     flow.dynamic = flow.dynamic or inner.dynamic
     return inner.cost or None
+
+
+def _branches_origin(node: onnx.NodeProto, flow: _Flow) -> str | None:
+    """The first node of an If's branches whose size or cost follows the values, if any."""
+    for branch in _subgraphs(node):
+        inner = _Flow(set(flow.values), dict(flow.sized))
+        _follow(branch, inner)
+        if inner.cost:
+            return inner.cost
+    return None
 
 
 def _subgraphs(node: onnx.NodeProto) -> Iterator[onnx.GraphProto]:
@@ -310,7 +328,7 @@ def _graphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
 def _element_types(model: onnx.ModelProto) -> dict[str, int]:
     """Each tensor's element type, as ONNX shape inference has it (subgraphs' too)."""
     try:
-        inferred = onnx.shape_inference.infer_shapes(model)
+        inferred = onnx.shape_inference.infer_shapes(_without_weights(model))
     except Exception as exc:  # (a graph it cannot type: its divisions go unguarded, warned of)
         log.debug("shape inference failed: %s", exc)
         inferred = model
@@ -325,6 +343,30 @@ def _element_types(model: onnx.ModelProto) -> dict[str, int]:
             if node.op_type == "Constant" and node.attribute and node.attribute[0].name == "value":
                 types[node.output[0]] = node.attribute[0].t.data_type
     return types
+
+
+def _without_weights(model: onnx.ModelProto) -> onnx.ModelProto:
+    """`model` with its initializers declared as inputs (their type and dims), not held: what
+    shape inference needs to type a graph.
+
+    NOTE: inferring on the model itself serialised and parsed all its weights (ONNX's
+    infer_shapes goes through bytes): an 800 MB model peaked at 4 GB and took 5 s to study."""
+    light = onnx.ModelProto()
+    light.ir_version = model.ir_version
+    light.opset_import.extend(model.opset_import)
+    light.functions.extend(model.functions)
+    graph = light.graph
+    graph.node.extend(model.graph.node)
+    graph.input.extend(model.graph.input)
+    graph.output.extend(model.graph.output)
+    graph.value_info.extend(model.graph.value_info)
+    declared = {value.name for value in model.graph.input}
+    graph.input.extend(
+        helper.make_tensor_value_info(init.name, init.data_type, list(init.dims))
+        for init in model.graph.initializer
+        if init.name not in declared
+    )
+    return light
 
 
 def _constant_values(graph: onnx.GraphProto) -> dict[str, onnx.TensorProto]:
