@@ -881,6 +881,9 @@ def test_a_variant_whose_file_is_missing_is_warned_of_by_name(
         version = engine.registry.snapshot.models["m"].versions["1"]
         assert [d.variant for d in version.variants] == ["default"]
         assert await factor_of(engine) == 1.0
+        ((state, reason),) = states(engine).values()  # (the index says so, not only the log)
+        assert state == "READY"
+        assert "variant 'int8-static': no file model.int8-static.onnx" in reason
 
     with caplog.at_level(logging.WARNING, logger="duetime.manager"):
         run(tmp_path, scenario)

@@ -886,7 +886,9 @@ def _load_with_variants(
     folder = source.versions[version].parent
     for variant in config.variants:
         if not (folder / variant.file).is_file():
-            log.warning("%s", _missing_variant(variant.name, variant.file, folder, version))
+            missing = _missing_variant(variant.name, variant.file, folder, version)
+            log.warning("%s", missing)
+            broken.append(missing)  # (the index said nothing of it, only the log did)
             continue
         try:
             model = load_version(
