@@ -89,6 +89,8 @@ def load_version(
     )
     from duetime.repository.graphs import study_graph  # (onnx takes ~0.5 s to import)
 
+    if variant is not None:
+        _check_variant_graph(path, variant.name)
     studied = study_graph(path)
     sessions = _open_sessions(path, options, studied.guarded, config.instances)
     graph_inputs, graph_outputs = graph_specs(sessions[0], path)
@@ -131,6 +133,25 @@ def load_version(
         source.name, str(version), path, config, signature, validator, executor, profile, labels,
         cost_depends_on_values=bool(varies),
     )  # fmt: skip
+
+
+def _check_variant_graph(path: Path, name: str) -> None:
+    """ConfigError when ONNX's checker rejects a variant file.
+
+    NOTE: variants only: a converter's output can be a graph ONNX Runtime crashes on rather
+    than refuses (fp16 of a transformer with its nodes out of order: SIGSEGV while the session
+    is made), which would take the primary and the server down with it. A primary gets no
+    such check, to serve what ORT serves. By path, so that models over 2 GB are checked too."""
+    import onnx
+
+    try:
+        onnx.checker.check_model(str(path))
+    except onnx.checker.ValidationError as exc:
+        lines = str(exc).strip().splitlines()
+        raise ConfigError(
+            f"{path}: variant '{name}' fails ONNX's model checker "
+            f"({lines[0][:200] if lines else 'no reason given'}); not loaded"
+        ) from None
 
 
 def _open_sessions(

@@ -3,6 +3,7 @@ quantization. Each is built into a hidden temp file beside the model and checked
 
 from __future__ import annotations
 
+import heapq
 import importlib.util
 import secrets
 from dataclasses import dataclass
@@ -26,6 +27,7 @@ from duetime.config import VariantQuality
 from duetime.execution.ort import graph_specs, open_session, session_options
 from duetime.tools.optimize.measure import compare, quality_key
 from duetime.tools.optimize.options import Kind, file_of, reason_of
+from duetime.tools.optimize.probe import check_graph, check_loads, save_feeds
 from duetime.tools.optimize.samples import Feeds, batches_of, run_all
 from duetime.types import ModelSignature
 
@@ -68,11 +70,58 @@ def _float_weights(model: onnx.ModelProto) -> int:
     return sum(t.data_type == onnx.TensorProto.FLOAT and len(t.dims) > 0 for t in tensors)
 
 
+def _subgraph_inputs(node: onnx.NodeProto) -> set[str]:
+    """Every name the node's subgraphs (If, Loop, Scan bodies) read, at any depth: a superset of
+    the outer-scope values they use."""
+    names: set[str] = set()
+    for attr in node.attribute:
+        for graph in [attr.g] if attr.HasField("g") else list(attr.graphs):
+            for inner in graph.node:
+                names.update(inner.input)
+                names |= _subgraph_inputs(inner)
+    return names
+
+
+def topologically_sorted(nodes: list[onnx.NodeProto]) -> list[onnx.NodeProto]:
+    """`nodes` in an order where each comes after the nodes whose outputs it reads, otherwise
+    keeping their order (Kahn's algorithm, taking the earliest ready node each time)."""
+    producer = {name: i for i, node in enumerate(nodes) for name in node.output if name}
+    needs = [
+        {producer[name] for name in {*node.input, *_subgraph_inputs(node)} if name in producer}
+        - {i}
+        for i, node in enumerate(nodes)
+    ]
+    users: list[list[int]] = [[] for _ in nodes]
+    for i, wanted in enumerate(needs):
+        for j in wanted:
+            users[j].append(i)
+    waiting = [len(wanted) for wanted in needs]
+    ready = [i for i, count in enumerate(waiting) if count == 0]
+    heapq.heapify(ready)
+    order: list[int] = []
+    while ready:
+        i = heapq.heappop(ready)
+        order.append(i)
+        for user in users[i]:
+            waiting[user] -= 1
+            if waiting[user] == 0:
+                heapq.heappush(ready, user)
+    if len(order) != len(nodes):
+        raise ValueError("the converted graph has a cycle")
+    return [nodes[i] for i in order]
+
+
 def _convert(
     kind: Kind, source: Path, prepared: Path, out: Path, calib: list[Feeds], pc: bool
 ) -> None:
     if kind == "fp16":
         model = convert_float_to_float16(onnx.load(str(source)), keep_io_types=True)
+        # NOTE: with keep_io_types the converter appends the Casts of the graph's inputs after
+        # the nodes that read them: ONNX's checker rejects that, and ORT_ENABLE_ALL's
+        # optimisers crashed on it (SIGSEGV) for a transformer. Sorted, it checks and loads.
+        nodes = topologically_sorted(list(model.graph.node))
+        del model.graph.node[:]
+        model.graph.node.extend(nodes)
         onnx.save(model, str(out))
     elif kind == "int8-dynamic":
         quantize_dynamic(str(prepared), str(out), op_types_to_quantize=_DYNAMIC_OPS)
@@ -107,7 +156,8 @@ class Built:
 
 class Builder:
     """Builds each kind of the version's `model` into a hidden temp file beside it and checks
-    its answers against the primary's on the sample set."""
+    it: ONNX's checker, a child process that opens and runs it, then its answers against the
+    primary's on the sample set."""
 
     def __init__(
         self,
@@ -123,6 +173,7 @@ class Builder:
         self.float_weights = _float_weights(onnx.load(str(model), load_external_data=False))
         self.prepared: Path | None = None
         self.notes: list[str] = []
+        self.feeds = save_feeds(self.batches[0], scratch / "feeds.npz")
 
     def build(self, kind: Kind, reference: list[np.ndarray]) -> Built:
         """The built variant (its file still hidden); the better of per-channel and per-tensor
@@ -151,6 +202,11 @@ class Builder:
         try:
             prepared = self.prepared or self.model
             _convert(kind, self.model, prepared, temp, self.calib, per_channel)
+            # NOTE: ORT's converters can write graphs ORT itself crashes on (fp16 of a
+            # transformer: nodes out of order, SIGSEGV at session creation); checked, then
+            # opened in a child first, so that the crash fails this kind and not the run.
+            check_graph(temp)
+            check_loads(temp, self.feeds)
             session = open_session(temp, self.options)
             self._check_signature(session, temp)
             outputs = run_all(session, self.batches, self.signature.max_batch_size > 0)

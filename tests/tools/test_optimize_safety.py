@@ -1,0 +1,113 @@
+"""`duetime optimize` on what can go wrong around it: variants ONNX Runtime crashes on or ONNX's
+checker rejects, inputs whose sizes it cannot know, held-out quality, a config it cannot write,
+noisy timings, and reruns.
+
+Runs pass `--keep-slower` and a short `--measure-s`, as in test_optimize.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import onnx
+import pytest
+
+from duetime.config import VariantConfig, load_model_config
+from duetime.demo import write_demo_repository
+from duetime.errors import ConfigError
+from duetime.repository.layout import scan_model
+from duetime.repository.loader import load_version
+from duetime.tools.optimize import add_arguments, run
+
+pytestmark = pytest.mark.timeout(120)
+
+FAST = ["--measure-s", "0.05", "--keep-slower", "-q"]
+
+
+def optimize(*argv: str | Path) -> int:
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    return run(parser.parse_args([str(a) for a in argv]))
+
+
+@pytest.fixture
+def repo(tmp_path: Path) -> Path:
+    return write_demo_repository(tmp_path / "repo")
+
+
+def unsorted(path: Path) -> None:
+    """Rewrite the model at `path` with its nodes in reverse order: a graph ONNX's checker
+    rejects ("Nodes in a graph must be topologically sorted")."""
+    model = onnx.load(str(path))
+    nodes = list(model.graph.node)[::-1]
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
+    onnx.save(model, str(path))
+
+
+def leftovers(model: Path) -> list[str]:
+    return sorted(p.name for p in (model / "1").iterdir() if p.name.endswith(".tmp"))
+
+
+# -- 1. variants that would crash ONNX Runtime -------------------------------------------------
+
+
+def test_a_variant_onnx_runtime_crashes_on_fails_that_kind_and_the_run_goes_on(
+    repo: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from duetime.tools.optimize import probe
+
+    crash_fp16 = (
+        "import os, signal, sys\nif 'fp16' in sys.argv[1]: os.kill(os.getpid(), signal.SIGSEGV)\n"
+    )
+    monkeypatch.setattr(probe, "_CHILD", crash_fp16)
+    model = repo / "mlp"
+    assert optimize(model, *FAST, "--kinds", "fp16,int8-dynamic") == 0
+    out = capsys.readouterr().out
+    assert "fp16" in out
+    assert "failed: ValueError: ONNX Runtime crashed loading it (signal 11" in out
+    assert [v.kind for v in load_model_config(model).variants] == ["int8-dynamic"]
+    assert leftovers(model) == []
+    assert not (model / "1" / "model.fp16.onnx").exists()
+
+
+def test_a_built_graph_the_checker_rejects_fails_that_kind(
+    repo: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from duetime.tools.optimize import build
+
+    convert = build._convert
+
+    def convert_unsorted(kind: str, source: Path, prepared: Path, out: Path, *rest: object) -> None:
+        convert(kind, source, prepared, out, *rest)  # type: ignore[arg-type]
+        unsorted(out)
+
+    monkeypatch.setattr(build, "_convert", convert_unsorted)
+    model = repo / "mlp"
+    assert optimize(model, *FAST, "--kinds", "fp16") == 1
+    out = capsys.readouterr().out
+    assert "failed: ValueError: ONNX's model checker rejects it: Nodes in a graph must be" in out
+    assert not (model / "config.toml").read_text().count("[[variants]]")
+    assert leftovers(model) == []
+
+
+def test_a_variant_file_the_checker_rejects_is_not_served_and_the_primary_is(
+    repo: Path,
+) -> None:
+    model = repo / "mlp"
+    folder = model / "1"
+    (folder / "model.fp16.onnx").write_bytes((folder / "model.onnx").read_bytes())
+    unsorted(folder / "model.fp16.onnx")
+    variant = VariantConfig(name="fp16", file="model.fp16.onnx", kind="fp16")
+    source = scan_model(model)
+    primary = load_version(source, 1, profile_budget_s=0.05)
+    with pytest.raises(ConfigError, match="fails ONNX's model checker"):
+        load_version(source, 1, variant=variant, primary=primary.signature, profile_budget_s=0.05)
+
+
+def test_the_fp16_variant_is_a_graph_onnx_checker_accepts(repo: Path) -> None:
+    """ORT's converter (keep_io_types) appends the inputs' Casts after the nodes reading them."""
+    model = repo / "mlp"
+    assert optimize(model, *FAST, "--kinds", "fp16") == 0
+    onnx.checker.check_model(str(model / "1" / "model.fp16.onnx"))
