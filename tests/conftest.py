@@ -1,4 +1,5 @@
-"""Shared fixtures: the demo repository, and a real server on ephemeral ports in a thread."""
+"""Shared fixtures: the demo repository, a real server on ephemeral ports in a thread, and the
+models a test loads by hand (closed after it)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,17 @@ import pytest
 from duetime.config import ServerSettings
 from duetime.demo import write_demo_repository
 from duetime.loops import new_event_loop
+from duetime.repository.loader import LoadedModel
 from duetime.server import Addresses, Server
+
+
+@pytest.fixture
+def loaded() -> Iterator[list[LoadedModel]]:
+    """Collects the models a test loads (`load_version`) and closes their executors after it."""
+    models: list[LoadedModel] = []
+    yield models
+    for model in models:
+        model.executor.close()
 
 
 @pytest.fixture(scope="session")

@@ -3,7 +3,6 @@ outputs sized by the values are served unbatched; the demo models and their int8
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -84,14 +83,6 @@ MIXING_MODELS = {
         [("x", STRING, ["N", 2])], [("y", STRING, ["N", 2])],
     ),
 }  # fmt: skip
-
-
-@pytest.fixture
-def loaded() -> Iterator[list[LoadedModel]]:
-    models: list[LoadedModel] = []
-    yield models
-    for model in models:
-        model.executor.close()
 
 
 def load(root: Path, model: onnx.ModelProto, loaded: list[LoadedModel]) -> LoadedModel:

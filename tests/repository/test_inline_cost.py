@@ -4,7 +4,7 @@ seconds, liveness included); the loader tells the scheduler so (`cost_depends_on
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -86,14 +86,6 @@ def scaled_model() -> onnx.ModelProto:
 
 
 FAST = LatencyProfile([ProfilePoint(1, 5_000, 5_000), ProfilePoint(32, 20_000, 20_000)])
-
-
-@pytest.fixture
-def loaded() -> Iterator[list[LoadedModel]]:
-    models: list[LoadedModel] = []
-    yield models
-    for model in models:
-        model.executor.close()
 
 
 @pytest.mark.parametrize(

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -37,15 +36,6 @@ from duetime.validation import Validator
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_demo_repository(tmp_path_factory.mktemp("demo"))
-
-
-@pytest.fixture
-def loaded() -> Iterator[list[LoadedModel]]:
-    """Collects models a test loads and closes their executors afterwards."""
-    models: list[LoadedModel] = []
-    yield models
-    for model in models:
-        model.executor.close()
 
 
 def identity_model(dtype: int, shape: list[int | str]) -> bytes:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -73,14 +72,6 @@ def dense_model(folder: Path, config: tuple[str, str] | None = None) -> Path:
          helper.make_tensor("b", TensorProto.FLOAT, [1, 3], np.zeros(3))],
         config,
     )  # fmt: skip
-
-
-@pytest.fixture
-def loaded() -> Iterator[list[LoadedModel]]:
-    models: list[LoadedModel] = []
-    yield models
-    for model in models:
-        model.executor.close()
 
 
 def load(folder: Path, loaded: list[LoadedModel]) -> LoadedModel:
