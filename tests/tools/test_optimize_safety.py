@@ -10,8 +10,10 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+import numpy as np
 import onnx
 import pytest
+from onnx import TensorProto, helper
 
 from duetime.config import VariantConfig, load_model_config
 from duetime.demo import write_demo_repository
@@ -111,3 +113,47 @@ def test_the_fp16_variant_is_a_graph_onnx_checker_accepts(repo: Path) -> None:
     model = repo / "mlp"
     assert optimize(model, *FAST, "--kinds", "fp16") == 0
     onnx.checker.check_model(str(model / "1" / "model.fp16.onnx"))
+
+
+# -- 2. inputs whose sizes random samples cannot know ------------------------------------------
+
+
+def free_width_model(tmp_path: Path) -> Path:
+    """y = x @ w summed over a free width: x is [batch, 4, width]."""
+    model = tmp_path / "free"
+    (model / "1").mkdir(parents=True)
+    weight = helper.make_tensor("w", TensorProto.FLOAT, [4, 4], np.eye(4).ravel().tolist())
+    graph = helper.make_graph(
+        [
+            helper.make_node("ReduceSum", ["x", "axes"], ["s"], keepdims=0),
+            helper.make_node("MatMul", ["s", "w"], ["y"]),
+        ],
+        "free",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4, "width"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4])],
+        initializer=[weight, helper.make_tensor("axes", TensorProto.INT64, [1], [2])],
+    )
+    onnx_model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    onnx_model.ir_version = 8
+    onnx.save(onnx_model, str(model / "1" / "model.onnx"))
+    (model / "config.toml").write_text("max_batch_size = 8\n")
+    return model
+
+
+def test_a_free_dim_besides_the_batch_is_refused_without_calibration_data(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    model = free_width_model(tmp_path)
+    assert optimize(model, *FAST, "--kinds", "fp16") == 2
+    err = capsys.readouterr().err
+    assert "input 'x' dim 2 can be any size" in err
+    assert "pass --calibration FILE.npz" in err
+    assert (model / "config.toml").read_text() == "max_batch_size = 8\n"
+
+
+def test_a_free_dim_is_measured_at_the_calibration_data_s_size(tmp_path: Path) -> None:
+    model = free_width_model(tmp_path)
+    calibration = tmp_path / "calibration.npz"
+    np.savez(calibration, x=np.random.default_rng(0).standard_normal((32, 4, 6)))
+    assert optimize(model, *FAST, "--kinds", "fp16", "--calibration", calibration) == 0
+    assert [v.kind for v in load_model_config(model).variants] == ["fp16"]

@@ -34,6 +34,7 @@ from duetime.tools.optimize.samples import (
     SEED,
     Feeds,
     batches_of,
+    free_dims,
     load_calibration,
     random_samples,
     run_all,
@@ -139,7 +140,15 @@ def _notes(
 
 
 def _sample_sets(options: OptimizeOptions, signature: ModelSignature) -> tuple[Feeds, Feeds, str]:
-    """The quality sample set, the calibration set, and a description of where they came from."""
+    """The quality sample set, the calibration set, and a description of where they came from.
+
+    ConfigError when random samples cannot have the sizes real inputs have (see `free_dims`)."""
+    if options.calibration is None and (free := free_dims(signature)):
+        raise ConfigError(
+            f"{options.model_dir}: input {'; '.join(free)} can be any size, and random samples "
+            "would be 1 there (their quality and speed would say nothing of real inputs); pass "
+            "--calibration FILE.npz with real inputs"
+        )
     if options.calibration is not None:
         samples = load_calibration(options.calibration, signature, options.samples)
         return samples, samples, f"from {options.calibration}"

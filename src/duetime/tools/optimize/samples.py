@@ -22,6 +22,22 @@ def _per_sample_shape(spec: TensorSpec, batched: bool) -> tuple[int, ...]:
     return spec.shape[1:] if batched else spec.shape
 
 
+def free_dims(signature: ModelSignature) -> list[str]:
+    """The free dims of the required inputs that random samples would set to 1, besides the
+    batch: "'image' dims 2, 3" (axes of the input's full shape).
+
+    NOTE: a model that does not batch (max_batch_size 0) often still has a free leading dim, its
+    own batch: 1 there is a size it takes, so that dim is not counted."""
+    batched = signature.max_batch_size > 0
+    found = []
+    for spec in signature.required_inputs:
+        skip = 1 if batched or spec.shape[:1] == (-1,) else 0
+        axes = [str(axis) for axis, d in enumerate(spec.shape) if axis >= skip and d < 0]
+        if axes:
+            found.append(f"'{spec.name}' {'dims' if len(axes) > 1 else 'dim'} {', '.join(axes)}")
+    return found
+
+
 def random_samples(
     signature: ModelSignature, count: int, seed: int, *, zero_ints: bool = False
 ) -> Feeds:
