@@ -6,6 +6,7 @@ calls still worth answering waited behind."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -13,6 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 from conftest import RunningServer, start_server, stop_server
+from grpc._cython import cygrpc
 
 from duetime.config import ServerSettings
 from duetime.frontend.proto import grpc_service_pb2 as pb
@@ -82,3 +84,17 @@ def test_a_call_whose_client_has_gone_is_not_run_nor_aborted(
     assert not answer.outputs
     assert requests_seen(server) == before
     assert service.gone_calls == gone + 1
+
+
+def test_grpc_s_error_for_an_answer_to_an_ended_call_is_not_logged(
+    server: RunningServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """grpc.aio logged each at ERROR with a traceback: noise in the episodes operators read."""
+    logger = logging.getLogger("grpc._cython.cygrpc")
+    with caplog.at_level(logging.ERROR, logger="grpc._cython.cygrpc"):
+        for error in (cygrpc.ExecuteBatchError("Failed execute_batch"), RuntimeError("real")):
+            try:
+                raise error
+            except Exception:
+                logger.exception("raised in core by servicer method [ModelInfer]")
+    assert [r.exc_info[1] for r in caplog.records if r.exc_info] == [error]
