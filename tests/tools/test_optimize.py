@@ -302,7 +302,7 @@ def test_config_is_created_when_missing_and_calibration_file_is_used(
     listed = variants(model)
     assert [v.kind for v in listed] == ["int8-static"]
     assert listed[0].quality is not None
-    assert listed[0].quality.samples == 48
+    assert listed[0].quality.samples == 12  # every 4th of 48: held out from calibration
     assert listed[0].speed is not None
     assert listed[0].speed.max_batch_us is not None  # 32 rows: free first dim, no max_batch_size
 
@@ -377,7 +377,8 @@ def test_a_text_input_takes_str_or_utf8_bytes_calibration(
     x = np.random.default_rng(1).standard_normal((12, 8)).astype(np.float32)
     np.savez(calibration, s=np.array([[w] for w in words] * 4), x=x)
     assert optimize(model, *FAST, "--kinds", "fp16", "--calibration", calibration) == 0
-    assert f"12 samples (from {calibration})" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert f"3 samples (held out from {calibration}, calibrated on 9 others)" in out
     samples = load_calibration(calibration, WORDS, 12)
     assert samples["s"].dtype == object
     assert samples["s"][:3, 0].tolist() == ["a", "b", "zz"]  # str: ORT reads bytes as no word

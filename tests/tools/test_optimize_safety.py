@@ -157,3 +157,31 @@ def test_a_free_dim_is_measured_at_the_calibration_data_s_size(tmp_path: Path) -
     np.savez(calibration, x=np.random.default_rng(0).standard_normal((32, 4, 6)))
     assert optimize(model, *FAST, "--kinds", "fp16", "--calibration", calibration) == 0
     assert [v.kind for v in load_model_config(model).variants] == ["fp16"]
+
+
+# -- 3. quality measured on samples held out from calibration ----------------------------------
+
+
+def test_quality_is_measured_on_calibration_samples_held_out_from_calibrating(
+    repo: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    calibration = tmp_path / "calibration.npz"
+    np.savez(calibration, x=np.random.default_rng(3).standard_normal((40, 40)))
+    assert (
+        optimize(repo / "mlp", *FAST, "--kinds", "int8-static", "--calibration", calibration) == 0
+    )
+    assert f"10 samples (held out from {calibration}, calibrated on 30 others)" in (
+        capsys.readouterr().out
+    )
+    (listed,) = load_model_config(repo / "mlp").variants
+    assert listed.quality is not None
+    assert listed.quality.samples == 10
+
+
+def test_calibration_data_too_small_to_hold_out_from_is_refused(
+    repo: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    calibration = tmp_path / "calibration.npz"
+    np.savez(calibration, x=np.zeros((7, 40), dtype=np.float32))
+    assert optimize(repo / "mlp", *FAST, "--calibration", calibration) == 2
+    assert "7 samples; at least 8 are needed" in capsys.readouterr().err

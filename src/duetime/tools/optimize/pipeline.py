@@ -35,6 +35,7 @@ from duetime.tools.optimize.samples import (
     Feeds,
     batches_of,
     free_dims,
+    hold_out,
     load_calibration,
     random_samples,
     run_all,
@@ -150,8 +151,10 @@ def _sample_sets(options: OptimizeOptions, signature: ModelSignature) -> tuple[F
             "--calibration FILE.npz with real inputs"
         )
     if options.calibration is not None:
-        samples = load_calibration(options.calibration, signature, options.samples)
-        return samples, samples, f"from {options.calibration}"
+        rows = load_calibration(options.calibration, signature)
+        samples, calib = hold_out(options.calibration, rows, options.samples)
+        used = len(next(iter(calib.values())))
+        return samples, calib, (f"held out from {options.calibration}, calibrated on {used} others")
     # Random calibration data is drawn apart from the quality set, so quality is not in-sample.
     samples = random_samples(signature, options.samples, SEED)
     calib = random_samples(signature, options.samples, SEED + 1)
