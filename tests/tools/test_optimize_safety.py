@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -185,3 +186,58 @@ def test_calibration_data_too_small_to_hold_out_from_is_refused(
     np.savez(calibration, x=np.zeros((7, 40), dtype=np.float32))
     assert optimize(repo / "mlp", *FAST, "--calibration", calibration) == 2
     assert "7 samples; at least 8 are needed" in capsys.readouterr().err
+
+
+# -- 4. a config that cannot be written ----------------------------------------------------------
+
+
+def test_a_model_folder_that_cannot_be_written_is_one_line_and_changes_nothing(
+    repo: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from duetime.tools.optimize import records
+
+    model = repo / "mlp"
+    before = (model / "config.toml").read_text()
+    mkstemp = records.tempfile.mkstemp
+
+    def read_only_model_folder(*args: Any, **kwargs: Any) -> tuple[int, str]:
+        if Path(kwargs["dir"]) == model:
+            raise PermissionError(1, "Operation not permitted", str(model / ".config.toml.x.tmp"))
+        return mkstemp(*args, **kwargs)
+
+    monkeypatch.setattr(records.tempfile, "mkstemp", read_only_model_folder)
+    assert optimize(model, *FAST, "--kinds", "int8-dynamic") == 1
+    err = capsys.readouterr().err
+    assert err.strip() == (
+        f"duetime optimize: cannot write {model / 'config.toml'}: Operation not permitted; "
+        "nothing was changed"
+    )
+    assert (model / "config.toml").read_text() == before
+    assert sorted(p.name for p in (model / "1").iterdir()) == ["model.onnx"]
+
+
+def test_a_config_that_cannot_be_replaced_puts_the_variant_files_back(
+    repo: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from duetime.tools.optimize import pipeline
+
+    model = repo / "mlp"
+    assert optimize(model, *FAST, "--kinds", "int8-dynamic") == 0
+    config, variant = model / "config.toml", model / "1" / "model.int8-dynamic.onnx"
+    before = config.read_text(), variant.read_bytes()
+    replace = pipeline.os.replace
+
+    def immutable_config(src: Any, dst: Any) -> None:
+        if Path(dst) == config:
+            raise PermissionError(1, "Operation not permitted", str(src), str(dst))
+        replace(src, dst)
+
+    monkeypatch.setattr(pipeline.os, "replace", immutable_config)
+    assert optimize(model, *FAST, "--kinds", "fp16,int8-dynamic") == 1
+    assert "cannot write" in capsys.readouterr().err
+    assert (config.read_text(), variant.read_bytes()) == before
+    assert sorted(p.name for p in (model / "1").iterdir()) == [
+        "model.int8-dynamic.onnx",
+        "model.onnx",
+    ]
+    assert sorted(p.name for p in model.iterdir() if p.is_file()) == ["config.toml"]

@@ -28,7 +28,7 @@ from duetime.tools.optimize.options import (
     file_of,
     reason_of,
 )
-from duetime.tools.optimize.records import update_config, write_atomic
+from duetime.tools.optimize.records import stage, update_config
 from duetime.tools.optimize.report import OptimizeReport, VariantResult
 from duetime.tools.optimize.samples import (
     SEED,
@@ -223,13 +223,65 @@ def _measured(
 
 def _commit(target: Target, results: list[VariantResult], built: list[Built]) -> Path | None:
     """Move the kept files into place, then write the config (so a reader never finds an entry
-    without its file). Returns the config path, or None when nothing was measured."""
+    without its file). Returns the config path, or None when nothing was measured.
+
+    OptimizeError naming the file when one cannot be written; the folders are then as they were:
+    the config is staged first (a folder that is not writable stops the run there), and should a
+    later step fail, the files moved are moved back."""
     if all(r.status == "failed" for r in results):
         return None
     path, text = update_config(target.model_dir, results)
     kept = {r.kind for r in results if r.status == "kept"}
-    for b in built:
-        if b.kind in kept:
-            os.replace(b.temp, target.path.parent / file_of(b.kind))
-    write_atomic(path, text.encode("utf-8"))
+    try:
+        staged = stage(path, text.encode("utf-8"))
+    except OSError as exc:
+        raise _unwritable(exc, path) from None
+    moved: list[tuple[Path, Path | None]] = []  # (a file put in place, its former self)
+    try:
+        for b in built:
+            if b.kind in kept:
+                moved.append(_put(b.temp, target.path.parent / file_of(b.kind)))
+        os.replace(staged, path)
+    except OSError as exc:
+        staged.unlink(missing_ok=True)
+        _put_back(moved)
+        raise _unwritable(exc, path) from None
+    for _, former in moved:
+        if former is not None:
+            former.unlink(missing_ok=True)
     return path
+
+
+def _put(temp: Path, dest: Path) -> tuple[Path, Path | None]:
+    """Move `temp` to `dest`, keeping the file it replaces as a hidden hard link (its former
+    self, None when there was none) until the run is known to have gone through."""
+    former = None
+    if dest.exists():
+        former = dest.with_name(f".{dest.name}.former.tmp")
+        former.unlink(missing_ok=True)
+        os.link(dest, former)
+    try:
+        os.replace(temp, dest)
+    except OSError:
+        if former is not None:
+            former.unlink(missing_ok=True)
+        raise
+    return dest, former
+
+
+def _put_back(moved: list[tuple[Path, Path | None]]) -> None:
+    """Undo `_put`s, latest first: best effort, as the run is failing already."""
+    for dest, former in reversed(moved):
+        try:
+            if former is None:
+                dest.unlink(missing_ok=True)
+            else:
+                os.replace(former, dest)
+        except OSError:
+            pass
+
+
+def _unwritable(exc: OSError, config: Path) -> OptimizeError:
+    """One line naming the file: the one the OS named, or the config for our temp files."""
+    where = exc.filename if exc.filename and not str(exc.filename).endswith(".tmp") else config
+    return OptimizeError(f"cannot write {where}: {exc.strerror or exc}; nothing was changed")

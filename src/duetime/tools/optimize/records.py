@@ -1,6 +1,6 @@
 """The model's config as the optimizer leaves it: the new `variants` list planned around the
 user's own entries, rendered into the TOML (comments kept, via tomlkit) or YAML file, validated,
-and written atomically."""
+and staged to be written atomically."""
 
 from __future__ import annotations
 
@@ -100,7 +100,7 @@ def _render_yaml(data: dict[str, Any], plan: list[int | VariantConfig]) -> str:
 def update_config(model_dir: Path, results: Sequence[VariantResult]) -> tuple[Path, str]:
     """Rewrite the `variants` of the model's config for the kinds measured in `results`.
 
-    Returns the path and the new text, validated but not yet written (see `write_atomic`).
+    Returns the path and the new text, validated but not yet written (see `stage`).
     """
     path = _config_path(model_dir)
     text = path.read_text(encoding="utf-8") if path.is_file() else ""
@@ -118,8 +118,10 @@ def update_config(model_dir: Path, results: Sequence[VariantResult]) -> tuple[Pa
     return path, new_text
 
 
-def write_atomic(path: Path, data: bytes) -> None:
-    """Write via a hidden temp file in the same folder and rename: readers see old or new."""
+def stage(path: Path, data: bytes) -> Path:
+    """`data` in a hidden temp file beside `path`, with `path`'s mode, for `os.replace` onto it
+    (readers then see the old file or the new one). Raises OSError where the folder is not
+    writable: before anything else has changed, when staged first."""
     mode = path.stat().st_mode & 0o777 if path.exists() else 0o644
     fd, temp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
@@ -128,7 +130,7 @@ def write_atomic(path: Path, data: bytes) -> None:
             file.flush()
             os.fsync(file.fileno())
         os.chmod(temp, mode)
-        os.replace(temp, path)
     except BaseException:
         Path(temp).unlink(missing_ok=True)
         raise
+    return Path(temp)
