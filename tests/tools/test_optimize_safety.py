@@ -241,3 +241,17 @@ def test_a_config_that_cannot_be_replaced_puts_the_variant_files_back(
         "model.onnx",
     ]
     assert sorted(p.name for p in model.iterdir() if p.is_file()) == ["config.toml"]
+
+
+# -- 6. reruns ---------------------------------------------------------------------------------
+
+
+def test_a_rerun_leaves_the_config_s_blank_lines_as_they_were(repo: Path) -> None:
+    model = repo / "mlp"
+    assert optimize(model, *FAST, "--kinds", "int8-dynamic,int8-static") == 0
+    assert optimize(model, *FAST, "--kinds", "fp16") == 0
+    once = (model / "config.toml").read_text()
+    assert optimize(model, *FAST, "--kinds", "fp16") == 0
+    again = (model / "config.toml").read_text()
+    assert again.count("\n\n\n") == 0
+    assert again.count("\n") == once.count("\n")

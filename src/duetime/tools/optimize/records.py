@@ -58,6 +58,19 @@ def _config_path(model_dir: Path) -> Path:
     return found or model_dir / "config.toml"
 
 
+def _trimmed(item: Any) -> Any:
+    """A kept `[[variants]]` table without the blank lines that ended it in the file.
+
+    NOTE: tomlkit parses the blank line before the next table into this one's body, and the
+    array of tables it is appended to adds its own: each rerun grew the file by a blank line
+    per kept entry."""
+    if isinstance(item, tomlkit.items.Table):
+        body = item.value.body
+        while body and body[-1][0] is None and isinstance(body[-1][1], tomlkit.items.Whitespace):
+            body.pop()
+    return item
+
+
 def _render_toml(text: str, plan: list[int | VariantConfig]) -> str:
     doc = tomlkit.parse(text)
     old = doc.get("variants")
@@ -68,7 +81,7 @@ def _render_toml(text: str, plan: list[int | VariantConfig]) -> str:
         container.multiline(True)
     for entry in plan:
         if isinstance(entry, int):
-            container.append(items[entry])
+            container.append(_trimmed(items[entry]))
             continue
         table: Any = tomlkit.inline_table() if inline else tomlkit.table()
         for key, value in entry.model_dump(exclude_none=True).items():
