@@ -16,12 +16,13 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from duetime.config import VariantConfig, load_model_config
+from duetime.config import VariantConfig, VariantSpeed, load_model_config
 from duetime.demo import write_demo_repository
 from duetime.errors import ConfigError
 from duetime.repository.layout import scan_model
 from duetime.repository.loader import load_version
 from duetime.tools.optimize import add_arguments, run
+from duetime.tools.optimize.measure import ratio_bounds, verdict
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -255,3 +256,25 @@ def test_a_rerun_leaves_the_config_s_blank_lines_as_they_were(repo: Path) -> Non
     again = (model / "config.toml").read_text()
     assert again.count("\n\n\n") == 0
     assert again.count("\n") == once.count("\n")
+
+
+# -- 5. verdicts beyond the noise ----------------------------------------------------------------
+
+
+def test_a_variant_faster_within_the_noise_is_not_clearly_faster() -> None:
+    speed = VariantSpeed(batch_1_us=90.0, primary_batch_1_us=100.0)
+    noisy = ((0.7, 1.1), None)
+    status, reason = verdict(speed, 0, keep_slower=False, bounds=noisy)
+    assert (status, reason) == ("dropped", "not clearly faster at batch 1 (noise ±20%)")
+    steady = ((0.88, 0.92), None)
+    assert verdict(speed, 0, keep_slower=False, bounds=steady) == ("kept", "faster at batch 1")
+
+
+def test_ratio_bounds_are_the_same_for_the_same_times_and_narrow_when_steady() -> None:
+    primary = [100, 103, 98, 250, 101, 99, 100, 102]  # one round hit by the machine's load
+    variant = [90, 92, 89, 230, 91, 88, 90, 93]
+    low, high = ratio_bounds(primary, variant)
+    assert (low, high) == ratio_bounds(primary, variant)
+    assert 0.85 < low <= high < 0.95
+    wild = ratio_bounds(primary, [60, 140, 70, 300, 130, 65, 120, 80])
+    assert wild[1] - wild[0] > 0.3

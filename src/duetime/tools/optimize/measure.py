@@ -1,5 +1,6 @@
 """How good and how fast a variant is next to the primary: `compare` for answers, round-robin
-medians for speed, and `verdict` for whether it is worth listing."""
+medians (and the noise around their ratios) for speed, and `verdict` for whether it is worth
+listing."""
 
 from __future__ import annotations
 
@@ -60,9 +61,14 @@ def quality_key(quality: VariantQuality | None) -> tuple[float, float]:
     return (-quality.argmax_agreement, quality.max_abs_error)
 
 
-def median_times_us(sessions: Sequence[Any], feeds: Feeds, budget_s: float) -> list[float]:
-    """Median execution time of each session on `feeds`, timed in rounds (one run of each per
-    round, so drift in the machine's speed touches all alike) until `budget_s` is spent."""
+Bounds = tuple[float, float]
+"""A 95% interval of a variant's median time as a share of the primary's, from the rounds."""
+BOOTSTRAP_RESAMPLES = 1000
+
+
+def round_times_ns(sessions: Sequence[Any], feeds: Feeds, budget_s: float) -> list[list[int]]:
+    """Execution times of each session on `feeds`, timed in rounds (one run of each per round,
+    so drift in the machine's speed touches all alike) until `budget_s` is spent."""
     for session in sessions:
         session.run(None, feeds)
     times: list[list[int]] = [[] for _ in sessions]
@@ -76,34 +82,72 @@ def median_times_us(sessions: Sequence[Any], feeds: Feeds, budget_s: float) -> l
             session.run(None, feeds)
             samples.append(time.perf_counter_ns() - started)
         rounds += 1
-    return [statistics.median(samples) / 1e3 for samples in times]
+    return times
+
+
+def ratio_bounds(primary: Sequence[int], variant: Sequence[int]) -> Bounds:
+    """A 95% bootstrap interval of the median, over the rounds, of the variant's time over the
+    primary's in the same round.
+
+    NOTE: per round, not of two medians: a round's two runs share the machine's load of the
+    moment, so the ratio cancels much of it; the interval's width is the noise left. Seeded: the
+    same times give the same interval."""
+    ratios = np.asarray(variant, dtype=np.float64) / np.maximum(np.asarray(primary), 1)
+    rng = np.random.default_rng(0)
+    picks = rng.integers(0, len(ratios), (BOOTSTRAP_RESAMPLES, len(ratios)))
+    low, high = np.percentile(np.median(ratios[picks], axis=1), [2.5, 97.5])
+    return float(low), float(high)
+
+
+def _timed(times: list[list[int]]) -> tuple[list[float], list[Bounds]]:
+    medians = [statistics.median(samples) / 1e3 for samples in times]
+    return medians, [ratio_bounds(times[0], variant) for variant in times[1:]]
 
 
 def speeds(
     sessions: Sequence[Any], samples: Feeds, signature: ModelSignature, budget_s: float
-) -> tuple[list[float], list[float] | None]:
+) -> tuple[list[float], list[float] | None, list[tuple[Bounds, Bounds | None]]]:
     """Medians in µs (in the order of `sessions`, the primary first) at batch 1 and at the max
-    batch (None: no batching)."""
+    batch (None: no batching), and each variant's `ratio_bounds` at both."""
     if signature.max_batch_size == 0:
-        return median_times_us(sessions, batches_of(samples, signature)[0], budget_s), None
-    one = median_times_us(sessions, first_rows(samples, 1), budget_s)
-    if signature.max_batch_size == 1:
-        return one, None
-    return one, median_times_us(sessions, first_rows(samples, signature.max_batch_size), budget_s)
+        feeds = batches_of(samples, signature)[0]
+    else:
+        feeds = first_rows(samples, 1)
+    one, one_bounds = _timed(round_times_ns(sessions, feeds, budget_s))
+    if signature.max_batch_size <= 1:
+        return one, None, [(b, None) for b in one_bounds]
+    top_feeds = first_rows(samples, signature.max_batch_size)
+    top, top_bounds = _timed(round_times_ns(sessions, top_feeds, budget_s))
+    return one, top, list(zip(one_bounds, top_bounds, strict=True))
 
 
-def verdict(speed: VariantSpeed, max_batch: int, keep_slower: bool) -> tuple[Status, str]:
-    """Keep a variant that is FASTER_BY faster than the primary at batch 1 or the max batch."""
-    faster = []
-    if speed.batch_1_us < speed.primary_batch_1_us * (1 - FASTER_BY):
-        faster.append("batch 1")
+def verdict(
+    speed: VariantSpeed,
+    max_batch: int,
+    keep_slower: bool,
+    bounds: tuple[Bounds, Bounds | None] | None = None,
+) -> tuple[Status, str]:
+    """Keep a variant that is FASTER_BY faster than the primary at batch 1 or the max batch, and
+    (given its `bounds`) beyond the noise: the whole interval of its time ratio below 1 - FASTER_BY.
+    """
+    at_1, at_top = bounds if bounds is not None else (None, None)
+    sizes = [("batch 1", speed.batch_1_us, speed.primary_batch_1_us, at_1)]
     top, primary_top = speed.max_batch_us, speed.primary_max_batch_us
-    if top is not None and primary_top is not None and top < primary_top * (1 - FASTER_BY):
-        faster.append(f"batch {max_batch}")
+    if top is not None and primary_top is not None:
+        sizes.append((f"batch {max_batch}", top, primary_top, at_top))
+    faster, unclear = [], []
+    for label, mine, theirs, bound in sizes:
+        if mine < theirs * (1 - FASTER_BY):
+            if bound is None or bound[1] < 1 - FASTER_BY:
+                faster.append(label)
+            else:
+                unclear.append(f"{label} (noise ±{(bound[1] - bound[0]) / 2:.0%})")
     if faster:
         return "kept", f"faster at {' and '.join(faster)}"
     if keep_slower:
         return "kept", "not faster; kept by --keep-slower"
+    if unclear:
+        return "dropped", f"not clearly faster at {' or '.join(unclear)}"
     return "dropped", f"not {FASTER_BY:.0%} faster than the primary at any batch size"
 
 

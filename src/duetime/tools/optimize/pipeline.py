@@ -20,7 +20,7 @@ from duetime.repository.layout import MODEL_FILENAME, scan_model
 from duetime.repository.loader import reconcile
 from duetime.repository.tritonconfig import load_model_config
 from duetime.tools.optimize.build import Builder, Built
-from duetime.tools.optimize.measure import rounded, speeds, verdict
+from duetime.tools.optimize.measure import Bounds, rounded, speeds, verdict
 from duetime.tools.optimize.options import (
     Kind,
     OptimizeError,
@@ -104,10 +104,13 @@ def optimize(options: OptimizeOptions, say: Callable[[str], None]) -> OptimizeRe
             say("timing")
             sessions = [primary, *(b.session for b in built)]
             try:
-                one, top = speeds(sessions, samples, signature, options.measure_s)
+                one, top, bounds = speeds(sessions, samples, signature, options.measure_s)
             except Exception as exc:  # ORT's own exception types
                 raise OptimizeError(f"timing failed: {reason_of(exc)}") from exc
-            results += [_measured(b, one, top, i, signature, options) for i, b in enumerate(built)]
+            results += [
+                _measured(b, one, top, bounds[i], i, signature, options)
+                for i, b in enumerate(built)
+            ]
             results.sort(key=lambda r: options.kinds.index(r.kind))
             config_path = _commit(target, results, built)
         finally:
@@ -201,17 +204,19 @@ def _measured(
     built: Built,
     one: list[float],
     top: list[float] | None,
+    bounds: tuple[Bounds, Bounds | None],
     index: int,
     signature: ModelSignature,
     options: OptimizeOptions,
 ) -> VariantResult:
-    """The result of the `index`th built variant, given the medians (primary's first)."""
+    """The result of the `index`th built variant, given the medians (primary's first) and its
+    time ratio's `bounds`."""
     speed = VariantSpeed(
         batch_1_us=rounded(one[index + 1]), primary_batch_1_us=rounded(one[0]),
         max_batch_us=rounded(top[index + 1]) if top else None,
         primary_max_batch_us=rounded(top[0]) if top else None,
     )  # fmt: skip
-    status, reason = verdict(speed, signature.max_batch_size, options.keep_slower)
+    status, reason = verdict(speed, signature.max_batch_size, options.keep_slower, bounds)
     quality = VariantQuality(
         max_abs_error=rounded(built.quality.max_abs_error),
         argmax_agreement=round(built.quality.argmax_agreement, 4),
