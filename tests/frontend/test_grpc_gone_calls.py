@@ -42,6 +42,11 @@ class GoneContext:
 
     def set_trailing_metadata(self, metadata: Any) -> None: ...
 
+    def set_code(self, code: Any) -> None:
+        self.code = code
+
+    def set_details(self, details: str) -> None: ...
+
     async def abort(self, code: Any, details: str) -> None:
         raise AssertionError(f"aborted a call that had ended: {code} {details}")
 
@@ -82,6 +87,8 @@ def test_a_call_whose_client_has_gone_is_not_run_nor_aborted(
     call = service.ModelInfer(mlp_request(columns), context)
     answer = asyncio.run_coroutine_threadsafe(call, server.loop).result(timeout=30)
     assert not answer.outputs
+    expected = "CANCELLED" if cancelled else "DEADLINE_EXCEEDED"
+    assert context.code.name == expected  # (an empty answer went out as OK)
     assert requests_seen(server) == before
     assert service.gone_calls == gone + 1
 

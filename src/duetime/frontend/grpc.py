@@ -378,7 +378,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
             # call whose client had given up (15% of its time in aborts alone, each logging
             # ExecuteBatchError), and answered almost none in time. Nothing to do for them.
             self.gone_calls += 1
-            return _NO_ANSWER
+            return _no_answer(context)
         tracing = self._tracing
         timing = RequestTiming(self._engine.clock.now_ns()) if tracing is not None else None
         ticket: Ticket | None = None
@@ -405,7 +405,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
             # (100 such calls for 64 MiB answers left the server 6.7 GB bigger)
             ticket = submitted = None
             if _gone(context):  # (an abort on a call gRPC has ended logs ExecuteBatchError)
-                return _NO_ANSWER
+                return _no_answer(context)
             await _abort(context, error, trace_id, request.model_name, request.model_version)
         if trace_id is not None:
             context.set_trailing_metadata((("x-trace-id", trace_id),))
@@ -855,8 +855,21 @@ def _gone(context: Any) -> bool:
     return remaining is not None and remaining <= 0
 
 
+def _no_answer(context: Any) -> Any:
+    """What a handler returns for a call its client gave up: a status, not an answer.
+
+    NOTE: past its deadline, a call may not be ended by gRPC yet: an empty message returned
+    then went out as a successful answer (OK, no outputs). With its status set, the client
+    hears DEADLINE_EXCEEDED if it still listens; on a call already ended, gRPC sends nothing."""
+    if context.cancelled():
+        context.set_code(grpc.StatusCode.CANCELLED)
+    else:
+        context.set_code(grpc.StatusCode.DEADLINE_EXCEEDED)
+        context.set_details("the call's deadline passed before the server could take it")
+    return _NO_ANSWER
+
+
 _NO_ANSWER = pb.ModelInferResponse()
-"""What a handler returns for a call already ended (gRPC sends nothing of it)."""
 
 
 async def _abort(
