@@ -7,7 +7,6 @@ Runs pass `--keep-slower` and a short `--measure-s`, as in test_optimize.py.
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 from typing import Any
 
@@ -15,24 +14,16 @@ import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper
+from test_optimize import FAST, optimize  # (the same run of the tool)
 
 from duetime.config import VariantConfig, VariantSpeed, load_model_config
 from duetime.demo import write_demo_repository
 from duetime.errors import ConfigError
 from duetime.repository.layout import scan_model
 from duetime.repository.loader import load_version
-from duetime.tools.optimize import add_arguments, run
 from duetime.tools.optimize.measure import ratio_bounds, verdict
 
 pytestmark = pytest.mark.timeout(120)
-
-FAST = ["--measure-s", "0.05", "--keep-slower", "-q"]
-
-
-def optimize(*argv: str | Path) -> int:
-    parser = argparse.ArgumentParser()
-    add_arguments(parser)
-    return run(parser.parse_args([str(a) for a in argv]))
 
 
 @pytest.fixture
