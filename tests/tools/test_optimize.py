@@ -490,8 +490,19 @@ def test_integer_only_graph_fails_every_kind_without_crashing(
     assert optimize(model, *FAST, "--samples", "8") == 1
     out = capsys.readouterr().out
     assert out.count("failed: ValueError: the graph has no FP32 weights") == 3
+    assert "calibrated on random inputs" not in out
     assert not (model / "config.toml").exists()
     assert sorted(p.name for p in (model / "1").iterdir()) == ["model.onnx"]
+
+
+def test_the_random_calibration_note_is_printed_only_for_a_built_int8_static(
+    repo: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The note about int8-static's random calibration was printed whatever the kinds' fate."""
+    assert optimize(repo / "mlp", "--kinds", "int8-dynamic", "--samples", "16", *FAST) == 0
+    assert "calibrated on random inputs" not in capsys.readouterr().out
+    assert optimize(repo / "mlp", "--kinds", "int8-static", "--samples", "16", *FAST) == 0
+    assert "int8-static was calibrated on random inputs" in capsys.readouterr().out
 
 
 def test_samples_of_an_input_with_no_shape_run_as_arrays() -> None:

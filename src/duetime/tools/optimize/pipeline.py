@@ -137,7 +137,9 @@ def _notes(
         stale = target.path.parent / r.file
         if r.status == "dropped" and stale.is_file():
             notes.append(f"{stale} (from an earlier run) is left in place, no longer listed")
-    if options.calibration is None and "int8-static" in options.kinds:
+    # (only for a variant that was built: a failed or refused int8-static calibrated nothing)
+    static_built = any(r.kind == "int8-static" and r.status != "failed" for r in results)
+    if options.calibration is None and static_built:
         notes.append("int8-static was calibrated on random inputs; --calibration FILE.npz "
                      "with real inputs gives it representative ranges")  # fmt: skip
     return notes
