@@ -31,6 +31,7 @@ from duetime.demo import write_demo_repository
 from duetime.errors import ConfigError
 from duetime.tools.optimize import add_arguments, run
 from duetime.tools.optimize.measure import compare, verdict
+from duetime.tools.optimize.options import reason_of
 from duetime.tools.optimize.records import plan_variants
 from duetime.tools.optimize.samples import batches_of, load_calibration, random_samples
 from duetime.types import ModelSignature, TensorSpec
@@ -503,6 +504,18 @@ def test_the_random_calibration_note_is_printed_only_for_a_built_int8_static(
     assert "calibrated on random inputs" not in capsys.readouterr().out
     assert optimize(repo / "mlp", "--kinds", "int8-static", "--samples", "16", *FAST) == 0
     assert "int8-static was calibrated on random inputs" in capsys.readouterr().out
+
+
+def test_an_exception_with_no_message_is_named_with_where_it_was_raised() -> None:
+    """A bare `assert` in ORT's pre-processor read "(AssertionError: )": nothing to go on."""
+    try:
+        raise AssertionError()
+    except AssertionError as exc:
+        line = exc.__traceback__.tb_lineno if exc.__traceback__ else 0
+        reason = reason_of(exc)
+    assert reason == f"AssertionError at test_optimize.py:{line}"
+    assert reason_of(ValueError("  \n")) == "ValueError at an unknown place"
+    assert reason_of(ValueError("bad shape\nmore")) == "ValueError: bad shape"
 
 
 def test_samples_of_an_input_with_no_shape_run_as_arrays() -> None:

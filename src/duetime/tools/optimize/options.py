@@ -3,6 +3,7 @@ defaults, `OptimizeOptions`, and `OptimizeError`. Light: the CLI surface imports
 
 from __future__ import annotations
 
+import traceback
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -37,7 +38,19 @@ def file_of(kind: Kind) -> str:
 
 
 def reason_of(exc: BaseException) -> str:
-    """One line for a table cell: the exception's type and the first line of its message."""
+    """One line for a table cell: the exception's type and the first line of its message, or,
+    for one with no message (a bare `assert` in a converter), where it was raised."""
     text = (exc.message if isinstance(exc, DuetimeError) else str(exc)).strip().splitlines()
     first = text[0] if text else ""
+    if not first:
+        return f"{type(exc).__name__} at {raised_at(exc)}"
     return f"{type(exc).__name__}: {first[:200]}"
+
+
+def raised_at(exc: BaseException) -> str:
+    """The file name and line of the frame that raised `exc` ("shape_inference.py:312"), or
+    "an unknown place" when it has no traceback."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    if not frames:
+        return "an unknown place"
+    return f"{Path(frames[-1].filename).name}:{frames[-1].lineno}"
