@@ -518,6 +518,21 @@ def test_an_exception_with_no_message_is_named_with_where_it_was_raised() -> Non
     assert reason_of(ValueError("bad shape\nmore")) == "ValueError: bad shape"
 
 
+def test_a_triton_config_pbtxt_is_refused_before_any_kind_is_built(
+    repo: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """It was refused only when the results were written: after every kind was built and timed."""
+    model = repo / "mlp"
+    (model / "config.toml").unlink()
+    (model / "config.pbtxt").write_text('backend: "onnxruntime"\nmax_batch_size: 64\n')
+    assert optimize(model, "--samples", "16", "--measure-s", "0.05") == 2
+    printed = capsys.readouterr()
+    said = printed.out + printed.err
+    assert "move this model's settings from Triton's config.pbtxt to config.toml first" in said
+    assert "building" not in said
+    assert sorted(p.name for p in (model / "1").iterdir()) == ["model.onnx"]
+
+
 def test_samples_of_an_input_with_no_shape_run_as_arrays() -> None:
     """A graph input with no declared shape (any rank) gave per-sample numpy scalars, which ORT
     refuses ("Unable to handle object of type numpy.float32"): optimize failed on such a model

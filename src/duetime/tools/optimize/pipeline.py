@@ -28,7 +28,7 @@ from duetime.tools.optimize.options import (
     file_of,
     reason_of,
 )
-from duetime.tools.optimize.records import stage, update_config
+from duetime.tools.optimize.records import config_file, stage, update_config
 from duetime.tools.optimize.report import OptimizeReport, VariantResult
 from duetime.tools.optimize.samples import (
     SEED,
@@ -83,6 +83,9 @@ def optimize(options: OptimizeOptions, say: Callable[[str], None]) -> OptimizeRe
     """
     started = time.perf_counter()
     target = resolve_target(options.model_dir, options.version)
+    # NOTE: before anything is built: a config the results cannot be written to was refused
+    # only after every kind was built and timed (minutes, for a big model)
+    config_file(target.model_dir)
     config = load_model_config(target.model_dir)
     primary = open_session(target.path, session_options(intra_op_threads=1, inter_op_threads=1))
     signature = reconcile(config, *graph_specs(primary, target.path), source=str(target.model_dir))

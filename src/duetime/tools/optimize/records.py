@@ -48,7 +48,9 @@ def plan_variants(
     return before + block + after
 
 
-def _config_path(model_dir: Path) -> Path:
+def config_file(model_dir: Path) -> Path:
+    """The config file the optimizer will write; ConfigError for Triton's config.pbtxt, which it
+    does not write."""
     found = find_config_file(model_dir)
     if found is not None and found.suffix == ".pbtxt":
         raise ConfigError(
@@ -115,7 +117,7 @@ def update_config(model_dir: Path, results: Sequence[VariantResult]) -> tuple[Pa
 
     Returns the path and the new text, validated but not yet written (see `stage`).
     """
-    path = _config_path(model_dir)
+    path = config_file(model_dir)
     text = path.read_text(encoding="utf-8") if path.is_file() else ""
     data = read_config_file(path) if text else {}
     existing = parse_model_config(data, source=str(path)).variants
