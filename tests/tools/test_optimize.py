@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import subprocess
 import sys
 import tomllib
@@ -29,7 +30,7 @@ from duetime.config import (
 )
 from duetime.demo import write_demo_repository
 from duetime.errors import ConfigError
-from duetime.tools.optimize import add_arguments, run
+from duetime.tools.optimize import add_arguments, build, run
 from duetime.tools.optimize.measure import compare, verdict
 from duetime.tools.optimize.options import reason_of
 from duetime.tools.optimize.records import plan_variants
@@ -107,6 +108,42 @@ def test_without_sympy_quantization_is_pre_processed_all_but_symbolic_shapes(
     (note,) = [line for line in printed.out.splitlines() if "install sympy" in line]
     assert "without symbolic shape inference" in note
     assert not [r for r in caplog.records if "pre-processing" in r.getMessage()]
+
+
+def test_ort_s_advice_to_pre_process_is_not_printed_when_pre_processing_failed(
+    repo: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """When pre-processing fails the model is quantized as is, and ORT's quantizers logged
+    "WARNING root: Please consider to run pre-processing..." next to duetime's own note."""
+
+    def fails(*args: object, **kwargs: object) -> None:
+        raise AssertionError()
+
+    monkeypatch.setattr(build, "quant_pre_process", fails)
+    root = logging.getLogger()
+    filters, handlers = list(root.filters), list(root.handlers)
+    with caplog.at_level("WARNING"):
+        kinds = ["--kinds", "int8-dynamic,int8-static"]
+        assert optimize(repo / "mlp", *kinds, "--samples", "16", *FAST) == 0
+    assert not [r for r in caplog.records if "pre-processing" in r.getMessage()]
+    assert "pre-processing failed (AssertionError at test_optimize.py" in capsys.readouterr().out
+    assert (root.filters, root.handlers) == (filters, handlers)
+
+
+def test_the_quantizer_advice_filter_leaves_other_records_and_no_handler_behind() -> None:
+    root = logging.getLogger()
+    saved = root.handlers[:]
+    root.handlers.clear()  # (as in a plain run: logging.warning would call basicConfig)
+    try:
+        with build.quiet_quantizer_advice():
+            logging.warning(build.PRE_PROCESS_ADVICE)
+        assert root.handlers == []
+        assert root.filters == []
+    finally:
+        root.handlers[:] = saved
 
 
 # -- pure parts ----------------------------------------------------------------------------------

@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import heapq
 import importlib.util
+import logging
 import secrets
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -61,6 +64,38 @@ def _prepare(model: Path, scratch: Path) -> tuple[Path, str | None]:
             "sympy (pip install sympy)"
         )
     return prepared, None
+
+
+PRE_PROCESS_ADVICE = "pre-processing before quantization"
+"""In what ORT's quantizers log on the root logger for a model not pre-processed ("Please
+consider to run pre-processing before quantization", "Please consider pre-processing before
+quantization"): duetime has pre-processed it when it could, and says so itself when it could
+not."""
+
+
+class _DropAdvice(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return PRE_PROCESS_ADVICE not in record.getMessage()
+
+
+@contextmanager
+def quiet_quantizer_advice() -> Iterator[None]:
+    """Within: ORT's PRE_PROCESS_ADVICE is dropped from the root logger; all as it was after.
+
+    NOTE: ORT logs it with `logging.warning`, which gives a root logger with no handler one of
+    its own (basicConfig) that would stay: a NullHandler stands in while quantizing."""
+    root = logging.getLogger()
+    drop = _DropAdvice()
+    stand_in = logging.NullHandler() if not root.handlers else None
+    root.addFilter(drop)
+    if stand_in is not None:
+        root.addHandler(stand_in)
+    try:
+        yield
+    finally:
+        root.removeFilter(drop)
+        if stand_in is not None:
+            root.removeHandler(stand_in)
 
 
 def _float_weights(model: onnx.ModelProto) -> int:
@@ -124,15 +159,17 @@ def _convert(
         model.graph.node.extend(nodes)
         onnx.save(model, str(out))
     elif kind == "int8-dynamic":
-        quantize_dynamic(str(prepared), str(out), op_types_to_quantize=_DYNAMIC_OPS)
+        with quiet_quantizer_advice():
+            quantize_dynamic(str(prepared), str(out), op_types_to_quantize=_DYNAMIC_OPS)
     else:
         # NOTE: uint8 activations (U8S8): with ORT's default int8 ones (S8S8) its CPU graph
         # optimiser fused only 3 of the demo resnet's 8 QDQ convolutions into QLinearConv and
         # the model ran no faster than fp32; with U8S8 all fuse and it ran 2.5-3x faster.
-        quantize_static(
-            str(prepared), str(out), _Reader(calib), quant_format=QuantFormat.QDQ,
-            per_channel=pc, activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8,
-        )  # fmt: skip
+        with quiet_quantizer_advice():
+            quantize_static(
+                str(prepared), str(out), _Reader(calib), quant_format=QuantFormat.QDQ,
+                per_channel=pc, activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8,
+            )  # fmt: skip
     wanted = (
         (onnx.TensorProto.FLOAT16,)
         if kind == "fp16"
