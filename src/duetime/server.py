@@ -26,7 +26,7 @@ from duetime.frontend.sharedmemory import SharedMemoryRegions
 from duetime.loops import BusyPoll
 from duetime.observability.exporter import MetricsExporter
 from duetime.observability.logsettings import LogSettings
-from duetime.observability.metrics import CaptureCollector
+from duetime.observability.metrics import CaptureCollector, GrpcCollector
 from duetime.observability.tracesettings import trace_settings_of
 from duetime.observability.tracing import Tracing, tracing_from_env
 from duetime.overload import LoadShedder
@@ -249,6 +249,7 @@ class Server:
             # host (a test, a benchmark, another replica) still serves inference.
             log.warning("%s; serving without metrics", exc.message)
             return None
+        exporter.registry.register(GrpcCollector(self._grpc_service))
         self._metrics = exporter
         return port
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -105,3 +106,14 @@ def test_grpc_s_error_for_an_answer_to_an_ended_call_is_not_logged(
             except Exception:
                 logger.exception("raised in core by servicer method [ModelInfer]")
     assert [r.exc_info[1] for r in caplog.records if r.exc_info] == [error]
+
+
+def test_calls_gone_before_their_handler_are_counted_on_metrics(server: RunningServer) -> None:
+    service = server.server._grpc_service
+    call = service.ModelInfer(mlp_request(), GoneContext(cancelled=True, remaining=None))
+    asyncio.run_coroutine_threadsafe(call, server.loop).result(timeout=30)
+    port = server.addresses.metrics_port
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as answer:
+        text = answer.read().decode()
+    (line,) = [x for x in text.splitlines() if x.startswith("duetime_grpc_calls_gone_total ")]
+    assert float(line.split()[1]) == service.gone_calls >= 1

@@ -444,3 +444,19 @@ class CaptureCollector:
             "duetime_capture_buffered", "Sampled requests waiting for the capture writer.",
             value=stats.buffered,
         )  # fmt: skip
+
+
+class GrpcCollector:
+    """The gRPC front end's own counts (frontend/grpc.py `InferenceService`)."""
+
+    def __init__(self, service: Any) -> None:
+        self._service = service
+
+    def collect(self) -> Iterator[Metric]:
+        yield CounterMetricFamily(
+            "duetime_grpc_calls_gone",
+            "ModelInfer calls whose client had gone (cancelled, or past its deadline) before "
+            "their handler ran: neither decoded nor run. Many mean calls wait in gRPC's own "
+            "queue: the server is past its gRPC capacity.",
+            value=self._service.gone_calls,
+        )
