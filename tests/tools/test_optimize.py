@@ -31,7 +31,7 @@ from duetime.config import (
 from duetime.demo import write_demo_repository
 from duetime.errors import ConfigError
 from duetime.tools.optimize import add_arguments, build, run
-from duetime.tools.optimize.measure import compare, verdict
+from duetime.tools.optimize.measure import compare, ranking_keys, verdict
 from duetime.tools.optimize.options import reason_of
 from duetime.tools.optimize.records import plan_variants
 from duetime.tools.optimize.samples import batches_of, load_calibration, random_samples
@@ -209,11 +209,11 @@ def test_verdict(measured: VariantSpeed, keep_slower: bool, status: str, says: s
 
 
 def entry(
-    name: str, kind: str, agreement: float | None = None, error: float = 0.1
+    name: str, kind: str, agreement: float | None = None, error: float = 0.1, samples: int = 1000
 ) -> VariantConfig:
     quality = None
     if agreement is not None:
-        quality = VariantQuality(max_abs_error=error, argmax_agreement=agreement, samples=8)
+        quality = VariantQuality(max_abs_error=error, argmax_agreement=agreement, samples=samples)
     return VariantConfig(name=name, file=f"{name}.onnx", kind=kind, quality=quality)  # type: ignore[arg-type]
 
 
@@ -224,10 +224,47 @@ def test_plan_sorts_the_optimizer_kinds_best_first_in_place_of_the_old_ones() ->
         entry("dyn", "int8-dynamic", 0.95),
         entry("tinier", "model"),
     ]
-    new = [entry("st", "int8-static", 0.99), entry("new16", "fp16", 1.0, 0.002)]
+    new = [entry("st", "int8-static", 0.98), entry("new16", "fp16", 1.0, 0.002)]
     plan = plan_variants(existing, {"fp16", "int8-static"}, new)
     names = [existing[e].name if isinstance(e, int) else e.name for e in plan]
     assert names == ["tiny", "new16", "st", "dyn", "tinier"]
+
+
+def test_argmax_agreements_within_sampling_noise_rank_by_the_error() -> None:
+    """On 256 samples int8-static agreed on 2 more (0.992, max error 0.566) than int8-dynamic
+    (0.984, max error 0.092) and was ranked first on that alone."""
+    new = [
+        entry("int8-static", "int8-static", 0.992, 0.566, samples=256),
+        entry("int8-dynamic", "int8-dynamic", 0.984, 0.092, samples=256),
+    ]
+    plan = plan_variants([], {"int8-static", "int8-dynamic"}, new)
+    assert [e.name for e in plan if not isinstance(e, int)] == ["int8-dynamic", "int8-static"]
+
+
+@pytest.mark.parametrize(
+    ("agreements", "samples", "ranked"),
+    [
+        ((0.992, 0.984), 256, [1, 0]),  # 2 samples apart: noise, the error decides
+        ((0.996, 0.965), 256, [0, 1]),  # 8 samples apart: the argmax decides
+        ((1.0, 0.9375), 16, [1, 0]),  # one sample of 16: noise
+        ((1.0, 0.875), 16, [0, 1]),  # two of 16
+    ],
+)
+def test_ranking_keys_treat_argmax_within_noise_as_equal(
+    agreements: tuple[float, float], samples: int, ranked: list[int]
+) -> None:
+    errors = (0.5, 0.1)  # the first agrees more often, the second is closer
+    keys = ranking_keys(
+        [VariantQuality(max_abs_error=e, argmax_agreement=a, samples=samples)
+         for a, e in zip(agreements, errors, strict=True)]
+    )  # fmt: skip
+    assert sorted(range(2), key=keys.__getitem__) == ranked
+
+
+def test_a_variant_with_no_quality_ranks_last() -> None:
+    worst = VariantQuality(max_abs_error=9.0, argmax_agreement=0.0, samples=4)
+    unknown, known = ranking_keys([None, worst])
+    assert unknown > known
 
 
 def test_plan_puts_new_kinds_first_when_none_were_listed() -> None:

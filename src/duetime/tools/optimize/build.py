@@ -28,7 +28,7 @@ from onnxruntime.transformers.float16 import convert_float_to_float16
 
 from duetime.config import VariantQuality
 from duetime.execution.ort import graph_specs, open_session, session_options
-from duetime.tools.optimize.measure import compare, quality_key
+from duetime.tools.optimize.measure import compare, ranking_keys
 from duetime.tools.optimize.options import Kind, file_of, reason_of
 from duetime.tools.optimize.probe import check_graph, check_loads, save_feeds
 from duetime.tools.optimize.samples import Feeds, batches_of, run_all
@@ -228,7 +228,8 @@ class Builder:
             for c in candidates:
                 c.temp.unlink(missing_ok=True)
             raise
-        best = min(candidates, key=lambda c: quality_key(c.quality))
+        keys = ranking_keys([c.quality for c in candidates])
+        best = candidates[keys.index(min(keys))]
         for c in candidates:
             if c is not best:
                 c.temp.unlink(missing_ok=True)

@@ -16,7 +16,7 @@ import yaml
 
 from duetime.config import VariantConfig, find_config_file, parse_model_config, read_config_file
 from duetime.errors import ConfigError
-from duetime.tools.optimize.measure import quality_key
+from duetime.tools.optimize.measure import ranking_keys
 from duetime.tools.optimize.options import KINDS
 from duetime.tools.optimize.report import VariantResult
 
@@ -41,7 +41,8 @@ def plan_variants(
     kept = [i for i, v in enumerate(existing) if v.kind not in replaced]
     block: list[int | VariantConfig] = [i for i in kept if existing[i].kind in ours]
     block += list(new)
-    block.sort(key=lambda e: quality_key(existing[e].quality if isinstance(e, int) else e.quality))
+    keys = ranking_keys([existing[e].quality if isinstance(e, int) else e.quality for e in block])
+    block = [e for _, e in sorted(zip(keys, block, strict=True), key=lambda pair: pair[0])]
     at = next((i for i, v in enumerate(existing) if v.kind in ours), -1)
     before: list[int | VariantConfig] = [i for i in kept if existing[i].kind not in ours and i < at]
     after: list[int | VariantConfig] = [i for i in kept if existing[i].kind not in ours and i > at]
