@@ -31,7 +31,7 @@ from duetime.config import (
 from duetime.demo import write_demo_repository
 from duetime.errors import ConfigError
 from duetime.tools.optimize import add_arguments, build, run
-from duetime.tools.optimize.measure import compare, ranking_keys, verdict
+from duetime.tools.optimize.measure import compare, constant_class, ranking_keys, verdict
 from duetime.tools.optimize.options import reason_of
 from duetime.tools.optimize.records import plan_variants
 from duetime.tools.optimize.samples import batches_of, load_calibration, random_samples
@@ -144,6 +144,35 @@ def test_the_quantizer_advice_filter_leaves_other_records_and_no_handler_behind(
         assert root.filters == []
     finally:
         root.handlers[:] = saved
+
+
+def test_a_model_that_answers_one_class_for_every_sample_gets_a_note(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The demo resnet answers class 7 for every random sample: argmax agreement 1.000 says
+    nothing, yet variants were ranked by it first, and nothing said so."""
+    model = tmp_path / "fixed"
+    (model / "1").mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    weights = helper.make_tensor(
+        "w", TensorProto.FLOAT, [16, 4], (rng.standard_normal((16, 4)) * 0.01).flatten().tolist()
+    )
+    bias = helper.make_tensor("b", TensorProto.FLOAT, [4], [0.0, 0.0, 5.0, 0.0])
+    graph = helper.make_graph(
+        [helper.make_node("Gemm", ["x", "w", "b"], ["y"])],
+        "fixed",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4])],
+        initializer=[weights, bias],
+    )
+    onnx_model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    onnx_model.ir_version = 8
+    onnx.save(onnx_model, str(model / "1" / "model.onnx"))
+    (model / "config.toml").write_text("max_batch_size = 8\n")
+    assert optimize(model, "--kinds", "int8-dynamic", "--samples", "16", *FAST) == 0
+    (note,) = [line for line in capsys.readouterr().out.splitlines() if "class 2" in line]
+    assert note.startswith("fixed answers class 2 for every quality sample")
+    assert "ranked by max abs error" in note
 
 
 # -- pure parts ----------------------------------------------------------------------------------
@@ -265,6 +294,20 @@ def test_a_variant_with_no_quality_ranks_last() -> None:
     worst = VariantQuality(max_abs_error=9.0, argmax_agreement=0.0, samples=4)
     unknown, known = ranking_keys([None, worst])
     assert unknown > known
+
+
+def test_constant_class_is_the_class_every_sample_and_position_picks() -> None:
+    always_2 = np.array([[0.1, 0.2, 0.9], [0.3, 0.0, 0.5]], dtype=np.float32)
+    assert constant_class(always_2) == 2
+    assert constant_class(np.array([[0.9, 0.1], [0.1, 0.9]], dtype=np.float32)) is None
+    assert constant_class(np.zeros((4, 1), dtype=np.float32)) is None  # (no classes)
+    assert constant_class(always_2[:1]) is None  # (one sample: nothing to say)
+
+
+def test_when_argmax_says_nothing_the_plan_ranks_by_the_error() -> None:
+    new = [entry("int8-static", "int8-static", 1.0, 0.5), entry("fp16", "fp16", 0.9, 0.001)]
+    plan = plan_variants([], {"int8-static", "fp16"}, new, by_argmax=False)
+    assert [e.name for e in plan if not isinstance(e, int)] == ["fp16", "int8-static"]
 
 
 def test_plan_puts_new_kinds_first_when_none_were_listed() -> None:

@@ -203,8 +203,10 @@ class Builder:
         samples: Feeds,
         calib: Feeds,
         scratch: Path,
+        by_argmax: bool = True,
     ) -> None:
         self.model, self.signature, self.scratch = model, signature, scratch
+        self.by_argmax = by_argmax
         self.batches, self.calib = batches_of(samples, signature), batches_of(calib, signature)
         self.options = session_options(intra_op_threads=1, inter_op_threads=1)
         self.float_weights = _float_weights(onnx.load(str(model), load_external_data=False))
@@ -228,7 +230,7 @@ class Builder:
             for c in candidates:
                 c.temp.unlink(missing_ok=True)
             raise
-        keys = ranking_keys([c.quality for c in candidates])
+        keys = ranking_keys([c.quality for c in candidates], self.by_argmax)
         best = candidates[keys.index(min(keys))]
         for c in candidates:
             if c is not best:

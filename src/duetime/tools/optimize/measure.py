@@ -68,10 +68,25 @@ def argmax_tolerance(samples: int) -> float:
     return max(ARGMAX_NOISE, 1.5 / samples) if samples > 0 else 1.0
 
 
-def ranking_keys(qualities: Sequence[VariantQuality | None]) -> list[tuple[int, float]]:
+def constant_class(reference: np.ndarray) -> int | None:
+    """The class the primary's first output (`reference`, samples first) picks for every sample
+    and position, when it always picks the same one (its argmax agreement then says nothing);
+    None otherwise, or when it has no classes to pick from."""
+    if reference.dtype.kind not in "biuf" or reference.ndim < 2 or reference.shape[-1] < 2:
+        return None
+    classes = reference.argmax(-1)
+    if len(reference) < 2 or not np.all(classes == classes.flat[0]):
+        return None
+    return int(classes.flat[0])
+
+
+def ranking_keys(
+    qualities: Sequence[VariantQuality | None], by_argmax: bool = True
+) -> list[tuple[int, float]]:
     """Sort keys, best first, for `qualities` ranked together: how many noise widths
     (`argmax_tolerance`) a variant's argmax agreement lies below the best one's (0: within the
-    noise of it), then its max abs error.
+    noise of it), then its max abs error. `by_argmax` False (see `constant_class`): the error
+    alone.
 
     NOTE: measured from the best one rather than pairwise: "within noise of each other" is not
     transitive, and a sort needs keys that are."""
@@ -79,9 +94,13 @@ def ranking_keys(qualities: Sequence[VariantQuality | None]) -> list[tuple[int, 
     return [
         (UNRANKED, float("inf"))
         if q is None
-        else (int((best - q.argmax_agreement) / argmax_tolerance(q.samples)), q.max_abs_error)
+        else (_noise_widths(best, q) if by_argmax else 0, q.max_abs_error)
         for q in qualities
     ]
+
+
+def _noise_widths(best: float, quality: VariantQuality) -> int:
+    return int((best - quality.argmax_agreement) / argmax_tolerance(quality.samples))
 
 
 Bounds = tuple[float, float]

@@ -20,7 +20,7 @@ from duetime.repository.layout import MODEL_FILENAME, scan_model
 from duetime.repository.loader import reconcile
 from duetime.repository.tritonconfig import load_model_config
 from duetime.tools.optimize.build import Builder, Built
-from duetime.tools.optimize.measure import Bounds, rounded, speeds, verdict
+from duetime.tools.optimize.measure import Bounds, constant_class, rounded, speeds, verdict
 from duetime.tools.optimize.options import (
     Kind,
     OptimizeError,
@@ -92,10 +92,11 @@ def optimize(options: OptimizeOptions, say: Callable[[str], None]) -> OptimizeRe
     samples, calib, source = _sample_sets(options, signature)
     samples, reference = _reference(primary, samples, signature, options.calibration is None)
     say(f"{target.model_dir.name} version {target.version}: {len(reference[0])} samples ({source})")
+    fixed = constant_class(reference[0])
     results: list[VariantResult] = []
     built: list[Built] = []
     with tempfile.TemporaryDirectory(prefix="duetime-optimize-") as scratch:
-        builder = Builder(target.path, signature, samples, calib, Path(scratch))
+        builder = Builder(target.path, signature, samples, calib, Path(scratch), fixed is None)
         try:
             for kind in options.kinds:
                 say(f"building {kind}")
@@ -115,11 +116,13 @@ def optimize(options: OptimizeOptions, say: Callable[[str], None]) -> OptimizeRe
                 for i, b in enumerate(built)
             ]
             results.sort(key=lambda r: options.kinds.index(r.kind))
-            config_path = _commit(target, results, built)
+            config_path = _commit(target, results, built, fixed is None)
         finally:
             for b in built:
                 b.temp.unlink(missing_ok=True)
     notes = builder.notes + _notes(options, target, results, config_path)
+    if fixed is not None:
+        notes.insert(0, _constant_class_note(target, fixed))
     return OptimizeReport(
         model=target.model_dir.name, version=target.version, samples=len(reference[0]),
         sample_source=source, max_batch=signature.max_batch_size if top else 0,
@@ -146,6 +149,14 @@ def _notes(
         notes.append("int8-static was calibrated on random inputs; --calibration FILE.npz "
                      "with real inputs gives it representative ranges")  # fmt: skip
     return notes
+
+
+def _constant_class_note(target: Target, fixed: int) -> str:
+    return (
+        f"{target.model_dir.name} answers class {fixed} for every quality sample, so argmax "
+        "agreement says nothing of a variant: variants are ranked by max abs error instead "
+        "(samples of real inputs, --calibration FILE.npz, would tell more)"
+    )
 
 
 def _sample_sets(options: OptimizeOptions, signature: ModelSignature) -> tuple[Feeds, Feeds, str]:
@@ -231,16 +242,19 @@ def _measured(
     return VariantResult(built.kind, file_of(built.kind), status, reason, quality, speed)
 
 
-def _commit(target: Target, results: list[VariantResult], built: list[Built]) -> Path | None:
+def _commit(
+    target: Target, results: list[VariantResult], built: list[Built], by_argmax: bool
+) -> Path | None:
     """Move the kept files into place, then write the config (so a reader never finds an entry
-    without its file). Returns the config path, or None when nothing was measured.
+    without its file), its variants ranked `by_argmax`. Returns the config path, or None when
+    nothing was measured.
 
     OptimizeError naming the file when one cannot be written; the folders are then as they were:
     the config is staged first (a folder that is not writable stops the run there), and should a
     later step fail, the files moved are moved back."""
     if all(r.status == "failed" for r in results):
         return None
-    path, text = update_config(target.model_dir, results)
+    path, text = update_config(target.model_dir, results, by_argmax)
     kept = {r.kind for r in results if r.status == "kept"}
     try:
         staged = stage(path, text.encode("utf-8"))

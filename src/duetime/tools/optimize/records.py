@@ -29,19 +29,23 @@ def _entry(result: VariantResult) -> VariantConfig:
 
 
 def plan_variants(
-    existing: Sequence[VariantConfig], replaced: set[str], new: Sequence[VariantConfig]
+    existing: Sequence[VariantConfig],
+    replaced: set[str],
+    new: Sequence[VariantConfig],
+    by_argmax: bool = True,
 ) -> list[int | VariantConfig]:
     """The new `variants` list: an int keeps that entry of `existing` as it is written.
 
     Entries of the `replaced` kinds go; the optimizer's kinds (new and kept) are sorted best
-    first and take the place of the first such entry, or the front; other entries (kind
-    "model") keep their order around them.
+    first (`ranking_keys`, `by_argmax`) and take the place of the first such entry, or the
+    front; other entries (kind "model") keep their order around them.
     """
     ours = set(KINDS)
     kept = [i for i, v in enumerate(existing) if v.kind not in replaced]
     block: list[int | VariantConfig] = [i for i in kept if existing[i].kind in ours]
     block += list(new)
-    keys = ranking_keys([existing[e].quality if isinstance(e, int) else e.quality for e in block])
+    qualities = [existing[e].quality if isinstance(e, int) else e.quality for e in block]
+    keys = ranking_keys(qualities, by_argmax)
     block = [e for _, e in sorted(zip(keys, block, strict=True), key=lambda pair: pair[0])]
     at = next((i for i, v in enumerate(existing) if v.kind in ours), -1)
     before: list[int | VariantConfig] = [i for i in kept if existing[i].kind not in ours and i < at]
@@ -113,8 +117,11 @@ def _render_yaml(data: dict[str, Any], plan: list[int | VariantConfig]) -> str:
     return text
 
 
-def update_config(model_dir: Path, results: Sequence[VariantResult]) -> tuple[Path, str]:
-    """Rewrite the `variants` of the model's config for the kinds measured in `results`.
+def update_config(
+    model_dir: Path, results: Sequence[VariantResult], by_argmax: bool = True
+) -> tuple[Path, str]:
+    """Rewrite the `variants` of the model's config for the kinds measured in `results`, ranked
+    `by_argmax` (see `ranking_keys`).
 
     Returns the path and the new text, validated but not yet written (see `stage`).
     """
@@ -123,7 +130,8 @@ def update_config(model_dir: Path, results: Sequence[VariantResult]) -> tuple[Pa
     data = read_config_file(path) if text else {}
     existing = parse_model_config(data, source=str(path)).variants
     replaced: set[str] = {r.kind for r in results if r.status != "failed"}
-    plan = plan_variants(existing, replaced, [_entry(r) for r in results if r.status == "kept"])
+    new = [_entry(r) for r in results if r.status == "kept"]
+    plan = plan_variants(existing, replaced, new, by_argmax)
     if path.suffix == ".toml":
         new_text = _render_toml(text, plan)
         check = tomllib.loads(new_text)
