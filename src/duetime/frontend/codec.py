@@ -538,6 +538,8 @@ JSON_VALUE_BYTES = {
 }  # fmt: skip
 """The longest one value of each numeric datatype is written as JSON (`false`, `-2147483648`;
 a float in its shortest exact form, `-0.0000050164504` as FP32)."""
+JSON_VALUE_MAX_BYTES = max(JSON_VALUE_BYTES.values()) + 1
+"""The most any one number takes as JSON, with its comma."""
 
 
 def json_size(array: np.ndarray, datatype: str) -> int:
