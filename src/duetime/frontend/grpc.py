@@ -547,8 +547,8 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         # (its due time counts from here, and a capture stamps its arrival here, as HTTP's: the
         # capture's `due_in_ns` was short by the decoding, and each replay's due time shrank)
         received = self._engine.clock.now_ns()
-        parameters = _parameters(request.parameters)
-        check_grpc_parameters(_kinds(request.parameters))
+        parameters, kinds = _parameters_and_kinds(request.parameters)
+        check_grpc_parameters(kinds)
         expected = self._signatures.expected(request.model_name, request.model_version or None)
         if expected is not None:
             expected.outputs(len(request.outputs))
@@ -802,17 +802,21 @@ def _wants_grpc_errors(context: Any) -> bool:
     return _Metadata(context).get(GRPC_ERROR_HEADER, "").strip().lower() == "true"
 
 
-def _kinds(parameters: Mapping[str, Any]) -> dict[str, str | None]:
-    """Each parameter's `InferParameter` field (`int64_param`, ...; None: none set)."""
-    return {key: parameter.WhichOneof("parameter_choice") for key, parameter in parameters.items()}
-
-
 def _parameters(parameters: Mapping[str, Any]) -> dict[str, Any]:
+    return _parameters_and_kinds(parameters)[0]
+
+
+def _parameters_and_kinds(
+    parameters: Mapping[str, Any],
+) -> tuple[dict[str, Any], dict[str, str | None]]:
+    """Each parameter's value, and its `InferParameter` field (`int64_param`, ...; None: none
+    set), read in one pass."""
     values: dict[str, Any] = {}
+    kinds: dict[str, str | None] = {}
     for key, parameter in parameters.items():
-        choice = parameter.WhichOneof("parameter_choice")
+        choice = kinds[key] = parameter.WhichOneof("parameter_choice")
         values[key] = None if choice is None else getattr(parameter, choice)
-    return values
+    return values, kinds
 
 
 STREAM = "grpc-stream"
