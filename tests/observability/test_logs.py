@@ -53,6 +53,40 @@ def test_failed_and_sampled_requests_are_logged(
     assert any(getattr(r, "status", 0) == 200 for r in records)
 
 
+def test_kserve_v1_predicts_are_logged_as_v2_inferences_are(
+    demo_repo: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A V1 `:predict` got no access-log line, and a failed one's line named the model
+    'mlp:predict'; the trace id of its traceparent comes back in x-trace-id."""
+    settings = ServerSettings(
+        model_repository=demo_repo, http_port=0, grpc_port=0, access_log_sample=1.0
+    )
+    running, thread = start_server(settings)
+    host, port = running.http.split(":")
+    statuses = []
+    try:
+        with caplog.at_level(logging.INFO, logger="duetime.requests"):
+            for values in ([0.5] * 40, [0.5] * 3):
+                connection = http.client.HTTPConnection(host, int(port))
+                body = json.dumps({"instances": [values]})
+                connection.request(
+                    "POST", "/v1/models/mlp:predict", body, {"traceparent": TRACEPARENT}
+                )
+                response = connection.getresponse()
+                response.read()
+                connection.close()
+                statuses.append((response.status, response.getheader("x-trace-id")))
+    finally:
+        stop_server(running, thread)
+    trace_id = "4bf92f3577b34da6a3ce929d0e0e4736"
+    assert statuses == [(200, trace_id), (400, trace_id)]
+    records = [r for r in caplog.records if r.name == "duetime.requests"]
+    assert [(r.status, r.model, r.trace_id) for r in records] == [  # type: ignore[attr-defined]
+        (200, "mlp", trace_id),
+        (400, "mlp", trace_id),
+    ]
+
+
 def test_json_lines_carry_the_request_fields() -> None:
     record = logging.LogRecord("duetime.requests", logging.WARNING, __file__, 1, "boom", None, None)
     record.status, record.trace_id, record.model = 503, "ab" * 16, "m"

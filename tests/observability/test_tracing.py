@@ -223,3 +223,34 @@ def test_tracing_is_off_without_otel_variables() -> None:
     console = tracing_from_env({"OTEL_TRACES_EXPORTER": "console"})
     assert console is not None
     console.shutdown()
+
+
+def test_kserve_v1_predicts_get_their_span_and_trace_id(traced) -> None:
+    """V1 `:predict` had no span (answered or refused) and no `x-trace-id` on success, even
+    with a traceparent: it gets what a v2 inference gets."""
+    server, exporter, tracing = traced
+    host, port = server.http.split(":")
+    cases = {
+        "3" * 31 + "a": ([[0.5] * 40], 200, None),
+        "3" * 31 + "b": ([[0.5] * 3], 400, "shape"),
+    }
+    for trace_id, (instances, status, needle) in cases.items():
+        connection = http.client.HTTPConnection(host, int(port))
+        traceparent = {"traceparent": f"00-{trace_id}-{PARENT_ID}-01"}
+        body = json.dumps({"instances": instances})
+        connection.request("POST", "/v1/models/mlp:predict", body, traceparent)
+        response = connection.getresponse()
+        response.read()
+        connection.close()
+        assert (response.status, response.getheader("x-trace-id")) == (status, trace_id)
+        [root] = [s for s in spans_of(exporter, tracing, trace_id) if s.name == "infer mlp"]
+        assert f"{root.parent.span_id:016x}" == PARENT_ID
+        if needle is None:
+            assert root.status.is_ok
+            children = {
+                s.name for s in spans_of(exporter, tracing, trace_id)
+                if s.parent is not None and s.parent.span_id == root.context.span_id
+            }  # fmt: skip
+            assert children == STAGES
+        else:
+            assert needle in root.status.description

@@ -380,6 +380,8 @@ class RestApi:
     ) -> Reply:
         """The error reply of a request to `parts` (see `failed_reply`)."""
         model = parts[2] if len(parts) > 2 and parts[1] == "models" else ""
+        if parts[:1] == ["v1"] and ":" in model:  # (`/v1/models/<m>:predict` names model <m>)
+            model = model.rpartition(":")[0]
         version = parts[4] if len(parts) > 4 and parts[3] == "versions" else None
         return failed_reply(exc, headers, model, version, trace_id)
 
@@ -574,24 +576,37 @@ class RestApi:
             raise _method_not_allowed("POST")
         return self._v1_predict(model, headers, body)
 
-    def _v1_predict(self, model: str, headers: Mapping[str, str], body: bytes) -> PendingReply:
-        body = _decoded(body, headers.get("content-encoding"), self._settings.max_body_bytes)
-        self._check_json_size(len(body))
-        signature = self._engine.registry.resolve(model, None).model.signature
-        doc = _json_object(body, "predict request")
-        request = InferRequest(model, v1_inputs(doc, signature, model), headers=headers)
-        request.protocol = "http"
-        request.arrival_ns = self.turn.arrival_ns(self._engine.clock.now_ns())
-        ticket = self._engine.submit(request)
+    def _v1_predict(
+        self, model: str, headers: Mapping[str, str], body: bytes
+    ) -> Reply | PendingReply:
+        """A V1 predict, traced and logged as a v2 inference is (`_refused`, `_answered`): its
+        span, `x-trace-id`, a failure's log line and the sampled access log."""
+        received = self._engine.clock.now_ns() if self._tracing is not None else 0
+        try:
+            body = _decoded(body, headers.get("content-encoding"), self._settings.max_body_bytes)
+            self._check_json_size(len(body))
+            signature = self._engine.registry.resolve(model, None).model.signature
+            doc = _json_object(body, "predict request")
+            request = InferRequest(model, v1_inputs(doc, signature, model), headers=headers)
+            request.protocol = "http"
+            now = self._engine.clock.now_ns()
+            if self._tracing is not None:
+                request.timing = RequestTiming(received, decoded_ns=now)
+            request.arrival_ns = self.turn.arrival_ns(now)
+            ticket = self._engine.submit(request)
+        except DuetimeError as exc:
+            if self._tracing is None:
+                raise
+            return self._refused(exc, model, None, headers, received)
         batched = signature.max_batch_size > 0
         return PendingReply(ticket, lambda done: self._v1_reply(done, request, batched))
 
     def _v1_reply(self, ticket: Ticket, request: InferRequest, batched: bool) -> Reply:
         error = ticket.failure()  # read, not raised: see Ticket.failure
         if error is not None:
-            return self._failed(error, request.headers, ["v1", "models", request.model])
+            return self._answered(ticket, request, error)
         outputs = ticket.response(request.id).outputs
-        return Reply(200, v1_predictions(outputs, batched), (_JSON,))
+        return self._answered(ticket, request, Reply(200, v1_predictions(outputs, batched)))
 
     def _health(self, which: str) -> Reply:
         if which == "live":
