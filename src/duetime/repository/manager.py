@@ -340,7 +340,12 @@ class ModelManager:
 
         `files` (path in the model's folder -> content, with `config`: Triton's load with
         `file:` parameters) form a folder of their own that is served in place of the
-        repository's until the model is unloaded; a failed load leaves what served before."""
+        repository's until the model is unloaded.
+
+        An explicit load is all or nothing, as Triton's: one that fails (a version that cannot
+        load, files that never settle) serves none of the versions it loaded and drops its
+        `config` and `files`; what served before serves on. Watcher and lazy loads serve what
+        loaded (a broken new version does not hold back a good one)."""
         check_model_name(name)
         if files and config is None:
             raise InvalidInput(
@@ -489,6 +494,10 @@ class ModelManager:
             shadow_only = set(traffic.shadow or {}) - answering
             """Versions that only ever see shadow copies: their instances run in the background."""
             chosen: dict[str, ServedVersion] = {}
+            prints: dict[str, Fingerprint] = {}
+            """Of the versions loaded now, what each was made from (recorded once published)."""
+            listed = dict(self._states[name])
+            """What the index said of each version before this load (see `_discard`)."""
             problems: list[str] = []
             failures = 0
             """Of the problems, versions that cannot load (the others are still being written)."""
@@ -530,12 +539,24 @@ class ModelManager:
                     continue
                 self._failed.pop((name, version), None)
                 chosen[version] = loaded
-                self._fingerprints[(name, version)] = print_
+                prints[version] = print_
+            if problems and explicit:
+                # NOTE: a load request is all or nothing, as Triton's: a load that answers
+                # 400 (or 503) changes nothing served. It published the versions that loaded
+                # (an upload's good version 5 beside its broken 6 became the default), and the
+                # caller could not tell what now served.
+                self._discard(name, [chosen[v] for v in prints], listed)
+                if failures and not served:  # (nothing serves: the failure is the model's)
+                    self._registry.record_failure(name, "; ".join(problems))
+                error = _LoadFailed if failures else ModelUnavailable  # (or files still changing)
+                raise error(f"model '{name}': {'; '.join(problems)}")
             if problems:  # keep serving what worked before rather than fewer versions
                 for version, old in served.items():
                     chosen.setdefault(version, old)
             retired = [old for version, old in served.items() if chosen.get(version) is not old]
             self._registry.publish(name, chosen, config.traffic)
+            for version, print_ in prints.items():
+                self._fingerprints[(name, version)] = print_
             self._bytes[name] = _model_bytes(source, [int(v) for v in chosen], config)
             for version in chosen.keys() - troubled:  # (a failure an earlier load noted is past)
                 self._states[name][version] = VersionState(
@@ -550,11 +571,24 @@ class ModelManager:
                     self._retire(name, old, UPLOADED if name in self._uploads else REMOVED)
             if not chosen:
                 self._registry.record_failure(name, "; ".join(problems))
-            if problems and explicit:
-                error = _LoadFailed if failures else ModelUnavailable  # (or files still changing)
-                raise error(f"model '{name}': {'; '.join(problems)}")
         finally:
             self._loading.pop(name, None)
+
+    def _discard(
+        self, name: str, versions: Iterable[ServedVersion], listed: Mapping[str, VersionState]
+    ) -> None:
+        """Close `versions`, loaded by a load that failed as a whole and never published; the
+        index says of each what it said before (`listed`)."""
+        states = self._states[name]
+        for version in versions:
+            before = listed.get(version.version)
+            if before is None:
+                states.pop(version.version, None)
+            else:
+                states[version.version] = before
+            task = asyncio.get_running_loop().create_task(_close(version))
+            self._retiring.add(task)
+            task.add_done_callback(self._retiring.discard)
 
     async def _config_settled(self, directory: Path, wait: bool) -> bool:
         """Whether the model's config file (if any) has gone `stable_s` unchanged, or was there
@@ -848,6 +882,13 @@ def _outlives_folder(state: VersionState) -> bool:
     """Whether the index lists a version whose folder is gone: while it loads or drains, and
     once unloaded because the folder went away or an upload took its place (to say so)."""
     return state.state in ("LOADING", "UNLOADING") or state.reason in (REMOVED, UPLOADED)
+
+
+async def _close(version: ServedVersion) -> None:
+    """Close a version that never took a request (no queue to drain)."""
+    await asyncio.gather(*(d.scheduler.aclose(0.0) for d in version.variants))
+    for deployment in version.variants:
+        await in_thread(deployment.model.executor.close)
 
 
 def _deployments(served: ServedModel) -> list[Deployment]:

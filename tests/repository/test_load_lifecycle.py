@@ -1,0 +1,122 @@
+"""Load requests as wholes: a failed load changes nothing served, folders never asked for and
+files still being written do not make the server unready, and polling follows the folders.
+
+Each test runs its scenario under `asyncio.run` against a repository written into tmp_path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import pytest
+from repo_models import age, inputs, scale_model, write_version
+
+from duetime.config import ModelConfig
+from duetime.engine import Engine
+from duetime.errors import InvalidInput
+from duetime.repository import manager as manager_module
+from duetime.repository.manager import RepositoryOptions
+
+Scenario = Callable[[Engine], Awaitable[None]]
+
+ALL = ModelConfig.model_validate({"version_policy": {"all": {}}})
+
+
+def run(repo: Path, scenario: Scenario, **options: object) -> None:
+    async def main() -> None:
+        engine = await Engine.start(repo, options=RepositoryOptions(**options))  # type: ignore[arg-type]
+        try:
+            await scenario(engine)
+        finally:
+            await engine.aclose()
+
+    asyncio.run(main())
+
+
+async def factor_of(engine: Engine, model: str = "m", **kwargs: object) -> float:
+    """Which scale model answered: y / x."""
+    out = await engine.infer_async(model, inputs(), **kwargs)  # type: ignore[arg-type]
+    return float(out["y"][0, 0] / inputs()["x"][0, 0])
+
+
+def served(engine: Engine, model: str = "m") -> list[str]:
+    return sorted(engine.registry.snapshot.models[model].versions, key=int)
+
+
+def versions_listed(engine: Engine, model: str = "m") -> list[str]:
+    return [e.get("version", "") for e in engine.repository_index() if e["name"] == model]
+
+
+# -- a failed load changes nothing -------------------------------------------------------------
+
+
+def test_a_failed_upload_serves_none_of_its_versions(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Uploaded versions 5 (good) and 6 (broken): the load answered 400, yet version 5 served
+    as the default, from an upload the model kept."""
+    write_version(tmp_path, "m", 1, scale_model(1))
+    written: list[Path] = []
+    real = manager_module._write_upload
+
+    def recording(name: str, files: dict[str, bytes]) -> Path:
+        written.append(real(name, files))
+        return written[-1]
+
+    monkeypatch.setattr(manager_module, "_write_upload", recording)
+
+    async def scenario(engine: Engine) -> None:
+        files = {"5/model.onnx": scale_model(5), "6/model.onnx": b"not an onnx model"}
+        with pytest.raises(InvalidInput, match=r"version 6: .*ONNX Runtime cannot load it"):
+            await engine.load_model("m", ALL, files=files)
+        assert served(engine) == ["1"]
+        assert await factor_of(engine) == 1.0
+        assert versions_listed(engine) == ["1"]
+        assert not written[0].exists()  # (the upload is dropped)
+        await engine.load_model("m")  # (the model's folder again)
+        assert served(engine) == ["1"]
+
+    run(tmp_path, scenario, control_mode="explicit", startup_models=("m",))
+
+
+def test_a_failed_override_serves_none_of_its_versions_and_is_dropped(tmp_path: Path) -> None:
+    """An override serving every version, version 3 broken: the load answered 400, yet version
+    1 served, and the override stuck (every later plain load failed on version 3)."""
+    for version in (1, 2):
+        write_version(tmp_path, "m", version, scale_model(version))
+    write_version(tmp_path, "m", 3, b"not an onnx model")
+    config = tmp_path / "m" / "config.toml"
+    config.write_text("[version_policy.specific]\nversions = [2]\n")
+    age(config)
+
+    async def scenario(engine: Engine) -> None:
+        assert served(engine) == ["2"]
+        with pytest.raises(InvalidInput, match="version 3"):
+            await engine.load_model("m", ALL)
+        assert served(engine) == ["2"]
+        await engine.load_model("m")  # (config.toml, not the failed override)
+        assert served(engine) == ["2"]
+
+    run(tmp_path, scenario, control_mode="explicit", startup_models=("m",))
+
+
+def test_a_failed_plain_load_serves_none_of_its_new_versions(tmp_path: Path) -> None:
+    write_version(tmp_path, "m", 1, scale_model(1))
+    config = tmp_path / "m" / "config.toml"
+    config.write_text("[version_policy]\nall = {}\n")
+    age(config)
+
+    async def scenario(engine: Engine) -> None:
+        write_version(tmp_path, "m", 2, scale_model(2))
+        write_version(tmp_path, "m", 3, b"not an onnx model")
+        with pytest.raises(InvalidInput, match="version 3"):
+            await engine.load_model("m")
+        assert served(engine) == ["1"]
+        assert versions_listed(engine) == ["1", "3"]  # (3 says why it failed)
+        (tmp_path / "m" / "3" / "model.onnx").unlink()
+        await engine.load_model("m")
+        assert served(engine) == ["1", "2"]
+
+    run(tmp_path, scenario, control_mode="explicit", startup_models=("m",))
