@@ -1,0 +1,120 @@
+"""The Engine across loops and lifecycles: which loop a call runs on (its own, another one, one
+that is not running), loads on demand, control modes, and what in-process callers are told."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tritonclient.http as httpclient
+from conftest import start_server, stop_server
+from repo_models import inputs, scale_model, write_version
+from tritonclient.utils import InferenceServerException
+
+from duetime import Engine
+from duetime.config import ServerSettings
+from duetime.errors import ModelUnavailable
+from duetime.repository.manager import RepositoryOptions
+
+pytestmark = pytest.mark.timeout(120)
+
+WAIT_S = 30.0
+"""The longest a test waits for something that takes a second at most (a load)."""
+
+
+async def eventually(check: Callable[[], bool]) -> None:
+    """Wait until `check()` holds (a load ends), failing after WAIT_S."""
+    end = time.monotonic() + WAIT_S
+    while not check():
+        assert time.monotonic() < end, "still not so after 30 s"
+        await asyncio.sleep(0.01)
+
+
+def run_started(
+    repo: Path, scenario: Callable[[Engine], Awaitable[None]], **options: object
+) -> None:
+    """`scenario` on an engine made by `Engine.start` on a loop of its own, closed after it."""
+
+    async def main() -> None:
+        engine = await Engine.start(repo, options=RepositoryOptions(**options))  # type: ignore[arg-type]
+        try:
+            await scenario(engine)
+        finally:
+            await engine.aclose()
+
+    asyncio.run(main())
+
+
+# -- loads on demand -------------------------------------------------------------------------------
+
+
+def test_a_request_refused_for_a_lazy_load_starts_it(tmp_path: Path) -> None:
+    """A request due sooner than the load estimate (1 s before any load) was refused with "it
+    is loading now, retry shortly", but no load started: a client that always sends a 50 ms
+    budget was refused for ever."""
+    write_version(tmp_path, "m", 1, scale_model(2))
+
+    async def scenario(engine: Engine) -> None:
+        with pytest.raises(ModelUnavailable, match="it is loading now, retry shortly"):
+            await engine.infer_async("m", inputs(), timeout=0.05)
+        await eventually(lambda: "m" in engine.registry.snapshot.models)  # no other request
+        answer = await engine.infer_async("m", inputs(), timeout=0.05)
+        np.testing.assert_array_equal(answer["y"], 2 * inputs()["x"])
+
+    run_started(tmp_path, scenario, lazy=True)
+
+
+def test_requests_arriving_during_a_lazy_load_share_it(tmp_path: Path) -> None:
+    """Refused or waiting, the requests that find the model loading start no load of their own;
+    those that can wait for it are answered once it ends."""
+    write_version(tmp_path, "m", 1, scale_model(3))
+
+    async def scenario(engine: Engine) -> None:
+        assert engine.manager is not None
+        loads: list[str] = []
+        real = engine.manager.load
+
+        async def counted(name: str, **kwargs: object) -> None:
+            loads.append(name)
+            await real(name, **kwargs)  # type: ignore[arg-type]
+
+        engine.manager.load = counted  # type: ignore[method-assign]
+        refused = 0
+        for _ in range(5):
+            try:
+                await engine.infer_async("m", inputs(), timeout=0.001)
+            except ModelUnavailable:
+                refused += 1
+        waiting = [engine.infer_async("m", inputs(), timeout=WAIT_S) for _ in range(3)]
+        for answer in await asyncio.gather(*waiting):
+            np.testing.assert_array_equal(answer["y"], 3 * inputs()["x"])
+        assert refused >= 1
+        assert loads == ["m"]
+
+    run_started(tmp_path, scenario, lazy=True)
+
+
+def test_a_lazy_load_refused_over_http_starts_too(tmp_path: Path) -> None:
+    """The same over HTTP: a `timeout` shorter than the load got 503 for ever."""
+    write_version(tmp_path, "m", 1, scale_model(2))
+    settings = ServerSettings(model_repository=tmp_path, http_port=0, grpc_port=0, lazy_load=True)
+    running, thread = start_server(settings)
+    client = httpclient.InferenceServerClient(running.http)
+    try:
+        tensor = httpclient.InferInput("x", [1, 4], "FP32")
+        tensor.set_data_from_numpy(inputs()["x"])
+        with pytest.raises(InferenceServerException, match="it is loading now"):
+            client.infer("m", [tensor], timeout=50_000)  # due in 50 ms (µs, as Triton)
+        end = time.monotonic() + WAIT_S
+        while not client.is_model_ready("m"):  # (readiness starts no load)
+            assert time.monotonic() < end, "the model never loaded"
+            time.sleep(0.01)
+        result = client.infer("m", [tensor], timeout=50_000)
+        np.testing.assert_array_equal(result.as_numpy("y"), 2 * inputs()["x"])
+    finally:
+        client.close()
+        stop_server(running, thread)
