@@ -725,6 +725,66 @@ def test_requests_far_bigger_than_the_samples_are_predicted_by_their_size() -> N
     run(body)
 
 
+def test_a_small_request_over_the_samples_size_does_not_make_big_ones_refused() -> None:
+    """Probe repro_perbyte: a (1, 7) float request (28 bytes against 4-byte samples) ran in
+    about the profile's time, and its run over its bytes (1 µs a byte, the fixed cost's) was
+    kept as the model's cost per byte: a 16 MB request that runs in 12 ms was predicted at 57 s
+    and refused for good. The fixed cost is the profile's; the bytes teach what is beyond it."""
+
+    async def body() -> None:
+        h = harness(sample_row_bytes=4)
+        scheduler = h.scheduler
+
+        def submit(size: int, due_in: int | None = None) -> asyncio.Future[Feeds]:
+            due = None if due_in is None else h.clock.now_ns() + due_in
+            feeds = {"x": np.zeros(size, np.float32)}
+            return scheduler.submit_nowait(feeds, rows=1, shape_key=(), due_ns=due, priority=0)
+
+        big = 1_000_000  # 4 MB: runs 10 ms, the profile's 100 µs plus ~2.5 ns a byte
+        submit(big)
+        h.executor.complete(0, compute_ns=10 * MS)
+        submit(7)  # 28 bytes: the profile's time (and a little jitter)
+        h.executor.complete(1, compute_ns=110 * US)
+        for index in range(2, 5):
+            h.clock.advance(10 * MS)
+            submit(big, due_in=50 * MS)  # admitted (it raised Overloaded: "finish in 157 s")
+            h.executor.complete(index, compute_ns=10 * MS)
+
+    run(body)
+
+
+def test_a_size_refused_on_a_stalled_run_is_measured_again_when_idle() -> None:
+    """Predictions come from runs, and a request refused on them never runs: one big run
+    stalled 500x (another process on the core) kept every request of its size refused for good
+    (the cost per byte kept the longest run seen). Idle, with its estimate over a second old,
+    the model admits one such request as a probe; its run corrects the estimate."""
+
+    async def body() -> None:
+        h = harness(sample_row_bytes=4)
+        scheduler = h.scheduler
+        feeds = {"x": np.zeros(10_000, np.float32)}
+
+        def submit() -> asyncio.Future[Feeds]:
+            due = h.clock.now_ns() + 20 * MS
+            return scheduler.submit_nowait(feeds, rows=1, shape_key=(), due_ns=due, priority=0)
+
+        scheduler.submit_nowait(feeds, rows=1, shape_key=(), due_ns=None, priority=0)
+        h.executor.complete(0, compute_ns=5_000 * MS)  # stalled: it takes 10 ms
+        with pytest.raises(Overloaded, match="predicted to finish in 5000"):
+            submit()
+        h.clock.advance(1_000 * MS)
+        probe = submit()  # idle, the estimate a second old: admitted to measure again
+        assert h.scheduler.statistics().probes == 1
+        h.executor.complete(1, compute_ns=10 * MS)
+        assert probe.exception() is None
+        admitted = submit()  # on the corrected estimate, no probe
+        h.executor.complete(2, compute_ns=10 * MS)
+        assert admitted.exception() is None
+        assert h.scheduler.statistics().probes == 1
+
+    run(body)
+
+
 def test_a_profile_taken_on_a_busy_cpu_is_corrected_by_one_run_on_an_idle_instance() -> None:
     """A version profiled while other work held the CPU predicted 38 times its real run: it
     refused every tight request (or the router passed it over), never ran, and nothing

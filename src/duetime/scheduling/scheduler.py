@@ -45,6 +45,7 @@ from duetime.scheduling.batching import (
 from duetime.scheduling.edf import EDFQueue, QueuedRequest
 from duetime.scheduling.ledger import NO_SLACK, CoreLedger, Queued
 from duetime.scheduling.profile import LatencyProfile, Overrun, RecentTail
+from duetime.scheduling.sizecost import SizeCost
 from duetime.types import RequestTiming
 
 log = logging.getLogger("duetime.scheduler")
@@ -292,9 +293,9 @@ class ModelScheduler:
             )  # fmt: skip
         self._executor = executor
         self._sample_row_bytes = sample_row_bytes
-        self._ns_per_byte = 0.0
-        """Execution time per input byte of runs far bigger than the profile's samples (0:
-        none seen yet): what admission predicts such requests by (see `_size_extra_ns`)."""
+        self._size_cost = SizeCost()
+        """Extra execution time of inputs far bigger than the profile's samples, by size, learnt
+        from their runs: what admission predicts such requests by (see `_size_extra_ns`)."""
         self._config = config
         self._edf = config.policy == "edf"
         self._queue = EDFQueue(config.max_queue_size, config.policy, clock.now_ns)
@@ -411,8 +412,8 @@ class ModelScheduler:
         queue = self._queue
         key = queue.key_for(self._level(priority), due_ns)
         if due_ns is not None:
-            extra = self._size_extra_ns(feeds, rows) if self._ns_per_byte else 0
-            self._admit(now, due_ns, rows, key, extra)
+            extra_bytes = self._extra_bytes(feeds, rows) if self._size_cost else 0
+            self._admit(now, due_ns, rows, key, extra_bytes)
         future: asyncio.Future[Feeds] = self._loop.create_future()
         item = QueuedRequest(feeds, rows, shape_key, now, due_ns, key[0], future, key, on_done)
         if timing is not None:
@@ -510,18 +511,23 @@ class ModelScheduler:
         )
         return finish + others_ns, ahead
 
+    def _extra_bytes(self, feeds: Feeds, rows: int) -> int:
+        """The input bytes of a request beyond its rows' worth of the profile samples' bytes,
+        where it is far bigger than them (0: predicted by the profile alone)."""
+        sent = sum(a.nbytes for a in feeds.values())
+        base = rows * self._sample_row_bytes
+        return 0 if sent <= _BIG_INPUT_FACTOR * base else sent - base
+
     def _size_extra_ns(self, feeds: Feeds, rows: int) -> int:
         """How much longer than its profile a request this much bigger than the samples is
         predicted to run (0 for one of the samples' size)."""
-        sent = sum(a.nbytes for a in feeds.values())
-        if sent <= _BIG_INPUT_FACTOR * rows * self._sample_row_bytes:
-            return 0
-        return max(0, int(sent * self._ns_per_byte) - self.profile.predict(rows))
+        return self._size_cost.predict(self._extra_bytes(feeds, rows))
 
     def _admit(
-        self, now: int, due_ns: int, rows: int, key: tuple[int, int, int], extra_ns: int = 0
+        self, now: int, due_ns: int, rows: int, key: tuple[int, int, int], extra_bytes: int = 0
     ) -> None:
         finish, ahead = self._predict(now, rows, key, self._others(now))
+        extra_ns = self._size_cost.predict(extra_bytes)
         finish += extra_ns
         needed = finish + self._kept_for(rows)
         rejection = admit(now_ns=now, due_ns=due_ns, predicted_finish_ns=needed)
@@ -550,6 +556,16 @@ class ModelScheduler:
             self._last_run_ns = now
             self._probes += 1
             return
+        if (
+            extra_ns
+            and needed - extra_ns <= due_ns
+            and self.idle
+            and self._size_cost.may_probe(extra_bytes, now)
+        ):
+            # NOTE: refused for its size's cost alone, which only runs of that size measure:
+            # an estimate too long would refuse the size for good (see SizeCost)
+            self._probes += 1
+            return
         self._rejected += 1
         self._fail_ns += self._clock.now_ns() - now
         self.refresh_if_stale(now)
@@ -571,7 +587,7 @@ class ModelScheduler:
         of free size, admitted on its size (hundreds of ms), was booked at 15 ms, and the
         requests behind it were admitted and planned for a start long before it ended."""
         run = self._exec_ns(rows)
-        if not self._ns_per_byte:
+        if not self._size_cost:
             return run
         if len(requests) == 1:
             return run + self._size_extra_ns(requests[0].feeds, rows)
@@ -1265,7 +1281,7 @@ class ModelScheduler:
         if not clean:
             return
         bucket = running.bucket or 1
-        if sent and self._big_inputs(sent, running.rows, result.compute_ns):
+        if sent and self._big_inputs(sent, running.rows, result.compute_ns, now):
             return
         self._overrun.observe(self.profile.predict(bucket), result.compute_ns, now)
         self.profile.observe(bucket, result.compute_ns)
@@ -1276,18 +1292,20 @@ class ModelScheduler:
         overhead = min(overhead, int(2 * self._overhead_ns) + 200_000)  # see LatencyProfile
         self._overhead_ns += _OVERHEAD_ALPHA * (overhead - self._overhead_ns)
 
-    def _big_inputs(self, sent: int, rows: int, compute_ns: int) -> bool:
+    def _big_inputs(self, sent: int, rows: int, compute_ns: int, now: int) -> bool:
         """Whether a batch's inputs were far bigger than the profile's samples (free dims);
-        if so, learn its time per byte (`_ns_per_byte`) instead of updating the profile.
+        if so, teach `_size_cost` what its extra bytes cost instead of updating the profile.
 
         NOTE: a model of free size is profiled on samples of size 1; a request 30,000 times
         bigger ran 5 s against 15 ms predicted, was admitted under a 20 ms due time, and was
         answered seconds late, and its run dragged the profile of the small ones. Runs this
-        big now teach admission a time per input byte, and leave the profile alone."""
-        if sent <= _BIG_INPUT_FACTOR * rows * self._sample_row_bytes:
+        big teach admission what their size costs over the profile's run (the fixed cost), and
+        leave the profile alone."""
+        base = rows * self._sample_row_bytes
+        if sent <= _BIG_INPUT_FACTOR * base:
             return False
-        rate, known = compute_ns / sent, self._ns_per_byte
-        self._ns_per_byte = rate if rate > known else known + 0.2 * (rate - known)
+        fixed = self.profile.predict(rows)
+        self._size_cost.observe(sent - base, compute_ns - fixed, fixed, now)
         return True
 
     # -- introspection and shutdown ------------------------------------------------------------
