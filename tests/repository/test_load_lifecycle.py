@@ -120,3 +120,35 @@ def test_a_failed_plain_load_serves_none_of_its_new_versions(tmp_path: Path) -> 
         assert served(engine) == ["1", "2"]
 
     run(tmp_path, scenario, control_mode="explicit", startup_models=("m",))
+
+
+# -- readiness -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("mode", "startup", "ready"),
+    [
+        ("explicit", ("m",), True),  # (nobody asked for 'staging': it has no state)
+        ("explicit", ("*",), False),
+        ("none", (), False),  # (every folder is meant to load)
+        ("poll", (), False),
+    ],
+)
+def test_only_a_model_asked_for_that_fails_makes_the_server_unready(
+    tmp_path: Path, mode: str, startup: tuple[str, ...], ready: bool
+) -> None:
+    """Explicit mode: an empty `staging/` folder nobody asked to load made the server unready
+    while the model asked for served."""
+    write_version(tmp_path, "m", 1, scale_model(1))
+    (tmp_path / "staging").mkdir()
+
+    async def scenario(engine: Engine) -> None:
+        assert await factor_of(engine) == 1.0
+        assert engine.ready is ready
+        if mode == "explicit" and ready:
+            assert {"name": "staging"} in engine.repository_index()
+            with pytest.raises(InvalidInput, match="no version folder holds a model"):
+                await engine.load_model("staging")  # (asked for now: it counts)
+            assert engine.ready is False
+
+    run(tmp_path, scenario, control_mode=mode, startup_models=startup, poll_s=3600)

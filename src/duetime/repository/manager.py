@@ -233,12 +233,15 @@ class ModelManager:
         repository: a typo would otherwise start a server without the model, without a word."""
         self._started_ns = time.time_ns() - START_MARGIN_NS
         scan = scan_repository(self.root)
-        for name, reason in scan.errors.items():
-            self._fail_model(name, reason)
         names = [source.name for source in scan.models]
         wanted = self.options.startup_models
         if self.options.control_mode == "explicit":
-            names = names if "*" in wanted else self._startup_models(wanted, scan)
+            # NOTE: only the models asked for load, and only they can fail: a folder nobody
+            # asked to load (`staging/`, no version yet) made the server unready while every
+            # model asked for served. Triton's strict readiness counts the models with a
+            # state; one never loaded has none (its load request gets the reason).
+            everything = sorted([*names, *scan.errors])
+            names = everything if "*" in wanted else self._startup_models(wanted, scan)
             if self.options.lazy:  # (requests for models not loaded got 404, without a word)
                 log.warning(
                     "--lazy-load is ignored: with --model-control-mode explicit, models load "
@@ -254,6 +257,8 @@ class ModelManager:
                 )  # fmt: skip
             if self.options.lazy:
                 names = []
+            for name, reason in scan.errors.items():  # (every folder is meant to load)
+                self._fail_model(name, reason)
         for name in names:
             with contextlib.suppress(DuetimeError):
                 await self.load(name, explicit=False, settle=False)
