@@ -5,18 +5,24 @@ from __future__ import annotations
 
 import http.client
 import json
-from collections.abc import Iterator
+import logging
+import threading
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 from conftest import RunningServer, start_server, stop_server
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from tritonclient.utils import InferenceServerException
 
 from duetime.config import ServerSettings
+from duetime.observability import tracing as tracing_module
 from duetime.observability.tracing import Tracing, parse_traceparent, tracing_from_env
+from duetime.types import RequestTiming
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 PARENT_ID = "00f067aa0ba902b7"
@@ -254,3 +260,55 @@ def test_kserve_v1_predicts_get_their_span_and_trace_id(traced) -> None:
             assert children == STAGES
         else:
             assert needle in root.status.description
+
+
+class HungExporter(SpanExporter):
+    """An exporter whose collector never answers: `export` blocks until `release`."""
+
+    def __init__(self) -> None:
+        self.exporting = threading.Event()
+        self.release = threading.Event()
+        self.stopped = threading.Event()
+        self.batches = 0
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        self.batches += 1
+        self.exporting.set()
+        self.release.wait(60)
+        return SpanExportResult.FAILURE
+
+    def shutdown(self) -> None:
+        self.stopped.set()
+
+
+def test_shutdown_drops_what_a_hung_exporter_holds_instead_of_waiting(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Shutdown waited for the exporter without a bound (an OTLP collector down or not
+    answering: 10 s a batch, plus retries; SIGTERM took 5-19 s): it stops the exporter once its
+    deadline passes, drops the spans it holds, with one warning, and returns."""
+    hung = HungExporter()
+    tracing = tracing_from_env({}, exporter=hung)
+    assert tracing is not None
+    timing = RequestTiming(1_000, decoded_ns=2_000)
+    record = {"protocol": "http", "model": "m", "version": "1", "variant": "default"}
+    tracing.record(timing, None, **record, error=None, done_ns=3_000)
+    # (flushed on a thread of its own: it blocks in the export)
+    flushing = threading.Thread(target=tracing.provider.force_flush, daemon=True)
+    flushing.start()
+    try:
+        assert hung.exporting.wait(10)
+        tracing.record(timing, None, **record, error=None, done_ns=3_000)  # (left queued)
+        monkeypatch.setattr(tracing_module, "SHUTDOWN_EXPORT_S", 0.05, raising=False)
+        stopping = threading.Thread(target=tracing.shutdown, daemon=True)
+        with caplog.at_level(logging.WARNING, logger="duetime.tracing"):
+            stopping.start()
+            stopping.join(10)
+            assert not stopping.is_alive()
+        assert hung.stopped.is_set()
+        [warning] = [r for r in caplog.records if r.name == "duetime.tracing"]
+        assert "dropped" in warning.getMessage()
+    finally:
+        hung.release.set()
+    flushing.join(10)
+    assert hung.batches == 1  # (the queued span is dropped, never handed to the exporter)
