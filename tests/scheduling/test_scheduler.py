@@ -625,6 +625,37 @@ def test_a_request_cancelled_while_running_is_counted_and_left_cancelled() -> No
     run(body)
 
 
+def test_an_execution_whose_every_request_was_cancelled_answered_none() -> None:
+    """Probe repro_exec_cancelled: a run whose only request's client hung up while it ran was
+    counted in executions and batch_sizes (4 executions for 3 answers); as Triton's, those
+    count the executions that answered some request. Its compute time still counts."""
+
+    async def body() -> None:
+        h = harness(max_batch_size=4)
+        h.submit("gone").cancel()  # started at once: cancelled while it runs
+        h.executor.complete(0, compute_ns=300 * US)
+        stats = h.scheduler.statistics()
+        assert (stats.executions, stats.batch_sizes, stats.cancelled) == (0, {}, 1)
+        assert stats.compute_time.total == 1
+        h.submit("running")
+        kept = h.submit("kept")
+        withdrawn = h.submit("withdrawn")
+        h.executor.complete(1)
+        assert h.job(2)[1] == ["kept", "withdrawn"]
+        withdrawn.cancel()  # while its batch runs; the batch answers `kept`
+        h.executor.complete(2, compute_ns=150 * US)
+        assert failure(kept) is None
+        stats = h.scheduler.statistics()
+        assert (stats.executions, stats.succeeded, stats.cancelled) == (2, 2, 2)
+        assert stats.batch_sizes == {
+            1: BatchSizeStatistics(1, 100 * US),
+            2: BatchSizeStatistics(1, 150 * US),
+        }
+        assert stats.compute_time.total == 3
+
+    run(body)
+
+
 def test_a_request_that_becomes_hopeless_while_queued_fails_without_running() -> None:
     async def body() -> None:
         h = harness()

@@ -1257,15 +1257,25 @@ class ModelScheduler:
     def _record(self, running: _Running, result: BatchResult, now: int, sent: int) -> None:
         self._compute_time.observe(result.compute_ns)
         outputs = result.outputs
+        requests = running.requests
+        # (a request whose future is done before its batch settles was cancelled by its client,
+        # or failed unrun while its batch waited: it gets no answer from this run)
         if len(outputs) == 1:
-            clean = answered = not isinstance(outputs[0], DuetimeError)
+            clean = not isinstance(outputs[0], DuetimeError)
+            answered = clean and not requests[0].future.done()
         else:
             failures = sum(1 for o in outputs if isinstance(o, DuetimeError))
-            clean, answered = not failures, failures < len(outputs)
+            clean = not failures
+            answered = any(
+                not isinstance(o, DuetimeError) and not item.future.done()
+                for item, o in zip(requests, outputs, strict=True)
+            )
         if answered:
             # NOTE: as Triton's, an execution in which every request failed is no execution
             # (its ONNX Runtime backend reports batch statistics only when not all responses
-            # failed); `compute_time` counts it
+            # failed); `compute_time` counts it. Nor is one whose every request its client
+            # cancelled while it ran: it answered none (counted, an HTTP client hanging up on
+            # a long run made execution_count and nv_inference_exec_count 4 for 3 answers)
             self._executions += 1
             self._last_ms = time.time_ns() // 1_000_000
             # NOTE: by rows as sent, not the bucket run (5 rows padded to 6 show as 5): Triton's
