@@ -60,6 +60,9 @@ class Addresses:
 
 SHED_PERIOD_S = 0.01
 """How often the load shedder measures the event loop's CPU use."""
+QUEUED_S = 0.001
+"""gRPC calls waiting in its core this long (estimated) make the load shedder act as on a busy
+loop (see `LoadShedder.sample`)."""
 
 
 def tune_gc(threshold: int) -> None:
@@ -254,8 +257,12 @@ class Server:
         return port
 
     def _sample(self) -> None:
-        assert self.shedder is not None
-        self.shedder.sample(self._outcomes)
+        shedder = self.shedder
+        assert shedder is not None
+        backlog = self._grpc_service.backlog
+        if backlog is not None:
+            backlog.sample()
+        shedder.sample(self._outcomes, queued=backlog is not None and backlog.wait_s > QUEUED_S)
         self._shed_timer = asyncio.get_running_loop().call_later(SHED_PERIOD_S, self._sample)
 
     def _outcomes(self) -> tuple[int, int]:

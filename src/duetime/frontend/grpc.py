@@ -24,6 +24,7 @@ from duetime.errors import (
     PayloadTooLarge,
 )
 from duetime.frontend import codec, sharedmemory
+from duetime.frontend.grpcbacklog import CoreBacklog, core_counts_reader, server_ids
 from duetime.frontend.grpchealth import add_health_and_reflection
 from duetime.frontend.metadata import model_config_json, model_metadata_json
 from duetime.frontend.parameters import (
@@ -213,6 +214,8 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         handler ran: left unanswered, undecoded."""
         self.answers = AnswerBudget.of(ServerSettings())
         """What answers not yet sent hold (`serve_grpc` sets the server's limits)."""
+        self.backlog: CoreBacklog | None = None
+        """The calls waiting in gRPC's core (`serve_grpc` sets it, where channelz is there)."""
         self.accepting = True
 
     async def ServerLive(self, request: Any, context: Any) -> Any:
@@ -388,7 +391,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         context.add_done_callback(hold.release)
         try:
             await hold.taken()
-            submitted = self._submit(request, context, timing)
+            submitted = self._submit(request, context, timing, shed=False)
             ticket = submitted.ticket
             response = await self._response(submitted, request.id, hold)
         except DuetimeError as exc:
@@ -535,14 +538,34 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
             error_message=f"{exc.message} (trace {trace_id})", infer_response=response
         )
 
+    def ended(self, context: Any) -> bool:
+        """Whether a ModelInfer call is ended before its request is decoded: its client has
+        gone (see ModelInfer), or the load shedder turns it away (RESOURCE_EXHAUSTED).
+
+        NOTE: above capacity most calls are refused, and a refusal that cost as much as an
+        answer left too little of the loop for the rest (as HTTP found: see `_shed_reply`): it
+        decodes nothing and raises nothing (an abort raises through grpc.aio)."""
+        if _gone(context):
+            self.gone_calls += 1
+            _no_answer(context)
+            return True
+        shedder = self._shedder
+        if shedder is None or not shedder.share or not shedder.refuse():
+            return False
+        _refuse(context, shedder.refusal())
+        return True
+
     def _submit(
         self,
         request: Any,
         context: Any,
         timing: RequestTiming | None = None,
         protocol: str = "grpc",
+        shed: bool = True,
     ) -> _Submitted:
-        if self._shedder is not None:
+        """The request handed to the engine; `shed`: offered to the load shedder first (a
+        ModelInfer call was, by `ended`)."""
+        if shed and self._shedder is not None:
             self._shedder.check()
         # (its due time counts from here, and a capture stamps its arrival here, as HTTP's: the
         # capture's `due_in_ns` was short by the decoding, and each replay's due time shrank)
@@ -620,7 +643,11 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         return response
 
     def _due(self, parameters: Mapping[str, Any], context: Any, now: int) -> int | None:
-        due = due_from_timeout_us(parameters, now)
+        """The due time from the `timeout` parameter, counted from the call's arrival in gRPC's
+        core (estimated: `CoreBacklog`), and the gRPC deadline (the core's own: exact)."""
+        backlog = self.backlog
+        waited_ns = int(backlog.wait_s * 1e9) if backlog is not None else 0
+        due = due_from_timeout_us(parameters, now - waited_ns)
         remaining = context.time_remaining()
         if remaining is not None:
             grpc_due = now + int(remaining * 1e9)
@@ -893,6 +920,18 @@ async def _abort(
     )
 
 
+def _refuse(context: Any, exc: DuetimeError) -> None:
+    """End the call with the error's status, as `_abort` does, without raising."""
+    trace_id = _trace_id(context)
+    log_request(
+        protocol="grpc", model="", version="", status=exc.http_status, reason=exc.message,
+        trace_id=trace_id,
+    )  # fmt: skip
+    context.set_trailing_metadata((("x-trace-id", trace_id),))
+    context.set_code(getattr(grpc.StatusCode, exc.grpc_code))
+    context.set_details(f"{exc.message} (trace {trace_id})")
+
+
 class _Undecodable(NamedTuple):
     """What a request's bytes decode to when they are not its message."""
 
@@ -916,15 +955,17 @@ def _method_handlers(service: InferenceService) -> dict[str, dict[str, Any]]:
     return capture.handlers
 
 
-def _guarded(handler: Any) -> Any:
-    """`handler`, with bytes that are not its request message answered INVALID_ARGUMENT.
+def _guarded(handler: Any, backlog: CoreBacklog, ended: Callable[[Any], bool] | None = None) -> Any:
+    """`handler`, with bytes that are not its request message answered INVALID_ARGUMENT, its
+    calls counted in `backlog` while they run, and (where `ended` is given) each call first
+    offered to `ended`, which may end it before its request is decoded (True: it did).
 
     NOTE: grpcio answers a request its deserializer cannot decode with UNKNOWN ("Unexpected
     <class 'DecodeError'>") and logs a traceback for each: a client sending garbage filled the
     log."""
     decode = handler.request_deserializer
 
-    def deserialize(data: bytes) -> Any:
+    def decoded(data: bytes) -> Any:
         try:
             return decode(data)
         except Exception as exc:  # (protobuf's DecodeError, and whatever else bad bytes raise)
@@ -935,24 +976,38 @@ def _guarded(handler: Any) -> Any:
         call = handler.unary_unary
 
         async def unary(request: Any, context: Any) -> Any:
+            backlog.taken()
+            context.add_done_callback(backlog.released)
+            if type(request) is bytes:
+                if ended is not None and ended(context):
+                    return _NO_ANSWER
+                request = decoded(request)
             if isinstance(request, _Undecodable):
                 await _abort(context, InvalidInput(request.message))
             return await call(request, context)
 
+        deserialize = _kept if ended is not None else decoded
         return grpc.unary_unary_rpc_method_handler(unary, deserialize, serialize)
     streamed = handler.stream_stream
 
     async def stream(requests: AsyncIterator[Any], context: Any) -> AsyncIterator[Any]:
-        async def decoded() -> AsyncIterator[Any]:
+        async def messages() -> AsyncIterator[Any]:
             async for request in requests:
                 if isinstance(request, _Undecodable):  # (its id is unknown: the stream ends)
                     await _abort(context, InvalidInput(request.message))
                 yield request
 
-        async for response in streamed(decoded(), context):
+        backlog.taken()
+        context.add_done_callback(backlog.released)
+        async for response in streamed(messages(), context):
             yield response
 
-    return grpc.stream_stream_rpc_method_handler(stream, deserialize, serialize)
+    return grpc.stream_stream_rpc_method_handler(stream, decoded, serialize)
+
+
+def _kept(data: bytes) -> bytes:
+    """A request's bytes as they came, decoded by the handler once it knows the call goes on."""
+    return data
 
 
 COMPRESSION_LEVELS = {"none": 0, "low": 1, "medium": 2, "high": 3}
@@ -1012,9 +1067,14 @@ async def serve_grpc(service: InferenceService, settings: ServerSettings) -> tup
     port."""
     service.answers = AnswerBudget.of(settings)
     _quiet_ended_calls()
+    servers_before = server_ids()
     server = grpc.aio.server(options=server_options(settings))
+    backlog = CoreBacklog(core_counts_reader(servers_before, server_ids()))
     for name, handlers in _method_handlers(service).items():
-        guarded = {method: _guarded(handler) for method, handler in handlers.items()}
+        guarded = {
+            method: _guarded(handler, backlog, service.ended if method == "ModelInfer" else None)
+            for method, handler in handlers.items()
+        }
         server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(name, guarded),))
         server.add_registered_method_handlers(name, guarded)
     add_health_and_reflection(server, service.serving)
@@ -1029,4 +1089,5 @@ async def serve_grpc(service: InferenceService, settings: ServerSettings) -> tup
             "or not an address of this host); pass --grpc-port with a free port (0 picks one)"
         )
     await server.start()
+    service.backlog = backlog
     return server, port
