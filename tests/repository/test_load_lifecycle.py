@@ -152,3 +152,23 @@ def test_only_a_model_asked_for_that_fails_makes_the_server_unready(
             assert engine.ready is False
 
     run(tmp_path, scenario, control_mode=mode, startup_models=startup, poll_s=3600)
+
+
+def test_a_new_model_whose_files_are_settling_has_not_failed(tmp_path: Path) -> None:
+    """Polling: a new model copied in (even by renaming a hidden folder) made the server unready
+    for --repository-stable-secs: files still changing were recorded as a failure."""
+    write_version(tmp_path, "m", 1, scale_model(1))
+
+    async def scenario(engine: Engine) -> None:
+        manager = engine.manager
+        assert manager is not None
+        fresh = write_version(tmp_path, ".tmp", 1, scale_model(2), aged=False)
+        (tmp_path / ".tmp").rename(tmp_path / "n")
+        await manager.poll()
+        assert list(engine.registry.snapshot.models) == ["m"]
+        assert engine.ready
+        age(tmp_path / "n" / fresh.relative_to(tmp_path / ".tmp"))
+        await manager.poll()
+        assert await factor_of(engine, "n") == 2.0
+
+    run(tmp_path, scenario, control_mode="poll", poll_s=3600, stable_s=30.0)

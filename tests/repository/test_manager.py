@@ -1154,10 +1154,7 @@ def test_a_failed_lazy_load_is_retried_by_a_later_request(
         fresh = write_version(tmp_path, "m", 1, scale_model(1), aged=False)  # after the start
         with pytest.raises(ModelUnavailable, match="files are still changing"):
             await factor_of(engine)
-        age(fresh)
-        with pytest.raises(ModelUnavailable, match="files are still changing"):
-            await factor_of(engine)  # too soon: refused with the failure, no new try
-        await asyncio.sleep(0.35)
+        age(fresh)  # (files still changing are no failure: the next request loads them)
         assert await factor_of(engine) == 1.0
         broken = write_version(tmp_path, "n", 1, b"not an onnx model")
         for _ in range(3):

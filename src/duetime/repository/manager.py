@@ -574,8 +574,13 @@ class ModelManager:
                     self._retire(name, old, "not in policy")
                 else:
                     self._retire(name, old, UPLOADED if name in self._uploads else REMOVED)
-            if not chosen:
+            if not chosen and failures:
                 self._registry.record_failure(name, "; ".join(problems))
+            elif not chosen:
+                # NOTE: files still being written are no failure: recorded as one, a new model
+                # copied in (even by the atomic rename) made the server unready until they
+                # settled. The caller hears why nothing serves yet (a lazy request, say).
+                raise ModelUnavailable(f"model '{name}': {'; '.join(problems)}")
         finally:
             self._loading.pop(name, None)
 
@@ -787,8 +792,10 @@ class ModelManager:
         """Whether a request for `name`, which is not served, should load it first.
 
         A model whose last load failed is tried again by one request every `LAZY_RETRY_S` (the
-        failure could be passing: files still being written, a full budget, a file since
-        fixed); the requests in between get the failure at once, not a load each."""
+        failure could be passing: a full budget, a file since fixed); the requests in between
+        get the failure at once, not a load each. Files still being written are no failure:
+        each request checks them again (a stat per file), and the first after they settle
+        loads them."""
         if not self.options.lazy or self.options.control_mode == "explicit":
             return False
         snapshot = self._registry.snapshot
