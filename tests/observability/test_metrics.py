@@ -46,6 +46,7 @@ HISTOGRAMS = (
 FAMILIES = {
     "duetime_requests": "counter",
     "duetime_inferences": "counter",
+    "duetime_admission_probes": "counter",
     **dict.fromkeys(HISTOGRAMS, "histogram"),
     "duetime_queue_depth": "gauge",
     "duetime_inflight_batches": "gauge",

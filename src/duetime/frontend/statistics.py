@@ -88,6 +88,7 @@ def _variant_json(deployment: Deployment, stats: SchedulerStatistics) -> dict[st
         "busy_instances": stats.busy_instances,
         "instances": stats.instances,
         "rejected": stats.rejected,
+        "probes": stats.probes,
         "expired": stats.expired,
         "late": stats.late,
         "failed": stats.failed,

@@ -100,6 +100,13 @@ class MetricsCollector:
             "failed too).",
             ((r.labels, r.stats.compute_time) for r in rows),
         )
+        yield _counter(
+            "duetime_admission_probes_total",
+            "Requests admitted though predicted to miss their due time, to measure the model "
+            "again (an idle model that has refused everything for 100 ms admits one; counted "
+            "in their outcome too).",
+            ((r.labels, r.stats.probes) for r in rows),
+        )
         yield self._batch_sizes(rows)
         yield from self._gauges(rows)
         yield from _triton_families(rows)
