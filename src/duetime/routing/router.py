@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import math
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -41,11 +42,14 @@ class ShadowStatistics:
     """Copies whose outputs differ from the answer's in names or shapes: nothing to compare
     element by element, and a divergence of its own (not counted as `compared`)."""
     argmax_disagreements: int = 0
+    """Compared copies whose first output's argmax differs from the answer's somewhere, or
+    differs from it by NaN or infinity anywhere (np.argmax takes a NaN for the largest)."""
     max_abs_diff: float = 0.0
-    """Largest absolute difference of any output element seen so far."""
+    """Largest absolute difference of any output element seen so far; infinite once an element
+    differed by NaN or infinity (a NaN where the other has a number, or in both)."""
     sum_max_abs_diff: float = 0.0
 
-    def as_json(self) -> dict[str, float | int]:
+    def as_json(self) -> dict[str, float | int | str]:
         return {
             "mirrored": self.mirrored,
             "compared": self.compared,
@@ -55,9 +59,17 @@ class ShadowStatistics:
             "argmax_disagreement_rate": self.argmax_disagreements / self.compared
             if self.compared
             else 0.0,
-            "max_abs_diff": self.max_abs_diff,
-            "mean_max_abs_diff": self.sum_max_abs_diff / self.compared if self.compared else 0.0,
+            "max_abs_diff": _json_float(self.max_abs_diff),
+            "mean_max_abs_diff": _json_float(
+                self.sum_max_abs_diff / self.compared if self.compared else 0.0
+            ),
         }
+
+
+def _json_float(value: float) -> float | str:
+    """`value`, or "inf" where JSON has no number for it (the statistics' encoder, orjson,
+    writes null for an infinity, which reads as no divergence at all)."""
+    return value if value < math.inf else "inf"
 
 
 @dataclass(slots=True, eq=False)
@@ -223,11 +235,17 @@ def _compare(
         got = shadow[name]
         if expected.dtype.kind not in "biuf" or got.dtype.kind not in "biuf":
             continue
-        if expected.size:
+        with np.errstate(invalid="ignore"):  # (inf - inf: NaN, which is what it is)
             diff = np.abs(got.astype(np.float64) - expected.astype(np.float64))
-            worst = max(worst, float(diff.max()))
+        # NOTE: as tools/optimize/measure.py: a NaN difference is infinite. max() of a NaN and a
+        # number gives either, and a shadow answering NaN (a broken fp16 conversion) showed a
+        # divergence of 0.0 (np.argmax, taking a NaN for the largest, hid it there too)
+        finite = bool(np.isfinite(diff).all())
+        if expected.size:
+            worst = max(worst, float(diff.max()) if finite else math.inf)
         if first and expected.ndim and expected.shape[-1] > 1:
-            disagree = bool(np.any(np.argmax(got, axis=-1) != np.argmax(expected, axis=-1)))
+            differs = np.argmax(got, axis=-1) != np.argmax(expected, axis=-1)
+            disagree = bool(np.any(differs)) or not finite
         first = False
     stats.compared += 1
     stats.max_abs_diff = max(stats.max_abs_diff, worst)
