@@ -17,7 +17,7 @@ from tritonclient.utils import InferenceServerException
 
 from duetime import Engine
 from duetime.config import ServerSettings
-from duetime.errors import ModelUnavailable
+from duetime.errors import ModelNotFound, ModelUnavailable
 from duetime.repository.manager import RepositoryOptions
 
 pytestmark = pytest.mark.timeout(120)
@@ -118,3 +118,38 @@ def test_a_lazy_load_refused_over_http_starts_too(tmp_path: Path) -> None:
     finally:
         client.close()
         stop_server(running, thread)
+
+
+# -- the loop a call runs on -----------------------------------------------------------------------
+
+
+def test_load_and_unload_awaited_on_a_loop_of_the_callers_run_on_the_engines(
+    tmp_path: Path,
+) -> None:
+    """`asyncio.run(engine.load_model(...))` on an `open()` engine deployed the model on that
+    short-lived loop: every infer after it raised "Event loop is closed", and an unload's drain
+    failed "The future belongs to a different loop"."""
+    write_version(tmp_path, "m", 1, scale_model(2))
+    with Engine.open(tmp_path, options=RepositoryOptions(control_mode="explicit")) as engine:
+        for _ in range(2):  # (loaded again after its unload)
+            asyncio.run(engine.load_model("m"))
+            answer = engine.infer("m", inputs(), timeout=WAIT_S)
+            np.testing.assert_array_equal(answer["y"], 2 * inputs()["x"])
+            asyncio.run(engine.unload_model("m"))
+            with pytest.raises(ModelNotFound):
+                engine.infer("m", inputs(), timeout=WAIT_S)
+
+
+def test_load_awaited_off_the_loop_of_a_started_engine_is_refused(tmp_path: Path) -> None:
+    write_version(tmp_path, "m", 1, scale_model(2))
+
+    async def scenario(engine: Engine) -> None:
+        for call in (engine.load_model, engine.unload_model):
+            with pytest.raises(RuntimeError, match="runs on the loop that started it"):
+                await asyncio.to_thread(asyncio.run, call("m"))  # type: ignore[operator]
+        assert engine.repository_index() == [{"name": "m"}]  # (nothing loaded elsewhere)
+        await engine.load_model("m")  # (on its own loop: loaded)
+        answer = await engine.infer_async("m", inputs(), timeout=WAIT_S)
+        np.testing.assert_array_equal(answer["y"], 2 * inputs()["x"])
+
+    run_started(tmp_path, scenario, control_mode="explicit")

@@ -18,11 +18,11 @@ import numbers
 import os
 import threading
 import weakref
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import Protocol
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 
@@ -50,6 +50,8 @@ from duetime.scheduling.scheduler import ModelScheduler
 from duetime.types import InferRequest, InferResponse
 
 log = logging.getLogger("duetime.engine")
+
+_T = TypeVar("_T")
 
 
 @dataclass(slots=True, eq=False)
@@ -168,8 +170,9 @@ class Engine:
         self._thread: threading.Thread | None = None
         self._closed = False
         """`close()` has begun: synchronous calls are refused (an engine made by `open()`)."""
-        self._waiting: set[concurrent.futures.Future[dict[str, np.ndarray]]] = set()
-        """Synchronous calls not answered yet: failed at `close()` if the loop never took them."""
+        self._waiting: set[concurrent.futures.Future[Any]] = set()
+        """Calls handed over from other threads not answered yet: failed at `close()` if the
+        loop never took them."""
         self._sync_lock = threading.Lock()
         self._forked = False
         """This process is a fork of the one that opened the engine (see `_after_fork`)."""
@@ -273,7 +276,9 @@ class Engine:
         `files` (path in the model folder -> content, and a `config`), from those instead of its
         folder in the repository, until it is unloaded."""
         manager = self._control("load")
-        await manager.load(name, config=config, files=files)
+        await self._on_engine_loop(
+            functools.partial(manager.load, name, config=config, files=files), "load_model"
+        )
 
     async def unload_model(self, name: str) -> None:
         """Stop routing to `name`; requests already queued on it still finish."""
@@ -283,7 +288,7 @@ class Engine:
                 f"cannot unload model '{name}' while the repository is polled "
                 "(--model-control-mode poll): remove its folder, or use explicit mode"
             )
-        await manager.unload(name)
+        await self._on_engine_loop(functools.partial(manager.unload, name), "unload_model")
 
     def _control(self, action: str) -> ModelManager:
         manager = self.manager
@@ -494,6 +499,12 @@ class Engine:
     ) -> concurrent.futures.Future[dict[str, np.ndarray]]:
         """Hand `request` to the engine's loop from another thread; its answer's future."""
         result: concurrent.futures.Future[dict[str, np.ndarray]] = concurrent.futures.Future()
+        self._hand_over(functools.partial(self._submit_for_thread, request, result), result)
+        return result
+
+    def _hand_over(self, call: Callable[[], None], result: concurrent.futures.Future[_T]) -> None:
+        """Run `call` on the engine's loop (an engine made by `open()`), from another thread;
+        `result`, which it settles, is failed at `close()` if the loop never takes it."""
         with self._sync_lock:  # (against close(): a call it misses would wait forever)
             loop = self._loop
             if self._closed or loop is None or loop.is_closed():
@@ -504,9 +515,55 @@ class Engine:
                     )
                 raise ModelUnavailable("the engine is closed; open a new one")
             self._waiting.add(result)
-            loop.call_soon_threadsafe(self._submit_for_thread, request, result)
+            loop.call_soon_threadsafe(call)
         result.add_done_callback(self._waiting.discard)
-        return result
+
+    async def _on_engine_loop(self, work: Callable[[], Awaitable[_T]], name: str) -> _T:
+        """Await `work()` on the engine's loop, whichever loop awaits this: the manager's locks,
+        tasks and futures, and the schedulers a load starts, belong to that loop.
+
+        NOTE: awaited on a loop of the caller's (`asyncio.run(engine.load_model(...))`, the
+        only way synchronous code can call it on an `open()` engine), a load ran there: its
+        model's executor and scheduler were bound to that loop, and once it ended every infer
+        raised "Event loop is closed" (or, while it lived, hung); an unload's drain failed "The
+        future belongs to a different loop". An `open()` engine hands the work over, as
+        `infer_async` does; a `start()` engine refuses, as `infer_async` does."""
+        if _running_loop() is self._loop:
+            return await work()
+        if self._thread is None:
+            raise RuntimeError(
+                f"this engine runs on the loop that started it (Engine.start); await {name} "
+                "there, or make an engine for many loops with Engine.open()"
+            )
+        result: concurrent.futures.Future[_T] = concurrent.futures.Future()
+        self._hand_over(functools.partial(self._work_for_thread, work, result), result)
+        return await asyncio.wrap_future(result)
+
+    def _work_for_thread(
+        self, work: Callable[[], Awaitable[_T]], result: concurrent.futures.Future[_T]
+    ) -> None:
+        """On the loop: run `work()` handed over by `_on_engine_loop` and settle `result` with
+        its outcome; a caller that gives up (cancels `result`) cancels it."""
+        if result.cancelled():  # (given up before the loop took it)
+            return
+        loop = asyncio.get_running_loop()
+
+        async def run() -> None:
+            try:
+                outcome = await work()
+            except Exception as exc:
+                _answer(result, None, exc)
+            else:
+                _answer(result, outcome, None)
+
+        task = loop.create_task(run())
+
+        def withdraw(done: concurrent.futures.Future[_T]) -> None:
+            if done.cancelled():
+                with contextlib.suppress(RuntimeError):  # (the loop has closed: nothing runs)
+                    loop.call_soon_threadsafe(task.cancel)
+
+        result.add_done_callback(withdraw)
 
     def _submit_for_thread(
         self, request: InferRequest, result: concurrent.futures.Future[dict[str, np.ndarray]]
@@ -693,9 +750,7 @@ os.register_at_fork(after_in_child=_after_fork)
 
 
 def _answer(
-    result: concurrent.futures.Future[dict[str, np.ndarray]],
-    outputs: dict[str, np.ndarray] | None,
-    error: BaseException | None,
+    result: concurrent.futures.Future[_T], outputs: _T | None, error: BaseException | None
 ) -> None:
     """Settle `result` unless its caller cancelled it meanwhile (from its own thread: checking
     first would race). Called on the loop, from the scheduler's settling of a whole batch, where
