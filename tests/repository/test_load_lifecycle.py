@@ -7,6 +7,7 @@ Each test runs its scenario under `asyncio.run` against a repository written int
 from __future__ import annotations
 
 import asyncio
+import shutil
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
@@ -172,3 +173,24 @@ def test_a_new_model_whose_files_are_settling_has_not_failed(tmp_path: Path) -> 
         assert await factor_of(engine, "n") == 2.0
 
     run(tmp_path, scenario, control_mode="poll", poll_s=3600, stable_s=30.0)
+
+
+# -- polling -------------------------------------------------------------------------------------
+
+
+def test_polling_unloads_an_upload_whose_folder_was_removed(tmp_path: Path) -> None:
+    """An upload counted as a folder on disk: removing the model's folder never unloaded it,
+    and polling refuses unloads. (The engine refuses such loads; the manager takes them.)"""
+    write_version(tmp_path, "m", 1, scale_model(1))
+
+    async def scenario(engine: Engine) -> None:
+        manager = engine.manager
+        assert manager is not None
+        await manager.load("m", config=ModelConfig(), files={"1/model.onnx": scale_model(9)})
+        assert await factor_of(engine) == 9.0
+        shutil.rmtree(tmp_path / "m")
+        await manager.poll()
+        assert "m" not in engine.registry.snapshot.models
+        assert not manager._uploads
+
+    run(tmp_path, scenario, control_mode="poll", poll_s=3600)

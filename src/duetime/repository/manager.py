@@ -309,8 +309,10 @@ class ModelManager:
 
         A version that failed to load is tried again once its files or config change (not at
         every poll: the same error each time, and ORT reading the whole file to say so)."""
+        # NOTE: what serves follows the folders alone, an upload included: counted as on disk,
+        # an upload outlived the removal of its model's folder, and polling refuses unloads.
+        # (The engine refuses uploads while polling, as Triton refuses loads.)
         on_disk = {p.name for p in model_folders(self.root)}
-        on_disk |= set(self._uploads)  # an uploaded model lives outside the repository
         snapshot = self._registry.snapshot
         served = set(snapshot.models)
         for name in sorted(served - on_disk):
