@@ -28,7 +28,7 @@ from duetime.observability.exporter import MetricsExporter
 from duetime.observability.logsettings import LogSettings
 from duetime.observability.metrics import CaptureCollector, GrpcCollector
 from duetime.observability.tracesettings import trace_settings_of
-from duetime.observability.tracing import Tracing, tracing_from_env
+from duetime.observability.tracing import SHUTDOWN_EXPORT_S, Tracing, tracing_from_env
 from duetime.overload import LoadShedder
 from duetime.repository.manager import RepositoryOptions
 from duetime.tools.capture.recorder import Recorder
@@ -301,7 +301,9 @@ class Server:
         if self._metrics is not None:
             await self._metrics.aclose()
         if self.tracing is not None:
-            await asyncio.to_thread(self.tracing.shutdown)  # exports the spans still buffered
+            # exports the spans still buffered, within the grace (see Tracing.shutdown)
+            export_s = min(grace, SHUTDOWN_EXPORT_S)
+            await asyncio.to_thread(self.tracing.shutdown, export_s)
         if self.cpu_latency is not None:
             self.cpu_latency.release()
         log.info("stopped; %d HTTP connections were open", len(self._connections))

@@ -3,10 +3,12 @@ trace id in error messages, over HTTP and gRPC."""
 
 from __future__ import annotations
 
+import asyncio
 import http.client
 import json
 import logging
 import threading
+import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -17,8 +19,10 @@ from conftest import RunningServer, start_server, stop_server
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from repo_models import scale_model, write_version
 from tritonclient.utils import InferenceServerException
 
+from duetime import server as server_module
 from duetime.config import ServerSettings
 from duetime.observability import tracing as tracing_module
 from duetime.observability.tracing import Tracing, parse_traceparent, tracing_from_env
@@ -274,7 +278,7 @@ class HungExporter(SpanExporter):
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
         self.batches += 1
         self.exporting.set()
-        self.release.wait(60)
+        self.release.wait(30)
         return SpanExportResult.FAILURE
 
     def shutdown(self) -> None:
@@ -312,3 +316,37 @@ def test_shutdown_drops_what_a_hung_exporter_holds_instead_of_waiting(
         hung.release.set()
     flushing.join(10)
     assert hung.batches == 1  # (the queued span is dropped, never handed to the exporter)
+
+
+def test_server_stop_waits_for_a_hung_exporter_no_longer_than_its_grace(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SIGTERM took 5-19 s to end a server whose OTLP collector was down or not answering:
+    `Server.stop` waited on the exporter without a bound. It waits at most the shutdown grace
+    (here 0.1 s; the usual bound made long), drops the spans left and returns."""
+    monkeypatch.setattr(server_module, "SHUTDOWN_EXPORT_S", 60.0, raising=False)
+    write_version(tmp_path, "m", 1, scale_model(2.0))
+    hung = HungExporter()
+    tracing = tracing_from_env({}, exporter=hung)
+    settings = ServerSettings(
+        model_repository=tmp_path, http_port=0, grpc_port=0, shutdown_grace_s=0.1
+    )
+    running, thread = start_server(settings, tracing=tracing)
+    try:
+        host, port = running.http.split(":")
+        connection = http.client.HTTPConnection(host, int(port))
+        body = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 4], "data": [1] * 4}]}
+        connection.request("POST", "/v2/models/m/infer", json.dumps(body))
+        assert connection.getresponse().status == 200
+        connection.close()
+        started = time.monotonic()
+        stop = asyncio.run_coroutine_threadsafe(running.server.stop(), running.loop)
+        stop.result(timeout=30)
+        assert time.monotonic() - started < 5  # (it waited for the export: 30 s here)
+        assert hung.exporting.is_set()
+        assert hung.stopped.is_set()
+    finally:
+        hung.release.set()
+        running.loop.call_soon_threadsafe(running.loop.stop)
+        thread.join(timeout=60)
+        running.loop.close()
