@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 from collections.abc import Iterator
@@ -17,7 +18,8 @@ from tritonclient.utils import InferenceServerException
 
 from duetime.config import ServerSettings
 from duetime.errors import InvalidInput, NotAllowed
-from duetime.observability.logsettings import LogSettings
+from duetime.observability.logs import JsonFormatter
+from duetime.observability.logsettings import FORMATS, LogSettings
 
 
 @pytest.fixture
@@ -102,6 +104,30 @@ def test_a_log_file_takes_the_place_of_stderr_in_its_format(
     assert re.fullmatch(
         r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ WARNING duetime.test-log-settings: into the file", line
     )
+
+
+def test_a_log_file_gets_json_lines_while_the_server_logs_json(
+    logger: logging.Logger, tmp_path: Path
+) -> None:
+    """With --log-format json, a file set through the log settings got plain-text lines."""
+    root = logging.getLogger()
+    stderr = logging.StreamHandler()
+    stderr.setFormatter(JsonFormatter())  # (as configure_logging does for --log-format json)
+    root.addHandler(stderr)
+    settings = LogSettings(logger)
+    path = tmp_path / "server.log"
+    try:
+        for form in FORMATS:
+            settings.update({"log_file": str(path), "log_format": form}, files=True)
+            logger.warning("into the file as JSON", extra={"status": 503})
+    finally:
+        settings.close()
+        root.removeHandler(stderr)
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    assert len(lines) == len(FORMATS)
+    for line in lines:
+        assert line["message"] == "into the file as JSON"
+        assert (line["level"], line["logger"], line["status"]) == ("warning", logger.name, 503)
 
 
 @pytest.fixture(scope="module")

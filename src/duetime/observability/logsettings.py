@@ -9,7 +9,9 @@ The settings and what they do here:
 - `log_file` (string): a file the `duetime` loggers write to instead of the server's stderr
   (appended to; "" goes back to stderr). A file that cannot be opened is refused, and so is
   any file unless the server has a control token and the caller sent it.
-- `log_format` ("default" or "ISO8601"): the time stamps of the log file's lines.
+- `log_format` ("default" or "ISO8601"): the time stamps of the log file's lines. While the
+  server logs JSON (`--log-format json`) the file gets JSON lines too, their `time` in ISO 8601
+  (UTC) whichever is set.
 
 An update is checked whole before any of it applies; the answer is the settings after it.
 """
@@ -23,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from duetime.errors import InvalidInput, NotAllowed
+from duetime.observability.logs import JsonFormatter
 
 LOGGER = "duetime"
 FORMATS = ("default", "ISO8601")
@@ -156,6 +159,13 @@ def _threshold(settings: Mapping[str, Any]) -> int:
 
 
 def _formatter(form: str) -> logging.Formatter:
+    """The log file's format: JSON while the server logs JSON (its stderr handler, on the root
+    logger, formats JSON), else text with `form`'s time stamps.
+
+    NOTE: a file set with `--log-format json` got plain-text lines: a log shipper reading the
+    server's JSON broke when the file was switched on."""
+    if any(isinstance(h.formatter, JsonFormatter) for h in logging.getLogger().handlers):
+        return JsonFormatter()
     if form == "ISO8601":
         formatter = logging.Formatter(_LINE, datefmt="%Y-%m-%dT%H:%M:%SZ")
         formatter.converter = time.gmtime
