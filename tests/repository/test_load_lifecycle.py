@@ -194,3 +194,22 @@ def test_polling_unloads_an_upload_whose_folder_was_removed(tmp_path: Path) -> N
         assert not manager._uploads
 
     run(tmp_path, scenario, control_mode="poll", poll_s=3600)
+
+
+def test_a_version_of_an_earlier_upload_is_not_called_the_folders(tmp_path: Path) -> None:
+    """After a second upload, the first upload's version was listed as the repository's
+    folder's, whose place the upload took."""
+    write_version(tmp_path, "m", 1, scale_model(1))
+
+    async def scenario(engine: Engine) -> None:
+        await engine.load_model("m", ModelConfig(), files={"7/model.onnx": scale_model(7)})
+        await engine.load_model("m", ModelConfig(), files={"8/model.onnx": scale_model(8)})
+        assert await factor_of(engine) == 8.0
+        listed = {e.get("version"): e.get("reason") for e in engine.repository_index()}
+        assert listed["1"] == manager_module.UPLOADED
+        assert listed.get("7") != manager_module.UPLOADED
+        assert engine.manager is not None
+        await asyncio.gather(*engine.manager._retiring)  # version 7 drains; its files are gone
+        assert versions_listed(engine) == ["1", "8"]
+
+    run(tmp_path, scenario, control_mode="explicit", startup_models=("m",))

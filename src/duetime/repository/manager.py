@@ -131,6 +131,9 @@ keeps of a folder that is gone (rows of failures or unloads there would only be 
 UPLOADED = "the model's uploaded files serve in place of its folder until it is unloaded"
 """The reason given for a version of the repository's folder an upload took the place of."""
 
+REPLACED_UPLOAD = "the model's files were uploaded again without this version"
+"""The reason given, while it drains, for a version of an upload that a later upload lacks."""
+
 IndexEntry = dict[str, str]
 """One row of the repository index: name, and version, state, reason where known."""
 
@@ -575,7 +578,7 @@ class ModelManager:
                 elif int(old.version) in source.versions:
                     self._retire(name, old, "not in policy")
                 else:
-                    self._retire(name, old, UPLOADED if name in self._uploads else REMOVED)
+                    self._retire(name, old, self._gone_reason(name, old))
             if not chosen and failures:
                 self._registry.record_failure(name, "; ".join(problems))
             elif not chosen:
@@ -601,6 +604,16 @@ class ModelManager:
             task = asyncio.get_running_loop().create_task(_close(version))
             self._retiring.add(task)
             task.add_done_callback(self._retiring.discard)
+
+    def _gone_reason(self, name: str, old: ServedVersion) -> str:
+        """Why `old`, whose version the folder `name` is served from lacks, is retired."""
+        if name not in self._uploads:
+            return REMOVED
+        if old.primary.model.path.parent.parent == self.root / name:
+            return UPLOADED  # (the repository's: listed, to say why it no longer serves)
+        # NOTE: a version of an earlier upload was labelled as the repository's folder (the
+        # upload serving in its place); gone with its files, it leaves the index once drained
+        return REPLACED_UPLOAD
 
     async def _config_settled(self, directory: Path, wait: bool) -> bool:
         """Whether the model's config file (if any) has gone `stable_s` unchanged, or was there
