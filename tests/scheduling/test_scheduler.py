@@ -30,6 +30,7 @@ from duetime.resilience.breaker import BreakerState
 from duetime.scheduling.ledger import CoreLedger
 from duetime.scheduling.profile import OVERRUN_WINDOW, LatencyProfile, profile_from_samples
 from duetime.scheduling.scheduler import PROBE_NS, BatchSizeStatistics, ModelScheduler
+from duetime.types import RequestTiming
 
 US = 1000
 MS = 1_000_000
@@ -677,6 +678,36 @@ def test_a_request_that_becomes_hopeless_while_queued_fails_without_running() ->
         stats = h.scheduler.statistics()
         assert (stats.rejected, stats.expired, stats.succeeded) == (1, 1, 2)
         assert h.scheduler.outcomes() == (2, 4)  # what the load shedder reads: missed, seen
+
+    run(body)
+
+
+def test_requests_failed_by_the_scheduler_get_their_timing_stamps() -> None:
+    """Probe repro_span_stages: a traced request failed in the queue had no stamp after
+    `queued_ns`, and one its run failed none after its start, so their spans showed no `queue`
+    (or no `execute`) child and an `encode` child covering the wait (see Tracing.record)."""
+
+    async def body() -> None:
+        h = harness()
+
+        def submit(due_in: int | None) -> tuple[asyncio.Future[Feeds], RequestTiming]:
+            timing = RequestTiming(h.clock.now_ns())
+            due = None if due_in is None else h.clock.now_ns() + due_in
+            future = h.scheduler.submit_nowait(
+                {}, rows=1, shape_key=SHAPE, due_ns=due, priority=0, timing=timing
+            )
+            return future, timing
+
+        failing, ran = submit(None)  # runs at once
+        doomed, expired = submit(250 * US)
+        h.clock.advance(200 * US)
+        h.executor.complete(0, outputs=[InternalError("crashed")], compute_ns=150 * US)
+        assert isinstance(failure(failing), InternalError)
+        assert (ran.finished_ns, ran.compute_ns) == (h.clock.now_ns(), 150 * US)
+        assert ran.started_ns
+        assert isinstance(failure(doomed), DeadlineExceeded)
+        assert (expired.dispatched_ns, expired.started_ns) == (0, 0)
+        assert expired.finished_ns == h.clock.now_ns()
 
     run(body)
 

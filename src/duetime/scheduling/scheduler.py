@@ -887,6 +887,8 @@ class ModelScheduler:
         for item in hopeless:
             self._expired += 1
             self._fail_ns += now - item.arrival_ns
+            if item.timing is not None:
+                _timing_failed_unrun(item.timing, now)
             due = item.due_ns if item.due_ns is not None else now
             _settle(item, DeadlineExceeded(
                 f"model {self._label}: could not finish before the due time "
@@ -1095,6 +1097,8 @@ class ModelScheduler:
             elif isinstance(outputs, DuetimeError):
                 self._failed += 1
                 self._fail_ns += now - item.arrival_ns
+                if item.timing is not None:  # (it ran: its span shows the run it failed in)
+                    item.timing.finished_ns, item.timing.compute_ns = now, result.compute_ns
                 _settle(item, outputs)
             else:
                 if item.timing is not None:
@@ -1400,6 +1404,8 @@ class ModelScheduler:
             if not item.future.done():  # (else withdrawn by its client: counted so)
                 self._unavailable += 1
                 self._fail_ns += now - item.arrival_ns
+                if item.timing is not None:
+                    _timing_failed_unrun(item.timing, now)
                 _settle(item, error)
 
 
@@ -1421,6 +1427,16 @@ def _input_bytes(running: _Running) -> int:
 def _timing_started(timing: RequestTiming, now: int, start: int, rows: int, instance: int) -> None:
     timing.dispatched_ns, timing.started_ns = now, max(now, start)
     timing.batch_rows, timing.instance = rows, instance
+
+
+def _timing_failed_unrun(timing: RequestTiming, now: int) -> None:
+    """Stamp a traced request failed without running, in the queue or in a batch handed to an
+    instance that never started it: its wait ends now, and it has no run (see Tracing.record).
+
+    NOTE: unstamped, the span of a request that expired after 57 ms in the queue had no `queue`
+    child, and its `encode` child covered those 57 ms."""
+    timing.started_ns = 0
+    timing.finished_ns = now
 
 
 def _settle(item: QueuedRequest, outcome: Feeds | DuetimeError) -> None:
