@@ -79,3 +79,13 @@ def test_without_the_cores_counts_there_is_no_estimate() -> None:
     backlog.taken()
     backlog.sample()
     assert (backlog.calls, backlog.wait_s) == (0, 0.0)
+
+
+def test_the_core_is_not_read_while_the_loop_has_time_for_calls() -> None:
+    backlog, core, now = make()
+    core.held = 50
+    for _ in range(5):
+        now[0] += 0.02
+        take(backlog, core, 20)
+        backlog.sample(busy=False)
+    assert (backlog.calls, backlog.wait_s, core.readings) == (0, 0.0, 0)

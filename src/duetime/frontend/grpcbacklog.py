@@ -25,12 +25,11 @@ log = logging.getLogger("duetime.grpc")
 RATE_WEIGHT = 0.3
 """Weight of the newest reading in the moving average of calls taken per second."""
 READ_PERIOD_S = 0.02
-"""The core's counts are read at most this often, and only while calls come.
+"""The core's counts are read at most this often, only while calls come and the loop is busy
+(see `sample`).
 
-NOTE: a reading costs 100-500 µs of the loop (channelz writes JSON, which is parsed): every
-10 ms that was 1-5% of a core. Not reading while the loop was idle by its CPU use missed the
-overload it is for: at 1,200 calls/s the loop thread used 70% of a core (the rest went to
-gRPC's poller thread and the GIL) while 300-800 calls waited in the core."""
+NOTE: a reading costs 100-700 µs of the loop (channelz writes JSON, which is parsed): every
+10 ms that was 1-5% of a core."""
 
 
 def server_ids() -> frozenset[int] | None:
@@ -72,10 +71,11 @@ class CoreBacklog:
     """Estimates calls waiting in gRPC's core and the wait of the call a handler takes now.
 
     The handlers call `taken` as a call starts, and `released` once it is done (its status
-    sent: what the core counts as ended). `sample()` runs every few ms on the loop and reads the
-    core's counts every READ_PERIOD_S while calls are coming (never while none come: nothing
-    waits then). What the core holds beyond the handlers' calls (less `SLACK`, calls between
-    their end and the core's count of it) waits for a handler.
+    sent: what the core counts as ended). `sample(busy)` runs every few ms on the loop and reads
+    the core's counts every READ_PERIOD_S while calls come and the loop is `busy` (nothing waits
+    while none come or the loop has time for them). What the core holds beyond the handlers'
+    calls (less `SLACK`, calls between their end and the core's count of it) waits for a
+    handler.
     """
 
     SLACK = 1
@@ -107,7 +107,7 @@ class CoreBacklog:
     def released(self, _context: object = None) -> None:
         self.holding -= 1
 
-    def sample(self) -> None:
+    def sample(self, busy: bool = True) -> None:
         core_held = self.core_held
         if core_held is None:
             return
@@ -117,7 +117,7 @@ class CoreBacklog:
             return
         taken = self.taken_total - self._last_taken
         self._last_at, self._last_taken = now, self.taken_total
-        if taken == 0:
+        if taken == 0 or not busy:
             self.calls, self.wait_s, self._rate = 0, 0.0, 0.0
             return
         rate, last = taken / elapsed, self._rate
