@@ -213,3 +213,26 @@ def test_a_version_of_an_earlier_upload_is_not_called_the_folders(tmp_path: Path
         assert versions_listed(engine) == ["1", "8"]
 
     run(tmp_path, scenario, control_mode="explicit", startup_models=("m",))
+
+
+# -- a version installed by a rename -------------------------------------------------------------
+
+
+def test_a_renamed_version_waits_until_its_files_are_stable_s_old(tmp_path: Path) -> None:
+    """The docs said a hidden folder renamed to the version number "needs no wait"; it waits as
+    any version does, counted from the files' modification times, which a rename keeps."""
+    write_version(tmp_path, "m", 1, scale_model(1))
+
+    async def scenario(engine: Engine) -> None:
+        manager = engine.manager
+        assert manager is not None
+        write_version(tmp_path / "m", ".tmp", 2, scale_model(2), aged=False)
+        (tmp_path / "m" / ".tmp" / "2").rename(tmp_path / "m" / "2")
+        await manager.poll()
+        assert served(engine) == ["1"]  # (just written: not yet)
+        write_version(tmp_path / "m", ".tmp", 3, scale_model(3))  # (written long before)
+        (tmp_path / "m" / ".tmp" / "3").rename(tmp_path / "m" / "3")
+        await manager.poll()  # (no wait: stable_s is an hour)
+        assert served(engine) == ["3"]
+
+    run(tmp_path, scenario, control_mode="poll", poll_s=3600, stable_s=3600.0)

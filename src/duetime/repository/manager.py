@@ -10,7 +10,15 @@ Half-written files: a version is loaded only once every file it loads (model, va
 has gone `stable_s` seconds without changing (size and modification time). A copy in progress
 keeps touching its file, so it is picked up by a later poll, once complete; an explicit load
 request waits for the files to settle. Copying into a hidden folder (`.tmp-3`) and renaming it to
-the version number is atomic and needs no wait.
+the version number is atomic: a copy that stalls longer than `stable_s` is never loaded half
+written. The rename does not change the files' modification times, so the version still waits
+until its files are `stable_s` old: files written that long before the rename load at once.
+
+NOTE: a folder that appeared by a rename cannot be told apart reliably from one being filled in
+place. Its files older than the folder's last change would be the sign, but a file just created
+in a folder (empty, being written) was older than that folder's change time in 1971 of 2000
+tries (ext4, Linux 6.18: fine-grained time stamps), and other file systems need not update a
+renamed folder's change time at all.
 """
 
 from __future__ import annotations
