@@ -662,3 +662,20 @@ def test_samples_of_an_input_with_no_shape_run_as_arrays() -> None:
     feeds = batches_of(random_samples(signature, 3, seed=0), signature)
     assert len(feeds) == 3
     assert all(isinstance(f["x"], np.ndarray) and f["x"].shape == () for f in feeds)
+
+
+def test_a_run_that_changes_no_verdict_leaves_the_config_file_untouched(
+    repo: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A rewrite of the same text gave the file a new mtime, and a server polling the repository
+    reloaded the model for nothing."""
+    from duetime.tools.optimize import pipeline
+
+    monkeypatch.setattr(pipeline, "verdict", lambda *args, **kwargs: ("refused", "not faster"))
+    model = repo / "mlp"
+    config = model / "config.toml"
+    before = config.stat()
+    assert optimize(model, "--measure-s", "0.05", "-q", "--kinds", "fp16") == 0
+    after = config.stat()
+    assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
+    assert not (model / "1" / "model.fp16.onnx").exists()

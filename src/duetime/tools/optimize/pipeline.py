@@ -256,6 +256,10 @@ def _commit(
         return None
     path, text = update_config(target.model_dir, results, by_argmax)
     kept = {r.kind for r in results if r.status == "kept"}
+    if not kept and path.is_file() and path.read_text(encoding="utf-8") == text:
+        # NOTE: rewritten all the same, a config whose verdicts did not change had a new mtime,
+        # and a server polling the repository reloaded the model for nothing
+        return path
     try:
         staged = stage(path, text.encode("utf-8"))
     except OSError as exc:
