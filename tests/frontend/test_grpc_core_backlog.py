@@ -94,6 +94,9 @@ def test_a_timeout_counts_from_the_calls_estimated_arrival_in_the_core() -> None
     now = 10_000_000_000
     due = InferenceService._due(service, {"timeout": 80_000}, context, now)  # type: ignore[arg-type]
     assert due == now - 50_000_000 + 80_000_000
+    # a stream's message comes on a call already taken: it did not wait in the core's queue
+    due = InferenceService._due(service, {"timeout": 80_000}, context, now, False)  # type: ignore[arg-type]
+    assert due == now + 80_000_000
 
 
 def test_a_grpc_deadline_is_the_cores_own_and_is_not_moved() -> None:

@@ -585,7 +585,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
             outputs=requested.names,
             classes=requested.classes,
             id=request.id,
-            due_ns=self._due(parameters, context, received),
+            due_ns=self._due(parameters, context, received, protocol == "grpc"),
             arrival_ns=received,
             priority=priority_of(parameters),
             parameters=parameters,
@@ -642,11 +642,14 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
             raise _too_large(str(response.ByteSize()), limit)
         return response
 
-    def _due(self, parameters: Mapping[str, Any], context: Any, now: int) -> int | None:
+    def _due(
+        self, parameters: Mapping[str, Any], context: Any, now: int, new_call: bool = True
+    ) -> int | None:
         """The due time from the `timeout` parameter, counted from the call's arrival in gRPC's
-        core (estimated: `CoreBacklog`), and the gRPC deadline (the core's own: exact)."""
+        core where the request is a `new_call`'s (estimated: `CoreBacklog`; a stream's later
+        messages come on a call already taken), and the gRPC deadline (the core's own: exact)."""
         backlog = self.backlog
-        waited_ns = int(backlog.wait_s * 1e9) if backlog is not None else 0
+        waited_ns = int(backlog.wait_s * 1e9) if backlog is not None and new_call else 0
         due = due_from_timeout_us(parameters, now - waited_ns)
         remaining = context.time_remaining()
         if remaining is not None:
