@@ -4,6 +4,7 @@ that is not running), loads on demand, control modes, and what in-process caller
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -153,3 +154,55 @@ def test_load_awaited_off_the_loop_of_a_started_engine_is_refused(tmp_path: Path
         np.testing.assert_array_equal(answer["y"], 2 * inputs()["x"])
 
     run_started(tmp_path, scenario, control_mode="explicit")
+
+
+def call_in_thread(call: Callable[[], object]) -> object:
+    """What `call()` returns or raises, run on a thread of its own; a call that never ends
+    fails the test instead of hanging it."""
+    outcome: list[object] = []
+
+    def run() -> None:
+        try:
+            outcome.append(call())
+        except Exception as exc:
+            outcome.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(WAIT_S)
+    assert outcome, "the call still had not ended after 30 s"
+    return outcome[0]
+
+
+def test_blocking_infer_on_a_started_engine_is_refused_whether_its_loop_runs_or_not(
+    tmp_path: Path,
+) -> None:
+    """Handed to a `start()` engine's loop while it was not running, `infer(timeout=0.05)`
+    waited forever; after `asyncio.run(Engine.start(...))` it said "the engine is closed" though
+    nothing had closed it. Such an engine answers only on its loop (README)."""
+    write_version(tmp_path, "m", 1, scale_model(2))
+    loop = asyncio.new_event_loop()
+    engine = loop.run_until_complete(Engine.start(tmp_path))
+    try:
+        outcome = call_in_thread(lambda: engine.infer("m", inputs(), timeout=0.05))
+        assert isinstance(outcome, RuntimeError), outcome
+        assert "Engine.infer is for engines made by Engine.open()" in str(outcome)
+
+        async def on_its_loop() -> None:
+            with pytest.raises(RuntimeError, match="await infer_async there"):
+                engine.infer("m", inputs())
+            answer = await engine.infer_async("m", inputs(), timeout=WAIT_S)
+            np.testing.assert_array_equal(answer["y"], 2 * inputs()["x"])
+
+        loop.run_until_complete(on_its_loop())
+    finally:
+        loop.run_until_complete(engine.aclose())
+        loop.close()
+
+    ended = asyncio.run(Engine.start(tmp_path))  # (its loop is closed: the engine is not)
+    try:
+        with pytest.raises(RuntimeError, match=r"Engine\.infer is for engines made by"):
+            ended.infer("m", inputs(), timeout=0.05)
+    finally:
+        for deployment in ended.registry.clear():
+            deployment.model.executor.close()

@@ -486,9 +486,19 @@ class Engine:
         priority: int = 0,
         outputs: Sequence[str] | None = None,
     ) -> dict[str, np.ndarray]:
-        """Blocking `infer_async` for synchronous code; never call it on the engine's own loop."""
-        if self._loop is None:
-            raise RuntimeError("the engine has no loop yet: use Engine.open() for synchronous use")
+        """Blocking `infer_async` for synchronous code, on an engine made by `open()` (whose
+        loop runs on a thread of its own); never call it on the engine's own loop.
+
+        NOTE: an engine made by `start()` answers only on the loop that started it, as its
+        `infer_async` does: handed to that loop from another thread, a call waited forever (past
+        its due time) whenever the loop was not running, and after `asyncio.run(Engine.start())`
+        it was told "the engine is closed" though nothing had closed it."""
+        if self._thread is None:
+            raise RuntimeError(
+                "Engine.infer is for engines made by Engine.open() (their loop runs on a thread "
+                "of their own); this one runs on the loop that started it (Engine.start): await "
+                "infer_async there"
+            )
         if _running_loop() is self._loop:
             raise RuntimeError("Engine.infer blocks; on the engine's loop use await infer_async")
         request = self._request(model, inputs, version, timeout, priority, outputs)
