@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import difflib
 import logging
+import math
 import os
 import tomllib
 from collections.abc import Collection, Iterable, Mapping
@@ -30,6 +31,10 @@ V2Datatype = Literal[
     "BOOL", "INT8", "INT16", "INT32", "INT64", "UINT8", "UINT16", "UINT32", "UINT64",
     "FP16", "FP32", "FP64", "BYTES",
 ]  # fmt: skip
+
+PRIMARY_VARIANT = "default"
+"""The variant name of a version's own `model.onnx` (repository.registry.PRIMARY): reserved,
+no `[[variants]]` entry may take it."""
 
 CONFIG_FILENAMES = ("config.toml", "config.yaml", "config.yml", "config.pbtxt")
 """A model's config file: duetime's own (TOML or YAML) or Triton's (see tritonconfig.py)."""
@@ -193,12 +198,25 @@ class VariantConfig(_Strict):
     finish meets its due time, else to the first variant whose predicted finish does."""
 
     name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+    """Named in answers (response parameter `variant`) and metrics; not PRIMARY_VARIANT."""
     file: str = Field(min_length=1, max_length=255, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
     """File name inside each version folder (no folders); a version without it serves without
     this variant."""
     kind: Literal["fp16", "int8-dynamic", "int8-static", "model"] = "model"
     quality: VariantQuality | None = None
     speed: VariantSpeed | None = None
+
+    @field_validator("name", mode="after")
+    @classmethod
+    def _not_the_primarys(cls, name: str) -> str:
+        """NOTE: a variant named "default" was served, and answers said `variant: default`
+        whether model.onnx or the variant computed them (metrics and statistics merged too)."""
+        if name == PRIMARY_VARIANT:
+            raise ValueError(
+                f"'{PRIMARY_VARIANT}' is the name answers, statistics and metrics give the "
+                "version's own model.onnx; give the variant another name"
+            )
+        return name
 
 
 class TrafficConfig(_Strict):
@@ -335,8 +353,19 @@ def describe_validation_error(
             got = f" (got {len(given)} characters)" if isinstance(given, str) else ""
         else:
             got = f" (got {given!r})"
-        lines.append(f"{source}: field '{where}': {item['msg']}{got}")
+        message = item["msg"]
+        if item["type"] in _BOUNDS and isinstance(given, float) and math.isnan(given):
+            # NOTE: NaN fails every bound (its comparisons are false): "should be less than or
+            # equal to 1000000000 (got nan)" named a bound NaN does not exceed
+            message = "Input should be a finite number"
+        lines.append(f"{source}: field '{where}': {message}{got}")
     return "; ".join(lines)
+
+
+_BOUNDS = frozenset(
+    ("greater_than", "greater_than_equal", "less_than", "less_than_equal", "finite_number")
+)
+"""pydantic's error types of a number out of its bounds."""
 
 
 def read_config_file(path: Path) -> dict[str, Any]:

@@ -6,15 +6,15 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from duetime.config import TrafficConfig
+from duetime.config import PRIMARY_VARIANT, TrafficConfig
 from duetime.errors import ModelNotFound, ModelUnavailable
 from duetime.repository.layout import version_of
 from duetime.repository.loader import LoadedModel
 from duetime.routing.traffic import TrafficPlan, plan_traffic
 from duetime.scheduling.scheduler import ModelScheduler
 
-PRIMARY = "default"
-"""The variant name of a version's own `model.onnx`."""
+PRIMARY = PRIMARY_VARIANT
+"""The variant name of a version's own `model.onnx` (reserved: see config.VariantConfig)."""
 
 
 @dataclass(frozen=True, slots=True, eq=False)

@@ -1,0 +1,48 @@
+"""Model config values refused for what they would do, not only for their type: a variant that
+takes the primary's name, and numbers that are not numbers (NaN), named as such."""
+
+from __future__ import annotations
+
+import pytest
+
+from duetime.config import parse_model_config
+from duetime.errors import ConfigError
+from duetime.repository.registry import PRIMARY
+
+
+def test_a_variant_may_not_take_the_primarys_name() -> None:
+    """A variant named "default" was served, and every answer said `variant: default`, whether
+    model.onnx or the variant computed it."""
+    data = {"variants": [{"name": PRIMARY, "file": "model.small.onnx"}]}
+    with pytest.raises(ConfigError) as caught:
+        parse_model_config(data, source="config.toml")
+    message = caught.value.message
+    assert message.startswith("config.toml: field 'variants.0.name': ")
+    assert f"'{PRIMARY}' is the name" in message
+    assert "model.onnx" in message
+    parse_model_config({"variants": [{"name": "Default", "file": "a.onnx"}]}, source="c")
+
+
+@pytest.mark.parametrize(
+    ("data", "field"),
+    [
+        ({"traffic": {"weights": {"1": float("nan")}}}, "traffic.weights.1"),
+        ({"traffic": {"shadow": {"2": float("nan")}}}, "traffic.shadow.2"),
+        ({"scheduling": {"exec_margin": float("nan")}}, "scheduling.exec_margin"),
+        ({"default_timeout_ms": float("nan")}, "default_timeout_ms"),
+    ],
+    ids=str,
+)
+def test_a_nan_is_refused_as_no_finite_number(data: dict[str, object], field: str) -> None:
+    """A NaN weight was refused with "Input should be less than or equal to 1000000000 (got
+    nan)": a bound NaN does not exceed."""
+    with pytest.raises(ConfigError) as caught:
+        parse_model_config(data, source="config.toml")
+    assert caught.value.message == (
+        f"config.toml: field '{field}': Input should be a finite number (got nan)"
+    )
+
+
+def test_an_infinite_weight_is_refused_by_its_bound() -> None:
+    with pytest.raises(ConfigError, match=r"less than or equal to 1000000000 \(got inf\)"):
+        parse_model_config({"traffic": {"weights": {"1": float("inf")}}}, source="c")
