@@ -862,6 +862,7 @@ def test_a_profile_taken_on_a_busy_cpu_is_corrected_by_one_run_on_an_idle_instan
         h.clock.advance(2_000 * MS)
         with pytest.raises(Overloaded):
             h.submit("tight", due_in=1 * MS)
+        await asyncio.sleep(0)  # (it starts on a later callback: see the next test)
         ((_, check),) = h.executor.jobs
         assert check.rows == [1]
         with pytest.raises(Overloaded):  # one check at a time
@@ -875,6 +876,50 @@ def test_a_profile_taken_on_a_busy_cpu_is_corrected_by_one_run_on_an_idle_instan
         assert admitted.exception() is None
         stats = h.scheduler.statistics()
         assert (stats.executions, stats.succeeded) == (1, 1), "the check is not a request"
+
+    run(body)
+
+
+def test_a_profile_check_never_takes_the_cpu_ahead_of_the_request_passed_to_a_variant() -> None:
+    """Probe repro_refresh504: after a second of quiet, the router passed over the primary and
+    asked it to check its profile; its 3.8 ms sample run took the CPU it shares with the
+    variant at once, and the request the router then sent the variant, due in 1 ms, was
+    refused. The check runs after that request has its turn, and not while requests wait."""
+
+    async def body() -> None:
+        ledger, clock = CoreLedger(), FakeClock(1_000 * MS)
+        busy = profile_from_samples({1: [3_800 * US] * 5})
+        sample = {"name": np.array(["sample"])}
+        primary = harness(ledger=ledger, clock=clock, profile=busy, sample=lambda: sample)
+        variant = harness(ledger=ledger, clock=clock)
+        clock.advance(2_000 * MS)
+
+        def route(name: str) -> asyncio.Future[Feeds]:
+            """As Router._cascade: the primary does not fit, the variant takes the request."""
+            now = clock.now_ns()
+            assert not primary.scheduler.fits(now, now + 1 * MS, 1, 0)
+            primary.scheduler.refresh_if_stale(now)
+            return variant.submit(name, due_in=1 * MS)
+
+        first = route("v1")  # (it raised Overloaded: behind the check's 3.8 ms)
+        variant.submit("queued", due_in=10 * MS)  # waits behind v1
+        await asyncio.sleep(0)
+        assert primary.executor.jobs == [], "requests wait on the CPU: no check"
+        variant.executor.complete(0)
+        variant.executor.complete(1)
+        assert failure(first) is None
+        second = route("v2")  # nothing waits: v2 is handed over at once
+        await asyncio.sleep(0)
+        assert primary.started() == ["sample"]
+        (_, check), (_, v2) = primary.executor.jobs[0], variant.executor.jobs[2]
+        assert variant.job(2)[1] == ["v2"]
+        assert check.turn is not None
+        assert v2.turn is not None
+        assert v2.turn[1] < check.turn[1], "the check runs after the request"
+        variant.executor.complete(2)
+        assert failure(second) is None
+        primary.executor.complete(0, compute_ns=100 * US)
+        assert primary.scheduler.profile.predict(1) == 100 * US
 
     run(body)
 

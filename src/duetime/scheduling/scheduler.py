@@ -282,6 +282,7 @@ class ModelScheduler:
         Failures still count."""
         self._sample = sample
         self._refreshing = False
+        """A sample run of `refresh_if_stale` is planned (`_refresh_soon`) or running."""
         self._wake_slack_base_ns = self._wake_slack_ns = wake_slack_ns
         self._preferred = (
             () if config.policy == "edf" else tuple(sorted(set(config.preferred_batch_size)))
@@ -1008,8 +1009,17 @@ class ModelScheduler:
         """Run the sample inputs once on an idle instance, to check the profile, when this
         variant refuses requests (or the router passes it over) on its predictions and has not
         run for `REFRESH_NS`: a profile taken on a busy CPU would otherwise keep it refusing
-        for good (see `LatencyProfile.recalibrate`). Thread-run models only."""
-        if (
+        for good (see `LatencyProfile.recalibrate`). Thread-run models only.
+
+        The run starts on a later callback of the loop (`_refresh_soon`), after the request
+        that was refused or passed over has gone where it goes."""
+        if self._stale(now):
+            self._refreshing = True
+            self._loop.call_soon(self._refresh_soon)
+
+    def _stale(self, now: int) -> bool:
+        """`refresh_if_stale`'s conditions: a sample run would check the profile now."""
+        return not (
             self._sample is None
             or self._refreshing
             or self._closed
@@ -1018,7 +1028,22 @@ class ModelScheduler:
             or len(self._queue)
             or self._outstanding[0]
             or not self.available(now)
-        ):
+        )
+
+    def _refresh_soon(self) -> None:
+        """`refresh_if_stale`'s run, unless requests wait on this CPU: it never takes the CPU
+        ahead of them (the next request refused or passed over asks again).
+
+        NOTE: started at once, on a CPU a cheaper variant shares (see ledger.py), the run took
+        its turn before the request the router then sent that variant: a request due in 5 ms
+        after a second of quiet waited behind the primary's 3 ms sample run, and was refused
+        or expired where the variant needed 0.7 ms. Now it runs after what the router and the
+        schedulers did in the turn that asked for it, and only while nothing is queued on its
+        CPU: a batch already handed over runs first, in the order of the CPU's turns."""
+        now = self._clock.now_ns()
+        self._refreshing = False
+        others = self._others(now)
+        if not self._stale(now) or (others is not None and others.backlog_ns):
             return
         if self._run_sample(0, now, self._refreshed):
             self._refreshing = True
@@ -1034,8 +1059,9 @@ class ModelScheduler:
         bucket = self.profile.bucket_of[rows] if self._max_rows else 0
         job = BatchJob([self._sample()], [rows], bucket, on_done)
         predicted = self._exec_ns(rows)
-        self._outstanding[instance].append(_Running([], bucket, now, rows, job, now, predicted))
-        self._busy_until[instance] = now + predicted
+        start = self._core_free(now, instance)  # (after the batches booked on a shared CPU)
+        self._outstanding[instance].append(_Running([], bucket, now, rows, job, start, predicted))
+        self._busy_until[instance] = start + predicted
         if self._ledger is not None:
             self._ledger.book(self._owners[instance], self._busy_until[instance])
             if self._ledger.shared:  # (it takes its turn on the CPU, as a batch does)
