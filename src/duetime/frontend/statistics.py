@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from duetime.repository.layout import version_of
 from duetime.repository.registry import Deployment, ServedVersion, Snapshot
 from duetime.routing.router import ShadowStatistics
 from duetime.scheduling.scheduler import SchedulerStatistics
@@ -115,7 +116,13 @@ def statistics_json(
     version: str | None,
     shadows: Mapping[tuple[str, str], ShadowStatistics] | None = None,
 ) -> dict[str, Any]:
-    """Statistics of every served version of `name` (or of `version` only), or of all models."""
+    """Statistics of every served version of `name` (or of `version` only: "01" is version 1,
+    as routing reads it), or of all models."""
+    if version is not None:
+        # NOTE: compared as written, "01" matched no version: 200 with no statistics, where
+        # infer, ready and metadata take it as version 1 (ServedVersion.version)
+        parsed = version_of(version)
+        version = str(parsed) if parsed is not None else version
     entries = []
     for model_name, served in sorted(snapshot.models.items()):
         if name is not None and model_name != name:
