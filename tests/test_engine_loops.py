@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from conftest import start_server, stop_server
 from repo_models import inputs, scale_model, write_version
@@ -18,7 +19,7 @@ from tritonclient.utils import InferenceServerException
 
 from duetime import Engine
 from duetime.config import ServerSettings
-from duetime.errors import ModelNotFound, ModelUnavailable
+from duetime.errors import ModelNotFound, ModelUnavailable, NotAllowed
 from duetime.repository.manager import RepositoryOptions
 
 pytestmark = pytest.mark.timeout(120)
@@ -206,3 +207,48 @@ def test_blocking_infer_on_a_started_engine_is_refused_whether_its_loop_runs_or_
     finally:
         for deployment in ended.registry.clear():
             deployment.model.executor.close()
+
+
+# -- control modes ---------------------------------------------------------------------------------
+
+
+def test_a_polled_repository_refuses_loads_as_it_refuses_unloads(tmp_path: Path) -> None:
+    """As Triton's ("explicit model load / unload is not allowed if polling is enabled"): a
+    load with uploaded files was taken while every unload was refused, so the upload could
+    never be dropped, not even by removing the model's folder."""
+    write_version(tmp_path, "m", 1, scale_model(1))
+    settings = ServerSettings(
+        model_repository=tmp_path, http_port=0, grpc_port=0, model_control_mode="poll",
+        repository_poll_secs=3600,
+    )  # fmt: skip
+    running, thread = start_server(settings)
+    made = [
+        httpclient.InferenceServerClient(running.http),
+        grpcclient.InferenceServerClient(running.grpc),
+    ]
+    try:
+        for client in made:
+            upload = {"file:1/model.onnx": scale_model(9)}
+            for asked in ({"config": "{}", "files": upload}, {}):
+                with pytest.raises(InferenceServerException, match="polled") as refused:
+                    client.load_model("m", **asked)
+                assert "cannot load model 'm'" in str(refused.value)
+            with pytest.raises(InferenceServerException, match="cannot unload model 'm'"):
+                client.unload_model("m")
+            module = httpclient if client is made[0] else grpcclient
+            tensor = module.InferInput("x", [1, 4], "FP32")
+            tensor.set_data_from_numpy(inputs()["x"])
+            answer = client.infer("m", [tensor]).as_numpy("y")
+            np.testing.assert_array_equal(answer, inputs()["x"])  # the folder's, not the upload's
+    finally:
+        for client in made:
+            client.close()
+        stop_server(running, thread)
+
+    async def scenario(engine: Engine) -> None:
+        with pytest.raises(
+            NotAllowed, match="cannot load model 'm' while the repository is polled"
+        ):
+            await engine.load_model("m")
+
+    run_started(tmp_path, scenario, control_mode="poll", poll_s=3600)

@@ -275,27 +275,36 @@ class Engine:
         """Load `name` (or reload what changed), with `config` in place of its config file; with
         `files` (path in the model folder -> content, and a `config`), from those instead of its
         folder in the repository, until it is unloaded."""
-        manager = self._control("load")
+        manager = self._control("load", name)
         await self._on_engine_loop(
             functools.partial(manager.load, name, config=config, files=files), "load_model"
         )
 
     async def unload_model(self, name: str) -> None:
         """Stop routing to `name`; requests already queued on it still finish."""
-        manager = self._control("unload")
-        if manager.options.control_mode == "poll":
-            raise NotAllowed(
-                f"cannot unload model '{name}' while the repository is polled "
-                "(--model-control-mode poll): remove its folder, or use explicit mode"
-            )
+        manager = self._control("unload", name)
         await self._on_engine_loop(functools.partial(manager.unload, name), "unload_model")
 
-    def _control(self, action: str) -> ModelManager:
+    def _control(self, action: str, name: str) -> ModelManager:
+        """The manager, if its control mode lets the repository API `action` (load, unload)
+        model `name`; NotAllowed, saying why, if not.
+
+        NOTE: as Triton's ("explicit model load / unload is not allowed if polling is
+        enabled"), polling refuses loads as well as unloads: a load, uploaded files included,
+        was taken while every unload was refused, so an upload could never be dropped and
+        outlived even the removal of the model's folder."""
         manager = self.manager
         if manager is None or manager.options.control_mode == "none":
             raise NotAllowed(
                 f"model {action} is off: the server runs with --model-control-mode none; start "
-                "it with --model-control-mode explicit (or poll) to load and unload models"
+                "it with --model-control-mode explicit to load and unload models"
+            )
+        if manager.options.control_mode == "poll":
+            instead = {"load": "change its folder", "unload": "remove its folder"}[action]
+            raise NotAllowed(
+                f"cannot {action} model '{name}' while the repository is polled "
+                f"(--model-control-mode poll: explicit model load and unload are off, as in "
+                f"Triton): {instead} and the next poll applies it, or use explicit mode"
             )
         return manager
 
