@@ -14,12 +14,12 @@ import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from conftest import start_server, stop_server
-from repo_models import inputs, scale_model, write_version
+from repo_models import heavy_model, inputs, scale_model, write_version
 from tritonclient.utils import InferenceServerException
 
 from duetime import Engine
 from duetime.config import ServerSettings
-from duetime.errors import ModelNotFound, ModelUnavailable, NotAllowed
+from duetime.errors import DeadlineExceeded, ModelNotFound, ModelUnavailable, NotAllowed
 from duetime.repository.manager import RepositoryOptions
 
 pytestmark = pytest.mark.timeout(120)
@@ -252,3 +252,49 @@ def test_a_polled_repository_refuses_loads_as_it_refuses_unloads(tmp_path: Path)
             await engine.load_model("m")
 
     run_started(tmp_path, scenario, control_mode="poll", poll_s=3600)
+
+
+# -- what in-process callers are told --------------------------------------------------------------
+
+
+def test_in_process_calls_are_not_told_of_a_server(tmp_path: Path) -> None:
+    """After `aclose()` a call was told "the server is shutting down; retry on another
+    replica", and `timeout=0` "... it waited that long to be read: the server is overloaded"."""
+    write_version(tmp_path, "m", 1, scale_model(2))
+
+    async def main() -> None:
+        engine = await Engine.start(tmp_path)
+        with pytest.raises(DeadlineExceeded) as late:
+            await engine.infer_async("m", inputs(), timeout=0)
+        assert "due before the engine could queue it" in late.value.message
+        await engine.aclose()
+        with pytest.raises(ModelUnavailable) as closed:
+            await engine.infer_async("m", inputs())
+        assert closed.value.message == "model 'm': the engine is closed; start a new one"
+        for said in (late.value.message, closed.value.message):
+            assert "server" not in said
+            assert "replica" not in said
+
+    asyncio.run(main())
+    with Engine.open(tmp_path) as opened:
+        with pytest.raises(DeadlineExceeded) as late:
+            opened.infer("m", inputs(), timeout=0)
+        assert "due before the engine could queue it" in late.value.message
+        assert "server" not in late.value.message
+
+
+def test_a_request_waiting_for_a_lazy_load_is_told_when_the_engine_closes(tmp_path: Path) -> None:
+    write_version(tmp_path, "m", 1, heavy_model(2))
+
+    async def main() -> None:
+        engine = await Engine.start(tmp_path, options=RepositoryOptions(lazy=True))
+        waiting = asyncio.ensure_future(engine.infer_async("m", inputs(), timeout=WAIT_S))
+        await asyncio.sleep(0)  # (submitted: its load has started)
+        await engine.aclose()
+        with pytest.raises(ModelUnavailable) as closed:
+            await asyncio.wait_for(waiting, WAIT_S)
+        assert (
+            closed.value.message == "model 'm': the engine closed before answering; start a new one"
+        )
+
+    asyncio.run(main())

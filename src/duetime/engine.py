@@ -30,6 +30,7 @@ from duetime.classification import check_classifiable, top_classes
 from duetime.clock import Clock, MonotonicClock
 from duetime.config import ModelConfig
 from duetime.errors import (
+    DeadlineExceeded,
     DuetimeError,
     InternalError,
     InvalidInput,
@@ -170,6 +171,8 @@ class Engine:
         self._thread: threading.Thread | None = None
         self._closed = False
         """`close()` has begun: synchronous calls are refused (an engine made by `open()`)."""
+        self._closing = False
+        """`aclose()` has begun (what fails then fails for that: see `_in_process`)."""
         self._waiting: set[concurrent.futures.Future[Any]] = set()
         """Calls handed over from other threads not answered yet: failed at `close()` if the
         loop never took them."""
@@ -252,6 +255,7 @@ class Engine:
 
     async def aclose(self, grace_s: float = 5.0) -> None:
         """Stop serving: drain each scheduler for up to `grace_s`, then stop the instances."""
+        self._closing = True
         loads = [*self._pending_loads, *self._lazy_loads.values()]
         for task in loads:  # (on-demand loads: their requests are told the engine stopped)
             task.cancel()
@@ -296,8 +300,9 @@ class Engine:
         manager = self.manager
         if manager is None or manager.options.control_mode == "none":
             raise NotAllowed(
-                f"model {action} is off: the server runs with --model-control-mode none; start "
-                "it with --model-control-mode explicit to load and unload models"
+                f"model {action} is off: the repository is served with --model-control-mode none "
+                "(in process: RepositoryOptions(control_mode='none')); load and unload models "
+                "in explicit mode"
             )
         if manager.options.control_mode == "poll":
             instead = {"load": "change its folder", "unload": "remove its folder"}[action]
@@ -401,6 +406,7 @@ class Engine:
         task = asyncio.get_running_loop().create_task(self._load_then_submit(request, ticket, load))
         self._pending_loads.add(task)
         task.add_done_callback(self._pending_loads.discard)
+        task.add_done_callback(functools.partial(_unsettled, ticket))
         return ticket
 
     def _lazy_load(self, name: str, manager: ModelManager) -> asyncio.Task[None]:
@@ -428,17 +434,18 @@ class Engine:
             await asyncio.shield(load)  # (shared: one request's end must not end it)
             if outer.done():
                 return
-            inner = self._submit(request, lazy=False)
+            try:
+                inner = self._submit(request, lazy=False)
+            except DeadlineExceeded:  # (the scheduler's words would blame a busy server)
+                raise DeadlineExceeded(
+                    f"model '{request.model}' was loaded on demand, and the load ended after "
+                    "the request was due; retry now that it is loaded"
+                ) from None
         except DuetimeError as exc:
             if not outer.done():
                 outer.set_exception(exc)
                 ticket._settled()
             return
-        except asyncio.CancelledError:  # (aclose: the engine stops before the model loaded)
-            if not outer.done():
-                outer.set_exception(ModelUnavailable(f"model '{request.model}': {SHUTTING_DOWN}"))
-                ticket._settled()
-            raise
         ticket.version, ticket.outputs, ticket.variant = inner.version, inner.outputs, inner.variant
         ticket.classes, ticket.batched = inner.classes, inner.batched
 
@@ -481,8 +488,17 @@ class Engine:
                     "infer_async there, or make an engine for many loops with Engine.open()"
                 )
             return await asyncio.wrap_future(self._submit_threadsafe(request))
-        ticket = self.submit(request)
+        try:
+            ticket = self.submit(request)
+        except DuetimeError as exc:
+            raise self._in_process(exc, request, queued=False) from None
         await settled(ticket.future)
+        error = ticket.failure()
+        if error is not None:
+            try:
+                raise self._in_process(error, request, queued=True)
+            finally:
+                error = None  # (this frame is in its traceback: see Ticket.response)
         return ticket.response().outputs
 
     def infer(
@@ -596,12 +612,15 @@ class Engine:
         try:
             ticket = self.submit(request)
         except Exception as exc:
-            _answer(result, None, exc)
+            _answer(result, None, self._in_process(exc, request, queued=False))
             return
 
         def settle() -> None:
             error = ticket.failure()
-            _answer(result, ticket.response().outputs if error is None else None, error)
+            if error is None:
+                _answer(result, ticket.response().outputs, None)
+            else:
+                _answer(result, None, self._in_process(error, request, queued=True))
 
         ticket.when_done(settle)
         loop = self._loop
@@ -613,6 +632,33 @@ class Engine:
                     loop.call_soon_threadsafe(ticket.future.cancel)
 
         result.add_done_callback(withdraw)
+
+    def _in_process(
+        self, error: BaseException, request: InferRequest, *, queued: bool
+    ) -> BaseException:
+        """`error` in words for an in-process caller (`infer`, `infer_async`), whose request
+        was refused (`queued` False) or failed after it was queued.
+
+        NOTE: the registry and the schedulers word their errors for a server's clients, and
+        HTTP and gRPC answer them as they are; in process they misled: after `aclose()` a call
+        was told "the server is shutting down; retry on another replica", and `timeout=0`
+        "... it waited that long to be read: the server is overloaded"."""
+        if isinstance(error, ModelUnavailable) and (self._closing or self._closed):
+            again = "open a new one" if self._thread is not None else "start a new one"
+            if queued:
+                return ModelUnavailable(
+                    f"model '{request.model}': the engine closed before answering; {again}"
+                )
+            return ModelUnavailable(f"model '{request.model}': the engine is closed; {again}")
+        if isinstance(error, DeadlineExceeded) and not queued and request.due_ns is not None:
+            # (refused as it was queued: only a request due before it reached the scheduler)
+            late_us = max(self.clock.now_ns() - request.due_ns, 0) / 1e3
+            return DeadlineExceeded(
+                f"model '{request.model}': the request was due before the engine could queue it "
+                f"(by {late_us:.0f} µs): its timeout is too short (or the engine's loop was "
+                "busy); give a longer timeout, or None for no due time"
+            )
+        return error
 
     def _request(
         self,
@@ -737,6 +783,23 @@ NO_DUE_BEYOND_NS = 100 * 365 * 24 * 3600 * 10**9
 
 _OPEN: weakref.WeakSet[Engine] = weakref.WeakSet()
 """Engines made by `open()` and not closed yet."""
+
+
+def _unsettled(ticket: Ticket, task: asyncio.Task[None]) -> None:
+    """Fail `ticket` if `task`, which was to settle it (or have its request's settle it),
+    ended otherwise: cancelled by `aclose` (perhaps before it ever ran) while the model
+    loaded, or failed on a bug of ours."""
+    if ticket.future.done():
+        return
+    if task.cancelled():
+        error: DuetimeError = ModelUnavailable(f"model '{ticket.model}': {SHUTTING_DOWN}")
+    else:
+        fault = task.exception()
+        if fault is None:
+            return  # (its request is queued: the scheduler settles it)
+        error = InternalError(f"internal error while loading '{ticket.model}': {fault!r}")
+    ticket.future.set_exception(error)
+    ticket._settled()
 
 
 def _cheaper(variants: Sequence[Deployment], deployment: Deployment) -> Deployment | None:
