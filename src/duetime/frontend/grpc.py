@@ -37,7 +37,7 @@ from duetime.frontend.proto import grpc_service_pb2_grpc as pb_grpc
 from duetime.frontend.rest import EXTENSIONS, Signatures, check_control_token, load_request
 from duetime.frontend.sharedmemory import CUDA_REGIONS, SharedMemoryRegions
 from duetime.frontend.statistics import statistics_json
-from duetime.observability.logs import AccessSampler, log_request
+from duetime.observability.logs import AccessSampler, log_cancelled, log_request
 from duetime.observability.logsettings import LogSettings
 from duetime.observability.tracesettings import TraceSettings, trace_settings_of
 from duetime.observability.tracing import (
@@ -397,6 +397,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         except DuetimeError as exc:
             error = exc.with_traceback(None)  # this frame would hold its own traceback
         except asyncio.CancelledError:
+            _log_cancelled(context, "grpc", request, ticket)
             raise
         except Exception as exc:
             log.exception("internal error in ModelInfer")
@@ -505,8 +506,8 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
                 left = window.get_nowait()
                 if left is not None:
                     left[3].release()
-                    if isinstance(left[1], _Submitted):
-                        left[1].ticket.future.cancel()
+                    if isinstance(left[1], _Submitted) and left[1].ticket.future.cancel():
+                        _log_cancelled(context, STREAM, left[0], left[1].ticket)
 
     async def _stream_answer(
         self, submitted: _Submitted | DuetimeError, request_id: str, hold: AnswerHold
@@ -851,6 +852,14 @@ def _parameters_and_kinds(
 
 STREAM = "grpc-stream"
 """The protocol a streamed request's span and log line name."""
+
+
+def _log_cancelled(context: Any, protocol: str, request: Any, ticket: Ticket | None) -> None:
+    """The log line of a call (or a stream's request) ended before its answer."""
+    parent = parse_traceparent(_Metadata(context).get("traceparent"))
+    model = ticket.model if ticket is not None else request.model_name
+    version = ticket.version if ticket is not None else request.model_version
+    log_cancelled(protocol, model, version, parent.trace_id_hex if parent is not None else None)
 
 
 def _trace_id(context: Any) -> str:

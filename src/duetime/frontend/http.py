@@ -942,8 +942,8 @@ class HttpConnection(asyncio.Protocol):
         """Cancel the requests that will never be answered on this connection, if not run yet."""
         released = answers = 0
         for slot in self._slots:
-            if slot.pending is not None:
-                slot.pending.ticket.future.cancel()
+            if slot.pending is not None and slot.pending.ticket.future.cancel():
+                slot.pending.withdrawn()  # (its log line: a failed request)
             released += slot.size
             answers += slot.counted
         self._slots.clear()

@@ -47,7 +47,7 @@ from duetime.frontend.parameters import (
 from duetime.frontend.sharedmemory import CUDA_REGIONS, CudaRegions, SharedMemoryRegions
 from duetime.frontend.statistics import statistics_json
 from duetime.frontend.v1 import v1_inputs, v1_predictions
-from duetime.observability.logs import AccessSampler, log_request
+from duetime.observability.logs import AccessSampler, log_cancelled, log_request
 from duetime.observability.logsettings import LogSettings
 from duetime.observability.tracesettings import TraceSettings, trace_settings_of
 from duetime.observability.tracing import (
@@ -155,6 +155,18 @@ class PendingReply:
 
     ticket: Pending
     encode: Callable[[Any], Reply | BulkReply]
+    headers: Mapping[str, str] | None = None
+    """An inference's request headers (for the log line if its client goes: `withdrawn`)."""
+
+    def withdrawn(self) -> None:
+        """Log an inference whose client closed its connection before its answer (call it
+        once its ticket is cancelled)."""
+        ticket = self.ticket
+        if isinstance(ticket, Ticket):  # (not a repository operation)
+            headers = self.headers
+            parent = parse_traceparent(headers.get("traceparent")) if headers else None
+            trace_id = parent.trace_id_hex if parent is not None else None
+            log_cancelled("http", ticket.model, ticket.version, trace_id)
 
 
 @dataclass(slots=True, eq=False)
@@ -599,7 +611,7 @@ class RestApi:
                 raise
             return self._refused(exc, model, None, headers, received)
         batched = signature.max_batch_size > 0
-        return PendingReply(ticket, lambda done: self._v1_reply(done, request, batched))
+        return PendingReply(ticket, lambda done: self._v1_reply(done, request, batched), headers)
 
     def _v1_reply(self, ticket: Ticket, request: InferRequest, batched: bool) -> Reply:
         error = ticket.failure()  # read, not raised: see Ticket.failure
@@ -678,7 +690,7 @@ class RestApi:
             if self._tracing is None:
                 raise
             return self._refused(exc, model, version, headers, received)
-        return PendingReply(ticket, lambda done: self._infer_reply(done, request, plan))
+        return PendingReply(ticket, lambda done: self._infer_reply(done, request, plan), headers)
 
     def _refused(
         self, exc: DuetimeError, model: str, version: str | None, headers: Mapping[str, str],

@@ -2,8 +2,9 @@
 log (off by default).
 
 Request lines go to the `duetime.requests` logger: failures of the server's own making (5xx)
-at WARNING, refusals and client errors (4xx, deadline misses) at INFO, sampled successes at
-INFO. Each names the protocol, model, status, reason and trace id.
+at WARNING, refusals and client errors (4xx, deadline misses) and requests their clients
+cancelled (499) at INFO, sampled successes at INFO. Each names the protocol, model, status,
+reason and trace id (a cancelled request's: its caller's, if it sent one).
 """
 
 from __future__ import annotations
@@ -90,6 +91,20 @@ def log_request(
     if trace_id:
         text += f" (trace {trace_id})"
     requests_log.log(level, text, extra=fields)
+
+
+CANCELLED_STATUS = 499
+"""The status logged for a request its client cancelled before its answer (nginx's "client
+closed request"; nothing is sent: there is no one to send it to)."""
+
+
+def log_cancelled(protocol: str, model: str, version: str | None, trace_id: str | None) -> None:
+    """The line of a request its client cancelled (closed its connection, cancelled its call)
+    before its answer: counted as cancelled, and never run if it had not started."""
+    log_request(
+        protocol=protocol, model=model, version=version, status=CANCELLED_STATUS,
+        reason="cancelled by its client before its answer", trace_id=trace_id,
+    )  # fmt: skip
 
 
 class AccessSampler:

@@ -1,0 +1,99 @@
+"""A request its client cancels (an HTTP connection closed, a gRPC call cancelled) before its
+answer gets its line on `duetime.requests`, as every failed request does."""
+
+from __future__ import annotations
+
+import json
+import logging
+import socket
+import struct
+import time
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+from conftest import RunningServer, start_server, stop_server
+from repo_models import heavy_model, write_version
+
+from duetime.config import ServerSettings
+
+pytestmark = pytest.mark.timeout(60)
+
+TRACE_ID = "5bf92f3577b34da6a3ce929d0e0e4736"
+TRACEPARENT = f"00-{TRACE_ID}-00f067aa0ba902b7-01"
+
+
+@pytest.fixture(scope="module")
+def slow(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    """A model whose runs take tens of ms, on a thread: an answer is still coming when the
+    client goes."""
+    repo = tmp_path_factory.mktemp("repo")
+    write_version(repo, "slow", 1, heavy_model(2.0, depth=64))
+    (repo / "slow" / "config.toml").write_text('execution = "thread"\nmax_batch_size = 0\n')
+    running, thread = start_server(ServerSettings(model_repository=repo, http_port=0, grpc_port=0))
+    yield running
+    stop_server(running, thread)
+
+
+def cancelled_lines(caplog: pytest.LogCaptureFixture, protocol: str) -> list[logging.LogRecord]:
+    deadline = time.monotonic() + 20
+    while True:
+        lines = [
+            r for r in caplog.records
+            if r.name == "duetime.requests" and getattr(r, "protocol", "") == protocol
+        ]  # fmt: skip
+        if lines or time.monotonic() > deadline:
+            return lines
+        time.sleep(0.01)
+
+
+def running(server: RunningServer, busy: bool = True) -> None:
+    """Wait until the model runs a request (`busy`), or runs none."""
+    scheduler = server.server.engine.registry.resolve("slow", None).scheduler
+    deadline = time.monotonic() + 20
+    while bool(scheduler.statistics().busy_instances) != busy:
+        assert time.monotonic() < deadline, f"the model never got {'busy' if busy else 'idle'}"
+        time.sleep(0.001)
+
+
+def test_an_http_request_whose_client_closes_the_connection_is_logged(
+    slow: RunningServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """It was counted cancelled (stats `fail`, CANCELED), with no log line."""
+    body = json.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 4],
+                                   "data": [1.0] * 4}]}).encode()  # fmt: skip
+    host, port = slow.http.split(":")
+    head = (
+        f"POST /v2/models/slow/infer HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n"
+        f"traceparent: {TRACEPARENT}\r\n\r\n"
+    )
+    running(slow, busy=False)
+    with caplog.at_level(logging.INFO, logger="duetime.requests"):
+        client = socket.create_connection((host, int(port)))
+        client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        client.sendall(head.encode() + body)
+        running(slow)  # (closed while it runs: the server has it)
+        client.close()  # (a reset: the server hears at once that the client is gone)
+        [line] = cancelled_lines(caplog, "http")
+    assert line.levelno == logging.INFO
+    assert (line.model, line.status, line.trace_id) == ("slow", 499, TRACE_ID)  # type: ignore[attr-defined]
+    assert "cancelled" in line.getMessage()
+
+
+def test_a_grpc_call_its_client_cancels_is_logged(
+    slow: RunningServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    tensor = grpcclient.InferInput("x", [1, 4], "FP32")
+    tensor.set_data_from_numpy(np.ones((1, 4), np.float32))
+    running(slow, busy=False)  # (the request before, if any, has ended)
+    with caplog.at_level(logging.INFO, logger="duetime.requests"):
+        with grpcclient.InferenceServerClient(slow.grpc) as client:
+            call = client.async_infer(
+                "slow", [tensor], callback=lambda *_: None, headers={"traceparent": TRACEPARENT}
+            )
+            running(slow)  # (cancelled while it runs: the server has it)
+            call.cancel()
+        lines = cancelled_lines(caplog, "grpc")
+    statuses = {(r.model, r.status, r.trace_id) for r in lines}  # type: ignore[attr-defined]
+    assert statuses == {("slow", 499, TRACE_ID)}
