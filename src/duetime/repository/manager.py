@@ -167,19 +167,30 @@ _NOT_IN_NAMES = "/\0" if os.sep == "/" else "/\\:\0"
 folder `a\\b` is a model of that name elsewhere, as in Triton), or NUL."""
 
 
+NAME_MAX_BYTES = 255
+"""The longest folder name, in bytes of the file system's encoding (UTF-8): NAME_MAX of Linux's
+file systems (ext4, xfs, btrfs, tmpfs)."""
+
+
 def check_model_name(name: str) -> str:
     """`name` if it can only name a folder directly under the repository; InvalidInput if not."""
-    if (
-        not name
-        or len(name) > 255
-        or name in (".", "..")
-        or is_hidden(name)
-        or any(c in name for c in _NOT_IN_NAMES)
-    ):
+    if not name or name in (".", "..") or is_hidden(name) or any(c in name for c in _NOT_IN_NAMES):
         raise InvalidInput(
             f"model name {name!r} is not valid: expected a folder name directly under the "
             f"model repository (no {' or '.join(map(repr, _NOT_IN_NAMES.strip(chr(0))))}, no "
             "leading '.')"
+        )
+    # NOTE: counted in bytes, not characters: 'é' * 130 (260 bytes) passed a limit of 255
+    # characters, and the file system's 'File name too long' came back as a 500
+    try:
+        size = len(os.fsencode(name))
+    except UnicodeEncodeError:  # (a lone surrogate: no file can have that name)
+        size = -1
+    if not 0 <= size <= NAME_MAX_BYTES:
+        problem = "it is not valid Unicode" if size < 0 else f"it is {size} bytes long"
+        raise InvalidInput(
+            f"model name {name!r} is not valid: expected a folder name directly under the "
+            f"model repository, at most {NAME_MAX_BYTES} bytes in UTF-8 ({problem})"
         )
     return name
 

@@ -1,0 +1,107 @@
+"""Load requests a client can shape badly: names the file system cannot hold, uploads too deep
+or of too many files, and failed uploads of names the repository does not have.
+
+Each is a client's error (400 / INVALID_ARGUMENT) that changes nothing served and leaves the
+server ready; the engine tests run under `asyncio.run` against a repository in tmp_path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import http.client
+import json
+from collections.abc import Awaitable, Callable, Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import grpc
+import pytest
+from conftest import RunningServer, start_server, stop_server
+from repo_models import scale_model, write_version
+from tritonclient.grpc import service_pb2, service_pb2_grpc
+
+from duetime.config import ModelConfig, ServerSettings
+from duetime.engine import Engine
+from duetime.repository.manager import RepositoryOptions
+
+pytestmark = pytest.mark.timeout(60)
+
+Scenario = Callable[[Engine], Awaitable[None]]
+
+LONG_NAME = "é" * 130
+"""130 characters, 260 bytes in UTF-8: over the file system's 255 (NAME_MAX)."""
+
+
+def run(repo: Path, scenario: Scenario) -> None:
+    """`scenario` on an engine of `repo` in explicit mode, with model 'm' loaded."""
+
+    async def main() -> None:
+        options = RepositoryOptions(control_mode="explicit", startup_models=("m",))
+        engine = await Engine.start(repo, options=options)
+        try:
+            await scenario(engine)
+        finally:
+            await engine.aclose()
+
+    write_version(repo, "m", 1, scale_model(1))
+    asyncio.run(main())
+
+
+@pytest.fixture(scope="module")
+def explicit_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    repo = tmp_path_factory.mktemp("repo")
+    write_version(repo, "m", 1, scale_model(1))
+    settings = ServerSettings(
+        model_repository=repo, http_port=0, grpc_port=0, model_control_mode="explicit",
+        load_model=("m",),
+    )  # fmt: skip
+    running, thread = start_server(settings)
+    yield running
+    stop_server(running, thread)
+
+
+def call(
+    server: RunningServer, method: str, path: str, body: dict[str, Any] | None = None
+) -> tuple[int, dict[str, Any]]:
+    """The status and JSON answer of one HTTP request (`path` percent-encoded here)."""
+    host, port = server.http.rsplit(":", 1)
+    connection = http.client.HTTPConnection(host, int(port), timeout=30)
+    try:
+        connection.request(method, quote(path), json.dumps(body) if body is not None else None)
+        response = connection.getresponse()
+        return response.status, json.loads(response.read() or b"{}")
+    finally:
+        connection.close()
+
+
+# -- names ---------------------------------------------------------------------------------------
+
+
+def test_a_model_name_over_255_bytes_is_refused_over_http_and_grpc(
+    explicit_server: RunningServer,
+) -> None:
+    """'é' * 130 is 130 characters but 260 bytes: it passed a limit of 255 characters, and the
+    file system's 'File name too long' came back as 500 / UNKNOWN."""
+    status, answer = call(explicit_server, "POST", f"/v2/repository/models/{LONG_NAME}/load")
+    assert status == 400, answer
+    assert "at most 255 bytes in UTF-8 (it is 260 bytes long)" in answer["error"]
+    with grpc.insecure_channel(explicit_server.grpc) as channel:
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        request = service_pb2.RepositoryModelLoadRequest(model_name=LONG_NAME)
+        with pytest.raises(grpc.RpcError) as refused:
+            stub.RepositoryModelLoad(request, timeout=30)
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "260 bytes long" in (refused.value.details() or "")
+    assert call(explicit_server, "GET", "/v2/health/ready")[0] == 200
+
+
+def test_a_name_of_255_bytes_is_a_name(tmp_path: Path) -> None:
+    """The limit is the file system's: a folder of 255 bytes is a model like any other."""
+    name = "é" * 127 + "x"  # 255 bytes
+
+    async def scenario(engine: Engine) -> None:
+        await engine.load_model(name, ModelConfig(), files={"1/model.onnx": scale_model(3)})
+        assert name in engine.registry.snapshot.models
+
+    run(tmp_path, scenario)
