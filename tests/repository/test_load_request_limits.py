@@ -23,6 +23,8 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from duetime.config import ModelConfig, ServerSettings
 from duetime.engine import Engine
+from duetime.errors import InvalidInput
+from duetime.repository import manager as manager_module
 from duetime.repository.manager import RepositoryOptions
 
 pytestmark = pytest.mark.timeout(60)
@@ -103,5 +105,62 @@ def test_a_name_of_255_bytes_is_a_name(tmp_path: Path) -> None:
     async def scenario(engine: Engine) -> None:
         await engine.load_model(name, ModelConfig(), files={"1/model.onnx": scale_model(3)})
         assert name in engine.registry.snapshot.models
+
+    run(tmp_path, scenario)
+
+
+# -- uploads -------------------------------------------------------------------------------------
+
+
+def test_an_upload_path_of_too_many_parts_is_refused_naming_the_limit(
+    tmp_path: Path, explicit_server: RunningServer
+) -> None:
+    """A path of 2,000 parts overflowed the stack making its folders (RecursionError: 500 /
+    UNKNOWN); one of `MAX_UPLOAD_DEPTH` parts is written."""
+    deep = "/".join(["d"] * 2000) + "/f"
+    depth = manager_module.MAX_UPLOAD_DEPTH
+    model = scale_model(3)
+    parameters = {"config": "{}", "file:1/model.onnx": "", f"file:{deep}": ""}
+    status, answer = call(
+        explicit_server, "POST", "/v2/repository/models/up/load", {"parameters": parameters}
+    )
+    assert status == 400, answer
+    assert f"more than {depth} parts" in answer["error"]
+
+    async def scenario(engine: Engine) -> None:
+        with pytest.raises(InvalidInput, match=f"more than {depth} parts"):
+            await engine.load_model("up", ModelConfig(), files={"1/model.onnx": model, deep: b""})
+        deepest = "/".join(["d"] * (depth - 1)) + "/f"
+        await engine.load_model("up", ModelConfig(), files={"1/model.onnx": model, deepest: b""})
+        assert "up" in engine.registry.snapshot.models
+
+    run(tmp_path, scenario)
+
+
+def test_an_upload_of_too_many_files_is_refused_before_any_is_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A load of 100,000 empty `file:` entries kept the loader thread writing for over 30 s
+    (a 64 MiB body holds millions); over `MAX_UPLOAD_FILES` nothing is written."""
+    written: list[str] = []
+    real = manager_module._write_upload
+
+    def recording(name: str, files: dict[str, bytes]) -> Path:
+        written.append(name)
+        return real(name, files)
+
+    monkeypatch.setattr(manager_module, "_write_upload", recording)
+    limit = manager_module.MAX_UPLOAD_FILES
+    files = {f"1/extra/{i}": b"" for i in range(limit)}
+    files["1/model.onnx"] = scale_model(3)
+
+    async def scenario(engine: Engine) -> None:
+        with pytest.raises(InvalidInput, match=f"over the limit of {limit}"):
+            await engine.load_model("up", ModelConfig(), files=files)
+        assert written == []
+        assert "up" not in engine.registry.snapshot.models
+        del files["1/extra/0"]  # (at the limit: loaded)
+        await engine.load_model("up", ModelConfig(), files=files)
+        assert "up" in engine.registry.snapshot.models
 
     run(tmp_path, scenario)

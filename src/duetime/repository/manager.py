@@ -381,6 +381,12 @@ class ModelManager:
                 f"model '{name}': uploaded files need a 'config' too (they form the whole "
                 "model folder, as in Triton)"
             )
+        if files and len(files) > MAX_UPLOAD_FILES:
+            raise InvalidInput(
+                f"model '{name}': {len(files)} uploaded files ('file:' load parameters), over "
+                f"the limit of {MAX_UPLOAD_FILES}: upload the model folder's files alone (a "
+                "version's model and its external data), or put the model in the repository"
+            )
         upload = await asyncio.to_thread(_write_upload, name, files) if files else None
         async with self._locks[name]:
             previous = self._uploads.get(name), self._overrides.get(name)
@@ -883,6 +889,15 @@ class ModelManager:
 
 UPLOAD_PREFIX = "duetime-upload-"
 
+MAX_UPLOAD_FILES = 4096
+"""The most files one load may upload. NOTE: a 64 MiB body holds millions of empty `file:`
+entries, and one with 100,000 kept the loader thread writing for over 30 s; a model folder needs
+a file per version, variant and external-data tensor (Triton sets no limit)."""
+
+MAX_UPLOAD_DEPTH = 32
+"""The most parts an uploaded file's path may have ('1/model.onnx' has 2). NOTE: making the
+folders of a path of 2,000 parts overflowed the stack (pathlib's mkdir recurses per part)."""
+
 
 def _write_upload(name: str, files: Mapping[str, bytes]) -> Path:
     """A fresh temporary folder `<tmp>/duetime-upload-XXXX/<name>` holding `files` (relative
@@ -907,14 +922,22 @@ def _write_upload(name: str, files: Mapping[str, bytes]) -> Path:
 
 def check_upload_path(relative: str) -> tuple[str, ...]:
     """The parts of an uploaded file's path in its model folder; InvalidInput for a path that
-    could land outside it (absolute, `..`, empty parts, backslashes, NUL, hidden names)."""
-    parts = tuple(relative.split("/"))
+    could land outside it (absolute, `..`, empty parts, backslashes, NUL, hidden names), or
+    that has more than `MAX_UPLOAD_DEPTH` parts."""
+    parts = tuple(relative.split("/", MAX_UPLOAD_DEPTH))  # (what is beyond is refused unsplit)
     if not relative or any(
         p in ("", ".", "..") or p.startswith(".") or "\\" in p or "\0" in p for p in parts
     ):
         raise InvalidInput(
             f"load parameter 'file:{relative}': expected a relative path inside the model "
             "folder, such as 'file:1/model.onnx'"
+        )
+    if len(parts) > MAX_UPLOAD_DEPTH:
+        shown = relative if len(relative) <= 200 else f"{relative[:200]}..."
+        raise InvalidInput(
+            f"load parameter 'file:{shown}': the path has more than "
+            f"{MAX_UPLOAD_DEPTH} parts, the limit for a file in the model folder (such as "
+            "'file:1/model.onnx', 2 parts)"
         )
     return parts
 
