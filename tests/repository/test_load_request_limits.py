@@ -23,7 +23,7 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from duetime.config import ModelConfig, ServerSettings
 from duetime.engine import Engine
-from duetime.errors import InvalidInput
+from duetime.errors import InvalidInput, ModelNotFound
 from duetime.repository import manager as manager_module
 from duetime.repository.manager import RepositoryOptions
 
@@ -164,3 +164,38 @@ def test_an_upload_of_too_many_files_is_refused_before_any_is_written(
         assert "up" in engine.registry.snapshot.models
 
     run(tmp_path, scenario)
+
+
+# -- failed uploads ------------------------------------------------------------------------------
+
+
+def test_a_failed_upload_of_a_name_with_no_folder_leaves_no_trace(tmp_path: Path) -> None:
+    """It made the server unready (strict readiness) while the index listed nothing wrong, and
+    requests for the name got 503 quoting the upload's failure: anyone allowed to load could
+    take a replica out of service."""
+
+    async def scenario(engine: Engine) -> None:
+        assert engine.ready
+        files = {"1/model.onnx": b"not an onnx model"}
+        with pytest.raises(InvalidInput, match="ONNX Runtime cannot load it"):
+            await engine.load_model("brandnew", ModelConfig(), files=files)
+        assert engine.ready
+        assert [e["name"] for e in engine.repository_index()] == ["m"]
+        with pytest.raises(ModelNotFound):
+            await engine.infer_async("brandnew", {})
+
+    run(tmp_path, scenario)
+
+
+def test_a_failed_upload_of_a_new_name_keeps_the_server_ready_over_http(
+    explicit_server: RunningServer,
+) -> None:
+    """The same failed upload over HTTP: the load answers 400, and readiness stays 200."""
+    parameters = {"config": "{}", "file:1/model.onnx": "bm90IG9ubng="}  # 'not onnx'
+    status, answer = call(
+        explicit_server, "POST", "/v2/repository/models/brandnew/load", {"parameters": parameters}
+    )
+    assert status == 400, answer
+    assert call(explicit_server, "GET", "/v2/health/ready")[0] == 200
+    status, answer = call(explicit_server, "POST", "/v2/models/brandnew/infer", {"inputs": []})
+    assert status == 404, answer

@@ -373,8 +373,9 @@ class ModelManager:
 
         An explicit load is all or nothing, as Triton's: one that fails (a version that cannot
         load, files that never settle) serves none of the versions it loaded and drops its
-        `config` and `files`; what served before serves on. Watcher and lazy loads serve what
-        loaded (a broken new version does not hold back a good one)."""
+        `config` and `files`; what served before serves on (an upload of a name with no folder
+        in the repository leaves it unknown, and the server ready). Watcher and lazy loads
+        serve what loaded (a broken new version does not hold back a good one)."""
         check_model_name(name)
         if files and config is None:
             raise InvalidInput(
@@ -451,8 +452,16 @@ class ModelManager:
             self._model_errors.pop(name, None)
         else:
             self._model_errors[name] = before.error
-        if not before.served:  # (nothing serves: the index says why, as after any failure)
-            self._registry.record_failure(name, message)
+        if before.served:
+            return
+        if name in self._uploads or (self.root / name).is_dir():
+            self._registry.record_failure(name, message)  # (nothing serves: the index says why)
+        else:
+            # NOTE: a name with no folder is no model of the repository: its failed upload was
+            # recorded as the model's failure, and the server was unready (strict readiness)
+            # while the index listed nothing, for anyone allowed to load; the caller had the
+            # reason in its 400
+            self._forget(name)
 
     async def unload(self, name: str, *, reason: str = "unloaded by request") -> None:
         """Stop serving every version of `name`; queued requests finish first."""
