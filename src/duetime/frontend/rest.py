@@ -1495,9 +1495,11 @@ def _collapsed(parts: list[str], target: bytes) -> list[str]:
     InvalidInput where an empty segment stands for a model name, a version or a region name.
 
     NOTE: collapsed there, the path would name another endpoint ('/v2/models//infer': the
-    metadata of a model 'infer'), or be refused for the wrong reason (405, use GET)."""
-    while parts and not parts[0]:  # '//v2/...' (a client's base URL ending in '/')
-        parts = parts[1:]
+    metadata of a model 'infer'), or be refused for the wrong reason (405, use GET).
+    Every step is linear in the segments: dropping the leading ones one slice at a time held
+    the loop for 21 s on a request line of 60,000 slashes (under the 64 KiB head limit)."""
+    first = next((i for i, part in enumerate(parts) if part), len(parts))
+    parts = parts[first:]  # '//v2/...' (a client's base URL ending in '/')
     what = _empty_name(parts)
     if what is not None:
         path = target.split(b"?", 1)[0].decode("latin-1")
