@@ -326,7 +326,8 @@ class HttpConnection(asyncio.Protocol):
         "_paused_at", "_read_timeout", "_reading_paused", "_rejected", "_reserved", "_running",
         "_sent_checked", "_shedder", "_slots", "_small_answer", "_small_body", "_stall_since",
         "_start_pending", "_starting",
-        "_timer", "_transport", "_turn", "_unsent", "_unstarted", "_url", "_window_bytes",
+        "_timer", "_transport", "_turn", "_unsent", "_unstarted", "_upgrading", "_url",
+        "_window_bytes",
         "_window_start", "_writing_paused", "_yielding",
     )  # fmt: skip
 
@@ -401,6 +402,9 @@ class HttpConnection(asyncio.Protocol):
         self._bytes_block = False
         """Reading waits: for a reservation, for the loop's next turn, or for `_held` to go
         under the connection's limit."""
+        self._upgrading = False
+        """The request being read asks to switch protocols and has a body, which the parser
+        skipped: it is read past the Upgrade (see `_upgraded`)."""
         self._reset_message()
 
     # -- asyncio.Protocol ----------------------------------------------------------------------
@@ -465,22 +469,54 @@ class HttpConnection(asyncio.Protocol):
             started = time.perf_counter()
         try:
             self._parser.feed_data(data)
-        except httptools.HttpParserUpgrade:
-            # NOTE: the request itself was answered as plain HTTP/1.1 (a server may ignore
-            # Upgrade); the parser cannot read past it, so close once the owed responses are out.
-            self.shutdown()
-        except httptools.HttpParserCallbackError:
+        except httptools.HttpParserUpgrade as exc:
+            self._upgraded(data[exc.args[0] :])
+        except httptools.HttpParserError as exc:
+            self._parse_failed(exc)
+        if bulk and not self._closing:
+            self._pace((time.perf_counter() - started) * _READ_COST)
+
+    def _parse_failed(self, exc: httptools.HttpParserError) -> None:
+        """Answer a request the parser refused (or whose callback raised: 500), then close."""
+        if isinstance(exc, httptools.HttpParserCallbackError):
             log.exception("internal error reading an HTTP request")
             if not self._closing:
                 self._fail(500, "internal error reading the request; the server logged it")
+        elif not self._closing:
+            if "HTTP version" in str(exc):  # (llhttp's for HTTP/3.0 or 1.2, say)
+                self._fail(505, f"{exc}: send HTTP/1.1 (or 1.0)")
+            else:
+                self._fail(400, f"malformed HTTP request: {exc}")
+
+    def _upgraded(self, rest: bytes) -> None:
+        """The parser stopped at the end of a request's head that asks to switch protocols
+        (`Upgrade`, with `Connection: upgrade`); `rest` is what followed the head in this read.
+        The request is answered as plain HTTP/1.1 (RFC 9110 7.8: a server may ignore Upgrade),
+        then the connection closes once the owed answers are out: the parser cannot read past
+        the head, and what the client sends after it may be the other protocol's.
+
+        NOTE: httptools has llhttp skip the body of such a request (its on_headers_complete
+        says so): `curl --http2` on an http:// URL sends `Upgrade: h2c` with its POST, and the
+        request reached the API without its body (400, 'not valid JSON: zero-length'). A
+        parser of its own reads that body: it is given a head that frames the same body and
+        closes the connection (no request of its own: `_BodyPastUpgrade`), then `rest`."""
+        if not self._upgrading or self._closing:
+            self.shutdown()
+            return
+        self._upgrading = False
+        length = self._headers.get("content-length")  # (digits: llhttp refuses others)
+        framing = (
+            b"Transfer-Encoding: chunked" if length is None else b"Content-Length: %d" % int(length)
+        )
+        method = self._parser.get_method()
+        parser = self._parser = httptools.HttpRequestParser(_BodyPastUpgrade(self))
+        try:
+            parser.feed_data(
+                b"%s / HTTP/1.1\r\n%s\r\nConnection: close\r\n\r\n" % (method, framing)
+            )
+            parser.feed_data(rest)
         except httptools.HttpParserError as exc:
-            if not self._closing:
-                if "HTTP version" in str(exc):  # (llhttp's for HTTP/3.0 or 1.2, say)
-                    self._fail(505, f"{exc}: send HTTP/1.1 (or 1.0)")
-                else:
-                    self._fail(400, f"malformed HTTP request: {exc}")
-        if bulk and not self._closing:
-            self._pace((time.perf_counter() - started) * _READ_COST)
+            self._parse_failed(exc)
 
     def pause_writing(self) -> None:
         self._writing_paused = True
@@ -543,6 +579,8 @@ class HttpConnection(asyncio.Protocol):
                        "(compress with Content-Encoding: gzip or deflate)")  # fmt: skip
             return
         length = headers.get("content-length")
+        if "upgrade" in headers and self._parser.should_upgrade():  # (its body: see `_upgraded`)
+            self._upgrading = coding is not None or length is not None
         if length is None:
             self._chunked = True  # (or no body): counted once it outgrows a small body
         else:
@@ -567,6 +605,8 @@ class HttpConnection(asyncio.Protocol):
         self._body.append(body)
 
     def on_message_complete(self) -> None:
+        if self._upgrading:  # its head only: the body follows (see `_upgraded`)
+            return
         self._window_start = None
         if self._rejected or self._closing:
             return
@@ -1059,6 +1099,18 @@ class HttpConnection(asyncio.Protocol):
             self._close()
         else:
             self._slots[-1].keep_alive = False
+
+
+class _BodyPastUpgrade:
+    """The httptools callbacks of the parser that reads a body past an Upgrade (see
+    `HttpConnection._upgraded`): the head it is given is no request's, so only the body and its
+    end go to the connection, for the request whose head it read."""
+
+    __slots__ = ("on_body", "on_message_complete")
+
+    def __init__(self, connection: HttpConnection) -> None:
+        self.on_body = connection.on_body
+        self.on_message_complete = connection.on_message_complete
 
 
 def _in_thread(
