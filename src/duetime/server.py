@@ -155,6 +155,9 @@ class Server:
         self.engine = engine or Engine(cpus=self.cpus, options=repository_options(settings))
         share = settings.overload_utilization
         self.shedder = LoadShedder(target=share) if share > 0 else None
+        self._meter = self.shedder or LoadShedder()
+        """What measures the loop's CPU use: the shedder, or (shedding off) one that only
+        measures (calls waiting in gRPC's core are looked for while the loop is busy)."""
         self._shed_timer: asyncio.TimerHandle | None = None
         self.tracing = tracing or tracing_from_env()
         self.log_settings = LogSettings()
@@ -223,9 +226,8 @@ class Server:
             self._rest, self.settings, self._connections, shedder=self.shedder
         )
         self._grpc, grpc_port = await serve_grpc(self._grpc_service, self.settings)
-        if self.shedder is not None:
-            self.shedder.sample()  # start measuring from now
-            self._shed_timer = asyncio.get_running_loop().call_later(SHED_PERIOD_S, self._sample)
+        self._meter.sample()  # start measuring from now
+        self._shed_timer = asyncio.get_running_loop().call_later(SHED_PERIOD_S, self._sample)
         http_port = self._http.sockets[0].getsockname()[1]
         self.addresses = Addresses(self.settings.host, http_port, grpc_port, metrics_port)
         return self.addresses
@@ -264,12 +266,15 @@ class Server:
         return port
 
     def _sample(self) -> None:
-        shedder = self.shedder
-        assert shedder is not None
+        meter = self._meter
         backlog = self._grpc_service.backlog
         if backlog is not None:
-            backlog.sample(shedder.utilization > QUEUE_WATCH_UTILIZATION)
-        shedder.sample(self._outcomes, queued=backlog is not None and backlog.wait_s > QUEUED_S)
+            backlog.sample(meter.utilization > QUEUE_WATCH_UTILIZATION)
+        if self.shedder is None:
+            meter.sample()
+        else:
+            queued = backlog is not None and backlog.wait_s > QUEUED_S
+            meter.sample(self._outcomes, queued=queued)
         self._shed_timer = asyncio.get_running_loop().call_later(SHED_PERIOD_S, self._sample)
 
     def _outcomes(self) -> tuple[int, int]:

@@ -9,15 +9,21 @@ from duetime.frontend.grpcbacklog import READ_PERIOD_S, CoreBacklog
 
 
 class Core:
-    """What gRPC's core holds (calls started, not ended), moved by hand; counts its readings."""
+    """What gRPC's core counts (calls started ever, calls held now), moved by hand; counts its
+    readings."""
 
     def __init__(self) -> None:
+        self.started = 0
         self.held = 0
         self.readings = 0
 
-    def __call__(self) -> int:
+    def arrive(self, calls: int) -> None:
+        self.started += calls
+        self.held += calls
+
+    def __call__(self) -> tuple[int, int]:
         self.readings += 1
-        return self.held
+        return self.started, self.held + CoreBacklog.SLACK
 
 
 def make() -> tuple[CoreBacklog, Core, list[float]]:
@@ -30,26 +36,74 @@ def take(backlog: CoreBacklog, core: Core, calls: int) -> None:
     for _ in range(calls):
         backlog.taken()
         backlog.released()
+        core.held -= 1
 
 
-def test_calls_the_core_holds_beyond_the_handlers_wait_as_long_as_the_takers_need() -> None:
+def test_a_steady_queue_dates_the_call_taken_now_by_its_arrival() -> None:
+    """2,000 calls/s arrive, 1,000/s are taken: the queue grows by 20 a reading, and the call
+    taken now is the one that came when as many had been started as have been taken."""
     backlog, core, now = make()
-    core.held = 101 + CoreBacklog.SLACK  # 100 waiting, 1 being handled
-    backlog.taken()
-    for _ in range(3):  # 1,000 calls/s taken
-        now[0] += 0.02
+    for _ in range(10):
+        now[0] += 0.025
+        core.arrive(40)
         take(backlog, core, 20)
         backlog.sample()
-    assert backlog.calls == 100
-    assert backlog.wait_s == pytest.approx(0.1, rel=0.1)
+    assert backlog.calls == 200
+    # the next call is number 201, started just after the 5th reading (0.125 s); now is 0.25 s
+    assert backlog.wait_s == pytest.approx(0.25 - 0.125, abs=0.002)
+
+
+def test_in_a_burst_the_head_has_waited_least_of_those_left() -> None:
+    """400 calls at once on an idle server: the estimate is the head's wait (since the burst
+    came), not the wait of the last call, which arrived with it."""
+    backlog, core, now = make()
+    now[0] += 0.02
+    core.arrive(400)
+    take(backlog, core, 1)
+    backlog.sample()  # first reading: the calls came before it, at it at the latest
+    assert backlog.calls == 399
+    assert backlog.wait_s == 0.0
+    now[0] += 0.02
+    take(backlog, core, 20)
+    backlog.sample()
+    assert backlog.calls == 379
+    assert backlog.wait_s == pytest.approx(0.02)
+
+
+def test_once_the_calls_that_waited_are_taken_the_next_did_not_wait() -> None:
+    backlog, core, now = make()
+    now[0] += 0.02
+    core.arrive(50)
+    take(backlog, core, 1)
+    backlog.sample()
+    now[0] += 0.02
+    take(backlog, core, 10)
+    backlog.sample()
+    assert backlog.calls == 39
+    assert backlog.wait_s > 0.0
+    take(backlog, core, 39)  # the queue drained before the next reading
+    assert backlog.wait_s > 0.0  # (the 39th still came in the burst)
+    core.arrive(1)
+    take(backlog, core, 1)  # a lone call after the burst
+    assert backlog.wait_s == 0.0
 
 
 def test_nothing_waits_while_no_calls_are_taken_and_the_core_is_not_read() -> None:
     backlog, core, now = make()
-    core.held = 50
+    core.arrive(50)
     for _ in range(5):
         now[0] += 0.02
         backlog.sample()
+    assert (backlog.calls, backlog.wait_s, core.readings) == (0, 0.0, 0)
+
+
+def test_the_core_is_not_read_while_the_loop_has_time_for_calls() -> None:
+    backlog, core, now = make()
+    core.arrive(100)
+    for _ in range(5):
+        now[0] += 0.02
+        take(backlog, core, 10)
+        backlog.sample(busy=False)
     assert (backlog.calls, backlog.wait_s, core.readings) == (0, 0.0, 0)
 
 
@@ -57,6 +111,7 @@ def test_the_core_is_read_at_most_once_a_period() -> None:
     backlog, core, now = make()
     for _ in range(10):
         now[0] += READ_PERIOD_S / 4
+        core.arrive(5)
         take(backlog, core, 5)
         backlog.sample()
     assert 2 <= core.readings <= 3
@@ -64,10 +119,11 @@ def test_the_core_is_read_at_most_once_a_period() -> None:
 
 def test_calls_the_handlers_hold_are_not_waiting() -> None:
     backlog, core, now = make()
+    core.arrive(8)
     for _ in range(8):  # streams held open, each counted by the core too
         backlog.taken()
-    core.held = 8
     now[0] += 0.02
+    core.arrive(10)
     take(backlog, core, 10)
     backlog.sample()
     assert backlog.calls == 0
@@ -79,13 +135,3 @@ def test_without_the_cores_counts_there_is_no_estimate() -> None:
     backlog.taken()
     backlog.sample()
     assert (backlog.calls, backlog.wait_s) == (0, 0.0)
-
-
-def test_the_core_is_not_read_while_the_loop_has_time_for_calls() -> None:
-    backlog, core, now = make()
-    core.held = 50
-    for _ in range(5):
-        now[0] += 0.02
-        take(backlog, core, 20)
-        backlog.sample(busy=False)
-    assert (backlog.calls, backlog.wait_s, core.readings) == (0, 0.0, 0)

@@ -24,7 +24,12 @@ from duetime.errors import (
     PayloadTooLarge,
 )
 from duetime.frontend import codec, sharedmemory
-from duetime.frontend.grpcbacklog import CoreBacklog, core_counts_reader, server_ids
+from duetime.frontend.grpcbacklog import (
+    CoreBacklog,
+    CountingServer,
+    core_counts_reader,
+    server_ids,
+)
 from duetime.frontend.grpchealth import add_health_and_reflection
 from duetime.frontend.metadata import model_config_json, model_metadata_json
 from duetime.frontend.parameters import (
@@ -1089,7 +1094,7 @@ async def serve_grpc(service: InferenceService, settings: ServerSettings) -> tup
         }
         server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(name, guarded),))
         server.add_registered_method_handlers(name, guarded)
-    add_health_and_reflection(server, service.serving)
+    add_health_and_reflection(CountingServer(server, backlog), service.serving)
     address = f"{settings.host}:{settings.grpc_port}"
     try:
         port = server.add_insecure_port(address)
