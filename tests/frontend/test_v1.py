@@ -137,3 +137,31 @@ def test_predict_answers_what_the_v2_endpoint_answers(server: RunningServer) -> 
     assert status == 400
     assert "input 'x': shape [1, 2] does not match" in error["error"]
     assert call(server, "GET", "/v1/models/mlp")[0] == 200  # still serving
+
+
+@pytest.mark.parametrize("dtype", [np.longlong, np.ulonglong, np.int64, np.int32, np.uint8])
+def test_integer_outputs_of_every_numpy_type_are_answered(dtype: Any) -> None:
+    """ONNX Runtime gives int64 outputs as numpy's `longlong`, whose scalars orjson refuses:
+    every scikit-learn or XGBoost classifier's 1-D `label` answered 500."""
+    labels = np.array([1, 0, 2], dtype=dtype)
+    assert json.loads(v1_predictions({"label": labels}, True)) == {"predictions": [1, 0, 2]}
+    probabilities = np.array([[0.25, 0.75], [1.0, 0.0], [0.5, 0.5]], np.float32)
+    doc = json.loads(v1_predictions({"label": labels, "p": probabilities}, True))
+    assert doc["predictions"][0] == {"label": 1, "p": [0.25, 0.75]}
+
+
+def test_onnx_runtime_gives_the_longlong_type_these_tests_feed() -> None:
+    import onnx
+    import onnxruntime as ort
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(
+        [helper.make_node("ArgMax", ["x"], ["y"], axis=1, keepdims=0)], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3])],
+        [helper.make_tensor_value_info("y", TensorProto.INT64, ["N"])],
+    )  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    onnx.checker.check_model(model)
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    (y,) = session.run(None, {"x": np.eye(3, dtype=np.float32)})
+    assert json.loads(v1_predictions({"y": y}, True)) == {"predictions": [0, 1, 2]}

@@ -107,6 +107,11 @@ def _rows(array: np.ndarray, batched: bool) -> list[Any]:
         return [orjson.Fragment(json.dumps(np.asarray(row).tolist())) for row in rows]
     if not array.flags.c_contiguous:
         array = np.ascontiguousarray(array)
+    if array.dtype.kind in "iu":
+        # NOTE: ONNX Runtime gives int64 outputs as numpy's `longlong` (the same bits, another
+        # scalar type), whose scalars orjson refuses: every scikit-learn or XGBoost classifier's
+        # 1-D `label` answered 500 "Type is not JSON serializable: numpy.longlong"
+        array = array.view(np.dtype(array.dtype.str))
     if array.ndim == 0:
         return [array.item()]
     if not batched:
