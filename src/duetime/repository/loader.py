@@ -244,7 +244,9 @@ def reconcile(
     """The signature clients see: the graph's, narrowed by the config, with the batch policy.
 
     Optional inputs (see `graph_specs`) have no say in the batch policy: older exporters list
-    every weight as one. See `_batched_inputs` for those a batching model serves."""
+    every weight as one. See `_batched_inputs` for those a batching model serves. A config that
+    lists outputs serves those alone (see `_listed_outputs`)."""
+    graph_outputs = _listed_outputs(config.outputs, graph_outputs, source)
     specs = [spec for spec in graph_inputs if not spec.optional] + graph_outputs
     max_batch = config.max_batch_size
     if max_batch is None:
@@ -268,6 +270,31 @@ def reconcile(
             "batch dim), or set max_batch_size = 0"
         )
     return ModelSignature(tuple(inputs), tuple(outputs), max_batch)
+
+
+def _listed_outputs(
+    declared: list[TensorConfig] | None,
+    graph: list[TensorSpec],
+    source: str,
+) -> list[TensorSpec]:
+    """The outputs served: those the config lists (in the graph's order), or all the graph's.
+
+    NOTE: as Triton's ONNX Runtime backend, which checks only the config's `output` entries
+    (ModelInstanceState::ValidateOutputs) and whose metadata and answers are the config's: its
+    workaround for a LightGBM classifier exported by onnxmltools, whose `label` is declared [1],
+    lists only `probabilities` with max_batch_size 16. Serving the unlisted `label` too refused
+    that config (its [1] has no batch dim) and, unbatched, listed it in the metadata."""
+    if not declared:
+        return graph
+    names = {spec.name for spec in graph}
+    for index, entry in enumerate(declared):
+        if entry.name in names:
+            continue
+        at = f"{source}: field 'outputs.{index}.name': '{entry.name}'"
+        listed = ", ".join(repr(s.name) for s in graph)
+        raise ConfigError(f"{at} is not in the graph; it has {listed}")
+    listed_names = {entry.name for entry in declared}
+    return [spec for spec in graph if spec.name in listed_names]
 
 
 def _free_first(spec: TensorSpec) -> bool:

@@ -1,0 +1,110 @@
+"""Models from scikit-learn and LightGBM converters (skl2onnx, onnxmltools), as the testers
+served them, built here with onnx.helper: a config listing only some outputs serves those alone
+(as Triton's ONNX Runtime backend), a config naming a ZipMap output says why it cannot be
+served, and a text pipeline's StringNormalizer without stop words keeps its batching."""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from conftest import start_server, stop_server
+from onnx import TensorProto, helper
+
+from duetime.config import ServerSettings
+from duetime.errors import ConfigError
+from duetime.repository.layout import MODEL_FILENAME, scan_model
+from duetime.repository.loader import LoadedModel, load_version
+
+pytestmark = pytest.mark.timeout(120)
+
+FLOAT, INT64 = TensorProto.FLOAT, TensorProto.INT64
+
+
+def finished(graph: onnx.GraphProto, ml: bool = False) -> bytes:
+    opsets = [helper.make_opsetid("", 17)]
+    if ml:
+        opsets.append(helper.make_opsetid("ai.onnx.ml", 3))
+    model = helper.make_model(graph, opset_imports=opsets)
+    model.ir_version = 8
+    return bytes(model.SerializeToString())
+
+
+def lightgbm_like() -> bytes:
+    """A classifier as onnxmltools exports LightGBM's: `label` declared [1] (its rows are the
+    batch's all the same), `probabilities` [N, 4]."""
+    graph = helper.make_graph(
+        [helper.make_node("ArgMax", ["x"], ["label"], axis=1, keepdims=0),
+         helper.make_node("Softmax", ["x"], ["probabilities"], axis=1)], "lgbm",
+        [helper.make_tensor_value_info("x", FLOAT, ["N", 4])],
+        [helper.make_tensor_value_info("label", INT64, [1]),
+         helper.make_tensor_value_info("probabilities", FLOAT, ["N", 4])],
+    )  # fmt: skip
+    return finished(graph)
+
+
+def model_dir(root: Path, name: str, model: bytes, config: str, filename: str) -> Path:
+    folder = root / name
+    (folder / "1").mkdir(parents=True)
+    (folder / "1" / MODEL_FILENAME).write_bytes(model)
+    (folder / filename).write_text(config, encoding="utf-8")
+    return folder
+
+
+BATCHED_PBTXT = """
+platform: "onnxruntime_onnx"
+max_batch_size: 16
+input [ { name: "x" data_type: TYPE_FP32 dims: [ 4 ] } ]
+output [ { name: "probabilities" data_type: TYPE_FP32 dims: [ 4 ] } ]
+"""
+UNBATCHED_PBTXT = """
+platform: "onnxruntime_onnx"
+max_batch_size: 0
+input [ { name: "x" data_type: TYPE_FP32 dims: [ -1, 4 ] } ]
+output [ { name: "probabilities" data_type: TYPE_FP32 dims: [ -1, 4 ] } ]
+"""
+
+
+def test_a_config_listing_some_outputs_batches_on_those_alone(
+    tmp_path: Path, loaded: list[LoadedModel]
+) -> None:
+    folder = model_dir(tmp_path, "lgbm", lightgbm_like(), BATCHED_PBTXT, "config.pbtxt")
+    model = load_version(scan_model(folder), 1, profile_budget_s=0.02)
+    loaded.append(model)
+    assert model.signature.max_batch_size == 16
+    assert [spec.name for spec in model.signature.outputs] == ["probabilities"]
+    x = np.arange(12, dtype=np.float32).reshape(3, 4)
+    (probabilities,) = model.executor.run_sync(model.validator.prepare({"x": x}, None).feeds)
+    assert probabilities.shape == (3, 4)
+
+
+def test_a_config_listing_some_outputs_serves_those_alone(tmp_path: Path) -> None:
+    model_dir(tmp_path, "lgbm0", lightgbm_like(), UNBATCHED_PBTXT, "config.pbtxt")
+    settings = ServerSettings(model_repository=tmp_path, http_port=0, grpc_port=0)
+    running, thread = start_server(settings)
+    try:
+        base = f"http://{running.http}/v2/models/lgbm0"
+        with urllib.request.urlopen(base, timeout=30) as answer:
+            metadata = json.load(answer)
+        assert [output["name"] for output in metadata["outputs"]] == ["probabilities"]
+        body = {"inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP32", "data": [0] * 4}]}
+        request = urllib.request.Request(
+            f"{base}/infer", data=json.dumps(body).encode(), method="POST",
+            headers={"Content-Type": "application/json"},
+        )  # fmt: skip
+        with urllib.request.urlopen(request, timeout=30) as answer:
+            outputs = json.load(answer)["outputs"]
+        assert [output["name"] for output in outputs] == ["probabilities"]
+    finally:
+        stop_server(running, thread)
+
+
+def test_a_config_naming_an_output_the_graph_lacks_lists_the_graphs(tmp_path: Path) -> None:
+    config = '[[outputs]]\nname = "scores"\n'
+    folder = model_dir(tmp_path, "lgbm", lightgbm_like(), config, "config.toml")
+    with pytest.raises(ConfigError, match="'scores' is not in the graph; it has 'label', 'prob"):
+        load_version(scan_model(folder), 1, profile_budget_s=0.02)
