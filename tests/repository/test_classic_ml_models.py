@@ -6,6 +6,7 @@ served, and a text pipeline's StringNormalizer without stop words keeps its batc
 from __future__ import annotations
 
 import json
+import logging
 import urllib.request
 from pathlib import Path
 
@@ -45,6 +46,23 @@ def lightgbm_like() -> bytes:
          helper.make_tensor_value_info("probabilities", FLOAT, ["N", 4])],
     )  # fmt: skip
     return finished(graph)
+
+
+def zipmap_classifier() -> bytes:
+    """A classifier as skl2onnx exports it by default: a label and a ZipMap of probabilities."""
+    seq_of_maps = helper.make_sequence_type_proto(
+        helper.make_map_type_proto(INT64, helper.make_tensor_type_proto(FLOAT, []))
+    )
+    graph = helper.make_graph(
+        [helper.make_node("Softmax", ["x"], ["p"], axis=1),
+         helper.make_node("ArgMax", ["p"], ["output_label"], axis=1, keepdims=0),
+         helper.make_node("ZipMap", ["p"], ["output_probability"], domain="ai.onnx.ml",
+                          classlabels_int64s=[0, 1, 2, 3])], "clf",
+        [helper.make_tensor_value_info("x", FLOAT, ["N", 4])],
+        [helper.make_tensor_value_info("output_label", INT64, ["N"]),
+         helper.make_value_info("output_probability", seq_of_maps)],
+    )  # fmt: skip
+    return finished(graph, ml=True)
 
 
 def model_dir(root: Path, name: str, model: bytes, config: str, filename: str) -> Path:
@@ -101,6 +119,30 @@ def test_a_config_listing_some_outputs_serves_those_alone(tmp_path: Path) -> Non
         assert [output["name"] for output in outputs] == ["probabilities"]
     finally:
         stop_server(running, thread)
+
+
+def test_a_config_naming_a_zipmap_output_says_why_it_cannot_be_served(tmp_path: Path) -> None:
+    config = '[[outputs]]\nname = "output_label"\n[[outputs]]\nname = "output_probability"\n'
+    folder = model_dir(tmp_path, "clf", zipmap_classifier(), config, "config.toml")
+    with pytest.raises(ConfigError) as raised:
+        load_version(scan_model(folder), 1, profile_budget_s=0.02)
+    message = str(raised.value)
+    assert "field 'outputs.1.name': 'output_probability' has type seq(map(" in message
+    assert "not in the graph" not in message
+    assert "options={'zipmap': False}" in message
+    assert "zipmap=False" in message
+
+
+def test_a_zipmap_output_left_out_is_warned_of_with_both_converters_switches(
+    tmp_path: Path, loaded: list[LoadedModel], caplog: pytest.LogCaptureFixture
+) -> None:
+    folder = model_dir(tmp_path, "clf", zipmap_classifier(), "", "config.toml")
+    with caplog.at_level(logging.WARNING, logger="duetime.ort"):
+        model = load_version(scan_model(folder), 1, profile_budget_s=0.02)
+    loaded.append(model)
+    assert [spec.name for spec in model.signature.outputs] == ["output_label"]
+    assert "options={'zipmap': False}" in caplog.text
+    assert "onnxmltools convert_*(..., zipmap=False)" in caplog.text
 
 
 def test_a_config_naming_an_output_the_graph_lacks_lists_the_graphs(tmp_path: Path) -> None:

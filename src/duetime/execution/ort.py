@@ -222,8 +222,9 @@ def _specs(
             if skip_unsupported:
                 log.warning(
                     "%s: %s '%s' has type %s, which the v2 protocol cannot carry: not served "
-                    "(a scikit-learn classifier exported with options {'zipmap': False} gives "
-                    "its probabilities as a tensor)", model_path, kind, arg.name, arg.type,
+                    "(a classifier exported with zipmap off gives its probabilities as a "
+                    "tensor: skl2onnx options={'zipmap': False}, onnxmltools convert_*(..., "
+                    "zipmap=False))", model_path, kind, arg.name, arg.type,
                 )  # fmt: skip
                 continue
             raise ConfigError(

@@ -94,7 +94,11 @@ def load_version(
     studied = study_graph(path)
     sessions = _open_sessions(path, options, studied.guarded, config.instances)
     graph_inputs, graph_outputs = graph_specs(sessions[0], path)
-    signature = reconcile(config, graph_inputs, graph_outputs, source=str(source.directory))
+    carried = {spec.name for spec in graph_outputs}
+    uncarried = {o.name: o.type for o in sessions[0].get_outputs() if o.name not in carried}
+    signature = reconcile(
+        config, graph_inputs, graph_outputs, source=str(source.directory), uncarried=uncarried
+    )
     if signature.max_batch_size > 0:
         signature = _checked_batching(
             sessions[0], signature, config, (graph_inputs, graph_outputs), str(source.directory),
@@ -240,13 +244,15 @@ def reconcile(
     graph_outputs: list[TensorSpec],
     *,
     source: str,
+    uncarried: Mapping[str, str] | None = None,
 ) -> ModelSignature:
     """The signature clients see: the graph's, narrowed by the config, with the batch policy.
 
     Optional inputs (see `graph_specs`) have no say in the batch policy: older exporters list
     every weight as one. See `_batched_inputs` for those a batching model serves. A config that
-    lists outputs serves those alone (see `_listed_outputs`)."""
-    graph_outputs = _listed_outputs(config.outputs, graph_outputs, source)
+    lists outputs serves those alone (see `_listed_outputs`); `uncarried`: the graph's outputs
+    `graph_specs` left out, name -> type, for the error naming one."""
+    graph_outputs = _listed_outputs(config.outputs, graph_outputs, uncarried or {}, source)
     specs = [spec for spec in graph_inputs if not spec.optional] + graph_outputs
     max_batch = config.max_batch_size
     if max_batch is None:
@@ -275,6 +281,7 @@ def reconcile(
 def _listed_outputs(
     declared: list[TensorConfig] | None,
     graph: list[TensorSpec],
+    uncarried: Mapping[str, str],
     source: str,
 ) -> list[TensorSpec]:
     """The outputs served: those the config lists (in the graph's order), or all the graph's.
@@ -291,6 +298,13 @@ def _listed_outputs(
         if entry.name in names:
             continue
         at = f"{source}: field 'outputs.{index}.name': '{entry.name}'"
+        if entry.name in uncarried:
+            raise ConfigError(
+                f"{at} has type {uncarried[entry.name]}, which the v2 protocol cannot carry "
+                "(a ZipMap's sequence of maps, say); export the classifier with zipmap off "
+                "(skl2onnx: options={'zipmap': False}; onnxmltools: convert_*(..., "
+                "zipmap=False)) to have its probabilities as a tensor, or leave it out"
+            )
         listed = ", ".join(repr(s.name) for s in graph)
         raise ConfigError(f"{at} is not in the graph; it has {listed}")
     listed_names = {entry.name for entry in declared}
