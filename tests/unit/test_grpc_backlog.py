@@ -135,3 +135,24 @@ def test_without_the_cores_counts_there_is_no_estimate() -> None:
     backlog.taken()
     backlog.sample()
     assert (backlog.calls, backlog.wait_s) == (0, 0.0)
+
+
+def test_a_burst_after_a_quiet_stretch_is_not_spread_over_it() -> None:
+    """Readings a long way apart (the loop was not busy in between) say nothing of when the
+    calls between them came: 100 calls that came at once are not dated over the stretch."""
+    backlog, core, now = make()
+    now[0] += 0.02
+    core.arrive(10)
+    take(backlog, core, 10)
+    backlog.sample()
+    for _ in range(50):  # a second of steady traffic the loop keeps up with
+        now[0] += 0.02
+        core.arrive(10)
+        take(backlog, core, 10)
+        backlog.sample(busy=False)
+    now[0] += 0.02
+    core.arrive(100)  # a burst
+    take(backlog, core, 1)
+    backlog.sample()
+    assert backlog.calls == 99
+    assert backlog.wait_s == 0.0  # (came after the last reading in reach: at most 20 ms ago)
