@@ -18,6 +18,7 @@ from onnx import TensorProto, helper
 
 from duetime.config import ServerSettings
 from duetime.errors import ConfigError
+from duetime.repository.graphs import graph_facts
 from duetime.repository.layout import MODEL_FILENAME, scan_model
 from duetime.repository.loader import LoadedModel, load_version
 
@@ -150,3 +151,34 @@ def test_a_config_naming_an_output_the_graph_lacks_lists_the_graphs(tmp_path: Pa
     folder = model_dir(tmp_path, "lgbm", lightgbm_like(), config, "config.toml")
     with pytest.raises(ConfigError, match="'scores' is not in the graph; it has 'label', 'prob"):
         load_version(scan_model(folder), 1, profile_budget_s=0.02)
+
+
+def normalizer_model(stopwords: list[str] | None) -> bytes:
+    """y = the lower-cased strings of x (N), as skl2onnx's TfidfVectorizer begins; `stopwords`
+    removed where given. (locale C.UTF-8: ORT's default en_US may not be installed.)"""
+    extra = {} if stopwords is None else {"stopwords": stopwords}
+    graph = helper.make_graph(
+        [helper.make_node("StringNormalizer", ["x"], ["y"], case_change_action="LOWER",
+                          locale="C.UTF-8", **extra)], "text",
+        [helper.make_tensor_value_info("x", TensorProto.STRING, ["N"])],
+        [helper.make_tensor_value_info("y", TensorProto.STRING, ["N"])],
+    )  # fmt: skip
+    return finished(graph)
+
+
+def test_a_string_normalizer_without_stop_words_keeps_its_batching(
+    tmp_path: Path, loaded: list[LoadedModel]
+) -> None:
+    folder = model_dir(tmp_path, "text", normalizer_model(None), "", "config.toml")
+    model = load_version(scan_model(folder), 1, profile_budget_s=0.02)
+    loaded.append(model)
+    assert model.signature.max_batch_size == 32
+    x = np.array([b"Urgent WIRE", b"", b"Coffee"], dtype=object)
+    (y,) = model.executor.run_sync(model.validator.prepare({"x": x}, None).feeds)
+    assert [str(text) for text in y] == ["urgent wire", "", "coffee"]
+
+
+def test_a_string_normalizer_with_stop_words_sizes_by_the_values() -> None:
+    assert graph_facts(onnx.load_from_string(normalizer_model(None))).value_sized_outputs == {}
+    facts = graph_facts(onnx.load_from_string(normalizer_model(["wire"])))
+    assert set(facts.value_sized_outputs) == {"y"}

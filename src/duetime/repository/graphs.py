@@ -24,7 +24,8 @@ VALUE_SIZED_OPS = frozenset(
      "ImageDecoder", "Loop", "SequenceMap"}
 )  # fmt: skip
 """Ops whose outputs' sizes follow their inputs' values (or a subgraph's runs), whatever those
-are. (An If is judged by its condition and branches: see `_mark`.)"""
+are, but for those `_keeps_size` clears. (An If is judged by its condition and branches: see
+`_mark`.)"""
 
 SIZE_INPUTS: Mapping[str, tuple[int, ...]] = {
     "Expand": (1,), "Tile": (1,), "ConstantOfShape": (0,), "Reshape": (1,), "Range": (0, 1, 2),
@@ -160,7 +161,7 @@ def _mark(node: onnx.NodeProto, flow: _Flow) -> None:
     origin = next((flow.sized[name] for name in inputs if name in flow.sized), None)
     if op in SHAPE_OPS:
         origin = None  # (a shape's size is the rank)
-    elif op in VALUE_SIZED_OPS:
+    elif op in VALUE_SIZED_OPS and not _keeps_size(node):
         origin = described
     elif op == "Scan":
         origin = _scan_origin(node, flow) or origin
@@ -193,6 +194,20 @@ def _mark(node: onnx.NodeProto, flow: _Flow) -> None:
             flow.values.add(name)
         if origin is not None:
             flow.sized.setdefault(name, origin)
+
+
+def _keeps_size(node: onnx.NodeProto) -> bool:
+    """Whether a node of `VALUE_SIZED_OPS` keeps its input's size, by its attributes.
+
+    NOTE: a StringNormalizer removes only its `stopwords` ("If not set, no word would be
+    removed from X", ONNX spec): without them it maps N strings to N. Counted as sizing by the
+    values whatever its attributes, it had a TF-IDF text classifier (skl2onnx's
+    TfidfVectorizer, whose StringNormalizer has no stop words unless the vectorizer has them)
+    served unbatched, though its rows run as they do alone."""
+    if node.op_type == "StringNormalizer":
+        stopwords = next((a for a in node.attribute if a.name == "stopwords"), None)
+        return stopwords is None or not stopwords.strings
+    return False
 
 
 def _scan_origin(node: onnx.NodeProto, flow: _Flow) -> str | None:
