@@ -3,11 +3,17 @@ must cost it no more than reading it, and leave other clients served."""
 
 from __future__ import annotations
 
+import json
+import threading
 import time
+from collections.abc import Iterator
 
 import pytest
-from conftest import RunningServer
+from conftest import RunningServer, start_server, stop_server
+from repo_models import WIDTH, scale_model, write_version
 from test_http_protocol import RawClient, infer_body, infer_request, output_of, request
+
+from duetime.config import ServerSettings
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -56,3 +62,67 @@ def test_a_request_asking_to_upgrade_keeps_its_body(server: RunningServer, frami
         assert output_of(answer) == expected
         assert answer.headers["connection"] == "close"
         assert client.closed_by_server()
+
+
+ROOM = 4 * 1024 * 1024
+"""The room for big bodies of `roomy_server`: a body over 256 KiB reserves its length in it."""
+
+
+@pytest.fixture(scope="module")
+def roomy_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    """A server of model 'm' (y = 2x) with 4 MiB of room for bodies over 256 KiB."""
+    repo = tmp_path_factory.mktemp("repo")
+    write_version(repo, "m", 1, scale_model(2))
+    settings = ServerSettings(
+        model_repository=repo, http_port=0, grpc_port=0, metrics=False,
+        max_inflight_bytes=ROOM, max_connections=16,
+    )  # fmt: skip
+    running, thread = start_server(settings)
+    yield running
+    stop_server(running, thread)
+
+
+def test_a_slow_body_holding_the_room_for_bodies_cannot_keep_others_waiting(
+    roomy_server: RunningServer,
+) -> None:
+    """A body announced as (nearly) the whole room, sent at 200 kB/s (above the minimum rate,
+    20 s to arrive), held its room while a 1 MB request waited unread behind it for as long. Now,
+    while a body waits, one holding room must be on course to arrive within
+    `request_read_timeout_s` (10 s): the slow one is answered 408, the waiting one served."""
+    slow = RawClient(roomy_server.http)
+    big = ROOM - 1000
+    head = request("POST", "/v2/models/m/infer", headers={"Content-Length": str(big)})
+    slow.send(head[:-2] + b"Expect: 100-continue\r\n\r\n")
+    assert slow.response().status == 100  # (its room is reserved)
+    stop = threading.Event()
+
+    def trickle() -> None:
+        while not stop.wait(0.1):
+            try:
+                slow.send(b" " * 20_000)
+            except OSError:  # (refused, closed)
+                return
+
+    sender = threading.Thread(target=trickle)
+    sender.start()
+    try:
+        doc = {
+            "inputs": [{"name": "x", "datatype": "FP32", "shape": [1, WIDTH], "data": [1] * WIDTH}]
+        }
+        body = json.dumps(doc).encode().ljust(1_000_000)  # (JSON allows trailing whitespace)
+        with RawClient(roomy_server.http) as waiting:
+            waiting.sock.settimeout(PROMPT_S + 2)  # (the slow one is judged after 1 s of it)
+            waiting.send(request("POST", "/v2/models/m/infer", body))
+            try:
+                answer = waiting.response()
+            except TimeoutError:
+                pytest.fail("the request waited behind a slow body holding the room for bodies")
+        assert output_of(answer) == [2.0] * WIDTH
+        refused = slow.response()
+        assert refused.status == 408
+        assert "while other requests wait for the room it holds" in refused.json()["error"]
+        assert slow.closed_by_server()
+    finally:
+        stop.set()
+        sender.join()
+        slow.sock.close()

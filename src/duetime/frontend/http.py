@@ -24,6 +24,7 @@ import email.utils
 import errno
 import functools
 import logging
+import math
 import threading
 import time
 from collections import deque
@@ -89,6 +90,13 @@ client still uploading is drained in turns with bulk bodies, not as fast as the 
 
 _REASONS = {status.value: status.phrase.encode() for status in HTTPStatus}
 
+_RATE_MEASURE_S = 1.0
+"""How long a body must have been read under its reservation before its rate is judged (see
+`Intake._refuse_slow_bodies`): its first second comes partly from the socket's buffers."""
+
+_SLOW_CHECK_S = 0.25
+"""How often, while bodies wait for room, the bodies holding it are judged."""
+
 
 @dataclass(frozen=True, slots=True)
 class IntakeStatistics:
@@ -124,6 +132,18 @@ class Intake:
     its connection drops; at most `max_inflight_bytes` are reserved at once. A reservation that
     does not fit waits, in arrival order; one always fits when nothing else is reserved, so
     every body within `max_body_bytes` eventually goes through.
+
+    NOTE: a reservation by the announced length is a promise the body can finish, so bodies
+    waiting their turn never deadlock half read; but a slow sender held its promise as long as
+    it kept the minimum rate. 17 connections announcing 64 MiB and sending 80 KB/s each (above
+    `min_body_rate_bytes_s`, 1.3 MB/s in all) held the whole 1 GiB for 14 minutes, and every
+    other body over `small_body_bytes` (a 1 MB inference) waited unread all that while. So
+    while a body waits for room, a body holding room must be on course to arrive within
+    `request_read_timeout_s`, at the rate it has come since its room was reserved (judged
+    after `_RATE_MEASURE_S` of reading, time paused by the server not counted): the slowest
+    to finish of those that are not are refused (408), as many as it takes for the waiting
+    ones to fit. A waiting body so waits about that long behind slow ones at most; bodies
+    sent as fast as that, and every body while none waits, are not affected.
 
     Answers are bounded alike: the answers connections made that are bigger than
     `small_answer_bytes` (`max_answer_bytes` over `max_connections`) count from when they are
@@ -162,6 +182,11 @@ class Intake:
         """Connections paused until their body's bytes fit, and how many they need."""
         self._paced: deque[HttpConnection] = deque()
         """Bulk-body readers paused until their next turn (see `take_turns`)."""
+        self.filling: set[HttpConnection] = set()
+        """Connections reading a body whose announced length is reserved (its room held)."""
+        self.slow_body_s = settings.request_read_timeout_s
+        """While bodies wait, how long a body holding room may still take (see the NOTE)."""
+        self._slow_check: asyncio.TimerHandle | None = None
         self._turn_pending = False
         self._share = _BULK_SHARE
         self._credit = _BURST_S
@@ -170,13 +195,38 @@ class Intake:
     def fits(self, size: int) -> bool:
         return self.reserved == 0 or self.reserved + size <= self.max_bytes
 
-    def reserve(self, connection: HttpConnection, size: int) -> bool:
+    def reserve(
+        self, connection: HttpConnection, size: int, loop: asyncio.AbstractEventLoop
+    ) -> bool:
         """Take `size` bytes now (True), or queue `connection` for `granted` later (False)."""
         if not self._waiting and self.fits(size):
             self.reserved += size
             return True
         self._waiting.append((connection, size))
+        if self._slow_check is None:
+            self._slow_check = loop.call_later(_SLOW_CHECK_S, self._refuse_slow_bodies, loop)
         return False
+
+    def _refuse_slow_bodies(self, loop: asyncio.AbstractEventLoop) -> None:
+        """While bodies wait for room, refuse the bodies holding room that would not arrive
+        within `slow_body_s` at their rate, slowest first, until the waiting ones fit (each
+        refusal releases its room: `release` lets them on); again every `_SLOW_CHECK_S`."""
+        self._slow_check = None
+        if not self._waiting:
+            return
+        now = loop.time()
+        slow = []
+        for connection in self.filling:
+            left_s = connection.body_left_s(now)
+            if left_s is not None and left_s > self.slow_body_s:
+                slow.append((left_s, connection))
+        slow.sort(key=lambda entry: entry[0], reverse=True)
+        for left_s, connection in slow:
+            if not self._waiting:
+                break
+            connection.refuse_slow_body(left_s, self.slow_body_s)
+        if self._waiting:
+            self._slow_check = loop.call_later(_SLOW_CHECK_S, self._refuse_slow_bodies, loop)
 
     def release(self, size: int) -> None:
         self.reserved -= size
@@ -233,7 +283,10 @@ class Intake:
         for entry in self._waiting:
             if entry[0] is connection:
                 self._waiting.remove(entry)
-                return
+                break
+        if not self._waiting and self._slow_check is not None:
+            self._slow_check.cancel()
+            self._slow_check = None
 
     def room_for_answer(self, connection: HttpConnection) -> bool:
         """Whether big answers leave room for another now; if not, `connection` waits (its
@@ -320,7 +373,8 @@ class HttpConnection(asyncio.Protocol):
     # attributes an instance dict is measurably slower than slots (0.4 µs a request, measured).
     __slots__ = (
         "_accepted", "_answer_bytes", "_api", "_awaiting", "_body", "_body_bytes", "_bytes_block",
-        "_chunked", "_closing", "_connections", "_head_done", "_header_bytes", "_headers",
+        "_chunked", "_closing", "_connections", "_filled_from", "_filling_since", "_head_done",
+        "_header_bytes", "_headers",
         "_held", "_http10", "_idle_timeout", "_in_transport", "_intake", "_last_active",
         "_lingering", "_loop", "_max_body", "_max_header", "_max_held", "_min_rate", "_parser",
         "_paused_at", "_read_timeout", "_reading_paused", "_rejected", "_reserved", "_running",
@@ -393,6 +447,10 @@ class HttpConnection(asyncio.Protocol):
         self._timer: asyncio.TimerHandle | None = None
         self._reserved = 0
         """Big-body bytes reserved for the request being read."""
+        self._filling_since = 0.0
+        self._filled_from = 0
+        """When the body being read got its announced length reserved (loop time, moved on by
+        the time reading was paused by the server since), and its bytes read then."""
         self._awaiting = 0
         """Big-body bytes the request being read waits for (its connection is paused)."""
         self._held = 0
@@ -762,8 +820,9 @@ class HttpConnection(asyncio.Protocol):
         if size > self._max_body:
             self._fail(413, f"body of {length} bytes is over the {self._max_body}-byte limit")
             return False
-        if self._intake.reserve(self, size):
+        if self._intake.reserve(self, size, self._loop):
             self._reserved = size
+            self._fill()
             return True
         self._awaiting = size
         self._recount()
@@ -773,9 +832,44 @@ class HttpConnection(asyncio.Protocol):
         """The Intake reserved the `size` body bytes this connection waited for: read on."""
         self._awaiting = 0
         self._reserved = size
+        self._fill()
         self._recount()
         if "expect" in self._headers:
             self._continue()
+
+    def _fill(self) -> None:
+        """The body's announced length is reserved: time its rate from now (see `Intake`), or
+        from when reading resumes (`_update_reading` moves the start on by the pause)."""
+        self._filling_since = self._paused_at if self._reading_paused else self._loop.time()
+        self._filled_from = self._body_bytes
+        self._intake.filling.add(self)
+
+    def body_left_s(self, now: float) -> float | None:
+        """How long the rest of the body being read would take at the rate it came since its
+        room was reserved; None before `_RATE_MEASURE_S` of reading (the Intake's call)."""
+        elapsed = now - self._filling_since
+        if self._reading_paused:  # (time paused by the server is not the client's)
+            elapsed -= now - self._paused_at
+        if elapsed < _RATE_MEASURE_S:
+            return None
+        got = self._body_bytes - self._filled_from
+        left = self._reserved - self._body_bytes
+        return left * elapsed / got if got > 0 else math.inf
+
+    def refuse_slow_body(self, left_s: float, limit_s: float) -> None:
+        """Answer 408 to the request whose body holds room others wait for, and would take
+        `left_s` more (the Intake's call)."""
+        if self._closing:
+            return
+        left = self._reserved - self._body_bytes
+        self._intake.read_timeouts += 1
+        self._fail(
+            408,
+            f"the request did not arrive in time: its body came at {left / left_s:.0f} bytes/s, "
+            f"and the rest ({left} bytes) would take {left_s:.0f} s more while other requests "
+            f"wait for the room it holds (the server gives {limit_s:g} s then); send it faster, "
+            "or in smaller requests",
+        )
 
     def _big_chunk(self, body: bytes) -> bool:
         """Reserve a chunked body's bytes once it is big (what came so far, then each piece);
@@ -817,6 +911,7 @@ class HttpConnection(asyncio.Protocol):
 
     def _hold(self, slot: _Slot) -> None:
         """Move the complete request's reservation onto its slot, until its answer is out."""
+        self._intake.filling.discard(self)
         if self._awaiting:  # the whole body came in the read that announced it
             self._intake.forget(self)
             self._intake.reserved += self._awaiting
@@ -836,6 +931,7 @@ class HttpConnection(asyncio.Protocol):
 
     def _drop_reservation(self) -> None:
         """Give back what the request being read reserved (it will never be answered)."""
+        self._intake.filling.discard(self)
         if self._awaiting:
             self._intake.forget(self)
             self._awaiting = 0
@@ -932,8 +1028,10 @@ class HttpConnection(asyncio.Protocol):
                 self._paused_at = self._loop.time()
             else:
                 transport.resume_reading()
+                paused = self._loop.time() - self._paused_at
                 if self._window_start is not None:  # time paused by us is not the client's
-                    self._window_start += self._loop.time() - self._paused_at
+                    self._window_start += paused
+                self._filling_since += paused
 
     def _count_header(self, size: int) -> None:
         self._header_bytes += size
