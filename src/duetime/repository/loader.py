@@ -622,7 +622,7 @@ def measure_profile(
 
     Each bucket gets an equal share of `budget_s`, between 5 and 200 runs, taken in
     `PROFILE_ROUNDS` rounds over all the buckets. A graph that rejects the sample inputs gets a
-    nominal 1 ms per row, corrected online by real executions.
+    nominal 1 ms per row, marked `guessed`: the first real execution replaces it.
 
     NOTE: one bucket after another, a change of the machine's speed during profiling (another
     process, a VM's neighbours) lands on some buckets only. On the 2-core VM one such profile of
@@ -652,8 +652,12 @@ def measure_profile(
         log.warning("%s: profiling on sample inputs failed (%s); using 1 ms per row", path, exc)
         samples = {rows: [rows * 1_000_000] for rows in buckets}
         output_row_bytes = None
+        guessed = True
+    else:
+        guessed = False
     profile = profile_from_samples(samples)
     profile.sample_output_row_bytes = output_row_bytes
+    profile.guessed = guessed
     return profile
 
 

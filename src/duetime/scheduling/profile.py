@@ -176,6 +176,10 @@ class LatencyProfile:
         """Of the buckets that have run: their medians at load, and their current estimates."""
         self._followed = 1.0
         """The ratio the buckets not run yet were last scaled by."""
+        self.guessed = False
+        """Its figures are a guess, not measured (the samples failed to run at load): the first
+        real run replaces them all (see `_replace_guess`), and until then the scheduler lets
+        probes through whatever it predicts."""
         self.bucket_of = [0] * (self.max_rows + 1)
         self._predicted = [0] * (self.max_rows + 1)
         for rows in range(1, self.max_rows + 1):
@@ -197,6 +201,9 @@ class LatencyProfile:
     def observe(self, rows: int, elapsed_ns: int) -> None:
         """Fold one real execution of a batch of `rows` (after padding) into the estimate."""
         bucket = self.bucket_of[min(rows, self.max_rows)]
+        if self.guessed:
+            self._replace_guess(bucket, elapsed_ns)
+            return
         previous = self._ewma[bucket]
         # NOTE: one run stalled by something else (a preempted vCPU, say) must not double every
         # prediction that follows: observations count at most twice the current estimate.
@@ -223,6 +230,9 @@ class LatencyProfile:
         of 1.3 ms; the router then sent everything to its cheaper variants, the version never
         ran again, and nothing corrected it (the EWMA would take ~70 runs)."""
         bucket = self.bucket_of[min(rows, self.max_rows)]
+        if self.guessed:
+            self._replace_guess(bucket, elapsed_ns)
+            return
         ratio = elapsed_ns / max(1.0, self._ewma[bucket])
         if ratio >= 0.5:
             self.observe(rows, elapsed_ns)
@@ -230,6 +240,29 @@ class LatencyProfile:
         for b in self.buckets:
             self._ewma[b] *= ratio
             self._margin[b] = int(self._margin[b] * ratio)
+        self._refresh()
+
+    def _replace_guess(self, seen: int, elapsed_ns: int) -> None:
+        """Take a first real run of bucket `seen` for the profile a guess stood for: that bucket
+        takes what it took, a smaller one as long, a larger one as long per row; the others
+        then follow the runs as a measured profile's do (see `_follow`).
+
+        NOTE: the loader's guess (1 ms a row) is no measure: a pipeline whose samples fail
+        (a OneHotEncoder refusing made-up strings) ran in ~30 µs, and with the guess kept as if
+        measured (an EWMA takes ~70 runs to move, and no probe was let through for a due time
+        under half the guess) clients with budgets under ~1 ms were refused for good."""
+        self.guessed = False
+        elapsed_ns = max(1, elapsed_ns)
+        for bucket in self.buckets:
+            value = elapsed_ns if bucket <= seen else elapsed_ns * bucket // seen
+            self._points[bucket] = ProfilePoint(bucket, value, value)
+            self._ewma[bucket] = float(value)
+            self._margin[bucket] = self._load_margin[bucket] = 0
+        self._unseen = set(self.buckets) - {seen}
+        self._seen_measured = self._points[seen].median_ns
+        self._seen_estimated = float(elapsed_ns)
+        self._followed = 1.0
+        self._observed = 1
         self._refresh()
 
     def _follow(self) -> None:

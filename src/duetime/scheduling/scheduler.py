@@ -91,7 +91,9 @@ nothing, so one bad stretch (another process on its core) would otherwise keep e
 time refused for good. The probe may answer late; its run corrects the prediction."""
 PROBE_FACTOR = 2
 """...but only one that would need at most this many times the time it has: a prediction off
-by more than that is not what a stretch of bad luck does, and the request is hopeless."""
+by more than that is not what a stretch of bad luck does, and the request is hopeless. A
+profile that is a guess (`LatencyProfile.guessed`: the load-time samples failed) says nothing
+of the kind, and its probes are let through whatever it predicts."""
 
 
 _US, _MS, _S = 1_000, 1_000_000, 1_000_000_000
@@ -551,7 +553,7 @@ class ModelScheduler:
             return  # FIFO, like Triton, admits whatever fits the queue
         if (
             now - self._last_run_ns >= PROBE_NS
-            and needed - now <= PROBE_FACTOR * (due_ns - now)
+            and (needed - now <= PROBE_FACTOR * (due_ns - now) or self.profile.guessed)
             and self.idle
         ):
             self._last_run_ns = now
