@@ -156,10 +156,13 @@ def test_a_config_naming_an_output_the_graph_lacks_lists_the_graphs(tmp_path: Pa
 def normalizer_model(stopwords: list[str] | None) -> bytes:
     """y = the lower-cased strings of x (N), as skl2onnx's TfidfVectorizer begins; `stopwords`
     removed where given. (locale C.UTF-8: ORT's default en_US may not be installed.)"""
-    extra = {} if stopwords is None else {"stopwords": stopwords}
+    node = helper.make_node(
+        "StringNormalizer", ["x"], ["y"], case_change_action="LOWER", locale="C.UTF-8"
+    )
+    if stopwords is not None:
+        node.attribute.append(helper.make_attribute("stopwords", stopwords))
     graph = helper.make_graph(
-        [helper.make_node("StringNormalizer", ["x"], ["y"], case_change_action="LOWER",
-                          locale="C.UTF-8", **extra)], "text",
+        [node], "text",
         [helper.make_tensor_value_info("x", TensorProto.STRING, ["N"])],
         [helper.make_tensor_value_info("y", TensorProto.STRING, ["N"])],
     )  # fmt: skip
