@@ -238,6 +238,8 @@ class ModelManager:
         """Model -> the folder its uploaded files form (in a temporary directory of its own),
         served in place of its folder in the repository until it is unloaded."""
         self._locks: dict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
+        self._loads: set[asyncio.Task[None]] = set()
+        """Loads running (see `load`: their callers may have stopped waiting)."""
         self._retiring: set[asyncio.Task[None]] = set()
         self._poller: asyncio.Task[None] | None = None
         self._load_s: dict[str, float] = {}
@@ -307,11 +309,16 @@ class ModelManager:
         return names
 
     async def aclose(self) -> None:
-        """Stop watching and wait for retiring versions to finish."""
+        """Stop watching, end the loads still running (rolled back), and wait for retiring
+        versions to finish."""
         if self._poller is not None:
             self._poller.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._poller
+        loads = list(self._loads)
+        for task in loads:
+            task.cancel()
+        await asyncio.gather(*loads, return_exceptions=True)
         if self._retiring:
             await asyncio.gather(*self._retiring, return_exceptions=True)
         self._loader.shutdown(wait=False, cancel_futures=True)
@@ -375,7 +382,38 @@ class ModelManager:
         load, files that never settle) serves none of the versions it loaded and drops its
         `config` and `files`; what served before serves on (an upload of a name with no folder
         in the repository leaves it unknown, and the server ready). Watcher and lazy loads
-        serve what loaded (a broken new version does not hold back a good one)."""
+        serve what loaded (a broken new version does not hold back a good one).
+
+        A load once asked for runs to its end whatever its caller does, as Triton's gRPC
+        handler finishes a load whatever its client does: cancelling the caller (a client's
+        deadline, `asyncio.wait_for`) only stops it waiting. `aclose` ends the loads still
+        running, rolling each back."""
+        # NOTE: cancelled half-way (a gRPC client's deadline cancels its handler, which awaited
+        # this), a load was neither finished nor rolled back: the index said LOADING for good
+        # and no longer listed the version still serving, and the cancelled upload and config
+        # stayed installed, so the next plain load served them
+        task = asyncio.get_running_loop().create_task(
+            self._load(name, config=config, files=files, explicit=explicit, settle=settle)
+        )
+        self._loads.add(task)
+        task.add_done_callback(self._load_ended)
+        await asyncio.shield(task)
+
+    def _load_ended(self, task: asyncio.Task[None]) -> None:
+        self._loads.discard(task)
+        if not task.cancelled():
+            task.exception()  # (retrieved: a caller that gave up heard nothing of it)
+
+    async def _load(
+        self,
+        name: str,
+        *,
+        config: ModelConfig | None,
+        files: Mapping[str, bytes] | None,
+        explicit: bool,
+        settle: bool,
+    ) -> None:
+        """`load`'s work, in a task of its own (see `load`)."""
         check_model_name(name)
         if files and config is None:
             raise InvalidInput(
@@ -398,6 +436,13 @@ class ModelManager:
                 self._overrides[name] = config
             try:  # (uploaded files are whole already: no waiting for them to settle)
                 await self._sync(name, explicit, settle and upload is None)
+            except asyncio.CancelledError:  # (only `aclose` cancels a load: roll it back)
+                if not self._changed(before):
+                    self._restore(name, *previous)
+                    self._restore_index(name, before, "the load was cancelled: shutting down")
+                if upload is not None and self._uploads.get(name) is not upload:
+                    _remove_upload(upload)
+                raise
             except DuetimeError as exc:
                 if (upload is not None or config is not None) and not self._changed(before):
                     # what the request brought left no trace: the folder and config that
@@ -525,6 +570,11 @@ class ModelManager:
         self._model_errors.pop(name, None)
         if current is None:
             await self._make_room(name, _model_bytes(source, wanted, config))
+        chosen: dict[str, ServedVersion] = {}
+        prints: dict[str, Fingerprint] = {}
+        """Of the versions loaded now, what each was made from (recorded once published)."""
+        listed = dict(self._states[name])
+        """What the index said of each version before this load (see `_discard`)."""
         try:
             served = dict(current.versions) if current else {}
             traffic = config.traffic
@@ -537,11 +587,6 @@ class ModelManager:
             answering = {v for v, w in (traffic.weights or {}).items() if w > 0} or {str(wanted[0])}
             shadow_only = set(traffic.shadow or {}) - answering
             """Versions that only ever see shadow copies: their instances run in the background."""
-            chosen: dict[str, ServedVersion] = {}
-            prints: dict[str, Fingerprint] = {}
-            """Of the versions loaded now, what each was made from (recorded once published)."""
-            listed = dict(self._states[name])
-            """What the index said of each version before this load (see `_discard`)."""
             problems: list[str] = []
             failures = 0
             """Of the problems, versions that cannot load (the others are still being written)."""
@@ -620,6 +665,10 @@ class ModelManager:
                 # copied in (even by the atomic rename) made the server unready until they
                 # settled. The caller hears why nothing serves yet (a lazy request, say).
                 raise ModelUnavailable(f"model '{name}': {'; '.join(problems)}")
+        except asyncio.CancelledError:  # (`aclose`: what loaded but never served is closed)
+            if self._registry.snapshot.models.get(name) is current:
+                self._discard(name, [chosen[v] for v in prints], listed)
+            raise
         finally:
             self._loading.pop(name, None)
 
