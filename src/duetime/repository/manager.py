@@ -100,7 +100,8 @@ class RepositoryOptions:
     max_loaded_bytes: int | None = None
     """Budget on the model files loaded, counted once per instance (ORT's memory for a model is
     roughly its weights per session); the least recently used idle model is unloaded to stay
-    within it."""
+    within it, once the model that needs the room serves (a load that fails unloads none), so
+    a load may exceed either budget by the model it loads while it runs."""
     lazy: bool = False
     """Load a model on its first request instead of at start."""
     strict_readiness: bool = True
@@ -247,6 +248,9 @@ class ModelManager:
         self._loading: dict[str, int] = {}
         """Models being loaded, not served yet -> their bytes: counted in the budget as loaded
         (see `_make_room`)."""
+        self._evicting: dict[str, list[tuple[str, str]]] = {}
+        """Models being loaded -> the models to unload once they serve, and the budget each is
+        unloaded for (see `_make_room`)."""
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -568,8 +572,7 @@ class ModelManager:
             self._fail_model(name, reason, serving=current is not None)
             raise _LoadFailed(f"model '{name}' cannot be loaded: {reason}")
         self._model_errors.pop(name, None)
-        if current is None:
-            await self._make_room(name, _model_bytes(source, wanted, config))
+        victims = [] if current else self._make_room(name, _model_bytes(source, wanted, config))
         chosen: dict[str, ServedVersion] = {}
         prints: dict[str, Fingerprint] = {}
         """Of the versions loaded now, what each was made from (recorded once published)."""
@@ -665,12 +668,15 @@ class ModelManager:
                 # copied in (even by the atomic rename) made the server unready until they
                 # settled. The caller hears why nothing serves yet (a lazy request, say).
                 raise ModelUnavailable(f"model '{name}': {'; '.join(problems)}")
+            for victim, limit in victims:  # (the model serves: what made room for it goes)
+                await self._evict(victim, name, limit)
         except asyncio.CancelledError:  # (`aclose`: what loaded but never served is closed)
             if self._registry.snapshot.models.get(name) is current:
                 self._discard(name, [chosen[v] for v in prints], listed)
             raise
         finally:
             self._loading.pop(name, None)
+            self._evicting.pop(name, None)
 
     def _discard(
         self, name: str, versions: Iterable[ServedVersion], listed: Mapping[str, VersionState]
@@ -849,42 +855,60 @@ class ModelManager:
 
     # -- memory budget and lazy loading --------------------------------------------------------
 
-    async def _make_room(self, name: str, needed: int) -> None:
-        """Unload least recently used idle models until `name` fits the budget, and count it
-        as loaded from now until its load ends (`_sync` forgets it then).
+    def _make_room(self, name: str, needed: int) -> list[tuple[str, str]]:
+        """The least recently used idle models to unload, with the budget each is unloaded for,
+        once `name` loads, so that it fits the budget; `name` counts as loaded from now until
+        its load ends (`_sync` forgets it then). ModelUnavailable if no idle models make room.
+
+        NOTE: the models chosen are unloaded only once `name` serves (`_evict`): unloaded
+        first, a model that served was gone after an explicit load that failed (400, all or
+        nothing), until someone loaded it again. So while a load runs, the models loaded may
+        exceed the budget by the one being loaded (its bytes), never by more: the models a
+        load will unload count as gone for the other loads.
 
         NOTE: loads under way count as models loaded: four first requests for four models at
         once, under a budget of two, loaded all four (each saw none loaded yet). A load that
         finds the budget full of other loads is refused at once (503, retry), not queued behind
         them: the models they bring are about to take their own first requests."""
         options = self.options
+        models = self._registry.snapshot.models
+        claimed = {v for n, chosen in self._evicting.items() if n != name for v, _ in chosen}
+        loading = {n: b for n, b in self._loading.items() if n not in models and n != name}
+        kept = [n for n in models if n not in claimed]
+        idle = sorted(
+            (max(d.scheduler.last_arrival_ns for d in _deployments(models[other])), other)
+            for other in kept
+            if other != name and all(d.scheduler.idle for d in _deployments(models[other]))
+        )
+        victims: list[tuple[str, str]] = []
         while True:
-            models = self._registry.snapshot.models
-            loading = {n: b for n, b in self._loading.items() if n not in models and n != name}
-            used = sum(self._bytes.get(n, 0) for n in models) + sum(loading.values())
-            count = len(models) + len(loading)
+            count = len(kept) + len(loading)
+            used = sum(self._bytes.get(n, 0) for n in kept) + sum(loading.values())
             if options.max_loaded_models is not None and count >= options.max_loaded_models:
                 limit = "max_loaded_models"
             elif options.max_loaded_bytes is not None and used + needed > options.max_loaded_bytes:
                 limit = "max_loaded_bytes"
             else:
                 self._loading[name] = needed
-                return
-            idle = []
-            for other, served in models.items():
-                deployments = _deployments(served)
-                if other != name and all(d.scheduler.idle for d in deployments):
-                    idle.append((max(d.scheduler.last_arrival_ns for d in deployments), other))
+                self._evicting[name] = victims
+                return victims
             if not idle:
                 busy = "loaded or loading" if loading else "loaded"
                 raise ModelUnavailable(
                     f"model '{name}' cannot be loaded: the {limit} budget is full and every "
                     f"{busy} model is busy; retry later or raise the budget"
                 )
-            _, victim = min(idle)
+            _, victim = idle.pop(0)
+            kept.remove(victim)
+            victims.append((victim, limit))
+
+    async def _evict(self, victim: str, name: str, limit: str) -> None:
+        """Unload `victim`, chosen by `_make_room` to make room for `name`, which now serves."""
+        async with self._locks[victim]:
+            if victim not in self._registry.snapshot.models:
+                return  # (unloaded meanwhile)
             log.info("unloading idle model %s to make room for %s (%s)", victim, name, limit)
-            async with self._locks[victim]:
-                self._unload_now(victim, f"unloaded to make room for '{name}' ({limit})")
+            self._unload_now(victim, f"unloaded to make room for '{name}' ({limit})")
 
     def can_load_lazily(self, name: str) -> bool:
         """Whether a request for `name`, which is not served, should load it first.

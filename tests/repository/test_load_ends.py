@@ -1,0 +1,200 @@
+"""Loads end consistently: a load whose caller gives up runs to its end, a failed load unloads
+no model to make room, and a request waiting for an on-demand load is failed at its due time.
+
+Each test runs its scenario under `asyncio.run` against a repository written into tmp_path; a
+load is held in the loader thread on a `threading.Event`, so no test depends on how long a real
+load takes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+from collections.abc import Awaitable, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from repo_models import inputs, scale_model, write_version
+
+from duetime.config import ModelConfig
+from duetime.engine import Engine
+from duetime.errors import DeadlineExceeded, InvalidInput
+from duetime.repository import manager as manager_module
+from duetime.repository.manager import RepositoryOptions
+
+Scenario = Callable[[Engine], Awaitable[None]]
+
+
+def run(repo: Path, scenario: Scenario, **options: Any) -> None:
+    async def main() -> None:
+        engine = await Engine.start(repo, options=RepositoryOptions(**options))
+        try:
+            await asyncio.wait_for(scenario(engine), 20)
+        finally:
+            await engine.aclose()
+
+    asyncio.run(main())
+
+
+class Gate:
+    """Holds the loads of one model in the loader thread until `open()`."""
+
+    def __init__(self, model: str) -> None:
+        self.model = model
+        self.entered = threading.Event()
+        self._open = threading.Event()
+
+    def patch(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        load = manager_module._load_with_variants
+
+        def held(source: Any, version: int, config: ModelConfig) -> Any:
+            if source.name == self.model:
+                self.entered.set()
+                assert self._open.wait(10), "the test never opened the gate"
+            return load(source, version, config)
+
+        monkeypatch.setattr(manager_module, "_load_with_variants", held)
+
+    async def wait_entered(self) -> None:
+        assert await asyncio.to_thread(self.entered.wait, 10), "the load never started"
+
+    def open(self) -> None:
+        self._open.set()
+
+
+@contextlib.contextmanager
+def opened(gate: Gate) -> Iterator[Gate]:
+    try:
+        yield gate
+    finally:
+        gate.open()  # (a failing test must not leave the loader thread waiting)
+
+
+async def factor_of(engine: Engine, model: str = "m") -> float:
+    out = await engine.infer_async(model, inputs())
+    return float(out["y"][0, 0] / inputs()["x"][0, 0])
+
+
+def states(engine: Engine, model: str = "m") -> dict[str, str]:
+    return {
+        e["version"]: e["state"]
+        for e in engine.repository_index()
+        if e["name"] == model and "version" in e
+    }
+
+
+async def loads_ended(engine: Engine) -> None:
+    assert engine.manager is not None
+    loads = getattr(engine.manager, "_loads", ())  # (none before loads had tasks of their own)
+    await asyncio.gather(*loads, return_exceptions=True)
+
+
+def test_a_load_whose_caller_gives_up_runs_to_its_end(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A gRPC client's deadline cancelled its load half-way: the index said LOADING for good
+    and hid version 2, still serving, and the next plain load served the cancelled upload."""
+    write_version(tmp_path, "m", 1, scale_model(1.0))
+    write_version(tmp_path, "m", 2, scale_model(2.0))
+    gate = Gate("m")
+    config = ModelConfig.model_validate({"version_policy": {"specific": {"versions": [3]}}})
+
+    async def scenario(engine: Engine) -> None:
+        assert await factor_of(engine) == 2.0
+        gate.patch(monkeypatch)
+        with opened(gate):
+            upload = {"3/model.onnx": scale_model(3.0)}
+            caller = asyncio.ensure_future(engine.load_model("m", config, upload))
+            await gate.wait_entered()
+            caller.cancel()  # (the caller gives up while the version loads)
+            with contextlib.suppress(asyncio.CancelledError):
+                await caller
+            assert await factor_of(engine) == 2.0  # (what served serves on meanwhile)
+        await loads_ended(engine)
+        assert "LOADING" not in states(engine).values()
+        assert states(engine)["3"] == "READY"
+        assert await factor_of(engine) == 3.0  # (the load ended as asked)
+
+    run(tmp_path, scenario, control_mode="explicit", startup_models=("m",), stable_s=0.0)
+
+
+def test_a_load_under_way_at_close_is_rolled_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`aclose` ends a load its caller left running; its upload's folder is removed."""
+    write_version(tmp_path, "m", 1, scale_model(1.0))
+    gate = Gate("m")
+    config = ModelConfig.model_validate({"version_policy": {"specific": {"versions": [3]}}})
+    uploads: list[Path] = []
+
+    async def main() -> None:
+        engine = await Engine.start(
+            tmp_path, options=RepositoryOptions(control_mode="explicit", stable_s=0.0)
+        )
+        assert engine.manager is not None
+        gate.patch(monkeypatch)
+        with opened(gate):
+            caller = asyncio.ensure_future(
+                engine.load_model("m", config, {"3/model.onnx": scale_model(3.0)})
+            )
+            await gate.wait_entered()
+            uploads.append(engine.manager._uploads["m"])
+            caller.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await caller
+            closing = asyncio.ensure_future(engine.aclose())
+            await asyncio.sleep(0)  # (aclose cancels the load before the loader lets it go)
+        await closing
+        assert "m" not in engine.manager._uploads
+        assert "LOADING" not in states(engine).values()
+
+    asyncio.run(main())
+    assert not uploads[0].exists()
+
+
+def test_a_failed_load_unloads_no_model_to_make_room(tmp_path: Path) -> None:
+    """Under a budget of one model, an explicit load of a broken model answered 400 yet first
+    unloaded the model that served, which stayed unloaded."""
+    write_version(tmp_path, "a", 1, scale_model(1.0))
+    write_version(tmp_path, "b", 1, b"this is not an onnx model")
+    write_version(tmp_path, "c", 1, scale_model(3.0))
+
+    async def scenario(engine: Engine) -> None:
+        with pytest.raises(InvalidInput):
+            await engine.load_model("b")
+        assert await factor_of(engine, "a") == 1.0  # (the failed load changed nothing served)
+        assert set(engine.registry.snapshot.models) == {"a"}
+        await engine.load_model("c")  # (a load that succeeds still makes room)
+        assert set(engine.registry.snapshot.models) == {"c"}
+        reasons = [e.get("reason", "") for e in engine.repository_index() if e["name"] == "a"]
+        assert any("make room for 'c' (max_loaded_models)" in r for r in reasons)
+
+    run(
+        tmp_path, scenario, control_mode="explicit", startup_models=("a",),
+        max_loaded_models=1, stable_s=0.0,
+    )  # fmt: skip
+
+
+def test_a_request_waiting_for_a_lazy_load_fails_at_its_due_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A request due before a lazy load ended was answered 504 only once the load ended
+    (due in 1.2 s, answered at 2.95 s; 33 s under load). It fails at its due time; the load
+    goes on, for the requests after it."""
+    write_version(tmp_path, "m", 1, scale_model(2.0))
+    gate = Gate("m")
+    gate.patch(monkeypatch)
+
+    async def scenario(engine: Engine) -> None:
+        assert engine.manager is not None
+        engine.manager._load_s["m"] = 0.001  # (the estimate lets a 0.2 s request wait)
+        with opened(gate):
+            with pytest.raises(DeadlineExceeded, match="still loading"):
+                await engine.infer_async("m", inputs(), timeout=0.2)
+            assert not gate._open.is_set()  # (failed while the load was still held)
+        await loads_ended(engine)
+        assert await factor_of(engine) == 2.0
+
+    run(tmp_path, scenario, lazy=True, stable_s=0.0)
