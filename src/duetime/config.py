@@ -43,7 +43,7 @@ CONFIG_FILENAMES = ("config.toml", "config.yaml", "config.yml", "config.pbtxt")
 class _Strict(BaseModel):
     # NOTE: strict types: `max_batch_size = true` or `"4"` in a model config is a mistake to
     # report, not a value to coerce. ServerSettings relaxes this: its values arrive as text.
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 
 
 def _declared_dim(dim: int) -> int:
@@ -173,7 +173,7 @@ class VersionPolicy(_Strict):
 class VariantQuality(_Strict):
     """How a variant's answers compare with the primary model's (written by `duetime optimize`)."""
 
-    max_abs_error: float = Field(ge=0)
+    max_abs_error: float = Field(ge=0, allow_inf_nan=True)  # (inf: NaN in an answer)
     """Largest absolute difference of any output element over the sample set."""
     argmax_agreement: float = Field(ge=0, le=1)
     """Share of samples whose argmax (over the last axis of the first output) matches."""
@@ -416,7 +416,9 @@ class ServerSettings(_Strict):
     """Settings of one server process: CLI flags, `DUETIME_*` variables, or defaults."""
 
     # (protected_namespaces: pydantic before 2.10 warned of every `model_*` field at import)
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=False, protected_namespaces=())
+    model_config = ConfigDict(
+        extra="forbid", frozen=True, strict=False, protected_namespaces=(), allow_inf_nan=False
+    )
 
     model_repository: Path | None = None
     host: str = "127.0.0.1"

@@ -3,9 +3,13 @@ takes the primary's name, and numbers that are not numbers (NaN), named as such.
 
 from __future__ import annotations
 
-import pytest
+import math
+from typing import Any
 
-from duetime.config import parse_model_config
+import pytest
+from pydantic import ValidationError
+
+from duetime.config import ServerSettings, parse_model_config
 from duetime.errors import ConfigError
 from duetime.repository.registry import PRIMARY
 
@@ -43,6 +47,34 @@ def test_a_nan_is_refused_as_no_finite_number(data: dict[str, object], field: st
     )
 
 
-def test_an_infinite_weight_is_refused_by_its_bound() -> None:
-    with pytest.raises(ConfigError, match=r"less than or equal to 1000000000 \(got inf\)"):
+def test_an_infinite_weight_is_refused_as_no_finite_number() -> None:
+    with pytest.raises(ConfigError, match=r"Input should be a finite number \(got inf\)"):
         parse_model_config({"traffic": {"weights": {"1": float("inf")}}}, source="c")
+
+
+@pytest.mark.parametrize(
+    ("data", "field"),
+    [
+        ({"default_timeout_ms": math.inf}, "default_timeout_ms"),
+        ({"breaker": {"slow_factor": math.inf}}, "breaker.slow_factor"),
+        ({"default_timeout_ms": -math.inf}, "default_timeout_ms"),
+    ],
+)
+def test_an_infinite_number_is_refused_naming_its_field(data: dict[str, Any], field: str) -> None:
+    """`default_timeout_ms = inf` passed (it is bounded only below) and the server exited at
+    start on an OverflowError (an explicit load of it: 500)."""
+    with pytest.raises(ConfigError, match=rf"field '{field}': Input should be a finite number"):
+        parse_model_config(data, source="config.toml")
+
+
+def test_an_infinite_server_setting_is_refused_naming_its_field() -> None:
+    with pytest.raises(ValidationError, match="finite number"):
+        ServerSettings(shutdown_grace_s=math.inf)
+
+
+def test_a_variants_error_may_be_infinite_as_optimize_writes_a_nan_answer() -> None:
+    quality = {"max_abs_error": math.inf, "argmax_agreement": 1.0, "samples": 3}
+    variant = {"name": "v", "file": "v.onnx", "kind": "fp16", "quality": quality}
+    config = parse_model_config({"variants": [variant]}, source="config.toml")
+    assert config.variants[0].quality is not None
+    assert config.variants[0].quality.max_abs_error == math.inf
