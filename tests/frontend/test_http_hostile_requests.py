@@ -126,3 +126,45 @@ def test_a_slow_body_holding_the_room_for_bodies_cannot_keep_others_waiting(
         stop.set()
         sender.join()
         slow.sock.close()
+
+
+def test_a_slow_body_is_not_refused_where_that_would_let_no_waiting_body_in(
+    roomy_server: RunningServer,
+) -> None:
+    """A 30 MB body coming at 2.5 MB/s (38 times the minimum rate) got 408 while a 50 MB body
+    waited, though that could not fit beside a fast 60 MB one in 96 MiB either way: here, a slow
+    body and one on course hold half the room each, and the body waiting needs more than half."""
+    half = ROOM // 2 - 1000
+
+    def holding(rate_bytes_s: int) -> tuple[RawClient, threading.Event, threading.Thread]:
+        client = RawClient(roomy_server.http)
+        head = request("POST", "/v2/models/m/infer", headers={"Content-Length": str(half)})
+        client.send(head[:-2] + b"Expect: 100-continue\r\n\r\n")
+        assert client.response().status == 100  # (its room is reserved)
+        stop = threading.Event()
+
+        def trickle() -> None:
+            while not stop.wait(0.1):
+                try:
+                    client.send(b" " * (rate_bytes_s // 10))
+                except OSError:
+                    return
+
+        sender = threading.Thread(target=trickle)
+        sender.start()
+        return client, stop, sender
+
+    slow = holding(100_000)  # (20 s to arrive: past request_read_timeout_s)
+    steady = holding(400_000)  # (5 s: on course)
+    waiting = RawClient(roomy_server.http)
+    try:
+        waiting.send(request("POST", "/v2/models/m/infer", b" " * (ROOM // 2 + 100_000)))
+        slow[0].sock.settimeout(2.5)  # (bodies are judged after 1 s, then every 0.25 s)
+        with pytest.raises(TimeoutError):
+            slow[0].response()
+    finally:
+        for client, stop, sender in (slow, steady):
+            stop.set()
+            sender.join()
+            client.sock.close()
+        waiting.sock.close()

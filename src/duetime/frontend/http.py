@@ -209,8 +209,13 @@ class Intake:
 
     def _refuse_slow_bodies(self, loop: asyncio.AbstractEventLoop) -> None:
         """While bodies wait for room, refuse the bodies holding room that would not arrive
-        within `slow_body_s` at their rate, slowest first, until the waiting ones fit (each
-        refusal releases its room: `release` lets them on); again every `_SLOW_CHECK_S`."""
+        within `slow_body_s` at their rate, slowest first, until the first waiting body fits
+        (each refusal releases its room: `release` lets it on), and none where refusing them
+        all would not make it fit; again every `_SLOW_CHECK_S`.
+
+        NOTE: every slow body was refused while anything waited: a 30 MB body coming at
+        2.5 MB/s got 408 though the 50 MB body waiting could not fit beside a fast 60 MB one
+        in 96 MiB either way (it got its room when the fast one ended, as it would have)."""
         self._slow_check = None
         if not self._waiting:
             return
@@ -220,6 +225,10 @@ class Intake:
             left_s = connection.body_left_s(now)
             if left_s is not None and left_s > self.slow_body_s:
                 slow.append((left_s, connection))
+        needed = self._waiting[0][1]
+        kept = self.reserved - sum(connection.reserved_bytes for _, connection in slow)
+        if slow and kept > 0 and kept + needed > self.max_bytes:
+            slow = []  # (refusing them would not let the first waiting body in)
         slow.sort(key=lambda entry: entry[0], reverse=True)
         for left_s, connection in slow:
             if not self._waiting:
@@ -843,6 +852,11 @@ class HttpConnection(asyncio.Protocol):
         self._filling_since = self._paused_at if self._reading_paused else self._loop.time()
         self._filled_from = self._body_bytes
         self._intake.filling.add(self)
+
+    @property
+    def reserved_bytes(self) -> int:
+        """The room this connection's body holds (the Intake's look)."""
+        return self._reserved
 
     def body_left_s(self, now: float) -> float | None:
         """How long the rest of the body being read would take at the rate it came since its
