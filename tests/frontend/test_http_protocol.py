@@ -411,14 +411,18 @@ def test_malformed_request_after_a_good_one(client: RawClient) -> None:
 def test_upgrade_is_ignored_then_the_connection_closes(
     client: RawClient, expected_mlp: list[float], behind_inference: bool
 ) -> None:
-    """The request is answered as HTTP/1.1 (no 101); nothing after it on the wire is read."""
+    """The request is answered as HTTP/1.1 (no 101), saying the connection closes (it said
+    nothing, and a keep-alive client's next request went unanswered); nothing after it on the
+    wire is read."""
     upgrade = request("GET", "/v2/health/live", headers={"Connection": "Upgrade", "Upgrade": "h2c"})
     if behind_inference:  # owed responses are still written, in order
         client.send(infer_request() + upgrade + request("GET", "/v2/health/ready"))
         assert output_of(client.response()) == expected_mlp
     else:
         client.send(upgrade)
-    assert client.response().status == 200
+    answer = client.response()
+    assert answer.status == 200
+    assert answer.headers["connection"] == "close"
     assert client.closed_by_server()
 
 

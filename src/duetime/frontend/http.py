@@ -678,7 +678,13 @@ class HttpConnection(asyncio.Protocol):
         if self._rejected or self._closing:
             return
         method = self._parser.get_method().decode("latin-1")
-        slot = _Slot(self._parser.should_keep_alive(), self._http10)
+        parser = self._parser
+        # (a request asking to upgrade is the connection's last: its answer says so; see
+        # `_upgraded`. It said nothing, then the connection closed under a keep-alive client)
+        keep_alive = parser.should_keep_alive() and not (
+            "upgrade" in self._headers and parser.should_upgrade()
+        )
+        slot = _Slot(keep_alive, self._http10)
         if self._reserved or self._awaiting:
             self._hold(slot)
         self._slots.append(slot)
