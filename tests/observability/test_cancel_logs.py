@@ -97,3 +97,24 @@ def test_a_grpc_call_its_client_cancels_is_logged(
         lines = cancelled_lines(caplog, "grpc")
     statuses = {(r.model, r.status, r.trace_id) for r in lines}  # type: ignore[attr-defined]
     assert statuses == {("slow", 499, TRACE_ID)}
+
+
+def test_a_streamed_request_awaiting_its_answer_when_the_stream_ends_is_logged(
+    slow: RunningServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The request whose answer the stream was waiting for had left the window, and only the
+    window's were logged: a cancelled stream lost that request's line (counted failed)."""
+    tensor = grpcclient.InferInput("x", [1, 4], "FP32")
+    tensor.set_data_from_numpy(np.ones((1, 4), np.float32))
+    running(slow, busy=False)
+    with caplog.at_level(logging.INFO, logger="duetime.requests"):
+        with grpcclient.InferenceServerClient(slow.grpc) as client:
+            client.start_stream(
+                callback=lambda *_, **__: None, headers={"traceparent": TRACEPARENT}
+            )
+            client.async_stream_infer("slow", [tensor], request_id="only")
+            running(slow)  # (its answer is awaited: the stream's loop holds it)
+            client.stop_stream(cancel_requests=True)
+        lines = cancelled_lines(caplog, "grpc-stream")
+    statuses = {(r.model, r.status, r.trace_id) for r in lines}  # type: ignore[attr-defined]
+    assert statuses == {("slow", 499, TRACE_ID)}

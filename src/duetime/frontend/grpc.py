@@ -481,6 +481,8 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
                         await window.put((request, submitted, timing, hold))
                     except BaseException:  # (the stream ended meanwhile)
                         hold.release()
+                        if isinstance(submitted, _Submitted) and submitted.ticket.future.cancel():
+                            _log_cancelled(context, STREAM, request, submitted.ticket)
                         raise
             finally:
                 await window.put(None)
@@ -490,7 +492,16 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
             while (item := await window.get()) is not None:
                 request, submitted, timing, hold = item
                 try:
-                    answer = await self._stream_answer(submitted, request.id, hold)
+                    try:
+                        answer = await self._stream_answer(submitted, request.id, hold)
+                    except asyncio.CancelledError:
+                        # (the stream ended while this request waited for its answer: out of
+                        # the window, it was neither cancelled there nor logged)
+                        if isinstance(submitted, _Submitted):
+                            waited = submitted.ticket
+                            if waited.future.cancel() or waited.future.cancelled():
+                                _log_cancelled(context, STREAM, request, waited)
+                        raise
                     ticket = None if isinstance(submitted, DuetimeError) else submitted.ticket
                     if not isinstance(answer, DuetimeError):
                         self._record(request, context, timing, ticket, None, STREAM)
