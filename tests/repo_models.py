@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
+
+from duetime.engine import Engine
+from duetime.repository.manager import RepositoryOptions
 
 WIDTH = 4
 
@@ -171,3 +177,28 @@ def faulty_model(work: int = 256) -> bytes:
     model.ir_version = 8
     onnx.checker.check_model(model)
     return model.SerializeToString()
+
+
+Scenario = Callable[[Engine], Awaitable[None]]
+
+
+def run_on_engine(
+    repo: Path, scenario: Scenario, *, limit_s: float | None = None, **options: Any
+) -> None:
+    """`scenario` on an engine made by `Engine.start` on a loop of its own, closed after it
+    (`limit_s`: a scenario that hangs fails after that long)."""
+
+    async def main() -> None:
+        engine = await Engine.start(repo, options=RepositoryOptions(**options))
+        try:
+            await asyncio.wait_for(scenario(engine), limit_s)
+        finally:
+            await engine.aclose()
+
+    asyncio.run(main())
+
+
+async def factor_of(engine: Engine, model: str = "m", **kwargs: Any) -> float:
+    """Which scale model answered: y / x."""
+    out = await engine.infer_async(model, inputs(), **kwargs)
+    return float(out["y"][0, 0] / inputs()["x"][0, 0])

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -15,6 +15,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from conftest import start_server, stop_server
 from repo_models import heavy_model, inputs, scale_model, write_version
+from repo_models import run_on_engine as run_started
 from tritonclient.utils import InferenceServerException
 
 from duetime import Engine
@@ -34,21 +35,6 @@ async def eventually(check: Callable[[], bool]) -> None:
     while not check():
         assert time.monotonic() < end, "still not so after 30 s"
         await asyncio.sleep(0.01)
-
-
-def run_started(
-    repo: Path, scenario: Callable[[Engine], Awaitable[None]], **options: object
-) -> None:
-    """`scenario` on an engine made by `Engine.start` on a loop of its own, closed after it."""
-
-    async def main() -> None:
-        engine = await Engine.start(repo, options=RepositoryOptions(**options))  # type: ignore[arg-type]
-        try:
-            await scenario(engine)
-        finally:
-            await engine.aclose()
-
-    asyncio.run(main())
 
 
 # -- loads on demand -------------------------------------------------------------------------------

@@ -11,12 +11,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from repo_models import inputs, scale_model, write_version
+from repo_models import Scenario, factor_of, inputs, run_on_engine, scale_model, write_version
 
 from duetime.config import ModelConfig
 from duetime.engine import Engine
@@ -24,18 +24,9 @@ from duetime.errors import DeadlineExceeded, InvalidInput
 from duetime.repository import manager as manager_module
 from duetime.repository.manager import RepositoryOptions
 
-Scenario = Callable[[Engine], Awaitable[None]]
-
 
 def run(repo: Path, scenario: Scenario, **options: Any) -> None:
-    async def main() -> None:
-        engine = await Engine.start(repo, options=RepositoryOptions(**options))
-        try:
-            await asyncio.wait_for(scenario(engine), 20)
-        finally:
-            await engine.aclose()
-
-    asyncio.run(main())
+    run_on_engine(repo, scenario, limit_s=20, **options)
 
 
 class Gate:
@@ -70,11 +61,6 @@ def opened(gate: Gate) -> Iterator[Gate]:
         yield gate
     finally:
         gate.open()  # (a failing test must not leave the loader thread waiting)
-
-
-async def factor_of(engine: Engine, model: str = "m") -> float:
-    out = await engine.infer_async(model, inputs())
-    return float(out["y"][0, 0] / inputs()["x"][0, 0])
 
 
 def states(engine: Engine, model: str = "m") -> dict[str, str]:

@@ -8,38 +8,18 @@ from __future__ import annotations
 
 import asyncio
 import shutil
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import pytest
-from repo_models import age, inputs, scale_model, write_version
+from repo_models import age, factor_of, scale_model, write_version
+from repo_models import run_on_engine as run
 
 from duetime.config import ModelConfig
 from duetime.engine import Engine
 from duetime.errors import InvalidInput
 from duetime.repository import manager as manager_module
-from duetime.repository.manager import RepositoryOptions
-
-Scenario = Callable[[Engine], Awaitable[None]]
 
 ALL = ModelConfig.model_validate({"version_policy": {"all": {}}})
-
-
-def run(repo: Path, scenario: Scenario, **options: object) -> None:
-    async def main() -> None:
-        engine = await Engine.start(repo, options=RepositoryOptions(**options))  # type: ignore[arg-type]
-        try:
-            await scenario(engine)
-        finally:
-            await engine.aclose()
-
-    asyncio.run(main())
-
-
-async def factor_of(engine: Engine, model: str = "m", **kwargs: object) -> float:
-    """Which scale model answered: y / x."""
-    out = await engine.infer_async(model, inputs(), **kwargs)  # type: ignore[arg-type]
-    return float(out["y"][0, 0] / inputs()["x"][0, 0])
 
 
 def served(engine: Engine, model: str = "m") -> list[str]:

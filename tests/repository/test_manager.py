@@ -11,7 +11,6 @@ import asyncio
 import json
 import logging
 import os
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +19,7 @@ import onnx
 import pytest
 from repo_models import (
     age,
+    factor_of,
     heavy_model,
     inputs,
     mixing_model,
@@ -27,6 +27,7 @@ from repo_models import (
     stacking_model,
     write_version,
 )
+from repo_models import run_on_engine as run
 
 from duetime.config import ModelConfig
 from duetime.engine import Engine
@@ -39,27 +40,7 @@ from duetime.errors import (
     NotAllowed,
 )
 from duetime.repository import manager as manager_module
-from duetime.repository.manager import RepositoryOptions
 from duetime.scheduling.scheduler import REFUSALS_SEEN_NS
-
-Scenario = Callable[[Engine], Awaitable[None]]
-
-
-def run(repo: Path, scenario: Scenario, **options: object) -> None:
-    async def main() -> None:
-        engine = await Engine.start(repo, options=RepositoryOptions(**options))  # type: ignore[arg-type]
-        try:
-            await scenario(engine)
-        finally:
-            await engine.aclose()
-
-    asyncio.run(main())
-
-
-async def factor_of(engine: Engine, model: str = "m", **kwargs: object) -> float:
-    """Which scale model answered: y / x."""
-    out = await engine.infer_async(model, inputs(), **kwargs)  # type: ignore[arg-type]
-    return float(out["y"][0, 0] / inputs()["x"][0, 0])
 
 
 def config(repo: Path, model: str, text: str) -> None:
