@@ -197,6 +197,15 @@ def test_trade_and_counts() -> None:
     assert books.messages == 8
 
 
+def test_a_trade_of_locate_0_is_only_counted() -> None:
+    """Locate 0 is market-wide: its trade made `itch run` build a book '#0' and predict for it."""
+    trade = spec.Trade("P", 0, 0, 30, 0, "S", 300, "AAPL", 12_3400, 9)
+    books, events = run(trade)
+    assert events == [None]
+    assert 0 not in books.books
+    assert dict(books.market_counts) == {"P": 1}
+
+
 def test_locates_without_a_directory_get_a_book() -> None:
     books = Books()
     books.apply(add(1, "B", 10, 1_0000, locate=9))

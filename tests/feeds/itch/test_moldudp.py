@@ -177,6 +177,18 @@ def test_the_receiver_counts_bad_datagrams_instead_of_raising() -> None:
     assert "unknown message type" in bad.examples["bad_message"][0]
 
 
+def test_a_message_that_cannot_be_decoded_is_a_gap_for_the_books() -> None:
+    """It was only counted as a bad packet: rows after it said `book_gaps` 0 while the book
+    missed that message."""
+    gaps: list[Gap] = []
+    receiver = MoldUdpReceiver(lambda s, m: None, on_gap=gaps.append)
+    receiver.datagram_received(encode_packet("S", 1, MESSAGES[:1]), ("127.0.0.1", 1))
+    receiver.datagram_received(encode_packet("S", 2, [MESSAGES[1][:-3]]), ("127.0.0.1", 1))
+    assert gaps == [Gap(2, 2)]
+    assert receiver.tracker.missed == 1
+    assert receiver.bad_packets.counts == {"bad_message": 1}
+
+
 def test_bad_datagrams_are_counted_by_kind_in_bounded_memory() -> None:
     """A flood of datagrams the feed cannot use (another session's, garbage) is counted per
     kind with the first few reasons: each one's reason string was once kept forever."""

@@ -580,7 +580,11 @@ class Books:
              old.shares),
         )  # fmt: skip
 
-    def _on_trade(self, msg: Any, book: OrderBook | None) -> BookEvent:
+    def _on_trade(self, msg: Any, book: OrderBook | None) -> BookEvent | None:
+        if book is None:
+            # NOTE: locate 0 is market-wide, only counted (as A/F are): its trade event made
+            # `itch run` build a book '#0' and ask the model for it
+            return None
         side = _SIDES.get(msg.buy_sell_indicator, 0)
         price = msg.price
         return _event(

@@ -332,6 +332,11 @@ class SequenceTracker:
         self.discarded += count
         return gap
 
+    def undecodable(self, sequence: int) -> Gap:
+        """Message `sequence` came but could not be decoded: a gap of one (not expected
+        again)."""
+        return self._gap(sequence, sequence, 1)
+
     def _gap(self, first: int, last: int, count: int | None = None) -> Gap:
         gap = self.last_gap = Gap(first, last)
         self.gap_count += 1
@@ -412,7 +417,12 @@ class MoldUdpReceiver(asyncio.DatagramProtocol):
             try:
                 message = decode_message(body)
             except ItchFormatError as error:
+                # NOTE: a message received but not decoded is lost to the books as a lost
+                # datagram's are: it was only counted, and rows after it said `book_gaps` 0
                 self.bad_packets.add("bad_message", f"message {sequence}: {error}")
+                gap = tracker.undecodable(sequence)
+                if self.on_gap is not None:
+                    self.on_gap(gap)
                 continue
             if self.on_message is not None:
                 self.on_message(sequence, message)
