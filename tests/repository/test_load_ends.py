@@ -163,6 +163,33 @@ def test_a_failed_load_unloads_no_model_to_make_room(tmp_path: Path) -> None:
     )  # fmt: skip
 
 
+def test_the_model_unloaded_to_make_room_is_chosen_when_the_new_one_serves(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Chosen when the load began, the least recently used model was unloaded when it ended
+    though it had taken traffic meanwhile (404s), while one idle all along stayed."""
+    write_version(tmp_path, "a", 1, scale_model(1.0))
+    write_version(tmp_path, "b", 1, scale_model(2.0))
+    write_version(tmp_path, "c", 1, scale_model(3.0))
+    gate = Gate("c")
+    gate.patch(monkeypatch)
+
+    async def scenario(engine: Engine) -> None:
+        assert await factor_of(engine, "a") == 1.0
+        assert await factor_of(engine, "b") == 2.0  # (a is the least recently used now)
+        with opened(gate):
+            load = asyncio.ensure_future(engine.load_model("c"))
+            await gate.wait_entered()
+            assert await factor_of(engine, "a") == 1.0  # (b is, from here on)
+        await load
+        assert set(engine.registry.snapshot.models) == {"a", "c"}
+
+    run(
+        tmp_path, scenario, control_mode="explicit", startup_models=("a", "b"),
+        max_loaded_models=2, stable_s=0.0,
+    )  # fmt: skip
+
+
 def test_a_request_waiting_for_a_lazy_load_fails_at_its_due_time(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

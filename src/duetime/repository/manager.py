@@ -668,7 +668,7 @@ class ModelManager:
                 # copied in (even by the atomic rename) made the server unready until they
                 # settled. The caller hears why nothing serves yet (a lazy request, say).
                 raise ModelUnavailable(f"model '{name}': {'; '.join(problems)}")
-            for victim, limit in victims:  # (the model serves: what made room for it goes)
+            for victim, limit in self._victims_now(name, victims):  # (the model serves)
                 await self._evict(victim, name, limit)
         except asyncio.CancelledError:  # (`aclose`: what loaded but never served is closed)
             if self._registry.snapshot.models.get(name) is current:
@@ -901,6 +901,29 @@ class ModelManager:
             _, victim = idle.pop(0)
             kept.remove(victim)
             victims.append((victim, limit))
+
+    def _victims_now(self, name: str, planned: list[tuple[str, str]]) -> list[tuple[str, str]]:
+        """As many models as `_make_room` chose to make room for `name`, chosen again now that
+        `name` serves: the least recently used idle ones (then the least recently used).
+
+        NOTE: chosen when the load began, the models were unloaded when it ended whatever they
+        did meanwhile: a model that took traffic through a slow load was unloaded (404s) while
+        one idle all along stayed."""
+        if not planned:
+            return planned
+        models = self._registry.snapshot.models
+        claimed = {v for n, chosen in self._evicting.items() if n != name for v, _ in chosen}
+        candidates = sorted(
+            (
+                not all(d.scheduler.idle for d in _deployments(models[other])),
+                max(d.scheduler.last_arrival_ns for d in _deployments(models[other])),
+                other,
+            )
+            for other in models
+            if other != name and other not in claimed
+        )
+        chosen = [other for _, _, other in candidates[: len(planned)]]
+        return [(victim, limit) for victim, (_, limit) in zip(chosen, planned, strict=False)]
 
     async def _evict(self, victim: str, name: str, limit: str) -> None:
         """Unload `victim`, chosen by `_make_room` to make room for `name`, which now serves."""
