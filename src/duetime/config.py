@@ -40,6 +40,12 @@ CONFIG_FILENAMES = ("config.toml", "config.yaml", "config.yml", "config.pbtxt")
 """A model's config file: duetime's own (TOML or YAML) or Triton's (see tritonconfig.py)."""
 
 
+MAX_TIMEOUT_MS = 1.8e16
+"""The longest `default_timeout_ms`: Triton's form of it, microseconds in a uint64, holds up to
+about 1.84e16 ms (a Triton config's int64-max microseconds, 9.2e15 ms, fits). NOTE: 1e20 passed,
+and the model's config endpoint answered 500 (HTTP) and UNKNOWN (gRPC) for good."""
+
+
 class _Strict(BaseModel):
     # NOTE: strict types: `max_batch_size = true` or `"4"` in a model config is a mistake to
     # report, not a value to coerce. ServerSettings relaxes this: its values arrive as text.
@@ -273,7 +279,7 @@ class ModelConfig(_Strict):
     intra_op_threads: int = Field(default=1, ge=0, le=256)
     """Threads ORT uses inside one operator; 0 lets ORT choose."""
     inter_op_threads: int = Field(default=1, ge=1, le=256)
-    default_timeout_ms: float | None = Field(default=None, gt=0)
+    default_timeout_ms: float | None = Field(default=None, gt=0, le=MAX_TIMEOUT_MS)
     """Due time of every request: those that bring none get it, and those that bring a later
     one are held to it (a request may shorten it, never extend it, as Triton's
     `allow_timeout_override`); none by default (no deadline)."""

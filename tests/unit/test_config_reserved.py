@@ -78,3 +78,13 @@ def test_a_variants_error_may_be_infinite_as_optimize_writes_a_nan_answer() -> N
     config = parse_model_config({"variants": [variant]}, source="config.toml")
     assert config.variants[0].quality is not None
     assert config.variants[0].quality.max_abs_error == math.inf
+
+
+def test_a_default_timeout_too_long_for_tritons_form_is_refused() -> None:
+    """1e20 ms passed; the config endpoints then failed (500 / UNKNOWN): Triton's form holds
+    microseconds in a uint64."""
+    with pytest.raises(ConfigError, match=r"field 'default_timeout_ms': Input should be less"):
+        parse_model_config({"default_timeout_ms": 1e20}, source="config.toml")
+    longest = parse_model_config({"default_timeout_ms": 1.8e16}, source="c").default_timeout_ms
+    assert longest is not None
+    assert int(longest * 1000) < 2**64
