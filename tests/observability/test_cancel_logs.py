@@ -90,7 +90,10 @@ def test_a_grpc_call_its_client_cancels_is_logged(
     with caplog.at_level(logging.INFO, logger="duetime.requests"):
         with grpcclient.InferenceServerClient(slow.grpc) as client:
             call = client.async_infer(
-                "slow", [tensor], callback=lambda *_: None, headers={"traceparent": TRACEPARENT}
+                "slow",
+                [tensor],
+                callback=lambda *_, **__: None,
+                headers={"traceparent": TRACEPARENT},
             )
             running(slow)  # (cancelled while it runs: the server has it)
             call.cancel()
