@@ -40,10 +40,10 @@ CONFIG_FILENAMES = ("config.toml", "config.yaml", "config.yml", "config.pbtxt")
 """A model's config file: duetime's own (TOML or YAML) or Triton's (see tritonconfig.py)."""
 
 
-MAX_TIMEOUT_MS = 1.8e16
-"""The longest `default_timeout_ms`: Triton's form of it, microseconds in a uint64, holds up to
-about 1.84e16 ms (a Triton config's int64-max microseconds, 9.2e15 ms, fits). NOTE: 1e20 passed,
-and the model's config endpoint answered 500 (HTTP) and UNKNOWN (gRPC) for good."""
+MAX_TIMEOUT_MS = 2**64 / 1000
+"""The longest `default_timeout_ms`: Triton's form of it, microseconds in a uint64 (every uint64
+of a Triton config fits; the config endpoints clamp to the largest). NOTE: 1e20 passed, and the
+model's config endpoint answered 500 (HTTP) and UNKNOWN (gRPC) for good."""
 
 
 class _Strict(BaseModel):

@@ -227,3 +227,25 @@ def test_a_tensor_without_dims_is_reported_as_triton_does_and_read_back(tmp_path
     assert "reshape" not in config["input"][0]
     settings = translate_json(config, source="m", model_name="m")
     assert settings["outputs"] == [{"name": "label", "datatype": "INT64", "dims": []}]
+
+
+@pytest.mark.parametrize("microseconds", [2**64 - 1, 2**63 - 1, 18_000_000_000_000_000_001])
+def test_every_uint64_default_timeout_of_a_triton_config_is_taken_and_shown(
+    tmp_path: Path, microseconds: int
+) -> None:
+    """Triton's default_timeout_microseconds is a uint64: its largest values were refused (a
+    bound in ms named on the microseconds field), and values past what the config endpoint can
+    say (1e20 ms) answered 500 there."""
+    policy = f"default_queue_policy {{ default_timeout_microseconds: {microseconds} }}"
+    text = f"dynamic_batching {{ {policy} }}"
+    settings = ModelConfig.model_validate(translate(text, source="c", model_name="m"))
+    assert settings.default_timeout_ms is not None
+    repo = write_demo_repository(tmp_path / "repo")
+    (repo / "mlp" / "config.toml").unlink()
+    (repo / "mlp" / "config.pbtxt").write_text(text)
+    loaded = load_version(scan_model(repo / "mlp"), 1)
+    try:
+        shown = model_config_json(loaded)["dynamic_batching"]["default_queue_policy"]
+    finally:
+        loaded.executor.close()
+    assert 0 < shown["default_timeout_microseconds"] <= 2**64 - 1

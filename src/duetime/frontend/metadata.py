@@ -55,7 +55,8 @@ def model_config_json(model: LoadedModel) -> dict[str, Any]:
     labels = {t.name: t.labels for t in config.outputs or () if t.labels is not None}
     queue_policy: dict[str, Any] = {"max_queue_size": scheduling.max_queue_size}
     if config.default_timeout_ms is not None:
-        queue_policy["default_timeout_microseconds"] = int(config.default_timeout_ms * 1000)
+        microseconds = min(int(config.default_timeout_ms * 1000), 2**64 - 1)  # (a uint64)
+        queue_policy["default_timeout_microseconds"] = microseconds
         queue_policy["allow_timeout_override"] = True
     return {
         "name": model.name,
