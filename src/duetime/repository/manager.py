@@ -30,6 +30,7 @@ import logging
 import os
 import shutil
 import tempfile
+import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping
@@ -240,6 +241,9 @@ class ModelManager:
         served in place of its folder in the repository until it is unloaded."""
         self._locks: dict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
         self._loads: set[asyncio.Task[None]] = set()
+        self._written: list[Path] = []
+        """Every upload folder written, removed again once the loader thread has ended at
+        `aclose` (see there)."""
         """Loads running (see `load`: their callers may have stopped waiting)."""
         self._retiring: set[asyncio.Task[None]] = set()
         self._poller: asyncio.Task[None] | None = None
@@ -328,6 +332,16 @@ class ModelManager:
         self._loader.shutdown(wait=False, cancel_futures=True)
         for name in list(self._uploads):
             _remove_upload(self._uploads.pop(name))
+        # NOTE: a load still running in the loader thread (ORT cannot be interrupted) went on
+        # after its upload's folder was removed, and ORT saving its optimised graph made the
+        # folders again (an empty `.duetime-cache`, left in the temp directory): once that
+        # thread ends, every upload folder written is removed again (not waited for here)
+        written, self._written = self._written, []
+        if written:
+            threading.Thread(
+                target=_sweep_uploads, args=(self._loader, written), daemon=True,
+                name="duetime-upload-sweep",
+            ).start()  # fmt: skip
 
     async def _poll_forever(self) -> None:
         while True:
@@ -431,6 +445,8 @@ class ModelManager:
                 "version's model and its external data), or put the model in the repository"
             )
         upload = await asyncio.to_thread(_write_upload, name, files) if files else None
+        if upload is not None:
+            self._written.append(upload)
         async with self._locks[name]:
             previous = self._uploads.get(name), self._overrides.get(name)
             before = self._index_record(name)
@@ -903,27 +919,46 @@ class ModelManager:
             victims.append((victim, limit))
 
     def _victims_now(self, name: str, planned: list[tuple[str, str]]) -> list[tuple[str, str]]:
-        """As many models as `_make_room` chose to make room for `name`, chosen again now that
-        `name` serves: the least recently used idle ones (then the least recently used).
+        """The models to unload now that `name` serves, with the budget each goes for: the
+        least recently used idle ones (then, were those not enough, the least recently used)
+        until the models loaded fit the budget again; none if `_make_room` planned none.
 
-        NOTE: chosen when the load began, the models were unloaded when it ended whatever they
-        did meanwhile: a model that took traffic through a slow load was unloaded (404s) while
-        one idle all along stayed."""
+        NOTE: chosen when the load began, the models planned were unloaded when it ended
+        whatever they did meanwhile: a model that took traffic through a slow load was unloaded
+        (404s) while one idle all along stayed. And counted, not weighed, against what is
+        loaded now, the choice made now left a byte budget exceeded (a small model went for a
+        big one), or unloaded a model for room another unload had made already."""
         if not planned:
-            return planned
+            return []
+        options = self.options
         models = self._registry.snapshot.models
         claimed = {v for n, chosen in self._evicting.items() if n != name for v, _ in chosen}
-        candidates = sorted(
+        loading = {n: b for n, b in self._loading.items() if n not in models}
+        kept = [n for n in models if n not in claimed]
+        ranked = sorted(
             (
                 not all(d.scheduler.idle for d in _deployments(models[other])),
                 max(d.scheduler.last_arrival_ns for d in _deployments(models[other])),
                 other,
             )
-            for other in models
-            if other != name and other not in claimed
+            for other in kept
+            if other != name
         )
-        chosen = [other for _, _, other in candidates[: len(planned)]]
-        return [(victim, limit) for victim, (_, limit) in zip(chosen, planned, strict=False)]
+        victims: list[tuple[str, str]] = []
+        while True:
+            count = len(kept) + len(loading)
+            used = sum(self._bytes.get(n, 0) for n in kept) + sum(loading.values())
+            if options.max_loaded_models is not None and count > options.max_loaded_models:
+                limit = "max_loaded_models"
+            elif options.max_loaded_bytes is not None and used > options.max_loaded_bytes:
+                limit = "max_loaded_bytes"
+            else:
+                return victims
+            if not ranked:
+                return victims  # (all that could go is going)
+            _, _, victim = ranked.pop(0)
+            kept.remove(victim)
+            victims.append((victim, limit))
 
     async def _evict(self, victim: str, name: str, limit: str) -> None:
         """Unload `victim`, chosen by `_make_room` to make room for `name`, which now serves."""
@@ -1045,6 +1080,13 @@ def check_upload_path(relative: str) -> tuple[str, ...]:
             "'file:1/model.onnx', 2 parts)"
         )
     return parts
+
+
+def _sweep_uploads(loader: ThreadPoolExecutor, folders: list[Path]) -> None:
+    """Remove `folders` once `loader`'s threads have ended (see `ModelManager.aclose`)."""
+    loader.shutdown(wait=True)
+    for folder in folders:
+        _remove_upload(folder)
 
 
 def _remove_upload(folder: Path) -> None:
