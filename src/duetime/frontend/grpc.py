@@ -663,7 +663,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         self, parameters: Mapping[str, Any], context: Any, now: int, new_call: bool = True
     ) -> int | None:
         """The due time from the `timeout` parameter, counted from the call's arrival in gRPC's
-        core where the request is a `new_call`'s (estimated: `CoreBacklog`; a stream's later
+        core where the request is a `new_call`'s (estimated: `CoreBacklog`; a stream's
         messages come on a call already taken), and the gRPC deadline (the core's own: exact)."""
         backlog = self.backlog
         waited_ns = int(backlog.wait_s * 1e9) if backlog is not None and new_call else 0
