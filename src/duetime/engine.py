@@ -492,13 +492,35 @@ class Engine:
         timeout: float | None = None,  # noqa: ASYNC109 - a due time for the server, not a wait
         priority: int = 0,
         outputs: Sequence[str] | None = None,
+        parameters: Mapping[str, Any] | None = None,
     ) -> dict[str, np.ndarray]:
         """Run `model` on `inputs`; `timeout` in seconds sets the request's due time (None or
-        infinity: none). The arrays are not copied: leave them unchanged until the answer.
+        infinity: none); `parameters` are the request's, as over HTTP and gRPC (a traffic
+        policy's sticky key, say). The arrays are not copied: leave them unchanged until the
+        answer. `infer_response_async` also says which version and variant answered.
 
         On an engine made by `open()`, awaited from another loop, the request is handed to the
         engine's loop as `infer` does."""
-        request = self._request(model, inputs, version, timeout, priority, outputs)
+        response = await self.infer_response_async(
+            model, inputs, version=version, timeout=timeout, priority=priority,
+            outputs=outputs, parameters=parameters,
+        )  # fmt: skip
+        return response.outputs
+
+    async def infer_response_async(
+        self,
+        model: str,
+        inputs: Mapping[str, np.ndarray],
+        *,
+        version: str | int | None = None,
+        timeout: float | None = None,  # noqa: ASYNC109 - a due time for the server, not a wait
+        priority: int = 0,
+        outputs: Sequence[str] | None = None,
+        parameters: Mapping[str, Any] | None = None,
+    ) -> InferResponse:
+        """`infer_async`'s answer whole: its outputs, and the model, version and variant that
+        answered (an A/B split or a cheaper variant under a tight due time tell apart here)."""
+        request = self._request(model, inputs, version, timeout, priority, outputs, parameters)
         if _running_loop() is not self._loop:
             if self._thread is None:  # (its futures belong to the loop that started it)
                 raise RuntimeError(
@@ -517,7 +539,7 @@ class Engine:
                 raise self._in_process(error, request, queued=True)
             finally:
                 error = None  # (this frame is in its traceback: see Ticket.response)
-        return ticket.response().outputs
+        return ticket.response()
 
     def infer(
         self,
@@ -528,14 +550,33 @@ class Engine:
         timeout: float | None = None,
         priority: int = 0,
         outputs: Sequence[str] | None = None,
+        parameters: Mapping[str, Any] | None = None,
     ) -> dict[str, np.ndarray]:
         """Blocking `infer_async` for synchronous code, on an engine made by `open()` (whose
         loop runs on a thread of its own); never call it on the engine's own loop.
+        `infer_response` also says which version and variant answered.
 
         NOTE: an engine made by `start()` answers only on the loop that started it, as its
         `infer_async` does: handed to that loop from another thread, a call waited forever (past
         its due time) whenever the loop was not running, and after `asyncio.run(Engine.start())`
         it was told "the engine is closed" though nothing had closed it."""
+        return self.infer_response(
+            model, inputs, version=version, timeout=timeout, priority=priority,
+            outputs=outputs, parameters=parameters,
+        ).outputs  # fmt: skip
+
+    def infer_response(
+        self,
+        model: str,
+        inputs: Mapping[str, np.ndarray],
+        *,
+        version: str | int | None = None,
+        timeout: float | None = None,
+        priority: int = 0,
+        outputs: Sequence[str] | None = None,
+        parameters: Mapping[str, Any] | None = None,
+    ) -> InferResponse:
+        """Blocking `infer_response_async` (see `infer`)."""
         if self._thread is None:
             raise RuntimeError(
                 "Engine.infer is for engines made by Engine.open() (their loop runs on a thread "
@@ -544,14 +585,12 @@ class Engine:
             )
         if _running_loop() is self._loop:
             raise RuntimeError("Engine.infer blocks; on the engine's loop use await infer_async")
-        request = self._request(model, inputs, version, timeout, priority, outputs)
+        request = self._request(model, inputs, version, timeout, priority, outputs, parameters)
         return self._submit_threadsafe(request).result()
 
-    def _submit_threadsafe(
-        self, request: InferRequest
-    ) -> concurrent.futures.Future[dict[str, np.ndarray]]:
+    def _submit_threadsafe(self, request: InferRequest) -> concurrent.futures.Future[InferResponse]:
         """Hand `request` to the engine's loop from another thread; its answer's future."""
-        result: concurrent.futures.Future[dict[str, np.ndarray]] = concurrent.futures.Future()
+        result: concurrent.futures.Future[InferResponse] = concurrent.futures.Future()
         self._hand_over(functools.partial(self._submit_for_thread, request, result), result)
         return result
 
@@ -619,7 +658,7 @@ class Engine:
         result.add_done_callback(withdraw)
 
     def _submit_for_thread(
-        self, request: InferRequest, result: concurrent.futures.Future[dict[str, np.ndarray]]
+        self, request: InferRequest, result: concurrent.futures.Future[InferResponse]
     ) -> None:
         """On the loop: submit a request handed over by `_submit_threadsafe`, and answer
         `result`. A caller that gives up (an `infer_async` awaited on another loop, cancelled)
@@ -636,7 +675,7 @@ class Engine:
         def settle() -> None:
             error = ticket.failure()
             if error is None:
-                _answer(result, ticket.response().outputs, None)
+                _answer(result, ticket.response(), None)
             else:
                 _answer(result, None, self._in_process(error, request, queued=True))
 
@@ -644,7 +683,7 @@ class Engine:
         loop = self._loop
         assert loop is not None
 
-        def withdraw(done: concurrent.futures.Future[dict[str, np.ndarray]]) -> None:
+        def withdraw(done: concurrent.futures.Future[InferResponse]) -> None:
             if done.cancelled():
                 with contextlib.suppress(RuntimeError):  # (the loop has closed: nothing runs)
                     loop.call_soon_threadsafe(ticket.future.cancel)
@@ -686,6 +725,7 @@ class Engine:
         timeout: float | None,
         priority: int,
         outputs: Sequence[str] | None,
+        parameters: Mapping[str, Any] | None = None,
     ) -> InferRequest:
         if timeout is not None and (
             isinstance(timeout, bool) or not isinstance(timeout, numbers.Real) or not timeout >= 0
@@ -703,6 +743,11 @@ class Engine:
             )
         if isinstance(outputs, str | bytes):
             raise InvalidInput(f"outputs: expected a sequence of output names, got {outputs!r}")
+        if parameters is not None and not isinstance(parameters, Mapping):
+            raise InvalidInput(
+                f"parameters: expected a mapping of parameter name to value, got "
+                f"{type(parameters).__name__}"
+            )
         wanted = () if outputs is None else tuple(outputs)
         # (a due time past a century, or infinity, is none)
         finite = timeout is not None and timeout * 1e9 < NO_DUE_BEYOND_NS
@@ -714,6 +759,7 @@ class Engine:
             outputs=wanted or None,  # (none named: all of them, as over HTTP and gRPC)
             due_ns=due,
             priority=int(priority),
+            parameters={} if parameters is None else dict(parameters),
         )
 
     # -- synchronous use -----------------------------------------------------------------------
