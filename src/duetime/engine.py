@@ -501,11 +501,8 @@ class Engine:
 
         On an engine made by `open()`, awaited from another loop, the request is handed to the
         engine's loop as `infer` does."""
-        response = await self.infer_response_async(
-            model, inputs, version=version, timeout=timeout, priority=priority,
-            outputs=outputs, parameters=parameters,
-        )  # fmt: skip
-        return response.outputs
+        request = self._request(model, inputs, version, timeout, priority, outputs, parameters)
+        return (await self._answer(request)).outputs
 
     async def infer_response_async(
         self,
@@ -521,12 +518,13 @@ class Engine:
         """`infer_async`'s answer whole: its outputs, and the model, version and variant that
         answered (an A/B split or a cheaper variant under a tight due time tell apart here)."""
         request = self._request(model, inputs, version, timeout, priority, outputs, parameters)
+        return await self._answer(request)
+
+    async def _answer(self, request: InferRequest) -> InferResponse:
+        """`request` run, on the engine's loop or handed to it (see `infer_async`)."""
         if _running_loop() is not self._loop:
             if self._thread is None:  # (its futures belong to the loop that started it)
-                raise RuntimeError(
-                    "this engine runs on the loop that started it (Engine.start); await "
-                    "infer_async there, or make an engine for many loops with Engine.open()"
-                )
+                raise _started_elsewhere("infer_async")
             return await asyncio.wrap_future(self._submit_threadsafe(request))
         try:
             ticket = self.submit(request)
@@ -560,10 +558,8 @@ class Engine:
         `infer_async` does: handed to that loop from another thread, a call waited forever (past
         its due time) whenever the loop was not running, and after `asyncio.run(Engine.start())`
         it was told "the engine is closed" though nothing had closed it."""
-        return self.infer_response(
-            model, inputs, version=version, timeout=timeout, priority=priority,
-            outputs=outputs, parameters=parameters,
-        ).outputs  # fmt: skip
+        request = self._request(model, inputs, version, timeout, priority, outputs, parameters)
+        return self._blocking(request).outputs
 
     def infer_response(
         self,
@@ -577,6 +573,11 @@ class Engine:
         parameters: Mapping[str, Any] | None = None,
     ) -> InferResponse:
         """Blocking `infer_response_async` (see `infer`)."""
+        request = self._request(model, inputs, version, timeout, priority, outputs, parameters)
+        return self._blocking(request)
+
+    def _blocking(self, request: InferRequest) -> InferResponse:
+        """`request` handed to the engine's loop, waited for on this thread (see `infer`)."""
         if self._thread is None:
             raise RuntimeError(
                 "Engine.infer is for engines made by Engine.open() (their loop runs on a thread "
@@ -585,7 +586,6 @@ class Engine:
             )
         if _running_loop() is self._loop:
             raise RuntimeError("Engine.infer blocks; on the engine's loop use await infer_async")
-        request = self._request(model, inputs, version, timeout, priority, outputs, parameters)
         return self._submit_threadsafe(request).result()
 
     def _submit_threadsafe(self, request: InferRequest) -> concurrent.futures.Future[InferResponse]:
@@ -623,10 +623,7 @@ class Engine:
         if _running_loop() is self._loop:
             return await work()
         if self._thread is None:
-            raise RuntimeError(
-                f"this engine runs on the loop that started it (Engine.start); await {name} "
-                "there, or make an engine for many loops with Engine.open()"
-            )
+            raise _started_elsewhere(name)
         result: concurrent.futures.Future[_T] = concurrent.futures.Future()
         self._hand_over(functools.partial(self._work_for_thread, work, result), result)
         return await asyncio.wrap_future(result)
@@ -913,6 +910,14 @@ def _running_loop() -> asyncio.AbstractEventLoop | None:
         return asyncio.get_running_loop()
     except RuntimeError:
         return None
+
+
+def _started_elsewhere(name: str) -> RuntimeError:
+    """The error of a call awaited off the loop of an engine made by `Engine.start`."""
+    return RuntimeError(
+        f"this engine runs on the loop that started it (Engine.start); await {name} there, or "
+        "make an engine for many loops with Engine.open()"
+    )
 
 
 async def settled(future: asyncio.Future[Feeds]) -> None:
