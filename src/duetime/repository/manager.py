@@ -241,10 +241,10 @@ class ModelManager:
         served in place of its folder in the repository until it is unloaded."""
         self._locks: dict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
         self._loads: set[asyncio.Task[None]] = set()
+        """Loads running (see `load`: their callers may have stopped waiting)."""
         self._written: list[Path] = []
         """Every upload folder written, removed again once the loader thread has ended at
         `aclose` (see there)."""
-        """Loads running (see `load`: their callers may have stopped waiting)."""
         self._retiring: set[asyncio.Task[None]] = set()
         self._poller: asyncio.Task[None] | None = None
         self._load_s: dict[str, float] = {}
@@ -798,10 +798,7 @@ class ModelManager:
             states[version.version] = VersionState("UNLOADING", reason)
 
         async def drain() -> None:
-            drain_s = self.options.drain_s
-            await asyncio.gather(*(d.scheduler.aclose(drain_s) for d in version.variants))
-            for deployment in version.variants:
-                await in_thread(deployment.model.executor.close)
+            await _close(version, self.options.drain_s)
             entry = states.get(version.version)
             if entry is not None and entry.state == "UNLOADING":
                 if reason in (REMOVED, UPLOADED) or self._on_disk(name, version.version):
@@ -886,11 +883,9 @@ class ModelManager:
         once, under a budget of two, loaded all four (each saw none loaded yet). A load that
         finds the budget full of other loads is refused at once (503, retry), not queued behind
         them: the models they bring are about to take their own first requests."""
-        options = self.options
         models = self._registry.snapshot.models
-        claimed = {v for n, chosen in self._evicting.items() if n != name for v, _ in chosen}
         loading = {n: b for n, b in self._loading.items() if n not in models and n != name}
-        kept = [n for n in models if n not in claimed]
+        kept = self._kept(name, models)
         idle = sorted(
             (max(d.scheduler.last_arrival_ns for d in _deployments(models[other])), other)
             for other in kept
@@ -898,13 +893,8 @@ class ModelManager:
         )
         victims: list[tuple[str, str]] = []
         while True:
-            count = len(kept) + len(loading)
-            used = sum(self._bytes.get(n, 0) for n in kept) + sum(loading.values())
-            if options.max_loaded_models is not None and count >= options.max_loaded_models:
-                limit = "max_loaded_models"
-            elif options.max_loaded_bytes is not None and used + needed > options.max_loaded_bytes:
-                limit = "max_loaded_bytes"
-            else:
+            limit = self._over_budget(kept, loading, adding=needed)
+            if limit is None:
                 self._loading[name] = needed
                 self._evicting[name] = victims
                 return victims
@@ -930,11 +920,9 @@ class ModelManager:
         big one), or unloaded a model for room another unload had made already."""
         if not planned:
             return []
-        options = self.options
         models = self._registry.snapshot.models
-        claimed = {v for n, chosen in self._evicting.items() if n != name for v, _ in chosen}
         loading = {n: b for n, b in self._loading.items() if n not in models}
-        kept = [n for n in models if n not in claimed]
+        kept = self._kept(name, models)
         ranked = sorted(
             (
                 not all(d.scheduler.idle for d in _deployments(models[other])),
@@ -946,19 +934,33 @@ class ModelManager:
         )
         victims: list[tuple[str, str]] = []
         while True:
-            count = len(kept) + len(loading)
-            used = sum(self._bytes.get(n, 0) for n in kept) + sum(loading.values())
-            if options.max_loaded_models is not None and count > options.max_loaded_models:
-                limit = "max_loaded_models"
-            elif options.max_loaded_bytes is not None and used > options.max_loaded_bytes:
-                limit = "max_loaded_bytes"
-            else:
+            limit = self._over_budget(kept, loading)
+            if limit is None:
                 return victims
             if not ranked:
                 return victims  # (all that could go is going)
             _, _, victim = ranked.pop(0)
             kept.remove(victim)
             victims.append((victim, limit))
+
+    def _kept(self, name: str, models: Mapping[str, ServedModel]) -> list[str]:
+        """The models served that no other load than `name`'s will unload once it serves."""
+        claimed = {v for n, chosen in self._evicting.items() if n != name for v, _ in chosen}
+        return [n for n in models if n not in claimed]
+
+    def _over_budget(
+        self, kept: list[str], loading: Mapping[str, int], *, adding: int | None = None
+    ) -> str | None:
+        """The budget (its setting's name) that the models `kept` and `loading` exceed, with
+        one more model of `adding` bytes where given; None if they fit both."""
+        options = self.options
+        count = len(kept) + len(loading) + (adding is not None)
+        used = sum(self._bytes.get(n, 0) for n in kept) + sum(loading.values()) + (adding or 0)
+        if options.max_loaded_models is not None and count > options.max_loaded_models:
+            return "max_loaded_models"
+        if options.max_loaded_bytes is not None and used > options.max_loaded_bytes:
+            return "max_loaded_bytes"
+        return None
 
     async def _evict(self, victim: str, name: str, limit: str) -> None:
         """Unload `victim`, chosen by `_make_room` to make room for `name`, which now serves."""
@@ -1100,9 +1102,10 @@ def _outlives_folder(state: VersionState) -> bool:
     return state.state in ("LOADING", "UNLOADING") or state.reason in (REMOVED, UPLOADED)
 
 
-async def _close(version: ServedVersion) -> None:
-    """Close a version that never took a request (no queue to drain)."""
-    await asyncio.gather(*(d.scheduler.aclose(0.0) for d in version.variants))
+async def _close(version: ServedVersion, drain_s: float = 0.0) -> None:
+    """Close a version's schedulers, their queues drained for up to `drain_s` (0: a version
+    that never took a request), then its sessions."""
+    await asyncio.gather(*(d.scheduler.aclose(drain_s) for d in version.variants))
     for deployment in version.variants:
         await in_thread(deployment.model.executor.close)
 
