@@ -18,6 +18,8 @@ from conftest import RunningServer, start_server, stop_server
 from grpc._cython import cygrpc
 
 from duetime.config import ServerSettings
+from duetime.frontend.grpc import _guarded, _method_handlers
+from duetime.frontend.grpcbacklog import CoreBacklog
 from duetime.frontend.proto import grpc_service_pb2 as pb
 
 pytestmark = pytest.mark.timeout(120)
@@ -61,6 +63,14 @@ def server(demo_repo: Path) -> Iterator[RunningServer]:
     stop_server(running, thread)
 
 
+def served_model_infer(service: Any, request: Any, context: Any) -> Any:
+    """A ModelInfer call as the server takes it: its bytes through the handler serve_grpc
+    registers (the client's departure is checked there, before decoding)."""
+    handler = _method_handlers(service)["inference.GRPCInferenceService"]["ModelInfer"]
+    guarded = _guarded(handler, CoreBacklog(), service.ended)
+    return guarded.unary_unary(request.SerializeToString(), context)
+
+
 def mlp_request(columns: int = 40) -> Any:
     request = pb.ModelInferRequest(model_name="mlp")
     tensor = request.inputs.add(name="x", datatype="FP32", shape=[1, columns])
@@ -85,7 +95,7 @@ def test_a_call_whose_client_has_gone_is_not_run_nor_aborted(
     service = server.server._grpc_service
     before, gone = requests_seen(server), service.gone_calls
     context = GoneContext(cancelled=cancelled, remaining=remaining)
-    call = service.ModelInfer(mlp_request(columns), context)
+    call = served_model_infer(service, mlp_request(columns), context)
     answer = asyncio.run_coroutine_threadsafe(call, server.loop).result(timeout=30)
     assert not answer.outputs
     expected = "CANCELLED" if cancelled else "DEADLINE_EXCEEDED"
@@ -110,7 +120,7 @@ def test_grpc_s_error_for_an_answer_to_an_ended_call_is_not_logged(
 
 def test_calls_gone_before_their_handler_are_counted_on_metrics(server: RunningServer) -> None:
     service = server.server._grpc_service
-    call = service.ModelInfer(mlp_request(), GoneContext(cancelled=True, remaining=None))
+    call = served_model_infer(service, mlp_request(), GoneContext(cancelled=True, remaining=None))
     asyncio.run_coroutine_threadsafe(call, server.loop).result(timeout=30)
     port = server.addresses.metrics_port
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as answer:

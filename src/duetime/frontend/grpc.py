@@ -380,13 +380,6 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         return response
 
     async def ModelInfer(self, request: Any, context: Any) -> Any:
-        if _gone(context):
-            # NOTE: above capacity, calls wait in gRPC's own queue before this handler runs; a
-            # flood at 3,000/s with 5 ms deadlines had the loop decode, then abort, call after
-            # call whose client had given up (15% of its time in aborts alone, each logging
-            # ExecuteBatchError), and answered almost none in time. Nothing to do for them.
-            self.gone_calls += 1
-            return _no_answer(context)
         tracing = self._tracing
         timing = RequestTiming(self._engine.clock.now_ns()) if tracing is not None else None
         ticket: Ticket | None = None
@@ -563,6 +556,10 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         answer left too little of the loop for the rest (as HTTP found: see `_shed_reply`): it
         decodes nothing and raises nothing (an abort raises through grpc.aio)."""
         if _gone(context):
+            # NOTE: above capacity, calls wait in gRPC's own queue before this runs; a flood at
+            # 3,000/s with 5 ms deadlines had the loop decode, then abort, call after call whose
+            # client had given up (15% of its time in aborts alone, each logging
+            # ExecuteBatchError), and answered almost none in time. Nothing to do for them.
             self.gone_calls += 1
             _no_answer(context)
             return True
