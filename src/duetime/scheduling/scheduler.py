@@ -298,7 +298,7 @@ class ModelScheduler:
         self._sample_row_bytes = sample_row_bytes
         self._size_cost = SizeCost()
         """Extra execution time of inputs far bigger than the profile's samples, by size, learnt
-        from their runs: what admission predicts such requests by (see `_size_extra_ns`)."""
+        from their runs: what admission predicts such requests by (see `_extra_bytes`)."""
         self._config = config
         self._edf = config.policy == "edf"
         self._queue = EDFQueue(config.max_queue_size, config.policy, clock.now_ns)
@@ -415,7 +415,7 @@ class ModelScheduler:
         queue = self._queue
         key = queue.key_for(self._level(priority), due_ns)
         if due_ns is not None:
-            extra_bytes = self._extra_bytes(feeds, rows) if self._size_cost else 0
+            extra_bytes = self._extra_bytes(_bytes(feeds), rows) if self._size_cost else 0
             self._admit(now, due_ns, rows, key, extra_bytes)
         future: asyncio.Future[Feeds] = self._loop.create_future()
         item = QueuedRequest(feeds, rows, shape_key, now, due_ns, key[0], future, key, on_done)
@@ -514,17 +514,11 @@ class ModelScheduler:
         )
         return finish + others_ns, ahead
 
-    def _extra_bytes(self, feeds: Feeds, rows: int) -> int:
-        """The input bytes of a request beyond its rows' worth of the profile samples' bytes,
-        where it is far bigger than them (0: predicted by the profile alone)."""
-        sent = sum(a.nbytes for a in feeds.values())
+    def _extra_bytes(self, sent: int, rows: int) -> int:
+        """Input bytes `sent` for `rows` beyond their rows' worth of the profile samples' bytes,
+        where they are far bigger than them (0: predicted by the profile alone)."""
         base = rows * self._sample_row_bytes
         return 0 if sent <= _BIG_INPUT_FACTOR * base else sent - base
-
-    def _size_extra_ns(self, feeds: Feeds, rows: int) -> int:
-        """How much longer than its profile a request this much bigger than the samples is
-        predicted to run (0 for one of the samples' size)."""
-        return self._size_cost.predict(self._extra_bytes(feeds, rows))
 
     def _admit(
         self, now: int, due_ns: int, rows: int, key: tuple[int, int, int], extra_bytes: int = 0
@@ -584,7 +578,7 @@ class ModelScheduler:
     def _run_ns(self, requests: list[QueuedRequest], rows: int) -> int:
         """Predicted time from starting a batch of `requests` (`rows`) to its result on the
         loop: `_exec_ns`, or more for inputs far bigger than the profile's samples, as
-        admission predicts them (see `_size_extra_ns`).
+        admission predicts them (see `SizeCost`).
 
         NOTE: the instance's busy-until used the profile alone: a 400-row request to a model
         of free size, admitted on its size (hundreds of ms), was booked at 15 ms, and the
@@ -592,10 +586,7 @@ class ModelScheduler:
         run = self._exec_ns(rows)
         if not self._size_cost:
             return run
-        if len(requests) == 1:
-            return run + self._size_extra_ns(requests[0].feeds, rows)
-        feeds = {f"{n}.{k}": a for n, item in enumerate(requests) for k, a in item.feeds.items()}
-        return run + self._size_extra_ns(feeds, rows)
+        return run + self._size_cost.predict(self._extra_bytes(_input_bytes(requests), rows))
 
     def _exec_ns(self, rows: int) -> int:
         """Predicted time from starting a batch of `rows` to its result on the loop."""
@@ -933,11 +924,12 @@ class ModelScheduler:
             # `_sweep_committed`). The second of two instances sharing the one core of a 2-core
             # machine ran its batch whenever its turn came: answers 300-600 ms late
             job.start_by = self._start_by(running)
-            self._arm_sweeper()
         # (its thread runs only the requests not settled meanwhile: a client that withdrew from
         # a batch waiting its turn had its request run all the same)
         job.futures = [requests[0].future] if len(requests) == 1 else [i.future for i in requests]
         running.job = job
+        if job.start_by is not None:
+            self._arm_sweeper()  # (after `running.job`: `_waiting` finds the job by it)
         self._executor.submit(instance, job)
 
     def _revoke_passed(self, item: QueuedRequest, now: int) -> None:
@@ -1103,7 +1095,7 @@ class ModelScheduler:
                 self._expire(live, now)
             return
         # (the inputs' bytes matter only where a request can be bigger than the samples)
-        sent = _input_bytes(running) if self._sample_row_bytes else 0
+        sent = _input_bytes(running.requests) if self._sample_row_bytes else 0
         self._record(running, result, now, sent)
         self._judge(instance, running, result, now, sent)
         self._settle_batch(running, result, now)
@@ -1343,11 +1335,11 @@ class ModelScheduler:
         answered seconds late, and its run dragged the profile of the small ones. Runs this
         big teach admission what their size costs over the profile's run (the fixed cost), and
         leave the profile alone."""
-        base = rows * self._sample_row_bytes
-        if sent <= _BIG_INPUT_FACTOR * base:
+        extra = self._extra_bytes(sent, rows)
+        if not extra:
             return False
         fixed = self.profile.predict(rows)
-        self._size_cost.observe(sent - base, compute_ns - fixed, fixed, now)
+        self._size_cost.observe(extra, compute_ns - fixed, fixed, now)
         return True
 
     # -- introspection and shutdown ------------------------------------------------------------
@@ -1448,8 +1440,12 @@ def _among(item: QueuedRequest, items: list[QueuedRequest]) -> bool:
     return any(item is other for other in items)
 
 
-def _input_bytes(running: _Running) -> int:
-    return sum(a.nbytes for item in running.requests for a in item.feeds.values())
+def _input_bytes(requests: list[QueuedRequest]) -> int:
+    return sum(a.nbytes for item in requests for a in item.feeds.values())
+
+
+def _bytes(feeds: Feeds) -> int:
+    return sum(a.nbytes for a in feeds.values())
 
 
 def _timing_started(timing: RequestTiming, now: int, start: int, rows: int, instance: int) -> None:
