@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
             from duetime.feeds.itch.cli import run as itch
 
             return itch(args)
-        return _serve(args)
+        return _serve(args, parser)
     except ConfigError as exc:
         console(f"duetime: {exc.message}")
         return 2
@@ -366,7 +366,7 @@ def demo_cache_dir() -> Path:
     return Path(base) / "duetime" / "demo"
 
 
-def _serve(args: argparse.Namespace) -> int:
+def _serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from duetime.server import Server
 
     given = [*([args.repository] if args.repository is not None else []),
@@ -384,7 +384,7 @@ def _serve(args: argparse.Namespace) -> int:
         from duetime.demo import write_demo_repository
 
         repository = write_demo_repository(demo_cache_dir())
-    settings = server_settings(_setting_flags(args, repository), flags=_flag_names())
+    settings = server_settings(_setting_flags(args, repository), flags=_flag_names(parser))
     loop = new_event_loop()
     asyncio.set_event_loop(loop)
     try:
@@ -402,11 +402,10 @@ def _serve(args: argparse.Namespace) -> int:
     return code
 
 
-def _flag_names() -> dict[str, str]:
-    """Each server setting -> the `serve` flag that sets it, for error messages."""
-    commands = next(
-        a for a in _parser()._actions if isinstance(a, argparse._SubParsersAction)
-    ).choices
+def _flag_names(parser: argparse.ArgumentParser) -> dict[str, str]:
+    """Each server setting -> the `serve` flag of `parser` (`_parser`'s) that sets it, for error
+    messages."""
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
     names: dict[str, str] = {}
     for action in commands["serve"]._actions:
         longs = [o for o in action.option_strings if o.startswith("--")]
