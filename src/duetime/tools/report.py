@@ -15,7 +15,7 @@ import numpy as np
 
 from duetime.tools.arrivals import DueClass
 from duetime.tools.config import MAX_HTTP_CONNECTIONS, BenchConfig
-from duetime.tools.hdr import MissingHdr, histogram_of, percentiles_us, record_arrays, run_fields
+from duetime.tools.hdr import histogram_of, percentiles_us, record_arrays, run_fields
 from duetime.tools.outcomes import Outcome
 from duetime.tools.payloads import GRPC_DEADLINE_MARGIN_S
 
@@ -433,8 +433,5 @@ def report_fields(config: BenchConfig, records: Records) -> dict[str, Any] | Non
     if records.scheduled_ns.size != records.outcome.size:
         return None
     outcome = apply_due(records.outcome, records.latency_ns, records.due_class, config.classes)
-    try:
-        recorded = record_arrays(records.scheduled_ns, records.latency_ns, outcome)
-    except MissingHdr:
-        return None
+    recorded = record_arrays(records.scheduled_ns, records.latency_ns, outcome)
     return run_fields("bench", describe(config), records.duration_s, recorded)
