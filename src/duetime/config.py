@@ -7,7 +7,7 @@ import logging
 import math
 import os
 import tomllib
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -345,15 +345,23 @@ class ModelConfig(_Strict):
 
 
 def describe_validation_error(
-    source: str, error: ValidationError, secrets: Collection[str] = ()
+    source: str,
+    error: ValidationError,
+    secrets: Collection[str] = (),
+    *,
+    field_name: Callable[[tuple[int | str, ...]], str] | None = None,
+    show_sections: bool = True,
 ) -> str:
-    """One line per problem: the file, the dotted field path, what was expected, what came (of
-    the fields named in `secrets`, only the length of what came: it may be a credential)."""
+    """One line per problem: the file, the field (its dotted path, or what `field_name` calls
+    it), what was expected, what came (of the fields named in `secrets`, only the length of
+    what came: it may be a credential; with `show_sections` false, nothing of a whole mapping
+    or list)."""
     lines = []
     for item in error.errors():
-        where = ".".join(str(part) for part in item["loc"]) or "(top level)"
+        loc = item["loc"]
+        where = field_name(loc) if field_name else ".".join(map(str, loc)) or "(top level)"
         given = item["input"]
-        if item["type"] == "missing":
+        if item["type"] == "missing" or (not show_sections and isinstance(given, dict | list)):
             got = ""
         elif item["loc"][:1] and item["loc"][0] in secrets:
             got = f" (got {len(given)} characters)" if isinstance(given, str) else ""

@@ -47,7 +47,12 @@ from google.protobuf import json_format, text_format
 from pydantic import ValidationError
 
 from duetime import config as settings
-from duetime.config import ModelConfig, find_config_file, parse_model_config
+from duetime.config import (
+    ModelConfig,
+    describe_validation_error,
+    find_config_file,
+    parse_model_config,
+)
 from duetime.errors import ConfigError
 from duetime.frontend.proto import model_config_pb2 as mc
 
@@ -212,14 +217,11 @@ def validated(data: dict[str, Any], *, source: str) -> ModelConfig:
     try:
         return ModelConfig.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError("; ".join(_described(source, item) for item in exc.errors())) from None
-
-
-def _described(source: str, item: Any) -> str:
-    given = item["input"]
-    # (a section's whole translated content says nothing of the Triton file: left out)
-    got = "" if item["type"] == "missing" or isinstance(given, dict | list) else f" (got {given!r})"
-    return f"{source}: field '{triton_field(item['loc'])}': {item['msg']}{got}"
+        # (a section's whole translated content says nothing of the Triton file: left out)
+        message = describe_validation_error(
+            source, exc, field_name=triton_field, show_sections=False
+        )
+        raise ConfigError(message) from None
 
 
 _FIELD_OF_SETTING = {
