@@ -180,7 +180,7 @@ def _mark(node: onnx.NodeProto, flow: _Flow) -> None:
     if node.op_type in DYNAMIC_QUANTIZERS:  # (of this domain and Microsoft's)
         flow.dynamic = True
     for sub in _subgraphs(node):  # (quantizers in a branch count too)
-        if op != "Scan":
+        if op not in ("Scan", "If"):  # (followed above, by `_scan_origin`/`_branches_origin`)
             inner = _Flow(set(flow.values), dict(flow.sized))
             inner.values.update(value.name for value in sub.input)
             _follow(sub, inner)
@@ -223,12 +223,13 @@ def _scan_origin(node: onnx.NodeProto, flow: _Flow) -> str | None:
 
 def _branches_origin(node: onnx.NodeProto, flow: _Flow) -> str | None:
     """The first node of an If's branches whose size or cost follows the values, if any."""
+    origin = None
     for branch in _subgraphs(node):
         inner = _Flow(set(flow.values), dict(flow.sized))
         _follow(branch, inner)
-        if inner.cost:
-            return inner.cost
-    return None
+        flow.dynamic = flow.dynamic or inner.dynamic
+        origin = origin or inner.cost or None
+    return origin
 
 
 def _subgraphs(node: onnx.NodeProto) -> Iterator[onnx.GraphProto]:
