@@ -735,8 +735,10 @@ class Engine:
             raise InvalidInput(f"priority: expected an integer >= 0, got {priority!r}")
         if priority < 0:
             raise InvalidInput(f"priority: expected an integer >= 0, got {priority!r}")
-        if version is not None and type(version) is not str and (
-            isinstance(version, bool) or not isinstance(version, numbers.Integral)
+        if (
+            version is not None
+            and type(version) is not str
+            and (isinstance(version, bool) or not isinstance(version, numbers.Integral))
         ):
             raise InvalidInput(f"version: expected a version number or name, got {version!r}")
         if not isinstance(model, str):  # (None was "unknown model 'None'")
