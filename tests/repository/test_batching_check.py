@@ -85,10 +85,14 @@ MIXING_MODELS = {
 }  # fmt: skip
 
 
-def load(root: Path, model: onnx.ModelProto, loaded: list[LoadedModel]) -> LoadedModel:
+def load(
+    root: Path, model: onnx.ModelProto, loaded: list[LoadedModel], config: str = ""
+) -> LoadedModel:
     folder = root / "m"
     (folder / "1").mkdir(parents=True)
     onnx.save(model, str(folder / "1" / MODEL_FILENAME))
+    if config:
+        (folder / "config.toml").write_text(config)
     result = load_version(scan_model(folder), 1, profile_budget_s=0.01)
     loaded.append(result)
     return result
@@ -297,3 +301,43 @@ def test_an_if_on_the_values_is_sized_by_them() -> None:
     facts = graph_facts(model)
     assert facts.cost_depends_on_values
     assert "If node" in facts.value_sized_outputs["y"]
+
+
+INNER_SIZED = {
+    # (the testers' dynk: rows alone gave [1, 1] and [1, 2], which failed the load)
+    "TopK of a count read from an input": model_of(
+        [helper.make_node("ReduceMax", ["k"], ["top"], keepdims=1),
+         helper.make_node("TopK", ["x", "top"], ["y", "i"], axis=1)],
+        [("x", FLOAT, ["N", 6]), ("k", INT64, ["N"])],
+        [("y", FLOAT, ["N", "K"]), ("i", INT64, ["N", "K"])],
+    ),
+    # (the testers' seqmask: mask[b, t] = t < lengths[b], t up to the longest)
+    "a mask as long as the longest row": model_of(
+        [helper.make_node("ReduceMax", ["lengths"], ["longest"], keepdims=0),
+         helper.make_node("Range", ["zero", "longest", "one"], ["t"]),
+         helper.make_node("Unsqueeze", ["lengths", "axis1"], ["column"]),
+         helper.make_node("Less", ["t", "column"], ["y"])],
+        [("lengths", INT64, ["N"])], [("y", BOOL, ["N", "T"])],
+        (("zero", np.array(0, np.int64)), ("one", np.array(1, np.int64)),
+         ("axis1", np.array([1], np.int64))),
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", list(INNER_SIZED))
+def test_outputs_whose_inner_dims_follow_the_row_values_are_served_unbatched(
+    tmp_path: Path, loaded: list[LoadedModel], caplog: pytest.LogCaptureFixture, name: str
+) -> None:
+    model = load(tmp_path, INNER_SIZED[name], loaded)
+    assert model.signature.max_batch_size == 0
+    assert "for one row run alone and [2] for another" in caplog.text
+    assert "served unbatched" in caplog.text
+
+
+@pytest.mark.parametrize("name", list(INNER_SIZED))
+def test_outputs_whose_inner_dims_follow_the_row_values_batch_if_the_config_asks(
+    tmp_path: Path, loaded: list[LoadedModel], caplog: pytest.LogCaptureFixture, name: str
+) -> None:
+    model = load(tmp_path, INNER_SIZED[name], loaded, config="max_batch_size = 8\n")
+    assert model.signature.max_batch_size == 8
+    assert "batched anyway, as its config asks" in caplog.text

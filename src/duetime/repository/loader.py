@@ -515,7 +515,11 @@ def batching_problem(
 def _rows_problem(
     names: list[str], alone: list[list[np.ndarray]], whole: list[np.ndarray], tolerance: float
 ) -> BatchingProblem | None:
-    """Whether `whole`, the outputs of a batch, are the `alone` outputs of its rows, stacked."""
+    """Whether `whole`, the outputs of a batch, are the `alone` outputs of its rows, stacked.
+
+    NOTE: rows alone may give outputs of other inner dims (TopK of a count read from the row, a
+    mask as long as the row's length): not rows_differ, as their first dim is still the batch's.
+    Stacked, they raised a ValueError that failed the model's load as an internal error."""
     rows = len(alone)
     for index, name in enumerate(names):
         for outputs, count in (*((run, 1) for run in alone), (whole, rows)):
@@ -523,6 +527,14 @@ def _rows_problem(
             if not shape or shape[0] != count:
                 why = f"output '{name}' has shape {shape} for a batch of {count}"
                 return BatchingProblem(why, rows_differ=True)
+        sizes = [list(np.shape(run[index])[1:]) for run in alone]
+        if any(size != sizes[0] for size in sizes):
+            why = (
+                f"output '{name}' has inner dims {sizes[0]} for one row run alone and "
+                f"{next(s for s in sizes if s != sizes[0])} for another (its size follows the "
+                "input values)"
+            )
+            return BatchingProblem(why, rows_differ=False)
         batched = np.asarray(whole[index])
         lone = np.concatenate([np.asarray(run[index]) for run in alone])
         if not _same_rows(batched, lone, tolerance):
