@@ -8,6 +8,7 @@ import json
 from typing import Any
 
 import numpy as np
+import orjson
 import pytest
 import tritonclient.http as httpclient
 from conftest import RunningServer
@@ -85,14 +86,31 @@ def test_predictions_are_one_entry_per_example() -> None:
     assert json.loads(v1_predictions({"y": np.array(2.5)}, batched=False))["predictions"] == [2.5]
 
 
-def test_non_finite_predictions_stay_nan_and_infinity_not_null() -> None:
+def test_non_finite_predictions_are_null_as_kserve_writes_them() -> None:
+    """KServe's V1 server answers with orjson, which writes NaN and ±inf as null, and its client
+    reads with orjson, which refuses `NaN`/`Infinity`: `{"predictions":[Infinity]}` failed
+    `InferenceRESTClient(protocol='v1').infer` with JSONDecodeError."""
     y = np.array([[np.nan, np.inf, -np.inf, 1.5], [1, 2, 3, 4]], dtype=np.float32)
-    text = v1_predictions({"y": y, "z": y[:, 0]}, batched=True)
-    assert b"null" not in text
-    got = json.loads(text)["predictions"]
-    assert [row["z"] for row in got][1:] == [1.0]
-    assert np.isnan(got[0]["z"])
-    assert got[0]["y"][1:] == [float("inf"), float("-inf"), 1.5]
+    got = orjson.loads(v1_predictions({"y": y, "z": y[:, 1]}, batched=True))["predictions"]
+    assert got == [{"y": [None, None, None, 1.5], "z": None}, {"y": [1, 2, 3, 4], "z": 2}]
+    for dtype in (np.float16, np.float64):
+        row = y[0].astype(dtype)
+        assert orjson.loads(v1_predictions({"y": row}, False)) == {"predictions": [got[0]["y"]]}
+    assert orjson.loads(v1_predictions({"s": np.float32(np.inf)}, False)) == {"predictions": [None]}
+
+
+def test_a_float_input_reads_null_as_nan() -> None:
+    """The KServe client writes its request with orjson: NaN and ±inf arrive as null."""
+    (x,) = v1_inputs({"instances": [[None, 1], [2, None]]}, ONE, "m").values()
+    assert x.dtype == np.float32
+    assert np.isnan(x[[0, 1], [0, 1]]).all()
+    assert x[[0, 1], [1, 0]].tolist() == [1, 2]
+    (x,) = v1_inputs({"inputs": {"x": [[None, 1]]}}, ONE, "m").values()  # columnar
+    assert np.isnan(x[0, 0])
+    with pytest.raises(InvalidInput, match="'instances' holds values that are not INT64"):
+        v1_inputs({"instances": [{"a": [None, 2], "s": "x"}]}, TWO, "m")
+    with pytest.raises(InvalidInput, match="'instances' is a ragged nest of lists"):
+        v1_inputs({"instances": [[None, 1], [None]]}, ONE, "m")
 
 
 def call(server: RunningServer, method: str, path: str, doc: Any = None) -> tuple[int, Any]:
@@ -102,7 +120,7 @@ def call(server: RunningServer, method: str, path: str, doc: Any = None) -> tupl
         body = None if doc is None else json.dumps(doc)
         connection.request(method, path, body=body)
         response = connection.getresponse()
-        return response.status, json.loads(response.read())
+        return response.status, orjson.loads(response.read())  # (strict, as KServe's client)
     finally:
         connection.close()
 
@@ -137,6 +155,12 @@ def test_predict_answers_what_the_v2_endpoint_answers(server: RunningServer) -> 
     assert status == 400
     assert "input 'x': shape [1, 2] does not match" in error["error"]
     assert call(server, "GET", "/v1/models/mlp")[0] == 200  # still serving
+
+
+def test_a_nan_goes_in_and_comes_back_as_null(server: RunningServer) -> None:
+    status, answer = call(server, "POST", "/v1/models/mlp:predict", {"instances": [[None] * 40]})
+    assert status == 200
+    assert None in answer["predictions"][0]
 
 
 @pytest.mark.parametrize("dtype", [np.longlong, np.ulonglong, np.int64, np.int32, np.uint8])

@@ -10,16 +10,20 @@ stacked on the batch dimension of a model that batches; a model that does not ta
 The answer is `{"predictions": [...]}`, one entry per example: the output's tensor for a model
 with one output, else an object of output name -> tensor. Values are checked as the v2 JSON
 path checks them (datatype, range, ragged lists), with the field named in the error.
+
+JSON has no NaN or infinity: a V1 answer writes them as null, as KServe's own V1 server does,
+and a float input reads null as NaN (what the KServe client sends for a NaN or infinity).
 """
 
 from __future__ import annotations
 
-import json
+import math
 from typing import Any
 
 import numpy as np
 import orjson
 
+from duetime.datatypes import NUMPY_OF
 from duetime.errors import InvalidInput
 from duetime.frontend.codec import from_nested_json
 from duetime.types import ModelSignature, TensorSpec
@@ -80,11 +84,35 @@ def _named(values: dict[str, Any], spec: TensorSpec, field: str, where: str) -> 
 
 
 def _tensor(spec: TensorSpec, values: Any, field: str) -> np.ndarray:
-    return from_nested_json(values, spec.datatype, f"input '{spec.name}'", field)
+    where = f"input '{spec.name}'"
+    try:
+        return from_nested_json(values, spec.datatype, where, field)
+    except InvalidInput:
+        if NUMPY_OF[spec.datatype].kind != "f":
+            raise
+    # NOTE: the KServe client writes its request with orjson, which writes NaN, Infinity and
+    # -Infinity as null: an instance [NaN, 1] arrives as [null, 1] (refused as "not FP32") and
+    # KServe's servers read it as NaN (numpy casts None to NaN). Read again only on a refusal:
+    # the common request pays no walk over its values
+    return from_nested_json(_nan_for_null(values, len(spec.shape) + 1), spec.datatype, where, field)
+
+
+def _nan_for_null(values: Any, depth: int) -> Any:
+    """`values` with each null (None) down to `depth` levels of lists read as NaN."""
+    if values is None:
+        return math.nan
+    if depth and isinstance(values, list):
+        return [_nan_for_null(value, depth - 1) for value in values]
+    return values
 
 
 def v1_predictions(outputs: dict[str, np.ndarray], batched: bool) -> bytes:
-    """`{"predictions": [...]}`: per example, the only output's value or an object of them."""
+    """`{"predictions": [...]}`: per example, the only output's value or an object of them.
+
+    NOTE: orjson writes NaN and ±inf as null, and so must this: KServe's V1 server answers with
+    orjson (ORJSONResponse) and its client reads with orjson, which refuses the NaN/Infinity
+    tokens the v2 path writes (as Triton does): `{"predictions":[Infinity]}` failed the KServe
+    client's `infer` with JSONDecodeError. Triton has no V1 protocol to follow."""
     columns = {name: _rows(array, batched) for name, array in outputs.items()}
     if len(columns) == 1:
         (predictions,) = columns.values()
@@ -100,11 +128,6 @@ def _rows(array: np.ndarray, batched: bool) -> list[Any]:
         array = np.vectorize(_text, otypes=[object])(array) if array.size else array
         values = array.tolist()
         return values if batched and array.ndim else [values]
-    if array.dtype.kind == "f" and not np.isfinite(array).all():
-        # NOTE: orjson writes a non-finite float as null; the v2 path writes NaN, Infinity and
-        # -Infinity (as Triton, and as Python's json): so does this one
-        rows = list(array) if batched and array.ndim else [array]
-        return [orjson.Fragment(json.dumps(np.asarray(row).tolist())) for row in rows]
     if not array.flags.c_contiguous:
         array = np.ascontiguousarray(array)
     if array.dtype.kind in "iu":
