@@ -134,9 +134,22 @@ def test_the_endpoints_answer_as_kserve_v1_does(server: RunningServer) -> None:
     status, error = call(server, "GET", "/v1/models/nope")
     assert status == 404
     assert "unknown model 'nope'" in error["error"]
-    status, error = call(server, "POST", "/v1/models/mlp:explain", {"instances": [[0] * 40]})
+
+
+def test_explain_is_not_implemented_for_a_known_model(server: RunningServer) -> None:
+    """KServe answers :explain on a model without an explainer with 501 (its Model.explain
+    raises NotImplementedError); duetime answered 404 'no such endpoint'."""
+    doc = {"instances": [[0] * 40]}
+    status, error = call(server, "POST", "/v1/models/mlp:explain", doc)
+    assert status == 501
+    assert "model 'mlp' has no explainer" in error["error"]
+    status, error = call(server, "POST", "/v1/models/nope:explain", doc)
     assert status == 404
-    assert "only ':predict'" in error["error"]
+    assert "unknown model 'nope'" in error["error"]
+    assert call(server, "GET", "/v1/models/mlp:explain")[0] == 405
+    status, error = call(server, "POST", "/v1/models/mlp:explainer", doc)
+    assert status == 404
+    assert "only ':predict' and ':explain'" in error["error"]
 
 
 def test_predict_answers_what_the_v2_endpoint_answers(server: RunningServer) -> None:

@@ -582,10 +582,20 @@ class RestApi:
             model = rest[1]
             # NOTE: V1 says "not ready" with a 503 (KServe's client reads it as False)
             return _expect(method, "GET", lambda: self._model_ready(model, None, 503))
-        if verb != "predict":
-            raise ModelNotFound(f"no such endpoint '/v1/models/{rest[1]}': only ':predict'")
+        if verb not in ("predict", "explain"):
+            raise ModelNotFound(
+                f"no such endpoint '/v1/models/{rest[1]}': only ':predict' and ':explain'"
+            )
         if method != "POST":
             raise _method_not_allowed("POST")
+        if verb == "explain":
+            # NOTE: KServe routes :explain for every model and answers 501 for one without an
+            # explainer (Model.explain raises NotImplementedError), after a 404 for an unknown
+            # model and a 503 for one not ready (v1_endpoints.py, kserve 0.21)
+            self._engine.registry.resolve(model, None)
+            raise HttpError(
+                501, f"model '{model}' has no explainer: duetime serves ':predict' only"
+            )
         return self._v1_predict(model, headers, body)
 
     def _v1_predict(
