@@ -1164,6 +1164,50 @@ def test_a_lookahead_batch_is_taken_back_for_a_more_urgent_request_while_one_ove
     run(body)
 
 
+def test_a_request_queued_before_the_batch_ahead_overran_takes_the_lookahead_batchs_place() -> None:
+    """Found reading `_revoke_passed` for probe prio_overrun: a level-1 request arrived in the
+    last millisecond of the running batch, when the lookahead batch behind it stood; the running
+    batch then overran by 300 ms, and with no later arrival to revoke the lookahead batch the
+    level-1 request ran after it, though that batch had not started. The sweeper's rounds now
+    take it back once the overrun shows."""
+
+    def submit(scheduler: ModelScheduler, name: str, priority: int) -> asyncio.Future[Feeds]:
+        feeds = {name: np.zeros(1)}
+        return scheduler.submit_nowait(
+            feeds, rows=1, shape_key=(name,), due_ns=None, priority=priority
+        )
+
+    def names(job: object) -> list[str]:
+        return [next(iter(feeds)) for feeds in job.feeds]  # type: ignore[attr-defined]
+
+    async def body() -> None:
+        clock, executor, scheduler = long_batches()
+        submit(scheduler, "running", 2)
+        lazy = submit(scheduler, "lazy", 2)
+        clock.advance(4_500 * US)
+        scheduler._on_timer()
+        instance, committed = executor.jobs[1]
+        urgent = submit(scheduler, "urgent", 1)  # on schedule: the commitment stands
+        assert not committed.revoked
+        clock.advance(300 * MS)  # no arrival since, only the sweeper's rounds
+        scheduler._sweep()
+        assert committed.revoked
+        executor.complete(0, compute_ns=305 * MS)
+        executor.finished.add(1)  # its thread takes the revoked batch and skips it
+        committed.on_done(BatchResult(committed, instance, skipped=True))
+        assert names(executor.jobs[2][1]) == ["urgent"]
+        clock.advance(4_500 * US)
+        scheduler._on_timer()
+        assert names(executor.jobs[3][1]) == ["lazy"]
+        executor.complete(2, compute_ns=5 * MS)
+        executor.complete(3, compute_ns=5 * MS)
+        assert urgent.exception() is None
+        assert lazy.exception() is None
+        await scheduler.aclose(0)
+
+    run(body)
+
+
 def test_fifo_runs_every_batch_it_handed_to_an_instance() -> None:
     """FIFO mode stands for Triton's batcher: a batch handed over runs, whatever the time."""
 

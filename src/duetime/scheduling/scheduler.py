@@ -440,7 +440,7 @@ class ModelScheduler:
         if len(queue) > self._peak:
             self._peak = len(queue)
         if self._depth > 1:
-            self._revoke_passed(item, now)
+            self._revoke_passed(now)
         if self._inline:
             self._kick()  # the sweeper is armed by the dispatch if anything is left
             return future
@@ -817,6 +817,8 @@ class ModelScheduler:
         now = self._clock.now_ns()
         self._expire(sweep_hopeless(self._queue, now_ns=now, estimate=self._deadline_rule()), now)
         self._sweep_committed(now)
+        if self._depth > 1:
+            self._revoke_passed(now)
         if self._drain_waiter is not None:
             self._wake_drain_waiter()
         if not self._closed:
@@ -932,15 +934,19 @@ class ModelScheduler:
             self._arm_sweeper()  # (after `running.job`: `_waiting` finds the job by it)
         self._executor.submit(instance, job)
 
-    def _revoke_passed(self, item: QueuedRequest, now: int) -> None:
-        """Take back a lookahead batch that `item` should run before, while the batch ahead of
-        it overruns its prediction: its requests are planned again when the instance is free.
+    def _revoke_passed(self, now: int) -> None:
+        """Take back a lookahead batch that the queue's most urgent request should run before,
+        while the batch ahead of it overruns its prediction: its requests are planned again
+        when the instance is free. Asked at each arrival and each round of the sweeper.
 
         NOTE: a lookahead batch is planned shortly before the running one is predicted to end;
         one that then ran far longer (0.3 s against 15 ms predicted) kept the next batch
         committed all the while, and requests of a higher priority or an earlier due time that
         arrived meanwhile ran after it. On schedule, it stands: what arrives in the last
-        millisecond waits for the next batch, and the pipeline keeps its thread busy."""
+        millisecond waits for the next batch, and the pipeline keeps its thread busy. Asked at
+        arrivals only, a request that arrived in that last millisecond still ran after the
+        lookahead batch when the running one then overran by 300 ms: the sweeper's rounds
+        catch it once the overrun shows."""
         for instance, jobs in enumerate(self._outstanding):
             if len(jobs) < 2:
                 continue
@@ -953,8 +959,17 @@ class ModelScheduler:
             running_ends = self._busy_until[instance] - committed.predicted_ns
             if now <= running_ends + _REVOKE_AFTER_NS:
                 continue
-            if any(item.key < waiting.key for waiting in committed.requests):
+            item = self._most_urgent()
+            if item is not None and any(item.key < w.key for w in committed.requests):
                 job.revoked = True
+
+    def _most_urgent(self) -> QueuedRequest | None:
+        """The first queued request its client has not withdrawn (None: none)."""
+        queue = self._queue
+        for index in range(len(queue)):
+            if not queue[index].future.done():
+                return queue[index]
+        return None
 
     def _start_by(self, running: _Running) -> tuple[Callable[[], int], int]:
         """For a batch that waits for another: a clock for its thread that marks it taken
