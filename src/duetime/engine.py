@@ -756,8 +756,9 @@ class Engine:
             )
         wanted = () if outputs is None else tuple(outputs)
         # (a due time past a century, or infinity, is none)
-        finite = timeout is not None and timeout * 1e9 < NO_DUE_BEYOND_NS
-        due = self.clock.now_ns() + int(timeout * 1e9) if finite else None
+        due = None
+        if timeout is not None and timeout * 1e9 < NO_DUE_BEYOND_NS:
+            due = self.clock.now_ns() + int(timeout * 1e9)
         return InferRequest(
             model=model,
             inputs=dict(inputs),
