@@ -230,6 +230,38 @@ def test_a_batch_whose_outputs_do_not_have_its_rows_runs_each_request_alone_from
     assert "model m-1: output 'y' has shape [4, 3] for a batch of 2 rows" in warnings[0]
 
 
+class PositionsSession(DoublingSession):
+    """Like an ORT session of y = Transpose(NonZero(x > 0)): one [row, column] for each positive
+    entry, as many as there are (a value-sized output)."""
+
+    def run(self, names: Sequence[str], feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+        x = feeds["x"]
+        self.batches.append(x.shape[0])
+        return [np.argwhere(x > 0)]
+
+
+def test_a_model_known_to_have_a_value_sized_output_runs_each_request_at_its_rows() -> None:
+    """A 5-row request padded to 6 rows with a copy of its last row got that row's entries too,
+    whenever the padded run's count happened to be its 6 rows (so no misfit showed)."""
+    session = PositionsSession()
+    executor = Executor(
+        [session], output_names=["y"], string_outputs=frozenset(), batched=True, label="m-1",
+        inline=True, splits_batches=True,
+    )  # fmt: skip
+    x = np.array([[0, 0], [0, 0], [1, 0], [1, 0], [1, 1]], np.float32)
+    other = np.array([[0, 1]], np.float32)
+    (alone,) = run_inline(executor, [x], bucket=6).outputs
+    both = run_inline(executor, [x, other], bucket=6).outputs
+    assert session.batches == [5, 5, 1], "no padding rows, nor another request's"
+    assert isinstance(alone, dict)
+    assert alone["y"].tolist() == [[2, 0], [3, 0], [4, 0], [4, 1]]
+    assert [part["y"].tolist() for part in both if isinstance(part, dict)] == [
+        alone["y"].tolist(),
+        [[0, 1]],
+    ]
+    executor.close()
+
+
 def run_inline(executor: Executor, feeds: list[np.ndarray], bucket: int) -> BatchResult:
     job = BatchJob([{"x": f} for f in feeds], [f.shape[0] for f in feeds], bucket, lambda _: None)
     return executor.run_now(0, job)

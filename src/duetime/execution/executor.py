@@ -108,15 +108,17 @@ class Executor:
         batched: bool,
         label: str,
         inline: bool = False,
+        splits_batches: bool = False,
     ) -> None:
         if inline and len(sessions) != 1:
             raise ValueError(f"an inline executor has one session, got {len(sessions)}")
         self.inline = inline
         """Run on the event loop itself (ModelConfig.execution 'inline'): no instance thread."""
-        self.splits_batches = False
-        """The model's outputs were seen not to have a batch's rows (a data-dependent output:
-        Unique, NonZero), so a batch's answers cannot be told apart: from then on each request
-        runs on its own, whatever batches it is handed (see `_execute`). A scheduler may read it
+        self.splits_batches = splits_batches
+        """Each request runs on its own, at its own rows, whatever batches it is handed (see
+        `_execute`): the loader knew the model's outputs do not follow a batch (an output sized
+        by the values: Unique, NonZero, TopK of a count read from an input), or a run showed
+        it. A batch's answers, or a padded one's, cannot be told apart. A scheduler may read it
         to stop forming batches of this model."""
         self._pool = InputPool()
         self._sessions = list(sessions)

@@ -99,8 +99,9 @@ def load_version(
     signature = reconcile(
         config, graph_inputs, graph_outputs, source=str(source.directory), uncarried=uncarried
     )
+    alone = False
     if signature.max_batch_size > 0:
-        signature = _checked_batching(
+        signature, alone = _checked_batching(
             sessions[0], signature, config, (graph_inputs, graph_outputs), str(source.directory),
             settled=None if primary is None else primary.max_batch_size, facts=studied.facts,
         )  # fmt: skip
@@ -124,6 +125,7 @@ def load_version(
         batched=signature.max_batch_size > 0,
         label=label,
         inline=config.execution == "inline",
+        splits_batches=alone,
     )
     warm_up(executor, signature, path)
     profile = measure_profile(executor, signature, path, profile_budget_s)
@@ -418,18 +420,19 @@ def _checked_batching(
     *,
     settled: int | None = None,
     facts: GraphFacts | None = None,
-) -> ModelSignature:
+) -> tuple[ModelSignature, bool]:
     """`signature` if the graph batches as it claims; unbatched (max_batch_size 0) if its free
     first dims only looked like a batch and nothing asked for batches. A config that asks for
     batches of a graph whose outputs do not follow them is an error; of one whose rows seem to
     interact, a warning: the config may know better. A variant (`settled`: its primary's
-    max_batch_size) batches as its primary does."""
+    max_batch_size) batches as its primary does. With it: whether each request must run on its
+    own (an output sized by the values, batched as the config asks: see `Executor`)."""
     unbatched = config.model_copy(update={"max_batch_size": 0})
     if settled == 0:
-        return reconcile(unbatched, *graph, source=source)
+        return reconcile(unbatched, *graph, source=source), False
     problem = batching_problem(session, signature, facts)
     if problem is None:
-        return signature
+        return signature, False
     asked = config.max_batch_size is not None or settled is not None
     if asked and problem.rows_differ:
         raise ConfigError(
@@ -437,10 +440,17 @@ def _checked_batching(
             f"first dim is the batch, but {problem.why}; set max_batch_size = 0"
         )
     if asked:
-        log.warning("%s: %s; batched anyway, as its config asks", source, problem.why)
-        return signature
+        # NOTE: a batch's answers to an output sized by the values cannot be told apart, even
+        # when its first dim happens to be the rows run: a 5-row request padded to 6 rows got a
+        # NonZero's entries for its padding row. Each request runs alone, at its own rows.
+        alone = problem.sized_by_values
+        log.warning(
+            "%s: %s; batched anyway, as its config asks%s", source, problem.why,
+            ", but each request runs on its own" if alone else "",
+        )  # fmt: skip
+        return signature, alone
     log.warning("%s: %s; served unbatched (max_batch_size = 0)", source, problem.why)
-    return reconcile(unbatched, *graph, source=source)
+    return reconcile(unbatched, *graph, source=source), False
 
 
 ROWS_TOLERANCE = 1e-5
@@ -464,6 +474,8 @@ class BatchingProblem(NamedTuple):
     rows_differ: bool
     """True: the outputs do not have the batch's rows (their first dim is something else);
     False: they do, but a row's values depend on the other rows of its batch."""
+    sized_by_values: bool = False
+    """An output's size follows the input values (as the graph or the sample runs show)."""
 
 
 def batching_problem(
@@ -491,6 +503,7 @@ def batching_problem(
     rows = min(2, signature.max_batch_size)
     quantized = facts is not None and facts.dynamically_quantized
     tolerance = QUANTIZED_ROWS_TOLERANCE if quantized else ROWS_TOLERANCE
+    sized = _value_sized(names, facts)
     for fill in BATCHING_FILLS:  # (a graph taking its inputs as indices may refuse some)
         feeds = sample_inputs(signature, rows, seed=2, fill=fill)
         twins = {name: np.repeat(array[:1], rows, axis=0) for name, array in feeds.items()}
@@ -506,10 +519,10 @@ def batching_problem(
         problem = _rows_problem(names, alone, whole, tolerance) or _rows_problem(
             names, [alone[0]] * rows, twinned, tolerance
         )
-        if problem is not None:
-            return problem
+        if problem is not None:  # (one the graph explains: what the log says, and the flag)
+            return sized if sized is not None and not problem.rows_differ else problem
         break
-    return _value_sized(names, facts)
+    return sized
 
 
 def _rows_problem(
@@ -534,7 +547,7 @@ def _rows_problem(
                 f"{next(s for s in sizes if s != sizes[0])} for another (its size follows the "
                 "input values)"
             )
-            return BatchingProblem(why, rows_differ=False)
+            return BatchingProblem(why, rows_differ=False, sized_by_values=True)
         batched = np.asarray(whole[index])
         lone = np.concatenate([np.asarray(run[index]) for run in alone])
         if not _same_rows(batched, lone, tolerance):
@@ -570,7 +583,7 @@ def _value_sized(names: list[str], facts: GraphFacts | None) -> BatchingProblem 
         f"output '{name}' takes its size from the input values ({sized[name]}), so its first "
         "dim need not be the batch's"
     )
-    return BatchingProblem(why, rows_differ=False)
+    return BatchingProblem(why, rows_differ=False, sized_by_values=True)
 
 
 def sample_inputs(
