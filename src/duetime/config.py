@@ -72,6 +72,11 @@ class TensorConfig(_Strict):
     dims: list[Annotated[int, AfterValidator(_declared_dim)]] | None = None
     """The shape without the batch dim (as Triton's `dims`); each 1 or more, or -1 for a free
     dim."""
+    reshape: list[int] | None = None
+    """The shape the graph takes (an output: gives) without the batch dim, where requests and
+    answers carry `dims` (Triton's `reshape`): dims [1] with reshape [] takes [batch, 1] from
+    requests, runs the graph on [batch], and answers [batch, 1]. As many elements as `dims`;
+    dims of 1 or more in both (no free dims)."""
     labels: str | None = Field(default=None, min_length=1)
     """An output's class labels: a file in the model's folder, one label a line, the label of
     class i on line i (Triton's `label_filename`); classification answers then read
@@ -80,6 +85,23 @@ class TensorConfig(_Strict):
     """An input requests may leave out (Triton's `optional`). Only a graph input with an
     initializer can be: ONNX Runtime runs on that default. Such inputs are optional whether
     the config says so or not; on any other input this has no effect (with a warning)."""
+
+    @model_validator(mode="after")
+    def _reshape_fits(self) -> TensorConfig:
+        if self.reshape is None:
+            return self
+        if self.dims is None:
+            raise ValueError("a reshape needs dims: the shape requests and answers carry")
+        if min((*self.dims, *self.reshape), default=1) < 1:
+            raise ValueError(
+                f"dims {self.dims} with reshape {self.reshape}: dims must be 1 or more in both "
+                "(free dims with a reshape are not supported)"
+            )
+        if math.prod(self.dims) != math.prod(self.reshape):
+            raise ValueError(
+                f"dims {self.dims} and reshape {self.reshape} hold different numbers of elements"
+            )
+        return self
 
 
 class SchedulingConfig(_Strict):
@@ -93,6 +115,10 @@ class SchedulingConfig(_Strict):
     model owner's choice (a Triton config.pbtxt with one is warned of, see tritonconfig.py)."""
     max_queue_size: int = Field(default=1024, ge=1, le=1_000_000)
     """Requests queued beyond this are rejected at once (HTTP 429 / RESOURCE_EXHAUSTED)."""
+    max_queue_size_per_level: int = Field(default=0, ge=0, le=1_000_000)
+    """The most requests one priority level may queue, within `max_queue_size`; beyond it,
+    that level's requests are rejected as for a full queue (0: no bound of its own). Triton's
+    `default_queue_policy.max_queue_size` with `priority_levels` set: a queue per level."""
     delivery_margin_us: int = Field(default=300, ge=0, le=10_000_000)
     """Part of every due time kept for getting the answer to the client (encoding, the network,
     the client reading it): batches are planned to finish this long before the due time."""

@@ -76,6 +76,29 @@ def test_full_queue_purges_settled_requests_to_make_room() -> None:
     assert queue.withdrawn == 2  # (counted once, as they go)
 
 
+def test_a_level_capacity_bounds_each_level_within_the_whole_capacity() -> None:
+    queue = EDFQueue(5, level_capacity=2)
+    for name, level in [("a", 1), ("b", 2), ("c", 1), ("d", 2)]:
+        enqueue(queue, name=name, level=level)
+    assert (queue.at_level(1), queue.at_level(2), queue.at_level(3)) == (2, 2, 0)
+    assert [queue.full(level) for level in (1, 2, 3)] == [True, True, False]
+    assert not queue.push(make_request(queue, name="e", level=2))
+    enqueue(queue, name="f", level=3)
+    assert queue.full(3), "the whole queue is full"
+    assert names(queue.take(1)) == ["a"]
+    enqueue(queue, name="g", level=1)
+    assert names(queue.drain()) == ["c", "g", "b", "d", "f"]
+
+
+def test_settled_requests_of_other_levels_make_no_room_in_a_full_level() -> None:
+    queue = EDFQueue(8, level_capacity=1)
+    enqueue(queue, name="kept", level=1)
+    other = enqueue(queue, name="other", level=2)
+    other.future.cancel()  # type: ignore[attr-defined]
+    assert not queue.push(make_request(queue, name="refused", level=1))
+    assert names(queue.drain()) == ["kept"], "purged all the same"
+
+
 def test_settled_requests_are_not_purged_below_capacity() -> None:
     queue = EDFQueue(3)
     gone = enqueue(queue, name="gone", due=10)

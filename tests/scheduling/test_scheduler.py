@@ -147,6 +147,39 @@ def test_a_full_queue_is_overloaded() -> None:
     run(body)
 
 
+def test_each_priority_level_has_its_own_bound_within_the_whole_queues() -> None:
+    """Probe queue_full (qs2lv): with priority levels, Triton's default_queue_policy bounds
+    each level's queue (max_queue_size 2: 2 requests at level 1 and 2 at level 2 behind a busy
+    instance all fit); duetime had one bound for the whole model and refused the 4th."""
+
+    async def body() -> None:
+        h = harness(
+            max_queue_size=5, max_queue_size_per_level=2, priority_levels=3,
+            default_priority_level=2,
+        )  # fmt: skip
+        h.submit("running")
+        h.submit("p1a", priority=1)
+        h.submit("p2a", priority=2)
+        h.submit("p2b", priority=0)  # the default level
+        h.submit("p1b", priority=1)
+        now = h.clock.now_ns()
+        assert not h.scheduler.fits(now, now + 100 * MS, 1, priority=2)
+        assert h.scheduler.fits(now, now + 100 * MS, 1, priority=3)
+        with pytest.raises(Overloaded, match=r"priority level 2 \(2 requests.*_per_level"):
+            h.submit("p2c", priority=7)  # beyond the levels: the default level
+        h.submit("p3a", priority=3)
+        with pytest.raises(Overloaded, match=r"queue full \(5 requests.*max_queue_size\)"):
+            h.submit("p3b", priority=3)  # its level has room; the whole queue has none
+        stats = h.scheduler.statistics()
+        assert (stats.queued, stats.rejected) == (5, 2)
+        h.executor.complete(0)
+        assert h.started() == ["running", "p1a"]
+        h.submit("p1c", priority=1)  # its level has room again
+        assert h.scheduler.statistics().queued == 5
+
+    run(body)
+
+
 def test_only_a_refusal_for_the_work_ahead_makes_the_model_backlogged() -> None:
     """A due time no idle instance could meet is the request's own doing: it made the model
     look backlogged, and the router sent other clients' requests to cheaper variants."""

@@ -25,3 +25,14 @@ def test_the_scheduling_table_still_sets_every_field() -> None:
 def test_an_unknown_policy_string_is_refused_naming_the_field_and_the_choices() -> None:
     with pytest.raises(ConfigError, match=r"scheduling\.policy.*'edf' or 'fifo'"):
         parse_model_config({"scheduling": "lifo"}, source="config.toml")
+
+
+def test_a_bound_per_priority_level_is_off_unless_set() -> None:
+    assert parse_model_config({}, source="config.toml").scheduling.max_queue_size_per_level == 0
+    config = parse_model_config(
+        {"scheduling": {"max_queue_size_per_level": 2, "priority_levels": 2}},
+        source="config.toml",
+    )
+    assert config.scheduling.max_queue_size_per_level == 2
+    with pytest.raises(ConfigError, match=r"scheduling\.max_queue_size_per_level"):
+        parse_model_config({"scheduling": {"max_queue_size_per_level": -1}}, source="config.toml")

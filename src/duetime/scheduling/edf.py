@@ -65,9 +65,13 @@ class EDFQueue:
         capacity: int,
         policy: Literal["edf", "fifo"] = "edf",
         now_ns: Callable[[], int] | None = None,
+        level_capacity: int = 0,
     ) -> None:
-        """`now_ns`: the scheduler's clock, for `withdrawn_ns` (None: that stays 0)."""
+        """`now_ns`: the scheduler's clock, for `withdrawn_ns` (None: that stays 0).
+        `level_capacity`: the most requests one priority level may queue, within `capacity`
+        (0: no bound of its own)."""
         self.capacity = capacity
+        self.level_capacity = level_capacity
         self.policy = policy
         self._keys: list[Key] = []
         self._items: list[QueuedRequest] = []
@@ -100,9 +104,22 @@ class EDFQueue:
         """How many queued requests would be served before one with `key`."""
         return bisect.bisect_left(self._keys, key)
 
+    def at_level(self, level: int) -> int:
+        """How many requests of priority `level` are queued (settled ones included)."""
+        keys = self._keys
+        return bisect.bisect_left(keys, (level + 1,)) - bisect.bisect_left(keys, (level,))
+
+    def full(self, level: int) -> bool:
+        """Whether a request of priority `level` would find no room (the whole queue's, or
+        its level's)."""
+        if len(self._items) >= self.capacity:
+            return True
+        return bool(self.level_capacity) and self.at_level(level) >= self.level_capacity
+
     def push(self, item: QueuedRequest) -> bool:
-        """Queue `item` at `item.key`; False (nothing queued) when the queue is at capacity."""
-        if len(self._items) >= self.capacity and not self._purge_settled():
+        """Queue `item` at `item.key`; False (nothing queued) when the queue, or its level's
+        part of it, is at capacity."""
+        if self.full(item.level) and not (self._purge_settled() and not self.full(item.level)):
             return False
         index = bisect.bisect_left(self._keys, item.key)
         self._keys.insert(index, item.key)

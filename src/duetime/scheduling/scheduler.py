@@ -301,7 +301,9 @@ class ModelScheduler:
         from their runs: what admission predicts such requests by (see `_extra_bytes`)."""
         self._config = config
         self._edf = config.policy == "edf"
-        self._queue = EDFQueue(config.max_queue_size, config.policy, clock.now_ns)
+        self._queue = EDFQueue(
+            config.max_queue_size, config.policy, clock.now_ns, config.max_queue_size_per_level
+        )
         self._max_rows = max_batch_size
         self._max_delay_ns = config.max_queue_delay_us * 1000
         self.profile = profile
@@ -433,10 +435,7 @@ class ModelScheduler:
             if due_ns is None:
                 self._full_undue += 1
             self._refused_ns = now
-            raise Overloaded(
-                f"model {self._label}: queue full ({queue.capacity} requests waiting, "
-                "scheduling.max_queue_size); retry later or raise the limit"
-            )
+            raise self._full_error(item.level)
         if len(queue) > self._peak:
             self._peak = len(queue)
         if self._depth > 1:
@@ -449,13 +448,27 @@ class ModelScheduler:
         self._arm_sweeper()
         return future
 
+    def _full_error(self, level: int) -> Overloaded:
+        """The refusal of a request of `level` the queue had no room for, naming the bound."""
+        queue = self._queue
+        if len(queue) >= queue.capacity:
+            return Overloaded(
+                f"model {self._label}: queue full ({queue.capacity} requests waiting, "
+                "scheduling.max_queue_size); retry later or raise the limit"
+            )
+        return Overloaded(
+            f"model {self._label}: queue full for priority level {level} "
+            f"({queue.level_capacity} requests of that level waiting, "
+            "scheduling.max_queue_size_per_level); retry later or raise the limit"
+        )
+
     def fits(self, now: int, due_ns: int, rows: int, priority: int) -> bool:
         """Whether a request of `rows` due at `due_ns` would be admitted now (the router asks
         before choosing a variant); pure, changes nothing."""
         queue = self._queue
-        if len(queue) >= queue.capacity or due_ns <= now or not self.available(now):
-            return False
         level = self._level(priority)
+        if queue.full(level) or due_ns <= now or not self.available(now):
+            return False
         others = self._others(now)
         finish, _ = self._predict(now, rows, queue.key_for(level, due_ns), others)
         if others is not None and self._exec_ns(rows) > others.slack_ns:
