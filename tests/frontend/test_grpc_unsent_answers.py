@@ -22,13 +22,13 @@ import grpc
 import numpy as np
 import pytest
 from conftest import RunningServer, start_server, stop_server
-from repo_models import wide_tile_model, write_version
+from repo_models import run_on_engine, wide_tile_model, write_version
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from duetime.config import ServerSettings
-from duetime.engine import Ticket
+from duetime.engine import Engine, Ticket
 from duetime.frontend import codec
-from duetime.frontend.grpc import ANSWER_COPIES, AnswerBudget
+from duetime.frontend.grpc import ANSWER_COPIES, AnswerBudget, InferenceService
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -98,6 +98,38 @@ def test_a_call_cancelled_while_it_waits_takes_nothing() -> None:
         assert budget.held == 0
 
     asyncio.run(body())
+
+
+def test_before_a_model_s_first_answer_its_samples_stand_in_for_the_largest_message() -> None:
+    async def body() -> None:
+        guesses = {"small": 5, "big": 40, "huge": 10**9}
+        budget = AnswerBudget(limit=100 * C, unknown=60, small=10, guess=guesses.get)
+        assert budget.hold("small")._estimate == 5  # not counted: no call waits for it
+        assert budget.hold("big")._estimate == 40
+        assert budget.hold("huge")._estimate == 60  # never more than a message may weigh
+        assert budget.hold("unknown")._estimate == 60
+        hold = budget.hold("big")
+        await hold.taken()
+        hold.made(50)
+        hold.release()
+        assert budget.hold("big")._estimate == 50  # what it made, once it has
+
+    asyncio.run(body())
+
+
+def test_a_fresh_server_s_calls_hold_what_the_model_s_samples_made(tmp_path: Path) -> None:
+    """With 64 MiB feared for every call before any answer, 5 calls filled the 1 GiB default
+    and the sixth waited, undecoded, until an answer was sent."""
+    write_version(tmp_path, "tile", 1, wide_tile_model())
+    (tmp_path / "tile" / "config.toml").write_text("max_batch_size = 4\n")
+
+    async def scenario(engine: Engine) -> None:
+        service = InferenceService(engine)
+        assert service.answer_guess("tile") == 4 * 400_000  # 400 KB a row, 4 rows at most
+        assert service.answers.hold("tile")._estimate == 4 * 400_000
+        assert service.answer_guess("absent") is None
+
+    run_on_engine(tmp_path, scenario)
 
 
 # -- a stream whose client reads nothing ---------------------------------------------------------

@@ -86,30 +86,46 @@ class AnswerBudget:
     sent; one that would go over `limit` waits, in order, until others are sent. Models whose
     answers are `small` bytes or less are not counted.
 
+    NOTE: before a model's first answer, `guess` (what its load-time samples made, at its
+    largest batch) stands in for `unknown`: with 64 MiB feared for every call, 5 calls filled
+    the 1 GiB default and the sixth waited, undecoded, until an answer was sent: a fresh
+    server's gRPC calls ran in turn past the fifth (a priority-1 request sent 175 ms before the
+    running one ended reached the scheduler after it, and ran after a level-2 one).
+
     NOTE: an answer counts `ANSWER_COPIES` times its outputs' bytes, what the server holds for
     it: the outputs, the message that carries them, and that message serialized, which grpc.aio
     keeps until sent (measured: 60 streams of 32 MiB answers none of which was read held 3.2 GB
     when each counted once, within 1 GiB).
     """
 
-    def __init__(self, limit: int, unknown: int, small: int) -> None:
+    def __init__(
+        self, limit: int, unknown: int, small: int,
+        guess: Callable[[str], int | None] | None = None,
+    ) -> None:  # fmt: skip
         self.limit = limit
         self.unknown = unknown
         self.small = small
+        self._guess = guess
         self.held = 0
         self._sizes: dict[str, int] = {}
         """Model name -> the largest answer it made."""
         self._waiting: deque[tuple[int, asyncio.Future[None]]] = deque()
 
     @classmethod
-    def of(cls, settings: ServerSettings) -> AnswerBudget:
+    def of(
+        cls, settings: ServerSettings, guess: Callable[[str], int | None] | None = None
+    ) -> AnswerBudget:
         limit = settings.max_unsent_answer_bytes
         small = max(1, limit // settings.max_connections)
-        return cls(limit, settings.max_grpc_message_bytes, small)
+        return cls(limit, settings.max_grpc_message_bytes, small, guess)
 
     def hold(self, model: str) -> AnswerHold:
         """A hold for an answer of `model` (its `taken` waits for room)."""
-        return AnswerHold(self, model, self._sizes.get(model, self.unknown))
+        size = self._sizes.get(model)
+        if size is None:
+            guessed = None if self._guess is None else self._guess(model)
+            size = self.unknown if guessed is None else min(guessed, self.unknown)
+        return AnswerHold(self, model, size)
 
     def learned(self, model: str, size: int) -> None:
         if size > self._sizes.get(model, -1):
@@ -217,11 +233,21 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         self.gone_calls = 0
         """ModelInfer calls whose client had gone (cancelled, or past its deadline) before their
         handler ran: left unanswered, undecoded."""
-        self.answers = AnswerBudget.of(ServerSettings())
+        self.answers = AnswerBudget.of(ServerSettings(), self.answer_guess)
         """What answers not yet sent hold (`serve_grpc` sets the server's limits)."""
         self.backlog: CoreBacklog | None = None
         """The calls waiting in gRPC's core (`serve_grpc` sets it, where channelz is there)."""
         self.accepting = True
+
+    def answer_guess(self, model: str) -> int | None:
+        """The outputs' bytes `model`'s default version made for its sample inputs at load, at
+        its largest batch (None: not served, or not known); see `AnswerBudget`."""
+        try:
+            deployment = self._engine.registry.resolve(model, None)
+        except DuetimeError:
+            return None
+        row = deployment.scheduler.profile.sample_output_row_bytes
+        return None if row is None else row * max(1, deployment.model.signature.max_batch_size)
 
     async def ServerLive(self, request: Any, context: Any) -> Any:
         return pb.ServerLiveResponse(live=True)
@@ -1090,7 +1116,7 @@ def _quiet_ended_calls() -> None:
 async def serve_grpc(service: InferenceService, settings: ServerSettings) -> tuple[Any, int]:
     """Start the gRPC server on `settings.host:grpc_port` (0: any free port); returns it and its
     port."""
-    service.answers = AnswerBudget.of(settings)
+    service.answers = AnswerBudget.of(settings, service.answer_guess)
     _quiet_ended_calls()
     servers_before = server_ids()
     server = grpc.aio.server(options=server_options(settings))
