@@ -25,16 +25,26 @@ class TensorSpec:
     optional: bool = False
     """An input requests may leave out: a graph input with an initializer, which ONNX Runtime
     uses when the request gives none (Triton's `optional: true`)."""
+    wire: tuple[int, ...] | None = None
+    """The shape requests carry and answers are given in, where the config's `reshape` makes
+    it differ from `shape` (then the graph's, what ONNX Runtime takes and gives), as Triton's
+    `dims` with a `reshape`: dims [1] with reshape [] takes [batch, 1] from requests and runs
+    the graph on [batch]. The same elements in the same order. None: `shape`."""
+
+    @property
+    def client_shape(self) -> tuple[int, ...]:
+        """The shape requests carry and answers are given in (-1 for a free dim)."""
+        return self.shape if self.wire is None else self.wire
 
     def describe(self) -> str:
         if self.any_rank:
             return f"{self.datatype}[any shape]"
-        return f"{self.datatype}{list(self.shape)}"
+        return f"{self.datatype}{list(self.client_shape)}"
 
     def shown(self) -> list[int]:
         """The shape as metadata gives it: [-1] for any shape (the v2 protocol has no way to
         say "any rank"; a free dim is the nearest)."""
-        return [-1] if self.any_rank else list(self.shape)
+        return [-1] if self.any_rank else list(self.client_shape)
 
 
 @dataclass(frozen=True, slots=True)

@@ -41,6 +41,12 @@ class Validator:
         self._all_outputs = tuple(spec.name for spec in signature.outputs)
         self._output_names = frozenset(self._all_outputs)
         self._expected = expected_inputs(signature)
+        self._graph_shapes = {
+            spec.name: spec.shape[1:] if self._batched else spec.shape
+            for spec in signature.inputs
+            if spec.wire is not None
+        }
+        """Inputs the config reshapes: the graph's shape of each (without the batch dim)."""
         self._templates: dict[object, tuple[int, tuple[Any, ...], tuple[str, ...]]] = {}
         """Templates whose requests passed: their rows, batching key and outputs."""
 
@@ -80,6 +86,8 @@ class Validator:
             if self._batched:
                 rows = self._check_rows(spec, array, rows)
             feeds[name] = self._for_ort(spec, array)
+        if self._graph_shapes:
+            self._reshape(feeds)
         if not self._batched:
             shape_key: tuple[Any, ...] = ()
         elif len(feeds) == 1:
@@ -123,15 +131,16 @@ class Validator:
         shape = array.shape
         if spec.any_rank:
             return
-        if len(shape) == len(spec.shape):
-            for want, got in zip(spec.shape, shape, strict=True):  # a loop: a generator is a frame
+        wanted = spec.client_shape
+        if len(shape) == len(wanted):
+            for want, got in zip(wanted, shape, strict=True):  # a loop: a generator is a frame
                 if want != got and want != -1:
                     break
             else:
                 return
         raise InvalidInput(
             f"input '{spec.name}': shape {list(array.shape)} does not match the model's "
-            f"{list(spec.shape)} (-1 marks a free dim)"
+            f"{list(wanted)} (-1 marks a free dim)"
         )
 
     def _check_rows(self, spec: TensorSpec, array: np.ndarray, rows: int | None) -> int:
@@ -150,6 +159,13 @@ class Validator:
                 "all inputs must have the same first dim"
             )
         return int(batch)
+
+    def _reshape(self, feeds: dict[str, np.ndarray]) -> None:
+        """The inputs the config reshapes, in the graph's shape: the request's rows (a view)."""
+        for name, inner in self._graph_shapes.items():
+            array = feeds.get(name)
+            if array is not None:
+                feeds[name] = array.reshape((len(array), *inner) if self._batched else inner)
 
     def _for_ort(self, spec: TensorSpec, array: np.ndarray) -> np.ndarray:
         if spec.datatype == "BYTES":

@@ -79,10 +79,12 @@ def test_a_triton_config_translates_field_by_field(caplog: pytest.LogCaptureFixt
         ("version_policy { latest { } }", {"version_policy": {"latest": {"num_versions": 0}}}),
         ("name: 'm'", {}),  # (no policy: duetime's default, Triton's latest 1)
         ("dynamic_batching { }", {"scheduling": {"max_queue_delay_us": 0}}),
-        # Triton's form of a tensor with no dims beyond the batch (its auto-complete writes it)
+        # Triton's form of a tensor with no dims beyond the batch (its auto-complete writes it):
+        # answers carry [batch, 1], the graph gives [batch]
         ('max_batch_size: 8 output [ { name: "label" data_type: TYPE_INT64 dims: [ 1 ] '
          "reshape { shape: [ ] } } ]",
-         {"max_batch_size": 8, "outputs": [{"name": "label", "datatype": "INT64", "dims": []}]}),
+         {"max_batch_size": 8,
+          "outputs": [{"name": "label", "datatype": "INT64", "dims": [1], "reshape": []}]}),
     ],
 )  # fmt: skip
 def test_defaults_and_datatypes(text: str, expected: dict[str, object]) -> None:
@@ -128,8 +130,6 @@ def test_a_config_name_that_is_not_a_file_is_refused(tmp_path: Path) -> None:
         ('backend: "python"', "c: backend: 'python'"),
         ('name: "other"', "c: name: 'other' differs from the model's folder 'm'"),
         ("sequence_batching { }", "c: sequence_batching: sequence batching (stateful models)"),
-        ('input [ { name: "x" dims: [ 4 ] reshape { shape: [ 2, 2 ] } } ]',
-         "c: input 'x'.reshape: reshape is not supported"),
         ('default_model_filename: "net.onnx"', "c: default_model_filename: 'net.onnx'"),
         ("model_transaction_policy { decoupled: true }", "decoupled models are not supported"),
         ("max_batch_size: -1", "c: max_batch_size: -1: must be 0 (no batching) or more"),
@@ -201,7 +201,8 @@ def test_a_pbtxt_beside_a_duetime_config_is_refused(triton_repo: Path) -> None:
 def test_a_tensor_without_dims_is_reported_as_triton_does_and_read_back(tmp_path: Path) -> None:
     """An output of one value per row (a classifier's label) had `"dims": []`, which Triton's
     own config check refuses: it is `dims: [1]` with `reshape { shape: [] }`, and duetime
-    takes that form back (get the config, load it)."""
+    takes that form back (get the config, load it) as Triton reads it: answers then carry
+    [batch, 1]."""
     from onnx import TensorProto, helper
 
     from duetime.repository.tritonconfig import translate_json
@@ -226,7 +227,9 @@ def test_a_tensor_without_dims_is_reported_as_triton_does_and_read_back(tmp_path
     assert config["input"][0]["dims"] == [3]
     assert "reshape" not in config["input"][0]
     settings = translate_json(config, source="m", model_name="m")
-    assert settings["outputs"] == [{"name": "label", "datatype": "INT64", "dims": []}]
+    assert settings["outputs"] == [
+        {"name": "label", "datatype": "INT64", "dims": [1], "reshape": []}
+    ]
 
 
 @pytest.mark.parametrize("microseconds", [2**64 - 1, 2**63 - 1, 18_000_000_000_000_000_001])

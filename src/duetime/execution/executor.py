@@ -16,7 +16,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -109,7 +109,10 @@ class Executor:
         label: str,
         inline: bool = False,
         splits_batches: bool = False,
+        output_shapes: Mapping[str, tuple[int, ...]] | None = None,
     ) -> None:
+        """`output_shapes`: the outputs answers give in another shape than the graph's (a
+        config's `reshape`), by name: that shape, without the batch dim."""
         if inline and len(sessions) != 1:
             raise ValueError(f"an inline executor has one session, got {len(sessions)}")
         self.inline = inline
@@ -132,6 +135,7 @@ class Executor:
         ]
         self._output_names = list(output_names)
         self._string_outputs = string_outputs
+        self._output_shapes = dict(output_shapes or {})
         self._batched = batched
         self._label = label
         self._closing = False
@@ -404,14 +408,24 @@ class Executor:
         if len(rows) == 1:
             if trim and self._batched and rows[0] != next(iter(named.values())).shape[0]:
                 named = {name: array[: rows[0]] for name, array in named.items()}
-            return [named]
-        parts: list[Feeds] = [{} for _ in rows]
-        for name, array in named.items():
-            start = 0
-            for part, count in zip(parts, rows, strict=True):
-                part[name] = array[start : start + count]
-                start += count
+            parts = [named]
+        else:
+            parts = [{} for _ in rows]
+            for name, array in named.items():
+                start = 0
+                for part, count in zip(parts, rows, strict=True):
+                    part[name] = array[start : start + count]
+                    start += count
+        if self._output_shapes:
+            for part in parts:
+                self._reshape(part)
         return parts
+
+    def _reshape(self, part: Feeds) -> None:
+        """One request's outputs in the shapes answers give (`output_shapes`): views."""
+        for name, inner in self._output_shapes.items():
+            array = part[name]
+            part[name] = array.reshape((len(array), *inner) if self._batched else inner)
 
 
 class InputPool:

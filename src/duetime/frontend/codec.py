@@ -115,7 +115,7 @@ class Expected:
                 f"input '{name}': datatype {datatype} does not match the model's {spec.datatype}"
             )
         if not spec.any_rank:
-            wanted = spec.shape
+            wanted = spec.client_shape
             if len(shape) != len(wanted):
                 self._refuse_shape(name, shape, wanted)
             for index in range(len(wanted)):  # (not zip, nor a generator: a third the time)

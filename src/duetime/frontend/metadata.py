@@ -87,7 +87,10 @@ def model_config_json(model: LoadedModel) -> dict[str, Any]:
 def _config_tensor(spec: TensorSpec, batched: bool, labels: str | None = None) -> dict[str, Any]:
     dims = spec.shown()[1:] if batched else spec.shown()
     tensor: dict[str, Any] = {"name": spec.name, "data_type": TRITON_TYPE_OF[spec.datatype]}
-    if dims:
+    if spec.wire is not None:  # (the config's reshape: requests carry dims, the graph takes this)
+        tensor["dims"] = dims
+        tensor["reshape"] = {"shape": list(spec.shape[1:] if batched else spec.shape)}
+    elif dims:
         tensor["dims"] = dims
     else:  # NOTE: as Triton writes a tensor without dims (its config check refuses empty dims)
         tensor["dims"], tensor["reshape"] = [1], {"shape": []}

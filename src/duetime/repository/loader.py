@@ -126,6 +126,7 @@ def load_version(
         label=label,
         inline=config.execution == "inline",
         splits_batches=alone,
+        output_shapes=answer_shapes(signature),
     )
     warm_up(executor, signature, path)
     profile = measure_profile(executor, signature, path, profile_budget_s)
@@ -196,6 +197,17 @@ def cost_varies(facts: GraphFacts | None, signature: ModelSignature) -> str:
         None,
     )
     return "" if free is None else f"input '{free}' has a free dim other than the batch's"
+
+
+def answer_shapes(signature: ModelSignature) -> dict[str, tuple[int, ...]]:
+    """The outputs answers give in another shape than the graph's (a config's `reshape`), by
+    name: that shape without the batch dim."""
+    batched = signature.max_batch_size > 0
+    return {
+        spec.name: spec.wire[1:] if batched else spec.wire
+        for spec in signature.outputs
+        if spec.wire is not None
+    }
 
 
 def read_labels(config: ModelConfig, directory: Path) -> dict[str, tuple[str, ...]]:
@@ -368,7 +380,14 @@ def _apply(
                 "%s.optional': '%s' has no initializer in the graph, so ONNX Runtime cannot "
                 "run without it: requests must give it", at, spec.name,
             )  # fmt: skip
-        if entry.dims is not None:
+        if entry.reshape is not None:  # (validated: dims given, of as many elements)
+            shape = _narrow(spec, entry.reshape, batched, f"{at}.reshape'")
+            wire = tuple(entry.dims or ())
+            by_name[entry.name] = TensorSpec(
+                spec.name, spec.datatype, shape, optional=spec.optional,
+                wire=(-1, *wire) if batched else wire,
+            )  # fmt: skip
+        elif entry.dims is not None:
             dims = _narrow(spec, entry.dims, batched, f"{at}.dims'")
             by_name[entry.name] = TensorSpec(spec.name, spec.datatype, dims, optional=spec.optional)
     if field == "inputs":

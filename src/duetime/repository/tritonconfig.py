@@ -10,6 +10,7 @@ graph, as Triton's auto-complete does):
 |---|---|
 | `max_batch_size` (0 and no `input`/`output`: from the graph) | `max_batch_size` |
 | `input`/`output` `name`, `data_type`, `dims` | `inputs`/`outputs` |
+| `input`/`output` `reshape` (fixed dims) | `inputs`/`outputs` `reshape` |
 | `output` `label_filename` | `outputs` `labels` |
 | `input` `optional` | `inputs` `optional` |
 | `instance_group` counts (summed, but passive groups'; per GPU listed, on the CPU) | `instances` |
@@ -27,9 +28,10 @@ graph, as Triton's auto-complete does):
 `allow_timeout_override: true`, whatever the file says (duetime always honours a request's own).
 
 What duetime cannot honour is refused with the field named: another platform or backend,
-sequence batching (stateful models), ensembles, decoupled models, `reshape`, shape tensors,
-batch inputs/outputs, a model file other than `model.onnx`. Sections that only tune Triton
-itself (`optimization`, `model_warmup`, `response_cache`, ...) are ignored with a warning.
+sequence batching (stateful models), ensembles, decoupled models, a `reshape` with free dims,
+shape tensors, batch inputs/outputs, a model file other than `model.onnx`. Sections that only
+tune Triton itself (`optimization`, `model_warmup`, `response_cache`, ...) are ignored with a
+warning.
 Without `dynamic_batching` Triton runs each request alone; duetime's scheduler batches anyway
 (that is what it is for): set `max_batch_size = 0` to stop it.
 """
@@ -67,7 +69,7 @@ _TRANSLATED = frozenset({
     "name", "platform", "backend", "max_batch_size", "input", "output", "instance_group",
     "dynamic_batching", "version_policy", "parameters", "default_model_filename",
 })  # fmt: skip
-_TENSOR_FIELDS = frozenset({"name", "data_type", "dims", "label_filename", "optional"})
+_TENSOR_FIELDS = frozenset({"name", "data_type", "dims", "reshape", "label_filename", "optional"})
 _BATCHING_FIELDS = frozenset({
     "max_queue_delay_microseconds", "default_priority_level", "default_queue_policy",
     "priority_levels", "preferred_batch_size",
@@ -239,7 +241,9 @@ _FIELD_OF_SETTING = {
     "default_timeout_ms": "dynamic_batching.default_queue_policy.default_timeout_microseconds",
     **{setting: f"parameters['{key}']" for key, setting in _THREAD_PARAMETERS.items()},
 }
-_FIELD_OF_TENSOR_SETTING = {"datatype": "data_type", "labels": "label_filename"}
+_FIELD_OF_TENSOR_SETTING = {
+    "datatype": "data_type", "labels": "label_filename", "reshape": "reshape.shape",
+}  # fmt: skip
 
 
 def triton_field(loc: tuple[int | str, ...]) -> str:
@@ -340,25 +344,15 @@ def _refuse_what_cannot_be_served(
                      f"reads <version>/{MODEL_FILE}; rename the file")  # fmt: skip
     for kind, specs in (("input", config.input), ("output", config.output)):
         for spec in specs:
-            if spec.HasField("reshape") and not _scalar_reshape(spec):
-                raise refuse(f"{kind} '{spec.name}'.reshape", "reshape is not supported (but "
-                             "dims [1] with reshape { shape: [] }, Triton's form of a tensor "
-                             "without dims)")  # fmt: skip
             if spec.is_shape_tensor:
                 raise refuse(f"{kind} '{spec.name}'.is_shape_tensor", "shape tensors are not "
                              "supported")  # fmt: skip
 
 
-def _scalar_reshape(spec: Any) -> bool:
-    """`dims: [1]` with `reshape { shape: [] }`: how Triton (its auto-complete, its config
-    validation) writes a tensor with no dims beyond the batch: duetime's `dims = []`."""
-    return list(spec.dims) == [1] and not list(spec.reshape.shape)
-
-
 def _tensor(spec: Any, where: str, source: str, warn: Warn) -> dict[str, Any]:
     """`where`: the tensor's field (`input[0]`)."""
     kind = where.split("[")[0]
-    ignored = sorted({f.name for f, _ in spec.ListFields()} - _TENSOR_FIELDS - {"reshape"})
+    ignored = sorted({f.name for f, _ in spec.ListFields()} - _TENSOR_FIELDS)
     if ignored:
         warn(f"{source}: {kind} '{spec.name}': {', '.join(ignored)}: Triton-only settings, no "
              "effect in duetime")  # fmt: skip
@@ -375,10 +369,13 @@ def _tensor(spec: Any, where: str, source: str, warn: Warn) -> dict[str, Any]:
     if spec.data_type != mc.TYPE_INVALID:
         name = mc.DataType.Name(spec.data_type).removeprefix("TYPE_")
         tensor["datatype"] = "BYTES" if name == "STRING" else name
-    if spec.HasField("reshape"):  # (checked: the scalar form)
-        tensor["dims"] = []
-    elif spec.dims:
+    if spec.dims:
         tensor["dims"] = list(spec.dims)
+    if spec.HasField("reshape"):
+        # NOTE: as Triton: requests carry `dims` and the graph takes the reshape (dims [1] with
+        # reshape [], its form of a tensor without dims, takes [batch, 1]): it was served as
+        # dims [], and [batch, 1], as Triton's clients send it, was refused
+        tensor["reshape"] = list(spec.reshape.shape)
     if spec.DESCRIPTOR.name == "ModelOutput" and spec.label_filename:
         tensor["labels"] = spec.label_filename
     if spec.DESCRIPTOR.name == "ModelInput" and spec.optional:
