@@ -130,10 +130,29 @@ class SchedulingConfig(_Strict):
     priority_levels: int = Field(default=0, ge=0, le=1_000_000)
     """How many levels requests may ask for (0: any). With levels set, a request asking for
     a level beyond them gets the default level, as Triton's `priority_levels`."""
+    ignore_priority: bool = False
+    """Every request is at one level, whatever priority it asks for: Triton's meaning of no
+    `priority_levels` (a config.pbtxt without them is read so). Sets both settings above to 1;
+    the model's config endpoint shows `priority_levels` 0, as Triton's."""
     preferred_batch_size: list[Annotated[int, Field(ge=1)]] = Field(default_factory=list)
     """FIFO mode, as Triton's: batches grow to the largest of these at most, and one that
     reached any of them starts at once when no more requests are queued (no window wait).
     EDF mode sizes batches by due times and ignores them."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _one_level(cls, data: object) -> object:
+        """`ignore_priority`: one level, 1, which every priority maps to (the scheduler's rule
+        for a level beyond `priority_levels`)."""
+        if not (isinstance(data, dict) and data.get("ignore_priority") is True):
+            return data
+        given = [data[key] for key in ("priority_levels", "default_priority_level") if key in data]
+        if any(value != 1 for value in given):
+            raise ValueError(
+                "ignore_priority puts every request at one level: leave priority_levels and "
+                "default_priority_level out"
+            )
+        return {**data, "priority_levels": 1, "default_priority_level": 1}
 
     @model_validator(mode="after")
     def _levels(self) -> SchedulingConfig:

@@ -154,6 +154,10 @@ def test_a_load_override_valid_in_neither_form_says_why(
         parse_config_override(json.dumps(override), "m")
 
 
+ONE_LEVEL = {"ignore_priority": True}
+"""A config without priority_levels: every request at one level, as Triton."""
+
+
 def translated(text: str) -> tuple[dict[str, object], list[str]]:
     """What a config.pbtxt translates to, and the warnings it gives."""
     warnings: list[str] = []
@@ -165,7 +169,7 @@ def test_a_passive_instance_group_adds_no_serving_instances_and_says_so() -> Non
         "instance_group [{ kind: KIND_CPU count: 1 }, { kind: KIND_CPU count: 3 passive: true "
         'host_policy: "numa1" rate_limiter { resources [{ name: "R" count: 2 }] } }]'
     )
-    assert settings == {"instances": 1}
+    assert settings == {"instances": 1, "scheduling": ONE_LEVEL}
     assert warnings == [
         "c: instance_group[1]: host_policy, rate_limiter: Triton-only settings, no effect in "
         "duetime",
@@ -176,7 +180,7 @@ def test_a_passive_instance_group_adds_no_serving_instances_and_says_so() -> Non
 
 def test_a_gpu_group_counts_its_instances_per_gpu_as_triton_does() -> None:
     settings, warnings = translated("instance_group [{ kind: KIND_GPU count: 2 gpus: [0, 1] }]")
-    assert settings == {"instances": 4}
+    assert settings == {"instances": 4, "scheduling": ONE_LEVEL}
     assert warnings == [
         "c: instance_group[0]: KIND_GPU: GPU instances run on the CPU in duetime: 4 of them "
         "(2 for each of gpus [0, 1], as Triton counts them)"
@@ -189,7 +193,7 @@ def test_a_gpu_group_counts_its_instances_per_gpu_as_triton_does() -> None:
 def test_instance_group_settings_duetime_does_not_honour_are_named(fields: str) -> None:
     settings, warnings = translated(f"instance_group [{{ count: 2 {fields} }}]")
     name = fields.split(" ")[0].rstrip(":")
-    assert settings == {"instances": 2}
+    assert settings == {"instances": 2, "scheduling": ONE_LEVEL}
     assert warnings == [f"c: instance_group[0]: {name}: Triton-only settings, no effect in duetime"]
 
 
@@ -219,7 +223,7 @@ def test_onnxruntime_parameters_duetime_does_not_honour_are_each_named() -> None
         memory__enable_memory_arena_shrinkage="cpu:0", no_such_parameter="x",
         inter_op_thread_count="2",
     ))  # fmt: skip
-    assert settings == {"inter_op_threads": 2}
+    assert settings == {"inter_op_threads": 2, "scheduling": ONE_LEVEL}
     assert sorted(warnings) == [  # (protobuf keeps a map in no order)
         "c: parameters['enable_mem_arena'] '0': not honoured: duetime keeps ONNX Runtime's CPU "
         "memory arena on",
@@ -238,7 +242,7 @@ def test_onnxruntime_parameters_asking_for_what_duetime_does_give_no_warning() -
         execution_mode="0", enable_mem_arena="1", enable_mem_pattern="true",
         scheduling_policy="fifo", intra_op_thread_count="2",
     ))  # fmt: skip
-    assert settings == {"scheduling": {"policy": "fifo"}, "intra_op_threads": 2}
+    assert settings == {"scheduling": {**ONE_LEVEL, "policy": "fifo"}, "intra_op_threads": 2}
     assert warnings == []
 
 
@@ -297,7 +301,7 @@ def test_values_triton_takes_are_taken(tmp_path: Path) -> None:
     )
     assert (settings["instances"], settings["scheduling"]) == (
         1,
-        {"max_queue_delay_us": 20_000_000},
+        {**ONE_LEVEL, "max_queue_delay_us": 20_000_000},
     )
     assert warnings == [
         "c: dynamic_batching.max_queue_delay_microseconds: 20000000 (20 s): a request with no due "

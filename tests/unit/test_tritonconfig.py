@@ -6,6 +6,7 @@ import logging
 import re
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -87,8 +88,10 @@ def test_a_triton_config_translates_field_by_field(caplog: pytest.LogCaptureFixt
           "outputs": [{"name": "label", "datatype": "INT64", "dims": [1], "reshape": []}]}),
     ],
 )  # fmt: skip
-def test_defaults_and_datatypes(text: str, expected: dict[str, object]) -> None:
-    assert translate(text, source="c", model_name="m") == expected
+def test_defaults_and_datatypes(text: str, expected: dict[str, Any]) -> None:
+    # (no priority_levels: every request at one level, as Triton; see the test of it)
+    scheduling = {**expected.get("scheduling", {}), "ignore_priority": True}
+    assert translate(text, source="c", model_name="m") == {**expected, "scheduling": scheduling}
 
 
 def test_nested_triton_only_settings_are_named_in_a_warning(
@@ -252,3 +255,14 @@ def test_every_uint64_default_timeout_of_a_triton_config_is_taken_and_shown(
     finally:
         loaded.executor.close()
     assert 0 < shown["default_timeout_microseconds"] <= 2**64 - 1
+
+
+def test_a_pbtxt_without_priority_levels_ignores_priority_and_says_so(triton_repo: Path) -> None:
+    """Its config says what the file says (no levels), while duetime serves one level."""
+    model = load_version(scan_model(triton_repo), 1)
+    try:
+        batching = model_config_json(model)["dynamic_batching"]
+    finally:
+        model.executor.close()
+    assert model.config.scheduling.ignore_priority
+    assert (batching["priority_levels"], batching["default_priority_level"]) == (0, 0)

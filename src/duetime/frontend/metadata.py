@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from duetime.config import SchedulingConfig
 from duetime.datatypes import TRITON_TYPE_OF
 from duetime.repository.loader import LoadedModel
 from duetime.types import TensorSpec
@@ -71,8 +72,7 @@ def model_config_json(model: LoadedModel) -> dict[str, Any]:
         "dynamic_batching": {
             "max_queue_delay_microseconds": scheduling.max_queue_delay_us,
             "preferred_batch_size": list(scheduling.preferred_batch_size),
-            "priority_levels": scheduling.priority_levels,
-            "default_priority_level": scheduling.default_priority_level,
+            **_priority(scheduling),
             "default_queue_policy": queue_policy,
         },
         "parameters": {
@@ -81,6 +81,17 @@ def model_config_json(model: LoadedModel) -> dict[str, Any]:
             "inter_op_thread_count": {"string_value": str(config.inter_op_threads)},
         },
         "default_model_filename": model.path.name,
+    }
+
+
+def _priority(scheduling: SchedulingConfig) -> dict[str, int]:
+    """The model's priority levels in Triton's terms: `ignore_priority` is no levels (0), as a
+    Triton config without them says (every priority is then the default level)."""
+    if scheduling.ignore_priority:
+        return {"priority_levels": 0, "default_priority_level": 0}
+    return {
+        "priority_levels": scheduling.priority_levels,
+        "default_priority_level": scheduling.default_priority_level,
     }
 
 

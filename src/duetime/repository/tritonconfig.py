@@ -18,6 +18,7 @@ graph, as Triton's auto-complete does):
 | `dynamic_batching.default_queue_policy.max_queue_size` | `scheduling.max_queue_size` |
 | `dynamic_batching.default_queue_policy.default_timeout_microseconds` | `default_timeout_ms` (*) |
 | `dynamic_batching.default_priority_level`, `priority_levels` | `scheduling.` the same |
+| no `dynamic_batching.priority_levels` (one level, as Triton) | `scheduling.ignore_priority` |
 | `dynamic_batching.preferred_batch_size` (FIFO mode) | `scheduling.preferred_batch_size` |
 | `scheduling_policy` in `parameters` (`edf`, `fifo`) | `scheduling.policy` |
 | `version_policy` | `version_policy` |
@@ -287,6 +288,7 @@ def _translated(config: Any, source: str, model_name: str, warn: Warn) -> dict[s
     if config.HasField("dynamic_batching"):
         _refuse_contradictions(config.dynamic_batching, config.max_batch_size, source)
         _dynamic_batching(config.dynamic_batching, out, source, warn)
+    _priority(config.dynamic_batching, out)
     if config.HasField("version_policy"):
         out["version_policy"] = _version_policy(config.version_policy)
     for name, parameter in config.parameters.items():
@@ -459,10 +461,6 @@ def _dynamic_batching(batching: Any, out: dict[str, Any], source: str, warn: War
     if delay > LONG_QUEUE_DELAY_US:
         warn(f"{source}: dynamic_batching.max_queue_delay_microseconds: {delay} ({delay / 1e6:g} "
              "s): a request with no due time may wait that long for its batch to fill")  # fmt: skip
-    if batching.default_priority_level:
-        scheduling["default_priority_level"] = batching.default_priority_level
-    if batching.priority_levels:
-        scheduling["priority_levels"] = batching.priority_levels
     if batching.preferred_batch_size:
         scheduling["preferred_batch_size"] = list(batching.preferred_batch_size)
     if batching.HasField("default_queue_policy"):
@@ -474,6 +472,22 @@ def _dynamic_batching(batching: Any, out: dict[str, Any], source: str, warn: War
         if policy.timeout_action == mc.ModelQueuePolicy.DELAY:
             warn(f"{source}: dynamic_batching.default_queue_policy.timeout_action DELAY: duetime "
                  "never runs a request after its due time (REJECT)")  # fmt: skip
+
+
+def _priority(batching: Any, out: dict[str, Any]) -> None:
+    """The priority levels of `batching` (a model without `dynamic_batching` has none).
+
+    NOTE: as Triton (InferenceRequest::SetPriority): a priority above the model's
+    `priority_levels` is its default level, and with none (0) every request is at that one
+    level, in arrival order. duetime's `priority_levels` 0 means any level: requests that asked
+    for priority 1 were served ahead of those before them (the pbtxt tester's prio_order.py)."""
+    scheduling: dict[str, Any] = out.setdefault("scheduling", {})
+    if not batching.priority_levels:
+        scheduling["ignore_priority"] = True
+        return
+    scheduling["priority_levels"] = batching.priority_levels
+    if batching.default_priority_level:
+        scheduling["default_priority_level"] = batching.default_priority_level
 
 
 def _version_policy(policy: Any) -> dict[str, Any]:
