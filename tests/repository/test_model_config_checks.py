@@ -223,7 +223,7 @@ def test_onnxruntime_parameters_duetime_does_not_honour_are_each_named() -> None
         memory__enable_memory_arena_shrinkage="cpu:0", no_such_parameter="x",
         inter_op_thread_count="2",
     ))  # fmt: skip
-    assert settings == {"inter_op_threads": 2, "scheduling": ONE_LEVEL}
+    assert settings == {"inter_op_threads": 2, "scheduling": ONE_LEVEL, "instances": 2}
     assert sorted(warnings) == [  # (protobuf keeps a map in no order)
         "c: parameters['enable_mem_arena'] '0': not honoured: duetime keeps ONNX Runtime's CPU "
         "memory arena on",
@@ -242,7 +242,9 @@ def test_onnxruntime_parameters_asking_for_what_duetime_does_give_no_warning() -
         execution_mode="0", enable_mem_arena="1", enable_mem_pattern="true",
         scheduling_policy="fifo", intra_op_thread_count="2",
     ))  # fmt: skip
-    assert settings == {"scheduling": {**ONE_LEVEL, "policy": "fifo"}, "intra_op_threads": 2}
+    assert settings == {
+        "scheduling": {**ONE_LEVEL, "policy": "fifo"}, "intra_op_threads": 2, "instances": 2,
+    }  # fmt: skip
     assert warnings == []
 
 
@@ -293,14 +295,14 @@ def test_a_triton_json_override_error_names_the_triton_field() -> None:
 
 
 def test_values_triton_takes_are_taken(tmp_path: Path) -> None:
-    """A count below 1 is 1 (Triton's normalisation); a delay has no cap (Triton's is a
+    """A count below 1 is Triton's default (2 on the CPU); a delay has no cap (Triton's is a
     uint64), a long one is warned of."""
     settings, warnings = translated(
         "max_batch_size: 8\ninstance_group [{ kind: KIND_CPU count: -1 }]\n"
         "dynamic_batching { max_queue_delay_microseconds: 20000000 }"
     )
     assert (settings["instances"], settings["scheduling"]) == (
-        1,
+        2,
         {**ONE_LEVEL, "max_queue_delay_us": 20_000_000},
     )
     assert warnings == [
@@ -310,7 +312,26 @@ def test_values_triton_takes_are_taken(tmp_path: Path) -> None:
     folder = model_dir(tmp_path, "config.pbtxt", "max_batch_size: 8\ninstance_group [{ count: 0 }]"
                        "\ndynamic_batching { max_queue_delay_microseconds: 20000000 }")  # fmt: skip
     config = load_model_config(folder)
-    assert (config.instances, config.scheduling.max_queue_delay_us) == (1, 20_000_000)
+    assert (config.instances, config.scheduling.max_queue_delay_us) == (2, 20_000_000)
+
+
+@pytest.mark.parametrize(
+    ("groups", "instances"),
+    [
+        ("", 2),  # no group: one KIND_AUTO group, KIND_CPU without GPUs
+        ("instance_group [{ kind: KIND_CPU }]", 2),
+        ("instance_group [{ }]", 2),
+        ("instance_group [{ kind: KIND_CPU count: 0 }, { kind: KIND_CPU count: 3 }]", 5),
+        ("instance_group [{ kind: KIND_GPU gpus: [0, 1] }]", 2),  # (1 per GPU)
+        ("instance_group [{ kind: KIND_GPU }]", 1),
+    ],
+)
+def test_a_count_triton_leaves_to_its_default_is_triton_s(groups: str, instances: int) -> None:
+    """As Triton's SetDefaultInstanceCount for the onnxruntime backend: 2 for a CPU group
+    without a count, 1 for a GPU group; duetime served 1 for both (the pbtxt tester's
+    instances.py)."""
+    settings, _ = translated(groups)
+    assert settings["instances"] == instances
 
 
 def test_a_config_with_nchw_and_three_dims_is_taken() -> None:

@@ -89,9 +89,12 @@ def test_a_triton_config_translates_field_by_field(caplog: pytest.LogCaptureFixt
     ],
 )  # fmt: skip
 def test_defaults_and_datatypes(text: str, expected: dict[str, Any]) -> None:
-    # (no priority_levels: every request at one level, as Triton; see the test of it)
+    # (no priority_levels: every request at one level; no instance_group: 2 instances; as
+    # Triton, see the tests of each)
     scheduling = {**expected.get("scheduling", {}), "ignore_priority": True}
-    assert translate(text, source="c", model_name="m") == {**expected, "scheduling": scheduling}
+    assert translate(text, source="c", model_name="m") == {
+        **expected, "scheduling": scheduling, "instances": 2,
+    }  # fmt: skip
 
 
 def test_nested_triton_only_settings_are_named_in_a_warning(
@@ -266,3 +269,17 @@ def test_a_pbtxt_without_priority_levels_ignores_priority_and_says_so(triton_rep
         model.executor.close()
     assert model.config.scheduling.ignore_priority
     assert (batching["priority_levels"], batching["default_priority_level"]) == (0, 0)
+
+
+def test_a_pbtxt_without_instance_groups_serves_triton_s_two_and_says_so(
+    triton_repo: Path,
+) -> None:
+    """Triton gives an onnxruntime model without instance_group one CPU group of 2 (on a
+    machine without GPUs); duetime served 1."""
+    model = load_version(scan_model(triton_repo), 1)
+    try:
+        groups, sessions = model_config_json(model)["instance_group"], model.executor.instances
+    finally:
+        model.executor.close()
+    assert (model.config.instances, sessions) == (2, 2)
+    assert [group["count"] for group in groups] == [2]

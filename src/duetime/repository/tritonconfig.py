@@ -13,7 +13,7 @@ graph, as Triton's auto-complete does):
 | `input`/`output` `reshape` (fixed dims) | `inputs`/`outputs` `reshape` |
 | `output` `label_filename` | `outputs` `labels` |
 | `input` `optional` | `inputs` `optional` |
-| `instance_group` counts (summed, but passive groups'; per GPU listed, on the CPU) | `instances` |
+| `instance_group` counts (summed but passive ones, per GPU listed; none: 2) | `instances` |
 | `dynamic_batching.max_queue_delay_microseconds` | `scheduling.max_queue_delay_us` |
 | `dynamic_batching.default_queue_policy.max_queue_size` | `scheduling.max_queue_size` |
 | `dynamic_batching.default_queue_policy.default_timeout_microseconds` | `default_timeout_ms` (*) |
@@ -282,9 +282,7 @@ def _translated(config: Any, source: str, model_name: str, warn: Warn) -> dict[s
             ]
     if config.max_batch_size > 0 or any(specs for _, specs in tensors):
         out["max_batch_size"] = config.max_batch_size
-    instances = _instances(config, source, warn)
-    if instances is not None:
-        out["instances"] = instances
+    out["instances"] = _instances(config, source, warn)
     if config.HasField("dynamic_batching"):
         _refuse_contradictions(config.dynamic_batching, config.max_batch_size, source)
         _dynamic_batching(config.dynamic_batching, out, source, warn)
@@ -389,12 +387,21 @@ _GROUP_FIELDS = frozenset({"name", "kind", "count", "gpus", "passive"})
 """An instance group's fields `_instances` reads; the others tune Triton only (warned of)."""
 
 
-def _instances(config: Any, source: str, warn: Warn) -> int | None:
-    """How many instances the config's groups add up to (None: no groups, duetime's default);
-    see `_group_instances`."""
+CPU_INSTANCES = 2
+"""The instances of a CPU instance group without a count, and of a config without groups, as
+Triton gives an onnxruntime model (SetDefaultInstanceCount; model_configuration.md "CPU Model
+Instance"): a model with no group gets one KIND_AUTO group, KIND_CPU on a machine without GPUs."""
+
+
+def _instances(config: Any, source: str, warn: Warn) -> int:
+    """How many instances the config's groups add up to; see `_group_instances`.
+
+    NOTE: a config without groups, or a CPU group without a count, got 1 instance (duetime's
+    default, and a count below 1 taken as 1) where Triton runs 2 (the pbtxt tester's
+    instances.py); the config endpoint reports the count served."""
     groups = config.instance_group
     if not groups:
-        return None
+        return CPU_INSTANCES
     counts = [
         _group_instances(group, f"{source}: instance_group[{index}]", warn)
         for index, group in enumerate(groups)
@@ -407,15 +414,17 @@ def _instances(config: Any, source: str, warn: Warn) -> int | None:
 
 def _group_instances(group: Any, where: str, warn: Warn) -> int:
     """The serving instances one instance group adds, as Triton counts them: a count below 1
-    is 1 (its config normalisation), a GPU group's count is per listed GPU, and a passive
-    group adds none (Triton schedules no requests to its instances).
+    is Triton's default (`CPU_INSTANCES` for a CPU or kind-less group, 1 for a GPU one), a GPU
+    group's count is per listed GPU, and a passive group adds none (Triton schedules no
+    requests to its instances).
 
     NOTE: duetime runs on the CPU: a GPU group gets its Triton count of CPU instances, each a
     session with a thread of its own, and a warning saying how many."""
     ignored = sorted({f.name for f, _ in group.ListFields()} - _GROUP_FIELDS)
     if ignored:
         warn(f"{where}: {', '.join(ignored)}: Triton-only settings, no effect in duetime")
-    count: int = max(group.count, 1)
+    cpu = group.kind in (mc.ModelInstanceGroup.KIND_AUTO, mc.ModelInstanceGroup.KIND_CPU)
+    count: int = group.count if group.count >= 1 else CPU_INSTANCES if cpu else 1
     gpus = list(group.gpus)
     if group.kind == mc.ModelInstanceGroup.KIND_CPU and gpus:
         raise ConfigError(f"{where}.gpus: a KIND_CPU group names GPUs {gpus}; drop them or "
