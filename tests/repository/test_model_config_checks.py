@@ -263,6 +263,15 @@ def test_onnxruntime_parameters_asking_for_what_duetime_does_give_no_warning() -
          "c: dynamic_batching.preferred_batch_size: 8 is over max_batch_size 4"),
         ("dynamic_batching { priority_levels: 2 default_priority_level: 3 }",
          "c: dynamic_batching.default_priority_level: 3 is beyond priority_levels 2"),
+        # (these two named duetime's settings, or were taken: the pbtxt tester's field_names.py)
+        ('max_batch_size: 0\ninput [{ name: "x" data_type: TYPE_FP32 dims: [-1, 4] }]\n'
+         "dynamic_batching { preferred_batch_size: [4] }",
+         "c: dynamic_batching.preferred_batch_size: 4 is over max_batch_size 0"),
+        ("dynamic_batching { priority_levels: 3 }",
+         "c: dynamic_batching.default_priority_level: not set; with priority_levels 3 it must be "
+         "in [1, 3]"),
+        ("max_batch_size: 4\ndynamic_batching { preferred_batch_size: [0, 2] }",
+         "c: dynamic_batching.preferred_batch_size: 0: each must be 1 or more"),
         ("dynamic_batching { default_queue_policy { max_queue_size: 2000000 } }",
          "c: field 'dynamic_batching.default_queue_policy.max_queue_size': Input should be less "
          "than or equal to 1000000 (got 2000000)"),
@@ -337,3 +346,22 @@ def test_a_count_triton_leaves_to_its_default_is_triton_s(groups: str, instances
 def test_a_config_with_nchw_and_three_dims_is_taken() -> None:
     settings, _ = translated('input [{ name: "x" format: FORMAT_NCHW dims: [3, 8, 8] }]')
     assert settings["inputs"] == [{"name": "x", "dims": [3, 8, 8]}]
+
+
+@pytest.mark.parametrize(("policy", "kept"), [("", False), ("edf", False), ("fifo", True)])
+def test_preferred_sizes_edf_ignores_are_warned_of_by_their_triton_name(
+    policy: str, kept: bool
+) -> None:
+    """The scheduler's warning named `scheduling.preferred_batch_size`, which a pbtxt has not."""
+    chosen = parameters(scheduling_policy=policy) if policy else ""
+    settings, warnings = translated(
+        f"max_batch_size: 8\ndynamic_batching {{ preferred_batch_size: [2, 4] }}\n{chosen}"
+    )
+    scheduling = settings["scheduling"]
+    assert isinstance(scheduling, dict)
+    assert ("preferred_batch_size" in scheduling) == kept
+    assert warnings == ([] if kept else [
+        "c: dynamic_batching.preferred_batch_size [2, 4]: no effect under duetime's EDF policy "
+        "(batches are sized by due times); parameters['scheduling_policy'] 'fifo' batches as "
+        "Triton does"
+    ])  # fmt: skip

@@ -54,7 +54,6 @@ def test_a_triton_config_translates_field_by_field(caplog: pytest.LogCaptureFixt
             "max_queue_delay_us": 200,
             "default_priority_level": 2,
             "priority_levels": 3,
-            "preferred_batch_size": [4, 8],
             "max_queue_size": 64,
         },
         "default_timeout_ms": 5.0,
@@ -62,6 +61,7 @@ def test_a_triton_config_translates_field_by_field(caplog: pytest.LogCaptureFixt
         "intra_op_threads": 2,
     }
     assert "GPU instances run on the CPU" in caplog.text
+    assert "preferred_batch_size [4, 8]: no effect under duetime's EDF policy" in caplog.text
     assert "model_warmup, optimization, response_cache: Triton-only settings" in caplog.text
     ModelConfig.model_validate(settings)  # and duetime accepts what it says
 

@@ -52,6 +52,7 @@ from pydantic import ValidationError
 from duetime import config as settings
 from duetime.config import (
     ModelConfig,
+    SchedulingConfig,
     describe_validation_error,
     find_config_file,
     parse_model_config,
@@ -284,13 +285,14 @@ def _translated(config: Any, source: str, model_name: str, warn: Warn) -> dict[s
         out["max_batch_size"] = config.max_batch_size
     out["instances"] = _instances(config, source, warn)
     if config.HasField("dynamic_batching"):
-        _refuse_contradictions(config.dynamic_batching, config.max_batch_size, source)
+        _refuse_contradictions(config.dynamic_batching, out.get("max_batch_size"), source)
         _dynamic_batching(config.dynamic_batching, out, source, warn)
     _priority(config.dynamic_batching, out)
     if config.HasField("version_policy"):
         out["version_policy"] = _version_policy(config.version_policy)
     for name, parameter in config.parameters.items():
         _parameter(name, parameter.string_value, out, source, warn)
+    _drop_unused_preferred(out.get("scheduling", {}), source, warn)
     ignored = sorted(given - _TRANSLATED)
     if ignored:
         warn(f"{source}: {', '.join(ignored)}: Triton-only settings, no effect in duetime")
@@ -442,17 +444,42 @@ def _group_instances(group: Any, where: str, warn: Warn) -> int:
     return count
 
 
-def _refuse_contradictions(batching: Any, max_batch_size: int, source: str) -> None:
-    """What Triton refuses of `dynamic_batching` against the rest of the config, in Triton's
-    terms (duetime's own checks would name duetime's settings)."""
+def _refuse_contradictions(batching: Any, max_batch_size: int | None, source: str) -> None:
+    """What Triton refuses of `dynamic_batching` against the rest of the config (its
+    ValidateModelConfig), in Triton's terms: duetime's own checks name duetime's settings
+    (`scheduling.preferred_batch_size 4 is over max_batch_size 0`). `max_batch_size`: None
+    where the graph gives it.
+
+    NOTE: priority_levels without a default_priority_level is refused, as Triton refuses it:
+    it was served with duetime's default level, 1."""
     levels, default = batching.priority_levels, batching.default_priority_level
+    where = f"{source}: dynamic_batching"
+    if levels and not default:
+        raise ConfigError(f"{where}.default_priority_level: not set; with priority_levels "
+                          f"{levels} it must be in [1, {levels}], as Triton requires")  # fmt: skip
     if levels and default > levels:
-        raise ConfigError(f"{source}: dynamic_batching.default_priority_level: {default} is "
-                          f"beyond priority_levels {levels}")  # fmt: skip
+        raise ConfigError(f"{where}.default_priority_level: {default} is beyond priority_levels "
+                          f"{levels}")  # fmt: skip
     preferred = list(batching.preferred_batch_size)
-    if preferred and max_batch_size > 0 and max(preferred) > max_batch_size:
-        raise ConfigError(f"{source}: dynamic_batching.preferred_batch_size: {max(preferred)} is "
-                          f"over max_batch_size {max_batch_size}")  # fmt: skip
+    if preferred and min(preferred) < 1:
+        raise ConfigError(f"{where}.preferred_batch_size: {min(preferred)}: each must be 1 or "
+                          "more")  # fmt: skip
+    if preferred and max_batch_size is not None and max(preferred) > max_batch_size:
+        none = " (0: the model does not batch)" if max_batch_size == 0 else ""
+        raise ConfigError(f"{where}.preferred_batch_size: {max(preferred)} is over "
+                          f"max_batch_size {max_batch_size}{none}")  # fmt: skip
+
+
+def _drop_unused_preferred(scheduling: dict[str, Any], source: str, warn: Warn) -> None:
+    """Under the EDF policy, preferred batch sizes have no effect: warned of naming the
+    Triton field, and left out (the scheduler would warn naming duetime's setting)."""
+    policy = scheduling.get("policy", SchedulingConfig.model_fields["policy"].default)
+    if policy != "edf" or not scheduling.get("preferred_batch_size"):
+        return
+    sizes = scheduling.pop("preferred_batch_size")
+    warn(f"{source}: dynamic_batching.preferred_batch_size {sizes}: no effect under duetime's "
+         f"EDF policy (batches are sized by due times); parameters['{SCHEDULING_POLICY}'] "
+         "'fifo' batches as Triton does")  # fmt: skip
 
 
 LONG_QUEUE_DELAY_US = 10_000_000
