@@ -158,6 +158,14 @@ ONE_LEVEL = {"ignore_priority": True}
 """A config without priority_levels: every request at one level, as Triton."""
 
 
+TIMEOUT_HONOURED = (
+    "c: dynamic_batching.default_queue_policy.allow_timeout_override false: Triton would ignore "
+    "a request's own timeout; duetime honours it (a request may shorten the model's due time, "
+    "never extend it), and the model's config says true"
+)
+"""The warning of a `dynamic_batching` whose queue policy does not allow the override."""
+
+
 def translated(text: str) -> tuple[dict[str, object], list[str]]:
     """What a config.pbtxt translates to, and the warnings it gives."""
     warnings: list[str] = []
@@ -316,7 +324,8 @@ def test_values_triton_takes_are_taken(tmp_path: Path) -> None:
     )
     assert warnings == [
         "c: dynamic_batching.max_queue_delay_microseconds: 20000000 (20 s): a request with no due "
-        "time may wait that long for its batch to fill"
+        "time may wait that long for its batch to fill",
+        TIMEOUT_HONOURED,
     ]
     folder = model_dir(tmp_path, "config.pbtxt", "max_batch_size: 8\ninstance_group [{ count: 0 }]"
                        "\ndynamic_batching { max_queue_delay_microseconds: 20000000 }")  # fmt: skip
@@ -360,8 +369,26 @@ def test_preferred_sizes_edf_ignores_are_warned_of_by_their_triton_name(
     scheduling = settings["scheduling"]
     assert isinstance(scheduling, dict)
     assert ("preferred_batch_size" in scheduling) == kept
-    assert warnings == ([] if kept else [
+    assert [w for w in warnings if "preferred" in w] == ([] if kept else [
         "c: dynamic_batching.preferred_batch_size [2, 4]: no effect under duetime's EDF policy "
         "(batches are sized by due times); parameters['scheduling_policy'] 'fifo' batches as "
         "Triton does"
     ])  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("batching", "warned"),
+    [
+        ("dynamic_batching { }", True),  # (false: Triton's default)
+        ("dynamic_batching { default_queue_policy { allow_timeout_override: false } }", True),
+        ("dynamic_batching { default_queue_policy { allow_timeout_override: true } }", False),
+        ("", False),  # (no dynamic batcher: Triton's queue policies are its)
+    ],
+)
+def test_a_timeout_override_triton_would_not_allow_is_warned_of(
+    batching: str, warned: bool
+) -> None:
+    """duetime honours a request's own timeout by design; where Triton's dynamic batcher would
+    ignore it, that was done without a word (the pbtxt tester's timeout_override.py)."""
+    _, warnings = translated(batching)
+    assert (TIMEOUT_HONOURED in warnings) == warned

@@ -283,3 +283,29 @@ def test_a_pbtxt_without_instance_groups_serves_triton_s_two_and_says_so(
         model.executor.close()
     assert (model.config.instances, sessions) == (2, 2)
     assert [group["count"] for group in groups] == [2]
+
+
+@pytest.mark.parametrize(("microseconds", "warned"), [(1, True), (60_000_000, False)])
+def test_a_default_timeout_shorter_than_a_run_is_warned_of_at_load(
+    triton_repo: Path, caplog: pytest.LogCaptureFixture, microseconds: int, warned: bool
+) -> None:
+    """Triton's default timeout bounds a request's wait in the queue; duetime's is the due time
+    of its answer, which no request may extend: one shorter than the model's run refused
+    every request, and nothing said why (the pbtxt tester's default_timeout_queue.py). Its
+    config says what duetime does: a request's own timeout is honoured."""
+    config = triton_repo / "config.pbtxt"
+    policy = f"default_queue_policy {{ default_timeout_microseconds: {microseconds} }}"
+    config.write_text(
+        config.read_text().replace("dynamic_batching {", f"dynamic_batching {{ {policy}")
+    )
+    with caplog.at_level(logging.WARNING, logger="duetime.loader"):
+        model = load_version(scan_model(triton_repo), 1)
+    try:
+        shown = model_config_json(model)["dynamic_batching"]["default_queue_policy"]
+    finally:
+        model.executor.close()
+    named = "default_timeout_microseconds) is shorter than one row needs"
+    assert (named in caplog.text, "so every request will be refused" in caplog.text) == (
+        warned, warned,
+    )  # fmt: skip
+    assert shown["allow_timeout_override"] is True

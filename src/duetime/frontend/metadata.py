@@ -54,11 +54,15 @@ def model_config_json(model: LoadedModel) -> dict[str, Any]:
     config = model.config
     scheduling = config.scheduling
     labels = {t.name: t.labels for t in config.outputs or () if t.labels is not None}
-    queue_policy: dict[str, Any] = {"max_queue_size": scheduling.max_queue_size}
+    # NOTE: what duetime does, in Triton's terms: a request's own timeout is always honoured
+    # (it may shorten the default, never extend it), whatever a Triton config said (warned of at
+    # load when it did not allow it)
+    queue_policy: dict[str, Any] = {
+        "max_queue_size": scheduling.max_queue_size, "allow_timeout_override": True,
+    }  # fmt: skip
     if config.default_timeout_ms is not None:
         microseconds = min(int(config.default_timeout_ms * 1000), 2**64 - 1)  # (a uint64)
         queue_policy["default_timeout_microseconds"] = microseconds
-        queue_policy["allow_timeout_override"] = True
     return {
         "name": model.name,
         "platform": PLATFORM,

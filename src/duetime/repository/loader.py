@@ -130,6 +130,8 @@ def load_version(
     )
     warm_up(executor, signature, path)
     profile = measure_profile(executor, signature, path, profile_budget_s)
+    if variant is None:
+        _warn_unmeetable_timeout(config, profile, path)
     varies = cost_varies(studied.facts, signature)
     if varies:
         log.info("%s: its run time follows its inputs (%s)", path, varies)
@@ -197,6 +199,31 @@ def cost_varies(facts: GraphFacts | None, signature: ModelSignature) -> str:
         None,
     )
     return "" if free is None else f"input '{free}' has a free dim other than the batch's"
+
+
+def _warn_unmeetable_timeout(config: ModelConfig, profile: LatencyProfile, path: Path) -> None:
+    """Warn when the model's `default_timeout_ms` is shorter than a lone row needs (its run at
+    load and the margins kept): every request would be refused, as none may extend it. A model
+    with variants may meet it on one; a profile that could not be measured tells nothing.
+
+    NOTE: Triton's default_timeout_microseconds, which a config.pbtxt's becomes, bounds a
+    request's wait in the queue; duetime's is the due time of its answer. A Triton model of
+    10 ms on a 27 ms run refused every request, and nothing said why at load (the pbtxt
+    tester's default_timeout_queue.py)."""
+    if config.default_timeout_ms is None or config.variants or profile.guessed:
+        return
+    scheduling = config.scheduling
+    run_ns = profile.predict(1)
+    needed_ns = run_ns * (1 + scheduling.exec_margin) + scheduling.delivery_margin_us * 1000
+    if config.default_timeout_ms * 1e6 >= needed_ns:
+        return
+    log.warning(
+        "%s: default_timeout_ms %g (a Triton config's dynamic_batching.default_queue_policy."
+        "default_timeout_microseconds) is shorter than one row needs: %.3g ms with the margins "
+        "kept (its run took %.3g ms at load), so every request will be refused; it is the due "
+        "time of the answer, not Triton's time in the queue: raise it above that",
+        path, config.default_timeout_ms, needed_ns / 1e6, run_ns / 1e6,
+    )  # fmt: skip
 
 
 def answer_shapes(signature: ModelSignature) -> dict[str, tuple[int, ...]]:

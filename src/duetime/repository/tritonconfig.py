@@ -26,7 +26,10 @@ graph, as Triton's auto-complete does):
 | other onnxruntime backend `parameters` | warned of, unless they ask for what duetime does |
 
 (*) A request may always shorten the model's default due time and never extend it: Triton's
-`allow_timeout_override: true`, whatever the file says (duetime always honours a request's own).
+`allow_timeout_override: true`, whatever the file says (duetime always honours a request's own;
+a `dynamic_batching` that does not allow it is warned of, and the config endpoint says true).
+Triton's default timeout bounds a request's wait in the queue, duetime's is the due time of its
+answer: a model whose run is longer refuses every request (warned of at load, see loader.py).
 
 What duetime cannot honour is refused with the field named: another platform or backend,
 sequence batching (stateful models), ensembles, decoupled models, a `reshape` with free dims,
@@ -508,6 +511,18 @@ def _dynamic_batching(batching: Any, out: dict[str, Any], source: str, warn: War
         if policy.timeout_action == mc.ModelQueuePolicy.DELAY:
             warn(f"{source}: dynamic_batching.default_queue_policy.timeout_action DELAY: duetime "
                  "never runs a request after its due time (REJECT)")  # fmt: skip
+    if not batching.default_queue_policy.allow_timeout_override:
+        _warn_timeout_honoured(source, warn)
+
+
+def _warn_timeout_honoured(source: str, warn: Warn) -> None:
+    """NOTE: Triton's dynamic batcher ignores a request's own `timeout` unless the queue policy
+    allows the override (false, its default, whether written or not: proto3 cannot tell);
+    duetime honours it by design. It did so without a word, and the config endpoint said
+    `allow_timeout_override: true` (the pbtxt tester's timeout_override.py)."""
+    warn(f"{source}: dynamic_batching.default_queue_policy.allow_timeout_override false: Triton "
+         "would ignore a request's own timeout; duetime honours it (a request may shorten the "
+         "model's due time, never extend it), and the model's config says true")  # fmt: skip
 
 
 def _priority(batching: Any, out: dict[str, Any]) -> None:
