@@ -104,6 +104,10 @@ class TensorConfig(_Strict):
         return self
 
 
+MAX_QUEUE_SIZE = 1_000_000
+"""The largest `scheduling.max_queue_size`."""
+
+
 class SchedulingConfig(_Strict):
     """How requests for one model are queued and batched."""
 
@@ -113,9 +117,9 @@ class SchedulingConfig(_Strict):
     """The longest a request waits for others to join its batch (a due time may cut it short).
     NOTE: any length, as Triton's `max_queue_delay_microseconds` (a uint64): a long one is the
     model owner's choice (a Triton config.pbtxt with one is warned of, see tritonconfig.py)."""
-    max_queue_size: int = Field(default=1024, ge=1, le=1_000_000)
+    max_queue_size: int = Field(default=1024, ge=1, le=MAX_QUEUE_SIZE)
     """Requests queued beyond this are rejected at once (HTTP 429 / RESOURCE_EXHAUSTED)."""
-    max_queue_size_per_level: int = Field(default=0, ge=0, le=1_000_000)
+    max_queue_size_per_level: int = Field(default=0, ge=0, le=MAX_QUEUE_SIZE)
     """The most requests one priority level may queue, within `max_queue_size`; beyond it,
     that level's requests are rejected as for a full queue (0: no bound of its own). Triton's
     `default_queue_policy.max_queue_size` with `priority_levels` set: a queue per level."""

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from repo_models import scale_model, write_version
 
 from duetime.config import ModelConfig
 from duetime.demo import write_demo_repository
@@ -54,7 +55,9 @@ def test_a_triton_config_translates_field_by_field(caplog: pytest.LogCaptureFixt
             "max_queue_delay_us": 200,
             "default_priority_level": 2,
             "priority_levels": 3,
-            "max_queue_size": 64,
+            # (a queue of 64 per level, as Triton's)
+            "max_queue_size_per_level": 64,
+            "max_queue_size": 3 * 64,
         },
         "default_timeout_ms": 5.0,
         "version_policy": {"specific": {"versions": [1, 3]}},
@@ -309,3 +312,25 @@ def test_a_default_timeout_shorter_than_a_run_is_warned_of_at_load(
         warned, warned,
     )  # fmt: skip
     assert shown["allow_timeout_override"] is True
+
+
+def test_a_pbtxt_queue_size_with_priority_levels_bounds_each_level_and_reads_back(
+    tmp_path: Path,
+) -> None:
+    """Triton keeps a queue per priority level, each `max_queue_size` long: 2 requests at
+    level 1 and 2 at level 2 fit a size of 2 (duetime refused the fourth, one queue of 2)."""
+    text = (
+        "dynamic_batching { priority_levels: 2 default_priority_level: 1 "
+        "default_queue_policy { max_queue_size: 2 } }"
+    )
+    settings = translate(text, source="c", model_name="m")
+    scheduling = ModelConfig.model_validate(settings).scheduling
+    assert (scheduling.max_queue_size_per_level, scheduling.max_queue_size) == (2, 4)
+    write_version(tmp_path, "m", 1, scale_model(2.0))
+    (tmp_path / "m" / "config.pbtxt").write_text(text, encoding="utf-8")
+    model = load_version(scan_model(tmp_path / "m"), 1)
+    try:
+        policy = model_config_json(model)["dynamic_batching"]["default_queue_policy"]
+    finally:
+        model.executor.close()
+    assert policy["max_queue_size"] == 2  # what the file said: read back, it is the same

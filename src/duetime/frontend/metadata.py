@@ -58,7 +58,9 @@ def model_config_json(model: LoadedModel) -> dict[str, Any]:
     # (it may shorten the default, never extend it), whatever a Triton config said (warned of at
     # load when it did not allow it)
     queue_policy: dict[str, Any] = {
-        "max_queue_size": scheduling.max_queue_size, "allow_timeout_override": True,
+        # (a queue per level, as Triton's, where the levels have one: see tritonconfig)
+        "max_queue_size": scheduling.max_queue_size_per_level or scheduling.max_queue_size,
+        "allow_timeout_override": True,
     }  # fmt: skip
     if config.default_timeout_ms is not None:
         microseconds = min(int(config.default_timeout_ms * 1000), 2**64 - 1)  # (a uint64)

@@ -16,6 +16,7 @@ graph, as Triton's auto-complete does):
 | `instance_group` counts (summed but passive ones, per GPU listed; none: 2) | `instances` |
 | `dynamic_batching.max_queue_delay_microseconds` | `scheduling.max_queue_delay_us` |
 | `dynamic_batching.default_queue_policy.max_queue_size` | `scheduling.max_queue_size` |
+| the same, with `priority_levels` (a queue per level) | `scheduling.max_queue_size_per_level` |
 | `dynamic_batching.default_queue_policy.default_timeout_microseconds` | `default_timeout_ms` (*) |
 | `dynamic_batching.default_priority_level`, `priority_levels` | `scheduling.` the same |
 | no `dynamic_batching.priority_levels` (one level, as Triton) | `scheduling.ignore_priority` |
@@ -54,6 +55,7 @@ from pydantic import ValidationError
 
 from duetime import config as settings
 from duetime.config import (
+    MAX_QUEUE_SIZE,
     ModelConfig,
     SchedulingConfig,
     describe_validation_error,
@@ -504,7 +506,14 @@ def _dynamic_batching(batching: Any, out: dict[str, Any], source: str, warn: War
         scheduling["preferred_batch_size"] = list(batching.preferred_batch_size)
     if batching.HasField("default_queue_policy"):
         policy = batching.default_queue_policy
-        if policy.max_queue_size:
+        if policy.max_queue_size and batching.priority_levels:
+            # NOTE: Triton keeps a queue per priority level, each of this size (PriorityQueue::
+            # Enqueue): 2 requests at level 1 and 2 at level 2 fit a max_queue_size of 2
+            scheduling["max_queue_size_per_level"] = policy.max_queue_size
+            scheduling["max_queue_size"] = min(
+                MAX_QUEUE_SIZE, batching.priority_levels * policy.max_queue_size
+            )
+        elif policy.max_queue_size:
             scheduling["max_queue_size"] = policy.max_queue_size
         if policy.default_timeout_microseconds:
             out["default_timeout_ms"] = policy.default_timeout_microseconds / 1000
