@@ -21,7 +21,7 @@ from duetime.loops import BusyPoll, new_event_loop
 def test_requests_read_in_one_turn_arrive_when_the_turn_began() -> None:
     async def body() -> None:
         clock = FakeClock(1_000)
-        turn = ReadTurn(clock)
+        turn = ReadTurn(clock, cpu_clock=lambda: 0)  # a loop that sleeps between turns
         assert turn.arrival_ns(1_000) == 1_000  # outside a turn: now
         turn.mark(asyncio.get_running_loop())
         clock.advance(700)  # the loop parses and schedules the first request
@@ -31,6 +31,35 @@ def test_requests_read_in_one_turn_arrive_when_the_turn_began() -> None:
         assert turn.arrival_ns(clock.now_ns()) == 1_700
         turn.mark(asyncio.get_running_loop())
         assert turn.arrival_ns(clock.now_ns() + 50) == 1_700
+
+    asyncio.run(body())
+
+
+def test_a_loop_busy_since_the_last_turn_began_dates_new_requests_from_then() -> None:
+    """What a poll returns arrived after the poll before it: a loop that was on the CPU all
+    along polled last as its last turn began; one that slept was woken by what it reads."""
+
+    async def body() -> None:
+        loop = asyncio.get_running_loop()
+        clock, cpu = FakeClock(10_000), [0]
+        turn = ReadTurn(clock, cpu_clock=lambda: cpu[0])
+        turn.mark(loop)  # the first turn: nothing before it to go by
+        assert turn.arrival_ns(clock.now_ns()) == 10_000
+        clock.advance(2_000)
+        cpu[0] += 2_000  # the loop ran the turn, batches and timers all that time
+        await asyncio.sleep(0)
+        turn.mark(loop)
+        assert turn.arrival_ns(clock.now_ns()) == 10_000  # since the last turn began
+        clock.advance(3_000)
+        cpu[0] += 300  # it worked 300 ns, then slept until this read woke it
+        await asyncio.sleep(0)
+        turn.mark(loop)
+        assert turn.arrival_ns(clock.now_ns()) == 15_000
+        clock.advance(1_000)
+        cpu[0] += 600  # on the CPU 60% of the time (it shares the CPU): no more than that
+        await asyncio.sleep(0)
+        turn.mark(loop)
+        assert turn.arrival_ns(clock.now_ns()) == 16_000 - 600
 
     asyncio.run(body())
 
@@ -54,7 +83,7 @@ def test_reads_that_one_poll_returns_share_a_turn_on_the_server_loop() -> None:
     async def body() -> None:
         loop = asyncio.get_running_loop()
         clock = FakeClock(0)
-        turn = ReadTurn(clock)
+        turn = ReadTurn(clock, cpu_clock=lambda: 0)
         seen: list[int] = []
         all_read = asyncio.Event()
         pairs = [socket.socketpair() for _ in range(3)]
