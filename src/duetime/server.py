@@ -63,6 +63,9 @@ SHED_PERIOD_S = 0.01
 QUEUED_S = 0.001
 """gRPC calls waiting in its core this long (estimated) make the load shedder act as on a busy
 loop (see `LoadShedder.sample`)."""
+SATURATED_NS = 20_000_000
+"""An HTTP loop reading turn after turn this long without sleeping makes the load shedder act
+as on a busy loop, whatever its CPU use (see `ReadTurn.busy_for_ns`)."""
 QUEUE_WATCH_UTILIZATION = 0.5
 """The event loop's CPU use above which calls waiting in gRPC's core are looked for.
 
@@ -154,8 +157,8 @@ class Server:
             raise ConfigError(f"server settings: field 'cpus': {exc}") from None
         self.engine = engine or Engine(cpus=self.cpus, options=repository_options(settings))
         share = settings.overload_utilization
-        self.shedder = LoadShedder(target=share) if share > 0 else None
-        self._meter = self.shedder or LoadShedder()
+        self.shedder = LoadShedder(target=share, period=SHED_PERIOD_S) if share > 0 else None
+        self._meter = self.shedder or LoadShedder(period=SHED_PERIOD_S)
         """What measures the loop's CPU use: the shedder, or (shedding off) one that only
         measures (calls waiting in gRPC's core are looked for while the loop is busy)."""
         self._shed_timer: asyncio.TimerHandle | None = None
@@ -273,7 +276,9 @@ class Server:
         if self.shedder is None:
             meter.sample()
         else:
-            queued = backlog is not None and backlog.wait_s > QUEUED_S
+            queued = (backlog is not None and backlog.wait_s > QUEUED_S) or (
+                self._rest.turn.busy_for_ns(self.engine.clock.now_ns()) > SATURATED_NS
+            )
             meter.sample(self._outcomes, queued=queued)
         self._shed_timer = asyncio.get_running_loop().call_later(SHED_PERIOD_S, self._sample)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import http.client
+import itertools
 import json
 import socket
 import time
@@ -14,14 +15,15 @@ from repo_models import scale_model, write_version
 
 from duetime.clock import FakeClock
 from duetime.config import ServerSettings
-from duetime.frontend.arrival import ReadTurn
+from duetime.frontend.arrival import IDLE_AFTER_NS, ReadTurn
 from duetime.loops import BusyPoll, new_event_loop
 
 
 def test_requests_read_in_one_turn_arrive_when_the_turn_began() -> None:
     async def body() -> None:
         clock = FakeClock(1_000)
-        turn = ReadTurn(clock, cpu_clock=lambda: 0)  # a loop that sleeps between turns
+        slept = itertools.count()  # a loop that sleeps between turns
+        turn = ReadTurn(clock, switches=slept.__next__)
         assert turn.arrival_ns(1_000) == 1_000  # outside a turn: now
         turn.mark(asyncio.get_running_loop())
         clock.advance(700)  # the loop parses and schedules the first request
@@ -36,30 +38,43 @@ def test_requests_read_in_one_turn_arrive_when_the_turn_began() -> None:
 
 
 def test_a_loop_busy_since_the_last_turn_began_dates_new_requests_from_then() -> None:
-    """What a poll returns arrived after the poll before it: a loop that was on the CPU all
-    along polled last as its last turn began; one that slept was woken by what it reads."""
+    """What a poll returns arrived after the poll before it: a loop that has not slept (no
+    voluntary context switch) polled last as its last turn began; one that slept was woken by
+    what it reads (or by a timer shortly before)."""
 
     async def body() -> None:
         loop = asyncio.get_running_loop()
-        clock, cpu = FakeClock(10_000), [0]
-        turn = ReadTurn(clock, cpu_clock=lambda: cpu[0])
+        clock, switches = FakeClock(10_000), [0]
+        turn = ReadTurn(clock, switches=lambda: switches[0])
         turn.mark(loop)  # the first turn: nothing before it to go by
         assert turn.arrival_ns(clock.now_ns()) == 10_000
-        clock.advance(2_000)
-        cpu[0] += 2_000  # the loop ran the turn, batches and timers all that time
+        clock.advance(2_000)  # the loop ran the turn, batches and timers (or waited for a CPU)
         await asyncio.sleep(0)
         turn.mark(loop)
         assert turn.arrival_ns(clock.now_ns()) == 10_000  # since the last turn began
         clock.advance(3_000)
-        cpu[0] += 300  # it worked 300 ns, then slept until this read woke it
+        switches[0] += 1  # it slept until this read woke it
         await asyncio.sleep(0)
         turn.mark(loop)
         assert turn.arrival_ns(clock.now_ns()) == 15_000
-        clock.advance(1_000)
-        cpu[0] += 600  # on the CPU 60% of the time (it shares the CPU): no more than that
+
+    asyncio.run(body())
+
+
+def test_a_loop_kept_polling_dates_requests_from_the_turn_that_reads_them() -> None:
+    """With `busy_poll_us` the loop polls between its ready callbacks without sleeping: what it
+    reads came since the last poll, microseconds ago."""
+
+    async def body() -> None:
+        loop = asyncio.get_running_loop()
+        clock = FakeClock(10_000)
+        turn = ReadTurn(clock, switches=lambda: 0)
+        turn.busy_poll = BusyPoll(loop, 0.001)
+        turn.mark(loop)
+        clock.advance(400_000)
         await asyncio.sleep(0)
         turn.mark(loop)
-        assert turn.arrival_ns(clock.now_ns()) == 16_000 - 600
+        assert turn.arrival_ns(clock.now_ns()) == 410_000
 
     asyncio.run(body())
 
@@ -83,7 +98,7 @@ def test_reads_that_one_poll_returns_share_a_turn_on_the_server_loop() -> None:
     async def body() -> None:
         loop = asyncio.get_running_loop()
         clock = FakeClock(0)
-        turn = ReadTurn(clock, cpu_clock=lambda: 0)
+        turn = ReadTurn(clock, switches=itertools.count().__next__)
         seen: list[int] = []
         all_read = asyncio.Event()
         pairs = [socket.socketpair() for _ in range(3)]
@@ -149,3 +164,27 @@ def test_a_server_with_busy_poll_answers_keep_alive_requests(tmp_path: Path) -> 
         connection.close()
     finally:
         stop_server(running, thread)
+
+
+def test_a_loop_reading_turn_after_turn_without_sleeping_is_busy_for_that_long() -> None:
+    """What the load shedder reads besides the loop's CPU use: a loop waiting for its turn on a
+    shared CPU uses little of it, and never sleeps."""
+
+    async def body() -> None:
+        loop = asyncio.get_running_loop()
+        clock, switches = FakeClock(10_000_000), [0]
+        turn = ReadTurn(clock, switches=lambda: switches[0])
+        turn.mark(loop)  # the first: a stretch starts
+        for _ in range(5):
+            clock.advance(4_000_000)  # never sleeping
+            await asyncio.sleep(0)
+            turn.mark(loop)
+        await asyncio.sleep(0)
+        assert turn.busy_for_ns(clock.now_ns()) == 20_000_000
+        clock.advance(IDLE_AFTER_NS + 1)  # nothing read since: idle
+        assert turn.busy_for_ns(clock.now_ns()) == 0
+        switches[0] += 1  # it slept: the next turn starts a new stretch
+        turn.mark(loop)
+        assert turn.busy_for_ns(clock.now_ns()) == 0
+
+    asyncio.run(body())

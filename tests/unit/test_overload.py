@@ -165,3 +165,29 @@ def test_queued_requests_that_meet_their_due_times_are_not_shed() -> None:
         clocks.run(0.01, busy=0.7)
         shedder.sample(meeting, queued=True)
     assert shedder.share == 0.0
+
+
+def test_a_loop_waiting_for_a_shared_cpu_is_busy_though_its_cpu_use_is_low() -> None:
+    """On a CPU shared with other work the loop waits for its turn on it: a sample that comes
+    15 periods late found a loop that could not get to it, whatever its CPU time says (mlp at
+    8,000 requests/s beside a spinning process: 150 ms turns, 0 answers on time, loop CPU use
+    50-70%, nothing shed)."""
+    shedder, clocks = make()
+    clocks.run(0.15, busy=0.5)
+    shedder.sample(clocks.failing)
+    assert shedder.utilization == pytest.approx(0.14 / 0.15)
+    assert shedder.share == pytest.approx(5 * 0.05)  # 15 periods, counted as at most 5
+    clocks.run(0.01, busy=0.5)  # on time again, half busy: the share decays
+    shedder.sample(clocks.failing)
+    assert shedder.utilization == pytest.approx(0.5)
+    assert shedder.share == pytest.approx(5 * 0.05 * DECAY)
+
+
+def test_the_share_decays_by_wall_time_however_often_it_is_sampled() -> None:
+    shedder, clocks = make()
+    for _ in range(4):
+        clocks.run(0.01, busy=1.0)
+        shedder.sample(clocks.failing)
+    clocks.run(0.03, busy=0.0)  # a quiet loop whose timer came 20 ms late (a steal, say)
+    shedder.sample(clocks.failing)
+    assert shedder.share == pytest.approx(0.2 * DECAY**3)
