@@ -1,8 +1,12 @@
 """`duetime itch ...` on bad paths: one line on stderr and an exit status, never a traceback,
-and an output that cannot be written is found before the input is read."""
+and an output that cannot be written is found before the input is read. With `--log-format json`
+that line, and the notes of a run that went on, are JSON records like the logs'."""
 
 from __future__ import annotations
 
+import json
+import logging
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -161,3 +165,52 @@ def test_a_negative_limit_is_refused(
     }[command]
     assert main(["itch", command, *options, "--limit", "-1"]) == 2
     assert one_line(capsys) == f"duetime itch {command}: --limit must be 0 or more, got -1\n"
+
+
+@pytest.fixture
+def root_logging() -> Iterator[None]:
+    """The root logger as it was (`main` sets its handler as --log-format says)."""
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)
+
+
+def json_records(capsys: pytest.CaptureFixture[str]) -> list[dict[str, str]]:
+    lines = capsys.readouterr().err.splitlines()
+    assert lines
+    return [json.loads(line) for line in lines]
+
+
+@pytest.mark.parametrize("before", [True, False], ids=["before", "after"])
+@pytest.mark.parametrize("command", ["synth", "run", "listen", "send", "book"])
+@pytest.mark.usefixtures("root_logging")
+def test_json_logs_take_the_commands_own_lines(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], command: str, before: bool
+) -> None:
+    """They were printed as plain text whatever --log-format said."""
+    argv = {
+        "synth": [str(tmp_path)],
+        "run": [str(tmp_path), "--model", "orderbook"],
+        "listen": ["--udp", "nowhere", "--model", "orderbook"],
+        "send": [str(tmp_path), "--udp", "127.0.0.1:9"],
+        "book": [str(tmp_path), "--json", str(tmp_path / "o.json")],
+    }[command]
+    flag = ["--log-format", "json"]
+    assert main([*flag, "itch", command, *argv] if before else ["itch", command, *argv, *flag]) == 2
+    [record] = json_records(capsys)
+    assert (record["level"], record["logger"]) == ("error", "duetime")
+    assert record["message"].startswith(f"duetime itch {command}: ")
+
+
+@pytest.mark.usefixtures("root_logging")
+def test_json_logs_take_a_runs_notes_as_warnings(
+    tmp_path: Path, damaged: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "o.json"
+    argv = ["itch", "book", str(damaged), "--on-error", "skip", "--json", str(out)]
+    assert main([*argv, "--log-format", "json"]) == 0
+    records = json_records(capsys)
+    assert {record["level"] for record in records} == {"warning"}
+    assert all(record["message"].startswith("duetime itch book: ") for record in records)

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import logging
 import os
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,6 +25,7 @@ from duetime.feeds.itch.book import ANOMALY_KINDS, BookError
 from duetime.feeds.itch.keys import renamed_note, stock_keys
 from duetime.feeds.itch.parser import ItchFormatError, file_problem, read_messages, skipped_note
 from duetime.feeds.itch.summary import Summary, dumps, summarize, symbols
+from duetime.observability.logs import console
 from duetime.tools.outputs import OutputError, check_output, write_output
 
 FAST_MIN_BYTES = 1 << 20
@@ -86,31 +87,31 @@ def run_book(args: argparse.Namespace) -> int:
     could not be written; 2 on bad options (an output path that cannot be written among them,
     found before the file is read)."""
     if problem := _option_problem(args):
-        print(f"duetime itch book: {problem}", file=sys.stderr)
+        console(f"duetime itch book: {problem}")
         return 2
     try:
         check_output(args.json_out, "--json")  # (before the file is read, not after)
     except ConfigError as exc:
-        print(f"duetime itch book: {exc.message}", file=sys.stderr)
+        console(f"duetime itch book: {exc.message}")
         return 2
     try:
         run = _compiled(args) or _streamed(args)
     except BookError as exc:
-        print(f"duetime itch book: {args.file}: {exc.where}; drop --strict to count such cases "
-              "and apply the documented policy", file=sys.stderr)  # fmt: skip
+        console(f"duetime itch book: {args.file}: {exc.where}; drop --strict to count such "
+                "cases and apply the documented policy")  # fmt: skip
         return 1
     except ItchFormatError as exc:
-        print(f"duetime itch book: {args.file}: {exc}", file=sys.stderr)
+        console(f"duetime itch book: {args.file}: {exc}")
         return 1
     except OSError as exc:  # (unreadable: no permission)
-        print(f"duetime itch book: {args.file}: {exc.strerror or exc}", file=sys.stderr)
+        console(f"duetime itch book: {args.file}: {exc.strerror or exc}")
         return 2
     for note in _notes(run):
-        print(f"duetime itch book: {args.file}: {note}", file=sys.stderr)
+        console(f"duetime itch book: {args.file}: {note}", logging.WARNING)
     try:
         write_output(args.json_out, dumps(run.summary), "--json")
     except OutputError as exc:  # (a full disk: checked before, the path itself was fine)
-        print(f"duetime itch book: {exc.message}", file=sys.stderr)
+        console(f"duetime itch book: {exc.message}")
         return 1
     return 0
 

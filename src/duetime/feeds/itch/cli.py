@@ -15,12 +15,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import logging
 import os
-import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from duetime.demo import ORDERBOOK_CLASSES
+from duetime.observability.logs import console
 
 if TYPE_CHECKING:
     from duetime.feeds.itch.run import FeedRun
@@ -177,17 +178,16 @@ def _synth(args: argparse.Namespace) -> int:
             args.file, seed=args.seed, messages=args.messages, gzip=args.gzip, rate=args.rate
         )
     except ConfigError as exc:
-        print(f"duetime itch synth: {exc.message}", file=sys.stderr)
+        console(f"duetime itch synth: {exc.message}")
         return 2
     except ValueError as exc:  # (too few --messages, a --rate that is not positive)
-        print(f"duetime itch synth: {exc}", file=sys.stderr)
+        console(f"duetime itch synth: {exc}")
         return 2
     except OutputError as exc:
-        print(f"duetime itch synth: {exc.message}", file=sys.stderr)
+        console(f"duetime itch synth: {exc.message}")
         return 1
     except OSError as exc:  # (a full disk)
-        print(f"duetime itch synth: {failed_write(args.file, 'FILE', exc).message}",
-              file=sys.stderr)  # fmt: skip
+        console(f"duetime itch synth: {failed_write(args.file, 'FILE', exc).message}")
         return 1
     print(f"wrote {args.messages} messages to {args.file}")
     return 0
@@ -199,20 +199,20 @@ def _send(args: argparse.Namespace) -> int:
     from duetime.feeds.itch.parser import ItchFormatError, file_problem
 
     if problem := file_problem(args.file):
-        print(f"duetime itch send: {args.file}: {problem}", file=sys.stderr)
+        console(f"duetime itch send: {args.file}: {problem}")
         return 2
     if args.limit is not None and args.limit < 0:
-        print(f"duetime itch send: --limit must be 0 or more, got {args.limit}", file=sys.stderr)
+        console(f"duetime itch send: --limit must be 0 or more, got {args.limit}")
         return 2
     try:
         address = parse_address(args.udp, "--udp")
     except ValueError as exc:
-        print(f"duetime itch send: {exc}", file=sys.stderr)
+        console(f"duetime itch send: {exc}")
         return 2
     try:
         session_name(args.session)
     except ValueError as exc:
-        print(f"duetime itch send: --session: {exc}", file=sys.stderr)
+        console(f"duetime itch send: --session: {exc}")
         return 2
     try:
         report = send_session(
@@ -221,10 +221,10 @@ def _send(args: argparse.Namespace) -> int:
             session=args.session, limit=args.limit, on_error=args.on_error,
         )  # fmt: skip
     except ItchFormatError as exc:  # (a ValueError: before those)
-        print(f"duetime itch send: {args.file}: {exc}", file=sys.stderr)
+        console(f"duetime itch send: {args.file}: {exc}")
         return 1
     except (ValueError, OSError) as exc:
-        print(f"duetime itch send: {exc}", file=sys.stderr)
+        console(f"duetime itch send: {exc}")
         return 2
     late = "" if report.late_p99_us is None else f", p99 {report.late_p99_us:.0f} µs late"
     print(f"sent {report.messages} messages in {report.packets} datagrams to "
@@ -251,33 +251,33 @@ def _run_feed(args: argparse.Namespace) -> int:
     command = f"duetime itch {args.itch_command}"
     live = args.itch_command == "listen"
     if not live and (problem := file_problem(args.file)):
-        print(f"{command}: {args.file}: {problem}", file=sys.stderr)
+        console(f"{command}: {args.file}: {problem}")
         return 2
     speed = 1.0 if live else args.speed
     if args.deadline_us <= 0 or speed <= 0:
-        print(f"{command}: --deadline-us and --speed must be positive", file=sys.stderr)
+        console(f"{command}: --deadline-us and --speed must be positive")
         return 2
     if args.limit is not None and args.limit < 0:
-        print(f"{command}: --limit must be 0 or more, got {args.limit}", file=sys.stderr)
+        console(f"{command}: --limit must be 0 or more, got {args.limit}")
         return 2
     try:  # (before the model loads and the file is read, not after)
         check_output(args.json, "--json")
         check_output(args.predictions, "--predictions")
     except ConfigError as exc:
-        print(f"{command}: {exc.message}", file=sys.stderr)
+        console(f"{command}: {exc.message}")
         return 2
     if live:
         for option in ("max_queued_messages", "max_sequence_jump"):
             value = getattr(args, option)
             if value is not None and value < 1:
                 flag = "--" + option.replace("_", "-")
-                print(f"{command}: {flag} must be at least 1, got {value}", file=sys.stderr)
+                console(f"{command}: {flag} must be at least 1, got {value}")
                 return 2
     try:
         trigger = Trigger(every=args.every, top_change=args.on == "top-change")
         args.address = parse_address(args.udp, "--udp") if live else None
     except ValueError as exc:
-        print(f"{command}: {exc}", file=sys.stderr)
+        console(f"{command}: {exc}")
         return 2
     options = RunOptions(
         deadline_ns=int(args.deadline_us * 1000), pace="max" if live else args.pace,
@@ -306,7 +306,7 @@ def _run_feed(args: argparse.Namespace) -> int:
         try:
             write_output(args.json, json.dumps(report, indent=2) + "\n", "--json")
         except OutputError as exc:
-            print(f"{command}: {exc.message}", file=sys.stderr)
+            console(f"{command}: {exc.message}")
             written = False
     return 0 if report["errors"] == 0 and written else 1
 
@@ -352,25 +352,25 @@ async def _feed(args: argparse.Namespace, options: Any) -> tuple[dict[str, Any],
                 stats = await feed.run(messages)
                 if messages.errors:
                     note = skipped_note(len(messages.errors), messages.errors[0])
-                    print(f"duetime itch run: {args.file}: {note}", file=sys.stderr)
+                    console(f"duetime itch run: {args.file}: {note}", logging.WARNING)
         finally:
             log.close()
     except OutputError as exc:  # (--predictions: checked before; its folder went away)
-        print(f"duetime itch {args.itch_command}: {exc.message}", file=sys.stderr)
+        console(f"duetime itch {args.itch_command}: {exc.message}")
         return None
     except PredictorError as exc:
-        print(f"duetime itch {args.itch_command}: {exc}", file=sys.stderr)
+        console(f"duetime itch {args.itch_command}: {exc}")
         return None
     except ConfigError as exc:  # --cpu-dma-latency-us could not be held
-        print(f"duetime itch {args.itch_command}: {exc.message}", file=sys.stderr)
+        console(f"duetime itch {args.itch_command}: {exc.message}")
         return None
     except ItchFormatError as exc:  # (a ValueError; a damaged gzip stream is no OSError here)
         hint = "" if exc.reason == "bad_gzip" else " (--on-error skip steps over bad frames)"
-        print(f"duetime itch run: {args.file}: {exc}{hint}", file=sys.stderr)
+        console(f"duetime itch run: {args.file}: {exc}{hint}")
         return None
     except OSError as exc:  # the UDP address could not be bound, the file could not be read
         where = f"--udp {args.udp}" if args.address is not None else str(args.file)
-        print(f"duetime itch {args.itch_command}: {where}: {exc}", file=sys.stderr)
+        console(f"duetime itch {args.itch_command}: {where}: {exc}")
         return None
     finally:
         if predictor is not None:
@@ -386,11 +386,11 @@ async def _feed(args: argparse.Namespace, options: Any) -> tuple[dict[str, Any],
     )  # fmt: skip
     if stats.book_anomalies:  # (as `itch book` says them; a live feed's gap shows here)
         counts = ", ".join(f"{kind}={n}" for kind, n in stats.book_anomalies.items())
-        print(f"duetime itch {args.itch_command}: {report['file']}: book anomalies: {counts}",
-              file=sys.stderr)  # fmt: skip
+        console(f"duetime itch {args.itch_command}: {report['file']}: book anomalies: {counts}",
+                logging.WARNING)  # fmt: skip
     if log.error is not None:  # (a full disk: the run went on; its predictions are cut short)
         failure = failed_write(args.predictions, "--predictions", log.error)
-        print(f"duetime itch {args.itch_command}: {failure.message}", file=sys.stderr)
+        console(f"duetime itch {args.itch_command}: {failure.message}")
     return report, log.error is None
 
 
@@ -427,7 +427,7 @@ async def _listen(
                 loop.remove_signal_handler(signum)
     if stats.feed is not None and stats.feed.bad_kinds:  # (as `itch run` says what it skipped)
         note = bad_packets_note(stats.feed.bad_kinds)
-        print(f"duetime itch listen: {where}: {note}", file=sys.stderr)
+        console(f"duetime itch listen: {where}: {note}", logging.WARNING)
     return stats, where
 
 
