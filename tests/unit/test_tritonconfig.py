@@ -17,7 +17,7 @@ from duetime.errors import ConfigError
 from duetime.frontend.metadata import model_config_json
 from duetime.repository.layout import scan_model
 from duetime.repository.loader import load_version
-from duetime.repository.tritonconfig import load_model_config, translate
+from duetime.repository.tritonconfig import load_model_config, read_json_config, translate
 
 # A config as Triton users write them, with sections duetime has no use for.
 TRITON_CONFIG = """
@@ -334,3 +334,22 @@ def test_a_pbtxt_queue_size_with_priority_levels_bounds_each_level_and_reads_bac
     finally:
         model.executor.close()
     assert policy["max_queue_size"] == 2  # what the file said: read back, it is the same
+
+
+def test_a_duetime_model_taking_any_priority_level_reads_back_the_same(tmp_path: Path) -> None:
+    """Its config.toml's priority_levels 0 is any level; Triton's 0 is one level for all: read
+    back (load_model(config=...)), it served every request in arrival order."""
+    write_version(tmp_path, "m", 1, scale_model(2.0))
+    (tmp_path / "m" / "config.toml").write_text("max_batch_size = 4\n", encoding="utf-8")
+    model = load_version(scan_model(tmp_path / "m"), 1)
+    try:
+        shown = model_config_json(model)
+    finally:
+        model.executor.close()
+    assert shown["dynamic_batching"]["priority_levels"] == 0
+    read_back = read_json_config(shown, source="c", model_name="m")
+    assert not read_back.scheduling.ignore_priority
+    # a Triton config without levels (and without the parameter) still has one level
+    assert translate("dynamic_batching { }", source="c", model_name="m")["scheduling"][
+        "ignore_priority"
+    ]

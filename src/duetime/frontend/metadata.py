@@ -7,6 +7,7 @@ from typing import Any
 from duetime.config import SchedulingConfig
 from duetime.datatypes import TRITON_TYPE_OF
 from duetime.repository.loader import LoadedModel
+from duetime.repository.tritonconfig import ANY_PRIORITY
 from duetime.types import TensorSpec
 
 PLATFORM = "onnxruntime_onnx"
@@ -83,6 +84,7 @@ def model_config_json(model: LoadedModel) -> dict[str, Any]:
         },
         "parameters": {
             "scheduling_policy": {"string_value": scheduling.policy},
+            **_any_priority(scheduling),
             "intra_op_thread_count": {"string_value": str(config.intra_op_threads)},
             "inter_op_thread_count": {"string_value": str(config.inter_op_threads)},
         },
@@ -99,6 +101,15 @@ def _priority(scheduling: SchedulingConfig) -> dict[str, int]:
         "priority_levels": scheduling.priority_levels,
         "default_priority_level": scheduling.default_priority_level,
     }
+
+
+def _any_priority(scheduling: SchedulingConfig) -> dict[str, Any]:
+    """NOTE: duetime's `priority_levels` 0 honours any level, where Triton's 0 is one level for
+    all: a config.toml model's config, read back by load_model(config=...), served every request
+    in arrival order. The parameter says so in Triton's form (see tritonconfig.ANY_PRIORITY)."""
+    if scheduling.ignore_priority or scheduling.priority_levels:
+        return {}
+    return {ANY_PRIORITY: {"string_value": "true"}}
 
 
 def _config_tensor(spec: TensorSpec, batched: bool, labels: str | None = None) -> dict[str, Any]:

@@ -97,6 +97,9 @@ _REFUSED = {
 }
 SCHEDULING_POLICY = "scheduling_policy"
 """The parameter carrying duetime's `scheduling.policy` (edf or fifo) in Triton's form."""
+ANY_PRIORITY = "any_priority_level"
+"""The parameter ("true") saying, in Triton's form, that requests may ask for any priority
+level: a duetime model whose `priority_levels` is 0 (Triton's 0 is one level for all)."""
 _THREAD_PARAMETERS = {
     "intra_op_thread_count": "intra_op_threads",
     "inter_op_thread_count": "inter_op_threads",
@@ -316,6 +319,9 @@ def _parameter(name: str, value: str, out: dict[str, Any], source: str, warn: Wa
             out[_THREAD_PARAMETERS[name]] = threads
     elif name == SCHEDULING_POLICY:  # (duetime's own, as its model config reports it)
         out.setdefault("scheduling", {})["policy"] = value
+    elif name == ANY_PRIORITY:  # (duetime's own: see `_priority`)
+        if value.strip().lower() == "true":
+            out.setdefault("scheduling", {})["ignore_priority"] = False
     elif name in _UNHONOURED_PARAMETERS:
         what_duetime_does, same = _UNHONOURED_PARAMETERS[name]
         if value.strip().lower() not in same:
@@ -543,7 +549,9 @@ def _priority(batching: Any, out: dict[str, Any]) -> None:
     for priority 1 were served ahead of those before them (the pbtxt tester's prio_order.py)."""
     scheduling: dict[str, Any] = out.setdefault("scheduling", {})
     if not batching.priority_levels:
-        scheduling["ignore_priority"] = True
+        # (unless the config is a duetime model's, read back: see ANY_PRIORITY)
+        if scheduling.setdefault("ignore_priority", True) is False:
+            del scheduling["ignore_priority"]
         return
     scheduling["priority_levels"] = batching.priority_levels
     if batching.default_priority_level:
