@@ -22,6 +22,7 @@ graph, as Triton's auto-complete does):
 | no `dynamic_batching.priority_levels` (one level, as Triton) | `scheduling.ignore_priority` |
 | `dynamic_batching.preferred_batch_size` (FIFO mode) | `scheduling.preferred_batch_size` |
 | `scheduling_policy` in `parameters` (`edf`, `fifo`) | `scheduling.policy` |
+| `any_priority_level` `"true"` in `parameters` (duetime's own) | `scheduling.priority_levels` 0 |
 | `version_policy` | `version_policy` |
 | `parameters` `intra_op_thread_count`, `inter_op_...` | `intra_op_threads`, `inter_op_...` |
 | other onnxruntime backend `parameters` | warned of, unless they ask for what duetime does |
