@@ -390,7 +390,7 @@ class HttpConnection(asyncio.Protocol):
         "_sent_checked", "_shedder", "_slots", "_small_answer", "_small_body", "_stall_since",
         "_start_pending", "_starting",
         "_timer", "_transport", "_turn", "_unsent", "_unstarted", "_upgrading", "_url",
-        "_url_seen", "_window_bytes",
+        "_window_bytes",
         "_window_start", "_writing_paused", "_yielding",
     )  # fmt: skip
 
@@ -540,8 +540,6 @@ class HttpConnection(asyncio.Protocol):
             self._upgraded(data[exc.args[0] :])
         except httptools.HttpParserError as exc:
             self._parse_failed(exc)
-        if not self._head_done and not self._closing:  # (a request's head arrives in pieces)
-            self._check_version_given(data)
         if bulk and not self._closing:
             self._pace((time.perf_counter() - started) * _READ_COST)
 
@@ -610,9 +608,6 @@ class HttpConnection(asyncio.Protocol):
         self._chunked = False
         self._head_done = False
         self._rejected = False
-        self._url_seen = 0
-        """How far `_check_version_given` got: 0, no URL read yet; n > 0, n bytes of the URL,
-        its end not read yet; -1, a version follows it."""
 
     def on_message_begin(self) -> None:
         self._reset_message()
@@ -705,29 +700,6 @@ class HttpConnection(asyncio.Protocol):
         else:
             self._start(slot, method, self._url, self._headers, self._body, self._body_bytes)
         self._update_reading()
-
-    def _check_version_given(self, data: bytes) -> None:
-        """After a read that ends within a request's head: answer 505 once its request line has
-        ended with no HTTP version after the URL (HTTP/0.9's Simple-Request, 'GET /path' CRLF).
-
-        NOTE: llhttp reads such a line as HTTP/0.9 and then waits for headers and a blank line,
-        and only then `on_headers_complete` refuses it: a real HTTP/0.9 client sends the one
-        line and waits, and got 408 after `request_read_timeout_s` (10 s). httptools says
-        neither where the URL ends nor what follows it, so the URL is found in the bytes read.
-        A head read whole skips this: its request pays a test and a store (~9 ns, measured)."""
-        url = self._url
-        seen = self._url_seen
-        if seen < 0 or not url:
-            return
-        # (a line that went on past the last read goes on with the rest of its URL, then its end)
-        end = len(url) - seen if seen else _url_end(data, url, self._parser.get_method())
-        if end >= len(data):
-            self._url_seen = len(url)
-        elif end < 0 or data[end] not in b"\r\n":  # (a space: the version follows)
-            self._url_seen = -1
-        else:
-            self._fail(505, "a request line with no HTTP version (HTTP/0.9) is not supported "
-                       "here; send HTTP/1.1 (or 1.0)")  # fmt: skip
 
     def _full(self) -> bool:
         """Whether the connection runs as many requests as it may: `_MAX_PIPELINED` answers
@@ -1291,24 +1263,6 @@ _SHED_MESSAGE = (
     "the server is saturated (its event loop is busy past its limit, and requests are missing "
     "their due times); this request was refused unread; retry later or on another replica"
 )
-
-
-def _url_end(data: bytes, url: bytes, method: bytes) -> int:
-    """Where the URL of the request line that began in `data` ends in it (-1: not found): the
-    last line that begins with the method, a space and the URL, or else `data` itself, begun
-    with the end of them (the line began in the last read). The lines of the head after it are
-    headers, which cannot begin so (a space in a header's name is refused); those before it,
-    earlier requests."""
-    wanted = method + b" " + url
-    line = data.rfind(b"\n") + 1
-    while not data.startswith(wanted, line):
-        if not line:  # then `data` begins with the end of `wanted`, its URL whole
-            cuts = (
-                cut for cut in range(1, len(wanted) - len(url) + 1) if data.startswith(wanted[cut:])
-            )
-            return next((len(wanted) - cut for cut in cuts), -1)
-        line = data.rfind(b"\n", 0, line - 1) + 1
-    return line + len(wanted)
 
 
 def _is_infer(method: str, url: bytes) -> bool:
