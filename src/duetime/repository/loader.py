@@ -620,7 +620,7 @@ def _value_sized(names: list[str], facts: GraphFacts | None) -> BatchingProblem 
     """The first output whose size the graph takes from the input values, if any.
 
     NOTE: not `rows_differ`: the graph says so, no run showed it, and a config that asks for
-    batches may know better (the executor fails a batch whose outputs do not follow it)."""
+    batches may know better (its requests then run each on its own: see `Executor`)."""
     sized = facts.value_sized_outputs if facts is not None else {}
     name = next((name for name in names if name in sized), None)
     if name is None:
