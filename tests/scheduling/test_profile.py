@@ -13,6 +13,7 @@ from duetime.scheduling.profile import (
     OVERRUN_MAX,
     OVERRUN_WINDOW,
     TAIL_MEMORY_NS,
+    TAIL_REFRESH_NS,
     LatencyProfile,
     Overrun,
     ProfilePoint,
@@ -239,10 +240,51 @@ def test_handoff_tail_forgets_stalls_older_than_its_memory() -> None:
     for index in range(OVERRUN_WINDOW):
         tail.observe(5_000_000, index)
     assert tail.value == 5_000_000
-    # a probe a while later (everything else was refused): the old stalls no longer count
+    # runs a while later (everything else was refused): the old stalls no longer count
     later = TAIL_MEMORY_NS + OVERRUN_WINDOW
     tail.observe(50_000, later)
+    assert tail.value == 0, "one alone sets no tail"
+    tail.observe(60_000, later + 1)
     assert tail.value == 50_000
+
+
+def test_tail_forgets_stalls_in_the_block_being_filled_once_they_are_old() -> None:
+    """The block being filled counted as recent whatever its age: stalls there kept the tail up
+    while the observations after them were short (the overrun held at 6-7.75x)."""
+    tail = RecentTail()
+    for index in range(OVERRUN_WINDOW):
+        tail.observe(40_000, index)
+    for stall_ns in (TAIL_REFRESH_NS, 2 * TAIL_REFRESH_NS):  # (a refresh is due: read at each)
+        tail.observe(5_000_000, stall_ns)
+    assert tail.value == 5_000_000
+    later = 2 * TAIL_REFRESH_NS + TAIL_MEMORY_NS + 1
+    tail.observe(40_000, later)
+    tail.observe(30_000, later)
+    assert tail.value == 30_000
+
+
+def test_tail_ages_without_observations_to_nothing_then_reads_the_next_at_once() -> None:
+    tail = RecentTail()
+    for index in range(OVERRUN_WINDOW):
+        tail.observe(5_000_000, index)
+    tail.age(TAIL_REFRESH_NS)
+    assert tail.value == 5_000_000, "within its memory"
+    later = OVERRUN_WINDOW + TAIL_MEMORY_NS
+    tail.age(later)
+    assert tail.value == 0, "nothing observed within its memory"
+    tail.observe(3_000_000, later + 1)
+    tail.observe(4_000_000, later + 2)
+    assert tail.value == 3_000_000, "read at each, not at the next refresh"
+
+
+def test_overrun_ages_to_one_without_runs() -> None:
+    overrun = Overrun()
+    for _ in range(OVERRUN_WINDOW):
+        overrun.observe(1_000, 4_000, 0)
+    overrun.age(TAIL_MEMORY_NS // 2)
+    assert overrun.factor == pytest.approx(4.0)
+    overrun.age(TAIL_MEMORY_NS + 1)
+    assert overrun.factor == 1.0
 
 
 @settings(max_examples=60, deadline=None)

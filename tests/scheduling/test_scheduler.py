@@ -28,7 +28,13 @@ from duetime.errors import (
 from duetime.execution.executor import BatchResult, Feeds
 from duetime.resilience.breaker import BreakerState
 from duetime.scheduling.ledger import CoreLedger
-from duetime.scheduling.profile import OVERRUN_WINDOW, LatencyProfile, profile_from_samples
+from duetime.scheduling.profile import (
+    OVERRUN_MAX,
+    OVERRUN_WINDOW,
+    TAIL_MEMORY_NS,
+    LatencyProfile,
+    profile_from_samples,
+)
 from duetime.scheduling.scheduler import PROBE_NS, BatchSizeStatistics, ModelScheduler
 from duetime.types import RequestTiming
 
@@ -1293,6 +1299,93 @@ def test_an_idle_model_that_refused_everything_for_a_while_probes_once() -> None
             h.submit("tight again", due_in=50 * US)
         stats = h.scheduler.statistics()
         assert (stats.probes, stats.rejected, stats.late) == (1, 2, 1)
+
+    run(body)
+
+
+def test_an_inline_probe_runs_though_predicted_to_miss() -> None:
+    """An inline model's dispatch checked the probe as any queued request, found it hopeless
+    (it is admitted because it is predicted to miss) and failed it unrun: nothing was measured,
+    and `duetime itch run --deadline-us 200` kept refusing 84-99% of its requests."""
+
+    async def body() -> None:
+        h = harness(inline=True)
+        with pytest.raises(Overloaded):
+            h.submit("tight", due_in=50 * US)  # a run takes 100 µs: refused
+        h.clock.advance(PROBE_NS)
+        probe = h.submit("probe", due_in=50 * US)
+        await asyncio.sleep(0)  # the dispatch turn
+        assert h.started() == ["probe"]
+        assert failure(probe) is None
+        stats = h.scheduler.statistics()
+        assert (stats.probes, stats.expired, stats.executions) == (1, 0, 1)
+
+    run(body)
+
+
+def test_a_probe_waiting_for_a_batching_window_is_run_not_failed_as_hopeless() -> None:
+    async def body() -> None:
+        h = harness(max_batch_size=4, max_queue_delay_us=LONG_WINDOW_US)
+        with pytest.raises(Overloaded):
+            h.submit("tight", due_in=50 * US)
+        h.clock.advance(PROBE_NS)
+        probe = h.submit("probe", due_in=50 * US)
+        assert h.started() == ["probe"], "predicted to miss: no window is waited for"
+        h.scheduler._sweep()  # the sweeper does not fail it either
+        h.clock.advance(ONE_ROW)
+        h.executor.complete(0)
+        assert failure(probe) is None
+        assert h.scheduler.statistics().expired == 0
+
+    run(body)
+
+
+def test_margins_learnt_from_a_stall_are_forgotten_by_a_model_that_refuses_everything() -> None:
+    """The overrun tail was read only as runs ended: two stalled runs set it to its cap, every
+    tight request was refused (beyond a probe's reach), nothing ran, and they stayed refused for
+    good. A second later the stalls no longer count; on a machine still slow, the runs admitted
+    then teach it again (the first, cold after the refusals, does not count)."""
+
+    async def body() -> None:
+        h = harness()
+        for index in range(OVERRUN_WINDOW):
+            h.submit(f"warm {index}")
+            stalled = index >= OVERRUN_WINDOW - 2
+            h.executor.complete(index, compute_ns=10 * ONE_ROW if stalled else ONE_ROW)
+        assert h.scheduler.statistics().overrun == OVERRUN_MAX
+        with pytest.raises(Overloaded, match="kept for margins"):
+            h.submit("tight", due_in=150 * US)  # 7 runs kept for the overrun
+        h.clock.advance(TAIL_MEMORY_NS + MS)
+        for index in range(3):
+            admitted = h.submit(f"later {index}", due_in=150 * US)
+            assert h.scheduler.statistics().probes == 0, "admitted on its predictions"
+            h.clock.advance(10 * ONE_ROW)  # still slow
+            h.executor.complete(OVERRUN_WINDOW + index, compute_ns=10 * ONE_ROW)
+            assert failure(admitted) is None
+        stats = h.scheduler.statistics()
+        assert (stats.overrun, stats.late) == (OVERRUN_MAX, 3)
+        with pytest.raises(Overloaded):
+            h.submit("tight again", due_in=150 * US)
+
+    run(body)
+
+
+def test_a_probe_slower_than_predicted_leaves_the_estimates_as_they_were() -> None:
+    """A probe runs cold, after 100 ms without a run: its times are not what the runs it would
+    let in take (probes every 100 ms raised an inline model's estimates until it refused
+    everything). A faster one still corrects them (see the probe test above)."""
+
+    async def body() -> None:
+        h = harness()
+        with pytest.raises(Overloaded):
+            h.submit("tight", due_in=50 * US)
+        h.clock.advance(PROBE_NS)
+        probe = h.submit("probe", due_in=50 * US)
+        h.clock.advance(ONE_ROW)
+        h.executor.complete(0, compute_ns=3 * ONE_ROW)
+        assert failure(probe) is None
+        assert h.scheduler.profile.predict(1) == ONE_ROW
+        assert h.scheduler.statistics().overhead_ns == 0
 
     run(body)
 

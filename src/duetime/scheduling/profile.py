@@ -57,65 +57,104 @@ TAIL_MEMORY_NS = 1_000_000_000
 TAIL_REFRESH_NS = 100_000_000
 """A tail is recomputed at least this often while observations come (and every
 `OVERRUN_EVERY`)."""
+_NO_VALUE_NS = 1 << 62
+"""When a value a block has not got came (never too old: its value is -inf)."""
 
 
 class RecentTail:
     """The second-longest of the last `OVERRUN_WINDOW` values observed within `TAIL_MEMORY_NS`
-    (`value`; 0 until a window's worth has been observed).
+    (`value`; 0 until a window's worth has been observed, and 0 again while fewer than two are
+    that recent).
 
     NOTE: it forgets within a second. A margin grown from one stall refuses the requests near
     their due time, so fewer batches run, and a tail that only a window of new batches could
     replace stayed up for minutes: with `duetime itch run --every 10` (about 200 batches a
     second at the recorded pace), 4 runs in 8 refused 36-91% of their 5,850 requests once a
     stall had set the overrun to its cap (without this memory); with it, 7-76 in each of 4.
+    It forgets without new observations too (`age`, asked by a scheduler that refuses), and
+    each value by when it came: a scheduler refusing everything read no tail at all, and the
+    block being filled counted as recent whatever its age, so stalls there held the overrun at
+    7.75x through seconds of probes (`duetime itch run --deadline-us 200`: 82-99.9% of its
+    requests refused, most of them for a margin of 5-7 runs).
 
     NOTE: the window is kept as blocks of `OVERRUN_EVERY` values, each remembered by its two
-    longest and the time of its last, so an observation costs two comparisons and a reading
-    sorts 18 numbers. Sorting the whole window (512 values as Python lists) took 40-65 µs, more
-    with cold caches, inside every 64th batch's completion: that was 1.6% of answers, and at
-    the recorded pace of `itch run` most of the P99 between a model run's end and its answer
-    (166 µs, 138 of them in this reading). A block counts while its last value is recent, so
-    at under `OVERRUN_EVERY` observations a second a value can count a little past its memory.
+    longest and when each came, so an observation costs a few comparisons and a reading sorts
+    18 numbers. Sorting the whole window (512 values as Python lists) took 40-65 µs, more with
+    cold caches, inside every 64th batch's completion: that was 1.6% of answers, and at the
+    recorded pace of `itch run` most of the P99 between a model run's end and its answer (166
+    µs, 138 of them in this reading). Where a block's longest two are both too old, its recent
+    values (not kept) are not counted.
     """
 
-    __slots__ = ("_blocks", "_count", "_first", "_refreshed_ns", "_second", "value")
+    __slots__ = (
+        "_blocks", "_count", "_first", "_first_ns", "_refreshed_ns", "_second", "_second_ns",
+        "value",
+    )  # fmt: skip
 
     def __init__(self) -> None:
-        self._blocks: deque[tuple[float, float, int]] = deque(
+        self._blocks: deque[tuple[float, int, float, int]] = deque(
             maxlen=OVERRUN_WINDOW // OVERRUN_EVERY
         )
-        """The last full blocks: their longest, second-longest, and the time of their last."""
+        """The last full blocks: their longest and second-longest, each with when it came."""
         self._first = self._second = -math.inf
-        """The longest two of the block being filled."""
+        self._first_ns = self._second_ns = _NO_VALUE_NS
+        """The longest two of the block being filled, and when they came."""
         self._count = 0
         self._refreshed_ns = 0
         self.value = 0.0
 
     def observe(self, value: float, now_ns: int) -> None:
+        since = now_ns - TAIL_MEMORY_NS
+        if self._second_ns < since or self._first_ns < since:
+            self._forget_in_block(since)
         if value > self._second:
             if value > self._first:
-                self._first, self._second = value, self._first
+                self._second, self._second_ns = self._first, self._first_ns
+                self._first, self._first_ns = value, now_ns
             else:
-                self._second = value
+                self._second, self._second_ns = value, now_ns
         self._count = count = self._count + 1
         if count % OVERRUN_EVERY == 0:
-            self._blocks.append((self._first, self._second, now_ns))
+            self._blocks.append((self._first, self._first_ns, self._second, self._second_ns))
             self._first = self._second = -math.inf
-        elif now_ns - self._refreshed_ns < TAIL_REFRESH_NS:
-            return
+            self._first_ns = self._second_ns = _NO_VALUE_NS
+        elif now_ns - self._refreshed_ns < TAIL_REFRESH_NS and self.value:
+            return  # (a tail aged to nothing is read again at its next observation)
         if count >= OVERRUN_WINDOW:
+            self._read(now_ns)
+
+    def _forget_in_block(self, since: int) -> None:
+        """Drop the block being filled's longest values that came before `since`."""
+        if self._first_ns < since:
+            self._first, self._first_ns = self._second, self._second_ns
+            self._second, self._second_ns = -math.inf, _NO_VALUE_NS
+        if self._second_ns < since:
+            self._second, self._second_ns = -math.inf, _NO_VALUE_NS
+        if self._first_ns < since:
+            self._first, self._first_ns = -math.inf, _NO_VALUE_NS
+
+    def age(self, now_ns: int) -> None:
+        """Read the tail again without a new observation, when it was last read long enough
+        ago: the observations older than `TAIL_MEMORY_NS` no longer count."""
+        if self.value and now_ns - self._refreshed_ns >= TAIL_REFRESH_NS:
             self._read(now_ns)
 
     def _read(self, now_ns: int) -> None:
         self._refreshed_ns = now_ns
         since = now_ns - TAIL_MEMORY_NS
-        longest = [self._first, self._second]  # the block being filled: its last is now
-        for first, second, last_ns in self._blocks:
-            if last_ns >= since:
-                longest += (first, second)
+        longest = []
+        for first, first_ns, second, second_ns in (
+            (self._first, self._first_ns, self._second, self._second_ns),
+            *self._blocks,
+        ):
+            if first_ns >= since:
+                longest.append(first)
+            if second_ns >= since:
+                longest.append(second)
         longest.sort()
-        # NOTE: never the longest of several: one stall alone sets no margin
-        self.value = longest[-2] if longest[-2] > -math.inf else longest[-1]
+        # NOTE: never the longest: one stall alone sets no margin (after a quiet stretch, the
+        # first run is cold: see `ModelScheduler._record`)
+        self.value = longest[-2] if len(longest) >= 2 and longest[-2] > -math.inf else 0.0
 
 
 class Overrun:
@@ -141,8 +180,14 @@ class Overrun:
             return
         tail = self._tail
         tail.observe(actual_ns / predicted_ns, now_ns)
-        if tail.value:
-            self.factor = min(OVERRUN_MAX, max(1.0, tail.value))
+        self.factor = min(OVERRUN_MAX, max(1.0, tail.value))
+
+    def age(self, now_ns: int) -> None:
+        """Forget the runs older than `TAIL_MEMORY_NS` though none came since (see
+        `RecentTail.age`): 1.0 when none is left."""
+        tail = self._tail
+        tail.age(now_ns)
+        self.factor = min(OVERRUN_MAX, max(1.0, tail.value))
 
 
 class LatencyProfile:

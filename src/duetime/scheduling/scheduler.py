@@ -94,6 +94,14 @@ PROBE_FACTOR = 2
 by more than that is not what a stretch of bad luck does, and the request is hopeless. A
 profile that is a guess (`LatencyProfile.guessed`: the load-time samples failed) says nothing
 of the kind, and its probes are let through whatever it predicts."""
+COLD_AFTER_NS = 10_000_000
+"""A run this long after the last one, with requests refused meanwhile, is cold (its code and
+data out of the CPU's caches): its times are not those of the runs admitting more would bring
+(see `_record`). NOTE: measured on the 2-core VM, orderbook's 14 µs run (ONNX Runtime alone in
+a process) took 90-180 µs after 10 ms without one and 250-300 µs after 50-100 ms; in `duetime
+itch run`, whose feed keeps it warm between messages, its 1-row runs after 90 ms or more took
+18.7 µs (p50) against 9.3 and reached the loop 56 µs after their end against 19. A model whose
+traffic is that sparse without refusals learns from its cold runs as from any."""
 
 
 _US, _MS, _S = 1_000, 1_000_000, 1_000_000_000
@@ -251,6 +259,9 @@ class _Running:
     runs, or has run. Meaningful only for a job given a `start_by` (one that waits)."""
     swept: list[QueuedRequest] = field(default_factory=list)
     """Its requests failed unrun while it waited (`_sweep_committed`): counted as expired."""
+    cold: bool = False
+    """It runs the probe (see PROBE_NS), or after `COLD_AFTER_NS` of refusals: its times teach
+    only where they are shorter than the estimates (see `_record`)."""
 
 
 class ModelScheduler:
@@ -351,6 +362,12 @@ class ModelScheduler:
         settled by one callback (counting it per row refused 7% of an ITCH replay's bursts)."""
         self._last_run_ns = clock.now_ns()
         """When an execution last ended, or the last probe was admitted (see PROBE_NS)."""
+        self._refusing = False
+        """It refused a request on its predictions since its last run ended (see
+        `COLD_AFTER_NS`)."""
+        self._probe: QueuedRequest | None = None
+        """The request last admitted as a probe, until its batch starts: predicted to miss, it
+        is spared the checks that fail hopeless requests unrun (see `_expire_hopeless`)."""
         self._margin_ns = config.delivery_margin_us * 1000
         self._exec_margin = config.exec_margin
         self._overrun = Overrun()
@@ -416,11 +433,14 @@ class ModelScheduler:
             due_ns = default_due if due_ns is None else min(due_ns, default_due)
         queue = self._queue
         key = queue.key_for(self._level(priority), due_ns)
+        probe = False
         if due_ns is not None:
             extra_bytes = self._extra_bytes(_bytes(feeds), rows) if self._size_cost else 0
-            self._admit(now, due_ns, rows, key, extra_bytes)
+            probe = self._admit(now, due_ns, rows, key, extra_bytes)
         future: asyncio.Future[Feeds] = self._loop.create_future()
         item = QueuedRequest(feeds, rows, shape_key, now, due_ns, key[0], future, key, on_done)
+        if probe:
+            self._probe = item
         if timing is not None:
             timing.queued_ns = now
             item.timing = timing
@@ -535,14 +555,19 @@ class ModelScheduler:
 
     def _admit(
         self, now: int, due_ns: int, rows: int, key: tuple[int, int, int], extra_bytes: int = 0
-    ) -> None:
+    ) -> bool:
+        """Admit a request due at `due_ns`, or raise why not; True when it is admitted as a
+        probe though predicted to miss (see PROBE_NS)."""
         finish, ahead = self._predict(now, rows, key, self._others(now))
         extra_ns = self._size_cost.predict(extra_bytes)
         finish += extra_ns
         needed = finish + self._kept_for(rows)
         rejection = admit(now_ns=now, due_ns=due_ns, predicted_finish_ns=needed)
+        if rejection is not None and self._forget_old_margins(now):
+            needed = finish + self._kept_for(rows)
+            rejection = admit(now_ns=now, due_ns=due_ns, predicted_finish_ns=needed)
         if rejection is None:
-            return
+            return False
         if now + self._exec_ns(rows) + extra_ns + self._kept_for(rows) <= due_ns:
             # NOTE: only a refusal for the work ahead of it tells of a backlog: one whose due
             # time no idle instance could meet (a client's impossible timeouts) told the router
@@ -557,7 +582,7 @@ class ModelScheduler:
                 "be read: the server is overloaded); send a larger timeout or retry later"
             )
         if not self._edf:
-            return  # FIFO, like Triton, admits whatever fits the queue
+            return False  # FIFO, like Triton, admits whatever fits the queue
         if (
             now - self._last_run_ns >= PROBE_NS
             and (needed - now <= PROBE_FACTOR * (due_ns - now) or self.profile.guessed)
@@ -565,7 +590,7 @@ class ModelScheduler:
         ):
             self._last_run_ns = now
             self._probes += 1
-            return
+            return True
         if (
             extra_ns
             and needed - extra_ns <= due_ns
@@ -573,11 +598,13 @@ class ModelScheduler:
             and self._size_cost.may_probe(extra_bytes, now)
         ):
             # NOTE: refused for its size's cost alone, which only runs of that size measure:
-            # an estimate too long would refuse the size for good (see SizeCost)
+            # an estimate too long would refuse the size for good (see SizeCost). The profile
+            # alone predicts it on time: no hopeless check fails it unrun.
             self._probes += 1
-            return
+            return False
         self._rejected += 1
         self._fail_ns += self._clock.now_ns() - now
+        self._refusing = True
         self.refresh_if_stale(now)
         kept = needed - finish
         margins = f" (+{kept / 1e3:.0f} µs kept for margins and delivery)" if kept >= 1000 else ""
@@ -664,6 +691,20 @@ class ModelScheduler:
         tail = min(max(0, int(self._handoff.value - self._overhead_ns)), HANDOFF_TAIL_MAX * run)
         return self._margin_ns + tail + int(share * run)
 
+    def _forget_old_margins(self, now: int) -> bool:
+        """Let the margins learnt from runs (`_overrun`, `_handoff`) forget the runs older than
+        a second, though none came since; True if that changed them.
+
+        NOTE: they are read again only as runs end, and a scheduler that refuses everything
+        runs nothing: its margins stayed those of its last bad stretch. `duetime itch run
+        --deadline-us 200` (a 14 µs model, answers in ~100 µs) refused 60-99.7% of its
+        requests, after a stall had set the overrun to 6x, every refusal keeping 146 µs "for
+        margins"; on a machine that is still slow, the next run teaches them again."""
+        overrun, handoff = self._overrun.factor, self._handoff.value
+        self._overrun.age(now)
+        self._handoff.age(now)
+        return self._overrun.factor != overrun or self._handoff.value != handoff
+
     def _estimate(self, rows: int) -> int:
         """What a request of `rows` needs before its due time, run at once: its batch's run and
         margin, and settling its own answer (see `_answer_ns`)."""
@@ -723,7 +764,7 @@ class ModelScheduler:
             if slot is None:
                 break
             instance, start = slot
-            self._expire(drop_hopeless(queue, now_ns=start, estimate=estimate), now)
+            self._expire_hopeless(drop_hopeless(queue, now_ns=start, estimate=estimate), now)
             decision = plan_batch(
                 queue,
                 now_ns=start,
@@ -765,7 +806,7 @@ class ModelScheduler:
             if self._idle_instance(now) is not None:
                 (item,) = queue.take(1)
                 if not item.future.done():  # (done: cancelled by its client)
-                    if is_hopeless(item, now, self._deadline_rule()):
+                    if item is not self._probe and is_hopeless(item, now, self._deadline_rule()):
                         # the loop was held past its due time since its admission
                         self._expire([item], now)
                     else:
@@ -828,7 +869,8 @@ class ModelScheduler:
         """Fail every queued request that can no longer make it, not only those at the head."""
         self._sweeper = None
         now = self._clock.now_ns()
-        self._expire(sweep_hopeless(self._queue, now_ns=now, estimate=self._deadline_rule()), now)
+        hopeless = sweep_hopeless(self._queue, now_ns=now, estimate=self._deadline_rule())
+        self._expire_hopeless(hopeless, now)
         self._sweep_committed(now)
         if self._depth > 1:
             self._revoke_passed(now)
@@ -890,6 +932,21 @@ class ModelScheduler:
 
         return bounded
 
+    def _expire_hopeless(self, hopeless: list[QueuedRequest], now: int) -> None:
+        """Fail the requests the queue found hopeless, but the probe (see PROBE_NS), which goes
+        back to the queue to run.
+
+        NOTE: a probe is admitted because it is predicted to miss, so the dispatch found it
+        hopeless and failed it unrun, and its run never corrected the margins: `duetime itch
+        run --deadline-us 200` (an inline model) refused 82-99.9% of its requests, for the
+        rest of the run once a stall had raised the overrun to 6x, with a probe admitted (and
+        expired) every 100 ms."""
+        probe = self._probe
+        if probe is not None and _among(probe, hopeless):
+            hopeless = [item for item in hopeless if item is not probe]
+            self._queue.restore(probe)
+        self._expire(hopeless, now)
+
     def _expire(self, hopeless: list[QueuedRequest], now: int) -> None:
         if hopeless:
             self._refused_ns = now
@@ -907,6 +964,7 @@ class ModelScheduler:
 
     def _start(self, run: Run, instance: int, start: int, now: int) -> None:
         requests = run.requests
+        probing = self._probe is not None and self._takes_probe(requests)
         queue_time = self._queue_time
         for item in requests:
             queue_time.observe(start - item.arrival_ns)
@@ -916,6 +974,7 @@ class ModelScheduler:
             self._breakers[instance].started()
         predicted = self._run_ns(requests, run.rows)
         running = _Running(requests, run.bucket, now, run.rows, None, start, predicted)
+        running.cold = probing or (self._refusing and now - self._last_run_ns >= COLD_AFTER_NS)
         self._outstanding[instance].append(running)
         self._busy_until[instance] = start + predicted
         if self._ledger is not None:
@@ -932,12 +991,17 @@ class ModelScheduler:
         if self._ledger is not None and self._ledger.shared:
             turns = self._ledger.turns
             job.turn = (turns, turns.take())
-        if self._edf and (len(self._outstanding[instance]) > 1 or job.turn is not None):
+        if (
+            self._edf
+            and not probing
+            and (len(self._outstanding[instance]) > 1 or job.turn is not None)
+        ):
             # NOTE: it waits for another batch (its instance's, or its turn on a shared CPU),
             # which may overrun: its thread skips it past its `start_by`, and until then the
             # sweeper fails those of its requests that can no longer make it (see
             # `_sweep_committed`). The second of two instances sharing the one core of a 2-core
-            # machine ran its batch whenever its turn came: answers 300-600 ms late
+            # machine ran its batch whenever its turn came: answers 300-600 ms late. A probe's
+            # batch runs whenever its turn comes: predicted to miss, it would be skipped
             job.start_by = self._start_by(running)
         # (its thread runs only the requests not settled meanwhile: a client that withdrew from
         # a batch waiting its turn had its request run all the same)
@@ -946,6 +1010,16 @@ class ModelScheduler:
         if job.start_by is not None:
             self._arm_sweeper()  # (after `running.job`: `_waiting` finds the job by it)
         self._executor.submit(instance, job)
+
+    def _takes_probe(self, requests: list[QueuedRequest]) -> bool:
+        """Whether a batch of `requests` runs the probe (see PROBE_NS); a probe started, or
+        withdrawn by its client, is no longer one."""
+        probe = self._probe
+        assert probe is not None
+        taken = _among(probe, requests)
+        if taken or probe.future.done():
+            self._probe = None
+        return taken
 
     def _revoke_passed(self, now: int) -> None:
         """Take back a lookahead batch that the queue's most urgent request should run before,
@@ -1034,7 +1108,9 @@ class ModelScheduler:
         for good (see `LatencyProfile.recalibrate`). Thread-run models only.
 
         The run starts on a later callback of the loop (`_refresh_soon`), after the request
-        that was refused or passed over has gone where it goes."""
+        that was refused or passed over has gone where it goes. The margins learnt from runs
+        forget those older than a second first (see `_forget_old_margins`)."""
+        self._forget_old_margins(now)
         if self._stale(now):
             self._refreshing = True
             self._loop.call_soon(self._refresh_soon)
@@ -1106,6 +1182,7 @@ class ModelScheduler:
     def _complete(self, result: BatchResult) -> None:
         """Settle the requests of a finished batch and learn from its run."""
         now = self._last_run_ns = self._clock.now_ns()
+        self._refusing = False
         instance = result.instance
         running = self._ended(instance, now)
         if result.skipped:  # its thread took it too late to run (see `_start_by`), or revoked
@@ -1132,6 +1209,8 @@ class ModelScheduler:
         # resnet (whose loop shares the GIL with its instance thread): milliseconds for 32
         answer = (self._clock.now_ns() - now) / max(1, len(running.requests))
         answer = min(answer, 2 * self._answer_ns + 100_000)  # one stall must not double it
+        if running.cold and self._answer_ns:  # (see `_record`)
+            answer = min(answer, self._answer_ns)
         self._answer_ns += _OVERHEAD_ALPHA * (answer - self._answer_ns)
 
     def _settle_batch(self, running: _Running, result: BatchResult, now: int) -> None:
@@ -1345,11 +1424,23 @@ class ModelScheduler:
         bucket = running.bucket or 1
         if sent and self._big_inputs(sent, running.rows, result.compute_ns, now):
             return
-        self._overrun.observe(self.profile.predict(bucket), result.compute_ns, now)
-        self.profile.observe(bucket, result.compute_ns)
+        predicted = self.profile.predict(bucket)
+        # NOTE: a run after a stretch of refusals is cold (see COLD_AFTER_NS), and its times
+        # are not those of the runs admitting more would bring: folded in, the probes and the
+        # few requests admitted in such a stretch raised orderbook's 1-row estimate from 15
+        # µs to 29, its overhead from 22 µs to 33 and the overrun to 5-8x, and `duetime itch
+        # run --deadline-us 200` refused everything from then on. They count where they are
+        # shorter (a profile taken on a busy CPU); the runs admitted after them teach what a
+        # slow machine does.
+        cold = running.cold and not self.profile.guessed
+        if not cold or result.compute_ns < predicted:
+            self._overrun.observe(predicted, result.compute_ns, now)
+            self.profile.observe(bucket, result.compute_ns)
         # NOTE: a wait for the CPU's turn was planned for (`_core_free`): not hand-off cost
         overhead = max(0, now - running.started_ns - result.compute_ns - result.waited_ns)
-        if not self._inline:  # an inline batch's result is on the loop as it ends
+        if cold and self._overhead_ns:  # (nor does its hand-off count towards the tail)
+            overhead = min(overhead, int(self._overhead_ns))
+        elif not self._inline:  # an inline batch's result is on the loop as it ends
             self._handoff.observe(overhead, now)
         overhead = min(overhead, int(2 * self._overhead_ns) + 200_000)  # see LatencyProfile
         self._overhead_ns += _OVERHEAD_ALPHA * (overhead - self._overhead_ns)
