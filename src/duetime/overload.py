@@ -65,7 +65,11 @@ class LoadShedder:
         self._credit = 0.0
         self.refused = 0
         self._period = period
-        """How often `sample` is meant to be called (s): a later call means a busy loop."""
+        """How often `sample` is meant to be called (s): the share moves by the periods passed.
+
+        NOTE: not a busy signal when late: a loop descheduled by other processes (a test suite's
+        run beside it) came late to its samples with one refused request in sight, and shed the
+        next ones with 429; a loop behind its sockets tells itself (see `sample`'s `queued`)."""
 
     def sample(
         self, totals: Callable[[], tuple[int, int]] | None = None, queued: bool = False
@@ -91,14 +95,7 @@ class LoadShedder:
         elapsed = wall - self._wall
         if elapsed <= 0:
             return
-        # NOTE: a loop on a CPU shared with other work is busy without using the CPU all the
-        # time: it waits for its turn on it. Measured, mlp over HTTP at 8,000 requests/s on the
-        # 2-core VM beside a process spinning a core: turns of 140-220 ms reading 740 requests
-        # each, every one refused late (504), 0 answers on time, while the loop thread's CPU use
-        # (50-70%) stayed under the target and nothing was shed. A sample this late says the
-        # loop could not get to it for that long, whatever it was doing meanwhile.
-        late = max(0.0, elapsed - self._period) / elapsed
-        self.utilization = min(1.0, max((cpu - self._cpu) / elapsed, late))
+        self.utilization = min(1.0, (cpu - self._cpu) / elapsed)
         self._cpu, self._wall = cpu, wall
         # (the share moves by wall time: a busy loop samples less often)
         periods = min(MAX_PERIODS, elapsed / self._period)
