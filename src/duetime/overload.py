@@ -28,6 +28,11 @@ next requests to expire in the socket buffers: mlp at twice its capacity on the 
 2,206-5,896 (twice as many in 5 of 6 pairs, interleaved) at 0.95; 0.9 and 0.98 in between."""
 
 
+MIN_SEEN = 10
+"""Requests taken in, since the last reading that judged them, below which the share stays as
+it is: a few failing is no overload. NOTE: reading one big body (a resnet batch as JSON) kept
+the loop busy for tens of ms and its request, refused on its due time, was all it had seen: the
+next requests of a lightly loaded server were shed with 429."""
 MAX_PERIODS = 5.0
 """A sample counts as at most this many periods (one long stall moves the share by 5 steps)."""
 
@@ -102,8 +107,10 @@ class LoadShedder:
         if (queued or self.utilization > self.target) and totals is not None:
             missed, seen = totals()
             new_missed, new_seen = missed - self._missed, seen - self._seen
+            if new_seen < MIN_SEEN:  # (too few to tell: counted with the next reading's)
+                return
             self._missed, self._seen = missed, seen
-            if new_seen > 0 and new_missed > self._missed_share * new_seen:  # failing
+            if new_missed > self._missed_share * new_seen:  # failing
                 self.share = min(self._max_share, self.share + self._step * max(1.0, periods))
                 return
         if self.share:

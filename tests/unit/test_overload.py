@@ -192,3 +192,15 @@ def test_the_share_decays_by_wall_time_however_often_it_is_sampled() -> None:
     clocks.run(0.03, busy=0.0)  # a quiet loop whose timer came 20 ms late (a steal, say)
     shedder.sample(clocks.failing)
     assert shedder.share == pytest.approx(0.2 * DECAY**3)
+
+
+def test_a_few_requests_failing_are_no_overload_until_enough_come() -> None:
+    """One big body read kept a lightly loaded loop busy, and its one request, refused on its
+    due time, was all it had seen: the next requests were shed with 429."""
+    shedder, clocks = make()
+    clocks.run(0.01, busy=1.0)
+    shedder.sample(lambda: (1, 1), queued=True)
+    assert shedder.share == 0.0
+    clocks.run(0.01, busy=1.0)
+    shedder.sample(lambda: (12, 12), queued=True)  # counted with the first reading's
+    assert shedder.share == pytest.approx(0.05)
