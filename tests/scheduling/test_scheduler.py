@@ -1156,43 +1156,47 @@ def test_a_lookahead_batch_its_thread_takes_too_late_fails_its_requests_unrun() 
     run(body)
 
 
+def submit_named(scheduler: ModelScheduler, name: str, priority: int) -> asyncio.Future[Feeds]:
+    """A one-row request whose only input is named `name` (a batch's names tell it apart)."""
+    feeds = {name: np.zeros(1)}
+    return scheduler.submit_nowait(feeds, rows=1, shape_key=(name,), due_ns=None, priority=priority)
+
+
+def job_names(job: object) -> list[str]:
+    """The names of the requests (see `submit_named`) a batch job holds, in order."""
+    return [next(iter(feeds)) for feeds in job.feeds]  # type: ignore[attr-defined]
+
+
 def test_a_lookahead_batch_is_taken_back_for_a_more_urgent_request_while_one_overruns() -> None:
     """The batch ahead ran far past its prediction (0.3 s against 5 ms): a more urgent request
     arriving meanwhile ran after the lookahead batch committed before it. Now the committed
     batch is revoked (its thread skips it) and planned again behind the urgent request."""
 
-    def submit(scheduler: ModelScheduler, name: str, priority: int) -> asyncio.Future[Feeds]:
-        feeds = {name: np.zeros(1)}
-        return scheduler.submit_nowait(
-            feeds, rows=1, shape_key=(name,), due_ns=None, priority=priority
-        )
-
-    def names(job: object) -> list[str]:
-        return [next(iter(feeds)) for feeds in job.feeds]  # type: ignore[attr-defined]
-
     async def body() -> None:
         clock, executor, scheduler = long_batches()
-        submit(scheduler, "running", 2)
-        lazy = submit(scheduler, "lazy", 2)
+        submit_named(scheduler, "running", 2)
+        lazy = submit_named(scheduler, "lazy", 2)
         clock.advance(4_500 * US)
         scheduler._on_timer()
         instance, committed = executor.jobs[1]
-        assert names(committed) == ["lazy"]
-        submit(scheduler, "on-time", 1)  # the batch ahead is on schedule: the commitment stands
+        assert job_names(committed) == ["lazy"]
+        submit_named(
+            scheduler, "on-time", 1
+        )  # the batch ahead is on schedule: the commitment stands
         assert not committed.revoked
         clock.advance(300 * MS)
-        urgent = submit(scheduler, "urgent", 1)
+        urgent = submit_named(scheduler, "urgent", 1)
         assert committed.revoked
         executor.complete(0, compute_ns=305 * MS)
         executor.finished.add(1)  # its thread takes the revoked batch and skips it
         committed.on_done(BatchResult(committed, instance, skipped=True))
-        assert names(executor.jobs[2][1]) == ["on-time"]
+        assert job_names(executor.jobs[2][1]) == ["on-time"]
         assert not lazy.done(), "planned again, not failed"
         executor.complete(2, compute_ns=5 * MS)
-        assert names(executor.jobs[3][1]) == ["urgent"]
+        assert job_names(executor.jobs[3][1]) == ["urgent"]
         clock.advance(4_500 * US)
         scheduler._on_timer()
-        assert names(executor.jobs[4][1]) == ["lazy"]
+        assert job_names(executor.jobs[4][1]) == ["lazy"]
         executor.complete(3, compute_ns=5 * MS)
         executor.complete(4, compute_ns=5 * MS)
         assert urgent.exception() is None
@@ -1210,23 +1214,14 @@ def test_a_request_queued_before_the_batch_ahead_overran_takes_the_lookahead_bat
     level-1 request ran after it, though that batch had not started. The sweeper's rounds now
     take it back once the overrun shows."""
 
-    def submit(scheduler: ModelScheduler, name: str, priority: int) -> asyncio.Future[Feeds]:
-        feeds = {name: np.zeros(1)}
-        return scheduler.submit_nowait(
-            feeds, rows=1, shape_key=(name,), due_ns=None, priority=priority
-        )
-
-    def names(job: object) -> list[str]:
-        return [next(iter(feeds)) for feeds in job.feeds]  # type: ignore[attr-defined]
-
     async def body() -> None:
         clock, executor, scheduler = long_batches()
-        submit(scheduler, "running", 2)
-        lazy = submit(scheduler, "lazy", 2)
+        submit_named(scheduler, "running", 2)
+        lazy = submit_named(scheduler, "lazy", 2)
         clock.advance(4_500 * US)
         scheduler._on_timer()
         instance, committed = executor.jobs[1]
-        urgent = submit(scheduler, "urgent", 1)  # on schedule: the commitment stands
+        urgent = submit_named(scheduler, "urgent", 1)  # on schedule: the commitment stands
         assert not committed.revoked
         clock.advance(300 * MS)  # no arrival since, only the sweeper's rounds
         scheduler._sweep()
@@ -1234,10 +1229,10 @@ def test_a_request_queued_before_the_batch_ahead_overran_takes_the_lookahead_bat
         executor.complete(0, compute_ns=305 * MS)
         executor.finished.add(1)  # its thread takes the revoked batch and skips it
         committed.on_done(BatchResult(committed, instance, skipped=True))
-        assert names(executor.jobs[2][1]) == ["urgent"]
+        assert job_names(executor.jobs[2][1]) == ["urgent"]
         clock.advance(4_500 * US)
         scheduler._on_timer()
-        assert names(executor.jobs[3][1]) == ["lazy"]
+        assert job_names(executor.jobs[3][1]) == ["lazy"]
         executor.complete(2, compute_ns=5 * MS)
         executor.complete(3, compute_ns=5 * MS)
         assert urgent.exception() is None
