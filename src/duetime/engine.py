@@ -729,11 +729,10 @@ class Engine:
             isinstance(timeout, bool) or not isinstance(timeout, numbers.Real) or not timeout >= 0
         ):
             raise InvalidInput(f"timeout: expected seconds >= 0 (or None), got {timeout!r}")
-        if type(priority) is not int and (
-            isinstance(priority, bool) or not isinstance(priority, numbers.Integral)
-        ):
-            raise InvalidInput(f"priority: expected an integer >= 0, got {priority!r}")
-        if priority < 0:
+        if (
+            type(priority) is not int
+            and (isinstance(priority, bool) or not isinstance(priority, numbers.Integral))
+        ) or priority < 0:
             raise InvalidInput(f"priority: expected an integer >= 0, got {priority!r}")
         if (
             version is not None

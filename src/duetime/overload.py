@@ -103,7 +103,7 @@ class LoadShedder:
         self.utilization = min(1.0, (cpu - self._cpu) / elapsed)
         self._cpu, self._wall = cpu, wall
         # (the share moves by wall time: a busy loop samples less often)
-        periods = min(MAX_PERIODS, elapsed / self._period)
+        periods = max(1.0, min(MAX_PERIODS, elapsed / self._period))
         if (queued or self.utilization > self.target) and totals is not None:
             missed, seen = totals()
             new_missed, new_seen = missed - self._missed, seen - self._seen
@@ -111,10 +111,10 @@ class LoadShedder:
                 return
             self._missed, self._seen = missed, seen
             if new_missed > self._missed_share * new_seen:  # failing
-                self.share = min(self._max_share, self.share + self._step * max(1.0, periods))
+                self.share = min(self._max_share, self.share + self._step * periods)
                 return
         if self.share:
-            self.share *= self._decay ** max(1.0, periods)
+            self.share *= self._decay**periods
             if self.share < 0.01:
                 self.share = 0.0
 

@@ -79,8 +79,8 @@ class ReadTurn:
         wait in their socket before the turn that read them was 1.3 ms on average, and every
         one was written by its due time counted from that turn; 10% of the answers were late.
         Counted from the last turn (bench/scheduling.py --models mlp, same VM): at 200% of
-        capacity 99.3% (this rule by CPU use) and 99.9% (by context switches) of answers on
-        time instead of 94.9%, and no less goodput (less work spent on answers already late).
+        capacity 99.9% of answers on time instead of 94.9%, and no less goodput (less work
+        spent on answers already late).
         A loop that waits for the GIL looks asleep: its requests count from now, as before.
 
         NOTE: whether it slept is told by its voluntary context switches, not by its CPU use: a

@@ -320,9 +320,9 @@ def _parameter(name: str, value: str, out: dict[str, Any], source: str, warn: Wa
             out[_THREAD_PARAMETERS[name]] = threads
     elif name == SCHEDULING_POLICY:  # (duetime's own, as its model config reports it)
         out.setdefault("scheduling", {})["policy"] = value
-    elif name == ANY_PRIORITY:  # (duetime's own: see `_priority`)
+    elif name == ANY_PRIORITY:  # (duetime's own; after `_priority`, which it overrides)
         if value.strip().lower() == "true":
-            out.setdefault("scheduling", {})["ignore_priority"] = False
+            out.setdefault("scheduling", {}).pop("ignore_priority", None)
     elif name in _UNHONOURED_PARAMETERS:
         what_duetime_does, same = _UNHONOURED_PARAMETERS[name]
         if value.strip().lower() not in same:
@@ -550,9 +550,7 @@ def _priority(batching: Any, out: dict[str, Any]) -> None:
     for priority 1 were served ahead of those before them (the pbtxt tester's prio_order.py)."""
     scheduling: dict[str, Any] = out.setdefault("scheduling", {})
     if not batching.priority_levels:
-        # (unless the config is a duetime model's, read back: see ANY_PRIORITY)
-        if scheduling.setdefault("ignore_priority", True) is False:
-            del scheduling["ignore_priority"]
+        scheduling["ignore_priority"] = True  # (a duetime model's, read back: see ANY_PRIORITY)
         return
     scheduling["priority_levels"] = batching.priority_levels
     if batching.default_priority_level:
