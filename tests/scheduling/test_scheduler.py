@@ -1167,6 +1167,27 @@ def job_names(job: object) -> list[str]:
     return [next(iter(feeds)) for feeds in job.feeds]  # type: ignore[attr-defined]
 
 
+def committed_lookahead(
+    clock: FakeClock, executor: FakeExecutor, scheduler: ModelScheduler
+) -> tuple[asyncio.Future[Feeds], int, Any]:
+    """A level-2 batch running and the next ("lazy") committed behind it as a lookahead batch,
+    shortly before the running one is predicted to end: lazy's future, the instance, the job."""
+    submit_named(scheduler, "running", 2)
+    lazy = submit_named(scheduler, "lazy", 2)
+    clock.advance(4_500 * US)
+    scheduler._on_timer()
+    instance, committed = executor.jobs[1]
+    return lazy, instance, committed
+
+
+def overrun_ends_and_skips(executor: FakeExecutor, instance: int, committed: Any) -> None:
+    """The running batch ends 300 ms past its prediction; its thread takes the revoked
+    lookahead batch and skips it."""
+    executor.complete(0, compute_ns=305 * MS)
+    executor.finished.add(1)
+    committed.on_done(BatchResult(committed, instance, skipped=True))
+
+
 def test_a_lookahead_batch_is_taken_back_for_a_more_urgent_request_while_one_overruns() -> None:
     """The batch ahead ran far past its prediction (0.3 s against 5 ms): a more urgent request
     arriving meanwhile ran after the lookahead batch committed before it. Now the committed
@@ -1174,11 +1195,7 @@ def test_a_lookahead_batch_is_taken_back_for_a_more_urgent_request_while_one_ove
 
     async def body() -> None:
         clock, executor, scheduler = long_batches()
-        submit_named(scheduler, "running", 2)
-        lazy = submit_named(scheduler, "lazy", 2)
-        clock.advance(4_500 * US)
-        scheduler._on_timer()
-        instance, committed = executor.jobs[1]
+        lazy, instance, committed = committed_lookahead(clock, executor, scheduler)
         assert job_names(committed) == ["lazy"]
         submit_named(
             scheduler, "on-time", 1
@@ -1187,9 +1204,7 @@ def test_a_lookahead_batch_is_taken_back_for_a_more_urgent_request_while_one_ove
         clock.advance(300 * MS)
         urgent = submit_named(scheduler, "urgent", 1)
         assert committed.revoked
-        executor.complete(0, compute_ns=305 * MS)
-        executor.finished.add(1)  # its thread takes the revoked batch and skips it
-        committed.on_done(BatchResult(committed, instance, skipped=True))
+        overrun_ends_and_skips(executor, instance, committed)
         assert job_names(executor.jobs[2][1]) == ["on-time"]
         assert not lazy.done(), "planned again, not failed"
         executor.complete(2, compute_ns=5 * MS)
@@ -1216,19 +1231,13 @@ def test_a_request_queued_before_the_batch_ahead_overran_takes_the_lookahead_bat
 
     async def body() -> None:
         clock, executor, scheduler = long_batches()
-        submit_named(scheduler, "running", 2)
-        lazy = submit_named(scheduler, "lazy", 2)
-        clock.advance(4_500 * US)
-        scheduler._on_timer()
-        instance, committed = executor.jobs[1]
+        lazy, instance, committed = committed_lookahead(clock, executor, scheduler)
         urgent = submit_named(scheduler, "urgent", 1)  # on schedule: the commitment stands
         assert not committed.revoked
         clock.advance(300 * MS)  # no arrival since, only the sweeper's rounds
         scheduler._sweep()
         assert committed.revoked
-        executor.complete(0, compute_ns=305 * MS)
-        executor.finished.add(1)  # its thread takes the revoked batch and skips it
-        committed.on_done(BatchResult(committed, instance, skipped=True))
+        overrun_ends_and_skips(executor, instance, committed)
         assert job_names(executor.jobs[2][1]) == ["urgent"]
         clock.advance(4_500 * US)
         scheduler._on_timer()
