@@ -180,8 +180,9 @@ def _parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     serve.add_argument(
         "--control-token",
-        help="require 'Authorization: Bearer TOKEN' on repository load/unload (16+ characters; "
-        "DUETIME_CONTROL_TOKEN keeps it out of the process list)",
+        help="require 'Authorization: Bearer TOKEN' (gRPC metadata 'authorization') on calls "
+        "that change the server: repository load/unload, trace and log settings, shared memory "
+        "(16+ characters; DUETIME_CONTROL_TOKEN keeps it out of the process list)",
     )
     serve.add_argument(
         "--access-log-sample", type=float,

@@ -584,9 +584,11 @@ class ServerSettings(_Strict):
     """Share of successful requests that get an access-log line (`duetime.requests` logger, at
     INFO); failed requests always get one."""
     control_token: str | None = Field(default=None, min_length=16, repr=False)
-    """When set, repository load and unload requests must carry `Authorization: Bearer
-    <token>` (HTTP header or gRPC metadata); the index stays readable. A secret: `repr=False`
-    keeps it out of the settings' repr and of validation errors (which give its length)."""
+    """When set, the calls that change the server (repository load and unload, trace and log
+    settings updates, shared-memory registration) must carry the HTTP header `Authorization:
+    Bearer <token>` or the gRPC metadata `authorization: Bearer <token>` (gRPC keys are lower
+    case); the index and the settings stay readable. A secret: `repr=False` keeps it out of the
+    settings' repr and of validation errors (which give its length)."""
     model_control_mode: Literal["none", "explicit", "poll"] = "none"
     """As Triton: `none` loads every model at start and never changes them; `explicit` loads
     and unloads through the repository API (`load_model` names those loaded at start); `poll`

@@ -22,7 +22,7 @@ from duetime.config import ServerSettings
 @pytest.fixture(scope="module")
 def explicit_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
     repo = tmp_path_factory.mktemp("repo")
-    for name, factor in (("m", 1), ("n", 3), ("k", 3), ("q", 3)):
+    for name, factor in (("m", 1), ("n", 3), ("k", 3), ("q", 3), ("u", 3)):
         write_version(repo, name, 1, scale_model(factor))
     write_version(repo, "m", 2, scale_model(2))
     write_version(repo, "broken", 1, b"not onnx")
@@ -128,6 +128,45 @@ def test_kserve_clients_load_and_unload_with_their_own_messages(
     client.load_model("q")  # tritonclient reads both answers as before
     assert client.is_model_ready("q")
     client.unload_model("q")
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_unload_dependents_must_be_a_boolean(explicit_server: RunningServer, protocol: str) -> None:
+    """As Triton: an `unload_dependents` that is not a boolean is refused (400, INVALID_ARGUMENT)
+    and nothing is unloaded; a boolean is taken."""
+    import http.client
+
+    import grpc
+    from tritonclient.grpc import service_pb2, service_pb2_grpc
+
+    client = clients(explicit_server)[protocol == "grpc"]
+    client.load_model("u")
+    try:
+        if protocol == "http":
+            host, port = explicit_server.http.split(":")
+            connection = http.client.HTTPConnection(host, int(port))
+            body = json.dumps({"parameters": {"unload_dependents": "yes"}})
+            connection.request("POST", "/v2/repository/models/u/unload", body)
+            response = connection.getresponse()
+            status, message = response.status, json.loads(response.read())["error"]
+            connection.close()
+            assert status == 400
+        else:
+            request = service_pb2.RepositoryModelUnloadRequest(model_name="u")
+            request.parameters["unload_dependents"].string_param = "yes"
+            with grpc.insecure_channel(explicit_server.grpc) as channel:
+                stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+                with pytest.raises(grpc.RpcError) as refused:
+                    stub.RepositoryModelUnload(request, timeout=30)
+            assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            message = refused.value.details()
+        assert "'unload_dependents': expected a boolean" in message
+        assert "'yes'" in message
+        assert client.is_model_ready("u")  # nothing was unloaded
+        client.unload_model("u", unload_dependents=True)
+        assert not client.is_model_ready("u")
+    finally:
+        client.unload_model("u")
 
 
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
@@ -333,8 +372,16 @@ def test_control_token_guards_load_and_unload(tmp_path: Path) -> None:
             for headers in (None, {"authorization": "Bearer wrong"}, {"authorization": token}):
                 with pytest.raises(InferenceServerException, match="control token"):
                     client.load_model("m", headers=headers)
-                with pytest.raises(InferenceServerException, match="control token"):
+                with pytest.raises(InferenceServerException, match="control token") as refused:
                     client.unload_model("m", headers=headers)
+            # the hint is one the client can follow: gRPC metadata keys must be lower case
+            # (tritonclient refuses `Authorization` itself, with "Invalid metadata")
+            hint = (
+                "metadata 'authorization: Bearer <token>'"
+                if isinstance(client, grpcclient.InferenceServerClient)
+                else "header 'Authorization: Bearer <token>'"
+            )
+            assert hint in refused.value.message()
             assert "m" in [entry["name"] for entry in index(client)]  # the index stays readable
             client.load_model("m", headers={"authorization": f"Bearer {token}"})
             assert factor(client, "m") == 1.0

@@ -39,7 +39,13 @@ from duetime.frontend.parameters import (
 )
 from duetime.frontend.proto import grpc_service_pb2 as pb
 from duetime.frontend.proto import grpc_service_pb2_grpc as pb_grpc
-from duetime.frontend.rest import EXTENSIONS, Signatures, check_control_token, load_request
+from duetime.frontend.rest import (
+    EXTENSIONS,
+    Signatures,
+    check_control_token,
+    check_unload_request,
+    load_request,
+)
 from duetime.frontend.sharedmemory import CUDA_REGIONS, SharedMemoryRegions
 from duetime.frontend.statistics import statistics_json
 from duetime.observability.logs import AccessSampler, log_cancelled, log_request
@@ -307,7 +313,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
 
     async def RepositoryModelLoad(self, request: Any, context: Any) -> Any:
         try:
-            check_control_token(self._control_token, _Metadata(context).get("authorization"))
+            self._check_token(context)
             name = _model_to_change(request)
             asked = load_request(_parameters(request.parameters), name)
             await self._engine.load_model(name, asked.config, asked.files)
@@ -317,8 +323,9 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
 
     async def RepositoryModelUnload(self, request: Any, context: Any) -> Any:
         try:
-            check_control_token(self._control_token, _Metadata(context).get("authorization"))
+            self._check_token(context)
             name = _model_to_change(request)
+            check_unload_request(_parameters(request.parameters))
             await self._engine.unload_model(name)
         except DuetimeError as exc:
             await _abort(context, exc)
@@ -362,11 +369,23 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         await self._change(context, lambda: CUDA_REGIONS.unregister(request.name or None))
         return pb.CudaSharedMemoryUnregisterResponse()
 
+    def _check_token(self, context: Any) -> None:
+        """Unauthorized unless the call carries the control token (when the server has one).
+
+        NOTE: gRPC metadata keys are lower-case: a client given `Authorization` (tritonclient's
+        `headers=`) fails in its own library with INTERNAL "Invalid metadata" before anything is
+        sent, so the message names the key a gRPC client can send."""
+        check_control_token(
+            self._control_token,
+            _Metadata(context).get("authorization"),
+            send="metadata 'authorization: Bearer <token>' (the key in lower case)",
+        )
+
     async def _change(self, context: Any, change: Callable[[], None]) -> None:
         """Make a change only a caller holding the control token may make; the call ends with
         the error's status if the token is missing or the change fails."""
         try:
-            check_control_token(self._control_token, _Metadata(context).get("authorization"))
+            self._check_token(context)
             change()
         except DuetimeError as exc:
             await _abort(context, exc)
@@ -377,7 +396,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
             if model is not None:
                 self._engine.registry.resolve(model, None)
             if request.settings:
-                check_control_token(self._control_token, _Metadata(context).get("authorization"))
+                self._check_token(context)
                 changes = {name: list(value.value) for name, value in request.settings.items()}
                 settings = self._trace_settings.update(changes, model)
             else:
@@ -392,7 +411,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
     async def LogSettings(self, request: Any, context: Any) -> Any:
         try:
             if request.settings:
-                check_control_token(self._control_token, _Metadata(context).get("authorization"))
+                self._check_token(context)
                 changes = _parameters(request.settings)  # (the same oneof as InferParameter)
                 files = self._control_token is not None  # checked above
                 settings = self._log_settings.update(changes, files=files)

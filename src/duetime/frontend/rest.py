@@ -487,6 +487,7 @@ class RestApi:
                 return self._failed(exc, headers, ["v2", "models", name])
 
             if rest[2] == "unload":
+                check_unload_request(parameters)
                 return ControlCall.start(self._engine.unload_model(name), done, failed)
             asked = load_request(parameters, name)
             operation = self._engine.load_model(name, asked.config, asked.files)
@@ -790,8 +791,16 @@ def _control_parameters(body: bytes, what: str) -> dict[str, Any]:
     return _parameters(doc.get("parameters"), f"{what} 'parameters'")
 
 
-def check_control_token(expected: str | None, authorization: str | None) -> None:
-    """Raise Unauthorized unless `authorization` is `Bearer <expected>` (when a token is set)."""
+HTTP_TOKEN = "header 'Authorization: Bearer <token>'"
+"""How an HTTP caller sends the control token (`check_control_token`'s hint)."""
+
+
+def check_control_token(
+    expected: str | None, authorization: str | None, send: str = HTTP_TOKEN
+) -> None:
+    """Raise Unauthorized unless `authorization` is `Bearer <expected>` (when a token is set);
+    the message tells the caller to send it as `send` says (the gRPC front end names its
+    metadata key)."""
     if expected is None:
         return
     scheme, _, given = (authorization or "").strip().partition(" ")
@@ -800,8 +809,7 @@ def check_control_token(expected: str | None, authorization: str | None) -> None
     ):
         raise Unauthorized(
             "this call changes the server (repository load and unload, log and trace settings, "
-            "shared-memory registration) and needs the server's control token: send "
-            "'Authorization: Bearer <token>'"
+            f"shared-memory registration) and needs the server's control token: send {send}"
         )
 
 
@@ -837,6 +845,20 @@ def load_request(parameters: Mapping[str, Any], name: str) -> LoadRequest:
     if not isinstance(text, str):
         raise InvalidInput("load parameter 'config' must be a string of JSON")
     return LoadRequest(parse_config_override(text, name), files)
+
+
+def check_unload_request(parameters: Mapping[str, Any]) -> None:
+    """Refuse an unload request whose `unload_dependents` is not a boolean, before anything is
+    unloaded (as Triton: INVALID_ARGUMENT over gRPC, 400 over HTTP). duetime serves no
+    ensembles, so no model depends on another and the flag changes nothing; a value of another
+    type is a client's mistake all the same, not a yes."""
+    value = parameters.get("unload_dependents", False)
+    if not isinstance(value, bool):
+        shown = repr(value) if len(repr(value)) <= 40 else f"{repr(value)[:40]}..."
+        raise InvalidInput(
+            "unload parameter 'unload_dependents': expected a boolean (true or false; "
+            f"bool_param over gRPC), got {shown}"
+        )
 
 
 def parse_config_override(text: str, name: str) -> ModelConfig:
