@@ -41,12 +41,14 @@ class Validator:
         self._all_outputs = tuple(spec.name for spec in signature.outputs)
         self._output_names = frozenset(self._all_outputs)
         self._expected = expected_inputs(signature)
+        self._others = other_shapes(signature)
         self._graph_shapes = {
             spec.name: spec.shape[1:] if self._batched else spec.shape
             for spec in signature.inputs
-            if spec.wire is not None
+            if spec.wire is not None or spec.name in self._others
         }
-        """Inputs the config reshapes: the graph's shape of each (without the batch dim)."""
+        """Inputs the config reshapes, or that requests may give in another shape (see
+        `other_shapes`): the graph's shape of each (without the batch dim)."""
         self._templates: dict[object, tuple[int, tuple[Any, ...], tuple[str, ...]]] = {}
         """Templates whose requests passed: their rows, batching key and outputs."""
 
@@ -138,9 +140,13 @@ class Validator:
                     break
             else:
                 return
+        others = self._others.get(spec.name, ())
+        for other in others:
+            if fits(shape, other):
+                return
         raise InvalidInput(
             f"input '{spec.name}': shape {list(array.shape)} does not match the model's "
-            f"{list(wanted)} (-1 marks a free dim)"
+            f"{shapes_taken(spec, others)} (-1 marks a free dim)"
         )
 
     def _check_rows(self, spec: TensorSpec, array: np.ndarray, rows: int | None) -> int:
@@ -161,11 +167,17 @@ class Validator:
         return int(batch)
 
     def _reshape(self, feeds: dict[str, np.ndarray]) -> None:
-        """The inputs the config reshapes, in the graph's shape: the request's rows (a view)."""
+        """The inputs the config reshapes, in the graph's shape: the request's rows (a view).
+        One given in that shape is left as it is (a template's requests then skip the checks)."""
         for name, inner in self._graph_shapes.items():
             array = feeds.get(name)
-            if array is not None:
-                feeds[name] = array.reshape((len(array), *inner) if self._batched else inner)
+            if array is None:
+                continue
+            if self._batched:
+                if array.shape[1:] != inner:
+                    feeds[name] = array.reshape((len(array), *inner))
+            elif array.shape != inner:
+                feeds[name] = array.reshape(inner)
 
     def _for_ort(self, spec: TensorSpec, array: np.ndarray) -> np.ndarray:
         if spec.datatype == "BYTES":
@@ -199,6 +211,37 @@ def expected_inputs(signature: ModelSignature) -> str:
         more = len(optional) - EXPECTED_OPTIONAL_MAX
         text += f" (optional: {named}{f' and {more} more' if more > 0 else ''})"
     return text
+
+
+def other_shapes(signature: ModelSignature) -> dict[str, tuple[tuple[int, ...], ...]]:
+    """The inputs requests may give in other shapes than `client_shape`, by name: those shapes,
+    reshaped to the graph's. An input the graph takes without dims beyond the batch's takes
+    [batch] and [batch, 1] alike ([] and [1] when the model does not batch), whatever its
+    config's dims; answers keep the shape metadata says.
+
+    NOTE: Triton's config cannot say "no dims" (its check refuses empty dims): its ONNX Runtime
+    backend writes such a tensor dims [1] with reshape [], so Triton's clients send [batch, 1]
+    ([1]), where duetime's (KServe's, the README's) send [batch] ([]). The config endpoint
+    shows the one, metadata the other: each form was refused by the model serving the other."""
+    batched = signature.max_batch_size > 0
+    forms = ((-1,), (-1, 1)) if batched else ((), (1,))
+    return {
+        spec.name: tuple(form for form in forms if form != spec.client_shape)
+        for spec in signature.inputs
+        if not spec.any_rank and not (spec.shape[1:] if batched else spec.shape)
+    }
+
+
+def fits(shape: tuple[int, ...], wanted: tuple[int, ...]) -> bool:
+    """Whether `shape` is one of `wanted`'s (-1 marks a free dim)."""
+    return len(shape) == len(wanted) and all(
+        want in (-1, got) for want, got in zip(wanted, shape, strict=True)
+    )
+
+
+def shapes_taken(spec: TensorSpec, others: tuple[tuple[int, ...], ...]) -> str:
+    """The shapes input `spec` takes, as messages name them: `[-1]`, or `[-1] or [-1, 1]`."""
+    return " or ".join(str(list(shape)) for shape in (spec.client_shape, *others))
 
 
 def _datatype_name(array: np.ndarray) -> str:

@@ -44,15 +44,18 @@ def _model(repo: Path, graph_shape: list[int | str], config: str, name: str = "m
 def test_dims_1_reshape_empty_takes_and_answers_batch_by_1(tmp_path: Path) -> None:
     """Triton's form of a tensor without dims beyond the batch: requests carry [batch, 1] and
     get [batch, 1] back (model_configuration.md "Reshape"). [3, 1] was refused ("does not match
-    the model's [-1]") and only [3] was taken, while the config endpoint said dims [1]."""
+    the model's [-1]") and only [3] was taken, while the config endpoint said dims [1]. [3], as
+    duetime's clients send it, is taken too (see test_tensors_without_dims), answered [3, 1]."""
     _model(tmp_path, ["n"], SCALAR)
 
     async def scenario(engine: Engine) -> None:
         x = np.array([[1.0], [2.0], [3.0]], np.float32)
-        y = (await engine.infer_async("m", {"x": x}))["y"]
-        assert (y.shape, y.ravel().tolist()) == ((3, 1), [2.0, 3.0, 4.0])
-        with pytest.raises(InvalidInput, match=r"shape \[3\] does not match the model's \[-1, 1\]"):
-            await engine.infer_async("m", {"x": x.ravel()})
+        for given in (x, x.ravel()):
+            y = (await engine.infer_async("m", {"x": given}))["y"]
+            assert (y.shape, y.ravel().tolist()) == ((3, 1), [2.0, 3.0, 4.0])
+        with pytest.raises(InvalidInput, match=r"shape \[3, 2\] does not match the model's "
+                           r"\[-1, 1\] or \[-1\]"):  # fmt: skip
+            await engine.infer_async("m", {"x": np.ones((3, 2), np.float32)})
 
     run_on_engine(tmp_path, scenario)
 
@@ -65,7 +68,7 @@ def test_metadata_and_the_config_endpoint_say_what_requests_carry(tmp_path: Path
         expected = Expected("m", loaded.signature, ("m", "1"), {})
         expected.input("x", "FP32", (3, 1))  # (the front ends' check before decoding)
         with pytest.raises(InvalidInput, match="does not match"):
-            expected.input("x", "FP32", (3,))
+            expected.input("x", "FP32", (3, 2))
     finally:
         loaded.executor.close()
     assert [t["shape"] for t in metadata["inputs"] + metadata["outputs"]] == [[-1, 1], [-1, 1]]

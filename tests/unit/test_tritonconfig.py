@@ -209,9 +209,10 @@ def test_a_pbtxt_beside_a_duetime_config_is_refused(triton_repo: Path) -> None:
 
 def test_a_tensor_without_dims_is_reported_as_triton_does_and_read_back(tmp_path: Path) -> None:
     """An output of one value per row (a classifier's label) had `"dims": []`, which Triton's
-    own config check refuses: it is `dims: [1]` with `reshape { shape: [] }`, and duetime
-    takes that form back (get the config, load it) as Triton reads it: answers then carry
-    [batch, 1]."""
+    own config check refuses: it is `dims: [1]` with `reshape { shape: [] }`, and a parameter
+    names it, so that the config read back (get the config, load it) serves [batch] as before;
+    without the parameter (Triton's own config) it is read as Triton reads it: answers then
+    carry [batch, 1]."""
     from onnx import TensorProto, helper
 
     from duetime.repository.tritonconfig import translate_json
@@ -235,6 +236,10 @@ def test_a_tensor_without_dims_is_reported_as_triton_does_and_read_back(tmp_path
     assert (label["dims"], label["reshape"]) == ([1], {"shape": []})
     assert config["input"][0]["dims"] == [3]
     assert "reshape" not in config["input"][0]
+    assert config["parameters"]["tensors_without_dims"] == {"string_value": '["label"]'}
+    settings = translate_json(config, source="m", model_name="m")
+    assert settings["outputs"] == [{"name": "label", "datatype": "INT64"}]
+    del config["parameters"]["tensors_without_dims"]
     settings = translate_json(config, source="m", model_name="m")
     assert settings["outputs"] == [
         {"name": "label", "datatype": "INT64", "dims": [1], "reshape": []}

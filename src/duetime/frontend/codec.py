@@ -20,8 +20,8 @@ import orjson
 
 from duetime.datatypes import NUMPY_OF, UNSERVED, WIRE_DTYPE_OF, v2_datatype_of
 from duetime.errors import InvalidInput
-from duetime.types import ModelSignature
-from duetime.validation import expected_inputs
+from duetime.types import ModelSignature, TensorSpec
+from duetime.validation import expected_inputs, fits, other_shapes, shapes_taken
 
 _LENGTH = struct.Struct("<I")
 _MAX_DIMS = 16
@@ -72,7 +72,8 @@ class Expected:
     """
 
     __slots__ = (
-        "_batch_limit", "_counted", "_invalid", "_model", "_outputs", "_specs", "signature",
+        "_batch_limit", "_counted", "_invalid", "_model", "_others", "_outputs", "_specs",
+        "signature",
     )  # fmt: skip
 
     def __init__(
@@ -85,6 +86,7 @@ class Expected:
         self._model = model
         self.signature = signature
         self._specs = {spec.name: spec for spec in signature.inputs}
+        self._others = other_shapes(signature)
         self._outputs = tuple(spec.name for spec in signature.outputs)
         self._batch_limit = signature.max_batch_size
         self._counted = counted
@@ -117,11 +119,13 @@ class Expected:
         if not spec.any_rank:
             wanted = spec.client_shape
             if len(shape) != len(wanted):
-                self._refuse_shape(name, shape, wanted)
-            for index in range(len(wanted)):  # (not zip, nor a generator: a third the time)
-                want = wanted[index]
-                if want != shape[index] and want != -1:
-                    self._refuse_shape(name, shape, wanted)
+                self._other_shape(spec, shape)
+            else:
+                for index in range(len(wanted)):  # (not zip, nor a generator: a third the time)
+                    want = wanted[index]
+                    if want != shape[index] and want != -1:
+                        self._other_shape(spec, shape)
+                        break
         limit = self._batch_limit
         if limit > 0 and shape and not 0 < shape[0] <= limit:
             batch = shape[0]
@@ -132,10 +136,15 @@ class Expected:
                 f"max_batch_size {limit}; split the request"
             )
 
-    def _refuse_shape(self, name: str, shape: tuple[int, ...], wanted: tuple[int, ...]) -> NoReturn:
+    def _other_shape(self, spec: TensorSpec, shape: tuple[int, ...]) -> None:
+        """InvalidInput unless `shape` is one of the others the input takes (`other_shapes`)."""
+        others = self._others.get(spec.name, ())
+        for other in others:
+            if fits(shape, other):
+                return
         self._refuse(
-            f"input '{name}': shape {list(shape)} does not match the model's {list(wanted)} (-1 "
-            "marks a free dim)"
+            f"input '{spec.name}': shape {list(shape)} does not match the model's "
+            f"{shapes_taken(spec, others)} (-1 marks a free dim)"
         )
 
     def output(self, name: str) -> None:

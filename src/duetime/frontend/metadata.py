@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from duetime.config import SchedulingConfig
 from duetime.datatypes import TRITON_TYPE_OF
 from duetime.repository.loader import LoadedModel
-from duetime.repository.tritonconfig import ANY_PRIORITY
+from duetime.repository.tritonconfig import ANY_PRIORITY, WITHOUT_DIMS
 from duetime.types import TensorSpec
 
 PLATFORM = "onnxruntime_onnx"
@@ -55,6 +56,7 @@ def model_config_json(model: LoadedModel) -> dict[str, Any]:
     config = model.config
     scheduling = config.scheduling
     labels = {t.name: t.labels for t in config.outputs or () if t.labels is not None}
+    inputs = shown_inputs(model)
     # NOTE: what duetime does, in Triton's terms: a request's own timeout is always honoured
     # (it may shorten the default, never extend it), whatever a Triton config said (warned of at
     # load when it did not allow it)
@@ -73,7 +75,7 @@ def model_config_json(model: LoadedModel) -> dict[str, Any]:
         "version_policy": config.version_policy.model_dump(exclude_none=True)
         or {"latest": {"num_versions": 1}},
         "max_batch_size": signature.max_batch_size,
-        "input": [_config_tensor(s, batched) for s in shown_inputs(model)],
+        "input": [_config_tensor(s, batched) for s in inputs],
         "output": [_config_tensor(s, batched, labels.get(s.name)) for s in signature.outputs],
         "instance_group": [{"name": model.name, "kind": "KIND_CPU", "count": config.instances}],
         "dynamic_batching": {
@@ -85,6 +87,7 @@ def model_config_json(model: LoadedModel) -> dict[str, Any]:
         "parameters": {
             "scheduling_policy": {"string_value": scheduling.policy},
             **_any_priority(scheduling),
+            **_without_dims([*inputs, *signature.outputs], batched),
             "intra_op_thread_count": {"string_value": str(config.intra_op_threads)},
             "inter_op_thread_count": {"string_value": str(config.inter_op_threads)},
         },
@@ -112,6 +115,23 @@ def _any_priority(scheduling: SchedulingConfig) -> dict[str, Any]:
     return {ANY_PRIORITY: {"string_value": "true"}}
 
 
+def _without_dims(specs: list[TensorSpec], batched: bool) -> dict[str, Any]:
+    """NOTE: a tensor without dims beyond the batch's is written as Triton writes it, dims [1]
+    with reshape [] (see `_config_tensor`), which a config read back takes as Triton's: answers
+    in [batch, 1], and metadata saying so. Read back by load_model(config=...), a model served
+    [batch] became one answering [batch, 1]. The parameter names such tensors (a JSON list), so
+    that the config reads back as the same model (see tritonconfig.WITHOUT_DIMS)."""
+    names = [spec.name for spec in specs if _has_no_dims(spec, batched)]
+    if not names:
+        return {}
+    return {WITHOUT_DIMS: {"string_value": json.dumps(names)}}
+
+
+def _has_no_dims(spec: TensorSpec, batched: bool) -> bool:
+    """Whether `spec` has no dims beyond the batch's as requests give it (and no reshape)."""
+    return spec.wire is None and not (spec.shown()[1:] if batched else spec.shown())
+
+
 def _config_tensor(spec: TensorSpec, batched: bool, labels: str | None = None) -> dict[str, Any]:
     dims = spec.shown()[1:] if batched else spec.shown()
     tensor: dict[str, Any] = {"name": spec.name, "data_type": TRITON_TYPE_OF[spec.datatype]}
@@ -121,7 +141,7 @@ def _config_tensor(spec: TensorSpec, batched: bool, labels: str | None = None) -
     elif dims:
         tensor["dims"] = dims
     else:  # NOTE: as Triton writes a tensor without dims (its config check refuses empty dims)
-        tensor["dims"], tensor["reshape"] = [1], {"shape": []}
+        tensor["dims"], tensor["reshape"] = [1], {"shape": []}  # (named by WITHOUT_DIMS)
     if labels is not None:
         tensor["label_filename"] = labels
     if spec.optional:

@@ -23,6 +23,7 @@ graph, as Triton's auto-complete does):
 | `dynamic_batching.preferred_batch_size` (FIFO mode) | `scheduling.preferred_batch_size` |
 | `scheduling_policy` in `parameters` (`edf`, `fifo`) | `scheduling.policy` |
 | `any_priority_level` `"true"` in `parameters` (duetime's own) | `scheduling.priority_levels` 0 |
+| `tensors_without_dims` (a JSON list of names) in `parameters` (duetime's own) | no `dims` |
 | `version_policy` | `version_policy` |
 | `parameters` `intra_op_thread_count`, `inter_op_...` | `intra_op_threads`, `inter_op_...` |
 | other onnxruntime backend `parameters` | warned of, unless they ask for what duetime does |
@@ -45,6 +46,7 @@ Without `dynamic_batching` Triton runs each request alone; duetime's scheduler b
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -101,6 +103,11 @@ SCHEDULING_POLICY = "scheduling_policy"
 ANY_PRIORITY = "any_priority_level"
 """The parameter ("true") saying, in Triton's form, that requests may ask for any priority
 level: a duetime model whose `priority_levels` is 0 (Triton's 0 is one level for all)."""
+WITHOUT_DIMS = "tensors_without_dims"
+"""The parameter (a JSON list of tensor names) saying, in Triton's form, which tensors written
+as dims [1] with reshape [] have no dims at all: a duetime model's tensors without dims beyond
+the batch's, served in the graph's shape ([batch], or [] unbatched), not Triton's [batch, 1].
+Either way such an input takes both forms (see validation.other_shapes)."""
 _THREAD_PARAMETERS = {
     "intra_op_thread_count": "intra_op_threads",
     "inter_op_thread_count": "inter_op_threads",
@@ -323,12 +330,43 @@ def _parameter(name: str, value: str, out: dict[str, Any], source: str, warn: Wa
     elif name == ANY_PRIORITY:  # (duetime's own; after `_priority`, which it overrides)
         if value.strip().lower() == "true":
             out.setdefault("scheduling", {}).pop("ignore_priority", None)
+    elif name == WITHOUT_DIMS:  # (duetime's own; after the tensors, whose dims it drops)
+        _without_dims(_names(value, f"parameters['{name}']", source), out, where, warn)
     elif name in _UNHONOURED_PARAMETERS:
         what_duetime_does, same = _UNHONOURED_PARAMETERS[name]
         if value.strip().lower() not in same:
             warn(f"{where} '{value}': not honoured: duetime {what_duetime_does}")
     else:
         warn(f"{where}: not a parameter of Triton's onnxruntime backend nor of duetime; ignored")
+
+
+def _without_dims(names: list[str], out: dict[str, Any], where: str, warn: Warn) -> None:
+    """The tensors `names` (`WITHOUT_DIMS`), written dims [1] with reshape [], as having no
+    dims: the graph's shape is served. A name of no such tensor is warned of."""
+    tensors = [t for key in ("inputs", "outputs") for t in out.get(key, ())]
+    for name in names:
+        found = [t for t in tensors if t["name"] == name and _dims_1_reshape_empty(t)]
+        if not found:
+            warn(f"{where}: '{name}' is no input or output of dims [1] with reshape [] in this "
+                 "config; ignored")  # fmt: skip
+        for tensor in found:
+            del tensor["dims"], tensor["reshape"]
+
+
+def _dims_1_reshape_empty(tensor: dict[str, Any]) -> bool:
+    return tensor.get("dims") == [1] and tensor.get("reshape") == []
+
+
+def _names(value: str, field: str, source: str) -> list[str]:
+    """The tensor names of a parameter holding a JSON list of them."""
+    try:
+        names = json.loads(value)
+    except ValueError:
+        names = None
+    if not isinstance(names, list) or not all(isinstance(name, str) for name in names):
+        raise ConfigError(f"{source}: {field}: expected a JSON list of tensor names (as the "
+                          f"config endpoint writes it: [\"label\"]), got '{value}'")  # fmt: skip
+    return names
 
 
 def _refuse_what_cannot_be_served(
