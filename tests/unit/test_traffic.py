@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import hashlib
 import random
 from collections import Counter
 
 import pytest
-from hypothesis import given
+from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from duetime.config import TrafficConfig, parse_model_config
@@ -94,6 +95,45 @@ def test_unit_hash_is_in_the_open_unit_interval(key: str, version: str) -> None:
     value = unit_hash(key.encode("utf-8", "surrogatepass"), version)
     assert 0.0 < value < 1.0
     assert value == unit_hash(key.encode("utf-8", "surrogatepass"), version)
+
+
+DIGITS = "0123456789"
+
+
+def test_versions_sharing_their_first_16_digits_split_keys_by_the_weights() -> None:
+    """Timestamp versions (17 digits) that differ only in their last digit: every key went to
+    the first of them, as only 16 bytes of a version were hashed."""
+    a, b = "20241201120000123", "20241201120000124"
+    found = shares({a: 50, b: 50})
+    assert found[a] == pytest.approx(0.5, abs=0.02)
+    assert found[b] == pytest.approx(0.5, abs=0.02)
+
+
+@given(
+    st.text(max_size=40),
+    st.text(DIGITS, min_size=16, max_size=40),
+    st.text(DIGITS, max_size=20),
+    st.text(DIGITS, min_size=1, max_size=20),
+)
+def test_the_whole_version_is_hashed_whatever_its_length(
+    key: str, prefix: str, tail: str, other: str
+) -> None:
+    """Two versions that share their first 16 bytes (or more) hash a key apart, so rendezvous
+    scores them independently; a 16-byte version and its longer extension too."""
+    assume(tail != other)
+    encoded = key.encode("utf-8", "surrogatepass")
+    first, second = unit_hash(encoded, prefix + tail), unit_hash(encoded, prefix + other)
+    assert 0.0 < first < 1.0
+    assert 0.0 < second < 1.0
+    assert first != second
+
+
+@given(st.text(max_size=40), st.text(DIGITS, min_size=1, max_size=16))
+def test_versions_of_at_most_16_bytes_keep_their_hashes(key: str, version: str) -> None:
+    """What a key scored before long versions were hashed whole: its version stays its own."""
+    encoded = key.encode("utf-8", "surrogatepass")
+    digest = hashlib.blake2b(encoded, digest_size=8, person=version.encode()).digest()
+    assert unit_hash(encoded, version) == (int.from_bytes(digest, "big") + 0.5) / 2.0**64
 
 
 @given(st.text(max_size=40))

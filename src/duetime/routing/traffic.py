@@ -92,8 +92,22 @@ def rendezvous(key: str, versions: Sequence[str], weights: Sequence[float]) -> s
 
 
 def unit_hash(key: bytes, version: str) -> float:
-    """A uniform value in (0, 1) from (key, version), the same on every replica and run."""
-    digest = hashlib.blake2b(key, digest_size=8, person=version.encode()[:16]).digest()
+    """A uniform value in (0, 1) from (key, version), the same on every replica and run.
+
+    The whole version is hashed, whatever its length: BLAKE2b's `person` holds 16 bytes, so a
+    longer version also gives a `salt` (a digest of all of it). A version of at most 16 bytes
+    gives none (BLAKE2b pads both with zeros), and keeps the hashes it always had: a sticky key
+    keeps its version across the upgrade.
+
+    NOTE: `person` alone took the first 16 bytes: two versions sharing them (timestamps with
+    milliseconds, 20241201120000123 and ...124) hashed every key alike, so the heavier (or, at
+    equal weights, the first) of them took every keyed request whatever the weights said."""
+    name = version.encode()
+    if len(name) <= 16:
+        digest = hashlib.blake2b(key, digest_size=8, person=name).digest()
+    else:
+        salt = hashlib.blake2b(name, digest_size=16).digest()
+        digest = hashlib.blake2b(key, digest_size=8, person=name[:16], salt=salt).digest()
     return (int.from_bytes(digest, "big") + 0.5) / _SCALE
 
 
