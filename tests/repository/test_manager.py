@@ -415,6 +415,38 @@ def test_poll_reloads_a_version_whose_external_data_alone_changed(tmp_path: Path
     run(tmp_path, scenario, control_mode="poll", poll_s=3600)
 
 
+NORMALISED_NS = 315_532_800 * 10**9
+"""1980-01-01, a normalised time stamp (`cp -p` or `rsync -a` of archived files keep it)."""
+
+
+@pytest.mark.parametrize("mode", ["poll", "explicit"])
+@pytest.mark.parametrize("how", ["renamed onto it", "written over it"])
+def test_a_file_replaced_by_one_of_the_same_size_and_time_is_reloaded(
+    tmp_path: Path, mode: str, how: str
+) -> None:
+    """Size and modification time were all that was compared: polls served the old weights for
+    good, and a load request answered 200 with them."""
+    path = write_version(tmp_path, "m", 1, scale_model(1))
+    os.utime(path, ns=(NORMALISED_NS, NORMALISED_NS))
+
+    async def scenario(engine: Engine) -> None:
+        assert await factor_of(engine) == 1.0
+        new = scale_model(2)
+        assert len(new) == path.stat().st_size
+        target = path.with_name(".model.onnx.tmp") if how == "renamed onto it" else path
+        target.write_bytes(new)
+        os.utime(target, ns=(NORMALISED_NS, NORMALISED_NS))
+        os.replace(target, path)  # (onto itself: nothing, for the overwrite in place)
+        if mode == "poll":
+            await engine.manager.poll()  # type: ignore[union-attr]
+        else:
+            await engine.load_model("m")
+        assert await factor_of(engine) == 2.0
+
+    options: dict[str, Any] = {"poll_s": 3600} if mode == "poll" else {"startup_models": ("m",)}
+    run(tmp_path, scenario, control_mode=mode, **options)
+
+
 def loads_counted(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """The models ONNX Runtime is asked to load from now on (their folder names)."""
     seen: list[str] = []
@@ -622,6 +654,90 @@ def test_a_failed_override_leaves_no_trace(tmp_path: Path) -> None:
         assert states(engine)["1"] == ("READY", "")  # (a failure since past)
         served = engine.registry.snapshot.models["m"].versions["1"]
         assert served.primary.model.signature.max_batch_size == 8
+
+    run(tmp_path, scenario, control_mode="explicit", startup_models=("m",))
+
+
+def batch_size(engine: Engine, version: str = "1") -> int:
+    served = engine.registry.snapshot.models["m"].versions[version]
+    return served.primary.model.signature.max_batch_size
+
+
+def test_a_plain_load_after_an_override_reads_the_config_file_again(tmp_path: Path) -> None:
+    """An override stayed the model's config: a later plain load, even after an edit of the
+    config file, served it until an unload. Triton's load without a config reads the file
+    (lifecycle_test.py test_config_override)."""
+    write_version(tmp_path, "m", 1, scale_model(1))
+    config(tmp_path, "m", "max_batch_size = 8\n")
+
+    async def scenario(engine: Engine) -> None:
+        await engine.load_model("m", ModelConfig(max_batch_size=4))
+        assert batch_size(engine) == 4
+        await engine.load_model("m")
+        assert batch_size(engine) == 8
+        await engine.load_model("m", ModelConfig(max_batch_size=4))
+        config(tmp_path, "m", "max_batch_size = 16\n")
+        await engine.load_model("m")
+        assert batch_size(engine) == 16
+
+    run(tmp_path, scenario, control_mode="explicit", startup_models=("m",))
+
+
+def test_an_uploads_config_stays_with_its_files(tmp_path: Path) -> None:
+    """Uploaded files serve until an unload, and so does the config they came with (their
+    folder has none of its own); a later load's config replaces it."""
+    write_version(tmp_path, "m", 1, scale_model(1))
+    config(tmp_path, "m", "max_batch_size = 8\n")
+
+    async def scenario(engine: Engine) -> None:
+        upload = {"7/model.onnx": scale_model(7)}
+        await engine.load_model("m", ModelConfig(max_batch_size=4), files=upload)
+        await engine.load_model("m")
+        assert (await factor_of(engine), batch_size(engine, "7")) == (7.0, 4)
+        await engine.load_model("m", ModelConfig(max_batch_size=2))
+        await engine.load_model("m")
+        assert (await factor_of(engine), batch_size(engine, "7")) == (7.0, 2)
+        await engine.unload_model("m")
+        await engine.load_model("m")
+        assert (await factor_of(engine), batch_size(engine)) == (1.0, 8)
+
+    run(tmp_path, scenario, control_mode="explicit", startup_models=("m",))
+
+
+TRITON_INPUT = {"name": "wrong", "data_type": "TYPE_FP32", "dims": ["4"]}
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        (  # duetime's form
+            {"inputs": [{"name": "wrong"}]},
+            "load parameter 'config': field 'inputs.0.name': 'wrong' is not in the graph",
+        ),
+        (  # Triton's, as get_model_config gives it
+            {"max_batch_size": 8, "input": [TRITON_INPUT]},
+            "load parameter 'config': field 'input[0].name': 'wrong' is not in the graph",
+        ),
+        (
+            {"version_policy": {"specific": {"versions": [9]}}},
+            "load parameter 'config': field 'version_policy' selects none of the versions",
+        ),
+    ],
+)
+def test_an_override_the_model_refuses_is_named_as_the_request_gave_it(
+    tmp_path: Path, override: dict[str, Any], message: str
+) -> None:
+    """The error named the model's folder, whose config is fine, and duetime's own field path
+    (`inputs.0.name`) for a field the client wrote in Triton's form (`input[0].name`)."""
+    write_version(tmp_path, "m", 1, scale_model(1))
+    from duetime.frontend.rest import parse_config_override
+
+    async def scenario(engine: Engine) -> None:
+        with pytest.raises(InvalidInput) as caught:
+            await engine.load_model("m", parse_config_override(json.dumps(override), "m"))
+        assert message in caught.value.message
+        assert f"{tmp_path / 'm'}: " not in caught.value.message
+        assert await factor_of(engine) == 1.0
 
     run(tmp_path, scenario, control_mode="explicit", startup_models=("m",))
 

@@ -28,6 +28,7 @@ import contextlib
 import hashlib
 import logging
 import os
+import re
 import shutil
 import tempfile
 import threading
@@ -60,7 +61,7 @@ from duetime.repository.registry import (
     ServedModel,
     ServedVersion,
 )
-from duetime.repository.tritonconfig import read_model_config
+from duetime.repository.tritonconfig import TritonModelConfig, read_model_config, triton_field
 
 log = logging.getLogger("duetime.manager")
 log_config = logging.getLogger("duetime.config")
@@ -125,14 +126,16 @@ class VersionState:
 class Fingerprint:
     """What a loaded version was made from; any change to it means a reload."""
 
-    files: tuple[tuple[str, int, int], ...]
-    """(name, size, modification time in ns) of each file the version loads."""
+    files: tuple[tuple[str, int, int, int, int], ...]
+    """(name, size, modification time in ns, inode, change time in ns) of each file the version
+    loads (see `fingerprint`)."""
     config: str
     """Digest of the config the version was loaded with."""
 
     @property
     def newest_ns(self) -> int:
-        return max(mtime for _, _, mtime in self.files)
+        """The latest modification time: what the settle rule waits on (a rename keeps it)."""
+        return max(mtime for _, _, mtime, _, _ in self.files)
 
 
 REMOVED = "its folder was removed from the repository"
@@ -162,6 +165,20 @@ class _IndexRecord:
     states: dict[str, VersionState]
     error: str | None
     served: dict[str, ServedVersion]
+
+
+OVERRIDE = "load parameter 'config'"
+"""What a load request's config override is called in its errors (as the endpoints call it)."""
+UPLOADED_CONFIG = "the 'config' the model's files were uploaded with"
+"""What an upload's config is called in the errors of a later load without one."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Given:
+    """A config a load uses in place of the model's config file, and what its errors call it."""
+
+    config: ModelConfig
+    source: str
 
 
 _NOT_IN_NAMES = "/\0" if os.sep == "/" else "/\\:\0"
@@ -235,10 +252,13 @@ class ModelManager:
         """Model -> the digest of the config file whose warnings were said (once per content,
         not at every poll)."""
         self._started_ns = 0
-        self._overrides: dict[str, ModelConfig] = {}
         self._uploads: dict[str, Path] = {}
         """Model -> the folder its uploaded files form (in a temporary directory of its own),
         served in place of its folder in the repository until it is unloaded."""
+        self._upload_configs: dict[str, ModelConfig] = {}
+        """Model -> the config its uploaded files came with (or a later load's override): the
+        config of the folder they form, which has no config file of its own. A config override
+        of a model served from the repository is no entry here: it applies to its load alone."""
         self._locks: dict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
         self._loads: set[asyncio.Task[None]] = set()
         """Loads running (see `load`: their callers may have stopped waiting)."""
@@ -387,14 +407,17 @@ class ModelManager:
         explicit: bool = True,
         settle: bool = True,
     ) -> None:
-        """Bring `name` in step with its folder (with `config` in place of its config file from
-        now on, if given). Explicit loads wait for files still being written and raise the
+        """Bring `name` in step with its folder, with `config` in place of its config file for
+        this load, if given: a later load without one reads the config file again, as Triton's
+        (its lifecycle test `test_config_override`: "request without additional config will load
+        with default config"). Explicit loads wait for files still being written and raise the
         reason when the model cannot be served; watcher loads record it in the index. The
         loads at start (`settle=False`) take the repository as it is.
 
         `files` (path in the model's folder -> content, with `config`: Triton's load with
         `file:` parameters) form a folder of their own that is served in place of the
-        repository's until the model is unloaded.
+        repository's until the model is unloaded, with `config` as its config file (kept for
+        later loads, until another load's `config` replaces it).
 
         An explicit load is all or nothing, as Triton's: one that fails (a version that cannot
         load, files that never settle) serves none of the versions it loaded and drops its
@@ -448,14 +471,23 @@ class ModelManager:
         if upload is not None:
             self._written.append(upload)
         async with self._locks[name]:
-            previous = self._uploads.get(name), self._overrides.get(name)
+            previous = self._uploads.get(name), self._upload_configs.get(name)
             before = self._index_record(name)
             if upload is not None:
                 self._uploads[name] = upload
-            if config is not None:
-                self._overrides[name] = config
+            # NOTE: an override of a model served from its folder was kept for every later
+            # load: a plain load, even after an edit of the config file, served the override
+            # until an unload. It applies to its own load now; an upload's stays with its files.
+            if config is not None and name in self._uploads:
+                self._upload_configs[name] = config
+            uploaded = self._upload_configs.get(name)
+            given = (
+                _Given(config, OVERRIDE) if config is not None
+                else _Given(uploaded, UPLOADED_CONFIG) if uploaded is not None
+                else None
+            )  # fmt: skip
             try:  # (uploaded files are whole already: no waiting for them to settle)
-                await self._sync(name, explicit, settle and upload is None)
+                await self._sync(name, explicit, settle and upload is None, given)
             except asyncio.CancelledError:  # (only `aclose` cancels a load: roll it back)
                 if not self._changed(before):
                     self._restore(name, *previous)
@@ -483,9 +515,9 @@ class ModelManager:
         else:
             self._uploads[name] = upload
         if config is None:
-            self._overrides.pop(name, None)
+            self._upload_configs.pop(name, None)
         else:
-            self._overrides[name] = config
+            self._upload_configs[name] = config
 
     def _index_record(self, name: str) -> _IndexRecord:
         """What the index and the registry say of `name` now, to put back after a failed load
@@ -538,7 +570,7 @@ class ModelManager:
         served = self._registry.snapshot.models.get(name)
         self._registry.publish(name, {}, ModelConfig().traffic)
         self._registry.record_failure(name, None)  # (unloaded: no longer one that failed)
-        self._overrides.pop(name, None)
+        self._upload_configs.pop(name, None)
         upload = self._uploads.pop(name, None)
         if upload is not None:
             _remove_upload(upload)
@@ -551,7 +583,9 @@ class ModelManager:
                 self._fingerprints.pop((name, version.version), None)
                 self._retire(name, version, reason)
 
-    async def _sync(self, name: str, explicit: bool, settle: bool) -> None:
+    async def _sync(self, name: str, explicit: bool, settle: bool, given: _Given | None) -> None:
+        """Serve what `name`'s folder holds, with `given` as its config (None: its config
+        file's)."""
         directory = self._uploads.get(name) or self.root / name
         current = self._registry.snapshot.models.get(name)
         if not directory.is_dir():
@@ -560,11 +594,7 @@ class ModelManager:
             else:
                 self._forget(name)
             raise ModelNotFound(f"model '{name}' is not in the repository {self.root}")
-        if (
-            settle
-            and name not in self._overrides
-            and not await self._config_settled(directory, wait=explicit)
-        ):
+        if settle and given is None and not await self._config_settled(directory, wait=explicit):
             # NOTE: a config half written would be applied as it is (its traffic plan at once):
             # what serves goes on serving as it is until the next poll finds the file settled
             if current is not None:
@@ -574,16 +604,19 @@ class ModelManager:
             )
         try:
             source = scan_model(directory)
-            config = self._overrides.get(name) or self._read_config(name, directory)
+            config = given.config if given else self._read_config(name, directory)
         except ConfigError as exc:
             self._fail_model(name, exc.message, serving=current is not None)
             raise _LoadFailed(f"model '{name}' cannot be loaded: {exc.message}") from None
         self._prune_versions(name, source.versions)
         wanted = config.version_policy.select(source.versions)
         if not wanted:
+            found = ", ".join(str(v) for v in sorted(source.versions))
             reason = (
-                f"{directory}: version_policy selects none of the versions found "
-                f"({', '.join(str(v) for v in sorted(source.versions))})"
+                f"{directory}: version_policy selects none of the versions found ({found})"
+                if given is None
+                else f"{given.source}: field 'version_policy' selects none of the versions "
+                f"in {directory} ({found})"
             )
             self._fail_model(name, reason, serving=current is not None)
             raise _LoadFailed(f"model '{name}' cannot be loaded: {reason}")
@@ -636,7 +669,7 @@ class ModelManager:
                         chosen[version] = old
                     continue
                 background = version in shadow_only
-                loaded = await self._load_version(source, number, config, background)
+                loaded = await self._load_version(source, number, config, background, given)
                 if isinstance(loaded, str):
                     self._failed[(name, version)] = print_, loaded
                     problems.append(f"version {version}: {loaded}")
@@ -751,9 +784,15 @@ class ModelManager:
         return None
 
     async def _load_version(
-        self, source: ModelSource, version: int, config: ModelConfig, background: bool
+        self,
+        source: ModelSource,
+        version: int,
+        config: ModelConfig,
+        background: bool,
+        given: _Given | None = None,
     ) -> ServedVersion | str:
-        """Load and deploy one version with its variants; the reason as text on failure."""
+        """Load and deploy one version with its variants; the reason as text on failure (the
+        config's errors named for the config the load was `given`, if any)."""
         key = str(version)
         previous = self._states[source.name].get(key)
         self._states[source.name][key] = VersionState("LOADING")
@@ -772,7 +811,7 @@ class ModelManager:
         except Exception as exc:  # (a ConfigError, or a fault of duetime's: either way, this
             # version only: the other models and versions load on)
             if isinstance(exc, ConfigError):
-                message = exc.message
+                message = exc.message if given is None else _named_for(exc.message, source, given)
                 log.error("model %s version %d not loaded: %s", source.name, version, message)
             else:
                 message = f"internal error while loading: {type(exc).__name__}: {exc}"
@@ -1174,11 +1213,36 @@ def _missing_variant(name: str, file: str, folder: Path, version: int) -> str:
     )
 
 
+def _named_for(message: str, source: ModelSource, given: _Given) -> str:
+    """`message`, an error of loading `source` with the config a load was `given`, with the
+    config's fields that the loader names in the model's folder (`<folder>: field
+    'inputs.0.name': ...`) named in that config, as its writer named them (`input[0].name` in
+    Triton's form): the folder's config file was not read, and may be fine."""
+
+    def named(match: re.Match[str]) -> str:
+        field = match[1]
+        if isinstance(given.config, TritonModelConfig):
+            field = triton_field(tuple(int(p) if p.isdigit() else p for p in field.split(".")))
+        return f"{given.source}: field '{field}'"
+
+    return re.sub(re.escape(f"{source.directory}: field '") + r"([\w.]+)'", named, message)
+
+
 def fingerprint(source: ModelSource, version: int, config: ModelConfig) -> Fingerprint:
-    """Size and modification time of each file `version` loads, and the config's digest.
+    """Size, modification time, inode and change time of each file `version` loads, and the
+    config's digest.
 
     Every file of the version's folder counts, not only the model files: a model's tensors can
-    live in files of their own (ONNX external data), which a new release may change alone."""
+    live in files of their own (ONNX external data), which a new release may change alone.
+
+    NOTE: size and modification time alone missed a file replaced by one of the same size and
+    the same time (a retrained model of one architecture, its time normalised: `cp -p`, `rsync
+    -a`, SOURCE_DATE_EPOCH archives): polls served the old weights for good, and a load request
+    answered 200 with them. A rename onto the file gives it another inode, and an overwrite in
+    place, its time set back, a new change time. (A `chmod` or a new hard link changes the
+    change time too: a reload of the same files, which serve on meanwhile.) The folders'
+    modification times, which Triton compares, would change with the optimised-graph cache
+    that the first load writes into the version's folder."""
     model = source.versions[version]
     paths = _version_files(model, config)
     paths += [source.directory / name for name in CONFIG_FILENAMES]
@@ -1186,7 +1250,7 @@ def fingerprint(source: ModelSource, version: int, config: ModelConfig) -> Finge
     for path in paths:
         with contextlib.suppress(FileNotFoundError):
             stat = path.stat()
-            files.append((str(path), stat.st_size, stat.st_mtime_ns))
+            files.append((str(path), stat.st_size, stat.st_mtime_ns, stat.st_ino, stat.st_ctime_ns))
     digest = hashlib.sha256(config.model_dump_json().encode()).hexdigest()
     return Fingerprint(tuple(files), digest)
 

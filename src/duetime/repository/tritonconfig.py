@@ -152,6 +152,12 @@ class ReadConfig:
     digest: str = ""
 
 
+class TritonModelConfig(ModelConfig):
+    """A model config given as Triton's ModelConfig in JSON (a load request's `config`): the
+    same settings, whose fields the errors found at load name as the client wrote them
+    (`triton_field`: `input[0].name`, not `inputs.0.name`)."""
+
+
 def load_model_config(model_dir: Path) -> ModelConfig:
     """The model's config from its config file (duetime's TOML or YAML, or Triton's pbtxt);
     its warnings are logged."""
@@ -202,7 +208,8 @@ def read_json_config(
     tritonclient's gRPC `get_model_config(as_json=True)` returns) and `max_batch_size` 0,
     which duetime reads as "no batching" and Triton as "from the graph". Choosing by a
     Triton-only key refused such configs unless one stood beside them. Valid in neither: the
-    errors of the form its keys name (Triton's if any is Triton's alone)."""
+    errors of the form its keys name (Triton's if any is Triton's alone). Read in Triton's
+    form, it is a `TritonModelConfig`."""
     given = data.get("name", model_name)
     if given != model_name:
         raise ConfigError(f"{source}: name '{given}' is not the model '{model_name}'")
@@ -219,7 +226,8 @@ def read_json_config(
         if any(key in _TRITON_ONLY for key in data):
             raise
         raise own_error from None
-    return validated(_translated(config, source, model_name, warn), source=source)
+    translated = _translated(config, source, model_name, warn)
+    return validated(translated, source=source, form=TritonModelConfig)
 
 
 def translate_json(
@@ -231,11 +239,14 @@ def translate_json(
     return _translated(config, source, model_name, warn)
 
 
-def validated(data: dict[str, Any], *, source: str) -> ModelConfig:
-    """The duetime config that a Triton config translated to (`data`), validated; errors name
-    the Triton fields the wrong values came from (see `triton_field`), not duetime's."""
+def validated(
+    data: dict[str, Any], *, source: str, form: type[ModelConfig] = ModelConfig
+) -> ModelConfig:
+    """The duetime config that a Triton config translated to (`data`), validated (as a `form`);
+    errors name the Triton fields the wrong values came from (see `triton_field`), not
+    duetime's."""
     try:
-        return ModelConfig.model_validate(data)
+        return form.model_validate(data)
     except ValidationError as exc:
         # (a section's whole translated content says nothing of the Triton file: left out)
         message = describe_validation_error(
