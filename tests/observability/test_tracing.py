@@ -24,6 +24,7 @@ from tritonclient.utils import InferenceServerException
 
 from duetime import server as server_module
 from duetime.config import ServerSettings
+from duetime.errors import ConfigError
 from duetime.observability import tracing as tracing_module
 from duetime.observability.tracing import Tracing, parse_traceparent, tracing_from_env
 from duetime.types import RequestTiming
@@ -233,6 +234,50 @@ def test_tracing_is_off_without_otel_variables() -> None:
     console = tracing_from_env({"OTEL_TRACES_EXPORTER": "console"})
     assert console is not None
     console.shutdown()
+
+
+def test_every_exporter_the_list_names_gets_the_spans(monkeypatch: pytest.MonkeyPatch) -> None:
+    """OTEL_TRACES_EXPORTER is a comma-separated list: `console,otlp` read only its first name,
+    and the OTLP collector got nothing."""
+    from opentelemetry.exporter.otlp.proto.http import trace_exporter
+
+    made: dict[str, InMemorySpanExporter] = {}
+
+    def recording(name: str) -> type[InMemorySpanExporter]:
+        class Recording(InMemorySpanExporter):
+            def __init__(self) -> None:
+                super().__init__()
+                made[name] = self
+
+        return Recording
+
+    monkeypatch.setattr(tracing_module, "ConsoleSpanExporter", recording("console"))
+    monkeypatch.setattr(trace_exporter, "OTLPSpanExporter", recording("otlp"))
+    tracing = tracing_from_env({"OTEL_TRACES_EXPORTER": " console , otlp,console"})
+    assert tracing is not None
+    timing = RequestTiming(1_000, decoded_ns=2_000)
+    record = {"protocol": "http", "model": "m", "version": "1", "variant": "default"}
+    trace_id = tracing.record(timing, None, **record, error=None, done_ns=3_000)
+    tracing.provider.force_flush()
+    tracing.shutdown()
+    assert sorted(made) == ["console", "otlp"]  # (each once)
+    for exporter in made.values():
+        assert {f"{s.context.trace_id:032x}" for s in exporter.get_finished_spans()} == {trace_id}
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ("jaeger,otlp", "'jaeger' is not supported"),
+        ("console,zipkin", "'zipkin' is not supported"),
+        ("none,console", "'none' cannot be listed with other exporters"),
+    ],
+)
+def test_a_list_naming_what_cannot_be_done_is_refused(value: str, message: str) -> None:
+    """As the Python SDK (no exporter named so) and Java's autoconfigure refuse them."""
+    with pytest.raises(ConfigError, match="OTEL_TRACES_EXPORTER") as caught:
+        tracing_from_env({"OTEL_TRACES_EXPORTER": value})
+    assert message in caught.value.message
 
 
 def test_kserve_v1_predicts_get_their_span_and_trace_id(traced) -> None:

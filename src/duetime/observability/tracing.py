@@ -1,7 +1,8 @@
 """Tracing: an OpenTelemetry span per request, with child spans for its stages.
 
-Configured by the standard environment variables: tracing is on when `OTEL_TRACES_EXPORTER` is
-`otlp` or `console`, or an OTLP endpoint (`OTEL_EXPORTER_OTLP_ENDPOINT`,
+Configured by the standard environment variables: tracing is on when `OTEL_TRACES_EXPORTER`
+names `otlp`, `console` or both (a comma-separated list: spans go to each), or an OTLP endpoint
+(`OTEL_EXPORTER_OTLP_ENDPOINT`,
 `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`) is set, and `OTEL_SDK_DISABLED` is not true; the SDK
 reads the rest (`OTEL_SERVICE_NAME`, `OTEL_TRACES_SAMPLER`, the exporter's settings). When off,
 requests carry no timing object and nothing here runs.
@@ -88,11 +89,11 @@ class Tracing:
     """Turns finished requests' timings into spans, exported in the background."""
 
     def __init__(
-        self, provider: TracerProvider, exporter: AbandonableExporter | None = None
+        self, provider: TracerProvider, exporters: Sequence[AbandonableExporter] = ()
     ) -> None:
         self.provider = provider
-        self._exporter = exporter
-        """The provider's exporter, stopped by `shutdown` when it overruns (None: not known)."""
+        self._exporters = tuple(exporters)
+        """The provider's exporters, stopped by `shutdown` when it overruns (none: not known)."""
         self.settings = TraceSettings(exporting=True)
         """Which requests get spans (Triton's trace settings API)."""
         self._tracer = provider.get_tracer("duetime")
@@ -177,8 +178,8 @@ class Tracing:
         stopping.join(max(0.0, timeout_s))
         if not stopping.is_alive():
             return
-        if self._exporter is not None:
-            self._exporter.abandon()
+        for exporter in self._exporters:
+            exporter.abandon()
         log.warning(
             "tracing: the span exporter had not finished %.1f s into shutdown (is its collector "
             "down or not answering?); the spans not exported yet are dropped",
@@ -190,18 +191,18 @@ def tracing_from_env(
     env: Mapping[str, str] | None = None, exporter: SpanExporter | None = None
 ) -> Tracing | None:
     """Tracing as the `OTEL_*` variables say, or None when they do not turn it on. `exporter`
-    (tests, embedding) overrides the one the variables name."""
+    (tests, embedding) overrides the ones the variables name."""
     env = os.environ if env is None else env
     if env.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
         return None
-    if exporter is None:
-        exporter = _exporter(env)
-        if exporter is None:
-            return None
+    exporters = [exporter] if exporter is not None else _exporters(env)
+    if not exporters:
+        return None
     service = env.get("OTEL_SERVICE_NAME") or "duetime"
     provider = TracerProvider(resource=Resource.create({"service.name": service}))
-    abandonable = AbandonableExporter(exporter)
-    provider.add_span_processor(BatchSpanProcessor(abandonable))
+    abandonable = [AbandonableExporter(each) for each in exporters]
+    for each in abandonable:  # (a processor each: a slow collector holds back no other)
+        provider.add_span_processor(BatchSpanProcessor(each))
     return Tracing(provider, abandonable)
 
 
@@ -237,21 +238,38 @@ class AbandonableExporter(SpanExporter):
         return self.inner.force_flush(timeout_millis)
 
 
-def _exporter(env: Mapping[str, str]) -> SpanExporter | None:
-    names = [n.strip().lower() for n in env.get("OTEL_TRACES_EXPORTER", "").split(",") if n]
+def _exporters(env: Mapping[str, str]) -> list[SpanExporter]:
+    """The exporters `OTEL_TRACES_EXPORTER` lists (each once), or OTLP when it is unset and an
+    OTLP endpoint is; none for `none`.
+
+    NOTE: the variable is a comma-separated list (the SDK environment spec, and the Python SDK
+    reads it so): only its first name was read, and `console,otlp` sent nothing to the
+    collector. `none` beside other names is refused, as the Python SDK (no exporter 'none')
+    and Java's (`contains none along with other exporters`) refuse it: it cannot say both."""
+    value = env.get("OTEL_TRACES_EXPORTER", "")
+    names = list(dict.fromkeys(n.strip().lower() for n in value.split(",") if n.strip()))
     endpoint = env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or env.get(
         "OTEL_EXPORTER_OTLP_ENDPOINT"
     )
     if not names:
         names = ["otlp"] if endpoint else []
-    if not names or names == ["none"]:
-        return None
-    if names[0] == "console":
-        return ConsoleSpanExporter()
-    if names[0] != "otlp":
-        raise ConfigError(
-            f"OTEL_TRACES_EXPORTER={names[0]!r} is not supported; use otlp, console or none"
-        )
+    if names == ["none"]:
+        return []
+    for name in names:
+        if name == "none":
+            raise ConfigError(
+                f"OTEL_TRACES_EXPORTER={value!r}: 'none' cannot be listed with other exporters; "
+                "give none alone, or the exporters without it"
+            )
+        if name not in ("otlp", "console"):
+            raise ConfigError(
+                f"OTEL_TRACES_EXPORTER={value!r}: {name!r} is not supported; use otlp, console "
+                "(or both, comma-separated) or none"
+            )
+    return [ConsoleSpanExporter() if name == "console" else _otlp() for name in names]
+
+
+def _otlp() -> SpanExporter:
     try:
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
     except ImportError:
