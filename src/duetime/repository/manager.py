@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from duetime.config import CONFIG_FILENAMES, ModelConfig
+from duetime.config import CONFIG_FILENAMES, ModelConfig, TrafficConfig
 from duetime.errors import ConfigError, DuetimeError, InvalidInput, ModelNotFound, ModelUnavailable
 from duetime.execution.affinity import lower_thread_priority, pin_current_thread
 from duetime.loops import in_thread
@@ -62,6 +62,7 @@ from duetime.repository.registry import (
     ServedVersion,
 )
 from duetime.repository.tritonconfig import TritonModelConfig, read_model_config, triton_field
+from duetime.routing.traffic import plan_traffic
 
 log = logging.getLogger("duetime.manager")
 log_config = logging.getLogger("duetime.config")
@@ -630,8 +631,10 @@ class ModelManager:
         try:
             served = dict(current.versions) if current else {}
             traffic = config.traffic
-            warning = _unserved(traffic.weights, "weights", wanted) + _unserved(
-                traffic.shadow, "shadow", wanted
+            warning = (
+                _unserved(traffic.weights, "weights", wanted)
+                + _unserved(traffic.shadow, "shadow", wanted)
+                + _shadowing_itself(traffic, wanted)
             )
             if warning and self._warned.get(name) != warning:  # (once, not at every poll)
                 log.warning("model %s: %s", name, warning)
@@ -1171,6 +1174,21 @@ def _unserved(table: Mapping[str, float] | None, field: str, served: Iterable[in
     return (
         f"[traffic] {field} names version(s) {', '.join(missing)}, not served (version_policy "
         f"serves {', '.join(str(v) for v in sorted(served))}): they get no requests. "
+    )
+
+
+def _shadowing_itself(traffic: TrafficConfig, served: list[int]) -> str:
+    """What to say when `[traffic] shadow` names the one version the traffic policy sends
+    requests to: a request is never mirrored to the version answering it, so that shadow
+    sees only requests that name another version (none when no other is served)."""
+    plan = plan_traffic(traffic, [str(v) for v in served], str(served[0]))
+    idle = [version for version, _ in plan.shadows if plan.versions == (version,)]
+    if not idle:
+        return ""
+    return (
+        f"[traffic] shadow names version {idle[0]}, the only version the traffic policy sends "
+        "requests to: no request is mirrored to the version that answers it, so it gets copies "
+        "only of requests that name another version. "
     )
 
 
