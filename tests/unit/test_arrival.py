@@ -7,6 +7,8 @@ import http.client
 import itertools
 import json
 import socket
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -188,3 +190,109 @@ def test_a_loop_reading_turn_after_turn_without_sleeping_is_busy_for_that_long()
         assert turn.busy_for_ns(clock.now_ns()) == 0
 
     asyncio.run(body())
+
+
+class KernelSays:
+    """A socket whose TCP_INFO gives `age_ms` as the age of its last data."""
+
+    def __init__(self, age_ms: int) -> None:
+        self.age_ms = age_ms
+
+    def getsockopt(self, level: int, option: int, size: int) -> bytes:
+        assert (level, option) == (socket.IPPROTO_TCP, socket.TCP_INFO)
+        return bytes(52) + self.age_ms.to_bytes(4, "little" if sys.byteorder == "little" else "big")
+
+
+def test_the_kernel_bounds_what_the_loop_guesses_of_a_request_arrival() -> None:
+    """A wait for the GIL looks like a sleep (requests would count from now), a preemption like
+    a busy stretch (they would count from before it): TCP_INFO's age of the connection's last
+    data, in whole kernel ticks, keeps the guess within a tick of it either way."""
+
+    async def body() -> None:
+        loop = asyncio.get_running_loop()
+        clock, switches = FakeClock(1_000_000_000), [0]
+        turn = ReadTurn(clock, switches=lambda: switches[0])
+        turn.mark(loop)
+        await asyncio.sleep(0)
+        clock.advance(200_000_000)  # the loop was held 200 ms where it looks asleep
+        switches[0] += 1
+        turn.mark(loop)
+        now = clock.now_ns()
+        turn.reading(KernelSays(200))  # the data came 200 ms ago (give or take a tick)
+        assert turn.arrival_ns(now) == now - 200_000_000 + 10_000_000  # no tick seen yet: 10 ms
+        turn.done_reading()
+        assert turn.arrival_ns(now) == now  # the guess alone again
+        turn.reading(KernelSays(4))  # a 4 ms tick (HZ=250) is learnt
+        turn.done_reading()
+        await asyncio.sleep(0)
+        clock.advance(62_000_000)  # preempted for 62 ms: not a sleep
+        turn.mark(loop)
+        now = clock.now_ns()
+        assert turn.arrival_ns(now) == now - 62_000_000  # from the turn before, by the loop
+        turn.reading(KernelSays(0))  # the data came this tick
+        assert turn.arrival_ns(now) == now - 4_000_000
+        turn.done_reading()
+        turn.reading(KernelSays(60))  # within a tick of the loop's guess: it stands
+        assert turn.arrival_ns(now) == now - 62_000_000
+        turn.done_reading()
+        turn.reading(None)  # not a TCP socket: nothing to go by
+        assert turn.arrival_ns(now) == now - 62_000_000
+
+    asyncio.run(body())
+
+
+def test_a_request_that_waited_for_the_gil_in_its_socket_counts_that_wait(
+    tmp_path: Path,
+) -> None:
+    """A loop waiting for the GIL (a thread in C code holding it: a big body joined and
+    decoded, a model's instance thread) looks asleep: its requests counted from when it got
+    the GIL back and were answered "on time", long after their clients' timeouts. The kernel's
+    age of the data says better. (The client is another process: a send from this one would
+    let the loop take the GIL and read the request before the hold.)"""
+    write_version(tmp_path, "m", 1, scale_model(3))
+    settings = ServerSettings(model_repository=tmp_path, http_port=0, grpc_port=0, metrics=False)
+    running, thread = start_server(settings)
+    host, port = running.addresses.host, running.addresses.http_port
+    client = subprocess.Popen(
+        [sys.executable, "-c", _GIL_CLIENT, host, str(port)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert client.stdout is not None
+        assert client.stdout.readline().strip() == "200"  # the warm-up
+        _hold_the_gil(0.6)  # the client sends its request 0.2 s into this
+        status = client.stdout.readline().strip()
+        assert client.wait(timeout=30) == 0
+        assert status == "504"
+    finally:
+        if client.poll() is None:
+            client.kill()
+            client.wait(timeout=30)
+        if client.stdout is not None:
+            client.stdout.close()
+        stop_server(running, thread)
+
+
+_GIL_CLIENT = """
+import json, socket, sys, time
+body = json.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 4],
+                   "data": [1, 2, 3, 4]}], "parameters": {"timeout": 50000}}).encode()
+head = b"POST /v2/models/m/infer HTTP/1.1\\r\\nHost: t\\r\\nContent-Length: %d\\r\\n\\r\\n"
+request = head % len(body) + body
+with socket.create_connection((sys.argv[1], int(sys.argv[2]))) as c:
+    c.sendall(request)
+    print(c.recv(65536).split()[1].decode(), flush=True)
+    time.sleep(0.2)
+    c.sendall(request)
+    print(c.recv(65536).split()[1].decode(), flush=True)
+"""
+
+
+def _hold_the_gil(seconds: float) -> None:
+    """Keep the GIL for about `seconds`: `sum` over a range runs in C and never lets go."""
+    n = 1_000_000
+    started = time.monotonic()
+    sum(range(n))
+    took = max(time.monotonic() - started, 1e-6)
+    sum(range(int(n * seconds / took)))

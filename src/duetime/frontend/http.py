@@ -25,6 +25,7 @@ import errno
 import functools
 import logging
 import math
+import socket
 import threading
 import time
 from collections import deque
@@ -387,7 +388,8 @@ class HttpConnection(asyncio.Protocol):
         "_held", "_http10", "_idle_timeout", "_in_transport", "_intake", "_last_active",
         "_lingering", "_loop", "_max_body", "_max_header", "_max_held", "_min_rate", "_parser",
         "_paused_at", "_read_timeout", "_reading_paused", "_rejected", "_reserved", "_running",
-        "_sent_checked", "_shedder", "_slots", "_small_answer", "_small_body", "_stall_since",
+        "_sent_checked", "_shedder", "_slots", "_small_answer", "_small_body", "_sock",
+        "_stall_since",
         "_start_pending", "_starting",
         "_timer", "_transport", "_turn", "_unsent", "_unstarted", "_upgrading", "_url",
         "_window_bytes",
@@ -418,6 +420,9 @@ class HttpConnection(asyncio.Protocol):
         self._small_answer = self._intake.small_answer_bytes
         self._loop = asyncio.get_running_loop()
         self._transport: asyncio.Transport | None = None
+        self._sock: Any = None
+        """The connection's TCP socket, for the kernel's word on when its data came (see
+        `ReadTurn.reading`); None on other sockets."""
         self._accepted = False
         self._parser = httptools.HttpRequestParser(self)
         self._slots: deque[_Slot] = deque()
@@ -496,6 +501,9 @@ class HttpConnection(asyncio.Protocol):
         self._connections.add(self)
         intake.connections += 1
         self._accepted = True
+        sock = writer.get_extra_info("socket")
+        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+            self._sock = sock
         self._last_active = self._stall_since = self._loop.time()
         self._timer = self._loop.call_later(
             min(self._idle_timeout, self._read_timeout), self._check_timeouts
@@ -782,11 +790,20 @@ class HttpConnection(asyncio.Protocol):
         self, slot: _Slot, method: str, url: bytes, headers: dict[str, str], body: bytes
     ) -> None:
         shedder = self._shedder
-        if shedder is not None and shedder.share and _is_infer(method, url) and shedder.refuse():
+        infer = _is_infer(method, url)
+        if infer and shedder is not None and shedder.share and shedder.refuse():
             self._made(slot, _shed_reply(slot.keep_alive, slot.http10, headers))
             return
         head = method == "HEAD"  # a GET's status and headers without its body (RFC 9110 9.3.2)
-        outcome = self._api.handle("GET" if head else method, url, headers, body)
+        if method == "POST":  # (v2 infer and V1 predict date their requests: see `reading`)
+            turn = self._turn
+            turn.reading(self._sock)
+            try:
+                outcome = self._api.handle(method, url, headers, body)
+            finally:
+                turn.done_reading()
+        else:
+            outcome = self._api.handle("GET" if head else method, url, headers, body)
         if isinstance(outcome, Reply):
             self._made(slot, _encode(outcome, self._keep_alive(slot), slot.http10, head_only=head))
         else:
