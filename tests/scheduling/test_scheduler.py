@@ -696,6 +696,22 @@ def test_an_execution_whose_every_request_was_cancelled_answered_none() -> None:
     run(body)
 
 
+def test_a_hopeless_request_is_told_its_run_apart_from_the_margins_kept() -> None:
+    """mlp at 1 ms said "a run needs 668 µs" of a run of 15: the rest was margins."""
+
+    async def body() -> None:
+        h = harness(delivery_margin_us=500)
+        h.submit("running")
+        doomed = h.submit("doomed", due_in=850 * US)  # admitted: 100 + 100 + 500 µs needed
+        h.clock.advance(300 * US)
+        h.executor.complete(0, compute_ns=300 * US)
+        error = failure(doomed)
+        assert isinstance(error, DeadlineExceeded)
+        assert "a run needs 105 µs + 500 µs kept for margins and delivery" in error.message
+
+    run(body)
+
+
 def test_a_request_that_becomes_hopeless_while_queued_fails_without_running() -> None:
     async def body() -> None:
         h = harness()

@@ -956,10 +956,12 @@ class ModelScheduler:
             if item.timing is not None:
                 _timing_failed_unrun(item.timing, now)
             due = item.due_ns if item.due_ns is not None else now
+            kept = self._kept_for(item.rows)
+            margins = f" + {kept / 1e3:.0f} µs kept for margins and delivery" if kept > 999 else ""
             _settle(item, DeadlineExceeded(
                 f"model {self._label}: could not finish before the due time "
                 f"({(due - now) / 1e3:.0f} µs left, a run needs "
-                f"{self._estimate(item.rows) / 1e3:.0f} µs); it was not run"
+                f"{self._exec_ns(item.rows) / 1e3:.0f} µs{margins}); it was not run"
             ))  # fmt: skip
 
     def _start(self, run: Run, instance: int, start: int, now: int) -> None:
