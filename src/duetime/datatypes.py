@@ -30,7 +30,8 @@ NUMPY_OF: Final[dict[str, np.dtype[np.generic]]] = {
 #: raw output pointers would carry them, a separate run path in the executor.
 UNSERVED: Final[dict[str, str]] = {
     "BF16": "ONNX Runtime's Python API takes and gives no bfloat16 numpy arrays, so a model with "
-    "bfloat16 inputs or outputs does not load; send FP32 (or FP16) to a model exported with them",
+    "a bfloat16 input does not load (nor is a bfloat16 output served); send FP32 (or FP16) to a "
+    "model exported with them",
 }
 
 #: Little-endian wire dtypes for the binary extension and gRPC raw contents.
@@ -76,3 +77,24 @@ def v2_datatype_of(array: np.ndarray) -> str:
     if name is None:
         raise TypeError(f"numpy dtype {array.dtype} has no KServe v2 datatype")
     return name
+
+
+def unserved_output_reason(onnx_type: str) -> str:
+    """Why a graph output of ONNX Runtime type `onnx_type` (none of `V2_OF_ONNX`) is not served,
+    as the load warning and a request asking for it say: each type has its own limit and fix."""
+    if onnx_type == "tensor(bfloat16)":  # (v2 defines BF16: the limit is ORT's, see UNSERVED)
+        return (
+            "its type bfloat16 cannot be returned through ONNX Runtime's Python API (it gives no "
+            "numpy array of one); have the graph Cast it to float or float16"
+        )
+    if onnx_type.startswith("seq(map("):
+        return (
+            f"it is a sequence of maps ({onnx_type}, a ZipMap's), which the v2 protocol cannot "
+            "carry; export the classifier with zipmap=False to have its probabilities as a "
+            "tensor (skl2onnx options={'zipmap': False}, onnxmltools convert_*(..., "
+            "zipmap=False))"
+        )
+    return (
+        f"its type {onnx_type} is none the v2 protocol carries; supported: "
+        f"{', '.join(sorted(V2_OF_ONNX))}"
+    )

@@ -31,9 +31,14 @@ TEMPLATES_MAX = 256
 class Validator:
     """The checks for one model version, built once at load so a request pays only for lookups."""
 
-    def __init__(self, model: str, signature: ModelSignature) -> None:
+    def __init__(
+        self, model: str, signature: ModelSignature, unserved: Mapping[str, str] | None = None
+    ) -> None:
+        """`unserved`: the graph's outputs left out of `signature`, name -> why (see
+        `unserved_output_reason`), for the error to a request asking for one."""
         self._model = model
         self._signature = signature
+        self._unserved = unserved or {}
         self._batched = signature.max_batch_size > 0
         self._specs = {spec.name: spec for spec in signature.inputs}
         self._dtypes = {spec.name: NUMPY_OF[spec.datatype] for spec in signature.inputs}
@@ -192,8 +197,7 @@ class Validator:
         for name in outputs:
             if name not in self._output_names:
                 raise InvalidInput(
-                    f"requested output '{name}' is not an output of model '{self._model}'; its "
-                    f"outputs are {', '.join(repr(n) for n in self._all_outputs)}"
+                    not_an_output(self._model, name, self._all_outputs, self._unserved)
                 )
         return tuple(outputs)
 
@@ -211,6 +215,20 @@ def expected_inputs(signature: ModelSignature) -> str:
         more = len(optional) - EXPECTED_OPTIONAL_MAX
         text += f" (optional: {named}{f' and {more} more' if more > 0 else ''})"
     return text
+
+
+def not_an_output(
+    model: str, name: str, outputs: Sequence[str], unserved: Mapping[str, str]
+) -> str:
+    """The error to a request asking for output `name`, which `model` does not give: why, where
+    the graph has it but duetime cannot return it (`unserved`: name -> why), else its outputs."""
+    reason = unserved.get(name)
+    if reason is not None:
+        return f"output '{name}' of model '{model}' is not served: {reason}"
+    return (
+        f"requested output '{name}' is not an output of model '{model}'; its outputs are "
+        f"{', '.join(repr(n) for n in outputs)}"
+    )
 
 
 def other_shapes(signature: ModelSignature) -> dict[str, tuple[tuple[int, ...], ...]]:

@@ -246,7 +246,7 @@ def test_http_record_without_outputs_or_due_time(tmp_path: Path) -> None:
     ("body", "header_length", "message"),
     [
         (b'{"inputs": [', None, "the HTTP body does not decode: request body is not valid JSON"),
-        (b'{"inputs": []}', None, "the HTTP body does not decode: request 'inputs' must be"),
+        (b'{"inputs": {}}', None, "the HTTP body does not decode: request 'inputs' must be"),
         (b'{"inputs": []}', 99, "meta 'header_length' 99 is not a length within the 14-byte"),
     ],
 )

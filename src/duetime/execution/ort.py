@@ -15,7 +15,7 @@ from typing import Any, cast
 import numpy as np
 import onnxruntime as ort
 
-from duetime.datatypes import V2_OF_ONNX
+from duetime.datatypes import V2_OF_ONNX, unserved_output_reason
 from duetime.errors import ConfigError, InvalidInput
 from duetime.types import TensorSpec
 
@@ -176,10 +176,11 @@ def graph_specs(
 ) -> tuple[list[TensorSpec], list[TensorSpec]]:
     """The inputs and outputs the graph declares, with symbolic or unknown dims as -1.
 
-    An output that is not a tensor (the `seq(map(...))` of a scikit-learn classifier's ZipMap,
-    say) is left out with a warning: the v2 protocol has no way to carry it, and the model's
-    tensor outputs (the predicted label) are still worth serving. An input that is not a tensor,
-    or a graph with no tensor output at all, cannot be served.
+    An output duetime cannot return (the `seq(map(...))` of a scikit-learn classifier's ZipMap,
+    which the v2 protocol has no way to carry; a bfloat16 tensor, which ONNX Runtime's Python API
+    gives no numpy array of) is left out with a warning saying why (`unserved_output_reason`):
+    the model's other outputs (the predicted label) are still worth serving. An input that is
+    not a tensor, or a graph with no tensor output at all, cannot be served.
 
     The inputs end with the optional ones: graph inputs that also have an initializer, which
     ONNX Runtime uses unless a request gives a value (`get_overridable_initializers`; models
@@ -221,10 +222,8 @@ def _specs(
                 continue
             if skip_unsupported:
                 log.warning(
-                    "%s: %s '%s' has type %s, which the v2 protocol cannot carry: not served "
-                    "(a classifier exported with zipmap off gives its probabilities as a "
-                    "tensor: skl2onnx options={'zipmap': False}, onnxmltools convert_*(..., "
-                    "zipmap=False))", model_path, kind, arg.name, arg.type,
+                    "%s: %s '%s' has type %s, not served: %s", model_path, kind, arg.name,
+                    arg.type, unserved_output_reason(arg.type),
                 )  # fmt: skip
                 continue
             raise ConfigError(

@@ -12,7 +12,7 @@ import json
 import math
 import struct
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, NoReturn
 
 import numpy as np
@@ -21,7 +21,7 @@ import orjson
 from duetime.datatypes import NUMPY_OF, UNSERVED, WIRE_DTYPE_OF, v2_datatype_of
 from duetime.errors import InvalidInput
 from duetime.types import ModelSignature, TensorSpec
-from duetime.validation import expected_inputs, fits, other_shapes, shapes_taken
+from duetime.validation import expected_inputs, fits, not_an_output, other_shapes, shapes_taken
 
 _LENGTH = struct.Struct("<I")
 _MAX_DIMS = 16
@@ -73,7 +73,7 @@ class Expected:
 
     __slots__ = (
         "_batch_limit", "_counted", "_invalid", "_model", "_others", "_outputs", "_specs",
-        "signature",
+        "_unserved", "signature",
     )  # fmt: skip
 
     def __init__(
@@ -82,9 +82,11 @@ class Expected:
         signature: ModelSignature,
         counted: tuple[str, str],
         invalid: dict[tuple[str, str], int],
+        unserved: Mapping[str, str] | None = None,
     ) -> None:
         self._model = model
         self.signature = signature
+        self._unserved = unserved or {}
         self._specs = {spec.name: spec for spec in signature.inputs}
         self._others = other_shapes(signature)
         self._outputs = tuple(spec.name for spec in signature.outputs)
@@ -150,10 +152,7 @@ class Expected:
     def output(self, name: str) -> None:
         """InvalidInput unless the model has output `name`."""
         if name not in self._outputs:
-            self._refuse(
-                f"requested output '{name}' is not an output of model '{self._model}'; its "
-                f"outputs are {self._named_outputs()}"
-            )
+            self._refuse(not_an_output(self._model, name, self._outputs, self._unserved))
 
     def _named_outputs(self) -> str:
         return ", ".join(repr(name) for name in self._outputs)

@@ -319,7 +319,9 @@ class Signatures:
             if len(self._made) >= SIGNATURES_MAX:
                 self._made.clear()
             counted = (served.name, chosen.version)
-            found = codec.Expected(model, loaded.signature, counted, engine.router.invalid)
+            found = codec.Expected(
+                model, loaded.signature, counted, engine.router.invalid, loaded.unserved_outputs
+            )
             self._made[key] = found
         return found
 
@@ -1011,7 +1013,7 @@ def _recipe_of(
     if plan.shared:
         return None
     entries = []
-    for item, (name, array) in zip(doc["inputs"], inputs.items(), strict=True):
+    for item, (name, array) in zip(doc.get("inputs") or (), inputs.items(), strict=True):
         parameters = item.get("parameters") or {}
         if "binary_data_size" not in parameters or sharedmemory.REGION in parameters:
             return None
@@ -1119,8 +1121,16 @@ def _inputs(
     regions: SharedMemoryRegions | None,
     expected: codec.Expected | None = None,
 ) -> dict[str, np.ndarray]:
-    if not isinstance(value, list) or not value:
-        raise InvalidInput("request 'inputs' must be a non-empty list of tensors")
+    """The request's input arrays. No `inputs` (or an empty list) is a request with none, as
+    over gRPC: what a model with no inputs (a Constant, a generator) takes; the validator names
+    the inputs missing from a request to a model that has some."""
+    if value is None:
+        value = []
+    if not isinstance(value, list):
+        raise InvalidInput(
+            "request 'inputs' must be a list of tensors (JSON objects with name, datatype, "
+            "shape, data)"
+        )
     arrays: dict[str, np.ndarray] = {}
     offset = 0
     for index, item in enumerate(value):

@@ -17,7 +17,7 @@ import numpy as np
 import onnxruntime as ort
 
 from duetime.config import ModelConfig, TensorConfig, VariantConfig
-from duetime.datatypes import NUMPY_OF
+from duetime.datatypes import NUMPY_OF, unserved_output_reason
 from duetime.errors import ConfigError, DuetimeError
 from duetime.execution.executor import Executor
 from duetime.execution.ort import cached_session, graph_specs, session_options, strings_for_ort
@@ -66,6 +66,10 @@ class LoadedModel:
     """Its run time follows its inputs' values (a Loop's trip count, a size read from an
     input) or free non-batch dims: its profile cannot say what a run should take, so the
     scheduler never judges a run slow (see `ModelScheduler`'s `predictable_cost`)."""
+    unserved_outputs: Mapping[str, str] = field(default_factory=dict)
+    """The graph's outputs duetime cannot return (a bfloat16 tensor, a ZipMap's sequence of
+    maps), name -> why (`unserved_output_reason`): not in `signature`, but a request asking
+    for one is told why rather than that the model has no such output."""
 
 
 def load_version(
@@ -137,10 +141,11 @@ def load_version(
         log.info("%s: its run time follows its inputs (%s)", path, varies)
     if config.execution == "auto":
         executor.inline = runs_inline(profile, config.instances, cost_varies=bool(varies))
-    validator = Validator(source.name, signature)
+    unserved = {name: unserved_output_reason(kind) for name, kind in uncarried.items()}
+    validator = Validator(source.name, signature, unserved)
     return LoadedModel(
         source.name, str(version), path, config, signature, validator, executor, profile, labels,
-        cost_depends_on_values=bool(varies),
+        cost_depends_on_values=bool(varies), unserved_outputs=unserved,
     )  # fmt: skip
 
 
@@ -340,11 +345,10 @@ def _listed_outputs(
             continue
         at = f"{source}: field 'outputs.{index}.name': '{entry.name}'"
         if entry.name in uncarried:
+            kind = uncarried[entry.name]
             raise ConfigError(
-                f"{at} has type {uncarried[entry.name]}, which the v2 protocol cannot carry "
-                "(a ZipMap's sequence of maps, say); export the classifier with zipmap off "
-                "(skl2onnx: options={'zipmap': False}; onnxmltools: convert_*(..., "
-                "zipmap=False)) to have its probabilities as a tensor, or leave it out"
+                f"{at} has type {kind}, which duetime cannot serve: "
+                f"{unserved_output_reason(kind)}; or leave it out of 'outputs'"
             )
         listed = ", ".join(repr(s.name) for s in graph)
         raise ConfigError(f"{at} is not in the graph; it has {listed}")
