@@ -235,6 +235,9 @@ def test_the_kernel_bounds_what_the_loop_guesses_of_a_request_arrival() -> None:
         turn.reading(KernelSays(60))  # within a tick of the loop's guess: it stands
         assert turn.arrival_ns(now) == now - 62_000_000
         turn.done_reading()
+        turn.reading(KernelSays(0), whole=False)  # a body read in pieces: its last bytes
+        assert turn.arrival_ns(now) == now - 62_000_000  # came now, its first may not have
+        turn.done_reading()
         turn.reading(None)  # not a TCP socket: nothing to go by
         assert turn.arrival_ns(now) == now - 62_000_000
 

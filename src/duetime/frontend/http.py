@@ -374,6 +374,8 @@ class _Slot:
     connection had `_MAX_PIPELINED` answers owed, or its client was not reading them."""
     started: bool = False
     """Its request was handed to the API (it counts in the connection's `_running`)."""
+    one_read: bool = True
+    """Its request was read whole by one read (see `ReadTurn.reading`)."""
 
 
 class HttpConnection(asyncio.Protocol):
@@ -382,12 +384,14 @@ class HttpConnection(asyncio.Protocol):
     # NOTE: attribute access is most of what this class costs per request, and with this many
     # attributes an instance dict is measurably slower than slots (0.4 µs a request, measured).
     __slots__ = (
-        "_accepted", "_answer_bytes", "_api", "_awaiting", "_body", "_body_bytes", "_bytes_block",
+        "_accepted", "_answer_bytes", "_api", "_awaiting", "_begun_at", "_body", "_body_bytes",
+        "_bytes_block",
         "_chunked", "_closing", "_connections", "_filled_from", "_filling_since", "_head_done",
         "_header_bytes", "_headers",
         "_held", "_http10", "_idle_timeout", "_in_transport", "_intake", "_last_active",
         "_lingering", "_loop", "_max_body", "_max_header", "_max_held", "_min_rate", "_parser",
-        "_paused_at", "_read_timeout", "_reading_paused", "_rejected", "_reserved", "_running",
+        "_paused_at", "_read_timeout", "_reading_paused", "_reads", "_rejected", "_reserved",
+        "_running",
         "_sent_checked", "_shedder", "_slots", "_small_answer", "_small_body", "_sock",
         "_stall_since",
         "_start_pending", "_starting",
@@ -424,6 +428,9 @@ class HttpConnection(asyncio.Protocol):
         """The connection's TCP socket, for the kernel's word on when its data came (see
         `ReadTurn.reading`); None on other sockets."""
         self._accepted = False
+        self._reads = 0
+        self._begun_at = 0
+        """The reads so far, and the one the request being read began in."""
         self._parser = httptools.HttpRequestParser(self)
         self._slots: deque[_Slot] = deque()
         self._running = 0
@@ -538,6 +545,7 @@ class HttpConnection(asyncio.Protocol):
             self._pace(len(data) * _DRAIN_COST_S)
             return
         self._turn.mark(self._loop)
+        self._reads += 1
         self._last_active = self._loop.time()
         bulk = self._reserved >= _BULK_BODY_BYTES  # time it, and pace this connection
         if bulk:
@@ -619,6 +627,7 @@ class HttpConnection(asyncio.Protocol):
 
     def on_message_begin(self) -> None:
         self._reset_message()
+        self._begun_at = self._reads
         self._window_start = self._last_active
         self._window_bytes = None
 
@@ -693,6 +702,7 @@ class HttpConnection(asyncio.Protocol):
             "upgrade" in self._headers and parser.should_upgrade()
         )
         slot = _Slot(keep_alive, self._http10)
+        slot.one_read = self._begun_at == self._reads
         if self._reserved or self._awaiting:
             self._hold(slot)
         self._slots.append(slot)
@@ -797,7 +807,7 @@ class HttpConnection(asyncio.Protocol):
         head = method == "HEAD"  # a GET's status and headers without its body (RFC 9110 9.3.2)
         if method == "POST":  # (v2 infer and V1 predict date their requests: see `reading`)
             turn = self._turn
-            turn.reading(self._sock)
+            turn.reading(self._sock, slot.one_read)
             try:
                 outcome = self._api.handle(method, url, headers, body)
             finally:
