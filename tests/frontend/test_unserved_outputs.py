@@ -21,9 +21,11 @@ import numpy as np
 import pytest
 from conftest import RunningServer, start_server, stop_server
 from onnx import TensorProto, helper
+from repo_models import run_on_engine
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from duetime.config import ServerSettings
+from duetime.engine import Engine
 from duetime.errors import ConfigError, InvalidInput
 from duetime.repository.layout import MODEL_FILENAME, scan_model
 from duetime.repository.loader import LoadedModel, load_version
@@ -188,3 +190,41 @@ def test_a_config_naming_a_bf16_output_gives_its_own_reason(tmp_path: Path) -> N
         load_version(scan_model(folder), 1, profile_budget_s=0.02)
     assert BF16_REASON in str(raised.value)
     assert "zipmap" not in str(raised.value).lower()
+
+
+ZIPMAP_PBTXT = """output [
+  { name: "label" data_type: TYPE_INT64 dims: [ -1 ] },
+  { name: "probabilities" data_type: TYPE_FP32 dims: [ -1, 3 ] }
+]
+"""
+
+
+@pytest.mark.parametrize(
+    ("model", "pbtxt", "message"),
+    [
+        (  # (it said "<folder>: field 'outputs.1.name'", a field the file has not)
+            "clf", ZIPMAP_PBTXT,
+            "config.pbtxt: field 'output[1].name': 'probabilities' has type seq(map(",
+        ),
+        (  # (it said "duetime has no BF16 tensors (numpy has none)")
+            "bf16", 'output [{ name: "y" data_type: TYPE_BF16 dims: [ -1, 3 ] }]\n',
+            f"config.pbtxt: output[0].data_type: TYPE_BF16, which duetime cannot serve: "
+            f"{BF16_REASON}",
+        ),
+    ],
+)  # fmt: skip
+def test_a_pbtxt_listing_an_unserved_output_is_refused_in_its_own_words(
+    tmp_path: Path, model: str, pbtxt: str, message: str
+) -> None:
+    """A Triton config.pbtxt listing an output duetime cannot return: the load's error names
+    the file and its own field, with the reason the load warning and a request give."""
+    folder = write_model(tmp_path, model, bf16_model() if model == "bf16" else zipmap_model())
+    (folder / "config.pbtxt").write_text(pbtxt, encoding="utf-8")
+
+    async def scenario(engine: Engine) -> None:
+        with pytest.raises(InvalidInput) as raised:
+            await engine.load_model(model)
+        assert f"{folder}/{message}" in raised.value.message
+        assert "outputs." not in raised.value.message
+
+    run_on_engine(tmp_path, scenario, control_mode="explicit")

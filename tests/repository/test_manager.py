@@ -705,6 +705,7 @@ def test_an_uploads_config_stays_with_its_files(tmp_path: Path) -> None:
 
 
 TRITON_INPUT = {"name": "wrong", "data_type": "TYPE_FP32", "dims": ["4"]}
+TRITON_INPUT_PBTXT = '{ name: "wrong" data_type: TYPE_FP32 dims: [4] }'
 
 
 @pytest.mark.parametrize(
@@ -740,6 +741,26 @@ def test_an_override_the_model_refuses_is_named_as_the_request_gave_it(
         assert await factor_of(engine) == 1.0
 
     run(tmp_path, scenario, control_mode="explicit", startup_models=("m",))
+
+
+def test_a_pbtxt_the_model_refuses_is_named_in_its_own_fields(tmp_path: Path) -> None:
+    """A config.pbtxt naming an input the graph lacks was reported as "<folder>: field
+    'inputs.0.name'": not the file, and duetime's field path, which the file has not (the
+    same config as a load override said "field 'input[0].name'")."""
+    write_version(tmp_path, "m", 1, scale_model(1))
+    pbtxt = tmp_path / "m" / "config.pbtxt"
+    pbtxt.write_text(f"max_batch_size: 8\ninput [{TRITON_INPUT_PBTXT}]\n")
+    age(pbtxt)
+
+    async def scenario(engine: Engine) -> None:
+        with pytest.raises(InvalidInput) as caught:
+            await engine.load_model("m")
+        assert f"{pbtxt}: field 'input[0].name': 'wrong' is not in the graph" in (
+            caught.value.message
+        )
+        assert "inputs.0" not in caught.value.message
+
+    run(tmp_path, scenario, control_mode="explicit")
 
 
 def test_a_failed_upload_leaves_the_index_as_it_was(tmp_path: Path) -> None:

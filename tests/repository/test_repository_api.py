@@ -139,29 +139,39 @@ def test_unload_dependents_must_be_a_boolean(explicit_server: RunningServer, pro
     import grpc
     from tritonclient.grpc import service_pb2, service_pb2_grpc
 
-    client = clients(explicit_server)[protocol == "grpc"]
-    client.load_model("u")
-    try:
+    def refusal(value: str | None) -> str:
+        """The refusal of an unload whose `unload_dependents` is `value` (None: JSON's null,
+        over gRPC a parameter with no value set)."""
         if protocol == "http":
             host, port = explicit_server.http.split(":")
             connection = http.client.HTTPConnection(host, int(port))
-            body = json.dumps({"parameters": {"unload_dependents": "yes"}})
+            body = json.dumps({"parameters": {"unload_dependents": value}})
             connection.request("POST", "/v2/repository/models/u/unload", body)
             response = connection.getresponse()
             status, message = response.status, json.loads(response.read())["error"]
             connection.close()
             assert status == 400
+            return str(message)
+        request = service_pb2.RepositoryModelUnloadRequest(model_name="u")
+        if value is None:
+            request.parameters["unload_dependents"].SetInParent()
         else:
-            request = service_pb2.RepositoryModelUnloadRequest(model_name="u")
-            request.parameters["unload_dependents"].string_param = "yes"
-            with grpc.insecure_channel(explicit_server.grpc) as channel:
-                stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
-                with pytest.raises(grpc.RpcError) as refused:
-                    stub.RepositoryModelUnload(request, timeout=30)
-            assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-            message = refused.value.details()
+            request.parameters["unload_dependents"].string_param = value
+        with grpc.insecure_channel(explicit_server.grpc) as channel:
+            stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+            with pytest.raises(grpc.RpcError) as refused:
+                stub.RepositoryModelUnload(request, timeout=30)
+        assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        return str(refused.value.details())
+
+    client = clients(explicit_server)[protocol == "grpc"]
+    client.load_model("u")
+    try:
+        message = refusal("yes")
         assert "'unload_dependents': expected a boolean" in message
-        assert "'yes'" in message
+        assert 'got "yes"' in message
+        # (the value as JSON writes it: it said "got None", Python's word)
+        assert "got null" in refusal(None)
         assert client.is_model_ready("u")  # nothing was unloaded
         client.unload_model("u", unload_dependents=True)
         assert not client.is_model_ready("u")

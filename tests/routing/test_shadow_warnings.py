@@ -37,7 +37,16 @@ def test_a_shadow_naming_the_only_answering_version_is_warned_of(
     the policy routed (a copy never goes to the version answering it), and nothing said so."""
     [warning] = shadow_warnings(tmp_path, caplog, 'weights = { "1" = 1 }\nshadow = { "1" = 1.0 }\n')
     assert "model m: [traffic] shadow names version 1, the only version" in warning
-    assert "only of requests that name another version" in warning
+    assert warning.endswith("only of requests that name another version.")  # (it ended ". ")
+
+
+def test_warnings_of_one_traffic_table_are_joined_by_one_space(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    traffic = 'weights = { "1" = 1, "3" = 1 }\nshadow = { "1" = 1.0 }\n'
+    [warning] = shadow_warnings(tmp_path, caplog, traffic)
+    assert "(version_policy serves 1, 2): they get no requests. [traffic] shadow names" in warning
+    assert warning.endswith("another version.")
 
 
 def test_a_shadow_naming_the_default_version_without_weights_is_warned_of(

@@ -697,7 +697,9 @@ def test_an_execution_whose_every_request_was_cancelled_answered_none() -> None:
 
 
 def test_a_hopeless_request_is_told_its_run_apart_from_the_margins_kept() -> None:
-    """mlp at 1 ms said "a run needs 668 µs" of a run of 15: the rest was margins."""
+    """mlp at 1 ms said "a run needs 668 µs" of a run of 15: the rest was margins. They are
+    written as a refusal at admission writes them ("predicted to finish in 159 µs (+637 µs kept
+    for margins and delivery)"), not "a run needs 220 µs + 490 µs kept ..."."""
 
     async def body() -> None:
         h = harness(delivery_margin_us=500)
@@ -707,7 +709,9 @@ def test_a_hopeless_request_is_told_its_run_apart_from_the_margins_kept() -> Non
         h.executor.complete(0, compute_ns=300 * US)
         error = failure(doomed)
         assert isinstance(error, DeadlineExceeded)
-        assert "a run needs 105 µs + 500 µs kept for margins and delivery" in error.message
+        assert "a run needs 105 µs (+500 µs kept for margins and delivery); it was not run" in (
+            error.message
+        )
 
     run(body)
 

@@ -856,7 +856,10 @@ def check_unload_request(parameters: Mapping[str, Any]) -> None:
     type is a client's mistake all the same, not a yes."""
     value = parameters.get("unload_dependents", False)
     if not isinstance(value, bool):
-        shown = repr(value) if len(repr(value)) <= 40 else f"{repr(value)[:40]}..."
+        # (as JSON, the request's form: `null`, not Python's None; a gRPC parameter with no
+        # value set is None too)
+        text = orjson.dumps(value, default=repr).decode()
+        shown = text if len(text) <= 40 else f"{text[:40]}..."
         raise InvalidInput(
             "unload parameter 'unload_dependents': expected a boolean (true or false; "
             f"bool_param over gRPC), got {shown}"

@@ -348,7 +348,7 @@ def _listed_outputs(
             kind = uncarried[entry.name]
             raise ConfigError(
                 f"{at} has type {kind}, which duetime cannot serve: "
-                f"{unserved_output_reason(kind)}; or leave it out of 'outputs'"
+                f"{unserved_output_reason(kind)}; or leave it out of the config"
             )
         listed = ", ".join(repr(s.name) for s in graph)
         raise ConfigError(f"{at} is not in the graph; it has {listed}")

@@ -61,6 +61,7 @@ from duetime.repository.registry import (
     ServedModel,
     ServedVersion,
 )
+from duetime.repository.tritonconfig import FILENAME as PBTXT_FILENAME
 from duetime.repository.tritonconfig import TritonModelConfig, read_model_config, triton_field
 from duetime.routing.traffic import plan_traffic
 
@@ -176,7 +177,8 @@ UPLOADED_CONFIG = "the 'config' the model's files were uploaded with"
 
 @dataclass(frozen=True, slots=True)
 class _Given:
-    """A config a load uses in place of the model's config file, and what its errors call it."""
+    """A config a load uses in place of the model's config file (or read from its config.pbtxt:
+    see `_named`), and what its errors call it."""
 
     config: ModelConfig
     source: str
@@ -622,6 +624,7 @@ class ModelManager:
             self._fail_model(name, reason, serving=current is not None)
             raise _LoadFailed(f"model '{name}' cannot be loaded: {reason}")
         self._model_errors.pop(name, None)
+        named = given or _named(config, directory)
         victims = [] if current else self._make_room(name, _model_bytes(source, wanted, config))
         chosen: dict[str, ServedVersion] = {}
         prints: dict[str, Fingerprint] = {}
@@ -631,11 +634,12 @@ class ModelManager:
         try:
             served = dict(current.versions) if current else {}
             traffic = config.traffic
-            warning = (
-                _unserved(traffic.weights, "weights", wanted)
-                + _unserved(traffic.shadow, "shadow", wanted)
-                + _shadowing_itself(traffic, wanted)
+            said = (
+                _unserved(traffic.weights, "weights", wanted),
+                _unserved(traffic.shadow, "shadow", wanted),
+                _shadowing_itself(traffic, wanted),
             )
+            warning = " ".join(part for part in said if part)
             if warning and self._warned.get(name) != warning:  # (once, not at every poll)
                 log.warning("model %s: %s", name, warning)
             self._warned[name] = warning
@@ -672,7 +676,7 @@ class ModelManager:
                         chosen[version] = old
                     continue
                 background = version in shadow_only
-                loaded = await self._load_version(source, number, config, background, given)
+                loaded = await self._load_version(source, number, config, background, named)
                 if isinstance(loaded, str):
                     self._failed[(name, version)] = print_, loaded
                     problems.append(f"version {version}: {loaded}")
@@ -1173,7 +1177,7 @@ def _unserved(table: Mapping[str, float] | None, field: str, served: Iterable[in
         return ""
     return (
         f"[traffic] {field} names version(s) {', '.join(missing)}, not served (version_policy "
-        f"serves {', '.join(str(v) for v in sorted(served))}): they get no requests. "
+        f"serves {', '.join(str(v) for v in sorted(served))}): they get no requests."
     )
 
 
@@ -1188,7 +1192,7 @@ def _shadowing_itself(traffic: TrafficConfig, served: list[int]) -> str:
     return (
         f"[traffic] shadow names version {idle[0]}, the only version the traffic policy sends "
         "requests to: no request is mirrored to the version that answers it, so it gets copies "
-        "only of requests that name another version. "
+        "only of requests that name another version."
     )
 
 
@@ -1231,11 +1235,22 @@ def _missing_variant(name: str, file: str, folder: Path, version: int) -> str:
     )
 
 
+def _named(config: ModelConfig, directory: Path) -> _Given | None:
+    """`config`, read from the model's folder `directory`, as its errors name it, if not as
+    the loader does (`<folder>: field 'inputs.0.name'`, duetime's fields): a config.pbtxt's
+    are the file's own fields (`<folder>/config.pbtxt: field 'input[0].name'`), as a load
+    override's in Triton's form and the file's own errors (`output[0].data_type`) are."""
+    if isinstance(config, TritonModelConfig):
+        return _Given(config, str(directory / PBTXT_FILENAME))
+    return None
+
+
 def _named_for(message: str, source: ModelSource, given: _Given) -> str:
     """`message`, an error of loading `source` with the config a load was `given`, with the
     config's fields that the loader names in the model's folder (`<folder>: field
     'inputs.0.name': ...`) named in that config, as its writer named them (`input[0].name` in
-    Triton's form): the folder's config file was not read, and may be fine."""
+    Triton's form): an override's or an upload's (the folder's config file was not read, and
+    may be fine), or the folder's config.pbtxt (see `_named`)."""
 
     def named(match: re.Match[str]) -> str:
         field = match[1]

@@ -65,6 +65,7 @@ from duetime.config import (
     find_config_file,
     parse_model_config,
 )
+from duetime.datatypes import unserved_output_reason
 from duetime.errors import ConfigError
 from duetime.frontend.proto import model_config_pb2 as mc
 
@@ -153,9 +154,9 @@ class ReadConfig:
 
 
 class TritonModelConfig(ModelConfig):
-    """A model config given as Triton's ModelConfig in JSON (a load request's `config`): the
-    same settings, whose fields the errors found at load name as the client wrote them
-    (`triton_field`: `input[0].name`, not `inputs.0.name`)."""
+    """A model config written as Triton's ModelConfig (a config.pbtxt, or a load request's
+    `config` in JSON): the same settings, whose fields the errors found at load name as its
+    writer wrote them (`triton_field`: `input[0].name`, not `inputs.0.name`)."""
 
 
 def load_model_config(model_dir: Path) -> ModelConfig:
@@ -176,7 +177,8 @@ def read_model_config(model_dir: Path) -> ReadConfig:
     warnings: list[str] = []
     data = translate(text, source=str(path), model_name=model_dir.name, warn=warnings.append)
     digest = hashlib.sha256(text.encode()).hexdigest()
-    return ReadConfig(validated(data, source=str(path)), tuple(warnings), digest)
+    config = validated(data, source=str(path), form=TritonModelConfig)
+    return ReadConfig(config, tuple(warnings), digest)
 
 
 def read_pbtxt(path: Path, model_name: str) -> dict[str, Any]:
@@ -425,9 +427,18 @@ def _tensor(spec: Any, where: str, source: str, warn: Warn) -> dict[str, Any]:
         raise ConfigError(f"{source}: {where}.format: {layout} needs 3 dims (without the batch "
                           f"dim), but dims are {list(spec.dims)}")  # fmt: skip
     if spec.data_type == mc.TYPE_BF16:
-        raise ConfigError(f"{source}: {where}.data_type: TYPE_BF16 is not supported: duetime has "
-                          "no BF16 tensors (numpy has none); use a model whose "
-                          f"{kind} is FP16 or FP32")  # fmt: skip
+        # NOTE: the limit is ONNX Runtime's Python API (see datatypes.UNSERVED), not numpy's
+        # (ml_dtypes has a bfloat16): an output says the reason the load warning and a request
+        # naming it give for a bfloat16 output of the graph
+        why = (
+            f"{unserved_output_reason('tensor(bfloat16)')}; or leave it out of the config"
+            if kind == "output"
+            else "ONNX Runtime's Python API takes no bfloat16 array as an input; use a model "
+            "whose input is FP16 or FP32"
+        )
+        raise ConfigError(
+            f"{source}: {where}.data_type: TYPE_BF16, which duetime cannot serve: {why}"
+        )
     tensor: dict[str, Any] = {"name": spec.name}
     if spec.data_type != mc.TYPE_INVALID:
         name = mc.DataType.Name(spec.data_type).removeprefix("TYPE_")

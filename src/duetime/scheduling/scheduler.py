@@ -957,11 +957,11 @@ class ModelScheduler:
                 _timing_failed_unrun(item.timing, now)
             due = item.due_ns if item.due_ns is not None else now
             kept = self._kept_for(item.rows)
-            margins = f" + {kept / 1e3:.0f} µs kept for margins and delivery" if kept > 999 else ""
+            margins = f" (+{kept / 1e3:.0f} µs kept for margins and delivery)" if kept > 999 else ""
             _settle(item, DeadlineExceeded(
                 f"model {self._label}: could not finish before the due time "
-                f"({(due - now) / 1e3:.0f} µs left, a run needs "
-                f"{self._exec_ns(item.rows) / 1e3:.0f} µs{margins}); it was not run"
+                f"({(due - now) / 1e3:.0f} µs left): a run needs "
+                f"{self._exec_ns(item.rows) / 1e3:.0f} µs{margins}; it was not run"
             ))  # fmt: skip
 
     def _start(self, run: Run, instance: int, start: int, now: int) -> None:
