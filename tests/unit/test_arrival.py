@@ -244,6 +244,42 @@ def test_the_kernel_bounds_what_the_loop_guesses_of_a_request_arrival() -> None:
     asyncio.run(body())
 
 
+class Unasked:
+    """A socket the kernel must not be asked about."""
+
+    def getsockopt(self, level: int, option: int, size: int) -> bytes:
+        raise AssertionError("TCP_INFO read where no bound could move the guess")
+
+
+def test_the_kernel_is_not_asked_where_its_window_could_not_move_the_guess() -> None:
+    """A read costs 2-3 µs through uvloop's socket: a loop turning back to back, its guess
+    younger than a tick, skips it."""
+
+    async def body() -> None:
+        loop = asyncio.get_running_loop()
+        clock, switches = FakeClock(1_000_000_000), [0]
+        turn = ReadTurn(clock, switches=lambda: switches[0])
+        turn.mark(loop)
+        turn.reading(KernelSays(4))  # the first turn: away since ever; a 4 ms tick learnt
+        turn.done_reading()
+        await asyncio.sleep(0)
+        clock.advance(500_000)  # busy: batches and timers
+        turn.mark(loop)
+        clock.advance(1_000_000)
+        turn.reading(Unasked())  # guess 1.5 ms old, away 0.5 ms: under a tick both
+        assert turn.arrival_ns(clock.now_ns()) == 1_000_000_000
+        turn.done_reading()
+        await asyncio.sleep(0)
+        clock.advance(5_000_000)  # away a tick and more: asked
+        switches[0] += 1
+        turn.mark(loop)
+        turn.reading(KernelSays(12))
+        assert turn.arrival_ns(clock.now_ns()) == clock.now_ns() - 8_000_000
+        turn.done_reading()
+
+    asyncio.run(body())
+
+
 def test_a_request_that_waited_for_the_gil_in_its_socket_counts_that_wait(
     tmp_path: Path,
 ) -> None:

@@ -59,6 +59,7 @@ class ReadTurn:
 
     __slots__ = (
         "_arrival_ns",
+        "_away_ns",
         "_bounded",
         "_busy_since_ns",
         "_clock",
@@ -85,6 +86,9 @@ class ReadTurn:
         self._busy_since_ns = 0
         """Since when the loop has read turn after turn without sleeping between them."""
         self._closed_ns = 0
+        self._away_ns = 0
+        """How long the loop was away from reading before the current turn: from the end of
+        the last turn to this one's first read."""
         self._bounded = False
         self._earliest_ns = 0
         self._latest_ns = 0
@@ -129,6 +133,7 @@ class ReadTurn:
             else:
                 self._arrival_ns = self._busy_since_ns = now
             self._started_ns, self._switches_seen = now, switches
+            self._away_ns = now - self._closed_ns
             loop.call_soon(self._close)
             if busy_poll is not None:
                 busy_poll.poke()
@@ -169,9 +174,19 @@ class ReadTurn:
         - a loop preempted for 62 ms on a shared CPU (not a sleep: `mark` dates the next
           turn's requests from before it) refused requests that had come at its end with 504s
           claiming 100-190 ms of age, and the shedder followed them with 429s for seconds.
-        A read costs ~1-2 µs; the age is in ms, rounded up to whole ticks (HZ 250: 4 ms), and
-        the shortest nonzero one seen is the tick (never shorter than the real one)."""
+        The age is in ms, rounded up to whole ticks (HZ 250: 4 ms), and the shortest nonzero
+        one seen is the tick (never shorter than the real one).
+
+        NOTE: a read costs 2-3 µs through uvloop's socket (it makes a socket object each time:
+        a few % of the loop at resnet's saturation), and is skipped where no bound could move
+        the guess: the earlier one only moves a guess over a tick old, and the later one only
+        for data a tick older than the guess, which came (the loop read what its poll
+        returned) while the loop was away from its poll that long: asleep, or held up."""
         if sock is None:
+            return
+        now = self._clock.now_ns()
+        jiffy = self._jiffy_ns
+        if self._open and now - self._arrival_ns < jiffy and self._away_ns < jiffy:
             return
         try:
             info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, _TCP_INFO_BYTES)
@@ -180,11 +195,10 @@ class ReadTurn:
         if len(info) < _TCP_INFO_BYTES:
             return
         age = _LAST_DATA_RECV.unpack_from(info, _LAST_DATA_RECV_AT)[0] * 1_000_000
-        if 0 < age < self._jiffy_ns:
-            self._jiffy_ns = age
-        now = self._clock.now_ns()
-        self._earliest_ns = now - age - self._jiffy_ns if whole else -(1 << 62)
-        self._latest_ns = now - age + self._jiffy_ns
+        if 0 < age < jiffy:
+            self._jiffy_ns = jiffy = age
+        self._earliest_ns = now - age - jiffy if whole else -(1 << 62)
+        self._latest_ns = now - age + jiffy
         self._bounded = True
 
     def done_reading(self) -> None:
