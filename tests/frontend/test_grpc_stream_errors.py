@@ -101,3 +101,24 @@ def test_a_tritonclient_stream_with_the_header_gets_the_status_code_and_is_close
         client.close()
     assert error.status() == "StatusCode.INVALID_ARGUMENT"
     assert "input 'x'" in error.message()
+
+
+@pytest.mark.parametrize("run", range(20))
+def test_undecodable_bytes_end_the_stream_after_the_answers_before_them(
+    server: RunningServer, run: int
+) -> None:
+    """What follows the bad bytes makes no difference. The stream stayed open until the
+    client's deadline in 11 to 20 runs of 20 when a request followed them: its reader's abort
+    raced the first answer, and was cancelled with the reader when the answer went first."""
+    garbage = b"\xff\xff\xff"
+    messages = [request("good").SerializeToString(), garbage, request("never").SerializeToString()]
+    answers = []
+    with grpc.insecure_channel(server.grpc) as channel:
+        call = channel.stream_stream(
+            STREAM, response_deserializer=service_pb2.ModelStreamInferResponse.FromString
+        )
+        with pytest.raises(grpc.RpcError) as raised:
+            answers.extend(call(iter(messages), timeout=20))
+    assert [answer.infer_response.id for answer in answers] == ["good"]
+    assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "the request is not a valid protobuf message" in raised.value.details()
