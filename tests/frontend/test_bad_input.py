@@ -432,6 +432,9 @@ def _binary_request(
         (160, X_BYTES + b"\0" * 40, None, "the binary inputs use 160 bytes but 200 follow"),
         (120, X_BYTES[:120], None, "120 bytes of data do not make a FP32 tensor of shape [1, 40]"),
         (-1, X_BYTES, None, "'binary_data_size' must be a non-negative integer"),
+        # (orjson reads an integer past 2^64 - 1 as a float: 2^64 was "must be a non-negative
+        # integer", which it is)
+        (2**64, X_BYTES, None, "is 2^64 or more, past the end of the binary data (160 bytes"),
         ("160", X_BYTES, None, "'binary_data_size' must be a non-negative integer"),
         (160, X_BYTES, "99999", "Inference-Header-Content-Length"),
         (160, X_BYTES, "ten", "Inference-Header-Content-Length"),
@@ -486,6 +489,22 @@ def test_grpc_raw_and_typed_contents_together(stub: Any) -> None:
     assert_still_serves(wire)
 
 
+def test_grpc_contents_of_another_datatype(stub: Any) -> None:
+    """`int_contents` beside the `fp32_contents` of an FP32 input was ignored; Triton refuses
+    it ("unexpected explicit tensor data for input tensor 'x' ... of type 'INT32', expected
+    datatype 'FP32'"), and so does duetime, naming the field."""
+    wire = GrpcWire(stub, typed=False)
+    request = service_pb2.ModelInferRequest(model_name="mlp")
+    contents = request.inputs.add(name="x", datatype="FP32", shape=[1, 40]).contents
+    contents.fp32_contents.extend([0.0] * 40)
+    contents.int_contents.extend([7])
+    assert_refused(
+        wire, wire.send(request), "invalid", "input 'x': contents.int_contents does not match "
+        "its datatype FP32, whose values go in contents.fp32_contents",
+    )  # fmt: skip
+    assert_still_serves(wire)
+
+
 # -- malformed JSON ------------------------------------------------------------------------------
 
 X_DATA = {**X_JSON, "data": [0.5] * 40}
@@ -496,7 +515,11 @@ X_DATA = {**X_JSON, "data": [0.5] * 40}
     [
         (b'{"inputs": [', "not valid JSON"),
         (b"", "not valid JSON"),
-        (b"\xff\xfe{}", "not valid JSON"),
+        # (orjson said "str is not valid UTF-8: surrogates not allowed: line 1 column 1 (char 0)"
+        # of any byte, wherever it was)
+        (b"\xff\xfe{}", "request body is not valid UTF-8 (byte 0xff at offset 0)"),
+        (b'{"id": "caf\xc3", "inputs": []}', "not valid UTF-8 (byte 0xc3 at offset 11)"),
+        (b'{"id": "\xed\xa0\x80"}', "not valid UTF-8 (byte 0xed at offset 8)"),
         (b"[1, 2]", "must be a JSON object"),
         (b'{"inputs": {}}', "'inputs' must be a list of tensors"),
         (b'{"inputs": ["x"]}', "inputs[0] must be a JSON object"),

@@ -68,6 +68,21 @@ def test_several_inputs_come_as_objects() -> None:
         ({"instances": [[1, 2]]}, TWO, "takes 2 inputs ('a', 's'); each entry of 'instances'"),
         ({"instances": [{"a": [1.5, 2], "s": "x"}]}, TWO, "values that are not INT64"),
         ({"instances": [[1]] * 2}, UNBATCHED, "does not batch (max_batch_size 0); send one"),
+        # (as TensorFlow Serving refuses them; 'inputs' beside 'instances' and a name that is no
+        # input were ignored)
+        (
+            {"instances": [[1, 2]], "inputs": {"x": [[3, 4]]}}, ONE,
+            "predict request: has both 'instances' and 'inputs'",
+        ),
+        (
+            {"instances": [{"a": [1, 2], "s": "x"}, {"a": [1, 2], "s": "x", "z": 1}]}, TWO,
+            "'instances': example 1 has 'z', which is not an input of model 'm' (its inputs: "
+            "'a', 's')",
+        ),
+        (
+            {"inputs": {"a": [[1, 2]], "s": ["x"], "S": ["y"]}}, TWO,
+            "'inputs': the request has 'S', which is not an input of model 'm'",
+        ),
     ],
 )  # fmt: skip
 def test_bad_requests_name_the_field(doc: Any, signature: ModelSignature, message: str) -> None:

@@ -6,13 +6,22 @@ from __future__ import annotations
 import http.client
 import json
 import logging
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from conftest import start_server, stop_server
 
 from duetime.config import ServerSettings
-from duetime.observability.logs import AccessSampler, JsonFormatter, log_request
+from duetime.observability.logs import (
+    TEXT_LINE,
+    AccessSampler,
+    JsonFormatter,
+    TextFormatter,
+    configure_logging,
+    log_request,
+)
 
 TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 
@@ -95,6 +104,62 @@ def test_json_lines_carry_the_request_fields() -> None:
     assert doc["message"] == "boom"
     assert (doc["status"], doc["trace_id"], doc["model"]) == (503, "ab" * 16, "m")
     assert doc["time"].endswith("Z")
+
+
+def test_text_lines_escape_control_characters() -> None:
+    """A CR/LF in a client's value (here a model name) forged a line of its own; an ESC reached
+    the terminal. Each is escaped, and a traceback's lines are indented under their record."""
+    sent = "x\n2026-01-01 00:00:00,000 CRITICAL duetime.auth: FORGED\r\x1b[2J\x00\x85\u2028\t"
+    record = logging.LogRecord(
+        "duetime.requests", logging.INFO, __file__, 1, "http %s 404", (sent,), None
+    )
+    line = TextFormatter(TEXT_LINE).format(record)
+    assert "\n" not in line
+    assert line.endswith(
+        "http x\\n2026-01-01 00:00:00,000 CRITICAL duetime.auth: FORGED\\r\\x1b[2J\\x00\\x85"
+        "\\u2028\\t 404"
+    )
+    try:
+        raise ValueError("bad\n2026-01-01 00:00:00,000 CRITICAL duetime.auth: FORGED")
+    except ValueError:
+        failed = logging.LogRecord(
+            "duetime", logging.ERROR, __file__, 1, "boom", None, sys.exc_info()
+        )
+    first, *rest = TextFormatter(TEXT_LINE).format(failed).split("\n")
+    assert first.endswith("ERROR duetime: boom")
+    assert rest
+    assert all(line.startswith("    ") for line in rest)
+    assert "    Traceback (most recent call last):" in rest
+
+
+@pytest.fixture
+def restore_logging() -> Iterator[None]:
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    yield
+    root.handlers[:], root.level = handlers, level
+
+
+@pytest.mark.usefixtures("restore_logging")
+def test_a_model_name_cannot_forge_a_log_line(
+    demo_repo: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A tester's report: with `--log-level info` a URL naming the model
+    "x%0A2026-01-01 ... CRITICAL ..." wrote a CRITICAL line of the client's making."""
+    configure_logging("info", "text")  # (as `duetime serve --log-level info` does)
+    running, thread = start_server(
+        ServerSettings(model_repository=demo_repo, http_port=0, grpc_port=0)
+    )
+    forged = "2026-01-01 00:00:00,000 CRITICAL duetime.auth: FORGED"
+    try:
+        path = "/v2/models/x%0A" + forged.replace(" ", "%20") + "/infer"
+        assert post(running.http, path, b"{}", {}) == 404
+    finally:
+        stop_server(running, thread)
+    lines = capsys.readouterr().err.splitlines()
+    assert not [line for line in lines if line.startswith(forged)]
+    (line,) = [line for line in lines if "INFO duetime.requests: http x" in line]
+    assert f"http x\\n{forged} 404: unknown model 'x\\n{forged}'" in line
 
 
 def test_server_errors_log_at_warning_and_client_errors_at_info(

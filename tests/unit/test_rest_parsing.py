@@ -139,9 +139,15 @@ def test_binary_sizes_that_do_not_add_up(
 
 
 def test_binary_data_without_header_length_is_not_json() -> None:
-    body, _ = request({"inputs": [binary("x", 8)]}, F32)
-    with pytest.raises(InvalidInput, match="request body is not valid JSON"):
+    """It was "not valid JSON: str is not valid UTF-8: surrogates not allowed: line 1 column 1
+    (char 0)": the first byte that is not UTF-8 is named where it is, and the header missed."""
+    body, length = request({"inputs": [binary("x", 8)]}, b"\xc0" * 8)
+    with pytest.raises(InvalidInput) as raised:
         parse_infer_request(body, None, "m", None)
+    assert raised.value.message == (
+        f"request body is not valid UTF-8 (byte 0xc0 at offset {length}); binary data after the "
+        "JSON needs header Inference-Header-Content-Length"
+    )
 
 
 @pytest.mark.parametrize(

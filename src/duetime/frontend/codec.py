@@ -535,6 +535,27 @@ def loads_json(data: bytes | memoryview) -> Any:
         raise error from None
 
 
+def json_fault(error: orjson.JSONDecodeError, data: bytes | memoryview) -> str:
+    """What is wrong with a document `loads_json` refused: `utf8_fault`'s words where it is not
+    UTF-8, else "not valid JSON: " and orjson's reason."""
+    return utf8_fault(data) or f"not valid JSON: {error}"
+
+
+def utf8_fault(data: bytes | memoryview) -> str | None:
+    """The first byte of `data` that is not UTF-8, in words: "not valid UTF-8 (byte 0xff at
+    offset 9)" (None: there is none).
+
+    NOTE: orjson checks that the whole document is UTF-8 before it parses, and says "str is not
+    valid UTF-8: surrogates not allowed: line 1 column 1 (char 0)" of any byte that is not: a
+    place that is never the byte's, and a cause that is seldom the one. Found again here, for a
+    refused document only."""
+    try:
+        bytes(data).decode("utf-8")
+    except UnicodeDecodeError as bad:
+        return f"not valid UTF-8 (byte 0x{bad.object[bad.start]:02x} at offset {bad.start})"
+    return None
+
+
 JSON_CHUNK = 32_768
 """Values encoded per call when a tensor's JSON is built in pieces (about 1.5 ms of floats): a
 thread building a big answer gives the GIL back between pieces, so the event loop runs on."""

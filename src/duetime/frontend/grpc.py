@@ -833,6 +833,12 @@ def _from_contents(tensor: Any, datatype: str, shape: tuple[int, ...], where: st
     field = _CONTENTS_FIELD.get(datatype)
     if field is None:
         raise InvalidInput(f"{where}: {datatype} data must be sent in raw_input_contents")
+    stray = next((f.name for f, _ in tensor.contents.ListFields() if f.name != field), None)
+    if stray is not None:  # (as Triton refuses it; it was ignored)
+        raise InvalidInput(
+            f"{where}: contents.{stray} does not match its datatype {datatype}, whose values "
+            f"go in contents.{field}"
+        )
     values = getattr(tensor.contents, field)
     count = int(np.prod(shape))
     if len(values) != count:

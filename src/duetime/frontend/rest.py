@@ -782,7 +782,7 @@ def _json_object(body: bytes, what: str) -> dict[str, Any]:
     try:
         doc = codec.loads_json(body)
     except orjson.JSONDecodeError as exc:
-        raise InvalidInput(f"{what}: not valid JSON: {exc}") from None
+        raise InvalidInput(f"{what}: {codec.json_fault(exc, body)}") from None
     if not isinstance(doc, dict):
         raise InvalidInput(f"{what}: expected a JSON object")
     return doc
@@ -971,7 +971,12 @@ def parse_infer_request(
     try:
         doc = codec.loads_json(json_part)
     except orjson.JSONDecodeError as exc:
-        raise InvalidInput(f"request body is not valid JSON: {exc}") from None
+        fault = codec.utf8_fault(json_part)
+        if fault is None:
+            raise InvalidInput(f"request body is not valid JSON: {exc}") from None
+        if header_length is None:  # (binary data sent without saying where the JSON ends?)
+            fault += "; binary data after the JSON needs header Inference-Header-Content-Length"
+        raise InvalidInput(f"request body is {fault}") from None
     if not isinstance(doc, dict):
         raise InvalidInput("request body must be a JSON object with an 'inputs' list")
     if expected is not None and isinstance(doc.get("outputs"), list):
@@ -1160,7 +1165,7 @@ def _inputs(
             data = _shared(regions, where).read(window, where, datatype, shape)
             arrays[name] = codec.from_raw(data, datatype, shape, where)
             continue
-        size = _binary_size(parameters, where)
+        size = _binary_size(parameters, where, len(binary))
         if size is None:
             if "data" not in item:
                 raise InvalidInput(f"{where}: no 'data' and no 'binary_data_size' parameter")
@@ -1186,10 +1191,18 @@ def _inputs(
     return arrays
 
 
-def _binary_size(parameters: Mapping[str, Any], where: str) -> int | None:
+def _binary_size(parameters: Mapping[str, Any], where: str, binary: int) -> int | None:
+    """An input's `binary_data_size` (None: it has none); `binary`: the bytes after the JSON."""
     size = parameters.get("binary_data_size")
     if size is None:
         return None
+    if isinstance(size, float) and size >= 2**64:
+        # NOTE: orjson reads an integer past 2^64 - 1 as a float: 2^64 was refused as "must
+        # be a non-negative integer", which it is
+        raise InvalidInput(
+            f"{where}: binary_data_size is 2^64 or more, past the end of the binary data "
+            f"({binary} bytes after the JSON header)"
+        )
     if isinstance(size, bool) or not isinstance(size, int) or size < 0:
         raise InvalidInput(f"{where}: 'binary_data_size' must be a non-negative integer")
     return size

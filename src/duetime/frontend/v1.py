@@ -5,7 +5,8 @@ speaks by default): `GET /` (liveness), `GET /v1/models`, `GET /v1/models/<m>` (
 A predict request carries `instances`, a list with one entry per example: the example's tensor
 for a model with one input, or an object of input name -> tensor for several (optional inputs
 may be left out); or `inputs` in the same row format, or as one object of input name -> all
-examples' values (columnar). Examples are
+examples' values (columnar); not both, and no name that is not an input (as TensorFlow Serving,
+whose REST API the V1 protocol is, refuses them). Examples are
 stacked on the batch dimension of a model that batches; a model that does not takes exactly one.
 The answer is `{"predictions": [...]}`, one entry per example: the output's tensor for a model
 with one output, else an object of output name -> tensor. Values are checked as the v2 JSON
@@ -35,16 +36,24 @@ def v1_inputs(doc: Any, signature: ModelSignature, model: str) -> dict[str, np.n
     """The model's input tensors from a V1 predict request's JSON document."""
     if not isinstance(doc, dict):
         raise InvalidInput("predict request: expected a JSON object with 'instances'")
-    field = next((name for name in FIELDS if name in doc), None)
-    if field is None:
+    given = [name for name in FIELDS if name in doc]
+    if not given:
         raise InvalidInput(
             "predict request: expected 'instances' (a list with one entry per example) or 'inputs'"
         )
+    if len(given) > 1:
+        # NOTE: 'instances' was read and 'inputs' ignored; KServe's own server reads 'inputs'
+        # instead, and TensorFlow Serving refuses the two together
+        raise InvalidInput(
+            "predict request: has both 'instances' and 'inputs'; send the examples in one of them"
+        )
+    (field,) = given
     data = doc[field]
     specs = signature.inputs
     required = signature.required_inputs
     batched = signature.max_batch_size > 0
     if isinstance(data, dict):  # columnar: input name -> every example's values
+        _only_inputs(data, signature, model, field, "the request")
         return {
             spec.name: _tensor(spec, _named(data, spec, field, "the request"), field)
             for spec in specs
@@ -66,6 +75,8 @@ def v1_inputs(doc: Any, signature: ModelSignature, model: str) -> dict[str, np.n
             f"predict request: model '{model}' takes {len(required)} inputs ({names}); each "
             f"entry of '{field}' must be an object of input name -> value"
         )
+    for i, example in enumerate(data):
+        _only_inputs(example, signature, model, field, f"example {i}")
     tensors = {}
     for spec in specs:
         if spec.optional and not any(spec.name in example for example in data):
@@ -73,6 +84,21 @@ def v1_inputs(doc: Any, signature: ModelSignature, model: str) -> dict[str, np.n
         values = [_named(example, spec, field, f"example {i}") for i, example in enumerate(data)]
         tensors[spec.name] = _tensor(spec, values if batched else values[0], field)
     return tensors
+
+
+def _only_inputs(
+    values: dict[str, Any], signature: ModelSignature, model: str, field: str, where: str
+) -> None:
+    """InvalidInput if `values` names something the model does not take (it was ignored: an
+    optional input misspelt went unsent, unheard of)."""
+    names = {spec.name for spec in signature.inputs}
+    stray = next((name for name in values if name not in names), None)
+    if stray is not None:
+        inputs = ", ".join(f"'{spec.name}'" for spec in signature.inputs)
+        raise InvalidInput(
+            f"predict request: '{field}': {where} has '{stray}', which is not an input of model "
+            f"'{model}' (its inputs: {inputs})"
+        )
 
 
 def _named(values: dict[str, Any], spec: TensorSpec, field: str, where: str) -> Any:

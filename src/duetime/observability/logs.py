@@ -5,11 +5,15 @@ Request lines go to the `duetime.requests` logger: failures of the server's own 
 at WARNING, refusals and client errors (4xx, deadline misses) and requests their clients
 cancelled (499) at INFO, sampled successes at INFO. Each names the protocol, model, status,
 reason and trace id (a cancelled request's: its caller's, if it sent one).
+
+Text lines carry control characters escaped (see `TextFormatter`): a model name, a URL or a
+message quoting a client's value cannot start a line of its own.
 """
 
 from __future__ import annotations
 
 import logging
+import re
 import sys
 import time
 from typing import Any
@@ -19,6 +23,54 @@ import orjson
 requests_log = logging.getLogger("duetime.requests")
 
 _EXTRA_FIELDS = ("protocol", "model", "version", "status", "trace_id", "latency_us")
+
+TEXT_LINE = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+"""A text log line: time, level, logger and message."""
+
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+"""What a text line escapes: C0 and C1 controls, DEL, and the Unicode line and paragraph
+separators (which some viewers break lines at)."""
+_SHORT_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def _escape(match: re.Match[str]) -> str:
+    char = match.group()
+    short = _SHORT_ESCAPES.get(char)
+    if short is not None:
+        return short
+    code = ord(char)
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
+def escape_controls(text: str) -> str:
+    """`text` with its control characters written as escapes (`\\n`, `\\r`, `\\x1b`, `\\u2028`)."""
+    if _CONTROL.search(text) is None:  # (the common line: one scan, no copy)
+        return text
+    return _CONTROL.sub(_escape, text)
+
+
+class TextFormatter(logging.Formatter):
+    """Text lines (`TEXT_LINE`) whose every line is one record's.
+
+    NOTE: messages quote what clients send (a model name from the URL, a gRPC `model_name`), so
+    a CR/LF in one forged a line of its own ("x%0A2026-01-01 ... CRITICAL ..." in a URL), and an
+    ESC drove the terminal showing the log. The line is escaped whole, message and all, as the
+    JSON format's strings are; a traceback keeps its lines, each indented (so none can pass for
+    a record: a record starts at the line's first column) and escaped. Backslashes are not
+    doubled: a `\\n` in a line is a newline or the two characters sent, on its line either way."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        return escape_controls(super().formatMessage(record))
+
+    def formatException(self, ei: Any) -> str:
+        return _indented(super().formatException(ei))
+
+    def formatStack(self, stack_info: str) -> str:
+        return _indented(super().formatStack(stack_info))
+
+
+def _indented(text: str) -> str:
+    return "\n".join("    " + escape_controls(line) for line in text.split("\n"))
 
 
 class JsonFormatter(logging.Formatter):
@@ -47,7 +99,7 @@ def configure_logging(level: str, form: str) -> None:
     if form == "json":
         handler.setFormatter(JsonFormatter())
     else:
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        handler.setFormatter(TextFormatter(TEXT_LINE))
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(getattr(logging, level.upper()))

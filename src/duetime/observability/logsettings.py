@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from duetime.errors import InvalidInput, NotAllowed
-from duetime.observability.logs import JsonFormatter
+from duetime.observability.logs import TEXT_LINE, JsonFormatter, TextFormatter
 
 LOGGER = "duetime"
 FORMATS = ("default", "ISO8601")
@@ -33,7 +33,6 @@ _TYPES: dict[str, type] = {
     "log_file": str, "log_info": bool, "log_warning": bool, "log_error": bool,
     "log_verbose_level": int, "log_format": str,
 }  # fmt: skip
-_LINE = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 
 class LogSettings:
@@ -160,14 +159,15 @@ def _threshold(settings: Mapping[str, Any]) -> int:
 
 def _formatter(form: str) -> logging.Formatter:
     """The log file's format: JSON while the server logs JSON (its stderr handler, on the root
-    logger, formats JSON), else text with `form`'s time stamps.
+    logger, formats JSON), else text with `form`'s time stamps (and control characters escaped,
+    as on stderr).
 
     NOTE: a file set with `--log-format json` got plain-text lines: a log shipper reading the
     server's JSON broke when the file was switched on."""
     if any(isinstance(h.formatter, JsonFormatter) for h in logging.getLogger().handlers):
         return JsonFormatter()
     if form == "ISO8601":
-        formatter = logging.Formatter(_LINE, datefmt="%Y-%m-%dT%H:%M:%SZ")
+        formatter = TextFormatter(TEXT_LINE, datefmt="%Y-%m-%dT%H:%M:%SZ")
         formatter.converter = time.gmtime
         return formatter
-    return logging.Formatter(_LINE)
+    return TextFormatter(TEXT_LINE)
