@@ -134,6 +134,9 @@ class FakeTransport:
             self.protocol.connection_lost(None)
 
     # the transport interface HttpConnection uses
+    def get_extra_info(self, name: str, default: object = None) -> object:
+        return default  # (no socket: the kernel is not asked when data came)
+
     def write(self, data: bytes) -> None:
         assert not self.closed, "wrote after close"
         assert not self.eof, "wrote after the end of the stream"
