@@ -126,7 +126,8 @@ class CaptureReader:
                 self._cut(
                     index,
                     offset,
-                    f"the file ends {length - len(body)} bytes into a {length}-byte record",
+                    f"the file ends {len(body)} bytes into a {length}-byte record "
+                    f"({length - len(body)} missing: cut short, or its length prefix is corrupt)",
                 )
                 return
             if zlib.crc32(body) != crc:
