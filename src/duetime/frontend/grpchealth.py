@@ -43,11 +43,15 @@ class HealthService(health_pb2_grpc.HealthServicer):  # type: ignore[misc]
     async def Check(self, request: Any, context: Any) -> Any:
         status = self._status(request.service)
         if status == _Status.SERVICE_UNKNOWN:
-            await context.abort(
-                grpc.StatusCode.NOT_FOUND,
+            # (not context.abort: its exception stays on the call's state, its traceback holds
+            # this frame and the context: a cycle only the rarely run collector frees; see
+            # grpc._abort. A status that is not OK drops the answer returned.)
+            context.set_code(grpc.StatusCode.NOT_FOUND)
+            context.set_details(
                 f"unknown service '{request.service}'; this server checks '' (the server) and "
-                f"'{INFERENCE_SERVICE}'",
+                f"'{INFERENCE_SERVICE}'"
             )
+            return health_pb2.HealthCheckResponse()
         return health_pb2.HealthCheckResponse(status=status)
 
     async def Watch(self, request: Any, context: Any) -> AsyncIterator[Any]:
