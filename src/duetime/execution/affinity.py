@@ -30,9 +30,14 @@ def parse_cpus(spec: str) -> tuple[int, ...] | None:
         return tuple(sorted(os.sched_getaffinity(0)))
     cpus: set[int] = set()
     for part in spec.split(","):
-        low, _, high = part.strip().partition("-")
-        if not low.isdigit() or (high and not high.isdigit()):
+        low, dash, high = part.strip().partition("-")
+        if not low.isdigit() or (dash and not high.isdigit()):
             raise ValueError(f"'{spec}' is not a CPU list; expected auto, none, or e.g. 0,2-3")
+        if dash and int(high) < int(low):
+            # (an empty range would mean no pinning, with no word; taskset refuses it too)
+            raise ValueError(
+                f"'{spec}' is not a CPU list: {part.strip()} runs backwards (low-high)"
+            )
         cpus.update(range(int(low), int(high or low) + 1))
     allowed = os.sched_getaffinity(0)
     if not cpus <= allowed:
