@@ -468,6 +468,12 @@ def load_model_config(model_dir: Path) -> ModelConfig:
     return parse_model_config(read_config_file(path), source=str(path))
 
 
+def url_host(host: str) -> str:
+    """`host` as a URL or a gRPC target writes it: an IPv6 literal in brackets (`[::1]:8001`;
+    bare, `::1:8001` reads as an address with no port)."""
+    return f"[{host}]" if ":" in host else host
+
+
 def parse_model_config(data: Mapping[str, Any], *, source: str) -> ModelConfig:
     try:
         return ModelConfig.model_validate(dict(data))
@@ -485,6 +491,23 @@ class ServerSettings(_Strict):
 
     model_repository: Path | None = None
     host: str = "127.0.0.1"
+    """A name or an address: IPv6 literals with or without brackets (`::1`, `[::1]`), `::` for
+    every interface (IPv4 too where the OS makes IPv6 sockets dual stack, as Linux does)."""
+
+    @field_validator("host", mode="after")
+    @classmethod
+    def _unbracketed(cls, value: str) -> str:
+        """`[::1]` as `::1`: sockets take the bare address; URLs and gRPC add the brackets
+        back (see `url_host`)."""
+        value = value.strip()
+        if value.startswith("[") and value.endswith("]"):
+            value = value[1:-1]
+        if not value:
+            raise ValueError(
+                "expected an address of this host (127.0.0.1; 0.0.0.0 or :: for every one)"
+            )
+        return value
+
     http_port: int = Field(default=8000, ge=0, le=65_535)
     """0 picks a free port."""
     grpc_port: int = Field(default=8001, ge=0, le=65_535)

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from duetime.config import ServerSettings
+from duetime.config import ServerSettings, url_host
 from duetime.engine import Engine
 from duetime.errors import ConfigError
 from duetime.execution.affinity import (
@@ -24,7 +24,7 @@ from duetime.frontend.http import HttpConnection, serve_http
 from duetime.frontend.rest import RestApi
 from duetime.frontend.sharedmemory import SharedMemoryRegions
 from duetime.loops import BusyPoll
-from duetime.observability.exporter import MetricsExporter
+from duetime.observability.exporter import MetricsExporter, port_taken
 from duetime.observability.logsettings import LogSettings
 from duetime.observability.metrics import CaptureCollector, GrpcCollector
 from duetime.observability.tracesettings import trace_settings_of
@@ -52,9 +52,10 @@ class Addresses:
     def describe(self) -> str:
         """The one line a started server prints: `duetime ready: http://H:P grpc://H:P`, then
         ` metrics://H:P` when the metrics endpoint is on."""
-        line = f"duetime ready: http://{self.host}:{self.http_port} grpc://{self.host}:{self.grpc_port}"
+        host = url_host(self.host)
+        line = f"duetime ready: http://{host}:{self.http_port} grpc://{host}:{self.grpc_port}"
         if self.metrics_port is not None:
-            line += f" metrics://{self.host}:{self.metrics_port}"
+            line += f" metrics://{host}:{self.metrics_port}"
         return line
 
 
@@ -258,8 +259,8 @@ class Server:
             spare = frozenset(self.cpus.cpus[1:]) if self.cpus.cpus else None
             port = await exporter.start(settings.host, settings.metrics_port, spare or None)
         except ConfigError as exc:
-            if "metrics_port" in settings.model_fields_set:
-                raise
+            if "metrics_port" in settings.model_fields_set or not port_taken(exc):
+                raise  # (a host that is not this one's fails everything: say so first)
             # NOTE: the default port is a convenience, not a demand: a second server on the
             # host (a test, a benchmark, another replica) still serves inference.
             log.warning("%s; serving without metrics", exc.message)

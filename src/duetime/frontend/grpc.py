@@ -13,7 +13,7 @@ import numpy as np
 from google.protobuf import json_format
 
 from duetime import __version__, classification
-from duetime.config import ServerSettings
+from duetime.config import ServerSettings, url_host
 from duetime.datatypes import NUMPY_OF, v2_datatype_of
 from duetime.engine import Engine, Ticket, settled
 from duetime.errors import (
@@ -1170,7 +1170,7 @@ async def serve_grpc(service: InferenceService, settings: ServerSettings) -> tup
         server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(name, guarded),))
         server.add_registered_method_handlers(name, guarded)
     add_health_and_reflection(CountingServer(server, backlog), service.serving)
-    address = f"{settings.host}:{settings.grpc_port}"
+    address = f"{url_host(settings.host)}:{settings.grpc_port}"
     try:
         port = server.add_insecure_port(address)
     except RuntimeError:  # (grpcio raises this, or returns 0, for an address it cannot bind)

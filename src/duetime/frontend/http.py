@@ -1421,6 +1421,9 @@ async def serve_http(
         return HttpConnection(api, settings, connections, shared, shedder)
 
     try:
+        if settings.host == "::":
+            sock = _every_interface(settings.http_port)
+            return await loop.create_server(factory, sock=sock, backlog=1024)
         return await loop.create_server(
             factory, settings.host, settings.http_port, reuse_address=True, backlog=1024
         )
@@ -1433,5 +1436,21 @@ async def serve_http(
             ) from None
         raise ConfigError(  # (no such address here, or a name that does not resolve)
             f"server settings: field 'host': cannot listen on {where}; pass --host with an "
-            "address of this host (127.0.0.1, 0.0.0.0 for every one)"
+            "address of this host (127.0.0.1, 0.0.0.0 or :: for every one)"
         ) from None
+
+
+def _every_interface(port: int) -> socket.socket:
+    """A socket on `::` that takes IPv4 too where the OS makes IPv6 sockets dual stack (Linux's
+    default), as gRPC's and the metrics endpoint's do.
+
+    NOTE: `create_server` marks every IPv6 socket it makes IPv6-only, so given `::` it would
+    leave IPv4 clients refused."""
+    sock = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(("::", port))
+    except OSError:
+        sock.close()
+        raise
+    return sock

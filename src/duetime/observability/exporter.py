@@ -9,6 +9,7 @@ worker thread too, so the loop is not held up either.
 from __future__ import annotations
 
 import asyncio
+import errno
 import socket
 import threading
 from socketserver import ThreadingMixIn
@@ -83,10 +84,23 @@ def _bind(host: str, port: int, app: Any) -> WSGIServer:
         )
         return make_server(host, port, app, server_class, handler_class=_QuietHandler)
     except OSError as exc:
+        where = f"{host}:{port}: {exc.strerror or exc}"
+        if exc.errno != errno.EADDRINUSE:  # (not an address here, or a name that resolves to none)
+            raise ConfigError(
+                f"server settings: field 'host': cannot listen on {where}; pass --host with an "
+                "address of this host (127.0.0.1, 0.0.0.0 or :: for every one)"
+            ) from exc
         raise ConfigError(
-            f"metrics endpoint: cannot listen on {host}:{port}: {exc.strerror or exc}; pass "
-            "--metrics-port with a free port (0 picks one), or --no-metrics"
+            f"metrics endpoint: cannot listen on {where}; pass --metrics-port with a free port "
+            "(0 picks one), or --no-metrics"
         ) from exc
+
+
+def port_taken(error: ConfigError) -> bool:
+    """Whether `error` (from `MetricsExporter.start`) says the port is taken, not the host
+    unusable."""
+    cause = error.__cause__
+    return isinstance(cause, OSError) and cause.errno == errno.EADDRINUSE
 
 
 def _serve(server: WSGIServer, cpus: frozenset[int] | None) -> None:
