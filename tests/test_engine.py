@@ -77,6 +77,8 @@ def test_infer_from_threads_and_from_another_loop_match_onnxruntime(
         ({"priority": True}, "priority: expected an integer >= 0"),
         ({"priority": -1}, "priority: expected an integer >= 0"),
         ({"outputs": "y"}, "outputs: expected a sequence of output names"),
+        ({"outputs": 5}, "outputs: expected a sequence of output names"),  # (was a TypeError)
+        ({"outputs": [5]}, "outputs: expected a sequence of output names"),
         ({"version": True}, "version: expected a version number or name"),
         ({"version": 1.5}, "version: expected a version number or name"),
     ],

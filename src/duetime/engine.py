@@ -753,7 +753,14 @@ class Engine:
                 f"parameters: expected a mapping of parameter name to value, got "
                 f"{type(parameters).__name__}"
             )
-        wanted = () if outputs is None else tuple(outputs)
+        try:
+            wanted = () if outputs is None else tuple(outputs)
+        except TypeError:  # (5: "'int' object is not iterable", naming nothing)
+            raise InvalidInput(
+                f"outputs: expected a sequence of output names, got {outputs!r}"
+            ) from None
+        if not all(isinstance(name, str) for name in wanted):
+            raise InvalidInput(f"outputs: expected a sequence of output names, got {outputs!r}")
         # (a due time past a century, or infinity, is none)
         due = None
         if timeout is not None and timeout * 1e9 < NO_DUE_BEYOND_NS:

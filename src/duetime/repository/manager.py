@@ -38,7 +38,7 @@ from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Literal, get_args
 
 from duetime.config import CONFIG_FILENAMES, ModelConfig, TrafficConfig
 from duetime.errors import ConfigError, DuetimeError, InvalidInput, ModelNotFound, ModelUnavailable
@@ -114,6 +114,20 @@ class RepositoryOptions:
     the models are ready"); off, it is ready once it serves (or can load) models."""
     drain_s: float = 30.0
     """How long a replaced or unloaded version may take to finish its queued requests."""
+
+    def __post_init__(self) -> None:
+        """The mistakes that would pass unseen: a mode that is none of the three (it acted as
+        `none`), one name as a string (read as one name per letter)."""
+        if self.control_mode not in get_args(ControlMode):
+            raise ConfigError(
+                f"repository options: field 'control_mode': expected one of "
+                f"{', '.join(get_args(ControlMode))}, got {self.control_mode!r}"
+            )
+        if isinstance(self.startup_models, str | bytes):
+            raise ConfigError(
+                f"repository options: field 'startup_models': expected a sequence of model "
+                f"names, got the string {self.startup_models!r} (write ({self.startup_models!r},))"
+            )
 
 
 @dataclass(slots=True)
@@ -196,7 +210,13 @@ file systems (ext4, xfs, btrfs, tmpfs)."""
 
 def check_model_name(name: str) -> str:
     """`name` if it can only name a folder directly under the repository; InvalidInput if not."""
-    if not name or name in (".", "..") or is_hidden(name) or any(c in name for c in _NOT_IN_NAMES):
+    if (
+        not isinstance(name, str)  # (5 was an AttributeError from deep in the check)
+        or not name
+        or name in (".", "..")
+        or is_hidden(name)
+        or any(c in name for c in _NOT_IN_NAMES)
+    ):
         raise InvalidInput(
             f"model name {name!r} is not valid: expected a folder name directly under the "
             f"model repository (no {' or '.join(map(repr, _NOT_IN_NAMES.strip(chr(0))))}, no "
