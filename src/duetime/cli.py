@@ -25,6 +25,13 @@ if TYPE_CHECKING:
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
+    for variable, value, choices in (
+        ("DUETIME_LOG_LEVEL", args.log_level, LOG_LEVELS),
+        ("DUETIME_LOG_FORMAT", args.log_format, LOG_FORMATS),
+    ):
+        if value not in choices:  # (argparse checks a flag's value, not a default from here)
+            console(f"duetime: {variable}: expected one of {', '.join(choices)}, got {value!r}")
+            return 2
     configure_logging(args.log_level, args.log_format)
     try:
         if args.command == "demo":
@@ -63,6 +70,16 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # (the report piped into `head`, say: it read what it wanted)
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # (no second error)
         return 141
+
+
+LOG_LEVELS = ("debug", "info", "warning", "error")
+LOG_FORMATS = ("text", "json")
+
+
+def _env_default(variable: str, default: str) -> str:
+    """A log flag's default: its `DUETIME_*` variable, as every server setting has one (it was
+    warned of as naming no setting, and ignored); `main` checks its value."""
+    return os.environ.get(variable, "").strip().lower() or default
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -326,13 +343,14 @@ def _add_log_flags(parser: argparse.ArgumentParser, *, top: bool) -> None:
     """The flags every command takes, before its name or after (`duetime serve --log-format
     json`). A subcommand's copy has no default, so it never hides a value given before it."""
     parser.add_argument(
-        "--log-level", choices=["debug", "info", "warning", "error"],
-        default="warning" if top else argparse.SUPPRESS,
+        "--log-level", choices=LOG_LEVELS,
+        default=_env_default("DUETIME_LOG_LEVEL", "warning") if top else argparse.SUPPRESS,
         help="warning (default) logs failed requests of the server's making (5xx); info adds "
         "every failed request and the sampled access log",
     )  # fmt: skip
     parser.add_argument(
-        "--log-format", choices=["text", "json"], default="text" if top else argparse.SUPPRESS,
+        "--log-format", choices=LOG_FORMATS,
+        default=_env_default("DUETIME_LOG_FORMAT", "text") if top else argparse.SUPPRESS,
         help="text (default) or one JSON object per line, messages to stderr included",
     )  # fmt: skip
 
@@ -378,10 +396,11 @@ def _serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             "serves one repository; Triton's several --model-repository folders would be served "
             "as their union: put the models in one folder)"
         )
-    repository = given[0] if given else _repository_from_env(args.demo)
-    if args.demo == (repository is not None):
+    demo = args.demo or (not given and _demo_from_env())
+    repository = given[0] if given else _repository_from_env(demo)
+    if demo == (repository is not None):
         raise ConfigError("give a model repository folder or --demo (one of the two)")
-    if args.demo:
+    if demo:
         from duetime.demo import write_demo_repository
 
         repository = write_demo_repository(demo_cache_dir())
@@ -419,6 +438,16 @@ def _repository_from_env(demo: bool) -> Path | None:
     """`DUETIME_MODEL_REPOSITORY`, as every setting has its variable (unless --demo is given)."""
     value = os.environ.get("DUETIME_MODEL_REPOSITORY")
     return None if demo or not value else Path(value)
+
+
+def _demo_from_env() -> bool:
+    """`DUETIME_DEMO`, `--demo`'s variable (a repository given as an argument wins over it)."""
+    value = os.environ.get("DUETIME_DEMO", "").strip().lower()
+    if value in ("", "0", "false", "no", "off"):
+        return False
+    if value in ("1", "true", "yes", "on"):
+        return True
+    raise ConfigError(f"DUETIME_DEMO: expected true or false (1 or 0), got {value!r}")
 
 
 _STOPPED_LOADING = -1

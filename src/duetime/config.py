@@ -665,8 +665,11 @@ class ServerSettings(_Strict):
     samples are dropped (counted, logged at shutdown), never waited for."""
 
 
-_OTHER_VARIABLES = frozenset({"DUETIME_FUZZ_EXAMPLES"})
-"""`DUETIME_*` variables that are not server settings (the test suite's)."""
+_OTHER_VARIABLES = frozenset(
+    {"DUETIME_FUZZ_EXAMPLES", "DUETIME_LOG_LEVEL", "DUETIME_LOG_FORMAT", "DUETIME_DEMO"}
+)
+"""`DUETIME_*` variables that are not server settings: the test suite's, and the flags' that
+`duetime` reads itself (`--log-level`, `--log-format`, `--demo`; see cli.py)."""
 
 
 def server_settings(

@@ -14,6 +14,7 @@ import pytest
 
 from duetime import cli
 from duetime.config import ServerSettings, server_settings
+from duetime.errors import ConfigError
 from duetime.observability.logs import configure_logging, console
 
 NO_FLAG = {"model_repository": "the positional REPO (or --model-repository)"}
@@ -79,6 +80,51 @@ def test_log_flags_go_before_or_after_the_command(command: list[str]) -> None:
     assert (before.log_format, before.log_level) == ("json", "info")  # (not reset by the command)
     neither = cli._parser().parse_args(command)
     assert (neither.log_format, neither.log_level) == ("text", "warning")
+
+
+def test_log_flags_have_their_variables_and_a_flag_wins(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # (they were warned of as naming no server setting, and ignored)
+    monkeypatch.setenv("DUETIME_LOG_LEVEL", "INFO")
+    monkeypatch.setenv("DUETIME_LOG_FORMAT", "json")
+    args = cli._parser().parse_args(["serve", "repo"])
+    assert (args.log_level, args.log_format) == ("info", "json")
+    flagged = cli._parser().parse_args(["serve", "repo", "--log-level", "error"])
+    assert (flagged.log_level, flagged.log_format) == ("error", "json")
+    with caplog.at_level(logging.WARNING):
+        server_settings({}, env=dict(os.environ))
+    assert "names no server setting" not in caplog.text
+
+
+@pytest.mark.usefixtures("restore_logging")
+def test_a_log_variable_of_no_level_fails_naming_it(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("DUETIME_LOG_LEVEL", "loud")
+    assert cli.main(["serve", "repo"]) == 2
+    assert "DUETIME_LOG_LEVEL: expected one of debug, info, warning, error, got 'loud'" in (
+        capsys.readouterr().err
+    )
+
+
+@pytest.mark.parametrize(
+    ("value", "demo"), [("1", True), ("true", True), ("0", False), ("", False), (None, False)]
+)
+def test_demo_has_its_variable(
+    monkeypatch: pytest.MonkeyPatch, value: str | None, demo: bool
+) -> None:
+    if value is None:
+        monkeypatch.delenv("DUETIME_DEMO", raising=False)
+    else:
+        monkeypatch.setenv("DUETIME_DEMO", value)
+    assert cli._demo_from_env() is demo
+
+
+def test_a_demo_variable_of_no_truth_value_fails_naming_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DUETIME_DEMO", "maybe")
+    with pytest.raises(ConfigError, match="DUETIME_DEMO: expected true or false"):
+        cli._demo_from_env()
 
 
 @pytest.fixture
