@@ -141,6 +141,20 @@ def open_files_for(max_connections: int) -> int:
     return int(soft)
 
 
+def _warn_of_unused(settings: ServerSettings) -> None:
+    """Warn of settings given that the others turn off (they were ignored without a word), as
+    `--load-model` without explicit mode is."""
+    given = settings.model_fields_set
+    unused: list[tuple[str, str]] = []
+    if settings.record_path is None:
+        unused += [(f"--{n.replace('_', '-')}", "--record") for n in
+                   ("record_outputs", "record_sample", "record_buffer") if n in given]  # fmt: skip
+    if not settings.metrics and "metrics_port" in given:
+        unused.append(("--metrics-port", "metrics on (it is given with --no-metrics)"))
+    for flag, needs in unused:
+        log.warning("%s is ignored: it only takes effect with %s", flag, needs)
+
+
 class Server:
     """One duetime process: the engine with its models, the HTTP and the gRPC front ends."""
 
@@ -195,6 +209,7 @@ class Server:
                 outputs=settings.record_outputs, buffer=settings.record_buffer,
                 clock=self.engine.clock,
             )  # fmt: skip
+        _warn_of_unused(settings)
 
     async def start(self) -> Addresses:
         """Load the repository, then listen; returns once both front ends accept connections."""

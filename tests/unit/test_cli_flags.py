@@ -204,3 +204,25 @@ def test_optimize_measure_s_help_says_it_bounds_rounds() -> None:
     assert f"at least {MIN_TIMING_ROUNDS} and at most {MAX_TIMING_ROUNDS} rounds" in (
         action.help or ""
     )
+
+
+@pytest.mark.parametrize(
+    ("settings", "warned"),
+    [
+        ({"record_sample": 0.5, "record_outputs": True}, ["--record-outputs", "--record-sample"]),
+        ({"record_buffer": 64}, ["--record-buffer"]),
+        ({"metrics": False, "metrics_port": 5}, ["--metrics-port"]),
+        ({"metrics": False}, []),
+        ({"record_path": Path("a.cap"), "record_sample": 0.5}, []),
+    ],
+)
+def test_settings_that_others_turn_off_are_warned_of(
+    caplog: pytest.LogCaptureFixture, settings: dict[str, object], warned: list[str]
+) -> None:
+    # (they were ignored without a word, as --load-model without explicit mode is not)
+    from duetime.server import Server
+
+    with caplog.at_level(logging.WARNING, logger="duetime.server"):
+        Server(ServerSettings(model_repository=Path("repo"), cpus="none", **settings))
+    ignored = sorted(m.split()[0] for m in caplog.messages if "is ignored" in m)
+    assert ignored == warned
