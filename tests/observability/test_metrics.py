@@ -156,7 +156,8 @@ def test_request_outcomes_count_what_was_sent(after_traffic: Scrape) -> None:
     }
     assert outcome["success"] == GOOD_HTTP + GOOD_GRPC
     assert outcome["rejected"] + outcome["expired"] == REFUSED
-    assert outcome["rejected"] >= 1, "a 290 µs timeout is refused at admission"
+    # (a 290 µs timeout is refused at admission, or, on a busy machine, found already past
+    # its due time there: a request read while the loop is busy counts from the turn before)
     assert outcome["late"] == outcome["failed"] == outcome["cancelled"] == 0
     invalid = after_traffic.samples("duetime_requests", model="mlp", outcome="invalid")
     assert [(s.labels["variant"], s.labels["version"], s.value) for s in invalid] == [
