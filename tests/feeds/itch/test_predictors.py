@@ -53,10 +53,13 @@ def test_a_server_that_stops_answering_cannot_hold_the_run() -> None:
 
     stats = asyncio.run(scenario())
     assert stats.triggers > 0
-    assert stats.on_time == stats.refused == stats.errors == 0
-    assert stats.unanswered == stats.late == stats.triggers
+    assert stats.on_time == stats.errors == 0
+    assert stats.unanswered == stats.late > 0
+    # the events held back behind the stalled calls were due before they could be asked for
+    assert stats.refused == stats.refused_unasked
+    assert stats.unanswered + stats.refused_unasked == stats.triggers
     rows = _rows(out)
-    assert len(rows) == stats.triggers
+    assert len(rows) == stats.unanswered
     assert all(row["on_time"] == "0" and row["signal"] == "" for row in rows)
 
 
@@ -84,7 +87,9 @@ def test_the_wait_for_the_last_answers_is_bounded(monkeypatch: pytest.MonkeyPatc
     predictor = Silent()
 
     async def scenario() -> tuple[RunStats, dict[str, Any]]:
-        options = RunOptions(deadline_ns=1_000_000, pace="max", keep_warm=False)
+        # (a deadline no event's books and features take: one due before it is asked for is
+        # refused unasked, never sent)
+        options = RunOptions(deadline_ns=20_000_000, pace="max", keep_warm=False)
         run = FeedRun(predictor, options, PredictionLog(None, 3))
         stats = await asyncio.wait_for(run.run(MESSAGES), 10)
         before = stats.report()

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import csv
 import io
 import json
+import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -14,13 +17,17 @@ from directory import R_FIELDS
 
 from duetime.cli import main
 from duetime.demo import ORDERBOOK_FEATURES
+from duetime.engine import Engine
 from duetime.feeds.itch.book import Books
 from duetime.feeds.itch.features import FEATURE_NAMES
 from duetime.feeds.itch.parser import read_messages
-from duetime.feeds.itch.run import RecordedClock
+from duetime.feeds.itch.predictors import Answer, EnginePredictor
+from duetime.feeds.itch.run import FeedRun, RecordedClock, RunOptions
+from duetime.feeds.itch.spec import AddOrder
 from duetime.feeds.itch.synth import write_session
-from duetime.feeds.itch.tally import PredictionLog
+from duetime.feeds.itch.tally import FeedStatistics, PredictionLog
 from duetime.feeds.itch.writer import ItchWriter
+from duetime.types import TensorSpec
 from tests.conftest import RunningServer
 
 MESSAGES = 3000
@@ -224,3 +231,142 @@ def test_recorded_clock_never_goes_back(speed: float) -> None:
     targets = [target - targets[0] for target in targets]
     assert targets == [int(recorded / speed) for recorded in (0, 1000, 1000, 1010, 1010, 1010,
                                                               1085, 2085)]  # fmt: skip
+
+
+def _burst(count: int, first_ref: int = 1) -> list[AddOrder]:
+    """`count` buy orders of one timestamp at rising prices (a sweep): each changes the book."""
+    return [
+        AddOrder("A", 1, 0, 34_200_000_000_000, ref, "B", 100, "TEST", 1_000_000 + ref)
+        for ref in range(first_ref, first_ref + count)
+    ]
+
+
+class Asked:
+    """A predictor that answers each request at once and keeps its rows and due time; `fits`,
+    when given, is its prediction of whether a request would be answered in time."""
+
+    def __init__(self, fits: Callable[[int, int, int], bool | None] | None = None) -> None:
+        self.input = TensorSpec("features", "FP32", (len(FEATURE_NAMES),))
+        self.max_batch = 64
+        self.answered_elsewhere = False
+        self.max_in_flight = 0
+        self.asked: list[tuple[int, int]] = []
+        if fits is not None:
+            self.fits = fits
+
+    def submit(self, array: np.ndarray, due_ns: int, answer: Answer) -> None:
+        self.asked.append((len(array), due_ns))
+        answer(np.zeros((len(array), 3), np.float32), None)
+
+    async def aclose(self) -> None:
+        return None
+
+
+def test_a_burst_is_asked_for_while_its_first_event_can_still_be_answered() -> None:
+    """At the recorded pace, the events of one timestamp were asked for together only once a
+    batch was full (64) or the next timestamp came, bound by the first one's due time: behind a
+    sweep's books and features even the first was past it, and every one was refused. The
+    burst now goes as soon as one more event would leave the first too little time (here the
+    predictor says 3 rows at most fit; the deadline is a minute, so none is ever due)."""
+    predictor = Asked(fits=lambda now_ns, due_ns, rows: rows <= 3)
+    options = RunOptions(deadline_ns=60 * 10**9, pace="recorded", keep_warm=False)
+    run = FeedRun(predictor, options, PredictionLog(None, 3))
+    stats = asyncio.run(run.run(_burst(20)))
+    assert [rows for rows, _ in predictor.asked] == [3, 3, 3, 3, 3, 3, 2]
+    assert stats.on_time == stats.triggers == 20
+    assert stats.refused == stats.refused_unasked == 0
+
+
+class Scripted:
+    """A live feed that hands on the datagrams it was given at once, each with its own arrival
+    time, then ends."""
+
+    def __init__(self, packets: Sequence[tuple[Sequence[Any], int]]) -> None:
+        self._packets = packets
+        self._ended = asyncio.Event()
+        self.missed = self.bad = 0
+
+    def statistics(self) -> FeedStatistics:
+        return FeedStatistics()
+
+    def start(self, on_packet: Callable[[Sequence[Any], int], bool], on_gap: Any = None) -> None:
+        for messages, arrival_ns in self._packets:
+            assert on_packet(messages, arrival_ns)
+        self._ended.set()
+
+    def stop(self) -> None:
+        self._ended.set()
+
+    async def ended(self) -> None:
+        await self._ended.wait()
+
+
+def test_events_due_before_they_are_asked_for_are_refused_unasked() -> None:
+    """A burst whose first events were due already (here a datagram received 5 s before the
+    run took it, at a deadline of 1 s) went whole, bound by their due time: the scheduler
+    refused the events behind them that could still be answered. They are refused unasked now,
+    and the others go by their own due time."""
+    predictor = Asked()  # (no `fits`: a burst waits at most half the deadline)
+
+    async def scenario() -> Any:
+        now = time.monotonic_ns()
+        source = Scripted([(_burst(2), now - 5 * 10**9), (_burst(3, first_ref=3), now)])
+        run = FeedRun(predictor, RunOptions(deadline_ns=10**9), PredictionLog(None, 3))
+        return now, await asyncio.wait_for(run.run_live(source), 30)
+
+    now, stats = asyncio.run(scenario())
+    assert predictor.asked == [(3, now + 10**9)]
+    assert stats.triggers == 5
+    assert stats.refused == stats.refused_unasked == 2
+    assert stats.on_time == 3
+    assert stats.report()["refused_unasked"] == 2
+
+
+def test_the_engine_predicts_whether_a_request_fits(demo_repo: Path) -> None:
+    """`EnginePredictor.fits` is the scheduler's admission test, which the feed asks while it
+    gathers a burst."""
+
+    async def scenario() -> tuple[bool | None, bool | None]:
+        async with Engine() as engine:
+            await engine.load_repository(demo_repo)
+            predictor = EnginePredictor(engine, "orderbook")
+            now = time.monotonic_ns()
+            return predictor.fits(now, now + 10**9, 8), predictor.fits(now, now - 1, 1)
+
+    assert asyncio.run(scenario()) == (True, False)
+
+
+def test_a_malformed_frame_is_in_the_report_skipped_or_stopping_the_run(
+    tmp_path: Path, session: Path, demo_repo: Path
+) -> None:
+    """`--on-error skip` stepped over a bad frame with a line on stderr and nothing in the
+    report (`bad_packets` 0, as for a clean file); `--on-error stop` wrote no report at all,
+    though the messages before the frame were run and their predictions written."""
+    broken = tmp_path / "broken.itch"
+    data = session.read_bytes()
+    cut = 0
+    for _ in range(100):
+        cut += 2 + int.from_bytes(data[cut : cut + 2], "big")
+    broken.write_bytes(data[:cut] + b"\x00\x05Zabcd" + data[cut:])
+    report, predictions = tmp_path / "report.json", tmp_path / "predictions.csv"
+    argv = ["itch", "run", str(broken), "--model", "orderbook", "--repository", str(demo_repo),
+            "--pace", "max", "--deadline-us", "1000000", "-q", "--json", str(report),
+            "--predictions", str(predictions)]  # fmt: skip
+    assert main(argv) == 1
+    stopped = json.loads(report.read_text(encoding="utf-8"))
+    assert stopped["messages"] == 100
+    error = stopped["format_error"]
+    assert (error["offset"], error["reason"]) == (cut, "unknown_type")
+    assert f"byte offset {cut}" in error["message"]
+    assert stopped["skipped_frames"] == 0
+    with predictions.open(newline="", encoding="utf-8") as rows:
+        assert len(list(csv.DictReader(rows))) == stopped["on_time"] + stopped["late_dropped"] > 0
+
+    assert main([*argv, "--on-error", "skip"]) == 0
+    skipped = json.loads(report.read_text(encoding="utf-8"))
+    assert skipped["messages"] == MESSAGES
+    assert skipped["skipped_frames"] == 1
+    first = skipped["first_skipped"]
+    assert (first["offset"], first["reason"]) == (cut, "unknown_type")
+    assert "unknown message type 'Z'" in first["message"]
+    assert skipped["format_error"] is None

@@ -24,6 +24,9 @@ from duetime.demo import ORDERBOOK_CLASSES
 from duetime.observability.logs import console
 
 if TYPE_CHECKING:
+    from collections.abc import Iterable, Iterator
+
+    from duetime.feeds.itch.parser import ItchFormatError
     from duetime.feeds.itch.run import FeedRun
     from duetime.feeds.itch.tally import RunStats
 
@@ -308,7 +311,7 @@ def _run_feed(args: argparse.Namespace) -> int:
         except OutputError as exc:
             console(f"{command}: {exc.message}")
             written = False
-    return 0 if report["errors"] == 0 and written else 1
+    return 0 if report["errors"] == 0 and report.get("format_error") is None and written else 1
 
 
 async def _feed(args: argparse.Namespace, options: Any) -> tuple[dict[str, Any], bool] | None:
@@ -317,10 +320,10 @@ async def _feed(args: argparse.Namespace, options: Any) -> tuple[dict[str, Any],
     from duetime.engine import Engine
     from duetime.errors import ConfigError
     from duetime.execution.affinity import CpuPlan, parse_cpus, pin_current_thread
-    from duetime.feeds.itch.parser import ItchFormatError, read_messages, skipped_note
+    from duetime.feeds.itch.parser import read_messages, skipped_note
     from duetime.feeds.itch.predictors import EnginePredictor, GrpcPredictor, PredictorError
     from duetime.feeds.itch.run import FeedRun
-    from duetime.feeds.itch.tally import open_log
+    from duetime.feeds.itch.tally import frame_report, open_log
     from duetime.repository.manager import RepositoryOptions
     from duetime.tools.outputs import OutputError, failed_write
 
@@ -349,10 +352,19 @@ async def _feed(args: argparse.Namespace, options: Any) -> tuple[dict[str, Any],
                 stats, source = await _listen(feed, args.address, args)
             else:
                 messages = read_messages(args.file, on_error=args.on_error)
-                stats = await feed.run(messages)
+                stopped: list[ItchFormatError] = []
+                stats = await feed.run(_until_error(messages, stopped))
                 if messages.errors:
+                    stats.skipped_frames = len(messages.errors)
+                    stats.first_skipped = frame_report(messages.errors[0])
                     note = skipped_note(len(messages.errors), messages.errors[0])
                     console(f"duetime itch run: {args.file}: {note}", logging.WARNING)
+                if stopped:  # (the run and its report go up to it; exit 1)
+                    error = stopped[0]
+                    stats.format_error = frame_report(error)
+                    hint = " (--on-error skip steps over bad frames)"
+                    hint = "" if error.reason == "bad_gzip" else hint
+                    console(f"duetime itch run: {args.file}: {error}{hint}")
         finally:
             log.close()
     except OutputError as exc:  # (--predictions: checked before; its folder went away)
@@ -363,10 +375,6 @@ async def _feed(args: argparse.Namespace, options: Any) -> tuple[dict[str, Any],
         return None
     except ConfigError as exc:  # --cpu-dma-latency-us could not be held
         console(f"duetime itch {args.itch_command}: {exc.message}")
-        return None
-    except ItchFormatError as exc:  # (a ValueError; a damaged gzip stream is no OSError here)
-        hint = "" if exc.reason == "bad_gzip" else " (--on-error skip steps over bad frames)"
-        console(f"duetime itch run: {args.file}: {exc}{hint}")
         return None
     except OSError as exc:  # the UDP address could not be bound, the file could not be read
         where = f"--udp {args.udp}" if args.address is not None else str(args.file)
@@ -392,6 +400,17 @@ async def _feed(args: argparse.Namespace, options: Any) -> tuple[dict[str, Any],
         failure = failed_write(args.predictions, "--predictions", log.error)
         console(f"duetime itch {args.itch_command}: {failure.message}")
     return report, log.error is None
+
+
+def _until_error(messages: Iterable[Any], stopped: list[ItchFormatError]) -> Iterator[Any]:
+    """`messages` up to a malformed frame that stops them (`--on-error stop`), kept in
+    `stopped`: the run ends there with what it did before, and reports it."""
+    from duetime.feeds.itch.parser import ItchFormatError
+
+    try:
+        yield from messages
+    except ItchFormatError as exc:  # (a ValueError; a damaged gzip stream is no OSError here)
+        stopped.append(exc)
 
 
 async def _listen(
@@ -467,13 +486,15 @@ def _demo_repository() -> Path:
 def _print_report(report: dict[str, Any]) -> None:
     latency = report["tick_to_prediction_us"]
     lag = report["pace_lag_us"]
+    due = report["refused_unasked"]
+    unasked = f" (due before they were asked: {due})" if due else ""
     lines = [
         f"model {report['model']}, deadline {report['deadline_us']:g} µs, pace {report['pace']}",
         f"  messages {report['messages']}  book events {report['book_events']}  "
         f"requests {report['triggers']}  ({report['messages_per_s']:,.0f} msg/s over "
         f"{report['wall_s']} s)",
         f"  on time {report['on_time']}  late (dropped) {report['late_dropped']}  "
-        f"refused {report['refused']}  errors {report['errors']}",
+        f"refused {report['refused']}{unasked}  errors {report['errors']}",
         f"  tick-to-prediction µs: p50 {latency['p50']}  p99 {latency['p99']}  "
         f"p99.9 {latency['p999']}  max {latency['max']}",
     ]

@@ -79,7 +79,11 @@ def skipped_note(count: int, first: ItchFormatError) -> str:
 
 
 def frame_error(offset: int, size: int, type_byte: int | None, remaining: int) -> ItchFormatError:
-    """Describe the bad frame whose prefix is at `offset` and declares `size` bytes."""
+    """Describe the bad frame whose prefix is at `offset` and declares `size` bytes; with fewer
+    than 2 bytes `remaining`, the prefix itself is cut and `size` is not read."""
+    if remaining < 2:
+        detail = f"the stream ends {remaining} byte into the frame's 2-byte length prefix"
+        return ItchFormatError(offset, "truncated", detail, got=0)
     letter = None if type_byte is None else chr(type_byte)
     if remaining < 2 + size or (type_byte is None and size > 0):
         return ItchFormatError(

@@ -73,6 +73,12 @@ class Predictor(Protocol):
 
     def submit(self, array: np.ndarray, due_ns: int, answer: Answer) -> None: ...
 
+    def fits(self, now_ns: int, due_ns: int, rows: int) -> bool | None:
+        """Whether a request of `rows` due at `due_ns`, asked at `now_ns`, is predicted to be
+        answered in time (None: it cannot tell). The feed asks it while it gathers a burst, to
+        ask for the burst while its first event can still be answered on time; a predictor
+        without it is taken to tell nothing."""
+
     def warm(self, array: np.ndarray) -> None:
         """Run the model on `array` (one row) and drop the answer, if that is cheap and safe
         here (see `FeedRun`'s keep-warm); a remote model is not run."""
@@ -137,6 +143,15 @@ class EnginePredictor:
             answer(None, _failure(exc))
             return
         ticket.when_done(lambda: self._settled(ticket, answer))
+
+    def fits(self, now_ns: int, due_ns: int, rows: int) -> bool | None:
+        """The scheduler's own admission test (`ModelScheduler.fits`: the queue ahead, the
+        model's run and the margins it keeps), as if the request were submitted at `now_ns`."""
+        try:
+            scheduler = self._engine.registry.resolve(self._model, self._version).scheduler
+        except DuetimeError:
+            return None  # (gone: the submit says why)
+        return scheduler.fits(now_ns, due_ns, rows, 0)
 
     def warm(self, array: np.ndarray) -> None:
         """Run ONNX Runtime on `array` directly, its answer dropped (nothing counted): only a
@@ -273,6 +288,10 @@ class GrpcPredictor:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(channel.wait_for_state_change(ready), GONE_WAIT_S)
         return bool(channel.get_state() != ready)
+
+    def fits(self, now_ns: int, due_ns: int, rows: int) -> bool | None:
+        """The remote scheduler's plans are not known here."""
+        return None
 
     def warm(self, array: np.ndarray) -> None:
         """The model is remote: nothing to warm here."""

@@ -16,6 +16,8 @@ from duetime.tools.outputs import failed_write, make_parents
 if TYPE_CHECKING:
     from hdrh.histogram import HdrHistogram  # type: ignore[import-untyped]
 
+    from duetime.feeds.itch.parser import ItchFormatError
+
 SETTLE_AT = 100_000
 """Values noted before they are recorded even without a gap (bounds the memory)."""
 FLUSH_ROWS = 4096
@@ -61,7 +63,11 @@ class RunStats:
     """Of `late`: requests with no answer at all by their due time and a grace (a stalled
     server), given up on."""
     refused: int = 0
-    """Requests the scheduler refused or dropped because they could not finish in time."""
+    """Requests the scheduler refused or dropped because they could not finish in time, and
+    `refused_unasked`."""
+    refused_unasked: int = 0
+    """Of `refused`: events whose due time passed before the feed could ask for them (behind
+    the books and features of a long burst), never sent."""
     errors: int = 0
     first_error: str | None = None
     missed_messages: int = 0
@@ -70,6 +76,12 @@ class RunStats:
     """Live: the feed's own account of its sequence numbers, at the end."""
     bad_packets: int = 0
     """Live: datagrams (or messages in them) that did not parse, skipped."""
+    skipped_frames: int = 0
+    """A file's malformed frames (or damaged gzip tail) stepped over (`--on-error skip`)..."""
+    first_skipped: dict[str, Any] | None = None
+    """...the first of them (`frame_report`)..."""
+    format_error: dict[str, Any] | None = None
+    """...or the malformed frame that stopped the run (`--on-error stop`)."""
     book_anomalies: dict[str, int] = field(default_factory=dict)
     """The books' policy cases by kind (`Books.anomalies`), at the end: a gap in a live feed
     shows here as the orders it lost (unknown references)."""
@@ -108,6 +120,7 @@ class RunStats:
             "late_dropped": self.late,
             "unanswered": self.unanswered,
             "refused": self.refused,
+            "refused_unasked": self.refused_unasked,
             "errors": self.errors,
             "first_error": self.first_error,
             "missed_messages": self.missed_messages,
@@ -125,8 +138,12 @@ class RunStats:
 
     def _feed_report(self) -> dict[str, Any]:
         feed = self.feed
-        if feed is None:
-            return {}
+        if feed is None:  # a file's (a live feed's bad datagrams are counted apart)
+            return {
+                "skipped_frames": self.skipped_frames,
+                "first_skipped": self.first_skipped,
+                "format_error": self.format_error,
+            }
         return {
             "book_incomplete": feed.gaps > 0 or (feed.first_sequence or 1) > 1,
             "reordered_messages": feed.reordered,
@@ -138,6 +155,11 @@ class RunStats:
             "session": feed.session,
             "bad_packet_kinds": feed.bad_kinds,
         }
+
+
+def frame_report(error: ItchFormatError) -> dict[str, Any]:
+    """A malformed frame as the report gives it: where, why, and the message said on stderr."""
+    return {"offset": error.offset, "reason": error.reason, "message": str(error)}
 
 
 class PredictionLog:
