@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import gc
+import logging
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -113,3 +115,24 @@ def server(demo_repo: Path) -> Iterator[RunningServer]:
     running, thread = start_server(settings)
     yield running
     stop_server(running, thread)
+
+
+@contextlib.contextmanager
+def collector_off() -> Iterator[None]:
+    """The cyclic collector off (the servers of these tests run in the test's process): what
+    a request leaves in a reference cycle stays, and can be counted."""
+    gc.collect()
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+
+
+@pytest.fixture
+def restore_logging() -> Iterator[None]:
+    """Put the root logger's handlers and level back after a test that configures logging."""
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    yield
+    root.handlers[:], root.level = handlers, level

@@ -10,16 +10,14 @@ from __future__ import annotations
 
 import gc
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import grpc
 import numpy as np
 import pytest
-from conftest import RunningServer, start_server, stop_server
+from conftest import RunningServer, collector_off
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
-from duetime.config import ServerSettings
 from duetime.frontend.proto import grpc_service_pb2
 
 pytestmark = pytest.mark.timeout(120)
@@ -28,25 +26,10 @@ CALLS = 20
 STREAM = "/inference.GRPCInferenceService/ModelStreamInfer"
 
 
-@pytest.fixture(scope="module")
-def server(demo_repo: Path) -> Iterator[RunningServer]:
-    running, thread = start_server(
-        ServerSettings(model_repository=demo_repo, http_port=0, grpc_port=0)
-    )
-    yield running
-    stop_server(running, thread)
-
-
 @pytest.fixture
 def no_cyclic_collector() -> Iterator[None]:
-    """The cyclic collector off (the server runs in this process): what a call leaves in a
-    cycle stays, and is counted."""
-    gc.collect()
-    gc.disable()
-    try:
+    with collector_off():
         yield
-    finally:
-        gc.enable()
 
 
 def live_requests() -> int:

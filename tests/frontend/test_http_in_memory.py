@@ -14,13 +14,14 @@ import asyncio
 import gc
 import shutil
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
-from contextlib import asynccontextmanager, contextmanager, suppress
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager, suppress
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+from conftest import collector_off
 
 from duetime.config import ServerSettings
 from duetime.engine import Ticket
@@ -28,16 +29,6 @@ from duetime.errors import DeadlineExceeded, Overloaded
 from duetime.frontend.http import HttpConnection
 from duetime.server import Server
 from duetime.tools.payloads import PayloadSpec, http_request_bytes
-
-
-@contextmanager
-def collector_off() -> Iterator[None]:
-    gc.collect()
-    gc.disable()
-    try:
-        yield
-    finally:
-        gc.enable()
 
 
 class Transport:

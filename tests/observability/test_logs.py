@@ -7,7 +7,6 @@ import http.client
 import json
 import logging
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -130,14 +129,6 @@ def test_text_lines_escape_control_characters() -> None:
     assert rest
     assert all(line.startswith("    ") for line in rest)
     assert "    Traceback (most recent call last):" in rest
-
-
-@pytest.fixture
-def restore_logging() -> Iterator[None]:
-    root = logging.getLogger()
-    handlers, level = root.handlers[:], root.level
-    yield
-    root.handlers[:], root.level = handlers, level
 
 
 @pytest.mark.usefixtures("restore_logging")

@@ -7,7 +7,6 @@ import json
 import logging
 import os
 import re
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -125,14 +124,6 @@ def test_a_demo_variable_of_no_truth_value_fails_naming_it(monkeypatch: pytest.M
     monkeypatch.setenv("DUETIME_DEMO", "maybe")
     with pytest.raises(ConfigError, match="DUETIME_DEMO: expected true or false"):
         cli._demo_from_env()
-
-
-@pytest.fixture
-def restore_logging() -> Iterator[None]:
-    root = logging.getLogger()
-    handlers, level = root.handlers[:], root.level
-    yield
-    root.handlers[:], root.level = handlers, level
 
 
 @pytest.mark.usefixtures("restore_logging")
