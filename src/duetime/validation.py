@@ -145,14 +145,9 @@ class Validator:
                     break
             else:
                 return
-        others = self._others.get(spec.name, ())
-        for other in others:
-            if fits(shape, other):
-                return
-        raise InvalidInput(
-            f"input '{spec.name}': shape {list(array.shape)} does not match the model's "
-            f"{shapes_taken(spec, others)} (-1 marks a free dim)"
-        )
+        refused = shape_refused(spec, shape, self._others.get(spec.name, ()))
+        if refused is not None:
+            raise InvalidInput(refused)
 
     def _check_rows(self, spec: TensorSpec, array: np.ndarray, rows: int | None) -> int:
         batch = array.shape[0]
@@ -257,9 +252,18 @@ def fits(shape: tuple[int, ...], wanted: tuple[int, ...]) -> bool:
     )
 
 
-def shapes_taken(spec: TensorSpec, others: tuple[tuple[int, ...], ...]) -> str:
-    """The shapes input `spec` takes, as messages name them: `[-1]`, or `[-1] or [-1, 1]`."""
-    return " or ".join(str(list(shape)) for shape in (spec.client_shape, *others))
+def shape_refused(
+    spec: TensorSpec, shape: tuple[int, ...], others: tuple[tuple[int, ...], ...]
+) -> str | None:
+    """Why input `spec` does not take `shape`, which is not its `client_shape`: None where it
+    is one of `others` (see `other_shapes`), else the message naming the shapes it takes."""
+    if any(fits(shape, other) for other in others):
+        return None
+    taken = " or ".join(str(list(each)) for each in (spec.client_shape, *others))
+    return (
+        f"input '{spec.name}': shape {list(shape)} does not match the model's {taken} (-1 marks "
+        "a free dim)"
+    )
 
 
 def _datatype_name(array: np.ndarray) -> str:

@@ -21,7 +21,7 @@ import orjson
 from duetime.datatypes import NUMPY_OF, UNSERVED, WIRE_DTYPE_OF, v2_datatype_of
 from duetime.errors import InvalidInput
 from duetime.types import ModelSignature, TensorSpec
-from duetime.validation import expected_inputs, fits, not_an_output, other_shapes, shapes_taken
+from duetime.validation import expected_inputs, not_an_output, other_shapes, shape_refused
 
 _LENGTH = struct.Struct("<I")
 _MAX_DIMS = 16
@@ -140,14 +140,9 @@ class Expected:
 
     def _other_shape(self, spec: TensorSpec, shape: tuple[int, ...]) -> None:
         """InvalidInput unless `shape` is one of the others the input takes (`other_shapes`)."""
-        others = self._others.get(spec.name, ())
-        for other in others:
-            if fits(shape, other):
-                return
-        self._refuse(
-            f"input '{spec.name}': shape {list(shape)} does not match the model's "
-            f"{shapes_taken(spec, others)} (-1 marks a free dim)"
-        )
+        refused = shape_refused(spec, shape, self._others.get(spec.name, ()))
+        if refused is not None:
+            self._refuse(refused)
 
     def output(self, name: str) -> None:
         """InvalidInput unless the model has output `name`."""

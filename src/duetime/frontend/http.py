@@ -800,8 +800,7 @@ class HttpConnection(asyncio.Protocol):
         self, slot: _Slot, method: str, url: bytes, headers: dict[str, str], body: bytes
     ) -> None:
         shedder = self._shedder
-        infer = _is_infer(method, url)
-        if infer and shedder is not None and shedder.share and shedder.refuse():
+        if shedder is not None and shedder.share and _is_infer(method, url) and shedder.refuse():
             self._made(slot, _shed_reply(slot.keep_alive, slot.http10, headers))
             return
         head = method == "HEAD"  # a GET's status and headers without its body (RFC 9110 9.3.2)
