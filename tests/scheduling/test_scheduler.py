@@ -8,12 +8,14 @@ them, and a closing batching window is simulated by calling the scheduler's time
 from __future__ import annotations
 
 import asyncio
+import weakref
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import pytest
+from conftest import collector_off
 from factories import OTHER_SHAPE, SHAPE, FakeExecutor, make_profile
 
 from duetime.clock import FakeClock
@@ -1193,6 +1195,35 @@ def test_a_lookahead_batch_its_thread_takes_too_late_fails_its_requests_unrun() 
         assert (stats.expired, stats.late, stats.executions) == (2, 0, 3)
 
     run(body)
+
+
+def test_a_batch_that_waited_for_another_keeps_no_reference_cycle_once_it_ends() -> None:
+    """A batch given a `start_by` (it waited for the one ahead) holds its requests in a clock
+    that holds the batch; once it ended, nothing but the collector would free them, and the
+    runtime tuning makes the collector rare: with two instances on one core every batch waits
+    its turn, and 2,500 requests of 1 MB grew a server by 1.6 GB (found by a tester)."""
+
+    async def body() -> None:
+        clock, executor, scheduler = long_batches()
+        inputs = [np.zeros(1000) for _ in range(3)]
+        alive = [weakref.ref(array) for array in inputs]
+        futures = [
+            scheduler.submit_nowait({"x": array}, rows=1, shape_key=(), due_ns=due, priority=0)
+            for array, due in zip(inputs, (None, clock.now_ns() + 50 * MS, None), strict=True)
+        ]
+        del inputs
+        clock.advance(4_500 * US)
+        scheduler._on_timer()
+        assert executor.jobs[1][1].start_by is not None  # (the premise: it waited)
+        executor.complete(0, compute_ns=5 * MS)
+        executor.complete(1, compute_ns=9 * MS)
+        assert all(future.done() for future in futures)
+        del futures
+        executor.jobs.clear()
+        assert [ref() is None for ref in alive] == [True, True, True]
+
+    with collector_off():
+        run(body)
 
 
 def submit_named(scheduler: ModelScheduler, name: str, priority: int) -> asyncio.Future[Feeds]:
