@@ -32,6 +32,9 @@ V2Datatype = Literal[
     "FP16", "FP32", "FP64", "BYTES",
 ]  # fmt: skip
 
+InputFormat = Literal["FORMAT_NONE", "FORMAT_NHWC", "FORMAT_NCHW"]
+"""An input's layout, as Triton's model_config.proto names them (`ModelInput.Format`)."""
+
 PRIMARY_VARIANT = "default"
 """The variant name of a version's own `model.onnx` (repository.registry.PRIMARY): reserved,
 no `[[variants]]` entry may take it."""
@@ -85,6 +88,13 @@ class TensorConfig(_Strict):
     """An input requests may leave out (Triton's `optional`). Only a graph input with an
     initializer can be: ONNX Runtime runs on that default. Such inputs are optional whether
     the config says so or not; on any other input this has no effect (with a warning)."""
+    format: InputFormat = "FORMAT_NONE"
+    """An input's image layout (Triton's `format`): `FORMAT_NHWC` or `FORMAT_NCHW` for an
+    image of 3 dims besides the batch's (checked at load, against the graph's where `dims` is
+    not given), `FORMAT_NONE` for any other tensor. It describes the input and changes nothing
+    in how it is served: the model config reports it, for clients that lay out their images by
+    it (Triton's image_client refuses a model whose image input has none). An output has no
+    format."""
 
     @model_validator(mode="after")
     def _reshape_fits(self) -> TensorConfig:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import queue
+import re
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -39,8 +40,11 @@ from test_http_infer import (
     reference,
 )
 from tritonclient.grpc import service_pb2, service_pb2_grpc
+from tritonclient.utils import InferenceServerException
 
 from duetime.config import ServerSettings
+from duetime.errors import InvalidInput
+from duetime.frontend.grpc import requested_outputs
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -405,6 +409,79 @@ def test_classification_extension(
     )
     # more classes asked for than there are: all of them
     assert_classes(result.as_numpy(model.output), reference(model, batch), model.classes)
+
+
+@pytest.mark.parametrize(
+    ("first", "again", "needle"),
+    [
+        ({}, {"class_count": 1}, "classification 1 (first none)"),
+        ({"class_count": 3}, {"class_count": 2}, "classification 2 (first 3)"),
+    ],
+    ids=["plain-then-classes", "class-counts"],
+)
+def test_an_output_requested_twice_in_two_ways_is_refused_as_over_http(
+    client: grpcclient.InferenceServerClient, first: dict[str, int], again: dict[str, int],
+    needle: str,
+) -> None:  # fmt: skip
+    """gRPC answered one of the two asks without a word (the first class count) where HTTP
+    refused the same request 400 (test_http_request_checks)."""
+    model = DEMO_MODELS[0]
+    outputs = [
+        grpcclient.InferRequestedOutput(model.output, **first),
+        grpcclient.InferRequestedOutput(model.output, **again),
+    ]
+    with pytest.raises(InferenceServerException) as caught:
+        client.infer(
+            model.name, [make_input(model.input, model.batch(1, seed=1), "FP32")],
+            outputs=outputs, client_timeout=30,
+        )  # fmt: skip
+    assert caught.value.status() == "StatusCode.INVALID_ARGUMENT"
+    message = caught.value.message()
+    assert f"output '{model.output}' is requested more than once with different parameters: " in (
+        message
+    )
+    assert f"{needle}; request it once, or the same way each time" in message
+
+
+def _request_for_y(*windows: dict[str, Any]) -> Any:
+    """A ModelInferRequest asking for output 'y' once per entry of `windows` (its shared-memory
+    parameters; {}: inline)."""
+    request = service_pb2.ModelInferRequest(model_name="mlp")
+    for window in windows:
+        output = request.outputs.add(name="y")
+        for key, value in window.items():
+            field = "string_param" if isinstance(value, str) else "int64_param"
+            setattr(output.parameters[key], field, value)
+    return request
+
+
+SHM_Y = {"shared_memory_region": "out", "shared_memory_byte_size": 12}
+
+
+@pytest.mark.parametrize(
+    ("windows", "needle"),
+    [
+        (({}, SHM_Y), "shared memory region 'out' at 0 (12 bytes) (first none)"),
+        (
+            (SHM_Y, {**SHM_Y, "shared_memory_offset": 12}),
+            "shared memory region 'out' at 12 (12 bytes) (first region 'out' at 0 (12 bytes))",
+        ),
+    ],
+    ids=["inline-then-shared", "two-places"],
+)
+def test_an_output_written_to_two_places_is_refused_as_over_http(
+    windows: tuple[dict[str, Any], ...], needle: str
+) -> None:
+    """The shared-memory copy won, leaving the inline ask without its data."""
+    with pytest.raises(InvalidInput, match=re.escape(needle)):
+        requested_outputs(_request_for_y(*windows))
+
+
+def test_an_output_requested_twice_the_same_way_is_taken() -> None:
+    requested = requested_outputs(_request_for_y(SHM_Y, SHM_Y))
+    assert requested.shared is not None
+    assert requested.shared["y"].offset == 0
+    assert requested_outputs(_request_for_y({}, {})).classes is None
 
 
 @pytest.mark.parametrize("method", ["ModelInfer", "ServerLive", "ModelStreamInfer"])

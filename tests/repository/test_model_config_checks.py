@@ -354,8 +354,9 @@ def test_a_count_triton_leaves_to_its_default_is_triton_s(groups: str, instances
 
 
 def test_a_config_with_nchw_and_three_dims_is_taken() -> None:
-    settings, _ = translated('input [{ name: "x" format: FORMAT_NCHW dims: [3, 8, 8] }]')
-    assert settings["inputs"] == [{"name": "x", "dims": [3, 8, 8]}]
+    settings, warnings = translated('input [{ name: "x" format: FORMAT_NCHW dims: [3, 8, 8] }]')
+    assert settings["inputs"] == [{"name": "x", "dims": [3, 8, 8], "format": "FORMAT_NCHW"}]
+    assert not any("format" in warning for warning in warnings)
 
 
 @pytest.mark.parametrize(("policy", "kept"), [("", False), ("edf", False), ("fifo", True)])

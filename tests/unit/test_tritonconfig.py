@@ -104,14 +104,14 @@ def test_nested_triton_only_settings_are_named_in_a_warning(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     text = (
-        'input [ { name: "x" dims: [ 3, 8, 8 ] optional: true format: FORMAT_NCHW } ]\n'
+        'input [ { name: "x" dims: [ 3, 8, 8 ] optional: true allow_ragged_batch: true } ]\n'
         "dynamic_batching { preserve_ordering: true priority_queue_policy { key: 1 value {} } }\n"
         'parameters { key: "inter_op_thread_count" value { string_value: "0" } }\n'
         'parameters { key: "intra_op_thread_count" value { string_value: "0" } }\n'
     )
     with caplog.at_level(logging.WARNING, logger="duetime.config"):
         out = translate(text, source="c", model_name="m")
-    assert "c: input 'x': format: Triton-only settings" in caplog.text
+    assert "c: input 'x': allow_ragged_batch: Triton-only settings" in caplog.text
     assert out["inputs"] == [{"name": "x", "dims": [3, 8, 8], "optional": True}]  # (duetime's too)
     assert "c: dynamic_batching: preserve_ordering, priority_queue_policy: Triton-only" in (
         caplog.text

@@ -33,7 +33,9 @@ from duetime.frontend.grpcbacklog import (
 from duetime.frontend.grpchealth import add_health_and_reflection
 from duetime.frontend.metadata import model_config_json, model_metadata_json
 from duetime.frontend.parameters import (
+    OutputSetting,
     check_grpc_parameters,
+    check_output_again,
     due_from_timeout_us,
     priority_of,
 )
@@ -803,23 +805,42 @@ class Requested(NamedTuple):
 
 def requested_outputs(request: Any, expected: codec.Expected | None = None) -> Requested:
     """What `request` asks of its outputs (see `Requested`); each checked against `expected`
-    (what the model gives) before its parameters are read."""
+    (what the model gives) before its parameters are read. An output asked for again must be
+    asked for the same way (`check_output_again`, as over HTTP)."""
     classes: dict[str, int] = {}
     shared: dict[str, sharedmemory.Window] = {}
+    seen: set[str] = set()
     for output in request.outputs:
+        name = output.name
         if expected is not None:
-            expected.output(output.name)
-        if not output.parameters:
+            expected.output(name)
+        count: int | None = None
+        window: sharedmemory.Window | None = None
+        if output.parameters:
+            parameters = _parameters(output.parameters)
+            if classification.PARAMETER in parameters:
+                value = parameters[classification.PARAMETER]
+                count = classification.class_count(value, name)
+            window = sharedmemory.window_of(parameters, f"output '{name}'")
+        if name in seen:
+            first = _output_settings(classes.get(name), shared.get(name))
+            check_output_again(name, _output_settings(count, window), first)
             continue
-        parameters = _parameters(output.parameters)
-        if classification.PARAMETER in parameters:
-            value = parameters[classification.PARAMETER]
-            classes[output.name] = classification.class_count(value, output.name)
-        window = sharedmemory.window_of(parameters, f"output '{output.name}'")
+        seen.add(name)
+        if count is not None:
+            classes[name] = count
         if window is not None:
-            shared[output.name] = window
+            shared[name] = window
     names = tuple(output.name for output in request.outputs) or None
     return Requested(names, classes or None, shared or None)
+
+
+def _output_settings(
+    count: int | None, window: sharedmemory.Window | None
+) -> dict[str, OutputSetting]:
+    """An output's settings as `check_output_again` compares them, by parameter (gRPC has no
+    `binary_data`: every answer is binary)."""
+    return {classification.PARAMETER: count, "shared memory": window}
 
 
 def _window(parameters: Mapping[str, Any], where: str) -> sharedmemory.Window | None:

@@ -56,6 +56,7 @@ def model_config_json(model: LoadedModel) -> dict[str, Any]:
     config = model.config
     scheduling = config.scheduling
     labels = {t.name: t.labels for t in config.outputs or () if t.labels is not None}
+    formats = {t.name: t.format for t in config.inputs or () if t.format != "FORMAT_NONE"}
     inputs = shown_inputs(model)
     # NOTE: what duetime does, in Triton's terms: a request's own timeout is always honoured
     # (it may shorten the default, never extend it), whatever a Triton config said (warned of at
@@ -75,7 +76,7 @@ def model_config_json(model: LoadedModel) -> dict[str, Any]:
         "version_policy": config.version_policy.model_dump(exclude_none=True)
         or {"latest": {"num_versions": 1}},
         "max_batch_size": signature.max_batch_size,
-        "input": [_config_tensor(s, batched) for s in inputs],
+        "input": [_config_tensor(s, batched, layout=formats.get(s.name)) for s in inputs],
         "output": [_config_tensor(s, batched, labels.get(s.name)) for s in signature.outputs],
         "instance_group": [{"name": model.name, "kind": "KIND_CPU", "count": config.instances}],
         "dynamic_batching": {
@@ -132,9 +133,18 @@ def _has_no_dims(spec: TensorSpec, batched: bool) -> bool:
     return spec.wire is None and not (spec.shown()[1:] if batched else spec.shown())
 
 
-def _config_tensor(spec: TensorSpec, batched: bool, labels: str | None = None) -> dict[str, Any]:
+def _config_tensor(
+    spec: TensorSpec, batched: bool, labels: str | None = None, layout: str | None = None
+) -> dict[str, Any]:
+    """A tensor's entry; `labels`: an output's label file, `layout`: an input's format (None:
+    FORMAT_NONE, left out as protobuf's JSON leaves out defaults, so both protocols agree).
+
+    NOTE: the format changes nothing in serving, but Triton's image_client (parse_model) reads
+    it to lay out its images and refused a model without one: a config.pbtxt's was dropped."""
     dims = spec.shown()[1:] if batched else spec.shown()
     tensor: dict[str, Any] = {"name": spec.name, "data_type": TRITON_TYPE_OF[spec.datatype]}
+    if layout is not None:
+        tensor["format"] = layout
     if spec.wire is not None:  # (the config's reshape: requests carry dims, the graph takes this)
         tensor["dims"] = dims
         tensor["reshape"] = {"shape": list(spec.shape[1:] if batched else spec.shape)}

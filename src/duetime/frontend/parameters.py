@@ -1,5 +1,6 @@
 """Request parameters both protocols share: `timeout` (µs, as tritonclient sends it), `priority`,
-and those Triton reserves (`sequence_*`, keys starting with `triton_`), refused as Triton does."""
+those Triton reserves (`sequence_*`, keys starting with `triton_`), refused as Triton does, and
+an output's, which must not differ where the output is requested again."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from duetime.errors import InvalidInput
+from duetime.frontend.sharedmemory import Window
 
 _MAX_TIMEOUT_US = 10**12
 _MAX_PRIORITY = 2**64 - 1
@@ -97,6 +99,43 @@ def check_http_parameters(parameters: Mapping[str, Any]) -> None:
                 "parameter keys starting with 'triton_' are reserved for Triton usage and should "
                 f"not be specified (got '{key}')"
             )
+
+
+OutputSetting = bool | int | Window | None
+"""One parameter of a requested output as a front end read it: `binary_data` (HTTP), a class
+count (`classification`), a shared-memory window; None where the request sets none."""
+
+
+def check_output_again(
+    name: str, again: Mapping[str, OutputSetting], first: Mapping[str, OutputSetting]
+) -> None:
+    """InvalidInput unless output `name`, requested again with the settings `again` (by
+    parameter, in the order the message names them), is requested as it was the first time
+    (`first`, the same parameters).
+
+    NOTE: an output asked for again is answered once (as Triton's core, which keeps the
+    requested outputs in a set), so two asks that differ cannot both be honoured. gRPC
+    honoured one of them without a word (the class count, or the shared-memory copy, leaving
+    the inline ask empty) where HTTP refused the same request; both front ends now refuse it
+    here, in the same words."""
+    differ = [
+        f"{field} {_shown(now)} (first {_shown(first[field])})"
+        for field, now in again.items()
+        if now != first[field]
+    ]
+    if differ:
+        raise InvalidInput(
+            f"output '{name}' is requested more than once with different parameters: "
+            f"{', '.join(differ)}; request it once, or the same way each time"
+        )
+
+
+def _shown(setting: OutputSetting) -> str:
+    if setting is None:
+        return "none"
+    if isinstance(setting, Window):
+        return f"region '{setting.region}' at {setting.offset} ({setting.byte_size} bytes)"
+    return _json(setting)
 
 
 def _json(value: Any) -> str:

@@ -40,7 +40,9 @@ from duetime.frontend import codec, sharedmemory
 from duetime.frontend.arrival import ReadTurn
 from duetime.frontend.metadata import model_config_json, model_metadata_json
 from duetime.frontend.parameters import (
+    OutputSetting,
     check_http_parameters,
+    check_output_again,
     due_from_timeout_us,
     priority_of,
 )
@@ -56,7 +58,7 @@ from duetime.observability.tracing import (
     new_trace_id,
     parse_traceparent,
 )
-from duetime.repository.manager import check_model_name, check_upload_path
+from duetime.repository.manager import check_model_name, check_upload_path, load_failed
 from duetime.repository.tritonconfig import read_json_config
 from duetime.types import InferRequest
 
@@ -825,7 +827,17 @@ class LoadRequest(NamedTuple):
 def load_request(parameters: Mapping[str, Any], name: str) -> LoadRequest:
     """The parameters of a load request: `config` (JSON text) in place of the model's config
     file, and `file:<path>` entries, the files of a model folder to load instead of the
-    repository's (base64 text over HTTP, bytes over gRPC; Triton's model upload)."""
+    repository's (base64 text over HTTP, bytes over gRPC; Triton's model upload).
+
+    InvalidInput for parameters that cannot be used, said as Triton says a load of a model it
+    cannot read failed (`load_failed`: its clients look for "failed to load 'x'")."""
+    try:
+        return _load_request(parameters, name)
+    except InvalidInput as exc:
+        raise InvalidInput(load_failed(name, exc.message, polled=False)) from None
+
+
+def _load_request(parameters: Mapping[str, Any], name: str) -> LoadRequest:
     files: dict[str, bytes] = {}
     for key, value in parameters.items():
         if not key.startswith("file:"):
@@ -1244,7 +1256,8 @@ def _outputs(
         if name in binary:
             # NOTE: asked for again, it is answered once, as over gRPC (and as Triton, whose
             # core keeps the requested outputs in a set); but only one way
-            _check_same_output(name, (flag, count, window), binary, classes, shared)
+            first = _output_settings(binary[name], classes.get(name), shared.get(name))
+            check_output_again(name, _output_settings(flag, count, window), first)
             continue
         names.append(name)
         binary[name] = flag
@@ -1256,36 +1269,11 @@ def _outputs(
     return (tuple(names) if names else None), plan
 
 
-def _check_same_output(
-    name: str,
-    again: tuple[bool, int | None, sharedmemory.Window | None],
-    binary: Mapping[str, bool],
-    classes: Mapping[str, int],
-    shared: Mapping[str, sharedmemory.Window],
-) -> None:
-    """InvalidInput unless output `name`, requested again as `again` (binary_data, class count,
-    shared-memory window), is requested as it was the first time."""
-    first = (binary[name], classes.get(name), shared.get(name))
-    if again == first:
-        return
-    fields = ("binary_data", classification.PARAMETER, "shared memory")
-    differ = [
-        f"{field} {_shown(now)} (first {_shown(then)})"
-        for field, now, then in zip(fields, again, first, strict=True)
-        if now != then
-    ]
-    raise InvalidInput(
-        f"output '{name}' is requested more than once with different parameters: "
-        f"{', '.join(differ)}; request it once, or the same way each time"
-    )
-
-
-def _shown(setting: bool | int | sharedmemory.Window | None) -> str:
-    if setting is None:
-        return "none"
-    if isinstance(setting, sharedmemory.Window):
-        return f"region '{setting.region}' at {setting.offset} ({setting.byte_size} bytes)"
-    return orjson.dumps(setting).decode()
+def _output_settings(
+    flag: bool, count: int | None, window: sharedmemory.Window | None
+) -> dict[str, OutputSetting]:
+    """An output's settings as `check_output_again` compares them, by parameter."""
+    return {"binary_data": flag, classification.PARAMETER: count, "shared memory": window}
 
 
 def _shared(regions: SharedMemoryRegions | None, where: str) -> SharedMemoryRegions:

@@ -421,9 +421,27 @@ def _apply(
         elif entry.dims is not None:
             dims = _narrow(spec, entry.dims, batched, f"{at}.dims'")
             by_name[entry.name] = TensorSpec(spec.name, spec.datatype, dims, optional=spec.optional)
+        if entry.format != "FORMAT_NONE":
+            _check_format(entry.format, by_name[entry.name], batched, field, f"{at}.format'")
     if field == "inputs":
         _refuse_unlisted_required(declared, graph, source)
     return [by_name[spec.name] for spec in graph]
+
+
+def _check_format(layout: str, spec: TensorSpec, batched: bool, field: str, at: str) -> None:
+    """ConfigError unless `spec` (as served: the config's dims, else the graph's) may have the
+    image layout `layout` (NHWC or NCHW); `at`: the config field.
+
+    NOTE: as Triton (model_config_utils ValidateModelInput): such a layout needs 3 dims besides
+    the batch's, and only an input has one (Triton's ModelOutput has no `format`)."""
+    if field == "outputs":
+        raise ConfigError(f"{at}: only an input has a format (an image layout); remove it")
+    dims = spec.shown()[1:] if batched else spec.shown()
+    if len(dims) != 3:
+        raise ConfigError(
+            f"{at}: {layout} needs 3 dims (without the batch dim), but the input's are {dims}; "
+            "give the input's dims, or FORMAT_NONE"
+        )
 
 
 def _refuse_unlisted_required(

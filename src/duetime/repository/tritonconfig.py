@@ -13,6 +13,7 @@ graph, as Triton's auto-complete does):
 | `input`/`output` `reshape` (fixed dims) | `inputs`/`outputs` `reshape` |
 | `output` `label_filename` | `outputs` `labels` |
 | `input` `optional` | `inputs` `optional` |
+| `input` `format` (reported back; no effect on serving) | `inputs` `format` |
 | `instance_group` counts (summed but passive ones, per GPU listed; none: 2) | `instances` |
 | `dynamic_batching.max_queue_delay_microseconds` | `scheduling.max_queue_delay_us` |
 | `dynamic_batching.default_queue_policy.max_queue_size` | `scheduling.max_queue_size` |
@@ -48,6 +49,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -80,7 +82,9 @@ _TRANSLATED = frozenset({
     "name", "platform", "backend", "max_batch_size", "input", "output", "instance_group",
     "dynamic_batching", "version_policy", "parameters", "default_model_filename",
 })  # fmt: skip
-_TENSOR_FIELDS = frozenset({"name", "data_type", "dims", "reshape", "label_filename", "optional"})
+_TENSOR_FIELDS = frozenset({
+    "name", "data_type", "format", "dims", "reshape", "label_filename", "optional",
+})  # fmt: skip
 _BATCHING_FIELDS = frozenset({
     "max_queue_delay_microseconds", "default_priority_level", "default_queue_policy",
     "priority_levels", "preferred_batch_size",
@@ -295,8 +299,32 @@ def _parsed(parse: Any, given: Any, source: str, form: str) -> Any:
     try:
         parse(given, config)
     except (text_format.ParseError, json_format.ParseError) as exc:
-        raise ConfigError(f"{source}: not a Triton model config ({form}): {exc}") from None
+        raise ConfigError(
+            f"{source}: not a Triton model config ({form}): {exc}{_enum_values(str(exc))}"
+        ) from None
     return config
+
+
+_ENUM_TYPE = re.compile(r'enum type "?([A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*)', re.IGNORECASE)
+
+
+def _enum_values(error: str) -> str:
+    """The values there are of the enum a protobuf parse `error` names ('' if none): protobuf
+    names the value it has no use for, not those it takes.
+
+    NOTE: `format: NCHW` was refused as 'Enum type "inference.ModelInput.Format" has no value
+    named NCHW', leaving the writer to look up model_config.proto for FORMAT_NCHW."""
+    found = _ENUM_TYPE.search(error)
+    if found is None:
+        return ""
+    try:
+        enum = mc.DESCRIPTOR.pool.FindEnumTypeByName(found[1])
+    except KeyError:
+        return ""
+    holder = enum.containing_type
+    fields = [f.name for f in holder.fields if f.enum_type is enum] if holder is not None else []
+    what = f"'{fields[0]}'" if len(fields) == 1 else enum.name
+    return f" ({what} takes {', '.join(value.name for value in enum.values)})"
 
 
 def _translated(config: Any, source: str, model_name: str, warn: Warn) -> dict[str, Any]:
@@ -421,9 +449,9 @@ def _tensor(spec: Any, where: str, source: str, warn: Warn) -> dict[str, Any]:
     if ignored:
         warn(f"{source}: {kind} '{spec.name}': {', '.join(ignored)}: Triton-only settings, no "
              "effect in duetime")  # fmt: skip
-    if kind == "input" and spec.format != mc.ModelInput.FORMAT_NONE and len(spec.dims) != 3:
+    layout = _format(spec, where, source) if kind == "input" else "FORMAT_NONE"
+    if layout != "FORMAT_NONE" and len(spec.dims) != 3:
         # NOTE: as Triton (ValidateModelInput): "model input NHWC/NCHW require 3 dims"
-        layout = mc.ModelInput.Format.Name(spec.format)
         raise ConfigError(f"{source}: {where}.format: {layout} needs 3 dims (without the batch "
                           f"dim), but dims are {list(spec.dims)}")  # fmt: skip
     if spec.data_type == mc.TYPE_BF16:
@@ -454,7 +482,21 @@ def _tensor(spec: Any, where: str, source: str, warn: Warn) -> dict[str, Any]:
         tensor["labels"] = spec.label_filename
     if spec.DESCRIPTOR.name == "ModelInput" and spec.optional:
         tensor["optional"] = True
+    if layout != "FORMAT_NONE":
+        tensor["format"] = layout
     return tensor
+
+
+def _format(spec: Any, where: str, source: str) -> str:
+    """An input's `format` by name.
+
+    NOTE: proto3 enums are open: `format: 7` parses, and naming it (for the 3-dims check)
+    raised ValueError out of the loader; it is refused here, naming the layouts there are."""
+    names: dict[int, str] = {v.number: v.name for v in mc.ModelInput.Format.DESCRIPTOR.values}
+    if spec.format not in names:
+        raise ConfigError(f"{source}: {where}.format: {spec.format} is not a layout; expected "
+                          f"one of {', '.join(names.values())}")  # fmt: skip
+    return names[spec.format]
 
 
 _GROUP_FIELDS = frozenset({"name", "kind", "count", "gpus", "passive"})
