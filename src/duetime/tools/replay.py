@@ -336,10 +336,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--compare-outputs", action="store_true",
-        help="check each answer against the recorded outputs (np.allclose)",
+        help="check each answer against the recorded outputs: floats within --rtol and "
+        "--atol, integers, BOOL and BYTES exactly",
     )  # fmt: skip
-    parser.add_argument("--rtol", type=float, default=1e-5, help="relative tolerance (1e-5)")
-    parser.add_argument("--atol", type=float, default=1e-6, help="absolute tolerance (1e-6)")
+    parser.add_argument(
+        "--rtol", type=float, default=1e-5, help="relative tolerance of float outputs (1e-5)"
+    )
+    parser.add_argument(
+        "--atol", type=float, default=1e-6, help="absolute tolerance of float outputs (1e-6)"
+    )
     parser.add_argument(
         "--connections", type=int, default=8,
         help="HTTP connections opened first (more open when all are busy), or gRPC channels",

@@ -18,6 +18,7 @@ from urllib.parse import quote
 import numpy as np
 import orjson
 
+from duetime.datatypes import NUMPY_OF, v2_datatype_of
 from duetime.frontend import codec
 from duetime.frontend.proto import grpc_service_pb2 as pb
 from duetime.tools.capture.format import DROPPED_HEADERS, CapturedRequest, CapturedTensor
@@ -220,15 +221,19 @@ def grpc_outputs(data: bytes) -> dict[str, np.ndarray]:
 
 
 def _from_contents(tensor: Any, shape: tuple[int, ...]) -> np.ndarray:
+    """A tensor sent in typed `contents` rather than raw bytes, in its datatype's dtype (the
+    fields are wider: INT8 travels in `int_contents`, FP32 in no narrower field than float), so
+    that comparing it with a recorded tensor sees the datatype that was answered."""
     contents = tensor.contents
+    dtype = NUMPY_OF.get(tensor.datatype)
     for field in ("fp32_contents", "fp64_contents", "int_contents", "int64_contents",
                   "uint_contents", "uint64_contents", "bool_contents"):  # fmt: skip
         values = getattr(contents, field)
         if len(values):
-            return np.asarray(list(values)).reshape(shape)
+            return np.asarray(list(values), dtype=dtype).reshape(shape)
     if len(contents.bytes_contents):
         return np.asarray(list(contents.bytes_contents), dtype=object).reshape(shape)
-    return np.zeros(shape)
+    return np.zeros(shape, dtype=dtype)
 
 
 # -- comparing answers ---------------------------------------------------------------------------
@@ -247,26 +252,76 @@ class Difference:
 def compare_outputs(
     recorded: Sequence[CapturedTensor], answered: Mapping[str, np.ndarray], rtol: float, atol: float
 ) -> Difference | None:
-    """The first recorded output the answer does not match within the tolerances (None: all
-    match; `np.allclose` with `rtol` and `atol`; NaN matches NaN)."""
+    """How the answer differs from the recorded outputs (None: it matches them): the first
+    output that is missing, of another datatype or shape, or an integer, BOOL or BYTES output
+    with another value; else the float output with the largest error.
+
+    A missing output, another datatype or another shape is a difference. Floating point
+    outputs (FP16, FP32, FP64) match within `rtol` and `atol` (`np.isclose` with the recorded
+    value as the reference; NaN matches NaN, an infinity the same infinity). Integer, BOOL and
+    BYTES outputs must be equal: a class or token id that moved by one is another answer.
+
+    NOTE: integers were once compared as float64 through `np.allclose`, which took 100002 for
+    100001 (1 <= 1e-6 + 1e-5 * 100001) and INT64 ids past 2**53, rounded, for their neighbours.
+    """
     worst: Difference | None = None
     for tensor in recorded:
         got = answered.get(tensor.name)
         if got is None:
             return Difference(tensor.name, math.inf, "missing from the answer")
         want = tensor.array()
+        datatype = _datatype(got)
+        if datatype != tensor.datatype:
+            return Difference(
+                tensor.name, math.inf, f"datatype {datatype}, recorded {tensor.datatype}"
+            )
         if got.shape != want.shape:
             return Difference(
                 tensor.name, math.inf, f"shape {list(got.shape)}, recorded {list(want.shape)}"
             )
-        if want.dtype == object or got.dtype == object:
-            if not np.array_equal(got, want):
-                return Difference(tensor.name, math.inf, "BYTES values differ")
+        if want.dtype.kind != "f":
+            difference = _exact_difference(tensor.name, got, want)
+            if difference is not None:
+                return difference
             continue
         a, b = got.astype(np.float64), want.astype(np.float64)
-        if np.allclose(a, b, rtol=rtol, atol=atol, equal_nan=True):
+        close = np.isclose(a, b, rtol=rtol, atol=atol, equal_nan=True)
+        if close.all():
             continue
-        error = float(np.nanmax(np.abs(a - b))) if a.size else 0.0
+        errors = np.abs(a[~close] - b[~close])  # NaN where one of them is NaN
+        error = math.inf if np.isnan(errors).any() else float(errors.max())
         if worst is None or error > worst.max_abs_error:
             worst = Difference(tensor.name, error, f"max abs error {error:.3g}")
     return worst
+
+
+def _datatype(array: np.ndarray) -> str:
+    try:
+        return v2_datatype_of(array)
+    except TypeError:
+        return f"numpy {array.dtype}"
+
+
+def _exact_difference(name: str, got: np.ndarray, want: np.ndarray) -> Difference | None:
+    """How an integer, BOOL or BYTES output differs from the recorded one (None: equal)."""
+    unequal = np.flatnonzero(got != want)  # elementwise on object (BYTES) arrays too
+    if not unequal.size:
+        return None
+    first = int(unequal[0])
+    index = [int(i) for i in np.unravel_index(first, want.shape)]
+    a, b = _plain(got.ravel()[first]), _plain(want.ravel()[first])
+    where = f"{unequal.size} of {want.size} values differ, the first at {index}: {a!r}"
+    if want.dtype == object:
+        return Difference(name, math.inf, f"BYTES: {where}, recorded {b!r}")
+    moved, recorded = got.ravel()[unequal], want.ravel()[unequal]
+    if want.dtype.itemsize < 8:  # BOOL and narrower integers: exact in int64
+        error = float(np.abs(moved.astype(np.int64) - recorded.astype(np.int64)).max())
+    else:  # on Python ints: an int64 difference can overflow, a float64 one rounds
+        pairs = zip(moved.tolist(), recorded.tolist(), strict=True)
+        error = float(max(abs(x - y) for x, y in pairs))
+    return Difference(name, error, f"{where}, recorded {b!r}")
+
+
+def _plain(value: Any) -> Any:
+    """A numpy scalar as its Python value (an object array's `bytes` as they are)."""
+    return value.item() if isinstance(value, np.generic) else value
