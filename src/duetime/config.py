@@ -55,14 +55,20 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 
 
-def _declared_dim(dim: int) -> int:
-    """A dim a config declares: 1 or more, or -1 for a free one.
+DIM_RULE = "a dim must be 1 or more, -1 for a free dim, or 0 where the graph's dim is 0"
+"""What a config's dims may be (the message of a dim refused)."""
 
-    NOTE: 0 is refused, as Triton refuses it (model_config_utils ValidateIOShape): a model
-    whose dim is 0 can take only empty tensors, so a config saying so is a mistake, and
-    serving it would refuse every request that carries data."""
-    if dim == 0 or dim < -1:
-        raise ValueError("a dim must be 1 or more, or -1 for a free dim")
+
+def _declared_dim(dim: int) -> int:
+    """A dim a config declares: 1 or more, -1 for a free one, or 0 where the graph's is 0.
+
+    NOTE: Triton refuses 0 (model_config_utils ValidateIOShape), and so did duetime; but a
+    graph with a fixed 0 dim loads and serves (ONNX Runtime runs its empty tensors), the model
+    config reports that 0, and the config got from the server must load back (get, edit, load).
+    So 0 parses here and the load refuses it unless the graph's dim is 0 too (loader._narrow):
+    a 0 anywhere else would refuse every request that carries data."""
+    if dim < -1:
+        raise ValueError(DIM_RULE)
     return dim
 
 
@@ -73,8 +79,8 @@ class TensorConfig(_Strict):
     datatype: V2Datatype | None = None
     """The v2 datatype; read from the graph when omitted."""
     dims: list[Annotated[int, AfterValidator(_declared_dim)]] | None = None
-    """The shape without the batch dim (as Triton's `dims`); each 1 or more, or -1 for a free
-    dim."""
+    """The shape without the batch dim (as Triton's `dims`); each 1 or more, -1 for a free
+    dim, or 0 where the graph's dim is 0 (a tensor that is always empty)."""
     reshape: list[int] | None = None
     """The shape the graph takes (an output: gives) without the batch dim, where requests and
     answers carry `dims` (Triton's `reshape`): dims [1] with reshape [] takes [batch, 1] from

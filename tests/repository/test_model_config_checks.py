@@ -25,20 +25,20 @@ def model_dir(tmp_path: Path, filename: str, text: str) -> Path:
     return folder
 
 
-DIM_RULE = "a dim must be 1 or more, or -1 for a free dim (got 0)"
+DIM_RULE = "a dim must be 1 or more, -1 for a free dim, or 0 where the graph's dim is 0 (got -2)"
 
 
-def test_a_dim_of_0_in_a_pbtxt_is_refused_at_load(tmp_path: Path) -> None:
+def test_a_dim_below_minus_1_in_a_pbtxt_is_refused_at_load(tmp_path: Path) -> None:
     folder = model_dir(
         tmp_path, "config.pbtxt",
-        'max_batch_size: 8\ninput [{ name: "x" data_type: TYPE_FP32 dims: [0] }]\n',
+        'max_batch_size: 8\ninput [{ name: "x" data_type: TYPE_FP32 dims: [-2] }]\n',
     )  # fmt: skip
     with pytest.raises(ConfigError, match=re.escape(DIM_RULE)):
         load_model_config(folder)
 
 
-def test_a_dim_of_0_in_a_config_toml_is_refused_at_load(tmp_path: Path) -> None:
-    folder = model_dir(tmp_path, "config.toml", '[[outputs]]\nname = "y"\ndims = [4, 0]\n')
+def test_a_dim_below_minus_1_in_a_config_toml_is_refused_at_load(tmp_path: Path) -> None:
+    folder = model_dir(tmp_path, "config.toml", '[[outputs]]\nname = "y"\ndims = [4, -2]\n')
     with pytest.raises(ConfigError, match=r"field 'outputs\.0\.dims\.1': .*" + re.escape(DIM_RULE)):
         load_model_config(folder)
 
@@ -46,13 +46,70 @@ def test_a_dim_of_0_in_a_config_toml_is_refused_at_load(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     "override",
     [
-        {"inputs": [{"name": "x", "dims": [0]}]},  # duetime's form
-        {"input": [{"name": "x", "data_type": "TYPE_FP32", "dims": ["0"]}]},  # Triton's
+        {"inputs": [{"name": "x", "dims": [-2]}]},  # duetime's form
+        {"input": [{"name": "x", "data_type": "TYPE_FP32", "dims": ["-2"]}]},  # Triton's
     ],
 )
-def test_a_dim_of_0_in_a_load_override_is_refused(override: dict[str, object]) -> None:
+def test_a_dim_below_minus_1_in_a_load_override_is_refused(override: dict[str, object]) -> None:
     with pytest.raises(InvalidInput, match=re.escape(DIM_RULE)):
         parse_config_override(json.dumps(override), "m")
+
+
+EMPTY = [TensorSpec("x", "FP32", (2, 0))]
+"""A graph input with a fixed 0 dim: ONNX Runtime runs it on empty tensors, duetime serves it,
+and its model config reports dims [2, 0]."""
+
+
+@pytest.mark.parametrize(
+    "override",
+    [
+        {"inputs": [{"name": "x", "dims": [2, 0]}]},  # duetime's form
+        {"input": [{"name": "x", "data_type": "TYPE_FP32", "dims": ["2", "0"]}]},  # Triton's
+    ],
+)
+def test_a_0_dim_where_the_graph_has_one_loads_back(override: dict[str, object]) -> None:
+    """The config the server reports for such a model loads again (get, edit, load)."""
+    config = parse_config_override(json.dumps(override), "m")
+    signature = reconcile(config, EMPTY, [TensorSpec("y", "FP32", (2, 0))], source="m")
+    assert signature.max_batch_size == 0
+    assert [spec.shape for spec in signature.inputs] == [(2, 0)]
+
+
+def test_a_0_dim_in_a_config_file_loads_where_the_graph_has_one(tmp_path: Path) -> None:
+    for filename, text in [
+        ("config.pbtxt", 'input [{ name: "x" data_type: TYPE_FP32 dims: [2, 0] }]\n'),
+        ("config.toml", '[[inputs]]\nname = "x"\ndims = [2, 0]\n'),
+    ]:
+        (tmp_path / filename).mkdir()
+        folder = model_dir(tmp_path / filename, filename, text)
+        config = load_model_config(folder)
+        signature = reconcile(config, EMPTY, [], source="m")
+        assert [spec.shape for spec in signature.inputs] == [(2, 0)]
+
+
+@pytest.mark.parametrize(
+    ("graph", "dims", "has"),
+    [
+        ((-1, -1), [2, 0], "dims [-1, -1]"),  # a free dim narrowed to 0
+        ((-1, 5), [-1, 0], "dims [-1, 5]"),  # another fixed dim
+        ((), [0], "no shape"),  # the graph says nothing
+    ],
+)
+def test_a_0_dim_where_the_graph_has_none_is_refused_naming_it(
+    graph: tuple[int, ...], dims: list[int], has: str
+) -> None:
+    config = parse_model_config(
+        {"max_batch_size": 0, "inputs": [{"name": "x", "dims": dims}]}, source="c"
+    )
+    spec = TensorSpec("x", "FP32", graph, any_rank=not graph)
+    message = (
+        f"m: field 'inputs.0.dims': {dims} has a dim of 0 where the graph's is not 0 (the graph "
+        f"has {has}): a 0 dim takes only empty tensors; give 1 or more, or -1 for a free dim"
+    )
+    if graph == (-1, 5):
+        message = f"m: field 'inputs.0.dims': {dims} does not fit the graph's [-1, 5]"
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        reconcile(config, [spec], [], source="m")
 
 
 def test_free_and_positive_dims_are_still_accepted(tmp_path: Path) -> None:
@@ -260,9 +317,9 @@ def test_onnxruntime_parameters_asking_for_what_duetime_does_give_no_warning() -
     ("text", "message"),
     [
         ('max_batch_size: 8\ninput [{ name: "x" data_type: TYPE_FP32 dims: [-2] }]',
-         "c: field 'input[0].dims': Value error, a dim must be 1 or more, or -1 for a free dim "
-         "(got -2)"),
-        ('output [{ name: "y" label_filename: "" }, { name: "z" dims: [0] }]',
+         "c: field 'input[0].dims': Value error, a dim must be 1 or more, -1 for a free dim, or "
+         "0 where the graph's dim is 0 (got -2)"),
+        ('output [{ name: "y" label_filename: "" }, { name: "z" dims: [-3] }]',
          "c: field 'output[1].dims': Value error"),
         ("instance_group [{ count: 100 }]",
          "c: field 'instance_group (its counts summed)': Input should be less than or equal to "
@@ -305,7 +362,7 @@ def test_a_pbtxt_error_names_the_triton_field_it_came_from(
 
 
 def test_a_triton_json_override_error_names_the_triton_field() -> None:
-    override = {"input": [{"name": "x", "dims": ["0"]}], "instance_group": [{"count": 65}]}
+    override = {"input": [{"name": "x", "dims": ["-2"]}], "instance_group": [{"count": 65}]}
     with pytest.raises(InvalidInput) as caught:
         parse_config_override(json.dumps(override), "m")
     assert "field 'input[0].dims'" in caught.value.message

@@ -465,7 +465,11 @@ def _refuse_unlisted_required(
 
 
 def _narrow(spec: TensorSpec, dims: list[int], batched: bool, where: str) -> tuple[int, ...]:
+    """The served shape of `spec` where the config gives `dims` (without the batch dim); a
+    ConfigError naming `where` unless they fit the graph's."""
     if spec.any_rank:  # (the graph says nothing: the config's dims are the shape)
+        if 0 in dims:
+            raise ConfigError(_empty_dim(where, dims, "no shape"))
         return (-1, *dims) if batched else tuple(dims)
     graph_dims = spec.shape[1:] if batched else spec.shape
     if len(dims) != len(graph_dims) or any(
@@ -475,8 +479,21 @@ def _narrow(spec: TensorSpec, dims: list[int], batched: bool, where: str) -> tup
             f"{where}: {dims} does not fit the graph's {list(graph_dims)} "
             "(dims exclude the batch dim; -1 keeps a dim free)"
         )
+    if any(d == 0 and g != 0 for d, g in zip(dims, graph_dims, strict=True)):
+        raise ConfigError(_empty_dim(where, dims, f"dims {list(graph_dims)}"))
     narrowed = tuple(g if d == -1 else d for d, g in zip(dims, graph_dims, strict=True))
     return (-1, *narrowed) if batched else narrowed
+
+
+def _empty_dim(where: str, dims: list[int], graph: str) -> str:
+    """The message refusing a config's 0 dim where the graph's dim is not 0.
+
+    NOTE: a 0 is taken only where the graph's dim is 0 too (a model config reports it: see
+    config._declared_dim); narrowing a free dim to 0 would refuse every request with data."""
+    return (
+        f"{where}: {dims} has a dim of 0 where the graph's is not 0 (the graph has {graph}): "
+        "a 0 dim takes only empty tensors; give 1 or more, or -1 for a free dim"
+    )
 
 
 def _checked_batching(
