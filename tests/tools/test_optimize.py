@@ -679,3 +679,52 @@ def test_a_run_that_changes_no_verdict_leaves_the_config_file_untouched(
     after = config.stat()
     assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
     assert not (model / "1" / "model.fp16.onnx").exists()
+
+
+def constant_model(tmp_path: Path, *, optional: bool) -> Path:
+    """y = c @ W, c a Constant, or (optional) an input whose initializer gives its default."""
+    model = tmp_path / "constant"
+    (model / "1").mkdir(parents=True)
+    c = helper.make_tensor("c", TensorProto.FLOAT, [2], [7.0, 8.0])
+    weights = helper.make_tensor("W", TensorProto.FLOAT, [2, 2], [1.0] * 4)
+    nodes = [helper.make_node("MatMul", ["c", "W"], ["y"])]
+    if not optional:
+        nodes.insert(0, helper.make_node("Constant", [], ["c"], value=c))
+    graph = helper.make_graph(
+        nodes, "constant",
+        [helper.make_tensor_value_info("c", TensorProto.FLOAT, [2])] if optional else [],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])],
+        initializer=[weights, c] if optional else [weights],
+    )  # fmt: skip
+    onnx_model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    onnx_model.ir_version = 8
+    onnx.save(onnx_model, str(model / "1" / "model.onnx"))
+    return model
+
+
+@pytest.mark.parametrize(
+    ("optional", "takes"),
+    [
+        (False, "takes no inputs: "),
+        (True, "takes only optional inputs ('c'), and samples are drawn only for the inputs a "
+               "request must give: "),
+    ],
+)  # fmt: skip
+def test_a_model_without_inputs_to_sample_is_refused_saying_why(
+    tmp_path: Path, optional: bool, takes: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """It failed on an empty sample set: "the primary model fails on the sample inputs
+    (StopIteration at samples.py:179); give --calibration FILE.npz with real inputs"."""
+    model = constant_model(tmp_path, optional=optional)
+    assert optimize(model, *FAST) == 1
+    err = capsys.readouterr().err
+    assert f"{model} version 1 {takes}there is nothing to sample, so no variant's" in err
+    assert "nothing was built (the model serves as it is)" in err
+    assert "StopIteration" not in err
+    assert "give --calibration" not in err
+    assert not (model / "config.toml").exists()
+    assert sorted(p.name for p in (model / "1").iterdir()) == ["model.onnx"]
+    calibration = tmp_path / "calibration.npz"
+    np.savez(calibration, c=np.ones((8, 2), np.float32))
+    assert optimize(model, *FAST, "--calibration", calibration) == 1
+    assert takes in capsys.readouterr().err

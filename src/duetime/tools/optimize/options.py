@@ -18,7 +18,8 @@ DEFAULT_MEASURE_S = 2.0
 
 
 class OptimizeError(DuetimeError):
-    """The model cannot be optimized as asked (its primary cannot run on the sample inputs)."""
+    """The model cannot be optimized as asked (its primary cannot run on the sample inputs, or
+    takes no inputs to sample)."""
 
 
 @dataclass(frozen=True)

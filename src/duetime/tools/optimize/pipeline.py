@@ -78,8 +78,9 @@ def optimize(options: OptimizeOptions, say: Callable[[str], None]) -> OptimizeRe
     `say` gets a line at each step.
 
     Raises ConfigError for a bad path, config or calibration file, and OptimizeError when the
-    primary model cannot run on the sample inputs. A kind that cannot be built is reported as
-    failed in the result; its config entry (if any) is left as it was.
+    primary model cannot run on the sample inputs or takes no inputs to sample. A kind that
+    cannot be built is reported as failed in the result; its config entry (if any) is left as
+    it was.
     """
     started = time.perf_counter()
     target = resolve_target(options.model_dir, options.version)
@@ -89,6 +90,7 @@ def optimize(options: OptimizeOptions, say: Callable[[str], None]) -> OptimizeRe
     config = load_model_config(target.model_dir)
     primary = open_session(target.path, session_options(intra_op_threads=1, inter_op_threads=1))
     signature = reconcile(config, *graph_specs(primary, target.path), source=str(target.model_dir))
+    _refuse_without_inputs(target, signature)
     samples, calib, source = _sample_sets(options, signature)
     samples, reference = _reference(primary, samples, signature, options.calibration is None)
     say(f"{target.model_dir.name} version {target.version}: {len(reference[0])} samples ({source})")
@@ -156,6 +158,30 @@ def _constant_class_note(target: Target, fixed: int) -> str:
         f"{target.model_dir.name} answers class {fixed} for every quality sample, so argmax "
         "agreement says nothing of a variant: variants are ranked by max abs error instead "
         "(samples of real inputs, --calibration FILE.npz, would tell more)"
+    )
+
+
+def _refuse_without_inputs(target: Target, signature: ModelSignature) -> None:
+    """OptimizeError for a model that takes no inputs a request must give (none, or only
+    optional ones, which keep their initializers' values in the samples: see random_samples).
+
+    NOTE: such a model has no samples: nothing to compare a variant's answers with the
+    primary's on, nor to calibrate int8-static with, nor to time a run on. It was run on an
+    empty sample set and failed with "StopIteration at samples.py:179" and advice to give
+    --calibration inputs, which it has none of."""
+    if signature.required_inputs:
+        return
+    optional = ", ".join(repr(spec.name) for spec in signature.inputs)
+    takes = "no inputs"
+    if optional:
+        takes = (
+            f"only optional inputs ({optional}), and samples are drawn only for the inputs a "
+            "request must give"
+        )
+    raise OptimizeError(
+        f"{target.model_dir} version {target.version} takes {takes}: there is nothing to "
+        "sample, so no variant's answers could be compared with the model's, nor int8-static "
+        "calibrated; nothing was built (the model serves as it is)"
     )
 
 
