@@ -243,13 +243,20 @@ def assert_still_serves(wire: Wire) -> None:
 
 def test_unknown_model(wire: Wire) -> None:
     outcome = wire.infer("no-such-model", [tensor("x", "FP32", [1, 40])])
-    assert_refused(wire, outcome, "not_found", "unknown model 'no-such-model'", "'mlp'")
+    assert_refused(wire, outcome, "not_found", "served models: ", "'mlp'")
+    # (Triton's words first: its example clients and QA tests match on them)
+    assert outcome.message.startswith("Request for unknown model: 'no-such-model' is not found"), (
+        outcome
+    )
     assert_still_serves(wire)
 
 
 @pytest.mark.parametrize(
     ("model", "version", "needle"),
-    [("no-such-model", "", "unknown model 'no-such-model'"), ("mlp", "9", "no version '9'")],
+    [
+        ("no-such-model", "", "Request for unknown model: 'no-such-model' is not found"),
+        ("mlp", "9", "Request for unknown model: 'mlp' version 9 is not found"),
+    ],
     ids=["model", "version"],
 )
 @pytest.mark.parametrize("endpoint", ["metadata", "config"])
@@ -273,14 +280,18 @@ def test_unknown_model_metadata_and_config(
             outcome = Outcome(grpc.StatusCode.OK, "")
         except grpc.RpcError as exc:
             outcome = Outcome(exc.code(), exc.details() or "")
-    assert_refused(wire, outcome, "not_found", needle)
+    assert_refused(wire, outcome, "not_found")
+    assert outcome.message.startswith(needle), outcome  # (Triton's words, as its clients read)
     assert_still_serves(wire)
 
 
 @pytest.mark.parametrize("version", ["9", "latest"])
 def test_unknown_version(wire: Wire, version: str) -> None:
     outcome = wire.infer("mlp", [tensor("x", "FP32", [1, 40])], version=version)
-    assert_refused(wire, outcome, "not_found", f"no version '{version}'", "loaded versions: 1")
+    assert_refused(wire, outcome, "not_found", "loaded versions: 1")
+    assert outcome.message.startswith(
+        f"Request for unknown model: 'mlp' version {version} is not found"
+    ), outcome
     assert_still_serves(wire)
 
 

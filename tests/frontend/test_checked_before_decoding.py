@@ -167,8 +167,8 @@ def test_http_unknown_model_or_version_is_refused_undecoded(
 ) -> None:
     head = {"inputs": [bytes_input("x", ELEMENTS)]}
     for path, needle in [
-        ("/v2/models/nope/infer", "unknown model 'nope'"),
-        ("/v2/models/mlp/versions/7/infer", "model 'mlp' has no version '7'"),
+        ("/v2/models/nope/infer", "Request for unknown model: 'nope' is not found"),
+        ("/v2/models/mlp/versions/7/infer", "unknown model: 'mlp' version 7 is not found"),
     ]:
         status, error = post(server.http, path, head, empty_strings(ELEMENTS))
         assert (status, needle in error) == (404, True), error

@@ -58,7 +58,9 @@ def test_statistics_of_an_unknown_model_is_not_found(server: RunningServer, prot
     module = httpclient if protocol == "http" else grpcclient
     client = module.InferenceServerClient(server.http if protocol == "http" else server.grpc)
     try:
-        with pytest.raises(InferenceServerException, match="unknown model 'nope'"):
+        with pytest.raises(
+            InferenceServerException, match="Request for unknown model: 'nope' is not found"
+        ):
             client.get_inference_statistics("nope")
     finally:
         client.close()

@@ -148,7 +148,7 @@ def test_the_endpoints_answer_as_kserve_v1_does(server: RunningServer) -> None:
     assert call(server, "GET", "/v1/models/mlp") == (200, {"name": "mlp", "ready": True})
     status, error = call(server, "GET", "/v1/models/nope")
     assert status == 404
-    assert "unknown model 'nope'" in error["error"]
+    assert "Request for unknown model: 'nope' is not found" in error["error"]
 
 
 def test_explain_is_not_implemented_for_a_known_model(server: RunningServer) -> None:
@@ -160,7 +160,7 @@ def test_explain_is_not_implemented_for_a_known_model(server: RunningServer) -> 
     assert "model 'mlp' has no explainer" in error["error"]
     status, error = call(server, "POST", "/v1/models/nope:explain", doc)
     assert status == 404
-    assert "unknown model 'nope'" in error["error"]
+    assert "Request for unknown model: 'nope' is not found" in error["error"]
     assert call(server, "GET", "/v1/models/mlp:explain")[0] == 405
     status, error = call(server, "POST", "/v1/models/mlp:explainer", doc)
     assert status == 404

@@ -150,7 +150,7 @@ def test_a_model_name_cannot_forge_a_log_line(
     lines = capsys.readouterr().err.splitlines()
     assert not [line for line in lines if line.startswith(forged)]
     (line,) = [line for line in lines if "INFO duetime.requests: http x" in line]
-    assert f"http x\\n{forged} 404: unknown model 'x\\n{forged}'" in line
+    assert f"http x\\n{forged} 404: Request for unknown model: 'x\\n{forged}'" in line
 
 
 def test_server_errors_log_at_warning_and_client_errors_at_info(

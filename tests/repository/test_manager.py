@@ -84,7 +84,7 @@ def test_version_policy_chooses_the_served_versions(
             assert await factor_of(engine, version=version) == float(version)
         missing = next(v for v in ("1", "2", "3") if v not in served) if len(served) < 3 else None
         if missing:
-            with pytest.raises(ModelNotFound, match=f"no version '{missing}' loaded"):
+            with pytest.raises(ModelNotFound, match=f"'m' version {missing} is not found"):
                 await factor_of(engine, version=missing)
 
     run(tmp_path, scenario)
@@ -1323,7 +1323,7 @@ def test_a_lazy_request_for_a_version_not_served_fails_at_once(tmp_path: Path) -
 
     async def scenario(engine: Engine) -> None:
         assert await factor_of(engine) == 2.0
-        with pytest.raises(ModelNotFound, match="no version '1' loaded"):
+        with pytest.raises(ModelNotFound, match="'m' version 1 is not found"):
             await asyncio.wait_for(factor_of(engine, version="1"), 5.0)
 
     run(tmp_path, scenario, lazy=True)

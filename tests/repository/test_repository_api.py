@@ -4,7 +4,9 @@
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Iterator
+from http import client as http_client
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +19,7 @@ from repo_models import inputs, scale_model, write_version
 from tritonclient.utils import InferenceServerException
 
 from duetime.config import ServerSettings
+from duetime.repository import manager as manager_module
 
 
 @pytest.fixture(scope="module")
@@ -189,7 +192,7 @@ def test_load_with_a_config_override(explicit_server: RunningServer, protocol: s
         assert factor(client, "m") == 2.0
     finally:
         client.load_model("m", config=json.dumps({"version_policy": {"latest": {}}}))
-    with pytest.raises(InferenceServerException, match="no version '1' loaded"):
+    with pytest.raises(InferenceServerException, match="'m' version 1 is not found"):
         factor(client, "m", "1")
 
 
@@ -250,6 +253,93 @@ def test_load_errors_are_clear(explicit_server: RunningServer, protocol: str) ->
         client.load_model("m", config="{}", files={"file:1/model.onnx": b"not onnx"})
     assert str(bad.value.status()) in ("400", "StatusCode.INVALID_ARGUMENT")  # (the client's)
     assert factor(client, "m") == 2.0  # a failed load changed nothing
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_load_failures_start_with_tritons_words(
+    explicit_server: RunningServer, protocol: str
+) -> None:
+    """Triton's clients and QA tests look for "failed to load 'x'" in a failed load's message,
+    and "failed to load 'x', failed to poll from model repository" where the model could not be
+    read (L0_lifecycle: an unknown model, files uploaded without a config). duetime said "model
+    'x' is not in the repository ...", "load parameter 'config': not valid JSON: ...". Its
+    detail follows Triton's words now; the statuses are as they were."""
+    client = clients(explicit_server)[protocol == "grpc"]
+    polled = "failed to load '{}', failed to poll from model repository: "
+    refused = "StatusCode.INVALID_ARGUMENT" if protocol == "grpc" else "400"
+    for name, call, start, status in [
+        ("missing", dict(), polled + "'missing' is not in the repository",
+         "StatusCode.NOT_FOUND" if protocol == "grpc" else "404"),
+        ("m", dict(config='{"max_batch_size": 16}}'),
+         polled + "load parameter 'config': not valid JSON", refused),
+        ("m", dict(config=json.dumps({"max_batch_size": "many"})), polled, refused),
+        ("m", dict(files={"file:1/model.onnx": scale_model(5)}),
+         polled + "uploaded files need a 'config' too", refused),
+        ("m", dict(config="{}", files={"file:../1/model.onnx": scale_model(5)}),
+         polled + "load parameter 'file:../1/model.onnx'", refused),
+        ("broken", dict(), "failed to load 'broken': version 1: ", refused),
+    ]:  # fmt: skip
+        with pytest.raises(InferenceServerException) as failed:
+            client.load_model(name, **call)
+        assert failed.value.message().startswith(start.format(name)), failed.value
+        assert str(failed.value.status()) == status, failed.value
+    assert factor(client, "m") == 2.0  # (the failed loads changed nothing)
+
+
+def test_a_model_loading_for_the_first_time_is_unavailable_not_unknown(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While a model's first load ran (index state LOADING), its requests got 404 / NOT_FOUND
+    "unknown model", which clients and load balancers take as final; README's error table and
+    Triton say 503 / UNAVAILABLE. Now: 503 with a Retry-After, UNAVAILABLE over gRPC, both with
+    Triton's start ("Request for unknown model: 'm' has no available versions")."""
+    write_version(tmp_path, "m", 1, scale_model(4))
+    entered, gate = threading.Event(), threading.Event()  # (the load waits: no race)
+    real = manager_module._load_with_variants
+
+    def held(*args: Any) -> Any:
+        entered.set()
+        gate.wait(60)
+        return real(*args)
+
+    monkeypatch.setattr(manager_module, "_load_with_variants", held)
+    settings = ServerSettings(
+        model_repository=tmp_path, http_port=0, grpc_port=0, model_control_mode="explicit"
+    )
+    running, thread = start_server(settings)
+    http, grpc_ = clients(running)
+    loading_client = clients(running)[1]
+    loader = threading.Thread(target=loading_client.load_model, args=("m",))
+    try:
+        loader.start()
+        assert entered.wait(60)
+        assert {"name": "m", "version": "1", "state": "LOADING"} in index(http)
+        host, port = running.http.split(":")
+        connection = http_client.HTTPConnection(host, int(port), timeout=30)
+        for method, path in (("POST", "/v2/models/m/infer"), ("GET", "/v2/models/m")):
+            connection.request(method, path, b'{"inputs": []}' if method == "POST" else None)
+            response = connection.getresponse()
+            error = json.loads(response.read())["error"]
+            assert response.status == 503, error
+            assert response.getheader("Retry-After") == "1"  # (a load takes about 1 s)
+            assert error.startswith(
+                "Request for unknown model: 'm' has no available versions: it is loading"
+            ), error
+        connection.close()
+        for call in (lambda: factor(grpc_, "m"), lambda: grpc_.get_model_metadata("m")):
+            with pytest.raises(InferenceServerException) as loading:
+                call()
+            assert str(loading.value.status()) == "StatusCode.UNAVAILABLE", loading.value
+            assert "'m' has no available versions: it is loading" in loading.value.message()
+        assert not http.is_model_ready("m")
+        gate.set()
+        loader.join(60)
+        assert factor(http, "m") == 4.0  # (loaded: served as ever)
+        assert factor(grpc_, "m") == 4.0
+    finally:
+        gate.set()
+        loader.join(60)
+        stop_server(running, thread)
 
 
 @pytest.mark.parametrize("protocol", ["http", "grpc"])

@@ -892,7 +892,7 @@ def test_cli_reports_bad_flags_and_unknown_models(
     assert cli_main(argv) == 2
     assert "--protocol applies to --http only" in capsys.readouterr().err
     assert cli_main(["bench", "--http", server.http, "--model", "nope", "--duration", "1"]) == 1
-    assert "unknown model 'nope'" in capsys.readouterr().err
+    assert "Request for unknown model: 'nope' is not found" in capsys.readouterr().err
 
 
 def test_unreachable_target_and_a_batch_too_large(server: RunningServer) -> None:
@@ -903,7 +903,7 @@ def test_unreachable_target_and_a_batch_too_large(server: RunningServer) -> None
         run_bench(short(address=f"127.0.0.1:{port}"))
     with pytest.raises(ConfigError, match="--batch 65 is over model 'mlp''s max_batch_size 64"):
         run_bench(short(address=server.http, batch=65))
-    with pytest.raises(BenchError, match="unknown model 'nope'"):
+    with pytest.raises(BenchError, match="Request for unknown model: 'nope' is not found"):
         run_bench(short(protocol="grpc", address=server.grpc, model="nope"))
 
 

@@ -37,8 +37,11 @@ def registry_with(*deployments: Deployment) -> Registry:
 def test_empty_registry() -> None:
     registry = Registry()
     assert dict(registry.snapshot.models) == {}
-    with pytest.raises(ModelNotFound, match="unknown model 'm'; served models: none"):
+    with pytest.raises(ModelNotFound) as unknown:
         registry.resolve("m", None)
+    assert unknown.value.message == (
+        "Request for unknown model: 'm' is not found; served models: none"
+    )
 
 
 def test_publish_and_resolve() -> None:
@@ -80,16 +83,21 @@ def test_models_are_independent() -> None:
 
 def test_unknown_model_lists_served_models() -> None:
     registry = registry_with(deployment("b", "1"), deployment("a", "1"))
-    with pytest.raises(ModelNotFound, match="unknown model 'c'; served models: 'a', 'b'"):
+    with pytest.raises(ModelNotFound) as unknown:
         registry.resolve("c", None)
+    assert unknown.value.message == (
+        "Request for unknown model: 'c' is not found; served models: 'a', 'b'"
+    )
 
 
 def test_unknown_version_lists_loaded_versions() -> None:
     registry = registry_with(deployment("m", "10"), deployment("m", "2"))
-    with pytest.raises(
-        ModelNotFound, match="model 'm' has no version '3' loaded; loaded versions: 2, 10"
-    ):
+    with pytest.raises(ModelNotFound) as unknown:
         registry.resolve("m", "3")
+    # (Triton's words first: its clients and QA tests match on them)
+    assert unknown.value.message == (
+        "Request for unknown model: 'm' version 3 is not found; loaded versions: 2, 10"
+    )
 
 
 def test_failure_of_an_unserved_model_is_unavailable_not_unknown() -> None:
@@ -97,8 +105,33 @@ def test_failure_of_an_unserved_model_is_unavailable_not_unknown() -> None:
     registry.record_failure("m", "bad config")
     with pytest.raises(ModelUnavailable, match="model 'm' is not available: bad config"):
         registry.resolve("m", None)
-    with pytest.raises(ModelNotFound, match="unknown model 'other'"):
+    with pytest.raises(ModelNotFound, match=r"^Request for unknown model: 'other' is not found"):
         registry.resolve("other", None)
+
+
+def test_a_model_loading_with_nothing_served_is_unavailable_not_unknown() -> None:
+    """It was a 404 "unknown model" while its first load ran (README: 503 for a model
+    loading); now a 503 with Triton's start, and a Retry-After of about its load time."""
+    registry = Registry()
+    registry.record_loading("m", 2.4)
+    with pytest.raises(ModelUnavailable) as loading:
+        registry.resolve("m", None)
+    assert loading.value.message.startswith(
+        "Request for unknown model: 'm' has no available versions: it is loading"
+    )
+    assert loading.value.retry_after_s == 3
+    registry.record_failure("m", "bad config")  # (a reload of a failed model: loading wins)
+    with pytest.raises(ModelUnavailable, match="it is loading"):
+        registry.resolve("m", None)
+    registry.record_loading("m", None)
+    with pytest.raises(ModelUnavailable, match="is not available: bad config"):
+        registry.resolve("m", None)
+    registry.record_loading("n", 0.01)
+    registry.record_loading("o", 0.01)
+    publish(registry, deployment("n", "1"))
+    registry.record_failure("p", "bad config")
+    assert registry.snapshot.loading.keys() == {"n", "o"}  # (kept by publish and failures)
+    assert registry.resolve("n", None).model.name == "n"  # (served: it answers)
 
 
 def test_publish_clears_the_failure() -> None:

@@ -58,7 +58,7 @@ from duetime.observability.tracing import (
     new_trace_id,
     parse_traceparent,
 )
-from duetime.repository.manager import check_model_name, check_upload_path
+from duetime.repository.manager import check_model_name, check_upload_path, load_failed
 from duetime.repository.tritonconfig import read_json_config
 from duetime.types import InferRequest
 
@@ -827,7 +827,17 @@ class LoadRequest(NamedTuple):
 def load_request(parameters: Mapping[str, Any], name: str) -> LoadRequest:
     """The parameters of a load request: `config` (JSON text) in place of the model's config
     file, and `file:<path>` entries, the files of a model folder to load instead of the
-    repository's (base64 text over HTTP, bytes over gRPC; Triton's model upload)."""
+    repository's (base64 text over HTTP, bytes over gRPC; Triton's model upload).
+
+    InvalidInput for parameters that cannot be used, said as Triton says a load of a model it
+    cannot read failed (`load_failed`: its clients look for "failed to load 'x'")."""
+    try:
+        return _load_request(parameters, name)
+    except InvalidInput as exc:
+        raise InvalidInput(load_failed(name, exc.message, polled=False)) from None
+
+
+def _load_request(parameters: Mapping[str, Any], name: str) -> LoadRequest:
     files: dict[str, bytes] = {}
     for key, value in parameters.items():
         if not key.startswith("file:"):

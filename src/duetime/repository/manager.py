@@ -183,6 +183,21 @@ class _IndexRecord:
     served: dict[str, ServedVersion]
 
 
+def load_failed(name: str, detail: str, *, polled: bool = True) -> str:
+    """A failed load's message: Triton's start, then duetime's `detail` of what went wrong.
+
+    `polled=False`: the model could not be read at all (no folder of that name, its config or
+    the load request's files unusable), where Triton says "failed to load 'x', failed to poll
+    from model repository"; else a version (or the room for it) failed, where it says "failed
+    to load 'x'" or "load failed for model 'x'". Its example clients and QA tests look for
+    these words (`assertIn("failed to load 'unknown_model', failed to poll from model
+    repository", ...)`)."""
+    start = f"failed to load '{name}'"
+    if not polled:
+        start += ", failed to poll from model repository"
+    return f"{start}: {detail}"
+
+
 OVERRIDE = "load parameter 'config'"
 """What a load request's config override is called in its errors (as the endpoints call it)."""
 UPLOADED_CONFIG = "the 'config' the model's files were uploaded with"
@@ -481,14 +496,22 @@ class ModelManager:
         check_model_name(name)
         if files and config is None:
             raise InvalidInput(
-                f"model '{name}': uploaded files need a 'config' too (they form the whole "
-                "model folder, as in Triton)"
+                load_failed(
+                    name,
+                    "uploaded files need a 'config' too (they form the whole model folder, as "
+                    "in Triton)",
+                    polled=False,
+                )
             )
         if files and len(files) > MAX_UPLOAD_FILES:
             raise InvalidInput(
-                f"model '{name}': {len(files)} uploaded files ('file:' load parameters), over "
-                f"the limit of {MAX_UPLOAD_FILES}: upload the model folder's files alone (a "
-                "version's model and its external data), or put the model in the repository"
+                load_failed(
+                    name,
+                    f"{len(files)} uploaded files ('file:' load parameters), over the limit of "
+                    f"{MAX_UPLOAD_FILES}: upload the model folder's files alone (a version's "
+                    "model and its external data), or put the model in the repository",
+                    polled=False,
+                )
             )
         upload = await asyncio.to_thread(_write_upload, name, files) if files else None
         if upload is not None:
@@ -616,21 +639,23 @@ class ModelManager:
                 self._unload_now(name, REMOVED)
             else:
                 self._forget(name)
-            raise ModelNotFound(f"model '{name}' is not in the repository {self.root}")
+            raise ModelNotFound(
+                load_failed(name, f"'{name}' is not in the repository {self.root}", polled=False)
+            )
         if settle and given is None and not await self._config_settled(directory, wait=explicit):
             # NOTE: a config half written would be applied as it is (its traffic plan at once):
             # what serves goes on serving as it is until the next poll finds the file settled
             if current is not None:
                 return
             raise ModelUnavailable(
-                f"model '{name}': its config file is still being written; retry shortly"
+                load_failed(name, "its config file is still being written; retry shortly")
             )
         try:
             source = scan_model(directory)
             config = given.config if given else self._read_config(name, directory)
         except ConfigError as exc:
             self._fail_model(name, exc.message, serving=current is not None)
-            raise _LoadFailed(f"model '{name}' cannot be loaded: {exc.message}") from None
+            raise _LoadFailed(load_failed(name, exc.message, polled=False)) from None
         self._prune_versions(name, source.versions)
         wanted = config.version_policy.select(source.versions)
         if not wanted:
@@ -642,7 +667,7 @@ class ModelManager:
                 f"in {directory} ({found})"
             )
             self._fail_model(name, reason, serving=current is not None)
-            raise _LoadFailed(f"model '{name}' cannot be loaded: {reason}")
+            raise _LoadFailed(load_failed(name, reason, polled=False))
         self._model_errors.pop(name, None)
         named = given or _named(config, directory)
         victims = [] if current else self._make_room(name, _model_bytes(source, wanted, config))
@@ -652,6 +677,8 @@ class ModelManager:
         listed = dict(self._states[name])
         """What the index said of each version before this load (see `_discard`)."""
         try:
+            if current is None:  # (its requests hear it is loading: 503, not "unknown")
+                self._registry.record_loading(name, self.load_estimate_s(name))
             served = dict(current.versions) if current else {}
             traffic = config.traffic
             said = (
@@ -717,7 +744,7 @@ class ModelManager:
                 if failures and not served:  # (nothing serves: the failure is the model's)
                     self._registry.record_failure(name, "; ".join(problems))
                 error = _LoadFailed if failures else ModelUnavailable  # (or files still changing)
-                raise error(f"model '{name}': {'; '.join(problems)}")
+                raise error(load_failed(name, "; ".join(problems)))
             if problems:  # keep serving what worked before rather than fewer versions
                 for version, old in served.items():
                     chosen.setdefault(version, old)
@@ -743,7 +770,7 @@ class ModelManager:
                 # NOTE: files still being written are no failure: recorded as one, a new model
                 # copied in (even by the atomic rename) made the server unready until they
                 # settled. The caller hears why nothing serves yet (a lazy request, say).
-                raise ModelUnavailable(f"model '{name}': {'; '.join(problems)}")
+                raise ModelUnavailable(load_failed(name, "; ".join(problems)))
             for victim, limit in self._victims_now(name, victims):  # (the model serves)
                 await self._evict(victim, name, limit)
         except asyncio.CancelledError:  # (`aclose`: what loaded but never served is closed)
@@ -753,6 +780,8 @@ class ModelManager:
         finally:
             self._loading.pop(name, None)
             self._evicting.pop(name, None)
+            if current is None:
+                self._registry.record_loading(name, None)
 
     def _discard(
         self, name: str, versions: Iterable[ServedVersion], listed: Mapping[str, VersionState]
@@ -967,8 +996,11 @@ class ModelManager:
             if not idle:
                 busy = "loaded or loading" if loading else "loaded"
                 raise ModelUnavailable(
-                    f"model '{name}' cannot be loaded: the {limit} budget is full and every "
-                    f"{busy} model is busy; retry later or raise the budget"
+                    load_failed(
+                        name,
+                        f"the {limit} budget is full and every {busy} model is busy; retry "
+                        "later or raise the budget",
+                    )
                 )
             _, victim = idle.pop(0)
             kept.remove(victim)
@@ -1119,8 +1151,12 @@ def _write_upload(name: str, files: Mapping[str, bytes]) -> Path:
                 target.write_bytes(content)
             except OSError as exc:  # a name too long, a file where a folder goes, a full disk
                 raise InvalidInput(
-                    f"load parameter 'file:{relative}': cannot write it into the model folder: "
-                    f"{exc.strerror or exc}"
+                    load_failed(
+                        name,
+                        f"load parameter 'file:{relative}': cannot write it into the model "
+                        f"folder: {exc.strerror or exc}",
+                        polled=False,
+                    )
                 ) from None
     except BaseException:
         _remove_upload(folder)

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
 from duetime.config import PRIMARY_VARIANT, TrafficConfig
@@ -15,6 +16,12 @@ from duetime.scheduling.scheduler import ModelScheduler
 
 PRIMARY = PRIMARY_VARIANT
 """The variant name of a version's own `model.onnx` (reserved: see config.VariantConfig)."""
+
+UNKNOWN_MODEL = "Request for unknown model: "
+"""How the errors of a model or version not served start, as Triton's do ("Request for unknown
+model: 'x' is not found", "... 'x' version 3 is not found", "... 'x' has no available
+versions"): its example clients and QA tests match on these words. duetime's detail (what is
+served, why not) follows them."""
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -61,8 +68,8 @@ class ServedModel:
             if found is None:
                 loaded = ", ".join(sorted(self.versions, key=int))
                 raise ModelNotFound(
-                    f"model '{self.name}' has no version '{version}' loaded; loaded versions: "
-                    f"{loaded}"
+                    f"{UNKNOWN_MODEL}'{self.name}' version {version} is not found; loaded "
+                    f"versions: {loaded}"
                 )
         return found
 
@@ -77,6 +84,9 @@ class Snapshot:
     closed: bool = False
     """The server is shutting down: a model it served is unavailable (503, retry elsewhere),
     not unknown (404, which clients and load balancers take as final)."""
+    loading: Mapping[str, float] = field(default_factory=dict)
+    """Model name -> about how long its load takes (s), while a load of a model that nothing of
+    serves is under way: its requests are told to come back (503), not that it is unknown."""
 
     def deployments(self) -> Iterator[Deployment]:
         for served in self.models.values():
@@ -103,14 +113,28 @@ class Registry:
         else:
             models.pop(name, None)
         failures = {k: v for k, v in snapshot.failures.items() if k != name or not versions}
-        self.snapshot = Snapshot(MappingProxyType(models), MappingProxyType(failures))
+        self.snapshot = Snapshot(
+            MappingProxyType(models), MappingProxyType(failures), loading=snapshot.loading
+        )
 
     def record_failure(self, name: str, reason: str | None) -> None:
         """Remember why `name` is not served (None forgets it)."""
-        failures = {k: v for k, v in self.snapshot.failures.items() if k != name}
+        snapshot = self.snapshot
+        failures = {k: v for k, v in snapshot.failures.items() if k != name}
         if reason is not None:
             failures[name] = reason
-        self.snapshot = Snapshot(self.snapshot.models, MappingProxyType(failures))
+        self.snapshot = Snapshot(
+            snapshot.models, MappingProxyType(failures), loading=snapshot.loading
+        )
+
+    def record_loading(self, name: str, expected_s: float | None) -> None:
+        """Say that `name`, which nothing of serves, is loading and takes about `expected_s`
+        (None: its load has ended, served or failed)."""
+        snapshot = self.snapshot
+        loading = {k: v for k, v in snapshot.loading.items() if k != name}
+        if expected_s is not None:
+            loading[name] = expected_s
+        self.snapshot = replace(snapshot, loading=MappingProxyType(loading))
 
     def clear(self) -> list[Deployment]:
         """Stop serving everything (for good: requests are told the server is shutting down);
@@ -124,6 +148,15 @@ class Registry:
         snapshot = self.snapshot
         served = snapshot.models.get(name)
         if served is None:
+            if name in snapshot.loading:
+                # NOTE: a 404 here ("unknown model"), as before, told clients and load
+                # balancers that take it as final that a model still loading is not there
+                wait_s = max(1, math.ceil(snapshot.loading[name]))
+                raise ModelUnavailable(
+                    f"{UNKNOWN_MODEL}'{name}' has no available versions: it is loading (a load "
+                    f"takes about {wait_s} s); retry shortly",
+                    retry_after_s=wait_s,
+                )
             if name in snapshot.failures:
                 raise ModelUnavailable(
                     f"model '{name}' is not available: {snapshot.failures[name]}"
@@ -133,7 +166,7 @@ class Registry:
                     f"model '{name}': the server is shutting down; retry on another replica"
                 )
             known = ", ".join(repr(n) for n in sorted(snapshot.models)) or "none"
-            raise ModelNotFound(f"unknown model '{name}'; served models: {known}")
+            raise ModelNotFound(f"{UNKNOWN_MODEL}'{name}' is not found; served models: {known}")
         return served
 
     def version(self, name: str, version: str | None) -> ServedVersion:
