@@ -1,7 +1,8 @@
 """A small HTTP/1.1 server on httptools for the v2 REST API: the fast path of duetime.
 
-One `HttpConnection` per TCP connection. It parses with httptools, answers pipelined requests in
-order, supports Content-Length and chunked bodies and `Expect: 100-continue`, limits header and
+One `HttpConnection` per TCP connection. It parses with httptools (but for the bodies of binary
+inference requests, which the kernel reads straight into the buffer their tensors are decoded
+from: `_DIRECT_BODY_BYTES`), answers pipelined requests in order, supports Content-Length and chunked bodies and `Expect: 100-continue`, limits header and
 body sizes, closes idle keep-alive connections, and pauses reading while too many responses are
 owed. A connection that drops cancels its unanswered requests, so they are never run.
 
