@@ -16,6 +16,7 @@ from hypothesis.extra import numpy as hnp
 from duetime.datatypes import NUMPY_OF
 from duetime.errors import InvalidInput
 from duetime.frontend import codec
+from duetime.frontend.rest import parse_infer_request
 
 WHERE = "input 'x'"
 FIXED = [name for name in NUMPY_OF if name != "BYTES"]
@@ -379,6 +380,45 @@ def test_json_reads_the_non_finite_tokens_triton_writes() -> None:
 def test_json_that_is_not_json_even_with_those_tokens_keeps_orjsons_error(text: bytes) -> None:
     with pytest.raises(orjson.JSONDecodeError):
         codec.loads_json(text)
+
+
+@pytest.mark.parametrize(
+    ("token", "value"),
+    [(b"Inf", math.inf), (b"-Inf", -math.inf), (b"-NaN", math.nan),
+     (b"Infinity", math.inf), (b"-Infinity", -math.inf), (b"NaN", math.nan)],
+)  # fmt: skip
+def test_json_reads_every_non_finite_spelling_triton_reads(token: bytes, value: float) -> None:
+    """Triton parses with rapidjson's kParseNanAndInfFlag: NaN, Inf and Infinity, each with an
+    optional minus sign. `Inf`, `-Inf` and `-NaN` were refused ("no digit after sign")."""
+    doc = codec.loads_json(b'{"data": [%s, 1.0, %s], "id": "-Inf NaN \\" Inf"}' % (token, token))
+    assert doc["id"] == '-Inf NaN " Inf'  # (text is left as it is)
+    first, one, last = doc["data"]
+    assert one == 1.0
+    for got in (first, last):
+        assert math.isnan(got) if math.isnan(value) else got == value
+
+
+@pytest.mark.parametrize(
+    "text",
+    [b'{"data": [1, Inff]}', b'{"data": [1, --Inf]}', b'{"data": [+Inf]}', b'{"data": [Inf}',
+     b'{"data": [-NaNa]}', b'{"s": "Inf}', b"[" * 5000 + b"-Inf"],
+)  # fmt: skip
+def test_json_that_is_not_json_with_any_spelling_keeps_orjsons_error(text: bytes) -> None:
+    with pytest.raises(orjson.JSONDecodeError):
+        codec.loads_json(text)
+
+
+def test_a_json_request_may_spell_non_finite_floats_as_triton_reads_them() -> None:
+    body = (
+        b'{"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 4], '
+        b'"data": [Inf, -Inf, -NaN, 2.5]}]}'
+    )
+    request, _ = parse_infer_request(body, None, "m", None)
+    x = request.inputs["x"]
+    assert x.dtype == np.float32
+    assert x[0, :2].tolist() == [math.inf, -math.inf]
+    assert math.isnan(x[0, 2])
+    assert x[0, 3] == 2.5
 
 
 def test_json_data_writes_non_finite_floats_as_tokens_and_finite_ones_as_numbers() -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import ctypes
 import json
 import math
+import re
 import struct
 import threading
 from collections.abc import Mapping, Sequence
@@ -512,22 +513,46 @@ def _flatten(data: Sequence[Any]) -> list[Any]:
 
 
 def loads_json(data: bytes | memoryview) -> Any:
-    """A JSON document, where numbers may also be `NaN`, `Infinity` and `-Infinity`.
+    """A JSON document, where numbers may also be `NaN`, `Inf` or `Infinity`, each with an
+    optional minus sign (`-NaN` reads as NaN).
 
-    NOTE: JSON has no non-finite numbers; Triton writes them as those tokens and reads them back
-    (server PR #3870), and so does Python's `json`, which tritonclient uses. orjson refuses them,
-    so a document holding one is read again by `json`: only such documents pay for it."""
+    NOTE: JSON has no non-finite numbers; Triton writes `NaN`, `Infinity` and `-Infinity` and
+    reads all six spellings (rapidjson's kParseNanAndInfFlag in TritonJson::Value::Parse;
+    server PR #3870); Python's `json`, which tritonclient uses, reads and writes the three it
+    writes. orjson refuses them all, so a document holding one is read again by `json`, and
+    one holding `Inf`, `-Inf` or `-NaN` once more after those are spelled as `json` reads them
+    (`_spelled_for_json`): only such documents pay for it; the rest are read by orjson alone,
+    as before."""
     try:
         return orjson.loads(data)
     except orjson.JSONDecodeError as exc:
         raw = bytes(data)
-        if b"NaN" not in raw and b"Infinity" not in raw:
+        if b"NaN" not in raw and b"Inf" not in raw:  # ("Inf" is in "Infinity" as well)
             raise
         error = exc
     try:
         return json.loads(raw)
+    except (ValueError, RecursionError):  # Inf, -Inf or -NaN, or not JSON with such tokens
+        pass
+    try:
+        return json.loads(_spelled_for_json(raw))
     except (ValueError, RecursionError):  # not JSON with those tokens either
         raise error from None
+
+
+_STRING_OR_NON_FINITE = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"|-?(?:Infinity|Inf|NaN)')
+"""A JSON string (kept as it is, so that text holding `Inf` stays text), or a non-finite
+number in any of the spellings rapidjson reads."""
+_JSON_SPELLING = {
+    b"Inf": b"Infinity", b"-Inf": b"-Infinity", b"Infinity": b"Infinity",
+    b"-Infinity": b"-Infinity", b"NaN": b"NaN", b"-NaN": b"NaN",
+}  # fmt: skip
+
+
+def _spelled_for_json(raw: bytes) -> bytes:
+    """`raw` with its non-finite numbers outside strings spelled as Python's `json` reads
+    them: `Inf` -> `Infinity`, `-Inf` -> `-Infinity`, `-NaN` -> `NaN`."""
+    return _STRING_OR_NON_FINITE.sub(lambda m: _JSON_SPELLING.get(m.group(), m.group()), raw)
 
 
 def json_fault(error: orjson.JSONDecodeError, data: bytes | memoryview) -> str:
