@@ -2,9 +2,10 @@
 
 One `HttpConnection` per TCP connection. It parses with httptools (but for the bodies of binary
 inference requests, which the kernel reads straight into the buffer their tensors are decoded
-from: `_DIRECT_BODY_BYTES`), answers pipelined requests in order, supports Content-Length and chunked bodies and `Expect: 100-continue`, limits header and
-body sizes, closes idle keep-alive connections, and pauses reading while too many responses are
-owed. A connection that drops cancels its unanswered requests, so they are never run.
+from: `_DIRECT_BODY_BYTES`), answers pipelined requests in order, supports Content-Length and
+chunked bodies and `Expect: 100-continue`, limits header and body sizes, closes idle keep-alive
+connections, and pauses reading while too many responses are owed. A connection that drops
+cancels its unanswered requests, so they are never run.
 
 What one server takes in is bounded by its `Intake`: open connections (more are answered 503
 and closed at once) and the bytes of big request bodies (one that does not fit waits, its
