@@ -422,7 +422,7 @@ class HttpConnection(asyncio.BufferedProtocol):
         "_accepted", "_answer_bytes", "_api", "_awaiting", "_begun_at", "_body", "_body_bytes",
         "_bytes_block",
         "_chunked", "_closing", "_connections", "_direct", "_direct_read", "_filled_from",
-        "_filling_since", "_head_done",
+        "_filling_since", "_half_closed", "_head_done",
         "_header_bytes", "_headers",
         "_held", "_http10", "_idle_timeout", "_in_transport", "_intake", "_last_active",
         "_lingering", "_loop", "_max_body", "_max_header", "_max_held", "_min_rate", "_parser",
@@ -501,6 +501,8 @@ class HttpConnection(asyncio.BufferedProtocol):
         self._writing_paused = False
         self._closing = False
         self._lingering = False
+        self._half_closed = False
+        """The client ended its side (FIN) with answers owed: they are written, then it closes."""
         self._last_active = 0.0
         self._window_start: float | None = None
         """While a request is being read: when its current read-timeout period began."""
@@ -580,6 +582,20 @@ class HttpConnection(asyncio.BufferedProtocol):
         # per request grew the server by a body each: 0.55 MB a connection, 1.4 GB in 2,400.
         self._parser = None  # type: ignore[assignment]
         self._reset_message()  # (the last body read)
+
+    def eof_received(self) -> bool:
+        """The client ended its side (FIN, a half-close): it sends no more, but may still read.
+
+        NOTE: RFC 9112 9.6 has a half-close tell nothing of the client's interest in answers
+        (h1spec-style probes send their requests, then FIN): a connection closed at once
+        withdrew requests it had read whole (a tester's two pipelined requests got one answer).
+        Those are answered, then the connection closes; a request cut off by the FIN is not."""
+        if self._closing or self._transport is None or not self._slots:
+            return False  # (the transport closes)
+        self._half_closed = self._closing = True
+        self._drop_reservation()  # (a body cut off: never read whole)
+        self._slots[-1].keep_alive = False
+        return True
 
     def get_buffer(self, sizehint: int) -> memoryview:
         direct = self._direct
@@ -1153,7 +1169,10 @@ class HttpConnection(asyncio.BufferedProtocol):
             if slot.size:
                 self._release(slot.size)
             if not slot.keep_alive:
-                self._linger()
+                if self._half_closed:  # (nothing more comes to drain)
+                    self._close()
+                else:
+                    self._linger()
                 return
         if written and self._unstarted and not self._starting:
             self._start_soon()
