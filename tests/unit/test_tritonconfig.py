@@ -9,12 +9,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from google.protobuf import json_format, text_format
 from repo_models import scale_model, write_version
 
 from duetime.config import ModelConfig
 from duetime.demo import write_demo_repository
 from duetime.errors import ConfigError
 from duetime.frontend.metadata import model_config_json
+from duetime.frontend.proto import model_config_pb2 as mc
 from duetime.repository.layout import scan_model
 from duetime.repository.loader import load_version
 from duetime.repository.tritonconfig import load_model_config, read_json_config, translate
@@ -151,6 +153,71 @@ def test_a_config_name_that_is_not_a_file_is_refused(tmp_path: Path) -> None:
 def test_what_duetime_cannot_honour_is_refused_naming_the_field(text: str, message: str) -> None:
     with pytest.raises(ConfigError, match=re.escape(message)):
         translate(text, source="c", model_name="m")
+
+
+DATA_TYPES = (
+    "TYPE_BOOL, TYPE_UINT8, TYPE_UINT16, TYPE_UINT32, TYPE_UINT64, TYPE_INT8, TYPE_INT16, "
+    "TYPE_INT32, TYPE_INT64, TYPE_FP16, TYPE_FP32, TYPE_FP64, TYPE_STRING, TYPE_BF16"
+)
+TENSORS = (
+    'input [ { name: "x" data_type: TYPE_FP32 dims: [ 40 ] } ]\n'
+    'output [ { name: "y" data_type: TYPE_FP32 dims: [ 3 ] } ]\n'
+)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (TENSORS.replace("data_type: TYPE_FP32", "data_type: 99", 1),
+         f"input[0].data_type: 99 is not a data type; expected one of {DATA_TYPES}"),
+        (TENSORS.replace('data_type: TYPE_FP32 dims: [ 3 ]', "data_type: -2 dims: [ 3 ]"),
+         f"output[0].data_type: -2 is not a data type; expected one of {DATA_TYPES}"),
+        (TENSORS + "instance_group [ { kind: KIND_CPU }, { kind: 9 } ]",
+         "instance_group[1].kind: 9 is not an instance group kind; expected one of KIND_AUTO, "
+         "KIND_GPU, KIND_CPU, KIND_MODEL"),
+        (TENSORS + "dynamic_batching { default_queue_policy { timeout_action: 3 } }",
+         "dynamic_batching.default_queue_policy.timeout_action: 3 is not a timeout action; "
+         "expected one of REJECT, DELAY"),
+        (TENSORS + "dynamic_batching { priority_levels: 2 default_priority_level: 1 "
+         "priority_queue_policy { key: 2 value { timeout_action: 4 } } }",
+         "dynamic_batching.priority_queue_policy[2].timeout_action: 4 is not a timeout action"),
+        (TENSORS + "optimization { priority: 5 }",
+         "optimization.priority: 5 is not a priority; expected one of PRIORITY_DEFAULT, "
+         "PRIORITY_MAX, PRIORITY_MIN"),
+        (TENSORS + 'model_warmup [ { name: "w" inputs { key: "x" value { data_type: 40 '
+         "dims: [ 40 ] zero_data: true } } } ]",
+         "model_warmup[0].inputs['x'].data_type: 40 is not a data type"),
+        (TENSORS + "instance_group [ { kind: KIND_CPU secondary_devices [ { kind: 1 } ] } ]",
+         "instance_group[0].secondary_devices[0].kind: 1 is not a value of "
+         "SecondaryDeviceKind; expected one of KIND_NVDLA"),
+    ],
+    ids=["input-data-type", "output-data-type", "instance-kind", "timeout-action",
+         "priority-queue-policy", "optimization-priority", "warmup-data-type", "secondary-kind"],
+)  # fmt: skip
+def test_an_enum_number_that_names_no_value_is_refused_naming_the_field(
+    tmp_path: Path, text: str, message: str
+) -> None:
+    """proto3 enums are open: protobuf reads `data_type: 99` and keeps the number. It raised
+    'ValueError: Enum DataType has no name defined for value 99' out of the load, and
+    `kind: 9` was served (as a GPU group's count); each is now refused at load, in the file
+    and in a load request's JSON alike, naming the field and the values it takes."""
+    folder = tmp_path / "m"
+    folder.mkdir()
+    (folder / "config.pbtxt").write_text(text, encoding="utf-8")
+    with pytest.raises(ConfigError, match=re.escape(f"config.pbtxt: {message}")):
+        load_model_config(folder)
+    config = mc.ModelConfig()
+    text_format.Parse(text, config)
+    as_json = json_format.MessageToDict(config, preserving_proto_field_name=True)
+    with pytest.raises(ConfigError, match=re.escape(f"load parameter 'config': {message}")):
+        read_json_config(as_json, source="load parameter 'config'", model_name="m")
+
+
+def test_enum_numbers_that_name_a_value_are_taken_as_that_value() -> None:
+    text = TENSORS.replace("TYPE_FP32", "11") + "instance_group [ { kind: 2 count: 3 } ]"
+    settings = translate(text, source="c", model_name="m")
+    assert settings["inputs"] == [{"name": "x", "datatype": "FP32", "dims": [40]}]
+    assert settings["instances"] == 3
 
 
 @pytest.fixture

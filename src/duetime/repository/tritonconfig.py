@@ -328,6 +328,7 @@ def _enum_values(error: str) -> str:
 
 
 def _translated(config: Any, source: str, model_name: str, warn: Warn) -> dict[str, Any]:
+    _refuse_unknown_enums(config, "", source)
     given = {field.name for field, _ in config.ListFields()}
     _refuse_what_cannot_be_served(config, given, source, model_name)
     out: dict[str, Any] = {}
@@ -449,7 +450,7 @@ def _tensor(spec: Any, where: str, source: str, warn: Warn) -> dict[str, Any]:
     if ignored:
         warn(f"{source}: {kind} '{spec.name}': {', '.join(ignored)}: Triton-only settings, no "
              "effect in duetime")  # fmt: skip
-    layout = _format(spec, where, source) if kind == "input" else "FORMAT_NONE"
+    layout = _format(spec) if kind == "input" else "FORMAT_NONE"
     if layout != "FORMAT_NONE" and len(spec.dims) != 3:
         # NOTE: as Triton (ValidateModelInput): "model input NHWC/NCHW require 3 dims"
         raise ConfigError(f"{source}: {where}.format: {layout} needs 3 dims (without the batch "
@@ -487,16 +488,51 @@ def _tensor(spec: Any, where: str, source: str, warn: Warn) -> dict[str, Any]:
     return tensor
 
 
-def _format(spec: Any, where: str, source: str) -> str:
-    """An input's `format` by name.
+_ENUM_NOUNS = {
+    "inference.ModelInput.Format": "a layout",
+    "inference.DataType": "a data type",
+    "inference.ModelInstanceGroup.Kind": "an instance group kind",
+    "inference.ModelQueuePolicy.TimeoutAction": "a timeout action",
+    "inference.ModelOptimizationPolicy.ModelPriority": "a priority",
+}
+"""What a value of these enums is called in the error refusing one there is not (others: 'a
+value of <enum>')."""
 
-    NOTE: proto3 enums are open: `format: 7` parses, and naming it (for the 3-dims check)
-    raised ValueError out of the loader; it is refused here, naming the layouts there are."""
-    names: dict[int, str] = {v.number: v.name for v in mc.ModelInput.Format.DESCRIPTOR.values}
-    if spec.format not in names:
-        raise ConfigError(f"{source}: {where}.format: {spec.format} is not a layout; expected "
-                          f"one of {', '.join(names.values())}")  # fmt: skip
-    return names[spec.format]
+
+def _refuse_unknown_enums(message: Any, where: str, source: str) -> None:
+    """ConfigError for a number in an enum field of `message` (at the field path `where`, ''
+    for the config) that names none of the enum's values, naming the field and the values.
+
+    NOTE: proto3 enums are open: protobuf's text and JSON readers both take `data_type: 99`
+    or `kind: 9` and keep the number. Naming it raised ValueError out of the loader ('Enum
+    DataType has no name defined for value 99'; `format: 7` did too), and an instance group's
+    kind 9 was taken without a word (its instances counted as a GPU group's). Checked in every
+    section, Triton-only ones too: a number that means nothing is a mistake wherever it is."""
+    for field, value in message.ListFields():
+        path = f"{where}.{field.name}" if where else field.name
+        entry = field.message_type
+        held = field  # (what each item is: a map's is its entries' `value`)
+        if entry is not None and entry.GetOptions().map_entry:  # (`key: .. value { .. }`)
+            items = [(f"{path}[{key!r}]", item) for key, item in value.items()]
+            held = entry.fields_by_name["value"]
+        elif field.is_repeated:
+            items = [(f"{path}[{index}]", item) for index, item in enumerate(value)]
+        else:
+            items = [(path, value)]
+        enum = held.enum_type
+        for at, item in items:
+            if held.message_type is not None:
+                _refuse_unknown_enums(item, at, source)
+            elif enum is not None and item not in enum.values_by_number:
+                noun = _ENUM_NOUNS.get(enum.full_name, f"a value of {enum.name}")
+                names = [v.name for v in enum.values if not v.name.endswith("_INVALID")]
+                raise ConfigError(f"{source}: {at}: {item} is not {noun}; expected one of "
+                                  f"{', '.join(names)}")  # fmt: skip
+
+
+def _format(spec: Any) -> str:
+    """An input's `format` by name (a number naming none was refused: `_refuse_unknown_enums`)."""
+    return str(mc.ModelInput.Format.Name(spec.format))
 
 
 _GROUP_FIELDS = frozenset({"name", "kind", "count", "gpus", "passive"})
