@@ -342,6 +342,92 @@ def test_a_model_loading_for_the_first_time_is_unavailable_not_unknown(
         stop_server(running, thread)
 
 
+def test_a_version_loading_beside_served_ones_is_unavailable_not_unknown(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While version 2 loaded and version 1 served, a request naming version 2 got 404 /
+    NOT_FOUND "Request for unknown model: 'm' version 2 is not found", which clients take as
+    final; Triton answers UNAVAILABLE "... version 2 is not at ready state". Now 503 with a
+    Retry-After / UNAVAILABLE, saying it is loading; version 1 serves on meanwhile."""
+    write_version(tmp_path, "m", 1, scale_model(4))
+    entered, gate = threading.Event(), threading.Event()  # (the load waits: no race)
+    real = manager_module._load_with_variants
+
+    def held(source: Any, version: int, *rest: Any) -> Any:
+        if version == 2:
+            entered.set()
+            gate.wait(60)
+        return real(source, version, *rest)
+
+    monkeypatch.setattr(manager_module, "_load_with_variants", held)
+    settings = ServerSettings(
+        model_repository=tmp_path, http_port=0, grpc_port=0, model_control_mode="explicit",
+        load_model=("m",),
+    )  # fmt: skip
+    running, thread = start_server(settings)
+    http, grpc_ = clients(running)
+    write_version(tmp_path, "m", 2, scale_model(5))
+    loader = threading.Thread(target=clients(running)[1].load_model, args=("m",))
+    try:
+        loader.start()
+        assert entered.wait(60)
+        assert {"name": "m", "version": "2", "state": "LOADING"} in index(http)
+        host, port = running.http.split(":")
+        connection = http_client.HTTPConnection(host, int(port), timeout=30)
+        for method, path, written in (
+            ("POST", "/v2/models/m/versions/2/infer", "2"),
+            ("GET", "/v2/models/m/versions/02", "02"),  # (version 2 too, as routing reads it)
+        ):
+            connection.request(method, path, b'{"inputs": []}' if method == "POST" else None)
+            response = connection.getresponse()
+            error = json.loads(response.read())["error"]
+            assert response.status == 503, error
+            assert response.getheader("Retry-After") == "1"  # (a load takes about 1 s)
+            assert error.startswith(
+                f"Request for unknown model: 'm' version {written} is not at ready state: it is "
+                "loading"
+            ), error
+        connection.close()
+        for call in (lambda: factor(grpc_, "m", "2"), lambda: grpc_.get_model_metadata("m", "2")):
+            with pytest.raises(InferenceServerException) as loading:
+                call()
+            assert str(loading.value.status()) == "StatusCode.UNAVAILABLE", loading.value
+            assert loading.value.message().startswith(
+                "Request for unknown model: 'm' version 2 is not at ready state: it is loading"
+            ), loading.value
+        assert factor(http, "m", "1") == 4.0  # (the served version answers meanwhile)
+        assert factor(grpc_, "m") == 4.0
+        with pytest.raises(InferenceServerException, match="'m' version 3 is not found"):
+            factor(http, "m", "3")  # (a version nothing loads is still unknown)
+        gate.set()
+        loader.join(60)
+        assert factor(http, "m", "2") == 5.0  # (loaded: served as ever)
+        assert factor(grpc_, "m", "2") == 5.0
+    finally:
+        gate.set()
+        loader.join(60)
+        stop_server(running, thread)
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_a_model_that_failed_to_load_says_so_in_tritons_words(
+    explicit_server: RunningServer, protocol: str
+) -> None:
+    """Triton's QA expects a model that failed to load to answer "Request for unknown model:
+    'x' has no available versions"; duetime said "model 'x' is not available: <reason>". Its
+    reason follows Triton's words now, with the status as it was (503 / UNAVAILABLE)."""
+    client = clients(explicit_server)[protocol == "grpc"]
+    with pytest.raises(InferenceServerException):
+        client.load_model("broken")
+    with pytest.raises(InferenceServerException) as failed:
+        factor(client, "broken")
+    assert failed.value.message().startswith(
+        "Request for unknown model: 'broken' has no available versions: version 1: "
+    ), failed.value
+    status = "StatusCode.UNAVAILABLE" if protocol == "grpc" else "503"
+    assert str(failed.value.status()) == status, failed.value
+
+
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
 def test_uploaded_files_are_served_until_the_model_is_unloaded(
     explicit_server: RunningServer, protocol: str

@@ -103,8 +103,12 @@ def test_unknown_version_lists_loaded_versions() -> None:
 def test_failure_of_an_unserved_model_is_unavailable_not_unknown() -> None:
     registry = Registry()
     registry.record_failure("m", "bad config")
-    with pytest.raises(ModelUnavailable, match="model 'm' is not available: bad config"):
+    with pytest.raises(ModelUnavailable) as failed:
         registry.resolve("m", None)
+    # (Triton's words first, as its QA tests expect; duetime's reason after them)
+    assert failed.value.message == (
+        "Request for unknown model: 'm' has no available versions: bad config"
+    )
     with pytest.raises(ModelNotFound, match=r"^Request for unknown model: 'other' is not found"):
         registry.resolve("other", None)
 
@@ -124,7 +128,7 @@ def test_a_model_loading_with_nothing_served_is_unavailable_not_unknown() -> Non
     with pytest.raises(ModelUnavailable, match="it is loading"):
         registry.resolve("m", None)
     registry.record_loading("m", None)
-    with pytest.raises(ModelUnavailable, match="is not available: bad config"):
+    with pytest.raises(ModelUnavailable, match="has no available versions: bad config"):
         registry.resolve("m", None)
     registry.record_loading("n", 0.01)
     registry.record_loading("o", 0.01)
@@ -132,6 +136,33 @@ def test_a_model_loading_with_nothing_served_is_unavailable_not_unknown() -> Non
     registry.record_failure("p", "bad config")
     assert registry.snapshot.loading.keys() == {"n", "o"}  # (kept by publish and failures)
     assert registry.resolve("n", None).model.name == "n"  # (served: it answers)
+
+
+def test_a_version_loading_beside_served_ones_is_unavailable_not_unknown() -> None:
+    """A request for version 2 while it loads and version 1 serves was a 404 "version 2 is not
+    found"; Triton answers UNAVAILABLE "version 2 is not at ready state". Now a 503 saying it is
+    loading, with a Retry-After of about the load's time; a version no load brings is unknown."""
+    registry = registry_with(deployment("m", "1"))
+    registry.record_loading("m", 2.4, ["2"])
+    for written in ("2", "02"):
+        with pytest.raises(ModelUnavailable) as loading:
+            registry.resolve("m", written)
+        assert loading.value.message == (
+            f"Request for unknown model: 'm' version {written} is not at ready state: it is "
+            "loading (a load takes about 3 s); retry shortly"
+        )
+        assert loading.value.retry_after_s == 3
+    with pytest.raises(ModelNotFound, match="'m' version 3 is not found; loaded versions: 1"):
+        registry.resolve("m", "3")
+    assert registry.resolve("m", None).model.version == "1"  # (the served one answers)
+    registry.record_loading("m", 2.4, [])  # (version 2 failed: the load goes on without it)
+    with pytest.raises(ModelNotFound, match="'m' version 2 is not found"):
+        registry.resolve("m", "2")
+    registry.record_loading("m", 2.4, ["2"])
+    publish(registry, deployment("m", "2"))  # (loaded: served)
+    assert registry.resolve("m", "2").model.version == "2"
+    registry.record_loading("m", None)
+    assert registry.resolve("m", "2").model.version == "2"
 
 
 def test_publish_clears_the_failure() -> None:

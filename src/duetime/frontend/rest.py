@@ -306,7 +306,7 @@ class Signatures:
             engine.registry.served(model)  # raises: unknown, failed to load, shutting down
             return None
         if version:
-            chosen = served.version(version)
+            chosen = engine.registry.served_version(served, version)
         else:
             names = served.traffic.versions
             chosen = served.versions[names[0]]

@@ -677,9 +677,13 @@ class ModelManager:
         listed = dict(self._states[name])
         """What the index said of each version before this load (see `_discard`)."""
         try:
-            if current is None:  # (its requests hear it is loading: 503, not "unknown")
-                self._registry.record_loading(name, self.load_estimate_s(name))
             served = dict(current.versions) if current else {}
+            estimate_s = self.load_estimate_s(name)
+            pending = {str(v) for v in wanted} - served.keys()
+            """Versions this load brings that do not serve yet: their requests (and, while
+            nothing of it serves, the model's) hear it is loading (503), not that it is unknown,
+            until one of them fails."""
+            self._registry.record_loading(name, estimate_s, pending)
             traffic = config.traffic
             said = (
                 _unserved(traffic.weights, "weights", wanted),
@@ -719,6 +723,8 @@ class ModelManager:
                     problems.append(f"version {version}: {failed[1]}")  # (an explicit load retries)
                     troubled.add(version)
                     failures += 1
+                    pending.discard(version)  # (failed: not found, not loading)
+                    self._registry.record_loading(name, estimate_s, pending)
                     if old is not None:
                         chosen[version] = old
                     continue
@@ -729,6 +735,8 @@ class ModelManager:
                     problems.append(f"version {version}: {loaded}")
                     troubled.add(version)
                     failures += 1
+                    pending.discard(version)
+                    self._registry.record_loading(name, estimate_s, pending)
                     if old is not None:
                         chosen[version] = old
                     continue
@@ -780,8 +788,7 @@ class ModelManager:
         finally:
             self._loading.pop(name, None)
             self._evicting.pop(name, None)
-            if current is None:
-                self._registry.record_loading(name, None)
+            self._registry.record_loading(name, None)
 
     def _discard(
         self, name: str, versions: Iterable[ServedVersion], listed: Mapping[str, VersionState]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
@@ -75,6 +75,15 @@ class ServedModel:
 
 
 @dataclass(frozen=True, slots=True)
+class Loading:
+    """A load of a model under way: about how long it takes, and the versions it loads that do
+    not serve yet (their requests are told to come back, not that they are unknown)."""
+
+    expected_s: float
+    versions: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True, slots=True)
 class Snapshot:
     """One immutable routing table; the registry replaces it, never edits it."""
 
@@ -84,9 +93,9 @@ class Snapshot:
     closed: bool = False
     """The server is shutting down: a model it served is unavailable (503, retry elsewhere),
     not unknown (404, which clients and load balancers take as final)."""
-    loading: Mapping[str, float] = field(default_factory=dict)
-    """Model name -> about how long its load takes (s), while a load of a model that nothing of
-    serves is under way: its requests are told to come back (503), not that it is unknown."""
+    loading: Mapping[str, Loading] = field(default_factory=dict)
+    """Model name -> its load under way: a model that nothing of serves yet, or a version of it
+    that does not serve yet, is told to come back (503), not that it is unknown (404)."""
 
     def deployments(self) -> Iterator[Deployment]:
         for served in self.models.values():
@@ -127,13 +136,16 @@ class Registry:
             snapshot.models, MappingProxyType(failures), loading=snapshot.loading
         )
 
-    def record_loading(self, name: str, expected_s: float | None) -> None:
-        """Say that `name`, which nothing of serves, is loading and takes about `expected_s`
-        (None: its load has ended, served or failed)."""
+    def record_loading(
+        self, name: str, expected_s: float | None, versions: Iterable[str] = ()
+    ) -> None:
+        """Say that `name` is loading, `versions` of it that do not serve yet among what it
+        loads, and that the load takes about `expected_s` (None: the load has ended, served or
+        failed)."""
         snapshot = self.snapshot
         loading = {k: v for k, v in snapshot.loading.items() if k != name}
         if expected_s is not None:
-            loading[name] = expected_s
+            loading[name] = Loading(expected_s, frozenset(versions))
         self.snapshot = replace(snapshot, loading=MappingProxyType(loading))
 
     def clear(self) -> list[Deployment]:
@@ -151,15 +163,16 @@ class Registry:
             if name in snapshot.loading:
                 # NOTE: a 404 here ("unknown model"), as before, told clients and load
                 # balancers that take it as final that a model still loading is not there
-                wait_s = max(1, math.ceil(snapshot.loading[name]))
+                wait_s = _retry_s(snapshot.loading[name])
                 raise ModelUnavailable(
                     f"{UNKNOWN_MODEL}'{name}' has no available versions: it is loading (a load "
                     f"takes about {wait_s} s); retry shortly",
                     retry_after_s=wait_s,
                 )
             if name in snapshot.failures:
+                # (Triton's words first, as its QA tests expect; duetime's reason after them)
                 raise ModelUnavailable(
-                    f"model '{name}' is not available: {snapshot.failures[name]}"
+                    f"{UNKNOWN_MODEL}'{name}' has no available versions: {snapshot.failures[name]}"
                 )
             if snapshot.closed:
                 raise ModelUnavailable(
@@ -172,8 +185,34 @@ class Registry:
     def version(self, name: str, version: str | None) -> ServedVersion:
         """The served `version` of `name` (None or "": the default version)."""
         served = self.served(name)
-        return served.version(version or served.default)
+        return self.served_version(served, version or served.default)
+
+    def served_version(self, served: ServedModel, version: str) -> ServedVersion:
+        """`served.version(version)`, where a version that a load under way is loading is
+        unavailable (503, retry), not unknown (404).
+
+        NOTE: while other versions of the model served, a request for one still loading was
+        told "version V is not found" (404), which clients take as final; Triton answers
+        UNAVAILABLE "version V is not at ready state"."""
+        try:
+            return served.version(version)
+        except ModelNotFound:
+            loading = self.snapshot.loading.get(served.name)
+            number = version_of(version)
+            if loading is None or number is None or str(number) not in loading.versions:
+                raise
+            wait_s = _retry_s(loading)
+            raise ModelUnavailable(
+                f"{UNKNOWN_MODEL}'{served.name}' version {version} is not at ready state: it is "
+                f"loading (a load takes about {wait_s} s); retry shortly",
+                retry_after_s=wait_s,
+            ) from None
 
     def resolve(self, name: str, version: str | None) -> Deployment:
         """The primary deployment of `name` and `version` (None or "": the default version)."""
         return self.version(name, version).primary
+
+
+def _retry_s(loading: Loading) -> int:
+    """When to come back to a model or version `loading` (whole seconds, at least 1)."""
+    return max(1, math.ceil(loading.expected_s))

@@ -101,7 +101,7 @@ class Router:
         client should see (unknown model or version, invalid input)."""
         served = self._registry.served(request.model)
         if request.version:
-            version = served.version(request.version)
+            version = self._registry.served_version(served, request.version)
         else:
             traffic = served.traffic
             if traffic.split:
