@@ -1354,6 +1354,12 @@ class HttpConnection(asyncio.BufferedProtocol):
         )
         return False
 
+    def close_now(self) -> None:
+        """Close at once, whatever is owed or unread (a stopping server's last word)."""
+        self._closing = True
+        if self._transport is not None:
+            self._transport.close()
+
     def shutdown(self) -> None:
         """Close after the responses already owed; used when the server stops."""
         self._closing = True
