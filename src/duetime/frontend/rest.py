@@ -13,6 +13,7 @@ import functools
 import hmac
 import json
 import logging
+import math
 import zlib
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
@@ -230,12 +231,21 @@ def build_bulk(bulk: BulkReply) -> Reply | DuetimeError:
         return InternalError(f"internal error: {type(exc).__name__}: {exc}")
 
 
+def retry_after(seconds: float) -> bytes:
+    """`Retry-After` delay-seconds (RFC 9110 10.2.3: a whole number) for a wait of `seconds`:
+    rounded up, at least 1.
+
+    NOTE: rounded to nearest, a breaker open 1.4 s more said "Retry-After: 1" (its message said
+    1.4 s), and a client that waited so was refused again."""
+    return str(max(1, math.ceil(seconds))).encode()
+
+
 def error_reply(exc: DuetimeError, trace_id: str | None = None) -> Reply:
     """The error's status and `{"error": message}`, its trace id (`trace_id`, else a new one) at
     the end of the message and in `x-trace-id`."""
     headers: Headers = (_JSON,)
     if exc.retry_after_s is not None:
-        headers += ((b"Retry-After", str(max(1, round(exc.retry_after_s))).encode()),)
+        headers += ((b"Retry-After", retry_after(exc.retry_after_s)),)
     if isinstance(exc, HttpError | UnsupportedEncoding):
         headers += exc.headers
     if trace_id is None:
