@@ -253,6 +253,7 @@ def test_in_process_calls_are_not_told_of_a_server(tmp_path: Path) -> None:
         with pytest.raises(DeadlineExceeded) as late:
             await engine.infer_async("m", inputs(), timeout=0)
         assert "due before the engine could queue it" in late.value.message
+        assert late.value.message.startswith("Request timeout expired: ")  # (Triton's words)
         await engine.aclose()
         with pytest.raises(ModelUnavailable) as closed:
             await engine.infer_async("m", inputs())

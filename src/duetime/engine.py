@@ -30,6 +30,7 @@ from duetime.classification import check_classifiable, top_classes
 from duetime.clock import Clock, MonotonicClock
 from duetime.config import ModelConfig
 from duetime.errors import (
+    TIMEOUT_EXPIRED,
     DeadlineExceeded,
     DuetimeError,
     InternalError,
@@ -438,7 +439,8 @@ class Engine:
                 inner = self._submit(request, lazy=False)
             except DeadlineExceeded:  # (the scheduler's words would blame a busy server)
                 raise DeadlineExceeded(
-                    f"model '{request.model}' was loaded on demand, and the load ended after "
+                    f"{TIMEOUT_EXPIRED}: model '{request.model}' was loaded on demand, and the "
+                    "load ended after "
                     "the request was due; retry now that it is loaded"
                 ) from None
         except DuetimeError as exc:
@@ -478,7 +480,8 @@ class Engine:
         done, _ = await asyncio.wait({load}, timeout=left_s)  # (never cancels the load)
         if not done:
             raise DeadlineExceeded(
-                f"model '{request.model}' is still loading on demand and the request is due; "
+                f"{TIMEOUT_EXPIRED}: model '{request.model}' is still loading on demand and the "
+                "request is due; "
                 "the load goes on: retry shortly"
             )
         load.result()
@@ -708,7 +711,8 @@ class Engine:
             # (refused as it was queued: only a request due before it reached the scheduler)
             late_us = max(self.clock.now_ns() - request.due_ns, 0) / 1e3
             return DeadlineExceeded(
-                f"model '{request.model}': the request was due before the engine could queue it "
+                f"{TIMEOUT_EXPIRED}: model '{request.model}': the request was due before the "
+                "engine could queue it "
                 f"(by {late_us:.0f} µs): its timeout is too short (or the engine's loop was "
                 "busy); give a longer timeout, or None for no due time"
             )

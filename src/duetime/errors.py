@@ -68,6 +68,15 @@ class ModelUnavailable(DuetimeError):
     grpc_code = "UNAVAILABLE"
 
 
+QUEUE_FULL = "Exceeds maximum queue size"
+"""Triton's words for a request its model's queue had no room for (`Overloaded`): a message
+starts with them, as Triton's clients and QA tests (qa/L0_model_queue) match on them."""
+
+TIMEOUT_EXPIRED = "Request timeout expired"
+"""Triton's words for a request whose timeout passed before it ran (`DeadlineExceeded`), which
+qa/L0_model_queue matches on too; a message starts with them."""
+
+
 class Overloaded(DuetimeError):
     """Admission refused the request: the queue is full or its due time cannot be met."""
 

@@ -141,7 +141,11 @@ def test_a_full_queue_is_overloaded() -> None:
         h.submit("running")
         h.submit("q1")
         h.submit("q2")
-        with pytest.raises(Overloaded, match=r"queue full \(2 requests waiting.*max_queue_size"):
+        with pytest.raises(
+            Overloaded,
+            match=r"^Exceeds maximum queue size: model .*queue full "
+            r"\(2 requests waiting.*max_queue_size",
+        ):  # (Triton's words first)
             h.submit("refused")
         stats = h.scheduler.statistics()
         assert (stats.queued, stats.peak_queued, stats.rejected) == (2, 2, 1)
@@ -177,7 +181,10 @@ def test_each_priority_level_has_its_own_bound_within_the_whole_queues() -> None
         now = h.clock.now_ns()
         assert not h.scheduler.fits(now, now + 100 * MS, 1, priority=2)
         assert h.scheduler.fits(now, now + 100 * MS, 1, priority=3)
-        with pytest.raises(Overloaded, match=r"priority level 2 \(2 requests.*_per_level"):
+        with pytest.raises(
+            Overloaded,
+            match=r"^Exceeds maximum queue size: .*priority level 2 \(2 requests.*_per_level",
+        ):
             h.submit("p2c", priority=7)  # beyond the levels: the default level
         h.submit("p3a", priority=3)
         with pytest.raises(Overloaded, match=r"queue full \(5 requests.*max_queue_size\)"):
@@ -219,7 +226,10 @@ def test_only_a_refusal_for_the_work_ahead_makes_the_model_backlogged() -> None:
 def test_a_request_due_before_it_arrives_is_refused(policy: str, due_in: int) -> None:
     async def body() -> None:
         h = harness(policy=policy)
-        with pytest.raises(DeadlineExceeded, match="before it reached the scheduler"):
+        # (Triton's words first: its clients and qa/L0_model_queue match on them)
+        with pytest.raises(
+            DeadlineExceeded, match=r"^Request timeout expired: .*before it reached the scheduler"
+        ):
             h.submit("late", due_in=due_in)
         stats = h.scheduler.statistics()
         assert (stats.expired, stats.rejected, stats.queued) == (1, 0, 0)
@@ -732,6 +742,7 @@ def test_a_request_that_becomes_hopeless_while_queued_fails_without_running() ->
         h.executor.complete(0, compute_ns=200 * US)
         error = failure(doomed)
         assert isinstance(error, DeadlineExceeded)
+        assert error.message.startswith("Request timeout expired: ")  # (Triton's words)
         assert "could not finish before the due time" in error.message
         assert "it was not run" in error.message
         assert h.started() == ["running", "fine"]

@@ -24,6 +24,8 @@ from typing import NamedTuple
 from duetime.clock import Clock
 from duetime.config import BreakerConfig, SchedulingConfig
 from duetime.errors import (
+    QUEUE_FULL,
+    TIMEOUT_EXPIRED,
     DeadlineExceeded,
     DuetimeError,
     InvalidInput,
@@ -474,11 +476,12 @@ class ModelScheduler:
         queue = self._queue
         if len(queue) >= queue.capacity:
             return Overloaded(
-                f"model {self._label}: queue full ({queue.capacity} requests waiting, "
+                f"{QUEUE_FULL}: model {self._label}: queue full ({queue.capacity} requests "
+                "waiting, "
                 "scheduling.max_queue_size); retry later or raise the limit"
             )
         return Overloaded(
-            f"model {self._label}: queue full for priority level {level} "
+            f"{QUEUE_FULL}: model {self._label}: queue full for priority level {level} "
             f"({queue.level_capacity} requests of that level waiting, "
             "scheduling.max_queue_size_per_level); retry later or raise the limit"
         )
@@ -579,7 +582,8 @@ class ModelScheduler:
             self._expired += 1
             self._fail_ns += self._clock.now_ns() - now
             raise DeadlineExceeded(
-                f"model {self._label}: the request was due {(now - due_ns) / 1e3:.0f} µs before "
+                f"{TIMEOUT_EXPIRED}: model {self._label}: the request was due "
+                f"{(now - due_ns) / 1e3:.0f} µs before "
                 "it reached the scheduler (its timeout is too short, or it waited that long to "
                 "be read: the server is overloaded); send a larger timeout or retry later"
             )
@@ -963,7 +967,7 @@ class ModelScheduler:
             kept = self._kept_for(item.rows)
             margins = f" (+{kept / 1e3:.0f} µs kept for margins and delivery)" if kept > 999 else ""
             _settle(item, DeadlineExceeded(
-                f"model {self._label}: could not finish before the due time "
+                f"{TIMEOUT_EXPIRED}: model {self._label}: could not finish before the due time "
                 f"({(due - now) / 1e3:.0f} µs left): a run needs "
                 f"{self._exec_ns(item.rows) / 1e3:.0f} µs{margins}; it was not run"
             ))  # fmt: skip
