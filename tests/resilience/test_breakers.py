@@ -2,8 +2,9 @@
 input k = 1 makes ONNX Runtime fail, k = n > 1 runs n extra matrix products), and one that fails
 on every input, its own sample inputs included (`broken_model`).
 
-Failures on a client's values (answered 400) never open the breaker; a model that fails on its
-own samples opens it, requests then fail fast with 503 + Retry-After (or go to a healthy version
+Failures on a client's values (answered 400) do not open the breaker while the model answered
+others (or was loaded) within open_s; past that they count (answered 500); a model that fails on
+its own samples opens it, requests then fail fast with 503 + Retry-After (or go to a healthy version
 when the traffic policy has one). The probe cycle is in tests/scheduling/test_scheduler.py."""
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import pytest
 from repo_models import age, faulty_model, heavy_model, inputs, write_version
 
 from duetime.engine import Engine, Ticket
-from duetime.errors import InvalidInput, ModelUnavailable
+from duetime.errors import InternalError, InvalidInput, ModelUnavailable
 from duetime.repository.manager import RepositoryOptions
 from duetime.resilience.breaker import BreakerState
 from duetime.scheduling.profile import profile_from_samples
@@ -144,7 +145,11 @@ def test_a_broken_model_probed_again_reopens_for_longer(tmp_path: Path) -> None:
     async def scenario(engine: Engine) -> None:
         await opened(engine)
         await asyncio.sleep(0.35)
-        await opened(engine)  # half-open: its probes fail on their data, then its samples
+        # half-open: one probe, failing with no answer to anyone within open_s, is the model's
+        # failure (500) and reopens it (it let `failures` requests through each period)
+        with pytest.raises(InternalError, match=r"answered no request in the last 0\.3 s"):
+            await call(engine, 0)
+        assert states(engine) == [BreakerState.OPEN]
         with pytest.raises(ModelUnavailable) as caught:
             await call(engine, 0)
         assert caught.value.retry_after_s is not None
@@ -311,3 +316,23 @@ def test_breaker_settings_are_validated() -> None:
         parse_model_config({"breaker": {"failures": 0}}, source="config.toml")
     with pytest.raises(ConfigError, match=r"breaker\.slow_factor"):
         parse_model_config({"breaker": {"slow_factor": 1.0}}, source="config.toml")
+
+
+def test_failures_on_every_real_request_open_it_once_open_s_passes(tmp_path: Path) -> None:
+    """Probe repro_canary_never_trips: a version whose every real request failed in ONNX
+    Runtime (its samples passed) kept its breaker closed and its share of traffic for good.
+    Within open_s of its load such failures are the clients' (400); past it, with no request
+    answered, they are the model's (500) and open the breaker."""
+    write_version(tmp_path, "m", 1, faulty_model())
+    config(tmp_path, "m", "max_batch_size = 8\n" + BREAKER)
+
+    async def scenario(engine: Engine) -> None:
+        await asyncio.sleep(0.35)  # (past the grace after its load: it answered nobody)
+        for _ in range(3):
+            with pytest.raises(InternalError, match=r"answered no request in the last 0\.3 s"):
+                await call(engine, 1)
+        assert states(engine) == [BreakerState.OPEN]
+        with pytest.raises(ModelUnavailable, match="circuit breaker open"):
+            await call(engine, 0)
+
+    run(tmp_path, scenario)

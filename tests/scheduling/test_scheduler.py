@@ -1646,26 +1646,100 @@ FAST_BREAKER = BreakerConfig(failures=2, open_s=0.01, slow_executions=2, slow_mi
 
 
 def test_a_probe_that_fails_on_its_client_s_data_lets_the_next_request_probe() -> None:
-    """Answered 400, a half-open probe says nothing of the model: the breaker stays half-open
-    for the next request to probe (it reopened, doubled, and refused everyone for longer)."""
+    """Answered 400 while the model answered others within `open_s`, a half-open probe says
+    nothing of the model: the breaker stays half-open for the next request to probe."""
 
     async def body() -> None:
-        h = harness(breaker=FAST_BREAKER)
+        h = harness(breaker=BreakerConfig(failures=2, open_s=0.5, slow_min_us=0))
         fault = InternalError("the session crashed")
-        for index in range(2):  # the model's faults open it
+        h.submit("answered")
+        h.executor.complete(0)
+        for index in range(1, 3):  # the model's faults open it
             h.submit(f"m{index}")
             h.executor.complete(index, outputs=[fault])
         assert [b.state for b in h.scheduler._breakers] == [BreakerState.OPEN]
-        h.clock.advance(20 * MS)
+        scheduler = h.scheduler
+        scheduler._breakers[0].open_until_ns = h.clock.now_ns()  # (its answer is 0 s old)
         bad = h.submit("bad-values")
-        h.executor.complete(2, outputs=[InvalidInput("index 99 out of range")])
+        h.executor.complete(3, outputs=[InvalidInput("index 99 out of range")])
         assert isinstance(failure(bad), InvalidInput)
-        assert [b.state for b in h.scheduler._breakers] == [BreakerState.HALF_OPEN]
+        assert "not counted as the model's failure" in str(failure(bad))
+        assert [b.state for b in scheduler._breakers] == [BreakerState.HALF_OPEN]
         good = h.submit("good")
         assert h.started()[-1] == "good", "the next request probes"
-        h.executor.complete(3)
+        h.executor.complete(4)
         assert failure(good) is None
-        assert [b.state for b in h.scheduler._breakers] == [BreakerState.CLOSED]
+        assert [b.state for b in scheduler._breakers] == [BreakerState.CLOSED]
+
+    run(body)
+
+
+def test_a_probe_failing_on_its_data_with_no_answer_within_open_s_reopens_it() -> None:
+    """Probe repro_breaker_halfopen: a model failing every input let `failures` requests (5)
+    through each half-open period, each answered 400; one probe now tells: with no answer to
+    anyone within `open_s`, its failure is the model's (500), and the breaker reopens, doubled."""
+
+    async def body() -> None:
+        h = harness(breaker=FAST_BREAKER)
+        h.clock.advance(20 * MS)  # past the grace after its load
+        for index in range(2):
+            h.submit(f"bad{index}")
+            h.executor.complete(index, outputs=[InvalidInput("index 99 out of range")])
+        breaker = h.scheduler._breakers[0]
+        assert breaker.state is BreakerState.OPEN
+        assert breaker.retry_after_ns(h.clock.now_ns()) == 10 * MS
+        h.clock.advance(20 * MS)
+        probe = h.submit("probe")
+        h.executor.complete(2, outputs=[InvalidInput("index 99 out of range")])
+        assert isinstance(failure(probe), InternalError)
+        assert failure(probe).http_status == 500
+        assert "answered no request in the last 0.01 s" in str(failure(probe))
+        assert breaker.state is BreakerState.OPEN, "one probe, not `failures`"
+        assert breaker.retry_after_ns(h.clock.now_ns()) == 20 * MS  # doubled
+        with pytest.raises(ModelUnavailable):
+            h.submit("refused")
+
+    run(body)
+
+
+def test_failures_on_data_count_when_the_model_answered_nobody_within_open_s() -> None:
+    """Probe repro_canary_never_trips: a canary whose every real request failed in ONNX Runtime
+    (its own samples passed) kept its breaker closed for good. Within `open_s` of an answer (or
+    of its load) they do not count and stay 400; past it they count, as the model's (500)."""
+
+    async def body() -> None:
+        sample = {"name": np.array(["sample"])}
+        h = harness(breaker=BreakerConfig(failures=2, open_s=0.01), sample=lambda: sample)
+        bad = h.submit("within-grace")
+        h.executor.complete(0, outputs=[InvalidInput("index 500 out of range")])
+        assert isinstance(failure(bad), InvalidInput)
+        assert failure(bad).http_status == 400
+        assert "not counted as the model's failure" in str(failure(bad))
+        h.clock.advance(20 * MS)
+        for index in range(1, 3):
+            bad = h.submit(f"bad{index}")
+            h.executor.complete(index, outputs=[InvalidInput("index 500 out of range")])
+            assert failure(bad).http_status == 500
+        assert [b.state for b in h.scheduler._breakers] == [BreakerState.OPEN]
+        assert not h.scheduler.available(h.clock.now_ns())
+
+    run(body)
+
+
+def test_requests_refused_by_an_open_breaker_are_counted_unavailable() -> None:
+    """Probe repro_breaker_503_uncounted: 20 requests refused 503 by an open breaker moved no
+    statistic (nor `duetime_requests_total{outcome="unavailable"}`, nor Triton's OTHER)."""
+
+    async def body() -> None:
+        h = harness(breaker=BreakerConfig(failures=2, open_s=30))
+        for index in range(2):
+            h.submit(f"m{index}")
+            h.executor.complete(index, outputs=[InternalError("crashed")])
+        for _ in range(3):
+            with pytest.raises(ModelUnavailable):
+                h.submit("refused")
+        stats = h.scheduler.statistics()
+        assert (stats.failed, stats.unavailable) == (2, 3)
 
     run(body)
 
@@ -1717,14 +1791,14 @@ def test_a_model_whose_cost_follows_its_inputs_values_is_never_judged_slow() -> 
 
 
 def test_requests_failing_on_their_data_have_the_model_checked_on_its_samples() -> None:
-    """Failures on clients' data never count; after `failures` of them with no answer lately,
-    the model runs its own samples: a model that fails on them opens its breaker, one that
-    answers them is cleared."""
+    """After `failures` uncounted failures on clients' data (within `open_s` of its load), the
+    model runs its own samples: a model that fails on them opens its breaker at once; one that
+    answers them stays closed."""
 
     async def body() -> None:
         sample = {"name": np.array(["sample"])}
         for samples_fail in (False, True):
-            h = harness(breaker=FAST_BREAKER, sample=lambda: sample)
+            h = harness(breaker=BreakerConfig(failures=2, open_s=1), sample=lambda: sample)
             for index in range(2):
                 h.submit(f"bad{index}")
                 h.executor.complete(index, outputs=[InvalidInput("index 99 out of range")])

@@ -28,6 +28,7 @@ from duetime.errors import (
     TIMEOUT_EXPIRED,
     DeadlineExceeded,
     DuetimeError,
+    InternalError,
     InvalidInput,
     ModelUnavailable,
     Overloaded,
@@ -189,8 +190,9 @@ class SchedulerStatistics:
     snapshot taken on another thread (a metrics scrape) never shows it going down."""
     cancelled: int
     unavailable: int
-    """Failed while queued, unrun, because no instance would take them any more (every
-    instance's breaker open, or the scheduler shut down); Triton's failure reason OTHER."""
+    """Failed unrun because no instance would take them any more: refused on arrival or failed
+    while queued with every instance's breaker open, or failed while queued as the scheduler
+    shut down; Triton's failure reason OTHER."""
     executions: int
     """Executions that answered some request (Triton's execution_count: one in which every
     request failed is not counted; `compute_time` counts every execution)."""
@@ -344,6 +346,9 @@ class ModelScheduler:
         self._slow_floor_ns = self._breaker_config.slow_min_us * 1000
         self._answered_ns = -(1 << 62)
         """When an execution last gave some request an answer (not a failure)."""
+        self._loaded_ns = clock.now_ns()
+        """When the scheduler was made: for `open_s` after, ONNX Runtime's refusals of inputs'
+        values do not count (see `_judge`)."""
         self._trust_ns = int(self._breaker_config.open_s * 1e9)
         """How recent such an answer clears the model of inputs' failures (see `_judge`)."""
         self._clients_failures = 0
@@ -431,6 +436,10 @@ class ModelScheduler:
         now = self._clock.now_ns()
         self.last_arrival_ns = now
         if self._tripped and not self.available(now):
+            # NOTE: counted as those failed in the queue when the last breaker opened (Triton's
+            # reason OTHER): uncounted, 20 requests refused 503 moved no metric and no
+            # statistic, and dashboards showed a model taking 5 requests during an incident
+            self._unavailable += 1
             raise self.unavailable_error(now)
         if self.default_timeout_ns is not None:
             default_due = now + self.default_timeout_ns
@@ -1285,16 +1294,21 @@ class ModelScheduler:
             self._clients_failures = 0
         elif _clients_fault(outputs):
             # NOTE: every request of the batch was answered 400: ONNX Runtime refused their
-            # values (an index out of range, say). That is no fault of the model, whether or
-            # not it answered anyone lately: 5 such requests to a model with no answer in
-            # `open_s` (a fresh one, or one with sparse traffic) opened its breaker, and every
-            # other client got 503 for seconds. Nor is it a failed probe: it tells nothing of
-            # the model, so the next batch probes. Whether the model itself is broken is asked
-            # of its own sample inputs (`_suspect`).
-            if self._tripped:
-                breaker.release()
-            self._suspect(instance, now)
-            return
+            # values (an index out of range, say). While the model answered other requests
+            # within `open_s` (or was loaded that recently: 5 such requests to a fresh model
+            # opened its breaker, and every other client got 503 for seconds) that is no fault
+            # of the model, nor a failed probe: the next batch probes, and a model that fails
+            # its own samples is caught by `_suspect`. Past that, they count: a canary whose
+            # every real request failed a Gather (its samples passed) kept its A/B share for
+            # good, 254 requests answered 400 beside 270 answered by v1, breaker never open;
+            # and a half-open model let `failures` requests fail per open period, not one.
+            if now - max(self._answered_ns, self._loaded_ns) < self._trust_ns:
+                result.outputs = self._explained(outputs, counted=False)
+                if self._tripped:
+                    breaker.release()
+                self._suspect(instance, now)
+                return
+            result.outputs = outputs = self._explained(outputs, counted=True)
         elif now - self._answered_ns < self._trust_ns and all(
             isinstance(o, InvalidInput) for o in outputs
         ):
@@ -1344,6 +1358,32 @@ class ModelScheduler:
                 return False
         return True
 
+    def _explained(
+        self, outputs: Sequence[Feeds | DuetimeError], *, counted: bool
+    ) -> list[Feeds | DuetimeError]:
+        """The failures of a batch ONNX Runtime refused on its inputs' values, saying whose fault
+        they were taken to be: the clients' (400, as they came) while the model answered others
+        lately, the model's (500 / INTERNAL, as Triton's ONNX Runtime backend answers) when it
+        answered none within `open_s`."""
+        window = f"{self._breaker_config.open_s:g} s"
+        explained: list[Feeds | DuetimeError] = []
+        for output in outputs:
+            if not isinstance(output, DuetimeError):
+                explained.append(output)
+            elif counted:
+                explained.append(InternalError(
+                    f"{output.message}; model {self._label} answered no request in the last "
+                    f"{window}, so this counts as the model's failure (circuit breaker)"
+                ))  # fmt: skip
+            elif not isinstance(output, InvalidInput):
+                explained.append(output)
+            else:
+                explained.append(InvalidInput(
+                    f"{output.message}; not counted as the model's failure: it answered other "
+                    f"requests (or was loaded) within the last {window}, so check these inputs"
+                ))  # fmt: skip
+        return explained
+
     def _opened(self, instance: int, now: int, why: str) -> None:
         log.warning(
             "model %s instance %d: breaker open for %.1f s after %s", self._label, instance,
@@ -1351,14 +1391,13 @@ class ModelScheduler:
         )  # fmt: skip
 
     def _suspect(self, instance: int, now: int) -> None:
-        """An execution failed on its clients' data: after `breaker.failures` of them in a row
-        with no answer to anyone within `open_s`, check whether the model answers its own
-        sample inputs (`_checked`)."""
+        """An execution failed on its clients' data, not counted (see `_judge`): after
+        `breaker.failures` of them with no answer to anyone in between, check whether the model
+        answers its own sample inputs (`_checked`): a model that fails on them opens at once,
+        even within the grace after its load."""
         self._clients_failures += 1
-        if (
-            self._clients_failures >= self._breaker_config.failures
-            and now - self._answered_ns >= self._trust_ns
-            and self._run_sample(instance, now, self._checked)
+        if self._clients_failures >= self._breaker_config.failures and self._run_sample(
+            instance, now, self._checked
         ):
             self._clients_failures = 0
 
@@ -1366,8 +1405,8 @@ class ModelScheduler:
         """The sample inputs' run that `_suspect` asked for, on the loop: a model that fails on
         the very inputs it answered at load is at fault, whatever its clients sent: its
         breaker opens (the breaker is for that model: it is shed, and the router sends its
-        requests to a healthy version or variant). One that answers them is cleared for
-        `open_s`: the failures were its clients'."""
+        requests to a healthy version or variant). One that answers them stays as it was: its
+        samples clear no real request's failure (see the NOTE below)."""
         now = self._clock.now_ns()
         instance = result.instance
         self._ended(instance, now)
@@ -1375,7 +1414,10 @@ class ModelScheduler:
         if result.skipped:
             pass
         elif outputs and not isinstance(outputs[0], DuetimeError):
-            self._answered_ns = now
+            # NOTE: the samples answered, but that clears no request's failure (`_answered_ns`
+            # is for real requests' answers): a canary failing every real request passed its
+            # samples, and kept its A/B share
+            pass
         else:
             breaker = self._breakers[instance]
             was_closed = breaker.state is BreakerState.CLOSED
