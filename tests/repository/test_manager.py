@@ -941,6 +941,29 @@ def test_a_tight_due_time_goes_to_the_cheaper_variant(tmp_path: Path) -> None:
     run(tmp_path, scenario)
 
 
+@pytest.mark.parametrize("timeout", [None, 1.0])
+def test_a_request_the_primarys_full_queue_has_no_room_for_goes_to_the_variant(
+    tmp_path: Path, timeout: float | None
+) -> None:
+    """Probe: 12 clients sending no timeout to a 7 ms model with max_queue_size = 2 got 5,860
+    429 'queue full' and no answer from its idle 0.05 ms variant."""
+    write_version(tmp_path, "m", 1, heavy_model(1))
+    write_version(tmp_path, "m", 1, scale_model(2), name="model.small.onnx")
+    variant = '[[variants]]\nname = "small"\nfile = "model.small.onnx"\n'
+    config(tmp_path, "m", "[scheduling]\nmax_queue_size = 1\n" + variant)
+
+    async def scenario(engine: Engine) -> None:
+        # (submitted in one turn of the loop: the first runs, the second waits, and no answer
+        # can free the primary's queue before the third comes)
+        tickets = [
+            engine.submit(engine._request("m", inputs(), None, timeout, 0, None)) for _ in range(3)
+        ]
+        await asyncio.gather(*(t.future for t in tickets))
+        assert [t.response().variant for t in tickets] == ["default", "default", "small"]
+
+    run(tmp_path, scenario)
+
+
 def test_while_the_cheaper_variant_turns_requests_away_the_primary_takes_none(
     tmp_path: Path,
 ) -> None:

@@ -136,9 +136,8 @@ class Router:
         if len(version.variants) > 1 and not primary.model.validator.overrides(prepared):
             if due is not None:
                 deployment = _cascade(version.variants, now, due, prepared.rows, request.priority)
-            elif not primary.scheduler.available(now):
-                working = (d for d in version.variants if d.scheduler.available(now))
-                deployment = next(working, primary)
+            else:
+                deployment = _undue(version.variants, now, request.priority)
         return Routed(served, version, deployment, prepared, due)
 
     def _failover(self, served: ServedModel, broken: ServedVersion, now: int) -> ServedVersion:
@@ -193,6 +192,21 @@ def _cascade(
             return candidate
         candidate.scheduler.refresh_if_stale(now)  # (passed over on its predictions)
     return variants[-1]
+
+
+def _undue(variants: tuple[Deployment, ...], now: int, priority: int) -> Deployment:
+    """For a request with no due time: the best variant with a working instance and room in
+    its queue; else the best working one, else the primary (whose scheduler then refuses,
+    saying why).
+
+    NOTE: a full queue on the primary sent the request back 429 while a cheaper variant sat
+    idle: 12 closed-loop clients on a 7 ms model (max_queue_size = 2) with a 0.05 ms variant
+    got 5,860 refusals and no answer from the variant."""
+    for candidate in variants:
+        if candidate.scheduler.available(now) and candidate.scheduler.has_room(priority):
+            return candidate
+    working = (d for d in variants if d.scheduler.available(now))
+    return next(working, variants[0])
 
 
 def _working(version: ServedVersion, now: int) -> bool:

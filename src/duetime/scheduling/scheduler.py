@@ -508,6 +508,11 @@ class ModelScheduler:
             return False  # its batch would make a request another scheduler admitted late
         return finish + self._kept_for(rows) <= due_ns
 
+    def has_room(self, priority: int) -> bool:
+        """Whether a request of `priority` would find room in the queue now (the router asks
+        before sending a request with no due time to a variant); pure, changes nothing."""
+        return not self._queue.full(self._level(priority))
+
     def _level(self, priority: int) -> int:
         """The queue level of a request's `priority`: the default for 0, and (as Triton's) for
         one beyond the model's `priority_levels` where it sets them."""
