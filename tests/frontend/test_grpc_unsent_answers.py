@@ -27,6 +27,7 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from duetime.config import ServerSettings
 from duetime.engine import Engine, Ticket
+from duetime.errors import DeadlineExceeded
 from duetime.frontend import codec
 from duetime.frontend.grpc import ANSWER_COPIES, AnswerBudget, InferenceService
 
@@ -96,6 +97,55 @@ def test_a_call_cancelled_while_it_waits_takes_nothing() -> None:
             await waiter
         first.release()
         assert budget.held == 0
+
+    asyncio.run(body())
+
+
+def test_a_call_waits_for_room_no_longer_than_until_it_is_due() -> None:
+    """The wait had no end but the client's: a call with a 100 ms `timeout` parameter waited
+    for room until its client's gRPC deadline (5 s; 100 s with a 100 s one)."""
+
+    async def body() -> None:
+        budget = AnswerBudget(limit=100 * C, unknown=80, small=10)
+        first = budget.hold("m")
+        await first.taken()
+        due = asyncio.ensure_future(budget.hold("m").taken(0.05))
+        behind = budget.hold("m")
+        behind._estimate = 15  # (fits beside the first, but waits behind the one due)
+        after = asyncio.ensure_future(behind.taken())
+        await asyncio.sleep(0)
+        assert (due.done(), after.done()) == (False, False)
+        with pytest.raises(DeadlineExceeded) as refused:
+            await asyncio.wait_for(due, 2)
+        assert "--max-unsent-answer-bytes" in refused.value.message
+        assert refused.value.message.startswith("Request timeout expired: model 'm'")
+        await asyncio.sleep(0)
+        assert after.done()  # (let in once the one ahead left the line)
+        assert (budget.held, len(budget._waiting)) == (95 * C, 0)
+        with pytest.raises(DeadlineExceeded):  # (already due: refused at once)
+            await budget.hold("m").taken(0.0)
+        first.release()
+        behind.release()
+        assert budget.held == 0
+
+    asyncio.run(body())
+
+
+def test_a_call_cancelled_in_line_lets_those_behind_it_in() -> None:
+    """A cancelled call's future is cancelled at once and leaves the line only when its task
+    runs on: an answer sent in between made the budget let it in (InvalidStateError)."""
+
+    async def body() -> None:
+        budget = AnswerBudget(limit=100 * C, unknown=80, small=10)
+        first = budget.hold("m")
+        await first.taken()
+        waiter = asyncio.ensure_future(budget.hold("m").taken())
+        await asyncio.sleep(0)
+        waiter.cancel()  # (its future is cancelled now; the task runs on at the next turn)
+        first.release()  # (before the task runs on)
+        with pytest.raises(asyncio.CancelledError):
+            await waiter
+        assert (budget.held, len(budget._waiting)) == (0, 0)
 
     asyncio.run(body())
 
@@ -203,6 +253,87 @@ def test_a_stream_whose_client_reads_nothing_runs_no_more_than_the_limit_holds(
         assert all(not r.error_message for r in received)
         answers.cancel()
     until(lambda: budget.held == 0, "gave back what the stream held")
+
+
+def tile_request(timeout_us: int = 0, rows: int = ROWS) -> Any:
+    """A request for `rows` rows of tile's answer (400 KB each), due `timeout_us` from now."""
+    request = service_pb2.ModelInferRequest(model_name="tile")
+    request.inputs.add(name="x", datatype="FP32", shape=[rows, 4])
+    request.raw_input_contents.append(np.ones((rows, 4), np.float32).tobytes())
+    if timeout_us:
+        request.parameters["timeout"].int64_param = timeout_us
+    return request
+
+
+@pytest.fixture
+def unread(tight: RunningServer) -> Iterator[AnswerBudget]:
+    """`tight`'s answer budget, full: a stream whose client reads nothing has a request
+    waiting for room until the test ends."""
+    budget: AnswerBudget = tight.server._grpc_service.answers
+    options = [("grpc.max_receive_message_length", -1)]
+    with grpc.insecure_channel(tight.grpc, options=options) as channel:
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        done = threading.Event()
+
+        def requests() -> Iterator[Any]:
+            for _ in range(4):
+                yield tile_request()
+            done.wait(30)
+
+        answers = stub.ModelStreamInfer(requests(), timeout=60)
+        until(lambda: len(budget._waiting) == 1, "a request waited for room")
+        yield budget
+        done.set()
+        answers.cancel()
+    until(lambda: budget.held == 0, "gave back what the stream held")
+
+
+def test_a_call_waiting_for_room_is_refused_at_its_due_time(
+    tight: RunningServer, unread: AnswerBudget
+) -> None:
+    """It waited, undecoded, until its client's gRPC deadline (generic 'Deadline Exceeded'
+    from the client's core), though due 100 ms after it was sent."""
+    with grpc.insecure_channel(tight.grpc) as channel:
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        started = time.monotonic()
+        with pytest.raises(grpc.RpcError) as caught:
+            stub.ModelInfer(tile_request(timeout_us=100_000), timeout=4)
+        took = time.monotonic() - started
+    assert caught.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    details = str(caught.value.details())
+    assert details.startswith("Request timeout expired: model 'tile'"), details
+    assert "--max-unsent-answer-bytes" in details
+    assert 0.09 <= took < 1.5
+    assert len(unread._waiting) == 1  # (the stream's, still waiting)
+
+
+def test_a_streamed_request_waiting_for_room_is_refused_at_its_due_time(
+    tight: RunningServer, unread: AnswerBudget
+) -> None:
+    options = [("grpc.max_receive_message_length", -1)]
+    with grpc.insecure_channel(tight.grpc, options=options) as channel:
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        started = time.monotonic()
+        answers = stub.ModelStreamInfer(iter([tile_request(timeout_us=100_000)]), timeout=4)
+        first = next(answers)
+        took = time.monotonic() - started
+    assert first.error_message.startswith("Request timeout expired: model 'tile'")
+    assert "--max-unsent-answer-bytes" in first.error_message
+    assert took < 1.5
+
+
+def test_a_call_waiting_for_room_without_a_due_time_ends_at_its_grpc_deadline(
+    tight: RunningServer, unread: AnswerBudget
+) -> None:
+    with grpc.insecure_channel(tight.grpc) as channel:
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        started = time.monotonic()
+        with pytest.raises(grpc.RpcError) as caught:
+            stub.ModelInfer(tile_request(), timeout=0.5)
+        took = time.monotonic() - started
+    assert caught.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    assert took < 1.5
+    until(lambda: len(unread._waiting) == 1, "the call left the line")
 
 
 def test_an_answer_over_the_message_limit_is_refused_before_it_is_copied(

@@ -17,7 +17,9 @@ from duetime.config import ServerSettings, url_host
 from duetime.datatypes import NUMPY_OF, v2_datatype_of
 from duetime.engine import Engine, Ticket, settled
 from duetime.errors import (
+    TIMEOUT_EXPIRED,
     ConfigError,
+    DeadlineExceeded,
     DuetimeError,
     InternalError,
     InvalidInput,
@@ -91,8 +93,9 @@ class AnswerBudget:
     connection whose flow-control window stayed shut, grew the server by 1.6 GB). So a call
     holds, before its request is decoded, what its model's answers weigh (the largest it made
     so far; before any, `unknown`: the most an answer may weigh), from then until its answer is
-    sent; one that would go over `limit` waits, in order, until others are sent. Models whose
-    answers are `small` bytes or less are not counted.
+    sent; one that would go over `limit` waits, in order, until others are sent, or until its
+    due time, when it is refused (see `AnswerHold.taken`). Models whose answers are `small`
+    bytes or less are not counted.
 
     NOTE: before a model's first answer, `guess` (what its load-time samples made, at its
     largest batch) stands in for `unknown`: with 64 MiB feared for every call, 5 calls filled
@@ -117,7 +120,7 @@ class AnswerBudget:
         self.held = 0
         self._sizes: dict[str, int] = {}
         """Model name -> the largest answer it made."""
-        self._waiting: deque[tuple[int, asyncio.Future[None]]] = deque()
+        self._waiting: deque[tuple[int, asyncio.Future[bool]]] = deque()
 
     @classmethod
     def of(
@@ -141,30 +144,59 @@ class AnswerBudget:
                 self._sizes.clear()
             self._sizes[model] = size
 
-    async def take(self, size: int) -> None:
+    async def take(self, size: int, within_s: float | None = None) -> bool:
         """Hold `size` more bytes once they fit (nothing else held, or within `limit`), after
-        the calls that waited first."""
+        the calls that waited first; False (nothing held) where they did not fit within
+        `within_s` seconds (None: no limit)."""
         if not self._waiting and (self.held == 0 or self.held + size <= self.limit):
             self.held += size
-            return
-        entry = (size, asyncio.get_running_loop().create_future())
+            return True
+        if within_s is not None and within_s <= 0:
+            return False
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[bool] = loop.create_future()
+        entry = (size, future)
         self._waiting.append(entry)
+        timer = None if within_s is None else loop.call_later(within_s, self._expire, entry)
         try:
-            await entry[1]
+            return await entry[1]
         except asyncio.CancelledError:
             if entry[1].cancelled():
-                self._waiting.remove(entry)
-            else:  # (let in, then cancelled before it ran on)
+                if entry in self._waiting:  # (else `_let_in` dropped it)
+                    self._waiting.remove(entry)
+                self._let_in()  # (those behind it may fit)
+            elif entry[1].result():  # (let in, then cancelled before it ran on)
                 self.give(size)
             raise
+        finally:
+            if timer is not None:
+                timer.cancel()
+
+    def _expire(self, entry: tuple[int, asyncio.Future[bool]]) -> None:
+        """`entry` waited as long as it may: out of the line, not let in."""
+        if not entry[1].done():
+            self._waiting.remove(entry)
+            entry[1].set_result(False)
+            self._let_in()
 
     def give(self, size: int) -> None:
         self.held -= size
+        self._let_in()
+
+    def _let_in(self) -> None:
+        """Let in, in order, the calls waiting that fit now.
+
+        NOTE: a call cancelled while it waits has its future cancelled at once, and leaves the
+        line only when its task runs on: one here may be cancelled (set, it raised)."""
         waiting = self._waiting
-        while waiting and (self.held == 0 or self.held + waiting[0][0] <= self.limit):
-            size, future = waiting.popleft()
-            self.held += size
-            future.set_result(None)
+        while waiting:
+            size, future = waiting[0]
+            if not future.done():
+                if self.held and self.held + size > self.limit:
+                    return
+                self.held += size
+                future.set_result(True)
+            waiting.popleft()
 
     def resize(self, old: int, new: int) -> None:
         if new > old:
@@ -190,11 +222,24 @@ class AnswerHold:
         self._estimate = estimate
         self.size = 0
 
-    async def taken(self) -> None:
-        """Hold the model's estimate, once it fits, if big."""
-        if self._estimate > self._budget.small:
+    async def taken(self, within_s: float | None = None) -> None:
+        """Hold the model's estimate, once it fits, if big; DeadlineExceeded where it did not
+        fit within `within_s` seconds (the time to the request's due time; None: none).
+
+        NOTE: the wait had no end but the client's: with 200 MiB of answers unread by three
+        streams, a call with a 100 ms `timeout` parameter waited 5 s, until its client's gRPC
+        deadline (100 s with a 100 s one), neither answered nor refused."""
+        budget = self._budget
+        if self._estimate > budget.small:
             held = self._estimate * ANSWER_COPIES
-            await self._budget.take(held)
+            if not await budget.take(held, within_s):
+                raise DeadlineExceeded(
+                    f"{TIMEOUT_EXPIRED}: model '{self._model}': the request was due before its "
+                    f"answer had room: answers not yet read by their clients fill the "
+                    f"{budget.limit} bytes the server holds for them (server setting "
+                    "max_unsent_answer_bytes, --max-unsent-answer-bytes); retry with a later "
+                    "due time, or once clients read their answers"
+                )
             self.size = held
 
     def made(self, size: int) -> None:
@@ -435,8 +480,9 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         hold = self.answers.hold(request.model_name)
         context.add_done_callback(hold.release)
         try:
-            await hold.taken()
-            submitted = self._submit(request, context, timing, shed=False)
+            received, due = self._dated(request, context)
+            await hold.taken(self._within(due))
+            submitted = self._submit(request, context, received, due, timing, shed=False)
             ticket = submitted.ticket
             response = await self._response(submitted, request.id, hold)
         except DuetimeError as exc:
@@ -502,11 +548,12 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
             try:
                 async for request in requests:
                     hold = self.answers.hold(request.model_name)
-                    await hold.taken()
                     timing = RequestTiming(clock.now_ns()) if self._tracing is not None else None
                     try:
+                        received, due = self._dated(request, context, new_call=False)
+                        await hold.taken(self._within(due))
                         submitted: _Submitted | DuetimeError = self._submit(
-                            request, context, timing, protocol="grpc-stream"
+                            request, context, received, due, timing, protocol=STREAM
                         )
                     except DuetimeError as exc:
                         submitted = exc.with_traceback(None)  # see Ticket.failure
@@ -610,23 +657,37 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         _refuse(context, shedder.refusal())
         return True
 
+    def _dated(self, request: Any, context: Any, new_call: bool = True) -> tuple[int, int | None]:
+        """When the request was received (now) and when it is due (see `_due`), before it
+        waits for room for its answer (`AnswerHold.taken`): the wait counts against its due
+        time, as gRPC's deadline does.
+
+        NOTE: its due time counts from here, and a capture stamps its arrival here, as HTTP's:
+        the capture's `due_in_ns` was short by the decoding, and each replay's due time shrank."""
+        received = self._engine.clock.now_ns()
+        parameters, kinds = _parameters_and_kinds(request.parameters)
+        check_grpc_parameters(kinds)
+        return received, self._due(parameters, context, received, new_call)
+
+    def _within(self, due: int | None) -> float | None:
+        """Seconds left until `due` (None: no due time)."""
+        return None if due is None else (due - self._engine.clock.now_ns()) / 1e9
+
     def _submit(
         self,
         request: Any,
         context: Any,
+        received: int,
+        due: int | None,
         timing: RequestTiming | None = None,
         protocol: str = "grpc",
         shed: bool = True,
     ) -> _Submitted:
-        """The request handed to the engine; `shed`: offered to the load shedder first (a
-        ModelInfer call was, by `ended`)."""
+        """The request, `received` and `due` then (`_dated`), handed to the engine; `shed`:
+        offered to the load shedder first (a ModelInfer call was, by `ended`)."""
         if shed and self._shedder is not None:
             self._shedder.check()
-        # (its due time counts from here, and a capture stamps its arrival here, as HTTP's: the
-        # capture's `due_in_ns` was short by the decoding, and each replay's due time shrank)
-        received = self._engine.clock.now_ns()
-        parameters, kinds = _parameters_and_kinds(request.parameters)
-        check_grpc_parameters(kinds)
+        parameters = _parameters(request.parameters)
         expected = self._signatures.expected(request.model_name, request.model_version or None)
         if expected is not None:
             expected.outputs(len(request.outputs))
@@ -640,7 +701,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
             outputs=requested.names,
             classes=requested.classes,
             id=request.id,
-            due_ns=self._due(parameters, context, received, protocol == "grpc"),
+            due_ns=due,
             arrival_ns=received,
             priority=priority_of(parameters),
             parameters=parameters,
