@@ -19,7 +19,6 @@ from grpc._cython import cygrpc
 
 from duetime.config import ServerSettings
 from duetime.frontend.grpc import _guarded, _method_handlers
-from duetime.frontend.grpcbacklog import CoreBacklog
 from duetime.frontend.proto import grpc_service_pb2 as pb
 
 pytestmark = pytest.mark.timeout(120)
@@ -67,7 +66,7 @@ def served_model_infer(service: Any, request: Any, context: Any) -> Any:
     """A ModelInfer call as the server takes it: its bytes through the handler serve_grpc
     registers (the client's departure is checked there, before decoding)."""
     handler = _method_handlers(service)["inference.GRPCInferenceService"]["ModelInfer"]
-    guarded = _guarded(handler, CoreBacklog(), service.ended)
+    guarded = _guarded(handler, service.ended)
     return guarded.unary_unary(request.SerializeToString(), context)
 
 

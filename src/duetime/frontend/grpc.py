@@ -1117,11 +1117,11 @@ def _method_handlers(service: InferenceService) -> dict[str, dict[str, Any]]:
     return capture.handlers
 
 
-def _guarded(handler: Any, backlog: CoreBacklog, ended: Callable[[Any], bool] | None = None) -> Any:
-    """`handler`, with bytes that are not its request message answered INVALID_ARGUMENT, its
-    calls counted in `backlog` while they run, (where `ended` is given) each call first
-    offered to `ended`, which may end it before its request is decoded (True: it did), and a
-    call its handler ends with `_abort` ended with the status it set.
+def _guarded(handler: Any, ended: Callable[[Any], bool] | None = None) -> Any:
+    """`handler`, with bytes that are not its request message answered INVALID_ARGUMENT, (where
+    `ended` is given) each call first offered to `ended`, which may end it before its request
+    is decoded (True: it did), and a call its handler ends with `_abort` ended with the status
+    it set. (Its calls are counted in the server's `CoreBacklog` by `CountingServer`.)
 
     NOTE: grpcio answers a request its deserializer cannot decode with UNKNOWN ("Unexpected
     <class 'DecodeError'>") and logs a traceback for each: a client sending garbage filled the
@@ -1143,8 +1143,6 @@ def _guarded(handler: Any, backlog: CoreBacklog, ended: Callable[[Any], bool] | 
         call = handler.unary_unary
 
         async def unary(request: Any, context: Any) -> Any:
-            backlog.taken()
-            context.add_done_callback(backlog.released)
             if type(request) is bytes:
                 if ended is not None and ended(context):
                     return _NO_ANSWER
@@ -1168,8 +1166,6 @@ def _guarded(handler: Any, backlog: CoreBacklog, ended: Callable[[Any], bool] | 
                     return
                 yield request
 
-        backlog.taken()
-        context.add_done_callback(backlog.released)
         try:
             async for response in streamed(messages(), context):
                 yield response
@@ -1244,14 +1240,14 @@ async def serve_grpc(service: InferenceService, settings: ServerSettings) -> tup
     servers_before = server_ids()
     server = grpc.aio.server(options=server_options(settings))
     backlog = CoreBacklog(core_counts_reader(servers_before, server_ids()))
+    counting = CountingServer(server, backlog)
     for name, handlers in _method_handlers(service).items():
         guarded = {
-            method: _guarded(handler, backlog, service.ended if method == "ModelInfer" else None)
+            method: _guarded(handler, service.ended if method == "ModelInfer" else None)
             for method, handler in handlers.items()
         }
-        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(name, guarded),))
-        server.add_registered_method_handlers(name, guarded)
-    add_health_and_reflection(CountingServer(server, backlog), service.serving)
+        counting.add_registered_method_handlers(name, guarded)
+    add_health_and_reflection(counting, service.serving)
     address = f"{url_host(settings.host)}:{settings.grpc_port}"
     try:
         port = server.add_insecure_port(address)
