@@ -1416,14 +1416,11 @@ class ModelScheduler:
         instance = result.instance
         self._ended(instance, now)
         outputs = result.outputs
-        if result.skipped:
-            pass
-        elif outputs and not isinstance(outputs[0], DuetimeError):
-            # NOTE: the samples answered, but that clears no request's failure (`_answered_ns`
-            # is for real requests' answers): a canary failing every real request passed its
-            # samples, and kept its A/B share
-            pass
-        else:
+        # NOTE: samples that answered clear no request's failure (`_answered_ns` is for real
+        # requests' answers): a canary failing every real request passed its samples, and kept
+        # its A/B share
+        failed = not outputs or isinstance(outputs[0], DuetimeError)
+        if not result.skipped and failed:
             breaker = self._breakers[instance]
             was_closed = breaker.state is BreakerState.CLOSED
             if breaker.trip(now):
