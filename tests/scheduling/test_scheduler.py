@@ -1044,6 +1044,7 @@ def test_aclose_refuses_new_requests_and_lets_queued_ones_finish() -> None:
         await asyncio.sleep(0)  # a checkpoint: aclose starts and waits for the queue to drain
         with pytest.raises(ModelUnavailable, match="shutting down"):
             h.submit("refused")
+        assert h.scheduler.statistics().unavailable == 1, "a refusal at shutdown counts"
         h.executor.complete(0)
         assert h.started() == ["running", "queued"]
         assert not closing.done()

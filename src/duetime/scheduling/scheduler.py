@@ -430,6 +430,9 @@ class ModelScheduler:
         has started. `on_done`, if given, is called on the loop as soon as the future settles.
         """
         if self._closed:
+            # NOTE: counted as those failed in the queue at the close: uncounted, the requests
+            # a draining model refused moved no statistic and no metric
+            self._unavailable += 1
             raise ModelUnavailable(
                 f"model {self._label} is shutting down; retry on another replica"
             )
