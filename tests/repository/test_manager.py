@@ -367,6 +367,39 @@ def test_a_broken_version_never_replaces_a_working_one(tmp_path: Path) -> None:
     run(tmp_path, scenario, control_mode="explicit", startup_models=("*",))
 
 
+def test_a_version_serving_on_for_a_broken_new_one_is_reloaded_when_its_files_change(
+    tmp_path: Path,
+) -> None:
+    """Version 1, serving on while a broken version 2 did not load, kept its old weights for
+    good after its file changed (polls checked only the versions the policy selects), and the
+    index said nothing of why a version out of the policy still served."""
+    write_version(tmp_path, "m", 1, scale_model(1))
+
+    async def scenario(engine: Engine) -> None:
+        manager = engine.manager
+        assert manager is not None
+        write_version(tmp_path, "m", 2, b"not an onnx model")
+        await manager.poll()
+        assert await factor_of(engine) == 1.0
+        state, reason = states(engine)["1"]
+        assert state == "READY"
+        assert "not selected by version_policy, served on while the load of version 2" in reason
+        write_version(tmp_path, "m", 1, scale_model(5))
+        await manager.poll()
+        assert await factor_of(engine) == 5.0
+        assert states(engine)["1"] == ("READY", reason)
+        write_version(tmp_path, "m", 1, b"\x08\x01garbage")  # (broken: the one serving stays)
+        await manager.poll()
+        assert await factor_of(engine) == 5.0
+        assert "previous one still serves" in states(engine)["1"][1]
+        write_version(tmp_path, "m", 2, scale_model(2))  # fixed: replaces version 1
+        await manager.poll()
+        assert await factor_of(engine) == 2.0
+        assert states(engine)["2"] == ("READY", "")
+
+    run(tmp_path, scenario, control_mode="poll", poll_s=3600)
+
+
 def test_a_broken_rewrite_of_a_served_version_keeps_the_old_one(tmp_path: Path) -> None:
     path = write_version(tmp_path, "m", 1, scale_model(1))
 

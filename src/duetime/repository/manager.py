@@ -701,8 +701,20 @@ class ModelManager:
             failures = 0
             """Of the problems, versions that cannot load (the others are still being written)."""
             troubled: set[str] = set()
-            for number in wanted:
+            # NOTE: only the versions the policy selected were checked: version 1, serving
+            # on while a broken version 2 did not load, kept its old weights for good after
+            # its model.onnx changed (a poll every 0.5 s: 1 * x answered, 3 s after the
+            # file had become 5 * x), and the index said nothing of why 1 still served
+            stand_ins = sorted(
+                (int(v) for v in served if int(v) not in wanted and int(v) in source.versions),
+                reverse=True,
+            )
+            """Served versions the policy no longer selects, on disk: they serve on while one it
+            selects does not (see below), so their files are checked as the selected ones' are."""
+            for number in [*wanted, *stand_ins]:
                 version = str(number)
+                if number not in wanted and (explicit or not troubled):
+                    break  # (what the policy selects all serves: the others are retired below)
                 old = served.get(version)
                 print_ = (
                     await self._settled(source, number, config, explicit)
@@ -762,9 +774,10 @@ class ModelManager:
                 self._fingerprints[(name, version)] = print_
             self._bytes[name] = _model_bytes(source, [int(v) for v in chosen], config)
             for version in chosen.keys() - troubled:  # (a failure an earlier load noted is past)
-                self._states[name][version] = VersionState(
-                    "READY", self._degraded.get((name, version), "")
-                )
+                notes = [self._degraded.get((name, version), "")]
+                if int(version) not in wanted:
+                    notes.insert(0, _standing_in(troubled & {str(v) for v in wanted}))
+                self._states[name][version] = VersionState("READY", "; ".join(filter(None, notes)))
             for old in retired:
                 if old.version in chosen:
                     self._retire(name, old, "replaced by a new load")
@@ -1241,6 +1254,18 @@ def _unserved(table: Mapping[str, float] | None, field: str, served: Iterable[in
     return (
         f"[traffic] {field} names version(s) {', '.join(missing)}, not served (version_policy "
         f"serves {', '.join(str(v) for v in sorted(served))}): they get no requests."
+    )
+
+
+def _standing_in(selected: Iterable[str]) -> str:
+    """What the index says of a version served on although the version policy no longer
+    selects it, while the load of the `selected` versions, which it does select, has not
+    succeeded."""
+    numbers = sorted(selected, key=int)
+    which = f"version {numbers[0]}" if len(numbers) == 1 else f"versions {', '.join(numbers)}"
+    return (
+        f"not selected by version_policy, served on while the load of {which}, which it "
+        f"selects, has not succeeded (see {'its' if len(numbers) == 1 else 'their'} state)"
     )
 
 
