@@ -1069,6 +1069,56 @@ def test_a_variant_whose_file_is_missing_is_warned_of_by_name(
     assert "model.int8_static.onnx" in message  # (the files it does hold)
 
 
+def test_a_load_adding_a_variant_whose_file_is_missing_serves_without_it(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A load request adding a variant whose file was missing failed (400) saying 'version 1
+    serves without it', and the version served on as before; the same config at a first load
+    served without the variant. Now such a load succeeds as a first load does: served without
+    it, with a warning, the index saying so. Taking away a variant served now still fails the
+    load, saying that the version serves on with it."""
+    path = write_version(tmp_path, "m", 1, scale_model(1))
+    fast = path.with_name("model.fast.onnx")
+    with_fast = ModelConfig.model_validate(
+        {"variants": [{"name": "fast", "file": "model.fast.onnx"}]}
+    )
+
+    def variants(engine: Engine) -> list[str]:
+        return [d.variant for d in engine.registry.snapshot.models["m"].versions["1"].variants]
+
+    async def scenario(engine: Engine) -> None:
+        with caplog.at_level(logging.WARNING, logger="duetime.manager"):
+            await engine.load_model("m", config=with_fast)
+        assert variants(engine) == ["default"]
+        assert await factor_of(engine) == 1.0
+        (state, reason) = states(engine)["1"]
+        assert state == "READY"
+        assert reason.startswith(f"variant 'fast': no file model.fast.onnx in {path.parent}")
+        assert reason.endswith("; version 1 serves without it")
+        (warned,) = [r for r in caplog.records if "'fast'" in r.getMessage()]
+        assert warned.levelno == logging.WARNING
+        assert warned.getMessage() == f"model m version 1: {reason}"
+        write_version(tmp_path, "m", 1, scale_model(2), name=fast.name)
+        await engine.load_model("m", config=with_fast)  # (the file is there now: served with)
+        served = engine.registry.snapshot.models["m"].versions["1"]
+        assert variants(engine) == ["default", "fast"]
+        assert states(engine)["1"] == ("READY", "")
+        fast.unlink()
+        with pytest.raises(InvalidInput) as failed:
+            await engine.load_model("m", config=with_fast)
+        message = failed.value.message
+        assert "variant 'fast': no file model.fast.onnx" in message
+        assert "version 1 serves with this variant now, and is not replaced" in message
+        assert "serves without it" not in message
+        assert engine.registry.snapshot.models["m"].versions["1"] is served
+        (state, reason) = states(engine)["1"]
+        assert state == "READY"
+        assert "previous one still serves" in reason
+        assert "serves without it" not in reason
+
+    run(tmp_path, scenario, control_mode="explicit", startup_models=("m",))
+
+
 def test_a_broken_variant_file_never_replaces_a_working_version(tmp_path: Path) -> None:
     """A new file that breaks a variant would take the cheaper answers away from tight due
     times: the version served with it stays, as a version that fails to load does."""

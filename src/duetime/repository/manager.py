@@ -874,16 +874,25 @@ class ModelManager:
         self._states[source.name][key] = VersionState("LOADING")
         started = time.perf_counter()
         keep = previous is not None and previous.state == "READY"
+        current = self._registry.snapshot.models.get(source.name)
+        served = current.versions.get(key) if current is not None else None
+        serving = {d.variant for d in served.variants} if served is not None else set()
+        """The variants the version serves with now (none: a first load)."""
         try:
             loaded, broken = await asyncio.get_running_loop().run_in_executor(
                 self._loader, _load_with_variants, source, version, config
             )
-            if broken and keep:
-                # NOTE: a working version (with its variants) is not swapped for one with fewer:
+            lost = [why for variant, why in broken.items() if keep and variant in serving]
+            if lost:
+                # NOTE: a working version is not swapped for one without a variant it serves:
                 # a broken variant file would take cheaper answers away from tight due times
                 for _, model in loaded:
                     model.executor.close()
-                raise ConfigError("; ".join(broken))
+                it, these = ("it", "this variant") if len(lost) == 1 else ("them", "these variants")
+                raise ConfigError(
+                    f"{'; '.join(lost)} (version {version} serves with {these} now, and is "
+                    f"not replaced by a load without {it})"
+                )
         except Exception as exc:  # (a ConfigError, or a fault of duetime's: either way, this
             # version only: the other models and versions load on)
             if isinstance(exc, ConfigError):
@@ -900,8 +909,15 @@ class ModelManager:
         self._load_s[source.name] = time.perf_counter() - started
         variants = tuple(self._deploy(model, variant, background) for variant, model in loaded)
         log.info("model %s version %d ready (%d variants)", source.name, version, len(variants))
-        if broken:  # (a first load serves what loaded; the index says what did not)
-            self._degraded[(source.name, key)] = "; ".join(broken)
+        if broken:  # (a variant it never served: it serves without; the index says so)
+            # NOTE: a load adding a variant whose file was missing answered 400 'version 1
+            # serves without it' and the version served on as before, without it; the same
+            # config served (200) at a first load, and the README's word is that a version
+            # without the file serves without the variant, with a warning
+            without = f"version {version} serves without {'it' if len(broken) == 1 else 'them'}"
+            said = f"{'; '.join(broken.values())}; {without}"
+            log.warning("model %s version %d: %s", source.name, version, said)
+            self._degraded[(source.name, key)] = said
         else:
             self._degraded.pop((source.name, key), None)
         return ServedVersion(key, variants)
@@ -1286,18 +1302,17 @@ def _shadowing_itself(traffic: TrafficConfig, served: list[int]) -> str:
 
 def _load_with_variants(
     source: ModelSource, version: int, config: ModelConfig
-) -> tuple[list[tuple[str, LoadedModel]], list[str]]:
-    """The primary model of `version` and each variant file present beside it, and why each
-    variant whose file is there did not load; blocking."""
+) -> tuple[list[tuple[str, LoadedModel]], dict[str, str]]:
+    """The primary model of `version` and each variant that loads beside it, and why each
+    other variant did not (by name: its file is missing, or will not load); blocking. What
+    comes of the variants that did not load is the caller's to say (and log)."""
     primary = load_version(source, version, config)
     loaded = [(PRIMARY, primary)]
-    broken: list[str] = []
+    broken: dict[str, str] = {}
     folder = source.versions[version].parent
     for variant in config.variants:
         if not (folder / variant.file).is_file():
-            missing = _missing_variant(variant.name, variant.file, folder, version)
-            log.warning("%s", missing)
-            broken.append(missing)  # (the index said nothing of it, only the log did)
+            broken[variant.name] = _missing_variant(variant.name, variant.file, folder)
             continue
         try:
             model = load_version(
@@ -1305,21 +1320,20 @@ def _load_with_variants(
                 profile_budget_s=VARIANT_PROFILE_BUDGET_S,
             )  # fmt: skip
         except ConfigError as exc:
-            log.error("variant %s of %s not loaded: %s", variant.name, folder, exc.message)
-            broken.append(f"variant '{variant.name}' not loaded: {exc.message}")
+            broken[variant.name] = f"variant '{variant.name}' not loaded: {exc.message}"
             continue
         loaded.append((variant.name, model))
     return loaded, broken
 
 
-def _missing_variant(name: str, file: str, folder: Path, version: int) -> str:
+def _missing_variant(name: str, file: str, folder: Path) -> str:
     try:
         others = sorted(p.name for p in folder.iterdir() if p.suffix == ".onnx")
     except OSError:
         others = []
     return (
-        f"variant '{name}': no file {file} in {folder}; version {version} serves without it "
-        f"(model files there: {', '.join(others) or 'none'})"
+        f"variant '{name}': no file {file} in {folder} (model files there: "
+        f"{', '.join(others) or 'none'})"
     )
 
 
