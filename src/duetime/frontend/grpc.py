@@ -38,6 +38,7 @@ from duetime.frontend.parameters import (
     OutputSetting,
     check_grpc_parameters,
     check_output_again,
+    check_parameter_count,
     due_from_timeout_us,
     priority_of,
 )
@@ -665,6 +666,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         NOTE: its due time counts from here, and a capture stamps its arrival here, as HTTP's:
         the capture's `due_in_ns` was short by the decoding, and each replay's due time shrank."""
         received = self._engine.clock.now_ns()
+        check_parameter_count(len(request.parameters), "request")
         parameters, kinds = _parameters_and_kinds(request.parameters)
         check_grpc_parameters(kinds)
         return received, self._due(parameters, context, received, new_call)
@@ -799,6 +801,7 @@ def decode_inputs(
         if not tensor.name:
             raise InvalidInput(f"inputs[{index}]: 'name' must be a non-empty string")
         where = f"input '{tensor.name}'"
+        check_parameter_count(len(tensor.parameters), where)
         if tensor.name in arrays:
             raise InvalidInput(f"{where} appears more than once")
         datatype = codec.check_datatype(tensor.datatype, where)
@@ -878,6 +881,7 @@ def requested_outputs(request: Any, expected: codec.Expected | None = None) -> R
         count: int | None = None
         window: sharedmemory.Window | None = None
         if output.parameters:
+            check_parameter_count(len(output.parameters), f"output '{name}'")
             parameters = _parameters(output.parameters)
             if classification.PARAMETER in parameters:
                 value = parameters[classification.PARAMETER]

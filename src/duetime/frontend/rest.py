@@ -44,6 +44,7 @@ from duetime.frontend.parameters import (
     OutputSetting,
     check_http_parameters,
     check_output_again,
+    check_parameter_count,
     due_from_timeout_us,
     priority_of,
 )
@@ -1005,7 +1006,7 @@ def parse_infer_request(
         expected.outputs(len(doc["outputs"]))
     if strict:
         _check_parameter_types(doc)
-    parameters = _parameters(doc.get("parameters"), "request 'parameters'")
+    parameters = _inference_parameters(doc.get("parameters"), "request")
     if any(_rounded(value) for value in parameters.values()):
         parameters = _exact_parameters(json_part, parameters)
     if sharedmemory.REGION in parameters:
@@ -1098,6 +1099,14 @@ def _parameters(value: Any, where: str) -> dict[str, Any]:
     return value
 
 
+def _inference_parameters(value: Any, where: str) -> dict[str, Any]:
+    """The parameters of an inference request, or of one of its inputs or outputs (`where`:
+    whose), within MAX_PARAMETERS (see `check_parameter_count`)."""
+    parameters = _parameters(value, f"{where} 'parameters'")
+    check_parameter_count(len(parameters), where)
+    return parameters
+
+
 EXACT_REREAD_BYTES = 64 << 10
 """JSON this small is read again when a request parameter needs it (see `_exact_parameters`)."""
 
@@ -1136,6 +1145,8 @@ def _check_parameter_types(doc: dict[str, Any]) -> None:
 
 
 def _check_scalars(parameters: Any, where: str) -> None:
+    if isinstance(parameters, dict):
+        check_parameter_count(len(parameters), where)  # (before the loop below)
     for key, value in parameters.items() if isinstance(parameters, dict) else ():
         if value is None or isinstance(value, dict | list):
             kind = "null" if value is None else "an object" if isinstance(value, dict) else "a list"
@@ -1177,7 +1188,7 @@ def _inputs(
         shape = codec.parse_shape(item.get("shape"), where)
         if expected is not None:
             expected.input(name, datatype, shape)
-        parameters = _parameters(item.get("parameters"), f"{where} 'parameters'")
+        parameters = _inference_parameters(item.get("parameters"), where)
         window = sharedmemory.window_of(parameters, where)
         if window is not None:
             if "data" in item or "binary_data_size" in parameters:
@@ -1253,7 +1264,7 @@ def _outputs(
             raise InvalidInput(f"outputs[{index}]: 'name' must be a non-empty string")
         if expected is not None:
             expected.output(name)
-        params = _parameters(item.get("parameters"), f"output '{name}' 'parameters'")
+        params = _inference_parameters(item.get("parameters"), f"output '{name}'")
         count = None
         if classification.PARAMETER in params:
             count = classification.class_count(params[classification.PARAMETER], name)
