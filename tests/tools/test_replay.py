@@ -318,6 +318,25 @@ def test_cli_replay_exits_3_on_differences_and_writes_json(
     assert sum(doc["timeline"]["sent"]) == 10
 
 
+def test_compare_outputs_fails_when_recorded_answers_are_not_answered_again(
+    scale_server: RunningServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # answered (and recorded) by a model the target does not serve: every replay is a 404,
+    # nothing is compared, and that is a failed comparison, not a pass
+    records = changed_traffic()[:3]
+    for record in records:
+        record.model = "gone"
+    capture = write(tmp_path / "in.cap", records)
+    argv = ["replay", str(capture), "--target", f"http://{scale_server.http}",
+            "--compare-outputs", "--json", str(tmp_path / "out.json"), "-q"]  # fmt: skip
+    assert cli_main(argv) == 3
+    printed = capsys.readouterr().out
+    assert "0 compared, 0 differ" in printed
+    assert "outputs: FAILED (3 of 3 recorded answers not answered 200)" in printed
+    compare = json.loads((tmp_path / "out.json").read_text())["compare"]
+    assert (compare["recorded"], compare["compared"], compare["not_answered"]) == (3, 0, 3)
+
+
 def test_unknown_model_counts_errors_by_status(scale_server: RunningServer, tmp_path: Path) -> None:
     records = [captured(i, i * MS, inputs(i), model="nosuch") for i in range(3)]
     doc = run_replay(config(write(tmp_path / "in.cap", records), scale_server.http)).to_json()

@@ -48,6 +48,7 @@ from duetime.tools.replay_results import (
     Mismatch,
     ReplayResult,
     Tally,
+    compare_failed,
     result_of,
 )
 from duetime.tools.replay_transports import GrpcReplayTransport, ReplayTransport
@@ -378,7 +379,7 @@ def config_from_args(args: argparse.Namespace) -> ReplayConfig:
 
 def run(args: argparse.Namespace) -> int:
     """`duetime replay`: 2 for bad flags or capture, 1 if the target fails, 3 when outputs
-    differ (with --compare-outputs)."""
+    differ, are unreadable, or a recorded answer was not answered 200 (with --compare-outputs)."""
     try:
         config = config_from_args(args)
         check_output(args.json, "--json")
@@ -426,7 +427,7 @@ def run(args: argparse.Namespace) -> int:
         return 1
     if doc["interrupted"]:
         return EXIT_CODE
-    return 3 if doc["compare"]["mismatched"] or doc["compare"]["undecodable"] else 0
+    return 3 if compare_failed(doc["compare"]) else 0
 
 
 __all__ = ["Plan", "ReplayConfig", "ReplayResult", "add_arguments", "load_plan", "replay_async",

@@ -75,6 +75,7 @@ def result_of(
 ) -> ReplayResult:  # fmt: skip
     recorded = replay.recorder.finish()
     tally = replay.tally
+    recorded_sent = recorded_answers_sent(replay.plan.recorded, replay.next)
     p50, p99, p999 = _signed_percentiles(replay.late_sends, replay.early_sends, [50, 99, 99.9])
     sent = replay.next
     late_max = replay.late_sends.get_max_value() if replay.late_sends.get_total_count() else 0
@@ -110,10 +111,11 @@ def result_of(
             "enabled": config.compare_outputs,
             "rtol": config.rtol,
             "atol": config.atol,
-            "recorded": recorded_answers_sent(replay.plan.recorded, sent),
+            "recorded": recorded_sent,
             "compared": tally.compared,
             "mismatched": tally.mismatched,
             "undecodable": tally.undecodable,
+            "not_answered": max(recorded_sent - tally.compared - tally.undecodable, 0),
             "first_mismatches": [
                 {
                     "index": m.index,
@@ -187,6 +189,7 @@ def format_result(doc: dict[str, Any]) -> str:
             f"{m['output']!r}: {m['problem']}"
             for m in compare["first_mismatches"]
         ]
+        lines += _verdict(compare)
     lines += [f"error: {message}" for message in doc["error_messages"]]
     if doc.get("interrupted"):
         lines.append(
@@ -197,8 +200,34 @@ def format_result(doc: dict[str, Any]) -> str:
 
 
 def _not_compared(compare: dict[str, Any]) -> str:
-    missed = compare["recorded"] - compare["compared"] - compare["undecodable"]
+    missed = compare["not_answered"]
     return f", {missed:,} recorded answers not answered 200 this time" if missed > 0 else ""
+
+
+def compare_failed(compare: dict[str, Any]) -> bool:
+    """Whether `--compare-outputs` failed: an answer differs or is unreadable, or a request
+    recorded as answered (200) was not answered 200 this time.
+
+    NOTE: the last once passed: a changed model that refused every request (400: a new input
+    shape; 404: gone) replayed as "0 compared, 0 differ" and exit 0."""
+    return bool(compare["mismatched"] or compare["undecodable"] or compare["not_answered"])
+
+
+def _verdict(compare: dict[str, Any]) -> list[str]:
+    """The line saying the comparison failed, and why (none when it passed)."""
+    if not compare_failed(compare):
+        return []
+    why = []
+    if compare["mismatched"]:
+        why.append(f"{compare['mismatched']:,} answers differ")
+    if compare["undecodable"]:
+        why.append(f"{compare['undecodable']:,} unreadable")
+    if compare["not_answered"]:
+        why.append(
+            f"{compare['not_answered']:,} of {compare['recorded']:,} recorded answers not "
+            "answered 200"
+        )
+    return [f"outputs: FAILED ({'; '.join(why)})"]
 
 
 def _us(value: Any) -> str:
