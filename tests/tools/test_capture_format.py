@@ -257,7 +257,7 @@ def test_corrupt_http_body_names_the_record(
     path = write_encoded(
         tmp_path / "bad.cap", http_record(good_body, header), http_record(body, header_length)
     )
-    with CaptureReader(path) as reader:
+    with CaptureReader(path, strict=True) as reader:
         second = reader.header.size + len(b"".join(http_record(good_body, header)))
         records = iter(reader)
         assert next(records).model == "mlp"
@@ -314,7 +314,7 @@ def test_raw_http_flag_in_a_version_1_file_is_a_bad_field(tmp_path: Path) -> Non
     data = path.read_bytes()
     path.write_bytes(data[:8] + struct.pack("<H", 1) + data[10:])  # claims format 1
     with pytest.raises(CaptureFormatError, match=r"record 0 .*bad field: unknown flags 0x7"):
-        list(read_capture(path))
+        list(read_capture(path, strict=True))
 
 
 # -- damaged files -------------------------------------------------------------------------------
@@ -398,7 +398,37 @@ def test_bad_field_with_a_valid_crc(tmp_path: Path) -> None:
     struct.pack_into("<H", body, 34, 0x8000)  # an unknown flag
     path.write_bytes(data[:second] + struct.pack("<II", len(body), zlib.crc32(body)) + body)
     with pytest.raises(CaptureFormatError, match=r"record 1 .*bad field: unknown flags 0x8000"):
-        list(read_capture(path))
+        list(read_capture(path, strict=True))
+
+
+def test_a_record_that_does_not_decode_is_skipped_with_a_warning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A record whose CRC32 matches but which does not decode (here an HTTP body the parser
+    refuses, between two good records) is skipped, named in a warning and counted: the others
+    still read, and `duetime capture show` summarises them (exit 0). A tester's capture with one
+    request from shared memory was refused whole by every reader."""
+    good_body, header = http_body({"x": SENT["x"]}, binary=True)
+    good = http_record(good_body, header)
+    path = write_encoded(tmp_path / "bad.cap", good, http_record(b'{"inputs": [', None), good)
+    second = (
+        len(path.read_bytes())
+        - len(b"".join(good))
+        - len(b"".join(http_record(b'{"inputs": [', None)))
+    )
+    with caplog.at_level("WARNING", logger="duetime.capture"), CaptureReader(path) as reader:
+        assert [r.model for r in reader] == ["mlp", "mlp"]
+        assert (reader.skipped, reader.count) == (1, 3)
+        assert reader.first_skipped is not None
+        assert (reader.first_skipped.index, reader.first_skipped.offset) == (1, second)
+    assert f"record 1 at byte offset {second}: bad field: the HTTP body does not decode" in (
+        caplog.text
+    )
+    assert len(list(read_capture(path))) == 2
+    assert main(["capture", "show", str(path)]) == 0
+    shown = capsys.readouterr().out
+    assert "requests: 2 over" in shown
+    assert "warning: 1 records skipped (they do not decode); the first: " in shown
 
 
 def test_implausible_length(tmp_path: Path) -> None:
@@ -432,7 +462,7 @@ def test_malformed_meta_is_a_bad_field(
     )  # fmt: skip
     path.write_bytes(data[:second] + struct.pack("<II", len(body), zlib.crc32(body)) + body)
     with pytest.raises(CaptureFormatError, match=rf"record 1 .*bad field: {message}"):
-        list(read_capture(path))
+        list(read_capture(path, strict=True))
 
 
 # -- JSON Lines ----------------------------------------------------------------------------------

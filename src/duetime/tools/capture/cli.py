@@ -70,6 +70,12 @@ def show(path: Path, head: int, out: TextIO) -> int:
             summary.add(record)
         for line in summary.lines():
             print(line, file=out)
+        if reader.skipped:
+            print(
+                f"warning: {reader.skipped} records skipped (they do not decode); the first: "
+                f"{reader.first_skipped}",
+                file=out,
+            )
         if reader.truncated is not None:
             print(f"warning: {reader.truncated}", file=out)
             return 1

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -24,6 +25,11 @@ from duetime.tools.capture.format import (
     decode_record,
 )
 
+log = logging.getLogger("duetime.capture")
+
+SKIPS_LOGGED = 10
+"""Records skipped (see CaptureReader) that are each logged; past that, one line says so."""
+
 
 @dataclass(frozen=True, slots=True)
 class CaptureHeader:
@@ -44,18 +50,29 @@ class CaptureReader:
     """Reads a capture file: `header` at once, then records by iterating (once).
 
     Every record's length and CRC32 are checked; a problem raises CaptureFormatError naming the
-    record's index and byte offset. A file that ends inside a record (a capture still being
-    written, or a crashed writer's) raises CaptureTruncated, unless `allow_truncated`: then
-    iteration ends there and `truncated` holds the error. `offset` is where the records read so
-    far end, so a reader following a live capture can reopen and `skip_to` it later.
+    record's index and byte offset: past a bad length or CRC32 nothing can be trusted. A record
+    whose CRC32 matches but which does not decode (an unknown flag, a malformed field, an HTTP
+    body the parser refuses) is skipped with a warning naming it, and counted in `skipped`
+    (`first_skipped` says why): its length prefix, checked with it, says where the next one
+    starts, and one such record (a writer's bug) must not make the others unreadable; `strict`
+    raises CaptureFormatError for it instead. A file that ends inside a record (a capture still
+    being written, or a crashed writer's) raises CaptureTruncated, unless `allow_truncated`:
+    then iteration ends there and `truncated` holds the error. `offset` is where the records
+    read so far end, so a reader following a live capture can reopen and `skip_to` it later.
     """
 
-    def __init__(self, path: str | Path, *, allow_truncated: bool = False) -> None:
+    def __init__(
+        self, path: str | Path, *, allow_truncated: bool = False, strict: bool = False
+    ) -> None:
         self.path = Path(path)
         self.allow_truncated = allow_truncated
+        self.strict = strict
         self.truncated: CaptureTruncated | None = None
+        self.skipped = 0
+        """Records skipped because they do not decode (never with `strict`)."""
+        self.first_skipped: CaptureFormatError | None = None
         self.count = 0
-        """Records read so far."""
+        """Records read so far, skipped ones included (the index of the next)."""
         self._file: BinaryIO = self.path.open("rb")
         try:
             self.header = self._read_header()
@@ -139,9 +156,23 @@ class CaptureReader:
             try:
                 record = decode_record(body, version)
             except BadField as exc:
-                raise self._error(f"bad field: {exc}", index, offset) from None
+                error = self._error(f"bad field: {exc}", index, offset)
+                if self.strict:
+                    raise error from None
+                self._skip(error)
+                self.count, self.offset = index + 1, offset + RECORD_PREFIX.size + length
+                continue
             self.count, self.offset = index + 1, offset + RECORD_PREFIX.size + length
             yield record
+
+    def _skip(self, error: CaptureFormatError) -> None:
+        self.skipped += 1
+        if self.first_skipped is None:
+            self.first_skipped = error
+        if self.skipped <= SKIPS_LOGGED:
+            log.warning("capture record skipped: %s", error)
+        if self.skipped == SKIPS_LOGGED:
+            log.warning("%s: further records skipped are counted, not logged", self.path)
 
     def _cut(self, index: int, offset: int, problem: str) -> None:
         """The file ends inside record `index`: raise, or note it and end iteration."""
@@ -163,7 +194,10 @@ class CaptureReader:
         self.close()
 
 
-def read_capture(path: str | Path, *, allow_truncated: bool = False) -> Iterator[CapturedRequest]:
-    """The records of the capture at `path`, in file order (see CaptureReader for the errors)."""
-    with CaptureReader(path, allow_truncated=allow_truncated) as reader:
+def read_capture(
+    path: str | Path, *, allow_truncated: bool = False, strict: bool = False
+) -> Iterator[CapturedRequest]:
+    """The records of the capture at `path`, in file order (see CaptureReader for the errors
+    and the records skipped)."""
+    with CaptureReader(path, allow_truncated=allow_truncated, strict=strict) as reader:
         yield from reader

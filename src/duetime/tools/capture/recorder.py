@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from duetime.clock import Clock, MonotonicClock
 from duetime.errors import DuetimeError
+from duetime.frontend.sharedmemory import REGION
 from duetime.observability.tracing import parse_traceparent
 from duetime.tools.capture.format import encode_http_record, encode_record, tensors_of
 from duetime.tools.capture.writer import CaptureWriter
@@ -310,7 +311,7 @@ class Recorder:
         due_in = None if due is None else due - arrival
         wire = request.wire
         # NOTE: positional: this runs for every captured request (see encode_record).
-        if wire is not None:
+        if wire is not None and _holds_its_data(*wire):
             return encode_http_record(
                 arrival - self._start_ns, request.model, request.version, wire[0], wire[1],
                 due_in, request.priority, headers, trace_id, status, error, done - arrival,
@@ -322,6 +323,26 @@ class Recorder:
             due_in, request.priority, headers, trace_id, status, error, done - arrival,
             answered, variant, outputs,
         )  # fmt: skip
+
+
+_REGION_KEY = REGION.encode()
+
+
+def _holds_its_data(body: bytes, header_length: int | None) -> bool:
+    """Whether a v2 REST body holds its request whole, so that it can be kept as it came: not
+    when an input's data or an output's destination is in shared memory (the body names only
+    the region, and a capture reader has no regions: it could not decode the body).
+
+    NOTE: a tester's capture with one such request was refused whole by every reader ("the
+    HTTP body does not decode: shared memory is not available here"). The JSON names a region
+    only with the key `shared_memory_region`, spelt out or with `\\u` escapes (no other JSON
+    escape makes any of its characters), so a JSON part with neither holds no region; one with
+    either (a string that merely contains them, say) is written field by field, which always
+    reads. A search of the JSON part, no parse: this thread shares the GIL with the loop."""
+    end = len(body) if header_length is None else header_length
+    if type(body) is not bytes:  # (a body read in place is a memoryview: no `find`)
+        body = bytes(memoryview(body)[:end])
+    return body.find(_REGION_KEY, 0, end) < 0 and body.find(b"\\u", 0, end) < 0
 
 
 def _failure(exc: BaseException) -> tuple[int, str]:
