@@ -39,6 +39,11 @@ _OWN_GRPC_METADATA = DROPPED_HEADERS | _FRAMING_HEADERS | {
     "grpc-encoding", "grpc-accept-encoding",
 }  # fmt: skip
 """Metadata gRPC sets itself (or refuses from an application)."""
+_INT64_MIN, _INT64_MAX, _UINT64_MAX = -(1 << 63), (1 << 63) - 1, (1 << 64) - 1
+
+
+class Unsendable(ValueError):
+    """A captured value the replay's protocol cannot carry; `load_plan` names the record."""
 
 
 def due_timeout_us(record: CapturedRequest) -> int | None:
@@ -111,7 +116,10 @@ def http_request(record: CapturedRequest, host: str, port: int) -> bytes:
             {"name": name, "parameters": {"binary_data": True}} for name in record.outputs_wanted
         ]
     doc["parameters"] = parameters
-    head = orjson.dumps(doc, default=str)
+    try:
+        head = orjson.dumps(doc, default=str)
+    except orjson.JSONEncodeError as exc:  # an integer past 64 bits: orjson writes none
+        raise Unsendable(_unencodable(parameters, exc)) from None
     body = b"".join([head, *(t.data for t in record.inputs)])
     model = quote(record.model, safe="")
     path = f"/v2/models/{model}/infer"
@@ -126,6 +134,14 @@ def http_request(record: CapturedRequest, host: str, port: int) -> bytes:
     ]
     lines += [f"{k}: {v}" for k, v in _headers(record.headers, _OWN_HTTP_HEADERS)]
     return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
+
+
+def _unencodable(parameters: Mapping[str, Any], exc: Exception) -> str:
+    """What keeps the request's JSON from encoding, naming the parameter where one is to blame."""
+    for key, value in parameters.items():
+        if isinstance(value, int) and not _INT64_MIN <= value <= _UINT64_MAX:
+            return f"parameter '{key}': {value} is outside the int64 and uint64 JSON is sent with"
+    return f"the request does not encode as JSON: {exc}"
 
 
 def _headers(headers: Mapping[str, str], skip: frozenset[str]) -> list[tuple[str, str]]:
@@ -188,18 +204,31 @@ def grpc_request(record: CapturedRequest) -> GrpcRequest:
     for name in record.outputs_wanted or ():
         request.outputs.add(name=name)
     for key, value in request_parameters(record).items():
-        _set_parameter(request.parameters[key], value)
+        _set_parameter(request.parameters[key], key, value)
     timeout = due_timeout_us(record)
     deadline = None if timeout is None else timeout / 1e6 + GRPC_DEADLINE_MARGIN_S
     metadata = tuple(_headers(record.headers, _OWN_GRPC_METADATA))
     return GrpcRequest(request.SerializeToString(), metadata, deadline)
 
 
-def _set_parameter(parameter: Any, value: Any) -> None:
+def _set_parameter(parameter: Any, key: str, value: Any) -> None:
+    """`value` in the InferParameter field of its type: an integer in `int64_param`, or in
+    `uint64_param` past int64 (the v2 priority is a uint64: tritonclient sends it there);
+    Unsendable for one neither holds.
+
+    NOTE: every integer once went to `int64_param`: a captured priority of 2**64 - 1 raised
+    ValueError there and the replay died with a traceback before sending anything."""
     if isinstance(value, bool):
         parameter.bool_param = value
     elif isinstance(value, int):
-        parameter.int64_param = value
+        if _INT64_MIN <= value <= _INT64_MAX:
+            parameter.int64_param = value
+        elif 0 <= value <= _UINT64_MAX:
+            parameter.uint64_param = value
+        else:
+            raise Unsendable(
+                f"parameter '{key}': {value} is outside the int64 and uint64 a gRPC parameter holds"
+            )
     elif isinstance(value, float):
         parameter.double_param = value
     else:

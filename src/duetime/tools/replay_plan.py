@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -12,7 +13,7 @@ from duetime.errors import ConfigError
 from duetime.tools.capture.format import CapturedRequest, CapturedTensor
 from duetime.tools.capture.reader import CaptureReader
 from duetime.tools.config import MAX_HTTP_CONNECTIONS, MAX_SECONDS
-from duetime.tools.replay_payloads import due_timeout_us, grpc_request, http_request
+from duetime.tools.replay_payloads import Unsendable, due_timeout_us, grpc_request, http_request
 
 ReplayProtocol = Literal["http", "grpc"]
 Timer = Literal["thread", "loop"]
@@ -110,16 +111,18 @@ def load_plan(config: ReplayConfig) -> Plan:
         records = list(reader)
     if not records:
         raise ConfigError(f"{config.capture}: the capture holds no requests")
-    records.sort(key=lambda r: r.arrival_ns)  # a server writes them as they end
+    # a server writes them as they end; `order[k]`: the file index of the k-th to send
+    order = sorted(range(len(records)), key=lambda i: records[i].arrival_ns)
+    records = [records[i] for i in order]
     first = records[0].arrival_ns
     offsets = [round((r.arrival_ns - first) / config.speed) for r in records]
     last = offsets[-1]
     # back to back: the next loop starts one mean gap after the last request
     span = last + (last // (len(records) - 1) if len(records) > 1 else 1_000_000)
     if protocol == "grpc":
-        payloads: list[Any] = [grpc_request(r) for r in records]
+        payloads = _encoded(config, records, order, grpc_request)
     else:
-        payloads = [http_request(r, host, port) for r in records]
+        payloads = _encoded(config, records, order, lambda r: http_request(r, host, port))
     keep = config.compare_outputs
     if keep and not any(r.outputs is not None and r.status == 200 for r in records):
         # NOTE: refused, not run: "0 compared, 0 differ" and exit 0 read as a pass
@@ -133,6 +136,27 @@ def load_plan(config: ReplayConfig) -> Plan:
         request_ids=[r.request_id for r in records],
         recorded=[r.outputs if keep and r.status == 200 else None for r in records],
     )  # fmt: skip
+
+
+def _encoded(
+    config: ReplayConfig,
+    records: list[CapturedRequest],
+    order: list[int],
+    encode: Callable[[CapturedRequest], Any],
+) -> list[Any]:
+    """Each record in wire form; ConfigError naming the record (its index in the file) and the
+    field for a value the protocol cannot carry."""
+    payloads = []
+    for k, record in enumerate(records):
+        try:
+            payloads.append(encode(record))
+        except Unsendable as exc:
+            protocol = config.address()[0]
+            raise ConfigError(
+                f"{config.capture}: record {order[k]} (id {record.request_id!r}) cannot be "
+                f"replayed over {protocol}: {exc}"
+            ) from None
+    return payloads
 
 
 def replay_due_ns(record: CapturedRequest) -> int | None:
