@@ -47,6 +47,7 @@ from duetime.repository.loader import LoadedModel, sample_inputs, sample_row_byt
 from duetime.repository.manager import IndexEntry, ModelManager, RepositoryOptions
 from duetime.repository.registry import PRIMARY, Deployment, Registry
 from duetime.routing.router import Router
+from duetime.scheduling.edf import QueuedRequest
 from duetime.scheduling.ledger import CoreLedger
 from duetime.scheduling.scheduler import ModelScheduler
 from duetime.types import InferRequest, InferResponse
@@ -64,6 +65,8 @@ class Ticket:
     version: str
     outputs: tuple[str, ...]
     variant: str = PRIMARY
+    """The variant that answers: the one its request was queued on, or a cheaper one that took
+    it over as its time ran out there (see `_hand_down`)."""
     future: asyncio.Future[Feeds] = field(init=False)
     on_done: Callable[[], None] | None = None
     """Called once the future settles (not on cancellation), a loop turn sooner than a future
@@ -363,6 +366,15 @@ class Engine:
             ticket.classes, ticket.batched = request.classes, signature.max_batch_size > 0
             ticket.labels = model.labels
         deployment = routed.deployment
+        variants = routed.version.variants
+        fallback = None
+        if (
+            len(variants) > 1
+            and routed.due_ns is not None
+            and deployment is not variants[-1]
+            and not routed.version.primary.model.validator.overrides(prepared)
+        ):  # (a variant may lack an optional input: see loader.load_version)
+            fallback = functools.partial(_hand_down, ticket, variants, request.priority)
         while True:
             try:
                 ticket.future = deployment.scheduler.submit_nowait(
@@ -373,6 +385,7 @@ class Engine:
                     priority=request.priority,
                     on_done=ticket._settled,
                     timing=request.timing,
+                    fallback=fallback,
                 )
                 break
             except Overloaded:
@@ -457,6 +470,7 @@ class Engine:
             if done.cancelled():
                 outer.cancel()
                 return
+            ticket.variant = inner.variant  # (a cheaper one may have taken it over meanwhile)
             error = done.exception()
             if error is not None:
                 outer.set_exception(error)
@@ -887,6 +901,25 @@ def _cheaper(variants: Sequence[Deployment], deployment: Deployment) -> Deployme
     """The variant after `deployment` in quality order (None: it is the cheapest)."""
     index = variants.index(deployment)
     return variants[index + 1] if index + 1 < len(variants) else None
+
+
+def _hand_down(
+    ticket: Ticket,
+    variants: tuple[Deployment, ...],
+    priority: int,
+    item: QueuedRequest,
+    now: int,
+) -> bool:
+    """`ticket`'s request (`item`), which the variant holding it (`ticket.variant`) can no
+    longer answer in time, taken over by the best cheaper variant that still can (its `fits`),
+    which then answers it; False if none can (it fails as it would have). The request's
+    `fallback`: see `_submit`."""
+    held = next(i for i, d in enumerate(variants) if d.variant == ticket.variant)
+    for deployment in variants[held + 1 :]:
+        if deployment.scheduler.take_over(item, priority, now):
+            ticket.variant = deployment.variant
+            return True
+    return False
 
 
 @atexit.register

@@ -5,6 +5,8 @@ bounded buffer driven directly."""
 from __future__ import annotations
 
 import asyncio
+import errno
+import os
 import queue
 import random
 import time
@@ -465,3 +467,66 @@ def test_http_request_from_shared_memory_is_recorded_with_its_data(tmp_path: Pat
     assert (second.parameters, second.outputs_wanted) == ({"timeout": 50_000}, ("y",))
     (tensor,) = second.inputs
     np.testing.assert_array_equal(tensor.array(), x)
+
+
+class FullDisk:
+    """A capture file on a disk with `room` bytes left: a write past it fails (ENOSPC) after
+    writing what fits, as a real one does."""
+
+    def __init__(self, file: Any, room: int) -> None:
+        self.file, self.room = file, room
+
+    def write(self, data: memoryview) -> int:
+        if not self.room:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        taken = min(len(data), self.room)
+        self.room -= taken
+        return int(self.file.write(data[:taken]))
+
+    def __getattr__(self, name: str) -> Any:  # truncate, seek, close, closed
+        return getattr(self.file, name)
+
+
+def test_a_write_error_stops_the_capture_not_the_server(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A tester's capture hit its file size limit: the writer thread died with a traceback,
+    nothing counted failed, the buffer filled and held every sample after, each counted as
+    dropped ('the writer fell behind'). Now the error is logged once, what was held and every
+    later sample count failed, nothing is buffered, and the file reads to its last whole record."""
+    path = tmp_path / "full.cap"
+    recorder = Recorder(path, buffer=8, flush_s=3600)  # the test writes (`_drain`), not the thread
+    submit = FakeSubmit()
+
+    async def settled(count: int, held: int = 0) -> None:
+        for _ in range(count):
+            ticket = recorder.record(request(), submit)
+            ticket.future.set_result({"y": np.ones(2, np.float32)})
+            ticket._settled()
+        for _ in range(held):
+            recorder.record(request(), submit)  # not settled yet: held
+
+    recorder.start()
+    writer = recorder._writer
+    assert writer is not None
+    asyncio.run(settled(1))
+    recorder._drain(writer)  # written whole
+    writer._file = FullDisk(writer._file, room=10)  # type: ignore[assignment]
+    asyncio.run(settled(3, held=1))
+    with caplog.at_level("WARNING", logger="duetime.capture"):
+        recorder._drain(writer)
+        stats = recorder.statistics()
+        assert (stats.written, stats.failed, stats.dropped, stats.buffered) == (1, 4, 0, 0)
+        assert stats.stopped == "writing it failed: No space left on device (errno 28)"
+        asyncio.run(settled(20))  # past the buffer's bound: refused, not held, not "dropped"
+        assert not recorder._buffer
+        stats = recorder.stop()
+    assert (stats.sampled, stats.written, stats.failed, stats.dropped) == (25, 1, 24, 0)
+    errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert errors == [
+        f"capture {path} stopped: writing it failed: No space left on device (errno 28); the "
+        "server serves on, recording nothing more (1 requests were written; the file ends at "
+        "the last whole one)"
+    ]
+    assert "writer fell behind" not in caplog.text
+    assert len(list(read_capture(path, strict=True))) == 1

@@ -90,6 +90,7 @@ def _variant_json(deployment: Deployment, stats: SchedulerStatistics) -> dict[st
         "instances": stats.instances,
         "rejected": stats.rejected,
         "probes": stats.probes,
+        "handed_over": stats.handed_over,
         "expired": stats.expired,
         "late": stats.late,
         "failed": stats.failed,

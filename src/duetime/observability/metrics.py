@@ -439,7 +439,8 @@ class CaptureCollector:
             "duetime_capture_records",
             "Sampled requests by what became of them. written: in the capture file; dropped: "
             "left out because the writer fell behind (the buffer was full); failed: could not "
-            "be encoded.",
+            "be encoded, or not written: a write error (disk full...) stops the capture, and "
+            "what it held and every sample after it count here.",
             labels=("outcome",),
         )
         for outcome, count in (

@@ -47,6 +47,10 @@ class QueuedRequest:
     without waiting a loop turn for the future's callbacks."""
     timing: Any = None
     """The request's `RequestTiming` while it is traced (None otherwise)."""
+    fallback: Callable[[QueuedRequest, int], bool] | None = None
+    """Offers the request, once its scheduler can no longer answer it in time, to a cheaper
+    variant of its model version that still can (True: one took it, with its future); given
+    with a due time, where the version has a cheaper variant its inputs suit (None: it fails)."""
 
     @property
     def due_or_never(self) -> int:

@@ -243,6 +243,10 @@ class SchedulerStatistics:
     committed: int = 0
     """Requests in batches handed to a busy instance, waiting behind its running batch (a
     lookahead batch): no longer queued, not started either."""
+    handed_over: int = 0
+    """Requests it admitted, then could no longer answer in time, that a cheaper variant of the
+    version took over (see `QueuedRequest.fallback`); each is counted in that variant's
+    outcomes, where it ran, and in none of these."""
 
 
 @dataclass(slots=True, eq=False)
@@ -401,6 +405,7 @@ class ModelScheduler:
         self._cancelled = self._executions = self._inferences = self._last_ms = 0
         self._request_compute_ns = self._fail_ns = self._queue_ns = 0
         self._request_input_ns = self._request_output_ns = 0
+        self._handed_over = 0
         self._full = self._unavailable = 0
         """Refused for a full queue, with a due time or without: none missed (see `outcomes`)."""
         self._impossible = 0
@@ -421,6 +426,7 @@ class ModelScheduler:
         priority: int,
         on_done: Callable[[], None] | None = None,
         timing: RequestTiming | None = None,
+        fallback: Callable[[QueuedRequest, int], bool] | None = None,
     ) -> asyncio.Future[Feeds]:
         """Admit and queue one validated request; its future resolves to the model's outputs.
 
@@ -428,6 +434,8 @@ class ModelScheduler:
         after its due time, `DeadlineExceeded` when its due time has already passed, and
         `ModelUnavailable` after `aclose`. Cancelling the future withdraws the request unless it
         has started. `on_done`, if given, is called on the loop as soon as the future settles.
+        `fallback` (EDF, a request with a due time): offered the request before it would fail
+        unrun as hopeless, to hand it over to a cheaper variant (`QueuedRequest.fallback`).
         """
         if self._closed:
             # NOTE: counted as those failed in the queue at the close: uncounted, the requests
@@ -460,6 +468,8 @@ class ModelScheduler:
         if timing is not None:
             timing.queued_ns = now
             item.timing = timing
+        if fallback is not None and due_ns is not None and self._edf:
+            item.fallback = fallback
         if not len(queue) and self._max_delay_ns == 0 and not self._inline:
             instance = self._idle_instance(now)
             if instance is not None:
@@ -482,6 +492,33 @@ class ModelScheduler:
             self._dispatch()
         self._arm_sweeper()
         return future
+
+    def take_over(self, item: QueuedRequest, priority: int, now: int) -> bool:
+        """Queue `item`, a request another variant of this version admitted and can no longer
+        answer in time, if this one would admit it now (`fits`); False, changing nothing, if not.
+
+        It keeps its future (its client's answer comes from here), due time, arrival and
+        `fallback` (a cheaper variant still may take it from here); its statistics are this
+        scheduler's from now on, as a request it admitted (see `_expire`)."""
+        due = item.due_ns
+        if self._closed or due is None or not self.fits(now, due, item.rows, priority):
+            return False
+        queue = self._queue
+        item.key = queue.key_for(self._level(priority), due)
+        item.level = item.key[0]
+        queue.push(item)  # (`fits` found room)
+        self.last_arrival_ns = now
+        if len(queue) > self._peak:
+            self._peak = len(queue)
+        if self._depth > 1:
+            self._revoke_passed(now)
+        if self._inline:
+            self._kick()
+            return True
+        if self._has_slot():
+            self._dispatch()
+        self._arm_sweeper()
+        return True
 
     def _full_error(self, level: int) -> Overloaded:
         """The refusal of a request of `level` the queue had no room for, naming the bound."""
@@ -915,7 +952,8 @@ class ModelScheduler:
         committed behind a batch that overran heard its 504 when that batch ended, 100-400 ms
         after its due time. A batch its thread took (`_Running.taken`) runs: its requests are
         left alone. The thread may take it just as it is revoked here; then it runs, and the
-        requests failed here (each predicted to be late even started now) keep their 504."""
+        requests failed here (each predicted to be late even started now) keep their 504, and
+        those a cheaper variant took over here are answered there (`_settle_batch`)."""
         if not self._edf:
             return  # FIFO runs what it handed over, as Triton's batcher does
         for jobs in self._outstanding:
@@ -973,9 +1011,21 @@ class ModelScheduler:
         self._expire(hopeless, now)
 
     def _expire(self, hopeless: list[QueuedRequest], now: int) -> None:
+        """Fail `hopeless`, unrun, but those a cheaper variant of the version takes over (see
+        `QueuedRequest.fallback`): counted there, where they run, not here.
+
+        NOTE: a request admitted here with a tight due time that became hopeless as it waited
+        (a run ahead of it overran, or the model ran slower than predicted) failed 504 while a
+        cheaper variant sat idle that could still answer it: 0.5-3% of the requests at 40 req/s
+        (found by a tester). The router and admission choose a variant by `fits` as a request
+        arrives; this is the same choice made again as its time runs out."""
         if hopeless:
             self._refused_ns = now
         for item in hopeless:
+            fallback = item.fallback
+            if fallback is not None and fallback(item, now):
+                self._handed_over += 1
+                continue
             self._expired += 1
             self._fail_ns += now - item.arrival_ns
             if item.timing is not None:
@@ -1223,7 +1273,12 @@ class ModelScheduler:
         if result.skipped:  # its thread took it too late to run (see `_start_by`), or revoked
             if self._tripped:  # (a probe not run tells nothing: without this, never another)
                 self._breakers[instance].release()
-            live = [item for item in running.requests if not item.future.done()]
+            # (one swept unsettled was handed over to a cheaper variant: its answer comes there)
+            live = [
+                item
+                for item in running.requests
+                if not item.future.done() and not _among(item, running.swept)
+            ]
             for item in running.requests:
                 if item.future.done() and not _among(item, running.swept):
                     self._cancelled += 1
@@ -1251,9 +1306,12 @@ class ModelScheduler:
     def _settle_batch(self, running: _Running, result: BatchResult, now: int) -> None:
         answered = queued = 0
         queued_until = running.queued_until_ns
+        swept = running.swept
         for item, outputs in zip(running.requests, result.outputs, strict=True):
-            if item.future.done():  # (cancelled by its client while it ran)
-                if not _among(item, running.swept):  # (else failed unrun: counted so)
+            if item.future.done() or (swept and _among(item, swept)):
+                # (cancelled by its client while it ran; or, swept, failed unrun while its batch
+                # waited: counted so; or handed over to a cheaper variant then, which answers)
+                if not _among(item, swept):
                     self._cancelled += 1
                     self._fail_ns += now - item.arrival_ns
             elif isinstance(outputs, DuetimeError):
@@ -1592,6 +1650,7 @@ class ModelScheduler:
             answer_ns=int(self._answer_ns),
             # NOTE: list() copies each instance's batches before the loop can change them
             committed=sum(len(r.requests) for jobs in self._outstanding for r in list(jobs)[1:]),
+            handed_over=self._handed_over,
         )
 
     async def aclose(self, grace_s: float) -> None:

@@ -7,7 +7,9 @@ the request settles), and appends a small tuple (references to the request and i
 copies) to a bounded deque. The writer thread wakes every `flush_s` (or when stopped), writes
 the requests that have settled since (many records per `write`; an HTTP request as the body it
 came in, others field by field) and keeps the rest for its next turn. When the buffer is full a
-sample is dropped and counted: requests never wait.
+sample is dropped and counted: requests never wait. A write error (disk full, file size limit,
+I/O error) stops the capture, not the server: logged once, the buffer let go, every sample from
+then on counted failed.
 """
 
 from __future__ import annotations
@@ -60,10 +62,14 @@ class RecorderStatistics:
     dropped: int
     """Samples left out because the buffer was full (the writer could not keep up)."""
     failed: int
-    """Samples that could not be encoded (a value the format cannot hold; logged)."""
+    """Samples not recorded for an error: one that could not be encoded (a value the format
+    cannot hold; logged), and, once a write failed (the capture stopped, see `stopped`), those
+    that write held and every sample since."""
     buffered: int
     """Samples held: not yet settled, or settled and not yet written (they count against the
     buffer's bound)."""
+    stopped: str | None = None
+    """Why the capture stopped before `stop()`: the write error (None: it records)."""
 
 
 class Recorder:
@@ -118,11 +124,15 @@ class Recorder:
         self._thread: threading.Thread | None = None
         self._start_ns = 0
         self._warned = False
-        # Each counter is changed by one thread only: sampled/dropped on the loop, the others
-        # by whoever writes (the writer thread; the stopping thread once it has joined it).
-        # Requests held (buffered or pending) = sampled - dropped - written - failed.
+        self._broken: Exception | None = None
+        """The error that stopped the capture (set by the writer; then `_closed` too)."""
+        # Each counter is changed by one thread only: sampled/dropped/lost on the loop, the
+        # others by whoever writes (the writer thread; the stopping thread once it has joined
+        # it). Requests held (buffered or pending) = sampled - dropped - lost - written - failed.
         self._sampled = 0
         self._dropped = 0
+        self._lost = 0
+        """Samples refused because the capture had stopped at a write error."""
         self._written = 0
         self._failed = 0
 
@@ -149,12 +159,20 @@ class Recorder:
         if self._writer is not None:
             # What arrived or settled while the thread finished; the unsettled as unfinished.
             self._drain(self._writer, final=True)
-            self._writer.close()
+            try:
+                self._writer.close()
+            except OSError as exc:
+                self._stop_on(exc)
         stats = self.statistics()
         log.info(
             "capture %s closed: %d requests written, %d dropped (buffer full), %d failed",
             self.path, stats.written, stats.dropped, stats.failed,
         )  # fmt: skip
+        if stats.stopped is not None:
+            log.warning(
+                "capture %s stopped early (%s): %d sampled requests were not recorded",
+                self.path, stats.stopped, stats.failed,
+            )  # fmt: skip
         if stats.dropped:
             log.warning(
                 "capture %s: %d sampled requests were dropped because the writer fell behind; "
@@ -166,10 +184,12 @@ class Recorder:
     def statistics(self) -> RecorderStatistics:
         # The writer's counts first: read from another thread, the held count is never negative.
         written, failed = self._written, self._failed
-        sampled, dropped = self._sampled, self._dropped
+        sampled, dropped, failed = self._sampled, self._dropped, failed + self._lost
+        broken = self._broken
         return RecorderStatistics(
-            sampled, written, dropped, failed, sampled - written - dropped - failed
-        )
+            sampled, written, dropped, failed, sampled - written - dropped - failed,
+            None if broken is None else _reason(broken),
+        )  # fmt: skip
 
     # -- on the event loop ---------------------------------------------------------------------
 
@@ -198,10 +218,13 @@ class Recorder:
         return ticket
 
     def _push(self, item: _Item) -> None:
-        held = self._sampled - self._dropped - self._written - self._failed
+        held = self._sampled - self._dropped - self._lost - self._written - self._failed
         self._sampled += 1
         if self._closed or held >= self.capacity:
-            self._dropped += 1
+            if self._broken is None:
+                self._dropped += 1
+            else:
+                self._lost += 1
         else:
             self._buffer.append(item)
 
@@ -215,7 +238,11 @@ class Recorder:
             # request would make it contend with the event loop for the GIL at every request.
             self._wake.wait(self._flush_s)
             stopping = self._stopping
-            self._drain(writer)
+            try:
+                self._drain(writer)
+            except Exception as exc:  # (a bug: write errors are handled in `_write`)
+                log.exception("capture %s: the writer failed", self.path)
+                self._stop_on(exc)
             if stopping:
                 return
 
@@ -232,6 +259,9 @@ class Recorder:
         (settled by a path that does not call `_settled`) and a cancelled one (cancellation
         does not call it) get this thread's clock instead: a latency up to `flush_s` long.
         """
+        if self._broken is not None:
+            self._discard()
+            return
         now = self._now
         unstamped, self._unstamped = self._unstamped, []
         pending, self._pending = self._pending, []
@@ -261,25 +291,60 @@ class Recorder:
 
     def _write(self, writer: CaptureWriter, ready: list[tuple[_Item, int, str | None]]) -> None:
         chunks: list[bytes] = []
-        count = 0
-        for item, done, unfinished in ready:
-            try:
-                chunks += self._encode(item, done, unfinished)
-            except Exception as exc:
-                self._failed += 1
-                if not self._warned:
-                    self._warned = True
-                    log.warning("capture: a request could not be recorded: %r", exc)
-                continue
-            count += 1
-            if count == _BATCH:
+        count = settled = 0  # (settled: written, or failed to encode)
+        try:
+            for item, done, unfinished in ready:
+                try:
+                    chunks += self._encode(item, done, unfinished)
+                except Exception as exc:
+                    self._failed += 1
+                    settled += 1
+                    if not self._warned:
+                        self._warned = True
+                        log.warning("capture: a request could not be recorded: %r", exc)
+                    continue
+                count += 1
+                if count == _BATCH:
+                    writer.write_encoded(chunks, count)
+                    self._written += count
+                    settled += count
+                    chunks, count = [], 0
+            if count:
                 writer.write_encoded(chunks, count)
                 self._written += count
-                chunks, count = [], 0
-        if count:
-            writer.write_encoded(chunks, count)
-            self._written += count
-        writer.flush()
+                settled += count
+            writer.flush()
+        except OSError as exc:
+            self._failed += len(ready) - settled
+            self._stop_on(exc)
+
+    def _stop_on(self, exc: Exception) -> None:
+        """Stop the capture at `exc` (a write error): log it once, let go of what is held, and
+        refuse samples from now on (counted failed); the server is not affected.
+
+        NOTE: a tester's capture hit its file size limit (EFBIG): this thread died with an
+        uncaught traceback, nothing was counted failed, the buffer filled to --record-buffer
+        (holding every sample's tensors) and each later request was reported as dropped
+        because 'the writer fell behind'. Retrying would fail the same way (a full disk, a size
+        limit, a failing device) and write records out of order."""
+        if self._broken is not None:
+            return
+        self._broken = exc
+        self._closed = True
+        log.error(
+            "capture %s stopped: %s; the server serves on, recording nothing more "
+            "(%d requests were written; the file ends at the last whole one)",
+            self.path, _reason(exc), self._written,
+        )  # fmt: skip
+        self._discard()
+
+    def _discard(self) -> None:
+        """Let go of every sample held (the capture stopped), counting them failed."""
+        buffer = self._buffer
+        held = [buffer.popleft() for _ in range(len(buffer))]
+        held += self._pending + self._unstamped
+        self._pending, self._unstamped = [], []
+        self._failed += len(held)
 
     def _encode(self, item: _Item, done: int, unfinished: str | None) -> Sequence[bytes]:
         arrival, _, request, ticket, refusal, headers = item
@@ -343,6 +408,13 @@ def _holds_its_data(body: bytes, header_length: int | None) -> bool:
     if type(body) is not bytes:  # (a body read in place is a memoryview: no `find`)
         body = bytes(memoryview(body)[:end])
     return body.find(_REGION_KEY, 0, end) < 0 and body.find(b"\\u", 0, end) < 0
+
+
+def _reason(exc: Exception) -> str:
+    """A write error as words: 'writing it failed: File too large (errno 27)'."""
+    if isinstance(exc, OSError) and exc.strerror:
+        return f"writing it failed: {exc.strerror} (errno {exc.errno})"
+    return f"writing it failed: {type(exc).__name__}: {exc}"
 
 
 def _failure(exc: BaseException) -> tuple[int, str]:

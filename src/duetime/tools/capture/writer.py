@@ -24,7 +24,9 @@ class CaptureWriter:
     unless `overwrite` is True: a capture is never replaced by accident (one a recording server
     is still writing, say). Records are gathered up to FLUSH_BYTES: a
     reader sees them after that, `flush()` or `close()` (a file written by a process that died
-    may end inside a record: CaptureReader reports it).
+    may end inside a record: CaptureReader reports it). A write that fails (OSError: disk full,
+    file size limit, I/O error) raises, after cutting the file back to the end of the last
+    record written whole where it can, so that it still reads to there.
     Not thread-safe: one thread writes.
     """
 
@@ -42,6 +44,8 @@ class CaptureWriter:
         self._file = self.path.open("wb" if overwrite else "xb", buffering=0)
         self._pending: list[bytes] = []
         self._pending_bytes = 0
+        self._size = 0
+        """Bytes in the file: the end of the last record written whole."""
         header = {"created_by": f"duetime {__version__}", "meta": meta or {}}
         self._write_all(encode_file_head(self.start_wall_ns, header))
 
@@ -70,9 +74,23 @@ class CaptureWriter:
 
     def _write_all(self, data: bytes) -> None:
         view = memoryview(data)
-        while view:
-            written = self._file.write(view)
-            view = view[written or 0 :]
+        try:
+            while view:
+                written = self._file.write(view)
+                view = view[written or 0 :]
+        except OSError:
+            self._cut_back()
+            raise
+        self._size += len(data)
+
+    def _cut_back(self) -> None:
+        """Take off the part of a record a failed write left (a disk that filled in the middle
+        of a write), so that a reader reads the file to its last whole record, not to an error."""
+        try:
+            self._file.truncate(self._size)
+            self._file.seek(self._size)
+        except OSError:
+            pass  # (a device that cannot: the reader reports the record cut short)
 
     def close(self) -> None:
         if not self._file.closed:
