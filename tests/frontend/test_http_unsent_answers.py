@@ -15,9 +15,17 @@ whose client reads only when the test says so.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Coroutine
+import json
+import socket
+import time
+from collections.abc import Callable, Coroutine, Iterator
 from dataclasses import dataclass, field
 from typing import Any
+
+import numpy as np
+import pytest
+from conftest import RunningServer, start_server, stop_server
+from repo_models import wide_tile_model, write_version
 
 from duetime.clock import MonotonicClock
 from duetime.config import ServerSettings
@@ -57,6 +65,9 @@ class Api:
         ticket = Ticket(asyncio.get_running_loop().create_future())
         self.tickets.append(ticket)
         return PendingReply(ticket, lambda done: done.future.result())
+
+    def hold_back(self, method: str, target: bytes, headers: Any, body: bytes) -> None:
+        return None  # (handled whole once started)
 
     def encode(self, pending: PendingReply) -> Reply:
         return pending.encode(pending.ticket)  # type: ignore[no-any-return]
@@ -237,3 +248,123 @@ def test_a_client_that_leaves_gives_back_what_its_answers_held() -> None:
         fresh.connection_lost(None)
 
     run(body)
+
+
+# -- a real server, its clients reading nothing ----------------------------------------------------
+
+
+def tile_request(rows: int, timeout_us: int = 0) -> bytes:
+    """A binary request for `rows` rows of tile's answer (400 KB each, binary), due `timeout_us`
+    after it arrives (0: no due time)."""
+    x = np.ones((rows, 4), np.float32).tobytes()
+    doc: dict[str, Any] = {
+        "inputs": [{"name": "x", "datatype": "FP32", "shape": [rows, 4],
+                    "parameters": {"binary_data_size": len(x)}}],
+        "outputs": [{"name": "y", "parameters": {"binary_data": True}}],
+    }  # fmt: skip
+    if timeout_us:
+        doc["parameters"] = {"timeout": timeout_us}
+    head = json.dumps(doc).encode()
+    return (
+        b"POST /v2/models/tile/infer HTTP/1.1\r\nHost: x\r\n"
+        b"Inference-Header-Content-Length: %d\r\nContent-Length: %d\r\n\r\n%s%s"
+        % (len(head), len(head) + len(x), head, x)
+    )
+
+
+@pytest.fixture(scope="module")
+def tight(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    """A server of tile whose big answers not yet read are bounded to 1 MiB."""
+    repo = tmp_path_factory.mktemp("unsent-http")
+    write_version(repo, "tile", 1, wide_tile_model())
+    (repo / "tile" / "config.toml").write_text("[breaker]\nslow_min_us = 60000000\n")
+    settings = ServerSettings(
+        model_repository=repo, http_port=0, grpc_port=0, max_unsent_answer_bytes=1 * MiB
+    )
+    running, thread = start_server(settings)
+    yield running
+    stop_server(running, thread)
+
+
+def connected(server: RunningServer, unread: bool = False) -> socket.socket:
+    """A client connection; `unread`: one whose client reads little and late (a small receive
+    buffer, so the server's answers stay with the server)."""
+    sock = socket.socket()
+    if unread:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    host, port = server.http.rsplit(":", 1)
+    sock.connect((host, int(port)))
+    sock.settimeout(10)
+    return sock
+
+
+def answers(sock: socket.socket, count: int) -> list[tuple[int, bytes]]:
+    """The status and body of the next `count` answers on `sock`."""
+    stream = sock.makefile("rb")
+    got = []
+    for _ in range(count):
+        status = int(stream.readline().split()[1])
+        length = 0
+        while (line := stream.readline()) != b"\r\n":
+            name, _, value = line.partition(b":")
+            if name.lower() == b"content-length":
+                length = int(value)
+        got.append((status, stream.read(length)))
+    return got
+
+
+def tile_statistics(server: RunningServer) -> Any:
+    models = server.server.engine.registry.snapshot.models
+    return models["tile"].versions["1"].primary.scheduler.statistics()
+
+
+def until(condition: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + 10
+    while not condition():
+        assert time.monotonic() < deadline, f"never {what}"
+        time.sleep(0.01)
+
+
+def test_a_request_held_back_for_answer_room_is_refused_at_its_due_time(
+    tight: RunningServer,
+) -> None:
+    """It waited unstarted until clients read (a request due in 100 ms had no answer after 3 s),
+    and then ran as if it had just arrived."""
+    with connected(tight, unread=True) as greedy, connected(tight) as fresh:
+        greedy.sendall(tile_request(10) * 3)  # 4 MB answers, not read
+        until(lambda: bool(tight.server._connections), "the server took the connections")
+        intake = next(iter(tight.server._connections))._intake
+        until(lambda: intake.statistics().answer_bytes >= 1 * MiB, "the answers filled the limit")
+        before = tile_statistics(tight)
+        started = time.monotonic()
+        fresh.sendall(tile_request(1, timeout_us=100_000))
+        [(status, body)] = answers(fresh, 1)
+        took = time.monotonic() - started
+        message = json.loads(body)["error"]
+        assert status == 504
+        assert message.startswith("Request timeout expired: model 'tile'"), message
+        assert "--max-unsent-answer-bytes" in message
+        assert 0.05 <= took < 1.5  # (due 0.1 s after it was read; a turn may date it earlier)
+        after = tile_statistics(tight)
+        assert after.expired == before.expired + 1  # counted as its scheduler counts one
+        assert after.executions == before.executions  # never run
+        assert intake.statistics().waiting_for_answers == 0  # (out of the line)
+
+
+def test_a_pipelined_request_held_back_is_due_after_its_arrival_and_never_runs(
+    tight: RunningServer,
+) -> None:
+    """Its due time counted from when it started: a request due 200 ms after it came, held
+    behind answers its client had not read, ran once they were read, 500 ms later."""
+    with connected(tight, unread=True) as greedy:
+        before = tile_statistics(tight)
+        greedy.sendall(tile_request(10) * 2 + tile_request(1, timeout_us=200_000))
+        time.sleep(0.5)  # (its due time passes)
+        # (a request read last: the kernel's word on the connection's last data is now)
+        greedy.sendall(b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n")
+        got = answers(greedy, 4)  # read at last: those without a due time are answered, in order
+        assert [status for status, _ in got] == [200, 200, 504, 200]
+        message = json.loads(got[2][1])["error"]
+        assert message.startswith("Request timeout expired: model 'tile'"), message
+        after = tile_statistics(tight)
+        assert (after.executions - before.executions, after.expired - before.expired) == (2, 1)

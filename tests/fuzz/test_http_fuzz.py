@@ -103,6 +103,9 @@ class EchoApi:
     def encode(self, pending: PendingReply) -> Reply:
         return pending.encode(pending.ticket)  # type: ignore[no-any-return]
 
+    def hold_back(self, method: str, target: bytes, headers: Any, body: bytes) -> None:
+        return None  # (handled whole once started)
+
 
 class FakeTransport:
     """Holds what the connection writes; delivers the client's bytes only while reading is on,

@@ -45,6 +45,7 @@ from duetime.execution.affinity import lower_thread_priority
 from duetime.frontend import codec
 from duetime.frontend.rest import (
     BulkReply,
+    HeldInfer,
     HttpError,
     PendingReply,
     Reply,
@@ -169,8 +170,10 @@ class Intake:
     made until their client has read them (the transport's buffer drained). While they are
     `max_answer_bytes` or more, a connection whose answers may be big (its last one was, or it
     has made none yet) starts no request; it waits, in arrival order, until clients read
-    (`_wake_answers`). Smaller answers go uncounted: a connection stops reading requests while
-    its client reads none of its answers, so they are bounded by the pipelining limit.
+    (`_wake_answers`), or, for a request with a due time, until then: it is refused at its due
+    time (see `HttpConnection._defer`). Smaller answers go uncounted: a connection stops
+    reading requests while its client reads none of its answers, so they are bounded by the
+    pipelining limit.
 
     NOTE: what a request's answer will weigh is known once it is made; requests already running
     when the count reaches the limit still make theirs (each connection runs at most as many as
@@ -354,6 +357,10 @@ class Intake:
             finally:
                 self._passing = None
 
+    def holds_back(self, connection: HttpConnection) -> bool:
+        """Whether `connection` waits for room for big answers (see `room_for_answer`)."""
+        return connection in self._answer_waiters
+
     def forget_answers(self, connection: HttpConnection) -> None:
         """Drop `connection` from those waiting for room for answers (it closed)."""
         if connection in self._answer_waiters:
@@ -390,6 +397,10 @@ class _Slot:
     deferred: tuple[str, bytes, dict[str, str], list[bytes], int] | None = None
     """A request read but not started (method, URL, headers, body pieces, body bytes): the
     connection had `_MAX_PIPELINED` answers owed, or its client was not reading them."""
+    held: HeldInfer | None = None
+    """An inference request read but not started, decoded instead (see `_defer`)."""
+    expiry: asyncio.TimerHandle | None = None
+    """While it has a due time: its refusal then (`HttpConnection._expire`)."""
     started: bool = False
     """Its request was handed to the API (it counts in the connection's `_running`)."""
     one_read: bool = True
@@ -827,8 +838,7 @@ class HttpConnection(asyncio.BufferedProtocol):
             # next read): beyond the owed answers allowed, or while the client is not reading
             # its answers, a request waits here unstarted (its answer would pile up unsent);
             # behind one waiting, every later one waits too (they start in order)
-            slot.deferred = (method, self._url, self._headers, self._body, self._body_bytes)
-            self._unstarted.append(slot)
+            self._defer(slot, method)
         else:
             self._start(slot, method, self._url, self._headers, self._body, self._body_bytes)
         self._update_reading()
@@ -848,6 +858,78 @@ class HttpConnection(asyncio.BufferedProtocol):
         if owed and owed + estimate > self._max_held:
             return True
         return estimate > self._small_answer and not self._intake.room_for_answer(self)
+
+    def _defer(self, slot: _Slot, method: str) -> None:
+        """Queue the request just read (into `slot`) to start once the connection may; an
+        inference request decoded and dated now (`RestApi.hold_back`): its due time counts from
+        its arrival, and once it passes, the request is refused at once (`_expire`), never run.
+
+        NOTE: it waited unstarted past its due time, dated from when it started: behind 4 MB
+        answers unread (max_unsent_answer_bytes 1 MiB), a request due in 100 ms had no answer
+        after 3 s, and was run once its turn came, as if just arrived. A body in pieces too big
+        to join on the loop (`_BULK_BODY_BYTES`: JSON of a MiB or more) is decoded once started,
+        as before; its due time then counts from when it started, with the kernel's word on
+        its arrival (see `ReadTurn.reading`)."""
+        url, headers, chunks, size = self._url, self._headers, self._body, self._body_bytes
+        if _is_infer(method, url) and (len(chunks) == 1 or size < _BULK_BODY_BYTES):
+            turn = self._turn
+            turn.reading(self._sock, slot.one_read)
+            try:
+                body = chunks[0] if len(chunks) == 1 else b"".join(chunks)  # (see `_start`)
+                held = self._api.hold_back(method, url, headers, body)
+            finally:
+                turn.done_reading()
+            if isinstance(held, Reply):  # (it cannot be decoded: answered in its turn)
+                if not self._unstarted:
+                    self._intake.forget_answers(self)
+                self._made(slot, _encode(held, self._keep_alive(slot), slot.http10))
+                return
+            if held is not None:
+                slot.held = held
+                self._unstarted.append(slot)
+                if held.due_ns is not None:
+                    left_s = max(0.0, self._api.time_left_s(held.due_ns))
+                    slot.expiry = self._loop.call_later(left_s, self._expire, slot)
+                return
+        slot.deferred = (method, url, headers, chunks, size)
+        self._unstarted.append(slot)
+
+    def _expire(self, slot: _Slot) -> None:
+        """`slot`'s request, held back, is due: refused as its scheduler refuses a request due
+        before it is queued (`RestApi.refuse_held`), and never started. Its answer goes out in
+        its turn, after those of the requests before it (HTTP/1.1 answers in order)."""
+        slot.expiry = None
+        held = slot.held
+        if held is None or self._transport is None:
+            return
+        assert held.due_ns is not None
+        left_s = self._api.time_left_s(held.due_ns)
+        if left_s > 0:  # (a timer may fire a little early: uvloop's count whole ms)
+            slot.expiry = self._loop.call_later(left_s, self._expire, slot)
+            return
+        slot.held = None
+        self._unstarted.remove(slot)
+        reply = self._api.refuse_held(held, self._held_because())
+        if not self._unstarted:
+            self._intake.forget_answers(self)
+        self._made(slot, _encode(reply, self._keep_alive(slot), slot.http10))
+
+    def _held_because(self) -> str:
+        """Why the connection's requests wait unstarted, and what to do about it."""
+        intake = self._intake
+        if intake.holds_back(self):
+            return (
+                f"answers not yet read by their clients fill the {intake.max_answer_bytes} "
+                "bytes the server holds for them (server setting max_unsent_answer_bytes, "
+                "--max-unsent-answer-bytes); retry with a later due time, or once clients read "
+                "their answers"
+            )
+        return (
+            "its client had not read the answers to the requests before it on its connection "
+            f"(the server runs no more while one owes {_MAX_PIPELINED} answers, or answers over "
+            f"{self._max_held} bytes: max_connection_inflight_bytes); read answers as they "
+            "come, or retry with a later due time"
+        )
 
     def answers_room(self) -> None:
         """The Intake has room for big answers again: start what waits (the Intake's call)."""
@@ -873,6 +955,21 @@ class HttpConnection(asyncio.BufferedProtocol):
         else:
             self._join_off_loop(slot, method, url, headers, chunks)
 
+    def _start_held(self, slot: _Slot) -> None:
+        """Start the inference request decoded when it was held back (see `_defer`)."""
+        held, slot.held = slot.held, None
+        assert held is not None  # (an unstarted slot holds its request one way or the other)
+        if slot.expiry is not None:
+            slot.expiry.cancel()
+            slot.expiry = None
+        self._running += 1
+        slot.started = True
+        shedder = self._shedder
+        if shedder is not None and shedder.share and shedder.refuse():
+            self._made(slot, _shed_reply(slot.keep_alive, slot.http10, held.request.headers))
+            return
+        self._answered(slot, self._api.start_held(held))
+
     def _start_deferred(self) -> None:
         """Start the requests waiting unstarted, in order, while the connection may.
 
@@ -888,8 +985,10 @@ class HttpConnection(asyncio.BufferedProtocol):
                     return
                 slot = unstarted.popleft()
                 deferred, slot.deferred = slot.deferred, None
-                if deferred is not None:  # (always: only unstarted slots are queued here)
+                if deferred is not None:
                     self._start(slot, *deferred)
+                else:
+                    self._start_held(slot)
         finally:
             self._starting = False
 
@@ -927,6 +1026,10 @@ class HttpConnection(asyncio.BufferedProtocol):
                 turn.done_reading()
         else:
             outcome = self._api.handle("GET" if head else method, url, headers, body)
+        self._answered(slot, outcome, head)
+
+    def _answered(self, slot: _Slot, outcome: Reply | PendingReply, head: bool = False) -> None:
+        """`slot`'s answer made now (a Reply), or once its work is done (`_settle`)."""
         if isinstance(outcome, Reply):
             self._made(slot, _encode(outcome, self._keep_alive(slot), slot.http10, head_only=head))
         else:
@@ -1246,6 +1349,8 @@ class HttpConnection(asyncio.BufferedProtocol):
         for slot in self._slots:
             if slot.pending is not None and slot.pending.ticket.future.cancel():
                 slot.pending.withdrawn()  # (its log line: a failed request)
+            if slot.expiry is not None:
+                slot.expiry.cancel()
             released += slot.size
             answers += slot.counted
         self._slots.clear()

@@ -29,7 +29,9 @@ from duetime.config import ModelConfig, ServerSettings
 from duetime.datatypes import WIRE_DTYPE_OF, v2_datatype_of
 from duetime.engine import Engine, Ticket
 from duetime.errors import (
+    TIMEOUT_EXPIRED,
     ConfigError,
+    DeadlineExceeded,
     DuetimeError,
     InternalError,
     InvalidInput,
@@ -218,6 +220,22 @@ _CONTROL_TASKS: set[asyncio.Task[None]] = set()
 """Running repository operations (kept referenced until they finish)."""
 
 
+@dataclass(slots=True, eq=False)
+class HeldInfer:
+    """A v2 inference request decoded and dated as it was read, not yet handed to the engine:
+    its connection holds it back (see `RestApi.hold_back`)."""
+
+    request: InferRequest
+    plan: OutputPlan
+    received: int
+    """When it was received, for its span (0 untraced)."""
+
+    @property
+    def due_ns(self) -> int | None:
+        """When it is due (its `timeout` parameter, from its arrival; None: no due time)."""
+        return self.request.due_ns
+
+
 def _internal_error(exc: Exception) -> Reply:
     log.exception("internal error encoding a response")
     return error_reply(InternalError(f"internal error: {type(exc).__name__}: {exc}"))
@@ -401,6 +419,83 @@ class RestApi:
             log.exception("internal error on %s %r", method, target)
             error = InternalError(f"internal error: {type(exc).__name__}: {exc}")
             return self._failed(error, headers, parts or _segments(target))
+
+    def hold_back(
+        self, method: str, target: bytes, headers: Mapping[str, str], body: bytes
+    ) -> HeldInfer | Reply | None:
+        """A v2 inference request that its connection may not start yet, decoded and dated now,
+        as it is read: its due time counts from its arrival, as every other request's does, and
+        it is started (`start_held`) or, once due, refused (`refuse_held`) later; its error
+        reply if it cannot be decoded (it never reaches the engine). None for any other
+        request: it is handled whole (`handle`) once started. Never raises."""
+        infer = self._infer_targets.get(target) if method == "POST" else None
+        if infer is None:
+            parts = _segments(target) if method == "POST" else []
+            if "" in parts or not _names_infer(parts):
+                return None  # (handled whole, as before: routing decides what it is)
+            infer = (parts[2], parts[4] if len(parts) == 6 else None)
+        model, version = infer
+        received = self._engine.clock.now_ns() if self._tracing is not None else 0
+        try:
+            request, plan = self._read_infer(model, version, headers, body, received)
+        except Exception as exc:
+            return self._not_queued(exc, model, version, headers, received)
+        return HeldInfer(request, plan, received)
+
+    def start_held(self, held: HeldInfer) -> Reply | PendingReply:
+        """Hand a request held back (`hold_back`) to the engine; never raises."""
+        request = held.request
+        try:
+            ticket = self._engine.submit(request)
+        except Exception as exc:
+            return self._not_queued(exc, request.model, request.version, request.headers,
+                                    held.received)  # fmt: skip
+        plan = held.plan
+        return PendingReply(
+            ticket, lambda done: self._infer_reply(done, request, plan), request.headers
+        )
+
+    def refuse_held(self, held: HeldInfer, reason: str) -> Reply:
+        """The refusal of a request held back whose due time passed while it waited (`reason`:
+        why it waited): the scheduler's for a request due before it is queued (504, Triton's
+        words, counted as expired in the model's statistics and metrics), which it is handed
+        to for that, in words that say why it was late. Never raises.
+
+        NOTE: its scheduler would word it as a request that waited to be read (an overloaded
+        server), and blame a client whose due time was ample."""
+        request = held.request
+        late = DeadlineExceeded(
+            f"{TIMEOUT_EXPIRED}: model '{request.model}': the request was due before it could "
+            f"start: {reason}"
+        )
+        error: Exception = late
+        try:
+            ticket = self._engine.submit(request)
+        except DeadlineExceeded:
+            pass
+        except Exception as exc:  # (refused for another reason first: a breaker open, say)
+            error = exc
+        else:  # (due, it is refused at admission; should it not be, it never runs)
+            ticket.future.cancel()
+        return self._not_queued(error, request.model, request.version, request.headers,
+                                held.received)  # fmt: skip
+
+    def time_left_s(self, due_ns: int) -> float:
+        """Seconds until `due_ns` by the engine's clock (negative once it has passed)."""
+        return (due_ns - self._engine.clock.now_ns()) / 1e9
+
+    def _not_queued(
+        self, exc: Exception, model: str, version: str | None, headers: Mapping[str, str],
+        received: int,
+    ) -> Reply:  # fmt: skip
+        """The error reply of an inference request that got no ticket, as `handle` answers it
+        (a fault of ours: 500, logged)."""
+        if not isinstance(exc, DuetimeError):
+            log.exception("internal error on an inference request for model '%s'", model)
+            exc = InternalError(f"internal error: {type(exc).__name__}: {exc}")
+        if self._tracing is not None:
+            return self._refused(exc, model, version, headers, received)
+        return self._failed(exc, headers, _model_parts(model, version))
 
     def _failed(
         self, exc: DuetimeError, headers: Mapping[str, str], parts: list[str], trace_id: str = ""
@@ -694,29 +789,38 @@ class RestApi:
     ) -> Reply | PendingReply:
         received = self._engine.clock.now_ns() if self._tracing is not None else 0
         try:
-            body = _decoded(body, headers.get("content-encoding"), self._settings.max_body_bytes)
-            header = parse_header_length(headers.get(_HEADER_LENGTH), len(body))
-            self._check_json_size(len(body) if header is None else header)
-            request, plan = parse_infer_request(
-                body, header, model, version, self.shared_memory, self._recipes, strict=True,
-                signatures=self.signatures,
-            )  # fmt: skip
-            request.headers = headers
-            request.protocol = "http"
-            request.wire = (body, header)
-            now = self._engine.clock.now_ns()
-            if self._tracing is not None:
-                request.timing = RequestTiming(received, decoded_ns=now)
-            request.arrival_ns = arrival = self.turn.arrival_ns(now)
-            check_http_parameters(request.parameters)
-            request.due_ns = due_from_timeout_us(request.parameters, arrival)
-            request.priority = priority_of(request.parameters)
+            request, plan = self._read_infer(model, version, headers, body, received)
             ticket = self._engine.submit(request)
         except DuetimeError as exc:
             if self._tracing is None:
                 raise
             return self._refused(exc, model, version, headers, received)
         return PendingReply(ticket, lambda done: self._infer_reply(done, request, plan), headers)
+
+    def _read_infer(
+        self, model: str, version: str | None, headers: Mapping[str, str], body: bytes,
+        received: int,
+    ) -> tuple[InferRequest, OutputPlan]:  # fmt: skip
+        """`body` decoded into a request, dated: it arrived at the start of the loop turn that
+        read it (see `ReadTurn`), and is due its `timeout` parameter after that."""
+        body = _decoded(body, headers.get("content-encoding"), self._settings.max_body_bytes)
+        header = parse_header_length(headers.get(_HEADER_LENGTH), len(body))
+        self._check_json_size(len(body) if header is None else header)
+        request, plan = parse_infer_request(
+            body, header, model, version, self.shared_memory, self._recipes, strict=True,
+            signatures=self.signatures,
+        )  # fmt: skip
+        request.headers = headers
+        request.protocol = "http"
+        request.wire = (body, header)
+        now = self._engine.clock.now_ns()
+        if self._tracing is not None:
+            request.timing = RequestTiming(received, decoded_ns=now)
+        request.arrival_ns = arrival = self.turn.arrival_ns(now)
+        check_http_parameters(request.parameters)
+        request.due_ns = due_from_timeout_us(request.parameters, arrival)
+        request.priority = priority_of(request.parameters)
+        return request, plan
 
     def _refused(
         self, exc: DuetimeError, model: str, version: str | None, headers: Mapping[str, str],
@@ -730,8 +834,7 @@ class RestApi:
             protocol="http", model=model, version=version or "", variant="", error=exc.message,
             done_ns=self._engine.clock.now_ns(),
         )  # fmt: skip
-        parts = ["v2", "models", model, *(["versions", version] if version else [])]
-        return self._failed(exc, headers, parts, trace_id or "")
+        return self._failed(exc, headers, _model_parts(model, version), trace_id or "")
 
     def _infer_reply(
         self, ticket: Ticket, request: InferRequest, plan: OutputPlan
@@ -789,6 +892,11 @@ class RestApi:
 
 
 # -- request parsing -----------------------------------------------------------------------------
+
+
+def _model_parts(model: str, version: str | None) -> list[str]:
+    """The path segments of `model`'s (`version`'s) inference, for `RestApi._failed`."""
+    return ["v2", "models", model, *(["versions", version] if version else [])]
 
 
 def _json_object(body: bytes, what: str) -> dict[str, Any]:
