@@ -7,14 +7,16 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import orjson
 import pytest
 
 from duetime.cli import main as cli_main
 from duetime.frontend.proto import grpc_service_pb2 as pb
-from duetime.tools.capture import CapturedRequest, CapturedTensor, CaptureWriter
+from duetime.frontend.rest import parse_infer_request
+from duetime.tools.capture import CapturedRequest, CapturedTensor, CaptureWriter, read_capture
 from duetime.tools.capture.format import encode_http_record
 from duetime.tools.replay import ReplayConfig, load_plan
-from duetime.tools.replay_payloads import Unsendable, grpc_request
+from duetime.tools.replay_payloads import Unsendable, grpc_request, http_request
 
 
 def record(**fields: Any) -> CapturedRequest:
@@ -75,3 +77,72 @@ def test_an_unsendable_record_is_a_clear_error_naming_it(
     assert f"record 1 (id 'r1') cannot be replayed over {protocol}: parameter" in err
     assert "18446744073709551616" in err
     assert "Traceback" not in err
+
+
+# -- HTTP: JSON as JSON, binary as binary --------------------------------------------------------
+
+
+def http_parts(wire: bytes) -> tuple[dict[str, str], bytes]:
+    head, body = wire.split(b"\r\n\r\n", 1)
+    lines = head.decode("latin-1").split("\r\n")[1:]
+    return {k.lower(): v.strip() for k, v in (line.split(":", 1) for line in lines)}, body
+
+
+def captured_http(tmp_path: Path, body: bytes, header_length: int | None) -> CapturedRequest:
+    """`body` as the server captures a v2 REST request (verbatim), read back."""
+    headers = {"host": "h:1", "content-length": str(len(body)), "user-agent": "t"}
+    if header_length is not None:
+        headers["inference-header-content-length"] = str(header_length)
+    capture = tmp_path / "in.cap"
+    with CaptureWriter(capture) as writer:
+        raw = encode_http_record(
+            0, "mlp", None, body, header_length, None, 0, headers, None, 200, None, 0, None,
+            None, None,
+        )  # fmt: skip
+        writer.write_encoded(raw, 1)
+    [captured] = read_capture(capture)
+    return captured
+
+
+def test_a_request_sent_as_json_is_replayed_as_json(tmp_path: Path) -> None:
+    sent = {
+        "id": "j1",
+        "inputs": [
+            {"name": "x", "datatype": "FP32", "shape": [1, 4], "data": [0.5, 1, 2, 3]},
+            {"name": "w", "datatype": "BYTES", "shape": [2], "data": ["été", "b"]},
+            {"name": "h", "datatype": "FP16", "shape": [1], "data": [1.5]},
+        ],
+        "outputs": [{"name": "y"}],
+        "parameters": {"tag": "a"},
+    }
+    captured = captured_http(tmp_path, orjson.dumps(sent), None)
+    headers, body = http_parts(http_request(captured, "127.0.0.1", 8000))
+    assert "inference-header-content-length" not in headers
+    assert headers["content-type"] == "application/json"
+    assert headers["user-agent"] == "t"
+    assert int(headers["content-length"]) == len(body)
+    doc = orjson.loads(body)
+    assert doc["outputs"] == [{"name": "y"}]
+    assert doc["parameters"] == {"tag": "a"}
+    assert b"binary_data" not in body
+    replayed, _ = parse_infer_request(body, None, "mlp", None)
+    original, _ = parse_infer_request(orjson.dumps(sent), None, "mlp", None)
+    assert replayed.id == "j1"
+    for name, array in original.inputs.items():
+        assert replayed.inputs[name].dtype == array.dtype
+        np.testing.assert_array_equal(replayed.inputs[name], array)
+
+
+def test_a_binary_request_and_one_never_on_the_wire_replay_binary(tmp_path: Path) -> None:
+    head = orjson.dumps({
+        "inputs": [{"name": "x", "datatype": "FP32", "shape": [2],
+                    "parameters": {"binary_data_size": 8}}],
+    })  # fmt: skip
+    data = np.array([1, 2], np.float32).tobytes()
+    binary = captured_http(tmp_path, head + data, len(head))
+    for captured in (binary, record(protocol="http")):  # (the second: bench --record's)
+        headers, body = http_parts(http_request(captured, "127.0.0.1", 8000))
+        length = int(headers["inference-header-content-length"])
+        assert headers["content-type"] == "application/octet-stream"
+        assert orjson.loads(body[:length])["parameters"]["binary_data_output"] is True
+        assert body[length:] == b"".join(t.data for t in captured.inputs)
