@@ -625,3 +625,59 @@ def test_writer_refuses_to_overwrite_when_asked(tmp_path: Path) -> None:
         CaptureWriter(path, overwrite=False)
     assert len(list(read_capture(path))) == 1
     assert io.BytesIO(path.read_bytes()).read(8) == fmt.MAGIC
+
+
+# -- output parameters ---------------------------------------------------------------------------
+
+
+def meta_of(path: Path) -> list[Any]:
+    """The meta array of the only record in the capture at `path`."""
+    with CaptureReader(path) as reader:
+        body = path.read_bytes()[reader.header.size + fmt.RECORD_PREFIX.size :]
+    (meta_length,) = struct.unpack_from("<I", body, fmt.RECORD_FIXED.size - 4)
+    values = orjson.loads(body[fmt.RECORD_FIXED.size : fmt.RECORD_FIXED.size + meta_length])
+    assert isinstance(values, list)
+    return values
+
+
+def test_output_parameters_round_trip_and_are_left_out_when_none(tmp_path: Path) -> None:
+    """The classification a request asked of an output (gRPC kept only the output's name, so a
+    replay asked for other work: a tester's report) is a 14th meta value, written only when
+    there is one: a record without reads as before with a version-2 reader."""
+    asked = {"y": {"classification": 2}}
+    path = write(tmp_path / "c.cap", make_record(output_parameters=asked))
+    assert len(meta_of(path)) == 14
+    (back,) = read_capture(path, strict=True)
+    assert back == make_record(output_parameters=asked)
+    plain = write(tmp_path / "p.cap", make_record())
+    assert len(meta_of(plain)) == len(fmt.META_FIELDS) == 13
+    (back,) = read_capture(plain, strict=True)
+    assert back.output_parameters is None
+
+
+def test_http_record_gives_the_output_parameters_of_its_body(tmp_path: Path) -> None:
+    body, header = http_body(
+        {"x": SENT["x"]}, binary=True,
+        outputs=[{"name": "y", "parameters": {"classification": 3, "binary_data": True}}],
+    )  # fmt: skip
+    path = write_encoded(tmp_path / "h.cap", http_record(body, header))
+    (back,) = read_capture(path, strict=True)
+    assert back.output_parameters == {"y": {"classification": 3}}
+
+
+@pytest.mark.parametrize("value", [[1], {"y": 2}, "y"])
+def test_malformed_output_parameters_are_a_bad_field(tmp_path: Path, value: Any) -> None:
+    path = write(tmp_path / "c.cap", make_record(output_parameters={"y": {"classification": 2}}))
+    with CaptureReader(path) as reader:
+        size = reader.header.size
+    data = path.read_bytes()
+    meta = orjson.dumps([*meta_of(path)[:13], value])
+    body = data[size + fmt.RECORD_PREFIX.size :]
+    (meta_length,) = struct.unpack_from("<I", body, fmt.RECORD_FIXED.size - 4)
+    body = (
+        body[: fmt.RECORD_FIXED.size - 4] + struct.pack("<I", len(meta)) + meta
+        + body[fmt.RECORD_FIXED.size + meta_length :]
+    )  # fmt: skip
+    path.write_bytes(data[:size] + struct.pack("<II", len(body), zlib.crc32(body)) + body)
+    with pytest.raises(CaptureFormatError, match="meta 'output_parameters' is not an object"):
+        list(read_capture(path, strict=True))

@@ -530,3 +530,27 @@ def test_a_write_error_stops_the_capture_not_the_server(
     ]
     assert "writer fell behind" not in caplog.text
     assert len(list(read_capture(path, strict=True))) == 1
+
+
+def test_classified_outputs_are_recorded(tmp_path: Path) -> None:
+    """A gRPC request asking for an output as its top 2 classes: the capture kept only the
+    output's name, so a replay asked for the whole tensor (a tester's report)."""
+    path = tmp_path / "classes.cap"
+    recorder = Recorder(path)
+    asked = InferRequest(
+        "m", {"x": np.arange(4, dtype=np.float32)}, outputs=("y",), classes={"y": 2},
+        protocol="grpc",
+    )  # fmt: skip
+
+    async def scenario() -> None:
+        ticket = recorder.record(asked, FakeSubmit())
+        ticket.future.set_result({"y": np.ones(2, np.float32)})
+        ticket._settled()
+
+    recorder.start()
+    asyncio.run(scenario())
+    recorder.stop()
+    (record,) = read_capture(path, strict=True)
+    assert (record.outputs_wanted, record.output_parameters) == (
+        ("y",), {"y": {"classification": 2}}
+    )  # fmt: skip

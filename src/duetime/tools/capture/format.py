@@ -18,6 +18,7 @@ from typing import Any, Final
 import numpy as np
 import orjson
 
+from duetime import classification
 from duetime.datatypes import WIRE_DTYPE_OF, v2_datatype_of
 from duetime.errors import DuetimeError, InvalidInput
 from duetime.frontend.codec import from_raw, to_raw
@@ -45,7 +46,14 @@ META_FIELDS: Final = (
     "protocol", "model", "version", "request_id", "trace_id", "answered_version", "variant",
     "error", "parameters", "headers", "outputs_wanted", "input_names", "output_names",
 )  # fmt: skip
-"""The meta JSON is an array of these, in this order."""
+"""The meta JSON is an array of these, in this order, then OPTIONAL_META_FIELDS."""
+OPTIONAL_META_FIELDS: Final = ("output_parameters",)
+"""Written after META_FIELDS only when the record has them (a reader takes their absence as
+None): `output_parameters`, an object of each output's parameters the server acted on.
+
+NOTE: optional rather than a new format version: a record without them (all but requests for
+classified outputs) reads with any version-2 reader as before; one with them is refused by an
+older reader (skipped by one that skips), never misread."""
 HTTP_META_FIELDS: Final = (
     "model", "version", "trace_id", "answered_version", "variant", "error", "headers",
     "header_length", "output_names",
@@ -145,6 +153,11 @@ class CapturedRequest:
     variant: str | None
     outputs: list[CapturedTensor] | None
     """The answer's tensors when the capture records outputs (None: not recorded)."""
+    output_parameters: dict[str, dict[str, Any]] | None = None
+    """The parameters the request gave its outputs that change its answer, by output name:
+    today `classification` (the class count; Triton's classification extension). Shared memory
+    regions are left out (a replay cannot use them). None: none (or a capture written before
+    they were recorded)."""
 
 
 class CaptureFormatError(Exception):
@@ -244,6 +257,7 @@ def encode_record(
     answered_version: str | None,
     variant: str | None,
     outputs: Sequence[Tensor] | None,
+    output_parameters: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> tuple[bytes, bytes]:
     """One record: its prefix (length, CRC32) and its body. Credential headers (`is_credential`)
     are left out. Raises BadField for a value the format cannot hold.
@@ -253,11 +267,13 @@ def encode_record(
     in one orjson call (meta), the numbers in one struct."""
     if headers:
         headers = without_credentials(headers)
-    fields = (
+    fields: tuple[Any, ...] = (
         protocol, model, version, request_id, trace_id, answered_version, variant, error,
         parameters, headers, outputs_wanted, [t[0] for t in inputs],
         None if outputs is None else [t[0] for t in outputs],
     )  # fmt: skip
+    if output_parameters:
+        fields += (output_parameters,)
     try:
         try:
             meta = orjson.dumps(fields)  # without `default=`: it costs 0.25 µs even unused
@@ -358,7 +374,15 @@ def encode_captured(record: CapturedRequest) -> tuple[bytes, bytes]:
         variant=record.variant,
         outputs=None if record.outputs is None
         else [(t.name, t.datatype, t.shape, t.data) for t in record.outputs],
+        output_parameters=record.output_parameters,
     )  # fmt: skip
+
+
+def output_parameters_of(classes: Mapping[str, int] | None) -> dict[str, dict[str, Any]] | None:
+    """A request's `output_parameters` from its classified outputs (`InferRequest.classes`)."""
+    if not classes:
+        return None
+    return {name: {classification.PARAMETER: count} for name, count in classes.items()}
 
 
 def encode_file_head(start_wall_ns: int, header: Mapping[str, Any]) -> bytes:
@@ -389,7 +413,7 @@ def decode_record(body: bytes, format_version: int = FORMAT_VERSION) -> Captured
         raise BadField(f"meta ({meta_length} bytes) runs past the end of the record")
     if flags & RAW_HTTP:
         return _decode_http(body, start + meta_length, n_inputs, n_outputs, flags)
-    meta = _Meta(body[start : start + meta_length], META_FIELDS)
+    meta = _Meta(body[start : start + meta_length], META_FIELDS, OPTIONAL_META_FIELDS)
     protocol, model = meta.text("protocol"), meta.text("model")
     version, request_id = meta.text("version", True), meta.text("request_id")
     trace_id, answered = meta.text("trace_id", True), meta.text("answered_version", True)
@@ -398,6 +422,7 @@ def decode_record(body: bytes, format_version: int = FORMAT_VERSION) -> Captured
     wanted = meta.names("outputs_wanted", None, True)
     input_names = meta.names("input_names", n_inputs)
     output_names = meta.names("output_names", n_outputs, not flags & HAS_OUTPUTS)
+    output_parameters = meta.output_parameters()
     cursor = _Cursor(body, start + meta_length)
     inputs = [cursor.tensor(name) for name in input_names or ()]
     outputs = [cursor.tensor(name) for name in output_names or ()]
@@ -409,7 +434,7 @@ def decode_record(body: bytes, format_version: int = FORMAT_VERSION) -> Captured
         parameters=parameters, due_in_ns=due_in if flags & HAS_DUE else None,
         priority=priority, headers=headers, trace_id=trace_id, status=status, error=error,
         latency_ns=latency, answered_version=answered, variant=variant,
-        outputs=outputs if flags & HAS_OUTPUTS else None,
+        outputs=outputs if flags & HAS_OUTPUTS else None, output_parameters=output_parameters,
     )  # fmt: skip
 
 
@@ -450,23 +475,34 @@ def _decode_http(
         trace_id=trace_id, status=status, error=error, latency_ns=latency,
         answered_version=answered, variant=variant,
         outputs=outputs if flags & HAS_OUTPUTS else None,
+        output_parameters=output_parameters_of(request.classes),
     )  # fmt: skip
 
 
 class _Meta:
-    """A meta JSON array of `fields`, checked field by field; BadField names the field that is
-    wrong."""
+    """A meta JSON array of `fields`, then as many of `optional` as it holds (the others None),
+    checked field by field; BadField names the field that is wrong."""
 
     __slots__ = ("values",)
 
-    def __init__(self, text: bytes, fields: tuple[str, ...]) -> None:
+    def __init__(
+        self, text: bytes, fields: tuple[str, ...], optional: tuple[str, ...] = ()
+    ) -> None:
         try:
             values = orjson.loads(text)
         except orjson.JSONDecodeError as exc:
             raise BadField(f"meta is not valid JSON: {exc}") from None
-        if not isinstance(values, list) or len(values) != len(fields):
+        if not isinstance(values, list) or not (
+            len(fields) <= len(values) <= len(fields) + len(optional)
+        ):
+            if optional:
+                raise BadField(
+                    f"meta is not an array of the {len(fields)} fields (and up to "
+                    f"{len(optional)} more)"
+                )
             raise BadField(f"meta is not an array of the {len(fields)} fields")
-        self.values = dict(zip(fields, values, strict=True))
+        self.values = dict.fromkeys(optional)
+        self.values.update(zip(fields + optional, values, strict=False))
 
     def text(self, name: str, nullable: bool = False) -> str | None:
         value = self.values[name]
@@ -487,6 +523,14 @@ class _Meta:
         if not all(isinstance(v, str) for v in headers.values()):
             raise BadField("meta 'headers' holds a value that is not a string")
         return {k: v for k, v in headers.items() if not is_credential(k)}
+
+    def output_parameters(self) -> dict[str, dict[str, Any]] | None:
+        value = self.values["output_parameters"]
+        if value is None:
+            return None
+        if not isinstance(value, dict) or not all(isinstance(v, dict) for v in value.values()):
+            raise BadField("meta 'output_parameters' is not an object of objects")
+        return value
 
     def names(self, name: str, count: int | None, nullable: bool = False) -> tuple[str, ...] | None:
         value = self.values[name]

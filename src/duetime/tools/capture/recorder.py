@@ -29,7 +29,12 @@ from duetime.clock import Clock, MonotonicClock
 from duetime.errors import DuetimeError
 from duetime.frontend.sharedmemory import REGION
 from duetime.observability.tracing import parse_traceparent
-from duetime.tools.capture.format import encode_http_record, encode_record, tensors_of
+from duetime.tools.capture.format import (
+    encode_http_record,
+    encode_record,
+    output_parameters_of,
+    tensors_of,
+)
 from duetime.tools.capture.writer import CaptureWriter
 
 if TYPE_CHECKING:
@@ -386,7 +391,7 @@ class Recorder:
             arrival - self._start_ns, request.protocol, request.model, request.version,
             request.id, tensors_of(request.inputs), request.outputs, request.parameters,
             due_in, request.priority, headers, trace_id, status, error, done - arrival,
-            answered, variant, outputs,
+            answered, variant, outputs, output_parameters_of(request.classes),
         )  # fmt: skip
 
 
