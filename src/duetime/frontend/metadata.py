@@ -5,10 +5,15 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from duetime.config import SchedulingConfig
+from duetime.config import ModelConfig, SchedulingConfig
 from duetime.datatypes import TRITON_TYPE_OF
 from duetime.repository.loader import LoadedModel
-from duetime.repository.tritonconfig import ANY_PRIORITY, WITHOUT_DIMS
+from duetime.repository.tritonconfig import (
+    ANY_PRIORITY,
+    DUETIME,
+    WITHOUT_DIMS,
+    carried_settings,
+)
 from duetime.types import TensorSpec
 
 PLATFORM = "onnxruntime_onnx"
@@ -91,6 +96,7 @@ def model_config_json(model: LoadedModel) -> dict[str, Any]:
             **_without_dims([*inputs, *signature.outputs], batched),
             "intra_op_thread_count": {"string_value": str(config.intra_op_threads)},
             "inter_op_thread_count": {"string_value": str(config.inter_op_threads)},
+            **_carried(config),
         },
         "default_model_filename": model.path.name,
     }
@@ -114,6 +120,17 @@ def _any_priority(scheduling: SchedulingConfig) -> dict[str, Any]:
     if scheduling.ignore_priority or scheduling.priority_levels:
         return {}
     return {ANY_PRIORITY: {"string_value": "true"}}
+
+
+def _carried(config: ModelConfig) -> dict[str, Any]:
+    """The settings Triton's ModelConfig has no field for (traffic, variants, execution,
+    breaker, two scheduling margins), those not at their defaults, as one JSON object in the
+    `duetime` parameter, so that the config read back by load_model(config=...) serves as
+    before (see tritonconfig.DUETIME)."""
+    carried = carried_settings(config)
+    if not carried:
+        return {}
+    return {DUETIME: {"string_value": json.dumps(carried, separators=(",", ":"))}}
 
 
 def _without_dims(specs: list[TensorSpec], batched: bool) -> dict[str, Any]:

@@ -25,6 +25,7 @@ graph, as Triton's auto-complete does):
 | `scheduling_policy` in `parameters` (`edf`, `fifo`) | `scheduling.policy` |
 | `any_priority_level` `"true"` in `parameters` (duetime's own) | `scheduling.priority_levels` 0 |
 | `tensors_without_dims` (a JSON list of names) in `parameters` (duetime's own) | no `dims` |
+| `duetime` (a JSON object) in `parameters` (duetime's own: what Triton has no field for) | `execution`, `breaker`, `variants`, `traffic`, `scheduling.delivery_margin_us`, `scheduling.exec_margin` |
 | `version_policy` | `version_policy` |
 | `parameters` `intra_op_thread_count`, `inter_op_...` | `intra_op_threads`, `inter_op_...` |
 | other onnxruntime backend `parameters` | warned of, unless they ask for what duetime does |
@@ -113,6 +114,21 @@ WITHOUT_DIMS = "tensors_without_dims"
 as dims [1] with reshape [] have no dims at all: a duetime model's tensors without dims beyond
 the batch's, served in the graph's shape ([batch], or [] unbatched), not Triton's [batch, 1].
 Either way such an input takes both forms (see validation.other_shapes)."""
+DUETIME = "duetime"
+"""The parameter (a JSON object) carrying, in Triton's form, the settings of a duetime model
+config that Triton's ModelConfig has no field for (`CARRIED`, `CARRIED_SCHEDULING`): the config
+endpoint writes those not at their defaults, and a config read back takes them, so that
+get_model_config -> edit -> load_model(config=...) serves as before.
+
+NOTE: a model with A/B weights, a sticky key, a shadow version and a variant, loaded back from
+its own config as returned, sent all its traffic to the former shadow version (the highest),
+moved every sticky key and lost the variant, without a word. Only what Triton has no field for
+is carried, so an edit of a Triton field never meets a stale copy of it here."""
+CARRIED = ("execution", "breaker", "variants", "traffic")
+"""The sections of a duetime model config that `DUETIME` carries whole."""
+CARRIED_SCHEDULING = ("delivery_margin_us", "exec_margin")
+"""The `scheduling` settings that `DUETIME` carries (the others are `dynamic_batching`'s)."""
+_CARRIED_NAMES = ", ".join([*CARRIED, *(f"scheduling.{name}" for name in CARRIED_SCHEDULING)])
 _THREAD_PARAMETERS = {
     "intra_op_thread_count": "intra_op_threads",
     "inter_op_thread_count": "inter_op_threads",
@@ -284,6 +300,9 @@ _FIELD_OF_TENSOR_SETTING = {
 def triton_field(loc: tuple[int | str, ...]) -> str:
     """The Triton field that the duetime setting at `loc` (a validation error's path through
     what `_translated` made) came from: `('inputs', 0, 'dims', 0)` is `input[0].dims`."""
+    if _is_carried(loc):
+        path = "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in loc)
+        return f"parameters['{DUETIME}']{path}"
     if len(loc) > 1 and loc[0] in ("inputs", "outputs") and isinstance(loc[1], int):
         tensor = f"{str(loc[0])[:-1]}[{loc[1]}]"
         if len(loc) == 2:
@@ -291,6 +310,16 @@ def triton_field(loc: tuple[int | str, ...]) -> str:
         return f"{tensor}.{_FIELD_OF_TENSOR_SETTING.get(str(loc[2]), loc[2])}"
     dotted = ".".join(str(part) for part in loc if not isinstance(part, int))
     return _FIELD_OF_SETTING.get(dotted, dotted)
+
+
+def _is_carried(loc: tuple[int | str, ...]) -> bool:
+    """Whether the setting at `loc` came from the `DUETIME` parameter."""
+    if not loc:
+        return False
+    return loc[0] in CARRIED or (loc[0] == "scheduling" and loc[1:2] in _CARRIED_LOCS)
+
+
+_CARRIED_LOCS = tuple((name,) for name in CARRIED_SCHEDULING)
 
 
 def _parsed(parse: Any, given: Any, source: str, form: str) -> Any:
@@ -350,6 +379,11 @@ def _translated(config: Any, source: str, model_name: str, warn: Warn) -> dict[s
         out["version_policy"] = _version_policy(config.version_policy)
     for name, parameter in config.parameters.items():
         _parameter(name, parameter.string_value, out, source, warn)
+    if out.get("execution") == "inline" and out["instances"] != 1:
+        raise ConfigError(f"{source}: parameters['{DUETIME}'].execution: 'inline' runs the one "
+                          f"instance on the event loop, but instance_group counts "
+                          f"{out['instances']}; write 'thread' or 'auto' there, or a count of "
+                          "1")  # fmt: skip
     _drop_unused_preferred(out.get("scheduling", {}), source, warn)
     ignored = sorted(given - _TRANSLATED)
     if ignored:
@@ -374,12 +408,53 @@ def _parameter(name: str, value: str, out: dict[str, Any], source: str, warn: Wa
             out.setdefault("scheduling", {}).pop("ignore_priority", None)
     elif name == WITHOUT_DIMS:  # (duetime's own; after the tensors, whose dims it drops)
         _without_dims(_names(value, f"parameters['{name}']", source), out, where, warn)
+    elif name == DUETIME:  # (duetime's own: the settings Triton has no field for)
+        _carried(value, out, where)
     elif name in _UNHONOURED_PARAMETERS:
         what_duetime_does, same = _UNHONOURED_PARAMETERS[name]
         if value.strip().lower() not in same:
             warn(f"{where} '{value}': not honoured: duetime {what_duetime_does}")
     else:
         warn(f"{where}: not a parameter of Triton's onnxruntime backend nor of duetime; ignored")
+
+
+def carried_settings(config: ModelConfig) -> dict[str, Any]:
+    """The settings of `config` that the `DUETIME` parameter carries, those not at their
+    defaults (none: {}): a config without the parameter reads them as defaults."""
+    wanted: dict[str, Any] = {name: True for name in CARRIED}
+    wanted["scheduling"] = set(CARRIED_SCHEDULING)
+    dumped = config.model_dump(include=wanted, exclude_defaults=True)
+    return {key: value for key, value in dumped.items() if value not in ({}, [])}
+
+
+def _carried(value: str, out: dict[str, Any], where: str) -> None:
+    """The settings the `DUETIME` parameter carries (`value`, a JSON object), into `out`; they
+    are validated with the rest (errors name `parameters['duetime'].<setting>`, see
+    `triton_field`). A key it does not carry is refused: a setting Triton has a field for is
+    set there, and one given in both places would leave the reader to guess which wins."""
+    try:
+        given = json.loads(value)
+    except ValueError:
+        given = None
+    expected = (f"expected a JSON object of duetime's settings that Triton's ModelConfig has no "
+                f"field for ({_CARRIED_NAMES}), as the config endpoint writes it")  # fmt: skip
+    if not isinstance(given, dict):
+        shown = value if len(value) <= 80 else f"{value[:80]}..."
+        raise ConfigError(f"{where}: {expected}; got '{shown}'")
+    scheduling = given.pop("scheduling", {})
+    if not isinstance(scheduling, dict):
+        raise ConfigError(f"{where}: scheduling: expected a JSON object of "
+                          f"{' and '.join(CARRIED_SCHEDULING)}; got "
+                          f"{json.dumps(scheduling)}")  # fmt: skip
+    unknown = sorted(set(given) - set(CARRIED))
+    unknown += sorted(f"scheduling.{key}" for key in set(scheduling) - set(CARRIED_SCHEDULING))
+    if unknown:
+        raise ConfigError(f"{where}: {', '.join(unknown)}: not carried here; it takes "
+                          f"{_CARRIED_NAMES}: the settings Triton's ModelConfig has no field for "
+                          "(set the others in their Triton fields)")  # fmt: skip
+    out.update(given)
+    if scheduling:
+        out.setdefault("scheduling", {}).update(scheduling)
 
 
 def _without_dims(names: list[str], out: dict[str, Any], where: str, warn: Warn) -> None:
