@@ -75,7 +75,10 @@ def send_traffic(server: RunningServer) -> dict[str, np.ndarray]:
         http.close()
     grpc = grpcclient.InferenceServerClient(server.grpc)
     try:
-        grpc.infer("mlp", [grpc_input(sent["req-3"])], request_id="req-3", timeout=80_000)
+        grpc.infer(
+            "mlp", [grpc_input(sent["req-3"])], request_id="req-3", timeout=80_000,
+            headers={"x-ctx-bin": b"\x00\x01\xff", "x-plain": "hello"},
+        )  # fmt: skip
         answers: queue.Queue[Any] = queue.Queue()
         grpc.start_stream(callback=lambda result, error: answers.put((result, error)))
         grpc.async_stream_infer("mlp", [grpc_input(sent["req-4"])], request_id="req-4")
@@ -194,6 +197,9 @@ def test_headers_without_credentials_and_trace_id(records: dict[str, CapturedReq
     assert record.headers["inference-header-content-length"].isdigit()  # kept: not a secret
     assert records["req-1"].trace_id is None
     assert "user-agent" in records["req-3"].headers  # gRPC metadata
+    # binary metadata (a -bin key's bytes) is left out, as docs/capture-format.md says
+    assert records["req-3"].headers["x-plain"] == "hello"
+    assert not any(name.endswith("-bin") for name in records["req-3"].headers)
 
 
 def test_arrivals_are_relative_to_the_capture_start(captured: Path) -> None:
