@@ -337,6 +337,40 @@ def test_compare_outputs_fails_when_recorded_answers_are_not_answered_again(
     assert (compare["recorded"], compare["compared"], compare["not_answered"]) == (3, 0, 3)
 
 
+def test_a_recorded_output_that_does_not_read_is_not_comparable_and_settles(
+    scale_server: RunningServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # CRC-valid, but element 0 of the BYTES output claims 255 bytes: raised while comparing,
+    # it once left the request unsettled (the whole --drain waited, "errors 1", exit 0)
+    bad = CapturedTensor("y", "BYTES", (1, 4), b"\xff\x00\x00\x00ab")
+    capture = write(tmp_path / "in.cap", [captured(0, 0, inputs(0), outputs=[bad])])
+    out = tmp_path / "out.json"
+    argv = ["replay", str(capture), "--target", f"http://{scale_server.http}",
+            "--compare-outputs", "--drain", "3", "--json", str(out), "-q"]  # fmt: skip
+    assert cli_main(argv) == 3
+    printed = capsys.readouterr().out
+    assert "1 not comparable (recorded outputs unreadable)" in printed
+    assert "request 0: not comparable, its recorded outputs do not read" in printed
+    doc = json.loads(out.read_text())
+    assert (doc["ok"], doc["errors"], doc["unanswered"]) == (1, 0, 0)
+    compare = doc["compare"]
+    assert (compare["compared"], compare["not_comparable"], compare["not_answered"]) == (0, 1, 0)
+
+
+def test_a_fault_while_settling_an_answer_settles_it_as_an_error(tmp_path: Path) -> None:
+    capture = write(tmp_path / "in.cap", [captured(0, 0, inputs(0))])
+    plan = load_plan(config(capture, "127.0.0.1:1"))
+    replay = Replay(plan, config(capture, "127.0.0.1:1"))
+    replay.next = replay.outstanding = 1
+    plan.dues_ns = []  # (read while settling a 200: raises IndexError)
+    replay.answered(0, 200, None, None, None)
+    assert replay.outstanding == 0
+    assert replay.tally.errors == 1
+    assert replay.tally.messages == [
+        "request 0: the replay failed on its answer: IndexError: list index out of range"
+    ]
+
+
 def test_unknown_model_counts_errors_by_status(scale_server: RunningServer, tmp_path: Path) -> None:
     records = [captured(i, i * MS, inputs(i), model="nosuch") for i in range(3)]
     doc = run_replay(config(write(tmp_path / "in.cap", records), scale_server.http)).to_json()

@@ -179,27 +179,26 @@ class Replay:
     def answered(
         self, rid: int, status: int, body: bytes | None, head: int | None, message: str | None
     ) -> None:
+        """Settle request `rid`: count its outcome and, with --compare-outputs, compare it.
+
+        NOTE: nothing raised here may leave the request unsettled: the transports call this
+        from their callbacks and swallow what it raises, so a fault (once: a malformed recorded
+        BYTES output, raised while comparing) kept it outstanding, the run waited out the
+        whole --drain and counted an error with no message. A fault settles it as an error
+        saying what went wrong."""
         now = self.clock()
-        plan, tally = self.plan, self.tally
+        plan = self.plan
         status = NO_STATUS if status == NO_CONNECTION else status  # (an error all the same)
         loop, index = divmod(rid, len(plan.offsets_ns))
         began = self.start + loop * plan.span_ns + plan.offsets_ns[index]
         if self.sent_early:
             began = min(began, self.sent_early.pop(rid, began))
         latency = now - began
-        tally.statuses[status] = tally.statuses.get(status, 0) + 1
-        if status == 200:
-            due = plan.dues_ns[index]
-            outcome = Outcome.LATE if due is not None and latency > due else Outcome.OK
-            if body is not None and plan.recorded[index] is not None:
-                self._compare(rid, body, head)
-        else:
-            outcome = Outcome.ERROR if status == NO_STATUS else outcome_of_http_status(status)
-            if outcome == Outcome.ERROR:
-                tally.errors += 1
-                if len(tally.messages) < MAX_MESSAGES:
-                    text = message or error_text(status, body or b"")
-                    tally.messages.append(f"request {index}: {text}")
+        try:
+            outcome = self._outcome(rid, index, latency, status, body, head, message)
+        except Exception as exc:
+            outcome = Outcome.ERROR
+            self._error(index, f"the replay failed on its answer: {type(exc).__name__}: {exc}")
         self.recorder.ended(now, latency, outcome)
         self.outstanding -= 1
         if self.next < self.total and self.scheduled(self.next) <= now and self._loop:
@@ -208,6 +207,28 @@ class Replay:
             self._loop.call_soon(self.tick)
         if self.outstanding == 0 and self._idle is not None and not self._idle.done():
             self._idle.set_result(None)
+
+    def _outcome(
+        self, rid: int, index: int, latency: int, status: int, body: bytes | None,
+        head: int | None, message: str | None,
+    ) -> Outcome:  # fmt: skip
+        tally = self.tally
+        tally.statuses[status] = tally.statuses.get(status, 0) + 1
+        if status == 200:
+            due = self.plan.dues_ns[index]
+            if body is not None and self.plan.recorded[index] is not None:
+                self._compare(rid, body, head)
+            return Outcome.LATE if due is not None and latency > due else Outcome.OK
+        outcome = Outcome.ERROR if status == NO_STATUS else outcome_of_http_status(status)
+        if outcome == Outcome.ERROR:
+            self._error(index, message or error_text(status, body or b""))
+        return outcome
+
+    def _error(self, index: int, text: str) -> None:
+        tally = self.tally
+        tally.errors += 1
+        if len(tally.messages) < MAX_MESSAGES:
+            tally.messages.append(f"request {index}: {text}")
 
     def _compare(self, rid: int, body: bytes, head: int | None) -> None:
         tally = self.tally
@@ -221,8 +242,16 @@ class Replay:
             if len(tally.messages) < MAX_MESSAGES:
                 tally.messages.append(f"request {index}: answer not readable: {exc}")
             return
+        try:
+            difference = compare_outputs(recorded, answer, self.config.rtol, self.config.atol)
+        except Exception as exc:  # (a recorded output that does not decode: BadField)
+            tally.not_comparable += 1
+            if len(tally.messages) < MAX_MESSAGES:
+                tally.messages.append(
+                    f"request {index}: not comparable, its recorded outputs do not read: {exc}"
+                )
+            return
         tally.compared += 1
-        difference = compare_outputs(recorded, answer, self.config.rtol, self.config.atol)
         if difference is None:
             return
         tally.mismatched += 1

@@ -37,6 +37,8 @@ class Tally:
     mismatched: int = 0
     mismatches: list[Mismatch] = field(default_factory=list)
     undecodable: int = 0
+    not_comparable: int = 0
+    """Answers whose recorded outputs do not decode (a capture written wrong)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,7 +117,10 @@ def result_of(
             "compared": tally.compared,
             "mismatched": tally.mismatched,
             "undecodable": tally.undecodable,
-            "not_answered": max(recorded_sent - tally.compared - tally.undecodable, 0),
+            "not_comparable": tally.not_comparable,
+            "not_answered": max(
+                recorded_sent - tally.compared - tally.undecodable - tally.not_comparable, 0
+            ),
             "first_mismatches": [
                 {
                     "index": m.index,
@@ -137,8 +142,9 @@ def result_of(
 
 def recorded_answers_sent(recorded: Sequence[object | None], sent: int) -> int:
     """How many of the first `sent` sends (the capture over and over) have recorded outputs to
-    compare with: `compared` + `undecodable` + those not answered 200 (a request recorded as
-    answered and replayed overdue, refused or failed is not compared, and is counted here)."""
+    compare with: `compared` + `undecodable` + `not_comparable` + those not answered 200 (a
+    request recorded as answered and replayed overdue, refused or failed is not compared, and
+    is counted here)."""
     if not recorded:
         return 0
     loops, rest = divmod(sent, len(recorded))
@@ -182,6 +188,11 @@ def format_result(doc: dict[str, Any]) -> str:
             f"outputs: {compare['compared']:,} compared, {compare['mismatched']:,} differ "
             f"(rtol {compare['rtol']:g}, atol {compare['atol']:g})"
             + (f", {compare['undecodable']} unreadable" if compare["undecodable"] else "")
+            + (
+                f", {compare['not_comparable']} not comparable (recorded outputs unreadable)"
+                if compare["not_comparable"]
+                else ""
+            )
             + _not_compared(compare)
         )
         lines += [
@@ -210,7 +221,10 @@ def compare_failed(compare: dict[str, Any]) -> bool:
 
     NOTE: the last once passed: a changed model that refused every request (400: a new input
     shape; 404: gone) replayed as "0 compared, 0 differ" and exit 0."""
-    return bool(compare["mismatched"] or compare["undecodable"] or compare["not_answered"])
+    return bool(
+        compare["mismatched"] or compare["undecodable"] or compare["not_comparable"]
+        or compare["not_answered"]
+    )  # fmt: skip
 
 
 def _verdict(compare: dict[str, Any]) -> list[str]:
@@ -222,6 +236,8 @@ def _verdict(compare: dict[str, Any]) -> list[str]:
         why.append(f"{compare['mismatched']:,} answers differ")
     if compare["undecodable"]:
         why.append(f"{compare['undecodable']:,} unreadable")
+    if compare["not_comparable"]:
+        why.append(f"{compare['not_comparable']:,} not comparable")
     if compare["not_answered"]:
         why.append(
             f"{compare['not_answered']:,} of {compare['recorded']:,} recorded answers not "

@@ -27,6 +27,12 @@ ORDER_FIELDS = 7
 # free list); HEAD/TAIL are the ends of the level's order FIFO.
 L_PRICE, L_SHARES, L_ORDERS, L_HEAD, L_TAIL, L_BETTER, L_WORSE, L_BOOK = range(8)
 LEVEL_FIELDS = 8
+# Level tree columns (`level_tree`, one row per level row): each book's levels also form a treap
+# in price order, better prices to the LEFT, so a new level far from both ends of its book is
+# placed in O(log levels) (see fastbook_kernel._link_level). Kept apart from the level rows,
+# which stay one cache line: only creating and dropping a level touch the tree.
+T_LEFT, T_RIGHT, T_UP = range(3)
+TREE_FIELDS = 3
 # Change table columns: the top of book after each applied change, packed into 4 words (the
 # table is written once per change, so its size is the pass's memory traffic): C_STAMP is
 # ts | locate << 48, C_PRICES bid_px << 32 | ask_px (0 for an empty side: no order rests at
@@ -65,6 +71,7 @@ class Tables(NamedTuple):
     order_hash: np.ndarray
     levels: np.ndarray
     level_hash: np.ndarray
+    level_tree: np.ndarray
     ends: np.ndarray
     stocks: np.ndarray
     symbols: np.ndarray
@@ -85,6 +92,7 @@ def new_tables(orders: int = 1 << 16, levels: int = 1 << 12, changes: int = 1 <<
         order_hash=_empty_hash(orders),
         levels=np.empty((levels, LEVEL_FIELDS), np.int64),
         level_hash=_empty_hash(levels),
+        level_tree=np.empty((levels, TREE_FIELDS), np.int64),
         ends=np.full((BOOKS, 2), -1, np.int64),
         stocks=np.zeros((LOCATES, STOCK_COLUMNS), np.int64),
         symbols=np.zeros((LOCATES, SYMBOL_BYTES), np.uint8),
@@ -109,7 +117,9 @@ def grow_orders(t: Tables) -> Tables:
 def grow_levels(t: Tables) -> Tables:
     grown = _empty_hash(2 * len(t.levels))
     rehash(t.level_hash, grown)
-    return t._replace(levels=_grown_rows(t.levels), level_hash=grown)
+    return t._replace(
+        levels=_grown_rows(t.levels), level_hash=grown, level_tree=_grown_rows(t.level_tree)
+    )
 
 
 def grow_changes(t: Tables) -> Tables:
