@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 import orjson
 import pytest
+from conftest import RunningServer
 
 from duetime.cli import main as cli_main
 from duetime.frontend.proto import grpc_service_pb2 as pb
@@ -60,7 +61,7 @@ def test_an_integer_no_grpc_parameter_holds_is_named(value: int) -> None:
 
 @pytest.mark.parametrize("protocol", ["grpc", "http"])
 def test_an_unsendable_record_is_a_clear_error_naming_it(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], protocol: str
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], protocol: str, server: RunningServer
 ) -> None:
     # a v2 REST body may hold any JSON integer; the capture keeps the body as it came
     body = b'{"id":"r1","inputs":[],"parameters":{"p":18446744073709551616}}'
@@ -71,7 +72,8 @@ def test_an_unsendable_record_is_a_clear_error_naming_it(
             1, "mlp", None, body, None, None, 0, {}, None, 200, None, 0, None, None, None
         )
         writer.write_encoded(raw, 1)
-    argv = ["replay", str(capture), "--target", f"{protocol}://127.0.0.1:1", "-q"]
+    target = server.grpc if protocol == "grpc" else server.http
+    argv = ["replay", str(capture), "--target", f"{protocol}://{target}", "-q"]
     assert cli_main(argv) == 2
     err = capsys.readouterr().err
     assert f"record 1 (id 'r1') cannot be replayed over {protocol}: parameter" in err

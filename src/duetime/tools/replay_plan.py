@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -100,63 +101,74 @@ class Plan:
         return len(self.offsets_ns)
 
 
-def load_plan(config: ReplayConfig) -> Plan:
-    """Read and encode the capture; CaptureFormatError names a bad record, ConfigError an empty
-    or missing capture."""
-    protocol, host, port = config.address()
+def check_capture(config: ReplayConfig) -> None:
+    """The checks of the capture that cost nothing: ConfigError for no file or a folder."""
     if not config.capture.is_file():
         what = "a folder, not a capture file" if config.capture.is_dir() else "no such capture file"
         raise ConfigError(f"{config.capture}: {what}")
+
+
+@dataclass(slots=True)
+class _Entry:
+    """What the plan keeps of one record: its request encoded, and the little the run needs."""
+
+    arrival_ns: int
+    payload: Any
+    due_ns: int | None
+    request_id: str
+    recorded: list[CapturedTensor] | None
+
+
+def load_plan(config: ReplayConfig) -> Plan:
+    """Read and encode the capture; CaptureFormatError names a bad record, ConfigError an empty
+    or missing capture, or a record the protocol cannot carry.
+
+    NOTE: each record is encoded as it is read and only its wire form kept: the decoded
+    records and their encoded copies were once held together (a 517 MiB capture took 1.35 GB).
+    The whole capture is still held encoded before the run (about its size again): replaying
+    one bigger than memory would take encoding ahead of the sends, in a bounded window."""
+    protocol, host, port = config.address()
+    check_capture(config)
+    encode: Callable[[CapturedRequest], Any] = grpc_request
+    if protocol != "grpc":
+        encode = functools.partial(http_request, host=host, port=port)
+    keep = config.compare_outputs
+    entries: list[_Entry] = []
+    any_recorded = False
     with CaptureReader(config.capture) as reader:
-        records = list(reader)
-    if not records:
+        for index, record in enumerate(reader):
+            try:
+                payload = encode(record)
+            except Unsendable as exc:
+                raise ConfigError(
+                    f"{config.capture}: record {index} (id {record.request_id!r}) cannot be "
+                    f"replayed over {protocol}: {exc}"
+                ) from None
+            answered = record.outputs is not None and record.status == 200
+            any_recorded |= answered
+            entries.append(_Entry(
+                record.arrival_ns, payload, replay_due_ns(record), record.request_id,
+                record.outputs if keep and answered else None,
+            ))  # fmt: skip
+    if not entries:
         raise ConfigError(f"{config.capture}: the capture holds no requests")
-    # a server writes them as they end; `order[k]`: the file index of the k-th to send
-    order = sorted(range(len(records)), key=lambda i: records[i].arrival_ns)
-    records = [records[i] for i in order]
-    first = records[0].arrival_ns
-    offsets = [round((r.arrival_ns - first) / config.speed) for r in records]
+    entries.sort(key=lambda e: e.arrival_ns)  # a server writes them as they end
+    first = entries[0].arrival_ns
+    offsets = [round((e.arrival_ns - first) / config.speed) for e in entries]
     last = offsets[-1]
     # back to back: the next loop starts one mean gap after the last request
-    span = last + (last // (len(records) - 1) if len(records) > 1 else 1_000_000)
-    if protocol == "grpc":
-        payloads = _encoded(config, records, order, grpc_request)
-    else:
-        payloads = _encoded(config, records, order, lambda r: http_request(r, host, port))
-    keep = config.compare_outputs
-    if keep and not any(r.outputs is not None and r.status == 200 for r in records):
+    span = last + (last // (len(entries) - 1) if len(entries) > 1 else 1_000_000)
+    if keep and not any_recorded:
         # NOTE: refused, not run: "0 compared, 0 differ" and exit 0 read as a pass
         raise ConfigError(
             f"--compare-outputs: {config.capture} holds no recorded outputs to compare with "
             "(record them with `duetime serve --record FILE --record-outputs`)"
         )
     return Plan(
-        offsets_ns=offsets, span_ns=max(span, 1), payloads=payloads,
-        dues_ns=[replay_due_ns(r) for r in records],
-        request_ids=[r.request_id for r in records],
-        recorded=[r.outputs if keep and r.status == 200 else None for r in records],
+        offsets_ns=offsets, span_ns=max(span, 1), payloads=[e.payload for e in entries],
+        dues_ns=[e.due_ns for e in entries], request_ids=[e.request_id for e in entries],
+        recorded=[e.recorded for e in entries],
     )  # fmt: skip
-
-
-def _encoded(
-    config: ReplayConfig,
-    records: list[CapturedRequest],
-    order: list[int],
-    encode: Callable[[CapturedRequest], Any],
-) -> list[Any]:
-    """Each record in wire form; ConfigError naming the record (its index in the file) and the
-    field for a value the protocol cannot carry."""
-    payloads = []
-    for k, record in enumerate(records):
-        try:
-            payloads.append(encode(record))
-        except Unsendable as exc:
-            protocol = config.address()[0]
-            raise ConfigError(
-                f"{config.capture}: record {order[k]} (id {record.request_id!r}) cannot be "
-                f"replayed over {protocol}: {exc}"
-            ) from None
-    return payloads
 
 
 def replay_due_ns(record: CapturedRequest) -> int | None:
