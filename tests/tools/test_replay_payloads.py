@@ -148,3 +148,28 @@ def test_a_binary_request_and_one_never_on_the_wire_replay_binary(tmp_path: Path
         assert headers["content-type"] == "application/octet-stream"
         assert orjson.loads(body[:length])["parameters"]["binary_data_output"] is True
         assert body[length:] == b"".join(t.data for t in captured.inputs)
+
+
+# -- the parameters of requested outputs ---------------------------------------------------------
+
+
+def test_an_outputs_parameters_are_replayed_over_both_protocols(tmp_path: Path) -> None:
+    # tritonclient InferRequestedOutput("y", class_count=2): the top 2 classes, not the tensor
+    classified = record(outputs_wanted=("y", "z"), output_parameters={"y": {"classification": 2}})
+    headers, body = http_parts(http_request(classified, "127.0.0.1", 8000))
+    head = orjson.loads(body[: int(headers["inference-header-content-length"])])
+    assert head["outputs"] == [
+        {"name": "y", "parameters": {"classification": 2, "binary_data": True}},
+        {"name": "z", "parameters": {"binary_data": True}},
+    ]
+    sent = pb.ModelInferRequest.FromString(grpc_request(classified).data)
+    assert [o.name for o in sent.outputs] == ["y", "z"]
+    assert sent.outputs[0].parameters["classification"].int64_param == 2
+    assert not sent.outputs[1].parameters
+    sent_json = {
+        "inputs": [{"name": "x", "datatype": "FP32", "shape": [1], "data": [1]}],
+        "outputs": [{"name": "y", "parameters": {"classification": 3}}],
+    }
+    as_json = captured_http(tmp_path, orjson.dumps(sent_json), None)
+    _, body = http_parts(http_request(as_json, "127.0.0.1", 8000))
+    assert orjson.loads(body)["outputs"] == [{"name": "y", "parameters": {"classification": 3}}]

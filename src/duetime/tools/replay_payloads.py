@@ -116,13 +116,11 @@ def http_request(record: CapturedRequest, host: str, port: int) -> bytes:
         if "binary_data_output" in record.parameters:  # (as its client asked)
             parameters["binary_data_output"] = record.parameters["binary_data_output"]
         if record.outputs_wanted is not None:
-            doc["outputs"] = [{"name": name} for name in record.outputs_wanted]
+            doc["outputs"] = _json_outputs(record, {})
     elif record.outputs_wanted is None:
         parameters["binary_data_output"] = True
     else:
-        doc["outputs"] = [
-            {"name": name, "parameters": {"binary_data": True}} for name in record.outputs_wanted
-        ]
+        doc["outputs"] = _json_outputs(record, {"binary_data": True})
     doc["parameters"] = parameters
     try:
         head = orjson.dumps(doc, default=str, option=orjson.OPT_SERIALIZE_NUMPY)
@@ -164,6 +162,22 @@ def sent_as_json(record: CapturedRequest) -> bool:
     headers = record.headers
     framed = "content-length" in headers or "transfer-encoding" in headers
     return framed and "inference-header-content-length" not in headers
+
+
+def _json_outputs(record: CapturedRequest, own: dict[str, Any]) -> list[dict[str, Any]]:
+    """The outputs the request named, each with the parameters it gave them (`classification`)
+    and `own`.
+
+    NOTE: the outputs' parameters were once dropped: a request for an output's top classes
+    replayed as one for the whole tensor (other work, another answer)."""
+    given = record.output_parameters or {}
+    outputs = []
+    for name in record.outputs_wanted or ():
+        entry: dict[str, Any] = {"name": name}
+        if name in given or own:
+            entry["parameters"] = {**given.get(name, {}), **own}
+        outputs.append(entry)
+    return outputs
 
 
 def _binary_inputs(record: CapturedRequest) -> list[dict[str, Any]]:
@@ -252,8 +266,11 @@ def grpc_request(record: CapturedRequest) -> GrpcRequest:
     for tensor in record.inputs:
         request.inputs.add(name=tensor.name, datatype=tensor.datatype, shape=list(tensor.shape))
         request.raw_input_contents.append(tensor.data)
+    given = record.output_parameters or {}
     for name in record.outputs_wanted or ():
-        request.outputs.add(name=name)
+        output = request.outputs.add(name=name)
+        for key, value in given.get(name, {}).items():  # (see `_json_outputs`)
+            _set_parameter(output.parameters[key], f"{name}.{key}", value)
     for key, value in request_parameters(record).items():
         _set_parameter(request.parameters[key], key, value)
     timeout = due_timeout_us(record)
