@@ -15,7 +15,7 @@ pytest.importorskip("numba")
 
 from duetime.cli import main
 from duetime.feeds.itch import book_command
-from duetime.feeds.itch.parser import read_messages
+from duetime.feeds.itch.parser import KEPT_ERRORS, read_messages
 from duetime.feeds.itch.synth import session_bytes
 from duetime.feeds.itch.writer import encode, frame
 
@@ -112,6 +112,17 @@ def test_both_engines_write_the_same_bytes_and_say_the_same(
     else:
         assert (code, summary) == (1, None)
         assert "ITCH frame at byte offset" in err
+
+
+def test_skip_counts_every_bad_frame_past_the_kept_errors(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "zeros.itch"
+    path.write_bytes(session_bytes(seed=3, messages=200) + bytes(2 * 3 * KEPT_ERRORS))
+    python = book(path, tmp_path / "o.json", capsys, "--on-error", "skip", "--engine", "python")
+    numba = book(path, tmp_path / "o.json", capsys, "--on-error", "skip", "--engine", "numba")
+    assert numba == python
+    assert f"skipped {3 * KEPT_ERRORS} malformed part(s)" in python[1]
 
 
 def test_auto_takes_the_compiled_pass_whenever_it_can(

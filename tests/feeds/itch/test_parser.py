@@ -376,6 +376,17 @@ def test_skipping_recovers_from_several_bad_frames_in_a_row() -> None:
     ]
 
 
+def test_skipping_keeps_a_count_and_only_the_first_errors() -> None:
+    """A run of zero bytes is a bad frame every 2 bytes: the reader counts them all but keeps
+    the errors of the first `KEPT_ERRORS` only (one each took 4.9 GB for 20 MiB of zeros)."""
+    bad = 3 * parser.KEPT_ERRORS
+    reader = read_messages(GOOD + bytes(2 * bad) + GOOD, on_error="skip")
+    assert len(list(reader)) == 2
+    assert reader.skipped == bad
+    assert len(reader.errors) == parser.KEPT_ERRORS
+    assert (reader.errors[0].offset, reader.errors[0].reason) == (len(GOOD), "zero_length")
+
+
 def test_decode_message_checks_type_and_length() -> None:
     with pytest.raises(ItchFormatError, match="unknown message type"):
         decode_message(b"Zxx")

@@ -149,13 +149,12 @@ def _streamed(args: argparse.Namespace) -> BookRun:
         reader, depth=args.depth, first_changes=args.first_changes, strict=args.strict
     )
     counts = books.anomalies.counts
-    errors = reader.errors
     return BookRun(
         summary=summary,
         symbols=symbols(books),
         anomalies={kind: counts[kind] for kind in ANOMALY_KINDS if kind in counts},
-        skipped=len(errors),
-        first_skipped=errors[0] if errors else None,
+        skipped=reader.skipped,
+        first_skipped=reader.errors[0] if reader.errors else None,
     )
 
 

@@ -355,9 +355,9 @@ async def _feed(args: argparse.Namespace, options: Any) -> tuple[dict[str, Any],
                 stopped: list[ItchFormatError] = []
                 stats = await feed.run(_until_error(messages, stopped))
                 if messages.errors:
-                    stats.skipped_frames = len(messages.errors)
+                    stats.skipped_frames = messages.skipped
                     stats.first_skipped = frame_report(messages.errors[0])
-                    note = skipped_note(len(messages.errors), messages.errors[0])
+                    note = skipped_note(messages.skipped, messages.errors[0])
                     console(f"duetime itch run: {args.file}: {note}", logging.WARNING)
                 if stopped:  # (the run and its report go up to it; exit 1)
                     error = stopped[0]
