@@ -8,6 +8,8 @@ import hashlib
 import logging
 import os
 import platform
+import re
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, cast
@@ -84,7 +86,8 @@ def cached_session(
     The cache is `<folder>/.duetime-cache/<name>.<key>.onnx`; a cache that cannot be written
     (a read-only repository) only costs the time it saves. A model whose tensors live in files
     of their own (ONNX external data) is not cached: ORT's optimised copy refers to those files
-    by paths relative to the model, which do not resolve from the cache folder.
+    by paths relative to the model, which do not resolve from the cache folder. It keeps
+    `CACHE_KEEP` graphs of each model file (see `_prune_cache`).
     """
     try:
         key = _cache_key(model_path, graph)
@@ -93,7 +96,7 @@ def cached_session(
     if key is None:
         return open_session(model_path, options, graph)
     cached = model_path.parent / CACHE_DIR / f"{model_path.stem}.{key}.onnx"
-    if cached.is_file():
+    if _used_now(cached):
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
         try:
             return open_session(cached, options)
@@ -124,7 +127,66 @@ def cached_session(
         log.info("%s: optimised graph not cached: %s", model_path, exc)
         with contextlib.suppress(OSError):
             partial.unlink()
+    else:
+        _prune_cache(cached, model_path.stem)
     return session
+
+
+CACHE_KEEP = 2
+"""Optimised graphs kept per model file: the one just written and the one used last before it.
+
+NOTE: every graph written stayed: a version whose model.onnx changed in place left one more
+at each reload, never to be read again (6 updates of a 275 KB model: 7 graphs, 1.9 MB), so a
+server updated in place grew its repository without bound. One more than the newest keeps
+the graph of the bytes served before (a rollback, or another server sharing the repository
+that has not reloaded yet, still finds it), and both graphs of one file when its loader
+serves rewritten bytes (repository/graphs.py) as well as the file's own."""
+
+
+def _used_now(cached: Path) -> bool:
+    """Whether the optimised graph `cached` is there; marks it used now (its access time), so
+    that `_prune_cache` keeps it over graphs used before it."""
+    try:
+        os.utime(cached, ns=(time.time_ns(), cached.stat().st_mtime_ns))
+    except FileNotFoundError:
+        return False
+    except OSError:  # (a read-only repository: its cache is never pruned here either)
+        return cached.is_file()
+    return True
+
+
+def _prune_cache(cached: Path, stem: str) -> None:
+    """Remove the optimised graphs of the model file named `stem` beyond `CACHE_KEEP`, those
+    used longest ago first; never `cached`, just written.
+
+    A graph is read only while a session is made from it (a session keeps no hold on the
+    file: a version serving needs its graph again only to load those bytes again), and a graph
+    about to be read was marked used just before (`_used_now`), so it stays unless
+    `CACHE_KEEP` newer graphs of the file are written meanwhile; even then its load only
+    optimises again (`cached_session`'s fallback). Servers sharing the repository may prune at
+    once: a graph already gone is no error, and a graph is only ever seen whole (written to a
+    partial file, which this never matches, then renamed)."""
+    pattern = re.compile(rf"{re.escape(stem)}\.[0-9a-f]{{{CACHE_KEY_CHARS}}}\.onnx")
+    others: list[tuple[int, Path]] = []
+    try:
+        with os.scandir(cached.parent) as entries:
+            for entry in entries:
+                if entry.name == cached.name or not pattern.fullmatch(entry.name):
+                    continue
+                with contextlib.suppress(OSError):  # (gone meanwhile: another server pruned)
+                    others.append((entry.stat(follow_symlinks=False).st_atime_ns, Path(entry)))
+    except OSError:
+        return
+    others.sort(reverse=True)
+    for _, stale in others[CACHE_KEEP - 1 :]:
+        try:
+            stale.unlink()
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            log.info("%s: stale optimised graph not removed: %s", stale, exc)
+            return
+        log.debug("%s: stale optimised graph removed", stale)
 
 
 EXTERNAL_DATA_MARK = b"location"
@@ -144,7 +206,11 @@ def _cache_key(model_path: Path, graph: bytes | None = None) -> str | None:
             return None
         tail = chunk[1 - len(EXTERNAL_DATA_MARK) :]
     digest.update(f"{ort.__version__}/{platform.machine()}/{_cpu_features()}".encode())
-    return digest.hexdigest()[:20]
+    return digest.hexdigest()[:CACHE_KEY_CHARS]
+
+
+CACHE_KEY_CHARS = 20
+"""Hex digits of a cached graph's key (`_cache_key`), in its file name."""
 
 
 def _chunks(path: Path, size: int = 1 << 20) -> Iterator[bytes]:
