@@ -285,12 +285,37 @@ def test_unknown_model_metadata_and_config(
     assert_still_serves(wire)
 
 
-@pytest.mark.parametrize("version", ["9", "latest"])
+@pytest.mark.parametrize("version", ["9", "09"])
 def test_unknown_version(wire: Wire, version: str) -> None:
     outcome = wire.infer("mlp", [tensor("x", "FP32", [1, 40])], version=version)
     assert_refused(wire, outcome, "not_found", "loaded versions: 1")
     assert outcome.message.startswith(
         f"Request for unknown model: 'mlp' version {version} is not found"
+    ), outcome
+    assert_still_serves(wire)
+
+
+@pytest.mark.parametrize("version", ["latest", "-1", "1.0", "x" * 100])
+@pytest.mark.parametrize("endpoint", ["infer", "ready"])
+def test_a_version_that_is_not_a_number_is_invalid(wire: Wire, version: str, endpoint: str) -> None:
+    """It was told "version abc is not found" (404 / NOT_FOUND), as if it might exist; Triton
+    answers INVALID_ARG, in the words this message begins with."""
+    if endpoint == "infer":
+        outcome = wire.infer("mlp", [tensor("x", "FP32", [1, 40])], version=version)
+    elif isinstance(wire, HttpWire):
+        wire.connection.request("GET", f"/v2/models/mlp/versions/{version}/ready")
+        response = wire.connection.getresponse()
+        outcome = Outcome(response.status, json.loads(response.read())["error"])
+    else:
+        try:
+            wire.stub.ModelReady(service_pb2.ModelReadyRequest(name="mlp", version=version))
+            outcome = Outcome(grpc.StatusCode.OK, "")
+        except grpc.RpcError as exc:
+            outcome = Outcome(exc.code(), exc.details() or "")
+    shown = version if len(version) <= 64 else version[:64] + "..."
+    assert_refused(wire, outcome, "invalid", "model_version", "non-negative integer")
+    assert outcome.message.startswith(
+        f"failed to get model version from specified version string '{shown}' of model 'mlp'"
     ), outcome
     assert_still_serves(wire)
 

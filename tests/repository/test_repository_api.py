@@ -508,7 +508,12 @@ def test_responses_name_version_and_variant(server: RunningServer, protocol: str
     response = result.get_response()
     leading_zero = client.infer("mlp", [tensor], model_version="01").get_response()  # (version 1)
     assert client.is_model_ready("mlp", "001")
-    assert not client.is_model_ready("mlp", "1" + "0" * 30)
+    huge = "1" + "0" * 30  # (not an int64: no version, as Triton's INVALID_ARG says of it)
+    if protocol == "http":
+        assert not client.is_model_ready("mlp", huge)  # (400)
+    else:
+        with pytest.raises(InferenceServerException, match=r"INVALID_ARGUMENT.*model_version"):
+            client.is_model_ready("mlp", huge)
     if protocol == "http":
         assert leading_zero["model_version"] == "1"
         assert response["model_version"] == "1"

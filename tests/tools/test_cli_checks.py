@@ -157,9 +157,15 @@ def test_optimize_measure_s_must_be_finite_and_positive(
 def test_compare_outputs_refuses_a_capture_without_outputs(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    # (found by reading the capture, which comes after reaching the target: one that listens)
     capture = write_capture(tmp_path / "no-outputs.cap")
-    argv = ["replay", str(capture), "--target", f"http://{NOWHERE}", "-q", "--compare-outputs"]
-    err = refused(argv, "--compare-outputs", capsys)
+    with socket.socket() as listening:
+        listening.bind(("127.0.0.1", 0))
+        listening.listen(8)
+        host, port = listening.getsockname()
+        argv = ["replay", str(capture), "--target", f"http://{host}:{port}", "-q",
+                "--compare-outputs"]  # fmt: skip
+        err = refused(argv, "--compare-outputs", capsys)
     assert "no recorded outputs" in err
     assert "--record-outputs" in err
 

@@ -316,6 +316,10 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
     async def ModelReady(self, request: Any, context: Any) -> Any:
         try:
             self._engine.registry.resolve(request.name, request.version or None)
+        except InvalidInput as exc:
+            # (a version that is not a number: a malformed request, as HTTP's ready and
+            # Triton's ModelReady answer it, not a version that is merely not ready)
+            _abort(context, exc)
         except DuetimeError:
             return pb.ModelReadyResponse(ready=False)
         return pb.ModelReadyResponse(ready=self.accepting)

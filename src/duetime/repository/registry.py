@@ -8,7 +8,7 @@ from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
 from duetime.config import PRIMARY_VARIANT, TrafficConfig
-from duetime.errors import ModelNotFound, ModelUnavailable
+from duetime.errors import InvalidInput, ModelNotFound, ModelUnavailable
 from duetime.repository.layout import version_of
 from duetime.repository.loader import LoadedModel
 from duetime.routing.traffic import TrafficPlan, plan_traffic
@@ -22,6 +22,10 @@ UNKNOWN_MODEL = "Request for unknown model: "
 model: 'x' is not found", "... 'x' version 3 is not found", "... 'x' has no available
 versions"): its example clients and QA tests match on these words. duetime's detail (what is
 served, why not) follows them."""
+
+
+VERSION_SHOWN = 64
+"""How much of a malformed version string an error repeats (a gRPC request's can be long)."""
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -59,12 +63,24 @@ class ServedModel:
     traffic: TrafficPlan
 
     def version(self, version: str) -> ServedVersion:
-        """The served `version` ("01" is version 1, as Triton parses it), or ModelNotFound."""
+        """The served `version` ("01" is version 1, as Triton parses it), ModelNotFound, or
+        InvalidInput for a `version` that is not a version number at all.
+
+        NOTE: "abc" and "-1" were told "version abc is not found" (404 / NOT_FOUND), as if a
+        version so named might exist; they are malformed requests, as Triton answers them
+        (INVALID_ARG from its GetModelVersionFromString, whose words begin the message)."""
         found = self.versions.get(version)
         if found is None:
             number = version_of(version)
-            if number is not None:
-                found = self.versions.get(str(number))
+            if number is None:
+                shown = version[:VERSION_SHOWN] + ("..." if len(version) > VERSION_SHOWN else "")
+                raise InvalidInput(
+                    f"failed to get model version from specified version string '{shown}' of "
+                    f"model '{self.name}': "
+                    "model_version must be a non-negative integer of at most 20 digits (the "
+                    "name of a version folder, such as 1), or empty for the default version"
+                )
+            found = self.versions.get(str(number))
             if found is None:
                 loaded = ", ".join(sorted(self.versions, key=int))
                 raise ModelNotFound(
