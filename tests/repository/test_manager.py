@@ -618,6 +618,55 @@ def test_unloading_an_upload_leaves_only_the_repositorys_versions_listed(tmp_pat
     run(tmp_path, scenario, control_mode="explicit")
 
 
+def test_the_index_says_what_last_happened_to_a_version_whose_drains_overlap(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Load, reload, unload: the instance the reload replaced, drained after the unload, wrote
+    'replaced by a new load' over 'unloaded by request' (9 of 10 tries over HTTP)."""
+    write_version(tmp_path, "m", 1, scale_model(1))
+    close = manager_module._close
+    gates: list[asyncio.Event] = []
+    draining: asyncio.Queue[asyncio.Event] = asyncio.Queue()
+    drained: asyncio.Queue[None] = asyncio.Queue()
+    ended = asyncio.Event()  # (then no drain waits: the engine's close waits for them all)
+
+    async def held_close(version: Any, drain_s: float = 0.0) -> None:
+        gate = asyncio.Event()
+        gates.append(gate)
+        draining.put_nowait(gate)
+        if not ended.is_set():
+            await gate.wait()
+        await close(version, drain_s)
+        drained.put_nowait(None)
+
+    monkeypatch.setattr(manager_module, "_close", held_close)
+
+    async def scenario(engine: Engine) -> None:
+        try:
+            await steps(engine)
+        finally:
+            ended.set()
+            for gate in gates:
+                gate.set()
+
+    async def steps(engine: Engine) -> None:
+        await engine.load_model("m", config=ModelConfig.model_validate({"max_batch_size": 4}))
+        await engine.load_model("m", config=ModelConfig.model_validate({"max_batch_size": 8}))
+        replaced = await draining.get()
+        assert states(engine) == {"1": ("READY", "")}
+        await engine.unload_model("m")
+        unloaded = await draining.get()
+        assert states(engine) == {"1": ("UNLOADING", "unloaded by request")}
+        replaced.set()  # the replaced instance has drained, the unloaded one not yet
+        await drained.get()
+        assert states(engine) == {"1": ("UNLOADING", "unloaded by request")}
+        unloaded.set()
+        await drained.get()
+        assert states(engine) == {"1": ("UNAVAILABLE", "unloaded by request")}
+
+    run(tmp_path, scenario, control_mode="explicit", limit_s=30)
+
+
 def test_files_still_being_written_wait_for_the_next_poll(tmp_path: Path) -> None:
     write_version(tmp_path, "m", 1, scale_model(1))
 

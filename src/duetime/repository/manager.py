@@ -923,15 +923,23 @@ class ModelManager:
         return ServedVersion(key, variants)
 
     def _retire(self, name: str, version: ServedVersion, reason: str) -> None:
+        """Drain and close `version` in the background; the index says it is unloading (unless
+        a new instance of it serves on), then `reason`.
+
+        NOTE: a drain ends by writing its own state only: it overwrote any unloading entry,
+        so an instance replaced by a reload (listed nothing: its successor served), drained
+        after that successor was unloaded, wrote 'replaced by a new load' over 'unloaded by
+        request' (9 of 10 tries of load, reload, unload). What last happened to the version
+        is what the index says."""
         states = self._states[name]
         served = self._registry.snapshot.models.get(name)
+        mine: VersionState | None = None
         if served is None or version.version not in served.versions:
-            states[version.version] = VersionState("UNLOADING", reason)
+            mine = states[version.version] = VersionState("UNLOADING", reason)
 
         async def drain() -> None:
             await _close(version, self.options.drain_s)
-            entry = states.get(version.version)
-            if entry is not None and entry.state == "UNLOADING":
+            if mine is not None and states.get(version.version) is mine:
                 if reason in (REMOVED, UPLOADED) or self._on_disk(name, version.version):
                     states[version.version] = VersionState("UNAVAILABLE", reason)
                 else:  # (an upload's version, unloaded: the index lists what is on disk)
