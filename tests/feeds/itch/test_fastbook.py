@@ -87,6 +87,18 @@ def test_gzip_file_and_depth_options(tmp_path: Path) -> None:
         assert fast_book_summary(path, depth=depth, first_changes=first) == want
 
 
+def test_a_depth_past_any_book_lists_every_level() -> None:
+    """The levels come out ragged, as deep as each book is: a dense stocks x 2 x depth array
+    raised MemoryError for `itch book --depth 10000000` (here 200 stocks: 960 GB)."""
+    adds = [add(locate, 10 * locate + k, "BS"[k % 2], 10, 100 + k) for locate in range(1, 201)
+            for k in range(5)]  # fmt: skip
+    data = feed(*adds)
+    want = book_summary(data, depth=10**8)
+    assert fast_book_summary(data, depth=10**8) == want
+    assert want["stocks"]["#7"]["book"]["bids"] == [[104, 10, 1], [102, 10, 1], [100, 10, 1]]
+    assert FastBook(data).depth(7, ASK, 10**8) == [(101, 10, 1), (103, 10, 1)]
+
+
 def test_tables_grow_mid_pass(monkeypatch: pytest.MonkeyPatch) -> None:
     """Tiny starting tables: every table doubles many times, resuming where the pass stopped."""
     data = session_bytes(seed=4, messages=20_000)

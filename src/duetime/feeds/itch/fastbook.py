@@ -167,9 +167,9 @@ class FastBook:
 
     def depth(self, locate: int, side: int, k: int) -> list[Level]:
         t = self.tables
-        levels, sizes = book_depth(t.levels, t.ends, np.array([locate], np.int64), k)
+        rows, starts = book_depth(t.levels, t.ends, np.array([locate], np.int64), k)
         s = _SIDE_INDEX[side]
-        return [(int(p), int(q), int(n)) for p, q, n in levels[0, s, : sizes[0, s]]]
+        return [(int(p), int(q), int(n)) for p, q, n in rows[starts[s] : starts[s + 1]]]
 
     def top(self, locate: int) -> Top:
         bid, ask = self.depth(locate, BID, 1), self.depth(locate, ASK, 1)
@@ -264,7 +264,7 @@ def _summary(book: FastBook, depth: int, first_changes: int) -> Summary:
     rows, starts = group_by_locate(changes)
     text, text_starts = digest_text(changes)
     locates = book.locates()
-    levels, sizes = book_depth(book.tables.levels, book.tables.ends, locates, depth)
+    levels, level_starts = book_depth(book.tables.levels, book.tables.ends, locates, depth)
     stocks: dict[str, Any] = {}
     keys = stock_keys((locate, book.symbol(locate)) for locate in locates.tolist())
     for i, locate in enumerate(locates.tolist()):
@@ -274,8 +274,8 @@ def _summary(book: FastBook, depth: int, first_changes: int) -> Summary:
             "locate": locate,
             "counts": book.counts(locate),
             "book": {
-                "bids": levels[i, 0, : sizes[i, 0]].tolist(),
-                "asks": levels[i, 1, : sizes[i, 1]].tolist(),
+                "bids": levels[level_starts[2 * i] : level_starts[2 * i + 1]].tolist(),
+                "asks": levels[level_starts[2 * i + 1] : level_starts[2 * i + 2]].tolist(),
             },
             "book_depth": depth,
             "live_orders": book.live_orders(locate),

@@ -163,19 +163,28 @@ def live_orders(orders: np.ndarray, order_hash: np.ndarray) -> np.ndarray:
 def book_depth(
     levels: np.ndarray, ends: np.ndarray, locates: np.ndarray, depth: int
 ) -> tuple[np.ndarray, np.ndarray]:
-    """(levels, sizes): for each locate and side (0 bids, 1 asks) up to `depth` levels of
-    (price, shares, orders), best first, and how many each has."""
-    out = np.zeros((len(locates), 2, depth, 3), np.int64)
-    sizes = np.zeros((len(locates), 2), np.int64)
-    for i in range(len(locates)):
-        for side in range(2):
-            lv = ends[2 * locates[i] + side, BEST]
-            n = 0
-            while lv >= 0 and n < depth:
-                out[i, side, n, 0] = levels[lv, L_PRICE]
-                out[i, side, n, 1] = levels[lv, L_SHARES]
-                out[i, side, n, 2] = levels[lv, L_ORDERS]
-                lv = levels[lv, L_WORSE]
-                n += 1
-            sizes[i, side] = n
-    return out, sizes
+    """(rows, starts): for each locate and side (0 bids, 1 asks) up to `depth` levels of
+    (price, shares, orders), best first: book k = 2 * i + side (i the locate's index) is
+    `rows[starts[k]:starts[k + 1]]`.
+
+    NOTE: ragged, so the memory follows the levels the books hold, not `depth`: a dense
+    (locates, 2, depth, 3) array raised MemoryError for `itch book --depth 10000000`.
+    """
+    books = 2 * len(locates)
+    starts = np.zeros(books + 1, np.int64)
+    for k in range(books):
+        lv = ends[2 * locates[k >> 1] + (k & 1), BEST]
+        n = 0
+        while lv >= 0 and n < depth:
+            lv = levels[lv, L_WORSE]
+            n += 1
+        starts[k + 1] = starts[k] + n
+    rows = np.empty((starts[books], 3), np.int64)
+    for k in range(books):
+        lv = ends[2 * locates[k >> 1] + (k & 1), BEST]
+        for r in range(starts[k], starts[k + 1]):
+            rows[r, 0] = levels[lv, L_PRICE]
+            rows[r, 1] = levels[lv, L_SHARES]
+            rows[r, 2] = levels[lv, L_ORDERS]
+            lv = levels[lv, L_WORSE]
+    return rows, starts
