@@ -60,6 +60,7 @@ FAMILIES = {
     "duetime_shadow_mirrored": "counter",
     "duetime_shadow_compared": "counter",
     "duetime_shadow_skipped": "counter",
+    "duetime_shadow_dropped": "counter",
     "duetime_shadow_argmax_disagreements": "counter",
     "duetime_shadow_max_abs_diff": "gauge",
     "duetime_event_loop_utilization": "gauge",

@@ -1268,13 +1268,13 @@ def test_a_shadow_copy_owns_its_inputs_when_the_caller_owns_the_arrays(
     async def scenario(engine: Engine) -> None:
         shadow = engine.registry.snapshot.models["m"].versions["2"].primary.scheduler
         taken: list[np.ndarray] = []
-        submit = shadow.submit_nowait
+        submit = shadow.submit_shadow
 
         def capture(feeds: dict[str, np.ndarray], **kwargs: Any) -> Any:
             taken.extend(feeds.values())
             return submit(feeds, **kwargs)
 
-        monkeypatch.setattr(shadow, "submit_nowait", capture)
+        monkeypatch.setattr(shadow, "submit_shadow", capture)
         x = inputs()["x"]
         await engine.infer_async("m", {"x": x})
         assert taken

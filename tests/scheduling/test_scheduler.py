@@ -37,7 +37,12 @@ from duetime.scheduling.profile import (
     LatencyProfile,
     profile_from_samples,
 )
-from duetime.scheduling.scheduler import PROBE_NS, BatchSizeStatistics, ModelScheduler
+from duetime.scheduling.scheduler import (
+    PROBE_NS,
+    SHADOW_IN_FLIGHT,
+    BatchSizeStatistics,
+    ModelScheduler,
+)
 from duetime.types import RequestTiming
 
 US = 1000
@@ -69,6 +74,12 @@ class Harness:
             shape_key=shape,
             due_ns=due,
             priority=priority,
+        )
+
+    def shadow(self, name: str, *, due_in: int = 1_000 * MS) -> asyncio.Future[Feeds] | None:
+        """A shadow copy (see `ModelScheduler.submit_shadow`); None: dropped."""
+        return self.scheduler.submit_shadow(
+            {"name": np.array([name])}, rows=1, shape_key=SHAPE, due_ns=self.clock.now_ns() + due_in
         )
 
     def job(self, index: int) -> tuple[int, list[str]]:
@@ -1928,5 +1939,154 @@ def test_instances_sharing_one_cpu_are_admitted_as_one() -> None:
         needed = 200 * US + 125 * US + 100 * US  # (priority 2: behind q1 and q2)
         assert not h.scheduler.fits(now, now + needed - 10 * US, 1, 2)
         assert h.scheduler.fits(now, now + needed + 10 * US, 1, 2)
+
+    run(body)
+
+
+# -- shadow copies -------------------------------------------------------------------------------
+
+
+def test_a_real_request_takes_the_place_of_a_queued_shadow_copy() -> None:
+    """Probe repro_shadow_queue_full: copies of every request to v1 filled the queue of v2
+    (max_queue_size 8), and 89 of 100 real requests to v2 were refused 429 "queue full"."""
+
+    async def body() -> None:
+        h = harness(max_queue_size=2)
+        h.submit("running")
+        first, last = h.shadow("s1"), h.shadow("s2")
+        assert first is not None
+        assert last is not None
+        assert h.shadow("s3") is None  # (the queue is full: dropped, not refused)
+        now = h.clock.now_ns()
+        assert h.scheduler.has_room(0)
+        assert h.scheduler.fits(now, now + 10 * MS, 1, 0)
+        h.submit("real")
+        assert isinstance(failure(last), Overloaded)  # (the last copy gave its place)
+        assert not first.done()
+        h.submit("due", due_in=10 * MS)
+        assert isinstance(failure(first), Overloaded)
+        with pytest.raises(Overloaded, match=r"queue full \(2 requests"):
+            h.submit("refused")  # (real requests only: full)
+        stats = h.scheduler.statistics()
+        assert (stats.queued, stats.rejected, stats.expired) == (2, 1, 0)
+        assert h.scheduler.outcomes() == (0, 1)
+        for index in range(3):
+            h.executor.complete(index)
+        assert h.started() == ["running", "due", "real"]
+
+    run(body)
+
+
+@pytest.mark.parametrize(
+    ("levels", "priority"), [({"priority_levels": 2, "default_priority_level": 2}, 0), ({}, 2**50)]
+)
+def test_shadow_copies_run_behind_every_real_request(levels: dict[str, int], priority: int) -> None:
+    """The router gave copies priority 1 << 40: with `priority_levels` set, a priority beyond
+    them is the default level, where a copy queued first ran before real requests; without,
+    a request asking for a larger priority (a uint64, as Triton's) queued behind them."""
+
+    async def body() -> None:
+        h = harness(**levels)
+        h.submit("running")
+        h.shadow("copy")
+        h.submit("real", priority=priority)
+        h.executor.complete(0)
+        h.executor.complete(1)
+        assert h.started() == ["running", "real", "copy"]
+
+    run(body)
+
+
+def test_shadow_copies_beyond_the_cap_are_dropped() -> None:
+    async def body() -> None:
+        h = harness()  # (one instance that does not batch: SHADOW_IN_FLIGHT copies)
+        copies = [h.shadow(f"s{i}") for i in range(SHADOW_IN_FLIGHT)]
+        assert all(copy is not None for copy in copies)
+        assert h.shadow("over") is None
+        h.executor.complete(0)  # (one ran: room for one more)
+        assert h.shadow("again") is not None
+        assert h.shadow("over") is None
+        stats = h.scheduler.statistics()
+        assert (stats.succeeded, stats.rejected, stats.queued) == (1, 0, SHADOW_IN_FLIGHT - 1)
+
+    run(body)
+
+
+def test_shadow_copies_that_cannot_finish_in_time_are_dropped_uncounted() -> None:
+    """A copy predicted to miss its due time is not queued, and one that becomes hopeless as it
+    waits is dropped: neither is a refusal or an expiry (with 50 ms timeouts, the copies'
+    expiries were counted as missed due times, and the load shedder refused other requests
+    "the server is saturated"), nor makes the model look backlogged to the router."""
+
+    async def body() -> None:
+        h = harness()  # (a run of one row takes 100 µs)
+        h.submit("running")
+        assert h.shadow("late", due_in=150 * US) is None  # (behind 100 µs, it needs 100 more)
+        copy = h.shadow("copy", due_in=300 * US)
+        assert copy is not None
+        h.clock.advance(250 * US)  # (the run overran: the copy cannot finish by 300 µs now)
+        h.scheduler._sweep()
+        assert isinstance(failure(copy), DeadlineExceeded)
+        h.executor.complete(0)
+        stats = h.scheduler.statistics()
+        assert (stats.succeeded, stats.rejected, stats.expired, stats.failed) == (1, 0, 0, 0)
+        assert h.scheduler.outcomes() == (0, 1)
+        assert not h.scheduler.backlogged(h.clock.now_ns() + 1)
+        assert h.started() == ["running"]
+
+    run(body)
+
+
+def test_shadow_copies_failed_at_shutdown_are_not_counted() -> None:
+    async def body() -> None:
+        h = harness()
+        h.submit("running")
+        copy = h.shadow("copy")
+        assert copy is not None
+        await h.scheduler.aclose(0.0)
+        assert isinstance(failure(copy), ModelUnavailable)
+        assert h.scheduler.statistics().unavailable == 0
+
+    run(body)
+
+
+def test_shadow_copies_neither_join_a_real_batch_nor_wait_on_a_busy_instance() -> None:
+    """In a real request's batch, a copy would lengthen its run (5 ms alone, 9 ms with one
+    more row); handed to a busy instance as its next batch, it would keep a real request that
+    arrives meanwhile waiting for the copy's whole run."""
+
+    async def body() -> None:
+        clock, executor, scheduler = long_batches()
+        due = clock.now_ns() + 1_000 * MS
+        scheduler.submit_nowait({}, rows=1, shape_key=(), due_ns=None, priority=0)
+        assert scheduler.submit_shadow({}, rows=1, shape_key=(), due_ns=due) is not None
+        clock.advance(4_500 * US)  # (within a millisecond of the end: a lookahead batch's time)
+        scheduler._on_timer()
+        assert len(executor.jobs) == 1  # (the copy waits for the instance to be free)
+        scheduler.submit_nowait({}, rows=1, shape_key=(), due_ns=None, priority=0)
+        assert [job.rows for _, job in executor.jobs] == [[1], [1]]  # (alone: no copy in it)
+        executor.complete(0, compute_ns=5 * MS)
+        assert len(executor.jobs) == 2
+        executor.complete(1, compute_ns=5 * MS)
+        assert [job.rows for _, job in executor.jobs] == [[1], [1], [1]]  # (the copy, now)
+        executor.complete(2, compute_ns=5 * MS)
+        assert scheduler.statistics().succeeded == 3
+
+    run(body)
+
+
+def test_queued_shadow_copies_take_no_time_from_another_model_of_the_cpu() -> None:
+    """Another scheduler of the CPU counted the copies as work queued ahead of its requests
+    (and left slack for their due times): it refused real requests for the time of copies."""
+
+    async def body() -> None:
+        clock, ledger = FakeClock(1_000 * MS), CoreLedger()
+        shadowed, other = (harness(clock=clock, ledger=ledger) for _ in range(2))
+        shadowed.submit("running")  # (100 µs)
+        assert all(shadowed.shadow(f"s{i}") is not None for i in range(4))
+        now = clock.now_ns()
+        # (after the running batch and its own run: 200 µs; the copies would add 250 µs)
+        assert other.scheduler.fits(now, now + 250 * US, 1, 0)
+        other.submit("real", due_in=250 * US)
 
     run(body)

@@ -233,6 +233,7 @@ class MetricsCollector:
             ("mirrored", "Requests copied to the shadow version."),
             ("compared", "Shadow answers compared with the answering version's."),
             ("skipped", "Copies refused, failed or cancelled, or whose primary failed."),
+            ("dropped", "Skipped copies dropped unrun to leave real requests room and time."),
             ("mismatched", "Copies whose outputs differ from the answer's in names or shapes."),
             ("argmax_disagreements", "Compared answers whose argmax differs."),
         )

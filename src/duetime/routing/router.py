@@ -19,15 +19,18 @@ from dataclasses import dataclass
 import numpy as np
 
 from duetime.clock import Clock
-from duetime.errors import DuetimeError, InvalidInput
+from duetime.errors import DeadlineExceeded, DuetimeError, InvalidInput, Overloaded
 from duetime.execution.executor import Feeds
 from duetime.repository.registry import Deployment, Registry, ServedModel, ServedVersion
 from duetime.routing.traffic import routing_key
 from duetime.types import InferRequest
 from duetime.validation import Prepared
 
-SHADOW_LEVEL = 1 << 40
-"""Priority level of shadow copies: behind every real request in their queue."""
+SHADOW_DUE_NS = 1_000_000_000
+"""Due time of a shadow copy of a request that has none (no timeout, no `default_timeout_ms`):
+a copy not started by then is dropped, as one kept waiting behind real requests compares an
+answer long given, and (kept forever) took the room of real requests (see
+`ModelScheduler.submit_shadow`)."""
 
 
 @dataclass(slots=True)
@@ -38,6 +41,11 @@ class ShadowStatistics:
     compared: int = 0
     skipped: int = 0
     """Copies refused, failed or cancelled (by the shadow, or whose primary failed)."""
+    dropped: int = 0
+    """Of `skipped`, the copies the shadow version dropped unrun to keep its room and time for
+    real requests: over its cap of copies in flight, its queue full, given up for a real
+    request, or predicted or found unable to finish by their due time (see
+    `ModelScheduler.submit_shadow`)."""
     mismatched: int = 0
     """Copies whose outputs differ from the answer's in names or shapes: nothing to compare
     element by element, and a divergence of its own (not counted as `compared`)."""
@@ -54,6 +62,7 @@ class ShadowStatistics:
             "mirrored": self.mirrored,
             "compared": self.compared,
             "skipped": self.skipped,
+            "dropped": self.dropped,
             "mismatched": self.mismatched,
             "argmax_disagreements": self.argmax_disagreements,
             "argmax_disagreement_rate": self.argmax_disagreements / self.compared
@@ -151,7 +160,9 @@ class Router:
 
     def mirror(self, routed: Routed, request: InferRequest, answer: asyncio.Future[Feeds]) -> None:
         """Send copies of `request` to the model's shadow versions (each with its share of
-        requests), at the lowest priority, and compare their outputs with `answer`'s."""
+        requests), at the lowest priority, and compare their outputs with `answer`'s. A copy is
+        due when the request is, or `SHADOW_DUE_NS` after it arrived where it has no due time."""
+        due = routed.due_ns
         for name, share in routed.served.traffic.shadows:
             if name == routed.version.version or self._random() >= share:
                 continue
@@ -163,15 +174,18 @@ class Router:
                 inputs = {k: np.array(v, copy=True) for k, v in inputs.items()}  # the copy later)
             try:
                 prepared = shadow.model.validator.prepare(inputs, None)
-                copy = shadow.scheduler.submit_nowait(
-                    prepared.feeds,
-                    rows=prepared.rows,
-                    shape_key=prepared.shape_key,
-                    due_ns=routed.due_ns,
-                    priority=SHADOW_LEVEL,
-                )
             except DuetimeError:
                 stats.skipped += 1
+                continue
+            if due is None:
+                arrival = request.arrival_ns
+                due = (self._clock.now_ns() if arrival is None else arrival) + SHADOW_DUE_NS
+            copy = shadow.scheduler.submit_shadow(
+                prepared.feeds, rows=prepared.rows, shape_key=prepared.shape_key, due_ns=due
+            )
+            if copy is None:
+                stats.skipped += 1
+                stats.dropped += 1
                 continue
             _when_both_done(answer, copy, functools.partial(_compare, stats=stats))
 
@@ -235,6 +249,8 @@ def _compare(
 ) -> None:
     if answer.cancelled() or copy.cancelled() or answer.exception() or copy.exception():
         stats.skipped += 1
+        if not copy.cancelled() and isinstance(copy.exception(), (Overloaded, DeadlineExceeded)):
+            stats.dropped += 1  # (the shadow's scheduler dropped it: see `submit_shadow`)
         return
     primary, shadow = answer.result(), copy.result()
     if primary.keys() != shadow.keys() or any(

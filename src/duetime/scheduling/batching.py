@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from duetime.scheduling.edf import NO_DUE, EDFQueue, QueuedRequest
+from duetime.scheduling.edf import NO_DUE, SHADOW_LEVEL, EDFQueue, QueuedRequest
 
 Estimate = Callable[[int], int]
 """Predicted ns from the start of a batch of `rows` to its result (execution plus hand-off)."""
@@ -133,6 +133,8 @@ def plan_batch(
         item = queue[index]
         if item.future.done():
             continue
+        if taken and item.level >= SHADOW_LEVEL > taken[0].level:
+            break  # (shadow copies never join real requests: they would lengthen their run)
         if taken and not _joins(taken[0], item, rows, limit):
             exhausted = False
             break

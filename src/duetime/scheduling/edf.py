@@ -17,6 +17,10 @@ import numpy as np
 
 NO_DUE = 1 << 62
 """Sort key for requests without a due time: after every real one."""
+SHADOW_LEVEL = 1 << 64
+"""Priority level of shadow copies (`ModelScheduler.submit_shadow`): behind every real request,
+whatever priority it asks for (Triton's priority is a uint64); there they give up their place to
+a real request that finds the queue full (`EDFQueue.yielding_level`)."""
 
 Key = tuple[int, int, int]
 
@@ -70,12 +74,19 @@ class EDFQueue:
         policy: Literal["edf", "fifo"] = "edf",
         now_ns: Callable[[], int] | None = None,
         level_capacity: int = 0,
+        yielding_level: int | None = None,
+        on_displaced: Callable[[QueuedRequest], None] | None = None,
     ) -> None:
         """`now_ns`: the scheduler's clock, for `withdrawn_ns` (None: that stays 0).
         `level_capacity`: the most requests one priority level may queue, within `capacity`
-        (0: no bound of its own)."""
+        (0: no bound of its own). `yielding_level`: requests at this level or beyond (shadow
+        copies) give up their place to a request of a level before it that finds the whole
+        queue full: the last of them leaves the queue, handed to `on_displaced` (which settles
+        it), and the newcomer takes the room (None: no level yields)."""
         self.capacity = capacity
         self.level_capacity = level_capacity
+        self.yielding_level = yielding_level
+        self._on_displaced = on_displaced
         self.policy = policy
         self._keys: list[Key] = []
         self._items: list[QueuedRequest] = []
@@ -116,15 +127,30 @@ class EDFQueue:
     def full(self, level: int) -> bool:
         """Whether a request of priority `level` would find no room (the whole queue's, or
         its level's)."""
-        if len(self._items) >= self.capacity:
+        if len(self._items) >= self.capacity and not self._may_displace(level):
             return True
         return bool(self.level_capacity) and self.at_level(level) >= self.level_capacity
 
+    def _may_displace(self, level: int) -> bool:
+        """A request of `level` would take the place of the last one queued (see
+        `yielding_level`)."""
+        yielding = self.yielding_level
+        return yielding is not None and level < yielding and self._keys[-1][0] >= yielding
+
     def push(self, item: QueuedRequest) -> bool:
         """Queue `item` at `item.key`; False (nothing queued) when the queue, or its level's
-        part of it, is at capacity."""
+        part of it, is at capacity. A full queue ending in yielding requests (see
+        `yielding_level`) drops its settled ones first, else its last one, to make room."""
         if self.full(item.level) and not (self._purge_settled() and not self.full(item.level)):
             return False
+        if len(self._items) >= self.capacity and not (
+            self._purge_settled() and len(self._items) < self.capacity
+        ):
+            displaced = self._items.pop()
+            self._keys.pop()
+            self.rows -= displaced.rows
+            if self._on_displaced is not None:
+                self._on_displaced(displaced)
         index = bisect.bisect_left(self._keys, item.key)
         self._keys.insert(index, item.key)
         self._items.insert(index, item)

@@ -45,7 +45,7 @@ from duetime.scheduling.batching import (
     plan_batch,
     sweep_hopeless,
 )
-from duetime.scheduling.edf import EDFQueue, QueuedRequest
+from duetime.scheduling.edf import SHADOW_LEVEL, EDFQueue, QueuedRequest
 from duetime.scheduling.ledger import NO_SLACK, CoreLedger, Queued
 from duetime.scheduling.profile import LatencyProfile, Overrun, RecentTail
 from duetime.scheduling.sizecost import SizeCost
@@ -85,6 +85,9 @@ longer than that comes from a loop saturated by the requests themselves (the loa
 business), which refusing them does not shorten: measured on the 2-core VM, mlp on a thread at
 twice its capacity had a 50 ms tail, and keeping it in hand cut its answers on time from 2,230/s
 to 177/s. Resnet's tail (2-3 ms, the load generator preempting the loop) stays within it."""
+SHADOW_IN_FLIGHT = 8
+"""Shadow copies one instance may hold, queued or running (or its `max_batch_size`, if more):
+copies beyond it are dropped, as shadows are best effort (see `submit_shadow`)."""
 REFUSALS_SEEN_NS = 50_000_000
 """A model that refused or expired a request this recently counts as backlogged (`backlogged`)."""
 PROBE_NS = 100_000_000
@@ -321,8 +324,12 @@ class ModelScheduler:
         self._config = config
         self._edf = config.policy == "edf"
         self._queue = EDFQueue(
-            config.max_queue_size, config.policy, clock.now_ns, config.max_queue_size_per_level
-        )
+            config.max_queue_size, config.policy, clock.now_ns, config.max_queue_size_per_level,
+            yielding_level=SHADOW_LEVEL, on_displaced=self._displaced,
+        )  # fmt: skip
+        self._shadows = 0
+        """Shadow copies queued or running (see `submit_shadow`)."""
+        self._shadow_cap = executor.instances * max(SHADOW_IN_FLIGHT, max_batch_size)
         self._max_rows = max_batch_size
         self._max_delay_ns = config.max_queue_delay_us * 1000
         self.profile = profile
@@ -538,8 +545,10 @@ class ModelScheduler:
     def fits(self, now: int, due_ns: int, rows: int, priority: int) -> bool:
         """Whether a request of `rows` due at `due_ns` would be admitted now (the router asks
         before choosing a variant); pure, changes nothing."""
+        return self._fits(now, due_ns, rows, self._level(priority))
+
+    def _fits(self, now: int, due_ns: int, rows: int, level: int) -> bool:
         queue = self._queue
-        level = self._level(priority)
         if queue.full(level) or due_ns <= now or not self.available(now):
             return False
         others = self._others(now)
@@ -552,6 +561,82 @@ class ModelScheduler:
         """Whether a request of `priority` would find room in the queue now (the router asks
         before sending a request with no due time to a variant); pure, changes nothing."""
         return not self._queue.full(self._level(priority))
+
+    def submit_shadow(
+        self, feeds: Feeds, *, rows: int, shape_key: tuple[object, ...], due_ns: int
+    ) -> asyncio.Future[Feeds] | None:
+        """Queue a shadow copy of a request (see routing/router.py `mirror`) behind every real
+        request; None, changing nothing, where it would take room or time from them (it is
+        dropped; its caller counts it).
+
+        A copy is dropped when the version holds its cap of copies already (`SHADOW_IN_FLIGHT`),
+        when its queue is full, or when it is predicted to miss `due_ns` (held to the model's
+        `default_timeout_ms`, as every request); a queued copy gives its place to a real request
+        that finds the queue full, and one that becomes hopeless as it waits is dropped then.
+        None of these counts as a refusal, an expiry or a failure (in the statistics, or in the
+        outcomes the load shedder reads): only the copies that run count, as the version's
+        requests.
+
+        NOTE: copies took the room and time of real requests to the version: with every request
+        to v1 mirrored to v2, copies without a due time never expired and filled v2's queue, and
+        89 of 100 real requests to v2 were refused 429 "queue full" (max_queue_size 8; 83 of 100
+        with 1024 and 50 ms timeouts, where the copies' expiries also counted as missed due
+        times, and the load shedder refused requests "the server is saturated")."""
+        now = self._clock.now_ns()
+        if self.default_timeout_ns is not None:
+            due_ns = min(due_ns, now + self.default_timeout_ns)
+        if (
+            self._closed
+            or self._shadows >= self._shadow_cap
+            or not self._fits(now, due_ns, rows, SHADOW_LEVEL)
+        ):
+            return None
+        self.last_arrival_ns = now
+        queue = self._queue
+        future: asyncio.Future[Feeds] = self._loop.create_future()
+        key = queue.key_for(SHADOW_LEVEL, due_ns)
+        item = QueuedRequest(
+            feeds, rows, shape_key, now, due_ns, SHADOW_LEVEL, future, key, self._shadow_settled
+        )
+        self._shadows += 1
+        if not len(queue) and self._max_delay_ns == 0 and not self._inline:
+            instance = self._idle_instance(now)
+            if instance is not None:
+                self._start_alone(item, instance, now)
+                return future
+        queue.push(item)  # (`_fits` found room)
+        if len(queue) > self._peak:
+            self._peak = len(queue)
+        if self._inline:
+            self._kick()
+            return future
+        if self._has_slot():
+            self._dispatch()
+        self._arm_sweeper()
+        return future
+
+    def _shadow_settled(self) -> None:
+        """A shadow copy's `on_done`: one fewer in flight (`_settle` settles every one)."""
+        self._shadows -= 1
+
+    def _displaced(self, item: QueuedRequest) -> None:
+        """Drop a shadow copy that gave its place in the full queue to a real request."""
+        _settle(item, Overloaded(
+            f"{QUEUE_FULL}: model {self._label}: shadow copy dropped from the full queue for a "
+            "request"
+        ))  # fmt: skip
+
+    def _drop_shadows(self, hopeless: list[QueuedRequest], now: int) -> list[QueuedRequest]:
+        """Drop the shadow copies of `hopeless` (uncounted: see `submit_shadow`); the rest."""
+        if all(item.level < SHADOW_LEVEL for item in hopeless):
+            return hopeless
+        for item in hopeless:
+            if item.level >= SHADOW_LEVEL:
+                _settle(item, DeadlineExceeded(
+                    f"{TIMEOUT_EXPIRED}: model {self._label}: shadow copy dropped unrun: it "
+                    "could not finish by its due time"
+                ))  # fmt: skip
+        return [item for item in hopeless if item.level < SHADOW_LEVEL]
 
     def _level(self, priority: int) -> int:
         """The queue level of a request's `priority`: the default for 0, and (as Triton's) for
@@ -708,15 +793,21 @@ class ModelScheduler:
         if cached is not None and cached[0] == key:
             _, at, work = cached
             return Queued(work.backlog_ns, max(0, work.slack_ns - max(0, now - at)))
+        # NOTE: shadow copies (last in the queue) are no work the other schedulers must leave
+        # room or slack for: they run when the CPU has time (see `submit_shadow`)
+        count, rows = len(queue), queue.rows
+        while count and queue[count - 1].level >= SHADOW_LEVEL:
+            count -= 1
+            rows -= queue[count].rows
         per_row = self.profile.per_row_ns()
         finish = max(now, min(self._busy_until)) + int(self._overhead_ns)
         slack = NO_SLACK
-        for index in range(min(len(queue), _SLACK_SCAN)):
+        for index in range(min(count, _SLACK_SCAN)):
             item = queue[index]
             finish += int(item.rows * per_row)
             if item.due_ns is not None:
                 slack = min(slack, item.due_ns - finish - self._margin_ns)
-        work = Queued(int(queue.rows * per_row), max(0, slack))
+        work = Queued(int(rows * per_row), max(0, slack))
         self._queued_cache = (key, now, work)
         return work
 
@@ -843,6 +934,11 @@ class ModelScheduler:
             if isinstance(decision, Wait):
                 self._arm_timer(max(decision.until_ns, now), now)
                 return
+            if decision.requests[0].level >= SHADOW_LEVEL and self._outstanding[instance]:
+                # NOTE: shadow copies start on an idle instance only (its end dispatches again):
+                # committed behind its running batch, a copy kept a real request that came in
+                # meanwhile waiting for the copy's whole run
+                break
             queue.take(decision.taken)
             self._start(decision, instance, start, now)
         if self._drain_waiter is not None:
@@ -1020,7 +1116,9 @@ class ModelScheduler:
         (found by a tester). The router and admission choose a variant by `fits` as a request
         arrives; this is the same choice made again as its time runs out."""
         if hopeless:
-            self._refused_ns = now
+            hopeless = self._drop_shadows(hopeless, now)  # (not refused: see `submit_shadow`)
+            if hopeless:
+                self._refused_ns = now
         for item in hopeless:
             fallback = item.fallback
             if fallback is not None and fallback(item, now):
@@ -1672,7 +1770,9 @@ class ModelScheduler:
     def _fail_queued(self, error: ModelUnavailable, now: int) -> None:
         """Fail every queued request with `error`: no instance will take them any more."""
         for item in self._queue.drain():
-            if not item.future.done():  # (else withdrawn by its client: counted so)
+            if item.level >= SHADOW_LEVEL:
+                _settle(item, error)  # (a shadow copy: uncounted, see `submit_shadow`)
+            elif not item.future.done():  # (else withdrawn by its client: counted so)
                 self._unavailable += 1
                 self._fail_ns += now - item.arrival_ns
                 if item.timing is not None:
