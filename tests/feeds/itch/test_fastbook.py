@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import gzip
 import random
-import struct
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -442,31 +440,3 @@ def test_deep_books_match_the_python_book(seed: int) -> None:
     assert summary == book_summary(data, depth=10_000)
     assert len(summary["stocks"]["AAA"]["book"]["bids"]) > 500
     check_level_trees(fast)
-
-
-def test_a_new_level_deep_in_a_book_is_placed_in_sublinear_time() -> None:
-    """N adds at distinct prices in random order cost about what they cost in price order (the
-    walk from the nearer end made it O(N) a level: 20,000 took 0.6 s against 0.02 s)."""
-
-    def adds(prices: list[int]) -> np.ndarray:
-        parts = []
-        for ref, price in enumerate(prices, 1):
-            body = (b"A" + struct.pack(">HH6sQcI8sI", 1, 0, bytes(6), ref, b"B", 100,
-                                       b"X       ", price))  # fmt: skip
-            parts.append(struct.pack(">H", len(body)) + body)
-        return np.frombuffer(b"".join(parts), np.uint8)
-
-    def best_of_3(data: np.ndarray) -> float:
-        times = []
-        for _ in range(3):
-            started = time.perf_counter()
-            FastBook(data)
-            times.append(time.perf_counter() - started)
-        return min(times)
-
-    prices = list(range(1000, 21_000))
-    in_order = adds(prices)
-    random.Random(1).shuffle(prices)
-    shuffled = adds(prices)
-    FastBook(in_order[:380])  # (the JIT, or its disk cache)
-    assert best_of_3(shuffled) < 0.15 + 5 * best_of_3(in_order)
