@@ -164,7 +164,9 @@ def test_a_region_holds_no_descriptor(regions: SharedMemoryRegions, tmp_path: Pa
         regions.register(f"r{index}", "/obj", 0, 64)
     regions.write(Window("r7", 2, 0), b"\x01\x02", "output 'y'")
     assert bytes(regions.read(Window("r9", 4, 0), "input 'x'")) == bytes([1, 2, 2, 3])
-    assert open_descriptors() == before
+    # (at most: a descriptor of the process's other threads may close meanwhile, 42 -> 41 once
+    # in a full suite)
+    assert open_descriptors() <= before
     regions.unregister()
     assert regions.status() == []
 
