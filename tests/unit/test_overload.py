@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from duetime.errors import Overloaded
-from duetime.overload import DECAY, LoadShedder
+from duetime.overload import DECAY, LoadShedder, RunQueueWait
 
 
 class Clocks:
@@ -14,6 +14,7 @@ class Clocks:
     def __init__(self) -> None:
         self.wall = 0.0
         self.cpu = 0.0
+        self.waited = 0.0
         self.requests = 0
 
     def failing(self) -> tuple[int, int]:
@@ -21,15 +22,20 @@ class Clocks:
         self.requests += 10
         return self.requests, self.requests
 
-    def run(self, seconds: float, busy: float) -> None:
+    def run(self, seconds: float, busy: float, waiting: float = 0.0) -> None:
+        """`seconds` pass, the loop running `busy` of them and waiting for a CPU `waiting`."""
         self.wall += seconds
         self.cpu += seconds * busy
+        self.waited += seconds * waiting
 
 
 def make(target: float = 0.85) -> tuple[LoadShedder, Clocks]:
     clocks = Clocks()
     shedder = LoadShedder(
-        target=target, cpu_clock=lambda: clocks.cpu, wall_clock=lambda: clocks.wall
+        target=target,
+        cpu_clock=lambda: clocks.cpu,
+        wall_clock=lambda: clocks.wall,
+        wait_clock=lambda: clocks.waited,
     )
     return shedder, clocks
 
@@ -204,3 +210,24 @@ def test_a_few_requests_failing_are_no_overload_until_enough_come() -> None:
     clocks.run(0.01, busy=1.0)
     shedder.sample(lambda: (12, 12), queued=True)  # counted with the first reading's
     assert shedder.share == pytest.approx(0.05)
+
+
+def test_a_loop_waiting_for_its_cpu_counts_as_busy() -> None:
+    """A loop whose core is shared (a client, another process on it) runs less than the target
+    while it is saturated: the time it waited for the CPU counts with the time it ran."""
+    shedder, clocks = make()
+    shedder.sample()
+    for _ in range(20):
+        clocks.run(0.01, busy=0.6, waiting=0.35)
+        shedder.sample(clocks.failing)
+    assert shedder.utilization == pytest.approx(0.6)
+    assert shedder.demand == pytest.approx(0.95)
+    assert shedder.share > 0.5
+
+
+def test_the_run_queue_wait_of_the_calling_thread_only_grows() -> None:
+    """Read from /proc/thread-self/schedstat where Linux has it (0.0 elsewhere, never raising)."""
+    wait = RunQueueWait()
+    first = wait()
+    assert first >= 0.0
+    assert wait() >= first
