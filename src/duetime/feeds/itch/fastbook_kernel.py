@@ -142,11 +142,17 @@ def _rotate_up(tree: np.ndarray, x: int) -> None:
         tree[inner, T_UP] = p
     tree[p, T_UP] = x
     tree[x, T_UP] = g
-    if g >= 0:
-        if tree[g, T_LEFT] == p:
-            tree[g, T_LEFT] = x
+    _relink(tree, g, p, x)
+
+
+@njit(cache=True)
+def _relink(tree: np.ndarray, up: int, old: int, new: int) -> None:
+    """Make `new` the child of `up` that `old` was (nothing where `up` is -1: the root)."""
+    if up >= 0:
+        if tree[up, T_LEFT] == old:
+            tree[up, T_LEFT] = new
         else:
-            tree[g, T_RIGHT] = x
+            tree[up, T_RIGHT] = new
 
 
 @njit(cache=True)
@@ -240,11 +246,7 @@ def _unlink_tree(tree: np.ndarray, lv: int) -> None:
     up = tree[lv, T_UP]
     if child >= 0:
         tree[child, T_UP] = up
-    if up >= 0:
-        if tree[up, T_LEFT] == lv:
-            tree[up, T_LEFT] = child
-        else:
-            tree[up, T_RIGHT] = child
+    _relink(tree, up, lv, child)
 
 
 @njit(cache=True)
