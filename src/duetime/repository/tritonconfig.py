@@ -25,10 +25,14 @@ graph, as Triton's auto-complete does):
 | `scheduling_policy` in `parameters` (`edf`, `fifo`) | `scheduling.policy` |
 | `any_priority_level` `"true"` in `parameters` (duetime's own) | `scheduling.priority_levels` 0 |
 | `tensors_without_dims` (a JSON list of names) in `parameters` (duetime's own) | no `dims` |
-| `duetime` (a JSON object) in `parameters` (duetime's own: what Triton has no field for) | `execution`, `breaker`, `variants`, `traffic`, `scheduling.delivery_margin_us`, `scheduling.exec_margin` |
+| `duetime` (a JSON object) in `parameters` (duetime's own) | what Triton has no field for (+) |
 | `version_policy` | `version_policy` |
 | `parameters` `intra_op_thread_count`, `inter_op_...` | `intra_op_threads`, `inter_op_...` |
 | other onnxruntime backend `parameters` | warned of, unless they ask for what duetime does |
+
+(+) `execution`, `breaker`, `variants`, `traffic`, `scheduling.delivery_margin_us`,
+`scheduling.exec_margin`: what the config endpoint reports there, so that a config read back
+and loaded again serves as before.
 
 (*) A request may always shorten the model's default due time and never extend it: Triton's
 `allow_timeout_override: true`, whatever the file says (duetime always honours a request's own;
