@@ -486,7 +486,10 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         context.add_done_callback(hold.release)
         try:
             received, due = self._dated(request, context)
-            await hold.taken(self._within(due))
+            try:
+                await hold.taken(self._within(due))
+            except DeadlineExceeded as late:
+                raise self._late_for_room(late, request, context, received, due, timing) from None
             submitted = self._submit(request, context, received, due, timing, shed=False)
             ticket = submitted.ticket
             response = await self._response(submitted, request.id, hold)
@@ -556,7 +559,12 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
                     timing = RequestTiming(clock.now_ns()) if self._tracing is not None else None
                     try:
                         received, due = self._dated(request, context, new_call=False)
-                        await hold.taken(self._within(due))
+                        try:
+                            await hold.taken(self._within(due))
+                        except DeadlineExceeded as late:
+                            raise self._late_for_room(
+                                late, request, context, received, due, timing, STREAM
+                            ) from None
                         submitted: _Submitted | DuetimeError = self._submit(
                             request, context, received, due, timing, protocol=STREAM
                         )
@@ -718,6 +726,32 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         if timing is not None:
             timing.decoded_ns = self._engine.clock.now_ns()
         return _Submitted(self._engine.submit(infer), requested.shared)
+
+    def _late_for_room(
+        self,
+        late: DeadlineExceeded,
+        request: Any,
+        context: Any,
+        received: int,
+        due: int | None,
+        timing: RequestTiming | None,
+        protocol: str = "grpc",
+    ) -> DuetimeError:
+        """The refusal of a call whose answer found no room by its due time (`late`, saying
+        why): the scheduler's for a request due before it is queued, which it is handed to for
+        that (504 / DEADLINE_EXCEEDED, counted as expired in the model's statistics and
+        metrics), or the error it meets first (a breaker open, bad input). It never runs.
+
+        NOTE: refused before the engine saw it, it moved no statistic and no metric, where the
+        same refusal over HTTP counts as an expiry."""
+        try:
+            submitted = self._submit(request, context, received, due, timing, protocol, False)
+        except DeadlineExceeded:
+            return late
+        except DuetimeError as exc:
+            return exc.with_traceback(None)
+        submitted.ticket.future.cancel()  # (due: refused at admission; else it never runs)
+        return late
 
     async def _response(
         self, submitted: _Submitted, request_id: str, hold: AnswerHold | None = None
