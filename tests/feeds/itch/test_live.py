@@ -141,6 +141,24 @@ def test_send_is_not_late_on_a_timestamp_that_steps_back() -> None:
     assert report.wall_s < 5
 
 
+def test_send_says_what_it_skipped(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`itch book` and `itch run` said what `--on-error skip` stepped over; `itch send` said
+    nothing, and a feed short of its malformed parts looked whole."""
+    good = struct.pack(">H", 19) + encode(
+        "D", stock_locate=1, timestamp=1, order_reference_number=1
+    )
+    path = tmp_path / "bad.itch"
+    path.write_bytes(good + struct.pack(">H", 3) + b"?ab" + good)  # (an unknown type between)
+    report = send_session(path, ("127.0.0.1", 9), pace="max", on_error="skip")
+    assert (report.messages, report.skipped) == (2, 1)
+    assert report.first_skipped is not None
+    assert main(["itch", "send", str(path), "--udp", "127.0.0.1:9", "--pace", "max",
+                 "--on-error", "skip"]) == 0  # fmt: skip
+    err = capsys.readouterr().err
+    assert "duetime itch send: " in err
+    assert "skipped 1 malformed part(s)" in err, err
+
+
 def test_the_raw_frames_are_the_file_s_messages(session: Path) -> None:
     frames = list(read_frames(session))
     assert len(frames) == MESSAGES

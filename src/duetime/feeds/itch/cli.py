@@ -199,7 +199,7 @@ def _synth(args: argparse.Namespace) -> int:
 def _send(args: argparse.Namespace) -> int:
     from duetime.feeds.itch.live import send_session
     from duetime.feeds.itch.moldudp import session_name
-    from duetime.feeds.itch.parser import ItchFormatError, file_problem
+    from duetime.feeds.itch.parser import ItchFormatError, file_problem, skipped_note
 
     if problem := file_problem(args.file):
         console(f"duetime itch send: {args.file}: {problem}")
@@ -232,6 +232,9 @@ def _send(args: argparse.Namespace) -> int:
     late = "" if report.late_p99_us is None else f", p99 {report.late_p99_us:.0f} µs late"
     print(f"sent {report.messages} messages in {report.packets} datagrams to "
           f"{address[0]}:{address[1]} over {report.wall_s:.3f} s{late}")  # fmt: skip
+    if report.first_skipped is not None:  # (as `itch book` and `itch run` say what they skipped)
+        console(f"duetime itch send: {args.file}: "
+                f"{skipped_note(report.skipped, report.first_skipped)}")  # fmt: skip
     return 0
 
 

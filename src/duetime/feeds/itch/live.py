@@ -30,7 +30,7 @@ from duetime.feeds.itch.moldudp import (
     open_receiver,
     session_name,
 )
-from duetime.feeds.itch.parser import OnError, Source, read_frames
+from duetime.feeds.itch.parser import ItchFormatError, OnError, Source, read_frames
 from duetime.feeds.itch.run import RecordedClock
 from duetime.feeds.itch.spec import Message
 from duetime.feeds.itch.tally import FIRST_GAPS, FeedStatistics
@@ -178,6 +178,10 @@ class SendReport:
     wall_s: float = 0.0
     late_p99_us: float | None = None
     """How late the packets left after their recorded time (recorded pace; 99th percentile)."""
+    skipped: int = 0
+    """Malformed parts of the file stepped over (`on_error="skip"`)..."""
+    first_skipped: ItchFormatError | None = None
+    """...and the first of them."""
 
 
 def send_session(
@@ -212,7 +216,8 @@ def send_session(
     # NOTE: not connected: a connected UDP socket reports the "port unreachable" of an earlier
     # datagram as an error of a later send, and a feed goes on whether anyone listens or not
     with socket.socket(family, socket.SOCK_DGRAM) as sock:
-        groups = _groups(read_frames(source, on_error=on_error), per_packet, limit, pace == "max")
+        frames = read_frames(source, on_error=on_error)
+        groups = _groups(frames, per_packet, limit, pace == "max")
         clock = RecordedClock(speed, max_gap_ns) if pace == "recorded" else None
         for stamp, bodies in groups:
             if clock is not None:
@@ -227,6 +232,8 @@ def send_session(
                 time.sleep(0.001)
             sock.sendto(end, address)
     report.wall_s = (time.monotonic_ns() - started) / 1e9
+    report.skipped = frames.skipped
+    report.first_skipped = frames.errors[0] if frames.errors else None
     if lates:
         lates.sort()
         report.late_p99_us = lates[min(len(lates) - 1, int(0.99 * len(lates)))] / 1e3
