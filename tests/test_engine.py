@@ -351,3 +351,19 @@ def test_a_request_its_variant_refuses_at_admission_goes_to_a_cheaper_one(tmp_pa
             await engine.aclose()
 
     asyncio.run(main())
+
+
+def test_a_config_or_options_of_the_wrong_type_is_refused_naming_it() -> None:
+    """A dict (or a JSON string, what Triton's load API takes) failed deep inside with
+    "'dict' object has no attribute 'version_policy'" (or 'startup_models')."""
+    with pytest.raises(TypeError, match=r"^options: expected a .*RepositoryOptions.* got dict"):
+        Engine(options={"control_mode": "explicit"})  # type: ignore[arg-type]
+    for config in ({"max_batch_size": 4}, '{"max_batch_size": 4}'):
+        with pytest.raises(TypeError, match=r"^config: expected a duetime\.config\.ModelConfig"):
+            asyncio.run(Engine().load_model("mlp", config=config))  # type: ignore[arg-type]
+
+
+def test_dir_lists_the_api_loaded_on_first_use() -> None:
+    import duetime
+
+    assert set(duetime.__all__) <= set(dir(duetime))

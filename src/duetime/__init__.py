@@ -41,3 +41,9 @@ def __getattr__(name: str) -> Any:
 
         return getattr(errors, name)
     raise AttributeError(f"module 'duetime' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    """The module's names, those loaded on first use (`__getattr__`) included: without it,
+    `dir(duetime)`, completion and `help` showed none of the API."""
+    return sorted({*globals(), *__all__})

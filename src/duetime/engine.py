@@ -165,6 +165,11 @@ class Engine:
         cpus: CpuPlan | None = None,
         options: RepositoryOptions | None = None,
     ) -> None:
+        if options is not None and not isinstance(options, RepositoryOptions):
+            raise TypeError(
+                "options: expected a duetime.repository.manager.RepositoryOptions (or None), got "
+                f"{type(options).__name__}"
+            )
         self.clock: Clock = clock or MonotonicClock()
         self.cpus = cpus or CpuPlan(None)
         self.options = options or RepositoryOptions()
@@ -283,6 +288,13 @@ class Engine:
         """Load `name` (or reload what changed), with `config` in place of its config file; with
         `files` (path in the model folder -> content, and a `config`), from those instead of its
         folder in the repository, until it is unloaded."""
+        if config is not None and not isinstance(config, ModelConfig):
+            # NOTE: a dict or a JSON string (what Triton's load API takes) failed deep in the
+            # load with "'dict' object has no attribute 'version_policy'"
+            raise TypeError(
+                "config: expected a duetime.config.ModelConfig (or None), got "
+                f"{type(config).__name__}; build one with ModelConfig.model_validate(...)"
+            )
         manager = self._control("load", name)
         await self._on_engine_loop(
             functools.partial(manager.load, name, config=config, files=files), "load_model"
