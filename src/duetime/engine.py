@@ -398,6 +398,7 @@ class Engine:
                     on_done=ticket._settled,
                     timing=request.timing,
                     fallback=fallback,
+                    arrival_ns=request.arrival_ns,
                 )
                 break
             except Overloaded:

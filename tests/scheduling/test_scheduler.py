@@ -2090,3 +2090,23 @@ def test_queued_shadow_copies_take_no_time_from_another_model_of_the_cpu() -> No
         other.submit("real", due_in=250 * US)
 
     run(body)
+
+
+def test_a_due_time_too_short_from_its_arrival_is_no_miss_for_the_load_shedder() -> None:
+    """A request past its due time as it reaches the scheduler is a miss of a busy server when
+    it waited to be read, not when its timeout was shorter than a run from its arrival (1 µs):
+    counted, a test sending those had the shedder refuse the next test's requests."""
+
+    async def body() -> None:
+        h = harness()
+        now = h.clock.now_ns()
+        for arrival, missed in ((now - 2 * US, 0), (now - 50 * MS, 1)):
+            with pytest.raises(DeadlineExceeded):
+                h.scheduler.submit_nowait(
+                    {"name": np.array(["late"])}, rows=1, shape_key=SHAPE,
+                    due_ns=now - US, priority=0, arrival_ns=arrival,
+                )  # fmt: skip
+            assert h.scheduler.outcomes()[0] == missed
+        assert h.scheduler.statistics().expired == 2
+
+    run(body)
