@@ -53,6 +53,11 @@ class RunningServer:
     def grpc(self) -> str:
         return f"{self.addresses.host}:{self.addresses.grpc_port}"
 
+    def statistics(self, model: str, version: str = "1") -> Any:
+        """The scheduler statistics of `model`'s `version` (its primary variant), read now."""
+        served = self.server.engine.registry.snapshot.models[model]
+        return served.versions[version].primary.scheduler.statistics()
+
 
 def start_server(
     settings: ServerSettings, **options: Any

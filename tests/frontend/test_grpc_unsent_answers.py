@@ -210,11 +210,6 @@ def tight(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
     stop_server(running, thread)
 
 
-def tile_statistics(server: RunningServer) -> Any:
-    models = server.server.engine.registry.snapshot.models
-    return models["tile"].versions["1"].primary.scheduler.statistics()
-
-
 def until(condition: Callable[[], bool], what: str) -> None:
     deadline = time.monotonic() + 30
     while not condition():
@@ -299,14 +294,14 @@ def test_a_call_waiting_for_room_is_refused_at_its_due_time(
     """It waited, undecoded, until its client's gRPC deadline (generic 'Deadline Exceeded'
     from the client's core), though due 100 ms after it was sent; then it was refused before
     the engine saw it, and no statistic counted it (HTTP's counts as an expiry)."""
-    before = tile_statistics(tight)
+    before = tight.statistics("tile")
     with grpc.insecure_channel(tight.grpc) as channel:
         stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
         started = time.monotonic()
         with pytest.raises(grpc.RpcError) as caught:
             stub.ModelInfer(tile_request(timeout_us=100_000), timeout=4)
         took = time.monotonic() - started
-    after = tile_statistics(tight)
+    after = tight.statistics("tile")
     assert after.expired == before.expired + 1  # counted as its scheduler counts one
     assert caught.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
     details = str(caught.value.details())
@@ -319,7 +314,7 @@ def test_a_call_waiting_for_room_is_refused_at_its_due_time(
 def test_a_streamed_request_waiting_for_room_is_refused_at_its_due_time(
     tight: RunningServer, unread: AnswerBudget
 ) -> None:
-    before = tile_statistics(tight)
+    before = tight.statistics("tile")
     options = [("grpc.max_receive_message_length", -1)]
     with grpc.insecure_channel(tight.grpc, options=options) as channel:
         stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
@@ -330,7 +325,7 @@ def test_a_streamed_request_waiting_for_room_is_refused_at_its_due_time(
     assert first.error_message.startswith("Request timeout expired: model 'tile'")
     assert "--max-unsent-answer-bytes" in first.error_message
     assert took < 1.5
-    assert tile_statistics(tight).expired == before.expired + 1
+    assert tight.statistics("tile").expired == before.expired + 1
 
 
 def test_a_call_waiting_for_room_without_a_due_time_ends_at_its_grpc_deadline(

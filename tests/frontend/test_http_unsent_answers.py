@@ -313,11 +313,6 @@ def answers(sock: socket.socket, count: int) -> list[tuple[int, bytes]]:
     return got
 
 
-def tile_statistics(server: RunningServer) -> Any:
-    models = server.server.engine.registry.snapshot.models
-    return models["tile"].versions["1"].primary.scheduler.statistics()
-
-
 def until(condition: Callable[[], bool], what: str) -> None:
     deadline = time.monotonic() + 10
     while not condition():
@@ -335,7 +330,7 @@ def test_a_request_held_back_for_answer_room_is_refused_at_its_due_time(
         until(lambda: bool(tight.server._connections), "the server took the connections")
         intake = next(iter(tight.server._connections))._intake
         until(lambda: intake.statistics().answer_bytes >= 1 * MiB, "the answers filled the limit")
-        before = tile_statistics(tight)
+        before = tight.statistics("tile")
         started = time.monotonic()
         fresh.sendall(tile_request(1, timeout_us=100_000))
         [(status, body)] = answers(fresh, 1)
@@ -345,7 +340,7 @@ def test_a_request_held_back_for_answer_room_is_refused_at_its_due_time(
         assert message.startswith("Request timeout expired: model 'tile'"), message
         assert "--max-unsent-answer-bytes" in message
         assert 0.05 <= took < 1.5  # (due 0.1 s after it was read; a turn may date it earlier)
-        after = tile_statistics(tight)
+        after = tight.statistics("tile")
         assert after.expired == before.expired + 1  # counted as its scheduler counts one
         assert after.executions == before.executions  # never run
         assert intake.statistics().waiting_for_answers == 0  # (out of the line)
@@ -357,7 +352,7 @@ def test_a_pipelined_request_held_back_is_due_after_its_arrival_and_never_runs(
     """Its due time counted from when it started: a request due 200 ms after it came, held
     behind answers its client had not read, ran once they were read, 500 ms later."""
     with connected(tight, unread=True) as greedy:
-        before = tile_statistics(tight)
+        before = tight.statistics("tile")
         greedy.sendall(tile_request(10) * 2 + tile_request(1, timeout_us=200_000))
         time.sleep(0.5)  # (its due time passes)
         # (a request read last: the kernel's word on the connection's last data is now)
@@ -366,5 +361,5 @@ def test_a_pipelined_request_held_back_is_due_after_its_arrival_and_never_runs(
         assert [status for status, _ in got] == [200, 200, 504, 200]
         message = json.loads(got[2][1])["error"]
         assert message.startswith("Request timeout expired: model 'tile'"), message
-        after = tile_statistics(tight)
+        after = tight.statistics("tile")
         assert (after.executions - before.executions, after.expired - before.expired) == (2, 1)
