@@ -357,6 +357,21 @@ class Engine:
             return recorder.record(request, self._submit)
         return self._submit(request)
 
+    def refuse_late(self, request: InferRequest, late: DeadlineExceeded) -> DuetimeError:
+        """The refusal of `request`, whose due time passed before it could start (`late`, in
+        words that say why): handed to its scheduler to be refused as a request due before it
+        is queued, so it counts as expired in the model's statistics and metrics, or the error
+        it meets first (a breaker open, an unknown model). It never runs. A front end that
+        holds requests back (answers unread) refuses them so."""
+        try:
+            ticket = self.submit(request)  # (the recorder's too, as any request's)
+        except DeadlineExceeded:
+            return late
+        except DuetimeError as exc:
+            return exc.with_traceback(None)
+        ticket.future.cancel()  # (due: refused at admission; should it not be, it never runs)
+        return late
+
     def _submit(self, request: InferRequest, lazy: bool = True) -> Ticket:
         """`submit` without the recorder; `lazy=False`: never load the model first (the
         request that follows a load must not start another)."""

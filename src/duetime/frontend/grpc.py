@@ -701,6 +701,19 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         offered to the load shedder first (a ModelInfer call was, by `ended`)."""
         if shed and self._shedder is not None:
             self._shedder.check()
+        infer, shared = self._infer_request(request, context, received, due, timing, protocol)
+        return _Submitted(self._engine.submit(infer), shared)
+
+    def _infer_request(
+        self,
+        request: Any,
+        context: Any,
+        received: int,
+        due: int | None,
+        timing: RequestTiming | None,
+        protocol: str,
+    ) -> tuple[InferRequest, dict[str, sharedmemory.Window] | None]:
+        """`request` decoded for the engine, and the outputs it wants in shared memory."""
         parameters = _parameters(request.parameters)
         expected = self._signatures.expected(request.model_name, request.model_version or None)
         if expected is not None:
@@ -725,7 +738,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         )
         if timing is not None:
             timing.decoded_ns = self._engine.clock.now_ns()
-        return _Submitted(self._engine.submit(infer), requested.shared)
+        return infer, requested.shared
 
     def _late_for_room(
         self,
@@ -745,13 +758,10 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         NOTE: refused before the engine saw it, it moved no statistic and no metric, where the
         same refusal over HTTP counts as an expiry."""
         try:
-            submitted = self._submit(request, context, received, due, timing, protocol, False)
-        except DeadlineExceeded:
-            return late
+            infer, _ = self._infer_request(request, context, received, due, timing, protocol)
         except DuetimeError as exc:
             return exc.with_traceback(None)
-        submitted.ticket.future.cancel()  # (due: refused at admission; else it never runs)
-        return late
+        return self._engine.refuse_late(infer, late)
 
     async def _response(
         self, submitted: _Submitted, request_id: str, hold: AnswerHold | None = None

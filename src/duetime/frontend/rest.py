@@ -468,15 +468,10 @@ class RestApi:
             f"{TIMEOUT_EXPIRED}: model '{request.model}': the request was due before it could "
             f"start: {reason}"
         )
-        error: Exception = late
         try:
-            ticket = self._engine.submit(request)
-        except DeadlineExceeded:
-            pass
-        except Exception as exc:  # (refused for another reason first: a breaker open, say)
+            error: Exception = self._engine.refuse_late(request, late)
+        except Exception as exc:  # (not a DuetimeError: a bug, answered as one)
             error = exc
-        else:  # (due, it is refused at admission; should it not be, it never runs)
-            ticket.future.cancel()
         return self._not_queued(error, request.model, request.version, request.headers,
                                 held.received)  # fmt: skip
 
