@@ -431,3 +431,15 @@ def test_bench_help_names_its_exit_statuses(capsys: pytest.CaptureFixture[str]) 
     with pytest.raises(SystemExit):
         cli_main(["bench", "--help"])
     assert "3 some requests could not be sent" in " ".join(capsys.readouterr().out.split())
+
+
+@pytest.mark.parametrize("flags", [["--rate", "5"], ["--arrival", "constant"]])
+def test_closed_loop_refuses_open_loop_flags(
+    flags: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Closed-loop clients send as their answers come: --rate and --arrival would be ignored
+    (a tester's --mode closed --rate 5 ran at 1,674 requests/s), so they are refused."""
+    assert cli_main(bench("--mode", "closed", *flags)) == 2
+    err = capsys.readouterr().err
+    assert f"{flags[0]} applies to --mode open only" in err
+    assert err.count("\n") == 1
