@@ -433,7 +433,7 @@ class HttpConnection(asyncio.BufferedProtocol):
         "_accepted", "_answer_bytes", "_api", "_awaiting", "_begun_at", "_body", "_body_bytes",
         "_bytes_block",
         "_chunked", "_closing", "_connections", "_direct", "_direct_read", "_filled_from",
-        "_filling_since", "_half_closed", "_head_done",
+        "_filling_since", "_head_done",
         "_header_bytes", "_headers",
         "_held", "_http10", "_idle_timeout", "_in_transport", "_intake", "_last_active",
         "_lingering", "_loop", "_max_body", "_max_header", "_max_held", "_min_rate", "_parser",
@@ -512,7 +512,6 @@ class HttpConnection(asyncio.BufferedProtocol):
         self._writing_paused = False
         self._closing = False
         self._lingering = False
-        self._half_closed = False
         """The client ended its side (FIN) with answers owed: they are written, then it closes."""
         self._last_active = 0.0
         self._window_start: float | None = None
@@ -595,18 +594,25 @@ class HttpConnection(asyncio.BufferedProtocol):
         self._reset_message()  # (the last body read)
 
     def eof_received(self) -> bool:
-        """The client ended its side (FIN, a half-close): it sends no more, but may still read.
+        """The client ended its side (FIN): it is gone, as after a reset. The transport closes
+        (after what is already written), and `connection_lost` withdraws the requests not
+        started yet (counted cancelled, never run); those running finish, their answers
+        dropped (`_withdraw`).
 
-        NOTE: RFC 9112 9.6 has a half-close tell nothing of the client's interest in answers
-        (h1spec-style probes send their requests, then FIN): a connection closed at once
-        withdrew requests it had read whole (a tester's two pipelined requests got one answer).
-        Those are answered, then the connection closes; a request cut off by the FIN is not."""
-        if self._closing or self._transport is None or not self._slots:
-            return False  # (the transport closes)
-        self._half_closed = self._closing = True
-        self._drop_reservation()  # (a body cut off: never read whole)
-        self._slots[-1].keep_alive = False
-        return True
+        NOTE: RFC 9112 9.6 allows a client to half-close and still read, but the servers
+        clients meet take a FIN as the client leaving: Triton (libevent's evhtp) closes the
+        connection and drops its requests, nginx takes recv() == 0 with a request pending as
+        the client closed (its 499). So do clients: close() and the timeouts of requests and
+        tritonclient send FIN, and a request queued behind its due time was run and counted
+        succeeded for a client long gone (a tester's; with a reset it was withdrawn). A
+        pipelining client that sends FIN after its requests gets the answers written before the
+        FIN is read, no more; one that means to read them keeps its side open until it has.
+        Withdrawn here, not when the transport has closed: that waits for the client to read
+        what was written."""
+        self._closing = True
+        self._withdraw()  # the client is gone
+        self._drop_reservation()
+        return False  # (the transport closes)
 
     def get_buffer(self, sizehint: int) -> memoryview:
         direct = self._direct
@@ -1271,10 +1277,7 @@ class HttpConnection(asyncio.BufferedProtocol):
             if slot.size:
                 self._release(slot.size)
             if not slot.keep_alive:
-                if self._half_closed:  # (nothing more comes to drain)
-                    self.close_now()
-                else:
-                    self._linger()
+                self._linger()
                 return
         if written and self._unstarted and not self._starting:
             self._start_soon()
