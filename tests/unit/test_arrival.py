@@ -335,3 +335,28 @@ def _hold_the_gil(seconds: float) -> None:
     sum(range(n))
     took = max(time.monotonic() - started, 1e-6)
     sum(range(int(n * seconds / took)))
+
+
+def test_a_connections_first_request_always_asks_the_kernel() -> None:
+    """A connection waits in the listen backlog until a turn accepts it, and is read in a turn
+    right after: a guess younger than a tick, the loop away less than one, yet its data may
+    have waited a whole stall (a server stopped 1 s answered such requests as fresh)."""
+
+    async def body() -> None:
+        loop = asyncio.get_running_loop()
+        clock, switches = FakeClock(1_000_000_000), [0]
+        turn = ReadTurn(clock, switches=lambda: switches[0])
+        turn.mark(loop)
+        turn.reading(KernelSays(4))  # (a 4 ms tick learnt)
+        turn.done_reading()
+        await asyncio.sleep(0)
+        clock.advance(500_000)  # the turn that accepted the connection, just before
+        turn.mark(loop)
+        now = clock.now_ns()
+        turn.reading(Unasked())  # (a connection's later request: skipped, as before)
+        turn.done_reading()
+        turn.reading(KernelSays(1000), first=True)  # its data came 1 s ago
+        assert turn.arrival_ns(now) == now - 1_000_000_000 + 4_000_000
+        turn.done_reading()
+
+    asyncio.run(body())

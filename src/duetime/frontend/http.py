@@ -405,6 +405,8 @@ class _Slot:
     """Its request was handed to the API (it counts in the connection's `_running`)."""
     one_read: bool = True
     """Its request was read whole by one read (see `ReadTurn.reading`)."""
+    first_read: bool = False
+    """Its request began in its connection's first read (see `ReadTurn.reading`)."""
 
 
 class _ReadBuffer(threading.local):
@@ -834,6 +836,7 @@ class HttpConnection(asyncio.BufferedProtocol):
         )
         slot = _Slot(keep_alive, self._http10)
         slot.one_read = self._begun_at == self._reads
+        slot.first_read = self._begun_at == 1
         if self._reserved or self._awaiting:
             self._hold(slot)
         self._slots.append(slot)
@@ -879,7 +882,7 @@ class HttpConnection(asyncio.BufferedProtocol):
         url, headers, chunks, size = self._url, self._headers, self._body, self._body_bytes
         if _is_infer(method, url) and (len(chunks) == 1 or size < _BULK_BODY_BYTES):
             turn = self._turn
-            turn.reading(self._sock, slot.one_read)
+            turn.reading(self._sock, slot.one_read, slot.first_read)
             try:
                 body = chunks[0] if len(chunks) == 1 else b"".join(chunks)  # (see `_start`)
                 held = self._api.hold_back(method, url, headers, body)
@@ -1025,7 +1028,7 @@ class HttpConnection(asyncio.BufferedProtocol):
         head = method == "HEAD"  # a GET's status and headers without its body (RFC 9110 9.3.2)
         if method == "POST":  # (v2 infer and V1 predict date their requests: see `reading`)
             turn = self._turn
-            turn.reading(self._sock, slot.one_read)
+            turn.reading(self._sock, slot.one_read, slot.first_read)
             try:
                 outcome = self._api.handle(method, url, headers, body)
             finally:
