@@ -19,6 +19,7 @@ from conftest import RunningServer, start_server, stop_server
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanKind
 from repo_models import scale_model, write_version
 from tritonclient.utils import InferenceServerException
 
@@ -71,7 +72,7 @@ def test_http_request_span_has_stage_children_under_the_callers_span(traced) -> 
     assert status == 200
     assert headers["x-trace-id"] == TRACE_ID
     spans = spans_of(exporter, tracing, TRACE_ID)
-    root = next(s for s in spans if s.name == "infer mlp")
+    root = next(s for s in spans if s.kind == SpanKind.SERVER)
     assert f"{root.parent.span_id:016x}" == PARENT_ID
     assert root.attributes["duetime.model"] == "mlp"
     assert root.attributes["duetime.variant"] == "default"
@@ -83,6 +84,31 @@ def test_http_request_span_has_stage_children_under_the_callers_span(traced) -> 
         assert root.start_time <= child.start_time <= child.end_time <= root.end_time
     execute = next(s for s in children if s.name == "execute")
     assert execute.attributes["duetime.compute_ns"] > 0
+
+
+def test_the_callers_tracestate_is_carried_over_http_and_grpc(traced) -> None:
+    """W3C Trace Context: a participant receiving `tracestate` propagates it."""
+    server, exporter, tracing = traced
+    state = "congo=t61rcWkgMzE,rojo=00f067aa0ba902b7"
+    trace_ids = {"http": "5" * 31 + "a", "grpc": "5" * 31 + "b", "refused": "5" * 31 + "c"}
+    for kind, trace_id in trace_ids.items():
+        headers = {"traceparent": f"00-{trace_id}-{PARENT_ID}-01", "tracestate": state}
+        if kind == "grpc":
+            with grpcclient.InferenceServerClient(server.grpc) as client:
+                tensor = grpcclient.InferInput("x", [1, 40], "FP32")
+                tensor.set_data_from_numpy(np.zeros((1, 40), dtype=np.float32))
+                client.infer("mlp", [tensor], headers=headers)
+        elif kind == "http":
+            assert infer_http(server, headers)[0] == 200
+        else:  # (refused before it was queued: a model that does not exist)
+            host, port = server.http.split(":")
+            connection = http.client.HTTPConnection(host, int(port))
+            connection.request("POST", "/v2/models/nosuch/infer", '{"inputs": []}', headers)
+            assert connection.getresponse().status == 404
+            connection.close()
+        [root] = [s for s in spans_of(exporter, tracing, trace_id) if s.kind == SpanKind.SERVER]
+        assert root.parent.trace_state.to_header() == state, kind
+        assert root.context.trace_state.to_header() == state, kind
 
 
 def test_a_request_without_traceparent_gets_a_fresh_trace(traced) -> None:
@@ -121,7 +147,7 @@ def test_grpc_traceparent_metadata_and_trailing_trace_id(traced) -> None:
     trace_id = "0af7651916cd43dd8448eb211c80319c"
     client.infer("mlp", [tensor], headers={"traceparent": f"00-{trace_id}-b7ad6b7169203331-01"})
     spans = spans_of(exporter, tracing, trace_id)
-    assert {s.name for s in spans} >= STAGES | {"infer mlp"}
+    assert {s.name for s in spans} >= STAGES | {"inference.GRPCInferenceService/ModelInfer"}
     bad = grpcclient.InferInput("x", [1, 3], "FP32")
     bad.set_data_from_numpy(np.zeros((1, 3), dtype=np.float32))
     with pytest.raises(InferenceServerException, match=f"trace {trace_id}"):
@@ -148,10 +174,13 @@ def test_http_requests_refused_get_their_span(traced) -> None:
         response.read()
         connection.close()
         assert (response.status, response.getheader("x-trace-id")) == (status, trace_id)
-        [root] = [s for s in spans_of(exporter, tracing, trace_id) if s.name == "infer mlp"]
+        [root] = [s for s in spans_of(exporter, tracing, trace_id) if s.kind == SpanKind.SERVER]
         assert not root.status.is_ok
         assert needle in root.status.description
         assert f"{root.parent.span_id:016x}" == PARENT_ID
+        if needle == "due":  # (decoded, then due before it reached the scheduler)
+            children = {s.name for s in spans_of(exporter, tracing, trace_id) if s is not root}
+            assert children == {"decode", "encode"}
 
 
 def test_grpc_requests_refused_or_streamed_get_their_span(traced) -> None:
@@ -173,7 +202,7 @@ def test_grpc_requests_refused_or_streamed_get_their_span(traced) -> None:
     with pytest.raises(InferenceServerException, match="due"):
         client.infer("mlp", [good], headers=traceparent(late), timeout=1)  # (1 µs)
     for trace_id, needle in ((invalid, "shape"), (late, "due")):
-        [root] = [s for s in spans_of(exporter, tracing, trace_id) if s.name == "infer mlp"]
+        [root] = [s for s in spans_of(exporter, tracing, trace_id) if s.kind == SpanKind.SERVER]
         assert not root.status.is_ok
         assert needle in root.status.description
         assert root.attributes["rpc.system"] == "grpc"
@@ -186,9 +215,9 @@ def test_grpc_requests_refused_or_streamed_get_their_span(traced) -> None:
     client.async_stream_infer("mlp", [bad], request_id="bad")
     client.stop_stream()
     assert len(answers) == 2
-    roots = [s for s in spans_of(exporter, tracing, streamed) if s.name == "infer mlp"]
+    roots = [s for s in spans_of(exporter, tracing, streamed) if s.kind == SpanKind.SERVER]
     assert sorted(s.status.is_ok for s in roots) == [False, True]
-    assert {s.attributes["rpc.system"] for s in roots} == {"grpc-stream"}
+    assert {s.attributes["rpc.method"] for s in roots} == {"ModelStreamInfer"}
     answered = next(s for s in roots if s.status.is_ok)
     children = {
         s.name for s in spans_of(exporter, tracing, streamed)
@@ -298,7 +327,7 @@ def test_kserve_v1_predicts_get_their_span_and_trace_id(traced) -> None:
         response.read()
         connection.close()
         assert (response.status, response.getheader("x-trace-id")) == (status, trace_id)
-        [root] = [s for s in spans_of(exporter, tracing, trace_id) if s.name == "infer mlp"]
+        [root] = [s for s in spans_of(exporter, tracing, trace_id) if s.kind == SpanKind.SERVER]
         assert f"{root.parent.span_id:016x}" == PARENT_ID
         if needle is None:
             assert root.status.is_ok

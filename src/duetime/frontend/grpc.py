@@ -526,7 +526,8 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
     ) -> str | None:
         """The request's span, whatever became of it (refused at admission, invalid, expired:
         those most worth a look); its trace id, or the caller's (None: neither)."""
-        parent = parse_traceparent(_Metadata(context).get("traceparent"))
+        metadata = _Metadata(context)
+        parent = parse_traceparent(metadata.get("traceparent"), metadata.get("tracestate"))
         tracing = self._tracing
         if tracing is None or timing is None:
             return parent.trace_id_hex if parent is not None else None
@@ -535,7 +536,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
             model=ticket.model if ticket is not None else request.model_name,
             version=ticket.version if ticket is not None else request.model_version,
             variant=ticket.variant if ticket is not None else "",
-            error=None if error is None else error.message, done_ns=self._engine.clock.now_ns(),
+            error=error, done_ns=self._engine.clock.now_ns(),
         )  # fmt: skip
 
     async def ModelStreamInfer(

@@ -58,6 +58,7 @@ from duetime.observability.logsettings import LogSettings
 from duetime.observability.tracesettings import TraceSettings, trace_settings_of
 from duetime.observability.tracing import (
     RequestTiming,
+    TraceParent,
     Tracing,
     new_trace_id,
     parse_traceparent,
@@ -449,7 +450,7 @@ class RestApi:
             ticket = self._engine.submit(request)
         except Exception as exc:
             return self._not_queued(exc, request.model, request.version, request.headers,
-                                    held.received)  # fmt: skip
+                                    held.received, request.timing)  # fmt: skip
         plan = held.plan
         return PendingReply(
             ticket, lambda done: self._infer_reply(done, request, plan), request.headers
@@ -473,7 +474,7 @@ class RestApi:
         except Exception as exc:  # (not a DuetimeError: a bug, answered as one)
             error = exc
         return self._not_queued(error, request.model, request.version, request.headers,
-                                held.received)  # fmt: skip
+                                held.received, request.timing)  # fmt: skip
 
     def time_left_s(self, due_ns: int) -> float:
         """Seconds until `due_ns` by the engine's clock (negative once it has passed)."""
@@ -481,7 +482,7 @@ class RestApi:
 
     def _not_queued(
         self, exc: Exception, model: str, version: str | None, headers: Mapping[str, str],
-        received: int,
+        received: int, timing: RequestTiming | None = None,
     ) -> Reply:  # fmt: skip
         """The error reply of an inference request that got no ticket, as `handle` answers it
         (a fault of ours: 500, logged)."""
@@ -489,7 +490,7 @@ class RestApi:
             log.exception("internal error on an inference request for model '%s'", model)
             exc = InternalError(f"internal error: {type(exc).__name__}: {exc}")
         if self._tracing is not None:
-            return self._refused(exc, model, version, headers, received)
+            return self._refused(exc, model, version, headers, received, timing)
         return self._failed(exc, headers, _model_parts(model, version))
 
     def _failed(
@@ -783,13 +784,15 @@ class RestApi:
         self, model: str, version: str | None, headers: Mapping[str, str], body: bytes
     ) -> Reply | PendingReply:
         received = self._engine.clock.now_ns() if self._tracing is not None else 0
+        request: InferRequest | None = None
         try:
             request, plan = self._read_infer(model, version, headers, body, received)
             ticket = self._engine.submit(request)
         except DuetimeError as exc:
             if self._tracing is None:
                 raise
-            return self._refused(exc, model, version, headers, received)
+            timing = request.timing if request is not None else None
+            return self._refused(exc, model, version, headers, received, timing)
         return PendingReply(ticket, lambda done: self._infer_reply(done, request, plan), headers)
 
     def _read_infer(
@@ -819,14 +822,15 @@ class RestApi:
 
     def _refused(
         self, exc: DuetimeError, model: str, version: str | None, headers: Mapping[str, str],
-        received: int,
+        received: int, timing: RequestTiming | None = None,
     ) -> Reply:  # fmt: skip
         """The error reply of an inference request that never got a ticket (invalid, refused at
-        admission, due before it was queued), with its span: those are the most worth a look."""
+        admission, due before it was queued), with its span: those are the most worth a look.
+        `timing`: the request's, if it was decoded (its span then has its `decode` child)."""
         assert self._tracing is not None
         trace_id = self._tracing.record(
-            RequestTiming(received), parse_traceparent(headers.get("traceparent")),
-            protocol="http", model=model, version=version or "", variant="", error=exc.message,
+            timing or RequestTiming(received), _parent(headers),
+            protocol="http", model=model, version=version or "", variant="", error=exc,
             done_ns=self._engine.clock.now_ns(),
         )  # fmt: skip
         return self._failed(exc, headers, _model_parts(model, version), trace_id or "")
@@ -862,14 +866,13 @@ class RestApi:
         self, ticket: Ticket, request: InferRequest, outcome: Reply | DuetimeError
     ) -> Reply:
         error = outcome if isinstance(outcome, DuetimeError) else None
-        parent = parse_traceparent(request.headers.get("traceparent"))
+        parent = _parent(request.headers)
         trace_id = parent.trace_id_hex if parent is not None else None
         timing = request.timing
         if self._tracing is not None and timing is not None:
             trace_id = self._tracing.record(
                 timing, parent, protocol="http", model=ticket.model, version=ticket.version,
-                variant=ticket.variant, error=None if error is None else error.message,
-                done_ns=self._engine.clock.now_ns(),
+                variant=ticket.variant, error=error, done_ns=self._engine.clock.now_ns(),
             )  # fmt: skip
         if error is not None:
             parts = ["v2", "models", request.model, "versions", ticket.version]
@@ -887,6 +890,11 @@ class RestApi:
 
 
 # -- request parsing -----------------------------------------------------------------------------
+
+
+def _parent(headers: Mapping[str, str]) -> TraceParent | None:
+    """The caller's trace context, its `tracestate` with it (see parse_traceparent)."""
+    return parse_traceparent(headers.get("traceparent"), headers.get("tracestate"))
 
 
 def _model_parts(model: str, version: str | None) -> list[str]:

@@ -16,6 +16,7 @@ import functools
 import gzip
 import re
 import weakref
+from bisect import bisect_left
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from itertools import accumulate
@@ -152,16 +153,26 @@ class MetricsCollector:
             "Rows per execution that answered some request (the requests' rows, before any "
             "padding up to the model's batch bucket; an execution in which every request failed "
             "is counted in duetime_compute_duration_seconds only, as Triton's "
-            "nv_inference_exec_count leaves it out); the histogram's buckets are the batch "
-            "sizes the model runs at.",
+            "nv_inference_exec_count leaves it out); the histogram's bounds are the batch "
+            "sizes the model runs at (its buckets, up to its max_batch_size), fixed.",
             labels=DEPLOYMENT_LABELS,
         )
         for row in rows:
+            # NOTE: the bounds were the buckets and every size seen, so a 5-row request added
+            # le="5.0" at run time: a histogram's bounds must stay fixed per series (a sum over
+            # replicas or restarts that saw different sizes is not cumulative otherwise; found
+            # by a tester). The model's batch buckets reach its max_batch_size (a model that
+            # does not batch: 1); a size counts in the first bound at or above it
             counts = {size: batch.count for size, batch in row.stats.batch_sizes.items()}
-            sizes = sorted(set(row.deployment.scheduler.profile.buckets) | set(counts))
-            cumulative = list(accumulate(counts.get(size, 0) for size in sizes))
-            buckets = [(_le(s), c) for s, c in zip(sizes, cumulative, strict=True)]
-            buckets.append(("+Inf", cumulative[-1] if cumulative else 0))
+            bounds = sorted(set(row.deployment.scheduler.profile.buckets) | {1})
+            per_bound = [0] * len(bounds)
+            for size, count in counts.items():
+                at = bisect_left(bounds, size)
+                if at < len(bounds):
+                    per_bound[at] += count
+            cumulative = list(accumulate(per_bound))
+            buckets = [(_le(b), c) for b, c in zip(bounds, cumulative, strict=True)]
+            buckets.append(("+Inf", sum(counts.values())))
             total = sum(size * count for size, count in counts.items())
             family.add_metric(row.labels, buckets, total)
         return family
@@ -287,7 +298,9 @@ _TRITON_CUMULATIVE = (
     ("nv_inference_count", "Inferences performed, a batch of n counting n"),
     ("nv_inference_exec_count", "Batch executions that answered some request"),
     ("nv_inference_request_duration_us", "Cumulative end-to-end time of successful requests, µs"),
-    ("nv_inference_queue_duration_us", "Cumulative queue time of successful requests, µs"),
+    ("nv_inference_queue_duration_us",
+     "Cumulative queue time of successful requests, µs: from arrival at the scheduler to the "
+     "start planned for their batch (behind a running batch: that one's predicted end)"),
     ("nv_inference_compute_input_duration_us",
      "Cumulative time of successful requests gathering their batch's inputs, µs"),
     ("nv_inference_compute_infer_duration_us",

@@ -21,7 +21,7 @@ import re
 import threading
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from opentelemetry import trace
@@ -33,9 +33,16 @@ from opentelemetry.sdk.trace.export import (
     SpanExporter,
     SpanExportResult,
 )
-from opentelemetry.trace import NonRecordingSpan, SpanContext, Status, StatusCode, TraceFlags
+from opentelemetry.trace import (
+    NonRecordingSpan,
+    SpanContext,
+    Status,
+    StatusCode,
+    TraceFlags,
+    TraceState,
+)
 
-from duetime.errors import ConfigError
+from duetime.errors import ConfigError, DuetimeError
 from duetime.observability.tracesettings import TraceSettings
 from duetime.types import RequestTiming
 
@@ -54,14 +61,20 @@ class TraceParent:
     trace_id: int
     span_id: int
     sampled: bool
+    state: TraceState = field(default_factory=TraceState)
+    """The caller's W3C `tracestate` (vendors' entries), carried on unchanged."""
 
     @property
     def trace_id_hex(self) -> str:
         return f"{self.trace_id:032x}"
 
 
-def parse_traceparent(value: str | None) -> TraceParent | None:
-    """The caller's trace context, or None when absent or malformed (then ignored, as W3C says)."""
+def parse_traceparent(value: str | None, tracestate: str | None = None) -> TraceParent | None:
+    """The caller's trace context, or None when absent or malformed (then ignored, as W3C says);
+    `tracestate` (its header or metadata, if any) rides along: a malformed one is dropped alone.
+
+    NOTE: `tracestate` was not read, and the server's span had an empty trace state: W3C Trace
+    Context has a participant that receives it propagate it (found by a tester)."""
     if not value:
         return None
     value = value.strip(" \t")  # (optional whitespace around a header value)
@@ -73,7 +86,8 @@ def parse_traceparent(value: str | None) -> TraceParent | None:
     trace_id, span_id = int(match[2], 16), int(match[3], 16)
     if trace_id == 0 or span_id == 0:
         return None
-    return TraceParent(trace_id, span_id, bool(int(match[4], 16) & 1))
+    state = TraceState.from_header([tracestate]) if tracestate else TraceState()
+    return TraceParent(trace_id, span_id, bool(int(match[4], 16) & 1), state)
 
 
 def new_trace_id() -> str:
@@ -108,10 +122,11 @@ class Tracing:
         model: str,
         version: str,
         variant: str,
-        error: str | None,
+        error: DuetimeError | str | None,
         done_ns: int,
     ) -> str | None:
-        """Emit the request's span and its stage spans; the trace id (None if not sampled)."""
+        """Emit the request's span and its stage spans; the trace id (None if not sampled).
+        `error`: what it failed with (a message alone: its status code is not known)."""
         if not self.settings.sample(model):
             return parent.trace_id_hex if parent is not None else None
         offset = self._epoch_offset_ns
@@ -120,14 +135,16 @@ class Tracing:
             remote = SpanContext(
                 parent.trace_id, parent.span_id, is_remote=True,
                 trace_flags=TraceFlags(TraceFlags.SAMPLED if parent.sampled else 0),
+                trace_state=parent.state,
             )  # fmt: skip
             context = trace.set_span_in_context(NonRecordingSpan(remote))
-        attributes: dict[str, Any] = {
-            "rpc.system": protocol, "duetime.model": model, "duetime.version": version,
+        name, attributes = _server_span(protocol, error)
+        attributes.update({
+            "duetime.protocol": protocol, "duetime.model": model, "duetime.version": version,
             "duetime.variant": variant,
-        }  # fmt: skip
+        })  # fmt: skip
         root = self._tracer.start_span(
-            f"infer {model}", context=context, start_time=timing.received_ns + offset,
+            name, context=context, start_time=timing.received_ns + offset,
             kind=trace.SpanKind.SERVER, attributes=attributes,
         )  # fmt: skip
         span_context = root.get_span_context()
@@ -155,7 +172,8 @@ class Tracing:
                 )
                 child.end(end_time=end + offset)
         if error is not None:
-            root.set_status(Status(StatusCode.ERROR, error))
+            message = error.message if isinstance(error, DuetimeError) else error
+            root.set_status(Status(StatusCode.ERROR, message))
         root.end(end_time=done_ns + offset)
         return f"{span_context.trace_id:032x}"
 
@@ -185,6 +203,45 @@ class Tracing:
             "down or not answering?); the spans not exported yet are dropped",
             timeout_s,
         )
+
+
+GRPC_SERVICE = "inference.GRPCInferenceService"
+"""The gRPC service of KServe's v2 protocol (Triton's), whose methods requests' spans name."""
+
+_GRPC_CODES = {
+    "OK": 0, "CANCELLED": 1, "UNKNOWN": 2, "INVALID_ARGUMENT": 3, "DEADLINE_EXCEEDED": 4,
+    "NOT_FOUND": 5, "ALREADY_EXISTS": 6, "PERMISSION_DENIED": 7, "RESOURCE_EXHAUSTED": 8,
+    "FAILED_PRECONDITION": 9, "ABORTED": 10, "OUT_OF_RANGE": 11, "UNIMPLEMENTED": 12,
+    "INTERNAL": 13, "UNAVAILABLE": 14, "DATA_LOSS": 15, "UNAUTHENTICATED": 16,
+}  # fmt: skip
+"""gRPC's status codes by name (`DuetimeError.grpc_code`), as `rpc.grpc.status_code` has them."""
+
+
+def _server_span(protocol: str, error: DuetimeError | str | None) -> tuple[str, dict[str, Any]]:
+    """The name and OpenTelemetry semantic-convention attributes of a request's server span.
+
+    NOTE: the name was `infer <model>`, the model as the client named it: a client asking for
+    many models that do not exist made as many span names, which tracing backends index (span
+    names must be low-cardinality; the model is the `duetime.model` attribute). And
+    `rpc.system` was "http", not one of its values. HTTP server spans are named by their
+    method (`{method}`: the route, with or without a version, is not known here), gRPC ones
+    `{rpc.service}/{rpc.method}` (found by a tester)."""
+    failure = error if isinstance(error, DuetimeError) else None
+    if protocol == "http":
+        attributes: dict[str, Any] = {"http.request.method": "POST"}
+        if error is None:
+            attributes["http.response.status_code"] = 200
+        elif failure is not None:
+            attributes["http.response.status_code"] = failure.http_status
+        return "POST", attributes
+    method = "ModelStreamInfer" if protocol == "grpc-stream" else "ModelInfer"
+    attributes = {"rpc.system": "grpc", "rpc.service": GRPC_SERVICE, "rpc.method": method}
+    # (a stream's call has one status for all its requests, and an answer's error rides in the
+    # stream: only a unary call's status is the request's)
+    if method == "ModelInfer" and (error is None or failure is not None):
+        code = "OK" if failure is None else failure.grpc_code
+        attributes["rpc.grpc.status_code"] = _GRPC_CODES.get(code, 2)
+    return f"{GRPC_SERVICE}/{method}", attributes
 
 
 def tracing_from_env(
