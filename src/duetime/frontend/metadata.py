@@ -10,6 +10,7 @@ from duetime.datatypes import TRITON_TYPE_OF
 from duetime.repository.loader import LoadedModel
 from duetime.repository.tritonconfig import (
     ANY_PRIORITY,
+    ANY_SHAPE,
     DUETIME,
     WITHOUT_DIMS,
     carried_settings,
@@ -50,7 +51,8 @@ def _tensor(spec: TensorSpec) -> dict[str, Any]:
     such an input with no dims, as it does a scalar, so Triton's autocomplete makes it dims [1]
     (with `reshape: []` when batching) and then refuses every other shape, which the model
     would take. [-1] keeps it free, and makes clients that fill inputs from metadata
-    (perf_analyzer) ask for its shape; a model config's `dims` pins one."""
+    (perf_analyzer) ask for its shape; a model config's `dims` pins one. The model config's
+    `tensors_of_any_shape` parameter names such tensors, so that it reads back as any shape."""
     return {"name": spec.name, "datatype": spec.datatype, "shape": spec.shown()}
 
 
@@ -94,6 +96,7 @@ def model_config_json(model: LoadedModel) -> dict[str, Any]:
             "scheduling_policy": {"string_value": scheduling.policy},
             **_any_priority(scheduling),
             **_without_dims([*inputs, *signature.outputs], batched),
+            **_of_any_shape([*inputs, *signature.outputs]),
             "intra_op_thread_count": {"string_value": str(config.intra_op_threads)},
             "inter_op_thread_count": {"string_value": str(config.inter_op_threads)},
             **_carried(config),
@@ -143,6 +146,17 @@ def _without_dims(specs: list[TensorSpec], batched: bool) -> dict[str, Any]:
     if not names:
         return {}
     return {WITHOUT_DIMS: {"string_value": json.dumps(names)}}
+
+
+def _of_any_shape(specs: list[TensorSpec]) -> dict[str, Any]:
+    """NOTE: a tensor whose graph declares no shape at all is written dims [-1] (see `_tensor`),
+    which a config read back takes as rank 1: loaded by load_model(config=...), a model that
+    took any shape refused the [2, 3] it had served. The parameter names such tensors (a JSON
+    list), so that the config reads back as the same model (see tritonconfig.ANY_SHAPE)."""
+    names = [spec.name for spec in specs if spec.any_rank]
+    if not names:
+        return {}
+    return {ANY_SHAPE: {"string_value": json.dumps(names)}}
 
 
 def _has_no_dims(spec: TensorSpec, batched: bool) -> bool:

@@ -25,6 +25,7 @@ graph, as Triton's auto-complete does):
 | `scheduling_policy` in `parameters` (`edf`, `fifo`) | `scheduling.policy` |
 | `any_priority_level` `"true"` in `parameters` (duetime's own) | `scheduling.priority_levels` 0 |
 | `tensors_without_dims` (a JSON list of names) in `parameters` (duetime's own) | no `dims` |
+| `tensors_of_any_shape` (a JSON list of names) in `parameters` (duetime's own) | no `dims` |
 | `duetime` (a JSON object) in `parameters` (duetime's own) | what Triton has no field for (+) |
 | `version_policy` | `version_policy` |
 | `parameters` `intra_op_thread_count`, `inter_op_...` | `intra_op_threads`, `inter_op_...` |
@@ -118,6 +119,14 @@ WITHOUT_DIMS = "tensors_without_dims"
 as dims [1] with reshape [] have no dims at all: a duetime model's tensors without dims beyond
 the batch's, served in the graph's shape ([batch], or [] unbatched), not Triton's [batch, 1].
 Either way such an input takes both forms (see validation.other_shapes)."""
+ANY_SHAPE = "tensors_of_any_shape"
+"""The parameter (a JSON list of tensor names) saying, in Triton's form, which tensors written
+as dims [-1] take any shape: those whose graph declares no shape at all (not even a rank), which
+neither Triton's config nor the v2 protocol can say (see metadata._tensor). Read back as no dims
+(the graph's any shape is served); without it dims [-1] is rank 1.
+
+NOTE: a model served for any shape, loaded back from its own config as returned, refused the
+[2, 3] requests it had served ("does not match the model's [-1]")."""
 DUETIME = "duetime"
 """The parameter (a JSON object) carrying, in Triton's form, the settings of a duetime model
 config that Triton's ModelConfig has no field for (`CARRIED`, `CARRIED_SCHEDULING`): the config
@@ -412,6 +421,8 @@ def _parameter(name: str, value: str, out: dict[str, Any], source: str, warn: Wa
             out.setdefault("scheduling", {}).pop("ignore_priority", None)
     elif name == WITHOUT_DIMS:  # (duetime's own; after the tensors, whose dims it drops)
         _without_dims(_names(value, f"parameters['{name}']", source), out, where, warn)
+    elif name == ANY_SHAPE:  # (duetime's own; after the tensors, whose dims it drops)
+        _of_any_shape(_names(value, f"parameters['{name}']", source), out, where, warn)
     elif name == DUETIME:  # (duetime's own: the settings Triton has no field for)
         _carried(value, out, where)
     elif name in _UNHONOURED_PARAMETERS:
@@ -472,6 +483,23 @@ def _without_dims(names: list[str], out: dict[str, Any], where: str, warn: Warn)
                  "config; ignored")  # fmt: skip
         for tensor in found:
             del tensor["dims"], tensor["reshape"]
+
+
+def _of_any_shape(names: list[str], out: dict[str, Any], where: str, warn: Warn) -> None:
+    """The tensors `names` (`ANY_SHAPE`), written dims [-1] without a reshape, as having no
+    dims: the graph's shape (any) is served. A name of no such tensor is warned of."""
+    tensors = [t for key in ("inputs", "outputs") for t in out.get(key, ())]
+    for name in names:
+        found = [t for t in tensors if t["name"] == name and _dims_free_vector(t)]
+        if not found:
+            warn(f"{where}: '{name}' is no input or output of dims [-1] without a reshape in "
+                 "this config; ignored")  # fmt: skip
+        for tensor in found:
+            del tensor["dims"]
+
+
+def _dims_free_vector(tensor: dict[str, Any]) -> bool:
+    return tensor.get("dims") == [-1] and "reshape" not in tensor
 
 
 def _dims_1_reshape_empty(tensor: dict[str, Any]) -> bool:
