@@ -405,9 +405,8 @@ def _numbers_from_json(data: list[Any], datatype: str, where: str, field: str) -
     kind = parsed.dtype.kind
     allowed = {"b": "b", "i": "iu", "u": "iu", "f": "iuf"}[dtype.kind]
     if parsed.size and kind not in allowed:
-        if kind == "f" and dtype.kind in "iu" and _whole_beyond(parsed, dtype):
-            # (JSON integers beyond 64 bits, which orjson reads as floats: 2**64 for UINT64)
-            raise _out_of_range(where, field, datatype)
+        if kind == "f" and dtype.kind in "iu":
+            raise _first_fault(_flatten(data), dtype, where, field, datatype)
         raise InvalidInput(
             f"{where}: '{field}' holds values that are not {datatype} ({parsed.dtype})"
         )
@@ -441,13 +440,39 @@ def _out_of_range(where: str, field: str, datatype: str) -> InvalidInput:
     )
 
 
-def _whole_beyond(values: np.ndarray, dtype: np.dtype[Any]) -> bool:
-    """Whether some of the float `values` are whole numbers outside integer `dtype`'s range."""
+def _first_fault(
+    flat: list[Any], dtype: np.dtype[Any], where: str, field: str, datatype: str
+) -> InvalidInput:
+    """The error for the first value of `flat` (JSON numbers numpy read as float64 together)
+    that integer `dtype` does not take, judged on the value as read, as it would be alone.
+
+    NOTE: judged on the float64 array, an integer a float stood beside was judged rounded:
+    [18446744073709551615, 1.5, 0] as UINT64 was "outside the range" (2**64 - 1 rounds to
+    2**64), where the fault is 1.5, which [1.5, 0, 0] is told."""
     info = np.iinfo(dtype)
-    # (bounds as floats: info.max + 1 and info.min are powers of two, so exact; -2**63 itself
-    # counts, as orjson reads -2**63 - 1 as that float)
-    beyond = (values >= float(info.max + 1)) | (values < float(info.min)) | (values <= -(2.0**63))
-    return bool((beyond & (np.floor(values) == values)).any())
+    for item in flat:
+        if type(item) is bool:
+            return InvalidInput(
+                f"{where}: '{field}' mixes true/false with numbers; {datatype} takes numbers"
+            )
+        if type(item) is int:
+            if not info.min <= item <= info.max:
+                return _out_of_range(where, field, datatype)
+        elif isinstance(item, float) and _whole_beyond(item, info):
+            # (JSON integers beyond 64 bits, which orjson reads as floats: 2**64 for UINT64)
+            return _out_of_range(where, field, datatype)
+        else:
+            break
+    return InvalidInput(f"{where}: '{field}' holds values that are not {datatype} (float64)")
+
+
+def _whole_beyond(value: float, info: np.iinfo[Any]) -> bool:
+    """Whether `value` is a whole number outside the range of the integer type of `info`.
+
+    NOTE: bounds as floats: info.max + 1 and info.min are powers of two, so exact; -2**63
+    itself counts, as orjson reads -2**63 - 1 as that float."""
+    beyond = value >= float(info.max + 1) or value < float(info.min) or value <= -(2.0**63)
+    return beyond and math.floor(value) == value
 
 
 def _has_bools(data: list[Any]) -> bool:
@@ -531,13 +556,52 @@ def loads_json(data: bytes | memoryview) -> Any:
             raise
         error = exc
     try:
-        return json.loads(raw)
+        return json.loads(raw, parse_int=_int_as_orjson, parse_float=_float_as_orjson)
+    except _Infinite as exc:
+        raise _infinite(exc, raw) from None
     except (ValueError, RecursionError):  # Inf, -Inf or -NaN, or not JSON with such tokens
         pass
     try:
-        return json.loads(_spelled_for_json(raw))
+        spelled = _spelled_for_json(raw)
+        return json.loads(spelled, parse_int=_int_as_orjson, parse_float=_float_as_orjson)
+    except _Infinite as exc:
+        raise _infinite(exc, raw) from None
     except (ValueError, RecursionError):  # not JSON with those tokens either
         raise error from None
+
+
+class _Infinite(ValueError):
+    """A number `json` read (its text the argument) that is infinite as a float64."""
+
+
+def _int_as_orjson(text: str) -> int | float:
+    """A JSON integer as orjson reads it: an int where it fits 64 bits (signed or not), else
+    the nearest float (infinite: `_Infinite`).
+
+    NOTE: `json` read bigger ones as ints, which numpy holds as objects: FP64 data
+    [NaN, 100000000000000000000000000000, 2], read by `json` for its NaN, was refused as "not
+    FP64 (object)", where the same number without a NaN was taken."""
+    if len(text) <= 21:
+        value = int(text)
+        if -(2**63) <= value < 2**64:
+            return value
+    return _float_as_orjson(text)
+
+
+def _float_as_orjson(text: str) -> float:
+    """A JSON number as a float64, as orjson reads it: one that is infinite refused."""
+    value = float(text)
+    if math.isinf(value):
+        raise _Infinite(text)
+    return value
+
+
+def _infinite(exc: _Infinite, raw: bytes) -> orjson.JSONDecodeError:
+    """orjson's error for a number infinite as a float64, at the first place it is written."""
+    text = exc.args[0]
+    position = max(raw.find(text.encode()), 0)
+    document = raw.decode("utf-8", errors="replace")
+    return orjson.JSONDecodeError("number is infinity when parsed as double", document, position)
 
 
 _STRING_OR_NON_FINITE = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"|-?(?:Infinity|Inf|NaN)')
