@@ -344,11 +344,16 @@ def direct_run(session: Any, run_options: ort.RunOptions | None = None) -> Run:
 
 
 def strings_for_ort(array: np.ndarray, input_name: str) -> np.ndarray:
-    """BYTES elements as `str` (ONNX string tensors hold UTF-8 text); InvalidInput otherwise."""
+    """BYTES elements as `str` (ONNX string tensors hold UTF-8 text); InvalidInput for an
+    element that is not UTF-8 bytes or text (`i`: its index in row-major order).
+
+    NOTE: any other element was made its str(): the in-process Engine ran a model on "None" for
+    a None and on "1.5" for a float, which every wire transport refuses ("BYTES 'data' element
+    0 must be a string")."""
     flat = array.reshape(-1)
     out = np.empty(flat.shape, dtype=object)
     for i, item in enumerate(flat):
-        if isinstance(item, bytes | bytearray | memoryview):
+        if isinstance(item, bytes | bytearray | memoryview):  # (numpy's bytes_ too)
             try:
                 out[i] = bytes(item).decode("utf-8")
             except UnicodeDecodeError:
@@ -356,8 +361,13 @@ def strings_for_ort(array: np.ndarray, input_name: str) -> np.ndarray:
                     f"input '{input_name}': BYTES element {i} is not valid UTF-8; the model's "
                     "string tensor holds text"
                 ) from None
-        else:
+        elif isinstance(item, str):  # (numpy's str_ too)
             out[i] = str(item)
+        else:
+            raise InvalidInput(
+                f"input '{input_name}': BYTES element {i} must be bytes or a string, got "
+                f"{type(item).__name__}"
+            )
     return out.reshape(array.shape)
 
 
