@@ -333,7 +333,7 @@ class Signatures:
             options = None if manager is None else manager.options
             if options is not None and options.lazy and options.control_mode != "explicit":
                 return None
-            engine.registry.served(model)  # raises: unknown, failed to load, shutting down
+            engine.registry.served(model, version)  # raises: unknown, failed to load, ...
             return None
         if version:
             chosen = engine.registry.served_version(served, version)

@@ -113,8 +113,20 @@ def scan_model(directory: Path) -> ModelSource:
     return ModelSource(directory.name, directory, versions)
 
 
+VERSION_MAX = 2**63 - 1
+"""The highest version: versions are int64s, as Triton's."""
+
+
 def version_of(name: str) -> int | None:
-    """The version a folder named `name` holds (None: not a version folder)."""
-    # NOTE: str.isdigit() alone also accepts digits such as '²' that int() rejects; and a
-    # version is an int64, as Triton's (int() refuses thousands of digits with an error).
-    return int(name) if name.isascii() and name.isdigit() and len(name) <= 20 else None
+    """The version a folder named `name` holds, or a request's version string names (None: not
+    a version: not all ASCII digits, or beyond `VERSION_MAX`).
+
+    NOTE: str.isdigit() alone also accepts digits such as '²' that int() rejects; and a version
+    is an int64, as Triton's (int() refuses thousands of digits with an error). A 20-digit
+    number above 2**63 - 1 was taken: a request naming one was told "not found" (404) where
+    Triton refuses the version string (400), and a folder so named served a version no client
+    could name in Triton's int64 fields."""
+    if not (name.isascii() and name.isdigit() and len(name) <= 20):
+        return None
+    number = int(name)
+    return number if number <= VERSION_MAX else None

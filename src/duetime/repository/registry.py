@@ -9,7 +9,7 @@ from types import MappingProxyType
 
 from duetime.config import PRIMARY_VARIANT, TrafficConfig
 from duetime.errors import InvalidInput, ModelNotFound, ModelUnavailable
-from duetime.repository.layout import version_of
+from duetime.repository.layout import VERSION_MAX, version_of
 from duetime.repository.loader import LoadedModel
 from duetime.routing.traffic import TrafficPlan, plan_traffic
 from duetime.scheduling.scheduler import ModelScheduler
@@ -71,15 +71,7 @@ class ServedModel:
         (INVALID_ARG from its GetModelVersionFromString, whose words begin the message)."""
         found = self.versions.get(version)
         if found is None:
-            number = version_of(version)
-            if number is None:
-                shown = version[:VERSION_SHOWN] + ("..." if len(version) > VERSION_SHOWN else "")
-                raise InvalidInput(
-                    f"failed to get model version from specified version string '{shown}' of "
-                    f"model '{self.name}': "
-                    "model_version must be a non-negative integer of at most 20 digits (the "
-                    "name of a version folder, such as 1), or empty for the default version"
-                )
+            number = parse_version(self.name, version)
             found = self.versions.get(str(number))
             if found is None:
                 loaded = ", ".join(sorted(self.versions, key=int))
@@ -88,6 +80,22 @@ class ServedModel:
                     f"versions: {loaded}"
                 )
         return found
+
+
+def parse_version(model: str, version: str) -> int:
+    """The version number a request's `version` string names, or InvalidInput (Triton's
+    INVALID_ARG) for one that is not a version: not a non-negative int64 ("abc", "-1",
+    "99999999999999999999")."""
+    number = version_of(version)
+    if number is None:
+        shown = version[:VERSION_SHOWN] + ("..." if len(version) > VERSION_SHOWN else "")
+        raise InvalidInput(
+            f"failed to get model version from specified version string '{shown}' of model "
+            f"'{model}': model_version must be a non-negative integer of at most "
+            f"{VERSION_MAX} (the name of a version folder, such as 1), or empty for the "
+            "default version"
+        )
+    return number
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,8 +179,11 @@ class Registry:
         self.snapshot = Snapshot(closed=True)
         return list(old.deployments())
 
-    def served(self, name: str) -> ServedModel:
-        """The served model `name`, or the error a client should see."""
+    def served(self, name: str, version: str | None = None) -> ServedModel:
+        """The served model `name`, or the error a client should see; a request's `version`
+        that is not a version at all is refused first (see `version`)."""
+        if version:
+            parse_version(name, version)
         snapshot = self.snapshot
         served = snapshot.models.get(name)
         if served is None:
@@ -199,8 +210,12 @@ class Registry:
         return served
 
     def version(self, name: str, version: str | None) -> ServedVersion:
-        """The served `version` of `name` (None or "": the default version)."""
-        served = self.served(name)
+        """The served `version` of `name` (None or "": the default version).
+
+        NOTE: a malformed `version` is refused before the model is looked up, as Triton parses
+        the version string first: "abc" of a model not served was told the model is not found
+        (404), where Triton says the version string is not one (400)."""
+        served = self.served(name, version)
         return self.served_version(served, version or served.default)
 
     def served_version(self, served: ServedModel, version: str) -> ServedVersion:

@@ -108,7 +108,7 @@ class Router:
     def route(self, request: InferRequest) -> Routed:
         """Choose version and variant for `request` and validate its inputs; raises the error a
         client should see (unknown model or version, invalid input)."""
-        served = self._registry.served(request.model)
+        served = self._registry.served(request.model, request.version)
         if request.version:
             version = self._registry.served_version(served, request.version)
         else:
