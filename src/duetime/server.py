@@ -343,6 +343,9 @@ class Server:
         self._grpc_service.accepting = False
         if self._http is not None:
             self._http.close()
+        # NOTE: counted at the end, once they were closed, the log line said 0 with connections
+        # open at the signal; these are those open as the stop starts (no others come)
+        open_connections = len(self._connections)
         # NOTE: gRPC cancels the calls still running when its grace ends, with a bare CANCELLED
         # (which clients read as their own doing, and do not retry); a little longer, it lets
         # the engine fail what is left first, with UNAVAILABLE "shut down before it ran"
@@ -367,6 +370,6 @@ class Server:
             await asyncio.to_thread(self.tracing.shutdown, export_s)
         if self.cpu_latency is not None:
             self.cpu_latency.release()
-        log.info("stopped; %d HTTP connections were open", len(self._connections))
+        log.info("stopped; %d HTTP connections were open", open_connections)
         self.log_settings.close()
         self.shared_memory.close()

@@ -358,7 +358,10 @@ def test_a_broken_version_never_replaces_a_working_one(tmp_path: Path) -> None:
         state, reason = states(engine)["2"]
         assert state == "UNAVAILABLE"
         assert "ONNX Runtime cannot load it" in reason
-        assert states(engine)["1"] == ("READY", "")
+        state, reason = states(engine)["1"]  # (serves on, and says why: the latest failure)
+        assert state == "READY"
+        assert reason.startswith("a new load failed, the previous one still serves: ")
+        assert "version 2" in reason
         # a working version 2 then replaces version 1
         write_version(tmp_path, "m", 2, scale_model(2))
         await engine.load_model("m")

@@ -23,6 +23,7 @@ from duetime.errors import (
     DuetimeError,
     InternalError,
     InvalidInput,
+    ModelUnavailable,
     PayloadTooLarge,
 )
 from duetime.frontend import codec, sharedmemory
@@ -50,6 +51,7 @@ from duetime.frontend.rest import (
     check_control_token,
     check_unload_request,
     load_request,
+    shut_down_during,
 )
 from duetime.frontend.sharedmemory import CUDA_REGIONS, SharedMemoryRegions
 from duetime.frontend.statistics import statistics_json
@@ -371,6 +373,8 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
             await self._engine.load_model(name, asked.config, asked.files)
         except DuetimeError as exc:
             _abort(context, exc)
+        except asyncio.CancelledError:
+            _shut_down_during(context, f"the load of model '{name}'")
         return _changed(pb.RepositoryModelLoadResponse(), name)
 
     async def RepositoryModelUnload(self, request: Any, context: Any) -> Any:
@@ -381,6 +385,8 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
             await self._engine.unload_model(name)
         except DuetimeError as exc:
             _abort(context, exc)
+        except asyncio.CancelledError:
+            _shut_down_during(context, f"the unload of model '{name}'")
         return _changed(pb.RepositoryModelUnloadResponse(), name)
 
     async def SystemSharedMemoryStatus(self, request: Any, context: Any) -> Any:
@@ -1125,6 +1131,19 @@ def _abort(
     it; gRPC sends the status set here (a unary call's answer is not sent with it)."""
     _refuse(context, exc, trace_id, model, version)
     raise _Aborted
+
+
+def _shut_down_during(context: Any, what: str) -> NoReturn:
+    """In a repository call's `except CancelledError`: the call itself cancelled (its client
+    gone, its deadline past) ends so; `what` (a load) cancelled by the server's shutdown
+    (`ModelManager.aclose`) ends the call UNAVAILABLE, retry elsewhere.
+
+    NOTE: it went up to gRPC, and the call hung until gRPC's grace ran out ("Cancelling all
+    calls"), holding the shutdown that long."""
+    task = asyncio.current_task()
+    if task is not None and task.cancelling() > 0:
+        raise asyncio.CancelledError
+    _abort(context, ModelUnavailable(shut_down_during(what)))
 
 
 class _Aborted(Exception):

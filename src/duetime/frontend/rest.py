@@ -27,7 +27,7 @@ import orjson
 from duetime import __version__, classification
 from duetime.config import ModelConfig, ServerSettings
 from duetime.datatypes import WIRE_DTYPE_OF, v2_datatype_of
-from duetime.engine import Engine, Ticket
+from duetime.engine import SHUTTING_DOWN, Engine, Ticket
 from duetime.errors import (
     TIMEOUT_EXPIRED,
     ConfigError,
@@ -36,6 +36,7 @@ from duetime.errors import (
     InternalError,
     InvalidInput,
     ModelNotFound,
+    ModelUnavailable,
     PayloadTooLarge,
     Unauthorized,
 )
@@ -191,18 +192,31 @@ class ControlCall:
 
     @classmethod
     def start(
-        cls, operation: Awaitable[None], done: Reply, failed: Callable[[DuetimeError], Reply]
+        cls,
+        operation: Awaitable[None],
+        done: Reply,
+        failed: Callable[[DuetimeError], Reply],
+        what: str = "the repository operation",
     ) -> PendingReply:
-        """Run `operation`; the reply is `done` when it succeeds, `failed(error)` otherwise."""
+        """Run `operation`; the reply is `done` when it succeeds, `failed(error)` otherwise
+        (`what` names the operation in the error of one the server's shutdown cancels)."""
         loop = asyncio.get_running_loop()
         call = cls(loop.create_future())
 
         async def run() -> None:
+            cancelled = False
             try:
                 await operation
                 reply = done
             except DuetimeError as exc:
                 reply = failed(exc)
+            except asyncio.CancelledError:
+                # NOTE: the server's shutdown (`ModelManager.aclose`) cancels a load still
+                # running: uncaught, the future was never resolved and the client's connection
+                # closed with no response. It hears 503, as inference requests do.
+                reply = failed(ModelUnavailable(shut_down_during(what)))
+                task = asyncio.current_task()
+                cancelled = task is not None and task.cancelling() > 0
             except Exception as exc:
                 log.exception("internal error in a repository operation")
                 reply = failed(InternalError(f"internal error: {type(exc).__name__}: {exc}"))
@@ -210,11 +224,19 @@ class ControlCall:
                 call.future.set_result(reply)
                 if call.on_done is not None:
                     call.on_done()
+            if cancelled:  # (this task itself was cancelled: it ends so)
+                raise asyncio.CancelledError
 
         task = loop.create_task(run())
         _CONTROL_TASKS.add(task)
         task.add_done_callback(_CONTROL_TASKS.discard)
         return PendingReply(call, lambda done: done.future.result())
+
+
+def shut_down_during(what: str) -> str:
+    """Why a repository operation (`what`: "the load of model 'm'") the server's shutdown
+    cancelled has no other answer."""
+    return f"{what} did not finish: {SHUTTING_DOWN}"
 
 
 _CONTROL_TASKS: set[asyncio.Task[None]] = set()
@@ -333,7 +355,7 @@ class Signatures:
             options = None if manager is None else manager.options
             if options is not None and options.lazy and options.control_mode != "explicit":
                 return None
-            engine.registry.served(model, version)  # raises: unknown, failed to load, ...
+            engine.registry.served(model)  # raises: unknown, failed to load, shutting down
             return None
         if version:
             chosen = engine.registry.served_version(served, version)
@@ -592,12 +614,13 @@ class RestApi:
             def failed(exc: DuetimeError) -> Reply:
                 return self._failed(exc, headers, ["v2", "models", name])
 
+            what = f"the {rest[2]} of model '{name}'"
             if rest[2] == "unload":
                 check_unload_request(parameters)
-                return ControlCall.start(self._engine.unload_model(name), done, failed)
+                return ControlCall.start(self._engine.unload_model(name), done, failed, what)
             asked = load_request(parameters, name)
             operation = self._engine.load_model(name, asked.config, asked.files)
-            return ControlCall.start(operation, done, failed)
+            return ControlCall.start(operation, done, failed, what)
         raise ModelNotFound(f"no such endpoint '/v2/repository/{'/'.join(rest)}'")
 
     def _repository_index(self, body: bytes) -> Reply:

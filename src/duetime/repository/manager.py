@@ -547,6 +547,11 @@ class ModelManager:
                     # served before serve on, and later plain loads read them again
                     self._restore(name, *previous)
                     self._restore_index(name, before, exc.message)
+                elif explicit and before.served and not self._changed(before):
+                    # NOTE: only loads with an upload or config said so: what still served
+                    # kept the reason of an earlier failed load (its override's version_policy)
+                    # after a plain load failed on another cause (a broken new version)
+                    self._still_serving(name, before, exc.message)
                 if upload is not None and self._uploads.get(name) is not upload:
                     _remove_upload(upload)
                 if explicit and isinstance(exc, _LoadFailed):  # (Triton: a failed load is 400)
@@ -587,10 +592,7 @@ class ModelManager:
         states = self._states[name]
         states.clear()  # (in place: a drain in progress holds this dict)
         states.update(before.states)
-        for version in before.served:  # (what serves says why it still does)
-            states[version] = VersionState(
-                "READY", f"a new load failed, the previous one still serves: {message}"
-            )
+        self._still_serving(name, before, message)
         if before.error is None:
             self._model_errors.pop(name, None)
         else:
@@ -605,6 +607,15 @@ class ModelManager:
             # while the index listed nothing, for anyone allowed to load; the caller had the
             # reason in its 400
             self._forget(name)
+
+    def _still_serving(self, name: str, before: _IndexRecord, message: str) -> None:
+        """The index says of each version that served before a failed load (`message`: why it
+        failed), and serves on, why it still does."""
+        states = self._states[name]
+        for version in before.served:
+            states[version] = VersionState(
+                "READY", f"a new load failed, the previous one still serves: {message}"
+            )
 
     async def unload(self, name: str, *, reason: str = "unloaded by request") -> None:
         """Stop serving every version of `name`; queued requests finish first."""
@@ -713,8 +724,12 @@ class ModelManager:
             selects does not (see below), so their files are checked as the selected ones' are."""
             for number in [*wanted, *stand_ins]:
                 version = str(number)
-                if number not in wanted and (explicit or not troubled):
-                    break  # (what the policy selects all serves: the others are retired below)
+                if number not in wanted and (
+                    explicit or not troubled or len(chosen) >= len(wanted)
+                ):
+                    # (what the policy selects all serves, or stand-ins fill the places its
+                    # failed versions leave: the others are retired below)
+                    break
                 old = served.get(version)
                 print_ = (
                     await self._settled(source, number, config, explicit)
@@ -766,8 +781,13 @@ class ModelManager:
                 error = _LoadFailed if failures else ModelUnavailable  # (or files still changing)
                 raise error(load_failed(name, "; ".join(problems)))
             if problems:  # keep serving what worked before rather than fewer versions
-                for version, old in served.items():
-                    chosen.setdefault(version, old)
+                # NOTE: every version served before was kept: a good version 4 beside a broken
+                # 3 under `latest 2` served 1, 2 and 4, three under a two-version policy.
+                # Stand-ins fill the places the policy's versions leave empty, no more.
+                for version in sorted(served, key=int, reverse=True):
+                    if len(chosen) >= len(wanted):
+                        break
+                    chosen.setdefault(version, served[version])
             retired = [old for version, old in served.items() if chosen.get(version) is not old]
             self._registry.publish(name, chosen, config.traffic)
             for version, print_ in prints.items():
