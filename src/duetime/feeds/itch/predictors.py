@@ -138,7 +138,7 @@ class EnginePredictor:
             template=template,
         )  # fmt: skip
         try:
-            ticket = self._engine.submit(request)
+            ticket = self._engine.submit(request, run_now=True)  # (the feed makes its batches)
         except DuetimeError as exc:
             answer(None, _failure(exc))
             return

@@ -1,0 +1,80 @@
+"""The in-process Engine on an idle model that runs on the loop (inline): the first request of a
+loop turn runs within its call, the others of that turn wait for the batch (`_runs_now`)."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import numpy as np
+import pytest
+from repo_models import inputs, run_on_engine, scale_model, write_version
+
+from duetime import Engine
+from duetime.types import InferRequest
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def inline_repo(tmp_path: Path) -> Path:
+    write_version(tmp_path, "m", 1, scale_model(2))
+    (tmp_path / "m" / "config.toml").write_text('max_batch_size = 64\nexecution = "inline"\n')
+    return tmp_path
+
+
+def test_an_awaited_request_on_an_idle_inline_model_runs_within_its_submit(
+    tmp_path: Path,
+) -> None:
+    async def scenario(engine: Engine) -> None:
+        await engine.infer_async("m", inputs())  # (the first: warm)
+        await asyncio.sleep(0)  # a turn of its own
+        ticket = engine.submit(InferRequest("m", inputs()), run_now=True)
+        assert ticket.future.done(), "an idle inline model ran it within the call"
+        np.testing.assert_array_equal(ticket.response().outputs["y"], 2 * inputs()["x"])
+        queued = engine.submit(InferRequest("m", inputs()))  # without run_now: the next turn
+        assert not queued.future.done()
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
+        assert queued.future.done()
+        answer = await engine.infer_async("m", inputs(), timeout=1.0)
+        np.testing.assert_array_equal(answer["y"], 2 * inputs()["x"])
+
+    run_on_engine(inline_repo(tmp_path), scenario)
+
+
+def test_requests_of_one_turn_still_go_together(tmp_path: Path) -> None:
+    """A gather of many: the first runs within its call, the rest as one batch on the next turn
+    (not one run each, as they would were every request of the turn run at once)."""
+
+    async def scenario(engine: Engine) -> None:
+        await engine.infer_async("m", inputs())
+        scheduler = engine.registry.resolve("m", None).scheduler
+        before = scheduler.statistics().executions
+        answers = await asyncio.gather(*(engine.infer_async("m", inputs()) for _ in range(20)))
+        for answer in answers:
+            np.testing.assert_array_equal(answer["y"], 2 * inputs()["x"])
+        assert scheduler.statistics().executions - before == 2
+
+    run_on_engine(inline_repo(tmp_path), scenario)
+
+
+def test_a_request_submitted_from_an_answer_does_not_run_inside_it(tmp_path: Path) -> None:
+    """A callback of one answer that asks again (a feed's) queues its request for the next turn:
+    a run nested in the settling of another batch's answers would interleave the two."""
+
+    async def scenario(engine: Engine) -> None:
+        await engine.infer_async("m", inputs())
+        await asyncio.sleep(0)
+        nested: list[bool] = []
+
+        def ask_again() -> None:
+            ticket = engine.submit(InferRequest("m", inputs()), run_now=True)
+            nested.append(ticket.future.done())
+
+        first = engine.submit(InferRequest("m", inputs()))  # (settled on the next turn)
+        first.when_done(ask_again)
+        for _ in range(4):
+            await asyncio.sleep(0)
+        assert nested == [False]
+
+    run_on_engine(inline_repo(tmp_path), scenario)
