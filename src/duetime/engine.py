@@ -344,9 +344,13 @@ class Engine:
 
     # -- inference -----------------------------------------------------------------------------
 
-    def submit(self, request: InferRequest) -> Ticket:
+    def submit(self, request: InferRequest, *, run_now: bool = False) -> Ticket:
         """Route, validate and queue `request` on the loop; raise a DuetimeError if it cannot be
-        queued. A model not loaded yet (lazy loading) is loaded first if the request can wait."""
+        queued. A model not loaded yet (lazy loading) is loaded first if the request can wait.
+        `run_now`: a model that runs on the loop (inline) and is idle may run the request within
+        this call (the ticket comes back settled), instead of on the loop's next turn; for a
+        caller that makes its own batches or waits for each answer, not for a front end whose
+        next requests of the turn should join the batch (see `ModelScheduler._runs_now`)."""
         if self._thread is not None and _running_loop() is not self._loop:
             raise RuntimeError(
                 "Engine.submit runs on the engine's own loop; from other threads or loops use "
@@ -355,7 +359,7 @@ class Engine:
         recorder = self.recorder
         if recorder is not None and recorder.sampled():
             return recorder.record(request, self._submit)
-        return self._submit(request)
+        return self._submit(request, run_now=run_now)
 
     def refuse_late(self, request: InferRequest, late: DeadlineExceeded) -> DuetimeError:
         """The refusal of `request`, whose due time passed before it could start (`late`, in
@@ -372,7 +376,7 @@ class Engine:
         ticket.future.cancel()  # (due: refused at admission; should it not be, it never runs)
         return late
 
-    def _submit(self, request: InferRequest, lazy: bool = True) -> Ticket:
+    def _submit(self, request: InferRequest, lazy: bool = True, *, run_now: bool = False) -> Ticket:
         """`submit` without the recorder; `lazy=False`: never load the model first (the
         request that follows a load must not start another)."""
         try:
@@ -414,6 +418,7 @@ class Engine:
                     timing=request.timing,
                     fallback=fallback,
                     arrival_ns=request.arrival_ns,
+                    run_now=run_now,
                 )
                 break
             except Overloaded:
@@ -572,7 +577,7 @@ class Engine:
                 raise _started_elsewhere("infer_async")
             return await asyncio.wrap_future(self._submit_threadsafe(request))
         try:
-            ticket = self.submit(request)
+            ticket = self.submit(request, run_now=True)
         except DuetimeError as exc:
             raise self._in_process(exc, request, queued=False) from None
         await settled(ticket.future)
