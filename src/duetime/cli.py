@@ -140,12 +140,15 @@ def _parser() -> argparse.ArgumentParser:
         "none of its answers this long (60)",
     )  # fmt: skip
     serve.add_argument(
-        "--max-connections", type=int, help="open HTTP connections accepted (4096; more get 503)"
-    )
+        "--max-connections", type=int,
+        help="open HTTP connections accepted (4096); at the limit a new one closes the longest "
+        "idle connection with no request in flight, or gets 503 if there is none",
+    )  # fmt: skip
     serve.add_argument(
         "--request-read-timeout-s", type=float,
         help="an HTTP request head must arrive within this of its first byte, then its body "
-        "at --min-body-rate-bytes-s over each such period (10; slower clients get 408)",
+        "at --min-body-rate-bytes-s over each such period (10; slower clients get 408); a "
+        "connection that sends nothing within this of its accept is closed",
     )  # fmt: skip
     serve.add_argument(
         "--min-body-rate-bytes-s", type=int, help="slowest accepted body upload rate (65536)"

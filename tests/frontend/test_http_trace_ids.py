@@ -8,6 +8,7 @@ import json
 import logging
 import re
 import socket
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -170,6 +171,9 @@ def test_a_connection_over_the_limit_is_traced_but_not_logged(
         with socket.create_connection((host, int(port)), timeout=10) as first:
             first.sendall(request("GET", "/v2/health/live"))
             assert first.recv(65536).startswith(b"HTTP/1.1 200 ")  # (the first is in)
+            # (a request being read: an idle connection would be closed for the new one)
+            first.sendall(b"GET /v2/health/live HTTP/1.1\r\n")
+            time.sleep(0.2)
             with caplog.at_level(logging.INFO, logger="duetime.requests"):
                 answer = exchange(running, request("GET", "/v2/health/live"))
             assert_traced(*answer, 503)

@@ -66,7 +66,7 @@ class Api:
         self.tickets.append(ticket)
         return PendingReply(ticket, lambda done: done.future.result())
 
-    def hold_back(self, method: str, target: bytes, headers: Any, body: bytes) -> None:
+    def hold_back(self, method: str, target: bytes, headers: Any, body: bytes, **_: Any) -> None:
         return None  # (handled whole once started)
 
     def encode(self, pending: PendingReply) -> Reply:

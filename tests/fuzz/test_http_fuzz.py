@@ -103,7 +103,7 @@ class EchoApi:
     def encode(self, pending: PendingReply) -> Reply:
         return pending.encode(pending.ticket)  # type: ignore[no-any-return]
 
-    def hold_back(self, method: str, target: bytes, headers: Any, body: bytes) -> None:
+    def hold_back(self, method: str, target: bytes, headers: Any, body: bytes, **_: Any) -> None:
         return None  # (handled whole once started)
 
 

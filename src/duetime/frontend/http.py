@@ -7,13 +7,15 @@ chunked bodies and `Expect: 100-continue`, limits header and body sizes, closes 
 connections, and pauses reading while too many responses are owed. A connection that drops
 cancels its unanswered requests, so they are never run.
 
-What one server takes in is bounded by its `Intake`: open connections (more are answered 503
-and closed at once) and the bytes of big request bodies (one that does not fit waits, its
+What one server takes in is bounded by its `Intake`: open connections (at the limit a new one
+closes the longest-idle connection with nothing in flight; with none, it is answered 503 and
+closed at once) and the bytes of big request bodies (one that does not fit waits, its
 connection paused, until others are answered). Bulk bodies (a MiB or more) are read in turns
 and at most a tenth of the loop's time while others are connected, so an upload cannot starve
 other clients. A request's head must arrive within `request_read_timeout_s` of its first byte,
 and its body must then keep coming at `min_body_rate_bytes_s` or more over each such period; a
-slower client (slowloris) is answered 408 and closed. The common request pays for none of this
+slower client (slowloris) is answered 408 and closed; a connection that sends nothing within
+`request_read_timeout_s` of its accept is closed. The common request pays for none of this
 but a few comparisons: one timer per connection checks the read and idle deadlines, and small
 bodies are not counted.
 """
@@ -62,6 +64,15 @@ log = logging.getLogger("duetime.http")
 
 _MAX_PIPELINED = 64
 """Responses owed on one connection before it stops reading more requests."""
+
+_FEED_BYTES = 16 * 1024
+"""A read bigger than this is parsed in pieces this big: once a piece leaves the connection
+owing `_MAX_PIPELINED` answers, the rest is kept unparsed (see `HttpConnection._parse`)."""
+
+_TCP_INFO = getattr(socket, "TCP_INFO", None)
+_PEER_CLOSED = (7, 8)
+"""`tcpi_state` (TCP_INFO's first byte) once the client has closed: TCP_CLOSE (reset),
+TCP_CLOSE_WAIT (its FIN came, maybe behind bytes not read yet)."""
 
 _LINGER_S = 2.0
 """After the last response on a connection the server ends, how long it still drains what the
@@ -195,6 +206,10 @@ class Intake:
         """The connection let on by `_wake_answers`, while it starts what it may."""
         self._wake_pending = False
         self.connections = 0
+        self.idle: dict[HttpConnection, None] = {}
+        """Open connections with nothing in flight (silent since accepted, or between requests),
+        longest idle first: the first is closed for a new connection at `max_connections`."""
+        self.evicted_connections = 0
         self.reserved = 0
         self.refused_connections = 0
         self.read_timeouts = 0
@@ -213,6 +228,19 @@ class Intake:
         self._share = _BULK_SHARE
         self._credit = _BURST_S
         self._refilled = time.monotonic()
+
+    def evict_idle(self) -> bool:
+        """Close the longest-idle connection with nothing in flight, to admit a new one at
+        `max_connections` (as nginx and Envoy close idle keep-alive connections); False if
+        every connection has a request in flight."""
+        idle = self.idle
+        while idle:
+            connection = next(iter(idle))
+            del idle[connection]
+            if connection.evict():
+                self.evicted_connections += 1
+                return True
+        return False
 
     def fits(self, size: int) -> bool:
         return self.reserved == 0 or self.reserved + size <= self.max_bytes
@@ -397,6 +425,9 @@ class _Slot:
     deferred: tuple[str, bytes, dict[str, str], list[bytes], int] | None = None
     """A request read but not started (method, URL, headers, body pieces, body bytes): the
     connection had `_MAX_PIPELINED` answers owed, or its client was not reading them."""
+    arrival_ns: int | None = None
+    """For an inference request deferred undecoded: when it arrived (the engine's clock), the
+    start of its due time once decoded in its turn (see `HttpConnection._defer`)."""
     held: HeldInfer | None = None
     """An inference request read but not started, decoded instead (see `_defer`)."""
     expiry: asyncio.TimerHandle | None = None
@@ -432,19 +463,22 @@ class HttpConnection(asyncio.BufferedProtocol):
     # NOTE: attribute access is most of what this class costs per request, and with this many
     # attributes an instance dict is measurably slower than slots (0.4 µs a request, measured).
     __slots__ = (
-        "_accepted", "_answer_bytes", "_api", "_awaiting", "_begun_at", "_body", "_body_bytes",
+        "_accepted", "_answer_bytes", "_api", "_arrival_of_read", "_awaiting", "_begun_at", "_body",
+        "_body_bytes",
         "_bytes_block",
-        "_chunked", "_closing", "_connections", "_direct", "_direct_read", "_filled_from",
+        "_chunked", "_closing", "_connections", "_direct", "_direct_read", "_feed_pending",
+        "_filled_from",
         "_filling_since", "_head_done",
         "_header_bytes", "_headers",
         "_held", "_http10", "_idle_timeout", "_in_transport", "_intake", "_last_active",
         "_lingering", "_loop", "_max_body", "_max_header", "_max_held", "_min_rate", "_parser",
-        "_paused_at", "_read_buffer", "_read_from", "_read_timeout", "_reading_paused", "_reads",
-        "_rejected", "_reserved", "_running",
+        "_paused_at", "_promoting", "_read_buffer", "_read_from", "_read_timeout",
+        "_reading_paused", "_reads",
+        "_rejected", "_replay_arrival", "_reserved", "_running",
         "_sent_checked", "_shedder", "_slots", "_small_answer", "_small_body", "_sock",
         "_stall_since",
         "_start_pending", "_starting",
-        "_timer", "_transport", "_turn", "_unsent", "_unstarted", "_upgrading", "_url",
+        "_timer", "_transport", "_turn", "_unparsed", "_unsent", "_unstarted", "_upgrading", "_url",
         "_window_bytes",
         "_window_start", "_writing_paused", "_yielding",
     )  # fmt: skip
@@ -539,6 +573,15 @@ class HttpConnection(asyncio.BufferedProtocol):
         self._upgrading = False
         """The request being read asks to switch protocols and has a body, which the parser
         skipped: it is read past the Upgrade (see `_upgraded`)."""
+        self._unparsed = b""
+        """Bytes read and not parsed yet: the connection owed `_MAX_PIPELINED` answers (see
+        `_parse`); reading stays paused until they are parsed."""
+        self._replay_arrival: int | None = None
+        """While `_unparsed` is parsed: when those bytes arrived."""
+        self._feed_pending = False
+        self._promoting = False
+        self._arrival_of_read = (-1, 0)
+        """The read, and the arrival it gave requests it held whole (see `_defer`)."""
         self._reset_message()
 
     # -- asyncio.Protocol ----------------------------------------------------------------------
@@ -547,7 +590,7 @@ class HttpConnection(asyncio.BufferedProtocol):
         writer = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
         self._transport = writer
         intake = self._intake
-        if intake.connections >= intake.max_connections:
+        if intake.connections >= intake.max_connections and not intake.evict_idle():
             intake.refused_connections += 1
             self._closing = self._lingering = True  # read nothing
             message = (
@@ -567,12 +610,19 @@ class HttpConnection(asyncio.BufferedProtocol):
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
             self._sock = sock
         self._last_active = self._stall_since = self._loop.time()
+        # NOTE: a connection that sends nothing has `request_read_timeout_s` from its accept for
+        # its first request's head, as a request has from its first byte: silent sockets were
+        # kept until `idle_timeout_s` (60 s), and enough of them held every connection slot
+        # (a well-behaved client got 503 all that while)
+        self._window_start, self._window_bytes = self._last_active, None
+        intake.idle[self] = None
         self._timer = self._loop.call_later(
             min(self._idle_timeout, self._read_timeout), self._check_timeouts
         )
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._connections.discard(self)
+        self._intake.idle.pop(self, None)
         if self._accepted:
             self._accepted = False
             self._intake.connections -= 1
@@ -639,17 +689,76 @@ class HttpConnection(asyncio.BufferedProtocol):
         self._turn.mark(self._loop)
         self._reads += 1
         self._last_active = self._loop.time()
+        if self._unparsed:  # (a read that came as reading paused: it waits its turn too)
+            self._unparsed += data
+            return
         bulk = self._reserved >= _BULK_BODY_BYTES  # time it, and pace this connection
         if bulk:
             started = time.perf_counter()
-        try:
-            self._parser.feed_data(data)
-        except httptools.HttpParserUpgrade as exc:
-            self._upgraded(data[exc.args[0] :])
-        except httptools.HttpParserError as exc:
-            self._parse_failed(exc)
+        self._parse(data)
         if bulk and not self._closing:
             self._pace((time.perf_counter() - started) * _READ_COST)
+
+    def _parse(self, data: bytes) -> None:
+        """Parse `data`, in pieces of `_FEED_BYTES`; once the connection owes `_MAX_PIPELINED`
+        answers, keep the rest unparsed (`_unparsed`, reading paused) until it owes fewer.
+
+        NOTE: every request of a read was parsed at once, and each inference request decoded
+        (`_defer`), however many answers its connection already owed: a client writing 2,000
+        pipelined requests on each of 1,000 connections and closing them (reading nothing) had
+        the loop decode them all before it saw that they were gone; liveness probes went
+        unanswered for 20 s and more. Now a connection holds at most about `_MAX_PIPELINED`
+        requests parsed (plus one piece's worth), and those not started stay undecoded."""
+        end = len(data)
+        at = 0
+        try:
+            while True:
+                piece = end if end - at <= _FEED_BYTES else at + _FEED_BYTES
+                self._parser.feed_data(data[at:piece] if at or piece < end else data)
+                at = piece
+                if at >= end or self._closing or self._transport is None:
+                    return
+                if len(self._slots) >= _MAX_PIPELINED:
+                    self._unparsed = bytes(data[at:])
+                    self._keep_arrival()
+                    self._update_reading()
+                    return
+        except httptools.HttpParserUpgrade as exc:
+            self._upgraded(data[at + exc.args[0] : end])
+        except httptools.HttpParserError as exc:
+            self._parse_failed(exc)
+
+    def _keep_arrival(self) -> None:
+        """Note when the bytes kept unparsed arrived (the current read turn's start, within the
+        kernel's word), for the due times of the requests they hold."""
+        if self._replay_arrival is not None:  # (kept again: they came as the others did)
+            return
+        turn = self._turn
+        turn.reading(self._sock, True, self._reads == 1)
+        try:
+            # (the turn is open: `mark` ran for this read, and the time passed is not used)
+            self._replay_arrival = turn.arrival_ns(time.monotonic_ns())
+        finally:
+            turn.done_reading()
+
+    def _feed_unparsed(self) -> None:
+        """Parse what was kept unparsed (`_parse`), now that the connection owes fewer answers;
+        its requests are due from when they arrived (`_replay_arrival`)."""
+        self._feed_pending = False
+        data, self._unparsed = self._unparsed, b""
+        if not data or self._transport is None or self._lingering or self._closing:
+            return
+        if self._client_left():
+            return
+        self._turn.mark(self._loop)
+        try:
+            self._parse(data)
+        finally:
+            if not self._unparsed:
+                self._replay_arrival = None
+        if self._unstarted and self._transport is not None:
+            self._start_deferred()
+        self._update_reading()
 
     def _parse_failed(self, exc: httptools.HttpParserError) -> None:
         """Answer a request the parser refused (or whose callback raised: 500), then close."""
@@ -720,6 +829,7 @@ class HttpConnection(asyncio.BufferedProtocol):
         """The body's own buffer while the kernel reads it straight there (see `_go_direct`)."""
 
     def on_message_begin(self) -> None:
+        self._intake.idle.pop(self, None)
         self._reset_message()
         self._begun_at = self._reads
         self._window_start = self._last_active
@@ -842,11 +952,12 @@ class HttpConnection(asyncio.BufferedProtocol):
         self._slots.append(slot)
         if not slot.keep_alive:  # requests pipelined after the last one are not run
             self._closing = True
-        if self._unstarted or self._full():
+        if self._unstarted or self._full() or self._replay_arrival is not None:
             # NOTE: one read can hold many pipelined requests (pausing reading stops only the
             # next read): beyond the owed answers allowed, or while the client is not reading
             # its answers, a request waits here unstarted (its answer would pile up unsent);
-            # behind one waiting, every later one waits too (they start in order)
+            # behind one waiting, every later one waits too (they start in order). Those
+            # parsed from bytes kept unparsed wait too, to start dated from their arrival
             self._defer(slot, method)
         else:
             self._start(slot, method, self._url, self._headers, self._body, self._body_bytes)
@@ -869,39 +980,89 @@ class HttpConnection(asyncio.BufferedProtocol):
         return estimate > self._small_answer and not self._intake.room_for_answer(self)
 
     def _defer(self, slot: _Slot, method: str) -> None:
-        """Queue the request just read (into `slot`) to start once the connection may; an
-        inference request decoded and dated now (`RestApi.hold_back`): its due time counts from
-        its arrival, and once it passes, the request is refused at once (`_expire`), never run.
+        """Queue the request just read (into `slot`) to start once the connection may. An
+        inference request is dated now, as it is read, and kept undecoded until it is the next
+        to start (`_promote`): decoded then (`RestApi.hold_back`), its due time counts from
+        its arrival, and once that passes the request is refused at once (`_expire`), never
+        run.
 
         NOTE: it waited unstarted past its due time, dated from when it started: behind 4 MB
         answers unread (max_unsent_answer_bytes 1 MiB), a request due in 100 ms had no answer
         after 3 s, and was run once its turn came, as if just arrived. A body in pieces too big
         to join on the loop (`_BULK_BODY_BYTES`: JSON of a MiB or more) is decoded once started,
         as before; its due time then counts from when it started, with the kernel's word on
-        its arrival (see `ReadTurn.reading`)."""
+        its arrival (see `ReadTurn.reading`).
+
+        NOTE: every request held back was decoded as it was read: a connection's pipelined
+        backlog held the loop (JSON decoding) however many answers it owed, and for clients
+        already gone (see `_parse`). Only the first waiting is decoded now, so that it is
+        refused at its due time while it waits; the others are decoded in their turn (one
+        already due then is refused as expired), or dropped undecoded with their connection."""
         url, headers, chunks, size = self._url, self._headers, self._body, self._body_bytes
-        if _is_infer(method, url) and (len(chunks) == 1 or size < _BULK_BODY_BYTES):
-            turn = self._turn
-            turn.reading(self._sock, slot.one_read, slot.first_read)
-            try:
-                body = chunks[0] if len(chunks) == 1 else b"".join(chunks)  # (see `_start`)
-                held = self._api.hold_back(method, url, headers, body)
-            finally:
-                turn.done_reading()
-            if isinstance(held, Reply):  # (it cannot be decoded: answered in its turn)
-                if not self._unstarted:
-                    self._intake.forget_answers(self)
-                self._made(slot, _encode(held, self._keep_alive(slot), slot.http10))
-                return
-            if held is not None:
-                slot.held = held
-                self._unstarted.append(slot)
-                if held.due_ns is not None:
-                    left_s = max(0.0, self._api.time_left_s(held.due_ns))
-                    slot.expiry = self._loop.call_later(left_s, self._expire, slot)
-                return
         slot.deferred = (method, url, headers, chunks, size)
         self._unstarted.append(slot)
+        if _is_infer(method, url) and (len(chunks) == 1 or size < _BULK_BODY_BYTES):
+            arrival = self._replay_arrival
+            if arrival is None and slot.one_read and self._arrival_of_read[0] == self._reads:
+                arrival = self._arrival_of_read[1]  # (as the others read whole by this read)
+            elif arrival is None:
+                turn = self._turn
+                turn.reading(self._sock, slot.one_read, slot.first_read)
+                try:
+                    # (the turn is open: `mark` ran for this read; the time passed is unused)
+                    arrival = turn.arrival_ns(time.monotonic_ns())
+                finally:
+                    turn.done_reading()
+                if slot.one_read:
+                    self._arrival_of_read = (self._reads, arrival)
+            slot.arrival_ns = arrival
+            if len(self._unstarted) == 1:
+                self._promote()
+
+    def _promote(self) -> None:
+        """Decode the first waiting request if it is an inference request kept undecoded (see
+        `_defer`): held, with its refusal at its due time (`_expire`), or answered at once
+        where it cannot be decoded or is already due; then the next, and so on."""
+        if self._promoting:
+            return
+        self._promoting = True
+        unstarted = self._unstarted
+        try:
+            while unstarted and self._transport is not None:
+                slot = unstarted[0]
+                if slot.arrival_ns is None:
+                    return
+                self._decode(slot)
+        finally:
+            self._promoting = False
+
+    def _decode(self, slot: _Slot) -> None:
+        """Decode the inference request `slot` holds undecoded (the first waiting), dated from
+        its arrival: it is held (and refused at its due time), or answered now (it cannot be
+        decoded, or it is already due)."""
+        deferred, arrival = slot.deferred, slot.arrival_ns
+        assert deferred is not None
+        assert arrival is not None
+        slot.arrival_ns = None
+        method, url, headers, chunks, _ = deferred
+        body = chunks[0] if len(chunks) == 1 else b"".join(chunks)  # (see `_start`)
+        held = self._api.hold_back(method, url, headers, body, arrival_ns=arrival)
+        if held is None:  # (not one the API decodes ahead: handled whole once started)
+            return
+        slot.deferred = None
+        if isinstance(held, Reply):  # (it cannot be decoded: answered in its turn)
+            self._unstarted.remove(slot)
+            if not self._unstarted:
+                self._intake.forget_answers(self)
+            self._made(slot, _encode(held, self._keep_alive(slot), slot.http10))
+            return
+        slot.held = held
+        if held.due_ns is not None:
+            left_s = self._api.time_left_s(held.due_ns)
+            if left_s <= 0:
+                self._expire(slot)
+            else:
+                slot.expiry = self._loop.call_later(left_s, self._expire, slot)
 
     def _expire(self, slot: _Slot) -> None:
         """`slot`'s request, held back, is due: refused as its scheduler refuses a request due
@@ -922,6 +1083,7 @@ class HttpConnection(asyncio.BufferedProtocol):
         if not self._unstarted:
             self._intake.forget_answers(self)
         self._made(slot, _encode(reply, self._keep_alive(slot), slot.http10))
+        self._promote()  # (the next waiting is the first now)
 
     def _held_because(self) -> str:
         """Why the connection's requests wait unstarted, and what to do about it."""
@@ -979,12 +1141,35 @@ class HttpConnection(asyncio.BufferedProtocol):
             return
         self._answered(slot, self._api.start_held(held))
 
+    def _client_left(self) -> bool:
+        """Whether the client has closed its side (FIN or reset) though reading is paused, by
+        the kernel's word (TCP_INFO); if so the connection is closed as on `eof_received`: its
+        requests not started are withdrawn (counted cancelled, never run).
+
+        NOTE: while a connection owes `_MAX_PIPELINED` answers it reads nothing, so it does not
+        see its client's FIN behind the requests not read: a client that pipelined 2,000
+        requests and closed had them started as answers were written (64 at a time) until a
+        write failed, for no one; a flood of such connections held the loop for 20 s and more.
+        Asked before waiting requests start (a read of a few µs)."""
+        sock = self._sock
+        if sock is None or _TCP_INFO is None:
+            return False
+        try:
+            state = sock.getsockopt(socket.IPPROTO_TCP, _TCP_INFO, 1)[0]
+        except (OSError, IndexError):
+            return False
+        if state not in _PEER_CLOSED:
+            return False
+        self.eof_received()
+        self.close_now()
+        return True
+
     def _start_deferred(self) -> None:
         """Start the requests waiting unstarted, in order, while the connection may.
 
         NOTE: a request answered at once (a refusal, metadata) flushes, which calls this again:
         that inner call returns at once and this loop goes on (no recursion per request)."""
-        if self._starting:
+        if self._starting or self._client_left():
             return
         self._starting = True
         unstarted = self._unstarted
@@ -992,12 +1177,16 @@ class HttpConnection(asyncio.BufferedProtocol):
             while unstarted and not self._full():
                 if self._transport is None or self._lingering:  # (the client is gone)
                     return
+                if unstarted[0].arrival_ns is not None:  # (kept undecoded: see `_defer`)
+                    self._promote()
+                    continue
                 slot = unstarted.popleft()
                 deferred, slot.deferred = slot.deferred, None
                 if deferred is not None:
                     self._start(slot, *deferred)
                 else:
                     self._start_held(slot)
+            self._promote()  # (the next to start is refused at its due time while it waits)
         finally:
             self._starting = False
 
@@ -1284,15 +1473,31 @@ class HttpConnection(asyncio.BufferedProtocol):
                 return
         if written and self._unstarted and not self._starting:
             self._start_soon()
+        if (
+            not slots
+            and self._window_start is None
+            and not self._unparsed
+            and not self._closing
+            and transport is not None
+        ):
+            self._intake.idle[self] = None  # (nothing in flight: see `Intake.evict_idle`)
         self._update_reading()
 
     def _update_reading(self) -> None:
         transport = self._transport
         if transport is None:
             return
+        backlogged = len(self._slots) >= _MAX_PIPELINED
         should_pause = (
-            self._writing_paused or len(self._slots) >= _MAX_PIPELINED or self._bytes_block
+            self._writing_paused or backlogged or self._bytes_block or bool(self._unparsed)
         )
+        if (
+            self._unparsed
+            and not (backlogged or self._writing_paused or self._bytes_block)
+            and not self._feed_pending
+        ):
+            self._feed_pending = True  # (on the loop's next turn: this may run within a parse)
+            self._loop.call_soon(self._feed_unparsed)
         if should_pause != self._reading_paused:
             self._reading_paused = should_pause
             if should_pause:
@@ -1324,6 +1529,16 @@ class HttpConnection(asyncio.BufferedProtocol):
             self._reading_paused = True
         self._flush()
 
+    def evict(self) -> bool:
+        """Close this connection, idle, for a new one at `max_connections` (the Intake's call);
+        False if it is no longer idle or already closing. It no longer counts as open."""
+        if not self._accepted or self._closing or self._slots or self._unstarted:
+            return False
+        self._accepted = False
+        self._intake.connections -= 1
+        self.close_now()
+        return True
+
     def close_now(self) -> None:
         """Close at once, whatever is owed or unread (also a stopping server's last word)."""
         self._closing = True
@@ -1351,16 +1566,32 @@ class HttpConnection(asyncio.BufferedProtocol):
 
     def _withdraw(self) -> None:
         """Cancel the requests that will never be answered on this connection, if not run yet."""
-        released = answers = 0
+        released = answers = withdrawn = 0
+        first: PendingReply | None = None
         for slot in self._slots:
-            if slot.pending is not None and slot.pending.ticket.future.cancel():
-                slot.pending.withdrawn()  # (its log line: a failed request)
+            pending = slot.pending
+            if pending is not None and pending.ticket.future.cancel():
+                withdrawn += 1
+                if first is None:
+                    first = pending
             if slot.expiry is not None:
                 slot.expiry.cancel()
             released += slot.size
             answers += slot.counted
+        if first is not None:
+            # NOTE: a line each: a flood of pipelining clients that left wrote 70,000 lines
+            # (one per request running), the loop busy with them. One line a request stays
+            # for the first (its trace id); the others are one line, with their count.
+            first.withdrawn()
+            if withdrawn > 1:
+                log.info(
+                    "http: %d more requests of the same connection were cancelled by its "
+                    "client before their answers (counted cancelled)", withdrawn - 1,
+                )  # fmt: skip
         self._slots.clear()
-        self._unstarted.clear()
+        self._unstarted.clear()  # (those undecoded are dropped as they are)
+        self._unparsed = b""
+        self._replay_arrival = None
         self._running = 0
         if released:
             self._held -= released
@@ -1448,6 +1679,10 @@ class HttpConnection(asyncio.BufferedProtocol):
         """Whether the request being read kept pace over the last `elapsed` seconds: its head
         complete by the end of the first period, then `min_rate` body bytes per second. Else
         answers 408 (the client is too slow, or a slowloris) and returns False."""
+        if not self._reads:  # a connection that sent nothing since accepted: closed, unanswered
+            self._intake.read_timeouts += 1
+            self.close_now()
+            return False
         if not self._head_done:
             problem = f"its head was not complete {elapsed:.1f} s after its first byte"
         elif self._window_bytes is None:

@@ -444,11 +444,18 @@ class RestApi:
             return self._failed(error, headers, parts or _segments(target))
 
     def hold_back(
-        self, method: str, target: bytes, headers: Mapping[str, str], body: bytes
+        self,
+        method: str,
+        target: bytes,
+        headers: Mapping[str, str],
+        body: bytes,
+        *,
+        arrival_ns: int | None = None,
     ) -> HeldInfer | Reply | None:
-        """A v2 inference request that its connection may not start yet, decoded and dated now,
-        as it is read: its due time counts from its arrival, as every other request's does, and
-        it is started (`start_held`) or, once due, refused (`refuse_held`) later; its error
+        """A v2 inference request that its connection may not start yet, decoded and dated:
+        its due time counts from its arrival (`arrival_ns`, the engine's clock, for one read
+        earlier and kept undecoded; else now, as it is read), as every other request's does,
+        and it is started (`start_held`) or, once due, refused (`refuse_held`) later; its error
         reply if it cannot be decoded (it never reaches the engine). None for any other
         request: it is handled whole (`handle`) once started. Never raises."""
         infer = self._infer_targets.get(target) if method == "POST" else None
@@ -460,7 +467,7 @@ class RestApi:
         model, version = infer
         received = self._engine.clock.now_ns() if self._tracing is not None else 0
         try:
-            request, plan = self._read_infer(model, version, headers, body, received)
+            request, plan = self._read_infer(model, version, headers, body, received, arrival_ns)
         except Exception as exc:
             return self._not_queued(exc, model, version, headers, received)
         return HeldInfer(request, plan, received)
@@ -820,10 +827,11 @@ class RestApi:
 
     def _read_infer(
         self, model: str, version: str | None, headers: Mapping[str, str], body: bytes,
-        received: int,
+        received: int, arrival_ns: int | None = None,
     ) -> tuple[InferRequest, OutputPlan]:  # fmt: skip
-        """`body` decoded into a request, dated: it arrived at the start of the loop turn that
-        read it (see `ReadTurn`), and is due its `timeout` parameter after that."""
+        """`body` decoded into a request, dated: it arrived at `arrival_ns` if given (read
+        earlier), else at the start of the loop turn that read it (see `ReadTurn`), and is due
+        its `timeout` parameter after that."""
         body = _decoded(body, headers.get("content-encoding"), self._settings.max_body_bytes)
         header = parse_header_length(headers.get(_HEADER_LENGTH), len(body))
         self._check_json_size(len(body) if header is None else header)
@@ -837,7 +845,8 @@ class RestApi:
         now = self._engine.clock.now_ns()
         if self._tracing is not None:
             request.timing = RequestTiming(received, decoded_ns=now)
-        request.arrival_ns = arrival = self.turn.arrival_ns(now)
+        arrival = self.turn.arrival_ns(now) if arrival_ns is None else arrival_ns
+        request.arrival_ns = arrival
         check_http_parameters(request.parameters)
         request.due_ns = due_from_timeout_us(request.parameters, arrival)
         request.priority = priority_of(request.parameters)
