@@ -18,7 +18,7 @@ import pytest
 from repo_models import age, faulty_model, heavy_model, inputs, write_version
 
 from duetime.engine import Engine, Ticket
-from duetime.errors import InternalError, InvalidInput, ModelUnavailable
+from duetime.errors import InvalidInput, ModelUnavailable
 from duetime.repository.manager import RepositoryOptions
 from duetime.resilience.breaker import BreakerState
 from duetime.scheduling.profile import profile_from_samples
@@ -145,10 +145,14 @@ def test_a_broken_model_probed_again_reopens_for_longer(tmp_path: Path) -> None:
     async def scenario(engine: Engine) -> None:
         await opened(engine)
         await asyncio.sleep(0.35)
-        # half-open: one probe, failing with no answer to anyone within open_s, is the model's
-        # failure (500) and reopens it (it let `failures` requests through each period)
-        with pytest.raises(InternalError, match=r"answered no request in the last 0\.3 s"):
+        # half-open: one probe failing on its values (400) has the samples run at once: they
+        # fail too, and that reopens it (not `failures` requests let through each period)
+        with pytest.raises(InvalidInput, match="not counted"):
             await call(engine, 0)
+        for _ in range(100):  # (the samples' run ends on its thread)
+            if states(engine) == [BreakerState.OPEN]:
+                break
+            await asyncio.sleep(0.01)
         assert states(engine) == [BreakerState.OPEN]
         with pytest.raises(ModelUnavailable) as caught:
             await call(engine, 0)
@@ -318,19 +322,62 @@ def test_breaker_settings_are_validated() -> None:
         parse_model_config({"breaker": {"slow_factor": 1.0}}, source="config.toml")
 
 
-def test_failures_on_every_real_request_open_it_once_open_s_passes(tmp_path: Path) -> None:
-    """Probe repro_canary_never_trips: a version whose every real request failed in ONNX
-    Runtime (its samples passed) kept its breaker closed and its share of traffic for good.
-    Within open_s of its load such failures are the clients' (400); past it, with no request
-    answered, they are the model's (500) and open the breaker."""
+def test_failures_on_a_client_s_values_never_open_it_once_the_model_is_idle(
+    tmp_path: Path,
+) -> None:
+    """Probe repro_breaker_dos: a healthy model (it answers its samples and every valid input)
+    that answered nobody within open_s took 5 requests with an out-of-range index as its own
+    failures (500), opened its breaker, and another client's valid request got 503; one bad
+    request per half-open period kept it open. A failure counts against the model only where
+    it also fails on its own sample inputs: these are the client's (400)."""
     write_version(tmp_path, "m", 1, faulty_model())
     config(tmp_path, "m", "max_batch_size = 8\n" + BREAKER)
 
     async def scenario(engine: Engine) -> None:
-        await asyncio.sleep(0.35)  # (past the grace after its load: it answered nobody)
-        for _ in range(3):
-            with pytest.raises(InternalError, match=r"answered no request in the last 0\.3 s"):
+        await asyncio.sleep(0.35)  # (past open_s after its load: it answered nobody)
+        for _ in range(10):
+            with pytest.raises(InvalidInput, match="not counted"):
                 await call(engine, 1)
+            await asyncio.sleep(0.01)  # (a sample check runs on its thread)
+        assert states(engine) == [BreakerState.CLOSED]
+        np.testing.assert_array_equal(await call(engine, 0), inputs()["x"])
+
+    run(tmp_path, scenario)
+
+
+def test_an_idle_inline_model_is_checked_on_its_samples_not_opened_by_bad_values(
+    tmp_path: Path,
+) -> None:
+    """The same for a model run inline (on the loop): its sample check runs there too."""
+    write_version(tmp_path, "m", 1, faulty_model())
+    config(tmp_path, "m", 'max_batch_size = 8\nexecution = "inline"\n' + BREAKER)
+
+    async def scenario(engine: Engine) -> None:
+        scheduler = engine.registry.snapshot.models["m"].versions["1"].primary.scheduler
+        assert scheduler._inline
+        await asyncio.sleep(0.35)
+        for _ in range(10):
+            with pytest.raises(InvalidInput, match="not counted"):
+                await call(engine, 1)
+            await asyncio.sleep(0)
+        assert states(engine) == [BreakerState.CLOSED]
+        np.testing.assert_array_equal(await call(engine, 0), inputs()["x"])
+
+    run(tmp_path, scenario)
+
+
+def test_an_inline_model_that_fails_on_its_own_samples_opens_it(tmp_path: Path) -> None:
+    write_version(tmp_path, "m", 1, broken_model())
+    config(tmp_path, "m", 'max_batch_size = 8\nexecution = "inline"\n' + BREAKER)
+
+    async def scenario(engine: Engine) -> None:
+        for _ in range(3):
+            with pytest.raises(InvalidInput):
+                await call(engine, 0)
+        for _ in range(100):
+            if states(engine) == [BreakerState.OPEN]:
+                break
+            await asyncio.sleep(0.01)
         assert states(engine) == [BreakerState.OPEN]
         with pytest.raises(ModelUnavailable, match="circuit breaker open"):
             await call(engine, 0)

@@ -1675,7 +1675,7 @@ def test_a_probe_that_fails_on_its_client_s_data_lets_the_next_request_probe() -
         bad = h.submit("bad-values")
         h.executor.complete(3, outputs=[InvalidInput("index 99 out of range")])
         assert isinstance(failure(bad), InvalidInput)
-        assert "not counted as the model's failure" in str(failure(bad))
+        assert "not counted as model 'm' version 1's failure" in str(failure(bad))
         assert [b.state for b in scheduler._breakers] == [BreakerState.HALF_OPEN]
         good = h.submit("good")
         assert h.started()[-1] == "good", "the next request probes"
@@ -1686,26 +1686,28 @@ def test_a_probe_that_fails_on_its_client_s_data_lets_the_next_request_probe() -
     run(body)
 
 
-def test_a_probe_failing_on_its_data_with_no_answer_within_open_s_reopens_it() -> None:
+def test_a_probe_failing_on_its_data_has_the_samples_run_and_reopens_if_they_fail() -> None:
     """Probe repro_breaker_halfopen: a model failing every input let `failures` requests (5)
-    through each half-open period, each answered 400; one probe now tells: with no answer to
-    anyone within `open_s`, its failure is the model's (500), and the breaker reopens, doubled."""
+    through each half-open period, each answered 400. A probe failing on its data (400) has the
+    samples run at once: a model failing those too reopens, doubled."""
 
     async def body() -> None:
-        h = harness(breaker=FAST_BREAKER)
-        h.clock.advance(20 * MS)  # past the grace after its load
-        for index in range(2):
+        sample = {"name": np.array(["sample"])}
+        h = harness(breaker=FAST_BREAKER, sample=lambda: sample)
+        for index in range(2):  # the second in a row has the samples run: they fail
             h.submit(f"bad{index}")
             h.executor.complete(index, outputs=[InvalidInput("index 99 out of range")])
+        h.executor.complete(2, outputs=[InvalidInput("index 99 out of range")])
         breaker = h.scheduler._breakers[0]
         assert breaker.state is BreakerState.OPEN
         assert breaker.retry_after_ns(h.clock.now_ns()) == 10 * MS
         h.clock.advance(20 * MS)
         probe = h.submit("probe")
-        h.executor.complete(2, outputs=[InvalidInput("index 99 out of range")])
-        assert isinstance(failure(probe), InternalError)
-        assert failure(probe).http_status == 500
-        assert "answered no request in the last 0.01 s" in str(failure(probe))
+        h.executor.complete(3, outputs=[InvalidInput("index 99 out of range")])
+        assert isinstance(failure(probe), InvalidInput)
+        assert failure(probe).http_status == 400
+        assert h.executor.jobs[4][1].feeds == [sample], "the samples run at once"
+        h.executor.complete(4, outputs=[InvalidInput("index 99 out of range")])
         assert breaker.state is BreakerState.OPEN, "one probe, not `failures`"
         assert breaker.retry_after_ns(h.clock.now_ns()) == 20 * MS  # doubled
         with pytest.raises(ModelUnavailable):
@@ -1714,26 +1716,34 @@ def test_a_probe_failing_on_its_data_with_no_answer_within_open_s_reopens_it() -
     run(body)
 
 
-def test_failures_on_data_count_when_the_model_answered_nobody_within_open_s() -> None:
-    """Probe repro_canary_never_trips: a canary whose every real request failed in ONNX Runtime
-    (its own samples passed) kept its breaker closed for good. Within `open_s` of an answer (or
-    of its load) they do not count and stay 400; past it they count, as the model's (500)."""
+def test_failures_on_data_never_count_while_the_model_answers_its_samples() -> None:
+    """Probe repro_breaker_dos: a healthy model that answered nobody within `open_s` counted
+    its clients' bad values as its own failures (500) and opened its breaker on everyone. They
+    stay 400 while the model answers its own samples, checked at most once per `open_s`."""
 
     async def body() -> None:
         sample = {"name": np.array(["sample"])}
         h = harness(breaker=BreakerConfig(failures=2, open_s=0.01), sample=lambda: sample)
-        bad = h.submit("within-grace")
-        h.executor.complete(0, outputs=[InvalidInput("index 500 out of range")])
-        assert isinstance(failure(bad), InvalidInput)
-        assert failure(bad).http_status == 400
-        assert "not counted as the model's failure" in str(failure(bad))
-        h.clock.advance(20 * MS)
-        for index in range(1, 3):
+        h.clock.advance(20 * MS)  # (idle, past open_s after its load)
+        for index in range(6):
             bad = h.submit(f"bad{index}")
-            h.executor.complete(index, outputs=[InvalidInput("index 500 out of range")])
-            assert failure(bad).http_status == 500
-        assert [b.state for b in h.scheduler._breakers] == [BreakerState.OPEN]
-        assert not h.scheduler.available(h.clock.now_ns())
+            job = len(h.executor.jobs) - 1
+            h.executor.complete(job, outputs=[InvalidInput("index 500 out of range")])
+            assert isinstance(failure(bad), InvalidInput)
+            assert failure(bad).http_status == 400
+            assert "not counted as model 'm' version 1's failure" in str(failure(bad))
+            for n in range(len(h.executor.jobs)):  # the samples' run, answered
+                if n not in h.executor.finished:
+                    h.executor.complete(n)
+        checks = [j for _, j in h.executor.jobs if j.feeds == [sample]]
+        assert len(checks) == 1, "at most one sample check per open_s"
+        assert [b.state for b in h.scheduler._breakers] == [BreakerState.CLOSED]
+        h.clock.advance(20 * MS)  # (open_s later: the next such failure is checked again)
+        h.submit("later")
+        h.executor.complete(len(h.executor.jobs) - 1, outputs=[InvalidInput("index 500")])
+        assert h.executor.jobs[-1][1].feeds == [sample]
+        h.executor.complete(len(h.executor.jobs) - 1)
+        assert h.scheduler.available(h.clock.now_ns())
 
     run(body)
 

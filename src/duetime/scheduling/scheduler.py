@@ -28,7 +28,6 @@ from duetime.errors import (
     TIMEOUT_EXPIRED,
     DeadlineExceeded,
     DuetimeError,
-    InternalError,
     InvalidInput,
     ModelUnavailable,
     Overloaded,
@@ -357,13 +356,13 @@ class ModelScheduler:
         self._slow_floor_ns = self._breaker_config.slow_min_us * 1000
         self._answered_ns = -(1 << 62)
         """When an execution last gave some request an answer (not a failure)."""
-        self._loaded_ns = clock.now_ns()
-        """When the scheduler was made: for `open_s` after, ONNX Runtime's refusals of inputs'
-        values do not count (see `_judge`)."""
         self._trust_ns = int(self._breaker_config.open_s * 1e9)
-        """How recent such an answer clears the model of inputs' failures (see `_judge`)."""
+        """How recent such an answer clears the model of a string output's failure (see
+        `_judge`); and the least time between two sample checks (see `_suspect`)."""
         self._clients_failures = 0
         """Executions in a row that failed on their clients' data (see `_suspect`)."""
+        self._checked_ns = -(1 << 62)
+        """When `_suspect` last ran the sample inputs."""
         self._predictable_cost = predictable_cost
         self._queued_cache: tuple[tuple[int, int, int], int, Queued] | None = None
         """`_queued_work`'s last answer: (queue length, rows, first free instance), when, what."""
@@ -1513,21 +1512,17 @@ class ModelScheduler:
             self._clients_failures = 0
         elif _clients_fault(outputs):
             # NOTE: every request of the batch was answered 400: ONNX Runtime refused their
-            # values (an index out of range, say). While the model answered other requests
-            # within `open_s` (or was loaded that recently: 5 such requests to a fresh model
-            # opened its breaker, and every other client got 503 for seconds) that is no fault
-            # of the model, nor a failed probe: the next batch probes, and a model that fails
-            # its own samples is caught by `_suspect`. Past that, they count: a canary whose
-            # every real request failed a Gather (its samples passed) kept its A/B share for
-            # good, 254 requests answered 400 beside 270 answered by v1, breaker never open;
-            # and a half-open model let `failures` requests fail per open period, not one.
-            if now - max(self._answered_ns, self._loaded_ns) < self._trust_ns:
-                result.outputs = self._explained(outputs, counted=False)
-                if self._tripped:
-                    breaker.release()
-                self._suspect(instance, now)
-                return
-            result.outputs = outputs = self._explained(outputs, counted=True)
+            # values (an index out of range, say). That is no fault of the model, nor a failed
+            # probe, unless the model also fails on its own sample inputs (`_suspect` runs them,
+            # rate-limited): the next batch probes. Counted as the model's failure once nobody
+            # had been answered within `open_s`, 5 requests with a bad index from one client to
+            # a healthy model that was idle opened its breaker, every other client got 503, and
+            # one bad request per half-open period kept it open (found by a tester).
+            result.outputs = self._explained(outputs)
+            if self._tripped:
+                breaker.release()
+            self._suspect(instance, now)
+            return
         elif now - self._answered_ns < self._trust_ns and all(
             isinstance(o, InvalidInput) for o in outputs
         ):
@@ -1577,30 +1572,18 @@ class ModelScheduler:
                 return False
         return True
 
-    def _explained(
-        self, outputs: Sequence[Feeds | DuetimeError], *, counted: bool
-    ) -> list[Feeds | DuetimeError]:
-        """The failures of a batch ONNX Runtime refused on its inputs' values, saying whose fault
-        they were taken to be: the clients' (400, as they came) while the model answered others
-        lately, the model's (500 / INTERNAL, as Triton's ONNX Runtime backend answers) when it
-        answered none within `open_s`."""
-        window = f"{self._breaker_config.open_s:g} s"
+    def _explained(self, outputs: Sequence[Feeds | DuetimeError]) -> list[Feeds | DuetimeError]:
+        """The failures of a batch ONNX Runtime refused on its inputs' values, saying they were
+        taken to be the clients' (400): the model's only where it fails its own samples too."""
         explained: list[Feeds | DuetimeError] = []
         for output in outputs:
-            if not isinstance(output, DuetimeError):
-                explained.append(output)
-            elif counted:
-                explained.append(InternalError(
-                    f"{output.message}; model {self._label} answered no request in the last "
-                    f"{window}, so this counts as the model's failure (circuit breaker)"
-                ))  # fmt: skip
-            elif not isinstance(output, InvalidInput):
-                explained.append(output)
-            else:
+            if isinstance(output, InvalidInput) and output.http_status < 500:
                 explained.append(InvalidInput(
-                    f"{output.message}; not counted as the model's failure: it answered other "
-                    f"requests (or was loaded) within the last {window}, so check these inputs"
+                    f"{output.message}; not counted as model {self._label}'s failure (it is "
+                    "checked on its own sample inputs), so check these inputs"
                 ))  # fmt: skip
+            else:
+                explained.append(output)
         return explained
 
     def _opened(self, instance: int, now: int, why: str) -> None:
@@ -1611,14 +1594,38 @@ class ModelScheduler:
 
     def _suspect(self, instance: int, now: int) -> None:
         """An execution failed on its clients' data, not counted (see `_judge`): after
-        `breaker.failures` of them with no answer to anyone in between, check whether the model
-        answers its own sample inputs (`_checked`): a model that fails on them opens at once,
-        even within the grace after its load."""
+        `breaker.failures` of them with no answer to anyone in between (or at once, for a
+        failed half-open probe), check whether the model answers its own sample inputs
+        (`_checked`): a model that fails on them opens at once. At most one check per `open_s`:
+        a flood of bad requests does not run the samples for each."""
         self._clients_failures += 1
-        if self._clients_failures >= self._breaker_config.failures and self._run_sample(
-            instance, now, self._checked
+        if now - self._checked_ns < self._trust_ns:
+            return
+        if (
+            self._clients_failures < self._breaker_config.failures
+            and self._breakers[instance].state is BreakerState.CLOSED
         ):
+            return
+        if self._inline and self._sample is not None and not self._closed:
+            # (on the loop, after the batch's answers: an inline model is short by definition)
+            self._checked_ns = now
             self._clients_failures = 0
+            self._loop.call_soon(self._check_inline, instance)
+        elif self._run_sample(instance, now, self._checked):
+            self._checked_ns = now
+            self._clients_failures = 0
+
+    def _check_inline(self, instance: int) -> None:
+        """`_suspect`'s sample run for an inline model, on the loop."""
+        if self._closed or self._sample is None:
+            return
+        rows = 1
+        bucket = self.profile.bucket_of[rows] if self._max_rows else 0
+        job = BatchJob([self._sample()], [rows], bucket, _ignore)
+        result = self._executor.run_now(instance, job)
+        outputs = result.outputs
+        self._samples_judged(instance, not outputs or isinstance(outputs[0], DuetimeError))
+        self._dispatch()
 
     def _checked(self, result: BatchResult) -> None:
         """The sample inputs' run that `_suspect` asked for, on the loop: a model that fails on
@@ -1631,19 +1638,28 @@ class ModelScheduler:
         self._ended(instance, now)
         outputs = result.outputs
         # NOTE: samples that answered clear no request's failure (`_answered_ns` is for real
-        # requests' answers): a canary failing every real request passed its samples, and kept
-        # its A/B share
+        # requests' answers): their clients' values are at fault
         failed = not outputs or isinstance(outputs[0], DuetimeError)
-        if not result.skipped and failed:
-            breaker = self._breakers[instance]
-            was_closed = breaker.state is BreakerState.CLOSED
-            if breaker.trip(now):
-                if was_closed:
-                    self._tripped += 1
-                self._opened(instance, now, "failing on its own sample inputs")
-                if not self.available(now):
-                    self._fail_queued(self.unavailable_error(now), now)
+        if not result.skipped:
+            self._samples_judged(instance, failed)
         self._dispatch()
+
+    def _samples_judged(self, instance: int, failed: bool) -> None:
+        """The sample inputs' run ended: open the instance's breaker if it `failed`; while
+        half-open, a probe that answered them ends the probe (the next batch probes)."""
+        now = self._clock.now_ns()
+        breaker = self._breakers[instance]
+        if not failed:
+            if self._tripped:
+                breaker.release()
+            return
+        was_closed = breaker.state is BreakerState.CLOSED
+        if breaker.trip(now):
+            if was_closed:
+                self._tripped += 1
+            self._opened(instance, now, "failing on its own sample inputs")
+            if not self.available(now):
+                self._fail_queued(self.unavailable_error(now), now)
 
     def available(self, now: int) -> bool:
         """Whether some instance's breaker lets work through (or will once its probe ends)."""
@@ -1833,6 +1849,10 @@ class ModelScheduler:
                 if item.timing is not None:
                     _timing_failed_unrun(item.timing, now)
                 _settle(item, error)
+
+
+def _ignore(result: BatchResult) -> None:
+    """The `on_done` of a job run inline (`run_now` returns its result)."""
 
 
 def _clients_fault(outputs: Sequence[Feeds | DuetimeError]) -> bool:
