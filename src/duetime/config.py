@@ -240,6 +240,17 @@ class VersionPolicy(_Strict):
         latest = self.latest.num_versions if self.latest is not None else 1
         return found[:latest]
 
+    def missing(self, available: Iterable[int]) -> list[int]:
+        """The versions a `specific` policy names that are not `available` (no such version
+        folder), lowest first; none for the other policies.
+
+        NOTE: `select` passes them over, as Triton serves the others; Triton also logs "version
+        5 is specified for model 'm', but the version directory is not present" (its
+        VersionsToLoad), where duetime said nothing (see repository/manager.py `_sync`)."""
+        if self.specific is None:
+            return []
+        return sorted(set(self.specific.versions) - set(available))
+
 
 class VariantQuality(_Strict):
     """How a variant's answers compare with the primary model's (written by `duetime optimize`)."""

@@ -197,4 +197,5 @@ def test_a_triton_config_file_may_carry_them(tmp_path: Path) -> None:
     )
     read = read_model_config(tmp_path / "m")
     assert read.config.traffic.weights == {"1": 1.0}
-    assert read.warnings == ()
+    # (but the queue bound a config without max_queue_size gets: test_triton_config_compat.py)
+    assert [w for w in read.warnings if "max_queue_size: not set" not in w] == []

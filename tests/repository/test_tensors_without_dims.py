@@ -264,7 +264,8 @@ def test_the_parameter_is_checked() -> None:
         f"{tensor}\n{given % names}", source="c", model_name="m", warn=warned.append
     )
     assert settings["outputs"] == [{"name": "y", "datatype": "FP32"}]
-    assert warned == [
+    assert [w for w in warned if "max_queue_size: not set" not in w] == [  # (see
+        # tests/repository/test_triton_config_compat.py for that one)
         "c: parameters['tensors_without_dims']: 'z' is no input or output of dims [1] with "
         "reshape [] in this config; ignored"
     ]

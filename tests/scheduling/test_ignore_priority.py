@@ -42,7 +42,9 @@ def _pbtxt(batching: str) -> ModelConfig:
     return validated(translate(batching, source="c", model_name="m"), source="c")
 
 
-@pytest.mark.parametrize("batching", ["", "dynamic_batching { }"])
+# (no dynamic_batching at all; a config.pbtxt that sets nothing is served as no config, any
+# level: see tests/repository/test_triton_config_compat.py)
+@pytest.mark.parametrize("batching", ["instance_group [{ count: 1 }]", "dynamic_batching { }"])
 def test_a_pbtxt_without_priority_levels_serves_in_arrival_order(batching: str) -> None:
     """As Triton: every priority above priority_levels (0) is the default level. Requests that
     asked for priority 1 ran ahead of those before them (the pbtxt tester's prio_order.py)."""

@@ -76,14 +76,14 @@ def test_a_triton_config_translates_field_by_field(caplog: pytest.LogCaptureFixt
     [
         ('max_batch_size: 0 input [ { name: "x" data_type: TYPE_STRING dims: [ -1 ] } ]',
          {"max_batch_size": 0, "inputs": [{"name": "x", "datatype": "BYTES", "dims": [-1]}]}),
-        ("max_batch_size: 0", {}),  # left to the graph, as Triton's auto-complete does
+        # (`max_batch_size: 0` or `name: 'm'` alone set nothing: served as no config, see
+        # tests/repository/test_triton_config_compat.py)
         ('backend: "onnxruntime" version_policy { all {} }', {"version_policy": {"all": {}}}),
         ("version_policy { latest { num_versions: 2 } }",
          {"version_policy": {"latest": {"num_versions": 2}}}),
         # (`latest { }` is 0 versions, refused at validation as Triton refuses it: it was
         # served as latest 1)
         ("version_policy { latest { } }", {"version_policy": {"latest": {"num_versions": 0}}}),
-        ("name: 'm'", {}),  # (no policy: duetime's default, Triton's latest 1)
         ("dynamic_batching { }", {"scheduling": {"max_queue_delay_us": 0}}),
         # Triton's form of a tensor with no dims beyond the batch (its auto-complete writes it):
         # answers carry [batch, 1], the graph gives [batch]
@@ -115,9 +115,9 @@ def test_nested_triton_only_settings_are_named_in_a_warning(
         out = translate(text, source="c", model_name="m")
     assert "c: input 'x': allow_ragged_batch: Triton-only settings" in caplog.text
     assert out["inputs"] == [{"name": "x", "dims": [3, 8, 8], "optional": True}]  # (duetime's too)
-    assert "c: dynamic_batching: preserve_ordering, priority_queue_policy: Triton-only" in (
-        caplog.text
-    )
+    # (each with its own reason: see tests/repository/test_triton_config_compat.py)
+    assert "c: dynamic_batching.preserve_ordering: not supported" in caplog.text
+    assert "c: dynamic_batching.priority_queue_policy (keys [1]): ignored" in caplog.text
     assert (out["intra_op_threads"], "inter_op_threads" in out) == (0, False)  # (0: ORT's own)
 
 

@@ -289,6 +289,9 @@ class ModelManager:
         self._config_warned: dict[str, str] = {}
         """Model -> the digest of the config file whose warnings were said (once per content,
         not at every poll)."""
+        self._absent: dict[str, dict[str, str]] = {}
+        """Model -> the versions its `specific` version_policy names that have no folder, each
+        with the reason the index gives (said once in the log, not at every poll)."""
         self._started_ns = 0
         self._uploads: dict[str, Path] = {}
         """Model -> the folder its uploaded files form (in a temporary directory of its own),
@@ -628,6 +631,7 @@ class ModelManager:
         self._registry.publish(name, {}, ModelConfig().traffic)
         self._registry.record_failure(name, None)  # (unloaded: no longer one that failed)
         self._upload_configs.pop(name, None)
+        self._absent.pop(name, None)  # (said of the config it was served with)
         upload = self._uploads.pop(name, None)
         if upload is not None:
             _remove_upload(upload)
@@ -668,6 +672,7 @@ class ModelManager:
             self._fail_model(name, exc.message, serving=current is not None)
             raise _LoadFailed(load_failed(name, exc.message, polled=False)) from None
         self._prune_versions(name, source.versions)
+        self._note_absent(name, config.version_policy.missing(source.versions))
         wanted = config.version_policy.select(source.versions)
         if not wanted:
             found = ", ".join(str(v) for v in sorted(source.versions))
@@ -969,6 +974,23 @@ class ModelManager:
         self._retiring.add(task)
         task.add_done_callback(self._retiring.discard)
 
+    def _note_absent(self, name: str, versions: list[int]) -> None:
+        """Record (and log, when it changes) the versions of `name` that its `specific`
+        version_policy names but that have no folder: the index lists each as UNAVAILABLE with
+        Triton's words for it."""
+        absent = {
+            str(version): f"version {version} is specified for model '{name}', but the version "
+            "directory is not present"
+            for version in versions
+        }
+        if absent and absent != self._absent.get(name):
+            for reason in absent.values():
+                log.warning("model %s: %s", name, reason)
+        if absent:
+            self._absent[name] = absent
+        else:
+            self._absent.pop(name, None)
+
     def _read_config(self, name: str, directory: Path) -> ModelConfig:
         """The model's config from its file; the file's warnings are logged the first time its
         content is read, again only once it changes."""
@@ -1004,6 +1026,7 @@ class ModelManager:
         self._retry_at.pop(name, None)
         self._warned.pop(name, None)
         self._config_warned.pop(name, None)
+        self._absent.pop(name, None)
 
     def _prune_versions(self, name: str, versions: Iterable[int]) -> None:
         """Forget the failed or unloaded versions of `name` no longer on disk (a removed version
@@ -1182,6 +1205,11 @@ class ModelManager:
             if name not in present:  # its folder is gone (explicit mode: no poll forgot it)
                 entries.extend(r for r in rows if not ready_only or r.get("state") == "READY")
                 continue
+            rows.extend(
+                {"name": name, "version": version, "state": "UNAVAILABLE", "reason": reason}
+                for version, reason in self._absent.get(name, {}).items()
+                if version not in versions
+            )
             if name in self._model_errors:
                 error = self._model_errors[name]
                 rows.append({"name": name, "state": "UNAVAILABLE", "reason": error})

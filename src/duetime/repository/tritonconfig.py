@@ -4,7 +4,12 @@ models serves unchanged.
 The file is parsed whole by protobuf's text_format against Triton's ModelConfig schema (the
 complete `model_config.proto`, so every section parses), then translated field by field into
 the settings `config.py` validates (a `max_batch_size` of 0 with no tensors listed is left to the
-graph, as Triton's auto-complete does):
+graph: 32 where its first dim is free on every input and output, else 0; Triton's auto-complete
+gives the onnxruntime backend's default, 4). A config that sets nothing (an empty
+`config.pbtxt`, or only `name`, `platform`, `backend`) is served as a model folder without a
+config file: duetime's defaults (the graph's max_batch_size, 1 instance, any priority level a
+request asks for), where Triton auto-completes both alike to max_batch_size 4, 2 CPU instances
+and one priority level:
 
 | Triton | duetime |
 |---|---|
@@ -17,11 +22,14 @@ graph, as Triton's auto-complete does):
 | `instance_group` counts (summed but passive ones, per GPU listed; none: 2) | `instances` |
 | `dynamic_batching.max_queue_delay_microseconds` | `scheduling.max_queue_delay_us` |
 | `dynamic_batching.default_queue_policy.max_queue_size` | `scheduling.max_queue_size` |
+| the same unset or 0 (Triton: no maximum), or no `dynamic_batching` | 1024, warned of (q) |
 | the same, with `priority_levels` (a queue per level) | `scheduling.max_queue_size_per_level` |
 | `dynamic_batching.default_queue_policy.default_timeout_microseconds` | `default_timeout_ms` (*) |
 | `dynamic_batching.default_priority_level`, `priority_levels` | `scheduling.` the same |
 | no `dynamic_batching.priority_levels` (one level, as Triton) | `scheduling.ignore_priority` |
 | `dynamic_batching.preferred_batch_size` (FIFO mode) | `scheduling.preferred_batch_size` |
+| `dynamic_batching.priority_queue_policy` (keys in [1, `priority_levels`]) | warned of (p) |
+| `dynamic_batching.preserve_ordering` | warned of (p) |
 | `scheduling_policy` in `parameters` (`edf`, `fifo`) | `scheduling.policy` |
 | `any_priority_level` `"true"` in `parameters` (duetime's own) | `scheduling.priority_levels` 0 |
 | `tensors_without_dims` (a JSON list of names) in `parameters` (duetime's own) | no `dims` |
@@ -40,6 +48,16 @@ and loaded again serves as before.
 a `dynamic_batching` that does not allow it is warned of, and the config endpoint says true).
 Triton's default timeout bounds a request's wait in the queue, duetime's is the due time of its
 answer: a model whose run is longer refuses every request (warned of at load, see loader.py).
+
+(q) duetime keeps every queue bounded (a design rule): a Triton config that leaves
+`max_queue_size` unset means an unbounded queue to Triton, and duetime serves it with
+`scheduling.max_queue_size`'s default, 1024 queued requests (in all, with `priority_levels`),
+beyond which requests are refused at once (429 / RESOURCE_EXHAUSTED). The load logs a warning
+saying so, and the config endpoint reports the bound served (`max_queue_size: 1024`).
+
+(p) Not supported, warned of with the reason: a per-level queue policy (the
+`default_queue_policy` applies to every level; a key outside [1, `priority_levels`] is refused,
+as Triton refuses it), and `preserve_ordering` (each answer is sent when its batch finishes).
 
 What duetime cannot honour is refused with the field named: another platform or backend,
 sequence batching (stateful models), ensembles, decoupled models, a `reshape` with free dims,
@@ -93,8 +111,12 @@ _TENSOR_FIELDS = frozenset({
 })  # fmt: skip
 _BATCHING_FIELDS = frozenset({
     "max_queue_delay_microseconds", "default_priority_level", "default_queue_policy",
-    "priority_levels", "preferred_batch_size",
+    "priority_levels", "preferred_batch_size", "priority_queue_policy", "preserve_ordering",
 })  # fmt: skip
+_IDENTITY = frozenset({"name", "platform", "backend"})
+"""The fields that only say which model and runtime: a config setting no others sets nothing."""
+DEFAULT_QUEUE_SIZE: int = SchedulingConfig.model_fields["max_queue_size"].default
+"""The queue bound a Triton config that leaves `max_queue_size` unset is served with."""
 _TRITON_FIELDS = mc.ModelConfig.DESCRIPTOR.fields
 _TRITON_ONLY = (
     frozenset(
@@ -238,17 +260,22 @@ def read_json_config(
     and `backend` "onnxruntime", accepted too), or Triton's ModelConfig in protobuf's JSON form.
 
     NOTE: the form is the one the JSON is valid in, duetime's first: the fields both share
-    (`name`, `platform`, `backend`, `max_batch_size`, `version_policy`) mean the same in each,
-    except in the form protobuf writes them (int64 as strings: `"max_batch_size": "4"`, what
-    tritonclient's gRPC `get_model_config(as_json=True)` returns) and `max_batch_size` 0,
-    which duetime reads as "no batching" and Triton as "from the graph". Choosing by a
-    Triton-only key refused such configs unless one stood beside them. Valid in neither: the
-    errors of the form its keys name (Triton's if any is Triton's alone). Read in Triton's
-    form, it is a `TritonModelConfig`."""
+    (`name`, `platform`, `backend`, `max_batch_size`, `version_policy`) mean the same in each
+    (but `max_batch_size` 0, which duetime reads as "no batching" and Triton as "from the
+    graph"), in whatever form protobuf's JSON writes them (int64 as strings:
+    `"max_batch_size": "4"`, what tritonclient's gRPC `get_model_config(as_json=True)` returns;
+    camelCase names: `maxBatchSize`): a JSON of those fields alone is duetime's form, its other
+    settings at duetime's defaults. `"max_batch_size": "4"` was read as Triton's form (2
+    instances, one priority level) and `4` as duetime's (1 instance, any level): one config,
+    two meanings (the tconfig tester's repro_json_override_form.py). A JSON with any field
+    Triton's form alone has (`input`, `instance_group`, `dynamic_batching`, `parameters`, ...)
+    is Triton's form, its fields left out at Triton's defaults, as in a config.pbtxt. Valid in
+    neither: the errors of the form its keys name (Triton's if any is Triton's alone). Read in
+    Triton's form, it is a `TritonModelConfig`."""
     given = data.get("name", model_name)
     if given != model_name:
         raise ConfigError(f"{source}: name '{given}' is not the model '{model_name}'")
-    own = {key: value for key, value in data.items() if key != "name"}
+    own = _shared_as_own({key: value for key, value in data.items() if key != "name"})
     if own.get("backend") in ("onnxruntime", "onnxruntime_onnx"):
         del own["backend"]
     try:
@@ -263,6 +290,45 @@ def read_json_config(
         raise own_error from None
     translated = _translated(config, source, model_name, warn)
     return validated(translated, source=source, form=TritonModelConfig)
+
+
+_SHARED_JSON_NAMES = {"maxBatchSize": "max_batch_size", "versionPolicy": "version_policy"}
+"""protobuf's JSON names (camelCase) of the fields duetime's form shares with Triton's."""
+_INT64 = re.compile(r"-?[0-9]+")
+
+
+def _shared_as_own(data: dict[str, Any]) -> dict[str, Any]:
+    """`data` with the fields both forms share written as duetime's form writes them: protobuf's
+    JSON names and int64-as-string numbers (`"maxBatchSize": "4"`) as `"max_batch_size": 4`.
+    Anything else is left as it is (for duetime's validation to refuse, naming the field)."""
+    own = {_SHARED_JSON_NAMES.get(key, key): value for key, value in data.items()}
+    if len(own) != len(data):  # (both spellings of one field: left for the errors to name)
+        return dict(data)
+    own["max_batch_size"] = _int64(own.get("max_batch_size"))
+    if own["max_batch_size"] is None:
+        del own["max_batch_size"]
+    policy = own.get("version_policy")
+    if isinstance(policy, dict):
+        policy = dict(policy)
+        latest = policy.get("latest")
+        if isinstance(latest, dict):
+            latest = {"num_versions" if k == "numVersions" else k: v for k, v in latest.items()}
+            if "num_versions" in latest:
+                latest["num_versions"] = _int64(latest["num_versions"])
+            policy["latest"] = latest
+        specific = policy.get("specific")
+        if isinstance(specific, dict) and isinstance(specific.get("versions"), list):
+            specific = {**specific, "versions": [_int64(v) for v in specific["versions"]]}
+            policy["specific"] = specific
+        own["version_policy"] = policy
+    return own
+
+
+def _int64(value: Any) -> Any:
+    """protobuf's JSON form of an int64 (a string of digits) as the number; others unchanged."""
+    if isinstance(value, str) and _INT64.fullmatch(value):
+        return int(value)
+    return value
 
 
 def translate_json(
@@ -373,6 +439,11 @@ def _translated(config: Any, source: str, model_name: str, warn: Warn) -> dict[s
     _refuse_unknown_enums(config, "", source)
     given = {field.name for field, _ in config.ListFields()}
     _refuse_what_cannot_be_served(config, given, source, model_name)
+    if not given - _IDENTITY:
+        # NOTE: as a folder without a config file (Triton auto-completes both alike): an empty
+        # config.pbtxt got 2 instances and one priority level, a folder without one 1 instance
+        # and any level (the tconfig tester's repro_autocomplete_defaults.py)
+        return {}
     out: dict[str, Any] = {}
     tensors = [("inputs", config.input), ("outputs", config.output)]
     for key, specs in tensors:
@@ -387,6 +458,8 @@ def _translated(config: Any, source: str, model_name: str, warn: Warn) -> dict[s
     if config.HasField("dynamic_batching"):
         _refuse_contradictions(config.dynamic_batching, out.get("max_batch_size"), source)
         _dynamic_batching(config.dynamic_batching, out, source, warn)
+    if not config.dynamic_batching.default_queue_policy.max_queue_size:
+        _warn_queue_bounded(config.dynamic_batching, source, warn)
     _priority(config.dynamic_batching, out)
     if config.HasField("version_policy"):
         out["version_policy"] = _version_policy(config.version_policy)
@@ -744,11 +817,51 @@ LONG_QUEUE_DELAY_US = 10_000_000
 warning: a request may wait that long for its batch to fill."""
 
 
+def _warn_queue_bounded(batching: Any, source: str, warn: Warn) -> None:
+    """NOTE: Triton's `max_queue_size` 0 (unset, or no `dynamic_batching`) is no maximum;
+    duetime keeps its queues bounded by design and served such a model with a bound of 1024
+    without a word: a burst beyond it was refused where Triton queues it (the tconfig tester's
+    repro_queue_cap.py). The bound stays; the load says so (the config endpoint reports it)."""
+    where = "dynamic_batching.default_queue_policy.max_queue_size"
+    per = " in all, over every priority level" if batching.priority_levels else ""
+    warn(f"{source}: {where}: not set (0), which Triton takes as no maximum (an unbounded "
+         f"queue); duetime keeps queues bounded: at most {DEFAULT_QUEUE_SIZE} queued requests"
+         f"{per} (scheduling.max_queue_size), beyond which requests are refused at once (HTTP "
+         f"429 / RESOURCE_EXHAUSTED); set {where} to choose the bound")  # fmt: skip
+
+
+def _priority_queue_policy(batching: Any, source: str, warn: Warn) -> None:
+    """NOTE: Triton refuses a `priority_queue_policy` key outside [1, priority_levels]
+    (ValidateModelConfig); duetime took any. Its policies were dropped under a warning calling
+    them "Triton-only settings ... (it sizes batches by due times)": they are per-level queue
+    bounds and timeouts, which duetime does not have (one `default_queue_policy` for all)."""
+    keys = sorted(batching.priority_queue_policy)
+    if not keys:
+        return
+    where = f"{source}: dynamic_batching.priority_queue_policy"
+    levels = batching.priority_levels
+    outside = [key for key in keys if not 1 <= key <= levels]
+    if levels and outside:
+        raise ConfigError(f"{where}: key {outside[0]} is not a priority level; keys must be in "
+                          f"[1, priority_levels] = [1, {levels}], as Triton requires")  # fmt: skip
+    if not levels:
+        warn(f"{where} (keys {keys}): ignored: without dynamic_batching.priority_levels every "
+             "request is at one level")  # fmt: skip
+        return
+    warn(f"{where} (levels {keys}): per-priority queue policies are not supported; the "
+         "default_queue_policy applies to every level")  # fmt: skip
+
+
 def _dynamic_batching(batching: Any, out: dict[str, Any], source: str, warn: Warn) -> None:
     ignored = sorted({f.name for f, _ in batching.ListFields()} - _BATCHING_FIELDS)
     if ignored:
         warn(f"{source}: dynamic_batching: {', '.join(ignored)}: Triton-only settings, no effect "
-             "in duetime (it sizes batches by due times)")  # fmt: skip
+             "in duetime")  # fmt: skip
+    _priority_queue_policy(batching, source, warn)
+    if batching.preserve_ordering:
+        warn(f"{source}: dynamic_batching.preserve_ordering: not supported: duetime sends each "
+             "answer as soon as its batch finishes (batches run in due-time order, several "
+             "instances side by side), not held back to the order requests came in")  # fmt: skip
     scheduling: dict[str, Any] = out.setdefault("scheduling", {})
     scheduling["max_queue_delay_us"] = delay = batching.max_queue_delay_microseconds
     if delay > LONG_QUEUE_DELAY_US:
