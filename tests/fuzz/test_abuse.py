@@ -123,10 +123,12 @@ def test_body_at_a_steady_rate_above_the_minimum_is_read(strict: RunningServer) 
         assert status == 200
 
 
-def test_silent_connection_is_not_a_request(strict: RunningServer) -> None:
-    """No byte yet: the idle timeout applies, not the read timeout (clients open early)."""
+def test_silent_connection_is_closed_after_the_read_timeout(strict: RunningServer) -> None:
+    """No byte yet: the read timeout runs from accept, and the connection is closed unanswered
+    (the idle timeout applied: silent sockets held every connection slot for a minute)."""
     with connect(strict.http) as sock:
-        time.sleep(READ_TIMEOUT_S * 3)
+        assert sock.recv(10) == b""
+    with connect(strict.http) as sock:
         sock.sendall(infer())
         assert read_response(sock)[0] == 200
 
@@ -199,6 +201,9 @@ def test_connections_past_the_limit_get_503(demo_repo: Path) -> None:
         for sock in held:  # each is accepted and served
             sock.sendall(http_request("GET", "/v2/health/live"))
             assert read_response(sock)[0] == 200
+        for sock in held:  # each reading a request now (an idle one is closed for a new one)
+            sock.sendall(b"GET /v2/health/live HTTP/1.1\r\n")
+        time.sleep(0.2)
         with connect(running.http) as extra:
             status, body = read_response(extra)
             assert status == 503

@@ -1179,6 +1179,8 @@ class HttpConnection(asyncio.BufferedProtocol):
                     return
                 if unstarted[0].arrival_ns is not None:  # (kept undecoded: see `_defer`)
                     self._promote()
+                    if unstarted and unstarted[0].arrival_ns is not None:
+                        return  # (a decode under way further up: it goes on from there)
                     continue
                 slot = unstarted.popleft()
                 deferred, slot.deferred = slot.deferred, None
