@@ -103,6 +103,8 @@ class FakeExecutor:
     jobs: list[tuple[int, BatchJob]] = field(default_factory=list)
     finished: set[int] = field(default_factory=set)
     """Indexes into `jobs` already completed."""
+    terminated: list[BatchJob] = field(default_factory=list)
+    """Jobs the scheduler asked to stop (see `terminate`)."""
 
     def submit(self, instance: int, job: BatchJob) -> None:
         assert not self.inline, "an inline executor was given a job for a thread"
@@ -118,6 +120,11 @@ class FakeExecutor:
         self.finished.add(len(self.jobs) - 1)
         outputs = [{"y": np.full(rows, float(rows))} for rows in job.rows]
         return BatchResult(job, instance, outputs=list(outputs), compute_ns=10_000)
+
+    def terminate(self, instance: int, job: BatchJob) -> bool:
+        """Record a stop asked for a job its thread runs (a test completes it)."""
+        self.terminated.append(job)
+        return True
 
     def busy(self) -> set[int]:
         return {i for n, (i, _) in enumerate(self.jobs) if n not in self.finished}

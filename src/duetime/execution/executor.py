@@ -6,7 +6,9 @@ inputs, runs the session (ORT releases the GIL), splits the outputs per request 
 An inline executor (one instance, no thread) runs a job on the loop itself with `run_now`.
 
 Each instance's runs share one `onnxruntime.RunOptions`: `close` sets its `terminate`, so a run
-still going when the server stops ends between two nodes, and its requests are told so.
+still going when the server stops ends between two nodes, and its requests are told so;
+`terminate` does so for one instance's current run (its requests past their due times, or
+withdrawn), and the flag is reset before that instance's next run.
 """
 
 from __future__ import annotations
@@ -90,6 +92,9 @@ class BatchResult:
     withdrawn: int = 0
     """Requests of the job not run because their futures were done when its thread took it; their
     outputs are empty (the loop finds their futures done, and answers nothing)."""
+    terminated: bool = False
+    """Its run was stopped by `Executor.terminate` before it ended: every output is an error,
+    and its times tell nothing of the model."""
 
 
 class _Stop:
@@ -140,6 +145,12 @@ class Executor:
         self._label = label
         self._closing = False
         self._split_lock = threading.Lock()
+        self._stop_lock = threading.Lock()
+        """Guards `_current`, `_stopping` and the run options' `terminate` (see `terminate`)."""
+        self._current: list[BatchJob | None] = [None] * len(self._sessions)
+        """The job each instance's thread runs now (None: none)."""
+        self._stopping = [False] * len(self._sessions)
+        """`terminate` stopped the instance's current run: its thread resets the flag after it."""
         self._queues: list[queue.SimpleQueue[BatchJob | _Stop]] = []
         self._threads: list[threading.Thread] = []
 
@@ -207,6 +218,27 @@ class Executor:
         self._sessions.clear()
         self._runs.clear()
 
+    def terminate(self, instance: int, job: BatchJob) -> bool:
+        """Stop `job`'s run if `instance`'s thread runs it now: ORT ends it between two nodes,
+        and its result comes back `terminated` (unless it ended first, with its outputs). False
+        if the thread does not run it now (not taken yet, or over), or stops it already.
+        Called from the loop; the thread resets the options' `terminate` before its next run.
+
+        NOTE: the instance's RunOptions is shared by its runs (see `__init__`), and ORT keeps
+        `terminate` set: left set, every later run of the instance would fail at once."""
+        with self._stop_lock:
+            if self._closing or self._stopping[instance] or self._current[instance] is not job:
+                return False
+            self._stopping[instance] = True
+            self._run_options[instance].terminate = True
+        return True
+
+    def _stopped_error(self) -> ModelUnavailable:
+        return ModelUnavailable(
+            f"model {self._label}: this run was stopped: its requests were past their due "
+            "times or withdrawn by their clients"
+        )
+
     def run_sync(self, feeds: Feeds, instance: int = 0) -> list[np.ndarray]:
         """Run one set of feeds on the calling thread (load-time warm-up and profiling only)."""
         return list(self._sessions[instance].run(self._output_names, feeds))
@@ -230,20 +262,40 @@ class Executor:
                 return
             result = BatchResult(job, index)
             if job.turn is None:
-                self._execute_in_time(run, job, result, pool)
+                self._execute_stoppable(index, run, job, result, pool)
             else:
                 turns, ticket = job.turn
                 waiting = time.perf_counter_ns()
                 turns.wait(ticket)
                 result.waited_ns = time.perf_counter_ns() - waiting
                 try:
-                    self._execute_in_time(run, job, result, pool)
+                    self._execute_stoppable(index, run, job, result, pool)
                 finally:
                     turns.done(ticket)
             try:
                 loop.call_soon_threadsafe(job.on_done, result)
             except RuntimeError:  # the loop closed under us: nobody is waiting any more
                 return
+
+    def _execute_stoppable(
+        self, index: int, run: Run, job: BatchJob, result: BatchResult, pool: InputPool
+    ) -> None:
+        """`_execute_in_time`, as the instance's current job (see `terminate`)."""
+        with self._stop_lock:
+            self._current[index] = job
+        try:
+            self._execute_in_time(run, job, result, pool)
+        finally:
+            with self._stop_lock:
+                self._current[index] = None
+                stopped = self._stopping[index]
+                if stopped:
+                    self._stopping[index] = False
+                    if not self._closing:  # (`close` keeps it set: no run after it)
+                        self._run_options[index].terminate = False
+        if stopped and not result.skipped and not _answered(result.outputs):
+            result.terminated = True
+            result.outputs = [self._stopped_error()] * len(job.feeds)
 
     def _execute_in_time(
         self, run: Run, job: BatchJob, result: BatchResult, pool: InputPool
@@ -314,6 +366,9 @@ class Executor:
         except Exception as exc:
             if self._closing:
                 result.outputs = [self._closed_error()] * len(job.feeds)
+                return
+            if self._stopping[result.instance]:  # (stopped: nothing to run each alone)
+                result.outputs = [self._stopped_error()] * len(job.feeds)
                 return
             if len(job.feeds) == 1:
                 result.outputs = [self._run_error(exc, run, job.feeds[0])]
@@ -464,6 +519,11 @@ class InputPool:
         if start < bucket:
             buffer[start:] = buffer[start - 1] if start else ("" if first.dtype == object else 0)
         return buffer
+
+
+def _answered(outputs: Sequence[Feeds | DuetimeError]) -> bool:
+    """Whether a run gave every request its outputs (none failed)."""
+    return bool(outputs) and not any(isinstance(o, DuetimeError) for o in outputs)
 
 
 def _unsettled(futures: Sequence[Settles]) -> list[int]:

@@ -107,6 +107,10 @@ a process) took 90-180 µs after 10 ms without one and 250-300 µs after 50-100 
 itch run`, whose feed keeps it warm between messages, its 1-row runs after 90 ms or more took
 18.7 µs (p50) against 9.3 and reached the loop 56 µs after their end against 19. A model whose
 traffic is that sparse without refusals learns from its cold runs as from any."""
+STOP_GRACE_NS = 100_000_000
+"""A run on an instance thread is stopped (`Executor.terminate`) once every request of it is
+this far past its due time, or withdrawn by its client; its thread's runs are looked at this
+often (`_watch`), while it has any."""
 
 
 _US, _MS, _S = 1_000, 1_000_000, 1_000_000_000
@@ -269,6 +273,8 @@ class _Running:
     runs, or has run. Meaningful only for a job given a `start_by` (one that waits)."""
     swept: list[QueuedRequest] = field(default_factory=list)
     """Its requests failed unrun while it waited (`_sweep_committed`): counted as expired."""
+    stopping: bool = False
+    """Its run is being stopped (see `_watch`)."""
     cold: bool = False
     """It runs the probe (see PROBE_NS), or after `COLD_AFTER_NS` of refusals: its times teach
     only where they are shorter than the estimates (see `_record`)."""
@@ -403,6 +409,8 @@ class ModelScheduler:
         self._refused_ns = -REFUSALS_SEEN_NS
         """When it last refused or expired a request."""
         self._sweeper: asyncio.TimerHandle | None = None
+        self._watcher: asyncio.TimerHandle | None = None
+        """Armed while batches run on instance threads (see `_watch`)."""
         self._closed = False
         self.last_arrival_ns = clock.now_ns()
         """When the last request arrived (or the scheduler started): the least recently used
@@ -1230,6 +1238,61 @@ class ModelScheduler:
         if job.start_by is not None:
             self._arm_sweeper()  # (after `running.job`: `_waiting` finds the job by it)
         self._executor.submit(instance, job)
+        if self._watcher is None:  # (one timer for all the runs of the model: no cost per batch)
+            self._watcher = self._loop.call_later(STOP_GRACE_NS / 1e9, self._watch)
+
+    def _watch(self) -> None:
+        """Stop each run on an instance thread whose every request is past its due time by
+        `STOP_GRACE_NS` or withdrawn by its client (`Executor.terminate`): its requests are
+        answered 504 (or counted cancelled) by `_stopped`, and the instance is free. Armed again
+        while any batch is handed to a thread.
+
+        NOTE: a run was never stopped: a Loop whose trip count came from the input ran 16 s for
+        a request with a 1 s timeout (answered 200 then), and one whose client had gone 1 s in
+        kept running while the next small request waited 35 s (found by a tester)."""
+        self._watcher = None
+        if self._closed:
+            return
+        now = self._clock.now_ns()
+        busy = False
+        for instance, jobs in enumerate(self._outstanding):
+            if not jobs:
+                continue
+            busy = True
+            running = jobs[0]
+            job = running.job
+            if job is None or running.stopping or not running.requests:
+                continue  # (inline, being stopped, or the samples' run)
+            for item in running.requests:
+                if not item.future.done() and (
+                    item.due_ns is None or now < item.due_ns + STOP_GRACE_NS
+                ):
+                    break
+            else:
+                if self._executor.terminate(instance, job):
+                    running.stopping = True
+        if busy:
+            self._watcher = self._loop.call_later(STOP_GRACE_NS / 1e9, self._watch)
+
+    def _stopped(self, running: _Running, now: int) -> None:
+        """Settle the requests of a run `_watch` stopped: 504 for those past their due time,
+        cancelled for those withdrawn. Not an execution, nor the model's failure, nor a time
+        for its profile."""
+        for item in running.requests:
+            if item.future.done():
+                if not _among(item, running.swept):
+                    self._cancelled += 1
+                    self._fail_ns += now - item.arrival_ns
+                continue
+            self._expired += 1
+            self._fail_ns += now - item.arrival_ns
+            if item.timing is not None:
+                _timing_failed_unrun(item.timing, now)
+            late = (now - (item.due_ns or now)) / 1e6
+            _settle(item, DeadlineExceeded(
+                f"{TIMEOUT_EXPIRED}: model {self._label}: its run was stopped {late:.0f} ms past "
+                "its due time"
+            ))  # fmt: skip
 
     def _takes_probe(self, requests: list[QueuedRequest]) -> bool:
         """Whether a batch of `requests` runs the probe (see PROBE_NS); a probe started, or
@@ -1413,6 +1476,11 @@ class ModelScheduler:
         self._refusing = False
         instance = result.instance
         running = self._ended(instance, now)
+        if result.terminated:  # (see `_watch`)
+            if self._tripped:
+                self._breakers[instance].release()
+            self._stopped(running, now)
+            return
         if result.skipped:  # its thread took it too late to run (see `_start_by`), or revoked
             if self._tripped:  # (a probe not run tells nothing: without this, never another)
                 self._breakers[instance].release()
@@ -1829,7 +1897,7 @@ class ModelScheduler:
             self._drain_waiter = self._loop.create_future()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(asyncio.shield(self._drain_waiter), grace_s)
-        for timer in (self._timer, self._sweeper):
+        for timer in (self._timer, self._sweeper, self._watcher):
             if timer is not None:
                 timer.cancel()
         error = ModelUnavailable(f"model {self._label} shut down before it ran")
