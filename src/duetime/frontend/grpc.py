@@ -324,7 +324,11 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
             _abort(context, exc)
         except DuetimeError:
             return pb.ModelReadyResponse(ready=False)
-        return pb.ModelReadyResponse(ready=self.accepting)
+        engine = self._engine  # (not ready while every instance's breaker is open)
+        ready = self.accepting and engine.registry.takes_work(
+            request.name, request.version or None, engine.clock.now_ns()
+        )
+        return pb.ModelReadyResponse(ready=ready)
 
     async def ServerMetadata(self, request: Any, context: Any) -> Any:
         return pb.ServerMetadataResponse(name="duetime", version=__version__, extensions=EXTENSIONS)

@@ -778,8 +778,11 @@ class RestApi:
         return _json(model_metadata_json(deployment.model, sorted(served.versions, key=int)))
 
     def _model_ready(self, model: str, version: str | None, unready_status: int = 400) -> Reply:
-        self._engine.registry.resolve(model, version)
-        ready = self.accepting
+        engine = self._engine
+        engine.registry.resolve(model, version)
+        # (a model whose every instance's breaker is open takes no work: not ready until its
+        # probe can go; the server's readiness is not tied to any one model's breakers)
+        ready = self.accepting and engine.registry.takes_work(model, version, engine.clock.now_ns())
         status = 200 if ready else unready_status
         return Reply(status, orjson.dumps({"name": model, "ready": ready}), (_JSON,))
 

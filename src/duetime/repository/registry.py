@@ -51,6 +51,11 @@ class ServedVersion:
             raise ValueError(f"version {self.version}: a served version has at least one variant")
         object.__setattr__(self, "primary", self.variants[0])
 
+    def takes_work(self, now_ns: int) -> bool:
+        """Whether some variant takes requests now: not every instance's breaker open (a
+        half-open one lets its probe through)."""
+        return any(d.scheduler.available(now_ns) for d in self.variants)
+
 
 @dataclass(frozen=True, slots=True)
 class ServedModel:
@@ -217,6 +222,19 @@ class Registry:
         (404), where Triton says the version string is not one (400)."""
         served = self.served(name, version)
         return self.served_version(served, version or served.default)
+
+    def takes_work(self, name: str, version: str | None, now_ns: int) -> bool:
+        """Whether a request for `name` and `version` can run now (see
+        `ServedVersion.takes_work`); without a version, on any version its traffic policy
+        sends requests to. What model readiness reports: KServe's "ready for inferencing".
+
+        NOTE: a model whose every instance's breaker was open answered every request 503 while
+        /v2/models/NAME/ready said 200 (found by a tester)."""
+        served = self.served(name, version)
+        if version:
+            return self.served_version(served, version).takes_work(now_ns)
+        versions = served.versions
+        return any(versions[v].takes_work(now_ns) for v in served.traffic.versions if v in versions)
 
     def served_version(self, served: ServedModel, version: str) -> ServedVersion:
         """`served.version(version)`, where a version that a load under way is loading is
