@@ -130,6 +130,11 @@ def _parser() -> argparse.ArgumentParser:
         "ask for big outputs as binary data)",
     )  # fmt: skip
     serve.add_argument(
+        "--max-run-memory-bytes", type=int,
+        help="the most one request's values may ask a model's node to allocate (a shape "
+        "given to ConstantOfShape, Expand, ...; default a quarter of memory; more get 400)",
+    )  # fmt: skip
+    serve.add_argument(
         "--max-grpc-message-bytes", type=int,
         help="largest gRPC message, request or answer (64 MiB; at most 2 GiB - 1)",
     )  # fmt: skip

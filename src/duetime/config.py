@@ -660,6 +660,11 @@ class ServerSettings(_Strict):
             raise ValueError("'*' loads every model: give it alone, not with other names")
         return value
 
+    max_run_memory_bytes: int | None = Field(default=None, ge=1)
+    """The most one request's values may ask a node of a model to allocate (the shape given to
+    a ConstantOfShape, Expand, Tile, Range, Pad, OneHot or Resize): a bigger request is refused
+    before it runs (400, naming the input). None: a quarter of the machine's memory (or of its
+    cgroup's limit)."""
     max_loaded_models: int | None = Field(default=None, ge=1)
     max_loaded_bytes: int | None = Field(default=None, ge=1)
     """Budget for loaded model files (per instance); the least recently used idle model is

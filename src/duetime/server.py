@@ -104,6 +104,7 @@ def repository_options(settings: ServerSettings) -> RepositoryOptions:
         lazy=settings.lazy_load,
         strict_readiness=settings.strict_readiness,
         drain_s=settings.unload_drain_secs,
+        max_run_memory_bytes=settings.max_run_memory_bytes,
     )
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -12,6 +12,9 @@ from duetime.datatypes import NUMPY_OF, v2_datatype_of
 from duetime.errors import InvalidInput
 from duetime.execution.ort import strings_for_ort
 from duetime.types import ModelSignature, TensorSpec
+
+if TYPE_CHECKING:
+    from duetime.repository.graphs import SizedNode
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,11 +35,21 @@ class Validator:
     """The checks for one model version, built once at load so a request pays only for lookups."""
 
     def __init__(
-        self, model: str, signature: ModelSignature, unserved: Mapping[str, str] | None = None
+        self,
+        model: str,
+        signature: ModelSignature,
+        unserved: Mapping[str, str] | None = None,
+        *,
+        sized: Sequence[SizedNode] = (),
+        max_run_bytes: int | None = None,
     ) -> None:
         """`unserved`: the graph's outputs left out of `signature`, name -> why (see
-        `unserved_output_reason`), for the error to a request asking for one."""
+        `unserved_output_reason`), for the error to a request asking for one. `sized`: the
+        graph's nodes whose output size the request's values set (see `graphs.sized_nodes`),
+        none of which may be asked for more than `max_run_bytes` (None: no limit)."""
         self._model = model
+        self._sized = tuple(sized) if max_run_bytes is not None else ()
+        self._max_run_bytes = max_run_bytes or 0
         self._signature = signature
         self._unserved = unserved or {}
         self._batched = signature.max_batch_size > 0
@@ -75,13 +88,38 @@ class Validator:
         if template is not None:
             known = self._templates.get(template)
             if known is not None:  # (a front end's own dict, made for this request: not copied)
-                return Prepared(inputs if type(inputs) is dict else dict(inputs), *known)
+                prepared = Prepared(inputs if type(inputs) is dict else dict(inputs), *known)
+                if self._sized:  # (same shapes, other values)
+                    self._check_sizes(prepared.feeds)
+                return prepared
         prepared = self._prepare(inputs, outputs)
+        if self._sized:
+            self._check_sizes(prepared.feeds)
         if template is not None and all(prepared.feeds[n] is a for n, a in inputs.items()):
             if len(self._templates) >= TEMPLATES_MAX:
                 self._templates.clear()
             self._templates[template] = (prepared.rows, prepared.shape_key, prepared.outputs)
         return prepared
+
+    def _check_sizes(self, feeds: Mapping[str, np.ndarray]) -> None:
+        """InvalidInput when the request's values ask a node for an output bigger than one run
+        may allocate, before it runs.
+
+        NOTE: a 16-byte request to `ConstantOfShape(shape) -> ReduceSum` asking for 1 GiB was
+        run: the server allocated it (and ORT's arena kept it); a request for more than the
+        machine has brings the OOM killer. What cannot be computed here (a size the graph
+        computes otherwise) is left to ONNX Runtime's allocation failure."""
+        limit = self._max_run_bytes
+        for node in self._sized:
+            asked = node.bytes_asked(feeds)
+            if asked is not None and asked > limit:
+                names = " and ".join(f"'{name}'" for name in node.inputs)
+                raise InvalidInput(
+                    f"input {names}: its values ask {node.described} of model '{self._model}' "
+                    f"for a tensor of {asked} bytes ({_mib(asked)}), over the {limit} bytes "
+                    f"({_mib(limit)}) one run may allocate (--max-run-memory-bytes); ask for "
+                    "a smaller size"
+                )
 
     def _prepare(self, inputs: Mapping[str, np.ndarray], outputs: Sequence[str] | None) -> Prepared:
         self._check_names(inputs)
@@ -264,6 +302,10 @@ def shape_refused(
         f"input '{spec.name}': shape {list(shape)} does not match the model's {taken} (-1 marks "
         "a free dim)"
     )
+
+
+def _mib(count: int) -> str:
+    return f"{count / 2**20:.1f} MiB" if count < 2**30 else f"{count / 2**30:.1f} GiB"
 
 
 def _datatype_name(array: np.ndarray) -> str:

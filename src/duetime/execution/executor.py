@@ -31,7 +31,7 @@ from duetime.execution.affinity import (
     lower_thread_priority,
     pin_current_thread,
 )
-from duetime.execution.ort import Run, direct_run, strings_from_ort
+from duetime.execution.ort import Run, direct_run, out_of_memory, strings_from_ort
 from duetime.execution.turns import Turns
 
 log = logging.getLogger("duetime.executor")
@@ -433,6 +433,9 @@ class Executor:
             return self._closed_error()
         if isinstance(exc, UnicodeDecodeError):
             return self._not_utf8(exc, run, feeds)
+        memory = out_of_memory(exc, self._label)
+        if memory is not None:
+            return memory
         return _run_error(exc)
 
     def _not_utf8(self, exc: UnicodeDecodeError, run: Run, feeds: Feeds) -> ModelOutputError:

@@ -68,6 +68,49 @@ def open_session(
     return session
 
 
+RUN_MEMORY_SHARE = 4
+"""By default one run may allocate a quarter of the machine's memory (or of the cgroup's limit,
+if lower): see `default_run_memory_bytes`."""
+
+
+def default_run_memory_bytes() -> int:
+    """The default limit on what one run's request may ask a node to allocate: a quarter
+    (`RUN_MEMORY_SHARE`) of physical memory, or of this process's cgroup limit if lower."""
+    try:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):  # (not on this platform)
+        total = 16 * 2**30
+    with contextlib.suppress(OSError, ValueError):
+        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+        if limit.isdigit():
+            total = min(total, int(limit))
+    return max(total // RUN_MEMORY_SHARE, 1)
+
+
+OUT_OF_MEMORY_MARKS = ("Failed to allocate memory", "bad_alloc")
+"""What ORT's error says when a run's allocation failed: its arena's ("BFCArena::
+AllocateRawInternal ... Failed to allocate memory for requested buffer of size N"), or the
+plain allocator's (std::bad_alloc, with the arena off)."""
+
+
+def out_of_memory(exc: BaseException, model: str) -> InvalidInput | None:
+    """What a run that raised `exc` tells the client when its allocation failed (the request's
+    values asked for more memory than the machine gives: a 400 naming the model, not a 500);
+    None for any other failure."""
+    text = str(exc)
+    if isinstance(exc, MemoryError) or any(mark in text for mark in OUT_OF_MEMORY_MARKS):
+        node = re.search(r"running (\w+) node\. Name:'([^']*)'", text)
+        where = ""
+        if node is not None:
+            where = f" in its {node.group(1)} node" + (f" '{node[2]}'" if node[2] else "")
+        return InvalidInput(
+            f"model '{model}' ran out of memory{where}: the run needed more memory than the "
+            "server has available for it; the request's values ask for too large a tensor "
+            "(a shape or size input), ask for a smaller one"
+        )
+    return None
+
+
 EXTERNAL_DATA_FOLDER = "session.model_external_initializers_file_folder_path"
 """ORT's session option naming the folder of a model's external data, for a model from bytes."""
 

@@ -9,10 +9,12 @@ request can trap the process with INT_MIN / -1 (see `guard_integer_division`).
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Mapping
+import math
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import onnx
 import onnx.inliner
 from onnx import TensorProto, helper, numpy_helper
@@ -70,6 +72,12 @@ class GraphFacts:
     """What makes it so, for the log."""
     dynamically_quantized: bool = False
     """Whether activations are quantized with a scale taken from the batch's own values."""
+    sizes_follow_values: bool = False
+    """Whether some tensor's size follows the input values (a node `_mark` finds: its
+    `cost_why`), so one run may allocate far more than another."""
+    sized_nodes: tuple[SizedNode, ...] = ()
+    """Nodes whose output's size a request's input values set directly (see `sized_nodes`):
+    what a request asks them to allocate can be told before it runs."""
 
 
 @dataclass(frozen=True)
@@ -136,7 +144,8 @@ def graph_facts(model: onnx.ModelProto) -> GraphFacts:
     )
     cost_why = flow.cost or (f"input '{strings}' is a string tensor" if strings else "")
     outputs = {v.name: flow.sized[v.name] for v in graph.output if v.name in flow.sized}
-    return GraphFacts(outputs, bool(cost_why), cost_why, flow.dynamic)
+    sized = sized_nodes(model) if flow.cost else ()
+    return GraphFacts(outputs, bool(cost_why), cost_why, flow.dynamic, bool(flow.cost), sized)
 
 
 def _follow(graph: onnx.GraphProto, flow: _Flow) -> None:
@@ -238,6 +247,333 @@ def _subgraphs(node: onnx.NodeProto) -> Iterator[onnx.GraphProto]:
             yield attr.g
         elif attr.type == onnx.AttributeProto.GRAPHS:
             yield from attr.graphs
+
+
+# -- sizes asked for -----------------------------------------------------------------------------
+
+Feeds = Mapping[str, np.ndarray]
+Value = Callable[[Feeds], np.ndarray | None]
+"""A tensor's value computed from a request's feeds (None: the request does not give it)."""
+
+
+@dataclass(frozen=True)
+class SizedNode:
+    """A node whose output's size follows a request's values in a way computed before it runs:
+    `elements(feeds)` is a lower bound on its output's element count for those feeds (None:
+    not known), each element `itemsize` bytes."""
+
+    described: str
+    """"ConstantOfShape node 'big'", for the error."""
+    inputs: tuple[str, ...]
+    """The request's inputs whose values size it."""
+    itemsize: int
+    elements: Callable[[Feeds], int | None]
+
+    def bytes_asked(self, feeds: Feeds) -> int | None:
+        """The bytes `feeds` ask its output to take, at least; None: not known (a value this
+        cannot compute, or one ONNX Runtime will refuse, such as a negative dim)."""
+        try:
+            count = self.elements(feeds)
+        except Exception:  # (values ORT refuses with its own error: a wrong rank, say)
+            return None
+        return None if count is None else count * self.itemsize
+
+
+PASS_THROUGH_OPS = frozenset({"Identity", "Cast", "Squeeze", "Unsqueeze", "Reshape", "Flatten"})
+"""Ops whose output keeps its input's values in order (a shape's dims through a Cast to int64,
+a scalar count made 1-D by an Unsqueeze), as far as a size computed from them is concerned."""
+
+
+def sized_nodes(model: onnx.ModelProto) -> tuple[SizedNode, ...]:
+    """The main graph's nodes whose output size a request's values set directly: a size or
+    shape input that is a graph input, or one computed from graph inputs and constants by
+    `PASS_THROUGH_OPS` and Concat (see `_values`), of ConstantOfShape, Expand, Tile, Range,
+    OneHot, Pad, Resize and Upsample.
+
+    NOTE: a lower bound on what a run allocates, for a limit checked before it runs (one
+    request of `ConstantOfShape([2**28])` made the server allocate 1 GiB and keep it): sizes
+    computed any other way (arithmetic on the values, a subgraph's) are not followed, and the
+    run is left to ONNX Runtime's own allocation failure."""
+    graph = model.graph
+    values = _Values(graph)
+    found = []
+    for node in graph.node:
+        if node.domain not in ("", "ai.onnx"):
+            continue
+        sizer = _SIZERS.get(node.op_type)
+        if sizer is None:
+            continue
+        made = sizer(node, values)
+        if made is not None and values.fed(made[1]):
+            elements, reads = made
+            found.append(
+                SizedNode(
+                    f"{node.op_type} node '{node.name or node.output[0]}'",
+                    values.fed(reads),
+                    _itemsize(node, values),
+                    elements,
+                )
+            )
+    return tuple(found)
+
+
+class _Values:
+    """Tensors of a graph whose values a request's feeds and its constants make."""
+
+    def __init__(self, graph: onnx.GraphProto) -> None:
+        self.inputs = {value.name: value for value in graph.input}
+        self.constants = _constant_values(graph)
+        self.makers = {out: node for node in graph.node for out in node.output if out}
+        self.types: dict[str, int] = {
+            v.name: v.type.tensor_type.elem_type
+            for v in (*graph.input, *graph.value_info, *graph.output)
+            if v.type.HasField("tensor_type")
+        }
+        self.types.update({name: tensor.data_type for name, tensor in self.constants.items()})
+
+    def fed(self, names: tuple[str, ...]) -> tuple[str, ...]:
+        """Those of `names` that are the graph's inputs (a request's to give)."""
+        return tuple(dict.fromkeys(name for name in names if name in self.inputs))
+
+    def value(self, name: str, depth: int = 0) -> tuple[Value, tuple[str, ...]] | None:
+        """How to compute tensor `name` from the feeds, and the inputs it reads; None: not by
+        the ops followed here."""
+        if name in self.inputs:
+            default = self.constants.get(name)
+            fixed = None if default is None else numpy_helper.to_array(default)
+            return (lambda feeds: feeds.get(name, fixed)), (name,)
+        if name in self.constants:
+            array = numpy_helper.to_array(self.constants[name])
+            return (lambda feeds: array), ()
+        node = self.makers.get(name)
+        if node is None or depth > 32 or node.domain not in ("", "ai.onnx"):
+            return None
+        parts = [self.value(part, depth + 1) for part in node.input if part]
+        if not parts or any(part is None for part in parts):
+            return None
+        known = [part for part in parts if part is not None]
+        reads = tuple(name for _, names in known for name in names)
+        if node.op_type in PASS_THROUGH_OPS:
+            first = known[0][0]
+            return (lambda feeds: _flat(first(feeds))), reads
+        if node.op_type == "Concat":
+            makers = [make for make, _ in known]
+            return (lambda feeds: _concat([make(feeds) for make in makers])), reads
+        return None
+
+    def shape(self, name: str) -> Callable[[Feeds], tuple[int, ...] | None]:
+        """How to find tensor `name`'s shape: a fed input's own, a constant's; else None."""
+        if name in self.inputs:
+            return lambda feeds: None if feeds.get(name) is None else feeds[name].shape
+        if name in self.constants:
+            dims = tuple(self.constants[name].dims)
+            return lambda feeds: dims
+        return lambda feeds: None
+
+
+def _flat(array: np.ndarray | None) -> np.ndarray | None:
+    return None if array is None else np.asarray(array).reshape(-1)
+
+
+def _concat(arrays: list[np.ndarray | None]) -> np.ndarray | None:
+    if any(array is None for array in arrays):
+        return None
+    return np.concatenate([np.asarray(a).reshape(-1) for a in arrays if a is not None])
+
+
+def _dims(array: np.ndarray | None) -> list[int] | None:
+    """A shape's dims as Python ints (no overflow); None for a negative one (ORT refuses it)."""
+    if array is None:
+        return None
+    dims = [int(d) for d in np.asarray(array).reshape(-1)]
+    return None if any(d < 0 for d in dims) else dims
+
+
+_Sized = tuple[Callable[[Feeds], int | None], tuple[str, ...]]
+"""A node's element count from the feeds, and the inputs it reads."""
+
+
+def _input(node: onnx.NodeProto, index: int) -> str:
+    return node.input[index] if index < len(node.input) else ""
+
+
+def _shaped(node: onnx.NodeProto, values: _Values) -> _Sized | None:
+    """ConstantOfShape(shape): prod(shape) elements."""
+    made = values.value(_input(node, 0))
+    if made is None:
+        return None
+    shape, reads = made
+
+    def elements(feeds: Feeds) -> int | None:
+        dims = _dims(shape(feeds))
+        return None if dims is None else math.prod(dims)
+
+    return elements, reads
+
+
+def _expanded(node: onnx.NodeProto, values: _Values) -> _Sized | None:
+    """Expand(x, shape): x's shape broadcast with `shape` (where x's is unknown, prod(shape):
+    each output dim is at least the shape's, or ORT refuses it)."""
+    made = values.value(_input(node, 1))
+    if made is None:
+        return None
+    shape, reads = made
+    source = values.shape(_input(node, 0))
+
+    def elements(feeds: Feeds) -> int | None:
+        dims = _dims(shape(feeds))
+        if dims is None:
+            return None
+        mine = source(feeds)
+        if mine is None:
+            return math.prod(dims)
+        return math.prod(_broadcast(tuple(mine), tuple(dims)))
+
+    return elements, reads
+
+
+def _broadcast(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, ...]:
+    rank = max(len(a), len(b))
+    a, b = (1,) * (rank - len(a)) + a, (1,) * (rank - len(b)) + b
+    return tuple(x if y == 1 else y if x == 1 else max(x, y) for x, y in zip(a, b, strict=True))
+
+
+def _tiled(node: onnx.NodeProto, values: _Values) -> _Sized | None:
+    """Tile(x, repeats): x's elements times prod(repeats) (x's taken as 1 where unknown)."""
+    made = values.value(_input(node, 1))
+    if made is None:
+        return None
+    repeats, reads = made
+    source = values.shape(_input(node, 0))
+
+    def elements(feeds: Feeds) -> int | None:
+        dims = _dims(repeats(feeds))
+        if dims is None:
+            return None
+        mine = source(feeds)
+        return math.prod(dims) * (1 if mine is None else math.prod(mine))
+
+    return elements, reads
+
+
+def _ranged(node: onnx.NodeProto, values: _Values) -> _Sized | None:
+    """Range(start, limit, delta): ceil((limit - start) / delta) elements, or none."""
+    made = [values.value(_input(node, index)) for index in range(3)]
+    if any(part is None for part in made):
+        return None
+    known = [part for part in made if part is not None]
+    reads = tuple(name for _, names in known for name in names)
+
+    def elements(feeds: Feeds) -> int | None:
+        start, limit, delta = (_scalar(make(feeds)) for make, _ in known)
+        if start is None or limit is None or not delta:
+            return None
+        return max(math.ceil((limit - start) / delta), 0)
+
+    return elements, reads
+
+
+def _scalar(array: np.ndarray | None) -> float | None:
+    if array is None or np.asarray(array).size != 1:
+        return None
+    value = np.asarray(array).reshape(-1)[0].item()
+    return value if math.isfinite(value) else None
+
+
+def _one_hot(node: onnx.NodeProto, values: _Values) -> _Sized | None:
+    """OneHot(indices, depth, values): indices' elements times depth."""
+    made = values.value(_input(node, 1))
+    if made is None:
+        return None
+    depth, reads = made
+    source = values.shape(_input(node, 0))
+
+    def elements(feeds: Feeds) -> int | None:
+        count = _scalar(depth(feeds))
+        if count is None or count < 1:
+            return None
+        mine = source(feeds)
+        return int(count) * (1 if mine is None else math.prod(mine))
+
+    return elements, reads
+
+
+def _padded(node: onnx.NodeProto, values: _Values) -> _Sized | None:
+    """Pad(x, pads): each of x's dims plus its pads at both ends (x's shape must be known; no
+    `axes` input)."""
+    if _input(node, 3):
+        return None
+    made = values.value(_input(node, 1))
+    if made is None:
+        return None
+    pads, reads = made
+    source = values.shape(_input(node, 0))
+
+    def elements(feeds: Feeds) -> int | None:
+        mine, given = source(feeds), pads(feeds)
+        if mine is None or given is None:
+            return None
+        amounts = [int(p) for p in np.asarray(given).reshape(-1)]
+        if len(amounts) != 2 * len(mine):
+            return None
+        rank = len(mine)
+        return math.prod(max(dim + amounts[i] + amounts[i + rank], 0) for i, dim in enumerate(mine))
+
+    return elements, reads
+
+
+def _resized(node: onnx.NodeProto, values: _Values) -> _Sized | None:
+    """Resize(x, roi, scales, sizes) and Upsample(x, scales): prod(sizes), or x's dims times
+    the scales (x's shape must be known; no `axes` attribute)."""
+    if any(attr.name == "axes" for attr in node.attribute):
+        return None
+    if node.op_type == "Resize" and _input(node, 3):
+        return _shaped(_only_input(node, 3), values)
+    made = values.value(_input(node, 1 if node.op_type == "Upsample" else 2))
+    if made is None:
+        return None
+    scales, reads = made
+    source = values.shape(_input(node, 0))
+
+    def elements(feeds: Feeds) -> int | None:
+        mine, given = source(feeds), scales(feeds)
+        if mine is None or given is None:
+            return None
+        factors = [float(f) for f in np.asarray(given).reshape(-1)]
+        if len(factors) != len(mine) or not all(math.isfinite(f) and f >= 0 for f in factors):
+            return None
+        return math.prod(math.floor(dim * f) for dim, f in zip(mine, factors, strict=True))
+
+    return elements, reads
+
+
+def _only_input(node: onnx.NodeProto, index: int) -> onnx.NodeProto:
+    """`node` as one whose first input is its input `index` (for `_shaped`)."""
+    copied = onnx.NodeProto()
+    copied.op_type = node.op_type
+    copied.input.append(node.input[index])
+    return copied
+
+
+_SIZERS: Mapping[str, Callable[[onnx.NodeProto, _Values], _Sized | None]] = {
+    "ConstantOfShape": _shaped, "Expand": _expanded, "Tile": _tiled, "Range": _ranged,
+    "OneHot": _one_hot, "Pad": _padded, "Resize": _resized, "Upsample": _resized,
+}  # fmt: skip
+
+
+def _itemsize(node: onnx.NodeProto, values: _Values) -> int:
+    """Bytes of one element of `node`'s output: ConstantOfShape's `value`'s type (float32 by
+    default), OneHot's `values`', the others' first input's; 1 where unknown (a lower bound)."""
+    kind: int | None = None
+    if node.op_type == "ConstantOfShape":
+        value = next((a.t for a in node.attribute if a.name == "value"), None)
+        kind = value.data_type if value is not None else TensorProto.FLOAT
+    else:
+        kind = values.types.get(_input(node, 2 if node.op_type == "OneHot" else 0))
+    try:
+        return int(helper.tensor_dtype_to_np_dtype(kind).itemsize) if kind else 1
+    except Exception:  # (a type numpy has no dtype of: bfloat16 in an older onnx, say)
+        return 1
 
 
 # -- the guard ------------------------------------------------------------------------------------

@@ -114,6 +114,9 @@ class RepositoryOptions:
     the models are ready"); off, it is ready once it serves (or can load) models."""
     drain_s: float = 30.0
     """How long a replaced or unloaded version may take to finish its queued requests."""
+    max_run_memory_bytes: int | None = None
+    """The most a request's values may ask one node of a model to allocate (see
+    loader.load_version); None: a quarter of the machine's memory."""
 
     def __post_init__(self) -> None:
         """The mistakes that would pass unseen: a mode that is none of the three (it acted as
@@ -903,9 +906,12 @@ class ModelManager:
         served = current.versions.get(key) if current is not None else None
         serving = {d.variant for d in served.variants} if served is not None else set()
         """The variants the version serves with now (none: a first load)."""
+        limit = self.options.max_run_memory_bytes
+        # (the limit only when one is set: stand-ins for `_load_with_variants` take three)
+        extra = () if limit is None else (limit,)
         try:
             loaded, broken = await asyncio.get_running_loop().run_in_executor(
-                self._loader, _load_with_variants, source, version, config
+                self._loader, _load_with_variants, source, version, config, *extra
             )
             lost = [why for variant, why in broken.items() if keep and variant in serving]
             if lost:
@@ -1357,12 +1363,12 @@ def _shadowing_itself(traffic: TrafficConfig, served: list[int]) -> str:
 
 
 def _load_with_variants(
-    source: ModelSource, version: int, config: ModelConfig
+    source: ModelSource, version: int, config: ModelConfig, max_run_memory_bytes: int | None = None
 ) -> tuple[list[tuple[str, LoadedModel]], dict[str, str]]:
     """The primary model of `version` and each variant that loads beside it, and why each
     other variant did not (by name: its file is missing, or will not load); blocking. What
     comes of the variants that did not load is the caller's to say (and log)."""
-    primary = load_version(source, version, config)
+    primary = load_version(source, version, config, max_run_memory_bytes=max_run_memory_bytes)
     loaded = [(PRIMARY, primary)]
     broken: dict[str, str] = {}
     folder = source.versions[version].parent
@@ -1374,6 +1380,7 @@ def _load_with_variants(
             model = load_version(
                 source, version, config, variant=variant, primary=primary.signature,
                 profile_budget_s=VARIANT_PROFILE_BUDGET_S,
+                max_run_memory_bytes=max_run_memory_bytes,
             )  # fmt: skip
         except ConfigError as exc:
             broken[variant.name] = f"variant '{variant.name}' not loaded: {exc.message}"
