@@ -26,6 +26,10 @@ class HeldExecutor:
     def submit(self, instance: int, job: BatchJob) -> None:
         self.jobs.append((instance, job))
 
+    def terminate(self, instance: int, job: BatchJob) -> bool:
+        """A held job is never stopped: the test finishes it."""
+        return False
+
     def finish(
         self,
         index: int,
