@@ -24,7 +24,9 @@ import tritonclient.http as httpclient
 pytestmark = pytest.mark.timeout(60)
 
 STARTUP_GUARD_S = 45.0
-READY = re.compile(r"^duetime ready: http://(\S+) grpc://(\S+)(?: metrics://(\S+))?$")
+READY = re.compile(
+    r"^duetime ready: http://(\S+) grpc://(\S+)(?: metrics://(\S+))?(?: \(not ready: .*\))?$"
+)
 
 
 def duetime_env(tmp_path: Path) -> dict[str, str]:

@@ -99,10 +99,16 @@ def test_deterministic_bytes(tmp_path: pathlib.Path) -> None:
 
 
 def test_idempotent_rewrite(tmp_path: pathlib.Path) -> None:
+    """Written again, the demo keeps a file that differs from its own (a user's: it rewrote
+    them all) unless told to overwrite it, and writes the ones missing."""
     root = write_demo_repository(tmp_path)
     before = {rel: (root / rel).read_bytes() for rel in FILES}
     (root / "mlp" / "1" / "model.onnx").write_bytes(b"garbage")
+    (root / "resnet" / "config.toml").unlink()
     assert write_demo_repository(tmp_path) == root
+    assert (root / "mlp" / "1" / "model.onnx").read_bytes() == b"garbage"
+    assert (root / "resnet" / "config.toml").read_bytes() == before["resnet/config.toml"]
+    assert write_demo_repository(tmp_path, on_change="overwrite") == root
     assert {rel: (root / rel).read_bytes() for rel in FILES} == before
 
 

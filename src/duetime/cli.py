@@ -92,6 +92,11 @@ def _parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
     demo = commands.add_parser("demo", help="write the demo model repository to PATH")
     demo.add_argument("path", help="the folder to write the models to (created if missing)")
+    demo.add_argument(
+        "--force", action="store_true",
+        help="overwrite files of PATH that differ from the demo's (a model of the same name: "
+        "mlp, resnet, orderbook, deeplob); without it they are refused and nothing is written",
+    )  # fmt: skip
     serve = commands.add_parser("serve", help="serve a model repository over HTTP and gRPC")
     serve.add_argument("repository", nargs="?", type=Path, help="the model repository folder")
     serve.add_argument(
@@ -372,7 +377,7 @@ def _subcommand_parsers(parser: argparse.ArgumentParser) -> Iterator[argparse.Ar
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from duetime.demo import write_demo_repository
+    from duetime.demo import DemoFilesChanged, write_demo_repository
 
     if not args.path.strip():
         raise ConfigError("demo: PATH is empty; give the folder to write the repository into")
@@ -380,7 +385,11 @@ def _demo(args: argparse.Namespace) -> int:
     if folder.exists() and not folder.is_dir():
         raise ConfigError(f"demo: PATH {folder} is a file, not a folder")
     try:
-        path = write_demo_repository(folder)
+        path = write_demo_repository(folder, on_change="overwrite" if args.force else "refuse")
+    except DemoFilesChanged as exc:
+        raise ConfigError(
+            f"demo: {exc.message}: give --force to overwrite, or another PATH"
+        ) from None
     except OSError as exc:
         console(f"duetime: demo: cannot write {folder}: {exc.strerror or exc}")
         return 1
@@ -409,9 +418,7 @@ def _serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     if demo == (repository is not None):
         raise ConfigError("give a model repository folder or --demo (one of the two)")
     if demo:
-        from duetime.demo import write_demo_repository
-
-        repository = write_demo_repository(demo_cache_dir())
+        repository = _write_demo_cache()
     settings = server_settings(_setting_flags(args, repository), flags=_flag_names(parser))
     loop = new_event_loop()
     asyncio.set_event_loop(loop)
@@ -428,6 +435,23 @@ def _serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         sys.stderr.flush()
         os._exit(0)
     return code
+
+
+def _write_demo_cache() -> Path:
+    """The demo repository of `serve --demo`, written where missing: a file that differs from
+    the demo's (a config `duetime optimize` gave variants, say) is kept, and said so once."""
+    from duetime.demo import write_demo_files
+
+    root = demo_cache_dir()
+    kept = write_demo_files(root, on_change="keep")
+    if kept:
+        names = ", ".join(str(file.relative_to(root)) for file in kept)
+        console(
+            f"duetime: demo repository {root}: kept {names} as changed there (not the demo's); "
+            f"`duetime demo {root} --force` writes the demo's again",
+            logging.WARNING,
+        )
+    return root
 
 
 def _flag_names(parser: argparse.ArgumentParser) -> dict[str, str]:
@@ -462,6 +486,25 @@ _STOPPED_LOADING = -1
 """What `_run` returns when a stop came before the server was ready (exit code 0)."""
 
 
+def _unready_note(server: Server) -> str:
+    """What the ready line adds when the server is not ready (`/v2/health/ready` says false):
+    scripts wait for the line, so it still comes, saying why.
+
+    NOTE: "duetime ready: ..." alone was printed while a model had failed to load and strict
+    readiness held the server unready."""
+    engine = server.engine
+    if engine.ready:
+        return ""
+    failed = sorted(engine.registry.snapshot.failures)
+    if failed:
+        models = "model" if len(failed) == 1 else "models"
+        return (
+            f" (not ready: {len(failed)} {models} failed to load: {', '.join(failed)}; see the "
+            "warnings above or the repository index)"
+        )
+    return " (not ready: no model is served)"
+
+
 def _setting_flags(args: argparse.Namespace, repository: Path | None) -> dict[str, Any]:
     """The server settings given as `serve` flags: each flag's dest is its setting's name."""
     flags = {name: getattr(args, name, None) for name in ServerSettings.model_fields}
@@ -490,7 +533,15 @@ async def _run(server: Server) -> int:
     failures = server.engine.registry.snapshot.failures
     for name, reason in failures.items():
         console(f"duetime: model '{name}' not loaded: {reason}", logging.WARNING)
-    print(addresses.describe(), flush=True)
+    repository = server.settings.model_repository
+    if repository is not None:
+        from duetime.repository.layout import no_models_warning, scan_repository
+
+        with contextlib.suppress(ConfigError, OSError):  # (the server started: it was read)
+            empty = no_models_warning(repository, scan_repository(repository))
+            if empty is not None:
+                console(f"duetime: {empty}", logging.WARNING)
+    print(addresses.describe() + _unready_note(server), flush=True)
     await stop.wait()
     await server.stop()
     return 0

@@ -715,20 +715,28 @@ def server_settings(
     env = os.environ if env is None else env
     values: dict[str, Any] = {}
     keys = {f"DUETIME_{name.upper()}": name for name in ServerSettings.model_fields}
+    from_env: dict[str, str] = {}  # (setting -> the variable its value came from)
     for key, name in keys.items():
         if key in env:
             values[name] = env[key]
+            from_env[name] = key
     for key in sorted(set(env) - set(keys) - _OTHER_VARIABLES):
         if key.startswith("DUETIME_"):
             near = difflib.get_close_matches(key, list(keys), n=1, cutoff=0.6)
             hint = f" (did you mean {near[0]}?)" if near else ""
             log.warning("environment variable %s names no server setting; ignored%s", key, hint)
-    values.update({k: v for k, v in overrides.items() if v is not None})
+    given = {k: v for k, v in overrides.items() if v is not None}
+    values.update(given)
     try:
         return ServerSettings.model_validate(values)
     except ValidationError as exc:
         secrets = [name for name, field in ServerSettings.model_fields.items() if not field.repr]
         message = describe_validation_error("server settings", exc, secrets)
-        for name, flag in (flags or {}).items():  # (`flags`: setting -> its flag, to name it)
-            message = message.replace(f"field '{name}'", f"field '{name}' ({flag})")
+        # NOTE: a value that came from a variable is named by it: "(--http-port)" for a bad
+        # DUETIME_HTTP_PORT named a flag the user never passed
+        sources = {name: flag for name, flag in (flags or {}).items() if name in given}
+        sources.update({name: key for name, key in from_env.items() if name not in given})
+        sources.update({name: flag for name, flag in (flags or {}).items() if name not in sources})
+        for name, source in sources.items():  # (`flags`: setting -> its flag, to name it)
+            message = message.replace(f"field '{name}'", f"field '{name}' ({source})")
         raise ConfigError(message) from None

@@ -9,11 +9,14 @@ import itertools
 import os
 import pathlib
 from dataclasses import dataclass, field
+from typing import Literal
 
 import numpy as np
 import numpy.typing as npt
 import onnx
 from onnx import TensorProto, helper, numpy_helper
+
+from duetime.errors import ConfigError
 
 OPSET = 17
 IR_VERSION = 8  # lowest IR version that supports opset 17; widely loadable
@@ -205,24 +208,78 @@ def build_resnet(seed: int = RESNET_SEED) -> onnx.ModelProto:
     return _finish_model(b, "resnet", doc, image, _tensor_info("logits", [RESNET_CLASSES]))
 
 
-def _write_model(root: pathlib.Path, name: str, model: onnx.ModelProto, max_batch: int) -> None:
-    """Write NAME/config.toml and NAME/1/model.onnx under root."""
-    version_dir = root / name / "1"
-    version_dir.mkdir(parents=True, exist_ok=True)
-    config = f"# {model.graph.doc_string}\nmax_batch_size = {max_batch}\n"
-    (root / name / "config.toml").write_text(config, encoding="utf-8")
-    (version_dir / "model.onnx").write_bytes(model.SerializeToString(deterministic=True))
+def demo_files() -> dict[pathlib.PurePosixPath, bytes]:
+    """Each file of the demo repository (its path in the repository) -> its content."""
+    files: dict[pathlib.PurePosixPath, bytes] = {}
+    for name, model, max_batch in (
+        ("mlp", build_mlp(), 64),
+        ("resnet", build_resnet(), 32),
+        ("orderbook", build_orderbook_mlp(), 64),
+        ("deeplob", build_deeplob(), 32),
+    ):
+        config = f"# {model.graph.doc_string}\nmax_batch_size = {max_batch}\n"
+        files[pathlib.PurePosixPath(name, "config.toml")] = config.encode()
+        data = model.SerializeToString(deterministic=True)
+        files[pathlib.PurePosixPath(name, "1", "model.onnx")] = data
+    return files
 
 
-def write_demo_repository(path: str | os.PathLike[str]) -> pathlib.Path:
+OnChange = Literal["refuse", "keep", "overwrite"]
+"""What `write_demo_repository` does with a file there that differs from the demo's."""
+
+
+class DemoFilesChanged(ConfigError):
+    """Files of the repository differ from the demo's and were not overwritten (`changed`)."""
+
+    def __init__(self, message: str, changed: list[pathlib.Path]) -> None:
+        super().__init__(message)
+        self.changed = changed
+
+
+def write_demo_repository(
+    path: str | os.PathLike[str], *, on_change: OnChange = "keep"
+) -> pathlib.Path:
     """Write the demo repository to `path` (created if missing); returns the path.
 
-    Idempotent: rewrites the files.
-    """
+    A demo file already there as the demo writes it is left alone; one that differs (a model
+    of the user's of the same name, or a config `duetime optimize` added variants to) is, by
+    `on_change`: "keep" (the default): kept as it is (`write_demo_files` says which);
+    "refuse": DemoFilesChanged naming them, before anything is written; "overwrite": rewritten.
+
+    NOTE: it rewrote every file: `duetime demo PATH` replaced a user's own `PATH/mlp` without a
+    word, and each `serve --demo` undid what `duetime optimize` had made of the demo's models."""
     root = pathlib.Path(path)
-    root.mkdir(parents=True, exist_ok=True)
-    _write_model(root, "mlp", build_mlp(), max_batch=64)
-    _write_model(root, "resnet", build_resnet(), max_batch=32)
-    _write_model(root, "orderbook", build_orderbook_mlp(), max_batch=64)
-    _write_model(root, "deeplob", build_deeplob(), max_batch=32)
+    write_demo_files(root, on_change)
     return root
+
+
+def write_demo_files(root: pathlib.Path, on_change: OnChange = "keep") -> list[pathlib.Path]:
+    """`write_demo_repository`; returns the files that differ from the demo's and were kept
+    (with `on_change` "keep"; none otherwise)."""
+    files = {root / relative: content for relative, content in demo_files().items()}
+    changed = [file for file, content in files.items() if _differs(file, content)]
+    if changed and on_change == "refuse":
+        names = ", ".join(str(file) for file in changed)
+        verb = "differs" if len(changed) == 1 else "differ"
+        raise DemoFilesChanged(
+            f"{names} {verb} from the demo's (not written by it, or changed since); nothing "
+            "was written",
+            changed,
+        )
+    kept = changed if on_change == "keep" else []
+    for file, content in files.items():
+        if file in kept or (file.is_file() and file not in changed):
+            continue
+        file.parent.mkdir(parents=True, exist_ok=True)
+        file.write_bytes(content)
+    return kept
+
+
+def _differs(file: pathlib.Path, content: bytes) -> bool:
+    """Whether `file` is there with other content than `content` (a folder in its place
+    differs)."""
+    if not file.exists():
+        return False
+    if not file.is_file() or file.stat().st_size != len(content):
+        return True
+    return file.read_bytes() != content

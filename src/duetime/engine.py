@@ -18,7 +18,7 @@ import numbers
 import os
 import threading
 import weakref
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -282,12 +282,31 @@ class Engine:
         """Every model in the repository with the state of each version (Triton's index)."""
         return [] if self.manager is None else self.manager.index(ready_only)
 
-    async def load_model(
+    def load_model(
         self, name: str, config: ModelConfig | None = None, files: Mapping[str, bytes] | None = None
-    ) -> None:
+    ) -> Coroutine[Any, Any, None]:
         """Load `name` (or reload what changed), with `config` in place of its config file; with
         `files` (path in the model folder -> content, and a `config`), from those instead of its
-        folder in the repository, until it is unloaded."""
+        folder in the repository, until it is unloaded. Await it; `load_model_blocking` is
+        its blocking form, for an engine made by `open()`.
+
+        NOTE: called from synchronous code on an `open()` engine, a refusal (NotAllowed, a
+        config of the wrong type) is raised by the call itself: `engine.load_model("m")` not
+        awaited returned a coroutine and did nothing, without a word but a RuntimeWarning."""
+        if self._thread is not None and _running_loop() is None:
+            self._check_load(name, config)
+        return self._load_model(name, config, files)
+
+    async def _load_model(
+        self, name: str, config: ModelConfig | None, files: Mapping[str, bytes] | None
+    ) -> None:
+        manager = self._check_load(name, config)
+        await self._on_engine_loop(
+            functools.partial(manager.load, name, config=config, files=files), "load_model"
+        )
+
+    def _check_load(self, name: str, config: ModelConfig | None) -> ModelManager:
+        """The manager, if it may load `name` with `config` (see `load_model`)."""
         if config is not None and not isinstance(config, ModelConfig):
             # NOTE: a dict or a JSON string (what Triton's load API takes) failed deep in the
             # load with "'dict' object has no attribute 'version_policy'"
@@ -295,15 +314,53 @@ class Engine:
                 "config: expected a duetime.config.ModelConfig (or None), got "
                 f"{type(config).__name__}; build one with ModelConfig.model_validate(...)"
             )
-        manager = self._control("load", name)
-        await self._on_engine_loop(
-            functools.partial(manager.load, name, config=config, files=files), "load_model"
-        )
+        return self._control("load", name)
 
-    async def unload_model(self, name: str) -> None:
-        """Stop routing to `name`; requests already queued on it still finish."""
+    def unload_model(self, name: str) -> Coroutine[Any, Any, None]:
+        """Stop routing to `name`; requests already queued on it still finish. Await it;
+        `unload_model_blocking` is its blocking form (see `load_model`)."""
+        if self._thread is not None and _running_loop() is None:
+            self._control("unload", name)
+        return self._unload_model(name)
+
+    async def _unload_model(self, name: str) -> None:
         manager = self._control("unload", name)
         await self._on_engine_loop(functools.partial(manager.unload, name), "unload_model")
+
+    def load_model_blocking(
+        self, name: str, config: ModelConfig | None = None, files: Mapping[str, bytes] | None = None
+    ) -> None:
+        """Blocking `load_model` for synchronous code, on an engine made by `open()` (as `infer`
+        is `infer_async`'s); never call it on the engine's own loop."""
+        self._check_blocking("load_model")
+        manager = self._check_load(name, config)
+        work = functools.partial(manager.load, name, config=config, files=files)
+        self._run_blocking(work)
+
+    def unload_model_blocking(self, name: str) -> None:
+        """Blocking `unload_model` (see `load_model_blocking`)."""
+        self._check_blocking("unload_model")
+        manager = self._control("unload", name)
+        self._run_blocking(functools.partial(manager.unload, name))
+
+    def _check_blocking(self, name: str) -> None:
+        """RuntimeError unless this thread may wait for the engine's loop (see `infer`)."""
+        if self._thread is None:
+            raise RuntimeError(
+                f"Engine.{name}_blocking is for engines made by Engine.open() (their loop runs "
+                "on a thread of their own); this one runs on the loop that started it "
+                f"(Engine.start): await {name} there"
+            )
+        if _running_loop() is self._loop:
+            raise RuntimeError(
+                f"Engine.{name}_blocking blocks; on the engine's loop use await {name}"
+            )
+
+    def _run_blocking(self, work: Callable[[], Awaitable[_T]]) -> _T:
+        """`work()` handed to the engine's loop, waited for on this thread."""
+        result: concurrent.futures.Future[_T] = concurrent.futures.Future()
+        self._hand_over(functools.partial(self._work_for_thread, work, result), result)
+        return result.result()
 
     def _control(self, action: str, name: str) -> ModelManager:
         """The manager, if its control mode lets the repository API `action` (load, unload)

@@ -70,6 +70,14 @@ def scan_repository(root: Path) -> Scan:
 def _refuse_a_model_given_as_repository(root: Path) -> None:
     layout = f"a repository holds <model>/<version>/{MODEL_FILENAME}"
     if (root / MODEL_FILENAME).is_file():
+        if version_of(root.absolute().name) is None:
+            # NOTE: "serve the repository two levels up" sent `my_models/model.onnx` to the
+            # folder above my_models (/tmp, say), which is no repository either
+            raise ConfigError(
+                f"model repository {root} holds a {MODEL_FILENAME} directly; {layout}: move "
+                f"it to {root / '<model>' / '1' / MODEL_FILENAME} (the folder <model> names "
+                "the model)"
+            )
         raise ConfigError(
             f"model repository {root} holds a {MODEL_FILENAME}: it looks like a version folder "
             f"of a model; serve the repository two levels up, {root.absolute().parent.parent} "
@@ -86,6 +94,23 @@ def _refuse_a_model_given_as_repository(root: Path) -> None:
             f"is a version holding {MODEL_FILENAME}); serve its parent folder, "
             f"{root.absolute().parent} ({layout})"
         )
+
+
+def no_models_warning(root: Path, scan: Scan) -> str | None:
+    """What to warn of when `root` holds no model folder at all: requests would all fail
+    ("served models: none") after a start without a word. None when it holds models, or
+    folders that fail to be models (each is reported as such)."""
+    if scan.models or scan.errors:
+        return None
+    layout = f"expected <model>/<version>/{MODEL_FILENAME}, such as {root / 'mymodel' / '1'}"
+    loose = sorted(p.name for p in root.glob("*.onnx") if p.is_file())
+    if loose:
+        files = f"file {loose[0]} is" if len(loose) == 1 else f"files {', '.join(loose)} are"
+        return (
+            f"model repository {root} holds no model: its {files} not in a model folder "
+            f"({layout}/{MODEL_FILENAME}); move each to <model>/1/{MODEL_FILENAME}"
+        )
+    return f"model repository {root} holds no model ({layout}/{MODEL_FILENAME})"
 
 
 def scan_model(directory: Path) -> ModelSource:

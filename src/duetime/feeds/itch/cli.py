@@ -499,7 +499,9 @@ def _print_report(report: dict[str, Any]) -> None:
         f"  on time {report['on_time']}  late (dropped) {report['late_dropped']}  "
         f"refused {report['refused']}{unasked}  errors {report['errors']}",
         f"  tick-to-prediction µs: p50 {latency['p50']}  p99 {latency['p99']}  "
-        f"p99.9 {latency['p999']}  max {latency['max']}",
+        f"p99.9 {latency['p999']}  max {latency['max']}"
+        if latency["p50"] is not None
+        else "  tick-to-prediction µs: no answers",  # (not "p50 None p99 None")
     ]
     if report["unanswered"]:
         lines.append(f"  unanswered (given up after their due time; counted late) "

@@ -121,8 +121,20 @@ class _Summary:
             f"{self.with_due} with a due time",
             f"models: {_counts(self.models)}",
             f"protocols: {_counts(self.protocols)}",
-            f"status: {_counts(self.statuses)}",
+            f"status: {_statuses(self.statuses)}",
         ]
+
+
+def _statuses(counter: Counter[int]) -> str:
+    """The outcomes counted, status 0 (no outcome recorded: a capture made from JSON lines)
+    said so: "status: 0 5" read as five requests answered with status 0."""
+    return (
+        ", ".join(
+            f"{'no outcome' if status == 0 else status} {count}"
+            for status, count in counter.most_common()
+        )
+        or "-"
+    )
 
 
 def _counts(counter: Counter[str] | Counter[int]) -> str:
