@@ -108,6 +108,21 @@ def recording_server(repository: Path, capture: Path) -> Iterator[RunningServer]
         stop_server(running, thread)
 
 
+@contextlib.contextmanager
+def explicit_serving(repository: Path, *load: str) -> Iterator[RunningServer]:
+    """A server of `repository` in explicit control mode (the repository API loads and
+    unloads), with the models `load` loaded at start."""
+    settings = ServerSettings(
+        model_repository=repository, http_port=0, grpc_port=0, model_control_mode="explicit",
+        load_model=load,
+    )  # fmt: skip
+    running, thread = start_server(settings)
+    try:
+        yield running
+    finally:
+        stop_server(running, thread)
+
+
 @pytest.fixture(scope="session")
 def server(demo_repo: Path) -> Iterator[RunningServer]:
     """The demo models served over HTTP and gRPC on ports picked by the OS."""

@@ -17,11 +17,10 @@ from typing import Any
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
-from conftest import RunningServer, start_server, stop_server
+from conftest import RunningServer, explicit_serving
 from repo_models import inputs, scale_model, write_version
 from tritonclient.utils import InferenceServerException
 
-from duetime.config import ServerSettings
 from duetime.repository.tritonconfig import read_model_config
 
 pytestmark = pytest.mark.timeout(120)
@@ -52,13 +51,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
         write_version(repo, "m", version, scale_model(version))
         write_version(repo, "m", version, scale_model(version), name="small.onnx")
     (repo / "m" / "config.toml").write_text(CONFIG, encoding="utf-8")
-    settings = ServerSettings(
-        model_repository=repo, http_port=0, grpc_port=0, model_control_mode="explicit",
-        load_model=("m",),
-    )  # fmt: skip
-    running, thread = start_server(settings)
-    yield running
-    stop_server(running, thread)
+    with explicit_serving(repo, "m") as running:
+        yield running
 
 
 @pytest.fixture

@@ -17,11 +17,11 @@ from urllib.parse import quote
 
 import grpc
 import pytest
-from conftest import RunningServer, start_server, stop_server
+from conftest import RunningServer, explicit_serving
 from repo_models import scale_model, write_version
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
-from duetime.config import ModelConfig, ServerSettings
+from duetime.config import ModelConfig
 from duetime.engine import Engine
 from duetime.errors import InvalidInput, ModelNotFound
 from duetime.repository import manager as manager_module
@@ -54,13 +54,8 @@ def run(repo: Path, scenario: Scenario) -> None:
 def explicit_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
     repo = tmp_path_factory.mktemp("repo")
     write_version(repo, "m", 1, scale_model(1))
-    settings = ServerSettings(
-        model_repository=repo, http_port=0, grpc_port=0, model_control_mode="explicit",
-        load_model=("m",),
-    )  # fmt: skip
-    running, thread = start_server(settings)
-    yield running
-    stop_server(running, thread)
+    with explicit_serving(repo, "m") as running:
+        yield running
 
 
 def call(

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
-from conftest import RunningServer, start_server, stop_server
+from conftest import RunningServer, explicit_serving, start_server, stop_server
 from repo_models import inputs, scale_model, write_version
 from tritonclient.utils import InferenceServerException
 
@@ -29,13 +29,8 @@ def explicit_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Runnin
         write_version(repo, name, 1, scale_model(factor))
     write_version(repo, "m", 2, scale_model(2))
     write_version(repo, "broken", 1, b"not onnx")
-    settings = ServerSettings(
-        model_repository=repo, http_port=0, grpc_port=0, model_control_mode="explicit",
-        load_model=("m",),
-    )  # fmt: skip
-    running, thread = start_server(settings)
-    yield running
-    stop_server(running, thread)
+    with explicit_serving(repo, "m") as running:
+        yield running
 
 
 def clients(server: RunningServer) -> list[Any]:
