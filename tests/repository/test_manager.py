@@ -1039,12 +1039,19 @@ def test_a_request_the_primarys_full_queue_has_no_room_for_goes_to_the_variant(
 
     async def scenario(engine: Engine) -> None:
         # (submitted in one turn of the loop: the first runs, the second waits, and no answer
-        # can free the primary's queue before the third comes)
-        tickets = [
-            engine.submit(engine._request("m", inputs(), None, timeout, 0, None)) for _ in range(3)
-        ]
+        # can free the primary's queue before the third comes; the second may go to the
+        # instance as its lookahead batch instead (a loaded machine's hand-off cost has the
+        # scheduler take one early), and then the fourth is the one with no room)
+        tickets = []
+        for _ in range(4):
+            tickets.append(engine.submit(engine._request("m", inputs(), None, timeout, 0, None)))
+            if tickets[-1].variant == "small":
+                break
         await asyncio.gather(*(t.future for t in tickets))
-        assert [t.response().variant for t in tickets] == ["default", "default", "small"]
+        variants = [t.response().variant for t in tickets]
+        assert variants[-1] == "small", variants
+        assert set(variants[:-1]) == {"default"}, variants
+        assert len(variants) in (3, 4), variants
 
     run(tmp_path, scenario)
 
