@@ -44,7 +44,7 @@ def due_from_timeout_us(parameters: Mapping[str, Any], now_ns: int) -> int | Non
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= _MAX_TIMEOUT_US:
         raise InvalidInput(
             f"request parameter 'timeout' must be an integer count of microseconds between 0 "
-            f"and {_MAX_TIMEOUT_US}, got {value!r}"
+            f"and {_MAX_TIMEOUT_US}, got {_json(value)}"
         )
     return now_ns + value * 1000 if value > 0 else None
 
@@ -55,7 +55,7 @@ def priority_of(parameters: Mapping[str, Any]) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= _MAX_PRIORITY:
         raise InvalidInput(
             f"request parameter 'priority' must be an integer between 0 and {_MAX_PRIORITY} "
-            f"(a uint64), got {value!r}"
+            f"(a uint64), got {_json(value)}"
         )
     return value
 
@@ -160,7 +160,7 @@ def _shown(setting: OutputSetting) -> str:
 
 def _json(value: Any) -> str:
     """A parameter's value as the JSON it came in (`true`, not `True`)."""
-    return json.dumps(value)[:100]
+    return json.dumps(value, default=repr)[:100]
 
 
 def _is_uint64(value: Any) -> bool:
