@@ -93,6 +93,30 @@ def stop_server(running: RunningServer, thread: threading.Thread) -> None:
     running.loop.close()
 
 
+def read_answers(stream: Any, count: int) -> list[tuple[int, bytes]]:
+    """The status and body of the next `count` answers read from `stream` (a binary file)."""
+    got = []
+    for _ in range(count):
+        status = int(stream.readline().split()[1])
+        length = 0
+        while (line := stream.readline()) != b"\r\n":
+            name, _, value = line.partition(b":")
+            if name.lower() == b"content-length":
+                length = int(value)
+        got.append((status, stream.read(length)))
+    return got
+
+
+@contextlib.contextmanager
+def serving(settings: ServerSettings, **options: Any) -> Iterator[RunningServer]:
+    """`start_server(settings, **options)` for the block, stopped at its end."""
+    running, thread = start_server(settings, **options)
+    try:
+        yield running
+    finally:
+        stop_server(running, thread)
+
+
 @contextlib.contextmanager
 def recording_server(repository: Path, capture: Path) -> Iterator[RunningServer]:
     """A server of `repository` that records every request, with outputs, to `capture`; the
@@ -101,11 +125,8 @@ def recording_server(repository: Path, capture: Path) -> Iterator[RunningServer]
         model_repository=repository, http_port=0, grpc_port=0, record_path=capture,
         record_outputs=True,
     )  # fmt: skip
-    running, thread = start_server(settings)
-    try:
+    with serving(settings) as running:
         yield running
-    finally:
-        stop_server(running, thread)
 
 
 @contextlib.contextmanager
@@ -116,11 +137,8 @@ def explicit_serving(repository: Path, *load: str) -> Iterator[RunningServer]:
         model_repository=repository, http_port=0, grpc_port=0, model_control_mode="explicit",
         load_model=load,
     )  # fmt: skip
-    running, thread = start_server(settings)
-    try:
+    with serving(settings) as running:
         yield running
-    finally:
-        stop_server(running, thread)
 
 
 @pytest.fixture(scope="session")

@@ -49,6 +49,8 @@ class Serving:
     http: str
     grpc: str
     stderr_path: Path
+    line: str = ""
+    """The ready line as printed."""
 
     def stop(self) -> int:
         """SIGTERM, then the exit code."""
@@ -105,7 +107,7 @@ def serving(tmp_path: Path, *args: str) -> Iterator[Serving]:
     ):
         try:
             match = wait_for_ready_line(process, stderr_path)
-            yield Serving(process, match[1], match[2], stderr_path)
+            yield Serving(process, match[1], match[2], stderr_path, match[0])
         finally:
             if process.poll() is None:
                 process.kill()

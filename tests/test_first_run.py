@@ -5,12 +5,8 @@ empty repository is said so, the ready line tells the truth, a bad variable is n
 from __future__ import annotations
 
 import asyncio
-import subprocess
-import sys
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -24,28 +20,7 @@ from duetime.demo import write_demo_repository
 from duetime.errors import ConfigError, NotAllowed
 from duetime.repository.layout import scan_repository
 from duetime.repository.manager import RepositoryOptions
-from tests.test_cli import duetime_env, wait_for_ready_line
-
-
-@contextmanager
-def ready_line(tmp_path: Path, *args: str) -> Iterator[tuple[str, str, Path]]:
-    """`duetime serve ARGS` on ephemeral ports: its ready line, HTTP address and stderr file;
-    killed at the end."""
-    stderr_path = tmp_path / "stderr.txt"
-    ports = ("--http-port", "0", "--grpc-port", "0", "--no-metrics")
-    command = [sys.executable, "-m", "duetime", "serve", *args, *ports]
-    with (
-        stderr_path.open("wb") as stderr,
-        subprocess.Popen(
-            command, cwd=tmp_path, env=duetime_env(tmp_path), stdout=subprocess.PIPE, stderr=stderr
-        ) as process,
-    ):
-        try:
-            match = wait_for_ready_line(process, stderr_path)
-            yield match[0], match[1], stderr_path
-        finally:
-            process.kill()
-            process.wait()
+from tests.test_cli import serving
 
 
 def _users_mlp(root: Path) -> tuple[bytes, str]:
@@ -149,10 +124,10 @@ def test_serving_an_empty_repository_warns_and_the_line_says_not_ready(tmp_path:
     repo = tmp_path / "repo"
     repo.mkdir()
     (repo / "mymodel.onnx").write_bytes(scale_model(2.0))
-    with ready_line(tmp_path, str(repo)) as (line, _, stderr):
-        assert line.endswith(" (not ready: no model is served)"), line
-    assert f"model repository {repo} holds no model" in stderr.read_text()
-    assert "mymodel.onnx" in stderr.read_text()
+    with serving(tmp_path, str(repo), "--no-metrics") as server:
+        assert server.line.endswith(" (not ready: no model is served)"), server.line
+    assert f"model repository {repo} holds no model" in server.stderr
+    assert "mymodel.onnx" in server.stderr
 
 
 def test_the_ready_line_says_not_ready_while_a_model_failed_to_load(tmp_path: Path) -> None:
@@ -161,13 +136,17 @@ def test_the_ready_line_says_not_ready_while_a_model_failed_to_load(tmp_path: Pa
     write_version(repo, "good", 1, scale_model(2.0))
     (repo / "bad" / "1").mkdir(parents=True)
     (repo / "bad" / "1" / "model.onnx").write_text("garbage")
-    with ready_line(tmp_path, str(repo)) as (line, http, _), pytest.raises(urllib.error.HTTPError):
-        urllib.request.urlopen(f"http://{http}/v2/health/ready", timeout=10)
+    with (
+        serving(tmp_path, str(repo), "--no-metrics") as server,
+        pytest.raises(urllib.error.HTTPError),
+    ):
+        urllib.request.urlopen(f"http://{server.http}/v2/health/ready", timeout=10)
+    line = server.line
     assert line.endswith(
         " (not ready: 1 model failed to load: bad; see the warnings above or the repository index)"
     ), line
-    with ready_line(tmp_path, str(repo), "--strict-readiness", "false") as (line, _, _):
-        assert "not ready" not in line
+    with serving(tmp_path, str(repo), "--strict-readiness", "false", "--no-metrics") as server:
+        assert "not ready" not in server.line
 
 
 def test_a_bad_environment_variable_is_named_not_a_flag() -> None:

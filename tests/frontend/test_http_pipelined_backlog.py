@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 from conftest import RunningServer, start_server, stop_server
+from conftest import read_answers as answers
 from repo_models import scale_model, write_version
 
 from duetime.config import ServerSettings
@@ -68,19 +69,6 @@ def live(server: RunningServer) -> bool:
     with connect(server) as sock:
         sock.sendall(b"GET /v2/health/live HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
         return sock.recv(100).startswith(b"HTTP/1.1 200 ")
-
-
-def answers(stream: Any, count: int) -> list[tuple[int, bytes]]:
-    got = []
-    for _ in range(count):
-        status = int(stream.readline().split()[1])
-        length = 0
-        while (line := stream.readline()) != b"\r\n":
-            name, _, value = line.partition(b":")
-            if name.lower() == b"content-length":
-                length = int(value)
-        got.append((status, stream.read(length)))
-    return got
 
 
 @pytest.fixture

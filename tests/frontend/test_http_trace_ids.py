@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import RunningServer, start_server, stop_server
+from conftest import RunningServer, serving, start_server, stop_server
 
 from duetime.config import ServerSettings
 from duetime.frontend import http
@@ -32,11 +32,8 @@ def explicit(demo_repo: Path) -> Iterator[RunningServer]:
         model_repository=demo_repo, http_port=0, grpc_port=0, model_control_mode="explicit",
         max_body_bytes=4096, max_header_bytes=2048,
     )  # fmt: skip
-    running, thread = start_server(settings)
-    try:
+    with serving(settings) as running:
         yield running
-    finally:
-        stop_server(running, thread)
 
 
 def exchange(server: RunningServer, raw: bytes) -> tuple[int, dict[str, str], bytes]:

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import RunningServer, start_server, stop_server
+from conftest import RunningServer, read_answers, start_server, stop_server
 from repo_models import wide_tile_model, write_version
 
 from duetime.clock import MonotonicClock
@@ -300,17 +300,7 @@ def connected(server: RunningServer, unread: bool = False) -> socket.socket:
 
 def answers(sock: socket.socket, count: int) -> list[tuple[int, bytes]]:
     """The status and body of the next `count` answers on `sock`."""
-    stream = sock.makefile("rb")
-    got = []
-    for _ in range(count):
-        status = int(stream.readline().split()[1])
-        length = 0
-        while (line := stream.readline()) != b"\r\n":
-            name, _, value = line.partition(b":")
-            if name.lower() == b"content-length":
-                length = int(value)
-        got.append((status, stream.read(length)))
-    return got
+    return read_answers(sock.makefile("rb"), count)
 
 
 def until(condition: Callable[[], bool], what: str) -> None:

@@ -548,27 +548,33 @@ def _carried(value: str, out: dict[str, Any], where: str) -> None:
 def _without_dims(names: list[str], out: dict[str, Any], where: str, warn: Warn) -> None:
     """The tensors `names` (`WITHOUT_DIMS`), written dims [1] with reshape [], as having no
     dims: the graph's shape is served. A name of no such tensor is warned of."""
-    tensors = [t for key in ("inputs", "outputs") for t in out.get(key, ())]
-    for name in names:
-        found = [t for t in tensors if t["name"] == name and _dims_1_reshape_empty(t)]
-        if not found:
-            warn(f"{where}: '{name}' is no input or output of dims [1] with reshape [] in this "
-                 "config; ignored")  # fmt: skip
-        for tensor in found:
-            del tensor["dims"], tensor["reshape"]
+    _undimmed(names, out, where, warn, _dims_1_reshape_empty, "dims [1] with reshape []")
 
 
 def _of_any_shape(names: list[str], out: dict[str, Any], where: str, warn: Warn) -> None:
     """The tensors `names` (`ANY_SHAPE`), written dims [-1] without a reshape, as having no
     dims: the graph's shape (any) is served. A name of no such tensor is warned of."""
+    _undimmed(names, out, where, warn, _dims_free_vector, "dims [-1] without a reshape")
+
+
+def _undimmed(
+    names: list[str],
+    out: dict[str, Any],
+    where: str,
+    warn: Warn,
+    written: Callable[[dict[str, Any]], bool],
+    described: str,
+) -> None:
+    """Drop the dims (and reshape) of the inputs and outputs `names` that are `written` so."""
     tensors = [t for key in ("inputs", "outputs") for t in out.get(key, ())]
     for name in names:
-        found = [t for t in tensors if t["name"] == name and _dims_free_vector(t)]
+        found = [t for t in tensors if t["name"] == name and written(t)]
         if not found:
-            warn(f"{where}: '{name}' is no input or output of dims [-1] without a reshape in "
-                 "this config; ignored")  # fmt: skip
+            warn(f"{where}: '{name}' is no input or output of {described} in this config; "
+                 "ignored")  # fmt: skip
         for tensor in found:
             del tensor["dims"]
+            tensor.pop("reshape", None)
 
 
 def _dims_free_vector(tensor: dict[str, Any]) -> bool:
