@@ -1150,9 +1150,11 @@ class HttpConnection(asyncio.BufferedProtocol):
         see its client's FIN behind the requests not read: a client that pipelined 2,000
         requests and closed had them started as answers were written (64 at a time) until a
         write failed, for no one; a flood of such connections held the loop for 20 s and more.
-        Asked before waiting requests start (a read of a few µs)."""
+        Asked before waiting requests start (a read of a few µs), and only while reading is
+        paused: a connection that reads sees its client's FIN itself (`eof_received`), and a
+        pipelining client's every answer would otherwise cost a system call."""
         sock = self._sock
-        if sock is None or _TCP_INFO is None:
+        if sock is None or _TCP_INFO is None or not self._reading_paused:
             return False
         try:
             state = sock.getsockopt(socket.IPPROTO_TCP, _TCP_INFO, 1)[0]
