@@ -78,3 +78,21 @@ def test_a_request_submitted_from_an_answer_does_not_run_inside_it(tmp_path: Pat
         assert nested == [False]
 
     run_on_engine(inline_repo(tmp_path), scenario)
+
+
+def test_a_task_awaiting_its_calls_one_by_one_runs_each_within_its_call(tmp_path: Path) -> None:
+    """One task awaiting call after call never yields between them (each answer is there at
+    once): every call runs within it, none waits for a turn of the loop. (Other tasks' requests
+    of that turn still wait for the kick: `test_requests_of_one_turn_still_go_together`.)"""
+
+    async def scenario(engine: Engine) -> None:
+        await engine.infer_async("m", inputs())
+        await asyncio.sleep(0)
+        scheduler = engine.registry.resolve("m", None).scheduler
+        before = scheduler.statistics().executions
+        for _ in range(5):
+            ticket = engine.submit(InferRequest("m", inputs()), run_now=True)
+            assert ticket.future.done(), "the same task's next call ran within it too"
+        assert scheduler.statistics().executions - before == 5
+
+    run_on_engine(inline_repo(tmp_path), scenario)

@@ -349,8 +349,8 @@ class ModelConfig(_Strict):
     ONNX Runtime. `inline`: the one instance runs on the event loop itself: no hand-off to a
     thread and back (tens of µs on a VM, more than a tiny model's whole run), but the loop waits
     for every batch; needs `instances = 1`. `auto` (default): inline when the model has one
-    instance and its load-time profile says batch 1 takes at most 50 µs and its largest batch at
-    most 250 µs (see repository/loader.py `runs_inline`), else thread; a shadow version always
+    instance and its load-time profile says batch 1 takes at most 100 µs and its largest batch at
+    most 500 µs (see repository/loader.py `runs_inline`), else thread; a shadow version always
     runs on a thread."""
     intra_op_threads: int = Field(default=1, ge=0, le=256)
     """Threads ORT uses inside one operator; 0 lets ORT choose."""
