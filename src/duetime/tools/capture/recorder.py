@@ -370,8 +370,7 @@ class Recorder:
             else:
                 status = 200
                 if self.outputs:
-                    produced = future.result()
-                    outputs = tensors_of({name: produced[name] for name in ticket.outputs})
+                    outputs = tensors_of(_answer_of(ticket))
         trace_id = None
         traceparent = headers.get("traceparent")
         if traceparent is not None:
@@ -393,6 +392,20 @@ class Recorder:
             due_in, request.priority, headers, trace_id, status, error, done - arrival,
             answered, variant, outputs, output_parameters_of(request.classes),
         )  # fmt: skip
+
+
+def _answer_of(ticket: Ticket) -> Mapping[str, Any]:
+    """The outputs the client got for a request that succeeded: those it asked for, each
+    output it asked to classify as its top classes (BYTES, as the answer carries them).
+
+    NOTE: the model's raw output was once recorded where the client asked for
+    `classification`: FP32 scores where the client got "score:index" strings, so a replay
+    with --compare-outputs against the very same server reported every such answer as a
+    difference ("datatype BYTES, recorded FP32") and exited 3."""
+    if ticket.classes:
+        return ticket.response().outputs
+    produced = ticket.future.result()
+    return {name: produced[name] for name in ticket.outputs}
 
 
 _REGION_KEY = REGION.encode()
