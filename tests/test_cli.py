@@ -161,6 +161,7 @@ def test_demo_writes_the_repository(tmp_path: Path, demo_repo: Path) -> None:
         (["serve", "--demo", "--cpu-dma-latency-us", "-1"], "cpu_dma_latency_us"),
         (["serve", "a", "--model-repository", "b"], "give the model repository once"),
         (["serve", "--model-store", "b", "--demo"], "give a model repository folder or --demo"),
+        (["serve", "--repository", "no-such"], "model repository no-such does not exist"),
         (
             ["serve", "--model-repository", "a", "--model-repository", "b"],
             "give the model "
@@ -186,6 +187,7 @@ def test_demo_writes_the_repository(tmp_path: Path, demo_repo: Path) -> None:
         "bad-cpu-latency",
         "twice",
         "flag-and-demo",
+        "flag-as-itch-run-names-it",
         "two-repositories",
         "load-all-and-one",
         "flag-named",

@@ -100,8 +100,10 @@ def _parser() -> argparse.ArgumentParser:
     serve = commands.add_parser("serve", help="serve a model repository over HTTP and gRPC")
     serve.add_argument("repository", nargs="?", type=Path, help="the model repository folder")
     serve.add_argument(
-        "--model-repository", "--model-store", dest="model_repository", type=Path,
-        metavar="PATH", action="append", help="the model repository folder, by Triton's flag name",
+        "--model-repository", "--model-store", "--repository", dest="model_repository",
+        type=Path, metavar="PATH", action="append",
+        help="the model repository folder, by Triton's flag name (or as `itch run` and `bench` "
+        "take it)",
     )  # fmt: skip
     serve.add_argument(
         "--demo", action="store_true",
