@@ -327,6 +327,8 @@ _EMPTY_OK = Reply(200, b"", ())
 _LIVE = Reply(200, b'{"live":true}', (_JSON,))
 _ALIVE = Reply(200, b'{"status":"alive"}', (_JSON,))
 """KServe V1's liveness answer, at `/`."""
+_V1_VERBS = ("predict", "explain")
+"""The verbs of `POST /v1/models/<m>:<verb>`."""
 _READY = Reply(200, b'{"ready":true}', (_JSON,))
 _NOT_READY = Reply(400, b'{"ready":false}', (_JSON,))
 
@@ -527,8 +529,8 @@ class RestApi:
     ) -> Reply:
         """The error reply of a request to `parts` (see `failed_reply`)."""
         model = parts[2] if len(parts) > 2 and parts[1] == "models" else ""
-        if parts[:1] == ["v1"] and ":" in model:  # (`/v1/models/<m>:predict` names model <m>)
-            model = model.rpartition(":")[0]
+        if parts[:1] == ["v1"] and model.rpartition(":")[2] in _V1_VERBS:
+            model = model.rpartition(":")[0]  # (`/v1/models/<m>:predict` names model <m>)
         version = parts[4] if len(parts) > 4 and parts[3] == "versions" else None
         return failed_reply(exc, headers, model, version, trace_id)
 
@@ -714,12 +716,12 @@ class RestApi:
             return _expect(method, "GET", lambda: _json({"models": sorted(models)}))
         if len(rest) != 2 or rest[0] != "models":
             raise ModelNotFound(f"no such endpoint '/v1/{'/'.join(rest)}'")
-        model, colon, verb = rest[1].rpartition(":")
-        if not colon:
-            model = rest[1]
+        name = rest[1]
+        model, colon, verb = name.rpartition(":")
+        if not colon or (method == "GET" and self._v1_names_model(name, verb)):
             # NOTE: V1 says "not ready" with a 503 (KServe's client reads it as False)
-            return _expect(method, "GET", lambda: self._model_ready(model, None, 503))
-        if verb not in ("predict", "explain"):
+            return _expect(method, "GET", lambda: self._model_ready(name, None, 503))
+        if verb not in _V1_VERBS:
             raise ModelNotFound(
                 f"no such endpoint '/v1/models/{rest[1]}': only ':predict' and ':explain'"
             )
@@ -734,6 +736,15 @@ class RestApi:
                 501, f"model '{model}' has no explainer: duetime serves ':predict' only"
             )
         return self._v1_predict(model, headers, body)
+
+    def _v1_names_model(self, name: str, verb: str) -> bool:
+        """Whether `GET /v1/models/<name>` asks for the readiness of model `name`, though the
+        name has a ':' (KServe routes `<m>:predict` for POST only: a GET names the model).
+
+        NOTE: the path was split at its last ':' whatever the method, so the readiness of a
+        served model 'lin:v2' was answered 404 "no such endpoint" (its ':predict' worked). A
+        GET of '<m>:predict' is still told to use POST where no model has that whole name."""
+        return verb not in _V1_VERBS or name in self._engine.registry.snapshot.models
 
     def _v1_predict(
         self, model: str, headers: Mapping[str, str], body: bytes

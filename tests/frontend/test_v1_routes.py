@@ -1,0 +1,76 @@
+"""KServe V1 routes on a real server: model names with a ':', models not loaded yet (lazy
+loading), and answers over the JSON answer limit."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import onnx
+import orjson
+import pytest
+from conftest import RunningServer, serving
+from onnx import TensorProto, helper
+
+from duetime.config import ServerSettings
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def write_doubler(root: Path, name: str = "lin") -> Path:
+    """Model `name`: y = x * 2, x FP32 [b, 4], batching up to 8."""
+    folder = root / name / "1"
+    folder.mkdir(parents=True)
+    two = helper.make_tensor("two", TensorProto.FLOAT, [], [2.0])
+    graph = helper.make_graph(
+        [helper.make_node("Mul", ["x", "two"], ["y"])], name,
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["b", 4])], initializer=[two],
+    )  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, str(folder / "model.onnx"))
+    (root / name / "config.toml").write_text("max_batch_size = 8\n")
+    return root
+
+
+def call(server: RunningServer, method: str, path: str, doc: Any = None) -> tuple[int, Any]:
+    host, port = server.http.rsplit(":", 1)
+    connection = http.client.HTTPConnection(host, int(port), timeout=60)
+    try:
+        body = None if doc is None else json.dumps(doc)
+        connection.request(method, path, body=body)
+        response = connection.getresponse()
+        return response.status, orjson.loads(response.read())
+    finally:
+        connection.close()
+
+
+@pytest.fixture
+def colon_server(tmp_path: Path) -> Iterator[RunningServer]:
+    write_doubler(tmp_path)
+    shutil.move(tmp_path / "lin", tmp_path / "lin:v2")
+    settings = ServerSettings(model_repository=tmp_path, http_port=0, grpc_port=0)
+    with serving(settings) as running:
+        yield running
+
+
+def test_a_model_whose_name_has_a_colon_is_ready_on_get(colon_server: RunningServer) -> None:
+    """`GET /v1/models/lin:v2` is the readiness of model 'lin:v2' (it was 404 "no such
+    endpoint": the path was split at its last ':' for GET as for POST)."""
+    assert call(colon_server, "GET", "/v1/models/lin:v2") == (
+        200,
+        {"name": "lin:v2", "ready": True},
+    )
+    status, answer = call(
+        colon_server, "POST", "/v1/models/lin:v2:predict", {"instances": [[1] * 4]}
+    )
+    assert (status, answer) == (200, {"predictions": [[2.0] * 4]})
+    assert call(colon_server, "GET", "/v1/models/lin:v2:predict")[0] == 405  # (use POST)
+    status, error = call(colon_server, "GET", "/v1/models/lin:v3")
+    assert status == 404
+    assert "'lin:v3' is not found" in error["error"]
