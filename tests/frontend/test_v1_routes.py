@@ -6,6 +6,7 @@ from __future__ import annotations
 import http.client
 import json
 import shutil
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,8 +16,11 @@ import orjson
 import pytest
 from conftest import RunningServer, serving
 from onnx import TensorProto, helper
+from repo_models import tiling_model, write_version
 
 from duetime.config import ServerSettings
+from duetime.frontend import rest
+from duetime.frontend.v1 import v1_predictions
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -74,3 +78,55 @@ def test_a_model_whose_name_has_a_colon_is_ready_on_get(colon_server: RunningSer
     status, error = call(colon_server, "GET", "/v1/models/lin:v3")
     assert status == 404
     assert "'lin:v3' is not found" in error["error"]
+
+
+ANSWER_LIMIT = 4 * 1024 * 1024
+
+
+@pytest.fixture
+def big_server(tmp_path: Path) -> Iterator[RunningServer]:
+    """`big`: see `tiling_model` (an answer of n rows of 3 FP32 values)."""
+    write_version(tmp_path, "big", 1, tiling_model())
+    settings = ServerSettings(
+        model_repository=tmp_path, http_port=0, grpc_port=0, max_json_answer_bytes=ANSWER_LIMIT
+    )
+    with serving(settings) as running:
+        yield running
+
+
+def tiles(rows: int) -> dict[str, Any]:
+    return {"instances": [{"x": [0.5, -1.25, 3.0], "n": [rows]}]}
+
+
+def test_a_v1_answer_over_the_json_limit_is_refused(big_server: RunningServer) -> None:
+    """As v2 refuses a JSON answer over --max-json-answer-bytes, before it is encoded (V1 made
+    a 40 MB answer v2 refused)."""
+    status, error = call(big_server, "POST", "/v1/models/big:predict", tiles(200_000))
+    assert status == 400
+    assert "output 'y' is too big to answer as JSON" in error["error"]
+    assert f"over the {ANSWER_LIMIT}-byte limit" in error["error"]
+    assert "--max-json-answer-bytes" in error["error"]
+    status, answer = call(big_server, "POST", "/v1/models/big:predict", tiles(2))
+    assert (status, answer) == (200, {"predictions": [[[0.5, -1.25, 3.0]] * 2]})
+
+
+def test_a_big_v1_answer_is_built_off_the_event_loop(
+    big_server: RunningServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Encoded on the loop, a big V1 answer stalled every other client while it was built."""
+    threads: list[str] = []
+
+    def recorded(outputs: dict[str, Any], batched: bool) -> bytes:
+        threads.append(threading.current_thread().name)
+        return v1_predictions(outputs, batched)
+
+    monkeypatch.setattr(rest, "v1_predictions", recorded)
+    loop_thread = threading.current_thread().name
+    status, answer = call(big_server, "POST", "/v1/models/big:predict", tiles(30_000))
+    assert status == 200
+    assert answer == {"predictions": [[[0.5, -1.25, 3.0]] * 30_000]}
+    status, _ = call(big_server, "POST", "/v1/models/big:predict", tiles(2))
+    assert status == 200
+    (big, small) = threads
+    assert small == "test-server"  # (a small answer is made on the loop, at once)
+    assert big not in ("test-server", loop_thread)

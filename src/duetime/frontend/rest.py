@@ -53,7 +53,7 @@ from duetime.frontend.parameters import (
 )
 from duetime.frontend.sharedmemory import CUDA_REGIONS, CudaRegions, SharedMemoryRegions
 from duetime.frontend.statistics import statistics_json
-from duetime.frontend.v1 import v1_inputs, v1_predictions
+from duetime.frontend.v1 import v1_inputs, v1_json_size, v1_predictions
 from duetime.observability.logs import AccessSampler, log_cancelled, log_request
 from duetime.observability.logsettings import LogSettings
 from duetime.observability.tracesettings import TraceSettings, trace_settings_of
@@ -771,11 +771,27 @@ class RestApi:
         batched = signature.max_batch_size > 0
         return PendingReply(ticket, lambda done: self._v1_reply(done, request, batched), headers)
 
-    def _v1_reply(self, ticket: Ticket, request: InferRequest, batched: bool) -> Reply:
+    def _v1_reply(self, ticket: Ticket, request: InferRequest, batched: bool) -> Reply | BulkReply:
+        """The answer (or error) of a finished V1 predict; one over `max_json_answer_bytes` is
+        refused before it is encoded, and a big one is built off the loop, as v2 JSON answers
+        are (see `_check_json_answer`, BulkReply).
+
+        NOTE: V1 answers were built on the loop whatever their size, and never refused: a 40 MB
+        answer v2 refused ("too big to answer as JSON") was made, and every other client of the
+        server (a health check) waited 0.8-2.5 s while it was."""
         error = ticket.failure()  # read, not raised: see Ticket.failure
         if error is not None:
             return self._answered(ticket, request, error)
         outputs = ticket.response(request.id).outputs
+        try:
+            _check_v1_answer(outputs, self._settings.max_json_answer_bytes)
+        except DuetimeError as exc:
+            return self._answered(ticket, request, exc.with_traceback(None))
+        if sum(array.size for array in outputs.values()) > BULK_JSON_VALUES:
+            return BulkReply(
+                lambda: Reply(200, v1_predictions(outputs, batched)),
+                lambda built: self._answered(ticket, request, built),
+            )
         return self._answered(ticket, request, Reply(200, v1_predictions(outputs, batched)))
 
     def _health(self, which: str) -> Reply:
@@ -1640,6 +1656,27 @@ def _check_json_answer(outputs: Mapping[str, np.ndarray], plan: OutputPlan, limi
         + f", over the {limit}-byte limit for a JSON answer (server flag "
         "--max-json-answer-bytes); ask for it as binary data: output parameter "
         "'binary_data': true, or request parameter 'binary_data_output': true"
+    )
+
+
+def _check_v1_answer(outputs: Mapping[str, np.ndarray], limit: int) -> None:
+    """InvalidInput, naming the biggest, when a V1 answer (JSON only) would take more than
+    `limit` bytes (see `_check_json_answer`), before any is encoded."""
+    if sum(a.size for a in outputs.values()) * codec.JSON_VALUE_MAX_BYTES <= limit and not any(
+        a.dtype.kind == "O" for a in outputs.values()
+    ):
+        return
+    sizes = v1_json_size(dict(outputs))
+    total = sum(sizes.values())
+    if total <= limit:
+        return
+    name = max(sizes, key=sizes.__getitem__)
+    raise InvalidInput(
+        f"output '{name}' is too big to answer as JSON: about {sizes[name]} bytes of JSON"
+        + (f" ({total} with the other outputs)" if total != sizes[name] else "")
+        + f", over the {limit}-byte limit for a JSON answer (server flag "
+        "--max-json-answer-bytes); a V1 answer is JSON only: send fewer instances, or ask "
+        "with the v2 protocol (POST /v2/models/<m>/infer) for the output as binary data"
     )
 
 

@@ -24,9 +24,9 @@ from typing import Any
 import numpy as np
 import orjson
 
-from duetime.datatypes import NUMPY_OF
+from duetime.datatypes import NUMPY_OF, v2_datatype_of
 from duetime.errors import InvalidInput
-from duetime.frontend.codec import from_nested_json
+from duetime.frontend.codec import JSON_CHUNK, from_nested_json, json_size
 from duetime.types import ModelSignature, TensorSpec
 
 FIELDS = ("instances", "inputs")
@@ -134,18 +134,67 @@ def _nan_for_null(values: Any, depth: int) -> Any:
 
 def v1_predictions(outputs: dict[str, np.ndarray], batched: bool) -> bytes:
     """`{"predictions": [...]}`: per example, the only output's value or an object of them.
+    Big tensors are encoded `JSON_CHUNK` values per call (see `_json_of`): a thread building a
+    big answer gives the GIL back between pieces, so the event loop runs on.
 
     NOTE: orjson writes NaN and ±inf as null, and so must this: KServe's V1 server answers with
     orjson (ORJSONResponse) and its client reads with orjson, which refuses the NaN/Infinity
     tokens the v2 path writes (as Triton does): `{"predictions":[Infinity]}` failed the KServe
     client's `infer` with JSONDecodeError. Triton has no V1 protocol to follow."""
+    if len(outputs) == 1:
+        (array,) = outputs.values()
+        if array.dtype != object:
+            # (the only output's examples are its rows: the array is the predictions list)
+            array = _numeric(array)
+            if array.ndim == 0:
+                predictions = b"[" + orjson.dumps(array.item()) + b"]"
+            elif batched:
+                predictions = _json_of(array)
+            else:
+                predictions = b"[" + _json_of(array) + b"]"
+            return b'{"predictions":' + predictions + b"}"
     columns = {name: _rows(array, batched) for name, array in outputs.items()}
     if len(columns) == 1:
-        (predictions,) = columns.values()
+        (rows,) = columns.values()
+        return orjson.dumps({"predictions": rows}, option=orjson.OPT_SERIALIZE_NUMPY)
+    count = min((len(rows) for rows in columns.values()), default=0)
+    examples = [{name: rows[i] for name, rows in columns.items()} for i in range(count)]
+    return orjson.dumps({"predictions": examples}, option=orjson.OPT_SERIALIZE_NUMPY)
+
+
+def v1_json_size(outputs: dict[str, np.ndarray]) -> dict[str, int]:
+    """About how many bytes of JSON each output takes in a V1 answer (`codec.json_size`: each
+    number at its longest), before any is encoded."""
+    return {name: json_size(array, v2_datatype_of(array)) for name, array in outputs.items()}
+
+
+def _numeric(array: np.ndarray) -> np.ndarray:
+    """A numeric output as orjson encodes it: C-contiguous, integers of a plain scalar type."""
+    if not array.flags.c_contiguous:
+        array = np.ascontiguousarray(array)
+    if array.dtype.kind in "iu":
+        # NOTE: ONNX Runtime gives int64 outputs as numpy's `longlong` (the same bits, another
+        # scalar type), whose scalars orjson refuses: every scikit-learn or XGBoost classifier's
+        # 1-D `label` answered 500 "Type is not JSON serializable: numpy.longlong"
+        array = array.view(np.dtype(array.dtype.str))
+    return array
+
+
+def _json_of(array: np.ndarray) -> bytes:
+    """`array` (numeric, at least 1-D, from `_numeric`) as nested JSON lists, its rows encoded
+    in blocks of about `JSON_CHUNK` values, a row bigger than that row by row in turn."""
+    if array.size <= JSON_CHUNK:
+        return orjson.dumps(array, option=orjson.OPT_SERIALIZE_NUMPY)
+    inner = math.prod(array.shape[1:])  # (values per row)
+    if inner > JSON_CHUNK:
+        pieces = [_json_of(row) for row in array]
     else:
-        count = min((len(rows) for rows in columns.values()), default=0)
-        predictions = [{name: rows[i] for name, rows in columns.items()} for i in range(count)]
-    return orjson.dumps({"predictions": predictions}, option=orjson.OPT_SERIALIZE_NUMPY)
+        step = JSON_CHUNK // max(inner, 1)
+        pieces = [
+            orjson.dumps(array[start : start + step], option=orjson.OPT_SERIALIZE_NUMPY)[1:-1]
+            for start in range(0, len(array), step)
+        ]
+    return b"[" + b",".join(pieces) + b"]"
 
 
 def _rows(array: np.ndarray, batched: bool) -> list[Any]:
@@ -154,17 +203,13 @@ def _rows(array: np.ndarray, batched: bool) -> list[Any]:
         array = np.vectorize(_text, otypes=[object])(array) if array.size else array
         values = array.tolist()
         return values if batched and array.ndim else [values]
-    if not array.flags.c_contiguous:
-        array = np.ascontiguousarray(array)
-    if array.dtype.kind in "iu":
-        # NOTE: ONNX Runtime gives int64 outputs as numpy's `longlong` (the same bits, another
-        # scalar type), whose scalars orjson refuses: every scikit-learn or XGBoost classifier's
-        # 1-D `label` answered 500 "Type is not JSON serializable: numpy.longlong"
-        array = array.view(np.dtype(array.dtype.str))
+    array = _numeric(array)
     if array.ndim == 0:
         return [array.item()]
     if not batched:
-        return [array]
+        return [orjson.Fragment(_json_of(array))]
+    if math.prod(array.shape[1:]) > JSON_CHUNK:
+        return [orjson.Fragment(_json_of(row)) for row in array]
     return list(array)
 
 
