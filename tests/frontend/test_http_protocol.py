@@ -490,8 +490,12 @@ def test_idle_connection_is_closed(impatient: RunningServer) -> None:
 
 
 def test_silent_connection_is_closed(impatient: RunningServer) -> None:
+    """At the idle timeout (0.3 s here): a connection that never sent a byte is idle, not only
+    late with its first request's head (`request_read_timeout_s`, 10 s)."""
+    accepted = time.monotonic()
     with RawClient(impatient.http) as client:
         assert client.closed_by_server()
+    assert time.monotonic() - accepted < 5.0, "closed at the read timeout, not the idle one"
 
 
 def test_busy_connection_outlives_the_idle_timeout(impatient: RunningServer) -> None:

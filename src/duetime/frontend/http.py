@@ -1631,7 +1631,12 @@ class HttpConnection(asyncio.BufferedProtocol):
         now = self._loop.time()
         start = self._window_start
         if start is not None and not self._reading_paused:
-            deadline = start + self._read_timeout
+            # NOTE: a connection silent since its accept is idle too: it has the shorter of the
+            # two (it had `request_read_timeout_s` alone, 10 s where `idle_timeout_s` was 0.3)
+            limit = (
+                self._read_timeout if self._reads else min(self._read_timeout, self._idle_timeout)
+            )
+            deadline = start + limit
             if now >= deadline:
                 if not self._read_on_time(now - start):
                     return
