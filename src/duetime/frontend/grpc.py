@@ -660,9 +660,10 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
             error_message=f"{exc.message} (trace {trace_id})", infer_response=response
         )
 
-    def ended(self, context: Any) -> bool:
-        """Whether a ModelInfer call is ended before its request is decoded: its client has
-        gone (see ModelInfer), or the load shedder turns it away (RESOURCE_EXHAUSTED).
+    def ended(self, context: Any, data: bytes = b"") -> bool:
+        """Whether a ModelInfer call is ended before its request (`data`, serialised) is
+        decoded: its client has gone (see ModelInfer), or the load shedder turns it away
+        (RESOURCE_EXHAUSTED; a recording server records it, see `Recorder.refused_unread`).
 
         NOTE: above capacity most calls are refused, and a refusal that cost as much as an
         answer left too little of the loop for the rest (as HTTP found: see `_shed_reply`): it
@@ -678,7 +679,13 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         shedder = self._shedder
         if shedder is None or not shedder.share or not shedder.refuse():
             return False
-        _refuse(context, shedder.refusal())
+        refusal = shedder.refusal()
+        recorder = self._engine.recorder
+        if recorder is not None:
+            left = context.time_remaining()
+            due_in = None if left is None else max(int(left * 1e9), 1)
+            recorder.refused_unread("grpc", b"", data, _Metadata(context), refusal, due_in)
+        _refuse(context, refusal)
         return True
 
     def _dated(self, request: Any, context: Any, new_call: bool = True) -> tuple[int, int | None]:
@@ -888,6 +895,26 @@ def decode_inputs(
     if next_raw != len(raw):
         _check_raw_count(request)
     return arrays
+
+
+def unread_infer_request(data: bytes) -> InferRequest:
+    """A ModelInfer call's serialised request as the engine would be handed it, for a capture
+    of a call refused before it was decoded (`InferenceService.ended`); decoded off the loop,
+    so without shared memory. DuetimeError where it does not decode (or names a region)."""
+    try:
+        request = pb.ModelInferRequest.FromString(data)
+    except Exception as exc:  # (protobuf's DecodeError, and whatever else bad bytes raise)
+        raise InvalidInput(f"the request is not a valid protobuf message: {exc}") from None
+    parameters = _parameters(request.parameters)
+    requested = requested_outputs(request)
+    if requested.shared:
+        raise InvalidInput("an output is written to shared memory, which is not available here")
+    return InferRequest(
+        model=request.model_name, inputs=decode_inputs(request),
+        version=request.model_version or None, outputs=requested.names,
+        classes=requested.classes, id=request.id, priority=priority_of(parameters),
+        parameters=parameters, protocol="grpc",
+    )  # fmt: skip
 
 
 def _check_raw_count(request: Any) -> None:
@@ -1193,11 +1220,12 @@ def _method_handlers(service: InferenceService) -> dict[str, dict[str, Any]]:
     return capture.handlers
 
 
-def _guarded(handler: Any, ended: Callable[[Any], bool] | None = None) -> Any:
+def _guarded(handler: Any, ended: Callable[[Any, bytes], bool] | None = None) -> Any:
     """`handler`, with bytes that are not its request message answered INVALID_ARGUMENT, (where
-    `ended` is given) each call first offered to `ended`, which may end it before its request
-    is decoded (True: it did), and a call its handler ends with `_abort` ended with the status
-    it set. (Its calls are counted in the server's `CoreBacklog` by `CountingServer`.)
+    `ended` is given) each call first offered to `ended` with its bytes, which may end it
+    before its request is decoded (True: it did), and a call its handler ends with `_abort`
+    ended with the status it set. (Its calls are counted in the server's `CoreBacklog` by
+    `CountingServer`.)
 
     NOTE: grpcio answers a request its deserializer cannot decode with UNKNOWN ("Unexpected
     <class 'DecodeError'>") and logs a traceback for each: a client sending garbage filled the
@@ -1220,7 +1248,7 @@ def _guarded(handler: Any, ended: Callable[[Any], bool] | None = None) -> Any:
 
         async def unary(request: Any, context: Any) -> Any:
             if type(request) is bytes:
-                if ended is not None and ended(context):
+                if ended is not None and ended(context, request):
                     return _NO_ANSWER
                 request = decoded(request)
             try:

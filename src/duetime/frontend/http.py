@@ -1138,6 +1138,10 @@ class HttpConnection(asyncio.BufferedProtocol):
         shedder = self._shedder
         if shedder is not None and shedder.share and shedder.refuse():
             self._made(slot, _shed_reply(slot.keep_alive, slot.http10, held.request.headers))
+            recorder = self._api.engine.recorder
+            if recorder is not None and recorder.sampled():  # (decoded: recorded as any)
+                with contextlib.suppress(HttpError):
+                    recorder.record(held.request, _shed_submit)
             return
         self._answered(slot, self._api.start_held(held))
 
@@ -1217,6 +1221,9 @@ class HttpConnection(asyncio.BufferedProtocol):
         shedder = self._shedder
         if shedder is not None and shedder.share and _is_infer(method, url) and shedder.refuse():
             self._made(slot, _shed_reply(slot.keep_alive, slot.http10, headers))
+            recorder = self._api.engine.recorder
+            if recorder is not None:
+                recorder.refused_unread("http", url, body, headers, _SHED_ERROR)
             return
         head = method == "HEAD"  # a GET's status and headers without its body (RFC 9110 9.3.2)
         if method == "POST":  # (v2 infer and V1 predict date their requests: see `reading`)
@@ -1762,6 +1769,16 @@ _SHED_MESSAGE = (
     "the server is saturated (its event loop is busy past its limit, and requests are missing "
     "their due times); this request was refused unread; retry later or on another replica"
 )
+
+
+_SHED_ERROR = HttpError(429, _SHED_MESSAGE, retry_after_s=1.0)
+"""The shedder's refusal, as a traffic capture records it (never raised: see `_shed_submit`)."""
+
+
+def _shed_submit(request: Any) -> Any:
+    """The engine's submit for a request the shedder refused, to record it: it raises the
+    refusal (a copy)."""
+    raise HttpError(429, _SHED_MESSAGE, retry_after_s=1.0)
 
 
 def _is_infer(method: str, url: bytes) -> bool:

@@ -452,7 +452,8 @@ class CaptureCollector:
         family = CounterMetricFamily(
             "duetime_capture_records",
             "Sampled requests by what became of them. written: in the capture file; dropped: "
-            "left out because the writer fell behind (the buffer was full); failed: could not "
+            "left out because the writer fell behind (the buffer was full), or, refused by the "
+            "load shedder, while the writer was busy; failed: could not "
             "be encoded, or not written: a write error (disk full...) stops the capture, and "
             "what it held and every sample after it count here.",
             labels=("outcome",),

@@ -19,17 +19,22 @@ import os
 import random
 import threading
 import time
+import zlib
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
+from urllib.parse import unquote
 
 from duetime.clock import Clock, MonotonicClock
 from duetime.errors import DuetimeError
+from duetime.frontend.parameters import priority_of as priority_of_parameters
+from duetime.frontend.rest import parse_infer_request
 from duetime.frontend.sharedmemory import REGION
 from duetime.observability.tracing import parse_traceparent
 from duetime.tools.capture.format import (
+    BadField,
     encode_http_record,
     encode_record,
     output_parameters_of,
@@ -48,13 +53,29 @@ CANCELLED_STATUS = 499
 and for one still unfinished when the capture closed (see UNFINISHED)."""
 UNFINISHED = "unfinished at shutdown: the capture closed before the request settled"
 """The error recorded for a request still running when the recorder stopped."""
+_SHED_BUSY = 0.05
+"""The share of its time the writer may spend writing and still record the requests the load
+shedder refuses (see `Recorder.refused_unread`)."""
 _BATCH = 64
 """Records encoded per `write`: each write lets go of the GIL, so the event loop waits at most
 this many records' encoding for it (about 0.2 ms)."""
 
-_Item = tuple[int, int, "InferRequest", "Ticket | None", "Exception | None", "Mapping[str, str]"]
-"""arrival_ns; when submit raised (0 for a ticket: it stamps its own `done_ns`); the request;
-its ticket (None: refused by submit); the error submit raised; its headers."""
+
+class _Unread(NamedTuple):
+    """A request refused before it was decoded (see `Recorder.refused_unread`)."""
+
+    protocol: str
+    target: bytes
+    data: bytes
+    due_in_ns: int | None
+
+
+_Item = tuple[
+    int, int, "InferRequest | _Unread", "Ticket | None", "Exception | None", "Mapping[str, str]"
+]
+"""arrival_ns; when submit raised (0 for a ticket: it stamps its own `done_ns`); the request
+(or, refused unread, its bytes); its ticket (None: refused by submit or unread); the error it
+was refused with; its headers."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,7 +86,8 @@ class RecorderStatistics:
     """Requests chosen by sampling (written + dropped + failed + still buffered)."""
     written: int
     dropped: int
-    """Samples left out because the buffer was full (the writer could not keep up)."""
+    """Samples left out because the buffer was full (the writer could not keep up), and those
+    of requests the load shedder refused while the writer was busy (`skipped`)."""
     failed: int
     """Samples not recorded for an error: one that could not be encoded (a value the format
     cannot hold; logged), and, once a write failed (the capture stopped, see `stopped`), those
@@ -75,6 +97,9 @@ class RecorderStatistics:
     buffer's bound)."""
     stopped: str | None = None
     """Why the capture stopped before `stop()`: the write error (None: it records)."""
+    skipped: int = 0
+    """Of `dropped`: samples of requests the load shedder refused, left out because the writer
+    was busy (see `Recorder.refused_unread`)."""
 
 
 class Recorder:
@@ -140,6 +165,10 @@ class Recorder:
         """Samples refused because the capture had stopped at a write error."""
         self._written = 0
         self._failed = 0
+        self._skipped = 0
+        """Of `_dropped`: shed samples left out while the writer was busy."""
+        self._busy = 0.0
+        """The share of its time the writer spent writing, lately (the writer's)."""
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -170,7 +199,7 @@ class Recorder:
                 self._stop_on(exc)
         stats = self.statistics()
         log.info(
-            "capture %s closed: %d requests written, %d dropped (buffer full), %d failed",
+            "capture %s closed: %d requests written, %d dropped (the writer behind), %d failed",
             self.path, stats.written, stats.dropped, stats.failed,
         )  # fmt: skip
         if stats.stopped is not None:
@@ -178,11 +207,18 @@ class Recorder:
                 "capture %s stopped early (%s): %d sampled requests were not recorded",
                 self.path, stats.stopped, stats.failed,
             )  # fmt: skip
-        if stats.dropped:
+        if stats.skipped:
+            log.warning(
+                "capture %s: %d requests refused by the load shedder were not recorded (the "
+                "writer was busy: recording them would have taken from the overloaded server); "
+                "the capture holds less than the load received; lower --record-sample",
+                self.path, stats.skipped,
+            )  # fmt: skip
+        if stats.dropped > stats.skipped:
             log.warning(
                 "capture %s: %d sampled requests were dropped because the writer fell behind; "
                 "raise --record-buffer or lower --record-sample",
-                self.path, stats.dropped,
+                self.path, stats.dropped - stats.skipped,
             )  # fmt: skip
         return stats
 
@@ -193,7 +229,7 @@ class Recorder:
         broken = self._broken
         return RecorderStatistics(
             sampled, written, dropped, failed, sampled - written - dropped - failed,
-            None if broken is None else _reason(broken),
+            None if broken is None else _reason(broken), self._skipped,
         )  # fmt: skip
 
     # -- on the event loop ---------------------------------------------------------------------
@@ -222,6 +258,44 @@ class Recorder:
         self._push((arrival, 0, request, ticket, None, headers))
         return ticket
 
+    def refused_unread(
+        self,
+        protocol: str,
+        target: bytes,
+        data: bytes,
+        headers: Mapping[str, str],
+        error: DuetimeError,
+        due_in_ns: int | None = None,
+    ) -> None:
+        """Record a request refused before it was decoded (the load shedder's), sampled as
+        any: `data` is its HTTP body (`target`: its request target) or its serialised gRPC
+        ModelInferRequest, `error` what it was refused with, `due_in_ns` its gRPC deadline.
+
+        NOTE: a recording server at overload once left every shed request out of the capture,
+        uncounted: 3,411 of 4,464 requests refused 429, a capture of 1,053 and a rate a third of
+        what the server received, so a replay offered a third of the load. The loop does what
+        it does for any sampled request (a draw, a clock read, an append: nothing is decoded
+        or copied); the writer thread decodes the request to check that it reads back (a
+        capture reader refuses a capture with a record that does not decode), and one that does
+        not (it would have been refused 400) is counted failed. But while the writer is busy
+        (`_SHED_BUSY`: writing big tensors at a high rate) a shed sample is only counted,
+        `skipped`: recording the shed requests of 600 KB inputs at 1,500/s on two cores cut the
+        requests the overloaded server answered by more than half; the shedder refuses
+        requests to keep the server's answers going, and the recorder must not undo that."""
+        share = self.share
+        if share < 1.0 and not (share > 0.0 and self._random() < share):
+            return
+        if self._busy > _SHED_BUSY and self._broken is None:
+            self._sampled += 1
+            self._dropped += 1
+            self._skipped += 1
+            return
+        now = self._now()
+        if type(headers) is not dict:
+            headers = dict(headers)
+        unread = _Unread(protocol, target, data, due_in_ns)
+        self._push((now, now, unread, None, error, headers))
+
     def _push(self, item: _Item) -> None:
         held = self._sampled - self._dropped - self._lost - self._written - self._failed
         self._sampled += 1
@@ -241,13 +315,18 @@ class Recorder:
         while True:
             # NOTE: a timed wait, not a wake-up per record: waking this thread for each
             # request would make it contend with the event loop for the GIL at every request.
+            waited = time.perf_counter()
             self._wake.wait(self._flush_s)
+            began = time.perf_counter()
             stopping = self._stopping
             try:
                 self._drain(writer)
             except Exception as exc:  # (a bug: write errors are handled in `_write`)
                 log.exception("capture %s: the writer failed", self.path)
                 self._stop_on(exc)
+            ended = time.perf_counter()
+            busy = (ended - began) / max(ended - waited, 1e-9)
+            self._busy = (self._busy + busy) / 2  # (the last turns, the latest most)
             if stopping:
                 return
 
@@ -353,6 +432,10 @@ class Recorder:
 
     def _encode(self, item: _Item, done: int, unfinished: str | None) -> Sequence[bytes]:
         arrival, _, request, ticket, refusal, headers = item
+        if type(request) is _Unread:
+            assert refusal is not None
+            return self._encode_unread(arrival, request, refusal, headers)
+        assert not isinstance(request, _Unread)  # (for mypy: `type() is` does not narrow)
         error: str | None = None
         outputs = answered = variant = None
         if ticket is None:
@@ -393,6 +476,45 @@ class Recorder:
             answered, variant, outputs, output_parameters_of(request.classes),
         )  # fmt: skip
 
+    def _encode_unread(
+        self, arrival: int, unread: _Unread, refusal: Exception, headers: Mapping[str, str]
+    ) -> Sequence[bytes]:
+        """A request refused unread (`refused_unread`), decoded here, off the loop."""
+        status, error = _failure(refusal)
+        trace_id = None
+        traceparent = headers.get("traceparent")
+        if traceparent is not None:
+            parent = parse_traceparent(traceparent)
+            trace_id = None if parent is None else parent.trace_id_hex
+        if unread.protocol == "http":
+            model, version = _infer_target(unread.target)
+            body = _inflated(unread.data, headers.get("content-encoding"))
+            length = headers.get("inference-header-content-length", "")
+            header_length = int(length) if length.isdigit() and len(length) < 19 else None
+            try:  # (as a capture reader decodes it: see format._decode_http)
+                request, _ = parse_infer_request(body, header_length, model, version)
+            except DuetimeError as exc:
+                raise BadField(f"the HTTP body does not decode: {exc.message}") from None
+            timeout = request.parameters.get("timeout")
+            due_in = timeout * 1000 if type(timeout) is int and timeout > 0 else None
+            return encode_http_record(
+                arrival - self._start_ns, model, version, body, header_length, due_in,
+                _priority(request.parameters), headers, trace_id, status, error,
+                0, None, None, None,
+            )  # fmt: skip
+        from duetime.frontend.grpc import unread_infer_request  # (the writer's first call)
+
+        try:
+            request = unread_infer_request(unread.data)
+        except DuetimeError as exc:
+            raise BadField(f"the gRPC request does not decode: {exc.message}") from None
+        return encode_record(
+            arrival - self._start_ns, unread.protocol, request.model, request.version,
+            request.id, tensors_of(request.inputs), request.outputs, request.parameters,
+            unread.due_in_ns, request.priority, headers, trace_id, status, error, 0, None, None,
+            None, output_parameters_of(request.classes),
+        )  # fmt: skip
+
 
 def _answer_of(ticket: Ticket) -> Mapping[str, Any]:
     """The outputs the client got for a request that succeeded: those it asked for, each
@@ -406,6 +528,47 @@ def _answer_of(ticket: Ticket) -> Mapping[str, Any]:
         return ticket.response().outputs
     produced = ticket.future.result()
     return {name: produced[name] for name in ticket.outputs}
+
+
+def _priority(parameters: Mapping[str, Any]) -> int:
+    """The request's priority parameter (0: none, or one the server would have refused)."""
+    try:
+        return priority_of_parameters(parameters)
+    except DuetimeError:
+        return 0
+
+
+def _infer_target(target: bytes) -> tuple[str, str | None]:
+    """The model and version a v2 REST inference target names (`/v2/models/M[/versions/V]/infer`);
+    BadField for another."""
+    path = target.split(b"?", 1)[0].decode("latin-1")
+    parts = [unquote(part) for part in path.strip("/").split("/")]
+    if parts[:2] == ["v2", "models"] and parts[-1:] == ["infer"]:
+        if len(parts) == 4:
+            return parts[2], None
+        if len(parts) == 6 and parts[3] == "versions":
+            return parts[2], parts[4]
+    raise BadField(f"'{path}' is not a v2 inference target")
+
+
+_MAX_INFLATED = 1 << 30
+
+
+def _inflated(body: bytes, encoding: str | None) -> bytes:
+    """`body` with its Content-Encoding (gzip, deflate) undone; BadField where it cannot be."""
+    kind = (encoding or "identity").strip().lower()
+    if kind in ("", "identity"):
+        return body
+    if kind not in ("gzip", "deflate"):
+        raise BadField(f"Content-Encoding '{encoding}' is not supported")
+    inflater = zlib.decompressobj(wbits=31 if kind == "gzip" else 15)
+    try:
+        data = inflater.decompress(body, _MAX_INFLATED)
+    except zlib.error as exc:
+        raise BadField(f"body is not valid {kind} data: {exc}") from None
+    if not inflater.eof or inflater.unconsumed_tail:
+        raise BadField(f"body is not one complete {kind} stream")
+    return data
 
 
 _REGION_KEY = REGION.encode()
