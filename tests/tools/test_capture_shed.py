@@ -20,8 +20,8 @@ import tritonclient.http as httpclient
 from conftest import RunningServer, recording_server
 
 from duetime.cli import main
-from duetime.frontend.proto import grpc_service_pb2 as pb
 from duetime.errors import Overloaded
+from duetime.frontend.proto import grpc_service_pb2 as pb
 from duetime.tools.capture import read_capture
 from duetime.tools.capture import recorder as recorder_module
 from duetime.tools.capture.recorder import Recorder
@@ -84,7 +84,7 @@ def _send_all_shed(running: RunningServer) -> None:
     try:
         tensor = httpclient.InferInput("x", [1, 40], "FP32")
         tensor.set_data_from_numpy(x, binary_data=True)
-        with pytest.raises(Exception, match="429|saturated"):
+        with pytest.raises(Exception, match=r"429|saturated"):
             http.infer("mlp", [tensor], request_id="binary")
     finally:
         http.close()
@@ -125,10 +125,12 @@ def test_shed_requests_are_recorded_with_their_refusal(shed_capture: Path) -> No
     assert sorted(records) == ["binary", "grpc", "gzip", "json"]
     for record in records.values():
         assert record.status == 429
-        assert record.error is not None and "saturated" in record.error
+        assert record.error is not None
+        assert "saturated" in record.error
         assert record.model == "mlp"
         (x,) = record.inputs
-        assert x.name == "x" and x.shape == (1, 40)
+        assert x.name == "x"
+        assert x.shape == (1, 40)
         np.testing.assert_array_equal(
             x.array(), np.arange(40, dtype=np.float32).reshape(1, 40) / 40
         )
@@ -138,7 +140,8 @@ def test_shed_requests_are_recorded_with_their_refusal(shed_capture: Path) -> No
     assert records["json"].parameters["timeout"] == 70000
     assert records["grpc"].protocol == "grpc"
     due = records["grpc"].due_in_ns
-    assert due is not None and 0 < due <= 5_000_000_000
+    assert due is not None
+    assert 0 < due <= 5_000_000_000
 
 
 def test_capture_show_counts_the_load_received(shed_capture: Path, capsys: Any) -> None:
