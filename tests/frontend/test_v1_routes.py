@@ -3,8 +3,10 @@ loading), and answers over the JSON answer limit."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import http.client
 import json
+import os
 import shutil
 import threading
 from collections.abc import Iterator
@@ -39,6 +41,8 @@ def write_doubler(root: Path, name: str = "lin") -> Path:
     model.ir_version = 8
     onnx.save(model, str(folder / "model.onnx"))
     (root / name / "config.toml").write_text("max_batch_size = 8\n")
+    for path in (root / name).rglob("*"):  # (settled: a lazy load waits for fresh files)
+        os.utime(path, (1e9, 1e9))
     return root
 
 
@@ -130,3 +134,41 @@ def test_a_big_v1_answer_is_built_off_the_event_loop(
     (big, small) = threads
     assert small == "test-server"  # (a small answer is made on the loop, at once)
     assert big not in ("test-server", loop_thread)
+
+
+@pytest.fixture
+def lazy_server(tmp_path: Path) -> Iterator[RunningServer]:
+    """Models 'lin' and 'other' (y = 2x), loaded by the first request for each, one at a time
+    (loading one evicts the other)."""
+    write_doubler(tmp_path, "lin")
+    write_doubler(tmp_path, "other")
+    settings = ServerSettings(
+        model_repository=tmp_path, http_port=0, grpc_port=0, lazy_load=True,
+        max_loaded_models=1,
+    )  # fmt: skip
+    with serving(settings) as running:
+        yield running
+
+
+def test_a_v1_predict_loads_a_model_not_loaded_yet(lazy_server: RunningServer) -> None:
+    """A V1 predict loads the model first, as a v2 infer does (it was 404 "unknown model ...
+    served models: none"), after lazy loading left it unloaded or evicted it; until then the
+    model is listed and not ready (503), as KServe answers for a model of its registry."""
+    assert call(lazy_server, "GET", "/v1/models") == (200, {"models": ["lin", "other"]})
+    assert call(lazy_server, "GET", "/v1/models/lin") == (503, {"name": "lin", "ready": False})
+    assert call(lazy_server, "GET", "/v1/models/nope")[0] == 404
+    doc = {"instances": [[1, 2, 3, 4]]}
+    expected = (200, {"predictions": [[2.0, 4.0, 6.0, 8.0]]})
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:  # (one load, the others join it)
+        answers = pool.map(
+            lambda _: call(lazy_server, "POST", "/v1/models/lin:predict", doc), range(4)
+        )
+        assert list(answers) == [expected] * 4
+    assert call(lazy_server, "GET", "/v1/models/lin") == (200, {"name": "lin", "ready": True})
+    assert call(lazy_server, "POST", "/v1/models/other:predict", doc) == expected  # (evicts lin)
+    assert call(lazy_server, "GET", "/v1/models/lin") == (503, {"name": "lin", "ready": False})
+    assert call(lazy_server, "POST", "/v1/models/lin:predict", doc) == expected
+    assert call(lazy_server, "GET", "/v1/models") == (200, {"models": ["lin", "other"]})
+    status, error = call(lazy_server, "POST", "/v1/models/lin:predict", {"instances": [[1]]})
+    assert status == 400  # (decoded against the signature of the model loaded)
+    assert "input 'x'" in error["error"]

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import contextlib
 import functools
 import hmac
 import json
@@ -64,7 +65,13 @@ from duetime.observability.tracing import (
     new_trace_id,
     parse_traceparent,
 )
-from duetime.repository.manager import check_model_name, check_upload_path, load_failed
+from duetime.repository.layout import model_folders
+from duetime.repository.manager import (
+    ModelManager,
+    check_model_name,
+    check_upload_path,
+    load_failed,
+)
 from duetime.repository.tritonconfig import read_json_config
 from duetime.types import InferRequest
 
@@ -231,6 +238,21 @@ class ControlCall:
         _CONTROL_TASKS.add(task)
         task.add_done_callback(_CONTROL_TASKS.discard)
         return PendingReply(call, lambda done: done.future.result())
+
+
+@dataclass(slots=True, eq=False)
+class AfterLoad:
+    """A V1 predict waiting for its model's load (see `RestApi._v1_after_load`): its future
+    holds the reply, or the pending reply of the request submitted once the model loaded."""
+
+    future: asyncio.Future[Reply | PendingReply]
+    on_done: Callable[[], None] | None = None
+
+    def when_done(self, callback: Callable[[], None]) -> None:
+        if not self.future.done():
+            self.on_done = callback
+        elif not self.future.cancelled():
+            callback()
 
 
 def shut_down_during(what: str) -> str:
@@ -718,15 +740,14 @@ class RestApi:
     ) -> Reply | PendingReply:
         """KServe's V1 protocol (see v1.py)."""
         if rest == ["models"]:
-            models = self._engine.registry.snapshot.models
-            return _expect(method, "GET", lambda: _json({"models": sorted(models)}))
+            return _expect(method, "GET", lambda: _json({"models": self._v1_models()}))
         if len(rest) != 2 or rest[0] != "models":
             raise ModelNotFound(f"no such endpoint '/v1/{'/'.join(rest)}'")
         name = rest[1]
         model, colon, verb = name.rpartition(":")
         if not colon or (method == "GET" and self._v1_names_model(name, verb)):
             # NOTE: V1 says "not ready" with a 503 (KServe's client reads it as False)
-            return _expect(method, "GET", lambda: self._model_ready(name, None, 503))
+            return _expect(method, "GET", lambda: self._v1_ready(name))
         if verb not in _V1_VERBS:
             raise ModelNotFound(
                 f"no such endpoint '/v1/models/{rest[1]}': only ':predict' and ':explain'"
@@ -752,30 +773,154 @@ class RestApi:
         GET of '<m>:predict' is still told to use POST where no model has that whole name."""
         return verb not in _V1_VERBS or name in self._engine.registry.snapshot.models
 
-    def _v1_predict(
-        self, model: str, headers: Mapping[str, str], body: bytes
-    ) -> Reply | PendingReply:
-        """A V1 predict, traced and logged as a v2 inference is (`_refused`, `_answered`): its
-        span, `x-trace-id`, a failure's log line and the sampled access log."""
-        received = self._engine.clock.now_ns() if self._tracing is not None else 0
+    def _v1_on_demand(self, model: str) -> ModelManager | None:
+        """The model manager, where `model` is not served but a request for it loads it first
+        (lazy loading: a folder of the repository's); None otherwise. Changes nothing (unlike
+        `ModelManager.can_load_lazily`, which spaces out the retries of a failed load)."""
+        manager = self._engine.manager
+        if manager is None or not manager.options.lazy:
+            return None
+        if manager.options.control_mode == "explicit":
+            return None
+        if model in self._engine.registry.snapshot.models:
+            return None
         try:
-            body = _decoded(body, headers.get("content-encoding"), self._settings.max_body_bytes)
-            self._check_json_size(len(body))
-            signature = self._engine.registry.resolve(model, None).model.signature
+            check_model_name(model)
+        except InvalidInput:
+            return None
+        return manager if (manager.root / model).is_dir() else None
+
+    def _v1_models(self) -> list[str]:
+        """The models `GET /v1/models` lists: those served, and those a predict loads first.
+
+        NOTE: KServe lists every model of its registry, ready or not (`V1Endpoints.models`),
+        and its readiness route answers 503 for one not ready: so are the models lazy loading
+        has not loaded yet (or evicted to make room) listed here, and not ready (`_v1_ready`).
+        A model a predict would not load (explicit mode: not loaded) is not listed, as KServe
+        drops a model it unloads from its registry."""
+        names = set(self._engine.registry.snapshot.models)
+        manager = self._engine.manager
+        if manager is not None and manager.options.lazy:
+            with contextlib.suppress(OSError):
+                names |= {
+                    folder.name
+                    for folder in model_folders(manager.root)
+                    if self._v1_on_demand(folder.name) is not None
+                }
+        return sorted(names)
+
+    def _v1_ready(self, model: str) -> Reply:
+        """KServe's readiness of `model`: 503 for one not ready, a model a predict would load
+        first among them (see `_v1_models`); 404 for a model unknown.
+
+        NOTE: a model lazy loading had not loaded yet was answered 404 "unknown model", as if
+        a predict for it would fail (it loads it)."""
+        if self._v1_on_demand(model) is not None:
+            return Reply(503, orjson.dumps({"name": model, "ready": False}), (_JSON,))
+        # NOTE: V1 says "not ready" with a 503 (KServe's client reads it as False)
+        return self._model_ready(model, None, 503)
+
+    def _v1_predict(
+        self, model: str, headers: Mapping[str, str], body: bytes, received: int | None = None,
+        arrival_ns: int | None = None,
+    ) -> Reply | PendingReply:  # fmt: skip
+        """A V1 predict, traced and logged as a v2 inference is (`_refused`, `_answered`): its
+        span, `x-trace-id`, a failure's log line and the sampled access log. A model not loaded
+        yet that a request loads first (lazy loading) is loaded, then the request decoded (see
+        `_v1_after_load`); `received` and `arrival_ns` are such a request's, from before."""
+        if received is None:
+            received = self._engine.clock.now_ns() if self._tracing is not None else 0
+        try:
+            if arrival_ns is None:  # (one after a load has its body decoded and checked)
+                body = _decoded(
+                    body, headers.get("content-encoding"), self._settings.max_body_bytes
+                )
+                self._check_json_size(len(body))
+            try:
+                signature = self._engine.registry.resolve(model, None).model.signature
+            except (ModelNotFound, ModelUnavailable):
+                manager = self._engine.manager
+                if arrival_ns is not None or manager is None:
+                    raise
+                if not manager.can_load_lazily(model):
+                    raise
+                arrival = self.turn.arrival_ns(self._engine.clock.now_ns())
+                return self._v1_after_load(model, manager, headers, body, received, arrival)
             doc = _json_object(body, "predict request")
             request = InferRequest(model, v1_inputs(doc, signature, model), headers=headers)
             request.protocol = "http"
             now = self._engine.clock.now_ns()
             if self._tracing is not None:
                 request.timing = RequestTiming(received, decoded_ns=now)
-            request.arrival_ns = self.turn.arrival_ns(now)
+            request.arrival_ns = self.turn.arrival_ns(now) if arrival_ns is None else arrival_ns
             ticket = self._engine.submit(request)
         except DuetimeError as exc:
-            if self._tracing is None:
+            if self._tracing is None and arrival_ns is None:
                 raise
-            return self._refused(exc, model, None, headers, received)
+            return self._not_queued(exc, model, None, headers, received)
         batched = signature.max_batch_size > 0
         return PendingReply(ticket, lambda done: self._v1_reply(done, request, batched), headers)
+
+    def _v1_after_load(
+        self, model: str, manager: ModelManager, headers: Mapping[str, str], body: bytes,
+        received: int, arrival_ns: int,
+    ) -> PendingReply:  # fmt: skip
+        """A V1 predict for a model that lazy loading has not loaded (or evicted): the model is
+        loaded first, as the engine loads it for a v2 request, then the request is decoded
+        against its signature and submitted; its answer is the pending reply's.
+
+        NOTE: the request's inputs are decoded with the model's signature, which only a loaded
+        model has: the predict looked it up first, so a V1 client was told 404 "unknown model
+        ... served models: none" where a v2 /infer loaded the model and answered."""
+        loop = asyncio.get_running_loop()
+        call = AfterLoad(loop.create_future())
+
+        def settle(outcome: Reply | PendingReply) -> None:
+            if not call.future.done():
+                call.future.set_result(outcome)
+                if call.on_done is not None:
+                    call.on_done()
+
+        async def run() -> None:
+            cancelled = False
+            outcome: Reply | PendingReply
+            try:
+                await manager.load(model, explicit=False)  # (joins a load under way: its lock)
+            except DuetimeError as exc:
+                outcome = self._not_queued(exc, model, None, headers, received)
+            except asyncio.CancelledError:  # (the server's shutdown: see ControlCall.start)
+                what = f"the load of model '{model}' for this request"
+                error = ModelUnavailable(shut_down_during(what))
+                outcome = self._not_queued(error, model, None, headers, received)
+                task = asyncio.current_task()
+                cancelled = task is not None and task.cancelling() > 0
+            else:
+                if call.future.done():  # (its client left while it loaded)
+                    return
+                try:
+                    outcome = self._v1_predict(model, headers, body, received, arrival_ns)
+                except Exception as exc:  # (a bug of ours: answered 500, as `handle` does)
+                    outcome = self._not_queued(exc, model, None, headers, received)
+            if isinstance(outcome, PendingReply):
+                inner = outcome.ticket
+                call.future.add_done_callback(
+                    lambda done: inner.future.cancel() if done.cancelled() else None
+                )
+                inner.when_done(lambda: settle(outcome))
+            else:
+                settle(outcome)
+            if cancelled:
+                raise asyncio.CancelledError
+
+        task = loop.create_task(run())
+        _CONTROL_TASKS.add(task)
+        task.add_done_callback(_CONTROL_TASKS.discard)
+        return PendingReply(call, self._after_load_reply, headers)
+
+    def _after_load_reply(self, call: AfterLoad) -> Reply | BulkReply:
+        """The reply of a V1 predict that loaded its model first (see `_v1_after_load`)."""
+        outcome = call.future.result()
+        return outcome if isinstance(outcome, Reply) else self.encode(outcome)
 
     def _v1_reply(self, ticket: Ticket, request: InferRequest, batched: bool) -> Reply | BulkReply:
         """The answer (or error) of a finished V1 predict; one over `max_json_answer_bytes` is
