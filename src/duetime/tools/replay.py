@@ -58,6 +58,7 @@ from duetime.tools.replay_results import (
     result_of,
 )
 from duetime.tools.replay_transports import GrpcReplayTransport, ReplayTransport
+from duetime.tools.report import EXIT_UNSENT
 from duetime.tools.server_metrics import (
     batch_sizes_between,
     batch_sizes_json,
@@ -194,18 +195,20 @@ class Replay:
         saying what went wrong."""
         now = self.clock()
         plan = self.plan
-        status = NO_STATUS if status == NO_CONNECTION else status  # (an error all the same)
         loop, index = divmod(rid, len(plan.offsets_ns))
         began = self.start + loop * plan.span_ns + plan.offsets_ns[index]
         if self.sent_early:
             began = min(began, self.sent_early.pop(rid, began))
         latency = now - began
-        try:
-            outcome = self._outcome(rid, index, latency, status, body, head, message)
-        except Exception as exc:
-            outcome = Outcome.ERROR
-            self._error(index, f"the replay failed on its answer: {type(exc).__name__}: {exc}")
-        self.recorder.ended(now, latency, outcome)
+        if status == NO_CONNECTION:
+            self._unsent(began, message)
+        else:
+            try:
+                outcome = self._outcome(rid, index, latency, status, body, head, message)
+            except Exception as exc:
+                outcome = Outcome.ERROR
+                self._error(index, f"the replay failed on its answer: {type(exc).__name__}: {exc}")
+            self.recorder.ended(now, latency, outcome)
         self.outstanding -= 1
         if self.next < self.total and self.scheduled(self.next) <= now and self._loop:
             # awake anyway: send what is due without waiting for the timer (once this
@@ -213,6 +216,25 @@ class Replay:
             self._loop.call_soon(self.tick)
         if self.outstanding == 0 and self._idle is not None and not self._idle.done():
             self._idle.set_result(None)
+
+    def _unsent(self, began: int, message: str | None) -> None:
+        """A request that never left: no connection to the target could be opened. Counted
+        unsent, taken off the sends of its second (the first from its send on that has one:
+        it was counted where it was sent, at or after `began`), neither an end nor a status.
+
+        NOTE: these were counted sent, and errors with status 0, and the replay exited 0: a
+        target that died mid-run read as a run that went through with some errors, where
+        `duetime bench` says 'unsent' and exits 3."""
+        tally = self.tally
+        tally.unsent += 1
+        if tally.unsent_message is None:
+            tally.unsent_message = message
+        sent = self.recorder.timeline.sent
+        at = max(0, (began - self.recorder.start_ns) // self.recorder.interval_ns)
+        while at < len(sent) - 1 and sent[at] <= 0:
+            at += 1
+        if at < len(sent):
+            sent[at] -= 1
 
     def _outcome(
         self, rid: int, index: int, latency: int, status: int, body: bytes | None,
@@ -436,8 +458,10 @@ def config_from_args(args: argparse.Namespace) -> ReplayConfig:
 
 
 def run(args: argparse.Namespace) -> int:
-    """`duetime replay`: 2 for bad flags or capture, 1 if the target fails, 3 when outputs
-    differ, are unreadable, or a recorded answer was not answered 200 (with --compare-outputs)."""
+    """`duetime replay`: 2 for bad flags or capture, 1 if the target fails, 3 when some
+    requests could not be sent (no connection: the target died or stopped listening), or when
+    outputs differ, are unreadable, or a recorded answer was not answered 200 (with
+    --compare-outputs)."""
     try:
         config = config_from_args(args)
         check_output(args.json, "--json")
@@ -485,7 +509,7 @@ def run(args: argparse.Namespace) -> int:
         return 1
     if doc["interrupted"]:
         return EXIT_CODE
-    return 3 if compare_failed(doc["compare"]) else 0
+    return EXIT_UNSENT if doc["unsent"] or compare_failed(doc["compare"]) else 0
 
 
 __all__ = ["Plan", "ReplayConfig", "ReplayResult", "add_arguments", "load_plan", "replay_async",

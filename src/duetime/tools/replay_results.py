@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from duetime.tools.hdr import run_fields
+from duetime.tools.report import EXIT_UNSENT
 
 if TYPE_CHECKING:
     from duetime.tools.replay import Replay
@@ -39,6 +40,10 @@ class Tally:
     undecodable: int = 0
     not_comparable: int = 0
     """Answers whose recorded outputs do not decode (a capture written wrong)."""
+    unsent: int = 0
+    """Requests that found no connection to the target (refused, unreachable): never sent."""
+    unsent_message: str | None = None
+    """Why the first of them found none."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,6 +98,8 @@ def result_of(
         "requests_in_capture": len(replay.plan),
         "interrupted": interrupted,
         "statuses": {str(k): v for k, v in sorted(tally.statuses.items())},
+        "unsent": tally.unsent,
+        "unsent_reason": tally.unsent_message,
         "unanswered": replay.outstanding,
         "schedule_error_us": {
             "p50": p50,
@@ -163,7 +170,8 @@ def format_result(doc: dict[str, Any]) -> str:
         f"{doc['loops']}) at speed {doc['speed']:g} to {doc['target']} ({doc['protocol']})",
         f"sent {doc['sent']:,}  ok {doc['ok']:,}  late {doc['late']:,}  rejected "
         f"{doc['rejected']:,}  expired {doc['expired']:,}  errors {doc['errors']:,}  "
-        f"goodput {doc['goodput_rps']:,.1f}/s",
+        + (f"unsent {doc['unsent']:,}  " if doc.get("unsent") else "")
+        + f"goodput {doc['goodput_rps']:,.1f}/s",
         f"latency ms (from the scheduled send): p50 {_ms(latency['p50'])}  p90 "
         f"{_ms(latency['p90'])}  p99 {_ms(latency['p99'])}  p99.9 {_ms(latency['p999'])}  "
         f"max {_ms(latency['max'])}",
@@ -202,6 +210,13 @@ def format_result(doc: dict[str, Any]) -> str:
         ]
         lines += _verdict(compare)
     lines += [f"error: {message}" for message in doc["error_messages"]]
+    if doc.get("unsent"):
+        reason = doc.get("unsent_reason")
+        lines.append(
+            f"warning: {doc['unsent']:,} requests were not sent: no connection to the target "
+            f"could be opened{f' ({reason})' if reason else ''}; counted as unsent only "
+            f"(replay exits {EXIT_UNSENT}); did the target stop?"
+        )
     if doc.get("interrupted"):
         lines.append(
             f"INTERRUPTED (Ctrl-C): partial results, {doc['sent']:,} of "

@@ -10,7 +10,7 @@ from typing import Any, Protocol
 
 import grpc
 
-from duetime.tools.http_client import NO_STATUS, Answered
+from duetime.tools.http_client import NO_CONNECTION, NO_STATUS, Answered
 from duetime.tools.outcomes import Outcome
 from duetime.tools.replay_payloads import GrpcRequest
 from duetime.tools.transports import GrpcTransport
@@ -71,8 +71,11 @@ class GrpcReplayTransport(GrpcTransport):
         except grpc.aio.AioRpcError as exc:
             code = exc.code().name
             outcome, message = self.failure(exc, turn)
-            no_answer = code == "UNAVAILABLE" and outcome in (Outcome.ERROR, Outcome.UNSENT)
-            status = NO_STATUS if no_answer else HTTP_STATUS_OF_GRPC.get(code, 500)
+            no_answer = code == "UNAVAILABLE" and outcome == Outcome.ERROR
+            if outcome == Outcome.UNSENT:  # (the channel had no connection to send it on)
+                status = NO_CONNECTION
+            else:
+                status = NO_STATUS if no_answer else HTTP_STATUS_OF_GRPC.get(code, 500)
             self.answered(rid, status, None, None, message)
             return
         except Exception as exc:  # a fault of the client library: count it, keep going
