@@ -48,6 +48,7 @@ from duetime.frontend.proto import grpc_service_pb2_grpc as pb_grpc
 from duetime.frontend.rest import (
     EXTENSIONS,
     Signatures,
+    answer_failed,
     check_control_token,
     check_unload_request,
     load_request,
@@ -66,7 +67,7 @@ from duetime.observability.tracing import (
 )
 from duetime.overload import LoadShedder
 from duetime.repository.manager import check_model_name
-from duetime.types import InferRequest
+from duetime.types import InferRequest, InferResponse
 
 log = logging.getLogger("duetime.grpc")
 
@@ -720,7 +721,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         if shed and self._shedder is not None:
             self._shedder.check()
         infer, shared = self._infer_request(request, context, received, due, timing, protocol)
-        return _Submitted(self._engine.submit(infer), shared)
+        return _Submitted(self._engine.submit(infer), shared, infer)
 
     def _infer_request(
         self,
@@ -787,6 +788,21 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         ticket = submitted.ticket
         await settled(ticket.future)
         result = ticket.response(request_id)
+        try:
+            return self._made(submitted, result, request_id, hold)
+        except DuetimeError:
+            # NOTE: a request whose answer could not be made (an output window too small, an
+            # answer over the message limit) was counted a success in statistics and metrics
+            if submitted.request is not None:
+                answer_failed(self._engine, ticket, submitted.request)
+            raise
+
+    def _made(
+        self, submitted: _Submitted, result: InferResponse, request_id: str,
+        hold: AnswerHold | None,
+    ) -> Any:  # fmt: skip
+        """The ModelInferResponse of a request the model answered (`result`): DuetimeError
+        where it cannot be made (see `_response`)."""
         response = pb.ModelInferResponse(
             model_name=result.model, model_version=result.version, id=request_id
         )
@@ -940,6 +956,8 @@ class _Submitted(NamedTuple):
 
     ticket: Ticket
     shared: dict[str, sharedmemory.Window] | None
+    request: InferRequest | None = None
+    """The request as handed to the engine (its arrival and due time)."""
 
 
 class Requested(NamedTuple):

@@ -295,6 +295,24 @@ def build_bulk(bulk: BulkReply) -> Reply | DuetimeError:
         return InternalError(f"internal error: {type(exc).__name__}: {exc}")
 
 
+def answer_failed(engine: Engine, ticket: Ticket, request: InferRequest) -> None:
+    """Tell the scheduler that answered `request` (`ticket`'s model, version and variant) that
+    its answer could not be made after the model ran (an output window too small, an answer
+    over a size limit): it counts the request failed, not succeeded (see
+    `ModelScheduler.answer_failed`). On the loop; a model unloaded since is left as it is."""
+    try:
+        version = engine.registry.version(ticket.model, ticket.version)
+    except DuetimeError:
+        return
+    for deployment in version.variants:
+        if deployment.variant == ticket.variant:
+            now = engine.clock.now_ns()
+            arrival, due = request.arrival_ns, request.due_ns
+            took = 0 if arrival is None else max(0, now - arrival)
+            deployment.scheduler.answer_failed(took, due is not None and now > due)
+            return
+
+
 def retry_after(seconds: float) -> bytes:
     """`Retry-After` delay-seconds (RFC 9110 10.2.3: a whole number) for a wait of `seconds`:
     rounded up, at least 1.
@@ -937,7 +955,8 @@ class RestApi:
         try:
             _check_v1_answer(outputs, self._settings.max_json_answer_bytes)
         except DuetimeError as exc:
-            return self._answered(ticket, request, exc.with_traceback(None))
+            unmade = self._made(ticket, request, exc.with_traceback(None))
+            return self._answered(ticket, request, unmade)
         if sum(array.size for array in outputs.values()) > BULK_JSON_VALUES:
             return BulkReply(
                 lambda: Reply(200, v1_predictions(outputs, batched)),
@@ -1062,9 +1081,9 @@ class RestApi:
         if _bulky(ticket, plan):
             return BulkReply(
                 lambda: _built(ticket, request.id, plan, coding, limit),
-                lambda built: self._answered(ticket, request, built),
+                lambda built: self._answered(ticket, request, self._made(ticket, request, built)),
             )
-        built = _built(ticket, request.id, plan, json_limit=limit)
+        built = self._made(ticket, request, _built(ticket, request.id, plan, json_limit=limit))
         if coding is not None and isinstance(built, Reply):
             if _size(built) > BULK_COMPRESS_BYTES:
                 reply = built
@@ -1074,6 +1093,18 @@ class RestApi:
                 )
             built = compressed(built, coding)
         return self._answered(ticket, request, built)
+
+    def _made(
+        self, ticket: Ticket, request: InferRequest, built: Reply | DuetimeError
+    ) -> Reply | DuetimeError:
+        """`built`, the answer of a request the model ran; its scheduler told where it could
+        not be made (see `answer_failed`).
+
+        NOTE: such a request (its shared-memory output window too small, its JSON answer over
+        the limit: 400) was counted a success in the model's statistics and metrics."""
+        if isinstance(built, DuetimeError):
+            answer_failed(self._engine, ticket, request)
+        return built
 
     def _answered(
         self, ticket: Ticket, request: InferRequest, outcome: Reply | DuetimeError

@@ -123,7 +123,8 @@ class MetricsCollector:
             "Requests by outcome. success: answered by its due time (or it had none); late: "
             "answered after it; rejected: refused at admission (queue full or predicted to miss "
             "its due time); expired: failed without running (due before it reached the "
-            "scheduler, or could no longer make it while queued); failed: the model failed; "
+            "scheduler, or could no longer make it while queued); failed: the model failed, "
+            "or its answer could not be made (an output window too small, over a size limit); "
             "cancelled: the client gave up (while it waited or ran); unavailable: failed unrun "
             "while queued, no instance taking work any more (every breaker open, or shut "
             "down); invalid: inputs failed validation against the model's signature (variant "
@@ -344,7 +345,8 @@ def _triton_families(rows: Sequence[_Row]) -> Iterator[Metric]:
         yield family
     name = "nv_inference_request_failure"
     help_text = ("Failed inference requests by reason: REJECTED refused or expired for time, "
-                 "CANCELED by the client, BACKEND the model failed, OTHER failed unrun when no "
+                 "CANCELED by the client, BACKEND the model failed or its answer could not be "
+                 "made, OTHER failed unrun when no "
                  "instance would take work any more (Triton's name; requests refused by input "
                  "validation are not counted, as Triton's are not).")  # fmt: skip
     family = Metric(name, help_text, "untyped")

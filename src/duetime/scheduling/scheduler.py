@@ -1853,6 +1853,36 @@ class ModelScheduler:
         missed = refused - self._full - self._impossible
         return missed, refused + self._succeeded + self._failed
 
+    def answer_failed(self, took_ns: int, late: bool = False) -> None:
+        """Count a request this scheduler answered (a success) as failed: its front end could
+        not make its answer (its shared-memory output window too small, its JSON or gRPC
+        answer over the limit), as Triton's response allocator fails such a request (reason
+        BACKEND). `took_ns`: its arrival to its failure, as the front end measured it (its
+        fail time); `late`: it was answered after its due time. The success time it gives back
+        is the successes' mean (its own is not known here), from the bucket nearest its own;
+        its queue and compute times stay in their sums: it did run.
+
+        NOTE: counted a success, the client's 400 moved no failure counter, and statistics and
+        metrics said every request succeeded. A scrape between its success and this sees it
+        once as a success (a counter then goes down by one)."""
+        if not self._succeeded:
+            return  # (never counted: nothing to move)
+        histogram = self._request_time
+        counts = histogram.counts
+        bucket = bisect_left(LATENCY_BOUNDS_NS, took_ns)
+        if not counts[bucket]:  # (the front end's measure strays over a bound: the nearest)
+            held = [i for i, count in enumerate(counts) if count]
+            bucket = min(held, key=lambda i: abs(i - bucket), default=bucket)
+        counts[bucket] = max(0, counts[bucket] - 1)
+        histogram.sum_ns -= histogram.sum_ns // self._succeeded
+        self._succeeded -= 1
+        if (late and self._late) or not self._on_time:
+            self._late -= 1
+        else:
+            self._on_time -= 1
+        self._failed += 1
+        self._fail_ns += took_ns
+
     def statistics(self) -> SchedulerStatistics:
         # NOTE: a request its client withdrew ends then, though the queue drops it only when it
         # reaches it (or sweeps it): counted at once, it is cancelled and no longer queued
