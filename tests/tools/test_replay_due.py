@@ -5,6 +5,7 @@ arrived (it replays overdue, and is refused as it was)."""
 from __future__ import annotations
 
 import json
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -145,10 +146,16 @@ def test_bench_record_replay_record_keeps_the_clients_timeouts(
         argv = ["replay", str(first), "--target", f"{protocol}://{target}", "-q",
                 "--json", str(out)]  # fmt: skip
         assert cli_main(argv) == 0
-    assert json.loads(out.read_text())["errors"] == 0
+    result = json.loads(out.read_text())
+    assert result["errors"] == 0
     sent = sorted(r.parameters["timeout"] for r in read_capture(first))
     replayed = sorted(r.parameters["timeout"] for r in read_capture(second))
     assert len(sent) >= 20
     # (bench sends what is left of 10 or 20 ms after its scheduled send: a late send, less)
     assert all(0 < timeout <= 20_000 for timeout in sent)
-    assert replayed == sent
+    # the replay sends each its recorded timeout, but for a send it made late, which carries
+    # what is left of it (as bench does): less, never more
+    assert len(replayed) == len(sent)
+    assert all(0 < r <= s for r, s in zip(replayed, sent, strict=True))
+    kept = sum((Counter(replayed) & Counter(sent)).values())
+    assert kept >= len(sent) - result["replayer"]["sends_retimed"]

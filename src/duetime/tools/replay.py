@@ -22,6 +22,7 @@ import logging
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from duetime.errors import ConfigError
 from duetime.loops import new_event_loop
@@ -46,7 +47,13 @@ from duetime.tools.outputs import (
     write_output,
 )
 from duetime.tools.progress import Progress, Snapshot
-from duetime.tools.replay_payloads import compare_outputs, grpc_outputs, http_outputs
+from duetime.tools.replay_payloads import (
+    compare_outputs,
+    grpc_outputs,
+    http_outputs,
+    retimed_grpc,
+    retimed_http,
+)
 from duetime.tools.replay_plan import Plan, ReplayConfig, check_capture, load_plan
 from duetime.tools.replay_results import (
     MAX_MESSAGES,
@@ -72,6 +79,10 @@ WITHIN_NS = 1_000_000
 """A send this close to its scheduled instant (either side) counts as on schedule."""
 LOOP_EARLY_NS = 500_000
 """Timer "loop": a tick also sends what is due this soon (uvloop's timers resolve 1 ms)."""
+RETIME_NS = WITHIN_NS
+"""A send this late (or a 16th of its budget, if less) carries what is left of its budget, not
+the budget it was encoded with; one less late, on schedule, is sent as encoded (a rewrite
+copies the payload)."""
 
 
 # -- the run -------------------------------------------------------------------------------------
@@ -92,6 +103,8 @@ class Replay:
         self.late_sends = new_histogram()
         self.early_sends = new_histogram()
         self.on_schedule = 0
+        self.retimed = 0
+        """Sends late enough to carry less than their recorded budget (see `_retimed`)."""
         self.sent_early: dict[int, int] = {}
         self.tally = Tally()
         self.last_send_ns = 0
@@ -141,6 +154,7 @@ class Replay:
         assert transport is not None
         clock, send, sent = self.clock, transport.send, self.recorder.sent
         offsets, payloads, span = self.plan.offsets_ns, self.plan.payloads, self.plan.span_ns
+        dues = self.plan.dues_ns
         count, total, i = len(offsets), self.total, self.next
         now = clock()
         horizon = now + early_ns
@@ -152,14 +166,20 @@ class Replay:
             error = now - at
             if error >= 0:
                 record_us(self.late_sends, error // 1000)
+                due = dues[index]
+                if due is not None and error >= min(RETIME_NS, due >> 4):
+                    payload = self._retimed(index, due - error)
+                else:
+                    payload = payloads[index]
             else:
+                payload = payloads[index]
                 record_us(self.early_sends, -error // 1000)
                 self.sent_early[i] = now
             if -WITHIN_NS <= error <= WITHIN_NS:
                 self.on_schedule += 1
             self.outstanding += 1
             sent(now)
-            send(i, payloads[index])
+            send(i, payload)
             i += 1
             now = clock()
         self.next = i
@@ -169,6 +189,28 @@ class Replay:
                 self._done.set_result(None)
         elif self.config.timer == "loop":
             self._loop_timer()
+
+    def _retimed(self, index: int, left_ns: int) -> Any:
+        """Request `index`'s payload sent late, with `left_ns` of its budget left: carrying
+        what is left (at least 1 µs, as `duetime bench` sends), so that its due time stays
+        where the capture put it, its budget after the scheduled send.
+
+        NOTE: the payload was sent as encoded, its whole budget: a send the replayer made late
+        (stalled, behind its schedule) moved the server's due time later by the lag while the
+        replay judged the answer late from the scheduled send (1 s behind: a 100 ms budget the
+        server took as fresh, answered 200, and the replay counted late)."""
+        plan = self.plan
+        payload = plan.payloads[index]
+        at = plan.timeout_at[index]
+        if at < 0:
+            return payload
+        budget_us = max(1, left_ns // 1000)
+        self.retimed += 1
+        if self._grpc:
+            return retimed_grpc(payload, budget_us)
+        due = plan.dues_ns[index]
+        assert due is not None
+        return retimed_http(payload, at, due // 1000, budget_us)
 
     def _loop_timer(self) -> None:
         wait_ns = self.scheduled(self.next) - LOOP_EARLY_NS - self.clock()

@@ -107,6 +107,12 @@ def request_parameters(record: CapturedRequest) -> dict[str, Any]:
 def http_request(record: CapturedRequest, host: str, port: int) -> bytes:
     """The whole HTTP/1.1 request (keep-alive): JSON for a request its client sent as JSON
     (see `sent_as_json`), else tensors binary both ways."""
+    return timed_http_request(record, host, port)[0]
+
+
+def timed_http_request(record: CapturedRequest, host: str, port: int) -> tuple[bytes, int]:
+    """`http_request`, and where in it the digits of its `timeout` parameter start (-1: it
+    carries no due time the replay gives it, see `due_timeout_us`), for `retimed_http`."""
     as_json = sent_as_json(record)
     doc: dict[str, Any] = {"inputs": _json_inputs(record) if as_json else _binary_inputs(record)}
     if record.request_id:
@@ -142,7 +148,37 @@ def http_request(record: CapturedRequest, host: str, port: int) -> bytes:
             f"Inference-Header-Content-Length: {len(head)}",
         ]
     lines += [f"{k}: {v}" for k, v in _headers(record.headers, _OWN_HTTP_HEADERS)]
-    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
+    start = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+    at = _timeout_digits(head, due_timeout_us(record))
+    return start + body, -1 if at < 0 else len(start) + at
+
+
+_TIMEOUT_KEY = b'"timeout":'
+
+
+def _timeout_digits(head: bytes, timeout_us: int | None) -> int:
+    """Where the digits of `timeout_us` stand as the `timeout` parameter in the request's JSON
+    `head`, or -1. The request's parameters are the JSON's last member and name `timeout` once
+    (an output's parameters come before them), and the key cannot be inside a JSON string
+    (its quotes would be escaped)."""
+    if timeout_us is None:
+        return -1
+    key = head.rfind(_TIMEOUT_KEY)
+    digits = str(timeout_us).encode()
+    start = key + len(_TIMEOUT_KEY)
+    end = start + len(digits)
+    if key < 0 or head[start:end] != digits or head[end : end + 1].isdigit():
+        return -1  # (not the due time: a `timeout` its client sent that sets none, as it was)
+    return start
+
+
+def retimed_http(payload: bytes, at: int, timeout_us: int, budget_us: int) -> bytes:
+    """`payload` (see `timed_http_request`), whose `timeout` parameter's digits (`timeout_us`)
+    start at `at`, carrying `budget_us` (at most `timeout_us`) instead: padded with spaces
+    before it (JSON allows them before a value), so that no length in the request changes."""
+    width = len(str(timeout_us))
+    digits = str(min(budget_us, timeout_us)).encode().rjust(width)
+    return b"".join((payload[:at], digits, payload[at + width :]))
 
 
 def sent_as_json(record: CapturedRequest) -> bool:
@@ -277,6 +313,19 @@ def grpc_request(record: CapturedRequest) -> GrpcRequest:
     deadline = None if timeout is None else timeout / 1e6 + GRPC_DEADLINE_MARGIN_S
     metadata = tuple(_headers(record.headers, _OWN_GRPC_METADATA))
     return GrpcRequest(request.SerializeToString(), metadata, deadline)
+
+
+def retimed_grpc(payload: GrpcRequest, budget_us: int) -> GrpcRequest:
+    """`payload` carrying `budget_us` as its `timeout` parameter (and call deadline) instead.
+
+    NOTE: appended, not re-encoded: serialised messages concatenate as a merge, and a map
+    key's last entry wins (as `duetime bench` restamps its gRPC payloads)."""
+    extra = pb.ModelInferRequest()
+    extra.parameters["timeout"].int64_param = budget_us
+    return GrpcRequest(
+        payload.data + extra.SerializeToString(), payload.metadata,
+        budget_us / 1e6 + GRPC_DEADLINE_MARGIN_S,
+    )  # fmt: skip
 
 
 def _set_parameter(parameter: Any, key: str, value: Any) -> None:

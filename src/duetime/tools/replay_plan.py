@@ -14,7 +14,12 @@ from duetime.errors import ConfigError
 from duetime.tools.capture.format import CapturedRequest, CapturedTensor
 from duetime.tools.capture.reader import CaptureReader
 from duetime.tools.config import MAX_HTTP_CONNECTIONS, MAX_SECONDS
-from duetime.tools.replay_payloads import Unsendable, due_timeout_us, grpc_request, http_request
+from duetime.tools.replay_payloads import (
+    Unsendable,
+    due_timeout_us,
+    grpc_request,
+    timed_http_request,
+)
 
 ReplayProtocol = Literal["http", "grpc"]
 Timer = Literal["thread", "loop"]
@@ -93,6 +98,9 @@ class Plan:
     payloads: list[Any]
     dues_ns: list[int | None]
     """The budget each request is sent with (ns; None: none): an answer after it is late."""
+    timeout_at: list[int]
+    """Where each payload's `timeout` digits start (HTTP), 0 (gRPC), or -1 where it sends no
+    due time of its budget: what a late send rewrites (`replay_payloads.retimed_http`)."""
     request_ids: list[str]
     recorded: list[list[CapturedTensor] | None]
     """Recorded outputs (only with --compare-outputs; None where the capture has none)."""
@@ -115,6 +123,7 @@ class _Entry:
     arrival_ns: int
     payload: Any
     due_ns: int | None
+    timeout_at: int
     request_id: str
     recorded: list[CapturedTensor] | None
 
@@ -129,16 +138,16 @@ def load_plan(config: ReplayConfig) -> Plan:
     one bigger than memory would take encoding ahead of the sends, in a bounded window."""
     protocol, host, port = config.address()
     check_capture(config)
-    encode: Callable[[CapturedRequest], Any] = grpc_request
+    encode: Callable[[CapturedRequest], tuple[Any, int]] = _timed_grpc_request
     if protocol != "grpc":
-        encode = functools.partial(http_request, host=host, port=port)
+        encode = functools.partial(timed_http_request, host=host, port=port)
     keep = config.compare_outputs
     entries: list[_Entry] = []
     any_recorded = False
     with CaptureReader(config.capture) as reader:
         for index, record in enumerate(reader):
             try:
-                payload = encode(record)
+                payload, timeout_at = encode(record)
             except Unsendable as exc:
                 raise ConfigError(
                     f"{config.capture}: record {index} (id {record.request_id!r}) cannot be "
@@ -147,8 +156,8 @@ def load_plan(config: ReplayConfig) -> Plan:
             answered = record.outputs is not None and record.status == 200
             any_recorded |= answered
             entries.append(_Entry(
-                record.arrival_ns, payload, replay_due_ns(record), record.request_id,
-                record.outputs if keep and answered else None,
+                record.arrival_ns, payload, replay_due_ns(record), timeout_at,
+                record.request_id, record.outputs if keep and answered else None,
             ))  # fmt: skip
     if not entries:
         raise ConfigError(f"{config.capture}: the capture holds no requests")
@@ -166,9 +175,14 @@ def load_plan(config: ReplayConfig) -> Plan:
         )
     return Plan(
         offsets_ns=offsets, span_ns=max(span, 1), payloads=[e.payload for e in entries],
-        dues_ns=[e.due_ns for e in entries], request_ids=[e.request_id for e in entries],
+        dues_ns=[e.due_ns for e in entries], timeout_at=[e.timeout_at for e in entries],
+        request_ids=[e.request_id for e in entries],
         recorded=[e.recorded for e in entries],
     )  # fmt: skip
+
+
+def _timed_grpc_request(record: CapturedRequest) -> tuple[Any, int]:
+    return grpc_request(record), -1 if due_timeout_us(record) is None else 0
 
 
 def replay_due_ns(record: CapturedRequest) -> int | None:

@@ -115,6 +115,7 @@ def result_of(
             "cpu_fraction": cpu_s / wall_s if wall_s > 0 else None,
             "connections_opened": None if transport is None else transport.opened,
             "waited_for_connection": None if transport is None else transport.waited,
+            "sends_retimed": replay.retimed,
         },
         "compare": {
             "enabled": config.compare_outputs,
