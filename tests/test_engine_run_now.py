@@ -96,3 +96,51 @@ def test_a_task_awaiting_its_calls_one_by_one_runs_each_within_its_call(tmp_path
         assert scheduler.statistics().executions - before == 5
 
     run_on_engine(inline_repo(tmp_path), scenario)
+
+
+def test_a_request_run_within_its_call_is_counted_as_a_queued_one(tmp_path: Path) -> None:
+    """The run within the call (`run_now`) keeps the same books as the run on the next turn:
+    the same statistics counts, histograms, batch sizes and profile learning per request."""
+
+    async def scenario(engine: Engine) -> None:
+        await engine.infer_async("m", inputs())
+        await asyncio.sleep(0)
+        scheduler = engine.registry.resolve("m", None).scheduler
+        profile = scheduler.profile
+
+        def books() -> tuple[object, ...]:
+            s = scheduler.statistics()
+            sizes = {n: b.count for n, b in s.batch_sizes.items()}
+            return (
+                s.succeeded, s.failed, s.rejected, s.expired, s.late, s.on_time, s.cancelled,
+                s.executions, s.inferences, s.request_time.counts, s.queue_time.counts,
+                s.compute_time.total, sizes, profile._observed,
+            )  # fmt: skip
+
+        def delta(after: tuple[object, ...], before: tuple[object, ...]) -> list[object]:
+            out: list[object] = []
+            for a, b in zip(after, before, strict=True):
+                if isinstance(a, tuple):
+                    out.append(sum(x - y for x, y in zip(a, b, strict=True)))  # type: ignore
+                elif isinstance(a, dict):
+                    out.append({k: v - b.get(k, 0) for k, v in a.items()})  # type: ignore
+                else:
+                    out.append(a - b)  # type: ignore[operator]
+            return out
+
+        start = books()
+        for _ in range(7):
+            ticket = engine.submit(InferRequest("m", inputs(), due_ns=None), run_now=True)
+            assert ticket.future.done()
+            np.testing.assert_array_equal(ticket.response().outputs["y"], 2 * inputs()["x"])
+        now = books()
+        for _ in range(7):
+            queued = engine.submit(InferRequest("m", inputs()))
+            assert not queued.future.done()
+            await queued.future  # (on the loop's next turn: the kick)
+            np.testing.assert_array_equal(queued.response().outputs["y"], 2 * inputs()["x"])
+        later = books()
+        assert delta(now, start) == delta(later, now)
+        assert delta(now, start)[0] == 7
+
+    run_on_engine(inline_repo(tmp_path), scenario)

@@ -17,9 +17,12 @@ if TYPE_CHECKING:
     from duetime.repository.graphs import SizedNode
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, eq=False)
 class Prepared:
-    """A request that passed validation: ORT-ready feeds, its batch rows and batching key."""
+    """A request that passed validation: ORT-ready feeds, its batch rows and batching key.
+
+    NOTE: not frozen: a frozen dataclass sets each field through `object.__setattr__`, four
+    calls on every request for a record nothing changes after `prepare` anyway."""
 
     feeds: dict[str, np.ndarray]
     rows: int
@@ -55,6 +58,11 @@ class Validator:
         self._batched = signature.max_batch_size > 0
         self._specs = {spec.name: spec for spec in signature.inputs}
         self._dtypes = {spec.name: NUMPY_OF[spec.datatype] for spec in signature.inputs}
+        self._wanted = {
+            spec.name: None if spec.any_rank else spec.client_shape for spec in signature.inputs
+        }
+        """The shape each input's requests carry (None: any); looked up, not derived per
+        request (`client_shape` is a property: a call on every request's every input)."""
         self._required = tuple(spec.name for spec in signature.required_inputs)
         self._all_outputs = tuple(spec.name for spec in signature.outputs)
         self._output_names = frozenset(self._all_outputs)
@@ -122,7 +130,10 @@ class Validator:
                 )
 
     def _prepare(self, inputs: Mapping[str, np.ndarray], outputs: Sequence[str] | None) -> Prepared:
-        self._check_names(inputs)
+        # (every name known and as many as the model has: none is missing; a set comparison of
+        # the keys, in C, instead of `_check_names`' loop on every request)
+        if len(inputs) != len(self._specs) or not inputs.keys() <= self._specs.keys():
+            self._check_names(inputs)
         feeds: dict[str, np.ndarray] = {}
         rows: int | None = None
         for name, array in inputs.items():
@@ -173,10 +184,10 @@ class Validator:
             raise InvalidInput(
                 f"input '{spec.name}': datatype {got} does not match the model's {spec.datatype}"
             )
-        shape = array.shape
-        if spec.any_rank:
+        wanted = self._wanted[spec.name]
+        if wanted is None:
             return
-        wanted = spec.client_shape
+        shape = array.shape
         if len(shape) == len(wanted):
             for want, got in zip(wanted, shape, strict=True):  # a loop: a generator is a frame
                 if want != got and want != -1:

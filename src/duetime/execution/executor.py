@@ -342,7 +342,10 @@ class Executor:
         result.outputs = outputs
 
     def _execute(self, run: Run, job: BatchJob, result: BatchResult, pool: InputPool) -> None:
-        if self.splits_batches and _batched_or_padded(job):
+        # whether it runs rows other than one request's own: several requests, or padding
+        sizes = job.rows
+        shared = len(sizes) > 1 or (job.bucket != 0 and job.bucket != sizes[0])
+        if shared and self.splits_batches:
             result.outputs = self._each_alone(run, job, result)
             return
         try:
@@ -360,13 +363,18 @@ class Executor:
                 raise
             ran = time.perf_counter_ns()
             result.compute_ns += ran - gathered
+            if not shared and feeds:
+                # (a lone request that was not padded gets its outputs whole, whatever their
+                # shape: it ran its own rows, so there is nothing to check, nor to trim)
+                result.outputs = self._split(outputs, job.rows, trim=False)
+                result.output_ns += time.perf_counter_ns() - ran
+                return
             rows = len(next(iter(feeds.values()))) if self._batched and feeds else None
             misfit = None if rows is None else _misfit(self._output_names, outputs, rows)
-            if misfit is not None and _batched_or_padded(job):
+            if misfit is not None:
                 self._stop_batching(misfit, outputs, rows)
                 result.outputs = self._each_alone(run, job, result)
                 return
-            # (a lone request that was not padded gets its outputs whole, whatever their shape)
             result.outputs = self._split(outputs, job.rows, trim=misfit is None)
             result.output_ns += time.perf_counter_ns() - ran
         except Exception as exc:
@@ -539,11 +547,6 @@ def _answered(outputs: Sequence[Feeds | DuetimeError]) -> bool:
 def _unsettled(futures: Sequence[Settles]) -> list[int]:
     """The indices of the futures not done yet."""
     return [index for index, future in enumerate(futures) if not future.done()]
-
-
-def _batched_or_padded(job: BatchJob) -> bool:
-    """Whether `job` runs rows other than one request's own: several requests, or padding."""
-    return len(job.rows) > 1 or job.bucket not in (0, job.rows[0])
 
 
 def _misfit(names: Sequence[str], outputs: Sequence[np.ndarray], rows: int) -> str | None:

@@ -37,7 +37,6 @@ from duetime.execution.executor import BatchJob, BatchResult, Executor, Feeds
 from duetime.resilience.breaker import BreakerState, CircuitBreaker
 from duetime.scheduling.admission import admit, predict_finish
 from duetime.scheduling.batching import (
-    Run,
     Wait,
     drop_hopeless,
     is_hopeless,
@@ -273,8 +272,9 @@ class _Running:
     taken: bool = False
     """Its thread took it (set on that thread, by the clock of its `BatchJob.start_by`): it
     runs, or has run. Meaningful only for a job given a `start_by` (one that waits)."""
-    swept: list[QueuedRequest] = field(default_factory=list)
-    """Its requests failed unrun while it waited (`_sweep_committed`): counted as expired."""
+    swept: Sequence[QueuedRequest] = ()
+    """Its requests failed unrun while it waited (`_sweep_committed`): counted as expired.
+    (A tuple until then: a list made for every batch was one more allocation per request.)"""
     stopping: bool = False
     """Its run is being stopped (see `_watch`)."""
     cold: bool = False
@@ -977,7 +977,7 @@ class ModelScheduler:
                 # meanwhile waiting for the copy's whole run
                 break
             queue.take(decision.taken)
-            self._start(decision, instance, start, now)
+            self._start(decision.requests, decision.rows, decision.bucket, instance, start, now)
         if self._drain_waiter is not None:
             self._wake_drain_waiter()
 
@@ -1053,7 +1053,7 @@ class ModelScheduler:
         whose batches take turns, it starts when the batches booked there end."""
         bucket = self.profile.bucket_of[item.rows] if self._max_rows else 0
         start = now if self._ledger is None else self._core_free(now, instance)
-        self._start(Run(0, [item], item.rows, bucket), instance, start, now)
+        self._start([item], item.rows, bucket, instance, start, now)
 
     def _arm_sweeper(self) -> None:
         if self._sweeper is None and (len(self._queue) or self._waiting()):
@@ -1130,7 +1130,8 @@ class ModelScheduler:
                         job.revoked = True
                         if now + self._estimate(item.rows) > item.due_ns:
                             hopeless.append(item)
-                running.swept.extend(hopeless)
+                if hopeless:
+                    running.swept = [*running.swept, *hopeless]
                 self._expire(hopeless, now)
 
     def _deadline_rule(self) -> Callable[[int], int] | None:
@@ -1201,28 +1202,41 @@ class ModelScheduler:
                 f"{self._exec_ns(item.rows) / 1e3:.0f} µs{margins}; it was not run"
             ))  # fmt: skip
 
-    def _start(self, run: Run, instance: int, start: int, now: int) -> None:
-        requests = run.requests
+    def _start(
+        self,
+        requests: list[QueuedRequest],
+        rows: int,
+        bucket: int,
+        instance: int,
+        start: int,
+        now: int,
+    ) -> None:
+        """Start `requests` (`rows` in all, run padded to `bucket`) on `instance` at `start`.
+
+        NOTE: given a batch's parts, not its `Run`: a request started alone (`_start_alone`, the
+        common case at light load) made a frozen `Run` for nothing but this call."""
         probing = self._probe is not None and self._takes_probe(requests)
         queue_time = self._queue_time
         for item in requests:
-            queue_time.observe(start - item.arrival_ns)
+            waited = start - item.arrival_ns  # (`LatencyHistogram.observe`, without its frame)
+            queue_time.counts[bisect_left(LATENCY_BOUNDS_NS, waited)] += 1
+            queue_time.sum_ns += waited
             if item.timing is not None:
-                _timing_started(item.timing, now, start, run.rows, instance)
+                _timing_started(item.timing, now, start, rows, instance)
         if self._tripped:
             self._breakers[instance].started()
-        predicted = self._run_ns(requests, run.rows)
-        running = _Running(requests, run.bucket, now, run.rows, None, start, predicted)
+        predicted = self._run_ns(requests, rows)
+        running = _Running(requests, bucket, now, rows, None, start, predicted)
         running.cold = probing or (self._refusing and now - self._last_run_ns >= COLD_AFTER_NS)
         self._outstanding[instance].append(running)
         self._busy_until[instance] = start + predicted
         if self._ledger is not None:
             self._ledger.book(self._owners[instance], self._busy_until[instance])
         if len(requests) == 1:  # (no comprehensions: a frame each)
-            job = BatchJob([requests[0].feeds], [run.rows], run.bucket, self._finish)
+            job = BatchJob([requests[0].feeds], [rows], bucket, self._finish)
         else:
             job = BatchJob(
-                [i.feeds for i in requests], [i.rows for i in requests], run.bucket, self._finish
+                [i.feeds for i in requests], [i.rows for i in requests], bucket, self._finish
             )
         if self._inline:
             self._complete(self._executor.run_now(instance, job))
@@ -1538,6 +1552,7 @@ class ModelScheduler:
         # their `execute` span shorter than its compute time, or dropped it (see `_timing_ran`)
         began = now - result.input_ns - result.compute_ns - result.output_ns
         swept = running.swept
+        request_time = self._request_time
         for item, outputs in zip(running.requests, result.outputs, strict=True):
             if item.future.done() or (swept and _among(item, swept)):
                 # (cancelled by its client while it ran; or, swept, failed unrun while its batch
@@ -1562,7 +1577,9 @@ class ModelScheduler:
                     self._late += 1
                 else:
                     self._on_time += 1
-                self._request_time.observe(now - item.arrival_ns)
+                took = now - item.arrival_ns  # (`LatencyHistogram.observe`, without its frame)
+                request_time.counts[bisect_left(LATENCY_BOUNDS_NS, took)] += 1
+                request_time.sum_ns += took
                 _settle(item, outputs)
         if answered:
             # NOTE: as Triton's, the queue and compute times count the requests that succeeded
@@ -1757,7 +1774,9 @@ class ModelScheduler:
         )
 
     def _record(self, running: _Running, result: BatchResult, now: int, sent: int) -> None:
-        self._compute_time.observe(result.compute_ns)
+        compute_time = self._compute_time  # (`LatencyHistogram.observe`, without its frame)
+        compute_time.counts[bisect_left(LATENCY_BOUNDS_NS, result.compute_ns)] += 1
+        compute_time.sum_ns += result.compute_ns
         outputs = result.outputs
         requests = running.requests
         # (a request whose future is done before its batch settles was cancelled by its client,
@@ -1970,7 +1989,7 @@ def _clients_fault(outputs: Sequence[Feeds | DuetimeError]) -> bool:
     return all(isinstance(o, DuetimeError) and o.http_status < 500 for o in outputs)
 
 
-def _among(item: QueuedRequest, items: list[QueuedRequest]) -> bool:
+def _among(item: QueuedRequest, items: Sequence[QueuedRequest]) -> bool:
     """`item` is one of `items` (by identity: requests compare by value)."""
     return any(item is other for other in items)
 
