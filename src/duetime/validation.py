@@ -136,12 +136,22 @@ class Validator:
             self._check_names(inputs)
         feeds: dict[str, np.ndarray] = {}
         rows: int | None = None
+        limit = self._signature.max_batch_size
         for name, array in inputs.items():
             spec = self._specs[name]
             self._check_tensor(spec, array)
             if self._batched:
-                rows = self._check_rows(spec, array, rows)
-            feeds[name] = self._for_ort(spec, array)
+                # (`_check_rows` only where it has something to say: a frame less per input)
+                batch = array.shape[0]
+                if batch < 1 or batch > limit or (rows is not None and batch != rows):
+                    self._check_rows(spec, array, rows)
+                rows = int(batch)
+            # (`_for_ort` only where it has something to do: a native, C-ordered numeric array
+            # goes as it is)
+            if spec.datatype != "BYTES" and array.dtype.isnative and array.flags.c_contiguous:
+                feeds[name] = array
+            else:
+                feeds[name] = self._for_ort(spec, array)
         if self._graph_shapes:
             self._reshape(feeds)
         if not self._batched:

@@ -482,7 +482,9 @@ class ModelScheduler:
             default_due = now + self.default_timeout_ns
             due_ns = default_due if due_ns is None else min(due_ns, default_due)
         queue = self._queue
-        key = queue.key_for(self._level(priority), due_ns)
+        # (the default level without `_level`'s frame: priority 0, nearly every request's)
+        level = self._config.default_priority_level if priority == 0 else self._level(priority)
+        key = queue.key_for(level, due_ns)
         probe = False
         if due_ns is not None:
             extra_bytes = self._extra_bytes(_bytes(feeds), rows) if self._size_cost else 0
@@ -807,7 +809,7 @@ class ModelScheduler:
         NOTE: the instance's busy-until used the profile alone: a 400-row request to a model
         of free size, admitted on its size (hundreds of ms), was booked at 15 ms, and the
         requests behind it were admitted and planned for a start long before it ended."""
-        run = self._exec_ns(rows)
+        run = self.profile.predict(rows) + int(self._overhead_ns)  # (`_exec_ns`, its frame less)
         if not self._size_cost:
             return run
         return run + self._size_cost.predict(self._extra_bytes(_input_bytes(requests), rows))
@@ -1580,7 +1582,11 @@ class ModelScheduler:
                 took = now - item.arrival_ns  # (`LatencyHistogram.observe`, without its frame)
                 request_time.counts[bisect_left(LATENCY_BOUNDS_NS, took)] += 1
                 request_time.sum_ns += took
-                _settle(item, outputs)
+                # (`_settle`, without its frame: its future was found not done above, and
+                # nothing since ran a callback that could settle it)
+                item.future.set_result(outputs)  # type: ignore[attr-defined]
+                if item.on_done is not None:
+                    item.on_done()
         if answered:
             # NOTE: as Triton's, the queue and compute times count the requests that succeeded
             # only, so that each has the successes' count (a failed or cancelled request's
