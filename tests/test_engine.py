@@ -23,8 +23,8 @@ pytestmark = pytest.mark.timeout(120)
 
 
 @pytest.fixture(scope="module")
-def engine(demo_repo: Path) -> Iterator[Engine]:
-    opened = Engine.open(demo_repo)
+def engine(mlp_resnet_repo: Path) -> Iterator[Engine]:
+    opened = Engine.open(mlp_resnet_repo)
     yield opened
     opened.close()
 
@@ -146,11 +146,11 @@ def hammer(engine: Engine, ended: list[str]) -> None:
     ended.append("ended")
 
 
-def test_close_ends_every_call_made_meanwhile_and_twice_is_nothing(demo_repo: Path) -> None:
+def test_close_ends_every_call_made_meanwhile_and_twice_is_nothing(mlp_repo: Path) -> None:
     """Calls racing close() were handed to a loop that closed without taking them: they waited
     forever."""
     for _ in range(3):
-        engine = Engine.open(demo_repo)
+        engine = Engine.open(mlp_repo)
         ended: list[str] = []
         threads = [
             threading.Thread(target=hammer, args=(engine, ended), daemon=True) for _ in range(8)
@@ -166,13 +166,13 @@ def test_close_ends_every_call_made_meanwhile_and_twice_is_nothing(demo_repo: Pa
             engine.infer("mlp", {"x": mlp_rows(1)})
 
 
-def test_an_engine_left_open_is_closed_as_the_interpreter_exits(demo_repo: Path) -> None:
+def test_an_engine_left_open_is_closed_as_the_interpreter_exits(mlp_resnet_repo: Path) -> None:
     """Its instance threads are daemons: killed in the middle of an ONNX Runtime run, they abort
     the process (exit 134) unless the engine is closed first."""
     script = f"""
 import threading, numpy as np
 from duetime import Engine
-engine = Engine.open({str(demo_repo)!r})
+engine = Engine.open({str(mlp_resnet_repo)!r})
 def work():
     while True:
         try:
@@ -228,12 +228,12 @@ def test_calls_given_up_on_another_loop_are_withdrawn_and_the_rest_answered(
     assert "InvalidStateError" not in caplog.text
 
 
-def test_an_engine_opened_before_a_fork_refuses_calls_in_the_child(demo_repo: Path) -> None:
+def test_an_engine_opened_before_a_fork_refuses_calls_in_the_child(mlp_repo: Path) -> None:
     """Its loop thread does not come along into the child: a call there waited forever."""
     script = f"""
 import os, numpy as np
 from duetime import Engine
-engine = Engine.open({str(demo_repo)!r})
+engine = Engine.open({str(mlp_repo)!r})
 pid = os.fork()
 if pid == 0:
     try:
@@ -259,17 +259,17 @@ def test_a_model_that_is_no_name_is_invalid_input(engine: Engine) -> None:
         engine.infer(None, {"x": mlp_rows(1)})  # type: ignore[arg-type]
 
 
-def test_async_with_closes_an_engine_at_its_end(demo_repo: Path) -> None:
+def test_async_with_closes_an_engine_at_its_end(mlp_repo: Path) -> None:
     """`async with` was a TypeError: Engine had no __aenter__."""
 
     async def main() -> None:
-        async with await Engine.start(demo_repo) as engine:
+        async with await Engine.start(mlp_repo) as engine:
             assert (await engine.infer_async("mlp", {"x": mlp_rows(1)}))["y"].shape == (1, 3)
         with pytest.raises(ModelUnavailable):
             await engine.infer_async("mlp", {"x": mlp_rows(1)})
 
     asyncio.run(main())
-    with Engine.open(demo_repo) as opened:  # (and an open() engine, from a loop of the caller's)
+    with Engine.open(mlp_repo) as opened:  # (and an open() engine, from a loop of the caller's)
 
         async def elsewhere() -> None:
             async with opened:
@@ -280,9 +280,9 @@ def test_async_with_closes_an_engine_at_its_end(demo_repo: Path) -> None:
             opened.infer("mlp", {"x": mlp_rows(1)})
 
 
-def test_an_engine_started_on_a_loop_refuses_calls_from_another(demo_repo: Path) -> None:
+def test_an_engine_started_on_a_loop_refuses_calls_from_another(mlp_repo: Path) -> None:
     async def main() -> None:
-        engine = await Engine.start(demo_repo)
+        engine = await Engine.start(mlp_repo)
         try:
 
             async def elsewhere() -> None:
