@@ -17,7 +17,7 @@ from duetime.tools.capture import read_capture
 
 
 def test_a_classification_answer_is_recorded_and_replays_equal(
-    demo_repo: Path, server: RunningServer, tmp_path: Path
+    mlp_repo: Path, server: RunningServer, tmp_path: Path
 ) -> None:
     capture = tmp_path / "c.cap"
     x = np.linspace(-1, 1, 40, dtype=np.float32)
@@ -26,7 +26,7 @@ def test_a_classification_answer_is_recorded_and_replays_equal(
         "inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 40], "data": x.tolist()}],
         "outputs": [{"name": "y", "parameters": {"classification": 2}}],
     }
-    with recording_server(demo_repo, capture) as running:
+    with recording_server(mlp_repo, capture) as running:
         got = requests.post(f"http://{running.http}/v2/models/mlp/infer", json=body, timeout=30)
         assert got.status_code == 200, got.text
         http_answer = got.json()["outputs"][0]

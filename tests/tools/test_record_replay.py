@@ -41,9 +41,9 @@ def _send(server: RunningServer) -> None:
 
 
 @pytest.fixture(scope="module")
-def capture(demo_repo: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def capture(mlp_repo: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("record") / "traffic.cap"
-    with recording_server(demo_repo, path) as running:
+    with recording_server(mlp_repo, path) as running:
         _send(running)
     return path
 

@@ -94,9 +94,9 @@ def send_traffic(server: RunningServer) -> dict[str, np.ndarray]:
 
 
 @pytest.fixture(scope="module")
-def captured(demo_repo: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def captured(mlp_repo: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("capture") / "traffic.cap"
-    with recording_server(demo_repo, path) as running:
+    with recording_server(mlp_repo, path) as running:
         send_traffic(running)
         (path.parent / "metrics.txt").write_text(scrape(running))
     return path
@@ -216,10 +216,10 @@ def test_capture_counts_are_exported(captured: Path) -> None:
     assert "duetime_capture_buffered" in text
 
 
-def test_existing_capture_is_not_overwritten(demo_repo: Path, tmp_path: Path) -> None:
+def test_existing_capture_is_not_overwritten(mlp_repo: Path, tmp_path: Path) -> None:
     path = tmp_path / "old.cap"
     path.write_bytes(b"precious")
-    settings = ServerSettings(model_repository=demo_repo, http_port=0, grpc_port=0,
+    settings = ServerSettings(model_repository=mlp_repo, http_port=0, grpc_port=0,
                               record_path=path)  # fmt: skip
     with pytest.raises(Exception, match="never overwritten"):
         start_server(settings)

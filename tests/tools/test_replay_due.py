@@ -130,17 +130,17 @@ def test_requests_overdue_when_captured_replay_overdue(
 
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
 def test_bench_record_replay_record_keeps_the_clients_timeouts(
-    demo_repo: Path, tmp_path: Path, protocol: str
+    mlp_repo: Path, tmp_path: Path, protocol: str
 ) -> None:
     first, second = tmp_path / "first.cap", tmp_path / "second.cap"
-    with recording_server(demo_repo, first) as running:
+    with recording_server(mlp_repo, first) as running:
         target = running.http if protocol == "http" else running.grpc
         argv = [
             "bench", f"--{protocol}", target, "--model", "mlp", "--rate", "100", "--duration",
             "0.3", "--warmup", "0", "--timeout-ms", "10,20", "--seed", "7", "-q",
         ]  # fmt: skip
         assert cli_main(argv) == 0
-    with recording_server(demo_repo, second) as running:
+    with recording_server(mlp_repo, second) as running:
         target = running.http if protocol == "http" else running.grpc
         out = tmp_path / "replay.json"
         argv = ["replay", str(first), "--target", f"{protocol}://{target}", "-q",
