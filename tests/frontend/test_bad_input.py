@@ -644,12 +644,12 @@ def test_grpc_message_over_limit(stub: Any) -> None:
     assert_still_serves(wire)
 
 
-def test_json_over_its_limit_is_refused_but_binary_of_that_size_is_not(demo_repo: Path) -> None:
+def test_json_over_its_limit_is_refused_but_binary_of_that_size_is_not(mlp_repo: Path) -> None:
     import http.client
     import json as jsonlib
 
     settings = ServerSettings(
-        model_repository=demo_repo, http_port=0, grpc_port=0, max_json_bytes=4096
+        model_repository=mlp_repo, http_port=0, grpc_port=0, max_json_bytes=4096
     )
     running, thread = start_server(settings)
     try:

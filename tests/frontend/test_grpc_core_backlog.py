@@ -30,9 +30,9 @@ _STREAM = "/inference.GRPCInferenceService/ModelStreamInfer"
 
 
 @pytest.fixture(scope="module")
-def server(demo_repo: Path) -> Iterator[RunningServer]:
+def server(mlp_repo: Path) -> Iterator[RunningServer]:
     running, thread = start_server(
-        ServerSettings(model_repository=demo_repo, http_port=0, grpc_port=0)
+        ServerSettings(model_repository=mlp_repo, http_port=0, grpc_port=0)
     )
     yield running
     stop_server(running, thread)
@@ -176,11 +176,11 @@ def test_health_watch_streams_held_open_are_the_handlers_not_waiting_calls(
     assert unheld <= CoreBacklog.SLACK
 
 
-def test_calls_are_looked_for_in_the_core_with_shedding_off(demo_repo: Path) -> None:
+def test_calls_are_looked_for_in_the_core_with_shedding_off(mlp_repo: Path) -> None:
     """With --overload-utilization 0 nothing sampled the core: 1,803 calls waited there while
     their timeouts counted from their handlers (good/s 3.5 at 2,000 calls/s, 1,294 with it)."""
     running, thread = start_server(
-        ServerSettings(model_repository=demo_repo, http_port=0, grpc_port=0, overload_utilization=0)
+        ServerSettings(model_repository=mlp_repo, http_port=0, grpc_port=0, overload_utilization=0)
     )
     try:
         assert running.server.shedder is None

@@ -30,9 +30,9 @@ _INFER = "/inference.GRPCInferenceService/ModelInfer"
 
 
 @pytest.fixture(scope="module")
-def server(demo_repo: Path) -> Iterator[RunningServer]:
+def server(mlp_repo: Path) -> Iterator[RunningServer]:
     running, thread = start_server(
-        ServerSettings(model_repository=demo_repo, http_port=0, grpc_port=0)
+        ServerSettings(model_repository=mlp_repo, http_port=0, grpc_port=0)
     )
     yield running
     stop_server(running, thread)

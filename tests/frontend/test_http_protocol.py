@@ -470,10 +470,10 @@ def test_unknown_path_gets_404(client: RawClient, path: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def impatient(demo_repo: Path) -> Iterator[RunningServer]:
-    """The demo models behind a server that closes idle connections after 0.3 s."""
+def impatient(mlp_repo: Path) -> Iterator[RunningServer]:
+    """The demo mlp behind a server that closes idle connections after 0.3 s."""
     settings = ServerSettings(
-        model_repository=demo_repo, http_port=0, grpc_port=0, idle_timeout_s=0.3
+        model_repository=mlp_repo, http_port=0, grpc_port=0, idle_timeout_s=0.3
     )
     running, thread = start_server(settings)
     yield running

@@ -417,9 +417,9 @@ def client_status_names(module: Any, server: RunningServer) -> list[str]:
         client.close()
 
 
-def test_registration_needs_the_control_token_when_the_server_has_one(demo_repo: Path) -> None:
+def test_registration_needs_the_control_token_when_the_server_has_one(mlp_repo: Path) -> None:
     settings = ServerSettings(
-        model_repository=demo_repo, http_port=0, grpc_port=0, metrics=False, control_token=TOKEN
+        model_repository=mlp_repo, http_port=0, grpc_port=0, metrics=False, control_token=TOKEN
     )
     running, thread = start_server(settings)
     http = httpclient.InferenceServerClient(running.http)

@@ -35,10 +35,10 @@ GUARD_S = 10.0
 
 
 @pytest.fixture(scope="module")
-def strict(demo_repo: Path) -> Iterator[RunningServer]:
-    """The demo models behind short read timeouts and a 1 MiB room for bodies."""
+def strict(mlp_repo: Path) -> Iterator[RunningServer]:
+    """The demo mlp behind short read timeouts and a 1 MiB room for bodies."""
     settings = ServerSettings(
-        model_repository=demo_repo, http_port=0, grpc_port=0, metrics=False,
+        model_repository=mlp_repo, http_port=0, grpc_port=0, metrics=False,
         request_read_timeout_s=READ_TIMEOUT_S, min_body_rate_bytes_s=MIN_RATE,
         max_body_bytes=MAX_BODY, max_inflight_bytes=MAX_BODY, max_connections=256,
     )  # fmt: skip
@@ -191,9 +191,9 @@ def test_chunked_body_past_the_room_gets_503(strict: RunningServer) -> None:
 # -- too many connections ------------------------------------------------------------------------
 
 
-def test_connections_past_the_limit_get_503(demo_repo: Path) -> None:
+def test_connections_past_the_limit_get_503(mlp_repo: Path) -> None:
     settings = ServerSettings(
-        model_repository=demo_repo, http_port=0, grpc_port=0, metrics=False, max_connections=3
+        model_repository=mlp_repo, http_port=0, grpc_port=0, metrics=False, max_connections=3
     )
     running, thread = start_server(settings)
     try:
