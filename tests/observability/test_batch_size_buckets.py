@@ -24,8 +24,8 @@ def batch_size_buckets(metrics_port: int) -> dict[float, float]:
     }
 
 
-def test_batch_size_bounds_do_not_change_with_the_sizes_run(demo_repo: Path) -> None:
-    settings = ServerSettings(model_repository=demo_repo, http_port=0, grpc_port=0, metrics_port=0)
+def test_batch_size_bounds_do_not_change_with_the_sizes_run(mlp_repo: Path) -> None:
+    settings = ServerSettings(model_repository=mlp_repo, http_port=0, grpc_port=0, metrics_port=0)
     running, thread = start_server(settings)
     try:
         port = running.addresses.metrics_port

@@ -36,10 +36,10 @@ def post(address: str, path: str, body: bytes, headers: dict[str, str]) -> int:
 
 
 def test_failed_and_sampled_requests_are_logged(
-    demo_repo: Path, caplog: pytest.LogCaptureFixture
+    mlp_repo: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     settings = ServerSettings(
-        model_repository=demo_repo, http_port=0, grpc_port=0, access_log_sample=1.0
+        model_repository=mlp_repo, http_port=0, grpc_port=0, access_log_sample=1.0
     )
     running, thread = start_server(settings)
     good = json.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 40],
@@ -62,12 +62,12 @@ def test_failed_and_sampled_requests_are_logged(
 
 
 def test_kserve_v1_predicts_are_logged_as_v2_inferences_are(
-    demo_repo: Path, caplog: pytest.LogCaptureFixture
+    mlp_repo: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A V1 `:predict` got no access-log line, and a failed one's line named the model
     'mlp:predict'; the trace id of its traceparent comes back in x-trace-id."""
     settings = ServerSettings(
-        model_repository=demo_repo, http_port=0, grpc_port=0, access_log_sample=1.0
+        model_repository=mlp_repo, http_port=0, grpc_port=0, access_log_sample=1.0
     )
     running, thread = start_server(settings)
     host, port = running.http.split(":")
@@ -133,13 +133,13 @@ def test_text_lines_escape_control_characters() -> None:
 
 @pytest.mark.usefixtures("restore_logging")
 def test_a_model_name_cannot_forge_a_log_line(
-    demo_repo: Path, capsys: pytest.CaptureFixture[str]
+    mlp_repo: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """A tester's report: with `--log-level info` a URL naming the model
     "x%0A2026-01-01 ... CRITICAL ..." wrote a CRITICAL line of the client's making."""
     configure_logging("info", "text")  # (as `duetime serve --log-level info` does)
     running, thread = start_server(
-        ServerSettings(model_repository=demo_repo, http_port=0, grpc_port=0)
+        ServerSettings(model_repository=mlp_repo, http_port=0, grpc_port=0)
     )
     forged = "2026-01-01 00:00:00,000 CRITICAL duetime.auth: FORGED"
     try:

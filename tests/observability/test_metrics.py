@@ -267,8 +267,8 @@ def test_the_endpoint_is_announced_on_the_ready_line() -> None:
     assert off.describe() == "duetime ready: http://127.0.0.1:8000 grpc://127.0.0.1:8001"
 
 
-def test_no_metrics_serves_no_endpoint(demo_repo: Path) -> None:
-    settings = ServerSettings(model_repository=demo_repo, http_port=0, grpc_port=0, metrics=False)
+def test_no_metrics_serves_no_endpoint(mlp_repo: Path) -> None:
+    settings = ServerSettings(model_repository=mlp_repo, http_port=0, grpc_port=0, metrics=False)
     running, thread = start_server(settings)
     try:
         assert running.addresses.metrics_port is None

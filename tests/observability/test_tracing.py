@@ -37,11 +37,11 @@ STAGES = {"decode", "queue", "batch", "execute", "encode"}
 
 
 @pytest.fixture(scope="module")
-def traced(demo_repo: Path) -> Iterator[tuple[RunningServer, InMemorySpanExporter, Tracing]]:
+def traced(mlp_repo: Path) -> Iterator[tuple[RunningServer, InMemorySpanExporter, Tracing]]:
     exporter = InMemorySpanExporter()
     tracing = tracing_from_env({}, exporter=exporter)
     assert tracing is not None
-    settings = ServerSettings(model_repository=demo_repo, http_port=0, grpc_port=0)
+    settings = ServerSettings(model_repository=mlp_repo, http_port=0, grpc_port=0)
     running, thread = start_server(settings, tracing=tracing)
     yield running, exporter, tracing
     stop_server(running, thread)
