@@ -57,8 +57,8 @@ def _served(connect_to: str, addresses: Addresses) -> None:
 
 @pytest.mark.skipif(not _binds(socket.AF_INET6, "::1"), reason="no IPv6 loopback here")
 @pytest.mark.parametrize("host", ["::1", "[::1]"])
-def test_an_ipv6_loopback_serves_every_endpoint(demo_repo: Path, host: str) -> None:
-    settings = ServerSettings(model_repository=demo_repo, host=host, http_port=0, grpc_port=0)
+def test_an_ipv6_loopback_serves_every_endpoint(mlp_repo: Path, host: str) -> None:
+    settings = ServerSettings(model_repository=mlp_repo, host=host, http_port=0, grpc_port=0)
     running, thread = start_server(settings)
     try:
         addresses = running.addresses
@@ -70,8 +70,8 @@ def test_an_ipv6_loopback_serves_every_endpoint(demo_repo: Path, host: str) -> N
 
 
 @pytest.mark.skipif(not _dual_stack(), reason="IPv6 sockets here are not dual stack")
-def test_every_interface_over_ipv6_takes_ipv4_clients_too(demo_repo: Path) -> None:
-    settings = ServerSettings(model_repository=demo_repo, host="::", http_port=0, grpc_port=0)
+def test_every_interface_over_ipv6_takes_ipv4_clients_too(mlp_repo: Path) -> None:
+    settings = ServerSettings(model_repository=mlp_repo, host="::", http_port=0, grpc_port=0)
     running, thread = start_server(settings)
     try:
         _served("127.0.0.1", running.addresses)

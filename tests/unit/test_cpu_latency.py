@@ -84,11 +84,11 @@ def settings_holding(
 
 
 def test_a_server_holds_the_limit_while_it_serves(
-    tmp_path: Path, demo_repo: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, mlp_repo: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     device = tmp_path / "cpu_dma_latency"
     device.write_bytes(b"")
-    running, thread = start_server(settings_holding(0, device, demo_repo, monkeypatch))
+    running, thread = start_server(settings_holding(0, device, mlp_repo, monkeypatch))
     try:
         assert device.read_bytes() == struct.pack("=i", 0)
         assert open_descriptors_on(device) == 1
@@ -98,9 +98,9 @@ def test_a_server_holds_the_limit_while_it_serves(
 
 
 def test_a_server_that_cannot_hold_the_limit_does_not_start(
-    tmp_path: Path, demo_repo: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, mlp_repo: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    settings = settings_holding(5, tmp_path / "missing", demo_repo, monkeypatch)
+    settings = settings_holding(5, tmp_path / "missing", mlp_repo, monkeypatch)
     server = duetime.server.Server(settings)
     with pytest.raises(ConfigError, match="cpu_dma_latency_us"):
         asyncio.run(server.start())  # refused first: nothing was loaded or listening
@@ -109,14 +109,14 @@ def test_a_server_that_cannot_hold_the_limit_does_not_start(
 
 
 def test_a_start_that_fails_later_lets_the_limit_go(
-    tmp_path: Path, demo_repo: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, mlp_repo: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     device = tmp_path / "cpu_dma_latency"
     device.write_bytes(b"")
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
-        settings = settings_holding(0, device, demo_repo, monkeypatch).model_copy(
+        settings = settings_holding(0, device, mlp_repo, monkeypatch).model_copy(
             update={"http_port": taken.getsockname()[1]}
         )
         server = duetime.server.Server(settings)
