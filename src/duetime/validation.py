@@ -63,6 +63,14 @@ class Validator:
         }
         """The shape each input's requests carry (None: any); looked up, not derived per
         request (`client_shape` is a property: a call on every request's every input)."""
+        self._tails = {
+            name: wanted[1:]
+            for name, wanted in self._wanted.items()
+            if wanted and wanted[0] == -1 and -1 not in wanted[1:]
+        }
+        """The inputs whose shape is a free first dim and fixed others (a batched model's
+        usual input): their non-batch dims, which an array of the right datatype and rank that
+        has them passes `_check_tensor` by (see `_prepare`)."""
         self._required = tuple(spec.name for spec in signature.required_inputs)
         self._all_outputs = tuple(spec.name for spec in signature.outputs)
         self._output_names = frozenset(self._all_outputs)
@@ -137,9 +145,21 @@ class Validator:
         feeds: dict[str, np.ndarray] = {}
         rows: int | None = None
         limit = self._signature.max_batch_size
+        tails = self._tails
+        dtypes = self._dtypes
         for name, array in inputs.items():
             spec = self._specs[name]
-            self._check_tensor(spec, array)
+            # (`_check_tensor` only where the quick look is not enough: a frame and its loop
+            # less per input on the usual request)
+            tail = tails.get(name)
+            if (
+                tail is None
+                or not isinstance(array, np.ndarray)
+                or array.dtype != dtypes[name]
+                or len(array.shape) != len(tail) + 1
+                or array.shape[1:] != tail
+            ):
+                self._check_tensor(spec, array)
             if self._batched:
                 # (`_check_rows` only where it has something to say: a frame less per input)
                 batch = array.shape[0]
