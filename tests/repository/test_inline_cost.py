@@ -110,6 +110,37 @@ def test_auto_runs_inline_only_a_model_whose_cost_follows_its_rows_alone(
     assert model.executor.inline is not varies
 
 
+@pytest.mark.parametrize(
+    ("medians_ns", "inline"),
+    [
+        # (a stretch of load while its largest batch was profiled: 2.3 ms, 220 µs at half)
+        (((1, 40_000), (16, 220_000), (32, 2_300_000)), True),
+        (((1, 150_000), (32, 300_000)), True),  # batch 1 over its bound, as busy
+        (((1, 40_000), (32, 2_600_000)), False),  # over 5x the bound: not checked again
+        (((1, 600_000), (32, 900_000)), False),
+    ],
+)
+def test_a_profile_just_over_the_inline_bounds_is_checked_by_the_fastest_runs(
+    tmp_path: Path,
+    loaded: list[LoadedModel],
+    monkeypatch: pytest.MonkeyPatch,
+    medians_ns: tuple[tuple[int, int], ...],
+    inline: bool,
+) -> None:
+    """A tiny model (2x, a few µs a run) whose profile, taken while the machine was busy, reads
+    just over the bounds runs inline all the same: its fastest runs are within them."""
+    profile = LatencyProfile([ProfilePoint(rows, ns, ns) for rows, ns in medians_ns])
+    monkeypatch.setattr(loader, "measure_profile", lambda *args, **kwargs: profile)
+    folder = tmp_path / "m"
+    (folder / "1").mkdir(parents=True)
+    onnx.save(scaled_model(), str(folder / "1" / MODEL_FILENAME))
+    (folder / "config.toml").write_text("max_batch_size = 32\n")
+    model = load_version(scan_model(folder), 1)
+    loaded.append(model)
+    assert not runs_inline(profile, 1)
+    assert model.executor.inline is inline
+
+
 def test_runs_inline_refuses_a_model_whose_cost_varies_however_fast_its_profile() -> None:
     assert runs_inline(FAST, 1)
     assert not runs_inline(FAST, 1, cost_varies=True)
