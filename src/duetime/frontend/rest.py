@@ -1828,17 +1828,10 @@ def _check_json_answer(outputs: Mapping[str, np.ndarray], plan: OutputPlan, limi
         for name, array in outputs.items()
         if name not in shared and not plan.is_binary(name)
     }
-    total = sum(sizes.values())
-    if total <= limit:
-        return
-    name = max(sizes, key=sizes.__getitem__)
-    raise InvalidInput(
-        f"output '{name}' is too big to answer as JSON: about {sizes[name]} bytes of JSON"
-        + (f" ({total} with the other outputs)" if total != sizes[name] else "")
-        + f", over the {limit}-byte limit for a JSON answer (server flag "
-        "--max-json-answer-bytes); ask for it as binary data: output parameter "
-        "'binary_data': true, or request parameter 'binary_data_output': true"
-    )
+    _refuse_json_over(
+        sizes, limit, "ask for it as binary data: output parameter 'binary_data': true, or "
+        "request parameter 'binary_data_output': true",
+    )  # fmt: skip
 
 
 def _check_v1_answer(outputs: Mapping[str, np.ndarray], limit: int) -> None:
@@ -1848,7 +1841,15 @@ def _check_v1_answer(outputs: Mapping[str, np.ndarray], limit: int) -> None:
         a.dtype.kind == "O" for a in outputs.values()
     ):
         return
-    sizes = v1_json_size(dict(outputs))
+    _refuse_json_over(
+        v1_json_size(dict(outputs)), limit, "a V1 answer is JSON only: send fewer instances, "
+        "or ask with the v2 protocol (POST /v2/models/<m>/infer) for the output as binary data",
+    )  # fmt: skip
+
+
+def _refuse_json_over(sizes: Mapping[str, int], limit: int, advice: str) -> None:
+    """InvalidInput naming the biggest output when the outputs' JSON `sizes` (bytes) add up to
+    more than `limit`, with `advice` on what to ask for instead."""
     total = sum(sizes.values())
     if total <= limit:
         return
@@ -1857,8 +1858,7 @@ def _check_v1_answer(outputs: Mapping[str, np.ndarray], limit: int) -> None:
         f"output '{name}' is too big to answer as JSON: about {sizes[name]} bytes of JSON"
         + (f" ({total} with the other outputs)" if total != sizes[name] else "")
         + f", over the {limit}-byte limit for a JSON answer (server flag "
-        "--max-json-answer-bytes); a V1 answer is JSON only: send fewer instances, or ask "
-        "with the v2 protocol (POST /v2/models/<m>/infer) for the output as binary data"
+        f"--max-json-answer-bytes); {advice}"
     )
 
 
