@@ -31,9 +31,9 @@ DOCUMENT = json.loads(
 
 
 @pytest.fixture(scope="module")
-def live(demo_repo: Path) -> Iterator[RunningServer]:
+def live(mlp_repo: Path) -> Iterator[RunningServer]:
     settings = ServerSettings(
-        model_repository=demo_repo, http_port=0, grpc_port=0, metrics=False,
+        model_repository=mlp_repo, http_port=0, grpc_port=0, metrics=False,
         max_body_bytes=1024 * 1024,
     )  # fmt: skip
     running, thread = start_server(settings)
