@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import types
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -82,6 +83,7 @@ class EchoApi:
         self.accepting = True  # (as RestApi: False once the server stops)
         self.held: list[tuple[Ticket, Reply]] = []
         self.turn = ReadTurn(MonotonicClock())
+        self.engine = types.SimpleNamespace(recorder=None)  # (as RestApi's: nothing records)
 
     def handle(self, method: str, target: bytes, headers: Any, body: bytes) -> Any:
         reply = Reply(
