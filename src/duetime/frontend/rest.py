@@ -19,7 +19,7 @@ import zlib
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from importlib import resources
-from typing import Any, NamedTuple, Protocol
+from typing import Any, Generic, NamedTuple, Protocol, TypeVar
 from urllib.parse import unquote
 
 import numpy as np
@@ -184,11 +184,14 @@ class PendingReply:
             log_cancelled("http", ticket.model, ticket.version, trace_id)
 
 
-@dataclass(slots=True, eq=False)
-class ControlCall:
-    """A repository operation (load, unload) running as a task; its future holds the Reply."""
+_Settled = TypeVar("_Settled")
 
-    future: asyncio.Future[Reply]
+
+@dataclass(slots=True, eq=False)
+class _Awaited(Generic[_Settled]):
+    """Work running on the loop whose future a pending reply reads (`Pending`)."""
+
+    future: asyncio.Future[_Settled]
     on_done: Callable[[], None] | None = None
 
     def when_done(self, callback: Callable[[], None]) -> None:
@@ -196,6 +199,11 @@ class ControlCall:
             self.on_done = callback
         elif not self.future.cancelled():
             callback()
+
+
+@dataclass(slots=True, eq=False)
+class ControlCall(_Awaited[Reply]):
+    """A repository operation (load, unload) running as a task; its future holds the Reply."""
 
     @classmethod
     def start(
@@ -241,18 +249,9 @@ class ControlCall:
 
 
 @dataclass(slots=True, eq=False)
-class AfterLoad:
+class AfterLoad(_Awaited["Reply | PendingReply"]):
     """A V1 predict waiting for its model's load (see `RestApi._v1_after_load`): its future
     holds the reply, or the pending reply of the request submitted once the model loaded."""
-
-    future: asyncio.Future[Reply | PendingReply]
-    on_done: Callable[[], None] | None = None
-
-    def when_done(self, callback: Callable[[], None]) -> None:
-        if not self.future.done():
-            self.on_done = callback
-        elif not self.future.cancelled():
-            callback()
 
 
 def shut_down_during(what: str) -> str:
