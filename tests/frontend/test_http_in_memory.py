@@ -81,14 +81,17 @@ def mlp_copy(source: Path, root: Path, config: str) -> Path:
 
 
 @pytest.fixture(scope="module")
-def mlp_repo(demo_repo: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    # inline: a batch forms on the loop's next turn, which the tests hold back
-    return mlp_copy(demo_repo, tmp_path_factory.mktemp("mlp-only"), 'execution = "inline"')
+def inline_mlp_repo(mlp_repo: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """conftest's `mlp_repo`, run inline: a batch forms on the loop's next turn, which the
+    tests hold back. (Named apart: as `mlp_repo` it shadowed conftest's.)"""
+    return mlp_copy(mlp_repo, tmp_path_factory.mktemp("mlp-only"), 'execution = "inline"')
 
 
 @pytest.fixture(scope="module")
-def mlp_due_in_5ms_repo(mlp_repo: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return mlp_copy(mlp_repo, tmp_path_factory.mktemp("mlp-default"), "default_timeout_ms = 5")
+def mlp_due_in_5ms_repo(inline_mlp_repo: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return mlp_copy(
+        inline_mlp_repo, tmp_path_factory.mktemp("mlp-default"), "default_timeout_ms = 5"
+    )
 
 
 X = np.ones((1, 40), np.float32)
@@ -140,11 +143,11 @@ async def turns(count: int) -> None:
         await asyncio.sleep(0)
 
 
-def test_requests_that_expire_in_the_queue_leave_no_cycle(mlp_repo: Path) -> None:
+def test_requests_that_expire_in_the_queue_leave_no_cycle(inline_mlp_repo: Path) -> None:
     async def body() -> None:
         # (no load shedder: the loop is held on purpose, which it takes for a saturated loop
         # whose requests miss their due times, and it refuses some of them before their batch)
-        async with serving(mlp_repo, overload_utilization=0.0) as connect:
+        async with serving(inline_mlp_repo, overload_utilization=0.0) as connect:
             connection, transport = connect()
             engine = connection._api._engine
             with collector_off():
@@ -171,7 +174,10 @@ def test_requests_that_expire_in_the_queue_leave_no_cycle(mlp_repo: Path) -> Non
 
 @pytest.mark.parametrize(
     ("repository", "payload"),
-    [("mlp_repo", "due in 5 ms"), ("mlp_due_in_5ms_repo", "no timeout: the model's default")],
+    [
+        ("inline_mlp_repo", "due in 5 ms"),
+        ("mlp_due_in_5ms_repo", "no timeout: the model's default"),
+    ],
 )
 def test_a_timeout_counts_from_the_start_of_the_turn_that_read_the_request(
     request: pytest.FixtureRequest, repository: str, payload: str
@@ -196,9 +202,9 @@ def test_a_timeout_counts_from_the_start_of_the_turn_that_read_the_request(
     asyncio.run(body())
 
 
-def test_the_shedder_refuses_its_share_of_http_requests_once(mlp_repo: Path) -> None:
+def test_the_shedder_refuses_its_share_of_http_requests_once(inline_mlp_repo: Path) -> None:
     async def body() -> None:
-        async with serving(mlp_repo) as connect:
+        async with serving(inline_mlp_repo) as connect:
             connection, transport = connect()
             shedder = connection._shedder
             assert shedder is not None
@@ -218,14 +224,14 @@ def test_the_shedder_refuses_its_share_of_http_requests_once(mlp_repo: Path) -> 
     asyncio.run(body())
 
 
-def test_a_closed_connection_is_freed_without_the_collector(mlp_repo: Path) -> None:
+def test_a_closed_connection_is_freed_without_the_collector(inline_mlp_repo: Path) -> None:
     """The parser and the protocol hold each other: a closed connection stayed in that cycle with
     its last body until the collector ran, which the runtime tuning makes rare (a client opening
     a connection per request grew the server by a body each)."""
 
     async def body() -> None:
         settings = ServerSettings(
-            model_repository=mlp_repo, http_port=0, grpc_port=0, metrics=False,
+            model_repository=inline_mlp_repo, http_port=0, grpc_port=0, metrics=False,
             tune_runtime=False, cpus="none",
         )  # fmt: skip
         server = Server(settings)
@@ -257,12 +263,12 @@ def test_a_closed_connection_is_freed_without_the_collector(mlp_repo: Path) -> N
     asyncio.run(body())
 
 
-def test_answers_while_shutting_down_close_the_connection(mlp_repo: Path) -> None:
+def test_answers_while_shutting_down_close_the_connection(inline_mlp_repo: Path) -> None:
     """A client reusing a connection the server is about to close never knows whether its next
     request ran: once the server stops accepting, its answers say `Connection: close`."""
 
     async def body() -> None:
-        async with serving(mlp_repo) as connect:
+        async with serving(inline_mlp_repo) as connect:
             connection, transport = connect()
             connection.data_received(NO_TIMEOUT)
             await turns(2)
