@@ -8,9 +8,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from repo_models import inputs, run_on_engine, scale_model, write_version
+from repo_models import faulty_model, inputs, run_on_engine, scale_model, write_version
 
 from duetime import Engine
+from duetime.engine import settled
+from duetime.errors import DeadlineExceeded, InvalidInput
+from duetime.scheduling.scheduler import ModelScheduler
 from duetime.types import InferRequest
 
 pytestmark = pytest.mark.timeout(120)
@@ -140,7 +143,86 @@ def test_a_request_run_within_its_call_is_counted_as_a_queued_one(tmp_path: Path
             await queued.future  # (on the loop's next turn: the kick)
             np.testing.assert_array_equal(queued.response().outputs["y"], 2 * inputs()["x"])
         later = books()
-        assert delta(now, start) == delta(later, now)
+        lean = spy_on_lean_path(scheduler)
+        for _ in range(7):  # (`Engine.infer_async`'s lean path: `ModelScheduler.answer_alone`)
+            answer = await engine.infer_async("m", inputs())
+            np.testing.assert_array_equal(answer["y"], 2 * inputs()["x"])
+        last = books()
+        assert lean == [True] * 7, "each ran on the lean path"
+        assert delta(now, start) == delta(later, now) == delta(last, later)
         assert delta(now, start)[0] == 7
+
+    run_on_engine(inline_repo(tmp_path), scenario)
+
+
+def spy_on_lean_path(scheduler: ModelScheduler) -> list[bool]:
+    """Whether each call of `scheduler.answer_alone` (the in-process lean path) ran its
+    request (True) or left it to the queue (False), in order."""
+    calls: list[bool] = []
+    answer_alone = scheduler.answer_alone
+
+    def spied(feeds: dict[str, np.ndarray], rows: int) -> object:
+        outcome = answer_alone(feeds, rows)
+        calls.append(outcome is not None)
+        return outcome
+
+    scheduler.answer_alone = spied  # type: ignore[method-assign,assignment]
+    return calls
+
+
+def test_a_failed_run_on_the_lean_path_is_a_queued_one_s_failure(tmp_path: Path) -> None:
+    """A run that ONNX Runtime refuses, on the lean path: the same error (type and words) as a
+    queued request's, the same statistics, and its breaker not opened (its client's values)."""
+    write_version(tmp_path, "m", 1, faulty_model())
+    (tmp_path / "m" / "config.toml").write_text('max_batch_size = 8\nexecution = "inline"\n')
+    good = {"x": np.ones((1, 4), np.float32), "k": np.zeros((1, 1), np.int64)}
+    bad = {"x": np.ones((1, 4), np.float32), "k": np.ones((1, 1), np.int64)}
+
+    async def scenario(engine: Engine) -> None:
+        await engine.infer_async("m", good)
+        await asyncio.sleep(0)
+        scheduler = engine.registry.resolve("m", None).scheduler
+
+        def books() -> tuple[int, ...]:
+            s = scheduler.statistics()
+            return (s.succeeded, s.failed, s.executions, s.compute_time.total, s.breakers_opened)
+
+        start = books()
+        queued = engine.submit(InferRequest("m", bad))
+        await settled(queued.future)
+        queued_error = queued.failure()
+        assert isinstance(queued_error, InvalidInput)
+        middle = books()
+        lean = spy_on_lean_path(scheduler)
+        with pytest.raises(InvalidInput) as raised:
+            await engine.infer_async("m", bad)
+        assert lean == [True]
+        end = books()
+        assert str(raised.value) == str(queued_error)
+        assert [b - a for a, b in zip(start, middle, strict=True)] == [0, 1, 0, 1, 0]
+        assert [b - a for a, b in zip(middle, end, strict=True)] == [0, 1, 0, 1, 0]
+        answer = await engine.infer_async("m", good)  # (still served: no breaker opened)
+        np.testing.assert_array_equal(answer["y"], good["x"])
+        assert lean == [True, True]
+
+    run_on_engine(tmp_path, scenario)
+
+
+def test_a_request_with_a_due_time_goes_through_admission(tmp_path: Path) -> None:
+    """The lean path takes requests without a due time only: one with a timeout is admitted (or
+    refused) as any, and still runs within its call on an idle inline model."""
+
+    async def scenario(engine: Engine) -> None:
+        await engine.infer_async("m", inputs())
+        await asyncio.sleep(0)
+        scheduler = engine.registry.resolve("m", None).scheduler
+        lean = spy_on_lean_path(scheduler)
+        answer = await engine.infer_async("m", inputs(), timeout=5.0)
+        np.testing.assert_array_equal(answer["y"], 2 * inputs()["x"])
+        with pytest.raises(DeadlineExceeded):
+            await engine.infer_async("m", inputs(), timeout=0)
+        assert lean == []
+        await engine.infer_async("m", inputs())
+        assert lean == [True]
 
     run_on_engine(inline_repo(tmp_path), scenario)

@@ -46,7 +46,7 @@ from duetime.loops import in_thread
 from duetime.repository.loader import LoadedModel, sample_inputs, sample_row_bytes
 from duetime.repository.manager import IndexEntry, ModelManager, RepositoryOptions
 from duetime.repository.registry import PRIMARY, Deployment, Registry
-from duetime.routing.router import Router
+from duetime.routing.router import Routed, Router
 from duetime.scheduling.edf import QueuedRequest
 from duetime.scheduling.ledger import CoreLedger
 from duetime.scheduling.scheduler import ModelScheduler
@@ -129,12 +129,7 @@ class Ticket:
                 raise error
             finally:
                 error = None  # this frame is in the copy's traceback: it must not hold the copy
-        produced = self.future.result()
-        wanted = self.outputs
-        if tuple(produced) == wanted:  # all of them, in order (the usual): a copy, no frame
-            outputs = dict(produced)
-        else:
-            outputs = {name: produced[name] for name in wanted}
+        outputs = _wanted(self.future.result(), self.outputs)
         if self.classes:
             for name, count in self.classes.items():
                 labels = self.labels.get(name, ()) if self.labels else ()
@@ -458,6 +453,10 @@ class Engine:
             if not lazy or manager is None or not manager.can_load_lazily(request.model):
                 raise
             return self._submit_after_load(request, manager)
+        return self._queue(routed, request, run_now)
+
+    def _queue(self, routed: Routed, request: InferRequest, run_now: bool) -> Ticket:
+        """Queue `request`, routed, on its variant's scheduler (see `_submit`)."""
         model = routed.deployment.model
         prepared = routed.prepared
         ticket = Ticket(model.name, model.version, prepared.outputs, routed.deployment.variant)
@@ -646,23 +645,37 @@ class Engine:
             if self._thread is None:  # (its futures belong to the loop that started it)
                 raise _started_elsewhere("infer_async")
             return await asyncio.wrap_future(self._submit_threadsafe(request))
+        error: DuetimeError | None = None
         try:
             # (`submit`'s own checks less the loop's, made above: one frame less a call)
-            if self.recorder is None:
-                ticket = self._submit(request, run_now=True)
-            else:
+            if self.recorder is not None:
                 ticket = self.submit(request, run_now=True)
+            else:
+                try:
+                    routed = self.router.route(request)
+                except (ModelNotFound, ModelUnavailable):
+                    # (loaded on demand, or refused so again: routing changed nothing)
+                    ticket = self._submit(request, run_now=True)
+                else:
+                    outcome = _answered_alone(routed, request)
+                    if outcome is None:
+                        ticket = self._queue(routed, request, run_now=True)
+                    elif isinstance(outcome, DuetimeError):
+                        error = outcome  # (its run failed: raised below, as a ticket's failure)
+                    else:
+                        return _alone_response(routed, outcome)
         except DuetimeError as exc:
             raise self._in_process(exc, request, queued=False) from None
-        if not ticket.future.done():  # (an idle inline model answered within `submit`)
-            await settled(ticket.future)
-        error = ticket.failure()
-        if error is not None:
-            try:
-                raise self._in_process(error, request, queued=True)
-            finally:
-                error = None  # (this frame is in its traceback: see Ticket.response)
-        return ticket.response()
+        if error is None:
+            if not ticket.future.done():  # (an idle inline model answered within `submit`)
+                await settled(ticket.future)
+            error = ticket.failure()
+            if error is None:
+                return ticket.response()
+        try:
+            raise self._in_process(error, request, queued=True)
+        finally:
+            error = None  # (this frame is in its traceback: see Ticket.response)
 
     def infer(
         self,
@@ -1003,6 +1016,42 @@ def _unsettled(ticket: Ticket, task: asyncio.Task[None]) -> None:
         error = InternalError(f"internal error while loading '{ticket.model}': {fault!r}")
     ticket.future.set_exception(error)
     ticket._settled()
+
+
+def _wanted(produced: Feeds, wanted: tuple[str, ...]) -> dict[str, np.ndarray]:
+    """The outputs `wanted` of those a run `produced`, in the order asked for."""
+    if tuple(produced) == wanted:  # all of them, in order (the usual): a copy, no frame
+        return dict(produced)
+    return {name: produced[name] for name in wanted}
+
+
+def _answered_alone(routed: Routed, request: InferRequest) -> Feeds | DuetimeError | None:
+    """An in-process request run within this call by its scheduler's lean path
+    (`ModelScheduler.answer_alone`): its outputs, or the error its run ended in; None where
+    that path does not apply (nothing was done: it is queued as any request).
+
+    NOTE: only a request that nothing else follows: no classification, no due time (one goes
+    through admission), not traced, no variant to hand it to, no shadow to mirror it to. It
+    makes no ticket, future or queue record (see `answer_alone`); the errors and statistics
+    are a queued request's."""
+    if (
+        routed.due_ns is not None
+        or request.classes
+        or request.timing is not None
+        or len(routed.version.variants) > 1
+        or routed.served.traffic.shadows
+    ):
+        return None
+    prepared = routed.prepared
+    return routed.deployment.scheduler.answer_alone(prepared.feeds, prepared.rows)
+
+
+def _alone_response(routed: Routed, outputs: Feeds) -> InferResponse:
+    """The answer to a request `_answered_alone` ran, whose run gave `outputs`."""
+    deployment = routed.deployment
+    model = deployment.model
+    wanted = _wanted(outputs, routed.prepared.outputs)
+    return InferResponse(model.name, model.version, "", wanted, deployment.variant)
 
 
 def _cheaper(variants: Sequence[Deployment], deployment: Deployment) -> Deployment | None:
