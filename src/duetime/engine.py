@@ -885,7 +885,7 @@ class Engine:
             raise InvalidInput(
                 f"inputs: expected a mapping of input name to array, got {type(inputs).__name__}"
             )
-        if isinstance(outputs, str | bytes):
+        if isinstance(outputs, (str, bytes)):  # (a tuple: `str | bytes` is made on each call)
             raise InvalidInput(f"outputs: expected a sequence of output names, got {outputs!r}")
         if parameters is not None and not isinstance(parameters, Mapping):
             raise InvalidInput(

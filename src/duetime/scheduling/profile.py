@@ -179,8 +179,10 @@ class Overrun:
         if predicted_ns <= 0:
             return
         tail = self._tail
+        value = tail.value
         tail.observe(actual_ns / predicted_ns, now_ns)
-        self.factor = min(OVERRUN_MAX, max(1.0, tail.value))
+        if tail.value != value:  # (read again: most observations leave it as it was)
+            self.factor = min(OVERRUN_MAX, max(1.0, tail.value))
 
     def age(self, now_ns: int) -> None:
         """Forget the runs older than `TAIL_MEMORY_NS` though none came since (see
@@ -245,14 +247,17 @@ class LatencyProfile:
 
     def observe(self, rows: int, elapsed_ns: int) -> None:
         """Fold one real execution of a batch of `rows` (after padding) into the estimate."""
-        bucket = self.bucket_of[min(rows, self.max_rows)]
+        # (conditionals, not min(): a builtin's call costs more on every run)
+        bucket = self.bucket_of[rows if rows <= self.max_rows else self.max_rows]
         if self.guessed:
             self._replace_guess(bucket, elapsed_ns)
             return
         previous = self._ewma[bucket]
         # NOTE: one run stalled by something else (a preempted vCPU, say) must not double every
         # prediction that follows: observations count at most twice the current estimate.
-        elapsed_ns = min(elapsed_ns, int(2 * previous) + 1)
+        cap = int(2 * previous) + 1
+        if elapsed_ns > cap:
+            elapsed_ns = cap
         self._ewma[bucket] = estimate = previous + self._alpha * (elapsed_ns - previous)
         self._refresh_bucket(bucket)
         if self._unseen:
