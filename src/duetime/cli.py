@@ -5,11 +5,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import importlib
 import logging
 import os
 import signal
 import sys
-from collections.abc import Iterator
+from collections.abc import Container, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -23,7 +24,8 @@ if TYPE_CHECKING:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = _parser()
+    argv = sys.argv[1:] if argv is None else argv
+    parser = _parser(tools={_command_in(argv)})
     args = parser.parse_args(argv)
     for variable, value, choices in (
         ("DUETIME_LOG_LEVEL", args.log_level, LOG_LEVELS),
@@ -82,7 +84,34 @@ def _env_default(variable: str, default: str) -> str:
     return os.environ.get(variable, "").strip().lower() or default
 
 
-def _parser() -> argparse.ArgumentParser:
+def _command_in(argv: Sequence[str]) -> str | None:
+    """The command `argv` names (its first word that is no flag nor a log flag's value)."""
+    words = iter(argv)
+    for word in words:
+        if word in ("--log-level", "--log-format"):
+            next(words, None)
+        elif not word.startswith("-"):
+            return word
+    return None
+
+
+TOOLS: dict[str, str] = {
+    "bench": "duetime.tools.loadgen",
+    "replay": "duetime.tools.replay",
+    "report": "duetime.tools.compare",
+    "optimize": "duetime.tools.optimize",
+    "capture": "duetime.tools.capture.cli",
+    "itch": "duetime.feeds.itch.cli",
+}
+"""The commands whose flags their own module adds (`add_arguments`), and that module."""
+
+
+def _parser(tools: Container[str | None] | None = None) -> argparse.ArgumentParser:
+    """The command line; `tools`: the tool commands (`TOOLS`) whose flags are added (None: all).
+
+    NOTE: each tool's module imports much of the server: with every one, building the parser
+    took 1.0 s of the 1.4 s a `duetime serve` with a bad flag took to say so (and `duetime
+    --help` as long). A tool's flags are needed only where the command line names it."""
     parser = argparse.ArgumentParser(
         prog="duetime",
         description="duetime: an inference server for ONNX models whose requests carry due "
@@ -272,36 +301,18 @@ def _parser() -> argparse.ArgumentParser:
         "--record-buffer", type=int, metavar="N",
         help="captured requests held for the writer (8192); beyond, samples are dropped",
     )  # fmt: skip
-    bench = commands.add_parser("bench", help="load a server (or an in-process engine) and report")
-    from duetime.tools.loadgen import add_arguments as bench_arguments
-
-    bench_arguments(bench)
-    replay = commands.add_parser("replay", help="send a capture's requests again, on schedule")
-    from duetime.tools.replay import add_arguments as replay_arguments
-
-    replay_arguments(replay)
-    report = commands.add_parser("report", help="plot bench/replay results side by side")
-    from duetime.tools.compare import add_arguments as report_arguments
-
-    report_arguments(report)
-    optimize = commands.add_parser(
-        "optimize", help="build fp16 and int8 variants of a model and list the faster ones"
-    )
-    from duetime.tools.optimize import add_arguments as optimize_arguments
-
-    optimize_arguments(optimize)
-    capture = commands.add_parser(
-        "capture", help="traffic captures: convert JSON Lines to a capture, show a capture"
-    )
-    from duetime.tools.capture.cli import add_arguments as capture_arguments
-
-    capture_arguments(capture)
-    itch = commands.add_parser(
-        "itch", help="Nasdaq ITCH 5.0: order books, features and a model on every book event"
-    )
-    from duetime.feeds.itch.cli import add_arguments as itch_arguments
-
-    itch_arguments(itch)
+    helps = {
+        "bench": "load a server (or an in-process engine) and report",
+        "replay": "send a capture's requests again, on schedule",
+        "report": "plot bench/replay results side by side",
+        "optimize": "build fp16 and int8 variants of a model and list the faster ones",
+        "capture": "traffic captures: convert JSON Lines to a capture, show a capture",
+        "itch": "Nasdaq ITCH 5.0: order books, features and a model on every book event",
+    }
+    for name, module in TOOLS.items():
+        tool = commands.add_parser(name, help=helps[name])
+        if tools is None or name in tools:
+            importlib.import_module(module).add_arguments(tool)
     seen: set[int] = set()
     for sub in _subcommand_parsers(parser):
         if id(sub) not in seen:  # (an alias names the same parser again)
@@ -405,8 +416,6 @@ def demo_cache_dir() -> Path:
 
 
 def _serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    from duetime.server import Server
-
     given = [*([args.repository] if args.repository is not None else []),
              *(args.model_repository or ())]  # fmt: skip
     if len(given) > 1:  # (argparse kept the last: the others' models went unserved, unsaid)
@@ -422,6 +431,8 @@ def _serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     if demo:
         repository = _write_demo_cache()
     settings = server_settings(_setting_flags(args, repository), flags=_flag_names(parser))
+    from duetime.server import Server  # (after the checks: a bad flag is told 1 s sooner)
+
     loop = new_event_loop()
     asyncio.set_event_loop(loop)
     try:
