@@ -57,6 +57,8 @@ class Validator:
         self._unserved = unserved or {}
         self._batched = signature.max_batch_size > 0
         self._specs = {spec.name: spec for spec in signature.inputs}
+        self._names = self._specs.keys()
+        """The inputs' names (a view of `_specs`', made once: not one per request)."""
         self._dtypes = {spec.name: NUMPY_OF[spec.datatype] for spec in signature.inputs}
         self._wanted = {
             spec.name: None if spec.any_rank else spec.client_shape for spec in signature.inputs
@@ -140,7 +142,7 @@ class Validator:
     def _prepare(self, inputs: Mapping[str, np.ndarray], outputs: Sequence[str] | None) -> Prepared:
         # (every name known and as many as the model has: none is missing; a set comparison of
         # the keys, in C, instead of `_check_names`' loop on every request)
-        if len(inputs) != len(self._specs) or not inputs.keys() <= self._specs.keys():
+        if len(inputs) != len(self._specs) or not inputs.keys() <= self._names:
             self._check_names(inputs)
         feeds: dict[str, np.ndarray] = {}
         rows: int | None = None
@@ -180,7 +182,9 @@ class Validator:
             shape_key = ((name, feeds[name].shape[1:]),)
         else:
             shape_key = tuple((name, a.shape[1:]) for name, a in feeds.items())
-        return Prepared(feeds, rows or 1, shape_key, self._check_outputs(outputs))
+        # (all outputs, the usual, without `_check_outputs`' frame)
+        wanted = self._all_outputs if outputs is None else self._check_outputs(outputs)
+        return Prepared(feeds, rows or 1, shape_key, wanted)
 
     def _check_names(self, inputs: Mapping[str, np.ndarray]) -> None:
         for name in inputs:

@@ -19,7 +19,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
@@ -75,7 +75,9 @@ class BatchResult:
 
     job: BatchJob
     instance: int
-    outputs: Sequence[Feeds | DuetimeError] = field(default_factory=list)
+    outputs: Sequence[Feeds | DuetimeError] = ()
+    """(A tuple until it ran: a list made for every result, and replaced, was an allocation and
+    a call of the default factory per batch.)"""
     compute_ns: int = 0
     """Time inside `session.run`, summed over runs (an isolated retry runs more than once)."""
     input_ns: int = 0
@@ -351,7 +353,9 @@ class Executor:
         try:
             # NOTE: one clock read between stages: each ends where the next begins
             started = time.perf_counter_ns()
-            feeds = pool.gather(job.feeds, job.rows, job.bucket)
+            # (a lone request at its own rows runs its feeds as they are: `gather`'s own test,
+            # made here already, without its frame)
+            feeds = pool.gather(job.feeds, job.rows, job.bucket) if shared else job.feeds[0]
             gathered = time.perf_counter_ns()
             result.input_ns = gathered - started
             try:

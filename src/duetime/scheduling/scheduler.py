@@ -1620,11 +1620,14 @@ class ModelScheduler:
         NOTE: the batch's last answer leaves after all the others are encoded and written:
         measured over HTTP on the 2-core VM, 25-75 µs a request for mlp and 115-135 µs for
         resnet (whose loop shares the GIL with its instance thread): milliseconds for 32"""
-        answer = took_ns / max(1, requests)
-        answer = min(answer, 2 * self._answer_ns + 100_000)  # one stall must not double it
-        if cold and self._answer_ns:  # (see `_record`)
-            answer = min(answer, self._answer_ns)
-        self._answer_ns += _OVERHEAD_ALPHA * (answer - self._answer_ns)
+        # (conditionals, not min() and max(): a builtin's call costs more, on every run)
+        known = self._answer_ns
+        answer = took_ns / requests if requests > 1 else took_ns
+        if answer > 2 * known + 100_000:  # one stall must not double it
+            answer = 2 * known + 100_000
+        if cold and known and answer > known:  # (see `_record`)
+            answer = known
+        self._answer_ns = known + _OVERHEAD_ALPHA * (answer - known)
 
     def _settle_batch(self, running: _Running, result: BatchResult, now: int) -> None:
         answered = queued = 0
@@ -1888,9 +1891,10 @@ class ModelScheduler:
     ) -> None:
         """Count a finished run of `rows` (run padded to `bucket`), handed to its instance at
         `started_ns`, and learn its times; `answered`: some request of it got its outputs."""
+        compute = result.compute_ns
         compute_time = self._compute_time  # (`LatencyHistogram.observe`, without its frame)
-        compute_time.counts[bisect_left(LATENCY_BOUNDS_NS, result.compute_ns)] += 1
-        compute_time.sum_ns += result.compute_ns
+        compute_time.counts[bisect_left(LATENCY_BOUNDS_NS, compute)] += 1
+        compute_time.sum_ns += compute
         outputs = result.outputs
         if len(outputs) == 1:
             clean = not isinstance(outputs[0], DuetimeError)
@@ -1911,15 +1915,16 @@ class ModelScheduler:
             if stats is None:
                 stats = self._batch_sizes[size] = BatchSizeStatistics()
             stats.count += 1
-            stats.compute_ns += result.compute_ns
+            stats.compute_ns += compute
             stats.input_ns += result.input_ns
             stats.output_ns += result.output_ns
         if not clean:
             return
         bucket = bucket or 1
-        if sent and self._big_inputs(sent, rows, result.compute_ns, now):
+        if sent and self._big_inputs(sent, rows, compute, now):
             return
-        predicted = self.profile.predict(bucket)
+        profile = self.profile
+        predicted = profile.predict(bucket)
         # NOTE: a run after a stretch of refusals is cold (see COLD_AFTER_NS), and its times
         # are not those of the runs admitting more would bring: folded in, the probes and the
         # few requests admitted in such a stretch raised orderbook's 1-row estimate from 15
@@ -1927,18 +1932,23 @@ class ModelScheduler:
         # run --deadline-us 200` refused everything from then on. They count where they are
         # shorter (a profile taken on a busy CPU); the runs admitted after them teach what a
         # slow machine does.
-        cold = cold and not self.profile.guessed
-        if not cold or result.compute_ns < predicted:
-            self._overrun.observe(predicted, result.compute_ns, now)
-            self.profile.observe(bucket, result.compute_ns)
+        cold = cold and not profile.guessed
+        if not cold or compute < predicted:
+            self._overrun.observe(predicted, compute, now)
+            profile.observe(bucket, compute)
         # NOTE: a wait for the CPU's turn was planned for (`_core_free`): not hand-off cost
-        overhead = max(0, now - started_ns - result.compute_ns - result.waited_ns)
-        if cold and self._overhead_ns:  # (nor does its hand-off count towards the tail)
-            overhead = min(overhead, int(self._overhead_ns))
+        overhead = now - started_ns - compute - result.waited_ns
+        if overhead < 0:  # (conditionals, not min() and max(): see `_learn_answer`)
+            overhead = 0
+        known = self._overhead_ns
+        if cold and known:  # (nor does its hand-off count towards the tail)
+            if overhead > int(known):
+                overhead = int(known)
         elif not self._inline:  # an inline batch's result is on the loop as it ends
             self._handoff.observe(overhead, now)
-        overhead = min(overhead, int(2 * self._overhead_ns) + 200_000)  # see LatencyProfile
-        self._overhead_ns += _OVERHEAD_ALPHA * (overhead - self._overhead_ns)
+        if overhead > int(2 * known) + 200_000:  # see LatencyProfile
+            overhead = int(2 * known) + 200_000
+        self._overhead_ns = known + _OVERHEAD_ALPHA * (overhead - known)
 
     def _big_inputs(self, sent: int, rows: int, compute_ns: int, now: int) -> bool:
         """Whether a batch's inputs were far bigger than the profile's samples (free dims);
