@@ -280,6 +280,8 @@ class ModelManager:
         self._states: dict[str, dict[str, VersionState]] = defaultdict(dict)
         self._model_errors: dict[str, str] = {}
         self._fingerprints: dict[tuple[str, str], Fingerprint] = {}
+        self._niced: set[tuple[str, str]] = set()
+        """(model, version) loaded as a shadow only, its instances in the background."""
         self._failed: dict[tuple[str, str], tuple[Fingerprint, str]] = {}
         """(model, version) -> what a failed load was made from, and why it failed: watcher and
         lazy loads try such a version again only once its files or config change."""
@@ -645,6 +647,7 @@ class ModelManager:
         if served is not None:
             for version in served.versions.values():
                 self._fingerprints.pop((name, version.version), None)
+                self._niced.discard((name, version.version))
                 self._retire(name, version, reason)
 
     async def _sync(self, name: str, explicit: bool, settle: bool, given: _Given | None) -> None:
@@ -713,9 +716,18 @@ class ModelManager:
             if warning and self._warned.get(name) != warning:  # (once, not at every poll)
                 log.warning("model %s: %s", name, warning)
             self._warned[name] = warning
-            answering = {v for v, w in (traffic.weights or {}).items() if w > 0} or {str(wanted[0])}
-            shadow_only = set(traffic.shadow or {}) - answering
-            """Versions that only ever see shadow copies: their instances run in the background."""
+            plan = plan_traffic(traffic, [str(v) for v in wanted], str(wanted[0]))
+            answering = set(plan.versions)
+            shadow_only = {version for version, _ in plan.shadows} - answering
+            """Versions that only ever see shadow copies: their instances run in the background
+            (loaded after the others: see below).
+
+            NOTE: read from the config's weights, a weight naming a version not served (or one
+            that failed to load) left the version that answered every request (the default)
+            niced as a shadow: p90 86.8 ms against 37.4 ms under contention (found by a
+            tester). Now from the plan of the versions served, and a shadow runs in the
+            background only once a version it serves beside answers (one loaded, or serving
+            on): with none, the plan falls back to the default, which may be the shadow."""
             problems: list[str] = []
             failures = 0
             """Of the problems, versions that cannot load (the others are still being written)."""
@@ -730,8 +742,11 @@ class ModelManager:
             )
             """Served versions the policy no longer selects, on disk: they serve on while one it
             selects does not (see below), so their files are checked as the selected ones' are."""
-            for number in [*wanted, *stand_ins]:
+            # (shadow-only versions last: whether one answers depends on how the others load)
+            ordered = sorted(wanted, key=lambda number: str(number) in shadow_only)
+            for number in [*ordered, *stand_ins]:
                 version = str(number)
+                background = version in shadow_only and not answering.isdisjoint(chosen)
                 if number not in wanted and (
                     explicit or not troubled or len(chosen) >= len(wanted)
                 ):
@@ -750,7 +765,11 @@ class ModelManager:
                     if old is not None:
                         chosen[version] = old
                     continue
-                if old is not None and self._fingerprints.get((name, version)) == print_:
+                if (
+                    old is not None
+                    and self._fingerprints.get((name, version)) == print_
+                    and ((name, version) not in self._niced or background)
+                ):  # (a niced one that now answers loads again, not niced)
                     chosen[version] = old
                     continue
                 failed = self._failed.get((name, version))
@@ -763,7 +782,6 @@ class ModelManager:
                     if old is not None:
                         chosen[version] = old
                     continue
-                background = version in shadow_only
                 loaded = await self._load_version(source, number, config, background, named)
                 if isinstance(loaded, str):
                     self._failed[(name, version)] = print_, loaded
@@ -778,6 +796,10 @@ class ModelManager:
                 self._failed.pop((name, version), None)
                 chosen[version] = loaded
                 prints[version] = print_
+                if background:
+                    self._niced.add((name, version))
+                else:
+                    self._niced.discard((name, version))
             if problems and explicit:
                 # NOTE: a load request is all or nothing, as Triton's: a load that answers
                 # 400 (or 503) changes nothing served. It published the versions that loaded
