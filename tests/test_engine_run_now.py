@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -148,8 +149,12 @@ def test_a_request_run_within_its_call_is_counted_as_a_queued_one(tmp_path: Path
             answer = await engine.infer_async("m", inputs())
             np.testing.assert_array_equal(answer["y"], 2 * inputs()["x"])
         last = books()
-        assert lean == [True] * 7, "each ran on the lean path"
-        assert delta(now, start) == delta(later, now) == delta(last, later)
+        for _ in range(7):  # (with a due time: admitted on the lean path, then run)
+            answer = await engine.infer_async("m", inputs(), timeout=5.0)
+            np.testing.assert_array_equal(answer["y"], 2 * inputs()["x"])
+        due = books()
+        assert lean == [True] * 14, "each ran on the lean path"
+        assert delta(now, start) == delta(later, now) == delta(last, later) == delta(due, last)
         assert delta(now, start)[0] == 7
 
     run_on_engine(inline_repo(tmp_path), scenario)
@@ -161,8 +166,8 @@ def spy_on_lean_path(scheduler: ModelScheduler) -> list[bool]:
     calls: list[bool] = []
     answer_alone = scheduler.answer_alone
 
-    def spied(feeds: dict[str, np.ndarray], rows: int) -> object:
-        outcome = answer_alone(feeds, rows)
+    def spied(feeds: dict[str, np.ndarray], rows: int, **options: Any) -> object:
+        outcome = answer_alone(feeds, rows, **options)
         calls.append(outcome is not None)
         return outcome
 
@@ -208,21 +213,48 @@ def test_a_failed_run_on_the_lean_path_is_a_queued_one_s_failure(tmp_path: Path)
     run_on_engine(tmp_path, scenario)
 
 
-def test_a_request_with_a_due_time_goes_through_admission(tmp_path: Path) -> None:
-    """The lean path takes requests without a due time only: one with a timeout is admitted (or
-    refused) as any, and still runs within its call on an idle inline model."""
+def test_a_request_with_a_due_time_is_admitted_on_the_lean_path_as_a_queued_one(
+    tmp_path: Path,
+) -> None:
+    """The lean path admits a request with a timeout as `submit_nowait` does: one that fits runs
+    within its call and counts on time; one due already is refused (DeadlineExceeded, counted
+    expired) as a queued request is, and runs nothing."""
 
     async def scenario(engine: Engine) -> None:
         await engine.infer_async("m", inputs())
         await asyncio.sleep(0)
         scheduler = engine.registry.resolve("m", None).scheduler
+
+        def books() -> tuple[int, ...]:
+            s = scheduler.statistics()
+            return (s.succeeded, s.on_time, s.late, s.expired, s.executions, s.queue_time.total)
+
+        def moved(after: tuple[int, ...], before: tuple[int, ...]) -> list[int]:
+            return [a - b for a, b in zip(after, before, strict=True)]
+
         lean = spy_on_lean_path(scheduler)
+        start = books()
         answer = await engine.infer_async("m", inputs(), timeout=5.0)
         np.testing.assert_array_equal(answer["y"], 2 * inputs()["x"])
-        with pytest.raises(DeadlineExceeded):
-            await engine.infer_async("m", inputs(), timeout=0)
-        assert lean == []
-        await engine.infer_async("m", inputs())
         assert lean == [True]
+        ran = books()
+        queued = engine.submit(
+            InferRequest("m", inputs(), due_ns=engine.clock.now_ns() + 5 * 10**9)
+        )
+        await queued.future
+        ran_queued = books()
+        assert moved(ran, start) == moved(ran_queued, ran) == [1, 1, 0, 0, 1, 1]
+        with pytest.raises(DeadlineExceeded) as lean_refusal:
+            await engine.infer_async("m", inputs(), timeout=0)
+        refused = books()
+        with pytest.raises(DeadlineExceeded) as queued_refusal:
+            engine.submit(InferRequest("m", inputs(), due_ns=engine.clock.now_ns() - 1))
+        refused_queued = books()
+        assert moved(refused, ran_queued) == moved(refused_queued, refused) == [0, 0, 0, 1, 0, 0]
+        assert "was due before the engine could queue it" in str(lean_refusal.value)
+        assert "was due" in str(queued_refusal.value)
+        assert lean == [True], "the refused request ran nothing"
+        await engine.infer_async("m", inputs())
+        assert lean == [True, True]
 
     run_on_engine(inline_repo(tmp_path), scenario)

@@ -1030,20 +1030,24 @@ def _answered_alone(routed: Routed, request: InferRequest) -> Feeds | DuetimeErr
     (`ModelScheduler.answer_alone`): its outputs, or the error its run ended in; None where
     that path does not apply (nothing was done: it is queued as any request).
 
-    NOTE: only a request that nothing else follows: no classification, no due time (one goes
-    through admission), not traced, no variant to hand it to, no shadow to mirror it to. It
-    makes no ticket, future or queue record (see `answer_alone`); the errors and statistics
-    are a queued request's."""
+    NOTE: only a request that nothing else follows: no classification, not traced, no variant
+    to hand it to, no shadow to mirror it to. It makes no ticket, future or queue record (see
+    `answer_alone`); its admission (a due time), errors and statistics are a queued request's."""
     if (
-        routed.due_ns is not None
-        or request.classes
+        request.classes
         or request.timing is not None
         or len(routed.version.variants) > 1
         or routed.served.traffic.shadows
     ):
         return None
     prepared = routed.prepared
-    return routed.deployment.scheduler.answer_alone(prepared.feeds, prepared.rows)
+    return routed.deployment.scheduler.answer_alone(
+        prepared.feeds,
+        prepared.rows,
+        due_ns=routed.due_ns,
+        priority=request.priority,
+        arrival_ns=request.arrival_ns,
+    )
 
 
 def _alone_response(routed: Routed, outputs: Feeds) -> InferResponse:

@@ -43,7 +43,7 @@ from duetime.scheduling.batching import (
     plan_batch,
     sweep_hopeless,
 )
-from duetime.scheduling.edf import SHADOW_LEVEL, EDFQueue, QueuedRequest
+from duetime.scheduling.edf import SHADOW_LEVEL, EDFQueue, Key, QueuedRequest
 from duetime.scheduling.ledger import NO_SLACK, CoreLedger, Queued
 from duetime.scheduling.profile import LatencyProfile, Overrun, RecentTail
 from duetime.scheduling.sizecost import SizeCost
@@ -478,17 +478,8 @@ class ModelScheduler:
             # statistic, and dashboards showed a model taking 5 requests during an incident
             self._unavailable += 1
             raise self.unavailable_error(now)
-        if self.default_timeout_ns is not None:
-            default_due = now + self.default_timeout_ns
-            due_ns = default_due if due_ns is None else min(due_ns, default_due)
+        due_ns, key, probe = self._admission(now, feeds, rows, due_ns, priority, arrival_ns)
         queue = self._queue
-        # (the default level without `_level`'s frame: priority 0, nearly every request's)
-        level = self._config.default_priority_level if priority == 0 else self._level(priority)
-        key = queue.key_for(level, due_ns)
-        probe = False
-        if due_ns is not None:
-            extra_bytes = self._extra_bytes(_bytes(feeds), rows) if self._size_cost else 0
-            probe = self._admit(now, due_ns, rows, key, extra_bytes, arrival_ns)
         future: asyncio.Future[Feeds] = self._loop.create_future()
         item = QueuedRequest(feeds, rows, shape_key, now, due_ns, key[0], future, key, on_done)
         if probe:
@@ -527,13 +518,45 @@ class ModelScheduler:
         self._arm_sweeper()
         return future
 
-    def answer_alone(self, feeds: Feeds, rows: int) -> Feeds | DuetimeError | None:
-        """Run a validated request with no due time alone, within this call, and return its
-        outputs (or the error its run ended in), where `submit_nowait(..., run_now=True)` would
-        start it at once as a batch of its own on an idle inline instance and nothing unusual is
-        on (no default due time, no breaker tripped, no probe, no shared CPU, no close): the
-        in-process Engine's usual call. None where it does not apply: nothing was done, and the
-        caller submits the request as usual.
+    def _admission(
+        self,
+        now: int,
+        feeds: Feeds,
+        rows: int,
+        due_ns: int | None,
+        priority: int,
+        arrival_ns: int | None,
+    ) -> tuple[int | None, Key, bool]:
+        """Admit a request arriving `now` (see `submit_nowait`), or raise why not: its due time
+        (the model's default one applied), its place in the queue, and whether it is admitted
+        as a probe (see PROBE_NS)."""
+        if self.default_timeout_ns is not None:
+            default_due = now + self.default_timeout_ns
+            due_ns = default_due if due_ns is None else min(due_ns, default_due)
+        # (the default level without `_level`'s frame: priority 0, nearly every request's)
+        level = self._config.default_priority_level if priority == 0 else self._level(priority)
+        key = self._queue.key_for(level, due_ns)
+        probe = False
+        if due_ns is not None:
+            extra_bytes = self._extra_bytes(_bytes(feeds), rows) if self._size_cost else 0
+            probe = self._admit(now, due_ns, rows, key, extra_bytes, arrival_ns)
+        return due_ns, key, probe
+
+    def answer_alone(
+        self,
+        feeds: Feeds,
+        rows: int,
+        *,
+        due_ns: int | None = None,
+        priority: int = 0,
+        arrival_ns: int | None = None,
+    ) -> Feeds | DuetimeError | None:
+        """Admit a validated request as `submit_nowait(..., run_now=True)` does (raising its
+        refusals), run it alone within this call and return its outputs (or the error its run
+        ended in), where that call would start it at once as a batch of its own on an idle
+        inline instance and nothing unusual is on (no breaker tripped, no probe waiting, no
+        shared CPU, no close): the in-process Engine's usual call. None where it does not
+        apply: nothing was done, and the caller submits the request as usual.
 
         NOTE: the lean path. It keeps the books as a queued request's run (`_start`, then
         `_complete`) keeps them, through the same methods (`_cold`, `_ran`, `_record`, `_judge`,
@@ -547,8 +570,7 @@ class ModelScheduler:
         Engine.infer_async, P50 added over ONNX Runtime alone, median of 3 runs of 5,000
         calls on a machine shared with other work): 68.7 µs before it, 47.1 µs with it."""
         if (
-            self.default_timeout_ns is not None
-            or self._tripped
+            self._tripped
             or self._closed
             or not self._inline
             or len(self._queue)
@@ -557,13 +579,21 @@ class ModelScheduler:
             or self._probe is not None
             or self._drain_waiter is not None
             or self._outstanding[0]
-            or not self._runs_now(True)  # (last: it takes the turn's run when it says True)
         ):
+            return None
+        task = self._turn_for(True)
+        if task is None:
             return None
         now = self._clock.now_ns()
         self.last_arrival_ns = now
+        probe = False
+        if due_ns is not None or self.default_timeout_ns is not None:
+            # (without a due time there is nothing to admit: `_admission` would only number
+            # its place in a queue it never enters)
+            due_ns, _, probe = self._admission(now, feeds, rows, due_ns, priority, arrival_ns)
+        self._take_turn(task)  # (after admission, as `submit_nowait` takes it: nothing if refused)
         self._queue_time.observe(0)  # (started as it arrived: `_start`'s `start - arrival_ns`)
-        cold = self._cold(now)
+        cold = probe or self._cold(now)  # (a probe's run is cold: see `_start`)
         bucket = self.profile.bucket_of[rows] if self._max_rows else 0
         result = self._executor.run_now(0, BatchJob([feeds], [rows], bucket, self._finish))
         end = self._ran()
@@ -575,7 +605,7 @@ class ModelScheduler:
         if isinstance(outcome, DuetimeError):
             self._count_failure(end - now)
         else:
-            self._count_success(end - now, None, rows, end)
+            self._count_success(end - now, due_ns, rows, end)
             self._count_answered(1, 0, result)  # (queued for no time)
         self._learn_answer(self._clock.now_ns() - end, 1, cold)
         return outcome
@@ -1062,15 +1092,29 @@ class ModelScheduler:
         together, as before. A task awaiting its calls one by one never yields between them
         (its answer is there at once): held to one a turn, every other call of its took the
         kick (P50 +80 µs added over ORT, not +40)."""
-        if not run_now or self._settling:
+        task = self._turn_for(run_now)
+        if task is None:
             return False
+        self._take_turn(task)
+        return True
+
+    def _turn_for(self, run_now: bool) -> object | None:
+        """`_runs_now`'s answer without taking the turn: the task (`_NO_TASK` for none) whose
+        request would run within its call, None where it would wait for the kick."""
+        if not run_now or self._settling:
+            return None
         task = _current_task(self._loop) or _NO_TASK
         ran = self._ran_now
-        if ran is None:
+        if ran is None or (ran is task and task is not _NO_TASK):
+            return task
+        return None
+
+    def _take_turn(self, task: object) -> None:
+        """`task`'s request runs within its call (`_turn_for` said so): the first of the turn
+        takes it, for the rest of the turn."""
+        if self._ran_now is None:
             self._ran_now = task
             self._loop.call_soon(self._turn_over)
-            return True
-        return ran is task and task is not _NO_TASK
 
     def _turn_over(self) -> None:
         self._ran_now = None
