@@ -40,7 +40,10 @@ class ShadowStatistics:
     mirrored: int = 0
     compared: int = 0
     skipped: int = 0
-    """Copies refused, failed or cancelled (by the shadow, or whose primary failed)."""
+    """Copies refused, failed or cancelled (by the shadow, or whose primary failed); refused
+    also where the request's inputs do not fit the shadow's (the model's load warns of a
+    shadow whose inputs never fit those of a version answering requests, and the index says
+    so of it: see repository/manager.py `_unfit_shadows`)."""
     dropped: int = 0
     """Of `skipped`, the copies the shadow version dropped unrun to keep its room and time for
     real requests: over its cap of copies in flight, its queue full, given up for a real
