@@ -833,7 +833,7 @@ class ModelManager:
                 log.warning("model %s: %s", name, said_unfit)
             self._warned_unfit[name] = said_unfit
             for version in chosen.keys() - troubled:  # (a failure an earlier load noted is past)
-                notes = [self._degraded.get((name, version), ""), unfit.get(version, "")]
+                notes = [self._degraded.get((name, version), ""), unfit.get(version, ""), warning]
                 if int(version) not in wanted:
                     notes.insert(0, _standing_in(troubled & {str(v) for v in wanted}))
                 self._states[name][version] = VersionState("READY", "; ".join(filter(None, notes)))
@@ -1355,14 +1355,30 @@ def _background_thread(cpus: frozenset[int] | None) -> None:
 
 
 def _unserved(table: Mapping[str, float] | None, field: str, served: Iterable[int]) -> str:
-    """What to say when `[traffic] field` names versions the version policy does not serve:
-    they get no requests (the others share them), which is easy to miss."""
-    missing = sorted(set(table or ()) - {str(v) for v in served}, key=int)
+    """What to say when `[traffic] field` names versions the version policy does not serve,
+    which is easy to miss: a shadow gets no copies; a weighted version gets no requests (the
+    others share them), and where no version served has a weight, every request naming no
+    version goes to the highest served (`plan_traffic`'s default).
+
+    NOTE: the weights' warning said the versions missing "get no requests" where none of the
+    weighted versions was served and every request went to the highest version, which it did
+    not say (found by a tester)."""
+    numbers = sorted(served)
+    names = {str(v) for v in numbers}
+    missing = sorted(set(table or ()) - names, key=int)
     if not missing:
         return ""
-    return (
+    said = (
         f"[traffic] {field} names version(s) {', '.join(missing)}, not served (version_policy "
-        f"serves {', '.join(str(v) for v in sorted(served))}): they get no requests."
+        f"serves {', '.join(map(str, numbers))}): "
+    )
+    if field == "shadow":
+        return said + "they get no copies."
+    if any(weight > 0 and version in names for version, weight in (table or {}).items()):
+        return said + "they get no requests."
+    return (
+        said + "no version served has a weight, so every request naming no version goes to "
+        f"version {numbers[-1]}, the highest served."
     )
 
 
