@@ -614,3 +614,63 @@ def test_listen_says_what_a_gap_did_to_the_books(tmp_path: Path, demo_repo: Path
     with predictions.open(newline="", encoding="utf-8") as rows:
         gaps = [row["book_gaps"] for row in csv.DictReader(rows)]
     assert gaps == ["0"] * 5 + ["1"] * 25
+
+
+def _adds(count: int) -> bytes:
+    """`count` framed Add Orders of one stock, a microsecond apart."""
+    fields = {"stock_locate": 1, "buy_sell_indicator": "B", "shares": 100, "stock": "TEST"}
+    return b"".join(
+        struct.pack(">H", 36)
+        + encode("A", **fields, timestamp=34_200_000_000_000 + ref * 1000,
+                 order_reference_number=ref, price=1_000_000)
+        for ref in range(1, count + 1)
+    )  # fmt: skip
+
+
+def _heard(sock: socket.socket) -> tuple[int, int]:
+    """The messages a listening socket took before the session's end, and the sequence number
+    the end-of-session packet gave (a timeout, as a listener would wait, if none came)."""
+    messages = 0
+    while True:
+        packet = decode_packet(sock.recv(65536))
+        if packet.is_end_of_session:
+            return messages, packet.sequence_number
+        messages += len(packet.messages)
+
+
+@pytest.mark.parametrize("pace", ["max", "recorded"])
+@pytest.mark.parametrize("bad", ["unknown_type", "truncated"])
+def test_send_stopped_by_a_bad_frame_sends_what_came_before_and_ends_the_session(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], pace: str, bad: str
+) -> None:
+    """`--on-error stop` on 10 messages then a bad frame (an unknown type, or a file cut short
+    as one still being written is): at full pace 0 of the 10 went out, at the recorded pace 9
+    (the datagram being filled was lost), and never the session's end, so a listener waited on.
+    Now the 10 go, then the end, and the error (with its offset) is reported: exit 1."""
+    good = _adds(10)
+    tail = struct.pack(">H", 11) + b"Z" + bytes(10) if bad == "unknown_type" else good[:20]
+    path = tmp_path / "bad.itch"
+    path.write_bytes(good + tail)
+    with _udp_socket() as sock:
+        report = send_session(path, sock.getsockname(), pace=pace, on_error="stop")
+        assert _heard(sock) == (10, 11)
+    assert report.messages == 10
+    assert report.format_error is not None
+    assert (report.format_error.offset, report.format_error.reason) == (len(good), bad)
+    with _udp_socket() as sock:
+        code = main(["itch", "send", str(path), "--udp", f"127.0.0.1:{sock.getsockname()[1]}",
+                     "--pace", pace, "--on-error", "stop"])  # fmt: skip
+        assert _heard(sock) == (10, 11)
+    assert code == 1
+    out, err = capsys.readouterr()
+    assert "sent 10 messages" in out
+    assert f"at byte offset {len(good)}" in err, err
+
+
+def _udp_socket() -> socket.socket:
+    """A UDP socket bound on 127.0.0.1 (any free port), reads timing out after 5 s."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    sock.bind(("127.0.0.1", 0))
+    sock.settimeout(5)
+    return sock
+

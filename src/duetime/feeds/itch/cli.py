@@ -199,7 +199,7 @@ def _synth(args: argparse.Namespace) -> int:
 def _send(args: argparse.Namespace) -> int:
     from duetime.feeds.itch.live import send_session
     from duetime.feeds.itch.moldudp import session_name
-    from duetime.feeds.itch.parser import ItchFormatError, file_problem, skipped_note
+    from duetime.feeds.itch.parser import file_problem, skipped_note
 
     if problem := file_problem(args.file):
         console(f"duetime itch send: {args.file}: {problem}")
@@ -223,9 +223,6 @@ def _send(args: argparse.Namespace) -> int:
             max_gap_ns=int(args.max_gap_ms * 1e6), per_packet=args.per_packet,
             session=args.session, limit=args.limit, on_error=args.on_error,
         )  # fmt: skip
-    except ItchFormatError as exc:  # (a ValueError: before those)
-        console(f"duetime itch send: {args.file}: {exc}")
-        return 1
     except (ValueError, OSError) as exc:
         console(f"duetime itch send: {exc}")
         return 2
@@ -235,6 +232,11 @@ def _send(args: argparse.Namespace) -> int:
     if report.first_skipped is not None:  # (as `itch book` and `itch run` say what they skipped)
         console(f"duetime itch send: {args.file}: "
                 f"{skipped_note(report.skipped, report.first_skipped)}")  # fmt: skip
+    if report.format_error is not None:  # (sent up to it, then the session's end: exit 1)
+        error = report.format_error
+        hint = "" if error.reason == "bad_gzip" else " (--on-error skip steps over bad frames)"
+        console(f"duetime itch send: {args.file}: {error}{hint}")
+        return 1
     return 0
 
 

@@ -181,7 +181,10 @@ class SendReport:
     skipped: int = 0
     """Malformed parts of the file stepped over (`on_error="skip"`)..."""
     first_skipped: ItchFormatError | None = None
-    """...and the first of them."""
+    """...and the first of them..."""
+    format_error: ItchFormatError | None = None
+    """...or the malformed frame that stopped the session (`on_error="stop"`; a file cut short
+    too): what came before it was sent, then the session's end."""
 
 
 def send_session(
@@ -202,7 +205,16 @@ def send_session(
     At the recorded pace (`speed` times faster; quiet stretches cut to `max_gap_ns`) the
     messages of one timestamp (a sweep) share datagrams and each datagram leaves at that time;
     at full pace (`pace="max"`) datagrams are filled up to `per_packet` messages and sent back
-    to back, which a receiver slower than the sender answers with lost datagrams."""
+    to back, which a receiver slower than the sender answers with lost datagrams.
+
+    A malformed frame that stops the file (`on_error="stop"`, or a file cut short: one still
+    being written) ends the session there: the messages before it are sent, then the session's
+    end, and the report's `format_error` says where it stopped.
+
+    NOTE: the error was raised out of the send loop: the datagram being filled (at full pace,
+    every message of a short file: 0 of 10 sent) was lost, and no end-of-session packet went
+    out, so a listener waited on for a session that had ended.
+    """
     if pace not in ("recorded", "max"):
         raise ValueError(f"pace must be 'recorded' or 'max', got {pace!r}")
     if speed <= 0:
@@ -217,7 +229,8 @@ def send_session(
     # datagram as an error of a later send, and a feed goes on whether anyone listens or not
     with socket.socket(family, socket.SOCK_DGRAM) as sock:
         frames = read_frames(source, on_error=on_error)
-        groups = _groups(frames, per_packet, limit, pace == "max")
+        stopped: list[ItchFormatError] = []
+        groups = _groups(_until_error(frames, stopped), per_packet, limit, pace == "max")
         clock = RecordedClock(speed, max_gap_ns) if pace == "recorded" else None
         for stamp, bodies in groups:
             if clock is not None:
@@ -234,10 +247,20 @@ def send_session(
     report.wall_s = (time.monotonic_ns() - started) / 1e9
     report.skipped = frames.skipped
     report.first_skipped = frames.errors[0] if frames.errors else None
+    report.format_error = stopped[0] if stopped else None
     if lates:
         lates.sort()
         report.late_p99_us = lates[min(len(lates) - 1, int(0.99 * len(lates)))] / 1e3
     return report
+
+
+def _until_error(frames: Iterator[bytes], stopped: list[ItchFormatError]) -> Iterator[bytes]:
+    """`frames` up to a malformed frame that stops them, kept in `stopped`: the batch being
+    filled is still sent, and the session still ends."""
+    try:
+        yield from frames
+    except ItchFormatError as error:
+        stopped.append(error)
 
 
 def _groups(
