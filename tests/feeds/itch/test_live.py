@@ -674,3 +674,23 @@ def _udp_socket() -> socket.socket:
     sock.settimeout(5)
     return sock
 
+
+def test_listen_names_symbols_never_seen_in_the_feed(tmp_path: Path, demo_repo: Path) -> None:
+    """A `--symbols` typo made a listener a silent no-op: now it names the symbol at the end
+    (the feed's locate 1 has no directory entry: its key is #1)."""
+    packets = list(mold_packets(_adds_then_deletes(5), "SYM", per_packet=5))
+    report = tmp_path / "report.json"
+    listener, port = _listen(demo_repo, report, "--symbols", "#1,#2")
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+            for datagram in [*packets, end_of_session_packet("SYM", 11)]:
+                sock.sendto(datagram, ("127.0.0.1", port))
+        _, errors = listener.communicate(timeout=60)
+    finally:
+        if listener.poll() is None:
+            listener.kill()
+            listener.wait()
+    assert listener.returncode == 0, errors
+    assert "--symbols never seen in the feed: #2" in errors, errors
+    result = json.loads(report.read_text(encoding="utf-8"))
+    assert (result["unknown_symbols"], result["triggers"]) == (["#2"], 10)

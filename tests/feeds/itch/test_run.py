@@ -375,3 +375,32 @@ def test_a_malformed_frame_is_in_the_report_skipped_or_stopping_the_run(
     assert (first["offset"], first["reason"]) == (cut, "unknown_type")
     assert "unknown message type 'Z'" in first["message"]
     assert skipped["format_error"] is None
+
+
+def test_symbols_never_seen_in_the_feed_are_named_at_the_end(
+    tmp_path: Path, demo_repo: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A `--symbols` typo (APPL for AAPL) made the run a silent no-op: 0 requests, exit 0,
+    nothing on stderr. A symbol the feed never keyed (no stock directory entry, no message) is
+    now named on stderr and in the report; one in the directory without events is not."""
+    path = tmp_path / "aapl.itch"
+    with ItchWriter(path) as writer:
+        writer.write("R", stock_locate=1, timestamp=1, stock="AAPL", **R_FIELDS)
+        writer.write("R", stock_locate=2, timestamp=1, stock="QUIET", **R_FIELDS)
+        for ref in range(1, 6):
+            writer.write("A", stock_locate=1, timestamp=1 + ref, order_reference_number=ref,
+                         buy_sell_indicator="B", shares=1, stock="AAPL", price=ref)  # fmt: skip
+    common = ["--model", "orderbook", "--repository", str(demo_repo), "--pace", "max",
+              "--deadline-us", "1000000"]  # fmt: skip
+    report, rows = _run(tmp_path, path, *common, "--symbols", "APPL")
+    assert (report["triggers"], rows) == (0, [])
+    assert report["unknown_symbols"] == ["APPL"]
+    err = capsys.readouterr().err
+    assert "--symbols never seen in the feed: APPL (AAPL?)" in err, err
+    report, rows = _run(tmp_path, path, *common, "--symbols", "AAPL,QUIET,ZZZ,APPL")
+    assert (report["triggers"], len(rows)) == (5, 5)
+    assert report["unknown_symbols"] == ["APPL", "ZZZ"]
+    assert "--symbols never seen in the feed: APPL (AAPL?), ZZZ" in capsys.readouterr().err
+    report, _ = _run(tmp_path, path, *common, "--symbols", "AAPL,QUIET")
+    assert report["unknown_symbols"] == []
+    assert "--symbols" not in capsys.readouterr().err

@@ -327,7 +327,7 @@ async def _feed(args: argparse.Namespace, options: Any) -> tuple[dict[str, Any],
     from duetime.execution.affinity import CpuPlan, parse_cpus, pin_current_thread
     from duetime.feeds.itch.parser import read_messages, skipped_note
     from duetime.feeds.itch.predictors import EnginePredictor, GrpcPredictor, PredictorError
-    from duetime.feeds.itch.run import FeedRun
+    from duetime.feeds.itch.run import FeedRun, stock_names
     from duetime.feeds.itch.tally import frame_report, open_log
     from duetime.repository.manager import RepositoryOptions
     from duetime.tools.outputs import OutputError, failed_write
@@ -401,10 +401,29 @@ async def _feed(args: argparse.Namespace, options: Any) -> tuple[dict[str, Any],
         counts = ", ".join(f"{kind}={n}" for kind, n in stats.book_anomalies.items())
         console(f"duetime itch {args.itch_command}: {report['file']}: book anomalies: {counts}",
                 logging.WARNING)  # fmt: skip
+    if stats.unknown_symbols:  # (a typo would otherwise make the run a silent no-op)
+        note = symbols_note(stats.unknown_symbols, stock_names(feed.books))
+        console(f"duetime itch {args.itch_command}: {report['file']}: {note}", logging.WARNING)
     if log.error is not None:  # (a full disk: the run went on; its predictions are cut short)
         failure = failed_write(args.predictions, "--predictions", log.error)
         console(f"duetime itch {args.itch_command}: {failure.message}")
     return report, log.error is None
+
+
+def symbols_note(unknown: Iterable[str], names: Iterable[str]) -> str:
+    """One line (for stderr) on `--symbols` the feed never keyed, each with the feed's closest
+    key in brackets where one is close (a typo: "APPL (AAPL?)")."""
+    import difflib
+
+    names = sorted(names)
+    said = []
+    for symbol in unknown:
+        close = difflib.get_close_matches(symbol, names, n=1)
+        said.append(f"{symbol} ({close[0]}?)" if close else symbol)
+    return (
+        f"--symbols never seen in the feed: {', '.join(said)}: nothing was asked for them "
+        "(stocks are keyed as `itch book` keys them: AAPL, #17, AAPL@2)"
+    )
 
 
 def _until_error(messages: Iterable[Any], stopped: list[ItchFormatError]) -> Iterator[Any]:

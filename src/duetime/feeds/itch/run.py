@@ -187,6 +187,8 @@ class FeedRun:
         # NOTE: the window costs ~3.5 µs an event; a model of the vector does not need it
         self.features = Features(deeplob_length=WINDOW_EVENTS if self._wants_window else 0)
         self._counts: dict[int, int] = {}
+        self._unseen = set(options.symbols or ())
+        """Of `options.symbols`: those no book event had so far (see `unknown_symbols`)."""
         self._burst: list[_Asked] = []
         """Triggering events since the feed last asked (they arrived together)."""
         self._rows: list[np.ndarray] = []
@@ -381,6 +383,7 @@ class FeedRun:
         finally:
             self.stats.wall_ns = time.monotonic_ns() - started
             self.stats.book_anomalies = dict(self.books.anomalies.counts)
+            self.stats.unknown_symbols = self.unknown_symbols()
             self.stats.settle()
             self._log.flush()
             sys.setswitchinterval(switch)
@@ -463,8 +466,12 @@ class FeedRun:
         vector = self.features.update(event, book)
         key = self.books.keys.key
         symbols = self.options.symbols
-        if symbols is not None and key(event.locate) not in symbols:
-            return
+        if symbols is not None:
+            stock = key(event.locate)
+            if stock not in symbols:
+                return
+            if self._unseen:
+                self._unseen.discard(stock)
         if not self._fires(event):
             return
         if self._wants_window:
@@ -474,6 +481,17 @@ class FeedRun:
         else:  # the vector is the state's own buffer, rewritten by the next event: copy it
             self._rows.append(vector.copy())
         self._burst.append(_Asked(event.ts, key(event.locate), arrival_ns, self._book_gaps))
+
+    def unknown_symbols(self) -> list[str]:
+        """Of `options.symbols`, those the feed never keyed (sorted): no book event had them and
+        no locate has them (by its stock directory entry, or as `#<locate>`): most likely a
+        typo, which asks for nothing at all.
+
+        NOTE: such a symbol made a run a silent no-op (`--symbols APPL` on a file of AAPL: 0
+        requests, exit 0, nothing said); the report names them now, and the CLI says so."""
+        if not self._unseen:
+            return []
+        return sorted(self._unseen - stock_names(self.books))
 
     def _must_ask(self, now: int, step_ns: int) -> bool:
         """Whether the burst must be asked for now, before the next message (which has come
@@ -640,6 +658,12 @@ class RecordedClock:
             self._first += gap
         self._last = ts
         return self._start_ns + int((ts - self._first) / self._speed)
+
+
+def stock_names(books: Books) -> set[str]:
+    """The key (`Books.keys`) of every locate the books have seen, as they stand now."""
+    key = books.keys.key
+    return {key(locate) for locate in books.books}
 
 
 def _wants_window(predictor: Predictor) -> bool:

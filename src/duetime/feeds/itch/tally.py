@@ -82,6 +82,8 @@ class RunStats:
     """...the first of them (`frame_report`)..."""
     format_error: dict[str, Any] | None = None
     """...or the malformed frame that stopped the run (`--on-error stop`)."""
+    unknown_symbols: list[str] = field(default_factory=list)
+    """`--symbols` the feed never keyed (`FeedRun.unknown_symbols`): a typo asks for nothing."""
     book_anomalies: dict[str, int] = field(default_factory=dict)
     """The books' policy cases by kind (`Books.anomalies`), at the end: a gap in a live feed
     shows here as the orders it lost (unknown references)."""
@@ -126,6 +128,7 @@ class RunStats:
             "missed_messages": self.missed_messages,
             "bad_packets": self.bad_packets,
             "book_anomalies": self.book_anomalies,
+            "unknown_symbols": self.unknown_symbols,
             **self._feed_report(),
             "misses": self.late + self.refused,
             "miss_rate": (self.late + self.refused) / self.triggers if self.triggers else 0.0,
