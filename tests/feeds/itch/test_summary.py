@@ -225,3 +225,22 @@ def test_cli_keeps_and_reports_locates_that_share_a_symbol(
     assert "1 locate(s) share their symbol with a lower locate" in capsys.readouterr().err
     assert run_book(book_args(str(session(tmp_path / "s.itch")), "--json", str(out))) == 0
     assert "share their symbol" not in capsys.readouterr().err
+
+
+def test_first_changes_help_says_rows_are_every_book_change(tmp_path: Path) -> None:
+    """`--first-changes` was said to list "top-of-book changes", but a row is listed for every
+    book change, the top moved or not (as docs/itch_book.md says): the help now says so."""
+    parser = argparse.ArgumentParser()
+    add_book_arguments(parser)
+    (flag,) = (a for a in parser._actions if "--first-changes" in a.option_strings)
+    assert flag.help is not None
+    assert "top-of-book changes" not in flag.help
+    assert "every book change" in flag.help, flag.help
+    path = tmp_path / "s.itch"
+    with ItchWriter(path) as w:  # the second add is behind the best bid: the top stays
+        w.write("A", stock_locate=1, timestamp=1, order_reference_number=1,
+                buy_sell_indicator="B", shares=100, stock="X", price=1000)  # fmt: skip
+        w.write("A", stock_locate=1, timestamp=2, order_reference_number=2,
+                buy_sell_indicator="B", shares=100, stock="X", price=900)  # fmt: skip
+    changes = book_summary(path)["stocks"]["#1"]["changes"]
+    assert [row[1:] for row in changes] == [[1000, 100, None, 0]] * 2

@@ -63,7 +63,8 @@ def add_book_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--depth", type=int, default=5, help="price levels per side (default 5)")
     parser.add_argument(
         "--first-changes", type=int, default=1000,
-        help="top-of-book changes per stock listed in full (default 1000; all are digested)",
+        help="book changes per stock listed in full: a row for every book change (applied "
+        "A/F/E/C/X/D/U), the top moved or not (default 1000; all are digested)",
     )  # fmt: skip
     parser.add_argument(
         "--on-error", choices=["stop", "skip"], default="stop",
