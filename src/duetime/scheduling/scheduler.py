@@ -1013,9 +1013,17 @@ class ModelScheduler:
         """The instance whose next batch starts soonest, and when; None if all are committed.
 
         A busy instance takes a lookahead batch only shortly before its current batch ends
-        (a timer brings the scheduler back then)."""
+        (a timer brings the scheduler back then). A closed scheduler (`aclose`) takes one at
+        once: no request can come any more to join it.
+
+        NOTE: a request queued on a version at its reload waited 2.5-6.2 s (median 45 ms; with
+        a 1 s deadline one a swap failed). Old and new version shared a CPU: the old one waited
+        for the new one's booked batch to end, but the new one, its fresh profile
+        overestimating its runs, ended each early and started its next at once (the old one had
+        booked nothing), and the old one's timer always found the CPU booked again. Handed over
+        now, the batch takes its turn on the CPU (see ledger.py) before the new one's next."""
         best: tuple[int, int] | None = None
-        lead = max(_LOOKAHEAD_MIN_NS, 2 * int(self._overhead_ns))
+        lead = NO_SLACK if self._closed else max(_LOOKAHEAD_MIN_NS, 2 * int(self._overhead_ns))
         for instance, jobs in enumerate(self._outstanding):
             if len(jobs) >= self._depth:
                 continue
