@@ -330,11 +330,11 @@ def test_a_streamed_request_waiting_for_room_is_refused_at_its_due_time(
 
 @pytest.fixture
 def full(tight: RunningServer) -> Iterator[AnswerBudget]:
-    """`tight`'s answer budget, all of it held until the test ends.
+    """`tight`'s answer budget, all of it held until the test ends (nothing here depends on
+    whether a client's core takes unread answers as its window grows, as `unread`'s does).
 
-    NOTE: `unread`'s stream holds it only while its client takes none of its 4 MB answers;
-    under load on CI a client's core took them as its window grew, the line moved, and a call
-    let in 235 µs before its gRPC deadline was refused RESOURCE_EXHAUSTED (too late to run)."""
+    (The call below once ended RESOURCE_EXHAUSTED on CI: the wait's timer fired 235 µs early
+    and the call met admission instead of being refused as due; see Engine.refuse_late.)"""
     budget: AnswerBudget = tight.server._grpc_service.answers
     asyncio.run_coroutine_threadsafe(budget.take(budget.limit), tight.loop).result(10)
     yield budget
