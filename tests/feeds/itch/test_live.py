@@ -514,6 +514,20 @@ def _listen(demo_repo: Path, report: Path, *options: str) -> tuple[subprocess.Po
     return listener, int(line.strip().rsplit(":", 1)[1])
 
 
+def _fed(listener: subprocess.Popen[str], port: int, datagrams: list[bytes]) -> tuple[str, str]:
+    """`datagrams` sent to a listener on `port`, then its stdout and stderr once it ended
+    (killed if it did not: the test fails on its exit code)."""
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+            for datagram in datagrams:
+                sock.sendto(datagram, ("127.0.0.1", port))
+        return listener.communicate(timeout=60)
+    finally:
+        if listener.poll() is None:
+            listener.kill()
+            listener.wait()
+
+
 def test_listen_says_why_packets_were_bad_and_a_session_change(
     tmp_path: Path, session: Path, demo_repo: Path
 ) -> None:
@@ -525,15 +539,7 @@ def test_listen_says_why_packets_were_bad_and_a_session_change(
     new = list(mold_packets(frames[200:], "NEW", per_packet=10, first_sequence=201))
     report = tmp_path / "report.json"
     listener, port = _listen(demo_repo, report, "-q")
-    try:
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
-            for datagram in [*old, b"junk", *new, end_of_session_packet("OLD", 201)]:
-                sock.sendto(datagram, ("127.0.0.1", port))
-        _, errors = listener.communicate(timeout=60)
-    finally:
-        if listener.poll() is None:
-            listener.kill()
-            listener.wait()
+    _, errors = _fed(listener, port, [*old, b"junk", *new, end_of_session_packet("OLD", 201)])
     assert listener.returncode == 0, errors
     result = json.loads(report.read_text(encoding="utf-8"))
     assert result["session"] == "OLD"
@@ -594,15 +600,7 @@ def test_listen_says_what_a_gap_did_to_the_books(tmp_path: Path, demo_repo: Path
     packets = list(mold_packets(_adds_then_deletes(20), "GAP", per_packet=5))
     report, predictions = tmp_path / "report.json", tmp_path / "predictions.csv"
     listener, port = _listen(demo_repo, report, "--predictions", str(predictions))
-    try:
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
-            for datagram in [packets[0], *packets[2:], end_of_session_packet("GAP", 41)]:
-                sock.sendto(datagram, ("127.0.0.1", port))
-        out, errors = listener.communicate(timeout=60)
-    finally:
-        if listener.poll() is None:
-            listener.kill()
-            listener.wait()
+    out, errors = _fed(listener, port, [packets[0], *packets[2:], end_of_session_packet("GAP", 41)])
     assert listener.returncode == 0, errors
     # (the address bound, not the one asked for: port 0)
     assert f"udp://127.0.0.1:{port}: book anomalies: unknown_ref=5" in errors
@@ -681,15 +679,7 @@ def test_listen_names_symbols_never_seen_in_the_feed(tmp_path: Path, demo_repo: 
     packets = list(mold_packets(_adds_then_deletes(5), "SYM", per_packet=5))
     report = tmp_path / "report.json"
     listener, port = _listen(demo_repo, report, "--symbols", "#1,#2")
-    try:
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
-            for datagram in [*packets, end_of_session_packet("SYM", 11)]:
-                sock.sendto(datagram, ("127.0.0.1", port))
-        _, errors = listener.communicate(timeout=60)
-    finally:
-        if listener.poll() is None:
-            listener.kill()
-            listener.wait()
+    _, errors = _fed(listener, port, [*packets, end_of_session_packet("SYM", 11)])
     assert listener.returncode == 0, errors
     assert "--symbols never seen in the feed: #2" in errors, errors
     result = json.loads(report.read_text(encoding="utf-8"))
