@@ -185,6 +185,8 @@ class _IndexRecord:
     states: dict[str, VersionState]
     error: str | None
     served: dict[str, ServedVersion]
+    absent: dict[str, str] | None
+    """The versions its version_policy named that have no folder (see `_note_absent`)."""
 
 
 def load_failed(name: str, detail: str, *, polled: bool = True) -> str:
@@ -589,7 +591,7 @@ class ModelManager:
         served = snapshot.models.get(name)
         return _IndexRecord(
             name, dict(self._states.get(name, {})), self._model_errors.get(name),
-            dict(served.versions) if served else {},
+            dict(served.versions) if served else {}, self._absent.get(name),
         )  # fmt: skip
 
     def _changed(self, before: _IndexRecord) -> bool:
@@ -601,9 +603,19 @@ class ModelManager:
         )
 
     def _restore_index(self, name: str, before: _IndexRecord, message: str) -> None:
+        """Put back what the index said of `name` before a failed load that changed nothing
+        served, with `message` as the reason the versions still serving give.
+
+        NOTE: the versions absent from the refused load's version_policy (`_note_absent`)
+        were left: an override naming `specific [9]`, refused 400, had the index list version
+        9 UNAVAILABLE ("version directory is not present") for good (found by a tester)."""
         states = self._states[name]
         states.clear()  # (in place: a drain in progress holds this dict)
         states.update(before.states)
+        if before.absent is None:
+            self._absent.pop(name, None)
+        else:
+            self._absent[name] = before.absent
         self._still_serving(name, before, message)
         if before.error is None:
             self._model_errors.pop(name, None)
