@@ -416,6 +416,8 @@ class ModelScheduler:
         self._watcher: asyncio.TimerHandle | None = None
         """Armed while batches run on instance threads (see `_watch`)."""
         self._closed = False
+        self._drained = False
+        """`aclose` is past its drain: its timers are cancelled, and none is armed again."""
         self.last_arrival_ns = clock.now_ns()
         """When the last request arrived (or the scheduler started): the least recently used
         model is the first unloaded when the memory budget is reached."""
@@ -1208,7 +1210,7 @@ class ModelScheduler:
             self._revoke_passed(now)
         if self._drain_waiter is not None:
             self._wake_drain_waiter()
-        if not self._closed:
+        if not self._drained:  # (closed, it sweeps on while it drains)
             self._arm_sweeper()
 
     def _sweep_committed(self, now: int) -> None:
@@ -1384,9 +1386,15 @@ class ModelScheduler:
 
         NOTE: a run was never stopped: a Loop whose trip count came from the input ran 16 s for
         a request with a 1 s timeout (answered 200 then), and one whose client had gone 1 s in
-        kept running while the next small request waited 35 s (found by a tester)."""
+        kept running while the next small request waited 35 s (found by a tester).
+
+        NOTE: it stopped watching once `aclose` began (and `_sweep` stopped arming itself): on
+        a version a reload replaced, a run past its due time ran on, its client unanswered,
+        and the requests queued behind it waited up to the whole drain (30 s) to fail unrun
+        (found reading the code for a tester's stalled swap, whose cause was another: see
+        `_slot`). It watches, and sweeps, until the drain ends."""
         self._watcher = None
-        if self._closed:
+        if self._drained:
             return
         now = self._clock.now_ns()
         busy = False
@@ -2143,6 +2151,7 @@ class ModelScheduler:
             self._drain_waiter = self._loop.create_future()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(asyncio.shield(self._drain_waiter), grace_s)
+        self._drained = True
         for timer in (self._timer, self._sweeper, self._watcher):
             if timer is not None:
                 timer.cancel()
