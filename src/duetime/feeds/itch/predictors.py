@@ -138,11 +138,18 @@ class EnginePredictor:
             template=template,
         )  # fmt: skip
         try:
-            ticket = self._engine.submit(request, run_now=True)  # (the feed makes its batches)
+            done = self._engine.submit_now(request)  # (the feed makes its batches)
         except DuetimeError as exc:
             answer(None, _failure(exc))
             return
-        ticket.when_done(lambda: self._settled(ticket, answer))
+        if isinstance(done, Ticket):
+            done.when_done(lambda: self._settled(done, answer))
+            return
+        outputs = done[1]  # (run within the call: no ticket)
+        if isinstance(outputs, DuetimeError):
+            answer(None, _failure(outputs))
+        else:
+            answer(outputs[self._output], None)
 
     def fits(self, now_ns: int, due_ns: int, rows: int) -> bool | None:
         """The scheduler's own admission test (`ModelScheduler.fits`: the queue ahead, the
