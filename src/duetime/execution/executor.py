@@ -14,10 +14,12 @@ withdrawn), and the flag is reset before that instance's next run.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import logging
 import queue
 import threading
 import time
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -184,6 +186,7 @@ class Executor:
             self._queues.append(jobs)
             self._threads.append(thread)
             thread.start()
+        _STARTED.add(self)
 
     def submit(self, instance: int, job: BatchJob) -> None:
         """Queue `job` on one instance's thread; the scheduler submits only to an idle instance.
@@ -219,6 +222,7 @@ class Executor:
                 )  # fmt: skip
         self._sessions.clear()
         self._runs.clear()
+        _STARTED.discard(self)
 
     def terminate(self, instance: int, job: BatchJob) -> bool:
         """Stop `job`'s run if `instance`'s thread runs it now: ORT ends it between two nodes,
@@ -505,6 +509,24 @@ class Executor:
         for name, inner in self._output_shapes.items():
             array = part[name]
             part[name] = array.reshape((len(array), *inner) if self._batched else inner)
+
+
+_STARTED: weakref.WeakSet[Executor] = weakref.WeakSet()
+"""Executors with instance threads, not closed yet (see `_close_at_exit`)."""
+
+
+@atexit.register
+def _close_at_exit() -> None:
+    """Stop the instance threads of executors still open as the interpreter exits: their runs
+    terminated (ORT stops between two nodes), their threads joined.
+
+    NOTE: an engine made by `Engine.start` and never `aclose`d (its loop is gone by now) left
+    its threads, daemons, inside ONNX Runtime: at exit the process aborted (SIGABRT,
+    "terminate called without an active exception", exit 134), even for a run whose
+    `infer_async` had been cancelled. (Engines made by `Engine.open` are closed by the engine's
+    own hook, which runs first: registered later.)"""
+    for executor in list(_STARTED):
+        executor.close()
 
 
 class InputPool:
