@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 import textwrap
+import threading
+import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
+from duetime import Engine
 from tests.unit.test_executor_close import FOREVER, loop_model
 
 pytestmark = pytest.mark.timeout(120)
@@ -51,3 +56,36 @@ def test_a_started_engine_left_open_with_a_run_in_flight_exits_with_the_programs
     )
     assert "terminate called" not in done.stderr
     assert done.returncode == 7, done.stderr
+
+
+def interrupt_main_after(seconds: float) -> threading.Thread:
+    """A thread that raises KeyboardInterrupt in the main thread after `seconds` (as Ctrl-C)."""
+    main = threading.main_thread().ident
+    assert main is not None
+    # (a real signal, to the main thread: `_thread.interrupt_main` wakes no blocked wait)
+    thread = threading.Thread(
+        target=lambda: (time.sleep(seconds), signal.pthread_kill(main, signal.SIGINT))
+    )
+    thread.start()
+    return thread
+
+
+def test_a_blocking_infer_interrupted_by_ctrl_c_withdraws_its_request(tmp_path: Path) -> None:
+    """The interrupted infer's run went on to its end: the next 1 ms infer waited 8.4 s behind
+    it (here, forever: its run never ends unless stopped; the next is due in 10 s)."""
+    repo = loop_repo(tmp_path)
+    handler = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with Engine.open(repo) as engine:
+            interrupter = interrupt_main_after(0.3)
+            with pytest.raises(KeyboardInterrupt):
+                engine.infer(
+                    "loop", {"n": np.array([FOREVER]), "x": np.zeros(1, np.float32)}, timeout=None
+                )
+            interrupter.join()
+            answer = engine.infer(
+                "loop", {"n": np.array([10]), "x": np.zeros(1, np.float32)}, timeout=10
+            )
+            assert answer["y"].tolist() == [10.0]
+    finally:
+        signal.signal(signal.SIGINT, handler)
