@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import signal
 import subprocess
 import sys
@@ -14,6 +15,7 @@ import numpy as np
 import pytest
 
 from duetime import Engine
+from duetime.repository.manager import RepositoryOptions
 from tests.unit.test_executor_close import FOREVER, loop_model
 
 pytestmark = pytest.mark.timeout(120)
@@ -89,3 +91,39 @@ def test_a_blocking_infer_interrupted_by_ctrl_c_withdraws_its_request(tmp_path: 
             assert answer["y"].tolist() == [10.0]
     finally:
         signal.signal(signal.SIGINT, handler)
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        None,
+        RepositoryOptions(control_mode="explicit", startup_models=("*",)),
+        RepositoryOptions(lazy=True),
+    ],
+    ids=["none", "explicit", "lazy"],
+)
+def test_a_closed_engine_is_not_ready_and_lists_no_version_ready(
+    mlp_repo: Path, options: RepositoryOptions | None
+) -> None:
+    """After close() it was still `ready`, its index said READY, and every infer raised
+    ModelUnavailable."""
+    engine = Engine.open(mlp_repo, options=options)
+    assert engine.ready
+    engine.close()
+    assert not engine.ready
+    assert engine.repository_index(ready_only=True) == []
+    states = [entry.get("state") for entry in engine.repository_index()]
+    assert "READY" not in states
+    if options is None:  # (loaded at open: listed, closed)
+        assert [e["reason"] for e in engine.repository_index()] == ["the engine is closed"]
+
+
+def test_an_aclosed_engine_is_not_ready(mlp_repo: Path) -> None:
+    async def body() -> tuple[bool, list[str]]:
+        engine = await Engine.start(mlp_repo)
+        await engine.aclose()
+        return engine.ready, [e.get("state", "") for e in engine.repository_index()]
+
+    ready, states = asyncio.run(body())
+    assert not ready
+    assert states == ["UNAVAILABLE"]

@@ -287,8 +287,19 @@ class Engine:
     # -- the repository API --------------------------------------------------------------------
 
     def repository_index(self, ready_only: bool = False) -> list[IndexEntry]:
-        """Every model in the repository with the state of each version (Triton's index)."""
-        return [] if self.manager is None else self.manager.index(ready_only)
+        """Every model in the repository with the state of each version (Triton's index).
+
+        NOTE: a closed engine (or one closing, or an `open()` engine in a forked child) still
+        listed its versions READY, while every infer raised ModelUnavailable: its versions are
+        UNAVAILABLE, "the engine is closed"."""
+        manager = self.manager
+        if manager is None:
+            return []
+        if not (self._closing or self._closed):
+            return manager.index(ready_only)
+        if ready_only:
+            return []
+        return [_closed_entry(entry) for entry in manager.index()]
 
     def load_model(
         self, name: str, config: ModelConfig | None = None, files: Mapping[str, bytes] | None = None
@@ -397,9 +408,10 @@ class Engine:
     @property
     def ready(self) -> bool:
         """Models are served, or the repository API / first requests will load them; and
-        (strict readiness, as Triton) none failed to load with nothing serving it."""
+        (strict readiness, as Triton) none failed to load with nothing serving it. A closed
+        engine (or one closing) is not ready (see `repository_index`)."""
         manager = self.manager
-        if manager is None:
+        if manager is None or self._closing or self._closed:
             return False
         snapshot = self.registry.snapshot
         if manager.options.strict_readiness and snapshot.failures:
@@ -1020,6 +1032,18 @@ NO_DUE_BEYOND_NS = 100 * 365 * 24 * 3600 * 10**9
 
 _OPEN: weakref.WeakSet[Engine] = weakref.WeakSet()
 """Engines made by `open()` and not closed yet."""
+
+
+CLOSED = "the engine is closed"
+"""Why a closed engine's index lists each version UNAVAILABLE."""
+
+
+def _closed_entry(entry: IndexEntry) -> IndexEntry:
+    """`entry` of a closed engine's index: a version that was loaded, loading or unloading is
+    UNAVAILABLE now, for that reason (see `Engine.repository_index`)."""
+    if entry.get("state") in (None, "UNAVAILABLE"):
+        return entry
+    return {**entry, "state": "UNAVAILABLE", "reason": CLOSED}
 
 
 def _unsettled(ticket: Ticket, task: asyncio.Task[None]) -> None:
