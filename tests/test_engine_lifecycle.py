@@ -127,3 +127,33 @@ def test_an_aclosed_engine_is_not_ready(mlp_repo: Path) -> None:
     ready, states = asyncio.run(body())
     assert not ready
     assert states == ["UNAVAILABLE"]
+
+
+def test_load_repository_awaited_on_another_loop_is_handed_to_an_open_engines_loop(
+    mlp_repo: Path, tmp_path: Path
+) -> None:
+    """It made the awaiting loop (asyncio.run's, closed after) the engine's: infer then said
+    "the engine is closed", close() raised "Event loop is closed", and its threads ran on."""
+    engine = Engine.open(tmp_path)  # (an empty repository)
+    try:
+        asyncio.run(engine.load_repository(mlp_repo))
+        answer = engine.infer("mlp", {"x": np.zeros((1, 40), np.float32)}, timeout=30)
+        assert answer["y"].shape[0] == 1
+    finally:
+        engine.close()
+    assert engine._thread is not None
+    assert not engine._thread.is_alive()
+
+
+def test_load_repository_awaited_on_another_loop_than_a_started_engines_is_refused(
+    mlp_repo: Path, tmp_path: Path
+) -> None:
+    loop = asyncio.new_event_loop()
+    try:
+        engine = loop.run_until_complete(Engine.start(mlp_repo))
+        with pytest.raises(RuntimeError, match="runs on the loop that started it"):
+            asyncio.run(engine.load_repository(tmp_path))
+        assert engine.repository == mlp_repo
+        loop.run_until_complete(engine.aclose())
+    finally:
+        loop.close()

@@ -225,11 +225,24 @@ class Engine:
         return None if self.manager is None else self.manager.root
 
     async def load_repository(self, root: str | os.PathLike[str]) -> None:
-        """Serve the models under `root`; failures are recorded in the index, not fatal."""
+        """Serve the models under `root`; failures are recorded in the index, not fatal. On an
+        engine made by `open()`, awaited from another loop, the load is handed to the engine's
+        loop (as `load_model` is); a `start()` engine refuses it off its own loop.
+
+        NOTE: it took the awaiting loop as the engine's: awaited with `asyncio.run` on an
+        `open()` engine, every infer after it said "the engine is closed", close() raised
+        "Event loop is closed", and the engine's threads were left running."""
+        if self._loop is not None and _running_loop() is not self._loop:
+            work = functools.partial(self._load_repository, Path(root))
+            await self._on_engine_loop(work, "load_repository")
+            return
+        await self._load_repository(Path(root))
+
+    async def _load_repository(self, root: Path) -> None:
         self._loop = asyncio.get_running_loop()
         spare = frozenset(self.cpus.cpus[1:]) if self.cpus.cpus else None
         self.manager = ModelManager(
-            Path(root), self.options, self.registry, self._deploy, loader_cpus=spare or None
+            root, self.options, self.registry, self._deploy, loader_cpus=spare or None
         )
         await self.manager.start()
 
