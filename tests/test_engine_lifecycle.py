@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from duetime import Engine
+from duetime import Engine, ModelUnavailable
 from duetime.repository.manager import RepositoryOptions
 from tests.unit.test_executor_close import FOREVER, loop_model
 
@@ -40,7 +40,7 @@ def test_a_started_engine_left_open_with_a_run_in_flight_exits_with_the_programs
     program = textwrap.dedent(f"""
         import asyncio, sys
         import numpy as np
-        from duetime import Engine
+        from duetime import Engine, ModelUnavailable
 
         async def main():
             engine = await Engine.start({str(repo)!r})
@@ -157,3 +157,24 @@ def test_load_repository_awaited_on_another_loop_than_a_started_engines_is_refus
         loop.run_until_complete(engine.aclose())
     finally:
         loop.close()
+
+
+def test_load_and_unload_after_aclose_say_the_engine_is_closed(mlp_repo: Path) -> None:
+    """load_model after aclose() reached the closed loader: InvalidInput "internal error while
+    loading: RuntimeError: cannot schedule new futures after shutdown", a traceback logged."""
+
+    async def body() -> list[str]:
+        engine = await Engine.start(mlp_repo, options=RepositoryOptions(control_mode="explicit"))
+        await engine.aclose()
+        refusals = []
+        for call in (engine.load_model, engine.unload_model):
+            with pytest.raises(ModelUnavailable) as refused:
+                await call("mlp")
+            refusals.append(refused.value.message)
+        assert engine.repository_index(ready_only=True) == []
+        return refusals
+
+    assert asyncio.run(body()) == [
+        "cannot load model 'mlp': the engine is closed; start a new one",
+        "cannot unload model 'mlp': the engine is closed; start a new one",
+    ]

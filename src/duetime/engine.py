@@ -401,7 +401,16 @@ class Engine:
         NOTE: as Triton's ("explicit model load / unload is not allowed if polling is
         enabled"), polling refuses loads as well as unloads: a load, uploaded files included,
         was taken while every unload was refused, so an upload could never be dropped and
-        outlived even the removal of the model's folder."""
+        outlived even the removal of the model's folder.
+
+        NOTE: a closed engine (or one closing) refuses with ModelUnavailable, as its infers
+        do: a `load_model` awaited after `aclose()` reached the closed loader and failed
+        InvalidInput, "internal error while loading: RuntimeError: cannot schedule new futures
+        after shutdown", with a traceback logged. (An `open()` engine in a forked child is
+        refused as its other calls are, by `_hand_over`.)"""
+        if (self._closing or self._closed) and not self._forked:
+            again = "open a new one" if self._thread is not None else "start a new one"
+            raise ModelUnavailable(f"cannot {action} model '{name}': the engine is closed; {again}")
         manager = self.manager
         if manager is None or manager.options.control_mode == "none":
             raise NotAllowed(
