@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from duetime import Engine, ModelUnavailable
-from duetime.repository.manager import RepositoryOptions
+from duetime.repository.manager import ModelManager, RepositoryOptions
 from tests.unit.test_executor_close import FOREVER, loop_model
 
 pytestmark = pytest.mark.timeout(120)
@@ -178,3 +178,43 @@ def test_load_and_unload_after_aclose_say_the_engine_is_closed(mlp_repo: Path) -
         "cannot load model 'mlp': the engine is closed; start a new one",
         "cannot unload model 'mlp': the engine is closed; start a new one",
     ]
+
+
+def duetime_threads() -> set[threading.Thread]:
+    return {t for t in threading.enumerate() if t.name.startswith("duetime") and t.is_alive()}
+
+
+def test_ctrl_c_while_open_loads_closes_what_it_started(
+    mlp_repo: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """It left an engine nobody could close: its loop and instance threads ran on, loading the
+    repository's remaining models. Here the load serves mlp, then waits for ever."""
+    loading = threading.Event()
+    start = ModelManager.start
+
+    async def start_then_wait(manager: ModelManager) -> None:
+        await start(manager)
+        loading.set()
+        await asyncio.Event().wait()
+
+    monkeypatch.setattr(ModelManager, "start", start_then_wait)
+    before = duetime_threads()
+    main = threading.main_thread().ident
+    assert main is not None
+
+    def interrupt() -> None:
+        loading.wait(60)
+        signal.pthread_kill(main, signal.SIGINT)
+
+    handler = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        interrupter = threading.Thread(target=interrupt)
+        interrupter.start()
+        with pytest.raises(KeyboardInterrupt):
+            Engine.open(mlp_repo)
+        interrupter.join()
+    finally:
+        signal.signal(signal.SIGINT, handler)
+    assert loading.is_set()
+    left = {t.name for t in duetime_threads() - before if t.name != "duetime-loader_0"}
+    assert left == set()

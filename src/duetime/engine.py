@@ -194,6 +194,10 @@ class Engine:
         """Calls handed over from other threads not answered yet: failed at `close()` if the
         loop never took them."""
         self._sync_lock = threading.Lock()
+        self._opening: asyncio.Task[None] | None = None
+        """The load an engine made by `open()` starts with, while it runs (see `_abandon`)."""
+        self._serving = False
+        """Its loading done, an `open()` engine's loop thread serves (see `_abandon`)."""
         self._forked = False
         """This process is a fork of the one that opened the engine (see `_after_fork`)."""
         self._placed = 0
@@ -987,19 +991,56 @@ class Engine:
             daemon=True,
         )  # fmt: skip
         engine._thread.start()
-        started.result()
+        try:
+            started.result()
+        except BaseException:
+            engine._abandon()
+            raise
         _OPEN.add(engine)
         return engine
+
+    def _abandon(self) -> None:
+        """`open()` given up (Ctrl-C while it loaded, or its load failed): its load cancelled,
+        what it started closed, its loop thread ended.
+
+        NOTE: a KeyboardInterrupt while `open()` waited left an engine nobody could close: its
+        loop thread and instance threads ran on, loading the repository's remaining models."""
+        with self._sync_lock:
+            self._closed = True
+            loop, opening, serving = self._loop, self._opening, self._serving
+        if loop is not None:
+            with contextlib.suppress(RuntimeError):  # (the loop has closed: its thread is done)
+                if serving:
+                    loop.call_soon_threadsafe(loop.stop)
+                elif opening is not None:
+                    loop.call_soon_threadsafe(opening.cancel)
+        assert self._thread is not None
+        self._thread.join()
 
     def _run_loop(self, repository: Path, started: concurrent.futures.Future[None]) -> None:
         from duetime.loops import new_event_loop
 
         loop = new_event_loop()
         asyncio.set_event_loop(loop)
+        with self._sync_lock:  # (against `_abandon`: the load it cancels, or none)
+            self._loop = loop
+            opening = self._opening = loop.create_task(self.load_repository(repository))
         try:
-            loop.run_until_complete(self.load_repository(repository))
+            if self._closed:
+                opening.cancel()
+            loop.run_until_complete(opening)
         except BaseException as exc:
             started.set_exception(exc)
+            with contextlib.suppress(Exception):  # (models a cancelled load had started)
+                loop.run_until_complete(self.aclose())
+            loop.close()
+            return
+        finally:
+            self._opening = None
+        with self._sync_lock:
+            self._serving = not self._closed
+        if not self._serving:  # (abandoned as the load ended)
+            loop.run_until_complete(self.aclose())
             loop.close()
             return
         started.set_result(None)
