@@ -218,3 +218,32 @@ def test_ctrl_c_while_open_loads_closes_what_it_started(
     assert loading.is_set()
     left = {t.name for t in duetime_threads() - before if t.name != "duetime-loader_0"}
     assert left == set()
+
+
+def test_a_close_while_another_thread_closes_waits_until_closed(tmp_path: Path) -> None:
+    """It returned at once, the first close() still draining (its loop thread alive). Here the
+    drain lasts its grace (5 s): a run in flight never ends unless stopped."""
+    engine = Engine.open(loop_repo(tmp_path))
+    inputs = {"n": np.array([FOREVER]), "x": np.zeros(1, np.float32)}
+    failures: list[BaseException] = []
+
+    def never_answered() -> None:
+        try:
+            engine.infer("loop", inputs)
+        except ModelUnavailable as exc:
+            failures.append(exc)
+
+    client = threading.Thread(target=never_answered)
+    client.start()
+    while not engine._waiting:  # (handed to the engine's loop)
+        time.sleep(0.001)
+    first = threading.Thread(target=engine.close)
+    first.start()
+    while not engine._closed:
+        time.sleep(0.001)
+    engine.close()
+    assert engine._thread is not None
+    assert not engine._thread.is_alive()
+    first.join()
+    client.join()
+    assert len(failures) == 1

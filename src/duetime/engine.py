@@ -194,6 +194,8 @@ class Engine:
         """Calls handed over from other threads not answered yet: failed at `close()` if the
         loop never took them."""
         self._sync_lock = threading.Lock()
+        self._shut = threading.Event()
+        """`close()` is over: the loop thread has ended (what a second `close()` waits for)."""
         self._opening: asyncio.Task[None] | None = None
         """The load an engine made by `open()` starts with, while it runs (see `_abandon`)."""
         self._serving = False
@@ -1016,6 +1018,7 @@ class Engine:
                     loop.call_soon_threadsafe(opening.cancel)
         assert self._thread is not None
         self._thread.join()
+        self._shut.set()
 
     def _run_loop(self, repository: Path, started: concurrent.futures.Future[None]) -> None:
         from duetime.loops import new_event_loop
@@ -1051,20 +1054,30 @@ class Engine:
     def close(self) -> None:
         """Stop an engine made by `open()`: drain its models and end its loop thread. Calls
         made meanwhile from other threads end too (answered, or ModelUnavailable); closing a
-        closed engine does nothing."""
-        if self._closed:
-            return
+        closed engine does nothing; a `close()` while another thread closes it waits until
+        it is closed.
+
+        NOTE: a second close() from another thread returned at once, the first still draining
+        (the engine's loop thread alive): a caller could not rely on close() meaning closed."""
         thread, loop = self._thread, self._loop
         if thread is None or loop is None:
             raise RuntimeError("close() is for engines made by Engine.open(); await aclose()")
         with self._sync_lock:
+            closing = self._closed
             self._closed = True
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join()
-        closed = ModelUnavailable("the engine closed before answering; open a new one")
-        for waiting in list(self._waiting):  # (handed over as the loop stopped: never taken)
-            if not waiting.done():
-                waiting.set_exception(closed)
+        if closing:
+            if not self._forked and threading.current_thread() is not thread:
+                self._shut.wait()  # (closed by another thread: done when it is)
+            return
+        try:
+            loop.call_soon_threadsafe(loop.stop)
+            thread.join()
+        finally:
+            closed = ModelUnavailable("the engine closed before answering; open a new one")
+            for waiting in list(self._waiting):  # (handed over as the loop stopped: never taken)
+                if not waiting.done():
+                    waiting.set_exception(closed)
+            self._shut.set()
 
     def __enter__(self) -> Engine:
         return self
