@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from duetime import Engine, ModelUnavailable
+from duetime import ConfigError, Engine, ModelUnavailable
 from duetime.repository.manager import ModelManager, RepositoryOptions
 from tests.unit.test_executor_close import FOREVER, loop_model
 
@@ -40,7 +40,7 @@ def test_a_started_engine_left_open_with_a_run_in_flight_exits_with_the_programs
     program = textwrap.dedent(f"""
         import asyncio, sys
         import numpy as np
-        from duetime import Engine, ModelUnavailable
+        from duetime import ConfigError, Engine, ModelUnavailable
 
         async def main():
             engine = await Engine.start({str(repo)!r})
@@ -247,3 +247,15 @@ def test_a_close_while_another_thread_closes_waits_until_closed(tmp_path: Path) 
     first.join()
     client.join()
     assert len(failures) == 1
+
+
+def test_an_empty_repository_path_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Engine.open("") served the current directory, each folder there a model UNAVAILABLE."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "src").mkdir()
+    with pytest.raises(ConfigError, match="the path is empty"):
+        Engine.open("")
+    with pytest.raises(ConfigError, match="the path is empty"):
+        asyncio.run(Engine.start(""))

@@ -31,6 +31,7 @@ from duetime.clock import Clock, MonotonicClock
 from duetime.config import ModelConfig
 from duetime.errors import (
     TIMEOUT_EXPIRED,
+    ConfigError,
     DeadlineExceeded,
     DuetimeError,
     InternalError,
@@ -223,7 +224,7 @@ class Engine:
     ) -> Engine:
         """An engine serving the models in `repository` (as `options` say), on this loop."""
         engine = cls(clock=clock, options=options)
-        await engine.load_repository(Path(repository))
+        await engine.load_repository(_repository_path(repository))
         return engine
 
     @property
@@ -238,11 +239,12 @@ class Engine:
         NOTE: it took the awaiting loop as the engine's: awaited with `asyncio.run` on an
         `open()` engine, every infer after it said "the engine is closed", close() raised
         "Event loop is closed", and the engine's threads were left running."""
+        path = _repository_path(root)
         if self._loop is not None and _running_loop() is not self._loop:
-            work = functools.partial(self._load_repository, Path(root))
+            work = functools.partial(self._load_repository, path)
             await self._on_engine_loop(work, "load_repository")
             return
-        await self._load_repository(Path(root))
+        await self._load_repository(path)
 
     async def _load_repository(self, root: Path) -> None:
         self._loop = asyncio.get_running_loop()
@@ -989,7 +991,8 @@ class Engine:
         engine = cls(clock=clock, options=options)
         started: concurrent.futures.Future[None] = concurrent.futures.Future()
         engine._thread = threading.Thread(
-            target=engine._run_loop, args=(Path(repository), started), name="duetime-engine",
+            target=engine._run_loop, args=(_repository_path(repository), started),
+            name="duetime-engine",
             daemon=True,
         )  # fmt: skip
         engine._thread.start()
@@ -1245,6 +1248,20 @@ _running_loop: Callable[[], asyncio.AbstractEventLoop | None] = asyncio._get_run
 
 NOTE: asyncio's own (C) function, not `get_running_loop` wrapped in a try: that was a Python
 frame and a try on every in-process call, twice for an engine made by `open()`."""
+
+
+def _repository_path(repository: str | os.PathLike[str]) -> Path:
+    """`repository` as a path; ConfigError if it is empty.
+
+    NOTE: `Path("")` is the current directory: `Engine.open("")` (an unset variable's
+    default, say) served it, every folder there a model UNAVAILABLE, where a missing path
+    fails with ConfigError."""
+    if isinstance(repository, str | bytes) and not repository:
+        raise ConfigError(
+            "model repository: the path is empty; give the repository's folder ('.' for the "
+            "current directory)"
+        )
+    return Path(repository)
 
 
 def _waited(result: concurrent.futures.Future[_T]) -> _T:
