@@ -77,3 +77,21 @@ def test_bytes_and_text_of_every_kind_are_taken(repo: Path) -> None:
             y = engine.infer("s", {"x": x}, timeout=10)["y"]
             expected = [[v if isinstance(v, str) else bytes(v).decode() for v in x[0]]]
             assert [[v.decode() for v in y[0]]] == expected
+
+
+@pytest.mark.parametrize(
+    "row",
+    [
+        np.array([["ok", "\ud800", "ok"]], dtype=object),
+        np.array([["ok", "a\udfffb", "ok"]]),  # (numpy's str_)
+    ],
+    ids=["str", "numpy-str"],
+)
+def test_text_with_a_lone_surrogate_is_refused_naming_the_input_and_element(
+    repo: Path, row: np.ndarray
+) -> None:
+    """It passed, and ORT's encoding of it failed the run: "ONNX Runtime could not run the model
+    on these inputs: 'utf-8' codec can't encode character", naming neither."""
+    wanted = r"^input 'x': BYTES element 1 is a string that is not valid Unicode text"
+    with Engine.open(repo) as engine, pytest.raises(InvalidInput, match=wanted):
+        engine.infer("s", {"x": row}, timeout=10)

@@ -392,7 +392,9 @@ def strings_for_ort(array: np.ndarray, input_name: str) -> np.ndarray:
 
     NOTE: any other element was made its str(): the in-process Engine ran a model on "None" for
     a None and on "1.5" for a float, which every wire transport refuses ("BYTES 'data' element
-    0 must be a string")."""
+    0 must be a string"). A str with a lone surrogate ('\\ud800') passed, and ORT's encoding of
+    it failed the run: InvalidInput "ONNX Runtime could not run the model ...: 'utf-8' codec
+    can't encode character", naming neither the input nor the element."""
     flat = array.reshape(-1)
     out = np.empty(flat.shape, dtype=object)
     for i, item in enumerate(flat):
@@ -405,6 +407,15 @@ def strings_for_ort(array: np.ndarray, input_name: str) -> np.ndarray:
                     "string tensor holds text"
                 ) from None
         elif isinstance(item, str):  # (numpy's str_ too)
+            if not item.isascii():
+                try:
+                    item.encode("utf-8")
+                except UnicodeEncodeError:
+                    raise InvalidInput(
+                        f"input '{input_name}': BYTES element {i} is a string that is not "
+                        "valid Unicode text (a lone surrogate): it has no UTF-8 form, and the "
+                        "model's string tensor holds UTF-8 text"
+                    ) from None
             out[i] = str(item)
         else:
             raise InvalidInput(
