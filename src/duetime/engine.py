@@ -928,7 +928,11 @@ class Engine:
     ) -> InferRequest:
         # (`type(x) is ...` first: the ABCs' isinstance costs a µs a call on the request path)
         if timeout is not None and (
-            isinstance(timeout, bool) or not isinstance(timeout, numbers.Real) or not timeout >= 0
+            (
+                type(timeout) is not float  # (a float, nearly every timeout: no ABC's frames)
+                and (isinstance(timeout, bool) or not isinstance(timeout, numbers.Real))
+            )
+            or not timeout >= 0
         ):
             raise InvalidInput(f"timeout: expected seconds >= 0 (or None), got {timeout!r}")
         if (
