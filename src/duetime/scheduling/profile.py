@@ -259,12 +259,7 @@ class LatencyProfile:
         if elapsed_ns > cap:
             elapsed_ns = cap
         self._ewma[bucket] = estimate = previous + self._alpha * (elapsed_ns - previous)
-        # (`_refresh_bucket`, without its frame: every run of the model goes through here)
-        value = int(estimate + self._margin[bucket] / 2)
-        predicted = self._predicted
-        if predicted[bucket] != value:
-            for size in self._rows_of[bucket]:
-                predicted[size] = value
+        self._refresh_bucket(bucket)
         if self._unseen:
             if bucket in self._unseen:
                 self._unseen.discard(bucket)

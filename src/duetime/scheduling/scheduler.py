@@ -628,36 +628,25 @@ class ModelScheduler:
         which `_admission` then decides.
 
         NOTE: `_admit`'s prediction, for an empty queue on a CPU of its own (`answer_alone`'s
-        case: no ledger), in one frame: nothing ahead (`_predict`'s `ahead` and `rows_ahead`
-        0, so no per-row cost), no other scheduler's work (`_others` None), then `_exec_ns`,
-        `_size_cost.predict` and `_kept_for` (`_margin_for`) as they sum it, to the ns.
-        Through `_admission`'s frames a timeout made `Engine.infer_async` on the demo mlp 58
-        Python frames and ~2,110 opcodes a call against 41 and ~1,850 without one (`_admission`
-        alone: 6.3 µs a call, timeit, warm, on the 2-core VM); 45 and ~1,890 with this. It
+        case: no ledger): nothing ahead (`_predict`'s `ahead` and `rows_ahead` 0, so no
+        per-row cost), no other scheduler's work (`_others` None), then `_exec_ns`,
+        `_size_cost.predict` and `_kept_for`, the very methods `_admit` sums. Through
+        `_admission`'s frames a timeout made `Engine.infer_async` on the demo mlp 58 Python
+        frames and ~2,110 opcodes a call against 41 and ~1,850 without one (`_admission` alone:
+        6.3 µs a call, timeit, warm, on the 2-core VM). (Its first version summed `_kept_for`
+        and `_exec_ns` again in its own frame, 3 frames less, a copy to keep in step.) It
         numbers no place in the queue (`key_for`): a request that never queues needs none, as
         one without a due time never had one. tests/scheduling/test_fits_alone checks it decides
         as `_admit`'s first prediction and that a request answered alone ends and counts as it
         does through `_admission` alone, on random states (hypothesis)."""
         if due_ns <= now:
             return False
-        run = self.profile.predict(rows)
-        overhead = self._overhead_ns
         busy = self._busy_until
         first_free = min(busy) if len(busy) > 1 else busy[0]
-        finish = (first_free if first_free > now else now) + run + int(overhead)
+        finish = (first_free if first_free > now else now) + self._exec_ns(rows)
         if self._size_cost:
             finish += self._size_cost.predict(self._extra_bytes(_bytes(feeds), rows))
-        # `_kept_for`: `_margin_for` and the answer's settling
-        share = self._overrun.factor - 1.0
-        if share < self._exec_margin:
-            share = self._exec_margin
-        tail = int(self._handoff.value - overhead)
-        if tail < 0:
-            tail = 0
-        elif tail > HANDOFF_TAIL_MAX * run:
-            tail = HANDOFF_TAIL_MAX * run
-        kept = self._margin_ns + tail + int(share * run) + int(self._answer_ns)
-        return finish + kept <= due_ns
+        return finish + self._kept_for(rows) <= due_ns
 
     def take_over(self, item: QueuedRequest, priority: int, now: int) -> bool:
         """Queue `item`, a request another variant of this version admitted and can no longer
@@ -1009,12 +998,17 @@ class ModelScheduler:
 
         NOTE: the loop's mean lag is already in `_overhead_ns` (measured up to the moment the
         loop takes the result); counting it here too made a saturated loop refuse everything.
-        The tail counts for at most `HANDOFF_TAIL_MAX` runs of the batch, for the same reason.
-        `_fits_alone` sums it again in its own frame: a change here goes there too
-        (tests/scheduling/test_fits_alone fails otherwise)."""
+        The tail counts for at most `HANDOFF_TAIL_MAX` runs of the batch, for the same reason."""
         run = self.profile.predict(rows)
-        share = max(self._exec_margin, self._overrun.factor - 1.0)
-        tail = min(max(0, int(self._handoff.value - self._overhead_ns)), HANDOFF_TAIL_MAX * run)
+        # (conditionals, not min() and max(): it is asked at every admission)
+        share = self._overrun.factor - 1.0
+        if share < self._exec_margin:
+            share = self._exec_margin
+        tail = int(self._handoff.value - self._overhead_ns)
+        if tail < 0:
+            tail = 0
+        elif tail > HANDOFF_TAIL_MAX * run:
+            tail = HANDOFF_TAIL_MAX * run
         return self._margin_ns + tail + int(share * run)
 
     def _forget_old_margins(self, now: int) -> bool:
