@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import time
 from collections.abc import Awaitable, Callable
@@ -202,3 +203,30 @@ async def factor_of(engine: Engine, model: str = "m", **kwargs: Any) -> float:
     """Which scale model answered: y / x."""
     out = await engine.infer_async(model, inputs(), **kwargs)
     return float(out["y"][0, 0] / inputs()["x"][0, 0])
+
+
+def served_with_traffic(
+    repo: Path, models: dict[int, bytes], traffic: str, caplog: Any, about: str
+) -> tuple[float, dict[str, str], list[str]]:
+    """Model `m`'s versions `models` (version -> ONNX bytes), all served, with the `[traffic]`
+    table `traffic`: which scale factor answered a request naming no version (see
+    `factor_of`), the repository index's reason for each version, and the load's warnings
+    (pytest's `caplog`) that mention `about`."""
+    for version, model in models.items():
+        write_version(repo, "m", version, model)
+    path = repo / "m" / "config.toml"
+    path.write_text("version_policy = { all = {} }\n[traffic]\n" + traffic)
+    age(path)
+    reasons: dict[str, str] = {}
+    answered: list[float] = []
+
+    async def scenario(engine: Engine) -> None:
+        answered.append(await factor_of(engine))
+        assert engine.manager is not None
+        for entry in engine.manager.index():
+            reasons[entry["version"]] = entry["reason"]
+
+    with caplog.at_level(logging.WARNING, logger="duetime.manager"):
+        run_on_engine(repo, scenario)
+    warnings = [r.getMessage() for r in caplog.records if about in r.getMessage()]
+    return answered[0], reasons, warnings

@@ -9,14 +9,10 @@ version 2 while the warning said the missing versions "get no requests", nothing
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 
 import pytest
-from repo_models import age, factor_of, scale_model, write_version
-from repo_models import run_on_engine as run
-
-from duetime.engine import Engine
+from repo_models import scale_model, served_with_traffic
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -26,24 +22,8 @@ def load(
 ) -> tuple[float, dict[str, str], list[str]]:
     """Versions 1 and 2 served with `traffic`: which answered a request naming no version, the
     index's reason for each version, and the load's warnings about traffic."""
-    for version in (1, 2):
-        write_version(tmp_path, "m", version, scale_model(version))
-    path = tmp_path / "m" / "config.toml"
-    path.write_text("version_policy = { all = {} }\n[traffic]\n" + traffic)
-    age(path)
-    reasons: dict[str, str] = {}
-    answered: list[float] = []
-
-    async def scenario(engine: Engine) -> None:
-        answered.append(await factor_of(engine))
-        assert engine.manager is not None
-        for entry in engine.manager.index():
-            reasons[entry["version"]] = entry["reason"]
-
-    with caplog.at_level(logging.WARNING, logger="duetime.manager"):
-        run(tmp_path, scenario)
-    warnings = [r.getMessage() for r in caplog.records if "[traffic]" in r.getMessage()]
-    return answered[0], reasons, warnings
+    models = {version: scale_model(version) for version in (1, 2)}
+    return served_with_traffic(tmp_path, models, traffic, caplog, "[traffic]")
 
 
 def test_a_shadow_not_served_is_in_the_index(

@@ -7,15 +7,11 @@ was skipped (mirrored 20, skipped 20), and neither the log nor the index said wh
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 
 import pytest
 from onnx import TensorProto, helper
-from repo_models import WIDTH, age, factor_of, scale_model, write_version
-from repo_models import run_on_engine as run
-
-from duetime.engine import Engine
+from repo_models import WIDTH, scale_model, served_with_traffic
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -35,24 +31,10 @@ def index_and_warnings(
 ) -> tuple[dict[str, str], list[str]]:
     """Version 1 (x) answers, version 2 (`shadow`) gets a copy of each request: the index's
     reason for each version, and the load's warnings about a shadow."""
-    write_version(tmp_path, "m", 1, scale_model(1.0))
-    write_version(tmp_path, "m", 2, shadow)
-    path = tmp_path / "m" / "config.toml"
-    path.write_text(
-        'version_policy = { all = {} }\n[traffic]\nweights = { "1" = 1 }\nshadow = { "2" = 1.0 }\n'
-    )
-    age(path)
-    reasons: dict[str, str] = {}
-
-    async def scenario(engine: Engine) -> None:
-        assert await factor_of(engine) == 1.0
-        assert engine.manager is not None
-        for entry in engine.manager.index():
-            reasons[entry["version"]] = entry["reason"]
-
-    with caplog.at_level(logging.WARNING, logger="duetime.manager"):
-        run(tmp_path, scenario)
-    warnings = [r.getMessage() for r in caplog.records if "shadow" in r.getMessage()]
+    traffic = 'weights = { "1" = 1 }\nshadow = { "2" = 1.0 }\n'
+    models = {1: scale_model(1.0), 2: shadow}
+    answered, reasons, warnings = served_with_traffic(tmp_path, models, traffic, caplog, "shadow")
+    assert answered == 1.0
     return reasons, warnings
 
 
