@@ -316,3 +316,29 @@ def test_profile_followers_track_the_estimates_of_every_bucket_that_ran() -> Non
         profile.observe(rows, 150_000 if rows == 1 else 100_000)
     ratio = (150_000 + 100_000) / (100_000 + 200_000)
     assert profile.predict(16) == pytest.approx(16 * 100_000 * ratio, rel=0.02)
+
+
+def test_a_spread_measured_at_load_comes_down_to_what_the_runs_show() -> None:
+    """Three preempted runs among 200 at load made the p99 27x the median, and every prediction
+    carried half of that for good (orderbook: 281 µs for a ~20 µs run; a stall's 8x overrun then
+    kept 2 ms). Steady runs bring the spread down; a slower stretch raises it again, never above
+    the spread measured at load."""
+    profile = profile_from_samples({1: [20_000] * 197 + [540_000] * 3})
+    assert profile.predict(1) == 20_000 + 260_000
+    for _ in range(200):
+        profile.observe(1, 20_000)
+    assert 20_000 <= profile.predict(1) < 21_000
+    for _ in range(100):
+        profile.observe(1, 40_000)  # a stretch of runs twice as long
+    settled = profile.predict(1)
+    assert 40_000 < settled < 40_000 + 260_000
+    for _ in range(200):
+        profile.observe(1, 1_000_000)  # (observations count at most twice the estimate)
+    assert profile.predict(1) <= profile._ewma[1] + 260_000
+
+
+def test_a_spread_the_runs_show_does_not_outgrow_the_one_measured_at_load() -> None:
+    profile = flat({1: 100_000})  # no spread at load
+    for elapsed in [100_000, 150_000] * 50:
+        profile.observe(1, elapsed)
+    assert profile.predict(1) == int(profile._ewma[1])

@@ -1,6 +1,6 @@
 """`LatencyProfile.observe` keeps every batch size's prediction what its bucket's estimate makes
-it (it refreshes the bucket inline, without `_refresh_bucket`'s frame), whatever runs it folds
-in (hypothesis)."""
+it (the estimate plus half the smaller of the spread at load and the spread the runs show),
+whatever runs it folds in (hypothesis)."""
 
 from __future__ import annotations
 
@@ -29,5 +29,6 @@ def test_observed_predictions_are_those_the_estimates_make(
     for rows, elapsed in runs:
         profile.observe(rows, elapsed)
         assert profile._predicted[1:] == [
-            int(profile._ewma[b] + profile._margin[b] / 2) for b in profile.bucket_of[1:]
+            int(profile._ewma[b] + min(profile._margin[b], profile._spread[b]) / 2)
+            for b in profile.bucket_of[1:]
         ]
