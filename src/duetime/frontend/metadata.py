@@ -85,7 +85,10 @@ def model_config_json(model: LoadedModel) -> dict[str, Any]:
         "max_batch_size": signature.max_batch_size,
         "input": [_config_tensor(s, batched, layout=formats.get(s.name)) for s in inputs],
         "output": [_config_tensor(s, batched, labels.get(s.name)) for s in signature.outputs],
-        "instance_group": [{"name": model.name, "kind": "KIND_CPU", "count": config.instances}],
+        # (Triton names a group without a name `<model>_<index>`: NormalizeInstanceGroup)
+        "instance_group": [
+            {"name": f"{model.name}_0", "kind": "KIND_CPU", "count": config.instances}
+        ],
         "dynamic_batching": {
             "max_queue_delay_microseconds": scheduling.max_queue_delay_us,
             "preferred_batch_size": list(scheduling.preferred_batch_size),
