@@ -110,7 +110,13 @@ def _served(scheduler: ModelScheduler) -> Any:
 def _engine(scheduler: ModelScheduler) -> Any:
     deployments = _served(scheduler).variants
     return SimpleNamespace(
-        registry=SimpleNamespace(snapshot=SimpleNamespace(deployments=lambda: deployments)),
+        registry=SimpleNamespace(
+            snapshot=SimpleNamespace(
+                deployments=lambda: deployments,
+                draining_only=list,
+                statistics=lambda d: d.scheduler.statistics(),
+            )
+        ),
         router=SimpleNamespace(invalid={}, shadows={}),
     )
 

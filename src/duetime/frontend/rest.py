@@ -72,6 +72,7 @@ from duetime.repository.manager import (
     check_upload_path,
     load_failed,
 )
+from duetime.repository.registry import labels
 from duetime.repository.tritonconfig import read_json_config
 from duetime.types import InferRequest
 
@@ -294,21 +295,21 @@ def build_bulk(bulk: BulkReply) -> Reply | DuetimeError:
         return InternalError(f"internal error: {type(exc).__name__}: {exc}")
 
 
-def answer_failed(engine: Engine, ticket: Ticket, request: InferRequest) -> None:
-    """Tell the scheduler that answered `request` (`ticket`'s model, version and variant) that
-    its answer could not be made after the model ran (an output window too small, an answer
-    over a size limit): it counts the request failed, not succeeded (see
-    `ModelScheduler.answer_failed`). On the loop; a model unloaded since is left as it is."""
-    try:
-        version = engine.registry.version(ticket.model, ticket.version)
-    except DuetimeError:
-        return
-    for deployment in version.variants:
-        if deployment.variant == ticket.variant:
-            now = engine.clock.now_ns()
-            arrival, due = request.arrival_ns, request.due_ns
-            took = 0 if arrival is None else max(0, now - arrival)
-            deployment.scheduler.answer_failed(took, due is not None and now > due)
+def answer_failed(
+    engine: Engine, ticket: Ticket, request: InferRequest, reason: str = "unmade"
+) -> None:
+    """Count, on the scheduler that answered `request` (`ticket`'s model, version and variant),
+    an answer its front end could not deliver after the model ran (`reason`: "unmade", an
+    output window too small, an answer over a size limit; "held_late", see
+    `ModelScheduler.answer_failed`). The model's statistics keep it a success, as Triton's do.
+    On the loop; a deployment replaced since and draining counts it too, one closed does not.
+    (`request` is what the callers have at hand; the count needs no more of it.)"""
+    del request
+    snapshot = engine.registry.snapshot
+    wanted = (ticket.model, ticket.version, ticket.variant)
+    for deployment in (*snapshot.deployments(), *snapshot.retiring):
+        if labels(deployment) == wanted:
+            deployment.scheduler.answer_failed(reason)
             return
 
 
@@ -1097,10 +1098,7 @@ class RestApi:
         self, ticket: Ticket, request: InferRequest, built: Reply | DuetimeError
     ) -> Reply | DuetimeError:
         """`built`, the answer of a request the model ran; its scheduler told where it could
-        not be made (see `answer_failed`).
-
-        NOTE: such a request (its shared-memory output window too small, its JSON answer over
-        the limit: 400) was counted a success in the model's statistics and metrics."""
+        not be made (see `answer_failed`): a success of the model, an answer failed."""
         if isinstance(built, DuetimeError):
             answer_failed(self._engine, ticket, request)
         return built

@@ -16,12 +16,19 @@ def _duration(count: int, ns: int) -> dict[str, int]:
 
 
 def model_statistics_json(
-    name: str, version: ServedVersion, shadow: ShadowStatistics | None = None
+    name: str,
+    version: ServedVersion,
+    shadow: ShadowStatistics | None = None,
+    snapshot: Snapshot | None = None,
 ) -> dict[str, Any]:
     """One `model_stats` entry: Triton's fields summed over the version's variants, and
     `duetime` with each variant's scheduler view (and, for a shadow version, how its outputs
-    compared with the answers)."""
-    per_variant = [(d, d.scheduler.statistics()) for d in version.variants]
+    compared with the answers). With the `snapshot` that serves it, a variant's counts include
+    those of the deployments of it that a reload replaced (`Snapshot.statistics`)."""
+    per_variant = [
+        (d, d.scheduler.statistics() if snapshot is None else snapshot.statistics(d))
+        for d in version.variants
+    ]
 
     def total(field: str) -> int:
         return sum(getattr(stats, field) for _, stats in per_variant)
@@ -91,6 +98,7 @@ def _variant_json(deployment: Deployment, stats: SchedulerStatistics) -> dict[st
         "rejected": stats.rejected,
         "probes": stats.probes,
         "handed_over": stats.handed_over,
+        "answers_failed": dict(sorted(stats.answers_failed.items())),
         "expired": stats.expired,
         "late": stats.late,
         "failed": stats.failed,
@@ -131,5 +139,5 @@ def statistics_json(
         for number, served_version in sorted(served.versions.items(), key=lambda i: int(i[0])):
             if version is None or number == version:
                 shadow = (shadows or {}).get((model_name, number))
-                entries.append(model_statistics_json(model_name, served_version, shadow))
+                entries.append(model_statistics_json(model_name, served_version, shadow, snapshot))
     return {"model_stats": entries}

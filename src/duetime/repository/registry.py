@@ -12,7 +12,7 @@ from duetime.errors import InvalidInput, ModelNotFound, ModelUnavailable
 from duetime.repository.layout import VERSION_MAX, version_of
 from duetime.repository.loader import LoadedModel
 from duetime.routing.traffic import TrafficPlan, plan_traffic
-from duetime.scheduling.scheduler import ModelScheduler
+from duetime.scheduling.scheduler import ModelScheduler, SchedulerStatistics, combined
 
 PRIMARY = PRIMARY_VARIANT
 """The variant name of a version's own `model.onnx` (reserved: see config.VariantConfig)."""
@@ -126,10 +126,78 @@ class Snapshot:
     """Model name -> its load under way: a model that nothing of serves yet, or a version of it
     that does not serve yet, is told to come back (503), not that it is unknown (404)."""
 
+    retiring: tuple[Deployment, ...] = ()
+    """Deployments a publish took out of `models` (replaced by a reload, or unloaded) that had
+    not finished draining at the last publish: what they answer counts (see `statistics`)."""
+    retired: Mapping[Labels, SchedulerStatistics] = field(default_factory=dict)
+    """The final counts of retired deployments, by (model, version, variant), kept while a
+    deployment so labelled serves or drains: its series go on from them."""
+
     def deployments(self) -> Iterator[Deployment]:
         for served in self.models.values():
             for version in served.versions.values():
                 yield from version.variants
+
+    def statistics(self, deployment: Deployment) -> SchedulerStatistics:
+        """`deployment`'s statistics (a served one, or one of `draining_only`), with the counts
+        of those it replaced (same model, version and variant) added: draining ones, and closed
+        ones (see `retired`)."""
+        key = labels(deployment)
+        others = [
+            d.scheduler.statistics()
+            for d in self.retiring
+            if d is not deployment and labels(d) == key
+        ]
+        if key in self.retired:
+            others.append(self.retired[key])
+        return combined(deployment.scheduler.statistics(), *others)
+
+    def draining_only(self) -> list[Deployment]:
+        """The retiring deployments that no served one has the labels of (their version was
+        unloaded), one per labels: each the newest."""
+        served = {labels(d) for d in self.deployments()}
+        alone: dict[Labels, Deployment] = {}
+        for deployment in self.retiring:
+            if labels(deployment) not in served:
+                alone[labels(deployment)] = deployment
+        return list(alone.values())
+
+
+Labels = tuple[str, str, str]
+
+
+def labels(deployment: Deployment) -> Labels:
+    """A deployment's (model, version, variant): its series' labels."""
+    return (deployment.model.name, deployment.model.version, deployment.variant)
+
+
+def _retire(
+    old: Snapshot, models: Mapping[str, ServedModel]
+) -> tuple[tuple[Deployment, ...], Mapping[Labels, SchedulerStatistics]]:
+    """`retiring` and `retired` of the snapshot that serves `models` after `old`: the
+    deployments `old` served that `models` does not join the retiring ones; those finished
+    (closed and drained) fold their final counts into `retired`; counts of labels that nothing
+    serves or drains any more are forgotten (a version loaded again starts from zero)."""
+    served = [d for m in models.values() for v in m.versions.values() for d in v.variants]
+    # (by scheduler: it holds the counts, and a publish may wrap one in a new Deployment)
+    seen = {id(d.scheduler) for d in served}
+    retiring = []
+    for deployment in (*old.retiring, *old.deployments()):
+        if id(deployment.scheduler) not in seen:
+            seen.add(id(deployment.scheduler))
+            retiring.append(deployment)
+    retired = dict(old.retired)
+    still: list[Deployment] = []
+    for deployment in retiring:
+        if deployment.scheduler.finished:
+            key = labels(deployment)
+            final = deployment.scheduler.statistics()
+            retired[key] = combined(final, retired[key]) if key in retired else final
+        else:
+            still.append(deployment)
+    known = {labels(d) for d in (*served, *still)}
+    retired = {key: stats for key, stats in retired.items() if key in known}
+    return tuple(still), MappingProxyType(retired)
 
 
 class Registry:
@@ -151,8 +219,13 @@ class Registry:
         else:
             models.pop(name, None)
         failures = {k: v for k, v in snapshot.failures.items() if k != name or not versions}
+        retiring, retired = _retire(snapshot, models)
         self.snapshot = Snapshot(
-            MappingProxyType(models), MappingProxyType(failures), loading=snapshot.loading
+            MappingProxyType(models),
+            MappingProxyType(failures),
+            loading=snapshot.loading,
+            retiring=retiring,
+            retired=retired,
         )
 
     def record_failure(self, name: str, reason: str | None) -> None:
@@ -161,9 +234,7 @@ class Registry:
         failures = {k: v for k, v in snapshot.failures.items() if k != name}
         if reason is not None:
             failures[name] = reason
-        self.snapshot = Snapshot(
-            snapshot.models, MappingProxyType(failures), loading=snapshot.loading
-        )
+        self.snapshot = replace(snapshot, failures=MappingProxyType(failures))
 
     def record_loading(
         self, name: str, expected_s: float | None, versions: Iterable[str] = ()

@@ -18,9 +18,9 @@ import sys
 import time
 from bisect import bisect_left
 from collections import deque
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import NamedTuple
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, NamedTuple
 
 from duetime.clock import Clock
 from duetime.config import BreakerConfig, SchedulingConfig
@@ -255,6 +255,59 @@ class SchedulerStatistics:
     """Requests it admitted, then could no longer answer in time, that a cheaper variant of the
     version took over (see `QueuedRequest.fallback`); each is counted in that variant's
     outcomes, where it ran, and in none of these."""
+    answers_failed: dict[str, int] = field(default_factory=dict)
+    """Requests it answered (counted in `succeeded`) whose front end could not deliver the
+    answer, by reason (see `ModelScheduler.answer_failed`)."""
+
+
+_SUMMED = (
+    "succeeded", "failed", "rejected", "expired", "late", "on_time", "cancelled", "unavailable",
+    "executions", "inferences", "success_ns", "queue_ns", "compute_ns", "request_compute_ns",
+    "request_input_ns", "request_output_ns", "fail_ns", "breakers_opened", "probes",
+    "handed_over", "queued", "busy_instances", "committed",
+)  # fmt: skip
+
+
+def combined(live: SchedulerStatistics, *others: SchedulerStatistics) -> SchedulerStatistics:
+    """`live`'s statistics with the counts of `others` (deployments it replaced, draining or
+    closed) added: counters, histograms and batch sizes summed, requests waiting or running
+    summed; the rest (instances, breakers, estimates) is `live`'s own."""
+    if not others:
+        return live
+    every = (live, *others)
+    sums: dict[str, Any] = {name: sum(getattr(s, name) for s in every) for name in _SUMMED}
+    batch_sizes: dict[int, BatchSizeStatistics] = {}
+    answers_failed: dict[str, int] = {}
+    for stats in every:
+        for size, batch in stats.batch_sizes.items():
+            into = batch_sizes.setdefault(size, BatchSizeStatistics())
+            into.count += batch.count
+            into.compute_ns += batch.compute_ns
+            into.input_ns += batch.input_ns
+            into.output_ns += batch.output_ns
+        for reason, count in stats.answers_failed.items():
+            answers_failed[reason] = answers_failed.get(reason, 0) + count
+    return replace(
+        live,
+        **sums,
+        peak_queued=max(s.peak_queued for s in every),
+        last_inference_ms=max(s.last_inference_ms for s in every),
+        request_time=_summed(s.request_time for s in every),
+        queue_time=_summed(s.queue_time for s in every),
+        compute_time=_summed(s.compute_time for s in every),
+        batch_sizes=batch_sizes,
+        answers_failed=answers_failed,
+    )
+
+
+def _summed(histograms: Iterable[HistogramSnapshot]) -> HistogramSnapshot:
+    first, *rest = histograms
+    counts = list(first.counts)
+    sum_ns = first.sum_ns
+    for histogram in rest:
+        counts = [a + b for a, b in zip(counts, histogram.counts, strict=True)]
+        sum_ns += histogram.sum_ns
+    return HistogramSnapshot(first.bounds_ns, tuple(counts), sum_ns)
 
 
 @dataclass(slots=True, eq=False)
@@ -430,6 +483,8 @@ class ModelScheduler:
         self._request_compute_ns = self._fail_ns = self._queue_ns = 0
         self._request_input_ns = self._request_output_ns = 0
         self._handed_over = 0
+        self._answers_failed: dict[str, int] = {}
+        """Answers its front ends could not deliver, by reason (see `answer_failed`)."""
         self._full = self._unavailable = 0
         """Refused for a full queue, with a due time or without: none missed (see `outcomes`)."""
         self._impossible = 0
@@ -2106,35 +2161,24 @@ class ModelScheduler:
         missed = refused - self._full - self._impossible
         return missed, refused + self._succeeded + self._failed
 
-    def answer_failed(self, took_ns: int, late: bool = False) -> None:
-        """Count a request this scheduler answered (a success) as failed: its front end could
-        not make its answer (its shared-memory output window too small, its JSON or gRPC
-        answer over the limit), as Triton's response allocator fails such a request (reason
-        BACKEND). `took_ns`: its arrival to its failure, as the front end measured it (its
-        fail time); `late`: it was answered after its due time. The success time it gives back
-        is the successes' mean (its own is not known here), from the bucket nearest its own;
-        its queue and compute times stay in their sums: it did run.
+    def answer_failed(self, reason: str = "unmade") -> None:
+        """Count a request this scheduler answered whose answer its front end could not deliver
+        (`reason`: "unmade", its answer could not be made, an output window too small or an
+        answer over a size limit; "held_late", a gRPC stream held it past its due time). Its
+        run stays counted a success of the model, as Triton's statistics count an inference as
+        it ran; only this count moves.
 
-        NOTE: counted a success, the client's 400 moved no failure counter, and statistics and
-        metrics said every request succeeded. A scrape between its success and this sees it
-        once as a success (a counter then goes down by one)."""
-        if not self._succeeded:
-            return  # (never counted: nothing to move)
-        histogram = self._request_time
-        counts = histogram.counts
-        bucket = bisect_left(LATENCY_BOUNDS_NS, took_ns)
-        if not counts[bucket]:  # (the front end's measure strays over a bound: the nearest)
-            held = [i for i, count in enumerate(counts) if count]
-            bucket = min(held, key=lambda i: abs(i - bucket), default=bucket)
-        counts[bucket] = max(0, counts[bucket] - 1)
-        histogram.sum_ns -= histogram.sum_ns // self._succeeded
-        self._succeeded -= 1
-        if (late and self._late) or not self._on_time:
-            self._late -= 1
-        else:
-            self._on_time -= 1
-        self._failed += 1
-        self._fail_ns += took_ns
+        NOTE: it took the success back (success counts, the latency histogram and its sum went
+        down by one): counters that decrease read as a reset to Prometheus, and the request
+        stayed in the inference, execution and batch counts, which then disagreed with the
+        successes (found by a tester)."""
+        counts = self._answers_failed
+        counts[reason] = counts.get(reason, 0) + 1
+
+    @property
+    def finished(self) -> bool:
+        """Closed, drained, and nothing running: its counts are final."""
+        return self._drained and self.idle
 
     def statistics(self) -> SchedulerStatistics:
         # NOTE: a request its client withdrew ends then, though the queue drops it only when it
@@ -2182,6 +2226,7 @@ class ModelScheduler:
             # NOTE: list() copies each instance's batches before the loop can change them
             committed=sum(len(r.requests) for jobs in self._outstanding for r in list(jobs)[1:]),
             handed_over=self._handed_over,
+            answers_failed=dict(list(self._answers_failed.items())),
         )
 
     async def aclose(self, grace_s: float) -> None:
