@@ -723,15 +723,6 @@ class ModelManager:
             until one of them fails."""
             self._registry.record_loading(name, estimate_s, pending)
             traffic = config.traffic
-            said = (
-                _unserved(traffic.weights, "weights", wanted),
-                _unserved(traffic.shadow, "shadow", wanted),
-                _shadowing_itself(traffic, wanted),
-            )
-            warning = " ".join(part for part in said if part)
-            if warning and self._warned.get(name) != warning:  # (once, not at every poll)
-                log.warning("model %s: %s", name, warning)
-            self._warned[name] = warning
             plan = plan_traffic(traffic, [str(v) for v in wanted], str(wanted[0]))
             answering = set(plan.versions)
             shadow_only = {version for version, _ in plan.shadows} - answering
@@ -836,6 +827,7 @@ class ModelManager:
                     chosen.setdefault(version, served[version])
             retired = [old for version, old in served.items() if chosen.get(version) is not old]
             self._registry.publish(name, chosen, config.traffic)
+            warning = self._traffic_warning(name, traffic, chosen, wanted)
             for version, print_ in prints.items():
                 self._fingerprints[(name, version)] = print_
             self._bytes[name] = _model_bytes(source, [int(v) for v in chosen], config)
@@ -873,6 +865,33 @@ class ModelManager:
             self._loading.pop(name, None)
             self._evicting.pop(name, None)
             self._registry.record_loading(name, None)
+
+    def _traffic_warning(
+        self,
+        name: str,
+        traffic: TrafficConfig,
+        chosen: Mapping[str, ServedVersion],
+        wanted: list[int],
+    ) -> str:
+        """What to say of `traffic` naming versions that do not serve now (`chosen` serve, of
+        the versions the policy selects, `wanted`): logged once, not at every poll.
+
+        NOTE: taken from the versions the policy selects, before any loaded, it said nothing
+        of weights naming a version that failed to load: `weights = {"3" = 1}` with a broken
+        version 3 sent every request to version 2, silently (found by a tester)."""
+        serving = sorted((int(version) for version in chosen), reverse=True)
+        if not serving:  # (the failure is the model's: see `record_failure`)
+            return ""
+        said = (
+            _unserved(traffic.weights, "weights", serving, wanted),
+            _unserved(traffic.shadow, "shadow", serving, wanted),
+            _shadowing_itself(traffic, serving),
+        )
+        warning = " ".join(part for part in said if part)
+        if warning and self._warned.get(name) != warning:
+            log.warning("model %s: %s", name, warning)
+        self._warned[name] = warning
+        return warning
 
     def _discard(
         self, name: str, versions: Iterable[ServedVersion], listed: Mapping[str, VersionState]
@@ -1366,11 +1385,17 @@ def _background_thread(cpus: frozenset[int] | None) -> None:
     lower_thread_priority(LOADER_NICENESS)
 
 
-def _unserved(table: Mapping[str, float] | None, field: str, served: Iterable[int]) -> str:
-    """What to say when `[traffic] field` names versions the version policy does not serve,
-    which is easy to miss: a shadow gets no copies; a weighted version gets no requests (the
-    others share them), and where no version served has a weight, every request naming no
-    version goes to the highest served (`plan_traffic`'s default).
+def _unserved(
+    table: Mapping[str, float] | None,
+    field: str,
+    served: Iterable[int],
+    selected: Iterable[int] = (),
+) -> str:
+    """What to say when `[traffic] field` names versions that are not `served`: the version
+    policy does not serve them, or of those it `selected`, they did not load. It is easy to
+    miss: a shadow gets no copies; a weighted version gets no requests (the others share
+    them), and where no version served has a weight, every request naming no version goes to
+    the highest served (`plan_traffic`'s default).
 
     NOTE: the weights' warning said the versions missing "get no requests" where none of the
     weighted versions was served and every request went to the highest version, which it did
@@ -1380,10 +1405,14 @@ def _unserved(table: Mapping[str, float] | None, field: str, served: Iterable[in
     missing = sorted(set(table or ()) - names, key=int)
     if not missing:
         return ""
-    said = (
-        f"[traffic] {field} names version(s) {', '.join(missing)}, not served (version_policy "
-        f"serves {', '.join(map(str, numbers))}): "
+    failed = [version for version in missing if int(version) in set(selected)]
+    serving = ", ".join(map(str, numbers))
+    why = (
+        f"version(s) {', '.join(failed)} did not load; {serving} serve"
+        if failed
+        else f"version_policy serves {serving}"
     )
+    said = f"[traffic] {field} names version(s) {', '.join(missing)}, not served ({why}): "
     if field == "shadow":
         return said + "they get no copies."
     if any(weight > 0 and version in names for version, weight in (table or {}).items()):
