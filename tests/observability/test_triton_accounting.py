@@ -337,7 +337,9 @@ def test_queued_requests_no_instance_will_take_fail_as_other() -> None:
 
 
 def scrape(app: WsgiApp, accept: str = "", encoding: str = "") -> tuple[str, dict[str, str]]:
-    environ: dict[str, Any] = {"HTTP_ACCEPT": accept, "HTTP_ACCEPT_ENCODING": encoding}
+    environ: dict[str, Any] = {
+        "HTTP_ACCEPT": accept, "HTTP_ACCEPT_ENCODING": encoding, "PATH_INFO": "/metrics"
+    }  # fmt: skip
     wsgiref.util.setup_testing_defaults(environ)
     answer: list[Any] = []
     body = b"".join(app(environ, lambda status, headers: answer.extend((status, headers))))

@@ -31,6 +31,14 @@ POLL_S = 0.5
 """How often the server thread checks for shutdown between connections (socketserver's own
 default); `aclose` waits at most this long for it."""
 
+READ_TIMEOUT_S = 5.0
+"""How long a connection may wait silent (its request unread, or a scraper not reading the
+answer) before it is closed."""
+
+MAX_CONNECTIONS = 32
+"""Connections served at once (a thread each); one more is closed at once. A few scrapers
+need a few."""
+
 
 class MetricsExporter:
     """`/metrics` for an engine (and the load shedder, if any), plus GC pause timing.
@@ -70,18 +78,53 @@ class MetricsExporter:
 
 
 class _QuietHandler(WSGIRequestHandler):
+    def setup(self) -> None:
+        self.timeout = READ_TIMEOUT_S  # (StreamRequestHandler sets it on the socket)
+        super().setup()
+
+    def handle(self) -> None:
+        try:
+            super().handle()
+        except OSError:  # (timed out, or the client went: nothing to answer, nothing to say)
+            self.close_connection = True
+
     def log_message(self, format: str, *args: Any) -> None:
         """Scrapes every few seconds are not news."""
+
+
+class _MetricsServer(ThreadingMixIn, WSGIServer):
+    """A thread per connection, at most `MAX_CONNECTIONS` of them.
+
+    NOTE: neither bounded nor timed out, 300 silent connections held 300 threads (and
+    descriptors) for good (found by a tester)."""
+
+    daemon_threads = True
+
+    def server_activate(self) -> None:
+        super().server_activate()
+        self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self._slots.acquire(blocking=False):
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
 
 
 def _bind(host: str, port: int, app: Any) -> WSGIServer:
     try:
         family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
-        server_class = type(
-            "MetricsServer",
-            (ThreadingMixIn, WSGIServer),
-            {"address_family": family[0][0], "daemon_threads": True},
-        )
+        server_class = type("MetricsServer", (_MetricsServer,), {"address_family": family[0][0]})
         return make_server(host, port, app, server_class, handler_class=_QuietHandler)
     except OSError as exc:
         where = f"{host}:{port}: {exc.strerror or exc}"

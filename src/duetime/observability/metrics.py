@@ -71,6 +71,10 @@ class MetricsCollector:
         self._gc_pauses = gc_pauses
         self._file_bytes: weakref.WeakKeyDictionary[LoadedModel, int] = weakref.WeakKeyDictionary()
 
+    def describe(self) -> list[Metric]:
+        """The families `collect` yields, without their samples (see `described`)."""
+        return described(self)
+
     def collect(self) -> Iterator[Metric]:
         snapshot = self._engine.registry.snapshot  # immutable: safe to walk from this thread
         # NOTE: a deployment a reload replaced (or an unload took out) answered what it held
@@ -310,9 +314,20 @@ class MetricsCollector:
         )
         yield CounterMetricFamily(
             "duetime_requests_shed",
-            "Requests refused by the load shedder before they were decoded (no model known).",
+            "Requests refused by the load shedder before they were decoded.",
             value=shedder.refused,
         )
+        by_model = CounterMetricFamily(
+            "duetime_requests_shed_by_model",
+            "Requests refused by the load shedder before they were decoded, by model (empty: "
+            "not known, a gRPC call's or a model not served); an HTTP request of a served "
+            "model counts as rejected in its statistics and duetime_requests_total too.",
+            labels=("model",),
+        )
+        # (copied: the loop may add a model while this thread iterates)
+        for model, count in sorted(list(shedder.refused_by_model.items())):
+            by_model.add_metric((model,), count)
+        yield by_model
 
 
 TRITON_LABELS = ("model", "version")
@@ -397,15 +412,28 @@ _UNTYPED_TRITON_COUNTER = re.compile(
 WsgiApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
 
 
+METRICS_PATHS = ("/metrics", "/metrics/")
+"""The paths that serve the metrics, as Triton's (HTTPMetricsServer: `/metrics/?`); any other
+is answered 400, as Triton answers it."""
+
+
 def metrics_app(registry: Collector) -> WsgiApp:
-    """prometheus_client's WSGI app for `registry`, with Triton's cumulative series typed as
-    Triton types them: `# TYPE nv_inference_request_success counter` over samples of that
-    exact name, in the Prometheus text format (prometheus_client can only write them untyped
-    there: it renames a counter family `<name>_total`). An OpenMetrics scrape gets them as
-    `unknown` (OpenMetrics counters must end in `_total`; these keep Triton's names)."""
+    """prometheus_client's WSGI app for `registry` at `METRICS_PATHS`, with Triton's cumulative
+    series typed as Triton types them: `# TYPE nv_inference_request_success counter` over
+    samples of that exact name, in the Prometheus text format (prometheus_client can only write
+    them untyped there: it renames a counter family `<name>_total`). An OpenMetrics scrape gets
+    them as `unknown` (OpenMetrics counters must end in `_total`; these keep Triton's names).
+    HEAD is answered as GET without the body (RFC 9110 9.3.2)."""
     served = make_wsgi_app(registry, disable_compression=True)
 
     def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        # NOTE: prometheus_client serves the metrics at any path (/, /foo, /v2/models...)
+        if environ.get("PATH_INFO") not in METRICS_PATHS:
+            start_response("400 Bad Request", [("Content-Type", "text/plain; charset=utf-8")])
+            return [b"the metrics are at /metrics\n"]
+        head = environ.get("REQUEST_METHOD") == "HEAD"
+        if head:
+            environ = {**environ, "REQUEST_METHOD": "GET"}
         answer: list[Any] = []
         body = b"".join(served(environ, lambda *head: answer.extend(head[:2])))
         status, headers = answer
@@ -416,8 +444,8 @@ def metrics_app(registry: Collector) -> WsgiApp:
             if gzip_accepted(environ.get("HTTP_ACCEPT_ENCODING", "")):
                 body = gzip.compress(body)
                 headers = [*headers, ("Content-Encoding", "gzip")]
-        start_response(status, headers)
-        return [body]
+        start_response(status, [*headers, ("Content-Length", str(len(body)))])
+        return [] if head else [body]
 
     return app
 
@@ -467,11 +495,24 @@ def _le(bound: float) -> str:
     return repr(float(bound))
 
 
+def described(collector: Any) -> list[Metric]:
+    """`collector`'s families, without samples, for a registry's `describe()`: the registry
+    maps the names to the collector, which `/metrics?name[]=<name>` looks up (without it, that
+    filter found no duetime family and answered an empty body). A collector's families are the
+    same at every scrape; only their samples change."""
+    return [
+        Metric(family.name, family.documentation, family.type) for family in collector.collect()
+    ]
+
+
 class CaptureCollector:
     """The traffic capture's counts (`duetime serve --record`), read from its statistics()."""
 
     def __init__(self, recorder: Recorder) -> None:
         self._recorder = recorder
+
+    def describe(self) -> list[Metric]:
+        return described(self)
 
     def collect(self) -> Iterator[Metric]:
         stats = self._recorder.statistics()
@@ -500,6 +541,9 @@ class GrpcCollector:
 
     def __init__(self, service: Any) -> None:
         self._service = service
+
+    def describe(self) -> list[Metric]:
+        return described(self)
 
     def collect(self) -> Iterator[Metric]:
         yield CounterMetricFamily(

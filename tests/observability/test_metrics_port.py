@@ -1,0 +1,161 @@
+"""The metrics port as an HTTP server: only /metrics (and /metrics/) serves the metrics, as
+Triton's; `?name[]=` filters duetime's families too; HEAD is GET without the body; a silent
+connection is closed after a read timeout, and connections beyond a bound are closed at once.
+Before: any path served the metrics, the filter answered an empty body for every duetime and
+nv_* family (the collector had no describe()), HEAD was 405, and 300 silent connections held
+300 threads for good."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import http.client
+import socket
+import threading
+from collections.abc import Iterator
+from types import SimpleNamespace
+
+import pytest
+from test_triton_accounting import harness
+
+from duetime.observability import exporter as exporter_module
+from duetime.observability.exporter import MetricsExporter
+from duetime.observability.metrics import CaptureCollector
+
+pytestmark = pytest.mark.timeout(60)
+
+
+class _Model:
+    """What the collector reads of a loaded model (weakly referenced)."""
+
+    name, version = "m", "1"
+    path = SimpleNamespace(stat=lambda: SimpleNamespace(st_size=10))
+    config = SimpleNamespace(instances=1)
+
+
+def fake_engine() -> SimpleNamespace:
+    """One deployment, model 'm' version 1 (see test_triton_accounting); on a running loop."""
+    scheduler = harness().scheduler
+    deployment = SimpleNamespace(model=_Model(), variant="default", scheduler=scheduler)
+    snapshot = SimpleNamespace(
+        deployments=lambda: [deployment],
+        draining_only=list,
+        statistics=lambda d: d.scheduler.statistics(),
+    )
+    return SimpleNamespace(
+        registry=SimpleNamespace(snapshot=snapshot),
+        router=SimpleNamespace(invalid={}, shadows={}),
+    )
+
+
+@pytest.fixture
+def port() -> Iterator[int]:
+    """A MetricsExporter listening on 127.0.0.1, on a loop thread of its own."""
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+
+    def on_loop(coroutine: object) -> object:
+        future: concurrent.futures.Future[object] = asyncio.run_coroutine_threadsafe(
+            coroutine,  # type: ignore[arg-type]
+            loop,
+        )
+        return future.result(timeout=30)
+
+    exporter = on_loop(_make())
+    try:
+        yield on_loop(exporter.start("127.0.0.1", 0))  # type: ignore[attr-defined,misc]
+    finally:
+        on_loop(exporter.aclose())  # type: ignore[attr-defined]
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(timeout=30)
+        loop.close()
+
+
+async def _make() -> MetricsExporter:
+    return MetricsExporter(fake_engine())  # type: ignore[arg-type]
+
+
+def get(port: int, path: str, method: str = "GET") -> tuple[int, bytes]:
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    try:
+        connection.request(method, path)
+        answer = connection.getresponse()
+        return answer.status, answer.read()
+    finally:
+        connection.close()
+
+
+def test_only_the_metrics_path_serves_the_metrics(port: int) -> None:
+    for path in ("/metrics", "/metrics/"):
+        status, body = get(port, path)
+        assert status == 200
+        assert b'nv_inference_request_success{model="m",version="1"} 0' in body
+    for path in ("/", "/foo", "/metrics/x", "/v2/models"):
+        status, body = get(port, path)
+        assert status == 400
+        assert b"nv_inference" not in body
+
+
+def test_the_name_filter_keeps_the_families_asked_for(port: int) -> None:
+    status, body = get(port, "/metrics?name[]=nv_inference_count&name[]=duetime_requests_total")
+    assert status == 200
+    assert b'nv_inference_count{model="m",version="1"} 0' in body
+    assert b'duetime_requests_total{model="m",outcome="success"' in body
+    assert b"duetime_queue_depth" not in body
+    assert b"nv_inference_request_success" not in body
+
+
+def test_head_is_get_without_the_body(port: int) -> None:
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    try:
+        connection.request("HEAD", "/metrics")
+        answer = connection.getresponse()
+        assert answer.status == 200
+        assert int(answer.headers["Content-Length"]) > 0
+        assert answer.read() == b""
+    finally:
+        connection.close()
+
+
+def test_a_silent_connection_is_closed(monkeypatch: pytest.MonkeyPatch, port: int) -> None:
+    monkeypatch.setattr(exporter_module, "READ_TIMEOUT_S", 0.2)
+    with socket.create_connection(("127.0.0.1", port)) as silent:
+        silent.settimeout(30)  # (a guard: the server closes it well before)
+        assert silent.recv(1) == b""
+
+
+def test_connections_beyond_the_bound_are_closed(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(exporter_module, "MAX_CONNECTIONS", 2)
+    monkeypatch.setattr(exporter_module, "READ_TIMEOUT_S", 30.0)
+
+    async def body() -> None:
+        exporter = MetricsExporter(fake_engine())  # type: ignore[arg-type]
+        port = await exporter.start("127.0.0.1", 0)
+        try:
+            await asyncio.to_thread(held_and_refused, port)
+        finally:
+            await exporter.aclose()
+
+    asyncio.run(body())
+
+
+def held_and_refused(port: int) -> None:
+    held = [socket.create_connection(("127.0.0.1", port)) for _ in range(2)]
+    try:
+        with socket.create_connection(("127.0.0.1", port)) as third:
+            third.settimeout(20)  # (held, it would wait for the read timeout: 30 s)
+            with contextlib.suppress(ConnectionResetError):  # (a reset is as good)
+                assert third.recv(1) == b""
+    finally:
+        for connection in held:
+            connection.close()
+
+
+def test_every_collector_describes_its_families() -> None:
+    recorder = SimpleNamespace(
+        statistics=lambda: SimpleNamespace(written=1, dropped=0, failed=0, buffered=0)
+    )
+    names = [m.name for m in CaptureCollector(recorder).describe()]  # type: ignore[arg-type]
+    assert names == ["duetime_capture_records", "duetime_capture_buffered"]
