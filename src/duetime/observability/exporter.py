@@ -78,10 +78,6 @@ class MetricsExporter:
 
 
 class _QuietHandler(WSGIRequestHandler):
-    def setup(self) -> None:
-        self.timeout = READ_TIMEOUT_S  # (StreamRequestHandler sets it on the socket)
-        super().setup()
-
     def handle(self) -> None:
         try:
             super().handle()
@@ -108,6 +104,7 @@ class _MetricsServer(ThreadingMixIn, WSGIServer):
         if not self._slots.acquire(blocking=False):
             self.shutdown_request(request)
             return
+        request.settimeout(READ_TIMEOUT_S)
         try:
             super().process_request(request, client_address)
         except BaseException:
