@@ -48,3 +48,16 @@ def test_a_lone_owner_does_not_share() -> None:
     ledger.join((2, 0))
     ledger.leave((2, 0))
     assert not ledger.shared
+
+
+def test_a_held_scheduler_is_woken_once_by_another_s_booking() -> None:
+    ledger = CoreLedger()
+    woken: list[int] = []
+    ledger.join((1, 0))
+    ledger.join((2, 0))
+    ledger.hold(1, lambda: woken.append(1))
+    ledger.book((1, 0), 500)  # its own booking: still held
+    assert woken == []
+    ledger.book((2, 0), 700)  # the other's batch handed over
+    ledger.book((2, 0), 0)
+    assert woken == [1]

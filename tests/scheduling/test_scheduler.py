@@ -1625,29 +1625,49 @@ def test_schedulers_on_one_cpu_plan_behind_each_other_and_take_turns_in_order() 
     run(body)
 
 
-def test_work_queued_on_another_scheduler_of_the_cpu_counts_at_admission() -> None:
+def test_work_another_scheduler_of_the_cpu_queued_counts_at_admission_if_it_cannot_wait() -> None:
     async def body() -> None:
         _, clock, a, b = one_cpu(max_batch_size=4)
         a.submit("running")
         for name in ("q1", "q2", "q3"):
-            a.submit(name)  # queued behind it: 3 rows at the best per-row cost, 62.5 µs each
+            # queued behind it: 3 rows at the best per-row cost, 62.5 µs each, due 92.5 µs
+            # after them: a 100 µs run before them would make them late
+            a.submit(name, due_in=380 * US)
         needed = 100 * US + int(3 * 62.5 * US) + 100 * US
         assert not b.scheduler.fits(clock.now_ns(), clock.now_ns() + needed - 1_000, 1, 0)
         assert b.scheduler.fits(clock.now_ns(), clock.now_ns() + needed + 1_000, 1, 0)
+        _, clock, a, b = one_cpu(max_batch_size=4)
+        a.submit("running")
+        for name in ("q1", "q2", "q3"):
+            a.submit(name)  # due whenever: b's request goes first
+        needed = 100 * US + 100 * US
+        assert not b.scheduler.fits(clock.now_ns(), clock.now_ns() + needed - 1_000, 1, 0)
+        assert b.scheduler.fits(clock.now_ns(), clock.now_ns() + needed, 1, 0)
 
     run(body)
 
 
-def test_a_request_that_would_make_the_others_queued_work_late_does_not_fit() -> None:
+def test_a_request_that_would_make_the_others_queued_work_late_fits_only_behind_it() -> None:
     async def body() -> None:
         _, clock, a, b = one_cpu(max_batch_size=4)
         a.submit("running", due_in=10 * MS)
         a.submit("tight", due_in=220 * US)  # queued behind 100 µs running: 57.5 µs of slack
         now = clock.now_ns()
-        assert not b.scheduler.fits(now, now + 10 * MS, 1, 0)  # a 100 µs run would make it late
-        a.executor.complete(0)
-        await asyncio.sleep(0)  # `tight` started: nothing of a's is left waiting
-        assert b.scheduler.fits(clock.now_ns(), clock.now_ns() + 10 * MS, 1, 0)
+        # a 100 µs run before `tight` would make it late: it fits behind it (262.5 µs) only
+        assert not b.scheduler.fits(now, now + 250 * US, 1, 0)
+        assert b.scheduler.fits(now, now + 10 * MS, 1, 0)
+        later = b.submit("later", due_in=10 * MS)
+        assert b.started() == [], "held back for `tight`"
+        a.executor.complete(0)  # `tight` is handed over ...
+        await asyncio.sleep(0)  # ... and b, woken, hands its batch over behind it
+        assert (a.started(), b.started()) == (["running", "tight"], ["later"])
+        (_, tight_job), (_, later_job) = a.executor.jobs[1], b.executor.jobs[0]
+        assert tight_job.turn is not None
+        assert later_job.turn is not None
+        assert tight_job.turn[1] < later_job.turn[1]
+        a.executor.complete(1)
+        b.executor.complete(0)
+        assert failure(later) is None
 
     run(body)
 

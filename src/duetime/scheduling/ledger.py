@@ -7,10 +7,12 @@ batches, every batch takes several times its profile, and both run late. Instead
 threads take turns (`turns`: batches run one at a time, in the order the loop handed them over),
 so every batch runs at the speed its profile measured, and each scheduler books its instance's
 predicted busy-until instant and its queued work here. A scheduler then starts a batch no
-earlier than the others' booked batches end, and admits a request only if it also fits behind
-the work the others have queued, and only if its batch would not make a request the others
-have already admitted late (their queue's slack). Bookkeeping on the event loop; only `turns`
-is touched by the instance threads.
+earlier than the others' booked batches end, and admits a request only if it fits behind them,
+and behind the work the others have queued too where that work cannot wait for its batch
+(their queue's slack). A batch that would use up the others' slack, where its own requests
+could wait longer, is held back (`hold`) until the others hand theirs over: the turns go in
+hand-over order. Bookkeeping on the event loop; only `turns` is touched by the instance
+threads.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ class CoreLedger:
         self._until: dict[Owner, int] = {}
         self._owners: set[Owner] = set()
         self._queued: dict[int, Callable[[int], Queued]] = {}
+        self._held: dict[int, Callable[[], None]] = {}
 
     def join(self, owner: Owner, queued: Callable[[int], Queued] | None = None) -> None:
         """`queued(now)`: what the owner's scheduler has queued and not started yet."""
@@ -57,6 +60,7 @@ class CoreLedger:
         self._until.pop(owner, None)
         if not any(o[0] == owner[0] for o in self._owners):
             self._queued.pop(owner[0], None)
+            self._held.pop(owner[0], None)
 
     @property
     def shared(self) -> bool:
@@ -69,6 +73,15 @@ class CoreLedger:
             self._until[owner] = until_ns
         else:
             self._until.pop(owner, None)
+        if self._held:
+            for scheduler in [s for s in self._held if s != owner[0]]:
+                self._held.pop(scheduler)()
+
+    def hold(self, scheduler: int, wake: Callable[[], None]) -> None:
+        """`scheduler` holds a batch back for the more urgent work another has queued: `wake` is
+        called once, at the next booking by another scheduler (its batch handed over or
+        ended)."""
+        self._held[scheduler] = wake
 
     def others_until(self, owner: Owner, now_ns: int) -> int:
         """When the batches the other owners have booked end (`now_ns` if none runs)."""
