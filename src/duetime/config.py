@@ -442,7 +442,7 @@ def describe_validation_error(
         elif item["loc"][:1] and item["loc"][0] in secrets:
             got = f" (got {len(given)} characters)" if isinstance(given, str) else ""
         else:
-            got = f" (got {given!r})"
+            got = f" (got {_shown_input(given)})"
         message = item["msg"]
         if item["type"] in _BOUNDS and isinstance(given, float) and math.isnan(given):
             # NOTE: NaN fails every bound (its comparisons are false): "should be less than or
@@ -450,6 +450,17 @@ def describe_validation_error(
             message = "Input should be a finite number"
         lines.append(f"{source}: field '{where}': {message}{got}")
     return "; ".join(lines)
+
+
+def _shown_input(given: Any) -> str:
+    """`given` as an error shows it: its repr.
+
+    NOTE: a load request's JSON may nest lists a thousand levels deep (orjson's limit), and
+    their repr raised RecursionError: the load answered 500."""
+    try:
+        return repr(given)
+    except RecursionError:
+        return f"a {type(given).__name__} nested too deeply to show"
 
 
 _BOUNDS = frozenset(
@@ -460,11 +471,20 @@ _BOUNDS = frozenset(
 
 def read_config_file(path: Path) -> dict[str, Any]:
     """Parse a TOML or YAML file into a mapping, or raise ConfigError naming the file."""
+    what = path.suffix[1:].upper()
     try:
         text = path.read_text(encoding="utf-8")
         data = tomllib.loads(text) if path.suffix == ".toml" else yaml.safe_load(text)
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError, yaml.YAMLError) as exc:
-        raise ConfigError(f"{path}: cannot be read as {path.suffix[1:].upper()}: {exc}") from exc
+        raise ConfigError(f"{path}: cannot be read as {what}: {exc}") from exc
+    except RecursionError:
+        # NOTE: both parsers recurse per level of nesting: a small file of `x = [[[...]]]`
+        # a few hundred levels deep raised RecursionError, which the server did not expect
+        # (a start ended in a traceback, a load answered 500, polling stopped at the model)
+        raise ConfigError(
+            f"{path}: cannot be read as {what}: its values are nested too deeply (lists or "
+            "tables within one another, hundreds of levels down)"
+        ) from None
     if data is None:
         return {}
     if not isinstance(data, dict):

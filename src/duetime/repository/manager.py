@@ -445,8 +445,15 @@ class ModelManager:
         failed = set(snapshot.failures)
         candidates = on_disk if not self.options.lazy else on_disk & (served | failed)
         for name in sorted(candidates):
-            with contextlib.suppress(DuetimeError):
+            try:
                 await self.load(name, explicit=False)
+            except DuetimeError:
+                pass
+            except Exception:
+                # NOTE: a bug of ours in one model's load (a RecursionError from a deep config
+                # once) ended the whole poll at that model, every poll: models after it never
+                # loaded, nor did their changes
+                log.exception("repository poll: model %s failed", name)
 
     # -- load and unload -----------------------------------------------------------------------
 

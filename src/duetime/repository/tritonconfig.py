@@ -410,6 +410,11 @@ def _parsed(parse: Any, given: Any, source: str, form: str) -> Any:
         raise ConfigError(
             f"{source}: not a Triton model config ({form}): {exc}{_enum_values(str(exc))}"
         ) from None
+    except RecursionError:  # (protobuf's JSON reader, and its errors' repr, recurse per level)
+        raise ConfigError(
+            f"{source}: not a Triton model config ({form}): its values are nested too deeply "
+            "(lists or objects within one another, hundreds of levels down)"
+        ) from None
     return config
 
 
@@ -520,15 +525,11 @@ def _carried(value: str, out: dict[str, Any], where: str) -> None:
     are validated with the rest (errors name `parameters['duetime'].<setting>`, see
     `triton_field`). A key it does not carry is refused: a setting Triton has a field for is
     set there, and one given in both places would leave the reader to guess which wins."""
-    try:
-        given = json.loads(value)
-    except ValueError:
-        given = None
+    given = _json(value, where)
     expected = (f"expected a JSON object of duetime's settings that Triton's ModelConfig has no "
                 f"field for ({_CARRIED_NAMES}), as the config endpoint writes it")  # fmt: skip
     if not isinstance(given, dict):
-        shown = value if len(value) <= 80 else f"{value[:80]}..."
-        raise ConfigError(f"{where}: {expected}; got '{shown}'")
+        raise ConfigError(f"{where}: {expected}; got '{_shown(value)}'")
     scheduling = given.pop("scheduling", {})
     if not isinstance(scheduling, dict):
         raise ConfigError(f"{where}: scheduling: expected a JSON object of "
@@ -587,14 +588,34 @@ def _dims_1_reshape_empty(tensor: dict[str, Any]) -> bool:
 
 def _names(value: str, field: str, source: str) -> list[str]:
     """The tensor names of a parameter holding a JSON list of them."""
-    try:
-        names = json.loads(value)
-    except ValueError:
-        names = None
+    names = _json(value, f"{source}: {field}")
     if not isinstance(names, list) or not all(isinstance(name, str) for name in names):
         raise ConfigError(f"{source}: {field}: expected a JSON list of tensor names (as the "
-                          f"config endpoint writes it: [\"label\"]), got '{value}'")  # fmt: skip
+                          f"config endpoint writes it: [\"label\"]), got "
+                          f"'{_shown(value)}'")  # fmt: skip
     return names
+
+
+def _json(value: str, where: str) -> Any:
+    """The JSON value a parameter's `value` holds; None if it holds no JSON. ConfigError (naming
+    `where`) when it is nested too deeply to read.
+
+    NOTE: json.loads recurses per level: a parameter of `[[[...]]]` a few thousand levels deep
+    raised RecursionError, a 500 for the load (a load request's override too)."""
+    try:
+        return json.loads(value)
+    except ValueError:
+        return None
+    except RecursionError:
+        raise ConfigError(
+            f"{where}: its JSON is nested too deeply (lists or objects within one another, "
+            f"hundreds of levels down): '{_shown(value)}'"
+        ) from None
+
+
+def _shown(value: str) -> str:
+    """`value` as an error shows it: its first 80 characters."""
+    return value if len(value) <= 80 else f"{value[:80]}..."
 
 
 def _refuse_what_cannot_be_served(
