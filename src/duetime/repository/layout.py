@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,8 +43,44 @@ def is_hidden(name: str) -> bool:
 
 
 def model_folders(root: Path) -> list[Path]:
-    """The folders directly under `root` that hold (or should hold) a model, sorted by name."""
-    return sorted(p for p in root.iterdir() if p.is_dir() and not is_hidden(p.name))
+    """The folders directly under `root` that hold (or should hold) a model, sorted by name;
+    not those whose name is no model name (see `misnamed_folders`)."""
+    return sorted(
+        p for p in root.iterdir() if p.is_dir() and not is_hidden(p.name) and _is_utf8(p.name)
+    )
+
+
+def misnamed_folders(root: Path) -> dict[str, str]:
+    """The folders directly under `root` whose name is not UTF-8, so names no model: its name
+    as it can be shown (undecodable bytes as `\\xff`) -> why it is refused.
+
+    NOTE: an archive made on another system can leave such a name (`bad\\xffname`, Latin-1):
+    Python reads it with lone surrogates, which no JSON encoder takes: the repository index
+    answered 500 for every model, and its load died in ONNX Runtime with a TypeError."""
+    refused: dict[str, str] = {}
+    for path in root.iterdir():
+        if not _is_utf8(path.name) and path.is_dir() and not is_hidden(path.name):
+            name = shown_name(path.name)
+            refused[name] = (
+                f"{root / name}: the folder's name is not valid UTF-8, so it names no model "
+                "(model names are Unicode, as requests give them); rename the folder"
+            )
+    return refused
+
+
+def shown_name(name: str) -> str:
+    """A file name as it can be shown and sent in JSON: the bytes that are not UTF-8 written
+    as `\\xff`."""
+    return os.fsencode(name).decode("utf-8", "backslashreplace")
+
+
+def _is_utf8(name: str) -> bool:
+    """Whether `name` (from the file system: undecodable bytes as lone surrogates) is UTF-8."""
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def scan_repository(root: Path) -> Scan:
@@ -56,7 +93,7 @@ def scan_repository(root: Path) -> Scan:
     if not root.is_dir():
         raise ConfigError(f"model repository {root} is not a folder")
     models: list[ModelSource] = []
-    errors: dict[str, str] = {}
+    errors = misnamed_folders(root)
     for directory in model_folders(root):
         try:
             models.append(scan_model(directory))

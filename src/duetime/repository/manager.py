@@ -48,6 +48,7 @@ from duetime.repository.layout import (
     ModelSource,
     Scan,
     is_hidden,
+    misnamed_folders,
     model_folders,
     scan_model,
     scan_repository,
@@ -246,8 +247,10 @@ def check_model_name(name: str) -> str:
     # NOTE: counted in bytes, not characters: 'é' * 130 (260 bytes) passed a limit of 255
     # characters, and the file system's 'File name too long' came back as a 500
     try:
-        size = len(os.fsencode(name))
-    except UnicodeEncodeError:  # (a lone surrogate: no file can have that name)
+        # NOTE: strict UTF-8, not os.fsencode: its surrogateescape took '\udcff', a JSON
+        # request's escape, to the folder named by the byte 0xff (see `misnamed_folders`)
+        size = len(name.encode("utf-8"))
+    except UnicodeEncodeError:  # (a lone surrogate: it names no model)
         size = -1
     if not 0 <= size <= NAME_MAX_BYTES:
         problem = "it is not valid Unicode" if size < 0 else f"it is {size} bytes long"
@@ -432,13 +435,16 @@ class ModelManager:
         # an upload outlived the removal of its model's folder, and polling refuses unloads.
         # (The engine refuses uploads while polling, as Triton refuses loads.)
         on_disk = {p.name for p in model_folders(self.root)}
+        misnamed = misnamed_folders(self.root)
         snapshot = self._registry.snapshot
         served = set(snapshot.models)
         for name in sorted(served - on_disk):
             await self.unload(name, reason=REMOVED)
         known = set(self._states) | set(self._model_errors) | set(snapshot.failures)
-        for name in sorted(known - on_disk - served):
+        for name in sorted(known - on_disk - served - misnamed.keys()):
             self._forget(name)
+        for name, reason in misnamed.items():  # (no load can name them: refused here)
+            self._fail_model(name, reason)
         # NOTE: lazily, a model is loaded on its first request; the poll keeps the served ones
         # in step, and retries those a request tried to load and failed (once their files
         # change), so a fixed model serves without waiting for a request to retry it.
@@ -1266,8 +1272,11 @@ class ModelManager:
         state. Of a folder that is gone, only versions still loading or draining are listed, and
         those unloaded as it went (its failures and older states would only be stale)."""
         present = set(self._registry.snapshot.models) | set(self._uploads)
+        misnamed: dict[str, str] = {}
         with contextlib.suppress(OSError):
             present |= {p.name for p in model_folders(self.root)}
+            misnamed = misnamed_folders(self.root)  # (listed by a name that can be shown)
+        present |= misnamed.keys()
         names = present | set(self._states) | set(self._model_errors)
         entries: list[IndexEntry] = []
         for name in sorted(names):
@@ -1285,8 +1294,8 @@ class ModelManager:
                 for version, reason in self._absent.get(name, {}).items()
                 if version not in versions
             )
-            if name in self._model_errors:
-                error = self._model_errors[name]
+            error = self._model_errors.get(name, misnamed.get(name))
+            if error is not None:
                 rows.append({"name": name, "state": "UNAVAILABLE", "reason": error})
             if not rows:
                 rows = [{"name": name}]
