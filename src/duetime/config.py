@@ -504,6 +504,50 @@ def find_config_file(model_dir: Path) -> Path | None:
     return found[0] if found else None
 
 
+_CONFIG_SUFFIXES = frozenset({".toml", ".yaml", ".yml", ".pbtxt"})
+
+
+def unread_config_files(model_dir: Path) -> list[Path]:
+    """Files in `model_dir` (a model folder with none of CONFIG_FILENAMES) that look meant as
+    its config but that duetime does not read: `Config.toml`, `config.json`, `config.toml.txt`,
+    `model.toml`, or a config file in a version folder (`1/config.pbtxt`). Sorted.
+
+    NOTE: such a file was ignored without a word and the model served on its graph's
+    defaults, while a mistake inside `config.toml` is refused. A version folder's `.json` files
+    are left alone: exporters put a `config.json` of their own beside `model.onnx`."""
+    found: list[Path] = []
+    try:
+        for child in model_dir.iterdir():
+            lowered = child.name.lower()
+            if child.is_file() and (
+                lowered.startswith("config.") or Path(lowered).suffix in _CONFIG_SUFFIXES
+            ):
+                found.append(child)
+            elif child.is_dir() and child.name.isascii() and child.name.isdigit():
+                found += [
+                    file
+                    for file in child.iterdir()
+                    if Path(file.name.lower()).suffix in _CONFIG_SUFFIXES and file.is_file()
+                ]
+    except OSError:  # (a folder gone or unreadable: the load says so)
+        return []
+    return sorted(found)
+
+
+def unread_config_warning(model_dir: Path) -> str | None:
+    """What to warn of when `model_dir` has no config file but files that look meant as one
+    (see `unread_config_files`); None when there are none."""
+    unread = unread_config_files(model_dir)
+    if not unread:
+        return None
+    shown = ", ".join(str(path.relative_to(model_dir)) for path in unread)
+    names = f"{', '.join(CONFIG_FILENAMES[:-1])} or {CONFIG_FILENAMES[-1]}"
+    return (
+        f"{model_dir}: {shown}: not read (a model's config is its folder's {names}, named "
+        "exactly so); the model serves on its defaults: rename the file meant as its config"
+    )
+
+
 def load_model_config(model_dir: Path) -> ModelConfig:
     """The model's config from `config.toml|yaml|yml` in `model_dir`, or the defaults (a Triton
     `config.pbtxt` is read by repository/tritonconfig.py, which has its schema)."""

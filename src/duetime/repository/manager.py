@@ -303,6 +303,9 @@ class ModelManager:
         self._config_warned: dict[str, str] = {}
         """Model -> the digest of the config file whose warnings were said (once per content,
         not at every poll)."""
+        self._unread_configs: dict[str, str] = {}
+        """Model -> the warning that files meant as its config are not read (see
+        `unread_config_warning`), which its served versions give as their reason in the index."""
         self._absent: dict[str, dict[str, str]] = {}
         """Model -> the versions its `specific` version_policy names that have no folder, each
         with the reason the index gives (said once in the log, not at every poll)."""
@@ -851,6 +854,7 @@ class ModelManager:
             self._warned_unfit[name] = said_unfit
             for version in chosen.keys() - troubled:  # (a failure an earlier load noted is past)
                 notes = [self._degraded.get((name, version), ""), unfit.get(version, ""), warning]
+                notes.append(self._unread_configs.get(name, "") if given is None else "")
                 if int(version) not in wanted:
                     notes.insert(0, _standing_in(troubled & {str(v) for v in wanted}))
                 self._states[name][version] = VersionState("READY", "; ".join(filter(None, notes)))
@@ -1076,6 +1080,7 @@ class ModelManager:
         """The model's config from its file; the file's warnings are logged the first time its
         content is read, again only once it changes."""
         read = read_model_config(directory)
+        self._unread_configs[name] = read.unread
         if self._config_warned.get(name) != read.digest:
             for message in read.warnings:
                 log_config.warning("%s", message)
@@ -1107,6 +1112,7 @@ class ModelManager:
         self._retry_at.pop(name, None)
         self._warned.pop(name, None)
         self._config_warned.pop(name, None)
+        self._unread_configs.pop(name, None)
         self._absent.pop(name, None)
 
     def _prune_versions(self, name: str, versions: Iterable[int]) -> None:

@@ -90,6 +90,7 @@ from duetime.config import (
     describe_validation_error,
     find_config_file,
     parse_model_config,
+    unread_config_warning,
 )
 from duetime.datatypes import unserved_output_reason
 from duetime.errors import ConfigError
@@ -206,6 +207,9 @@ class ReadConfig:
     config: ModelConfig
     warnings: tuple[str, ...] = ()
     digest: str = ""
+    unread: str = ""
+    """Of the warnings, the one saying that files meant as its config are not read (see
+    `unread_config_warning`): the index gives it as the reason of the versions served."""
 
 
 class TritonModelConfig(ModelConfig):
@@ -226,7 +230,14 @@ def load_model_config(model_dir: Path) -> ModelConfig:
 def read_model_config(model_dir: Path) -> ReadConfig:
     """The model's config from its config file, its warnings returned, not logged."""
     path = find_config_file(model_dir)
-    if path is None or path.name != FILENAME:
+    if path is None:
+        unread = unread_config_warning(model_dir)
+        if unread is None:
+            return ReadConfig(ModelConfig())
+        return ReadConfig(
+            ModelConfig(), (unread,), hashlib.sha256(unread.encode()).hexdigest(), unread
+        )
+    if path.name != FILENAME:
         return ReadConfig(settings.load_model_config(model_dir))
     text = _read_text(path)
     warnings: list[str] = []
