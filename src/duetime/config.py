@@ -469,12 +469,43 @@ _BOUNDS = frozenset(
 """pydantic's error types of a number out of its bounds."""
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):  # type: ignore[misc]  # (PyYAML: untyped)
+    """YAML's safe loader, refusing a mapping that gives a key twice.
+
+    NOTE: `yaml.safe_load` kept the last of two `max_batch_size:` (or two `scheduling:` blocks,
+    losing the first one's settings) without a word, where TOML and protobuf's text format
+    refuse the same mistake naming the line. Keys merged in with `<<` may still be overridden,
+    as YAML allows."""
+
+    def construct_mapping(self, node: yaml.Node, deep: bool = False) -> dict[Any, Any]:
+        if isinstance(node, yaml.MappingNode):
+            seen: dict[Any, yaml.Node] = {}
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue
+                key = self.construct_object(key_node, deep=True)
+                try:
+                    first = seen.setdefault(key, key_node)
+                except TypeError:  # (an unhashable key: the base class refuses it)
+                    continue
+                if first is not key_node:
+                    raise yaml.YAMLError(
+                        f"line {key_node.start_mark.line + 1}: key {key!r} given again (first "
+                        f"on line {first.start_mark.line + 1}); keep one"
+                    )
+        return super().construct_mapping(node, deep=deep)  # type: ignore[no-any-return]
+
+
 def read_config_file(path: Path) -> dict[str, Any]:
     """Parse a TOML or YAML file into a mapping, or raise ConfigError naming the file."""
     what = path.suffix[1:].upper()
     try:
         text = path.read_text(encoding="utf-8")
-        data = tomllib.loads(text) if path.suffix == ".toml" else yaml.safe_load(text)
+        data = (
+            tomllib.loads(text)
+            if path.suffix == ".toml"
+            else yaml.load(text, Loader=_UniqueKeyLoader)  # (a SafeLoader)
+        )
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError, yaml.YAMLError) as exc:
         raise ConfigError(f"{path}: cannot be read as {what}: {exc}") from exc
     except RecursionError:
