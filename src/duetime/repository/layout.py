@@ -168,11 +168,68 @@ def scan_model(directory: Path) -> ModelSource:
                 )
             versions[number] = child / MODEL_FILENAME
     if not versions:
+        found = _not_versions(directory)
+        shown = "; ".join(found[:_SHOWN_MAX])
+        if len(found) > _SHOWN_MAX:
+            shown += f"; and {len(found) - _SHOWN_MAX} more"
         raise ConfigError(
-            f"{directory}: no version folder holds a {MODEL_FILENAME}; expected "
-            f"{directory}/<version>/{MODEL_FILENAME} with an integer version such as 1"
+            f"{directory}: no version folder holds a {MODEL_FILENAME}"
+            + (f" ({shown})" if shown else "")
+            + f"; expected {directory}/<version>/{MODEL_FILENAME} with an integer version such "
+            "as 1"
         )
     return ModelSource(directory.name, directory, versions)
+
+
+_SHOWN_MAX = 5
+"""The most of what a model folder holds that its refusal names."""
+
+
+def _not_versions(directory: Path) -> list[str]:
+    """What in `directory` (a model folder holding no version) looks meant as a version, each
+    with why it is not one: `1/Model.onnx: the file must be named model.onnx`.
+
+    NOTE: the refusal said only that no version folder holds a model.onnx, whatever the folder
+    held: a version beyond int64 (which `version_of` drops), `1/model.onnx` a folder,
+    `1/Model.onnx`, a Triton user's `1/resnet.onnx`, `v1/`."""
+    found: list[str] = []
+    for child in sorted(directory.iterdir()):
+        name = shown_name(child.name)
+        if is_hidden(child.name):
+            continue
+        if not child.is_dir():
+            if child.suffix.lower() == ".onnx":
+                found.append(
+                    f"{name}: a model file directly in the model folder; it goes in a version "
+                    f"folder, {directory.name}/1/{MODEL_FILENAME}"
+                )
+            continue
+        number = version_of(child.name)
+        models = _onnx_files(child)
+        if number is None:
+            if not (child.name.isascii() and child.name.isdigit()):
+                if models:  # (any other folder, `labels/` say, is no version, as meant)
+                    found.append(f"{name}/: not a version: a version folder's name is an "
+                                 "integer, such as 1")  # fmt: skip
+            else:
+                found.append(f"{name}/: beyond the highest version (versions are int64s: "
+                             f"at most {VERSION_MAX})")  # fmt: skip
+        elif (child / MODEL_FILENAME).is_dir():
+            found.append(f"{name}/{MODEL_FILENAME}: a folder, not a file")
+        elif models:
+            found += [f"{name}/{shown_name(file)}: the file must be named {MODEL_FILENAME}"
+                      for file in models]  # fmt: skip
+        else:
+            found.append(f"{name}/: holds no {MODEL_FILENAME}")
+    return found
+
+
+def _onnx_files(folder: Path) -> list[str]:
+    """The names of the `.onnx` files (any case) in `folder`, sorted."""
+    try:
+        return sorted(p.name for p in folder.iterdir() if p.suffix.lower() == ".onnx")
+    except OSError:
+        return []
 
 
 VERSION_MAX = 2**63 - 1
