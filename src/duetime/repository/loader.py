@@ -44,6 +44,22 @@ PROFILE_BUDGET_S = 1.0
 """Time spent measuring the latency profile of one model version at load."""
 PROFILE_ROUNDS = 5
 """Rounds over all the buckets that profiling takes its runs in (see `measure_profile`)."""
+PROFILE_MIN_RUNS = 5
+PROFILE_MAX_RUNS = 200
+"""The runs of each bucket profiling measures (the fewest only where the budget has room)."""
+PROFILE_PROBE_SHARE = 1 / 3
+"""The share of the budget the first run of each bucket may take: the buckets past it are
+estimated from the cost per row of those run, which then have room for 2 runs each at least.
+
+NOTE: at 1/6, room for `PROFILE_MIN_RUNS` each, the demo resnet's default max batch (32) was
+not all measured on a busy 2-core VM (first runs of 1.8 ms a row: up to 16 rows measured)."""
+PROFILE_MIN_ROWS = 4
+"""Buckets of up to this many rows are run at least once whatever they cost."""
+WARM_UP_RUNS = 3
+"""Runs of each instance at batch 1 before profiling."""
+WARM_UP_LARGEST_BUDGETS = 2.0
+"""The largest batch is warmed up unless one run of it is predicted to take longer than this
+many profile budgets (see `warm_up_largest`)."""
 INLINE_BATCH1_NS = 100_000
 """`execution = "auto"` runs a model inline when its batch 1 takes at most this long: handing a
 batch to a thread and back costs 30-40 µs on a VM (waking the thread, the GIL, waking the loop),
@@ -129,6 +145,7 @@ def load_version(
             sessions[0], signature, config, (graph_inputs, graph_outputs), str(source.directory),
             settled=None if primary is None else primary.max_batch_size, facts=studied.facts,
         )  # fmt: skip
+    _check_shared_dims(config, sessions[0], signature.max_batch_size > 0, str(source.directory))
     # NOTE: optional inputs may differ (quantizing a weight drops its graph input): requests
     # that give one are served by the primary alone (see `Validator.overrides`).
     if primary is not None and (
@@ -152,8 +169,13 @@ def load_version(
         splits_batches=alone,
         output_shapes=answer_shapes(signature),
     )
-    warm_up(executor, signature, path)
+    produced = warm_up(executor, signature, path)
+    _check_output_dims(
+        config, signature, graph_outputs, produced, studied.facts, str(source.directory)
+    )
     profile = measure_profile(executor, signature, path, profile_budget_s)
+    if produced is not None:
+        warm_up_largest(executor, signature, profile, path, profile_budget_s)
     if variant is None:
         _warn_unmeetable_timeout(config, profile, path)
     varies = cost_varies(studied.facts, signature)
@@ -559,6 +581,101 @@ def _empty_dim(where: str, dims: list[int], graph: str) -> str:
     )
 
 
+def _check_shared_dims(
+    config: ModelConfig, session: ort.InferenceSession, batched: bool, source: str
+) -> None:
+    """ConfigError where the config's dims give two sizes to one named free dim of the graph.
+
+    NOTE: ONNX names a free dim (`dim_param`) so that the tensors sharing the name share its
+    size. `Add(a[n, k], b[n, k])` with `a` dims [4] and `b` dims [5] loaded READY, its index
+    reason empty: warm-up and profiling failed (logged only), the metadata advertised a [-1, 4]
+    and b [-1, 5], and every request shaped so failed in ONNX Runtime (found by a tester)."""
+    graph = {arg.name: arg.shape for arg in (*session.get_inputs(), *session.get_outputs())}
+    first: dict[str, tuple[int, str, str]] = {}
+    """Named dim -> the size the config first gives it, the field, the tensor's name."""
+    for kind, entries in (("inputs", config.inputs), ("outputs", config.outputs)):
+        for index, entry in enumerate(entries or ()):
+            key, given = _given_dims(entry)
+            shape = graph.get(entry.name)
+            if given is None or not shape:
+                continue
+            named = shape[1:] if batched else shape
+            at = f"{kind}.{index}.{key}"
+            for symbol, size in zip(named, given, strict=False):  # (ranks: see `_narrow`)
+                if not isinstance(symbol, str) or size < 0:
+                    continue
+                size_0, at_0, name_0 = first.setdefault(symbol, (size, at, entry.name))
+                if size_0 == size:
+                    continue
+                dims = "[" + ", ".join(str(d) for d in shape) + "]"
+                raise ConfigError(
+                    f"{source}: field '{at}': {given} gives the graph's dim '{symbol}' of "
+                    f"'{entry.name}' {dims} the size {size}, but field '{at_0}' gives it "
+                    f"{size_0} for '{name_0}': the graph names both dims '{symbol}', so they "
+                    "are one size, and no request shaped as the config says could run; give "
+                    "them the same size (or -1 to keep it free)"
+                )
+
+
+def _given_dims(entry: TensorConfig) -> tuple[str, list[int] | None]:
+    """The field of `entry` that gives the graph's shape (its `reshape`, else its `dims`), and
+    those dims (None: not given)."""
+    return ("reshape", entry.reshape) if entry.reshape is not None else ("dims", entry.dims)
+
+
+def _check_output_dims(
+    config: ModelConfig,
+    signature: ModelSignature,
+    graph_outputs: list[TensorSpec],
+    produced: list[np.ndarray] | None,
+    facts: GraphFacts | None,
+    source: str,
+) -> None:
+    """ConfigError where the config's dims of an output (those the graph leaves free) are not
+    what the warm-up run made of it (`produced`, the outputs of a batch of 1, in the order of
+    `signature.outputs`; None: it failed).
+
+    Only where that run settles it: every input had the one shape requests may give (no free
+    dim but the batch's), and the graph does not size the output by the input values.
+
+    NOTE: the config's dims of a free dim are taken on trust (see `_narrow`): a Relu `v[n] ->
+    w[m]` with `inputs v dims [5]` and `outputs w dims [3]` loaded READY, its metadata and
+    config said w is [3], and every answer carried a w of [5], as the warm-up at load had
+    (found by a tester)."""
+    if produced is None or facts is None or not config.outputs:
+        return
+    batched = signature.max_batch_size > 0
+    if any(
+        spec.any_rank or -1 in (spec.shape[1:] if batched else spec.shape)
+        for spec in signature.inputs
+    ):
+        return  # (the samples' free dims are 1s: a request may give other sizes)
+    graph = {spec.name: spec for spec in graph_outputs}
+    made = dict(zip((spec.name for spec in signature.outputs), produced, strict=False))
+    for index, entry in enumerate(config.outputs):
+        key, given = _given_dims(entry)
+        if given is None or entry.name not in made or entry.name in facts.value_sized_outputs:
+            continue
+        shape = [int(d) for d in np.shape(made[entry.name])]
+        got = shape[1:] if batched else shape
+        spec = graph[entry.name]
+        declared = None if spec.any_rank else spec.shape[1:] if batched else spec.shape
+        if declared is not None and len(got) != len(declared):
+            continue  # (the graph's own shape is wrong: the config's follows it, see `_narrow`)
+        if len(got) == len(given) and all(
+            d in (-1, g) or (declared is not None and declared[i] != -1)
+            for i, (d, g) in enumerate(zip(given, got, strict=True))
+        ):
+            continue
+        batch = " (without the batch dim)" if batched else ""
+        raise ConfigError(
+            f"{source}: field 'outputs.{index}.{key}': {given} is not what the model gives: "
+            f"its warm-up run, on inputs of the shapes the config gives, made '{entry.name}' "
+            f"{got}{batch}, so every answer would carry {got} where the config says "
+            f"{given}; give {key} {got}, or leave them out to take the graph's"
+        )
+
+
 def _checked_batching(
     session: ort.InferenceSession,
     signature: ModelSignature,
@@ -791,11 +908,22 @@ def sample_row_bytes(signature: ModelSignature) -> int:
 def measure_profile(
     executor: Executor, signature: ModelSignature, path: Path, budget_s: float = PROFILE_BUDGET_S
 ) -> LatencyProfile:
-    """Median and p99 execution time of each batch bucket, measured on instance 0.
+    """Median and p99 execution time of each batch bucket, measured on instance 0 within about
+    `budget_s`; the buckets it cannot afford are estimated at the cost per row of the largest
+    measured (`LatencyProfile.estimated`).
 
-    Each bucket gets an equal share of `budget_s`, between 5 and 200 runs, taken in
+    The buckets are run once each in rising order while what the runs cost stays within
+    `PROFILE_PROBE_SHARE` of the budget (those of up to `PROFILE_MIN_ROWS` rows whatever they
+    cost); then each measured one runs `PROFILE_MIN_RUNS` times (or as many as the budget has
+    room for), and they share what is left equally, up to `PROFILE_MAX_RUNS` runs each, taken in
     `PROFILE_ROUNDS` rounds over all the buckets. A graph that rejects the sample inputs gets a
     nominal 1 ms per row, marked `guessed`: the first real execution replaces it.
+
+    NOTE: every bucket up to the max batch was run at least 5 times whatever the budget: the
+    load of the demo resnet (about 1 ms a row) took ~4 s at max_batch_size 32, 29 s at 512,
+    and 65536, which the config accepts, would have taken about an hour and tens of GB (found
+    by a tester). A bucket the load did not run follows the runs of those it did once serving
+    starts (see `LatencyProfile._follow`), and the first run of one pays ORT's allocations.
 
     NOTE: one bucket after another, a change of the machine's speed during profiling (another
     process, a VM's neighbours) lands on some buckets only. On the 2-core VM one such profile of
@@ -804,23 +932,42 @@ def measure_profile(
     every bucket sees the same stretch of time (profiles taken so: 1.04-1.10 ms a row).
     """
     buckets = batch_buckets(signature.max_batch_size)
-    share_ns = budget_s * 1e9 / len(buckets)
-    samples: dict[int, list[int]] = {rows: [] for rows in buckets}
+    budget_ns = budget_s * 1e9
+    samples: dict[int, list[int]] = {}
     output_row_bytes: int | None = None
     try:
         plan: dict[int, tuple[dict[str, np.ndarray], int]] = {}
+        """Bucket -> its sample inputs and its first run's ns."""
+        spent = 0
         for rows in buckets:
+            if plan and rows > PROFILE_MIN_ROWS:
+                largest = max(plan)
+                if spent + plan[largest][1] * rows / largest > PROFILE_PROBE_SHARE * budget_ns:
+                    break
             feeds = sample_inputs(signature, rows, seed=rows)
             started = time.perf_counter_ns()
             made = executor.run_sync(feeds)
             first = time.perf_counter_ns() - started
+            spent += first
             if rows == buckets[0]:
                 output_row_bytes = sum(np.asarray(a).nbytes for a in made) // rows
-            plan[rows] = feeds, int(min(200, max(5, share_ns / max(first, 1))))
+            plan[rows] = feeds, max(first, 1)
+        left_ns = max(0.0, budget_ns - spent)
+        fewest = int(min(PROFILE_MIN_RUNS, left_ns // spent))
+        share_ns = (left_ns - fewest * spent) / len(plan)  # (each bucket's, past its fewest)
+        runs = {
+            rows: int(min(PROFILE_MAX_RUNS, fewest + share_ns / first))
+            for rows, (_, first) in plan.items()
+        }
+        samples = {rows: [] for rows in plan}
         for round_ in range(PROFILE_ROUNDS):
-            for rows, (feeds, runs) in plan.items():
-                share = runs * (round_ + 1) // PROFILE_ROUNDS - runs * round_ // PROFILE_ROUNDS
+            for rows, (feeds, _) in plan.items():
+                count = runs[rows]
+                share = count * (round_ + 1) // PROFILE_ROUNDS - count * round_ // PROFILE_ROUNDS
                 samples[rows].extend(_timed_run(executor, feeds) for _ in range(share))
+        for rows, (_, first) in plan.items():
+            if not samples[rows]:  # (no room for another: its first run, cold, stands for it)
+                samples[rows].append(first)
     except Exception as exc:
         log.warning("%s: profiling on sample inputs failed (%s); using 1 ms per row", path, exc)
         samples = {rows: [rows * 1_000_000] for rows in buckets}
@@ -828,9 +975,16 @@ def measure_profile(
         guessed = True
     else:
         guessed = False
-    profile = profile_from_samples(samples)
+    profile = profile_from_samples(samples, up_to=signature.max_batch_size)
     profile.sample_output_row_bytes = output_row_bytes
     profile.guessed = guessed
+    if profile.estimated:
+        log.info(
+            "%s: profiled batches of 1-%d rows within its %g s budget; batches of up to %d rows "
+            "are estimated at %.3g ms a row until they run",
+            path, max(samples), budget_s, profile.max_rows,
+            profile.predict(max(samples)) / max(samples) / 1e6,
+        )  # fmt: skip
     return profile
 
 
@@ -840,18 +994,59 @@ def _timed_run(executor: Executor, feeds: dict[str, np.ndarray]) -> int:
     return time.perf_counter_ns() - started
 
 
-def warm_up(executor: Executor, signature: ModelSignature, path: Path, runs: int = 3) -> None:
-    """Run each instance at batch 1 and the max batch so first requests pay no allocation cost.
+def warm_up(
+    executor: Executor, signature: ModelSignature, path: Path, runs: int = WARM_UP_RUNS
+) -> list[np.ndarray] | None:
+    """Run each instance `runs` times at batch 1 so first requests pay no allocation cost (the
+    largest batch: `warm_up_largest`, once profiled); the outputs of the first run (None: the
+    graph rejected the sample inputs).
 
     A graph that rejects the sample values (it needs real indices, say) still loads: it is warned
     about, since real requests may well be valid.
     """
-    sizes = sorted({1, max(signature.max_batch_size, 1)})
+    feeds = sample_inputs(signature, 1)
+    produced: list[np.ndarray] | None = None
     try:
         for instance in range(executor.instances):
-            for rows in sizes:
-                feeds = sample_inputs(signature, rows)
-                for _ in range(runs):
-                    executor.run_sync(feeds, instance)
+            for _ in range(runs):
+                made = executor.run_sync(feeds, instance)
+                if produced is None:
+                    produced = made
     except (DuetimeError, Exception) as exc:
         log.warning("%s: warm-up on sample inputs failed (%s); serving anyway", path, exc)
+        return None
+    return produced
+
+
+def warm_up_largest(
+    executor: Executor,
+    signature: ModelSignature,
+    profile: LatencyProfile,
+    path: Path,
+    budget_s: float = PROFILE_BUDGET_S,
+) -> None:
+    """Run each instance once at the largest batch (instance 0 only where profiling did not),
+    so that the first full batch does not pay ORT's allocations; not at all where the profile
+    predicts one such run takes more than `WARM_UP_LARGEST_BUDGETS` times `budget_s` (the log
+    says so): the first batch that large then pays them.
+
+    NOTE: each instance ran the largest batch 3 times, whatever it cost: with a large
+    max_batch_size most of a load's time (see `measure_profile`)."""
+    rows = max(signature.max_batch_size, 1)
+    if rows == 1 or profile.guessed:
+        return
+    predicted_ns = profile.predict(rows)
+    if predicted_ns > WARM_UP_LARGEST_BUDGETS * budget_s * 1e9:
+        log.info(
+            "%s: not warmed up at its largest batch (%d rows, %.3g s a run by its profile): "
+            "the first batch that large pays ONNX Runtime's allocations",
+            path, rows, predicted_ns / 1e9,
+        )  # fmt: skip
+        return
+    measured = rows not in profile.estimated
+    try:
+        feeds = sample_inputs(signature, rows)
+        for instance in range(1 if measured else 0, executor.instances):
+            executor.run_sync(feeds, instance)
+    except (DuetimeError, Exception) as exc:
+        log.warning("%s: warm-up at the largest batch failed (%s); serving anyway", path, exc)

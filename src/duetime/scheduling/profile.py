@@ -235,6 +235,10 @@ class LatencyProfile:
         """Of the buckets that have run: their medians at load, and their current estimates."""
         self._followed = 1.0
         """The ratio the buckets not run yet were last scaled by."""
+        self.estimated: frozenset[int] = frozenset()
+        """Buckets the load did not run, their figures estimated from those it did (see
+        `profile_from_samples`): like every bucket not run yet, they follow the others (see
+        `_follow`) until a real execution runs them."""
         self.guessed = False
         """Its figures are a guess, not measured (the samples failed to run at load): the first
         real run replaces them all (see `_replace_guess`), and until then the scheduler lets
@@ -385,12 +389,24 @@ class LatencyProfile:
             predicted[rows] = value
 
 
-def profile_from_samples(samples: Mapping[int, Sequence[int]]) -> LatencyProfile:
-    """A profile from raw timings: batch size -> list of ns."""
+def profile_from_samples(samples: Mapping[int, Sequence[int]], *, up_to: int = 0) -> LatencyProfile:
+    """A profile from raw timings: batch size -> list of ns. With `up_to`, the buckets of
+    `batch_buckets(up_to)` larger than the largest measured are estimated at its cost per row
+    (median and p99 alike; see `LatencyProfile.estimated`)."""
     points = []
     for rows, times in samples.items():
         ordered = sorted(times)
         median = ordered[len(ordered) // 2]
         p99 = ordered[min(len(ordered) - 1, math.ceil(0.99 * len(ordered)) - 1)]
         points.append(ProfilePoint(rows, median, p99))
-    return LatencyProfile(points)
+    largest = max(points, key=lambda p: p.rows)
+    estimated = [
+        ProfilePoint(
+            rows, largest.median_ns * rows // largest.rows, largest.p99_ns * rows // largest.rows
+        )
+        for rows in batch_buckets(up_to)
+        if rows > largest.rows
+    ]
+    profile = LatencyProfile(points + estimated)
+    profile.estimated = frozenset(p.rows for p in estimated)
+    return profile
