@@ -83,7 +83,10 @@ class EchoApi:
         self.accepting = True  # (as RestApi: False once the server stops)
         self.held: list[tuple[Ticket, Reply]] = []
         self.turn = ReadTurn(MonotonicClock())
-        self.engine = types.SimpleNamespace(recorder=None)  # (as RestApi's: nothing records)
+        # (as RestApi's: nothing records, no model is served)
+        self.engine = types.SimpleNamespace(
+            recorder=None, registry=types.SimpleNamespace(snapshot=types.SimpleNamespace(models={}))
+        )
 
     def handle(self, method: str, target: bytes, headers: Any, body: bytes) -> Any:
         reply = Reply(

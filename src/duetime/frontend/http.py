@@ -29,6 +29,7 @@ import errno
 import functools
 import logging
 import math
+import re
 import socket
 import threading
 import time
@@ -52,6 +53,8 @@ from duetime.frontend.rest import (
     PendingReply,
     Reply,
     RestApi,
+    _names_infer,
+    _segments,
     build_bulk,
     error_reply,
     failed_reply,
@@ -1136,7 +1139,7 @@ class HttpConnection(asyncio.BufferedProtocol):
         self._running += 1
         slot.started = True
         shedder = self._shedder
-        if shedder is not None and shedder.share and shedder.refuse():
+        if shedder is not None and (shedder.share or shedder.watching) and self._shed_held(held):
             self._made(slot, _shed_reply(slot.keep_alive, slot.http10, held.request.headers))
             recorder = self._api.engine.recorder
             if recorder is not None and recorder.sampled():  # (decoded: recorded as any)
@@ -1219,7 +1222,12 @@ class HttpConnection(asyncio.BufferedProtocol):
         self, slot: _Slot, method: str, url: bytes, headers: dict[str, str], body: bytes
     ) -> None:
         shedder = self._shedder
-        if shedder is not None and shedder.share and _is_infer(method, url) and shedder.refuse():
+        if (
+            shedder is not None
+            and (shedder.share or shedder.watching)
+            and _is_infer(method, url)
+            and self._shed(url, headers, body)
+        ):
             self._made(slot, _shed_reply(slot.keep_alive, slot.http10, headers))
             recorder = self._api.engine.recorder
             if recorder is not None:
@@ -1236,6 +1244,50 @@ class HttpConnection(asyncio.BufferedProtocol):
         else:
             outcome = self._api.handle("GET" if head else method, url, headers, body)
         self._answered(slot, outcome, head)
+
+    def _shed(self, url: bytes, headers: Mapping[str, str], body: bytes) -> bool:
+        """Whether the load shedder refuses this inference request, read and not decoded: it
+        is weighed by its model (one the server serves; a name a client invents is weighed
+        with requests of no model), its body's size and its priority (see `LoadShedder.refuse`);
+        a refusal counts against its model."""
+        shedder = self._shedder
+        assert shedder is not None
+        target = infer_target(url)
+        model, version = target if target is not None else (None, None)
+        if model is not None and model not in self._api.engine.registry.snapshot.models:
+            model = None
+        if not shedder.refuse(model, len(body), _priority_one(headers, body)):
+            return False
+        if model is not None:
+            self._count_shed(model, version)
+        return True
+
+    def _shed_held(self, held: HeldInfer) -> bool:
+        """`_shed` for a request decoded when it was held back."""
+        shedder = self._shedder
+        assert shedder is not None
+        request = held.request
+        model: str | None = request.model
+        if model not in self._api.engine.registry.snapshot.models:
+            model = None
+        size = sum(array.nbytes for array in request.inputs.values())
+        if not shedder.refuse(model, size, request.priority == 1):
+            return False
+        if model is not None:
+            self._count_shed(model, request.version)
+        return True
+
+    def _count_shed(self, model: str, version: str | None) -> None:
+        """Count a request of `model` the load shedder refused in the model's statistics (as
+        rejected: see `ModelScheduler.count_shed`); one of a version not served counts nowhere.
+
+        NOTE: counted only in duetime_requests_shed_total, a model whose clients got hundreds
+        of 429s for another model's flood showed none of them (found by a tester)."""
+        try:
+            deployment = self._api.engine.registry.resolve(model, version)
+        except DuetimeError:
+            return
+        deployment.scheduler.count_shed()
 
     def _answered(self, slot: _Slot, outcome: Reply | PendingReply, head: bool = False) -> None:
         """`slot`'s answer made now (a Reply), or once its work is done (`_settle`)."""
@@ -1783,6 +1835,46 @@ def _shed_submit(request: Any) -> Any:
 
 def _is_infer(method: str, url: bytes) -> bool:
     return method == "POST" and url.split(b"?", 1)[0].endswith(b"/infer")
+
+
+def infer_target(target: bytes) -> tuple[str, str | None] | None:
+    """The model and version (None: the default) a request target names, if it is
+    `/v2/models/<m>[/versions/<v>]/infer` (as `RestApi` routes it); else None."""
+    # (the common target read from its bytes, without decoding every segment)
+    if target.startswith(b"/v2/models/") and b"%" not in target and b"?" not in target:
+        parts = target.split(b"/")
+        if len(parts) == 5 and parts[4] == b"infer" and parts[3]:
+            return parts[3].decode("latin-1"), None
+    segments = _segments(target)
+    if not _names_infer(segments):
+        return None
+    return segments[2], (segments[4] if len(segments) == 6 else None)
+
+
+_PRIORITY_ONE = re.compile(rb'"priority"\s*:\s*1(?![0-9.eE])')
+_PRIORITY_SCAN = 4096
+"""Bytes of a JSON body looked through for its priority, at either end (see `_priority_one`)."""
+
+
+def _priority_one(headers: Mapping[str, str], body: bytes) -> bool:
+    """Whether an inference request not decoded asks for priority 1 (the highest), by a look
+    through its JSON: the header of a binary body, or the two ends of a JSON one (its
+    `parameters` come before or after its tensors), `_PRIORITY_SCAN` bytes each; a compressed
+    body is not looked into. A name or value that only looks like one errs toward priority 1:
+    refused last."""
+    if headers.get("content-encoding", "identity") != "identity":
+        return False
+    end = len(body)
+    length = headers.get("inference-header-content-length")
+    if length is not None and length.isdigit() and len(length) < 19:
+        end = min(end, int(length))
+    search = _PRIORITY_ONE.search  # (within bounds: no copy of a big body's ends)
+    if search(body, 0, min(end, _PRIORITY_SCAN)) is not None:
+        return True
+    return (
+        end > _PRIORITY_SCAN
+        and search(body, max(_PRIORITY_SCAN, end - _PRIORITY_SCAN), end) is not None
+    )
 
 
 def _binary_start(method: str, url: bytes, headers: dict[str, str]) -> int | None:

@@ -492,6 +492,8 @@ class ModelScheduler:
         self._request_time = LatencyHistogram()
         self._queue_time = LatencyHistogram()
         self._compute_time = LatencyHistogram()
+        self._shed = 0
+        """Refused by the front end's load shedder (counted rejected): none missed."""
 
     # -- the request path ----------------------------------------------------------------------
 
@@ -2188,6 +2190,14 @@ class ModelScheduler:
 
     # -- introspection and shutdown ------------------------------------------------------------
 
+    def count_shed(self) -> None:
+        """Count a request of this model that the front end's load shedder refused before
+        decoding it, as rejected (Triton counts every failed request of a model in its
+        statistics); it counts in neither of `outcomes`: the shedder's own refusals read as
+        misses would raise its share further."""
+        self._rejected += 1
+        self._shed += 1
+
     def outcomes(self) -> tuple[int, int]:
         """`(missed, seen)`: requests that failed their due time (refused at admission or dropped
         as hopeless), and all requests taken in that ended; running totals, as in `statistics()`.
@@ -2204,8 +2214,8 @@ class ModelScheduler:
         # (scheduling.max_queue_size) refused it, not time. Counted as misses, 12 clients
         # sending 1 s timeouts to a 7 ms model with max_queue_size = 2 got 753 429s "requests
         # are missing their due times" beside 4843 queue-full ones, slowest answer 99 ms.
-        missed = refused - self._full - self._impossible
-        return missed, refused + self._succeeded + self._failed
+        missed = refused - self._full - self._impossible - self._shed
+        return missed, refused - self._shed + self._succeeded + self._failed
 
     def answer_failed(self, reason: str = "unmade") -> None:
         """Count a request this scheduler answered whose answer its front end could not deliver
