@@ -341,7 +341,7 @@ class Server:
         if self._shed_timer is not None:
             self._shed_timer.cancel()
         self._rest.accepting = False
-        self._grpc_service.accepting = False
+        self._grpc_service.stop_accepting()
         if self._http is not None:
             self._http.close()
         # NOTE: counted at the end, once they were closed, the log line said 0 with connections

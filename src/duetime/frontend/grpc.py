@@ -15,7 +15,7 @@ from google.protobuf import json_format
 from duetime import __version__, classification
 from duetime.config import ServerSettings, url_host
 from duetime.datatypes import NUMPY_OF, v2_datatype_of
-from duetime.engine import Engine, Ticket, settled
+from duetime.engine import SHUTTING_DOWN, Engine, Ticket, settled
 from duetime.errors import (
     TIMEOUT_EXPIRED,
     ConfigError,
@@ -295,6 +295,19 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         self.backlog: CoreBacklog | None = None
         """The calls waiting in gRPC's core (`serve_grpc` sets it, where channelz is there)."""
         self.accepting = True
+        self._intakes: set[_Intake] = set()
+        """The open ModelStreamInfer streams' readers (`stop_accepting` stops them)."""
+
+    def stop_accepting(self) -> None:
+        """The server is shutting down: take no more inference requests. Each open stream
+        reads no more, sends the answers of the requests it has, and ends UNAVAILABLE.
+
+        NOTE: a stream went on reading: each request sent during the shutdown grace got its
+        own "shutting down" error (and WARNING: 536 in one run), and an idle stream held the
+        shutdown for the whole grace, until gRPC cancelled it."""
+        self.accepting = False
+        for intake in list(self._intakes):
+            intake.stop()
 
     def answer_guess(self, model: str) -> int | None:
         """The outputs' bytes `model`'s default version made for its sample inputs at load, at
@@ -557,59 +570,28 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         clients'); answers go back in request order, at most STREAM_WINDOW in flight, each
         holding its part of `answers` until it is sent. A request that fails gets its error in
         the stream (`error_message`), or, where the client asked with Triton's
-        `triton_grpc_error: true` header, ends the stream with the error's status code."""
+        `triton_grpc_error: true` header, ends the stream with the error's status code. An
+        answer ready by its due time but held past it behind earlier ones is sent as a
+        DEADLINE_EXCEEDED error instead (see `_held_late`). Once the server stops accepting
+        (`stop_accepting`), the stream reads no more requests, sends the answers of those it
+        has, and ends UNAVAILABLE."""
+        if not self.accepting:
+            _abort(context, ModelUnavailable(STREAM_SHUT_DOWN))
         grpc_errors = _wants_grpc_errors(context)
-        window: asyncio.Queue[
-            tuple[Any, _Submitted | DuetimeError, RequestTiming | None, AnswerHold] | None
-        ] = asyncio.Queue(STREAM_WINDOW)
-        clock = self._engine.clock
-
-        async def read() -> None:
-            try:
-                async for request in requests:
-                    hold = self.answers.hold(request.model_name)
-                    timing = RequestTiming(clock.now_ns()) if self._tracing is not None else None
-                    try:
-                        received, due = self._dated(request, context, new_call=False)
-                        try:
-                            await hold.taken(self._within(due))
-                        except DeadlineExceeded as late:
-                            raise self._late_for_room(
-                                late, request, context, received, due, timing, STREAM
-                            ) from None
-                        submitted: _Submitted | DuetimeError = self._submit(
-                            request, context, received, due, timing, protocol=STREAM
-                        )
-                    except DuetimeError as exc:
-                        submitted = exc.with_traceback(None)  # see Ticket.failure
-                    except Exception as exc:
-                        log.exception("internal error in ModelStreamInfer")
-                        submitted = InternalError(f"internal error: {type(exc).__name__}: {exc}")
-                    try:
-                        await window.put((request, submitted, timing, hold))
-                    except BaseException:  # (the stream ended meanwhile)
-                        hold.release()
-                        if isinstance(submitted, _Submitted) and submitted.ticket.future.cancel():
-                            _log_cancelled(context, STREAM, request, submitted.ticket)
-                        raise
-            finally:
-                await window.put(None)
-
-        reader = asyncio.get_running_loop().create_task(read())
+        window: _Window = asyncio.Queue(STREAM_WINDOW)
+        intake = _Intake()
+        reader = asyncio.get_running_loop().create_task(
+            self._read_stream(requests, context, window, intake)
+        )
+        intake.task = reader
+        self._intakes.add(intake)
         try:
             while (item := await window.get()) is not None:
                 request, submitted, timing, hold = item
                 try:
-                    try:
-                        answer = await self._stream_answer(submitted, request.id, hold)
-                    except asyncio.CancelledError:
-                        # (the stream ended while this request waited for its answer: out of
-                        # the window, it was neither cancelled there nor logged)
-                        if isinstance(submitted, _Submitted):
-                            waited = submitted.ticket
-                            if waited.future.cancel() or waited.future.cancelled():
-                                _log_cancelled(context, STREAM, request, waited)
-                        raise
+                    answer = self._held_late(submitted)
+                    if answer is None:
+                        answer = await self._waited_answer(submitted, request, context, hold)
                     ticket = None if isinstance(submitted, DuetimeError) else submitted.ticket
                     if not isinstance(answer, DuetimeError):
                         self._record(request, context, timing, ticket, None, STREAM)
@@ -622,7 +604,11 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
                     yield self._stream_error(request, answer, context, trace_id)
                 finally:
                     hold.release()  # (sent: the next answer waited for it)
+            if intake.stopped and not intake.finished:
+                _abort(context, ModelUnavailable(STREAM_SHUT_DOWN))
         finally:
+            self._intakes.discard(intake)
+            intake.task = None  # (its frames hold `intake`: no cycle through its error)
             reader.cancel()
             while not window.empty():
                 left = window.get_nowait()
@@ -631,6 +617,94 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
                     if isinstance(left[1], _Submitted) and left[1].ticket.future.cancel():
                         _log_cancelled(context, STREAM, left[0], left[1].ticket)
 
+    async def _read_stream(
+        self, requests: AsyncIterator[Any], context: Any, window: _Window, intake: _Intake
+    ) -> None:
+        """Submit a stream's requests as they come, each into `window` (None at the end: the
+        client's, or the server's: `intake` stopped)."""
+        clock = self._engine.clock
+        incoming = aiter(requests)
+        try:
+            while not intake.stopped:
+                intake.reading = True
+                try:
+                    request = await anext(incoming)
+                except StopAsyncIteration:
+                    intake.finished = True
+                    return
+                finally:
+                    intake.reading = False
+                hold = self.answers.hold(request.model_name)
+                timing = RequestTiming(clock.now_ns()) if self._tracing is not None else None
+                try:
+                    received, due = self._dated(request, context, new_call=False)
+                    try:
+                        await hold.taken(self._within(due))
+                    except DeadlineExceeded as late:
+                        raise self._late_for_room(
+                            late, request, context, received, due, timing, STREAM
+                        ) from None
+                    made = self._submit(request, context, received, due, timing, protocol=STREAM)
+                    if made.ticket.stamp is None:  # (its settling time: see `_held_late`)
+                        made.ticket.stamp = clock.now_ns
+                    submitted: _Submitted | DuetimeError = made
+                except DuetimeError as exc:
+                    submitted = exc.with_traceback(None)  # see Ticket.failure
+                except Exception as exc:
+                    log.exception("internal error in ModelStreamInfer")
+                    submitted = InternalError(f"internal error: {type(exc).__name__}: {exc}")
+                try:
+                    await window.put((request, submitted, timing, hold))
+                except BaseException:  # (the stream ended meanwhile)
+                    hold.release()
+                    if isinstance(submitted, _Submitted) and submitted.ticket.future.cancel():
+                        _log_cancelled(context, STREAM, request, submitted.ticket)
+                    raise
+        finally:
+            await window.put(None)
+
+    async def _waited_answer(
+        self, submitted: _Submitted | DuetimeError, request: Any, context: Any, hold: AnswerHold
+    ) -> Any:
+        """`_stream_answer`, the request cancelled and logged if the stream ends meanwhile.
+
+        NOTE: out of the window, it was neither cancelled there nor logged."""
+        try:
+            return await self._stream_answer(submitted, request.id, hold)
+        except asyncio.CancelledError:
+            if isinstance(submitted, _Submitted):
+                waited = submitted.ticket
+                if waited.future.cancel() or waited.future.cancelled():
+                    _log_cancelled(context, STREAM, request, waited)
+            raise
+
+    def _held_late(self, submitted: _Submitted | DuetimeError) -> DeadlineExceeded | None:
+        """The error sent in place of a streamed request's answer that its model made by its
+        due time but whose turn (answers go in request order, as Triton's for a model that is
+        not decoupled) came after it, behind earlier answers; None: send what it has.
+
+        NOTE: it went out as a success, 90-330 ms past a 5 ms timeout behind three resnet
+        batches, and counted on time in its model's statistics. Its model counts it now as an
+        answer not delivered, `held_late` (`answer_failed`); one its model answered late
+        (counted late there) goes out as a unary call's would, a late success."""
+        if isinstance(submitted, DuetimeError) or submitted.request is None:
+            return None
+        due = submitted.request.due_ns
+        ticket = submitted.ticket
+        future = ticket.future
+        if due is None or not future.done() or future.cancelled() or future.exception():
+            return None
+        now = self._engine.clock.now_ns()
+        if now <= due or ticket.done_ns > due:
+            return None
+        answer_failed(self._engine, ticket, submitted.request, "held_late")
+        return DeadlineExceeded(
+            f"{TIMEOUT_EXPIRED}: model '{ticket.model}': its answer was ready by its due time "
+            f"but held behind earlier answers on the stream (ModelStreamInfer answers go in "
+            f"request order) until {(now - due) / 1e6:.1f} ms past it; send requests with "
+            "due times on a stream of their own, or as ModelInfer calls"
+        )
+
     async def _stream_answer(
         self, submitted: _Submitted | DuetimeError, request_id: str, hold: AnswerHold
     ) -> Any:
@@ -638,27 +712,39 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         if isinstance(submitted, DuetimeError):
             return submitted
         try:
-            response = await self._response(submitted, request_id, hold)
+            return await self._response(submitted, request_id, hold, stream=True)
         except DuetimeError as exc:
             return exc.with_traceback(None)  # (its traceback would hold the answer's frames)
-        response.parameters[FINAL_RESPONSE].bool_param = True
-        return pb.ModelStreamInferResponse(infer_response=response)
 
     def _stream_error(
         self, request: Any, exc: DuetimeError, context: Any, trace_id: str | None = None
     ) -> Any:
+        """A streamed request's error, as Triton sends it: its texts cut to fit the message
+        limit where they would not (see `_fitted`).
+
+        NOTE: it was never measured: a request id of 64 MiB less 60 bytes to an unknown model
+        made an error of 67,108,995 bytes, and gRPC ended the whole stream with it."""
         trace_id = trace_id or _trace_id(context)
+        texts: tuple[str, ...] = (
+            request.id,
+            request.model_name,
+            request.model_version,
+            exc.message,
+        )
+        limit = self._max_message_bytes
+        if limit is not None and 4 * sum(map(len, texts)) + ERROR_ROOM > limit:  # (UTF-8)
+            share = (limit - ERROR_ROOM) // len(texts)
+            texts = tuple(_fitted(text, share) for text in texts)
+        request_id, model, version, message = texts
         log_request(
-            protocol="grpc-stream", model=request.model_name, version=request.model_version,
-            status=exc.http_status, reason=exc.message, trace_id=trace_id,
+            protocol="grpc-stream", model=model, version=version, status=exc.http_status,
+            reason=message, trace_id=trace_id,
         )  # fmt: skip
         # (as Triton: the request's id, so that the client knows which one failed)
-        response = pb.ModelInferResponse(
-            model_name=request.model_name, model_version=request.model_version, id=request.id
-        )
+        response = pb.ModelInferResponse(model_name=model, model_version=version, id=request_id)
         response.parameters[FINAL_RESPONSE].bool_param = True
         return pb.ModelStreamInferResponse(
-            error_message=f"{exc.message} (trace {trace_id})", infer_response=response
+            error_message=f"{message} (trace {trace_id})", infer_response=response
         )
 
     def ended(self, context: Any, data: bytes = b"") -> bool:
@@ -783,13 +869,15 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         return self._engine.refuse_late(infer, late)
 
     async def _response(
-        self, submitted: _Submitted, request_id: str, hold: AnswerHold | None = None
-    ) -> Any:
+        self, submitted: _Submitted, request_id: str, hold: AnswerHold | None = None,
+        stream: bool = False,
+    ) -> Any:  # fmt: skip
+        """The request's ModelInferResponse (`stream`: its ModelStreamInferResponse)."""
         ticket = submitted.ticket
         await settled(ticket.future)
         result = ticket.response(request_id)
         try:
-            return self._made(submitted, result, request_id, hold)
+            return self._made(submitted, result, request_id, hold, stream)
         except DuetimeError:
             # NOTE: a request whose answer could not be made (an output window too small, an
             # answer over the message limit) was counted a success in statistics and metrics
@@ -799,10 +887,11 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
 
     def _made(
         self, submitted: _Submitted, result: InferResponse, request_id: str,
-        hold: AnswerHold | None,
+        hold: AnswerHold | None, stream: bool = False,
     ) -> Any:  # fmt: skip
-        """The ModelInferResponse of a request the model answered (`result`): DuetimeError
-        where it cannot be made (see `_response`)."""
+        """The ModelInferResponse of a request the model answered (`result`; `stream`: in a
+        ModelStreamInferResponse, with Triton's final-response parameter): DuetimeError where
+        it cannot be made (see `_response`)."""
         response = pb.ModelInferResponse(
             model_name=result.model, model_version=result.version, id=request_id
         )
@@ -836,11 +925,19 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
             carried += len(raw)
         if hold is not None:
             hold.made(carried)
-        if limit is not None and carried > limit - MESSAGE_SLACK and response.ByteSize() > limit:
+        message = response
+        if stream:
+            response.parameters[FINAL_RESPONSE].bool_param = True
+            message = pb.ModelStreamInferResponse(infer_response=response)
+        if limit is not None and carried + 4 * len(request_id) > limit - MESSAGE_SLACK:
             # NOTE: gRPC itself would fail the call with a bare "Sent message larger than max"
-            # (and end a whole ModelStreamInfer stream with it)
-            raise _too_large(str(response.ByteSize()), limit)
-        return response
+            # (and end a whole ModelStreamInfer stream with it). What is sent is measured: a
+            # stream's answer was measured before its parameter and wrapper (~35 bytes) were
+            # added, and one that fitted by less went to gRPC and ended its stream
+            size = message.ByteSize()
+            if size > limit:
+                raise _too_large(str(size), limit)
+        return message
 
     def _due(
         self, parameters: Mapping[str, Any], context: Any, now: int, new_call: bool = True
@@ -856,6 +953,21 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
             grpc_due = now + int(remaining * 1e9)
             due = grpc_due if due is None else min(due, grpc_due)
         return due
+
+
+ERROR_ROOM = 256
+"""Bytes of a stream's error message beside its texts (id, model, version, error): their tags
+and lengths, the final-response parameter, the wrapper, the trace id."""
+CUT = "... (cut)"
+"""The end of a text cut to fit a message (see `_fitted`)."""
+
+
+def _fitted(text: str, most: int) -> str:
+    """`text` where its UTF-8 is at most `most` bytes, else cut to fit with `CUT` at its end."""
+    data = text.encode()
+    if len(data) <= most:
+        return text
+    return data[: max(0, most - len(CUT))].decode(errors="ignore") + CUT
 
 
 def _too_large(size: str, limit: int) -> PayloadTooLarge:
@@ -1100,6 +1212,35 @@ def _parameters_and_kinds(
 
 STREAM = "grpc-stream"
 """The protocol a streamed request's span and log line name."""
+STREAM_SHUT_DOWN = f"the stream is ended: {SHUTTING_DOWN}"
+"""The status details of a stream ended by the server's shutdown (UNAVAILABLE)."""
+
+_Window = asyncio.Queue[
+    tuple[Any, "_Submitted | DuetimeError", RequestTiming | None, AnswerHold] | None
+]
+"""A stream's requests in flight, in order, each with its submission (or error), its timing
+and its hold on the answer budget; None ends them."""
+
+
+class _Intake:
+    """The reading of one stream's requests (`task`), which the server's shutdown stops."""
+
+    __slots__ = ("finished", "reading", "stopped", "task")
+
+    def __init__(self) -> None:
+        self.task: asyncio.Task[None] | None = None
+        self.reading = False
+        """Waiting for the client's next request (nothing of the stream's own in hand)."""
+        self.stopped = False
+        self.finished = False
+        """The client ended its requests."""
+
+    def stop(self) -> None:
+        """Read no more requests: at once if waiting for one, else once the one in hand is
+        in the window."""
+        self.stopped = True
+        if self.reading and self.task is not None:
+            self.task.cancel()
 
 
 def _log_cancelled(context: Any, protocol: str, request: Any, ticket: Ticket | None) -> None:
