@@ -55,7 +55,12 @@ from duetime.frontend.parameters import (
 from duetime.frontend.sharedmemory import CUDA_REGIONS, CudaRegions, SharedMemoryRegions
 from duetime.frontend.statistics import statistics_json
 from duetime.frontend.v1 import v1_inputs, v1_json_size, v1_predictions
-from duetime.observability.logs import AccessSampler, log_cancelled, log_request
+from duetime.observability.logs import (
+    CANCELLED_STATUS,
+    AccessSampler,
+    log_cancelled,
+    log_request,
+)
 from duetime.observability.logsettings import LogSettings
 from duetime.observability.tracesettings import TraceSettings, trace_settings_of
 from duetime.observability.tracing import (
@@ -153,6 +158,17 @@ class HttpError(DuetimeError):
         super().__init__(message, retry_after_s=retry_after_s)
         self.http_status = status
         self.headers = headers
+
+
+class ClientWithdrew(DuetimeError):
+    """A request its client withdrew (closed its connection) before its answer: the status of
+    its span and of its log line (nginx's 499; no reply is sent)."""
+
+    http_status = CANCELLED_STATUS
+    grpc_code = "CANCELLED"
+
+    def __init__(self) -> None:
+        super().__init__("the client closed its connection before the answer")
 
 
 class Pending(Protocol):
@@ -460,6 +476,10 @@ class RestApi:
         """`/v2/systemsharedmemory/...` (shared with the gRPC service)."""
         self.accepting = True
         """False once shutdown starts: readiness reports false."""
+        self.refused: dict[tuple[int, str], int] = {}
+        """(status, error class) -> inference requests answered with an error before any
+        model ran them: malformed, a bad parameter, an unknown model, refused at admission...
+        Bounded: no label comes from the client (see `RestCollector`)."""
 
     @property
     def engine(self) -> Engine:
@@ -529,6 +549,7 @@ class RestApi:
             return self._not_queued(exc, request.model, request.version, request.headers,
                                     held.received, request.timing)  # fmt: skip
         plan = held.plan
+        self._trace_withdrawn(ticket, request)
         return PendingReply(
             ticket, lambda done: self._infer_reply(done, request, plan), request.headers
         )
@@ -568,12 +589,24 @@ class RestApi:
             exc = InternalError(f"internal error: {type(exc).__name__}: {exc}")
         if self._tracing is not None:
             return self._refused(exc, model, version, headers, received, timing)
-        return self._failed(exc, headers, _model_parts(model, version))
+        return self._failed(exc, headers, _model_parts(model, version), inference=True)
 
     def _failed(
-        self, exc: DuetimeError, headers: Mapping[str, str], parts: list[str], trace_id: str = ""
+        self,
+        exc: DuetimeError,
+        headers: Mapping[str, str],
+        parts: list[str],
+        trace_id: str = "",
+        inference: bool = False,
     ) -> Reply:
-        """The error reply of a request to `parts` (see `failed_reply`)."""
+        """The error reply of a request to `parts` (see `failed_reply`); an inference request
+        (`inference`, or `parts` name one) counts in `refused`.
+
+        NOTE: a 400 for malformed JSON, a bad 'timeout' or 'priority' parameter moved no
+        metric (found by a tester)."""
+        if inference or _names_infer(parts) or _names_predict(parts):
+            key = (exc.http_status, type(exc).__name__)
+            self.refused[key] = self.refused.get(key, 0) + 1
         model = parts[2] if len(parts) > 2 and parts[1] == "models" else ""
         if parts[:1] == ["v1"] and model.rpartition(":")[2] in _V1_VERBS:
             model = model.rpartition(":")[0]  # (`/v1/models/<m>:predict` names model <m>)
@@ -877,6 +910,7 @@ class RestApi:
                 raise
             return self._not_queued(exc, model, None, headers, received)
         batched = signature.max_batch_size > 0
+        self._trace_withdrawn(ticket, request)
         return PendingReply(ticket, lambda done: self._v1_reply(done, request, batched), headers)
 
     def _v1_after_load(
@@ -1023,6 +1057,7 @@ class RestApi:
                 raise
             timing = request.timing if request is not None else None
             return self._refused(exc, model, version, headers, received, timing)
+        self._trace_withdrawn(ticket, request)
         return PendingReply(ticket, lambda done: self._infer_reply(done, request, plan), headers)
 
     def _read_infer(
@@ -1060,12 +1095,65 @@ class RestApi:
         admission, due before it was queued), with its span: those are the most worth a look.
         `timing`: the request's, if it was decoded (its span then has its `decode` child)."""
         assert self._tracing is not None
+        served, variant = self._attributed(exc, model, version)
         trace_id = self._tracing.record(
             timing or RequestTiming(received), _parent(headers),
-            protocol="http", model=model, version=version or "", variant="", error=exc,
+            protocol="http", model=model, version=served, variant=variant, error=exc,
             done_ns=self._engine.clock.now_ns(),
         )  # fmt: skip
-        return self._failed(exc, headers, _model_parts(model, version), trace_id or "")
+        parts = _model_parts(model, version)
+        return self._failed(exc, headers, parts, trace_id or "", inference=True)
+
+    def _trace_withdrawn(self, ticket: Ticket, request: InferRequest) -> None:
+        """Give a traced request its span, with an error status, should its client withdraw
+        it (its connection closed before its answer: the ticket's future is cancelled).
+
+        NOTE: such a request was counted cancelled and logged 499 but had no span, where every
+        other failed request has one (found by a tester)."""
+        timing = request.timing
+        tracing = self._tracing
+        if tracing is None or timing is None:
+            return
+
+        def withdrawn(future: asyncio.Future[Any]) -> None:
+            if not future.cancelled():
+                return
+            now = self._engine.clock.now_ns()
+            if not timing.finished_ns:  # (its wait, or its run, ends here)
+                timing.finished_ns = now
+            tracing.record(
+                timing, _parent(request.headers), protocol="http", model=ticket.model,
+                version=ticket.version, variant=ticket.variant, error=ClientWithdrew(),
+                done_ns=now,
+            )  # fmt: skip
+
+        ticket.future.add_done_callback(withdrawn)
+
+    def _attributed(self, exc: DuetimeError, model: str, version: str | None) -> tuple[str, str]:
+        """The version and variant a refused request of `model` is counted under in the
+        metrics (its span's): the version it names, as routing reads it ("01" is 1), else the
+        one its traffic goes to where that is one version; the variant, the version's primary
+        where a scheduler refused it (invalid inputs count under no variant). ("", "") where
+        neither is known (an unknown model, a traffic split).
+
+        NOTE: spans of a 504 or a 400 on mlp said version '' where the metrics counted them
+        under version "1" (found by a tester)."""
+        served = self._engine.registry.snapshot.models.get(model)
+        if served is None:
+            return version or "", ""
+        try:
+            chosen = (
+                self._engine.registry.served_version(served, version)
+                if version
+                else served.versions[served.traffic.versions[0]]
+            )
+        except DuetimeError:
+            return version or "", ""
+        if not version and served.traffic.split:
+            return "", ""
+        if isinstance(exc, InvalidInput):
+            return chosen.version, ""
+        return chosen.version, chosen.primary.variant
 
     def _infer_reply(
         self, ticket: Ticket, request: InferRequest, plan: OutputPlan
@@ -1115,9 +1203,10 @@ class RestApi:
                 timing, parent, protocol="http", model=ticket.model, version=ticket.version,
                 variant=ticket.variant, error=error, done_ns=self._engine.clock.now_ns(),
             )  # fmt: skip
-        if error is not None:
-            parts = ["v2", "models", request.model, "versions", ticket.version]
-            return self._failed(error, request.headers, parts, trace_id or "")
+        if error is not None:  # (its model's counts have it: not a refusal)
+            return failed_reply(
+                error, request.headers, request.model, ticket.version, trace_id or ""
+            )
         reply = outcome
         assert isinstance(reply, Reply)
         if trace_id is not None:
@@ -1900,6 +1989,15 @@ def _names_infer(parts: list[str]) -> bool:
     if parts[-1:] != ["infer"] or parts[:2] != ["v2", "models"]:
         return False
     return len(parts) == 4 or (len(parts) == 6 and parts[3] == "versions")
+
+
+def _names_predict(parts: list[str]) -> bool:
+    """Whether a path is `/v1/models/<m>:predict` (or `:explain`)."""
+    return (
+        len(parts) == 3
+        and parts[:2] == ["v1", "models"]
+        and parts[2].rpartition(":")[2] in _V1_VERBS
+    )
 
 
 def _segments(target: bytes) -> list[str]:

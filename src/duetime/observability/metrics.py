@@ -536,6 +536,29 @@ class CaptureCollector:
         )  # fmt: skip
 
 
+class RestCollector:
+    """The HTTP front end's own counts (frontend/rest.py `RestApi.refused`)."""
+
+    def __init__(self, api: Any) -> None:
+        self._api = api
+
+    def describe(self) -> list[Metric]:
+        return described(self)
+
+    def collect(self) -> Iterator[Metric]:
+        family = CounterMetricFamily(
+            "duetime_requests_refused",
+            "Inference requests the front end answered with an error before any model ran "
+            "them, by status and error class (reason): malformed, a bad parameter, a model "
+            "not served, and those a model's scheduler refused or validation failed (counted "
+            "per model too, in duetime_requests_total). No label comes from the request.",
+            labels=("protocol", "status", "reason"),
+        )
+        for (status, reason), count in sorted(list(self._api.refused.items())):
+            family.add_metric(("http", str(status), reason), count)
+        yield family
+
+
 class GrpcCollector:
     """The gRPC front end's own counts (frontend/grpc.py `InferenceService`)."""
 
