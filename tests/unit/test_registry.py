@@ -13,9 +13,11 @@ from duetime.repository.registry import Deployment, Registry, ServedVersion
 
 
 def deployment(name: str, version: str) -> Deployment:
-    """A Deployment with stand-ins: the registry reads only `model.name` and `model.version`."""
+    """A Deployment with stand-ins: the registry reads only `model.name` and `model.version`,
+    and, of one a publish took out, whether its scheduler has `finished` draining (not yet: it
+    stays among the snapshot's `retiring`)."""
     model: Any = SimpleNamespace(name=name, version=version)
-    scheduler: Any = object()
+    scheduler: Any = SimpleNamespace(finished=False)
     return Deployment(model, scheduler)
 
 
