@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 import pytest
 from conftest import collector_off
+from memory_fakes import Transport
 
 from duetime.config import ServerSettings
 from duetime.engine import Ticket
@@ -29,28 +30,6 @@ from duetime.errors import DeadlineExceeded, Overloaded
 from duetime.frontend.http import HttpConnection
 from duetime.server import Server
 from duetime.tools.payloads import PayloadSpec, http_request_bytes
-
-
-class Transport:
-    """What HttpConnection writes to, kept in memory."""
-
-    def __init__(self) -> None:
-        self.written: list[bytes] = []
-
-    def write(self, data: bytes) -> None:
-        self.written.append(bytes(data))
-
-    def is_closing(self) -> bool:
-        return False
-
-    def pause_reading(self) -> None: ...
-
-    def resume_reading(self) -> None: ...
-
-    def get_extra_info(self, name: str, default: object = None) -> object:
-        return default
-
-    def close(self) -> None: ...
 
 
 def test_a_raised_failure_is_a_copy_and_makes_no_cycle() -> None:

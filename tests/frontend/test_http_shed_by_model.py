@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from memory_fakes import ShedderClocks, Transport
 
 from duetime.config import ServerSettings
 from duetime.frontend.http import HttpConnection, _priority_one
@@ -44,46 +45,6 @@ def invented(number: int) -> bytes:
     )
 
 
-class Transport:
-    """What HttpConnection writes to, kept in memory."""
-
-    def __init__(self) -> None:
-        self.written: list[bytes] = []
-
-    def write(self, data: bytes) -> None:
-        self.written.append(bytes(data))
-
-    def writelines(self, pieces: list[bytes]) -> None:
-        self.written.append(b"".join(pieces))
-
-    def is_closing(self) -> bool:
-        return False
-
-    def pause_reading(self) -> None: ...
-
-    def resume_reading(self) -> None: ...
-
-    def get_extra_info(self, name: str, default: object = None) -> object:
-        return default
-
-    def close(self) -> None: ...
-
-
-class Clocks:
-    def __init__(self) -> None:
-        self.wall = 0.0
-        self.cpu = 0.0
-        self.requests = 0
-
-    def failing(self) -> tuple[int, int]:
-        self.requests += 10
-        return self.requests, self.requests
-
-    def run(self, busy: float) -> None:
-        self.wall += 0.01
-        self.cpu += 0.01 * busy
-
-
 async def statuses(
     connection: HttpConnection, transport: Transport, requests: list[bytes]
 ) -> list[bytes]:
@@ -111,7 +72,7 @@ def test_the_costly_model_is_shed_and_counted_and_the_light_one_is_not(
         )  # fmt: skip
         server = Server(settings)
         await server.start()
-        clocks = Clocks()
+        clocks = ShedderClocks()
         shedder = LoadShedder(
             cpu_clock=lambda: clocks.cpu, wall_clock=lambda: clocks.wall, wait_clock=lambda: 0.0
         )

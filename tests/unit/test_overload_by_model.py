@@ -8,6 +8,7 @@ had orderbook's own misses shed orderbook.
 from __future__ import annotations
 
 import pytest
+from memory_fakes import ShedderClocks
 
 from duetime.overload import FIXED_COST_BYTES, MAX_CLASSES, LoadShedder, spread
 
@@ -16,25 +17,8 @@ HEAVY_BYTES = 602_112
 LIGHT_BYTES = 200
 
 
-class Clocks:
-    """Wall and CPU time a test moves by hand, and running totals of requests all missing."""
-
-    def __init__(self) -> None:
-        self.wall = 0.0
-        self.cpu = 0.0
-        self.requests = 0
-
-    def failing(self) -> tuple[int, int]:
-        self.requests += 10
-        return self.requests, self.requests
-
-    def run(self, busy: float) -> None:
-        self.wall += 0.01
-        self.cpu += 0.01 * busy
-
-
-def make() -> tuple[LoadShedder, Clocks]:
-    clocks = Clocks()
+def make() -> tuple[LoadShedder, ShedderClocks]:
+    clocks = ShedderClocks()
     shedder = LoadShedder(
         cpu_clock=lambda: clocks.cpu, wall_clock=lambda: clocks.wall, wait_clock=lambda: 0.0
     )
@@ -52,7 +36,7 @@ def flood(shedder: LoadShedder, rounds: int, top_light: bool = False) -> dict[st
     return refused
 
 
-def overloaded(shedder: LoadShedder, clocks: Clocks, samples: int) -> None:
+def overloaded(shedder: LoadShedder, clocks: ShedderClocks, samples: int) -> None:
     """`samples` periods of a saturated loop whose requests miss their due times, a flood
     coming meanwhile (weighed as it comes)."""
     for _ in range(samples):
