@@ -1048,7 +1048,10 @@ class ModelManager:
             mine = states[version.version] = VersionState("UNLOADING", reason)
 
         async def drain() -> None:
-            await _close(version, self.options.drain_s)
+            try:
+                await _close(version, self.options.drain_s)
+            finally:  # (its counts fold into the kept ones now, not at some later publish)
+                self._registry.prune_retiring()
             if mine is not None and states.get(version.version) is mine:
                 if reason in (REMOVED, UPLOADED) or self._on_disk(name, version.version):
                     states[version.version] = VersionState("UNAVAILABLE", reason)

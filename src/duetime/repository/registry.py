@@ -228,6 +228,22 @@ class Registry:
             retired=retired,
         )
 
+    def prune_retiring(self) -> None:
+        """Fold the retiring deployments that have finished (closed, drained, idle) out of the
+        snapshot now: their final counts go into `retired` (kept while a deployment of the same
+        labels serves or drains, forgotten otherwise, as `_retire` decides) and the snapshot
+        holds them, their sessions and schedulers, no longer. What a drain calls as it ends.
+
+        NOTE: only a publish folded them, so a deployment that finished draining after a
+        reload or an unload stayed in `retiring` until some later publish, which may never
+        come: its session and scheduler were kept alive, an unloaded version's series kept
+        being exported and every scrape read its statistics (found by a reviewer)."""
+        snapshot = self.snapshot
+        if not any(d.scheduler.finished for d in snapshot.retiring):
+            return
+        retiring, retired = _retire(snapshot, snapshot.models)
+        self.snapshot = replace(snapshot, retiring=retiring, retired=retired)
+
     def record_failure(self, name: str, reason: str | None) -> None:
         """Remember why `name` is not served (None forgets it)."""
         snapshot = self.snapshot
