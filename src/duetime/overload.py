@@ -266,6 +266,25 @@ class LoadShedder:
         counts[name] = counts.get(name, 0) + 1
         return True
 
+    def refusing(self, model: str | None) -> bool:
+        """Whether a request of `model` (as `refuse` takes it) may be refused now: its class's
+        refused share, or its priority-1 class's, is above 0 (a class not weighed yet: as
+        `refuse` would treat it). Only then does its priority matter (see `refuse`'s `top`)."""
+        if self.share <= 0.0:
+            return False
+        loads = self._loads
+        for top in (False, True):
+            load = loads.get((model, top))
+            if load is None and len(loads) >= MAX_CLASSES:
+                load = loads.get((None, top))
+            if load is None:
+                share = 0.0 if self._spread_on else self.share
+            else:
+                share = self.share if load.share is None else load.share
+            if share > 0.0:
+                return True
+        return False
+
     def check(self) -> None:
         """Raise Overloaded for the current share of calls of no known model (see `refuse`)."""
         if self.refuse():

@@ -111,6 +111,9 @@ class EchoApi:
     def hold_back(self, method: str, target: bytes, headers: Any, body: bytes, **_: Any) -> None:
         return None  # (handled whole once started)
 
+    def infer_target(self, target: bytes) -> None:
+        return None  # (as RestApi's for a target naming no model: weighed as no model's)
+
 
 class FakeTransport:
     """Holds what the connection writes; delivers the client's bytes only while reading is on,

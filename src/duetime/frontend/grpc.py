@@ -694,6 +694,10 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         future = ticket.future
         if due is None or not future.done() or future.cancelled() or future.exception():
             return None
+        if not ticket.done_ns:
+            # NOTE: settled inside `_submit` or never stamped: when its model answered is not
+            # known, and an answer its model made late was sent as an error `held_late`
+            return None
         now = self._engine.clock.now_ns()
         if now <= due or ticket.done_ns > due:
             return None
@@ -764,7 +768,14 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
             _no_answer(context)
             return True
         shedder = self._shedder
-        if shedder is None or not shedder.share or not shedder.refuse():
+        # NOTE: weighed only once refusing (share > 0), gRPC had no class when the share first
+        # rose, and HTTP's took all of it; and weighed at 4 KB a call, a flood of 48 KB calls
+        # weighed 12x too light and a light HTTP model was refused in its place
+        if (
+            shedder is None
+            or not (shedder.share or shedder.watching)
+            or not shedder.refuse(size=len(data))
+        ):
             return False
         refusal = shedder.refusal()
         recorder = self._engine.recorder
@@ -804,8 +815,14 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
     ) -> _Submitted:
         """The request, `received` and `due` then (`_dated`), handed to the engine; `shed`:
         offered to the load shedder first (a ModelInfer call was, by `ended`)."""
-        if shed and self._shedder is not None:
-            self._shedder.check()
+        shedder = self._shedder
+        if (
+            shed
+            and shedder is not None
+            and (shedder.share or shedder.watching)
+            and shedder.refuse(size=sum(map(len, request.raw_input_contents)))
+        ):
+            raise shedder.refusal()  # (weighed as `ended` weighs a call: see there)
         infer, shared = self._infer_request(request, context, received, due, timing, protocol)
         return _Submitted(self._engine.submit(infer), shared, infer)
 

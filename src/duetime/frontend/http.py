@@ -53,8 +53,6 @@ from duetime.frontend.rest import (
     PendingReply,
     Reply,
     RestApi,
-    _names_infer,
-    _segments,
     build_bulk,
     error_reply,
     failed_reply,
@@ -1252,11 +1250,14 @@ class HttpConnection(asyncio.BufferedProtocol):
         a refusal counts against its model."""
         shedder = self._shedder
         assert shedder is not None
-        target = infer_target(url)
+        target = self._api.infer_target(url)
         model, version = target if target is not None else (None, None)
         if model is not None and model not in self._api.engine.registry.snapshot.models:
             model = None
-        if not shedder.refuse(model, len(body), _priority_one(headers, body)):
+        # NOTE: looked for whenever the loop was busy (two scans of up to 4 KB a request, just
+        # then), its priority is looked for only where its model's requests may be refused
+        top = shedder.refusing(model) and _priority_one(headers, body)
+        if not shedder.refuse(model, len(body), top):
             return False
         if model is not None:
             self._count_shed(model, version)
@@ -1270,8 +1271,8 @@ class HttpConnection(asyncio.BufferedProtocol):
         model: str | None = request.model
         if model not in self._api.engine.registry.snapshot.models:
             model = None
-        size = sum(array.nbytes for array in request.inputs.values())
-        if not shedder.refuse(model, size, request.priority == 1):
+        # (its body's size as it was read, as `_shed` weighs it: one model, one unit)
+        if not shedder.refuse(model, held.body_bytes, request.priority == 1):
             return False
         if model is not None:
             self._count_shed(model, request.version)
@@ -1635,6 +1636,7 @@ class HttpConnection(asyncio.BufferedProtocol):
             pending = slot.pending
             if pending is not None and pending.ticket.future.cancel():
                 withdrawn += 1
+                pending.withdrawn_span()
                 if first is None:
                     first = pending
             if slot.expiry is not None:
@@ -1835,20 +1837,6 @@ def _shed_submit(request: Any) -> Any:
 
 def _is_infer(method: str, url: bytes) -> bool:
     return method == "POST" and url.split(b"?", 1)[0].endswith(b"/infer")
-
-
-def infer_target(target: bytes) -> tuple[str, str | None] | None:
-    """The model and version (None: the default) a request target names, if it is
-    `/v2/models/<m>[/versions/<v>]/infer` (as `RestApi` routes it); else None."""
-    # (the common target read from its bytes, without decoding every segment)
-    if target.startswith(b"/v2/models/") and b"%" not in target and b"?" not in target:
-        parts = target.split(b"/")
-        if len(parts) == 5 and parts[4] == b"infer" and parts[3]:
-            return parts[3].decode("latin-1"), None
-    segments = _segments(target)
-    if not _names_infer(segments):
-        return None
-    return segments[2], (segments[4] if len(segments) == 6 else None)
 
 
 _PRIORITY_ONE = re.compile(rb'"priority"\s*:\s*1(?![0-9.eE])')

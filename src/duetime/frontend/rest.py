@@ -189,6 +189,15 @@ class PendingReply:
     encode: Callable[[Any], Reply | BulkReply]
     headers: Mapping[str, str] | None = None
     """An inference's request headers (for the log line if its client goes: `withdrawn`)."""
+    traced: Callable[[Ticket], None] | None = None
+    """A traced inference's span, recorded if its client withdraws it (`withdrawn_span`)."""
+
+    def withdrawn_span(self) -> None:
+        """Record a traced inference's span, with an error status, once its client withdrew
+        it (its connection closed before its answer: call it once its ticket is cancelled)."""
+        ticket = self.ticket
+        if self.traced is not None and isinstance(ticket, Ticket):
+            self.traced(ticket)
 
     def withdrawn(self) -> None:
         """Log an inference whose client closed its connection before its answer (call it
@@ -290,6 +299,8 @@ class HeldInfer:
     plan: OutputPlan
     received: int
     """When it was received, for its span (0 untraced)."""
+    body_bytes: int = 0
+    """Its body's size as it was read (the load shedder weighs it so: see HTTP's `_shed`)."""
 
     @property
     def due_ns(self) -> int | None:
@@ -511,6 +522,22 @@ class RestApi:
             error = InternalError(f"internal error: {type(exc).__name__}: {exc}")
             return self._failed(error, headers, parts or _segments(target))
 
+    def infer_target(self, target: bytes) -> tuple[str, str | None] | None:
+        """The model and version (None: the default) a request target names, if it is
+        `/v2/models/<m>[/versions/<v>]/infer`; else None (a path with an empty segment too: it
+        is routed whole). Read from, and added to, the routes `handle` keeps."""
+        infer = self._infer_targets.get(target)
+        if infer is not None:
+            return infer
+        parts = _segments(target)
+        if "" in parts or not _names_infer(parts):
+            return None
+        infer = (parts[2], parts[4] if len(parts) == 6 else None)
+        if len(self._infer_targets) >= INFER_TARGETS_MAX:
+            self._infer_targets.clear()
+        self._infer_targets[target] = infer
+        return infer
+
     def hold_back(
         self,
         method: str,
@@ -538,7 +565,7 @@ class RestApi:
             request, plan = self._read_infer(model, version, headers, body, received, arrival_ns)
         except Exception as exc:
             return self._not_queued(exc, model, version, headers, received)
-        return HeldInfer(request, plan, received)
+        return HeldInfer(request, plan, received, len(body))
 
     def start_held(self, held: HeldInfer) -> Reply | PendingReply:
         """Hand a request held back (`hold_back`) to the engine; never raises."""
@@ -549,10 +576,10 @@ class RestApi:
             return self._not_queued(exc, request.model, request.version, request.headers,
                                     held.received, request.timing)  # fmt: skip
         plan = held.plan
-        self._trace_withdrawn(ticket, request)
         return PendingReply(
-            ticket, lambda done: self._infer_reply(done, request, plan), request.headers
-        )
+            ticket, lambda done: self._infer_reply(done, request, plan), request.headers,
+            self._withdrawn_span(request),
+        )  # fmt: skip
 
     def refuse_held(self, held: HeldInfer, reason: str) -> Reply:
         """The refusal of a request held back whose due time passed while it waited (`reason`:
@@ -910,8 +937,10 @@ class RestApi:
                 raise
             return self._not_queued(exc, model, None, headers, received)
         batched = signature.max_batch_size > 0
-        self._trace_withdrawn(ticket, request)
-        return PendingReply(ticket, lambda done: self._v1_reply(done, request, batched), headers)
+        return PendingReply(
+            ticket, lambda done: self._v1_reply(done, request, batched), headers,
+            self._withdrawn_span(request),
+        )  # fmt: skip
 
     def _v1_after_load(
         self, model: str, manager: ModelManager, headers: Mapping[str, str], body: bytes,
@@ -954,11 +983,15 @@ class RestApi:
                 except Exception as exc:  # (a bug of ours: answered 500, as `handle` does)
                     outcome = self._not_queued(exc, model, None, headers, received)
             if isinstance(outcome, PendingReply):
-                inner = outcome.ticket
-                call.future.add_done_callback(
-                    lambda done: inner.future.cancel() if done.cancelled() else None
-                )
-                inner.when_done(lambda: settle(outcome))
+                made = outcome
+                inner = made.ticket
+
+                def withdrawn(done: asyncio.Future[Any]) -> None:
+                    if done.cancelled() and inner.future.cancel():
+                        made.withdrawn_span()  # (its client withdrew it: as `_withdraw`'s)
+
+                call.future.add_done_callback(withdrawn)
+                inner.when_done(lambda: settle(made))
             else:
                 settle(outcome)
             if cancelled:
@@ -1057,8 +1090,10 @@ class RestApi:
                 raise
             timing = request.timing if request is not None else None
             return self._refused(exc, model, version, headers, received, timing)
-        self._trace_withdrawn(ticket, request)
-        return PendingReply(ticket, lambda done: self._infer_reply(done, request, plan), headers)
+        return PendingReply(
+            ticket, lambda done: self._infer_reply(done, request, plan), headers,
+            self._withdrawn_span(request),
+        )  # fmt: skip
 
     def _read_infer(
         self, model: str, version: str | None, headers: Mapping[str, str], body: bytes,
@@ -1104,30 +1139,32 @@ class RestApi:
         parts = _model_parts(model, version)
         return self._failed(exc, headers, parts, trace_id or "", inference=True)
 
-    def _trace_withdrawn(self, ticket: Ticket, request: InferRequest) -> None:
-        """Give a traced request its span, with an error status, should its client withdraw
-        it (its connection closed before its answer: the ticket's future is cancelled).
+    def _withdrawn_span(self, request: InferRequest) -> Callable[[Ticket], None] | None:
+        """What records a traced request's span should its client withdraw it (its connection
+        closed before its answer: see `PendingReply.withdrawn_span`); None untraced.
 
         NOTE: such a request was counted cancelled and logged 499 but had no span, where every
-        other failed request has one (found by a tester)."""
+        other failed request has one (found by a tester). A callback on every traced ticket's
+        future recorded it (a call on the loop each settle, for the rare cancellation): the
+        connection that cancels the ticket records it now."""
+        if self._tracing is None or request.timing is None:
+            return None
+        return functools.partial(self._record_withdrawn, request)
+
+    def _record_withdrawn(self, request: InferRequest, ticket: Ticket) -> None:
+        """The span of a traced request its client withdrew (`_withdrawn_span`)."""
         timing = request.timing
         tracing = self._tracing
-        if tracing is None or timing is None:
-            return
-
-        def withdrawn(future: asyncio.Future[Any]) -> None:
-            if not future.cancelled():
-                return
-            now = self._engine.clock.now_ns()
-            if not timing.finished_ns:  # (its wait, or its run, ends here)
-                timing.finished_ns = now
-            tracing.record(
-                timing, _parent(request.headers), protocol="http", model=ticket.model,
-                version=ticket.version, variant=ticket.variant, error=ClientWithdrew(),
-                done_ns=now,
-            )  # fmt: skip
-
-        ticket.future.add_done_callback(withdrawn)
+        assert tracing is not None
+        assert timing is not None
+        now = self._engine.clock.now_ns()
+        if not timing.finished_ns:  # (its wait, or its run, ends here)
+            timing.finished_ns = now
+        tracing.record(
+            timing, _parent(request.headers), protocol="http", model=ticket.model,
+            version=ticket.version, variant=ticket.variant, error=ClientWithdrew(),
+            done_ns=now,
+        )  # fmt: skip
 
     def _attributed(self, exc: DuetimeError, model: str, version: str | None) -> tuple[str, str]:
         """The version and variant a refused request of `model` is counted under in the
