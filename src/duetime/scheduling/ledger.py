@@ -77,11 +77,34 @@ class CoreLedger:
             for scheduler in [s for s in self._held if s != owner[0]]:
                 self._held.pop(scheduler)()
 
-    def hold(self, scheduler: int, wake: Callable[[], None]) -> None:
+    def hold(self, scheduler: int, wake: Callable[[], None], now_ns: int | None = None) -> bool:
         """`scheduler` holds a batch back for the more urgent work another has queued: `wake` is
         called once, at the next booking by another scheduler (its batch handed over or
-        ended)."""
+        ended). False, holding nothing, where another scheduler with work queued (at `now_ns`;
+        None: any other) holds already: it holds for this one's work, which goes on.
+
+        NOTE: two schedulers each held for the other's work, neither booked anything to wake
+        the other, and the CPU stood idle while both queues expired."""
+        for other in [s for s in self._held if s != scheduler]:
+            queued = self._queued.get(other)
+            if now_ns is None or queued is None or queued(now_ns).backlog_ns > 0:
+                return False
+            del self._held[other]  # (its queue emptied: nothing left to hold)
         self._held[scheduler] = wake
+        return True
+
+    def unhold(self, scheduler: int) -> None:
+        """`scheduler` holds nothing back any more (it hands a batch over, or its queue is
+        empty)."""
+        self._held.pop(scheduler, None)
+
+    def settled(self, scheduler: int) -> None:
+        """`scheduler`'s queued work shrank without a booking (its queue emptied, or requests
+        expired in it): it holds nothing, and the others held for its work look again."""
+        self._held.pop(scheduler, None)
+        if self._held:
+            for other in list(self._held):
+                self._held.pop(other)()
 
     def others_until(self, owner: Owner, now_ns: int) -> int:
         """When the batches the other owners have booked end (`now_ns` if none runs)."""
