@@ -41,6 +41,15 @@ def stats_success(engine: Engine) -> int:
     return sum(e["inference_stats"]["success"]["count"] for e in doc["model_stats"])
 
 
+async def served_refs(engine: Engine) -> tuple[weakref.ref[Any], weakref.ref[Any]]:
+    """Weak references to the session and the scheduler of the version of 'm' serving now (one
+    answer checked first)."""
+    assert engine.manager is not None
+    assert await factor_of(engine) == 1.0
+    served = engine.registry.resolve("m", None)
+    return weakref.ref(served.model), weakref.ref(served.scheduler)
+
+
 async def drained(engine: Engine) -> None:
     """Every drain under way has ended (and its task is let go)."""
     assert engine.manager is not None
@@ -53,12 +62,9 @@ def test_a_reloaded_version_leaves_the_snapshot_once_drained(tmp_path: Any) -> N
     write_version(tmp_path, "m", 1, scale_model(1))
 
     async def scenario(engine: Engine) -> None:
-        assert engine.manager is not None
-        assert await factor_of(engine) == 1.0
-        old = engine.registry.resolve("m", None)
-        model, scheduler = weakref.ref(old.model), weakref.ref(old.scheduler)
-        del old
+        model, scheduler = await served_refs(engine)
         write_version(tmp_path, "m", 1, scale_model(2))
+        assert engine.manager is not None
         await engine.manager.load("m")  # (a reload: the old version drains)
         assert await factor_of(engine) == 2.0
         await drained(engine)
@@ -79,11 +85,8 @@ def test_an_unloaded_version_leaves_the_metrics_once_drained(tmp_path: Any) -> N
     write_version(tmp_path, "m", 1, scale_model(1))
 
     async def scenario(engine: Engine) -> None:
+        model, scheduler = await served_refs(engine)
         assert engine.manager is not None
-        assert await factor_of(engine) == 1.0
-        old = engine.registry.resolve("m", None)
-        model, scheduler = weakref.ref(old.model), weakref.ref(old.scheduler)
-        del old
         await engine.manager.unload("m")
         await drained(engine)
         assert engine.registry.snapshot.retiring == ()  # (no publish since the drain ended)

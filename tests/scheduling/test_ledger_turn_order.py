@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from test_scheduler import MS, US, failure, harness, run
+from test_scheduler import MS, US, Harness, failure, harness, run
 
 from duetime.clock import FakeClock
 from duetime.errors import Overloaded
@@ -26,6 +26,16 @@ def heavy_profile() -> LatencyProfile:
     return profile_from_samples({1: [50 * MS] * 5})
 
 
+def heavy_and_light() -> tuple[FakeClock, Harness, Harness]:
+    """Two schedulers on one CoreLedger: a heavy one (`heavy_profile`, one row a batch, a second
+    batch pipelined behind its running one) and a light one (100 µs a run, one at a time)."""
+    ledger, clock = CoreLedger(), FakeClock(1_000 * MS)
+    heavy = harness(ledger=ledger, clock=clock, profile=heavy_profile(), max_batch_size=1)
+    light = harness(ledger=ledger, clock=clock)
+    heavy.executor.depth = 2
+    return clock, heavy, light
+
+
 def turn(h: object, index: int) -> int:
     _, job = h.executor.jobs[index]  # type: ignore[attr-defined]
     assert job.turn is not None
@@ -34,10 +44,7 @@ def turn(h: object, index: int) -> int:
 
 def test_a_backlog_due_whenever_lets_a_request_due_behind_the_running_batch_go_first() -> None:
     async def body() -> None:
-        ledger, clock = CoreLedger(), FakeClock(1_000 * MS)
-        heavy = harness(ledger=ledger, clock=clock, profile=heavy_profile(), max_batch_size=1)
-        light = harness(ledger=ledger, clock=clock)  # 100 µs a run, one batch at a time
-        heavy.executor.depth = 2
+        clock, heavy, light = heavy_and_light()
         for index in range(6):
             heavy.submit(f"h{index}")  # no due time: 250 ms queued behind the running one
         assert heavy.started() == ["h0"]  # runs until 50 ms
@@ -67,10 +74,7 @@ def test_a_backlog_due_whenever_lets_a_request_due_behind_the_running_batch_go_f
 
 def test_work_the_others_queued_that_cannot_wait_still_goes_ahead() -> None:
     async def body() -> None:
-        ledger, clock = CoreLedger(), FakeClock(1_000 * MS)
-        heavy = harness(ledger=ledger, clock=clock, profile=heavy_profile(), max_batch_size=1)
-        light = harness(ledger=ledger, clock=clock)
-        heavy.executor.depth = 2
+        clock, heavy, light = heavy_and_light()
         heavy.submit("h0")
         # due 50 µs after h0 and its own run: a 100 µs run before it would make it late
         tight = heavy.submit("tight", due_in=100 * MS + 50 * US)
@@ -103,10 +107,7 @@ def test_no_due_time_queued_elsewhere_leaves_admission_behind_the_running_batch(
     """The same heavy backlog, without a due time: it is no reason to refuse or to hold."""
 
     async def body() -> None:
-        ledger, clock = CoreLedger(), FakeClock(1_000 * MS)
-        heavy = harness(ledger=ledger, clock=clock, profile=heavy_profile(), max_batch_size=1)
-        light = harness(ledger=ledger, clock=clock)
-        heavy.executor.depth = 2
+        clock, heavy, light = heavy_and_light()
         heavy.submit("h0")
         heavy.submit("whenever")
         now = clock.now_ns()

@@ -12,6 +12,7 @@ sent as `held_late` though when its model made it was not known.
 from __future__ import annotations
 
 import asyncio
+import functools
 from types import SimpleNamespace
 from typing import Any
 
@@ -140,7 +141,7 @@ def test_http_looks_for_priority_only_where_its_model_may_be_refused(
     shedder = LoadShedder(cpu_clock=lambda: 0.0, wall_clock=lambda: 0.0, wait_clock=lambda: 0.0)
     shedder.watching = True  # (busy, refusing nothing: share 0)
     api = Api()
-    connection = SimpleNamespace(_shedder=shedder, _api=api, _count_shed=lambda *a: None)
+    connection = shedding_connection(shedder, api)
     body = b'{"parameters": {"priority": 1}, "inputs": []}'
     url = b"/v2/models/mlp/infer"
     for _ in range(5):
@@ -155,10 +156,19 @@ def test_http_looks_for_priority_only_where_its_model_may_be_refused(
     assert ("mlp", True) in shedder.costs()
 
 
+def shedding_connection(shedder: object, api: object) -> SimpleNamespace:
+    """What `HttpConnection._shed` and `_shed_held` read of their connection (refusals are not
+    counted)."""
+    connection = SimpleNamespace(_shedder=shedder, _api=api, _count_shed=lambda *a: None)
+    connection._served = functools.partial(HttpConnection._served, connection)
+    connection._refused = functools.partial(HttpConnection._refused, connection)
+    return connection
+
+
 def test_a_held_request_is_weighed_by_its_body_as_read() -> None:
     shedder = Weighing()
     api = Api()
-    connection = SimpleNamespace(_shedder=shedder, _api=api, _count_shed=lambda *a: None)
+    connection = shedding_connection(shedder, api)
     request = SimpleNamespace(model="mlp", version=None, priority=1, inputs={})
     held = HeldInfer(request, None, 0, 1234)  # type: ignore[arg-type]
     assert not HttpConnection._shed_held(connection, held)  # type: ignore[arg-type]

@@ -1252,30 +1252,34 @@ class HttpConnection(asyncio.BufferedProtocol):
         assert shedder is not None
         target = self._api.infer_target(url)
         model, version = target if target is not None else (None, None)
-        if model is not None and model not in self._api.engine.registry.snapshot.models:
-            model = None
+        model = self._served(model)
         # NOTE: looked for whenever the loop was busy (two scans of up to 4 KB a request, just
         # then), its priority is looked for only where its model's requests may be refused
         top = shedder.refusing(model) and _priority_one(headers, body)
-        if not shedder.refuse(model, len(body), top):
+        return self._refused(model, version, len(body), top)
+
+    def _shed_held(self, held: HeldInfer) -> bool:
+        """`_shed` for a request decoded when it was held back (weighed by its body's size as
+        it was read, as `_shed` weighs it: one model, one unit)."""
+        request = held.request
+        return self._refused(
+            self._served(request.model), request.version, held.body_bytes, request.priority == 1
+        )
+
+    def _served(self, model: str | None) -> str | None:
+        """`model` if the server serves it (None: a name a client invents is weighed with the
+        requests of no model)."""
+        return model if model in self._api.engine.registry.snapshot.models else None
+
+    def _refused(self, model: str | None, version: str | None, size: int, top: bool) -> bool:
+        """Whether the load shedder refuses a request of `model` (`size` bytes, priority 1 if
+        `top`); a refusal counts against its model."""
+        shedder = self._shedder
+        assert shedder is not None
+        if not shedder.refuse(model, size, top):
             return False
         if model is not None:
             self._count_shed(model, version)
-        return True
-
-    def _shed_held(self, held: HeldInfer) -> bool:
-        """`_shed` for a request decoded when it was held back."""
-        shedder = self._shedder
-        assert shedder is not None
-        request = held.request
-        model: str | None = request.model
-        if model not in self._api.engine.registry.snapshot.models:
-            model = None
-        # (its body's size as it was read, as `_shed` weighs it: one model, one unit)
-        if not shedder.refuse(model, held.body_bytes, request.priority == 1):
-            return False
-        if model is not None:
-            self._count_shed(model, request.version)
         return True
 
     def _count_shed(self, model: str, version: str | None) -> None:
