@@ -26,7 +26,7 @@ from duetime.frontend.sharedmemory import SharedMemoryRegions
 from duetime.loops import BusyPoll
 from duetime.observability.exporter import MetricsExporter, port_taken
 from duetime.observability.logsettings import LogSettings
-from duetime.observability.metrics import CaptureCollector, GrpcCollector, RestCollector
+from duetime.observability.metrics import CaptureCollector, GrpcCollector, RefusedCollector
 from duetime.observability.tracesettings import trace_settings_of
 from duetime.observability.tracing import SHUTDOWN_EXPORT_S, Tracing, tracing_from_env
 from duetime.overload import LoadShedder
@@ -286,7 +286,7 @@ class Server:
             log.warning("%s; serving without metrics", exc.message)
             return None
         exporter.registry.register(GrpcCollector(self._grpc_service))
-        exporter.registry.register(RestCollector(self._rest))
+        exporter.registry.register(RefusedCollector(self._rest, self._grpc_service))
         self._metrics = exporter
         return port
 

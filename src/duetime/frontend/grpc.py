@@ -24,6 +24,7 @@ from duetime.errors import (
     InternalError,
     InvalidInput,
     ModelUnavailable,
+    Overloaded,
     PayloadTooLarge,
 )
 from duetime.frontend import codec, sharedmemory
@@ -290,6 +291,12 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         self.gone_calls = 0
         """ModelInfer calls whose client had gone (cancelled, or past its deadline) before their
         handler ran: left unanswered, undecoded."""
+        self.refused: dict[tuple[str, str], int] = {}
+        """Inference requests (ModelInfer calls, streamed requests) answered with an error
+        before any model ran them, by (status code name, error class): undecodable, a bad
+        parameter, an unknown model, refused at admission or due before they were queued (the
+        load shedder's refusals count in its own metric). Bounded: no key comes from the client
+        (see `RefusedCollector`)."""
         self.answers = AnswerBudget.of(ServerSettings(), self.answer_guess)
         """What answers not yet sent hold (`serve_grpc` sets the server's limits)."""
         self.backlog: CoreBacklog | None = None
@@ -527,6 +534,8 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
             error = InternalError(f"internal error: {type(exc).__name__}: {exc}")
         trace_id = self._record(request, context, timing, ticket, error, "grpc")
         if error is not None:
+            if ticket is None:
+                self.count_refused(error)
             if _gone(context):  # (an abort on a call gRPC has ended logs ExecuteBatchError)
                 return _no_answer(context)
             _abort(context, error, trace_id, request.model_name, request.model_version)
@@ -648,11 +657,15 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
                     if made.ticket.stamp is None:  # (its settling time: see `_held_late`)
                         made.ticket.stamp = clock.now_ns
                     submitted: _Submitted | DuetimeError = made
+                except _Shed as exc:
+                    submitted = exc.refusal  # (counted by the shedder)
                 except DuetimeError as exc:
                     submitted = exc.with_traceback(None)  # see Ticket.failure
+                    self.count_refused(submitted)
                 except Exception as exc:
                     log.exception("internal error in ModelStreamInfer")
                     submitted = InternalError(f"internal error: {type(exc).__name__}: {exc}")
+                    self.count_refused(submitted)
                 try:
                     await window.put((request, submitted, timing, hold))
                 except BaseException:  # (the stream ended meanwhile)
@@ -751,6 +764,14 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
             error_message=f"{message} (trace {trace_id})", infer_response=response
         )
 
+    def count_refused(self, exc: DuetimeError) -> None:
+        """Count an inference request answered with `exc` before any model ran it (`refused`).
+
+        NOTE: only HTTP's refusals were counted (`duetime_requests_refused_total` had no gRPC
+        series): a gRPC client's malformed calls or bad 'timeout's moved no metric."""
+        key = (exc.grpc_code, type(exc).__name__)
+        self.refused[key] = self.refused.get(key, 0) + 1
+
     def ended(self, context: Any, data: bytes = b"") -> bool:
         """Whether a ModelInfer call is ended before its request (`data`, serialised) is
         decoded: its client has gone (see ModelInfer), or the load shedder turns it away
@@ -822,7 +843,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
             and (shedder.share or shedder.watching)
             and shedder.refuse(size=sum(map(len, request.raw_input_contents)))
         ):
-            raise shedder.refusal()  # (weighed as `ended` weighs a call: see there)
+            raise _Shed(shedder.refusal())  # (weighed as `ended` weighs a call: see there)
         infer, shared = self._infer_request(request, context, received, due, timing, protocol)
         return _Submitted(self._engine.submit(infer), shared, infer)
 
@@ -1373,6 +1394,17 @@ def _refuse(
     context.set_details(f"{exc.message} (trace {trace_id})")
 
 
+_INFER_METHODS = frozenset(("ModelInfer", "ModelStreamInfer"))
+
+
+class _Shed(Exception):
+    """A streamed request the load shedder refused (`refusal`), before it was decoded further."""
+
+    def __init__(self, refusal: Overloaded) -> None:
+        super().__init__(refusal.message)
+        self.refusal = refusal
+
+
 class _Undecodable(NamedTuple):
     """What a request's bytes decode to when they are not its message."""
 
@@ -1396,12 +1428,16 @@ def _method_handlers(service: InferenceService) -> dict[str, dict[str, Any]]:
     return capture.handlers
 
 
-def _guarded(handler: Any, ended: Callable[[Any, bytes], bool] | None = None) -> Any:
-    """`handler`, with bytes that are not its request message answered INVALID_ARGUMENT, (where
-    `ended` is given) each call first offered to `ended` with its bytes, which may end it
-    before its request is decoded (True: it did), and a call its handler ends with `_abort`
-    ended with the status it set. (Its calls are counted in the server's `CoreBacklog` by
-    `CountingServer`.)
+def _guarded(
+    handler: Any,
+    ended: Callable[[Any, bytes], bool] | None = None,
+    refused: Callable[[DuetimeError], None] | None = None,
+) -> Any:
+    """`handler`, with bytes that are not its request message answered INVALID_ARGUMENT (and,
+    where `refused` is given, counted with it), (where `ended` is given) each call first
+    offered to `ended` with its bytes, which may end it before its request is decoded (True: it
+    did), and a call its handler ends with `_abort` ended with the status it set. (Its calls
+    are counted in the server's `CoreBacklog` by `CountingServer`.)
 
     NOTE: grpcio answers a request its deserializer cannot decode with UNKNOWN ("Unexpected
     <class 'DecodeError'>") and logs a traceback for each: a client sending garbage filled the
@@ -1429,7 +1465,7 @@ def _guarded(handler: Any, ended: Callable[[Any, bytes], bool] | None = None) ->
                 request = decoded(request)
             try:
                 if isinstance(request, _Undecodable):
-                    _abort(context, InvalidInput(request.message))
+                    _abort(context, _undecodable(request, refused))
                 return await call(request, context)
             except _Aborted:
                 return None  # (its status is not OK: gRPC sends no answer)
@@ -1442,7 +1478,7 @@ def _guarded(handler: Any, ended: Callable[[Any, bytes], bool] | None = None) ->
         async def messages() -> AsyncIterator[Any]:
             async for request in requests:
                 if isinstance(request, _Undecodable):
-                    _refuse(context, InvalidInput(request.message))
+                    _refuse(context, _undecodable(request, refused))
                     return
                 yield request
 
@@ -1453,6 +1489,16 @@ def _guarded(handler: Any, ended: Callable[[Any, bytes], bool] | None = None) ->
             return
 
     return grpc.stream_stream_rpc_method_handler(stream, decoded, serialize)
+
+
+def _undecodable(
+    request: _Undecodable, refused: Callable[[DuetimeError], None] | None
+) -> InvalidInput:
+    """The error of bytes that are not a request message, counted with `refused` (if given)."""
+    error = InvalidInput(request.message)
+    if refused is not None:
+        refused(error)
+    return error
 
 
 def _kept(data: bytes) -> bytes:
@@ -1523,7 +1569,11 @@ async def serve_grpc(service: InferenceService, settings: ServerSettings) -> tup
     counting = CountingServer(server, backlog)
     for name, handlers in _method_handlers(service).items():
         guarded = {
-            method: _guarded(handler, service.ended if method == "ModelInfer" else None)
+            method: _guarded(
+                handler,
+                service.ended if method == "ModelInfer" else None,
+                service.count_refused if method in _INFER_METHODS else None,
+            )
             for method, handler in handlers.items()
         }
         counting.add_registered_method_handlers(name, guarded)

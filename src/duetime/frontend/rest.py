@@ -490,7 +490,7 @@ class RestApi:
         self.refused: dict[tuple[int, str], int] = {}
         """(status, error class) -> inference requests answered with an error before any
         model ran them: malformed, a bad parameter, an unknown model, refused at admission...
-        Bounded: no label comes from the client (see `RestCollector`)."""
+        Bounded: no label comes from the client (see `RefusedCollector`)."""
 
     @property
     def engine(self) -> Engine:

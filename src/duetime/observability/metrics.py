@@ -536,11 +536,14 @@ class CaptureCollector:
         )  # fmt: skip
 
 
-class RestCollector:
-    """The HTTP front end's own counts (frontend/rest.py `RestApi.refused`)."""
+class RefusedCollector:
+    """Inference requests the front ends refused before any model ran them: HTTP's
+    (frontend/rest.py `RestApi.refused`, by HTTP status) and gRPC's (frontend/grpc.py
+    `InferenceService.refused`, by status code name)."""
 
-    def __init__(self, api: Any) -> None:
-        self._api = api
+    def __init__(self, rest: Any, grpc: Any) -> None:
+        self._rest = rest
+        self._grpc = grpc
 
     def describe(self) -> list[Metric]:
         return described(self)
@@ -549,13 +552,15 @@ class RestCollector:
         family = CounterMetricFamily(
             "duetime_requests_refused",
             "Inference requests the front end answered with an error before any model ran "
-            "them, by status and error class (reason): malformed, a bad parameter, a model "
-            "not served, and those a model's scheduler refused or validation failed (counted "
-            "per model too, in duetime_requests_total). No label comes from the request.",
+            "them, by protocol, status (HTTP's status, gRPC's code name) and error class "
+            "(reason): malformed, a bad parameter, a model not served, and those a model's "
+            "scheduler refused or validation failed (counted per model too, in "
+            "duetime_requests_total). No label comes from the request.",
             labels=("protocol", "status", "reason"),
         )
-        for (status, reason), count in sorted(list(self._api.refused.items())):
-            family.add_metric(("http", str(status), reason), count)
+        for protocol, source in (("http", self._rest), ("grpc", self._grpc)):
+            for (status, reason), count in sorted(list(source.refused.items())):
+                family.add_metric((protocol, str(status), reason), count)
         yield family
 
 
