@@ -87,6 +87,10 @@ class Overloaded(DuetimeError):
         super().__init__(message, retry_after_s=retry_after_s)
 
 
+class Shed(Overloaded):
+    """The load shedder refused the request before it was decoded: the server is saturated."""
+
+
 class DeadlineExceeded(DuetimeError):
     """The request's due time passed before an answer could be produced."""
 

@@ -23,7 +23,7 @@ import os
 import time
 from collections.abc import Callable, Iterable
 
-from duetime.errors import Overloaded
+from duetime.errors import Shed
 
 DECAY = 0.95
 """Each sample that does not call for more shedding keeps this much of the refused share: it
@@ -290,9 +290,9 @@ class LoadShedder:
         if self.refuse():
             raise self.refusal()
 
-    def refusal(self) -> Overloaded:
+    def refusal(self) -> Shed:
         """The error a refused call gets."""
-        return Overloaded(
+        return Shed(
             f"the server is saturated (its event loop is {self.demand:.0%} busy or waiting for a "
             f"CPU, refusing {self.share:.0%} of its load, the costliest models' requests "
             "first); retry later or on another replica",

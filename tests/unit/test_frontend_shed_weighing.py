@@ -41,6 +41,9 @@ class Weighing:
         self.weighed.append((model, size, top))
         return self.refusing_all
 
+    def refusing(self, model: str | None) -> bool:
+        return self.refusing_all
+
     def check(self) -> None:  # (as LoadShedder's)
         if self.refuse():
             raise self.refusal()
@@ -53,9 +56,21 @@ def live_context() -> Any:
     return SimpleNamespace(cancelled=lambda: False, time_remaining=lambda: None)
 
 
+def grpc_service(shedder: object, **engine: Any) -> SimpleNamespace:
+    """What `InferenceService.ended` and `_submit` read of their service: an engine serving
+    no model (and what `engine` adds)."""
+    registry = SimpleNamespace(snapshot=SimpleNamespace(models={}))
+    service = SimpleNamespace(
+        _shedder=shedder, gone_calls=0, _engine=SimpleNamespace(registry=registry, **engine)
+    )
+    service._served = functools.partial(InferenceService._served, service)
+    service._shed = functools.partial(InferenceService._shed, service)
+    return service
+
+
 def test_a_grpc_call_is_weighed_by_its_size_while_the_shedder_watches_at_share_0() -> None:
     shedder = Weighing()
-    service = SimpleNamespace(_shedder=shedder, _engine=None, gone_calls=0)
+    service = grpc_service(shedder)
     data = b"\x00" * 48_000
     assert not InferenceService.ended(service, live_context(), data)  # type: ignore[arg-type]
     assert shedder.weighed == [(None, 48_000, False)]
@@ -64,14 +79,11 @@ def test_a_grpc_call_is_weighed_by_its_size_while_the_shedder_watches_at_share_0
 def test_a_streamed_request_is_weighed_by_its_contents_while_the_shedder_watches() -> None:
     shedder = Weighing()
     submitted: list[Any] = []
-    service = SimpleNamespace(
-        _shedder=shedder,
-        _infer_request=lambda *args: ("infer", None),
-        _engine=SimpleNamespace(submit=lambda infer: submitted.append(infer) or "ticket"),
-    )
+    service = grpc_service(shedder, submit=lambda infer: submitted.append(infer) or "ticket")
+    service._infer_request = lambda *args: ("infer", None)
     request = pb.ModelInferRequest(model_name="m", raw_input_contents=[b"x" * 1000, b"y" * 24])
     InferenceService._submit(service, request, live_context(), 0, None)  # type: ignore[arg-type]
-    assert shedder.weighed == [(None, 1024, False)]
+    assert shedder.weighed == [(None, 1024, False)]  # ('m': not served)
     assert submitted == ["infer"]
     shedder.refusing_all = True
     with pytest.raises(Overloaded):

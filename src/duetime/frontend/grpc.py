@@ -24,8 +24,8 @@ from duetime.errors import (
     InternalError,
     InvalidInput,
     ModelUnavailable,
-    Overloaded,
     PayloadTooLarge,
+    Shed,
 )
 from duetime.frontend import codec, sharedmemory
 from duetime.frontend.grpcbacklog import (
@@ -657,11 +657,10 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
                     if made.ticket.stamp is None:  # (its settling time: see `_held_late`)
                         made.ticket.stamp = clock.now_ns
                     submitted: _Submitted | DuetimeError = made
-                except _Shed as exc:
-                    submitted = exc.refusal  # (counted by the shedder)
                 except DuetimeError as exc:
                     submitted = exc.with_traceback(None)  # see Ticket.failure
-                    self.count_refused(submitted)
+                    if not isinstance(exc, Shed):  # (the shedder counts its own)
+                        self.count_refused(submitted)
                 except Exception as exc:
                     log.exception("internal error in ModelStreamInfer")
                     submitted = InternalError(f"internal error: {type(exc).__name__}: {exc}")
@@ -792,11 +791,14 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         # NOTE: weighed only once refusing (share > 0), gRPC had no class when the share first
         # rose, and HTTP's took all of it; and weighed at 4 KB a call, a flood of 48 KB calls
         # weighed 12x too light and a light HTTP model was refused in its place
-        if (
-            shedder is None
-            or not (shedder.share or shedder.watching)
-            or not shedder.refuse(size=len(data))
-        ):
+        if shedder is None or not (shedder.share or shedder.watching):
+            return False
+        # NOTE: weighed as no model, a gRPC flood of one heavy model had every model's gRPC
+        # calls refused alike, where HTTP's shedder refuses the costliest model's first
+        model, version = _peeked_target(data)
+        model = self._served(model)
+        top = shedder.refusing(model) and _asks_priority_one(data)
+        if not self._shed(model, version, len(data), top):
             return False
         refusal = shedder.refusal()
         recorder = self._engine.recorder
@@ -806,6 +808,27 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
             recorder.refused_unread("grpc", b"", data, _Metadata(context), refusal, due_in)
         _refuse(context, refusal)
         return True
+
+    def _shed(self, model: str | None, version: str, size: int, top: bool) -> bool:
+        """Whether the load shedder refuses a request of `model` (one the server serves, or
+        None), `size` bytes, priority 1 or not (`top`); a refusal counts against its model (as
+        rejected: see `ModelScheduler.count_shed`), as HTTP's does."""
+        shedder = self._shedder
+        assert shedder is not None
+        if not shedder.refuse(model, size, top):
+            return False
+        if model is not None:
+            try:
+                deployment = self._engine.registry.resolve(model, version or None)
+            except DuetimeError:
+                return True  # (a version not served counts nowhere)
+            deployment.scheduler.count_shed()
+        return True
+
+    def _served(self, model: str | None) -> str | None:
+        """`model` if the server serves it (None: a name a client invents is weighed with the
+        requests of no model)."""
+        return model if model in self._engine.registry.snapshot.models else None
 
     def _dated(self, request: Any, context: Any, new_call: bool = True) -> tuple[int, int | None]:
         """When the request was received (now) and when it is due (see `_due`), before it
@@ -837,13 +860,12 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         """The request, `received` and `due` then (`_dated`), handed to the engine; `shed`:
         offered to the load shedder first (a ModelInfer call was, by `ended`)."""
         shedder = self._shedder
-        if (
-            shed
-            and shedder is not None
-            and (shedder.share or shedder.watching)
-            and shedder.refuse(size=sum(map(len, request.raw_input_contents)))
-        ):
-            raise _Shed(shedder.refusal())  # (weighed as `ended` weighs a call: see there)
+        if shed and shedder is not None and (shedder.share or shedder.watching):
+            model = self._served(request.model_name)  # (weighed as `ended` weighs a call)
+            top = shedder.refusing(model) and _priority(request.parameters) == 1
+            size = sum(map(len, request.raw_input_contents))
+            if self._shed(model, request.model_version, size, top):
+                raise shedder.refusal()
         infer, shared = self._infer_request(request, context, received, due, timing, protocol)
         return _Submitted(self._engine.submit(infer), shared, infer)
 
@@ -1395,14 +1417,12 @@ def _refuse(
 
 
 _INFER_METHODS = frozenset(("ModelInfer", "ModelStreamInfer"))
-
-
-class _Shed(Exception):
-    """A streamed request the load shedder refused (`refusal`), before it was decoded further."""
-
-    def __init__(self, refusal: Overloaded) -> None:
-        super().__init__(refusal.message)
-        self.refusal = refusal
+_MODEL_NAME_TAG = 0x0A
+"""ModelInferRequest's field 1 (model_name), length-delimited..."""
+_MODEL_VERSION_TAG = 0x12
+"""...and field 2 (model_version)."""
+_MAX_PEEKED = 4096
+"""Longer names are not looked at (weighed with those of no model)."""
 
 
 class _Undecodable(NamedTuple):
@@ -1489,6 +1509,64 @@ def _guarded(
             return
 
     return grpc.stream_stream_rpc_method_handler(stream, decoded, serialize)
+
+
+def _peeked_target(data: bytes) -> tuple[str | None, str]:
+    """The model name and version of a serialized ModelInferRequest, read without decoding
+    it: fields 1 and 2, which protobuf's serializers write first, in field order (None, "":
+    not there, so not known; the call is weighed with those of no model)."""
+    model: str | None = None
+    version = ""
+    at = 0
+    for tag in (_MODEL_NAME_TAG, _MODEL_VERSION_TAG):
+        if at >= len(data) or data[at] != tag:
+            break
+        length, shift, at = 0, 0, at + 1
+        while at < len(data) and shift < 35:  # (a varint of at most 5 bytes: a length < 2^32)
+            byte = data[at]
+            at += 1
+            length |= (byte & 0x7F) << shift
+            shift += 7
+            if byte < 0x80:
+                break
+        else:
+            break
+        if at + length > len(data) or length > _MAX_PEEKED:
+            break
+        try:
+            text = data[at : at + length].decode()
+        except UnicodeDecodeError:
+            break
+        at += length
+        if tag == _MODEL_NAME_TAG:
+            model = text
+        else:
+            version = text
+    return model, version
+
+
+def _asks_priority_one(data: bytes) -> bool:
+    """Whether a serialized ModelInferRequest asks for priority 1; decoded only where its bytes
+    hold the parameter's name."""
+    if b"priority" not in data:
+        return False
+    try:
+        request = pb.ModelInferRequest.FromString(data)
+    except Exception:  # (bad bytes: refused as such once decoded)
+        return False
+    return _priority(request.parameters) == 1
+
+
+def _priority(parameters: Any) -> int | None:
+    """A request's 'priority' parameter, if it is an integer."""
+    if "priority" not in parameters:
+        return None
+    parameter = parameters["priority"]
+    kind = parameter.WhichOneof("parameter_choice")
+    if kind in ("int64_param", "uint64_param"):
+        value: int = getattr(parameter, kind)
+        return value
+    return None
 
 
 def _undecodable(

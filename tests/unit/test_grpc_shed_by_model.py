@@ -1,0 +1,119 @@
+"""The load shedder weighs a gRPC call by its model, as HTTP's requests are: the model's name
+(and version) read from the serialized call without decoding it, its priority looked for only
+where its model may be refused, and a refusal counted against the model. (Weighed as no model,
+a gRPC flood of one heavy model had every model's gRPC calls refused alike.) Stand-ins for the
+service and engine; a real LoadShedder."""
+
+from __future__ import annotations
+
+import functools
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from duetime.errors import ModelNotFound, Shed
+from duetime.frontend.grpc import InferenceService, _peeked_target
+from duetime.frontend.proto import grpc_service_pb2 as pb
+from duetime.overload import LoadShedder
+
+
+class Scheduler:
+    def __init__(self) -> None:
+        self.shed = 0
+
+    def count_shed(self) -> None:
+        self.shed += 1
+
+
+def service_of(shedder: LoadShedder, models: dict[str, Scheduler]) -> SimpleNamespace:
+    """A service whose engine serves `models` (version "1" each, or none named)."""
+
+    def resolve(model: str, version: str | None) -> Any:
+        if model not in models or version not in (None, "1"):
+            raise ModelNotFound(f"no {model} {version}")
+        return SimpleNamespace(scheduler=models[model])
+
+    registry = SimpleNamespace(snapshot=SimpleNamespace(models=models), resolve=resolve)
+    service = SimpleNamespace(
+        _shedder=shedder,
+        gone_calls=0,
+        _engine=SimpleNamespace(registry=registry, recorder=None),
+    )
+    service._served = functools.partial(InferenceService._served, service)
+    service._shed = functools.partial(InferenceService._shed, service)
+    return service
+
+
+def call(model: str, version: str = "", size: int = 100, priority: int | None = None) -> bytes:
+    request = pb.ModelInferRequest(model_name=model, model_version=version, id="r")
+    request.raw_input_contents.append(b"x" * size)
+    if priority is not None:
+        request.parameters["priority"].int64_param = priority
+    return request.SerializeToString()
+
+
+def live_context() -> Any:
+    codes: list[Any] = []
+    return SimpleNamespace(
+        cancelled=lambda: False,
+        time_remaining=lambda: None,
+        set_code=codes.append,
+        set_details=lambda details: None,
+        set_trailing_metadata=lambda metadata: None,
+        invocation_metadata=lambda: (),
+        codes=codes,
+    )
+
+
+def shedder() -> LoadShedder:
+    made = LoadShedder(cpu_clock=lambda: 0.0, wall_clock=lambda: 0.0, wait_clock=lambda: 0.0)
+    made.watching = True
+    return made
+
+
+def test_the_model_and_version_are_read_from_the_call_without_decoding_it() -> None:
+    assert _peeked_target(call("mlp", "2")) == ("mlp", "2")
+    assert _peeked_target(call("resnet")) == ("resnet", "")
+    assert _peeked_target(call("m" * 300)) == ("m" * 300, "")  # (a 2-byte length)
+    assert _peeked_target(pb.ModelInferRequest(id="x").SerializeToString()) == (None, "")
+    assert _peeked_target(b"") == (None, "")
+    assert _peeked_target(b"\x0a\xff\xff") == (None, "")  # (a length past the end)
+    assert _peeked_target(b"\x0a\x02\xff\xfe") == (None, "")  # (not UTF-8)
+    assert _peeked_target(b"\x0a\x80\x80\x80\x80\x80\x80") == (None, "")  # (endless varint)
+
+
+def test_calls_are_weighed_by_their_served_model() -> None:
+    made = shedder()
+    service = service_of(made, {"mlp": Scheduler(), "resnet": Scheduler()})
+    for data in (call("mlp"), call("resnet", size=40_000), call("made-up")):
+        assert not InferenceService.ended(service, live_context(), data)  # type: ignore[arg-type]
+    assert {model for model, _ in made.costs()} == {"mlp", "resnet", None}
+
+
+def test_a_refused_call_counts_against_its_model_and_priority_1_is_its_own_class() -> None:
+    made = shedder()
+    mlp = Scheduler()
+    service = service_of(made, {"mlp": mlp})
+    made.share = 1.0  # (set by hand, no spread: every class refused at it)
+    context = live_context()
+    assert InferenceService.ended(service, context, call("mlp"))  # type: ignore[arg-type]
+    assert mlp.shed == 1
+    assert made.refused_by_model == {"mlp": 1}
+    assert InferenceService.ended(service, context, call("mlp", "7"))  # type: ignore[arg-type]
+    assert mlp.shed == 1  # (a version not served counts nowhere)
+    InferenceService.ended(service, context, call("mlp", priority=1))  # type: ignore[arg-type]
+    assert ("mlp", True) in made.costs()
+    assert str(context.codes[0]) == "StatusCode.RESOURCE_EXHAUSTED"
+
+
+def test_a_streamed_request_is_weighed_by_its_model_and_priority() -> None:
+    made = shedder()
+    mlp = Scheduler()
+    service = service_of(made, {"mlp": mlp})
+    made.share = 1.0
+    request = pb.ModelInferRequest.FromString(call("mlp", priority=1))
+    with pytest.raises(Shed):
+        InferenceService._submit(service, request, live_context(), 0, None)  # type: ignore[arg-type]
+    assert ("mlp", True) in made.costs()
+    assert mlp.shed == 1
