@@ -1018,6 +1018,9 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
 ERROR_ROOM = 256
 """Bytes of a stream's error message beside its texts (id, model, version, error): their tags
 and lengths, the final-response parameter, the wrapper, the trace id."""
+MAX_DETAILS_BYTES = 2048
+"""A call's error message (its status details) at most, in UTF-8: sent percent-encoded (a
+non-ASCII byte takes 3), it stays under grpc-core's 8 KB soft limit on received metadata."""
 CUT = "... (cut)"
 """The end of a text cut to fit a message (see `_fitted`)."""
 
@@ -1405,15 +1408,23 @@ def _refuse(
     version: str = "",
 ) -> None:  # fmt: skip
     """Set the error's status as the call's; its trace id in the message, the trailing metadata
-    and the log line. The call goes on (without raising) to its end."""
+    and the log line. The call goes on (without raising) to its end. The message, and the names
+    in the log line, are cut to `MAX_DETAILS_BYTES` where longer.
+
+    NOTE: the message is sent in the call's trailers, which a client takes up to 8 KB of
+    (grpc-core's soft limit; 16 KB its hard one): a ModelInfer naming a model of 20,000
+    characters got RESOURCE_EXHAUSTED "Stream removed (received metadata size exceeds hard
+    limit)" in place of NOT_FOUND."""
     trace_id = trace_id or _trace_id(context)
+    message = _fitted(exc.message, MAX_DETAILS_BYTES)
     log_request(
-        protocol="grpc", model=model, version=version, status=exc.http_status,
-        reason=exc.message, trace_id=trace_id,
+        protocol="grpc", model=_fitted(model, MAX_DETAILS_BYTES),
+        version=_fitted(version, MAX_DETAILS_BYTES), status=exc.http_status, reason=message,
+        trace_id=trace_id,
     )  # fmt: skip
     context.set_trailing_metadata((("x-trace-id", trace_id),))
     context.set_code(getattr(grpc.StatusCode, exc.grpc_code))
-    context.set_details(f"{exc.message} (trace {trace_id})")
+    context.set_details(f"{message} (trace {trace_id})")
 
 
 _INFER_METHODS = frozenset(("ModelInfer", "ModelStreamInfer"))
