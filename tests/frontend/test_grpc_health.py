@@ -42,6 +42,15 @@ def test_check_of_an_unknown_service_is_not_found(server: RunningServer) -> None
     assert "unknown service 'no.such.Service'" in raised.value.details()
 
 
+def test_a_long_unknown_service_name_is_cut_in_the_error(server: RunningServer) -> None:
+    """(Its error is sent in the call's trailers: a 20,000-character name made it
+    RESOURCE_EXHAUSTED, "received metadata size exceeds hard limit".)"""
+    with pytest.raises(grpc.RpcError) as raised:
+        check(server.grpc, "s" * 20_000)
+    assert raised.value.code() == grpc.StatusCode.NOT_FOUND
+    assert len(raised.value.details()) < 1000
+
+
 def test_a_check_of_an_unknown_service_leaves_nothing_for_the_cyclic_collector(
     server: RunningServer,
 ) -> None:

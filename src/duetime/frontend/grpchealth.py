@@ -20,6 +20,9 @@ from duetime.frontend.proto import grpc_service_pb2 as pb
 INFERENCE_SERVICE = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"].full_name
 HEALTH_SERVICE = health_pb2.DESCRIPTOR.services_by_name["Health"].full_name
 SERVICES = frozenset({"", INFERENCE_SERVICE})
+_NAME_SHOWN = 256
+"""Characters of an unknown service's name quoted in the error (sent in the call's trailers,
+which clients take up to 8 KB of)."""
 """What a health check may name: the whole server ("") or the inference service."""
 WATCH_POLL_S = 0.25
 """How often a `Watch` stream looks at the server's state (it sends only changes)."""
@@ -48,7 +51,8 @@ class HealthService(health_pb2_grpc.HealthServicer):  # type: ignore[misc]
             # grpc._abort. A status that is not OK drops the answer returned.)
             context.set_code(grpc.StatusCode.NOT_FOUND)
             context.set_details(
-                f"unknown service '{request.service}'; this server checks '' (the server) and "
+                f"unknown service '{request.service[:_NAME_SHOWN]}'; this server checks '' (the "
+                "server) and "
                 f"'{INFERENCE_SERVICE}'"
             )
             return health_pb2.HealthCheckResponse()
