@@ -10,12 +10,14 @@ import gc
 import logging
 import shutil
 import threading
+import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from duetime.config import ServerSettings
 from duetime.demo import write_demo_repository
@@ -77,6 +79,18 @@ class RunningServer:
         """The scheduler statistics of `model`'s `version` (its primary variant), read now."""
         served = self.server.engine.registry.snapshot.models[model]
         return served.versions[version].primary.scheduler.statistics()
+
+    def samples(self, name: str, *labels: str) -> dict[tuple[str, ...], float]:
+        """The samples named `name` its metrics port serves now, by the values of `labels`."""
+        port = self.addresses.metrics_port
+        url = f"http://127.0.0.1:{port}/metrics"
+        text = urllib.request.urlopen(url, timeout=30).read().decode()
+        return {
+            tuple(sample.labels[label] for label in labels): sample.value
+            for family in text_string_to_metric_families(text)
+            for sample in family.samples
+            if sample.name == name
+        }
 
 
 def start_server(

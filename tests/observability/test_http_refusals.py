@@ -12,7 +12,6 @@ import http.client
 import json
 import socket
 import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -122,19 +121,14 @@ def test_spans_of_refused_requests_name_the_version_counted(traced: Any) -> None
         assert root.attributes["duetime.variant"] == variant
 
 
-def refused(server: RunningServer) -> dict[tuple[str, str], float]:
-    port = server.addresses.metrics_port
-    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30).read().decode()
-    assert "made-up-model" not in text  # (no label comes from the request)
-    counts = {}
-    for line in text.splitlines():
-        if line.startswith("duetime_requests_refused_total{"):
-            labels = dict(
-                part.split("=") for part in line[line.index("{") + 1 : line.index("}")].split(",")
-            )
-            key = (labels["status"].strip('"'), labels["reason"].strip('"'))
-            counts[key] = float(line.rsplit(" ", 1)[1])
-    return counts
+def refused(server: RunningServer) -> dict[tuple[str, ...], float]:
+    counts = server.samples("duetime_requests_refused_total", "protocol", "status", "reason")
+    assert not any("made-up-model" in "".join(key) for key in counts)  # (no client's label)
+    return {
+        (status, reason): n
+        for (protocol, status, reason), n in counts.items()
+        if protocol == "http"
+    }
 
 
 def test_requests_refused_before_any_model_ran_them_are_counted(traced: Any) -> None:
