@@ -43,10 +43,17 @@ from duetime.errors import (
 )
 from duetime.execution.affinity import CpuPlan
 from duetime.execution.executor import Feeds
+from duetime.frontend.parameters import (
+    MAX_DUE_US,
+    MAX_PRIORITY,
+    due_from_timeout_us,
+    priority_of,
+)
 from duetime.loops import in_thread
 from duetime.repository.loader import LoadedModel, sample_inputs, sample_row_bytes
 from duetime.repository.manager import IndexEntry, ModelManager, RepositoryOptions
 from duetime.repository.registry import PRIMARY, Deployment, Registry
+from duetime.repository.tritonconfig import read_model_config
 from duetime.routing.router import Routed, Router
 from duetime.scheduling.edf import QueuedRequest
 from duetime.scheduling.ledger import CoreLedger
@@ -207,6 +214,9 @@ class Engine:
         self._pending_loads: set[asyncio.Task[None]] = set()
         self._lazy_loads: dict[str, asyncio.Task[None]] = {}
         """Models being loaded on demand -> their load, shared by every request that needs it."""
+        self._lazy_defaults: dict[str, int | None] = {}
+        """Models being loaded on demand -> their `default_timeout_ms` in ns, as their config
+        file gave it when the load began (None: none, or no config read: see `_due_by_default`)."""
         self._ledgers: dict[frozenset[int], CoreLedger] = {}
         """Per CPU: what the schedulers of instances pinned there have running."""
         self.recorder: RequestRecorder | None = None
@@ -582,14 +592,17 @@ class Engine:
         load = self._lazy_load(request.model, manager)
         estimate_ns = int(manager.load_estimate_s(request.model) * 1e9)
         now = self.clock.now_ns()
+        own_due = request.due_ns
+        self._due_by_default(request, now)
         if request.due_ns is not None and now + estimate_ns > request.due_ns:
             # NOTE: the load has started above: raising first (as before) started none, and a
             # client that always sends a due time shorter than the load (a 50 ms budget, a load
             # of 1 s) was refused for good, 40 times out of 40 over 4 s
+            why = "" if request.due_ns == own_due else " (its model's default_timeout_ms)"
             raise ModelUnavailable(
                 f"model '{request.model}' is not loaded; loading takes about "
                 f"{estimate_ns / 1e6:.0f} ms but the request is due in "
-                f"{(request.due_ns - now) / 1e6:.0f} ms; it is loading now, retry shortly"
+                f"{(request.due_ns - now) / 1e6:.0f} ms{why}; it is loading now, retry shortly"
             )
         ticket = Ticket(request.model, "", ())
         ticket.future = asyncio.get_running_loop().create_future()
@@ -599,11 +612,32 @@ class Engine:
         task.add_done_callback(functools.partial(_unsettled, ticket))
         return ticket
 
+    def _due_by_default(self, request: InferRequest, now: int) -> None:
+        """Give `request`, which waits for its model's on-demand load, the due time its model's
+        `default_timeout_ms` sets, counted from its arrival (`now` if its front end did not
+        say), where that is earlier than its own.
+
+        NOTE: the default applied only once the model was loaded (the scheduler's admission):
+        a request without a timeout of its own, for a lazy model whose default is 60 ms, was
+        answered 504 after the whole load (994-1380 ms), where one with a 60 ms timeout was
+        refused in 2 ms. The config file is read when the load begins (`_lazy_load`), in the
+        same words the load reads it; where it cannot be read then (the load will say why),
+        the default counts from the arrival still once the model serves (`arrival_ns`, which
+        the router counts it from), but the request waits for the load."""
+        if request.arrival_ns is None:
+            request.arrival_ns = now
+        default_ns = self._lazy_defaults.get(request.model)
+        if default_ns is not None:
+            due = request.arrival_ns + default_ns
+            if request.due_ns is None or due < request.due_ns:
+                request.due_ns = due
+
     def _lazy_load(self, name: str, manager: ModelManager) -> asyncio.Task[None]:
         """The on-demand load of `name`: started by the first request that needs it, joined by
         those arriving while it runs (one load, not one queued behind another per request)."""
         task = self._lazy_loads.get(name)
         if task is None:
+            self._lazy_defaults[name] = _default_timeout_ns(manager.root / name)
             task = asyncio.get_running_loop().create_task(manager.load(name, explicit=False))
             self._lazy_loads[name] = task
             task.add_done_callback(functools.partial(self._lazy_load_done, name))
@@ -612,6 +646,7 @@ class Engine:
     def _lazy_load_done(self, name: str, task: asyncio.Task[None]) -> None:
         if self._lazy_loads.get(name) is task:
             del self._lazy_loads[name]
+            self._lazy_defaults.pop(name, None)
         if not task.cancelled():
             # (retrieved: a load no request waited for fails in the index, not in asyncio's log)
             task.exception()
@@ -687,10 +722,19 @@ class Engine:
         outputs: Sequence[str] | None = None,
         parameters: Mapping[str, Any] | None = None,
     ) -> dict[str, np.ndarray]:
-        """Run `model` on `inputs`; `timeout` in seconds sets the request's due time (None or
-        infinity: none); `parameters` are the request's, as over HTTP and gRPC (a traffic
-        policy's sticky key, say). The arrays are not copied: leave them unchanged until the
-        answer. `infer_response_async` also says which version and variant answered.
+        """Run `model` on `inputs`; `timeout` in seconds sets the request's due time. None, 0
+        (as Triton's `timeout` of 0 over HTTP and gRPC: not "due at once"), a timeout over
+        NO_DUE_BEYOND_NS (11.6 days) or infinity set none of its own: the model's
+        `default_timeout_ms` applies, if it has one. `priority`: 1 is served first, 0 (the
+        default) the model's default level; at most 2**64 - 1 (a uint64, as over the wire).
+        `parameters` are the request's, as over HTTP and gRPC (a traffic policy's sticky key,
+        say), `timeout` (microseconds, as tritonclient sends it) and `priority` included, read
+        and checked as HTTP reads them (InvalidInput naming the parameter): beside the
+        keywords, the earlier of the two due times applies (as a gRPC deadline beside a
+        `timeout` parameter), and a `priority` parameter and a `priority` keyword other than 0
+        must agree (InvalidInput if they differ). The arrays are not copied: leave them
+        unchanged until the answer. `infer_response_async` also says which version and variant
+        answered.
 
         On an engine made by `open()`, awaited from another loop, the request is handed to the
         engine's loop as `infer` does."""
@@ -938,8 +982,13 @@ class Engine:
         if (
             type(priority) is not int
             and (isinstance(priority, bool) or not isinstance(priority, numbers.Integral))
-        ) or priority < 0:
-            raise InvalidInput(f"priority: expected an integer >= 0, got {priority!r}")
+        ) or not 0 <= priority <= MAX_PRIORITY:
+            # NOTE: 2**64 was taken, and the scheduler read such a level as a shadow copy's
+            # (edf.SHADOW_LEVEL): it expired as "shadow copy dropped unrun", uncounted
+            raise InvalidInput(
+                f"priority: expected an integer >= 0, at most {MAX_PRIORITY} (a uint64, as "
+                f"over HTTP and gRPC), got {priority!r}"
+            )
         if (
             version is not None
             and type(version) is not str
@@ -967,19 +1016,46 @@ class Engine:
             ) from None
         if wanted and not all(isinstance(name, str) for name in wanted):
             raise InvalidInput(f"outputs: expected a sequence of output names, got {outputs!r}")
-        # (a due time past a century, or infinity, is none)
+        # (0, as over HTTP and gRPC, a due time past NO_DUE_BEYOND_NS, or infinity: none)
         due = None
-        if timeout is not None and timeout * 1e9 < NO_DUE_BEYOND_NS:
+        if timeout and timeout * 1e9 <= NO_DUE_BEYOND_NS:
             due = self.clock.now_ns() + int(timeout * 1e9)
+        priority = int(priority)
+        given = {} if parameters is None else dict(parameters)
+        if given and ("timeout" in given or "priority" in given):
+            due, priority = self._parameters_due(given, due, priority)
         return InferRequest(
             model=model,
             inputs=dict(inputs),
             version=None if version is None else str(version),
             outputs=wanted or None,  # (none named: all of them, as over HTTP and gRPC)
             due_ns=due,
-            priority=int(priority),
-            parameters={} if parameters is None else dict(parameters),
+            priority=priority,
+            parameters=given,
         )
+
+    def _parameters_due(
+        self, parameters: Mapping[str, Any], due: int | None, priority: int
+    ) -> tuple[int | None, int]:
+        """The due time and priority of a request whose `parameters` hold `timeout` or
+        `priority`, read and checked as HTTP and gRPC read them (microseconds, a uint64 each;
+        the same words where one is bad), with `due` and `priority` from the keywords: the
+        earlier due time applies (as a gRPC deadline beside a `timeout`), and two priorities
+        must agree.
+
+        NOTE: they were ignored, a bad one too ("x", -1), and `parameters={"timeout": 1}` ran
+        as a request without a due time, where the README says the parameters are the
+        request's, as over HTTP and gRPC."""
+        timed = due_from_timeout_us(parameters, self.clock.now_ns())
+        if timed is not None and (due is None or timed < due):
+            due = timed
+        asked = priority_of(parameters)
+        if asked and priority and asked != priority:
+            raise InvalidInput(
+                f"priority: the keyword says {priority} and request parameter 'priority' says "
+                f"{asked}; give one of them (or the same level in both)"
+            )
+        return due, asked or priority
 
     # -- synchronous use -----------------------------------------------------------------------
 
@@ -1110,8 +1186,9 @@ class Engine:
 SHUTTING_DOWN = "the server is shutting down; retry on another replica"
 """Why a request waiting for its model's load fails at `aclose` (as the registry words it)."""
 
-NO_DUE_BEYOND_NS = 100 * 365 * 24 * 3600 * 10**9
-"""A timeout this long or longer (infinity too) sets no due time."""
+NO_DUE_BEYOND_NS = MAX_DUE_US * 1000
+"""A timeout longer than this (11.6 days; infinity too) sets no due time, as a `timeout`
+parameter over MAX_DUE_US does over HTTP and gRPC (it was a century here)."""
 
 _OPEN: weakref.WeakSet[Engine] = weakref.WeakSet()
 """Engines made by `open()` and not closed yet."""
@@ -1119,6 +1196,17 @@ _OPEN: weakref.WeakSet[Engine] = weakref.WeakSet()
 
 CLOSED = "the engine is closed"
 """Why a closed engine's index lists each version UNAVAILABLE."""
+
+
+def _default_timeout_ns(directory: Path) -> int | None:
+    """The `default_timeout_ms`, in ns, of the model whose config file is in `directory`, read
+    before the model loads (None: none, or a config that cannot be read now: its load reports
+    that). Its warnings are left to the load, which logs them."""
+    try:
+        timeout_ms = read_model_config(directory).config.default_timeout_ms
+    except (DuetimeError, OSError, ValueError):
+        return None
+    return None if timeout_ms is None else int(timeout_ms * 1e6)
 
 
 def _closed_entry(entry: IndexEntry) -> IndexEntry:

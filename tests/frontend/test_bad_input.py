@@ -409,7 +409,6 @@ def test_unknown_requested_output(wire: Wire) -> None:
         ({"timeout": 1.5}, "'timeout'"),
         ({"timeout": -5}, "'timeout'"),
         ({"timeout": True}, "'timeout'"),
-        ({"timeout": 10**13}, "'timeout'"),
         ({"priority": -1}, "'priority'"),
         ({"priority": "high"}, "'priority'"),
     ],
@@ -419,6 +418,16 @@ def test_bad_parameters(wire: Wire, parameters: dict[str, Any], needle: str) -> 
     outcome = wire.infer("mlp", [tensor("x", "FP32", [1, 40])], parameters=parameters)
     assert_refused(wire, outcome, "invalid", needle, "request parameter")
     assert_still_serves(wire)
+
+
+@pytest.mark.parametrize("timeout", [10**12 + 1, 2**63 - 1], ids=str)
+def test_a_timeout_past_the_longest_due_time_sets_none(wire: Wire, timeout: int) -> None:
+    """Triton takes any uint64 `timeout` (2**63 - 1: gRPC's int64_param at its largest).
+
+    NOTE: one over 10**12 µs was refused (400, INVALID_ARGUMENT; `{"timeout": 10**13}` was
+    one of the bad parameters above); it now sets no due time (parameters.MAX_DUE_US)."""
+    outcome = wire.infer("mlp", [tensor("x", "FP32", [1, 40])], parameters={"timeout": timeout})
+    assert outcome.status in (200, grpc.StatusCode.OK), outcome
 
 
 @pytest.mark.parametrize(

@@ -5,17 +5,29 @@ output's, which must not differ where the output is requested again, and how man
 from __future__ import annotations
 
 import json
+import numbers
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 from duetime.errors import InvalidInput
-from duetime.frontend.sharedmemory import Window
+
+if TYPE_CHECKING:  # (the in-process Engine reads `timeout` and `priority` here too: without
+    # the shared-memory module and the codec under it, ~20 ms of its import)
+    from duetime.frontend.sharedmemory import Window
 
 MAX_PARAMETERS = 256
 """Parameters one inference request may carry, and each of its inputs and outputs (see
 `check_parameter_count`)."""
-_MAX_TIMEOUT_US = 10**12
-_MAX_PRIORITY = 2**64 - 1
+MAX_TIMEOUT_US = 2**64 - 1
+"""The largest `timeout` taken: Triton's is a uint64 (tritonclient sends it as given)."""
+MAX_DUE_US = 10**12
+"""The longest `timeout` that sets a due time (11.6 days); a longer one sets none, as 0 does.
+
+NOTE: a longer one was refused (400, INVALID_ARGUMENT), where Triton takes any uint64: a client
+that sends 2**63 - 1 to mean "no timeout" (gRPC's int64_param at its largest) failed here. None
+past this bound also keeps the due times in nanoseconds (`now_ns + timeout * 1000`) within an
+int64 whatever the value."""
+MAX_PRIORITY = 2**64 - 1
 """Triton's priority is a uint64."""
 
 
@@ -37,27 +49,41 @@ def check_parameter_count(count: int, where: str) -> None:
 
 
 def due_from_timeout_us(parameters: Mapping[str, Any], now_ns: int) -> int | None:
-    """The due time set by the `timeout` parameter, or None when the request has none."""
+    """The due time set by the `timeout` parameter (µs from `now_ns`), or None when the request
+    has none: no `timeout`, 0 (Triton's "no timeout"), or one over MAX_DUE_US."""
     value = parameters.get("timeout")
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= _MAX_TIMEOUT_US:
+    if type(value) is not int:  # (nearly every value is: no call)
+        value = _integer(value)
+    if not _is_uint64(value):
         raise InvalidInput(
             f"request parameter 'timeout' must be an integer count of microseconds between 0 "
-            f"and {_MAX_TIMEOUT_US}, got {_json(value)}"
+            f"and {MAX_TIMEOUT_US} (a uint64; 0, or over {MAX_DUE_US}: no due time), got "
+            f"{_json(value)}"
         )
-    return now_ns + value * 1000 if value > 0 else None
+    return now_ns + value * 1000 if 0 < value <= MAX_DUE_US else None
 
 
 def priority_of(parameters: Mapping[str, Any]) -> int:
     """The `priority` parameter (1 is highest; 0 or absent: the model's default level)."""
     value = parameters.get("priority", 0)
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= _MAX_PRIORITY:
+    if type(value) is not int:  # (nearly every value is: no call)
+        value = _integer(value)
+    if not _is_uint64(value):
         raise InvalidInput(
-            f"request parameter 'priority' must be an integer between 0 and {_MAX_PRIORITY} "
+            f"request parameter 'priority' must be an integer between 0 and {MAX_PRIORITY} "
             f"(a uint64), got {_json(value)}"
         )
-    return value
+    return int(value)
+
+
+def _integer(value: Any) -> Any:
+    """`value` as an int where it is an integer of another type (numpy's, from an in-process
+    caller's `parameters`); as it is otherwise (a bool too), for the caller to refuse."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        return value
+    return int(value)
 
 
 RESERVED_PREFIX = "triton_"
@@ -121,7 +147,7 @@ def check_http_parameters(parameters: Mapping[str, Any]) -> None:
             )
 
 
-OutputSetting = bool | int | Window | None
+OutputSetting: TypeAlias = "bool | int | Window | None"
 """One parameter of a requested output as a front end read it: `binary_data` (HTTP), a class
 count (`classification`), a shared-memory window; None where the request sets none."""
 
@@ -151,6 +177,8 @@ def check_output_again(
 
 
 def _shown(setting: OutputSetting) -> str:
+    from duetime.frontend.sharedmemory import Window  # (loaded by then: see the imports)
+
     if setting is None:
         return "none"
     if isinstance(setting, Window):
@@ -164,4 +192,4 @@ def _json(value: Any) -> str:
 
 
 def _is_uint64(value: Any) -> bool:
-    return isinstance(value, int) and 0 <= value < 2**64
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**64
