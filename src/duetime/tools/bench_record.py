@@ -17,9 +17,12 @@ from duetime.tools.outcomes import Outcome
 
 STATUS_OF: dict[int, int] = {
     Outcome.OK: 200, Outcome.LATE: 200, Outcome.REJECTED: 429, Outcome.EXPIRED: 504,
-    Outcome.ERROR: 500, Outcome.NO_ANSWER: 499,
+    Outcome.ERROR: 500, Outcome.NO_ANSWER: 499, Outcome.UNSENT: 0,
 }  # fmt: skip
-"""The HTTP-style status a capture records for each outcome (499: never answered)."""
+"""The HTTP-style status a capture records for each outcome (499: never answered; 0, no
+outcome, as `capture show` says: never sent, no connection to the server could be opened)."""
+UNSENT_ERROR = "not sent: no connection to the server could be opened"
+"""The error recorded with a request that was never sent."""
 
 
 def write_bench_capture(
@@ -27,12 +30,20 @@ def write_bench_capture(
     config: BenchConfig,
     ledger: Ledger,
     pools: Sequence[Sequence[Mapping[str, np.ndarray]]],
+    payloads: Sequence[Sequence[Any]] = (),
 ) -> int:
     """Write request i as sent by the run (the inputs of its pool entry, its scheduled instant
     from the first one, its class's timeout and the priority) with how it ended; returns the
-    count. `pools[c][k]` are the inputs of payload k of due class c (`Dispatch`'s choice).
-    FileExistsError if `path` exists: a capture is never overwritten."""
+    count. `pools[c][k]` are the inputs of payload k of due class c (`Dispatch`'s choice), and
+    `payloads[c][k]` its wire form: over HTTP the capture keeps the headers that framed it
+    (as `duetime serve --record` does), which tell a replay JSON from binary tensors.
+    FileExistsError if `path` exists: a capture is never overwritten.
+
+    NOTE: a request never sent (UNSENT: the server died mid-run) once raised KeyError here,
+    after the run, and the run printed no table; and an `http-json` run's capture, with no
+    headers, replayed with binary tensors."""
     protocol = {"grpc": "grpc", "engine": "engine"}.get(config.protocol, "http")
+    http = protocol == "http"
     meta = {"written_by": "duetime bench", "model": config.model, "protocol": config.protocol,
             "mode": config.mode, "rate": config.rate, "seed": config.seed}  # fmt: skip
     first = min(ledger.scheduled, default=0)
@@ -44,7 +55,8 @@ def write_bench_capture(
             due_class = ledger.due_class[rid]
             due = classes[due_class]
             outcome = ledger.outcome[rid]
-            answered = outcome != Outcome.NO_ANSWER
+            unsent = outcome == Outcome.UNSENT
+            answered = outcome != Outcome.NO_ANSWER and not unsent
             began = min(scheduled, ledger.sent[rid])
             parameters: dict[str, Any] = {}
             if due.timeout_us is not None:
@@ -52,13 +64,26 @@ def write_bench_capture(
             if config.priority is not None:
                 parameters["priority"] = config.priority
             pool = tensors[due_class]
+            k = rid % len(pool)
+            headers = _framing(payloads[due_class][k]) if payloads and http else {}
             writer.write(CapturedRequest(
                 arrival_ns=scheduled - first, protocol=protocol, model=config.model,
-                version=None, request_id=f"bench-{rid}", inputs=pool[rid % len(pool)],
+                version=None, request_id=f"bench-{rid}", inputs=pool[k],
                 outputs_wanted=None, parameters=parameters, due_in_ns=due.timeout_ns,
-                priority=config.priority or 0, headers={}, trace_id=None,
-                status=STATUS_OF[outcome], error=None,
+                priority=config.priority or 0, headers=headers, trace_id=None,
+                status=STATUS_OF[outcome], error=UNSENT_ERROR if unsent else None,
                 latency_ns=ledger.finished[rid] - began if answered else 0,
                 answered_version=None, variant=None, outputs=None,
             ))  # fmt: skip
     return len(ledger.scheduled)
+
+
+def _framing(payload: bytes) -> dict[str, str]:
+    """The headers of an HTTP request `payload` (lower-case names), but Host."""
+    head = bytes(payload[: payload.find(b"\r\n\r\n")]).decode("latin-1")
+    headers = {}
+    for line in head.split("\r\n")[1:]:
+        name, _, value = line.partition(":")
+        if name.lower() != "host":
+            headers[name.strip().lower()] = value.strip()
+    return headers

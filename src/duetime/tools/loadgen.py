@@ -175,7 +175,7 @@ async def collect_records(
         if record is not None:
             try:
                 record.parent.mkdir(parents=True, exist_ok=True)
-                write_bench_capture(record, config, ledger, pools)
+                write_bench_capture(record, config, ledger, pools, payloads)
             except OSError as exc:
                 raise BenchError(failed_write(record, "--record", exc).message) from None
         return records
