@@ -22,7 +22,7 @@ from duetime.tools.outcomes import Outcome
 from duetime.tools.payloads import restamp
 from duetime.tools.progress import Snapshot
 from duetime.tools.report import MAX_MESSAGES, Records
-from duetime.tools.transports import Transport
+from duetime.tools.transports import BenchError, Transport
 
 Clock = Callable[[], int]
 """Monotonic time in ns (`time.perf_counter_ns`)."""
@@ -32,6 +32,8 @@ GROUP_NS = 20_000
 what is due this soon."""
 SWITCH_INTERVAL_S = 0.0002
 """The GIL hand-over interval while a timer thread paces sends (see `paced_switching`)."""
+MAX_WAIT_S = 3600.0
+"""The longest single wait of the timer thread (a longer delay waits in steps)."""
 FIRST_BACKOFF_S = 0.001
 MAX_BACKOFF_S = 0.1
 """A closed-loop client whose request found no connection to the server waits FIRST_BACKOFF_S
@@ -236,7 +238,8 @@ class OpenLoop:
         if not self._offsets:
             return
         self._dispatch.ledger.on_finish = self._catch_up
-        self._waker = Waker(self._loop, (start_ns + o for o in self._offsets), self._tick)
+        instants = (start_ns + o for o in self._offsets)
+        self._waker = Waker(self._loop, instants, self._tick, failed=self._timer_failed)
         self._waker.start()
         try:
             await self._done
@@ -249,6 +252,10 @@ class OpenLoop:
             self._waker.stop(join=False)
         if not self._done.done():
             self._done.set_result(None)
+
+    def _timer_failed(self, exc: BaseException) -> None:
+        if not self._done.done():
+            self._done.set_exception(timer_failure(exc))
 
     def _catch_up(self, rid: int) -> None:
         i = self._next
@@ -272,12 +279,19 @@ class Waker(threading.Thread):
     GROUP_NS of the last wake share it): precise sleeps on a thread of their own."""
 
     def __init__(
-        self, loop: asyncio.AbstractEventLoop, instants: Iterable[int], tick: Callable[[], None]
+        self,
+        loop: asyncio.AbstractEventLoop,
+        instants: Iterable[int],
+        tick: Callable[[], None],
+        failed: Callable[[BaseException], None] | None = None,
     ) -> None:
         super().__init__(name="duetime-send-timer", daemon=True)
         self._loop = loop
         self._instants = instants
         self._tick = tick
+        self._failed = failed
+        """Called on `loop` with what the thread raised, if it dies: the run it paces must end
+        (it waits for the last send, which would never come)."""
         self._stopped = threading.Event()
 
     def stop(self, join: bool = True) -> None:
@@ -286,19 +300,36 @@ class Waker(threading.Thread):
             self.join(timeout=5)
 
     def run(self) -> None:
+        try:
+            self._wake_each()
+        except BaseException as exc:
+            if self._failed is None:
+                raise
+            with contextlib.suppress(RuntimeError):  # (the loop closed: the run is over)
+                self._loop.call_soon_threadsafe(self._failed, exc)
+
+    def _wake_each(self) -> None:
         clock, stopped, wake = time.perf_counter_ns, self._stopped, self._loop.call_soon_threadsafe
         last = -GROUP_NS
         for at in self._instants:
             if at - last < GROUP_NS:
                 continue
             last = at
-            delay = at - clock()
-            if (delay > 0 and stopped.wait(delay / 1e9)) or stopped.is_set():
+            # NOTE: in steps: one wait past threading.TIMEOUT_MAX raises OverflowError
+            while (delay := at - clock()) > 0:
+                if stopped.wait(min(delay / 1e9, MAX_WAIT_S)):
+                    return
+            if stopped.is_set():
                 return
             try:
                 wake(self._tick)
             except RuntimeError:  # the loop closed under us: the run is over
                 return
+
+
+def timer_failure(exc: BaseException) -> BenchError:
+    """What a run paced by a `Waker` raises when its thread died of `exc`."""
+    return BenchError(f"the send timer thread failed: {type(exc).__name__}: {exc}")
 
 
 @contextlib.contextmanager

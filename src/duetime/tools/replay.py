@@ -28,7 +28,13 @@ from duetime.errors import ConfigError
 from duetime.loops import new_event_loop
 from duetime.observability.logs import console
 from duetime.tools.capture.format import CaptureFormatError
-from duetime.tools.drivers import GROUP_NS, Waker, cpu_seconds, paced_switching
+from duetime.tools.drivers import (
+    GROUP_NS,
+    Waker,
+    cpu_seconds,
+    paced_switching,
+    timer_failure,
+)
 from duetime.tools.hdr import LatencyRecorder, MissingHdr, new_histogram, record_us
 from duetime.tools.http_client import (
     NO_CONNECTION,
@@ -129,7 +135,8 @@ class Replay:
         self._done = loop.create_future()
         waker: Waker | None = None
         if self.config.timer == "thread":
-            waker = Waker(loop, self._instants(), functools.partial(self.tick, GROUP_NS))
+            tick = functools.partial(self.tick, GROUP_NS)
+            waker = Waker(loop, self._instants(), tick, failed=self._timer_failed)
             waker.start()
         else:
             self._timer = loop.call_later(0, self.tick)
@@ -140,6 +147,10 @@ class Replay:
                 waker.stop()
             if self._timer is not None:
                 self._timer.cancel()
+
+    def _timer_failed(self, exc: BaseException) -> None:
+        if self._done is not None and not self._done.done():
+            self._done.set_exception(timer_failure(exc))
 
     def _instants(self) -> Iterator[int]:
         span = self.plan.span_ns

@@ -68,19 +68,21 @@ class ReplayConfig:
     def address(self) -> tuple[ReplayProtocol, str, int]:
         """(protocol, host, port) of --target: URL http://H:P or grpc://H:P, or plain H:P."""
         text = self.target if "://" in self.target else f"//{self.target}"
-        parts = urlsplit(text)
-        scheme = parts.scheme or self.protocol or "http"
+        # NOTE: urlsplit raises ValueError too ("Invalid IPv6 URL": http://[::1:80), which
+        # once reached the command line as a traceback
         try:
+            parts = urlsplit(text)
             host, port = parts.hostname, parts.port
         except ValueError:
-            host, port = None, None
-        extra = parts.path.strip("/") or parts.query or parts.fragment  # (a path is dropped)
+            parts, host, port = None, None, None
+        scheme = (parts.scheme if parts else "") or self.protocol or "http"
+        extra = parts is None or parts.path.strip("/") or parts.query or parts.fragment
         if scheme not in ("http", "grpc") or not host or port is None or extra:
             raise ConfigError(
                 f"--target: expected http://HOST:PORT, grpc://HOST:PORT or HOST:PORT, got "
                 f"{self.target!r}"
             )
-        if self.protocol is not None and parts.scheme and self.protocol != scheme:
+        if self.protocol is not None and parts and parts.scheme and self.protocol != scheme:
             raise ConfigError(f"--protocol {self.protocol} contradicts --target {self.target}")
         return scheme, host, port  # type: ignore[return-value]
 
@@ -163,10 +165,12 @@ def load_plan(config: ReplayConfig) -> Plan:
         raise ConfigError(f"{config.capture}: the capture holds no requests")
     entries.sort(key=lambda e: e.arrival_ns)  # a server writes them as they end
     first = entries[0].arrival_ns
+    _check_length(config, (entries[-1].arrival_ns - first) / config.speed / 1e9)
     offsets = [round((e.arrival_ns - first) / config.speed) for e in entries]
     last = offsets[-1]
     # back to back: the next loop starts one mean gap after the last request
     span = last + (last // (len(entries) - 1) if len(entries) > 1 else 1_000_000)
+    _check_length(config, config.loops * span / 1e9)
     if keep and not any_recorded:
         # NOTE: refused, not run: "0 compared, 0 differ" and exit 0 read as a pass
         raise ConfigError(
@@ -179,6 +183,22 @@ def load_plan(config: ReplayConfig) -> Plan:
         request_ids=[e.request_id for e in entries],
         recorded=[e.recorded for e in entries],
     )  # fmt: skip
+
+
+def _check_length(config: ReplayConfig, seconds: float) -> None:
+    """ConfigError naming --speed (and --loop) when the replay's schedule would last more than
+    MAX_SECONDS (NaN and inf included).
+
+    NOTE: --speed 1e-300 once raised OverflowError (a schedule of inf ns), and --speed 1e-12
+    (a 0.9 s capture over 28,000 years) killed the send timer thread ("timestamp out of
+    range"): the replay hung at its first send."""
+    if seconds <= MAX_SECONDS:
+        return
+    loops = f" x --loop {config.loops}" if config.loops > 1 else ""
+    raise ConfigError(
+        f"--speed {config.speed:g}{loops}: the capture's schedule would last {seconds:.3g} s, "
+        f"over the {MAX_SECONDS:g} s a replay may; raise --speed"
+    )
 
 
 def _timed_grpc_request(record: CapturedRequest) -> tuple[Any, int]:
