@@ -218,6 +218,11 @@ def format_result(doc: dict[str, Any]) -> str:
             f"could be opened{f' ({reason})' if reason else ''}; counted as unsent only "
             f"(replay exits {EXIT_UNSENT}); did the target stop?"
         )
+    if doc.get("unanswered"):
+        lines.append(
+            f"warning: {doc['unanswered']:,} requests had no answer by the end of --drain; "
+            "they count as errors"
+        )
     if doc.get("interrupted"):
         lines.append(
             f"INTERRUPTED (Ctrl-C): partial results, {doc['sent']:,} of "
