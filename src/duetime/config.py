@@ -130,7 +130,9 @@ class SchedulingConfig(_Strict):
     policy: Literal["edf", "fifo"] = "edf"
     """`edf`: earliest due time first; `fifo`: arrival order (Triton-style batcher)."""
     max_queue_delay_us: int = Field(default=0, ge=0, le=2**64 - 1)
-    """The longest a request waits for others to join its batch (a due time may cut it short).
+    """The longest a request waits for others to join its batch. A due time cuts it short: the
+    batch starts in time to finish by it, with its margins and some slack for the loop's timers
+    (`scheduler.WAKE_SLACK_NS`), in either policy.
     NOTE: any length, as Triton's `max_queue_delay_microseconds` (a uint64): a long one is the
     model owner's choice (a Triton config.pbtxt with one is warned of, see tritonconfig.py)."""
     max_queue_size: int = Field(default=1024, ge=1, le=MAX_QUEUE_SIZE)

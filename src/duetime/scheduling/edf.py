@@ -55,6 +55,9 @@ class QueuedRequest:
     """Offers the request, once its scheduler can no longer answer it in time, to a cheaper
     variant of its model version that still can (True: one took it, with its future); given
     with a due time, where the version has a cheaper variant its inputs suit (None: it fails)."""
+    held: bool = False
+    """Its batch waited for more requests by the batch former's choice (`batching.Wait`): the
+    time that took is not held against it (see `batching.is_hopeless`)."""
 
     @property
     def due_or_never(self) -> int:

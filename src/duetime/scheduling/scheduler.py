@@ -66,7 +66,9 @@ waiting for more requests is started this much before the last instant it could 
 NOTE: without it, a lone request with a due time on a model with a batching window was woken a
 few µs past that instant, found hopeless, and failed unrun on an idle server. Where wake-ups
 come later (a loaded machine: 0.1-4 ms, measured), the slack follows them, up to
-`WAKE_SLACK_MAX_NS`, and decays back."""
+`WAKE_SLACK_MAX_NS`, and decays back: the window's wake-ups and the sweeper's (every
+millisecond while requests queue) raise it, the window's own on time let it decay. A request
+woken later still is run while its run alone fits (see `batching.is_hopeless`)."""
 WAKE_SLACK_MAX_NS = 5_000_000
 REFRESH_NS = 1_000_000_000
 """A variant refusing on its predictions, and not run for this long, runs its sample inputs
@@ -80,6 +82,7 @@ _NO_TASK = object()
 """`_runs_now`: a request that ran within its call though it came from no task."""
 _SWEEP_S = 0.001
 """While requests queue, how often the whole queue is checked for hopeless ones."""
+_SWEEP_NS = int(_SWEEP_S * 1e9)
 HANDOFF_TAIL_MAX = 2
 """The hand-offs' tail is kept in hand for at most this many runs of the batch. NOTE: a tail
 longer than that comes from a loop saturated by the requests themselves (the load shedder's
@@ -469,6 +472,8 @@ class ModelScheduler:
         self._refused_ns = -REFUSALS_SEEN_NS
         """When it last refused or expired a request."""
         self._sweeper: asyncio.TimerHandle | None = None
+        self._sweep_at = 0
+        """When the sweeper's timer was asked to fire (see `_on_sweep_timer`)."""
         self._watcher: asyncio.TimerHandle | None = None
         """Armed while batches run on instance threads (see `_watch`)."""
         self._closed = False
@@ -1119,6 +1124,12 @@ class ModelScheduler:
         and settling its own answer."""
         return self._margin_for(rows) + int(self._answer_ns)
 
+    def _bare_estimate(self, rows: int) -> int:
+        """`_estimate` without the margins: the profile's prediction of the run and settling the
+        request's own answer. A request its batch was held for is failed unrun only when this
+        no longer fits (see `batching.is_hopeless`)."""
+        return self._exec_ns(rows) + int(self._answer_ns)
+
     def _batch_estimate(self, rows: int) -> int:
         """What a batch of `rows` needs before its first answer is settled; `plan_batch` adds
         the answers settled before each request's own (`answer_ns`)."""
@@ -1170,13 +1181,15 @@ class ModelScheduler:
     def _dispatch(self) -> None:
         queue = self._queue
         estimate = self._deadline_rule()
+        bare = self._bare_estimate if self._edf else None
         while len(queue):
             now = self._clock.now_ns()
             slot = self._slot(now)
             if slot is None:
                 break
             instance, start = slot
-            self._expire_hopeless(drop_hopeless(queue, now_ns=start, estimate=estimate), now)
+            hopeless = drop_hopeless(queue, now_ns=start, estimate=estimate, bare=bare)
+            self._expire_hopeless(hopeless, now)
             decision = plan_batch(
                 queue,
                 now_ns=start,
@@ -1187,10 +1200,14 @@ class ModelScheduler:
                 answer_ns=int(self._answer_ns),
                 wake_slack_ns=self._wake_slack_ns,
                 preferred=self._preferred,
+                bare=self._within_others_slack(self._exec_ns, now) if self._edf else None,
+                window_estimate=None if self._edf else self._batch_estimate,
             )
             if decision is None:
                 break
             if isinstance(decision, Wait):
+                for item in decision.held:
+                    item.held = True
                 self._arm_timer(max(decision.until_ns, now), now)
                 return
             if decision.requests[0].level >= SHADOW_LEVEL and self._outstanding[instance]:
@@ -1354,7 +1371,8 @@ class ModelScheduler:
 
     def _arm_sweeper(self) -> None:
         if self._sweeper is None and (len(self._queue) or self._waiting()):
-            self._sweeper = self._loop.call_later(_SWEEP_S, self._sweep)
+            self._sweep_at = self._clock.now_ns() + _SWEEP_NS
+            self._sweeper = self._loop.call_later(_SWEEP_S, self._on_sweep_timer)
 
     def _waiting(self) -> bool:
         """Some batch handed to an instance waits for another to end (see `_sweep_committed`)."""
@@ -1384,11 +1402,31 @@ class ModelScheduler:
             self._wake_slack_ns = slack - ((slack - self._wake_slack_base_ns) >> 4)
         self._dispatch()
 
+    def _on_sweep_timer(self) -> None:
+        """The sweeper's timer: how late it came raises the wake slack too (see
+        `WAKE_SLACK_NS`), and a batching window armed with less slack ends that much earlier.
+
+        NOTE: only the window's own wake-ups measured their lateness, after the fact: on a busy
+        machine a lone request held for batchmates (due in 50 ms, a 2.7 ms run, 1.6 ms of
+        margins) was woken over 4 ms later than planned, with 2.2 ms left, and failed unrun.
+        The sweeper wakes every millisecond while requests queue: its lateness is the loop's
+        while the window waits."""
+        now = self._clock.now_ns()
+        slack = self._wake_slack_ns
+        late = now - self._sweep_at
+        if late > slack:
+            self._wake_slack_ns = raised = min(late, WAKE_SLACK_MAX_NS)
+            if self._timer is not None:
+                self._arm_timer(self._timer_at - (raised - slack), now)
+        self._sweep()
+
     def _sweep(self) -> None:
         """Fail every queued request that can no longer make it, not only those at the head."""
         self._sweeper = None
         now = self._clock.now_ns()
-        hopeless = sweep_hopeless(self._queue, now_ns=now, estimate=self._deadline_rule())
+        hopeless = sweep_hopeless(
+            self._queue, now_ns=now, estimate=self._deadline_rule(), bare=self._bare_estimate
+        )
         self._expire_hopeless(hopeless, now)
         if hopeless and self._ledger is not None:
             self._ledger.settled(self._owners[0][0])  # (a batch held for them may go)
@@ -1427,7 +1465,7 @@ class ModelScheduler:
                         continue
                     if late + self._kept_for(item.rows) > item.due_ns:
                         job.revoked = True
-                        if now + self._estimate(item.rows) > item.due_ns:
+                        if is_hopeless(item, now, self._estimate, self._bare_estimate):
                             hopeless.append(item)
                 if hopeless:
                     running.swept = [*running.swept, *hopeless]
@@ -1493,14 +1531,34 @@ class ModelScheduler:
             self._fail_ns += now - item.arrival_ns
             if item.timing is not None:
                 _timing_failed_unrun(item.timing, now)
-            due = item.due_ns if item.due_ns is not None else now
-            kept = self._kept_for(item.rows)
-            margins = f" (+{kept / 1e3:.0f} µs kept for margins and delivery)" if kept > 999 else ""
-            _settle(item, DeadlineExceeded(
-                f"{TIMEOUT_EXPIRED}: model {self._label}: could not finish before the due time "
-                f"({(due - now) / 1e3:.0f} µs left): a run needs "
-                f"{self._exec_ns(item.rows) / 1e3:.0f} µs{margins}; it was not run"
-            ))  # fmt: skip
+            _settle(item, DeadlineExceeded(self._expiry(item, now)))
+
+    def _expiry(self, item: QueuedRequest, now: int) -> str:
+        """Why `item` fails unrun (see `_expire`).
+
+        NOTE: a FIFO request held in its batching window (`max_queue_delay_us`) past its due
+        time was told "(-498 µs left): a run needs 3692 µs": as if its run were the cause."""
+        due = item.due_ns if item.due_ns is not None else now
+        said = f"{TIMEOUT_EXPIRED}: model {self._label}: could not finish before the due time"
+        if item.held:
+            why = (
+                f"waited for more requests to join its batch (max_queue_delay_us "
+                f"{self._max_delay_ns // 1000})"
+            )
+        else:
+            why = "waited in the queue"
+        if due <= now:
+            return (
+                f"{said}: it passed {(now - due) / 1e3:.0f} µs ago while the request {why}; "
+                "it was not run"
+            )
+        kept = 0 if item.held and self._edf else self._kept_for(item.rows)
+        margins = f" (+{kept / 1e3:.0f} µs kept for margins and delivery)" if kept > 999 else ""
+        held = f"; the request {why}," if item.held else ";"
+        return (
+            f"{said} ({(due - now) / 1e3:.0f} µs left): a run needs "
+            f"{self._exec_ns(item.rows) / 1e3:.0f} µs{margins}{held} it was not run"
+        )
 
     def _start(
         self,
