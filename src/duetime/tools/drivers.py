@@ -146,6 +146,8 @@ class Ledger:
         cut = scheduled[np.asarray(self.cut_short, dtype=np.int64)]
         answered = outcome[keep] != Outcome.NO_ANSWER
         latency = finished[keep] - np.minimum(scheduled[keep], sent[keep])
+        succeeded = (outcome[keep] == Outcome.OK) | (outcome[keep] == Outcome.LATE)
+        last_answer = finished[keep][succeeded].max(initial=window[0]) - window[0]
         return Records(
             due_class=np.asarray(self.due_class, dtype=np.int64)[keep],
             outcome=outcome[keep],
@@ -160,6 +162,7 @@ class Ledger:
             cut_short=int(np.count_nonzero((cut >= window[0]) & (cut < window[1]))),
             unsent=int(np.count_nonzero(unsent)),
             unsent_class=np.asarray(self.due_class, dtype=np.int64)[unsent],
+            last_answer_s=max(0, int(last_answer)) / 1e9,
         )
 
 

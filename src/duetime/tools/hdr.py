@@ -294,16 +294,21 @@ def run_fields(
     duration_s: float,
     recorded: Recorded,
     extra: Mapping[str, Any] | None = None,
+    *,
+    span_s: float | None = None,
 ) -> dict[str, Any]:
-    """The fields `duetime report` reads, the same for a bench and a replay result."""
+    """The fields `duetime report` reads, the same for a bench and a replay result.
+    `span_s`: the seconds the rates divide by (`report.rate_span`; default `duration_s`)."""
     timeline = recorded.timeline
     counts = {name: int(sum(getattr(timeline, name))) for name in ("sent", *_ENDS)}
-    span = duration_s if duration_s > 0 else math.inf
+    span_s = duration_s if span_s is None else span_s
+    span = span_s if span_s > 0 else math.inf
     return {
         "report_format": REPORT_FORMAT,
         "kind": kind,
         "label": label,
         "duration_s": duration_s,
+        "rate_span_s": span_s,
         **counts,
         "throughput_rps": (counts["ok"] + counts["late"]) / span,
         "goodput_rps": counts["ok"] / span,

@@ -424,7 +424,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.description = (
         "Send inference requests (open loop on a schedule, or closed-loop clients) with due "
         "times, and report per due class: ok, late, rejected, expired, errors, throughput, "
-        "goodput, latency percentiles, and the generator's own CPU cost."
+        "goodput, latency percentiles, and the generator's own CPU cost. Throughput and "
+        "goodput are answers per second from the start of the measured window to the last "
+        "answer counted (or the window's end, if later): answers during --drain count, over "
+        "the time they took."
     )
     parser.epilog = (
         f"exit status: 0 the run went through; 1 it could not run (target unreachable, output "

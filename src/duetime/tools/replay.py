@@ -71,7 +71,7 @@ from duetime.tools.replay_results import (
     result_of,
 )
 from duetime.tools.replay_transports import GrpcReplayTransport, ReplayTransport
-from duetime.tools.report import EXIT_UNSENT
+from duetime.tools.report import EXIT_UNSENT, rate_span
 from duetime.tools.server_metrics import (
     batch_sizes_between,
     batch_sizes_json,
@@ -114,6 +114,8 @@ class Replay:
         self.sent_early: dict[int, int] = {}
         self.tally = Tally()
         self.last_send_ns = 0
+        self.last_answer_ns = 0
+        """When the last successful answer (ok or late) came (0: none yet)."""
         self.transport: ReplayTransport | None = None
         self._done: asyncio.Future[None] | None = None
         self._idle: asyncio.Future[None] | None = None
@@ -270,6 +272,8 @@ class Replay:
                 outcome = Outcome.ERROR
                 self._error(index, f"the replay failed on its answer: {type(exc).__name__}: {exc}")
             self.recorder.ended(now, latency, outcome)
+            if outcome == Outcome.OK or outcome == Outcome.LATE:
+                self.last_answer_ns = now
         self.outstanding -= 1
         if self.next < self.total and self.scheduled(self.next) <= now and self._loop:
             # awake anyway: send what is due without waiting for the timer (once this
@@ -442,9 +446,11 @@ async def replay_async(
         replay.close()
         await transport.aclose()
     duration_s = max(replay.last_send_ns - start, 0) / 1e9 or plan.span_ns / 1e9
+    # the rates count answers over the seconds they took, those after the last send included
+    span_s = rate_span(duration_s, max(replay.last_answer_ns - start, 0) / 1e9)
     return result_of(
         replay, config, duration_s=duration_s, cpu_s=cpu_s, wall_s=wall_s,
-        interrupted=interrupt.fired,
+        interrupted=interrupt.fired, span_s=span_s,
     )  # fmt: skip
 
 
@@ -467,7 +473,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "Send the requests of a capture (duetime serve --record, duetime bench --record) to a "
         "v2 server on their recorded schedule, open loop, and report latency from each "
         "scheduled send, how closely the schedule was kept, and (--compare-outputs) answers "
-        "that differ from the recorded ones."
+        "that differ from the recorded ones. Throughput and goodput are answers per second "
+        "from the first scheduled send to the last answer (or the last send, if later)."
     )
     parser.add_argument("capture", type=Path, metavar="FILE", help="the capture file")
     parser.add_argument(

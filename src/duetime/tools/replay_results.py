@@ -78,8 +78,10 @@ def _signed_percentiles(late: Any, early: Any, quantiles: Sequence[float]) -> li
 
 def result_of(
     replay: Replay, config: ReplayConfig, *, duration_s: float, cpu_s: float, wall_s: float,
-    interrupted: bool = False,
+    interrupted: bool = False, span_s: float | None = None,
 ) -> ReplayResult:  # fmt: skip
+    """`duration_s`: from the start to the last send; `span_s`: what the rates divide by
+    (`report.rate_span`: to the last answer, if later)."""
     recorded = replay.recorder.finish()
     tally = replay.tally
     recorded_sent = recorded_answers_sent(replay.plan.recorded, replay.next)
@@ -143,7 +145,7 @@ def result_of(
         },
         "error_messages": tally.messages,
     }
-    doc = run_fields("replay", label, duration_s, recorded, extra)
+    doc = run_fields("replay", label, duration_s, recorded, extra, span_s=span_s)
     doc["errors"] += replay.outstanding  # never answered: errors, like the bench's
     return ReplayResult(doc)
 

@@ -64,6 +64,24 @@ class Records:
     in none of the arrays above."""
     unsent_class: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     """The due class of each of the `unsent` (empty where not kept: counted in no class)."""
+    last_answer_s: float = 0.0
+    """From the window's start to the last successful answer (ok or late) of the requests
+    above, which may come after the window, during --drain (0: none)."""
+
+    @property
+    def rate_span_s(self) -> float:
+        """What throughput and goodput divide by: see `rate_span`."""
+        return rate_span(self.duration_s, self.last_answer_s)
+
+
+def rate_span(duration_s: float, last_answer_s: float) -> float:
+    """The seconds answers are counted over: from the start of the measured window to the last
+    answer counted, or to the window's end if that is later (vegeta's "duration + wait").
+
+    NOTE: answers that came during --drain were once divided by the window alone: an
+    overloaded server that answers 20 requests/s, sent 40/s for 2 s, read 40/s (its 80
+    answers took 4 s)."""
+    return max(duration_s, last_answer_s)
 
 
 def merge_records(parts: Sequence[Records]) -> Records:
@@ -84,6 +102,7 @@ def merge_records(parts: Sequence[Records]) -> Records:
         cut_short=sum(p.cut_short for p in parts),
         unsent=sum(p.unsent for p in parts),
         unsent_class=np.concatenate([p.unsent_class for p in parts]),
+        last_answer_s=max(p.last_answer_s for p in parts),
     )
 
 
@@ -137,7 +156,9 @@ class ClassReport:
     """Counts, rates and latency of one due class (or of all requests: label "all").
 
     `sent` = ok + late + rejected + expired + errors. `throughput_rps` counts every successful
-    answer per second of the measured window, `goodput_rps` only those within their due time.
+    answer (to a request sent in the measured window) per second from the window's start to
+    the last of them (or to the window's end, if later: `rate_span`), `goodput_rps` only those
+    within their due time, over the same seconds (so never more than `throughput_rps`).
     `unsent`: requests of the class scheduled in the window that found no connection to the
     server, so were never sent (in no other count).
     """
@@ -243,7 +264,7 @@ class Summary:
 def summarize(records: Records, classes: Sequence[DueClass], *, open_loop: bool) -> Summary:
     """Settle late answers by each class's timeout, then count and time everything."""
     outcome = apply_due(records.outcome, records.latency_ns, records.due_class, classes)
-    duration = records.duration_s
+    duration = records.rate_span_s
     per_class = tuple(
         class_report(
             due.label,
@@ -434,4 +455,6 @@ def report_fields(config: BenchConfig, records: Records) -> dict[str, Any] | Non
         return None
     outcome = apply_due(records.outcome, records.latency_ns, records.due_class, config.classes)
     recorded = record_arrays(records.scheduled_ns, records.latency_ns, outcome)
-    return run_fields("bench", describe(config), records.duration_s, recorded)
+    return run_fields(
+        "bench", describe(config), records.duration_s, recorded, span_s=records.rate_span_s
+    )
