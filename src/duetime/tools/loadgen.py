@@ -14,7 +14,6 @@ import argparse
 import asyncio
 import contextlib
 import functools
-import json
 import logging
 import multiprocessing
 import os
@@ -49,7 +48,13 @@ from duetime.tools.drivers import (
 )
 from duetime.tools.hdr import MissingHdr
 from duetime.tools.interrupt import EXIT_CODE, Interrupt
-from duetime.tools.outputs import OutputError, check_output, failed_write, write_output
+from duetime.tools.outputs import (
+    OutputError,
+    check_output,
+    failed_write,
+    strict_json,
+    write_output,
+)
 from duetime.tools.payloads import PayloadSpec, WireProtocol, check_batch, encode, random_inputs
 from duetime.tools.progress import Progress
 from duetime.tools.report import EXIT_UNSENT, BenchResult, Records, merge_records, result_of
@@ -586,7 +591,7 @@ def run(args: argparse.Namespace) -> int:
             ran = batch_sizes_between(before, scrape_batch_counts(args.metrics))
             doc["batch_sizes"] = batch_sizes_json(ran)
         try:
-            write_output(args.json, json.dumps(doc, indent=2), "--json")
+            write_output(args.json, strict_json(doc), "--json")
         except OutputError as exc:
             console(f"duetime bench: {exc.message}")
             return 1

@@ -4,8 +4,11 @@ path costs nothing but a one-line error, and written with a one-line error if th
 
 from __future__ import annotations
 
+import json
+import math
 import os
 from pathlib import Path
+from typing import Any
 
 from duetime.errors import ConfigError
 
@@ -63,3 +66,23 @@ def failed_write(path: Path, flag: str, exc: OSError) -> OutputError:
 
 def _reason(exc: OSError) -> str:
     return exc.strerror or str(exc)
+
+
+def strict_json(doc: Any) -> str:
+    """`doc` as standard JSON (RFC 8259), indented: a float that is not finite (inf, NaN) is
+    written null.
+
+    NOTE: json.dumps writes them as Infinity and NaN, which no strict parser reads (node's
+    JSON.parse, Go, serde): `replay --compare-outputs` wrote "max_abs_error": Infinity for an
+    answer of another shape, and the whole result file did not parse."""
+    return json.dumps(_finite(doc), indent=2, allow_nan=False)
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {key: _finite(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(item) for item in value]
+    return value

@@ -17,7 +17,6 @@ import argparse
 import asyncio
 import contextlib
 import functools
-import json
 import logging
 import time
 from collections.abc import Iterator
@@ -50,6 +49,7 @@ from duetime.tools.outputs import (
     check_output,
     failed_write,
     make_parents,
+    strict_json,
     write_output,
 )
 from duetime.tools.progress import Progress, Snapshot
@@ -565,7 +565,7 @@ def run(args: argparse.Namespace) -> int:
         doc["batch_sizes"] = batch_sizes_json(ran)
     try:
         if args.json is not None:
-            write_output(args.json, json.dumps(doc, indent=2), "--json")
+            write_output(args.json, strict_json(doc), "--json")
             print(f"wrote {args.json}")
         if args.report is not None:
             from duetime.tools.hdr import RunReport

@@ -15,7 +15,6 @@ table and JSON), and `pipeline` (one run, start to end).
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import math
 from collections.abc import Callable
@@ -33,7 +32,7 @@ from duetime.tools.optimize.options import (
     OptimizeOptions,
 )
 from duetime.tools.optimize.report import OptimizeReport, VariantResult
-from duetime.tools.outputs import OutputError, check_output, write_output
+from duetime.tools.outputs import OutputError, check_output, strict_json, write_output
 
 
 def _silent(message: str) -> None:
@@ -153,7 +152,7 @@ def run(args: argparse.Namespace) -> int:
     print(report.format())
     if args.json is not None:
         try:
-            write_output(args.json, json.dumps(report.to_json(), indent=2), "--json")
+            write_output(args.json, strict_json(report.to_json()), "--json")
         except OutputError as exc:
             console(f"duetime optimize: {exc.message}")
             return 1
