@@ -374,11 +374,21 @@ def direct_run(session: Any, run_options: ort.RunOptions | None = None) -> Run:
     checked the feeds, which are numpy arrays, and the session is on the CPU. Measured: mlp
     batch 1, 10.3 -> 9.2 µs P50. Every run passes `run_options` (setting its `terminate` from
     another thread stops the run between nodes). Falls back to `session.run`, without the
-    options, where the wrapper has no `_sess` (a stand-in session in tests)."""
+    options, where the wrapper has no `_sess` (a stand-in session in tests). A session with
+    string inputs gets their feeds' `bytes` elements made `str` first (`text_feeds`)."""
+    texts = _string_inputs(session)
     inner = getattr(session, "_sess", None)
     if inner is None or not callable(getattr(inner, "run", None)):
+        if texts:
+            return functools.partial(_run_texts, session.run, texts)
         return cast(Run, session.run)
     run = inner.run
+    if texts:
+
+        def with_options(output_names: list[str], feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+            return run(output_names, feeds, run_options)  # type: ignore[no-any-return]
+
+        return functools.partial(_run_texts, with_options, texts)
 
     def direct(output_names: list[str], feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
         return run(output_names, feeds, run_options)  # type: ignore[no-any-return]  # (a call)
@@ -386,15 +396,134 @@ def direct_run(session: Any, run_options: ort.RunOptions | None = None) -> Run:
     return direct
 
 
+def _run_texts(
+    run: Callable[..., list[np.ndarray]],
+    texts: frozenset[str],
+    output_names: list[str],
+    feeds: dict[str, np.ndarray],
+) -> list[np.ndarray]:
+    return run(output_names, text_feeds(feeds, texts))
+
+
+def _string_inputs(session: Any) -> frozenset[str]:
+    """The names of `session`'s string inputs (none known: none)."""
+    try:
+        return frozenset(arg.name for arg in session.get_inputs() if arg.type == "tensor(string)")
+    except (AttributeError, TypeError):  # (a stand-in session in tests)
+        return frozenset()
+
+
+MAX_DIMS = 64
+"""The most dims a tensor may have: numpy's own limit (an array of more cannot be made)."""
+
+
+CHECKED_TEXT = np.dtype(object, metadata={"duetime": "bytes elements, all UTF-8"})
+"""The dtype of a BYTES array whose elements are all `bytes` of valid UTF-8: the front ends'
+codec makes its arrays so where it checked that (in C, over the request's own bytes), and
+`strings_for_ort` trusts it. (numpy keeps the dtype, this very object, through views.)"""
+
+RUN_TEXT_ELEMENTS = 4096
+"""A CHECKED_TEXT input of more elements is made `str` in the run's thread (see `text_feeds`),
+not on the event loop; fewer take under ~0.3 ms."""
+
+TEXT_CHUNK = 65_536
+"""Elements made `str` per call in the run's thread (~4 ms): between calls the event loop gets
+the GIL back."""
+
+
 def strings_for_ort(array: np.ndarray, input_name: str) -> np.ndarray:
     """BYTES elements as `str` (ONNX string tensors hold UTF-8 text); InvalidInput for an
-    element that is not UTF-8 bytes or text (`i`: its index in row-major order).
+    element that is not UTF-8 bytes or text (`i`: its index in row-major order). A CHECKED_TEXT
+    array of more than `RUN_TEXT_ELEMENTS` elements comes back as a view, its elements left
+    `bytes`, for `direct_run` to make `str` in the run's thread.
 
     NOTE: any other element was made its str(): the in-process Engine ran a model on "None" for
     a None and on "1.5" for a float, which every wire transport refuses ("BYTES 'data' element
     0 must be a string"). A str with a lone surrogate ('\\ud800') passed, and ORT's encoding of
     it failed the run: InvalidInput "ONNX Runtime could not run the model ...: 'utf-8' codec
-    can't encode character", naming neither the input nor the element."""
+    can't encode character", naming neither the input nor the element.
+
+    NOTE: one by one, 4M one-byte elements (a 20 MB request) took 1.9 s on the event loop, every
+    other request waiting. All `bytes` or all `str`, the usual, are now made so by calls that
+    loop in C (`_all_text`, ~0.25 s for those 4M), and a request's that the codec checked, in
+    the run's thread; anything else, and any fault, goes one element at a time (`_one_by_one`),
+    which finds the element to name."""
+    if array.dtype is CHECKED_TEXT and array.size > RUN_TEXT_ELEMENTS:
+        # (a view, a new object: a template whose inputs went on as they are is remembered as
+        # checked, and its next requests would skip the checks; see `Validator.prepare`)
+        return array.view()
+    items = array.reshape(-1).tolist() if array.dtype.kind in "OSU" else None
+    texts = _all_text(items) if items else None
+    if texts is None:
+        return _one_by_one(array, input_name)
+    out = np.empty(len(texts), dtype=object)
+    out[:] = texts
+    return out.reshape(array.shape)
+
+
+def text_feeds(feeds: dict[str, np.ndarray], names: frozenset[str]) -> dict[str, np.ndarray]:
+    """`feeds` with the `bytes` elements of inputs `names` made `str` (see `strings_for_ort`),
+    `TEXT_CHUNK` elements per call: a new dict where one changes, else `feeds`."""
+    changed: dict[str, np.ndarray] | None = None
+    for name in names:
+        array = feeds.get(name)
+        if array is None or array.dtype != object:
+            continue
+        texts = _chunked_text(array, name)
+        if texts is not array:
+            changed = changed if changed is not None else dict(feeds)
+            changed[name] = texts
+    return feeds if changed is None else changed
+
+
+def _chunked_text(array: np.ndarray, name: str) -> np.ndarray:
+    """`array` with its `bytes` elements made `str`, a `TEXT_CHUNK` at a time (itself where all
+    are `str` already: requests made so on the event loop)."""
+    flat = array.reshape(-1)
+    out: np.ndarray | None = None
+    for start in range(0, flat.size, TEXT_CHUNK):
+        part = flat[start : start + TEXT_CHUNK].tolist()
+        try:
+            texts = list(map(bytes.decode, part))  # (TypeError: one is not bytes)
+        except TypeError:
+            if _all_str(part):
+                continue
+            texts = [item.decode() if isinstance(item, bytes) else item for item in part]
+        except UnicodeDecodeError:  # (checked before: not from a request the validator passed)
+            raise InvalidInput(f"input '{name}': a BYTES element is not valid UTF-8") from None
+        if out is None:
+            out = flat.copy()  # (a new array: the request's, or the pool's, stays as it was)
+        out[start : start + len(texts)] = texts
+    return array if out is None else out.reshape(array.shape)
+
+
+def _all_str(items: list[Any]) -> bool:
+    try:
+        "".join(items)  # (in C: TypeError where one is not a str)
+    except TypeError:
+        return False
+    return True
+
+
+def _all_text(items: list[Any]) -> list[Any] | None:
+    """`items` as `str`, where all are `bytes` of UTF-8 or all `str` with a UTF-8 form (None:
+    neither; `_one_by_one` then tells which element is at fault, if any)."""
+    try:
+        if isinstance(items[0], bytes):
+            return list(map(bytes.decode, items))  # (TypeError: one is not bytes)
+        if isinstance(items[0], str):
+            # (a join checks each is a str, in C; its encoding, that none is a lone surrogate)
+            joined = "".join(items)
+            if not joined.isascii():
+                joined.encode("utf-8")
+            return items
+    except (TypeError, UnicodeError):
+        pass
+    return None
+
+
+def _one_by_one(array: np.ndarray, input_name: str) -> np.ndarray:
+    """`strings_for_ort`, one element at a time."""
     flat = array.reshape(-1)
     out = np.empty(flat.shape, dtype=object)
     for i, item in enumerate(flat):

@@ -14,18 +14,22 @@ import re
 import struct
 import threading
 from collections.abc import Mapping, Sequence
-from typing import Any, NoReturn
+from typing import Any, NoReturn, cast
 
 import numpy as np
 import orjson
 
 from duetime.datatypes import NUMPY_OF, UNSERVED, WIRE_DTYPE_OF, v2_datatype_of
 from duetime.errors import InvalidInput
+from duetime.execution.ort import CHECKED_TEXT, MAX_DIMS
 from duetime.types import ModelSignature, TensorSpec
 from duetime.validation import expected_inputs, not_an_output, other_shapes, shape_refused
 
 _LENGTH = struct.Struct("<I")
-_MAX_DIMS = 16
+_MAX_DIMS = MAX_DIMS
+"""The most dims a request's tensor may have: numpy's own limit, so any rank ONNX Runtime's
+Python API can be fed (a model of more is refused at load). It was 16: a model with a rank-17
+input loaded READY, metadata advertised its 17 dims, and every request was refused."""
 _MAX_ELEMENTS = 1 << 40
 
 
@@ -310,12 +314,48 @@ def _alike(view: memoryview, count: int, length: int) -> np.ndarray:
     NOTE: elements of one length are common (fixed-size keys, hashes) and are what a request
     built to stall the loop holds: 16.7M empty elements in 64 MiB took 13 s one by one."""
     if length == 0:
-        return np.full(count, b"", dtype=object)
+        return np.full(count, b"", dtype=CHECKED_TEXT)
     items = np.ndarray(
         (count,), dtype=f"V{length}", buffer=view, offset=_LENGTH.size,
         strides=(_LENGTH.size + length,),
     )  # fmt: skip
-    return items.astype(object)  # (void items become `bytes`, trailing zero bytes kept)
+    codes = np.ndarray(
+        (count, length), dtype=np.uint8, buffer=view, offset=_LENGTH.size,
+        strides=(_LENGTH.size + length, 1),
+    )  # fmt: skip
+    # (void items become `bytes`, trailing zero bytes kept)
+    return items.astype(CHECKED_TEXT if _rows_utf8(codes) else object)
+
+
+def _rows_utf8(codes: np.ndarray) -> bool:
+    """Whether every row of `codes` (bytes, one element a row) is UTF-8, checked in C: all ASCII,
+    or all of them, each followed by a newline, one UTF-8 text.
+
+    NOTE: the newline, ASCII, can be no part of another character: text and newlines are
+    UTF-8 only where each element is (see `_utf8_items`)."""
+    if not codes.size or codes.max() < 0x80:
+        return True
+    lines = np.empty((codes.shape[0], codes.shape[1] + 1), np.uint8)
+    lines[:, :-1] = codes
+    lines[:, -1] = 0x0A
+    return _utf8(lines.data)
+
+
+def _utf8_items(items: list[bytes]) -> bool:
+    """Whether every one of `items` is UTF-8: joined by newlines (ASCII, which no element's
+    character can take in, so the whole is UTF-8 only where each is), in C."""
+    return _utf8(b"\n".join(items))
+
+
+def _utf8(data: bytes | memoryview) -> bool:
+    text = bytes(data)
+    if text.isascii():
+        return True
+    try:
+        text.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
 
 
 def _elements(view: memoryview, count: int, where: str) -> np.ndarray:
@@ -338,7 +378,7 @@ def _elements(view: memoryview, count: int, where: str) -> np.ndarray:
         offset = stop
     if offset != end:
         raise InvalidInput(f"{where}: {end - offset} bytes left over after {count} BYTES elements")
-    out = np.empty(count, dtype=object)
+    out = np.empty(count, dtype=CHECKED_TEXT if _utf8_items(items) else object)
     out[:] = items
     return out
 
@@ -367,6 +407,7 @@ def from_json(
         raise InvalidInput(
             f"{where}: '{field}' must be a list of values, got {type(data).__name__}"
         )
+    _check_depth(data, len(shape), where, field)
     if datatype == "BYTES":
         array = _bytes_from_json(data, where, field)
     else:
@@ -377,6 +418,23 @@ def from_json(
             f"{where}: '{field}' holds {array.size} values but shape {list(shape)} needs {count}"
         )
     return aligned(array.reshape(shape))
+
+
+NEST_LEVELS = 16
+"""Levels of lists any tensor's JSON `data` may nest (one of more dims: as many as it has)."""
+
+
+def _check_depth(data: list[Any], rank: int, where: str, field: str) -> None:
+    """InvalidInput where `data`'s first values nest deeper than a tensor of `rank` dims could
+    use (and than `NEST_LEVELS`); deeper nests elsewhere meet `_MAX_DIMS` as they are read.
+
+    NOTE: the first path only: a step per level, whatever the number of values."""
+    levels, item = 0, cast(Any, data)
+    while isinstance(item, list):
+        levels += 1
+        if levels > max(rank, NEST_LEVELS):
+            raise InvalidInput(f"{where}: '{field}' is nested deeper than any tensor")
+        item = item[0] if item else None
 
 
 def from_nested_json(data: Any, datatype: str, where: str, field: str) -> np.ndarray:
@@ -390,7 +448,12 @@ def _numbers_from_json(data: list[Any], datatype: str, where: str, field: str) -
     dtype = NUMPY_OF[datatype]
     try:
         parsed = np.asarray(data)
-        if parsed.size and parsed.dtype.kind in "fO" and dtype.kind in "iu" and _all_ints(data):
+        if (
+            parsed.size
+            and parsed.dtype.kind in "fO"
+            and dtype.kind in "iu"
+            and _all_ints(data, where, field)
+        ):
             # NOTE: numpy reads ints on both sides of INT64_MAX as float64, losing digits (and
             # ints beyond 64 bits as objects): none of them fit a signed type, all may fit UINT64
             if dtype != np.uint64:
@@ -406,11 +469,11 @@ def _numbers_from_json(data: list[Any], datatype: str, where: str, field: str) -
     allowed = {"b": "b", "i": "iu", "u": "iu", "f": "iuf"}[dtype.kind]
     if parsed.size and kind not in allowed:
         if kind == "f" and dtype.kind in "iu":
-            raise _first_fault(_flatten(data), dtype, where, field, datatype)
+            raise _first_fault(_flatten(data, where, field), dtype, where, field, datatype)
         raise InvalidInput(
             f"{where}: '{field}' holds values that are not {datatype} ({parsed.dtype})"
         )
-    if kind in "iuf" and dtype.kind in "iuf" and _has_bools(data):
+    if kind in "iuf" and dtype.kind in "iuf" and _has_bools(data, where, field):
         raise InvalidInput(
             f"{where}: '{field}' mixes true/false with numbers; {datatype} takes numbers"
         )
@@ -475,36 +538,65 @@ def _whole_beyond(value: float, info: np.iinfo[Any]) -> bool:
     return beyond and math.floor(value) == value
 
 
-def _has_bools(data: list[Any]) -> bool:
+def _has_bools(data: list[Any], where: str, field: str) -> bool:
     """Whether JSON true/false hide among numbers that numpy read (as 1 and 0) without a word.
 
     NOTE: called once numpy has read `data` as a regular array, so a list whose first item is
     not a list is flat; `set(map(type, ...))` runs in C, ~20 ns a value, about what reading
     them took (a generator over the values: 30)."""
-    flat = _flatten(data) if data and isinstance(data[0], list) else data
+    flat = _flatten(data, where, field) if data and isinstance(data[0], list) else data
     return bool in set(map(type, flat))
 
 
-def _all_ints(data: list[Any]) -> bool:
-    return all(type(item) is int for item in _flatten(data))
+def _all_ints(data: list[Any], where: str, field: str) -> bool:
+    return all(type(item) is int for item in _flatten(data, where, field))
 
 
 def _bytes_from_json(data: list[Any], where: str, field: str) -> np.ndarray:
+    """BYTES elements from JSON strings, encoded as UTF-8 (so checked as such: CHECKED_TEXT).
+
+    NOTE: a flat list of strings, the usual, is encoded by one call that loops in C; nested
+    lists, and any fault, take the steps that name it. Each string looked at in Python (is it a
+    list? then encoded), 1.5M of them (a 7.5 MB request) held the event loop 0.35 s."""
+    if data and not isinstance(data[0], list):
+        try:
+            encoded = list(map(str.encode, data))  # (TypeError where one is not a str)
+        except (TypeError, UnicodeEncodeError):
+            pass
+        else:
+            out = np.empty(len(encoded), dtype=CHECKED_TEXT)
+            out[:] = encoded
+            return out
     _nested_shape(data, where, field=field)
-    flat = _flatten(data)
-    out = np.empty(len(flat), dtype=object)
+    flat = _flatten(data, where, field)
+    out = np.empty(len(flat), dtype=CHECKED_TEXT)  # (text encoded as UTF-8 is UTF-8)
+    try:
+        out[:] = list(map(str.encode, flat))
+    except (TypeError, UnicodeEncodeError):
+        raise _text_fault(flat, where, field) from None
+    return out
+
+
+def _text_fault(flat: list[Any], where: str, field: str) -> InvalidInput:
+    """The error for the first of `flat` that is not a string with a UTF-8 form."""
     for i, item in enumerate(flat):
         if not isinstance(item, str):
-            raise InvalidInput(f"{where}: BYTES '{field}' element {i} must be a string")
-        out[i] = item.encode("utf-8")
-    return out
+            return InvalidInput(f"{where}: BYTES '{field}' element {i} must be a string")
+        try:
+            item.encode("utf-8")
+        except UnicodeEncodeError:
+            return InvalidInput(
+                f"{where}: BYTES '{field}' element {i} is not valid Unicode text (a lone "
+                "surrogate): it has no UTF-8 form"
+            )
+    return InvalidInput(f"{where}: BYTES '{field}' holds values that are not strings")
 
 
 def _nested_shape(
     data: list[Any], where: str, depth: int = 0, field: str = "data"
 ) -> tuple[int, ...]:
     """The shape of nested lists, or InvalidInput when they are ragged (as numpy refuses)."""
-    if depth > _MAX_DIMS:
+    if depth >= _MAX_DIMS:
         raise InvalidInput(f"{where}: '{field}' is nested deeper than any tensor")
     if not any(isinstance(item, list) for item in data):
         return (len(data),)
@@ -521,14 +613,15 @@ def _nested_shape(
     return (len(data), *inner)
 
 
-def _flatten(data: Sequence[Any]) -> list[Any]:
+def _flatten(data: Sequence[Any], where: str, field: str) -> list[Any]:
+    """The values of nested lists `data`, row-major; errors name `where` and `field`."""
     flat: list[Any] = []
     stack = [iter(data)]
     while stack:
         for item in stack[-1]:
             if isinstance(item, list):
-                if len(stack) > _MAX_DIMS:
-                    raise InvalidInput("'data' is nested deeper than any tensor")
+                if len(stack) >= _MAX_DIMS:
+                    raise InvalidInput(f"{where}: '{field}' is nested deeper than any tensor")
                 stack.append(iter(item))
                 break
             flat.append(item)
@@ -657,7 +750,7 @@ JSON_VALUE_MAX_BYTES = max(JSON_VALUE_BYTES.values()) + 1
 
 def json_size(array: np.ndarray, datatype: str) -> int:
     """About how many bytes `array`'s values take as JSON: each number at its longest, and a
-    comma; BYTES elements at their length and two quotes (text that needs no escapes).
+    comma; BYTES elements as `to_json_data` writes them, or more (see `_text_json_size`).
 
     NOTE: numbers from the count alone, without reading them: this runs before an answer is
     encoded, to refuse one too big to make (see rest.py `_check_json_answer`). So FP16 and FP32
@@ -665,8 +758,36 @@ def json_size(array: np.ndarray, datatype: str) -> int:
     ', ': up to 26 bytes), can come out longer than this says."""
     if datatype != "BYTES":
         return array.size * (JSON_VALUE_BYTES[datatype] + 1)
-    flat = array.reshape(-1)
-    return 3 * flat.size + sum(len(item) if isinstance(item, bytes | str) else 0 for item in flat)
+    return _text_json_size(array.reshape(-1).tolist())
+
+
+_CONTROL_ESCAPE_BYTES = 5
+"""What a control character adds as JSON: written `\\u0001` (6 bytes; `\\n` and the like, 2)."""
+
+
+def _text_json_size(items: list[Any]) -> int:
+    """How many bytes BYTES elements take as JSON strings (with quotes and a comma each), at
+    most: as UTF-8 text (bytes that are not become U+FFFD, 3 bytes), a control character at
+    its 6-byte escape, a quote or backslash at 2.
+
+    NOTE: counted on all the elements joined by DEL (0x7f: ASCII, which JSON does not escape, so
+    no element's decoding reaches into the next), in C. Counted at their raw length, 30,000
+    bytes 0x01 were 30 KB where the answer wrote 180 KB: `--max-json-answer-bytes` was passed
+    6 times over."""
+    if not items:
+        return 0
+    try:
+        joined = b"\x7f".join(items)
+    except TypeError:  # (text, or other values, which `to_json_data` writes as their str())
+        joined = b"\x7f".join(
+            item if isinstance(item, bytes) else str(item).encode("utf-8", "replace")
+            for item in items
+        )
+    text = len(joined.decode("utf-8", "replace").encode("utf-8")) - (len(items) - 1)
+    codes = np.frombuffer(joined, np.uint8)
+    controls = int(np.count_nonzero(codes < 0x20))
+    escaped = int(np.count_nonzero((codes == 0x22) | (codes == 0x5C)))
+    return 3 * len(items) + text + _CONTROL_ESCAPE_BYTES * controls + escaped
 
 
 def to_json_data(array: np.ndarray, datatype: str) -> Any:

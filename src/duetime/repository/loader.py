@@ -21,6 +21,7 @@ from duetime.datatypes import NUMPY_OF, unserved_output_reason
 from duetime.errors import ConfigError, DuetimeError
 from duetime.execution.executor import Executor
 from duetime.execution.ort import (
+    MAX_DIMS,
     cached_session,
     default_run_memory_bytes,
     graph_specs,
@@ -406,7 +407,25 @@ def reconcile(
             f"the graph, so it has no batch dim; give its dims under '{field}' (without the "
             "batch dim), or set max_batch_size = 0"
         )
+    _check_ranks(inputs, outputs, source)
     return ModelSignature(tuple(inputs), tuple(outputs), max_batch)
+
+
+def _check_ranks(inputs: list[TensorSpec], outputs: list[TensorSpec], source: str) -> None:
+    """ConfigError for a tensor of more dims than a request or an answer may have (MAX_DIMS).
+
+    NOTE: the codec refused every request's shape of more than 16 dims, where a model with a
+    rank-17 input loaded READY (metadata showing its 17 dims) and ORT ran it: the protocol's
+    limit is numpy's own now, and a model past it (ORT loads one) is refused here, by name."""
+    for kind, specs in (("input", inputs), ("output", outputs)):
+        for spec in specs:
+            rank = max(len(spec.shape), len(spec.client_shape))
+            if rank <= MAX_DIMS:
+                continue
+            raise ConfigError(
+                f"{source}: {kind} '{spec.name}' has {rank} dims; requests and answers "
+                f"carry tensors of at most {MAX_DIMS} (numpy's limit)"
+            )
 
 
 def _listed_outputs(
