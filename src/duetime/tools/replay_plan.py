@@ -106,6 +106,11 @@ class Plan:
     request_ids: list[str]
     recorded: list[list[CapturedTensor] | None]
     """Recorded outputs (only with --compare-outputs; None where the capture has none)."""
+    skipped: int = 0
+    """Records of the capture skipped because they do not decode (`CaptureReader`): not in
+    the plan, not replayed."""
+    first_skipped: str | None = None
+    """Why the first of them was skipped."""
 
     def __len__(self) -> int:
         return len(self.offsets_ns)
@@ -161,8 +166,10 @@ def load_plan(config: ReplayConfig) -> Plan:
                 record.arrival_ns, payload, replay_due_ns(record), timeout_at,
                 record.request_id, record.outputs if keep and answered else None,
             ))  # fmt: skip
+        skipped, first_skipped = reader.skipped, reader.first_skipped
     if not entries:
-        raise ConfigError(f"{config.capture}: the capture holds no requests")
+        why = f" that decode ({skipped} skipped; the first: {first_skipped})" if skipped else ""
+        raise ConfigError(f"{config.capture}: the capture holds no requests{why}")
     entries.sort(key=lambda e: e.arrival_ns)  # a server writes them as they end
     first = entries[0].arrival_ns
     _check_length(config, (entries[-1].arrival_ns - first) / config.speed / 1e9)
@@ -181,7 +188,8 @@ def load_plan(config: ReplayConfig) -> Plan:
         offsets_ns=offsets, span_ns=max(span, 1), payloads=[e.payload for e in entries],
         dues_ns=[e.due_ns for e in entries], timeout_at=[e.timeout_at for e in entries],
         request_ids=[e.request_id for e in entries],
-        recorded=[e.recorded for e in entries],
+        recorded=[e.recorded for e in entries], skipped=skipped,
+        first_skipped=None if first_skipped is None else str(first_skipped),
     )  # fmt: skip
 
 

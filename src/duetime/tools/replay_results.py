@@ -98,6 +98,8 @@ def result_of(
         "speed": config.speed,
         "loops": config.loops,
         "requests_in_capture": len(replay.plan),
+        "skipped": replay.plan.skipped,
+        "first_skipped": replay.plan.first_skipped,
         "interrupted": interrupted,
         "statuses": {str(k): v for k, v in sorted(tally.statuses.items())},
         "unsent": tally.unsent,
@@ -219,6 +221,12 @@ def format_result(doc: dict[str, Any]) -> str:
             f"warning: {doc['unsent']:,} requests were not sent: no connection to the target "
             f"could be opened{f' ({reason})' if reason else ''}; counted as unsent only "
             f"(replay exits {EXIT_UNSENT}); did the target stop?"
+        )
+    if doc.get("skipped"):
+        lines.append(
+            f"warning: {doc['skipped']:,} records of the capture were skipped (they do not "
+            f"decode) and not replayed; the first: {doc.get('first_skipped')} (replay exits "
+            f"{EXIT_UNSENT})"
         )
     if doc.get("unanswered"):
         lines.append(
