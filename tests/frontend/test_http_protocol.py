@@ -382,7 +382,8 @@ def test_head_over_the_limit(client: RawClient, server: RunningServer, where: st
         b"GET /v2/health/live FTP/1.1\r\n\r\n",
         b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03" + bytes(32) + b"\r\n\r\n",  # a TLS hello
         b"POST /v2/models/mlp/infer HTTP/1.1\r\nContent-Length: ten\r\n\r\n",
-        b"POST /v2/models/mlp/infer HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
+        b"POST /v2/models/mlp/infer HTTP/1.1\r\nHost: t\r\n"
+        b"Transfer-Encoding: chunked\r\n\r\nzz\r\n",
         b"GET /v2/health/live HTTP/1.1\r\nBad Header\r\n\r\n",
     ],
     ids=["garbage", "extra-token", "not-http", "tls", "bad-length", "bad-chunk", "bad-header"],

@@ -82,6 +82,7 @@ class EchoApi:
         self.hold = hold
         self.accepting = True  # (as RestApi: False once the server stops)
         self.held: list[tuple[Ticket, Reply]] = []
+        self.refused: dict[tuple[int, str], int] = {}  # (as RestApi's: the connection counts)
         self.turn = ReadTurn(MonotonicClock())
         # (as RestApi's: nothing records, no model is served)
         self.engine = types.SimpleNamespace(
@@ -438,7 +439,7 @@ def test_truncated_request_waits_then_the_client_leaves(
 def test_huge_declared_length_gets_413_at_once(
     loop: asyncio.AbstractEventLoop, length: int, expect: bool, some_body: bytes
 ) -> None:
-    head = f"POST /v2/models/m/infer HTTP/1.1\r\nContent-Length: {length}\r\n"
+    head = f"POST /v2/models/m/infer HTTP/1.1\r\nHost: fuzz\r\nContent-Length: {length}\r\n"
     if expect:
         head += "Expect: 100-continue\r\n"
     outcome = converse(loop, [head.encode() + b"\r\n" + some_body])

@@ -18,6 +18,14 @@ slower client (slowloris) is answered 408 and closed; a connection that sends no
 `request_read_timeout_s` of its accept is closed. The common request pays for none of this
 but a few comparisons: one timer per connection checks the read and idle deadlines, and small
 bodies are not counted.
+
+A header field sent on several lines is read as one, its values comma-separated (RFC 9110
+5.3), but for those that take one value (a second Host, or a Content-Type or
+Inference-Header-Content-Length that differs, is refused: 400); an HTTP/1.1 request without
+Host is refused (RFC 9112 3.2). A compressed inference body is inflated on the loop up to
+`INFLATE_INLINE_BYTES`, the rest on a thread (`HttpConnection._inflate`). What the connection
+refuses of an inference request counts in duetime_requests_refused_total, as the API's own
+refusals do (`HttpConnection._count_refused`).
 """
 
 from __future__ import annotations
@@ -47,9 +55,11 @@ from duetime.errors import ConfigError, DuetimeError
 from duetime.execution.affinity import lower_thread_priority
 from duetime.frontend import codec
 from duetime.frontend.rest import (
+    INFLATE_INLINE_BYTES,
     BulkReply,
     HeldInfer,
     HttpError,
+    Inflation,
     PendingReply,
     Reply,
     RestApi,
@@ -846,7 +856,30 @@ class HttpConnection(asyncio.BufferedProtocol):
         if size > self._max_header:
             self._count_header(0)
         elif not self._rejected:
-            self._headers[name.decode("latin-1").lower()] = value.decode("latin-1")
+            key = name.decode("latin-1").lower()
+            headers = self._headers
+            if key in headers:  # (a lookup: 8 ns a header, measured)
+                self._repeated(key, value.decode("latin-1"))
+            else:
+                headers[key] = value.decode("latin-1")
+
+    def _repeated(self, name: str, value: str) -> None:
+        """A field line for `name` that the head already had: combined with the ones before
+        (RFC 9110 5.3: as if their values came on one line, comma-separated), but for a field
+        that takes one value (`_SINGLE_FIELDS`): the request is refused (400) where the values
+        differ, and where it is a second Host (RFC 9112 3.2), whatever its value.
+
+        NOTE: the last line's value was kept alone: `Transfer-Encoding: gzip` then
+        `Transfer-Encoding: chunked` framed the body as chunked and handed it on still
+        compressed (a 400 "not valid UTF-8" in place of the 501 of one line saying
+        `gzip, chunked`); two `Content-Encoding: gzip` lines were decoded once (the one line
+        `gzip, gzip` gets 415); two different `Inference-Header-Content-Length` values, the
+        last was used (found by a tester)."""
+        headers = self._headers
+        if name not in _SINGLE_FIELDS:
+            headers[name] = f"{headers[name]}, {value}"
+        elif (name == "host" or headers[name] != value) and not self._closing:
+            self._fail(400, f"header '{name}' is sent more than once; send it once")
 
     def on_headers_complete(self) -> None:
         self._head_done = True
@@ -860,6 +893,12 @@ class HttpConnection(asyncio.BufferedProtocol):
             self._fail(505, f"HTTP/{version} is not supported here; send HTTP/1.1 (or 1.0)")
             return
         headers = self._headers
+        if "host" not in headers and not self._http10:
+            # NOTE: answered as any (found by a tester); RFC 9112 3.2 has a server answer 400
+            # to an HTTP/1.1 request without Host (every client sends one; a second one is
+            # refused as it is read: `_repeated`)
+            self._fail(400, "an HTTP/1.1 request must have a Host header (RFC 9112 3.2)")
+            return
         coding = headers.get("transfer-encoding")
         if coding is not None and coding.strip().lower() != "chunked":
             # NOTE: llhttp takes the last coding, chunked, for the framing: the body would reach
@@ -1002,7 +1041,13 @@ class HttpConnection(asyncio.BufferedProtocol):
         url, headers, chunks, size = self._url, self._headers, self._body, self._body_bytes
         slot.deferred = (method, url, headers, chunks, size)
         self._unstarted.append(slot)
-        if _is_infer(method, url) and (len(chunks) == 1 or size < _BULK_BODY_BYTES):
+        # (a compressed body is not: it may inflate to more than the loop should, see
+        # `_inflate`; it is dated once started, as a bulk body is)
+        if (
+            _is_infer(method, url)
+            and (len(chunks) == 1 or size < _BULK_BODY_BYTES)
+            and "content-encoding" not in headers
+        ):
             arrival = self._replay_arrival
             if arrival is None and slot.one_read and self._arrival_of_read[0] == self._reads:
                 arrival = self._arrival_of_read[1]  # (as the others read whole by this read)
@@ -1231,6 +1276,14 @@ class HttpConnection(asyncio.BufferedProtocol):
             if recorder is not None:
                 recorder.refused_unread("http", url, body, headers, _SHED_ERROR)
             return
+        if "content-encoding" in headers and self._inflate(slot, method, url, headers, body):
+            return
+        self._handle(slot, method, url, headers, body)
+
+    def _handle(
+        self, slot: _Slot, method: str, url: bytes, headers: Mapping[str, str], body: bytes
+    ) -> None:
+        """Hand the request to the API, dated by the read that brought it (see `reading`)."""
         head = method == "HEAD"  # a GET's status and headers without its body (RFC 9110 9.3.2)
         if method == "POST":  # (v2 infer and V1 predict date their requests: see `reading`)
             turn = self._turn
@@ -1242,6 +1295,56 @@ class HttpConnection(asyncio.BufferedProtocol):
         else:
             outcome = self._api.handle("GET" if head else method, url, headers, body)
         self._answered(slot, outcome, head)
+
+    def _inflate(
+        self, slot: _Slot, method: str, url: bytes, headers: dict[str, str], body: bytes
+    ) -> bool:
+        """Undo the Content-Encoding of a v2 inference request's body here, if it inflates to
+        `INFLATE_INLINE_BYTES` or less, then answer it (True); else go on on a thread of its own
+        (True: answered once inflated, its place in the pipeline kept), as answers are
+        compressed (`BulkReply`). False: not one of those (the API decodes it, or answers 415).
+
+        The API is handed the body inflated, with its headers but Content-Encoding; a body
+        that cannot be inflated is answered as the API answers it (`RestApi.refuse_infer`)."""
+        if method != "POST" or self._api.infer_target(url) is None:
+            return False
+        try:
+            inflation = Inflation(body, headers["content-encoding"], self._max_body)
+        except DuetimeError:
+            return False  # (a coding not served: the API answers 415)
+        plain = {name: value for name, value in headers.items() if name != "content-encoding"}
+        try:
+            data = inflation.step(INFLATE_INLINE_BYTES)
+        except DuetimeError as exc:
+            self._answered(slot, self._api.refuse_infer(url, headers, exc))
+            return True
+        if data is not None:
+            self._handle(slot, method, url, plain, data)
+            return True
+        at = _binary_start(method, url, plain)
+
+        def inflate() -> Any:
+            data = inflation.finish()
+            return data if at is None else _join_aligned([data], at)
+
+        def inflated(future: asyncio.Future[Any]) -> None:
+            if self._transport is None or slot not in self._slots:
+                return  # the client left
+            try:
+                data = future.result()
+            except DuetimeError as exc:
+                self._answered(slot, self._api.refuse_infer(url, headers, exc))
+            except Exception as exc:  # MemoryError, most likely
+                log.exception("could not inflate a request body")
+                message = f"internal error inflating the request body: {type(exc).__name__}"
+                reply = _error(500, message, headers)
+                self._made(slot, _encode(reply, slot.keep_alive, slot.http10))
+            else:
+                self._handle(slot, method, url, plain, data)
+            self._update_reading()
+
+        _in_thread(self._loop, inflate, "duetime-inflate").add_done_callback(inflated)
+        return True
 
     def _shed(self, url: bytes, headers: Mapping[str, str], body: bytes) -> bool:
         """Whether the load shedder refuses this inference request, read and not decoded: it
@@ -1584,18 +1687,42 @@ class HttpConnection(asyncio.BufferedProtocol):
             self._fail(431, f"request head is over the {self._max_header}-byte limit")
 
     def _fail(self, status: int, message: str, *, retry_after: bool = False) -> None:
-        """Answer a request that cannot be parsed or read further, then close the connection."""
+        """Answer a request that cannot be parsed or read further, then close the connection;
+        one for inference counts in `RestApi.refused` (see `_count_refused`)."""
         self._rejected = True
         self._closing = True
         self._window_start = None
         self._body = []
         self._drop_reservation()
-        reply = _encode(_error(status, message, self._headers, retry_after=retry_after), False)
+        error = _error(status, message, self._headers, retry_after=retry_after)
+        self._count_refused(status)
+        reply = _encode(error, False)
         self._slots.append(_Slot(keep_alive=False, data=reply))
         if self._transport is not None and not self._reading_paused:
             self._transport.pause_reading()
             self._reading_paused = True
         self._flush()
+
+    def _count_refused(self, status: int) -> None:
+        """Count a refusal of the request being read (`_fail`) in `RestApi.refused` (the
+        metric duetime_requests_refused_total) if it is an inference request, as the API counts
+        its own: by status and error class (HttpError), no label from the request.
+
+        It counts where what was read of the request names an inference target (its method
+        and URL: `_names_inference`). A head refused before its method and URL were read
+        whole (a malformed request line) does not count: nothing says it was an inference
+        request, and garbage sent to the port (a scanner's, a TLS hello) is no refused
+        inference. A malformed header after them counts.
+
+        NOTE: the connection's own refusals counted nowhere: 413 for a Content-Length or a
+        chunked body over the limit, 408 for a stalled body, 400 for a malformed head, 501 for
+        a Transfer-Encoding (found by a tester); the API's 413 for a JSON part over its limit
+        counted."""
+        url = self._url
+        if url and _names_inference(self._parser.get_method(), url):
+            refused = self._api.refused
+            key = (status, HttpError.__name__)
+            refused[key] = refused.get(key, 0) + 1
 
     def evict(self) -> bool:
         """Close this connection, idle, for a new one at `max_connections` (the Intake's call);
@@ -1839,8 +1966,22 @@ def _shed_submit(request: Any) -> Any:
     raise HttpError(429, _SHED_MESSAGE, retry_after_s=1.0)
 
 
+_SINGLE_FIELDS = frozenset(("host", "content-type", "inference-header-content-length"))
+"""Header fields that take one value: sent twice, the request is refused (see
+`HttpConnection._repeated`); llhttp refuses a second Content-Length itself."""
+
+
 def _is_infer(method: str, url: bytes) -> bool:
     return method == "POST" and url.split(b"?", 1)[0].endswith(b"/infer")
+
+
+def _names_inference(method: bytes, url: bytes) -> bool:
+    """Whether a request (what was read of it) is for inference: v2's `POST .../infer`, or
+    V1's `POST /v1/models/<m>:predict` (or `:explain`), as `RestApi` counts its refusals."""
+    if method != b"POST":
+        return False
+    path = url.split(b"?", 1)[0]
+    return path.endswith((b"/infer", b":predict", b":explain"))
 
 
 _PRIORITY_ONE = re.compile(rb'"priority"\s*:\s*1(?![0-9.eE])')
