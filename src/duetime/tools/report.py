@@ -136,8 +136,8 @@ class LatencySummary:
 
 
 def latency_summary(latency_ns: np.ndarray) -> LatencySummary:
-    """The latencies' percentiles, max and mean, read from an HDR histogram of them (µs, 3
-    significant digits).
+    """The latencies' percentiles (nearest rank), max and mean, read from an HDR histogram of
+    them (µs, 3 significant digits: `hdr.percentiles_us`).
 
     NOTE: the estimator of the JSON's `latency_us` and of `duetime report`, so that the table's
     "all" row and they show the same figures; numpy's interpolated percentiles differed from
