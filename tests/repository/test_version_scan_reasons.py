@@ -19,7 +19,8 @@ from duetime.repository.layout import VERSION_MAX, scan_model, scan_repository
 CASES = {
     "99999999999999999999/model.onnx": "99999999999999999999/: beyond the highest version "
     f"(versions are int64s: at most {VERSION_MAX})",
-    "1/model.onnx/": "1/model.onnx: a folder, not a file",
+    "1/model.onnx/": "1/model.onnx: a folder holding no model.onnx (as Triton's layout, "
+    "1/model.onnx/model.onnx, beside its external data)",
     "1/Model.onnx": "1/Model.onnx: the file must be named model.onnx",
     "1/resnet.onnx": "1/resnet.onnx: the file must be named model.onnx",
     "v1/model.onnx": "v1/: not a version: a version folder's name is an integer, such as 1",

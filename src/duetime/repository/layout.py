@@ -1,4 +1,6 @@
-"""The on-disk format: `<repo>/<model>/config.toml` and `<repo>/<model>/<version>/model.onnx`."""
+"""The on-disk format: `<repo>/<model>/config.toml` and `<repo>/<model>/<version>/model.onnx`
+(or Triton's `<version>/model.onnx/model.onnx`, a folder holding the model and its external
+data)."""
 
 from __future__ import annotations
 
@@ -18,6 +20,8 @@ class ModelSource:
     name: str
     directory: Path
     versions: dict[int, Path]
+    """The model file of each version: `<version>/model.onnx`, or `<version>/model.onnx/model.onnx`
+    (see `model_file`)."""
 
     @property
     def latest(self) -> int:
@@ -30,6 +34,28 @@ class Scan:
 
     models: list[ModelSource]
     errors: dict[str, str]
+
+
+def model_file(version: Path) -> Path | None:
+    """The model file of the version folder `version`: its `model.onnx`, or, where that is a
+    folder, the `model.onnx` in it (Triton's layout for a model with external data: the
+    onnxruntime backend loads `<dir>/model.onnx` of a model path that is a folder); None when
+    it holds neither.
+
+    NOTE: that layout was refused ("1/model.onnx: a folder, not a file") though a Triton ONNX
+    repository is to serve as it is. ORT reads the external data relative to the model file,
+    so from that folder, and refuses a location that leaves it."""
+    path = version / MODEL_FILENAME
+    if path.is_file():
+        return path
+    if path.is_dir() and (path / MODEL_FILENAME).is_file():
+        return path / MODEL_FILENAME
+    return None
+
+
+def version_folder(model: Path) -> Path:
+    """The version folder of a model file `model_file` gave (or a variant's file beside it)."""
+    return model.parent.parent if model.parent.name == MODEL_FILENAME else model.parent
 
 
 def is_hidden(name: str) -> bool:
@@ -106,7 +132,7 @@ def scan_repository(root: Path) -> Scan:
 
 def _refuse_a_model_given_as_repository(root: Path) -> None:
     layout = f"a repository holds <model>/<version>/{MODEL_FILENAME}"
-    if (root / MODEL_FILENAME).is_file():
+    if model_file(root) is not None:
         if version_of(root.absolute().name) is None:
             # NOTE: "serve the repository two levels up" sent `my_models/model.onnx` to the
             # folder above my_models (/tmp, say), which is no repository either
@@ -123,7 +149,7 @@ def _refuse_a_model_given_as_repository(root: Path) -> None:
     versions = [
         p.name
         for p in model_folders(root)
-        if version_of(p.name) is not None and (p / MODEL_FILENAME).is_file()
+        if version_of(p.name) is not None and model_file(p) is not None
     ]
     if versions:
         raise ConfigError(
@@ -156,17 +182,18 @@ def scan_model(directory: Path) -> ModelSource:
     versions: dict[int, Path] = {}
     for child in sorted(directory.iterdir()):
         number = version_of(child.name)
-        if number is not None and child.is_dir() and (child / MODEL_FILENAME).is_file():
+        model = model_file(child) if number is not None and child.is_dir() else None
+        if number is not None and model is not None:
             seen = versions.get(number)
             if seen is not None:
                 # NOTE: serving either would depend on the listing order; refusing the model
                 # (a served one keeps serving) names the stray folder instead.
                 raise ConfigError(
-                    f"{directory}: version folders '{seen.parent.name}' and '{child.name}' are "
-                    f"both version {number}; keep one (versions are integers: name it "
-                    f"'{number}')"
+                    f"{directory}: version folders '{version_folder(seen).name}' and "
+                    f"'{child.name}' are both version {number}; keep one (versions are "
+                    f"integers: name it '{number}')"
                 )
-            versions[number] = child / MODEL_FILENAME
+            versions[number] = model
     if not versions:
         found = _not_versions(directory)
         shown = "; ".join(found[:_SHOWN_MAX])
@@ -215,7 +242,9 @@ def _not_versions(directory: Path) -> list[str]:
                 found.append(f"{name}/: beyond the highest version (versions are int64s: "
                              f"at most {VERSION_MAX})")  # fmt: skip
         elif (child / MODEL_FILENAME).is_dir():
-            found.append(f"{name}/{MODEL_FILENAME}: a folder, not a file")
+            found.append(f"{name}/{MODEL_FILENAME}: a folder holding no {MODEL_FILENAME} (as "
+                         f"Triton's layout, {name}/{MODEL_FILENAME}/{MODEL_FILENAME}, "
+                         "beside its external data)")  # fmt: skip
         elif models:
             found += [f"{name}/{shown_name(file)}: the file must be named {MODEL_FILENAME}"
                       for file in models]  # fmt: skip

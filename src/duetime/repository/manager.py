@@ -52,6 +52,7 @@ from duetime.repository.layout import (
     model_folders,
     scan_model,
     scan_repository,
+    version_folder,
     version_of,
 )
 from duetime.repository.loader import LoadedModel, load_version
@@ -930,7 +931,7 @@ class ModelManager:
         """Why `old`, whose version the folder `name` is served from lacks, is retired."""
         if name not in self._uploads:
             return REMOVED
-        if old.primary.model.path.parent.parent == self.root / name:
+        if version_folder(old.primary.model.path).parent == self.root / name:
             return UPLOADED  # (the repository's: listed, to say why it no longer serves)
         # NOTE: a version of an earlier upload was labelled as the repository's folder (the
         # upload serving in its place); gone with its files, it leaves the index once drained
@@ -1637,12 +1638,14 @@ def _model_bytes(source: ModelSource, versions: Iterable[int], config: ModelConf
 
 def _version_files(model: Path, config: ModelConfig) -> list[Path]:
     """The model files of a version (`model` and its variants' files), then every other file in
-    its folder and below, but hidden ones (the optimised-graph cache, a copy in progress)."""
+    its version folder and below, but hidden ones (the optimised-graph cache, a copy in
+    progress): those in `<version>/model.onnx/` too, where Triton's layout puts the model."""
     files = [model, *(model.with_name(v.file) for v in config.variants)]
     named = set(files)
+    folder = version_folder(model)
     with contextlib.suppress(OSError):
-        for path in sorted(model.parent.rglob("*")):
-            hidden = any(part.startswith(".") for part in path.relative_to(model.parent).parts)
+        for path in sorted(folder.rglob("*")):
+            hidden = any(part.startswith(".") for part in path.relative_to(folder).parts)
             if not hidden and path not in named and path.is_file():
                 files.append(path)
     return files

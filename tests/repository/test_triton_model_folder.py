@@ -1,0 +1,103 @@
+"""Triton's layout for a model with external data: `<version>/model.onnx/` a folder holding
+`model.onnx` and its weight files (the onnxruntime backend loads `<dir>/model.onnx`).
+
+Found by a tester (repro_model_dir.py): such a version was refused, UNAVAILABLE "1/model.onnx: a
+folder, not a file", though a Triton ONNX repository is to serve as it is.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import onnx
+import pytest
+from repo_models import age, factor_of, scale_model
+from repo_models import run_on_engine as run
+
+from duetime.engine import Engine
+from duetime.errors import ModelUnavailable
+from duetime.repository.layout import scan_model, scan_repository
+
+
+def folder_version(repo: Path, version: int, factor: float, *, leaving: bool = False) -> Path:
+    """Write `m/<version>/model.onnx/model.onnx` (y = factor * x), its tensors in weights.bin
+    in that folder (in the version folder, named `../weights.bin`, when `leaving`); the folder."""
+    folder = repo / "m" / str(version) / "model.onnx"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "weights.bin").unlink(missing_ok=True)  # (onnx appends to a file already there)
+    model = onnx.load_from_string(scale_model(factor))
+    onnx.save_model(
+        model, str(folder / "model.onnx"), save_as_external_data=True,
+        all_tensors_to_one_file=True, location="weights.bin", size_threshold=0,
+    )  # fmt: skip
+    weights = folder / "weights.bin"
+    if leaving:  # (onnx refuses to write such a location itself)
+        weights = weights.rename(folder.parent / "weights.bin")
+        model = onnx.load(str(folder / "model.onnx"), load_external_data=False)
+        for tensor in model.graph.initializer:
+            for entry in tensor.external_data:
+                if entry.key == "location":
+                    entry.value = "../weights.bin"
+        onnx.save_model(model, str(folder / "model.onnx"))
+    for path in (folder / "model.onnx", weights):
+        age(path)
+    return folder
+
+
+def index(engine: Engine) -> dict[str, tuple[str, str]]:
+    return {
+        e.get("version", ""): (e.get("state", ""), e.get("reason", ""))
+        for e in engine.repository_index()
+        if e["name"] == "m"
+    }
+
+
+def test_a_version_whose_model_onnx_is_a_folder_is_found(tmp_path: Path) -> None:
+    folder = folder_version(tmp_path, 1, 2.0)
+    (tmp_path / "m" / "2").mkdir()
+    (tmp_path / "m" / "2" / "model.onnx").write_bytes(scale_model(3))
+    assert scan_model(tmp_path / "m").versions == {
+        1: folder / "model.onnx",
+        2: tmp_path / "m" / "2" / "model.onnx",
+    }
+    assert scan_repository(tmp_path).errors == {}
+
+
+def test_it_serves_with_its_external_data_read_from_that_folder(tmp_path: Path) -> None:
+    folder_version(tmp_path, 1, 3.0)
+
+    async def scenario(engine: Engine) -> None:
+        assert await factor_of(engine) == 3.0
+        assert index(engine)["1"][0] == "READY"
+
+    run(tmp_path, scenario)
+
+
+def test_a_poll_sees_new_weights_inside_that_folder(tmp_path: Path) -> None:
+    folder = folder_version(tmp_path, 1, 1.0)
+
+    async def scenario(engine: Engine) -> None:
+        assert await factor_of(engine) == 1.0
+        graph = (folder / "model.onnx").read_bytes()
+        folder_version(tmp_path, 1, 4.0)  # new weights, the same model file
+        assert (folder / "model.onnx").read_bytes() == graph
+        await engine.manager.poll()  # type: ignore[union-attr]
+        assert await factor_of(engine) == 4.0
+
+    run(tmp_path, scenario, control_mode="poll", poll_s=3600)
+
+
+def test_external_data_outside_that_folder_is_still_refused(tmp_path: Path) -> None:
+    """ORT refuses a location leaving the model file's folder: one beside the folder, in the
+    version folder, is outside it."""
+    folder_version(tmp_path, 1, 5.0, leaving=True)
+    assert (tmp_path / "m" / "1" / "weights.bin").is_file()
+
+    async def scenario(engine: Engine) -> None:
+        with pytest.raises(ModelUnavailable):
+            await factor_of(engine)
+        state, reason = index(engine)["1"]
+        assert state == "UNAVAILABLE"
+        assert "escapes model directory" in reason
+
+    run(tmp_path, scenario)
