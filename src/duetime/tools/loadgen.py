@@ -20,7 +20,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import replace
 from pathlib import Path
 from queue import Empty
@@ -35,7 +35,12 @@ from duetime.loops import new_event_loop
 from duetime.observability.logs import console
 from duetime.tools.arrivals import ARRIVAL_KINDS, arrival_offsets_ns, choose_classes
 from duetime.tools.bench_record import write_bench_capture
-from duetime.tools.config import DEFAULT_HTTP_CONNECTIONS, MAX_HTTP_CONNECTIONS, BenchConfig
+from duetime.tools.config import (
+    DEFAULT_HTTP_CONNECTIONS,
+    MAX_HTTP_CONNECTIONS,
+    MAX_POOL_BYTES,
+    BenchConfig,
+)
 from duetime.tools.drivers import (
     ClosedLoop,
     Dispatch,
@@ -55,7 +60,14 @@ from duetime.tools.outputs import (
     strict_json,
     write_output,
 )
-from duetime.tools.payloads import PayloadSpec, WireProtocol, check_batch, encode, random_inputs
+from duetime.tools.payloads import (
+    GrpcPayload,
+    PayloadSpec,
+    WireProtocol,
+    check_batch,
+    encode,
+    random_inputs,
+)
 from duetime.tools.progress import Progress
 from duetime.tools.report import EXIT_UNSENT, BenchResult, Records, merge_records, result_of
 from duetime.tools.server_metrics import (
@@ -163,10 +175,11 @@ async def collect_records(
         spec = _payload_spec(config)
         rng = np.random.default_rng(config.seed)
         # the same draws as build_pool, with the inputs kept for the capture
-        pools = [
-            [random_inputs(signature, config.batch, rng) for _ in range(config.pool_size)]
-            for _ in config.classes
-        ]
+        size, count = config.pool_size_used(), len(config.classes)
+        drawn = [random_inputs(signature, config.batch, rng)]
+        check_pool_bytes(config, size, drawn[0], encode(spec, drawn[0], config.classes[0]))
+        drawn += [random_inputs(signature, config.batch, rng) for _ in range(size * count - 1)]
+        pools = [drawn[c * size : (c + 1) * size] for c in range(count)]
         payloads = [
             [encode(spec, inputs, due) for inputs in pool]
             for pool, due in zip(pools, config.classes, strict=True)
@@ -186,6 +199,35 @@ async def collect_records(
         return records
     finally:
         await transport.aclose()
+
+
+def check_pool_bytes(
+    config: BenchConfig, size: int, inputs: Mapping[str, np.ndarray], payload: Any
+) -> None:
+    """ConfigError naming --pool when `size` payloads per due class like `payload` (and their
+    `inputs`, kept for --record) would take more than MAX_POOL_BYTES.
+
+    NOTE: the pool had no bound: --batch 64 --pool 1000000 built every payload before the
+    run (2.5 GB) and died of numpy's MemoryError with a traceback."""
+    each = sum(a.nbytes for a in inputs.values()) + _payload_bytes(payload)
+    total = each * size * len(config.classes)
+    if total <= MAX_POOL_BYTES:
+        return
+    classes = f" x {len(config.classes)} due classes" if len(config.classes) > 1 else ""
+    raise ConfigError(
+        f"--pool {config.pool_size}: {size:,} payloads{classes} of about {each:,} bytes "
+        f"(--batch {config.batch}) would take {total / 2**20:,.0f} MiB, over the "
+        f"{MAX_POOL_BYTES >> 20} MiB the pool may; lower --pool or --batch"
+    )
+
+
+def _payload_bytes(payload: Any) -> int:
+    """The bytes a payload holds besides its inputs (the engine's shares their arrays)."""
+    if isinstance(payload, bytes):
+        return len(payload)
+    if isinstance(payload, GrpcPayload):
+        return len(payload.data)
+    return 0
 
 
 def _transport(config: BenchConfig, ledger: Ledger, engine: Engine | None) -> Transport:
@@ -485,14 +527,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         help=f"HTTP connections opened first (open loop; default {DEFAULT_HTTP_CONNECTIONS}; "
         f"more open while all are busy, up to {MAX_HTTP_CONNECTIONS}: a request never waits "
-        "behind another's answer) or gRPC channels (default 1)",
+        f"behind another's answer) or gRPC channels (default 1); 1 to {MAX_HTTP_CONNECTIONS}",
     )
     load.add_argument(
         "--processes", type=int, default=1, help="generator processes sharing the load"
     )
     load.add_argument("--seed", type=int, default=0, help="seed of arrivals, classes and inputs")
     load.add_argument(
-        "--pool", type=int, default=16, help="distinct payloads per due class (default 16)"
+        "--pool",
+        type=int,
+        default=16,
+        help="distinct payloads per due class (default 16; an open loop builds no more than "
+        f"it sends), built before the run: at most {MAX_POOL_BYTES >> 20} MiB in all",
     )
     due = parser.add_argument_group("due times")
     due.add_argument(
