@@ -1,5 +1,6 @@
 """The load-time check that a free first dim is a batch: rows that interact, however little, and
-outputs sized by the values are served unbatched; the demo models and their int8 variants batch."""
+outputs sized by the values are served unbatched; the demo models batch (their int8 variants run
+each request alone: see test_quantized_rows_alone)."""
 
 from __future__ import annotations
 
@@ -148,7 +149,11 @@ def test_samples_of_scalar_inputs_are_arrays_of_every_datatype() -> None:
         assert all(type(array) is np.ndarray and array.shape == () for array in feeds.values())
 
 
-def test_the_demo_models_and_their_dynamically_quantized_variants_batch(tmp_path: Path) -> None:
+def test_the_demo_models_batch_and_their_dynamically_quantized_variants_run_alone(
+    tmp_path: Path,
+) -> None:
+    """Quantized dynamically, rows share their batch's activation scale: `coupled`, whatever
+    the N(0, 1) samples show (see test_quantized_rows_alone)."""
     root = write_demo_repository(tmp_path / "demo")
     for name in ("mlp", "orderbook", "deeplob"):
         path = root / name / "1" / MODEL_FILENAME
@@ -161,7 +166,14 @@ def test_the_demo_models_and_their_dynamically_quantized_variants_batch(tmp_path
             session = ort.InferenceSession(str(file), providers=["CPUExecutionProvider"])
             signature = reconcile(ModelConfig(), *graph_specs(session, file), source=name)
             assert signature.max_batch_size > 0
-            assert batching_problem(session, signature, facts) is None, file
+            problem = batching_problem(session, signature, facts)
+            if file == int8:
+                assert problem is not None, file
+                assert problem.coupled
+                assert not problem.rows_differ
+                assert not problem.sized_by_values
+            else:
+                assert problem is None, file
 
 
 # -- outputs sized by the values ------------------------------------------------------------------

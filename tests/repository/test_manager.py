@@ -976,12 +976,12 @@ def test_a_graph_that_mixes_its_rows_is_batched_only_if_its_config_says_so(
 # -- variants --------------------------------------------------------------------------------------
 
 
-def test_variants_batch_as_their_primary_and_dynamic_int8_rows_still_batch(
+def test_variants_batch_as_their_primary_and_dynamic_int8_rows_run_alone(
     tmp_path: Path, demo_repo: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """An int8 variant quantized dynamically mixes its rows a little (each batch's scale; the
-    demo mlp's moves by 2% of its output's scale on the sample rows): still batched, as its
-    float primary; a variant of a primary served unbatched is unbatched too."""
+    """An int8 variant quantized dynamically mixes its rows (each batch's scale): batched as
+    its float primary, each request run on its own; served as a model of its own, unbatched
+    (see test_quantized_rows_alone); a variant of a primary served unbatched is unbatched too."""
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     mlp = (demo_repo / "mlp" / "1" / "model.onnx").read_bytes()
@@ -998,7 +998,9 @@ def test_variants_batch_as_their_primary_and_dynamic_int8_rows_still_batch(
         m = [d.model.signature.max_batch_size for d in models["m"].versions["1"].variants]
         n = [d.model.signature.max_batch_size for d in models["n"].versions["1"].variants]
         q = models["q"].versions["1"].primary.model.signature.max_batch_size
-        assert (m, n, q) == ([32, 32], [0, 0], 32)
+        assert (m, n, q) == ([32, 32], [0, 0], 0)
+        alone = [d.model.executor.splits_batches for d in models["m"].versions["1"].variants]
+        assert alone == [False, True]
         x = np.ones((1, 40), np.float32)  # the int8 variant answers too
         assert (await engine.infer_async("m", {"x": x}, timeout=1.0))["y"].shape == (1, 3)
 

@@ -710,7 +710,8 @@ def _checked_batching(
     batches of a graph whose outputs do not follow them is an error; of one whose rows seem to
     interact, a warning: the config may know better. A variant (`settled`: its primary's
     max_batch_size) batches as its primary does. With it: whether each request must run on its
-    own (an output sized by the values, batched as the config asks: see `Executor`)."""
+    own (an output sized by the values, or a graph quantized dynamically, batched as the
+    config asks: see `Executor`)."""
     unbatched = config.model_copy(update={"max_batch_size": 0})
     if settled == 0:
         return reconcile(unbatched, *graph, source=source), False
@@ -726,8 +727,10 @@ def _checked_batching(
     if asked:
         # NOTE: a batch's answers to an output sized by the values cannot be told apart, even
         # when its first dim happens to be the rows run: a 5-row request padded to 6 rows got a
-        # NonZero's entries for its padding row. Each request runs alone, at its own rows.
-        alone = problem.sized_by_values
+        # NonZero's entries for its padding row. Each request runs alone, at its own rows; so
+        # does each of a graph quantized dynamically (`QUANTIZED_WHY`), an int8-dynamic
+        # variant of a batching model included.
+        alone = problem.sized_by_values or problem.coupled
         log.warning(
             "%s: %s; batched anyway, as its config asks%s", source, problem.why,
             ", but each request runs on its own" if alone else "",
@@ -743,8 +746,18 @@ batch and a run alone before `batching_problem` calls the rows dependent: a floa
 grouped otherwise in a batch (another kernel, another blocking); rows that mix move far more."""
 ROWS_ULPS = 8
 """...or this many units in the last place of the output's type, where that is more (FP16)."""
-QUANTIZED_ROWS_TOLERANCE = 0.2
-"""`ROWS_TOLERANCE` for a graph quantized dynamically (see `GraphFacts.dynamically_quantized`)."""
+QUANTIZED_WHY = (
+    "its activations are quantized dynamically (a DynamicQuantizeLinear, or a QuantizeLinear "
+    "whose scale is computed from the values): one scale is taken over the whole input tensor, "
+    "so in a batch each request's answer would follow the other requests' values (a row of "
+    "large values zeroes the others' answers)"
+)
+"""Why `batching_problem` will not batch the requests of a graph quantized dynamically (see
+`GraphFacts.dynamically_quantized`).
+
+NOTE: such rows were compared within 20% and batched: ordinary rows batched with rows 1000
+times larger came back [0, 0, 0, 0] where ORT alone gives [-9.64, -8.19, 11.37, 9.99] (found by
+a tester). N(0, 1) samples at load cannot show how far another request's values move a row."""
 
 SampleFill = Literal["zeros", "distinct", "binary"]
 """What `sample_inputs` puts in integer, BOOL and BYTES inputs: zeros (False, ""); small
@@ -760,6 +773,9 @@ class BatchingProblem(NamedTuple):
     False: they do, but a row's values depend on the other rows of its batch."""
     sized_by_values: bool = False
     """An output's size follows the input values (as the graph or the sample runs show)."""
+    coupled: bool = False
+    """The graph takes one value over the whole tensor its rows are in (a dynamic quantizer's
+    scale): each request must run alone, its own rows together, as ONNX Runtime runs it."""
 
 
 def batching_problem(
@@ -778,16 +794,32 @@ def batching_problem(
     answer computed from the others'. Such mixing can move an output by a small share of its
     scale (`x - 0.15 * mean(x, axis=0)`), so floats are compared within `ROWS_TOLERANCE` of it,
     integers, booleans and strings exactly, and integer inputs differ from row to row (all
-    zeros, a running sum of them is zeros too). Rows of a model quantized dynamically do
-    interact a little, the scale of each batch's activations being taken over all its rows: the
-    demo models' int8 variants moved by 1.3-3.4% of their outputs' scale, batched as everyone
-    batches them, within `QUANTIZED_ROWS_TOLERANCE`.
+    zeros, a running sum of them is zeros too). Rows of a model quantized dynamically interact
+    whatever the samples show (`QUANTIZED_WHY`): its problem is `coupled`.
     """
     names = [spec.name for spec in signature.outputs]
     rows = min(2, signature.max_batch_size)
-    quantized = facts is not None and facts.dynamically_quantized
-    tolerance = QUANTIZED_ROWS_TOLERANCE if quantized else ROWS_TOLERANCE
     sized = _value_sized(names, facts)
+    problem = _sampled_problem(session, signature, names, rows)
+    if problem is not None and problem.rows_differ:
+        return problem
+    if sized is not None:  # (one the graph explains: what the log says, and the flag)
+        return sized
+    if problem is not None and problem.sized_by_values:
+        return problem
+    if facts is not None and facts.dynamically_quantized:  # (whatever the samples showed)
+        return BatchingProblem(QUANTIZED_WHY, rows_differ=False, coupled=True)
+    return problem
+
+
+def _sampled_problem(
+    session: ort.InferenceSession,
+    signature: ModelSignature,
+    names: list[str],
+    rows: int,
+    tolerance: float = ROWS_TOLERANCE,
+) -> BatchingProblem | None:
+    """What the sample runs of `batching_problem` show (None: nothing, or no samples ran)."""
     for fill in BATCHING_FILLS:  # (a graph taking its inputs as indices may refuse some)
         feeds = sample_inputs(signature, rows, seed=2, fill=fill)
         twins = {name: np.repeat(array[:1], rows, axis=0) for name, array in feeds.items()}
@@ -800,13 +832,10 @@ def batching_problem(
             twinned = session.run(names, twins) if rows > 1 else alone[0]
         except Exception:
             continue
-        problem = _rows_problem(names, alone, whole, tolerance) or _rows_problem(
+        return _rows_problem(names, alone, whole, tolerance) or _rows_problem(
             names, [alone[0]] * rows, twinned, tolerance
         )
-        if problem is not None:  # (one the graph explains: what the log says, and the flag)
-            return sized if sized is not None and not problem.rows_differ else problem
-        break
-    return sized
+    return None
 
 
 def _rows_problem(
