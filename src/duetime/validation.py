@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -45,12 +45,16 @@ class Validator:
         *,
         sized: Sequence[SizedNode] = (),
         max_run_bytes: int | None = None,
+        left_out: Mapping[str, str] | None = None,
     ) -> None:
         """`unserved`: the graph's outputs left out of `signature`, name -> why (see
         `unserved_output_reason`), for the error to a request asking for one. `sized`: the
         graph's nodes whose output size the request's values set (see `graphs.sized_nodes`),
-        none of which may be asked for more than `max_run_bytes` (None: no limit)."""
+        none of which may be asked for more than `max_run_bytes` (None: no limit).
+        `left_out`: the graph's inputs left out of `signature`, name -> why (see
+        `left_out_inputs`), for the error to a request giving one."""
         self._model = model
+        self._left_out = left_out or {}
         self._sized = tuple(sized) if max_run_bytes is not None else ()
         self._max_run_bytes = max_run_bytes or 0
         self._signature = signature
@@ -87,6 +91,11 @@ class Validator:
         `other_shapes`): the graph's shape of each (without the batch dim)."""
         self._templates: dict[object, tuple[int, tuple[Any, ...], tuple[str, ...]]] = {}
         """Templates whose requests passed: their rows, batching key and outputs."""
+
+    @property
+    def left_out(self) -> Mapping[str, str]:
+        """The graph's inputs requests may not give, name -> why (see `left_out_inputs`)."""
+        return self._left_out
 
     def overrides(self, prepared: Prepared) -> bool:
         """Whether the request gives optional inputs (it gave every required one)."""
@@ -189,6 +198,9 @@ class Validator:
     def _check_names(self, inputs: Mapping[str, np.ndarray]) -> None:
         for name in inputs:
             if name not in self._specs:
+                why = self._left_out.get(name)
+                if why is not None:
+                    raise InvalidInput(left_out_input(self._model, name, why))
                 raise InvalidInput(
                     f"input '{name}' is not an input of model '{self._model}'; it expects "
                     f"{self._expected}"
@@ -293,6 +305,37 @@ def expected_inputs(signature: ModelSignature) -> str:
         more = len(optional) - EXPECTED_OPTIONAL_MAX
         text += f" (optional: {named}{f' and {more} more' if more > 0 else ''})"
     return text
+
+
+def left_out_inputs(
+    graph_inputs: Iterable[TensorSpec], signature: ModelSignature
+) -> dict[str, str]:
+    """The graph's optional inputs `signature` does not serve, name -> why, for the error to a
+    request giving one (see `Validator`): those of a model that batches whose first dim is not
+    free (a weight or bias: no batch dim, so no request's rows to batch by).
+
+    NOTE: a request giving one was told "input 'b' is not an input of model 'm'; it expects
+    'x'": false (it is one of the graph's, and ONNX Runtime takes it), and silent on the reason
+    and the way out, which the load-time refusal of the same input in a config names."""
+    if signature.max_batch_size <= 0:
+        return {}
+    served = {spec.name for spec in signature.inputs}
+    return {
+        spec.name: (
+            f"an initializer ({spec.describe()}) the model's graph lets requests override, but "
+            f"not on a model that batches (max_batch_size = {signature.max_batch_size}): it has "
+            "no batch dim; leave it out (its initializer's value is used), or serve the model "
+            "unbatched (max_batch_size = 0 in its config) to give it"
+        )
+        for spec in graph_inputs
+        if spec.optional and spec.name not in served
+    }
+
+
+def left_out_input(model: str, name: str, why: str) -> str:
+    """The error to a request giving input `name`, which the graph of `model` has but which is
+    not served, and `why` (see `left_out_inputs`)."""
+    return f"input '{name}' of model '{model}': {why}"
 
 
 def not_an_output(

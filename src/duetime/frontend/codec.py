@@ -23,7 +23,13 @@ from duetime.datatypes import NUMPY_OF, UNSERVED, WIRE_DTYPE_OF, v2_datatype_of
 from duetime.errors import InvalidInput
 from duetime.execution.ort import CHECKED_TEXT, MAX_DIMS
 from duetime.types import ModelSignature, TensorSpec
-from duetime.validation import expected_inputs, not_an_output, other_shapes, shape_refused
+from duetime.validation import (
+    expected_inputs,
+    left_out_input,
+    not_an_output,
+    other_shapes,
+    shape_refused,
+)
 
 _LENGTH = struct.Struct("<I")
 _MAX_DIMS = MAX_DIMS
@@ -77,8 +83,8 @@ class Expected:
     """
 
     __slots__ = (
-        "_batch_limit", "_counted", "_invalid", "_model", "_others", "_outputs", "_specs",
-        "_unserved", "signature",
+        "_batch_limit", "_counted", "_invalid", "_left_out", "_model", "_others", "_outputs",
+        "_specs", "_unserved", "signature",
     )  # fmt: skip
 
     def __init__(
@@ -88,10 +94,12 @@ class Expected:
         counted: tuple[str, str],
         invalid: dict[tuple[str, str], int],
         unserved: Mapping[str, str] | None = None,
+        left_out: Mapping[str, str] | None = None,
     ) -> None:
         self._model = model
         self.signature = signature
         self._unserved = unserved or {}
+        self._left_out = left_out or {}  # (the validator's: see `left_out_inputs`)
         self._specs = {spec.name: spec for spec in signature.inputs}
         self._others = other_shapes(signature)
         self._outputs = tuple(spec.name for spec in signature.outputs)
@@ -114,6 +122,8 @@ class Expected:
     def input(self, name: str, datatype: str, shape: tuple[int, ...]) -> None:
         """InvalidInput unless the model takes input `name` of this datatype and shape."""
         spec = self._specs.get(name)
+        if spec is None and name in self._left_out:
+            self._refuse(left_out_input(self._model, name, self._left_out[name]))
         if spec is None:
             self._refuse(
                 f"input '{name}' is not an input of model '{self._model}'; it expects "

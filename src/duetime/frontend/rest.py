@@ -443,8 +443,9 @@ class Signatures:
                 self._made.clear()
             counted = (served.name, chosen.version)
             found = codec.Expected(
-                model, loaded.signature, counted, engine.router.invalid, loaded.unserved_outputs
-            )
+                model, loaded.signature, counted, engine.router.invalid, loaded.unserved_outputs,
+                loaded.validator.left_out,
+            )  # fmt: skip
             self._made[key] = found
         return found
 
