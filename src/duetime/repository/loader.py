@@ -170,13 +170,13 @@ def load_version(
         splits_batches=alone,
         output_shapes=answer_shapes(signature),
     )
-    produced = warm_up(executor, signature, path)
+    produced, fill = warm_up(executor, signature, path)
     _check_output_dims(
         config, signature, graph_outputs, produced, studied.facts, str(source.directory)
     )
-    profile = measure_profile(executor, signature, path, profile_budget_s)
+    profile = measure_profile(executor, signature, path, profile_budget_s, fill=fill)
     if produced is not None:
-        warm_up_largest(executor, signature, profile, path, profile_budget_s)
+        warm_up_largest(executor, signature, profile, path, profile_budget_s, fill=fill)
     if variant is None:
         _warn_unmeetable_timeout(config, profile, path)
     varies = cost_varies(studied.facts, signature)
@@ -185,7 +185,7 @@ def load_version(
     if config.execution == "auto":
         inline = runs_inline(profile, config.instances, cost_varies=bool(varies))
         if not inline and config.instances == 1 and not varies:
-            inline = _fast_enough_alone(executor, signature, profile)
+            inline = _fast_enough_alone(executor, signature, profile, fill)
         executor.inline = inline
     unserved = {name: unserved_output_reason(kind) for name, kind in uncarried.items()}
     if max_run_memory_bytes is None:
@@ -337,7 +337,7 @@ INLINE_CHECK_RUNS = 10
 
 
 def _fast_enough_alone(
-    executor: Executor, signature: ModelSignature, profile: LatencyProfile
+    executor: Executor, signature: ModelSignature, profile: LatencyProfile, fill: SampleFill
 ) -> bool:
     """Whether the fastest of a few more runs at batch 1 and at the largest batch are within
     the inline bounds, for a model of one instance whose profile says just over them.
@@ -357,7 +357,7 @@ def _fast_enough_alone(
     try:
         fastest = {}
         for rows, bound in ((1, INLINE_BATCH1_NS), (largest, INLINE_LONGEST_NS)):
-            feeds = sample_inputs(signature, rows, seed=rows)
+            feeds = sample_inputs(signature, rows, seed=rows, fill=fill)
             fastest[rows] = min(_timed_run(executor, feeds) for _ in range(INLINE_CHECK_RUNS))
             if fastest[rows] > bound:
                 return False
@@ -954,7 +954,12 @@ def sample_row_bytes(signature: ModelSignature) -> int:
 
 
 def measure_profile(
-    executor: Executor, signature: ModelSignature, path: Path, budget_s: float = PROFILE_BUDGET_S
+    executor: Executor,
+    signature: ModelSignature,
+    path: Path,
+    budget_s: float = PROFILE_BUDGET_S,
+    *,
+    fill: SampleFill = "zeros",
 ) -> LatencyProfile:
     """Median and p99 execution time of each batch bucket, measured on instance 0 within about
     `budget_s`; the buckets it cannot afford are estimated at the cost per row of the largest
@@ -964,8 +969,9 @@ def measure_profile(
     `PROFILE_PROBE_SHARE` of the budget (those of up to `PROFILE_MIN_ROWS` rows whatever they
     cost); then each measured one runs `PROFILE_MIN_RUNS` times (or as many as the budget has
     room for), and they share what is left equally, up to `PROFILE_MAX_RUNS` runs each, taken in
-    `PROFILE_ROUNDS` rounds over all the buckets. A graph that rejects the sample inputs gets a
-    nominal 1 ms per row, marked `guessed`: the first real execution replaces it.
+    `PROFILE_ROUNDS` rounds over all the buckets, on the samples of `fill` (the warm-up's: see
+    `warm_up`). A graph that rejects the sample inputs gets a nominal 1 ms per row, marked
+    `guessed`: the first real execution replaces it.
 
     NOTE: every bucket up to the max batch was run at least 5 times whatever the budget: the
     load of the demo resnet (about 1 ms a row) took ~4 s at max_batch_size 32, 29 s at 512,
@@ -992,7 +998,7 @@ def measure_profile(
                 largest = max(plan)
                 if spent + plan[largest][1] * rows / largest > PROFILE_PROBE_SHARE * budget_ns:
                     break
-            feeds = sample_inputs(signature, rows, seed=rows)
+            feeds = sample_inputs(signature, rows, seed=rows, fill=fill)
             started = time.perf_counter_ns()
             made = executor.run_sync(feeds)
             first = time.perf_counter_ns() - started
@@ -1042,28 +1048,61 @@ def _timed_run(executor: Executor, feeds: dict[str, np.ndarray]) -> int:
     return time.perf_counter_ns() - started
 
 
+class WarmedUp(NamedTuple):
+    produced: list[np.ndarray] | None
+    """The outputs of the first run (None: the graph rejected every sample)."""
+    fill: SampleFill
+    """The samples it took (see `WARM_UP_FILLS`): profiling runs those too."""
+
+
+WARM_UP_FILLS: tuple[SampleFill, ...] = ("zeros", "distinct")
+"""The samples `warm_up` tries, the second where the first failed to run: zeros (an index any
+table has), then non-zero ones (a row of "binary" is zeros).
+
+NOTE: zeros alone failed a model dividing by an input ("Integer division by zero"): it was
+profiled at a made-up 1 ms a row and run on a thread, and an idle ~20 µs model refused 2 of 20
+requests due in 1.5 ms (found by a tester)."""
+
+
 def warm_up(
     executor: Executor, signature: ModelSignature, path: Path, runs: int = WARM_UP_RUNS
-) -> list[np.ndarray] | None:
+) -> WarmedUp:
     """Run each instance `runs` times at batch 1 so first requests pay no allocation cost (the
-    largest batch: `warm_up_largest`, once profiled); the outputs of the first run (None: the
-    graph rejected the sample inputs).
+    largest batch: `warm_up_largest`, once profiled), on the first samples of `WARM_UP_FILLS`
+    the graph runs.
 
-    A graph that rejects the sample values (it needs real indices, say) still loads: it is warned
+    A graph that rejects every sample (it needs real indices, say) still loads: it is warned
     about, since real requests may well be valid.
     """
-    feeds = sample_inputs(signature, 1)
-    produced: list[np.ndarray] | None = None
-    try:
-        for instance in range(executor.instances):
-            for _ in range(runs):
-                made = executor.run_sync(feeds, instance)
-                if produced is None:
-                    produced = made
-    except (DuetimeError, Exception) as exc:
-        log.warning("%s: warm-up on sample inputs failed (%s); serving anyway", path, exc)
-        return None
-    return produced
+    failure: Exception | None = None
+    for fill in WARM_UP_FILLS:
+        feeds = sample_inputs(signature, 1, fill=fill)
+        produced: list[np.ndarray] | None = None
+        try:
+            for instance in range(executor.instances):
+                for _ in range(runs):
+                    made = executor.run_sync(feeds, instance)
+                    if produced is None:
+                        produced = made
+        except (DuetimeError, Exception) as exc:
+            failure = failure or exc
+            if not _has_integers(signature):  # (the other samples differ in those alone)
+                break
+            continue
+        if failure is not None:
+            log.info("%s: warm-up and profiling ran on %s samples, as zeros failed (%s)",
+                     path, fill, failure)  # fmt: skip
+        return WarmedUp(produced, fill)
+    log.warning("%s: warm-up on sample inputs failed (%s); serving anyway", path, failure)
+    return WarmedUp(None, "zeros")
+
+
+def _has_integers(signature: ModelSignature) -> bool:
+    """Whether some input's samples follow `SampleFill` (integers, booleans, strings)."""
+    return any(
+        spec.datatype == "BYTES" or NUMPY_OF[spec.datatype].kind != "f"
+        for spec in signature.required_inputs
+    )
 
 
 def warm_up_largest(
@@ -1072,6 +1111,8 @@ def warm_up_largest(
     profile: LatencyProfile,
     path: Path,
     budget_s: float = PROFILE_BUDGET_S,
+    *,
+    fill: SampleFill = "zeros",
 ) -> None:
     """Run each instance once at the largest batch (instance 0 only where profiling did not),
     so that the first full batch does not pay ORT's allocations; not at all where the profile
@@ -1093,7 +1134,7 @@ def warm_up_largest(
         return
     measured = rows not in profile.estimated
     try:
-        feeds = sample_inputs(signature, rows)
+        feeds = sample_inputs(signature, rows, fill=fill)
         for instance in range(1 if measured else 0, executor.instances):
             executor.run_sync(feeds, instance)
     except (DuetimeError, Exception) as exc:
