@@ -13,6 +13,7 @@ import math
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -78,6 +79,10 @@ class GraphFacts:
     sized_nodes: tuple[SizedNode, ...] = ()
     """Nodes whose output's size a request's input values set directly (see `sized_nodes`):
     what a request asks them to allocate can be told before it runs."""
+    unbounded: tuple[str, ...] = ()
+    """Nodes whose allocation follows the request's values in a way `sized_nodes` cannot
+    compute before a run ("Loop node 'l'"): what they take is bounded only by ONNX Runtime's
+    allocation failure (see `study_graph`'s warning)."""
 
 
 @dataclass(frozen=True)
@@ -91,6 +96,10 @@ class StudiedGraph:
     file as it is (it has none, or they cannot be guarded: see the log)."""
 
 
+UNBOUNDED_SHOWN = 5
+"""The most nodes `study_graph`'s warning names."""
+
+
 def study_graph(path: Path) -> StudiedGraph:
     """Read `path` (without its external tensors' data: tensors in files of their own stay
     there) and learn what serving it needs to know."""
@@ -99,6 +108,16 @@ def study_graph(path: Path) -> StudiedGraph:
     except Exception:  # (ORT read it: a file this cannot read is one ORT's own format took)
         return StudiedGraph(None)
     facts = graph_facts(model)
+    if facts.unbounded:
+        shown = ", ".join(facts.unbounded[:UNBOUNDED_SHOWN])
+        more = len(facts.unbounded) - UNBOUNDED_SHOWN
+        log.warning(
+            "%s: the memory its %s allocate%s follows the request's values in a way not "
+            "computed before a run, so --max-run-memory-bytes does not bound it (only ONNX "
+            "Runtime's allocation failure does, or under memory overcommit the OOM killer)",
+            path, shown + (f" and {more} more" if more > 0 else ""),
+            "s" if len(facts.unbounded) == 1 else "",
+        )  # fmt: skip
     guarded = guard_integer_division(model, str(path))
     return StudiedGraph(facts, model.SerializeToString() if guarded else None)
 
@@ -144,8 +163,10 @@ def graph_facts(model: onnx.ModelProto) -> GraphFacts:
     )
     cost_why = flow.cost or (f"input '{strings}' is a string tensor" if strings else "")
     outputs = {v.name: flow.sized[v.name] for v in graph.output if v.name in flow.sized}
-    sized = sized_nodes(model) if flow.cost else ()
-    return GraphFacts(outputs, bool(cost_why), cost_why, flow.dynamic, bool(flow.cost), sized)
+    sized, unbounded = _sizing(model, flow.values) if flow.cost else ((), ())
+    return GraphFacts(
+        outputs, bool(cost_why), cost_why, flow.dynamic, bool(flow.cost), sized, unbounded
+    )
 
 
 def _follow(graph: onnx.GraphProto, flow: _Flow) -> None:
@@ -279,42 +300,211 @@ class SizedNode:
         return None if count is None else count * self.itemsize
 
 
-PASS_THROUGH_OPS = frozenset({"Identity", "Cast", "Squeeze", "Unsqueeze", "Reshape", "Flatten"})
-"""Ops whose output keeps its input's values in order (a shape's dims through a Cast to int64,
-a scalar count made 1-D by an Unsqueeze), as far as a size computed from them is concerned."""
+PASS_THROUGH_OPS = frozenset({"Identity", "Squeeze", "Unsqueeze", "Reshape", "Flatten"})
+"""Ops whose output keeps its input's values in order (a scalar count made 1-D by an
+Unsqueeze), as far as a size computed from them is concerned."""
+
+ARITHMETIC: Mapping[str, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
+    "Add": np.add, "Sub": np.subtract, "Mul": np.multiply, "Max": np.maximum, "Min": np.minimum,
+}  # fmt: skip
+"""Ops computed on a request's values where they make a size (`Mul(n, 1024)`), in the tensors'
+own types, as ONNX Runtime does (int64 wraps as there)."""
+
+UNBOUNDED_OPS = frozenset(
+    {*SIZE_INPUTS} - {"Reshape", "Slice", "Split", "SplitToSequence", "Squeeze", "Unsqueeze",
+                      "TopK"}
+)  # fmt: skip
+"""Ops that can allocate far more than their inputs hold, as a size input asks (those of
+`SIZE_INPUTS` but the ones that only rearrange or take a part): one whose size input follows
+the request's values and is not computed by `_SIZERS` is named in `GraphFacts.unbounded`."""
 
 
 def sized_nodes(model: onnx.ModelProto) -> tuple[SizedNode, ...]:
-    """The main graph's nodes whose output size a request's values set directly: a size or
-    shape input that is a graph input, or one computed from graph inputs and constants by
-    `PASS_THROUGH_OPS` and Concat (see `_values`), of ConstantOfShape, Expand, Tile, Range,
-    OneHot, Pad, Resize and Upsample.
+    """The nodes, in the main graph and its subgraphs, whose output size a request's values
+    set in a way computed before a run (see `_sizing`)."""
+    graph = model.graph
+    flow = _Flow(values={value.name for value in graph.input}, sized={})
+    _follow(graph, flow)
+    return _sizing(model, flow.values)[0]
+
+
+def _sizing(
+    model: onnx.ModelProto, valued: set[str]
+) -> tuple[tuple[SizedNode, ...], tuple[str, ...]]:
+    """The nodes whose output size a request's values set, computed from them (`SizedNode`),
+    and those whose size follows the values (`valued`: the main graph's tensors that do) in a
+    way not computed here (named, for the load's warning).
+
+    Computed: a size or shape input of ConstantOfShape, Expand, Tile, Range, OneHot, Pad,
+    Resize and Upsample made from graph inputs and constants by `PASS_THROUGH_OPS`, Cast,
+    Concat, `ARITHMETIC`, Shape of an input and Gather of constant indices (see `_Values`); in
+    the main graph and in subgraphs (a node in a branch of an If counts where the condition,
+    computed, takes that branch, or cannot be computed); and a Loop's scan outputs: its trip
+    count M times a lower bound of the bytes each iteration adds to them.
 
     NOTE: a lower bound on what a run allocates, for a limit checked before it runs (one
-    request of `ConstantOfShape([2**28])` made the server allocate 1 GiB and keep it): sizes
-    computed any other way (arithmetic on the values, a subgraph's) are not followed, and the
-    run is left to ONNX Runtime's own allocation failure."""
-    graph = model.graph
-    values = _Values(graph)
-    found = []
+    request of `ConstantOfShape([2**28])` made the server allocate 1 GiB and keep it). Only the
+    main graph's nodes fed through pass-through ops were followed: a request giving a Loop's
+    trip count 10**9 (4 GB of scan output) was run, its memory growing ~100 MB/s until its due
+    time (without one, until the OOM killer), as was a ConstantOfShape in an If's branch or of
+    `Mul(n, 1024)`. A Loop whose condition can end it early is still held to M: M is what the
+    request asks for."""
+    found: list[SizedNode] = []
+    unbounded: list[str] = []
+    _size_graph(model.graph, _Values(model.graph), valued, None, found, unbounded)
+    return tuple(found), tuple(dict.fromkeys(unbounded))
+
+
+Condition = Callable[[Feeds], bool | None]
+"""Whether a subgraph runs for a request's feeds (None: not known)."""
+
+
+def _size_graph(
+    graph: onnx.GraphProto,
+    values: _Values,
+    valued: set[str],
+    runs: Condition | None,
+    found: list[SizedNode],
+    unbounded: list[str],
+) -> None:
+    """`_sizing`'s walk of one graph: `values` computes its tensors, `valued` are those that
+    follow the request's values, `runs` says whether it runs at all (None: it does)."""
     for node in graph.node:
         if node.domain not in ("", "ai.onnx"):
             continue
+        described = f"{node.op_type} node '{node.name or node.output[0]}'"
         sizer = _SIZERS.get(node.op_type)
-        if sizer is None:
-            continue
-        made = sizer(node, values)
+        made = sizer(node, values) if sizer is not None else None
+        if node.op_type == "Loop":
+            made = _looped(node, values)
         if made is not None and values.fed(made[1]):
             elements, reads = made
-            found.append(
-                SizedNode(
-                    f"{node.op_type} node '{node.name or node.output[0]}'",
-                    values.fed(reads),
-                    _itemsize(node, values),
-                    elements,
-                )
-            )
-    return tuple(found)
+            itemsize = _itemsize(node, values)
+            if node.op_type == "Loop":
+                itemsize = max(_iteration_bytes(node), 1)
+                described += f" (its scan outputs, at least {itemsize} bytes an iteration)"
+            found.append(SizedNode(described, values.fed(reads), itemsize, _when(runs, elements)))
+        elif node.op_type in UNBOUNDED_OPS | {"Loop"} and _sized_by(node, valued, values):
+            unbounded.append(described)
+        _size_subgraphs(node, values, valued, runs, found, unbounded)
+
+
+def _size_subgraphs(
+    node: onnx.NodeProto,
+    values: _Values,
+    valued: set[str],
+    runs: Condition | None,
+    found: list[SizedNode],
+    unbounded: list[str],
+) -> None:
+    """`_size_graph` of `node`'s subgraphs: an If's branches each as its condition takes it,
+    a Loop's or Scan's body (its inputs, the iteration's, computed by none)."""
+    for attr in node.attribute:
+        subs = [attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs)
+        for sub in subs:
+            inner = values.inside(sub)
+            flow = _Flow(set(valued), {})
+            flow.values.update(value.name for value in sub.input)
+            _follow(sub, flow)
+            when = runs
+            if node.op_type == "If" and attr.name in ("then_branch", "else_branch"):
+                when = _branch_runs(node, values, attr.name == "then_branch", runs)
+            _size_graph(sub, inner, flow.values, when, found, unbounded)
+
+
+def _sized_by(node: onnx.NodeProto, valued: set[str], values: _Values) -> bool:
+    """Whether a size input of `node` follows the request's values; for a Loop with scan
+    outputs, whether its trip count may: none given, or one that follows the values, or a
+    constant of `WHILE_TRIPS` or more (an exporter's while loop, ended by its condition)."""
+    if node.op_type != "Loop":
+        return any(_input(node, index) in valued for index in SIZE_INPUTS.get(node.op_type, ()))
+    if not _iteration_outputs(node):
+        return False
+    count = _input(node, 0)
+    made = values.value(count) if count else None
+    if made is None or made[1]:
+        return not count or count in valued or made is not None
+    trips = _scalar(made[0]({}))
+    return trips is None or trips >= WHILE_TRIPS
+
+
+WHILE_TRIPS = 2**31
+"""A Loop's constant trip count from which it is taken as a while loop: its condition, not
+the count, ends it (PyTorch's exporter writes INT64_MAX)."""
+
+
+def _branch_runs(
+    node: onnx.NodeProto, values: _Values, then: bool, runs: Condition | None
+) -> Condition:
+    """Whether an If's branch (`then` or else) runs: its condition computed from the feeds
+    (None where it cannot be: the branch is counted)."""
+    made = values.value(_input(node, 0))
+    condition = made[0] if made is not None else None
+
+    def taken(feeds: Feeds) -> bool | None:
+        if runs is not None and runs(feeds) is False:
+            return False
+        value = None if condition is None else condition(feeds)
+        if value is None or np.asarray(value).size != 1:
+            return None
+        return bool(np.asarray(value).reshape(-1)[0]) == then
+
+    return taken
+
+
+def _when(
+    runs: Condition | None, elements: Callable[[Feeds], int | None]
+) -> Callable[[Feeds], int | None]:
+    """`elements`, but 0 where `runs` says its graph does not run for the feeds."""
+    if runs is None:
+        return elements
+    return lambda feeds: 0 if runs(feeds) is False else elements(feeds)
+
+
+def _looped(node: onnx.NodeProto, values: _Values) -> _Sized | None:
+    """Loop(M, cond, ...): M iterations (none when `cond` is computed false), for a Loop with
+    scan outputs; None without them (or without M)."""
+    if not _iteration_outputs(node):
+        return None
+    made = values.value(_input(node, 0))
+    if made is None:
+        return None
+    count, reads = made
+    first = values.value(_input(node, 1)) if _input(node, 1) else None
+
+    def iterations(feeds: Feeds) -> int | None:
+        if first is not None:
+            go = first[0](feeds)
+            if go is not None and np.asarray(go).size == 1 and not np.asarray(go).any():
+                return 0
+        trips = _scalar(count(feeds))
+        return None if trips is None or trips < 0 else int(trips)
+
+    return iterations, reads
+
+
+def _iteration_outputs(node: onnx.NodeProto) -> list[onnx.ValueInfoProto]:
+    """A Loop's body outputs that are scan outputs (stacked, one slice per iteration)."""
+    body = next(_subgraphs(node), None)
+    if body is None:
+        return []
+    carried = max(len(node.input) - 2, 0)
+    return list(body.output[1 + carried :])
+
+
+def _iteration_bytes(node: onnx.NodeProto) -> int:
+    """A lower bound of the bytes a Loop's iteration adds to its scan outputs: each output's
+    fixed dims times its element's size, a dim not fixed taken as 1."""
+    total = 0
+    for value in _iteration_outputs(node):
+        kind = value.type.tensor_type.elem_type if value.type.HasField("tensor_type") else 0
+        try:
+            size = int(helper.tensor_dtype_to_np_dtype(kind).itemsize) if kind else 1
+        except Exception:  # (a type numpy has no dtype of)
+            size = 1
+        dims = value.type.tensor_type.shape.dim if value.type.HasField("tensor_type") else ()
+        total += size * math.prod(d.dim_value if d.dim_value > 0 else 1 for d in dims)
+    return total
 
 
 class _Values:
@@ -330,6 +520,20 @@ class _Values:
             if v.type.HasField("tensor_type")
         }
         self.types.update({name: tensor.data_type for name, tensor in self.constants.items()})
+
+    def inside(self, sub: onnx.GraphProto) -> _Values:
+        """The values seen inside subgraph `sub`: this graph's (outer scope), its own
+        constants and nodes, and its inputs (an iteration's) computed by none."""
+        own = _Values(sub)
+        made = object.__new__(_Values)
+        hidden = set(own.inputs)
+        made.inputs = {k: v for k, v in self.inputs.items() if k not in hidden}
+        made.constants = {
+            k: v for k, v in {**self.constants, **own.constants}.items() if k not in hidden
+        }
+        made.makers = {k: v for k, v in {**self.makers, **own.makers}.items() if k not in hidden}
+        made.types = {**self.types, **own.types}
+        return made
 
     def fed(self, names: tuple[str, ...]) -> tuple[str, ...]:
         """Those of `names` that are the graph's inputs (a request's to give)."""
@@ -348,18 +552,19 @@ class _Values:
         node = self.makers.get(name)
         if node is None or depth > 32 or node.domain not in ("", "ai.onnx"):
             return None
+        if node.op_type == "Shape" and len(node.input) == 1 and not node.attribute:
+            source = node.input[0]
+            if source not in self.inputs:
+                return None
+            return (lambda feeds: _shape_of(feeds.get(source))), (source,)
         parts = [self.value(part, depth + 1) for part in node.input if part]
         if not parts or any(part is None for part in parts):
             return None
         known = [part for part in parts if part is not None]
         reads = tuple(name for _, names in known for name in names)
-        if node.op_type in PASS_THROUGH_OPS:
-            first = known[0][0]
-            return (lambda feeds: _flat(first(feeds))), reads
-        if node.op_type == "Concat":
-            makers = [make for make, _ in known]
-            return (lambda feeds: _concat([make(feeds) for make in makers])), reads
-        return None
+        makers = [make for make, _ in known]
+        compute = _computed(node, makers)
+        return None if compute is None else (compute, reads)
 
     def shape(self, name: str) -> Callable[[Feeds], tuple[int, ...] | None]:
         """How to find tensor `name`'s shape: a fed input's own, a constant's; else None."""
@@ -369,6 +574,63 @@ class _Values:
             dims = tuple(self.constants[name].dims)
             return lambda feeds: dims
         return lambda feeds: None
+
+
+def _computed(node: onnx.NodeProto, makers: list[Value]) -> Value | None:
+    """How `node` computes its first output from its inputs' `makers`; None: an op not
+    followed (see `_Values.value`)."""
+    op = node.op_type
+    first = makers[0]
+    if op in PASS_THROUGH_OPS:
+        return lambda feeds: _flat(first(feeds))
+    if op == "Cast":
+        to = next((a.i for a in node.attribute if a.name == "to"), 0)
+        try:
+            dtype = helper.tensor_dtype_to_np_dtype(to)
+        except Exception:  # (a type numpy has no dtype of)
+            return None
+        return lambda feeds: _cast(first(feeds), dtype)
+    if op == "Concat":
+        return lambda feeds: _concat([make(feeds) for make in makers])
+    if op in ARITHMETIC and len(makers) == 2:
+        operation, second = ARITHMETIC[op], makers[1]
+        return lambda feeds: _arithmetic(operation, first(feeds), second(feeds))
+    if op == "Gather" and len(makers) == 2 and all(a.i == 0 for a in node.attribute):
+        indices = makers[1]
+        return lambda feeds: _gathered(first(feeds), indices(feeds))
+    return None
+
+
+def _shape_of(array: np.ndarray | None) -> np.ndarray | None:
+    return None if array is None else np.array(np.shape(array), np.int64)
+
+
+def _cast(array: np.ndarray | None, dtype: np.dtype[Any]) -> np.ndarray | None:
+    if array is None:
+        return None
+    with np.errstate(all="ignore"):
+        return np.asarray(array).astype(dtype)
+
+
+def _arithmetic(
+    operation: Callable[[np.ndarray, np.ndarray], np.ndarray],
+    one: np.ndarray | None,
+    other: np.ndarray | None,
+) -> np.ndarray | None:
+    if one is None or other is None:
+        return None
+    one, other = np.asarray(one), np.asarray(other)
+    if one.dtype != other.dtype:  # (ONNX's operands share a type: ORT refuses the model else)
+        return None
+    with np.errstate(all="ignore"):
+        return np.asarray(operation(one, other))
+
+
+def _gathered(data: np.ndarray | None, indices: np.ndarray | None) -> np.ndarray | None:
+    if data is None or indices is None:
+        return None
+    data = np.asarray(data)
+    return np.take(data.reshape(-1) if data.ndim <= 1 else data, np.asarray(indices), axis=0)
 
 
 def _flat(array: np.ndarray | None) -> np.ndarray | None:
