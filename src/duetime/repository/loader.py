@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal, NamedTuple
 
@@ -147,17 +147,6 @@ def load_version(
             settled=None if primary is None else primary.max_batch_size, facts=studied.facts,
         )  # fmt: skip
     _check_shared_dims(config, sessions[0], signature.max_batch_size > 0, str(source.directory))
-    # NOTE: optional inputs may differ (quantizing a weight drops its graph input): requests
-    # that give one are served by the primary alone (see `Validator.overrides`).
-    if primary is not None and (
-        primary.required_inputs != signature.required_inputs or primary.outputs != signature.outputs
-    ):
-        raise ConfigError(
-            f"{path}: variant '{variant.name if variant else path.name}' must take and give what "
-            f"the model does: inputs {_describe(primary.required_inputs)} and outputs "
-            f"{_describe(primary.outputs)}, but it has {_describe(signature.required_inputs)} "
-            f"and {_describe(signature.outputs)}"
-        )
     labels = read_labels(config, source.directory)
     label = f"{source.name}-{version}" + (f"-{variant.name}" if variant else "")
     executor = Executor(
@@ -174,6 +163,19 @@ def load_version(
     _check_output_dims(
         config, signature, graph_outputs, produced, studied.facts, str(source.directory)
     )
+    signature = _free_misdeclared_dims(config, signature, produced, path)
+    # NOTE: optional inputs may differ (quantizing a weight drops its graph input): requests
+    # that give one are served by the primary alone (see `Validator.overrides`). After the
+    # warm-up, as the primary's outputs are (`_free_misdeclared_dims`).
+    if primary is not None and (
+        primary.required_inputs != signature.required_inputs or primary.outputs != signature.outputs
+    ):
+        raise ConfigError(
+            f"{path}: variant '{variant.name if variant else path.name}' must take and give what "
+            f"the model does: inputs {_describe(primary.required_inputs)} and outputs "
+            f"{_describe(primary.outputs)}, but it has {_describe(signature.required_inputs)} "
+            f"and {_describe(signature.outputs)}"
+        )
     profile = measure_profile(executor, signature, path, profile_budget_s, fill=fill)
     if produced is not None:
         warm_up_largest(executor, signature, profile, path, profile_budget_s, fill=fill)
@@ -693,6 +695,50 @@ def _check_output_dims(
             f"{got}{batch}, so every answer would carry {got} where the config says "
             f"{given}; give {key} {got}, or leave them out to take the graph's"
         )
+
+
+def _free_misdeclared_dims(
+    config: ModelConfig,
+    signature: ModelSignature,
+    produced: list[np.ndarray] | None,
+    path: Path,
+) -> ModelSignature:
+    """`signature` with -1 for each fixed dim of an output (of the graph's shape: not one the
+    config gives) that the warm-up run (`produced`, None: it failed) made another size, its
+    metadata then saying the dim is free; a warning names each such output.
+
+    NOTE: a fixed dim in a graph may be real (a classifier's 1000 classes) and is kept where the
+    run made it so; one an export traced (y declared [2, 3], traced at batch 2, but following the
+    input's N) was the metadata while a 5-row request was answered [5, 3], and a client sizing
+    an output buffer from metadata got a short one (found by a tester)."""
+    if produced is None:
+        return signature
+    dimmed = {entry.name for entry in config.outputs or () if _given_dims(entry)[1] is not None}
+    outputs = []
+    for spec, made in zip(signature.outputs, produced, strict=False):
+        shape = tuple(int(d) for d in np.shape(made))
+        if spec.any_rank or spec.wire is not None or spec.name in dimmed:
+            outputs.append(spec)
+            continue
+        if len(shape) != len(spec.shape):
+            log.warning(
+                "%s: output '%s' is declared %s by the graph, but its warm-up run made it %s: "
+                "its metadata gives the graph's shape, which answers do not have",
+                path, spec.name, list(spec.shape), list(shape),
+            )  # fmt: skip
+            outputs.append(spec)
+            continue
+        freed = tuple(-1 if d != made_d else d for d, made_d in zip(spec.shape, shape, strict=True))
+        if freed != spec.shape:
+            log.warning(
+                "%s: output '%s' is declared %s by the graph, but its warm-up run made it %s "
+                "(an export traced at one size?): served as %s, its metadata too",
+                path, spec.name, list(spec.shape), list(shape), list(freed),
+            )  # fmt: skip
+            spec = replace(spec, shape=freed)
+        outputs.append(spec)
+    outputs.extend(signature.outputs[len(outputs) :])
+    return replace(signature, outputs=tuple(outputs))
 
 
 def _checked_batching(
