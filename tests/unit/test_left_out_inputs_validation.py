@@ -68,11 +68,6 @@ def test_only_a_batching_model_leaves_optional_inputs_out() -> None:
     assert list(left_out_inputs(GRAPH, BATCHED)) == ["b"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="needs the loader to pass Validator(left_out=left_out_inputs(graph_inputs, "
-    "signature)) (repository/loader.py, another helper's file)",
-)
 def test_the_loaded_model_names_the_reason(tmp_path: Path) -> None:
     from duetime.repository.layout import scan_model
     from duetime.repository.loader import load_version

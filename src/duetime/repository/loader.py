@@ -32,7 +32,7 @@ from duetime.repository.layout import ModelSource
 from duetime.repository.tritonconfig import load_model_config
 from duetime.scheduling.profile import LatencyProfile, batch_buckets, profile_from_samples
 from duetime.types import ModelSignature, TensorSpec
-from duetime.validation import Validator
+from duetime.validation import Validator, left_out_inputs
 
 if TYPE_CHECKING:
     from duetime.repository.graphs import GraphFacts
@@ -194,8 +194,9 @@ def load_version(
         max_run_memory_bytes = default_run_memory_bytes()
     sized = studied.facts.sized_nodes if studied.facts is not None else ()
     validator = Validator(
-        source.name, signature, unserved, sized=sized, max_run_bytes=max_run_memory_bytes
-    )
+        source.name, signature, unserved, sized=sized, max_run_bytes=max_run_memory_bytes,
+        left_out=left_out_inputs(graph_inputs, signature),
+    )  # fmt: skip
     return LoadedModel(
         source.name, str(version), path, config, signature, validator, executor, profile, labels,
         cost_depends_on_values=bool(varies), unserved_outputs=unserved,
