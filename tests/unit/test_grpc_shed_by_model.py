@@ -13,7 +13,12 @@ from typing import Any
 import pytest
 
 from duetime.errors import ModelNotFound, Shed
-from duetime.frontend.grpc import InferenceService, _peeked_target
+from duetime.frontend.grpc import (
+    InferenceService,
+    _asks_priority_one,
+    _head_fields,
+    _peeked_target,
+)
 from duetime.frontend.proto import grpc_service_pb2 as pb
 from duetime.overload import LoadShedder
 
@@ -117,3 +122,34 @@ def test_a_streamed_request_is_weighed_by_its_model_and_priority() -> None:
         InferenceService._submit(service, request, live_context(), 0, None)  # type: ignore[arg-type]
     assert ("mlp", True) in made.costs()
     assert mlp.shed == 1
+
+
+def test_priority_is_read_from_the_parameters_alone() -> None:
+    request = pb.ModelInferRequest(model_name="resnet", id="r")
+    request.parameters["timeout"].int64_param = 5000
+    request.parameters["priority"].uint64_param = 1
+    request.raw_input_contents.append(b"x" * 100_000)
+    assert _asks_priority_one(request.SerializeToString())
+    request.parameters["priority"].uint64_param = 2
+    assert not _asks_priority_one(request.SerializeToString())
+    # (the name in the tensors' bytes is no parameter: and the call is not decoded for it)
+    tensors = pb.ModelInferRequest(model_name="resnet", raw_input_contents=[b"priority" * 1000])
+    assert not _asks_priority_one(tensors.SerializeToString())
+    assert not _asks_priority_one(b"\x22\xff\xff\xff\xff\x0f")  # (an entry past the end)
+
+
+def test_the_head_fields_stop_at_the_tensors(monkeypatch: pytest.MonkeyPatch) -> None:
+    decoded: list[bytes] = []
+    real = pb.ModelInferRequest.FromString
+    monkeypatch.setattr(
+        pb.ModelInferRequest, "FromString", lambda data: decoded.append(data) or real(data)
+    )
+    request = pb.ModelInferRequest(model_name="m", model_version="2", id="i")
+    request.parameters["priority"].int64_param = 1
+    request.inputs.add(name="priority", datatype="FP32", shape=[1])
+    request.raw_input_contents.append(b"\x00" * 600_000)
+    data = request.SerializeToString()
+    assert [tag for tag, *_ in _head_fields(data)] == [0x0A, 0x12, 0x1A, 0x22]
+    assert _asks_priority_one(data)
+    assert len(decoded) == 1
+    assert len(decoded[0]) < 64  # (the entry alone)
