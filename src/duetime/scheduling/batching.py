@@ -31,6 +31,10 @@ class Wait:
     until_ns: int
     held: tuple[QueuedRequest, ...] = field(default=(), compare=False)
     """The requests of the batch that waits: the caller marks them `QueuedRequest.held`."""
+    due_bound: bool = field(default=False, compare=False)
+    """The wait ends before its window (`max_delay_ns`) does, for a due time in the batch: it
+    ends early by the wake slack, and a raised slack ends it earlier still. A wait the window
+    alone bounds ends when the window does, whatever the slack (`max_queue_delay_us`)."""
 
 
 def drop_hopeless(
@@ -133,7 +137,8 @@ def plan_batch(
     due time counts as that much earlier.
 
     A wait bounded by a due time ends `wake_slack_ns` early: how late the caller's wake-up may
-    come (a loop's timers: about a millisecond).
+    come (a loop's timers: about a millisecond). `Wait.due_bound` says which waits these are:
+    only they end earlier when the slack grows.
 
     `bare`: a batch's predicted run without margins (the profile's own prediction). Requests
     whose batch waited by this policy's choice (`QueuedRequest.held`) join one another while
@@ -193,7 +198,8 @@ def plan_batch(
     if until is not None and cut is not None and earliest_due != NO_DUE:
         until = min(until, earliest_due - cut(bucket_of[rows]) - wake_slack_ns)
     if can_grow and until is not None and until > now_ns:
-        return Wait(until, tuple(taken))
+        window_end = min(item.arrival_ns for item in taken) + max_delay_ns
+        return Wait(until, tuple(taken), due_bound=until < window_end)
     return Run(scanned, taken, rows, bucket_of[rows])
 
 

@@ -444,6 +444,9 @@ class ModelScheduler:
         """Inline: a batch's answers are being settled (see `_runs_now`)."""
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = 0
+        self._timer_due_bound = False
+        """The timer ends a batching window early for a due time (`Wait.due_bound`): a raised
+        wake slack ends it earlier (see `_on_sweep_timer`)."""
         self._overhead_ns = 0.0
         self._answer_ns = 0.0
         """What settling one request of a finished batch takes on the loop (its client's answer
@@ -1208,7 +1211,7 @@ class ModelScheduler:
             if isinstance(decision, Wait):
                 for item in decision.held:
                     item.held = True
-                self._arm_timer(max(decision.until_ns, now), now)
+                self._arm_timer(max(decision.until_ns, now), now, due_bound=decision.due_bound)
                 return
             if decision.requests[0].level >= SHADOW_LEVEL and self._outstanding[instance]:
                 # NOTE: shadow copies start on an idle instance only (its end dispatches again):
@@ -1382,18 +1385,24 @@ class ModelScheduler:
                     return True
         return False
 
-    def _arm_timer(self, until_ns: int, now_ns: int) -> None:
+    def _arm_timer(self, until_ns: int, now_ns: int, *, due_bound: bool = False) -> None:
+        """Wake `_dispatch` at `until_ns`, unless the timer is armed no later already.
+        `due_bound`: see `_timer_due_bound`."""
         if self._timer is not None:
             if self._timer_at <= until_ns:
+                if self._timer_at == until_ns and due_bound:
+                    self._timer_due_bound = True
                 return
             self._timer.cancel()
         self._timer_at = until_ns
+        self._timer_due_bound = due_bound
         self._timer = self._loop.call_at(
             self._loop.time() + (until_ns - now_ns) / 1e9, self._on_timer
         )
 
     def _on_timer(self) -> None:
         self._timer = None
+        self._timer_due_bound = False
         late = self._clock.now_ns() - self._timer_at
         slack = self._wake_slack_ns
         if late > slack:
@@ -1404,20 +1413,28 @@ class ModelScheduler:
 
     def _on_sweep_timer(self) -> None:
         """The sweeper's timer: how late it came raises the wake slack too (see
-        `WAKE_SLACK_NS`), and a batching window armed with less slack ends that much earlier.
+        `WAKE_SLACK_NS`), and a batching window that ends early for a due time
+        (`Wait.due_bound`) is planned again with it: it ends earlier, or its batch starts now.
+        Other timers stay: a window bounded by `max_queue_delay_us` alone (no due time, or one
+        far enough) and a batch held for another scheduler's turn (`_turn_held`) end when
+        they end, whatever the slack.
 
         NOTE: only the window's own wake-ups measured their lateness, after the fact: on a busy
         machine a lone request held for batchmates (due in 50 ms, a 2.7 ms run, 1.6 ms of
         margins) was woken over 4 ms later than planned, with 2.2 ms left, and failed unrun.
         The sweeper wakes every millisecond while requests queue: its lateness is the loop's
-        while the window waits."""
+        while the window waits.
+        NOTE: it pulled any armed timer earlier by the raise: a window with no due time
+        (max_queue_delay_us 5 ms) woke at 2.3 ms after one sweep 3 ms late, to plan the same
+        wait again, an extra wake-up each time a busy loop raised the slack; and a window's
+        timer pulled into the past woke only on a later loop turn, counting the pull as its
+        own lateness."""
         now = self._clock.now_ns()
-        slack = self._wake_slack_ns
         late = now - self._sweep_at
-        if late > slack:
-            self._wake_slack_ns = raised = min(late, WAKE_SLACK_MAX_NS)
-            if self._timer is not None:
-                self._arm_timer(self._timer_at - (raised - slack), now)
+        if late > self._wake_slack_ns:
+            self._wake_slack_ns = min(late, WAKE_SLACK_MAX_NS)
+            if self._timer is not None and self._timer_due_bound:
+                self._dispatch()  # (`_arm_timer` keeps the earlier of the two wake-ups)
         self._sweep()
 
     def _sweep(self) -> None:
