@@ -43,17 +43,12 @@ from duetime.errors import (
 )
 from duetime.execution.affinity import CpuPlan
 from duetime.execution.executor import Feeds
-from duetime.frontend.parameters import (
-    MAX_DUE_US,
-    MAX_PRIORITY,
-    due_from_timeout_us,
-    priority_of,
-)
 from duetime.loops import in_thread
 from duetime.repository.loader import LoadedModel, sample_inputs, sample_row_bytes
 from duetime.repository.manager import IndexEntry, ModelManager, RepositoryOptions
 from duetime.repository.registry import PRIMARY, Deployment, Registry
 from duetime.repository.tritonconfig import read_model_config
+from duetime.requestparams import MAX_DUE_US, MAX_PRIORITY, due_from_timeout_us, priority_of
 from duetime.routing.router import Routed, Router
 from duetime.scheduling.edf import QueuedRequest
 from duetime.scheduling.ledger import CoreLedger

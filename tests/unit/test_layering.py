@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import ast
 import importlib.util
+import subprocess
+import sys
 from collections import deque
 from collections.abc import Iterator
 from pathlib import Path
@@ -33,10 +35,17 @@ PURE = [
     "duetime.frontend.codec",
     "duetime.validation",
     "duetime.config",
+    "duetime.requestparams",
 ]
 # Declared pure in their docstrings; checked while they exist (they are newer than the rule).
 PURE_IF_PRESENT = ["duetime.scheduling.admission", "duetime.scheduling.profile"]
 FORBIDDEN_TOP_LEVEL = {"asyncio", "grpc", "httptools", "uvloop"}
+CORE = ["duetime.engine"]
+"""Modules every front end is built on: they may run an event loop, but import no front end."""
+CONFIG_SCHEMA = {"duetime.frontend.proto", "duetime.frontend.proto.model_config_pb2"}
+"""Triton's ModelConfig schema, generated into frontend/proto, which repository.tritonconfig
+parses config.pbtxt with: a protobuf message, no HTTP or gRPC type, and the one front-end module
+the core reaches (until it moves out of frontend/)."""
 
 
 def module_file(root: Path, name: str) -> Path | None:
@@ -118,6 +127,15 @@ def violations(root: Path, module: str) -> list[str]:
     return sorted(bad)
 
 
+def frontend_imports(root: Path, module: str, allowed: set[str]) -> list[str]:
+    """The chains by which `module` imports a front-end module not in `allowed`."""
+    return sorted(
+        " -> ".join(chain)
+        for name, chain in import_chains(root, module).items()
+        if name.startswith("duetime.frontend.") and name not in allowed
+    )
+
+
 @pytest.mark.parametrize("module", PURE)
 def test_pure_module_imports_no_loop_transport_or_frontend(module: str) -> None:
     assert module_file(SOURCE_ROOT, module) is not None, f"{module} is missing"
@@ -129,6 +147,26 @@ def test_newer_pure_module_imports_no_loop_transport_or_frontend(module: str) ->
     if module_file(SOURCE_ROOT, module) is None:
         pytest.skip(f"{module} does not exist (yet)")
     assert violations(SOURCE_ROOT, module) == []
+
+
+@pytest.mark.parametrize("module", CORE)
+def test_core_module_imports_no_frontend(module: str) -> None:
+    """The engine read `timeout` and `priority` from duetime.frontend.parameters, so the core
+    imported the front-end package (they are in duetime.requestparams now)."""
+    assert module_file(SOURCE_ROOT, module) is not None, f"{module} is missing"
+    assert frontend_imports(SOURCE_ROOT, module, CONFIG_SCHEMA) == []
+
+
+def test_importing_the_engine_loads_no_frontend_module() -> None:
+    """As the static check, in a fresh interpreter (an import the parse cannot see counts)."""
+    script = (
+        "import sys, duetime.engine\n"
+        "print('\\n'.join(m for m in sys.modules if m.startswith('duetime.frontend.')))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert set(done.stdout.split()) - CONFIG_SCHEMA == set()
 
 
 # -- the checker itself ------------------------------------------------------------------------
@@ -169,3 +207,7 @@ def test_checker_on_a_made_up_package(tmp_path: Path) -> None:
     assert violations(tmp_path, "duetime.frontend.codec") == [
         "duetime.frontend.codec -> duetime.helpers -> duetime.frontend.http"
     ]
+    assert frontend_imports(tmp_path, "duetime.helpers", set()) == [
+        "duetime.helpers -> duetime.frontend.http"
+    ]
+    assert frontend_imports(tmp_path, "duetime.helpers", {"duetime.frontend.http"}) == []

@@ -1,34 +1,47 @@
-"""Request parameters both protocols share: `timeout` (µs, as tritonclient sends it), `priority`,
-those Triton reserves (`sequence_*`, keys starting with `triton_`), refused as Triton does, an
-output's, which must not differ where the output is requested again, and how many there may be."""
+"""Request parameters both protocols share: `timeout` (µs, as tritonclient sends it) and
+`priority` (read in `duetime.requestparams`, which the Engine shares without importing the front
+end; re-exported here), those Triton reserves (`sequence_*`, keys starting with `triton_`),
+refused as Triton does, an output's, which must not differ where the output is requested again,
+and how many there may be."""
 
 from __future__ import annotations
 
-import json
-import numbers
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 from duetime.errors import InvalidInput
+from duetime.requestparams import (
+    MAX_DUE_US,
+    MAX_PRIORITY,
+    MAX_TIMEOUT_US,
+    due_from_timeout_us,
+    priority_of,
+)
+from duetime.requestparams import as_json as _json
+from duetime.requestparams import is_uint64 as _is_uint64
 
-if TYPE_CHECKING:  # (the in-process Engine reads `timeout` and `priority` here too: without
-    # the shared-memory module and the codec under it, ~20 ms of its import)
+if TYPE_CHECKING:  # (without the shared-memory module and the codec under it: ~20 ms)
     from duetime.frontend.sharedmemory import Window
+
+__all__ = [
+    "GRPC_TRITON_PARAMETERS",
+    "MAX_DUE_US",
+    "MAX_PARAMETERS",
+    "MAX_PRIORITY",
+    "MAX_TIMEOUT_US",
+    "RESERVED_PREFIX",
+    "OutputSetting",
+    "check_grpc_parameters",
+    "check_http_parameters",
+    "check_output_again",
+    "check_parameter_count",
+    "due_from_timeout_us",
+    "priority_of",
+]
 
 MAX_PARAMETERS = 256
 """Parameters one inference request may carry, and each of its inputs and outputs (see
 `check_parameter_count`)."""
-MAX_TIMEOUT_US = 2**64 - 1
-"""The largest `timeout` taken: Triton's is a uint64 (tritonclient sends it as given)."""
-MAX_DUE_US = 10**12
-"""The longest `timeout` that sets a due time (11.6 days); a longer one sets none, as 0 does.
-
-NOTE: a longer one was refused (400, INVALID_ARGUMENT), where Triton takes any uint64: a client
-that sends 2**63 - 1 to mean "no timeout" (gRPC's int64_param at its largest) failed here. None
-past this bound also keeps the due times in nanoseconds (`now_ns + timeout * 1000`) within an
-int64 whatever the value."""
-MAX_PRIORITY = 2**64 - 1
-"""Triton's priority is a uint64."""
 
 
 def check_parameter_count(count: int, where: str) -> None:
@@ -46,44 +59,6 @@ def check_parameter_count(count: int, where: str) -> None:
             f"{where} 'parameters' has {count} entries, over the limit of {MAX_PARAMETERS} "
             "parameters a request, input or output may carry"
         )
-
-
-def due_from_timeout_us(parameters: Mapping[str, Any], now_ns: int) -> int | None:
-    """The due time set by the `timeout` parameter (µs from `now_ns`), or None when the request
-    has none: no `timeout`, 0 (Triton's "no timeout"), or one over MAX_DUE_US."""
-    value = parameters.get("timeout")
-    if value is None:
-        return None
-    if type(value) is not int:  # (nearly every value is: no call)
-        value = _integer(value)
-    if not _is_uint64(value):
-        raise InvalidInput(
-            f"request parameter 'timeout' must be an integer count of microseconds between 0 "
-            f"and {MAX_TIMEOUT_US} (a uint64; 0, or over {MAX_DUE_US}: no due time), got "
-            f"{_json(value)}"
-        )
-    return now_ns + value * 1000 if 0 < value <= MAX_DUE_US else None
-
-
-def priority_of(parameters: Mapping[str, Any]) -> int:
-    """The `priority` parameter (1 is highest; 0 or absent: the model's default level)."""
-    value = parameters.get("priority", 0)
-    if type(value) is not int:  # (nearly every value is: no call)
-        value = _integer(value)
-    if not _is_uint64(value):
-        raise InvalidInput(
-            f"request parameter 'priority' must be an integer between 0 and {MAX_PRIORITY} "
-            f"(a uint64), got {_json(value)}"
-        )
-    return int(value)
-
-
-def _integer(value: Any) -> Any:
-    """`value` as an int where it is an integer of another type (numpy's, from an in-process
-    caller's `parameters`); as it is otherwise (a bool too), for the caller to refuse."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        return value
-    return int(value)
 
 
 RESERVED_PREFIX = "triton_"
@@ -184,12 +159,3 @@ def _shown(setting: OutputSetting) -> str:
     if isinstance(setting, Window):
         return f"region '{setting.region}' at {setting.offset} ({setting.byte_size} bytes)"
     return _json(setting)
-
-
-def _json(value: Any) -> str:
-    """A parameter's value as the JSON it came in (`true`, not `True`)."""
-    return json.dumps(value, default=repr)[:100]
-
-
-def _is_uint64(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**64

@@ -1,0 +1,75 @@
+"""The request parameters that set a request's due time and priority, `timeout` (µs, as
+tritonclient sends it) and `priority`, read and checked alike by the in-process Engine, HTTP and
+gRPC (`duetime.frontend.parameters` re-exports them for the front ends).
+
+Pure: imports no event loop, no transport and no front end, so that the core reads them without
+importing the front-end package (tests/unit/test_layering.py checks it)."""
+
+from __future__ import annotations
+
+import json
+import numbers
+from collections.abc import Mapping
+from typing import Any
+
+from duetime.errors import InvalidInput
+
+MAX_TIMEOUT_US = 2**64 - 1
+"""The largest `timeout` taken: Triton's is a uint64 (tritonclient sends it as given)."""
+MAX_DUE_US = 10**12
+"""The longest `timeout` that sets a due time (11.6 days); a longer one sets none, as 0 does.
+
+NOTE: a longer one was refused (400, INVALID_ARGUMENT), where Triton takes any uint64: a client
+that sends 2**63 - 1 to mean "no timeout" (gRPC's int64_param at its largest) failed here. None
+past this bound also keeps the due times in nanoseconds (`now_ns + timeout * 1000`) within an
+int64 whatever the value."""
+MAX_PRIORITY = 2**64 - 1
+"""Triton's priority is a uint64."""
+
+
+def due_from_timeout_us(parameters: Mapping[str, Any], now_ns: int) -> int | None:
+    """The due time set by the `timeout` parameter (µs from `now_ns`), or None when the request
+    has none: no `timeout`, 0 (Triton's "no timeout"), or one over MAX_DUE_US."""
+    value = parameters.get("timeout")
+    if value is None:
+        return None
+    if type(value) is not int:  # (nearly every value is: no call)
+        value = _integer(value)
+    if not is_uint64(value):
+        raise InvalidInput(
+            f"request parameter 'timeout' must be an integer count of microseconds between 0 "
+            f"and {MAX_TIMEOUT_US} (a uint64; 0, or over {MAX_DUE_US}: no due time), got "
+            f"{as_json(value)}"
+        )
+    return now_ns + value * 1000 if 0 < value <= MAX_DUE_US else None
+
+
+def priority_of(parameters: Mapping[str, Any]) -> int:
+    """The `priority` parameter (1 is highest; 0 or absent: the model's default level)."""
+    value = parameters.get("priority", 0)
+    if type(value) is not int:  # (nearly every value is: no call)
+        value = _integer(value)
+    if not is_uint64(value):
+        raise InvalidInput(
+            f"request parameter 'priority' must be an integer between 0 and {MAX_PRIORITY} "
+            f"(a uint64), got {as_json(value)}"
+        )
+    return int(value)
+
+
+def _integer(value: Any) -> Any:
+    """`value` as an int where it is an integer of another type (numpy's, from an in-process
+    caller's `parameters`); as it is otherwise (a bool too), for the caller to refuse."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        return value
+    return int(value)
+
+
+def as_json(value: Any) -> str:
+    """A parameter's value as the JSON it came in (`true`, not `True`), for a message."""
+    return json.dumps(value, default=repr)[:100]
+
+
+def is_uint64(value: Any) -> bool:
+    """Whether `value` is an int (not a bool) a uint64 holds."""
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**64
