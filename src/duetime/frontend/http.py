@@ -23,7 +23,9 @@ A header field sent on several lines is read as one, its values comma-separated 
 5.3), but for those that take one value (a second Host, or a Content-Type or
 Inference-Header-Content-Length that differs, is refused: 400); an HTTP/1.1 request without
 Host is refused (RFC 9112 3.2). A compressed inference body is inflated on the loop up to
-`INFLATE_INLINE_BYTES`, the rest on a thread (`HttpConnection._inflate`). What the connection
+`INFLATE_INLINE_BYTES`, the rest on the server's few inflation workers, one body at a time a
+connection, reserved in the Intake's budget for big bodies as it grows
+(`HttpConnection._inflate`). What the connection
 refuses of an inference request counts in duetime_requests_refused_total, as the API's own
 refusals do (`HttpConnection._count_refused`).
 """
@@ -43,6 +45,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Any, TypeVar, cast
@@ -439,6 +442,9 @@ class _Slot:
     arrival_ns: int | None = None
     """For an inference request deferred undecoded: when it arrived (the engine's clock), the
     start of its due time once decoded in its turn (see `HttpConnection._defer`)."""
+    dated_ns: int | None = None
+    """For a compressed inference request too big to inflate ahead on the loop: when it
+    arrived, the start of its due time once started (see `HttpConnection._decode`)."""
     held: HeldInfer | None = None
     """An inference request read but not started, decoded instead (see `_defer`)."""
     expiry: asyncio.TimerHandle | None = None
@@ -481,7 +487,8 @@ class HttpConnection(asyncio.BufferedProtocol):
         "_filled_from",
         "_filling_since", "_head_done",
         "_header_bytes", "_headers",
-        "_held", "_http10", "_idle_timeout", "_in_transport", "_intake", "_last_active",
+        "_held", "_http10", "_idle_timeout", "_in_transport", "_inflating", "_intake",
+        "_last_active",
         "_lingering", "_loop", "_max_body", "_max_header", "_max_held", "_min_rate", "_parser",
         "_paused_at", "_promoting", "_read_buffer", "_read_from", "_read_timeout",
         "_reading_paused", "_reads",
@@ -591,6 +598,8 @@ class HttpConnection(asyncio.BufferedProtocol):
         """While `_unparsed` is parsed: when those bytes arrived."""
         self._feed_pending = False
         self._promoting = False
+        self._inflating = False
+        """A body of this connection's is being inflated off the loop (see `_inflate`)."""
         self._arrival_of_read = (-1, 0)
         """The read, and the arrival it gave requests it held whole (see `_defer`)."""
         self._reset_message()
@@ -1009,9 +1018,10 @@ class HttpConnection(asyncio.BufferedProtocol):
         the size of its last beside those running (as big each) and those made and not yet
         read (a client pipelining requests for 100 MB answers and reading none ran them all:
         gigabytes held for it); nor, when its answers are big, within the server's
-        (`Intake.room_for_answer`)."""
+        (`Intake.room_for_answer`); nor while a body of its is inflated off the loop (one at a
+        time a connection: see `_inflate`)."""
         running = self._running
-        if running >= _MAX_PIPELINED or self._writing_paused:
+        if running >= _MAX_PIPELINED or self._writing_paused or self._inflating:
             return True
         estimate = self._answer_bytes
         owed = self._unsent + running * estimate
@@ -1041,13 +1051,7 @@ class HttpConnection(asyncio.BufferedProtocol):
         url, headers, chunks, size = self._url, self._headers, self._body, self._body_bytes
         slot.deferred = (method, url, headers, chunks, size)
         self._unstarted.append(slot)
-        # (a compressed body is not: it may inflate to more than the loop should, see
-        # `_inflate`; it is dated once started, as a bulk body is)
-        if (
-            _is_infer(method, url)
-            and (len(chunks) == 1 or size < _BULK_BODY_BYTES)
-            and "content-encoding" not in headers
-        ):
+        if _is_infer(method, url) and (len(chunks) == 1 or size < _BULK_BODY_BYTES):
             arrival = self._replay_arrival
             if arrival is None and slot.one_read and self._arrival_of_read[0] == self._reads:
                 arrival = self._arrival_of_read[1]  # (as the others read whole by this read)
@@ -1092,7 +1096,22 @@ class HttpConnection(asyncio.BufferedProtocol):
         slot.arrival_ns = None
         method, url, headers, chunks, _ = deferred
         body = chunks[0] if len(chunks) == 1 else b"".join(chunks)  # (see `_start`)
-        held = self._api.hold_back(method, url, headers, body, arrival_ns=arrival)
+        held: HeldInfer | Reply | None
+        if "content-encoding" in headers:
+            # NOTE: a compressed request was not dated as it was read (for every gzip client):
+            # its due time counted from when it started, and it was never refused while it
+            # waited. Inflated here if its body is small (as `_inflate` would inline), else
+            # dated from its arrival once started (found by a reviewer)
+            ahead = self._inflate_ahead(url, headers, body)
+            if ahead is None:
+                slot.dated_ns = arrival
+                return
+            if isinstance(ahead, Reply):
+                held = ahead
+            else:
+                held = self._api.hold_back(method, url, ahead[0], ahead[1], arrival_ns=arrival)
+        else:
+            held = self._api.hold_back(method, url, headers, body, arrival_ns=arrival)
         if held is None:  # (not one the API decodes ahead: handled whole once started)
             return
         slot.deferred = None
@@ -1109,6 +1128,25 @@ class HttpConnection(asyncio.BufferedProtocol):
                 self._expire(slot)
             else:
                 slot.expiry = self._loop.call_later(left_s, self._expire, slot)
+
+    def _inflate_ahead(
+        self, url: bytes, headers: dict[str, str], body: bytes
+    ) -> tuple[dict[str, str], bytes] | Reply | None:
+        """A waiting compressed inference request's headers (but Content-Encoding) and body
+        inflated, if it inflates to `INFLATE_INLINE_BYTES` or less; its error reply if it
+        cannot be inflated; None if it inflates to more (inflated once started: `_inflate`).
+        A coding not served is left to the API (415): its headers and body as they came."""
+        try:
+            inflation = Inflation(body, headers["content-encoding"], self._max_body)
+        except DuetimeError:
+            return headers, body
+        try:
+            data = inflation.step(INFLATE_INLINE_BYTES)
+        except DuetimeError as exc:
+            return self._api.refuse_infer(url, headers, exc)
+        if data is None:
+            return None
+        return _without_coding(headers), data
 
     def _expire(self, slot: _Slot) -> None:
         """`slot`'s request, held back, is due: refused as its scheduler refuses a request due
@@ -1299,52 +1337,127 @@ class HttpConnection(asyncio.BufferedProtocol):
     def _inflate(
         self, slot: _Slot, method: str, url: bytes, headers: dict[str, str], body: bytes
     ) -> bool:
-        """Undo the Content-Encoding of a v2 inference request's body here, if it inflates to
-        `INFLATE_INLINE_BYTES` or less, then answer it (True); else go on on a thread of its own
-        (True: answered once inflated, its place in the pipeline kept), as answers are
-        compressed (`BulkReply`). False: not one of those (the API decodes it, or answers 415).
+        """Undo the Content-Encoding of an inference request's body (v2's, or a V1 predict's)
+        here, if it inflates to `INFLATE_INLINE_BYTES` or less, then answer it (True); else go on
+        off the loop (True: answered once inflated, its place in the pipeline kept), in steps
+        on the server's inflation workers (`_inflate_pool`). False: not one of those (the API
+        decodes it, or answers 415).
 
         The API is handed the body inflated, with its headers but Content-Encoding; a body
-        that cannot be inflated is answered as the API answers it (`RestApi.refuse_infer`)."""
-        if method != "POST" or self._api.infer_target(url) is None:
+        that cannot be inflated is answered as the API answers it (`RestApi.refuse_infer`).
+
+        NOTE: each body inflating past the inline part went on a thread of its own, none of
+        it reserved: one connection pipelining 12 deflate bodies of 60 KB (735 KB sent) had
+        12 threads inflating 60 MB each, the server's peak RSS 191 -> 1170 MB, and a thread that
+        could not start raised out of `data_received` (found by a reviewer). Now a connection
+        inflates one body at a time (`_full` while it does: what follows waits), on one of
+        `_INFLATE_WORKERS` threads shared by all, `_INFLATE_STEP_BYTES` a step, and what it
+        inflates is reserved in the Intake's budget for big bodies as it grows (until its
+        answer is written), refused (503) as a chunked body is when it does not fit."""
+        arrival, slot.dated_ns = slot.dated_ns, None
+        if method != "POST" or not (self._api.infer_target(url) is not None or _names_predict(url)):
             return False
         try:
             inflation = Inflation(body, headers["content-encoding"], self._max_body)
         except DuetimeError:
             return False  # (a coding not served: the API answers 415)
-        plain = {name: value for name, value in headers.items() if name != "content-encoding"}
         try:
             data = inflation.step(INFLATE_INLINE_BYTES)
         except DuetimeError as exc:
             self._answered(slot, self._api.refuse_infer(url, headers, exc))
             return True
+        plain = _without_coding(headers)
         if data is not None:
-            self._handle(slot, method, url, plain, data)
+            self._inflated(slot, method, url, plain, data, arrival)
             return True
-        at = _binary_start(method, url, plain)
-
-        def inflate() -> Any:
-            data = inflation.finish()
-            return data if at is None else _join_aligned([data], at)
-
-        def inflated(future: asyncio.Future[Any]) -> None:
-            if self._transport is None or slot not in self._slots:
-                return  # the client left
-            try:
-                data = future.result()
-            except DuetimeError as exc:
-                self._answered(slot, self._api.refuse_infer(url, headers, exc))
-            except Exception as exc:  # MemoryError, most likely
-                log.exception("could not inflate a request body")
-                message = f"internal error inflating the request body: {type(exc).__name__}"
-                reply = _error(500, message, headers)
-                self._made(slot, _encode(reply, slot.keep_alive, slot.http10))
-            else:
-                self._handle(slot, method, url, plain, data)
-            self._update_reading()
-
-        _in_thread(self._loop, inflate, "duetime-inflate").add_done_callback(inflated)
+        self._inflating = True
+        job = _Inflating(slot, method, url, headers, plain, inflation, arrival)
+        job.at = _binary_start(method, url, plain)
+        self._inflate_on(job, None)
         return True
+
+    def _inflate_on(self, job: _Inflating, future: asyncio.Future[Any] | None) -> None:
+        """Reserve what `job` inflated so far, and inflate its next step off the loop (`future`:
+        the step just done, None at first); answer it once its body is whole, or refused."""
+        slot = job.slot
+        if self._transport is None or slot not in self._slots:
+            self._inflating = False
+            return  # the client left (what its slot held was given back: `_withdraw`)
+        body = None
+        try:
+            if future is not None:
+                body = future.result()
+            grown = job.inflation.size - job.reserved
+            if grown and not self._reserve_inflated(job, grown):
+                return
+            if body is None:
+                work = functools.partial(_inflate_step, job.inflation, job.at)
+                step = self._loop.run_in_executor(_inflate_pool(), work)
+                step.add_done_callback(functools.partial(self._inflate_on, job))
+                return
+        except Exception as exc:  # (InvalidInput, PayloadTooLarge; MemoryError; no thread)
+            if not isinstance(exc, DuetimeError):
+                log.exception("could not inflate a request body")
+            self._inflate_done(job, self._api.refuse_infer(job.url, job.headers, exc))
+            return
+        self._inflate_done(job, body)
+
+    def _reserve_inflated(self, job: _Inflating, size: int) -> bool:
+        """Reserve `size` more bytes inflated of `job`'s body in the Intake, held by its slot
+        until its answer is written; refuse it (503, False) when they do not fit, as a big
+        chunked body is (one always fits where nothing else is reserved)."""
+        intake = self._intake
+        if intake.reserved > job.reserved and intake.reserved + size > intake.max_bytes:
+            intake.refused_bodies += 1
+            error = HttpError(
+                503,
+                f"the server holds {intake.reserved} bytes of big request bodies, its limit; "
+                "this body inflates past the room left; retry later, or send it uncompressed",
+                retry_after_s=1.0,
+            )
+            self._inflate_done(job, self._api.refuse_infer(job.url, job.headers, error))
+            return False
+        intake.reserved += size
+        job.reserved += size
+        job.slot.size += size
+        self._held += size
+        self._recount()
+        return True
+
+    def _inflate_done(self, job: _Inflating, outcome: Any) -> None:
+        """`job` is over: its body (answered) or its refusal; the connection's next may start."""
+        self._inflating = False
+        if isinstance(outcome, Reply):
+            self._answered(job.slot, outcome)
+        else:
+            self._inflated(job.slot, job.method, job.url, job.plain, outcome, job.arrival)
+        if self._unstarted:
+            self._start_soon()
+        self._update_reading()
+
+    def _inflated(
+        self,
+        slot: _Slot,
+        method: str,
+        url: bytes,
+        headers: dict[str, str],
+        body: Any,
+        arrival: int | None,
+    ) -> None:
+        """Answer a request whose body was inflated; one that waited (`arrival`: read then, see
+        `_decode`) has its due time count from then, and is refused if already due."""
+        if arrival is not None:
+            held = self._api.hold_back(method, url, headers, body, arrival_ns=arrival)
+            if isinstance(held, Reply):
+                self._answered(slot, held)
+                return
+            if held is not None:
+                if held.due_ns is not None and self._api.time_left_s(held.due_ns) <= 0:
+                    self._answered(slot, self._api.refuse_held(held, self._held_because()))
+                else:
+                    self._answered(slot, self._api.start_held(held))
+                return
+        self._handle(slot, method, url, headers, body)
 
     def _shed(self, url: bytes, headers: Mapping[str, str], body: bytes) -> bool:
         """Whether the load shedder refuses this inference request, read and not decoded: it
@@ -1969,6 +2082,69 @@ def _shed_submit(request: Any) -> Any:
 _SINGLE_FIELDS = frozenset(("host", "content-type", "inference-header-content-length"))
 """Header fields that take one value: sent twice, the request is refused (see
 `HttpConnection._repeated`); llhttp refuses a second Content-Length itself."""
+
+
+@dataclass(slots=True, eq=False)
+class _Inflating:
+    """A request body being inflated off the loop (see `HttpConnection._inflate`)."""
+
+    slot: _Slot
+    method: str
+    url: bytes
+    headers: dict[str, str]
+    plain: dict[str, str]
+    """Its headers but Content-Encoding (the API's, once inflated)."""
+    inflation: Inflation
+    arrival: int | None
+    at: int | None = None
+    """Where its binary tensors start (`_binary_start`), if it has them."""
+    reserved: int = 0
+    """Its inflated bytes reserved in the Intake (held by its slot)."""
+
+
+_INFLATE_WORKERS = 2
+"""Threads that inflate big compressed request bodies, for the whole process (see
+`HttpConnection._inflate`)."""
+
+_INFLATE_STEP_BYTES = 4 << 20
+"""What a worker inflates of a body before its connection reserves it (see `_inflate`)."""
+
+_INFLATE_POOL: list[ThreadPoolExecutor] = []
+
+
+def _inflate_pool() -> ThreadPoolExecutor:
+    """The inflation workers (`_INFLATE_WORKERS` low-priority threads, started as needed)."""
+    if not _INFLATE_POOL:
+        _INFLATE_POOL.append(
+            ThreadPoolExecutor(
+                _INFLATE_WORKERS,
+                "duetime-inflate",
+                initializer=lower_thread_priority,
+                initargs=(_JOIN_NICENESS,),
+            )
+        )
+    return _INFLATE_POOL[0]
+
+
+def _inflate_step(inflation: Inflation, at: int | None) -> Any:
+    """Inflate `_INFLATE_STEP_BYTES` more of a body (on a worker): None if more is left, else
+    the whole body (joined aligned where it has binary tensors)."""
+    if not inflation.more(_INFLATE_STEP_BYTES):
+        return None
+    pieces = inflation.take()
+    if at is not None:
+        return _join_aligned(pieces, at)
+    return pieces[0] if len(pieces) == 1 else b"".join(pieces)
+
+
+def _without_coding(headers: Mapping[str, str]) -> dict[str, str]:
+    """`headers` but Content-Encoding (a body's, once inflated)."""
+    return {name: value for name, value in headers.items() if name != "content-encoding"}
+
+
+def _names_predict(url: bytes) -> bool:
+    """Whether `url` is V1's `/v1/models/<m>:predict`."""
+    return url.startswith(b"/v1/models/") and url.split(b"?", 1)[0].endswith(b":predict")
 
 
 def _is_infer(method: str, url: bytes) -> bool:

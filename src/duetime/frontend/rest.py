@@ -569,11 +569,16 @@ class RestApi:
         return HeldInfer(request, plan, received, len(body))
 
     def refuse_infer(self, target: bytes, headers: Mapping[str, str], exc: Exception) -> Reply:
-        """The error reply of the v2 inference request to `target` (one `infer_target` names)
-        whose body could not be decoded (`exc`: its Content-Encoding could not be undone off the
-        event loop, see `Inflation`), as `handle` answers it; never raises."""
+        """The error reply of the inference request to `target` (v2's, one `infer_target`
+        names, or a V1 predict) whose body could not be decoded (`exc`: its Content-Encoding
+        could not be undone off the event loop, see `Inflation`; not a DuetimeError: a 500,
+        logged), as `handle` answers it, counted in `refused`; never raises."""
         infer = self.infer_target(target)
-        model, version = infer if infer is not None else ("", None)
+        if infer is None:  # (V1: `/v1/models/<m>:predict`)
+            parts = _segments(target)
+            name = parts[2] if len(parts) > 2 else ""
+            infer = (name.rpartition(":")[0] or name, None)
+        model, version = infer
         received = self._engine.clock.now_ns() if self._tracing is not None else 0
         return self._not_queued(exc, model, version, headers, received)
 
@@ -1829,10 +1834,28 @@ class Inflation:
         self._pieces: list[bytes] = []
         self._size = 0
 
+    @property
+    def size(self) -> int:
+        """Bytes inflated so far."""
+        return self._size
+
     def step(self, most: int) -> bytes | None:
         """Inflate up to `most` bytes more: the whole body once it ends, else None (more is
         left: step again); raises InvalidInput (not valid data, not one complete stream) or
         PayloadTooLarge (inflates past the limit)."""
+        if not self.more(most):
+            return None
+        pieces = self.take()
+        return pieces[0] if len(pieces) == 1 else b"".join(pieces)
+
+    def take(self) -> list[bytes]:
+        """The pieces inflated so far (the whole body once `more` said it ended), given up."""
+        pieces, self._pieces = self._pieces, []
+        return pieces
+
+    def more(self, most: int) -> bool:
+        """Inflate up to `most` bytes more, kept (`take`); True once the body ends. Raises as
+        `step` does."""
         inflater, kind = self._inflater, self._kind
         room = self._limit + 1 - self._size
         cap = min(most, room)
@@ -1851,16 +1874,13 @@ class Inflation:
                     "other bytes)"
                 )
             self._pieces.append(data)
-            return None
+            return False
         if inflater.unused_data:
             raise InvalidInput(
                 f"body is not one complete {kind} stream (truncated, or followed by other bytes)"
             )
-        if not self._pieces:
-            return data
         self._pieces.append(data)
-        pieces, self._pieces = self._pieces, []
-        return b"".join(pieces)
+        return True
 
     def finish(self) -> bytes:
         """Inflate the rest (`step` to the limit)."""
