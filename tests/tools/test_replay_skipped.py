@@ -63,9 +63,7 @@ def test_a_capture_of_skipped_records_only_says_so(tmp_path: Path) -> None:
         load_plan(ReplayConfig(capture, "http://127.0.0.1:9"))
 
 
-def test_a_replay_of_a_damaged_capture_reports_what_it_skipped(
-    tmp_path: Path, capsys: Any
-) -> None:
+def test_a_replay_of_a_damaged_capture_reports_what_it_skipped(tmp_path: Path, capsys: Any) -> None:
     capture = _capture(tmp_path / "c.dtcap", 5, {3})
     out = tmp_path / "r.json"
     with fake_v2_server() as fake:
