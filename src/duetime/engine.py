@@ -85,6 +85,8 @@ class Ticket:
     """Whether the model's outputs have a batch dimension (classes are per batch element)."""
     labels: Mapping[str, tuple[str, ...]] | None = None
     """The classified outputs' class labels, where the model has them."""
+    units: tuple[str, ...] = ()
+    """Outputs answered with a trailing dim of 1 (see `Prepared.units`)."""
 
     def when_done(self, callback: Callable[[], None]) -> None:
         """Call `callback` once the future settles (not if it is cancelled): now, if it has.
@@ -133,6 +135,9 @@ class Ticket:
             finally:
                 error = None  # this frame is in the copy's traceback: it must not hold the copy
         outputs = _wanted(self.future.result(), self.outputs)
+        for name in self.units:
+            if name in outputs and not (self.classes and name in self.classes):
+                outputs[name] = outputs[name][..., None]  # ([] -> [1], [batch] -> [batch, 1])
         if self.classes:
             for name, count in self.classes.items():
                 labels = self.labels.get(name, ()) if self.labels else ()
@@ -539,6 +544,7 @@ class Engine:
         model = routed.deployment.model
         prepared = routed.prepared
         ticket = Ticket(model.name, model.version, prepared.outputs, routed.deployment.variant)
+        ticket.units = prepared.units
         if request.classes:
             signature = model.signature
             check_classifiable(request.classes, signature.outputs, prepared.outputs)
@@ -1266,6 +1272,9 @@ def _alone_response(routed: Routed, outputs: Feeds) -> InferResponse:
     deployment = routed.deployment
     model = deployment.model
     wanted = _wanted(outputs, routed.prepared.outputs)
+    for name in routed.prepared.units:
+        if name in wanted:
+            wanted[name] = wanted[name][..., None]  # (see `Ticket.units`)
     return InferResponse(model.name, model.version, "", wanted, deployment.variant)
 
 

@@ -28,6 +28,9 @@ class Prepared:
     rows: int
     shape_key: tuple[Any, ...]
     outputs: tuple[str, ...]
+    units: tuple[str, ...] = ()
+    """The outputs without dims (beyond the batch's) its answer gives with a trailing dim of 1
+    ([1], [batch, 1]): Triton's form, the request's too (see `Validator._unit_outputs`)."""
 
 
 TEMPLATES_MAX = 256
@@ -89,6 +92,22 @@ class Validator:
         }
         """Inputs the config reshapes, or that requests may give in another shape (see
         `other_shapes`): the graph's shape of each (without the batch dim)."""
+        self._unit_inputs = {name: len(self._specs[name].client_shape) + 1 for name in self._others}
+        """The inputs without dims a request may give in Triton's form (one dim more: [1],
+        [batch, 1]), and that form's rank..."""
+        self._unit_outputs = tuple(
+            spec.name
+            for spec in signature.outputs
+            if spec.wire is None
+            and not spec.any_rank
+            and not (spec.shape[1:] if self._batched else spec.shape)
+        )
+        """...and the outputs without dims, which a request giving such an input in that form
+        is answered in it too.
+
+        NOTE: Triton's config cannot say "no dims": such a model's config reads dims [1] with
+        reshape [] (see `other_shapes`), and a Triton client that sent [1] was answered [] (its
+        `as_numpy('y')[0]` raised IndexError; found by a tester)."""
         self._templates: dict[object, tuple[int, tuple[Any, ...], tuple[str, ...]]] = {}
         """Templates whose requests passed: their rows, batching key and outputs."""
 
@@ -193,7 +212,12 @@ class Validator:
             shape_key = tuple((name, a.shape[1:]) for name, a in feeds.items())
         # (all outputs, the usual, without `_check_outputs`' frame)
         wanted = self._all_outputs if outputs is None else self._check_outputs(outputs)
-        return Prepared(feeds, rows or 1, shape_key, wanted)
+        units: tuple[str, ...] = ()
+        if self._unit_outputs and any(
+            inputs[name].ndim == rank for name, rank in self._unit_inputs.items() if name in inputs
+        ):
+            units = self._unit_outputs
+        return Prepared(feeds, rows or 1, shape_key, wanted, units)
 
     def _check_names(self, inputs: Mapping[str, np.ndarray]) -> None:
         for name in inputs:
@@ -356,7 +380,8 @@ def other_shapes(signature: ModelSignature) -> dict[str, tuple[tuple[int, ...], 
     """The inputs requests may give in other shapes than `client_shape`, by name: those shapes,
     reshaped to the graph's. An input the graph takes without dims beyond the batch's takes
     [batch] and [batch, 1] alike ([] and [1] when the model does not batch), whatever its
-    config's dims; answers keep the shape metadata says.
+    config's dims; a request in the form with the extra dim is answered in it too (its outputs
+    without dims: see `Prepared.units`), one in metadata's form in that one.
 
     NOTE: Triton's config cannot say "no dims" (its check refuses empty dims): its ONNX Runtime
     backend writes such a tensor dims [1] with reshape [], so Triton's clients send [batch, 1]

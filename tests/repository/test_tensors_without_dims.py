@@ -1,8 +1,9 @@
 """Tensors without dims beyond the batch's (a batched [N], every sklearn classifier's `label`;
 a scalar of a model that does not batch): Triton's config writes them dims [1] with reshape [],
-so its clients send [batch, 1] ([1]), where duetime's send [batch] ([]). Inputs take both; the
-answers keep the form metadata says; the config read back by load_model(config=...) serves the
-same model.
+so its clients send [batch, 1] ([1]), where duetime's send [batch] ([]). Inputs take both; a
+request is answered in its own form (metadata's form kept for both once broke Triton clients:
+a scalar sent [1] came back [], and `as_numpy('y')[0]` raised IndexError); the config read back
+by load_model(config=...) serves the same model.
 
 The config endpoint said dims [1] while requests of [3, 1] were refused ("does not match the
 model's [-1]"), and the config read back served [batch, 1] alone, refusing [3]."""
@@ -131,11 +132,11 @@ def load(server: RunningServer, model: str, config: dict[str, Any]) -> None:
 
 VECTOR = np.array([1.0, 2.0, 3.0], np.float32)
 CASES = [
-    # model, what requests give, the answer's shape (metadata's form)
+    # model, what requests give, the answer's shape (the request's form)
     ("vec", VECTOR, (3,)),
-    ("vec", VECTOR.reshape(3, 1), (3,)),  # (the shape the config's dims [1] give)
+    ("vec", VECTOR.reshape(3, 1), (3, 1)),  # (the shape the config's dims [1] give)
     ("scalar", np.array(2.0, np.float32), ()),
-    ("scalar", np.array([2.0], np.float32), ()),
+    ("scalar", np.array([2.0], np.float32), (1,)),
     ("triton", VECTOR.reshape(3, 1), (3, 1)),
     ("triton", VECTOR, (3, 1)),
 ]
@@ -196,8 +197,8 @@ def test_requests_in_either_form_batch_together(tmp_path: Path) -> None:
             answers = await asyncio.gather(
                 *(engine.infer_async(model, {"x": x}) for x in given)
             )  # fmt: skip
-            shape = (2,) if model == "vec" else (2, 1)
             for x, answer in zip(given, answers, strict=True):
+                shape = x.shape if model == "vec" else (2, 1)  # (vec: the request's own form)
                 assert (answer["y"].shape, answer["y"].ravel().tolist()) == (
                     shape, (-x).ravel().tolist()
                 )  # fmt: skip

@@ -524,7 +524,7 @@ def _answer_of(ticket: Ticket) -> Mapping[str, Any]:
     `classification`: FP32 scores where the client got "score:index" strings, so a replay
     with --compare-outputs against the very same server reported every such answer as a
     difference ("datatype BYTES, recorded FP32") and exited 3."""
-    if ticket.classes:
+    if ticket.classes or ticket.units:  # (as the client got them: see `Ticket.units`)
         return ticket.response().outputs
     produced = ticket.future.result()
     return {name: produced[name] for name in ticket.outputs}
