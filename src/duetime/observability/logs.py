@@ -129,9 +129,11 @@ def log_request(
     latency_ns: int | None = None,
 ) -> None:
     """One line for one request: a failure, or a sampled success (reason None)."""
-    # NOTE: 504 is a deadline miss (the client's budget, or overload): at overload there are
-    # thousands a second, and they are counted in the metrics; they go at INFO with the 4xx.
-    level = logging.WARNING if status >= 500 and status != 504 else logging.INFO
+    # NOTE: 504 is a deadline miss (the client's budget, or overload), 503 a refusal for want
+    # of room or of a model able to answer now (retry later): at overload there are thousands
+    # a second (3 s of gzip overload logged 4,394 WARNING lines of 503), and they are counted
+    # in the metrics; they go at INFO with the 4xx. Other 5xx are the server's faults.
+    level = logging.WARNING if status >= 500 and status not in (503, 504) else logging.INFO
     if not requests_log.isEnabledFor(level):
         return
     fields = {
