@@ -152,6 +152,21 @@ def serving(settings: ServerSettings, **options: Any) -> Iterator[RunningServer]
 
 
 @contextlib.contextmanager
+def tight_tile_server(repo: Path) -> Iterator[RunningServer]:
+    """A server of `repo` with model tile (400 KB of answer a row: repo_models.wide_tile_model)
+    whose big answers not yet read are bounded to 1 MiB."""
+    from repo_models import wide_tile_model, write_version
+
+    write_version(repo, "tile", 1, wide_tile_model())
+    (repo / "tile" / "config.toml").write_text("[breaker]\nslow_min_us = 60000000\n")
+    settings = ServerSettings(
+        model_repository=repo, http_port=0, grpc_port=0, max_unsent_answer_bytes=1 << 20
+    )
+    with serving(settings) as running:
+        yield running
+
+
+@contextlib.contextmanager
 def recording_server(repository: Path, capture: Path) -> Iterator[RunningServer]:
     """A server of `repository` that records every request, with outputs, to `capture`; the
     capture is complete once the block ends."""

@@ -22,8 +22,8 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import RunningServer, read_answers, serving, start_server, stop_server
-from repo_models import scale_model, wide_tile_model, write_version
+from conftest import RunningServer, read_answers, serving, tight_tile_server
+from repo_models import scale_model, write_version
 
 from duetime.config import ServerSettings
 from duetime.frontend import rest
@@ -212,15 +212,8 @@ def _wait_reserved(server: RunningServer, size: int) -> None:
 def tight(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
     """A server of tile (400 KB of answer a row) whose big answers not yet read are bounded to
     1 MiB."""
-    repo = tmp_path_factory.mktemp("unsent-http")
-    write_version(repo, "tile", 1, wide_tile_model())
-    (repo / "tile" / "config.toml").write_text("[breaker]\nslow_min_us = 60000000\n")
-    settings = ServerSettings(
-        model_repository=repo, http_port=0, grpc_port=0, max_unsent_answer_bytes=1 * MiB
-    )
-    running, thread = start_server(settings)
-    yield running
-    stop_server(running, thread)
+    with tight_tile_server(tmp_path_factory.mktemp("unsent-http")) as running:
+        yield running
 
 
 @pytest.mark.parametrize("pad", [0, 400_000], ids=["inflated-ahead", "inflated-once-started"])

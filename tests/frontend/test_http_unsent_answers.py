@@ -24,8 +24,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import RunningServer, read_answers, start_server, stop_server
-from repo_models import wide_tile_model, write_version
+from conftest import RunningServer, read_answers, tight_tile_server
 
 from duetime.clock import MonotonicClock
 from duetime.config import ServerSettings
@@ -275,15 +274,8 @@ def tile_request(rows: int, timeout_us: int = 0) -> bytes:
 @pytest.fixture(scope="module")
 def tight(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
     """A server of tile whose big answers not yet read are bounded to 1 MiB."""
-    repo = tmp_path_factory.mktemp("unsent-http")
-    write_version(repo, "tile", 1, wide_tile_model())
-    (repo / "tile" / "config.toml").write_text("[breaker]\nslow_min_us = 60000000\n")
-    settings = ServerSettings(
-        model_repository=repo, http_port=0, grpc_port=0, max_unsent_answer_bytes=1 * MiB
-    )
-    running, thread = start_server(settings)
-    yield running
-    stop_server(running, thread)
+    with tight_tile_server(tmp_path_factory.mktemp("unsent-http")) as running:
+        yield running
 
 
 def connected(server: RunningServer, unread: bool = False) -> socket.socket:

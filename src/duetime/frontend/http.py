@@ -1136,17 +1136,31 @@ class HttpConnection(asyncio.BufferedProtocol):
         inflated, if it inflates to `INFLATE_INLINE_BYTES` or less; its error reply if it
         cannot be inflated; None if it inflates to more (inflated once started: `_inflate`).
         A coding not served is left to the API (415): its headers and body as they came."""
+        inflated = self._inflate_inline(url, headers, body)
+        if inflated is None:
+            return headers, body
+        if isinstance(inflated, Reply):
+            return inflated
+        if isinstance(inflated, Inflation):
+            return None  # (it inflates past the inline part: once started, see `_inflate`)
+        return _without_coding(headers), inflated
+
+    def _inflate_inline(
+        self, url: bytes, headers: Mapping[str, str], body: bytes
+    ) -> bytes | Reply | Inflation | None:
+        """The first step of undoing an inference request's Content-Encoding, on the loop: its
+        body inflated, if that takes `INFLATE_INLINE_BYTES` or less; the Inflation to go on with
+        off the loop if it takes more; its refusal if it cannot be inflated; None for a coding
+        not served (the API answers 415). Shared by `_inflate_ahead` and `_inflate`."""
         try:
             inflation = Inflation(body, headers["content-encoding"], self._max_body)
         except DuetimeError:
-            return headers, body
+            return None
         try:
             data = inflation.step(INFLATE_INLINE_BYTES)
         except DuetimeError as exc:
             return self._api.refuse_infer(url, headers, exc)
-        if data is None:
-            return None
-        return _without_coding(headers), data
+        return inflation if data is None else data
 
     def _expire(self, slot: _Slot) -> None:
         """`slot`'s request, held back, is due: refused as its scheduler refuses a request due
@@ -1357,21 +1371,18 @@ class HttpConnection(asyncio.BufferedProtocol):
         arrival, slot.dated_ns = slot.dated_ns, None
         if method != "POST" or not (self._api.infer_target(url) is not None or _names_predict(url)):
             return False
-        try:
-            inflation = Inflation(body, headers["content-encoding"], self._max_body)
-        except DuetimeError:
+        inflated = self._inflate_inline(url, headers, body)
+        if inflated is None:
             return False  # (a coding not served: the API answers 415)
-        try:
-            data = inflation.step(INFLATE_INLINE_BYTES)
-        except DuetimeError as exc:
-            self._answered(slot, self._api.refuse_infer(url, headers, exc))
+        if isinstance(inflated, Reply):
+            self._answered(slot, inflated)
             return True
         plain = _without_coding(headers)
-        if data is not None:
-            self._inflated(slot, method, url, plain, data, arrival)
+        if not isinstance(inflated, Inflation):
+            self._inflated(slot, method, url, plain, inflated, arrival)
             return True
         self._inflating = True
-        job = _Inflating(slot, method, url, headers, plain, inflation, arrival)
+        job = _Inflating(slot, method, url, headers, plain, inflated, arrival)
         job.at = _binary_start(method, url, plain)
         self._inflate_on(job, None)
         return True
