@@ -61,9 +61,20 @@ from duetime.feeds.itch.fastbook_tables import (
     hash_find,
     hash_remove,
 )
+from duetime.feeds.itch.fastfeatures import (
+    FEATURES_OFF,
+    K_BOOK_EVENTS,
+    K_MESSAGES,
+    K_ROWS,
+    FeatureTables,
+    event_features,
+    has_room,
+)
 from duetime.feeds.itch.parser import LENGTH_TABLE
 
 DONE, GROW_ORDERS, GROW_LEVELS, GROW_CHANGES, BAD_FRAME = range(5)
+ROWS_FULL, NAMED, GROW_SLOTS, GROW_NODES = range(5, 9)
+"""`run_features`' statuses besides DONE, GROW_* and BAD_FRAME."""
 
 # `state[S_ANOMALIES + k]`, k in book.ANOMALY_KINDS order.
 (
@@ -78,7 +89,7 @@ DONE, GROW_ORDERS, GROW_LEVELS, GROW_CHANGES, BAD_FRAME = range(5)
     A_CROSSED,
 ) = range(S_ANOMALIES, S_ANOMALIES + 9)
 
-_A, _F, _E, _C, _X, _D, _U, _R, _B, _S = b"AFECXDURBS"
+_A, _F, _E, _C, _X, _D, _U, _R, _B, _S, _P = b"AFECXDURBSP"
 _CHANGES_BOOK = 1
 _ROLE = np.zeros(256, np.int8)
 """Per type byte: _CHANGES_BOOK for A F E C X D U, else 0 (numba freezes it as a constant)."""
@@ -306,6 +317,19 @@ def _drop_level(
 
 
 @njit(cache=True)
+def _top(levels: np.ndarray, ends: np.ndarray, book: int) -> tuple[int, int, int, int]:
+    """The best price and the shares there of each side of `book`'s stock (price -1: empty)."""
+    bid = ends[book & ~1, BEST]
+    ask = ends[book | 1, BEST]
+    return (
+        levels[bid, L_PRICE] if bid >= 0 else -1,
+        levels[bid, L_SHARES] if bid >= 0 else 0,
+        levels[ask, L_PRICE] if ask >= 0 else -1,
+        levels[ask, L_SHARES] if ask >= 0 else 0,
+    )
+
+
+@njit(cache=True)
 def _rejected_add(st: np.ndarray, locate: int, side_byte: int, shares: int, price: int) -> bool:
     """Whether an A/F cannot rest, counting why (book.py's checks, in its order)."""
     if locate == 0:
@@ -330,7 +354,24 @@ def run(buf: np.ndarray, t: Tables, skip: bool) -> int:
     way S_POS is then the offset of the frame not applied. A frame cut off by the end of the
     buffer ends the pass (DONE, S_POS short of the end) in both policies.
     """
-    status: int = _run(buf, skip, *t)
+    status: int = _run(buf, skip, len(buf), *t, *FEATURES_OFF)
+    return status
+
+
+def run_features(buf: np.ndarray, stop: int, t: Tables, f: FeatureTables) -> int:
+    """Apply the messages of `buf` from `t.state[S_POS]` up to (not including) the first frame
+    at or after offset `stop`, computing each book event's features (`fastfeatures`) without
+    change rows; `t.changes` is not written. The vectors of the events that fire go to
+    `f.rows` from row `f.control[K_ROWS]` on (the rows written so far: set it to 0 to start
+    over; a call that returned to grow a table or name a stock goes on where it stopped).
+
+    DONE at `stop`; ROWS_FULL once `f.rows` is full, NAMED right after a stock directory (R)
+    message of a stock (its symbol is in `t.symbols`), GROW_* when a table is full (before the
+    message, as `run`). S_POS is the offset of the next frame; `f.control[K_MESSAGES]` counts
+    the messages applied. The buffer must be well framed (`parser.frame_index` found no bad
+    frame): a bad one returns BAD_FRAME.
+    """
+    status: int = _run(buf, False, stop, *t, *f)
     return status
 
 
@@ -338,6 +379,7 @@ def run(buf: np.ndarray, t: Tables, skip: bool) -> int:
 def _run(
     buf: np.ndarray,
     skip: bool,
+    stop: int,
     st: np.ndarray,
     orders: np.ndarray,
     oh: np.ndarray,
@@ -348,6 +390,14 @@ def _run(
     stocks: np.ndarray,
     symbols: np.ndarray,
     changes: np.ndarray,
+    f_control: np.ndarray,
+    f_slot_of: np.ndarray,
+    f_slots: np.ndarray,
+    f_mids: np.ndarray,
+    f_ring: np.ndarray,
+    f_nodes: np.ndarray,
+    f_rows: np.ndarray,
+    f_meta: np.ndarray,
 ) -> int:
     # NOTE: the order operations are written inline, not as helpers: a call between compiled
     # functions passes every field of every array argument and cost more than the operation
@@ -355,11 +405,14 @@ def _run(
     # are calls. Each book message takes three steps: decide (reject, shrink in place, or
     # which order leaves and which reference rests), remove (a loop, since a U or a duplicate
     # add may evict a second order), insert.
+    # With `f_rows` (run_features), each book event's features are computed after it (a call:
+    # one per event, not per message) and no change row is written.
+    features = len(f_rows) > 0
     pos = st[S_POS]
     end = len(buf)
     # NOTE: `<=`: a zero-length frame may be the last two bytes (no type byte to read), and
     # is a bad frame there as anywhere (the streaming reader reports it too)
-    while pos + 2 <= end:
+    while pos + 2 <= end and pos < stop:
         size = (np.int64(buf[pos]) << 8) | np.int64(buf[pos + 1])
         m = pos + 2
         if m + size > end:
@@ -380,19 +433,41 @@ def _run(
                 room = GROW_ORDERS
             elif st[S_LEVEL_FREE] < 0 and st[S_LEVEL_HIGH] >= len(levels):
                 room = GROW_LEVELS
-            elif st[S_CHANGES] >= len(changes):
+            elif not features and st[S_CHANGES] >= len(changes):
                 room = GROW_CHANGES
             if room != DONE:
                 st[S_POS] = pos
                 return room
+        if features and (_ROLE[kind] == _CHANGES_BOOK or kind == _P):  # room for an event?
+            room = has_room(f_control, f_slots, f_nodes)
+            if room != 0:
+                st[S_POS] = pos
+                return GROW_SLOTS if room == 1 else GROW_NODES
         locate = _be(buf, m + 1, 2)
         stocks[locate, ST_MESSAGES] += 1
         stocks[locate, kind & 63] += 1
         pos = m + size
+        index = 0
+        if features:
+            index = f_control[K_MESSAGES]
+            f_control[K_MESSAGES] = index + 1
         if _ROLE[kind] != _CHANGES_BOOK:
             if kind == _R and locate != 0:
                 for k in range(SYMBOL_BYTES):
                     symbols[locate, k] = buf[m + 11 + k]
+                if features:
+                    st[S_POS] = pos
+                    return NAMED
+            elif features and kind == _P and locate != 0:  # a trade event, the book unchanged
+                f_control[K_BOOK_EVENTS] += 1
+                fired = event_features(
+                    levels, ends, f_control, f_slot_of, f_slots, f_mids, f_ring, f_nodes,
+                    f_rows, f_meta, locate, _be(buf, m + 5, 6), 2, _be(buf, m + 20, 4),
+                    _be(buf, m + 32, 4), False, index,
+                )  # fmt: skip
+                if fired and f_control[K_ROWS] == len(f_rows):
+                    st[S_POS] = pos
+                    return ROWS_FULL
             continue
 
         # -- decide ---------------------------------------------------------------------------
@@ -403,6 +478,10 @@ def _run(
         book = 0
         price = 0
         shares = 0
+        trade = 0  # (features: the signed side of an E/C, its shares and price)
+        trade_shares = 0
+        trade_price = 0
+        top_before = (0, 0, 0, 0)  # (features: the event's book before the message)
         if kind in (_A, _F):
             side_byte = buf[m + 19]
             shares = _be(buf, m + 20, 4)
@@ -411,6 +490,8 @@ def _run(
                 continue
             book = 2 * locate + (side_byte == _S)
             rests = True
+            if features:
+                top_before = _top(levels, ends, book)
         else:
             victim = hash_find(oh, ref)
             if victim < 0:
@@ -420,6 +501,8 @@ def _run(
             book = orders[o, O_BOOK]
             if book >> 1 != locate:
                 st[A_LOCATE_MISMATCH] += 1
+            if features:
+                top_before = _top(levels, ends, book)
             if kind == _U:
                 rest_ref = _be(buf, m + 19, 8)
                 shares = _be(buf, m + 27, 4)
@@ -431,6 +514,10 @@ def _run(
                 if taken == 0:
                     st[A_ZERO_SHARES] += 1
                     continue
+                if kind != _X:  # (the print: the message's shares, clamped or not)
+                    trade = 1 - 2 * (book & 1)
+                    trade_shares = taken
+                    trade_price = orders[o, O_PRICE] if kind == _E else _be(buf, m + 32, 4)
                 if taken > left:
                     st[A_OVERSIZE] += 1
                 if taken < left:
@@ -512,6 +599,18 @@ def _run(
             ask = ends[book | 1, BEST]
             if joined and bid >= 0 and ask >= 0 and levels[bid, L_PRICE] >= levels[ask, L_PRICE]:
                 st[A_CROSSED] += 1
+
+        if features:  # the event's features, and no change row
+            f_control[K_BOOK_EVENTS] += 1
+            fired = event_features(
+                levels, ends, f_control, f_slot_of, f_slots, f_mids, f_ring, f_nodes, f_rows,
+                f_meta, book >> 1, _be(buf, m + 5, 6), trade, trade_shares, trade_price,
+                _top(levels, ends, book) != top_before, index,
+            )  # fmt: skip
+            if fired and f_control[K_ROWS] == len(f_rows):
+                st[S_POS] = pos
+                return ROWS_FULL
+            continue
 
         # -- record the top of the changed book -------------------------------------------------
         bid = ends[book & ~1, BEST]
