@@ -48,6 +48,12 @@ def book_events(session: Path) -> tuple[int, int]:
     return len(events), sum(e.top_changed for e in events)
 
 
+@pytest.fixture(params=["numba", "python"])
+def engine(request: pytest.FixtureRequest) -> str:
+    """`itch run --engine`: the compiled per-event path or the Python one."""
+    return str(request.param)
+
+
 def _run(
     tmp_path: Path, session: Path, *options: str
 ) -> tuple[dict[str, Any], list[dict[str, str]]]:
@@ -64,10 +70,11 @@ def test_the_demo_model_takes_the_feature_vector() -> None:
 
 
 def test_every_book_event_asks_and_every_answer_is_accounted_for(
-    tmp_path: Path, session: Path, demo_repo: Path, book_events: tuple[int, int]
+    tmp_path: Path, session: Path, demo_repo: Path, book_events: tuple[int, int], engine: str
 ) -> None:
-    report, rows = _run(tmp_path, session, "--model", "orderbook", "--repository",
-                        str(demo_repo), "--pace", "max", "--deadline-us", "200000")  # fmt: skip
+    report, rows = _run(tmp_path, session, "--model", "orderbook", "--engine", engine,
+                        "--repository", str(demo_repo), "--pace", "max", "--deadline-us",
+                        "200000")  # fmt: skip
     assert report["messages"] == MESSAGES
     assert report["book_events"] == report["triggers"] == book_events[0]
     outcomes = report["on_time"] + report["late_dropped"] + report["refused"] + report["errors"]
@@ -81,10 +88,13 @@ def test_every_book_event_asks_and_every_answer_is_accounted_for(
     assert all(row["signal"] in {"-1", "0", "1"} and row["out2"] for row in used)
 
 
-def test_late_answers_are_never_used(tmp_path: Path, session: Path, demo_repo: Path) -> None:
+def test_late_answers_are_never_used(
+    tmp_path: Path, session: Path, demo_repo: Path, engine: str
+) -> None:
     # 1 µs: no answer can be on time, so none may be written as used
-    report, rows = _run(tmp_path, session, "--model", "orderbook", "--repository",
-                        str(demo_repo), "--pace", "max", "--deadline-us", "1")  # fmt: skip
+    report, rows = _run(tmp_path, session, "--model", "orderbook", "--engine", engine,
+                        "--repository", str(demo_repo), "--pace", "max", "--deadline-us",
+                        "1")  # fmt: skip
     assert report["on_time"] == 0
     assert report["misses"] == report["triggers"] > 0
     assert all(row["on_time"] == "0" and row["signal"] == "" for row in rows)
@@ -106,9 +116,10 @@ def test_a_prediction_not_used_has_every_column_empty() -> None:
 
 
 def test_triggers_every_nth_event_and_on_top_changes(
-    tmp_path: Path, session: Path, demo_repo: Path, book_events: tuple[int, int]
+    tmp_path: Path, session: Path, demo_repo: Path, book_events: tuple[int, int], engine: str
 ) -> None:
-    common = ["--model", "orderbook", "--repository", str(demo_repo), "--pace", "max"]
+    common = ["--model", "orderbook", "--engine", engine, "--repository", str(demo_repo),
+              "--pace", "max"]  # fmt: skip
     report, _ = _run(tmp_path, session, *common, "--on", "top-change")
     assert report["triggers"] == book_events[1]
     report, _ = _run(tmp_path, session, *common, "--every", "10")
@@ -123,26 +134,26 @@ def test_deeplob_model_takes_the_window(tmp_path: Path, session: Path, demo_repo
     assert len(rows) == report["on_time"] + report["late_dropped"]
 
 
-def test_recorded_pace_follows_the_file(tmp_path: Path, demo_repo: Path) -> None:
+def test_recorded_pace_follows_the_file(tmp_path: Path, demo_repo: Path, engine: str) -> None:
     path = tmp_path / "short.itch"
     write_session(path, seed=3, messages=600, rate=1000)
     flow = [m.timestamp for m in read_messages(path) if m.type in "AFECXDU"]
     assert 0.3 < (flow[-1] - flow[0]) / 1e9 < 1.0  # ~600 messages at 1,000 a second
     # the hours before the open and after the close are cut to 50 ms each
-    report, _ = _run(tmp_path, path, "--model", "orderbook", "--repository", str(demo_repo),
-                     "--every", "5", "--max-gap-ms", "50")  # fmt: skip
+    report, _ = _run(tmp_path, path, "--model", "orderbook", "--engine", engine, "--repository",
+                     str(demo_repo), "--every", "5", "--max-gap-ms", "50")  # fmt: skip
     assert report["messages"] == 600
     assert 0.3 <= report["wall_s"] < 5
     assert report["pace_lag_us"]["p50"] is not None
 
 
-def test_keeping_warm_changes_no_prediction(tmp_path: Path, demo_repo: Path) -> None:
+def test_keeping_warm_changes_no_prediction(tmp_path: Path, demo_repo: Path, engine: str) -> None:
     """The warmer runs the per-event path on a book of its own: the run's books, features,
     counts and answers are the same with it as without."""
     path = tmp_path / "sparse.itch"
     write_session(path, seed=5, messages=300, rate=2000)
-    common = ["--model", "orderbook", "--repository", str(demo_repo), "--deadline-us", "1000000",
-              "--max-gap-ms", "20"]  # fmt: skip
+    common = ["--model", "orderbook", "--engine", engine, "--repository", str(demo_repo),
+              "--deadline-us", "1000000", "--max-gap-ms", "20"]  # fmt: skip
     runs = []
     for name, extra in (("warm", []), ("cold", ["--no-keep-warm"])):
         (tmp_path / name).mkdir()
@@ -166,7 +177,9 @@ def test_remote_target_over_grpc(tmp_path: Path, session: Path, server: RunningS
     assert len(rows) == report["on_time"] + report["late_dropped"]
 
 
-def test_predictions_name_stocks_as_the_book_summary_does(tmp_path: Path, demo_repo: Path) -> None:
+def test_predictions_name_stocks_as_the_book_summary_does(
+    tmp_path: Path, demo_repo: Path, engine: str
+) -> None:
     """A locate with an all-space symbol or none got an empty `stock`, a leading space was
     dropped, and two locates with one symbol were told apart nowhere: the keys of `itch book`
     now, and `--symbols` selects by them."""
@@ -177,8 +190,8 @@ def test_predictions_name_stocks_as_the_book_summary_does(tmp_path: Path, demo_r
         for locate in (1, 2, 3, 4, 5):
             writer.write("A", stock_locate=locate, timestamp=2, order_reference_number=locate,
                          buy_sell_indicator="B", shares=1, stock="X", price=1)  # fmt: skip
-    common = ["--model", "orderbook", "--repository", str(demo_repo), "--pace", "max",
-              "--deadline-us", "1000000"]  # fmt: skip
+    common = ["--model", "orderbook", "--engine", engine, "--repository", str(demo_repo),
+              "--pace", "max", "--deadline-us", "1000000"]  # fmt: skip
     _, rows = _run(tmp_path, path, *common)
     assert [row["stock"] for row in rows] == ["#1", " LEAD", "#3", "DUP", "DUP@5"]
     _, rows = _run(tmp_path, path, *common, "--symbols", "#3,DUP@5")
@@ -378,7 +391,7 @@ def test_a_malformed_frame_is_in_the_report_skipped_or_stopping_the_run(
 
 
 def test_symbols_never_seen_in_the_feed_are_named_at_the_end(
-    tmp_path: Path, demo_repo: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, demo_repo: Path, capsys: pytest.CaptureFixture[str], engine: str
 ) -> None:
     """A `--symbols` typo (APPL for AAPL) made the run a silent no-op: 0 requests, exit 0,
     nothing on stderr. A symbol the feed never keyed (no stock directory entry, no message) is
@@ -390,8 +403,8 @@ def test_symbols_never_seen_in_the_feed_are_named_at_the_end(
         for ref in range(1, 6):
             writer.write("A", stock_locate=1, timestamp=1 + ref, order_reference_number=ref,
                          buy_sell_indicator="B", shares=1, stock="AAPL", price=ref)  # fmt: skip
-    common = ["--model", "orderbook", "--repository", str(demo_repo), "--pace", "max",
-              "--deadline-us", "1000000"]  # fmt: skip
+    common = ["--model", "orderbook", "--engine", engine, "--repository", str(demo_repo),
+              "--pace", "max", "--deadline-us", "1000000"]  # fmt: skip
     report, rows = _run(tmp_path, path, *common, "--symbols", "APPL")
     assert (report["triggers"], rows) == (0, [])
     assert report["unknown_symbols"] == ["APPL"]
@@ -404,3 +417,40 @@ def test_symbols_never_seen_in_the_feed_are_named_at_the_end(
     report, _ = _run(tmp_path, path, *common, "--symbols", "AAPL,QUIET")
     assert report["unknown_symbols"] == []
     assert "--symbols" not in capsys.readouterr().err
+
+
+def test_both_engines_ask_for_the_same_events_with_the_same_answers(
+    tmp_path: Path, session: Path, demo_repo: Path
+) -> None:
+    """The compiled per-event path (the default for this file) against the Python one: the
+    same events asked for, the same predictions, in the same order."""
+    runs = []
+    for engine in ("numba", "python"):
+        (tmp_path / engine).mkdir()
+        runs.append(_run(tmp_path / engine, session, "--model", "orderbook", "--repository",
+                         str(demo_repo), "--pace", "max", "--deadline-us", "1000000",
+                         "--engine", engine))  # fmt: skip
+    (fast, fast_rows), (slow, slow_rows) = runs
+    for key in ("messages", "book_events", "triggers", "on_time", "errors", "book_anomalies"):
+        assert fast[key] == slow[key], key
+
+    def answers(rows: list[dict[str, str]]) -> list[list[str]]:
+        return [[v for k, v in row.items() if k != "latency_us"] for row in rows]
+
+    assert answers(fast_rows) == answers(slow_rows)
+
+
+def test_engine_numba_says_why_it_cannot_take_a_run(
+    tmp_path: Path, session: Path, demo_repo: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--engine numba` where the compiled path cannot go: a clear error, not the Python path
+    taken silently (auto takes it: the malformed-file tests above run on it)."""
+    common = ["--repository", str(demo_repo), "--pace", "max", "-q", "--engine", "numba"]
+    assert main(["itch", "run", str(session), "--model", "deeplob", *common]) == 1
+    assert "takes the DeepLOB window" in capsys.readouterr().err
+    broken = tmp_path / "broken.itch"
+    broken.write_bytes(session.read_bytes() + b"\x00\x05Zabcd")
+    assert main(["itch", "run", str(broken), "--model", "orderbook", *common]) == 1
+    err = capsys.readouterr().err
+    assert "--engine numba" in err, err
+    assert "unknown message type 'Z'" in err, err

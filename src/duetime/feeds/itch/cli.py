@@ -122,6 +122,13 @@ def _add_run_arguments(run: argparse.ArgumentParser, *, live: bool = False) -> N
             "quiet stretches between two messages to this (default 1000 ms)",
         )  # fmt: skip
         run.add_argument("--on-error", choices=("stop", "skip"), default="stop")
+        run.add_argument(
+            "--engine", choices=("auto", "numba", "python"), default="auto",
+            help="the books and features per event: compiled (numba; holds the file in "
+            "memory, a few µs a step of messages) or pure Python (streaming, ~25 µs an event); "
+            "the same events and features (default auto: numba for a model of the feature "
+            "vector, a file that frames cleanly and fits, see fastfeed.FAST_MAX_BYTES)",
+        )  # fmt: skip
     run.add_argument(
         "--no-keep-warm", dest="keep_warm", action="store_false", help="do not run the per-event "
         "path on a book of its own while waiting for a message (with --pace recorded, or live "
@@ -327,7 +334,7 @@ async def _feed(args: argparse.Namespace, options: Any) -> tuple[dict[str, Any],
     from duetime.execution.affinity import CpuPlan, parse_cpus, pin_current_thread
     from duetime.feeds.itch.parser import read_messages, skipped_note
     from duetime.feeds.itch.predictors import EnginePredictor, GrpcPredictor, PredictorError
-    from duetime.feeds.itch.run import FeedRun, stock_names
+    from duetime.feeds.itch.run import FeedRun
     from duetime.feeds.itch.tally import frame_report, open_log
     from duetime.repository.manager import RepositoryOptions
     from duetime.tools.outputs import OutputError, failed_write
@@ -355,6 +362,8 @@ async def _feed(args: argparse.Namespace, options: Any) -> tuple[dict[str, Any],
             source = str(args.file) if args.address is None else f"udp://{args.udp}"
             if args.address is not None:
                 stats, source = await _listen(feed, args.address, args)
+            elif (fast := _fast_feed(args, feed, predictor)) is not None:
+                stats = await feed.run_fast(fast)
             else:
                 messages = read_messages(args.file, on_error=args.on_error)
                 stopped: list[ItchFormatError] = []
@@ -402,7 +411,7 @@ async def _feed(args: argparse.Namespace, options: Any) -> tuple[dict[str, Any],
         console(f"duetime itch {args.itch_command}: {report['file']}: book anomalies: {counts}",
                 logging.WARNING)  # fmt: skip
     if stats.unknown_symbols:  # (a typo would otherwise make the run a silent no-op)
-        note = symbols_note(stats.unknown_symbols, stock_names(feed.books))
+        note = symbols_note(stats.unknown_symbols, feed.stock_names())
         console(f"duetime itch {args.itch_command}: {report['file']}: {note}", logging.WARNING)
     if log.error is not None:  # (a full disk: the run went on; its predictions are cut short)
         failure = failed_write(args.predictions, "--predictions", log.error)
@@ -472,6 +481,52 @@ async def _listen(
         note = bad_packets_note(stats.feed.bad_kinds)
         console(f"duetime itch listen: {where}: {note}", logging.WARNING)
     return stats, where
+
+
+def _fast_feed(args: argparse.Namespace, feed: Any, predictor: Any) -> Any:
+    """The compiled per-event path for this run (`fastfeed.FastFeed`), or None for the Python
+    path: `--engine python`, or with `auto` where the compiled one cannot take the run (no
+    numba, a model of the DeepLOB window, a file too big to hold or that does not frame
+    cleanly: the streaming path applies `--on-error` to it). `--engine numba` raises a
+    `PredictorError` saying why not instead."""
+    from duetime.feeds.itch.parser import ItchFormatError
+    from duetime.feeds.itch.predictors import PredictorError
+
+    forced = args.engine == "numba"
+    if args.engine == "python":
+        return None
+    if not feed.takes_vector:
+        if forced:
+            raise PredictorError(
+                f"--engine numba: --model {args.model} takes the DeepLOB window; the compiled "
+                "path gives the feature vector (--engine python or auto)"
+            )
+        return None
+    try:
+        from duetime.feeds.itch.fastfeed import FastFeed, load_whole
+    except ImportError:
+        if forced:
+            raise PredictorError(
+                "--engine numba needs numba (pip install 'duetime[itch]')"
+            ) from None
+        return None
+    try:
+        buffer = load_whole(args.file, whole=forced)
+        if buffer is None:
+            if forced:
+                raise PredictorError(f"--engine numba: {args.file}: not a regular file")
+            return None
+        return FastFeed(
+            buffer, every=args.every, top_change=args.on == "top-change",
+            rows=max(1, predictor.max_batch),
+        )  # fmt: skip
+    except ItchFormatError as exc:
+        if forced:
+            raise PredictorError(
+                f"--engine numba: {args.file}: {exc} (the Python path, --engine python or "
+                "auto, applies --on-error)"
+            ) from None
+        return None
 
 
 async def _load(engine: Any, repository: Path, args: argparse.Namespace) -> None:

@@ -17,11 +17,15 @@ fault (`parser.frame_index`): `itch run` takes the Python path otherwise (see
 from __future__ import annotations
 
 import bisect
+import stat
+import time
 from os import PathLike
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
+from duetime.datatypes import NUMPY_OF
 from duetime.feeds.itch import fastbook_kernel as kernel
 from duetime.feeds.itch.book import ANOMALY_KINDS
 from duetime.feeds.itch.fastbook_tables import (
@@ -36,7 +40,10 @@ from duetime.feeds.itch.fastbook_tables import (
 from duetime.feeds.itch.fastfeatures import (
     K_BOOK_EVENTS,
     K_MESSAGES,
+    K_NODE_FREE,
+    K_NODE_HIGH,
     K_ROWS,
+    K_SLOTS,
     M_LOCATE,
     M_MESSAGE,
     FeatureTables,
@@ -46,6 +53,7 @@ from duetime.feeds.itch.fastfeatures import (
 )
 from duetime.feeds.itch.keys import StockKeys
 from duetime.feeds.itch.parser import _GZIP_MAGIC, frame_index, gunzip_readable
+from duetime.feeds.itch.writer import encode, frame
 
 FAST_MAX_BYTES = 1 << 30
 """`itch run --engine auto` takes the compiled path for a file of at most this many bytes on
@@ -191,6 +199,17 @@ class FastFeed:
                 self.name(locate + 1)
         return {self.keys.key(locate) for locate in self._named}
 
+    def rewind(self) -> None:
+        """Take the buffer again from its start, with the features of no event (the books as
+        they stand): `FastWarmer`'s, on a buffer of its own."""
+        control = self.features.control
+        self.tables.state[S_POS] = 0
+        control[K_MESSAGES] = 0
+        control[K_SLOTS] = 0
+        control[K_NODE_FREE] = -1
+        control[K_NODE_HIGH] = 0
+        self.features.slot_of[:] = -1
+
     @property
     def anomalies(self) -> dict[str, int]:
         """Policy cases by kind, as `Books.anomalies.counts` (kinds that happened only)."""
@@ -203,18 +222,54 @@ class FastFeed:
         return max(start + 1, min(bisect.bisect_right(targets, elapsed_ns, start), limit))
 
 
-def load_whole(path: str | PathLike[str]) -> np.ndarray | None:
+def load_whole(path: str | PathLike[str], *, whole: bool = False) -> np.ndarray | None:
     """The uncompressed stream of `path` for the compiled path, or None where it should not
-    take it: too big (`FAST_MAX_BYTES`), a damaged gzip file."""
+    take it: not a regular file, too big (`FAST_MAX_BYTES`, unless `whole`), a damaged gzip
+    file (raised with `whole`: the parser's bad_gzip `ItchFormatError`)."""
     path = Path(path)
-    size = path.stat().st_size
+    status = path.stat()
+    if not stat.S_ISREG(status.st_mode):  # (a pipe: read once, by the streaming reader)
+        return None
+    size = status.st_size
     with open(path, "rb") as file:
         gzipped = file.read(2) == _GZIP_MAGIC
-    if size > (FAST_MAX_BYTES // 4 if gzipped else FAST_MAX_BYTES):
+    if not whole and size > (FAST_MAX_BYTES // 4 if gzipped else FAST_MAX_BYTES):
         return None
     data = path.read_bytes()
     if gzipped:
         data, error = gunzip_readable(data)
         if error is not None:
+            if whole:
+                raise error
             return None
     return np.frombuffer(data, np.uint8)
+
+
+class FastWarmer:
+    """`run.Warmer` for the compiled path: while the feed waits for a message, an order added
+    and deleted on a `FastFeed` of its own (the same compiled step, the features of its event),
+    and the model run on that event's vector; nothing counted or logged."""
+
+    __slots__ = ("_feed", "_model", "_row", "cost_ns")
+
+    def __init__(self, predictor: Any) -> None:
+        common = {"stock_locate": 1, "timestamp": 0, "order_reference_number": 1}
+        add = encode("A", **common, buy_sell_indicator="B", shares=100, stock="WARM",
+                     price=1_000_000)  # fmt: skip
+        self._feed = FastFeed(np.frombuffer(frame(add) + frame(encode("D", **common)), np.uint8))
+        self._model = getattr(predictor, "warm", None)  # (a predictor may have no model here)
+        spec = predictor.input
+        shape = (1, *(d if d > 0 else 1 for d in spec.shape))
+        self._row = np.zeros(shape, dtype=NUMPY_OF.get(getattr(spec, "datatype", ""), np.float32))
+        self.cost_ns = 0
+        """How long one warming took last (it is not started closer than that to a message)."""
+
+    def warm(self) -> None:
+        started = time.monotonic_ns()
+        feed = self._feed
+        feed.rewind()
+        feed.step(len(feed), len(feed))
+        if self._model is not None:
+            self._row[0, : feed.vectors.shape[1]] = feed.vectors[0]
+            self._model(self._row)
+        self.cost_ns = time.monotonic_ns() - started
