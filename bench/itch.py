@@ -15,13 +15,14 @@ renumbering changes no book (the fast and pure-Python summaries are checked equa
 
 What each row measures is in its `measures` column; the tables after it are the numba JIT cost
 and the tick-to-prediction of `duetime itch run` with the demo `orderbook` MLP through the
-in-process Engine, at the recorded pace of a 2,000 messages/s session (also without keeping
-the per-event path warm while waiting, `--no-keep-warm`) and at full pace, and of
+in-process Engine, at the recorded pace of a 2,000 messages/s session (also on the pure-Python
+books and features, `--engine python`, and without keeping the per-event path warm while
+waiting, `--no-keep-warm`) and at full pace, and of
 `duetime itch listen` fed that session over MoldUDP64 on loopback by `duetime itch send` (the
 live row; where /dev/cpu_dma_latency is writable, again with `--cpu-dma-latency-us 0`).
 A deep-book table times 80,000 adds at distinct prices on one side, in price order and in
 random order, compiled and pure Python (each new level placed among the others).
-`--tick-only` runs the tick-to-prediction table alone (about three minutes), `--no-tick` all
+`--tick-only` runs the tick-to-prediction table alone (about four minutes), `--no-tick` all
 but it. The `command` rows run `duetime itch book` as a user does, a process each, imports included.
 """
 
@@ -212,11 +213,13 @@ PACE_RATE = 2_000.0
 """The tick-to-prediction session: 60k messages at ~2,000 a second (30 s at the recorded pace),
 every book event asking the demo MLP."""
 RUNS: tuple[tuple[str, int, int, tuple[str, ...]], ...] = (
-    ("recorded", 1000, 1, ()), ("recorded", 1000, 1, ("--no-keep-warm",)),
-    ("recorded", 200, 1, ()), ("recorded", 1000, 10, ()), ("max", 1000, 1, ()),
+    ("recorded", 1000, 1, ()), ("recorded", 1000, 1, ("--engine", "python")),
+    ("recorded", 1000, 1, ("--no-keep-warm",)), ("recorded", 200, 1, ()),
+    ("recorded", 1000, 10, ()), ("max", 1000, 1, ()), ("max", 1000, 1, ("--engine", "python")),
 )  # fmt: skip
-"""(pace, deadline µs, every N-th event, other arguments) of each `duetime itch run`; the
-second row is the first without keeping the per-event path warm while waiting."""
+"""(pace, deadline µs, every N-th event, other arguments) of each `duetime itch run`: the
+compiled per-event path (`--engine auto` on this file), beside it the pure-Python one and the
+first row without keeping the per-event path warm while waiting."""
 LIVE_DEADLINE_US = 1000
 """The live row: `duetime itch listen` fed the same session over MoldUDP64 by `itch send`."""
 
