@@ -454,3 +454,42 @@ def test_engine_numba_says_why_it_cannot_take_a_run(
     err = capsys.readouterr().err
     assert "--engine numba" in err, err
     assert "unknown message type 'Z'" in err, err
+
+
+def _sweep_bytes(count: int) -> np.ndarray:
+    """`_burst(count)` as a stream (one timestamp: the compiled path takes it in one step)."""
+    out = io.BytesIO()
+    with ItchWriter(out) as writer:
+        for order in _burst(count):
+            writer.write("A", stock_locate=1, timestamp=order.timestamp, stock="TEST",
+                         order_reference_number=order.order_reference_number,
+                         buy_sell_indicator="B", shares=100, price=order.price)  # fmt: skip
+    return np.frombuffer(out.getvalue(), np.uint8)
+
+
+def test_a_step_goes_as_the_largest_batches_that_fit() -> None:
+    """The compiled path asks for a step's events at once; where the predictor says the whole
+    batch cannot be answered in time (here: more than 3 rows), it went whole and the scheduler
+    refused all of it. The step goes as the largest batches that fit now, one after another."""
+    from duetime.feeds.itch.fastfeed import FastFeed
+
+    predictor = Asked(fits=lambda now_ns, due_ns, rows: rows <= 3)
+    options = RunOptions(deadline_ns=60 * 10**9, pace="recorded", keep_warm=False)
+    run = FeedRun(predictor, options, PredictionLog(None, 3))
+    stats = asyncio.run(run.run_fast(FastFeed(_sweep_bytes(20))))
+    assert [rows for rows, _ in predictor.asked] == [3, 3, 3, 3, 3, 3, 2]
+    assert stats.on_time == stats.triggers == 20
+    assert stats.refused == 0
+
+
+def test_events_that_cannot_be_answered_even_alone_are_refused_unasked() -> None:
+    """Events the predictor says cannot be answered in time even alone are refused without
+    being asked for (the scheduler would refuse them, at the cost of an ask each)."""
+    from duetime.feeds.itch.fastfeed import FastFeed
+
+    predictor = Asked(fits=lambda now_ns, due_ns, rows: False)
+    options = RunOptions(deadline_ns=60 * 10**9, pace="recorded", keep_warm=False)
+    run = FeedRun(predictor, options, PredictionLog(None, 3))
+    stats = asyncio.run(run.run_fast(FastFeed(_sweep_bytes(5))))
+    assert stats.triggers == stats.refused == stats.refused_unasked == 5
+    assert predictor.asked == []
