@@ -51,10 +51,11 @@ N_TS, N_OFI, N_FLOW, N_NEXT = range(4)
 NODE_FIELDS = 4
 # `control` scalars: slots in use, the node free list and high-water mark, the time window's
 # span (ns), the trigger (every N-th event of a stock, or each top-of-book change), event rows
-# written by the current call, messages applied so far (the index of the next one).
+# written by the current step, messages applied so far (the index of the next one), book
+# events so far, and the rows the current step may write (at most len(rows)).
 K_SLOTS, K_NODE_FREE, K_NODE_HIGH, K_SPAN, K_EVERY, K_TOP_CHANGE, K_ROWS, K_MESSAGES = range(8)
-K_BOOK_EVENTS = 8
-CONTROL_FIELDS = 9
+K_BOOK_EVENTS, K_ROOM = 8, 9
+CONTROL_FIELDS = 10
 # `meta` columns of an event row: its stock locate, the index of its message in the stream.
 M_LOCATE, M_MESSAGE = 0, 1
 META_FIELDS = 2
@@ -75,7 +76,7 @@ class FeatureTables(NamedTuple):
     nodes: np.ndarray
     rows: np.ndarray
     """The vectors of the events that fired (float32, one row each), written from row 0 by each
-    call; a call stops once it is full."""
+    step; a call stops once `control[K_ROOM]` are written."""
     meta: np.ndarray
 
 

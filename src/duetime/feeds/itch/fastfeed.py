@@ -42,6 +42,7 @@ from duetime.feeds.itch.fastfeatures import (
     K_MESSAGES,
     K_NODE_FREE,
     K_NODE_HIGH,
+    K_ROOM,
     K_ROWS,
     K_SLOTS,
     M_LOCATE,
@@ -94,6 +95,8 @@ class FastFeed:
             window_events=window_events, window_ns=window_ns, every=every,
             top_change=top_change, rows=rows,
         )  # fmt: skip
+        self._arrays = (*self.tables, *self.features)
+        """The tables' arrays as `run_features` takes them (unpacked again when one grows)."""
         self.keys = StockKeys()
         """Each locate's key (`itch book`'s), as the messages so far name it."""
         self._named: set[int] = set()
@@ -138,31 +141,35 @@ class FastFeed:
     def step(self, stop: int, room: int) -> int:
         """Apply the messages before message `stop` (all that came: at most up to the event that
         fills `room` rows, a partial step then); returns the event rows written."""
+        if room < 1:
+            raise ValueError(f"a step needs room for at least one row, got {room}")
         offsets = self.offsets
         end = int(offsets[stop]) if stop < len(offsets) else len(self.buffer)
-        f = self.features
-        f.control[K_ROWS] = 0
+        control = self.features.control
+        control[K_ROWS] = 0
+        control[K_ROOM] = min(room, len(self.features.rows))
         self.stocks.clear()
-        cap = min(room, len(f.rows))
+        run, buffer = kernel.run_features, self.buffer
         while True:
-            view = f._replace(rows=f.rows[:cap], meta=f.meta[:cap])
-            status = kernel.run_features(self.buffer, end, self.tables, view)
+            status = run(buffer, end, self._arrays)
             if status == kernel.DONE or status == kernel.ROWS_FULL:
                 break
             if status == kernel.NAMED:  # (the rows before it are keyed by the names before it)
-                self._key_rows(int(f.control[K_ROWS]))
+                self._key_rows(int(control[K_ROWS]))
                 self._name_last()
-            elif status == kernel.GROW_ORDERS:
+                continue
+            if status == kernel.GROW_ORDERS:
                 self.tables = grow_orders(self.tables)
             elif status == kernel.GROW_LEVELS:
                 self.tables = grow_levels(self.tables)
             elif status == kernel.GROW_SLOTS:
-                f = self.features = grow_slots(f)
+                self.features = grow_slots(self.features)
             elif status == kernel.GROW_NODES:
-                f = self.features = grow_nodes(f)
+                self.features = grow_nodes(self.features)
             else:  # (BAD_FRAME: the index found none)
                 raise AssertionError(f"run_features: status {status} on a framed buffer")
-        self.rows = int(f.control[K_ROWS])
+            self._arrays = (*self.tables, *self.features)
+        self.rows = int(control[K_ROWS])
         self._key_rows(self.rows)
         return self.rows
 
