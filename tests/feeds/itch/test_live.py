@@ -159,6 +159,34 @@ def test_send_says_what_it_skipped(tmp_path: Path, capsys: pytest.CaptureFixture
     assert "skipped 1 malformed part(s)" in err, err
 
 
+def test_a_quiet_stretch_is_filled_with_heartbeats_of_the_next_sequence_number() -> None:
+    """A MoldUDP64 server sends a heartbeat (count 0, the next sequence number) about once a
+    second while idle; `itch send` sent nothing in a quiet stretch, and a listener whose idle
+    time was shorter than the stretch ended mid-feed. Here: 2.5 s between the 2nd and 3rd
+    messages (under --max-gap), so at least one heartbeat, saying 3, comes between them."""
+    stamps = [1_000, 2_000, 2_500_002_000]
+    data = b"".join(
+        struct.pack(">H", 19) + encode("D", stock_locate=1, timestamp=ts, order_reference_number=1)
+        for ts in stamps
+    )
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as receiver:
+        receiver.bind(("127.0.0.1", 0))
+        address = receiver.getsockname()
+        report = send_session(data, address, max_gap_ns=5_000_000_000, session="QUIET")
+        receiver.settimeout(5)  # (all were sent before send_session returned: queued here)
+        packets = []
+        while not packets or not packets[-1].is_end_of_session:
+            packets.append(decode_packet(receiver.recv(2048)))
+    kinds = [(p.sequence_number, p.message_count) for p in packets if not p.is_end_of_session]
+    beats = kinds[2:-1]
+    assert kinds[:2] == [(1, 1), (2, 1)], kinds
+    assert kinds[-1] == (3, 1), kinds
+    assert len(beats) >= 1, kinds
+    assert beats == [(3, 0)] * len(beats)  # each a heartbeat of the next sequence number
+    assert all(p.session == "QUIET" for p in packets)
+    assert (report.messages, report.packets, report.heartbeats) == (3, 3, len(beats))
+
+
 def test_the_raw_frames_are_the_file_s_messages(session: Path) -> None:
     frames = list(read_frames(session))
     assert len(frames) == MESSAGES

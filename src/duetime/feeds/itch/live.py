@@ -26,6 +26,7 @@ from duetime.feeds.itch.moldudp import (
     MoldUdpReceiver,
     encode_packet,
     end_of_session_packet,
+    heartbeat_packet,
     message_batches,
     open_receiver,
     session_name,
@@ -44,6 +45,12 @@ END_REPEATS = 3
 SPIN_NS = 1_500_000
 """Closer than this to a packet's time the sender spins instead of sleeping (a sleep's wake-up
 is late by up to a millisecond)."""
+HEARTBEAT_NS = 1_000_000_000
+"""While the feed is quiet the sender sends a MoldUDP64 heartbeat (the session, the next
+sequence number, a count of 0) once this long has passed since its last datagram, as a
+MoldUDP64 server does about once a second: a listener's idle timeout counts heartbeats as
+activity, and a datagram lost before a long quiet stretch shows as a gap without waiting for
+the next message."""
 _TIMESTAMP = slice(5, 11)
 """Where an ITCH message's 6-byte timestamp sits in its body."""
 
@@ -178,6 +185,8 @@ class SendReport:
     wall_s: float = 0.0
     late_p99_us: float | None = None
     """How late the packets left after their recorded time (recorded pace; 99th percentile)."""
+    heartbeats: int = 0
+    """Heartbeats sent during quiet stretches (recorded pace; not among `packets`)."""
     skipped: int = 0
     """Malformed parts of the file stepped over (`on_error="skip"`)..."""
     first_skipped: ItchFormatError | None = None
@@ -205,7 +214,8 @@ def send_session(
     At the recorded pace (`speed` times faster; quiet stretches cut to `max_gap_ns`) the
     messages of one timestamp (a sweep) share datagrams and each datagram leaves at that time;
     at full pace (`pace="max"`) datagrams are filled up to `per_packet` messages and sent back
-    to back, which a receiver slower than the sender answers with lost datagrams.
+    to back, which a receiver slower than the sender answers with lost datagrams. A wait longer
+    than `HEARTBEAT_NS` is filled with heartbeats, one every `HEARTBEAT_NS`.
 
     A malformed frame that stops the file (`on_error="stop"`, or a file cut short: one still
     being written) ends the session there: the messages before it are sent, then the session's
@@ -232,10 +242,16 @@ def send_session(
         stopped: list[ItchFormatError] = []
         groups = _groups(_until_error(frames, stopped), per_packet, limit, pace == "max")
         clock = RecordedClock(speed, max_gap_ns) if pace == "recorded" else None
+        sent_ns = started
         for stamp, bodies in groups:
             if clock is not None:
-                lates.append(_wait_until(clock.target_ns(stamp)))
+                target = clock.target_ns(stamp)
+                if target - sent_ns > HEARTBEAT_NS + SPIN_NS:  # quiet: say the feed is alive
+                    heartbeat = heartbeat_packet(session, sequence)
+                    report.heartbeats += _beat_until(target, sent_ns, sock, heartbeat, address)
+                lates.append(_wait_until(target))
             sock.sendto(encode_packet(session, sequence, bodies), address)
+            sent_ns = time.monotonic_ns()
             sequence += len(bodies)
             report.messages += len(bodies)
             report.packets += 1
@@ -277,6 +293,24 @@ def _groups(
 
 def _apart_in_time(previous: bytes, message: bytes) -> bool:
     return previous[_TIMESTAMP] != message[_TIMESTAMP]
+
+
+def _beat_until(
+    target_ns: int, sent_ns: int, sock: socket.socket, heartbeat: bytes, address: tuple[str, int]
+) -> int:
+    """Send `heartbeat` each `HEARTBEAT_NS` after the last datagram (sent at `sent_ns`) until
+    less than that is left before `target_ns`; how many were sent. A heartbeat's time needs
+    no precision: it is slept to, never spun for, and none goes within `SPIN_NS` of the
+    target (a sleep that woke late there would make the next packet late)."""
+    beats = 0
+    while target_ns - sent_ns > HEARTBEAT_NS + SPIN_NS:
+        left = sent_ns + HEARTBEAT_NS - time.monotonic_ns()
+        if left > 0:
+            time.sleep(left / 1e9)
+        sock.sendto(heartbeat, address)
+        sent_ns = time.monotonic_ns()
+        beats += 1
+    return beats
 
 
 def _wait_until(target_ns: int) -> int:
