@@ -7,6 +7,10 @@ alone has `--strict`. `--engine auto` (default) takes the compiled pass whenever
 is there, no --strict, the file is big enough for the pass to pay for loading it, and small
 enough for the memory available. Either way the JSON and the lines on stderr are the same,
 byte for byte.
+
+A pipe or character device (`<(zcat day.gz)`, /dev/stdin) is read once, front to back: `auto`
+gives it to the streaming books (its size is not known before it is read, and a pipe cannot
+be read a second time); `--engine numba` reads it whole into memory, once, as it reads a file.
 """
 
 from __future__ import annotations
@@ -58,7 +62,7 @@ class BookRun:
 def add_book_arguments(parser: argparse.ArgumentParser) -> None:
     """`duetime itch book FILE --json OUT [--depth 5] [--on-error stop|skip] [--strict]
     [--engine auto|numba|python]`."""
-    parser.add_argument("file", type=Path, help="ITCH 5.0 file (raw or gzip)")
+    parser.add_argument("file", type=Path, help="ITCH 5.0 file (raw or gzip; or a pipe)")
     parser.add_argument("--json", dest="json_out", type=Path, required=True, help="summary path")
     parser.add_argument("--depth", type=int, default=5, help="price levels per side (default 5)")
     parser.add_argument(
@@ -166,6 +170,7 @@ def _compiled(args: argparse.Namespace) -> BookRun | None:
     if not forced and (
         args.engine == "python"
         or args.strict
+        or not os.path.isfile(args.file)  # (a pipe: its size is unknown, and it reads once)
         or os.path.getsize(args.file) < FAST_MIN_BYTES
         or not _has_numba()
     ):

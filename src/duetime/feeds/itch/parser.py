@@ -17,6 +17,7 @@ from __future__ import annotations
 import functools
 import io
 import os
+import stat
 import struct
 import zlib
 from collections.abc import Callable, Iterator
@@ -64,13 +65,25 @@ class ItchFormatError(ValueError):
 
 
 def file_problem(path: str | os.PathLike[str]) -> str | None:
-    """Why `path` cannot be read as an ITCH file, in a few words for a command's one-line error
-    ("no such file", "is a directory, not a file"), or None if it is a regular file."""
-    if os.path.isfile(path):
+    """Why `path` cannot be read as an ITCH stream, in a few words for a command's one-line
+    error ("no such file", "is a directory, not a file"), or None if it can: a regular file, or
+    a pipe or character device (`<(zcat day.gz)`, /dev/stdin), which the streaming reader
+    reads once, front to back (a whole-file path that needs a regular file checks for one
+    itself).
+
+    NOTE: a pipe was refused as "not a regular file", though only the whole-file paths need
+    one; the commands now take a non-regular file the streaming way."""
+    try:
+        mode = os.stat(path).st_mode
+    except (FileNotFoundError, NotADirectoryError):  # (the latter: a path through a file)
+        return "no such file"
+    except OSError as exc:  # (no permission on a directory on the way, a loop of links)
+        return f"cannot be read: {exc.strerror or exc}"
+    if stat.S_ISREG(mode) or stat.S_ISFIFO(mode) or stat.S_ISCHR(mode):
         return None
-    if os.path.isdir(path):
+    if stat.S_ISDIR(mode):
         return "is a directory, not a file"
-    return "is not a regular file" if os.path.exists(path) else "no such file"
+    return "is not a regular file, a pipe or a character device"
 
 
 def skipped_note(count: int, first: ItchFormatError) -> str:
