@@ -53,6 +53,7 @@ from duetime.frontend.rest import (
     check_control_token,
     check_unload_request,
     load_request,
+    refused_unrun,
     shut_down_during,
 )
 from duetime.frontend.sharedmemory import CUDA_REGIONS, SharedMemoryRegions
@@ -294,9 +295,10 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         self.refused: dict[tuple[str, str], int] = {}
         """Inference requests (ModelInfer calls, streamed requests) answered with an error
         before any model ran them, by (status code name, error class): undecodable, a bad
-        parameter, an unknown model, refused at admission or due before they were queued (the
-        load shedder's refusals count in its own metric). Bounded: no key comes from the client
-        (see `RefusedCollector`)."""
+        parameter, an unknown model, refused at admission or due before they were queued, or
+        refused by their scheduler once queued (`refused_unrun`: expired unrun, pushed out of a
+        full queue; the load shedder's refusals count in its own metric). Bounded: no key comes
+        from the client (see `RefusedCollector`)."""
         self.answers = AnswerBudget.of(ServerSettings(), self.answer_guess)
         """What answers not yet sent hold (`serve_grpc` sets the server's limits)."""
         self.backlog: CoreBacklog | None = None
@@ -767,7 +769,10 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         """Count an inference request answered with `exc` before any model ran it (`refused`).
 
         NOTE: only HTTP's refusals were counted (`duetime_requests_refused_total` had no gRPC
-        series): a gRPC client's malformed calls or bad 'timeout's moved no metric."""
+        series): a gRPC client's malformed calls or bad 'timeout's moved no metric. And only
+        those raised as a request was submitted: one its scheduler refused later (dropped from
+        the queue as hopeless: DEADLINE_EXCEEDED) counted nowhere; `_response` counts those
+        (`refused_unrun`)."""
         key = (exc.grpc_code, type(exc).__name__)
         self.refused[key] = self.refused.get(key, 0) + 1
 
@@ -935,6 +940,9 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         """The request's ModelInferResponse (`stream`: its ModelStreamInferResponse)."""
         ticket = submitted.ticket
         await settled(ticket.future)
+        unrun = refused_unrun(ticket)
+        if unrun is not None:  # (unary calls and streamed requests alike: see `count_refused`)
+            self.count_refused(unrun)
         result = ticket.response(request_id)
         try:
             return self._made(submitted, result, request_id, hold, stream)

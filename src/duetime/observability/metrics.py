@@ -554,8 +554,9 @@ class RefusedCollector:
             "Inference requests the front end answered with an error before any model ran "
             "them, by protocol, status (HTTP's status, gRPC's code name) and error class "
             "(reason): malformed, a bad parameter, a model not served, and those a model's "
-            "scheduler refused or validation failed (counted per model too, in "
-            "duetime_requests_total). No label comes from the request.",
+            "scheduler refused (at admission, or later: expired in its queue unrun, pushed out "
+            "of a full queue, its model unavailable) or validation failed (counted per model "
+            "too, in duetime_requests_total). No label comes from the request.",
             labels=("protocol", "status", "reason"),
         )
         for protocol, source in (("http", self._rest), ("grpc", self._grpc)):
