@@ -59,6 +59,9 @@ log = logging.getLogger("duetime.engine")
 
 _T = TypeVar("_T")
 
+CLOSE_GRACE_S = 5.0
+"""How long a close lets the models' queued requests finish, unless `aclose` is given another."""
+
 
 @dataclass(slots=True, eq=False)
 class Ticket:
@@ -204,6 +207,13 @@ class Engine:
         self._sync_lock = threading.Lock()
         self._shut = threading.Event()
         """`close()` is over: the loop thread has ended (what a second `close()` waits for)."""
+        self._grace_s = CLOSE_GRACE_S
+        """How long an `open()` engine's loop thread lets its models drain as it closes."""
+        self._shutting: asyncio.Task[None] | None = None
+        """The close `aclose()` began, on the engine's loop (what a second `aclose()` waits for)."""
+        self._python_words = False
+        """Made by `start()` or `open()`, for Python callers: a load that `aclose` ended is
+        refused in their words (see `_load`); a plain `Engine()`'s are a server's."""
         self._opening: asyncio.Task[None] | None = None
         """The load an engine made by `open()` starts with, while it runs (see `_abandon`)."""
         self._serving = False
@@ -234,6 +244,7 @@ class Engine:
     ) -> Engine:
         """An engine serving the models in `repository` (as `options` say), on this loop."""
         engine = cls(clock=clock, options=options)
+        engine._python_words = True
         await engine.load_repository(_repository_path(repository))
         return engine
 
@@ -301,17 +312,49 @@ class Engine:
         )
         return Deployment(loaded, scheduler, variant)
 
-    async def aclose(self, grace_s: float = 5.0) -> None:
-        """Stop serving: drain each scheduler for up to `grace_s`, then stop the instances."""
-        self._closing = True
+    async def aclose(self, grace_s: float = CLOSE_GRACE_S) -> None:
+        """Stop serving: drain each scheduler, those of versions still draining after an unload
+        or a reload too, for up to `grace_s` in all; fail what is still queued then
+        (ModelUnavailable), then stop the instances. An `aclose()` while another runs waits
+        until that one is over (its own `grace_s` unused); after it, it does nothing. Once
+        begun, a close runs to its end: cancelling its caller only stops it waiting.
+
+        Awaited off the engine's loop: an engine made by `open()` is closed as `close()` closes
+        it, on another thread, with this grace; one made by `start()` refuses (RuntimeError),
+        as its other calls do there, changing nothing.
+
+        NOTE: awaited on another loop, it failed half-way ("The future belongs to a different
+        loop") with the registry cleared already: a later close() found nothing to close, and
+        the models' instance threads and sessions ran on. A second aclose() returned at once,
+        the first still draining (requests unanswered, instance threads running)."""
+        if self._loop is not None and _running_loop() is not self._loop:
+            if self._thread is None:
+                raise _started_elsewhere("aclose")
+            await in_thread(functools.partial(self._close, grace_s))
+            return
+        shutting = self._shutting
+        if shutting is None:
+            self._closing = True
+            shutting = asyncio.get_running_loop().create_task(self._aclose(grace_s))
+            self._shutting = shutting
+        await asyncio.shield(shutting)
+
+    async def _aclose(self, grace_s: float) -> None:
+        """`aclose`'s work, in a task of its own (see `aclose`)."""
+        loop = asyncio.get_running_loop()
+        end = loop.time() + grace_s
         loads = [*self._pending_loads, *self._lazy_loads.values()]
         for task in loads:  # (on-demand loads: their requests are told the engine stopped)
             task.cancel()
         await asyncio.gather(*loads, return_exceptions=True)
         if self.manager is not None:
-            await self.manager.aclose()
+            # NOTE: the versions still draining after an unload or a reload drain within the
+            # same grace: their drains were waited for whole (up to --drain-s, 30 s), and an
+            # aclose(grace_s=0.2) after an unload with 30 requests queued took 7.8 s
+            await self.manager.aclose(grace_s)
         deployments = self.registry.clear()
-        await asyncio.gather(*(d.scheduler.aclose(grace_s) for d in deployments))
+        left_s = max(end - loop.time(), 0.0)
+        await asyncio.gather(*(d.scheduler.aclose(left_s) for d in deployments))
         for deployment in deployments:
             await in_thread(deployment.model.executor.close)
 
@@ -351,9 +394,36 @@ class Engine:
         self, name: str, config: ModelConfig | None, files: Mapping[str, bytes] | None
     ) -> None:
         manager = self._check_load(name, config)
-        await self._on_engine_loop(
-            functools.partial(manager.load, name, config=config, files=files), "load_model"
-        )
+        work = functools.partial(self._load, manager, name, config, files)
+        await self._on_engine_loop(work, "load_model")
+
+    async def _load(
+        self,
+        manager: ModelManager,
+        name: str,
+        config: ModelConfig | None,
+        files: Mapping[str, bytes] | None,
+    ) -> None:
+        """`manager.load`, on the engine's loop; a load that `aclose` ended (rolled back) is
+        refused with ModelUnavailable, saying the engine closed, while a cancellation of the
+        caller's own task goes on up as it came.
+
+        NOTE: the caller, whose task nobody had cancelled, got a bare CancelledError: its task
+        then ended as cancelled, `except Exception` did not see it, and a TaskGroup took it for
+        a cancellation of its own. A plain `Engine()` (a server's) words it as the front ends
+        word a load the server's stop ended, for the server's clients."""
+        try:
+            await manager.load(name, config=config, files=files)
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if not (self._closing or self._closed) or (task is not None and task.cancelling()):
+                raise
+            if self._python_words:
+                again = "open a new one" if self._thread is not None else "start a new one"
+                reason = f"the engine closed before answering; {again}"
+            else:
+                reason = SHUTTING_DOWN
+            raise ModelUnavailable(f"the load of model '{name}' did not finish: {reason}") from None
 
     def _check_load(self, name: str, config: ModelConfig | None) -> ModelManager:
         """The manager, if it may load `name` with `config` (see `load_model`)."""
@@ -384,8 +454,7 @@ class Engine:
         is `infer_async`'s); never call it on the engine's own loop."""
         self._check_blocking("load_model")
         manager = self._check_load(name, config)
-        work = functools.partial(manager.load, name, config=config, files=files)
-        self._run_blocking(work)
+        self._run_blocking(functools.partial(self._load, manager, name, config, files))
 
     def unload_model_blocking(self, name: str) -> None:
         """Blocking `unload_model` (see `load_model_blocking`)."""
@@ -1070,6 +1139,7 @@ class Engine:
     ) -> Engine:
         """An engine whose loop runs on a private thread, for synchronous callers; `close()` it."""
         engine = cls(clock=clock, options=options)
+        engine._python_words = True
         started: concurrent.futures.Future[None] = concurrent.futures.Future()
         engine._thread = threading.Thread(
             target=engine._run_loop, args=(_repository_path(repository), started),
@@ -1132,7 +1202,7 @@ class Engine:
             return
         started.set_result(None)
         loop.run_forever()
-        loop.run_until_complete(self.aclose())
+        loop.run_until_complete(self.aclose(self._grace_s))
         loop.close()
 
     def close(self) -> None:
@@ -1143,12 +1213,19 @@ class Engine:
 
         NOTE: a second close() from another thread returned at once, the first still draining
         (the engine's loop thread alive): a caller could not rely on close() meaning closed."""
+        self._close(CLOSE_GRACE_S)
+
+    def _close(self, grace_s: float) -> None:
+        """`close()`, its models drained for up to `grace_s` (that of `aclose` awaited off the
+        engine's loop: see there)."""
         thread, loop = self._thread, self._loop
         if thread is None or loop is None:
             raise RuntimeError("close() is for engines made by Engine.open(); await aclose()")
         with self._sync_lock:
             closing = self._closed
             self._closed = True
+            if not closing:
+                self._grace_s = grace_s
         if closing:
             if not self._forked and threading.current_thread() is not thread:
                 self._shut.wait()  # (closed by another thread: done when it is)

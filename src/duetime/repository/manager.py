@@ -34,11 +34,11 @@ import tempfile
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Coroutine, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, get_args
+from typing import Any, Literal, get_args
 
 from duetime.config import CONFIG_FILENAMES, ModelConfig, TrafficConfig
 from duetime.errors import ConfigError, DuetimeError, InvalidInput, ModelNotFound, ModelUnavailable
@@ -324,7 +324,9 @@ class ModelManager:
         self._written: list[Path] = []
         """Every upload folder written, removed again once the loader thread has ended at
         `aclose` (see there)."""
-        self._retiring: set[asyncio.Task[None]] = set()
+        self._retiring: dict[asyncio.Task[None], ServedVersion] = {}
+        """Drains (and closes) running in the background -> the version each closes (see
+        `aclose`, which cuts them short)."""
         self._poller: asyncio.Task[None] | None = None
         self._load_s: dict[str, float] = {}
         self._bytes: dict[str, int] = {}
@@ -395,9 +397,14 @@ class ModelManager:
             names.append(name)
         return names
 
-    async def aclose(self) -> None:
-        """Stop watching, end the loads still running (rolled back), and wait for retiring
-        versions to finish."""
+    async def aclose(self, grace_s: float) -> None:
+        """Stop watching, end the loads still running (rolled back), and let retiring versions
+        drain for up to `grace_s`: those still draining then are closed at once, their queued
+        requests failed (ModelUnavailable), as the engine fails its served versions' at the
+        end of its grace.
+
+        NOTE: their drains were awaited whole, bounded by --drain-s alone (30 s): the engine's
+        `aclose(grace_s=0.2)` after an unload with 30 requests of 200 ms queued took 7.8 s."""
         if self._poller is not None:
             self._poller.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -407,7 +414,14 @@ class ModelManager:
             task.cancel()
         await asyncio.gather(*loads, return_exceptions=True)
         if self._retiring:
-            await asyncio.gather(*self._retiring, return_exceptions=True)
+            draining = dict(self._retiring)
+            _, late = await asyncio.wait(draining, timeout=grace_s)
+            for task in late:
+                task.cancel()
+            await asyncio.gather(*late, return_exceptions=True)
+            # (a drain cancelled half-way closed nothing: its queue is failed, its sessions
+            # closed, here)
+            await asyncio.gather(*(_close(draining[task]) for task in late))
         self._loader.shutdown(wait=False, cancel_futures=True)
         for name in list(self._uploads):
             _remove_upload(self._uploads.pop(name))
@@ -923,9 +937,7 @@ class ModelManager:
                 states.pop(version.version, None)
             else:
                 states[version.version] = before
-            task = asyncio.get_running_loop().create_task(_close(version))
-            self._retiring.add(task)
-            task.add_done_callback(self._retiring.discard)
+            self._in_background(_close(version), version)
 
     def _gone_reason(self, name: str, old: ServedVersion) -> str:
         """Why `old`, whose version the folder `name` is served from lacks, is retired."""
@@ -1059,9 +1071,17 @@ class ModelManager:
                 else:  # (an upload's version, unloaded: the index lists what is on disk)
                     del states[version.version]
 
-        task = asyncio.get_running_loop().create_task(drain())
-        self._retiring.add(task)
-        task.add_done_callback(self._retiring.discard)
+        self._in_background(drain(), version)
+
+    def _in_background(self, closing: Coroutine[Any, Any, None], version: ServedVersion) -> None:
+        """Run `closing`, which drains and closes `version`, as a task of its own (see
+        `aclose`)."""
+        task = asyncio.get_running_loop().create_task(closing)
+        self._retiring[task] = version
+        task.add_done_callback(self._retired)
+
+    def _retired(self, task: asyncio.Task[None]) -> None:
+        del self._retiring[task]
 
     def _note_absent(self, name: str, versions: list[int]) -> None:
         """Record (and log, when it changes) the versions of `name` that its `specific`
