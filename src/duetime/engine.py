@@ -1105,17 +1105,21 @@ class Engine:
         )
 
     def _parameters_due(
-        self, parameters: Mapping[str, Any], due: int | None, priority: int
+        self, parameters: dict[str, Any], due: int | None, priority: int
     ) -> tuple[int | None, int]:
         """The due time and priority of a request whose `parameters` hold `timeout` or
         `priority`, read and checked as HTTP and gRPC read them (microseconds, a uint64 each;
         the same words where one is bad), with `due` and `priority` from the keywords: the
         earlier due time applies (as a gRPC deadline beside a `timeout`), and two priorities
-        must agree.
+        must agree. Either one None is not given (Python's way to say so), and left out.
 
         NOTE: they were ignored, a bad one too ("x", -1), and `parameters={"timeout": 1}` ran
         as a request without a due time, where the README says the parameters are the
-        request's, as over HTTP and gRPC."""
+        request's, as over HTTP and gRPC. Then `{"timeout": None}` was no timeout while
+        `{"priority": None}` was refused ("got null"); over the wire both are refused now."""
+        for name in ("timeout", "priority"):
+            if name in parameters and parameters[name] is None:
+                del parameters[name]
         timed = due_from_timeout_us(parameters, self.clock.now_ns())
         if timed is not None and (due is None or timed < due):
             due = timed

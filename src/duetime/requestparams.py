@@ -29,9 +29,14 @@ MAX_PRIORITY = 2**64 - 1
 
 def due_from_timeout_us(parameters: Mapping[str, Any], now_ns: int) -> int | None:
     """The due time set by the `timeout` parameter (µs from `now_ns`), or None when the request
-    has none: no `timeout`, 0 (Triton's "no timeout"), or one over MAX_DUE_US."""
+    has none: no `timeout`, 0 (Triton's "no timeout"), or one over MAX_DUE_US.
+
+    NOTE: a None (a gRPC parameter with no value set; a JSON null, which HTTP refuses before
+    this, as any parameter's: a v2 parameter is a string, a number or a boolean) was taken as
+    no `timeout`, where one for `priority` was refused ("got null"). Both are refused now,
+    naming the parameter; the in-process Engine leaves out a None (not given) first."""
     value = parameters.get("timeout")
-    if value is None:
+    if value is None and "timeout" not in parameters:
         return None
     if type(value) is not int:  # (nearly every value is: no call)
         value = _integer(value)
