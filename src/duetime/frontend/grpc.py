@@ -1709,5 +1709,12 @@ async def serve_grpc(service: InferenceService, settings: ServerSettings) -> tup
             "or not an address of this host); pass --grpc-port with a free port (0 picks one)"
         )
     await server.start()
+    backlog.probe_target = f"{url_host(_loopback(settings.host))}:{port}"
     service.backlog = backlog
     return server, port
+
+
+def _loopback(host: str) -> str:
+    """The address this process reaches a server listening on `host` at: itself, or the
+    loopback for a wildcard."""
+    return {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(host, host)
