@@ -13,12 +13,14 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pytest
 from memory_fakes import ShedderClocks, Transport
 
 from duetime.config import ServerSettings
 from duetime.frontend.http import HttpConnection, _priority_one
 from duetime.observability.metrics import MetricsCollector
 from duetime.overload import LoadShedder
+from duetime.scheduling.scheduler import ModelScheduler
 from duetime.server import Server
 from duetime.tools.payloads import PayloadSpec, http_request_bytes
 
@@ -63,8 +65,13 @@ async def statuses(
 
 
 def test_the_costly_model_is_shed_and_counted_and_the_light_one_is_not(
-    mlp_resnet_repo: Path,
+    mlp_resnet_repo: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # (every model busy: a model with capacity idle has none of its requests shed, see
+    # test_http_shed_spare.py; resnet's requests here are refused unrun, it is always idle)
+    monkeypatch.setattr(ModelScheduler, "idle", property(lambda self: False))
+    monkeypatch.setattr(ModelScheduler, "backlogged", lambda self, now: True)
+
     async def body() -> dict[str, Any]:
         settings = ServerSettings(
             model_repository=mlp_resnet_repo, http_port=0, grpc_port=0, metrics=False,

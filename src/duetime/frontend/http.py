@@ -1510,11 +1510,24 @@ class HttpConnection(asyncio.BufferedProtocol):
         `top`); a refusal counts against its model."""
         shedder = self._shedder
         assert shedder is not None
-        if not shedder.refuse(model, size, top):
+        spare = None if model is None else functools.partial(self._spare, model, version)
+        if not shedder.refuse(model, size, top, spare):
             return False
         if model is not None:
             self._count_shed(model, version)
         return True
+
+    def _spare(self, model: str, version: str | None) -> bool:
+        """Whether `model` (`version`) has capacity idle now: nothing queued and nothing
+        running, or nothing queued, an instance free for its next batch and no request turned
+        away lately (see `ModelScheduler.backlogged`). The shedder refuses none of its requests
+        then (see `LoadShedder.refuse`'s `spare`): its model would sit idle for nothing."""
+        engine = self._api.engine
+        try:
+            scheduler = engine.registry.resolve(model, version).scheduler
+        except DuetimeError:
+            return False
+        return scheduler.idle or not scheduler.backlogged(engine.clock.now_ns())
 
     def _count_shed(self, model: str, version: str | None) -> None:
         """Count a request of `model` the load shedder refused in the model's statistics (as
