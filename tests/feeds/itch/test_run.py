@@ -482,14 +482,30 @@ def test_a_step_goes_as_the_largest_batches_that_fit() -> None:
     assert stats.refused == 0
 
 
-def test_events_that_cannot_be_answered_even_alone_are_refused_unasked() -> None:
-    """Events the predictor says cannot be answered in time even alone are refused without
-    being asked for (the scheduler would refuse them, at the cost of an ask each)."""
+def test_events_predicted_hopeless_are_still_asked_for_together() -> None:
+    """Events the predictor says cannot be answered in time even alone go together in one
+    request, for the scheduler to refuse (or to admit: a probe, a FIFO model): refused unasked,
+    they would never let the scheduler correct a prediction."""
     from duetime.feeds.itch.fastfeed import FastFeed
 
     predictor = Asked(fits=lambda now_ns, due_ns, rows: False)
     options = RunOptions(deadline_ns=60 * 10**9, pace="recorded", keep_warm=False)
     run = FeedRun(predictor, options, PredictionLog(None, 3))
     stats = asyncio.run(run.run_fast(FastFeed(_sweep_bytes(5))))
-    assert stats.triggers == stats.refused == stats.refused_unasked == 5
-    assert predictor.asked == []
+    assert [rows for rows, _ in predictor.asked] == [5]
+    assert stats.triggers == stats.on_time == 5
+    assert stats.refused_unasked == 0
+
+
+def test_a_burst_split_in_many_batches_answered_at_once_does_not_recurse() -> None:
+    """Each batch of a split burst answered within its ask flushed the rest from the answer
+    callback, one nested call a batch: a RecursionError past ~200 batches."""
+    from duetime.feeds.itch.fastfeed import FastFeed
+
+    predictor = Asked(fits=lambda now_ns, due_ns, rows: rows <= 1)
+    predictor.max_batch = 1000
+    options = RunOptions(deadline_ns=60 * 10**9, pace="recorded", keep_warm=False)
+    run = FeedRun(predictor, options, PredictionLog(None, 3))
+    stats = asyncio.run(run.run_fast(FastFeed(_sweep_bytes(1000), rows=1000)))
+    assert [rows for rows, _ in predictor.asked] == [1] * 1000
+    assert stats.on_time == 1000

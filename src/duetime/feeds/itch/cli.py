@@ -503,7 +503,7 @@ def _fast_feed(args: argparse.Namespace, feed: Any, predictor: Any) -> Any:
             )
         return None
     try:
-        from duetime.feeds.itch.fastfeed import FastFeed, load_whole
+        from duetime.feeds.itch.fastfeed import FastFeed, compile_step, load_whole
     except ImportError:
         if forced:
             raise PredictorError(
@@ -516,7 +516,7 @@ def _fast_feed(args: argparse.Namespace, feed: Any, predictor: Any) -> Any:
             if forced:
                 raise PredictorError(f"--engine numba: {args.file}: not a regular file")
             return None
-        return FastFeed(
+        fast = FastFeed(
             buffer, every=args.every, top_change=args.on == "top-change",
             rows=max(1, predictor.max_batch),
         )  # fmt: skip
@@ -527,6 +527,8 @@ def _fast_feed(args: argparse.Namespace, feed: Any, predictor: Any) -> Any:
                 "auto, applies --on-error)"
             ) from None
         return None
+    compile_step()
+    return fast
 
 
 async def _load(engine: Any, repository: Path, args: argparse.Namespace) -> None:

@@ -242,6 +242,8 @@ class FeedRun:
         """Live: set at each datagram (the warmer's cue that the feed is busy again)."""
         self._fast: FastFeed | None = None
         """The compiled per-event path, when the run takes it (`run_fast`)."""
+        self._flushing = False
+        """Set while `_flush` asks for a burst batch by batch."""
 
     @property
     def takes_vector(self) -> bool:
@@ -652,18 +654,30 @@ class FeedRun:
         self._held_ns = 0
         now = time.monotonic_ns()
         asked = False
-        while burst:
-            rows = self._fitting(now)
-            if rows:
-                self._ask_first(rows)
-                asked = True
-                self._ask_ns = _slow_side(self._ask_ns, time.monotonic_ns() - now)
-                now = time.monotonic_ns()
+        self._flushing = True  # (an answer within the ask must not flush the rest itself)
+        try:
+            while burst:
+                rows = self._fitting(now)
+                if rows:
+                    self._ask_first(rows)
+                    asked = True
+                    self._ask_ns = _slow_side(self._ask_ns, time.monotonic_ns() - now)
+                    now = time.monotonic_ns()
+                    if not self._has_room():  # (the rest goes at the next answer)
+                        break
+        finally:
+            self._flushing = False
         return asked
 
     def _fitting(self, now: int) -> int:
-        """Refuse (unasked) the burst's first events that cannot be answered in time; how many
-        of the rest go in the next request (0: none left)."""
+        """Refuse (unasked) the burst's first events whose due time has passed; how many of the
+        rest go in the next request (0: none left): all, or the most rows the predictor says
+        can be answered by the first one's due time.
+
+        NOTE: events the predictor says cannot be answered in time even alone are not refused
+        here but asked for together, for the scheduler to refuse (or admit: a probe that
+        re-measures the model, a FIFO model, which admits by its queue, not by time): a feed
+        that stopped asking for what its predictions rule out would never see them corrected."""
         burst, deadline, fits = self._burst, self.options.deadline_ns, self._fits
         due = 0
         while due < len(burst) and burst[due].arrival_ns + deadline <= now:
@@ -673,25 +687,15 @@ class FeedRun:
         count = len(burst)
         # (a lone event asked for within HOLD_SHARE of the deadline is not checked: ~7 µs a
         # call on the VM, a sixth of the ask, for the one case that nearly always fits)
-        if fits is None or not count or (
-            count == 1 and now - burst[0].arrival_ns < deadline * HOLD_SHARE
-        ):  # fmt: skip
+        if fits is None or count <= 1:
             return count
-        while burst:
-            due_ns = burst[0].arrival_ns + deadline
-            if fits(now, due_ns, len(burst)) is not False:  # (None: it cannot tell)
-                return len(burst)
-            low, high = 0, len(burst) - 1  # (the most rows that fit: a finish grows with rows)
-            while low < high:
-                middle = (low + high + 1) // 2
-                if fits(now, due_ns, middle) is False:
-                    high = middle - 1
-                else:
-                    low = middle
-            if low:
-                return low
-            self._refuse_unasked(1)  # (not even alone)
-        return 0
+        first_due = burst[0].arrival_ns + deadline
+        if fits(now, first_due, count) is not False:  # (None: it cannot tell)
+            return count
+        if fits(now, first_due, 1) is False:  # the events up to the first that fits alone
+            return _first_true(1, count, lambda i: fits(now, burst[i].arrival_ns + deadline,
+                                                        1) is not False)  # fmt: skip
+        return _first_true(1, count, lambda rows: fits(now, first_due, rows) is False) - 1
 
     def _refuse_unasked(self, count: int) -> None:
         """The burst's first `count` events are refused without asking for them."""
@@ -726,7 +730,8 @@ class FeedRun:
             self._outstanding -= 1
             self._owed_events -= len(asked)
             self._answered.set()
-            if self._burst and self._has_room():  # (a burst held back: see `_flush_if_room`)
+            # (a burst held back, see `_flush_if_room`; not one `_flush` is asking for now)
+            if self._burst and not self._flushing and self._has_room():
                 self._flush()
             if outputs is None:
                 if failure is not None and failure.unanswered:  # no answer by its due time
@@ -821,6 +826,18 @@ def _wants_window(predictor: Predictor) -> bool:
         f"the model's input '{predictor.input.name}' has shape {list(shape)}; the feed gives the "
         f"feature vector [{len(FEATURE_NAMES)}] or the DeepLOB window {list(DEEPLOB_SHAPE)}"
     )
+
+
+def _first_true(low: int, high: int, test: Callable[[int], bool]) -> int:
+    """The least i in [low, high) for which `test` holds, `high` if none (`test` False below
+    some i and True from there on: a binary search)."""
+    while low < high:
+        middle = (low + high) // 2
+        if test(middle):
+            high = middle
+        else:
+            low = middle + 1
+    return low
 
 
 def _slow_side(estimate: int, value: int) -> int:
