@@ -4,6 +4,7 @@ same stock keys and the same anomaly counts, however the stream is cut into step
 
 from __future__ import annotations
 
+import gzip
 import random
 from typing import Any
 
@@ -151,3 +152,20 @@ def test_recorded_targets_follow_the_clock(tmp_path: Any) -> None:
     want = [clock.target_ns(m.timestamp) for m in read_messages(path)]
     got = fast.targets(2.0, 5_000_000)
     assert (got == np.array(want) - want[0]).all()
+
+
+def test_load_whole_bounds_the_stream_not_the_file(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A gzip file is held to the size of its stream (it was held to its own, a quarter of the
+    limit, and then decompressed whole); the buffer is read-only (one compiled type)."""
+    data = session_bytes(seed=1, messages=2000)
+    path = tmp_path / "s.itch.gz"
+    path.write_bytes(gzip.compress(data))
+    loaded = load_whole(path)
+    assert loaded is not None
+    assert loaded.tobytes() == data
+    assert not loaded.flags.writeable
+    monkeypatch.setattr(fastfeed, "FAST_MAX_BYTES", len(data) - 1)
+    assert load_whole(path) is None
+    assert load_whole(path, whole=True) is not None
