@@ -22,6 +22,7 @@ from conftest import RunningServer, recording_server
 from duetime.cli import main
 from duetime.errors import Overloaded
 from duetime.frontend.proto import grpc_service_pb2 as pb
+from duetime.scheduling.scheduler import ModelScheduler
 from duetime.tools.capture import read_capture
 from duetime.tools.capture import recorder as recorder_module
 from duetime.tools.capture.recorder import Recorder
@@ -39,14 +40,18 @@ def on_loop(running: RunningServer, call: Any) -> Any:
 
 
 def _shedding(running: RunningServer) -> Iterator[None]:
-    """The server's load shedder refusing every inference request while the block runs."""
+    """The server's load shedder refusing every inference request while the block runs (every
+    model made to look busy: the shedder refuses no request of a model with capacity idle)."""
     shedder = running.server.shedder
     assert shedder is not None
+    idle, backlogged = ModelScheduler.__dict__["idle"], ModelScheduler.backlogged
 
     def refuse_all() -> Any:
         sample = shedder.sample
         shedder.sample = lambda *args, **kwargs: None  # type: ignore[method-assign]
         shedder.share = 1.0
+        ModelScheduler.idle = property(lambda self: False)  # type: ignore[assignment,method-assign]
+        ModelScheduler.backlogged = lambda self, now: True  # type: ignore[method-assign]
         return sample
 
     sample = on_loop(running, refuse_all)
@@ -57,6 +62,8 @@ def _shedding(running: RunningServer) -> Iterator[None]:
         def restore() -> None:
             shedder.sample = sample  # type: ignore[method-assign]
             shedder.share = 0.0
+            ModelScheduler.idle = idle  # type: ignore[method-assign]
+            ModelScheduler.backlogged = backlogged  # type: ignore[method-assign]
 
         on_loop(running, restore)
 
