@@ -16,7 +16,6 @@ fault (`parser.frame_index`): `itch run` takes the Python path otherwise (see
 
 from __future__ import annotations
 
-import bisect
 import stat
 import time
 from os import PathLike
@@ -224,8 +223,11 @@ class FastFeed:
 
     def due_by(self, targets: np.ndarray, elapsed_ns: int, start: int, limit: int) -> int:
         """The first message from `start` (exclusive of it: at least `start + 1`) whose replay
-        time is after `elapsed_ns`, at most `limit`."""
-        return max(start + 1, min(bisect.bisect_right(targets, elapsed_ns, start), limit))
+        time is after `elapsed_ns`, at most `limit` (`targets` ascending)."""
+        after = start + 1
+        if after >= limit or targets.item(after) > elapsed_ns:  # (the usual case: one came)
+            return min(after, limit)
+        return min(int(np.searchsorted(targets, elapsed_ns, "right")), limit)
 
 
 def load_whole(path: str | PathLike[str], *, whole: bool = False) -> np.ndarray | None:

@@ -488,7 +488,7 @@ class FeedRun:
         while (first := feed.messages) < total:
             if recorded:
                 now = time.monotonic_ns()
-                target = start + int(targets[first])
+                target = start + targets.item(first)
                 if target > now:
                     self._flush_if_room()
                     now = await _until(target, self._nap, stats, self._warmer)
@@ -500,7 +500,13 @@ class FeedRun:
             if room <= 0:  # (`max_in_flight` requests out and a full batch waiting)
                 await self._burst_asked()
                 continue
-            rows = feed.step(stop, room)
+            if feed.step(stop, room):
+                self._take_rows(feed, targets, start if recorded else None, now)
+            asked = bool(self._burst)
+            if asked and self._has_room():
+                self._flush()
+            # (the books after the ask: on the VM everything between a wait and the ask took
+            # several times its time back to back, the lag notes a histogram's at times)
             taken = feed.messages
             stats.messages += taken - first
             stats.book_events = feed.book_events
@@ -508,13 +514,9 @@ class FeedRun:
                 behind = now - start
                 for lag in ((behind - targets[first:taken]) // 1000).tolist():
                     stats.note(lags, lag)
-            if rows:
-                self._take_rows(feed, targets, start if recorded else None, now)
             steps += 1
-            if self._burst:
-                if self._has_room():
-                    self._flush()
-                elif len(self._burst) >= self._max_batch:
+            if asked:
+                if self._burst and len(self._burst) >= self._max_batch:
                     await self._burst_asked()
                 await asyncio.sleep(0)  # (the model's turn: its answer is taken first)
             elif not recorded and steps % YIELD_EVERY == 0:
@@ -527,7 +529,8 @@ class FeedRun:
         """The last step's event rows into the burst: each arrived at its message's recorded
         time (`start` + its target) or, at full pace (`start` None), `now`."""
         symbols, unseen = self.options.symbols, self._unseen
-        vectors, timestamps = feed.vectors, feed.timestamps
+        block = feed.vectors.copy()  # (one copy for the step: its rows are views of it)
+        stamps, rows, burst = feed.timestamps, self._rows, self._burst
         for row, (stock, message) in enumerate(
             zip(feed.stocks, feed.messages_of.tolist(), strict=True)
         ):
@@ -536,9 +539,9 @@ class FeedRun:
                     continue
                 if unseen:
                     unseen.discard(stock)
-            arrival = now if start is None else start + int(targets[message])
-            self._rows.append(vectors[row].copy())
-            self._burst.append(_Asked(int(timestamps[message]), stock, arrival, 0))
+            arrival = now if start is None else start + targets.item(message)
+            rows.append(block[row])
+            burst.append(_Asked(stamps.item(message), stock, arrival, 0))
 
     def stock_names(self) -> set[str]:
         """The key of every locate the feed has seen so far (see `stock_names`)."""
