@@ -178,6 +178,26 @@ def _slot(control: np.ndarray, slot_of: np.ndarray, slots: np.ndarray, ring: np.
     return int(slot)
 
 
+@njit(cache=True, inline="always")
+def _side(levels: np.ndarray, ends: np.ndarray, book: int) -> tuple[int, int, int, int]:
+    """One side of a stock's book as the features read it: the best price (-1: empty) and its
+    shares, the shares on the best `SHALLOW_LEVELS` and on the best `DEPTH_LEVELS` levels."""
+    best = -1
+    best_size = shallow = deep = 0
+    lv = ends[book, BEST]
+    for k in range(DEPTH_LEVELS):
+        if lv < 0:
+            break
+        shares = levels[lv, L_SHARES]
+        if k == 0:
+            best, best_size = levels[lv, L_PRICE], shares
+        if k < SHALLOW_LEVELS:
+            shallow += shares
+        deep += shares
+        lv = levels[lv, L_WORSE]
+    return best, best_size, shallow, deep
+
+
 @njit(cache=True)
 def event_features(
     levels: np.ndarray,
@@ -208,31 +228,8 @@ def event_features(
     slot = _slot(control, f_slot_of, slots, f_ring, locate)
 
     # -- the book: best 10 levels of each side (depth), top of book ---------------------------
-    bid_5 = bid_10 = ask_5 = ask_10 = 0
-    bid = ask = -1
-    bid_size = ask_size = 0
-    lv = ends[2 * locate, BEST]
-    for k in range(DEPTH_LEVELS):
-        if lv < 0:
-            break
-        shares = levels[lv, L_SHARES]
-        if k == 0:
-            bid, bid_size = levels[lv, L_PRICE], shares
-        if k < SHALLOW_LEVELS:
-            bid_5 += shares
-        bid_10 += shares
-        lv = levels[lv, L_WORSE]
-    lv = ends[2 * locate + 1, BEST]
-    for k in range(DEPTH_LEVELS):
-        if lv < 0:
-            break
-        shares = levels[lv, L_SHARES]
-        if k == 0:
-            ask, ask_size = levels[lv, L_PRICE], shares
-        if k < SHALLOW_LEVELS:
-            ask_5 += shares
-        ask_10 += shares
-        lv = levels[lv, L_WORSE]
+    bid, bid_size, bid_5, bid_10 = _side(levels, ends, 2 * locate)
+    ask, ask_size, ask_5, ask_10 = _side(levels, ends, 2 * locate + 1)
 
     # -- order-flow imbalance against the top at the stock's last event ------------------------
     bid0, bid_size0, ask0, ask_size0 = (
