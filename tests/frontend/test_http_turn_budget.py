@@ -1,0 +1,96 @@
+"""Reads past the loop turn's budget wait for later turns, oldest first, and are all answered;
+a GET is parsed at once (a real engine; connections fed in memory; the Intake's turn clock
+moved by the test: 1 ms a reading, so which reads wait does not depend on timing).
+
+A tester found 3,000 connections sending one small mlp request each within 0.1 s all parsed
+in one turn of over a second: mlp's batches waited for its end (its queue full: 429), most
+requests were due before they reached the scheduler (504), a health check waited 0.65-1.4 s.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from pathlib import Path
+
+import numpy as np
+from memory_fakes import Transport
+
+from duetime.config import ServerSettings
+from duetime.frontend.http import HttpConnection, Intake
+from duetime.server import Server
+from duetime.tools.payloads import PayloadSpec, http_request_bytes
+
+LIGHT = http_request_bytes(
+    PayloadSpec("http-binary", "mlp", 1, None, "127.0.0.1", 1),
+    {"x": np.ones((1, 40), np.float32)},
+    {},
+    binary=True,
+)
+HEALTH = b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n"
+BURST = 40
+
+
+class WatchedTransport(Transport):
+    """A Transport that keeps whether the connection reads."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reading = True
+
+    def pause_reading(self) -> None:
+        self.reading = False
+
+    def resume_reading(self) -> None:
+        self.reading = True
+
+
+def status(transport: Transport) -> bytes | None:
+    return transport.written[0].split(b" ", 2)[1] if transport.written else None
+
+
+def test_a_burst_is_parsed_over_several_turns_and_a_probe_at_once(mlp_resnet_repo: Path) -> None:
+    async def body() -> dict[str, object]:
+        settings = ServerSettings(
+            model_repository=mlp_resnet_repo, http_port=0, grpc_port=0, metrics=False,
+            tune_runtime=False, cpus="none",
+        )  # fmt: skip
+        server = Server(settings)
+        await server.start()
+        ticks = itertools.count()
+        intake = Intake(settings, clock=lambda: next(ticks) * 0.001)
+        connections = []
+        try:
+            for _ in range(BURST + 1):
+                connection = HttpConnection(server._rest, settings, server._connections, intake)
+                transport = WatchedTransport()
+                connection.connection_made(transport)  # type: ignore[arg-type]
+                connections.append((connection, transport))
+            # one turn of the loop reads them all (nothing in between)
+            for connection, _ in connections[:BURST]:
+                connection.data_received(LIGHT)
+            probe, probe_transport = connections[BURST]
+            probe.data_received(HEALTH)
+            waiting = [not transport.reading for _, transport in connections[:BURST]]
+            probe_status = status(probe_transport)
+            for _ in range(5000):  # (generous: each later turn parses ~5 of them)
+                if all(transport.written for _, transport in connections[:BURST]):
+                    break
+                await asyncio.sleep(0.001)
+            return {
+                "waiting": waiting,
+                "probe": probe_status,
+                "statuses": [status(transport) for _, transport in connections[:BURST]],
+            }
+        finally:
+            for connection, _ in connections:
+                connection.connection_lost(None)
+            await server.stop()
+
+    found = asyncio.run(body())
+    waiting = found["waiting"]
+    assert isinstance(waiting, list)
+    assert not any(waiting[:5]), "the turn's first reads are parsed in it"
+    assert all(waiting[10:]), "reads past the turn's budget wait (reading paused)"
+    assert found["probe"] == b"200", "a GET is parsed at once, behind no waiting read"
+    assert found["statuses"] == [b"200"] * BURST
