@@ -55,7 +55,7 @@ import numpy as np
 
 from duetime.config import ServerSettings
 from duetime.errors import ConfigError, DuetimeError
-from duetime.execution.affinity import lower_thread_priority
+from duetime.execution.affinity import SMALL_MODEL_NS, lower_thread_priority
 from duetime.frontend import codec
 from duetime.frontend.rest import (
     INFLATE_INLINE_BYTES,
@@ -78,22 +78,6 @@ log = logging.getLogger("duetime.http")
 
 _MAX_PIPELINED = 64
 """Responses owed on one connection before it stops reading more requests."""
-
-_BACK_OFF_S = 0.01
-"""After answering 429 (refused for overload: by the load shedder, or by its model's admission),
-how long a connection leaves its next request unread. Its client was told to retry later (a
-Retry-After of 1 s or more); one that resends at once waits this long in its socket, dated from
-its arrival (see `ReadTurn.reading`).
-
-NOTE: clients resending each 429 at once (a closed loop, as perf_analyzer's concurrency) kept
-the loop saturated by their refusals alone: 16 connections of a model with 256 KB bodies (50 ms
-timeouts) had up to 3,000 refusals a second, many of the requests taken in waited past their
-due time to be read (due before they reached their scheduler), and a light model's gRPC calls
-(10 ms timeouts, each needing a few turns of the loop) took 200-400 ms, none on time. With this
-pause (the 2-core VM, shared; 3 runs each, interleaved): the heavy model 29-41 answers/s on time
-at 16 connections against 13-15 without it (38-57 with one connection), the gRPC calls' P50
-13-38 ms against 216-381 ms. 10 ms is the shedder's own Retry-After for gRPC; far longer would
-age the next request past a 50 ms timeout."""
 
 _TURN_BUDGET_S = 0.005
 """How long one turn of the event loop parses what it read before the reads still to come in it
@@ -551,8 +535,7 @@ class HttpConnection(asyncio.BufferedProtocol):
     # NOTE: attribute access is most of what this class costs per request, and with this many
     # attributes an instance dict is measurably slower than slots (0.4 µs a request, measured).
     __slots__ = (
-        "_accepted", "_answer_bytes", "_api", "_arrival_of_read", "_awaiting", "_backing_off",
-        "_begun_at", "_body",
+        "_accepted", "_answer_bytes", "_api", "_arrival_of_read", "_awaiting", "_begun_at", "_body",
         "_body_bytes",
         "_bytes_block",
         "_chunked", "_closing", "_connections", "_direct", "_direct_read", "_feed_pending",
@@ -630,8 +613,6 @@ class HttpConnection(asyncio.BufferedProtocol):
         self._http10 = False
         """The request being read is HTTP/1.0 (its head is read)."""
         self._reading_paused = False
-        self._backing_off = False
-        """The connection answered 429 less than `_BACK_OFF_S` ago: it reads nothing."""
         self._paused_at = 0.0
         self._stall_since = 0.0
         """The last check at which the transport's buffer was empty or smaller than before."""
@@ -1334,7 +1315,6 @@ class HttpConnection(asyncio.BufferedProtocol):
         slot.started = True
         shedder = self._shedder
         if shedder is not None and (shedder.share or shedder.watching) and self._shed_held(held):
-            self._back_off()
             self._made(slot, _shed_reply(slot.keep_alive, slot.http10, held.request.headers))
             recorder = self._api.engine.recorder
             if recorder is not None and recorder.sampled():  # (decoded: recorded as any)
@@ -1423,7 +1403,6 @@ class HttpConnection(asyncio.BufferedProtocol):
             and _is_infer(method, url)
             and self._shed(url, headers, body)
         ):
-            self._back_off()
             self._made(slot, _shed_reply(slot.keep_alive, slot.http10, headers))
             recorder = self._api.engine.recorder
             if recorder is not None:
@@ -1622,11 +1601,20 @@ class HttpConnection(asyncio.BufferedProtocol):
         """Whether `model` (`version`) has capacity idle now: nothing queued and nothing
         running, or nothing queued, an instance free for its next batch and no request turned
         away lately (see `ModelScheduler.backlogged`). The shedder refuses none of its requests
-        then (see `LoadShedder.refuse`'s `spare`): its model would sit idle for nothing."""
+        then (see `LoadShedder.refuse`'s `spare`): its model would sit idle for nothing.
+
+        Only a model whose run takes `SMALL_MODEL_NS` or more: a shorter one shares the loop's
+        core (or runs on the loop), and is idle again by the loop's next turn.
+        NOTE: asked of every model, an mlp flood over HTTP (open loop, 2/10 ms timeouts, past
+        its capacity) had one request let through each turn of the loop, most of them when
+        turns were short: refusals fell from ~4,800 to 650-2,900 of ~5,900, expiries rose
+        from ~600 to 2,800-5,200, and goodput fell from 110-200/s to 0-84/s."""
         engine = self._api.engine
         try:
             scheduler = engine.registry.resolve(model, version).scheduler
         except DuetimeError:
+            return False
+        if scheduler.profile.predict(1) < SMALL_MODEL_NS:
             return False
         return scheduler.idle or not scheduler.backlogged(engine.clock.now_ns())
 
@@ -1645,8 +1633,6 @@ class HttpConnection(asyncio.BufferedProtocol):
     def _answered(self, slot: _Slot, outcome: Reply | PendingReply, head: bool = False) -> None:
         """`slot`'s answer made now (a Reply), or once its work is done (`_settle`)."""
         if isinstance(outcome, Reply):
-            if outcome.status == HTTPStatus.TOO_MANY_REQUESTS:
-                self._back_off()
             self._made(slot, _encode(outcome, self._keep_alive(slot), slot.http10, head_only=head))
         else:
             slot.pending = outcome
@@ -1907,15 +1893,11 @@ class HttpConnection(asyncio.BufferedProtocol):
             return
         backlogged = len(self._slots) >= _MAX_PIPELINED
         should_pause = (
-            self._writing_paused
-            or backlogged
-            or self._bytes_block
-            or bool(self._unparsed)
-            or self._backing_off
+            self._writing_paused or backlogged or self._bytes_block or bool(self._unparsed)
         )
         if (
             self._unparsed
-            and not (backlogged or self._writing_paused or self._bytes_block or self._backing_off)
+            and not (backlogged or self._writing_paused or self._bytes_block)
             and not self._feed_pending
         ):
             self._feed_pending = True  # (on the loop's next turn: this may run within a parse)
@@ -1931,17 +1913,6 @@ class HttpConnection(asyncio.BufferedProtocol):
                 if self._window_start is not None:  # time paused by us is not the client's
                     self._window_start += paused
                 self._filling_since += paused
-
-    def _back_off(self) -> None:
-        """Leave the next requests unread for `_BACK_OFF_S`: one was just refused 429."""
-        if not self._backing_off:
-            self._backing_off = True
-            self._loop.call_later(_BACK_OFF_S, self._backed_off)
-            self._update_reading()
-
-    def _backed_off(self) -> None:
-        self._backing_off = False
-        self._update_reading()
 
     def _count_header(self, size: int) -> None:
         self._header_bytes += size
