@@ -509,3 +509,36 @@ def test_a_burst_split_in_many_batches_answered_at_once_does_not_recurse() -> No
     stats = asyncio.run(run.run_fast(FastFeed(_sweep_bytes(1000), rows=1000)))
     assert [rows for rows, _ in predictor.asked] == [1] * 1000
     assert stats.on_time == 1000
+
+
+def test_the_predictor_is_primed_before_the_clock_starts() -> None:
+    """A run's first event took its request path cold (580-1,600 µs against ~100 next): the
+    predictor is now primed (`prime`, the run's deadline) before the first message is taken."""
+    from duetime.feeds.itch.fastfeed import FastFeed
+
+    calls: list[object] = []
+
+    class Primed(Asked):
+        async def prime(self, deadline_ns: int) -> None:
+            calls.append(deadline_ns)
+
+        def submit(self, array: np.ndarray, due_ns: int, answer: Answer) -> None:
+            calls.append(len(array))
+            super().submit(array, due_ns, answer)
+
+    options = RunOptions(deadline_ns=777_000, pace="max", keep_warm=False)
+    run = FeedRun(Primed(), options, PredictionLog(None, 3))
+    asyncio.run(run.run_fast(FastFeed(_sweep_bytes(2))))
+    assert calls == [777_000, 1, 1]
+
+
+def test_the_report_says_which_books_ran_and_refuses_a_negative_gap(
+    tmp_path: Path, session: Path, demo_repo: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    common = ["--model", "orderbook", "--repository", str(demo_repo), "--pace", "max",
+              "--limit", "200", "--deadline-us", "1000000"]  # fmt: skip
+    for engine in ("numba", "python"):
+        report, _ = _run(tmp_path, session, *common, "--engine", engine)
+        assert report["engine"] == engine
+    assert main(["itch", "run", str(session), *common, "--max-gap-ms", "-1"]) == 2
+    assert "--max-gap-ms must be 0 or more" in capsys.readouterr().err

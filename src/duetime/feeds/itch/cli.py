@@ -214,6 +214,9 @@ def _send(args: argparse.Namespace) -> int:
     if args.limit is not None and args.limit < 0:
         console(f"duetime itch send: --limit must be 0 or more, got {args.limit}")
         return 2
+    if args.max_gap_ms < 0:  # (a negative gap sent the whole file at once)
+        console(f"duetime itch send: --max-gap-ms must be 0 or more, got {args.max_gap_ms:g}")
+        return 2
     try:
         address = parse_address(args.udp, "--udp")
     except ValueError as exc:
@@ -274,6 +277,9 @@ def _run_feed(args: argparse.Namespace) -> int:
         return 2
     if args.limit is not None and args.limit < 0:
         console(f"{command}: --limit must be 0 or more, got {args.limit}")
+        return 2
+    if not live and args.max_gap_ms < 0:  # (a negative gap had the whole file arrive at once)
+        console(f"{command}: --max-gap-ms must be 0 or more, got {args.max_gap_ms:g}")
         return 2
     try:  # (before the model loads and the file is read, not after)
         check_output(args.json, "--json")
@@ -341,6 +347,8 @@ async def _feed(args: argparse.Namespace, options: Any) -> tuple[dict[str, Any],
 
     engine: Engine | None = None
     predictor: Any = None
+    engine_used = "python"
+    """The books and features the run took: "numba" (`fastfeed`) or "python"."""
     pinned: frozenset[int] | None = None
     try:
         if args.target is not None:
@@ -363,6 +371,7 @@ async def _feed(args: argparse.Namespace, options: Any) -> tuple[dict[str, Any],
             if args.address is not None:
                 stats, source = await _listen(feed, args.address, args)
             elif (fast := _fast_feed(args, feed, predictor)) is not None:
+                engine_used = "numba"
                 stats = await feed.run_fast(fast)
             else:
                 messages = read_messages(args.file, on_error=args.on_error)
@@ -404,7 +413,7 @@ async def _feed(args: argparse.Namespace, options: Any) -> tuple[dict[str, Any],
     live = args.address is not None
     report.update(
         model=args.model, deadline_us=args.deadline_us, pace="live" if live else args.pace,
-        file=source,
+        file=source, engine=engine_used,
     )  # fmt: skip
     if stats.book_anomalies:  # (as `itch book` says them; a live feed's gap shows here)
         counts = ", ".join(f"{kind}={n}" for kind, n in stats.book_anomalies.items())
@@ -570,7 +579,8 @@ def _print_report(report: dict[str, Any]) -> None:
     due = report["refused_unasked"]
     unasked = f" (due before they were asked: {due})" if due else ""
     lines = [
-        f"model {report['model']}, deadline {report['deadline_us']:g} µs, pace {report['pace']}",
+        f"model {report['model']}, deadline {report['deadline_us']:g} µs, pace {report['pace']}, "
+        f"books and features: {report['engine']}",
         f"  messages {report['messages']}  book events {report['book_events']}  "
         f"requests {report['triggers']}  ({report['messages_per_s']:,.0f} msg/s over "
         f"{report['wall_s']} s)",

@@ -15,6 +15,7 @@ from typing import Any, NamedTuple, Protocol
 import grpc
 import numpy as np
 
+from duetime.datatypes import NUMPY_OF
 from duetime.engine import Engine, Ticket
 from duetime.errors import DuetimeError
 from duetime.frontend import codec
@@ -50,6 +51,11 @@ unanswered, so a server that stops answering cannot hold the feed (or its end) f
 REMOTE_MAX_IN_FLIGHT = 4
 """Requests a feed has out to a remote server at once, at most; the events that trigger
 meanwhile wait and go together in the next request (see `Predictor.max_in_flight`)."""
+
+
+def _event_shape(spec: TensorSpec) -> tuple[int, ...]:
+    """One event's row shape: the spec's, a variable dimension taken as 1."""
+    return tuple(d if d > 0 else 1 for d in spec.shape)
 
 
 class PredictorError(Exception):
@@ -150,6 +156,27 @@ class EnginePredictor:
             answer(None, _failure(outputs))
         else:
             answer(outputs[self._output], None)
+
+    async def prime(self, deadline_ns: int) -> None:
+        """Run a request of each batch size through the Engine, due `deadline_ns` from its ask
+        as the run's are (a refusal warms the path as well; answers dropped), so the run's first
+        requests of each size find the path warm and their templates validated (see
+        `run.FeedRun._ready`). The model's statistics count them, as requests."""
+        rows = np.zeros((max(1, self.max_batch), *_event_shape(self.input)),
+                        NUMPY_OF.get(self.input.datatype, np.float32))  # fmt: skip
+        for count in range(1, len(rows) + 1):
+            done = asyncio.get_running_loop().create_future()
+
+            def settled(
+                outputs: np.ndarray | None,
+                failure: Failure | None,
+                done: asyncio.Future[None] = done,
+            ) -> None:
+                if not done.done():
+                    done.set_result(None)
+
+            self.submit(rows[:count], time.monotonic_ns() + deadline_ns, settled)
+            await done
 
     def fits(self, now_ns: int, due_ns: int, rows: int) -> bool | None:
         """The scheduler's own admission test (`ModelScheduler.fits`: the queue ahead, the
