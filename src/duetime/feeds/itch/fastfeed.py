@@ -24,7 +24,6 @@ from typing import Any
 
 import numpy as np
 
-from duetime.datatypes import NUMPY_OF
 from duetime.feeds.itch import fastbook_kernel as kernel
 from duetime.feeds.itch.book import ANOMALY_KINDS
 from duetime.feeds.itch.fastbook_tables import (
@@ -53,6 +52,7 @@ from duetime.feeds.itch.fastfeatures import (
 )
 from duetime.feeds.itch.keys import StockKeys
 from duetime.feeds.itch.parser import _GZIP_MAGIC, frame_index, read_stream
+from duetime.feeds.itch.predictors import event_rows
 from duetime.feeds.itch.writer import encode, frame
 
 FAST_MAX_BYTES = 1 << 30
@@ -282,9 +282,7 @@ class FastWarmer:
     def __init__(self, predictor: Any) -> None:
         self._feed = FastFeed(np.frombuffer(_warm_stream(), np.uint8))
         self._model = getattr(predictor, "warm", None)  # (a predictor may have no model here)
-        spec = predictor.input
-        shape = (1, *(d if d > 0 else 1 for d in spec.shape))
-        self._row = np.zeros(shape, dtype=NUMPY_OF.get(getattr(spec, "datatype", ""), np.float32))
+        self._row = event_rows(predictor.input, 1)
         self.cost_ns = 0
         """How long one warming took last (it is not started closer than that to a message)."""
 

@@ -53,9 +53,11 @@ REMOTE_MAX_IN_FLIGHT = 4
 meanwhile wait and go together in the next request (see `Predictor.max_in_flight`)."""
 
 
-def _event_shape(spec: TensorSpec) -> tuple[int, ...]:
-    """One event's row shape: the spec's, a variable dimension taken as 1."""
-    return tuple(d if d > 0 else 1 for d in spec.shape)
+def event_rows(spec: TensorSpec, rows: int) -> np.ndarray:
+    """`rows` rows of zeros of one event's input (a variable dimension taken as 1), of the
+    spec's datatype: what the warmers and `EnginePredictor.prime` run the model on."""
+    shape = (rows, *(d if d > 0 else 1 for d in spec.shape))
+    return np.zeros(shape, NUMPY_OF.get(getattr(spec, "datatype", ""), np.float32))
 
 
 class PredictorError(Exception):
@@ -162,8 +164,7 @@ class EnginePredictor:
         as the run's are (a refusal warms the path as well; answers dropped), so the run's first
         requests of each size find the path warm and their templates validated (see
         `run.FeedRun._ready`). The model's statistics count them, as requests."""
-        rows = np.zeros((max(1, self.max_batch), *_event_shape(self.input)),
-                        NUMPY_OF.get(self.input.datatype, np.float32))  # fmt: skip
+        rows = event_rows(self.input, max(1, self.max_batch))
         for count in range(1, len(rows) + 1):
             done = asyncio.get_running_loop().create_future()
 

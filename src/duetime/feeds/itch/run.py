@@ -37,10 +37,9 @@ from typing import TYPE_CHECKING, Any, Literal, NamedTuple, Protocol
 
 import numpy as np
 
-from duetime.datatypes import NUMPY_OF
 from duetime.feeds.itch.book import BookEvent, Books
 from duetime.feeds.itch.features import FEATURE_NAMES, Features
-from duetime.feeds.itch.predictors import Failure, Predictor, PredictorError
+from duetime.feeds.itch.predictors import Failure, Predictor, PredictorError, event_rows
 from duetime.feeds.itch.spec import AddOrder, OrderDelete
 from duetime.feeds.itch.tally import FeedStatistics, PredictionLog, RunStats
 
@@ -934,9 +933,7 @@ class Warmer:
         self._model = getattr(predictor, "warm", None)  # (a predictor may have no model here)
         self._add = AddOrder("A", 1, 0, 0, 0, "B", 100, "WARM", 1_000_000)
         self._ref = 0
-        spec = predictor.input
-        shape = (1, *(d if d > 0 else 1 for d in spec.shape))
-        self._row = np.zeros(shape, dtype=NUMPY_OF.get(getattr(spec, "datatype", ""), np.float32))
+        self._row = event_rows(predictor.input, 1)
         self.cost_ns = 0
         """How long one warming took last (it is not started closer than that to a message)."""
 
