@@ -211,6 +211,7 @@ def test_a_run_without_answers_says_so(capsys: pytest.CaptureFixture[str]) -> No
         "model": "orderbook", "deadline_us": 500.0, "pace": "asap", "messages": 3,
         "book_events": 2, "triggers": 2, "messages_per_s": 10.0, "wall_s": 0.3, "on_time": 0,
         "late_dropped": 0, "refused": 2, "errors": 0, "unanswered": 0, "first_error": None,
+        "engine": "python",
     }  # fmt: skip
     _print_report(report)
     out = capsys.readouterr().out
