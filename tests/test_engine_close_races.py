@@ -8,7 +8,9 @@ iterations); the close stops it. No test waits on a clock: each waits on the eng
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -141,21 +143,31 @@ def test_aclose_bounds_the_drain_of_an_unloaded_version_by_its_grace(tmp_path: P
     assert said == [f"model 'loop': {CLOSED_WORDS}; start a new one"] * 3
 
 
+@contextlib.asynccontextmanager
+async def load_held(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> AsyncIterator[tuple[Engine, asyncio.Future[None]]]:
+    """An `Engine.start()` engine (explicit mode) and its load of model 'm', held in the
+    loader (the gate entered) until the block ends."""
+    write_version(tmp_path, "m", 1, scale_model(2.0))
+    gate = Gate("m")
+    gate.patch(monkeypatch)
+    options = RepositoryOptions(control_mode="explicit", stable_s=0.0)
+    engine = await Engine.start(tmp_path, options=options)
+    with opened(gate):
+        load = asyncio.ensure_future(engine.load_model("m"))
+        await gate.wait_entered()
+        yield engine, load
+
+
 def test_a_load_aclose_ends_is_refused_as_the_engine_closed(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Its caller, whose task nobody cancelled, got a bare CancelledError (an open() engine's
     load_model_blocking got ModelUnavailable)."""
-    write_version(tmp_path, "m", 1, scale_model(2.0))
-    gate = Gate("m")
-    gate.patch(monkeypatch)
 
     async def main() -> None:
-        options = RepositoryOptions(control_mode="explicit", stable_s=0.0)
-        engine = await Engine.start(tmp_path, options=options)
-        with opened(gate):
-            load = asyncio.ensure_future(engine.load_model("m"))
-            await gate.wait_entered()
+        async with load_held(tmp_path, monkeypatch) as (engine, load):
             await asyncio.wait_for(engine.aclose(), HANG_S)
             with pytest.raises(ModelUnavailable) as refused:
                 await asyncio.wait_for(load, HANG_S)
@@ -170,16 +182,9 @@ def test_a_load_whose_caller_is_cancelled_as_aclose_begins_ends_cancelled(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The caller's own cancellation is not taken for the close's: it goes on up as it came."""
-    write_version(tmp_path, "m", 1, scale_model(2.0))
-    gate = Gate("m")
-    gate.patch(monkeypatch)
 
     async def main() -> None:
-        options = RepositoryOptions(control_mode="explicit", stable_s=0.0)
-        engine = await Engine.start(tmp_path, options=options)
-        with opened(gate):
-            load = asyncio.ensure_future(engine.load_model("m"))
-            await gate.wait_entered()
+        async with load_held(tmp_path, monkeypatch) as (engine, load):
             closing = asyncio.ensure_future(engine.aclose())
             load.cancel()  # (its task sees the close begun as it is cancelled)
             await asyncio.wait_for(asyncio.wait([load, closing]), HANG_S)

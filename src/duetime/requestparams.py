@@ -35,30 +35,30 @@ def due_from_timeout_us(parameters: Mapping[str, Any], now_ns: int) -> int | Non
     this, as any parameter's: a v2 parameter is a string, a number or a boolean) was taken as
     no `timeout`, where one for `priority` was refused ("got null"). Both are refused now,
     naming the parameter; the in-process Engine leaves out a None (not given) first."""
-    value = parameters.get("timeout")
-    if value is None and "timeout" not in parameters:
+    if "timeout" not in parameters:
         return None
-    if type(value) is not int:  # (nearly every value is: no call)
-        value = _integer(value)
-    if not is_uint64(value):
-        raise InvalidInput(
-            f"request parameter 'timeout' must be an integer count of microseconds between 0 "
-            f"and {MAX_TIMEOUT_US} (a uint64; 0, or over {MAX_DUE_US}: no due time), got "
-            f"{as_json(value)}"
-        )
+    value = _uint64(
+        parameters, "timeout", f"an integer count of microseconds between 0 and "
+        f"{MAX_TIMEOUT_US} (a uint64; 0, or over {MAX_DUE_US}: no due time)",
+    )  # fmt: skip
     return now_ns + value * 1000 if 0 < value <= MAX_DUE_US else None
 
 
 def priority_of(parameters: Mapping[str, Any]) -> int:
     """The `priority` parameter (1 is highest; 0 or absent: the model's default level)."""
-    value = parameters.get("priority", 0)
+    if "priority" not in parameters:
+        return 0
+    return _uint64(parameters, "priority", f"an integer between 0 and {MAX_PRIORITY} (a uint64)")
+
+
+def _uint64(parameters: Mapping[str, Any], name: str, expected: str) -> int:
+    """Request parameter `name` (present) as an int, or InvalidInput saying it must be
+    `expected` (None, a bool, a float, a string or out of range: refused alike)."""
+    value = parameters[name]
     if type(value) is not int:  # (nearly every value is: no call)
         value = _integer(value)
     if not is_uint64(value):
-        raise InvalidInput(
-            f"request parameter 'priority' must be an integer between 0 and {MAX_PRIORITY} "
-            f"(a uint64), got {as_json(value)}"
-        )
+        raise InvalidInput(f"request parameter '{name}' must be {expected}, got {as_json(value)}")
     return int(value)
 
 
