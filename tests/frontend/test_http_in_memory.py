@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import pytest
 from conftest import collector_off
-from memory_fakes import Transport
+from memory_fakes import Transport, in_memory_server
 
 from duetime.config import ServerSettings
 from duetime.engine import Ticket
@@ -110,29 +110,8 @@ async def serving(
 ) -> AsyncIterator[Callable[[], tuple[HttpConnection, Transport]]]:
     """A started server on `repository` (`overrides`: its other settings); yields a function
     that opens an in-memory connection."""
-    settings = ServerSettings(
-        model_repository=repository, http_port=0, grpc_port=0, metrics=False,
-        tune_runtime=False, cpus="none", **overrides,
-    )  # fmt: skip
-    server = Server(settings)
-    await server.start()
-    opened: list[HttpConnection] = []
-
-    def connect() -> tuple[HttpConnection, Transport]:
-        connection = HttpConnection(
-            server._rest, settings, server._connections, shedder=server.shedder
-        )
-        transport = Transport()
-        connection.connection_made(transport)  # type: ignore[arg-type]
-        opened.append(connection)
-        return connection, transport
-
-    try:
-        yield connect
-    finally:
-        for connection in opened:
-            connection.connection_lost(None)
-        await server.stop()
+    async with in_memory_server(repository, **overrides) as served:
+        yield served.connect
 
 
 async def turns(count: int) -> None:

@@ -14,14 +14,12 @@ from typing import Any
 
 import numpy as np
 import pytest
-from memory_fakes import ShedderClocks, Transport
+from memory_fakes import ShedderClocks, Transport, in_memory_server
 
-from duetime.config import ServerSettings
 from duetime.frontend.http import HttpConnection, _priority_one
 from duetime.observability.metrics import MetricsCollector
 from duetime.overload import LoadShedder
 from duetime.scheduling.scheduler import ModelScheduler
-from duetime.server import Server
 from duetime.tools.payloads import PayloadSpec, http_request_bytes
 
 LIGHT = http_request_bytes(
@@ -73,20 +71,13 @@ def test_the_costly_model_is_shed_and_counted_and_the_light_one_is_not(
     monkeypatch.setattr(ModelScheduler, "backlogged", lambda self, now: True)
 
     async def body() -> dict[str, Any]:
-        settings = ServerSettings(
-            model_repository=mlp_resnet_repo, http_port=0, grpc_port=0, metrics=False,
-            tune_runtime=False, cpus="none",
-        )  # fmt: skip
-        server = Server(settings)
-        await server.start()
         clocks = ShedderClocks()
         shedder = LoadShedder(
             cpu_clock=lambda: clocks.cpu, wall_clock=lambda: clocks.wall, wait_clock=lambda: 0.0
         )
-        connection = HttpConnection(server._rest, settings, server._connections, shedder=shedder)
-        transport = Transport()
-        connection.connection_made(transport)  # type: ignore[arg-type]
-        try:
+        async with in_memory_server(mlp_resnet_repo) as served:
+            server = served.server
+            connection, transport = served.connect(shedder=shedder)
             clocks.run(busy=0.7)
             shedder.sample(clocks.failing)  # (busy: requests are weighed)
             assert shedder.watching
@@ -115,9 +106,6 @@ def test_the_costly_model_is_shed_and_counted_and_the_light_one_is_not(
                 "by_model": by_model,
                 "classes": set(shedder.costs()),
             }
-        finally:
-            connection.connection_lost(None)
-            await server.stop()
 
     found = asyncio.run(body())
     assert b"429" not in found["light"], "mlp's cheap requests free nothing of the loop"

@@ -14,13 +14,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from memory_fakes import ShedderClocks, Transport
+from memory_fakes import ShedderClocks, Transport, in_memory_server
 
-from duetime.config import ServerSettings
 from duetime.frontend.http import HttpConnection
 from duetime.overload import LoadShedder
 from duetime.scheduling.scheduler import ModelScheduler
-from duetime.server import Server
 from duetime.tools.payloads import PayloadSpec, http_request_bytes
 
 RESNET = http_request_bytes(
@@ -46,29 +44,18 @@ async def status(connection: HttpConnection, transport: Transport, request: byte
 async def shed_statuses(repository: Path, requests: int) -> list[bytes]:
     """The statuses of `requests` resnet requests sent one after another (each once the one
     before is answered: a closed loop of one) to a shedder refusing all it may (95%) of them."""
-    settings = ServerSettings(
-        model_repository=repository, http_port=0, grpc_port=0, metrics=False,
-        tune_runtime=False, cpus="none",
-    )  # fmt: skip
-    server = Server(settings)
-    await server.start()
     clocks = ShedderClocks()
     shedder = LoadShedder(
         cpu_clock=lambda: clocks.cpu, wall_clock=lambda: clocks.wall, wait_clock=lambda: 0.0
     )
-    connection = HttpConnection(server._rest, settings, server._connections, shedder=shedder)
-    transport = Transport()
-    connection.connection_made(transport)  # type: ignore[arg-type]
-    try:
+    async with in_memory_server(repository) as served:
+        connection, transport = served.connect(shedder=shedder)
         for _ in range(40):  # saturated, requests missing their due times; resnet weighed
             shedder.refuse("resnet", len(RESNET))
             clocks.run(busy=1.0)
             shedder.sample(clocks.failing)
         assert shedder.share == pytest.approx(0.95)
         return [await status(connection, transport, RESNET) for _ in range(requests)]
-    finally:
-        connection.connection_lost(None)
-        await server.stop()
 
 
 def test_requests_of_an_idle_model_are_not_shed(mlp_resnet_repo: Path) -> None:

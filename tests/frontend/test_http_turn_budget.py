@@ -14,11 +14,9 @@ import itertools
 from pathlib import Path
 
 import numpy as np
-from memory_fakes import Transport
+from memory_fakes import Transport, in_memory_server
 
-from duetime.config import ServerSettings
-from duetime.frontend.http import HttpConnection, Intake
-from duetime.server import Server
+from duetime.frontend.http import Intake
 from duetime.tools.payloads import PayloadSpec, http_request_bytes
 
 LIGHT = http_request_bytes(
@@ -51,21 +49,13 @@ def status(transport: Transport) -> bytes | None:
 
 def test_a_burst_is_parsed_over_several_turns_and_a_probe_at_once(mlp_resnet_repo: Path) -> None:
     async def body() -> dict[str, object]:
-        settings = ServerSettings(
-            model_repository=mlp_resnet_repo, http_port=0, grpc_port=0, metrics=False,
-            tune_runtime=False, cpus="none",
-        )  # fmt: skip
-        server = Server(settings)
-        await server.start()
-        ticks = itertools.count()
-        intake = Intake(settings, clock=lambda: next(ticks) * 0.001)
-        connections = []
-        try:
-            for _ in range(BURST + 1):
-                connection = HttpConnection(server._rest, settings, server._connections, intake)
-                transport = WatchedTransport()
-                connection.connection_made(transport)  # type: ignore[arg-type]
-                connections.append((connection, transport))
+        async with in_memory_server(mlp_resnet_repo) as served:
+            ticks = itertools.count()
+            intake = Intake(served.settings, clock=lambda: next(ticks) * 0.001)
+            connections = [
+                served.connect(WatchedTransport(), intake=intake, shedder=None)
+                for _ in range(BURST + 1)
+            ]
             # one turn of the loop reads them all (nothing in between)
             for connection, _ in connections[:BURST]:
                 connection.data_received(LIGHT)
@@ -82,10 +72,6 @@ def test_a_burst_is_parsed_over_several_turns_and_a_probe_at_once(mlp_resnet_rep
                 "probe": probe_status,
                 "statuses": [status(transport) for _, transport in connections[:BURST]],
             }
-        finally:
-            for connection, _ in connections:
-                connection.connection_lost(None)
-            await server.stop()
 
     found = asyncio.run(body())
     waiting = found["waiting"]
