@@ -259,3 +259,73 @@ def test_a_request_with_a_due_time_is_admitted_on_the_lean_path_as_a_queued_one(
         assert lean == [True, True]
 
     run_on_engine(inline_repo(tmp_path), scenario)
+
+
+def test_an_answer_run_within_its_call_is_delivered_before_the_books_are_kept(
+    tmp_path: Path,
+) -> None:
+    """`Engine.submit_now(request, deliver)`: the outputs of a request run within the call go to
+    `deliver` as its run ends, with the scheduler's books not yet moved for it, and are counted
+    before the call returns, as without `deliver`; a request made in `deliver` waits for the next
+    turn (none nested in the other's books); a `deliver` that raises leaves the books kept."""
+
+    async def scenario(engine: Engine) -> None:
+        await engine.infer_async("m", inputs())
+        await asyncio.sleep(0)
+        scheduler = engine.registry.resolve("m", None).scheduler
+
+        def counted() -> tuple[int, int, int]:
+            s = scheduler.statistics()
+            return s.succeeded, s.executions, scheduler.profile._observed
+
+        seen: list[tuple[np.ndarray, tuple[int, int, int]]] = []
+        nested: list[Any] = []
+        before = counted()
+
+        def deliver(outputs: dict[str, np.ndarray]) -> None:
+            seen.append((outputs["y"], counted()))
+            nested.append(engine.submit_now(InferRequest("m", inputs())))
+
+        done = engine.submit_now(InferRequest("m", inputs(), due_ns=None), deliver)
+        assert isinstance(done, tuple), "run within the call"
+        ((delivered, books_then),) = seen
+        np.testing.assert_array_equal(delivered, 2 * inputs()["x"])
+        assert books_then == before, "delivered before the books moved"
+        assert counted() == tuple(b + 1 for b in before), "and kept before the call returned"
+        assert done[1]["y"] is delivered  # (the same outputs)
+        ticket = nested[0]
+        assert not isinstance(ticket, tuple), "the request made in `deliver` was queued"
+        np.testing.assert_array_equal((await ticket.future)["y"], 2 * inputs()["x"])
+        await asyncio.sleep(0)
+
+        def fails(outputs: dict[str, np.ndarray]) -> None:
+            raise RuntimeError("the caller's own failure")
+
+        before = counted()
+        with pytest.raises(RuntimeError, match="the caller's own failure"):
+            engine.submit_now(InferRequest("m", inputs()), fails)
+        assert counted() == tuple(b + 1 for b in before), "kept all the same"
+        await asyncio.sleep(0)
+        answer = await engine.infer_async("m", inputs())  # (and the model serves on)
+        np.testing.assert_array_equal(answer["y"], 2 * inputs()["x"])
+
+    run_on_engine(inline_repo(tmp_path), scenario)
+
+
+def test_a_failed_run_within_its_call_is_not_delivered(tmp_path: Path) -> None:
+    """`deliver` gets answers only: a run that fails comes back as the call's error outcome."""
+    write_version(tmp_path, "m", 1, faulty_model())
+    (tmp_path / "m" / "config.toml").write_text('max_batch_size = 8\nexecution = "inline"\n')
+    good = {"x": np.ones((1, 4), np.float32), "k": np.zeros((1, 1), np.int64)}
+    bad = {"x": np.ones((1, 4), np.float32), "k": np.ones((1, 1), np.int64)}
+
+    async def scenario(engine: Engine) -> None:
+        await engine.infer_async("m", good)
+        await asyncio.sleep(0)
+        delivered: list[object] = []
+        done = engine.submit_now(InferRequest("m", bad), delivered.append)
+        assert isinstance(done, tuple)
+        assert isinstance(done[1], InvalidInput)
+        assert delivered == []
+
+    run_on_engine(tmp_path, scenario)

@@ -547,11 +547,15 @@ class Engine:
             return recorder.record(request, self._submit)
         return self._submit(request, run_now=run_now)
 
-    def submit_now(self, request: InferRequest) -> Ticket | tuple[Routed, Feeds | DuetimeError]:
+    def submit_now(
+        self, request: InferRequest, deliver: Callable[[Feeds], object] | None = None
+    ) -> Ticket | tuple[Routed, Feeds | DuetimeError]:
         """`submit(request, run_now=True)` on the engine's loop, or, where the model is inline,
         idle and nothing unusual is on (`_answered_alone`), `request` run within this call: then
         how it was routed and its outputs (all the model's: `Routed.prepared.outputs` names
-        those asked for), or the error its run ended in. Raises as `submit` does.
+        those asked for), or the error its run ended in. Raises as `submit` does. Run within
+        the call and answered, its outputs also go to `deliver` as soon as the run ends, before
+        the scheduler's books are updated (see `ModelScheduler.answer_alone`).
 
         NOTE: for callers that take each answer at once (`infer_async`, a feed's predictor):
         a ticket and its future, settled within the call all the same, cost `infer_async` ~35
@@ -566,7 +570,7 @@ class Engine:
         except (ModelNotFound, ModelUnavailable):
             # (loaded on demand, or refused so again: routing changed nothing)
             return self._submit(request, run_now=True)
-        outcome = _answered_alone(routed, request)
+        outcome = _answered_alone(routed, request, deliver)
         if outcome is None:
             return self._queue(routed, request, run_now=True)
         return routed, outcome
@@ -1323,7 +1327,9 @@ def _wanted(produced: Feeds, wanted: tuple[str, ...]) -> dict[str, np.ndarray]:
     return {name: produced[name] for name in wanted}
 
 
-def _answered_alone(routed: Routed, request: InferRequest) -> Feeds | DuetimeError | None:
+def _answered_alone(
+    routed: Routed, request: InferRequest, deliver: Callable[[Feeds], object] | None = None
+) -> Feeds | DuetimeError | None:
     """An in-process request run within this call by its scheduler's lean path
     (`ModelScheduler.answer_alone`): its outputs, or the error its run ended in; None where
     that path does not apply (nothing was done: it is queued as any request).
@@ -1345,6 +1351,7 @@ def _answered_alone(routed: Routed, request: InferRequest) -> Feeds | DuetimeErr
         due_ns=routed.due_ns,
         priority=request.priority,
         arrival_ns=request.arrival_ns,
+        deliver=deliver,
     )
 
 

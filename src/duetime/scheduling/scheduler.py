@@ -625,6 +625,7 @@ class ModelScheduler:
         due_ns: int | None = None,
         priority: int = 0,
         arrival_ns: int | None = None,
+        deliver: Callable[[Feeds], object] | None = None,
     ) -> Feeds | DuetimeError | None:
         """Admit a validated request as `submit_nowait(..., run_now=True)` does (raising its
         refusals), run it alone within this call and return its outputs (or the error its run
@@ -632,6 +633,13 @@ class ModelScheduler:
         inline instance and nothing unusual is on (no breaker tripped, no probe waiting, no
         shared CPU, no close): the in-process Engine's usual call. None where it does not
         apply: nothing was done, and the caller submits the request as usual.
+
+        `deliver`, where given, gets the outputs of a run that succeeded as soon as it ends,
+        before the books (profile, margins, breaker, statistics) are updated for it, which they
+        are before this call returns, also when `deliver` raises: a caller that acts on each
+        answer at once (a feed) has it ~12 µs sooner on the 2-core VM (the books, `_record`
+        alone 7 µs, were most of what the lean path spent after the model's run). A request
+        `deliver` submits meanwhile is queued for the next turn of the loop.
 
         NOTE: the lean path. It keeps the books as a queued request's run (`_start`, then
         `_complete`) keeps them, through the same methods (`_cold`, `_ran`, `_record`, `_judge`,
@@ -680,17 +688,26 @@ class ModelScheduler:
         bucket = self.profile.bucket_of[rows] if self._max_rows else 0
         result = self._executor.run_now(0, BatchJob([feeds], [rows], bucket, self._finish))
         end = self._ran()
-        sent = _bytes(feeds) if self._sample_row_bytes else 0
-        answered = not isinstance(result.outputs[0], DuetimeError)
-        self._record(result, answered, rows, bucket, now, cold, end, sent)
-        self._judge(0, rows, result, end, sent)
-        outcome = result.outputs[0]  # (after `_judge`, which words a failure its client caused)
-        if isinstance(outcome, DuetimeError):
-            self._count_failure(end - now)
-        else:
-            self._count_success(end - now, due_ns, rows, end)
-            self._count_answered(1, 0, result)  # (queued for no time)
-        self._learn_answer(self._clock.now_ns() - end, 1, cold)
+        outcome = result.outputs[0]
+        answered = not isinstance(outcome, DuetimeError)
+        try:
+            if deliver is not None and answered:
+                # (a request `deliver` makes waits for the next turn, as one from the answer of
+                # a queued batch does: `_turn_for`; run within, its books would come first)
+                self._settling = True
+                deliver(outcome)  # type: ignore[arg-type]  # (answered: not an error)
+        finally:
+            self._settling = False
+            sent = _bytes(feeds) if self._sample_row_bytes else 0
+            self._record(result, answered, rows, bucket, now, cold, end, sent)
+            self._judge(0, rows, result, end, sent)
+            outcome = result.outputs[0]  # (after `_judge`, which words a failure its client caused)
+            if isinstance(outcome, DuetimeError):
+                self._count_failure(end - now)
+            else:
+                self._count_success(end - now, due_ns, rows, end)
+                self._count_answered(1, 0, result)  # (queued for no time)
+            self._learn_answer(self._clock.now_ns() - end, 1, cold)
         return outcome
 
     def _fits_alone(self, now: int, feeds: Feeds, rows: int, due_ns: int) -> bool:

@@ -145,19 +145,20 @@ class EnginePredictor:
             self._model, {self.input.name: array}, version=self._version, due_ns=due_ns,
             template=template,
         )  # fmt: skip
+        output = self._output
         try:
-            done = self._engine.submit_now(request)  # (the feed makes its batches)
+            # (the feed makes its batches; run within the call, the answer goes to the feed
+            # as the run ends, the scheduler's books after it: see `Engine.submit_now`)
+            done = self._engine.submit_now(request, lambda outputs: answer(outputs[output], None))
         except DuetimeError as exc:
             answer(None, _failure(exc))
             return
         if isinstance(done, Ticket):
             done.when_done(lambda: self._settled(done, answer))
             return
-        outputs = done[1]  # (run within the call: no ticket)
+        outputs = done[1]  # (run within the call: no ticket; answered, it was delivered)
         if isinstance(outputs, DuetimeError):
             answer(None, _failure(outputs))
-        else:
-            answer(outputs[self._output], None)
 
     async def prime(self, deadline_ns: int) -> None:
         """Run a request of each batch size through the Engine, due `deadline_ns` from its ask
