@@ -197,3 +197,41 @@ def test_it_fits_exactly_where_admit_s_first_prediction_admits(state: dict[str, 
         assert scheduler._fits_alone(NOW, feeds, rows, due) == first
 
     asyncio.run(body())
+
+
+@settings(max_examples=300, deadline=None)
+@given(states(), st.booleans())
+def test_fits_on_an_idle_scheduler_decides_as_its_full_prediction(
+    state: dict[str, Any], tripped: bool
+) -> None:
+    """`ModelScheduler.fits` (a feed asks it of each burst) on an idle scheduler, its lean
+    branch: the same answer as the queue's full prediction (`_predict`, `available`) gives,
+    whatever the state, also with a breaker tripped (which takes the full path)."""
+
+    def full(scheduler: ModelScheduler, due: int, rows: int, level: int) -> bool:
+        queue = scheduler._queue
+        if queue.full(level) or due <= NOW or not scheduler.available(NOW):
+            return False
+        key = queue.key_for(level, due)
+        finish, _ = scheduler._predict(NOW, rows, key, scheduler._others(NOW))
+        return finish + scheduler._kept_for(rows) <= due
+
+    async def body() -> None:
+        scheduler, feeds = build(state)
+        if tripped:
+            scheduler._tripped = 1
+        rows = state["rows"]
+        needed = first_needed(scheduler, feeds, rows) - scheduler._size_cost.predict(
+            scheduler._extra_bytes(sum(v.nbytes for v in feeds.values()), rows)
+            if scheduler._size_cost
+            else 0
+        )
+        due = due_of(state, needed)
+        if due is None:
+            due = needed
+        level = scheduler._level(state["priority"])
+        assert scheduler.fits(NOW, due, rows, state["priority"]) == full(
+            scheduler, due, rows, level
+        )
+
+    asyncio.run(body())

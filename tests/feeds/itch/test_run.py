@@ -27,6 +27,7 @@ from duetime.feeds.itch.spec import AddOrder
 from duetime.feeds.itch.synth import write_session
 from duetime.feeds.itch.tally import FeedStatistics, PredictionLog
 from duetime.feeds.itch.writer import ItchWriter
+from duetime.repository.manager import RepositoryOptions
 from duetime.types import TensorSpec
 from tests.conftest import RunningServer, demo_models
 
@@ -341,17 +342,21 @@ def test_events_due_before_they_are_asked_for_are_refused_unasked() -> None:
 
 def test_the_engine_predicts_whether_a_request_fits(demo_repo: Path, tmp_path: Path) -> None:
     """`EnginePredictor.fits` is the scheduler's admission test, which the feed asks while it
-    gathers a burst."""
+    gathers a burst; it follows what is served (the scheduler it asks, kept between calls, is
+    resolved again once the model is unloaded: it cannot tell then, and the submit says why)."""
     repository = demo_models(demo_repo, tmp_path, "orderbook")  # (the whole demo: ~5 s more)
 
-    async def scenario() -> tuple[bool | None, bool | None]:
-        async with Engine() as engine:
+    async def scenario() -> tuple[bool | None, ...]:
+        async with Engine(options=RepositoryOptions(control_mode="explicit")) as engine:
             await engine.load_repository(repository)
+            await engine.load_model("orderbook")
             predictor = EnginePredictor(engine, "orderbook")
             now = time.monotonic_ns()
-            return predictor.fits(now, now + 10**9, 8), predictor.fits(now, now - 1, 1)
+            fits = predictor.fits(now, now + 10**9, 8), predictor.fits(now, now - 1, 1)
+            await engine.unload_model("orderbook")
+            return (*fits, predictor.fits(now, now + 10**9, 8))
 
-    assert asyncio.run(scenario()) == (True, False)
+    assert asyncio.run(scenario()) == (True, False, None)
 
 
 def test_a_malformed_frame_is_in_the_report_skipped_or_stopping_the_run(

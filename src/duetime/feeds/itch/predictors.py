@@ -131,6 +131,9 @@ class EnginePredictor:
         self._executor = deployment.model.executor
         self.answered_elsewhere = not self._executor.inline
         self.max_in_flight = 0  # (inline, each answer is back on the next turn)
+        self._resolved_in: object = None
+        """The registry snapshot `_scheduler` was resolved in (`fits`)."""
+        self._scheduler = deployment.scheduler
         self._templates: dict[int, object] = {}
         """Per batch size, the template its requests are made from (see `InferRequest.template`):
         the feed's rows are always the same datatype and shape, so once one request of a size
@@ -183,11 +186,15 @@ class EnginePredictor:
     def fits(self, now_ns: int, due_ns: int, rows: int) -> bool | None:
         """The scheduler's own admission test (`ModelScheduler.fits`: the queue ahead, the
         model's run and the margins it keeps), as if the request were submitted at `now_ns`."""
-        try:
-            scheduler = self._engine.registry.resolve(self._model, self._version).scheduler
-        except DuetimeError:
-            return None  # (gone: the submit says why)
-        return scheduler.fits(now_ns, due_ns, rows, 0)
+        registry = self._engine.registry
+        snapshot = registry.snapshot
+        if snapshot is not self._resolved_in:  # (what is served changed: resolved again)
+            try:
+                self._scheduler = registry.resolve(self._model, self._version).scheduler
+            except DuetimeError:
+                return None  # (gone: the submit says why)
+            self._resolved_in = snapshot
+        return self._scheduler.fits(now_ns, due_ns, rows, 0)
 
     def warm(self, array: np.ndarray) -> None:
         """Run ONNX Runtime on `array` directly, its answer dropped (nothing counted): only a
