@@ -55,7 +55,7 @@ import numpy as np
 
 from duetime.config import ServerSettings
 from duetime.errors import ConfigError, DuetimeError
-from duetime.execution.affinity import SMALL_MODEL_NS, lower_thread_priority
+from duetime.execution.affinity import lower_thread_priority
 from duetime.frontend import codec
 from duetime.frontend.rest import (
     INFLATE_INLINE_BYTES,
@@ -1598,25 +1598,8 @@ class HttpConnection(asyncio.BufferedProtocol):
         return True
 
     def _spare(self, model: str, version: str | None) -> bool:
-        """Whether `model` (`version`) has capacity idle now: nothing queued and nothing
-        running, or nothing queued, an instance free for its next batch and no request turned
-        away lately (see `ModelScheduler.backlogged`). The shedder refuses none of its requests
-        then (see `LoadShedder.refuse`'s `spare`): its model would sit idle for nothing.
-
-        Only a model whose run takes `SMALL_MODEL_NS` or more: a shorter one shares the loop's
-        core (or runs on the loop), and is idle again by the loop's next turn.
-        NOTE: asked of every model, an mlp flood over HTTP (open loop, 2/10 ms timeouts, past
-        its capacity) had one request let through each turn of the loop, most of them when
-        turns were short: refusals fell from ~4,800 to 650-2,900 of ~5,900, expiries rose
-        from ~600 to 2,800-5,200, and goodput fell from 110-200/s to 0-84/s."""
-        engine = self._api.engine
-        try:
-            scheduler = engine.registry.resolve(model, version).scheduler
-        except DuetimeError:
-            return False
-        if scheduler.profile.predict(1) < SMALL_MODEL_NS:
-            return False
-        return scheduler.idle or not scheduler.backlogged(engine.clock.now_ns())
+        """Whether `model` (`version`) has capacity idle now (`Engine.has_idle_capacity`)."""
+        return self._api.engine.has_idle_capacity(model, version)
 
     def _count_shed(self, model: str, version: str | None) -> None:
         """Count a request of `model` the load shedder refused in the model's statistics (as
