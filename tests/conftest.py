@@ -11,7 +11,7 @@ import logging
 import shutil
 import threading
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -139,6 +139,41 @@ def read_answers(stream: Any, count: int) -> list[tuple[int, bytes]]:
                 length = int(value)
         got.append((status, stream.read(length)))
     return got
+
+
+def on_loop(running: RunningServer, call: Callable[[], Any]) -> Any:
+    """`call()`'s result, run on the server's loop (where its state lives)."""
+
+    async def run() -> Any:
+        return call()
+
+    return asyncio.run_coroutine_threadsafe(run(), running.loop).result(timeout=10)
+
+
+@contextlib.contextmanager
+def shedder_refusing(running: RunningServer) -> Iterator[None]:
+    """The server's load shedder at a share that refuses every request it may while the block
+    runs (its sampling stopped, so the share stays); it still spares a model with capacity
+    idle (`Engine.has_idle_capacity`)."""
+    shedder = running.server.shedder
+    assert shedder is not None
+
+    def hold() -> Any:
+        sample = shedder.sample
+        shedder.sample = lambda *args, **kwargs: None  # type: ignore[method-assign]
+        shedder.share = 1.0
+        return sample
+
+    sample = on_loop(running, hold)
+    try:
+        yield
+    finally:
+
+        def restore() -> None:
+            shedder.sample = sample  # type: ignore[method-assign]
+            shedder.share = 0.0
+
+        on_loop(running, restore)
 
 
 @contextlib.contextmanager

@@ -160,6 +160,16 @@ def test_a_request_run_within_its_call_is_counted_as_a_queued_one(tmp_path: Path
     run_on_engine(inline_repo(tmp_path), scenario)
 
 
+def faulty_inline_repo(tmp_path: Path) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """Model m, inline, in `tmp_path`: `faulty_model`, whose run fails on the second inputs
+    returned (ONNX Runtime refuses them) and answers the first."""
+    write_version(tmp_path, "m", 1, faulty_model())
+    (tmp_path / "m" / "config.toml").write_text('max_batch_size = 8\nexecution = "inline"\n')
+    good = {"x": np.ones((1, 4), np.float32), "k": np.zeros((1, 1), np.int64)}
+    bad = {"x": np.ones((1, 4), np.float32), "k": np.ones((1, 1), np.int64)}
+    return good, bad
+
+
 def spy_on_lean_path(scheduler: ModelScheduler) -> list[bool]:
     """Whether each call of `scheduler.answer_alone` (the in-process lean path) ran its
     request (True) or left it to the queue (False), in order."""
@@ -178,10 +188,7 @@ def spy_on_lean_path(scheduler: ModelScheduler) -> list[bool]:
 def test_a_failed_run_on_the_lean_path_is_a_queued_one_s_failure(tmp_path: Path) -> None:
     """A run that ONNX Runtime refuses, on the lean path: the same error (type and words) as a
     queued request's, the same statistics, and its breaker not opened (its client's values)."""
-    write_version(tmp_path, "m", 1, faulty_model())
-    (tmp_path / "m" / "config.toml").write_text('max_batch_size = 8\nexecution = "inline"\n')
-    good = {"x": np.ones((1, 4), np.float32), "k": np.zeros((1, 1), np.int64)}
-    bad = {"x": np.ones((1, 4), np.float32), "k": np.ones((1, 1), np.int64)}
+    good, bad = faulty_inline_repo(tmp_path)
 
     async def scenario(engine: Engine) -> None:
         await engine.infer_async("m", good)
@@ -314,10 +321,7 @@ def test_an_answer_run_within_its_call_is_delivered_before_the_books_are_kept(
 
 def test_a_failed_run_within_its_call_is_not_delivered(tmp_path: Path) -> None:
     """`deliver` gets answers only: a run that fails comes back as the call's error outcome."""
-    write_version(tmp_path, "m", 1, faulty_model())
-    (tmp_path / "m" / "config.toml").write_text('max_batch_size = 8\nexecution = "inline"\n')
-    good = {"x": np.ones((1, 4), np.float32), "k": np.zeros((1, 1), np.int64)}
-    bad = {"x": np.ones((1, 4), np.float32), "k": np.ones((1, 1), np.int64)}
+    good, bad = faulty_inline_repo(tmp_path)
 
     async def scenario(engine: Engine) -> None:
         await engine.infer_async("m", good)

@@ -7,16 +7,14 @@ handler ran and answered 260-750 ms late: 0.4-1 answers a second on time."""
 
 from __future__ import annotations
 
-import asyncio
 import threading
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
 
 import grpc
 import pytest
-from conftest import RunningServer, start_server, stop_server
+from conftest import RunningServer, on_loop, shedder_refusing, start_server, stop_server
 
 from duetime.config import ServerSettings
 from duetime.frontend.grpc import InferenceService
@@ -36,15 +34,6 @@ def server(mlp_repo: Path) -> Iterator[RunningServer]:
     )
     yield running
     stop_server(running, thread)
-
-
-def on_loop(running: RunningServer, call: Any) -> Any:
-    """`call()`'s result, run on the server's loop (where its state lives)."""
-
-    async def run() -> Any:
-        return call()
-
-    return asyncio.run_coroutine_threadsafe(run(), running.loop).result(timeout=10)
 
 
 def test_the_cores_count_of_calls_held_follows_the_real_server(server: RunningServer) -> None:
@@ -113,28 +102,10 @@ def test_a_grpc_deadline_is_the_cores_own_and_is_not_moved() -> None:
 def test_a_refused_call_is_not_decoded_and_says_why_with_its_trace_id(
     server: RunningServer,
 ) -> None:
-    shedder = server.server.shedder
-    assert shedder is not None
-
-    def hold_refusing() -> Any:
-        sample = shedder.sample
-        shedder.sample = lambda *args, **kwargs: None  # type: ignore[method-assign]
-        shedder.share = 1.0
-        return sample
-
-    sample = on_loop(server, hold_refusing)
-    try:
-        with grpc.insecure_channel(server.grpc) as channel:
-            infer = channel.unary_unary(_INFER)
-            with pytest.raises(grpc.RpcError) as caught:
-                infer(b"\xff\xff not a protobuf message")  # (decoded: INVALID_ARGUMENT)
-    finally:
-
-        def restore() -> None:
-            shedder.sample = sample  # type: ignore[method-assign]
-            shedder.share = 0.0
-
-        on_loop(server, restore)
+    with shedder_refusing(server), grpc.insecure_channel(server.grpc) as channel:
+        infer = channel.unary_unary(_INFER)
+        with pytest.raises(grpc.RpcError) as caught:
+            infer(b"\xff\xff not a protobuf message")  # (decoded: INVALID_ARGUMENT)
     error = caught.value
     assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
     assert "saturated" in error.details()

@@ -9,15 +9,13 @@ instance sat idle.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import grpc
 import numpy as np
 import pytest
-from conftest import RunningServer, start_server, stop_server
+from conftest import RunningServer, serving, shedder_refusing
 
 from duetime.config import ServerSettings
 from duetime.frontend.proto import grpc_service_pb2 as pb
@@ -29,20 +27,9 @@ pytestmark = pytest.mark.timeout(120)
 
 @pytest.fixture(scope="module")
 def server(mlp_resnet_repo: Path) -> Iterator[RunningServer]:
-    running, thread = start_server(
-        ServerSettings(model_repository=mlp_resnet_repo, http_port=0, grpc_port=0)
-    )
-    yield running
-    stop_server(running, thread)
-
-
-def on_loop(running: RunningServer, call: Any) -> Any:
-    """`call()`'s result, run on the server's loop (where its state lives)."""
-
-    async def run() -> Any:
-        return call()
-
-    return asyncio.run_coroutine_threadsafe(run(), running.loop).result(timeout=10)
+    settings = ServerSettings(model_repository=mlp_resnet_repo, http_port=0, grpc_port=0)
+    with serving(settings) as running:
+        yield running
 
 
 def resnet_call() -> pb.ModelInferRequest:
@@ -56,33 +43,15 @@ def resnet_call() -> pb.ModelInferRequest:
 def codes(running: RunningServer, calls: int) -> list[str]:
     """The status of `calls` resnet calls made one after another (each once the one before
     is answered) while the shedder refuses every call it may."""
-    shedder = running.server.shedder
-    assert shedder is not None
-
-    def hold_refusing() -> Any:
-        sample = shedder.sample
-        shedder.sample = lambda *args, **kwargs: None  # type: ignore[method-assign]
-        shedder.share = 1.0
-        return sample
-
-    sample = on_loop(running, hold_refusing)
     found = []
-    try:
-        with grpc.insecure_channel(running.grpc) as channel:
-            stub = pb_grpc.GRPCInferenceServiceStub(channel)
-            for _ in range(calls):
-                try:
-                    stub.ModelInfer(resnet_call(), timeout=30)
-                    found.append("OK")
-                except grpc.RpcError as exc:
-                    found.append(exc.code().name)
-    finally:
-
-        def restore() -> None:
-            shedder.sample = sample  # type: ignore[method-assign]
-            shedder.share = 0.0
-
-        on_loop(running, restore)
+    with shedder_refusing(running), grpc.insecure_channel(running.grpc) as channel:
+        stub = pb_grpc.GRPCInferenceServiceStub(channel)
+        for _ in range(calls):
+            try:
+                stub.ModelInfer(resnet_call(), timeout=30)
+                found.append("OK")
+            except grpc.RpcError as exc:
+                found.append(exc.code().name)
     return found
 
 

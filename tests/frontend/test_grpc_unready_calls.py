@@ -10,16 +10,14 @@ refused while they uploaded."""
 
 from __future__ import annotations
 
-import asyncio
 import socket
 import struct
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
-from conftest import RunningServer, start_server, stop_server
+from conftest import RunningServer, on_loop, start_server, stop_server
 
 from duetime.config import ServerSettings
 from duetime.frontend.grpcbacklog import CoreBacklog
@@ -36,15 +34,6 @@ def server(mlp_repo: Path) -> Iterator[RunningServer]:
     )
     yield running
     stop_server(running, thread)
-
-
-def on_loop(running: RunningServer, call: Callable[[], Any]) -> Any:
-    """`call()`'s result, run on the server's loop (where its state lives)."""
-
-    async def run() -> Any:
-        return call()
-
-    return asyncio.run_coroutine_threadsafe(run(), running.loop).result(timeout=10)
 
 
 def _frame(kind: int, flags: int, stream: int, payload: bytes = b"") -> bytes:

@@ -4,10 +4,8 @@ received and its replay offers it again."""
 
 from __future__ import annotations
 
-import asyncio
 import gzip
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +15,7 @@ import pytest
 import requests
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
-from conftest import RunningServer, recording_server
+from conftest import RunningServer, recording_server, shedder_refusing
 
 from duetime.cli import main
 from duetime.errors import Overloaded
@@ -28,44 +26,6 @@ from duetime.tools.capture import recorder as recorder_module
 from duetime.tools.capture.recorder import Recorder
 
 _INFER = "/inference.GRPCInferenceService/ModelInfer"
-
-
-def on_loop(running: RunningServer, call: Any) -> Any:
-    """`call()`'s result, run on the server's loop (where its state lives)."""
-
-    async def run() -> Any:
-        return call()
-
-    return asyncio.run_coroutine_threadsafe(run(), running.loop).result(timeout=10)
-
-
-def _shedding(running: RunningServer) -> Iterator[None]:
-    """The server's load shedder refusing every inference request while the block runs (every
-    model made to look busy: the shedder refuses no request of a model with capacity idle)."""
-    shedder = running.server.shedder
-    assert shedder is not None
-    idle, backlogged = ModelScheduler.__dict__["idle"], ModelScheduler.backlogged
-
-    def refuse_all() -> Any:
-        sample = shedder.sample
-        shedder.sample = lambda *args, **kwargs: None  # type: ignore[method-assign]
-        shedder.share = 1.0
-        ModelScheduler.idle = property(lambda self: False)  # type: ignore[assignment,method-assign]
-        ModelScheduler.backlogged = lambda self, now: True  # type: ignore[method-assign]
-        return sample
-
-    sample = on_loop(running, refuse_all)
-    try:
-        yield
-    finally:
-
-        def restore() -> None:
-            shedder.sample = sample  # type: ignore[method-assign]
-            shedder.share = 0.0
-            ModelScheduler.idle = idle  # type: ignore[method-assign]
-            ModelScheduler.backlogged = backlogged  # type: ignore[method-assign]
-
-        on_loop(running, restore)
 
 
 def _send_all_shed(running: RunningServer) -> None:
@@ -118,7 +78,10 @@ def shed_capture(demo_repo: Path, tmp_path_factory: pytest.TempPathFactory) -> P
         # (this machine's load must not make the writer look busy: see the test of the gate)
         patch.setattr(recorder_module, "_SHED_BUSY", 1.0)
         with recording_server(demo_repo, path) as running:
-            for _ in _shedding(running):
+            # (every model made to look busy: the shedder spares a model with capacity idle)
+            with pytest.MonkeyPatch.context() as busy, shedder_refusing(running):
+                busy.setattr(ModelScheduler, "idle", property(lambda self: False))
+                busy.setattr(ModelScheduler, "backlogged", lambda self, now: True)
                 _send_all_shed(running)
             recorder = running.server.recorder
             assert recorder is not None
