@@ -576,7 +576,8 @@ class Engine:
         how it was routed and its outputs (all the model's: `Routed.prepared.outputs` names
         those asked for), or the error its run ended in. Raises as `submit` does. Run within
         the call and answered, its outputs also go to `deliver` as soon as the run ends, before
-        the scheduler's books are updated (see `ModelScheduler.answer_alone`).
+        the scheduler's books are updated (see `ModelScheduler.answer_alone`); what `deliver`
+        raises comes out of this call then, the request answered and counted.
 
         NOTE: for callers that take each answer at once (`infer_async`, a feed's predictor):
         a ticket and its future, settled within the call all the same, cost `infer_async` ~35

@@ -18,6 +18,7 @@ from directory import R_FIELDS
 from duetime.cli import main
 from duetime.demo import ORDERBOOK_FEATURES
 from duetime.engine import Engine
+from duetime.errors import InvalidInput
 from duetime.feeds.itch.book import Books
 from duetime.feeds.itch.features import FEATURE_NAMES
 from duetime.feeds.itch.parser import read_messages
@@ -359,6 +360,34 @@ def test_the_engine_predicts_whether_a_request_fits(demo_repo: Path, tmp_path: P
     assert asyncio.run(scenario()) == (True, False, None)
 
 
+def test_an_answer_that_raises_is_not_taken_for_a_refusal(demo_repo: Path, tmp_path: Path) -> None:
+    """The answer of a request the Engine ran within the call comes before the scheduler's
+    books (`Engine.submit_now`'s `deliver`): an error the answer callback raises, even one of
+    duetime's own, comes out of `submit` and the callback is not called again with a failure
+    for a request it was answered (it was, twice, taken for a refusal)."""
+    repository = demo_models(demo_repo, tmp_path, "orderbook")
+
+    async def scenario() -> list[str]:
+        calls: list[str] = []
+        async with Engine(options=RepositoryOptions(control_mode="explicit")) as engine:
+            await engine.load_repository(repository)
+            await engine.load_model("orderbook")
+            predictor = EnginePredictor(engine, "orderbook")
+            row = np.zeros((1, len(FEATURE_NAMES)), np.float32)
+            await asyncio.sleep(0)
+
+            def answer(outputs: np.ndarray | None, failure: object) -> None:
+                calls.append("answered" if outputs is not None else f"failed: {failure}")
+                if outputs is not None:
+                    raise InvalidInput("the caller's own error")
+
+            with pytest.raises(InvalidInput, match="the caller's own error"):
+                predictor.submit(row, time.monotonic_ns() + 10**9, answer)
+        return calls
+
+    assert asyncio.run(scenario()) == ["answered"]
+
+
 def test_a_malformed_frame_is_in_the_report_skipped_or_stopping_the_run(
     tmp_path: Path, session: Path, demo_repo: Path
 ) -> None:
@@ -514,6 +543,20 @@ def test_a_burst_split_in_many_batches_answered_at_once_does_not_recurse() -> No
     stats = asyncio.run(run.run_fast(FastFeed(_sweep_bytes(1000), rows=1000)))
     assert [rows for rows, _ in predictor.asked] == [1] * 1000
     assert stats.on_time == 1000
+
+
+def test_a_lone_event_due_already_is_refused_unasked_on_the_compiled_path() -> None:
+    """A step of one event (`_ask_alone`, nearly every step) whose due time passed before it
+    could be asked for is refused unasked and counted so, as a burst's are; the rest go on."""
+    from duetime.feeds.itch.fastfeed import FastFeed
+
+    predictor = Asked()
+    options = RunOptions(deadline_ns=1, pace="max", keep_warm=False)
+    run = FeedRun(predictor, options, PredictionLog(None, 3))
+    stats = asyncio.run(run.run_fast(FastFeed(_sweep_bytes(4))))
+    assert predictor.asked == []
+    assert stats.triggers == stats.refused == stats.refused_unasked == 4
+    assert stats.on_time == stats.errors == 0
 
 
 def test_the_predictor_is_primed_before_the_clock_starts() -> None:

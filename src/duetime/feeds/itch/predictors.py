@@ -18,6 +18,7 @@ import numpy as np
 from duetime.datatypes import NUMPY_OF
 from duetime.engine import Engine, Ticket
 from duetime.errors import DuetimeError
+from duetime.execution.executor import Feeds
 from duetime.frontend import codec
 from duetime.frontend.proto import grpc_service_pb2 as pb
 from duetime.frontend.proto import grpc_service_pb2_grpc as pb_grpc
@@ -149,11 +150,20 @@ class EnginePredictor:
             template=template,
         )  # fmt: skip
         output = self._output
+        delivered = False
+
+        def deliver(outputs: Feeds) -> None:
+            nonlocal delivered
+            delivered = True
+            answer(outputs[output], None)
+
         try:
             # (the feed makes its batches; run within the call, the answer goes to the feed
             # as the run ends, the scheduler's books after it: see `Engine.submit_now`)
-            done = self._engine.submit_now(request, lambda outputs: answer(outputs[output], None))
+            done = self._engine.submit_now(request, deliver)
         except DuetimeError as exc:
+            if delivered:  # (`answer`'s own error: the request was answered, once)
+                raise
             answer(None, _failure(exc))
             return
         if isinstance(done, Ticket):
