@@ -545,6 +545,37 @@ def test_a_burst_split_in_many_batches_answered_at_once_does_not_recurse() -> No
     assert stats.on_time == 1000
 
 
+def test_a_burst_s_fit_is_tested_as_of_its_admission() -> None:
+    """The fit of a burst's batch is tested as of when its request will be admitted (the
+    predictor's `lead_ns` and the feed's own time to make the batch), not when the test
+    starts: tested at once, 64-row batches found to fit with ~100 µs left were refused whole
+    10-30 µs later, and events due in between were sent (expired unrun) instead of refused
+    unasked."""
+    from duetime.feeds.itch.fastfeed import FastFeed
+
+    tested: list[int] = []
+
+    def fits(now_ns: int, due_ns: int, rows: int) -> bool:
+        tested.append(now_ns - time.monotonic_ns())
+        return True
+
+    predictor = Asked(fits=fits)
+    predictor.lead_ns = 5 * 10**9  # type: ignore[attr-defined]
+    options = RunOptions(deadline_ns=60 * 10**9, pace="recorded", keep_warm=False)
+    run = FeedRun(predictor, options, PredictionLog(None, 3))
+    stats = asyncio.run(run.run_fast(FastFeed(_sweep_bytes(20))))
+    assert tested
+    assert all(ahead > 4 * 10**9 for ahead in tested)
+    assert stats.on_time == stats.triggers == 20
+    # events due before their request could be admitted are refused unasked, never sent
+    predictor = Asked(fits=fits)
+    predictor.lead_ns = 120 * 10**9  # type: ignore[attr-defined]
+    run = FeedRun(predictor, options, PredictionLog(None, 3))
+    stats = asyncio.run(run.run_fast(FastFeed(_sweep_bytes(20))))
+    assert predictor.asked == []
+    assert stats.triggers == stats.refused_unasked == 20
+
+
 def test_a_lone_event_due_already_is_refused_unasked_on_the_compiled_path() -> None:
     """A step of one event (`_ask_alone`, nearly every step) whose due time passed before it
     could be asked for is refused unasked and counted so, as a burst's are; the rest go on."""
