@@ -43,9 +43,13 @@ def service_of(shedder: LoadShedder, models: dict[str, Scheduler]) -> SimpleName
     service = SimpleNamespace(
         _shedder=shedder,
         gone_calls=0,
-        _engine=SimpleNamespace(registry=registry, recorder=None),
+        # (no model has capacity idle: the shedder spares none of their calls)
+        _engine=SimpleNamespace(
+            registry=registry, recorder=None, has_idle_capacity=lambda model, version: False
+        ),
     )
     service._served = functools.partial(InferenceService._served, service)
+    service._spare = functools.partial(InferenceService._spare, service)
     service._shed = functools.partial(InferenceService._shed, service)
     return service
 
