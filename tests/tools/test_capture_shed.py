@@ -111,7 +111,9 @@ def test_shed_requests_are_recorded_with_their_refusal(shed_capture: Path) -> No
     assert records["grpc"].protocol == "grpc"
     due = records["grpc"].due_in_ns
     assert due is not None
-    assert 0 < due <= 5_000_000_000
+    # (the call's 5 s deadline as the server read it: gRPC's `time_remaining` converts the
+    # core's deadline to the wall clock, and read 5.0096 s once in CI: 1% of tolerance)
+    assert 0 < due <= 5_050_000_000
 
 
 def test_capture_show_counts_the_load_received(shed_capture: Path, capsys: Any) -> None:
