@@ -316,6 +316,28 @@ class Scripted:
         await self._ended.wait()
 
 
+def test_a_live_run_says_it_started_once_its_path_is_ready() -> None:
+    """`run_live`'s `started` (where `itch listen` says "listening on"): after the path is
+    primed and the feed taken, never before (said at the bind, ~28 ms earlier, a sender
+    started on it had its first datagrams read as one backlog, most refused unasked)."""
+    order: list[str] = []
+
+    class Primed(Asked):
+        async def prime(self, deadline_ns: int) -> None:
+            order.append("primed")
+
+    class Source(Scripted):
+        def start(self, on_packet: Any, on_gap: Any = None) -> None:
+            order.append("taken")
+            super().start(on_packet, on_gap)
+
+    run = FeedRun(Primed(), RunOptions(deadline_ns=10**9), PredictionLog(None, 3))
+    source = Source([(_burst(2), time.monotonic_ns())])
+    stats = asyncio.run(run.run_live(source, lambda: order.append("started")))
+    assert order == ["primed", "taken", "started"]
+    assert stats.on_time == 2
+
+
 def test_events_due_before_they_are_asked_for_are_refused_unasked() -> None:
     """A burst whose first events were due already (here a datagram received 5 s before the
     run took it, at a deadline of 1 s) went whole, bound by their due time: the scheduler

@@ -477,12 +477,14 @@ async def _listen(
         bound_host, bound_port = udp.address
         host = f"[{bound_host}]" if ":" in bound_host else bound_host
         where = f"udp://{host}:{bound_port}"
-        print(f"listening on {where}", flush=True)
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(signum, udp.stop)
         try:
-            stats = await feed.run_live(udp)
+            # (said once the pipeline is primed and takes datagrams: said at the bind, ~28 ms
+            # before, a sender started on it had its first datagrams read as one backlog, most
+            # of them refused unasked; a tester)
+            stats = await feed.run_live(udp, lambda: print(f"listening on {where}", flush=True))
         finally:
             for signum in (signal.SIGINT, signal.SIGTERM):
                 loop.remove_signal_handler(signum)

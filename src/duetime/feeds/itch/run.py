@@ -286,10 +286,13 @@ class FeedRun:
             await self._drain()
         return self.stats
 
-    async def run_live(self, source: LiveSource) -> RunStats:
+    async def run_live(
+        self, source: LiveSource, started: Callable[[], object] | None = None
+    ) -> RunStats:
         """Take the messages of a live feed as they come (each datagram's at the time it was
         received: its arrival), until the feed ends, `options.limit` messages, or cancellation;
-        then wait for every answer. The pace is the feed's own."""
+        then wait for every answer. The pace is the feed's own. `started` is called once the
+        path is ready (`_ready`) and the feed taken (a listener says where it listens then)."""
         self._live_done.clear()
         async with self._tuned():
             waits = [
@@ -302,6 +305,8 @@ class FeedRun:
                 waits.append(asyncio.ensure_future(self._warm_live(self._warmer)))
             try:
                 source.start(self._received, self._gapped)
+                if started is not None:
+                    started()
                 done, _ = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
                 for task in done:
                     task.result()  # (a failure of the feed's own tasks is the run's)
