@@ -796,15 +796,11 @@ class ModelScheduler:
         queue = self._queue
         if not len(queue) and self._ledger is None and not self._tripped:
             # NOTE: nothing queued, a CPU of its own, no breaker open: what `_predict` comes to
-            # then (nothing ahead, no other scheduler's work), without its ~10 frames; a feed
-            # asks it of each burst (16 µs a call on the VM, more than the ask of a lone event
-            # cost over the model's run)
-            if due_ns <= now or queue.full(level):
-                return False
-            busy = self._busy_until
-            first_free = min(busy) if len(busy) > 1 else busy[0]
-            finish = (first_free if first_free > now else now) + self._exec_ns(rows)
-            return finish + self._kept_for(rows) <= due_ns
+            # then (nothing ahead, no other scheduler's work) is `_fits_alone`'s prediction for
+            # inputs of the profile's size, without `_predict`'s ~10 frames; a feed asks it of
+            # each burst (16 µs a call on the VM, more than the ask of a lone event cost over
+            # the model's run)
+            return not queue.full(level) and self._fits_alone(now, _SIZED_AS_SAMPLES, rows, due_ns)
         if queue.full(level) or due_ns <= now or not self.available(now):
             return False
         # (`_admit`'s prediction: where its batch would make the others' queued requests
@@ -2499,6 +2495,11 @@ def _among(item: QueuedRequest, items: Sequence[QueuedRequest]) -> bool:
 
 def _input_bytes(requests: list[QueuedRequest]) -> int:
     return sum(a.nbytes for item in requests for a in item.feeds.values())
+
+
+_SIZED_AS_SAMPLES: Feeds = {}
+"""No inputs to weigh (`_fits_alone`'s size cost nothing): a request taken as the profile's
+samples' size, as `fits` takes every request. Never written."""
 
 
 def _bytes(feeds: Feeds) -> int:

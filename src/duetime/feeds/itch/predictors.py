@@ -125,6 +125,7 @@ class EnginePredictor:
     """Submits straight to an Engine's scheduler on the engine's own loop (no thread hop)."""
 
     def __init__(self, engine: Engine, model: str, version: str | None = None) -> None:
+        snapshot = engine.registry.snapshot
         try:
             deployment = engine.registry.resolve(model, version)
         except DuetimeError as exc:
@@ -140,7 +141,7 @@ class EnginePredictor:
         self.answered_elsewhere = not self._executor.inline
         self.max_in_flight = 0  # (inline, each answer is back on the next turn)
         self.lead_ns = ENGINE_LEAD_NS
-        self._resolved_in: object = None
+        self._resolved_in: object = snapshot
         """The registry snapshot `_scheduler` was resolved in (`fits`)."""
         self._scheduler = deployment.scheduler
         self._templates: dict[int, object] = {}

@@ -576,13 +576,12 @@ class FeedRun:
         the VM (the burst's lists, a view of the row, a search that one row never needs)."""
         message = feed.messages_of.item(0)
         arrival = now if start is None else start + targets.item(message)
-        event = _Asked(feed.timestamps.item(message), feed.stocks[0], arrival, 0)
-        if arrival + self.options.deadline_ns <= time.monotonic_ns():
-            stats = self.stats
-            stats.triggers += 1
-            stats.refused += 1
-            stats.refused_unasked += 1
+        # (due by its admission: refused unasked, as `_fitting` refuses a burst's; no batch
+        # to make, so the predictor's part of the lead alone)
+        if arrival + self.options.deadline_ns <= time.monotonic_ns() + self._own_lead_ns:
+            self._refuse_unasked(1)
             return False
+        event = _Asked(feed.timestamps.item(message), feed.stocks[0], arrival, 0)
         self._ask(feed.vectors.copy(), (event,))
         return True
 
@@ -769,7 +768,8 @@ class FeedRun:
         return _first_true(1, count, lambda rows: fits(now, first_due, rows) is False) - 1
 
     def _refuse_unasked(self, count: int) -> None:
-        """The burst's first `count` events are refused without asking for them."""
+        """The burst's first `count` events are refused without asking for them (`_ask_alone`:
+        one with the burst empty)."""
         stats = self.stats
         stats.triggers += count
         stats.refused += count
