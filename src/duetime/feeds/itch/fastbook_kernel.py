@@ -60,6 +60,7 @@ from duetime.feeds.itch.fastbook_tables import (
     Tables,
     hash_find,
     hash_remove,
+    ix,
 )
 from duetime.feeds.itch.fastfeatures import (
     FEATURES_OFF,
@@ -103,7 +104,7 @@ def _be(buf: np.ndarray, at: int, width: int) -> int:
     """The big-endian unsigned integer of `width` bytes at `at` (8 bytes wrap to int64)."""
     value = np.int64(0)
     for k in range(width):
-        value = (value << 8) | np.int64(buf[at + k])
+        value = (value << 8) | np.int64(buf[ix(at + k)])
     return int(value)
 
 
@@ -139,20 +140,20 @@ def _priority(lv: int) -> int:
 @njit(cache=True)
 def _rotate_up(tree: np.ndarray, x: int) -> None:
     """Rotate the tree node `x` above its parent, keeping the in-order (price) order."""
-    p = tree[x, T_UP]
-    g = tree[p, T_UP]
-    if tree[p, T_LEFT] == x:
-        inner = tree[x, T_RIGHT]
-        tree[p, T_LEFT] = inner
-        tree[x, T_RIGHT] = p
+    p = tree[ix(x), T_UP]
+    g = tree[ix(p), T_UP]
+    if tree[ix(p), T_LEFT] == x:
+        inner = tree[ix(x), T_RIGHT]
+        tree[ix(p), T_LEFT] = inner
+        tree[ix(x), T_RIGHT] = p
     else:
-        inner = tree[x, T_LEFT]
-        tree[p, T_RIGHT] = inner
-        tree[x, T_LEFT] = p
+        inner = tree[ix(x), T_LEFT]
+        tree[ix(p), T_RIGHT] = inner
+        tree[ix(x), T_LEFT] = p
     if inner >= 0:
-        tree[inner, T_UP] = p
-    tree[p, T_UP] = x
-    tree[x, T_UP] = g
+        tree[ix(inner), T_UP] = p
+    tree[ix(p), T_UP] = x
+    tree[ix(x), T_UP] = g
     _relink(tree, g, p, x)
 
 
@@ -160,10 +161,10 @@ def _rotate_up(tree: np.ndarray, x: int) -> None:
 def _relink(tree: np.ndarray, up: int, old: int, new: int) -> None:
     """Make `new` the child of `up` that `old` was (nothing where `up` is -1: the root)."""
     if up >= 0:
-        if tree[up, T_LEFT] == old:
-            tree[up, T_LEFT] = new
+        if tree[ix(up), T_LEFT] == old:
+            tree[ix(up), T_LEFT] = new
         else:
-            tree[up, T_RIGHT] = new
+            tree[ix(up), T_RIGHT] = new
 
 
 @njit(cache=True)
@@ -173,73 +174,73 @@ def _neighbours(
     """(above, below): the levels of the (non-empty) `book` just better and just worse than
     `price` (-1 where there is none), which has no level of its own yet."""
     side = book & 1
-    head = ends[book, BEST]
-    tail = ends[book, WORST]
+    head = ends[ix(book), BEST]
+    tail = ends[ix(book), WORST]
     steps = 0
-    if abs(price - levels[head, L_PRICE]) <= abs(price - levels[tail, L_PRICE]):
+    if abs(price - levels[ix(head), L_PRICE]) <= abs(price - levels[ix(tail), L_PRICE]):
         above = -1
         below = head
-        while below >= 0 and _better(side, levels[below, L_PRICE], price) and steps <= _WALK:
+        while below >= 0 and _better(side, levels[ix(below), L_PRICE], price) and steps <= _WALK:
             above = below
-            below = levels[below, L_WORSE]
+            below = levels[ix(below), L_WORSE]
             steps += 1
     else:
         below = -1
         above = tail
-        while above >= 0 and _better(side, price, levels[above, L_PRICE]) and steps <= _WALK:
+        while above >= 0 and _better(side, price, levels[ix(above), L_PRICE]) and steps <= _WALK:
             below = above
-            above = levels[above, L_BETTER]
+            above = levels[ix(above), L_BETTER]
             steps += 1
     if steps <= _WALK:
         return above, below
     node = head  # the best level is the leftmost node: climb to the root, then descend
-    while tree[node, T_UP] >= 0:
-        node = tree[node, T_UP]
+    while tree[ix(node), T_UP] >= 0:
+        node = tree[ix(node), T_UP]
     above = -1
     below = -1
     while node >= 0:
-        if _better(side, levels[node, L_PRICE], price):
+        if _better(side, levels[ix(node), L_PRICE], price):
             above = node
-            node = tree[node, T_RIGHT]
+            node = tree[ix(node), T_RIGHT]
         else:
             below = node
-            node = tree[node, T_LEFT]
+            node = tree[ix(node), T_LEFT]
     return above, below
 
 
 @njit(cache=True)
 def _link_level(levels: np.ndarray, tree: np.ndarray, ends: np.ndarray, lv: int) -> None:
     """Put the new level `lv` into its book's price-ordered list and tree."""
-    book = levels[lv, L_BOOK]
-    tree[lv, T_LEFT] = -1
-    tree[lv, T_RIGHT] = -1
-    if ends[book, BEST] < 0:
-        levels[lv, L_BETTER] = -1
-        levels[lv, L_WORSE] = -1
-        tree[lv, T_UP] = -1
-        ends[book, BEST] = lv
-        ends[book, WORST] = lv
+    book = levels[ix(lv), L_BOOK]
+    tree[ix(lv), T_LEFT] = -1
+    tree[ix(lv), T_RIGHT] = -1
+    if ends[ix(book), BEST] < 0:
+        levels[ix(lv), L_BETTER] = -1
+        levels[ix(lv), L_WORSE] = -1
+        tree[ix(lv), T_UP] = -1
+        ends[ix(book), BEST] = lv
+        ends[ix(book), WORST] = lv
         return
-    above, below = _neighbours(levels, tree, ends, book, levels[lv, L_PRICE])
-    levels[lv, L_BETTER] = above
-    levels[lv, L_WORSE] = below
+    above, below = _neighbours(levels, tree, ends, book, levels[ix(lv), L_PRICE])
+    levels[ix(lv), L_BETTER] = above
+    levels[ix(lv), L_WORSE] = below
     if above >= 0:
-        levels[above, L_WORSE] = lv
+        levels[ix(above), L_WORSE] = lv
     else:
-        ends[book, BEST] = lv
+        ends[ix(book), BEST] = lv
     if below >= 0:
-        levels[below, L_BETTER] = lv
+        levels[ix(below), L_BETTER] = lv
     else:
-        ends[book, WORST] = lv
+        ends[ix(book), WORST] = lv
     # In a binary search tree one of the in-order neighbours has a free slot on lv's side
-    if above >= 0 and tree[above, T_RIGHT] < 0:
-        tree[above, T_RIGHT] = lv
-        tree[lv, T_UP] = above
+    if above >= 0 and tree[ix(above), T_RIGHT] < 0:
+        tree[ix(above), T_RIGHT] = lv
+        tree[ix(lv), T_UP] = above
     else:
-        tree[below, T_LEFT] = lv
-        tree[lv, T_UP] = below
+        tree[ix(below), T_LEFT] = lv
+        tree[ix(lv), T_UP] = below
     priority = _priority(lv)  # then up while it outranks its parent: 2 rotations expected
-    while tree[lv, T_UP] >= 0 and _priority(tree[lv, T_UP]) < priority:
+    while tree[ix(lv), T_UP] >= 0 and _priority(tree[ix(lv), T_UP]) < priority:
         _rotate_up(tree, lv)
 
 
@@ -248,15 +249,15 @@ def _unlink_tree(tree: np.ndarray, lv: int) -> None:
     """Take the node `lv` out of its book's tree: down below its higher-priority child until
     it has at most one child, which then takes its place."""
     while True:
-        left = tree[lv, T_LEFT]
-        right = tree[lv, T_RIGHT]
+        left = tree[ix(lv), T_LEFT]
+        right = tree[ix(lv), T_RIGHT]
         if left < 0 or right < 0:
             break
         _rotate_up(tree, left if _priority(left) > _priority(right) else right)
     child = left if left >= 0 else right
-    up = tree[lv, T_UP]
+    up = tree[ix(lv), T_UP]
     if child >= 0:
-        tree[child, T_UP] = up
+        tree[ix(child), T_UP] = up
     _relink(tree, up, lv, child)
 
 
@@ -273,18 +274,18 @@ def _new_level(
     """A new empty level for `key` = book << 32 | price (`slot` is hash_find's miss)."""
     lv = st[S_LEVEL_FREE]
     if lv >= 0:
-        st[S_LEVEL_FREE] = levels[lv, L_WORSE]
+        st[S_LEVEL_FREE] = levels[ix(lv), L_WORSE]
     else:
         lv = st[S_LEVEL_HIGH]
         st[S_LEVEL_HIGH] = lv + 1
-    lh[-1 - slot, H_KEY] = key
-    lh[-1 - slot, H_ROW] = lv
-    levels[lv, L_PRICE] = key & 0xFFFFFFFF
-    levels[lv, L_SHARES] = 0
-    levels[lv, L_ORDERS] = 0
-    levels[lv, L_HEAD] = -1
-    levels[lv, L_TAIL] = -1
-    levels[lv, L_BOOK] = key >> 32
+    lh[ix(-1 - slot), H_KEY] = key
+    lh[ix(-1 - slot), H_ROW] = lv
+    levels[ix(lv), L_PRICE] = key & 0xFFFFFFFF
+    levels[ix(lv), L_SHARES] = 0
+    levels[ix(lv), L_ORDERS] = 0
+    levels[ix(lv), L_HEAD] = -1
+    levels[ix(lv), L_TAIL] = -1
+    levels[ix(lv), L_BOOK] = key >> 32
     _link_level(levels, tree, ends, lv)
     return int(lv)
 
@@ -299,33 +300,33 @@ def _drop_level(
     lv: int,
 ) -> None:
     """Unlink the (empty) level `lv` from its book and free it."""
-    book = levels[lv, L_BOOK]
-    above = levels[lv, L_BETTER]
-    below = levels[lv, L_WORSE]
+    book = levels[ix(lv), L_BOOK]
+    above = levels[ix(lv), L_BETTER]
+    below = levels[ix(lv), L_WORSE]
     if above >= 0:
-        levels[above, L_WORSE] = below
+        levels[ix(above), L_WORSE] = below
     else:
-        ends[book, BEST] = below
+        ends[ix(book), BEST] = below
     if below >= 0:
-        levels[below, L_BETTER] = above
+        levels[ix(below), L_BETTER] = above
     else:
-        ends[book, WORST] = above
+        ends[ix(book), WORST] = above
     _unlink_tree(tree, lv)
-    hash_remove(lh, hash_find(lh, (book << 32) | levels[lv, L_PRICE]))
-    levels[lv, L_WORSE] = st[S_LEVEL_FREE]
+    hash_remove(lh, hash_find(lh, (book << 32) | levels[ix(lv), L_PRICE]))
+    levels[ix(lv), L_WORSE] = st[S_LEVEL_FREE]
     st[S_LEVEL_FREE] = lv
 
 
 @njit(cache=True)
 def _top(levels: np.ndarray, ends: np.ndarray, book: int) -> tuple[int, int, int, int]:
     """The best price and the shares there of each side of `book`'s stock (price -1: empty)."""
-    bid = ends[book & ~1, BEST]
-    ask = ends[book | 1, BEST]
+    bid = ends[ix(book & ~1), BEST]
+    ask = ends[ix(book | 1), BEST]
     return (
-        levels[bid, L_PRICE] if bid >= 0 else -1,
-        levels[bid, L_SHARES] if bid >= 0 else 0,
-        levels[ask, L_PRICE] if ask >= 0 else -1,
-        levels[ask, L_SHARES] if ask >= 0 else 0,
+        levels[ix(bid), L_PRICE] if bid >= 0 else -1,
+        levels[ix(bid), L_SHARES] if bid >= 0 else 0,
+        levels[ix(ask), L_PRICE] if ask >= 0 else -1,
+        levels[ix(ask), L_SHARES] if ask >= 0 else 0,
     )
 
 
@@ -446,8 +447,8 @@ def _run(
                 st[S_POS] = pos
                 return GROW_SLOTS if room == 1 else GROW_NODES
         locate = _be(buf, m + 1, 2)
-        stocks[locate, ST_MESSAGES] += 1
-        stocks[locate, kind & 63] += 1
+        stocks[ix(locate), ST_MESSAGES] += 1
+        stocks[ix(locate), kind & 63] += 1
         pos = m + size
         index = 0
         if features:
@@ -456,7 +457,7 @@ def _run(
         if _ROLE[kind] != _CHANGES_BOOK:
             if kind == _R and locate != 0:
                 for k in range(SYMBOL_BYTES):
-                    symbols[locate, k] = buf[m + 11 + k]
+                    symbols[ix(locate), k] = buf[m + 11 + k]
                 if features:
                     st[S_POS] = pos
                     return NAMED
@@ -499,8 +500,8 @@ def _run(
             if victim < 0:
                 st[A_UNKNOWN_REF] += 1
                 continue
-            o = oh[victim, H_ROW]
-            book = orders[o, O_BOOK]
+            o = oh[ix(victim), H_ROW]
+            book = orders[ix(o), O_BOOK]
             if book >> 1 != locate:
                 st[A_LOCATE_MISMATCH] += 1
             if features:
@@ -512,43 +513,43 @@ def _run(
                 rests = True
             elif kind != _D:  # E, C, X: shares leave, the order keeps its place in the queue
                 taken = _be(buf, m + 19, 4)
-                left = orders[o, O_SHARES]
+                left = orders[ix(o), O_SHARES]
                 if taken == 0:
                     st[A_ZERO_SHARES] += 1
                     continue
                 if kind != _X:  # (the print: the message's shares, clamped or not)
                     trade = 1 - 2 * (book & 1)
                     trade_shares = taken
-                    trade_price = orders[o, O_PRICE] if kind == _E else _be(buf, m + 32, 4)
+                    trade_price = orders[ix(o), O_PRICE] if kind == _E else _be(buf, m + 32, 4)
                 if taken > left:
                     st[A_OVERSIZE] += 1
                 if taken < left:
-                    orders[o, O_SHARES] = left - taken
-                    levels[orders[o, O_LEVEL], L_SHARES] -= taken
+                    orders[ix(o), O_SHARES] = left - taken
+                    levels[orders[ix(o), O_LEVEL], L_SHARES] -= taken
                     victim = -1
 
         # -- remove ---------------------------------------------------------------------------
         slot = -1
         while True:
             if victim >= 0:
-                o = oh[victim, H_ROW]
-                lv = orders[o, O_LEVEL]
-                prev = orders[o, O_PREV]
-                nxt = orders[o, O_NEXT]
+                o = oh[ix(victim), H_ROW]
+                lv = orders[ix(o), O_LEVEL]
+                prev = orders[ix(o), O_PREV]
+                nxt = orders[ix(o), O_NEXT]
                 if prev >= 0:
-                    orders[prev, O_NEXT] = nxt
+                    orders[ix(prev), O_NEXT] = nxt
                 else:
-                    levels[lv, L_HEAD] = nxt
+                    levels[ix(lv), L_HEAD] = nxt
                 if nxt >= 0:
-                    orders[nxt, O_PREV] = prev
+                    orders[ix(nxt), O_PREV] = prev
                 else:
-                    levels[lv, L_TAIL] = prev
-                levels[lv, L_SHARES] -= orders[o, O_SHARES]
-                levels[lv, L_ORDERS] -= 1
-                if levels[lv, L_ORDERS] == 0:
+                    levels[ix(lv), L_TAIL] = prev
+                levels[ix(lv), L_SHARES] -= orders[ix(o), O_SHARES]
+                levels[ix(lv), L_ORDERS] -= 1
+                if levels[ix(lv), L_ORDERS] == 0:
                     _drop_level(st, levels, lh, tree, ends, lv)
                 hash_remove(oh, victim)
-                orders[o, O_NEXT] = st[S_ORDER_FREE]
+                orders[ix(o), O_NEXT] = st[S_ORDER_FREE]
                 st[S_ORDER_FREE] = o
                 victim = -1
             if not rests:
@@ -565,42 +566,42 @@ def _run(
         elif rests and price == 0:
             st[A_ZERO_PRICE] += 1
         elif rests:
-            head = ends[book, BEST]
-            joined = head < 0 or not _better(book & 1, levels[head, L_PRICE], price)
+            head = ends[ix(book), BEST]
+            joined = head < 0 or not _better(book & 1, levels[ix(head), L_PRICE], price)
             key = (book << 32) | price
             lslot = hash_find(lh, key)
             lv = (
-                lh[lslot, H_ROW]
+                lh[ix(lslot), H_ROW]
                 if lslot >= 0
                 else _new_level(st, levels, lh, tree, ends, lslot, key)
             )
             o = st[S_ORDER_FREE]
             if o >= 0:
-                st[S_ORDER_FREE] = orders[o, O_NEXT]
+                st[S_ORDER_FREE] = orders[ix(o), O_NEXT]
             else:
                 o = st[S_ORDER_HIGH]
                 st[S_ORDER_HIGH] = o + 1
-            oh[-1 - slot, H_KEY] = rest_ref
-            oh[-1 - slot, H_ROW] = o
-            tail = levels[lv, L_TAIL]
-            orders[o, O_REF] = rest_ref
-            orders[o, O_PRICE] = price
-            orders[o, O_SHARES] = shares
-            orders[o, O_BOOK] = book
-            orders[o, O_LEVEL] = lv
-            orders[o, O_PREV] = tail
-            orders[o, O_NEXT] = -1
+            oh[ix(-1 - slot), H_KEY] = rest_ref
+            oh[ix(-1 - slot), H_ROW] = o
+            tail = levels[ix(lv), L_TAIL]
+            orders[ix(o), O_REF] = rest_ref
+            orders[ix(o), O_PRICE] = price
+            orders[ix(o), O_SHARES] = shares
+            orders[ix(o), O_BOOK] = book
+            orders[ix(o), O_LEVEL] = lv
+            orders[ix(o), O_PREV] = tail
+            orders[ix(o), O_NEXT] = -1
             if tail >= 0:
-                orders[tail, O_NEXT] = o
+                orders[ix(tail), O_NEXT] = o
             else:
-                levels[lv, L_HEAD] = o
-            levels[lv, L_TAIL] = o
-            levels[lv, L_SHARES] += shares
-            levels[lv, L_ORDERS] += 1
-            bid = ends[book & ~1, BEST]
-            ask = ends[book | 1, BEST]
-            if joined and bid >= 0 and ask >= 0 and levels[bid, L_PRICE] >= levels[ask, L_PRICE]:
-                st[A_CROSSED] += 1
+                levels[ix(lv), L_HEAD] = o
+            levels[ix(lv), L_TAIL] = o
+            levels[ix(lv), L_SHARES] += shares
+            levels[ix(lv), L_ORDERS] += 1
+            bid = ends[ix(book & ~1), BEST]
+            ask = ends[ix(book | 1), BEST]
+            if joined and bid >= 0 and ask >= 0:
+                st[A_CROSSED] += levels[ix(bid), L_PRICE] >= levels[ix(ask), L_PRICE]
 
         if features:  # the event's features, and no change row
             f_control[K_BOOK_EVENTS] += 1
@@ -615,14 +616,14 @@ def _run(
             continue
 
         # -- record the top of the changed book -------------------------------------------------
-        bid = ends[book & ~1, BEST]
-        ask = ends[book | 1, BEST]
+        bid = ends[ix(book & ~1), BEST]
+        ask = ends[ix(book | 1), BEST]
         n = st[S_CHANGES]
-        changes[n, C_STAMP] = _be(buf, m + 5, 6) | ((book >> 1) << TS_BITS)
-        bid_px = levels[bid, L_PRICE] if bid >= 0 else 0
-        changes[n, C_PRICES] = (bid_px << 32) | (levels[ask, L_PRICE] if ask >= 0 else 0)
-        changes[n, C_BID_SZ] = levels[bid, L_SHARES] if bid >= 0 else 0
-        changes[n, C_ASK_SZ] = levels[ask, L_SHARES] if ask >= 0 else 0
+        changes[ix(n), C_STAMP] = _be(buf, m + 5, 6) | ((book >> 1) << TS_BITS)
+        bid_px = levels[ix(bid), L_PRICE] if bid >= 0 else 0
+        changes[ix(n), C_PRICES] = (bid_px << 32) | (levels[ix(ask), L_PRICE] if ask >= 0 else 0)
+        changes[ix(n), C_BID_SZ] = levels[ix(bid), L_SHARES] if bid >= 0 else 0
+        changes[ix(n), C_ASK_SZ] = levels[ix(ask), L_SHARES] if ask >= 0 else 0
         st[S_CHANGES] = n + 1
     st[S_POS] = pos
     return DONE

