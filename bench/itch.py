@@ -186,6 +186,8 @@ ROWS: list[tuple[str, str, str, str, Callable[[Path], object], bool]] = [
      python_book, False),
     ("parse + book", "duetime", "summary.book_summary", "L3 books + the summary JSON dict",
      lambda p: book_summary(p), False),
+    ("parse + book", "duetime", "FastBook(record_changes=False)", "numba: L3 books, no change "
+     "rows", lambda p: FastBook(p, record_changes=False), True),
     ("parse + book", "duetime", "fastbook.FastBook", "numba: L3 books + top after every change",
      lambda p: FastBook(p), True),
     ("parse + book", "duetime", "fastbook.fast_book_summary", "the same + the summary JSON dict",

@@ -105,6 +105,31 @@ def test_tables_grow_mid_pass(monkeypatch: pytest.MonkeyPatch) -> None:
     assert fast_book_summary(data) == want
 
 
+@pytest.mark.parametrize("seed", [5, 6])
+def test_books_only_pass_builds_the_same_books(seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """record_changes=False keeps no change rows and leaves every book as the full pass does,
+    tables growing mid-pass included (a change table of no rows must not ask to grow)."""
+    data = session_bytes(seed=seed, messages=20_000) + random_flow(seed, 3000)
+    full = FastBook(data)
+    monkeypatch.setattr(fastbook, "_initial_sizes", lambda nbytes: (2, 2, 2))
+    books = FastBook(data, record_changes=False)
+    assert len(books.tables.changes) == 0
+    assert books.anomalies == full.anomalies
+    assert list(books.locates()) == list(full.locates())
+    for locate in [0, *full.locates().tolist()]:
+        assert books.counts(locate) == full.counts(locate)
+        assert books.symbol(locate) == full.symbol(locate)
+        assert books.live_orders(locate) == full.live_orders(locate)
+        for side in (BID, ASK):
+            levels = full.depth(locate, side, 10**6)
+            assert books.depth(locate, side, 10**6) == levels
+            for price, _, _ in levels:
+                assert books.queue(locate, side, price) == full.queue(locate, side, price)
+    for read in (lambda: books.changes, books.summary):
+        with pytest.raises(ValueError, match="record_changes=True"):
+            read()
+
+
 def random_flow(seed: int, n: int) -> bytes:
     """Order flow with every kind of damage book.py has a policy for: unknown and reused
     references, oversize and zero-share executions, zero prices, bad sides, locate 0 and

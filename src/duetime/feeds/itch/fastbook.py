@@ -91,7 +91,8 @@ class FastBook:
 
     `FastBook(source)` runs the pass; the readers mirror `book.OrderBook`'s (side +1 bids, -1
     asks; prices raw Price(4) integers). `changes` holds one row per change: ts, bid_px, bid_sz,
-    ask_px, ask_sz, locate (price -1 for an empty side).
+    ask_px, ask_sz, locate (price -1 for an empty side). With `record_changes=False` the pass
+    builds the books alone (about 15% faster): the readers work, `changes` and `summary` raise.
     """
 
     def __init__(
@@ -100,6 +101,7 @@ class FastBook:
         *,
         on_error: OnError = "stop",
         gzip_error: ItchFormatError | None = None,
+        record_changes: bool = True,
     ) -> None:
         if on_error not in ("stop", "skip"):
             raise ValueError(f"on_error must be 'stop' or 'skip', got {on_error!r}")
@@ -109,8 +111,10 @@ class FastBook:
         is raised, after any bad frame before it, as `read_messages` does). `gzip_error`: the
         one that ended a `source` already decompressed (`parser.read_stream`)."""
         self.gzip_error = self.gzip_error or gzip_error
-        tables = new_tables(*_initial_sizes(len(self.buffer)))
-        self.tables = _run(self.buffer, tables, on_error, self.gzip_error)
+        self.record_changes = record_changes
+        orders, levels, changes = _initial_sizes(len(self.buffer))
+        tables = new_tables(orders, levels, changes if record_changes else 0)
+        self.tables = _run(self.buffer, tables, on_error, self.gzip_error, record_changes)
         self.skipped = int(self.tables.state[S_BAD_FRAMES])
         """Malformed frames stepped over (on_error="skip"; a cut-off last frame not included)."""
         self._live_cache: np.ndarray | None = None
@@ -135,6 +139,8 @@ class FastBook:
 
     @property
     def _packed_changes(self) -> np.ndarray:
+        if not self.record_changes:
+            raise ValueError("this pass kept no change rows: FastBook(..., record_changes=True)")
         packed: np.ndarray = self.tables.changes[: self.tables.state[S_CHANGES]]
         return packed
 
@@ -225,7 +231,11 @@ def _initial_sizes(nbytes: int) -> tuple[int, int, int]:
 
 
 def _run(
-    buf: np.ndarray, tables: Tables, on_error: OnError, gzip_error: ItchFormatError | None
+    buf: np.ndarray,
+    tables: Tables,
+    on_error: OnError,
+    gzip_error: ItchFormatError | None,
+    record: bool,
 ) -> Tables:
     """The compiled pass to the end of `buf`, doubling whichever table fills up; raises the
     parser's error for a malformed frame as `read_messages(buf, on_error=...)` would, and for
@@ -236,7 +246,7 @@ def _run(
         kernel.GROW_CHANGES: grow_changes,
     }
     skip = on_error == "skip"
-    while (status := kernel.run(buf, tables, skip)) in growers:
+    while (status := kernel.run(buf, tables, skip, record)) in growers:
         tables = growers[status](tables)
     pos = int(tables.state[S_POS])
     if skip:

@@ -346,8 +346,9 @@ def _rejected_add(st: np.ndarray, locate: int, side_byte: int, shares: int, pric
     return True
 
 
-def run(buf: np.ndarray, t: Tables, skip: bool) -> int:
-    """Apply the length-prefixed messages of `buf` from `t.state[S_POS]` on.
+def run(buf: np.ndarray, t: Tables, skip: bool, record: bool = True) -> int:
+    """Apply the length-prefixed messages of `buf` from `t.state[S_POS]` on, writing the top
+    of the changed book after each change to `t.changes` if `record` (else the books only).
 
     DONE at the end of the buffer; GROW_* when a table is full, BAD_FRAME at a malformed frame
     (unknown type, a length that does not match the type, zero length) unless `skip`, which
@@ -355,7 +356,7 @@ def run(buf: np.ndarray, t: Tables, skip: bool) -> int:
     way S_POS is then the offset of the frame not applied. A frame cut off by the end of the
     buffer ends the pass (DONE, S_POS short of the end) in both policies.
     """
-    status: int = _run(buf, skip, len(buf), *t, *FEATURES_OFF)
+    status: int = _run(buf, skip, record, len(buf), *t, *FEATURES_OFF)
     return status
 
 
@@ -374,7 +375,7 @@ def run_features(buf: np.ndarray, stop: int, arrays: tuple[np.ndarray, ...]) -> 
     `control[K_MESSAGES]` counts the messages applied. The buffer must be well framed
     (`parser.frame_index` found no bad frame): a bad one returns BAD_FRAME.
     """
-    status: int = _run(buf, False, stop, *arrays)
+    status: int = _run(buf, False, False, stop, *arrays)
     return status
 
 
@@ -382,6 +383,7 @@ def run_features(buf: np.ndarray, stop: int, arrays: tuple[np.ndarray, ...]) -> 
 def _run(
     buf: np.ndarray,
     skip: bool,
+    record: bool,
     stop: int,
     st: np.ndarray,
     orders: np.ndarray,
@@ -436,7 +438,7 @@ def _run(
                 room = GROW_ORDERS
             elif st[S_LEVEL_FREE] < 0 and st[S_LEVEL_HIGH] >= len(levels):
                 room = GROW_LEVELS
-            elif not features and st[S_CHANGES] >= len(changes):
+            elif record and st[S_CHANGES] >= len(changes):
                 room = GROW_CHANGES
             if room != DONE:
                 st[S_POS] = pos
@@ -616,6 +618,8 @@ def _run(
             continue
 
         # -- record the top of the changed book -------------------------------------------------
+        if not record:
+            continue
         bid = ends[ix(book & ~1), BEST]
         ask = ends[ix(book | 1), BEST]
         n = st[S_CHANGES]

@@ -156,9 +156,9 @@ def hash_find(table: np.ndarray, key: int) -> int:
     i = ix(_home(key, len(table) - 1))
     while True:
         if table[i, H_ROW] < 0:
-            return -1 - np.int64(i)
+            return -1 - int(np.int64(i))
         if table[i, H_KEY] == key:
-            return np.int64(i)
+            return int(np.int64(i))
         i = (i + _ONE) & mask
 
 
