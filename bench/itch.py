@@ -53,6 +53,7 @@ from duetime.demo import write_demo_repository
 from duetime.execution.affinity import CPU_DMA_LATENCY
 from duetime.feeds.itch.book import Books
 from duetime.feeds.itch.fastbook import FastBook, fast_book_summary, load_buffer
+from duetime.feeds.itch.fastfeed import FastFeed
 from duetime.feeds.itch.features import Features
 from duetime.feeds.itch.parser import decode_columns, frame_index, read_messages
 from duetime.feeds.itch.summary import book_summary
@@ -120,6 +121,16 @@ def python_features(path: Path) -> int:
             features.update(event, books.book(event.locate))
             events += 1
     return events
+
+
+def fast_features(path: Path) -> int:
+    """The compiled per-event path of `itch run` (FastFeed) over the whole file in steps of
+    16,384 event rows: books, the feature vector of every book event and its stock's key."""
+    rows = 1 << 14
+    feed = FastFeed(load_buffer(path), rows=rows)
+    while feed.messages < len(feed):
+        feed.step(len(feed), rows)
+    return feed.book_events
 
 
 def itch_book_session(path: Path, tables: list[str], depth: int) -> int:
@@ -202,6 +213,8 @@ ROWS: list[tuple[str, str, str, str, Callable[[Path], object], bool]] = [
      itch_book_feed, True),
     ("parse + book", "itchcpp", "BookManager.process_stream", "C++: L3 books, one pass",
      itchcpp_book, True),
+    ("parse + book + features", "duetime", "fastfeed.FastFeed.step", "numba: 21 features per "
+     "event", fast_features, True),
     ("parse + book + features", "duetime", "Books + Features.update", "21 features per event",
      python_features, False),
     ("command", "duetime", "itch book (--engine auto)", "a process: file -> summary JSON "
