@@ -531,9 +531,9 @@ class Engine:
     def has_idle_capacity(self, model: str, version: str | None = None) -> bool:
         """Whether `model` (`version`; None: its default) has capacity idle now: nothing queued
         and nothing running, or nothing queued, an instance free for its next batch and no
-        request turned away lately (see `ModelScheduler.backlogged`). A front end's load
-        shedder refuses none of its requests then (`LoadShedder.refuse`'s `spare`): the model
-        would sit idle for nothing. False for a model not served.
+        request turned away lately (see `ModelScheduler.backlogged`). The server's load shedder
+        refuses none of its requests then (its `idle`, see `LoadShedder.refuse`): the model would
+        sit idle for nothing. False for a model not served.
 
         Only a model whose run takes `SMALL_MODEL_NS` or more: a shorter one shares the loop's
         core (or runs on the loop), and is idle again by the loop's next turn.

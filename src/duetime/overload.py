@@ -96,8 +96,12 @@ class LoadShedder:
         wall_clock: Callable[[], float] = time.monotonic,
         wait_clock: Callable[[], float] | None = None,
         period: float = 0.01,
+        idle: Callable[[str, str | None], bool] | None = None,
     ) -> None:
         self.target = target
+        self._idle = idle
+        """Whether a model (a version of it; None: its default) has capacity idle now
+        (`Engine.has_idle_capacity`): its requests are not refused then (see `refuse`)."""
         self.share = 0.0
         """The share of new requests refused now (0: none)."""
         self.utilization = 0.0
@@ -232,7 +236,7 @@ class LoadShedder:
         model: str | None = None,
         size: int = 0,
         top: bool = False,
-        spare: Callable[[], bool] | None = None,
+        version: str | None = None,
     ) -> bool:
         """Whether to refuse this request, of `model` (None: not known; name only models the
         router serves: see `MAX_CLASSES`), with a body of `size` bytes and priority 1 or not
@@ -242,8 +246,9 @@ class LoadShedder:
         the request too: call it for every request while `watching`.
         Counted in `refused` and `refused_by_model`.
 
-        `spare` (asked only of a request about to be refused) says whether its model has
-        capacity idle now, nothing queued: such a request is never refused; the refusal passes
+        A request of a model (`version`: the one it asks for, None its default) with capacity
+        idle now (the shedder's `idle`, asked only of a request about to be refused) is never
+        refused: it would wait for nothing; the refusal passes
         to the next request of its class (one refusal is carried at most, so a run of them does
         not refuse as many in a row later). Its model takes it at once, so the next finds it
         busy: a flood lets through about one request per idle spell of each instance, however
@@ -277,7 +282,8 @@ class LoadShedder:
         load.credit += share
         if load.credit < 1.0:
             return False
-        if spare is not None and spare():
+        idle = self._idle
+        if idle is not None and model is not None and idle(model, version):
             load.credit = min(load.credit, 1.0)
             return False
         load.credit -= 1.0

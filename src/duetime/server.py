@@ -177,7 +177,11 @@ class Server:
             raise ConfigError(f"server settings: field 'cpus': {exc}") from None
         self.engine = engine or Engine(cpus=self.cpus, options=repository_options(settings))
         share = settings.overload_utilization
-        self.shedder = LoadShedder(target=share, period=SHED_PERIOD_S) if share > 0 else None
+        self.shedder = (
+            LoadShedder(target=share, period=SHED_PERIOD_S, idle=self.engine.has_idle_capacity)
+            if share > 0
+            else None
+        )
         self._meter = self.shedder or LoadShedder(period=SHED_PERIOD_S)
         """What measures the loop's CPU use: the shedder, or (shedding off) one that only
         measures (calls waiting in gRPC's core are looked for while the loop is busy)."""

@@ -45,10 +45,11 @@ async def shed_statuses(repository: Path, requests: int) -> list[bytes]:
     """The statuses of `requests` resnet requests sent one after another (each once the one
     before is answered: a closed loop of one) to a shedder refusing all it may (95%) of them."""
     clocks = ShedderClocks()
-    shedder = LoadShedder(
-        cpu_clock=lambda: clocks.cpu, wall_clock=lambda: clocks.wall, wait_clock=lambda: 0.0
-    )
     async with in_memory_server(repository) as served:
+        shedder = LoadShedder(
+            cpu_clock=lambda: clocks.cpu, wall_clock=lambda: clocks.wall, wait_clock=lambda: 0.0,
+            idle=served.server.engine.has_idle_capacity,
+        )  # fmt: skip
         connection, transport = served.connect(shedder=shedder)
         for _ in range(40):  # saturated, requests missing their due times; resnet weighed
             shedder.refuse("resnet", len(RESNET))

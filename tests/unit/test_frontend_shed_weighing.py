@@ -38,7 +38,7 @@ class Weighing:
         self.weighed: list[tuple[str | None, int, bool]] = []
 
     def refuse(
-        self, model: str | None = None, size: int = 0, top: bool = False, spare: object = None
+        self, model: str | None = None, size: int = 0, top: bool = False, version: object = None
     ) -> bool:
         self.weighed.append((model, size, top))
         return self.refusing_all
@@ -173,9 +173,7 @@ def test_http_looks_for_priority_only_where_its_model_may_be_refused(
 def shedding_connection(shedder: object, api: object) -> SimpleNamespace:
     """What `HttpConnection._shed` and `_shed_held` read of their connection (refusals are not
     counted)."""
-    connection = SimpleNamespace(
-        _shedder=shedder, _api=api, _count_shed=lambda *a: None, _spare=lambda *a: False
-    )
+    connection = SimpleNamespace(_shedder=shedder, _api=api, _count_shed=lambda *a: None)
     connection._served = functools.partial(HttpConnection._served, connection)
     connection._refused = functools.partial(HttpConnection._refused, connection)
     return connection

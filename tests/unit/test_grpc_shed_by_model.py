@@ -43,13 +43,9 @@ def service_of(shedder: LoadShedder, models: dict[str, Scheduler]) -> SimpleName
     service = SimpleNamespace(
         _shedder=shedder,
         gone_calls=0,
-        # (no model has capacity idle: the shedder spares none of their calls)
-        _engine=SimpleNamespace(
-            registry=registry, recorder=None, has_idle_capacity=lambda model, version: False
-        ),
+        _engine=SimpleNamespace(registry=registry, recorder=None),
     )
     service._served = functools.partial(InferenceService._served, service)
-    service._spare = functools.partial(InferenceService._spare, service)
     service._shed = functools.partial(InferenceService._shed, service)
     return service
 
@@ -76,6 +72,7 @@ def live_context() -> Any:
 
 
 def shedder() -> LoadShedder:
+    """A watching shedder (no `idle`: it spares no model's calls)."""
     made = LoadShedder(cpu_clock=lambda: 0.0, wall_clock=lambda: 0.0, wait_clock=lambda: 0.0)
     made.watching = True
     return made

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
@@ -821,9 +820,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         rejected: see `ModelScheduler.count_shed`), as HTTP's does."""
         shedder = self._shedder
         assert shedder is not None
-        # (a model with capacity idle is refused nothing, as over HTTP: `_spare`)
-        spare = None if model is None else functools.partial(self._spare, model, version or None)
-        if not shedder.refuse(model, size, top, spare):
+        if not shedder.refuse(model, size, top, version or None):
             return False
         if model is not None:
             try:
@@ -837,10 +834,6 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         """`model` if the server serves it (None: a name a client invents is weighed with the
         requests of no model)."""
         return model if model in self._engine.registry.snapshot.models else None
-
-    def _spare(self, model: str, version: str | None) -> bool:
-        """Whether `model` (`version`) has capacity idle now (`Engine.has_idle_capacity`)."""
-        return self._engine.has_idle_capacity(model, version)
 
     def _dated(self, request: Any, context: Any, new_call: bool = True) -> tuple[int, int | None]:
         """When the request was received (now) and when it is due (see `_due`), before it

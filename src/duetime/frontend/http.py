@@ -1590,16 +1590,11 @@ class HttpConnection(asyncio.BufferedProtocol):
         `top`); a refusal counts against its model."""
         shedder = self._shedder
         assert shedder is not None
-        spare = None if model is None else functools.partial(self._spare, model, version)
-        if not shedder.refuse(model, size, top, spare):
+        if not shedder.refuse(model, size, top, version):
             return False
         if model is not None:
             self._count_shed(model, version)
         return True
-
-    def _spare(self, model: str, version: str | None) -> bool:
-        """Whether `model` (`version`) has capacity idle now (`Engine.has_idle_capacity`)."""
-        return self._api.engine.has_idle_capacity(model, version)
 
     def _count_shed(self, model: str, version: str | None) -> None:
         """Count a request of `model` the load shedder refused in the model's statistics (as
