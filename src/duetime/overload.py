@@ -248,11 +248,10 @@ class LoadShedder:
 
         A request of a model (`version`: the one it asks for, None its default) with capacity
         idle now (the shedder's `idle`, asked only of a request about to be refused) is never
-        refused: it would wait for nothing; the refusal passes
-        to the next request of its class (one refusal is carried at most, so a run of them does
-        not refuse as many in a row later). Its model takes it at once, so the next finds it
-        busy: a flood lets through about one request per idle spell of each instance, however
-        long the loop's turns.
+        refused: it would wait for nothing. The refusal passes to the next request of its class
+        (one refusal is carried at most, so a run of them does not refuse as many in a row
+        later). Its model takes it at once, so the next finds it busy: a flood lets through
+        about one request per idle spell of each instance, however long the loop's turns.
 
         NOTE: without it, a closed-loop flood (16 connections resending each 429 at once) of
         a model with 256 KB bodies (9-15 ms a run) held the share at its cap, its model idle

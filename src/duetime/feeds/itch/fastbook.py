@@ -92,7 +92,7 @@ class FastBook:
     `FastBook(source)` runs the pass; the readers mirror `book.OrderBook`'s (side +1 bids, -1
     asks; prices raw Price(4) integers). `changes` holds one row per change: ts, bid_px, bid_sz,
     ask_px, ask_sz, locate (price -1 for an empty side). With `record_changes=False` the pass
-    builds the books alone (about 15% faster): the readers work, `changes` and `summary` raise.
+    builds the books alone (10-20% faster): the readers work, `changes` and `summary` raise.
     """
 
     def __init__(
