@@ -346,7 +346,7 @@ def _rejected_add(st: np.ndarray, locate: int, side_byte: int, shares: int, pric
     return True
 
 
-def run(buf: np.ndarray, t: Tables, skip: bool, record: bool = True) -> int:
+def run(buf: np.ndarray, t: Tables, skip: bool, record: bool) -> int:
     """Apply the length-prefixed messages of `buf` from `t.state[S_POS]` on, writing the top
     of the changed book after each change to `t.changes` if `record` (else the books only).
 

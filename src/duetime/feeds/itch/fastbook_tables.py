@@ -152,14 +152,14 @@ def _home(key: int, mask: int) -> int:
 @njit(cache=True)
 def hash_find(table: np.ndarray, key: int) -> int:
     """Slot holding `key`, or -1 - (the empty slot where it would go)."""
-    mask = ix(len(table) - 1)
-    i = ix(_home(key, len(table) - 1))
+    mask = len(table) - 1
+    i = ix(_home(key, mask))  # (probed unsigned: see `ix`)
     while True:
         if table[i, H_ROW] < 0:
             return -1 - int(np.int64(i))
         if table[i, H_KEY] == key:
             return int(np.int64(i))
-        i = (i + _ONE) & mask
+        i = (i + _ONE) & ix(mask)
 
 
 @njit(cache=True)
