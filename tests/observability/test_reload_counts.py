@@ -116,3 +116,23 @@ def test_an_unloaded_version_is_counted_until_it_has_drained() -> None:
         assert successes(registry) == both(0)
 
     run(body)
+
+
+def test_a_shed_request_counts_against_the_deployment_serving_when_it_was_shed() -> None:
+    async def body() -> None:
+        registry = Registry()
+        old, new = harness(), harness()
+        publish(registry, old)
+        registry.count_shed("m", None)
+        registry.count_shed("m", "1")
+        publish(registry, new)  # (a reload: the next refusals count against its replacement)
+        registry.count_shed("m", None)
+        registry.count_shed("m", "2")  # a version not served, and a model not served: nowhere
+        registry.count_shed("nobody", None)
+        assert old.scheduler.statistics().rejected == 2
+        assert new.scheduler.statistics().rejected == 1
+        publish(registry)  # unloaded: counted nowhere, and no error
+        registry.count_shed("m", None)
+        assert new.scheduler.statistics().rejected == 1
+
+    run(body)

@@ -133,7 +133,9 @@ class Api:
         self.asked: list[bytes] = []
         models = {"mlp": object()}
         self.engine = SimpleNamespace(
-            registry=SimpleNamespace(snapshot=SimpleNamespace(models=models))
+            registry=SimpleNamespace(
+                snapshot=SimpleNamespace(models=models), count_shed=lambda model, version: None
+            )
         )
 
     def infer_target(self, target: bytes) -> tuple[str, str | None] | None:
@@ -173,7 +175,7 @@ def test_http_looks_for_priority_only_where_its_model_may_be_refused(
 def shedding_connection(shedder: object, api: object) -> SimpleNamespace:
     """What `HttpConnection._shed` and `_shed_held` read of their connection (refusals are not
     counted)."""
-    connection = SimpleNamespace(_shedder=shedder, _api=api, _count_shed=lambda *a: None)
+    connection = SimpleNamespace(_shedder=shedder, _api=api)
     connection._served = functools.partial(HttpConnection._served, connection)
     connection._refused = functools.partial(HttpConnection._refused, connection)
     return connection

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from duetime.errors import ModelNotFound, Shed
+from duetime.errors import Shed
 from duetime.frontend.grpc import (
     InferenceService,
     _asks_priority_one,
@@ -34,12 +34,11 @@ class Scheduler:
 def service_of(shedder: LoadShedder, models: dict[str, Scheduler]) -> SimpleNamespace:
     """A service whose engine serves `models` (version "1" each, or none named)."""
 
-    def resolve(model: str, version: str | None) -> Any:
-        if model not in models or version not in (None, "1"):
-            raise ModelNotFound(f"no {model} {version}")
-        return SimpleNamespace(scheduler=models[model])
+    def count_shed(model: str, version: str | None) -> None:  # (as `Registry.count_shed`)
+        if model in models and version in (None, "1"):
+            models[model].count_shed()
 
-    registry = SimpleNamespace(snapshot=SimpleNamespace(models=models), resolve=resolve)
+    registry = SimpleNamespace(snapshot=SimpleNamespace(models=models), count_shed=count_shed)
     service = SimpleNamespace(
         _shedder=shedder,
         gone_calls=0,

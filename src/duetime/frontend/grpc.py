@@ -823,11 +823,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         if not shedder.refuse(model, size, top, version or None):
             return False
         if model is not None:
-            try:
-                deployment = self._engine.registry.resolve(model, version or None)
-            except DuetimeError:
-                return True  # (a version not served counts nowhere)
-            deployment.scheduler.count_shed()
+            self._engine.registry.count_shed(model, version or None)
         return True
 
     def _served(self, model: str | None) -> str | None:

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
 from duetime.config import PRIMARY_VARIANT, TrafficConfig
-from duetime.errors import InvalidInput, ModelNotFound, ModelUnavailable
+from duetime.errors import DuetimeError, InvalidInput, ModelNotFound, ModelUnavailable
 from duetime.repository.layout import VERSION_MAX, version_of
 from duetime.repository.loader import LoadedModel
 from duetime.routing.traffic import TrafficPlan, plan_traffic
@@ -24,6 +24,8 @@ versions"): its example clients and QA tests match on these words. duetime's det
 served, why not) follows them."""
 
 
+SHED_COUNTS_MAX = 1024
+"""Model and version pairs whose shed-count target `Registry.count_shed` keeps per snapshot."""
 VERSION_SHOWN = 64
 """How much of a malformed version string an error repeats (a gRPC request's can be long)."""
 
@@ -205,6 +207,10 @@ class Registry:
 
     def __init__(self) -> None:
         self.snapshot = Snapshot()
+        self._shed_of = self.snapshot
+        self._shed_counts: dict[tuple[str, str | None], Callable[[], None]] = {}
+        """What counts a shed request of a model and version in the snapshot `_shed_of` (see
+        `count_shed`)."""
 
     def publish(
         self, name: str, versions: Mapping[str, ServedVersion], traffic: TrafficConfig
@@ -347,6 +353,33 @@ class Registry:
     def resolve(self, name: str, version: str | None) -> Deployment:
         """The primary deployment of `name` and `version` (None or "": the default version)."""
         return self.version(name, version).primary
+
+    def count_shed(self, name: str, version: str | None) -> None:
+        """Count a request of `name` and `version` that the front end's load shedder refused in
+        the statistics of the deployment it would have gone to (`ModelScheduler.count_shed`);
+        one of a version not served counts nowhere.
+
+        NOTE: resolved once per snapshot (they are replaced, never changed): at overload most
+        requests are shed, and resolving each was 7% of a refusal's cost."""
+        snapshot = self.snapshot
+        counts = self._shed_counts
+        if snapshot is not self._shed_of:
+            self._shed_of = snapshot
+            counts.clear()
+        key = (name, version)
+        count = counts.get(key)
+        if count is None:
+            try:
+                count = self.resolve(name, version).scheduler.count_shed
+            except DuetimeError:
+                count = _count_nothing
+            if len(counts) < SHED_COUNTS_MAX:  # (a client names versions at will)
+                counts[key] = count
+        count()
+
+
+def _count_nothing() -> None:
+    """`Registry.count_shed`'s count for a version not served."""
 
 
 def _retry_s(loading: Loading) -> int:

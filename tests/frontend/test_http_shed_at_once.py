@@ -1,0 +1,95 @@
+"""A request the load shedder refuses while its connection owes no answer is refused at once,
+outside the connection's pipeline of answers (`HttpConnection._shed_at_once`); one it lets
+through is weighed once, not again as it starts; and behind an answer still owed, refusals and
+answers go out in the order their requests came (a real engine; connections fed in memory; the
+shedder's decisions scripted, so they do not depend on timing).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import numpy as np
+from memory_fakes import Transport, in_memory_server
+
+from duetime.frontend.http import HttpConnection
+from duetime.tools.payloads import PayloadSpec, http_request_bytes
+
+MLP = http_request_bytes(
+    PayloadSpec("http-binary", "mlp", 1, None, "127.0.0.1", 1),
+    {"x": np.ones((1, 40), np.float32)},
+    {},
+    binary=True,
+)
+
+
+class Scripted:
+    """A shedder refusing the requests `decisions` says, in turn (True: refuse), recording
+    each request it weighs."""
+
+    def __init__(self, decisions: list[bool]) -> None:
+        self.share = 1.0
+        self.watching = True
+        self.decisions = list(decisions)
+        self.weighed: list[tuple[str | None, int]] = []
+
+    def refuse(
+        self, model: str | None = None, size: int = 0, top: bool = False, version: object = None
+    ) -> bool:
+        self.weighed.append((model, size))
+        return self.decisions.pop(0)
+
+    def refusing(self, model: str | None) -> bool:
+        return True
+
+
+async def answers(connection: HttpConnection, transport: Transport, count: int) -> list[bytes]:
+    """The statuses of the first `count` answers written on `transport`, in order."""
+    for _ in range(5000):
+        data = b"".join(transport.written)
+        if data.count(b"HTTP/1.1 ") >= count:
+            break
+        await asyncio.sleep(0.001)
+    heads = b"".join(transport.written).split(b"HTTP/1.1 ")[1:]
+    return [head[:3] for head in heads]
+
+
+def test_each_request_is_weighed_once_refused_or_let_through(mlp_repo: Path) -> None:
+    async def body() -> tuple[list[bytes], Scripted]:
+        shedder = Scripted([True, False, True, True, False])
+        async with in_memory_server(mlp_repo) as served:
+            connection, transport = served.connect(shedder=shedder)
+            found = []
+            for sent in range(1, 6):  # one at a time: each owes nothing before it
+                connection.data_received(MLP)
+                found = await answers(connection, transport, sent)
+            return found, shedder
+
+    found, shedder = asyncio.run(body())
+    assert found == [b"429", b"200", b"429", b"429", b"200"]
+    size = len(MLP) - MLP.index(b"\r\n\r\n") - 4
+    assert shedder.weighed == [("mlp", size)] * 5
+
+
+def test_refusals_behind_an_owed_answer_keep_their_order(mlp_repo: Path) -> None:
+    """Three requests in one read: the first let through (its answer owed while mlp runs),
+    the second refused behind it, the third let through; then one refused at once."""
+
+    async def body() -> tuple[list[bytes], Scripted, bytes]:
+        shedder = Scripted([False, True, False, True])
+        async with in_memory_server(mlp_repo) as served:
+            connection, transport = served.connect(shedder=shedder)
+            connection.data_received(MLP * 3)
+            found = await answers(connection, transport, 3)
+            connection.data_received(MLP)
+            found = await answers(connection, transport, 4)
+            return found, shedder, transport.written[-1]
+
+    found, shedder, last = asyncio.run(body())
+    assert found == [b"200", b"429", b"200", b"429"]
+    assert len(shedder.weighed) == 4
+    head = last.split(b"\r\n\r\n", 1)[0]
+    assert b"Retry-After: 1" in head
+    assert b"x-trace-id: " in head
+    assert b"Connection: close" not in head  # (the connection stays open)
