@@ -11,6 +11,7 @@ import asyncio
 from pathlib import Path
 
 import numpy as np
+import pytest
 from memory_fakes import Transport, in_memory_server
 
 from duetime.frontend.http import HttpConnection
@@ -93,3 +94,30 @@ def test_refusals_behind_an_owed_answer_keep_their_order(mlp_repo: Path) -> None
     assert b"Retry-After: 1" in head
     assert b"x-trace-id: " in head
     assert b"Connection: close" not in head  # (the connection stays open)
+
+
+def test_a_refusal_bigger_than_a_small_answer_goes_through_the_pipeline(
+    mlp_repo: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where answers of a few hundred bytes count as big (held answer bytes shared by many
+    connections), a refusal is written in its turn and counted as any such answer."""
+    at_once: list[HttpConnection] = []
+    monkeypatch.setattr(HttpConnection, "_shed_at_once", at_once.append)
+
+    async def body() -> tuple[list[bytes], Scripted]:
+        shedder = Scripted([True, False, True])
+        # (100 connections sharing 20,000 bytes: 200 a connection, under a refusal's size)
+        async with in_memory_server(
+            mlp_repo, max_unsent_answer_bytes=20_000, max_connections=100
+        ) as served:
+            connection, transport = served.connect(shedder=shedder)
+            found = []
+            for sent in range(1, 4):
+                connection.data_received(MLP)
+                found = await answers(connection, transport, sent)
+            return found, shedder
+
+    found, shedder = asyncio.run(body())
+    assert found == [b"429", b"200", b"429"]
+    assert len(shedder.weighed) == 3
+    assert at_once == []
