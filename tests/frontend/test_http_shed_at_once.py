@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 from memory_fakes import Transport, in_memory_server
 
-from duetime.frontend.http import HttpConnection
+from duetime.frontend.http import HttpConnection, Intake
+from duetime.frontend.rest import RestApi
 from duetime.tools.payloads import PayloadSpec, http_request_bytes
 
 MLP = http_request_bytes(
@@ -121,3 +123,33 @@ def test_a_refusal_bigger_than_a_small_answer_goes_through_the_pipeline(
     assert found == [b"429", b"200", b"429"]
     assert len(shedder.weighed) == 3
     assert at_once == []
+
+
+def test_requests_that_waited_for_a_turn_are_weighed_before_they_are_decoded(
+    mlp_repo: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Bytes read past the loop turn's budget wait for a later turn (`Intake.wait_turn`); the
+    requests parsed from them then are weighed as they are parsed: those refused are never
+    decoded (they were decoded and held first, and mostly refused as expired: a loop behind its
+    sockets stayed there), the one let through is decoded once and answered."""
+    decoded: list[bytes] = []
+    real_hold_back = RestApi.hold_back
+
+    def hold_back(self: RestApi, method: str, target: bytes, *args: Any, **kwargs: Any) -> Any:
+        decoded.append(target)
+        return real_hold_back(self, method, target, *args, **kwargs)
+
+    monkeypatch.setattr(RestApi, "hold_back", hold_back)
+    monkeypatch.setattr(Intake, "defers", lambda self, loop: True)  # (every read waits)
+
+    async def body() -> tuple[list[bytes], Scripted]:
+        shedder = Scripted([True, True, False, True])
+        async with in_memory_server(mlp_repo) as served:
+            connection, transport = served.connect(shedder=shedder)
+            connection.data_received(MLP * 4)
+            return await answers(connection, transport, 4), shedder
+
+    found, shedder = asyncio.run(body())
+    assert found == [b"429", b"429", b"200", b"429"]
+    assert len(shedder.weighed) == 4
+    assert len(decoded) == 1

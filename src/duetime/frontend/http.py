@@ -510,6 +510,9 @@ class _Slot:
     """Its request was read whole by one read (see `ReadTurn.reading`)."""
     first_read: bool = False
     """Its request began in its connection's first read (see `ReadTurn.reading`)."""
+    weighed: bool = False
+    """The load shedder weighed its request as it was read and let it through: it is not
+    weighed again as it starts (see `HttpConnection._complete`)."""
 
 
 class _ReadBuffer(threading.local):
@@ -1073,24 +1076,31 @@ class HttpConnection(asyncio.BufferedProtocol):
         keep_alive = parser.should_keep_alive() and not (
             "upgrade" in self._headers and parser.should_upgrade()
         )
-        weighed = False
+        weighed = refused = False
         shedder = self._shedder
         if (
             shedder is not None
             and (shedder.share or shedder.watching)
-            and not self._slots
-            and keep_alive
-            and not (self._reserved or self._awaiting)
-            and self._replay_arrival is None
             and len(self._body) == 1
             and _is_infer(method, self._url)
-            and not self._full()  # (one let through starts now, weighed: see `_start`)
-            and self._small_answer >= _shed_size()
         ):
+            # NOTE: weighed as it is read, not as it starts: a request parsed from bytes that
+            # waited for a turn of the loop (or behind answers owed) was decoded, held and,
+            # mostly, refused as expired at its due time, the shedder never asked. Once the
+            # loop's turns ran past their budget, mlp at twice its capacity stayed there for
+            # seconds: ~2,000 requests/s decoded for nothing, 0-40 answers/s on time
             if self._shed(self._url, self._headers, self._body[0]):
-                self._shed_at_once()
-                return
-            weighed = True
+                if (
+                    not self._slots
+                    and keep_alive
+                    and not (self._reserved or self._awaiting or self._full())
+                    and self._small_answer >= _shed_size()
+                ):
+                    self._shed_at_once()
+                    return
+                refused = True
+            else:
+                weighed = True
         slot = _Slot(keep_alive, self._http10)
         slot.one_read = self._begun_at == self._reads
         slot.first_read = self._begun_at == 1
@@ -1099,12 +1109,16 @@ class HttpConnection(asyncio.BufferedProtocol):
         self._slots.append(slot)
         if not slot.keep_alive:  # requests pipelined after the last one are not run
             self._closing = True
-        if self._unstarted or self._full() or self._replay_arrival is not None:
+        if refused:  # (written in its turn; never started: it holds no place of a running one)
+            self._made(slot, _shed_reply(slot.keep_alive, slot.http10, self._headers))
+            self._record_shed()
+        elif self._unstarted or self._full() or self._replay_arrival is not None:
             # NOTE: one read can hold many pipelined requests (pausing reading stops only the
             # next read): beyond the owed answers allowed, or while the client is not reading
             # its answers, a request waits here unstarted (its answer would pile up unsent);
             # behind one waiting, every later one waits too (they start in order). Those
             # parsed from bytes kept unparsed wait too, to start dated from their arrival
+            slot.weighed = weighed
             self._defer(slot, method)
         else:
             self._start(
@@ -1125,12 +1139,16 @@ class HttpConnection(asyncio.BufferedProtocol):
         assert transport is not None
         self._answer_bytes = len(reply)
         transport.write(reply)
-        recorder = self._api.engine.recorder
-        if recorder is not None:
-            recorder.refused_unread("http", self._url, self._body[0], headers, _SHED_ERROR)
+        self._record_shed()
         if not self._unparsed and not self._closing:
             self._intake.idle[self] = None  # (nothing in flight: see `Intake.evict_idle`)
         self._update_reading()
+
+    def _record_shed(self) -> None:
+        """Record the request just read, which the shedder refused, in a traffic capture."""
+        recorder = self._api.engine.recorder
+        if recorder is not None:
+            recorder.refused_unread("http", self._url, self._body[0], self._headers, _SHED_ERROR)
 
     def _full(self) -> bool:
         """Whether the connection runs as many requests as it may: `_MAX_PIPELINED` answers
@@ -1357,7 +1375,12 @@ class HttpConnection(asyncio.BufferedProtocol):
         self._running += 1
         slot.started = True
         shedder = self._shedder
-        if shedder is not None and (shedder.share or shedder.watching) and self._shed_held(held):
+        if (
+            not slot.weighed
+            and shedder is not None
+            and (shedder.share or shedder.watching)
+            and self._shed_held(held)
+        ):
             self._made(slot, _shed_reply(slot.keep_alive, slot.http10, held.request.headers))
             recorder = self._api.engine.recorder
             if recorder is not None and recorder.sampled():  # (decoded: recorded as any)
@@ -1412,7 +1435,7 @@ class HttpConnection(asyncio.BufferedProtocol):
                 slot = unstarted.popleft()
                 deferred, slot.deferred = slot.deferred, None
                 if deferred is not None:
-                    self._start(slot, *deferred)
+                    self._start(slot, *deferred, slot.weighed)
                 else:
                     self._start_held(slot)
             self._promote()  # (the next to start is refused at its due time while it waits)
