@@ -1063,7 +1063,8 @@ class HttpConnection(asyncio.BufferedProtocol):
         self._complete(self._parser)
 
     def _complete(self, parser: httptools.HttpRequestParser) -> None:
-        """The request `parser` read the head of is read whole: start it, or queue it."""
+        """The request `parser` read the head of is read whole: weighed by the load shedder
+        (an inference request), then refused, started, or queued."""
         direct, self._direct = self._direct, None
         if direct is not None:
             self._body = [direct]  # type: ignore[list-item]
