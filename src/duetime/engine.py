@@ -541,11 +541,8 @@ class Engine:
         its capacity) had one request let through each turn of the loop, most of them when
         turns were short: refusals fell from ~4,800 to 650-2,900 of ~5,900, expiries rose
         from ~600 to 2,800-5,200, and goodput fell from 110-200/s to 0-84/s."""
-        try:
-            scheduler = self.registry.resolve(model, version).scheduler
-        except DuetimeError:
-            return False
-        if scheduler.profile.predict(1) < SMALL_MODEL_NS:
+        scheduler = self.registry.scheduler_of(model, version)
+        if scheduler is None or scheduler.profile.predict(1) < SMALL_MODEL_NS:
             return False
         return scheduler.idle or not scheduler.backlogged(self.clock.now_ns())
 

@@ -1105,26 +1105,23 @@ class HttpConnection(asyncio.BufferedProtocol):
         slot = _Slot(keep_alive, self._http10)
         slot.one_read = self._begun_at == self._reads
         slot.first_read = self._begun_at == 1
+        slot.weighed = weighed
         if self._reserved or self._awaiting:
             self._hold(slot)
         self._slots.append(slot)
         if not slot.keep_alive:  # requests pipelined after the last one are not run
             self._closing = True
         if refused:  # (written in its turn; never started: it holds no place of a running one)
-            self._made(slot, _shed_reply(slot.keep_alive, slot.http10, self._headers))
-            self._record_shed()
+            self._shed_in_turn(slot, self._url, self._headers, self._body[0])
         elif self._unstarted or self._full() or self._replay_arrival is not None:
             # NOTE: one read can hold many pipelined requests (pausing reading stops only the
             # next read): beyond the owed answers allowed, or while the client is not reading
             # its answers, a request waits here unstarted (its answer would pile up unsent);
             # behind one waiting, every later one waits too (they start in order). Those
             # parsed from bytes kept unparsed wait too, to start dated from their arrival
-            slot.weighed = weighed
             self._defer(slot, method)
         else:
-            self._start(
-                slot, method, self._url, self._headers, self._body, self._body_bytes, weighed
-            )
+            self._start(slot, method, self._url, self._headers, self._body, self._body_bytes)
         self._update_reading()
 
     def _shed_at_once(self) -> None:
@@ -1140,16 +1137,23 @@ class HttpConnection(asyncio.BufferedProtocol):
         assert transport is not None
         self._answer_bytes = len(reply)
         transport.write(reply)
-        self._record_shed()
+        self._record_shed(self._url, headers, self._body[0])
         if not self._unparsed and not self._closing:
             self._intake.idle[self] = None  # (nothing in flight: see `Intake.evict_idle`)
         self._update_reading()
 
-    def _record_shed(self) -> None:
-        """Record the request just read, which the shedder refused, in a traffic capture."""
+    def _shed_in_turn(
+        self, slot: _Slot, url: bytes, headers: Mapping[str, str], body: bytes
+    ) -> None:
+        """`slot`'s answer is the shedder's refusal, written in its turn."""
+        self._made(slot, _shed_reply(slot.keep_alive, slot.http10, headers))
+        self._record_shed(url, headers, body)
+
+    def _record_shed(self, url: bytes, headers: Mapping[str, str], body: bytes) -> None:
+        """Record a request the shedder refused unread in a traffic capture, if one is on."""
         recorder = self._api.engine.recorder
         if recorder is not None:
-            recorder.refused_unread("http", self._url, self._body[0], self._headers, _SHED_ERROR)
+            recorder.refused_unread("http", url, body, headers, _SHED_ERROR)
 
     def _full(self) -> bool:
         """Whether the connection runs as many requests as it may: `_MAX_PIPELINED` answers
@@ -1353,14 +1357,11 @@ class HttpConnection(asyncio.BufferedProtocol):
         headers: dict[str, str],
         chunks: list[bytes],
         body_bytes: int,
-        weighed: bool = False,
     ) -> None:
-        """Start the request `slot` holds (`weighed`: the load shedder has weighed it and let
-        it through: see `_complete`)."""
         self._running += 1
         slot.started = True
         if len(chunks) == 1:
-            self._answer(slot, method, url, headers, chunks[0], weighed)
+            self._answer(slot, method, url, headers, chunks[0])
         elif body_bytes < _BULK_BODY_BYTES:
             self._answer(slot, method, url, headers, b"".join(chunks))
         else:
@@ -1436,7 +1437,7 @@ class HttpConnection(asyncio.BufferedProtocol):
                 slot = unstarted.popleft()
                 deferred, slot.deferred = slot.deferred, None
                 if deferred is not None:
-                    self._start(slot, *deferred, slot.weighed)
+                    self._start(slot, *deferred)
                 else:
                     self._start_held(slot)
             self._promote()  # (the next to start is refused at its due time while it waits)
@@ -1461,26 +1462,17 @@ class HttpConnection(asyncio.BufferedProtocol):
             self._update_reading()
 
     def _answer(
-        self,
-        slot: _Slot,
-        method: str,
-        url: bytes,
-        headers: dict[str, str],
-        body: bytes,
-        weighed: bool = False,
+        self, slot: _Slot, method: str, url: bytes, headers: dict[str, str], body: bytes
     ) -> None:
         shedder = self._shedder
         if (
-            not weighed
+            not slot.weighed
             and shedder is not None
             and (shedder.share or shedder.watching)
             and _is_infer(method, url)
             and self._shed(url, headers, body)
         ):
-            self._made(slot, _shed_reply(slot.keep_alive, slot.http10, headers))
-            recorder = self._api.engine.recorder
-            if recorder is not None:
-                recorder.refused_unread("http", url, body, headers, _SHED_ERROR)
+            self._shed_in_turn(slot, url, headers, body)
             return
         if "content-encoding" in headers and self._inflate(slot, method, url, headers, body):
             return
@@ -2418,7 +2410,7 @@ def _shed_pieces(keep_alive: bool, http10: bool, date: bytes) -> list[bytes]:
 def _shed_size() -> int:
     """The most bytes the shedder's refusal takes (its Date line and trace id are of fixed
     length)."""
-    date = _date_line(0)
+    date = _date_line(int(time.time()))  # (the current second's: any has the same length)
     return max(
         len(("0" * len(_TRACE_SLOT)).encode().join(_shed_pieces(keep_alive, http10, date)))
         for keep_alive in (False, True)

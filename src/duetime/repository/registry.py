@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
@@ -24,8 +24,8 @@ versions"): its example clients and QA tests match on these words. duetime's det
 served, why not) follows them."""
 
 
-SHED_COUNTS_MAX = 1024
-"""Model and version pairs whose shed-count target `Registry.count_shed` keeps per snapshot."""
+RESOLVED_MAX = 1024
+"""Model and version pairs whose scheduler `Registry.scheduler_of` keeps per snapshot."""
 VERSION_SHOWN = 64
 """How much of a malformed version string an error repeats (a gRPC request's can be long)."""
 
@@ -207,10 +207,9 @@ class Registry:
 
     def __init__(self) -> None:
         self.snapshot = Snapshot()
-        self._shed_of = self.snapshot
-        self._shed_counts: dict[tuple[str, str | None], Callable[[], None]] = {}
-        """What counts a shed request of a model and version in the snapshot `_shed_of` (see
-        `count_shed`)."""
+        self._schedulers_of = self.snapshot
+        self._schedulers: dict[tuple[str, str | None], ModelScheduler | None] = {}
+        """`scheduler_of` each model and version asked, in the snapshot `_schedulers_of`."""
 
     def publish(
         self, name: str, versions: Mapping[str, ServedVersion], traffic: TrafficConfig
@@ -354,32 +353,36 @@ class Registry:
         """The primary deployment of `name` and `version` (None or "": the default version)."""
         return self.version(name, version).primary
 
+    def scheduler_of(self, name: str, version: str | None) -> ModelScheduler | None:
+        """The scheduler of `resolve(name, version)`, or None where that raises (a model or
+        version not served, a malformed version).
+
+        NOTE: resolved once per snapshot (they are replaced, never changed): at overload the
+        load shedder asks this of most requests (`count_shed`, `Engine.has_idle_capacity`),
+        and resolving each was 7% of a refusal's cost."""
+        snapshot = self.snapshot
+        found = self._schedulers
+        if snapshot is not self._schedulers_of:
+            self._schedulers_of = snapshot
+            found.clear()
+        key = (name, version)
+        if key in found:
+            return found[key]
+        try:
+            scheduler: ModelScheduler | None = self.resolve(name, version).scheduler
+        except DuetimeError:
+            scheduler = None
+        if len(found) < RESOLVED_MAX:  # (a client names versions at will)
+            found[key] = scheduler
+        return scheduler
+
     def count_shed(self, name: str, version: str | None) -> None:
         """Count a request of `name` and `version` that the front end's load shedder refused in
         the statistics of the deployment it would have gone to (`ModelScheduler.count_shed`);
-        one of a version not served counts nowhere.
-
-        NOTE: resolved once per snapshot (they are replaced, never changed): at overload most
-        requests are shed, and resolving each was 7% of a refusal's cost."""
-        snapshot = self.snapshot
-        counts = self._shed_counts
-        if snapshot is not self._shed_of:
-            self._shed_of = snapshot
-            counts.clear()
-        key = (name, version)
-        count = counts.get(key)
-        if count is None:
-            try:
-                count = self.resolve(name, version).scheduler.count_shed
-            except DuetimeError:
-                count = _count_nothing
-            if len(counts) < SHED_COUNTS_MAX:  # (a client names versions at will)
-                counts[key] = count
-        count()
-
-
-def _count_nothing() -> None:
-    """`Registry.count_shed`'s count for a version not served."""
+        one of a version not served counts nowhere."""
+        scheduler = self.scheduler_of(name, version)
+        if scheduler is not None:
+            scheduler.count_shed()
 
 
 def _retry_s(loading: Loading) -> int:

@@ -527,7 +527,7 @@ def _run(
                     st[A_OVERSIZE] += 1
                 if taken < left:
                     orders[ix(o), O_SHARES] = left - taken
-                    levels[orders[ix(o), O_LEVEL], L_SHARES] -= taken
+                    levels[ix(orders[ix(o), O_LEVEL]), L_SHARES] -= taken
                     victim = -1
 
         # -- remove ---------------------------------------------------------------------------
