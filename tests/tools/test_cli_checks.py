@@ -324,7 +324,7 @@ def test_a_v2_server_without_model_config_is_benched_from_its_metadata(
     """MLServer and KServe runtimes have no /v2/models/<m>/config (Triton's extension)."""
 
     async def signature(port: int, batch: int) -> Any:
-        transport = HttpTransport("127.0.0.1", port, lambda rid, outcome, message: None)
+        transport = HttpTransport("127.0.0.1", port, lambda *end: None)
         return await transport.signature("m", batch)
 
     with fake_v2_server(has_config=False) as fake:

@@ -394,6 +394,61 @@ def test_a_late_send_carries_only_the_time_left_of_its_due_time() -> None:
     assert dispatch.restamped == 2
 
 
+def test_a_request_that_waited_for_a_connection_carries_only_the_time_left(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Every connection busy: the request queued behind went out later with its whole timeout,
+    and the server, counting from when it read it, answered "on time" what the generator (which
+    counts from the schedule) saw late."""
+    monkeypatch.setattr(transports, "MAX_HTTP_CONNECTIONS", 1)
+    timeouts: list[int] = []
+
+    async def scenario() -> None:
+        async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            writers.append(writer)
+            while not reader.at_eof():
+                try:
+                    head = await reader.readuntil(b"\r\n\r\n")
+                except asyncio.IncompleteReadError:
+                    return
+                fields = dict(
+                    line.lower().split(": ", 1) for line in head.decode().split("\r\n")[1:-2]
+                )
+                body = await reader.readexactly(int(fields["content-length"]))
+                json_bytes = fields.get("inference-header-content-length")
+                request, _ = parse_infer_request(body, json_bytes and int(json_bytes), "mlp", None)
+                timeouts.append(request.parameters["timeout"])
+                await asyncio.sleep(0.05)  # the one connection stays busy
+                writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
+
+        server = await asyncio.start_server(serve, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        ledger = Ledger(timeouts_ns=[200 * MS])
+        transport = HttpTransport("127.0.0.1", port, ledger.finish, ledger.time_left_us)
+        await transport.open(1)
+        spec = PayloadSpec("http-binary", "mlp", 1, priority=None, host="h", port=port)
+        payload = encode(
+            spec, random_inputs(MLP, 1, np.random.default_rng(0)), due_classes((200,), ())[0]
+        )
+        dispatch = Dispatch(ledger, transport, [[payload]], [200_000])
+        now = ledger.clock()
+        dispatch.send(now, 0, None)
+        dispatch.send(now, 0, None)  # waits ~50 ms for the only connection
+        await ledger.drained(5.0)
+        await transport.aclose()
+        server.close()
+        for writer in writers:
+            writer.close()
+        await server.wait_closed()
+        await asyncio.sleep(0.01)
+
+    writers: list[asyncio.StreamWriter] = []
+    run_async(scenario())
+    first, second = timeouts
+    assert first > 199_000  # sent as scheduled, give or take a few µs
+    assert 100_000 < second <= 150_000
+
+
 def test_open_loop_sends_every_request_in_order_never_much_early() -> None:
     async def scenario() -> tuple[Ledger, list[int]]:
         ledger = Ledger()
@@ -534,6 +589,47 @@ def test_http_pool_never_pipelines_it_opens_a_connection_instead() -> None:
     assert "ended before the answer" in ended[2][4]
 
 
+def test_an_answer_read_whole_counts_as_come_when_the_turn_that_read_it_began() -> None:
+    """The generator's loop reads a turn's answers one after another: one read late in a busy
+    turn had been in its socket all along, and its wait is the generator's, not the server's."""
+    seen: list[tuple[int, int | None]] = []
+
+    async def scenario() -> FakePool:
+        pool = FakePool(lambda rid, *end: seen.append((rid, pool.answer_ns)), max_connections=3)
+        await pool.open(3)
+        for rid in (1, 2, 3):
+            pool.send(rid, b"req")
+        await asyncio.sleep(0)
+        started = time.perf_counter_ns()
+        pool.connections[0].data_received(OK)  # the turn's first read
+        time.sleep(0.002)  # noqa: ASYNC251 (the generator busy with the first answer)
+        pool.connections[1].data_received(OK)
+        big = OK.replace(b"Length: 2", b"Length: 2000") + b" " * 1998
+        pool.connections[2].data_received(big[:500])  # one in two reads: counted when read
+        pool.connections[2].data_received(big[500:])
+        assert pool.read_late == 2  # read more than 1 ms into the turn
+        await asyncio.sleep(0)  # the turn ends
+        assert pool.turn_ns == 0
+        assert started <= seen[0][1] == seen[1][1] <= started + 1_000_000
+        return pool
+
+    run_async(scenario())
+    assert sorted(rid for rid, _ in seen) == [1, 2, 3]
+    assert seen[2][1] is None  # (the answer read in two pieces)
+
+
+def test_the_ledger_counts_an_answer_at_the_instant_its_transport_says_it_came() -> None:
+    now = [10 * MS]
+    ledger = Ledger(clock=lambda: now[0], timeouts_ns=[2 * MS])
+    first, second = ledger.add(now[0], 0), ledger.add(now[0], 0)
+    now[0] += 5 * MS
+    ledger.finish(first, Outcome.OK, None, at_ns=11 * MS)  # came 1 ms after it was sent
+    ledger.finish(second, Outcome.OK, None)  # now: 5 ms, late
+    assert ledger.finished == [11 * MS, 15 * MS]
+    assert ledger.ends[Outcome.OK] == 1
+    assert ledger.ends[Outcome.LATE] == 1
+
+
 def test_http_pool_at_its_cap_holds_a_request_until_a_connection_frees() -> None:
     ended: list[tuple[Any, ...]] = []
 
@@ -558,7 +654,7 @@ def test_http_pool_at_its_cap_holds_a_request_until_a_connection_frees() -> None
 
 
 def test_http_transport_reports_outcomes_with_the_servers_message() -> None:
-    ended: list[tuple[int, Outcome, str | None]] = []
+    ended: list[tuple[Any, ...]] = []
     transport = HttpTransport("h", 1, lambda *end: ended.append(end))
     error = b'{"error":"queue full"}'
     transport._answered(1, 200, None, None, None)
@@ -566,10 +662,10 @@ def test_http_transport_reports_outcomes_with_the_servers_message() -> None:
     transport._answered(3, 504, b"", None, None)
     transport._answered(4, NO_STATUS, None, None, "the server closed the connection")
     transport._answered(5, NO_CONNECTION, None, None, "cannot connect to h:1: refused")
-    assert ended == [
-        (1, Outcome.OK, None),
-        (2, Outcome.REJECTED, "HTTP 429: queue full"),
-        (3, Outcome.EXPIRED, "HTTP 504"),
+    assert ended == [  # (answers read outside a turn of the pool's come when reported)
+        (1, Outcome.OK, None, None),
+        (2, Outcome.REJECTED, "HTTP 429: queue full", None),
+        (3, Outcome.EXPIRED, "HTTP 504", None),
         (4, Outcome.ERROR, "the server closed the connection"),
         (5, Outcome.UNSENT, "cannot connect to h:1: refused"),
     ]

@@ -79,11 +79,14 @@ class Ledger:
         self.outstanding += 1
         return rid
 
-    def finish(self, rid: int, outcome: Outcome, message: str | None) -> None:
-        """Record the end of request `rid` (a second report for the same request is ignored)."""
+    def finish(
+        self, rid: int, outcome: Outcome, message: str | None, at_ns: int | None = None
+    ) -> None:
+        """Record the end of request `rid`, now or at `at_ns` (when its answer came, if the
+        transport knows it came before it was read); a second report for it is ignored."""
         if self.outcome[rid] != Outcome.NO_ANSWER:
             return
-        now = self.finished[rid] = self.clock()
+        now = self.finished[rid] = self.clock() if at_ns is None else at_ns
         self.outcome[rid] = outcome
         self.outstanding -= 1
         self.ends[self._settled(rid, outcome, now)] += 1
@@ -96,6 +99,17 @@ class Ledger:
             self.on_finish(rid)
         if self.outstanding == 0 and self._idle is not None and not self._idle.done():
             self._idle.set_result(None)
+
+    def time_left_us(self, rid: int) -> int | None:
+        """What is left now of request `rid`'s due time (its class's timeout from when it was
+        scheduled or sent, the earlier), in µs and at least 1; None if its class has none."""
+        if not self.timeouts_ns:
+            return None
+        timeout_ns = self.timeouts_ns[self.due_class[rid]]
+        if timeout_ns is None:
+            return None
+        began = min(self.scheduled[rid], self.sent[rid])
+        return max(1, (began + timeout_ns - self.clock()) // 1000)
 
     async def drained(self, timeout_s: float) -> None:
         """Wait until no request is owed an answer, or `timeout_s` passes."""
@@ -132,10 +146,12 @@ class Ledger:
         )  # fmt: skip
 
     def records(
-        self, window: tuple[int, int], cpu_s: float, waited: int, *, interrupted: bool = False
-    ) -> Records:
+        self, window: tuple[int, int], cpu_s: float, waited: int, *, interrupted: bool = False,
+        read_late: int = 0,
+    ) -> Records:  # fmt: skip
         """The requests scheduled inside `window` (ns, start inclusive), as arrays; those that
-        were never sent (UNSENT) only counted."""
+        were never sent (UNSENT) only counted. `waited` and `read_late`: the transport's counts
+        over the window."""
         scheduled = np.asarray(self.scheduled, dtype=np.int64)
         sent = np.asarray(self.sent, dtype=np.int64)
         finished = np.asarray(self.finished, dtype=np.int64)
@@ -156,6 +172,7 @@ class Ledger:
             duration_s=(window[1] - window[0]) / 1e9,
             cpu_s=cpu_s,
             waited=waited,
+            read_late=read_late,
             error_messages=tuple(self.messages),
             scheduled_ns=scheduled[keep] - window[0],
             interrupted=interrupted,

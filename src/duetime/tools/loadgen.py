@@ -240,7 +240,7 @@ def _transport(config: BenchConfig, ledger: Ledger, engine: Engine | None) -> Tr
     host, port = config.host_port()
     if config.protocol == "grpc":
         return GrpcTransport(f"{host}:{port}", ledger.finish)
-    return HttpTransport(host, port, ledger.finish)
+    return HttpTransport(host, port, ledger.finish, ledger.time_left_us)
 
 
 def _payload_spec(config: BenchConfig) -> PayloadSpec:
@@ -268,6 +268,9 @@ async def _drive(
     stop = interrupt.stopped
     cpu = asyncio.create_task(cpu_over(window, ledger.clock, stop))
     waited = asyncio.create_task(growth_over(window, ledger.clock, lambda: transport.waited, stop))
+    read_late = asyncio.create_task(
+        growth_over(window, ledger.clock, lambda: transport.read_late, stop)
+    )
     line = Progress("duetime bench", ledger.snapshot)
     if progress:
         line.start(config.total_s)
@@ -280,13 +283,17 @@ async def _drive(
                 window = (window[0], min(window[1], max(window[0], ledger.clock())))
         cpu_s = await cpu
         waited_measured = await waited  # sends of the measured window, as `records` counts them
+        read_late_measured = await read_late
         await interrupt.drain(ledger.drained(interrupt.drain_s(config.drain_s)))
     finally:
         line.stop()
         cpu.cancel()
         waited.cancel()
+        read_late.cancel()
         sender.stop()
-    return ledger.records(window, cpu_s, waited_measured, interrupted=interrupt.fired)
+    return ledger.records(
+        window, cpu_s, waited_measured, interrupted=interrupt.fired, read_late=read_late_measured
+    )
 
 
 def _sender(

@@ -41,7 +41,7 @@ class ReplayTransport(Protocol):
 # -- gRPC ----------------------------------------------------------------------------------------
 
 
-def _unused(rid: int, outcome: Outcome, message: str | None) -> None:
+def _unused(rid: int, outcome: Outcome, message: str | None, at_ns: int | None = None) -> None:
     """GrpcTransport's completion callback; the replay reports through `answered` instead."""
 
 

@@ -23,6 +23,8 @@ LATE_SEND_NS = 1_000_000
 """A send this long after its scheduled time counts as late (the generator fell behind)."""
 LATE_SEND_WARNING = 0.01
 """Fraction of late sends above which the report warns that the generator was the bottleneck."""
+LATE_READ_WARNING = 0.01
+"""Fraction of answers read late (`Records.read_late`) above which the report warns so too."""
 WAITED_WARNING = 0.01
 """Fraction of requests that waited for a free HTTP connection (all the generator may open were
 busy) above which the report warns: their wait counts in their latency."""
@@ -49,6 +51,8 @@ class Records:
     duration_s: float
     cpu_s: float
     waited: int = 0
+    read_late: int = 0
+    """Answers the generator read late, its loop busy (see `HttpPool.begin_turn`)."""
     error_messages: tuple[str, ...] = ()
     processes: int = 1
     scheduled_ns: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
@@ -95,6 +99,7 @@ def merge_records(parts: Sequence[Records]) -> Records:
         duration_s=max(p.duration_s for p in parts),
         cpu_s=sum(p.cpu_s for p in parts),
         waited=sum(p.waited for p in parts),
+        read_late=sum(p.read_late for p in parts),
         error_messages=tuple(messages),
         processes=sum(p.processes for p in parts),
         scheduled_ns=np.concatenate([p.scheduled_ns for p in parts]),
@@ -225,6 +230,9 @@ class GeneratorReport:
     send_lag_max_ms: float | None
     waited_fraction: float
     unsent: int = 0
+    late_read_fraction: float = 0.0
+    """The share of sends whose answer the generator read more than 1 ms after its loop's turn
+    began (HTTP): its own delay, counted in their latency."""
 
 
 def generator_report(records: Records, open_loop: bool) -> GeneratorReport:
@@ -247,6 +255,7 @@ def generator_report(records: Records, open_loop: bool) -> GeneratorReport:
         send_lag_max_ms=float(lag.max()) / 1e6 if timely else None,
         waited_fraction=records.waited / sent if sent else 0.0,
         unsent=records.unsent,
+        late_read_fraction=records.read_late / sent if sent else 0.0,
     )
 
 
@@ -297,6 +306,13 @@ def _warnings(
             f"{generator.waited_fraction:.1%} of requests waited for a free HTTP connection (all "
             f"{MAX_HTTP_CONNECTIONS} the generator may open were busy), which adds to their "
             "latency; lower --rate or add --processes"
+        )
+    if generator.late_read_fraction > LATE_READ_WARNING:
+        found.append(
+            f"{generator.late_read_fraction:.1%} of answers waited more than 1 ms in the "
+            "generator's sockets before it read them (its loop was busy), which adds to their "
+            "latency: the generator (or the CPU it shares) was a bottleneck; lower --rate or "
+            "give it more CPU"
         )
     if generator.unsent:
         found.append(
@@ -381,6 +397,8 @@ def _generator_line(generator: GeneratorReport) -> str:
         )
     if generator.waited_fraction:
         line += f"; waited for a free connection: {generator.waited_fraction:.1%}"
+    if generator.late_read_fraction:
+        line += f"; answers read >1 ms late: {generator.late_read_fraction:.2%}"
     if generator.unsent:
         line += f"; not sent (no connection): {generator.unsent}"
     return line

@@ -39,14 +39,27 @@ from duetime.tools.http_client import (
     resolve,
 )
 from duetime.tools.outcomes import Outcome, outcome_of_grpc_code, outcome_of_http_status
-from duetime.tools.payloads import GRPC_DEADLINE_MARGIN_S, EnginePayload, GrpcPayload
+from duetime.tools.payloads import (
+    GRPC_DEADLINE_MARGIN_S,
+    EnginePayload,
+    GrpcPayload,
+    restamp,
+)
 from duetime.types import ModelSignature, TensorSpec
 
 _INFER_METHOD = "/inference.GRPCInferenceService/ModelInfer"
 _MAX_MESSAGE = 256 * 1024 * 1024
 
 
-Completion = Callable[[int, Outcome, str | None], None]
+class Completion(Protocol):
+    """Reports request `rid`'s end: its outcome, what went wrong (or None), and when the answer
+    came if known earlier than now (`time.perf_counter_ns`; None: now)."""
+
+    def __call__(
+        self, rid: int, outcome: Outcome, message: str | None, at_ns: int | None = None
+    ) -> None: ...
+
+
 """Called once per request: its id, how it ended, and the server's message when it failed; a
 message with LATE says the client stopped waiting (its own deadline fired) and why."""
 
@@ -65,11 +78,15 @@ class Transport(Protocol):
     `send` never reports synchronously (an immediate failure is reported from a later loop
     callback), so a closed-loop client that resends on completion cannot recurse.
     `waited` counts sends that could not go at once: every HTTP connection was busy and no more
-    could be opened.
+    could be opened; `read_late` answers the generator read late, its loop busy (HTTP only,
+    see `HttpPool.begin_turn`).
     """
 
     @property
     def waited(self) -> int: ...
+
+    @property
+    def read_late(self) -> int: ...
 
     async def open(self, lanes: int) -> None: ...
 
@@ -132,15 +149,36 @@ class HttpTransport:
     """The tools' HTTP pool (a connection per request in flight, see `http_client`), plus model
     metadata read with one-off GETs before the run."""
 
-    def __init__(self, host: str, port: int, complete: Completion) -> None:
+    def __init__(
+        self, host: str, port: int, complete: Completion,
+        time_left_us: Callable[[int], int | None] | None = None,
+    ) -> None:  # fmt: skip
         self.host = host
         self.port = port
         self.complete = complete
-        self._pool = HttpPool(host, port, self._answered, max_connections=MAX_HTTP_CONNECTIONS)
+        self.time_left_us = time_left_us
+        """A request's time left of its due time now, in µs (None: it has none); a request that
+        waited for a free connection carries that, not its whole timeout, as a client with a
+        deadline sends it.
+
+        NOTE: requests queued for a connection (all busy: hundreds of answers owed, by the
+        server or not yet read by the generator's own loop) went out with their whole timeout,
+        so the server could answer "on time" by its clock what the generator, counting from
+        the schedule, counted late. With client and server clocks joined (mlp at ~2x capacity,
+        cold server, a fifth of the requests queued) they reached the server a median 159 ms
+        after their schedule; carrying what was left, they were refused as expired."""
+        waited = None if time_left_us is None else self._waited
+        self._pool = HttpPool(
+            host, port, self._answered, max_connections=MAX_HTTP_CONNECTIONS, waited=waited
+        )
 
     @property
     def waited(self) -> int:
         return self._pool.waited
+
+    @property
+    def read_late(self) -> int:
+        return self._pool.read_late
 
     async def open(self, lanes: int) -> None:
         try:
@@ -154,17 +192,23 @@ class HttpTransport:
     async def aclose(self) -> None:
         await self._pool.aclose()
 
+    def _waited(self, rid: int, payload: bytes) -> bytes:
+        left = self.time_left_us(rid) if self.time_left_us is not None else None
+        return payload if left is None else restamp(payload, left)
+
     def _answered(
         self, rid: int, status: int, body: bytes | None, head: int | None, message: str | None
     ) -> None:
+        came = self._pool.answer_ns
         if 200 <= status < 300:
-            self.complete(rid, Outcome.OK, None)
+            self.complete(rid, Outcome.OK, None, came)
         elif status == NO_STATUS:
             self.complete(rid, Outcome.ERROR, message)
         elif status == NO_CONNECTION:
             self.complete(rid, Outcome.UNSENT, message)
         else:
-            self.complete(rid, outcome_of_http_status(status), error_text(status, body or b""))
+            outcome = outcome_of_http_status(status)
+            self.complete(rid, outcome, error_text(status, body or b""), came)
 
     async def signature(self, model: str, batch: int = 1) -> ModelSignature:
         base = f"http://{self.host}:{self.port}/v2/models/{quote(model, safe='')}"
@@ -286,6 +330,7 @@ class GrpcTransport:
         self.flag = flag
         """The command-line flag that named the target (in error messages)."""
         self.waited = 0
+        self.read_late = 0
         self._channels: list[Any] = []
         self._calls: list[Any] = []
         self._tasks = _Calls()
@@ -446,6 +491,7 @@ class EngineTransport:
     ) -> None:
         self.complete = complete
         self.waited = 0
+        self.read_late = 0
         self._engine = engine
         self._owned = engine is None
         self._repository = repository
