@@ -43,7 +43,7 @@ import numpy as np
 import onnxruntime as ort
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import ServerProcess, print_table, run_when_quiet, server_process
+from common import ServerProcess, cpu_sample, print_table, run_when_quiet, server_process
 from overhead import ALL_CPUS, bench_engine_async, ort_call
 
 from duetime.demo import write_demo_repository
@@ -119,6 +119,9 @@ class Runner:
         self.others = 0.0
         """Cores other programs used during the last run (see `run_when_quiet`)."""
         self.attempts = 0
+        self.steal = 0.0
+        """Cores' worth of CPU the hypervisor took from this VM during the last run (steal): a
+        run with some is the machine's, not the server's."""
 
     def serving(self, server: ServerProcess) -> None:
         """The runs that follow drive `server`."""
@@ -152,9 +155,11 @@ class Runner:
 
         def run() -> BenchResult:
             pin_current_thread(self.plan.generator_cpus)
+            before = cpu_sample([])
             try:
                 return run_bench(config)
             finally:
+                self.steal = cpu_sample([]).steal_cores(before)
                 pin_current_thread(ALL_CPUS)
 
         if not self.pids:
@@ -184,7 +189,9 @@ def row(label: str, load: str, result: BenchResult, runner: Runner) -> dict[str,
         "late": o.late,
         "errors": o.errors,
         "gen_late_sends_%": 100.0 * (result.generator.late_send_fraction or 0.0),
+        "gen_late_reads_%": 100.0 * result.generator.late_read_fraction,
         "others_cores": runner.others,
+        "steal_cores": runner.steal,
         "attempts": runner.attempts,
     }
 
