@@ -82,8 +82,15 @@ def error_text(status: int, body: bytes) -> str:
 def one_line(text: str, limit: int) -> str:
     """`text` safe to print on a terminal: whitespace runs become one space, other characters
     that do not print (NUL, escapes, a binary protocol's bytes) their `\\xNN` escape, and it is
-    cut to `limit` characters ("..." at the end when cut)."""
-    pieces = [c if c.isprintable() else repr(c)[1:-1] for c in " ".join(text.split())]
+    cut to `limit` characters ("..." at the end when cut).
+
+    NOTE: every refusal's message passes here as the load generator reads it, and the walk
+    character by character took 27 µs for a 250-character one: at 7,000 refusals a second
+    a fifth of the generator's core. Text that prints as it is is only spaced and cut."""
+    text = " ".join(text.split())
+    if text.isprintable():
+        return text if len(text) <= limit else text[: limit - 3] + "..."
+    pieces = [c if c.isprintable() else repr(c)[1:-1] for c in text]
     if sum(len(piece) for piece in pieces) <= limit:
         return "".join(pieces)
     kept, length = [], 0
