@@ -123,3 +123,19 @@ def test_a_client_timeout_that_sets_no_due_time_is_not_rewritten() -> None:
     record = _record(0, parameters={"timeout": "soon"})  # (the recorded due time: 100 ms)
     _, at = timed_http_request(record, "h", 1)
     assert at == -1
+
+
+def test_a_request_that_waited_for_a_connection_carries_what_is_left(tmp_path: Path) -> None:
+    """Sent on schedule into a pool whose connections were all busy, it went out later (the
+    pool's `waited` hook) with its whole budget, unless retimed there."""
+    capture = tmp_path / "c.cap"
+    with CaptureWriter(capture) as writer:
+        for index in range(2):
+            writer.write(_record(index))
+    config = ReplayConfig(capture, "http://127.0.0.1:1", progress=False)
+    plan = load_plan(config)
+    replay = Replay(plan, config)
+    replay.clock = lambda: 10 * MS + 25 * MS  # the second, scheduled at 10 ms, waited 25 ms
+    assert _http_timeout(replay.waited(1, plan.payloads[1])) == 75_000
+    replay.clock = lambda: 10 * MS  # on time: as encoded
+    assert replay.waited(1, plan.payloads[1]) is plan.payloads[1]

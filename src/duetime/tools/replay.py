@@ -19,7 +19,7 @@ import contextlib
 import functools
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -227,6 +227,16 @@ class Replay:
         assert due is not None
         return retimed_http(payload, at, due // 1000, budget_us)
 
+    def waited(self, rid: int, payload: Any) -> Any:
+        """Request `rid`'s payload as it goes after waiting for a free connection: retimed as a
+        late send is (see `_retimed`), its wait taken from its budget."""
+        loop, index = divmod(rid, len(self.plan.offsets_ns))
+        due = self.plan.dues_ns[index]
+        error = self.clock() - (self.start + loop * self.plan.span_ns + self.plan.offsets_ns[index])
+        if due is None or error < min(RETIME_NS, due >> 4):
+            return payload
+        return self._retimed(index, due - error)
+
     def _loop_timer(self) -> None:
         wait_ns = self.scheduled(self.next) - LOOP_EARLY_NS - self.clock()
         loop = asyncio.get_running_loop()
@@ -256,7 +266,10 @@ class Replay:
         read "unanswered": 0, "statuses": {"0": 32}, and no warning)."""
         if self.closed:
             return
-        now = self.clock()
+        # (an HTTP answer the pool knows came before it was read counts from then: see
+        # `HttpPool.begin_turn`)
+        came = None if self.transport is None else self.transport.answer_ns
+        now = self.clock() if came is None else came
         plan = self.plan
         loop, index = divmod(rid, len(plan.offsets_ns))
         began = self.start + loop * plan.span_ns + plan.offsets_ns[index]
@@ -422,7 +435,7 @@ async def replay_async(
     `interrupt.fire()` stops sending early."""
     interrupt = interrupt or Interrupt()  # never fired: the replay goes to its end
     replay = Replay(plan, config)
-    transport = _transport(config, replay.answered)
+    transport = _transport(config, replay.answered, replay.waited)
     replay.transport = transport
     try:
         await transport.open(config.connections)
@@ -454,13 +467,15 @@ async def replay_async(
     )  # fmt: skip
 
 
-def _transport(config: ReplayConfig, answered: Answered) -> ReplayTransport:
+def _transport(
+    config: ReplayConfig, answered: Answered, waited: Callable[[int, bytes], bytes] | None = None
+) -> ReplayTransport:
     protocol, host, port = config.address()
     if protocol == "grpc":
         return GrpcReplayTransport(f"{host}:{port}", answered, keep_bodies=config.compare_outputs)
     return HttpPool(
         host, port, answered, keep_bodies=config.compare_outputs,
-        max_connections=config.max_connections,
+        max_connections=config.max_connections, waited=waited,
     )  # fmt: skip
 
 
