@@ -311,7 +311,9 @@ class HttpPool:
         it. A bigger one, or one read in pieces, may have still been coming: it counts when
         read. The same run (mlp, ~2x capacity) read a batch's 64 answers in one turn, each
         parsed and counted in turn for ~70 µs: the last ones 4 ms after they came, past 2 ms
-        due times by the generator's delay alone."""
+        due times by the generator's delay alone. (A server that wrote an answer's head, then
+        its body later, and whose two pieces one late read took together, would have the answer
+        counted from before its body came: v2 servers write an answer at once.)"""
         self.turn_ns = time.perf_counter_ns()
         asyncio.get_running_loop().call_soon(self._end_turn)
 
