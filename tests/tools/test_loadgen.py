@@ -380,10 +380,10 @@ class SentPayloads:
 
 def test_a_late_send_carries_only_the_time_left_of_its_due_time() -> None:
     now = [10_000_000]
-    ledger = Ledger(clock=lambda: now[0])
+    ledger = Ledger(clock=lambda: now[0], timeouts_ns=[2_000_000, None])
     transport = SentPayloads()
     pools = [[EnginePayload({}, 0.002, 0)], [EnginePayload({}, None, 0)]]
-    dispatch = Dispatch(ledger, transport, pools, [2_000, None])  # type: ignore[arg-type]
+    dispatch = Dispatch(ledger, transport, pools)  # type: ignore[arg-type]
     dispatch.send(now[0], 0, None)  # on time
     dispatch.send(now[0] + 300_000, 0, None)  # early (by the timer's grouping)
     dispatch.send(now[0] - 1_500_000, 0, None)  # 1.5 ms late: 0.5 ms left
@@ -430,7 +430,7 @@ def test_a_request_that_waited_for_a_connection_carries_only_the_time_left(
         payload = encode(
             spec, random_inputs(MLP, 1, np.random.default_rng(0)), due_classes((200,), ())[0]
         )
-        dispatch = Dispatch(ledger, transport, [[payload]], [200_000])
+        dispatch = Dispatch(ledger, transport, [[payload]])
         now = ledger.clock()
         dispatch.send(now, 0, None)
         dispatch.send(now, 0, None)  # waits ~50 ms for the only connection
@@ -595,7 +595,10 @@ def test_an_answer_read_whole_counts_as_come_when_the_turn_that_read_it_began() 
     seen: list[tuple[int, int | None]] = []
 
     async def scenario() -> FakePool:
-        pool = FakePool(lambda rid, *end: seen.append((rid, pool.answer_ns)), max_connections=3)
+        def answered(rid: int, status: int, body: Any, head: Any, message: Any, came: Any) -> None:
+            seen.append((rid, came))
+
+        pool = FakePool(answered, max_connections=3)
         await pool.open(3)
         for rid in (1, 2, 3):
             pool.send(rid, b"req")

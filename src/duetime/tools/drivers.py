@@ -192,29 +192,24 @@ class Dispatch:
     """
 
     def __init__(
-        self,
-        ledger: Ledger,
-        transport: Transport,
-        payloads: Sequence[Sequence[Any]],
-        timeouts_us: Sequence[int | None] = (),
+        self, ledger: Ledger, transport: Transport, payloads: Sequence[Sequence[Any]]
     ) -> None:
         self.ledger = ledger
         self.transport = transport
         self.payloads = payloads
-        self.timeouts_us = list(timeouts_us) or [None] * len(payloads)
         self.restamped = 0
-        """Requests sent late enough to carry less than their class's timeout."""
+        """Requests sent late enough to carry less than their class's timeout (the ledger's)."""
 
     def send(self, scheduled_ns: int | None, due_class: int, lane: int | None) -> int:
-        rid = self.ledger.add(scheduled_ns, due_class)
+        ledger = self.ledger
+        rid = ledger.add(scheduled_ns, due_class)
         pool = self.payloads[due_class]
         payload = pool[rid % len(pool)]
-        timeout_us = self.timeouts_us[due_class]
-        if timeout_us is not None and scheduled_ns is not None:
-            late_us = (self.ledger.sent[rid] - scheduled_ns) // 1000
-            if late_us > 0:
+        if scheduled_ns is not None and ledger.sent[rid] - scheduled_ns >= 1000:  # 1 µs late
+            left = ledger.time_left_us(rid)
+            if left is not None:
                 self.restamped += 1
-                payload = restamp(payload, max(1, timeout_us - late_us))
+                payload = restamp(payload, left)
         self.transport.send(rid, payload, lane)
         return rid
 

@@ -53,12 +53,14 @@ READ_LATE_NS = 1_000_000
 class Answered(Protocol):
     """One request's end: its id, HTTP-style status (NO_STATUS: none came; NO_CONNECTION: it
     could not be sent), the answer's body
-    when kept (error bodies always), the v2 JSON head's length within it (None: all JSON), and
-    what went wrong when no answer came."""
+    when kept (error bodies always), the v2 JSON head's length within it (None: all JSON),
+    what went wrong when no answer came, and when the answer came if known before it was read
+    (`time.perf_counter_ns`, see `HttpPool.begin_turn`; None: now)."""
 
     def __call__(
-        self, rid: int, status: int, body: bytes | None, head: int | None, message: str | None
-    ) -> None: ...
+        self, rid: int, status: int, body: bytes | None, head: int | None, message: str | None,
+        came: int | None = None,
+    ) -> None: ...  # fmt: skip
 
 
 ERROR_TEXT_CHARS = 200
@@ -204,20 +206,19 @@ class _Connection(asyncio.Protocol):
             return
         # (an answer one read brought whole, in one segment, was all there as the turn began)
         whole = self._begun_in == self._reads and self._read_bytes <= ONE_SEGMENT_BYTES
-        pool.answer_ns = turn_ns if whole and turn_ns else None
+        came = turn_ns if whole and turn_ns else None
         if not self._parser.should_keep_alive():
             self.closed = True  # the server closes it; connection_lost follows
         lead, self._lead = self._lead, b""
         if 200 <= self._status < 300 and lead != b"{":  # (a server that is no v2 one)
-            self._pool.answered(rid, NO_STATUS, None, None, (
+            pool.answered(rid, NO_STATUS, None, None, (
                 f"HTTP {self._status}, but not a v2 inference response (it does not start "
                 f"with a JSON object: {lead!r}); is the target a v2 server?"
             ))  # fmt: skip
         else:
-            self._pool.answered(rid, self._status, body, head, None)
-        pool.answer_ns = None
+            pool.answered(rid, self._status, body, head, None, came)
         if not self.closed:
-            self._pool.freed(self)
+            pool.freed(self)
 
 
 class HttpPool:
@@ -242,9 +243,6 @@ class HttpPool:
         `begin_turn`)."""
         self.turn_ns = 0
         """When the loop's current turn of reads began (`time.perf_counter_ns`); 0 outside one."""
-        self.answer_ns: int | None = None
-        """While `answered` runs: when the answer had come, if known (see `begin_turn`); None:
-        count it as come now."""
         self._live: set[_Connection] = set()
         self._idle: list[_Connection] = []
         self._waiting: deque[tuple[int, bytes]] = deque()
@@ -307,8 +305,8 @@ class HttpPool:
 
         NOTE: and an answer one read brought whole, small enough to come in one segment, had
         come by the turn's start (the loop's poll found its socket readable, and it was all
-        that socket was owed): it counts as come then (`answer_ns`), not when the loop got to
-        it. A bigger one, or one read in pieces, may have still been coming: it counts when
+        that socket was owed): it counts as come then (`Answered`'s `came`), not when the loop
+        got to it. A bigger one, or one read in pieces, may have still been coming: it counts when
         read. The same run (mlp, ~2x capacity) read a batch's 64 answers in one turn, each
         parsed and counted in turn for ~70 µs: the last ones 4 ms after they came, past 2 ms
         due times by the generator's delay alone. (A server that wrote an answer's head, then

@@ -261,8 +261,7 @@ async def _drive(
 ) -> Records:
     """Send, then wait for the answers; Ctrl-C (`interrupt`) ends the measured window early."""
     rng = np.random.default_rng([config.seed, 1])
-    timeouts = [due.timeout_us for due in config.classes]
-    sender = _sender(config, Dispatch(ledger, transport, payloads, timeouts), rng, phase_ns)
+    sender = _sender(config, Dispatch(ledger, transport, payloads), rng, phase_ns)
     start = ledger.clock() + _LEAD_NS if start_ns is None else start_ns
     window = (start + round(config.warmup_s * 1e9), start + round(config.total_s * 1e9))
     stop = interrupt.stopped

@@ -169,7 +169,6 @@ class Replay:
         assert transport is not None
         clock, send, sent = self.clock, transport.send, self.recorder.sent
         offsets, payloads, span = self.plan.offsets_ns, self.plan.payloads, self.plan.span_ns
-        dues = self.plan.dues_ns
         count, total, i = len(offsets), self.total, self.next
         now = clock()
         horizon = now + early_ns
@@ -181,11 +180,7 @@ class Replay:
             error = now - at
             if error >= 0:
                 record_us(self.late_sends, error // 1000)
-                due = dues[index]
-                if due is not None and error >= min(RETIME_NS, due >> 4):
-                    payload = self._retimed(index, due - error)
-                else:
-                    payload = payloads[index]
+                payload = self._sent_late(index, error, payloads[index])
             else:
                 payload = payloads[index]
                 record_us(self.early_sends, -error // 1000)
@@ -204,6 +199,14 @@ class Replay:
                 self._done.set_result(None)
         elif self.config.timer == "loop":
             self._loop_timer()
+
+    def _sent_late(self, index: int, error_ns: int, payload: Any) -> Any:
+        """`payload` of request `index` as it goes `error_ns` after its scheduled send: retimed
+        (see `_retimed`) once that is late enough to matter, else as it is."""
+        due = self.plan.dues_ns[index]
+        if due is not None and error_ns >= min(RETIME_NS, due >> 4):
+            return self._retimed(index, due - error_ns)
+        return payload
 
     def _retimed(self, index: int, left_ns: int) -> Any:
         """Request `index`'s payload sent late, with `left_ns` of its budget left: carrying
@@ -229,13 +232,9 @@ class Replay:
 
     def waited(self, rid: int, payload: Any) -> Any:
         """Request `rid`'s payload as it goes after waiting for a free connection: retimed as a
-        late send is (see `_retimed`), its wait taken from its budget."""
-        loop, index = divmod(rid, len(self.plan.offsets_ns))
-        due = self.plan.dues_ns[index]
-        error = self.clock() - (self.start + loop * self.plan.span_ns + self.plan.offsets_ns[index])
-        if due is None or error < min(RETIME_NS, due >> 4):
-            return payload
-        return self._retimed(index, due - error)
+        late send is, its wait taken from its budget."""
+        index = rid % len(self.plan.offsets_ns)
+        return self._sent_late(index, self.clock() - self.scheduled(rid), payload)
 
     def _loop_timer(self) -> None:
         wait_ns = self.scheduled(self.next) - LOOP_EARLY_NS - self.clock()
@@ -251,8 +250,9 @@ class Replay:
     # -- answers ---------------------------------------------------------------------------------
 
     def answered(
-        self, rid: int, status: int, body: bytes | None, head: int | None, message: str | None
-    ) -> None:
+        self, rid: int, status: int, body: bytes | None, head: int | None, message: str | None,
+        came: int | None = None,
+    ) -> None:  # fmt: skip
         """Settle request `rid`: count its outcome and, with --compare-outputs, compare it.
 
         NOTE: nothing raised here may leave the request unsettled: the transports call this
@@ -268,7 +268,6 @@ class Replay:
             return
         # (an HTTP answer the pool knows came before it was read counts from then: see
         # `HttpPool.begin_turn`)
-        came = None if self.transport is None else self.transport.answer_ns
         now = self.clock() if came is None else came
         plan = self.plan
         loop, index = divmod(rid, len(plan.offsets_ns))
@@ -423,8 +422,9 @@ async def reach_target(config: ReplayConfig) -> None:
 
 
 def _no_answers(
-    rid: int, status: int, body: bytes | None, head: int | None, message: str | None
-) -> None:
+    rid: int, status: int, body: bytes | None, head: int | None, message: str | None,
+    came: int | None = None,
+) -> None:  # fmt: skip
     """`reach_target`'s transport sends nothing."""
 
 

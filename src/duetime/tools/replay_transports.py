@@ -30,8 +30,6 @@ class ReplayTransport(Protocol):
     """Connections (HTTP) or channels (gRPC) opened in all."""
     waited: int
     """Requests that had to wait for a connection (the cap was reached)."""
-    answer_ns: int | None
-    """While an answer is reported: when it came, if known before it was read (None: now)."""
 
     async def open(self, connections: int) -> None: ...
 
@@ -56,7 +54,6 @@ class GrpcReplayTransport(GrpcTransport):
         self.keep_bodies = keep_bodies
         self.opened = 0
         self.waited = 0
-        self.answer_ns: int | None = None
 
     async def open(self, lanes: int) -> None:
         await super().open(lanes)

@@ -52,16 +52,14 @@ _MAX_MESSAGE = 256 * 1024 * 1024
 
 
 class Completion(Protocol):
-    """Reports request `rid`'s end: its outcome, what went wrong (or None), and when the answer
-    came if known earlier than now (`time.perf_counter_ns`; None: now)."""
+    """Called once per request: its id, how it ended, the server's message when it failed (a
+    message with LATE says the client stopped waiting, its own deadline fired, and why), and
+    when its answer came if the transport knows it came before it was read
+    (`time.perf_counter_ns`; None: now)."""
 
     def __call__(
         self, rid: int, outcome: Outcome, message: str | None, at_ns: int | None = None
     ) -> None: ...
-
-
-"""Called once per request: its id, how it ended, and the server's message when it failed; a
-message with LATE says the client stopped waiting (its own deadline fired) and why."""
 
 
 class BenchError(Exception):
@@ -153,13 +151,9 @@ class HttpTransport:
         self, host: str, port: int, complete: Completion,
         time_left_us: Callable[[int], int | None] | None = None,
     ) -> None:  # fmt: skip
-        self.host = host
-        self.port = port
-        self.complete = complete
-        self.time_left_us = time_left_us
-        """A request's time left of its due time now, in µs (None: it has none); a request that
-        waited for a free connection carries that, not its whole timeout, as a client with a
-        deadline sends it.
+        """`time_left_us`: a request's time left of its due time now (None: it has none); a
+        request that waited for a free connection carries that, not its whole timeout, as a
+        client with a deadline sends it.
 
         NOTE: requests queued for a connection (all busy: hundreds of answers owed, by the
         server or not yet read by the generator's own loop) went out with their whole timeout,
@@ -167,7 +161,16 @@ class HttpTransport:
         the schedule, counted late. With client and server clocks joined (mlp at ~2x capacity,
         cold server, a fifth of the requests queued) they reached the server a median 159 ms
         after their schedule; carrying what was left, they were refused as expired."""
-        waited = None if time_left_us is None else self._waited
+        self.host = host
+        self.port = port
+        self.complete = complete
+        waited = None
+        if time_left_us is not None:
+
+            def waited(rid: int, payload: bytes) -> bytes:
+                left = time_left_us(rid)
+                return payload if left is None else restamp(payload, left)
+
         self._pool = HttpPool(
             host, port, self._answered, max_connections=MAX_HTTP_CONNECTIONS, waited=waited
         )
@@ -192,14 +195,10 @@ class HttpTransport:
     async def aclose(self) -> None:
         await self._pool.aclose()
 
-    def _waited(self, rid: int, payload: bytes) -> bytes:
-        left = self.time_left_us(rid) if self.time_left_us is not None else None
-        return payload if left is None else restamp(payload, left)
-
     def _answered(
-        self, rid: int, status: int, body: bytes | None, head: int | None, message: str | None
-    ) -> None:
-        came = self._pool.answer_ns
+        self, rid: int, status: int, body: bytes | None, head: int | None, message: str | None,
+        came: int | None = None,
+    ) -> None:  # fmt: skip
         if 200 <= status < 300:
             self.complete(rid, Outcome.OK, None, came)
         elif status == NO_STATUS:
