@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from duetime.errors import Overloaded
-from duetime.overload import DECAY, LoadShedder, RunQueueWait
+from duetime.overload import DECAY, MISSED_SHARE, LoadShedder, RunQueueWait
 
 
 class Clocks:
@@ -113,6 +113,20 @@ def test_a_busy_loop_whose_requests_meet_their_due_times_sheds_nothing() -> None
         shedder.sample(lambda step=step: (0, 100 * step))  # a closed loop without due times, say
     assert shedder.share == 0.0
     assert refused(shedder, 100) == 0
+
+
+def test_a_busy_loop_tolerates_a_few_misses_in_each_burst_but_not_more() -> None:
+    """Near capacity, admission refuses a few requests of each burst of arrivals: a busy loop
+    sheds nothing for 15% of its requests failing, and starts at 25% (`MISSED_SHARE`)."""
+    assert 0.15 < MISSED_SHARE < 0.25
+    shedder, clocks = make()
+    for step in range(1, 20):
+        clocks.run(0.01, busy=1.0)
+        shedder.sample(lambda step=step: (15 * step, 100 * step))
+    assert shedder.share == 0.0
+    clocks.run(0.01, busy=1.0)
+    shedder.sample(lambda: (19 * 15 + 25, 2000))
+    assert shedder.share == pytest.approx(0.05)
 
 
 def test_shedding_stops_once_misses_stop() -> None:
