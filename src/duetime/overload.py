@@ -43,10 +43,11 @@ arrivals, a tight due time's more, and a busy loop's samples of 10 ms hold a few
 each: 5% was crossed by chance in many samples, each of which raised the share by a step that
 then took 140 ms to decay. So a server with idle capacity between bursts shed a steady share of
 its load. Measured on the 2-core VM, mlp over HTTP binary with 2/10 ms due times (half each),
-two or three servers at once, their runs interleaved, in 38 pairs of 4 s runs at 3,000-9,000
+two or three servers at once, their runs interleaved, in 39 pairs of 4 s runs at 3,000-9,000
 requests/s (capacity drifted between about 2,500 and 4,500 a second meanwhile): at 0.2 more
-answers on time in 27 of the 38 pairs. The mean gain was 10-65% between 100% and 150% of
-capacity (at 4,500/s: 3,126 a second against 2,202, 6 of 6 pairs) and 1-9% at 2-3x capacity.
+answers on time in 27 of the 39 pairs. Averaged per rate and series, the ratio was 0.94 to
+1.65 at 3,000-6,000/s (at 4,500/s, about 1.5x capacity then: 3,126 a second against 2,202,
+6 of 6 pairs) and 1.09 at 9,000/s.
 Higher shares took more of the decoding-then-refusing onto the loop at 2-3x capacity: at
 9,000/s, 0.3 answered 9% fewer on time and 0.45 19% fewer than 0.05. resnet (10/50 ms due
 times, 1,000 and 1,900 requests/s, 4 pairs each): within 3%, either way.
