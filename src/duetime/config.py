@@ -718,10 +718,10 @@ class ServerSettings(_Strict):
     halting, so a request finds its core awake (see execution/affinity.py `CpuLatencyLimit`).
     None: the system's own idle policy."""
     overload_utilization: float = Field(default=0.85, ge=0.0, le=1.0)
-    """Above this share of the event loop's time spent busy, while requests are failing their
-    due times, a growing share of new requests is refused before their bodies are decoded
-    (HTTP 429 / RESOURCE_EXHAUSTED) so the loop keeps answering the others on time (see
-    overload.py). 0 turns it off."""
+    """Above this share of the event loop's time spent busy, while more than 20% of requests are
+    failing their due times (`overload.MISSED_SHARE`), a growing share of new requests is
+    refused before their bodies are decoded (HTTP 429 / RESOURCE_EXHAUSTED) so the loop keeps
+    answering the others on time (see overload.py). 0 turns it off."""
     tune_runtime: bool = True
     """After loading: `gc.freeze()` and a high gen-0 threshold, so collections stay off the hot
     path."""
