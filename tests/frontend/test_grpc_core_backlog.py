@@ -11,6 +11,7 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import grpc
 import pytest
@@ -80,23 +81,41 @@ def test_no_reader_unless_one_server_was_created_between_the_readings() -> None:
     assert core_counts_reader(frozenset(), frozenset({1, 2})) is None
 
 
-def test_a_timeout_counts_from_the_calls_estimated_arrival_in_the_core() -> None:
-    service = SimpleNamespace(backlog=SimpleNamespace(wait_s=0.05))
-    context = SimpleNamespace(time_remaining=lambda: None)
+def _dating(wait_s: float, remaining_s: float | None, now: int) -> tuple[Any, Any]:
+    """A service whose backlog says calls wait `wait_s` in the core, and a call's context with
+    `remaining_s` left till its gRPC deadline (None: none), at `now` (see `_dated`)."""
+    service = SimpleNamespace(
+        backlog=SimpleNamespace(wait_s=wait_s),
+        _engine=SimpleNamespace(clock=SimpleNamespace(now_ns=lambda: now)),
+    )
+    service._due = lambda *args: InferenceService._due(service, *args)  # type: ignore[arg-type]
+    return service, SimpleNamespace(time_remaining=lambda: remaining_s)
+
+
+def _with_timeout(us: int | None) -> Any:
+    request = pb.ModelInferRequest(model_name="mlp")
+    if us is not None:
+        request.parameters["timeout"].int64_param = us
+    return request
+
+
+def test_a_new_call_arrived_and_is_due_by_its_estimated_wait_in_the_core() -> None:
+    """Its arrival is the core's too, not its handler's start: a call that expired waiting
+    there is a miss of a busy server, which the load shedder acts on (see `_dated`)."""
     now = 10_000_000_000
-    due = InferenceService._due(service, {"timeout": 80_000}, context, now)  # type: ignore[arg-type]
-    assert due == now - 50_000_000 + 80_000_000
+    service, context = _dating(0.05, None, now)
+    dated = InferenceService._dated(service, _with_timeout(80_000), context)  # type: ignore[arg-type]
+    assert dated == (now - 50_000_000, now - 50_000_000 + 80_000_000)
     # a stream's message comes on a call already taken: it did not wait in the core's queue
-    due = InferenceService._due(service, {"timeout": 80_000}, context, now, False)  # type: ignore[arg-type]
-    assert due == now + 80_000_000
+    dated = InferenceService._dated(service, _with_timeout(80_000), context, new_call=False)  # type: ignore[arg-type]
+    assert dated == (now, now + 80_000_000)
 
 
 def test_a_grpc_deadline_is_the_cores_own_and_is_not_moved() -> None:
-    service = SimpleNamespace(backlog=SimpleNamespace(wait_s=0.05))
-    context = SimpleNamespace(time_remaining=lambda: 0.02)
     now = 10_000_000_000
-    due = InferenceService._due(service, {}, context, now)  # type: ignore[arg-type]
-    assert due == now + 20_000_000
+    service, context = _dating(0.05, 0.02, now)
+    dated = InferenceService._dated(service, _with_timeout(None), context)  # type: ignore[arg-type]
+    assert dated == (now - 50_000_000, now + 20_000_000)
 
 
 def test_a_refused_call_is_not_decoded_and_says_why_with_its_trace_id(

@@ -518,12 +518,12 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         hold = self.answers.hold(request.model_name)
         context.add_done_callback(hold.release)
         try:
-            received, due = self._dated(request, context)
+            arrived, due = self._dated(request, context)
             try:
                 await hold.taken(self._within(due))
             except DeadlineExceeded as late:
-                raise self._late_for_room(late, request, context, received, due, timing) from None
-            submitted = self._submit(request, context, received, due, timing, shed=False)
+                raise self._late_for_room(late, request, context, arrived, due, timing) from None
+            submitted = self._submit(request, context, arrived, due, timing, shed=False)
             ticket = submitted.ticket
             response = await self._response(submitted, request.id, hold)
         except DuetimeError as exc:
@@ -648,14 +648,14 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
                 hold = self.answers.hold(request.model_name)
                 timing = RequestTiming(clock.now_ns()) if self._tracing is not None else None
                 try:
-                    received, due = self._dated(request, context, new_call=False)
+                    arrived, due = self._dated(request, context, new_call=False)
                     try:
                         await hold.taken(self._within(due))
                     except DeadlineExceeded as late:
                         raise self._late_for_room(
-                            late, request, context, received, due, timing, STREAM
+                            late, request, context, arrived, due, timing, STREAM
                         ) from None
-                    made = self._submit(request, context, received, due, timing, protocol=STREAM)
+                    made = self._submit(request, context, arrived, due, timing, protocol=STREAM)
                     if made.ticket.stamp is None:  # (its settling time: see `_held_late`)
                         made.ticket.stamp = clock.now_ns
                     submitted: _Submitted | DuetimeError = made
@@ -832,17 +832,28 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         return model if model in self._engine.registry.snapshot.models else None
 
     def _dated(self, request: Any, context: Any, new_call: bool = True) -> tuple[int, int | None]:
-        """When the request was received (now) and when it is due (see `_due`), before it
-        waits for room for its answer (`AnswerHold.taken`): the wait counts against its due
-        time, as gRPC's deadline does.
+        """When the request arrived and when it is due (see `_due`), before it waits for room
+        for its answer (`AnswerHold.taken`): the wait counts against its due time, as gRPC's
+        deadline does. A `new_call`'s arrived in gRPC's core, its wait there estimated
+        (`CoreBacklog`, as HTTP's `ReadTurn` dates requests its loop read late); a stream's
+        messages come on a call already taken: now.
 
         NOTE: its due time counts from here, and a capture stamps its arrival here, as HTTP's:
-        the capture's `due_in_ns` was short by the decoding, and each replay's due time shrank."""
-        received = self._engine.clock.now_ns()
+        the capture's `due_in_ns` was short by the decoding, and each replay's due time shrank.
+
+        NOTE: the arrival was the handler's start, also for a call that had waited in the
+        core. Refused as due before it was taken, such a call then looked as if its timeout
+        had been shorter than a run from its arrival: the client's fault, not a miss of a busy
+        server (`ModelScheduler.outcomes`). The load shedder saw no misses and shed nothing:
+        mlp over gRPC at 3,000 calls/s (2/10 ms timeouts, the 2-core VM) had its loop take
+        ~2,400 a second, every one of them expired, 1 s old, and none answered."""
+        now = self._engine.clock.now_ns()
         check_parameter_count(len(request.parameters), "request")
         parameters, kinds = _parameters_and_kinds(request.parameters)
         check_grpc_parameters(kinds)
-        return received, self._due(parameters, context, received, new_call)
+        backlog = self.backlog
+        arrived = now - int(backlog.wait_s * 1e9) if backlog is not None and new_call else now
+        return arrived, self._due(parameters, context, now, arrived)
 
     def _within(self, due: int | None) -> float | None:
         """Seconds left until `due` (None: no due time)."""
@@ -852,13 +863,13 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         self,
         request: Any,
         context: Any,
-        received: int,
+        arrived: int,
         due: int | None,
         timing: RequestTiming | None = None,
         protocol: str = "grpc",
         shed: bool = True,
     ) -> _Submitted:
-        """The request, `received` and `due` then (`_dated`), handed to the engine; `shed`:
+        """The request, `arrived` and `due` then (`_dated`), handed to the engine; `shed`:
         offered to the load shedder first (a ModelInfer call was, by `ended`)."""
         shedder = self._shedder
         if shed and shedder is not None and (shedder.share or shedder.watching):
@@ -867,14 +878,14 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
             size = sum(map(len, request.raw_input_contents))
             if self._shed(model, request.model_version, size, top):
                 raise shedder.refusal()
-        infer, shared = self._infer_request(request, context, received, due, timing, protocol)
+        infer, shared = self._infer_request(request, context, arrived, due, timing, protocol)
         return _Submitted(self._engine.submit(infer), shared, infer)
 
     def _infer_request(
         self,
         request: Any,
         context: Any,
-        received: int,
+        arrived: int,
         due: int | None,
         timing: RequestTiming | None,
         protocol: str,
@@ -895,7 +906,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
             classes=requested.classes,
             id=request.id,
             due_ns=due,
-            arrival_ns=received,
+            arrival_ns=arrived,
             priority=priority_of(parameters),
             parameters=parameters,
             headers=_Metadata(context),
@@ -911,7 +922,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         late: DeadlineExceeded,
         request: Any,
         context: Any,
-        received: int,
+        arrived: int,
         due: int | None,
         timing: RequestTiming | None,
         protocol: str = "grpc",
@@ -924,7 +935,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         NOTE: refused before the engine saw it, it moved no statistic and no metric, where the
         same refusal over HTTP counts as an expiry."""
         try:
-            infer, _ = self._infer_request(request, context, received, due, timing, protocol)
+            infer, _ = self._infer_request(request, context, arrived, due, timing, protocol)
         except DuetimeError as exc:
             return exc.with_traceback(None)
         return self._engine.refuse_late(infer, late)
@@ -1004,14 +1015,11 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         return message
 
     def _due(
-        self, parameters: Mapping[str, Any], context: Any, now: int, new_call: bool = True
+        self, parameters: Mapping[str, Any], context: Any, now: int, arrived: int
     ) -> int | None:
-        """The due time from the `timeout` parameter, counted from the call's arrival in gRPC's
-        core where the request is a `new_call`'s (estimated: `CoreBacklog`; a stream's
-        messages come on a call already taken), and the gRPC deadline (the core's own: exact)."""
-        backlog = self.backlog
-        waited_ns = int(backlog.wait_s * 1e9) if backlog is not None and new_call else 0
-        due = due_from_timeout_us(parameters, now - waited_ns)
+        """The due time from the `timeout` parameter, counted from the call's arrival (see
+        `_dated`), and the gRPC deadline (the core's own: exact)."""
+        due = due_from_timeout_us(parameters, arrived)
         remaining = context.time_remaining()
         if remaining is not None:
             grpc_due = now + int(remaining * 1e9)
