@@ -2,6 +2,7 @@
 capacity, and what does batching and runtime tuning cost or buy?
 
     python3 bench/scheduling.py [--models resnet,mlp] [--duration 5] [--pairs 3]
+                                [--protocol http-binary|grpc]
                                 [--out bench/results/scheduling.json]
 
 For each model the same server build runs three ways (one config file apart): EDF (default),
@@ -12,13 +13,15 @@ FIFO (`scheduling.policy = "fifo"`, a Triton-style batcher), and unbatched (`max
    `--pairs` - 1 more EDF runs at 100% and 200% back to back: the goodput verdict is the median
    of the pairs' ratios, the on-time one pools every 200% run;
 3. unbatched at 50%: the P50 that batching must not worsen by more than 1 ms;
-4. resnet: saturated HTTP binary throughput (closed loop, 64 clients) vs the bare-ORT limit (best
+4. resnet: saturated throughput (closed loop, 64 clients) vs the bare-ORT limit (best
    in-process batched rows/s with one intra-op thread, the instance's thread count, on the
    instance's core: the best batch size picked by short runs, then measured for half the run's
    duration just before and just after it, and averaged, so a drift of the VM's speed during
    the run cancels instead of landing on one side of the ratio);
 5. mlp: Engine.infer_async P50 added over calling ORT directly;
 6. runtime tuning: EDF at 100% with `--no-tune-runtime --cpus none` vs the defaults (P99).
+Every run goes over `--protocol`: HTTP binary (the default: 512 connections) or gRPC (4
+channels, as tritonclient's few).
 The generator runs in this process, pinned to the core the model's instance does not use.
 Each run starts once other programs (and the server) are idle (`--wait-quiet`), and is run
 again once if they used over 0.3 cores meanwhile; each row shows the cores they used
@@ -52,6 +55,7 @@ from duetime.execution.ort import session_options
 from duetime.scheduling.profile import batch_buckets
 from duetime.tools.config import BenchConfig
 from duetime.tools.loadgen import run_bench
+from duetime.tools.payloads import WireProtocol
 from duetime.tools.report import BenchResult
 
 
@@ -108,11 +112,17 @@ class Runner:
     """Runs `duetime bench` against servers, pinned as the model's plan says."""
 
     def __init__(
-        self, plan: ModelPlan, duration: float, connections: int, wait_quiet_s: float = 30.0
+        self,
+        plan: ModelPlan,
+        duration: float,
+        connections: int,
+        wait_quiet_s: float = 30.0,
+        protocol: WireProtocol = "http-binary",
     ) -> None:
         self.plan = plan
         self.duration = duration
         self.connections = connections
+        self.protocol = protocol
         self.wait_quiet_s = wait_quiet_s
         self.pids: list[int] = []
         """This process and the server's: their CPU is not other programs'."""
@@ -127,10 +137,14 @@ class Runner:
         """The runs that follow drive `server`."""
         self.pids = [os.getpid(), server.process.pid]
 
+    def port(self, server: ServerProcess) -> int:
+        """`server`'s port for this runner's protocol."""
+        return server.grpc_port if self.protocol == "grpc" else server.http_port
+
     def open_loop(self, port: int, rate: float, *, deadlines: bool = True) -> BenchResult:
         plan = self.plan
         config = BenchConfig(
-            model=plan.name, protocol="http-binary", address=f"127.0.0.1:{port}", mode="open",
+            model=plan.name, protocol=self.protocol, address=f"127.0.0.1:{port}", mode="open",
             rate=rate, duration_s=self.duration, warmup_s=1.0,
             timeouts_ms=plan.timeouts_ms if deadlines else (), mix=(0.5, 0.5) if deadlines else (),
             connections=self.connections, seed=int(rate),
@@ -139,8 +153,9 @@ class Runner:
 
     def closed_loop(self, port: int, clients: int) -> BenchResult:
         config = BenchConfig(
-            model=self.plan.name, protocol="http-binary", address=f"127.0.0.1:{port}",
+            model=self.plan.name, protocol=self.protocol, address=f"127.0.0.1:{port}",
             mode="closed", concurrency=clients, duration_s=self.duration, warmup_s=1.0,
+            connections=self.connections,
         )  # fmt: skip
         return self._run(config)
 
@@ -252,29 +267,32 @@ class BareOrt:
 def bench_model(
     plan: ModelPlan, demo: Path, root: Path, args: argparse.Namespace
 ) -> dict[str, Any]:
-    runner = Runner(plan, args.duration, args.connections, args.wait_quiet)
+    connections = args.connections or (4 if args.protocol == "grpc" else 512)
+    runner = Runner(plan, args.duration, connections, args.wait_quiet, args.protocol)
     repos = {label: variant_repository(demo, root, plan.name, label, text)
              for label, text in configs(plan).items()}  # fmt: skip
-    out: dict[str, Any] = {"model": plan.name, "deadlines_ms": plan.timeouts_ms}
+    out: dict[str, Any] = {
+        "model": plan.name, "deadlines_ms": plan.timeouts_ms, "protocol": args.protocol,
+    }  # fmt: skip
     with server_process(repos["edf"], "--cpus", plan.server_cpus) as server:
         runner.serving(server)
-        capacity, search = find_capacity(runner, server.http_port)
+        capacity, search = find_capacity(runner, runner.port(server))
         out["capacity_rps"] = capacity
-        rows = [row("edf", f"{p}%", runner.open_loop(server.http_port, capacity * p / 100),
+        rows = [row("edf", f"{p}%", runner.open_loop(runner.port(server), capacity * p / 100),
                     runner) for p in (50, 100, 150, 200)]  # fmt: skip
         # NOTE: the 100%/200% verdict compares runs minutes apart, and this VM's speed drifts
         # by up to 2x in that time: more pairs, each run back to back, and the median ratio
         for pair in range(2, args.pairs + 1):
             rows += [row("edf", f"{p}% (pair {pair})",
-                         runner.open_loop(server.http_port, capacity * p / 100), runner)
+                         runner.open_loop(runner.port(server), capacity * p / 100), runner)
                      for p in (100, 200)]  # fmt: skip
         if plan.name == "resnet":
             bare = BareOrt(demo / "resnet/1/model.onnx", plan.max_batch_size, plan.instance_cpus)
             before = bare.rows_per_s(bare.best, args.duration / 2)
-            saturated = runner.closed_loop(server.http_port, 64).overall.throughput_rps
+            saturated = runner.closed_loop(runner.port(server), 64).overall.throughput_rps
             after = bare.rows_per_s(bare.best, args.duration / 2)
             limit = (before + after) / 2
-            out["saturated_http_binary_rps"] = saturated
+            out["saturated_rps"] = saturated
             out["bare_ort_limit"] = {
                 "rows_per_s": limit, "batch": float(bare.best),
                 "before_rows_per_s": before, "after_rows_per_s": after,
@@ -282,17 +300,17 @@ def bench_model(
             out["saturated_vs_bare"] = saturated / limit
     with server_process(repos["fifo"], "--cpus", plan.server_cpus) as server:
         runner.serving(server)
-        rows += [row("fifo", f"{p}%", runner.open_loop(server.http_port, capacity * p / 100),
+        rows += [row("fifo", f"{p}%", runner.open_loop(runner.port(server), capacity * p / 100),
                      runner) for p in (50, 100, 150, 200)]  # fmt: skip
     with server_process(repos["unbatched"], "--cpus", plan.server_cpus) as server:
         runner.serving(server)
         rows.append(
-            row("unbatched", "50%", runner.open_loop(server.http_port, capacity / 2), runner)
+            row("unbatched", "50%", runner.open_loop(runner.port(server), capacity / 2), runner)
         )
     with server_process(repos["edf"], "--cpus", "none", "--no-tune-runtime") as server:
         runner.serving(server)
         rows.append(
-            row("edf, tuning off", "100%", runner.open_loop(server.http_port, capacity), runner)
+            row("edf, tuning off", "100%", runner.open_loop(runner.port(server), capacity), runner)
         )
     out["search"] = search
     out["runs"] = rows
@@ -342,8 +360,13 @@ def main() -> int:
     parser.add_argument("--models", default="resnet,mlp")
     parser.add_argument("--duration", type=float, default=5.0, help="measured seconds per run")
     parser.add_argument(
-        "--connections", type=int, default=512, help="HTTP connections of the generator"
-    )
+        "--protocol", choices=("http-binary", "grpc"), default="http-binary",
+        help="what every run goes over (default http-binary)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--connections", type=int, default=None,
+        help="the generator's HTTP connections (default 512) or gRPC channels (default 4)",
+    )  # fmt: skip
     parser.add_argument(
         "--pairs", type=int, default=3, help="EDF 100%%/200%% run pairs (the verdict's median)"
     )
@@ -364,15 +387,16 @@ def main() -> int:
             plan = plans()[name]
             results[name] = bench_model(plan, demo, Path(tmp), args)
             print_table(
-                f"{name}: deadlines {plan.timeouts_ms[0]:g}/{plan.timeouts_ms[1]:g} ms, "
-                f"capacity {results[name]['capacity_rps']:,.0f} answers/s on time",
+                f"{name} over {args.protocol}: deadlines {plan.timeouts_ms[0]:g}/"
+                f"{plan.timeouts_ms[1]:g} ms, capacity {results[name]['capacity_rps']:,.0f} "
+                "answers/s on time",
                 results[name]["runs"], list(results[name]["runs"][0]),
             )  # fmt: skip
             print(json.dumps(results[name]["verdicts"], indent=2))
             if name == "resnet":
                 r = results[name]
                 print(
-                    f"saturated HTTP binary {r['saturated_http_binary_rps']:,.0f} rows/s = "
+                    f"saturated {args.protocol} {r['saturated_rps']:,.0f} rows/s = "
                     f"{r['saturated_vs_bare']:.0%} of bare ORT "
                     f"{r['bare_ort_limit']['rows_per_s']:,.0f} rows/s"
                 )
