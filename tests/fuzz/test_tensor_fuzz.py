@@ -251,6 +251,53 @@ def test_a_kept_header_decodes_other_bytes_as_the_full_parser_does(data: st.Data
 
 
 @FUZZ
+@given(st.data())
+def test_a_header_kept_but_for_its_timeout_decodes_as_the_full_parser_does(
+    data: st.DataObject,
+) -> None:
+    """A header that differs from one kept only where its `timeout` was (any bytes there, other
+    tensor bytes after it) decodes, or is refused, as it is decoded whole (see
+    `rest._timeout_slot`); inputs may have a `timeout` parameter of their own."""
+    body, length = well_formed_binary(data.draw)
+    doc = orjson.loads(body[:length])
+    integers = st.integers(0, 2**64 + 5)
+    for entry in doc["inputs"]:
+        if data.draw(st.booleans()):
+            entry["parameters"]["timeout"] = data.draw(integers)
+    parameters = {"timeout": data.draw(integers)}
+    if data.draw(st.booleans()):
+        parameters["priority"] = data.draw(st.integers(0, 3))
+    doc["parameters"] = parameters
+    separators = data.draw(st.sampled_from([(",", ":"), (", ", ": "), (",", " :  ")]))
+    head = json.dumps(doc, separators=separators).encode()
+    tail = body[length:]
+    recipes: dict[bytes, Any] = {}
+    outcome(head + tail, len(head), recipes)  # (keeps the header, where it can)
+    at = head.rfind(b'"timeout"')
+    start = head.index(b":", at) + 1
+    while head[start : start + 1] == b" ":
+        start += 1
+    end = start
+    while head[end : end + 1].isdigit():
+        end += 1
+    value = data.draw(
+        st.one_of(
+            st.integers(0, 2**64 + 5).map(lambda n: str(n).encode()),
+            st.from_regex(rb"\A[-0-9.eE]{1,24}\Z"),
+            st.binary(max_size=6),
+        )
+    )
+    again_head = head[:start] + value + head[end:]
+    size = len(tail)
+    again_tail = data.draw(
+        st.one_of(st.just(tail), st.binary(min_size=size, max_size=size), st.binary(max_size=8))
+    )
+    again = again_head + again_tail
+    expected = outcome(again, len(again_head), None)
+    assert outcome(again, len(again_head), recipes) == expected
+
+
+@FUZZ
 @example("BYTES", [2**33], b"")
 @example("FP32", [0, 2**40, 2**40], b"")
 @example("BYTES", [2**20, 2**10], struct.pack("<I", 0) * 4)

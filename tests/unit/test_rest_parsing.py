@@ -457,7 +457,7 @@ def test_a_binary_header_seen_before_decodes_each_requests_own_bytes() -> None:
         blob = np.array(values, dtype="<f4").tobytes()
         body, length = request(doc, blob, flags, strings)
         req, plan = parse_infer_request(body, length, "m", "2", None, recipes)
-        assert len(recipes) == 1
+        assert len({id(recipe) for recipe in recipes.values()}) == 1
         np.testing.assert_array_equal(req.inputs["a"], np.array(values, dtype=np.float32))
         np.testing.assert_array_equal(req.inputs["b"], np.frombuffer(flags, dtype=bool))
         assert req.inputs["c"].tolist() == [b"hi", b""]
@@ -465,6 +465,47 @@ def test_a_binary_header_seen_before_decodes_each_requests_own_bytes() -> None:
         assert req.parameters == {"binary_data_output": True, "timeout": 5000}
         assert plan.is_binary("y") is False
         assert plan.is_binary("z") is True
+
+
+def test_a_header_seen_before_but_for_its_timeout_is_decoded_from_its_recipe() -> None:
+    """A client passing on the time left of its own deadline sends a new header each time."""
+    recipes: dict[bytes, Any] = {}
+    doc: dict[str, Any] = {"inputs": [binary("a", 8)], "parameters": {"timeout": 5000}}
+    parse_infer_request(*request(doc, F32), "m", None, None, recipes)
+    (recipe,) = {id(kept): kept for kept in recipes.values()}.values()
+    doc["parameters"] = {"timeout": 250}
+    later = np.array([3.0, 4.0], dtype="<f4").tobytes()
+    req, _ = parse_infer_request(*request(doc, later), "m", None, None, recipes)
+    assert req.template is recipe  # (from the first header's recipe)
+    assert req.parameters == {"timeout": 250}
+    assert recipe.parameters == {"timeout": 5000}  # (its own, unchanged)
+    np.testing.assert_array_equal(req.inputs["a"], np.array([3.0, 4.0], dtype=np.float32))
+    for value in (b"0250", b"-250", b"250.0", b"2e2", b"18446744073709551616"):
+        body = orjson.dumps(doc).replace(b"250", value) + later
+        length = len(body) - len(later)
+        try:
+            alone = parse_infer_request(body, length, "m", None)[0].parameters
+        except InvalidInput as exc:  # (refused as the whole header's decoding refuses it)
+            with pytest.raises(InvalidInput, match=re.escape(exc.message)):
+                parse_infer_request(body, length, "m", None, None, recipes)
+            continue
+        req, _ = parse_infer_request(body, length, "m", None, None, recipes)
+        assert req.template is not recipe
+        assert req.parameters == alone
+
+
+def test_only_the_top_level_timeout_is_told_apart() -> None:
+    recipes: dict[bytes, Any] = {}
+    entry = binary("a", 8)
+    entry["parameters"]["timeout"] = 7  # (an input's own parameter, first in the header)
+    doc: dict[str, Any] = {"inputs": [entry], "parameters": {"timeout": 5000}}
+    parse_infer_request(*request(doc, F32), "m", None, None, recipes)
+    assert len(recipes) == 1  # (the first `"timeout":` is not the request's)
+    (recipe,) = recipes.values()
+    entry["parameters"]["timeout"] = 8
+    req, _ = parse_infer_request(*request(doc, F32), "m", None, None, recipes)
+    assert req.template is not recipe
+    assert req.inputs  # (decoded whole)
 
 
 def test_a_kept_header_still_checks_the_bytes_that_follow_it() -> None:
