@@ -449,6 +449,66 @@ def test_a_request_that_waited_for_a_connection_carries_only_the_time_left(
     assert 100_000 < second <= 150_000
 
 
+def test_a_request_whose_due_time_passed_while_it_waited_for_a_connection_is_not_sent(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """As a client with a deadline does not send one. Sent with 1 µs left, the server read a
+    timeout shorter than a run (the client's fault, no sign of overload) and shed nothing, while
+    every request of a run past capacity went out so (see `HttpTransport`)."""
+    monkeypatch.setattr(transports, "MAX_HTTP_CONNECTIONS", 1)
+    seen: list[int] = []
+
+    async def scenario() -> None:
+        async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            writers.append(writer)
+            while not reader.at_eof():
+                try:
+                    head = await reader.readuntil(b"\r\n\r\n")
+                except asyncio.IncompleteReadError:
+                    return
+                fields = dict(
+                    line.lower().split(": ", 1) for line in head.decode().split("\r\n")[1:-2]
+                )
+                body = await reader.readexactly(int(fields["content-length"]))
+                json_bytes = fields.get("inference-header-content-length")
+                request, _ = parse_infer_request(body, json_bytes and int(json_bytes), "mlp", None)
+                seen.append(request.parameters["timeout"])
+                await asyncio.sleep(0.06)  # the one connection stays busy
+                writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}")
+
+        server = await asyncio.start_server(serve, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        ledger = Ledger(timeouts_ns=[30 * MS, 500 * MS])
+        transport = HttpTransport("127.0.0.1", port, ledger.finish, ledger.time_left_us)
+        await transport.open(1)
+        spec = PayloadSpec("http-binary", "mlp", 1, priority=None, host="h", port=port)
+        inputs = random_inputs(MLP, 1, np.random.default_rng(0))
+        classes = due_classes((30, 500), ())
+        payloads = [[encode(spec, inputs, due_class)] for due_class in classes]
+        dispatch = Dispatch(ledger, transport, payloads)
+        now = ledger.clock()
+        dispatch.send(now, 1, None)  # holds the only connection for 60 ms
+        dispatch.send(now, 0, None)  # due in 30 ms: passes while it waits
+        dispatch.send(now, 1, None)  # due in 500 ms: sent once the connection is free
+        await ledger.drained(5.0)
+        await transport.aclose()
+        server.close()
+        for writer in writers:
+            writer.close()
+        await server.wait_closed()
+        await asyncio.sleep(0.01)
+        outcomes.extend(ledger.outcome)
+        messages.extend(ledger.messages)
+
+    writers: list[asyncio.StreamWriter] = []
+    outcomes: list[int] = []
+    messages: list[str] = []
+    run_async(scenario())
+    assert len(seen) == 2  # the first and the third
+    assert 400_000 < seen[1] < 450_000  # (what was left of its 500 ms)
+    assert outcomes == [Outcome.OK, Outcome.EXPIRED, Outcome.OK], messages
+
+
 def test_open_loop_sends_every_request_in_order_never_much_early() -> None:
     async def scenario() -> tuple[Ledger, list[int]]:
         ledger = Ledger()

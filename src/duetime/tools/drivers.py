@@ -102,14 +102,15 @@ class Ledger:
 
     def time_left_us(self, rid: int) -> int | None:
         """What is left now of request `rid`'s due time (its class's timeout from when it was
-        scheduled or sent, the earlier), in µs and at least 1; None if its class has none."""
+        scheduled or sent, the earlier), in µs: 0 once it has passed; None if its class has
+        none."""
         if not self.timeouts_ns:
             return None
         timeout_ns = self.timeouts_ns[self.due_class[rid]]
         if timeout_ns is None:
             return None
         began = min(self.scheduled[rid], self.sent[rid])
-        return max(1, (began + timeout_ns - self.clock()) // 1000)
+        return max(0, (began + timeout_ns - self.clock()) // 1000)
 
     async def drained(self, timeout_s: float) -> None:
         """Wait until no request is owed an answer, or `timeout_s` passes."""
@@ -209,7 +210,7 @@ class Dispatch:
             left = ledger.time_left_us(rid)
             if left is not None:
                 self.restamped += 1
-                payload = restamp(payload, left)
+                payload = restamp(payload, max(1, left))  # (sent anyway: see `Dispatch`)
         self.transport.send(rid, payload, lane)
         return rid
 

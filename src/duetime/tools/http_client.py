@@ -26,6 +26,9 @@ NO_STATUS = 0
 """The status of a request that got no answer (connection lost, client fault)."""
 NO_CONNECTION = -1
 """The status of a request that never went out: its connection could not be opened."""
+DUE_UNSENT = -2
+"""The status of a request that never went out: it waited for a free connection until its due
+time had passed (see `HttpPool.on_waited`)."""
 
 CONNECT_TIMEOUT_S = 10.0
 
@@ -226,7 +229,7 @@ class HttpPool:
 
     def __init__(
         self, host: str, port: int, answered: Answered, *, max_connections: int,
-        keep_bodies: bool = False, waited: Callable[[int, bytes], bytes] | None = None,
+        keep_bodies: bool = False, waited: Callable[[int, bytes], bytes | None] | None = None,
     ) -> None:  # fmt: skip
         self.host = host
         self.port = port
@@ -234,7 +237,8 @@ class HttpPool:
         self.keep_bodies = keep_bodies
         self.on_waited = waited
         """Given a request that waited for a free connection, as it goes (its id and payload):
-        the payload to send instead (`duetime bench` shortens its due time by the wait)."""
+        the payload to send instead (`duetime bench` shortens its due time by the wait), or
+        None where it is not to be sent: it ends with status `DUE_UNSENT`."""
         self.max_connections = max_connections
         self.opened = 0
         self.waited = 0
@@ -355,21 +359,34 @@ class HttpPool:
             self._live.discard(connection)
 
     def freed(self, connection: _Connection) -> None:
-        if self._waiting and not self._closing:
-            connection.send(*self._next_waiting())
+        waiting = self._next_waiting()
+        if waiting is not None:
+            connection.send(*waiting)
         else:
             self._idle.append(connection)
 
     def lost(self, connection: _Connection) -> None:
         self._live.discard(connection)
-        if self._waiting and not self._closing:  # room for a new connection now
-            self.send(*self._next_waiting())
+        waiting = self._next_waiting()
+        if waiting is not None:  # room for a new connection now
+            self.send(*waiting)
 
-    def _next_waiting(self) -> tuple[int, bytes]:
-        rid, payload = self._waiting.popleft()
-        if self.on_waited is not None:
-            payload = self.on_waited(rid, payload)
-        return rid, payload
+    def _next_waiting(self) -> tuple[int, bytes] | None:
+        """The next request that waited for a connection and is still to be sent (those that
+        `on_waited` drops end `DUE_UNSENT`); None: none (or the pool is closing)."""
+        while self._waiting and not self._closing:
+            rid, payload = self._waiting.popleft()
+            if self.on_waited is None:
+                return rid, payload
+            sent = self.on_waited(rid, payload)
+            if sent is not None:
+                return rid, sent
+            self.answered(
+                rid, DUE_UNSENT, None, None,
+                "not sent: its due time passed while it waited for a free connection (every "
+                "one was waiting for an answer)",
+            )  # fmt: skip
+        return None
 
     async def aclose(self) -> None:
         """Close every connection; requests still owed end without an answer."""
