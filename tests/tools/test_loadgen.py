@@ -394,6 +394,52 @@ def test_a_late_send_carries_only_the_time_left_of_its_due_time() -> None:
     assert dispatch.restamped == 2
 
 
+async def _through_one_busy_connection(
+    timeouts_ms: tuple[float, ...], sends: list[int], hold_s: float
+) -> tuple[list[int], Ledger]:
+    """Send one request of each due class in `sends` (all scheduled now) over one HTTP
+    connection to a stub v2 server that holds each request `hold_s` before it answers: the
+    `timeout` parameters the server read, and the run's ledger."""
+    seen: list[int] = []
+    writers: list[asyncio.StreamWriter] = []
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writers.append(writer)
+        while not reader.at_eof():
+            try:
+                head = await reader.readuntil(b"\r\n\r\n")
+            except asyncio.IncompleteReadError:
+                return
+            fields = dict(line.lower().split(": ", 1) for line in head.decode().split("\r\n")[1:-2])
+            body = await reader.readexactly(int(fields["content-length"]))
+            json_bytes = fields.get("inference-header-content-length")
+            request, _ = parse_infer_request(body, json_bytes and int(json_bytes), "mlp", None)
+            seen.append(request.parameters["timeout"])
+            await asyncio.sleep(hold_s)  # the one connection stays busy
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}")
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    ledger = Ledger(timeouts_ns=[int(ms * MS) for ms in timeouts_ms])
+    transport = HttpTransport("127.0.0.1", port, ledger.finish, ledger.time_left_us)
+    await transport.open(1)
+    spec = PayloadSpec("http-binary", "mlp", 1, priority=None, host="h", port=port)
+    inputs = random_inputs(MLP, 1, np.random.default_rng(0))
+    payloads = [[encode(spec, inputs, due)] for due in due_classes(timeouts_ms, ())]
+    dispatch = Dispatch(ledger, transport, payloads)
+    now = ledger.clock()
+    for due_class in sends:
+        dispatch.send(now, due_class, None)
+    await ledger.drained(5.0)
+    await transport.aclose()
+    server.close()
+    for writer in writers:
+        writer.close()
+    await server.wait_closed()
+    await asyncio.sleep(0.01)
+    return seen, ledger
+
+
 def test_a_request_that_waited_for_a_connection_carries_only_the_time_left(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -401,49 +447,8 @@ def test_a_request_that_waited_for_a_connection_carries_only_the_time_left(
     and the server, counting from when it read it, answered "on time" what the generator (which
     counts from the schedule) saw late."""
     monkeypatch.setattr(transports, "MAX_HTTP_CONNECTIONS", 1)
-    timeouts: list[int] = []
-
-    async def scenario() -> None:
-        async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-            writers.append(writer)
-            while not reader.at_eof():
-                try:
-                    head = await reader.readuntil(b"\r\n\r\n")
-                except asyncio.IncompleteReadError:
-                    return
-                fields = dict(
-                    line.lower().split(": ", 1) for line in head.decode().split("\r\n")[1:-2]
-                )
-                body = await reader.readexactly(int(fields["content-length"]))
-                json_bytes = fields.get("inference-header-content-length")
-                request, _ = parse_infer_request(body, json_bytes and int(json_bytes), "mlp", None)
-                timeouts.append(request.parameters["timeout"])
-                await asyncio.sleep(0.05)  # the one connection stays busy
-                writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
-
-        server = await asyncio.start_server(serve, "127.0.0.1", 0)
-        port = server.sockets[0].getsockname()[1]
-        ledger = Ledger(timeouts_ns=[200 * MS])
-        transport = HttpTransport("127.0.0.1", port, ledger.finish, ledger.time_left_us)
-        await transport.open(1)
-        spec = PayloadSpec("http-binary", "mlp", 1, priority=None, host="h", port=port)
-        payload = encode(
-            spec, random_inputs(MLP, 1, np.random.default_rng(0)), due_classes((200,), ())[0]
-        )
-        dispatch = Dispatch(ledger, transport, [[payload]])
-        now = ledger.clock()
-        dispatch.send(now, 0, None)
-        dispatch.send(now, 0, None)  # waits ~50 ms for the only connection
-        await ledger.drained(5.0)
-        await transport.aclose()
-        server.close()
-        for writer in writers:
-            writer.close()
-        await server.wait_closed()
-        await asyncio.sleep(0.01)
-
-    writers: list[asyncio.StreamWriter] = []
-    run_async(scenario())
+    # (the second waits ~50 ms for the only connection)
+    timeouts, _ = run_async(_through_one_busy_connection((200,), [0, 0], 0.05))
     first, second = timeouts
     assert first > 199_000  # sent as scheduled, give or take a few µs
     assert 100_000 < second <= 150_000
@@ -456,57 +461,12 @@ def test_a_request_whose_due_time_passed_while_it_waited_for_a_connection_is_not
     timeout shorter than a run (the client's fault, no sign of overload) and shed nothing, while
     every request of a run past capacity went out so (see `HttpTransport`)."""
     monkeypatch.setattr(transports, "MAX_HTTP_CONNECTIONS", 1)
-    seen: list[int] = []
-
-    async def scenario() -> None:
-        async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-            writers.append(writer)
-            while not reader.at_eof():
-                try:
-                    head = await reader.readuntil(b"\r\n\r\n")
-                except asyncio.IncompleteReadError:
-                    return
-                fields = dict(
-                    line.lower().split(": ", 1) for line in head.decode().split("\r\n")[1:-2]
-                )
-                body = await reader.readexactly(int(fields["content-length"]))
-                json_bytes = fields.get("inference-header-content-length")
-                request, _ = parse_infer_request(body, json_bytes and int(json_bytes), "mlp", None)
-                seen.append(request.parameters["timeout"])
-                await asyncio.sleep(0.06)  # the one connection stays busy
-                writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}")
-
-        server = await asyncio.start_server(serve, "127.0.0.1", 0)
-        port = server.sockets[0].getsockname()[1]
-        ledger = Ledger(timeouts_ns=[30 * MS, 500 * MS])
-        transport = HttpTransport("127.0.0.1", port, ledger.finish, ledger.time_left_us)
-        await transport.open(1)
-        spec = PayloadSpec("http-binary", "mlp", 1, priority=None, host="h", port=port)
-        inputs = random_inputs(MLP, 1, np.random.default_rng(0))
-        classes = due_classes((30, 500), ())
-        payloads = [[encode(spec, inputs, due_class)] for due_class in classes]
-        dispatch = Dispatch(ledger, transport, payloads)
-        now = ledger.clock()
-        dispatch.send(now, 1, None)  # holds the only connection for 60 ms
-        dispatch.send(now, 0, None)  # due in 30 ms: passes while it waits
-        dispatch.send(now, 1, None)  # due in 500 ms: sent once the connection is free
-        await ledger.drained(5.0)
-        await transport.aclose()
-        server.close()
-        for writer in writers:
-            writer.close()
-        await server.wait_closed()
-        await asyncio.sleep(0.01)
-        outcomes.extend(ledger.outcome)
-        messages.extend(ledger.messages)
-
-    writers: list[asyncio.StreamWriter] = []
-    outcomes: list[int] = []
-    messages: list[str] = []
-    run_async(scenario())
+    # the first holds the only connection for 60 ms; the second, due in 30 ms, waits past its
+    # due time; the third, due in 500 ms, goes once the connection is free
+    seen, ledger = run_async(_through_one_busy_connection((30, 500), [1, 0, 1], 0.06))
     assert len(seen) == 2  # the first and the third
     assert 400_000 < seen[1] < 450_000  # (what was left of its 500 ms)
-    assert outcomes == [Outcome.OK, Outcome.EXPIRED, Outcome.OK], messages
+    assert ledger.outcome == [Outcome.OK, Outcome.EXPIRED, Outcome.OK]
 
 
 def test_open_loop_sends_every_request_in_order_never_much_early() -> None:
