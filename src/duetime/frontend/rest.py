@@ -1515,13 +1515,18 @@ def parse_infer_request(
     json_part = view if header_length is None else view[:header_length]
     binary = view[len(json_part) :]
     key: bytes | memoryview | None = None
+    split: _TimeoutSplit | None = None
     if recipes is not None and header_length is not None and header_length <= RECIPE_MAX_BYTES:
         # NOTE: a read-only view hashes and compares as its bytes: looked up without a copy
         key = json_part if json_part.readonly else bytes(json_part)
         recipe = recipes.get(key)  # type: ignore[arg-type]
         parameters = None
         if recipe is None:
-            recipe, parameters = _recipe_with_timeout(json_part, recipes)
+            split = _timeout_split(key)
+            if split is not None:
+                recipe = recipes.get(split[0])
+                if recipe is not None:  # (its own timeout: see `_timeout_slot`)
+                    parameters = {**recipe.parameters, "timeout": split[1]}
         if recipe is not None and len(binary) == recipe.size:
             address = codec.data_address(body) + header_length
             request = _from_recipe(recipe, binary, address, model, version, signatures, parameters)
@@ -1565,9 +1570,8 @@ def parse_infer_request(
             if len(recipes) >= RECIPES_MAX:
                 recipes.clear()
             recipes[bytes(key)] = recipe  # (a view would pin the whole request body)
-            slot = _timeout_slot(json_part, doc)
-            if slot is not None:
-                recipes[slot] = recipe
+            if split is not None and _timeout_slot(split, doc):
+                recipes[split[0]] = recipe
     return request, plan
 
 
@@ -1609,7 +1613,7 @@ def _from_recipe(
 ) -> InferRequest:
     """The request a recipe makes of its binary bytes (at `address` in memory): each input a
     view of them where it lies at a multiple of `codec.ALIGNMENT`, else an aligned copy;
-    `parameters`: its own, where they are not the recipe's (see `_recipe_with_timeout`)."""
+    `parameters`: its own, where they are not the recipe's (see `_timeout_slot`)."""
     inputs: dict[str, np.ndarray] = {}
     offset = 0
     for name, dtype, datatype, shape, size in recipe.inputs:
@@ -1633,16 +1637,22 @@ def _from_recipe(
     )  # fmt: skip
 
 
-def _timeout_split(json_part: memoryview) -> tuple[tuple[bytes, bytes], int] | None:
-    """A JSON header's bytes split around the first integer that follows a `"timeout":` key:
-    the bytes before and after it, and its value; None where there is none, or it is not a JSON
-    integer that a uint64 holds (a leading zero, too many digits: the whole header is decoded
-    then, and refused as it says).
+_TimeoutSplit = tuple[tuple[bytes, bytes], int]
+"""A JSON header split around the digits of the first integer after a `"timeout":` key: the
+bytes before and after them (the key it is kept under), and the integer (see `_timeout_split`).
+NOTE: a plain tuple of copies: a NamedTuple's construction, or views of the body (which hash and
+compare as their bytes), each took 5-10% longer to decode mlp's header from its recipe."""
+
+
+def _timeout_split(header: bytes | memoryview) -> _TimeoutSplit | None:
+    """`header` split around the first integer that follows a `"timeout":` key; None where there
+    is none, or it is not a JSON integer that a uint64 holds (a leading zero, too many digits:
+    the whole header is decoded then, and refused as it says).
 
     NOTE: the two parts are kept as a pair, apart from the headers kept whole (bytes): joined
     by a NUL, which valid JSON never holds raw, they were also the bytes of an invalid header,
     whose timeout was that NUL, and it was decoded from the recipe (found by a fuzz test)."""
-    found = _TIMEOUT_VALUE.search(json_part)
+    found = _TIMEOUT_VALUE.search(header)
     if found is None:
         return None
     digits = found.group(1)
@@ -1652,15 +1662,14 @@ def _timeout_split(json_part: memoryview) -> tuple[tuple[bytes, bytes], int] | N
     if value > _UINT64_MAX:
         return None
     start, end = found.span(1)
-    return (bytes(json_part[:start]), bytes(json_part[end:])), value
+    return (bytes(header[:start]), bytes(header[end:])), value
 
 
-def _timeout_slot(json_part: memoryview, doc: dict[str, Any]) -> tuple[bytes, bytes] | None:
-    """The key under which a header decoded into `doc` is kept for headers that differ from it
-    only in the value of their top-level `timeout` parameter (see `_recipe_with_timeout`), or
-    None where its timeout is not such a slot: none, or not an integer, or other bytes than the
-    top-level one first match `_TIMEOUT_VALUE`. Checked by decoding the header again with
-    another value in the slot: only that parameter may change.
+def _timeout_slot(split: _TimeoutSplit, doc: dict[str, Any]) -> bool:
+    """Whether a header decoded into `doc` may be kept under `split` too, for headers that differ
+    from it only in the value of their top-level `timeout` parameter: its timeout is an integer,
+    `split`'s, and no other bytes first match `_TIMEOUT_VALUE`. Checked by decoding the header
+    again with another value in the slot: only that parameter may change.
 
     NOTE: a client that gives each request the time left of its own deadline sends a header of
     its own every time (`duetime bench` does, for a send late by a microsecond or more: 98% of
@@ -1668,43 +1677,22 @@ def _timeout_slot(json_part: memoryview, doc: dict[str, Any]) -> tuple[bytes, by
     (mlp's, in a loop, hot) against 5.5 µs from its recipe this way, 4-5 µs for the same bytes."""
     parameters = doc.get("parameters")
     if not isinstance(parameters, dict):
-        return None
+        return False
     timeout = parameters.get("timeout")
-    if type(timeout) is not int:
-        return None
-    split = _timeout_split(json_part)
-    if split is None or split[1] != timeout:
-        return None
-    key = split[0]
-    before, after = key
+    if type(timeout) is not int or timeout != split[1]:
+        return False
+    before, after = split[0]
     other = timeout + 1 if timeout < _UINT64_MAX else timeout - 1
     try:
         again = codec.loads_json(before + str(other).encode() + after)
     except orjson.JSONDecodeError:
-        return None
+        return False
     if not isinstance(again, dict) or not isinstance(again.get("parameters"), dict):
-        return None
+        return False
     if again["parameters"].get("timeout") != other:
-        return None
+        return False
     again["parameters"]["timeout"] = timeout
-    return key if again == doc else None
-
-
-def _recipe_with_timeout(
-    json_part: memoryview, recipes: Recipes
-) -> tuple[_Recipe | None, dict[str, Any] | None]:
-    """The recipe of a header seen before but for its top-level `timeout` (see `_timeout_slot`),
-    and the request's parameters with its own timeout; (None, None) where there is none."""
-    split = _timeout_split(json_part)
-    if split is None:
-        return None, None
-    key, timeout = split
-    recipe = recipes.get(key)
-    if recipe is None:
-        return None, None
-    parameters = dict(recipe.parameters)
-    parameters["timeout"] = timeout
-    return recipe, parameters
+    return bool(again == doc)
 
 
 def _parameters(value: Any, where: str) -> dict[str, Any]:
