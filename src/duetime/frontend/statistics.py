@@ -101,6 +101,7 @@ def _variant_json(deployment: Deployment, stats: SchedulerStatistics) -> dict[st
         "answers_failed": dict(sorted(stats.answers_failed.items())),
         "expired": stats.expired,
         "late": stats.late,
+        "late_by_cause": dict(sorted(stats.late_by_cause.items())),
         "failed": stats.failed,
         "cancelled": stats.cancelled,
         "unavailable": stats.unavailable,

@@ -119,6 +119,7 @@ class MetricsCollector:
             ((r.labels, r.stats.probes) for r in rows),
         )
         yield self._answers_failed(rows)
+        yield self._late_answers(rows)
         yield self._batch_sizes(rows)
         yield from self._gauges(rows)
         yield from _triton_families(rows)
@@ -175,6 +176,23 @@ class MetricsCollector:
         for row in rows:
             for reason, count in sorted(row.stats.answers_failed.items()):
                 family.add_metric((*row.labels, reason), count)
+        return family
+
+    def _late_answers(self, rows: Sequence[_Row]) -> Metric:
+        family = CounterMetricFamily(
+            "duetime_late_answers",
+            "Answers that came after their due time (duetime_requests_total's late), by what "
+            "made them late, as the scheduler measured their batch: start, it started later "
+            "than planned (the batch ahead overran, or the loop was late to start it); run, "
+            "the model's run took longer than the latency profile predicts; delivery, its "
+            "result reached the event loop later than hand-offs usually take (a busy or "
+            "preempted loop); plan, none of these (it was planned to finish past its due "
+            "time: a probe).",
+            labels=(*DEPLOYMENT_LABELS, "cause"),
+        )
+        for row in rows:
+            for cause, count in sorted(row.stats.late_by_cause.items()):
+                family.add_metric((*row.labels, cause), count)
         return family
 
     def _batch_sizes(self, rows: Sequence[_Row]) -> Metric:

@@ -261,6 +261,8 @@ class SchedulerStatistics:
     answers_failed: dict[str, int] = field(default_factory=dict)
     """Requests it answered (counted in `succeeded`) whose front end could not deliver the
     answer, by reason (see `ModelScheduler.answer_failed`)."""
+    late_by_cause: dict[str, int] = field(default_factory=dict)
+    """The `late` answers by what made them late (`LATE_CAUSES`, see `late_cause`)."""
 
 
 _SUMMED = (
@@ -281,6 +283,7 @@ def combined(live: SchedulerStatistics, *others: SchedulerStatistics) -> Schedul
     sums: dict[str, Any] = {name: sum(getattr(s, name) for s in every) for name in _SUMMED}
     batch_sizes: dict[int, BatchSizeStatistics] = {}
     answers_failed: dict[str, int] = {}
+    late_by_cause: dict[str, int] = {}
     for stats in every:
         for size, batch in stats.batch_sizes.items():
             into = batch_sizes.setdefault(size, BatchSizeStatistics())
@@ -290,6 +293,8 @@ def combined(live: SchedulerStatistics, *others: SchedulerStatistics) -> Schedul
             into.output_ns += batch.output_ns
         for reason, count in stats.answers_failed.items():
             answers_failed[reason] = answers_failed.get(reason, 0) + count
+        for cause, count in stats.late_by_cause.items():
+            late_by_cause[cause] = late_by_cause.get(cause, 0) + count
     return replace(
         live,
         **sums,
@@ -300,6 +305,7 @@ def combined(live: SchedulerStatistics, *others: SchedulerStatistics) -> Schedul
         compute_time=_summed(s.compute_time for s in every),
         batch_sizes=batch_sizes,
         answers_failed=answers_failed,
+        late_by_cause=late_by_cause,
     )
 
 
@@ -311,6 +317,41 @@ def _summed(histograms: Iterable[HistogramSnapshot]) -> HistogramSnapshot:
         counts = [a + b for a, b in zip(counts, histogram.counts, strict=True)]
         sum_ns += histogram.sum_ns
     return HistogramSnapshot(first.bounds_ns, tuple(counts), sum_ns)
+
+
+LATE_CAUSES = ("start", "run", "delivery", "plan")
+"""Why a batch's answers came after their due time (`late_cause`): it started later than
+planned, its run took longer than predicted, its result reached the loop later than the
+hand-offs usually take, or none of these: it was planned to finish after its due time."""
+
+
+def late_cause(
+    *,
+    planned_start_ns: int,
+    started_ns: int,
+    waited_ns: int,
+    predicted_ns: int,
+    overhead_ns: int,
+    compute_ns: int,
+    ended_ns: int,
+) -> str:
+    """Which part of a batch's way overran its plan most (one of `LATE_CAUSES`). Pure.
+
+    The plan: start at `planned_start_ns` and have the result on the loop `predicted_ns` later,
+    `overhead_ns` of which for the hand-offs (the rest: the model's run). What happened: handed
+    to its instance at `started_ns` (for a batch that waited behind another: when that one
+    ended), waited `waited_ns` there for its turn on a shared CPU, ran `compute_ns` inside
+    ONNX Runtime, and its result reached the loop at `ended_ns`. The three overruns (start and
+    turn; run; the rest, hand-offs) sum to how much later than planned the result came."""
+    start = started_ns - planned_start_ns + waited_ns
+    run = compute_ns - (predicted_ns - overhead_ns)
+    delivery = ended_ns - started_ns - waited_ns - compute_ns - overhead_ns
+    worst = max(start, run, delivery)
+    if worst <= 0:
+        return "plan"
+    if worst == run:
+        return "run"
+    return "start" if worst == start else "delivery"
 
 
 @dataclass(slots=True, eq=False)
@@ -490,6 +531,8 @@ class ModelScheduler:
         self._batch_sizes: dict[int, BatchSizeStatistics] = {}
         self._peak = self._succeeded = self._failed = self._rejected = self._expired = 0
         self._late = self._on_time = self._probes = 0
+        self._late_by: dict[str, int] = {}
+        """Late answers by what made them late (see `late_cause`)."""
         self._cancelled = self._executions = self._inferences = self._last_ms = 0
         self._request_compute_ns = self._fail_ns = self._queue_ns = 0
         self._request_input_ns = self._request_output_ns = 0
@@ -707,8 +750,12 @@ class ModelScheduler:
             if isinstance(outcome, DuetimeError):
                 self._count_failure(end - now)
             else:
+                late = self._late
                 self._count_success(end - now, due_ns, rows, end)
                 self._count_answered(1, 0, result)  # (queued for no time)
+                if self._late != late:
+                    alone = _Running([], bucket, now, rows, None, now, self._exec_ns(rows))
+                    self._count_late(1, alone, result, end)
             # NOTE: what the caller does with its answer (`deliver`) is not the hand-back: a
             # deliver of 2 ms learnt as one kept 923 µs before every due time (a tester)
             self._learn_answer((delivered or self._clock.now_ns()) - end, 1, cold)
@@ -1965,12 +2012,24 @@ class ModelScheduler:
         cold = running.cold
         self._record(result, answered, rows, running.bucket, running.started_ns, cold, now, sent)
         self._judge(instance, rows, result, now, sent)
+        late = self._late
         self._settling = True
         try:
             self._settle_batch(running, result, now)
         finally:
             self._settling = False
+        if self._late != late:  # (rare: no cost per batch but this comparison)
+            self._count_late(self._late - late, running, result, now)
         self._learn_answer(self._clock.now_ns() - now, len(requests), cold)
+
+    def _count_late(self, count: int, running: _Running, result: BatchResult, now: int) -> None:
+        """`count` answers of `running`'s batch, settled `now`, were late: count them by cause."""
+        cause = late_cause(
+            planned_start_ns=running.queued_until_ns, started_ns=running.started_ns,
+            waited_ns=result.waited_ns, predicted_ns=running.predicted_ns,
+            overhead_ns=int(self._overhead_ns), compute_ns=result.compute_ns, ended_ns=now,
+        )  # fmt: skip
+        self._late_by[cause] = self._late_by.get(cause, 0) + count
 
     def _ran(self) -> int:
         """A run just ended: now, on the scheduler's clock."""
@@ -2435,6 +2494,7 @@ class ModelScheduler:
             committed=sum(len(r.requests) for jobs in self._outstanding for r in list(jobs)[1:]),
             handed_over=self._handed_over,
             answers_failed=dict(list(self._answers_failed.items())),
+            late_by_cause=dict(list(self._late_by.items())),
         )
 
     async def aclose(self, grace_s: float) -> None:
