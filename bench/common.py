@@ -24,7 +24,9 @@ from duetime.tools.payloads import PayloadSpec, http_request_bytes
 
 T = TypeVar("T")
 
-READY = re.compile(rb"duetime ready: http://([\d.]+):(\d+) grpc://([\d.]+):(\d+)")
+READY = re.compile(
+    rb"duetime ready: http://([\d.]+):(\d+) grpc://([\d.]+):(\d+)(?: metrics://([\d.]+):(\d+))?"
+)
 
 
 @dataclass(frozen=True)
@@ -33,6 +35,14 @@ class ServerProcess:
     host: str
     http_port: int
     grpc_port: int
+    metrics_port: int | None = None
+
+    @property
+    def metrics_url(self) -> str | None:
+        """Its Prometheus /metrics (None: it serves none)."""
+        if self.metrics_port is None:
+            return None
+        return f"http://{self.host}:{self.metrics_port}/metrics"
 
 
 @contextmanager
@@ -49,7 +59,8 @@ def server_process(
         match = READY.search(line)
         if match is None:
             raise RuntimeError(f"server did not start: {line!r}")
-        yield ServerProcess(process, match[1].decode(), int(match[2]), int(match[4]))
+        metrics = None if match[6] is None else int(match[6])
+        yield ServerProcess(process, match[1].decode(), int(match[2]), int(match[4]), metrics)
     finally:
         process.send_signal(signal.SIGTERM)
         process.wait(timeout=30)

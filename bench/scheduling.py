@@ -23,6 +23,10 @@ FIFO (`scheduling.policy = "fifo"`, a Triton-style batcher), and unbatched (`max
 Every run goes over `--protocol`: HTTP binary (the default: 512 connections) or gRPC (4
 channels, as tritonclient's few).
 The generator runs in this process, pinned to the core the model's instance does not use.
+`late` counts answers late by the generator's clock; `srv_late` those the server counted late
+by its own, and `srv_late_by` why (`duetime_late_answers_total`: start, its batch started later
+than planned; run, the run overran the latency profile; delivery, the result reached the event
+loop late; plan, none of these).
 Each run starts once other programs (and the server) are idle (`--wait-quiet`), and is run
 again once if they used over 0.3 cores meanwhile; each row shows the cores they used
 (`others_cores`) and the attempts.
@@ -57,6 +61,7 @@ from duetime.tools.config import BenchConfig
 from duetime.tools.loadgen import run_bench
 from duetime.tools.payloads import WireProtocol
 from duetime.tools.report import BenchResult
+from duetime.tools.server_metrics import late_between, scrape
 
 
 @dataclass(frozen=True)
@@ -132,10 +137,15 @@ class Runner:
         self.steal = 0.0
         """Cores' worth of CPU the hypervisor took from this VM during the last run (steal): a
         run with some is the machine's, not the server's."""
+        self.metrics_url: str | None = None
+        self.server_late: dict[str, int] = {}
+        """The answers the server counted late during the last run, by cause (its
+        `duetime_late_answers_total`: start, run, delivery, plan)."""
 
     def serving(self, server: ServerProcess) -> None:
         """The runs that follow drive `server`."""
         self.pids = [os.getpid(), server.process.pid]
+        self.metrics_url = server.metrics_url
 
     def port(self, server: ServerProcess) -> int:
         """`server`'s port for this runner's protocol."""
@@ -171,11 +181,15 @@ class Runner:
         def run() -> BenchResult:
             pin_current_thread(self.plan.generator_cpus)
             before = cpu_sample([])
+            counted = scrape(self.metrics_url) if self.metrics_url else None
             try:
                 return run_bench(config)
             finally:
                 self.steal = cpu_sample([]).steal_cores(before)
                 pin_current_thread(ALL_CPUS)
+                after = scrape(self.metrics_url) if self.metrics_url else None
+                late = late_between(counted and counted[1], after and after[1])
+                self.server_late = late.get(self.plan.name, {})
 
         if not self.pids:
             self.others, self.attempts = 0.0, 1
@@ -205,6 +219,8 @@ def row(label: str, load: str, result: BenchResult, runner: Runner) -> dict[str,
         "errors": o.errors,
         "gen_late_sends_%": 100.0 * (result.generator.late_send_fraction or 0.0),
         "gen_late_reads_%": 100.0 * result.generator.late_read_fraction,
+        "srv_late": sum(runner.server_late.values()),
+        "srv_late_by": " ".join(f"{c}:{n}" for c, n in sorted(runner.server_late.items())),
         "others_cores": runner.others,
         "steal_cores": runner.steal,
         "attempts": runner.attempts,

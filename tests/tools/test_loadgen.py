@@ -1004,6 +1004,21 @@ def test_cli_bench_prints_a_table_and_writes_json(
     assert doc["config"]["timeouts_ms"] == [200.0]
 
 
+def test_cli_bench_with_metrics_says_what_the_server_counted_late(
+    server: RunningServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "bench.json"
+    metrics = f"http://127.0.0.1:{server.addresses.metrics_port}/metrics"
+    argv = ["bench", "--http", server.http, "--model", "mlp", "--rate", "200", "--duration",
+            "0.3", "--warmup", "0", "--timeout-ms", "1000", "--metrics", metrics,
+            "--json", str(out)]  # fmt: skip
+    assert cli_main(argv) == 0
+    assert "server: no answer late by its own clock" in capsys.readouterr().out
+    doc = json.loads(out.read_text())
+    assert doc["server_late"] == {}
+    assert sum(int(size) * n for size, n in doc["batch_sizes"]["mlp"].items()) >= 60
+
+
 def test_cli_reports_bad_flags_and_unknown_models(
     server: RunningServer, capsys: pytest.CaptureFixture[str]
 ) -> None:

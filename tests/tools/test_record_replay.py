@@ -104,3 +104,25 @@ def test_batch_counts_come_from_the_histogram_between_two_scrapes() -> None:
     assert batch_sizes_between(before, after) == {"m": {1: 14, 4: 10}}
     assert batch_sizes_between(None, after) == {}
     assert parse_batch_counts("# nothing here\n") == {}
+
+
+def test_late_answers_by_cause_come_from_the_counter_between_two_scrapes() -> None:
+    from duetime.tools.server_metrics import late_between, late_line, parse_late_counts
+
+    def scrape(delivery: int, run: int) -> str:
+        lines = ["# TYPE duetime_late_answers_total counter"]
+        for version in ("1", "2"):
+            labels = f'model="m",version="{version}",variant="default"'
+            lines += [
+                f'duetime_late_answers_total{{{labels},cause="delivery"}} {delivery}',
+                f'duetime_late_answers_total{{{labels},cause="run"}} {run}',
+            ]
+        return "\n".join(lines) + "\n"
+
+    before, after = parse_late_counts(scrape(1, 2)), parse_late_counts(scrape(4, 2))
+    assert before == {"m": {"delivery": 2, "run": 4}}  # two versions, summed
+    late = late_between(before, after)
+    assert late == {"m": {"delivery": 6}}, "causes that did not move are left out"
+    assert late_line(late) == "server: answers late by its own clock, by cause: m 6 (delivery 6)"
+    assert late_line({}) == "server: no answer late by its own clock"
+    assert late_between(None, after) == {}

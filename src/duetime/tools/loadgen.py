@@ -73,7 +73,9 @@ from duetime.tools.report import EXIT_UNSENT, BenchResult, Records, merge_record
 from duetime.tools.server_metrics import (
     batch_sizes_between,
     batch_sizes_json,
-    scrape_batch_counts,
+    late_between,
+    late_line,
+    scrape,
 )
 from duetime.tools.transports import (
     BenchError,
@@ -562,7 +564,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     due.add_argument("--priority", type=int, help="the v2 priority parameter (1 is highest)")
     parser.add_argument(
         "--metrics", metavar="URL", help="the server's Prometheus /metrics (duetime: "
-        "http://HOST:METRICS_PORT/metrics): the result then holds the batch sizes it ran",
+        "http://HOST:METRICS_PORT/metrics): the result then holds the batch sizes it ran, and "
+        "a line says how many answers it counted late by its own clock, and why",
     )  # fmt: skip
     parser.add_argument("--json", type=Path, metavar="PATH", help="also write the results as JSON")
     parser.add_argument(
@@ -620,7 +623,7 @@ def run(args: argparse.Namespace) -> int:
         config = config_from_args(args)
         check_output(args.json, "--json")
         check_output(args.record, "--record", new=True)
-        before = scrape_batch_counts(args.metrics) if args.metrics else None
+        before = scrape(args.metrics) if args.metrics else None
         result = run_bench(config, record=args.record, progress=not args.quiet)
     except ConfigError as exc:
         console(f"duetime bench: {exc.message}")
@@ -635,13 +638,17 @@ def run(args: argparse.Namespace) -> int:
         console("duetime bench: interrupted before sending started", logging.WARNING)
         return EXIT_CODE
     print(result.format())
+    after = scrape(args.metrics) if args.metrics else None
+    if before is not None and after is not None:
+        print(late_line(late_between(before[1], after[1])))
     if args.record is not None:
         print(f"wrote {args.record}")
     if args.json is not None:
         doc = result.to_json()
         if args.metrics:
-            ran = batch_sizes_between(before, scrape_batch_counts(args.metrics))
+            ran = batch_sizes_between(before and before[0], after and after[0])
             doc["batch_sizes"] = batch_sizes_json(ran)
+            doc["server_late"] = late_between(before and before[1], after and after[1])
         try:
             write_output(args.json, strict_json(doc), "--json")
         except OutputError as exc:

@@ -1,9 +1,9 @@
-"""The batch sizes a server ran during a load run, from its Prometheus `/metrics` read before and
-after (`duetime bench|replay --metrics URL`).
+"""The batch sizes a server ran during a load run, and the answers it counted late by cause, from
+its Prometheus `/metrics` read before and after (`duetime bench|replay --metrics URL`).
 
 Reads the `duetime_batch_size` histogram (duetime's; its buckets are the batch sizes a model
-runs at). A server without it, or a scrape that fails, gives no batch sizes, never an error: the
-load run is what matters.
+runs at) and the `duetime_late_answers` counter. A server without them, or a scrape that fails,
+gives none, never an error: the load run is what matters.
 """
 
 from __future__ import annotations
@@ -19,14 +19,24 @@ from prometheus_client.parser import text_string_to_metric_families
 log = logging.getLogger("duetime.tools")
 
 BATCH_FAMILY = "duetime_batch_size"
+LATE_FAMILY = "duetime_late_answers"
 SCRAPE_TIMEOUT_S = 5.0
 
 BatchCounts = dict[str, dict[int, int]]
 """Model -> batch size -> executions (summed over versions and variants)."""
+LateCounts = dict[str, dict[str, int]]
+"""Model -> cause -> answers late by the server's clock (summed over versions and variants)."""
 
 
 def scrape_batch_counts(url: str) -> BatchCounts | None:
     """The executions per batch size so far, per model; None if `url` cannot be read."""
+    counts = scrape(url)
+    return None if counts is None else counts[0]
+
+
+def scrape(url: str) -> tuple[BatchCounts, LateCounts] | None:
+    """The executions per batch size and the late answers by cause so far, per model; None if
+    `url` cannot be read."""
     try:
         with urllib.request.urlopen(url, timeout=SCRAPE_TIMEOUT_S) as response:
             text = response.read().decode("utf-8", "replace")
@@ -34,11 +44,50 @@ def scrape_batch_counts(url: str) -> BatchCounts | None:
         log.warning("--metrics %s: cannot read it (%s); no batch sizes in the result", url, exc)
         return None
     try:
-        return parse_batch_counts(text)
+        return parse_batch_counts(text), parse_late_counts(text)
     except ValueError as exc:  # not Prometheus text (a web page, say): no error either
         log.warning("--metrics %s: not Prometheus metrics (%s); no batch sizes in the result",
                     url, exc)  # fmt: skip
         return None
+
+
+def parse_late_counts(text: str) -> LateCounts:
+    """`duetime_late_answers_total` summed per model and cause."""
+    counts: LateCounts = defaultdict(lambda: defaultdict(int))
+    for family in text_string_to_metric_families(text):
+        if family.name != LATE_FAMILY:
+            continue
+        for sample in family.samples:
+            if sample.name.endswith("_total"):
+                labels = sample.labels
+                counts[labels.get("model", "?")][labels.get("cause", "?")] += round(sample.value)
+    return {model: dict(causes) for model, causes in counts.items()}
+
+
+def late_between(before: LateCounts | None, after: LateCounts | None) -> LateCounts:
+    """Late answers by cause counted between two scrapes (empty if either failed)."""
+    if before is None or after is None:
+        return {}
+    late: LateCounts = {}
+    for model, causes in after.items():
+        earlier = before.get(model, {})
+        delta = {c: n - earlier.get(c, 0) for c, n in sorted(causes.items())}
+        delta = {c: n for c, n in delta.items() if n > 0}
+        if delta:
+            late[model] = delta
+    return late
+
+
+def late_line(late: LateCounts) -> str:
+    """One line for the late answers counted: per model, the total and each cause's share."""
+    if not late:
+        return "server: no answer late by its own clock"
+    parts = []
+    for model, causes in sorted(late.items()):
+        ranked = sorted(causes.items(), key=lambda item: (-item[1], item[0]))
+        each = ", ".join(f"{cause} {n}" for cause, n in ranked)
+        parts.append(f"{model} {sum(causes.values())} ({each})")
+    return "server: answers late by its own clock, by cause: " + "; ".join(parts)
 
 
 def parse_batch_counts(text: str) -> BatchCounts:
