@@ -22,7 +22,8 @@ FIFO (`scheduling.policy = "fifo"`, a Triton-style batcher), and unbatched (`max
 6. runtime tuning: EDF at 100% with `--no-tune-runtime --cpus none` vs the defaults (P99).
 Every run goes over `--protocol`: HTTP binary (the default: 512 connections) or gRPC (4
 channels, as tritonclient's few).
-The generator runs in this process, pinned to the core the model's instance does not use.
+The generator runs in this process, pinned to the core the model's instance does not use (on
+a machine of three or more cores, to one the server does not use: see `plans`).
 `late` counts answers late by the generator's clock; `srv_late` those the server counted late
 by its own, and `srv_late_by` why (`duetime_late_answers_total`: start, its batch started later
 than planned; run, the run overran the latency profile; delivery, the result reached the event
@@ -79,12 +80,20 @@ class ModelPlan:
 
 
 def plans() -> dict[str, ModelPlan]:
-    first, last = min(ALL_CPUS), max(ALL_CPUS)
-    every = ",".join(str(c) for c in sorted(ALL_CPUS))
+    """Two cores or one: the generator shares the loop's core with resnet (its instance has the
+    other). With three or more, resnet's server gets two and the generator a third of its own,
+    as a client on another machine would be (mlp's server has one core either way)."""
+    cpus = sorted(ALL_CPUS)
+    first, last = cpus[0], cpus[-1]
+    if len(cpus) >= 3:
+        resnet = ModelPlan("resnet", (10.0, 50.0), f"{first},{cpus[1]}", frozenset({cpus[2]}),
+                           32, frozenset({cpus[1]}))  # fmt: skip
+    else:
+        every = ",".join(str(c) for c in cpus)
+        resnet = ModelPlan("resnet", (10.0, 50.0), every, frozenset({first}), 32,
+                           frozenset({last}))  # fmt: skip
     return {
-        "resnet": ModelPlan(
-            "resnet", (10.0, 50.0), every, frozenset({first}), 32, frozenset({last})
-        ),
+        "resnet": resnet,
         "mlp": ModelPlan(
             "mlp",
             (2.0, 10.0),
