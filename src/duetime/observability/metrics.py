@@ -19,7 +19,7 @@ import gzip
 import re
 import weakref
 from bisect import bisect_left
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import accumulate
 from typing import TYPE_CHECKING, Any
@@ -162,7 +162,7 @@ class MetricsCollector:
         return family
 
     def _answers_failed(self, rows: Sequence[_Row]) -> Metric:
-        family = CounterMetricFamily(
+        return _counted_by(
             "duetime_answers_failed",
             "Requests the model ran and answered (counted successes in "
             "duetime_requests_total and nv_inference_*, as Triton's statistics count an "
@@ -171,15 +171,11 @@ class MetricsCollector:
             "RESOURCE_EXHAUSTED (a shared-memory output window too small, a JSON answer over "
             "--max-json-answer-bytes, a gRPC message over its limit); held_late: a gRPC stream "
             "held it behind earlier answers past its due time.",
-            labels=(*DEPLOYMENT_LABELS, "reason"),
-        )
-        for row in rows:
-            for reason, count in sorted(row.stats.answers_failed.items()):
-                family.add_metric((*row.labels, reason), count)
-        return family
+            "reason", rows, lambda stats: stats.answers_failed,
+        )  # fmt: skip
 
     def _late_answers(self, rows: Sequence[_Row]) -> Metric:
-        family = CounterMetricFamily(
+        return _counted_by(
             "duetime_late_answers",
             "Answers that came after their due time (duetime_requests_total's late), by what "
             "made them late, as the scheduler measured their batch: start, it started later "
@@ -188,12 +184,8 @@ class MetricsCollector:
             "result reached the event loop later than hand-offs usually take (a busy or "
             "preempted loop); plan, none of these (it was planned to finish past its due "
             "time: a probe).",
-            labels=(*DEPLOYMENT_LABELS, "cause"),
-        )
-        for row in rows:
-            for cause, count in sorted(row.stats.late_by_cause.items()):
-                family.add_metric((*row.labels, cause), count)
-        return family
+            "cause", rows, lambda stats: stats.late_by_cause,
+        )  # fmt: skip
 
     def _batch_sizes(self, rows: Sequence[_Row]) -> Metric:
         family = HistogramMetricFamily(
@@ -483,6 +475,21 @@ def _gauge(
     family = GaugeMetricFamily(name, help_text, labels=DEPLOYMENT_LABELS)
     for labels, value in samples:
         family.add_metric(labels, value)
+    return family
+
+
+def _counted_by(
+    name: str,
+    documentation: str,
+    label: str,
+    rows: Sequence[_Row],
+    counts: Callable[[SchedulerStatistics], Mapping[str, int]],
+) -> Metric:
+    """A counter family of each deployment's `counts`, by `label` (the counts' keys)."""
+    family = CounterMetricFamily(name, documentation, labels=(*DEPLOYMENT_LABELS, label))
+    for row in rows:
+        for key, count in sorted(counts(row.stats).items()):
+            family.add_metric((*row.labels, key), count)
     return family
 
 

@@ -13,6 +13,7 @@ import math
 import urllib.error
 import urllib.request
 from collections import defaultdict
+from typing import TypeVar
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -66,16 +67,7 @@ def parse_late_counts(text: str) -> LateCounts:
 
 def late_between(before: LateCounts | None, after: LateCounts | None) -> LateCounts:
     """Late answers by cause counted between two scrapes (empty if either failed)."""
-    if before is None or after is None:
-        return {}
-    late: LateCounts = {}
-    for model, causes in after.items():
-        earlier = before.get(model, {})
-        delta = {c: n - earlier.get(c, 0) for c, n in sorted(causes.items())}
-        delta = {c: n for c, n in delta.items() if n > 0}
-        if delta:
-            late[model] = delta
-    return late
+    return _between(before, after)
 
 
 def late_line(late: LateCounts) -> str:
@@ -116,16 +108,27 @@ def parse_batch_counts(text: str) -> BatchCounts:
 
 def batch_sizes_between(before: BatchCounts | None, after: BatchCounts | None) -> BatchCounts:
     """Executions per batch size that happened between two scrapes (empty if either failed)."""
+    return _between(before, after)
+
+
+K = TypeVar("K", int, str)
+
+
+def _between(
+    before: dict[str, dict[K, int]] | None, after: dict[str, dict[K, int]] | None
+) -> dict[str, dict[K, int]]:
+    """Per model, the counts that grew between two scrapes, by how much (empty if either
+    failed); a model or key that did not grow is left out."""
     if before is None or after is None:
         return {}
-    ran: BatchCounts = {}
-    for model, sizes in after.items():
+    grown: dict[str, dict[K, int]] = {}
+    for model, counts in after.items():
         earlier = before.get(model, {})
-        delta = {size: n - earlier.get(size, 0) for size, n in sizes.items()}
-        delta = {size: n for size, n in sorted(delta.items()) if n > 0}
+        delta = {key: n - earlier.get(key, 0) for key, n in sorted(counts.items())}
+        delta = {key: n for key, n in delta.items() if n > 0}
         if delta:
-            ran[model] = delta
-    return ran
+            grown[model] = delta
+    return grown
 
 
 def batch_sizes_json(ran: BatchCounts) -> dict[str, dict[str, int]]:
