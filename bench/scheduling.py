@@ -8,7 +8,8 @@ capacity, and what does batching and runtime tuning cost or buy?
 For each model the same server build runs three ways (one config file apart): EDF (default),
 FIFO (`scheduling.policy = "fifo"`, a Triton-style batcher), and unbatched (`max_batch_size = 0`).
 1. capacity: open-loop runs at rising rates on EDF; capacity = the highest goodput found;
-2. EDF and FIFO at 50/100/150/200% of capacity, deadlines mixed 10/50 ms (resnet) or 2/10 ms
+2. EDF and FIFO at 50/100/150/200% of capacity (both servers up, each load run on one then
+   the other), deadlines mixed 10/50 ms (resnet) or 2/10 ms
    (mlp), half each: goodput, share of answers on time, P50/P99, rejections, misses; then
    `--pairs` - 1 more EDF runs at 100% and 200% back to back: the goodput verdict is the median
    of the pairs' ratios, the on-time one pools every 200% run;
@@ -151,9 +152,10 @@ class Runner:
         """The answers the server counted late during the last run, by cause (its
         `duetime_late_answers_total`: start, run, delivery, plan)."""
 
-    def serving(self, server: ServerProcess) -> None:
-        """The runs that follow drive `server`."""
-        self.pids = [os.getpid(), server.process.pid]
+    def serving(self, server: ServerProcess, *idle: ServerProcess) -> None:
+        """The runs that follow drive `server` (`idle`: servers of this benchmark left idle
+        meanwhile, whose CPU is not other programs')."""
+        self.pids = [os.getpid(), server.process.pid, *(other.process.pid for other in idle)]
         self.metrics_url = server.metrics_url
 
     def port(self, server: ServerProcess) -> int:
@@ -299,12 +301,24 @@ def bench_model(
     out: dict[str, Any] = {
         "model": plan.name, "deadlines_ms": plan.timeouts_ms, "protocol": args.protocol,
     }  # fmt: skip
-    with server_process(repos["edf"], "--cpus", plan.server_cpus) as server:
-        runner.serving(server)
+    with (
+        server_process(repos["edf"], "--cpus", plan.server_cpus) as server,
+        server_process(repos["fifo"], "--cpus", plan.server_cpus) as fifo,
+    ):
+        runner.serving(server, fifo)
         capacity, search = find_capacity(runner, runner.port(server))
         out["capacity_rps"] = capacity
-        rows = [row("edf", f"{p}%", runner.open_loop(runner.port(server), capacity * p / 100),
-                    runner) for p in (50, 100, 150, 200)]  # fmt: skip
+        rows = []
+        # NOTE: EDF and FIFO take each load in turn, back to back (the idle server costs next to
+        # nothing): FIFO's runs, made after all of EDF's, once answered 2x EDF's goodput at 200%
+        # on the 2-core VM, its speed having drifted meanwhile; alternated (8,500/s, 6 rounds),
+        # the two answered 6,122 and 6,304 a second on time
+        for p in (50, 100, 150, 200):
+            for label, target, idle in (("edf", server, fifo), ("fifo", fifo, server)):
+                runner.serving(target, idle)
+                result = runner.open_loop(runner.port(target), capacity * p / 100)
+                rows.append(row(label, f"{p}%", result, runner))
+        runner.serving(server, fifo)
         # NOTE: the 100%/200% verdict compares runs minutes apart, and this VM's speed drifts
         # by up to 2x in that time: more pairs, each run back to back, and the median ratio
         for pair in range(2, args.pairs + 1):
@@ -323,10 +337,6 @@ def bench_model(
                 "before_rows_per_s": before, "after_rows_per_s": after,
             }  # fmt: skip
             out["saturated_vs_bare"] = saturated / limit
-    with server_process(repos["fifo"], "--cpus", plan.server_cpus) as server:
-        runner.serving(server)
-        rows += [row("fifo", f"{p}%", runner.open_loop(runner.port(server), capacity * p / 100),
-                     runner) for p in (50, 100, 150, 200)]  # fmt: skip
     with server_process(repos["unbatched"], "--cpus", plan.server_cpus) as server:
         runner.serving(server)
         rows.append(
