@@ -11,7 +11,7 @@ from duetime.tools.bench_record import UNSENT_ERROR, write_bench_capture
 from duetime.tools.capture import read_capture
 from duetime.tools.config import BenchConfig
 from duetime.tools.drivers import Ledger
-from duetime.tools.outcomes import Outcome
+from duetime.tools.outcomes import DUE_PASSED_UNSENT, Outcome
 from duetime.tools.payloads import PayloadSpec, encode
 from duetime.tools.replay_payloads import sent_as_json
 
@@ -25,11 +25,14 @@ class _Clock:
         return self.now
 
 
-def _run(config: BenchConfig, ends: list[Outcome]) -> tuple[Ledger, list[list[dict]], list]:
+def _run(
+    config: BenchConfig, ends: list[Outcome], messages: dict[int, str] | None = None
+) -> tuple[Ledger, list[list[dict]], list]:
     ledger = Ledger(clock=_Clock())
-    for outcome in ends:
+    for index, outcome in enumerate(ends):
         rid = ledger.add(ledger.clock(), 0)
-        ledger.finish(rid, outcome, "refused" if outcome == Outcome.UNSENT else None)
+        message = "refused" if outcome == Outcome.UNSENT else None
+        ledger.finish(rid, outcome, (messages or {}).get(index, message))
     inputs = [{"x": np.zeros((1, 4), np.float32)}, {"x": np.ones((1, 4), np.float32)}]
     host, port = config.host_port()
     spec = PayloadSpec(config.protocol, config.model, config.batch, None, host, port)
@@ -47,6 +50,21 @@ def test_a_request_never_sent_is_recorded_with_no_outcome(tmp_path: Path) -> Non
     assert [r.status for r in records] == [200, 0, 499, 0]
     assert [r.error for r in records] == [None, UNSENT_ERROR, None, UNSENT_ERROR]
     assert records[1].latency_ns == 0
+
+
+def test_a_request_dropped_unsent_past_its_due_time_is_not_recorded_as_the_servers_504(
+    tmp_path: Path,
+) -> None:
+    """The generator drops a request whose due time passed while it waited for a connection
+    (EXPIRED, as a client with a deadline would not send it): it was recorded as a 504."""
+    config = BenchConfig(model="m", address="127.0.0.1:9")
+    ends = [Outcome.EXPIRED, Outcome.EXPIRED]
+    ledger, pools, payloads = _run(config, ends, {1: DUE_PASSED_UNSENT})
+    path = tmp_path / "run.dtcap"
+    write_bench_capture(path, config, ledger, pools, payloads)
+    server_504, dropped = read_capture(path)
+    assert (server_504.status, server_504.error) == (504, None)
+    assert (dropped.status, dropped.error, dropped.latency_ns) == (0, DUE_PASSED_UNSENT, 0)
 
 
 @pytest.mark.parametrize(("protocol", "as_json"), [("http-json", True), ("http-binary", False)])

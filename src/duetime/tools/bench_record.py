@@ -13,14 +13,15 @@ from duetime.tools.capture.format import CapturedRequest, CapturedTensor
 from duetime.tools.capture.writer import CaptureWriter
 from duetime.tools.config import BenchConfig
 from duetime.tools.drivers import Ledger
-from duetime.tools.outcomes import Outcome
+from duetime.tools.outcomes import DUE_PASSED_UNSENT, Outcome
 
 STATUS_OF: dict[int, int] = {
     Outcome.OK: 200, Outcome.LATE: 200, Outcome.REJECTED: 429, Outcome.EXPIRED: 504,
     Outcome.ERROR: 500, Outcome.NO_ANSWER: 499, Outcome.UNSENT: 0,
 }  # fmt: skip
 """The HTTP-style status a capture records for each outcome (499: never answered; 0, no
-outcome, as `capture show` says: never sent, no connection to the server could be opened)."""
+outcome, as `capture show` says: never sent, no connection to the server could be opened; a
+request EXPIRED unsent, its due time passed while it waited for a connection, is 0 too)."""
 UNSENT_ERROR = "not sent: no connection to the server could be opened"
 """The error recorded with a request that was never sent."""
 
@@ -47,6 +48,8 @@ def write_bench_capture(
     meta = {"written_by": "duetime bench", "model": config.model, "protocol": config.protocol,
             "mode": config.mode, "rate": config.rate, "seed": config.seed}  # fmt: skip
     first = min(ledger.scheduled, default=0)
+    # NOTE: recorded as the server's 504, a replay compared them with answers it never sent
+    expired_unsent = set(ledger.unsent_expired)
     classes = config.classes
     tensors = [[[CapturedTensor.of(n, a) for n, a in inputs.items()] for inputs in pool]
                for pool in pools]  # fmt: skip
@@ -55,7 +58,8 @@ def write_bench_capture(
             due_class = ledger.due_class[rid]
             due = classes[due_class]
             outcome = ledger.outcome[rid]
-            unsent = outcome == Outcome.UNSENT
+            dropped = rid in expired_unsent
+            unsent = outcome == Outcome.UNSENT or dropped
             answered = outcome != Outcome.NO_ANSWER and not unsent
             began = min(scheduled, ledger.sent[rid])
             parameters: dict[str, Any] = {}
@@ -71,7 +75,8 @@ def write_bench_capture(
                 version=None, request_id=f"bench-{rid}", inputs=pool[k],
                 outputs_wanted=None, parameters=parameters, due_in_ns=due.timeout_ns,
                 priority=config.priority or 0, headers=headers, trace_id=None,
-                status=STATUS_OF[outcome], error=UNSENT_ERROR if unsent else None,
+                status=0 if dropped else STATUS_OF[outcome],
+                error=DUE_PASSED_UNSENT if dropped else UNSENT_ERROR if unsent else None,
                 latency_ns=ledger.finished[rid] - began if answered else 0,
                 answered_version=None, variant=None, outputs=None,
             ))  # fmt: skip

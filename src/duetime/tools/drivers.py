@@ -18,7 +18,7 @@ from typing import Any, Protocol, TypeVar
 
 import numpy as np
 
-from duetime.tools.outcomes import Outcome
+from duetime.tools.outcomes import DUE_PASSED_UNSENT, Outcome
 from duetime.tools.payloads import restamp
 from duetime.tools.progress import Snapshot
 from duetime.tools.report import MAX_MESSAGES, Records
@@ -61,6 +61,9 @@ class Ledger:
         self.messages: list[str] = []
         self.cut_short: list[int] = []
         """Requests the client stopped waiting for (late, with a message saying why)."""
+        self.unsent_expired: list[int] = []
+        """Requests ended EXPIRED without being sent: their due time passed while they waited
+        for a free connection (`DUE_PASSED_UNSENT`)."""
         self.outstanding = 0
         self.ends = [0] * len(Outcome)
         """Requests ended, by outcome (indexed by `Outcome`; NO_ANSWER unused)."""
@@ -95,6 +98,8 @@ class Ledger:
             self.messages.append(message)
         if outcome == Outcome.LATE and message:
             self.cut_short.append(rid)
+        elif outcome == Outcome.EXPIRED and message == DUE_PASSED_UNSENT:
+            self.unsent_expired.append(rid)
         if self.on_finish is not None:
             self.on_finish(rid)
         if self.outstanding == 0 and self._idle is not None and not self._idle.done():

@@ -22,6 +22,8 @@ from typing import Any, Protocol
 import httptools
 import orjson
 
+from duetime.tools.outcomes import DUE_PASSED_UNSENT
+
 NO_STATUS = 0
 """The status of a request that got no answer (connection lost, client fault)."""
 NO_CONNECTION = -1
@@ -381,11 +383,7 @@ class HttpPool:
             sent = self.on_waited(rid, payload)
             if sent is not None:
                 return rid, sent
-            self.answered(
-                rid, DUE_UNSENT, None, None,
-                "not sent: its due time passed while it waited for a free connection (every "
-                "one was waiting for an answer)",
-            )  # fmt: skip
+            self.answered(rid, DUE_UNSENT, None, None, DUE_PASSED_UNSENT)
         return None
 
     async def aclose(self) -> None:

@@ -22,6 +22,14 @@ class Outcome(IntEnum):
     UNSENT = 5
 
 
+DUE_PASSED_UNSENT = (
+    "not sent: its due time passed while it waited for a free connection (every one was waiting "
+    "for an answer)"
+)
+"""The message of a request the generator did not send, its due time having passed while it
+waited for a connection: it ends EXPIRED (as a client with a deadline does not send it), and a
+capture records it as never sent (`bench_record`), not as the server's 504."""
+
 _REJECTED_HTTP = frozenset({429, 503})
 _REJECTED_GRPC = frozenset({"RESOURCE_EXHAUSTED", "UNAVAILABLE"})
 
