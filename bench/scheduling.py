@@ -63,7 +63,7 @@ from duetime.tools.config import BenchConfig
 from duetime.tools.loadgen import run_bench
 from duetime.tools.payloads import WireProtocol
 from duetime.tools.report import BenchResult
-from duetime.tools.server_metrics import late_between, scrape
+from duetime.tools.server_metrics import counted_between, scrape
 
 
 @dataclass(frozen=True)
@@ -86,15 +86,14 @@ def plans() -> dict[str, ModelPlan]:
     as a client on another machine would be (mlp's server has one core either way)."""
     cpus = sorted(ALL_CPUS)
     first, last = cpus[0], cpus[-1]
-    if len(cpus) >= 3:
-        resnet = ModelPlan("resnet", (10.0, 50.0), f"{first},{cpus[1]}", frozenset({cpus[2]}),
-                           32, frozenset({cpus[1]}))  # fmt: skip
+    if len(cpus) >= 3:  # (server, generator, instance)
+        server, generator, instance = f"{first},{cpus[1]}", cpus[2], cpus[1]
     else:
-        every = ",".join(str(c) for c in cpus)
-        resnet = ModelPlan("resnet", (10.0, 50.0), every, frozenset({first}), 32,
-                           frozenset({last}))  # fmt: skip
+        server, generator, instance = ",".join(map(str, cpus)), first, last
     return {
-        "resnet": resnet,
+        "resnet": ModelPlan(
+            "resnet", (10.0, 50.0), server, frozenset({generator}), 32, frozenset({instance})
+        ),
         "mlp": ModelPlan(
             "mlp",
             (2.0, 10.0),
@@ -199,8 +198,7 @@ class Runner:
                 self.steal = cpu_sample([]).steal_cores(before)
                 pin_current_thread(ALL_CPUS)
                 after = scrape(self.metrics_url) if self.metrics_url else None
-                late = late_between(counted and counted[1], after and after[1])
-                self.server_late = late.get(self.plan.name, {})
+                self.server_late = counted_between(counted, after).late.get(self.plan.name, {})
 
         if not self.pids:
             self.others, self.attempts = 0.0, 1

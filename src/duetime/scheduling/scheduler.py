@@ -291,10 +291,8 @@ def combined(live: SchedulerStatistics, *others: SchedulerStatistics) -> Schedul
             into.compute_ns += batch.compute_ns
             into.input_ns += batch.input_ns
             into.output_ns += batch.output_ns
-        for reason, count in stats.answers_failed.items():
-            answers_failed[reason] = answers_failed.get(reason, 0) + count
-        for cause, count in stats.late_by_cause.items():
-            late_by_cause[cause] = late_by_cause.get(cause, 0) + count
+        _add_counts(answers_failed, stats.answers_failed)
+        _add_counts(late_by_cause, stats.late_by_cause)
     return replace(
         live,
         **sums,
@@ -307,6 +305,11 @@ def combined(live: SchedulerStatistics, *others: SchedulerStatistics) -> Schedul
         answers_failed=answers_failed,
         late_by_cause=late_by_cause,
     )
+
+
+def _add_counts(into: dict[str, int], counts: dict[str, int]) -> None:
+    for key, count in counts.items():
+        into[key] = into.get(key, 0) + count
 
 
 def _summed(histograms: Iterable[HistogramSnapshot]) -> HistogramSnapshot:
@@ -753,9 +756,8 @@ class ModelScheduler:
                 late = self._late
                 self._count_success(end - now, due_ns, rows, end)
                 self._count_answered(1, 0, result)  # (queued for no time)
-                if self._late != late:
-                    alone = _Running([], bucket, now, rows, None, now, self._exec_ns(rows))
-                    self._count_late(1, alone, result, end)
+                if self._late != late:  # (planned to start now and end a run later)
+                    self._count_late(1, now, now, self._exec_ns(rows), result, end)
             # NOTE: what the caller does with its answer (`deliver`) is not the hand-back: a
             # deliver of 2 ms learnt as one kept 923 µs before every due time (a tester)
             self._learn_answer((delivered or self._clock.now_ns()) - end, 1, cold)
@@ -2019,15 +2021,22 @@ class ModelScheduler:
         finally:
             self._settling = False
         if self._late != late:  # (rare: no cost per batch but this comparison)
-            self._count_late(self._late - late, running, result, now)
+            self._count_late(
+                self._late - late, running.queued_until_ns, running.started_ns,
+                running.predicted_ns, result, now,
+            )  # fmt: skip
         self._learn_answer(self._clock.now_ns() - now, len(requests), cold)
 
-    def _count_late(self, count: int, running: _Running, result: BatchResult, now: int) -> None:
-        """`count` answers of `running`'s batch, settled `now`, were late: count them by cause."""
+    def _count_late(
+        self, count: int, planned_ns: int, started_ns: int, predicted_ns: int,
+        result: BatchResult, now: int,
+    ) -> None:  # fmt: skip
+        """`count` answers of a batch planned to start at `planned_ns` and end `predicted_ns`
+        later, handed over at `started_ns` and settled `now`, were late: count them by cause."""
         cause = late_cause(
-            planned_start_ns=running.queued_until_ns, started_ns=running.started_ns,
-            waited_ns=result.waited_ns, predicted_ns=running.predicted_ns,
-            overhead_ns=int(self._overhead_ns), compute_ns=result.compute_ns, ended_ns=now,
+            planned_start_ns=planned_ns, started_ns=started_ns, waited_ns=result.waited_ns,
+            predicted_ns=predicted_ns, overhead_ns=int(self._overhead_ns),
+            compute_ns=result.compute_ns, ended_ns=now,
         )  # fmt: skip
         self._late_by[cause] = self._late_by.get(cause, 0) + count
 

@@ -58,9 +58,13 @@ def write_bench_capture(
             due_class = ledger.due_class[rid]
             due = classes[due_class]
             outcome = ledger.outcome[rid]
-            dropped = rid in expired_unsent
-            unsent = outcome == Outcome.UNSENT or dropped
-            answered = outcome != Outcome.NO_ANSWER and not unsent
+            if rid in expired_unsent:
+                status, error = 0, DUE_PASSED_UNSENT
+            elif outcome == Outcome.UNSENT:
+                status, error = 0, UNSENT_ERROR
+            else:
+                status, error = STATUS_OF[outcome], None
+            answered = outcome != Outcome.NO_ANSWER and error is None
             began = min(scheduled, ledger.sent[rid])
             parameters: dict[str, Any] = {}
             if due.timeout_us is not None:
@@ -75,8 +79,7 @@ def write_bench_capture(
                 version=None, request_id=f"bench-{rid}", inputs=pool[k],
                 outputs_wanted=None, parameters=parameters, due_in_ns=due.timeout_ns,
                 priority=config.priority or 0, headers=headers, trace_id=None,
-                status=0 if dropped else STATUS_OF[outcome],
-                error=DUE_PASSED_UNSENT if dropped else UNSENT_ERROR if unsent else None,
+                status=status, error=error,
                 latency_ns=ledger.finished[rid] - began if answered else 0,
                 answered_version=None, variant=None, outputs=None,
             ))  # fmt: skip

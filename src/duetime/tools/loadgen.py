@@ -70,13 +70,7 @@ from duetime.tools.payloads import (
 )
 from duetime.tools.progress import Progress
 from duetime.tools.report import EXIT_UNSENT, BenchResult, Records, merge_records, result_of
-from duetime.tools.server_metrics import (
-    batch_sizes_between,
-    batch_sizes_json,
-    late_between,
-    late_line,
-    scrape,
-)
+from duetime.tools.server_metrics import batch_sizes_json, counted_between, late_line, scrape
 from duetime.tools.transports import (
     BenchError,
     EngineTransport,
@@ -639,16 +633,16 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_CODE
     print(result.format())
     after = scrape(args.metrics) if args.metrics else None
+    counted = counted_between(before, after)
     if before is not None and after is not None:
-        print(late_line(late_between(before[1], after[1])))
+        print(late_line(counted.late))
     if args.record is not None:
         print(f"wrote {args.record}")
     if args.json is not None:
         doc = result.to_json()
         if args.metrics:
-            ran = batch_sizes_between(before and before[0], after and after[0])
-            doc["batch_sizes"] = batch_sizes_json(ran)
-            doc["server_late"] = late_between(before and before[1], after and after[1])
+            doc["batch_sizes"] = batch_sizes_json(counted.batches)
+            doc["server_late"] = counted.late
         try:
             write_output(args.json, strict_json(doc), "--json")
         except OutputError as exc:

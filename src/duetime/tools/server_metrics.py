@@ -13,7 +13,7 @@ import math
 import urllib.error
 import urllib.request
 from collections import defaultdict
-from typing import TypeVar
+from typing import NamedTuple, TypeVar
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -29,27 +29,41 @@ LateCounts = dict[str, dict[str, int]]
 """Model -> cause -> answers late by the server's clock (summed over versions and variants)."""
 
 
+class Counted(NamedTuple):
+    """What one scrape read (or, from `counted_between`, what grew between two)."""
+
+    batches: BatchCounts
+    late: LateCounts
+
+
 def scrape_batch_counts(url: str) -> BatchCounts | None:
     """The executions per batch size so far, per model; None if `url` cannot be read."""
-    counts = scrape(url)
-    return None if counts is None else counts[0]
+    counted = scrape(url)
+    return None if counted is None else counted.batches
 
 
-def scrape(url: str) -> tuple[BatchCounts, LateCounts] | None:
+def scrape(url: str) -> Counted | None:
     """The executions per batch size and the late answers by cause so far, per model; None if
     `url` cannot be read."""
     try:
         with urllib.request.urlopen(url, timeout=SCRAPE_TIMEOUT_S) as response:
             text = response.read().decode("utf-8", "replace")
     except (OSError, urllib.error.URLError, ValueError) as exc:
-        log.warning("--metrics %s: cannot read it (%s); no batch sizes in the result", url, exc)
+        log.warning("--metrics %s: cannot read it (%s); no server counts in the result", url, exc)
         return None
     try:
-        return parse_batch_counts(text), parse_late_counts(text)
+        return Counted(parse_batch_counts(text), parse_late_counts(text))
     except ValueError as exc:  # not Prometheus text (a web page, say): no error either
-        log.warning("--metrics %s: not Prometheus metrics (%s); no batch sizes in the result",
+        log.warning("--metrics %s: not Prometheus metrics (%s); no server counts in the result",
                     url, exc)  # fmt: skip
         return None
+
+
+def counted_between(before: Counted | None, after: Counted | None) -> Counted:
+    """What grew between two scrapes (empty if either failed)."""
+    if before is None or after is None:
+        return Counted({}, {})
+    return Counted(_between(before.batches, after.batches), _between(before.late, after.late))
 
 
 def parse_late_counts(text: str) -> LateCounts:
