@@ -35,3 +35,4 @@ def test_late_answers_are_exported_by_cause(mlp_repo: Path) -> None:
         doc = json.loads(urllib.request.urlopen(url, timeout=30).read())
         (variant,) = doc["model_stats"][0]["duetime"]["variants"]
         assert variant["late_by_cause"] == {"delivery": 3, "run": 1}
+        assert variant["late_margin_ns"] == 0, "counts set by hand: no batch ended late"

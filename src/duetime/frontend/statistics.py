@@ -108,6 +108,7 @@ def _variant_json(deployment: Deployment, stats: SchedulerStatistics) -> dict[st
         "handoff_overhead_ns": stats.overhead_ns,
         "execution_overrun": round(stats.overrun, 3),
         "handoff_tail_ns": stats.handoff_tail_ns,
+        "late_margin_ns": stats.late_margin_ns,
         "answer_ns": stats.answer_ns,
         "breakers": ["closed", "half-open", "open"][max(stats.breaker_states, default=0)]
         if stats.breaker_states

@@ -46,7 +46,7 @@ from duetime.scheduling.batching import (
 )
 from duetime.scheduling.edf import SHADOW_LEVEL, EDFQueue, Key, QueuedRequest
 from duetime.scheduling.ledger import NO_SLACK, CoreLedger, Queued
-from duetime.scheduling.profile import LatencyProfile, Overrun, RecentTail
+from duetime.scheduling.profile import LateMargin, LatencyProfile, Overrun, RecentTail
 from duetime.scheduling.sizecost import SizeCost
 from duetime.types import RequestTiming
 
@@ -249,6 +249,8 @@ class SchedulerStatistics:
     """How far executions lately ran past their prediction (see profile.Overrun)."""
     handoff_tail_ns: int = 0
     """The tail of the hand-offs from ONNX Runtime to the loop (see `ModelScheduler._handoff`)."""
+    late_margin_ns: int = 0
+    """Kept before every due time since answers were lately late (see profile.LateMargin)."""
     answer_ns: int = 0
     """Time settling one request of a finished batch takes on the loop, its answer included."""
     committed: int = 0
@@ -516,6 +518,12 @@ class ModelScheduler:
         preempted by another process on its core. Measured on the 2-core VM, resnet at 200% load
         with the load generator on the loop's core: median 37 µs, p99 1.5 ms, p99.9 3.1 ms,
         where the whole batch took 1-6 ms (see `_margin_for`)."""
+        self._late_margin = LateMargin()
+        """Kept before every due time since answers were late by this scheduler's clock."""
+        self._late_ns = 0
+        self._late_budget_ns = NO_SLACK
+        """Of the answers late since the last batch's were counted: the latest, and the shortest
+        time budget (due less arrival) among them (see `_count_late`)."""
         self._refused_ns = -REFUSALS_SEEN_NS
         """When it last refused or expired a request."""
         self._sweeper: asyncio.TimerHandle | None = None
@@ -1182,7 +1190,7 @@ class ModelScheduler:
             tail = 0
         elif tail > HANDOFF_TAIL_MAX * run:
             tail = HANDOFF_TAIL_MAX * run
-        return self._margin_ns + tail + int(share * run)
+        return self._margin_ns + tail + int(share * run) + self._late_margin.value
 
     def _forget_old_margins(self, now: int) -> bool:
         """Let the margins learnt from runs (`_overrun`, `_handoff`) forget the runs older than
@@ -1196,7 +1204,8 @@ class ModelScheduler:
         overrun, handoff = self._overrun.factor, self._handoff.value
         self._overrun.age(now)
         self._handoff.age(now)
-        return self._overrun.factor != overrun or self._handoff.value != handoff
+        aged = self._late_margin.age(now)
+        return aged or self._overrun.factor != overrun or self._handoff.value != handoff
 
     def _estimate(self, rows: int) -> int:
         """What a request of `rows` needs before its due time, run at once: its batch's run and
@@ -2039,6 +2048,9 @@ class ModelScheduler:
             compute_ns=result.compute_ns, ended_ns=now,
         )  # fmt: skip
         self._late_by[cause] = self._late_by.get(cause, 0) + count
+        if cause != "plan":  # (a probe, planned past its due time, teaches no margin)
+            self._late_margin.late(self._late_ns, self._late_budget_ns, now)
+        self._late_ns, self._late_budget_ns = 0, NO_SLACK
 
     def _ran(self) -> int:
         """A run just ended: now, on the scheduler's clock."""
@@ -2117,6 +2129,10 @@ class ModelScheduler:
         self._inferences += rows
         if due_ns is not None and now > due_ns and level < SHADOW_LEVEL:
             self._late += 1
+            if now - due_ns > self._late_ns:
+                self._late_ns = now - due_ns
+            if due_ns - now + took_ns < self._late_budget_ns:
+                self._late_budget_ns = due_ns - now + took_ns
         else:
             self._on_time += 1
         request_time = self._request_time  # (`LatencyHistogram.observe`, without its frame)
@@ -2498,6 +2514,7 @@ class ModelScheduler:
             probes=self._probes,
             overrun=self._overrun.factor,
             handoff_tail_ns=int(self._handoff.value),
+            late_margin_ns=self._late_margin.value,
             answer_ns=int(self._answer_ns),
             # NOTE: list() copies each instance's batches before the loop can change them
             committed=sum(len(r.requests) for jobs in self._outstanding for r in list(jobs)[1:]),
