@@ -31,7 +31,7 @@ def test_the_margin_grows_to_a_share_of_the_late_requests_budget_at_most() -> No
     assert margin.value == 5 * MS
 
 
-def test_the_margin_halves_each_second_without_a_late_answer() -> None:
+def test_the_margin_halves_each_half_life_without_a_late_answer() -> None:
     margin = LateMargin()
     margin.late(4 * MS, 100 * MS, SECOND)
     assert not margin.age(SECOND + LATE_HALF_LIFE_NS - 1)
@@ -87,8 +87,8 @@ def test_a_scheduler_keeps_what_its_late_answers_missed_by_then_gives_it_back() 
         # the same request now needs 100 µs and the 1 ms the late one missed by
         with pytest.raises(Overloaded, match="kept for margins"):
             await h.submit("refused", due_in=600 * US)
-        # two seconds on, the margin is a quarter of that: it fits again
-        h.clock.advance(2 * SECOND)
+        # two half-lives on, the margin is a quarter of that: it fits again
+        h.clock.advance(2 * LATE_HALF_LIFE_NS)
         again = h.submit("fits again", due_in=600 * US)
         h.clock.advance(ONE_ROW)
         h.executor.complete(2, compute_ns=ONE_ROW)
