@@ -24,7 +24,7 @@ from duetime.tools import transports
 from duetime.tools.config import BenchConfig
 from duetime.tools.http_client import ERROR_TEXT_CHARS, error_text, one_line
 from duetime.tools.replay_plan import ReplayConfig
-from duetime.tools.server_metrics import scrape_batch_counts
+from duetime.tools.server_metrics import scrape
 from duetime.tools.transports import BenchError, GrpcTransport, HttpTransport, _get_json
 
 pytestmark = pytest.mark.timeout(60)
@@ -199,7 +199,7 @@ def test_error_text_of_an_html_page_is_one_short_line() -> None:
 
 def test_metrics_that_are_not_prometheus_text_give_no_batch_sizes() -> None:
     with fake_v2_server() as fake:  # its model metadata: JSON, not Prometheus text
-        assert scrape_batch_counts(f"http://{fake.address}/v2/models/m") is None
+        assert scrape(f"http://{fake.address}/v2/models/m") is None
 
 
 def test_a_port_that_does_not_speak_http_is_a_one_line_bench_error() -> None:

@@ -83,7 +83,7 @@ def test_replay_reports_the_batch_sizes_the_server_ran(
 
 
 def test_batch_counts_come_from_the_histogram_between_two_scrapes() -> None:
-    from duetime.tools.server_metrics import batch_sizes_between, parse_batch_counts
+    from duetime.tools.server_metrics import between, parse_batch_counts
 
     def scrape(one: int, four: int) -> str:
         lines = ["# TYPE duetime_batch_size histogram"]
@@ -101,13 +101,13 @@ def test_batch_counts_come_from_the_histogram_between_two_scrapes() -> None:
 
     before, after = parse_batch_counts(scrape(3, 1)), parse_batch_counts(scrape(10, 6))
     assert before == {"m": {1: 6, 4: 2}}  # two versions, summed
-    assert batch_sizes_between(before, after) == {"m": {1: 14, 4: 10}}
-    assert batch_sizes_between(None, after) == {}
+    assert between(before, after) == {"m": {1: 14, 4: 10}}
+    assert between(None, after) == {}
     assert parse_batch_counts("# nothing here\n") == {}
 
 
 def test_late_answers_by_cause_come_from_the_counter_between_two_scrapes() -> None:
-    from duetime.tools.server_metrics import late_between, late_line, parse_late_counts
+    from duetime.tools.server_metrics import between, late_line, parse_late_counts
 
     def scrape(delivery: int, run: int) -> str:
         lines = ["# TYPE duetime_late_answers_total counter"]
@@ -121,8 +121,8 @@ def test_late_answers_by_cause_come_from_the_counter_between_two_scrapes() -> No
 
     before, after = parse_late_counts(scrape(1, 2)), parse_late_counts(scrape(4, 2))
     assert before == {"m": {"delivery": 2, "run": 4}}  # two versions, summed
-    late = late_between(before, after)
+    late = between(before, after)
     assert late == {"m": {"delivery": 6}}, "causes that did not move are left out"
     assert late_line(late) == "server: answers late by its own clock, by cause: m 6 (delivery 6)"
     assert late_line({}) == "server: no answer late by its own clock"
-    assert late_between(None, after) == {}
+    assert between(None, after) == {}

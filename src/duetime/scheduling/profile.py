@@ -238,11 +238,8 @@ class LateMargin:
         """A batch ended `now_ns`, `late_ns` past the earliest due time of its late answers, the
         shortest time budget among them `budget_ns`."""
         self.age(now_ns)
-        cap = int(LATE_SHARE_MAX * budget_ns)
-        grown = self.value + late_ns
-        if grown > cap:
-            grown = cap if cap > self.value else self.value
-        self.value = grown
+        # (what it learnt stays, though this request's budget caps it lower)
+        self.value = max(self.value, min(self.value + late_ns, int(LATE_SHARE_MAX * budget_ns)))
         self._since_ns = now_ns
 
     def age(self, now_ns: int) -> bool:

@@ -1175,7 +1175,8 @@ class ModelScheduler:
         """Time kept before the due time of a batch of `rows`: `delivery_margin_us` for getting
         the answer out, plus a share of its predicted execution for its variance: `exec_margin`,
         or more where runs lately overran their predictions by more (see `Overrun`), plus what
-        the tail of the hand-offs adds to their mean (see `_handoff`).
+        the tail of the hand-offs adds to their mean (see `_handoff`), plus what answers late
+        all the same lately missed by (see `LateMargin`).
 
         NOTE: the loop's mean lag is already in `_overhead_ns` (measured up to the moment the
         loop takes the result); counting it here too made a saturated loop refuse everything.
@@ -1194,7 +1195,8 @@ class ModelScheduler:
 
     def _forget_old_margins(self, now: int) -> bool:
         """Let the margins learnt from runs (`_overrun`, `_handoff`) forget the runs older than
-        a second, though none came since; True if that changed them.
+        a second, and the one learnt from late answers (`_late_margin`) halve as it does, though
+        no run came since; True if that changed them.
 
         NOTE: they are read again only as runs end, and a scheduler that refuses everything
         runs nothing: its margins stayed those of its last bad stretch. `duetime itch run

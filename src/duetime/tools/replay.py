@@ -72,11 +72,7 @@ from duetime.tools.replay_results import (
 )
 from duetime.tools.replay_transports import GrpcReplayTransport, ReplayTransport
 from duetime.tools.report import EXIT_UNSENT, rate_span
-from duetime.tools.server_metrics import (
-    batch_sizes_between,
-    batch_sizes_json,
-    scrape_batch_counts,
-)
+from duetime.tools.server_metrics import batch_sizes_json, counted_between, late_line, scrape
 from duetime.tools.transports import BenchError
 
 LEAD_NS = 50_000_000
@@ -537,7 +533,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--metrics", metavar="URL", help="the server's Prometheus /metrics (duetime: "
-        "http://HOST:METRICS_PORT/metrics): the result then holds the batch sizes it ran",
+        "http://HOST:METRICS_PORT/metrics): the result then holds the batch sizes it ran, and "
+        "a line says how many answers it counted late by its own clock, and why",
     )  # fmt: skip
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress line")
 
@@ -566,7 +563,7 @@ def run(args: argparse.Namespace) -> int:
         check_output(args.report, "--report")
         if args.report is not None and args.report.suffix.lower() not in (".html", ".png"):
             raise ConfigError(f"--report {args.report}: expected a .html or .png file")
-        before = scrape_batch_counts(args.metrics) if args.metrics else None
+        before = scrape(args.metrics) if args.metrics else None
         result = run_replay(config)
     except ConfigError as exc:
         console(f"duetime replay: {exc.message}")
@@ -584,10 +581,14 @@ def run(args: argparse.Namespace) -> int:
         console("duetime replay: interrupted before sending started", logging.WARNING)
         return EXIT_CODE
     print(result.format())
+    after = scrape(args.metrics) if args.metrics else None
+    counted = counted_between(before, after)
+    if before is not None and after is not None:
+        print(late_line(counted.late))
     doc = result.to_json()
     if args.metrics:
-        ran = batch_sizes_between(before, scrape_batch_counts(args.metrics))
-        doc["batch_sizes"] = batch_sizes_json(ran)
+        doc["batch_sizes"] = batch_sizes_json(counted.batches)
+        doc["server_late"] = counted.late
     try:
         if args.json is not None:
             write_output(args.json, strict_json(doc), "--json")

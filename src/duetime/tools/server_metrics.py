@@ -36,12 +36,6 @@ class Counted(NamedTuple):
     late: LateCounts
 
 
-def scrape_batch_counts(url: str) -> BatchCounts | None:
-    """The executions per batch size so far, per model; None if `url` cannot be read."""
-    counted = scrape(url)
-    return None if counted is None else counted.batches
-
-
 def scrape(url: str) -> Counted | None:
     """The executions per batch size and the late answers by cause so far, per model; None if
     `url` cannot be read."""
@@ -63,7 +57,7 @@ def counted_between(before: Counted | None, after: Counted | None) -> Counted:
     """What grew between two scrapes (empty if either failed)."""
     if before is None or after is None:
         return Counted({}, {})
-    return Counted(_between(before.batches, after.batches), _between(before.late, after.late))
+    return Counted(between(before.batches, after.batches), between(before.late, after.late))
 
 
 def parse_late_counts(text: str) -> LateCounts:
@@ -77,11 +71,6 @@ def parse_late_counts(text: str) -> LateCounts:
                 labels = sample.labels
                 counts[labels.get("model", "?")][labels.get("cause", "?")] += round(sample.value)
     return {model: dict(causes) for model, causes in counts.items()}
-
-
-def late_between(before: LateCounts | None, after: LateCounts | None) -> LateCounts:
-    """Late answers by cause counted between two scrapes (empty if either failed)."""
-    return _between(before, after)
 
 
 def late_line(late: LateCounts) -> str:
@@ -120,15 +109,10 @@ def parse_batch_counts(text: str) -> BatchCounts:
     return {model: dict(sizes) for model, sizes in counts.items()}
 
 
-def batch_sizes_between(before: BatchCounts | None, after: BatchCounts | None) -> BatchCounts:
-    """Executions per batch size that happened between two scrapes (empty if either failed)."""
-    return _between(before, after)
-
-
 K = TypeVar("K", int, str)
 
 
-def _between(
+def between(
     before: dict[str, dict[K, int]] | None, after: dict[str, dict[K, int]] | None
 ) -> dict[str, dict[K, int]]:
     """Per model, the counts that grew between two scrapes, by how much (empty if either
