@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import http.client
 import json
 import os
@@ -47,12 +48,20 @@ class ServerProcess:
 
 @contextmanager
 def server_process(
-    repository: Path, *extra: str, env: dict[str, str] | None = None
+    repository: Path,
+    *extra: str,
+    env: dict[str, str] | None = None,
+    cpus: frozenset[int] | None = None,
 ) -> Iterator[ServerProcess]:
-    """`duetime serve REPO` on free ports, stopped with SIGTERM when the block ends."""
+    """`duetime serve REPO` on free ports, stopped with SIGTERM when the block ends; `cpus`: the
+    CPUs the whole process may use (its affinity from the start, as `taskset` sets it), where
+    the server is not to place its threads itself (`--cpus none`)."""
     command = [sys.executable, "-m", "duetime", "serve", str(repository), "--http-port", "0",
                "--grpc-port", "0", "--metrics-port", "0", *extra]  # fmt: skip
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, env={**os.environ, **(env or {})})
+    confine = None if cpus is None else functools.partial(os.sched_setaffinity, 0, cpus)
+    process = subprocess.Popen(
+        command, stdout=subprocess.PIPE, env={**os.environ, **(env or {})}, preexec_fn=confine
+    )
     try:
         assert process.stdout is not None
         line = process.stdout.readline()
