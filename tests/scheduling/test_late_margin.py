@@ -9,7 +9,12 @@ from hypothesis import strategies as st
 from test_scheduler import ONE_ROW, US, harness, run
 
 from duetime.errors import Overloaded
-from duetime.scheduling.profile import LATE_HALF_LIFE_NS, LATE_SHARE_MAX, LateMargin
+from duetime.scheduling.profile import (
+    LATE_HALF_LIFE_NS,
+    LATE_SHARE_MAX,
+    TIGHT_WINDOW_NS,
+    LateMargin,
+)
 
 MS = 1_000_000
 SECOND = 1_000 * MS
@@ -26,9 +31,25 @@ def test_a_late_batch_grows_the_margin_by_how_late_it_was() -> None:
 def test_the_margin_grows_to_a_share_of_the_late_requests_budget_at_most() -> None:
     margin = LateMargin()
     margin.late(40 * MS, 50 * MS, SECOND)  # (a stall: 40 ms late, of a request due in 50)
-    assert margin.value == int(LATE_SHARE_MAX * 50 * MS) == 5 * MS
+    assert margin.value == int(LATE_SHARE_MAX * 50 * MS) < 40 * MS
     margin.late(1 * MS, 2 * MS, SECOND)  # (a short budget does not shrink what was learnt)
-    assert margin.value == 5 * MS
+    assert margin.value == int(LATE_SHARE_MAX * 50 * MS)
+
+
+def test_the_shortest_budget_seen_lately_caps_what_a_longer_ones_lateness_teaches() -> None:
+    margin = LateMargin()
+    margin.seen(2 * MS)  # (a request due 2 ms after it came, beside ones due in 10)
+    margin.late(5 * MS, 10 * MS, SECOND)  # (one of those, 5 ms late)
+    assert margin.value == int(LATE_SHARE_MAX * 2 * MS)  # (all of 2 ms at a 10 ms one's cap)
+    # the 2 ms one is remembered for one window after the window it came in...
+    margin.age(SECOND + 10 * LATE_HALF_LIFE_NS)
+    margin.late(5 * MS, 10 * MS, SECOND + TIGHT_WINDOW_NS)
+    assert margin.value == int(LATE_SHARE_MAX * 2 * MS)
+    # ...then only budgets seen since count
+    margin.age(SECOND + 20 * LATE_HALF_LIFE_NS)
+    assert margin.value == 0
+    margin.late(5 * MS, 10 * MS, SECOND + 2 * TIGHT_WINDOW_NS + 1)
+    assert margin.value == int(LATE_SHARE_MAX * 10 * MS)
 
 
 def test_the_margin_halves_each_half_life_without_a_late_answer() -> None:
@@ -72,8 +93,8 @@ def test_the_margin_stays_within_the_largest_share_of_a_budget(events: list) -> 
 def test_a_scheduler_keeps_what_its_late_answers_missed_by_then_gives_it_back() -> None:
     async def body() -> None:
         h = harness()
-        # a request due in 600 µs fits a run of 100 µs with room to spare...
-        fits = h.submit("fits", due_in=600 * US)
+        # a request due in 6 ms fits a run of 100 µs with room to spare...
+        fits = h.submit("fits", due_in=6 * MS)
         h.clock.advance(ONE_ROW)
         h.executor.complete(0, compute_ns=ONE_ROW)
         await fits
@@ -84,7 +105,7 @@ def test_a_scheduler_keeps_what_its_late_answers_missed_by_then_gives_it_back() 
         await late
         assert h.scheduler.statistics().late == 1
         assert h.scheduler.statistics().late_margin_ns == 1 * MS
-        # the same request now needs 100 µs and the 1 ms the late one missed by
+        # one due in 600 µs now needs 100 µs and the 1 ms the late one missed by
         with pytest.raises(Overloaded, match="kept for margins"):
             await h.submit("refused", due_in=600 * US)
         # two half-lives on, the margin is a quarter of that: it fits again
@@ -118,5 +139,46 @@ def test_a_probe_planned_past_its_due_time_teaches_no_margin() -> None:
         h.clock.advance(ONE_ROW)
         h.executor.complete(1, compute_ns=ONE_ROW)
         await fits
+
+    run(body)
+
+
+def test_a_request_of_a_tighter_class_keeps_a_share_of_its_own_budget_at_most() -> None:
+    """A late answer due in 30 ms teaches no more margin than a quarter of the 2 ms budget of
+    the requests beside it: they are still admitted."""
+
+    async def body() -> None:
+        h = harness()
+        tight = h.submit("tight", due_in=2 * MS)
+        h.clock.advance(ONE_ROW)
+        h.executor.complete(0, compute_ns=ONE_ROW)
+        await tight
+        late = h.submit("late", due_in=30 * MS)
+        h.clock.advance(40 * MS)  # (10 ms past its due time)
+        h.executor.complete(1, compute_ns=ONE_ROW)
+        await late
+        assert h.scheduler.statistics().late_margin_ns == int(LATE_SHARE_MAX * 2 * MS)
+        again = h.submit("tight again", due_in=2 * MS)
+        h.clock.advance(ONE_ROW)
+        h.executor.complete(2, compute_ns=ONE_ROW)
+        await again
+        stats = h.scheduler.statistics()
+        assert (stats.late, stats.on_time, stats.rejected) == (1, 2, 0)
+
+    run(body)
+
+
+def test_a_budget_no_batch_could_meet_caps_nothing() -> None:
+    """A client sending timeouts shorter than any run must not keep the others from a margin."""
+
+    async def body() -> None:
+        h = harness()
+        with pytest.raises(Overloaded):
+            await h.submit("hopeless", due_in=2 * US)  # (a run takes 100 µs)
+        late = h.submit("late", due_in=30 * MS)
+        h.clock.advance(31 * MS)
+        h.executor.complete(0, compute_ns=ONE_ROW)
+        await late
+        assert h.scheduler.statistics().late_margin_ns == 1 * MS
 
     run(body)
