@@ -204,7 +204,7 @@ NOTE: on the 2-core VM (resnet at 200% load, 10/50 ms due times, 6 s runs, inter
 late answers came one batch at a time, a second or a few apart: with a half-life of 1 s each
 found the margin mostly given back, 47 late of 27,987 answers (6 runs), 2 s 28 of 15,200 (3
 runs), 4 s 15 of 30,032 and 8 of 15,195 (6 and 3 runs), at the same goodput. For mlp (2/10 ms)
-it stayed under 200 µs (a tenth of 2 ms), 112 µs on average at twice its capacity."""
+it stayed under 200 µs (its cap then, a tenth of 2 ms), 112 µs on average at twice its capacity."""
 LATE_SHARE_MAX = 0.25
 """A `LateMargin` grows no further, on a late answer, than this share of the shortest time
 budget (due time less arrival) among the late requests and those that came lately (see
