@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from test_scheduler import ONE_ROW, US, harness, run
+from test_scheduler import ONE_ROW, US, Harness, harness, run
 
 from duetime.errors import Overloaded
 from duetime.scheduling.profile import (
@@ -90,19 +90,21 @@ def test_the_margin_stays_within_the_largest_share_of_a_budget(events: list) -> 
         assert margin.value >= min(late_ns, int(LATE_SHARE_MAX * budget_ns))
 
 
+async def answered(h: Harness, name: str, index: int, due_in: int, took: int) -> None:
+    """Submit `name`, due in `due_in`, and answer it `took` later (the `index`th run)."""
+    future = h.submit(name, due_in=due_in)
+    h.clock.advance(took)
+    h.executor.complete(index, compute_ns=ONE_ROW)
+    await future
+
+
 def test_a_scheduler_keeps_what_its_late_answers_missed_by_then_gives_it_back() -> None:
     async def body() -> None:
         h = harness()
         # a request due in 6 ms fits a run of 100 µs with room to spare...
-        fits = h.submit("fits", due_in=6 * MS)
-        h.clock.advance(ONE_ROW)
-        h.executor.complete(0, compute_ns=ONE_ROW)
-        await fits
+        await answered(h, "fits", 0, due_in=6 * MS, took=ONE_ROW)
         # ...then a batch due in 30 ms ends 1 ms past it (the VM stalled its loop)
-        late = h.submit("late", due_in=30 * MS)
-        h.clock.advance(31 * MS)
-        h.executor.complete(1, compute_ns=ONE_ROW)
-        await late
+        await answered(h, "late", 1, due_in=30 * MS, took=31 * MS)
         assert h.scheduler.statistics().late == 1
         assert h.scheduler.statistics().late_margin_ns == 1 * MS
         # one due in 600 µs now needs 100 µs and the 1 ms the late one missed by
@@ -110,10 +112,7 @@ def test_a_scheduler_keeps_what_its_late_answers_missed_by_then_gives_it_back() 
             await h.submit("refused", due_in=600 * US)
         # two half-lives on, the margin is a quarter of that: it fits again
         h.clock.advance(2 * LATE_HALF_LIFE_NS)
-        again = h.submit("fits again", due_in=600 * US)
-        h.clock.advance(ONE_ROW)
-        h.executor.complete(2, compute_ns=ONE_ROW)
-        await again
+        await answered(h, "fits again", 2, due_in=600 * US, took=ONE_ROW)
         stats = h.scheduler.statistics()
         assert (stats.late, stats.on_time, stats.rejected) == (1, 2, 1)
         assert stats.late_margin_ns == MS // 4
@@ -149,19 +148,10 @@ def test_a_request_of_a_tighter_class_keeps_a_share_of_its_own_budget_at_most() 
 
     async def body() -> None:
         h = harness()
-        tight = h.submit("tight", due_in=2 * MS)
-        h.clock.advance(ONE_ROW)
-        h.executor.complete(0, compute_ns=ONE_ROW)
-        await tight
-        late = h.submit("late", due_in=30 * MS)
-        h.clock.advance(40 * MS)  # (10 ms past its due time)
-        h.executor.complete(1, compute_ns=ONE_ROW)
-        await late
+        await answered(h, "tight", 0, due_in=2 * MS, took=ONE_ROW)
+        await answered(h, "late", 1, due_in=30 * MS, took=40 * MS)  # (10 ms past its due)
         assert h.scheduler.statistics().late_margin_ns == int(LATE_SHARE_MAX * 2 * MS)
-        again = h.submit("tight again", due_in=2 * MS)
-        h.clock.advance(ONE_ROW)
-        h.executor.complete(2, compute_ns=ONE_ROW)
-        await again
+        await answered(h, "tight again", 2, due_in=2 * MS, took=ONE_ROW)
         stats = h.scheduler.statistics()
         assert (stats.late, stats.on_time, stats.rejected) == (1, 2, 0)
 
@@ -175,10 +165,7 @@ def test_a_budget_no_batch_could_meet_caps_nothing() -> None:
         h = harness()
         with pytest.raises(Overloaded):
             await h.submit("hopeless", due_in=2 * US)  # (a run takes 100 µs)
-        late = h.submit("late", due_in=30 * MS)
-        h.clock.advance(31 * MS)
-        h.executor.complete(0, compute_ns=ONE_ROW)
-        await late
+        await answered(h, "late", 0, due_in=30 * MS, took=31 * MS)
         assert h.scheduler.statistics().late_margin_ns == 1 * MS
 
     run(body)
