@@ -40,7 +40,7 @@ def test_the_shortest_budget_seen_lately_caps_what_a_longer_ones_lateness_teache
     margin = LateMargin()
     margin.seen(2 * MS)  # (a request due 2 ms after it came, beside ones due in 10)
     margin.late(5 * MS, 10 * MS, SECOND)  # (one of those, 5 ms late)
-    assert margin.value == int(LATE_SHARE_MAX * 2 * MS)  # (all of 2 ms at a 10 ms one's cap)
+    assert margin.value == int(LATE_SHARE_MAX * 2 * MS)  # (not a 10 ms one's share)
     # the 2 ms one is remembered for one window after the window it came in...
     margin.age(SECOND + 10 * LATE_HALF_LIFE_NS)
     margin.late(5 * MS, 10 * MS, SECOND + TIGHT_WINDOW_NS)
@@ -101,8 +101,8 @@ async def answered(h: Harness, name: str, index: int, due_in: int, took: int) ->
 def test_a_scheduler_keeps_what_its_late_answers_missed_by_then_gives_it_back() -> None:
     async def body() -> None:
         h = harness()
-        # a request due in 6 ms fits a run of 100 µs with room to spare...
-        await answered(h, "fits", 0, due_in=6 * MS, took=ONE_ROW)
+        # a request due in 20 ms fits a run of 100 µs with room to spare...
+        await answered(h, "fits", 0, due_in=20 * MS, took=ONE_ROW)
         # ...then a batch due in 30 ms ends 1 ms past it (the VM stalled its loop)
         await answered(h, "late", 1, due_in=30 * MS, took=31 * MS)
         assert h.scheduler.statistics().late == 1
@@ -143,8 +143,8 @@ def test_a_probe_planned_past_its_due_time_teaches_no_margin() -> None:
 
 
 def test_a_request_of_a_tighter_class_keeps_a_share_of_its_own_budget_at_most() -> None:
-    """A late answer due in 30 ms teaches no more margin than a quarter of the 2 ms budget of
-    the requests beside it: they are still admitted."""
+    """A late answer due in 30 ms teaches no more margin than a share (a tenth) of the 2 ms
+    budget of the requests beside it: they are still admitted."""
 
     async def body() -> None:
         h = harness()

@@ -1458,8 +1458,7 @@ def test_margins_learnt_from_a_stall_are_forgotten_by_a_model_that_refuses_every
             h.submit("tight", due_in=150 * US)  # 7 runs kept for the overrun
         h.clock.advance(TAIL_MEMORY_NS + MS)
         for index in range(3):
-            # (10 µs more: the late margin these late runs teach is a quarter of 150 µs)
-            admitted = h.submit(f"later {index}", due_in=160 * US)
+            admitted = h.submit(f"later {index}", due_in=150 * US)
             assert h.scheduler.statistics().probes == 0, "admitted on its predictions"
             h.clock.advance(10 * ONE_ROW)  # still slow
             h.executor.complete(OVERRUN_WINDOW + index, compute_ns=10 * ONE_ROW)
