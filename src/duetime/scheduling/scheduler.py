@@ -667,10 +667,6 @@ class ModelScheduler:
         probe = False
         self._admitted_others = None
         if due_ns is not None:
-            # (the shortest budget lately seen caps the late margin: see `LateMargin.seen`)
-            budget = due_ns - (now if arrival_ns is None else arrival_ns)
-            if budget < self._late_margin.tight_ns and budget >= self._bare_estimate(rows):
-                self._late_margin.seen(budget)
             extra_bytes = self._extra_bytes(_bytes(feeds), rows) if self._size_cost else 0
             probe = self._admit(now, due_ns, rows, key, extra_bytes, arrival_ns)
         return due_ns, key, probe
@@ -740,10 +736,6 @@ class ModelScheduler:
             # (without a due time there is nothing to admit: `_admission` would only number
             # its place in a queue it never enters; nor where it fits, as nearly all do)
             due_ns, _, probe = self._admission(now, feeds, rows, due_ns, priority, arrival_ns)
-        elif due_ns is not None:  # (`_admission`'s note of its budget: see `LateMargin.seen`)
-            budget = due_ns - (now if arrival_ns is None else arrival_ns)
-            if budget < self._late_margin.tight_ns:  # (it fits alone: a batch can meet it)
-                self._late_margin.seen(budget)
         self._take_turn(task)  # (after admission, as `submit_nowait` takes it: nothing if refused)
         self._queue_time.observe(0)  # (started as it arrived: `_start`'s `start - arrival_ns`)
         cold = probe or self._cold(now)  # (a probe's run is cold: see `_start`)
