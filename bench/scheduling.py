@@ -59,7 +59,7 @@ from common import ServerProcess, cpu_sample, print_table, run_when_quiet, serve
 from overhead import ALL_CPUS, bench_engine_async, ort_call
 
 from duetime.demo import write_demo_repository
-from duetime.execution.affinity import pin_current_thread
+from duetime.execution.affinity import parse_cpus, pin_current_thread
 from duetime.execution.ort import session_options
 from duetime.scheduling.profile import batch_buckets
 from duetime.tools.config import BenchConfig
@@ -69,7 +69,8 @@ from duetime.tools.report import BenchResult
 from duetime.tools.server_metrics import counted_between, scrape
 
 TUNING_ROUNDS = 2
-"""Runs at 100% of runtime tuning on and of it off, alternated (see `bench_model`)."""
+"""Runs at 100% with runtime tuning on, and as many with it off, alternated (see
+`bench_model`)."""
 
 
 @dataclass(frozen=True)
@@ -353,7 +354,7 @@ def bench_model(
     # mlp's untuned server took the generator's core too, and its P99 at 100% read lower than
     # the tuned one's (2.1-2.6 ms against 3.3-4.2) for having two cores, not for the tuning. It
     # is confined to the plan's CPUs now, and the two alternate, both up, as EDF and FIFO do
-    cpus = frozenset(int(cpu) for cpu in plan.server_cpus.split(","))
+    cpus = frozenset(parse_cpus(plan.server_cpus) or ALL_CPUS)  # (as the tuned one reads it)
     with (
         server_process(repos["edf"], "--cpus", plan.server_cpus) as tuned,
         server_process(repos["edf"], "--cpus", "none", "--no-tune-runtime", cpus=cpus) as untuned,
