@@ -267,7 +267,8 @@ def _parser(tools: Container[str | None] | None = None) -> argparse.ArgumentPars
         dest="tune_runtime",
         action="store_false",
         default=None,
-        help="leave the garbage collector and the GIL switch interval at Python's defaults",
+        help="leave the garbage collector, the GIL switch interval and the event loop thread's "
+        "time slice at their defaults",
     )
     serve.add_argument(
         "--gc-threshold", type=int,
@@ -276,6 +277,11 @@ def _parser(tools: Container[str | None] | None = None) -> argparse.ArgumentPars
     serve.add_argument(
         "--switch-interval-us", type=int,
         help="GIL switch interval while the runtime is tuned (50; Python's is 5000)",
+    )  # fmt: skip
+    serve.add_argument(
+        "--loop-slice-us", type=int,
+        help="the event loop thread's time slice on Linux 6.12+ while the runtime is tuned "
+        "(100; 0: the kernel's default)",
     )  # fmt: skip
     serve.add_argument(
         "--shutdown-grace-s", type=float,

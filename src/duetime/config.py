@@ -782,6 +782,13 @@ class ServerSettings(_Strict):
     loop's core: a batch of the demo resnet (1.04 ms alone) took 1.61 ms at 500 µs and 1.17 ms at
     50 µs; of its int8 variant (0.33 ms alone) 1.00 ms and 0.53 ms: at 500 µs the overrun made
     the scheduler refuse two thirds of what the instance could do."""
+    loop_slice_us: int = Field(default=100, ge=0, le=100_000)
+    """While `tune_runtime` is on: the event loop thread's time slice on Linux 6.12+ (EEVDF's
+    request length, `sched_attr.sched_runtime`; the kernel clamps it to 100-100,000 µs and
+    defaults to 700 µs times a factor that grows with the CPU count). A short slice lets the
+    loop, woken by a request or a finished batch, run at once on a core another process is
+    using, rather than after that process's slice; its share of the core is unchanged. 0: the
+    kernel's default. Elsewhere it has no effect."""
     record_path: Path | None = None
     """Traffic capture: write sampled requests and their outcomes to this new file (it must not
     exist; format in docs/capture-format.md). None: no capture."""

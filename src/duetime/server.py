@@ -18,6 +18,7 @@ from duetime.execution.affinity import (
     CpuPlan,
     parse_cpus,
     pin_current_thread,
+    request_time_slice,
 )
 from duetime.frontend.grpc import InferenceService, serve_grpc
 from duetime.frontend.http import HttpConnection, serve_http
@@ -243,6 +244,14 @@ class Server:
         if self.settings.tune_runtime:
             tune_gc(self.settings.gc_threshold)
             sys.setswitchinterval(self.settings.switch_interval_us / 1e6)
+            if self.settings.loop_slice_us:
+                granted = request_time_slice(self.settings.loop_slice_us * 1000)
+                log.info(
+                    "event loop time slice: %s",
+                    f"{granted / 1000:g} µs"
+                    if granted
+                    else "the system's (no slice request on this kernel or policy)",
+                )
         if self.recorder is not None:
             self._start_recorder(self.recorder)
         open_files_for(self.settings.max_connections)

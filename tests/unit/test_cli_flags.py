@@ -43,6 +43,7 @@ def test_every_server_setting_has_a_serve_flag() -> None:
         (["--unload-drain-s", "3"], "unload_drain_secs", 3.0),  # (the -s spelling of --*-s)
         (["--gc-threshold", "1000"], "gc_threshold", 1000),
         (["--switch-interval-us", "100"], "switch_interval_us", 100),
+        (["--loop-slice-us", "0"], "loop_slice_us", 0),
         (["--record", "a.cap"], "record_path", Path("a.cap")),
         (["--load-model", "a", "--load-model", "b"], "load_model", ("a", "b")),
         (["--no-tune-runtime"], "tune_runtime", False),
@@ -188,6 +189,7 @@ def test_no_tune_runtime_says_all_it_leaves_alone() -> None:
     (action,) = [a for a in _subparser("serve")._actions if "--no-tune-runtime" in a.option_strings]
     assert "garbage collector" in (action.help or "")
     assert "switch interval" in (action.help or "")
+    assert "time slice" in (action.help or "")
 
 
 def test_optimize_measure_s_help_says_it_bounds_rounds() -> None:

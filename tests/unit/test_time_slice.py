@@ -1,0 +1,51 @@
+"""`request_time_slice`: the event loop thread's EEVDF slice (Linux 6.12+), best effort."""
+
+from __future__ import annotations
+
+import os
+import threading
+
+import pytest
+
+from duetime.config import ServerSettings
+from duetime.execution.affinity import MIN_SLICE_NS, request_time_slice
+
+
+def _in_thread(work: object) -> object:
+    """Run `work()` on a thread of its own (a slice, or a niceness, is per thread)."""
+    result: list[object] = []
+    thread = threading.Thread(target=lambda: result.append(work()))  # type: ignore[operator]
+    thread.start()
+    thread.join()
+    return result[0]
+
+
+def test_a_slice_is_granted_as_asked_or_not_at_all() -> None:
+    granted = _in_thread(lambda: request_time_slice(300_000))
+    assert granted in (None, 300_000)
+
+
+def test_a_slice_shorter_than_linux_grants_is_clamped() -> None:
+    granted = _in_thread(lambda: request_time_slice(1_000))
+    assert granted in (None, MIN_SLICE_NS)
+
+
+@pytest.mark.skipif(not hasattr(os, "setpriority"), reason="niceness per thread is Linux's")
+def test_the_threads_niceness_survives_the_request() -> None:
+    def nice_then_slice() -> tuple[int, int]:
+        tid = threading.get_native_id()
+        os.setpriority(os.PRIO_PROCESS, tid, 7)
+        request_time_slice(MIN_SLICE_NS)
+        return os.getpriority(os.PRIO_PROCESS, tid), os.sched_getscheduler(0)
+
+    niceness, policy = _in_thread(nice_then_slice)  # type: ignore[misc]
+    assert niceness == 7
+    assert policy == os.SCHED_OTHER
+
+
+def test_the_setting_bounds_are_linuxs() -> None:
+    assert ServerSettings(loop_slice_us=0).loop_slice_us == 0
+    with pytest.raises(ValueError, match="loop_slice_us"):
+        ServerSettings(loop_slice_us=100_001)
+    with pytest.raises(ValueError, match="loop_slice_us"):
+        ServerSettings(loop_slice_us=-1)
