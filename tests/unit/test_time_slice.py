@@ -36,7 +36,8 @@ def test_the_threads_niceness_survives_the_request() -> None:
         tid = threading.get_native_id()
         os.setpriority(os.PRIO_PROCESS, tid, 7)
         request_time_slice(MIN_SLICE_NS)
-        return os.getpriority(os.PRIO_PROCESS, tid), os.sched_getscheduler(0)
+        policy = os.sched_getscheduler(0) & ~getattr(os, "SCHED_RESET_ON_FORK", 0)
+        return os.getpriority(os.PRIO_PROCESS, tid), policy
 
     niceness, policy = _in_thread(nice_then_slice)  # type: ignore[misc]
     assert niceness == 7
@@ -49,3 +50,15 @@ def test_the_setting_bounds_are_linuxs() -> None:
         ServerSettings(loop_slice_us=100_001)
     with pytest.raises(ValueError, match="loop_slice_us"):
         ServerSettings(loop_slice_us=-1)
+
+
+def test_threads_started_afterwards_keep_the_kernels_slice() -> None:
+    def slice_then_child() -> tuple[int | None, int | None, int | None]:
+        before = request_time_slice(0)  # (asks for nothing: reads the kernel's default)
+        granted = request_time_slice(MIN_SLICE_NS)
+        return before, granted, _in_thread(lambda: request_time_slice(0))  # type: ignore[return-value]
+
+    before, granted, child = _in_thread(slice_then_child)  # type: ignore[misc]
+    if granted is None:
+        pytest.skip("no slice request on this kernel (Linux 6.12+) or machine")
+    assert child == before

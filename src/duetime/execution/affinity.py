@@ -158,6 +158,8 @@ flags, nice, priority, runtime, deadline, period, util_min, util_max."""
 _SCHED_SYSCALLS = {"x86_64": (314, 315), "aarch64": (274, 275), "arm64": (274, 275)}
 """(sched_setattr, sched_getattr) by machine; glibc has no wrapper for either."""
 _FAIR_POLICIES = (0, 3)  # SCHED_OTHER, SCHED_BATCH: the policies a slice applies to
+_SCHED_FLAG_RESET_ON_FORK = 0x01
+"""Threads and processes the thread starts afterwards get the kernel's slice, not its own."""
 MIN_SLICE_NS = 100_000
 """The shortest slice Linux grants (it clamps requests to 0.1-100 ms)."""
 
@@ -166,7 +168,12 @@ def request_time_slice(slice_ns: int) -> int | None:
     """Ask Linux to run the calling thread in slices of `slice_ns` (EEVDF's request length,
     `sched_attr.sched_runtime` for a fair policy, Linux 6.12+); best effort. Returns the slice in
     effect, or None where the system has no such request (another OS or machine, an older kernel,
-    a policy other than SCHED_OTHER or SCHED_BATCH). Nice value and policy are kept.
+    a policy other than SCHED_OTHER or SCHED_BATCH). Nice value and policy are kept; threads it
+    starts afterwards (instance threads of models loaded later, ONNX Runtime's pools) get the
+    kernel's slice, as they would without it (SCHED_FLAG_RESET_ON_FORK; not where the thread's
+    nice value is negative, which it would reset too): a short slice is for a thread whose every
+    wake-up is urgent, and one on a compute thread would take that edge from the loop on a
+    shared core.
 
     A shorter slice gives the thread an earlier virtual deadline: woken while another process
     runs on its core, it runs at once instead of after that process's slice (1.4 ms by
@@ -187,7 +194,9 @@ def request_time_slice(slice_ns: int) -> int | None:
         fields = list(_SCHED_ATTR.unpack(buffer.raw))
         if fields[1] not in _FAIR_POLICIES:
             return None
-        fields[0], fields[2], fields[5] = _SCHED_ATTR.size, 0, slice_ns
+        # (reset on fork also resets a negative nice value: there the threads keep both)
+        fields[0], fields[2] = _SCHED_ATTR.size, _SCHED_FLAG_RESET_ON_FORK if fields[3] >= 0 else 0
+        fields[5] = slice_ns
         wanted = ctypes.create_string_buffer(_SCHED_ATTR.pack(*fields))
         if libc.syscall(set_call, 0, wanted, 0) != 0:
             return None
