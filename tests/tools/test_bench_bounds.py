@@ -20,6 +20,12 @@ def test_connections_past_the_bound_are_refused(connections: int) -> None:
         BenchConfig(model="m", address="127.0.0.1:9", connections=connections)
 
 
+@pytest.mark.parametrize("rate", [0.0, -5.0, float("inf"), float("nan")])
+def test_a_rate_that_is_not_a_finite_positive_number_is_refused(rate: float) -> None:
+    with pytest.raises(ConfigError, match=r"--rate: expected a finite number of requests"):
+        BenchConfig(model="m", address="127.0.0.1:9", rate=rate)
+
+
 def test_connections_up_to_the_bound_are_kept() -> None:
     config = BenchConfig(model="m", address="127.0.0.1:9", connections=MAX_HTTP_CONNECTIONS)
     assert config.lanes() == MAX_HTTP_CONNECTIONS

@@ -118,7 +118,7 @@ def _problems(c: BenchConfig) -> list[str]:
     if c.mode not in ("open", "closed"):
         found.append(f"--mode: expected open or closed, got {c.mode!r}")
     if not (c.rate > 0 and math.isfinite(c.rate)):
-        found.append(f"--rate: expected requests per second > 0, got {c.rate}")
+        found.append(f"--rate: expected a finite number of requests per second > 0, got {c.rate}")
     if c.arrival not in ARRIVAL_KINDS:
         found.append(f"--arrival: expected poisson or constant, got {c.arrival!r}")
     if c.concurrency < 1:
