@@ -21,9 +21,10 @@ FIFO (`scheduling.policy = "fifo"`, a Triton-style batcher), and unbatched (`max
    the run cancels instead of landing on one side of the ratio);
 5. mlp: Engine.infer_async P50 added over calling ORT directly;
 6. runtime tuning: EDF at 100% with the server's tuning (`--cpus` as planned, GC frozen and
-   its thresholds raised, the GIL switch interval shortened) vs without it (`--cpus none
-   --no-tune-runtime`, the whole process confined to the same CPUs: the OS places its
-   threads), both servers up, `TUNING_ROUNDS` runs each in alternation: the median P99 of each.
+   its thresholds raised, the GIL switch interval and the loop's time slice shortened) vs
+   without it (`--cpus none --no-tune-runtime`, the whole process confined to the same CPUs:
+   the OS places its threads), both servers up, `TUNING_ROUNDS` runs each in alternation: the
+   median P99 of each.
 Every run goes over `--protocol`: HTTP binary (the default: 512 connections) or gRPC (4
 channels, as tritonclient's few).
 The generator runs in this process, pinned to the core the model's instance does not use (on

@@ -29,7 +29,12 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).parent))
 from common import print_table
 
-from duetime.execution.affinity import MIN_SLICE_NS, request_time_slice
+from duetime.execution.affinity import (
+    MIN_SLICE_NS,
+    pin_current_thread,
+    request_time_slice,
+    time_slice,
+)
 
 PERIOD_NS = 1_000_000
 WORK_NS = 150_000
@@ -46,7 +51,7 @@ def spin(ns: int) -> None:
 
 def compete(cpu: int, duty: float) -> None:
     """Busy `duty` of the time on `cpu`, in bursts of `BURST_NS`, until killed."""
-    os.sched_setaffinity(0, {cpu})
+    pin_current_thread(frozenset({cpu}))
     pause = BURST_NS * (1 - duty) / duty / 1e9
     while True:
         spin(BURST_NS)
@@ -55,7 +60,7 @@ def compete(cpu: int, duty: float) -> None:
 
 
 def write(cpu: int, fd: int, messages: int) -> None:
-    os.sched_setaffinity(0, {cpu})
+    pin_current_thread(frozenset({cpu}))
     for _ in range(messages):
         os.write(fd, STAMP.pack(time.perf_counter_ns()))
         spin(PERIOD_NS)
@@ -69,8 +74,8 @@ def probe(cpu: int, writer_cpu: int, slice_ns: int, duty: float, messages: int) 
     if duty:
         competitor = subprocess.Popen([*me, "--compete", str(cpu), str(duty)])
     read_fd, write_fd = os.pipe()
-    os.sched_setaffinity(0, {cpu})
-    granted = request_time_slice(slice_ns) if slice_ns else request_time_slice(0)
+    pin_current_thread(frozenset({cpu}))
+    granted = request_time_slice(slice_ns) if slice_ns else time_slice()
     writer = subprocess.Popen(
         [*me, "--write", str(writer_cpu), str(write_fd), str(messages)], pass_fds=(write_fd,)
     )
@@ -84,9 +89,9 @@ def probe(cpu: int, writer_cpu: int, slice_ns: int, duty: float, messages: int) 
                 break
             now = time.perf_counter_ns()
             pending += chunk
-            while len(pending) >= STAMP.size:
-                waits.append(now - STAMP.unpack_from(pending)[0])
-                pending = pending[STAMP.size :]
+            whole = len(pending) - len(pending) % STAMP.size
+            waits.extend(now - sent for (sent,) in STAMP.iter_unpack(pending[:whole]))
+            pending = pending[whole:]
             spin(WORK_NS)
     finally:
         writer.wait()

@@ -4,17 +4,21 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Callable
+from typing import TypeVar
 
 import pytest
 
 from duetime.config import ServerSettings
-from duetime.execution.affinity import MIN_SLICE_NS, request_time_slice
+from duetime.execution.affinity import MIN_SLICE_NS, request_time_slice, time_slice
+
+T = TypeVar("T")
 
 
-def _in_thread(work: object) -> object:
+def _in_thread(work: Callable[[], T]) -> T:
     """Run `work()` on a thread of its own (a slice, or a niceness, is per thread)."""
-    result: list[object] = []
-    thread = threading.Thread(target=lambda: result.append(work()))  # type: ignore[operator]
+    result: list[T] = []
+    thread = threading.Thread(target=lambda: result.append(work()))
     thread.start()
     thread.join()
     return result[0]
@@ -39,7 +43,7 @@ def test_the_threads_niceness_survives_the_request() -> None:
         policy = os.sched_getscheduler(0) & ~getattr(os, "SCHED_RESET_ON_FORK", 0)
         return os.getpriority(os.PRIO_PROCESS, tid), policy
 
-    niceness, policy = _in_thread(nice_then_slice)  # type: ignore[misc]
+    niceness, policy = _in_thread(nice_then_slice)
     assert niceness == 7
     assert policy == os.SCHED_OTHER
 
@@ -54,11 +58,19 @@ def test_the_setting_bounds_are_linuxs() -> None:
 
 def test_threads_started_afterwards_keep_the_kernels_slice() -> None:
     def slice_then_child() -> tuple[int | None, int | None, int | None]:
-        before = request_time_slice(0)  # (asks for nothing: reads the kernel's default)
+        before = time_slice()
         granted = request_time_slice(MIN_SLICE_NS)
-        return before, granted, _in_thread(lambda: request_time_slice(0))  # type: ignore[return-value]
+        return before, granted, _in_thread(time_slice)
 
-    before, granted, child = _in_thread(slice_then_child)  # type: ignore[misc]
+    before, granted, child = _in_thread(slice_then_child)
     if granted is None:
         pytest.skip("no slice request on this kernel (Linux 6.12+) or machine")
     assert child == before
+
+
+def test_the_slice_read_back_is_the_one_granted() -> None:
+    def ask_then_read() -> tuple[int | None, int | None]:
+        return request_time_slice(400_000), time_slice()
+
+    granted, read = _in_thread(ask_then_read)
+    assert granted == read

@@ -11,9 +11,11 @@ from __future__ import annotations
 import contextlib
 import os
 import struct
+import sys
 import threading
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from duetime.errors import ConfigError
 
@@ -164,45 +166,70 @@ MIN_SLICE_NS = 100_000
 """The shortest slice Linux grants (it clamps requests to 0.1-100 ms)."""
 
 
+def _sched_calls() -> tuple[Any, int, int] | None:
+    """libc and the (sched_setattr, sched_getattr) numbers of this machine; None off Linux or on
+    a machine not listed."""
+    import ctypes  # (here: only servers that tune their runtime load it)
+    import platform
+
+    calls = _SCHED_SYSCALLS.get(platform.machine())
+    if calls is None or sys.platform != "linux":
+        return None
+    return ctypes.CDLL(None, use_errno=True), *calls
+
+
+def _read_sched_attr(libc: Any, get_call: int) -> list[int] | None:
+    """The calling thread's `struct sched_attr` fields; None if the kernel refuses."""
+    import ctypes
+
+    buffer = ctypes.create_string_buffer(_SCHED_ATTR.size)
+    if libc.syscall(get_call, 0, buffer, _SCHED_ATTR.size, 0) != 0:
+        return None
+    return list(_SCHED_ATTR.unpack(buffer.raw))
+
+
+def time_slice() -> int | None:
+    """The calling thread's time slice (ns) under a fair policy on Linux 6.12+; None where the
+    system keeps none (another OS or machine, an older kernel, a real-time policy)."""
+    try:
+        found = _sched_calls()
+        fields = None if found is None else _read_sched_attr(found[0], found[2])
+    except (OSError, AttributeError):
+        return None
+    if fields is None or fields[1] not in _FAIR_POLICIES:
+        return None
+    return fields[5] or None  # (a kernel before 6.12 keeps no slice for a fair policy: 0)
+
+
 def request_time_slice(slice_ns: int) -> int | None:
     """Ask Linux to run the calling thread in slices of `slice_ns` (EEVDF's request length,
-    `sched_attr.sched_runtime` for a fair policy, Linux 6.12+); best effort. Returns the slice in
-    effect, or None where the system has no such request (another OS or machine, an older kernel,
-    a policy other than SCHED_OTHER or SCHED_BATCH). Nice value and policy are kept; threads it
-    starts afterwards (instance threads of models loaded later, ONNX Runtime's pools) get the
-    kernel's slice, as they would without it (SCHED_FLAG_RESET_ON_FORK; not where the thread's
-    nice value is negative, which it would reset too): a short slice is for a thread whose every
-    wake-up is urgent, and one on a compute thread would take that edge from the loop on a
-    shared core.
+    `sched_attr.sched_runtime` for a fair policy, Linux 6.12+; 0: the kernel's); best effort.
+    Returns the slice in effect (`time_slice`), or None where the system has no such request.
+    Nice value and policy are kept; threads it starts afterwards (instance threads of models
+    loaded later, ONNX Runtime's pools) get the kernel's slice, as they would without it
+    (SCHED_FLAG_RESET_ON_FORK; not where the thread's nice value is negative, which it would
+    reset too): a short slice is for a thread whose every wake-up is urgent, and one on a
+    compute thread would take that edge from the loop on a shared core.
 
     A shorter slice gives the thread an earlier virtual deadline: woken while another process
     runs on its core, it runs at once instead of after that process's slice (1.4 ms by
     default on a 2-core machine), at the same share of the core as before.
     """
-    import ctypes  # (here: only servers that tune their runtime load it)
-    import platform
+    import ctypes
 
-    calls = _SCHED_SYSCALLS.get(platform.machine())
-    if calls is None or not hasattr(os, "sched_setaffinity"):
-        return None
-    set_call, get_call = calls
     try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        buffer = ctypes.create_string_buffer(_SCHED_ATTR.size)
-        if libc.syscall(get_call, 0, buffer, _SCHED_ATTR.size, 0) != 0:
+        found = _sched_calls()
+        if found is None:
             return None
-        fields = list(_SCHED_ATTR.unpack(buffer.raw))
-        if fields[1] not in _FAIR_POLICIES:
+        libc, set_call, get_call = found
+        fields = _read_sched_attr(libc, get_call)
+        if fields is None or fields[1] not in _FAIR_POLICIES:
             return None
         # (reset on fork also resets a negative nice value: there the threads keep both)
         fields[0], fields[2] = _SCHED_ATTR.size, _SCHED_FLAG_RESET_ON_FORK if fields[3] >= 0 else 0
         fields[5] = slice_ns
-        wanted = ctypes.create_string_buffer(_SCHED_ATTR.pack(*fields))
-        if libc.syscall(set_call, 0, wanted, 0) != 0:
-            return None
-        if libc.syscall(get_call, 0, buffer, _SCHED_ATTR.size, 0) != 0:
+        if libc.syscall(set_call, 0, ctypes.create_string_buffer(_SCHED_ATTR.pack(*fields)), 0):
             return None
     except (OSError, AttributeError):
         return None
-    granted: int = _SCHED_ATTR.unpack(buffer.raw)[5]
-    return granted or None  # (a kernel before 6.12 keeps no slice for a fair policy: 0)
+    return time_slice()
