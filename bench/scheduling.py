@@ -393,10 +393,17 @@ def verdicts(rows: list[dict[str, Any]]) -> dict[str, Any]:
         / max(by[("fifo", "100%")]["goodput/s"], 1e-9),
         "edf_p50_minus_unbatched_p50_ms_at_50": (edf50["p50_ms"] or 0) - (unbatched["p50_ms"] or 0),
         "tuning_p99_ms_on_vs_off": tuple(
-            float(np.median([r["p99_ms"] for r in rows if r["policy"] == f"edf, tuning {label}"]))
+            _median([r["p99_ms"] for r in rows if r["policy"] == f"edf, tuning {label}"])
             for label in ("on", "off")
         ),
     }
+
+
+def _median(values: list[float | None]) -> float | None:
+    """The median of the values a run measured (a run with no answers has no P99: None),
+    None if none did."""
+    known = [value for value in values if value is not None]
+    return float(np.median(known)) if known else None
 
 
 def engine_overhead(demo: Path, requests: int) -> dict[str, float]:
