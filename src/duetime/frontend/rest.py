@@ -385,7 +385,11 @@ def error_reply(exc: DuetimeError, trace_id: str | None = None) -> Reply:
         trace_id = new_trace_id()
     headers += ((b"x-trace-id", trace_id.encode()),)
     message = f"{exc.message} (trace {trace_id})"
-    return Reply(exc.http_status, orjson.dumps({"error": message}), headers)
+    try:
+        body = orjson.dumps({"error": message})
+    except TypeError:  # a lone surrogate from the request, echoed: written as its escape
+        body = orjson.dumps({"error": message.encode("utf-8", "backslashreplace").decode()})
+    return Reply(exc.http_status, body, headers)
 
 
 def failed_reply(
@@ -1730,8 +1734,8 @@ def _exact_parameters(json_part: memoryview, parameters: dict[str, Any]) -> dict
         return parameters
     try:
         exact = json.loads(bytes(json_part)).get("parameters")
-    except ValueError:  # (an integer of over 4,300 digits: Python will not read it)
-        return parameters
+    except (ValueError, RecursionError):  # (an integer of over 4,300 digits, or nesting
+        return parameters  # deeper than Python's stack: orjson reads 1,024 levels)
     return exact if isinstance(exact, dict) else parameters
 
 
