@@ -199,3 +199,39 @@ def test_what_cannot_be_bounded_is_named_at_load(
     # what is bounded, or fixed, is not warned of
     assert graph_facts(onnx.load_from_string(looping())).unbounded == ()
     assert graph_facts(onnx.load_from_string(multiplied())).unbounded == ()
+
+
+def unpooling() -> bytes:
+    """The tester's model: MaxUnpool of a one-pixel x to the request's `output_shape`, summed."""
+    return model(
+        [helper.make_node("MaxUnpool", ["x", "i", "shape"], ["u"], "unpool",
+                          kernel_shape=[2, 2], strides=[2, 2]),
+         helper.make_node("ReduceSum", ["u"], ["y"], keepdims=0)],
+        [V("x", TensorProto.FLOAT, [1, 1, 1, 1]), V("i", TensorProto.INT64, [1, 1, 1, 1]),
+         V("shape", TensorProto.INT64, [4])],
+        [V("y", TensorProto.FLOAT, [])],
+    )  # fmt: skip
+
+
+def test_maxunpool_asks_its_output_shape() -> None:
+    """Its output_shape input sizes its output (it was run: 6.4 GB for [1, 1, 40000, 40000])."""
+    one = {"x": np.ones((1, 1, 1, 1), np.float32), "i": np.zeros((1, 1, 1, 1), np.int64)}
+    shape = np.array([1, 1, 40000, 40000], np.int64)
+    assert asked(unpooling(), **one, shape=shape) == {"MaxUnpool node 'unpool'": 4 * 40000**2}
+    small = np.array([1, 1, 2, 2], np.int64)
+    assert asked(unpooling(), **one, shape=small) == {"MaxUnpool node 'unpool'": 16}
+
+
+def test_a_loaded_maxunpool_refuses_an_output_shape_over_the_limit(tmp_path: Path) -> None:
+    write_version(tmp_path, "m", 1, unpooling())
+    (tmp_path / "m" / "config.toml").write_text("max_batch_size = 0\n")
+    loaded = load_version(scan_model(tmp_path / "m"), 1, max_run_memory_bytes=LIMIT)
+    one = {"x": np.ones((1, 1, 1, 1), np.float32), "i": np.zeros((1, 1, 1, 1), np.int64)}
+    try:
+        with pytest.raises(
+            InvalidInput, match=f"input 'shape': its values ask .* over the {LIMIT}"
+        ):
+            loaded.validator.prepare({**one, "shape": np.array([1, 1, 40000, 40000])}, None)
+        loaded.validator.prepare({**one, "shape": np.array([1, 1, 2, 2])}, None)  # (runs)
+    finally:
+        loaded.executor.close()
