@@ -219,6 +219,7 @@ def test_a_polled_repository_refuses_loads_as_it_refuses_unloads(tmp_path: Path)
                 with pytest.raises(InferenceServerException, match="polled") as refused:
                     client.load_model("m", **asked)
                 assert "cannot load model 'm'" in str(refused.value)
+                assert str(refused.value.status()) in ("503", "StatusCode.UNAVAILABLE")
             with pytest.raises(InferenceServerException, match="cannot unload model 'm'"):
                 client.unload_model("m")
             module = httpclient if client is made[0] else grpcclient

@@ -30,15 +30,16 @@ from duetime.classification import check_classifiable, top_classes
 from duetime.clock import Clock, MonotonicClock
 from duetime.config import ModelConfig
 from duetime.errors import (
+    MODEL_CONTROL_OFF,
     TIMEOUT_EXPIRED,
     ConfigError,
     DeadlineExceeded,
     DuetimeError,
     InternalError,
     InvalidInput,
+    ModelControlOff,
     ModelNotFound,
     ModelUnavailable,
-    NotAllowed,
     Overloaded,
 )
 from duetime.execution.affinity import SMALL_MODEL_NS, CpuPlan
@@ -500,17 +501,17 @@ class Engine:
             raise ModelUnavailable(f"cannot {action} model '{name}': the engine is closed; {again}")
         manager = self.manager
         if manager is None or manager.options.control_mode == "none":
-            raise NotAllowed(
-                f"model {action} is off: the repository is served with --model-control-mode none "
-                "(in process: RepositoryOptions(control_mode='none')); load and unload models "
-                "in explicit mode"
+            raise ModelControlOff(
+                f"{MODEL_CONTROL_OFF}: model {action} is off: the repository is served with "
+                "--model-control-mode none (in process: RepositoryOptions(control_mode='none')); "
+                "load and unload models in explicit mode"
             )
         if manager.options.control_mode == "poll":
             instead = {"load": "change its folder", "unload": "remove its folder"}[action]
-            raise NotAllowed(
-                f"cannot {action} model '{name}' while the repository is polled "
-                f"(--model-control-mode poll: explicit model load and unload are off, as in "
-                f"Triton): {instead} and the next poll applies it, or use explicit mode"
+            raise ModelControlOff(
+                f"{MODEL_CONTROL_OFF}: cannot {action} model '{name}' while the repository is "
+                f"polled (--model-control-mode poll): {instead} and the next poll applies it, "
+                "or use explicit mode"
             )
         return manager
 

@@ -112,6 +112,22 @@ class NotAllowed(DuetimeError):
     grpc_code = "FAILED_PRECONDITION"
 
 
+MODEL_CONTROL_OFF = "explicit model load / unload is not allowed if polling is enabled"
+"""Triton's words for a load or unload outside explicit mode (`ModelControlOff`; Triton says
+them in mode none too)."""
+
+
+class ModelControlOff(NotAllowed):
+    """A model load or unload where the repository is not in explicit mode: as Triton, 503 /
+    UNAVAILABLE, the message beginning with its words (`MODEL_CONTROL_OFF`).
+
+    NOTE: answered 400 / FAILED_PRECONDITION, where a Triton client (and Triton's QA) expects
+    UNAVAILABLE (found by a tester)."""
+
+    http_status = 503
+    grpc_code = "UNAVAILABLE"
+
+
 class InternalError(DuetimeError):
     """A fault inside duetime or ONNX Runtime; never the client's input."""
 

@@ -485,11 +485,16 @@ def test_server_metadata_lists_the_extension(explicit_server: RunningServer) -> 
 
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
 def test_mode_none_refuses_control(server: RunningServer, protocol: str) -> None:
+    """As Triton: UNAVAILABLE (503), its words first (was 400 / FAILED_PRECONDITION)."""
     client = clients(server)[protocol == "grpc"]
-    with pytest.raises(InferenceServerException, match="--model-control-mode none"):
-        client.load_model("mlp")
-    with pytest.raises(InferenceServerException, match="--model-control-mode none"):
-        client.unload_model("mlp")
+    unavailable = "503" if protocol == "http" else "StatusCode.UNAVAILABLE"
+    for call in (client.load_model, client.unload_model):
+        with pytest.raises(InferenceServerException, match="--model-control-mode none") as off:
+            call("mlp")
+        assert str(off.value.status()) == unavailable
+        assert off.value.message().startswith(
+            "explicit model load / unload is not allowed if polling is enabled: "
+        )
     assert {"name": "mlp", "version": "1", "state": "READY"} in index(client)
 
 
