@@ -558,3 +558,18 @@ def test_the_inference_paths_whose_routing_is_kept(path: str, infer: bool) -> No
     from duetime.frontend.rest import _names_infer, _segments
 
     assert _names_infer(_segments(path.encode())) is infer
+
+
+@pytest.mark.parametrize("off_by", [7, -7])
+def test_a_header_length_off_the_jsons_end_is_named(off_by: int) -> None:
+    """An Inference-Header-Content-Length past the JSON's end cut into the binary data ("not
+    valid UTF-8 (byte 0xcd ...)"), one short of it ended the JSON early ("unexpected end of
+    data"); neither named the header."""
+    header = (
+        b'{"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 4], '
+        b'"parameters": {"binary_data_size": 16}}]}'
+    )
+    body = header + b"\xcd" * 16  # (its binary data: not UTF-8)
+    with pytest.raises(InvalidInput, match="header Inference-Header-Content-Length says") as bad:
+        parse_infer_request(body, len(header) + off_by, "m", None)
+    assert f"first {len(header) + off_by} bytes" in str(bad.value)

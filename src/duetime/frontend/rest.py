@@ -1540,10 +1540,21 @@ def parse_infer_request(
         doc = codec.loads_json(json_part)
     except orjson.JSONDecodeError as exc:
         fault = codec.utf8_fault(json_part)
+        if header_length is not None and header_length != len(view):
+            # NOTE: a header length past the JSON's end said "not valid UTF-8 (byte 0xcd at
+            # offset 110)" (the binary data's first bytes), one short of it "unexpected end of
+            # data", neither naming the header that set the cut (found by a tester)
+            where = (
+                f"; its JSON part is the body's first {header_length} bytes, as header "
+                "Inference-Header-Content-Length says: is that the JSON's length in bytes?"
+            )
+            raise InvalidInput(
+                f"request body is {fault or f'not valid JSON: {exc}'}{where}"
+            ) from None
         if fault is None:
             raise InvalidInput(f"request body is not valid JSON: {exc}") from None
-        if header_length is None:  # (binary data sent without saying where the JSON ends?)
-            fault += "; binary data after the JSON needs header Inference-Header-Content-Length"
+        # (binary data sent without saying where the JSON ends?)
+        fault += "; binary data after the JSON needs header Inference-Header-Content-Length"
         raise InvalidInput(f"request body is {fault}") from None
     if not isinstance(doc, dict):
         raise InvalidInput("request body must be a JSON object with an 'inputs' list")
