@@ -350,6 +350,11 @@ def test_parse_shape_accepts(value: Any, expected: tuple[int, ...]) -> None:
         pytest.param(["2"], "non-negative integers", id="string-dim"),
         pytest.param([None], "non-negative integers", id="null-dim"),
         pytest.param([2**21, 2**21], "has too many elements", id="too-many-elements"),
+        pytest.param(
+            orjson.loads(b"[1000000000000000000000000000000, 4]"),
+            "an integer of about 1e\\+30, past int64",
+            id="past-int64",
+        ),  # (orjson reads it as a float: it was "got [1e+30, 4]", as if a float was sent)
     ],
 )
 def test_parse_shape_errors(value: Any, match: str) -> None:

@@ -45,6 +45,13 @@ def parse_shape(value: Any, where: str) -> tuple[int, ...]:
         raise InvalidInput(f"{where}: 'shape' must be a list of at most {_MAX_DIMS} integers")
     for dim in value:
         if isinstance(dim, bool) or not isinstance(dim, int) or dim < 0:
+            if isinstance(dim, float) and dim.is_integer() and dim >= 2**63:
+                # NOTE: orjson reads an integer past 64 bits as a float: [10**30, 40] was
+                # refused as "got [1e+30, 40]", as if the client had sent a float
+                raise InvalidInput(
+                    f"{where}: 'shape' holds an integer of about {dim:.3g}, past int64; dims "
+                    "are non-negative integers below 2**63"
+                )
             raise InvalidInput(f"{where}: 'shape' must hold non-negative integers, got {value!r}")
     shape = tuple(value)
     count = math.prod(shape)
