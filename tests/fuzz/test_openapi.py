@@ -7,6 +7,7 @@ import urllib.request
 from collections.abc import Iterator
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 import pytest
 import schemathesis
@@ -22,6 +23,7 @@ from schemathesis.checks import (
 )
 
 from duetime.config import ServerSettings
+from duetime.errors import MODEL_CONTROL_OFF
 
 pytestmark = pytest.mark.timeout(TIMEOUT_S)
 
@@ -76,13 +78,22 @@ def test_document_covers_every_route() -> None:
     } <= paths  # fmt: skip
 
 
+def no_server_error(ctx: Any, response: Any, case: schemathesis.Case) -> bool | None:
+    """`not_a_server_error`, but for a load or unload refused as Triton refuses it outside
+    explicit mode (503, its words: the server under test is in mode none)."""
+    if response.status_code == 503 and MODEL_CONTROL_OFF in response.text:
+        return None
+    return not_a_server_error(ctx, response, case)
+
+
 @schema.parametrize()
 @settings(max_examples=examples(15), deadline=None, suppress_health_check=list(HealthCheck))
 def test_api_never_fails_on_its_side(case: schemathesis.Case) -> None:
     case.call_and_validate(
         checks=[
-            not_a_server_error, status_code_conformance, content_type_conformance,
+            no_server_error, status_code_conformance, content_type_conformance,
             response_schema_conformance,
         ],
+        excluded_checks=[not_a_server_error],
         timeout=30,
     )  # fmt: skip
