@@ -1574,3 +1574,64 @@ def test_shadow_statistics_sit_on_the_shadow_version(tmp_path: Path) -> None:
         assert by_version["1"]["inference_count"] == 5
 
     run(tmp_path, scenario)
+
+
+def test_poll_unloads_a_model_whose_last_version_folder_is_removed(tmp_path: Path) -> None:
+    """Version 2 removed, then version 1: version 1 answered from memory for good (READY in the
+    index beside a model row saying no version folder is left), though what serves follows the
+    folders, as when one version among others goes."""
+    import shutil
+
+    write_version(tmp_path, "m", 1, scale_model(1))
+    write_version(tmp_path, "m", 2, scale_model(2))
+    config(tmp_path, "m", "[version_policy]\nall = {}\n")
+
+    async def scenario(engine: Engine) -> None:
+        manager = engine.manager
+        assert manager is not None
+        shutil.rmtree(tmp_path / "m" / "2")
+        await manager.poll()
+        assert await factor_of(engine) == 1.0
+        shutil.rmtree(tmp_path / "m" / "1")
+        await manager.poll()
+        with pytest.raises(DuetimeError):
+            await factor_of(engine)
+        rows = [e for e in engine.repository_index() if e["name"] == "m"]
+        assert not [r for r in rows if r.get("state") == "READY"], rows
+        assert any("no version folder holds a model.onnx" in r.get("reason", "") for r in rows)
+        write_version(tmp_path, "m", 3, scale_model(3))  # a version again: served again
+        await manager.poll()
+        assert await factor_of(engine) == 3.0
+
+    run(tmp_path, scenario, control_mode="poll", poll_s=3600)
+
+
+def test_poll_of_a_repository_that_cannot_be_read_keeps_serving_and_says_so_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The repository folder removed (a network mount gone): every poll logged a traceback.
+    Now one error, what serves goes on serving, and polling resumes once it is back."""
+    repo = tmp_path / "repo"
+    write_version(repo, "m", 1, scale_model(1))
+    moved = tmp_path / "moved"
+
+    async def scenario(engine: Engine) -> None:
+        manager = engine.manager
+        assert manager is not None
+        repo.rename(moved)
+        with caplog.at_level(logging.INFO, logger="duetime.manager"):
+            for _ in range(3):
+                await manager.poll()
+            assert await factor_of(engine) == 1.0
+            errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+            assert len(errors) == 1, errors
+            assert "cannot be read" in errors[0].getMessage()
+            assert str(repo) in errors[0].getMessage()
+            assert errors[0].exc_info is None  # (no traceback)
+            moved.rename(repo)
+            write_version(repo, "m", 2, scale_model(2))
+            await manager.poll()
+            assert await factor_of(engine) == 2.0
+            assert any("can be read again" in r.getMessage() for r in caplog.records)
+
+    run(repo, scenario, control_mode="poll", poll_s=3600)

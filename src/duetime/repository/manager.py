@@ -49,6 +49,7 @@ from duetime.repository.layout import (
     Scan,
     is_hidden,
     misnamed_folders,
+    model_file,
     model_folders,
     scan_model,
     scan_repository,
@@ -328,6 +329,8 @@ class ModelManager:
         """Drains (and closes) running in the background -> the version each closes (see
         `aclose`, which cuts them short)."""
         self._poller: asyncio.Task[None] | None = None
+        self._unreadable: str | None = None
+        """Why the last poll could not list the repository (None: it could): said once."""
         self._load_s: dict[str, float] = {}
         self._bytes: dict[str, int] = {}
         self._loading: dict[str, int] = {}
@@ -452,8 +455,27 @@ class ModelManager:
         # NOTE: what serves follows the folders alone, an upload included: counted as on disk,
         # an upload outlived the removal of its model's folder, and polling refuses unloads.
         # (The engine refuses uploads while polling, as Triton refuses loads.)
-        on_disk = {p.name for p in model_folders(self.root)}
-        misnamed = misnamed_folders(self.root)
+        # NOTE: a repository that cannot be listed (its folder removed, a network mount gone)
+        # logged a full traceback at every poll; it is said once, and what serves goes on
+        # serving as it is (as Triton, whose poll fails and changes nothing): a mount that
+        # comes back must not find every model unloaded. A folder that is there but empty
+        # is a change like any other, and unloads what it no longer holds.
+        try:
+            on_disk = {p.name for p in model_folders(self.root)}
+            misnamed = misnamed_folders(self.root)
+        except OSError as exc:
+            reason = exc.strerror or type(exc).__name__
+            if self._unreadable != reason:
+                log.error(
+                    "model repository %s cannot be read (%s): the models served go on serving "
+                    "as they are, and the poll looks again every %g s",
+                    self.root, reason, self.options.poll_s,
+                )  # fmt: skip
+            self._unreadable = reason
+            return
+        if self._unreadable is not None:
+            log.info("model repository %s can be read again: polling resumes", self.root)
+            self._unreadable = None
         snapshot = self._registry.snapshot
         served = set(snapshot.models)
         for name in sorted(served - on_disk):
@@ -722,6 +744,17 @@ class ModelManager:
             source = scan_model(directory)
             config = given.config if given else self._read_config(name, directory)
         except ConfigError as exc:
+            if current is not None and not any(
+                self._holds_model(directory, v) for v in current.versions
+            ):
+                # NOTE: a config error leaves what serves serving, but the last version
+                # folder removed (version 2, then 1) left version 1 READY and answering from
+                # memory for good, beside a model row saying no version folder is left: what
+                # serves follows the folders, as when a version among others goes
+                self._unload_now(
+                    name, self._gone_reason(name, next(iter(current.versions.values())))
+                )
+                current = None
             self._fail_model(name, exc.message, serving=current is not None)
             raise _LoadFailed(load_failed(name, exc.message, polled=False)) from None
         self._prune_versions(name, source.versions)
@@ -1150,6 +1183,17 @@ class ModelManager:
         for table in (self._failed, self._degraded):
             for key in [key for key in table if key[0] == name and key[1] not in present]:
                 del table[key]
+
+    @staticmethod
+    def _holds_model(directory: Path, version: str) -> bool:
+        """Whether `directory` holds a folder of `version` with a model file in it."""
+        try:
+            return any(
+                version_of(p.name) == int(version) and p.is_dir() and model_file(p) is not None
+                for p in directory.iterdir()
+            )
+        except OSError:
+            return False
 
     def _on_disk(self, name: str, version: str) -> bool:
         """Whether the folder `name` is served from holds a folder of `version`."""
