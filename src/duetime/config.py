@@ -725,8 +725,9 @@ class ServerSettings(_Strict):
     tune_runtime: bool = True
     """After loading: `gc.freeze()` and a high gen-0 threshold, so collections stay off the hot
     path."""
-    gc_threshold: int = Field(default=50_000, ge=100)
-    """gen-0 collection threshold while `tune_runtime` is on (Python's default is 700)."""
+    gc_threshold: int = Field(default=50_000, ge=100, le=2**31 - 1)
+    """gen-0 collection threshold while `tune_runtime` is on (Python's default is 700; the
+    most `gc.set_threshold` takes is a C int's)."""
     access_log_sample: float = Field(default=0.0, ge=0.0, le=1.0)
     """Share of successful requests that get an access-log line (`duetime.requests` logger, at
     INFO); failed requests always get one."""
@@ -736,6 +737,23 @@ class ServerSettings(_Strict):
     Bearer <token>` or the gRPC metadata `authorization: Bearer <token>` (gRPC keys are lower
     case); the index and the settings stay readable. A secret: `repr=False` keeps it out of the
     settings' repr and of validation errors (which give its length)."""
+
+    @field_validator("control_token")
+    @classmethod
+    def _sendable(cls, value: str | None) -> str | None:
+        """A token no client could send is refused at start (the value is not shown).
+
+        NOTE: one with a space at either end, a tab, a newline or a non-ASCII letter was taken,
+        and then no call could match it: HTTP and gRPC clients trim a header's value, and
+        neither carries anything but visible ASCII in one as it is."""
+        if value is not None and not all("!" <= c <= "~" for c in value):
+            raise ValueError(
+                "expected visible ASCII characters only (letters, digits, punctuation: no "
+                "spaces, tabs, newlines or non-ASCII letters), as an HTTP Authorization header "
+                "and gRPC metadata carry it"
+            )
+        return value
+
     model_control_mode: Literal["none", "explicit", "poll"] = "none"
     """As Triton: `none` loads every model at start and never changes them; `explicit` loads
     and unloads through the repository API (`load_model` names those loaded at start); `poll`

@@ -280,6 +280,12 @@ def test_server_settings_reads_os_environ_by_default(monkeypatch: pytest.MonkeyP
             {}, {"DUETIME_MAX_BODY_BYTES": "10"}, "field 'max_body_bytes'.*got '10'", id="too-small"
         ),
         pytest.param({"idle_timeout_s": 0}, {}, "field 'idle_timeout_s'", id="zero-timeout"),
+        pytest.param(  # (gc.set_threshold raised OverflowError at start: a traceback)
+            {"gc_threshold": 2**31}, {}, "field 'gc_threshold'.*2147483647", id="gc-past-int"
+        ),
+        pytest.param(
+            {}, {"DUETIME_GC_THRESHOLD": "9999999999"}, "field 'gc_threshold'", id="gc-env"
+        ),
         pytest.param(
             {"bogus": 1}, {}, "field 'bogus': Extra inputs are not permitted", id="unknown"
         ),
@@ -354,3 +360,32 @@ def test_a_variable_naming_no_setting_is_warned_of_with_the_nearest(
         in (caplog.text)
     )
     assert "FUZZ" not in caplog.text
+
+
+@pytest.mark.parametrize(
+    "token",
+    [
+        " " + "s" * 20,
+        "s" * 20 + " ",
+        " " * 20,
+        "s" * 10 + "\t" + "s" * 10,
+        "s" * 20 + "\n",
+        "s" * 10 + " " + "s" * 10,
+        "s" * 20 + "é",
+        "s" * 20 + "\x00",
+    ],
+    ids=["lead", "trail", "spaces", "tab", "newline", "inner-space", "non-ascii", "nul"],
+)
+def test_a_control_token_no_client_can_send_is_refused_at_start(token: str) -> None:
+    """Taken before, such a token matched no call: clients trim a header's value, and neither
+    HTTP nor gRPC metadata carries anything but visible ASCII as it is."""
+    with pytest.raises(ConfigError) as raised:
+        server_settings({"control_token": token}, env={})
+    assert "field 'control_token'" in raised.value.message
+    assert "visible ASCII" in raised.value.message
+    assert token.strip() not in raised.value.message or not token.strip()
+
+
+def test_a_control_token_of_visible_ascii_is_taken() -> None:
+    token = "Ab0-._~+/=!#$%&'*^`|" + "x" * 4
+    assert server_settings({"control_token": token}, env={}).control_token == token
