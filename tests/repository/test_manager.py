@@ -1635,3 +1635,29 @@ def test_poll_of_a_repository_that_cannot_be_read_keeps_serving_and_says_so_once
             assert any("can be read again" in r.getMessage() for r in caplog.records)
 
     run(repo, scenario, control_mode="poll", poll_s=3600)
+
+
+@pytest.mark.parametrize("mode", ["none", "poll"])
+def test_without_lazy_loading_the_budget_loads_what_fits_and_unloads_none(
+    tmp_path: Path, mode: str
+) -> None:
+    """Mode none with --max-loaded-models 1 loaded all three models and unloaded two to make
+    room: they answered 404 for good, without a word, as nothing loads them again (and each
+    poll would load one back, unloading another). Now the first fits; the others are refused,
+    the index saying why."""
+    for name, factor in (("a", 1), ("b", 2), ("c", 3)):
+        write_version(tmp_path, name, 1, scale_model(factor))
+
+    async def scenario(engine: Engine) -> None:
+        if mode == "poll":
+            await engine.manager.poll()  # type: ignore[union-attr]
+        assert list(engine.registry.snapshot.models) == ["a"]
+        assert await factor_of(engine, "a") == 1.0
+        for name in ("b", "c"):
+            with pytest.raises(DuetimeError):
+                await factor_of(engine, name)
+            reasons = [e.get("reason", "") for e in engine.repository_index() if e["name"] == name]
+            assert any("max_loaded_models budget is full" in r for r in reasons), reasons
+            assert any("add --lazy-load" in r for r in reasons), reasons
+
+    run(tmp_path, scenario, control_mode=mode, poll_s=3600, max_loaded_models=1)

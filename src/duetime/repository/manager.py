@@ -772,7 +772,12 @@ class ModelManager:
             raise _LoadFailed(load_failed(name, reason, polled=False))
         self._model_errors.pop(name, None)
         named = given or _named(config, directory)
-        victims = [] if current else self._make_room(name, _model_bytes(source, wanted, config))
+        try:
+            victims = [] if current else self._make_room(name, _model_bytes(source, wanted, config))
+        except ModelUnavailable as exc:
+            if not self._evicts:  # (no passing refusal: listed as why the model is not served)
+                self._fail_model(name, exc.message.removeprefix(load_failed(name, "")))
+            raise
         chosen: dict[str, ServedVersion] = {}
         prints: dict[str, Fingerprint] = {}
         """Of the versions loaded now, what each was made from (recorded once published)."""
@@ -1228,6 +1233,8 @@ class ModelManager:
             for other in kept
             if other != name and all(d.scheduler.idle for d in _deployments(models[other]))
         )
+        if not self._evicts:
+            idle = []
         victims: list[tuple[str, str]] = []
         while True:
             limit = self._over_budget(kept, loading, adding=needed)
@@ -1235,6 +1242,16 @@ class ModelManager:
                 self._loading[name] = needed
                 self._evicting[name] = victims
                 return victims
+            if not self._evicts:
+                raise ModelUnavailable(
+                    load_failed(
+                        name,
+                        f"the {limit} budget is full; with --model-control-mode "
+                        f"{self.options.control_mode} and no --lazy-load nothing would load a "
+                        "model unloaded to make room again, so none is: add --lazy-load, or "
+                        "raise the budget",
+                    )
+                )
             if not idle:
                 busy = "loaded or loading" if loading else "loaded"
                 raise ModelUnavailable(
@@ -1282,6 +1299,17 @@ class ModelManager:
             _, _, victim = ranked.pop(0)
             kept.remove(victim)
             victims.append((victim, limit))
+
+    @property
+    def _evicts(self) -> bool:
+        """Whether the budget unloads idle models to make room: only where something loads
+        them again (a request, lazily; the repository API, explicitly).
+
+        NOTE: in mode none (or poll) without --lazy-load, the start loaded every model and
+        unloaded all but the last to fit `--max-loaded-models 1`: those answered 404 for good,
+        without a word (and each poll would load one back, unloading another). There the
+        budget loads what fits and refuses the rest, each saying why in the index."""
+        return self.options.control_mode == "explicit" or self.options.lazy
 
     def _kept(self, name: str, models: Mapping[str, ServedModel]) -> list[str]:
         """The models served that no other load than `name`'s will unload once it serves."""
