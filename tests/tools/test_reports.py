@@ -154,6 +154,62 @@ def test_files_that_are_no_results_are_refused(
     assert "expected a .html or .png" in capsys.readouterr().err
 
 
+def _edited(doc: dict, path: str, value: object) -> dict:
+    """`doc` with the field at dotted `path` set to `value` (`timeline.sent.0`: an item)."""
+    edited = json.loads(json.dumps(doc))
+    *parents, last = path.split(".")
+    target = edited
+    for key in parents:
+        target = target[int(key)] if isinstance(target, list) else target[key]
+    if isinstance(target, list):
+        target[int(last)] = value
+    else:
+        target[last] = value
+    return edited
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "message"),
+    [
+        ("timeline", None, "timeline: expected an object, got null"),
+        ("timeline", [], "timeline: expected an object, got list"),
+        ("timeline.sent.0", "x", "timeline.sent[0]: expected a whole number, 0 or more, got 'x'"),
+        ("timeline.ok.1", -3, "timeline.ok[1]: expected a whole number, 0 or more, got -3"),
+        ("timeline.late.0", 1.5, "timeline.late[0]: expected a whole number"),
+        ("timeline.p99_us.0", "fast", "timeline.p99_us[0]: expected a number, got 'fast'"),
+        ("timeline.p50_us.0", True, "timeline.p50_us[0]: expected a number, got bool"),
+        ("timeline.interval_s", 0, "timeline.interval_s: expected a number above 0"),
+        ("timeline.interval_s", "1", "timeline.interval_s: expected a number, got '1'"),
+        ("timeline.max_us", [1], "timeline.max_us: expected a list of 3 values"),
+        ("histogram", "x", "histogram: expected an object with an 'encoded' text, got 'x'"),
+        ("histogram", {"encoded": 5}, "histogram: expected an object with an 'encoded' text"),
+        ("histogram", {"encoded": "AAAA"}, "not an encoded HDR histogram"),
+        ("sent", [1], "sent: expected a whole number, 0 or more, got list"),
+        ("duration_s", "3", "duration_s: expected a number, got '3'"),
+        ("goodput_rps", -1, "goodput_rps: expected a finite number, 0 or more, got -1"),
+        ("batch_sizes", [1], "batch_sizes: expected an object, got list"),
+        ("batch_sizes", {"m": 3}, "batch_sizes.m: expected an object, got int"),
+        ("batch_sizes", {"m": {"x": 1}}, "batch_sizes.m.x: expected a batch size"),
+        ("batch_sizes", {"m": {"2": "many"}}, "batch_sizes.m.2: expected a whole number"),
+    ],
+)
+def test_a_result_with_a_field_of_the_wrong_kind_is_refused_naming_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], path: str, value: object, message: str
+) -> None:
+    """Hand-edited results ended `duetime report` in a traceback (an AttributeError for a null
+    timeline, a TypeError in matplotlib for a column of strings)."""
+    doc = json.loads(result(tmp_path / "good.json", "good", 1.0, 0).read_text())
+    doc["timeline"] = {**doc["timeline"], **{k: doc["timeline"][k][:3] for k in
+                       ("sent", "ok", "late", "rejected", "expired", "errors", "p50_us",
+                        "p99_us", "max_us")}}  # fmt: skip
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(_edited(doc, path, value)))
+    assert cli_main(["report", str(bad), "--out", str(tmp_path / "r.html")]) == 2
+    err = capsys.readouterr().err
+    assert f"bad.json: {message}" in err, err
+    assert "Traceback" not in err
+
+
 # -- the progress line ---------------------------------------------------------------------------
 
 

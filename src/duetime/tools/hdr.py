@@ -190,16 +190,60 @@ class Timeline:
         }  # fmt: skip
 
     @classmethod
-    def from_json(cls, doc: Mapping[str, Any]) -> Timeline:
-        """ValueError naming the field when `doc` is not a timeline."""
-        timeline = cls(interval_s=float(doc.get("interval_s", 1.0)))
-        size = len(doc.get("sent", []))
+    def from_json(cls, doc: Any) -> Timeline:
+        """ValueError naming the field when `doc` is not a timeline.
+
+        NOTE: a result edited by hand (`"timeline": null`, a column of strings) ended
+        `duetime report` in an AttributeError or a TypeError deep in matplotlib; every field is
+        checked here, as `duetime bench --json` writes it."""
+        if not isinstance(doc, Mapping):
+            raise ValueError(f"timeline: expected an object, got {_kind(doc)}")
+        interval = _number(doc.get("interval_s", 1.0), "timeline.interval_s")
+        if interval <= 0:
+            raise ValueError(f"timeline.interval_s: expected a number above 0, got {interval}")
+        timeline = cls(interval_s=interval)
+        sent = doc.get("sent")
+        size = len(sent) if isinstance(sent, list) else 0
         for name in ("sent", *_ENDS, "p50_us", "p99_us", "max_us"):
             column = doc.get(name)
             if not isinstance(column, list) or len(column) != size:
                 raise ValueError(f"timeline.{name}: expected a list of {size} values")
-            setattr(timeline, name, list(column))
+            if name.endswith("_us"):
+                values: list[Any] = [
+                    None if v is None else _number(v, f"timeline.{name}[{i}]")
+                    for i, v in enumerate(column)
+                ]
+            else:
+                values = [_count(v, f"timeline.{name}[{i}]") for i, v in enumerate(column)]
+            setattr(timeline, name, values)
         return timeline
+
+
+def _kind(value: Any) -> str:
+    return (
+        "null" if value is None else repr(value) if isinstance(value, str) else type(value).__name__
+    )
+
+
+def _number(value: Any, where: str) -> float:
+    """`value` as a finite number at least 0; ValueError naming `where`."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"{where}: expected a number, got {_kind(value)}")
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"{where}: expected a finite number, 0 or more, got {value}")
+    return float(value)
+
+
+def _count(value: Any, where: str) -> int:
+    """`value` as a whole number at least 0; ValueError naming `where`."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        shown = (
+            value
+            if isinstance(value, int | float) and not isinstance(value, bool)
+            else _kind(value)
+        )
+        raise ValueError(f"{where}: expected a whole number, 0 or more, got {shown}")
+    return value
 
 
 # -- recording -----------------------------------------------------------------------------------
@@ -391,24 +435,38 @@ class RunReport:
                 f"{where}: report_format {version!r}: this duetime reads format {REPORT_FORMAT}"
             )
         try:
-            histogram = decode(str(doc["histogram"]["encoded"]))
+            encoded = doc["histogram"]
+            if not isinstance(encoded, Mapping) or not isinstance(encoded.get("encoded"), str):
+                raise ValueError(
+                    f"histogram: expected an object with an 'encoded' text, got {_kind(encoded)}"
+                )
+            histogram = decode(encoded["encoded"])
             timeline = Timeline.from_json(doc["timeline"])
-            counts = {name: int(doc.get(name, 0)) for name in ("sent", *_ENDS)}
+            counts = {name: _count(doc.get(name, 0), name) for name in ("sent", *_ENDS)}
             return cls(
                 label=where, description=str(doc.get("label", "")),
                 kind=str(doc.get("kind", "?")),
-                duration_s=float(doc.get("duration_s", 0.0)), counts=counts,
-                goodput_rps=float(doc.get("goodput_rps", 0.0)), histogram=histogram,
-                timeline=timeline, batch_sizes=_batch_sizes(doc.get("batch_sizes") or {}),
+                duration_s=_number(doc.get("duration_s", 0.0), "duration_s"), counts=counts,
+                goodput_rps=_number(doc.get("goodput_rps", 0.0), "goodput_rps"),
+                histogram=histogram, timeline=timeline,
+                batch_sizes=_batch_sizes(doc.get("batch_sizes") or {}),
             )  # fmt: skip
-        except (KeyError, TypeError, ValueError) as exc:
+        except ValueError as exc:
             raise ValueError(f"{where}: {exc}") from None
 
 
 def _batch_sizes(by_model: Any) -> dict[int, int]:
-    """A result's `batch_sizes` (model -> size -> executions) summed over its models."""
+    """A result's `batch_sizes` (model -> size -> executions) summed over its models;
+    ValueError naming the field that is not so."""
+    if not isinstance(by_model, Mapping):
+        raise ValueError(f"batch_sizes: expected an object, got {_kind(by_model)}")
     total: dict[int, int] = {}
-    for sizes in by_model.values():
+    for model, sizes in by_model.items():
+        if not isinstance(sizes, Mapping):
+            raise ValueError(f"batch_sizes.{model}: expected an object, got {_kind(sizes)}")
         for size, count in sizes.items():
-            total[int(size)] = total.get(int(size), 0) + int(count)
+            where = f"batch_sizes.{model}.{size}"
+            if not (isinstance(size, str) and size.isascii() and size.isdigit() and int(size) > 0):
+                raise ValueError(f"{where}: expected a batch size (a whole number above 0)")
+            total[int(size)] = total.get(int(size), 0) + _count(count, where)
     return dict(sorted(total.items()))
