@@ -8,6 +8,7 @@ import base64
 import io
 import json
 from pathlib import Path
+from typing import Any
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -154,9 +155,9 @@ def test_files_that_are_no_results_are_refused(
     assert "expected a .html or .png" in capsys.readouterr().err
 
 
-def _edited(doc: dict, path: str, value: object) -> dict:
+def _edited(doc: dict[str, Any], path: str, value: object) -> dict[str, Any]:
     """`doc` with the field at dotted `path` set to `value` (`timeline.sent.0`: an item)."""
-    edited = json.loads(json.dumps(doc))
+    edited: dict[str, Any] = json.loads(json.dumps(doc))
     *parents, last = path.split(".")
     target = edited
     for key in parents:
