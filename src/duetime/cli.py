@@ -127,10 +127,10 @@ def _parser(tools: Container[str | None] | None = None) -> argparse.ArgumentPars
         "mlp, resnet, orderbook, deeplob); without it they are refused and nothing is written",
     )  # fmt: skip
     serve = commands.add_parser("serve", help="serve a model repository over HTTP and gRPC")
-    serve.add_argument("repository", nargs="?", type=Path, help="the model repository folder")
+    serve.add_argument("repository", nargs="?", type=_path, help="the model repository folder")
     serve.add_argument(
         "--model-repository", "--model-store", "--repository", dest="model_repository",
-        type=Path, metavar="PATH", action="append",
+        type=_path, metavar="PATH", action="append",
         help="the model repository folder, by Triton's flag name (or as `itch run` and `bench` "
         "take it)",
     )  # fmt: skip
@@ -292,7 +292,7 @@ def _parser(tools: Container[str | None] | None = None) -> argparse.ArgumentPars
         help="how long a replaced or unloaded version may take to finish its queued requests (30)",
     )  # fmt: skip
     serve.add_argument(
-        "--record", metavar="FILE", type=Path, dest="record_path",
+        "--record", metavar="FILE", type=_path, dest="record_path",
         help="capture requests and their outcomes to FILE, a new file (docs/capture-format.md)",
     )  # fmt: skip
     serve.add_argument(
@@ -360,6 +360,14 @@ def _add_grpc_transport_flags(serve: argparse.ArgumentParser) -> None:
         "--grpc-infer-response-compression-level", choices=["none", "low", "medium", "high"],
         help="gRPC compression of answers (none)",
     )  # fmt: skip
+
+
+def _path(text: str) -> Path:
+    """A path given on the command line; an empty one is refused (`Path('')` is the current
+    folder: `serve ''` served it, and `--record ''` said the capture file '.' exists)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("expected a path, got an empty one")
+    return Path(text)
 
 
 def _boolean(text: str) -> bool:

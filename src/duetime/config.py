@@ -765,6 +765,15 @@ class ServerSettings(_Strict):
     load_model: tuple[str, ...] = ()
     """Explicit mode: models to load at start (`*` for all); `DUETIME_LOAD_MODEL=a,b`."""
 
+    @field_validator("model_repository", "record_path", mode="before")
+    @classmethod
+    def _not_empty(cls, value: object) -> object:
+        """An empty path is refused (as a Path it is the current folder: an empty variable
+        served it, or named '.' as the capture file)."""
+        if isinstance(value, str) and not value.strip():
+            raise ValueError("expected a path, got an empty one")
+        return value
+
     @field_validator("load_model", mode="before")
     @classmethod
     def _listed(cls, value: object) -> object:

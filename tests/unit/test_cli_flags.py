@@ -255,3 +255,24 @@ def test_only_the_tool_named_has_its_module_imported_for_its_flags() -> None:
         [sys.executable, "-c", probe], capture_output=True, text=True, timeout=120
     )
     assert result.returncode == 0, result.stderr
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["serve", ""], ["serve", "--model-repository", " "], ["serve", "--demo", "--record", ""]],
+    ids=["repository", "model-repository", "record"],
+)
+def test_an_empty_path_is_refused(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    """`Path('')` is the current folder: `serve ''` served it (every folder there a model that
+    failed), and `--record ''` said the capture file '.' exists."""
+    with pytest.raises(SystemExit) as ended:
+        cli.main(argv)
+    assert ended.value.code == 2
+    assert "expected a path, got an empty one" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("variable", ["DUETIME_RECORD_PATH", "DUETIME_MODEL_REPOSITORY"])
+def test_an_empty_path_variable_is_refused(variable: str) -> None:
+    setting = variable.removeprefix("DUETIME_").lower()
+    with pytest.raises(ConfigError, match=f"field '{setting}'.*expected a path, got an empty one"):
+        server_settings({}, env={variable: ""})

@@ -141,7 +141,9 @@ def test_an_input_that_is_a_folder_is_named_so(
     ("option", "error"),
     [
         (["--messages", "5"], "messages must be at least 68, got 5"),
-        (["--rate", "0"], "rate must be a positive number of messages a second, got 0.0"),
+        (["--rate", "0"], "rate must be a finite positive number of messages a second, got 0.0"),
+        (["--rate", "nan"], "rate must be a finite positive number of messages a second, got nan"),
+        (["--rate", "inf"], "rate must be a finite positive number of messages a second, got inf"),
     ],
 )
 def test_synth_refuses_bad_numbers_before_making_the_file(

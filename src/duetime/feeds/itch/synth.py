@@ -16,6 +16,7 @@ precompiled structs: a million messages take seconds.
 from __future__ import annotations
 
 import itertools
+import math
 import os
 import random
 from collections.abc import Iterator, Sequence
@@ -90,8 +91,8 @@ def _session(
     session.left = messages - session.count - epilogue
     if session.left < 0:
         raise ValueError(f"messages must be at least {session.count + epilogue}, got {messages}")
-    if rate is not None and rate <= 0:
-        raise ValueError(f"rate must be a positive number of messages a second, got {rate}")
+    if rate is not None and not (math.isfinite(rate) and rate > 0):  # (NaN passed `<= 0`)
+        raise ValueError(f"rate must be a finite positive number of messages a second, got {rate}")
     day = (FLOW_END - session.now) / max(1, session.left)
     session.mean_gap = day if rate is None else min(day, _SECOND / rate)
     halfway = session.left // 2
