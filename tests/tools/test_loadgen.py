@@ -542,7 +542,8 @@ def test_random_inputs_fill_free_dims_with_one() -> None:
      ({"timeouts_ms": (10, 50), "mix": (0.5, 0.6)}, "--mix"), ({"address": "nohost"}, "--http"),
      ({"protocol": "grpc", "address": "h:99999"}, "--grpc"), ({"priority": -1}, "--priority"),
      ({"connections": 0}, "--connections"), ({"protocol": "carrier-pigeon"}, "--protocol"),
-     ({"processes": 0}, "--processes"), ({"processes": -2}, "--processes")],
+     ({"processes": 0}, "--processes"), ({"processes": -2}, "--processes"),
+     ({"processes": 100_000}, "--processes: expected 1 to 256")],
 )  # fmt: skip
 def test_bad_settings_name_their_flag(change: dict[str, Any], flag: str) -> None:
     with pytest.raises(ConfigError, match=flag):

@@ -24,6 +24,9 @@ MAX_SECONDS = 1_000_000.0
 MAX_SCHEDULED = 20_000_000
 """Requests one open-loop generator process may schedule (--rate x (--warmup + --duration)):
 the schedule is built before the run, about 50 bytes a request."""
+MAX_PROCESSES = 256
+"""The most generator processes (--processes): each is a Python process with its own payload
+pool and connections; a typo of 100000 forked until the machine ran out of memory."""
 MAX_POOL_BYTES = 1 << 30
 """The most memory the payload pool of one generator process may take (its inputs and their
 encoded requests): it is built before the run (`--pool` x due classes)."""
@@ -129,8 +132,11 @@ def _problems(c: BenchConfig) -> list[str]:
     for flag, seconds in (("--warmup", c.warmup_s), ("--drain", c.drain_s)):
         if not 0 <= seconds <= MAX_SECONDS:
             found.append(f"{flag}: expected seconds >= 0 and <= {MAX_SECONDS:g}, got {seconds}")
-    if c.processes < 1 or (c.processes > 1 and c.protocol == "engine"):
-        found.append(f"--processes: expected >= 1 (and 1 with --repository), got {c.processes}")
+    if not 1 <= c.processes <= MAX_PROCESSES or (c.processes > 1 and c.protocol == "engine"):
+        found.append(
+            f"--processes: expected 1 to {MAX_PROCESSES} (and 1 with --repository), got "
+            f"{c.processes}"
+        )
     if c.mode == "closed" and 1 <= c.concurrency < c.processes:
         found.append(
             f"--processes {c.processes}: a closed loop splits its --concurrency {c.concurrency} "
