@@ -71,3 +71,50 @@ def test_at_most_five_things_are_named(tmp_path: Path) -> None:
         make(tmp_path / "m", f"{version}/net.onnx")
     with pytest.raises(ConfigError, match=r"5/net\.onnx: .*; and 2 more\); expected"):
         scan_model(tmp_path / "m")
+
+
+@pytest.mark.parametrize(
+    ("link", "said"),
+    [
+        ("1/model.onnx", "1/model.onnx: a symbolic link to {target}, which does not exist"),
+        ("1", "1: a symbolic link to {target}, which does not exist"),
+    ],
+    ids=["model-file", "version-folder"],
+)
+def test_a_link_to_nothing_is_named_as_such(tmp_path: Path, link: str, said: str) -> None:
+    """A `model.onnx` linking to a file on a mount gone was refused as 'the file must be named
+    model.onnx'; a version folder so linked was not named at all."""
+    target = tmp_path / "gone" / "elsewhere"
+    path = tmp_path / "m" / link
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.symlink_to(target)
+    with pytest.raises(ConfigError) as caught:
+        scan_model(tmp_path / "m")
+    assert said.format(target=target) in caught.value.message
+
+
+def test_a_repository_entry_linking_to_nothing_is_warned_of_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A model folder linked from a mount that is gone was skipped without a word."""
+    import logging
+
+    from repo_models import run_on_engine, write_version
+
+    from duetime.engine import Engine
+
+    write_version(tmp_path, "ok", 1, scale_model(1))
+    (tmp_path / "remote").symlink_to(tmp_path / "mnt" / "remote")
+
+    async def scenario(engine: Engine) -> None:
+        await engine.manager.poll()  # type: ignore[union-attr]
+        await engine.manager.poll()  # type: ignore[union-attr]
+        assert engine.ready
+
+    with caplog.at_level(logging.WARNING, logger="duetime.manager"):
+        run_on_engine(tmp_path, scenario, control_mode="poll", poll_s=3600)
+    warned = [r.getMessage() for r in caplog.records if "symbolic link" in r.getMessage()]
+    assert warned == [
+        f"model repository {tmp_path}: remote is a symbolic link to {tmp_path / 'mnt' / 'remote'}"
+        ", which does not exist; if it is meant as a model folder, it is not served"
+    ]

@@ -94,6 +94,31 @@ def misnamed_folders(root: Path) -> dict[str, str]:
     return refused
 
 
+def broken_link(path: Path) -> str | None:
+    """What is wrong with `path` when it is a symbolic link to nothing (its target gone, or
+    out of reach): `a symbolic link to /mnt/x, which does not exist`; None otherwise.
+
+    NOTE: such a `model.onnx` was refused as 'the file must be named model.onnx', and such
+    a model folder was skipped without a word."""
+    try:
+        if not path.is_symlink() or path.exists():
+            return None
+        target = shown_name(os.readlink(path))
+    except OSError:
+        return None
+    return f"a symbolic link to {target}, which does not exist"
+
+
+def broken_links(root: Path) -> dict[str, str]:
+    """The entries directly under `root` that are symbolic links to nothing, as shown ->
+    `broken_link`'s words (not hidden ones): each may be a model folder on a mount gone."""
+    found: dict[str, str] = {}
+    for path in root.iterdir():
+        if not is_hidden(path.name) and (broken := broken_link(path)) is not None:
+            found[shown_name(path.name)] = broken
+    return found
+
+
 def shown_name(name: str) -> str:
     """A file name as it can be shown and sent in JSON: the bytes that are not UTF-8 written
     as `\\xff`."""
@@ -224,6 +249,10 @@ def _not_versions(directory: Path) -> list[str]:
         name = shown_name(child.name)
         if is_hidden(child.name):
             continue
+        broken = broken_link(child)
+        if broken is not None:  # (a version, or a model file, on a mount that is gone)
+            found.append(f"{name}: {broken}")
+            continue
         if not child.is_dir():
             if child.suffix.lower() == ".onnx":
                 found.append(
@@ -241,6 +270,8 @@ def _not_versions(directory: Path) -> list[str]:
             else:
                 found.append(f"{name}/: beyond the highest version (versions are int64s: "
                              f"at most {VERSION_MAX})")  # fmt: skip
+        elif (broken := broken_link(child / MODEL_FILENAME)) is not None:
+            found.append(f"{name}/{MODEL_FILENAME}: {broken}")
         elif (child / MODEL_FILENAME).is_dir():
             found.append(f"{name}/{MODEL_FILENAME}: a folder holding no {MODEL_FILENAME} (as "
                          f"Triton's layout, {name}/{MODEL_FILENAME}/{MODEL_FILENAME}, "

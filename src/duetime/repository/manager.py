@@ -47,6 +47,7 @@ from duetime.loops import in_thread
 from duetime.repository.layout import (
     ModelSource,
     Scan,
+    broken_links,
     is_hidden,
     misnamed_folders,
     model_file,
@@ -329,6 +330,8 @@ class ModelManager:
         """Drains (and closes) running in the background -> the version each closes (see
         `aclose`, which cuts them short)."""
         self._poller: asyncio.Task[None] | None = None
+        self._broken_links: dict[str, str] = {}
+        """Entries of the repository that are symbolic links to nothing (see `_warn_links`)."""
         self._unreadable: str | None = None
         """Why the last poll could not list the repository (None: it could): said once."""
         self._load_s: dict[str, float] = {}
@@ -349,6 +352,7 @@ class ModelManager:
         repository: a typo would otherwise start a server without the model, without a word."""
         self._started_ns = time.time_ns() - START_MARGIN_NS
         scan = scan_repository(self.root)
+        self._warn_links()
         names = [source.name for source in scan.models]
         wanted = self.options.startup_models
         if self.options.control_mode == "explicit":
@@ -439,6 +443,20 @@ class ModelManager:
                 name="duetime-upload-sweep",
             ).start()  # fmt: skip
 
+    def _warn_links(self) -> None:
+        """Warn (once each) of the symbolic links in the repository that lead nowhere: a model
+        folder on a mount that is gone would otherwise go unserved without a word. Not a model
+        that failed to load: such a link may be anything (readiness is left alone)."""
+        with contextlib.suppress(OSError):
+            found = broken_links(self.root)
+            for name, broken in sorted(found.items()):
+                if self._broken_links.get(name) != broken:
+                    log.warning(
+                        "model repository %s: %s is %s; if it is meant as a model folder, it is "
+                        "not served", self.root, name, broken,
+                    )  # fmt: skip
+            self._broken_links = found
+
     async def _poll_forever(self) -> None:
         while True:
             await asyncio.sleep(self.options.poll_s)
@@ -476,6 +494,7 @@ class ModelManager:
         if self._unreadable is not None:
             log.info("model repository %s can be read again: polling resumes", self.root)
             self._unreadable = None
+        self._warn_links()
         snapshot = self._registry.snapshot
         served = set(snapshot.models)
         for name in sorted(served - on_disk):
