@@ -455,3 +455,29 @@ def test_a_timeout_override_triton_would_not_allow_is_warned_of(
     ignore it, that was done without a word (the pbtxt tester's timeout_override.py)."""
     _, warnings = translated(batching)
     assert (TIMEOUT_HONOURED in warnings) == warned
+
+
+@pytest.mark.parametrize(
+    ("text", "key"),
+    [
+        ('{"max_batch_size": 4, "max_batch_size": 8}', "max_batch_size"),
+        ('{"scheduling": {"policy": "edf", "policy": "fifo"}}', "policy"),
+        ('{"input": [{"name": "x", "name": "y", "data_type": "TYPE_FP32", "dims": [4]}]}', "name"),
+    ],
+    ids=["top", "nested", "in-a-list"],
+)
+def test_a_config_override_giving_a_key_twice_is_refused(text: str, key: str) -> None:
+    """As a config.yaml or config.toml giving a key twice is: JSON readers kept the last."""
+    with pytest.raises(InvalidInput) as caught:
+        parse_config_override(text, "m")
+    assert caught.value.message == (
+        f"load parameter 'config': key '{key}' is given twice in one object; give it once"
+    )
+
+
+def test_a_config_override_with_a_key_once_in_each_object_is_taken() -> None:
+    text = '{"max_batch_size": 4, "scheduling": {"max_batch_size": 4}}'
+    with pytest.raises(InvalidInput) as caught:  # (refused by the schema, not as twice)
+        parse_config_override(text, "m")
+    assert "twice" not in caught.value.message
+    assert parse_config_override('{"max_batch_size": 4}', "m").max_batch_size == 4

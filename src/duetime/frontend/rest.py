@@ -1427,10 +1427,39 @@ def parse_config_override(text: str, name: str) -> ModelConfig:
     `tritonconfig.read_json_config`."""
     source = "load parameter 'config'"
     data = _json_object(text.encode(), source)
+    twice = _key_given_twice(text)
+    if twice is not None:
+        # NOTE: as a config.yaml or config.toml giving a key twice is refused: JSON readers
+        # kept the last without a word (two "max_batch_size" served the second)
+        raise InvalidInput(f"{source}: key '{twice}' is given twice in one object; give it once")
     try:
         return read_json_config(data, source=source, model_name=name)
     except ConfigError as exc:
         raise InvalidInput(exc.message) from None
+
+
+class _Twice(Exception):
+    pass
+
+
+def _unique_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    seen: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in seen:
+            raise _Twice(key)
+        seen[key] = value
+    return seen
+
+
+def _key_given_twice(text: str) -> str | None:
+    """The first key `text` (a JSON document already read) gives twice in one object."""
+    try:
+        json.loads(text, object_pairs_hook=_unique_pairs)
+    except _Twice as exc:
+        return str(exc.args[0])
+    except (ValueError, RecursionError):  # (read by loads_json: a spelling `json` lacks)
+        pass
+    return None
 
 
 @dataclass(frozen=True, slots=True)
