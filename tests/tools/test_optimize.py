@@ -514,6 +514,24 @@ def test_a_text_input_refuses_numbers_and_bytes_that_are_not_utf8(tmp_path: Path
         load_calibration(calibration, signature, 2)
 
 
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_calibration_with_values_not_finite_is_refused_naming_the_sample(
+    tmp_path: Path, bad: float
+) -> None:
+    """A NaN ended int8 calibration in ONNX Runtime's 'AssertionError: scale issue'."""
+    x = np.zeros((6, 8), dtype=np.float32)
+    x[4, 3] = bad
+    x[5, 0] = bad
+    calibration = tmp_path / "calibration.npz"
+    np.savez(calibration, s=np.array([["a"]] * 6), x=x)
+    with pytest.raises(ConfigError) as caught:
+        load_calibration(calibration, WORDS, 6)
+    assert caught.value.message == (
+        f"--calibration {calibration}: 'x' holds NaN or infinite values in 2 of its 6 samples "
+        "(the first: sample 4); calibration needs finite values: drop or fix those samples"
+    )
+
+
 @pytest.mark.parametrize("content", [b"hello", b"\x93NUMPY"])
 def test_a_calibration_file_that_is_no_npz_says_so(
     repo: Path, tmp_path: Path, content: bytes, capsys: pytest.CaptureFixture[str]

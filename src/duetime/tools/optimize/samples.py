@@ -132,7 +132,18 @@ def _fit(path: Path, spec: TensorSpec, array: np.ndarray, batched: bool) -> np.n
         raise ConfigError(
             f"--calibration {path}: '{spec.name}' is {array.dtype}; the model takes {spec.datatype}"
         )
-    return array.astype(dtype, copy=False)
+    array = array.astype(dtype, copy=False)
+    if array.dtype.kind in "fc":
+        # NOTE: a NaN ended int8 calibration in ONNX Runtime's "AssertionError: scale issue"
+        finite = np.isfinite(array).reshape(len(array), -1).all(axis=1)
+        if not finite.all():
+            bad = np.flatnonzero(~finite)
+            raise ConfigError(
+                f"--calibration {path}: '{spec.name}' holds NaN or infinite values in "
+                f"{len(bad)} of its {len(array)} samples (the first: sample {bad[0]}); "
+                "calibration needs finite values: drop or fix those samples"
+            )
+    return array
 
 
 def _text(path: Path, spec: TensorSpec, array: np.ndarray) -> np.ndarray:
