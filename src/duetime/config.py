@@ -211,7 +211,8 @@ class LatestVersions(_Strict):
 
 
 class SpecificVersions(_Strict):
-    versions: list[Annotated[int, Field(ge=0)]] = Field(min_length=1)
+    versions: list[Annotated[int, Field(ge=0, le=2**63 - 1)]] = Field(min_length=1)
+    """Versions are int64s, as Triton's (and as gRPC's ModelConfig carries them)."""
 
 
 class VersionPolicy(_Strict):

@@ -65,7 +65,14 @@ def test_the_switches_set_the_level(
         ({"log_colour": True}, "unknown log setting 'log_colour'"),
         ({"log_info": "yes"}, "'log_info': expected true or false"),
         ({"log_verbose_level": True}, "'log_verbose_level': expected an integer"),
-        ({"log_verbose_level": -1}, "'log_verbose_level': expected an integer >= 0"),
+        (
+            {"log_verbose_level": -1},
+            "'log_verbose_level': expected an integer from 0 to 4294967295",
+        ),
+        (
+            {"log_verbose_level": 2**40},
+            "expected an integer from 0 to 4294967295, got 1099511627776",
+        ),
         ({"log_format": "json"}, "'log_format': expected one of default, ISO8601"),
         ({"log_warning": False}, "log_verbose_level is on but log_warning off"),
         ({"log_file": "/no/such/folder/x.log"}, "needs its control token"),
@@ -160,6 +167,11 @@ def test_tritonclient_reads_and_updates_the_log_settings(server: RunningServer) 
             http.update_log_settings({"x": 1})
         with pytest.raises(InferenceServerException, match="log_format"):
             grpc.update_log_settings({"log_format": "json"})
+        # gRPC carries the level as a uint32: a larger one over HTTP is refused, not kept to
+        # break the gRPC answer.
+        with pytest.raises(InferenceServerException, match="from 0 to 4294967295"):
+            http.update_log_settings({"log_verbose_level": 2**40})
+        assert grpc.get_log_settings(as_json=True)["settings"]["log_info"] == {"bool_param": True}
     finally:
         http.close()
         grpc.close()

@@ -317,6 +317,10 @@ def test_a_bad_control_token_is_not_echoed(overrides: dict[str, Any], env: dict[
         ({"version_policy": {"all": {}, "latest": {}}}, "choose one of latest, all, specific"),
         ({"version_policy": {"latest": {"num_versions": 0}}}, "greater than or equal to 1"),
         ({"version_policy": {"specific": {"versions": []}}}, "at least 1 item"),
+        (
+            {"version_policy": {"specific": {"versions": [1, 2**63]}}},
+            "versions.1': Input should be less than or equal to 9223372036854775807",
+        ),
         ({"version_policy": {"all": {"x": 1}}}, "'all' takes no settings"),
         ({"variants": [{"name": "a", "file": "../x.onnx"}]}, "should match pattern"),
         ({"variants": [{"name": "a", "file": "model.onnx"}]}, "is the primary model"),

@@ -2,10 +2,10 @@
 
 The settings and what they do here:
 
-- `log_info`, `log_warning`, `log_error` (bool), `log_verbose_level` (integer >= 0): the level
-  of the `duetime` loggers. Python logs by threshold, so the switches must describe one: a level
-  on while a more severe one is off (info on, warning off) is refused. A verbose level above 0
-  logs debug records too.
+- `log_info`, `log_warning`, `log_error` (bool), `log_verbose_level` (integer, 0 to 2**32-1,
+  gRPC's uint32): the level of the `duetime` loggers. Python logs by threshold, so the switches
+  must describe one: a level on while a more severe one is off (info on, warning off) is refused.
+  A verbose level above 0 logs debug records too.
 - `log_file` (string): a file the `duetime` loggers write to instead of the server's stderr
   (appended to; "" goes back to stderr). A file that cannot be opened is refused, and so is
   any file unless the server has a control token and the caller sent it.
@@ -33,6 +33,7 @@ _TYPES: dict[str, type] = {
     "log_file": str, "log_info": bool, "log_warning": bool, "log_error": bool,
     "log_verbose_level": int, "log_format": str,
 }  # fmt: skip
+_VERBOSE_MAX = 2**32 - 1  # the protocol's uint32 (Triton's gRPC LogSettings sends one)
 
 
 class LogSettings:
@@ -74,8 +75,11 @@ class LogSettings:
                     f"log setting '{name}': expected {_KIND_NAMES[kind]}, got {value!r}"
                 )
             merged[name] = value
-        if merged["log_verbose_level"] < 0:
-            raise InvalidInput("log setting 'log_verbose_level': expected an integer >= 0")
+        if not 0 <= merged["log_verbose_level"] <= _VERBOSE_MAX:
+            raise InvalidInput(
+                f"log setting 'log_verbose_level': expected an integer from 0 to {_VERBOSE_MAX}, "
+                f"got {merged['log_verbose_level']}"
+            )
         if merged["log_format"] not in FORMATS:
             raise InvalidInput(
                 f"log setting 'log_format': expected one of {', '.join(FORMATS)}, got "
