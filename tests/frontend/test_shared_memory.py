@@ -3,18 +3,22 @@ with real POSIX shared memory over HTTP and gRPC, outputs compared with inline i
 
 from __future__ import annotations
 
+import concurrent.futures
 import os
 import re
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import onnxruntime as ort
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 import tritonclient.utils.shared_memory as shm
 from conftest import RunningServer, start_server, stop_server
+from repo_models import faulty_model, write_version
 from tritonclient.utils import InferenceServerException
 
 from duetime.config import ServerSettings
@@ -466,4 +470,99 @@ def test_cuda_shared_memory_has_no_regions_and_refuses_registration(
         )):  # fmt: skip
             client.register_cuda_shared_memory("r", b"\0" * 64, 0, 8)
     finally:
+        client.close()
+
+
+def test_an_output_goes_to_the_region_registered_when_its_request_came(
+    regions: SharedMemoryRegions, tmp_path: Path
+) -> None:
+    """The window `check` returns holds the region: unregistering the name, or registering it
+    again for another object, while the model runs changes nothing for the request."""
+    (tmp_path / "other").write_bytes(bytes(64))
+    regions.register("r", "/obj", 0, 64)
+    held = regions.check(Window("r", 4, 8), "output 'y'")
+    regions.unregister("r")
+    regions.write(held, b"\x01\x02\x03\x04", "output 'y'")
+    regions.register("r", "/other", 0, 64)
+    regions.write(held, b"\x05\x06\x07\x08", "output 'y'")
+    assert (tmp_path / "obj").read_bytes()[8:12] == b"\x05\x06\x07\x08"
+    assert (tmp_path / "other").read_bytes() == bytes(64)
+    assert held == Window("r", 4, 8)  # (compared as the request gave it)
+    regions.write(regions.check(Window("r", 4, 8), "output 'y'"), b"\x09" * 4, "output 'y'")
+    assert (tmp_path / "other").read_bytes()[8:12] == b"\x09" * 4
+
+
+@pytest.fixture(scope="module")
+def slow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    """A model that runs as long as its input `k` asks (`faulty_model`), served alone."""
+    repo = tmp_path_factory.mktemp("slow")
+    write_version(repo, "slow", 1, faulty_model())
+    running, thread = start_server(
+        ServerSettings(model_repository=repo, http_port=0, grpc_port=0, metrics=False)
+    )
+    yield running
+    stop_server(running, thread)
+
+
+def rounds_for(seconds: float) -> int:
+    """The `k` that keeps `faulty_model` running about `seconds` on this machine."""
+    session = ort.InferenceSession(faulty_model(), providers=["CPUExecutionProvider"])
+    feeds = {"x": np.ones((1, 4), np.float32), "k": np.array([[2000]], np.int64)}
+    session.run(None, feeds)
+    started = time.perf_counter()
+    session.run(None, feeds)
+    return max(2, int(2000 * seconds / max(time.perf_counter() - started, 1e-6)))
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+@pytest.mark.parametrize("change", ["unregister", "register again"])
+def test_a_region_changed_while_its_request_waits_gets_the_output_all_the_same(
+    slow_server: RunningServer, objects: list[Any], protocol: str, change: str
+) -> None:
+    """As Triton's requests hold their regions: a request taken in while its output region
+    was registered writes its output there, though the name is unregistered (or registered
+    for another object) before the model runs. Found by a tester: the unregister failed the
+    request after its run (404), and the output of one registered again was written into the
+    new object, which may be another client's."""
+    module: Any = httpclient if protocol == "http" else grpcclient
+    address = slow_server.http if protocol == "http" else slow_server.grpc
+    client = module.InferenceServerClient(address)
+    tag = f"{protocol}-{change[0]}-{os.getpid()}"
+    objects.append(shm.create_shared_memory_region(f"o-{tag}", f"/dt-o-{tag}", 16))
+    objects.append(shm.create_shared_memory_region(f"n-{tag}", f"/dt-n-{tag}", 16))
+    shm.set_shared_memory_region(objects[0], [np.zeros(4, np.float32)])
+    shm.set_shared_memory_region(objects[1], [np.zeros(4, np.float32)])
+
+    def request(k: int, region: str | None) -> Any:
+        x, rounds = module.InferInput("x", [1, 4], "FP32"), module.InferInput("k", [1, 1], "INT64")
+        x.set_data_from_numpy(np.array([[1, 2, 3, 4]], np.float32))
+        rounds.set_data_from_numpy(np.array([[k]], np.int64))
+        output = module.InferRequestedOutput("y")
+        if region is not None:
+            output.set_shared_memory(region, 16)
+        own = module.InferenceServerClient(address)  # (an HTTP client is for one thread)
+        try:
+            return own.infer("slow", [x, rounds], outputs=[output])
+        finally:
+            own.close()
+
+    pool = concurrent.futures.ThreadPoolExecutor(2)
+    try:
+        client.register_system_shared_memory("out", f"/dt-o-{tag}", 16)
+        busy = pool.submit(request, rounds_for(2.0), None)  # holds the one instance
+        time.sleep(0.3)
+        waiting = pool.submit(request, 2, "out")  # taken in, then queued behind it
+        time.sleep(0.3)
+        client.unregister_system_shared_memory("out")
+        if change == "register again":
+            client.register_system_shared_memory("out", f"/dt-n-{tag}", 16)
+        assert not busy.done(), "the slow run ended before the region changed: test void"
+        busy.result(timeout=60)
+        waiting.result(timeout=60)
+        got = shm.get_contents_as_numpy(objects[0], np.float32, [1, 4])
+        np.testing.assert_array_equal(got, [[1, 2, 3, 4]])
+        assert shm.get_contents_as_numpy(objects[1], np.float32, [1, 4]).tolist() == [[0] * 4]
+    finally:
+        pool.shutdown()
+        client.unregister_system_shared_memory()
         client.close()

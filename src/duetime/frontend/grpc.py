@@ -896,8 +896,12 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         if expected is not None:
             expected.outputs(len(request.outputs))
         requested = requested_outputs(request, expected)
-        for name, window in (requested.shared or {}).items():
-            self._regions.check(window, f"output '{name}'")
+        if requested.shared:
+            held = {
+                name: self._regions.check(window, f"output '{name}'")
+                for name, window in requested.shared.items()
+            }
+            requested = requested._replace(shared=held)
         infer = InferRequest(
             model=request.model_name,
             inputs=decode_inputs(request, self._regions, expected),

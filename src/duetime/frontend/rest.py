@@ -1918,7 +1918,7 @@ def _outputs(
             count = classification.class_count(params[classification.PARAMETER], name)
         window = sharedmemory.window_of(params, f"output '{name}'")
         if window is not None:
-            _shared(regions, f"output '{name}'").check(window, f"output '{name}'")
+            window = _shared(regions, f"output '{name}'").check(window, f"output '{name}'")
         flag = params.get("binary_data", default)
         if not isinstance(flag, bool):
             raise InvalidInput(f"output '{name}': parameter 'binary_data' must be true or false")

@@ -3,17 +3,18 @@
 A client creates a shared-memory object (`shm_open`, e.g. with `tritonclient.utils.
 shared_memory`), registers a window of it under a name (`key`, `offset`, `byte_size`), then names
 that region in an input's or output's parameters (`shared_memory_region`,
-`shared_memory_byte_size`, `shared_memory_offset` within the region) instead of sending the
-bytes. duetime copies an input's bytes out of the region when it decodes the request (the
-client may reuse the region as soon as the answer comes) and writes an output's bytes into its
-region when it encodes the answer, which then carries the region and the byte count instead of
-the data. The layout of the bytes is the binary tensor extension's (BYTES: 4-byte little-endian
-lengths before each element). An input's `shared_memory_byte_size` is checked against what its
-datatype and shape need (where the decoder passes them to `read`) before anything is read, and
-no input reads more than `max_read_bytes` (the server's: the larger of its HTTP body and gRPC
-message limits; the copy is made on the event loop, while the request is decoded). Errors begin
-with Triton's words for them and have its status codes (see `SharedMemoryRegions.register` for
-where they differ).
+`shared_memory_byte_size`, `shared_memory_offset` within the region) instead of sending the bytes.
+duetime copies an input's bytes out of the region when it decodes the request (the client may reuse
+the region as soon as the answer comes) and writes an output's bytes into its region when it
+encodes the answer, which then carries the region and the byte count instead of the data: into the
+region registered under that name when the request was taken in, as Triton's requests hold theirs
+(see `SharedMemoryRegions.check`). The layout of the bytes is the binary tensor extension's (BYTES:
+4-byte little-endian lengths before each element). An input's `shared_memory_byte_size` is checked
+against what its datatype and shape need (where the decoder passes them to `read`) before anything
+is read, and no input reads more than `max_read_bytes` (the server's: the larger of its HTTP body
+and gRPC message limits; the copy is made on the event loop, while the request is decoded). Errors
+begin with Triton's words for them and have its status codes (see `SharedMemoryRegions.register`
+for where they differ).
 
 Regions are objects in `/dev/shm/<key>` (Linux); a key names an object there, never a path
 elsewhere. They are read and written with `pread`/`pwrite`, not through a memory map: a client
@@ -32,11 +33,12 @@ at start finds nothing amiss.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from errno import ELOOP
 from pathlib import Path
 from stat import S_ISREG
@@ -111,6 +113,9 @@ class Window:
     region: str
     byte_size: int
     offset: int
+    held: _Region | None = dataclasses.field(default=None, compare=False, repr=False)
+    """The region registered under `region` when the request was taken in (`check` sets it),
+    which an output is written to whatever happens to the name meanwhile."""
 
 
 class SharedMemoryRegions:
@@ -221,6 +226,8 @@ class SharedMemoryRegions:
         return buffer
 
     def write(self, window: Window, data: bytes, where: str) -> None:
+        """Write an output's bytes into `window` (as `check` returned it: into the region it
+        holds)."""
         region, start = self._bounds(window, where)
         if len(data) > window.byte_size:
             # NOTE: 400: Triton answers 500 INTERNAL, though the client is at fault
@@ -235,9 +242,19 @@ class SharedMemoryRegions:
                 written = os.pwrite(fd, view, start)
                 view, start = view[written:], start + written
 
-    def check(self, window: Window, where: str) -> None:
-        """Refuse a window that is not inside a registered region (before the model runs)."""
-        self._bounds(window, where)
+    def check(self, window: Window, where: str) -> Window:
+        """The output `window`, holding the region its name registers now (to write the
+        output to); InvalidInput or RegionNotFound if it is not inside a registered region.
+        Called before the model runs.
+
+        NOTE: the output then goes to that region even if the name is unregistered, or
+        registered again for another object, while the model runs (Triton's requests hold
+        the region's mapping, and an unregister waits for them to end). Looked up again at
+        the write, an unregister in between failed the request after its run (404), and a
+        name registered again for another object had the output written into that one,
+        which may be another client's."""
+        region, _ = self._bounds(window, where)
+        return replace(window, held=region)
 
     def close(self) -> None:
         self.unregister(None)
@@ -304,7 +321,7 @@ class SharedMemoryRegions:
         """The window's region and where the window starts in the region's object; the errors
         (and their order) are Triton's, with the details after them."""
         name, offset, size = window.region, window.offset, window.byte_size
-        region = self._regions.get(name)
+        region = window.held or self._regions.get(name)
         if region is None:
             raise RegionNotFound(
                 f"Unable to find shared memory region: '{name}' ({where}: not registered)"
