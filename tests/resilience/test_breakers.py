@@ -10,6 +10,7 @@ when the traffic policy has one). The probe cycle is in tests/scheduling/test_sc
 from __future__ import annotations
 
 import asyncio
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
@@ -290,6 +291,27 @@ def test_requests_move_to_a_healthy_version_while_one_is_open(tmp_path: Path) ->
             assert ticket.version == "2"
         with pytest.raises(ModelUnavailable):
             await call(engine, 0, version=1)  # a request for version 1 by name fails fast
+
+    run(tmp_path, scenario)
+
+
+def test_an_open_version_s_requests_are_spread_by_the_others_weights(tmp_path: Path) -> None:
+    """Found by a tester: the first working version in version order took all of them (with
+    a canary first, nearly all traffic went to the canary)."""
+    write_version(tmp_path, "m", 1, faulty_model())
+    write_version(tmp_path, "m", 2, faulty_model())
+    write_version(tmp_path, "m", 3, broken_model())
+    config(
+        tmp_path, "m",
+        "max_batch_size = 8\n[version_policy]\nall = {}\n"
+        '[traffic]\nweights = { "1" = 1, "2" = 4, "3" = 95 }\n' + BREAKER,
+    )  # fmt: skip
+
+    async def scenario(engine: Engine) -> None:
+        await opened(engine, "3")
+        served = Counter([(await unversioned(engine)).version for _ in range(300)])
+        assert set(served) == {"1", "2"}
+        assert served["2"] > 2 * served["1"]  # (4:1; the first took all 300)
 
     run(tmp_path, scenario)
 

@@ -177,3 +177,26 @@ def test_bad_traffic_config_names_the_field(traffic: dict[str, object], message:
     with pytest.raises(ConfigError, match="field 'traffic") as caught:
         parse_model_config({"traffic": traffic}, source="config.toml")
     assert message in caught.value.message
+
+
+def test_a_version_left_out_has_its_keys_spread_by_the_others_weights() -> None:
+    """Failover (a version's breakers all open): the keys of the version left out go where
+    rendezvous puts them next, so by the others' weights; the others' keys stay. Found by a
+    tester: the first working version in version order took every one (weights 1, 1, 98 sent
+    99% of requests to the canary)."""
+    plan = plan_traffic(TrafficConfig(weights={"1": 1, "2": 1, "3": 2}), ["1", "2", "3"], "3")
+    moved = Counter()
+    for key in KEYS:
+        before, after = plan.pick(key, 0), plan.pick_among({"1", "2"}, key, 0)
+        if before == "3":
+            moved[after] += 1
+        else:
+            assert after == before
+    assert moved["1"] / sum(moved.values()) == pytest.approx(0.5, abs=0.03)
+    canary = plan_traffic(TrafficConfig(weights={"1": 1, "2": 9}), ["1", "2", "3"], "3")
+    rng = random.Random(3)
+    counts = Counter(canary.pick_among({"1", "2"}, None, rng.random()) for _ in range(20_000))
+    assert counts["1"] / 20_000 == pytest.approx(0.1, abs=0.01)
+    assert canary.pick_among({"2"}, "k", 0.0) == "2"
+    assert canary.pick_among({"3"}, "k", 0.0) is None  # (3 takes no traffic)
+    assert canary.pick_among(set(), None, 0.5) is None

@@ -112,6 +112,7 @@ class Router:
         """Choose version and variant for `request` and validate its inputs; raises the error a
         client should see (unknown model or version, invalid input)."""
         served = self._registry.served(request.model, request.version)
+        key: str | None = None
         if request.version:
             version = self._registry.served_version(served, request.version)
         else:
@@ -127,7 +128,7 @@ class Router:
             and not version.primary.scheduler.available(now)
             and not _working(version, now)
         ):
-            version = self._failover(served, version, now)
+            version = self._failover(served, version, key, now)
         primary = version.primary
         try:
             prepared = primary.model.validator.prepare(
@@ -152,14 +153,24 @@ class Router:
                 deployment = _undue(version.variants, now, request.priority)
         return Routed(served, version, deployment, prepared, due)
 
-    def _failover(self, served: ServedModel, broken: ServedVersion, now: int) -> ServedVersion:
-        """Another version the traffic policy sends requests to, with a working instance; the
-        broken one when there is none (its scheduler then refuses with a Retry-After)."""
-        for name in served.traffic.versions:
-            candidate = served.versions[name]
-            if candidate is not broken and _working(candidate, now):
-                return candidate
-        return broken
+    def _failover(
+        self, served: ServedModel, broken: ServedVersion, key: str | None, now: int
+    ) -> ServedVersion:
+        """Another version the traffic policy sends requests to, with a working instance,
+        picked as the policy picks among those (by the sticky `key`, else by weight); the
+        broken one when there is none (its scheduler then refuses with a Retry-After).
+
+        NOTE: the first working version in version order took all of a broken version's
+        traffic: with weights 1 (a canary), 1 and 98, losing the third sent 99% of requests
+        to the canary."""
+        traffic = served.traffic
+        usable = {
+            name
+            for name in traffic.versions
+            if served.versions[name] is not broken and _working(served.versions[name], now)
+        }
+        chosen = traffic.pick_among(usable, key, self._random())
+        return broken if chosen is None else served.versions[chosen]
 
     def mirror(self, routed: Routed, request: InferRequest, answer: asyncio.Future[Feeds]) -> None:
         """Send copies of `request` to the model's shadow versions (each with its share of

@@ -13,7 +13,7 @@ from __future__ import annotations
 import bisect
 import hashlib
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from duetime.config import TrafficConfig
@@ -47,6 +47,20 @@ class TrafficPlan:
             return rendezvous(key, self.versions, self.weights)
         index = bisect.bisect_right(self.cumulative, draw * self.cumulative[-1])
         return self.versions[min(index, len(self.versions) - 1)]
+
+    def pick_among(self, usable: Collection[str], key: str | None, draw: float) -> str | None:
+        """`pick` over the versions in `usable` only (None: none of them takes traffic): as if
+        the others weighed nothing. A key goes where it would go next in rendezvous order
+        (keys of the usable versions stay where they are), a draw by the usable weights."""
+        kept = [(v, w) for v, w in zip(self.versions, self.weights, strict=True) if v in usable]
+        if not kept:
+            return None
+        versions, weights = [v for v, _ in kept], [w for _, w in kept]
+        if key is not None:
+            return rendezvous(key, versions, weights)
+        sums = _running_sums(weights)
+        index = bisect.bisect_right(sums, draw * sums[-1])
+        return versions[min(index, len(versions) - 1)]
 
 
 def plan_traffic(config: TrafficConfig, served: Sequence[str], default: str) -> TrafficPlan:
