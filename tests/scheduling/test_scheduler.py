@@ -1695,7 +1695,7 @@ def test_a_probe_that_fails_on_its_client_s_data_lets_the_next_request_probe() -
         bad = h.submit("bad-values")
         h.executor.complete(3, outputs=[InvalidInput("index 99 out of range")])
         assert isinstance(failure(bad), InvalidInput)
-        assert "not counted as model 'm' version 1's failure" in str(failure(bad))
+        assert "not counted against model 'm' version 1's circuit breaker" in str(failure(bad))
         assert [b.state for b in scheduler._breakers] == [BreakerState.HALF_OPEN]
         good = h.submit("good")
         assert h.started()[-1] == "good", "the next request probes"
@@ -1751,7 +1751,7 @@ def test_failures_on_data_never_count_while_the_model_answers_its_samples() -> N
             h.executor.complete(job, outputs=[InvalidInput("index 500 out of range")])
             assert isinstance(failure(bad), InvalidInput)
             assert failure(bad).http_status == 400
-            assert "not counted as model 'm' version 1's failure" in str(failure(bad))
+            assert "not counted against model 'm' version 1's circuit breaker" in str(failure(bad))
             for n in range(len(h.executor.jobs)):  # the samples' run, answered
                 if n not in h.executor.finished:
                     h.executor.complete(n)

@@ -2235,13 +2235,17 @@ class ModelScheduler:
 
     def _explained(self, outputs: Sequence[Feeds | DuetimeError]) -> list[Feeds | DuetimeError]:
         """The failures of a batch ONNX Runtime refused on its inputs' values, saying they were
-        taken to be the clients' (400): the model's only where it fails its own samples too."""
+        taken to be the clients' (400): the model's only where it fails its own samples too.
+
+        NOTE: "against the circuit breaker": the request is counted as failed in the statistics
+        and metrics (the model ran and failed on it, as Triton counts it); it said "not counted
+        as the model's failure", which those figures contradicted."""
         explained: list[Feeds | DuetimeError] = []
         for output in outputs:
             if isinstance(output, InvalidInput) and output.http_status < 500:
                 explained.append(InvalidInput(
-                    f"{output.message}; not counted as model {self._label}'s failure (it is "
-                    "checked on its own sample inputs), so check these inputs"
+                    f"{output.message}; not counted against model {self._label}'s circuit "
+                    "breaker (it is checked on its own sample inputs), so check these inputs"
                 ))  # fmt: skip
             else:
                 explained.append(output)
