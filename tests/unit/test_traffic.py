@@ -150,6 +150,16 @@ def test_routing_key_prefers_the_request_parameter() -> None:
     assert routing_key(None, {"x-routing-key": "p"}, {}) is None
 
 
+def test_a_key_is_the_same_as_a_parameter_and_as_a_header() -> None:
+    """Found by a tester: HTTP header values are read as Latin-1, and lose spaces at either
+    end on the wire, so a non-ASCII or padded key pinned another version as a header."""
+    as_header = "Zürich-🙂".encode().decode("latin-1")  # (as the HTTP front end reads it)
+    assert routing_key("k", {}, {"k": as_header}) == "Zürich-🙂"
+    assert routing_key("k", {"k": " padded\t"}, {}) == routing_key("k", {}, {"k": "padded"})
+    assert routing_key("k", {}, {"k": "caf\xe9"}) == "caf\xe9"  # (Latin-1, not UTF-8: kept)
+    assert routing_key("k", {}, {"k": "日本"}) == "日本"  # (gRPC metadata: already text)
+
+
 def test_versions_are_named_as_requests_name_them() -> None:
     config = parse_model_config(
         {"traffic": {"weights": {"01": 90, "2": 10}, "shadow": {"003": 0.5}}}, source="c"

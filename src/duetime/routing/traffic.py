@@ -11,6 +11,7 @@ whose version and winner kept their weights keeps its version.
 from __future__ import annotations
 
 import bisect
+import contextlib
 import hashlib
 import math
 from collections.abc import Collection, Mapping, Sequence
@@ -128,12 +129,21 @@ def unit_hash(key: bytes, version: str) -> float:
 def routing_key(
     name: str | None, parameters: Mapping[str, object], headers: Mapping[str, str]
 ) -> str | None:
-    """The sticky key's value: a request parameter of that name, else the header / metadata."""
+    """The sticky key's value: a request parameter of that name, else the header / metadata.
+
+    A key is the same whichever way it comes: an HTTP header's bytes are read as UTF-8 where
+    they are (the HTTP front end reads header values as Latin-1), and spaces and tabs at
+    either end are dropped from a parameter's (a header's lose them on the wire, RFC 9110
+    5.5). NOTE: 'Zürich-42' as a header and as a parameter pinned different versions, and
+    so did ' padded '."""
     if name is None:
         return None
     value = parameters.get(name)
     if value is None:
         value = headers.get(name.lower())
+        if isinstance(value, str) and not value.isascii():
+            with contextlib.suppress(UnicodeError):  # (not UTF-8, or not Latin-1: as it is)
+                value = value.encode("latin-1").decode("utf-8")
     if value is None or isinstance(value, bool):
         return None
-    return value if isinstance(value, str) else str(value)
+    return value.strip(" \t") if isinstance(value, str) else str(value)
