@@ -1618,7 +1618,9 @@ class ModelScheduler:
             self._queue.restore(probe)
         self._expire(hopeless, now)
 
-    def _expire(self, hopeless: list[QueuedRequest], now: int) -> None:
+    def _expire(
+        self, hopeless: list[QueuedRequest], now: int, skipped: _Running | None = None
+    ) -> None:
         """Fail `hopeless`, unrun, but those a cheaper variant of the version takes over (see
         `QueuedRequest.fallback`): counted there, where they run, not here.
 
@@ -1640,15 +1642,26 @@ class ModelScheduler:
             self._fail_ns += now - item.arrival_ns
             if item.timing is not None:
                 _timing_failed_unrun(item.timing, now)
-            _settle(item, DeadlineExceeded(self._expiry(item, now)))
+            _settle(item, DeadlineExceeded(self._expiry(item, now, skipped)))
 
-    def _expiry(self, item: QueuedRequest, now: int) -> str:
-        """Why `item` fails unrun (see `_expire`).
+    def _expiry(self, item: QueuedRequest, now: int, skipped: _Running | None = None) -> str:
+        """Why `item` fails unrun (see `_expire`); `skipped`: the batch its instance's thread
+        took past its latest start (see `_start_by`).
 
         NOTE: a FIFO request held in its batching window (`max_queue_delay_us`) past its due
-        time was told "(-498 µs left): a run needs 3692 µs": as if its run were the cause."""
+        time was told "(-498 µs left): a run needs 3692 µs": as if its run were the cause. And
+        a skipped batch's requests were told of the profile's run of their rows, not of the
+        batch's predicted run (which counts its inputs' size): "(160626 µs left): a run needs
+        2889 µs" (found by a tester)."""
         due = item.due_ns if item.due_ns is not None else now
         said = f"{TIMEOUT_EXPIRED}: model {self._label}: could not finish before the due time"
+        if skipped is not None:
+            return (
+                f"{said} ({(due - now) / 1e3:.0f} µs left): its batch's run needs "
+                f"{skipped.predicted_ns / 1e3:.0f} µs, and its instance was free to start it "
+                "only after the latest start that met the due time (a run ahead of it took "
+                "longer than predicted); it was not run"
+            )
         if item.held:
             why = (
                 f"waited for more requests to join its batch (max_queue_delay_us "
@@ -2006,7 +2019,7 @@ class ModelScheduler:
                 for item in live:
                     self._queue.restore(item)
             else:
-                self._expire(live, now)
+                self._expire(live, now, running)
             return
         # (the inputs' bytes matter only where a request can be bigger than the samples)
         sent = _input_bytes(running.requests) if self._sample_row_bytes else 0
