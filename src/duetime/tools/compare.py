@@ -60,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
         console(f"duetime report: --out {args.out}: expected a .html or .png file")
         return 2
     try:
-        check_output(args.out, "--out")
+        check_output(args.out, "--out", reads=args.results)
         reports = load_reports(args.results, args.label)
         from duetime.tools.plots import write_report
     except ConfigError as exc:

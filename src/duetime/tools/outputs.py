@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import os
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -21,14 +22,26 @@ class OutputError(Exception):
         self.message = message
 
 
-def check_output(path: Path | None, flag: str, *, new: bool = False) -> None:
-    """ConfigError naming `flag` unless `path` can be written: not a directory, and its closest
-    existing folder writable (missing folders are created when writing). `new`: the file must
-    not exist yet (a capture is never overwritten). Nothing to check for None."""
+def check_output(
+    path: Path | None, flag: str, *, new: bool = False, reads: Iterable[Path | None] = ()
+) -> None:
+    """ConfigError naming `flag` unless `path` can be written: not a directory, not one of the
+    files the command `reads` (nor a link to one), and its closest existing folder writable
+    (missing folders are created when writing). `new`: the file must not exist yet (a capture
+    is never overwritten). Nothing to check for None.
+
+    NOTE: `itch run FILE --predictions FILE` emptied its input before reading it (and exited
+    0, having read nothing); `--json FILE` replaced it with the report (found by a tester)."""
     if path is None:
         return
     if path.is_dir():
         raise ConfigError(f"{flag} {path}: is a directory; give a file name")
+    for read in reads:
+        if read is not None and _same_file(path, read):
+            raise ConfigError(
+                f"{flag} {path}: is the file read ({read}), which writing it would destroy; "
+                "give another file name"
+            )
     if new and (path.exists() or path.is_symlink()):
         raise ConfigError(f"{flag} {path}: exists, and a capture is never overwritten")
     folder = path.parent
@@ -40,6 +53,24 @@ def check_output(path: Path | None, flag: str, *, new: bool = False) -> None:
         raise ConfigError(f"{flag} {path}: {folder} is not a folder")
     if not os.access(folder, os.W_OK | os.X_OK):
         raise ConfigError(f"{flag} {path}: cannot write in {folder}")
+
+
+def check_apart(path: Path, flag: str, other: Path, other_flag: str) -> None:
+    """ConfigError unless the outputs `path` and `other` are two files (or a device, such as
+    /dev/null, that takes both)."""
+    if path.resolve() == other.resolve() and (other.is_file() or not other.exists()):
+        raise ConfigError(
+            f"{flag} {path}: is the {other_flag} file too; give each its own file name"
+        )
+
+
+def _same_file(path: Path, other: Path) -> bool:
+    """Whether `path` is the regular file `other` (a device such as /dev/null, or a pipe, may
+    well be read and written at once)."""
+    try:
+        return other.is_file() and path.samefile(other)
+    except OSError:  # (one does not exist: not the same file)
+        return False
 
 
 def make_parents(path: Path, flag: str) -> None:

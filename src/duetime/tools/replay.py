@@ -559,8 +559,8 @@ def run(args: argparse.Namespace) -> int:
     19 of its 20 requests, said requests_in_capture 19, and exited 0."""
     try:
         config = config_from_args(args)
-        check_output(args.json, "--json")
-        check_output(args.report, "--report")
+        check_output(args.json, "--json", reads=(args.capture,))
+        check_output(args.report, "--report", reads=(args.capture, args.json))
         if args.report is not None and args.report.suffix.lower() not in (".html", ".png"):
             raise ConfigError(f"--report {args.report}: expected a .html or .png file")
         before = scrape(args.metrics) if args.metrics else None

@@ -155,6 +155,88 @@ def test_synth_refuses_bad_numbers_before_making_the_file(
     assert not path.exists()
 
 
+@pytest.mark.parametrize(
+    ("command", "flag"),
+    [("book", "--json"), ("run", "--json"), ("run", "--predictions")],
+)
+def test_an_output_that_is_the_input_is_refused_and_the_input_kept(
+    tmp_path: Path, session: Path, capsys: pytest.CaptureFixture[str], command: str, flag: str
+) -> None:
+    """Found by a tester: `run FILE --predictions FILE` emptied the ITCH file before reading
+    it (and exited 0); `--json FILE` replaced it with the report. Also through a link."""
+    copy = tmp_path / "copy.itch"
+    copy.write_bytes(session.read_bytes())
+    link = tmp_path / "link.itch"
+    link.symlink_to(copy)
+    model = [] if command == "book" else ["--model", "orderbook", "--repository", "/nowhere"]
+    for output in (copy, link):
+        assert main(["itch", command, str(copy), *model, flag, str(output)]) == 2
+        assert one_line(capsys) == (
+            f"duetime itch {command}: {flag} {output}: is the file read ({copy}), which "
+            "writing it would destroy; give another file name\n"
+        )
+    assert copy.read_bytes() == session.read_bytes()
+    both, model = tmp_path / "both", ["--model", "orderbook", "--repository", "/nowhere"]
+    assert main(["itch", "run", str(copy), *model, "--json", str(both),
+                 "--predictions", str(both)]) == 2  # fmt: skip
+    assert one_line(capsys) == (
+        f"duetime itch run: --predictions {both}: is the --json file too; give each its own "
+        "file name\n"
+    )
+
+
+@pytest.mark.parametrize(
+    ("command", "option", "value", "wanted"),
+    [
+        ("run", "--speed", "nan", "a finite number > 0"),
+        ("run", "--speed", "0", "a finite number > 0"),
+        ("run", "--deadline-us", "inf", "a finite number >= 0.001"),
+        ("run", "--deadline-us", "1e-9", "a finite number >= 0.001"),
+        ("run", "--max-gap-ms", "-1", "a finite number >= 0"),
+        ("run", "--max-gap-ms", "nan", "a finite number >= 0"),
+        ("run", "--delivery-margin-us", "-100", "a whole number >= 0 and <= 10000000"),
+        ("listen", "--idle-s", "nan", "a finite number > 0"),
+        ("listen", "--idle-s", "-1", "a finite number > 0"),
+        ("listen", "--deadline-us", "nan", "a finite number >= 0.001"),
+        ("listen", "--cpu-dma-latency-us", "-1", "a whole number >= 0 and <= 2147483647"),
+        ("send", "--speed", "nan", "a finite number > 0"),
+        ("send", "--max-gap-ms", "inf", "a finite number >= 0"),
+    ],
+)
+def test_numbers_out_of_range_nan_or_infinite_are_refused_naming_the_option(
+    session: Path, capsys: pytest.CaptureFixture[str], command: str, option: str, value: str,
+    wanted: str,
+) -> None:  # fmt: skip
+    """Found by a tester: `run --speed nan` refused every request and exited 0, and NaN or
+    infinite deadlines, gaps and idle times ended in a traceback from int()."""
+    options = {
+        "run": [str(session), "--model", "orderbook", "--repository", "/nowhere"],
+        "listen": ["--udp", "127.0.0.1:0", "--model", "orderbook", "--repository", "/nowhere"],
+        "send": [str(session), "--udp", "127.0.0.1:9"],
+    }[command]
+    with pytest.raises(SystemExit) as exited:
+        main(["itch", command, *options, option, value])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert f"argument {option}: expected {wanted}, got '{value}'" in err
+    assert "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    ("option", "error"),
+    [
+        (["--symbols", ",,,"], "--symbols: expected comma-separated stock names, got ',,,'"),
+        (["--target", ""], "--target: expected HOST:PORT, got an empty one"),
+    ],
+)
+def test_empty_symbols_and_targets_are_refused(
+    session: Path, capsys: pytest.CaptureFixture[str], option: list[str], error: str
+) -> None:
+    """An empty --target left grpc waiting for good after its error."""
+    assert main(["itch", "run", str(session), "--model", "orderbook", *option]) == 2
+    assert one_line(capsys) == f"duetime itch run: {error}\n"
+
+
 @pytest.mark.parametrize("command", ["run", "listen", "send"])
 def test_a_negative_limit_is_refused(
     session: Path, capsys: pytest.CaptureFixture[str], command: str

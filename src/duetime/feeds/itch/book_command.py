@@ -95,7 +95,7 @@ def run_book(args: argparse.Namespace) -> int:
         console(f"duetime itch book: {problem}")
         return 2
     try:
-        check_output(args.json_out, "--json")  # (before the file is read, not after)
+        check_output(args.json_out, "--json", reads=(args.file,))  # (before it is read)
     except ConfigError as exc:
         console(f"duetime itch book: {exc.message}")
         return 2

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from duetime.demo import ORDERBOOK_CLASSES
 from duetime.observability.logs import console
+from duetime.tools.argtypes import real, whole
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Iterator
@@ -29,6 +30,11 @@ if TYPE_CHECKING:
     from duetime.feeds.itch.parser import ItchFormatError
     from duetime.feeds.itch.run import FeedRun
     from duetime.feeds.itch.tally import RunStats
+
+
+_NO_SKIP = ("bad_gzip", "truncated")
+"""Format errors that end a stream under --on-error skip too (a gzip stream that cannot be read
+on, a last frame cut short): no hint to skip them."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -48,9 +54,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     send.add_argument("file", type=Path, help="an ITCH 5.0 file (plain or gzip)")
     send.add_argument("--udp", required=True, help="where to send: HOST:PORT")
     send.add_argument("--pace", choices=("recorded", "max"), default="recorded")
-    send.add_argument("--speed", type=float, default=1.0, help="replay this many times faster")
-    send.add_argument("--max-gap-ms", type=float, default=1000.0, help="cut longer quiet "
-                      "stretches between two messages to this (default 1000 ms)")  # fmt: skip
+    send.add_argument(
+        "--speed", type=real(above=0), default=1.0, help="replay this many times faster"
+    )
+    send.add_argument("--max-gap-ms", type=real(at_least=0), default=1000.0, help="cut longer "
+                      "quiet stretches between two messages to this (default 1000 ms)")  # fmt: skip
     send.add_argument("--per-packet", type=int, default=32, help="messages a datagram at most")
     send.add_argument("--session", default="DUETIME", help="MoldUDP64 session name (10 chars)")
     send.add_argument("--limit", type=int, help="stop after this many messages")
@@ -76,13 +84,14 @@ def _add_run_arguments(run: argparse.ArgumentParser, *, live: bool = False) -> N
             "any free port; the address taken is printed)",
         )  # fmt: skip
         run.add_argument(
-            "--idle-s", type=float, default=10.0, help="end after this long without a datagram "
-            "once the feed has started (heartbeats count; default 10 s); the feed's "
+            "--idle-s", type=real(above=0), default=10.0, help="end after this long without a "
+            "datagram once the feed has started (heartbeats count; default 10 s); the feed's "
             "end-of-session packet, --limit or Ctrl-C end it too",
         )  # fmt: skip
         run.add_argument(
-            "--busy-poll-us", type=int, default=0, help="keep polling the socket this long "
-            "after each datagram instead of sleeping (a core stays busy; default 0)",
+            "--busy-poll-us", type=whole(at_least=0, at_most=1_000_000), default=0,
+            help="keep polling the socket this long after each datagram instead of sleeping (a "
+            "core stays busy; default 0)",
         )  # fmt: skip
         run.add_argument(
             "--join-late", action="store_true", help="join the session where it stands: the "
@@ -100,26 +109,27 @@ def _add_run_arguments(run: argparse.ArgumentParser, *, live: bool = False) -> N
             "that comes while the queue is full is dropped and its messages reported missed",
         )  # fmt: skip
         run.add_argument(
-            "--cpu-dma-latency-us", type=int, help="while listening, keep idle CPUs able to wake "
-            "within this many µs (Linux PM QoS, whole machine, needs root; 0: they poll)",
+            "--cpu-dma-latency-us", type=whole(at_least=0, at_most=2**31 - 1),
+            help="while listening, keep idle CPUs able to wake within this many µs (Linux PM "
+            "QoS, whole machine, needs root; 0: they poll)",
         )  # fmt: skip
     else:
         run.add_argument("file", type=Path, help="an ITCH 5.0 file (plain or gzip)")
     run.add_argument("--model", required=True, help="e.g. orderbook or deeplob (demo models)")
     run.add_argument("--version", help="the model version (default: the model's default)")
     run.add_argument(
-        "--deadline-us", type=float, default=1000.0,
+        "--deadline-us", type=real(at_least=0.001), default=1000.0,
         help="due time of each request after its event's arrival (default 1000 µs)",
     )  # fmt: skip
     if not live:
         run.add_argument("--pace", choices=("recorded", "max"), default="recorded")
         run.add_argument(
-            "--speed", type=float, default=1.0, help="with --pace recorded: replay this many "
-            "times faster than recorded (default 1)",
+            "--speed", type=real(above=0), default=1.0, help="with --pace recorded: replay this "
+            "many times faster than recorded (default 1)",
         )  # fmt: skip
         run.add_argument(
-            "--max-gap-ms", type=float, default=1000.0, help="with --pace recorded: cut longer "
-            "quiet stretches between two messages to this (default 1000 ms)",
+            "--max-gap-ms", type=real(at_least=0), default=1000.0, help="with --pace recorded: "
+            "cut longer quiet stretches between two messages to this (default 1000 ms)",
         )  # fmt: skip
         run.add_argument("--on-error", choices=("stop", "skip"), default="stop")
         run.add_argument(
@@ -151,8 +161,9 @@ def _add_run_arguments(run: argparse.ArgumentParser, *, live: bool = False) -> N
     )  # fmt: skip
     where.add_argument("--target", help="a remote duetime (or v2 server) gRPC HOST:PORT")
     run.add_argument(
-        "--delivery-margin-us", type=int, default=20, help="in process: the time kept for "
-        "handing an answer back, in place of the model's delivery_margin_us (default 20)",
+        "--delivery-margin-us", type=whole(at_least=0, at_most=10_000_000), default=20,
+        help="in process: the time kept for handing an answer back, in place of the model's "
+        "delivery_margin_us (default 20)",
     )  # fmt: skip
     run.add_argument(
         "--execution", choices=("inline", "thread"), default="inline", help="in process: run "
@@ -214,9 +225,6 @@ def _send(args: argparse.Namespace) -> int:
     if args.limit is not None and args.limit < 0:
         console(f"duetime itch send: --limit must be 0 or more, got {args.limit}")
         return 2
-    if args.max_gap_ms < 0:  # (a negative gap sent the whole file at once)
-        console(f"duetime itch send: --max-gap-ms must be 0 or more, got {args.max_gap_ms:g}")
-        return 2
     try:
         address = parse_address(args.udp, "--udp")
     except ValueError as exc:
@@ -244,7 +252,7 @@ def _send(args: argparse.Namespace) -> int:
                 f"{skipped_note(report.skipped, report.first_skipped)}")  # fmt: skip
     if report.format_error is not None:  # (sent up to it, then the session's end: exit 1)
         error = report.format_error
-        hint = "" if error.reason == "bad_gzip" else " (--on-error skip steps over bad frames)"
+        hint = "" if error.reason in _NO_SKIP else " (--on-error skip steps over bad frames)"
         console(f"duetime itch send: {args.file}: {error}{hint}")
         return 1
     return 0
@@ -264,26 +272,30 @@ def _run_feed(args: argparse.Namespace) -> int:
     from duetime.feeds.itch.parser import file_problem
     from duetime.feeds.itch.run import RunOptions, Trigger
     from duetime.loops import new_event_loop
-    from duetime.tools.outputs import OutputError, check_output, write_output
+    from duetime.tools.outputs import OutputError, check_apart, check_output, write_output
 
     command = f"duetime itch {args.itch_command}"
     live = args.itch_command == "listen"
     if not live and (problem := file_problem(args.file)):
         console(f"{command}: {args.file}: {problem}")
         return 2
-    speed = 1.0 if live else args.speed
-    if args.deadline_us <= 0 or speed <= 0:
-        console(f"{command}: --deadline-us and --speed must be positive")
+    speed = 1.0 if live else args.speed  # (both checked as they are read: see argtypes)
+    if args.target is not None and not args.target.strip():  # (grpc waited for good on '')
+        console(f"{command}: --target: expected HOST:PORT, got an empty one")
+        return 2
+    symbols = args.symbols.split(",") if args.symbols else None
+    if symbols is not None and not all(name.strip() for name in symbols):
+        console(f"{command}: --symbols: expected comma-separated stock names, got {args.symbols!r}")
         return 2
     if args.limit is not None and args.limit < 0:
         console(f"{command}: --limit must be 0 or more, got {args.limit}")
         return 2
-    if not live and args.max_gap_ms < 0:  # (a negative gap had the whole file arrive at once)
-        console(f"{command}: --max-gap-ms must be 0 or more, got {args.max_gap_ms:g}")
-        return 2
     try:  # (before the model loads and the file is read, not after)
-        check_output(args.json, "--json")
-        check_output(args.predictions, "--predictions")
+        reads = () if live else (args.file,)
+        check_output(args.json, "--json", reads=reads)
+        check_output(args.predictions, "--predictions", reads=reads)
+        if args.json is not None and args.predictions is not None:
+            check_apart(args.predictions, "--predictions", args.json, "--json")
     except ConfigError as exc:
         console(f"{command}: {exc.message}")
         return 2
@@ -303,7 +315,7 @@ def _run_feed(args: argparse.Namespace) -> int:
     options = RunOptions(
         deadline_ns=int(args.deadline_us * 1000), pace="max" if live else args.pace,
         speed=speed, trigger=trigger, limit=args.limit,
-        symbols=frozenset(args.symbols.split(",")) if args.symbols else None,
+        symbols=frozenset(name.strip() for name in symbols) if symbols else None,
     )  # fmt: skip
     options.keep_warm = args.keep_warm
     if not live:
@@ -386,7 +398,7 @@ async def _feed(args: argparse.Namespace, options: Any) -> tuple[dict[str, Any],
                     error = stopped[0]
                     stats.format_error = frame_report(error)
                     hint = " (--on-error skip steps over bad frames)"
-                    hint = "" if error.reason == "bad_gzip" else hint
+                    hint = "" if error.reason in _NO_SKIP else hint
                     console(f"duetime itch run: {args.file}: {error}{hint}")
         finally:
             log.close()
