@@ -62,6 +62,35 @@ def test_a_failed_upload_serves_none_of_its_versions(
     run(tmp_path, scenario, control_mode="explicit", startup_models=("m",))
 
 
+def test_a_load_whose_folder_holds_no_version_changes_nothing_served(tmp_path: Path) -> None:
+    """Found by a tester: an upload holding no version folder (a README, a model.onnx at the
+    top), or the model's folder after `1/` was renamed `v1/`, failed the load (400) and
+    unloaded the model that served: every request then got 503 until a good load."""
+    write_version(tmp_path, "m", 1, scale_model(1))
+
+    async def scenario(engine: Engine) -> None:
+        for files in ({"README": b"hi"}, {"model.onnx": scale_model(3)}):
+            with pytest.raises(InvalidInput, match=r"no version folder holds a model\.onnx"):
+                await engine.load_model("m", ALL, files=files)
+            assert served(engine) == ["1"]
+            assert await factor_of(engine) == 1.0
+            assert versions_listed(engine) == ["1"]
+            (row,) = [r for r in engine.repository_index() if r["name"] == "m"]
+            assert row["state"] == "READY", row
+            assert "duetime-upload" not in row["reason"], row  # (its folder, gone)
+            assert "the uploaded files ('file:' load parameters): no version" in row["reason"]
+        (tmp_path / "m" / "1").rename(tmp_path / "m" / "v1")
+        with pytest.raises(InvalidInput, match=r"no version folder holds a model\.onnx"):
+            await engine.load_model("m")
+        assert served(engine) == ["1"]
+        assert await factor_of(engine) == 1.0
+        (tmp_path / "m" / "v1").rename(tmp_path / "m" / "1")
+        await engine.load_model("m")
+        assert served(engine) == ["1"]
+
+    run(tmp_path, scenario, control_mode="explicit", startup_models=("m",))
+
+
 def test_a_failed_override_serves_none_of_its_versions_and_is_dropped(tmp_path: Path) -> None:
     """An override serving every version, version 3 broken: the load answered 400, yet version
     1 served, and the override stuck (every later plain load failed on version 3)."""

@@ -763,19 +763,29 @@ class ModelManager:
             source = scan_model(directory)
             config = given.config if given else self._read_config(name, directory)
         except ConfigError as exc:
-            if current is not None and not any(
-                self._holds_model(directory, v) for v in current.versions
+            if (
+                current is not None
+                and not explicit
+                and not any(self._holds_model(directory, v) for v in current.versions)
             ):
                 # NOTE: a config error leaves what serves serving, but the last version
                 # folder removed (version 2, then 1) left version 1 READY and answering from
                 # memory for good, beside a model row saying no version folder is left: what
-                # serves follows the folders, as when a version among others goes
+                # serves follows the folders, as when a version among others goes. Not on a
+                # load request, which is all or nothing (as Triton's): a failed one changes
+                # nothing served. It unloaded the model where the request's upload (or, after
+                # a rename, its folder) held no version folder (found by a tester).
                 self._unload_now(
                     name, self._gone_reason(name, next(iter(current.versions.values())))
                 )
                 current = None
-            self._fail_model(name, exc.message, serving=current is not None)
-            raise _LoadFailed(load_failed(name, exc.message, polled=False)) from None
+            message = exc.message
+            if directory is self._uploads.get(name):  # (not the folder they were written to)
+                message = message.replace(f"{directory}/", "file:").replace(
+                    str(directory), "the uploaded files ('file:' load parameters)"
+                )
+            self._fail_model(name, message, serving=current is not None)
+            raise _LoadFailed(load_failed(name, message, polled=False)) from None
         self._prune_versions(name, source.versions)
         self._note_absent(name, config.version_policy.missing(source.versions))
         wanted = config.version_policy.select(source.versions)
