@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
-from conftest import RunningServer, explicit_serving, start_server, stop_server
+from conftest import RunningServer, explicit_serving, on_loop, start_server, stop_server
 from repo_models import inputs, scale_model, write_version
 from tritonclient.utils import InferenceServerException
 
@@ -593,3 +593,38 @@ def test_a_short_control_token_is_refused() -> None:
 
     with pytest.raises(ConfigError, match="control_token"):
         server_settings({"control_token": "short"}, env={})
+
+
+def test_an_http_load_request_is_read_off_the_event_loop(
+    explicit_server: RunningServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found by a tester: a 45 MB model uploaded as base64 JSON was parsed and decoded on the
+    event loop, and every other request waited 0.2-0.5 s for it."""
+    from duetime.frontend import rest
+
+    readers: list[threading.Thread] = []
+    real = rest._load_asked
+
+    def recording(body: bytes, name: str) -> Any:
+        readers.append(threading.current_thread())
+        return real(body, name)
+
+    monkeypatch.setattr(rest, "_load_asked", recording)
+    http = clients(explicit_server)[0]
+    http.load_model(
+        "u", config='{"max_batch_size": 4}', files={"file:1/model.onnx": scale_model(7)}
+    )
+    host, port = explicit_server.http.rsplit(":", 1)
+    connection = http_client.HTTPConnection(host, int(port), timeout=30)
+    try:
+        body = json.dumps({"parameters": {"file:1/model.onnx": "?"}})
+        connection.request("POST", "/v2/repository/models/u/load", body=body)
+        answer = connection.getresponse()
+        assert answer.status == 400
+        assert "expected base64 text" in answer.read().decode()
+    finally:
+        connection.close()
+    assert len(readers) == 2
+    loop_thread = on_loop(explicit_server, threading.get_ident)
+    assert all(reader.ident != loop_thread for reader in readers)
+    http.unload_model("u")
