@@ -1067,6 +1067,27 @@ def test_aclose_refuses_new_requests_and_lets_queued_ones_finish() -> None:
     run(body)
 
 
+@pytest.mark.parametrize("policy", ["edf", "fifo"])
+def test_aclose_runs_a_batch_held_for_more_requests_at_once(policy: str) -> None:
+    """No request joins a closed queue: one held for its batch to fill (a batching window of
+    100 s) ran only when the window ended, after the drain: it failed unrun (found by a
+    tester)."""
+
+    async def body() -> None:
+        h = harness(max_batch_size=8, max_queue_delay_us=100_000_000, policy=policy)
+        held = h.submit("held")
+        await asyncio.sleep(0)
+        assert h.started() == [], "the premise: it waits for more to join"
+        closing = asyncio.create_task(h.scheduler.aclose(30))
+        await asyncio.sleep(0)
+        assert h.started() == ["held"]
+        h.executor.complete(0)
+        await closing
+        assert failure(held) is None
+
+    run(body)
+
+
 def test_aclose_fails_what_did_not_run_within_the_grace_period() -> None:
     async def body() -> None:
         h = harness()

@@ -2543,8 +2543,15 @@ class ModelScheduler:
         )
 
     async def aclose(self, grace_s: float) -> None:
-        """Refuse new requests, let queued ones finish for up to `grace_s`, fail the rest."""
+        """Refuse new requests, let queued ones finish for up to `grace_s`, fail the rest.
+
+        NOTE: no request joins a closed queue, so none is held for more to join its batch: a
+        version replaced while a request waited for its batch to fill (max_queue_delay_us
+        100 s) kept it waiting the whole drain, then failed it unrun (found by a tester)."""
         self._closed = True
+        self._max_delay_ns = 0
+        if len(self._queue) and not self._drained:
+            self._dispatch()
         if not self.idle:
             self._drain_waiter = self._loop.create_future()
             with contextlib.suppress(TimeoutError):
