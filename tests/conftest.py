@@ -258,3 +258,12 @@ def restore_logging() -> Iterator[None]:
     handlers, level = root.handlers[:], root.level
     yield
     root.handlers[:], root.level = handlers, level
+
+
+@pytest.fixture
+def evict_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A model may be unloaded to make room as soon as nothing is queued or running for it (not
+    only after `EVICT_QUIET_S` without a request): for tests of what the budget unloads."""
+    from duetime.repository import manager
+
+    monkeypatch.setattr(manager, "EVICT_QUIET_S", 0.0)

@@ -150,6 +150,7 @@ def lazy_server(tmp_path: Path) -> Iterator[RunningServer]:
         yield running
 
 
+@pytest.mark.usefixtures("evict_at_once")
 def test_a_v1_predict_loads_a_model_not_loaded_yet(lazy_server: RunningServer) -> None:
     """A V1 predict loads the model first, as a v2 infer does (it was 404 "unknown model ...
     served models: none"), after lazy loading left it unloaded or evicted it; until then the

@@ -29,7 +29,7 @@ from repo_models import (
 
 from duetime.config import ModelConfig
 from duetime.engine import Engine
-from duetime.errors import DeadlineExceeded, InvalidInput
+from duetime.errors import DeadlineExceeded, InvalidInput, ModelUnavailable
 from duetime.repository import manager as manager_module
 from duetime.repository.manager import RepositoryOptions
 
@@ -154,6 +154,42 @@ def test_a_load_under_way_at_close_is_rolled_back(
     assert not uploads[0].exists()
 
 
+def test_a_model_under_steady_traffic_is_not_unloaded_to_make_room(tmp_path: Path) -> None:
+    """Found by a tester: idle meant nothing queued or running at that instant, so a model
+    answering thousands of requests a second was unloaded between two of them (its clients
+    got 404s by the thousand), where a load a second before had been refused."""
+    write_version(tmp_path, "a", 1, scale_model(1.0))
+    write_version(tmp_path, "b", 1, scale_model(2.0))
+
+    async def scenario(engine: Engine) -> None:
+        stop = asyncio.Event()
+
+        async def traffic() -> None:
+            while not stop.is_set():
+                assert await factor_of(engine, "a") == 1.0
+                await asyncio.sleep(0.002)
+
+        sending = asyncio.ensure_future(traffic())
+        try:
+            for _ in range(5):
+                await asyncio.sleep(0.01)
+                with pytest.raises(ModelUnavailable, match="every loaded model is busy"):
+                    await engine.load_model("b")
+                assert set(engine.registry.snapshot.models) == {"a"}
+        finally:
+            stop.set()
+            await sending
+        await asyncio.sleep(manager_module.EVICT_QUIET_S + 0.05)
+        await engine.load_model("b")  # (quiet long enough: a goes)
+        assert set(engine.registry.snapshot.models) == {"b"}
+
+    run(
+        tmp_path, scenario, control_mode="explicit", startup_models=("a",),
+        max_loaded_models=1, stable_s=0.0,
+    )  # fmt: skip
+
+
+@pytest.mark.usefixtures("evict_at_once")
 def test_a_failed_load_unloads_no_model_to_make_room(tmp_path: Path) -> None:
     """Under a budget of one model, an explicit load of a broken model answered 400 yet first
     unloaded the model that served, which stayed unloaded."""
@@ -177,6 +213,7 @@ def test_a_failed_load_unloads_no_model_to_make_room(tmp_path: Path) -> None:
     )  # fmt: skip
 
 
+@pytest.mark.usefixtures("evict_at_once")
 def test_the_model_unloaded_to_make_room_is_chosen_when_the_new_one_serves(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -204,6 +241,7 @@ def test_the_model_unloaded_to_make_room_is_chosen_when_the_new_one_serves(
     )  # fmt: skip
 
 
+@pytest.mark.usefixtures("evict_at_once")
 def test_a_model_unloaded_during_the_load_leaves_room_unloading_no_other(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -231,6 +269,7 @@ def test_a_model_unloaded_during_the_load_leaves_room_unloading_no_other(
     )  # fmt: skip
 
 
+@pytest.mark.usefixtures("evict_at_once")
 def test_a_byte_budget_holds_once_the_new_model_serves(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

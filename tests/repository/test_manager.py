@@ -1381,6 +1381,7 @@ def test_a_configs_warnings_are_said_once_per_content_not_at_every_poll(
 # -- lazy loading and the budget -------------------------------------------------------------------
 
 
+@pytest.mark.usefixtures("evict_at_once")
 def test_lazy_loading_and_the_loaded_model_budget(tmp_path: Path) -> None:
     for name, factor in (("a", 1), ("b", 2)):
         write_version(tmp_path, name, 1, scale_model(factor))

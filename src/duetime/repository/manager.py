@@ -1260,7 +1260,7 @@ class ModelManager:
         idle = sorted(
             (max(d.scheduler.last_arrival_ns for d in _deployments(models[other])), other)
             for other in kept
-            if other != name and all(d.scheduler.idle for d in _deployments(models[other]))
+            if other != name and _quiet(models[other])
         )
         if not self._evicts:
             idle = []
@@ -1311,7 +1311,7 @@ class ModelManager:
         kept = self._kept(name, models)
         ranked = sorted(
             (
-                not all(d.scheduler.idle for d in _deployments(models[other])),
+                not _quiet(models[other]),
                 max(d.scheduler.last_arrival_ns for d in _deployments(models[other])),
                 other,
             )
@@ -1521,6 +1521,21 @@ async def _close(version: ServedVersion, drain_s: float = 0.0) -> None:
 
 def _deployments(served: ServedModel) -> list[Deployment]:
     return [d for version in served.versions.values() for d in version.variants]
+
+
+EVICT_QUIET_S = 0.1
+"""A model unloaded to make room for another must have had no request for this long (and none
+queued or running): one under steady traffic is not idle between two of its requests.
+
+NOTE: "idle" was "nothing queued or running at this instant": under thousands of requests a
+second, one load was refused (every model busy) and the next, a second later, unloaded the
+busy model, whose clients then got 404s by the thousand (found by a tester)."""
+
+
+def _quiet(served: ServedModel) -> bool:
+    """Whether `served` may be unloaded to make room (see `EVICT_QUIET_S`)."""
+    quiet = min(d.scheduler.quiet_ns() for d in _deployments(served))
+    return quiet >= 0 and quiet >= EVICT_QUIET_S * 1e9
 
 
 LOADER_NICENESS = 10

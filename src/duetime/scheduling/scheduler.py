@@ -971,6 +971,12 @@ class ModelScheduler:
         """Nothing queued and nothing running."""
         return not len(self._queue) and not any(self._outstanding)
 
+    def quiet_ns(self) -> int:
+        """How long no request has arrived, with nothing queued or running (-1: busy)."""
+        if not self.idle:
+            return -1
+        return max(0, self._clock.now_ns() - self.last_arrival_ns)
+
     def _predict(
         self, now: int, rows: int, key: tuple[int, int, int], others: Queued | None
     ) -> tuple[int, int]:
