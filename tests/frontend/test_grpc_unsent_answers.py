@@ -276,8 +276,17 @@ def unread(tight: RunningServer) -> Iterator[AnswerBudget]:
         done = threading.Event()
 
         def requests() -> Iterator[Any]:
-            for _ in range(4):
+            # NOTE: until one waits, not a fixed 4: the client's transport may take unread
+            # answers as its window grows (BDP probing), and on CI 4 answers of 4 MB all
+            # went without one request waiting
+            for _ in range(16):
                 yield tile_request()
+                for _ in range(50):
+                    if budget._waiting or done.is_set():
+                        break
+                    time.sleep(0.01)
+                if budget._waiting or done.is_set():
+                    break
             done.wait(30)
 
         answers = stub.ModelStreamInfer(requests(), timeout=60)
