@@ -27,6 +27,7 @@ from duetime import server as server_module
 from duetime.config import ServerSettings
 from duetime.errors import ConfigError
 from duetime.observability import tracing as tracing_module
+from duetime.observability.tracesettings import TraceSettings
 from duetime.observability.tracing import Tracing, parse_traceparent, tracing_from_env
 from duetime.types import RequestTiming
 
@@ -424,3 +425,102 @@ def test_server_stop_waits_for_a_hung_exporter_no_longer_than_its_grace(
         running.loop.call_soon_threadsafe(running.loop.stop)
         thread.join(timeout=60)
         running.loop.close()
+
+
+def test_an_otlp_protocol_is_honoured_or_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found by a tester: OTEL_EXPORTER_OTLP_PROTOCOL=grpc was not read, and http/protobuf went
+    to the collector's gRPC port: every span lost without a word."""
+    from opentelemetry.exporter.otlp.proto.grpc import trace_exporter as grpc_exporter
+    from opentelemetry.exporter.otlp.proto.http import trace_exporter as http_exporter
+
+    made: list[str] = []
+
+    def recording(name: str) -> type[InMemorySpanExporter]:
+        class Recording(InMemorySpanExporter):
+            def __init__(self) -> None:
+                super().__init__()
+                made.append(name)
+
+        return Recording
+
+    monkeypatch.setattr(grpc_exporter, "OTLPSpanExporter", recording("grpc"))
+    monkeypatch.setattr(http_exporter, "OTLPSpanExporter", recording("http"))
+    for env, kind in (
+        ({"OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"}, "grpc"),
+        ({"OTEL_EXPORTER_OTLP_PROTOCOL": "grpc",
+          "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/protobuf"}, "http"),
+        ({}, "http"),
+    ):  # fmt: skip
+        tracing = tracing_from_env({"OTEL_TRACES_EXPORTER": "otlp", **env})
+        assert tracing is not None
+        tracing.shutdown()
+        assert made.pop() == kind
+    with pytest.raises(ConfigError, match="OTEL_EXPORTER_OTLP_PROTOCOL='http/json': not supp"):
+        tracing_from_env(
+            {"OTEL_TRACES_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_PROTOCOL": "http/json"}
+        )
+
+
+def test_requests_for_unknown_model_names_grow_no_counters() -> None:
+    """Found by a tester: each finished request's model name was counted for good, so requests
+    for ever new (unknown) names grew the server without bound while tracing was on."""
+    settings = TraceSettings(exporting=True)
+    settings.update({"trace_rate": "3"}, "known")
+    for index in range(1000):
+        settings.sample(f"no-such-model-{index}")
+    assert [settings.sample("known") for _ in range(4)] == [True, False, False, True]
+    assert len(settings._seen) == 2  # (the global counter and the model with its own rate)
+
+
+def test_requests_the_sampler_drops_do_not_use_up_the_trace_count() -> None:
+    """Found by a tester: two requests under an unsampled traceparent used up trace_count 2,
+    and no trace was ever exported."""
+    exporter = InMemorySpanExporter()
+    tracing = tracing_from_env({}, exporter=exporter)
+    assert tracing is not None
+    tracing.settings.update({"trace_count": "2"})
+    unsampled = parse_traceparent(f"00-{TRACE_ID}-{PARENT_ID}-00")
+    record = {"protocol": "http", "model": "m", "version": "1", "variant": "default"}
+    for parent in (unsampled, unsampled, None, None, None):
+        timing = RequestTiming(1_000, decoded_ns=2_000)
+        tracing.record(timing, parent, **record, error=None, done_ns=3_000)
+    tracing.provider.force_flush()
+    roots = [s for s in exporter.get_finished_spans() if s.kind == SpanKind.SERVER]
+    assert len(roots) == 2
+    assert tracing.settings.current()["trace_count"] == "0"
+    tracing.shutdown()
+
+
+def test_the_service_name_of_otel_resource_attributes_is_kept() -> None:
+    """Found by a tester: duetime's default overrode it; only OTEL_SERVICE_NAME may."""
+    for env, name in (
+        ({"OTEL_RESOURCE_ATTRIBUTES": "deployment.environment=x,service.name=from%20attrs"},
+         "from attrs"),
+        ({"OTEL_RESOURCE_ATTRIBUTES": "service.name=a", "OTEL_SERVICE_NAME": "b"}, "b"),
+        ({}, "duetime"),
+    ):  # fmt: skip
+        tracing = tracing_from_env({"OTEL_TRACES_EXPORTER": "console", **env})
+        assert tracing is not None
+        assert tracing.provider.resource.attributes["service.name"] == name
+        tracing.shutdown()
+
+
+def test_tracestate_given_twice_over_grpc_is_combined(traced) -> None:
+    """W3C Trace Context 3.3: several tracestate fields are one list (HTTP joined its header
+    lines; gRPC kept the last entry alone: found by a tester)."""
+    import grpc
+
+    from duetime.frontend.proto import grpc_service_pb2 as pb
+    from duetime.frontend.proto import grpc_service_pb2_grpc as pb_grpc
+
+    server, exporter, tracing = traced
+    trace_id = "6" * 31 + "d"
+    request = pb.ModelInferRequest(model_name="mlp")
+    request.inputs.add(name="x", datatype="FP32", shape=[1, 40])
+    request.raw_input_contents.append(np.zeros((1, 40), np.float32).tobytes())
+    metadata = [("traceparent", f"00-{trace_id}-{PARENT_ID}-01"), ("tracestate", "a=1"),
+                ("tracestate", "b=2")]  # fmt: skip
+    with grpc.insecure_channel(server.grpc) as channel:
+        pb_grpc.GRPCInferenceServiceStub(channel).ModelInfer(request, metadata=metadata, timeout=10)
+    [root] = [s for s in spans_of(exporter, tracing, trace_id) if s.kind == SpanKind.SERVER]
+    assert root.context.trace_state.to_header() == "a=1,b=2"

@@ -1248,9 +1248,18 @@ class _Metadata(Mapping[str, str]):
         self._items: dict[str, str] | None = None
 
     def _read(self) -> dict[str, str]:
+        """The metadata by key; a key given more than once has its values joined with commas,
+        in order, as HTTP joins a header's lines (and the HTTP front end does).
+
+        NOTE: the last value alone was kept: two `tracestate` entries (W3C Trace Context 3.3:
+        combined, as one list) carried on only the second (found by a tester)."""
         if self._items is None:
-            pairs = self._context.invocation_metadata() or ()
-            self._items = {key.lower(): value for key, value in pairs if isinstance(value, str)}
+            items: dict[str, str] = {}
+            for key, value in self._context.invocation_metadata() or ():
+                if isinstance(value, str):
+                    key = key.lower()
+                    items[key] = f"{items[key]},{value}" if key in items else value
+            self._items = items
         return self._items
 
     def __getitem__(self, key: str) -> str:

@@ -40,7 +40,8 @@ class TraceSettings:
         """Whether an exporter is configured: without one, nothing can be traced."""
         self._global: dict[str, Value] = _defaults(exporting)
         self._models: dict[str, dict[str, Value]] = {}
-        self._seen: dict[str, int] = {}
+        self._seen: dict[str | None, int] = {}
+        """Requests counted for `trace_rate`, per model with its own rate (None: the rest)."""
         self._left: dict[str | None, int] = {}
         """Traces left per scope (None: global) where `trace_count` is not -1."""
 
@@ -93,8 +94,12 @@ class TraceSettings:
             return False
         rate_value = overrides.get("trace_rate") if overrides else None
         rate = int(str(rate_value or self._global["trace_rate"]))
-        seen = self._seen.get(model, 0)
-        self._seen[model] = seen + 1
+        # NOTE: counted per model only for a model with settings of its own (as Triton's
+        # models share the global setting's counter): counted per name, each request for
+        # another unknown model name grew the server for good (found by a tester)
+        counter = model if rate_value is not None else None
+        seen = self._seen.get(counter, 0)
+        self._seen[counter] = seen + 1
         if seen % rate:
             return False
         scope = self._count_scope(model)
@@ -105,6 +110,16 @@ class TraceSettings:
             return False
         self._left[scope] = left - 1
         return True
+
+    def unsampled(self, model: str) -> None:
+        """A request `sample` chose got no spans after all (the tracer's sampler dropped it,
+        as a parent sampled out): its trace is not counted against `trace_count`.
+
+        NOTE: two requests under an unsampled `traceparent` used up `trace_count` 2, and no
+        trace was ever exported (found by a tester)."""
+        scope = self._count_scope(model)
+        if scope in self._left:
+            self._left[scope] += 1
 
     def _count_scope(self, model: str | None) -> str | None:
         if model is not None and "trace_count" in self._models.get(model, {}):
