@@ -182,8 +182,18 @@ class Tracing:
                 )
                 child.end(end_time=end + offset)
         if error is not None:
+            failure = error if isinstance(error, DuetimeError) else None
             message = error.message if isinstance(error, DuetimeError) else error
-            root.set_status(Status(StatusCode.ERROR, message))
+            root.set_attribute("error.type", _error_type(protocol, failure))
+            # (the message of every failure, the client's included, as the semantic
+            # conventions' exception event)
+            kind = type(failure).__name__ if failure is not None else "DuetimeError"
+            root.add_event(
+                "exception", {"exception.type": kind, "exception.message": message},
+                timestamp=done_ns + offset,
+            )  # fmt: skip
+            if failure is None or _server_fault(protocol, failure):
+                root.set_status(Status(StatusCode.ERROR, message))
         root.end(end_time=done_ns + offset)
         return f"{span_context.trace_id:032x}"
 
@@ -252,6 +262,33 @@ def _server_span(protocol: str, error: DuetimeError | str | None) -> tuple[str, 
         code = "OK" if failure is None else failure.grpc_code
         attributes["rpc.grpc.status_code"] = _GRPC_CODES.get(code, 2)
     return f"{GRPC_SERVICE}/{method}", attributes
+
+
+_GRPC_SERVER_FAULTS = frozenset(
+    ("UNKNOWN", "DEADLINE_EXCEEDED", "UNIMPLEMENTED", "INTERNAL", "UNAVAILABLE", "DATA_LOSS")
+)
+"""The gRPC codes whose server spans have an error status (OpenTelemetry's gRPC semantic
+conventions); the others are the client's doing."""
+
+
+def _server_fault(protocol: str, failure: DuetimeError) -> bool:
+    """Whether a request that failed with `failure` has an error status on its server span, as
+    OpenTelemetry's semantic conventions have it: over HTTP a 5xx answer (a 4xx is the client's
+    doing, and leaves the status unset), over gRPC the codes of `_GRPC_SERVER_FAULTS`.
+
+    NOTE: every failure had one, 400s and 404s included, against the conventions (found by a
+    tester); `error.type` names each failure all the same."""
+    if protocol in ("http", "v1"):
+        return failure.http_status >= 500
+    return failure.grpc_code in _GRPC_SERVER_FAULTS
+
+
+def _error_type(protocol: str, failure: DuetimeError | None) -> str:
+    """The `error.type` attribute: the HTTP status code, or the gRPC code's name ("_OTHER"
+    where only a message is known)."""
+    if failure is None:
+        return "_OTHER"
+    return str(failure.http_status) if protocol in ("http", "v1") else failure.grpc_code
 
 
 def tracing_from_env(
