@@ -546,3 +546,15 @@ def test_tracestate_given_twice_over_grpc_is_combined(traced) -> None:
         pb_grpc.GRPCInferenceServiceStub(channel).ModelInfer(request, metadata=metadata, timeout=10)
     [root] = [s for s in spans_of(exporter, tracing, trace_id) if s.kind == SpanKind.SERVER]
     assert root.context.trace_state.to_header() == "a=1,b=2"
+
+
+def test_a_malformed_tracestate_is_dropped_without_a_warning(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """W3C: discarded. It logged OpenTelemetry's warning once per request (found by a tester)."""
+    with caplog.at_level(logging.WARNING):
+        for index in range(3):
+            parent = parse_traceparent(TRACEPARENT, f"=x{index}")
+            assert parent is not None
+            assert parent.state.to_header() == ""
+    assert not [r for r in caplog.records if "w3c" in r.getMessage()]
