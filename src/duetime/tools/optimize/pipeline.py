@@ -19,8 +19,15 @@ from duetime.execution.ort import graph_specs, open_session, session_options
 from duetime.repository.layout import MODEL_FILENAME, scan_model
 from duetime.repository.loader import reconcile
 from duetime.repository.tritonconfig import load_model_config
-from duetime.tools.optimize.build import Builder, Built
-from duetime.tools.optimize.measure import Bounds, constant_class, rounded, speeds, verdict
+from duetime.tools.optimize.build import RUNS_ALONE, Builder, Built
+from duetime.tools.optimize.measure import (
+    Bounds,
+    constant_class,
+    nan_share,
+    rounded,
+    speeds,
+    verdict,
+)
 from duetime.tools.optimize.options import (
     Kind,
     OptimizeError,
@@ -125,6 +132,18 @@ def optimize(options: OptimizeOptions, say: Callable[[str], None]) -> OptimizeRe
     notes = builder.notes + _notes(options, target, results, config_path)
     if fixed is not None:
         notes.insert(0, _constant_class_note(target, fixed))
+    texts = [s.name for s in signature.required_inputs if s.datatype == "BYTES"]
+    if texts and options.calibration is None:
+        notes.insert(0, (
+            f"the random samples of the text (BYTES) input(s) {', '.join(texts)} are all empty "
+            "strings: the quality figures say little of a variant; --calibration FILE.npz with "
+            "real inputs would tell"
+        ))  # fmt: skip
+    if nans := nan_share(reference):
+        notes.insert(0, (
+            f"{target.model_dir.name} answers NaN for {nans:.1%} of its output values on the "
+            "quality samples; a variant answering NaN there too counts as agreeing"
+        ))  # fmt: skip
     return OptimizeReport(
         model=target.model_dir.name, version=target.version, samples=len(reference[0]),
         sample_source=source, max_batch=signature.max_batch_size if top else 0,
@@ -253,12 +272,17 @@ def _measured(
 ) -> VariantResult:
     """The result of the `index`th built variant, given the medians (primary's first) and its
     time ratio's `bounds`."""
+    alone = built.kind in RUNS_ALONE  # (never run in batches: batch 1 alone counts)
     speed = VariantSpeed(
         batch_1_us=rounded(one[index + 1]), primary_batch_1_us=rounded(one[0]),
-        max_batch_us=rounded(top[index + 1]) if top else None,
-        primary_max_batch_us=rounded(top[0]) if top else None,
+        max_batch_us=rounded(top[index + 1]) if top and not alone else None,
+        primary_max_batch_us=rounded(top[0]) if top and not alone else None,
     )  # fmt: skip
+    if alone:
+        bounds = (bounds[0], None)
     status, reason = verdict(speed, signature.max_batch_size, options.keep_slower, bounds)
+    if alone and top:
+        reason += " (it runs each request alone: its activations are quantized dynamically)"
     quality = VariantQuality(
         max_abs_error=rounded(built.quality.max_abs_error),
         argmax_agreement=round(built.quality.argmax_agreement, 4),
