@@ -177,6 +177,7 @@ class Router:
         requests), at the lowest priority, and compare their outputs with `answer`'s. A copy is
         due when the request is, or `SHADOW_DUE_NS` after it arrived where it has no due time."""
         due = routed.due_ns
+        compared: asyncio.Future[Feeds] | None = None
         for name, share in routed.served.traffic.shadows:
             if name == routed.version.version or self._random() >= share:
                 continue
@@ -201,7 +202,34 @@ class Router:
                 stats.skipped += 1
                 stats.dropped += 1
                 continue
-            _when_both_done(answer, copy, functools.partial(_compare, stats=stats))
+            if compared is None:
+                compared = _answer_as_given(answer) if request.protocol == "engine" else answer
+            _when_both_done(compared, copy, functools.partial(_compare, stats=stats))
+
+
+def _answer_as_given(answer: asyncio.Future[Feeds]) -> asyncio.Future[Feeds]:
+    """`answer`'s outputs copied as the model gave them, before its caller has them: an
+    in-process caller's answer is its own, and it may change it in place.
+
+    NOTE: compared with the caller's arrays once the shadow's copy ran (after the caller had
+    them), an answer scaled in place by its caller counted as the shadow's divergence: two
+    byte-identical versions showed argmax disagreements (found by a tester). The copy is taken
+    in a callback registered before the caller's (or now, where the answer came already)."""
+    given: asyncio.Future[Feeds] = answer.get_loop().create_future()
+
+    def take(done: asyncio.Future[Feeds]) -> None:
+        if done.cancelled():
+            given.cancel()
+        elif (error := done.exception()) is not None:
+            given.set_exception(error)
+        else:
+            given.set_result({k: np.array(v, copy=True) for k, v in done.result().items()})
+
+    if answer.done():
+        take(answer)
+    else:
+        answer.add_done_callback(take)
+    return given
 
 
 def _cascade(
