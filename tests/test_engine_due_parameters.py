@@ -169,6 +169,15 @@ def test_the_longest_due_time_is_the_same_in_process_and_over_the_wire() -> None
     assert made(math.inf).due_ns is None
 
 
+def test_timeouts_of_any_numeric_type_are_taken_as_seconds() -> None:
+    """Found by a tester: numpy's float16 took `timeout * 1e9` in float16 (inf: OverflowError),
+    and an int past a float's range raised OverflowError too."""
+    assert made(np.float16(0.5)).due_ns == NOW + 500_000_000
+    assert made(np.float32(0.25)).due_ns == NOW + 250_000_000
+    assert made(np.int64(2)).due_ns == NOW + 2_000_000_000
+    assert made(10**400).due_ns is None  # (beyond any due time: none, as 10**7 s)
+
+
 # -- a lazy model's default due time --------------------------------------------------------------
 
 

@@ -245,3 +245,16 @@ def test_a_renamed_version_waits_until_its_files_are_stable_s_old(tmp_path: Path
         assert served(engine) == ["3"]
 
     run(tmp_path, scenario, control_mode="poll", poll_s=3600, stable_s=3600.0)
+
+
+def test_an_upload_may_key_its_files_as_triton_s_load_parameters(tmp_path: Path) -> None:
+    """Found by a tester: `files={"file:1/model.onnx": data}` (tritonclient's keys, the README's
+    example) was refused in process as a folder 'file:1' holding no version."""
+    write_version(tmp_path, "m", 1, scale_model(1))
+
+    async def scenario(engine: Engine) -> None:
+        await engine.load_model("m", ALL, files={"file:5/model.onnx": scale_model(5)})
+        assert served(engine) == ["5"]
+        assert await factor_of(engine) == 5.0
+
+    run(tmp_path, scenario, control_mode="explicit", startup_models=("m",))
