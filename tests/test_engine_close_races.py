@@ -212,3 +212,37 @@ def test_a_load_aclose_ends_on_an_open_engine_is_refused_as_the_engine_closed(
                 await asyncio.wait_for(load, HANG_S)
 
     asyncio.run(main())
+
+
+def test_a_load_the_close_abandons_stops_at_its_next_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found by a tester: close() returned, but the load it cancelled went on warming up and
+    profiling for seconds (a model nobody would serve), and held the process's exit as long."""
+    from repo_models import heavy_model
+
+    from duetime.repository import loader as loader_module
+
+    real = loader_module.measure_profile
+    profiling = threading.Event()
+
+    def long_profile(*args: Any, **kwargs: Any) -> Any:
+        profiling.set()
+        return real(*args[:3], 60.0, **kwargs)  # (a minute of runs, unless abandoned)
+
+    monkeypatch.setattr(loader_module, "measure_profile", long_profile)
+    write_version(tmp_path, "m", 1, heavy_model(1.0))  # (~5 s of profiling on the 2-core VM)
+
+    async def main() -> None:
+        engine = await Engine.start(tmp_path, options=RepositoryOptions(control_mode="explicit"))
+        load = asyncio.ensure_future(engine.load_model("m"))
+        assert await asyncio.to_thread(profiling.wait, 30), "the load never profiled"
+        await engine.aclose()
+        with contextlib.suppress(BaseException):
+            await load
+
+    asyncio.run(main())
+    loaders = [t for t in threading.enumerate() if t.name.startswith("duetime-loader")]
+    for thread in loaders:
+        thread.join(timeout=2)
+    assert not any(t.is_alive() for t in loaders), "the abandoned load went on profiling"

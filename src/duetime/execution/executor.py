@@ -105,6 +105,26 @@ class _Stop:
     """Tells an instance thread to finish (queued after any pending job)."""
 
 
+class LoadAbandoned(BaseException):
+    """A load's warm-up or profiling was stopped: nobody waits for the load any more (its
+    manager closed). A BaseException, as the load's own handlers of model errors must let it
+    through."""
+
+
+_LOADING = threading.local()
+"""The calling thread's `abandoned` event, where `abandon_with` gave it one."""
+
+
+def abandon_with(event: threading.Event) -> None:
+    """Have `run_sync` on the calling thread (a loader's) raise LoadAbandoned once `event` is
+    set.
+
+    NOTE: a load its manager's close abandoned went on warming up and profiling for seconds
+    (7.8 s of CPU for a model nobody would serve), and, on a non-daemon thread, held the
+    process's exit that long (found by a tester). It now stops at its next run."""
+    _LOADING.abandoned = event
+
+
 class Executor:
     """The instance threads of one model version, with ORT sessions they own exclusively."""
 
@@ -246,7 +266,11 @@ class Executor:
         )
 
     def run_sync(self, feeds: Feeds, instance: int = 0) -> list[np.ndarray]:
-        """Run one set of feeds on the calling thread (load-time warm-up and profiling only)."""
+        """Run one set of feeds on the calling thread (load-time warm-up and profiling only);
+        LoadAbandoned once the loads of the calling thread are abandoned (see `abandon_with`)."""
+        abandoned: threading.Event | None = getattr(_LOADING, "abandoned", None)
+        if abandoned is not None and abandoned.is_set():
+            raise LoadAbandoned
         return list(self._sessions[instance].run(self._output_names, feeds))
 
     def _serve(

@@ -43,6 +43,7 @@ from typing import Any, Literal, get_args
 from duetime.config import CONFIG_FILENAMES, ModelConfig, TrafficConfig
 from duetime.errors import ConfigError, DuetimeError, InvalidInput, ModelNotFound, ModelUnavailable
 from duetime.execution.affinity import lower_thread_priority, pin_current_thread
+from duetime.execution.executor import abandon_with
 from duetime.loops import in_thread
 from duetime.repository.layout import (
     ModelSource,
@@ -283,9 +284,12 @@ class ModelManager:
         # NOTE: loading (graph optimisation, warm-up, a second of profiling) runs on one thread
         # kept off the event loop's CPU and below the serving threads' priority, so a reload
         # under traffic takes spare cycles instead of the loop's.
+        self._abandoned = threading.Event()
+        """Set as the manager closes: the load running then stops at its next run."""
         self._loader = ThreadPoolExecutor(
-            1, "duetime-loader", initializer=_background_thread, initargs=(loader_cpus,)
-        )
+            1, "duetime-loader", initializer=_background_thread,
+            initargs=(loader_cpus, self._abandoned),
+        )  # fmt: skip
         self._states: dict[str, dict[str, VersionState]] = defaultdict(dict)
         self._model_errors: dict[str, str] = {}
         self._fingerprints: dict[tuple[str, str], Fingerprint] = {}
@@ -412,6 +416,7 @@ class ModelManager:
 
         NOTE: their drains were awaited whole, bounded by --drain-s alone (30 s): the engine's
         `aclose(grace_s=0.2)` after an unload with 30 requests of 200 ms queued took 7.8 s."""
+        self._abandoned.set()
         if self._poller is not None:
             self._poller.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -1541,10 +1546,12 @@ def _quiet(served: ServedModel) -> bool:
 LOADER_NICENESS = 10
 
 
-def _background_thread(cpus: frozenset[int] | None) -> None:
-    """Move the loader thread off the loop's CPU and below the serving threads (Linux)."""
+def _background_thread(cpus: frozenset[int] | None, abandoned: threading.Event) -> None:
+    """Move the loader thread off the loop's CPU and below the serving threads (Linux); its
+    loads stop once `abandoned` is set (see `abandon_with`)."""
     pin_current_thread(cpus)
     lower_thread_priority(LOADER_NICENESS)
+    abandon_with(abandoned)
 
 
 def _unserved(
