@@ -241,8 +241,11 @@ def test_a_load_the_close_abandons_stops_at_its_next_run(
         with contextlib.suppress(BaseException):
             await load
 
+    before = set(threading.enumerate())  # (other tests' servers have loader threads too)
     asyncio.run(main())
-    loaders = [t for t in threading.enumerate() if t.name.startswith("duetime-loader")]
+    loaders = [
+        t for t in threading.enumerate() if t.name.startswith("duetime-loader") and t not in before
+    ]
     for thread in loaders:
         thread.join(timeout=2)
     assert not any(t.is_alive() for t in loaders), "the abandoned load went on profiling"
