@@ -628,3 +628,26 @@ def test_an_http_load_request_is_read_off_the_event_loop(
     loop_thread = on_loop(explicit_server, threading.get_ident)
     assert all(reader.ident != loop_thread for reader in readers)
     http.unload_model("u")
+
+
+def test_a_model_whose_load_failed_is_not_ready_not_unavailable(
+    explicit_server: RunningServer,
+) -> None:
+    """Found by a tester: HTTP answered its readiness (and the server's client) 503 with the
+    load's error, where v2 says "not ready" with a 4xx (Triton: 400) and gRPC said ready=false."""
+    http, grpc = clients(explicit_server)
+    with pytest.raises(InferenceServerException):
+        http.load_model("broken")
+    host, port = explicit_server.http.rsplit(":", 1)
+    connection = http_client.HTTPConnection(host, int(port), timeout=30)
+    try:
+        connection.request("GET", "/v2/models/broken/ready")
+        answer = connection.getresponse()
+        assert (answer.status, json.loads(answer.read())) == (
+            400,
+            {"name": "broken", "ready": False},
+        )
+    finally:
+        connection.close()
+    assert http.is_model_ready("broken") is False
+    assert grpc.is_model_ready("broken") is False

@@ -425,3 +425,16 @@ def test_a_duetime_model_taking_any_priority_level_reads_back_the_same(tmp_path:
     assert translate("dynamic_batching { }", source="c", model_name="m")["scheduling"][
         "ignore_priority"
     ]
+
+
+def test_a_delay_queue_policy_s_default_timeout_sets_no_due_time() -> None:
+    """Found by a tester: Triton's DELAY fails no request for its default timeout (it runs the
+    timed-out ones after the others); made a due time, it refused every request of a model
+    whose run outlasted it."""
+    warned: list[str] = []
+    for action, due in (("DELAY", None), ("REJECT", 50.0)):
+        policy = f"timeout_action: {action} default_timeout_microseconds: 50000"
+        text = f"max_batch_size: 1 dynamic_batching {{ default_queue_policy {{ {policy} }} }}"
+        settings = translate(text, source="c", model_name="m", warn=warned.append)
+        assert ModelConfig.model_validate(settings).default_timeout_ms == due
+    assert any("DELAY: Triton fails no request for its default timeout" in w for w in warned)

@@ -1101,8 +1101,16 @@ class RestApi:
         return _json(model_metadata_json(deployment.model, sorted(served.versions, key=int)))
 
     def _model_ready(self, model: str, version: str | None, unready_status: int = 400) -> Reply:
+        """The readiness of `model` (`unready_status`, 400 as Triton's, when it is not).
+
+        NOTE: a model known but not serving (its load failed, or is under way) was answered 503
+        with the reason as an error, where v2 says "not ready" with a 4xx (Triton: 400) and the
+        gRPC ModelReady answered ready=false (found by a tester). An unknown one is 404."""
         engine = self._engine
-        engine.registry.resolve(model, version)
+        try:
+            engine.registry.resolve(model, version)
+        except ModelUnavailable:
+            return Reply(unready_status, orjson.dumps({"name": model, "ready": False}), (_JSON,))
         # (a model whose every instance's breaker is open takes no work: not ready until its
         # probe can go; the server's readiness is not tied to any one model's breakers)
         ready = self.accepting and engine.registry.takes_work(model, version, engine.clock.now_ns())
