@@ -1725,7 +1725,7 @@ async def serve_grpc(service: InferenceService, settings: ServerSettings) -> tup
             for method, handler in handlers.items()
         }
         counting.add_registered_method_handlers(name, guarded)
-    add_health_and_reflection(counting, service.serving)
+    add_health_and_reflection(counting, service.serving, lambda: not service.accepting)
     address = f"{url_host(settings.host)}:{settings.grpc_port}"
     try:
         port = server.add_insecure_port(address)
