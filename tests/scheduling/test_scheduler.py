@@ -2186,3 +2186,23 @@ def test_a_stall_after_a_noisy_profile_keeps_a_margin_of_the_runs_not_of_the_pro
         assert failure(admitted) is None
 
     run(body)
+
+
+def test_an_expiry_judged_from_an_instance_s_start_says_when_that_is() -> None:
+    """Found by a tester: a request judged hopeless from the earliest start an instance had
+    was told, counted from now, "(3019 µs left): a run needs 522 µs (+2452 µs kept ...)",
+    which fits."""
+    from factories import make_request
+
+    async def body() -> None:
+        h = harness(max_batch_size=8, delivery_margin_us=2000)
+        now = h.clock.now_ns()
+        exec_ns = h.scheduler._exec_ns(1)
+        kept = h.scheduler._kept_for(1)
+        item = make_request(h.scheduler._queue, arrival=now, due=now + exec_ns + kept + 50_000)
+        start = now + 400_000  # (an instance free only then: too late from there)
+        said = h.scheduler._expiry(item, now, start=start)
+        assert "the earliest an instance can start it is in 400 µs" in said
+        assert "the earliest" not in h.scheduler._expiry(item, now)  # (free now: not said)
+
+    run(body)

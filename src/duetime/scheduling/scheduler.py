@@ -1290,7 +1290,7 @@ class ModelScheduler:
                 break
             instance, start = slot
             hopeless = drop_hopeless(queue, now_ns=start, estimate=estimate, bare=bare)
-            self._expire_hopeless(hopeless, now)
+            self._expire_hopeless(hopeless, now, start)
             decision = plan_batch(
                 queue,
                 now_ns=start,
@@ -1609,7 +1609,9 @@ class ModelScheduler:
 
         return bounded
 
-    def _expire_hopeless(self, hopeless: list[QueuedRequest], now: int) -> None:
+    def _expire_hopeless(
+        self, hopeless: list[QueuedRequest], now: int, start: int | None = None
+    ) -> None:
         """Fail the requests the queue found hopeless, but the probe (see PROBE_NS), which goes
         back to the queue to run.
 
@@ -1622,10 +1624,14 @@ class ModelScheduler:
         if probe is not None and _among(probe, hopeless):
             hopeless = [item for item in hopeless if item is not probe]
             self._queue.restore(probe)
-        self._expire(hopeless, now)
+        self._expire(hopeless, now, start=start)
 
     def _expire(
-        self, hopeless: list[QueuedRequest], now: int, skipped: _Running | None = None
+        self,
+        hopeless: list[QueuedRequest],
+        now: int,
+        skipped: _Running | None = None,
+        start: int | None = None,
     ) -> None:
         """Fail `hopeless`, unrun, but those a cheaper variant of the version takes over (see
         `QueuedRequest.fallback`): counted there, where they run, not here.
@@ -1648,11 +1654,21 @@ class ModelScheduler:
             self._fail_ns += now - item.arrival_ns
             if item.timing is not None:
                 _timing_failed_unrun(item.timing, now)
-            _settle(item, DeadlineExceeded(self._expiry(item, now, skipped)))
+            _settle(item, DeadlineExceeded(self._expiry(item, now, skipped, start)))
 
-    def _expiry(self, item: QueuedRequest, now: int, skipped: _Running | None = None) -> str:
+    def _expiry(
+        self,
+        item: QueuedRequest,
+        now: int,
+        skipped: _Running | None = None,
+        start: int | None = None,
+    ) -> str:
         """Why `item` fails unrun (see `_expire`); `skipped`: the batch its instance's thread
-        took past its latest start (see `_start_by`).
+        took past its latest start (see `_start_by`); `start`: the earliest an instance could
+        start it, where it was judged from then (later than `now`: an instance is busy).
+
+        NOTE: judged from `start`, the message counted from now: "(3019 µs left): a run needs
+        522 µs (+2452 µs kept for margins and delivery)", which fits (found by a tester).
 
         NOTE: a FIFO request held in its batching window (`max_queue_delay_us`) past its due
         time was told "(-498 µs left): a run needs 3692 µs": as if its run were the cause. And
@@ -1683,9 +1699,12 @@ class ModelScheduler:
         kept = 0 if item.held and self._edf else self._kept_for(item.rows)
         margins = f" (+{kept / 1e3:.0f} µs kept for margins and delivery)" if kept > 999 else ""
         held = f"; the request {why}," if item.held else ";"
+        busy = ""
+        if start is not None and start > now:
+            busy = f", and the earliest an instance can start it is in {(start - now) / 1e3:.0f} µs"
         return (
             f"{said} ({(due - now) / 1e3:.0f} µs left): a run needs "
-            f"{self._exec_ns(item.rows) / 1e3:.0f} µs{margins}{held} it was not run"
+            f"{self._exec_ns(item.rows) / 1e3:.0f} µs{margins}{busy}{held} it was not run"
         )
 
     def _start(
