@@ -390,7 +390,7 @@ class Engine:
         awaited returned a coroutine and did nothing, without a word but a RuntimeWarning."""
         if self._thread is not None and _running_loop() is None:
             self._check_load(name, config)
-        return self._load_model(name, config, _upload_paths(files))
+        return self._load_model(name, config, files)
 
     async def _load_model(
         self, name: str, config: ModelConfig | None, files: Mapping[str, bytes] | None
@@ -456,7 +456,6 @@ class Engine:
         is `infer_async`'s); never call it on the engine's own loop."""
         self._check_blocking("load_model")
         manager = self._check_load(name, config)
-        files = _upload_paths(files)
         self._run_blocking(functools.partial(self._load, manager, name, config, files))
 
     def unload_model_blocking(self, name: str) -> None:
@@ -1511,17 +1510,6 @@ async def settled(future: asyncio.Future[Feeds]) -> None:
         raise
     except BaseException as exc:
         exc.__traceback__ = None
-
-
-def _upload_paths(files: Mapping[str, bytes] | None) -> Mapping[str, bytes] | None:
-    """`files` keyed by their paths in the model folder: Triton's `file:` prefix (its load
-    parameters' keys, which tritonclient sends and the README shows) dropped.
-
-    NOTE: `files={"file:1/model.onnx": data}` was refused as a folder named 'file:1' holding no
-    version, with advice to write what was written (found by a tester)."""
-    if not files:
-        return files
-    return {path.removeprefix("file:"): data for path, data in files.items()}
 
 
 def _seconds(timeout: float) -> float:

@@ -1110,10 +1110,13 @@ class RestApi:
         try:
             engine.registry.resolve(model, version)
         except ModelUnavailable:
-            return Reply(unready_status, orjson.dumps({"name": model, "ready": False}), (_JSON,))
-        # (a model whose every instance's breaker is open takes no work: not ready until its
-        # probe can go; the server's readiness is not tied to any one model's breakers)
-        ready = self.accepting and engine.registry.takes_work(model, version, engine.clock.now_ns())
+            ready = False
+        else:
+            # (a model whose every instance's breaker is open takes no work: not ready until its
+            # probe can go; the server's readiness is not tied to any one model's breakers)
+            ready = self.accepting and engine.registry.takes_work(
+                model, version, engine.clock.now_ns()
+            )
         status = 200 if ready else unready_status
         return Reply(status, orjson.dumps({"name": model, "ready": ready}), (_JSON,))
 

@@ -197,7 +197,7 @@ class Tracing:
                 child.end(end_time=end + offset)
         if error is not None:
             failure = error if isinstance(error, DuetimeError) else None
-            message = error.message if isinstance(error, DuetimeError) else error
+            message = str(error) if failure is None else failure.message
             root.set_attribute("error.type", _error_type(protocol, failure))
             # (the message of every failure, the client's included, as the semantic
             # conventions' exception event)
@@ -292,7 +292,7 @@ def _server_fault(protocol: str, failure: DuetimeError) -> bool:
 
     NOTE: every failure had one, 400s and 404s included, against the conventions (found by a
     tester); `error.type` names each failure all the same."""
-    if protocol in ("http", "v1"):
+    if protocol == "http":  # (KServe V1's too)
         return failure.http_status >= 500
     return failure.grpc_code in _GRPC_SERVER_FAULTS
 
@@ -302,7 +302,7 @@ def _error_type(protocol: str, failure: DuetimeError | None) -> str:
     where only a message is known)."""
     if failure is None:
         return "_OTHER"
-    return str(failure.http_status) if protocol in ("http", "v1") else failure.grpc_code
+    return str(failure.http_status) if protocol == "http" else failure.grpc_code
 
 
 def tracing_from_env(

@@ -201,9 +201,16 @@ def no_models_warning(root: Path, scan: Scan) -> str | None:
     return f"model repository {root} holds no model ({layout}/{MODEL_FILENAME})"
 
 
-def scan_model(directory: Path) -> ModelSource:
+UPLOADED = "the uploaded files ('file:' load parameters)"
+"""How an upload's folder is named in its refusals: not by the temporary folder the files were
+written to, which the client never named (and which is gone by the time it reads them)."""
+
+
+def scan_model(directory: Path, *, uploaded: bool = False) -> ModelSource:
     """The versions of one model folder; ConfigError if it holds none, or two folders name the
-    same version (`1` and `01`)."""
+    same version (`1` and `01`). `uploaded`: the folder holds a load request's files (named so
+    in the errors, and their paths as its `file:` keys)."""
+    where, under = (UPLOADED, "file:") if uploaded else (str(directory), f"{directory}/")
     versions: dict[int, Path] = {}
     for child in sorted(directory.iterdir()):
         number = version_of(child.name)
@@ -214,7 +221,7 @@ def scan_model(directory: Path) -> ModelSource:
                 # NOTE: serving either would depend on the listing order; refusing the model
                 # (a served one keeps serving) names the stray folder instead.
                 raise ConfigError(
-                    f"{directory}: version folders '{version_folder(seen).name}' and "
+                    f"{where}: version folders '{version_folder(seen).name}' and "
                     f"'{child.name}' are both version {number}; keep one (versions are "
                     f"integers: name it '{number}')"
                 )
@@ -225,10 +232,9 @@ def scan_model(directory: Path) -> ModelSource:
         if len(found) > _SHOWN_MAX:
             shown += f"; and {len(found) - _SHOWN_MAX} more"
         raise ConfigError(
-            f"{directory}: no version folder holds a {MODEL_FILENAME}"
+            f"{where}: no version folder holds a {MODEL_FILENAME}"
             + (f" ({shown})" if shown else "")
-            + f"; expected {directory}/<version>/{MODEL_FILENAME} with an integer version such "
-            "as 1"
+            + f"; expected {under}<version>/{MODEL_FILENAME} with an integer version such as 1"
         )
     return ModelSource(directory.name, directory, versions)
 

@@ -765,7 +765,7 @@ class ModelManager:
                 load_failed(name, "its config file is still being written; retry shortly")
             )
         try:
-            source = scan_model(directory)
+            source = scan_model(directory, uploaded=directory is self._uploads.get(name))
             config = given.config if given else self._read_config(name, directory)
         except ConfigError as exc:
             if (
@@ -784,13 +784,8 @@ class ModelManager:
                     name, self._gone_reason(name, next(iter(current.versions.values())))
                 )
                 current = None
-            message = exc.message
-            if directory is self._uploads.get(name):  # (not the folder they were written to)
-                message = message.replace(f"{directory}/", "file:").replace(
-                    str(directory), "the uploaded files ('file:' load parameters)"
-                )
-            self._fail_model(name, message, serving=current is not None)
-            raise _LoadFailed(load_failed(name, message, polled=False)) from None
+            self._fail_model(name, exc.message, serving=current is not None)
+            raise _LoadFailed(load_failed(name, exc.message, polled=False)) from None
         self._prune_versions(name, source.versions)
         self._note_absent(name, config.version_policy.missing(source.versions))
         wanted = config.version_policy.select(source.versions)
@@ -1453,10 +1448,14 @@ folders of a path of 2,000 parts overflowed the stack (pathlib's mkdir recurses 
 
 def _write_upload(name: str, files: Mapping[str, bytes]) -> Path:
     """A fresh temporary folder `<tmp>/duetime-upload-XXXX/<name>` holding `files` (relative
-    paths, checked by `check_upload_path`)."""
+    paths, checked by `check_upload_path`; Triton's load parameter keys, `file:<path>`, too).
+
+    NOTE: `engine.load_model(files={"file:1/model.onnx": data})`, tritonclient's keys and the
+    README's example, was refused as a folder 'file:1' holding no version (found by a tester)."""
     folder = Path(tempfile.mkdtemp(prefix=UPLOAD_PREFIX)) / name
     try:
-        for relative, content in files.items():
+        for key, content in files.items():
+            relative = key.removeprefix("file:")
             target = folder.joinpath(*check_upload_path(relative))
             try:
                 target.parent.mkdir(parents=True, exist_ok=True)
@@ -1539,8 +1538,12 @@ busy model, whose clients then got 404s by the thousand (found by a tester)."""
 
 def _quiet(served: ServedModel) -> bool:
     """Whether `served` may be unloaded to make room (see `EVICT_QUIET_S`)."""
-    quiet = min(d.scheduler.quiet_ns() for d in _deployments(served))
-    return quiet >= 0 and quiet >= EVICT_QUIET_S * 1e9
+    window = EVICT_QUIET_S * 1e9
+    for deployment in _deployments(served):
+        quiet = deployment.scheduler.quiet_ns()
+        if quiet is None or quiet < window:
+            return False
+    return True
 
 
 LOADER_NICENESS = 10

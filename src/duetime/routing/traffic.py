@@ -44,10 +44,7 @@ class TrafficPlan:
 
     def pick(self, key: str | None, draw: float) -> str:
         """The version for a request: by `key` when it has one, else by `draw` in [0, 1)."""
-        if key is not None:
-            return rendezvous(key, self.versions, self.weights)
-        index = bisect.bisect_right(self.cumulative, draw * self.cumulative[-1])
-        return self.versions[min(index, len(self.versions) - 1)]
+        return _pick(self.versions, self.weights, self.cumulative, key, draw)
 
     def pick_among(self, usable: Collection[str], key: str | None, draw: float) -> str | None:
         """`pick` over the versions in `usable` only (None: none of them takes traffic): as if
@@ -57,11 +54,22 @@ class TrafficPlan:
         if not kept:
             return None
         versions, weights = [v for v, _ in kept], [w for _, w in kept]
-        if key is not None:
-            return rendezvous(key, versions, weights)
-        sums = _running_sums(weights)
-        index = bisect.bisect_right(sums, draw * sums[-1])
-        return versions[min(index, len(versions) - 1)]
+        return _pick(versions, weights, _running_sums(weights), key, draw)
+
+
+def _pick(
+    versions: Sequence[str],
+    weights: Sequence[float],
+    cumulative: Sequence[float],
+    key: str | None,
+    draw: float,
+) -> str:
+    """By `key` (weighted rendezvous) when there is one, else by `draw` in [0, 1) over the
+    running sums of the weights (`cumulative`)."""
+    if key is not None:
+        return rendezvous(key, versions, weights)
+    index = bisect.bisect_right(cumulative, draw * cumulative[-1])
+    return versions[min(index, len(versions) - 1)]
 
 
 def plan_traffic(config: TrafficConfig, served: Sequence[str], default: str) -> TrafficPlan:

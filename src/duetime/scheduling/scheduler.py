@@ -971,10 +971,10 @@ class ModelScheduler:
         """Nothing queued and nothing running."""
         return not len(self._queue) and not any(self._outstanding)
 
-    def quiet_ns(self) -> int:
-        """How long no request has arrived, with nothing queued or running (-1: busy)."""
+    def quiet_ns(self) -> int | None:
+        """How long no request has arrived, with nothing queued or running (None: busy)."""
         if not self.idle:
-            return -1
+            return None
         return max(0, self._clock.now_ns() - self.last_arrival_ns)
 
     def _predict(

@@ -46,6 +46,7 @@ from duetime.tools.interrupt import EXIT_CODE, Interrupt
 from duetime.tools.outcomes import Outcome, outcome_of_http_status
 from duetime.tools.outputs import (
     OutputError,
+    check_apart,
     check_output,
     failed_write,
     make_parents,
@@ -560,7 +561,9 @@ def run(args: argparse.Namespace) -> int:
     try:
         config = config_from_args(args)
         check_output(args.json, "--json", reads=(args.capture,))
-        check_output(args.report, "--report", reads=(args.capture, args.json))
+        check_output(args.report, "--report", reads=(args.capture,))
+        if args.json is not None and args.report is not None:
+            check_apart(args.report, "--report", args.json, "--json")
         if args.report is not None and args.report.suffix.lower() not in (".html", ".png"):
             raise ConfigError(f"--report {args.report}: expected a .html or .png file")
         before = scrape(args.metrics) if args.metrics else None

@@ -219,6 +219,8 @@ class Builder:
         self.model, self.signature, self.scratch = model, signature, scratch
         self.by_argmax = by_argmax
         self.batches, self.calib = batches_of(samples, signature), batches_of(calib, signature)
+        self.singles = batches_of(samples, signature, rows=1)
+        """The samples one a run, as the server runs a kind of `RUNS_ALONE`."""
         self.options = session_options(intra_op_threads=1, inter_op_threads=1)
         self.float_weights = _float_weights(onnx.load(str(model), load_external_data=False))
         self.prepared: Path | None = None
@@ -260,13 +262,8 @@ class Builder:
             check_loads(temp, self.feeds)
             session = open_session(temp, self.options)
             self._check_signature(session, temp)
-            batched = self.signature.max_batch_size > 0
-            runs = self.batches
-            if kind in RUNS_ALONE and batched:  # (as the server runs it: see RUNS_ALONE)
-                runs = [{n: a[i : i + 1] for n, a in b.items()} for b in runs for i in range(
-                    len(next(iter(b.values())))
-                )]  # fmt: skip
-            outputs = run_all(session, runs, batched)
+            runs = self.singles if kind in RUNS_ALONE else self.batches
+            outputs = run_all(session, runs, self.signature.max_batch_size > 0)
             quality = compare(reference, outputs)
         except BaseException:
             temp.unlink(missing_ok=True)

@@ -272,16 +272,17 @@ def _measured(
 ) -> VariantResult:
     """The result of the `index`th built variant, given the medians (primary's first) and its
     time ratio's `bounds`."""
-    alone = built.kind in RUNS_ALONE  # (never run in batches: batch 1 alone counts)
+    alone = built.kind in RUNS_ALONE and top is not None  # (batches it never runs: not counted)
+    batched = None if alone else top
     speed = VariantSpeed(
         batch_1_us=rounded(one[index + 1]), primary_batch_1_us=rounded(one[0]),
-        max_batch_us=rounded(top[index + 1]) if top and not alone else None,
-        primary_max_batch_us=rounded(top[0]) if top and not alone else None,
+        max_batch_us=rounded(batched[index + 1]) if batched else None,
+        primary_max_batch_us=rounded(batched[0]) if batched else None,
     )  # fmt: skip
-    if alone:
-        bounds = (bounds[0], None)
+    at_1, at_top = bounds
+    bounds = (at_1, None if alone else at_top)
     status, reason = verdict(speed, signature.max_batch_size, options.keep_slower, bounds)
-    if alone and top:
+    if alone:
         reason += " (it runs each request alone: its activations are quantized dynamically)"
     quality = VariantQuality(
         max_abs_error=rounded(built.quality.max_abs_error),

@@ -185,12 +185,13 @@ def hold_out(path: Path, rows: Feeds, count: int) -> tuple[Feeds, Feeds]:
     return quality, calibration
 
 
-def batches_of(samples: Feeds, signature: ModelSignature) -> list[Feeds]:
-    """The sample set as run feeds: chunks of the max batch, or one sample per run."""
+def batches_of(samples: Feeds, signature: ModelSignature, rows: int | None = None) -> list[Feeds]:
+    """The sample set as run feeds: chunks of `rows` (default: the max batch), or one sample per
+    run for a model that does not batch."""
     count = len(next(iter(samples.values())))
     if signature.max_batch_size == 0:
         return [{name: a[i, ...] for name, a in samples.items()} for i in range(count)]  # (arrays)
-    step = signature.max_batch_size
+    step = rows or signature.max_batch_size
     return [{name: a[i : i + step] for name, a in samples.items()} for i in range(0, count, step)]
 
 
