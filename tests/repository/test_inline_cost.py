@@ -111,25 +111,28 @@ def test_auto_runs_inline_only_a_model_whose_cost_follows_its_rows_alone(
 
 
 @pytest.mark.parametrize(
-    ("medians_ns", "inline"),
+    ("points_ns", "inline"),
     [
         # (a stretch of load while its largest batch was profiled: 2.3 ms, 220 µs at half)
         (((1, 40_000), (16, 220_000), (32, 2_300_000)), True),
         (((1, 150_000), (32, 300_000)), True),  # batch 1 over its bound, as busy
         (((1, 40_000), (32, 2_600_000)), False),  # over 5x the bound: not checked again
         (((1, 600_000), (32, 900_000)), False),
+        # one run of the largest batch preempted for 8 ms: its p99, not its median
+        (((1, 6_000, 8_600), (32, 45_000, 8_078_000)), True),
     ],
 )
 def test_a_profile_just_over_the_inline_bounds_is_checked_by_the_fastest_runs(
     tmp_path: Path,
     loaded: list[LoadedModel],
     monkeypatch: pytest.MonkeyPatch,
-    medians_ns: tuple[tuple[int, int], ...],
+    points_ns: tuple[tuple[int, ...], ...],
     inline: bool,
 ) -> None:
     """A tiny model (2x, a few µs a run) whose profile, taken while the machine was busy, reads
-    just over the bounds runs inline all the same: its fastest runs are within them."""
-    profile = LatencyProfile([ProfilePoint(rows, ns, ns) for rows, ns in medians_ns])
+    just over the bounds runs inline all the same: its fastest runs are within them. (Points:
+    rows, median and p99, the median where no p99 is given.)"""
+    profile = LatencyProfile([ProfilePoint(p[0], p[1], p[-1]) for p in points_ns])
     monkeypatch.setattr(loader, "measure_profile", lambda *args, **kwargs: profile)
     folder = tmp_path / "m"
     (folder / "1").mkdir(parents=True)

@@ -349,12 +349,20 @@ def _fast_enough_alone(
     with other work running, the demo mlp's largest batch read 2.3 ms once (220 µs at half of
     it), and the model went to a thread for the life of the server. The fastest run is the
     model's own cost, which the bounds are about (the loop is held that long). At most
-    `INLINE_CHECK_RUNS` runs of each, and only near the bounds: a few ms of load time."""
+    `INLINE_CHECK_RUNS` runs of each, and only near the bounds (by the medians at load): a few
+    ms of load time.
+
+    NOTE: "near the bounds" was judged by the predictions, which add half the spread (p99 less
+    median) measured at load: one run of the 40 at batch 64 preempted for 8 ms (another server
+    loading on the core) made the demo mlp's prediction 4 ms, five times the bound, and it ran
+    on a thread, unchecked, for the life of the server (median 45 µs). On a thread its results
+    waited for a busy loop: at twice its capacity (2/10 ms due times) 0.8 ms on average, and it
+    refused every 2 ms request (4,000-5,400 answers/s on time against 7,600-9,600 inline)."""
     largest = profile.max_rows
     if (
         profile.guessed
-        or profile.predict(1) > INLINE_CHECK_FACTOR * INLINE_BATCH1_NS
-        or profile.predict(largest) > INLINE_CHECK_FACTOR * INLINE_LONGEST_NS
+        or profile.measured_median_ns(1) > INLINE_CHECK_FACTOR * INLINE_BATCH1_NS
+        or profile.measured_median_ns(largest) > INLINE_CHECK_FACTOR * INLINE_LONGEST_NS
     ):
         return False
     try:

@@ -435,6 +435,10 @@ class LatencyProfile:
             self._margin[bucket] = int(self._load_margin[bucket] * ratio)
             self._refresh_bucket(bucket)
 
+    def measured_median_ns(self, rows: int) -> int:
+        """The median measured at load for a batch of `rows` (its bucket's)."""
+        return self._points[self.bucket_of[rows]].median_ns
+
     def snapshot(self) -> list[dict[str, float]]:
         """Per bucket: measured median and p99 at load, the current estimate (µs)."""
         return [
