@@ -1258,7 +1258,7 @@ class _Metadata(Mapping[str, str]):
             for key, value in self._context.invocation_metadata() or ():
                 if isinstance(value, str):
                     key = key.lower()
-                    items[key] = f"{items[key]},{value}" if key in items else value
+                    items[key] = f"{items[key]}, {value}" if key in items else value
             self._items = items
         return self._items
 

@@ -33,12 +33,11 @@ at start finds nothing amiss.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import os
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from errno import ELOOP
 from pathlib import Path
 from stat import S_ISREG
@@ -113,7 +112,7 @@ class Window:
     region: str
     byte_size: int
     offset: int
-    held: _Region | None = dataclasses.field(default=None, compare=False, repr=False)
+    held: _Region | None = field(default=None, compare=False, repr=False)
     """The region registered under `region` when the request was taken in (`check` sets it),
     which an output is written to whatever happens to the name meanwhile."""
 
@@ -154,9 +153,9 @@ class SharedMemoryRegions:
                 f"the most this server keeps (REGIONS_MAX {self._max_regions}); unregister "
                 "regions no longer used"
             )
-        for field, value in (("key", key), ("byte_size", byte_size)):
+        for wanted, value in (("key", key), ("byte_size", byte_size)):
             if value is None:
-                raise InvalidInput(f"Shared memory register request has no '{field}' field")
+                raise InvalidInput(f"Shared memory register request has no '{wanted}' field")
         _check_count(offset, "offset")
         _check_count(byte_size, "byte_size")
         path, identity = self._examine(name, key, offset, byte_size)

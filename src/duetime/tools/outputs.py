@@ -55,9 +55,11 @@ def check_output(
         raise ConfigError(f"{flag} {path}: cannot write in {folder}")
 
 
-def check_apart(path: Path, flag: str, other: Path, other_flag: str) -> None:
+def check_apart(path: Path | None, flag: str, other: Path | None, other_flag: str) -> None:
     """ConfigError unless the outputs `path` and `other` are two files (or a device, such as
-    /dev/null, that takes both)."""
+    /dev/null, that takes both). Nothing to check where either is None."""
+    if path is None or other is None:
+        return
     if path.resolve() == other.resolve() and (other.is_file() or not other.exists()):
         raise ConfigError(
             f"{flag} {path}: is the {other_flag} file too; give each its own file name"

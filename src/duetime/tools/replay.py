@@ -562,8 +562,7 @@ def run(args: argparse.Namespace) -> int:
         config = config_from_args(args)
         check_output(args.json, "--json", reads=(args.capture,))
         check_output(args.report, "--report", reads=(args.capture,))
-        if args.json is not None and args.report is not None:
-            check_apart(args.report, "--report", args.json, "--json")
+        check_apart(args.report, "--report", args.json, "--json")
         if args.report is not None and args.report.suffix.lower() not in (".html", ".png"):
             raise ConfigError(f"--report {args.report}: expected a .html or .png file")
         before = scrape(args.metrics) if args.metrics else None

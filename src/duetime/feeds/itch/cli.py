@@ -294,8 +294,7 @@ def _run_feed(args: argparse.Namespace) -> int:
         reads = () if live else (args.file,)
         check_output(args.json, "--json", reads=reads)
         check_output(args.predictions, "--predictions", reads=reads)
-        if args.json is not None and args.predictions is not None:
-            check_apart(args.predictions, "--predictions", args.json, "--json")
+        check_apart(args.predictions, "--predictions", args.json, "--json")
     except ConfigError as exc:
         console(f"{command}: {exc.message}")
         return 2
