@@ -68,8 +68,10 @@ def top_classes(
     classes = rows.shape[1]
     k = min(count, classes)
     # NOTE: a stable ascending sort of the reversed row, read backwards: highest value first,
-    # and among equal values the lower index first
-    backwards = np.argsort(rows[:, ::-1], axis=1, kind="stable")[:, ::-1][:, :k]
+    # and among equal values the lower index first. NaN ranks as -inf (numpy sorts it above
+    # every number: a NaN score was the top class; found by a tester)
+    ranked = np.where(np.isnan(rows), -np.inf, rows) if rows.dtype.kind == "f" else rows
+    backwards = np.argsort(ranked[:, ::-1], axis=1, kind="stable")[:, ::-1][:, :k]
     order = classes - 1 - backwards
     values = np.take_along_axis(rows, order, axis=1)
     text = "%f:%d" if array.dtype.kind == "f" else "%d:%d"

@@ -47,3 +47,10 @@ def test_non_numbers_are_refused() -> None:
 def test_the_count_must_be_a_positive_integer(value: object) -> None:
     with pytest.raises(InvalidInput, match="output 'y': parameter 'classification' must be"):
         class_count(value, "y")
+
+
+def test_a_nan_score_ranks_last() -> None:
+    """Found by a tester: numpy sorts NaN above every number, and a NaN score was the top
+    class."""
+    out = top_classes(np.array([[1.5, np.nan, -2, 3]], dtype=np.float16), 4, batched=True)
+    assert out.tolist() == [[b"3.000000:3", b"1.500000:0", b"-2.000000:2", b"nan:1"]]
