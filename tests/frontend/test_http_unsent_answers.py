@@ -308,7 +308,9 @@ def test_a_request_held_back_for_answer_room_is_refused_at_its_due_time(
     """It waited unstarted until clients read (a request due in 100 ms had no answer after 3 s),
     and then ran as if it had just arrived."""
     with connected(tight, unread=True) as greedy, connected(tight) as fresh:
-        greedy.sendall(tile_request(10) * 3)  # 4 MB answers, not read
+        # (8 MB answers, not read: of a 4 MB one the kernel's buffers took all but 1.01 MB once,
+        # under the 1 MiB limit, and nothing was held back)
+        greedy.sendall(tile_request(20) * 3)
         until(lambda: bool(tight.server._connections), "the server took the connections")
         intake = next(iter(tight.server._connections))._intake
         until(lambda: intake.statistics().answer_bytes >= 1 * MiB, "the answers filled the limit")
