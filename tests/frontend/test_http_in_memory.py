@@ -28,6 +28,7 @@ from memory_fakes import Transport, in_memory_server
 from duetime.config import ServerSettings
 from duetime.engine import Ticket
 from duetime.errors import DeadlineExceeded, Overloaded
+from duetime.frontend import http
 from duetime.frontend.http import HttpConnection
 from duetime.server import Server
 from duetime.tools.payloads import PayloadSpec, http_request_bytes
@@ -197,6 +198,37 @@ def test_the_shedder_refuses_its_share_of_http_requests_once(inline_mlp_repo: Pa
             statuses = [answer.split(b" ", 2)[1] for answer in transport.written]
             assert sorted(statuses) == [b"200", b"200", b"429", b"429"]
             assert shedder.refused == 2
+
+    asyncio.run(body())
+
+
+@pytest.mark.parametrize("busy", [True, False])
+def test_a_busy_loop_reads_a_few_pipelined_requests_of_a_connection_a_turn(
+    inline_mlp_repo: Path, busy: bool
+) -> None:
+    """Found by a tester: 30 connections pipelining requests (and reading no answer) had all
+    they sent parsed as it came, and took a busy loop from well-behaved clients. While the
+    shedder watches a busy loop, a connection's requests beyond its quota wait for its next
+    period, all answered in the end; an idle loop parses a read whole."""
+
+    async def body() -> None:
+        async with serving(inline_mlp_repo) as connect:
+            connection, transport = connect()
+            shedder = connection._shedder
+            assert shedder is not None
+            shedder.sample = lambda *args, **kwargs: None  # type: ignore[method-assign]
+            shedder.watching = busy  # (refusing nothing: its share stays 0)
+            connection.data_received(NO_TIMEOUT * 20)
+            read = connection._quota_used
+            if busy:  # (the quota is checked between pieces of 2 KB)
+                assert 1 <= read <= http._QUOTA_REQUESTS + 2048 // len(NO_TIMEOUT) + 1
+            else:
+                assert read == 20
+            for _ in range(400):  # (the rest in the next periods, 10 ms each)
+                if len(transport.written) == 20:
+                    break
+                await asyncio.sleep(0.001)
+            assert [answer.split(b" ", 2)[1] for answer in transport.written] == [b"200"] * 20
 
     asyncio.run(body())
 
