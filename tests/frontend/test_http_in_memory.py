@@ -219,16 +219,26 @@ def test_a_busy_loop_reads_a_few_pipelined_requests_of_a_connection_a_turn(
             shedder.sample = lambda *args, **kwargs: None  # type: ignore[method-assign]
             shedder.watching = busy  # (refusing nothing: its share stays 0)
             connection.data_received(NO_TIMEOUT * 20)
-            read = connection._quota_used
+            pipelined = connection._quota_used  # (the first of the read is not)
             if busy:  # (the quota is checked between pieces of 2 KB)
-                assert 1 <= read <= http._QUOTA_REQUESTS + 2048 // len(NO_TIMEOUT) + 1
+                assert 1 <= pipelined <= http._QUOTA_REQUESTS + 2048 // len(NO_TIMEOUT) + 1
             else:
-                assert read == 20
+                assert pipelined == 19
             for _ in range(400):  # (the rest in the next periods, 10 ms each)
                 if len(transport.written) == 20:
                     break
                 await asyncio.sleep(0.001)
             assert [answer.split(b" ", 2)[1] for answer in transport.written] == [b"200"] * 20
+            # one request a read, each sent once the last is answered: never held back
+            single, answers = connect()
+            for sent in range(1, 21):
+                single.data_received(NO_TIMEOUT)
+                for _ in range(400):
+                    if len(answers.written) == sent:
+                        break
+                    await turns(1)
+            assert single._quota_used == 0
+            assert [answer.split(b" ", 2)[1] for answer in answers.written] == [b"200"] * 20
 
     asyncio.run(body())
 
