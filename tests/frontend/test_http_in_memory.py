@@ -203,7 +203,7 @@ def test_the_shedder_refuses_its_share_of_http_requests_once(inline_mlp_repo: Pa
 
 
 @pytest.mark.parametrize("busy", [True, False])
-def test_a_busy_loop_reads_a_few_pipelined_requests_of_a_connection_a_turn(
+def test_a_busy_loop_reads_a_few_pipelined_requests_of_a_connection_a_period(
     inline_mlp_repo: Path, busy: bool
 ) -> None:
     """Found by a tester: 30 connections pipelining requests (and reading no answer) had all
