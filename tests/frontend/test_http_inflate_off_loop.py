@@ -167,3 +167,17 @@ def test_an_inflation_in_steps_is_the_body(most: int) -> None:
     assert steps >= len(raw) // most - 1
     with pytest.raises(DuetimeError, match="over the"):
         Inflation(gzip.compress(raw), "GZip ", len(raw) - 1).finish()
+
+
+@pytest.mark.parametrize(("body", "limit"), [
+    (gzip.compress(bytes(1_000_000)), 500_000),  # over the limit
+    (gzip.compress(bytes(1_000_000))[:-20], 2_000_000),  # cut short
+])  # fmt: skip
+def test_a_refused_inflation_lets_go_of_what_it_inflated(body: bytes, limit: int) -> None:
+    """Found by a tester: a refused gzip bomb's inflated 64 MiB stayed with it, in a reference
+    cycle through its error's traceback: ~68 MB of the server's memory kept per bomb."""
+    inflation = Inflation(body, "gzip", limit)
+    assert inflation.step(100_000) is None  # (100 KB inflated, kept)
+    with pytest.raises(DuetimeError):
+        inflation.step(limit + 1)
+    assert inflation.take() == []

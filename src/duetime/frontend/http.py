@@ -1627,6 +1627,7 @@ class HttpConnection(asyncio.BufferedProtocol):
         except Exception as exc:  # (InvalidInput, PayloadTooLarge; MemoryError; no thread)
             if not isinstance(exc, DuetimeError):
                 log.exception("could not inflate a request body")
+            exc.__traceback__ = None  # (its frames hold `future`, which holds it: no cycle)
             self._inflate_done(job, self._api.refuse_infer(job.url, job.headers, exc))
             return
         self._inflate_done(job, body)
