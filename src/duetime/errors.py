@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import reprlib
+from typing import Any
+
 
 class DuetimeError(Exception):
     """Base of every error duetime reports to a client.
@@ -137,3 +140,18 @@ class ConfigError(DuetimeError):
 
     http_status = 400
     grpc_code = "INVALID_ARGUMENT"
+
+
+_SHOWN = reprlib.Repr()
+_SHOWN.maxlevel, _SHOWN.maxlist, _SHOWN.maxdict = 3, 6, 6
+_SHOWN.maxstring, _SHOWN.maxother, _SHOWN.maxlong = 80, 80, 40
+
+
+def shown(value: Any) -> str:
+    """`value` as an error message quotes a client's value: its repr, cut short (nested 3 levels,
+    6 items, 80 characters a string).
+
+    NOTE: the whole repr was quoted: a 20 MB list as a trace setting came back as a 30 MB
+    error (and log line), and 1,000 nested lists raised RecursionError: a 500 (found by a
+    tester)."""
+    return _SHOWN.repr(value)

@@ -175,3 +175,41 @@ def test_tritonclient_reads_and_updates_the_log_settings(server: RunningServer) 
     finally:
         http.close()
         grpc.close()
+
+
+def test_a_pipe_is_refused_as_a_log_file_and_a_failing_one_is_let_go(
+    logger: logging.Logger, tmp_path: Path
+) -> None:
+    """Found by a tester: a FIFO opened as the log file held the whole server until something
+    read it; a log file whose flush failed (its reader gone) made the next change a 500."""
+    import os
+
+    settings = LogSettings(logger)
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    with pytest.raises(InvalidInput, match="'log_file': cannot open"):
+        settings.update({"log_file": str(fifo)}, files=True)  # (returns: no reader waited for)
+    settings.update({"log_file": str(tmp_path / "a.log")}, files=True)
+    handler = settings._handler
+    assert handler is not None
+
+    def broken() -> None:
+        raise BrokenPipeError(32, "Broken pipe")
+
+    handler.flush = broken  # type: ignore[method-assign]
+    settings.update({"log_file": str(tmp_path / "b.log")}, files=True)
+    assert settings.current()["log_file"] == str(tmp_path / "b.log")
+    settings.close()
+
+
+def test_a_deeply_nested_value_is_refused_and_quoted_short(logger: logging.Logger) -> None:
+    """Found by a tester: 1,000 nested lists raised RecursionError quoting them (a 500), and a
+    20 MB list was quoted whole (a 30 MB error)."""
+    nested: list[Any] = []
+    for _ in range(1000):
+        nested = [nested]
+    settings = LogSettings(logger)
+    for value in (nested, [0] * 1_000_000):
+        with pytest.raises(InvalidInput) as raised:
+            settings.update({"log_info": value})
+        assert len(raised.value.message) < 300

@@ -18,13 +18,17 @@ An update is checked whole before any of it applies; the answer is the settings 
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import logging
+import os
+import stat
 import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from duetime.errors import InvalidInput, NotAllowed
+from duetime.errors import InvalidInput, NotAllowed, shown
 from duetime.observability.logs import TEXT_LINE, JsonFormatter, TextFormatter
 
 LOGGER = "duetime"
@@ -72,7 +76,7 @@ class LogSettings:
                 continue
             if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
                 raise InvalidInput(
-                    f"log setting '{name}': expected {_KIND_NAMES[kind]}, got {value!r}"
+                    f"log setting '{name}': expected {_KIND_NAMES[kind]}, got {shown(value)}"
                 )
             merged[name] = value
         if not 0 <= merged["log_verbose_level"] <= _VERBOSE_MAX:
@@ -83,7 +87,7 @@ class LogSettings:
         if merged["log_format"] not in FORMATS:
             raise InvalidInput(
                 f"log setting 'log_format': expected one of {', '.join(FORMATS)}, got "
-                f"{merged['log_format']!r}"
+                f"{shown(merged['log_format'])}"
             )
         level = _threshold(merged)
         moved = merged["log_file"] != self._settings["log_file"]
@@ -102,11 +106,12 @@ class LogSettings:
         if not path:
             return None
         try:
+            _check_appendable(path)
             return logging.FileHandler(Path(path), mode="a", encoding="utf-8")
         except (OSError, ValueError) as exc:  # (ValueError: a NUL in the path)
             reason = getattr(exc, "strerror", None) or exc
             raise InvalidInput(
-                f"log setting 'log_file': cannot open {path!r} for appending: {reason}"
+                f"log setting 'log_file': cannot open {shown(path)} for appending: {reason}"
             ) from None
 
     def _apply(
@@ -117,7 +122,7 @@ class LogSettings:
         if handler is not self._handler:
             if self._handler is not None:
                 logger.removeHandler(self._handler)
-                self._handler.close()
+                _close(self._handler)
             self._handler = handler
             if handler is not None:
                 logger.addHandler(handler)
@@ -131,9 +136,32 @@ class LogSettings:
         self._logger.setLevel(self._own_level)
         if self._handler is not None:
             self._logger.removeHandler(self._handler)
-            self._handler.close()
+            _close(self._handler)
             self._handler = None
             self._logger.propagate = True
+
+
+def _check_appendable(path: str) -> None:
+    """OSError unless `path` can be opened for appending without waiting: a FIFO with no reader
+    (or a socket) is refused.
+
+    NOTE: opened plainly on the event loop, a FIFO as the log file held the whole server until
+    something read it (found by a tester)."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK, 0o644)
+    try:
+        kind = os.fstat(fd).st_mode
+    finally:
+        os.close(fd)
+    if stat.S_ISFIFO(kind) or stat.S_ISSOCK(kind):
+        raise OSError(errno.EINVAL, "a pipe or socket; give a regular file")
+
+
+def _close(handler: logging.FileHandler) -> None:
+    """Close a log file the logger no longer writes to; one that fails to flush (its pipe's
+    reader gone, a full device) is let go all the same (it answered 500 and left the
+    settings half changed: found by a tester)."""
+    with contextlib.suppress(OSError):
+        handler.close()
 
 
 _KIND_NAMES = {str: "a string", bool: "true or false", int: "an integer >= 0"}

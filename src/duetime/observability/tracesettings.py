@@ -21,7 +21,7 @@ import re
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from duetime.errors import InvalidInput
+from duetime.errors import InvalidInput, shown
 
 if TYPE_CHECKING:
     from duetime.observability.tracing import Tracing
@@ -129,7 +129,7 @@ class TraceSettings:
     def _checked(self, name: str, raw: Any) -> Value:
         values = raw if isinstance(raw, list) else [raw]
         if not all(isinstance(v, str | int) and not isinstance(v, bool) for v in values):
-            raise InvalidInput(f"trace setting '{name}': expected strings, got {raw!r}")
+            raise InvalidInput(f"trace setting '{name}': expected strings, got {shown(raw)}")
         texts = [str(v) for v in values]
         if name == "trace_level":
             levels = sorted(set(t.upper() for t in texts))
@@ -149,13 +149,13 @@ class TraceSettings:
                 )
             return levels
         if len(texts) != 1:
-            raise InvalidInput(f"trace setting '{name}': expected one value, got {raw!r}")
+            raise InvalidInput(f"trace setting '{name}': expected one value, got {shown(raw)}")
         text = texts[0].strip()
         if name in ("trace_rate", "trace_count", "log_frequency"):
             lowest = {"trace_rate": 1, "trace_count": -1, "log_frequency": 0}[name]
             if _INTEGER.fullmatch(text) is None or int(text) < lowest:
                 raise InvalidInput(
-                    f"trace setting '{name}': expected an integer >= {lowest}, got {raw!r}"
+                    f"trace setting '{name}': expected an integer >= {lowest}, got {shown(raw)}"
                 )
             if name == "log_frequency" and int(text) != 0:
                 raise InvalidInput(
@@ -169,7 +169,7 @@ class TraceSettings:
                 "(OTEL_* variables), not to a file"
             )
         if name == "trace_mode" and text != "opentelemetry":
-            raise InvalidInput(f"trace setting 'trace_mode': only opentelemetry, got {raw!r}")
+            raise InvalidInput(f"trace setting 'trace_mode': only opentelemetry, got {shown(raw)}")
         return text
 
 
