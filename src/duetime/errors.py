@@ -155,3 +155,15 @@ def shown(value: Any) -> str:
     error (and log line), and 1,000 nested lists raised RecursionError: a 500 (found by a
     tester)."""
     return _SHOWN.repr(value)
+
+
+CUT = "... (cut)"
+"""The end of a text cut to fit a message (see `fitted`)."""
+
+
+def fitted(text: str, most: int) -> str:
+    """`text` where its UTF-8 is at most `most` bytes, else cut to fit with `CUT` at its end."""
+    data = text.encode(errors="surrogatepass")
+    if len(data) <= most:
+        return text
+    return data[: max(0, most - len(CUT))].decode(errors="ignore") + CUT

@@ -15,7 +15,8 @@ from repo_models import scale_model, write_version
 from tritonclient.grpc import service_pb2
 
 from duetime.config import ServerSettings
-from duetime.frontend.grpc import CUT, MAX_DETAILS_BYTES
+from duetime.errors import CUT
+from duetime.frontend.grpc import MAX_DETAILS_BYTES
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -59,3 +60,28 @@ def test_a_short_error_is_not_cut(server: RunningServer) -> None:
     assert error.code() == grpc.StatusCode.NOT_FOUND
     assert CUT not in error.details()
     assert "'nope'" in error.details()
+
+
+def test_an_http_error_quoting_a_long_input_name_is_cut(server: RunningServer) -> None:
+    """Found by a tester: over HTTP a 7 MB input name came back whole, in a 7 MB 400 (and a
+    7 MB log line); cut as gRPC cuts its details, to `MAX_MESSAGE_BYTES`."""
+    import http.client
+    import json
+
+    from duetime.frontend.rest import MAX_MESSAGE_BYTES
+
+    body = json.dumps(
+        {"inputs": [{"name": "n" * 3_000_000, "datatype": "FP32", "shape": [1, 4],
+                     "data": [0, 0, 0, 0]}]}
+    ).encode()  # fmt: skip
+    host, port = server.http.rsplit(":", 1)
+    connection = http.client.HTTPConnection(host, int(port), timeout=30)
+    try:
+        connection.request("POST", "/v2/models/scale/infer", body)
+        reply = connection.getresponse()
+        message = json.loads(reply.read())["error"]
+    finally:
+        connection.close()
+    assert reply.status == 400
+    assert CUT in message
+    assert len(message.encode()) <= MAX_MESSAGE_BYTES + 100  # (+ the trace id)

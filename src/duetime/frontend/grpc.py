@@ -26,6 +26,7 @@ from duetime.errors import (
     ModelUnavailable,
     PayloadTooLarge,
     Shed,
+    fitted,
 )
 from duetime.frontend import codec, sharedmemory
 from duetime.frontend.grpcbacklog import (
@@ -738,7 +739,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         self, request: Any, exc: DuetimeError, context: Any, trace_id: str | None = None
     ) -> Any:
         """A streamed request's error, as Triton sends it: its texts cut to fit the message
-        limit where they would not (see `_fitted`).
+        limit where they would not (see `errors.fitted`).
 
         NOTE: it was never measured: a request id of 64 MiB less 60 bytes to an unknown model
         made an error of 67,108,995 bytes, and gRPC ended the whole stream with it."""
@@ -752,7 +753,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         limit = self._max_message_bytes
         if limit is not None and 4 * sum(map(len, texts)) + ERROR_ROOM > limit:  # (UTF-8)
             share = (limit - ERROR_ROOM) // len(texts)
-            texts = tuple(_fitted(text, share) for text in texts)
+            texts = tuple(fitted(text, share) for text in texts)
         request_id, model, version, message = texts
         log_request(
             protocol="grpc-stream", model=model, version=version, status=exc.http_status,
@@ -1037,16 +1038,6 @@ and lengths, the final-response parameter, the wrapper, the trace id."""
 MAX_DETAILS_BYTES = 2048
 """A call's error message (its status details) at most, in UTF-8: sent percent-encoded (a
 non-ASCII byte takes 3), it stays under grpc-core's 8 KB soft limit on received metadata."""
-CUT = "... (cut)"
-"""The end of a text cut to fit a message (see `_fitted`)."""
-
-
-def _fitted(text: str, most: int) -> str:
-    """`text` where its UTF-8 is at most `most` bytes, else cut to fit with `CUT` at its end."""
-    data = text.encode()
-    if len(data) <= most:
-        return text
-    return data[: max(0, most - len(CUT))].decode(errors="ignore") + CUT
 
 
 def _too_large(size: str, limit: int) -> PayloadTooLarge:
@@ -1441,10 +1432,10 @@ def _refuse(
     characters got RESOURCE_EXHAUSTED "Stream removed (received metadata size exceeds hard
     limit)" in place of NOT_FOUND."""
     trace_id = trace_id or _trace_id(context)
-    message = _fitted(exc.message, MAX_DETAILS_BYTES)
+    message = fitted(exc.message, MAX_DETAILS_BYTES)
     log_request(
-        protocol="grpc", model=_fitted(model, MAX_DETAILS_BYTES),
-        version=_fitted(version, MAX_DETAILS_BYTES), status=exc.http_status, reason=message,
+        protocol="grpc", model=fitted(model, MAX_DETAILS_BYTES),
+        version=fitted(version, MAX_DETAILS_BYTES), status=exc.http_status, reason=message,
         trace_id=trace_id,
     )  # fmt: skip
     context.set_trailing_metadata((("x-trace-id", trace_id),))

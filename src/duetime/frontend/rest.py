@@ -42,6 +42,7 @@ from duetime.errors import (
     Overloaded,
     PayloadTooLarge,
     Unauthorized,
+    fitted,
 )
 from duetime.frontend import codec, sharedmemory
 from duetime.frontend.arrival import ReadTurn
@@ -373,6 +374,14 @@ def retry_after(seconds: float) -> bytes:
     return str(max(1, math.ceil(seconds))).encode()
 
 
+MAX_MESSAGE_BYTES = 8192
+"""An error message at most, in UTF-8, in an HTTP answer and its log line: longer ones (a
+client's value quoted) are cut (`errors.fitted`), as gRPC cuts its status details.
+
+NOTE: a 7 MB input name came back whole in a 7 MB 400 and a 7 MB log line (found by a
+tester)."""
+
+
 def error_reply(exc: DuetimeError, trace_id: str | None = None) -> Reply:
     """The error's status and `{"error": message}`, its trace id (`trace_id`, else a new one) at
     the end of the message and in `x-trace-id`."""
@@ -384,7 +393,7 @@ def error_reply(exc: DuetimeError, trace_id: str | None = None) -> Reply:
     if trace_id is None:
         trace_id = new_trace_id()
     headers += ((b"x-trace-id", trace_id.encode()),)
-    message = f"{exc.message} (trace {trace_id})"
+    message = f"{fitted(exc.message, MAX_MESSAGE_BYTES)} (trace {trace_id})"
     try:
         body = orjson.dumps({"error": message})
     except TypeError:  # a lone surrogate from the request, echoed: written as its escape
@@ -405,8 +414,8 @@ def failed_reply(
         parent = parse_traceparent(headers.get("traceparent"))
         trace_id = parent.trace_id_hex if parent is not None else new_trace_id()
     log_request(
-        protocol="http", model=model, version=version, status=exc.http_status,
-        reason=exc.message, trace_id=trace_id,
+        protocol="http", model=fitted(model, MAX_MESSAGE_BYTES), version=version,
+        status=exc.http_status, reason=fitted(exc.message, MAX_MESSAGE_BYTES), trace_id=trace_id,
     )  # fmt: skip
     return error_reply(exc, trace_id)
 
