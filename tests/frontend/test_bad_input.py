@@ -573,7 +573,9 @@ X_DATA = {**X_JSON, "data": [0.5] * 40}
         (json.dumps({"inputs": [{**X_JSON, "data": "abc"}]}).encode(), "'data' must be a list"),
         (json.dumps({"inputs": [{**X_JSON, "data": [[0.5] * 39, [0.5]]}]}).encode(), "input 'x'"),
         (json.dumps({"inputs": [{**X_JSON, "data": ["a"] * 40}]}).encode(), "not FP32"),
-        (json.dumps({"inputs": [{**X_JSON, "data": [None] * 40}]}).encode(), "input 'x'"),
+        # (null alone is NaN in a float tensor, as KServe's client sends one: see
+        # test_json_null_nan.py; beside a value that is not a number it is refused)
+        (json.dumps({"inputs": [{**X_JSON, "data": [None] * 39 + [True]}]}).encode(), "input 'x'"),
         (json.dumps({"id": 5, "inputs": [X_DATA]}).encode(), "'id' must be a string"),
         (json.dumps({"inputs": [X_DATA], "parameters": []}).encode(), "'parameters'"),
         (json.dumps({"inputs": [X_DATA], "outputs": {"name": "y"}}).encode(), "'outputs'"),

@@ -280,7 +280,7 @@ def test_from_json_ints_for_floats_are_accepted() -> None:
         pytest.param([[0.5, 1.0], [False, 2.0]], "FP64", (2, 2), "mixes", id="bool-nested-floats"),
         pytest.param([3, False], "INT32", (2,), "mixes true/false", id="bool-among-ints"),
         pytest.param([1, True], "FP16", (2,), "mixes true/false", id="bool-among-ints-for-fp16"),
-        pytest.param([None], "FP32", (1,), "not FP32", id="null"),
+        pytest.param([None], "INT32", (1,), "not INT32", id="null"),  # (NaN in a float)
         pytest.param([{}], "INT8", (1,), "not INT8", id="object-element"),
         pytest.param([128], "INT8", (1,), "outside the range of INT8", id="int8-high"),
         pytest.param([-129], "INT8", (1,), "outside the range of INT8", id="int8-low"),
