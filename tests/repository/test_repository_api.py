@@ -605,9 +605,9 @@ def test_an_http_load_request_is_read_off_the_event_loop(
     readers: list[threading.Thread] = []
     real = rest._load_asked
 
-    def recording(body: bytes, name: str) -> Any:
+    def recording(body: bytes, name: str, *coding: Any) -> Any:
         readers.append(threading.current_thread())
-        return real(body, name)
+        return real(body, name, *coding)
 
     monkeypatch.setattr(rest, "_load_asked", recording)
     http = clients(explicit_server)[0]

@@ -516,14 +516,12 @@ def _nulls_as_nan(parsed: np.ndarray, where: str, field: str, datatype: str) -> 
     NOTE: JSON has no NaN or infinity, and KServe's v2 client (as its server, and duetime's V1
     answers) writes them as null: its request with a NaN was refused "holds values that are
     not FP32 (object)" (found by a tester)."""
-    flat = parsed.reshape(-1).tolist()
-    if not all(item is None or type(item) is int or type(item) is float for item in flat):
+    if not all(item is None or type(item) is int or type(item) is float for item in parsed.flat):
         return parsed
     try:
-        values = np.array([math.nan if item is None else item for item in flat], np.float64)
+        return parsed.astype(np.float64)  # (None casts to NaN)
     except OverflowError:  # (an integer beyond any float)
         raise _out_of_range(where, field, datatype) from None
-    return values.reshape(parsed.shape)
 
 
 def _out_of_range(where: str, field: str, datatype: str) -> InvalidInput:

@@ -382,9 +382,12 @@ NOTE: a 7 MB input name came back whole in a 7 MB 400 and a 7 MB log line (found
 tester)."""
 
 
-def error_reply(exc: DuetimeError, trace_id: str | None = None) -> Reply:
-    """The error's status and `{"error": message}`, its trace id (`trace_id`, else a new one) at
-    the end of the message and in `x-trace-id`."""
+def error_reply(
+    exc: DuetimeError, trace_id: str | None = None, message: str | None = None
+) -> Reply:
+    """The error's status and `{"error": message}` (`message`: its message already cut to
+    `MAX_MESSAGE_BYTES`, else cut here), its trace id (`trace_id`, else a new one) at the end of
+    the message and in `x-trace-id`."""
     headers: Headers = (_JSON,)
     if exc.retry_after_s is not None:
         headers += ((b"Retry-After", retry_after(exc.retry_after_s)),)
@@ -393,7 +396,9 @@ def error_reply(exc: DuetimeError, trace_id: str | None = None) -> Reply:
     if trace_id is None:
         trace_id = new_trace_id()
     headers += ((b"x-trace-id", trace_id.encode()),)
-    message = f"{fitted(exc.message, MAX_MESSAGE_BYTES)} (trace {trace_id})"
+    if message is None:
+        message = fitted(exc.message, MAX_MESSAGE_BYTES)
+    message = f"{message} (trace {trace_id})"
     try:
         body = orjson.dumps({"error": message})
     except TypeError:  # a lone surrogate from the request, echoed: written as its escape
@@ -413,11 +418,12 @@ def failed_reply(
     if not trace_id:
         parent = parse_traceparent(headers.get("traceparent"))
         trace_id = parent.trace_id_hex if parent is not None else new_trace_id()
+    message = fitted(exc.message, MAX_MESSAGE_BYTES)
     log_request(
         protocol="http", model=fitted(model, MAX_MESSAGE_BYTES), version=version,
-        status=exc.http_status, reason=fitted(exc.message, MAX_MESSAGE_BYTES), trace_id=trace_id,
+        status=exc.http_status, reason=message, trace_id=trace_id,
     )  # fmt: skip
-    return error_reply(exc, trace_id)
+    return error_reply(exc, trace_id, message)
 
 
 def _json(value: Any, status: int = 200) -> Reply:
@@ -818,9 +824,7 @@ class RestApi:
         0.2-0.5 s of the event loop to parse and decode, and every other request waited that
         long (found by a tester); gRPC's arrive parsed."""
         limit = self._settings.max_body_bytes
-        asked = await asyncio.to_thread(
-            lambda: _load_asked(_decoded(body, coding, limit) if coding else body, name)
-        )
+        asked = await asyncio.to_thread(_load_asked, body, name, coding, limit)
         await self._engine.load_model(name, asked.config, asked.files)
 
     def _repository_index(self, body: bytes) -> Reply:
@@ -1411,7 +1415,9 @@ class LoadRequest(NamedTuple):
     files: dict[str, bytes]
 
 
-def _load_asked(body: bytes, name: str) -> LoadRequest:
+def _load_asked(body: bytes, name: str, coding: str | None, limit: int) -> LoadRequest:
+    """A load request's body, its Content-Encoding `coding` undone (within `limit` bytes), read."""
+    body = _decoded(body, coding, limit)
     return load_request(_control_parameters(body, "load request"), name)
 
 
