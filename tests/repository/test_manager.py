@@ -1146,8 +1146,8 @@ def test_a_load_adding_a_variant_whose_file_is_missing_serves_without_it(
     """A load request adding a variant whose file was missing failed (400) saying 'version 1
     serves without it', and the version served on as before; the same config at a first load
     served without the variant. Now such a load succeeds as a first load does: served without
-    it, with a warning, the index saying so. Taking away a variant served now still fails the
-    load, saying that the version serves on with it."""
+    it, with a warning, the index saying so. Taking the file of a variant served now away is
+    followed too (it failed the load, and the variant served from memory until a restart)."""
     path = write_version(tmp_path, "m", 1, scale_model(1))
     fast = path.with_name("model.fast.onnx")
     with_fast = ModelConfig.model_validate(
@@ -1175,17 +1175,10 @@ def test_a_load_adding_a_variant_whose_file_is_missing_serves_without_it(
         assert variants(engine) == ["default", "fast"]
         assert states(engine)["1"] == ("READY", "")
         fast.unlink()
-        with pytest.raises(InvalidInput) as failed:
-            await engine.load_model("m", config=with_fast)
-        message = failed.value.message
-        assert "variant 'fast': no file model.fast.onnx" in message
-        assert "version 1 serves with this variant now, and is not replaced" in message
-        assert "serves without it" not in message
-        assert engine.registry.snapshot.models["m"].versions["1"] is served
-        (state, reason) = states(engine)["1"]
-        assert state == "READY"
-        assert "previous one still serves" in reason
-        assert "serves without it" not in reason
+        await engine.load_model("m", config=with_fast)
+        assert engine.registry.snapshot.models["m"].versions["1"] is not served
+        assert variants(engine) == ["default"]
+        assert states(engine)["1"] == ("READY", reason)
 
     run(tmp_path, scenario, control_mode="explicit", startup_models=("m",))
 
@@ -1207,6 +1200,35 @@ def test_a_broken_variant_file_never_replaces_a_working_version(tmp_path: Path) 
         (state, reason) = states(engine)["1"]
         assert state == "READY"
         assert "previous one still serves: variant 'small' not loaded" in reason
+
+    run(tmp_path, scenario, control_mode="poll", poll_s=3600)
+
+
+def test_a_variant_file_taken_away_is_followed_by_a_poll(tmp_path: Path) -> None:
+    """A variant whose file is deleted is served without, as a first load of those files
+    would (a broken file is not: above); before, it served from memory until a restart."""
+    write_version(tmp_path, "m", 1, scale_model(1))
+    small = write_version(tmp_path, "m", 1, scale_model(2), name="model.small.onnx")
+    config(tmp_path, "m", '[[variants]]\nname = "small"\nfile = "model.small.onnx"\n')
+
+    async def scenario(engine: Engine) -> None:
+        served = engine.registry.snapshot.models["m"].versions["1"]
+        assert [d.variant for d in served.variants] == ["default", "small"]
+        small.unlink()
+        await engine.manager.poll()  # type: ignore[union-attr]
+        now = engine.registry.snapshot.models["m"].versions["1"]
+        assert [d.variant for d in now.variants] == ["default"]
+        assert await factor_of(engine) == 1.0
+        (state, reason) = states(engine)["1"]
+        assert state == "READY"
+        assert reason.startswith("variant 'small': no file model.small.onnx in ")
+        assert reason.endswith("(model files there: model.onnx); version 1 serves without it")
+        write_version(tmp_path, "m", 1, scale_model(2), name=small.name)  # (back: served again)
+        age(small)
+        await engine.manager.poll()  # type: ignore[union-attr]
+        now = engine.registry.snapshot.models["m"].versions["1"]
+        assert [d.variant for d in now.variants] == ["default", "small"]
+        assert states(engine)["1"] == ("READY", "")
 
     run(tmp_path, scenario, control_mode="poll", poll_s=3600)
 

@@ -1069,13 +1069,16 @@ class ModelManager:
         # (the limit only when one is set: stand-ins for `_load_with_variants` take three)
         extra = () if limit is None else (limit,)
         try:
-            loaded, broken = await asyncio.get_running_loop().run_in_executor(
+            loaded, missing, broken = await asyncio.get_running_loop().run_in_executor(
                 self._loader, _load_with_variants, source, version, config, *extra
             )
             lost = [why for variant, why in broken.items() if keep and variant in serving]
             if lost:
-                # NOTE: a working version is not swapped for one without a variant it serves:
-                # a broken variant file would take cheaper answers away from tight due times
+                # NOTE: a working version is not swapped for one without a variant it serves
+                # whose file is there but will not load: a bad copy would take cheaper answers
+                # away from tight due times. A file taken away is followed, as at a first load
+                # (the guard held it too: a deleted variant served from memory until a restart,
+                # which served the files as they were)
                 for _, model in loaded:
                     model.executor.close()
                 it, these = ("it", "this variant") if len(lost) == 1 else ("them", "these variants")
@@ -1099,13 +1102,19 @@ class ModelManager:
         self._load_s[source.name] = time.perf_counter() - started
         variants = tuple(self._deploy(model, variant, background) for variant, model in loaded)
         log.info("model %s version %d ready (%d variants)", source.name, version, len(variants))
-        if broken:  # (a variant it never served: it serves without; the index says so)
+        unloaded = {
+            v.name: missing.get(v.name) or broken[v.name]
+            for v in config.variants
+            if v.name in missing or v.name in broken
+        }
+        if unloaded:  # (a missing file, or a variant it never served: it serves without; the
+            # index says so)
             # NOTE: a load adding a variant whose file was missing answered 400 'version 1
             # serves without it' and the version served on as before, without it; the same
             # config served (200) at a first load, and the README's word is that a version
             # without the file serves without the variant, with a warning
-            without = f"version {version} serves without {'it' if len(broken) == 1 else 'them'}"
-            said = f"{'; '.join(broken.values())}; {without}"
+            without = f"version {version} serves without {'it' if len(unloaded) == 1 else 'them'}"
+            said = f"{'; '.join(unloaded.values())}; {without}"
             log.warning("model %s version %d: %s", source.name, version, said)
             self._degraded[(source.name, key)] = said
         else:
@@ -1681,17 +1690,19 @@ def _inputs(signature: ModelSignature) -> str:
 
 def _load_with_variants(
     source: ModelSource, version: int, config: ModelConfig, max_run_memory_bytes: int | None = None
-) -> tuple[list[tuple[str, LoadedModel]], dict[str, str]]:
-    """The primary model of `version` and each variant that loads beside it, and why each
-    other variant did not (by name: its file is missing, or will not load); blocking. What
-    comes of the variants that did not load is the caller's to say (and log)."""
+) -> tuple[list[tuple[str, LoadedModel]], dict[str, str], dict[str, str]]:
+    """The primary model of `version` and each variant that loads beside it, then why each
+    other variant did not, by name: those whose file is missing, and those whose file will not
+    load; blocking. What comes of the variants that did not load is the caller's to say (and
+    log)."""
     primary = load_version(source, version, config, max_run_memory_bytes=max_run_memory_bytes)
     loaded = [(PRIMARY, primary)]
+    missing: dict[str, str] = {}
     broken: dict[str, str] = {}
     folder = source.versions[version].parent
     for variant in config.variants:
         if not (folder / variant.file).is_file():
-            broken[variant.name] = _missing_variant(variant.name, variant.file, folder)
+            missing[variant.name] = _missing_variant(variant.name, variant.file, folder)
             continue
         try:
             model = load_version(
@@ -1703,7 +1714,7 @@ def _load_with_variants(
             broken[variant.name] = f"variant '{variant.name}' not loaded: {exc.message}"
             continue
         loaded.append((variant.name, model))
-    return loaded, broken
+    return loaded, missing, broken
 
 
 def _missing_variant(name: str, file: str, folder: Path) -> str:
