@@ -418,3 +418,52 @@ def test_a_model_whose_outputs_follow_the_batch_still_runs_batches_whole(
     model = load(tmp_path, identity, loaded, config="max_batch_size = 8\n")
     assert model.signature.max_batch_size == 8
     assert not model.executor.splits_batches
+
+
+def _time_conv() -> onnx.ModelProto:
+    """y [T, 4] = x - the time mean of an unpadded Conv over x's first axis, time: it needs 3
+    rows, and each row moves with the others (the tester's timeconv)."""
+    weights = np.random.default_rng(0).standard_normal((4, 4, 3)).astype(np.float32)
+    return model_of(
+        [helper.make_node("Transpose", ["x"], ["xt"], perm=[1, 0]),
+         helper.make_node("Unsqueeze", ["xt", "zero"], ["x3"]),
+         helper.make_node("Conv", ["x3", "w"], ["c"], kernel_shape=[3]),
+         helper.make_node("ReduceMean", ["c"], ["m"], axes=[0, 2], keepdims=0),
+         helper.make_node("Sub", ["x", "m"], ["y"])],
+        [("x", FLOAT, ["T", 4])], [("y", FLOAT, ["T", 4])],
+        (("w", weights), ("zero", np.array([0], dtype=np.int64))),
+    )  # fmt: skip
+
+
+def test_a_model_no_sample_row_runs_on_is_served_unbatched(
+    tmp_path: Path, loaded: list[LoadedModel], caplog: pytest.LogCaptureFixture
+) -> None:
+    """No sample ran, and the graph was taken to batch: a 5-row request alone, padded to 6,
+    was answered wrongly (200), and batched ones mixed with others' rows."""
+    model = load(tmp_path, _time_conv(), loaded)
+    assert model.signature.max_batch_size == 0
+    assert "no sample input of one row ran" in caplog.text
+    assert "Invalid input shape" in caplog.text  # (ONNX Runtime's word, cut to a line)
+    assert "served unbatched" in caplog.text
+
+
+def test_a_config_asking_for_batches_of_an_unchecked_model_gets_them(
+    tmp_path: Path, loaded: list[LoadedModel], caplog: pytest.LogCaptureFixture
+) -> None:
+    model = load(tmp_path, _time_conv(), loaded, config="max_batch_size = 8\n")
+    assert model.signature.max_batch_size == 8
+    assert "could not be checked" in caplog.text
+    assert "batched anyway, as its config asks" in caplog.text
+
+
+def test_an_image_model_too_small_at_one_pixel_still_batches(
+    tmp_path: Path, loaded: list[LoadedModel]
+) -> None:
+    """Free height and width of 1 are under its kernel: bigger samples show it batches."""
+    weights = np.random.default_rng(1).standard_normal((2, 3, 3, 3)).astype(np.float32)
+    conv = model_of(
+        [helper.make_node("Conv", ["x", "w"], ["c"], kernel_shape=[3, 3]),
+         helper.make_node("ReduceMean", ["c"], ["y"], axes=[2, 3], keepdims=0)],
+        [("x", FLOAT, ["N", 3, "H", "W"])], [("y", FLOAT, ["N", 2])], (("w", weights),),
+    )  # fmt: skip
+    assert load(tmp_path, conv, loaded).signature.max_batch_size > 0

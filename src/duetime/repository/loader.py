@@ -18,7 +18,7 @@ import onnxruntime as ort
 
 from duetime.config import ModelConfig, TensorConfig, VariantConfig
 from duetime.datatypes import NUMPY_OF, unserved_output_reason
-from duetime.errors import ConfigError, DuetimeError
+from duetime.errors import ConfigError, DuetimeError, fitted
 from duetime.execution.executor import Executor
 from duetime.execution.ort import (
     MAX_DIMS,
@@ -874,23 +874,53 @@ def _sampled_problem(
     rows: int,
     tolerance: float = ROWS_TOLERANCE,
 ) -> BatchingProblem | None:
-    """What the sample runs of `batching_problem` show (None: nothing, or no samples ran)."""
-    for fill in BATCHING_FILLS:  # (a graph taking its inputs as indices may refuse some)
-        feeds = sample_inputs(signature, rows, seed=2, fill=fill)
-        twins = {name: np.repeat(array[:1], rows, axis=0) for name, array in feeds.items()}
-        try:
-            alone = [
-                session.run(names, {k: v[row : row + 1] for k, v in feeds.items()})
-                for row in range(rows)
-            ]
-            whole = session.run(names, feeds) if rows > 1 else alone[0]
-            twinned = session.run(names, twins) if rows > 1 else alone[0]
-        except Exception:
-            continue
-        return _rows_problem(names, alone, whole, tolerance) or _rows_problem(
-            names, [alone[0]] * rows, twinned, tolerance
-        )
-    return None
+    """What the sample runs of `batching_problem` show (None: nothing).
+
+    NOTE: where no sample ran, the graph was taken to batch: a first axis that is time (a
+    Conv over it without padding needs 3 rows; each row then moved by the others' mean) was
+    batched, and a request of 5 rows alone, padded to 6, was answered wrongly with 200 (found
+    by a tester). Free inner dims of 1 fail many graphs that do batch (an image model's height
+    and width under its kernel), so they are tried bigger before giving up."""
+    failure = ""
+    for free in _free_dim_sizes(signature):
+        for fill in BATCHING_FILLS:  # (a graph taking its inputs as indices may refuse some)
+            feeds = sample_inputs(signature, rows, seed=2, fill=fill, free=free)
+            twins = {name: np.repeat(array[:1], rows, axis=0) for name, array in feeds.items()}
+            try:
+                alone = [
+                    session.run(names, {k: v[row : row + 1] for k, v in feeds.items()})
+                    for row in range(rows)
+                ]
+                whole = session.run(names, feeds) if rows > 1 else alone[0]
+                twinned = session.run(names, twins) if rows > 1 else alone[0]
+            except Exception as exc:
+                failure = failure or fitted(" ".join(str(exc).split()), 300)
+                continue
+            return _rows_problem(names, alone, whole, tolerance) or _rows_problem(
+                names, [alone[0]] * rows, twinned, tolerance
+            )
+    why = (
+        "no sample input of one row ran, so whether its first dim is a batch of independent "
+        f"rows could not be checked (ONNX Runtime: {failure or 'failed'})"
+    )
+    return BatchingProblem(why, rows_differ=False)
+
+
+SAMPLE_FREE_DIMS = (1, 8, 32)
+"""The sizes `batching_problem` gives free dims beyond the batch, each where the one before
+failed to run (every fill), up to `SAMPLE_ROW_ELEMENTS` elements a row."""
+SAMPLE_ROW_ELEMENTS = 1 << 20
+
+
+def _free_dim_sizes(signature: ModelSignature) -> list[int]:
+    """The sizes of `SAMPLE_FREE_DIMS` to try for `signature`'s free inner dims: 1 alone where
+    it has none."""
+    inner = [spec.shape[1 if signature.max_batch_size > 0 else 0 :] for spec in signature.inputs]
+    free = max((sum(d < 0 for d in dims) for dims in inner), default=0)
+    if free == 0:
+        return [1]
+    fixed = max((int(np.prod([d for d in dims if d >= 0])) for dims in inner), default=1)
+    return [n for n in SAMPLE_FREE_DIMS if n == 1 or fixed * n**free <= SAMPLE_ROW_ELEMENTS]
 
 
 def _rows_problem(
@@ -955,15 +985,16 @@ def _value_sized(names: list[str], facts: GraphFacts | None) -> BatchingProblem 
 
 
 def sample_inputs(
-    signature: ModelSignature, rows: int, seed: int = 0, fill: SampleFill = "zeros"
+    signature: ModelSignature, rows: int, seed: int = 0, fill: SampleFill = "zeros", free: int = 1
 ) -> dict[str, np.ndarray]:
-    """Inputs of the signature's shapes (free dims 1) for warm-up and profiling; none for the
-    optional inputs, which ONNX Runtime then takes from their initializers. Floats are random
-    (`seed`); integers, booleans and strings as `fill` says (zeros: an index any table has)."""
+    """Inputs of the signature's shapes (free dims `free`) for warm-up and profiling; none for
+    the optional inputs, which ONNX Runtime then takes from their initializers. Floats are
+    random (`seed`); integers, booleans and strings as `fill` says (zeros: an index any table
+    has)."""
     rng = np.random.default_rng(seed)
     feeds: dict[str, np.ndarray] = {}
     for spec in signature.required_inputs:  # (optional ones: their initializers)
-        shape = [d if d >= 0 else 1 for d in spec.shape]
+        shape = [d if d >= 0 else free for d in spec.shape]
         if signature.max_batch_size > 0:
             shape[0] = rows
         dtype = NUMPY_OF[spec.datatype]
