@@ -581,6 +581,7 @@ def test_control_token_guards_load_and_unload(tmp_path: Path) -> None:
         status.request("POST", "/v2/repository/models/m/load", b"")
         response = status.getresponse()
         assert response.status == 401
+        assert response.getheader("WWW-Authenticate") == 'Bearer realm="duetime"'  # (RFC 9110)
         response.read()
         status.close()
     finally:
