@@ -5,6 +5,7 @@ data)."""
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -235,8 +236,31 @@ def scan_model(directory: Path, *, uploaded: bool = False) -> ModelSource:
             f"{where}: no version folder holds a {MODEL_FILENAME}"
             + (f" ({shown})" if shown else "")
             + f"; expected {under}<version>/{MODEL_FILENAME} with an integer version such as 1"
+            + _named_file(directory)
         )
     return ModelSource(directory.name, directory, versions)
+
+
+_DEFAULT_MODEL_FILENAME = re.compile(r"(?m)^\s*default_model_filename\s*:\s*([\"'])(.*?)\1")
+
+
+def _named_file(directory: Path) -> str:
+    """What a refusal of `directory` for holding no version adds where its config.pbtxt names
+    another model file (Triton's `default_model_filename`), which duetime does not read.
+
+    NOTE: the refusal said only 'the file must be named model.onnx': the field the tester's
+    config set was named by the config's own check, which never ran (found by a tester)."""
+    try:
+        text = (directory / "config.pbtxt").read_text(errors="replace")
+    except OSError:
+        return ""
+    match = _DEFAULT_MODEL_FILENAME.search(text)
+    if match is None or match[2] in ("", MODEL_FILENAME):
+        return ""
+    return (
+        f" (config.pbtxt: field 'default_model_filename' names {shown_name(match[2])!r}, which "
+        f"duetime does not read: rename the files to {MODEL_FILENAME})"
+    )
 
 
 _SHOWN_MAX = 5
