@@ -84,6 +84,39 @@ MIXING_MODELS = {
          helper.make_node("Gather", ["x", "firsts"], ["y"], axis=0)],
         [("x", STRING, ["N", 2])], [("y", STRING, ["N", 2])],
     ),
+    # (the testers' slice3: row 2 of the batch, empty below 3 rows, added to every row)
+    "row 2 added": model_of(
+        [helper.make_node("Slice", ["x", "two", "three", "zero"], ["r2"]),
+         helper.make_node("ReduceSum", ["r2", "zero"], ["s"], keepdims=1),
+         helper.make_node("Add", ["x", "s"], ["y"])],
+        [("x", FLOAT, ["N", 4])], [("y", FLOAT, ["N", 4])],
+        (("two", np.array([2], dtype=np.int64)), ("three", np.array([3], dtype=np.int64)),
+         ("zero", np.array([0], dtype=np.int64))),
+    ),
+    # (the testers' ifn3: centred on the rows' mean from 3 rows on; a 5-row request padded to
+    # 6 was moved by its padding)
+    "centred from 3 rows": model_of(
+        [helper.make_node("Shape", ["x"], ["shape"]),
+         helper.make_node("Gather", ["shape", "first"], ["n"], axis=0),
+         helper.make_node("GreaterOrEqual", ["n", "three"], ["c"]),
+         helper.make_node("If", ["c"], ["y"], then_branch=helper.make_graph(
+             [helper.make_node("ReduceMean", ["x"], ["m"], axes=[0], keepdims=1),
+              helper.make_node("Sub", ["x", "m"], ["t"])], "then", [],
+             [helper.make_tensor_value_info("t", FLOAT, ["N", 4])]),
+             else_branch=helper.make_graph(
+             [helper.make_node("Identity", ["x"], ["e"])], "else", [],
+             [helper.make_tensor_value_info("e", FLOAT, ["N", 4])]))],
+        [("x", FLOAT, ["N", 4])], [("y", FLOAT, ["N", 4])],
+        (("first", np.array(0, dtype=np.int64)), ("three", np.array(3, dtype=np.int64))),
+    ),
+    # (the testers' thresh: the rows' maximum past 10 added, never so on N(0, 1) samples)
+    "maximum past a threshold": model_of(
+        [helper.make_node("ReduceMax", ["x"], ["m"], axes=[0], keepdims=1),
+         helper.make_node("Sub", ["m", "ten"], ["d"]), helper.make_node("Relu", ["d"], ["r"]),
+         helper.make_node("Add", ["x", "r"], ["y"])],
+        [("x", FLOAT, ["N", 4])], [("y", FLOAT, ["N", 4])],
+        (("ten", np.array(10, dtype=np.float32)),),
+    ),
 }  # fmt: skip
 
 

@@ -171,3 +171,42 @@ def test_a_whole_tensor_reduction_feeding_a_division_is_not_batched(
     onnx.save(model, str(folder / "1" / MODEL_FILENAME))
     assert load(folder, loaded).signature.max_batch_size == 0
     assert "its rows are not independent" in caplog.text
+
+
+def test_a_variant_whose_rows_interact_runs_each_request_alone(
+    tmp_path: Path, loaded: list[LoadedModel], caplog: pytest.LogCaptureFixture
+) -> None:
+    """A variant batches as its primary does; one whose rows mix was batched 'as its config
+    asks' (none did), and its answers took other requests' rows (found by a tester)."""
+    folder = write(tmp_path)
+    onnx.save(scaled_quantizer_of_mlp_shape(), str(folder / "1" / "model.mixed.onnx"))
+    primary = load(folder, loaded)
+    assert primary.signature.max_batch_size > 0
+    variant = VariantConfig(name="mixed", file="model.mixed.onnx")
+    with caplog.at_level(logging.WARNING, logger="duetime.loader"):
+        model = load(folder, loaded, variant=variant, primary=primary.signature)
+    assert model.signature.max_batch_size == primary.signature.max_batch_size
+    assert model.executor.splits_batches
+    (said,) = [r.getMessage() for r in caplog.records if "variant 'mixed'" in r.getMessage()]
+    assert "(model.mixed.onnx)" in said
+    assert said.endswith("batched anyway, as its primary is, but each request runs on its own")
+    assert_each_as_ort_alone(model, folder / "1" / "model.mixed.onnx")
+
+
+def scaled_quantizer_of_mlp_shape() -> onnx.ModelProto:
+    """`mlp`'s signature, x [N, 16] -> y [N, 4], its output scaled by the whole batch's largest
+    |x| (no quantizer node: the graph study does not flag it, the sample runs do)."""
+    rng = np.random.default_rng(0)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["h"]),
+         helper.make_node("Abs", ["x"], ["a"]),
+         helper.make_node("ReduceMax", ["a"], ["top"], keepdims=0),
+         helper.make_node("Div", ["h", "top"], ["y"])],
+        "mixed",
+        [helper.make_tensor_value_info("x", FLOAT, ["N", 16])],
+        [helper.make_tensor_value_info("y", FLOAT, ["N", 4])],
+        [numpy_helper.from_array(rng.standard_normal((16, 4)).astype(np.float32), "w")],
+    )  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model

@@ -142,8 +142,11 @@ def load_version(
     )
     alone = False
     if signature.max_batch_size > 0:
+        where = str(source.directory)
+        if variant is not None:  # (its own file: the primary's folder would blame the primary)
+            where = f"{where}: variant '{variant.name}' ({path.name})"
         signature, alone = _checked_batching(
-            sessions[0], signature, config, (graph_inputs, graph_outputs), str(source.directory),
+            sessions[0], signature, config, (graph_inputs, graph_outputs), where,
             settled=None if primary is None else primary.max_batch_size, facts=studied.facts,
         )  # fmt: skip
     _check_shared_dims(config, sessions[0], signature.max_batch_size > 0, str(source.directory))
@@ -766,7 +769,7 @@ def _checked_batching(
     interact, a warning: the config may know better. A variant (`settled`: its primary's
     max_batch_size) batches as its primary does. With it: whether each request must run on its
     own (an output sized by the values, or a graph quantized dynamically, batched as the
-    config asks: see `Executor`)."""
+    config asks; a variant whose rows seem to interact: see `Executor`)."""
     unbatched = config.model_copy(update={"max_batch_size": 0})
     if settled == 0:
         return reconcile(unbatched, *graph, source=source), False
@@ -784,10 +787,14 @@ def _checked_batching(
         # when its first dim happens to be the rows run: a 5-row request padded to 6 rows got a
         # NonZero's entries for its padding row. Each request runs alone, at its own rows; so
         # does each of a graph quantized dynamically (`QUANTIZED_WHY`), an int8-dynamic
-        # variant of a batching model included.
-        alone = problem.sized_by_values or problem.coupled
+        # variant of a batching model included, and each of a variant whose rows seem to
+        # interact: it batches as its primary does, which no config of its own asked for (it
+        # was batched 'as its config asks', and its answers mixed other requests' rows; found
+        # by a tester).
+        alone = problem.sized_by_values or problem.coupled or settled is not None
         log.warning(
-            "%s: %s; batched anyway, as its config asks%s", source, problem.why,
+            "%s: %s; batched anyway, as %s%s", source, problem.why,
+            "its primary is" if settled is not None else "its config asks",
             ", but each request runs on its own" if alone else "",
         )  # fmt: skip
         return signature, alone
@@ -896,14 +903,71 @@ def _sampled_problem(
             except Exception as exc:
                 failure = failure or fitted(" ".join(str(exc).split()), 300)
                 continue
-            return _rows_problem(names, alone, whole, tolerance) or _rows_problem(
-                names, [alone[0]] * rows, twinned, tolerance
+            return (
+                _rows_problem(names, alone, whole, tolerance)
+                or _rows_problem(names, [alone[0]] * rows, twinned, tolerance)
+                or _wide_problem(session, signature, names, fill, free, tolerance)
             )
     why = (
         "no sample input of one row ran, so whether its first dim is a batch of independent "
         f"rows could not be checked (ONNX Runtime: {failure or 'failed'})"
     )
     return BatchingProblem(why, rows_differ=False)
+
+
+WIDE_ROWS = 8
+"""The rows of the wider batch `_wide_problem` runs (at most the model's max_batch_size)."""
+LOUD = 1000.0
+"""What `_wide_problem` scales its last row's float inputs by."""
+
+
+def _wide_problem(
+    session: ort.InferenceSession,
+    signature: ModelSignature,
+    names: list[str],
+    fill: SampleFill,
+    free: int,
+    tolerance: float,
+) -> BatchingProblem | None:
+    """What a batch of `WIDE_ROWS` rows shows, its last row's floats `LOUD`er, against its
+    first row run alone and the others run together: each output must have the rows run, and
+    the first row, within its own scale, what it has alone (None: nothing, or the runs failed:
+    the small batches ran).
+
+    NOTE: batches of 1 and 2 rows of N(0, 1) values passed graphs that mix rows beyond them,
+    and such models were batched and answered wrongly with 200 (found by a tester): one whose
+    branch takes the rows' mean from 3 rows on (a 5-row request alone, padded to 6, was
+    moved by its padding), one that takes row 2 of the batch, one that adds the rows' maximum
+    past a threshold, one whose hand-written quantizer takes its scale from the whole tensor."""
+    rows = min(signature.max_batch_size, WIDE_ROWS)
+    if rows <= 2:
+        return None
+    feeds = sample_inputs(signature, rows, seed=3, fill=fill, free=free)
+    for array in feeds.values():
+        if array.dtype.kind == "f":
+            array[-1] *= LOUD
+    try:
+        whole = session.run(names, feeds)
+        first = session.run(names, {k: v[:1] for k, v in feeds.items()})
+        others = session.run(names, {k: v[1:] for k, v in feeds.items()})
+    except Exception:
+        return None
+    for index, name in enumerate(names):
+        shape = list(np.shape(whole[index]))
+        if not shape or shape[0] != rows:
+            why = f"output '{name}' has shape {shape} for a batch of {rows}"
+            return BatchingProblem(why, rows_differ=True)
+        batched = np.asarray(whole[index])
+        if not (
+            _same_rows(batched[:1], np.asarray(first[index]), tolerance)
+            and _same_rows(batched[1:], np.asarray(others[index]), tolerance)
+        ):
+            why = (
+                f"output '{name}' of a batch of {rows} rows, one of large values, differs from "
+                "its rows run apart (its rows are not independent)"
+            )
+            return BatchingProblem(why, rows_differ=False)
+    return None
 
 
 SAMPLE_FREE_DIMS = (1, 8, 32)
