@@ -500,3 +500,34 @@ def test_an_image_model_too_small_at_one_pixel_still_batches(
         [("x", FLOAT, ["N", 3, "H", "W"])], [("y", FLOAT, ["N", 2])], (("w", weights),),
     )  # fmt: skip
     assert load(tmp_path, conv, loaded).signature.max_batch_size > 0
+
+
+def test_rows_mixed_through_an_optional_input_are_caught(
+    tmp_path: Path, loaded: list[LoadedModel], caplog: pytest.LogCaptureFixture
+) -> None:
+    """y = x + the mean of optional b over the batch (b defaults to zeros): requests giving b
+    batch together, and the check gave none (the tester's optmix, batched: wrong answers)."""
+    model = model_of(
+        [helper.make_node("ReduceMean", ["b"], ["m"], axes=[0], keepdims=1),
+         helper.make_node("Add", ["x", "m"], ["y"])],
+        [("x", FLOAT, ["N", 4]), ("b", FLOAT, ["N", 4])], [("y", FLOAT, ["N", 4])],
+        (("b", np.zeros((1, 4), dtype=np.float32)),),
+    )  # fmt: skip
+    served = load(tmp_path, model, loaded)
+    assert served.signature.max_batch_size == 0
+    assert "its rows are not independent" in caplog.text
+
+
+def test_an_optional_input_the_graph_takes_unbatched_leaves_the_check_to_the_others(
+    tmp_path: Path, loaded: list[LoadedModel]
+) -> None:
+    """b is declared [N, 4] but only [1, 4] runs (an Add to a [1, 4] constant reshaped): the
+    wide check runs without it, and the independent rows batch."""
+    model = model_of(
+        [helper.make_node("Reshape", ["b", "one_by_4"], ["b1"]),
+         helper.make_node("Add", ["x", "b1"], ["y"])],
+        [("x", FLOAT, ["N", 4]), ("b", FLOAT, ["N", 4])], [("y", FLOAT, ["N", 4])],
+        (("b", np.zeros((1, 4), dtype=np.float32)),
+         ("one_by_4", np.array([1, 4], dtype=np.int64))),
+    )  # fmt: skip
+    assert load(tmp_path, model, loaded).signature.max_batch_size > 0

@@ -932,7 +932,8 @@ def _wide_problem(
     """What a batch of `WIDE_ROWS` rows shows, its last row's floats `LOUD`er, against its
     first row run alone and the others run together: each output must have the rows run, and
     the first row, within its own scale, what it has alone (None: nothing, or the runs failed:
-    the small batches ran).
+    the small batches ran). Optional inputs with a batch dim are given too: requests that give
+    them batch together (one whose rows mixed through them was batched: found by a tester).
 
     NOTE: batches of 1 and 2 rows of N(0, 1) values passed graphs that mix rows beyond them,
     and such models were batched and answered wrongly with 200 (found by a tester): one whose
@@ -942,15 +943,21 @@ def _wide_problem(
     rows = min(signature.max_batch_size, WIDE_ROWS)
     if rows <= 2:
         return None
-    feeds = sample_inputs(signature, rows, seed=3, fill=fill, free=free)
-    for array in feeds.values():
-        if array.dtype.kind == "f":
-            array[-1] *= LOUD
-    try:
-        whole = session.run(names, feeds)
-        first = session.run(names, {k: v[:1] for k, v in feeds.items()})
-        others = session.run(names, {k: v[1:] for k, v in feeds.items()})
-    except Exception:
+    for batched_optional in (True, False):  # (without them where the graph refuses them)
+        feeds = sample_inputs(
+            signature, rows, seed=3, fill=fill, free=free, batched_optional=batched_optional
+        )
+        for array in feeds.values():
+            if array.dtype.kind == "f":
+                array[-1] *= LOUD
+        try:
+            whole = session.run(names, feeds)
+            first = session.run(names, {k: v[:1] for k, v in feeds.items()})
+            others = session.run(names, {k: v[1:] for k, v in feeds.items()})
+            break
+        except Exception:
+            continue
+    else:
         return None
     for index, name in enumerate(names):
         shape = list(np.shape(whole[index]))
@@ -1049,15 +1056,27 @@ def _value_sized(names: list[str], facts: GraphFacts | None) -> BatchingProblem 
 
 
 def sample_inputs(
-    signature: ModelSignature, rows: int, seed: int = 0, fill: SampleFill = "zeros", free: int = 1
+    signature: ModelSignature,
+    rows: int,
+    seed: int = 0,
+    fill: SampleFill = "zeros",
+    free: int = 1,
+    *,
+    batched_optional: bool = False,
 ) -> dict[str, np.ndarray]:
     """Inputs of the signature's shapes (free dims `free`) for warm-up and profiling; none for
-    the optional inputs, which ONNX Runtime then takes from their initializers. Floats are
-    random (`seed`); integers, booleans and strings as `fill` says (zeros: an index any table
-    has)."""
+    the optional inputs, which ONNX Runtime then takes from their initializers, but those
+    whose first dim is free where `batched_optional` (requests that give one batch together).
+    Floats are random (`seed`); integers, booleans and strings as `fill` says (zeros: an index
+    any table has)."""
     rng = np.random.default_rng(seed)
     feeds: dict[str, np.ndarray] = {}
-    for spec in signature.required_inputs:  # (optional ones: their initializers)
+    specs = [
+        spec
+        for spec in signature.inputs
+        if not spec.optional or (batched_optional and spec.shape and spec.shape[0] < 0)
+    ]
+    for spec in specs:  # (optional ones: their initializers)
         shape = [d if d >= 0 else free for d in spec.shape]
         if signature.max_batch_size > 0:
             shape[0] = rows
