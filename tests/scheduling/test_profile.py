@@ -13,6 +13,7 @@ from duetime.scheduling.profile import (
     OVERRUN_EVERY,
     OVERRUN_MAX,
     OVERRUN_WINDOW,
+    SHIFT_RUNS,
     TAIL_MEMORY_NS,
     TAIL_REFRESH_NS,
     LatencyProfile,
@@ -167,6 +168,34 @@ def test_buckets_not_run_yet_follow_the_ones_that_ran() -> None:
         profile.observe(8, 1_200_000)
     assert profile.predict(8) == pytest.approx(1_200_000, rel=0.05)  # its own runs rule now
     assert profile.predict(4) == pytest.approx(4 * 200_000 * (1_300_000 / 1_800_000), rel=0.1)
+
+
+def test_runs_in_a_row_far_past_the_estimate_shift_the_whole_profile() -> None:
+    """Capped at twice the estimate and weighed 0.05, 60 runs of 120 ms moved an 8 µs profile to
+    153 µs (a Loop whose trip count is an input: the tester's loopy), and a request due in 50 ms
+    was admitted, to be answered late."""
+    profile = flat({1: 8_000, 2: 16_000, 4: 32_000})
+    for _ in range(SHIFT_RUNS - 1):
+        profile.observe(1, 120_000_000)
+    assert profile.predict(1) < 1_000_000  # (each run alone moves it 5% at most)
+    profile.observe(1, 110_000_000)  # the fifth in a row: the shortest of them rules
+    assert profile.predict(1) == pytest.approx(110_000_000, rel=0.01)
+    # (scaled by the same ratio: to bucket 1's estimate, which its capped runs had raised 20%)
+    assert 3 * 110_000_000 < profile.predict(4) < 4 * 110_000_000
+    for _ in range(60):
+        profile.observe(1, 120_000_000)  # (then it follows the runs as usual)
+    assert 110_000_000 < profile.predict(1) <= 125_000_000
+
+
+def test_stalls_apart_do_not_shift_the_profile() -> None:
+    profile = flat({1: 8_000, 2: 16_000})
+    for _ in range(3 * SHIFT_RUNS):
+        profile.observe(1, 8_000_000)  # a stall...
+        profile.observe(1, 8_000)  # ...then a run as profiled
+    assert profile.predict(1) < 100_000
+    for _ in range(SHIFT_RUNS):
+        profile.observe(2, 16_000_000)  # (counted per bucket: 1's stalls are gone)
+    assert profile.predict(2) > 1_000_000
 
 
 # -- Overrun -------------------------------------------------------------------------------------
