@@ -126,3 +126,27 @@ def test_calls_gone_before_their_handler_are_counted_on_metrics(server: RunningS
         text = answer.read().decode()
     (line,) = [x for x in text.splitlines() if x.startswith("duetime_grpc_calls_gone_total ")]
     assert float(line.split()[1]) == service.gone_calls >= 1
+
+
+class SaidContext(GoneContext):
+    def set_details(self, details: str) -> None:
+        self.details = details
+
+
+def test_a_call_failed_unrun_past_its_deadline_is_told_so_not_that_it_was_never_taken() -> None:
+    """A call taken, queued, then failed unrun at its due time (its deadline gone meanwhile)
+    was told 'the call's deadline passed before the server could take it' (found by a
+    tester): it hears its error's own word; one never taken hears the old one."""
+    import grpc
+
+    from duetime.errors import DeadlineExceeded
+    from duetime.frontend.grpc import _no_answer
+
+    expired = DeadlineExceeded("Request timeout expired: ... waited in the queue; it was not run")
+    taken = SaidContext(cancelled=False, remaining=0.0)
+    _no_answer(taken, expired)
+    assert taken.code == grpc.StatusCode.DEADLINE_EXCEEDED
+    assert taken.details == expired.message
+    untaken = SaidContext(cancelled=False, remaining=0.0)
+    _no_answer(untaken)
+    assert untaken.details == "the call's deadline passed before the server could take it"

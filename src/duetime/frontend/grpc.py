@@ -540,7 +540,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
             if ticket is None:
                 self.count_refused(error)
             if _gone(context):  # (an abort on a call gRPC has ended logs ExecuteBatchError)
-                return _no_answer(context)
+                return _no_answer(context, error)
             _abort(context, error, trace_id, request.model_name, request.model_version)
         if trace_id is not None:
             context.set_trailing_metadata((("x-trace-id", trace_id),))
@@ -1366,17 +1366,24 @@ def _gone(context: Any) -> bool:
     return remaining is not None and remaining <= 0
 
 
-def _no_answer(context: Any) -> Any:
-    """What a handler returns for a call its client gave up: a status, not an answer.
+def _no_answer(context: Any, error: DuetimeError | None = None) -> Any:
+    """What a handler returns for a call its client gave up: a status, not an answer (`error`:
+    why the server ended it, where it took it).
 
     NOTE: past its deadline, a call may not be ended by gRPC yet: an empty message returned
     then went out as a successful answer (OK, no outputs). With its status set, the client
-    hears DEADLINE_EXCEEDED if it still listens; on a call already ended, gRPC sends nothing."""
+    hears DEADLINE_EXCEEDED if it still listens; on a call already ended, gRPC sends nothing.
+    A call taken, then failed unrun in the queue at its due time, was said to have passed its
+    deadline 'before the server could take it' (found by a tester): it gets its error's word."""
     if context.cancelled():
         context.set_code(grpc.StatusCode.CANCELLED)
     else:
         context.set_code(grpc.StatusCode.DEADLINE_EXCEEDED)
-        context.set_details("the call's deadline passed before the server could take it")
+        context.set_details(
+            fitted(error.message, MAX_DETAILS_BYTES)
+            if isinstance(error, DeadlineExceeded)
+            else "the call's deadline passed before the server could take it"
+        )
     return _NO_ANSWER
 
 
