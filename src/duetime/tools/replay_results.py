@@ -231,7 +231,8 @@ def format_result(doc: dict[str, Any]) -> str:
     if doc.get("unanswered"):
         lines.append(
             f"warning: {doc['unanswered']:,} requests had no answer by the end of --drain; "
-            "they count as errors"
+            "they count as errors and are not in the latency percentiles, which cover answers "
+            "only (so understate the slowest); raise --drain to time them"
         )
     if doc.get("interrupted"):
         lines.append(

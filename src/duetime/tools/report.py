@@ -327,7 +327,9 @@ def _warnings(
     if overall.unanswered:
         found.append(
             f"{overall.unanswered} requests had no answer by the end of --drain; they count as "
-            "errors"
+            "errors and are not in the latency percentiles, which cover answers only (so "
+            f"understate the slowest: {100 * overall.unanswered / max(1, overall.sent):.1f}% of "
+            "those sent waited past the drain); raise --drain to time them"
         )
     if overall.sent == 0:
         found.append("no request was sent in the measured window; raise --duration or --rate")
