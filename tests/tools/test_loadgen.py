@@ -1143,3 +1143,20 @@ def test_an_answer_read_long_into_a_turn_counts_from_the_kernels_word_not_before
     assert started <= came[3] <= started + 1_000_000
     assert came[2] >= before - 1_000_000  # (now, less a 4 ms age, plus the 4 ms tick)
     assert before - 16 * MS - MS <= came[1] <= before - 15 * MS
+
+
+def test_the_generator_line_says_its_cost_is_per_request_scheduled_when_many_waited() -> None:
+    """Most requests waiting in the generator (a tester's 50,000/s on one process), its CPU per
+    1k requests/s counted those scheduled, understating the cost of those sent 2-3x."""
+    from duetime.tools.report import GeneratorReport, _generator_line
+
+    def line(waited: float) -> str:
+        return _generator_line(GeneratorReport(
+            processes=1, cpu_s=1.0, cpu_cores=1.0, offered_rps=50_000.0, cpu_per_1k_rps=0.02,
+            late_send_fraction=0.5, send_lag_p99_ms=900.0, send_lag_max_ms=1300.0,
+            waited_fraction=waited,
+        ))  # fmt: skip
+
+    assert "per request scheduled" in line(0.9)
+    assert "per request scheduled" not in line(0.01)
+    assert "waited for a free connection: 1.0%" in line(0.01)
