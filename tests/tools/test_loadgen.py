@@ -1160,3 +1160,28 @@ def test_the_generator_line_says_its_cost_is_per_request_scheduled_when_many_wai
     assert "per request scheduled" in line(0.9)
     assert "per request scheduled" not in line(0.01)
     assert "waited for a free connection: 1.0%" in line(0.01)
+
+
+def test_a_request_sent_from_an_answer_reuses_its_connection() -> None:
+    """A closed-loop client sends its next request as its answer is told: the connection was
+    freed only after that, and N clients kept N + 1 connections open (found by a tester)."""
+
+    async def scenario() -> FakePool:
+        pool: FakePool
+
+        def answered(rid: int, *rest: Any) -> None:
+            if rid < 3:
+                pool.send(rid + 1, b"next")
+
+        pool = FakePool(answered)
+        await pool.open(1)
+        pool.send(1, b"first")
+        for _ in range(3):
+            await asyncio.sleep(0)
+            pool.connections[-1].data_received(OK)
+        await pool.aclose()
+        return pool
+
+    pool = run_async(scenario())
+    assert pool.opened == 1
+    assert pool.transports[0].written == [b"first", b"next", b"next"]
