@@ -371,3 +371,11 @@ def test_a_spread_the_runs_show_does_not_outgrow_the_one_measured_at_load() -> N
     for elapsed in [100_000, 150_000] * 50:
         profile.observe(1, elapsed)
     assert profile.predict(1) == int(profile._ewma[1])
+
+
+def test_the_snapshot_says_which_sizes_the_load_measured() -> None:
+    """Sizes past the largest measured are estimated at its cost per row: the statistics showed
+    their figures as measured (a tester read p99 equal to the median as one sample)."""
+    profile = profile_from_samples({1: [10] * 5, 2: [20] * 5}, up_to=8)
+    said = {row["batch_size"]: row["measured_at_load"] for row in profile.snapshot()}
+    assert said == {1: True, 2: True, 3: False, 4: False, 6: False, 8: False}

@@ -477,14 +477,19 @@ class LatencyProfile:
         """The median measured at load for a batch of `rows` (its bucket's)."""
         return self._points[self.bucket_of[rows]].median_ns
 
-    def snapshot(self) -> list[dict[str, float]]:
-        """Per bucket: measured median and p99 at load, the current estimate (µs)."""
+    def snapshot(self) -> list[dict[str, float | bool]]:
+        """Per bucket: median and p99 at load, the current estimate (µs), and whether the load
+        measured them (false: estimated from the sizes it measured, or a guess where no sample
+        ran; a tester took the estimated sizes' figures, p99 equal to the median, for
+        measurements)."""
+        guessed, estimated = self.guessed, self.estimated
         return [
             {
                 "batch_size": b,
                 "measured_median_us": self._points[b].median_ns / 1e3,
                 "measured_p99_us": self._points[b].p99_ns / 1e3,
                 "estimate_us": self._ewma[b] / 1e3,
+                "measured_at_load": not guessed and b not in estimated,
             }
             for b in self.buckets
         ]
