@@ -590,6 +590,15 @@ class FakePool(HttpPool):
 OK = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}"  # (a v2 answer is a JSON object)
 
 
+async def three_requests_sent(pool: FakePool) -> None:
+    """`pool` opens 3 connections and sends requests 1, 2 and 3: 1 on `connections[2]`, 3 on
+    `connections[0]` (the idle connections are a stack)."""
+    await pool.open(3)
+    for rid in (1, 2, 3):
+        pool.send(rid, b"req")
+    await asyncio.sleep(0)
+
+
 def test_http_pool_never_pipelines_it_opens_a_connection_instead() -> None:
     ended: list[tuple[Any, ...]] = []
 
@@ -624,10 +633,7 @@ def test_an_answer_read_whole_counts_as_come_when_the_turn_that_read_it_began() 
             seen.append((rid, came))
 
         pool = FakePool(answered, max_connections=3)
-        await pool.open(3)
-        for rid in (1, 2, 3):
-            pool.send(rid, b"req")
-        await asyncio.sleep(0)
+        await three_requests_sent(pool)
         started = time.perf_counter_ns()
         pool.connections[0].data_received(OK)  # the turn's first read
         time.sleep(0.002)  # noqa: ASYNC251 (the generator busy with the first answer)
@@ -1122,10 +1128,7 @@ def test_an_answer_read_long_into_a_turn_counts_from_the_kernels_word_not_before
             seen[rid] = came
 
         pool = FakeTcpPool(answered, max_connections=3)
-        await pool.open(3)
-        for rid in (1, 2, 3):
-            pool.send(rid, b"req")
-        await asyncio.sleep(0)
+        await three_requests_sent(pool)
         started = time.perf_counter_ns()
         pool.connections[0].data_received(OK)  # the turn's first read: came then
         time.sleep(0.04)  # noqa: ASYNC251 (a turn of many reads)
@@ -1138,7 +1141,7 @@ def test_an_answer_read_long_into_a_turn_counts_from_the_kernels_word_not_before
         return started, before
 
     started, before = run_async(scenario())
-    # (connections[0] carried request 3, [1] request 2, [2] request 1: the idle are a stack)
+    # (connections[0] carried request 3, [2] request 1: see three_requests_sent)
     came = {rid: at or 0 for rid, at in seen.items()}
     assert started <= came[3] <= started + 1_000_000
     assert came[2] >= before - 1_000_000  # (now, less a 4 ms age, plus the 4 ms tick)
