@@ -468,25 +468,45 @@ def _time_conv() -> onnx.ModelProto:
     )  # fmt: skip
 
 
-def test_a_model_no_sample_row_runs_on_is_served_unbatched(
+def test_a_model_that_runs_on_several_rows_and_not_on_one_is_served_unbatched(
     tmp_path: Path, loaded: list[LoadedModel], caplog: pytest.LogCaptureFixture
 ) -> None:
-    """No sample ran, and the graph was taken to batch: a 5-row request alone, padded to 6,
-    was answered wrongly (200), and batched ones mixed with others' rows."""
+    """No sample of 1 or 2 rows ran, and the graph was taken to batch: a 5-row request alone,
+    padded to 6, was answered wrongly (200), and batched ones mixed with others' rows. A batch
+    runs on one row: this first dim is none."""
     model = load(tmp_path, _time_conv(), loaded)
     assert model.signature.max_batch_size == 0
     assert "no sample input of one row ran" in caplog.text
     assert "Invalid input shape" in caplog.text  # (ONNX Runtime's word, cut to a line)
+    assert "but one of 8 rows did: its first dim is no batch" in caplog.text
     assert "served unbatched" in caplog.text
 
 
-def test_a_config_asking_for_batches_of_an_unchecked_model_gets_them(
+def test_a_config_asking_for_batches_of_a_time_axis_gets_them(
     tmp_path: Path, loaded: list[LoadedModel], caplog: pytest.LogCaptureFixture
 ) -> None:
     model = load(tmp_path, _time_conv(), loaded, config="max_batch_size = 8\n")
     assert model.signature.max_batch_size == 8
-    assert "could not be checked" in caplog.text
+    assert "its first dim is no batch" in caplog.text
     assert "batched anyway, as its config asks" in caplog.text
+
+
+def test_a_model_no_sample_runs_on_batches_as_its_dims_claim(
+    tmp_path: Path, loaded: list[LoadedModel], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Every dim free, as Hugging Face's exporter marks an image input: 3 channels is no size
+    the samples give (1, 8, 32), so no sample runs, and nothing shows the first dim is not a
+    batch. Served unbatched, such models lost their batching (found by a tester)."""
+    weights = np.random.default_rng(2).standard_normal((2, 3, 3, 3)).astype(np.float32)
+    conv = model_of(
+        [helper.make_node("Conv", ["x", "w"], ["c"], kernel_shape=[3, 3]),
+         helper.make_node("ReduceMean", ["c"], ["y"], axes=[2, 3], keepdims=0)],
+        [("x", FLOAT, ["N", "C", "H", "W"])], [("y", FLOAT, ["N", 2])], (("w", weights),),
+    )  # fmt: skip
+    assert load(tmp_path, conv, loaded).signature.max_batch_size > 0
+    assert "no sample input ran, of one row or of several" in caplog.text
+    assert "could not be checked" in caplog.text
+    assert "batched, as its dims claim" in caplog.text
 
 
 def test_an_image_model_too_small_at_one_pixel_still_batches(

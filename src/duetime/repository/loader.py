@@ -776,6 +776,9 @@ def _checked_batching(
     problem = batching_problem(session, signature, facts)
     if problem is None:
         return signature, False
+    if problem.unchecked:
+        log.warning("%s: %s; batched, as its dims claim", source, problem.why)
+        return signature, False
     asked = config.max_batch_size is not None or settled is not None
     if asked and problem.rows_differ:
         raise ConfigError(
@@ -838,6 +841,9 @@ class BatchingProblem(NamedTuple):
     coupled: bool = False
     """The graph takes one value over the whole tensor its rows are in (a dynamic quantizer's
     scale): each request must run alone, its own rows together, as ONNX Runtime runs it."""
+    unchecked: bool = False
+    """No sample ran at all, of any number of rows: nothing shows that the first dim is not a
+    batch, and it is taken for one, as it claims (with a warning)."""
 
 
 def batching_problem(
@@ -886,8 +892,13 @@ def _sampled_problem(
     NOTE: where no sample ran, the graph was taken to batch: a first axis that is time (a
     Conv over it without padding needs 3 rows; each row then moved by the others' mean) was
     batched, and a request of 5 rows alone, padded to 6, was answered wrongly with 200 (found
-    by a tester). Free inner dims of 1 fail many graphs that do batch (an image model's height
-    and width under its kernel), so they are tried bigger before giving up."""
+    by a tester). A batch runs on one row: a graph that runs on `WIDE_ROWS` rows and on no
+    sample of one has a first dim that is no batch. One that runs on no sample at all (its
+    inner dims need sizes the samples lack: 3 channels, 224 pixels, 400 audio samples, a
+    multiple of 64) shows nothing, and is taken to batch, as its dims claim: served
+    unbatched, 5 such exports of independent rows lost their batching (found by a tester).
+    Free inner dims of 1 fail many graphs that do batch (an image model's height and width
+    under its kernel), so they are tried bigger before giving up."""
     failure = ""
     for free in _free_dim_sizes(signature):
         for fill in BATCHING_FILLS:  # (a graph taking its inputs as indices may refuse some)
@@ -908,11 +919,33 @@ def _sampled_problem(
                 or _rows_problem(names, [alone[0]] * rows, twinned, tolerance)
                 or _wide_problem(session, signature, names, fill, free, tolerance)
             )
+    failed = f"ONNX Runtime: {failure or 'failed'}"
+    wide = _runs_wide(session, signature, names)
+    if wide:
+        why = (
+            f"no sample input of one row ran ({failed}), but one of {wide} rows did: its first "
+            "dim is no batch (a time axis, say)"
+        )
+        return BatchingProblem(why, rows_differ=False)
     why = (
-        "no sample input of one row ran, so whether its first dim is a batch of independent "
-        f"rows could not be checked (ONNX Runtime: {failure or 'failed'})"
+        "no sample input ran, of one row or of several, so whether its first dim is a batch "
+        f"of independent rows could not be checked ({failed})"
     )
-    return BatchingProblem(why, rows_differ=False)
+    return BatchingProblem(why, rows_differ=False, unchecked=True)
+
+
+def _runs_wide(session: ort.InferenceSession, signature: ModelSignature, names: list[str]) -> int:
+    """`WIDE_ROWS` if the graph runs on a sample of that many rows (any fill, any free size
+    `_sampled_problem` tries); 0 if not."""
+    for free in _free_dim_sizes(signature):
+        for fill in BATCHING_FILLS:
+            feeds = sample_inputs(signature, WIDE_ROWS, seed=2, fill=fill, free=free)
+            try:
+                session.run(names, feeds)
+            except Exception:
+                continue
+            return WIDE_ROWS
+    return 0
 
 
 WIDE_ROWS = 8
