@@ -188,9 +188,9 @@ class _Connection(asyncio.Protocol):
         turn's start (found by a tester: a fake server that answers at once, sent 45,000
         requests/s, had 34-48% of its answers timed before it wrote them, by up to 257 ms).
         The kernel's age of the socket's last data counts in jiffies, and may say one more than
-        the truth: less that jiffy, it is never early (the shortest age it gave, as the
-        server's `ReadTurn` learns it). Not later than now, either; from the turn's start
-        where the kernel does not say."""
+        the truth: with a jiffy taken off it (the shortest age the kernel gave, as the server's
+        `ReadTurn` learns it), it is never early. Not later than now, either; from the turn's
+        start where the kernel does not say."""
         sock = self._sock
         age = None if sock is None else last_data_age_ns(sock)
         if age is None:
