@@ -1855,6 +1855,26 @@ def test_a_model_whose_cost_follows_its_inputs_values_is_never_judged_slow() -> 
     run(body)
 
 
+def test_a_model_whose_cost_follows_its_inputs_is_judged_slow_past_its_configs_floor() -> None:
+    """Its runs were never judged slow, its config's slow_min_us ignored: a Loop's 66-106 ms
+    runs left a breaker set to open on 3 runs over 5 ms closed (found by a tester). Past a
+    floor its config sets, a run is slow, whatever its profile says."""
+
+    async def body() -> None:
+        floor = BreakerConfig(failures=2, open_s=0.01, slow_executions=2, slow_min_us=50_000)
+        h = harness(breaker=floor, predictable_cost=False)
+        for index in range(3):
+            h.submit(f"long{index}")
+            h.executor.complete(index, compute_ns=40_000 * US)  # (400x the profile: not slow)
+        assert [b.state for b in h.scheduler._breakers] == [BreakerState.CLOSED]
+        for index in range(3, 5):
+            h.submit(f"stalled{index}")
+            h.executor.complete(index, compute_ns=60_000 * US)
+        assert [b.state for b in h.scheduler._breakers] == [BreakerState.OPEN]
+
+    run(body)
+
+
 def test_requests_failing_on_their_data_have_the_model_checked_on_its_samples() -> None:
     """After `failures` uncounted failures on clients' data (within `open_s` of its load), the
     model runs its own samples: a model that fails on them opens its breaker at once; one that
