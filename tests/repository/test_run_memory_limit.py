@@ -216,15 +216,17 @@ class _Fails:
 
 
 def test_an_allocation_failure_is_the_requests_400_naming_the_model() -> None:
-    error = out_of_memory(RuntimeError(ARENA_FAILURE), "bomb-1")
+    error = out_of_memory(RuntimeError(ARENA_FAILURE), "'bomb' version 1")
     assert isinstance(error, InvalidInput)
     assert error.http_status == 400
-    assert "model 'bomb-1' ran out of memory" in error.message
+    assert "model 'bomb' version 1 ran out of memory" in error.message
     assert "ConstantOfShape node 'big'" in error.message
     assert out_of_memory(RuntimeError("std::bad_alloc"), "m") is not None
     assert out_of_memory(RuntimeError("index 7 is out of bounds"), "m") is None
     executor = Executor([_Fails()], output_names=["y"], string_outputs=frozenset(),
-                        batched=False, label="bomb-1", inline=True)  # fmt: skip
+                        batched=False, label="bomb-1", inline=True,
+                        named="'bomb' version 1")  # fmt: skip
     failed = executor._run_error(RuntimeError(ARENA_FAILURE), executor._runs[0], {})
     assert isinstance(failed, InvalidInput)
-    assert "ran out of memory" in failed.message
+    # (as every other error names a model: 'bomb-1', the threads' label, is no model's name)
+    assert "model 'bomb' version 1 ran out of memory" in failed.message

@@ -139,9 +139,12 @@ class Executor:
         inline: bool = False,
         splits_batches: bool = False,
         output_shapes: Mapping[str, tuple[int, ...]] | None = None,
+        named: str | None = None,
     ) -> None:
         """`output_shapes`: the outputs answers give in another shape than the graph's (a
-        config's `reshape`), by name: that shape, without the batch dim."""
+        config's `reshape`), by name: that shape, without the batch dim. `named`: the model as
+        errors to clients name it (`'m' version 1`; `label`, its threads' name, where not
+        given: a tester read 'hugeexp-1' as no model's name)."""
         if inline and len(sessions) != 1:
             raise ValueError(f"an inline executor has one session, got {len(sessions)}")
         self.inline = inline
@@ -167,6 +170,7 @@ class Executor:
         self._output_shapes = dict(output_shapes or {})
         self._batched = batched
         self._label = label
+        self._named = named or label
         self._closing = False
         self._split_lock = threading.Lock()
         self._stop_lock = threading.Lock()
@@ -261,7 +265,7 @@ class Executor:
 
     def _stopped_error(self) -> ModelUnavailable:
         return ModelUnavailable(
-            f"model {self._label}: this run was stopped: its requests were past their due "
+            f"model {self._named}: this run was stopped: its requests were past their due "
             "times or withdrawn by their clients"
         )
 
@@ -464,7 +468,7 @@ class Executor:
 
     def _closed_error(self) -> ModelUnavailable:
         return ModelUnavailable(
-            f"model {self._label}: the server is shutting down (or this version is unloading) "
+            f"model {self._named}: the server is shutting down (or this version is unloading) "
             "and stopped this request's run; retry, on another replica if there is one"
         )
 
@@ -473,7 +477,7 @@ class Executor:
             return self._closed_error()
         if isinstance(exc, UnicodeDecodeError):
             return self._not_utf8(exc, run, feeds)
-        memory = out_of_memory(exc, self._label)
+        memory = out_of_memory(exc, self._named)
         if memory is not None:
             return memory
         return _run_error(exc)

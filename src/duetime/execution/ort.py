@@ -95,8 +95,8 @@ plain allocator's (std::bad_alloc, with the arena off)."""
 
 def out_of_memory(exc: BaseException, model: str) -> InvalidInput | None:
     """What a run that raised `exc` tells the client when its allocation failed (the request's
-    values asked for more memory than the machine gives: a 400 naming the model, not a 500);
-    None for any other failure."""
+    values asked for more memory than the machine gives: a 400 naming the model, `model` as
+    shown: `'m' version 1`, not a 500); None for any other failure."""
     text = str(exc)
     if isinstance(exc, MemoryError) or any(mark in text for mark in OUT_OF_MEMORY_MARKS):
         node = re.search(r"running (\w+) node\. Name:'([^']*)'", text)
@@ -104,7 +104,7 @@ def out_of_memory(exc: BaseException, model: str) -> InvalidInput | None:
         if node is not None:
             where = f" in its {node.group(1)} node" + (f" '{node[2]}'" if node[2] else "")
         return InvalidInput(
-            f"model '{model}' ran out of memory{where}: the run needed more memory than the "
+            f"model {model} ran out of memory{where}: the run needed more memory than the "
             "server has available for it; the request's values ask for too large a tensor "
             "(a shape or size input), ask for a smaller one"
         )

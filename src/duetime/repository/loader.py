@@ -158,6 +158,8 @@ def load_version(
         string_outputs=frozenset(s.name for s in signature.outputs if s.datatype == "BYTES"),
         batched=signature.max_batch_size > 0,
         label=label,
+        named=f"'{source.name}' version {version}"
+        + (f" variant '{variant.name}'" if variant else ""),
         inline=config.execution == "inline",
         splits_batches=alone,
         output_shapes=answer_shapes(signature),
