@@ -411,9 +411,9 @@ class ModelScheduler:
         `sample`: inputs of one row for `refresh_if_stale` and `_suspect` (None: it never
         runs one). `predictable_cost`: False for a model whose run time follows its inputs'
         values (a Loop's trip count, a size read from an input) or free non-batch dims: its
-        executions are not judged slow by its profile, which cannot say what a run should take
-        (5 valid Loop requests of 60-120 ms opened the breaker of one profiled at 1 ms), only
-        past a `slow_min_us` its config sets. Failures still count."""
+        executions are never judged slow, since its profile cannot say what a run should take
+        (5 valid Loop requests of 60-120 ms opened the breaker of one profiled at 1 ms).
+        Failures still count."""
         self._sample = sample
         self._refreshing = False
         """A sample run of `refresh_if_stale` is planned (`_refresh_soon`) or running."""
@@ -475,22 +475,16 @@ class ModelScheduler:
         self._checked_ns = -(1 << 62)
         """When `_suspect` last ran the sample inputs."""
         self._predictable_cost = predictable_cost
-        chosen = self._breaker_config
-        self._slow_by_floor = (
-            not predictable_cost
-            and "slow_min_us" in chosen.model_fields_set
-            and chosen.slow_min_us > 0
-        )
-        """A model whose run time follows its inputs, with a `slow_min_us` of its config's: a
-        run past it alone is slow (its profile cannot say what a run should take).
-
-        NOTE: such a model's runs were never judged slow, its config's `slow_min_us` and
-        `slow_executions` silently ignored: 66-106 ms runs of a Loop, three in a row twice,
-        left a breaker set to open on 3 over 5 ms closed (found by a tester)."""
-        if not predictable_cost and not self._slow_by_floor:
-            log.info(
-                "model %s: its run time follows its inputs, so its runs are not judged slow by "
-                "its profile; set breaker.slow_min_us to judge them by that alone", label,
+        slow_set = {"slow_factor", "slow_min_us", "slow_executions"}
+        if not predictable_cost and self._breaker_config.model_fields_set & slow_set:
+            # NOTE: said at info at most, a config's slow settings were ignored unseen: a Loop's
+            # 66-106 ms runs, three in a row twice, left a breaker set to open on 3 over 5 ms
+            # closed (found by a tester)
+            log.warning(
+                "model %s: its run time follows its inputs' values, so its runs are never judged "
+                "slow: breaker.slow_factor, slow_min_us and slow_executions do not apply to it "
+                "(failures still open its breaker, and a run past every due time in it is "
+                "stopped)", label,
             )  # fmt: skip
         self._queued_cache: tuple[tuple[int, int, int], int, Queued] | None = None
         """`_queued_work`'s last answer: (queue length, rows, first free instance), when, what."""
@@ -2242,9 +2236,9 @@ class ModelScheduler:
             failed = False
         # (the floor first, without `_slow`'s frame: a run under it, nearly every one, is not)
         slow = (
-            (self._predictable_cost or self._slow_by_floor)
+            self._predictable_cost
             and result.compute_ns > self._slow_floor_ns
-            and (self._slow_by_floor or self._slow(rows, result, sent))
+            and self._slow(rows, result, sent)
         )
         if not (failed or slow or self._tripped):
             breaker.clear()
