@@ -54,7 +54,7 @@ from duetime.routing.router import Routed, Router
 from duetime.scheduling.edf import QueuedRequest
 from duetime.scheduling.ledger import CoreLedger
 from duetime.scheduling.scheduler import ModelScheduler
-from duetime.types import InferRequest, InferResponse
+from duetime.types import InferRequest, InferResponse, model_words
 
 log = logging.getLogger("duetime.engine")
 
@@ -296,7 +296,6 @@ class Engine:
         ):
             ledger = self._ledgers.setdefault(pins[0], CoreLedger())
         timeout_ms = loaded.config.default_timeout_ms
-        label = f"'{loaded.name}' version {loaded.version}"
         scheduler = ModelScheduler(
             executor=loaded.executor,
             config=loaded.config.scheduling,
@@ -304,7 +303,7 @@ class Engine:
             profile=loaded.profile,
             default_timeout_ns=None if timeout_ms is None else int(timeout_ms * 1e6),
             clock=self.clock,
-            label=label if variant == PRIMARY else f"{label} variant {variant}",
+            label=model_words(loaded.name, loaded.version, None if variant == PRIMARY else variant),
             breaker=loaded.config.breaker,
             ledger=None if background else ledger,
             sample_row_bytes=sample_row_bytes(loaded.signature),

@@ -17,6 +17,8 @@ class DuetimeError(Exception):
     http_status: int = 500
     grpc_code: str = "INTERNAL"
     retry_after_s: float | None = None
+    headers: tuple[tuple[bytes, bytes], ...] = ()
+    """Headers its HTTP answer carries besides those every error's does."""
 
     def __init__(self, message: str, *, retry_after_s: float | None = None) -> None:
         super().__init__(message)
@@ -106,6 +108,8 @@ class Unauthorized(DuetimeError):
 
     http_status = 401
     grpc_code = "UNAUTHENTICATED"
+    headers = ((b"WWW-Authenticate", b'Bearer realm="duetime"'),)
+    """RFC 9110 15.5.2: a 401 says how to authenticate (it did not: found by a tester)."""
 
 
 class NotAllowed(DuetimeError):

@@ -135,3 +135,10 @@ class RequestTiming:
     compute_ns: int = 0
     batch_rows: int = 0
     instance: int = -1
+
+
+def model_words(name: str, version: int | str, variant: str | None = None) -> str:
+    """A model version (and its variant) as messages to clients and logs name it: `'m' version
+    1`, `'m' version 1 variant fp16`."""
+    words = f"'{name}' version {version}"
+    return words if variant is None else f"{words} variant {variant}"

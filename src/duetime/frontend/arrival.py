@@ -50,12 +50,14 @@ JIFFY_MAX_NS = 10_000_000
 _TCP_INFO_BYTES = 56
 _LAST_DATA_RECV = struct.Struct("=I")
 _LAST_DATA_RECV_AT = 52
+"""`struct tcp_info`: eight bytes of u8 fields, then u32s: rto, ato, snd_mss, rcv_mss, unacked,
+sacked, lost, retrans, fackets, last_data_sent, last_ack_sent, last_data_recv (ms)."""
 
 
 def last_data_age_ns(sock: Any) -> int | None:
     """How long ago, by the kernel, the TCP socket `sock` last received data (TCP_INFO's
-    `tcpi_last_data_recv`: whole milliseconds of jiffies, so at most the true age, short by
-    less than a jiffy); None where the kernel does not say."""
+    `tcpi_last_data_recv`, counted in whole jiffies: off the true age by up to a jiffy either
+    way); None where the kernel does not say."""
     try:
         info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, _TCP_INFO_BYTES)
     except (OSError, AttributeError):
@@ -63,10 +65,6 @@ def last_data_age_ns(sock: Any) -> int | None:
     if len(info) < _TCP_INFO_BYTES:
         return None
     return int(_LAST_DATA_RECV.unpack_from(info, _LAST_DATA_RECV_AT)[0]) * 1_000_000
-
-
-"""`struct tcp_info`: eight bytes of u8 fields, then u32s: rto, ato, snd_mss, rcv_mss, unacked,
-sacked, lost, retrans, fackets, last_data_sent, last_ack_sent, last_data_recv (ms)."""
 
 
 class ReadTurn:
@@ -211,13 +209,9 @@ class ReadTurn:
         jiffy = self._jiffy_ns
         if not first and self._open and now - self._arrival_ns < jiffy and self._away_ns < jiffy:
             return
-        try:
-            info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, _TCP_INFO_BYTES)
-        except (OSError, AttributeError):
+        age = last_data_age_ns(sock)
+        if age is None:
             return
-        if len(info) < _TCP_INFO_BYTES:
-            return
-        age = _LAST_DATA_RECV.unpack_from(info, _LAST_DATA_RECV_AT)[0] * 1_000_000
         if 0 < age < jiffy:
             self._jiffy_ns = jiffy = age
         self._earliest_ns = now - age - jiffy if whole else -(1 << 62)

@@ -382,9 +382,6 @@ NOTE: a 7 MB input name came back whole in a 7 MB 400 and a 7 MB log line (found
 tester)."""
 
 
-_BEARER = (b"WWW-Authenticate", b'Bearer realm="duetime"')
-
-
 def error_reply(
     exc: DuetimeError, trace_id: str | None = None, message: str | None = None
 ) -> Reply:
@@ -394,10 +391,8 @@ def error_reply(
     headers: Headers = (_JSON,)
     if exc.retry_after_s is not None:
         headers += ((b"Retry-After", retry_after(exc.retry_after_s)),)
-    if isinstance(exc, HttpError | UnsupportedEncoding):
+    if exc.headers:
         headers += exc.headers
-    elif isinstance(exc, Unauthorized):  # (RFC 9110 15.5.2: a 401 says how to authenticate)
-        headers += (_BEARER,)
     if trace_id is None:
         trace_id = new_trace_id()
     headers += ((b"x-trace-id", trace_id.encode()),)

@@ -31,7 +31,7 @@ from duetime.execution.ort import (
 from duetime.repository.layout import ModelSource
 from duetime.repository.tritonconfig import load_model_config
 from duetime.scheduling.profile import LatencyProfile, batch_buckets, profile_from_samples
-from duetime.types import ModelSignature, TensorSpec
+from duetime.types import ModelSignature, TensorSpec, model_words
 from duetime.validation import Validator, left_out_inputs
 
 if TYPE_CHECKING:
@@ -158,8 +158,7 @@ def load_version(
         string_outputs=frozenset(s.name for s in signature.outputs if s.datatype == "BYTES"),
         batched=signature.max_batch_size > 0,
         label=label,
-        named=f"'{source.name}' version {version}"
-        + (f" variant '{variant.name}'" if variant else ""),
+        named=model_words(source.name, version, variant.name if variant else None),
         inline=config.execution == "inline",
         splits_batches=alone,
         output_shapes=answer_shapes(signature),
@@ -902,6 +901,7 @@ def _sampled_problem(
     Free inner dims of 1 fail many graphs that do batch (an image model's height and width
     under its kernel), so they are tried bigger before giving up."""
     failure = ""
+    runs_wide = False  # (a sample of `WIDE_ROWS` rows ran where the small ones did not)
     for free in _free_dim_sizes(signature):
         for fill in BATCHING_FILLS:  # (a graph taking its inputs as indices may refuse some)
             feeds = sample_inputs(signature, rows, seed=2, fill=fill, free=free)
@@ -915,6 +915,7 @@ def _sampled_problem(
                 twinned = session.run(names, twins) if rows > 1 else alone[0]
             except Exception as exc:
                 failure = failure or fitted(" ".join(str(exc).split()), 300)
+                runs_wide = runs_wide or _runs(session, names, signature, fill, free)
                 continue
             return (
                 _rows_problem(names, alone, whole, tolerance)
@@ -922,11 +923,10 @@ def _sampled_problem(
                 or _wide_problem(session, signature, names, fill, free, tolerance)
             )
     failed = f"ONNX Runtime: {failure or 'failed'}"
-    wide = _runs_wide(session, signature, names)
-    if wide:
+    if runs_wide:
         why = (
-            f"no sample input of one row ran ({failed}), but one of {wide} rows did: its first "
-            "dim is no batch (a time axis, say)"
+            f"no sample input of one row ran ({failed}), but one of {WIDE_ROWS} rows did: its "
+            "first dim is no batch (a time axis, say)"
         )
         return BatchingProblem(why, rows_differ=False)
     why = (
@@ -936,18 +936,19 @@ def _sampled_problem(
     return BatchingProblem(why, rows_differ=False, unchecked=True)
 
 
-def _runs_wide(session: ort.InferenceSession, signature: ModelSignature, names: list[str]) -> int:
-    """`WIDE_ROWS` if the graph runs on a sample of that many rows (any fill, any free size
-    `_sampled_problem` tries); 0 if not."""
-    for free in _free_dim_sizes(signature):
-        for fill in BATCHING_FILLS:
-            feeds = sample_inputs(signature, WIDE_ROWS, seed=2, fill=fill, free=free)
-            try:
-                session.run(names, feeds)
-            except Exception:
-                continue
-            return WIDE_ROWS
-    return 0
+def _runs(
+    session: ort.InferenceSession,
+    names: list[str],
+    signature: ModelSignature,
+    fill: SampleFill,
+    free: int,
+) -> bool:
+    """Whether the graph runs on a sample of `WIDE_ROWS` rows (`fill`, free dims `free`)."""
+    try:
+        session.run(names, sample_inputs(signature, WIDE_ROWS, seed=2, fill=fill, free=free))
+    except Exception:
+        return False
+    return True
 
 
 WIDE_ROWS = 8
@@ -995,10 +996,8 @@ def _wide_problem(
     else:
         return None
     for index, name in enumerate(names):
-        shape = list(np.shape(whole[index]))
-        if not shape or shape[0] != rows:
-            why = f"output '{name}' has shape {shape} for a batch of {rows}"
-            return BatchingProblem(why, rows_differ=True)
+        if (lacking := _lacks_rows(name, whole[index], rows)) is not None:
+            return lacking
         batched = np.asarray(whole[index])
         if not (
             _same_rows(batched[:1], np.asarray(first[index]), tolerance)
@@ -1040,10 +1039,8 @@ def _rows_problem(
     rows = len(alone)
     for index, name in enumerate(names):
         for outputs, count in (*((run, 1) for run in alone), (whole, rows)):
-            shape = list(np.shape(outputs[index]))
-            if not shape or shape[0] != count:
-                why = f"output '{name}' has shape {shape} for a batch of {count}"
-                return BatchingProblem(why, rows_differ=True)
+            if (lacking := _lacks_rows(name, outputs[index], count)) is not None:
+                return lacking
         sizes = [list(np.shape(run[index])[1:]) for run in alone]
         if any(size != sizes[0] for size in sizes):
             why = (
@@ -1061,6 +1058,14 @@ def _rows_problem(
             )
             return BatchingProblem(why, rows_differ=False)
     return None
+
+
+def _lacks_rows(name: str, output: np.ndarray, rows: int) -> BatchingProblem | None:
+    """Output `name` of a batch of `rows` rows, where its first dim is not those rows."""
+    shape = list(np.shape(output))
+    if shape and shape[0] == rows:
+        return None
+    return BatchingProblem(f"output '{name}' has shape {shape} for a batch of {rows}", True)
 
 
 def _same_rows(batched: np.ndarray, lone: np.ndarray, tolerance: float) -> bool:

@@ -1069,10 +1069,14 @@ class ModelManager:
         # (the limit only when one is set: stand-ins for `_load_with_variants` take three)
         extra = () if limit is None else (limit,)
         try:
-            loaded, missing, broken = await asyncio.get_running_loop().run_in_executor(
+            loaded, unloaded, missing = await asyncio.get_running_loop().run_in_executor(
                 self._loader, _load_with_variants, source, version, config, *extra
             )
-            lost = [why for variant, why in broken.items() if keep and variant in serving]
+            lost = [
+                why
+                for variant, why in unloaded.items()
+                if keep and variant in serving and variant not in missing
+            ]
             if lost:
                 # NOTE: a working version is not swapped for one without a variant it serves
                 # whose file is there but will not load: a bad copy would take cheaper answers
@@ -1102,11 +1106,6 @@ class ModelManager:
         self._load_s[source.name] = time.perf_counter() - started
         variants = tuple(self._deploy(model, variant, background) for variant, model in loaded)
         log.info("model %s version %d ready (%d variants)", source.name, version, len(variants))
-        unloaded = {
-            v.name: missing.get(v.name) or broken[v.name]
-            for v in config.variants
-            if v.name in missing or v.name in broken
-        }
         if unloaded:  # (a missing file, or a variant it never served: it serves without; the
             # index says so)
             # NOTE: a load adding a variant whose file was missing answered 400 'version 1
@@ -1690,19 +1689,20 @@ def _inputs(signature: ModelSignature) -> str:
 
 def _load_with_variants(
     source: ModelSource, version: int, config: ModelConfig, max_run_memory_bytes: int | None = None
-) -> tuple[list[tuple[str, LoadedModel]], dict[str, str], dict[str, str]]:
-    """The primary model of `version` and each variant that loads beside it, then why each
-    other variant did not, by name: those whose file is missing, and those whose file will not
-    load; blocking. What comes of the variants that did not load is the caller's to say (and
-    log)."""
+) -> tuple[list[tuple[str, LoadedModel]], dict[str, str], set[str]]:
+    """The primary model of `version` and each variant that loads beside it, why each other
+    variant did not (by name, in the config's order: its file is missing, or will not load),
+    and the names of those whose file is missing; blocking. What comes of the variants that did
+    not load is the caller's to say (and log)."""
     primary = load_version(source, version, config, max_run_memory_bytes=max_run_memory_bytes)
     loaded = [(PRIMARY, primary)]
-    missing: dict[str, str] = {}
-    broken: dict[str, str] = {}
+    unloaded: dict[str, str] = {}
+    missing: set[str] = set()
     folder = source.versions[version].parent
     for variant in config.variants:
         if not (folder / variant.file).is_file():
-            missing[variant.name] = _missing_variant(variant.name, variant.file, folder)
+            unloaded[variant.name] = _missing_variant(variant.name, variant.file, folder)
+            missing.add(variant.name)
             continue
         try:
             model = load_version(
@@ -1711,10 +1711,10 @@ def _load_with_variants(
                 max_run_memory_bytes=max_run_memory_bytes,
             )  # fmt: skip
         except ConfigError as exc:
-            broken[variant.name] = f"variant '{variant.name}' not loaded: {exc.message}"
+            unloaded[variant.name] = f"variant '{variant.name}' not loaded: {exc.message}"
             continue
         loaded.append((variant.name, model))
-    return loaded, missing, broken
+    return loaded, unloaded, missing
 
 
 def _missing_variant(name: str, file: str, folder: Path) -> str:
