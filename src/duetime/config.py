@@ -6,6 +6,7 @@ import difflib
 import logging
 import math
 import os
+import re
 import tomllib
 from collections.abc import Callable, Collection, Iterable, Mapping
 from pathlib import Path
@@ -24,6 +25,7 @@ from pydantic import (
 )
 
 from duetime.errors import ConfigError
+from duetime.repository.layout import MODEL_FILENAME
 
 log = logging.getLogger(__name__)
 
@@ -338,10 +340,16 @@ class TrafficConfig(_Strict):
         return versions
 
 
+_FILE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,254}")
+
+
 class ModelConfig(_Strict):
     """`<repo>/<model>/config.toml`: every field is optional."""
 
     platform: Literal["onnxruntime_onnx"] = "onnxruntime_onnx"
+    default_model_filename: str = MODEL_FILENAME
+    """The model file in each version folder (Triton's field of that name): a file, or a
+    folder holding `model.onnx` beside the model's external data."""
     max_batch_size: int | None = Field(default=None, ge=0, le=65_536)
     """Largest batch one execution takes; 0 disables batching. Default: 32 when the graph's
     first dim is free on every input and output, else 0."""
@@ -378,6 +386,16 @@ class ModelConfig(_Strict):
         valid dictionary or instance of SchedulingConfig"). Other strings are refused by
         `policy`, naming the choices."""
         return {"policy": value} if isinstance(value, str) else value
+
+    @field_validator("default_model_filename", mode="after")
+    @classmethod
+    def _a_name_in_the_version_folder(cls, name: str) -> str:
+        if not _FILE_NAME.fullmatch(name):
+            raise ValueError(
+                "expected the name of a file (or folder) in each version folder: up to 255 "
+                "letters, digits, '_', '.' and '-', not starting with '.'"
+            )
+        return name
 
     @field_validator("inputs", "outputs", mode="after")
     @classmethod
@@ -418,8 +436,10 @@ class ModelConfig(_Strict):
             repeated = sorted({x for x in values if values.count(x) > 1})
             if repeated:
                 raise ValueError(f"variants: {what} {', '.join(repeated)} appears more than once")
-        if "model.onnx" in files:
-            raise ValueError("variants: 'model.onnx' is the primary model, not a variant")
+        if self.default_model_filename in files:
+            raise ValueError(
+                f"variants: '{self.default_model_filename}' is the primary model, not a variant"
+            )
         return self
 
 

@@ -21,8 +21,10 @@ CASES = {
     f"(versions are int64s: at most {VERSION_MAX})",
     "1/model.onnx/": "1/model.onnx: a folder holding no model.onnx (as Triton's layout, "
     "1/model.onnx/model.onnx, beside its external data)",
-    "1/Model.onnx": "1/Model.onnx: the file must be named model.onnx",
-    "1/resnet.onnx": "1/resnet.onnx: the file must be named model.onnx",
+    "1/Model.onnx": "1/Model.onnx: the file must be named model.onnx (or named by the config's "
+    "field 'default_model_filename')",
+    "1/resnet.onnx": "1/resnet.onnx: the file must be named model.onnx (or named by the config's "
+    "field 'default_model_filename')",
     "v1/model.onnx": "v1/: not a version: a version folder's name is an integer, such as 1",
     "model.onnx": "model.onnx: a model file directly in the model folder; it goes in a version "
     "folder, m/1/model.onnx",
@@ -118,19 +120,3 @@ def test_a_repository_entry_linking_to_nothing_is_warned_of_once(
         f"model repository {tmp_path}: remote is a symbolic link to {tmp_path / 'mnt' / 'remote'}"
         ", which does not exist; if it is meant as a model folder, it is not served"
     ]
-
-
-def test_a_triton_config_naming_another_model_file_is_named(tmp_path: Path) -> None:
-    """Triton's `default_model_filename` is not read: the refusal names the field (it said only
-    that the file must be named model.onnx; found by a tester)."""
-    make(tmp_path / "m", "1/other.onnx")
-    (tmp_path / "m" / "config.pbtxt").write_text(
-        'platform: "onnxruntime_onnx"\ndefault_model_filename: "other.onnx"\n'
-    )
-    with pytest.raises(ConfigError) as caught:
-        scan_model(tmp_path / "m")
-    assert caught.value.message.endswith(
-        "(config.pbtxt: field 'default_model_filename' names 'other.onnx', which duetime does "
-        "not read: rename the files to model.onnx)"
-    )
-    assert "1/other.onnx: the file must be named model.onnx" in caught.value.message

@@ -141,7 +141,6 @@ def test_a_config_name_that_is_not_a_file_is_refused(tmp_path: Path) -> None:
         ('backend: "python"', "c: backend: 'python'"),
         ('name: "other"', "c: name: 'other' differs from the model's folder 'm'"),
         ("sequence_batching { }", "c: sequence_batching: sequence batching (stateful models)"),
-        ('default_model_filename: "net.onnx"', "c: default_model_filename: 'net.onnx'"),
         ("model_transaction_policy { decoupled: true }", "decoupled models are not supported"),
         ("max_batch_size: -1", "c: max_batch_size: -1: must be 0 (no batching) or more"),
         ('parameters { key: "intra_op_thread_count" value { string_value: "two" } }',

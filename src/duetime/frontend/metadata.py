@@ -104,7 +104,7 @@ def model_config_json(model: LoadedModel) -> dict[str, Any]:
             "inter_op_thread_count": {"string_value": str(config.inter_op_threads)},
             **_carried(config),
         },
-        "default_model_filename": model.path.name,
+        "default_model_filename": config.default_model_filename,
     }
 
 

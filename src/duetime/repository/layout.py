@@ -5,7 +5,7 @@ data)."""
 from __future__ import annotations
 
 import os
-import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,16 +37,16 @@ class Scan:
     errors: dict[str, str]
 
 
-def model_file(version: Path) -> Path | None:
-    """The model file of the version folder `version`: its `model.onnx`, or, where that is a
-    folder, the `model.onnx` in it (Triton's layout for a model with external data: the
-    onnxruntime backend loads `<dir>/model.onnx` of a model path that is a folder); None when
-    it holds neither.
+def model_file(version: Path, filename: str = MODEL_FILENAME) -> Path | None:
+    """The model file of the version folder `version`: its `filename` (the config's
+    `default_model_filename`, as Triton's), or, where that is a folder, the `model.onnx` in it
+    (Triton's layout for a model with external data: the onnxruntime backend loads
+    `<dir>/model.onnx` of a model path that is a folder); None when it holds neither.
 
     NOTE: that layout was refused ("1/model.onnx: a folder, not a file") though a Triton ONNX
     repository is to serve as it is. ORT reads the external data relative to the model file,
     so from that folder, and refuses a location that leaves it."""
-    path = version / MODEL_FILENAME
+    path = version / filename
     if path.is_file():
         return path
     if path.is_dir() and (path / MODEL_FILENAME).is_file():
@@ -54,9 +54,11 @@ def model_file(version: Path) -> Path | None:
     return None
 
 
-def version_folder(model: Path) -> Path:
-    """The version folder of a model file `model_file` gave (or a variant's file beside it)."""
-    return model.parent.parent if model.parent.name == MODEL_FILENAME else model.parent
+def version_folder(model: Path, filename: str = MODEL_FILENAME) -> Path:
+    """The version folder of a model file `model_file(..., filename)` gave (or a variant's
+    file beside it)."""
+    inside = model.name == MODEL_FILENAME and model.parent.name == filename
+    return model.parent.parent if inside else model.parent
 
 
 def is_hidden(name: str) -> bool:
@@ -135,8 +137,11 @@ def _is_utf8(name: str) -> bool:
     return True
 
 
-def scan_repository(root: Path) -> Scan:
+def scan_repository(
+    root: Path, filename_of: Callable[[Path], str] = lambda _: MODEL_FILENAME
+) -> Scan:
     """List the models under `root`; a folder that is not a valid model is reported, not fatal.
+    `filename_of`: the model file name a model folder's config gives its versions.
 
     ConfigError when `root` is no folder, or holds no model but is one (a model's folder, or
     one of its version folders, given in place of the repository)."""
@@ -148,7 +153,7 @@ def scan_repository(root: Path) -> Scan:
     errors = misnamed_folders(root)
     for directory in model_folders(root):
         try:
-            models.append(scan_model(directory))
+            models.append(scan_model(directory, filename=filename_of(directory)))
         except ConfigError as exc:
             errors[directory.name] = exc.message
     if not models:
@@ -207,74 +212,63 @@ UPLOADED = "the uploaded files ('file:' load parameters)"
 written to, which the client never named (and which is gone by the time it reads them)."""
 
 
-def scan_model(directory: Path, *, uploaded: bool = False) -> ModelSource:
-    """The versions of one model folder; ConfigError if it holds none, or two folders name the
-    same version (`1` and `01`). `uploaded`: the folder holds a load request's files (named so
-    in the errors, and their paths as its `file:` keys)."""
+def scan_model(
+    directory: Path, *, filename: str = MODEL_FILENAME, uploaded: bool = False
+) -> ModelSource:
+    """The versions of one model folder, each holding the model file `filename`; ConfigError if
+    it holds none, or two folders name the same version (`1` and `01`). `uploaded`: the folder
+    holds a load request's files (named so in the errors, and their paths as its `file:`
+    keys)."""
     where, under = (UPLOADED, "file:") if uploaded else (str(directory), f"{directory}/")
     versions: dict[int, Path] = {}
     for child in sorted(directory.iterdir()):
         number = version_of(child.name)
-        model = model_file(child) if number is not None and child.is_dir() else None
+        model = model_file(child, filename) if number is not None and child.is_dir() else None
         if number is not None and model is not None:
             seen = versions.get(number)
             if seen is not None:
                 # NOTE: serving either would depend on the listing order; refusing the model
                 # (a served one keeps serving) names the stray folder instead.
                 raise ConfigError(
-                    f"{where}: version folders '{version_folder(seen).name}' and "
+                    f"{where}: version folders '{version_folder(seen, filename).name}' and "
                     f"'{child.name}' are both version {number}; keep one (versions are "
                     f"integers: name it '{number}')"
                 )
             versions[number] = model
     if not versions:
-        found = _not_versions(directory)
+        found = _not_versions(directory, filename)
         shown = "; ".join(found[:_SHOWN_MAX])
         if len(found) > _SHOWN_MAX:
             shown += f"; and {len(found) - _SHOWN_MAX} more"
+        named = (
+            ""
+            if filename == MODEL_FILENAME
+            else f" (its config's field 'default_model_filename' names {shown_name(filename)!r})"
+        )
         raise ConfigError(
-            f"{where}: no version folder holds a {MODEL_FILENAME}"
+            f"{where}: no version folder holds a {shown_name(filename)}"
             + (f" ({shown})" if shown else "")
-            + f"; expected {under}<version>/{MODEL_FILENAME} with an integer version such as 1"
-            + _named_file(directory)
+            + f"; expected {under}<version>/{shown_name(filename)} with an integer version such "
+            + "as 1"
+            + named
         )
     return ModelSource(directory.name, directory, versions)
-
-
-_DEFAULT_MODEL_FILENAME = re.compile(r"(?m)^\s*default_model_filename\s*:\s*([\"'])(.*?)\1")
-
-
-def _named_file(directory: Path) -> str:
-    """What a refusal of `directory` for holding no version adds where its config.pbtxt names
-    another model file (Triton's `default_model_filename`), which duetime does not read.
-
-    NOTE: the refusal said only 'the file must be named model.onnx': the field the tester's
-    config set was named by the config's own check, which never ran (found by a tester)."""
-    try:
-        text = (directory / "config.pbtxt").read_text(errors="replace")
-    except OSError:
-        return ""
-    match = _DEFAULT_MODEL_FILENAME.search(text)
-    if match is None or match[2] in ("", MODEL_FILENAME):
-        return ""
-    return (
-        f" (config.pbtxt: field 'default_model_filename' names {shown_name(match[2])!r}, which "
-        f"duetime does not read: rename the files to {MODEL_FILENAME})"
-    )
 
 
 _SHOWN_MAX = 5
 """The most of what a model folder holds that its refusal names."""
 
 
-def _not_versions(directory: Path) -> list[str]:
-    """What in `directory` (a model folder holding no version) looks meant as a version, each
-    with why it is not one: `1/Model.onnx: the file must be named model.onnx`.
+def _not_versions(directory: Path, filename: str) -> list[str]:
+    """What in `directory` (a model folder holding no version of model file `filename`) looks
+    meant as a version, each with why it is not one: `1/Model.onnx: the file must be named
+    model.onnx`.
 
     NOTE: the refusal said only that no version folder holds a model.onnx, whatever the folder
     held: a version beyond int64 (which `version_of` drops), `1/model.onnx` a folder,
     `1/Model.onnx`, a Triton user's `1/resnet.onnx`, `v1/`."""
     found: list[str] = []
+    wanted = shown_name(filename)
     for child in sorted(directory.iterdir()):
         name = shown_name(child.name)
         if is_hidden(child.name):
@@ -287,7 +281,7 @@ def _not_versions(directory: Path) -> list[str]:
             if child.suffix.lower() == ".onnx":
                 found.append(
                     f"{name}: a model file directly in the model folder; it goes in a version "
-                    f"folder, {directory.name}/1/{MODEL_FILENAME}"
+                    f"folder, {directory.name}/1/{wanted}"
                 )
             continue
         number = version_of(child.name)
@@ -300,17 +294,18 @@ def _not_versions(directory: Path) -> list[str]:
             else:
                 found.append(f"{name}/: beyond the highest version (versions are int64s: "
                              f"at most {VERSION_MAX})")  # fmt: skip
-        elif (broken := broken_link(child / MODEL_FILENAME)) is not None:
-            found.append(f"{name}/{MODEL_FILENAME}: {broken}")
-        elif (child / MODEL_FILENAME).is_dir():
-            found.append(f"{name}/{MODEL_FILENAME}: a folder holding no {MODEL_FILENAME} (as "
-                         f"Triton's layout, {name}/{MODEL_FILENAME}/{MODEL_FILENAME}, "
+        elif (broken := broken_link(child / filename)) is not None:
+            found.append(f"{name}/{wanted}: {broken}")
+        elif (child / filename).is_dir():
+            found.append(f"{name}/{wanted}: a folder holding no {MODEL_FILENAME} (as "
+                         f"Triton's layout, {name}/{wanted}/{MODEL_FILENAME}, "
                          "beside its external data)")  # fmt: skip
         elif models:
-            found += [f"{name}/{shown_name(file)}: the file must be named {MODEL_FILENAME}"
+            found += [f"{name}/{shown_name(file)}: the file must be named {wanted} (or named "
+                      "by the config's field 'default_model_filename')"
                       for file in models]  # fmt: skip
         else:
-            found.append(f"{name}/: holds no {MODEL_FILENAME}")
+            found.append(f"{name}/: holds no {wanted}")
     return found
 
 

@@ -67,7 +67,12 @@ from duetime.repository.registry import (
     ServedVersion,
 )
 from duetime.repository.tritonconfig import FILENAME as PBTXT_FILENAME
-from duetime.repository.tritonconfig import TritonModelConfig, read_model_config, triton_field
+from duetime.repository.tritonconfig import (
+    TritonModelConfig,
+    declared_filename,
+    read_model_config,
+    triton_field,
+)
 from duetime.routing.traffic import plan_traffic
 from duetime.types import ModelSignature, TensorSpec
 
@@ -355,7 +360,7 @@ class ModelManager:
         ConfigError for a startup model (`--load-model`) that is not a model folder of the
         repository: a typo would otherwise start a server without the model, without a word."""
         self._started_ns = time.time_ns() - START_MARGIN_NS
-        scan = scan_repository(self.root)
+        scan = scan_repository(self.root, declared_filename)
         self._warn_links()
         names = [source.name for source in scan.models]
         wanted = self.options.startup_models
@@ -765,13 +770,17 @@ class ModelManager:
                 load_failed(name, "its config file is still being written; retry shortly")
             )
         try:
-            source = scan_model(directory, uploaded=directory is self._uploads.get(name))
             config = given.config if given else self._read_config(name, directory)
+            source = scan_model(
+                directory,
+                filename=config.default_model_filename,
+                uploaded=directory is self._uploads.get(name),
+            )
         except ConfigError as exc:
             if (
                 current is not None
                 and not explicit
-                and not any(self._holds_model(directory, v) for v in current.versions)
+                and not any(self._holds_model(directory, v, current) for v in current.versions)
             ):
                 # NOTE: a config error leaves what serves serving, but the last version
                 # folder removed (version 2, then 1) left version 1 READY and answering from
@@ -1010,7 +1019,7 @@ class ModelManager:
         """Why `old`, whose version the folder `name` is served from lacks, is retired."""
         if name not in self._uploads:
             return REMOVED
-        if version_folder(old.primary.model.path).parent == self.root / name:
+        if version_folder(old.primary.model.path, _filename(old)).parent == self.root / name:
             return UPLOADED  # (the repository's: listed, to say why it no longer serves)
         # NOTE: a version of an earlier upload was labelled as the repository's folder (the
         # upload serving in its place); gone with its files, it leaves the index once drained
@@ -1227,11 +1236,15 @@ class ModelManager:
                 del table[key]
 
     @staticmethod
-    def _holds_model(directory: Path, version: str) -> bool:
-        """Whether `directory` holds a folder of `version` with a model file in it."""
+    def _holds_model(directory: Path, version: str, served: ServedModel) -> bool:
+        """Whether `directory` holds a folder of `version` with a model file in it (named as
+        the `served` model's config names it)."""
+        filename = _filename(served.versions[version])
         try:
             return any(
-                version_of(p.name) == int(version) and p.is_dir() and model_file(p) is not None
+                version_of(p.name) == int(version)
+                and p.is_dir()
+                and model_file(p, filename) is not None
                 for p in directory.iterdir()
             )
         except OSError:
@@ -1793,13 +1806,18 @@ def _model_bytes(source: ModelSource, versions: Iterable[int], config: ModelConf
     return total
 
 
+def _filename(version: ServedVersion) -> str:
+    """The model file name `version`'s config gives its version folders."""
+    return version.primary.model.config.default_model_filename
+
+
 def _version_files(model: Path, config: ModelConfig) -> list[Path]:
     """The model files of a version (`model` and its variants' files), then every other file in
     its version folder and below, but hidden ones (the optimised-graph cache, a copy in
     progress): those in `<version>/model.onnx/` too, where Triton's layout puts the model."""
     files = [model, *(model.with_name(v.file) for v in config.variants)]
     named = set(files)
-    folder = version_folder(model)
+    folder = version_folder(model, config.default_model_filename)
     with contextlib.suppress(OSError):
         for path in sorted(folder.rglob("*")):
             hidden = any(part.startswith(".") for part in path.relative_to(folder).parts)

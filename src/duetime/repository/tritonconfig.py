@@ -61,7 +61,7 @@ as Triton refuses it), and `preserve_ordering` (each answer is sent when its bat
 
 What duetime cannot honour is refused with the field named: another platform or backend,
 sequence batching (stateful models), ensembles, decoupled models, a `reshape` with free dims,
-shape tensors, batch inputs/outputs, a model file other than `model.onnx`. Sections that only
+shape tensors, batch inputs/outputs. Sections that only
 tune Triton itself (`optimization`, `model_warmup`, `response_cache`, ...) are ignored with a
 warning.
 Without `dynamic_batching` Triton runs each request alone; duetime's scheduler batches anyway
@@ -95,13 +95,13 @@ from duetime.config import (
 from duetime.datatypes import unserved_output_reason
 from duetime.errors import ConfigError
 from duetime.frontend.proto import model_config_pb2 as mc
+from duetime.repository.layout import MODEL_FILENAME
 
 log = logging.getLogger("duetime.config")
 
 FILENAME = "config.pbtxt"
 ONNX_PLATFORMS = frozenset({"", "onnxruntime_onnx"})
 ONNX_BACKENDS = frozenset({"", "onnxruntime"})
-MODEL_FILE = "model.onnx"
 
 _TRANSLATED = frozenset({
     "name", "platform", "backend", "max_batch_size", "input", "output", "instance_group",
@@ -114,8 +114,9 @@ _BATCHING_FIELDS = frozenset({
     "max_queue_delay_microseconds", "default_priority_level", "default_queue_policy",
     "priority_levels", "preferred_batch_size", "priority_queue_policy", "preserve_ordering",
 })  # fmt: skip
-_IDENTITY = frozenset({"name", "platform", "backend"})
-"""The fields that only say which model and runtime: a config setting no others sets nothing."""
+_IDENTITY = frozenset({"name", "platform", "backend", "default_model_filename"})
+"""The fields that only say which model, file and runtime: a config setting no others sets
+nothing else."""
 DEFAULT_QUEUE_SIZE: int = SchedulingConfig.model_fields["max_queue_size"].default
 """The queue bound a Triton config that leaves `max_queue_size` unset is served with."""
 _TRITON_FIELDS = mc.ModelConfig.DESCRIPTOR.fields
@@ -245,6 +246,15 @@ def read_model_config(model_dir: Path) -> ReadConfig:
     digest = hashlib.sha256(text.encode()).hexdigest()
     config = validated(data, source=str(path), form=TritonModelConfig)
     return ReadConfig(config, tuple(warnings), digest)
+
+
+def declared_filename(model_dir: Path) -> str:
+    """The model file name the config of `model_dir` gives its versions (`model.onnx` where
+    it names none, or cannot be read: its load says why)."""
+    try:
+        return read_model_config(model_dir).config.default_model_filename
+    except ConfigError:
+        return MODEL_FILENAME
 
 
 def read_pbtxt(path: Path, model_name: str) -> dict[str, Any]:
@@ -455,12 +465,14 @@ def _translated(config: Any, source: str, model_name: str, warn: Warn) -> dict[s
     _refuse_unknown_enums(config, "", source)
     given = {field.name for field, _ in config.ListFields()}
     _refuse_what_cannot_be_served(config, given, source, model_name)
+    out: dict[str, Any] = {}
+    if config.default_model_filename:
+        out["default_model_filename"] = config.default_model_filename
     if not given - _IDENTITY:
         # NOTE: as a folder without a config file (Triton auto-completes both alike): an empty
         # config.pbtxt got 2 instances and one priority level, a folder without one 1 instance
         # and any level (the tconfig tester's repro_autocomplete_defaults.py)
-        return {}
-    out: dict[str, Any] = {}
+        return out
     tensors = [("inputs", config.input), ("outputs", config.output)]
     for key, specs in tensors:
         if specs:
@@ -651,9 +663,6 @@ def _refuse_what_cannot_be_served(
         raise refuse(refused[0], _REFUSED[refused[0]])
     if config.model_transaction_policy.decoupled:
         raise refuse("model_transaction_policy.decoupled", "decoupled models are not supported")
-    if config.default_model_filename not in ("", MODEL_FILE):
-        raise refuse("default_model_filename", f"'{config.default_model_filename}': duetime "
-                     f"reads <version>/{MODEL_FILE}; rename the file")  # fmt: skip
     for kind, specs in (("input", config.input), ("output", config.output)):
         for spec in specs:
             if spec.is_shape_tensor:

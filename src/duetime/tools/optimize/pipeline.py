@@ -18,7 +18,7 @@ from duetime.errors import ConfigError
 from duetime.execution.ort import graph_specs, open_session, session_options
 from duetime.repository.layout import MODEL_FILENAME, scan_model
 from duetime.repository.loader import reconcile
-from duetime.repository.tritonconfig import load_model_config
+from duetime.repository.tritonconfig import declared_filename, load_model_config
 from duetime.tools.optimize.build import RUNS_ALONE, Builder, Built
 from duetime.tools.optimize.measure import (
     Bounds,
@@ -70,13 +70,12 @@ def resolve_target(model_dir: Path, version: int | None) -> Target:
             f"{model_dir} is a version folder; give the model folder {model_dir.parent} "
             f"and --version {model_dir.name}"
         )
-    source = scan_model(model_dir)
+    filename = declared_filename(model_dir)
+    source = scan_model(model_dir, filename=filename)
     chosen = source.latest if version is None else version
     if chosen not in source.versions:
         found = ", ".join(str(v) for v in sorted(source.versions))
-        raise ConfigError(
-            f"{model_dir}: no version {chosen} holds a {MODEL_FILENAME}; found {found}"
-        )
+        raise ConfigError(f"{model_dir}: no version {chosen} holds a {filename}; found {found}")
     return Target(model_dir, chosen, source.versions[chosen])
 
 
