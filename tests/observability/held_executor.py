@@ -38,6 +38,7 @@ class HeldExecutor:
         outputs: Sequence[Feeds | DuetimeError] | None = None,
         input_ns: int = 0,
         output_ns: int = 0,
+        alone: list[tuple[int, int] | None] | None = None,
     ) -> None:
         """Finish the `index`-th submitted job; by default each request gets `{"y": zeros}`."""
         instance, job = self.jobs[index]
@@ -46,4 +47,5 @@ class HeldExecutor:
         result = BatchResult(job, instance, outputs=list(outputs), compute_ns=compute_ns)
         if input_ns or output_ns:
             result.input_ns, result.output_ns = input_ns, output_ns
+        result.alone = alone
         job.on_done(result)

@@ -18,10 +18,12 @@ from typing import Any
 
 import numpy as np
 import pytest
+import tritonclient.grpc as grpcclient
 from conftest import RunningServer, serving
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
 from repo_models import scale_model, write_version
+from tritonclient.utils import InferenceServerException
 
 from duetime.config import ServerSettings
 from duetime.observability.tracing import Tracing, tracing_from_env
@@ -129,6 +131,28 @@ def test_spans_of_refused_requests_name_the_version_counted(traced: Any) -> None
         root = server_span(exporter, tracing, trace_id)
         assert root.attributes["duetime.version"] == "1"
         assert root.attributes["duetime.variant"] == variant
+
+
+def test_spans_of_refused_grpc_calls_name_the_version_counted_too(traced: Any) -> None:
+    """gRPC's spans said version '' and variant '' for the same refusals (found by a tester)."""
+    server, exporter, tracing = traced
+    client = grpcclient.InferenceServerClient(server.grpc)
+    cases = {
+        "4" * 31 + "a": ((1, 3), {}, ""),  # (invalid: counted under no variant)
+        "4" * 31 + "b": ((1, 4), {"timeout": 1}, "default"),
+    }
+    try:
+        for trace_id, (shape, parameters, variant) in cases.items():
+            x = grpcclient.InferInput("x", list(shape), "FP32")
+            x.set_data_from_numpy(np.ones(shape, np.float32))
+            headers = {"traceparent": f"00-{trace_id}-{PARENT_ID}-01"}
+            with pytest.raises(InferenceServerException):
+                client.infer("waits", [x], headers=headers, **parameters)
+            root = server_span(exporter, tracing, trace_id)
+            assert root.attributes["duetime.version"] == "1"
+            assert root.attributes["duetime.variant"] == variant
+    finally:
+        client.close()
 
 
 def refused(server: RunningServer) -> dict[tuple[str, ...], float]:

@@ -184,6 +184,39 @@ def test_an_execution_in_which_every_request_failed_is_no_execution() -> None:
     run(body)
 
 
+def test_a_batch_whose_requests_ran_alone_counts_each_run_that_answered() -> None:
+    """A batch that failed runs each request alone, so that only the one at fault fails: each
+    run that answered is an execution of its own rows. The batch counted as one execution of
+    all its rows, the failed request's too: batch_stats' rows exceeded inference_count, which
+    Triton's equal (a tester's Gather with an index out of range beside a good one)."""
+
+    async def body() -> None:
+        h = harness()
+        h.submit()
+        queued = [h.submit(), h.submit(), h.submit()]
+        h.executor.finish(0)
+        h.executor.finish(
+            1,
+            compute_ns=100 * US,  # the failed batch's run and the three alone
+            outputs=[{"y": np.zeros(1)}, InvalidInput("index 99"), {"y": np.zeros(1)}],
+            alone=[(10 * US, 1 * US), (5 * US, 0), (20 * US, 2 * US)],
+        )
+        assert isinstance(queued[1].exception(), InvalidInput)
+        entry = h.stats()
+        assert entry["inference_count"] == 3
+        assert entry["execution_count"] == 3
+        (stats,) = entry["batch_stats"]
+        assert stats["batch_size"] == 1
+        assert stats["compute_infer"] == {"count": 3, "ns": (100 + 10 + 20) * US}
+        assert stats["compute_output"] == {"count": 3, "ns": 3 * US}
+        rows = sum(b["batch_size"] * b["compute_infer"]["count"] for b in entry["batch_stats"])
+        assert rows == entry["inference_count"]
+        nv = h.metrics()
+        assert triton(nv, "nv_inference_exec_count") == 3
+
+    run(body)
+
+
 # -- fail: every failure with its time -------------------------------------------------------------
 
 

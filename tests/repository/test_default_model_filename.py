@@ -109,6 +109,39 @@ def test_the_unserved_model_says_why(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
+    ("files", "config", "said"),
+    [
+        ({}, 'platform: "ensemble"\nensemble_scheduling { }\n', "platform: 'ensemble'"),
+        ({"1/model.py": b""}, 'backend: "python"\n', "backend: 'python'"),
+        (
+            {"1/net.onnx": scale_model(1)},
+            'default_model_filename: "net.onnx"\nmax_batch_sizee: 8\n',
+            'no field named "max_batch_sizee"',
+        ),
+    ],
+    ids=["ensemble", "python", "typo"],
+)
+def test_at_start_a_refused_config_is_the_reason_not_the_version_folders(
+    tmp_path: Path, files: dict[str, bytes], config: str, said: str
+) -> None:
+    """The startup scan read a refused config as naming model.onnx, and blamed the version
+    folders ("no version folder holds a model.onnx"): the load, which names the field, never
+    ran (found by a tester)."""
+    (tmp_path / "m" / "1").mkdir(parents=True)
+    for name, data in files.items():
+        put(tmp_path / "m" / name, data)
+    (tmp_path / "m" / "config.pbtxt").write_text(config)
+
+    async def scenario(engine: Engine) -> None:
+        (row,) = [r for r in engine.repository_index() if r["name"] == "m"]
+        assert said in row.get("reason", "")
+        assert "no version folder" not in row.get("reason", "")
+
+    for mode in ("none", "poll"):
+        run_on_engine(tmp_path, scenario, control_mode=mode)
+
+
+@pytest.mark.parametrize(
     ("settings", "said"),
     [
         ({"default_model_filename": "a/b.onnx"}, "default_model_filename"),

@@ -155,6 +155,14 @@ def test_a_request_that_breaks_the_batch_fails_alone() -> None:
     np.testing.assert_array_equal(first["y"], good * 2)  # all its rows, none lost to padding
     assert isinstance(second, InvalidInput)
     assert "out of bounds" in second.message
+    # each request's own run is timed apart, for the statistics (see BatchResult.alone)
+    assert result.alone is not None
+    assert [times is not None and times[0] > 0 for times in result.alone] == [True, True]
+    assert sum(times[0] for times in result.alone if times) < result.compute_ns
+
+
+def test_a_batch_that_ran_whole_has_no_runs_alone() -> None:
+    assert run_job(DoublingSession(), [np.ones((2, 3), np.float32)] * 2, bucket=4).alone is None
 
 
 def test_inline_runs_on_the_calling_thread_and_returns_the_result() -> None:

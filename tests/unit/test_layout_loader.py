@@ -282,6 +282,28 @@ def test_reconcile_config_errors(fields: dict[str, Any], message: str) -> None:
     assert caught.value.message.startswith(message)
 
 
+@pytest.mark.parametrize(
+    ("max_batch_size", "dims", "hint"),
+    [
+        (8, [5], "(dims exclude the batch dim; -1 keeps a dim free)"),
+        (0, [4], "(with max_batch_size 0 (no batching) dims are the whole shape; -1 keeps a dim "
+                 "free: [-1, 4], or a max_batch_size above 0 to batch its first dim)"),
+        (0, [5], "(with max_batch_size 0 (no batching) dims are the whole shape; -1 keeps a dim "
+                 "free)"),
+    ],
+)  # fmt: skip
+def test_the_dims_refusal_gives_the_rule_of_the_model_s_batching(
+    max_batch_size: int, dims: list[int], hint: str
+) -> None:
+    """A model with max_batch_size 0 was told "dims exclude the batch dim", the opposite of
+    its rule (found by a tester: Triton users write [4] for a graph's [-1, 4])."""
+    fields = {"max_batch_size": max_batch_size, "inputs": [{"name": "x", "dims": dims}]}
+    spec = TensorSpec("x", "FP32", (-1, 4))
+    with pytest.raises(ConfigError) as caught:
+        reconcile(config(**fields), [spec], FREE_OUT, source="m")
+    assert caught.value.message.endswith(hint)
+
+
 # -- load_version -------------------------------------------------------------------------------
 
 

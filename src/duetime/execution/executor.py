@@ -99,6 +99,11 @@ class BatchResult:
     terminated: bool = False
     """Its run was stopped by `Executor.terminate` before it ended: every output is an error,
     and its times tell nothing of the model."""
+    alone: list[tuple[int, int] | None] | None = None
+    """Where its requests ran one by one (`Executor._each_alone`: a batch that failed, or a model
+    whose batches cannot be split), each one's own run's time in ONNX Runtime and splitting its
+    outputs (None: not run); None where they ran as one batch. Its statistics count each run
+    that answered as an execution of that request's rows, not the batch as one."""
 
 
 class _Stop:
@@ -374,6 +379,11 @@ class Executor:
         for index, outcome in zip(live, result.outputs, strict=True):
             outputs[index] = outcome
         result.outputs = outputs
+        if result.alone is not None:
+            alone: list[tuple[int, int] | None] = [None] * len(job.feeds)
+            for index, times in zip(live, result.alone, strict=True):
+                alone[index] = times
+            result.alone = alone
 
     def _execute(self, run: Run, job: BatchJob, result: BatchResult, pool: InputPool) -> None:
         # whether it runs rows other than one request's own: several requests, or padding
@@ -430,7 +440,9 @@ class Executor:
     def _each_alone(
         self, run: Run, job: BatchJob, result: BatchResult
     ) -> list[Feeds | DuetimeError]:
-        """Each request of `job` run on its own feeds (no padding), in this thread."""
+        """Each request of `job` run on its own feeds (no padding), in this thread; each run's
+        times in `result.alone`."""
+        result.alone = []
         return [
             self._isolated(run, feeds, rows, result)
             for feeds, rows in zip(job.feeds, job.rows, strict=True)
@@ -457,14 +469,20 @@ class Executor:
     def _isolated(
         self, run: Run, feeds: Feeds, rows: int, result: BatchResult
     ) -> Feeds | DuetimeError:
+        before = result.compute_ns
+        output_ns = 0
         try:
             outputs = self._run(run, feeds, result)
             ran = time.perf_counter_ns()
             (split,) = self._split(outputs, [rows], trim=False)
-            result.output_ns += time.perf_counter_ns() - ran
+            output_ns = time.perf_counter_ns() - ran
+            result.output_ns += output_ns
             return split
         except Exception as exc:
             return self._run_error(exc, run, feeds)
+        finally:
+            if result.alone is not None:
+                result.alone.append((result.compute_ns - before, output_ns))
 
     def _closed_error(self) -> ModelUnavailable:
         return ModelUnavailable(

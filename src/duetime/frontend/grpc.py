@@ -567,11 +567,15 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         tracing = self._tracing
         if tracing is None or timing is None:
             return parent.trace_id_hex if parent is not None else None
+        if ticket is not None:
+            model, version, variant = ticket.model, ticket.version, ticket.variant
+        else:
+            model = request.model_name
+            version, variant = self._engine.registry.attribution(
+                model, request.model_version, invalid=isinstance(error, InvalidInput)
+            )
         return tracing.record(
-            timing, parent, protocol=protocol,
-            model=ticket.model if ticket is not None else request.model_name,
-            version=ticket.version if ticket is not None else request.model_version,
-            variant=ticket.variant if ticket is not None else "",
+            timing, parent, protocol=protocol, model=model, version=version, variant=variant,
             error=error, done_ns=self._engine.clock.now_ns(),
         )  # fmt: skip
 

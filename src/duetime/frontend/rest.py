@@ -1231,7 +1231,9 @@ class RestApi:
         admission, due before it was queued), with its span: those are the most worth a look.
         `timing`: the request's, if it was decoded (its span then has its `decode` child)."""
         assert self._tracing is not None
-        served, variant = self._attributed(exc, model, version)
+        served, variant = self._engine.registry.attribution(
+            model, version, invalid=isinstance(exc, InvalidInput)
+        )
         trace_id = self._tracing.record(
             timing or RequestTiming(received), _parent(headers),
             protocol="http", model=model, version=served, variant=variant, error=exc,
@@ -1266,32 +1268,6 @@ class RestApi:
             version=ticket.version, variant=ticket.variant, error=ClientWithdrew(),
             done_ns=now,
         )  # fmt: skip
-
-    def _attributed(self, exc: DuetimeError, model: str, version: str | None) -> tuple[str, str]:
-        """The version and variant a refused request of `model` is counted under in the
-        metrics (its span's): the version it names, as routing reads it ("01" is 1), else the
-        one its traffic goes to where that is one version; the variant, the version's primary
-        where a scheduler refused it (invalid inputs count under no variant). ("", "") where
-        neither is known (an unknown model, a traffic split).
-
-        NOTE: spans of a 504 or a 400 on mlp said version '' where the metrics counted them
-        under version "1" (found by a tester)."""
-        served = self._engine.registry.snapshot.models.get(model)
-        if served is None:
-            return version or "", ""
-        try:
-            chosen = (
-                self._engine.registry.served_version(served, version)
-                if version
-                else served.versions[served.traffic.versions[0]]
-            )
-        except DuetimeError:
-            return version or "", ""
-        if not version and served.traffic.split:
-            return "", ""
-        if isinstance(exc, InvalidInput):
-            return chosen.version, ""
-        return chosen.version, chosen.primary.variant
 
     def _infer_reply(
         self, ticket: Ticket, request: InferRequest, plan: OutputPlan

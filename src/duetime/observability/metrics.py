@@ -330,8 +330,8 @@ class MetricsCollector:
         by_model = CounterMetricFamily(
             "duetime_requests_shed_by_model",
             "Requests refused by the load shedder before they were decoded, by model (empty: "
-            "not known, a gRPC call's or a model not served); an HTTP request of a served "
-            "model counts as rejected in its statistics and duetime_requests_total too.",
+            "not known, or a model not served); a request of a served model counts as rejected "
+            "in its statistics and duetime_requests_total too, over HTTP and gRPC alike.",
             labels=("model",),
         )
         # (copied: the loop may add a model while this thread iterates)

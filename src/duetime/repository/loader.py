@@ -583,6 +583,23 @@ def _refuse_unlisted_required(
         )
 
 
+def _dims_hint(dims: list[int], graph_dims: tuple[int, ...], batched: bool) -> str:
+    """What a refusal of `dims` that do not fit `graph_dims` says of the rule.
+
+    NOTE: a model with max_batch_size 0 was told "dims exclude the batch dim", the opposite of
+    its rule: Triton users who dropped the batch dim ([4] for [-1, 4]) met it (a tester)."""
+    if batched:
+        return "dims exclude the batch dim; -1 keeps a dim free"
+    hint = "with max_batch_size 0 (no batching) dims are the whole shape; -1 keeps a dim free"
+    if len(dims) + 1 == len(graph_dims) and all(
+        g == -1 or d in (-1, g) for d, g in zip(dims, graph_dims[1:], strict=True)
+    ):
+        hint += f": {[graph_dims[0], *dims]}"
+        if graph_dims[0] == -1:
+            hint += ", or a max_batch_size above 0 to batch its first dim"
+    return hint
+
+
 def _narrow(spec: TensorSpec, dims: list[int], batched: bool, where: str) -> tuple[int, ...]:
     """The served shape of `spec` where the config gives `dims` (without the batch dim); a
     ConfigError naming `where` unless they fit the graph's."""
@@ -594,10 +611,8 @@ def _narrow(spec: TensorSpec, dims: list[int], batched: bool, where: str) -> tup
     if len(dims) != len(graph_dims) or any(
         g != -1 and d not in (-1, g) for d, g in zip(dims, graph_dims, strict=True)
     ):
-        raise ConfigError(
-            f"{where}: {dims} does not fit the graph's {list(graph_dims)} "
-            "(dims exclude the batch dim; -1 keeps a dim free)"
-        )
+        raise ConfigError(f"{where}: {dims} does not fit the graph's {list(graph_dims)} "
+                          f"({_dims_hint(dims, graph_dims, batched)})")  # fmt: skip
     if any(d == 0 and g != 0 for d, g in zip(dims, graph_dims, strict=True)):
         raise ConfigError(_empty_dim(where, dims, f"dims {list(graph_dims)}"))
     narrowed = tuple(g if d == -1 else d for d, g in zip(dims, graph_dims, strict=True))

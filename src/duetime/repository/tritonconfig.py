@@ -95,7 +95,6 @@ from duetime.config import (
 from duetime.datatypes import unserved_output_reason
 from duetime.errors import ConfigError
 from duetime.frontend.proto import model_config_pb2 as mc
-from duetime.repository.layout import MODEL_FILENAME
 
 log = logging.getLogger("duetime.config")
 
@@ -250,11 +249,13 @@ def read_model_config(model_dir: Path) -> ReadConfig:
 
 def declared_filename(model_dir: Path) -> str:
     """The model file name the config of `model_dir` gives its versions (`model.onnx` where
-    it names none, or cannot be read: its load says why)."""
-    try:
-        return read_model_config(model_dir).config.default_model_filename
-    except ConfigError:
-        return MODEL_FILENAME
+    it names none); ConfigError where the config is refused: that is why the folder is no
+    model, whatever its versions hold.
+
+    NOTE: read as the default where refused, the startup scan blamed the version folders of
+    an ensemble, a Python model or a config with a typo ("no version folder holds a
+    model.onnx") where its load names the field (found by a tester)."""
+    return read_model_config(model_dir).config.default_model_filename
 
 
 def read_pbtxt(path: Path, model_name: str) -> dict[str, Any]:

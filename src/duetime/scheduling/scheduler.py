@@ -842,8 +842,8 @@ class ModelScheduler:
         if len(queue) >= queue.capacity:
             return Overloaded(
                 f"{QUEUE_FULL}: model {self._label}: queue full ({queue.capacity} requests "
-                "waiting, "
-                "scheduling.max_queue_size); retry later or raise the limit"
+                "waiting: its max_queue_size, config.toml's [scheduling] or config.pbtxt's "
+                "dynamic_batching.default_queue_policy); retry later or raise the limit"
             )
         return Overloaded(
             f"{QUEUE_FULL}: model {self._label}: queue full for priority level {level} "
@@ -2419,18 +2419,21 @@ class ModelScheduler:
             # failed); `compute_time` counts it. Nor is one whose every request its client
             # cancelled while it ran: it answered none (counted, an HTTP client hanging up on
             # a long run made execution_count and nv_inference_exec_count 4 for 3 answers)
-            self._executions += 1
             self._last_ms = time.time_ns() // 1_000_000
-            # NOTE: by rows as sent, not the bucket run (5 rows padded to 6 show as 5): Triton's
-            # batch_stats, and how full the batches are, is what a reader of them wants to know
-            size = rows if self._max_rows else 1
-            stats = self._batch_sizes.get(size)
-            if stats is None:
-                stats = self._batch_sizes[size] = BatchSizeStatistics()
-            stats.count += 1
-            stats.compute_ns += compute
-            stats.input_ns += result.input_ns
-            stats.output_ns += result.output_ns
+            alone = result.alone
+            if alone is None:
+                # NOTE: by rows as sent, not the bucket run (5 rows padded to 6 show as 5):
+                # Triton's batch_stats, and how full the batches are, is what a reader of them
+                # wants to know
+                self._count_execution(rows, compute, result.input_ns, result.output_ns)
+            else:
+                # NOTE: its requests ran one by one (the batch failed, or its outputs could not
+                # be split): each run that answered is an execution of its request's rows. The
+                # batch counted as one of all its rows, a failed request's among them: the
+                # rows of batch_stats exceeded inference_count, which Triton's equal (a tester)
+                for outcome, own, times in zip(result.outputs, result.job.rows, alone, strict=True):
+                    if times is not None and outcome and not isinstance(outcome, DuetimeError):
+                        self._count_execution(own, times[0], 0, times[1])
         if not clean:
             return
         bucket = bucket or 1
@@ -2462,6 +2465,18 @@ class ModelScheduler:
         if overhead > int(2 * known) + 200_000:  # see LatencyProfile
             overhead = int(2 * known) + 200_000
         self._overhead_ns = known + _OVERHEAD_ALPHA * (overhead - known)
+
+    def _count_execution(self, rows: int, compute_ns: int, input_ns: int, output_ns: int) -> None:
+        """Count an execution that answered some request, of `rows` rows."""
+        self._executions += 1
+        size = rows if self._max_rows else 1
+        stats = self._batch_sizes.get(size)
+        if stats is None:
+            stats = self._batch_sizes[size] = BatchSizeStatistics()
+        stats.count += 1
+        stats.compute_ns += compute_ns
+        stats.input_ns += input_ns
+        stats.output_ns += output_ns
 
     def _big_inputs(self, sent: int, rows: int, compute_ns: int, now: int) -> bool:
         """Whether a batch's inputs were far bigger than the profile's samples (free dims);
