@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import re
 from pathlib import Path
 from typing import Any
 
@@ -94,6 +95,28 @@ def test_bad_timeout_and_priority_parameters_are_refused_in_http_words(
     """They were ignored, whatever they held."""
     with pytest.raises(InvalidInput, match=needle):
         made(parameters=parameters)
+
+
+@pytest.mark.parametrize(
+    ("parameters", "needle"),
+    [
+        ({"sequence_start": 5}, "'sequence_start' must be true or false, got 5"),
+        ({"sequence_end": "x"}, "'sequence_end' must be true or false, got \"x\""),
+        ({"sequence_id": -1}, "'sequence_id' must be an unsigned integer or a string, got -1"),
+        ({"sequence_id": [1]}, "'sequence_id' must be an unsigned integer or a string"),
+        ({"triton_x": 1}, "keys starting with 'triton_' are reserved"),
+        ({f"p{i}": i for i in range(257)}, "request 'parameters' has 257 entries, over the limit"),
+    ],
+    ids=["start", "end", "id", "id-list", "reserved", "too-many"],
+)
+def test_other_parameters_are_checked_as_http_checks_them(
+    parameters: dict[str, Any], needle: str
+) -> None:
+    """They were taken unchecked ({"sequence_start": 5} ran), where HTTP refuses them with 400
+    (found by a tester)."""
+    with pytest.raises(InvalidInput, match=re.escape(needle)):
+        made(parameters=parameters)
+    made(parameters={"sequence_id": "s", "sequence_start": True, "sticky": "k"})  # (all fine)
 
 
 def test_timeout_and_priority_parameters_set_the_due_time_and_level() -> None:

@@ -49,7 +49,14 @@ from duetime.repository.loader import LoadedModel, sample_inputs, sample_row_byt
 from duetime.repository.manager import IndexEntry, ModelManager, RepositoryOptions
 from duetime.repository.registry import PRIMARY, Deployment, Registry
 from duetime.repository.tritonconfig import read_model_config
-from duetime.requestparams import MAX_DUE_US, MAX_PRIORITY, due_from_timeout_us, priority_of
+from duetime.requestparams import (
+    MAX_DUE_US,
+    MAX_PRIORITY,
+    check_http_parameters,
+    check_parameter_count,
+    due_from_timeout_us,
+    priority_of,
+)
 from duetime.routing.router import Routed, Router
 from duetime.scheduling.edf import QueuedRequest
 from duetime.scheduling.ledger import CoreLedger
@@ -1121,8 +1128,14 @@ class Engine:
                 due = self.clock.now_ns() + int(seconds * 1e9)
         priority = int(priority)
         given = {} if parameters is None else dict(parameters)
-        if given and ("timeout" in given or "priority" in given):
-            due, priority = self._parameters_due(given, due, priority)
+        if given:
+            # NOTE: `sequence_*` and `triton_` keys were taken unchecked ({"sequence_start":
+            # 5} ran), where the README says the parameters are checked as HTTP checks them
+            # (found by a tester)
+            check_parameter_count(len(given), "request")
+            check_http_parameters(given)
+            if "timeout" in given or "priority" in given:
+                due, priority = self._parameters_due(given, due, priority)
         return InferRequest(
             model=model,
             inputs=dict(inputs),

@@ -1,6 +1,7 @@
 """The request parameters that set a request's due time and priority, `timeout` (µs, as
 tritonclient sends it) and `priority`, read and checked alike by the in-process Engine, HTTP and
-gRPC (`duetime.frontend.parameters` re-exports them for the front ends).
+gRPC, and those Triton reserves, checked as its HTTP front end checks them
+(`duetime.frontend.parameters` re-exports them for the front ends).
 
 Pure: imports no event loop, no transport and no front end, so that the core reads them without
 importing the front-end package (tests/unit/test_layering.py checks it)."""
@@ -78,3 +79,53 @@ def as_json(value: Any) -> str:
 def is_uint64(value: Any) -> bool:
     """Whether `value` is an int (not a bool) a uint64 holds."""
     return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**64
+
+
+RESERVED_PREFIX = "triton_"
+
+
+def check_http_parameters(parameters: Mapping[str, Any]) -> None:
+    """InvalidInput, in Triton's words (http_server.cc `ParseJsonTritonParams`), for a request
+    parameter Triton's HTTP front end refuses: a `sequence_id` that is no unsigned integer or
+    string, a `sequence_start` or `sequence_end` that is no boolean, any key starting with
+    `triton_` (see check_grpc_parameters)."""
+    for key, value in parameters.items():
+        if key == "sequence_id":
+            if isinstance(value, bool) or not (isinstance(value, str) or is_uint64(value)):
+                raise InvalidInput(
+                    "Unable to parse 'sequence_id': request parameter 'sequence_id' must be an "
+                    f"unsigned integer or a string, got {as_json(value)}"
+                )
+        elif key in ("sequence_start", "sequence_end"):
+            if not isinstance(value, bool):
+                raise InvalidInput(
+                    f"Unable to parse '{key}': request parameter '{key}' must be true or false, "
+                    f"got {as_json(value)}"
+                )
+        elif key.startswith(RESERVED_PREFIX):
+            raise InvalidInput(
+                "parameter keys starting with 'triton_' are reserved for Triton usage and should "
+                f"not be specified (got '{key}')"
+            )
+
+
+MAX_PARAMETERS = 256
+"""Parameters one inference request may carry, and each of its inputs and outputs (see
+`check_parameter_count`)."""
+
+
+def check_parameter_count(count: int, where: str) -> None:
+    """InvalidInput where `where` (`request`, `input 'x'`, ...) carries more than MAX_PARAMETERS
+    parameters; `count`: how many (a map's len, which costs nothing), checked before any is read.
+
+    NOTE: each parameter cost the event loop microseconds of Python (read, type checks, read
+    again): one gRPC ModelInfer with 1,000,000 request parameters (17 MB, within the message
+    limit) stalled every other client 7-13 s, one over HTTP with 440,000 (8 MB of JSON, within
+    --max-json-bytes) 1.6 s. What remains is the decoding of the message itself (protobuf, JSON),
+    bounded by the size limits: about 1 s for that gRPC message, 0.7 s for that JSON. Clients
+    send a handful (Triton's own, `timeout`, shared-memory and class-count ones)."""
+    if count > MAX_PARAMETERS:
+        raise InvalidInput(
+            f"{where} 'parameters' has {count} entries, over the limit of {MAX_PARAMETERS} "
+            "parameters a request, input or output may carry"
+        )

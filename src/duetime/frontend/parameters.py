@@ -7,18 +7,21 @@ and how many there may be."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, TypeAlias
+from typing import TYPE_CHECKING, TypeAlias
 
 from duetime.errors import InvalidInput
 from duetime.requestparams import (
     MAX_DUE_US,
+    MAX_PARAMETERS,
     MAX_PRIORITY,
     MAX_TIMEOUT_US,
+    RESERVED_PREFIX,
+    check_http_parameters,
+    check_parameter_count,
     due_from_timeout_us,
     priority_of,
 )
 from duetime.requestparams import as_json as _json
-from duetime.requestparams import is_uint64 as _is_uint64
 
 if TYPE_CHECKING:  # (without the shared-memory module and the codec under it: ~20 ms)
     from duetime.frontend.sharedmemory import Window
@@ -39,29 +42,6 @@ __all__ = [
     "priority_of",
 ]
 
-MAX_PARAMETERS = 256
-"""Parameters one inference request may carry, and each of its inputs and outputs (see
-`check_parameter_count`)."""
-
-
-def check_parameter_count(count: int, where: str) -> None:
-    """InvalidInput where `where` (`request`, `input 'x'`, ...) carries more than MAX_PARAMETERS
-    parameters; `count`: how many (a map's len, which costs nothing), checked before any is read.
-
-    NOTE: each parameter cost the event loop microseconds of Python (read, type checks, read
-    again): one gRPC ModelInfer with 1,000,000 request parameters (17 MB, within the message
-    limit) stalled every other client 7-13 s, one over HTTP with 440,000 (8 MB of JSON, within
-    --max-json-bytes) 1.6 s. What remains is the decoding of the message itself (protobuf, JSON),
-    bounded by the size limits: about 1 s for that gRPC message, 0.7 s for that JSON. Clients
-    send a handful (Triton's own, `timeout`, shared-memory and class-count ones)."""
-    if count > MAX_PARAMETERS:
-        raise InvalidInput(
-            f"{where} 'parameters' has {count} entries, over the limit of {MAX_PARAMETERS} "
-            "parameters a request, input or output may carry"
-        )
-
-
-RESERVED_PREFIX = "triton_"
 GRPC_TRITON_PARAMETERS = ("triton_enable_empty_final_response",)
 """The parameters starting with RESERVED_PREFIX that Triton's gRPC front end takes (its
 `TRITON_RESERVED_REQUEST_PARAMS`); its HTTP front end takes none."""
@@ -94,31 +74,6 @@ def check_grpc_parameters(kinds: Mapping[str, str | None]) -> None:
                 "parameter keys starting with 'triton_' are reserved for Triton usage. Only the "
                 f"following keys starting with 'triton_' are allowed: "
                 f"{' '.join(GRPC_TRITON_PARAMETERS)} (got '{key}')"
-            )
-
-
-def check_http_parameters(parameters: Mapping[str, Any]) -> None:
-    """InvalidInput, in Triton's words (http_server.cc `ParseJsonTritonParams`), for a request
-    parameter Triton's HTTP front end refuses: a `sequence_id` that is no unsigned integer or
-    string, a `sequence_start` or `sequence_end` that is no boolean, any key starting with
-    `triton_` (see check_grpc_parameters)."""
-    for key, value in parameters.items():
-        if key == "sequence_id":
-            if isinstance(value, bool) or not (isinstance(value, str) or _is_uint64(value)):
-                raise InvalidInput(
-                    "Unable to parse 'sequence_id': request parameter 'sequence_id' must be an "
-                    f"unsigned integer or a string, got {_json(value)}"
-                )
-        elif key in ("sequence_start", "sequence_end"):
-            if not isinstance(value, bool):
-                raise InvalidInput(
-                    f"Unable to parse '{key}': request parameter '{key}' must be true or false, "
-                    f"got {_json(value)}"
-                )
-        elif key.startswith(RESERVED_PREFIX):
-            raise InvalidInput(
-                "parameter keys starting with 'triton_' are reserved for Triton usage and should "
-                f"not be specified (got '{key}')"
             )
 
 
