@@ -227,6 +227,49 @@ def test_over_all_connections_big_answers_not_read_hold_back_requests_that_may_m
     run(body)
 
 
+@pytest.mark.parametrize(
+    "request_",
+    [
+        b"GET /v2/health/ready HTTP/1.1\r\nHost: x\r\n\r\n",
+        b"GET /v2/models/m HTTP/1.1\r\nHost: x\r\n\r\n",
+        b"POST /v2/repository/index HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}",
+    ],
+    ids=["health", "metadata", "index"],
+)
+def test_a_new_connection_s_request_that_is_no_inference_is_never_held_back(
+    request_: bytes,
+) -> None:
+    """A new connection's answers count as big until it has made one: its health probe waited
+    behind other clients' big answers unread, and a few clients not reading 40 MB answers failed
+    every liveness probe (a new connection each) until the idle timeout dropped them (found by
+    a tester). An answer that is no inference's is small whatever its request asks."""
+
+    async def body() -> None:
+        settings = ServerSettings(max_unsent_answer_bytes=4 * MiB, max_connections=16)
+        intake = Intake(settings)
+        api = Api()
+        greedy, greedy_transport = connect(api, settings, intake)
+        greedy_transport.reading = False
+        greedy.data_received(REQUEST)
+        api.tickets[0].answer(5 * MiB)
+        assert intake.statistics().answer_bytes >= 5 * MiB  # over the limit, unread
+        probe, probe_transport = connect(api, settings, intake)
+        probe.data_received(request_)
+        await turns()
+        assert len(api.tickets) == 2  # started at once
+        api.tickets[1].answer(100)
+        assert probe_transport.answers == 1
+        fresh, _ = connect(api, settings, intake)
+        fresh.data_received(REQUEST)  # an inference's answer could be as big: it waits
+        await turns()
+        assert len(api.tickets) == 2
+        assert intake.statistics().waiting_for_answers == 1
+        for connection in (greedy, probe, fresh):
+            connection.connection_lost(None)
+
+    run(body)
+
+
 def test_a_client_that_leaves_gives_back_what_its_answers_held() -> None:
     async def body() -> None:
         settings = ServerSettings(max_unsent_answer_bytes=4 * MiB, max_connections=16)

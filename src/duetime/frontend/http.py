@@ -1176,7 +1176,7 @@ class HttpConnection(asyncio.BufferedProtocol):
             self._closing = True
         if refused:  # (written in its turn; never started: it holds no place of a running one)
             self._shed_in_turn(slot, self._url, self._headers, self._body[0])
-        elif self._unstarted or self._full() or self._replay_arrival is not None:
+        elif self._unstarted or self._full(method, self._url) or self._replay_arrival is not None:
             # NOTE: one read can hold many pipelined requests (pausing reading stops only the
             # next read): beyond the owed answers allowed, or while the client is not reading
             # its answers, a request waits here unstarted (its answer would pile up unsent);
@@ -1218,14 +1218,20 @@ class HttpConnection(asyncio.BufferedProtocol):
         if recorder is not None:
             recorder.refused_unread("http", url, body, headers, _SHED_ERROR)
 
-    def _full(self) -> bool:
+    def _full(self, method: str = "POST", url: bytes = b"/infer") -> bool:
         """Whether the connection runs as many requests as it may: `_MAX_PIPELINED` answers
         owed, its client not reading them, or no room within `_max_held` for one more answer
         the size of its last beside those running (as big each) and those made and not yet
         read (a client pipelining requests for 100 MB answers and reading none ran them all:
         gigabytes held for it); nor, when its answers are big, within the server's
-        (`Intake.room_for_answer`); nor while a body of its is inflated off the loop (one at a
-        time a connection: see `_inflate`)."""
+        (`Intake.room_for_answer`), unless the next request's answer (`method`, `url`; where
+        not known, an inference's) is small whatever it asks (`_answers_small`); nor while a
+        body of its is inflated off the loop (one at a time a connection: see `_inflate`).
+
+        NOTE: a new connection's answers count as big until it has made one, and its health
+        probe, metadata GET and small inference all waited behind other clients' big answers
+        unread: a few clients not reading 40 MB answers failed every liveness probe (a new
+        connection each) for the minute until the idle timeout dropped them (a tester)."""
         running = self._running
         if running >= _MAX_PIPELINED or self._writing_paused or self._inflating:
             return True
@@ -1233,7 +1239,11 @@ class HttpConnection(asyncio.BufferedProtocol):
         owed = self._unsent + running * estimate
         if owed and owed + estimate > self._max_held:
             return True
-        return estimate > self._small_answer and not self._intake.room_for_answer(self)
+        return (
+            estimate > self._small_answer
+            and not _answers_small(method, url)
+            and not self._intake.room_for_answer(self)
+        )
 
     def _defer(self, slot: _Slot, method: str) -> None:
         """Queue the request just read (into `slot`) to start once the connection may. An
@@ -1489,7 +1499,7 @@ class HttpConnection(asyncio.BufferedProtocol):
         self._starting = True
         unstarted = self._unstarted
         try:
-            while unstarted and not self._full():
+            while unstarted and not self._full(*_next_request(unstarted[0])):
                 if self._transport is None or self._lingering:  # (the client is gone)
                     return
                 if unstarted[0].arrival_ns is not None:  # (kept undecoded: see `_defer`)
@@ -2374,6 +2384,19 @@ def _without_coding(headers: Mapping[str, str]) -> dict[str, str]:
 def _names_predict(url: bytes) -> bool:
     """Whether `url` is V1's `/v1/models/<m>:predict`."""
     return url.startswith(b"/v1/models/") and url.split(b"?", 1)[0].endswith(b":predict")
+
+
+def _answers_small(method: str, url: bytes) -> bool:
+    """Whether a request's answer is small whatever it asks: any but an inference (health,
+    metadata, statistics, the repository API: their size is the server's state's)."""
+    return not _names_inference(method.encode("latin-1"), url)
+
+
+def _next_request(slot: _Slot) -> tuple[str, bytes]:
+    """The method and URL of a request waiting unstarted (one held for its body: taken as an
+    inference)."""
+    deferred = slot.deferred
+    return ("POST", b"/infer") if deferred is None else (deferred[0], deferred[1])
 
 
 def _is_infer(method: str, url: bytes) -> bool:

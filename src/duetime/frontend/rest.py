@@ -2008,6 +2008,8 @@ class Inflation:
 
     def __init__(self, body: bytes, encoding: str, limit: int) -> None:
         kind = encoding.strip().lower()
+        if kind == "x-gzip":  # (RFC 9110 8.4.1.3: equivalent to gzip)
+            kind = "gzip"
         if kind not in ("gzip", "deflate"):
             raise UnsupportedEncoding(
                 f"Content-Encoding '{encoding}' is not supported; use gzip or deflate"
@@ -2040,28 +2042,43 @@ class Inflation:
 
     def more(self, most: int) -> bool:
         """Inflate up to `most` bytes more, kept (`take`); True once the body ends. Raises as
-        `step` does."""
-        inflater, kind = self._inflater, self._kind
-        room = self._limit + 1 - self._size
-        cap = min(most, room)
-        try:
-            data = inflater.decompress(self._rest, cap)
-        except zlib.error as exc:
-            raise self._failed(InvalidInput(f"body is not valid {kind} data: {exc}")) from None
-        self._rest = inflater.unconsumed_tail
-        self._size += len(data)
-        if self._size > self._limit:
-            raise self._failed(
-                PayloadTooLarge(f"the decompressed body is over the {self._limit}-byte limit")
-            )
-        ended = inflater.eof
-        if (not ended and len(data) < cap) or (ended and inflater.unused_data):
-            # (every byte read, the stream not ended; or bytes after its end)
-            raise self._failed(InvalidInput(
-                f"body is not one complete {kind} stream (truncated, or followed by other bytes)"
-            ))  # fmt: skip
-        self._pieces.append(data)
-        return ended
+        `step` does.
+
+        NOTE: a gzip body may be several members, one after the other (RFC 1952 2.2, as
+        `gzip.decompress` reads it); one of two was refused as "not one complete stream" (a
+        tester)."""
+        kind = self._kind
+        budget = most
+        while True:
+            inflater = self._inflater
+            cap = min(budget, self._limit + 1 - self._size)  # (at least 1: see the limit)
+            try:
+                data = inflater.decompress(self._rest, cap)
+            except zlib.error as exc:
+                raise self._failed(InvalidInput(f"body is not valid {kind} data: {exc}")) from None
+            self._rest = inflater.unconsumed_tail
+            self._size += len(data)
+            budget -= len(data)
+            if self._size > self._limit:
+                raise self._failed(
+                    PayloadTooLarge(f"the decompressed body is over the {self._limit}-byte limit")
+                )
+            ended = inflater.eof
+            if ended and inflater.unused_data and kind == "gzip":  # (the next member)
+                self._rest = inflater.unused_data
+                self._inflater = zlib.decompressobj(wbits=31)
+                self._pieces.append(data)
+                if budget <= 0:
+                    return False
+                continue
+            if (not ended and len(data) < cap) or (ended and inflater.unused_data):
+                # (every byte read, the stream not ended; or bytes after its end)
+                raise self._failed(InvalidInput(
+                    f"body is not one complete {kind} stream (truncated, or followed by other "
+                    "bytes)"
+                ))  # fmt: skip
+            self._pieces.append(data)
+            return ended
 
     def _failed(self, error: DuetimeError) -> DuetimeError:
         """`error`, the body refused: what was inflated of it is let go at once.
@@ -2103,6 +2120,8 @@ def response_coding(accepted: str) -> str | None:
     for entry in accepted.split(","):
         coding, *parameters = entry.split(";")
         coding = coding.strip().lower()
+        if coding == "x-gzip":  # (RFC 9110 8.4.1.3: equivalent to gzip)
+            coding = "gzip"
         if coding not in _CODINGS:
             continue
         quality = 1.0
