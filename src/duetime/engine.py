@@ -288,8 +288,9 @@ class Engine:
         shadow version's) and give it a scheduler."""
         loop = asyncio.get_running_loop()
         pins = self.cpus.for_instances(
-            loaded.config.instances, loaded.profile.predict(1), offset=self._placed
-        )
+            loaded.config.instances, loaded.profile.predict(1), offset=self._placed,
+            cost_varies=loaded.cost_depends_on_values,
+        )  # fmt: skip
         self._placed += loaded.config.instances
         if background and loaded.config.execution == "auto":
             loaded.executor.inline = False  # a shadow takes only the CPU time others leave
