@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
+import sys
+import time
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -159,6 +162,49 @@ def test_a_request_that_breaks_the_batch_fails_alone() -> None:
     assert result.alone is not None
     assert [times is not None and times[0] > 0 for times in result.alone] == [True, True]
     assert sum(times[0] for times in result.alone if times) < result.compute_ns
+
+
+def test_an_instance_thread_keeps_nothing_of_its_last_job_while_it_waits() -> None:
+    """The last job's inputs and outputs stayed resident while its thread waited for the next
+    (960 MB after a big answer, until the model's next request; found by a tester): the
+    waiting thread's frame holds no job and no result."""
+    executor = Executor(
+        [DoublingSession()], output_names=["y"], string_outputs=frozenset(), batched=True,
+        label="t",
+    )  # fmt: skip
+
+    async def body() -> None:
+        done: asyncio.Future[BatchResult] = asyncio.get_running_loop().create_future()
+        executor.start(asyncio.get_running_loop())
+        executor.submit(0, BatchJob([{"x": np.ones((2, 3), np.float32)}], [2], 2, done.set_result))
+        await done
+
+    try:
+        asyncio.run(body())
+        deadline = time.monotonic() + 5
+        lines, first = inspect.getsourcelines(Executor._serve)
+        get_line = first + next(i for i, line in enumerate(lines) if "jobs.get()" in line)
+        while True:  # (until the thread waits, in the C call SimpleQueue.get: its top frame)
+            waiting = [
+                frame
+                for frame in sys._current_frames().values()
+                if frame.f_code is Executor._serve.__code__ and frame.f_lineno == get_line
+            ]
+            held = [
+                value
+                for frame in waiting
+                for value in frame.f_locals.values()
+                if isinstance(value, BatchJob | BatchResult)
+            ]
+            found = bool(waiting)
+            del waiting
+            if found:
+                assert not held, f"the waiting instance thread holds {held}"
+                break
+            assert time.monotonic() < deadline, "the instance thread never waited for a job"
+            time.sleep(0.001)
+    finally:
+        executor.close()
 
 
 def test_a_batch_that_ran_whole_has_no_runs_alone() -> None:

@@ -315,6 +315,10 @@ class Executor:
                 loop.call_soon_threadsafe(job.on_done, result)
             except RuntimeError:  # the loop closed under us: nobody is waiting any more
                 return
+            # NOTE: kept while the thread waits for its next job, the last job's inputs and
+            # outputs stayed resident after their answer was sent: 960 MB after a big answer,
+            # until the model's next request (found by a tester)
+            del job, result
 
     def _execute_stoppable(
         self, index: int, run: Run, job: BatchJob, result: BatchResult, pool: InputPool

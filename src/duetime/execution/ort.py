@@ -17,6 +17,7 @@ from typing import Any, cast
 import numpy as np
 import onnxruntime as ort
 
+from duetime.cgroups import memory_limit
 from duetime.datatypes import V2_OF_ONNX, unserved_output_reason
 from duetime.errors import ConfigError, InvalidInput
 from duetime.types import TensorSpec
@@ -75,15 +76,15 @@ if lower): see `default_run_memory_bytes`."""
 
 def default_run_memory_bytes() -> int:
     """The default limit on what one run's request may ask a node to allocate: a quarter
-    (`RUN_MEMORY_SHARE`) of physical memory, or of this process's cgroup limit if lower."""
+    (`RUN_MEMORY_SHARE`) of physical memory, or of this process's cgroups' limit if lower (v1
+    or v2, its own group's or one above it: see `duetime.cgroups`)."""
     try:
         total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):  # (not on this platform)
         total = 16 * 2**30
-    with contextlib.suppress(OSError, ValueError):
-        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
-        if limit.isdigit():
-            total = min(total, int(limit))
+    limit = memory_limit()
+    if limit is not None:
+        total = min(total, limit)
     return max(total // RUN_MEMORY_SHARE, 1)
 
 

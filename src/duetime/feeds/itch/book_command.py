@@ -24,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
+from duetime.cgroups import memory_room
 from duetime.errors import ConfigError
 from duetime.feeds.itch.book import ANOMALY_KINDS, BookError
 from duetime.feeds.itch.keys import renamed_note, stock_keys
@@ -213,11 +214,7 @@ def _memory_available() -> int | None:
                     sizes.append(int(line.split()[1]) * 1024)
     except (OSError, ValueError):
         pass
-    try:
-        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
-        used = Path("/sys/fs/cgroup/memory.current").read_text().strip()
-        if limit != "max":
-            sizes.append(max(0, int(limit) - int(used)))
-    except (OSError, ValueError):
-        pass
+    room = memory_room()
+    if room is not None:
+        sizes.append(room)
     return min(sizes) if sizes else None
