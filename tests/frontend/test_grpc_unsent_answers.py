@@ -22,7 +22,7 @@ import grpc
 import numpy as np
 import pytest
 from conftest import RunningServer, start_server, stop_server
-from repo_models import run_on_engine, wide_tile_model, write_version
+from repo_models import run_on_engine, tiling_model, wide_tile_model, write_version
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from duetime.config import ServerSettings
@@ -178,6 +178,20 @@ def test_a_fresh_server_s_calls_hold_what_the_model_s_samples_made(tmp_path: Pat
         assert service.answer_guess("tile") == 4 * 400_000  # 400 KB a row, 4 rows at most
         assert service.answers.hold("tile")._estimate == 4 * 400_000
         assert service.answer_guess("absent") is None
+
+    run_on_engine(tmp_path, scenario)
+
+
+def test_a_model_whose_answers_follow_its_values_has_no_guess(tmp_path: Path) -> None:
+    """Its samples' answers (an Expand to a shape of 1) say nothing of a request's: 40 calls at
+    once to a ConstantOfShape model, each held as small, made 3.9 GB of answers under a 1 GiB
+    bound (found by a tester). Held as the largest message until its first answer."""
+    write_version(tmp_path, "big", 1, tiling_model())
+
+    async def scenario(engine: Engine) -> None:
+        service = InferenceService(engine)
+        assert service.answer_guess("big") is None
+        assert service.answers.hold("big")._estimate == ServerSettings().max_grpc_message_bytes
 
     run_on_engine(tmp_path, scenario)
 
