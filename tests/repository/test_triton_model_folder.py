@@ -7,8 +7,11 @@ folder, not a file", though a Triton ONNX repository is to serve as it is.
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
+import numpy as np
 import onnx
 import pytest
 from repo_models import age, factor_of, scale_model
@@ -101,3 +104,54 @@ def test_external_data_outside_that_folder_is_still_refused(tmp_path: Path) -> N
         assert "escapes model directory" in reason
 
     run(tmp_path, scenario)
+
+
+def test_weights_rewritten_in_place_do_not_change_a_serving_version(tmp_path: Path) -> None:
+    """ONNX Runtime maps external data files and reads the tensors in place: a data file
+    rewritten in place (`rsync --inplace`, a download into place) changed the answers of the
+    version serving, before any reload (old and new weights mixed, 200 each; found by a
+    tester). Each version answers from a copy of its own."""
+    folder = folder_version(tmp_path, 1, 2.0)
+    weights = folder / "weights.bin"
+
+    async def scenario(engine: Engine) -> None:
+        assert await factor_of(engine) == 2.0
+        with weights.open("r+b") as handle:  # (in place: the same inode, the same size)
+            handle.write(np.float32(7.0).tobytes())
+        assert await factor_of(engine) == 2.0
+
+    run(tmp_path, scenario)
+
+
+TRUNCATE_IN_PLACE = """
+import asyncio, sys
+from pathlib import Path
+sys.path[:0] = sys.argv[2:]
+from repo_models import factor_of
+from duetime.engine import Engine
+
+async def main() -> None:
+    engine = await Engine.start(Path(sys.argv[1]))
+    assert await factor_of(engine) == 2.0
+    weights = Path(sys.argv[1]) / "m" / "1" / "model.onnx" / "weights.bin"
+    data = weights.read_bytes()
+    weights.write_bytes(b"")  # (truncated, as `cp` does first)
+    print(await factor_of(engine), flush=True)
+    weights.write_bytes(data)
+    await engine.aclose()
+
+asyncio.run(main())
+"""
+
+
+def test_weights_truncated_in_place_do_not_kill_the_server(tmp_path: Path) -> None:
+    """A data file truncated in place (`cp new weights.bin`) under a serving version killed the
+    server with SIGBUS, its mapped pages gone (found by a tester)."""
+    folder_version(tmp_path, 1, 2.0)
+    tests = str(Path(__file__).parent.parent)
+    done = subprocess.run(
+        [sys.executable, "-c", TRUNCATE_IN_PLACE, str(tmp_path), tests],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "2.0"

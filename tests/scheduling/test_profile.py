@@ -379,3 +379,25 @@ def test_the_snapshot_says_which_sizes_the_load_measured() -> None:
     profile = profile_from_samples({1: [10] * 5, 2: [20] * 5}, up_to=8)
     said = {row["batch_size"]: row["measured_at_load"] for row in profile.snapshot()}
     assert said == {1: True, 2: True, 3: False, 4: False, 6: False, 8: False}
+
+
+def test_an_idle_run_far_under_the_prediction_scales_a_busy_load_s_spread_at_once() -> None:
+    """A variant of 0.65 ms profiled on a busy CPU measured a p99 of 45 ms: predicted at 22.7 ms
+    (its estimate and half the spread), it refused every 3 ms request; its idle runs (one a
+    second) shrank the spread 5% each, and it starved for 45 s (found by a tester)."""
+    profile = LatencyProfile(
+        [ProfilePoint(1, 685_000, 45_000_000), ProfilePoint(2, 1_300_000, 46_000_000)]
+    )
+    assert profile.predict(1) > 20_000_000
+    profile.recalibrate(1, 650_000)
+    assert profile.predict(1) < 1_500_000  # (22.7 ms before)
+    assert profile.predict(2) < 3_000_000
+    snapshot = profile.snapshot()
+    assert snapshot[0]["predicted_us"] == pytest.approx(profile.predict(1) / 1e3)
+
+
+def test_an_idle_run_near_the_prediction_leaves_the_spread() -> None:
+    profile = LatencyProfile([ProfilePoint(1, 1_000_000, 3_000_000)])
+    before = profile.predict(1)
+    profile.recalibrate(1, 1_000_000)
+    assert profile.predict(1) == pytest.approx(before, rel=0.05)

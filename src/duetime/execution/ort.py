@@ -9,6 +9,8 @@ import logging
 import os
 import platform
 import re
+import shutil
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -231,6 +233,71 @@ def _prune_cache(cached: Path, stem: str) -> None:
             log.info("%s: stale optimised graph not removed: %s", stale, exc)
             return
         log.debug("%s: stale optimised graph removed", stale)
+
+
+@contextlib.contextmanager
+def private_external_data(model_path: Path) -> Iterator[Path]:
+    """`model_path` as sessions should be opened on it: where the model keeps tensors in files
+    of their own (ONNX external data), a copy of the model and those files in a private folder,
+    removed once the block ends (the sessions opened in it keep their maps of the files: their
+    pages outlive the names); else `model_path` itself.
+
+    NOTE: ONNX Runtime maps external data files and reads the tensors in place, for as long as
+    a session lives: a data file overwritten in place (`cp new c`, a download into place,
+    `rsync --inplace`) changed the weights a serving version answered with, before any reload
+    (rows of old and new weights mixed in its answers, 200 each), and one truncated first had
+    the server killed by SIGBUS (found by a tester). Each version answers from its own copy now,
+    which no one else writes. Where no copy can be made (no room in the temporary folder), it
+    serves from the repository's files, with a warning."""
+    try:
+        files = _external_files(model_path)
+    except Exception:  # (onnx cannot read it: ORT's refusal says why)
+        files = []
+    if not files:
+        yield model_path
+        return
+    with tempfile.TemporaryDirectory(prefix="duetime-weights-") as private:
+        folder = Path(private)
+        try:
+            shutil.copyfile(model_path, folder / model_path.name)
+            for relative in files:
+                target = folder / relative
+                target.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(model_path.parent / relative, target)
+        except OSError as exc:
+            log.warning(
+                "%s: its external data is served from the repository's files, not a copy of "
+                "its own (%s): rewriting them in place would change its answers or crash the "
+                "server; replace them by renaming new files into place", model_path, exc,
+            )  # fmt: skip
+            yield model_path
+            return
+        yield folder / model_path.name
+
+
+def _external_files(model_path: Path) -> list[Path]:
+    """The files, relative to the model's folder, that the model at `model_path` keeps tensors
+    in (any graph's, subgraphs' too); those named outside the folder are left out (ORT refuses
+    them: see the loader)."""
+    with model_path.open("rb") as handle:
+        head = handle.read(1 << 20)
+        if EXTERNAL_DATA_MARK not in head and model_path.stat().st_size <= len(head):
+            return []
+    import onnx  # (~0.5 s to import: only for a model that may have external data)
+    from onnx.external_data_helper import _get_all_tensors
+
+    model = onnx.load(str(model_path), load_external_data=False)
+    folder = model_path.parent.resolve()
+    found: dict[Path, None] = {}
+    for tensor in _get_all_tensors(model):
+        if tensor.data_location != onnx.TensorProto.EXTERNAL:
+            continue
+        for entry in tensor.external_data:
+            if entry.key == "location" and entry.value:
+                path = (folder / entry.value).resolve()
+                if path.is_relative_to(folder) and path.is_file():
+                    found[path.relative_to(folder)] = None
+    return list(found)
 
 
 EXTERNAL_DATA_MARK = b"location"

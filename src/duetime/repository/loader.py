@@ -25,6 +25,7 @@ from duetime.execution.ort import (
     cached_session,
     default_run_memory_bytes,
     graph_specs,
+    private_external_data,
     session_options,
     strings_for_ort,
 )
@@ -233,15 +234,23 @@ def _open_sessions(
 
     NOTE: a guarded graph ORT refuses (an ORT too old to find external data for a graph from
     bytes, say) is served as the file is, with a warning, rather than not at all."""
-    if guarded is not None:
+    with private_external_data(path) as private:
+        if guarded is not None:
+            try:
+                return [cached_session(private, options, guarded) for _ in range(count)]
+            except ConfigError as exc:
+                log.warning(
+                    "%s: its integer divisions cannot be guarded (%s); serving it as it is: a "
+                    "request dividing INT_MIN by -1 would crash the server",
+                    path, exc.message.replace(str(private.parent), str(path.parent)),
+                )  # fmt: skip
         try:
-            return [cached_session(path, options, guarded) for _ in range(count)]
+            return [cached_session(private, options) for _ in range(count)]
         except ConfigError as exc:
-            log.warning(
-                "%s: its integer divisions cannot be guarded (%s); serving it as it is: a "
-                "request dividing INT_MIN by -1 would crash the server", path, exc,
-            )  # fmt: skip
-    return [cached_session(path, options) for _ in range(count)]
+            if private == path:
+                raise
+            # (named as the repository's file, not the private copy's: see the NOTE there)
+            raise ConfigError(exc.message.replace(str(private.parent), str(path.parent))) from None
 
 
 def cost_varies(facts: GraphFacts | None, signature: ModelSignature) -> str:
