@@ -408,7 +408,7 @@ def test_identity_is_not_limited_here() -> None:
     assert _decoded(DATA, None, limit=10) == DATA
 
 
-@pytest.mark.parametrize("encoding", ["br", "compress", "gzip, deflate", "x-gzip"])
+@pytest.mark.parametrize("encoding", ["br", "compress", "gzip, deflate"])
 def test_unsupported_encoding(encoding: str) -> None:
     message = f"Content-Encoding '{encoding}' is not supported; use gzip or deflate"
     with pytest.raises(InvalidInput, match=re.escape(message)):

@@ -29,6 +29,7 @@ from duetime.validation import (
     not_an_output,
     other_shapes,
     shape_refused,
+    strings_refused,
 )
 
 _LENGTH = struct.Struct("<I")
@@ -150,6 +151,10 @@ class Expected:
                     if want != shape[index] and want != -1:
                         self._other_shape(spec, shape)
                         break
+        if spec.datatype == "BYTES":
+            refused = strings_refused(name, math.prod(shape))
+            if refused is not None:
+                self._refuse(refused)
         limit = self._batch_limit
         if limit > 0 and shape and not 0 < shape[0] <= limit:
             batch = shape[0]
