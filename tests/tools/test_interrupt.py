@@ -214,3 +214,38 @@ def test_ctrl_c_while_generator_processes_start_prints_no_traceback() -> None:
     assert "Traceback" not in stderr
     assert "KeyboardInterrupt" not in stderr
     assert stderr.strip().splitlines()[-1] == "duetime bench: interrupted before sending started"
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="reads /proc")
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGKILL], ids=["term", "kill"])
+def test_generator_processes_end_with_their_parent(signum: int) -> None:
+    """After `kill -TERM` of the parent alone (a supervisor, `timeout`), its orphaned generator
+    processes kept sending until their run's end, and one hung for good writing its records
+    to a parent that was gone (found by a tester). SIGTERM goes on to them; and they end
+    when their parent does, however it ends."""
+    with fake_v2_server() as fake:
+        args = ["bench", "--http", fake.address, "--model", "m", "--processes", "2",
+                "--rate", "100", "--duration", "60", "--warmup", "0", "-q"]  # fmt: skip
+        process = subprocess.Popen(
+            [sys.executable, "-m", "duetime", *args],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        children: list[int] = []
+        try:
+            assert fake.posted.wait(45), "the command sent nothing"
+            children = spawned_children(process.pid)
+            assert len(children) == 2
+            os.kill(process.pid, signum)
+            process.communicate(timeout=30)
+            deadline = time.monotonic() + 10
+            while any(Path(f"/proc/{pid}").exists() for pid in children):
+                assert time.monotonic() < deadline, "a generator process outlived its parent"
+                time.sleep(0.01)
+        finally:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+            for pid in children:
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
+    assert process.returncode == -signum
