@@ -547,8 +547,16 @@ def read_config_file(path: Path) -> dict[str, Any]:
 
 
 def find_config_file(model_dir: Path) -> Path | None:
-    """The model's one config file (any of CONFIG_FILENAMES), None if it has none."""
-    found = [model_dir / name for name in CONFIG_FILENAMES if (model_dir / name).exists()]
+    """The model's one config file (any of CONFIG_FILENAMES), None if it has none; ConfigError
+    where the folder cannot be read.
+
+    NOTE: a folder the server may not read (chmod 000) raised PermissionError through the
+    startup scan (a traceback, no model served) and through a load request (500), and a poll
+    logged its traceback every round (found by a tester)."""
+    try:
+        found = [model_dir / name for name in CONFIG_FILENAMES if (model_dir / name).exists()]
+    except OSError as exc:
+        raise ConfigError(f"{model_dir}: cannot be read: {exc.strerror or exc}") from None
     for path in found:
         if not path.is_file():  # (a folder of that name would leave the model on defaults)
             raise ConfigError(f"{path}: a config file's name, but not a file")

@@ -150,8 +150,14 @@ def scan_repository(
     if not root.is_dir():
         raise ConfigError(f"model repository {root} is not a folder")
     models: list[ModelSource] = []
-    errors = misnamed_folders(root)
-    for directory in model_folders(root):
+    try:
+        errors = misnamed_folders(root)
+        folders = model_folders(root)
+    except OSError as exc:  # (one it may not read: a traceback, as a bug's)
+        raise ConfigError(
+            f"model repository {root} cannot be read: {exc.strerror or exc}"
+        ) from None
+    for directory in folders:
         try:
             models.append(scan_model(directory, filename=filename_of(directory)))
         except ConfigError as exc:
@@ -221,7 +227,11 @@ def scan_model(
     keys)."""
     where, under = (UPLOADED, "file:") if uploaded else (str(directory), f"{directory}/")
     versions: dict[int, Path] = {}
-    for child in sorted(directory.iterdir()):
+    try:
+        children = sorted(directory.iterdir())
+    except OSError as exc:  # (a folder the server may not read: its model's error)
+        raise ConfigError(f"{where}: cannot be read: {exc.strerror or exc}") from None
+    for child in children:
         number = version_of(child.name)
         model = model_file(child, filename) if number is not None and child.is_dir() else None
         if number is not None and model is not None:
