@@ -322,3 +322,19 @@ def test_broken_models_are_reported_and_the_rest_served(tmp_path: Path, demo_rep
     assert str(repo / "negative" / "config.toml") in negative
     assert "max_batch_size" in negative
     assert "-3" in negative
+
+
+def test_serve_demo_with_a_cache_it_cannot_write_says_so_in_one_line(tmp_path: Path) -> None:
+    """A HOME that is no folder, a read-only cache (a user like `nobody`, a container): a
+    traceback, exit 1 (found by a tester)."""
+    (tmp_path / "not-a-folder").write_text("")
+    env = duetime_env(tmp_path)
+    env["XDG_CACHE_HOME"] = str(tmp_path / "not-a-folder")
+    result = subprocess.run(
+        [sys.executable, "-m", "duetime", "serve", "--demo"], cwd=tmp_path, env=env,
+        capture_output=True, text=True, timeout=STARTUP_GUARD_S,
+    )  # fmt: skip
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr
+    assert "--demo: cannot write the demo repository to " in result.stderr
+    assert "set XDG_CACHE_HOME" in result.stderr

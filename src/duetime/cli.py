@@ -470,7 +470,16 @@ def _write_demo_cache() -> Path:
     from duetime.demo import write_demo_files
 
     root = demo_cache_dir()
-    kept = write_demo_files(root, on_change="keep")
+    try:
+        kept = write_demo_files(root, on_change="keep")
+    except OSError as exc:
+        # NOTE: came through as a traceback (a HOME that is no folder, a read-only cache: a
+        # user like `nobody`, a container; found by a tester)
+        raise ConfigError(
+            f"--demo: cannot write the demo repository to {root}: {exc.strerror or exc}; set "
+            "XDG_CACHE_HOME to a folder the server may write, or write it with `duetime demo "
+            "PATH` and serve PATH"
+        ) from None
     if kept:
         names = ", ".join(str(file.relative_to(root)) for file in kept)
         console(
