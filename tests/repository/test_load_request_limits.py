@@ -172,8 +172,11 @@ def test_a_failed_upload_of_a_name_with_no_folder_leaves_no_trace(tmp_path: Path
     async def scenario(engine: Engine) -> None:
         assert engine.ready
         files = {"1/model.onnx": b"not an onnx model"}
-        with pytest.raises(InvalidInput, match="ONNX Runtime cannot load it"):
+        with pytest.raises(InvalidInput, match="ONNX Runtime cannot load it") as caught:
             await engine.load_model("brandnew", ModelConfig(), files=files)
+        # named by its load parameter, not the temporary folder it was written to (a tester)
+        assert "file:1/model.onnx: ONNX Runtime cannot load it" in caught.value.message
+        assert "duetime-upload" not in caught.value.message
         assert engine.ready
         assert [e["name"] for e in engine.repository_index()] == ["m"]
         with pytest.raises(ModelNotFound):

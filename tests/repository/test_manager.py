@@ -426,7 +426,12 @@ def test_a_bad_config_keeps_the_served_versions(tmp_path: Path) -> None:
         with pytest.raises(InvalidInput, match="max_batch_size"):
             await engine.load_model("m")
         assert await factor_of(engine) == 1.0
-        assert "max_batch_size" in states(engine)[""][1]
+        # (its serving version's row says why, as a failed load's does: a row of the model's
+        # own said UNAVAILABLE beside it, a serving model read as down; found by a tester)
+        ((version, (state, reason)),) = states(engine).items()
+        assert (version, state) == ("1", "READY")
+        assert reason.startswith("a new load failed, the previous one still serves: ")
+        assert "max_batch_size" in reason
 
     run(tmp_path, scenario, control_mode="explicit", startup_models=("m",))
 
@@ -602,6 +607,26 @@ def test_the_index_forgets_folders_removed_from_the_repository(tmp_path: Path) -
             await factor_of(engine, "broken")
         await manager.poll()
         assert engine.repository_index() == index
+
+    run(tmp_path, scenario, control_mode="poll", poll_s=3600)
+
+
+def test_a_version_whose_model_file_alone_was_removed_says_so(tmp_path: Path) -> None:
+    """It said its folder was removed, though the folder was still there (found by a tester)."""
+    for version in (1, 2):
+        write_version(tmp_path, "m", version, scale_model(version))
+    config(tmp_path, "m", "[version_policy]\nall = {}\n")
+
+    async def scenario(engine: Engine) -> None:
+        manager = engine.manager
+        assert manager is not None
+        (tmp_path / "m" / "2" / "model.onnx").unlink()
+        await manager.poll()
+        await asyncio.sleep(0.2)  # the version drains
+        assert states(engine) == {
+            "1": ("READY", ""),
+            "2": ("UNAVAILABLE", "its model file was removed from its version folder"),
+        }
 
     run(tmp_path, scenario, control_mode="poll", poll_s=3600)
 
@@ -1564,7 +1589,7 @@ def test_two_folders_of_one_version_fail_the_model_naming_both(tmp_path: Path) -
         (tmp_path / "m" / "001" / "model.onnx").write_bytes(scale_model(100))
         await manager.poll()
         assert await factor_of(engine) == 1.0  # the served version stays
-        assert "'001' and '1' are both version 1" in states(engine)[""][1]
+        assert "'001' and '1' are both version 1" in states(engine)["1"][1]  # (its row says)
 
     (tmp_path / "n" / "01").mkdir()
     (tmp_path / "n" / "01" / "model.onnx").write_bytes(scale_model(200))

@@ -171,6 +171,12 @@ class Fingerprint:
 REMOVED = "its folder was removed from the repository"
 """The reason given for a version unloaded because its folder went away: the one row the index
 keeps of a folder that is gone (rows of failures or unloads there would only be stale)."""
+STILL_SERVES = "a new load failed, the previous one still serves: "
+"""The reason a serving version's row gives after a load of its model failed (then the why)."""
+FILE_REMOVED = "its model file was removed from its version folder"
+"""As REMOVED, where the version's folder is still there but holds no model file.
+
+NOTE: it said the folder was removed, though the folder was still there (found by a tester)."""
 UPLOADED = "the model's uploaded files serve in place of its folder until it is unloaded"
 """The reason given for a version of the repository's folder an upload took the place of."""
 
@@ -638,6 +644,13 @@ class ModelManager:
                     _remove_upload(upload)
                 raise
             except DuetimeError as exc:
+                if upload is not None:
+                    # NOTE: a file of the upload was named by the temporary folder it was
+                    # written to ('/tmp/duetime-upload-x/m/1/model.onnx: ONNX Runtime cannot
+                    # load it'), which the client never saw; it is named by its load parameter
+                    # (found by a tester)
+                    exc.message = exc.message.replace(f"{upload}/", "file:")
+                    exc.args = (exc.message,)
                 if (upload is not None or config is not None) and not self._changed(before):
                     # what the request brought left no trace: the folder and config that
                     # served before serve on, and later plain loads read them again
@@ -719,9 +732,7 @@ class ModelManager:
         failed), and serves on, why it still does."""
         states = self._states[name]
         for version in before.served:
-            states[version] = VersionState(
-                "READY", f"a new load failed, the previous one still serves: {message}"
-            )
+            states[version] = VersionState("READY", STILL_SERVES + message)
 
     async def unload(self, name: str, *, reason: str = "unloaded by request") -> None:
         """Stop serving every version of `name`; queued requests finish first."""
@@ -1018,7 +1029,8 @@ class ModelManager:
     def _gone_reason(self, name: str, old: ServedVersion) -> str:
         """Why `old`, whose version the folder `name` is served from lacks, is retired."""
         if name not in self._uploads:
-            return REMOVED
+            folder = version_folder(old.primary.model.path, _filename(old))
+            return FILE_REMOVED if folder.is_dir() else REMOVED
         if version_folder(old.primary.model.path, _filename(old)).parent == self.root / name:
             return UPLOADED  # (the repository's: listed, to say why it no longer serves)
         # NOTE: a version of an earlier upload was labelled as the repository's folder (the
@@ -1150,7 +1162,7 @@ class ModelManager:
             finally:  # (its counts fold into the kept ones now, not at some later publish)
                 self._registry.prune_retiring()
             if mine is not None and states.get(version.version) is mine:
-                if reason in (REMOVED, UPLOADED) or self._on_disk(name, version.version):
+                if reason in _GONE or self._on_disk(name, version.version):
                     states[version.version] = VersionState("UNAVAILABLE", reason)
                 else:  # (an upload's version, unloaded: the index lists what is on disk)
                     del states[version.version]
@@ -1447,7 +1459,15 @@ class ModelManager:
                 if version not in versions
             )
             error = self._model_errors.get(name, misnamed.get(name))
-            if error is not None:
+            serving = [r for r in rows if r.get("state") == "READY"]
+            if error is not None and serving:
+                # NOTE: a row of its own, UNAVAILABLE, said the model was not served beside the
+                # versions serving it (READY, no reason): read as name -> state, the index said
+                # a serving model was down (found by a tester). Said as a failed load's is.
+                for row in serving:
+                    if not row.get("reason"):
+                        row["reason"] = STILL_SERVES + error
+            elif error is not None:
                 rows.append({"name": name, "state": "UNAVAILABLE", "reason": error})
             if not rows:
                 rows = [{"name": name}]
@@ -1518,6 +1538,10 @@ def check_upload_path(relative: str) -> tuple[str, ...]:
     return parts
 
 
+_GONE = frozenset({REMOVED, FILE_REMOVED, UPLOADED})
+"""The reasons of versions whose files went away: their rows outlive them in the index."""
+
+
 def _sweep_uploads(loader: ThreadPoolExecutor, folders: list[Path]) -> None:
     """Remove `folders` once `loader`'s threads have ended (see `ModelManager.aclose`)."""
     loader.shutdown(wait=True)
@@ -1533,7 +1557,7 @@ def _remove_upload(folder: Path) -> None:
 def _outlives_folder(state: VersionState) -> bool:
     """Whether the index lists a version whose folder is gone: while it loads or drains, and
     once unloaded because the folder went away or an upload took its place (to say so)."""
-    return state.state in ("LOADING", "UNLOADING") or state.reason in (REMOVED, UPLOADED)
+    return state.state in ("LOADING", "UNLOADING") or state.reason in _GONE
 
 
 async def _close(version: ServedVersion, drain_s: float = 0.0) -> None:

@@ -148,7 +148,7 @@ def optimize(options: OptimizeOptions, say: Callable[[str], None]) -> OptimizeRe
         sample_source=source, max_batch=signature.max_batch_size if top else 0,
         primary_batch_1_us=rounded(one[0]), primary_max_batch_us=rounded(top[0]) if top else None,
         results=results, config_path=config_path, elapsed_s=time.perf_counter() - started,
-        notes=notes,
+        notes=notes, primary_file=declared_filename(target.model_dir),
     )  # fmt: skip
 
 

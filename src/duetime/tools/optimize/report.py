@@ -46,6 +46,8 @@ class OptimizeReport:
     config_path: Path | None
     elapsed_s: float = 0.0
     notes: list[str] = field(default_factory=list)
+    primary_file: str = MODEL_FILENAME
+    """The version's own model file (the config's `default_model_filename`)."""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -61,7 +63,7 @@ class OptimizeReport:
     def format(self) -> str:
         max_head = f"batch {self.max_batch} µs" if self.primary_max_batch_us else "max batch µs"
         rows = [("kind", "file", "max abs err", "argmax", "batch 1 µs", max_head, "result")]
-        rows.append(("primary", MODEL_FILENAME, "-", "-", _us(self.primary_batch_1_us, None),
+        rows.append(("primary", self.primary_file, "-", "-", _us(self.primary_batch_1_us, None),
                      _us(self.primary_max_batch_us, None), ""))  # fmt: skip
         for r in self.results:
             q, s = r.quality, r.speed
