@@ -2285,7 +2285,7 @@ def _write_shared(
 ) -> dict[str, Any]:
     """Write an output into its shared-memory window; its JSON entry, which names the window."""
     datatype = v2_datatype_of(array)
-    raw = codec.to_raw(array, datatype)
+    raw = codec.raw_view(array, datatype)
     regions.write(window, raw, f"output '{name}'")
     return {
         "name": name, "datatype": datatype, "shape": list(array.shape),

@@ -224,7 +224,7 @@ class SharedMemoryRegions:
                 done += count
         return buffer
 
-    def write(self, window: Window, data: bytes, where: str) -> None:
+    def write(self, window: Window, data: bytes | memoryview, where: str) -> None:
         """Write an output's bytes into `window` (as `check` returned it: into the region it
         holds)."""
         region, start = self._bounds(window, where)
