@@ -186,6 +186,10 @@ def _parser(tools: Container[str | None] | None = None) -> argparse.ArgumentPars
         "idle connection with no request in flight, or gets 503 if there is none",
     )  # fmt: skip
     serve.add_argument(
+        "--max-grpc-connections", type=int,
+        help="open gRPC connections accepted (4096); past it gRPC closes a new one at once",
+    )  # fmt: skip
+    serve.add_argument(
         "--request-read-timeout-s", type=float,
         help="an HTTP request head must arrive within this of its first byte, then its body "
         "at --min-body-rate-bytes-s over each such period (10; slower clients get 408); a "

@@ -685,6 +685,10 @@ class ServerSettings(_Strict):
     whose client reads none of its answers for this long is dropped (nginx's `send_timeout`)."""
     max_connections: int = Field(default=4096, ge=1)
     """Open HTTP connections; beyond this a new one is answered 503 and closed at once."""
+    max_grpc_connections: int = Field(default=4096, ge=1, le=2**31 - 1)
+    """Open gRPC connections; beyond this gRPC closes a new one at once. NOTE: there was no
+    bound: a client holding 4,400 idle connections took every descriptor the server had, and
+    no new HTTP or gRPC client was served until they closed (found by a tester)."""
     request_read_timeout_s: float = Field(default=10.0, gt=0)
     """An HTTP request's head must arrive within this long of its first byte, and its body
     must then keep coming at `min_body_rate_bytes_s` over each such period; a slower client

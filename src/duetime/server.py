@@ -110,15 +110,15 @@ def repository_options(settings: ServerSettings) -> RepositoryOptions:
 
 
 FILES_BESIDE_CONNECTIONS = 256
-"""Descriptors a server needs beside its HTTP connections: listening sockets, gRPC's
-connections and pipes, model and log files."""
+"""Descriptors a server needs beside its HTTP and gRPC connections: listening sockets, pipes,
+model and log files."""
 
 
 def open_files_for(max_connections: int) -> int:
     """Raise the process's soft limit on open files towards its hard limit, far enough for
-    `max_connections` HTTP connections and the rest (`FILES_BESIDE_CONNECTIONS`); returns the
-    limit now. Below that, connections past it are reset at accept (EMFILE), not answered with
-    the 503 `max_connections` promises: say so.
+    `max_connections` connections (HTTP's and gRPC's) and the rest (`FILES_BESIDE_CONNECTIONS`);
+    returns the limit now. Below that, connections past it are reset at accept (EMFILE), not
+    answered with the 503 `max_connections` promises: say so.
 
     NOTE: the usual soft limit is 1024, the default `max_connections` 4096; the hard limit is
     the administrator's ceiling, which a process may raise its soft limit to (Go's runtime
@@ -138,9 +138,10 @@ def open_files_for(max_connections: int) -> int:
             log.warning("could not raise the open-files limit from %d: %s", soft, exc)
     if soft != resource.RLIM_INFINITY and soft < wanted:
         log.warning(
-            "the open-files limit is %d (hard limit %d), below --max-connections %d plus %d "
+            "the open-files limit is %d (hard limit %d), below %d connections "
+            "(--max-connections and --max-grpc-connections) plus %d "
             "for the rest: connections past about %d are reset at accept instead of answered "
-            "503; raise `ulimit -n` or lower --max-connections",
+            "503; raise `ulimit -n` or lower those limits",
             soft, hard, max_connections, FILES_BESIDE_CONNECTIONS,
             max(0, soft - FILES_BESIDE_CONNECTIONS),
         )  # fmt: skip
@@ -254,7 +255,7 @@ class Server:
                 )
         if self.recorder is not None:
             self._start_recorder(self.recorder)
-        open_files_for(self.settings.max_connections)
+        open_files_for(self.settings.max_connections + self.settings.max_grpc_connections)
         if self.settings.busy_poll_us:
             self._rest.turn.busy_poll = BusyPoll(
                 asyncio.get_running_loop(), self.settings.busy_poll_us / 1e6

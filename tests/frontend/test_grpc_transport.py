@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
-from conftest import RunningServer, start_server, stop_server
+from conftest import RunningServer, serving, start_server, stop_server
 from repo_models import scale_model, tiling_model, write_version
 
 from duetime import cli
@@ -189,3 +189,30 @@ def test_answers_are_compressed_at_the_level_asked(tmp_path: Path) -> None:
     assert y.shape == (100_000, 3)
     assert not y.any()
     assert proxy.from_server < y.nbytes // 10  # (1.2 MB of zeros, compressed)
+
+
+def test_grpc_connections_are_bounded(tmp_path: Path) -> None:
+    """There was no bound: a client holding 4,400 idle connections took every descriptor the
+    server had, and no new HTTP or gRPC client was served (found by a tester). Past
+    --max-grpc-connections gRPC closes a new one at once; those within it are served."""
+    assert dict(server_options(ServerSettings()))["grpc.max_allowed_incoming_connections"] == 4096
+    write_version(tmp_path, "m", 1, scale_model(2))
+    settings = ServerSettings(
+        model_repository=tmp_path, http_port=0, grpc_port=0, max_grpc_connections=2
+    )
+    with serving(settings) as running:
+        host, port = running.grpc.rsplit(":", 1)
+        held = [socket.create_connection((host, int(port)), timeout=10) for _ in range(4)]
+        try:
+            for sock in held:
+                sock.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
+            closed = 0
+            for sock in held:
+                try:
+                    closed += sock.recv(100) == b""  # (a settings frame, or the close)
+                except OSError:
+                    closed += 1
+            assert closed == 2
+        finally:
+            for sock in held:
+                sock.close()

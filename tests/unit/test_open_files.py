@@ -42,6 +42,4 @@ def test_the_soft_limit_is_raised_for_the_connections() -> None:
 def test_a_hard_limit_below_the_connections_is_reported() -> None:
     result = run(512, 600, 4096)
     assert result.stdout.split() == ["600", "600"]
-    assert "the open-files limit is 600 (hard limit 600), below --max-connections 4096" in (
-        result.stderr
-    )
+    assert "the open-files limit is 600 (hard limit 600), below 4096 connections" in (result.stderr)

@@ -1686,6 +1686,7 @@ def server_options(settings: ServerSettings) -> list[tuple[str, int]]:
         ("grpc.max_receive_message_length", limit),
         ("grpc.max_send_message_length", limit),
         ("grpc.so_reuseport", 0),
+        ("grpc.max_allowed_incoming_connections", settings.max_grpc_connections),
         ("grpc.keepalive_time_ms", settings.grpc_keepalive_time_ms),
         ("grpc.keepalive_timeout_ms", settings.grpc_keepalive_timeout_ms),
         ("grpc.keepalive_permit_without_calls", int(settings.grpc_keepalive_permit_without_calls)),
