@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import selectors
@@ -338,3 +339,30 @@ def test_serve_demo_with_a_cache_it_cannot_write_says_so_in_one_line(tmp_path: P
     assert "Traceback" not in result.stderr
     assert "--demo: cannot write the demo repository to " in result.stderr
     assert "set XDG_CACHE_HOME" in result.stderr
+
+
+def test_sigterm_while_a_request_body_is_coming_answers_it(tmp_path: Path) -> None:
+    """The request whose body was still coming was cut off (the connection closed: no answer,
+    a broken pipe), which its client could not tell from a crash (found by a tester). Its body
+    is read, and it is answered as requests are while the server stops, closing after."""
+    body = json.dumps({
+        "inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 40], "data": [0.1] * 40}]
+    }).encode()  # fmt: skip
+    with serving(tmp_path, "--demo", *MLP_ONLY) as server:
+        host, port = server.http.rsplit(":", 1)
+        with socket.create_connection((host, int(port)), timeout=20) as client:
+            client.sendall(
+                b"POST /v2/models/mlp/infer HTTP/1.1\r\nHost: x\r\nContent-Length: "
+                + str(len(body)).encode() + b"\r\n\r\n" + body[:20]
+            )  # fmt: skip
+            time.sleep(0.3)  # (the head is read)
+            server.process.send_signal(signal.SIGTERM)
+            time.sleep(0.3)
+            client.sendall(body[20:])
+            answer = b""
+            while chunk := client.recv(65536):
+                answer += chunk
+        assert server.process.wait(timeout=STARTUP_GUARD_S) == 0
+    assert answer.startswith(b"HTTP/1.1 503 "), answer[:200]
+    assert b"connection: close" in answer.lower()
+    assert b"the server is shutting down; retry on another replica" in answer

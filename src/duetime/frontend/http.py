@@ -581,8 +581,9 @@ class HttpConnection(asyncio.BufferedProtocol):
         "_filled_from",
         "_filling_since", "_head_done",
         "_header_bytes", "_headers",
-        "_held", "_http10", "_idle_timeout", "_in_transport", "_inflating", "_intake",
-        "_last_active",
+        "_held", "_http10", "_idle_timeout", "_in_message", "_in_transport", "_inflating",
+        "_intake",
+        "_last_active", "_last_request",
         "_lingering", "_loop", "_max_body", "_max_header", "_max_held", "_min_rate", "_parser",
         "_paused_at", "_promoting", "_quota_read", "_quota_since", "_quota_used", "_read_buffer",
         "_read_from", "_read_timeout", "_reading_paused", "_reads",
@@ -666,6 +667,11 @@ class HttpConnection(asyncio.BufferedProtocol):
         """The transport's buffered bytes at the last check (see `_send_stalled`)."""
         self._writing_paused = False
         self._closing = False
+        self._in_message = False
+        """A request's head has begun and its end has not been read yet."""
+        self._last_request = False
+        """The server stopped while a request was being read: it is answered, then the
+        connection closes (see `shutdown`)."""
         self._lingering = False
         """The client ended its side (FIN) with answers owed: they are written, then it closes."""
         self._last_active = 0.0
@@ -1016,6 +1022,7 @@ class HttpConnection(asyncio.BufferedProtocol):
     def on_message_begin(self) -> None:
         self._intake.idle.pop(self, None)
         self._reset_message()
+        self._in_message = True
         self._begun_at = self._reads
         self._window_start = self._last_active
         self._window_bytes = None
@@ -1150,6 +1157,7 @@ class HttpConnection(asyncio.BufferedProtocol):
         direct, self._direct = self._direct, None
         if direct is not None:
             self._body = [direct]  # type: ignore[list-item]
+        self._in_message = False
         self._window_start = None
         if self._quota_read == self._reads:  # (one more of the same read: pipelined)
             now = self._loop.time()
@@ -1158,8 +1166,9 @@ class HttpConnection(asyncio.BufferedProtocol):
             self._quota_used += 1
         else:
             self._quota_read = self._reads
-        if self._rejected or self._closing:
+        if self._rejected or (self._closing and not self._last_request):
             return
+        self._last_request = False
         method = parser.get_method().decode("latin-1")
         # (a request asking to upgrade is the connection's last: its answer says so; see
         # `_upgraded`. It said nothing, then the connection closed under a keep-alive client)
@@ -2327,9 +2336,19 @@ class HttpConnection(asyncio.BufferedProtocol):
         return False
 
     def shutdown(self) -> None:
-        """Close after the responses already owed; used when the server stops."""
+        """Close after the responses already owed, and the request being read, if any (it is
+        answered as requests are while the server stops: 503, `Connection: close`); used when
+        the server stops.
+
+        NOTE: a request whose body was still coming was cut off (the connection closed: no
+        answer, a broken pipe), which its client could not tell from a crash (found by a
+        tester); its body gets the time it has to come (the read timeout, within the
+        server's grace)."""
         self._closing = True
         if not self._slots:
+            if self._in_message and self._head_done:
+                self._last_request = True
+                return
             self.close_now()
         else:
             self._slots[-1].keep_alive = False
