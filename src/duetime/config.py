@@ -467,6 +467,10 @@ def describe_validation_error(
         else:
             got = f" (got {_shown_input(given)})"
         message = item["msg"]
+        if not loc and item["type"] == "value_error":
+            # (a check of several fields together: its message names them)
+            lines.append(f"{source}: {message.removeprefix('Value error, ')}")
+            continue
         if item["type"] in _BOUNDS and isinstance(given, float) and math.isnan(given):
             # NOTE: NaN fails every bound (its comparisons are false): "should be less than or
             # equal to 1000000000 (got nan)" named a bound NaN does not exceed
@@ -816,6 +820,22 @@ class ServerSettings(_Strict):
         if isinstance(value, tuple | list) and "*" in value and len(value) > 1:
             raise ValueError("'*' loads every model: give it alone, not with other names")
         return value
+
+    @model_validator(mode="after")
+    def _ports_apart(self) -> ServerSettings:
+        """NOTE: `--http-port 9000 --metrics-port 9000` was told the port was taken, "pass
+        --http-port with a free port", though it was free until the metrics took it (found by
+        a tester). 0 (a port the system picks) may repeat."""
+        ports = {"http_port": self.http_port, "grpc_port": self.grpc_port}
+        if self.metrics:
+            ports["metrics_port"] = self.metrics_port
+        seen: dict[int, str] = {}
+        for name, port in ports.items():
+            if port and port in seen:
+                flags = " and ".join(f"{n} (--{n.replace('_', '-')})" for n in (seen[port], name))
+                raise ValueError(f"{flags} are both {port}: each endpoint needs a port of its own")
+            seen[port] = name
+        return self
 
     max_run_memory_bytes: int | None = Field(default=None, ge=1)
     """The most one request's values may ask a node of a model to allocate (the shape given to
