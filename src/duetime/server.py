@@ -148,6 +148,25 @@ def open_files_for(max_connections: int) -> int:
     return int(soft)
 
 
+def grpc_connections_within(settings: ServerSettings, files: int) -> int:
+    """The gRPC connections the server takes where `files` descriptors are all it may open:
+    `max_grpc_connections`, or what is left of `files` beside the rest and HTTP's connections
+    (at most half of it), said in a warning.
+
+    NOTE: bounded by its setting alone, gRPC took every descriptor a server with a lower limit
+    had (1,280: 1,300 idle connections), and new HTTP clients were reset (found by a tester)."""
+    wanted = settings.max_grpc_connections
+    room = files - FILES_BESIDE_CONNECTIONS
+    if room >= settings.max_connections + wanted:
+        return wanted
+    left = max(1, min(wanted, room - min(settings.max_connections, room // 2)))
+    log.warning(
+        "gRPC takes %d connections at most (not --max-grpc-connections %d): the open-files "
+        "limit is %d", left, wanted, files,
+    )  # fmt: skip
+    return left
+
+
 def _warn_of_unused(settings: ServerSettings) -> None:
     """Warn of settings given that the others turn off (they were ignored without a word), as
     `--load-model` without explicit mode is."""
@@ -255,7 +274,11 @@ class Server:
                 )
         if self.recorder is not None:
             self._start_recorder(self.recorder)
-        open_files_for(self.settings.max_connections + self.settings.max_grpc_connections)
+        settings = self.settings
+        files = open_files_for(settings.max_connections + settings.max_grpc_connections)
+        grpc_settings = settings.model_copy(
+            update={"max_grpc_connections": grpc_connections_within(settings, files)}
+        )
         if self.settings.busy_poll_us:
             self._rest.turn.busy_poll = BusyPoll(
                 asyncio.get_running_loop(), self.settings.busy_poll_us / 1e6
@@ -263,7 +286,7 @@ class Server:
         self._http = await serve_http(
             self._rest, self.settings, self._connections, shedder=self.shedder
         )
-        self._grpc, grpc_port = await serve_grpc(self._grpc_service, self.settings)
+        self._grpc, grpc_port = await serve_grpc(self._grpc_service, grpc_settings)
         self._meter.sample()  # start measuring from now
         self._shed_timer = asyncio.get_running_loop().call_later(SHED_PERIOD_S, self._sample)
         http_port = self._http.sockets[0].getsockname()[1]

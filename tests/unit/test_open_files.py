@@ -8,6 +8,9 @@ import sys
 
 import pytest
 
+from duetime.config import ServerSettings
+from duetime.server import FILES_BESIDE_CONNECTIONS, grpc_connections_within
+
 resource = pytest.importorskip("resource")
 
 SCRIPT = """
@@ -43,3 +46,14 @@ def test_a_hard_limit_below_the_connections_is_reported() -> None:
     result = run(512, 600, 4096)
     assert result.stdout.split() == ["600", "600"]
     assert "the open-files limit is 600 (hard limit 600), below 4096 connections" in (result.stderr)
+
+
+def test_grpc_connections_fit_the_descriptors_the_server_may_open() -> None:
+    """Bounded by --max-grpc-connections alone, gRPC took every descriptor of a server whose
+    limit was 1,280 (1,300 idle connections), and new HTTP clients were reset (a tester)."""
+    settings = ServerSettings(max_connections=1024, max_grpc_connections=4096)
+    assert grpc_connections_within(settings, 1024 + 4096 + FILES_BESIDE_CONNECTIONS) == 4096
+    assert grpc_connections_within(settings, 1280) == 512  # (half of what is left, at most)
+    small = ServerSettings(max_connections=100, max_grpc_connections=4096)
+    assert grpc_connections_within(small, 1280) == 924
+    assert grpc_connections_within(settings, 100) == 1
