@@ -96,3 +96,30 @@ def test_a_host_not_of_this_machine_is_blamed_with_metrics_on(
 def test_an_empty_host_is_refused() -> None:
     with pytest.raises(ValidationError, match="host"):
         ServerSettings(host=" ")
+
+
+@pytest.mark.parametrize("flag", ["http_port", "grpc_port"])
+def test_a_taken_port_is_told_before_the_models_load(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, flag: str
+) -> None:
+    """It was told only once every model had loaded (seconds, minutes for big models), where a
+    taken metrics port was told at once (found by a tester)."""
+    from duetime.engine import Engine
+
+    loads: list[Path] = []
+
+    async def loading(self: Engine, root: Path) -> None:
+        loads.append(root)
+
+    monkeypatch.setattr(Engine, "load_repository", loading)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        ports = {"http_port": 0, "grpc_port": 0, flag: taken.getsockname()[1]}
+        settings = ServerSettings(
+            model_repository=tmp_path, metrics=False, tune_runtime=False, **ports
+        )
+        name = "--" + flag.replace("_", "-")
+        with pytest.raises(ConfigError, match=rf"field '{flag}': cannot listen on .*pass {name}"):
+            asyncio.run(Server(settings).start())
+    assert loads == []

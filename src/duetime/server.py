@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import errno
 import gc
 import logging
+import socket
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -148,6 +150,37 @@ def open_files_for(max_connections: int) -> int:
     return int(soft)
 
 
+def check_ports_free(settings: ServerSettings) -> None:
+    """ConfigError naming the flag where the HTTP or gRPC port is taken now, before the models
+    load (the listeners take them after; one taken meanwhile is refused there as ever).
+
+    NOTE: a taken port was told only once every model had loaded (seconds, or minutes for big
+    models), where the metrics port was told at once (found by a tester)."""
+    for flag, port in (("http_port", settings.http_port), ("grpc_port", settings.grpc_port)):
+        if not port:
+            continue
+        try:
+            addresses = socket.getaddrinfo(
+                settings.host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+            )
+        except OSError:  # (a host that does not resolve: its listener says so)
+            continue
+        family, kind, proto, _, address = addresses[0]
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                probe.bind(address)
+            except OSError as exc:
+                if exc.errno != errno.EADDRINUSE:
+                    continue  # (its listener says what is wrong)
+                name = f"--{flag.replace('_', '-')}"
+                raise ConfigError(
+                    f"server settings: field '{flag}': cannot listen on "
+                    f"{url_host(settings.host)}:{port}: {exc.strerror}; pass {name} with a free "
+                    "port (0 picks one)"
+                ) from None
+
+
 def grpc_connections_within(settings: ServerSettings, files: int) -> int:
     """The gRPC connections the server takes where `files` descriptors are all it may open:
     `max_grpc_connections`, or what is left of `files` beside the rest and HTTP's connections
@@ -257,6 +290,7 @@ class Server:
 
     async def _start(self, repository: Path) -> Addresses:
         metrics_port = await self._start_metrics()  # a taken port fails before loading
+        check_ports_free(self.settings)
         if self.cpus.loop_cpu is not None:
             pin_current_thread(frozenset({self.cpus.loop_cpu}))
         if self.engine.repository is None:
