@@ -279,10 +279,8 @@ def _external_files(model_path: Path) -> list[Path]:
     """The files, relative to the model's folder, that the model at `model_path` keeps tensors
     in (any graph's, subgraphs' too); those named outside the folder are left out (ORT refuses
     them: see the loader)."""
-    with model_path.open("rb") as handle:
-        head = handle.read(1 << 20)
-        if EXTERNAL_DATA_MARK not in head and model_path.stat().st_size <= len(head):
-            return []
+    if not _marked(model_path):
+        return []
     import onnx  # (~0.5 s to import: only for a model that may have external data)
     from onnx.external_data_helper import _get_all_tensors
 
@@ -318,6 +316,16 @@ def _cache_key(model_path: Path, graph: bytes | None = None) -> str | None:
         tail = chunk[1 - len(EXTERNAL_DATA_MARK) :]
     digest.update(f"{ort.__version__}/{platform.machine()}/{_cpu_features()}".encode())
     return digest.hexdigest()[:CACHE_KEY_CHARS]
+
+
+def _marked(model_path: Path) -> bool:
+    """Whether the file holds `EXTERNAL_DATA_MARK` anywhere (read in chunks: no parse)."""
+    tail = b""
+    for chunk in _chunks(model_path):
+        if EXTERNAL_DATA_MARK in tail + chunk:
+            return True
+        tail = chunk[1 - len(EXTERNAL_DATA_MARK) :]
+    return False
 
 
 CACHE_KEY_CHARS = 20
