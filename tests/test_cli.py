@@ -346,7 +346,8 @@ def test_sigterm_while_a_request_body_is_coming_answers_it(tmp_path: Path) -> No
     a broken pipe), which its client could not tell from a crash (found by a tester). Its body
     is read, and it is answered as requests are while the server stops, closing after."""
     body = json.dumps({
-        "inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 40], "data": [0.1] * 40}]
+        "inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 40], "data": [0.1] * 40}],
+        "id": "x" * 100_000,  # (a body read in several pieces: one of 16 KiB stopped it)
     }).encode()  # fmt: skip
     with serving(tmp_path, "--demo", *MLP_ONLY) as server:
         host, port = server.http.rsplit(":", 1)

@@ -858,7 +858,11 @@ class HttpConnection(asyncio.BufferedProtocol):
                 piece = end if end - at <= step else at + step
                 self._parser.feed_data(data[at:piece] if at or piece < end else data)
                 at = piece
-                if at >= end or self._closing or self._transport is None:
+                if (
+                    at >= end
+                    or (self._closing and not self._last_request)
+                    or self._transport is None
+                ):
                     return
                 if len(self._slots) >= _MAX_PIPELINED:
                     self._unparsed = bytes(data[at:])
@@ -1132,7 +1136,7 @@ class HttpConnection(asyncio.BufferedProtocol):
         self._complete(parser)
 
     def on_body(self, body: bytes) -> None:
-        if self._rejected or self._closing:
+        if self._rejected or (self._closing and not self._last_request):
             return
         self._body_bytes += len(body)
         if self._body_bytes > self._max_body:
