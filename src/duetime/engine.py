@@ -44,6 +44,7 @@ from duetime.errors import (
 )
 from duetime.execution.affinity import SMALL_MODEL_NS, CpuPlan
 from duetime.execution.executor import Feeds
+from duetime.execution.ort import default_run_memory_bytes
 from duetime.loops import in_thread
 from duetime.repository.loader import LoadedModel, sample_inputs, sample_row_bytes
 from duetime.repository.manager import IndexEntry, ModelManager, RepositoryOptions
@@ -60,7 +61,7 @@ from duetime.requestparams import (
 from duetime.routing.router import Routed, Router
 from duetime.scheduling.edf import QueuedRequest
 from duetime.scheduling.ledger import CoreLedger
-from duetime.scheduling.scheduler import ModelScheduler
+from duetime.scheduling.scheduler import ModelScheduler, batch_bytes_bound
 from duetime.types import InferRequest, InferResponse, model_words
 
 log = logging.getLogger("duetime.engine")
@@ -317,6 +318,13 @@ class Engine:
             sample_row_bytes=sample_row_bytes(loaded.signature),
             sample=functools.partial(sample_inputs, loaded.signature, 1),
             predictable_cost=not loaded.cost_depends_on_values,
+            max_batch_bytes=batch_bytes_bound(
+                loaded.validator.max_run_bytes or default_run_memory_bytes(),
+                sample_row_bytes(loaded.signature),
+                loaded.profile.sample_output_row_bytes,
+                loaded.signature.max_batch_size,
+                loaded.cost_depends_on_values,
+            ),
         )
         return Deployment(loaded, scheduler, variant)
 

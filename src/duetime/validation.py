@@ -112,6 +112,11 @@ class Validator:
         """Templates whose requests passed: their rows, batching key and outputs."""
 
     @property
+    def max_run_bytes(self) -> int:
+        """The most one run's request may ask a node to allocate (0: no bound given)."""
+        return self._max_run_bytes
+
+    @property
     def left_out(self) -> Mapping[str, str]:
         """The graph's inputs requests may not give, name -> why (see `left_out_inputs`)."""
         return self._left_out

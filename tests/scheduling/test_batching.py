@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from duetime.scheduling.batching import Run, Wait, drop_hopeless, plan_batch, sweep_hopeless
 from duetime.scheduling.edf import EDFQueue
+from duetime.scheduling.scheduler import batch_bytes_bound
 
 BUCKET_OF = buckets_up_to(8, (1, 2, 3, 4, 6, 8))
 # 1 row: 1100 ns, 2: 1200, 3: 1300, 4: 1400, 5-6: 1600, 7-8: 1800
@@ -342,3 +343,38 @@ def test_sweep_finds_exactly_the_hopeless(
     assert queue.rows == sum(i.rows for i in left)
     assert not set(map(id, hopeless)) & set(map(id, left))
     assert len(left) + len(hopeless) <= before
+
+
+# -- a bound on a batch's input bytes ------------------------------------------------------------
+
+
+def test_a_batch_takes_requests_while_their_bytes_fit_its_bound() -> None:
+    """A model whose outputs are a fixed multiple of its inputs (a Tile by 32) batched ten
+    requests of 16 MB into one run of 5 GB of outputs, and the server was killed for its
+    memory (found by a tester)."""
+    queue = EDFQueue(8)
+    for i in range(4):
+        enqueue(queue, name=f"r{i}", due=1_000_000).nbytes = 10
+    assert names(run_of(plan(queue, max_bytes=25)).requests) == ["r0", "r1"]
+    assert names(run_of(plan(queue)).requests) == ["r0", "r1", "r2", "r3"]  # (no bound)
+    alone = EDFQueue(8)
+    enqueue(alone, name="big", due=1_000_000).nbytes = 100
+    enqueue(alone, name="next", due=1_000_000).nbytes = 1
+    assert names(run_of(plan(alone, max_bytes=25)).requests) == ["big"]  # alone: any size
+
+
+@pytest.mark.parametrize(
+    ("row_in", "row_out", "max_rows", "varies", "bound"),
+    [
+        (160, 12, 64, False, 0),  # mlp: a full batch is 10 KB, far within
+        (160, 12, 64, True, int(1_000_000 / (1 + 12 / 160))),  # sizes that follow the request
+        (400, 400 * 32, 8, True, int(1_000_000 / 33)),  # a Tile by 32
+        (400_000, 400_000 * 32, 8, False, int(1_000_000 / 33)),  # fixed, but a batch too big
+        (160, None, 64, True, 1_000_000),  # no output sample: the inputs alone
+        (160, 12, 1, True, 0),  # no batching
+    ],
+)
+def test_the_bound_keeps_a_batch_s_inputs_and_outputs_within_a_run_s_memory(
+    row_in: int, row_out: int | None, max_rows: int, varies: bool, bound: int
+) -> None:
+    assert batch_bytes_bound(1_000_000, row_in, row_out, max_rows, varies) == bound

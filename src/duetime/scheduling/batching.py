@@ -126,6 +126,7 @@ def plan_batch(
     preferred: tuple[int, ...] = (),
     bare: Estimate | None = None,
     window_estimate: Estimate | None = None,
+    max_bytes: int = 0,
 ) -> Run | Wait | None:
     """The next batch for a free instance: the head and the requests after it, in queue order,
     while they share its shape, fit `max_rows`, and (with an `estimate`) the batch still finishes
@@ -156,9 +157,13 @@ def plan_batch(
     reached that is preferred).
 
     `max_rows` 0 means the model does not batch: one request per execution, no padding.
+
+    `max_bytes` (0: none): the most input bytes (`QueuedRequest.nbytes`) a batch of several
+    requests takes; a request alone may bring more.
     """
     taken: list[QueuedRequest] = []
     rows, earliest_due, scanned, exhausted = 0, NO_DUE, 0, True
+    nbytes = 0
     all_held = bare is not None  # (every request taken so far waited by this policy's choice)
     limit = min(max_rows, max(preferred)) if preferred and max_rows else max_rows
     best = 0  # how many of `taken` make the largest preferred batch reached so far
@@ -172,6 +177,9 @@ def plan_batch(
         if taken and not _joins(taken[0], item, rows, limit):
             exhausted = False
             break
+        if max_bytes and taken and nbytes + item.nbytes > max_bytes:
+            exhausted = False
+            break
         due = min(earliest_due, item.due_or_never - (len(taken) + 1) * answer_ns)
         if taken and estimate is not None:
             need = bare if all_held and item.held and bare is not None else estimate
@@ -179,6 +187,7 @@ def plan_batch(
                 exhausted = False
                 break
         taken.append(item)
+        nbytes += item.nbytes
         all_held = all_held and item.held
         rows, earliest_due, scanned = rows + item.rows, due, index + 1
         if rows in preferred:

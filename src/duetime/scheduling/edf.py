@@ -58,6 +58,9 @@ class QueuedRequest:
     held: bool = False
     """Its batch waited for more requests by the batch former's choice (`batching.Wait`): the
     time that took is not held against it (see `batching.is_hopeless`)."""
+    nbytes: int = 0
+    """Its inputs' bytes, where its scheduler bounds a batch's (see `plan_batch`'s
+    `max_bytes`); else 0."""
 
     @property
     def due_or_never(self) -> int:

@@ -404,6 +404,7 @@ class ModelScheduler:
         wake_slack_ns: int = WAKE_SLACK_NS,
         sample: Callable[[], Feeds] | None = None,
         predictable_cost: bool = True,
+        max_batch_bytes: int = 0,
     ) -> None:
         """`ledger`: the CPU its instances run on, when other models' instances run there too
         (see scheduling/ledger.py). `sample_row_bytes`: the input bytes a row of the samples the
@@ -413,7 +414,7 @@ class ModelScheduler:
         values (a Loop's trip count, a size read from an input) or free non-batch dims: its
         executions are never judged slow, since its profile cannot say what a run should take
         (5 valid Loop requests of 60-120 ms opened the breaker of one profiled at 1 ms).
-        Failures still count."""
+        Failures still count. `max_batch_bytes`: see `batch_bytes_bound` (0: none)."""
         self._sample = sample
         self._refreshing = False
         """A sample run of `refresh_if_stale` is planned (`_refresh_soon`) or running."""
@@ -475,6 +476,9 @@ class ModelScheduler:
         self._checked_ns = -(1 << 62)
         """When `_suspect` last ran the sample inputs."""
         self._predictable_cost = predictable_cost
+        self._max_batch_bytes = max_batch_bytes
+        """The most input bytes a batch of several requests takes (0: no bound; see
+        `batch_bytes_bound`)."""
         slow_set = {"slow_factor", "slow_min_us", "slow_executions"}
         if not predictable_cost and self._breaker_config.model_fields_set & slow_set:
             # NOTE: said at info at most, a config's slow settings were ignored unseen: a Loop's
@@ -618,6 +622,8 @@ class ModelScheduler:
         queue = self._queue
         future: asyncio.Future[Feeds] = self._loop.create_future()
         item = QueuedRequest(feeds, rows, shape_key, now, due_ns, key[0], future, key, on_done)
+        if self._max_batch_bytes:
+            item.nbytes = _bytes(feeds)
         if probe:
             self._probe = item
         if timing is not None:
@@ -1314,6 +1320,7 @@ class ModelScheduler:
                 preferred=self._preferred,
                 bare=self._within_others_slack(self._exec_ns, now) if self._edf else None,
                 window_estimate=None if self._edf else self._batch_estimate,
+                max_bytes=self._max_batch_bytes,
             )
             if decision is None:
                 break
@@ -2663,6 +2670,31 @@ def _input_bytes(requests: list[QueuedRequest]) -> int:
 _SIZED_AS_SAMPLES: Feeds = {}
 """No inputs to weigh (`_fits_alone`'s size cost nothing): a request taken as the profile's
 samples' size, as `fits` takes every request. Never written."""
+
+
+def batch_bytes_bound(
+    run_memory_bytes: int,
+    row_in_bytes: int,
+    row_out_bytes: int | None,
+    max_rows: int,
+    sizes_vary: bool,
+) -> int:
+    """The most input bytes a batch of several requests may take (0: no bound needed): where
+    its inputs and the outputs they make, at the samples' ratio of output to input bytes, would
+    exceed `run_memory_bytes` (the most one run may allocate).
+
+    NOTE: a model whose outputs are a fixed multiple of its inputs (a Tile by 32) batched ten
+    requests of 16 MB into one run of 5 GB of outputs, and the server was killed for its
+    memory (found by a tester): the run-memory check bounds what a request's values ask for,
+    not what a batch adds up to. Where every input's size is fixed, a full batch's bytes are
+    known, and need no bound where they fit."""
+    if row_in_bytes <= 0 or max_rows <= 1:
+        return 0
+    ratio = (row_out_bytes or 0) / row_in_bytes
+    bound = int(run_memory_bytes / (1.0 + ratio))
+    if not sizes_vary and max_rows * row_in_bytes <= bound:
+        return 0
+    return max(1, bound)
 
 
 def _bytes(feeds: Feeds) -> int:
