@@ -270,35 +270,6 @@ def test_a_new_connection_s_request_that_is_no_inference_is_never_held_back(
     run(body)
 
 
-def test_answers_made_together_past_the_bound_are_dropped_but_the_first() -> None:
-    """Requests start while there is room, before their answers' size is known: six new
-    connections asking for 960 MB each, together, reading nothing, made 5.8 GB of answers under
-    a 1 GiB bound, and the server was killed for its memory (found by a tester). The first
-    answer made while nothing is held may overshoot the bound; the others are dropped (429)."""
-
-    async def body() -> None:
-        settings = ServerSettings(max_unsent_answer_bytes=4 * MiB, max_connections=16)
-        intake = Intake(settings)
-        api = Api()
-        clients = [connect(api, settings, intake) for _ in range(3)]
-        for connection, transport in clients:
-            transport.reading = False
-            connection.data_received(REQUEST)
-        await turns()
-        assert len(api.tickets) == 3  # (all started: nothing was held)
-        for ticket in api.tickets:
-            ticket.answer(3 * MiB)
-        assert 3 * MiB < intake.statistics().answer_bytes < 3 * MiB + 4096  # the first only
-        sent = [transport.buffered for _, transport in clients]
-        assert sent[0] > 3 * MiB
-        assert all(0 < size < 4096 for size in sent[1:])  # a 429 each, its answer let go
-        for connection, _ in clients:
-            connection.connection_lost(None)
-        assert intake.statistics().answer_bytes == 0
-
-    run(body)
-
-
 def test_a_client_that_leaves_gives_back_what_its_answers_held() -> None:
     async def body() -> None:
         settings = ServerSettings(max_unsent_answer_bytes=4 * MiB, max_connections=16)
@@ -392,7 +363,7 @@ def test_a_request_held_back_for_answer_room_is_refused_at_its_due_time(
         [(status, body)] = answers(fresh, 1)
         took = time.monotonic() - started
         message = json.loads(body)["error"]
-        assert status == 504, message
+        assert status == 504
         assert message.startswith("Request timeout expired: model 'tile'"), message
         assert "--max-unsent-answer-bytes" in message
         assert 0.05 <= took < 1.5  # (due 0.1 s after it was read; a turn may date it earlier)

@@ -54,7 +54,7 @@ import httptools
 import numpy as np
 
 from duetime.config import ServerSettings
-from duetime.errors import ConfigError, DuetimeError, Overloaded
+from duetime.errors import ConfigError, DuetimeError
 from duetime.execution.affinity import lower_thread_priority
 from duetime.frontend import codec
 from duetime.frontend.rest import (
@@ -243,9 +243,6 @@ class Intake:
         self.small_answer_bytes = max(1, self.max_answer_bytes // self.max_connections)
         self.answers = 0
         """Bytes of big answers made and not yet read (see the class docstring)."""
-        self.promised = 0
-        """Bytes the requests running may answer with, as their connections estimate them,
-        until their answers are made (see `promise`)."""
         self._answer_waiting: deque[HttpConnection] = deque()
         """Connections waiting for room for their next answer, in order (see `_wake_answers`)."""
         self._answer_waiters: set[HttpConnection] = set()
@@ -446,20 +443,6 @@ class Intake:
     def _room(self) -> bool:
         return self.answers < self.max_answer_bytes
 
-    def promise(self, size: int) -> bool:
-        """Count a request started whose answer may be `size` bytes, until it is made
-        (`unpromise`); whether it fits beside the answers held and promised (or nothing is
-        either: one answer may overshoot the bound). See `HttpConnection._made`."""
-        fits = (
-            not (self.answers or self.promised)
-            or self.answers + self.promised + size <= self.max_answer_bytes
-        )
-        self.promised += size
-        return fits
-
-    def unpromise(self, size: int) -> None:
-        self.promised -= size
-
     def answers_made(self, size: int) -> None:
         self.answers += size
 
@@ -522,11 +505,6 @@ class _Slot:
     """Big-body bytes reserved in the Intake until the response is written."""
     counted: int = 0
     """Its answer's bytes, counted in the Intake until read, if it is big (see `Intake`)."""
-    promised: int = 0
-    """What its answer may weigh, counted in the Intake from its start until it is made, if
-    it may be big (see `Intake.promise`)."""
-    room: bool = True
-    """Its promise fitted the Intake's bound when it started (see `HttpConnection._made`)."""
     deferred: tuple[str, bytes, dict[str, str], list[bytes], int] | None = None
     """A request read but not started (method, URL, headers, body pieces, body bytes): the
     connection had `_MAX_PIPELINED` answers owed, or its client was not reading them."""
@@ -757,10 +735,6 @@ class HttpConnection(asyncio.BufferedProtocol):
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        for slot in self._slots:  # (those running: no answer of theirs will be held)
-            if slot.promised:
-                self._intake.unpromise(slot.promised)
-                slot.promised = 0
         self._withdraw()  # the client is gone
         self._drop_reservation()
         self._intake.forget_answers(self)
@@ -1472,8 +1446,6 @@ class HttpConnection(asyncio.BufferedProtocol):
     ) -> None:
         self._running += 1
         slot.started = True
-        if not _answers_small(method, url):
-            self._promise(slot)
         if len(chunks) == 1:
             self._answer(slot, method, url, headers, chunks[0])
         elif body_bytes < _BULK_BODY_BYTES:
@@ -1490,7 +1462,6 @@ class HttpConnection(asyncio.BufferedProtocol):
             slot.expiry = None
         self._running += 1
         slot.started = True
-        self._promise(slot)
         shedder = self._shedder
         if (
             not slot.weighed
@@ -1505,14 +1476,6 @@ class HttpConnection(asyncio.BufferedProtocol):
                     recorder.record(held.request, _shed_submit)
             return
         self._answered(slot, self._api.start_held(held))
-
-    def _promise(self, slot: _Slot) -> None:
-        """Count what `slot`'s answer may weigh (the connection's estimate) in the Intake, if
-        it may be big, until it is made."""
-        estimate = self._answer_bytes
-        if estimate > self._small_answer:
-            slot.promised = estimate
-            slot.room = self._intake.promise(estimate)
 
     def _client_left(self) -> bool:
         """Whether the client has closed its side (FIN or reset) though reading is paused, by
@@ -2011,51 +1974,15 @@ class HttpConnection(asyncio.BufferedProtocol):
     def _made(self, slot: _Slot, data: bytes | list[bytes | memoryview]) -> None:
         """`slot`'s answer is made: its size is the connection's estimate from now on, it counts
         until read if big (see `Intake`), and it is written once those before it are."""
+        slot.data = data
         size = len(data) if isinstance(data, bytes) else sum(len(piece) for piece in data)
         if slot.started:
             self._answer_bytes = size
-        intake = self._intake
-        promised = slot.promised
-        if promised:
-            slot.promised = 0
-            intake.unpromise(promised)
         if size > self._small_answer:
-            if (
-                size > _DROPPED_ANSWER_MIN
-                and intake.answers
-                and intake.answers + size > intake.max_answer_bytes
-                and not (slot.room and size <= promised)
-            ):
-                data = self._dropped_answer(slot, size)
-                size = len(data)
-            else:
-                slot.counted = size
-                self._unsent += size
-                intake.answers_made(size)
-        slot.data = data
+            slot.counted = size
+            self._unsent += size
+            self._intake.answers_made(size)
         self._flush()
-
-    def _dropped_answer(self, slot: _Slot, size: int) -> bytes | list[bytes | memoryview]:
-        """The refusal that replaces an answer of `size` bytes that does not fit beside the big
-        answers not yet read (`Intake`): held, it would take the server past its bound.
-
-        NOTE: requests start while there is room, before their answers' size is known: six new
-        connections asking a ConstantOfShape model for 960 MB each, together, and reading
-        nothing, made 5.8 GB of answers under a 1 GiB bound, and the server was killed for its
-        memory (found by a tester). An answer is held past the bound now only where nothing
-        else is held (one answer may overshoot it), or where it is no bigger than its request
-        was counted as (promised) when it started, and that fitted the bound beside the answers
-        held and promised then."""
-        intake = self._intake
-        error = Overloaded(
-            f"the answer ({size} bytes) does not fit beside the {intake.answers} bytes of "
-            "answers not yet read by their clients, within the "
-            f"{intake.max_answer_bytes} the server holds for them (server setting "
-            "max_unsent_answer_bytes, --max-unsent-answer-bytes); it was dropped: retry once "
-            "clients read their answers, or ask for less",
-            retry_after_s=1.0,
-        )
-        return _encode(error_reply(error), self._keep_alive(slot), slot.http10)
 
     def _flush(self) -> None:
         transport = self._transport
@@ -2480,11 +2407,6 @@ def _without_coding(headers: Mapping[str, str]) -> dict[str, str]:
 def _names_predict(url: bytes) -> bool:
     """Whether `url` is V1's `/v1/models/<m>:predict`."""
     return url.startswith(b"/v1/models/") and url.split(b"?", 1)[0].endswith(b":predict")
-
-
-_DROPPED_ANSWER_MIN = 64 * 1024
-"""An answer this big or smaller is never dropped for the bound on answers held (see
-`HttpConnection._dropped_answer`): a refusal (an error's answer) is no smaller."""
 
 
 def _answers_small(method: str, url: bytes) -> bool:
