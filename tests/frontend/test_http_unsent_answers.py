@@ -227,6 +227,19 @@ def test_over_all_connections_big_answers_not_read_hold_back_requests_that_may_m
     run(body)
 
 
+def over_the_limit(sent: bytes) -> tuple[ServerSettings, Intake, Api, HttpConnection]:
+    """A 4 MiB limit on answers unread, and a connection that sent `sent` and reads none of its
+    answers, the first of which (5 MiB) is made: over the limit."""
+    settings = ServerSettings(max_unsent_answer_bytes=4 * MiB, max_connections=16)
+    intake = Intake(settings)
+    api = Api()
+    greedy, greedy_transport = connect(api, settings, intake)
+    greedy_transport.reading = False
+    greedy.data_received(sent)
+    api.tickets[0].answer(5 * MiB)
+    return settings, intake, api, greedy
+
+
 @pytest.mark.parametrize(
     "request_",
     [
@@ -245,13 +258,7 @@ def test_a_new_connection_s_request_that_is_no_inference_is_never_held_back(
     a tester). An answer that is no inference's is small whatever its request asks."""
 
     async def body() -> None:
-        settings = ServerSettings(max_unsent_answer_bytes=4 * MiB, max_connections=16)
-        intake = Intake(settings)
-        api = Api()
-        greedy, greedy_transport = connect(api, settings, intake)
-        greedy_transport.reading = False
-        greedy.data_received(REQUEST)
-        api.tickets[0].answer(5 * MiB)
+        settings, intake, api, greedy = over_the_limit(REQUEST)
         assert intake.statistics().answer_bytes >= 5 * MiB  # over the limit, unread
         probe, probe_transport = connect(api, settings, intake)
         probe.data_received(request_)
@@ -272,13 +279,7 @@ def test_a_new_connection_s_request_that_is_no_inference_is_never_held_back(
 
 def test_a_client_that_leaves_gives_back_what_its_answers_held() -> None:
     async def body() -> None:
-        settings = ServerSettings(max_unsent_answer_bytes=4 * MiB, max_connections=16)
-        intake = Intake(settings)
-        api = Api()
-        greedy, greedy_transport = connect(api, settings, intake)
-        greedy_transport.reading = False
-        greedy.data_received(REQUEST * 2)
-        api.tickets[0].answer(5 * MiB)
+        settings, intake, api, greedy = over_the_limit(REQUEST * 2)
         fresh, _ = connect(api, settings, intake)
         fresh.data_received(REQUEST)
         await turns()
