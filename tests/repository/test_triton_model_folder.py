@@ -155,3 +155,25 @@ def test_weights_truncated_in_place_do_not_kill_the_server(tmp_path: Path) -> No
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip() == "2.0"
+
+
+def test_no_private_copy_is_made_where_it_would_fill_the_temporary_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A copy that filled the folder would fail other programs' writes meanwhile: the version
+    serves from the repository's files, with a warning."""
+    import shutil
+    from collections import namedtuple
+
+    from duetime.execution import ort as ort_module
+
+    folder_version(tmp_path, 1, 2.0)
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(1 << 30, 1 << 30, 1 << 20))
+
+    async def scenario(engine: Engine) -> None:
+        assert await factor_of(engine) == 2.0
+
+    with caplog.at_level("WARNING", logger=ort_module.log.name):
+        run(tmp_path, scenario)
+    assert any("free in the temporary folder" in r.getMessage() for r in caplog.records)

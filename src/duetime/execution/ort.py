@@ -259,6 +259,14 @@ def private_external_data(model_path: Path) -> Iterator[Path]:
     with tempfile.TemporaryDirectory(prefix="duetime-weights-") as private:
         folder = Path(private)
         try:
+            needed = model_path.stat().st_size
+            needed += sum((model_path.parent / relative).stat().st_size for relative in files)
+            free = shutil.disk_usage(folder).free
+            if needed + COPY_SPARE_BYTES > free:
+                # (a copy that fills the folder would fail other programs' writes meanwhile)
+                raise OSError(
+                    f"{needed} bytes to copy, {free} free in the temporary folder {folder.parent}"
+                )
             shutil.copyfile(model_path, folder / model_path.name)
             for relative in files:
                 target = folder / relative
@@ -273,6 +281,11 @@ def private_external_data(model_path: Path) -> Iterator[Path]:
             yield model_path
             return
         yield folder / model_path.name
+
+
+COPY_SPARE_BYTES = 256 << 20
+"""Room a private copy of external data leaves free in the temporary folder (see
+`private_external_data`): it is not made where it would leave less."""
 
 
 def _external_files(model_path: Path) -> list[Path]:
