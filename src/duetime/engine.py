@@ -44,7 +44,6 @@ from duetime.errors import (
 )
 from duetime.execution.affinity import SMALL_MODEL_NS, CpuPlan
 from duetime.execution.executor import Feeds
-from duetime.execution.ort import default_run_memory_bytes
 from duetime.loops import in_thread
 from duetime.repository.loader import LoadedModel, sample_inputs, sample_row_bytes
 from duetime.repository.manager import IndexEntry, ModelManager, RepositoryOptions
@@ -305,6 +304,7 @@ class Engine:
         ):
             ledger = self._ledgers.setdefault(pins[0], CoreLedger())
         timeout_ms = loaded.config.default_timeout_ms
+        row_bytes = sample_row_bytes(loaded.signature)
         scheduler = ModelScheduler(
             executor=loaded.executor,
             config=loaded.config.scheduling,
@@ -315,12 +315,12 @@ class Engine:
             label=model_words(loaded.name, loaded.version, None if variant == PRIMARY else variant),
             breaker=loaded.config.breaker,
             ledger=None if background else ledger,
-            sample_row_bytes=sample_row_bytes(loaded.signature),
+            sample_row_bytes=row_bytes,
             sample=functools.partial(sample_inputs, loaded.signature, 1),
             predictable_cost=not loaded.cost_depends_on_values,
             max_batch_bytes=batch_bytes_bound(
-                loaded.validator.max_run_bytes or default_run_memory_bytes(),
-                sample_row_bytes(loaded.signature),
+                loaded.validator.max_run_bytes,
+                row_bytes,
                 loaded.profile.sample_output_row_bytes,
                 loaded.signature.max_batch_size,
                 loaded.cost_depends_on_values,

@@ -27,16 +27,28 @@ def tree(tmp_path: Path, cgroup: str, mountinfo: str, files: dict[str, str]) -> 
     return proc
 
 
-def test_a_v1_group_s_limit_is_read_in_the_process_s_own_group(tmp_path: Path) -> None:
-    proc = tree(
+def hybrid(tmp_path: Path, group: str, files: dict[str, str]) -> Path:
+    """A host with v1's memory controller and v2 mounted beside it (systemd's hybrid layout),
+    the process in v1 memory group `group`, and `files` besides v1's root limit (none)."""
+    return tree(
         tmp_path,
-        "4:memory:/process_api/abc\n0::/\n",
+        f"4:memory:{group}\n0::/\n",
         V1_MOUNT + V2_MOUNT,
         {
             "sys/fs/cgroup/memory/memory.limit_in_bytes": "9223372036854771712\n",
+            "sys/fs/cgroup/unified/cgroup.procs": "",
+            **files,
+        },
+    )
+
+
+def test_a_v1_group_s_limit_is_read_in_the_process_s_own_group(tmp_path: Path) -> None:
+    proc = hybrid(
+        tmp_path,
+        "/process_api/abc",
+        {
             "sys/fs/cgroup/memory/process_api/abc/memory.limit_in_bytes": f"{4 << 30}\n",
             "sys/fs/cgroup/memory/process_api/abc/memory.usage_in_bytes": f"{1 << 30}\n",
-            "sys/fs/cgroup/unified/cgroup.procs": "",
         },
     )
     groups = memory_groups(proc, tmp_path)
@@ -73,16 +85,7 @@ def test_inside_a_cgroup_namespace_the_mount_s_root_is_the_process_s_group(tmp_p
 
 
 def test_no_limit_anywhere_is_none(tmp_path: Path) -> None:
-    proc = tree(
-        tmp_path,
-        "4:memory:/\n0::/\n",
-        V1_MOUNT + V2_MOUNT,
-        {
-            "sys/fs/cgroup/memory/memory.limit_in_bytes": "9223372036854771712\n",
-            "sys/fs/cgroup/unified/cgroup.procs": "",
-        },
-    )
-    groups = memory_groups(proc, tmp_path)
+    groups = memory_groups(hybrid(tmp_path, "/", {}), tmp_path)
     assert memory_limit(groups) is None
     assert memory_room(groups) is None
 

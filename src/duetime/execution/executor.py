@@ -446,9 +446,10 @@ class Executor:
     ) -> list[Feeds | DuetimeError]:
         """Each request of `job` run on its own feeds (no padding), in this thread; each run's
         times in `result.alone`."""
-        result.alone = []
+        alone: list[tuple[int, int] | None] = []
+        result.alone = alone
         return [
-            self._isolated(run, feeds, rows, result)
+            self._isolated(run, feeds, rows, result, alone)
             for feeds, rows in zip(job.feeds, job.rows, strict=True)
         ]
 
@@ -471,8 +472,14 @@ class Executor:
         )  # fmt: skip
 
     def _isolated(
-        self, run: Run, feeds: Feeds, rows: int, result: BatchResult
+        self,
+        run: Run,
+        feeds: Feeds,
+        rows: int,
+        result: BatchResult,
+        alone: list[tuple[int, int] | None],
     ) -> Feeds | DuetimeError:
+        """One request run on its own feeds; its run's times appended to `alone`."""
         before = result.compute_ns
         output_ns = 0
         try:
@@ -485,8 +492,7 @@ class Executor:
         except Exception as exc:
             return self._run_error(exc, run, feeds)
         finally:
-            if result.alone is not None:
-                result.alone.append((result.compute_ns - before, output_ns))
+            alone.append((result.compute_ns - before, output_ns))
 
     def _closed_error(self) -> ModelUnavailable:
         return ModelUnavailable(

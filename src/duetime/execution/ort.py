@@ -12,7 +12,7 @@ import re
 import shutil
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, cast
 
@@ -292,7 +292,7 @@ def _external_files(model_path: Path) -> list[Path]:
     """The files, relative to the model's folder, that the model at `model_path` keeps tensors
     in (any graph's, subgraphs' too); those named outside the folder are left out (ORT refuses
     them: see the loader)."""
-    if not _marked(model_path):
+    if not _marked(_chunks(model_path)):
         return []
     import onnx  # (~0.5 s to import: only for a model that may have external data)
     from onnx.external_data_helper import _get_all_tensors
@@ -321,20 +321,19 @@ def _cache_key(model_path: Path, graph: bytes | None = None) -> str | None:
     """The model's bytes (the file's, or `graph`), ORT's version and the CPU, hashed; None for a
     model that looks like it keeps tensors in other files (see `EXTERNAL_DATA_MARK`)."""
     digest = hashlib.sha256()
-    tail = b""
-    for chunk in _chunks(model_path) if graph is None else _slices(graph):
-        digest.update(chunk)
-        if EXTERNAL_DATA_MARK in tail + chunk:  # (with the end of the chunk before)
-            return None
-        tail = chunk[1 - len(EXTERNAL_DATA_MARK) :]
+    if _marked(_chunks(model_path) if graph is None else _slices(graph), digest.update):
+        return None
     digest.update(f"{ort.__version__}/{platform.machine()}/{_cpu_features()}".encode())
     return digest.hexdigest()[:CACHE_KEY_CHARS]
 
 
-def _marked(model_path: Path) -> bool:
-    """Whether the file holds `EXTERNAL_DATA_MARK` anywhere (read in chunks: no parse)."""
+def _marked(chunks: Iterable[bytes], seen: Callable[[bytes], object] | None = None) -> bool:
+    """Whether the bytes of `chunks` hold `EXTERNAL_DATA_MARK` anywhere (no parse; a mark
+    across two chunks too); `seen` is given each chunk read until then."""
     tail = b""
-    for chunk in _chunks(model_path):
+    for chunk in chunks:
+        if seen is not None:
+            seen(chunk)
         if EXTERNAL_DATA_MARK in tail + chunk:
             return True
         tail = chunk[1 - len(EXTERNAL_DATA_MARK) :]

@@ -60,7 +60,6 @@ from duetime.frontend.rest import (
 )
 from duetime.frontend.sharedmemory import CUDA_REGIONS, SharedMemoryRegions
 from duetime.frontend.statistics import statistics_json
-from duetime.loops import in_thread
 from duetime.observability.logs import AccessSampler, log_cancelled, log_request
 from duetime.observability.logsettings import LogSettings
 from duetime.observability.tracesettings import TraceSettings, trace_settings_of
@@ -971,11 +970,9 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
             if _shared_bytes(submitted, result) > BULK_SHARED_BYTES:
                 # NOTE: written on the loop, a 960 MB output held every other client for the
                 # write (found by a tester); HTTP's are written off the loop too (`_bulky`)
-                made: list[Any] = []
-                await in_thread(
-                    lambda: made.append(self._made(submitted, result, request_id, hold, stream))
+                return await asyncio.to_thread(
+                    self._made, submitted, result, request_id, hold, stream
                 )
-                return made[0]
             return self._made(submitted, result, request_id, hold, stream)
         except DuetimeError:
             # NOTE: a request whose answer could not be made (an output window too small, an

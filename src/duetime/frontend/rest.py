@@ -2007,9 +2007,7 @@ class Inflation:
     so the loop inflates a bounded part, and the rest goes on elsewhere."""
 
     def __init__(self, body: bytes, encoding: str, limit: int) -> None:
-        kind = encoding.strip().lower()
-        if kind == "x-gzip":  # (RFC 9110 8.4.1.3: equivalent to gzip)
-            kind = "gzip"
+        kind = _coding(encoding)
         if kind not in ("gzip", "deflate"):
             raise UnsupportedEncoding(
                 f"Content-Encoding '{encoding}' is not supported; use gzip or deflate"
@@ -2100,6 +2098,15 @@ class Inflation:
 # -- content codings ----------------------------------------------------------------------------
 
 _CODINGS = ("identity", "gzip", "deflate")
+
+
+def _coding(name: str) -> str:
+    """A content coding's name as `_CODINGS` spell it: any case, spaces around it, and `x-gzip`
+    (RFC 9110 8.4.1.3: to be read as gzip)."""
+    name = name.strip().lower()
+    return "gzip" if name == "x-gzip" else name
+
+
 _COMPRESS_LEVEL = 1
 """zlib's fastest level: tensors compress little better at higher levels, and cost several
 times more to compress (Triton uses zlib's default, 6; any level decodes the same)."""
@@ -2119,9 +2126,7 @@ def response_coding(accepted: str) -> str | None:
     best, weight = "identity", 0.0
     for entry in accepted.split(","):
         coding, *parameters = entry.split(";")
-        coding = coding.strip().lower()
-        if coding == "x-gzip":  # (RFC 9110 8.4.1.3: equivalent to gzip)
-            coding = "gzip"
+        coding = _coding(coding)
         if coding not in _CODINGS:
             continue
         quality = 1.0

@@ -235,22 +235,23 @@ def _open_sessions(
     NOTE: a guarded graph ORT refuses (an ORT too old to find external data for a graph from
     bytes, say) is served as the file is, with a warning, rather than not at all."""
     with private_external_data(path) as private:
+
+        def shown(exc: ConfigError) -> str:
+            """Its message naming the repository's file, not the private copy's."""
+            return exc.message.replace(str(private.parent), str(path.parent))
+
         if guarded is not None:
             try:
                 return [cached_session(private, options, guarded) for _ in range(count)]
             except ConfigError as exc:
                 log.warning(
                     "%s: its integer divisions cannot be guarded (%s); serving it as it is: a "
-                    "request dividing INT_MIN by -1 would crash the server",
-                    path, exc.message.replace(str(private.parent), str(path.parent)),
+                    "request dividing INT_MIN by -1 would crash the server", path, shown(exc),
                 )  # fmt: skip
         try:
             return [cached_session(private, options) for _ in range(count)]
         except ConfigError as exc:
-            if private == path:
-                raise
-            # (named as the repository's file, not the private copy's: see the NOTE there)
-            raise ConfigError(exc.message.replace(str(private.parent), str(path.parent))) from None
+            raise ConfigError(shown(exc)) from None
 
 
 def cost_varies(facts: GraphFacts | None, signature: ModelSignature) -> str:

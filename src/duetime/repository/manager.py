@@ -1028,10 +1028,10 @@ class ModelManager:
 
     def _gone_reason(self, name: str, old: ServedVersion) -> str:
         """Why `old`, whose version the folder `name` is served from lacks, is retired."""
+        folder = version_folder(old.primary.model.path, _filename(old))
         if name not in self._uploads:
-            folder = version_folder(old.primary.model.path, _filename(old))
             return FILE_REMOVED if folder.is_dir() else REMOVED
-        if version_folder(old.primary.model.path, _filename(old)).parent == self.root / name:
+        if folder.parent == self.root / name:
             return UPLOADED  # (the repository's: listed, to say why it no longer serves)
         # NOTE: a version of an earlier upload was labelled as the repository's folder (the
         # upload serving in its place); gone with its files, it leaves the index once drained

@@ -398,17 +398,18 @@ class LatencyProfile:
             self._over[bucket] = (runs, shortest)
             return False
         self._over.clear()
-        ratio = shortest / max(1.0, self._ewma[bucket])
-        for b in self.buckets:
-            self._spread[b] *= ratio
-        self._scale(ratio)
+        self._scale(shortest / max(1.0, self._ewma[bucket]), spread=True)
         self._unseen.clear()  # (all follow the runs now: the load's figures are no guide)
         return True
 
-    def _scale(self, ratio: float) -> None:
-        """Every bucket's estimate and margin at load times `ratio`."""
+    def _scale(self, ratio: float, *, estimate: bool = True, spread: bool = False) -> None:
+        """Every bucket's margin at load times `ratio`, and its estimate (`estimate`) and the
+        spread its runs show (`spread`)."""
         for b in self.buckets:
-            self._ewma[b] *= ratio
+            if estimate:
+                self._ewma[b] *= ratio
+            if spread:
+                self._spread[b] *= ratio
             self._margin[b] = int(self._margin[b] * ratio)
         self._refresh()
 
@@ -434,10 +435,7 @@ class LatencyProfile:
                 # 22.7 ms, and refused every 3 ms request; its spread shrank 5% a second (one
                 # run a second), so it starved for 45 s (found by a tester). It is scaled to
                 # the run as the estimate would be.
-                for b in self.buckets:
-                    self._spread[b] *= tail
-                    self._margin[b] = int(self._margin[b] * tail)
-                self._refresh()
+                self._scale(tail, estimate=False, spread=True)
             return
         self._scale(ratio)
 

@@ -2681,14 +2681,14 @@ def batch_bytes_bound(
 ) -> int:
     """The most input bytes a batch of several requests may take (0: no bound needed): where
     its inputs and the outputs they make, at the samples' ratio of output to input bytes, would
-    exceed `run_memory_bytes` (the most one run may allocate).
+    exceed `run_memory_bytes` (the most one run may allocate; 0: not bounded, nor is a batch).
 
     NOTE: a model whose outputs are a fixed multiple of its inputs (a Tile by 32) batched ten
     requests of 16 MB into one run of 5 GB of outputs, and the server was killed for its
     memory (found by a tester): the run-memory check bounds what a request's values ask for,
     not what a batch adds up to. Where every input's size is fixed, a full batch's bytes are
     known, and need no bound where they fit."""
-    if row_in_bytes <= 0 or max_rows <= 1:
+    if run_memory_bytes <= 0 or row_in_bytes <= 0 or max_rows <= 1:
         return 0
     ratio = (row_out_bytes or 0) / row_in_bytes
     bound = int(run_memory_bytes / (1.0 + ratio))

@@ -55,6 +55,8 @@ class Target:
     model_dir: Path
     version: int
     path: Path
+    filename: str = MODEL_FILENAME
+    """The version's model file as its config names it (`default_model_filename`)."""
 
 
 def resolve_target(model_dir: Path, version: int | None) -> Target:
@@ -76,7 +78,7 @@ def resolve_target(model_dir: Path, version: int | None) -> Target:
     if chosen not in source.versions:
         found = ", ".join(str(v) for v in sorted(source.versions))
         raise ConfigError(f"{model_dir}: no version {chosen} holds a {filename}; found {found}")
-    return Target(model_dir, chosen, source.versions[chosen])
+    return Target(model_dir, chosen, source.versions[chosen], filename)
 
 
 def optimize(options: OptimizeOptions, say: Callable[[str], None]) -> OptimizeReport:
@@ -148,7 +150,7 @@ def optimize(options: OptimizeOptions, say: Callable[[str], None]) -> OptimizeRe
         sample_source=source, max_batch=signature.max_batch_size if top else 0,
         primary_batch_1_us=rounded(one[0]), primary_max_batch_us=rounded(top[0]) if top else None,
         results=results, config_path=config_path, elapsed_s=time.perf_counter() - started,
-        notes=notes, primary_file=declared_filename(target.model_dir),
+        notes=notes, primary_file=target.filename,
     )  # fmt: skip
 
 
