@@ -6,6 +6,7 @@ import asyncio
 import http.client
 import itertools
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -360,3 +361,35 @@ def test_a_connections_first_request_always_asks_the_kernel() -> None:
         turn.done_reading()
 
     asyncio.run(body())
+
+
+def test_a_socket_view_asks_the_kernel_and_never_closes_the_transports_socket() -> None:
+    """A connection keeps one `SocketView` of its transport's socket (uvloop's stand-in makes a
+    socket object for every question): it reads TCP_INFO, and neither its collection nor its
+    detaching closes the descriptor, which the transport owns (and may be another connection's
+    after it closes)."""
+    import gc
+
+    from duetime.frontend.arrival import last_data_age_ns, tcp_view
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    with listener, socket.create_connection(listener.getsockname()) as client:
+        served, _ = listener.accept()
+        with served:
+            client.sendall(b"x")
+            view = tcp_view(served)
+            assert view is not None
+            assert view.fileno() == served.fileno()
+            assert last_data_age_ns(view) is not None
+            del view
+            gc.collect()  # (collected: detached, not closed)
+            os.fstat(served.fileno())  # (EBADF once closed)
+            again = tcp_view(served)
+            assert again is not None
+            again.detach()
+            os.fstat(served.fileno())
+            assert served.recv(1) == b"x"
+    assert tcp_view(None) is None
+    unix_a, unix_b = socket.socketpair()
+    with unix_a, unix_b:
+        assert tcp_view(unix_a) is None, "TCP only: a Unix socket has no TCP_INFO"

@@ -57,6 +57,7 @@ from duetime.config import ServerSettings
 from duetime.errors import ConfigError, DuetimeError
 from duetime.execution.affinity import lower_thread_priority
 from duetime.frontend import codec
+from duetime.frontend.arrival import SocketView, tcp_view
 from duetime.frontend.rest import (
     INFLATE_INLINE_BYTES,
     BulkReply,
@@ -96,13 +97,25 @@ _FEED_BYTES = 16 * 1024
 """A read bigger than this is parsed in pieces this big: once a piece leaves the connection
 owing `_MAX_PIPELINED` answers, the rest is kept unparsed (see `HttpConnection._parse`)."""
 
+_KEPT_READING_BYTES = _FEED_BYTES
+"""Bytes kept unparsed (waiting for a turn of the loop or for the connection's next quota
+period) up to which the connection goes on reading: what comes meanwhile is kept too. Reading
+pauses beyond them (TCP then holds the client back).
+
+NOTE: reading paused as soon as a byte was kept. A connection's request that waited for a turn
+of a busy loop then cost two more changes to the poll's set (a pause, a resume) and a look at
+its socket's state (see `_client_left`), which a client that sends one request at a time never
+needed: 15-20 µs a request on the 2-core VM, in a loop already behind its sockets, so at twice
+mlp's capacity more requests waited, and each cost more."""
+
 _QUOTA_REQUESTS = 4
 _QUOTA_PERIOD_S = 0.01
 """While the loop is busy (its load shedder watching), one connection has at most
 `_QUOTA_REQUESTS` pipelined requests (those after the first of a read) read every
-`_QUOTA_PERIOD_S`: what it sent beyond them waits unread, reading paused (TCP holds its client
-back), until its next period (see `HttpConnection._parse`). A client that waits for each answer
-before it sends the next request never meets it, however fast it goes.
+`_QUOTA_PERIOD_S`: what it sent beyond them waits unparsed (reading paused beyond
+`_KEPT_READING_BYTES`: TCP holds its client back), until its next period (see
+`HttpConnection._parse`). A client that waits for each answer before it sends the next request
+never meets it, however fast it goes.
 
 NOTE: counted over every request, the quota held back `duetime bench`'s busiest connections (its
 free connections are reused most recent first: ~1,000 requests/s each on a few of them), and mlp
@@ -599,9 +612,10 @@ class HttpConnection(asyncio.BufferedProtocol):
         self._small_answer = self._intake.small_answer_bytes
         self._loop = asyncio.get_running_loop()
         self._transport: asyncio.Transport | None = None
-        self._sock: Any = None
+        self._sock: SocketView | None = None
         """The connection's TCP socket, for the kernel's word on when its data came (see
-        `ReadTurn.reading`); None on other sockets."""
+        `ReadTurn.reading`) and on whether its client left (`_client_left`); None on other
+        sockets. Detached as the connection is lost."""
         self._accepted = False
         self._reads = 0
         self._quota_since = 0.0
@@ -678,7 +692,8 @@ class HttpConnection(asyncio.BufferedProtocol):
         skipped: it is read past the Upgrade (see `_upgraded`)."""
         self._unparsed = b""
         """Bytes read and not parsed yet: the connection owed `_MAX_PIPELINED` answers (see
-        `_parse`); reading stays paused until they are parsed."""
+        `_parse`; reading stays paused until they are parsed), or they wait for a turn of the
+        loop or for the connection's next quota period (paused beyond `_KEPT_READING_BYTES`)."""
         self._replay_arrival: int | None = None
         """While `_unparsed` is parsed: when those bytes arrived."""
         self._feed_pending = False
@@ -711,9 +726,7 @@ class HttpConnection(asyncio.BufferedProtocol):
         self._connections.add(self)
         intake.connections += 1
         self._accepted = True
-        sock = writer.get_extra_info("socket")
-        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
-            self._sock = sock
+        self._sock = tcp_view(writer.get_extra_info("socket"))
         self._last_active = self._stall_since = self._loop.time()
         # NOTE: a connection that sends nothing has `request_read_timeout_s` from its accept for
         # its first request's head, as a request has from its first byte: silent sockets were
@@ -743,6 +756,9 @@ class HttpConnection(asyncio.BufferedProtocol):
             self._intake.answers_read(self._in_transport, self._loop)
             self._in_transport = 0
         self._transport = None
+        if self._sock is not None:
+            self._sock.detach()
+            self._sock = None
         # NOTE: the parser holds this protocol (its callbacks), and this protocol the parser: a
         # cycle only the collector frees, with the last body read, and with the runtime tuning
         # (gc.freeze, a gen-0 threshold of 50,000) it hardly runs. A client opening a connection
@@ -794,8 +810,9 @@ class HttpConnection(asyncio.BufferedProtocol):
         self._turn.mark(self._loop)
         self._reads += 1
         self._last_active = self._loop.time()
-        if self._unparsed:  # (a read that came as reading paused: it waits its turn too)
+        if self._unparsed:  # (what comes while bytes wait their turn waits too)
             self._unparsed += data
+            self._update_reading()
             return
         if self._intake.defers(self._loop) and not self._cheap_start(data):
             self._wait_turn(data)
@@ -867,8 +884,9 @@ class HttpConnection(asyncio.BufferedProtocol):
         )
 
     def _wait_quota(self, data: bytes) -> None:
-        """Keep `data` unparsed, reading paused, until the connection's next quota period; its
-        requests are due from when they arrived (`_keep_arrival`)."""
+        """Keep `data` unparsed until the connection's next quota period, and what comes
+        meanwhile (up to `_KEPT_READING_BYTES`); its requests are due from when they arrived
+        (`_keep_arrival`)."""
         self._unparsed = bytes(data)
         self._keep_arrival()
         self._feed_pending = True  # (fed by the timer, not by `_update_reading`)
@@ -885,8 +903,9 @@ class HttpConnection(asyncio.BufferedProtocol):
         return between and data[:4] == b"GET "
 
     def _wait_turn(self, data: bytes) -> None:
-        """Keep `data` unparsed, reading paused, until the Intake gives the connection a turn of
-        the loop (`turn_came`); its requests are due from when they arrived (`_keep_arrival`)."""
+        """Keep `data` unparsed until the Intake gives the connection a turn of the loop
+        (`turn_came`), and what comes meanwhile (up to `_KEPT_READING_BYTES`); its requests
+        are due from when they arrived (`_keep_arrival`)."""
         self._unparsed = bytes(data)
         self._keep_arrival()
         self._feed_pending = True  # (fed by the Intake, not by `_update_reading`)
@@ -2025,7 +2044,10 @@ class HttpConnection(asyncio.BufferedProtocol):
             return
         backlogged = len(self._slots) >= _MAX_PIPELINED
         should_pause = (
-            self._writing_paused or backlogged or self._bytes_block or bool(self._unparsed)
+            self._writing_paused
+            or backlogged
+            or self._bytes_block
+            or len(self._unparsed) > _KEPT_READING_BYTES
         )
         if (
             self._unparsed
