@@ -563,6 +563,25 @@ class Engine:
             return False
         return scheduler.idle or not scheduler.backlogged(self.clock.now_ns())
 
+    def answer_guess(self, model: str) -> int | None:
+        """The outputs' bytes `model`'s default version made for its sample inputs at load, at
+        its largest batch: what the front ends expect its answers to weigh before it has made
+        one: 0 for a model the server does not have (its requests are refused), None where it
+        is not known (not loaded yet) or its outputs' sizes follow its inputs' values."""
+        try:
+            deployment = self.registry.resolve(model, None)
+        except ModelNotFound:
+            return 0
+        except DuetimeError:
+            return None
+        if deployment.model.cost_depends_on_values:
+            # NOTE: sizes that follow its inputs' values: its samples' answers (a ConstantOfShape
+            # of 1) said nothing of a request's (60 MB): 40 calls at once, each held as small,
+            # made 3.9 GB of answers under a 1 GiB bound (found by a tester)
+            return None
+        row = deployment.scheduler.profile.sample_output_row_bytes
+        return None if row is None else row * max(1, deployment.model.signature.max_batch_size)
+
     # -- inference -----------------------------------------------------------------------------
 
     def submit(self, request: InferRequest, *, run_now: bool = False) -> Ticket:

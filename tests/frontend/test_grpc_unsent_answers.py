@@ -177,7 +177,8 @@ def test_a_fresh_server_s_calls_hold_what_the_model_s_samples_made(tmp_path: Pat
         service = InferenceService(engine)
         assert service.answer_guess("tile") == 4 * 400_000  # 400 KB a row, 4 rows at most
         assert service.answers.hold("tile")._estimate == 4 * 400_000
-        assert service.answer_guess("absent") is None
+        assert service.answer_guess("absent") == 0  # (refused: its calls hold nothing)
+        assert service.answers.hold("absent")._estimate == 0
 
     run_on_engine(tmp_path, scenario)
 

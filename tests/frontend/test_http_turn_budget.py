@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 from pathlib import Path
 
 import numpy as np
 from memory_fakes import Transport, in_memory_server
+from repo_models import scale_model, write_version
 
-from duetime.frontend.http import _KEPT_READING_BYTES, Intake
+from duetime.frontend.http import _KEPT_READING_BYTES, HttpConnection, Intake
 from duetime.tools.payloads import PayloadSpec, http_request_bytes
 
 LIGHT = http_request_bytes(
@@ -127,3 +129,62 @@ def test_a_connection_waiting_for_a_turn_pauses_reading_past_its_kept_bytes(
     assert not reading, "paused once past the kept bytes"
     assert found["statuses"] == [b"200"] * pipelined
     assert found["reading"], "reading goes on once they are parsed"
+
+
+def feed(connection: HttpConnection, data: bytes) -> None:
+    """Hand `data` to `connection` as uvloop does: into the buffer its `get_buffer` gives (a
+    binary body's own, where it reads one in place), then `buffer_updated`."""
+    view = memoryview(data)
+    while view:
+        buffer = connection.get_buffer(len(view))
+        size = min(len(buffer), len(view))
+        buffer[:size] = view[:size]
+        connection.buffer_updated(size)
+        view = view[size:]
+
+
+def test_a_binary_body_begun_in_bytes_kept_behind_the_quota_is_read_in_order(
+    tmp_path: Path,
+) -> None:
+    """A busy loop keeps what a pipelining client sent past its quota unparsed, and reads on:
+    a binary body read in place (into its own buffer) whose first bytes were among those kept
+    had the next reads land ahead of them. Answered 200 on a scrambled tensor, or 500 where
+    they overran its buffer (a tester's)."""
+    write_version(tmp_path, "echo", 1, scale_model(1.0))
+    (tmp_path / "echo" / "config.toml").write_text("max_batch_size = 0\n")
+    x = np.arange(4096 * 4, dtype=np.float32).reshape(4096, 4)
+    head = json.dumps(
+        {"inputs": [{"name": "x", "datatype": "FP32", "shape": [4096, 4],
+                     "parameters": {"binary_data_size": x.nbytes}}]}
+    ).encode()  # fmt: skip
+    infer = (
+        b"POST /v2/models/echo/infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/octet-stream"
+        b"\r\nInference-Header-Content-Length: %d\r\nContent-Length: %d\r\n\r\n%s%s"
+        % (len(head), len(head) + x.nbytes, head, x.tobytes())
+    )
+    probes = HEALTH.replace(b"live", b"ready") * 5  # (past the quota of 4 pipelined)
+    data = probes + infer
+    first = len(probes) + 2400  # (a piece past the probes: the body's head and first bytes)
+
+    async def body() -> list[bytes]:
+        async with in_memory_server(tmp_path) as served:
+            shedder = served.server.shedder
+            assert shedder is not None
+            shedder.sample = lambda *args, **kwargs: None  # type: ignore[method-assign]
+            shedder.watching = True  # (a busy loop: the quota holds)
+            connection, transport = served.connect(WatchedTransport())
+            feed(connection, data[:first])
+            assert connection._unparsed, "the body's first bytes wait for the next period"
+            for at in range(first, len(data), 1500):  # (the rest as it comes)
+                feed(connection, data[at : at + 1500])
+                await asyncio.sleep(0)
+            for _ in range(2000):
+                if len(transport.written) >= 6:
+                    break
+                await asyncio.sleep(0.001)
+            return transport.written
+
+    written = asyncio.run(body())
+    assert [answer.split(b" ", 2)[1] for answer in written] == [b"200"] * 6
+    answer = json.loads(written[5].split(b"\r\n\r\n", 1)[1])
+    assert np.array_equal(np.array(answer["outputs"][0]["data"], np.float32), x.ravel())

@@ -33,6 +33,8 @@ from duetime.frontend.http import HttpConnection, Intake
 from duetime.frontend.rest import PendingReply, Reply
 
 REQUEST = b"POST /v2/models/m/infer HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}"
+SMALL = REQUEST.replace(b"/m/", b"/s/")
+"""An inference request of another model, whose answers are small."""
 MiB = 1024 * 1024
 
 
@@ -64,6 +66,12 @@ class Api:
         ticket = Ticket(asyncio.get_running_loop().create_future())
         self.tickets.append(ticket)
         return PendingReply(ticket, lambda done: done.future.result())
+
+    def infer_target(self, target: bytes) -> tuple[str, str | None] | None:
+        parts = target.split(b"/")
+        if len(parts) == 5 and parts[1:3] == [b"v2", b"models"] and parts[4] == b"infer":
+            return parts[3].decode(), None
+        return None
 
     def hold_back(self, method: str, target: bytes, headers: Any, body: bytes, **_: Any) -> None:
         return None  # (handled whole once started)
@@ -198,8 +206,8 @@ def test_over_all_connections_big_answers_not_read_hold_back_requests_that_may_m
         intake = Intake(settings)  # (answers over 256 KiB count)
         api = Api()
         small, small_transport = connect(api, settings, intake)
-        small.data_received(REQUEST)
-        api.tickets[0].answer(1000)  # this one's answers are small
+        small.data_received(SMALL)
+        api.tickets[0].answer(1000)  # this model's answers are small
         await turns()
         greedy, greedy_transport = connect(api, settings, intake)
         greedy_transport.reading = False
@@ -208,7 +216,7 @@ def test_over_all_connections_big_answers_not_read_hold_back_requests_that_may_m
         assert intake.statistics().answer_bytes >= 5 * MiB  # over the limit, unread
         fresh, fresh_transport = connect(api, settings, intake)
         fresh.data_received(REQUEST)  # its answers could be as big
-        small.data_received(REQUEST)  # answers small: not held back
+        small.data_received(SMALL)  # answers small: not held back
         await turns()
         assert len(api.tickets) == 3
         assert intake.statistics().waiting_for_answers == 1
@@ -223,6 +231,70 @@ def test_over_all_connections_big_answers_not_read_hold_back_requests_that_may_m
         )  # fmt: skip
         for connection in (small, greedy, fresh):
             connection.connection_lost(None)
+
+    run(body)
+
+
+def test_new_connections_asking_together_for_big_answers_start_as_room_allows() -> None:
+    """A request's answer counts from its start, at what its model's answers are expected to
+    weigh (nothing known of this model: `max_connection_inflight_bytes`; then the largest it
+    made), until it is made; then as made, until read. New connections asking at once for big
+    answers, none read, start as the bound allows, not all at once (each was let on while
+    nothing was made yet: 40 of them asking for 100 MB answers made 4 GB under 1 GiB)."""
+
+    async def body() -> None:
+        settings = ServerSettings(
+            max_unsent_answer_bytes=8 * MiB, max_connections=16,
+            max_connection_inflight_bytes=3 * MiB,
+        )  # fmt: skip
+        intake = Intake(settings)  # (answers over 512 KiB count)
+        api = Api()
+        connections = [connect(api, settings, intake) for _ in range(6)]
+        for connection, transport in connections:
+            transport.reading = False
+            connection.data_received(REQUEST)
+        await turns()
+        assert len(api.tickets) == 3, "3 MiB expected each: the fourth would pass 8 MiB"
+        for ticket in api.tickets:
+            ticket.answer(2 * MiB)
+        await turns()
+        assert intake.statistics().answer_bytes >= 6 * MiB
+        assert len(api.tickets) == 4, "2 MiB expected now (the model's largest): one more fits"
+        api.tickets[3].answer(2 * MiB)
+        for _, transport in connections:
+            transport.read_all()
+        for _ in range(3):
+            await turns()
+            for ticket in api.tickets[4:]:
+                if not ticket.future.done():
+                    ticket.answer(2 * MiB)
+        assert [transport.answers for _, transport in connections] == [1] * 6
+        assert intake.statistics().answer_bytes == 0
+        assert intake.expected == 0
+        for connection, _ in connections:
+            connection.connection_lost(None)
+
+    run(body)
+
+
+def test_a_request_running_when_its_client_leaves_no_longer_counts_its_expected_answer() -> None:
+    """What a request's answer was expected to weigh counts no more once its client has gone:
+    else the room it held would be lost for good."""
+
+    async def body() -> None:
+        settings = ServerSettings(
+            max_unsent_answer_bytes=8 * MiB, max_connections=16,
+            max_connection_inflight_bytes=3 * MiB,
+        )  # fmt: skip
+        intake = Intake(settings)
+        api = Api()
+        leaving, _ = connect(api, settings, intake)
+        leaving.data_received(REQUEST)
+        assert intake.expected == 3 * MiB
+        leaving.connection_lost(None)
+        assert api.tickets[0].future.cancelled(), "withdrawn, never run"
+        assert intake.expected == 0
+        assert intake.statistics().answer_bytes == 0
 
     run(body)
 
@@ -372,6 +444,36 @@ def test_a_request_held_back_for_answer_room_is_refused_at_its_due_time(
         assert after.expired == before.expired + 1  # counted as its scheduler counts one
         assert after.executions == before.executions  # never run
         assert intake.statistics().waiting_for_answers == 0  # (out of the line)
+
+
+def test_new_clients_asking_at_once_for_big_answers_they_do_not_read_stay_within_the_bound(
+    tight: RunningServer,
+) -> None:
+    """Six new connections each ask for an 8 MB answer and read nothing (1 MiB bound): they
+    start one at a time (each answer counts from its start, at what tile's answers are expected
+    to weigh), not all six while no answer was made yet (48 MB held). Read at last, all six are
+    answered."""
+    clients = [connected(tight, unread=True) for _ in range(6)]
+    try:
+        before = tight.statistics("tile")
+        for client in clients:
+            client.sendall(tile_request(20))
+        until(lambda: bool(tight.server._connections), "the server took the connections")
+        intake = next(iter(tight.server._connections))._intake
+        until(lambda: intake.statistics().answer_bytes >= 1 * MiB, "the answers filled the limit")
+        time.sleep(0.3)  # (more would start meanwhile, were they to)
+        assert intake.statistics().answer_bytes < 2 * 8 * MiB
+        assert tight.statistics("tile").executions - before.executions <= 2
+        assert intake.statistics().waiting_for_answers >= 1
+        for client in clients:
+            [(status, body)] = answers(client, 1)
+            assert status == 200, body[:200]
+        assert tight.statistics("tile").executions - before.executions == 6
+        until(lambda: intake.statistics().answer_bytes == 0, "the answers were read")
+        assert intake.expected == 0
+    finally:
+        for client in clients:
+            client.close()
 
 
 def test_a_pipelined_request_held_back_is_due_after_its_arrival_and_never_runs(

@@ -321,19 +321,9 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
             intake.stop()
 
     def answer_guess(self, model: str) -> int | None:
-        """The outputs' bytes `model`'s default version made for its sample inputs at load, at
-        its largest batch (None: not served, or not known); see `AnswerBudget`."""
-        try:
-            deployment = self._engine.registry.resolve(model, None)
-        except DuetimeError:
-            return None
-        if deployment.model.cost_depends_on_values:
-            # NOTE: sizes that follow its inputs' values: its samples' answers (a ConstantOfShape
-            # of 1) said nothing of a request's (60 MB): 40 calls at once, each held as small,
-            # made 3.9 GB of answers under a 1 GiB bound (found by a tester)
-            return None
-        row = deployment.scheduler.profile.sample_output_row_bytes
-        return None if row is None else row * max(1, deployment.model.signature.max_batch_size)
+        """What `model`'s answers are expected to weigh before it made one (see `AnswerBudget`
+        and `Engine.answer_guess`)."""
+        return self._engine.answer_guess(model)
 
     async def ServerLive(self, request: Any, context: Any) -> Any:
         return pb.ServerLiveResponse(live=True)

@@ -108,6 +108,10 @@ its socket's state (see `_client_left`), which a client that sends one request a
 needed: 15-20 µs a request on the 2-core VM, in a loop already behind its sockets, so at twice
 mlp's capacity more requests waited, and each cost more."""
 
+_SOME_INFERENCE = b"/infer"
+"""The URL `_full` is asked about for an inference request not known (of no model: it is not
+parsed, as a URL that names none would be each time)."""
+
 _QUOTA_REQUESTS = 4
 _QUOTA_PERIOD_S = 0.01
 """While the loop is busy (its load shedder watching), one connection has at most
@@ -240,9 +244,14 @@ class Intake:
     reading requests while its client reads none of its answers, so they are bounded by the
     pipelining limit.
 
-    NOTE: what a request's answer will weigh is known once it is made; requests already running
-    when the count reaches the limit still make theirs (each connection runs at most as many as
-    its own limit holds answers the size of its last: see `HttpConnection._full`).
+    NOTE: what a request's answer will weigh is known once it is made, so an inference request
+    also counts, from its start until its answer is made, what its model's answers are expected
+    to weigh if that is big (`expected_answer`: the largest the model made so far; before any,
+    what its load-time samples made, or, where its outputs' sizes follow its inputs' values,
+    `max_connection_inflight_bytes`). Counted only once made, 40 new connections each asking
+    for a 100 MB answer all started while nothing was made yet, and the server held 4 GB of
+    answers under a 1 GiB bound (each connection had a first request before its answers' size
+    was known; found by a tester).
     """
 
     def __init__(
@@ -256,6 +265,16 @@ class Intake:
         self.small_answer_bytes = max(1, self.max_answer_bytes // self.max_connections)
         self.answers = 0
         """Bytes of big answers made and not yet read (see the class docstring)."""
+        self.expected = 0
+        """Bytes big answers are expected to weigh, of the inference requests started whose
+        answers are not made yet (see `expected_answer`)."""
+        self.unknown_answer_bytes = settings.max_connection_inflight_bytes
+        """What an answer is expected to weigh where nothing is known of its model's."""
+        self.guess: Callable[[str], int | None] | None = None
+        """What a model's answers weigh before it has made one, as far as its load told
+        (`Engine.answer_guess`; None: nothing is known before its first answer)."""
+        self._answer_sizes: dict[str, int] = {}
+        """Model name -> the largest answer it made (bytes, as written)."""
         self._answer_waiting: deque[HttpConnection] = deque()
         """Connections waiting for room for their next answer, in order (see `_wake_answers`)."""
         self._answer_waiters: set[HttpConnection] = set()
@@ -454,15 +473,46 @@ class Intake:
         return False
 
     def _room(self) -> bool:
-        return self.answers < self.max_answer_bytes
+        return self.answers + self.expected < self.max_answer_bytes
 
     def answers_made(self, size: int) -> None:
         self.answers += size
+
+    def expected_answer(self, model: str) -> int:
+        """What an answer of `model` is expected to weigh (the largest it made; before any, its
+        `guess`, else `unknown_answer_bytes`), if that is over `small_answer_bytes`; else 0."""
+        size = self._answer_sizes.get(model)
+        if size is None:
+            guess = self.guess
+            guessed = None if guess is None else guess(model)
+            size = self.unknown_answer_bytes if guessed is None else guessed
+        return size if size > self.small_answer_bytes else 0
+
+    def answer_made(self, model: str, size: int) -> None:
+        """`model` made an answer of `size` bytes: it weighs that much at least from now on."""
+        sizes = self._answer_sizes
+        if size > sizes.get(model, -1):
+            if len(sizes) >= ANSWER_SIZES_MAX:
+                sizes.clear()
+            sizes[model] = size
+
+    def expect(self, size: int) -> None:
+        """A request whose answer is expected to weigh `size` (big) bytes started."""
+        self.expected += size
+
+    def expected_made(self, size: int, loop: asyncio.AbstractEventLoop) -> None:
+        """The answer of a request counted by `expect` is made (or never will be): it counts as
+        what it weighs from now on (`answers_made`), if big."""
+        self.expected -= size
+        self._wake_soon(loop)
 
     def answers_read(self, size: int, loop: asyncio.AbstractEventLoop) -> None:
         """`size` counted answer bytes were read (or dropped): waiting connections go on, on
         the loop's next turn (this runs inside another connection's write)."""
         self.answers -= size
+        self._wake_soon(loop)
+
+    def _wake_soon(self, loop: asyncio.AbstractEventLoop) -> None:
         if self._answer_waiting and not self._wake_pending:
             self._wake_pending = True
             loop.call_soon(self._wake_answers)
@@ -540,6 +590,11 @@ class _Slot:
     weighed: bool = False
     """The load shedder weighed its request as it was read and let it through: it is not
     weighed again as it starts (see `HttpConnection._complete`)."""
+    model: str | None = None
+    """The model its inference request names, once started (its answer's size is learned)."""
+    expected: int = 0
+    """What its answer is expected to weigh, counted in the Intake until it is made (see
+    `Intake.expected_answer`)."""
 
 
 class _ReadBuffer(threading.local):
@@ -789,7 +844,11 @@ class HttpConnection(asyncio.BufferedProtocol):
 
     def get_buffer(self, sizehint: int) -> memoryview:
         direct = self._direct
-        if direct is not None and not self._closing:
+        # NOTE: not while bytes are kept unparsed (`_unparsed`): the body's first bytes may be
+        # among them, and a read into the body's buffer would land ahead of them. Kept behind
+        # the quota of a busy loop, a binary body's pieces were put out of order (answered 200,
+        # on a scrambled tensor), or overran its buffer (500) (a tester's)
+        if direct is not None and not self._closing and not self._unparsed:
             self._direct_read = True
             if self._reserved >= _BULK_BODY_BYTES:
                 self._read_from = time.perf_counter()
@@ -1250,7 +1309,7 @@ class HttpConnection(asyncio.BufferedProtocol):
         if recorder is not None:
             recorder.refused_unread("http", url, body, headers, _SHED_ERROR)
 
-    def _full(self, method: str = "POST", url: bytes = b"/infer") -> bool:
+    def _full(self, method: str = "POST", url: bytes = _SOME_INFERENCE) -> bool:
         """Whether the connection runs as many requests as it may: `_MAX_PIPELINED` answers
         owed, its client not reading them, or no room within `_max_held` for one more answer
         the size of its last beside those running (as big each) and those made and not yet
@@ -1272,10 +1331,29 @@ class HttpConnection(asyncio.BufferedProtocol):
         if owed and owed + estimate > self._max_held:
             return True
         return (
-            estimate > self._small_answer
+            (estimate > self._small_answer or self._expects_big(url))
             and not _answers_small(method, url)
             and not self._intake.room_for_answer(self)
         )
+
+    def _expects_big(self, url: bytes) -> bool:
+        """Whether `url` is an inference of a model whose answers are expected big (see
+        `Intake.expected_answer`): it waits for room for them, whatever this connection's
+        answers weighed so far."""
+        if url is _SOME_INFERENCE:
+            return False
+        target = self._api.infer_target(url)
+        return target is not None and self._intake.expected_answer(target[0]) > 0
+
+    def _expect(self, slot: _Slot, model: str) -> None:
+        """`slot`'s inference request of `model` starts: what its answer is expected to weigh
+        counts in the Intake until it is made, if big (see `Intake.expected_answer`)."""
+        slot.model = model
+        intake = self._intake
+        expected = intake.expected_answer(model)
+        if expected:
+            slot.expected = expected
+            intake.expect(expected)
 
     def _defer(self, slot: _Slot, method: str) -> None:
         """Queue the request just read (into `slot`) to start once the connection may. An
@@ -1465,6 +1543,10 @@ class HttpConnection(asyncio.BufferedProtocol):
     ) -> None:
         self._running += 1
         slot.started = True
+        if method == "POST":
+            target = self._api.infer_target(url)
+            if target is not None:
+                self._expect(slot, target[0])
         if len(chunks) == 1:
             self._answer(slot, method, url, headers, chunks[0])
         elif body_bytes < _BULK_BODY_BYTES:
@@ -1481,6 +1563,7 @@ class HttpConnection(asyncio.BufferedProtocol):
             slot.expiry = None
         self._running += 1
         slot.started = True
+        self._expect(slot, held.request.model)
         shedder = self._shedder
         if (
             not slot.weighed
@@ -1997,6 +2080,11 @@ class HttpConnection(asyncio.BufferedProtocol):
         size = len(data) if isinstance(data, bytes) else sum(len(piece) for piece in data)
         if slot.started:
             self._answer_bytes = size
+        if slot.model is not None:
+            self._intake.answer_made(slot.model, size)
+            if slot.expected:
+                self._intake.expected_made(slot.expected, self._loop)
+                slot.expected = 0
         if size > self._small_answer:
             slot.counted = size
             self._unsent += size
@@ -2150,7 +2238,10 @@ class HttpConnection(asyncio.BufferedProtocol):
         """Cancel the requests that will never be answered on this connection, if not run yet."""
         released = answers = withdrawn = 0
         first: PendingReply | None = None
+        expected = 0
         for slot in self._slots:
+            expected += slot.expected
+            slot.expected = 0
             pending = slot.pending
             if pending is not None and pending.ticket.future.cancel():
                 withdrawn += 1
@@ -2179,6 +2270,8 @@ class HttpConnection(asyncio.BufferedProtocol):
         if released:
             self._held -= released
             self._intake.release(released)
+        if expected:
+            self._intake.expected_made(expected, self._loop)
         if answers:
             self._unsent -= answers
             self._intake.answers_read(answers, self._loop)
@@ -2441,7 +2534,7 @@ def _next_request(slot: _Slot) -> tuple[str, bytes]:
     """The method and URL of a request waiting unstarted (one held for its body: taken as an
     inference)."""
     deferred = slot.deferred
-    return ("POST", b"/infer") if deferred is None else (deferred[0], deferred[1])
+    return ("POST", _SOME_INFERENCE) if deferred is None else (deferred[0], deferred[1])
 
 
 def _is_infer(method: str, url: bytes) -> bool:
@@ -2514,6 +2607,10 @@ def _join_aligned(chunks: list[bytes], at: int) -> Any:
         position += len(chunk)
     return body.data
 
+
+ANSWER_SIZES_MAX = 1024
+"""Models whose answers' size an HTTP server keeps (see `Intake.answer_made`); all are forgotten
+when full."""
 
 _TRACE_SLOT = "~" * 32
 """Where a refusal's trace id goes in its bytes encoded once (as long as a trace id)."""
@@ -2620,6 +2717,8 @@ async def serve_http(
     pass one to read its `statistics()`."""
     loop = asyncio.get_running_loop()
     shared = intake if intake is not None else Intake(settings)
+    if shared.guess is None:
+        shared.guess = api.engine.answer_guess
 
     def factory() -> Any:
         return HttpConnection(api, settings, connections, shared, shedder)
