@@ -273,7 +273,7 @@ class Intake:
         self.guess: Callable[[str], int | None] | None = None
         """What a model's answers weigh before it has made one, as far as its load told
         (`Engine.answer_guess`; None: nothing is known before its first answer)."""
-        self._answer_sizes: dict[str, int] = {}
+        self.answer_sizes: dict[str, int] = {}
         """Model name -> the largest answer it made (bytes, as written)."""
         self._answer_waiting: deque[HttpConnection] = deque()
         """Connections waiting for room for their next answer, in order (see `_wake_answers`)."""
@@ -475,13 +475,18 @@ class Intake:
     def _room(self) -> bool:
         return self.answers + self.expected < self.max_answer_bytes
 
+    def crowded(self) -> bool:
+        """Whether a request that may make a big answer would wait for room now (see
+        `room_for_answer`)."""
+        return bool(self._answer_waiting) or not self._room()
+
     def answers_made(self, size: int) -> None:
         self.answers += size
 
     def expected_answer(self, model: str) -> int:
         """What an answer of `model` is expected to weigh (the largest it made; before any, its
         `guess`, else `unknown_answer_bytes`), if that is over `small_answer_bytes`; else 0."""
-        size = self._answer_sizes.get(model)
+        size = self.answer_sizes.get(model)
         if size is None:
             guess = self.guess
             guessed = None if guess is None else guess(model)
@@ -490,7 +495,7 @@ class Intake:
 
     def answer_made(self, model: str, size: int) -> None:
         """`model` made an answer of `size` bytes: it weighs that much at least from now on."""
-        sizes = self._answer_sizes
+        sizes = self.answer_sizes
         if size > sizes.get(model, -1):
             if len(sizes) >= ANSWER_SIZES_MAX:
                 sizes.clear()
@@ -1330,10 +1335,11 @@ class HttpConnection(asyncio.BufferedProtocol):
         owed = self._unsent + running * estimate
         if owed and owed + estimate > self._max_held:
             return True
+        intake = self._intake
         return (
-            (estimate > self._small_answer or self._expects_big(url))
+            (estimate > self._small_answer or (intake.crowded() and self._expects_big(url)))
             and not _answers_small(method, url)
-            and not self._intake.room_for_answer(self)
+            and not intake.room_for_answer(self)
         )
 
     def _expects_big(self, url: bytes) -> bool:
@@ -1350,6 +1356,9 @@ class HttpConnection(asyncio.BufferedProtocol):
         counts in the Intake until it is made, if big (see `Intake.expected_answer`)."""
         slot.model = model
         intake = self._intake
+        known = intake.answer_sizes.get(model)
+        if known is not None and known <= self._small_answer:  # (most models')
+            return
         expected = intake.expected_answer(model)
         if expected:
             slot.expected = expected
@@ -2080,8 +2089,10 @@ class HttpConnection(asyncio.BufferedProtocol):
         size = len(data) if isinstance(data, bytes) else sum(len(piece) for piece in data)
         if slot.started:
             self._answer_bytes = size
-        if slot.model is not None:
-            self._intake.answer_made(slot.model, size)
+        model = slot.model
+        if model is not None:
+            if size > self._intake.answer_sizes.get(model, -1):
+                self._intake.answer_made(model, size)
             if slot.expected:
                 self._intake.expected_made(slot.expected, self._loop)
                 slot.expected = 0
