@@ -33,6 +33,10 @@ a machine of three or more cores, to one the server does not use: see `plans`).
 by its own, and `srv_late_by` why (`duetime_late_answers_total`: start, its batch started later
 than planned; run, the run overran the latency profile; delivery, the result reached the event
 loop late; plan, none of these).
+`srv_cpu_us_per_req` is the server's CPU per request offered; from each EDF pair at 100% and
+200% the verdicts solve what an answer and a refusal cost it, and the 200%/100% goodput ratio
+those costs allow a server whose CPU is full (`edf_cost_model`, the pairs' medians; see
+`cost_model`).
 Each run starts once other programs (and the server) are idle (`--wait-quiet`), and is run
 again once if they used over 0.3 cores meanwhile; each row shows the cores they used
 (`others_cores`) and the attempts.
@@ -155,6 +159,8 @@ class Runner:
         """Cores' worth of CPU the hypervisor took from this VM during the last run (steal): a
         run with some is the machine's, not the server's."""
         self.metrics_url: str | None = None
+        self.server_cpu_s = 0.0
+        """CPU seconds the driven server used during the last run (warm-up and drain too)."""
         self.server_late: dict[str, int] = {}
         """The answers the server counted late during the last run, by cause (its
         `duetime_late_answers_total`: start, run, delivery, plan)."""
@@ -198,12 +204,15 @@ class Runner:
 
         def run() -> BenchResult:
             pin_current_thread(self.plan.generator_cpus)
-            before = cpu_sample([])
+            server = self.pids[1:2]  # (the driven server's pid, where known)
+            before = cpu_sample(server)
             counted = scrape(self.metrics_url) if self.metrics_url else None
             try:
                 return run_bench(config)
             finally:
-                self.steal = cpu_sample([]).steal_cores(before)
+                after_cpu = cpu_sample(server)
+                self.server_cpu_s = after_cpu.ours_s - before.ours_s
+                self.steal = after_cpu.steal_cores(before)
                 pin_current_thread(ALL_CPUS)
                 after = scrape(self.metrics_url) if self.metrics_url else None
                 self.server_late = counted_between(counted, after).late.get(self.plan.name, {})
@@ -236,12 +245,53 @@ def row(label: str, load: str, result: BenchResult, runner: Runner) -> dict[str,
         "errors": o.errors,
         "gen_late_sends_%": 100.0 * (result.generator.late_send_fraction or 0.0),
         "gen_late_reads_%": 100.0 * result.generator.late_read_fraction,
+        "srv_cpu_us_per_req": _cpu_per_request(result, runner),
         "srv_late": sum(runner.server_late.values()),
         "srv_late_by": " ".join(f"{c}:{n}" for c, n in sorted(runner.server_late.items())),
         "others_cores": runner.others,
         "steal_cores": runner.steal,
         "attempts": runner.attempts,
     }
+
+
+def _cpu_per_request(result: BenchResult, runner: Runner) -> float | None:
+    """The server's CPU per request offered (µs), over the whole run: warm-up at the same rate,
+    the measured window, the drain (its few answers)."""
+    config = result.config
+    sent = result.generator.offered_rps * (config.warmup_s + config.duration_s)
+    return 1e6 * runner.server_cpu_s / sent if sent and runner.server_cpu_s else None
+
+
+def cost_model(r100: dict[str, Any], r200: dict[str, Any]) -> dict[str, float] | None:
+    """What an answer and a refusal cost the server (µs of CPU), solved from one run at 100%
+    and one at 200% (CPU per request offered = f * answer + (1 - f) * refusal, f the share
+    answered), and the goodput ratio at twice capacity those costs allow a server whose CPU is
+    full: (1 - 2 r) / (1 - r), r = refusal / answer.
+
+    NOTE: mlp's server has one core, and at 200% it spends it on answers and refusals alike:
+    with a refusal costing a third of an answer the ratio cannot pass about 0.5, whatever the
+    policy (measured, session 44: answer 113 µs, refusal 37 µs, 17 of them the kernel's read,
+    write and poll; a bare uvloop + httptools server answering 429 to everything took 16)."""
+    cost = []
+    for r in (r100, r200):
+        answered = r["ok"] + r["late"]
+        sent = answered + r.get("rejected", 0) + r.get("expired", 0)
+        per_request = r.get("srv_cpu_us_per_req")
+        if not sent or per_request is None:
+            return None
+        cost.append((answered / sent, per_request))
+    (f1, c1), (f2, c2) = cost
+    if f1 - f2 < 0.05:  # (too alike to tell the two apart)
+        return None
+    answer = (c1 * (1 - f2) - c2 * (1 - f1)) / (f1 - f2)
+    refusal = (c2 * f1 - c1 * f2) / (f1 - f2)
+    if answer <= 0 or refusal < 0:
+        return None
+    rho = refusal / answer
+    return {
+        "answer_us": answer, "refusal_us": refusal, "refusal_over_answer": rho,
+        "ratio_at_2x_bound": (1 - 2 * rho) / (1 - rho) if rho < 0.5 else 0.0,
+    }  # fmt: skip
 
 
 def find_capacity(runner: Runner, port: int) -> tuple[float, list[dict[str, Any]]]:
@@ -385,7 +435,19 @@ def verdicts(rows: list[dict[str, Any]]) -> dict[str, Any]:
         )
     ]
     ok, late = sum(r["ok"] for r in at_200), sum(r["late"] for r in at_200)
+    models = [
+        cost_model(r100, r200)
+        for r100, r200 in zip(
+            (r for r in rows if r["policy"] == "edf" and r["load"].startswith("100%")),
+            at_200,
+            strict=True,
+        )
+    ]
+    known = [m for m in models if m is not None]
     return {
+        "edf_cost_model": (
+            {key: float(np.median([m[key] for m in known])) for key in known[0]} if known else None
+        ),
         "edf_goodput_200_over_100": float(np.median(pairs)),
         "edf_goodput_200_over_100_pairs": pairs,
         "edf_on_time_at_200_%": 100.0 * ok / (ok + late) if ok + late else None,

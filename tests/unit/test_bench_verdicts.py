@@ -47,3 +47,47 @@ def test_a_run_with_no_p99_is_left_out_of_the_median(scheduling: Any) -> None:
     """A run that answered nothing has no P99 (None): the others' median stands."""
     verdicts = scheduling.verdicts(rows([None, 3.0], [None, None]))
     assert verdicts["tuning_p99_ms_on_vs_off"] == (3.0, None)
+
+
+def test_the_cost_model_recovers_what_an_answer_and_a_refusal_cost(scheduling: Any) -> None:
+    """CPU per request offered is f * answer + (1 - f) * refusal; two runs answering different
+    shares give both, and the ratio at twice capacity they allow: (1 - 2 r) / (1 - r), with
+    r = refusal / answer."""
+
+    def at(answered: int, refused: int) -> dict[str, Any]:
+        share = answered / (answered + refused)
+        return {"ok": answered, "late": 0, "rejected": refused, "expired": 0,
+                "srv_cpu_us_per_req": 100.0 * share + 25.0 * (1 - share)}  # fmt: skip
+
+    model = scheduling.cost_model(at(9_000, 100), at(5_000, 13_000))
+    assert model["answer_us"] == pytest.approx(100.0)
+    assert model["refusal_us"] == pytest.approx(25.0)
+    assert model["ratio_at_2x_bound"] == pytest.approx((1 - 0.5) / (1 - 0.25))
+    assert scheduling.cost_model(at(9_000, 100), at(9_000, 110)) is None  # (too alike)
+    unknown = {**at(5_000, 13_000), "srv_cpu_us_per_req": None}
+    assert scheduling.cost_model(at(9_000, 100), unknown) is None
+
+
+def test_verdicts_give_the_median_cost_model_of_the_pairs(scheduling: Any) -> None:
+    def cpu(row: dict[str, Any], answered: int, refused: int, answer: float) -> dict[str, Any]:
+        share = answered / (answered + refused)
+        return {**row, "ok": answered, "rejected": refused, "expired": 0,
+                "srv_cpu_us_per_req": answer * share + 30.0 * (1 - share)}  # fmt: skip
+
+    base = rows([1.0], [1.0])
+    runs = [
+        cpu(r, 9_000, 100, 100.0) if (r["policy"], r["load"]) == ("edf", "100%")
+        else cpu(r, 4_000, 14_000, 100.0) if (r["policy"], r["load"]) == ("edf", "200%")
+        else r
+        for r in base
+    ]  # fmt: skip
+    runs += [
+        cpu(run("edf", "100% (pair 2)", 100, 3.0), 9_000, 100, 120.0),
+        cpu(run("edf", "200% (pair 2)", 50, 4.0), 4_000, 14_000, 120.0),
+        cpu(run("edf", "100% (pair 3)", 100, 3.0), 9_000, 100, 110.0),
+        cpu(run("edf", "200% (pair 3)", 50, 4.0), 4_000, 14_000, 110.0),
+    ]
+    model = scheduling.verdicts(runs)["edf_cost_model"]
+    assert model["answer_us"] == pytest.approx(110.0)
+    assert model["refusal_us"] == pytest.approx(30.0)
+    assert scheduling.verdicts(rows([1.0], [1.0]))["edf_cost_model"] is None
