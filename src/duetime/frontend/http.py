@@ -902,7 +902,7 @@ class HttpConnection(asyncio.BufferedProtocol):
         requests parsed (plus one piece's worth), and those not started stay undecoded."""
         shedder = self._shedder
         busy = shedder is not None and shedder.watching
-        if busy and self._over_quota():
+        if busy and self._quota_used >= _QUOTA_REQUESTS and self._over_quota():
             self._wait_quota(data)
             return
         step = _BUSY_FEED_BYTES if busy else _FEED_BYTES
@@ -1090,7 +1090,10 @@ class HttpConnection(asyncio.BufferedProtocol):
 
     def on_url(self, url: bytes) -> None:
         self._url += url
-        self._count_header(len(url))
+        # (`_count_header` written out but for the refusal, as in `on_header`)
+        size = self._header_bytes = self._header_bytes + len(url)
+        if size > self._max_header:
+            self._count_header(0)
 
     def on_header(self, name: bytes, value: bytes) -> None:
         # NOTE: `_count_header` written out but for the refusal: this runs for every header
@@ -1336,18 +1339,16 @@ class HttpConnection(asyncio.BufferedProtocol):
         if owed and owed + estimate > self._max_held:
             return True
         intake = self._intake
-        return (
-            (estimate > self._small_answer or (intake.crowded() and self._expects_big(url)))
-            and not _answers_small(method, url)
-            and not intake.room_for_answer(self)
-        )
+        if estimate <= self._small_answer and (
+            url is _SOME_INFERENCE or not intake.crowded() or not self._expects_big(url)
+        ):
+            return False
+        return not _answers_small(method, url) and not intake.room_for_answer(self)
 
     def _expects_big(self, url: bytes) -> bool:
         """Whether `url` is an inference of a model whose answers are expected big (see
         `Intake.expected_answer`): it waits for room for them, whatever this connection's
         answers weighed so far."""
-        if url is _SOME_INFERENCE:
-            return False
         target = self._api.infer_target(url)
         return target is not None and self._intake.expected_answer(target[0]) > 0
 
@@ -2635,7 +2636,8 @@ def _shed_reply(keep_alive: bool, http10: bool, headers: Mapping[str, str]) -> b
     (routing, an exception, a JSON body: 70% of serving mlp, measured) left the loop too little
     time to answer the rest: refusing 50% of 200% load took all of it. It is encoded once, the
     trace id put into its place."""
-    parent = parse_traceparent(headers.get("traceparent"))
+    traceparent = headers.get("traceparent")
+    parent = parse_traceparent(traceparent) if traceparent else None
     trace_id = parent.trace_id_hex if parent is not None else new_trace_id()
     log_request(
         protocol="http", model="", version=None, status=429, reason=_SHED_MESSAGE,
