@@ -29,6 +29,7 @@ from duetime.errors import (
     fitted,
 )
 from duetime.frontend import codec, sharedmemory
+from duetime.frontend.answersizes import LargestAnswers
 from duetime.frontend.grpcbacklog import (
     CoreBacklog,
     CountingServer,
@@ -126,8 +127,7 @@ class AnswerBudget:
         self.small = small
         self._guess = guess
         self.held = 0
-        self._sizes: dict[str, int] = {}
-        """Model name -> the largest answer it made."""
+        self._sizes = LargestAnswers()
         self._waiting: deque[tuple[int, asyncio.Future[bool]]] = deque()
 
     @classmethod
@@ -147,10 +147,7 @@ class AnswerBudget:
         return AnswerHold(self, model, size)
 
     def learned(self, model: str, size: int) -> None:
-        if size > self._sizes.get(model, -1):
-            if len(self._sizes) >= ANSWER_SIZES_MAX:
-                self._sizes.clear()
-            self._sizes[model] = size
+        self._sizes.learned(model, size)
 
     async def take(self, size: int, within_s: float | None = None) -> bool:
         """Hold `size` more bytes once they fit (nothing else held, or within `limit`), after
@@ -213,8 +210,6 @@ class AnswerBudget:
             self.give(old - new)
 
 
-ANSWER_SIZES_MAX = 1024
-"""Models whose answers' size a gRPC service keeps; all are forgotten when full."""
 ANSWER_COPIES = 3
 """How many times an answer's outputs the server holds until it is sent (see AnswerBudget)."""
 

@@ -57,6 +57,7 @@ from duetime.config import ServerSettings
 from duetime.errors import ConfigError, DuetimeError
 from duetime.execution.affinity import lower_thread_priority
 from duetime.frontend import codec
+from duetime.frontend.answersizes import LargestAnswers
 from duetime.frontend.arrival import SocketView, tcp_view
 from duetime.frontend.rest import (
     INFLATE_INLINE_BYTES,
@@ -273,8 +274,8 @@ class Intake:
         self.guess: Callable[[str], int | None] | None = None
         """What a model's answers weigh before it has made one, as far as its load told
         (`Engine.answer_guess`; None: nothing is known before its first answer)."""
-        self.answer_sizes: dict[str, int] = {}
-        """Model name -> the largest answer it made (bytes, as written)."""
+        self.answer_sizes = LargestAnswers()
+        """The largest answer each model made (bytes, as written)."""
         self._answer_waiting: deque[HttpConnection] = deque()
         """Connections waiting for room for their next answer, in order (see `_wake_answers`)."""
         self._answer_waiters: set[HttpConnection] = set()
@@ -492,14 +493,6 @@ class Intake:
             guessed = None if guess is None else guess(model)
             size = self.unknown_answer_bytes if guessed is None else guessed
         return size if size > self.small_answer_bytes else 0
-
-    def answer_made(self, model: str, size: int) -> None:
-        """`model` made an answer of `size` bytes: it weighs that much at least from now on."""
-        sizes = self.answer_sizes
-        if size > sizes.get(model, -1):
-            if len(sizes) >= ANSWER_SIZES_MAX:
-                sizes.clear()
-            sizes[model] = size
 
     def expect(self, size: int) -> None:
         """A request whose answer is expected to weigh `size` (big) bytes started."""
@@ -2092,8 +2085,7 @@ class HttpConnection(asyncio.BufferedProtocol):
             self._answer_bytes = size
         model = slot.model
         if model is not None:
-            if size > self._intake.answer_sizes.get(model, -1):
-                self._intake.answer_made(model, size)
+            self._intake.answer_sizes.learned(model, size)
             if slot.expected:
                 self._intake.expected_made(slot.expected, self._loop)
                 slot.expected = 0
@@ -2619,10 +2611,6 @@ def _join_aligned(chunks: list[bytes], at: int) -> Any:
         position += len(chunk)
     return body.data
 
-
-ANSWER_SIZES_MAX = 1024
-"""Models whose answers' size an HTTP server keeps (see `Intake.answer_made`); all are forgotten
-when full."""
 
 _TRACE_SLOT = "~" * 32
 """Where a refusal's trace id goes in its bytes encoded once (as long as a trace id)."""
