@@ -33,6 +33,9 @@ class Transport:
     def is_closing(self) -> bool:
         return False
 
+    def get_write_buffer_size(self) -> int:
+        return 0  # (its client reads everything at once)
+
     def pause_reading(self) -> None: ...
 
     def resume_reading(self) -> None: ...

@@ -201,6 +201,8 @@ class Engine:
         self.cpus = cpus or CpuPlan(None)
         self.options = options or RepositoryOptions()
         self.registry = Registry()
+        self._answer_guesses: tuple[object, dict[str, int | None]] = (None, {})
+        """The registry's snapshot they are of, and `answer_guess`'s answers for it."""
         self.router = Router(self.registry, self.clock)
         self.manager: ModelManager | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -565,9 +567,24 @@ class Engine:
 
     def answer_guess(self, model: str) -> int | None:
         """The outputs' bytes `model`'s default version made for its sample inputs at load, at
-        its largest batch: what the front ends expect its answers to weigh before it has made
-        one: 0 for a model the server does not have (its requests are refused), None where it
-        is not known (not loaded yet) or its outputs' sizes follow its inputs' values."""
+        its largest batch: what the front ends expect its answers to weigh (see `LargestAnswers`)
+        where nothing else is known: 0 for a model the server does not have (its requests are
+        refused), None where it is not known (not loaded yet) or its outputs' sizes follow its
+        inputs' values (no answer tells the next one's). Kept per model until the served models
+        change (asked for every request of the front ends)."""
+        snapshot = self.registry.snapshot
+        guesses = self._answer_guesses
+        if guesses[0] is not snapshot:
+            guesses = self._answer_guesses = (snapshot, {})
+        known = guesses[1]
+        if model in known:
+            return known[model]
+        if len(known) >= 1024:  # (names come from clients)
+            known.clear()
+        guess = known[model] = self._answer_guess(model)
+        return guess
+
+    def _answer_guess(self, model: str) -> int | None:
         try:
             deployment = self.registry.resolve(model, None)
         except ModelNotFound:

@@ -299,6 +299,23 @@ def test_a_request_running_when_its_client_leaves_no_longer_counts_its_expected_
     run(body)
 
 
+def test_a_model_whose_outputs_follow_its_values_is_expected_at_the_unknown_size() -> None:
+    """No answer of such a model tells its next one's: after one small answer (a Tile by 1),
+    40 new connections asking at once for 8 MB answers all ran under an 8 MiB bound (a
+    tester's). A model whose samples tell its size is expected at what it made lately."""
+    settings = ServerSettings(
+        max_unsent_answer_bytes=8 * MiB, max_connections=16,
+        max_connection_inflight_bytes=3 * MiB,
+    )  # fmt: skip
+    intake = Intake(settings)  # (answers over 512 KiB count)
+    intake.guess = lambda model: None if model == "tile" else 1000
+    intake.answer_sizes.learned("tile", 300)
+    assert intake.expected_answer("tile") == 3 * MiB
+    assert intake.expected_answer("fixed") == 0, "its samples' answers are small"
+    intake.answer_sizes.learned("fixed", 2 * MiB)
+    assert intake.expected_answer("fixed") == 2 * MiB
+
+
 def over_the_limit(sent: bytes) -> tuple[ServerSettings, Intake, Api, HttpConnection]:
     """A 4 MiB limit on answers unread, and a connection that sent `sent` and reads none of its
     answers, the first of which (5 MiB) is made: over the limit."""

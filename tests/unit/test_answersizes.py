@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from duetime.frontend.answersizes import MAX_MODELS, LargestAnswers
+from duetime.frontend.answersizes import MAX_MODELS, WINDOW, LargestAnswers
 
 
 def test_a_model_keeps_its_largest_answer() -> None:
@@ -25,3 +25,19 @@ def test_a_client_naming_many_models_cannot_grow_it() -> None:
     sizes.learned("one more", 10)
     assert sizes.get("m0") is None
     assert sizes.get("one more") == 10
+
+
+def test_a_big_answer_is_forgotten_once_the_model_made_a_window_of_small_ones() -> None:
+    """One client's batch of 1,000 rows had every later batch-1 request count 4 MB for the
+    server's life (a tester's); a model whose big answers keep coming keeps its size."""
+    sizes = LargestAnswers()
+    sizes.learned("m", 4_000_000)
+    for _ in range(WINDOW):
+        sizes.learned("m", 4096)
+    assert sizes.get("m") == 4_000_000, "remembered for a window at least"
+    for _ in range(WINDOW):
+        sizes.learned("m", 4096)
+    assert sizes.get("m") == 4096
+    for index in range(4 * WINDOW):
+        sizes.learned("m", 4_000_000 if index % WINDOW == 0 else 4096)
+    assert sizes.get("m") == 4_000_000, "big answers that keep coming keep it big"
