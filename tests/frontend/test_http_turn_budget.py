@@ -220,3 +220,33 @@ def test_a_request_whose_bytes_the_server_keeps_is_not_timed_out_meanwhile(
 
     written = asyncio.run(body())
     assert [answer.split(b" ", 2)[1] for answer in written] == [b"200"] * requests
+
+
+def test_a_request_begun_within_a_hold_is_moved_on_by_its_own_part_of_it(
+    mlp_resnet_repo: Path,
+) -> None:
+    """Time the server held a connection's bytes is not the client's, but only what of it the
+    request's own window held: a request begun within the hold (parsed from bytes kept) was
+    moved on by all of it, past now, and a client trickling a head to a busy loop got its 408
+    after 3-4 read timeouts (a tester's)."""
+
+    async def body() -> tuple[float, float, float]:
+        async with in_memory_server(mlp_resnet_repo) as served:
+            connection, _ = served.connect(WatchedTransport())
+            loop = asyncio.get_running_loop()
+            now = loop.time()
+            connection._held_since = now - 10.0  # (held for 10 s)
+            connection._window_start = now - 1.0  # (a request begun 1 s ago, within it)
+            connection._update_reading()  # (nothing kept, nothing paused: the hold ends)
+            moved = connection._window_start
+            assert moved is not None
+            connection._held_since = loop.time() - 5.0  # (one begun before a hold of 5 s)
+            connection._window_start = loop.time() - 6.0
+            connection._update_reading()
+            before = connection._window_start
+            assert before is not None
+            return now, moved, before - loop.time()
+
+    now, moved, before = asyncio.run(body())
+    assert now - 0.1 <= moved <= now + 0.1, "its window starts as the hold ends"
+    assert -1.1 <= before <= -0.9, "one begun before it is moved on by all of it"

@@ -2176,10 +2176,14 @@ class HttpConnection(asyncio.BufferedProtocol):
                 self._held_since = self._loop.time()
         elif held is not None:
             self._held_since = None
-            waited = self._loop.time() - held
-            if self._window_start is not None:  # time held by us is not the client's
-                self._window_start += waited
-            self._filling_since += waited
+            now = self._loop.time()
+            start = self._window_start
+            if start is not None:  # time held by us is not the client's
+                # NOTE: only what the request's own window held: one that began within the
+                # hold (parsed from bytes kept) was moved on by all of it, past now, and a
+                # client trickling a head to a busy loop got its 408 after 3-4 read timeouts
+                self._window_start = start + now - max(held, start)
+            self._filling_since += now - held
 
     def _count_header(self, size: int) -> None:
         self._header_bytes += size
