@@ -201,8 +201,6 @@ class Engine:
         self.cpus = cpus or CpuPlan(None)
         self.options = options or RepositoryOptions()
         self.registry = Registry()
-        self._answer_guesses: tuple[object, dict[str, int | None]] = (None, {})
-        """The registry's snapshot they are of, and `answer_guess`'s answers for it."""
         self.router = Router(self.registry, self.clock)
         self.manager: ModelManager | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -307,6 +305,8 @@ class Engine:
             ledger = self._ledgers.setdefault(pins[0], CoreLedger())
         timeout_ms = loaded.config.default_timeout_ms
         row_bytes = sample_row_bytes(loaded.signature)
+        row_out = loaded.profile.sample_output_row_bytes
+        max_rows = max(1, loaded.signature.max_batch_size)
         scheduler = ModelScheduler(
             executor=loaded.executor,
             config=loaded.config.scheduling,
@@ -323,9 +323,15 @@ class Engine:
             max_batch_bytes=batch_bytes_bound(
                 loaded.validator.max_run_bytes,
                 row_bytes,
-                loaded.profile.sample_output_row_bytes,
+                row_out,
                 loaded.signature.max_batch_size,
                 loaded.cost_depends_on_values,
+            ),
+            # NOTE: none for sizes that follow its inputs' values: its samples' answers (a
+            # ConstantOfShape of 1) said nothing of a request's (60 MB): 40 calls at once, each
+            # held as small, made 3.9 GB of answers under a 1 GiB bound (found by a tester)
+            answer_guess=(
+                None if loaded.cost_depends_on_values or row_out is None else row_out * max_rows
             ),
         )
         return Deployment(loaded, scheduler, variant)
@@ -567,37 +573,17 @@ class Engine:
 
     def answer_guess(self, model: str) -> int | None:
         """The outputs' bytes `model`'s default version made for its sample inputs at load, at
-        its largest batch: what the front ends expect its answers to weigh (see `LargestAnswers`)
-        where nothing else is known: 0 for a model the server does not have (its requests are
-        refused), None where it is not known (not loaded yet) or its outputs' sizes follow its
-        inputs' values (no answer tells the next one's). Kept per model until the served models
-        change (asked for every request of the front ends)."""
-        snapshot = self.registry.snapshot
-        guesses = self._answer_guesses
-        if guesses[0] is not snapshot:
-            guesses = self._answer_guesses = (snapshot, {})
-        known = guesses[1]
-        if model in known:
-            return known[model]
-        if len(known) >= 1024:  # (names come from clients)
-            known.clear()
-        guess = known[model] = self._answer_guess(model)
-        return guess
-
-    def _answer_guess(self, model: str) -> int | None:
-        try:
-            deployment = self.registry.resolve(model, None)
-        except ModelNotFound:
-            return 0
-        except DuetimeError:
-            return None
-        if deployment.model.cost_depends_on_values:
-            # NOTE: sizes that follow its inputs' values: its samples' answers (a ConstantOfShape
-            # of 1) said nothing of a request's (60 MB): 40 calls at once, each held as small,
-            # made 3.9 GB of answers under a 1 GiB bound (found by a tester)
-            return None
-        row = deployment.scheduler.profile.sample_output_row_bytes
-        return None if row is None else row * max(1, deployment.model.signature.max_batch_size)
+        its largest batch (`ModelScheduler.answer_guess`): what the front ends expect its
+        answers to weigh where nothing else is known (see `LargestAnswers.expected`). 0 for a
+        model the server does not have (its requests are refused); None where it is not known
+        (loading) or its outputs' sizes follow its inputs' values (no answer tells the next
+        one's). Asked for every inference request: a lookup (`Registry.scheduler_of`)."""
+        registry = self.registry
+        scheduler = registry.scheduler_of(model, None)
+        if scheduler is not None:
+            return scheduler.answer_guess
+        snapshot = registry.snapshot
+        return None if model in snapshot.models or model in snapshot.loading else 0
 
     # -- inference -----------------------------------------------------------------------------
 

@@ -3,6 +3,8 @@ they hold unsent (HTTP's `Intake`, gRPC's `AnswerBudget`)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 WINDOW = 64
 """Answers after which a model's largest is forgotten (see `LargestAnswers`)."""
 
@@ -30,6 +32,24 @@ class LargestAnswers:
         """The largest answer `model` made lately (None: none yet, or forgotten)."""
         window = self._sizes.get(model)
         return None if window is None else max(window[0], window[1])
+
+    def expected(self, model: str, guess: Callable[[str], int | None] | None, unknown: int) -> int:
+        """What `model`'s next answer is expected to weigh: the largest it made lately; before
+        any, `guess(model)` (what its samples made at load: `Engine.answer_guess`); `unknown`
+        where that guess is None (its outputs' sizes follow its inputs' values, or it is not
+        known). With no `guess` at all: what it made, else `unknown`.
+
+        NOTE: what it made stood for a model whose outputs follow its values too: after one
+        small answer (a Tile by 1), 40 new connections asking at once for 8 MB answers all ran
+        under an 8 MiB bound (a tester's)."""
+        learned = self.get(model)
+        if guess is not None:
+            guessed = guess(model)
+            if guessed is None:
+                return unknown
+            if learned is None:
+                return guessed
+        return unknown if learned is None else learned
 
     def learned(self, model: str, size: int) -> None:
         """`model` made an answer of `size` bytes."""

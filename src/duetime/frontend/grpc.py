@@ -140,12 +140,7 @@ class AnswerBudget:
 
     def hold(self, model: str) -> AnswerHold:
         """A hold for an answer of `model` (its `taken` waits for room)."""
-        learned = self._sizes.get(model)
-        guessed = learned if self._guess is None else self._guess(model)
-        if guessed is None:  # (its outputs follow its inputs' values, or it is not known)
-            size = self.unknown
-        else:
-            size = min(guessed if learned is None else learned, self.unknown)
+        size = min(self._sizes.expected(model, self._guess, self.unknown), self.unknown)
         return AnswerHold(self, model, size)
 
     def learned(self, model: str, size: int) -> None:

@@ -109,10 +109,6 @@ its socket's state (see `_client_left`), which a client that sends one request a
 needed: 15-20 µs a request on the 2-core VM, in a loop already behind its sockets, so at twice
 mlp's capacity more requests waited, and each cost more."""
 
-_SOME_INFERENCE = b"/infer"
-"""The URL `_full` is asked about for an inference request not known (of no model: it is not
-parsed, as a URL that names none would be each time)."""
-
 _QUOTA_REQUESTS = 4
 _QUOTA_PERIOD_S = 0.01
 """While the loop is busy (its load shedder watching), one connection has at most
@@ -485,23 +481,10 @@ class Intake:
         self.answers += size
 
     def expected_answer(self, model: str) -> int:
-        """What an answer of `model` is expected to weigh, if that is over `small_answer_bytes`
-        (else 0): the largest it made lately; before any, its `guess`; where that is not known,
-        or its outputs' sizes follow its inputs' values, `unknown_answer_bytes`.
-
-        NOTE: the largest it made stood for a model whose outputs follow its values too: after
-        one small answer (a Tile by 1), 40 new connections asking at once for 8 MB answers all
-        ran under an 8 MiB bound (a tester's)."""
-        guess = self.guess
-        learned = self.answer_sizes.get(model)
-        if guess is None:  # (nothing known of models: what they made stands)
-            size = self.unknown_answer_bytes if learned is None else learned
-        else:
-            guessed = guess(model)
-            if guessed is None:
-                size = self.unknown_answer_bytes
-            else:
-                size = guessed if learned is None else learned
+        """What an answer of `model` is expected to weigh (`LargestAnswers.expected`: what it
+        made lately, its `guess`, or `unknown_answer_bytes`), if that is over
+        `small_answer_bytes`; else 0."""
+        size = self.answer_sizes.expected(model, self.guess, self.unknown_answer_bytes)
         return size if size > self.small_answer_bytes else 0
 
     def expect(self, size: int) -> None:
@@ -1328,7 +1311,7 @@ class HttpConnection(asyncio.BufferedProtocol):
         if recorder is not None:
             recorder.refused_unread("http", url, body, headers, _SHED_ERROR)
 
-    def _full(self, method: str = "POST", url: bytes = _SOME_INFERENCE) -> bool:
+    def _full(self, method: str = "POST", url: bytes | None = None) -> bool:
         """Whether the connection runs as many requests as it may: `_MAX_PIPELINED` answers
         owed, its client not reading them, or no room within `_max_held` for one more answer
         the size of its last beside those running (as big each) and those made and not yet
@@ -1351,7 +1334,7 @@ class HttpConnection(asyncio.BufferedProtocol):
             return True
         intake = self._intake
         if estimate <= self._small_answer and (
-            url is _SOME_INFERENCE or not intake.crowded() or not self._expects_big(url)
+            url is None or not intake.crowded() or not self._expects_big(url)
         ):
             return False
         return not _answers_small(method, url) and not intake.room_for_answer(self)
@@ -2553,17 +2536,18 @@ def _names_predict(url: bytes) -> bool:
     return url.startswith(b"/v1/models/") and url.split(b"?", 1)[0].endswith(b":predict")
 
 
-def _answers_small(method: str, url: bytes) -> bool:
+def _answers_small(method: str, url: bytes | None) -> bool:
     """Whether a request's answer is small whatever it asks: any but an inference (health,
-    metadata, statistics, the repository API: their size is the server's state's)."""
-    return not _names_inference(method.encode("latin-1"), url)
+    metadata, statistics, the repository API: their size is the server's state's); `url` None:
+    an inference not known."""
+    return url is not None and not _names_inference(method.encode("latin-1"), url)
 
 
-def _next_request(slot: _Slot) -> tuple[str, bytes]:
+def _next_request(slot: _Slot) -> tuple[str, bytes | None]:
     """The method and URL of a request waiting unstarted (one held for its body: taken as an
     inference)."""
     deferred = slot.deferred
-    return ("POST", _SOME_INFERENCE) if deferred is None else (deferred[0], deferred[1])
+    return ("POST", None) if deferred is None else (deferred[0], deferred[1])
 
 
 def _is_infer(method: str, url: bytes) -> bool:

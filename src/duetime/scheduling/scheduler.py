@@ -405,6 +405,7 @@ class ModelScheduler:
         sample: Callable[[], Feeds] | None = None,
         predictable_cost: bool = True,
         max_batch_bytes: int = 0,
+        answer_guess: int | None = None,
     ) -> None:
         """`ledger`: the CPU its instances run on, when other models' instances run there too
         (see scheduling/ledger.py). `sample_row_bytes`: the input bytes a row of the samples the
@@ -414,7 +415,10 @@ class ModelScheduler:
         values (a Loop's trip count, a size read from an input) or free non-batch dims: its
         executions are never judged slow, since its profile cannot say what a run should take
         (5 valid Loop requests of 60-120 ms opened the breaker of one profiled at 1 ms).
-        Failures still count. `max_batch_bytes`: see `batch_bytes_bound` (0: none)."""
+        Failures still count. `max_batch_bytes`: see `batch_bytes_bound` (0: none).
+        `answer_guess`: what its answers are expected to weigh before it made one (see
+        `Engine.answer_guess`)."""
+        self.answer_guess = answer_guess
         self._sample = sample
         self._refreshing = False
         """A sample run of `refresh_if_stale` is planned (`_refresh_soon`) or running."""
