@@ -234,6 +234,21 @@ class EDFQueue:
             self.widest = 0
         return removed
 
+    def level_end(self, index: int) -> int:
+        """The index past the last request of the priority level of the one at `index`."""
+        return bisect.bisect_left(self._keys, (self._keys[index][0] + 1,), index)
+
+    def pop_at(self, index: int) -> QueuedRequest:
+        """Remove and return the request at `index`."""
+        item = self._items.pop(index)
+        del self._keys[index]
+        self.rows -= item.rows
+        if item.future.done():
+            self._withdraw([item])
+        if not self._items:
+            self.widest = 0
+        return item
+
     def settled_waiting(self, now_ns: int) -> tuple[int, int]:
         """Requests still queued that are settled already (withdrawn by their clients, not yet
         dropped), and their time from arrival to `now_ns`: O(queue), for statistics."""

@@ -43,6 +43,7 @@ from duetime.scheduling.batching import (
     is_hopeless,
     plan_batch,
     sweep_hopeless,
+    sweep_outranked,
 )
 from duetime.scheduling.edf import SHADOW_LEVEL, EDFQueue, Key, QueuedRequest
 from duetime.scheduling.ledger import NO_SLACK, CoreLedger, Queued
@@ -1565,6 +1566,8 @@ class ModelScheduler:
             self._queue, now_ns=now, estimate=self._deadline_rule(), bare=self._bare_estimate
         )
         self._expire_hopeless(hopeless, now)
+        if self._edf and len(self._queue) > 1:
+            hopeless.extend(self._expire_outranked(now))
         if hopeless and self._ledger is not None:
             self._ledger.settled(self._owners[0][0])  # (a batch held for them may go)
         self._sweep_committed(now)
@@ -1574,6 +1577,22 @@ class ModelScheduler:
             self._wake_drain_waiter()
         if not self._drained:  # (closed, it sweeps on while it drains)
             self._arm_sweeper()
+
+    def _expire_outranked(self, now: int) -> list[QueuedRequest]:
+        """Fail the requests that the levels of higher priority ahead of them leave no time for
+        (see `batching.sweep_outranked`); those failed."""
+        outranked = sweep_outranked(
+            self._queue,
+            free_ns=max(now, min(self._busy_until)),
+            per_row_ns=self.profile.per_row_ns(),
+            instances=len(self._busy_until),
+            bare=self._bare_estimate,
+        )
+        failed = []
+        for item, start in outranked:
+            failed.append(item)
+            self._expire_hopeless([item], now, start, outranked=True)
+        return failed
 
     def _sweep_committed(self, now: int) -> None:
         """Fail the requests of batches handed over but not started (a lookahead batch behind
@@ -1632,7 +1651,11 @@ class ModelScheduler:
         return bounded
 
     def _expire_hopeless(
-        self, hopeless: list[QueuedRequest], now: int, start: int | None = None
+        self,
+        hopeless: list[QueuedRequest],
+        now: int,
+        start: int | None = None,
+        outranked: bool = False,
     ) -> None:
         """Fail the requests the queue found hopeless, but the probe (see PROBE_NS), which goes
         back to the queue to run.
@@ -1646,7 +1669,7 @@ class ModelScheduler:
         if probe is not None and _among(probe, hopeless):
             hopeless = [item for item in hopeless if item is not probe]
             self._queue.restore(probe)
-        self._expire(hopeless, now, start=start)
+        self._expire(hopeless, now, start=start, outranked=outranked)
 
     def _expire(
         self,
@@ -1654,6 +1677,7 @@ class ModelScheduler:
         now: int,
         skipped: _Running | None = None,
         start: int | None = None,
+        outranked: bool = False,
     ) -> None:
         """Fail `hopeless`, unrun, but those a cheaper variant of the version takes over (see
         `QueuedRequest.fallback`): counted there, where they run, not here.
@@ -1676,7 +1700,7 @@ class ModelScheduler:
             self._fail_ns += now - item.arrival_ns
             if item.timing is not None:
                 _timing_failed_unrun(item.timing, now)
-            _settle(item, DeadlineExceeded(self._expiry(item, now, skipped, start)))
+            _settle(item, DeadlineExceeded(self._expiry(item, now, skipped, start, outranked)))
 
     def _expiry(
         self,
@@ -1684,10 +1708,12 @@ class ModelScheduler:
         now: int,
         skipped: _Running | None = None,
         start: int | None = None,
+        outranked: bool = False,
     ) -> str:
         """Why `item` fails unrun (see `_expire`); `skipped`: the batch its instance's thread
         took past its latest start (see `_start_by`); `start`: the earliest an instance could
-        start it, where it was judged from then (later than `now`: an instance is busy).
+        start it, where it was judged from then (later than `now`: an instance is busy, or
+        `outranked`: requests of higher priority go first).
 
         NOTE: judged from `start`, the message counted from now: "(3019 µs left): a run needs
         522 µs (+2452 µs kept for margins and delivery)", which fits (found by a tester).
@@ -1724,6 +1750,8 @@ class ModelScheduler:
         busy = ""
         if start is not None and start > now:
             busy = f", and the earliest an instance can start it is in {(start - now) / 1e3:.0f} µs"
+            if outranked:
+                busy += " (requests of a higher priority level go first)"
         return (
             f"{said} ({(due - now) / 1e3:.0f} µs left): a run needs "
             f"{self._exec_ns(item.rows) / 1e3:.0f} µs{margins}{busy}{held} it was not run"
