@@ -1566,7 +1566,8 @@ class ModelScheduler:
             self._queue, now_ns=now, estimate=self._deadline_rule(), bare=self._bare_estimate
         )
         self._expire_hopeless(hopeless, now)
-        if self._edf and len(self._queue) > 1:
+        queue = self._queue
+        if self._edf and len(queue) > 1 and queue.level_end(0) < len(queue):
             hopeless.extend(self._expire_outranked(now))
         if hopeless and self._ledger is not None:
             self._ledger.settled(self._owners[0][0])  # (a batch held for them may go)
