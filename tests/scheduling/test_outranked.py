@@ -90,3 +90,28 @@ def test_fifo_fails_only_what_is_due() -> None:
         assert not low.done()
 
     run(body)
+
+
+def test_a_shadow_copy_outranked_by_real_requests_is_dropped_uncounted() -> None:
+    """Shadow copies queue behind every real request (a level of their own): one that real
+    requests admitted after it leave no time for is dropped as a hopeless copy is, counted
+    nowhere (see `ModelScheduler.submit_shadow`)."""
+
+    async def body() -> None:
+        h = harness(max_batch_size=4)
+        h.submit("running")
+        copy = h.shadow("copy", due_in=1 * MS)
+        assert copy is not None
+        reals = [h.submit(f"real{i}", due_in=50 * MS) for i in range(40)]
+        h.scheduler._sweep()
+        assert isinstance(failure(copy), DeadlineExceeded)
+        index = 0
+        while len(h.executor.jobs) > index:
+            h.executor.complete(index)
+            index += 1
+        assert all(failure(f) is None for f in reals)
+        stats = h.scheduler.statistics()
+        assert (stats.succeeded, stats.rejected, stats.expired, stats.failed) == (41, 0, 0, 0)
+        assert h.scheduler.outcomes() == (0, 41)
+
+    run(body)
