@@ -8,9 +8,12 @@ request only whether its own run still fitted if started now, blind to the level
 
 from __future__ import annotations
 
+from factories import FakeFuture, enqueue, names
 from test_scheduler import MS, US, failure, harness, run
 
 from duetime.errors import DeadlineExceeded
+from duetime.scheduling.batching import sweep_outranked
+from duetime.scheduling.edf import EDFQueue
 
 # make_profile(): 1 row takes 100 µs, 4 rows 250 µs (62.5 µs a row, saturated)
 
@@ -115,3 +118,90 @@ def test_a_shadow_copy_outranked_by_real_requests_is_dropped_uncounted() -> None
         assert h.scheduler.outcomes() == (0, 41)
 
     run(body)
+
+
+# -- the pure sweep: 1 ms a row, one instance, runs without margins ------------------------------
+
+
+def sweep(queue: EDFQueue, walk: int = 128) -> list[tuple[str, float]]:
+    """The requests `sweep_outranked` removes, with their predicted starts in ms."""
+    removed = sweep_outranked(
+        queue, free_ns=0, per_row_ns=MS, instances=1, bare=lambda rows: rows * MS, walk=walk
+    )
+    return [(names([item])[0], start / MS) for item, start in removed]
+
+
+def test_requests_of_lower_levels_behind_a_request_are_not_work_ahead_of_it() -> None:
+    """A tester's repro: six 32-row requests of level 3 queued behind a 1-row request of level 2
+    (due in 20 ms, 1 ms of level 1 ahead) had it failed, "the earliest an instance can start it
+    is in 24 ms", the whole queue's average rows counted ahead of it."""
+    queue = EDFQueue(100)
+    enqueue(queue, name="p1", level=1, due=1000 * MS)
+    enqueue(queue, name="p2", level=2, due=20 * MS)
+    for i in range(6):
+        enqueue(queue, name=f"p3-{i}", level=3, rows=32, due=5000 * MS)
+    assert sweep(queue) == []
+    assert len(queue) == 8
+
+
+def test_withdrawn_requests_ahead_take_no_time() -> None:
+    queue = EDFQueue(100)
+    for i in range(30):
+        item = enqueue(queue, name=f"gone{i}", level=1, due=1000 * MS)
+        assert isinstance(item.future, FakeFuture)
+        item.future.cancel()
+    enqueue(queue, name="p2", level=2, due=20 * MS)
+    assert sweep(queue) == []
+
+
+def test_requests_ahead_that_will_be_dropped_unrun_take_no_time() -> None:
+    """Level-1 requests that cannot make their own due times at their place in the queue will
+    be dropped unrun: they push nothing back (a tester found requests failed for them that the
+    server answered on time before)."""
+    queue = EDFQueue(100)
+    enqueue(queue, name="p1", level=1, due=1 * MS)  # runs 0-1 ms
+    for i in range(20):
+        enqueue(queue, name=f"doomed{i}", level=1, due=int(1.5 * MS))  # each starts at 1 ms+
+    enqueue(queue, name="p2", level=2, due=5 * MS)
+    assert sweep(queue) == []
+    enqueue(queue, name="p2-tight", level=2, due=int(1.5 * MS))
+    assert sweep(queue) == [("p2-tight", 1.0)]
+
+
+def test_the_tail_of_a_level_is_judged_behind_its_head() -> None:
+    """A tester's repro: behind 10 ms of level 1, level 2's requests due at 15 ms start 1 ms
+    apart: the first five fit, the last five cannot. Asked at the head only (which fits), none
+    was failed, and all heard at their due time."""
+    queue = EDFQueue(100)
+    for i in range(10):
+        enqueue(queue, name=f"p1-{i}", level=1, due=1000 * MS)
+    for i in range(10):
+        enqueue(queue, name=f"p2-{i}", level=2, due=15 * MS)
+    assert sweep(queue) == [(f"p2-{i}", 15.0) for i in range(5, 10)]
+    assert names(list(queue)) == [f"p1-{i}" for i in range(10)] + [f"p2-{i}" for i in range(5)]
+
+
+def test_a_level_with_only_its_own_ahead_is_left_to_the_hopeless_sweep() -> None:
+    """The first level's requests, and a later level's with no live request of a higher one
+    ahead, are judged as before: whether their own run still fits (`sweep_hopeless`)."""
+    queue = EDFQueue(100)
+    for i in range(10):
+        enqueue(queue, name=f"p1-{i}", level=1, due=5 * MS)  # the last five cannot make it
+    gone = enqueue(queue, name="gone", level=2, due=1000 * MS)
+    assert isinstance(gone.future, FakeFuture)
+    gone.future.cancel()
+    assert sweep(queue) == []
+    queue = EDFQueue(100)
+    enqueue(queue, name="gone", level=1, due=1000 * MS).future.cancel()  # type: ignore[attr-defined]
+    for i in range(10):
+        enqueue(queue, name=f"p2-{i}", level=2, due=5 * MS)
+    assert sweep(queue) == []
+
+
+def test_the_walk_stops_at_its_bound() -> None:
+    queue = EDFQueue(100)
+    for i in range(10):
+        enqueue(queue, name=f"p1-{i}", level=1, due=1000 * MS)
+    for i in range(10):
+        enqueue(queue, name=f"p2-{i}", level=2, due=15 * MS)
+    assert sweep(queue, walk=17) == [("p2-5", 15.0), ("p2-6", 15.0)]

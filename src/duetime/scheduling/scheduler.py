@@ -84,6 +84,10 @@ _NO_TASK = object()
 _SWEEP_S = 0.001
 """While requests queue, how often the whole queue is checked for hopeless ones."""
 _SWEEP_NS = int(_SWEEP_S * 1e9)
+_OUTRANKED_EVERY = 8
+"""Where nothing was admitted ahead of a lower priority level's requests since, a sweep asks
+which of them the work ahead leaves no time for (`_expire_outranked`) only this often: runs
+that overran can do that too, but the walk costs up to 40 µs (`batching.OUTRANKED_WALK`)."""
 HANDOFF_TAIL_MAX = 2
 """The hand-offs' tail is kept in hand for at most this many runs of the batch. NOTE: a tail
 longer than that comes from a loop saturated by the requests themselves (the load shedder's
@@ -562,6 +566,10 @@ class ModelScheduler:
         self._batch_sizes: dict[int, BatchSizeStatistics] = {}
         self._peak = self._succeeded = self._failed = self._rejected = self._expired = 0
         self._late = self._on_time = self._probes = 0
+        self._outranking = False
+        """A request was queued ahead of one of a lower priority level since the last sweep that
+        asked which of those the work ahead leaves no time for (`_expire_outranked`)."""
+        self._sweeps = 0
         self._late_by: dict[str, int] = {}
         """Late answers by what made them late (see `late_cause`)."""
         self._cancelled = self._executions = self._inferences = self._last_ms = 0
@@ -656,6 +664,8 @@ class ModelScheduler:
             self._full += 1
             self._refused_ns = now
             raise self._full_error(item.level)
+        if queue[-1].level > item.level:
+            self._outranking = True
         if len(queue) > self._peak:
             self._peak = len(queue)
         if self._depth > 1:
@@ -834,6 +844,8 @@ class ModelScheduler:
         item.key = queue.key_for(self._level(priority), due)
         item.level = item.key[0]
         queue.push(item)  # (`fits` found room)
+        if queue[-1].level > item.level:
+            self._outranking = True
         self.last_arrival_ns = now
         if len(queue) > self._peak:
             self._peak = len(queue)
@@ -1567,7 +1579,14 @@ class ModelScheduler:
         )
         self._expire_hopeless(hopeless, now)
         queue = self._queue
-        if self._edf and len(queue) > 1 and queue.level_end(0) < len(queue):
+        self._sweeps += 1
+        if (
+            self._edf
+            and (self._outranking or not self._sweeps % _OUTRANKED_EVERY)
+            and len(queue) > 1
+            and queue.level_end(0) < len(queue)
+        ):
+            self._outranking = False
             hopeless.extend(self._expire_outranked(now))
         if hopeless and self._ledger is not None:
             self._ledger.settled(self._owners[0][0])  # (a batch held for them may go)
