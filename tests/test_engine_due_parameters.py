@@ -103,7 +103,7 @@ def test_bad_timeout_and_priority_parameters_are_refused_in_http_words(
         ({"sequence_start": 5}, "'sequence_start' must be true or false, got 5"),
         ({"sequence_end": "x"}, "'sequence_end' must be true or false, got \"x\""),
         ({"sequence_id": -1}, "'sequence_id' must be an unsigned integer or a string, got -1"),
-        ({"sequence_id": [1]}, "'sequence_id' must be an unsigned integer or a string"),
+        ({"sequence_id": [1]}, "'sequence_id' has invalid type: it is a list"),  # (as HTTP)
         ({"triton_x": 1}, "keys starting with 'triton_' are reserved"),
         ({f"p{i}": i for i in range(257)}, "request 'parameters' has 257 entries, over the limit"),
     ],
@@ -117,6 +117,30 @@ def test_other_parameters_are_checked_as_http_checks_them(
     with pytest.raises(InvalidInput, match=re.escape(needle)):
         made(parameters=parameters)
     made(parameters={"sequence_id": "s", "sequence_start": True, "sticky": "k"})  # (all fine)
+
+
+@pytest.mark.parametrize(
+    ("parameters", "needle"),
+    [
+        ({1: 2}, "request parameter names must be strings, got 1 (int)"),
+        ({None: 1}, "request parameter names must be strings, got None (NoneType)"),
+        ({b"timeout": 1000}, "request parameter names must be strings, got b'timeout' (bytes)"),
+        ({"foo": {"a": 1}}, "request parameter 'foo' has invalid type: it is an object"),
+        ({"foo": [1, 2]}, "request parameter 'foo' has invalid type: it is a list"),
+        ({"foo": None}, "request parameter 'foo' has invalid type: it is null"),
+        ({"foo": object()}, "request parameter 'foo' has invalid type: it is a object"),
+    ],
+    ids=["int-key", "none-key", "bytes-key", "object", "list", "null", "other"],
+)
+def test_parameters_hold_what_the_protocol_s_parameters_hold(
+    parameters: dict[Any, Any], needle: str
+) -> None:
+    """String names, and strings, numbers or true/false as values, as HTTP checks them: a name
+    that was no string raised AttributeError from the check of reserved names, and values HTTP
+    refuses with 400 were taken (found by a tester)."""
+    with pytest.raises(InvalidInput, match=re.escape(needle)):
+        made(parameters=parameters)
+    made(parameters={"n": np.int64(3), "x": 1.5, "b": True, "s": "x", "timeout": None})
 
 
 def test_timeout_and_priority_parameters_set_the_due_time_and_level() -> None:

@@ -54,6 +54,7 @@ from duetime.requestparams import (
     MAX_PRIORITY,
     check_http_parameters,
     check_parameter_count,
+    check_scalar_parameters,
     due_from_timeout_us,
     priority_of,
 )
@@ -1164,6 +1165,12 @@ class Engine:
             # 5} ran), where the README says the parameters are checked as HTTP checks them
             # (found by a tester)
             check_parameter_count(len(given), "request")
+            for name in ("timeout", "priority"):  # (None: not given, as the keywords')
+                if name in given and given[name] is None:
+                    del given[name]
+            # NOTE: keys not strings raised AttributeError, and values HTTP refuses (an object,
+            # a list, null) were taken (found by a tester)
+            check_scalar_parameters(given, "request")
             check_http_parameters(given)
             if "timeout" in given or "priority" in given:
                 due, priority = self._parameters_due(given, due, priority)
@@ -1184,15 +1191,13 @@ class Engine:
         `priority`, read and checked as HTTP and gRPC read them (microseconds, a uint64 each;
         the same words where one is bad), with `due` and `priority` from the keywords: the
         earlier due time applies (as a gRPC deadline beside a `timeout`), and two priorities
-        must agree. Either one None is not given (Python's way to say so), and left out.
+        must agree. Either one None is not given (Python's way to say so): `_request` left it
+        out.
 
         NOTE: they were ignored, a bad one too ("x", -1), and `parameters={"timeout": 1}` ran
         as a request without a due time, where the README says the parameters are the
         request's, as over HTTP and gRPC. Then `{"timeout": None}` was no timeout while
         `{"priority": None}` was refused ("got null"); over the wire both are refused now."""
-        for name in ("timeout", "priority"):
-            if name in parameters and parameters[name] is None:
-                del parameters[name]
         timed = due_from_timeout_us(parameters, self.clock.now_ns())
         if timed is not None and (due is None or timed < due):
             due = timed

@@ -114,6 +114,28 @@ MAX_PARAMETERS = 256
 `check_parameter_count`)."""
 
 
+def check_scalar_parameters(parameters: Mapping[Any, Any], where: str) -> None:
+    """InvalidInput for a parameter of `where` (`request`, `input 'x'`, ...) that is not a string,
+    a number or true/false, or whose name is not a string: what the v2 protocol's parameters
+    hold (JSON scalars; gRPC's InferParameter is one of them)."""
+    for key, value in parameters.items():
+        if not isinstance(key, str):
+            raise InvalidInput(
+                f"{where} parameter names must be strings, got {key!r} ({type(key).__name__})"
+            )
+        if value is None or not isinstance(value, str | numbers.Real):
+            kind = (
+                "null" if value is None
+                else "an object" if isinstance(value, Mapping)
+                else "a list" if isinstance(value, list | tuple)
+                else f"a {type(value).__name__}"
+            )  # fmt: skip
+            raise InvalidInput(
+                f"{where} parameter '{key}' has invalid type: it is {kind}; a parameter must be "
+                "a string, a number or true/false"
+            )
+
+
 def check_parameter_count(count: int, where: str) -> None:
     """InvalidInput where `where` (`request`, `input 'x'`, ...) carries more than MAX_PARAMETERS
     parameters; `count`: how many (a map's len, which costs nothing), checked before any is read.

@@ -18,6 +18,7 @@ from duetime.requestparams import (
     RESERVED_PREFIX,
     check_http_parameters,
     check_parameter_count,
+    check_scalar_parameters,
     due_from_timeout_us,
     priority_of,
 )
@@ -38,6 +39,7 @@ __all__ = [
     "check_http_parameters",
     "check_output_again",
     "check_parameter_count",
+    "check_scalar_parameters",
     "due_from_timeout_us",
     "priority_of",
 ]

@@ -52,6 +52,7 @@ from duetime.frontend.parameters import (
     check_http_parameters,
     check_output_again,
     check_parameter_count,
+    check_scalar_parameters,
     due_from_timeout_us,
     priority_of,
 )
@@ -1825,13 +1826,7 @@ def _check_parameter_types(doc: dict[str, Any]) -> None:
 def _check_scalars(parameters: Any, where: str) -> None:
     if isinstance(parameters, dict):
         check_parameter_count(len(parameters), where)  # (before the loop below)
-    for key, value in parameters.items() if isinstance(parameters, dict) else ():
-        if value is None or isinstance(value, dict | list):
-            kind = "null" if value is None else "an object" if isinstance(value, dict) else "a list"
-            raise InvalidInput(
-                f"{where} parameter '{key}' has invalid type: it is {kind}; a parameter must be "
-                "a string, a number or true/false"
-            )
+        check_scalar_parameters(parameters, where)
 
 
 def _inputs(
