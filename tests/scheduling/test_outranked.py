@@ -123,10 +123,13 @@ def test_a_shadow_copy_outranked_by_real_requests_is_dropped_uncounted() -> None
 # -- the pure sweep: 1 ms a row, one instance, runs without margins ------------------------------
 
 
-def sweep(queue: EDFQueue, walk: int = 128) -> list[tuple[str, float]]:
-    """The requests `sweep_outranked` removes, with their predicted starts in ms."""
+def sweep(
+    queue: EDFQueue, walk: int = 128, free: tuple[int, ...] = (0,)
+) -> list[tuple[str, float]]:
+    """The requests `sweep_outranked` removes, with their predicted starts in ms (`free`: when
+    each instance frees up)."""
     removed = sweep_outranked(
-        queue, free_ns=0, per_row_ns=MS, instances=1, bare=lambda rows: rows * MS, walk=walk
+        queue, free_ns=free, per_row_ns=MS, bare=lambda rows: rows * MS, walk=walk
     )
     return [(names([item])[0], start / MS) for item, start in removed]
 
@@ -205,3 +208,15 @@ def test_the_walk_stops_at_its_bound() -> None:
     for i in range(10):
         enqueue(queue, name=f"p2-{i}", level=2, due=15 * MS)
     assert sweep(queue, walk=17) == [("p2-5", 15.0), ("p2-6", 15.0)]
+
+
+def test_a_request_ahead_runs_on_one_instance_while_another_takes_the_next() -> None:
+    """A tester's repro: two instances free at 30 ms, 32 rows of level 1 ahead (32 ms on one
+    instance), a request of level 2 due at 40 ms: the other instance can start it at 30 ms. The
+    rows ahead spread over both instances (start at 46 ms) failed it."""
+    queue = EDFQueue(100)
+    enqueue(queue, name="p1", level=1, rows=32, due=2000 * MS)
+    enqueue(queue, name="p2", level=2, due=40 * MS)
+    assert sweep(queue, free=(30 * MS, 30 * MS)) == []
+    enqueue(queue, name="p1-more", level=1, rows=32, due=2000 * MS)  # the other instance's
+    assert sweep(queue, free=(30 * MS, 30 * MS)) == [("p2", 62.0)]

@@ -4,7 +4,7 @@ requests can no longer make it. Pure: it reads the queue and the time and return
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from duetime.scheduling.edf import NO_DUE, SHADOW_LEVEL, EDFQueue, QueuedRequest
@@ -110,23 +110,22 @@ many), on each sweep that asks for one (see `ModelScheduler._sweep`)."""
 def sweep_outranked(
     queue: EDFQueue,
     *,
-    free_ns: int,
+    free_ns: Sequence[int],
     per_row_ns: float,
-    instances: int,
     bare: Estimate,
     walk: int = OUTRANKED_WALK,
 ) -> list[tuple[QueuedRequest, int]]:
     """EDF: the requests of a priority level after the queue's first that can no longer start in
     time behind the requests of higher priority ahead of them, each with its predicted start.
 
-    The queue is played forward in its order, as the optimist sees it: the first instance frees
-    up at `free_ns`; each live request ahead that can still make its due time takes its rows at
-    the best sustained cost a row (spread over `instances`); one that cannot (it will be dropped
-    unrun), one withdrawn by its client and one behind the request are not counted; a request's
-    own run is the `bare` one (no margins). A request of a later level that cannot start in time
-    so, with a live request of a higher level ahead of it, is removed. The first level's own are
-    left to `sweep_hopeless` (their work ahead was admission's to judge), as is a request with
-    only its own level ahead.
+    The queue is played forward in its order, as the optimist sees it: the instances free up at
+    `free_ns` (one each); each live request ahead that can still make its due time runs on the
+    instance free first, its rows at the best sustained cost a row; one that cannot (it will be
+    dropped unrun), one withdrawn by its client and one behind the request are not counted; a
+    request's own run is the `bare` one (no margins). A request of a later level that cannot
+    start in time so, with a live request of a higher level ahead of it, is removed. The first
+    level's own are left to `sweep_hopeless` (their work ahead was admission's to judge), as is
+    a request with only its own level ahead.
 
     NOTE: admitted, a request of a lower level is pushed back by every request of a higher one
     admitted after it; asked only whether its own run still fits, those behind a flood heard
@@ -135,14 +134,15 @@ def sweep_outranked(
     32 rows queued behind a request of 1 failed it (60 ms left, 3 ms of work ahead); counted
     with the withdrawn ones, or with those that will be dropped, others were failed that the
     server answered on time before; asked only at the head of its level, a level's tail (due
-    times 0.05 ms apart, runs 0.92 ms) heard at its due time (found by a tester)."""
+    times 0.05 ms apart, runs 0.92 ms) heard at its due time; and the rows ahead spread over
+    two instances, a request of 32 rows ahead (it runs on one of them) failed one the other
+    instance was free to answer at once (all found by testers)."""
     removed: list[tuple[QueuedRequest, int]] = []
     first_end = queue.level_end(0) if len(queue) else 0
     if first_end >= len(queue):
         return removed
-    per_row = per_row_ns / instances
+    free = list(free_ns)
     bare = _memoized(bare)
-    start = free_ns
     taken = 0  # (live requests so far that take time)
     level = -1
     index = 0
@@ -154,8 +154,9 @@ def sweep_outranked(
         if item.future.done():
             index += 1
             continue
+        start = min(free)
         if item.due_ns is None or start + bare(item.rows) <= item.due_ns:
-            start += int(item.rows * per_row)
+            free[free.index(start)] = start + int(item.rows * per_row_ns)
             taken += 1
             index += 1
         elif index < first_end or not ahead:

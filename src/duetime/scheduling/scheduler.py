@@ -1603,9 +1603,8 @@ class ModelScheduler:
         (see `batching.sweep_outranked`); those failed."""
         outranked = sweep_outranked(
             self._queue,
-            free_ns=max(now, min(self._busy_until)),
+            free_ns=[max(now, busy) for busy in self._busy_until],
             per_row_ns=self.profile.per_row_ns(),
-            instances=len(self._busy_until),
             bare=self._bare_estimate,
         )
         failed = []
