@@ -141,6 +141,11 @@ def test_parameters_hold_what_the_protocol_s_parameters_hold(
     with pytest.raises(InvalidInput, match=re.escape(needle)):
         made(parameters=parameters)
     made(parameters={"n": np.int64(3), "x": 1.5, "b": True, "s": "x", "timeout": None})
+    request = made(parameters={"n": np.int64(3), "f": np.float32(0.5), "b": np.bool_(True)})
+    assert request.parameters == {"n": 3, "f": 0.5, "b": True}
+    assert [type(v) for v in request.parameters.values()] == [int, float, bool]
+    numpy_typed = {"sequence_start": np.bool_(True), "priority": np.int64(2)}
+    assert made(parameters=numpy_typed).priority == 2
 
 
 def test_timeout_and_priority_parameters_set_the_due_time_and_level() -> None:

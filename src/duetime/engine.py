@@ -1168,6 +1168,9 @@ class Engine:
             for name in ("timeout", "priority"):  # (None: not given, as the keywords')
                 if name in given and given[name] is None:
                     del given[name]
+            for name, value in given.items():  # (numpy's scalars as Python's, as JSON's)
+                if isinstance(value, np.generic):
+                    given[name] = value.item()
             # NOTE: keys not strings raised AttributeError, and values HTTP refuses (an object,
             # a list, null) were taken (found by a tester)
             check_scalar_parameters(given, "request")
