@@ -8,7 +8,7 @@ request only whether its own run still fitted if started now, blind to the level
 
 from __future__ import annotations
 
-from factories import FakeFuture, enqueue, names
+from factories import OTHER_SHAPE, FakeFuture, enqueue, names
 from test_scheduler import MS, US, failure, harness, run
 
 from duetime.errors import DeadlineExceeded
@@ -124,12 +124,17 @@ def test_a_shadow_copy_outranked_by_real_requests_is_dropped_uncounted() -> None
 
 
 def sweep(
-    queue: EDFQueue, walk: int = 128, free: tuple[int, ...] = (0,)
+    queue: EDFQueue, walk: int = 128, free: tuple[int, ...] = (0,), max_rows: int = 0
 ) -> list[tuple[str, float]]:
     """The requests `sweep_outranked` removes, with their predicted starts in ms (`free`: when
-    each instance frees up)."""
+    each instance frees up; `max_rows`: a batch's, 0 for a model that does not batch)."""
     removed = sweep_outranked(
-        queue, free_ns=free, per_row_ns=MS, bare=lambda rows: rows * MS, walk=walk
+        queue,
+        free_ns=free,
+        per_row_ns=MS,
+        bare=lambda rows: rows * MS,
+        max_rows=max_rows,
+        walk=walk,
     )
     return [(names([item])[0], start / MS) for item, start in removed]
 
@@ -220,3 +225,28 @@ def test_a_request_ahead_runs_on_one_instance_while_another_takes_the_next() -> 
     assert sweep(queue, free=(30 * MS, 30 * MS)) == []
     enqueue(queue, name="p1-more", level=1, rows=32, due=2000 * MS)  # the other instance's
     assert sweep(queue, free=(30 * MS, 30 * MS)) == [("p2", 62.0)]
+
+
+def test_requests_ahead_that_run_as_one_batch_take_one_instance() -> None:
+    """A tester's repro: two instances free at 30 ms, two requests of 16 rows ahead (the batch
+    former runs them as one batch of 32 on one instance), a request of level 2 due at 40 ms:
+    the other instance can start it at 30 ms. Each put on an instance of its own, it was
+    failed ("the earliest an instance can start it is in 16 ms")."""
+    queue = EDFQueue(100)
+    enqueue(queue, name="p1-a", level=1, rows=16, due=2000 * MS)
+    enqueue(queue, name="p1-b", level=1, rows=16, due=2000 * MS)
+    enqueue(queue, name="p2", level=2, due=40 * MS)
+    assert sweep(queue, free=(30 * MS, 30 * MS), max_rows=32) == []
+    assert sweep(queue, free=(30 * MS, 30 * MS), max_rows=16) == [("p2", 46.0)]  # (two batches)
+
+
+def test_a_request_may_join_the_batch_forming_ahead_of_it() -> None:
+    """One instance: a request of level 2 of the shape of the batch forming ahead of it (with
+    room) starts with it; one of another shape waits for it. Failing the latter does not close
+    the batch for the former."""
+    queue = EDFQueue(100)
+    enqueue(queue, name="p1", level=1, rows=16, due=2000 * MS)
+    enqueue(queue, name="other-shape", level=2, shape=OTHER_SHAPE, due=10 * MS)
+    enqueue(queue, name="same-shape", level=2, due=11 * MS)
+    assert sweep(queue, max_rows=32) == [("other-shape", 16.0)]
+    assert names(list(queue)) == ["p1", "same-shape"]

@@ -113,19 +113,22 @@ def sweep_outranked(
     free_ns: Sequence[int],
     per_row_ns: float,
     bare: Estimate,
+    max_rows: int = 0,
     walk: int = OUTRANKED_WALK,
 ) -> list[tuple[QueuedRequest, int]]:
     """EDF: the requests of a priority level after the queue's first that can no longer start in
     time behind the requests of higher priority ahead of them, each with its predicted start.
 
     The queue is played forward in its order, as the optimist sees it: the instances free up at
-    `free_ns` (one each); each live request ahead that can still make its due time runs on the
-    instance free first, its rows at the best sustained cost a row; one that cannot (it will be
-    dropped unrun), one withdrawn by its client and one behind the request are not counted; a
-    request's own run is the `bare` one (no margins). A request of a later level that cannot
-    start in time so, with a live request of a higher level ahead of it, is removed. The first
-    level's own are left to `sweep_hopeless` (their work ahead was admission's to judge), as is
-    a request with only its own level ahead.
+    `free_ns` (one each); the live requests ahead that can still make their due times form
+    batches as tight as the batch former could make them (consecutive, of one shape, up to
+    `max_rows` rows; 0: a request a batch), each batch run on the instance free first, its rows
+    at the best sustained cost a row; a request that cannot make its due time (it will be
+    dropped unrun), one withdrawn by its client and one behind the request take no time; a
+    request may join the batch forming when it comes up, and its own run is the `bare` one (no
+    margins). A request of a later level that cannot start in time so, with a live request of a
+    higher level ahead of it, is removed. The first level's own are left to `sweep_hopeless`
+    (their work ahead was admission's to judge), as is a request with only its own level ahead.
 
     NOTE: admitted, a request of a lower level is pushed back by every request of a higher one
     admitted after it; asked only whether its own run still fits, those behind a flood heard
@@ -134,15 +137,18 @@ def sweep_outranked(
     32 rows queued behind a request of 1 failed it (60 ms left, 3 ms of work ahead); counted
     with the withdrawn ones, or with those that will be dropped, others were failed that the
     server answered on time before; asked only at the head of its level, a level's tail (due
-    times 0.05 ms apart, runs 0.92 ms) heard at its due time; and the rows ahead spread over
-    two instances, a request of 32 rows ahead (it runs on one of them) failed one the other
-    instance was free to answer at once (all found by testers)."""
+    times 0.05 ms apart, runs 0.92 ms) heard at its due time; the rows ahead spread over two
+    instances, a request of 32 rows ahead (it runs on one of them) failed one the other instance
+    was free to answer at once; and each request ahead put on an instance of its own, two of 16
+    rows that ran as one batch of 32 did the same (all found by testers)."""
     removed: list[tuple[QueuedRequest, int]] = []
     first_end = queue.level_end(0) if len(queue) else 0
     if first_end >= len(queue):
         return removed
     free = list(free_ns)
     bare = _memoized(bare)
+    forming_rows = 0  # (the batch forming: its rows and shape; it starts at min(free))
+    forming_shape: object = None
     taken = 0  # (live requests so far that take time)
     level = -1
     index = 0
@@ -155,8 +161,19 @@ def sweep_outranked(
             index += 1
             continue
         start = min(free)
+        closes = bool(forming_rows) and (
+            item.shape_key != forming_shape or forming_rows + item.rows > max_rows
+        )
+        if closes:  # (the batch forming runs first, on the instance free first)
+            first = free.index(start)
+            after = start + int(forming_rows * per_row_ns)
+            start = min([after, *free[:first], *free[first + 1 :]])
         if item.due_ns is None or start + bare(item.rows) <= item.due_ns:
-            free[free.index(start)] = start + int(item.rows * per_row_ns)
+            if closes:
+                free[first] = after
+                forming_rows = 0
+            forming_rows += item.rows
+            forming_shape = item.shape_key
             taken += 1
             index += 1
         elif index < first_end or not ahead:

@@ -1606,6 +1606,7 @@ class ModelScheduler:
             free_ns=[max(now, busy) for busy in self._busy_until],
             per_row_ns=self.profile.per_row_ns(),
             bare=self._bare_estimate,
+            max_rows=self._max_rows,
         )
         failed = []
         for item, start in outranked:
