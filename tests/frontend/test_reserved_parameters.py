@@ -119,6 +119,29 @@ def test_a_grpc_request_with_a_parameter_triton_refuses_is_invalid_argument(
     assert f"'{key}'" in raised.value.details()
 
 
+@pytest.mark.parametrize("level", ["request", "input", "output"])
+def test_a_grpc_parameter_with_no_value_is_invalid_argument(
+    server: RunningServer, level: str
+) -> None:
+    """An `InferParameter` with none of its values set is HTTP's null, which HTTP and the Engine
+    refuse: it was taken at every level (found by a tester)."""
+    request = service_pb2.ModelInferRequest(model_name="scale", id="p")
+    tensor = request.inputs.add(name="x", datatype="FP32", shape=[1, 4])
+    request.raw_input_contents.append(np.ones((1, 4), np.float32).tobytes())
+    output = request.outputs.add(name="y")
+    holder = {"request": request, "input": tensor, "output": output}[level]
+    holder.parameters["empty"].SetInParent()
+    where = {"request": "request", "input": "input 'x'", "output": "output 'y'"}[level]
+    with grpc.insecure_channel(server.grpc) as channel:
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        with pytest.raises(grpc.RpcError) as raised:
+            stub.ModelInfer(request, timeout=30)
+    assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert f"{where} parameter 'empty' has no value: set one of bool_param" in (
+        raised.value.details()
+    )
+
+
 @pytest.mark.parametrize(
     ("key", "field", "value"),
     [("sequence_id", "int64_param", 7), ("sequence_id", "string_param", "session-7"),
