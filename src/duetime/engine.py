@@ -598,6 +598,14 @@ class Engine:
         snapshot = registry.snapshot
         return None if model in snapshot.models or model in snapshot.loading else 0
 
+    def cancelled_unqueued(self, model: str, version: str | None, arrival_ns: int) -> None:
+        """A request for `model` (`version`; None: its default) that arrived at `arrival_ns` was
+        withdrawn by its client before it was queued: counted cancelled in the model's
+        statistics, as a request withdrawn from its queue is (nothing where it is not served)."""
+        scheduler = self.registry.scheduler_of(model, version)
+        if scheduler is not None:
+            scheduler.cancelled_unqueued(self.clock.now_ns() - arrival_ns)
+
     def answer_ratio(self, model: str) -> float | None:
         """The bytes `model`'s default version's answers weigh per byte of its request, where
         its outputs' sizes follow its inputs' shapes and no `answer_guess` is known (free dims

@@ -436,6 +436,22 @@ def test_a_call_waiting_for_room_without_a_due_time_ends_at_its_grpc_deadline(
     until(lambda: not full._waiting, "the call left the line")
 
 
+def test_a_call_withdrawn_while_it_waits_for_room_counts_cancelled(
+    tight: RunningServer, full: AnswerBudget
+) -> None:
+    """As one withdrawn from its model's queue: it was counted nowhere (found by a tester)."""
+    before = tight.statistics("tile")
+    with grpc.insecure_channel(tight.grpc) as channel:
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        call = stub.ModelInfer.future(tile_request(), timeout=30)
+        until(lambda: len(full._waiting) == 1, "the call waited for room")
+        call.cancel()
+        until(lambda: not full._waiting, "the call left the line")
+    until(lambda: tight.statistics("tile").cancelled == before.cancelled + 1, "counted cancelled")
+    after = tight.statistics("tile")
+    assert (after.succeeded, after.executions) == (before.succeeded, before.executions)
+
+
 def test_an_answer_over_the_message_limit_is_refused_before_it_is_copied(
     tight: RunningServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:

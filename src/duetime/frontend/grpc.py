@@ -525,6 +525,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         error: DuetimeError | None = None
         hold = self.answers.hold(request.model_name, request)
         context.add_done_callback(hold.release)
+        arrived: int | None = None
         try:
             arrived, due = self._dated(request, context)
             try:
@@ -538,6 +539,13 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
             error = exc.with_traceback(None)  # this frame would hold its own traceback
         except asyncio.CancelledError:
             _log_cancelled(context, "grpc", request, ticket)
+            if ticket is None and arrived is not None:
+                # NOTE: withdrawn while it waited for room for its answer, it was counted
+                # nowhere, where one withdrawn from the queue counts cancelled (found by a
+                # tester)
+                self._engine.cancelled_unqueued(
+                    request.model_name, request.model_version or None, arrived
+                )
             raise
         except Exception as exc:
             log.exception("internal error in ModelInfer")

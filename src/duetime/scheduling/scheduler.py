@@ -2604,6 +2604,13 @@ class ModelScheduler:
         """Closed, drained, and nothing running: its counts are final."""
         return self._drained and self.idle
 
+    def cancelled_unqueued(self, waited_ns: int) -> None:
+        """Count a request of this model its client withdrew before it was queued (it waited
+        `waited_ns` for room for its answer: see the gRPC front end's `AnswerBudget`), as one
+        withdrawn from the queue counts: cancelled, its wait in the failures' time."""
+        self._cancelled += 1
+        self._fail_ns += max(0, waited_ns)
+
     def statistics(self) -> SchedulerStatistics:
         # NOTE: a request its client withdrew ends then, though the queue drops it only when it
         # reaches it (or sweeps it): counted at once, it is cancelled and no longer queued
