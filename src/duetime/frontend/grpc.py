@@ -29,7 +29,7 @@ from duetime.errors import (
     fitted,
 )
 from duetime.frontend import codec, sharedmemory
-from duetime.frontend.answersizes import MAX_MODELS, LargestAnswers
+from duetime.frontend.answersizes import LargestAnswers
 from duetime.frontend.grpcbacklog import (
     CoreBacklog,
     CountingServer,
@@ -128,9 +128,6 @@ class AnswerBudget:
         self.small = small
         self._guess = guess
         self._ratio = ratio
-        self._ratio_missed: set[str] = set()
-        """Models that made an answer over twice what their `ratio` expected (their outputs
-        grow faster than their requests): the unknown size stands for theirs from then on."""
         self.held = 0
         self._sizes = LargestAnswers()
         self._waiting: deque[tuple[int, asyncio.Future[bool]]] = deque()
@@ -152,25 +149,13 @@ class AnswerBudget:
         their own, expects its `ratio` of the request's bytes (see `Engine.answer_ratio`);
         one with inputs in shared memory, the unknown size."""
         size = self._sizes.expected(model, self._guess, self.unknown)
-        if (
-            size >= self.unknown
-            and request is not None
-            and self._ratio is not None
-            and model not in self._ratio_missed
-        ):
+        if size >= self.unknown and request is not None and self._ratio is not None:
             ratio = self._ratio(model)
             if ratio is not None and not any(
                 sharedmemory.REGION in tensor.parameters for tensor in request.inputs
             ):
-                size = min(int(ratio * request.ByteSize()), self.unknown)
-                return AnswerHold(self, model, size, by_ratio=True)
+                size = int(ratio * request.ByteSize())
         return AnswerHold(self, model, min(size, self.unknown))
-
-    def ratio_missed(self, model: str) -> None:
-        """`model` made an answer far over what its ratio expected (see `_ratio_missed`)."""
-        if len(self._ratio_missed) >= MAX_MODELS:
-            self._ratio_missed.clear()
-        self._ratio_missed.add(model)
 
     def learned(self, model: str, size: int) -> None:
         self._sizes.learned(model, size)
@@ -243,16 +228,12 @@ ANSWER_COPIES = 3
 class AnswerHold:
     """One call's part of an `AnswerBudget`: the bytes it holds until `release`."""
 
-    __slots__ = ("_budget", "_by_ratio", "_estimate", "_model", "size")
+    __slots__ = ("_budget", "_estimate", "_model", "size")
 
-    def __init__(
-        self, budget: AnswerBudget, model: str, estimate: int, by_ratio: bool = False
-    ) -> None:
+    def __init__(self, budget: AnswerBudget, model: str, estimate: int) -> None:
         self._budget = budget
         self._model = model
         self._estimate = estimate
-        self._by_ratio = by_ratio
-        """Its estimate is the model's answer bytes per request byte (see `AnswerBudget.hold`)."""
         self.size = 0
 
     async def taken(self, within_s: float | None = None) -> None:
@@ -279,10 +260,6 @@ class AnswerHold:
         """The answer is made and its outputs weigh `size` bytes: held from now on if big."""
         budget = self._budget
         budget.learned(self._model, size)
-        if self._by_ratio and size > 2 * self._estimate + budget.small:
-            # NOTE: outputs that grow faster than the request (an outer product of a free dim)
-            # outgrow any ratio of its samples: the model is held at the unknown size again
-            budget.ratio_missed(self._model)
         counted = size * ANSWER_COPIES if size > budget.small else 0
         if counted != self.size:
             budget.resize(self.size, counted)
