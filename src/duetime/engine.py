@@ -334,18 +334,6 @@ class Engine:
             answer_guess=(
                 None if loaded.cost_depends_on_values or row_out is None else row_out * max_rows
             ),
-            # NOTE: a model with free dims besides the batch's has no guess of its own, yet its
-            # answers follow its requests' sizes: over gRPC each was held as the largest
-            # message (5 calls at once under the 1 GiB default, the rest waiting in arrival
-            # order before the scheduler saw them: found by a tester)
-            answer_ratio=(
-                row_out / row_bytes
-                if loaded.cost_depends_on_values
-                and not loaded.sizes_follow_values
-                and row_out is not None
-                and row_bytes > 0
-                else None
-            ),
         )
         return Deployment(loaded, scheduler, variant)
 
@@ -605,13 +593,6 @@ class Engine:
         scheduler = self.registry.scheduler_of(model, version)
         if scheduler is not None:
             scheduler.cancelled_unqueued(self.clock.now_ns() - arrival_ns)
-
-    def answer_ratio(self, model: str) -> float | None:
-        """The bytes `model`'s default version's answers weigh per byte of its request, where
-        its outputs' sizes follow its inputs' shapes and no `answer_guess` is known (free dims
-        besides the batch's): what its samples made at load. None otherwise."""
-        scheduler = self.registry.scheduler_of(model, None)
-        return None if scheduler is None else scheduler.answer_ratio
 
     # -- inference -----------------------------------------------------------------------------
 

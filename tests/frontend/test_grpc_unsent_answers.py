@@ -22,13 +22,7 @@ import grpc
 import numpy as np
 import pytest
 from conftest import RunningServer, start_server, stop_server
-from repo_models import (
-    run_on_engine,
-    scale_model,
-    tiling_model,
-    wide_tile_model,
-    write_version,
-)
+from repo_models import run_on_engine, tiling_model, wide_tile_model, write_version
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from duetime.config import ServerSettings
@@ -199,56 +193,6 @@ def test_a_model_whose_answers_follow_its_values_has_no_guess(tmp_path: Path) ->
         service = InferenceService(engine)
         assert service.answer_guess("big") is None
         assert service.answers.hold("big")._estimate == ServerSettings().max_grpc_message_bytes
-
-    run_on_engine(tmp_path, scenario)
-
-
-def infer_request(model: str, rows: int, shared: bool = False) -> Any:
-    request = service_pb2.ModelInferRequest(model_name=model)
-    tensor = request.inputs.add(name="x", datatype="FP32", shape=[rows, 4])
-    if shared:
-        tensor.parameters["shared_memory_region"].string_param = "region"
-        tensor.parameters["shared_memory_byte_size"].int64_param = rows * 16
-    else:
-        request.raw_input_contents.append(np.ones((rows, 4), np.float32).tobytes())
-    return request
-
-
-def test_a_model_whose_answers_follow_its_requests_shapes_holds_their_share(
-    tmp_path: Path,
-) -> None:
-    """A model with a free dim besides the batch's (here: no batching, x [-1, 4]) has no guess,
-    yet its answers follow its requests' sizes: each call was held as the largest message, 5
-    calls at once under the 1 GiB default, the rest waiting in arrival order before the
-    scheduler saw them (found by a tester). Its samples' answer bytes per request byte stand
-    in; inputs in shared memory, which the message does not carry, leave it unknown."""
-    write_version(tmp_path, "same", 1, scale_model(2.0))
-    (tmp_path / "same" / "config.toml").write_text("max_batch_size = 0\n")
-    write_version(tmp_path, "wide", 1, wide_tile_model())
-    (tmp_path / "wide" / "config.toml").write_text("max_batch_size = 0\n")
-    write_version(tmp_path, "big", 1, tiling_model())
-    unknown = ServerSettings().max_grpc_message_bytes
-
-    async def scenario(engine: Engine) -> None:
-        service = InferenceService(engine)
-        assert service.answer_guess("same") is None
-        ratio = service.answer_ratio("same")
-        assert ratio is not None
-        assert 0.9 < ratio < 1.1  # (y is x times 2)
-        request = infer_request("same", 1000)
-        held = service.answers.hold("same", request)._estimate
-        assert held == int(ratio * request.ByteSize())
-        assert service.answers.hold("same", infer_request("same", 1000, shared=True))._estimate == (
-            unknown
-        )
-        wide = service.answer_ratio("wide")
-        assert wide is not None
-        assert wide > 20_000  # (Tile by 25,000)
-        small = infer_request("wide", 1)
-        assert service.answers.hold("wide", small)._estimate == int(wide * small.ByteSize())
-        assert service.answers.hold("wide", infer_request("wide", 1000))._estimate == unknown
-        assert service.answer_ratio("big") is None  # (its answers follow its values)
-        assert service.answers.hold("big", infer_request("big", 1))._estimate == unknown
 
     run_on_engine(tmp_path, scenario)
 

@@ -121,41 +121,27 @@ class AnswerBudget:
     def __init__(
         self, limit: int, unknown: int, small: int,
         guess: Callable[[str], int | None] | None = None,
-        ratio: Callable[[str], float | None] | None = None,
     ) -> None:  # fmt: skip
         self.limit = limit
         self.unknown = unknown
         self.small = small
         self._guess = guess
-        self._ratio = ratio
         self.held = 0
         self._sizes = LargestAnswers()
         self._waiting: deque[tuple[int, asyncio.Future[bool]]] = deque()
 
     @classmethod
     def of(
-        cls,
-        settings: ServerSettings,
-        guess: Callable[[str], int | None] | None = None,
-        ratio: Callable[[str], float | None] | None = None,
+        cls, settings: ServerSettings, guess: Callable[[str], int | None] | None = None
     ) -> AnswerBudget:
         limit = settings.max_unsent_answer_bytes
         small = max(1, limit // settings.max_connections)
-        return cls(limit, settings.max_grpc_message_bytes, small, guess, ratio)
+        return cls(limit, settings.max_grpc_message_bytes, small, guess)
 
-    def hold(self, model: str, request: Any = None) -> AnswerHold:
-        """A hold for an answer of `model` to `request` (a ModelInferRequest; its `taken` waits
-        for room). A model whose answers follow its requests' shapes, and have no guess of
-        their own, expects its `ratio` of the request's bytes (see `Engine.answer_ratio`);
-        one with inputs in shared memory, the unknown size."""
-        size = self._sizes.expected(model, self._guess, self.unknown)
-        if size >= self.unknown and request is not None and self._ratio is not None:
-            ratio = self._ratio(model)
-            if ratio is not None and not any(
-                sharedmemory.REGION in tensor.parameters for tensor in request.inputs
-            ):
-                size = int(ratio * request.ByteSize())
-        return AnswerHold(self, model, min(size, self.unknown))
+    def hold(self, model: str) -> AnswerHold:
+        """A hold for an answer of `model` (its `taken` waits for room)."""
+        size = min(self._sizes.expected(model, self._guess, self.unknown), self.unknown)
+        return AnswerHold(self, model, size)
 
     def learned(self, model: str, size: int) -> None:
         self._sizes.learned(model, size)
@@ -307,7 +293,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         refused by their scheduler once queued (`refused_unrun`: expired unrun, pushed out of a
         full queue; the load shedder's refusals count in its own metric). Bounded: no key comes
         from the client (see `RefusedCollector`)."""
-        self.answers = AnswerBudget.of(ServerSettings(), self.answer_guess, self.answer_ratio)
+        self.answers = AnswerBudget.of(ServerSettings(), self.answer_guess)
         """What answers not yet sent hold (`serve_grpc` sets the server's limits)."""
         self.backlog: CoreBacklog | None = None
         """The calls waiting in gRPC's core (`serve_grpc` sets it, where channelz is there)."""
@@ -330,11 +316,6 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         """What `model`'s answers are expected to weigh before it made one (see `AnswerBudget`
         and `Engine.answer_guess`)."""
         return self._engine.answer_guess(model)
-
-    def answer_ratio(self, model: str) -> float | None:
-        """`model`'s answer bytes per request byte, where they follow its requests' shapes (see
-        `AnswerBudget.hold` and `Engine.answer_ratio`)."""
-        return self._engine.answer_ratio(model)
 
     async def ServerLive(self, request: Any, context: Any) -> Any:
         return pb.ServerLiveResponse(live=True)
@@ -523,7 +504,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         ticket: Ticket | None = None
         submitted: _Submitted | None = None
         error: DuetimeError | None = None
-        hold = self.answers.hold(request.model_name, request)
+        hold = self.answers.hold(request.model_name)
         context.add_done_callback(hold.release)
         arrived: int | None = None
         try:
@@ -665,7 +646,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
                     return
                 finally:
                     intake.reading = False
-                hold = self.answers.hold(request.model_name, request)
+                hold = self.answers.hold(request.model_name)
                 timing = RequestTiming(clock.now_ns()) if self._tracing is not None else None
                 try:
                     arrived, due = self._dated(request, context, new_call=False)
@@ -1762,7 +1743,7 @@ def _quiet_ended_calls() -> None:
 async def serve_grpc(service: InferenceService, settings: ServerSettings) -> tuple[Any, int]:
     """Start the gRPC server on `settings.host:grpc_port` (0: any free port); returns it and its
     port."""
-    service.answers = AnswerBudget.of(settings, service.answer_guess, service.answer_ratio)
+    service.answers = AnswerBudget.of(settings, service.answer_guess)
     _quiet_ended_calls()
     servers_before = server_ids()
     server = grpc.aio.server(options=server_options(settings))

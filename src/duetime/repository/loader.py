@@ -95,9 +95,6 @@ class LoadedModel:
     """Its run time follows its inputs' values (a Loop's trip count, a size read from an
     input) or free non-batch dims: its profile cannot say what a run should take, so the
     scheduler never judges a run slow (see `ModelScheduler`'s `predictable_cost`)."""
-    sizes_follow_values: bool = False
-    """Its outputs' sizes may follow its inputs' values (a size read from an input, a Loop), not
-    only their shapes; part of `cost_depends_on_values` (which free non-batch dims set too)."""
     unserved_outputs: Mapping[str, str] = field(default_factory=dict)
     """The graph's outputs duetime cannot return (a bfloat16 tensor, a ZipMap's sequence of
     maps), name -> why (`unserved_output_reason`): not in `signature`, but a request asking
@@ -208,7 +205,6 @@ def load_version(
     return LoadedModel(
         source.name, str(version), path, config, signature, validator, executor, profile, labels,
         cost_depends_on_values=bool(varies), unserved_outputs=unserved,
-        sizes_follow_values=studied.facts is None or studied.facts.cost_depends_on_values,
     )  # fmt: skip
 
 

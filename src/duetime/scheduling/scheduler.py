@@ -411,7 +411,6 @@ class ModelScheduler:
         predictable_cost: bool = True,
         max_batch_bytes: int = 0,
         answer_guess: int | None = None,
-        answer_ratio: float | None = None,
     ) -> None:
         """`ledger`: the CPU its instances run on, when other models' instances run there too
         (see scheduling/ledger.py). `sample_row_bytes`: the input bytes a row of the samples the
@@ -423,10 +422,8 @@ class ModelScheduler:
         (5 valid Loop requests of 60-120 ms opened the breaker of one profiled at 1 ms).
         Failures still count. `max_batch_bytes`: see `batch_bytes_bound` (0: none).
         `answer_guess`: what its answers are expected to weigh before it made one (see
-        `Engine.answer_guess`); `answer_ratio`: its answers' bytes per byte of request, where
-        they follow its requests' shapes (see `Engine.answer_ratio`)."""
+        `Engine.answer_guess`)."""
         self.answer_guess = answer_guess
-        self.answer_ratio = answer_ratio
         self._sample = sample
         self._refreshing = False
         """A sample run of `refresh_if_stale` is planned (`_refresh_soon`) or running."""
