@@ -247,6 +247,18 @@ def test_a_request_may_join_the_batch_forming_ahead_of_it() -> None:
     queue = EDFQueue(100)
     enqueue(queue, name="p1", level=1, rows=16, due=2000 * MS)
     enqueue(queue, name="other-shape", level=2, shape=OTHER_SHAPE, due=10 * MS)
-    enqueue(queue, name="same-shape", level=2, due=11 * MS)
+    enqueue(queue, name="same-shape", level=2, due=20 * MS)  # (the 17 rows end at 17 ms)
     assert sweep(queue, max_rows=32) == [("other-shape", 16.0)]
     assert names(list(queue)) == ["p1", "same-shape"]
+
+
+def test_a_request_joins_no_batch_the_batch_former_would_cut() -> None:
+    """A tester's repro: the batch former cuts a batch that would end past a due time in it,
+    and forms none across a request still queued: a doomed request of level 2 joining level 1's
+    batch took time in the sweep (and failed one of level 3 the server answered on time)."""
+    queue = EDFQueue(100)
+    enqueue(queue, name="a", level=1, rows=16, due=2000 * MS)  # runs 0-16 ms
+    enqueue(queue, name="b", level=2, rows=16, due=20 * MS)  # joined: 32 rows end past 20 ms
+    enqueue(queue, name="c", level=3, due=25 * MS)  # after a alone: 16-17 ms
+    assert sweep(queue, max_rows=32) == [("b", 16.0)]
+    assert names(list(queue)) == ["a", "c"]

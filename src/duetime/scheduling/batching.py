@@ -149,6 +149,7 @@ def sweep_outranked(
     bare = _memoized(bare)
     forming_rows = 0  # (the batch forming: its rows and shape; it starts at min(free))
     forming_shape: object = None
+    forming_due = NO_DUE
     taken = 0  # (live requests so far that take time)
     level = -1
     index = 0
@@ -161,8 +162,12 @@ def sweep_outranked(
             index += 1
             continue
         start = min(free)
+        due = NO_DUE if item.due_ns is None else item.due_ns
         closes = bool(forming_rows) and (
-            item.shape_key != forming_shape or forming_rows + item.rows > max_rows
+            item.shape_key != forming_shape
+            or forming_rows + item.rows > max_rows
+            # (the batch former cuts a batch that would end past a due time in it)
+            or start + bare(forming_rows + item.rows) > min(forming_due, due)
         )
         if closes:  # (the batch forming runs first, on the instance free first)
             first = free.index(start)
@@ -171,16 +176,22 @@ def sweep_outranked(
         if item.due_ns is None or start + bare(item.rows) <= item.due_ns:
             if closes:
                 free[first] = after
-                forming_rows = 0
+                forming_rows, forming_due = 0, NO_DUE
             forming_rows += item.rows
             forming_shape = item.shape_key
+            forming_due = min(forming_due, due)
             taken += 1
             index += 1
         elif index < first_end or not ahead:
             index += 1  # (`sweep_hopeless`'s; dropped unrun when it is, it takes no time)
+            forming_shape = _BOUNDARY  # (a batch is not formed across it)
         else:
             removed.append((queue.pop_at(index), start))
     return removed
+
+
+_BOUNDARY = object()
+"""`sweep_outranked`: the shape of no request (the batch forming takes no more)."""
 
 
 def _memoized(estimate: Estimate) -> Estimate:
