@@ -1167,18 +1167,19 @@ class Engine:
             if seconds * 1e9 <= NO_DUE_BEYOND_NS:
                 due = self.clock.now_ns() + int(seconds * 1e9)
         priority = int(priority)
-        given = {} if parameters is None else dict(parameters)
-        if given:
+        given: dict[str, Any] = {}
+        if parameters:
             # NOTE: `sequence_*` and `triton_` keys were taken unchecked ({"sequence_start":
             # 5} ran), where the README says the parameters are checked as HTTP checks them
             # (found by a tester)
-            check_parameter_count(len(given), "request")
-            for name in ("timeout", "priority"):  # (None: not given, as the keywords')
-                if name in given and given[name] is None:
-                    del given[name]
-            for name, value in given.items():  # (numpy's scalars as Python's, as JSON's)
-                if isinstance(value, np.generic):
-                    given[name] = value.item()
+            check_parameter_count(len(parameters), "request")
+            # (`timeout` or `priority` None: not given, as the keywords'; numpy's scalars as
+            # the Python values they hold, as JSON's)
+            given = {
+                name: value.item() if isinstance(value, np.generic) else value
+                for name, value in parameters.items()
+                if value is not None or name not in ("timeout", "priority")
+            }
             # NOTE: keys not strings raised AttributeError, and values HTTP refuses (an object,
             # a list, null) were taken (found by a tester)
             check_scalar_parameters(given, "request")

@@ -853,7 +853,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         parameters, kinds = _parameters_and_kinds(request.parameters)
         check_grpc_parameters(kinds)
         if None in kinds.values():
-            _check_set(request.parameters, "request")
+            _refuse_unset(kinds, "request")
         backlog = self.backlog
         arrived = now - int(backlog.wait_s * 1e9) if backlog is not None and new_call else now
         return arrived, self._due(parameters, context, now, arrived)
@@ -1077,7 +1077,7 @@ def decode_inputs(
         where = f"input '{tensor.name}'"
         check_parameter_count(len(tensor.parameters), where)
         if tensor.parameters:
-            _check_set(tensor.parameters, where)
+            _refuse_unset(_parameters_and_kinds(tensor.parameters)[1], where)
         if tensor.name in arrays:
             raise InvalidInput(f"{where} appears more than once")
         datatype = codec.check_datatype(tensor.datatype, where)
@@ -1180,8 +1180,8 @@ def requested_outputs(request: Any, expected: codec.Expected | None = None) -> R
         window: sharedmemory.Window | None = None
         if output.parameters:
             check_parameter_count(len(output.parameters), f"output '{name}'")
-            _check_set(output.parameters, f"output '{name}'")
-            parameters = _parameters(output.parameters)
+            parameters, kinds = _parameters_and_kinds(output.parameters)
+            _refuse_unset(kinds, f"output '{name}'")
             if classification.PARAMETER in parameters:
                 value = parameters[classification.PARAMETER]
                 count = classification.class_count(value, name)
@@ -1302,14 +1302,15 @@ def _parameters_and_kinds(
     return values, kinds
 
 
-def _check_set(parameters: Mapping[str, Any], where: str) -> None:
+def _refuse_unset(kinds: Mapping[str, str | None], where: str) -> None:
     """InvalidInput for an `InferParameter` of `where` (`request`, `input 'x'`, ...) with none of
-    its values set: what HTTP's null is, which HTTP and the Engine refuse.
+    its values set (`kinds`: see `_parameters_and_kinds`): what HTTP's null is, which HTTP and
+    the Engine refuse.
 
     NOTE: taken without a word at every level, where `timeout` and `priority` unset were
     refused (found by a tester)."""
-    for key, parameter in parameters.items():
-        if parameter.WhichOneof("parameter_choice") is None:
+    for key, kind in kinds.items():
+        if kind is None:
             raise InvalidInput(
                 f"{where} parameter '{key}' has no value: set one of bool_param, int64_param, "
                 "double_param, uint64_param or string_param"

@@ -107,6 +107,9 @@ class EDFQueue:
         self.withdrawn_ns = 0
         """Their time from arrival to their removal (as Triton's scheduler times a cancelled
         request: until it finds it cancelled)."""
+        self.outranked = False
+        """A request was pushed ahead of one of a later priority level (set here; its reader,
+        `ModelScheduler._sweep`, clears it: see `batching.sweep_outranked`)."""
         self._now_ns = now_ns
 
     def __len__(self) -> int:
@@ -157,12 +160,15 @@ class EDFQueue:
             self.rows -= displaced.rows
             if self._on_displaced is not None:
                 self._on_displaced(displaced)
-        index = bisect.bisect_left(self._keys, item.key)
-        self._keys.insert(index, item.key)
+        keys = self._keys
+        index = bisect.bisect_left(keys, item.key)
+        keys.insert(index, item.key)
         self._items.insert(index, item)
         self.rows += item.rows
         if item.rows > self.widest:
             self.widest = item.rows
+        if keys[-1][0] > item.key[0]:
+            self.outranked = True
         return True
 
     def restore(self, item: QueuedRequest) -> None:

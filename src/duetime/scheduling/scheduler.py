@@ -85,9 +85,10 @@ _SWEEP_S = 0.001
 """While requests queue, how often the whole queue is checked for hopeless ones."""
 _SWEEP_NS = int(_SWEEP_S * 1e9)
 _OUTRANKED_EVERY = 8
-"""Where nothing was admitted ahead of a lower priority level's requests since, a sweep asks
-which of them the work ahead leaves no time for (`_expire_outranked`) only this often: runs
-that overran can do that too, but the walk costs up to 40 µs (`batching.OUTRANKED_WALK`)."""
+"""Where nothing was queued ahead of a lower priority level's requests since the last sweep
+(`EDFQueue.outranked`), a sweep asks which of them the work ahead leaves no time for
+(`_expire_outranked`) only this often: runs that overran can do that too, but the walk costs up
+to 40 µs (`batching.OUTRANKED_WALK`)."""
 HANDOFF_TAIL_MAX = 2
 """The hand-offs' tail is kept in hand for at most this many runs of the batch. NOTE: a tail
 longer than that comes from a loop saturated by the requests themselves (the load shedder's
@@ -566,9 +567,6 @@ class ModelScheduler:
         self._batch_sizes: dict[int, BatchSizeStatistics] = {}
         self._peak = self._succeeded = self._failed = self._rejected = self._expired = 0
         self._late = self._on_time = self._probes = 0
-        self._outranking = False
-        """A request was queued ahead of one of a lower priority level since the last sweep that
-        asked which of those the work ahead leaves no time for (`_expire_outranked`)."""
         self._sweeps = 0
         self._late_by: dict[str, int] = {}
         """Late answers by what made them late (see `late_cause`)."""
@@ -664,8 +662,6 @@ class ModelScheduler:
             self._full += 1
             self._refused_ns = now
             raise self._full_error(item.level)
-        if queue[-1].level > item.level:
-            self._outranking = True
         if len(queue) > self._peak:
             self._peak = len(queue)
         if self._depth > 1:
@@ -844,8 +840,6 @@ class ModelScheduler:
         item.key = queue.key_for(self._level(priority), due)
         item.level = item.key[0]
         queue.push(item)  # (`fits` found room)
-        if queue[-1].level > item.level:
-            self._outranking = True
         self.last_arrival_ns = now
         if len(queue) > self._peak:
             self._peak = len(queue)
@@ -1580,13 +1574,8 @@ class ModelScheduler:
         self._expire_hopeless(hopeless, now)
         queue = self._queue
         self._sweeps += 1
-        if (
-            self._edf
-            and (self._outranking or not self._sweeps % _OUTRANKED_EVERY)
-            and len(queue) > 1
-            and queue.level_end(0) < len(queue)
-        ):
-            self._outranking = False
+        if self._edf and (queue.outranked or not self._sweeps % _OUTRANKED_EVERY):
+            queue.outranked = False
             hopeless.extend(self._expire_outranked(now))
         if hopeless and self._ledger is not None:
             self._ledger.settled(self._owners[0][0])  # (a batch held for them may go)
@@ -1608,11 +1597,9 @@ class ModelScheduler:
             bare=self._bare_estimate,
             max_rows=self._max_rows,
         )
-        failed = []
         for item, start in outranked:
-            failed.append(item)
             self._expire_hopeless([item], now, start, outranked=True)
-        return failed
+        return [item for item, _ in outranked]
 
     def _sweep_committed(self, now: int) -> None:
         """Fail the requests of batches handed over but not started (a lookahead batch behind
