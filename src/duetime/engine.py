@@ -22,7 +22,7 @@ from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import numpy as np
 
@@ -63,6 +63,9 @@ from duetime.scheduling.edf import QueuedRequest
 from duetime.scheduling.ledger import CoreLedger
 from duetime.scheduling.scheduler import ModelScheduler, batch_bytes_bound
 from duetime.types import InferRequest, InferResponse, model_words
+
+if TYPE_CHECKING:
+    from duetime.repository.outputsizes import OutputSizes
 
 log = logging.getLogger("duetime.engine")
 
@@ -334,6 +337,7 @@ class Engine:
             answer_guess=(
                 None if loaded.cost_depends_on_values or row_out is None else row_out * max_rows
             ),
+            answer_sizes=loaded.output_sizes,
         )
         return Deployment(loaded, scheduler, variant)
 
@@ -585,6 +589,13 @@ class Engine:
             return scheduler.answer_guess
         snapshot = registry.snapshot
         return None if model in snapshot.models or model in snapshot.loading else 0
+
+    def answer_sizes(self, model: str) -> OutputSizes | None:
+        """What a request's shapes say of the size of `model`'s default version's answers,
+        where it has no `answer_guess` but its answers follow its requests' shapes (free dims
+        besides the batch's; see repository/outputsizes.py). None otherwise."""
+        scheduler = self.registry.scheduler_of(model, None)
+        return None if scheduler is None else scheduler.answer_sizes
 
     def cancelled_unqueued(self, model: str, version: str | None, arrival_ns: int) -> None:
         """A request for `model` (`version`; None: its default) that arrived at `arrival_ns` was

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import logging
 import threading
 import time
 import weakref
@@ -22,7 +23,8 @@ import grpc
 import numpy as np
 import pytest
 from conftest import RunningServer, start_server, stop_server
-from repo_models import run_on_engine, tiling_model, wide_tile_model, write_version
+from onnx import TensorProto, helper
+from repo_models import run_on_engine, scale_model, tiling_model, wide_tile_model, write_version
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from duetime.config import ServerSettings
@@ -30,6 +32,7 @@ from duetime.engine import Engine, Ticket
 from duetime.errors import DeadlineExceeded
 from duetime.frontend import codec
 from duetime.frontend.grpc import ANSWER_COPIES, AnswerBudget, InferenceService
+from duetime.repository.outputsizes import InputShape, OutputSize, OutputSizes
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -195,6 +198,122 @@ def test_a_model_whose_answers_follow_its_values_has_no_guess(tmp_path: Path) ->
         assert service.answers.hold("big")._estimate == ServerSettings().max_grpc_message_bytes
 
     run_on_engine(tmp_path, scenario)
+
+
+def outer_model() -> bytes:
+    """y = x·xᵀ for x FP32 [N, 1]: an answer of N² floats, growing faster than its request."""
+    graph = helper.make_graph(
+        [helper.make_node("Transpose", ["x"], ["xt"], perm=[1, 0]),
+         helper.make_node("MatMul", ["x", "xt"], ["y"])], "outer",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 1])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", "N"])],
+    )  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model.SerializeToString()
+
+
+def infer_request(model: str, shape: list[int], shared: bool = False) -> Any:
+    request = service_pb2.ModelInferRequest(model_name=model)
+    tensor = request.inputs.add(name="x", datatype="FP32", shape=shape)
+    if shared:
+        tensor.parameters["shared_memory_region"].string_param = "region"
+        tensor.parameters["shared_memory_byte_size"].int64_param = 4 * int(np.prod(shape))
+    else:
+        request.raw_input_contents.append(np.ones(shape, np.float32).tobytes())
+    return request
+
+
+def shaped_models(repo: Path) -> Path:
+    """Models whose answers follow their requests' shapes, no batching: each free dim is one."""
+    write_version(repo, "same", 1, scale_model(2.0))
+    (repo / "same" / "config.toml").write_text("max_batch_size = 0\n")
+    write_version(repo, "outer", 1, outer_model())
+    (repo / "outer" / "config.toml").write_text("max_batch_size = 0\n")
+    write_version(repo, "big", 1, tiling_model())
+    return repo
+
+
+def test_a_model_whose_answers_follow_its_requests_shapes_holds_what_they_make(
+    tmp_path: Path,
+) -> None:
+    """A model with free dims besides the batch's has no guess (its samples say nothing of a
+    request's answer), and each of its gRPC calls held the largest message: 5 calls at once
+    under the 1 GiB default, the rest waiting in arrival order before the scheduler saw them
+    (found by a tester). Its graph's shapes give each answer's size from its request's."""
+    unknown = ServerSettings().max_grpc_message_bytes
+
+    async def scenario(engine: Engine) -> None:
+        service = InferenceService(engine)
+        answers = service.answers
+        assert service.answer_guess("same") is None
+        assert answers.hold("same", infer_request("same", [1000, 4]))._estimate == 16_000
+        # (inputs in shared memory give their shapes too)
+        shared = infer_request("same", [1000, 4], shared=True)
+        assert answers.hold("same", shared)._estimate == 16_000
+        # (an outer product: not a share of the request's bytes, which held it 1,000 times
+        # too small at N = 4,000: a tester's 24 answers of 16 MB under a 100 MB bound)
+        assert answers.hold("outer", infer_request("outer", [4000, 1]))._estimate == 64_000_000
+        assert answers.hold("outer", infer_request("outer", [10**5, 1]))._estimate == unknown
+        # (shapes it will refuse, and no request at all, say nothing)
+        assert answers.hold("outer", infer_request("outer", [4000]))._estimate == unknown
+        assert answers.hold("outer")._estimate == unknown
+        # (sizes that follow the values: no shape tells them)
+        sizes = engine.answer_sizes("big")
+        assert sizes is None or sizes.outputs["y"] is None
+        assert answers.hold("big", infer_request("big", [3]))._estimate == unknown
+
+    run_on_engine(shaped_models(tmp_path), scenario)
+
+
+def test_an_answer_bigger_than_its_shapes_said_ends_their_word(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Should ONNX Runtime make more than the graph's shape inference says (an op it infers
+    otherwise), the model's answers count as the largest message from then on."""
+    sizes = OutputSizes([InputShape("x", 1, None)], {"y": OutputSize("y", 4, ((0, 0),))})
+    request = infer_request("m", [10])
+
+    async def body() -> None:
+        budget = AnswerBudget(
+            limit=100 * C, unknown=600, small=10, guess=lambda _: None, sizes=lambda _: sizes
+        )
+        hold = budget.hold("m", request)
+        assert hold._estimate == 40
+        await hold.taken()
+        hold.made(40)  # (as said)
+        assert sizes.trusted
+        with caplog.at_level(logging.WARNING, logger="duetime.grpc"):
+            hold.made(80)
+        assert not sizes.trusted
+        assert "made an answer of 80 bytes where its graph's shapes said 40" in caplog.text
+        assert budget.hold("m", request)._estimate == 600
+        hold.release()
+        assert budget.held == 0
+
+    asyncio.run(body())
+
+
+def test_the_served_budget_reads_sizes_from_the_engine(tmp_path: Path) -> None:
+    """serve_grpc makes the budget anew with the server's limits: the sizes go with it."""
+    settings = ServerSettings(
+        model_repository=shaped_models(tmp_path), http_port=0, grpc_port=0,
+        max_unsent_answer_bytes=8 * 1024 * 1024,
+    )  # fmt: skip
+    running, thread = start_server(settings)
+    try:
+        answers = running.server._grpc_service.answers
+        assert answers.limit == 8 * 1024 * 1024
+        request = infer_request("outer", [300, 1])
+        assert answers.hold("outer", request)._estimate == 300 * 300 * 4
+        with grpc.insecure_channel(running.grpc) as channel:
+            stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+            answer = stub.ModelInfer(request, timeout=30)
+        made = np.frombuffer(answer.raw_output_contents[0], np.float32)
+        assert (list(answer.outputs[0].shape), made.size) == ([300, 300], 300 * 300)
+        until(lambda: answers.held == 0, "gave back what the call held")
+    finally:
+        stop_server(running, thread)
 
 
 # -- a stream whose client reads nothing ---------------------------------------------------------
@@ -391,6 +510,29 @@ def test_a_call_withdrawn_while_it_waits_for_room_counts_cancelled(
         until(lambda: len(full._waiting) == 1, "the call waited for room")
         call.cancel()
         until(lambda: not full._waiting, "the call left the line")
+    until(lambda: tight.statistics("tile").cancelled == before.cancelled + 1, "counted cancelled")
+    after = tight.statistics("tile")
+    assert (after.succeeded, after.executions) == (before.succeeded, before.executions)
+
+
+def test_a_streamed_request_withdrawn_while_it_waits_for_room_counts_cancelled(
+    tight: RunningServer, full: AnswerBudget
+) -> None:
+    """The stream ended while its request waited: counted nowhere (found by a tester)."""
+    before = tight.statistics("tile")
+    with grpc.insecure_channel(tight.grpc) as channel:
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        ended = threading.Event()
+
+        def requests() -> Iterator[Any]:
+            yield tile_request()
+            ended.wait(30)
+
+        answers = stub.ModelStreamInfer(requests(), timeout=30)
+        until(lambda: len(full._waiting) == 1, "the request waited for room")
+        answers.cancel()
+        ended.set()
+        until(lambda: not full._waiting, "the request left the line")
     until(lambda: tight.statistics("tile").cancelled == before.cancelled + 1, "counted cancelled")
     after = tight.statistics("tile")
     assert (after.succeeded, after.executions) == (before.succeeded, before.executions)

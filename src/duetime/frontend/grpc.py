@@ -6,7 +6,7 @@ import asyncio
 import logging
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
-from typing import Any, NamedTuple, NoReturn
+from typing import TYPE_CHECKING, Any, NamedTuple, NoReturn
 
 import grpc
 import numpy as np
@@ -74,6 +74,9 @@ from duetime.overload import LoadShedder
 from duetime.repository.manager import check_model_name
 from duetime.types import InferRequest, InferResponse
 
+if TYPE_CHECKING:
+    from duetime.repository.outputsizes import OutputSizes
+
 log = logging.getLogger("duetime.grpc")
 
 STREAM_WINDOW = 64
@@ -112,6 +115,12 @@ class AnswerBudget:
     server's gRPC calls ran in turn past the fifth (a priority-1 request sent 175 ms before the
     running one ended reached the scheduler after it, and ran after a level-2 one).
 
+    NOTE: a model with no guess whose answers follow its requests' shapes (free dims besides
+    the batch's) held the largest message per call too, 5 calls at once under the 1 GiB
+    default, the rest waiting in arrival order before the scheduler saw them (found by a
+    tester): its graph's shapes give each call's answer from its request's (`sizes`, see
+    repository/outputsizes.py; 15 of 16 such calls reach the scheduler at once now).
+
     NOTE: an answer counts `ANSWER_COPIES` times its outputs' bytes, what the server holds for
     it: the outputs, the message that carries them, and that message serialized, which grpc.aio
     keeps until sent (measured: 60 streams of 32 MiB answers none of which was read held 3.2 GB
@@ -121,27 +130,48 @@ class AnswerBudget:
     def __init__(
         self, limit: int, unknown: int, small: int,
         guess: Callable[[str], int | None] | None = None,
+        sizes: Callable[[str], OutputSizes | None] | None = None,
     ) -> None:  # fmt: skip
         self.limit = limit
         self.unknown = unknown
         self.small = small
         self._guess = guess
+        self._sizes_of = sizes
         self.held = 0
         self._sizes = LargestAnswers()
         self._waiting: deque[tuple[int, asyncio.Future[bool]]] = deque()
 
     @classmethod
     def of(
-        cls, settings: ServerSettings, guess: Callable[[str], int | None] | None = None
+        cls,
+        settings: ServerSettings,
+        guess: Callable[[str], int | None] | None = None,
+        sizes: Callable[[str], OutputSizes | None] | None = None,
     ) -> AnswerBudget:
         limit = settings.max_unsent_answer_bytes
         small = max(1, limit // settings.max_connections)
-        return cls(limit, settings.max_grpc_message_bytes, small, guess)
+        return cls(limit, settings.max_grpc_message_bytes, small, guess, sizes)
 
-    def hold(self, model: str) -> AnswerHold:
-        """A hold for an answer of `model` (its `taken` waits for room)."""
-        size = min(self._sizes.expected(model, self._guess, self.unknown), self.unknown)
-        return AnswerHold(self, model, size)
+    def hold(self, model: str, request: Any = None) -> AnswerHold:
+        """A hold for an answer of `model` to `request` (a ModelInferRequest; its `taken`
+        waits for room). Where nothing tells the model's answers' size (no guess: they follow
+        its requests' shapes or values), its `sizes` (`Engine.answer_sizes`) give it from the
+        request's shapes if they can; else it is the most an answer may weigh."""
+        size = self._sizes.expected(model, self._guess, self.unknown)
+        sizes = None
+        if size >= self.unknown and request is not None and self._sizes_of is not None:
+            sizes = self._sizes_of(model)
+            shaped = None
+            if sizes is not None and sizes.trusted:
+                shaped = sizes.bytes_for(
+                    {tensor.name: tensor.shape for tensor in request.inputs},
+                    [output.name for output in request.outputs],
+                )
+            if shaped is None:
+                sizes = None
+            else:
+                size = shaped
+        return AnswerHold(self, model, min(size, self.unknown), sizes)
 
     def learned(self, model: str, size: int) -> None:
         self._sizes.learned(model, size)
@@ -214,12 +244,16 @@ ANSWER_COPIES = 3
 class AnswerHold:
     """One call's part of an `AnswerBudget`: the bytes it holds until `release`."""
 
-    __slots__ = ("_budget", "_estimate", "_model", "size")
+    __slots__ = ("_budget", "_estimate", "_model", "_sizes", "size")
 
-    def __init__(self, budget: AnswerBudget, model: str, estimate: int) -> None:
+    def __init__(
+        self, budget: AnswerBudget, model: str, estimate: int, sizes: OutputSizes | None = None
+    ) -> None:
+        """`sizes`: what gave `estimate` from the request's shapes (None: not those)."""
         self._budget = budget
         self._model = model
         self._estimate = estimate
+        self._sizes = sizes
         self.size = 0
 
     async def taken(self, within_s: float | None = None) -> None:
@@ -246,6 +280,16 @@ class AnswerHold:
         """The answer is made and its outputs weigh `size` bytes: held from now on if big."""
         budget = self._budget
         budget.learned(self._model, size)
+        sizes = self._sizes
+        if sizes is not None and size > self._estimate and sizes.trusted:
+            # (a shape inference ONNX Runtime does not share: no request's shapes are
+            # believed from now on)
+            sizes.trusted = False
+            log.warning(
+                "model '%s' made an answer of %d bytes where its graph's shapes said %d: its "
+                "answers now count as the largest message until it is reloaded",
+                self._model, size, self._estimate,
+            )  # fmt: skip
         counted = size * ANSWER_COPIES if size > budget.small else 0
         if counted != self.size:
             budget.resize(self.size, counted)
@@ -293,7 +337,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         refused by their scheduler once queued (`refused_unrun`: expired unrun, pushed out of a
         full queue; the load shedder's refusals count in its own metric). Bounded: no key comes
         from the client (see `RefusedCollector`)."""
-        self.answers = AnswerBudget.of(ServerSettings(), self.answer_guess)
+        self.answers = AnswerBudget.of(ServerSettings(), self.answer_guess, self.answer_sizes)
         """What answers not yet sent hold (`serve_grpc` sets the server's limits)."""
         self.backlog: CoreBacklog | None = None
         """The calls waiting in gRPC's core (`serve_grpc` sets it, where channelz is there)."""
@@ -316,6 +360,11 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         """What `model`'s answers are expected to weigh before it made one (see `AnswerBudget`
         and `Engine.answer_guess`)."""
         return self._engine.answer_guess(model)
+
+    def answer_sizes(self, model: str) -> OutputSizes | None:
+        """What a request's shapes say of `model`'s answers' size, where nothing else does (see
+        `AnswerBudget.hold` and `Engine.answer_sizes`)."""
+        return self._engine.answer_sizes(model)
 
     async def ServerLive(self, request: Any, context: Any) -> Any:
         return pb.ServerLiveResponse(live=True)
@@ -504,7 +553,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         ticket: Ticket | None = None
         submitted: _Submitted | None = None
         error: DuetimeError | None = None
-        hold = self.answers.hold(request.model_name)
+        hold = self.answers.hold(request.model_name, request)
         context.add_done_callback(hold.release)
         arrived: int | None = None
         try:
@@ -646,7 +695,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
                     return
                 finally:
                     intake.reading = False
-                hold = self.answers.hold(request.model_name)
+                hold = self.answers.hold(request.model_name, request)
                 timing = RequestTiming(clock.now_ns()) if self._tracing is not None else None
                 try:
                     arrived, due = self._dated(request, context, new_call=False)
@@ -656,6 +705,14 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
                         raise self._late_for_room(
                             late, request, context, arrived, due, timing, STREAM
                         ) from None
+                    except asyncio.CancelledError:
+                        # NOTE: the stream ended while it waited for room: counted nowhere,
+                        # where a ModelInfer call's counts cancelled (found by a tester)
+                        _log_cancelled(context, STREAM, request, None)
+                        self._engine.cancelled_unqueued(
+                            request.model_name, request.model_version or None, arrived
+                        )
+                        raise
                     made = self._submit(request, context, arrived, due, timing, protocol=STREAM)
                     if made.ticket.stamp is None:  # (its settling time: see `_held_late`)
                         made.ticket.stamp = clock.now_ns
@@ -1744,7 +1801,7 @@ def _quiet_ended_calls() -> None:
 async def serve_grpc(service: InferenceService, settings: ServerSettings) -> tuple[Any, int]:
     """Start the gRPC server on `settings.host:grpc_port` (0: any free port); returns it and its
     port."""
-    service.answers = AnswerBudget.of(settings, service.answer_guess)
+    service.answers = AnswerBudget.of(settings, service.answer_guess, service.answer_sizes)
     _quiet_ended_calls()
     servers_before = server_ids()
     server = grpc.aio.server(options=server_options(settings))

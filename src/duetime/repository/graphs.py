@@ -20,6 +20,8 @@ import onnx
 import onnx.inliner
 from onnx import TensorProto, helper, numpy_helper
 
+from duetime.repository.outputsizes import OutputSizes, output_sizes
+
 log = logging.getLogger("duetime.graphs")
 
 VALUE_SIZED_OPS = frozenset(
@@ -95,6 +97,8 @@ class StudiedGraph:
     guarded: bytes | None = None
     """The model with its integer divisions guarded, to serve in place of the file; None: the
     file as it is (it has none, or they cannot be guarded: see the log)."""
+    sizes: OutputSizes | None = None
+    """Its outputs' sizes as functions of its inputs' dims (`output_sizes`; None: not known)."""
 
 
 UNBOUNDED_SHOWN = 5
@@ -119,8 +123,9 @@ def study_graph(path: Path) -> StudiedGraph:
             path, shown + (f" and {more} more" if more > 0 else ""),
             "s" if len(facts.unbounded) == 1 else "",
         )  # fmt: skip
+    sizes = output_sizes(model)
     guarded = guard_integer_division(model, str(path))
-    return StudiedGraph(facts, model.SerializeToString() if guarded else None)
+    return StudiedGraph(facts, model.SerializeToString() if guarded else None, sizes)
 
 
 # -- facts ----------------------------------------------------------------------------------------

@@ -37,6 +37,7 @@ from duetime.validation import Validator, left_out_inputs
 
 if TYPE_CHECKING:
     from duetime.repository.graphs import GraphFacts
+    from duetime.repository.outputsizes import OutputSizes
 
 log = logging.getLogger("duetime.loader")
 
@@ -99,6 +100,10 @@ class LoadedModel:
     """The graph's outputs duetime cannot return (a bfloat16 tensor, a ZipMap's sequence of
     maps), name -> why (`unserved_output_reason`): not in `signature`, but a request asking
     for one is told why rather than that the model has no such output."""
+    output_sizes: OutputSizes | None = None
+    """For a model whose cost follows its inputs (`cost_depends_on_values`), so that its
+    samples tell nothing of an answer's size: its outputs' sizes as functions of a request's
+    shapes, where ONNX shape inference gives them (see repository/outputsizes.py)."""
 
 
 def load_version(
@@ -202,9 +207,12 @@ def load_version(
         source.name, signature, unserved, sized=sized, max_run_bytes=max_run_memory_bytes,
         left_out=left_out_inputs(graph_inputs, signature),
     )  # fmt: skip
+    # (requests reshaped by the config give other dims than the graph's, which sizes index)
+    reshaped = any(spec.wire is not None for spec in signature.inputs)
     return LoadedModel(
         source.name, str(version), path, config, signature, validator, executor, profile, labels,
         cost_depends_on_values=bool(varies), unserved_outputs=unserved,
+        output_sizes=studied.sizes if varies and not reshaped else None,
     )  # fmt: skip
 
 

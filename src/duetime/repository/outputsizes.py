@@ -1,0 +1,198 @@
+"""OutputSizes: a graph's outputs' sizes as functions of its inputs' dims, read from ONNX shape
+inference, for a model whose answers follow its requests' shapes (free dims besides the batch's)
+and so have no size known at load.
+
+The front ends bound the bytes of answers made and not yet read (`--max-unsent-answer-bytes`).
+gRPC holds each call's part before decoding it; a model with no load-time guess held the largest
+message per call, so 5 calls at once reached the scheduler under the 1 GiB default and the rest
+waited in arrival order (EDF order and "refused at once" undone). Where shape inference gives
+every dim of an output as a fixed number or one input's own dim, a request's shapes give its
+answer's size exactly.
+
+NOTE: a share of the request's bytes (the samples' answer bytes per request byte) stood in
+before, and a tester's model whose answer grows faster than its request (x·xᵀ: [N,1] -> [N,N])
+held 24 answers of 16 MB under a 100 MB bound. Inference gives that one [N,N].
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass
+
+import onnx
+import onnx.shape_inference
+from onnx import TensorProto, helper
+
+log = logging.getLogger("duetime.outputsizes")
+
+Dim = int | tuple[int, int]
+"""An output's dim: a fixed size, or (input index, dim index) of the input dim it equals."""
+
+KEPT_CONSTANT_ELEMENTS = 1024
+"""Integer initializers of at most this many elements keep their values for inference (the
+shapes a Reshape or an Expand is given); larger ones are declared by type and dims only."""
+
+_SYMBOL = "__duetime_dim_{}_{}"
+
+
+@dataclass(frozen=True)
+class OutputSize:
+    """One output's size: `itemsize` bytes an element, `dims` its shape (see `Dim`)."""
+
+    name: str
+    itemsize: int
+    dims: tuple[Dim, ...]
+
+
+class OutputSizes:
+    """A model's outputs' sizes as functions of its request's shapes (see `bytes_for`).
+
+    `trusted` goes False, for good, when an answer comes out bigger than `bytes_for` said (a
+    shape inference ONNX Runtime does not share): from then on the front ends hold the most an
+    answer may weigh, as for a model without sizes."""
+
+    __slots__ = ("inputs", "outputs", "trusted")
+
+    def __init__(
+        self, inputs: Sequence[InputShape], outputs: Mapping[str, OutputSize | None]
+    ) -> None:
+        self.inputs = tuple(inputs)
+        """The graph's inputs, in the order `Dim`s index them."""
+        self.outputs = dict(outputs)
+        """Every output by name: its size, or None where inference does not set it."""
+        self.trusted = True
+
+    def bytes_for(
+        self, shapes: Mapping[str, Sequence[int]], wanted: Collection[str] = ()
+    ) -> int | None:
+        """The bytes of the `wanted` outputs (empty: all) for inputs of these `shapes` (name ->
+        dims, as the request gives them; an optional input left out has its default's); None
+        where they do not say (a required input missing or of another rank, an output whose
+        size they do not set). A request ONNX Runtime refuses makes no answer at all, so its
+        shapes need not be valid."""
+        given: list[Sequence[int]] = []
+        for input_ in self.inputs:
+            shape = shapes.get(input_.name, input_.default)
+            if shape is None or (input_.rank is not None and len(shape) != input_.rank):
+                return None
+            given.append(shape)
+        total = 0
+        for name in wanted or self.outputs:
+            output = self.outputs.get(name)
+            if output is None:  # (one it cannot size, or one the graph does not give)
+                return None
+            count = output.itemsize
+            for dim in output.dims:
+                count *= dim if isinstance(dim, int) else max(0, given[dim[0]][dim[1]])
+            total += count
+        return total
+
+
+@dataclass(frozen=True)
+class InputShape:
+    """One graph input: its `rank` (None: not declared) and, for an optional one (it has an
+    initializer), the dims of its `default`."""
+
+    name: str
+    rank: int | None
+    default: tuple[int, ...] | None
+
+
+def output_sizes(model: onnx.ModelProto) -> OutputSizes | None:
+    """`model`'s outputs' sizes from ONNX shape inference on its graph (without its weights),
+    each input dim that is not fixed made a symbol of its own; None where the graph's inputs
+    are not all tensors, or inference fails. Outputs it cannot size (a dim it leaves unknown or
+    new, a string, a sequence) are None, and `bytes_for` says None for requests that ask for
+    them.
+
+    NOTE: each free dim gets its own symbol, not the graph's name for it: two inputs declared
+    [batch] may come with different sizes (Add then broadcasts one to the other), and an output
+    taken to be the first's size would be held too small. Declared output shapes and
+    `value_info` are left out likewise: a graph's claim is not checked by ONNX Runtime."""
+    try:
+        return _inferred(model)
+    except Exception as exc:  # (what ORT serves, inference may fail on: nothing is learned)
+        log.debug("no output sizes from shape inference: %s", exc)
+        return None
+
+
+def _inferred(model: onnx.ModelProto) -> OutputSizes | None:
+    graph = model.graph
+    defaults = {init.name: init for init in graph.initializer}
+    light = onnx.ModelProto()
+    light.ir_version = model.ir_version
+    light.opset_import.extend(model.opset_import)
+    light.functions.extend(model.functions)
+    light.graph.node.extend(graph.node)
+    symbols: dict[str, Dim] = {}
+    inputs: list[InputShape] = []
+    for index, value in enumerate(graph.input):
+        copy = light.graph.input.add()
+        copy.CopyFrom(value)
+        if copy.type.WhichOneof("value") != "tensor_type":
+            return None
+        default = defaults.get(value.name)
+        rank = None
+        if copy.type.tensor_type.HasField("shape"):
+            dims = copy.type.tensor_type.shape.dim
+            rank = len(dims)
+            for position, dim in enumerate(dims):
+                if not dim.HasField("dim_value"):
+                    symbol = _SYMBOL.format(index, position)
+                    dim.Clear()
+                    dim.dim_param = symbol
+                    symbols[symbol] = (index, position)
+        inputs.append(
+            InputShape(value.name, rank, None if default is None else tuple(default.dims))
+        )
+    declared = {value.name for value in graph.input}
+    for init in graph.initializer:
+        if init.name in declared:
+            continue  # (a request's to give: an input above)
+        if init.data_type in _INTEGERS and _elements(init.dims) <= KEPT_CONSTANT_ELEMENTS:
+            light.graph.initializer.append(init)
+        else:
+            light.graph.input.append(
+                helper.make_tensor_value_info(init.name, init.data_type, list(init.dims))
+            )
+    for output in graph.output:
+        kind = output.type.WhichOneof("value")
+        elem_type = output.type.tensor_type.elem_type if kind == "tensor_type" else 0
+        light.graph.output.append(helper.make_tensor_value_info(output.name, elem_type, None))
+    inferred = onnx.shape_inference.infer_shapes(light, strict_mode=False, data_prop=True)
+    sizes = {output.name: _output_size(output, symbols) for output in inferred.graph.output}
+    return OutputSizes(inputs, sizes)
+
+
+_INTEGERS = frozenset({TensorProto.INT64, TensorProto.INT32})
+
+
+def _elements(dims: Sequence[int]) -> int:
+    count = 1
+    for dim in dims:
+        count *= dim
+    return count
+
+
+def _output_size(output: onnx.ValueInfoProto, symbols: Mapping[str, Dim]) -> OutputSize | None:
+    if output.type.WhichOneof("value") != "tensor_type":
+        return None
+    tensor = output.type.tensor_type
+    if tensor.elem_type in (TensorProto.STRING, TensorProto.UNDEFINED) or not tensor.HasField(
+        "shape"
+    ):
+        return None
+    try:
+        itemsize = helper.tensor_dtype_to_np_dtype(tensor.elem_type).itemsize
+    except (KeyError, ValueError, TypeError):  # (a type numpy has none of)
+        return None
+    dims: list[Dim] = []
+    for dim in tensor.shape.dim:
+        if dim.HasField("dim_value") and dim.dim_value >= 0:
+            dims.append(dim.dim_value)
+        elif dim.HasField("dim_param") and dim.dim_param in symbols:
+            dims.append(symbols[dim.dim_param])
+        else:
+            return None
+    return OutputSize(output.name, itemsize, tuple(dims))
