@@ -106,6 +106,19 @@ def test_sizes_read_from_small_constants_are_kept() -> None:
     assert sized(model).bytes_for({"x": [7, 4]}) == 2 * 7 * 4 * 4
 
 
+def test_weights_held_by_constant_nodes_are_declared_not_copied() -> None:
+    """Some exporters keep a model's weights in Constant nodes: each copy made for inference
+    would be the model's size again. They are declared by type and dims, and still size."""
+    weight = numpy_helper.from_array(np.ones((4, 3000), np.float32), "w")
+    nodes = [
+        helper.make_node("Constant", [], ["w"], value=weight),
+        helper.make_node("MatMul", ["x", "w"], ["y"]),
+    ]
+    assert sized(model_of(nodes, [floats("x", ["n", 4])], ["y"])).bytes_for({"x": [5, 4]}) == (
+        5 * 3000 * 4
+    )
+
+
 def test_a_string_output_or_an_input_without_a_tensor_type_is_not_sized() -> None:
     nodes = [helper.make_node("Cast", ["x"], ["s"], to=TensorProto.STRING)]
     model = model_of(nodes, [floats("x", ["n"])], [])

@@ -124,7 +124,6 @@ def _inferred(model: onnx.ModelProto) -> OutputSizes | None:
     light.ir_version = model.ir_version
     light.opset_import.extend(model.opset_import)
     light.functions.extend(model.functions)
-    light.graph.node.extend(graph.node)
     symbols: dict[str, Dim] = {}
     inputs: list[InputShape] = []
     for index, value in enumerate(graph.input):
@@ -146,6 +145,14 @@ def _inferred(model: onnx.ModelProto) -> OutputSizes | None:
         inputs.append(
             InputShape(value.name, rank, None if default is None else tuple(default.dims))
         )
+    for node in graph.node:
+        weight = _weight(node)
+        if weight is None:
+            light.graph.node.append(node)
+        else:  # (declared by its type and dims, as the initializers below)
+            light.graph.input.append(
+                helper.make_tensor_value_info(node.output[0], weight.data_type, list(weight.dims))
+            )
     declared = {value.name for value in graph.input}
     for init in graph.initializer:
         if init.name in declared:
@@ -166,6 +173,20 @@ def _inferred(model: onnx.ModelProto) -> OutputSizes | None:
 
 
 _INTEGERS = frozenset({TensorProto.INT64, TensorProto.INT32})
+
+
+def _weight(node: onnx.NodeProto) -> onnx.TensorProto | None:
+    """The tensor a Constant node holds, if it is too big to copy for inference (some exporters
+    keep a model's weights so: each copy would be the model's size again)."""
+    if node.op_type != "Constant" or node.domain not in ("", "ai.onnx") or len(node.output) != 1:
+        return None
+    for attribute in node.attribute:
+        if attribute.name == "value" and attribute.type == onnx.AttributeProto.TENSOR:
+            tensor: onnx.TensorProto = attribute.t
+            if tensor.data_type in _INTEGERS and _elements(tensor.dims) <= KEPT_CONSTANT_ELEMENTS:
+                return None
+            return tensor
+    return None
 
 
 def _elements(dims: Sequence[int]) -> int:
