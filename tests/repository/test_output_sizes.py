@@ -119,6 +119,56 @@ def test_weights_held_by_constant_nodes_are_declared_not_copied() -> None:
     )
 
 
+@pytest.mark.parametrize(
+    ("node", "inputs", "feeds"),
+    [
+        (helper.make_node("Einsum", ["x", "y"], ["z"], equation="bij,bjk->bik"),
+         [floats("x", ["B", 8, 8]), floats("y", ["C", 8, 8])], {"x": [1, 8, 8], "y": [500, 8, 8]}),
+        (helper.make_node("PRelu", ["x", "y"], ["z"]),
+         [floats("x", ["A", "B"]), floats("y", ["C", "D"])], {"x": [300, 1], "y": [1, 300]}),
+        (helper.make_node("Reshape", ["x", "s"], ["z"]),  # (y [0, 1]: the 0 copies x's dim)
+         [floats("x", ["A"]), floats("y", ["C", "D"])], {"x": [4000], "y": [0, 1]}),
+    ],
+    ids=["einsum", "prelu", "reshape-to-a-shape-taken"],
+)  # fmt: skip
+def test_ops_onnx_runtime_makes_bigger_than_inference_says_are_not_sized(
+    node: onnx.NodeProto, inputs: list[onnx.ValueInfoProto], feeds: dict[str, list[int]]
+) -> None:
+    """Found by a tester: ORT broadcasts a 1 to the other operand's size where inference takes
+    the first's dims (16 MB made, 16 KB inferred), and a 0 a request puts in a shape given to
+    Reshape copies the input's dim (inferred: 0 bytes). Nor is anything that follows sized."""
+    nodes = [
+        helper.make_node("Shape", ["y"], ["s"]),
+        node,
+        helper.make_node("Flatten", ["z"], ["flat"], axis=0),
+        helper.make_node("Shape", ["z"], ["z_shape"]),
+        helper.make_node("ConstantOfShape", ["z_shape"], ["ones"]),
+    ]
+    model = model_of(nodes, inputs, ["z", "flat", "ones"])
+    sizes = sized(model)
+    assert sizes.outputs == {"z": None, "flat": None, "ones": None}
+    made = ort.InferenceSession(model.SerializeToString()).run(
+        None, {name: np.ones(shape, np.float32) for name, shape in feeds.items()}
+    )
+    assert made[0].nbytes >= 4 * 4000  # (what inference would have taken as at most 2 KB)
+
+
+def test_a_reshape_to_a_constant_shape_and_a_subgraph_holding_an_unsound_op() -> None:
+    nodes = [helper.make_node("Reshape", ["x", "shape"], ["y"])]
+    model = model_of(nodes, [floats("x", ["n", 4])], ["y"], [ints("shape", [0, 2, 2])])
+    assert sized(model).bytes_for({"x": [5, 4]}) == 5 * 4 * 4
+    branch = helper.make_graph(
+        [helper.make_node("PRelu", ["x", "x"], ["inner"])], "b", [],
+        [helper.make_tensor_value_info("inner", TensorProto.FLOAT, None)],
+    )  # fmt: skip
+    nodes = [
+        helper.make_node("ReduceSum", ["x"], ["total"], keepdims=0),
+        helper.make_node("Cast", ["total"], ["cond"], to=TensorProto.BOOL),
+        helper.make_node("If", ["cond"], ["y"], then_branch=branch, else_branch=branch),
+    ]
+    assert sized(model_of(nodes, [floats("x", ["n"])], ["y"])).outputs["y"] is None
+
+
 def test_a_string_output_or_an_input_without_a_tensor_type_is_not_sized() -> None:
     nodes = [helper.make_node("Cast", ["x"], ["s"], to=TensorProto.STRING)]
     model = model_of(nodes, [floats("x", ["n"])], [])
@@ -209,9 +259,24 @@ def _gather(rng: random.Random, name: str, nodes: list, inits: list) -> str:
     return out
 
 
+def _unsound(rng: random.Random, name: str, nodes: list, inits: list) -> str:
+    """Ops ONNX Runtime broadcasts further than inference says (see UNSOUND_OPS), and a
+    Reshape to the shape of another tensor."""
+    out, kind = _fresh(nodes), rng.choice(["Einsum", "PRelu", "Reshape"])
+    if kind == "Einsum":
+        nodes.append(helper.make_node("Einsum", [name, "b"], [out], equation="ij,ij->ij"))
+    elif kind == "PRelu":
+        nodes.append(helper.make_node("PRelu", [name, "b"], [out]))
+    else:
+        shape = _fresh(nodes) + "s"
+        nodes.append(helper.make_node("Shape", ["b"], [shape]))
+        nodes.append(helper.make_node("Reshape", [name, shape], [out]))
+    return out
+
+
 MAKERS: list[Maker] = [
     _unary, _transpose, _gram, _concat, _with_other, _reduce, _expand, _reshape, _by_shape,
-    _gather,
+    _gather, _unsound,
 ]  # fmt: skip
 
 
@@ -232,7 +297,7 @@ def feeds_for(rng: random.Random, model: onnx.ModelProto) -> dict[str, np.ndarra
     feeds = {}
     for value in model.graph.input:
         shape = [
-            d.dim_value if d.HasField("dim_value") else rng.choice([1, 2, 3, 5])
+            d.dim_value if d.HasField("dim_value") else rng.choice([0, 1, 2, 3, 5])
             for d in value.type.tensor_type.shape.dim
         ]
         feeds[value.name] = np.ones(shape, np.float32)

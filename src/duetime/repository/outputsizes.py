@@ -168,8 +168,94 @@ def _inferred(model: onnx.ModelProto) -> OutputSizes | None:
         elem_type = output.type.tensor_type.elem_type if kind == "tensor_type" else 0
         light.graph.output.append(helper.make_tensor_value_info(output.name, elem_type, None))
     inferred = onnx.shape_inference.infer_shapes(light, strict_mode=False, data_prop=True)
-    sizes = {output.name: _output_size(output, symbols) for output in inferred.graph.output}
+    kept = {init.name for init in light.graph.initializer}
+    unsound = _unsound_tensors(model, kept | _constants(graph))
+    sizes = {
+        output.name: None if output.name in unsound else _output_size(output, symbols)
+        for output in inferred.graph.output
+    }
     return OutputSizes(inputs, sizes)
+
+
+UNSOUND_OPS = frozenset({"Einsum", "PRelu"})
+"""Ops whose outputs ONNX Runtime makes bigger than ONNX shape inference says, for some inputs:
+both broadcast a 1 to the other operand's size where inference takes the first's dims
+(`bij,bjk->bik` of [1,64,64] and [1000,64,64]: 16 MB made, 16 KB inferred; PRelu of x [2000,1]
+and a slope [1,2000]: [2000,2000]). Found by a tester; what depends on them is not sized."""
+
+
+def _unsound_tensors(model: onnx.ModelProto, constants: set[str]) -> set[str]:
+    """The tensors of `model`'s graph whose inferred shape may be smaller than the one ONNX
+    Runtime makes: the outputs of `UNSOUND_OPS`, of a Reshape to a shape that is not one of
+    the `constants` (a 0 that a request's dim puts in it copies the input's dim, where
+    inference takes the 0: Reshape(x, Shape(y)) with y [0,1]), of a node whose subgraphs or
+    function hold such a node, and all that follows from them, a shape taken included."""
+    functions = {(f.domain, f.name): f for f in model.functions}
+    unsound_functions: set[tuple[str, str]] = set()
+    for _ in range(len(functions) + 1):  # (a function may call another)
+        for key, function in functions.items():
+            if key not in unsound_functions and any(
+                _unsound(node, unsound_functions, set()) for node in function.node
+            ):
+                unsound_functions.add(key)
+    graph = model.graph
+    marked: set[str] = set()
+    while True:  # (to a fixed point: nodes may come out of order)
+        before = len(marked)
+        for node in graph.node:
+            if node.output and node.output[0] in marked:
+                continue
+            if _unsound(node, unsound_functions, constants) or any(
+                name in marked for name in _read(node)
+            ):
+                marked.update(name for name in node.output if name)
+        if len(marked) == before:
+            return marked
+
+
+def _unsound(node: onnx.NodeProto, functions: set[tuple[str, str]], constants: set[str]) -> bool:
+    """Whether `node` (or a node in its subgraphs) may make more than inference says."""
+    if node.domain in ("", "ai.onnx"):
+        if node.op_type in UNSOUND_OPS:
+            return True
+        if node.op_type == "Reshape" and (len(node.input) < 2 or node.input[1] not in constants):
+            return True
+    if (node.domain, node.op_type) in functions:
+        return True
+    return any(
+        _unsound(inner, functions, set())
+        for attribute in node.attribute
+        for sub in _subgraphs_of(attribute)
+        for inner in sub.node
+    )
+
+
+def _subgraphs_of(attribute: onnx.AttributeProto) -> list[onnx.GraphProto]:
+    if attribute.type == onnx.AttributeProto.GRAPH:
+        return [attribute.g]
+    if attribute.type == onnx.AttributeProto.GRAPHS:
+        return list(attribute.graphs)
+    return []
+
+
+def _read(node: onnx.NodeProto) -> list[str]:
+    """The tensors `node` reads: its inputs and those its subgraphs take from outside them."""
+    names = [name for name in node.input if name]
+    for attribute in node.attribute:
+        for sub in _subgraphs_of(attribute):
+            for inner in sub.node:
+                names.extend(_read(inner))
+    return names
+
+
+def _constants(graph: onnx.GraphProto) -> set[str]:
+    """The outputs of the graph's Constant nodes whose values inference keeps (see `_weight`)."""
+    return {
+        node.output[0]
+        for node in graph.node
+        if node.op_type == "Constant" and node.domain in ("", "ai.onnx") and len(node.output) == 1
+        and _weight(node) is None
+    }  # fmt: skip
 
 
 _INTEGERS = frozenset({TensorProto.INT64, TensorProto.INT32})
