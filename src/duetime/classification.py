@@ -23,6 +23,18 @@ from duetime.types import TensorSpec
 PARAMETER = "classification"
 
 
+VALUE_CHARS = {"FP64": 317, "FP32": 47, "FP16": 47, "BF16": 47}
+"""The longest value an element of these types prints as (`%f` of the most negative finite
+value); integers print as at most 20 characters."""
+
+
+def max_class_bytes(datatype: str, labels: Sequence[str] = ()) -> int:
+    """The most bytes one class of an output of `datatype` takes in an answer: its text
+    (value, index up to 20 digits, the longest of `labels`) and its 4-byte length."""
+    label = max((len(text.encode()) for text in labels), default=0)
+    return 4 + VALUE_CHARS.get(datatype, 20) + 1 + 20 + (1 + label if label else 0)
+
+
 def class_count(value: Any, output: str) -> int:
     """The `classification` parameter of `output`, checked: a positive integer."""
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:

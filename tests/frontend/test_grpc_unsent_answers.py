@@ -260,7 +260,7 @@ def test_a_model_whose_answers_follow_its_requests_shapes_holds_what_they_make(
         assert answers.hold("outer")._estimate == unknown
         # (sizes that follow the values: no shape tells them)
         sizes = engine.answer_sizes("big")
-        assert sizes is None or sizes.outputs["y"] is None
+        assert sizes is None or all(each.outputs["y"] is None for each in sizes)
         assert answers.hold("big", infer_request("big", [3]))._estimate == unknown
 
     run_on_engine(shaped_models(tmp_path), scenario)
@@ -276,7 +276,7 @@ def test_an_answer_bigger_than_its_shapes_said_ends_their_word(
 
     async def body() -> None:
         budget = AnswerBudget(
-            limit=100 * C, unknown=600, small=10, guess=lambda _: None, sizes=lambda _: sizes
+            limit=100 * C, unknown=600, small=10, guess=lambda _: None, sizes=lambda _: (sizes,)
         )
         hold = budget.hold("m", request)
         assert hold._estimate == 40
@@ -292,6 +292,49 @@ def test_an_answer_bigger_than_its_shapes_said_ends_their_word(
         assert budget.held == 0
 
     asyncio.run(body())
+
+
+def test_every_version_that_may_answer_is_counted(tmp_path: Path) -> None:
+    """The default version's sizes stood for all: a request naming version 1 (x·xᵀ) beside a
+    default version 2 (-x) was held at version 2's size, and 22 of 24 calls for 16 MB answers
+    ran under a 100 MB bound (found by a tester). A request naming none may go to any (a
+    traffic split, a failover): each is held at the most any version's answer weighs."""
+    write_version(tmp_path, "multi", 1, outer_model())
+    write_version(tmp_path, "multi", 2, scale_model(-1.0))
+    (tmp_path / "multi" / "config.toml").write_text(
+        "max_batch_size = 0\nversion_policy = { all = {} }\n"
+    )
+
+    async def scenario(engine: Engine) -> None:
+        answers = InferenceService(engine).answers
+        for version in ("1", "2", ""):
+            request = infer_request("multi", [2048, 1])
+            request.model_version = version
+            assert answers.hold("multi", request)._estimate == 2048 * 2048 * 4
+
+    run_on_engine(tmp_path, scenario)
+
+
+def test_outputs_asked_for_as_classes_count_as_their_texts(tmp_path: Path) -> None:
+    """Each class is a text of up to 72 bytes (4 of length, `%f` of the least float32, 20
+    digits of index, two colons) where its value was 4 bytes: held at their values' size, a
+    tester's calls made 13 MB where 200 KB was held (labels of 200 characters)."""
+    (tmp_path / "same" / "1").mkdir(parents=True)
+    shaped_models(tmp_path)
+    (tmp_path / "same" / "labels.txt").write_text("".join(f"{'x' * 200}\n" for _ in range(4)))
+    (tmp_path / "same" / "config.toml").write_text(
+        'max_batch_size = 0\n[[outputs]]\nname = "y"\nlabels = "labels.txt"\n'
+    )
+
+    async def scenario(engine: Engine) -> None:
+        answers = InferenceService(engine).answers
+        request = infer_request("same", [1000, 4])
+        assert answers.hold("same", request)._estimate == 16_000
+        request.outputs.add(name="y").parameters["classification"].int64_param = 2
+        assert engine.class_bytes("same") == (4 + 47 + 1 + 20 + 1 + 200) / 4
+        assert answers.hold("same", request)._estimate == 16_000 * (4 + 47 + 1 + 20 + 1 + 200) // 4
+
+    run_on_engine(tmp_path, scenario)
 
 
 def test_the_served_budget_reads_sizes_from_the_engine(tmp_path: Path) -> None:

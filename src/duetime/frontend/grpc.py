@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, NamedTuple, NoReturn
@@ -130,13 +131,15 @@ class AnswerBudget:
     def __init__(
         self, limit: int, unknown: int, small: int,
         guess: Callable[[str], int | None] | None = None,
-        sizes: Callable[[str], OutputSizes | None] | None = None,
+        sizes: Callable[[str], tuple[OutputSizes, ...] | None] | None = None,
+        class_bytes: Callable[[str], float] | None = None,
     ) -> None:  # fmt: skip
         self.limit = limit
         self.unknown = unknown
         self.small = small
         self._guess = guess
         self._sizes_of = sizes
+        self._class_bytes = class_bytes
         self.held = 0
         self._sizes = LargestAnswers()
         self._waiting: deque[tuple[int, asyncio.Future[bool]]] = deque()
@@ -146,32 +149,38 @@ class AnswerBudget:
         cls,
         settings: ServerSettings,
         guess: Callable[[str], int | None] | None = None,
-        sizes: Callable[[str], OutputSizes | None] | None = None,
+        sizes: Callable[[str], tuple[OutputSizes, ...] | None] | None = None,
+        class_bytes: Callable[[str], float] | None = None,
     ) -> AnswerBudget:
         limit = settings.max_unsent_answer_bytes
         small = max(1, limit // settings.max_connections)
-        return cls(limit, settings.max_grpc_message_bytes, small, guess, sizes)
+        return cls(limit, settings.max_grpc_message_bytes, small, guess, sizes, class_bytes)
 
     def hold(self, model: str, request: Any = None) -> AnswerHold:
         """A hold for an answer of `model` to `request` (a ModelInferRequest; its `taken`
         waits for room). Where nothing tells the model's answers' size (no guess: they follow
         its requests' shapes or values), its `sizes` (`Engine.answer_sizes`) give it from the
-        request's shapes if they can; else it is the most an answer may weigh."""
+        request's shapes if they can; else it is the most an answer may weigh. Outputs asked
+        for as their top classes count as texts (`class_bytes`).
+
+        NOTE: an output's top classes are texts of up to ~70 bytes each where its values were
+        4 bytes: held at their values' size, a tester's calls asking for classes made 65 times
+        what they held (labels of 200 characters)."""
         size = self._sizes.expected(model, self._guess, self.unknown)
-        sizes = None
-        if size >= self.unknown and request is not None and self._sizes_of is not None:
-            sizes = self._sizes_of(model)
-            shaped = None
-            if sizes is not None and sizes.trusted:
-                shaped = sizes.bytes_for(
-                    {tensor.name: tensor.shape for tensor in request.inputs},
-                    [output.name for output in request.outputs],
-                )
-            if shaped is None:
-                sizes = None
-            else:
-                size = shaped
-        return AnswerHold(self, model, min(size, self.unknown), sizes)
+        shaped: tuple[OutputSizes, ...] | None = None
+        if request is not None:
+            if size >= self.unknown and self._sizes_of is not None:
+                shaped = self._sizes_of(model)
+                made = None if shaped is None else _shaped_bytes(shaped, request)
+                if made is None:
+                    shaped = None
+                else:
+                    size = made
+            if self._class_bytes is not None and any(
+                classification.PARAMETER in output.parameters for output in request.outputs
+            ):
+                size = math.ceil(size * self._class_bytes(model))
+        return AnswerHold(self, model, min(size, self.unknown), shaped)
 
     def learned(self, model: str, size: int) -> None:
         self._sizes.learned(model, size)
@@ -241,13 +250,31 @@ ANSWER_COPIES = 3
 """How many times an answer's outputs the server holds until it is sent (see AnswerBudget)."""
 
 
+def _shaped_bytes(sizes: tuple[OutputSizes, ...], request: Any) -> int | None:
+    """The most bytes any of `sizes` (a model's versions' and variants') gives for `request`'s
+    answer; None where one gives none or is no longer trusted."""
+    shapes = {tensor.name: tensor.shape for tensor in request.inputs}
+    wanted = [output.name for output in request.outputs]
+    most = 0
+    for each in sizes:
+        made = each.bytes_for(shapes, wanted) if each.trusted else None
+        if made is None:
+            return None
+        most = max(most, made)
+    return most
+
+
 class AnswerHold:
     """One call's part of an `AnswerBudget`: the bytes it holds until `release`."""
 
     __slots__ = ("_budget", "_estimate", "_model", "_sizes", "size")
 
     def __init__(
-        self, budget: AnswerBudget, model: str, estimate: int, sizes: OutputSizes | None = None
+        self,
+        budget: AnswerBudget,
+        model: str,
+        estimate: int,
+        sizes: tuple[OutputSizes, ...] | None = None,
     ) -> None:
         """`sizes`: what gave `estimate` from the request's shapes (None: not those)."""
         self._budget = budget
@@ -281,10 +308,11 @@ class AnswerHold:
         budget = self._budget
         budget.learned(self._model, size)
         sizes = self._sizes
-        if sizes is not None and size > self._estimate and sizes.trusted:
+        if sizes is not None and size > self._estimate and any(s.trusted for s in sizes):
             # (a shape inference ONNX Runtime does not share: no request's shapes are
             # believed from now on)
-            sizes.trusted = False
+            for each in sizes:
+                each.trusted = False
             log.warning(
                 "model '%s' made an answer of %d bytes where its graph's shapes said %d: its "
                 "answers now count as the largest message until it is reloaded",
@@ -337,7 +365,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         refused by their scheduler once queued (`refused_unrun`: expired unrun, pushed out of a
         full queue; the load shedder's refusals count in its own metric). Bounded: no key comes
         from the client (see `RefusedCollector`)."""
-        self.answers = AnswerBudget.of(ServerSettings(), self.answer_guess, self.answer_sizes)
+        self.answers = self.budget(ServerSettings())
         """What answers not yet sent hold (`serve_grpc` sets the server's limits)."""
         self.backlog: CoreBacklog | None = None
         """The calls waiting in gRPC's core (`serve_grpc` sets it, where channelz is there)."""
@@ -361,10 +389,10 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         and `Engine.answer_guess`)."""
         return self._engine.answer_guess(model)
 
-    def answer_sizes(self, model: str) -> OutputSizes | None:
-        """What a request's shapes say of `model`'s answers' size, where nothing else does (see
-        `AnswerBudget.hold` and `Engine.answer_sizes`)."""
-        return self._engine.answer_sizes(model)
+    def budget(self, settings: ServerSettings) -> AnswerBudget:
+        """A budget for unsent answers within `settings`' limits, estimating from the engine."""
+        engine = self._engine
+        return AnswerBudget.of(settings, self.answer_guess, engine.answer_sizes, engine.class_bytes)
 
     async def ServerLive(self, request: Any, context: Any) -> Any:
         return pb.ServerLiveResponse(live=True)
@@ -1801,7 +1829,7 @@ def _quiet_ended_calls() -> None:
 async def serve_grpc(service: InferenceService, settings: ServerSettings) -> tuple[Any, int]:
     """Start the gRPC server on `settings.host:grpc_port` (0: any free port); returns it and its
     port."""
-    service.answers = AnswerBudget.of(settings, service.answer_guess, service.answer_sizes)
+    service.answers = service.budget(settings)
     _quiet_ended_calls()
     servers_before = server_ids()
     server = grpc.aio.server(options=server_options(settings))

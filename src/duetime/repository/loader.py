@@ -101,9 +101,9 @@ class LoadedModel:
     maps), name -> why (`unserved_output_reason`): not in `signature`, but a request asking
     for one is told why rather than that the model has no such output."""
     output_sizes: OutputSizes | None = None
-    """For a model whose cost follows its inputs (`cost_depends_on_values`), so that its
-    samples tell nothing of an answer's size: its outputs' sizes as functions of a request's
-    shapes, where ONNX shape inference gives them (see repository/outputsizes.py)."""
+    """Its outputs' sizes as functions of a request's shapes, where ONNX shape inference gives
+    them (see repository/outputsizes.py): for a model whose samples tell nothing of an
+    answer's size (free dims besides the batch's)."""
 
 
 def load_version(
@@ -212,7 +212,7 @@ def load_version(
     return LoadedModel(
         source.name, str(version), path, config, signature, validator, executor, profile, labels,
         cost_depends_on_values=bool(varies), unserved_outputs=unserved,
-        output_sizes=studied.sizes if varies and not reshaped else None,
+        output_sizes=None if reshaped else studied.sizes,
     )  # fmt: skip
 
 
