@@ -542,38 +542,27 @@ def test_a_call_waiting_for_room_without_a_due_time_ends_at_its_grpc_deadline(
     until(lambda: not full._waiting, "the call left the line")
 
 
-def test_a_call_withdrawn_while_it_waits_for_room_counts_cancelled(
-    tight: RunningServer, full: AnswerBudget
+@pytest.mark.parametrize("streamed", [False, True], ids=["call", "streamed"])
+def test_a_request_withdrawn_while_it_waits_for_room_counts_cancelled(
+    tight: RunningServer, full: AnswerBudget, streamed: bool
 ) -> None:
-    """As one withdrawn from its model's queue: it was counted nowhere (found by a tester)."""
+    """As one withdrawn from its model's queue: a ModelInfer call's, then a streamed
+    request's (the stream ended), was counted nowhere (found by testers)."""
     before = tight.statistics("tile")
+    ended = threading.Event()
+
+    def requests() -> Iterator[Any]:
+        yield tile_request()
+        ended.wait(30)
+
     with grpc.insecure_channel(tight.grpc) as channel:
         stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
-        call = stub.ModelInfer.future(tile_request(), timeout=30)
-        until(lambda: len(full._waiting) == 1, "the call waited for room")
-        call.cancel()
-        until(lambda: not full._waiting, "the call left the line")
-    until(lambda: tight.statistics("tile").cancelled == before.cancelled + 1, "counted cancelled")
-    after = tight.statistics("tile")
-    assert (after.succeeded, after.executions) == (before.succeeded, before.executions)
-
-
-def test_a_streamed_request_withdrawn_while_it_waits_for_room_counts_cancelled(
-    tight: RunningServer, full: AnswerBudget
-) -> None:
-    """The stream ended while its request waited: counted nowhere (found by a tester)."""
-    before = tight.statistics("tile")
-    with grpc.insecure_channel(tight.grpc) as channel:
-        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
-        ended = threading.Event()
-
-        def requests() -> Iterator[Any]:
-            yield tile_request()
-            ended.wait(30)
-
-        answers = stub.ModelStreamInfer(requests(), timeout=30)
+        if streamed:
+            call = stub.ModelStreamInfer(requests(), timeout=30)
+        else:
+            call = stub.ModelInfer.future(tile_request(), timeout=30)
         until(lambda: len(full._waiting) == 1, "the request waited for room")
-        answers.cancel()
+        call.cancel()
         ended.set()
         until(lambda: not full._waiting, "the request left the line")
     until(lambda: tight.statistics("tile").cancelled == before.cancelled + 1, "counted cancelled")
