@@ -170,6 +170,37 @@ def test_before_a_model_s_first_answer_its_samples_stand_in_for_the_largest_mess
     asyncio.run(body())
 
 
+def test_a_call_that_waited_for_room_is_estimated_anew() -> None:
+    """Estimated before it waited, a call ran at that size though its model was reloaded
+    meanwhile with bigger answers (found by a tester: 24 of 24 calls ran under a 100 MB bound,
+    +1.3 GB). A bigger estimate waits again for all it needs."""
+
+    async def body() -> None:
+        guesses = {"m": 70}
+        budget = AnswerBudget(limit=100 * C, unknown=600, small=10, guess=guesses.get)
+        first = budget.hold("m")
+        await first.taken()
+        request = service_pb2.ModelInferRequest(model_name="m")
+        second, third = budget.hold("m", request), budget.hold("m", request)
+        waiting = [asyncio.ensure_future(h.taken()) for h in (second, third)]
+        await asyncio.sleep(0)
+        guesses["m"] = 90  # (reloaded while they wait)
+        first.release()
+        for _ in range(5):
+            await asyncio.sleep(0)
+        assert sorted(w.done() for w in waiting) == [False, True]  # (one at a time, as 90s)
+        assert budget.held == 90 * C
+        ran, left = (second, third) if waiting[0].done() else (third, second)
+        assert (ran._estimate, ran.size) == (90, 90 * C)
+        ran.release()
+        await asyncio.gather(*waiting)
+        assert (left._estimate, left.size, budget.held) == (90, 90 * C, 90 * C)
+        left.release()
+        assert budget.held == 0
+
+    asyncio.run(body())
+
+
 def test_a_fresh_server_s_calls_hold_what_the_model_s_samples_made(tmp_path: Path) -> None:
     """With 64 MiB feared for every call before any answer, 5 calls filled the 1 GiB default
     and the sixth waited, undecoded, until an answer was sent."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, NamedTuple, NoReturn
@@ -166,6 +167,14 @@ class AnswerBudget:
         NOTE: an output's top classes are texts of up to ~70 bytes each where its values were
         4 bytes: held at their values' size, a tester's calls asking for classes made 65 times
         what they held (labels of 200 characters)."""
+        size, shaped = self.estimate(model, request)
+        return AnswerHold(self, model, size, shaped, request)
+
+    def estimate(
+        self, model: str, request: Any = None
+    ) -> tuple[int, tuple[OutputSizes, ...] | None]:
+        """What an answer of `model` to `request` is expected to weigh (see `hold`), and the
+        sizes that said so from its shapes (None: not those)."""
         size = self._sizes.expected(model, self._guess, self.unknown)
         shaped: tuple[OutputSizes, ...] | None = None
         if request is not None:
@@ -180,7 +189,11 @@ class AnswerBudget:
                 classification.PARAMETER in output.parameters for output in request.outputs
             ):
                 size = math.ceil(size * self._class_bytes(model))
-        return AnswerHold(self, model, min(size, self.unknown), shaped)
+        return min(size, self.unknown), shaped
+
+    def waits(self, size: int) -> bool:
+        """Whether a call holding `size` more bytes would wait for room now (see `take`)."""
+        return bool(self._waiting) or not (self.held == 0 or self.held + size <= self.limit)
 
     def learned(self, model: str, size: int) -> None:
         self._sizes.learned(model, size)
@@ -189,7 +202,7 @@ class AnswerBudget:
         """Hold `size` more bytes once they fit (nothing else held, or within `limit`), after
         the calls that waited first; False (nothing held) where they did not fit within
         `within_s` seconds (None: no limit)."""
-        if not self._waiting and (self.held == 0 or self.held + size <= self.limit):
+        if not self.waits(size):
             self.held += size
             return True
         if within_s is not None and within_s <= 0:
@@ -267,7 +280,7 @@ def _shaped_bytes(sizes: tuple[OutputSizes, ...], request: Any) -> int | None:
 class AnswerHold:
     """One call's part of an `AnswerBudget`: the bytes it holds until `release`."""
 
-    __slots__ = ("_budget", "_estimate", "_model", "_sizes", "size")
+    __slots__ = ("_budget", "_estimate", "_model", "_request", "_sizes", "size")
 
     def __init__(
         self,
@@ -275,12 +288,15 @@ class AnswerHold:
         model: str,
         estimate: int,
         sizes: tuple[OutputSizes, ...] | None = None,
+        request: Any = None,
     ) -> None:
-        """`sizes`: what gave `estimate` from the request's shapes (None: not those)."""
+        """`sizes`: what gave `estimate` from the request's shapes (None: not those);
+        `request`: the ModelInferRequest it was made for (None: not known)."""
         self._budget = budget
         self._model = model
         self._estimate = estimate
         self._sizes = sizes
+        self._request = request
         self.size = 0
 
     async def taken(self, within_s: float | None = None) -> None:
@@ -291,8 +307,10 @@ class AnswerHold:
         streams, a call with a 100 ms `timeout` parameter waited 5 s, until its client's gRPC
         deadline (100 s with a 100 s one), neither answered nor refused."""
         budget = self._budget
-        if self._estimate > budget.small:
+        while self._estimate > budget.small:
             held = self._estimate * ANSWER_COPIES
+            waits = budget.waits(held)
+            started = time.monotonic()
             if not await budget.take(held, within_s):
                 raise DeadlineExceeded(
                     f"{TIMEOUT_EXPIRED}: model '{self._model}': the request was due before its "
@@ -302,6 +320,19 @@ class AnswerHold:
                     "due time, or once clients read their answers"
                 )
             self.size = held
+            if not waits or self._request is None:
+                return
+            # NOTE: estimated before it waited: a model reloaded meanwhile with bigger answers
+            # had every call that waited run at the old size (found by a tester: 24 of 24
+            # calls ran under a 100 MB bound, +1.3 GB). Estimated anew, a bigger one waits
+            # again for all it needs, behind those in line.
+            estimate, sizes = budget.estimate(self._model, self._request)
+            if estimate <= self._estimate:
+                return
+            self.release()
+            self._estimate, self._sizes = estimate, sizes
+            if within_s is not None:
+                within_s -= time.monotonic() - started
 
     def made(self, size: int) -> None:
         """The answer is made and its outputs weigh `size` bytes: held from now on if big."""
