@@ -182,7 +182,7 @@ def test_a_call_that_waited_for_room_is_estimated_anew() -> None:
         await first.taken()
         request = service_pb2.ModelInferRequest(model_name="m")
         second, third = budget.hold("m", request), budget.hold("m", request)
-        waiting = [asyncio.ensure_future(h.taken()) for h in (second, third)]
+        waiting = [asyncio.ensure_future(h.taken(None, request)) for h in (second, third)]
         await asyncio.sleep(0)
         guesses["m"] = 90  # (reloaded while they wait)
         first.release()

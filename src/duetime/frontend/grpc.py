@@ -168,7 +168,7 @@ class AnswerBudget:
         4 bytes: held at their values' size, a tester's calls asking for classes made 65 times
         what they held (labels of 200 characters)."""
         size, shaped = self.estimate(model, request)
-        return AnswerHold(self, model, size, shaped, request)
+        return AnswerHold(self, model, size, shaped)
 
     def estimate(
         self, model: str, request: Any = None
@@ -280,7 +280,7 @@ def _shaped_bytes(sizes: tuple[OutputSizes, ...], request: Any) -> int | None:
 class AnswerHold:
     """One call's part of an `AnswerBudget`: the bytes it holds until `release`."""
 
-    __slots__ = ("_budget", "_estimate", "_model", "_request", "_sizes", "size")
+    __slots__ = ("_budget", "_estimate", "_model", "_sizes", "size")
 
     def __init__(
         self,
@@ -288,20 +288,22 @@ class AnswerHold:
         model: str,
         estimate: int,
         sizes: tuple[OutputSizes, ...] | None = None,
-        request: Any = None,
     ) -> None:
-        """`sizes`: what gave `estimate` from the request's shapes (None: not those);
-        `request`: the ModelInferRequest it was made for (None: not known)."""
+        """`sizes`: what gave `estimate` from the request's shapes (None: not those)."""
         self._budget = budget
         self._model = model
         self._estimate = estimate
         self._sizes = sizes
-        self._request = request
         self.size = 0
 
-    async def taken(self, within_s: float | None = None) -> None:
+    async def taken(self, within_s: float | None = None, request: Any = None) -> None:
         """Hold the model's estimate, once it fits, if big; DeadlineExceeded where it did not
-        fit within `within_s` seconds (the time to the request's due time; None: none).
+        fit within `within_s` seconds (the time to the request's due time; None: none). Where
+        it waited, the estimate for `request` (its ModelInferRequest) is made anew.
+
+        NOTE: the request is not kept on the hold: the call's done callback holds the hold,
+        and grpc.aio keeps a failed call's state in a cycle (see `_abort`); a request kept
+        there lived until the cyclic collector ran (20 failed calls, 20 requests alive).
 
         NOTE: the wait had no end but the client's: with 200 MiB of answers unread by three
         streams, a call with a 100 ms `timeout` parameter waited 5 s, until its client's gRPC
@@ -320,13 +322,13 @@ class AnswerHold:
                     "due time, or once clients read their answers"
                 )
             self.size = held
-            if not waits or self._request is None:
+            if not waits or request is None:
                 return
             # NOTE: estimated before it waited: a model reloaded meanwhile with bigger answers
             # had every call that waited run at the old size (found by a tester: 24 of 24
             # calls ran under a 100 MB bound, +1.3 GB). Estimated anew, a bigger one waits
             # again for all it needs, behind those in line.
-            estimate, sizes = budget.estimate(self._model, self._request)
+            estimate, sizes = budget.estimate(self._model, request)
             if estimate <= self._estimate:
                 return
             self.release()
@@ -618,7 +620,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         try:
             arrived, due = self._dated(request, context)
             try:
-                await hold.taken(self._within(due))
+                await hold.taken(self._within(due), request)
             except DeadlineExceeded as late:
                 raise self._late_for_room(late, request, context, arrived, due, timing) from None
             submitted = self._submit(request, context, arrived, due, timing, shed=False)
@@ -759,7 +761,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
                 try:
                     arrived, due = self._dated(request, context, new_call=False)
                     try:
-                        await hold.taken(self._within(due))
+                        await hold.taken(self._within(due), request)
                     except DeadlineExceeded as late:
                         raise self._late_for_room(
                             late, request, context, arrived, due, timing, STREAM
