@@ -31,7 +31,7 @@ from duetime.config import ServerSettings
 from duetime.engine import Engine, Ticket
 from duetime.errors import DeadlineExceeded
 from duetime.frontend import codec
-from duetime.frontend.grpc import ANSWER_COPIES, AnswerBudget, InferenceService
+from duetime.frontend.grpc import ANSWER_COPIES, AnswerBudget, InferenceService, _Aborted
 from duetime.repository.outputsizes import InputShape, OutputSize, OutputSizes
 
 pytestmark = pytest.mark.timeout(60)
@@ -366,6 +366,78 @@ def test_outputs_asked_for_as_classes_count_as_their_texts(tmp_path: Path) -> No
         assert answers.hold("same", request)._estimate == 16_000 * (4 + 47 + 1 + 20 + 1 + 200) // 4
 
     run_on_engine(tmp_path, scenario)
+
+
+def test_a_model_no_longer_served_holds_nothing() -> None:
+    """Its requests are refused: what it made before an unload held calls waiting for room,
+    then told the model was not found (found by a tester)."""
+    guesses = {"m": 40}
+    budget = AnswerBudget(limit=100 * C, unknown=60, small=10, guess=guesses.get)
+    budget.learned("m", 50)
+    assert budget.hold("m")._estimate == 50
+    guesses["m"] = 0  # (unloaded)
+    assert budget.hold("m")._estimate == 0
+
+
+def test_an_answer_holds_the_id_it_echoes() -> None:
+    """Calls with 20 MB ids to a model of 4-byte answers held nothing, and 10 of 10 ran under a
+    96 MiB bound, +1 GB (found by a tester): the id comes back in the answer."""
+
+    async def body() -> None:
+        budget = AnswerBudget(limit=100 * C, unknown=60, small=10, guess=lambda _: 4)
+        request = service_pb2.ModelInferRequest(model_name="m", id="é" * 20)
+        hold = budget.hold("m", request)
+        await hold.taken(None, request)
+        assert budget.held == (4 + 40) * C
+        hold.made(4)
+        assert budget.held == (4 + 40) * C  # (made, not yet sent: the id too)
+        hold.release()
+        assert budget.held == 0
+
+    asyncio.run(body())
+
+
+class StuckContext:
+    """A call whose status is never sent (its client reads nothing): no done callback runs."""
+
+    def cancelled(self) -> bool:
+        return False
+
+    def done(self) -> bool:
+        return False
+
+    def time_remaining(self) -> float:
+        return 30.0
+
+    def invocation_metadata(self) -> tuple[()]:
+        return ()
+
+    def add_done_callback(self, callback: Any) -> None: ...
+
+    def set_trailing_metadata(self, metadata: Any) -> None: ...
+
+    def set_code(self, code: Any) -> None:
+        self.code = code
+
+    def set_details(self, details: str) -> None: ...
+
+
+def test_a_failed_call_holds_no_room_for_an_answer_it_will_not_send(tmp_path: Path) -> None:
+    """What it held was given back when its status was sent, which a client that reads nothing
+    may never let happen: two invalid calls held 96 MiB, and other clients' calls waited past
+    their due times for room (found by a tester)."""
+
+    async def scenario(engine: Engine) -> None:
+        service = InferenceService(engine)
+        request = infer_request("same", [100_000, 4])
+        request.inputs[0].datatype = "INT32"  # (invalid: the model takes FP32)
+        context = StuckContext()
+        with pytest.raises(_Aborted):
+            await service.ModelInfer(request, context)
+        assert context.code == grpc.StatusCode.INVALID_ARGUMENT
+        assert service.answers.held == 0
+
+    run_on_engine(shaped_models(tmp_path), scenario)
 
 
 def test_the_served_budget_reads_sizes_from_the_engine(tmp_path: Path) -> None:

@@ -47,7 +47,10 @@ class LargestAnswers:
             guessed = guess(model)
             if guessed is None:
                 return unknown
-            if learned is None:
+            if learned is None or guessed == 0:
+                # (0: the model is not served, its requests are refused: what it made before
+                # an unload does not count; a tester's calls waited for room for it, then
+                # were told it was not found)
                 return guessed
         return unknown if learned is None else learned
 
