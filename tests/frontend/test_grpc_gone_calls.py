@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 from conftest import RunningServer, start_server, stop_server
 from grpc._cython import cygrpc
+from grpc_contexts import CallContext
 
 from duetime.config import ServerSettings
 from duetime.frontend.grpc import _guarded, _method_handlers
@@ -24,30 +25,8 @@ from duetime.frontend.proto import grpc_service_pb2 as pb
 pytestmark = pytest.mark.timeout(120)
 
 
-class GoneContext:
+class GoneContext(CallContext):
     """A call's context whose client has gone: cancelled, or with no time left."""
-
-    def __init__(self, *, cancelled: bool, remaining: float | None) -> None:
-        self._cancelled = cancelled
-        self._remaining = remaining
-
-    def cancelled(self) -> bool:
-        return self._cancelled
-
-    def time_remaining(self) -> float | None:
-        return self._remaining
-
-    def invocation_metadata(self) -> tuple[()]:
-        return ()
-
-    def add_done_callback(self, callback: Any) -> None: ...
-
-    def set_trailing_metadata(self, metadata: Any) -> None: ...
-
-    def set_code(self, code: Any) -> None:
-        self.code = code
-
-    def set_details(self, details: str) -> None: ...
 
     async def abort(self, code: Any, details: str) -> None:
         raise AssertionError(f"aborted a call that had ended: {code} {details}")

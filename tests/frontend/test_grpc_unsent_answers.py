@@ -23,6 +23,7 @@ import grpc
 import numpy as np
 import pytest
 from conftest import RunningServer, start_server, stop_server
+from grpc_contexts import CallContext
 from onnx import TensorProto, helper
 from repo_models import run_on_engine, scale_model, tiling_model, wide_tile_model, write_version
 from tritonclient.grpc import service_pb2, service_pb2_grpc
@@ -397,31 +398,6 @@ def test_an_answer_holds_the_id_it_echoes() -> None:
     asyncio.run(body())
 
 
-class StuckContext:
-    """A call whose status is never sent (its client reads nothing): no done callback runs."""
-
-    def cancelled(self) -> bool:
-        return False
-
-    def done(self) -> bool:
-        return False
-
-    def time_remaining(self) -> float:
-        return 30.0
-
-    def invocation_metadata(self) -> tuple[()]:
-        return ()
-
-    def add_done_callback(self, callback: Any) -> None: ...
-
-    def set_trailing_metadata(self, metadata: Any) -> None: ...
-
-    def set_code(self, code: Any) -> None:
-        self.code = code
-
-    def set_details(self, details: str) -> None: ...
-
-
 def test_a_failed_call_holds_no_room_for_an_answer_it_will_not_send(tmp_path: Path) -> None:
     """What it held was given back when its status was sent, which a client that reads nothing
     may never let happen: two invalid calls held 96 MiB, and other clients' calls waited past
@@ -431,7 +407,7 @@ def test_a_failed_call_holds_no_room_for_an_answer_it_will_not_send(tmp_path: Pa
         service = InferenceService(engine)
         request = infer_request("same", [100_000, 4])
         request.inputs[0].datatype = "INT32"  # (invalid: the model takes FP32)
-        context = StuckContext()
+        context = CallContext()  # (its done callbacks never run: its status is never sent)
         with pytest.raises(_Aborted):
             await service.ModelInfer(request, context)
         assert context.code == grpc.StatusCode.INVALID_ARGUMENT
