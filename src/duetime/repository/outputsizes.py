@@ -124,6 +124,11 @@ def _inferred(model: onnx.ModelProto) -> OutputSizes | None:
     light.ir_version = model.ir_version
     light.opset_import.extend(model.opset_import)
     light.functions.extend(model.functions)
+    for function in light.functions:  # (their subgraphs' declarations, as the graph's below)
+        for node in function.node:
+            for attribute in node.attribute:
+                for sub in _subgraphs_of(attribute):
+                    _undeclared(sub)
     symbols: dict[str, Dim] = {}
     inputs: list[InputShape] = []
     for index, value in enumerate(graph.input):
