@@ -342,7 +342,6 @@ class Engine:
             answer_guess=(
                 None if loaded.cost_depends_on_values or row_out is None else row_out * max_rows
             ),
-            answer_sizes=loaded.output_sizes,
         )
         return Deployment(loaded, scheduler, variant)
 
@@ -1437,7 +1436,7 @@ def _answers_of(snapshot: Snapshot, model: str) -> _Answers:
         return _Answers(None if model in snapshot.loading else 0, None, 1.0)
     deployments = [d for version in served.versions.values() for d in version.variants]
     guesses = [d.scheduler.answer_guess for d in deployments]
-    sizes = [d.scheduler.answer_sizes for d in deployments]
+    sizes = [d.model.output_sizes for d in deployments]
     class_bytes = max(
         (
             classification.max_class_bytes(spec.datatype, d.model.labels.get(spec.name, ()))

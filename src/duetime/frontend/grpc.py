@@ -319,7 +319,7 @@ class AnswerHold:
         while self._estimate + self._echoed > budget.small:
             held = (self._estimate + self._echoed) * ANSWER_COPIES
             waits = budget.waits(held)
-            started = time.monotonic()
+            started = time.monotonic() if waits else 0.0
             if not await budget.take(held, within_s):
                 raise DeadlineExceeded(
                     f"{TIMEOUT_EXPIRED}: model '{self._model}': the request was due before its "
@@ -433,7 +433,9 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
     def budget(self, settings: ServerSettings) -> AnswerBudget:
         """A budget for unsent answers within `settings`' limits, estimating from the engine."""
         engine = self._engine
-        return AnswerBudget.of(settings, self.answer_guess, engine.answer_sizes, engine.class_bytes)
+        return AnswerBudget.of(
+            settings, engine.answer_guess, engine.answer_sizes, engine.class_bytes
+        )
 
     async def ServerLive(self, request: Any, context: Any) -> Any:
         return pb.ServerLiveResponse(live=True)

@@ -13,14 +13,15 @@ import math
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import onnx
 import onnx.inliner
 from onnx import TensorProto, helper, numpy_helper
 
-from duetime.repository.outputsizes import OutputSizes, output_sizes
+if TYPE_CHECKING:
+    from duetime.repository.outputsizes import OutputSizes
 
 log = logging.getLogger("duetime.graphs")
 
@@ -123,6 +124,8 @@ def study_graph(path: Path) -> StudiedGraph:
             path, shown + (f" and {more} more" if more > 0 else ""),
             "s" if len(facts.unbounded) == 1 else "",
         )  # fmt: skip
+    from duetime.repository.outputsizes import output_sizes  # (it builds on this module)
+
     sizes = output_sizes(model)
     guarded = guard_integer_division(model, str(path))
     return StudiedGraph(facts, model.SerializeToString() if guarded else None, sizes)
@@ -215,7 +218,7 @@ def _mark(node: onnx.NodeProto, flow: _Flow) -> None:
         flow.dynamic = True
     if node.op_type in DYNAMIC_QUANTIZERS:  # (of this domain and Microsoft's)
         flow.dynamic = True
-    for sub in _subgraphs(node):  # (quantizers in a branch count too)
+    for sub in subgraphs(node):  # (quantizers in a branch count too)
         if op not in ("Scan", "If"):  # (followed above, by `_scan_origin`/`_branches_origin`)
             inner = _Flow(set(flow.values), dict(flow.sized))
             inner.values.update(value.name for value in sub.input)
@@ -249,7 +252,7 @@ def _keeps_size(node: onnx.NodeProto) -> bool:
 def _scan_origin(node: onnx.NodeProto, flow: _Flow) -> str | None:
     """A Scan's trip count is its scanned inputs' length, a size: it follows the values only if
     its body does something that does (or a scanned input's size does)."""
-    body = next(_subgraphs(node))
+    body = next(subgraphs(node))
     inner = _Flow(set(flow.values), dict(flow.sized))
     inner.values.update(value.name for value in body.input)
     _follow(body, inner)
@@ -260,7 +263,7 @@ def _scan_origin(node: onnx.NodeProto, flow: _Flow) -> str | None:
 def _branches_origin(node: onnx.NodeProto, flow: _Flow) -> str | None:
     """The first node of an If's branches whose size or cost follows the values, if any."""
     origin = None
-    for branch in _subgraphs(node):
+    for branch in subgraphs(node):
         inner = _Flow(set(flow.values), dict(flow.sized))
         _follow(branch, inner)
         flow.dynamic = flow.dynamic or inner.dynamic
@@ -268,7 +271,8 @@ def _branches_origin(node: onnx.NodeProto, flow: _Flow) -> str | None:
     return origin
 
 
-def _subgraphs(node: onnx.NodeProto) -> Iterator[onnx.GraphProto]:
+def subgraphs(node: onnx.NodeProto) -> Iterator[onnx.GraphProto]:
+    """The graphs `node` holds (an If's branches, a Loop's or a Scan's body), not nested."""
     for attr in node.attribute:
         if attr.type == onnx.AttributeProto.GRAPH:
             yield attr.g
@@ -491,7 +495,7 @@ def _looped(node: onnx.NodeProto, values: _Values) -> _Sized | None:
 
 def _iteration_outputs(node: onnx.NodeProto) -> list[onnx.ValueInfoProto]:
     """A Loop's body outputs that are scan outputs (stacked, one slice per iteration)."""
-    body = next(_subgraphs(node), None)
+    body = next(subgraphs(node), None)
     if body is None:
         return []
     carried = max(len(node.input) - 2, 0)
@@ -916,7 +920,7 @@ def _guard_graph(graph: onnx.GraphProto, types: Mapping[str, int], names: _Names
         graph.node.extend(replaced)
     guarded = sum(kind is not None for kind in kinds)
     for node in graph.node:
-        for sub in _subgraphs(node):
+        for sub in subgraphs(node):
             guarded += _guard_graph(sub, types, names)
     return guarded
 
@@ -943,7 +947,7 @@ def _divisions_in_functions(model: onnx.ModelProto) -> Iterator[onnx.NodeProto]:
         for node in function.node:
             if _is_division(node):
                 yield node
-            for sub in _subgraphs(node):
+            for sub in subgraphs(node):
                 yield from (n for g in _graphs(sub) for n in g.node if _is_division(n))
 
 
@@ -951,7 +955,7 @@ def _graphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
     """`graph` and every subgraph in it (Loop, If and Scan bodies, nested)."""
     yield graph
     for node in graph.node:
-        for sub in _subgraphs(node):
+        for sub in subgraphs(node):
             yield from _graphs(sub)
 
 

@@ -17,12 +17,15 @@ held 24 answers of 16 MB under a 100 MB bound. Inference gives that one [N,N].
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 import onnx
 import onnx.shape_inference
 from onnx import TensorProto, helper
+
+from duetime.repository.graphs import subgraphs
 
 log = logging.getLogger("duetime.outputsizes")
 
@@ -126,9 +129,8 @@ def _inferred(model: onnx.ModelProto) -> OutputSizes | None:
     light.functions.extend(model.functions)
     for function in light.functions:  # (their subgraphs' declarations, as the graph's below)
         for node in function.node:
-            for attribute in node.attribute:
-                for sub in _subgraphs_of(attribute):
-                    _undeclared(sub)
+            for sub in subgraphs(node):
+                _undeclared(sub)
     symbols: dict[str, Dim] = {}
     inputs: list[InputShape] = []
     for index, value in enumerate(graph.input):
@@ -155,9 +157,8 @@ def _inferred(model: onnx.ModelProto) -> OutputSizes | None:
         if weight is None:
             copied = light.graph.node.add()
             copied.CopyFrom(node)
-            for attribute in copied.attribute:
-                for sub in _subgraphs_of(attribute):
-                    _undeclared(sub)
+            for sub in subgraphs(copied):
+                _undeclared(sub)
         else:  # (declared by its type and dims, as the initializers below)
             light.graph.input.append(
                 helper.make_tensor_value_info(node.output[0], weight.data_type, list(weight.dims))
@@ -166,7 +167,7 @@ def _inferred(model: onnx.ModelProto) -> OutputSizes | None:
     for init in graph.initializer:
         if init.name in declared:
             continue  # (a request's to give: an input above)
-        if init.data_type in _INTEGERS and _elements(init.dims) <= KEPT_CONSTANT_ELEMENTS:
+        if init.data_type in _INTEGERS and math.prod(init.dims) <= KEPT_CONSTANT_ELEMENTS:
             light.graph.initializer.append(init)
         else:
             light.graph.input.append(
@@ -239,12 +240,7 @@ def _unsound(node: onnx.NodeProto, functions: set[tuple[str, str]], constants: s
             return True
     if (node.domain, node.op_type) in functions:
         return True
-    return any(
-        _unsound(inner, functions, set())
-        for attribute in node.attribute
-        for sub in _subgraphs_of(attribute)
-        for inner in sub.node
-    )
+    return any(_unsound(inner, functions, set()) for sub in subgraphs(node) for inner in sub.node)
 
 
 def _undeclared(graph: onnx.GraphProto) -> None:
@@ -256,37 +252,22 @@ def _undeclared(graph: onnx.GraphProto) -> None:
         if output.type.WhichOneof("value") == "tensor_type":
             output.type.tensor_type.ClearField("shape")
     for node in graph.node:
-        for attribute in node.attribute:
-            for sub in _subgraphs_of(attribute):
-                _undeclared(sub)
-
-
-def _subgraphs_of(attribute: onnx.AttributeProto) -> list[onnx.GraphProto]:
-    if attribute.type == onnx.AttributeProto.GRAPH:
-        return [attribute.g]
-    if attribute.type == onnx.AttributeProto.GRAPHS:
-        return list(attribute.graphs)
-    return []
+        for sub in subgraphs(node):
+            _undeclared(sub)
 
 
 def _read(node: onnx.NodeProto) -> list[str]:
     """The tensors `node` reads: its inputs and those its subgraphs take from outside them."""
     names = [name for name in node.input if name]
-    for attribute in node.attribute:
-        for sub in _subgraphs_of(attribute):
-            for inner in sub.node:
-                names.extend(_read(inner))
+    for sub in subgraphs(node):
+        for inner in sub.node:
+            names.extend(_read(inner))
     return names
 
 
 def _constants(graph: onnx.GraphProto) -> set[str]:
     """The outputs of the graph's Constant nodes whose values inference keeps (see `_weight`)."""
-    return {
-        node.output[0]
-        for node in graph.node
-        if node.op_type == "Constant" and node.domain in ("", "ai.onnx") and len(node.output) == 1
-        and _weight(node) is None
-    }  # fmt: skip
+    return {node.output[0] for node in graph.node if _is_constant(node) and _weight(node) is None}
 
 
 _INTEGERS = frozenset({TensorProto.INT64, TensorProto.INT32})
@@ -295,22 +276,19 @@ _INTEGERS = frozenset({TensorProto.INT64, TensorProto.INT32})
 def _weight(node: onnx.NodeProto) -> onnx.TensorProto | None:
     """The tensor a Constant node holds, if it is too big to copy for inference (some exporters
     keep a model's weights so: each copy would be the model's size again)."""
-    if node.op_type != "Constant" or node.domain not in ("", "ai.onnx") or len(node.output) != 1:
+    if not _is_constant(node):
         return None
     for attribute in node.attribute:
         if attribute.name == "value" and attribute.type == onnx.AttributeProto.TENSOR:
             tensor: onnx.TensorProto = attribute.t
-            if tensor.data_type in _INTEGERS and _elements(tensor.dims) <= KEPT_CONSTANT_ELEMENTS:
+            if tensor.data_type in _INTEGERS and math.prod(tensor.dims) <= KEPT_CONSTANT_ELEMENTS:
                 return None
             return tensor
     return None
 
 
-def _elements(dims: Sequence[int]) -> int:
-    count = 1
-    for dim in dims:
-        count *= dim
-    return count
+def _is_constant(node: onnx.NodeProto) -> bool:
+    return node.op_type == "Constant" and node.domain in ("", "ai.onnx") and len(node.output) == 1
 
 
 def _output_size(output: onnx.ValueInfoProto, symbols: Mapping[str, Dim]) -> OutputSize | None:

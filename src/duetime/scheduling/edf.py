@@ -240,6 +240,12 @@ class EDFQueue:
             self.widest = 0
         return removed
 
+    @property
+    def mixed(self) -> bool:
+        """Whether it holds requests of more than one priority level."""
+        keys = self._keys
+        return bool(keys) and keys[0][0] != keys[-1][0]
+
     def level_end(self, index: int) -> int:
         """The index past the last request of the priority level of the one at `index`."""
         return bisect.bisect_left(self._keys, (self._keys[index][0] + 1,), index)

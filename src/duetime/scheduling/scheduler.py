@@ -20,7 +20,7 @@ from bisect import bisect_left
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple
 
 from duetime.clock import Clock
 from duetime.config import BreakerConfig, SchedulingConfig
@@ -50,9 +50,6 @@ from duetime.scheduling.ledger import NO_SLACK, CoreLedger, Queued
 from duetime.scheduling.profile import LateMargin, LatencyProfile, Overrun, RecentTail
 from duetime.scheduling.sizecost import SizeCost
 from duetime.types import RequestTiming
-
-if TYPE_CHECKING:
-    from duetime.repository.outputsizes import OutputSizes
 
 log = logging.getLogger("duetime.scheduler")
 
@@ -415,7 +412,6 @@ class ModelScheduler:
         predictable_cost: bool = True,
         max_batch_bytes: int = 0,
         answer_guess: int | None = None,
-        answer_sizes: OutputSizes | None = None,
     ) -> None:
         """`ledger`: the CPU its instances run on, when other models' instances run there too
         (see scheduling/ledger.py). `sample_row_bytes`: the input bytes a row of the samples the
@@ -427,10 +423,8 @@ class ModelScheduler:
         (5 valid Loop requests of 60-120 ms opened the breaker of one profiled at 1 ms).
         Failures still count. `max_batch_bytes`: see `batch_bytes_bound` (0: none).
         `answer_guess`: what its answers are expected to weigh before it made one (see
-        `Engine.answer_guess`); `answer_sizes`, where there is none, what a request's shapes
-        say of its answer's size (see `Engine.answer_sizes`)."""
+        `Engine.answer_guess`)."""
         self.answer_guess = answer_guess
-        self.answer_sizes = answer_sizes
         self._sample = sample
         self._refreshing = False
         """A sample run of `refresh_if_stale` is planned (`_refresh_soon`) or running."""
@@ -1582,7 +1576,8 @@ class ModelScheduler:
         self._sweeps += 1
         if self._edf and (queue.outranked or not self._sweeps % _OUTRANKED_EVERY):
             queue.outranked = False
-            hopeless.extend(self._expire_outranked(now))
+            if queue.mixed:  # (one level: nothing is outranked; the walk's inputs cost)
+                hopeless.extend(self._expire_outranked(now))
         if hopeless and self._ledger is not None:
             self._ledger.settled(self._owners[0][0])  # (a batch held for them may go)
         self._sweep_committed(now)
