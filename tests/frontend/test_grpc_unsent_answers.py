@@ -315,7 +315,7 @@ def test_an_answer_bigger_than_its_shapes_said_ends_their_word(
         await hold.taken()
         hold.made(40)  # (as said)
         assert sizes.trusted
-        with caplog.at_level(logging.WARNING, logger="duetime.grpc"):
+        with caplog.at_level(logging.WARNING, logger="duetime.answers"):
             hold.made(80)
         assert not sizes.trusted
         assert "made an answer of 80 bytes where its graph's shapes said 40" in caplog.text

@@ -76,6 +76,9 @@ class Api:
     def hold_back(self, method: str, target: bytes, headers: Any, body: bytes, **_: Any) -> None:
         return None  # (handled whole once started)
 
+    def answer_estimate(self, pending: PendingReply) -> None:
+        return None  # (nothing known from a request's shapes)
+
     def encode(self, pending: PendingReply) -> Reply:
         return pending.encode(pending.ticket)  # type: ignore[no-any-return]
 

@@ -3,7 +3,14 @@ they hold unsent (HTTP's `Intake`, gRPC's `AnswerBudget`)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import logging
+from collections.abc import Callable, Collection, Mapping, Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # (not at run time: that module imports onnx)
+    from duetime.repository.outputsizes import OutputSize, OutputSizes
+
+log = logging.getLogger("duetime.answers")
 
 WINDOW = 64
 """Answers after which a model's largest is forgotten (see `LargestAnswers`)."""
@@ -68,3 +75,35 @@ class LargestAnswers:
         window[2] += 1
         if window[2] >= WINDOW:
             window[0], window[1], window[2] = window[1], 0, 0
+
+
+def shaped_bytes(
+    sizes: tuple[OutputSizes, ...],
+    shapes: Mapping[str, Sequence[int]],
+    wanted: Collection[str] = (),
+    weigh: Callable[[OutputSize, int], int] | None = None,
+) -> int | None:
+    """The most bytes any of `sizes` (a model's versions' and variants': a request may go to
+    any) gives for an answer to inputs of `shapes` with the `wanted` outputs (empty: all; see
+    `OutputSizes.bytes_for`); None where one gives none or is no longer trusted."""
+    most = 0
+    for each in sizes:
+        made = each.bytes_for(shapes, wanted, weigh) if each.trusted else None
+        if made is None:
+            return None
+        most = max(most, made)
+    return most
+
+
+def distrust(sizes: tuple[OutputSizes, ...], model: str, made: int, said: int) -> None:
+    """`model` made an answer of `made` bytes where its graph's shapes (`sizes`) said `said`:
+    a shape inference ONNX Runtime does not share, so no request's shapes are believed from now
+    on (its answers count as the most one may weigh until it is reloaded)."""
+    if made <= said or not any(each.trusted for each in sizes):
+        return
+    for each in sizes:
+        each.trusted = False
+    log.warning(
+        "model '%s' made an answer of %d bytes where its graph's shapes said %d: its answers "
+        "now count as the largest one may weigh until it is reloaded", model, made, said,
+    )  # fmt: skip

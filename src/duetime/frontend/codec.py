@@ -833,6 +833,17 @@ JSON_VALUE_BYTES = {
 a float in its shortest exact form, `-0.0000050164504` as FP32)."""
 JSON_VALUE_MAX_BYTES = max(JSON_VALUE_BYTES.values()) + 1
 """The most any one number takes as JSON, with its comma."""
+JSON_FLOAT_TEXT_BYTES = 26
+"""The most one float takes in an answer's JSON, with what follows it: where a piece holds a NaN
+or an infinity, `json` writes its values as doubles and ', ' (`-2.2250738585072014e-308, `)."""
+
+
+def json_value_bytes_at_most(datatype: str) -> int:
+    """The most one value of `datatype` (numeric) takes in an answer's JSON, with what follows
+    it (see `to_json_data`)."""
+    if datatype in ("FP16", "FP32", "FP64") or datatype not in JSON_VALUE_BYTES:
+        return JSON_FLOAT_TEXT_BYTES
+    return JSON_VALUE_BYTES[datatype] + 1
 
 
 def json_size(array: np.ndarray, datatype: str) -> int:

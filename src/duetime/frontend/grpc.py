@@ -31,7 +31,7 @@ from duetime.errors import (
     fitted,
 )
 from duetime.frontend import codec, sharedmemory
-from duetime.frontend.answersizes import LargestAnswers
+from duetime.frontend.answersizes import LargestAnswers, distrust, shaped_bytes
 from duetime.frontend.grpcbacklog import (
     CoreBacklog,
     CountingServer,
@@ -268,17 +268,9 @@ ANSWER_COPIES = 3
 
 
 def _shaped_bytes(sizes: tuple[OutputSizes, ...], request: Any) -> int | None:
-    """The most bytes any of `sizes` (a model's versions' and variants') gives for `request`'s
-    answer; None where one gives none or is no longer trusted."""
+    """`shaped_bytes` of a ModelInferRequest's answer."""
     shapes = {tensor.name: tensor.shape for tensor in request.inputs}
-    wanted = [output.name for output in request.outputs]
-    most = 0
-    for each in sizes:
-        made = each.bytes_for(shapes, wanted) if each.trusted else None
-        if made is None:
-            return None
-        most = max(most, made)
-    return most
+    return shaped_bytes(sizes, shapes, [output.name for output in request.outputs])
 
 
 class AnswerHold:
@@ -347,17 +339,8 @@ class AnswerHold:
         """The answer is made and its outputs weigh `size` bytes: held from now on if big."""
         budget = self._budget
         budget.learned(self._model, size)
-        sizes = self._sizes
-        if sizes is not None and size > self._estimate and any(s.trusted for s in sizes):
-            # (a shape inference ONNX Runtime does not share: no request's shapes are
-            # believed from now on)
-            for each in sizes:
-                each.trusted = False
-            log.warning(
-                "model '%s' made an answer of %d bytes where its graph's shapes said %d: its "
-                "answers now count as the largest message until it is reloaded",
-                self._model, size, self._estimate,
-            )  # fmt: skip
+        if self._sizes is not None:
+            distrust(self._sizes, self._model, size, self._estimate)
         size += self._echoed
         counted = size * ANSWER_COPIES if size > budget.small else 0
         if counted != self.size:

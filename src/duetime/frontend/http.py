@@ -48,7 +48,7 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from http import HTTPStatus
-from typing import Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import httptools
 import numpy as np
@@ -57,7 +57,7 @@ from duetime.config import ServerSettings
 from duetime.errors import ConfigError, DuetimeError
 from duetime.execution.affinity import lower_thread_priority
 from duetime.frontend import codec
-from duetime.frontend.answersizes import LargestAnswers
+from duetime.frontend.answersizes import LargestAnswers, distrust
 from duetime.frontend.arrival import SocketView, tcp_view
 from duetime.frontend.rest import (
     INFLATE_INLINE_BYTES,
@@ -75,6 +75,9 @@ from duetime.frontend.rest import (
 from duetime.observability.logs import log_request
 from duetime.observability.tracing import new_trace_id, parse_traceparent
 from duetime.overload import LoadShedder
+
+if TYPE_CHECKING:  # (not at run time: that module imports onnx)
+    from duetime.repository.outputsizes import OutputSizes
 
 log = logging.getLogger("duetime.http")
 
@@ -586,6 +589,10 @@ class _Slot:
     expected: int = 0
     """What its answer is expected to weigh, counted in the Intake until it is made (see
     `Intake.expected_answer`)."""
+    shaped: tuple[OutputSizes, ...] | None = None
+    """Its model's outputs' sizes, where they gave its answer's from its request's shapes (see
+    `HttpConnection._sized`), and what they gave (`shaped_size`)."""
+    shaped_size: int = 0
 
 
 class _ReadBuffer(threading.local):
@@ -1871,7 +1878,26 @@ class HttpConnection(asyncio.BufferedProtocol):
             self._made(slot, _encode(outcome, self._keep_alive(slot), slot.http10, head_only=head))
         else:
             slot.pending = outcome
+            if slot.expected >= self._intake.unknown_answer_bytes:
+                self._sized(slot, outcome)
             outcome.ticket.when_done(lambda: self._settle(slot))
+
+    def _sized(self, slot: _Slot, pending: PendingReply) -> None:
+        """`slot`'s inference, whose answer was expected to weigh the most one may (nothing was
+        known of its model's), is expected to weigh what its request's shapes say now it is
+        decoded, where its model's graph tells (`RestApi.answer_estimate`): the rest is let go,
+        and connections waiting for room for their answers may go on."""
+        estimate = self._api.answer_estimate(pending)
+        if estimate is None:
+            return
+        size, slot.shaped = estimate
+        slot.shaped_size = size
+        intake = self._intake
+        if size <= intake.small_answer_bytes:
+            size = 0
+        if size < slot.expected:
+            intake.expected_made(slot.expected - size, self._loop)
+            slot.expected = size
 
     def _join_off_loop(
         self, slot: _Slot, method: str, url: bytes, headers: dict[str, str], chunks: list[bytes]
@@ -2085,6 +2111,8 @@ class HttpConnection(asyncio.BufferedProtocol):
         model = slot.model
         if model is not None:
             self._intake.answer_sizes.learned(model, size)
+            if slot.shaped is not None:
+                distrust(slot.shaped, model, size, slot.shaped_size)
             if slot.expected:
                 self._intake.expected_made(slot.expected, self._loop)
                 slot.expected = 0

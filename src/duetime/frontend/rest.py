@@ -20,7 +20,7 @@ import zlib
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from importlib import resources
-from typing import Any, Generic, NamedTuple, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, NamedTuple, Protocol, TypeVar
 from urllib.parse import unquote
 
 import numpy as np
@@ -45,6 +45,7 @@ from duetime.errors import (
     fitted,
 )
 from duetime.frontend import codec, sharedmemory
+from duetime.frontend.answersizes import shaped_bytes
 from duetime.frontend.arrival import ReadTurn
 from duetime.frontend.metadata import model_config_json, model_metadata_json
 from duetime.frontend.parameters import (
@@ -84,6 +85,9 @@ from duetime.repository.manager import (
 from duetime.repository.registry import labels
 from duetime.repository.tritonconfig import read_json_config
 from duetime.types import InferRequest
+
+if TYPE_CHECKING:  # (not at run time: that module imports onnx)
+    from duetime.repository.outputsizes import OutputSize, OutputSizes
 
 log = logging.getLogger("duetime.rest")
 
@@ -185,6 +189,14 @@ class Pending(Protocol):
         """Call `callback` once `future` settles (at once if it has; never if cancelled)."""
 
 
+ANSWER_WORDS_BYTES = 2048
+"""The most an inference's answer takes as written besides its outputs' entries, its id and its
+model's name (status line and headers, the JSON's keys, the version): see
+`RestApi.answer_estimate`."""
+_ESCAPED = 6
+"""The most bytes one character of a name takes in JSON (a control character: `\\u0001`)."""
+
+
 @dataclass(slots=True)
 class PendingReply:
     """A response still being worked on; `encode` builds the Reply once the ticket is done."""
@@ -195,6 +207,10 @@ class PendingReply:
     """An inference's request headers (for the log line if its client goes: `withdrawn`)."""
     traced: Callable[[Ticket], None] | None = None
     """A traced inference's span, recorded if its client withdraws it (`withdrawn_span`)."""
+    request: InferRequest | None = None
+    """A v2 inference's request, decoded (see `RestApi.answer_estimate`)."""
+    plan: OutputPlan | None = None
+    """How that request's outputs go back."""
 
     def withdrawn_span(self) -> None:
         """Record a traced inference's span, with an error status, once its client withdrew
@@ -638,7 +654,7 @@ class RestApi:
         plan = held.plan
         return PendingReply(
             ticket, lambda done: self._infer_reply(done, request, plan), request.headers,
-            self._withdrawn_span(request),
+            self._withdrawn_span(request), request, plan,
         )  # fmt: skip
 
     def refuse_held(self, held: HeldInfer, reason: str) -> Reply:
@@ -1194,8 +1210,39 @@ class RestApi:
             return self._refused(exc, model, version, headers, received, timing)
         return PendingReply(
             ticket, lambda done: self._infer_reply(done, request, plan), headers,
-            self._withdrawn_span(request),
+            self._withdrawn_span(request), request, plan,
         )  # fmt: skip
+
+    def answer_estimate(self, pending: PendingReply) -> tuple[int, tuple[OutputSizes, ...]] | None:
+        """What the answer of `pending`, a v2 inference just handed to the engine, will weigh
+        at most as written, from its request's shapes, where its model's graph gives its
+        outputs' sizes from them (`Engine.answer_sizes`), and the sizes that said so; None
+        where they do not (not a v2 inference; a model without them; outputs asked for as
+        their top classes, texts whose length the labels set). Each output counts as binary
+        data or as JSON text (`codec.json_value_bytes_at_most` a value), as it goes back.
+
+        NOTE: asked by the connection of a request whose model has no size known at load
+        (`Engine.answer_guess` None: its answers follow its requests' shapes), which holds the
+        most an answer may weigh until then: under a 100 MB bound 2 of 16 requests for
+        [B,256,256] answers ran at once (found by a tester; gRPC sized them already)."""
+        request, plan = pending.request, pending.plan
+        if request is None or plan is None or request.classes:
+            return None
+        sizes = self._engine.answer_sizes(request.model)
+        if sizes is None:
+            return None
+        shapes = {name: array.shape for name, array in request.inputs.items()}
+
+        def weigh(output: OutputSize, count: int) -> int:
+            binary = plan.is_binary(output.name)
+            each = output.itemsize if binary else codec.json_value_bytes_at_most(output.datatype)
+            # (its entry's words: name escaped, up to 6 bytes a character; a dim up to 21)
+            return count * each + _ESCAPED * len(output.name) + 21 * len(output.dims) + 96
+
+        made = shaped_bytes(sizes, shapes, request.outputs or (), weigh)
+        if made is None:
+            return None
+        return made + _ESCAPED * (len(request.id) + len(request.model)) + ANSWER_WORDS_BYTES, sizes
 
     def _read_infer(
         self, model: str, version: str | None, headers: Mapping[str, str], body: bytes,

@@ -18,13 +18,15 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import onnx
 import onnx.shape_inference
 from onnx import TensorProto, helper
 
+from duetime.datatypes import v2_datatype_of
 from duetime.repository.graphs import subgraphs
 
 log = logging.getLogger("duetime.outputsizes")
@@ -41,11 +43,13 @@ _SYMBOL = "__duetime_dim_{}_{}"
 
 @dataclass(frozen=True)
 class OutputSize:
-    """One output's size: `itemsize` bytes an element, `dims` its shape (see `Dim`)."""
+    """One output's size: `itemsize` bytes an element, `dims` its shape (see `Dim`); its
+    `datatype` is its v2 name (what its elements take as JSON: HTTP's answers)."""
 
     name: str
     itemsize: int
     dims: tuple[Dim, ...]
+    datatype: str = ""
 
 
 class OutputSizes:
@@ -67,13 +71,17 @@ class OutputSizes:
         self.trusted = True
 
     def bytes_for(
-        self, shapes: Mapping[str, Sequence[int]], wanted: Collection[str] = ()
+        self,
+        shapes: Mapping[str, Sequence[int]],
+        wanted: Collection[str] = (),
+        weigh: Callable[[OutputSize, int], int] | None = None,
     ) -> int | None:
         """The bytes of the `wanted` outputs (empty: all) for inputs of these `shapes` (name ->
         dims, as the request gives them; an optional input left out has its default's); None
         where they do not say (a required input missing or of another rank, an output whose
         size they do not set). A request ONNX Runtime refuses makes no answer at all, so its
-        shapes need not be valid."""
+        shapes need not be valid. An output of n elements weighs n times its `itemsize`, or what
+        `weigh(output, n)` says (one written as text, with its entry's words around it)."""
         given: list[Sequence[int]] = []
         for input_ in self.inputs:
             shape = shapes.get(input_.name, input_.default)
@@ -85,10 +93,10 @@ class OutputSizes:
             output = self.outputs.get(name)
             if output is None:  # (one it cannot size, or one the graph does not give)
                 return None
-            count = output.itemsize
+            count = 1
             for dim in output.dims:
                 count *= dim if isinstance(dim, int) else max(0, given[dim[0]][dim[1]])
-            total += count
+            total += count * output.itemsize if weigh is None else weigh(output, count)
         return total
 
 
@@ -300,9 +308,13 @@ def _output_size(output: onnx.ValueInfoProto, symbols: Mapping[str, Dim]) -> Out
     ):
         return None
     try:
-        itemsize = helper.tensor_dtype_to_np_dtype(tensor.elem_type).itemsize
+        dtype = helper.tensor_dtype_to_np_dtype(tensor.elem_type)
     except (KeyError, ValueError, TypeError):  # (a type numpy has none of)
         return None
+    try:
+        datatype = v2_datatype_of(np.empty(0, dtype))
+    except TypeError:  # (bfloat16 and the like: not served, see datatypes.UNSERVED)
+        datatype = ""
     dims: list[Dim] = []
     for dim in tensor.shape.dim:
         if dim.HasField("dim_value") and dim.dim_value >= 0:
@@ -311,4 +323,4 @@ def _output_size(output: onnx.ValueInfoProto, symbols: Mapping[str, Dim]) -> Out
             dims.append(symbols[dim.dim_param])
         else:
             return None
-    return OutputSize(output.name, itemsize, tuple(dims))
+    return OutputSize(output.name, dtype.itemsize, tuple(dims), datatype)
