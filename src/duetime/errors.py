@@ -119,6 +119,14 @@ class NotAllowed(DuetimeError):
     grpc_code = "FAILED_PRECONDITION"
 
 
+class Unsupported(DuetimeError):
+    """A request for something the protocol has and this server does not do: as Triton's
+    UNSUPPORTED, 400 / UNIMPLEMENTED (a repository call naming a repository)."""
+
+    http_status = 400
+    grpc_code = "UNIMPLEMENTED"
+
+
 MODEL_CONTROL_OFF = "explicit model load / unload is not allowed if polling is enabled"
 """Triton's words for a load or unload outside explicit mode (`ModelControlOff`; Triton says
 them in mode none too)."""

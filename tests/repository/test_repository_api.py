@@ -652,3 +652,79 @@ def test_a_model_whose_load_failed_is_not_ready_not_unavailable(
         connection.close()
     assert http.is_model_ready("broken") is False
     assert grpc.is_model_ready("broken") is False
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_a_load_parameter_it_does_not_know_is_refused(
+    explicit_server: RunningServer, protocol: str
+) -> None:
+    """As Triton: a load parameter other than `config` and `file:<path>` is refused, and
+    nothing loads. Found by a tester: an upload under a mistyped key ("files:...", or the path
+    alone) loaded the repository's model and said it had loaded the upload."""
+    import grpc
+    from tritonclient.grpc import service_pb2, service_pb2_grpc
+
+    upload = scale_model(555)
+    for key in ("files:1/model.onnx", "1/model.onnx", "foo"):
+        if protocol == "http":
+            host, port = explicit_server.http.split(":")
+            connection = http_client.HTTPConnection(host, int(port), timeout=30)
+            try:
+                body = json.dumps({"parameters": {key: "AAAA"}})
+                connection.request("POST", "/v2/repository/models/u/load", body=body)
+                answer = connection.getresponse()
+                status, message = answer.status, json.loads(answer.read())["error"]
+            finally:
+                connection.close()
+            assert status == 400
+        else:
+            request = service_pb2.RepositoryModelLoadRequest(model_name="u")
+            request.parameters[key].bytes_param = upload
+            with grpc.insecure_channel(explicit_server.grpc) as channel:
+                stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+                with pytest.raises(grpc.RpcError) as refused:
+                    stub.RepositoryModelLoad(request, timeout=30)
+            assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            message = str(refused.value.details())
+        assert f"unrecognized load parameter '{key}'" in message
+        assert "'config'" in message
+        assert "'file:<path>'" in message
+        assert not clients(explicit_server)[0].is_model_ready("u")
+
+
+def test_a_grpc_repository_call_naming_a_repository_is_refused(
+    explicit_server: RunningServer,
+) -> None:
+    """As Triton (UNSUPPORTED): the server has one repository. Found by a tester: an unload
+    naming another repository unloaded this one's model. A KServe client's load or unload, whose
+    model name rides in field 1 (Triton's `repository_name`), is still taken."""
+    import grpc
+    from tritonclient.grpc import service_pb2, service_pb2_grpc
+
+    http = clients(explicit_server)[0]
+    http.load_model("u")
+    try:
+        with grpc.insecure_channel(explicit_server.grpc) as channel:
+            stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+            calls = [
+                (stub.RepositoryIndex, service_pb2.RepositoryIndexRequest(repository_name="r")),
+                (stub.RepositoryModelUnload,
+                 service_pb2.RepositoryModelUnloadRequest(repository_name="r", model_name="u")),
+                (stub.RepositoryModelLoad,
+                 service_pb2.RepositoryModelLoadRequest(repository_name="r", model_name="v")),
+            ]  # fmt: skip
+            for call, request in calls:
+                with pytest.raises(grpc.RpcError) as refused:
+                    call(request, timeout=30)
+                assert refused.value.code() == grpc.StatusCode.UNIMPLEMENTED
+                assert "'repository_name' specification is not supported" in str(
+                    refused.value.details()
+                )
+            assert http.is_model_ready("u"), "nothing was unloaded"
+            assert not http.is_model_ready("v"), "nothing was loaded"
+            stub.RepositoryModelUnload(
+                service_pb2.RepositoryModelUnloadRequest(repository_name="u"), timeout=30
+            )  # (KServe's: its model name as field 1)
+            assert not http.is_model_ready("u")
+    finally:
+        http.unload_model("u")

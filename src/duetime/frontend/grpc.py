@@ -28,6 +28,7 @@ from duetime.errors import (
     ModelUnavailable,
     PayloadTooLarge,
     Shed,
+    Unsupported,
     fitted,
 )
 from duetime.frontend import codec, sharedmemory
@@ -479,12 +480,14 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         return json_format.ParseDict(doc, pb.ModelStatisticsResponse())
 
     async def RepositoryIndex(self, request: Any, context: Any) -> Any:
+        _one_repository(request, context)
         entries = self._engine.repository_index(request.ready)
         return pb.RepositoryIndexResponse(
             models=[pb.RepositoryIndexResponse.ModelIndex(**entry) for entry in entries]
         )
 
     async def RepositoryModelLoad(self, request: Any, context: Any) -> Any:
+        _one_repository(request, context)
         try:
             self._check_token(context)
             name = _model_to_change(request)
@@ -497,6 +500,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         return _changed(pb.RepositoryModelLoadResponse(), name)
 
     async def RepositoryModelUnload(self, request: Any, context: Any) -> Any:
+        _one_repository(request, context)
         try:
             self._check_token(context)
             name = _model_to_change(request)
@@ -1399,6 +1403,19 @@ gRPC status code, which ends it, in place of an `error_message` in the stream.""
 
 def _wants_grpc_errors(context: Any) -> bool:
     return _Metadata(context).get(GRPC_ERROR_HEADER, "").strip().lower() == "true"
+
+
+def _one_repository(request: Any, context: Any) -> None:
+    """Refuse a repository call naming a repository (`repository_name`), as Triton does
+    (UNSUPPORTED): the server has one, which the call would change or list whatever it named.
+    A load or unload naming no model is KServe's (its model name is field 1: see
+    `_model_to_change`), and names none.
+
+    NOTE: taken as if unnamed, an unload naming another repository unloaded the model of this
+    one (found by a tester; over HTTP, /v2/repository/<name>/... is not found)."""
+    named = request.repository_name
+    if named and (not hasattr(request, "model_name") or request.model_name):
+        _abort(context, Unsupported("'repository_name' specification is not supported"))
 
 
 def _parameters(parameters: Mapping[str, Any]) -> dict[str, Any]:
