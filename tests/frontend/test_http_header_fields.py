@@ -223,3 +223,28 @@ def test_a_refusal_found_later_still_counts_once(server: RunningServer) -> None:
     after = refused(server)
     assert after[("400", "InvalidInput")] - before.get(("400", "InvalidInput"), 0) == 1
     assert after.get(("400", "HttpError"), 0) == before.get(("400", "HttpError"), 0)
+
+
+@pytest.mark.parametrize(
+    "trailer",
+    [
+        "Inference-Header-Content-Length: 5",
+        "Content-Encoding: gzip",
+        "Host: elsewhere",
+        "Content-Type: text/plain",
+    ],
+)
+def test_a_chunked_body_s_trailer_is_not_taken_as_the_head_s_fields(
+    server: RunningServer, trailer: str
+) -> None:
+    """RFC 9110 6.5.1: trailer fields are not merged into the head, and framing, content
+    coding and routing fields are never taken from one. They were: a trailer's
+    Inference-Header-Content-Length or Content-Encoding changed how the body was read, and a
+    trailer's Host refused the request as a second Host (found by a tester)."""
+    body = doubled_body()
+    chunked = f"{len(body):x}\r\n".encode() + body + f"\r\n0\r\n{trailer}\r\n\r\n".encode()
+    status, _, answer = exchange(
+        server, infer("Host: t\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n", chunked)
+    )
+    assert status == 200, answer
+    assert json.loads(answer)["outputs"][0]["data"] == [2, 4, 6, 8]

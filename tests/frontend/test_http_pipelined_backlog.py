@@ -24,7 +24,7 @@ from conftest import read_answers as answers
 from repo_models import scale_model, write_version
 
 from duetime.config import ServerSettings
-from duetime.frontend import rest
+from duetime.frontend import http, rest
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -140,11 +140,12 @@ def test_a_connection_pipelining_20000_requests_is_answered_in_order(
 
 @pytest.mark.parametrize("connections", [2])
 def test_idle_connections_make_room_for_new_ones_at_the_limit(
-    tmp_path_factory: pytest.TempPathFactory, connections: int
+    tmp_path_factory: pytest.TempPathFactory, connections: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Connections that sent nothing held every slot: new clients got 503 until the idle
     timeout (60 s). At the limit the longest-idle connection with nothing in flight is closed
-    for a new one; connections reading a request are not."""
+    for a new one; connections reading a request are not (while their heads come)."""
+    monkeypatch.setattr(http, "STALLED_HEAD_S", 600.0)
     repo = tmp_path_factory.mktemp("repo")
     write_version(repo, "scale", 1, scale_model(2.0))
     settings = ServerSettings(
@@ -172,6 +173,50 @@ def test_idle_connections_make_room_for_new_ones_at_the_limit(
             late.sendall(b"GET /v2/health/live HTTP/1.1\r\nHost: t\r\n\r\n")
             assert late.recv(100).startswith(b"HTTP/1.1 503 ")
         for sock in silent + busy:
+            sock.close()
+    finally:
+        stop_server(running, thread)
+
+
+def alive(sock: socket.socket) -> bool:
+    """Whether a liveness probe on `sock`, kept open, is answered 200 (read whole)."""
+    sock.sendall(b"GET /v2/health/live HTTP/1.1\r\nHost: t\r\n\r\n")
+    with sock.makefile("rb") as stream:
+        ((status, _body),) = answers(stream, 1)
+    return status == 200
+
+
+def test_connections_whose_heads_stalled_make_room_before_idle_ones(
+    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A client holding every connection with a byte of a head each (reopening any the server
+    closed) had well-behaved clients' idle keep-alive connections closed and new clients
+    refused 503 for as long as it went on (found by a tester: 756 requests lost beside it).
+    At the limit a connection whose head stalled is closed first."""
+    monkeypatch.setattr(http, "STALLED_HEAD_S", 0.2)
+    repo = tmp_path_factory.mktemp("repo")
+    write_version(repo, "scale", 1, scale_model(2.0))
+    settings = ServerSettings(
+        model_repository=repo, http_port=0, grpc_port=0, max_connections=3,
+        request_read_timeout_s=30,
+    )  # fmt: skip
+    running, thread = start_server(settings)
+    try:
+        keeper = connect(running)  # a well-behaved client, idle between its requests
+        assert alive(keeper)
+        stalled = [connect(running) for _ in range(2)]
+        for sock in stalled:
+            sock.sendall(b"G")
+        until(
+            lambda: sum(c in c._intake.heading for c in running.server._connections) == 2,
+            "read the heads begun",
+        )
+        time.sleep(0.3)
+        with connect(running) as late:  # (a head begun 0.3 s ago, silent since, closed for it)
+            assert alive(late)
+        assert stalled[0].recv(10) == b"", "the head begun first"
+        assert alive(keeper), "the idle one is kept"
+        for sock in [keeper, *stalled]:
             sock.close()
     finally:
         stop_server(running, thread)
