@@ -248,3 +248,41 @@ def test_a_chunked_body_s_trailer_is_not_taken_as_the_head_s_fields(
     )
     assert status == 200, answer
     assert json.loads(answer)["outputs"][0]["data"] == [2, 4, 6, 8]
+
+
+@pytest.mark.parametrize(
+    ("raw", "where"),
+    [
+        (b'{"parameters": {"timeout": 1e400}, "inputs": []}', "parameters.timeout"),
+        (b'{"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 4], '
+         b'"data": [1, 2, 3, 1%s]}]}' % (b"0" * 400), "inputs[0].data[3]"),
+    ],
+    ids=["timeout", "data"],
+)  # fmt: skip
+def test_a_number_no_float64_holds_is_refused_naming_its_field(
+    server: RunningServer, raw: bytes, where: str
+) -> None:
+    """orjson's reason gave a line and column alone (found by a tester)."""
+    length = f"Content-Length: {len(raw)}\r\n"
+    status, _, answer = exchange(server, infer(f"Host: t\r\nConnection: close\r\n{length}", raw))
+    assert status == 400
+    assert f" at {where} (line 1 column " in error_of(answer)
+    assert "is out of range" in error_of(answer)
+
+
+def test_a_header_length_of_the_whole_body_is_named_as_the_cut(server: RunningServer) -> None:
+    """Binary data counted in Inference-Header-Content-Length (the whole body): the refusal
+    said the header was needed, though it was sent (found by a tester)."""
+    data = np.ones((1, 4), np.float32).tobytes()
+    x = {"name": "x", "datatype": "FP32", "shape": [1, 4],
+         "parameters": {"binary_data_size": len(data)}}  # fmt: skip
+    body = json.dumps({"inputs": [x]}).encode() + data
+    head = (
+        f"Host: t\r\nConnection: close\r\nContent-Length: {len(body)}\r\n"
+        f"Inference-Header-Content-Length: {len(body)}\r\n"
+    )
+    status, _, answer = exchange(server, infer(head, body))
+    assert status == 400
+    message = error_of(answer)
+    assert f"Inference-Header-Content-Length says its JSON part is all its {len(body)}" in message
+    assert "needs header" not in message

@@ -801,8 +801,66 @@ def _spelled_for_json(raw: bytes) -> bytes:
 
 def json_fault(error: orjson.JSONDecodeError, data: bytes | memoryview) -> str:
     """What is wrong with a document `loads_json` refused: `utf8_fault`'s words where it is not
-    UTF-8, else "not valid JSON: " and orjson's reason."""
-    return utf8_fault(data) or f"not valid JSON: {error}"
+    UTF-8, `number_fault`'s where a number is out of range, else "not valid JSON: " and
+    orjson's reason."""
+    return utf8_fault(data) or number_fault(error, data) or f"not valid JSON: {error}"
+
+
+_OUT_OF_RANGE = "number is infinity when parsed as double"
+
+
+class _TooBig:
+    """A number of a document `number_fault` reads that no float64 holds (its text)."""
+
+    __slots__ = ("text",)
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+
+def number_fault(error: orjson.JSONDecodeError, data: bytes | memoryview) -> str | None:
+    """Where `error` is orjson's for a number no float64 holds (`1e400`, an integer of 400
+    digits), that number and the field holding it, in words: "the number 1e400 at
+    parameters.timeout (line 1 column 65) is out of range: ..."; else None.
+
+    NOTE: orjson's reason gave a line and column alone: a client could not tell which field
+    held it (found by a tester)."""
+    if _OUT_OF_RANGE not in str(error):
+        return None
+
+    def number(text: str) -> Any:
+        value = float(text)
+        return _TooBig(text) if math.isinf(value) else value
+
+    try:
+        doc = json.loads(_spelled_for_json(bytes(data)), parse_int=number, parse_float=number)
+    except (ValueError, RecursionError):
+        return None
+    stack: list[tuple[Any, str]] = [(doc, "")]
+    while stack:
+        item, path = stack.pop()
+        if isinstance(item, _TooBig):
+            shown = (
+                item.text
+                if len(item.text) <= 40
+                else f"{item.text[:20]}... ({len(item.text)} characters)"
+            )
+            where = path or "the document"
+            return (
+                f"the number {shown} at {where} (line {error.lineno} column {error.colno}) is "
+                "out of range: JSON numbers are read as float64 (at most about 1.8e308), or as "
+                "64-bit integers"
+            )
+        if isinstance(item, dict):
+            stack.extend(
+                (value, f"{path}.{key}" if path else str(key))
+                for key, value in reversed(item.items())
+            )
+        elif isinstance(item, list):
+            stack.extend(
+                (value, f"{path}[{index}]") for index, value in reversed(list(enumerate(item)))
+            )
+    return None
 
 
 def utf8_fault(data: bytes | memoryview) -> str | None:

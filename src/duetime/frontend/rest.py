@@ -1656,6 +1656,9 @@ def parse_infer_request(
     try:
         doc = codec.loads_json(json_part)
     except orjson.JSONDecodeError as exc:
+        number = codec.number_fault(exc, json_part)
+        if number is not None:  # (well-formed: where the JSON ends is not in question)
+            raise InvalidInput(f"request body: {number}") from None
         fault = codec.utf8_fault(json_part)
         if header_length is not None and header_length != len(view):
             # NOTE: a header length past the JSON's end said "not valid UTF-8 (byte 0xcd at
@@ -1670,8 +1673,16 @@ def parse_infer_request(
             ) from None
         if fault is None:
             raise InvalidInput(f"request body is not valid JSON: {exc}") from None
-        # (binary data sent without saying where the JSON ends?)
-        fault += "; binary data after the JSON needs header Inference-Header-Content-Length"
+        if header_length is None:  # (binary data sent without saying where the JSON ends?)
+            fault += "; binary data after the JSON needs header Inference-Header-Content-Length"
+        else:
+            # NOTE: a header length of the whole body said the header was needed, though sent
+            # (found by a tester)
+            fault += (
+                f"; header Inference-Header-Content-Length says its JSON part is all its "
+                f"{header_length} bytes: binary data after the JSON needs the JSON's length "
+                "there"
+            )
         raise InvalidInput(f"request body is {fault}") from None
     if not isinstance(doc, dict):
         raise InvalidInput("request body must be a JSON object with an 'inputs' list")
