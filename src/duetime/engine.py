@@ -45,7 +45,7 @@ from duetime.errors import (
     Overloaded,
 )
 from duetime.execution.affinity import SMALL_MODEL_NS, CpuPlan
-from duetime.execution.executor import Feeds
+from duetime.execution.executor import Feeds, Unreturned
 from duetime.loops import in_thread
 from duetime.repository.loader import LoadedModel, sample_inputs, sample_row_bytes
 from duetime.repository.manager import IndexEntry, ModelManager, RepositoryOptions
@@ -131,7 +131,9 @@ class Ticket:
         collections of 40,000 objects that stopped the event loop for 30-70 ms each."""
         error = self.future.exception()
         if error is None:
-            return None
+            produced = self.future.result()
+            # (outputs ONNX Runtime could not return, which this request may have asked for)
+            return produced.error_for(self.outputs) if type(produced) is Unreturned else None
         if not isinstance(error, DuetimeError):  # the scheduler settles with DuetimeErrors only
             return InternalError(f"internal error: {type(error).__name__}: {error}")
         return copy.copy(error)
@@ -949,6 +951,8 @@ class Engine:
                 return done.response()
         else:
             routed, outcome = done
+            if type(outcome) is Unreturned:  # (see `Ticket.failure`)
+                outcome = outcome.error_for(routed.prepared.outputs) or outcome
             if not isinstance(outcome, DuetimeError):
                 return _alone_response(routed, outcome)
             error = outcome  # (its run failed: raised as a ticket's failure)

@@ -15,7 +15,7 @@ from repo_models import age, write_version
 
 from duetime.engine import Engine
 from duetime.errors import InvalidInput, ModelOutputError
-from duetime.execution.executor import BatchJob
+from duetime.execution.executor import BatchJob, Unreturned
 from duetime.repository.layout import scan_model
 from duetime.repository.loader import LoadedModel, load_version
 from duetime.resilience.breaker import BreakerState
@@ -69,9 +69,18 @@ def constant(tmp_path: Path) -> Iterator[LoadedModel]:
 
 
 def test_the_error_names_the_output_and_blames_the_model(constant: LoadedModel) -> None:
+    """The run's other outputs are kept (`Unreturned`) for requests that did not ask for it:
+    all failed, a client asking for another output got 500 where ONNX Runtime asked for that
+    output alone answers (found by a tester)."""
     feeds = constant.validator.prepare({"x": np.zeros(1, np.float32)}, None).feeds
     result = constant.executor.run_now(0, BatchJob([feeds], [1], 0, lambda _: None))
-    (error,) = result.outputs
+    (outputs,) = result.outputs
+    assert isinstance(outputs, Unreturned)
+    assert outputs.missing == {"y"}
+    assert outputs["good"].tolist() == [b"ok"]
+    assert outputs["z"].tolist() == [0.0]
+    assert outputs.error_for(["z", "good"]) is None
+    error = outputs.error_for(["z", "y"])
     assert isinstance(error, ModelOutputError)
     assert (error.http_status, error.grpc_code) == (500, "INTERNAL")
     assert error.message.startswith(
@@ -138,3 +147,58 @@ def test_a_model_that_fails_every_request_so_still_opens_it(tmp_path: Path) -> N
         assert states(engine) == [BreakerState.OPEN]
 
     run(tmp_path, scenario)
+
+
+def test_a_request_not_asking_for_the_output_is_answered(tmp_path: Path) -> None:
+    """Through the engine (a ticket's failure, and the in-process lean path alike): a request
+    for the other outputs is answered; one asking for the string output gets its error."""
+    write_version(tmp_path, "m", 1, constant_strings_model())
+    config(tmp_path, "max_batch_size = 0\n")
+
+    async def scenario(engine: Engine) -> None:
+        x = {"x": np.zeros(1, np.float32)}
+        for _ in range(2):  # (the first may run within the call: `submit_now`)
+            answer = await engine.infer_async("m", x, outputs=["z", "good"], timeout=10.0)
+            assert answer["z"].tolist() == [0.0]
+            assert answer["good"].tolist() == [b"ok"]
+            with pytest.raises(ModelOutputError, match="string output 'y' holding bytes"):
+                await engine.infer_async("m", x, outputs=["y"], timeout=10.0)
+            with pytest.raises(ModelOutputError, match="string output 'y' holding bytes"):
+                await engine.infer_async("m", x, timeout=10.0)  # (all of them)
+            done = await asyncio.gather(
+                *(engine.infer_async("m", x, outputs=["z"], timeout=10.0) for _ in range(4))
+            )
+            assert [d["z"].tolist() for d in done] == [[0.0]] * 4
+
+    run(tmp_path, scenario)
+
+
+def test_over_http_and_grpc_the_other_outputs_are_answered(tmp_path: Path) -> None:
+    import grpc
+    import tritonclient.grpc as grpcclient
+    import tritonclient.http as httpclient
+    from conftest import serving
+    from tritonclient.utils import InferenceServerException
+
+    from duetime.config import ServerSettings
+
+    write_version(tmp_path, "m", 1, constant_strings_model())
+    config(tmp_path, "max_batch_size = 0\n")
+    settings = ServerSettings(model_repository=tmp_path, http_port=0, grpc_port=0)
+    with serving(settings) as running:
+        for module, url in ((httpclient, running.http), (grpcclient, running.grpc)):
+            client = module.InferenceServerClient(url)
+            x = module.InferInput("x", [1], "FP32")
+            x.set_data_from_numpy(np.zeros(1, np.float32))
+            answer = client.infer("m", [x], outputs=[module.InferRequestedOutput("z")])
+            assert answer.as_numpy("z").tolist() == [0.0]
+            with pytest.raises(InferenceServerException) as refused:
+                client.infer("m", [x], outputs=[module.InferRequestedOutput("y")])
+            assert "string output 'y' holding bytes" in str(refused.value)
+            if module is grpcclient:
+                assert refused.value.status() == str(grpc.StatusCode.INTERNAL)
+            else:
+                assert refused.value.status() == "500"
+            client.close()
+        stats = running.statistics("m")
+        assert stats.succeeded >= 4

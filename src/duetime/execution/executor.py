@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import copy
 import logging
 import queue
 import threading
 import time
 import weakref
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -39,6 +40,29 @@ from duetime.execution.turns import Turns
 log = logging.getLogger("duetime.executor")
 
 Feeds = dict[str, np.ndarray]
+
+
+class Unreturned(dict[str, np.ndarray]):
+    """A request's outputs but those ONNX Runtime's Python API could not return (string
+    outputs holding bytes that are not UTF-8), and the error a client asking for one of those
+    gets (`error_for`).
+
+    NOTE: the run failed for every output: a client asking for a BOOL output beside a string
+    output it did not ask for, whose bytes were not UTF-8, got 500 where ONNX Runtime asked for
+    that BOOL output alone answers (found by a tester)."""
+
+    __slots__ = ("error", "missing")
+
+    def __init__(self, outputs: Feeds, missing: frozenset[str], error: DuetimeError) -> None:
+        super().__init__(outputs)
+        self.missing = missing
+        self.error = error
+
+    def error_for(self, wanted: Iterable[str]) -> DuetimeError | None:
+        """The error of a request for the outputs `wanted` (a copy), if one is missing."""
+        if any(name in self.missing for name in wanted):
+            return copy.copy(self.error)
+        return None
 
 
 class Settles(Protocol):
@@ -500,29 +524,48 @@ class Executor:
             "and stopped this request's run; retry, on another replica if there is one"
         )
 
-    def _run_error(self, exc: Exception, run: Run, feeds: Feeds) -> DuetimeError:
+    def _run_error(self, exc: Exception, run: Run, feeds: Feeds) -> Feeds | DuetimeError:
+        """What a request whose run on its own `feeds` raised `exc` gets: an error, or, where
+        only string outputs that are not UTF-8 failed it, the other outputs (`Unreturned`)."""
         if self._closing:  # (ORT's "Exiting due to terminate flag": not the request's fault)
             return self._closed_error()
         if isinstance(exc, UnicodeDecodeError):
-            return self._not_utf8(exc, run, feeds)
+            return self._without_not_utf8(exc, run, feeds)
         memory = out_of_memory(exc, self._named)
         if memory is not None:
             return memory
         return _run_error(exc)
 
-    def _not_utf8(self, exc: UnicodeDecodeError, run: Run, feeds: Feeds) -> ModelOutputError:
+    def _without_not_utf8(
+        self, exc: UnicodeDecodeError, run: Run, feeds: Feeds
+    ) -> Unreturned | ModelOutputError:
         """What a run that raised `exc` means: ORT's Python API decodes each string output to
-        `str` as UTF-8, and ONNX strings are bytes; the culprit is found by running each string
-        output alone (after the failure: no answer waits on it)."""
+        `str` as UTF-8, and ONNX strings are bytes; the culprits are found by running each
+        string output alone (after the failure: no answer waits on it), and the other outputs
+        are run again without them, for the clients that did not ask for those."""
         names = [name for name in self._output_names if name in self._string_outputs]
         if len(names) > 1:
             names = [name for name in names if _not_utf8(run, name, feeds)]
         which = " and ".join(f"'{name}'" for name in names) or "a string output"
-        return ModelOutputError(
+        error = ModelOutputError(
             f"the model made string output {which} holding bytes that are not valid UTF-8 "
             f"({exc}), which ONNX Runtime's Python API cannot return: a fault of the model, not "
             "of the request"
         )
+        others = [name for name in self._output_names if name not in names]
+        if not names or not others:
+            return error
+        try:
+            outputs = run(others, feeds)
+        except Exception:  # (another failure besides: the request's error stands)
+            return error
+        named = {
+            name: strings_from_ort(array) if name in self._string_outputs else array
+            for name, array in zip(others, outputs, strict=True)
+        }
+        if self._output_shapes:
+            self._reshape(named)
+        return Unreturned(named, frozenset(names), error)
 
     def _run(self, run: Run, feeds: Feeds, result: BatchResult) -> list[np.ndarray]:
         started = time.perf_counter_ns()
@@ -563,8 +606,9 @@ class Executor:
     def _reshape(self, part: Feeds) -> None:
         """One request's outputs in the shapes answers give (`output_shapes`): views."""
         for name, inner in self._output_shapes.items():
-            array = part[name]
-            part[name] = array.reshape((len(array), *inner) if self._batched else inner)
+            array = part.get(name)
+            if array is not None:  # (one not returned: see `Unreturned`)
+                part[name] = array.reshape((len(array), *inner) if self._batched else inner)
 
 
 _STARTED: weakref.WeakSet[Executor] = weakref.WeakSet()

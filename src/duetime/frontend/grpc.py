@@ -1077,7 +1077,13 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         unrun = refused_unrun(ticket)
         if unrun is not None:  # (unary calls and streamed requests alike: see `count_refused`)
             self.count_refused(unrun)
-        result = ticket.response(request_id)
+        try:
+            result = ticket.response(request_id)
+        except DuetimeError:
+            if submitted.request is not None and ticket.future.exception() is None:
+                # (the model answered, but not an output asked for: see executor.Unreturned)
+                answer_failed(self._engine, ticket, submitted.request)
+            raise
         try:
             if _shared_bytes(submitted, result) > BULK_SHARED_BYTES:
                 # NOTE: written on the loop, a 960 MB output held every other client for the

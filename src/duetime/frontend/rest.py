@@ -1325,6 +1325,9 @@ class RestApi:
         error = ticket.failure()  # read, not raised: see Ticket.failure
         if error is not None:
             self._count_unrun(ticket)
+            if ticket.future.exception() is None:
+                # (the model answered, but not an output asked for: see executor.Unreturned)
+                answer_failed(self._engine, ticket, request)
             return self._answered(ticket, request, error)
         accepted = request.headers.get("accept-encoding")
         coding = None if accepted is None else response_coding(accepted)

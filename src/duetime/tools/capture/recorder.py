@@ -448,7 +448,7 @@ class Recorder:
                 status, error = CANCELLED_STATUS, unfinished
             elif future.cancelled():
                 status, error = CANCELLED_STATUS, "cancelled by the client before its answer"
-            elif (exc := future.exception()) is not None:
+            elif (exc := ticket.failure()) is not None:
                 status, error = _failure(exc)
             else:
                 status = 200
