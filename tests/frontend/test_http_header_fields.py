@@ -286,3 +286,20 @@ def test_a_header_length_of_the_whole_body_is_named_as_the_cut(server: RunningSe
     message = error_of(answer)
     assert f"Inference-Header-Content-Length says its JSON part is all its {len(body)}" in message
     assert "needs header" not in message
+
+
+def test_a_header_length_of_the_whole_body_is_named_when_the_data_reads_as_text(
+    server: RunningServer,
+) -> None:
+    """The hint was given only where the binary data was not UTF-8 (found by a tester)."""
+    data = b"0000000000000000"  # (four FP32 values whose bytes read as text)
+    x = {"name": "x", "datatype": "FP32", "shape": [1, 4],
+         "parameters": {"binary_data_size": len(data)}}  # fmt: skip
+    body = json.dumps({"inputs": [x]}).encode() + data
+    head = (
+        f"Host: t\r\nConnection: close\r\nContent-Length: {len(body)}\r\n"
+        f"Inference-Header-Content-Length: {len(body)}\r\n"
+    )
+    status, _, answer = exchange(server, infer(head, body))
+    assert status == 400
+    assert "says its JSON part is all its" in error_of(answer)

@@ -145,7 +145,7 @@ def test_idle_connections_make_room_for_new_ones_at_the_limit(
     """Connections that sent nothing held every slot: new clients got 503 until the idle
     timeout (60 s). At the limit the longest-idle connection with nothing in flight is closed
     for a new one; connections reading a request are not (while their heads come)."""
-    monkeypatch.setattr(http, "STALLED_HEAD_S", 600.0)
+    monkeypatch.setattr(http, "STALLED_S", 600.0)
     repo = tmp_path_factory.mktemp("repo")
     write_version(repo, "scale", 1, scale_model(2.0))
     settings = ServerSettings(
@@ -186,14 +186,17 @@ def alive(sock: socket.socket) -> bool:
     return status == 200
 
 
-def test_connections_whose_heads_stalled_make_room_before_idle_ones(
-    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("how", ["silent head", "trickled head", "silent body"])
+def test_connections_reading_too_slowly_make_room_before_idle_ones(
+    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch, how: str
 ) -> None:
     """A client holding every connection with a byte of a head each (reopening any the server
     closed) had well-behaved clients' idle keep-alive connections closed and new clients
     refused 503 for as long as it went on (found by a tester: 756 requests lost beside it).
-    At the limit a connection whose head stalled is closed first."""
-    monkeypatch.setattr(http, "STALLED_HEAD_S", 0.2)
+    At the limit a connection too slow reading its request is closed first: its head not
+    complete `STALLED_S` after its first byte (a byte now and then keeps it no longer: a
+    second tester's byte every 0.9 s did), or its body slower than the minimum rate."""
+    monkeypatch.setattr(http, "STALLED_S", 0.2)
     repo = tmp_path_factory.mktemp("repo")
     write_version(repo, "scale", 1, scale_model(2.0))
     settings = ServerSettings(
@@ -204,19 +207,24 @@ def test_connections_whose_heads_stalled_make_room_before_idle_ones(
     try:
         keeper = connect(running)  # a well-behaved client, idle between its requests
         assert alive(keeper)
-        stalled = [connect(running) for _ in range(2)]
-        for sock in stalled:
-            sock.sendall(b"G")
+        slow = [connect(running) for _ in range(2)]
+        first = b"POST /v2/models/scale/infer HTTP/1.1\r\nHost: t\r\nContent-Length: 100\r\n\r\n"
+        for sock in slow:
+            sock.sendall(first if how == "silent body" else b"GET /v2/health/live HTTP/1.1\r\nX: ")
         until(
-            lambda: sum(c in c._intake.heading for c in running.server._connections) == 2,
-            "read the heads begun",
+            lambda: sum(c in c._intake.reading for c in running.server._connections) == 2,
+            "read the requests begun",
         )
-        time.sleep(0.3)
-        with connect(running) as late:  # (a head begun 0.3 s ago, silent since, closed for it)
+        for _ in range(4):  # (0.4 s: a byte every 0.1 s, where silence counts from 0.2 s)
+            time.sleep(0.1)
+            if how == "trickled head":
+                for sock in slow:
+                    sock.sendall(b"a")  # (the header's value, a byte at a time)
+        with connect(running) as late:  # (one of them closed for it)
             assert alive(late)
-        assert stalled[0].recv(10) == b"", "the head begun first"
+        assert slow[0].recv(10) == b"", "the request begun first"
         assert alive(keeper), "the idle one is kept"
-        for sock in [keeper, *stalled]:
+        for sock in [keeper, *slow]:
             sock.close()
     finally:
         stop_server(running, thread)

@@ -809,8 +809,40 @@ def json_fault(error: orjson.JSONDecodeError, data: bytes | memoryview) -> str:
 _OUT_OF_RANGE = "number is infinity when parsed as double"
 
 
+def number_fault(error: orjson.JSONDecodeError, data: bytes | memoryview) -> str | None:
+    """Where `error` is orjson's for a number no float64 holds (`1e400`, an integer of 400
+    digits), that number and, in a document of up to `NUMBER_PATH_BYTES`, the field holding
+    it, in words: "the number 1e400 at parameters.timeout (line 1 column 65) is out of range:
+    ..."; else None.
+
+    NOTE: orjson's reason gave a line and column alone: a client could not tell which field
+    held it (found by a tester). The field is found by reading the document again with `json`
+    (a call a number), which took 1.5-3.4 s of the event loop for a body of megabytes (a
+    second tester's 5 KB of gzip): bigger documents get the number and its place alone."""
+    if _OUT_OF_RANGE not in str(error):
+        return None
+    doc = error.doc
+    found = _NUMBER_TEXT.match(doc, error.pos) if isinstance(doc, str) else None
+    text = found.group() if found is not None else ""
+    path = _number_path(data) if len(data) <= NUMBER_PATH_BYTES else None
+    if path is not None:
+        text = path[1]
+    if len(text) > 40:
+        text = f"{text[:20]}... ({len(text)} characters)"
+    at = "" if path is None else f" at {path[0] or 'the document'}"
+    return (
+        f"the number {text}{at} (line {error.lineno} column {error.colno}) is out of range: JSON "
+        "numbers are read as float64 (at most about 1.8e308), or as 64-bit integers"
+    )
+
+
+NUMBER_PATH_BYTES = 8192
+"""The largest document whose out-of-range number `number_fault` names the field of."""
+_NUMBER_TEXT = re.compile(r"-?[0-9]+(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?")
+
+
 class _TooBig:
-    """A number of a document `number_fault` reads that no float64 holds (its text)."""
+    """A number of a document `_number_path` reads that no float64 holds (its text)."""
 
     __slots__ = ("text",)
 
@@ -818,15 +850,9 @@ class _TooBig:
         self.text = text
 
 
-def number_fault(error: orjson.JSONDecodeError, data: bytes | memoryview) -> str | None:
-    """Where `error` is orjson's for a number no float64 holds (`1e400`, an integer of 400
-    digits), that number and the field holding it, in words: "the number 1e400 at
-    parameters.timeout (line 1 column 65) is out of range: ..."; else None.
-
-    NOTE: orjson's reason gave a line and column alone: a client could not tell which field
-    held it (found by a tester)."""
-    if _OUT_OF_RANGE not in str(error):
-        return None
+def _number_path(data: bytes | memoryview) -> tuple[str, str] | None:
+    """Where in `data` (JSON) the first number no float64 holds is ("parameters.timeout",
+    "inputs[0].data[3]"), and its text; None where `json` does not read it."""
 
     def number(text: str) -> Any:
         value = float(text)
@@ -840,17 +866,7 @@ def number_fault(error: orjson.JSONDecodeError, data: bytes | memoryview) -> str
     while stack:
         item, path = stack.pop()
         if isinstance(item, _TooBig):
-            shown = (
-                item.text
-                if len(item.text) <= 40
-                else f"{item.text[:20]}... ({len(item.text)} characters)"
-            )
-            where = path or "the document"
-            return (
-                f"the number {shown} at {where} (line {error.lineno} column {error.colno}) is "
-                "out of range: JSON numbers are read as float64 (at most about 1.8e308), or as "
-                "64-bit integers"
-            )
+            return path, item.text
         if isinstance(item, dict):
             stack.extend(
                 (value, f"{path}.{key}" if path else str(key))

@@ -102,9 +102,10 @@ _FEED_BYTES = 16 * 1024
 """A read bigger than this is parsed in pieces this big: once a piece leaves the connection
 owing `_MAX_PIPELINED` answers, the rest is kept unparsed (see `HttpConnection._parse`)."""
 
-STALLED_HEAD_S = 1.0
-"""A connection whose request head has come in part, and nothing more for this long, is closed
-before any idle one for a new connection at `max_connections` (see `Intake.evict_idle`)."""
+STALLED_S = 1.0
+"""A connection this long into reading a request, its head not complete or its body slower than
+`min_body_rate_bytes_s`, is closed before any idle one for a new connection at
+`max_connections` (see `HttpConnection.stalled`)."""
 _STALLED_LOOKED_AT = 64
 """How many connections reading heads `Intake.evict_idle` looks at, oldest first, at most."""
 _KEPT_READING_BYTES = _FEED_BYTES
@@ -291,10 +292,10 @@ class Intake:
         self.idle: dict[HttpConnection, None] = {}
         """Open connections with nothing in flight (silent since accepted, or between requests),
         longest idle first: the first is closed for a new connection at `max_connections`."""
-        self.heading: dict[HttpConnection, None] = {}
-        """Connections reading a request's head, in the order they began it: one silent for
-        `STALLED_HEAD_S` is closed for a new connection at `max_connections`, before any idle
-        one (see `evict_idle`)."""
+        self.reading: dict[HttpConnection, None] = {}
+        """Connections reading a request, in the order they began it: one too slow at it
+        (`HttpConnection.stalled`) is closed for a new connection at `max_connections`, before
+        any idle one (see `evict_idle`)."""
         self.evicted_connections = 0
         self.reserved = 0
         self.refused_connections = 0
@@ -324,7 +325,7 @@ class Intake:
 
     def evict_idle(self, now: float) -> bool:
         """Close a connection to admit a new one at `max_connections` (`now`: the loop's time):
-        one whose request head has stalled (`STALLED_HEAD_S` silent, of the
+        one too slow reading its request (`HttpConnection.stalled`, of the
         `_STALLED_LOOKED_AT` that began theirs first), else the longest-idle one with nothing
         in flight (as nginx and Envoy close idle keep-alive connections); False if every
         connection has a request in flight.
@@ -332,12 +333,13 @@ class Intake:
         NOTE: idle ones alone: a client holding 4,100 connections, each with one byte of a
         head (reopening each the server closed within its 10 s for a head), had well-behaved
         clients' keep-alive connections closed and every new one refused 503, for as long as
-        it went on: 756 requests lost by a client beside it (found by a tester). A head comes
-        whole in one read or a few, milliseconds apart."""
-        heading = self.heading
-        for connection in list(itertools.islice(heading, _STALLED_LOOKED_AT)):
+        it went on: 756 requests lost by a client beside it (found by a tester). Judged by
+        silence, a byte every 0.9 s kept a head from it, and a head with a silent body was
+        not judged (a second tester)."""
+        reading = self.reading
+        for connection in list(itertools.islice(reading, _STALLED_LOOKED_AT)):
             if connection.stalled(now) and connection.evict():
-                del heading[connection]
+                del reading[connection]
                 self.evicted_connections += 1
                 return True
         idle = self.idle
@@ -828,7 +830,7 @@ class HttpConnection(asyncio.BufferedProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._connections.discard(self)
         self._intake.idle.pop(self, None)
-        self._intake.heading.pop(self, None)
+        self._intake.reading.pop(self, None)
         if self._accepted:
             self._accepted = False
             self._intake.connections -= 1
@@ -1111,7 +1113,7 @@ class HttpConnection(asyncio.BufferedProtocol):
     def on_message_begin(self) -> None:
         intake = self._intake
         intake.idle.pop(self, None)
-        intake.heading[self] = None
+        intake.reading[self] = None
         self._reset_message()
         self._in_message = True
         self._begun_at = self._reads
@@ -1158,7 +1160,6 @@ class HttpConnection(asyncio.BufferedProtocol):
 
     def on_headers_complete(self) -> None:
         self._head_done = True
-        self._intake.heading.pop(self, None)
         if self._rejected or self._closing:
             return
         version = self._parser.get_http_version()
@@ -1254,6 +1255,7 @@ class HttpConnection(asyncio.BufferedProtocol):
             self._body = [direct]  # type: ignore[list-item]
         self._in_message = False
         self._window_start = None
+        self._intake.reading.pop(self, None)
         if self._quota_read == self._reads:  # (one more of the same read: pipelined)
             now = self._loop.time()
             if now - self._quota_since >= _QUOTA_PERIOD_S:
@@ -2270,14 +2272,27 @@ class HttpConnection(asyncio.BufferedProtocol):
             refused[key] = refused.get(key, 0) + 1
 
     def stalled(self, now: float) -> bool:
-        """Whether this connection has read part of a request's head and nothing more for
-        `STALLED_HEAD_S` (none of it waiting on the server: a turn of the loop, its quota)."""
-        return (
-            now - self._last_active >= STALLED_HEAD_S
-            and not self._head_done
-            and not self._unparsed
-            and not self._feed_pending
-        )
+        """Whether this connection is reading a request too slowly (`now`: the loop's time):
+        `STALLED_S` or more into its read window (from the request's first byte, or the last
+        read timeout's check; time the server held it back does not count), its head not
+        complete, or its body not come at `min_body_rate_bytes_s` since. A head comes whole
+        in one read or a few, milliseconds apart; a body slower than that is refused 408 at the
+        read timeout anyway."""
+        start = self._window_start
+        if (
+            start is None
+            or not self._in_message
+            or self._held_since is not None
+            or self._unparsed
+            or self._feed_pending
+        ):
+            return False
+        elapsed = now - start
+        if elapsed < STALLED_S:
+            return False
+        if not self._head_done:
+            return True
+        return self._body_bytes - (self._window_bytes or 0) < self._min_rate * elapsed
 
     def evict(self) -> bool:
         """Close this connection, idle or with a stalled head, for a new one at
