@@ -174,6 +174,8 @@ def test_a_request_not_asking_for_the_output_is_answered(tmp_path: Path) -> None
 
 
 def test_over_http_and_grpc_the_other_outputs_are_answered(tmp_path: Path) -> None:
+    import http.client
+
     import grpc
     import tritonclient.grpc as grpcclient
     import tritonclient.http as httpclient
@@ -202,3 +204,13 @@ def test_over_http_and_grpc_the_other_outputs_are_answered(tmp_path: Path) -> No
             client.close()
         stats = running.statistics("m")
         assert stats.succeeded >= 4
+        # (a V1 predict gets every output: the string one's error, counted as v2's are)
+        host, port = running.http.rsplit(":", 1)
+        connection = http.client.HTTPConnection(host, int(port), timeout=30)
+        connection.request("POST", "/v1/models/m:predict", body='{"inputs": {"x": [0.0]}}')
+        answer = connection.getresponse()
+        assert answer.status == 500
+        assert "string output 'y' holding bytes" in answer.read().decode()
+        connection.close()
+        failed = running.samples("duetime_answers_failed_total", "model", "reason")
+        assert failed[("m", "unmade")] == 3  # (HTTP's, gRPC's and V1's)

@@ -825,6 +825,8 @@ def number_fault(error: orjson.JSONDecodeError, data: bytes | memoryview) -> str
     found = _NUMBER_TEXT.match(doc, error.pos) if isinstance(doc, str) else None
     text = found.group() if found is not None else ""
     path = _number_path(data) if len(data) <= NUMBER_PATH_BYTES else None
+    if path is not None and text and path[1] != text:
+        path = None  # (another number than orjson's: a key given twice keeps the last)
     if path is not None:
         text = path[1]
     if len(text) > 40:

@@ -716,6 +716,19 @@ class RestApi:
         version = parts[4] if len(parts) > 4 and parts[3] == "versions" else None
         return failed_reply(exc, headers, model, version, trace_id)
 
+    def _ticket_error(self, ticket: Ticket, request: InferRequest) -> DuetimeError | None:
+        """A finished ticket's error, read, not raised (see `Ticket.failure`), and counted: in
+        `refused` where no model answered it (`_count_unrun`), as an answer not delivered where
+        its model answered but not an output it asked for (`executor.Unreturned`).
+
+        NOTE: V1 predicts did not count the latter, which v2's did (found by a tester)."""
+        error = ticket.failure()
+        if error is not None:
+            self._count_unrun(ticket)
+            if ticket.future.exception() is None:
+                answer_failed(self._engine, ticket, request)
+        return error
+
     def _count_unrun(self, ticket: Ticket) -> None:
         """Count in `refused` a failed ticket's request that no model answered
         (`refused_unrun`), as `_failed` counts one refused before it was queued."""
@@ -1121,9 +1134,8 @@ class RestApi:
         NOTE: V1 answers were built on the loop whatever their size, and never refused: a 40 MB
         answer v2 refused ("too big to answer as JSON") was made, and every other client of the
         server (a health check) waited 0.8-2.5 s while it was."""
-        error = ticket.failure()  # read, not raised: see Ticket.failure
+        error = self._ticket_error(ticket, request)
         if error is not None:
-            self._count_unrun(ticket)
             return self._answered(ticket, request, error)
         outputs = ticket.response(request.id).outputs
         try:
@@ -1327,12 +1339,8 @@ class RestApi:
     ) -> Reply | BulkReply:
         """The answer (or error) of a finished inference, traced and logged, compressed as the
         client accepts; a big one is built or compressed off the loop (see BulkReply)."""
-        error = ticket.failure()  # read, not raised: see Ticket.failure
+        error = self._ticket_error(ticket, request)
         if error is not None:
-            self._count_unrun(ticket)
-            if ticket.future.exception() is None:
-                # (the model answered, but not an output asked for: see executor.Unreturned)
-                answer_failed(self._engine, ticket, request)
             return self._answered(ticket, request, error)
         accepted = request.headers.get("accept-encoding")
         coding = None if accepted is None else response_coding(accepted)
