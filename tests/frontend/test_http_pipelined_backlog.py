@@ -230,6 +230,51 @@ def test_connections_reading_too_slowly_make_room_before_idle_ones(
         stop_server(running, thread)
 
 
+def test_a_request_waiting_for_room_for_its_body_makes_room_last(
+    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Connections waiting for room for their bodies (`max_inflight_bytes`) held every slot,
+    and new clients were refused 503 for as long as one body as big as the room came at the
+    minimum rate (found by a tester). Where nothing else can be closed, the request that
+    waited longest is refused 503 (retry later) for the new connection."""
+    monkeypatch.setattr(http, "STALLED_S", 0.2)
+    repo = tmp_path_factory.mktemp("repo")
+    write_version(repo, "scale", 1, scale_model(2.0))
+    room = 64 * 1024
+    settings = ServerSettings(
+        model_repository=repo, http_port=0, grpc_port=0, max_connections=3,
+        request_read_timeout_s=30, max_inflight_bytes=room, min_body_rate_bytes_s=1,
+    )  # fmt: skip
+    running, thread = start_server(settings)
+    head = (
+        f"POST /v2/models/scale/infer HTTP/1.1\r\nHost: t\r\nContent-Length: {room}\r\n\r\n"
+    ).encode()
+    try:
+        filling = connect(running)  # (its body takes all the room, and keeps coming)
+        filling.sendall(head)
+        until(lambda: bool(running.server._connections), "took it")
+        intake = next(iter(running.server._connections))._intake
+        until(lambda: intake.reserved == room, "reserved its body")
+        waiting = [connect(running) for _ in range(2)]
+        for sock in waiting:
+            sock.sendall(head)
+        until(lambda: len(intake._waiting) == 2, "queued the others")
+        for _ in range(4):
+            time.sleep(0.1)
+            filling.sendall(b"{")  # (above the minimum rate: not too slow)
+        with connect(running) as late:
+            assert alive(late)
+        with waiting[0].makefile("rb") as stream:
+            ((status, body),) = answers(stream, 1)
+        assert status == 503
+        assert b"waited for room" in body
+        assert len(intake._waiting) == 1, "the other still waits"
+        for sock in [filling, *waiting]:
+            sock.close()
+    finally:
+        stop_server(running, thread)
+
+
 def test_a_connection_that_sends_nothing_is_closed_after_the_read_timeout(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> None:

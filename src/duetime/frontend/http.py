@@ -349,6 +349,14 @@ class Intake:
             if connection.evict():
                 self.evicted_connections += 1
                 return True
+        # NOTE: connections waiting for room for their bodies held every slot too: a few
+        # clients sending bodies as big as `max_inflight_bytes` at just the minimum rate, the
+        # rest of their connections waiting behind them, had every new client refused 503
+        # (found by a tester): the one that waited longest is refused instead, with 503
+        for connection, _size in list(itertools.islice(self._waiting, _STALLED_LOOKED_AT)):
+            if connection.waited_for_room(now) and connection.refuse_waiting():
+                self.evicted_connections += 1
+                return True
         return False
 
     def fits(self, size: int) -> bool:
@@ -2293,6 +2301,35 @@ class HttpConnection(asyncio.BufferedProtocol):
         if not self._head_done:
             return True
         return self._body_bytes - (self._window_bytes or 0) < self._min_rate * elapsed
+
+    def waited_for_room(self, now: float) -> bool:
+        """Whether this connection's request has waited `STALLED_S` or more for room for its
+        body in the Intake (`max_inflight_bytes`), owing no answer."""
+        held = self._held_since
+        return (
+            bool(self._awaiting)
+            and held is not None
+            and now - held >= STALLED_S
+            and not self._slots
+            and not self._unstarted
+        )
+
+    def refuse_waiting(self) -> bool:
+        """Refuse the request waiting for room for its body (503, retry later) and close, for a
+        new connection at `max_connections` (the Intake's call); False if already closing. It
+        no longer counts as open."""
+        if not self._accepted or self._closing:
+            return False
+        self._accepted = False
+        self._intake.connections -= 1
+        self._fail(
+            503,
+            f"this request's body ({self._awaiting} bytes) waited for room among the bodies "
+            "the server reads at once (server setting max_inflight_bytes, "
+            "--max-inflight-bytes), and a new connection needed its place; retry later",
+            retry_after=True,
+        )
+        return True
 
     def evict(self) -> bool:
         """Close this connection, idle or with a stalled head, for a new one at
