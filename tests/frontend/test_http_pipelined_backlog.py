@@ -65,6 +65,15 @@ def until(condition: Callable[[], bool], what: str, limit_s: float = 30) -> None
         time.sleep(0.01)
 
 
+def scale_server(
+    tmp_path_factory: pytest.TempPathFactory, **settings: Any
+) -> tuple[RunningServer, threading.Thread]:
+    """A server of model 'scale' (y = 2x) with these `settings`, on ports of its own."""
+    repo = tmp_path_factory.mktemp("repo")
+    write_version(repo, "scale", 1, scale_model(2.0))
+    return start_server(ServerSettings(model_repository=repo, http_port=0, grpc_port=0, **settings))
+
+
 def live(server: RunningServer) -> bool:
     with connect(server) as sock:
         sock.sendall(b"GET /v2/health/live HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
@@ -146,13 +155,9 @@ def test_idle_connections_make_room_for_new_ones_at_the_limit(
     timeout (60 s). At the limit the longest-idle connection with nothing in flight is closed
     for a new one; connections reading a request are not (while their heads come)."""
     monkeypatch.setattr(http, "STALLED_S", 600.0)
-    repo = tmp_path_factory.mktemp("repo")
-    write_version(repo, "scale", 1, scale_model(2.0))
-    settings = ServerSettings(
-        model_repository=repo, http_port=0, grpc_port=0, max_connections=connections,
-        request_read_timeout_s=30,
-    )  # fmt: skip
-    running, thread = start_server(settings)
+    running, thread = scale_server(
+        tmp_path_factory, max_connections=connections, request_read_timeout_s=30
+    )
     try:
         silent = [connect(running) for _ in range(connections)]
         until(lambda: len(running.server._connections) == connections, "took them")
@@ -197,13 +202,7 @@ def test_connections_reading_too_slowly_make_room_before_idle_ones(
     complete `STALLED_S` after its first byte (a byte now and then keeps it no longer: a
     second tester's byte every 0.9 s did), or its body slower than the minimum rate."""
     monkeypatch.setattr(http, "STALLED_S", 0.2)
-    repo = tmp_path_factory.mktemp("repo")
-    write_version(repo, "scale", 1, scale_model(2.0))
-    settings = ServerSettings(
-        model_repository=repo, http_port=0, grpc_port=0, max_connections=3,
-        request_read_timeout_s=30,
-    )  # fmt: skip
-    running, thread = start_server(settings)
+    running, thread = scale_server(tmp_path_factory, max_connections=3, request_read_timeout_s=30)
     try:
         keeper = connect(running)  # a well-behaved client, idle between its requests
         assert alive(keeper)
@@ -238,14 +237,14 @@ def test_a_request_waiting_for_room_for_its_body_makes_room_last(
     minimum rate (found by a tester). Where nothing else can be closed, the request that
     waited longest is refused 503 (retry later) for the new connection."""
     monkeypatch.setattr(http, "STALLED_S", 0.2)
-    repo = tmp_path_factory.mktemp("repo")
-    write_version(repo, "scale", 1, scale_model(2.0))
     room = 64 * 1024
-    settings = ServerSettings(
-        model_repository=repo, http_port=0, grpc_port=0, max_connections=3,
-        request_read_timeout_s=30, max_inflight_bytes=room, min_body_rate_bytes_s=1,
-    )  # fmt: skip
-    running, thread = start_server(settings)
+    running, thread = scale_server(
+        tmp_path_factory,
+        max_connections=3,
+        request_read_timeout_s=30,
+        max_inflight_bytes=room,
+        min_body_rate_bytes_s=1,
+    )
     head = (
         f"POST /v2/models/scale/infer HTTP/1.1\r\nHost: t\r\nContent-Length: {room}\r\n\r\n"
     ).encode()
@@ -279,13 +278,7 @@ def test_a_connection_that_sends_nothing_is_closed_after_the_read_timeout(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> None:
     """It was kept until the idle timeout (60 s): the read timeout ran from a first byte."""
-    repo = tmp_path_factory.mktemp("repo")
-    write_version(repo, "scale", 1, scale_model(2.0))
-    settings = ServerSettings(
-        model_repository=repo, http_port=0, grpc_port=0, request_read_timeout_s=0.5,
-        idle_timeout_s=120,
-    )  # fmt: skip
-    running, thread = start_server(settings)
+    running, thread = scale_server(tmp_path_factory, request_read_timeout_s=0.5, idle_timeout_s=120)
     try:
         with connect(running, timeout=20) as silent:
             assert silent.recv(10) == b""  # closed, unanswered, well before the idle timeout

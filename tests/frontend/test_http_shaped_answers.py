@@ -17,8 +17,8 @@ from typing import Any
 
 import numpy as np
 import pytest
-from repo_models import run_on_engine, scale_model, tiling_model, write_version
-from test_grpc_unsent_answers import outer_model
+from repo_models import run_on_engine
+from test_grpc_unsent_answers import shaped_models
 from test_http_unsent_answers import REQUEST, Api, MiB, connect, run, turns
 
 from duetime.config import ServerSettings
@@ -26,17 +26,6 @@ from duetime.engine import Engine
 from duetime.frontend.http import Intake, _encode
 from duetime.frontend.rest import ANSWER_WORDS_BYTES, BulkReply, PendingReply, Reply, RestApi
 from duetime.repository.outputsizes import InputShape, OutputSize, OutputSizes
-
-
-def shaped_models(repo: Path) -> Path:
-    """Unbatched models whose answers follow their requests' shapes, and one whose answers
-    follow its values (a Tile by a count it is sent)."""
-    write_version(repo, "same", 1, scale_model(2.0))
-    (repo / "same" / "config.toml").write_text("max_batch_size = 0\n")
-    write_version(repo, "outer", 1, outer_model())
-    (repo / "outer" / "config.toml").write_text("max_batch_size = 0\n")
-    write_version(repo, "big", 1, tiling_model())
-    return repo
 
 
 def body(
@@ -189,6 +178,19 @@ def sizes() -> OutputSizes:
     return OutputSizes([InputShape("x", 1, None)], {"y": OutputSize("y", 4, ((0, 0),), "FP32")})
 
 
+async def sixteen_ask(settings: ServerSettings, estimate: int | None) -> tuple[ShapedApi, Intake]:
+    """16 new connections each send an inference request of a model with no answer size known
+    at load, whose shapes say its answer weighs `estimate` (None: nothing); after two turns."""
+    intake = Intake(settings)
+    intake.guess = lambda model: None
+    api = ShapedApi(estimate, sizes())
+    for _ in range(16):
+        connection, _transport = connect(api, settings, intake)
+        connection.data_received(REQUEST)
+    await turns()
+    return api, intake
+
+
 def test_new_connections_of_a_shaped_model_start_as_their_shapes_allow() -> None:
     """16 new connections ask at once for answers of a model with no size known at load (each
     held 3 MiB, the unknown size, until decoded): under an 8 MiB bound 3 ran where their
@@ -200,13 +202,7 @@ def test_new_connections_of_a_shaped_model_start_as_their_shapes_allow() -> None
     )  # fmt: skip
 
     async def body_() -> None:
-        intake = Intake(settings)  # (answers over 512 KiB count)
-        intake.guess = lambda model: None
-        api = ShapedApi(MiB, sizes())
-        for _ in range(16):
-            connection, _transport = connect(api, settings, intake)
-            connection.data_received(REQUEST)
-        await turns()
+        api, intake = await sixteen_ask(settings, MiB)  # (answers over 512 KiB count)
         assert len(api.tickets) == 8, "each held what its shapes said once decoded"
         assert intake.expected == 8 * MiB
         for ticket in api.tickets[:8]:
@@ -227,13 +223,7 @@ def test_small_shaped_answers_hold_nothing_and_unknown_ones_hold_the_most() -> N
 
     async def body_() -> None:
         for estimate, started, held in ((1000, 16, 0), (None, 3, 9 * MiB)):
-            intake = Intake(settings)
-            intake.guess = lambda model: None
-            api = ShapedApi(estimate, sizes())
-            for _ in range(16):
-                connection, _transport = connect(api, settings, intake)
-                connection.data_received(REQUEST)
-            await turns()
+            api, intake = await sixteen_ask(settings, estimate)
             assert (len(api.tickets), intake.expected) == (started, held)
 
     run(body_)
