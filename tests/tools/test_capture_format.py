@@ -401,6 +401,8 @@ def test_truncated_last_record_is_reported(tmp_path: Path, keep: int) -> None:
     assert f"record 1 at byte offset {second}" in str(caught.value)
     if keep > 8:  # into the record's body: what is there is counted, not what is missing
         assert f"the file ends {keep - 8} bytes into a " in str(caught.value)
+    else:  # (it said "inside the record's 3-byte prefix": the prefix is 8; found by a tester)
+        assert f"the file ends {keep} bytes into the record's 8-byte prefix" in str(caught.value)
     with CaptureReader(path, allow_truncated=True) as reader:
         assert [r.request_id for r in reader] == ["a"]
         assert reader.truncated is not None

@@ -130,8 +130,10 @@ class CaptureReader:
                 return
             if len(prefix) < RECORD_PREFIX.size:
                 self._cut(
-                    index, offset, f"the file ends inside the record's {len(prefix)}-byte prefix"
-                )
+                    index, offset,
+                    f"the file ends {len(prefix)} bytes into the record's "
+                    f"{RECORD_PREFIX.size}-byte prefix (length and CRC)",
+                )  # fmt: skip
                 return
             length, crc = RECORD_PREFIX.unpack(prefix)
             if length > MAX_RECORD_BYTES:
