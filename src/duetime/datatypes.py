@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Final
+from typing import Any, Final
 
 import numpy as np
 
@@ -64,6 +64,12 @@ TRITON_TYPE_OF: Final[dict[str, str]] = {
 _V2_OF_DTYPE: Final[dict[np.dtype[np.generic], str]] = {
     dt: name for name, dt in NUMPY_OF.items() if name != "BYTES"
 } | {dt: name for name, dt in WIRE_DTYPE_OF.items()}
+
+
+def numeric_v2_datatype(dtype: np.dtype[Any]) -> str | None:
+    """The v2 datatype name of a numeric numpy dtype, native or little-endian (None: it has
+    none, as bfloat16)."""
+    return _V2_OF_DTYPE.get(dtype)
 
 
 def v2_datatype_of(array: np.ndarray) -> str:

@@ -559,10 +559,7 @@ class Executor:
             outputs = run(others, feeds)
         except Exception:  # (another failure besides: the request's error stands)
             return error
-        named = {
-            name: strings_from_ort(array) if name in self._string_outputs else array
-            for name, array in zip(others, outputs, strict=True)
-        }
+        named = self._by_name(outputs, others)
         if self._output_shapes:
             self._reshape(named)
         return Unreturned(named, frozenset(names), error)
@@ -579,10 +576,7 @@ class Executor:
         included: `trim` drops them from a lone request's) unless there is one request and
         `trim` is False: it gets them whole."""
         if self._string_outputs:
-            named = {
-                name: strings_from_ort(array) if name in self._string_outputs else array
-                for name, array in zip(self._output_names, outputs, strict=True)
-            }
+            named = self._by_name(outputs, self._output_names)
         elif len(outputs) == 1:  # (one output, the usual: no zip, whose strict check costs more
             named = {self._output_names[0]: outputs[0]}  # than the dict: 1.2 against 0.14 µs)
         else:  # (no comprehension: its frame costs more than the dict)
@@ -602,6 +596,14 @@ class Executor:
             for part in parts:
                 self._reshape(part)
         return parts
+
+    def _by_name(self, outputs: list[np.ndarray], names: Sequence[str]) -> Feeds:
+        """`outputs` of a run asked for `names`, by name, its string outputs as bytes."""
+        strings = self._string_outputs
+        return {
+            name: strings_from_ort(array) if name in strings else array
+            for name, array in zip(names, outputs, strict=True)
+        }
 
     def _reshape(self, part: Feeds) -> None:
         """One request's outputs in the shapes answers give (`output_shapes`): views."""

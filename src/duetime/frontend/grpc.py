@@ -58,6 +58,7 @@ from duetime.frontend.rest import (
     answer_failed,
     check_control_token,
     check_unload_request,
+    count_unreturned,
     load_request,
     refused_unrun,
     shut_down_during,
@@ -1080,9 +1081,8 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         try:
             result = ticket.response(request_id)
         except DuetimeError:
-            if submitted.request is not None and ticket.future.exception() is None:
-                # (the model answered, but not an output asked for: see executor.Unreturned)
-                answer_failed(self._engine, ticket, submitted.request)
+            if submitted.request is not None:
+                count_unreturned(self._engine, ticket, submitted.request)
             raise
         try:
             if _shared_bytes(submitted, result) > BULK_SHARED_BYTES:

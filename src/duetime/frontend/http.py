@@ -107,7 +107,8 @@ STALLED_S = 1.0
 `min_body_rate_bytes_s`, is closed before any idle one for a new connection at
 `max_connections` (see `HttpConnection.stalled`)."""
 _STALLED_LOOKED_AT = 64
-"""How many connections reading heads `Intake.evict_idle` looks at, oldest first, at most."""
+"""How many connections reading requests, and waiting for room for their bodies, `Intake.close_one`
+looks at, oldest first, at most."""
 _KEPT_READING_BYTES = _FEED_BYTES
 """Bytes kept unparsed (waiting for a turn of the loop or for the connection's next quota
 period) up to which the connection goes on reading: what comes meanwhile is kept too. Reading
@@ -295,7 +296,7 @@ class Intake:
         self.reading: dict[HttpConnection, None] = {}
         """Connections reading a request, in the order they began it: one too slow at it
         (`HttpConnection.stalled`) is closed for a new connection at `max_connections`, before
-        any idle one (see `evict_idle`)."""
+        any idle one (see `close_one`)."""
         self.evicted_connections = 0
         self.reserved = 0
         self.refused_connections = 0
@@ -323,12 +324,12 @@ class Intake:
         self._credit = _BURST_S
         self._refilled = time.monotonic()
 
-    def evict_idle(self, now: float) -> bool:
+    def close_one(self, now: float) -> bool:
         """Close a connection to admit a new one at `max_connections` (`now`: the loop's time):
         one too slow reading its request (`HttpConnection.stalled`, of the
         `_STALLED_LOOKED_AT` that began theirs first), else the longest-idle one with nothing
-        in flight (as nginx and Envoy close idle keep-alive connections); False if every
-        connection has a request in flight.
+        in flight (as nginx and Envoy close idle keep-alive connections), else one whose
+        request waited longest for room for its body (refused 503); False if none is.
 
         NOTE: idle ones alone: a client holding 4,100 connections, each with one byte of a
         head (reopening each the server closed within its 10 s for a head), had well-behaved
@@ -805,9 +806,7 @@ class HttpConnection(asyncio.BufferedProtocol):
         writer = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
         self._transport = writer
         intake = self._intake
-        if intake.connections >= intake.max_connections and not intake.evict_idle(
-            self._loop.time()
-        ):
+        if intake.connections >= intake.max_connections and not intake.close_one(self._loop.time()):
             intake.refused_connections += 1
             self._closing = self._lingering = True  # read nothing
             message = (
@@ -1342,7 +1341,7 @@ class HttpConnection(asyncio.BufferedProtocol):
         transport.write(reply)
         self._record_shed(self._url, headers, self._body[0])
         if not self._unparsed and not self._closing:
-            self._intake.idle[self] = None  # (nothing in flight: see `Intake.evict_idle`)
+            self._intake.idle[self] = None  # (nothing in flight: see `Intake.close_one`)
         self._update_reading()
 
     def _shed_in_turn(
@@ -2194,7 +2193,7 @@ class HttpConnection(asyncio.BufferedProtocol):
             and not self._closing
             and transport is not None
         ):
-            self._intake.idle[self] = None  # (nothing in flight: see `Intake.evict_idle`)
+            self._intake.idle[self] = None  # (nothing in flight: see `Intake.close_one`)
         self._update_reading()
 
     def _update_reading(self) -> None:
@@ -2332,7 +2331,7 @@ class HttpConnection(asyncio.BufferedProtocol):
         return True
 
     def evict(self) -> bool:
-        """Close this connection, idle or with a stalled head, for a new one at
+        """Close this connection, idle or too slow at its request, for a new one at
         `max_connections` (the Intake's call); False if it owes answers or is already closing.
         It no longer counts as open."""
         if not self._accepted or self._closing or self._slots or self._unstarted:

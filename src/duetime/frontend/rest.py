@@ -360,6 +360,14 @@ def answer_failed(
             return
 
 
+def count_unreturned(engine: Engine, ticket: Ticket, request: InferRequest) -> None:
+    """Where `ticket` failed though its model answered (its future holds outputs: one asked
+    for could not be returned, see `executor.Unreturned`), count an answer not delivered
+    (`answer_failed`). Call it with a failed ticket only."""
+    if ticket.future.exception() is None:
+        answer_failed(engine, ticket, request)
+
+
 UNRUN_REFUSALS = (DeadlineExceeded, Overloaded, ModelUnavailable)
 """The errors a request's scheduler settles its ticket with where no model answered it: due
 before it could run (expired in the queue, its run stopped past its due time), pushed out of a
@@ -725,8 +733,7 @@ class RestApi:
         error = ticket.failure()
         if error is not None:
             self._count_unrun(ticket)
-            if ticket.future.exception() is None:
-                answer_failed(self._engine, ticket, request)
+            count_unreturned(self._engine, ticket, request)
         return error
 
     def _count_unrun(self, ticket: Ticket) -> None:
@@ -1676,25 +1683,22 @@ def parse_infer_request(
         if number is not None:  # (well-formed: where the JSON ends is not in question)
             raise InvalidInput(f"request body: {number}") from None
         fault = codec.utf8_fault(json_part)
-        if header_length is not None and header_length != len(view):
+        if header_length is not None:
             # NOTE: a header length past the JSON's end said "not valid UTF-8 (byte 0xcd at
             # offset 110)" (the binary data's first bytes), one short of it "unexpected end of
-            # data", neither naming the header that set the cut (found by a tester)
-            where = (
-                f"; its JSON part is the body's first {header_length} bytes, as header "
-                "Inference-Header-Content-Length says: is that the JSON's length in bytes?"
-            )
-            raise InvalidInput(
-                f"request body is {fault or f'not valid JSON: {exc}'}{where}"
-            ) from None
-        if header_length is not None:
-            # NOTE: a header length of the whole body said the header was needed, though sent,
-            # and where the binary data read as text, nothing of the header (found by testers)
-            where = (
-                f"; header Inference-Header-Content-Length says its JSON part is all its "
-                f"{header_length} bytes: binary data after the JSON needs the JSON's length "
-                "there"
-            )
+            # data", neither naming the header that set the cut; one of the whole body said
+            # the header was needed, though sent, or nothing of it (found by testers)
+            if header_length != len(view):
+                where = (
+                    f"; its JSON part is the body's first {header_length} bytes, as header "
+                    "Inference-Header-Content-Length says: is that the JSON's length in bytes?"
+                )
+            else:
+                where = (
+                    f"; header Inference-Header-Content-Length says its JSON part is all its "
+                    f"{header_length} bytes: binary data after the JSON needs the JSON's "
+                    "length there"
+                )
             raise InvalidInput(
                 f"request body is {fault or f'not valid JSON: {exc}'}{where}"
             ) from None

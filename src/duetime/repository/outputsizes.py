@@ -21,12 +21,11 @@ import math
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 
-import numpy as np
 import onnx
 import onnx.shape_inference
 from onnx import TensorProto, helper
 
-from duetime.datatypes import v2_datatype_of
+from duetime.datatypes import numeric_v2_datatype
 from duetime.repository.graphs import subgraphs
 
 log = logging.getLogger("duetime.outputsizes")
@@ -311,10 +310,8 @@ def _output_size(output: onnx.ValueInfoProto, symbols: Mapping[str, Dim]) -> Out
         dtype = helper.tensor_dtype_to_np_dtype(tensor.elem_type)
     except (KeyError, ValueError, TypeError):  # (a type numpy has none of)
         return None
-    try:
-        datatype = v2_datatype_of(np.empty(0, dtype))
-    except TypeError:  # (bfloat16 and the like: not served, see datatypes.UNSERVED)
-        datatype = ""
+    # (bfloat16 and the like have none: not served, see datatypes.UNSERVED)
+    datatype = numeric_v2_datatype(dtype) or ""
     dims: list[Dim] = []
     for dim in tensor.shape.dim:
         if dim.HasField("dim_value") and dim.dim_value >= 0:
