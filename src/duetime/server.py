@@ -23,7 +23,7 @@ from duetime.execution.affinity import (
     request_time_slice,
 )
 from duetime.frontend.grpc import InferenceService, serve_grpc
-from duetime.frontend.http import HttpConnection, serve_http
+from duetime.frontend.http import HttpConnection, Intake, serve_http
 from duetime.frontend.rest import RestApi
 from duetime.frontend.sharedmemory import SharedMemoryRegions
 from duetime.loops import BusyPoll
@@ -261,6 +261,8 @@ class Server:
             else CpuLatencyLimit(settings.cpu_dma_latency_us)
         )
         self._connections: set[HttpConnection] = set()
+        self._intake = Intake(settings)
+        """What the HTTP connections take in (see `Intake`)."""
         self._http: asyncio.Server | None = None
         self._grpc: Any = None
         self._metrics: MetricsExporter | None = None
@@ -318,7 +320,7 @@ class Server:
                 asyncio.get_running_loop(), self.settings.busy_poll_us / 1e6
             )
         self._http = await serve_http(
-            self._rest, self.settings, self._connections, shedder=self.shedder
+            self._rest, self.settings, self._connections, self._intake, self.shedder
         )
         self._grpc, grpc_port = await serve_grpc(self._grpc_service, grpc_settings)
         self._meter.sample()  # start measuring from now
@@ -384,16 +386,24 @@ class Server:
             seen += seen_here
         return missed, seen
 
-    async def _connections_closed(self, wait_s: float) -> None:
-        """Wait up to `wait_s` for the HTTP connections to close, then close the rest at once.
+    async def _connections_closed(self, wait_s: float, reading_until: float) -> None:
+        """Wait until `reading_until` (loop time) while a connection still reads a request
+        (`HttpConnection.receiving`), refuse those still coming then (`cut_short`), wait up to
+        `wait_s` for the HTTP connections to close, then close the rest at once.
 
         NOTE: a connection closes a loop turn or two after its last answer is written (uvloop
         ends the transport's handle in a later turn): one half-closed by its client, answered
         (503) as the engine closed, was still open when the server's loop closed, which then
         failed (EBUSY, an unclosed-transport warning) one test run in ten."""
         connections = self._connections
-        deadline = self._loop_time() + wait_s
         # (the connections leave the set themselves, as they close: polled, at shutdown only)
+        while self._loop_time() < reading_until:
+            if not any(connection.receiving for connection in connections):
+                break
+            await asyncio.sleep(0.005)
+        for connection in list(connections):
+            connection.cut_short()
+        deadline = self._loop_time() + wait_s
         while connections and self._loop_time() < deadline:  # noqa: ASYNC110
             await asyncio.sleep(0.005)
         for connection in list(connections):
@@ -410,9 +420,11 @@ class Server:
     async def stop(self) -> None:
         """Stop accepting, report not-ready, drain queued work, close connections and models."""
         grace = self.settings.shutdown_grace_s
+        grace_end = self._loop_time() + grace
         if self._shed_timer is not None:
             self._shed_timer.cancel()
         self._rest.accepting = False
+        self._intake.stopping = True
         self._grpc_service.stop_accepting()
         if self._http is not None:
             self._http.close()
@@ -427,7 +439,7 @@ class Server:
         await self.engine.aclose(grace)
         for connection in list(self._connections):
             connection.shutdown()
-        await self._connections_closed(min(grace, _CLOSE_WAIT_S))
+        await self._connections_closed(min(grace, _CLOSE_WAIT_S), grace_end)
         if grpc_stopped is not None:
             await grpc_stopped
         if self._http is not None:

@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pytest
 from memory_fakes import Transport
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
@@ -98,3 +100,41 @@ def test_a_withdrawn_traced_request_gets_its_span_without_a_callback(tmp_path: P
     assert span.attributes["error.type"] == "499"  # (the client's doing: no error status)
     assert span.attributes["http.response.status_code"] == 499
     assert found["held_bytes"] == len(BODY)
+
+
+def test_a_withdrawn_request_without_a_traceparent_logs_its_spans_trace_id(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Its 499 line had no trace id, though its span was exported (found by a tester): the
+    line could not be joined to the span."""
+    exporter = InMemorySpanExporter()
+    tracing = tracing_from_env({}, exporter=exporter)
+    assert tracing is not None
+
+    async def body() -> None:
+        settings = ServerSettings(
+            model_repository=waits_repo(tmp_path), http_port=0, grpc_port=0, metrics=False,
+            tune_runtime=False, cpus="none",
+        )  # fmt: skip
+        server = Server(settings, tracing=tracing)
+        await server.start()
+        connection = HttpConnection(server._rest, settings, server._connections)
+        connection.connection_made(Transport())  # type: ignore[arg-type]
+        try:
+            connection.data_received(
+                b"POST /v2/models/waits/infer HTTP/1.1\r\nHost: x\r\n"
+                + f"Content-Length: {len(BODY)}\r\n\r\n".encode()
+                + BODY
+            )
+            await asyncio.sleep(0.05)  # (queued: its batch waits 0.3 s)
+            connection.connection_lost(None)
+            await asyncio.sleep(0.01)
+        finally:
+            await server.stop()
+
+    with caplog.at_level(logging.INFO, logger="duetime.requests"):
+        asyncio.run(body())
+    tracing.provider.force_flush()
+    [span] = [s for s in exporter.get_finished_spans() if s.kind == SpanKind.SERVER]
+    [line] = [r for r in caplog.records if getattr(r, "status", None) == 499]
+    assert line.trace_id == f"{span.context.trace_id:032x}"  # type: ignore[attr-defined]

@@ -67,6 +67,15 @@ def last_data_age_ns(sock: Any) -> int | None:
     return int(_LAST_DATA_RECV.unpack_from(info, _LAST_DATA_RECV_AT)[0]) * 1_000_000
 
 
+def bytes_waiting(sock: Any) -> bool:
+    """Whether the kernel holds bytes the socket `sock` received and nobody read yet (False on
+    a closed or half-closed socket, and where it cannot say)."""
+    try:
+        return bool(sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT))
+    except (OSError, AttributeError):  # (BlockingIOError: nothing waits)
+        return False
+
+
 class SocketView(socket.socket):
     """A socket object over a connection's file descriptor, owned by its transport: it asks the
     kernel about the socket (`getsockopt`) and never closes it. Call `detach` when the transport

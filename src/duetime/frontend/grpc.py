@@ -384,6 +384,9 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         self.gone_calls = 0
         """ModelInfer calls whose client had gone (cancelled, or past its deadline) before their
         handler ran: left unanswered, undecoded."""
+        self.shed = 0
+        """Inference requests the load shedder refused unread (RESOURCE_EXHAUSTED; see
+        `RestApi.shed`)."""
         self.refused: dict[tuple[str, str], int] = {}
         """Inference requests (ModelInfer calls, streamed requests) answered with an error
         before any model ran them, by (status code name, error class): undecodable, a bad
@@ -922,8 +925,8 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
             return False
         # NOTE: weighed as no model, a gRPC flood of one heavy model had every model's gRPC
         # calls refused alike, where HTTP's shedder refuses the costliest model's first
-        model, version = _peeked_target(data)
-        model = self._served(model)
+        named, version = _peeked_target(data)
+        model = self._served(named)
         top = shedder.refusing(model) and _asks_priority_one(data)
         if not self._shed(model, version, len(data), top):
             return False
@@ -933,7 +936,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
             left = context.time_remaining()
             due_in = None if left is None else max(int(left * 1e9), 1)
             recorder.refused_unread("grpc", b"", data, _Metadata(context), refusal, due_in)
-        _refuse(context, refusal)
+        _refuse(context, refusal, model=named or "", version=version)
         return True
 
     def _shed(self, model: str | None, version: str, size: int, top: bool) -> bool:
@@ -944,6 +947,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         assert shedder is not None
         if not shedder.refuse(model, size, top, version or None):
             return False
+        self.shed += 1
         if model is not None:
             self._engine.registry.count_shed(model, version or None)
         return True

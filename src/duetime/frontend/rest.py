@@ -205,28 +205,37 @@ class PendingReply:
     encode: Callable[[Any], Reply | BulkReply]
     headers: Mapping[str, str] | None = None
     """An inference's request headers (for the log line if its client goes: `withdrawn`)."""
-    traced: Callable[[Ticket], None] | None = None
-    """A traced inference's span, recorded if its client withdraws it (`withdrawn_span`)."""
+    traced: Callable[[Ticket], str | None] | None = None
+    """A traced inference's span, recorded if its client withdraws it (`withdrawn_span`): its
+    trace id."""
     request: InferRequest | None = None
     """A v2 inference's request, decoded (see `RestApi.answer_estimate`)."""
     plan: OutputPlan | None = None
     """How that request's outputs go back."""
+    trace_id: str | None = None
+    """The trace id of the span `withdrawn_span` recorded."""
 
     def withdrawn_span(self) -> None:
         """Record a traced inference's span, with an error status, once its client withdrew
         it (its connection closed before its answer: call it once its ticket is cancelled)."""
         ticket = self.ticket
         if self.traced is not None and isinstance(ticket, Ticket):
-            self.traced(ticket)
+            self.trace_id = self.traced(ticket)
 
     def withdrawn(self) -> None:
         """Log an inference whose client closed its connection before its answer (call it
-        once its ticket is cancelled)."""
+        once its ticket is cancelled, after `withdrawn_span`): with its span's trace id, else
+        its caller's.
+
+        NOTE: the caller's only: the line of a request sent without a `traceparent` had none,
+        though its span was exported (found by a tester)."""
         ticket = self.ticket
         if isinstance(ticket, Ticket):  # (not a repository operation)
+            trace_id = self.trace_id
             headers = self.headers
-            parent = parse_traceparent(headers.get("traceparent")) if headers else None
-            trace_id = parent.trace_id_hex if parent is not None else None
+            if trace_id is None and headers:
+                parent = parse_traceparent(headers.get("traceparent"))
+                trace_id = parent.trace_id_hex if parent is not None else None
             log_cancelled("http", ticket.model, ticket.version, trace_id)
 
 
@@ -556,6 +565,9 @@ class RestApi:
         """`/v2/systemsharedmemory/...` (shared with the gRPC service)."""
         self.accepting = True
         """False once shutdown starts: readiness reports false."""
+        self.shed = 0
+        """Inference requests the load shedder refused unread (429; counted apart from
+        `refused`, which they join in duetime_requests_refused_total, to keep them cheap)."""
         self.refused: dict[tuple[int, str], int] = {}
         """(status, error class) -> inference requests answered with an error before any
         model ran them: malformed, a bad parameter, an unknown model, refused at admission,
@@ -1314,7 +1326,7 @@ class RestApi:
         parts = _model_parts(model, version)
         return self._failed(exc, headers, parts, trace_id or "", inference=True)
 
-    def _withdrawn_span(self, request: InferRequest) -> Callable[[Ticket], None] | None:
+    def _withdrawn_span(self, request: InferRequest) -> Callable[[Ticket], str | None] | None:
         """What records a traced request's span should its client withdraw it (its connection
         closed before its answer: see `PendingReply.withdrawn_span`); None untraced.
 
@@ -1326,8 +1338,8 @@ class RestApi:
             return None
         return functools.partial(self._record_withdrawn, request)
 
-    def _record_withdrawn(self, request: InferRequest, ticket: Ticket) -> None:
-        """The span of a traced request its client withdrew (`_withdrawn_span`)."""
+    def _record_withdrawn(self, request: InferRequest, ticket: Ticket) -> str | None:
+        """The span of a traced request its client withdrew (`_withdrawn_span`); its trace id."""
         timing = request.timing
         tracing = self._tracing
         assert tracing is not None
@@ -1335,7 +1347,7 @@ class RestApi:
         now = self._engine.clock.now_ns()
         if not timing.finished_ns:  # (its wait, or its run, ends here)
             timing.finished_ns = now
-        tracing.record(
+        return tracing.record(
             timing, _parent(request.headers), protocol="http", model=ticket.model,
             version=ticket.version, variant=ticket.variant, error=ClientWithdrew(),
             done_ns=now,

@@ -34,6 +34,7 @@ from prometheus_client.core import (
 from prometheus_client.exposition import gzip_accepted
 from prometheus_client.registry import Collector
 
+from duetime.errors import Shed
 from duetime.scheduling.scheduler import HistogramSnapshot, SchedulerStatistics
 
 if TYPE_CHECKING:
@@ -203,8 +204,8 @@ class MetricsCollector:
             # replicas or restarts that saw different sizes is not cumulative otherwise; found
             # by a tester). The model's batch buckets reach its max_batch_size (a model that
             # does not batch: 1); a size counts in the first bound at or above it
-            counts = {size: batch.count for size, batch in row.stats.batch_sizes.items()}
-            bounds = sorted(set(row.deployment.scheduler.profile.buckets) | {1})
+            counts = row.stats.histogram_sizes
+            bounds = row.stats.batch_bounds
             per_bound = [0] * len(bounds)
             for size, count in counts.items():
                 at = bisect_left(bounds, size)
@@ -578,14 +579,21 @@ class RefusedCollector:
             "duetime_requests_refused",
             "Inference requests the front end answered with an error before any model ran "
             "them, by protocol, status (HTTP's status, gRPC's code name) and error class "
-            "(reason): malformed, a bad parameter, a model not served, and those a model's "
-            "scheduler refused (at admission, or later: expired in its queue unrun, pushed out "
-            "of a full queue, its model unavailable) or validation failed (counted per model "
-            "too, in duetime_requests_total). No label comes from the request.",
+            "(reason): malformed, a bad parameter, a model not served, those the load shedder "
+            "refused unread (Shed), and those a model's scheduler refused (at admission, or "
+            "later: expired in its queue unrun, pushed out of a full queue, its model "
+            "unavailable) or validation failed (counted per model too, in "
+            "duetime_requests_total). No label comes from the request.",
             labels=("protocol", "status", "reason"),
         )
-        for protocol, source in (("http", self._rest), ("grpc", self._grpc)):
-            for (status, reason), count in sorted(list(source.refused.items())):
+        for protocol, source, shed_status in (
+            ("http", self._rest, Shed.http_status),
+            ("grpc", self._grpc, Shed.grpc_code),
+        ):
+            counts = dict(source.refused)  # (copied: the loop may add one meanwhile)
+            if source.shed:
+                counts[shed_status, Shed.__name__] = source.shed
+            for (status, reason), count in sorted(counts.items()):
                 family.add_metric((protocol, str(status), reason), count)
         yield family
 
