@@ -165,8 +165,16 @@ def test_server_errors_log_at_warning_and_client_errors_at_info(
     assert [r.levelno for r in caplog.records] == [logging.WARNING] + [logging.INFO] * 3
 
 
-def test_access_sampler_takes_every_nth() -> None:
+@pytest.mark.parametrize("rate", [0.01, 0.1, 0.3, 0.4, 0.5, 0.7, 0.9, 0.999])
+def test_access_sampler_takes_its_share(rate: float) -> None:
+    """A share of 0.7 logged every success, 0.4 half, 0.3 a third (every n-th, n = 1 / rate
+    rounded: found by a tester)."""
+    sampler = AccessSampler(rate)
+    taken = [sampler.take() for _ in range(10_000)]
+    assert abs(sum(taken) - rate * 10_000) <= 1
+    assert abs(sum(taken[:100]) - rate * 100) <= 1  # (spread evenly, not in bursts)
+
+
+def test_access_sampler_takes_none_or_all() -> None:
     assert not any(AccessSampler(0.0).take() for _ in range(100))
-    sampler = AccessSampler(0.1)
-    assert sum(sampler.take() for _ in range(100)) == 10
-    assert all(AccessSampler(1.0).take() for _ in range(5))
+    assert all(AccessSampler(1.0).take() for _ in range(100))

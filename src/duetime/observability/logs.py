@@ -162,17 +162,24 @@ def log_cancelled(protocol: str, model: str, version: str | None, trace_id: str 
 
 
 class AccessSampler:
-    """Every n-th successful request gets an access-log line (n = 1 / sample rate)."""
+    """A share `rate` of the successful requests get an access-log line, spread evenly: a
+    request is taken when the shares of those before it and its own add up past a whole one.
+
+    NOTE: it took every n-th, n = round(1 / rate): any share from 0.67 logged every success,
+    0.4 to 0.66 half of them, 0.3 a third (found by a tester)."""
 
     def __init__(self, rate: float) -> None:
-        self._every = 0 if rate <= 0 else max(1, round(1 / rate))
-        self._count = 0
+        self._rate = min(max(rate, 0.0), 1.0)
+        self._owed = 0.0
 
     def take(self) -> bool:
-        if not self._every:
-            return False
-        self._count += 1
-        if self._count >= self._every:
-            self._count = 0
+        owed = self._owed + self._rate
+        if owed >= 1.0 - _SHARE_EPSILON:
+            self._owed = max(0.0, owed - 1.0)
             return True
+        self._owed = owed
         return False
+
+
+_SHARE_EPSILON = 1e-9
+"""Rounding AccessSampler forgives: a share of 0.1 added ten times comes to 0.9999999999999999."""

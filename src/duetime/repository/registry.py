@@ -130,7 +130,8 @@ class Snapshot:
 
     retiring: tuple[Deployment, ...] = ()
     """Deployments a publish took out of `models` (replaced by a reload, or unloaded) that had
-    not finished draining at the last publish: what they answer counts (see `statistics`)."""
+    not finished draining at the last publish, oldest first: what they answer counts (see
+    `statistics`)."""
     retired: Mapping[Labels, SchedulerStatistics] = field(default_factory=dict)
     """The final counts of retired deployments, by (model, version, variant), kept while a
     deployment so labelled serves or drains: its series go on from them."""
@@ -145,9 +146,9 @@ class Snapshot:
         of those it replaced (same model, version and variant) added: draining ones, and closed
         ones (see `retired`)."""
         key = labels(deployment)
-        others = [
+        others = [  # (newest first: `retiring` is oldest first, and `retired` older still)
             d.scheduler.statistics()
-            for d in self.retiring
+            for d in reversed(self.retiring)
             if d is not deployment and labels(d) == key
         ]
         if key in self.retired:

@@ -20,7 +20,7 @@ from bisect import bisect_left
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 from duetime.clock import Clock
 from duetime.config import BreakerConfig, SchedulingConfig
@@ -251,6 +251,12 @@ class SchedulerStatistics:
     """Time inside ONNX Runtime, of each batch executed."""
     batch_sizes: dict[int, BatchSizeStatistics] = field(default_factory=dict)
     """The executions of `executions`, by batch size."""
+    batch_bounds: tuple[int, ...] = (1,)
+    """The batch-size histogram's bounds: the model's batch buckets (and 1), ascending."""
+    histogram_sizes: dict[int, int] = field(default_factory=dict)
+    """Executions by batch size for the batch-size histogram: `batch_sizes`' counts, of the
+    deployments `combined` with the same `batch_bounds` only (a histogram's bounds stay fixed
+    per series: one of another model's bounds starts it from 0)."""
     breaker_states: tuple[int, ...] = ()
     """Each instance's circuit breaker: 0 closed, 1 half-open, 2 open."""
     breakers_opened: int = 0
@@ -289,16 +295,28 @@ _SUMMED = (
 
 def combined(live: SchedulerStatistics, *others: SchedulerStatistics) -> SchedulerStatistics:
     """`live`'s statistics with the counts of `others` (deployments it replaced, draining or
-    closed) added: counters, histograms and batch sizes summed, requests waiting or running
-    summed; the rest (instances, breakers, estimates) is `live`'s own."""
+    closed, newest first) added: counters, histograms and batch sizes summed (for the
+    batch-size histogram, only those newer than the first with other bounds than `live`'s),
+    requests waiting or running summed; the rest (instances, breakers, estimates) is `live`'s
+    own.
+
+    NOTE: the batch-size histogram summed every deployment's sizes, whatever its bounds: after
+    a reload from max_batch_size 64 to 8, le="6" kept the 64 one's counts while le="12" to
+    le="64" were gone, and back at 64 those came back with the old counts in their first
+    sample (found by a tester): not cumulative over a window spanning the reload."""
     if not others:
         return live
     every = (live, *others)
     sums: dict[str, Any] = {name: sum(getattr(s, name) for s in every) for name in _SUMMED}
     batch_sizes: dict[int, BatchSizeStatistics] = {}
+    histogram_sizes: dict[int, int] = {}
     answers_failed: dict[str, int] = {}
     late_by_cause: dict[str, int] = {}
+    same_bounds = True
     for stats in every:
+        same_bounds = same_bounds and stats.batch_bounds == live.batch_bounds
+        if same_bounds:
+            _add_counts(histogram_sizes, stats.histogram_sizes)
         for size, batch in stats.batch_sizes.items():
             into = batch_sizes.setdefault(size, BatchSizeStatistics())
             into.count += batch.count
@@ -316,12 +334,16 @@ def combined(live: SchedulerStatistics, *others: SchedulerStatistics) -> Schedul
         queue_time=_summed(s.queue_time for s in every),
         compute_time=_summed(s.compute_time for s in every),
         batch_sizes=batch_sizes,
+        histogram_sizes=histogram_sizes,
         answers_failed=answers_failed,
         late_by_cause=late_by_cause,
     )
 
 
-def _add_counts(into: dict[str, int], counts: dict[str, int]) -> None:
+_Key = TypeVar("_Key")
+
+
+def _add_counts(into: dict[_Key, int], counts: dict[_Key, int]) -> None:
     for key, count in counts.items():
         into[key] = into.get(key, 0) + count
 
@@ -2607,6 +2629,11 @@ class ModelScheduler:
         # reaches it (or sweeps it): counted at once, it is cancelled and no longer queued
         queue = self._queue
         gone, gone_ns = queue.settled_waiting(self._clock.now_ns())
+        # NOTE: list() copies the items before the loop can add a batch size to the dict
+        batch_sizes = {
+            k: BatchSizeStatistics(v.count, v.compute_ns, v.input_ns, v.output_ns)
+            for k, v in list(self._batch_sizes.items())
+        }
         return SchedulerStatistics(
             queued=len(self._queue) - gone,
             peak_queued=self._peak,
@@ -2634,11 +2661,9 @@ class ModelScheduler:
             request_time=self._request_time.snapshot(),
             queue_time=self._queue_time.snapshot(),
             compute_time=self._compute_time.snapshot(),
-            # NOTE: list() copies the items before the loop can add a batch size to the dict
-            batch_sizes={
-                k: BatchSizeStatistics(v.count, v.compute_ns, v.input_ns, v.output_ns)
-                for k, v in list(self._batch_sizes.items())
-            },
+            batch_sizes=batch_sizes,
+            batch_bounds=tuple(sorted({*self.profile.buckets, 1})),
+            histogram_sizes={size: batch.count for size, batch in batch_sizes.items()},
             breaker_states=tuple(int(b.state) for b in self._breakers),
             breakers_opened=sum(b.opened for b in self._breakers),
             probes=self._probes,
