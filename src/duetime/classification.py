@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from duetime.datatypes import BFLOAT16
 from duetime.errors import InvalidInput
 from duetime.types import TensorSpec
 
@@ -72,6 +73,8 @@ def top_classes(
 ) -> np.ndarray:
     """`array`'s top `count` classes per batch element, as the extension returns them (with the
     class's label where `labels` has one)."""
+    if array.dtype == BFLOAT16:  # (FP32 holds each value; numpy sorts no ml_dtypes array)
+        array = array.astype(np.float32)
     if array.dtype.kind not in "biuf":
         raise InvalidInput(
             f"classification needs numeric values, but the output holds {array.dtype}"

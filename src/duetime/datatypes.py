@@ -4,7 +4,12 @@ from __future__ import annotations
 
 from typing import Any, Final
 
+import ml_dtypes
 import numpy as np
+
+BFLOAT16: Final[np.dtype[Any]] = np.dtype(ml_dtypes.bfloat16)
+"""BF16's numpy dtype (ml_dtypes'): numpy has none, and ml_dtypes' is no numpy float (its kind
+is "V"): `is_float` says which dtypes are."""
 
 #: v2 datatype name -> numpy dtype. BYTES tensors are numpy object arrays of `bytes`.
 NUMPY_OF: Final[dict[str, np.dtype[np.generic]]] = {
@@ -20,18 +25,8 @@ NUMPY_OF: Final[dict[str, np.dtype[np.generic]]] = {
     "FP16": np.dtype(np.float16),
     "FP32": np.dtype(np.float32),
     "FP64": np.dtype(np.float64),
+    "BF16": BFLOAT16,
     "BYTES": np.dtype(np.object_),
-}
-
-#: v2 datatypes duetime does not serve (yet), and why: a request naming one is told so.
-#: NOTE: BF16 (Triton's TYPE_BF16): onnxruntime 1.32's Python API refuses `ml_dtypes.bfloat16`
-#: arrays as inputs ("Numpy_type 256 can't be converted to MLDataType") and gives no numpy array
-#: of a bfloat16 output; only OrtValues over uint16 (`ortvalue_from_numpy_with_onnx_type`) and
-#: raw output pointers would carry them, a separate run path in the executor.
-UNSERVED: Final[dict[str, str]] = {
-    "BF16": "ONNX Runtime's Python API takes and gives no bfloat16 numpy arrays, so a model with "
-    "a bfloat16 input does not load (nor is a bfloat16 output served); send FP32 (or FP16) to a "
-    "model exported with them",
 }
 
 #: Little-endian wire dtypes for the binary extension and gRPC raw contents.
@@ -53,6 +48,7 @@ V2_OF_ONNX: Final[dict[str, str]] = {
     "tensor(float16)": "FP16",
     "tensor(float)": "FP32",
     "tensor(double)": "FP64",
+    "tensor(bfloat16)": "BF16",
     "tensor(string)": "BYTES",
 }
 
@@ -68,8 +64,18 @@ _V2_OF_DTYPE: Final[dict[np.dtype[np.generic], str]] = {
 
 def numeric_v2_datatype(dtype: np.dtype[Any]) -> str | None:
     """The v2 datatype name of a numeric numpy dtype, native or little-endian (None: it has
-    none, as bfloat16)."""
+    none, as float8)."""
     return _V2_OF_DTYPE.get(dtype)
+
+
+def is_float(dtype: np.dtype[Any]) -> bool:
+    """Whether `dtype` holds floating-point numbers: numpy's floats, and BF16's."""
+    return dtype.kind == "f" or dtype == BFLOAT16
+
+
+def float_max(dtype: np.dtype[Any]) -> float:
+    """The largest finite value of float dtype `dtype` (`is_float`)."""
+    return float(ml_dtypes.finfo(dtype).max)  # type: ignore[no-untyped-call]
 
 
 def v2_datatype_of(array: np.ndarray) -> str:
@@ -88,10 +94,11 @@ def v2_datatype_of(array: np.ndarray) -> str:
 def unserved_output_reason(onnx_type: str) -> str:
     """Why a graph output of ONNX Runtime type `onnx_type` (none of `V2_OF_ONNX`) is not served,
     as the load warning and a request asking for it say: each type has its own limit and fix."""
-    if onnx_type == "tensor(bfloat16)":  # (v2 defines BF16: the limit is ORT's, see UNSERVED)
+    if onnx_type == "tensor(bfloat16)":  # (see `ort.bfloat16_run`)
         return (
-            "its type bfloat16 cannot be returned through ONNX Runtime's Python API (it gives no "
-            "numpy array of one); have the graph Cast it to float or float16"
+            "its type bfloat16 comes out of ONNX Runtime's Python API only beside inputs it can "
+            "take as OrtValues, which strings are not, and this graph has a string input; have "
+            "the graph Cast it to float or float16"
         )
     if onnx_type.startswith("seq(map("):
         return (

@@ -437,9 +437,17 @@ def test_load_string_model(tmp_path: Path, loaded: list[LoadedModel]) -> None:
 
 
 def test_load_unsupported_graph_type_names_the_file(tmp_path: Path) -> None:
-    source = model_dir(tmp_path, "bf16", identity_model(TensorProto.BFLOAT16, ["n"]))
+    graph = helper.make_graph(
+        [helper.make_node("Cast", ["x"], ["y"], to=TensorProto.FLOAT)], "f8",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT8E4M3FN, ["n"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n"])],
+    )  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)])
+    model.ir_version = 9
+    source = model_dir(tmp_path, "f8", bytes(model.SerializeToString()))
     with pytest.raises(
-        ConfigError, match=re.escape(f"{source.versions[1]}: input 'x' has type tensor(bfloat16)")
+        ConfigError,
+        match=re.escape(f"{source.versions[1]}: input 'x' has type tensor(float8e4m3fn)"),
     ):
         load_version(source, 1)
 

@@ -34,7 +34,13 @@ from duetime.execution.affinity import (
     lower_thread_priority,
     pin_current_thread,
 )
-from duetime.execution.ort import Run, direct_run, out_of_memory, strings_from_ort
+from duetime.execution.ort import (
+    Run,
+    bfloat16_run,
+    direct_run,
+    out_of_memory,
+    strings_from_ort,
+)
 from duetime.execution.turns import Turns
 
 log = logging.getLogger("duetime.executor")
@@ -304,7 +310,8 @@ class Executor:
         abandoned: threading.Event | None = getattr(_LOADING, "abandoned", None)
         if abandoned is not None and abandoned.is_set():
             raise LoadAbandoned
-        return list(self._sessions[instance].run(self._output_names, feeds))
+        session = self._sessions[instance]
+        return list(bfloat16_run(session, session.run)(self._output_names, feeds))
 
     def _serve(
         self,

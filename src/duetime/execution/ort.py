@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import functools
 import hashlib
 import logging
@@ -20,7 +21,7 @@ import numpy as np
 import onnxruntime as ort
 
 from duetime.cgroups import memory_limit
-from duetime.datatypes import V2_OF_ONNX, unserved_output_reason
+from duetime.datatypes import BFLOAT16, V2_OF_ONNX, unserved_output_reason
 from duetime.errors import ConfigError, InvalidInput
 from duetime.types import TensorSpec
 
@@ -387,7 +388,10 @@ def graph_specs(
     inputs += _specs(
         session.get_overridable_initializers(), model_path, "optional input", optional=True
     )
-    outputs = _specs(session.get_outputs(), model_path, "output", skip_unsupported=True)
+    unserved = _BFLOAT16 if _string_inputs(session) else ""  # (see `bfloat16_run`)
+    outputs = _specs(
+        session.get_outputs(), model_path, "output", skip_unsupported=True, unserved=unserved
+    )
     if not outputs:
         kinds = ", ".join(f"'{arg.name}' {arg.type}" for arg in session.get_outputs())
         raise ConfigError(
@@ -404,11 +408,14 @@ def _specs(
     *,
     skip_unsupported: bool = False,
     optional: bool = False,
+    unserved: str = "",
 ) -> list[TensorSpec]:
+    """`args`' specs; with `skip_unsupported`, those of a type the v2 protocol cannot carry, or
+    of type `unserved`, are left out with a warning (an error otherwise)."""
     specs = []
     shapeless = _shapeless(model_path) if any(not arg.shape for arg in args) else frozenset()
     for arg in args:
-        datatype = V2_OF_ONNX.get(arg.type)
+        datatype = None if arg.type == unserved else V2_OF_ONNX.get(arg.type)
         if datatype is None:
             if optional:
                 log.warning(
@@ -455,6 +462,68 @@ def _shapeless(model_path: Path) -> frozenset[str]:
 Run = Callable[[list[str], dict[str, np.ndarray]], list[np.ndarray]]
 """Runs a session: (output names, feeds) -> outputs."""
 
+_BFLOAT16 = "tensor(bfloat16)"
+
+
+def bfloat16_run(session: Any, run: Run, run_options: ort.RunOptions | None = None) -> Run:
+    """`run`, for a session with bfloat16 inputs or outputs, taking and giving them as numpy
+    arrays of BF16's dtype (ml_dtypes'); `run` itself for one with none.
+
+    ONNX Runtime's Python API takes no such array ("Numpy_type 256 can't be converted to
+    MLDataType") and gives none ("No corresponding Numpy type for Tensor Type"): a bfloat16
+    input goes in as an OrtValue over its bits, which `run` takes beside numpy arrays; where an
+    output is bfloat16, every input goes in as an OrtValue (`run_with_ort_values`) and that
+    output's bits are copied out of its OrtValue. A string input cannot be an OrtValue: such a
+    graph's bfloat16 outputs are not served (see `graph_specs`)."""
+    try:
+        inputs = [*session.get_inputs(), *session.get_overridable_initializers()]
+        outputs = session.get_outputs()
+    except AttributeError:  # (a stand-in session in tests)
+        return run
+    brain = frozenset(arg.name for arg in inputs if arg.type == _BFLOAT16)
+    if any(arg.type == _BFLOAT16 for arg in outputs) and not _string_inputs(session):
+
+        def by_values(output_names: list[str], feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+            values = {name: _ort_value(array) for name, array in feeds.items()}
+            results = session.run_with_ort_values(output_names, values, run_options)
+            return [_from_ort_value(value) for value in results]
+
+        return by_values
+    if not brain:
+        return run
+
+    def with_values(output_names: list[str], feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+        fed = {name: _ort_value(array) if name in brain else array for name, array in feeds.items()}
+        return run(output_names, fed)  # (OrtValues: `run` takes them)
+
+    return with_values
+
+
+def _ort_value(array: np.ndarray) -> ort.OrtValue:
+    """`array` as an OrtValue (over its memory where it can: it keeps the array alive)."""
+    array = np.ascontiguousarray(array)
+    if array.dtype == BFLOAT16:
+        return ort.OrtValue.ortvalue_from_numpy_with_onnx_type(
+            array.view(np.uint16), _ONNX_BFLOAT16
+        )
+    return ort.OrtValue.ortvalue_from_numpy(array)
+
+
+_ONNX_BFLOAT16 = 16
+"""onnx.TensorProto.BFLOAT16 (onnx itself is not imported here)."""
+
+
+def _from_ort_value(value: ort.OrtValue) -> np.ndarray:
+    """A numpy array of an output's OrtValue: a bfloat16 one's bits copied out."""
+    if value.data_type() != _BFLOAT16:
+        return cast(np.ndarray, value.numpy())
+    shape = tuple(value.shape())
+    count = int(np.prod(shape, dtype=np.int64))
+    if not count:
+        return np.empty(shape, BFLOAT16)
+    bits = (ctypes.c_uint16 * count).from_address(value.data_ptr())
+    return np.ctypeslib.as_array(bits).copy().view(BFLOAT16).reshape(shape)
+
 
 def direct_run(session: Any, run_options: ort.RunOptions | None = None) -> Run:
     """`session.run` without the Python wrapper's per-call checks (that every input is fed, that
@@ -463,7 +532,12 @@ def direct_run(session: Any, run_options: ort.RunOptions | None = None) -> Run:
     batch 1, 10.3 -> 9.2 µs P50. Every run passes `run_options` (setting its `terminate` from
     another thread stops the run between nodes). Falls back to `session.run`, without the
     options, where the wrapper has no `_sess` (a stand-in session in tests). A session with
-    string inputs gets their feeds' `bytes` elements made `str` first (`text_feeds`)."""
+    string inputs gets their feeds' `bytes` elements made `str` first (`text_feeds`); one with
+    bfloat16 inputs or outputs takes and gives them as numpy arrays (`bfloat16_run`)."""
+    return bfloat16_run(session, _direct_run(session, run_options), run_options)
+
+
+def _direct_run(session: Any, run_options: ort.RunOptions | None) -> Run:
     texts = _string_inputs(session)
     inner = getattr(session, "_sess", None)
     if inner is None or not callable(getattr(inner, "run", None)):

@@ -20,7 +20,14 @@ from typing import Any, NoReturn, cast
 import numpy as np
 import orjson
 
-from duetime.datatypes import NUMPY_OF, UNSERVED, WIRE_DTYPE_OF, v2_datatype_of
+from duetime.datatypes import (
+    BFLOAT16,
+    NUMPY_OF,
+    WIRE_DTYPE_OF,
+    float_max,
+    is_float,
+    v2_datatype_of,
+)
 from duetime.errors import InvalidInput
 from duetime.execution.ort import CHECKED_TEXT, MAX_DIMS
 from duetime.types import ModelSignature, TensorSpec
@@ -64,13 +71,7 @@ def parse_shape(value: Any, where: str) -> tuple[int, ...]:
 
 
 def check_datatype(value: Any, where: str) -> str:
-    """`value` if it is a v2 datatype duetime serves; InvalidInput saying which it takes (or,
-    for a v2 datatype it does not serve, why) otherwise."""
-    if isinstance(value, str) and value in UNSERVED:
-        raise InvalidInput(
-            f"{where}: 'datatype' {value} is a v2 datatype that duetime does not serve (yet): "
-            f"{UNSERVED[value]}"
-        )
+    """`value` if it is a v2 datatype; InvalidInput saying which it takes otherwise."""
     if not isinstance(value, str) or value not in NUMPY_OF:
         known = ", ".join(NUMPY_OF)
         raise InvalidInput(
@@ -469,12 +470,13 @@ def from_nested_json(data: Any, datatype: str, where: str, field: str) -> np.nda
 
 def _numbers_from_json(data: list[Any], datatype: str, where: str, field: str) -> np.ndarray:
     dtype = NUMPY_OF[datatype]
+    want = "f" if is_float(dtype) else dtype.kind  # (BF16's dtype is no numpy float)
     try:
         parsed = np.asarray(data)
         if (
             parsed.size
             and parsed.dtype.kind in "fO"
-            and dtype.kind in "iu"
+            and want in "iu"
             and _all_ints(data, where, field)
         ):
             # NOTE: numpy reads ints on both sides of INT64_MAX as float64, losing digits (and
@@ -488,25 +490,25 @@ def _numbers_from_json(data: list[Any], datatype: str, where: str, field: str) -
         raise InvalidInput(
             f"{where}: '{field}' is not a regular list of {datatype} values"
         ) from None
-    if dtype.kind == "f" and parsed.dtype.kind == "O" and parsed.size:
+    if want == "f" and parsed.dtype.kind == "O" and parsed.size:
         parsed = _nulls_as_nan(parsed, where, field, datatype)
     kind = parsed.dtype.kind
-    allowed = {"b": "b", "i": "iu", "u": "iu", "f": "iuf"}[dtype.kind]
+    allowed = {"b": "b", "i": "iu", "u": "iu", "f": "iuf"}[want]
     if parsed.size and kind not in allowed:
-        if kind == "f" and dtype.kind in "iu":
+        if kind == "f" and want in "iu":
             raise _first_fault(_flatten(data, where, field), dtype, where, field, datatype)
         raise InvalidInput(
             f"{where}: '{field}' holds values that are not {datatype} ({parsed.dtype})"
         )
-    if kind in "iuf" and dtype.kind in "iuf" and _has_bools(data, parsed.ndim):
+    if kind in "iuf" and want in "iuf" and _has_bools(data, parsed.ndim):
         raise InvalidInput(
             f"{where}: '{field}' mixes true/false with numbers; {datatype} takes numbers"
         )
-    if dtype.kind in "iu" and parsed.size:
+    if want in "iu" and parsed.size:
         info = np.iinfo(dtype)  # type: ignore[type-var]
         if parsed.min() < info.min or parsed.max() > info.max:
             raise _out_of_range(where, field, datatype)
-    if dtype.kind == "f" and parsed.size:
+    if want == "f" and parsed.size:
         with np.errstate(over="ignore"):
             converted = parsed.astype(dtype)
         if not np.isfinite(converted[np.isfinite(parsed)]).all():
@@ -536,7 +538,7 @@ def _out_of_range(where: str, field: str, datatype: str) -> InvalidInput:
         info = np.iinfo(dtype)  # type: ignore[type-var]
         low, high = str(info.min), str(info.max)
     else:
-        top = float(np.finfo(dtype).max)  # type: ignore[type-var]
+        top = float_max(dtype)
         low, high = f"{-top:.8g}", f"{top:.8g}"
     return InvalidInput(
         f"{where}: '{field}' has values outside the range of {datatype} ({low} to {high})"
@@ -903,10 +905,10 @@ thread building a big answer gives the GIL back between pieces, so the event loo
 
 JSON_VALUE_BYTES = {
     "BOOL": 5, "INT8": 4, "INT16": 6, "INT32": 11, "INT64": 20, "UINT8": 3, "UINT16": 5,
-    "UINT32": 10, "UINT64": 20, "FP16": 16, "FP32": 16, "FP64": 24,
+    "UINT32": 10, "UINT64": 20, "FP16": 16, "FP32": 16, "FP64": 24, "BF16": 24,
 }  # fmt: skip
 """The longest one value of each numeric datatype is written as JSON (`false`, `-2147483648`;
-a float in its shortest exact form, `-0.0000050164504` as FP32)."""
+a float in its shortest exact form, `-0.0000050164504` as FP32; BF16 as the double it is)."""
 JSON_VALUE_MAX_BYTES = max(JSON_VALUE_BYTES.values()) + 1
 """The most any one number takes as JSON, with its comma."""
 JSON_FLOAT_TEXT_BYTES = 26
@@ -917,7 +919,7 @@ or an infinity, `json` writes its values as doubles and ', ' (`-2.22507385850720
 def json_value_bytes_at_most(datatype: str) -> int:
     """The most one value of `datatype` (numeric) takes in an answer's JSON, with what follows
     it (see `to_json_data`)."""
-    if datatype in ("FP16", "FP32", "FP64") or datatype not in JSON_VALUE_BYTES:
+    if datatype in ("FP16", "FP32", "FP64", "BF16") or datatype not in JSON_VALUE_BYTES:
         return JSON_FLOAT_TEXT_BYTES
     return JSON_VALUE_BYTES[datatype] + 1
 
@@ -991,6 +993,8 @@ def to_json_data(array: np.ndarray, datatype: str) -> Any:
             for item in array.reshape(-1)
         ]
     flat = np.ascontiguousarray(array).reshape(-1)
+    if flat.dtype == BFLOAT16:  # (orjson writes no ml_dtypes array: each value's exact double)
+        flat = flat.astype(np.float64)
     if flat.size > JSON_CHUNK:
         return orjson.Fragment(_json_in_pieces(flat))
     if flat.dtype.kind == "f" and not np.isfinite(flat).all():

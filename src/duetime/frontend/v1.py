@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import orjson
 
-from duetime.datatypes import NUMPY_OF, v2_datatype_of
+from duetime.datatypes import BFLOAT16, NUMPY_OF, is_float, v2_datatype_of
 from duetime.errors import InvalidInput
 from duetime.frontend.codec import JSON_CHUNK, from_nested_json, json_size
 from duetime.types import ModelSignature, TensorSpec
@@ -114,7 +114,7 @@ def _tensor(spec: TensorSpec, values: Any, field: str) -> np.ndarray:
     try:
         return from_nested_json(values, spec.datatype, where, field)
     except InvalidInput:
-        if NUMPY_OF[spec.datatype].kind != "f":
+        if not is_float(NUMPY_OF[spec.datatype]):
             raise
     # NOTE: the KServe client writes its request with orjson, which writes NaN, Infinity and
     # -Infinity as null: an instance [NaN, 1] arrives as [null, 1] (refused as "not FP32") and
@@ -169,7 +169,10 @@ def v1_json_size(outputs: dict[str, np.ndarray]) -> dict[str, int]:
 
 
 def _numeric(array: np.ndarray) -> np.ndarray:
-    """A numeric output as orjson encodes it: C-contiguous, integers of a plain scalar type."""
+    """A numeric output as orjson encodes it: C-contiguous, integers of a plain scalar type,
+    BF16 as the doubles its values are (orjson writes no ml_dtypes array)."""
+    if array.dtype == BFLOAT16:
+        return array.astype(np.float64)
     if not array.flags.c_contiguous:
         array = np.ascontiguousarray(array)
     if array.dtype.kind in "iu":

@@ -13,15 +13,17 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal, NamedTuple
 
+import ml_dtypes
 import numpy as np
 import onnxruntime as ort
 
 from duetime.config import ModelConfig, TensorConfig, VariantConfig
-from duetime.datatypes import NUMPY_OF, unserved_output_reason
+from duetime.datatypes import BFLOAT16, NUMPY_OF, is_float, unserved_output_reason
 from duetime.errors import ConfigError, DuetimeError, fitted
 from duetime.execution.executor import Executor
 from duetime.execution.ort import (
     MAX_DIMS,
+    bfloat16_run,
     cached_session,
     default_run_memory_bytes,
     graph_specs,
@@ -933,6 +935,7 @@ def _sampled_problem(
     unbatched, 5 such exports of independent rows lost their batching (found by a tester).
     Free inner dims of 1 fail many graphs that do batch (an image model's height and width
     under its kernel), so they are tried bigger before giving up."""
+    run = bfloat16_run(session, session.run)
     failure = ""
     runs_wide = False  # (a sample of `WIDE_ROWS` rows ran where the small ones did not)
     for free in _free_dim_sizes(signature):
@@ -941,11 +944,11 @@ def _sampled_problem(
             twins = {name: np.repeat(array[:1], rows, axis=0) for name, array in feeds.items()}
             try:
                 alone = [
-                    session.run(names, {k: v[row : row + 1] for k, v in feeds.items()})
+                    run(names, {k: v[row : row + 1] for k, v in feeds.items()})
                     for row in range(rows)
                 ]
-                whole = session.run(names, feeds) if rows > 1 else alone[0]
-                twinned = session.run(names, twins) if rows > 1 else alone[0]
+                whole = run(names, feeds) if rows > 1 else alone[0]
+                twinned = run(names, twins) if rows > 1 else alone[0]
             except Exception as exc:
                 failure = failure or fitted(" ".join(str(exc).split()), 300)
                 runs_wide = runs_wide or _runs(session, names, signature, fill, free)
@@ -977,8 +980,9 @@ def _runs(
     free: int,
 ) -> bool:
     """Whether the graph runs on a sample of `WIDE_ROWS` rows (`fill`, free dims `free`)."""
+    run = bfloat16_run(session, session.run)
     try:
-        session.run(names, sample_inputs(signature, WIDE_ROWS, seed=2, fill=fill, free=free))
+        run(names, sample_inputs(signature, WIDE_ROWS, seed=2, fill=fill, free=free))
     except Exception:
         return False
     return True
@@ -1009,6 +1013,7 @@ def _wide_problem(
     branch takes the rows' mean from 3 rows on (a 5-row request alone, padded to 6, was
     moved by its padding), one that takes row 2 of the batch, one that adds the rows' maximum
     past a threshold, one whose hand-written quantizer takes its scale from the whole tensor."""
+    run = bfloat16_run(session, session.run)
     rows = min(signature.max_batch_size, WIDE_ROWS)
     if rows <= 2:
         return None
@@ -1017,12 +1022,12 @@ def _wide_problem(
             signature, rows, seed=3, fill=fill, free=free, batched_optional=batched_optional
         )
         for array in feeds.values():
-            if array.dtype.kind == "f":
+            if is_float(array.dtype):
                 array[-1] *= LOUD
         try:
-            whole = session.run(names, feeds)
-            first = session.run(names, {k: v[:1] for k, v in feeds.items()})
-            others = session.run(names, {k: v[1:] for k, v in feeds.items()})
+            whole = run(names, feeds)
+            first = run(names, {k: v[:1] for k, v in feeds.items()})
+            others = run(names, {k: v[1:] for k, v in feeds.items()})
             break
         except Exception:
             continue
@@ -1104,11 +1109,14 @@ def _lacks_rows(name: str, output: np.ndarray, rows: int) -> BatchingProblem | N
 def _same_rows(batched: np.ndarray, lone: np.ndarray, tolerance: float) -> bool:
     if batched.shape != lone.shape:  # (other dims sized by the whole batch: padding, say)
         return False
-    if batched.dtype.kind not in "fc":
+    if batched.dtype.kind not in "fc" and not is_float(batched.dtype):
         return bool(np.array_equal(batched, lone))
+    eps = float(ml_dtypes.finfo(lone.dtype).eps)  # type: ignore[no-untyped-call]
+    if lone.dtype == BFLOAT16:  # (numpy's own functions take no ml_dtypes array)
+        batched, lone = batched.astype(np.float32), lone.astype(np.float32)
     finite = np.abs(lone[np.isfinite(lone)])
     scale = max(1.0, float(finite.max()) if finite.size else 1.0)
-    share = max(tolerance, ROWS_ULPS * float(np.finfo(lone.dtype).eps))
+    share = max(tolerance, ROWS_ULPS * eps)
     return bool(np.allclose(batched, lone, rtol=0, atol=share * scale, equal_nan=True))
 
 
@@ -1154,7 +1162,7 @@ def sample_inputs(
         if signature.max_batch_size > 0:
             shape[0] = rows
         dtype = NUMPY_OF[spec.datatype]
-        if spec.datatype != "BYTES" and dtype.kind == "f":
+        if spec.datatype != "BYTES" and is_float(dtype):
             feeds[spec.name] = rng.standard_normal(shape).astype(dtype)
             continue
         numbers = _sample_numbers(shape, fill)
@@ -1342,7 +1350,7 @@ def warm_up(
 def _has_integers(signature: ModelSignature) -> bool:
     """Whether some input's samples follow `SampleFill` (integers, booleans, strings)."""
     return any(
-        spec.datatype == "BYTES" or NUMPY_OF[spec.datatype].kind != "f"
+        spec.datatype == "BYTES" or not is_float(NUMPY_OF[spec.datatype])
         for spec in signature.required_inputs
     )
 

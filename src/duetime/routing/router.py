@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from duetime.clock import Clock
+from duetime.datatypes import is_float
 from duetime.errors import DeadlineExceeded, DuetimeError, InvalidInput, Overloaded
 from duetime.execution.executor import Feeds
 from duetime.repository.registry import Deployment, Registry, ServedModel, ServedVersion
@@ -305,7 +306,7 @@ def _compare(
     first = True
     for name, expected in primary.items():
         got = shadow[name]
-        if expected.dtype.kind not in "biuf" or got.dtype.kind not in "biuf":
+        if not (_numeric(expected.dtype) and _numeric(got.dtype)):
             continue
         with np.errstate(invalid="ignore"):  # (inf - inf: NaN, which is what it is)
             diff = np.abs(got.astype(np.float64) - expected.astype(np.float64))
@@ -323,3 +324,8 @@ def _compare(
     stats.max_abs_diff = max(stats.max_abs_diff, worst)
     stats.sum_max_abs_diff += worst
     stats.argmax_disagreements += disagree
+
+
+def _numeric(dtype: np.dtype[np.generic]) -> bool:
+    """Whether outputs of `dtype` are compared as numbers (BF16's too: see datatypes.is_float)."""
+    return dtype.kind in "biuf" or is_float(dtype)
