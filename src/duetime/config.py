@@ -31,7 +31,7 @@ log = logging.getLogger(__name__)
 
 V2Datatype = Literal[
     "BOOL", "INT8", "INT16", "INT32", "INT64", "UINT8", "UINT16", "UINT32", "UINT64",
-    "FP16", "FP32", "FP64", "BYTES",
+    "FP16", "FP32", "FP64", "BF16", "BYTES",
 ]  # fmt: skip
 
 InputFormat = Literal["FORMAT_NONE", "FORMAT_NHWC", "FORMAT_NCHW"]
@@ -686,7 +686,8 @@ class ServerSettings(_Strict):
     pointer to binary data. A 1 GB JSON answer took 20 s and 4 GB of memory to make."""
     idle_timeout_s: float = Field(default=60.0, gt=0)
     """A keep-alive connection with no request in flight is closed after this long, and one
-    whose client reads none of its answers for this long is dropped (nginx's `send_timeout`)."""
+    whose client reads none of its answers for this long is dropped (nginx's `send_timeout`);
+    a gRPC connection with no call for this long is ended (GOAWAY: its client reconnects)."""
     max_connections: int = Field(default=4096, ge=1)
     """Open HTTP connections; beyond this a new one is answered 503 and closed at once."""
     max_grpc_connections: int = Field(default=4096, ge=1, le=2**31 - 1)
@@ -696,7 +697,8 @@ class ServerSettings(_Strict):
     request_read_timeout_s: float = Field(default=10.0, gt=0)
     """An HTTP request's head must arrive within this long of its first byte, and its body
     must then keep coming at `min_body_rate_bytes_s` over each such period; a slower client
-    (slowloris) is answered 408 and closed."""
+    (slowloris) is answered 408 and closed; a gRPC connection must finish its HTTP/2 handshake
+    within this long."""
     min_body_rate_bytes_s: int = Field(default=64 * 1024, ge=1)
     max_inflight_bytes: int = Field(default=1024 * 1024 * 1024, ge=1024)
     """HTTP request body bytes held at once (being read, or waiting for their answer). Bodies

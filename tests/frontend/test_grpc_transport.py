@@ -216,3 +216,44 @@ def test_grpc_connections_are_bounded(tmp_path: Path) -> None:
         finally:
             for sock in held:
                 sock.close()
+
+
+@pytest.mark.parametrize("holder", ["unfinished handshakes", "idle channels"])
+def test_connections_that_hold_the_bound_are_ended(tmp_path: Path, holder: str) -> None:
+    """The bound was held by connections that never finished their HTTP/2 preface (for gRPC's
+    own 120 s) or sat idle (for ever): 50 of either had every new client refused "Socket
+    closed" (found by a tester). They end after --request-read-timeout-s and --idle-timeout-s,
+    as HTTP's connections do."""
+    write_version(tmp_path, "m", 1, scale_model(2))
+    settings = ServerSettings(
+        model_repository=tmp_path, http_port=0, grpc_port=0, max_grpc_connections=2,
+        request_read_timeout_s=0.3, idle_timeout_s=0.3,
+    )  # fmt: skip
+    with serving(settings) as running:
+        host, port = running.grpc.rsplit(":", 1)
+        sockets: list[socket.socket] = []
+        clients: list[grpcclient.InferenceServerClient] = []
+        try:
+            for _ in range(2):
+                if holder == "unfinished handshakes":
+                    sock = socket.create_connection((host, int(port)), timeout=10)
+                    sock.sendall(b"PRI * HTTP")  # (10 bytes of the preface, then nothing)
+                    sockets.append(sock)
+                else:
+                    client = grpcclient.InferenceServerClient(
+                        running.grpc,  # (a connection of its own: not the process's shared one)
+                        channel_args=[("grpc.use_local_subchannel_pool", 1)],
+                    )
+                    assert client.is_server_live()
+                    clients.append(client)
+            time.sleep(1.5)  # (past both timeouts)
+            late = grpcclient.InferenceServerClient(running.grpc)
+            try:
+                assert late.is_server_live(client_timeout=10)
+            finally:
+                late.close()
+        finally:
+            for sock in sockets:
+                sock.close()
+            for client in clients:
+                client.close()

@@ -164,7 +164,7 @@ def test_the_date_line_is_an_http_date() -> None:
 
 def test_the_shedder_s_refusal_is_dated_too() -> None:
     before = math.floor(time.time())
-    head = http._shed_reply(True, False, {}).split(b"\r\n\r\n", 1)[0].decode()
+    head = http._shed_reply(True, False, {}, "m", None).split(b"\r\n\r\n", 1)[0].decode()
     after = math.ceil(time.time())
     (line,) = [line for line in head.split("\r\n") if line.startswith("Date: ")]
     sent = email.utils.parsedate_to_datetime(line.removeprefix("Date: ")).timestamp()

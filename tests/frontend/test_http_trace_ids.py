@@ -146,10 +146,12 @@ def parse(answer: bytes) -> tuple[int, dict[str, str], bytes]:
 
 
 def test_a_shed_request_gets_a_trace_id_of_its_own() -> None:
-    first = assert_traced(*parse(http._shed_reply(True, False, {})), 429)
-    second = assert_traced(*parse(http._shed_reply(True, False, {})), 429)
+    first = assert_traced(*parse(http._shed_reply(True, False, {}, "m", None)), 429)
+    second = assert_traced(*parse(http._shed_reply(True, False, {}, "m", None)), 429)
     assert first != second
-    status, headers, body = parse(http._shed_reply(False, True, {"traceparent": TRACEPARENT}))
+    status, headers, body = parse(
+        http._shed_reply(False, True, {"traceparent": TRACEPARENT}, "m", None)
+    )
     assert assert_traced(status, headers, body, 429) == PARENT
     assert headers["retry-after"] == "1"
     assert headers["connection"] == "close"

@@ -63,7 +63,7 @@ def grpc_service(shedder: object, **engine: Any) -> SimpleNamespace:
     no model (and what `engine` adds)."""
     registry = SimpleNamespace(snapshot=SimpleNamespace(models={}))
     service = SimpleNamespace(
-        _shedder=shedder, gone_calls=0, _engine=SimpleNamespace(registry=registry, **engine)
+        _shedder=shedder, gone_calls=0, shed=0, _engine=SimpleNamespace(registry=registry, **engine)
     )
     service._served = functools.partial(InferenceService._served, service)
     service._shed = functools.partial(InferenceService._shed, service)
@@ -131,6 +131,7 @@ class Api:
 
     def __init__(self) -> None:
         self.asked: list[bytes] = []
+        self.shed = 0
         models = {"mlp": object()}
         self.engine = SimpleNamespace(
             registry=SimpleNamespace(

@@ -42,6 +42,7 @@ def service_of(shedder: LoadShedder, models: dict[str, Scheduler]) -> SimpleName
     service = SimpleNamespace(
         _shedder=shedder,
         gone_calls=0,
+        shed=0,
         _engine=SimpleNamespace(registry=registry, recorder=None),
     )
     service._served = functools.partial(InferenceService._served, service)
