@@ -21,7 +21,7 @@ from repo_models import scale_model, write_version
 from duetime.config import ServerSettings
 from duetime.frontend.http import HttpConnection
 from duetime.frontend.rest import HeldInfer
-from duetime.observability.tracing import tracing_from_env
+from duetime.observability.tracing import Tracing, tracing_from_env
 from duetime.server import Server
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
@@ -35,6 +35,18 @@ def waits_repo(root: Path) -> Path:
         "max_queue_delay_us = 300000\npreferred_batch_size = [4]\n"
     )
     return root
+
+
+async def waits_server(root: Path, tracing: Tracing) -> tuple[Server, HttpConnection]:
+    """A started server of model 'waits' (see `waits_repo`), traced, and an HTTP connection to
+    it with no transport yet."""
+    settings = ServerSettings(
+        model_repository=waits_repo(root), http_port=0, grpc_port=0, metrics=False,
+        tune_runtime=False, cpus="none",
+    )  # fmt: skip
+    server = Server(settings, tracing=tracing)
+    await server.start()
+    return server, HttpConnection(server._rest, settings, server._connections)
 
 
 BODY = json.dumps(
@@ -57,13 +69,7 @@ def test_a_withdrawn_traced_request_gets_its_span_without_a_callback(tmp_path: P
     assert tracing is not None
 
     async def body() -> dict[str, Any]:
-        settings = ServerSettings(
-            model_repository=waits_repo(tmp_path), http_port=0, grpc_port=0, metrics=False,
-            tune_runtime=False, cpus="none",
-        )  # fmt: skip
-        server = Server(settings, tracing=tracing)
-        await server.start()
-        connection = HttpConnection(server._rest, settings, server._connections)
+        server, connection = await waits_server(tmp_path, tracing)
         transport = Transport()
         connection.connection_made(transport)  # type: ignore[arg-type]
         try:
@@ -112,13 +118,7 @@ def test_a_withdrawn_request_without_a_traceparent_logs_its_spans_trace_id(
     assert tracing is not None
 
     async def body() -> None:
-        settings = ServerSettings(
-            model_repository=waits_repo(tmp_path), http_port=0, grpc_port=0, metrics=False,
-            tune_runtime=False, cpus="none",
-        )  # fmt: skip
-        server = Server(settings, tracing=tracing)
-        await server.start()
-        connection = HttpConnection(server._rest, settings, server._connections)
+        server, connection = await waits_server(tmp_path, tracing)
         connection.connection_made(Transport())  # type: ignore[arg-type]
         try:
             connection.data_received(

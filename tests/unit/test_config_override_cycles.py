@@ -6,22 +6,12 @@ error was kept in a local of the frame its own traceback held."""
 from __future__ import annotations
 
 import gc
-from collections.abc import Iterator
 
 import pytest
+from conftest import collector_off
 
 from duetime.errors import InvalidInput
 from duetime.frontend.rest import parse_config_override
-
-
-@pytest.fixture
-def collector_off() -> Iterator[None]:
-    gc.collect()
-    gc.disable()
-    try:
-        yield
-    finally:
-        gc.enable()
 
 
 @pytest.mark.parametrize(
@@ -33,7 +23,8 @@ def collector_off() -> Iterator[None]:
         '{"max_batch_size": 4, "dynamic_batching": {"x": 1}}',
     ],
 )
-def test_a_failed_config_override_leaves_no_cycle(collector_off: None, text: str) -> None:
-    with pytest.raises(InvalidInput):
-        parse_config_override(text, "orderbook")
-    assert gc.collect() == 0
+def test_a_failed_config_override_leaves_no_cycle(text: str) -> None:
+    with collector_off():
+        with pytest.raises(InvalidInput):
+            parse_config_override(text, "orderbook")
+        assert gc.collect() == 0
