@@ -50,12 +50,28 @@ def casts_model() -> bytes:
     return bytes(model.SerializeToString())
 
 
+def scalars_model() -> bytes:
+    """Scalars: widened = s (BF16) cast to FP32; narrowed = f (FP32) cast to BF16."""
+    info = helper.make_tensor_value_info
+    graph = helper.make_graph(
+        [helper.make_node("Cast", ["s"], ["widened"], to=TensorProto.FLOAT),
+         helper.make_node("Cast", ["f"], ["narrowed"], to=TensorProto.BFLOAT16)], "scalars",
+        [info("s", TensorProto.BFLOAT16, []), info("f", TensorProto.FLOAT, [])],
+        [info("widened", TensorProto.FLOAT, []), info("narrowed", TensorProto.BFLOAT16, [])],
+    )  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    model.ir_version = 8
+    return bytes(model.SerializeToString())
+
+
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
     root = tmp_path_factory.mktemp("bf16")
     (root / "casts" / "1").mkdir(parents=True)
     (root / "casts" / "1" / MODEL_FILENAME).write_bytes(casts_model())
     (root / "casts" / "config.toml").write_text("max_batch_size = 8\n")
+    (root / "scalars" / "1").mkdir(parents=True)
+    (root / "scalars" / "1" / MODEL_FILENAME).write_bytes(scalars_model())
     with serving(ServerSettings(model_repository=root, http_port=0, grpc_port=0)) as running:
         yield running
 
@@ -208,3 +224,14 @@ def test_classification_of_a_bf16_output(server: RunningServer) -> None:
         [b"%f:3" % values[0, 3], b"%f:0" % values[0, 0]],
         [b"%f:2" % values[1, 2], b"%f:0" % values[1, 0]],
     ]
+
+
+def test_scalars_cross_into_onnx_runtime_as_scalars(server: RunningServer) -> None:
+    """A scalar crossed as an OrtValue went in as shape [1] (np.ascontiguousarray makes a 0-d
+    array 1-d; found by a tester): refused by ONNX Runtime, or answered with the wrong shape."""
+    s, f = np.array(2.5, BF16), np.array(0.1, np.float32)
+    call = server.server.engine.infer_async("scalars", {"s": s, "f": f})
+    outputs = asyncio.run_coroutine_threadsafe(call, server.loop).result(timeout=30)
+    assert outputs["widened"].shape == outputs["narrowed"].shape == ()
+    assert float(outputs["widened"]) == 2.5
+    assert outputs["narrowed"].view(np.uint16) == f.astype(BF16).view(np.uint16)

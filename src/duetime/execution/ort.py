@@ -500,8 +500,12 @@ def bfloat16_run(session: Any, run: Run, run_options: ort.RunOptions | None = No
 
 
 def _ort_value(array: np.ndarray) -> ort.OrtValue:
-    """`array` as an OrtValue (over its memory where it can: it keeps the array alive)."""
-    array = np.ascontiguousarray(array)
+    """`array` as an OrtValue (over its memory where it can: it keeps the array alive).
+
+    NOTE: not `np.ascontiguousarray`, which makes a scalar (0-d) array 1-d: a scalar input went
+    in as shape [1] (found by a tester)."""
+    if not array.flags.c_contiguous:
+        array = array.copy(order="C")
     if array.dtype == BFLOAT16:
         return ort.OrtValue.ortvalue_from_numpy_with_onnx_type(
             array.view(np.uint16), _ONNX_BFLOAT16
