@@ -142,7 +142,8 @@ def test_sigterm_answers_connections_still_in_the_listen_backlog(tmp_path: Path)
     """Twenty clients connected and wrote a small request whole while the server was stopped
     (SIGSTOP: the kernel completed the connections and kept them and their bytes in the
     listener's backlog), then it got a SIGTERM: closing its listener reset 18 of them, with
-    no answer (found by a tester)."""
+    no answer (found by a tester); and those past --max-connections, once it took them
+    (found by another)."""
     body = json.dumps(
         {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 1], "data": [0.5]}]}
     ).encode()
@@ -150,7 +151,8 @@ def test_sigterm_answers_connections_still_in_the_listen_backlog(tmp_path: Path)
         len(body),
         body,
     )
-    with serving(tmp_path, str(mean_repository(tmp_path / "repo"))) as server:
+    repository = str(mean_repository(tmp_path / "repo"))
+    with serving(tmp_path, repository, "--max-connections", "5") as server:
         host, port = server.http.rsplit(":", 1)
         server.process.send_signal(signal.SIGSTOP)
         sockets = []

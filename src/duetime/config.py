@@ -8,6 +8,7 @@ import math
 import os
 import re
 import tomllib
+from collections import Counter
 from collections.abc import Callable, Collection, Iterable, Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -402,8 +403,10 @@ class ModelConfig(_Strict):
     def _tensors_named_once(cls, tensors: list[TensorConfig] | None) -> list[TensorConfig] | None:
         """NOTE: refused, as Triton refuses it: of two entries for one tensor, one would win
         without a word (the later), and the config would not say what is served."""
-        names = [tensor.name for tensor in tensors or ()]
-        repeated = sorted({name for name in names if names.count(name) > 1})
+        # (counted in one pass: `names.count` per name took 5 s of the loader's thread for
+        # 20,000 inputs, and minutes for 87,000; found by a tester)
+        counts = Counter(tensor.name for tensor in tensors or ())
+        repeated = sorted(name for name, count in counts.items() if count > 1)
         if repeated:
             listed = ", ".join(f"'{name}'" for name in repeated)
             raise ValueError(f"{listed} listed more than once; list each tensor once")

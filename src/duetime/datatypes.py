@@ -73,6 +73,24 @@ def is_float(dtype: np.dtype[Any]) -> bool:
     return dtype.kind == "f" or dtype == BFLOAT16
 
 
+def to_bfloat16(values: np.ndarray) -> np.ndarray:
+    """Float64 `values` rounded to the nearest bfloat16, ties to even.
+
+    NOTE: not `astype`: ml_dtypes rounds a double to float32 first, then to bfloat16, twice:
+    257.0000001 became 256, and 3.3961775e38, below the midpoint past BF16's largest value, inf
+    (found by a tester). Rounded to float32 to odd (toward zero, then its last bit set where it
+    is inexact), the second rounding is exact: float32 has 16 more bits than bfloat16."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        single = values.astype(np.float32)
+        wide = single.astype(np.float64)
+        over = np.abs(wide) > np.abs(values)
+        single[over] = np.nextafter(single[over], np.float32(0))
+        inexact = single.astype(np.float64) != values
+    bits = single.view(np.uint32)
+    bits[inexact] |= 1
+    return single.astype(BFLOAT16)
+
+
 def float_max(dtype: np.dtype[Any]) -> float:
     """The largest finite value of float dtype `dtype` (`is_float`)."""
     return float(ml_dtypes.finfo(dtype).max)  # type: ignore[no-untyped-call]

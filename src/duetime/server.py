@@ -42,6 +42,9 @@ log = logging.getLogger("duetime.server")
 
 _GRPC_GRACE_EXTRA_S = 1.0
 """gRPC's shutdown grace beyond the engine's (see `Server.stop`)."""
+_MOST_WAITING = 65_536
+"""Connections a stopping server takes from its listener's backlog at most (the kernel holds
+`somaxconn` at most: 4,096 by default)."""
 _CLOSE_WAIT_S = 1.0
 """How long a stopping server waits for its HTTP connections to close after their last answers
 (a lingering one drains its client's bytes: see `HttpConnection._linger`); those still open
@@ -394,7 +397,8 @@ class Server:
 
         NOTE: closing the listener reset them, requests and all: 18 of 20 clients whose
         connections and whole requests waited there (the loop busy) got no answer (found by a
-        tester)."""
+        tester). All of them, past `max_connections` too (the Intake takes them while the
+        server stops): taken up to that limit, the rest were reset (found by another)."""
         loop = asyncio.get_running_loop()
         for server_socket in listener.sockets:
             # (a socket of its own over the listener's descriptor, closed after: the server's
@@ -402,7 +406,7 @@ class Server:
             waiting = socket.socket(fileno=os.dup(server_socket.fileno()))
             waiting.setblocking(False)
             try:
-                for _ in range(self.settings.max_connections):
+                for _ in range(_MOST_WAITING):
                     try:
                         accepted, _ = waiting.accept()
                     except (BlockingIOError, InterruptedError, ConnectionAbortedError):

@@ -463,3 +463,20 @@ def test_bf16_values_from_json_round_to_nearest_even_and_are_range_checked() -> 
     assert codec.from_raw(raw, "BF16", (4,), WHERE).view(np.uint16).tolist() == (
         array.view(np.uint16).tolist()
     )
+
+
+def test_bf16_values_from_json_are_rounded_once() -> None:
+    """Rounded by ml_dtypes, a double went to float32 first, then to bfloat16 (found by a
+    tester): 257.0000001 became 256, and 3.3961775e38, below the midpoint past BF16's largest
+    value, was refused as out of range."""
+    values = [257.0000001, 1.0039062509313226, 3.3961775e38, -257.0000001, 259.0]
+    array = codec.from_json(values, "BF16", (5,), WHERE)
+    assert array.astype(np.float64).tolist() == [
+        258.0,
+        1.0078125,
+        3.3895313892515355e38,
+        -258.0,
+        260.0,
+    ]
+    with _raises_invalid(r"outside the range of BF16"):
+        codec.from_json([3.3961776e38], "BF16", (1,), WHERE)

@@ -26,6 +26,7 @@ from duetime.datatypes import (
     WIRE_DTYPE_OF,
     float_max,
     is_float,
+    to_bfloat16,
     v2_datatype_of,
 )
 from duetime.errors import InvalidInput
@@ -510,7 +511,7 @@ def _numbers_from_json(data: list[Any], datatype: str, where: str, field: str) -
             raise _out_of_range(where, field, datatype)
     if want == "f" and parsed.size:
         with np.errstate(over="ignore"):
-            converted = parsed.astype(dtype)
+            converted = to_bfloat16(parsed) if dtype == BFLOAT16 else parsed.astype(dtype)
         if not np.isfinite(converted[np.isfinite(parsed)]).all():
             raise _out_of_range(where, field, datatype)
         return converted.reshape(-1)

@@ -812,7 +812,12 @@ class HttpConnection(asyncio.BufferedProtocol):
         writer = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
         self._transport = writer
         intake = self._intake
-        if intake.connections >= intake.max_connections and not intake.close_one(self._loop.time()):
+        # (a stopping server takes every connection its listener held: see `Server.stop`)
+        if (
+            intake.connections >= intake.max_connections
+            and not intake.stopping
+            and not intake.close_one(self._loop.time())
+        ):
             intake.refused_connections += 1
             self._closing = self._lingering = True  # read nothing
             message = (
