@@ -81,6 +81,7 @@ class EchoApi:
         self.loop = loop
         self.hold = hold
         self.accepting = True  # (as RestApi: False once the server stops)
+        self.shed = 0  # (as RestApi: requests the load shedder refused)
         self.held: list[tuple[Ticket, Reply]] = []
         self.refused: dict[tuple[int, str], int] = {}  # (as RestApi's: the connection counts)
         self.turn = ReadTurn(MonotonicClock())
