@@ -64,12 +64,30 @@ def scalars_model() -> bytes:
     return bytes(model.SerializeToString())
 
 
+def widens_model() -> bytes:
+    """Only its input is BF16 (the OrtValue feeds beside `run`'s numpy ones, no OrtValue out):
+    widened = x cast to FP32, beside a BYTES input passed through (no OrtValue of strings)."""
+    info = helper.make_tensor_value_info
+    graph = helper.make_graph(
+        [helper.make_node("Cast", ["x"], ["widened"], to=TensorProto.FLOAT),
+         helper.make_node("Identity", ["label"], ["same"])], "widens",
+        [info("x", TensorProto.BFLOAT16, ["N", 4]), info("label", TensorProto.STRING, ["N"])],
+        [info("widened", TensorProto.FLOAT, ["N", 4]), info("same", TensorProto.STRING, ["N"])],
+    )  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    model.ir_version = 8
+    return bytes(model.SerializeToString())
+
+
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
     root = tmp_path_factory.mktemp("bf16")
     (root / "casts" / "1").mkdir(parents=True)
     (root / "casts" / "1" / MODEL_FILENAME).write_bytes(casts_model())
     (root / "casts" / "config.toml").write_text("max_batch_size = 8\n")
+    (root / "widens" / "1").mkdir(parents=True)
+    (root / "widens" / "1" / MODEL_FILENAME).write_bytes(widens_model())
+    (root / "widens" / "config.toml").write_text("max_batch_size = 8\n")
     (root / "scalars" / "1").mkdir(parents=True)
     (root / "scalars" / "1" / MODEL_FILENAME).write_bytes(scalars_model())
     with serving(ServerSettings(model_repository=root, http_port=0, grpc_port=0)) as running:
@@ -235,3 +253,11 @@ def test_scalars_cross_into_onnx_runtime_as_scalars(server: RunningServer) -> No
     assert outputs["widened"].shape == outputs["narrowed"].shape == ()
     assert float(outputs["widened"]) == 2.5
     assert outputs["narrowed"].view(np.uint16) == f.astype(BF16).view(np.uint16)
+
+
+def test_a_bf16_input_beside_a_string_input(server: RunningServer) -> None:
+    labels = np.array([b"a", b"bc"], object)
+    call = server.server.engine.infer_async("widens", {"x": X, "label": labels})
+    outputs = asyncio.run_coroutine_threadsafe(call, server.loop).result(timeout=30)
+    assert np.array_equal(outputs["widened"], X.astype(np.float32))
+    assert outputs["same"].tolist() == [b"a", b"bc"]

@@ -480,7 +480,7 @@ def bfloat16_run(session: Any, run: Run, run_options: ort.RunOptions | None = No
         outputs = session.get_outputs()
     except AttributeError:  # (a stand-in session in tests)
         return run
-    brain = frozenset(arg.name for arg in inputs if arg.type == _BFLOAT16)
+    bfloat16_inputs = frozenset(arg.name for arg in inputs if arg.type == _BFLOAT16)
     if any(arg.type == _BFLOAT16 for arg in outputs) and not _string_inputs(session):
 
         def by_values(output_names: list[str], feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
@@ -489,11 +489,14 @@ def bfloat16_run(session: Any, run: Run, run_options: ort.RunOptions | None = No
             return [_from_ort_value(value) for value in results]
 
         return by_values
-    if not brain:
+    if not bfloat16_inputs:
         return run
 
     def with_values(output_names: list[str], feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
-        fed = {name: _ort_value(array) if name in brain else array for name, array in feeds.items()}
+        fed = {
+            name: _ort_value(array) if name in bfloat16_inputs else array
+            for name, array in feeds.items()
+        }
         return run(output_names, fed)  # (OrtValues: `run` takes them)
 
     return with_values
