@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -341,6 +342,15 @@ def test_serve_demo_with_a_cache_it_cannot_write_says_so_in_one_line(tmp_path: P
     assert "set XDG_CACHE_HOME" in result.stderr
 
 
+def received_until_closed(sock: socket.socket) -> bytes:
+    """What `sock` receives until its server closes it (up to a reset: what came before it)."""
+    received = b""
+    with contextlib.suppress(OSError):
+        while chunk := sock.recv(65536):
+            received += chunk
+    return received
+
+
 def test_sigterm_while_a_request_body_is_coming_answers_it(tmp_path: Path) -> None:
     """The request whose body was still coming was cut off (the connection closed: no answer,
     a broken pipe), which its client could not tell from a crash (found by a tester). Its body
@@ -360,9 +370,7 @@ def test_sigterm_while_a_request_body_is_coming_answers_it(tmp_path: Path) -> No
             server.process.send_signal(signal.SIGTERM)
             time.sleep(0.3)
             client.sendall(body[20:])
-            answer = b""
-            while chunk := client.recv(65536):
-                answer += chunk
+            answer = received_until_closed(client)
         assert server.process.wait(timeout=STARTUP_GUARD_S) == 0
     assert answer.startswith(b"HTTP/1.1 503 "), answer[:200]
     assert b"connection: close" in answer.lower()

@@ -3,7 +3,6 @@ subprocess): each is answered, served or refused 503, none cut off."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import signal
 import socket
@@ -16,7 +15,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from tests.test_cli import STARTUP_GUARD_S, serving
+from tests.test_cli import STARTUP_GUARD_S, received_until_closed, serving
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -65,13 +64,7 @@ def test_sigterm_answers_the_requests_sent_whole_and_not_read_yet(tmp_path: Path
     def client(index: int, sock: socket.socket) -> None:
         sock.sendall(request)
         written.wait()
-        received = b""
-        try:
-            while chunk := sock.recv(65536):
-                received += chunk
-        except OSError:  # (a reset: the answer is lost)
-            pass
-        answers[index] = received
+        answers[index] = received_until_closed(sock)  # (a reset: the answer is lost)
 
     with serving(tmp_path, str(mean_repository(tmp_path / "repo"))) as server:
         host, port = server.http.rsplit(":", 1)
@@ -112,9 +105,7 @@ def test_sigterm_while_a_big_body_is_coming_answers_it(tmp_path: Path) -> None:
             server.process.send_signal(signal.SIGTERM)
             time.sleep(0.3)
             sock.sendall(request[half:])
-            answer = b""
-            while chunk := sock.recv(65536):
-                answer += chunk
+            answer = received_until_closed(sock)
         assert server.process.wait(timeout=STARTUP_GUARD_S) == 0
     assert answer.split(b"\r\n", 1)[0] in (b"HTTP/1.1 200 OK", b"HTTP/1.1 503 Service Unavailable")
 
@@ -129,9 +120,7 @@ def test_a_request_still_coming_when_the_grace_ends_is_refused_503(tmp_path: Pat
             sock.sendall(request[: len(request) // 2])
             time.sleep(0.3)
             server.process.send_signal(signal.SIGTERM)
-            answer = b""
-            while chunk := sock.recv(65536):
-                answer += chunk
+            answer = received_until_closed(sock)
         assert server.process.wait(timeout=STARTUP_GUARD_S) == 0
     assert answer.startswith(b"HTTP/1.1 503 "), answer[:200]
     assert b"connection: close" in answer.lower()
@@ -163,13 +152,7 @@ def test_sigterm_answers_connections_still_in_the_listen_backlog(tmp_path: Path)
                 sock.sendall(request)
             server.process.send_signal(signal.SIGTERM)
             server.process.send_signal(signal.SIGCONT)
-            answers = []
-            for sock in sockets:
-                received = b""
-                with contextlib.suppress(OSError):
-                    while chunk := sock.recv(65536):
-                        received += chunk
-                answers.append(received.split(b"\r\n", 1)[0])
+            answers = [received_until_closed(sock).split(b"\r\n", 1)[0] for sock in sockets]
         finally:
             server.process.send_signal(signal.SIGCONT)
             for sock in sockets:

@@ -25,7 +25,7 @@ from duetime.execution.affinity import (
     request_time_slice,
 )
 from duetime.frontend.grpc import InferenceService, serve_grpc
-from duetime.frontend.http import HttpConnection, Intake, serve_http
+from duetime.frontend.http import HttpConnection, Intake, connection_factory, serve_http
 from duetime.frontend.rest import RestApi
 from duetime.frontend.sharedmemory import SharedMemoryRegions
 from duetime.loops import BusyPoll
@@ -400,6 +400,9 @@ class Server:
         tester). All of them, past `max_connections` too (the Intake takes them while the
         server stops): taken up to that limit, the rest were reset (found by another)."""
         loop = asyncio.get_running_loop()
+        factory = connection_factory(
+            self._rest, self.settings, self._connections, self._intake, self.shedder
+        )
         for server_socket in listener.sockets:
             # (a socket of its own over the listener's descriptor, closed after: the server's
             # stays the server's to close)
@@ -416,15 +419,9 @@ class Server:
                         break
                     accepted.setblocking(False)
                     with contextlib.suppress(OSError):  # (its client reset it meanwhile)
-                        await loop.connect_accepted_socket(self._connection, accepted)
+                        await loop.connect_accepted_socket(factory, accepted)
             finally:
                 waiting.close()
-
-    def _connection(self) -> HttpConnection:
-        """The protocol of an HTTP connection (as `serve_http` makes them)."""
-        return HttpConnection(
-            self._rest, self.settings, self._connections, self._intake, self.shedder
-        )
 
     async def _connections_closed(self, wait_s: float, reading_until: float) -> None:
         """Wait until `reading_until` (loop time) while a connection still reads a request

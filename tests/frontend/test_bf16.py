@@ -18,6 +18,7 @@ from collections.abc import Iterator
 import grpc
 import ml_dtypes
 import numpy as np
+import onnx
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
@@ -33,6 +34,13 @@ pytestmark = pytest.mark.timeout(120)
 BF16 = ml_dtypes.bfloat16
 
 
+def serialized(graph: onnx.GraphProto) -> bytes:
+    """`graph` as a model file (opset 18, whose Cast and Identity take bfloat16)."""
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    model.ir_version = 8
+    return bytes(model.SerializeToString())
+
+
 def casts_model() -> bytes:
     """widened = x (BF16) cast to FP32; narrowed = f (FP32) cast to BF16; kept = x as it is."""
     info = helper.make_tensor_value_info
@@ -45,9 +53,7 @@ def casts_model() -> bytes:
          info("narrowed", TensorProto.BFLOAT16, ["N", 4]),
          info("kept", TensorProto.BFLOAT16, ["N", 4])],
     )  # fmt: skip
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
-    model.ir_version = 8
-    return bytes(model.SerializeToString())
+    return serialized(graph)
 
 
 def scalars_model() -> bytes:
@@ -59,9 +65,7 @@ def scalars_model() -> bytes:
         [info("s", TensorProto.BFLOAT16, []), info("f", TensorProto.FLOAT, [])],
         [info("widened", TensorProto.FLOAT, []), info("narrowed", TensorProto.BFLOAT16, [])],
     )  # fmt: skip
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
-    model.ir_version = 8
-    return bytes(model.SerializeToString())
+    return serialized(graph)
 
 
 def widens_model() -> bytes:
@@ -74,9 +78,7 @@ def widens_model() -> bytes:
         [info("x", TensorProto.BFLOAT16, ["N", 4]), info("label", TensorProto.STRING, ["N"])],
         [info("widened", TensorProto.FLOAT, ["N", 4]), info("same", TensorProto.STRING, ["N"])],
     )  # fmt: skip
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
-    model.ir_version = 8
-    return bytes(model.SerializeToString())
+    return serialized(graph)
 
 
 @pytest.fixture(scope="module")

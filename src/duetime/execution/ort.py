@@ -375,10 +375,11 @@ def graph_specs(
     """The inputs and outputs the graph declares, with symbolic or unknown dims as -1.
 
     An output duetime cannot return (the `seq(map(...))` of a scikit-learn classifier's ZipMap,
-    which the v2 protocol has no way to carry; a bfloat16 tensor, which ONNX Runtime's Python API
-    gives no numpy array of) is left out with a warning saying why (`unserved_output_reason`):
-    the model's other outputs (the predicted label) are still worth serving. An input that is
-    not a tensor, or a graph with no tensor output at all, cannot be served.
+    which the v2 protocol has no way to carry; a bfloat16 tensor beside a string input, which no
+    OrtValue can be made of: see `bfloat16_run`) is left out with a warning saying why
+    (`unserved_output_reason`): the model's other outputs (the predicted label) are still worth
+    serving. An input that is not a tensor, or a graph with no tensor output at all, cannot be
+    served.
 
     The inputs end with the optional ones: graph inputs that also have an initializer, which
     ONNX Runtime uses unless a request gives a value (`get_overridable_initializers`; models

@@ -1901,8 +1901,7 @@ class HttpConnection(asyncio.BufferedProtocol):
         shedder = self._shedder
         assert shedder is not None
         target = self._api.infer_target(url)
-        named, version = target if target is not None else ("", None)
-        self._shed_of = (named, version)
+        self._shed_of = named, version = target if target is not None else ("", None)
         model = self._served(named)
         # NOTE: looked for whenever the loop was busy (two scans of up to 4 KB a request, just
         # then), its priority is looked for only where its model's requests may be refused
@@ -2553,7 +2552,6 @@ class HttpConnection(asyncio.BufferedProtocol):
         got a reset (bulk bodies are read at a share of the loop: see `Intake.take_turns`),
         found by another tester."""
         self._closing = True
-        self._intake.stopping = True
         if self._slots:
             self._slots[-1].keep_alive = False
         elif not self._lingering and (
@@ -2888,6 +2886,18 @@ def _encode(
     return b"".join(head)
 
 
+def connection_factory(
+    api: RestApi,
+    settings: ServerSettings,
+    connections: set[HttpConnection],
+    intake: Intake,
+    shedder: LoadShedder | None,
+) -> Callable[[], HttpConnection]:
+    """What makes the protocol of each HTTP connection `serve_http` accepts (and a stopping
+    server takes from its listener's backlog: see `Server.stop`)."""
+    return functools.partial(HttpConnection, api, settings, connections, intake, shedder)
+
+
 async def serve_http(
     api: RestApi,
     settings: ServerSettings,
@@ -2903,9 +2913,7 @@ async def serve_http(
     shared = intake if intake is not None else Intake(settings)
     if shared.guess is None:
         shared.guess = api.engine.answer_guess
-
-    def factory() -> Any:
-        return HttpConnection(api, settings, connections, shared, shedder)
+    factory = connection_factory(api, settings, connections, shared, shedder)
 
     try:
         if settings.host == "::":

@@ -23,6 +23,7 @@ from duetime.errors import ConfigError, DuetimeError, fitted
 from duetime.execution.executor import Executor
 from duetime.execution.ort import (
     MAX_DIMS,
+    Run,
     bfloat16_run,
     cached_session,
     default_run_memory_bytes,
@@ -904,7 +905,8 @@ def batching_problem(
     names = [spec.name for spec in signature.outputs]
     rows = min(2, signature.max_batch_size)
     sized = _value_sized(names, facts)
-    problem = _sampled_problem(session, signature, names, rows)
+    run = bfloat16_run(session, session.run)  # (BF16 tensors as numpy arrays: see its doc)
+    problem = _sampled_problem(run, signature, names, rows)
     if problem is not None and problem.rows_differ:
         return problem
     if sized is not None:  # (one the graph explains: what the log says, and the flag)
@@ -917,7 +919,7 @@ def batching_problem(
 
 
 def _sampled_problem(
-    session: ort.InferenceSession,
+    run: Run,
     signature: ModelSignature,
     names: list[str],
     rows: int,
@@ -935,7 +937,6 @@ def _sampled_problem(
     unbatched, 5 such exports of independent rows lost their batching (found by a tester).
     Free inner dims of 1 fail many graphs that do batch (an image model's height and width
     under its kernel), so they are tried bigger before giving up."""
-    run = bfloat16_run(session, session.run)
     failure = ""
     runs_wide = False  # (a sample of `WIDE_ROWS` rows ran where the small ones did not)
     for free in _free_dim_sizes(signature):
@@ -951,12 +952,12 @@ def _sampled_problem(
                 twinned = run(names, twins) if rows > 1 else alone[0]
             except Exception as exc:
                 failure = failure or fitted(" ".join(str(exc).split()), 300)
-                runs_wide = runs_wide or _runs(session, names, signature, fill, free)
+                runs_wide = runs_wide or _runs(run, names, signature, fill, free)
                 continue
             return (
                 _rows_problem(names, alone, whole, tolerance)
                 or _rows_problem(names, [alone[0]] * rows, twinned, tolerance)
-                or _wide_problem(session, signature, names, fill, free, tolerance)
+                or _wide_problem(run, signature, names, fill, free, tolerance)
             )
     failed = f"ONNX Runtime: {failure or 'failed'}"
     if runs_wide:
@@ -973,14 +974,13 @@ def _sampled_problem(
 
 
 def _runs(
-    session: ort.InferenceSession,
+    run: Run,
     names: list[str],
     signature: ModelSignature,
     fill: SampleFill,
     free: int,
 ) -> bool:
     """Whether the graph runs on a sample of `WIDE_ROWS` rows (`fill`, free dims `free`)."""
-    run = bfloat16_run(session, session.run)
     try:
         run(names, sample_inputs(signature, WIDE_ROWS, seed=2, fill=fill, free=free))
     except Exception:
@@ -995,7 +995,7 @@ LOUD = 1000.0
 
 
 def _wide_problem(
-    session: ort.InferenceSession,
+    run: Run,
     signature: ModelSignature,
     names: list[str],
     fill: SampleFill,
@@ -1013,7 +1013,6 @@ def _wide_problem(
     branch takes the rows' mean from 3 rows on (a 5-row request alone, padded to 6, was
     moved by its padding), one that takes row 2 of the batch, one that adds the rows' maximum
     past a threshold, one whose hand-written quantizer takes its scale from the whole tensor."""
-    run = bfloat16_run(session, session.run)
     rows = min(signature.max_batch_size, WIDE_ROWS)
     if rows <= 2:
         return None

@@ -310,7 +310,7 @@ def _output_size(output: onnx.ValueInfoProto, symbols: Mapping[str, Dim]) -> Out
         dtype = helper.tensor_dtype_to_np_dtype(tensor.elem_type)
     except (KeyError, ValueError, TypeError):  # (a type numpy has none of)
         return None
-    # (bfloat16 and the like have none: not served, see datatypes.UNSERVED)
+    # (float8 and the like have none: no v2 datatype carries them)
     datatype = numeric_v2_datatype(dtype) or ""
     dims: list[Dim] = []
     for dim in tensor.shape.dim:
