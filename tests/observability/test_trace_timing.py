@@ -15,7 +15,13 @@ from opentelemetry.trace import SpanKind
 from duetime.clock import FakeClock
 from duetime.config import SchedulingConfig
 from duetime.errors import DeadlineExceeded, ModelNotFound
-from duetime.observability.tracing import RequestTiming, Tracing, parse_traceparent
+from duetime.observability.tracing import (
+    RequestTiming,
+    Tracing,
+    _server_span,
+    http_target,
+    parse_traceparent,
+)
 from duetime.scheduling.profile import profile_from_samples
 from duetime.scheduling.scheduler import ModelScheduler
 
@@ -131,6 +137,15 @@ def test_server_spans_have_the_semantic_conventions_attributes() -> None:
         "rpc.system": "grpc", "rpc.service": "inference.GRPCInferenceService",
         "rpc.method": "ModelInfer", "rpc.grpc.status_code": 4,
     }.items()  # fmt: skip
+    target = http_target("a/b", "2")
+    assert (target.path, target.route) == (
+        "/v2/models/a%2Fb/versions/2/infer",
+        "/v2/models/{model_name}/versions/{model_version}/infer",
+    )
+    routed = _server_span("http", None, target)
+    assert routed[0] == "POST /v2/models/{model_name}/versions/{model_version}/infer"
+    assert routed[1]["url.path"] == "/v2/models/a%2Fb/versions/2/infer"
+    assert routed[1]["url.scheme"] == "http"
     stream = recorded("grpc-stream", "mlp")
     assert stream.attributes["rpc.method"] == "ModelStreamInfer"  # type: ignore[attr-defined]
 

@@ -332,6 +332,36 @@ def test_a_list_naming_what_cannot_be_done_is_refused(value: str, message: str) 
     assert message in caught.value.message
 
 
+def test_http_spans_name_their_route_and_path(traced) -> None:
+    """OpenTelemetry's HTTP server spans need `url.path` and `url.scheme`, and `http.route`
+    where known (it names the span): an answered, a refused and an unknown model's request,
+    with and without a version in the path (they had only the method)."""
+    server, exporter, tracing = traced
+    host, port = server.http.split(":")
+    version_route = "/v2/models/{model_name}/versions/{model_version}/infer"
+    cases = [
+        ("7" * 31 + "a", "/v2/models/mlp/infer?x=1", 40, 200, "/v2/models/{model_name}/infer"),
+        ("7" * 31 + "b", "/v2/models/mlp/versions/1/infer", 3, 400, version_route),
+        ("7" * 31 + "c", "/v2/models/no%20such/infer", 40, 404, "/v2/models/{model_name}/infer"),
+    ]
+    for trace_id, target, width, status, route in cases:
+        connection = http.client.HTTPConnection(host, int(port))
+        body = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, width],
+                            "data": [0.5] * width}]}  # fmt: skip
+        traceparent = {"traceparent": f"00-{trace_id}-{PARENT_ID}-01"}
+        connection.request("POST", target, json.dumps(body), traceparent)
+        response = connection.getresponse()
+        response.read()
+        connection.close()
+        assert response.status == status, target
+        [root] = [s for s in spans_of(exporter, tracing, trace_id) if s.kind == SpanKind.SERVER]
+        assert root.name == f"POST {route}"
+        assert dict(root.attributes).items() >= {
+            "http.request.method": "POST", "http.response.status_code": status,
+            "url.scheme": "http", "url.path": target.partition("?")[0], "http.route": route,
+        }.items(), target  # fmt: skip
+
+
 def test_kserve_v1_predicts_get_their_span_and_trace_id(traced) -> None:
     """V1 `:predict` had no span (answered or refused) and no `x-trace-id` on success, even
     with a traceparent: it gets what a v2 inference gets."""
@@ -352,6 +382,8 @@ def test_kserve_v1_predicts_get_their_span_and_trace_id(traced) -> None:
         assert (response.status, response.getheader("x-trace-id")) == (status, trace_id)
         [root] = [s for s in spans_of(exporter, tracing, trace_id) if s.kind == SpanKind.SERVER]
         assert f"{root.parent.span_id:016x}" == PARENT_ID
+        assert root.name == "POST /v1/models/{model_name}:predict"
+        assert root.attributes["url.path"] == "/v1/models/mlp:predict"
         if needle is None:
             assert root.status.is_ok
             children = {

@@ -72,6 +72,7 @@ from duetime.observability.tracing import (
     RequestTiming,
     TraceParent,
     Tracing,
+    http_target,
     new_trace_id,
     parse_traceparent,
 )
@@ -703,15 +704,15 @@ class RestApi:
 
     def _not_queued(
         self, exc: Exception, model: str, version: str | None, headers: Mapping[str, str],
-        received: int, timing: RequestTiming | None = None,
+        received: int, timing: RequestTiming | None = None, *, v1: bool = False,
     ) -> Reply:  # fmt: skip
         """The error reply of an inference request that got no ticket, as `handle` answers it
-        (a fault of ours: 500, logged)."""
+        (a fault of ours: 500, logged); `v1`: a KServe V1 predict's."""
         if not isinstance(exc, DuetimeError):
             log.exception("internal error on an inference request for model '%s'", model)
             exc = InternalError(f"internal error: {type(exc).__name__}: {exc}")
         if self._tracing is not None:
-            return self._refused(exc, model, version, headers, received, timing)
+            return self._refused(exc, model, version, headers, received, timing, v1=v1)
         return self._failed(exc, headers, _model_parts(model, version), inference=True)
 
     def _failed(
@@ -1073,11 +1074,11 @@ class RestApi:
         except DuetimeError as exc:
             if self._tracing is None and arrival_ns is None:
                 raise
-            return self._not_queued(exc, model, None, headers, received)
+            return self._not_queued(exc, model, None, headers, received, v1=True)
         batched = signature.max_batch_size > 0
         return PendingReply(
             ticket, lambda done: self._v1_reply(done, request, batched), headers,
-            self._withdrawn_span(request),
+            self._withdrawn_span(request, v1=True),
         )  # fmt: skip
 
     def _v1_after_load(
@@ -1106,11 +1107,11 @@ class RestApi:
             try:
                 await manager.load(model, explicit=False)  # (joins a load under way: its lock)
             except DuetimeError as exc:
-                outcome = self._not_queued(exc, model, None, headers, received)
+                outcome = self._not_queued(exc, model, None, headers, received, v1=True)
             except asyncio.CancelledError:  # (the server's shutdown: see ControlCall.start)
                 what = f"the load of model '{model}' for this request"
                 error = ModelUnavailable(shut_down_during(what))
-                outcome = self._not_queued(error, model, None, headers, received)
+                outcome = self._not_queued(error, model, None, headers, received, v1=True)
                 task = asyncio.current_task()
                 cancelled = task is not None and task.cancelling() > 0
             else:
@@ -1119,7 +1120,7 @@ class RestApi:
                 try:
                     outcome = self._v1_predict(model, headers, body, received, arrival_ns)
                 except Exception as exc:  # (a bug of ours: answered 500, as `handle` does)
-                    outcome = self._not_queued(exc, model, None, headers, received)
+                    outcome = self._not_queued(exc, model, None, headers, received, v1=True)
             if isinstance(outcome, PendingReply):
                 made = outcome
                 inner = made.ticket
@@ -1155,19 +1156,21 @@ class RestApi:
         server (a health check) waited 0.8-2.5 s while it was."""
         error = self._ticket_error(ticket, request)
         if error is not None:
-            return self._answered(ticket, request, error)
+            return self._answered(ticket, request, error, v1=True)
         outputs = ticket.response(request.id).outputs
         try:
             _check_v1_answer(outputs, self._settings.max_json_answer_bytes)
         except DuetimeError as exc:
             unmade = self._made(ticket, request, exc.with_traceback(None))
-            return self._answered(ticket, request, unmade)
+            return self._answered(ticket, request, unmade, v1=True)
         if sum(array.size for array in outputs.values()) > BULK_JSON_VALUES:
             return BulkReply(
                 lambda: Reply(200, v1_predictions(outputs, batched)),
-                lambda built: self._answered(ticket, request, built),
+                lambda built: self._answered(ticket, request, built, v1=True),
             )
-        return self._answered(ticket, request, Reply(200, v1_predictions(outputs, batched)))
+        return self._answered(
+            ticket, request, Reply(200, v1_predictions(outputs, batched)), v1=True
+        )
 
     def _health(self, which: str) -> Reply:
         if which == "live":
@@ -1309,11 +1312,12 @@ class RestApi:
 
     def _refused(
         self, exc: DuetimeError, model: str, version: str | None, headers: Mapping[str, str],
-        received: int, timing: RequestTiming | None = None,
+        received: int, timing: RequestTiming | None = None, *, v1: bool = False,
     ) -> Reply:  # fmt: skip
         """The error reply of an inference request that never got a ticket (invalid, refused at
         admission, due before it was queued), with its span: those are the most worth a look.
-        `timing`: the request's, if it was decoded (its span then has its `decode` child)."""
+        `timing`: the request's, if it was decoded (its span then has its `decode` child);
+        `v1`: a KServe V1 predict's."""
         assert self._tracing is not None
         served, variant = self._engine.registry.attribution(
             model, version, invalid=isinstance(exc, InvalidInput)
@@ -1321,12 +1325,14 @@ class RestApi:
         trace_id = self._tracing.record(
             timing or RequestTiming(received), _parent(headers),
             protocol="http", model=model, version=served, variant=variant, error=exc,
-            done_ns=self._engine.clock.now_ns(),
+            done_ns=self._engine.clock.now_ns(), target=http_target(model, version, v1=v1),
         )  # fmt: skip
         parts = _model_parts(model, version)
         return self._failed(exc, headers, parts, trace_id or "", inference=True)
 
-    def _withdrawn_span(self, request: InferRequest) -> Callable[[Ticket], str | None] | None:
+    def _withdrawn_span(
+        self, request: InferRequest, *, v1: bool = False
+    ) -> Callable[[Ticket], str | None] | None:
         """What records a traced request's span should its client withdraw it (its connection
         closed before its answer: see `PendingReply.withdrawn_span`); None untraced.
 
@@ -1336,9 +1342,9 @@ class RestApi:
         connection that cancels the ticket records it now."""
         if self._tracing is None or request.timing is None:
             return None
-        return functools.partial(self._record_withdrawn, request)
+        return functools.partial(self._record_withdrawn, request, v1)
 
-    def _record_withdrawn(self, request: InferRequest, ticket: Ticket) -> str | None:
+    def _record_withdrawn(self, request: InferRequest, v1: bool, ticket: Ticket) -> str | None:
         """The span of a traced request its client withdrew (`_withdrawn_span`); its trace id."""
         timing = request.timing
         tracing = self._tracing
@@ -1350,7 +1356,7 @@ class RestApi:
         return tracing.record(
             timing, _parent(request.headers), protocol="http", model=ticket.model,
             version=ticket.version, variant=ticket.variant, error=ClientWithdrew(),
-            done_ns=now,
+            done_ns=now, target=http_target(request.model, request.version, v1=v1),
         )  # fmt: skip
 
     def _infer_reply(
@@ -1390,8 +1396,9 @@ class RestApi:
         return built
 
     def _answered(
-        self, ticket: Ticket, request: InferRequest, outcome: Reply | DuetimeError
-    ) -> Reply:
+        self, ticket: Ticket, request: InferRequest, outcome: Reply | DuetimeError,
+        *, v1: bool = False,
+    ) -> Reply:  # fmt: skip
         error = outcome if isinstance(outcome, DuetimeError) else None
         parent = _parent(request.headers)
         trace_id = parent.trace_id_hex if parent is not None else None
@@ -1400,6 +1407,7 @@ class RestApi:
             trace_id = self._tracing.record(
                 timing, parent, protocol="http", model=ticket.model, version=ticket.version,
                 variant=ticket.variant, error=error, done_ns=self._engine.clock.now_ns(),
+                target=http_target(request.model, request.version, v1=v1),
             )  # fmt: skip
         if error is not None:  # (its model's counts have it: not a refusal)
             return failed_reply(

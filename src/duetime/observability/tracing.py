@@ -50,8 +50,8 @@ from duetime.types import RequestTiming
 
 log = logging.getLogger("duetime.tracing")
 
-__all__ = ["AbandonableExporter", "RequestTiming", "TraceParent", "Tracing", "new_trace_id",
-           "parse_traceparent", "tracing_from_env"]  # fmt: skip
+__all__ = ["AbandonableExporter", "HttpTarget", "RequestTiming", "TraceParent", "Tracing",
+           "http_target", "new_trace_id", "parse_traceparent", "tracing_from_env"]  # fmt: skip
 
 _TRACEPARENT = re.compile(r"([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})")
 
@@ -147,9 +147,11 @@ class Tracing:
         variant: str,
         error: DuetimeError | str | None,
         done_ns: int,
+        target: HttpTarget | None = None,
     ) -> str | None:
         """Emit the request's span and its stage spans; the trace id (None if not sampled).
-        `error`: what it failed with (a message alone: its status code is not known)."""
+        `error`: what it failed with (a message alone: its status code is not known);
+        `target`: an HTTP request's path and route (see `http_target`)."""
         if not self.settings.sample(model):
             return parent.trace_id_hex if parent is not None else None
         offset = self._epoch_offset_ns
@@ -161,7 +163,7 @@ class Tracing:
                 trace_state=parent.state,
             )  # fmt: skip
             context = trace.set_span_in_context(NonRecordingSpan(remote))
-        name, attributes = _server_span(protocol, error)
+        name, attributes = _server_span(protocol, error, target)
         attributes.update({
             "duetime.protocol": protocol, "duetime.model": model, "duetime.version": version,
             "duetime.variant": variant,
@@ -251,7 +253,36 @@ _GRPC_CODES = {
 """gRPC's status codes by name (`DuetimeError.grpc_code`), as `rpc.grpc.status_code` has them."""
 
 
-def _server_span(protocol: str, error: DuetimeError | str | None) -> tuple[str, dict[str, Any]]:
+@dataclass(frozen=True, slots=True)
+class HttpTarget:
+    """An HTTP inference request's `url.path` and `http.route` (OpenTelemetry's HTTP server
+    span attributes; the route also names the span)."""
+
+    path: str
+    route: str
+
+
+_V2_ROUTE = "/v2/models/{model_name}/infer"
+_V2_VERSION_ROUTE = "/v2/models/{model_name}/versions/{model_version}/infer"
+_V1_ROUTE = "/v1/models/{model_name}:predict"
+
+
+def http_target(model: str, version: str | None, *, v1: bool = False) -> HttpTarget:
+    """The path and route of an HTTP inference request for `model` (and `version`, as the path
+    named it: None if it named none), or of a KServe V1 predict (`v1`). The path is the one
+    the server routed, its names percent-encoded again (the query is not part of it)."""
+    name = urllib.parse.quote(model, safe="")
+    if v1:
+        return HttpTarget(f"/v1/models/{name}:predict", _V1_ROUTE)
+    if version is None:
+        return HttpTarget(f"/v2/models/{name}/infer", _V2_ROUTE)
+    named = urllib.parse.quote(version, safe="")
+    return HttpTarget(f"/v2/models/{name}/versions/{named}/infer", _V2_VERSION_ROUTE)
+
+
+def _server_span(
+    protocol: str, error: DuetimeError | str | None, target: HttpTarget | None = None
+) -> tuple[str, dict[str, Any]]:
     """The name and OpenTelemetry semantic-convention attributes of a request's server span.
 
     NOTE: the name was `infer <model>`, the model as the client named it: a client asking for
@@ -259,7 +290,9 @@ def _server_span(protocol: str, error: DuetimeError | str | None) -> tuple[str, 
     names must be low-cardinality; the model is the `duetime.model` attribute). And
     `rpc.system` was "http", not one of its values. HTTP server spans are named by their
     method (`{method}`: the route, with or without a version, is not known here), gRPC ones
-    `{rpc.service}/{rpc.method}` (found by a tester)."""
+    `{rpc.service}/{rpc.method}` (found by a tester). With its `target` known, an HTTP span is
+    named `{method} {http.route}` and has the conventions' required `url.path` and
+    `url.scheme` (it lacked them: found by a tester)."""
     failure = error if isinstance(error, DuetimeError) else None
     if protocol == "http":
         attributes: dict[str, Any] = {"http.request.method": "POST"}
@@ -267,7 +300,12 @@ def _server_span(protocol: str, error: DuetimeError | str | None) -> tuple[str, 
             attributes["http.response.status_code"] = 200
         elif failure is not None:
             attributes["http.response.status_code"] = failure.http_status
-        return "POST", attributes
+        if target is None:
+            return "POST", attributes
+        attributes["url.scheme"] = "http"
+        attributes["url.path"] = target.path
+        attributes["http.route"] = target.route
+        return f"POST {target.route}", attributes
     method = "ModelStreamInfer" if protocol == "grpc-stream" else "ModelInfer"
     attributes = {"rpc.system": "grpc", "rpc.service": GRPC_SERVICE, "rpc.method": method}
     # (a stream's call has one status for all its requests, and an answer's error rides in the
