@@ -505,6 +505,30 @@ def test_bytes_that_are_no_protobuf_message_are_invalid_argument(
     ):
         call(channel)
     assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert "the request is not a valid protobuf message" in caught.value.details()
+    message = {"ServerLive": "ServerLiveRequest"}.get(method, "ModelInferRequest")
+    assert caught.value.details().startswith(
+        f"the request is not a valid inference.{message} message: a field's key in the "
+        "message (byte 0) is cut off"
+    )
     assert "Traceback" not in caplog.text
     assert "deserializ" not in caplog.text.lower()
+
+
+def test_a_message_protobuf_refuses_is_told_which_field_is_wrong(server: RunningServer) -> None:
+    """protobuf's parser says only "Error parsing message with type ...": the client is told
+    the field (an input's name that is not UTF-8; raw contents cut short) and its byte."""
+    request = service_pb2.ModelInferRequest(model_name="mlp")
+    request.inputs.add(name="xx", datatype="FP32", shape=[1, 40])
+    request.raw_input_contents.append(np.zeros((1, 40), np.float32).tobytes())
+    data = request.SerializeToString()
+    cases = {
+        data.replace(b"xx", b"x\xff"): "field 'inputs[0].name' is a string but is not valid UTF-8",
+        data[:-10]: "field 'raw_input_contents[0]' (byte ",
+    }
+    with grpc.insecure_channel(server.grpc) as channel:
+        call = channel.unary_unary("/inference.GRPCInferenceService/ModelInfer")
+        for bad, expected in cases.items():
+            with pytest.raises(grpc.RpcError) as caught:
+                call(bad, timeout=10)
+            assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert expected in caught.value.details()

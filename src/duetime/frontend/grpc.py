@@ -51,6 +51,7 @@ from duetime.frontend.parameters import (
 )
 from duetime.frontend.proto import grpc_service_pb2 as pb
 from duetime.frontend.proto import grpc_service_pb2_grpc as pb_grpc
+from duetime.frontend.protowhere import undecodable_at
 from duetime.frontend.rest import (
     BULK_SHARED_BYTES,
     EXTENSIONS,
@@ -1244,7 +1245,7 @@ def unread_infer_request(data: bytes) -> InferRequest:
     try:
         request = pb.ModelInferRequest.FromString(data)
     except Exception as exc:  # (protobuf's DecodeError, and whatever else bad bytes raise)
-        raise InvalidInput(f"the request is not a valid protobuf message: {exc}") from None
+        raise InvalidInput(_not_a_message(data, pb.ModelInferRequest, exc)) from None
     parameters = _parameters(request.parameters)
     requested = requested_outputs(request)
     if requested.shared:
@@ -1634,6 +1635,19 @@ _MAX_PEEKED = 4096
 """Longer names are not looked at (weighed with those of no model)."""
 
 
+def _not_a_message(data: bytes, message: Any, exc: Exception) -> str:
+    """The error of `data`, which did not decode as a `message` (a protobuf message class, or
+    None where not known): the field at fault, where `protowhere` finds it.
+
+    NOTE: protobuf says only "Error parsing message with type 'inference.ModelInferRequest'",
+    whatever is wrong and wherever (found by a tester)."""
+    descriptor = getattr(message, "DESCRIPTOR", None)
+    where = undecodable_at(data, descriptor) if descriptor is not None else None
+    what = descriptor.full_name if descriptor is not None else "protobuf"
+    what = f"a valid {what} message"
+    return f"the request is not {what}: {where or exc}"
+
+
 class _Undecodable(NamedTuple):
     """What a request's bytes decode to when they are not its message."""
 
@@ -1676,12 +1690,13 @@ def _guarded(
     end was cancelled with the reader, and the stream stayed open until the client's
     deadline, in 11 to 20 runs of 20.)"""
     decode = handler.request_deserializer
+    message = getattr(decode, "__self__", None)  # (the message class of its `FromString`)
 
     def decoded(data: bytes) -> Any:
         try:
             return decode(data)
         except Exception as exc:  # (protobuf's DecodeError, and whatever else bad bytes raise)
-            return _Undecodable(f"the request is not a valid protobuf message: {exc}")
+            return _Undecodable(_not_a_message(data, message, exc))
 
     serialize = handler.response_serializer
     if handler.unary_unary is not None:
