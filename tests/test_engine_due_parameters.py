@@ -230,6 +230,31 @@ def test_timeouts_of_any_numeric_type_are_taken_as_seconds() -> None:
     assert made(10**400).due_ns is None  # (beyond any due time: none, as 10**7 s)
 
 
+def test_a_models_default_timeout_counts_from_arrival_beside_a_later_own_due(
+    tmp_path: Path,
+) -> None:
+    """The default due time counts from the request's arrival whatever its own: with a later
+    timeout of its own it counted from the scheduler's admission (after decoding), and such a
+    request was answered where the same request without one was refused."""
+    write_version(tmp_path, "m", 1, scale_model(2))
+    write_config(tmp_path, "default_timeout_ms = 3\n")
+
+    async def scenario(engine: Engine) -> None:
+        now = engine.clock.now_ns()
+        arrival = now - 2_000_000
+        for own in (None, now + 10**9, arrival + 3_000_001):
+            request = InferRequest("m", inputs(), arrival_ns=arrival, due_ns=own)
+            assert engine.router.route(request).due_ns == arrival + 3_000_000, own
+        earlier = InferRequest("m", inputs(), arrival_ns=arrival, due_ns=arrival + 1_000_000)
+        assert engine.router.route(earlier).due_ns == arrival + 1_000_000
+        for own in (None, now + 10**9):  # (arrived 4 ms ago: its default due time passed)
+            late = InferRequest("m", inputs(), arrival_ns=now - 4_000_000, due_ns=own)
+            with pytest.raises(DeadlineExceeded):
+                await engine.submit(late).future
+
+    run_on_engine(tmp_path, scenario)
+
+
 # -- a lazy model's default due time --------------------------------------------------------------
 
 

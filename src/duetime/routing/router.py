@@ -140,11 +140,17 @@ class Router:
             self.invalid[counted] = self.invalid.get(counted, 0) + 1
             raise
         due = request.due_ns
-        if due is None:
-            timeout = primary.scheduler.default_timeout_ns
-            if timeout is not None:
-                arrival = request.arrival_ns
-                due = (now if arrival is None else arrival) + timeout
+        timeout = primary.scheduler.default_timeout_ns
+        if timeout is not None:
+            # NOTE: counted from the arrival whatever the request's own due time: one with a
+            # later due time of its own had its default counted from its admission (the
+            # scheduler caps due times at `now + default`), after its decoding: with a 3 ms
+            # default, a request with `timeout=1000000` was answered where the same request
+            # without one was refused (found by a tester)
+            arrival = request.arrival_ns
+            by_default = (now if arrival is None else arrival) + timeout
+            if due is None or by_default < due:
+                due = by_default
         deployment = primary
         # (a variant may lack an optional input: see loader.load_version)
         if len(version.variants) > 1 and not primary.model.validator.overrides(prepared):
