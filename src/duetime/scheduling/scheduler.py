@@ -105,6 +105,12 @@ PROBE_NS = 100_000_000
 its predictions come from what it measures, and a model that refuses everything measures
 nothing, so one bad stretch (another process on its core) would otherwise keep every tight due
 time refused for good. The probe may answer late; its run corrects the prediction."""
+PROBE_MAX_NS = 5_000_000_000
+"""...and the period doubles at each probe, up to this, until a request is predicted to fit
+again: a probe that only confirms the miss is answered late. NOTE: the period stayed 100 ms,
+and a model sent a request every 120 ms with due times its runs on a slowed machine could not
+meet admitted every one of them as a probe, 9 of 10 answered late (found by a tester): a probe
+slower than predicted teaches nothing (see `_record`), so each found the same estimates."""
 PROBE_FACTOR = 2
 """...but only one that would need at most this many times the time it has: a prediction off
 by more than that is not what a stretch of bad luck does, and the request is hopeless. A
@@ -560,6 +566,8 @@ class ModelScheduler:
         self._probe: QueuedRequest | None = None
         """The request last admitted as a probe, until its batch starts: predicted to miss, it
         is spared the checks that fail hopeless requests unrun (see `_expire_hopeless`)."""
+        self._probe_gap_ns = PROBE_NS
+        """How long a model refusing everything waits before its next probe (see PROBE_MAX_NS)."""
         self._margin_ns = config.delivery_margin_us * 1000
         self._exec_margin = config.exec_margin
         self._overrun = Overrun()
@@ -1102,6 +1110,8 @@ class ModelScheduler:
             needed = finish + self._kept_for(rows)
             rejection = admit(now_ns=now, due_ns=due_ns, predicted_finish_ns=needed)
         if rejection is None:
+            if self._probe_gap_ns != PROBE_NS:  # (it fits again: see PROBE_MAX_NS)
+                self._probe_gap_ns = PROBE_NS
             return False
         impossible = now + self._exec_ns(rows) + extra_ns + self._kept_for(rows) > due_ns
         if not impossible:
@@ -1127,12 +1137,14 @@ class ModelScheduler:
         if not self._edf:
             return False  # FIFO, like Triton, admits whatever fits the queue
         if (
-            now - self._last_run_ns >= PROBE_NS
+            now - self._last_run_ns >= self._probe_gap_ns
             and (needed - now <= PROBE_FACTOR * (due_ns - now) or self.profile.guessed)
             and self.idle
         ):
             self._last_run_ns = now
             self._probes += 1
+            gap = 2 * self._probe_gap_ns
+            self._probe_gap_ns = gap if gap < PROBE_MAX_NS else PROBE_MAX_NS
             return True
         if (
             extra_ns

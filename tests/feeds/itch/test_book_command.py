@@ -4,6 +4,7 @@ takes the compiled pass whenever it can and streams where it cannot."""
 
 from __future__ import annotations
 
+import gc
 import gzip
 import random
 from collections.abc import Iterator
@@ -85,6 +86,7 @@ def book(
     path: Path, out: Path, capsys: pytest.CaptureFixture[str], *options: str
 ) -> tuple[int, str, bytes | None]:
     out.unlink(missing_ok=True)
+    gc.collect()  # (an earlier test's garbage logs nothing into this command's stderr)
     code = main(["itch", "book", str(path), "--json", str(out), *options])
     return code, capsys.readouterr().err, out.read_bytes() if out.exists() else None
 
