@@ -198,7 +198,10 @@ def _used_now(cached: Path) -> bool:
     except FileNotFoundError:
         return False
     except OSError:  # (a read-only repository: its cache is never pruned here either)
-        return cached.is_file()
+        try:
+            return cached.is_file()
+        except OSError:  # (a cache folder it may not read: `is_file` raises PermissionError)
+            return False
     return True
 
 

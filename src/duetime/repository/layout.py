@@ -45,12 +45,20 @@ def model_file(version: Path, filename: str = MODEL_FILENAME) -> Path | None:
 
     NOTE: that layout was refused ("1/model.onnx: a folder, not a file") though a Triton ONNX
     repository is to serve as it is. ORT reads the external data relative to the model file,
-    so from that folder, and refuses a location that leaves it."""
+    so from that folder, and refuses a location that leaves it.
+
+    NOTE: a version folder the server may not read (its mode) gives `<version>/<filename>`: its
+    load fails on it, and says why, as for an unreadable model file. `is_file` raised the
+    PermissionError, which ended every poll of the model with a traceback and answered an
+    explicit load 500 (found by a tester)."""
     path = version / filename
-    if path.is_file():
+    try:
+        if path.is_file():
+            return path
+        if path.is_dir() and (path / MODEL_FILENAME).is_file():
+            return path / MODEL_FILENAME
+    except OSError:
         return path
-    if path.is_dir() and (path / MODEL_FILENAME).is_file():
-        return path / MODEL_FILENAME
     return None
 
 

@@ -1250,7 +1250,12 @@ class ModelManager:
     @staticmethod
     def _holds_model(directory: Path, version: str, served: ServedModel) -> bool:
         """Whether `directory` holds a folder of `version` with a model file in it (named as
-        the `served` model's config names it)."""
+        the `served` model's config names it); True where it cannot be read.
+
+        NOTE: a model folder the server may not read was taken to hold no version any more:
+        the poll went to unload what served, and failed on the folder with a traceback at
+        every poll (found by a tester). What serves serves on, as for an unreadable
+        repository, and the folder's error is the model's."""
         filename = _filename(served.versions[version])
         try:
             return any(
@@ -1260,7 +1265,7 @@ class ModelManager:
                 for p in directory.iterdir()
             )
         except OSError:
-            return False
+            return True
 
     def _on_disk(self, name: str, version: str) -> bool:
         """Whether the folder `name` is served from holds a folder of `version`."""
@@ -1811,9 +1816,17 @@ def fingerprint(source: ModelSource, version: int, config: ModelConfig) -> Finge
     paths += [source.directory / name for name in CONFIG_FILENAMES]
     files = []
     for path in paths:
-        with contextlib.suppress(FileNotFoundError):
+        try:
             stat = path.stat()
-            files.append((str(path), stat.st_size, stat.st_mtime_ns, stat.st_ino, stat.st_ctime_ns))
+        except FileNotFoundError:
+            continue
+        except OSError as exc:
+            # NOTE: one the server may not read (its folder's mode) is a change its load
+            # reports (as an unreadable model file); the PermissionError ended every poll of the
+            # model with a traceback (found by a tester)
+            files.append((str(path), -(exc.errno or 1), 0, 0, 0))
+            continue
+        files.append((str(path), stat.st_size, stat.st_mtime_ns, stat.st_ino, stat.st_ctime_ns))
     digest = hashlib.sha256(config.model_dump_json().encode()).hexdigest()
     return Fingerprint(tuple(files), digest)
 
