@@ -320,6 +320,18 @@ class TrafficConfig(_Strict):
     shadow: dict[str, Annotated[float, Field(ge=0, le=1)]] | None = None
     """Version -> share of requests mirrored to it; its answers are compared, never returned."""
 
+    @field_validator("weights", "shadow", mode="before")
+    @classmethod
+    def _integer_keys(cls, table: object) -> object:
+        """A YAML or JSON table's integer keys as the versions they name (`{1: 70, 2: 30}`).
+
+        NOTE: YAML reads `weights: {1: 70, 2: 30}` with integer keys, and they were refused
+        "Input should be a valid string" though TOML's `{ 1 = 70 }` is taken (found by a
+        tester). A bool key is no version, and is left for the check to refuse."""
+        if isinstance(table, dict) and any(type(key) is int for key in table):
+            return {str(k) if type(k) is int else k: v for k, v in table.items()}
+        return table
+
     @field_validator("weights", "shadow", mode="after")
     @classmethod
     def _versions_are_integers(

@@ -93,6 +93,18 @@ def test_reads_toml_and_yaml(tmp_path: Path, name: str, text: str) -> None:
     assert [(t.name, t.datatype, t.dims) for t in config.outputs] == [("y", None, None)]
 
 
+def test_yaml_traffic_tables_take_integer_versions(tmp_path: Path) -> None:
+    """YAML reads `{1: 70}` with integer keys: they were refused "Input should be a valid
+    string", where TOML's `{ 1 = 70 }` is taken (found by a tester)."""
+    write(tmp_path, "config.yaml", "traffic:\n  weights: {1: 70, 02: 30}\n  shadow: {3: 0.5}\n")
+    traffic = load_model_config(tmp_path).traffic
+    assert traffic.weights == {"1": 70.0, "2": 30.0}
+    assert traffic.shadow == {"3": 0.5}
+    write(tmp_path, "config.yaml", "traffic:\n  weights: {-1: 70}\n")
+    with pytest.raises(ConfigError, match="version '-1' is not an integer version"):
+        load_model_config(tmp_path)
+
+
 @pytest.mark.parametrize(
     ("name", "text"), [("config.toml", ""), ("config.yaml", ""), ("config.yaml", "# nothing\n")]
 )

@@ -150,6 +150,8 @@ class VersionState:
 
     state: Literal["READY", "LOADING", "UNLOADING", "UNAVAILABLE"]
     reason: str = ""
+    failed: bool = False
+    """Its last load failed (UNAVAILABLE: `reason` says why)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -291,6 +293,7 @@ class ModelManager:
         self.root = root
         self.options = options
         self._registry = registry
+        registry.load_failure = self._load_failure
         self._deploy = deploy
         # NOTE: loading (graph optimisation, warm-up, a second of profiling) runs on one thread
         # kept off the event loop's CPU and below the serving threads' priority, so a reload
@@ -1122,6 +1125,7 @@ class ModelManager:
             self._states[source.name][key] = VersionState(
                 "READY" if keep else "UNAVAILABLE",
                 f"a new load failed, the previous one still serves: {message}" if keep else message,
+                failed=not keep,
             )
             return message
         self._load_s[source.name] = time.perf_counter() - started
@@ -1435,6 +1439,12 @@ class ModelManager:
         return self._load_s.get(name, 1.0)
 
     # -- the index -----------------------------------------------------------------------------
+
+    def _load_failure(self, name: str, version: str) -> str | None:
+        """Why version `version` of model `name` is not served, where its load failed (see
+        `Registry.load_failure`); None otherwise."""
+        state = self._states.get(name, {}).get(version)
+        return state.reason if state is not None and state.failed else None
 
     def index(self, ready_only: bool = False) -> list[IndexEntry]:
         """Triton's repository index: every model on disk or served, with each version's

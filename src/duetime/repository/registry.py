@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
@@ -211,6 +211,9 @@ class Registry:
         self._schedulers_of = self.snapshot
         self._schedulers: dict[tuple[str, str | None], ModelScheduler | None] = {}
         """`scheduler_of` each model and version asked, in the snapshot `_schedulers_of`."""
+        self.load_failure: Callable[[str, str], str | None] = _no_failure
+        """Why version V of model M failed to load, if it did (its repository index reason;
+        set by the model manager): a request for it is told that (see `served_version`)."""
 
     def publish(
         self, name: str, versions: Mapping[str, ServedVersion], traffic: TrafficConfig
@@ -341,6 +344,16 @@ class Registry:
         except ModelNotFound:
             loading = self.snapshot.loading.get(served.name)
             number = version_of(version)
+            if number is not None and (loading is None or str(number) not in loading.versions):
+                # NOTE: a version whose load failed, beside versions that serve, was "not
+                # found" (404) with no reason, where the index gives it; Triton answers
+                # UNAVAILABLE "version V is not at ready state" (found by a tester)
+                failure = self.load_failure(served.name, str(number))
+                if failure is not None:
+                    raise ModelUnavailable(
+                        f"{UNKNOWN_MODEL}'{served.name}' version {version} is not at ready "
+                        f"state: its load failed: {failure}"
+                    ) from None
             if loading is None or number is None or str(number) not in loading.versions:
                 raise
             wait_s = _retry_s(loading)
@@ -411,6 +424,11 @@ class Registry:
         scheduler = self.scheduler_of(name, version)
         if scheduler is not None:
             scheduler.count_shed()
+
+
+def _no_failure(model: str, version: str) -> str | None:
+    """`Registry.load_failure` where no manager tells: none known."""
+    return None
 
 
 def _retry_s(loading: Loading) -> int:

@@ -1,0 +1,41 @@
+"""A version whose load failed, beside versions that serve, is unavailable with its reason."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from repo_models import age, factor_of, inputs, run_on_engine, scale_model, write_version
+
+from duetime.engine import Engine
+from duetime.errors import ModelNotFound, ModelUnavailable
+
+
+def test_a_version_whose_load_failed_beside_served_ones_is_unavailable_with_its_reason(
+    tmp_path: Path,
+) -> None:
+    """Version 2 failed to load while 1 and 3 serve: a request for it was a 404 "version 2 is
+    not found", as if there were no folder; Triton answers UNAVAILABLE "is not at ready state".
+    Now 503 with the reason the index gives; a version with no folder stays 404."""
+    write_version(tmp_path, "m", 1, scale_model(1))
+    write_version(tmp_path, "m", 2, b"not an onnx model")
+    write_version(tmp_path, "m", 3, scale_model(3))
+    config = tmp_path / "m" / "config.toml"
+    config.write_text("version_policy = { all = {} }\n")
+    age(config)
+
+    async def scenario(engine: Engine) -> None:
+        assert await factor_of(engine, version="3") == 3
+        for named in ("2", "02"):
+            with pytest.raises(ModelUnavailable) as caught:
+                await engine.infer_async("m", inputs(), version=named)
+            assert caught.value.message.startswith(
+                f"Request for unknown model: 'm' version {named} is not at ready state: its "
+                "load failed: "
+            )
+            assert "ONNX Runtime cannot load it" in caught.value.message
+            assert caught.value.http_status == 503
+        with pytest.raises(ModelNotFound, match="version 4 is not found"):
+            await engine.infer_async("m", inputs(), version="4")
+
+    run_on_engine(tmp_path, scenario)
