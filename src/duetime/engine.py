@@ -330,6 +330,9 @@ class Engine:
             ledger=None if background else ledger,
             sample_row_bytes=row_bytes,
             sample=functools.partial(sample_inputs, loaded.signature, 1),
+            # (where they failed at load, a request's row that ran replaces them: see
+            # `ModelScheduler._keep_sample`)
+            learn_sample=loaded.profile.guessed,
             predictable_cost=not loaded.cost_depends_on_values,
             max_batch_bytes=batch_bytes_bound(
                 loaded.validator.max_run_bytes,

@@ -108,6 +108,7 @@ def harness(
     sample: Callable[[], Feeds] | None = None,
     breaker: BreakerConfig | None = None,
     predictable_cost: bool = True,
+    learn_sample: bool = False,
     **scheduling: object,
 ) -> Harness:
     """A scheduler on the running loop; `scheduling` overrides SchedulingConfig fields.
@@ -132,6 +133,7 @@ def harness(
         sample=sample,
         breaker=breaker,
         predictable_cost=predictable_cost,
+        learn_sample=learn_sample,
     )
     return Harness(clock, executor, scheduler)
 
@@ -1739,6 +1741,35 @@ def test_a_request_that_would_make_the_others_queued_work_late_fits_only_behind_
 # -- the circuit breaker ---------------------------------------------------------------------------
 
 FAST_BREAKER = BreakerConfig(failures=2, open_s=0.01, slow_executions=2, slow_min_us=0)
+
+
+def test_a_model_whose_made_up_samples_fail_is_checked_on_a_request_that_ran() -> None:
+    """Samples that failed at load (a OneHotEncoder refusing made-up strings) cannot tell a
+    model at fault from its clients' values: the check after `failures` requests refused on
+    their values opened the breaker, and 5 bad requests from one client had every client
+    refused 503 for 5 s. The first row of a request that ran is the sample instead (until one
+    runs, the made-up ones are)."""
+
+    async def body() -> None:
+        made_up = {"name": np.array(["made-up"])}
+        h = harness(
+            breaker=FAST_BREAKER, max_batch_size=4, sample=lambda: made_up, learn_sample=True
+        )
+        bad_values = InvalidInput("unknown category 'purple'")
+        h.submit("red", rows=2)
+        h.executor.complete(0)
+        for index in range(2):  # (the second in a row has the sample run)
+            h.submit(f"purple{index}")
+            h.executor.complete(1 + index, outputs=[bad_values])
+        assert h.job(3)[1] == ["red"], "the first row of the request that ran"
+        assert h.executor.jobs[3][1].feeds[0]["name"].shape == (1,)
+        h.executor.complete(3)  # (it answers its own sample: its clients' values are at fault)
+        assert h.scheduler._breakers[0].state is BreakerState.CLOSED
+        good = h.submit("blue")
+        h.executor.complete(4)
+        assert failure(good) is None
+
+    run(body)
 
 
 def test_a_probe_that_fails_on_its_client_s_data_lets_the_next_request_probe() -> None:

@@ -105,6 +105,8 @@ PROBE_NS = 100_000_000
 its predictions come from what it measures, and a model that refuses everything measures
 nothing, so one bad stretch (another process on its core) would otherwise keep every tight due
 time refused for good. The probe may answer late; its run corrects the prediction."""
+SAMPLE_KEEP_BYTES = 1 << 20
+"""The most a request's row kept as a model's sample inputs may weigh (see `_keep_sample`)."""
 PROBE_MAX_NS = 5_000_000_000
 """...and the period doubles at each probe, up to this, until a request is predicted to fit
 again: a probe that only confirms the miss is answered late. NOTE: the period stayed 100 ms,
@@ -446,6 +448,7 @@ class ModelScheduler:
         predictable_cost: bool = True,
         max_batch_bytes: int = 0,
         answer_guess: int | None = None,
+        learn_sample: bool = False,
     ) -> None:
         """`ledger`: the CPU its instances run on, when other models' instances run there too
         (see scheduling/ledger.py). `sample_row_bytes`: the input bytes a row of the samples the
@@ -457,9 +460,11 @@ class ModelScheduler:
         (5 valid Loop requests of 60-120 ms opened the breaker of one profiled at 1 ms).
         Failures still count. `max_batch_bytes`: see `batch_bytes_bound` (0: none).
         `answer_guess`: what its answers are expected to weigh before it made one (see
-        `Engine.answer_guess`)."""
+        `Engine.answer_guess`). `learn_sample`: `sample` failed at load; the first row of a
+        request that runs replaces it (see `_keep_sample`)."""
         self.answer_guess = answer_guess
         self._sample = sample
+        self._learns_sample = learn_sample
         self._refreshing = False
         """A sample run of `refresh_if_stale` is planned (`_refresh_soon`) or running."""
         self._wake_slack_base_ns = self._wake_slack_ns = wake_slack_ns
@@ -2523,6 +2528,8 @@ class ModelScheduler:
                         self._count_execution(own, times[0], 0, times[1])
         if not clean:
             return
+        if self._learns_sample:
+            self._keep_sample(result.job)
         bucket = bucket or 1
         if sent and self._big_inputs(sent, rows, compute, now):
             return
@@ -2552,6 +2559,29 @@ class ModelScheduler:
         if overhead > int(2 * known) + 200_000:  # see LatencyProfile
             overhead = int(2 * known) + 200_000
         self._overhead_ns = known + _OVERHEAD_ALPHA * (overhead - known)
+
+    def _keep_sample(self, job: BatchJob) -> None:
+        """Keep a copy of the first row of `job`'s first request, which ran cleanly, as the
+        sample inputs `_suspect` checks the model with (and `refresh_if_stale` runs), where the
+        made-up samples failed at load; one over SAMPLE_KEEP_BYTES is not kept (the next is
+        looked at).
+
+        NOTE: with samples that fail (a OneHotEncoder refusing the made-up strings, a graph
+        that runs at one sequence length only), the check after 5 requests refused on their
+        values (400) found the model failing its samples and opened its breaker: one client's
+        5 bad requests had every client refused 503 for 5 s, again and again (found by a
+        tester). A model that has answered nobody yet is still checked on the made-up samples:
+        one failing every input, its samples too, is taken to be at fault."""
+        feeds = job.feeds[0]
+        batched = self._max_rows > 1 or job.bucket > 0
+        kept = {
+            name: (array[:1] if batched and array.ndim else array).copy()
+            for name, array in feeds.items()
+        }
+        if sum(array.nbytes for array in kept.values()) > SAMPLE_KEEP_BYTES:
+            return
+        self._learns_sample = False
+        self._sample = lambda: dict(kept)
 
     def _count_execution(self, rows: int, compute_ns: int, input_ns: int, output_ns: int) -> None:
         """Count an execution that answered some request, of `rows` rows."""
