@@ -39,3 +39,31 @@ def test_a_version_whose_load_failed_beside_served_ones_is_unavailable_with_its_
             await engine.infer_async("m", inputs(), version="4")
 
     run_on_engine(tmp_path, scenario)
+
+
+def test_a_failed_version_the_policy_then_leaves_out_is_unknown_again(tmp_path: Path) -> None:
+    """The failed load's row stayed after the policy dropped the version, and a request for it
+    was told 503 "its load failed" where any other version outside the policy is 404."""
+    write_version(tmp_path, "m", 1, scale_model(1))
+    write_version(tmp_path, "m", 2, b"not an onnx model")
+    write_version(tmp_path, "m", 3, scale_model(3))
+    config = tmp_path / "m" / "config.toml"
+    config.write_text("version_policy = { all = {} }\n")
+    age(config)
+
+    async def scenario(engine: Engine) -> None:
+        with pytest.raises(ModelUnavailable, match="its load failed"):
+            await engine.infer_async("m", inputs(), version="2")
+        config.write_text("version_policy = { specific = { versions = [1, 3] } }\n")
+        age(config)
+        manager = engine.manager
+        assert manager is not None
+        await manager.poll()
+        with pytest.raises(ModelNotFound, match="version 2 is not found"):
+            await engine.infer_async("m", inputs(), version="2")
+        assert [e["version"] for e in engine.repository_index() if e["name"] == "m"] == [
+            "1",
+            "3",
+        ]
+
+    run_on_engine(tmp_path, scenario, control_mode="poll", poll_s=3600.0)

@@ -823,6 +823,12 @@ class ModelManager:
             self._fail_model(name, reason, serving=current is not None)
             raise _LoadFailed(load_failed(name, reason, polled=False))
         self._model_errors.pop(name, None)
+        # NOTE: a failed load of a version the policy no longer selects is no news: its row
+        # said so for good, and a request for it was told 503 "its load failed" where any other
+        # version outside the policy is 404 (found by a tester)
+        states = self._states[name]
+        for stale in [v for v, state in states.items() if state.failed and int(v) not in wanted]:
+            del states[stale]
         named = given or _named(config, directory)
         try:
             victims = [] if current else self._make_room(name, _model_bytes(source, wanted, config))

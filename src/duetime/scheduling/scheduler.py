@@ -573,6 +573,12 @@ class ModelScheduler:
         is spared the checks that fail hopeless requests unrun (see `_expire_hopeless`)."""
         self._probe_gap_ns = PROBE_NS
         """How long a model refusing everything waits before its next probe (see PROBE_MAX_NS)."""
+        self._probed_ns = 0
+        """When the last probe was admitted.
+
+        NOTE: the gap was counted from `_last_run_ns`, which the profile's refresh runs (about
+        one a second while refusing) set too: once the gap passed a second no probe ever came
+        again (found by a tester)."""
         self._margin_ns = config.delivery_margin_us * 1000
         self._exec_margin = config.exec_margin
         self._overrun = Overrun()
@@ -1142,11 +1148,12 @@ class ModelScheduler:
         if not self._edf:
             return False  # FIFO, like Triton, admits whatever fits the queue
         if (
-            now - self._last_run_ns >= self._probe_gap_ns
+            now - self._last_run_ns >= PROBE_NS
+            and now - self._probed_ns >= self._probe_gap_ns
             and (needed - now <= PROBE_FACTOR * (due_ns - now) or self.profile.guessed)
             and self.idle
         ):
-            self._last_run_ns = now
+            self._last_run_ns = self._probed_ns = now
             self._probes += 1
             gap = 2 * self._probe_gap_ns
             self._probe_gap_ns = gap if gap < PROBE_MAX_NS else PROBE_MAX_NS
