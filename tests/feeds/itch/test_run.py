@@ -496,6 +496,24 @@ def test_both_engines_ask_for_the_same_events_with_the_same_answers(
     assert answers(fast_rows) == answers(slow_rows)
 
 
+@pytest.mark.parametrize("engine", ["python", "numba"])
+def test_the_anomalies_line_lists_kinds_as_itch_book_does(
+    tmp_path: Path, demo_repo: Path, capsys: pytest.CaptureFixture[str], engine: str
+) -> None:
+    """The python engine listed them in the order first seen (zero_price before unknown_ref
+    here), numba and `itch book` in `ANOMALY_KINDS` order (found by a tester)."""
+    path = tmp_path / "anomalies.itch"
+    with ItchWriter(path) as writer:
+        writer.write("R", stock_locate=1, timestamp=1, stock="AAA", **R_FIELDS)
+        writer.write("A", stock_locate=1, timestamp=2, order_reference_number=1,
+                     buy_sell_indicator="B", shares=100, stock="AAA", price=0)  # fmt: skip
+        writer.write("D", stock_locate=1, timestamp=3, order_reference_number=99)
+    report, _ = _run(tmp_path, path, "--model", "orderbook", "--engine", engine,
+                     "--repository", str(demo_repo), "--pace", "max")  # fmt: skip
+    assert list(report["book_anomalies"]) == ["unknown_ref", "zero_price"]
+    assert "book anomalies: unknown_ref=1, zero_price=1" in capsys.readouterr().err
+
+
 def test_engine_numba_says_why_it_cannot_take_a_run(
     tmp_path: Path, session: Path, demo_repo: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
