@@ -1788,6 +1788,41 @@ def test_a_model_whose_made_up_samples_fail_is_checked_on_a_request_that_ran() -
     run(body)
 
 
+def test_the_learnt_sample_is_a_request_that_ran_in_a_batch_others_failed_in() -> None:
+    """A tester's first good request shared a batch with bad ones: the batch was not clean,
+    nothing was learnt, and the bad requests after it opened the breaker. And a string counts
+    by its length: a 40 MB string was kept as 8 bytes' worth."""
+
+    async def body() -> None:
+        made_up = {"name": np.array(["made-up"])}
+        h = harness(
+            breaker=FAST_BREAKER, max_batch_size=4, sample=lambda: made_up, learn_sample=True,
+            max_queue_delay_us=LONG_WINDOW_US,
+        )  # fmt: skip
+        bad_values = InvalidInput("unknown category 'purple'")
+        huge = h.scheduler.submit_nowait(
+            {"name": np.array(["x" * (2 << 20)], dtype=object)}, rows=1, shape_key=SHAPE,
+            due_ns=None, priority=0,
+        )  # fmt: skip
+        h.submit("bad", rows=1)
+        h.submit("good", rows=1)
+        h.clock.advance(LONG_WINDOW_US * US)
+        h.scheduler._on_timer()
+        assert h.job(0)[1] == ["x" * (2 << 20), "bad", "good"]
+        h.executor.complete(0, outputs=[{"y": np.ones(1)}, bad_values, {"y": np.ones(1)}])
+        assert failure(huge) is None
+        for index in range(2):  # (the second in a row has the sample run)
+            h.submit(f"purple{index}")
+            h.clock.advance(LONG_WINDOW_US * US)
+            h.scheduler._on_timer()
+            h.executor.complete(1 + index, outputs=[bad_values])
+        assert h.job(3)[1] == ["good"], "not the 2 MiB string: the next request that ran"
+        h.executor.complete(3)
+        assert h.scheduler._breakers[0].state is BreakerState.CLOSED
+
+    run(body)
+
+
 def test_a_probe_that_fails_on_its_client_s_data_lets_the_next_request_probe() -> None:
     """Answered 400 while the model answered others within `open_s`, a half-open probe says
     nothing of the model: the breaker stays half-open for the next request to probe."""

@@ -127,6 +127,9 @@ def test_megabytes_of_packed_values_are_checked_whole() -> None:
         "a packed value of field 'inputs[0].shape[0]' (byte 4000010) is cut off: the bytes "
         "end inside it"
     )
+    region = b"\x01" * 8_000_000 + b"\x80"  # (past MAX_FIELDS KB: protobuf's words stand)
+    tensor = b"\x1a" + _VarintBytes(len(region)) + region
+    assert undecodable_at(b"\x2a" + _VarintBytes(len(tensor)) + tensor, DESCRIPTOR) is None
 
 
 def test_field_numbers_past_protobufs_largest_are_named() -> None:
@@ -146,3 +149,13 @@ def test_a_long_map_key_is_shortened_in_the_path() -> None:
     found = undecodable_at(data, DESCRIPTOR) or ""
     assert found.startswith(f"field 'parameters['{'k' * 40}...'].value.string_param' is a")
     assert len(found) < 200
+
+
+def test_a_key_written_in_more_than_five_bytes_is_named() -> None:
+    """protobuf reads a field's key in at most 5 bytes; one padded to 6 was a miss."""
+    padded = b"\x8a\x80\x80\x80\x80\x00\x01x"
+    assert not decodes(padded)
+    assert undecodable_at(padded, DESCRIPTOR) == (
+        "a field's key in the message (byte 0) is 6 bytes long; protobuf reads keys of at most 5"
+    )
+    assert decodes(b"\x8a\x80\x80\x80\x00\x01x")

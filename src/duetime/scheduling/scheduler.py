@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import sys
 import time
@@ -2533,10 +2534,10 @@ class ModelScheduler:
                 for outcome, own, times in zip(result.outputs, result.job.rows, alone, strict=True):
                     if times is not None and outcome and not isinstance(outcome, DuetimeError):
                         self._count_execution(own, times[0], 0, times[1])
+        if self._learns_sample:
+            self._keep_sample(result.job, outputs)
         if not clean:
             return
-        if self._learns_sample:
-            self._keep_sample(result.job)
         bucket = bucket or 1
         if sent and self._big_inputs(sent, rows, compute, now):
             return
@@ -2567,11 +2568,13 @@ class ModelScheduler:
             overhead = int(2 * known) + 200_000
         self._overhead_ns = known + _OVERHEAD_ALPHA * (overhead - known)
 
-    def _keep_sample(self, job: BatchJob) -> None:
-        """Keep a copy of the first row of `job`'s first request, which ran cleanly, as the
-        sample inputs `_suspect` checks the model with (and `refresh_if_stale` runs), where the
-        made-up samples failed at load; one over SAMPLE_KEEP_BYTES is not kept (the next is
-        looked at).
+    def _keep_sample(self, job: BatchJob, outputs: Sequence[Feeds | DuetimeError]) -> None:
+        """Keep a copy of the first row of `job`'s first request that ran cleanly (its
+        `outputs` not an error) as the sample inputs `_suspect` checks the model with (and
+        `refresh_if_stale` runs), where the made-up samples failed at load; one over
+        SAMPLE_KEEP_BYTES (a string counted by its length) is not kept (the next is looked at).
+        A batch whose other requests failed counts: a tester's first good request shared one
+        with bad ones, and was not learnt.
 
         NOTE: with samples that fail (a OneHotEncoder refusing the made-up strings, a graph
         that runs at one sequence length only), the check after 5 requests refused on their
@@ -2579,16 +2582,22 @@ class ModelScheduler:
         5 bad requests had every client refused 503 for 5 s, again and again (found by a
         tester). A model that has answered nobody yet is still checked on the made-up samples:
         one failing every input, its samples too, is taken to be at fault."""
-        feeds = job.feeds[0]
+        # (an output for each request, but a whole batch's one failure: no request ran)
+        pairs = zip(job.feeds, outputs, strict=False)
         batched = self._max_rows > 1 or job.bucket > 0
-        kept = {
-            name: (array[:1] if batched and array.ndim else array).copy()
-            for name, array in feeds.items()
-        }
-        if sum(array.nbytes for array in kept.values()) > SAMPLE_KEEP_BYTES:
+        for feeds, out in pairs:
+            if isinstance(out, DuetimeError):
+                continue
+            rows = {
+                name: array[:1] if batched and array.ndim else array
+                for name, array in feeds.items()
+            }
+            if sum(_weight(array) for array in rows.values()) > SAMPLE_KEEP_BYTES:
+                continue
+            kept = {name: array.copy() for name, array in rows.items()}
+            self._learns_sample = False
+            self._sample = functools.partial(dict, kept)
             return
-        self._learns_sample = False
-        self._sample = lambda: dict(kept)
 
     def _count_execution(self, rows: int, compute_ns: int, input_ns: int, output_ns: int) -> None:
         """Count an execution that answered some request, of `rows` rows."""
@@ -2773,6 +2782,14 @@ _current_task: Callable[[asyncio.AbstractEventLoop], asyncio.Task[object] | None
 `asyncio.current_task`'s Python frame on 3.11 (0.23 against 0.05 µs on the 2-core VM).
 `asyncio.current_task` from 3.14, whose C tasks keep the current one per thread: the module's
 dict is left, empty, for its Python tasks."""
+
+
+def _weight(array: Any) -> int:
+    """What an input array holds, in bytes: a string array's strings by their length (its
+    `nbytes` counts 8 bytes a reference: a 40 MB string was kept as a sample of 8 bytes)."""
+    if array.dtype.kind == "O":
+        return sum(len(value) if isinstance(value, (bytes, str)) else 8 for value in array.flat)
+    return int(array.nbytes)
 
 
 def _ignore(result: BatchResult) -> None:
