@@ -182,8 +182,9 @@ def _parser(tools: Container[str | None] | None = None) -> argparse.ArgumentPars
     )  # fmt: skip
     serve.add_argument(
         "--max-connections", type=int,
-        help="open HTTP connections accepted (4096); at the limit a new one closes the longest "
-        "idle connection with no request in flight, or gets 503 if there is none",
+        help="open HTTP connections accepted (4096); at the limit a new one closes one too slow "
+        "at its request, else the longest idle one with no request in flight, else refuses "
+        "503 the request waiting longest for room for its body; with none, it gets 503",
     )  # fmt: skip
     serve.add_argument(
         "--max-grpc-connections", type=int,

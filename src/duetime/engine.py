@@ -14,6 +14,7 @@ import contextlib
 import copy
 import functools
 import logging
+import math
 import numbers
 import os
 import threading
@@ -49,7 +50,7 @@ from duetime.execution.executor import Feeds, Unreturned
 from duetime.loops import in_thread
 from duetime.repository.loader import LoadedModel, sample_inputs, sample_row_bytes
 from duetime.repository.manager import IndexEntry, ModelManager, RepositoryOptions
-from duetime.repository.registry import PRIMARY, Deployment, Registry, Snapshot
+from duetime.repository.registry import PRIMARY, UNKNOWN_MODEL, Deployment, Registry, Snapshot
 from duetime.repository.tritonconfig import read_model_config
 from duetime.requestparams import (
     MAX_DUE_US,
@@ -776,11 +777,18 @@ class Engine:
             # NOTE: the load has started above: raising first (as before) started none, and a
             # client that always sends a due time shorter than the load (a 50 ms budget, a load
             # of 1 s) was refused for good, 40 times out of 40 over 4 s
+            # NOTE: Triton's words first, and a Retry-After of about the load, as for a request
+            # refused while a model's first load is under way (the registry's `served`): this
+            # said "model 'x' is not loaded" with none, and "due in -0 ms" for one already due
+            # (found by a tester)
             why = "" if request.due_ns == own_due else " (its model's default_timeout_ms)"
+            left_ms = (request.due_ns - now) / 1e6
+            due = f"due in {left_ms:.0f} ms" if left_ms >= 0.5 else "already due"
             raise ModelUnavailable(
-                f"model '{request.model}' is not loaded; loading takes about "
-                f"{estimate_ns / 1e6:.0f} ms but the request is due in "
-                f"{(request.due_ns - now) / 1e6:.0f} ms{why}; it is loading now, retry shortly"
+                f"{UNKNOWN_MODEL}'{request.model}' has no available versions: it is loading (a "
+                f"load takes about {estimate_ns / 1e6:.0f} ms) and the request is {due}{why}; "
+                "retry shortly",
+                retry_after_s=max(1, math.ceil(estimate_ns / 1e9)),
             )
         ticket = Ticket(request.model, "", ())
         ticket.future = asyncio.get_running_loop().create_future()

@@ -1442,8 +1442,16 @@ def test_lazy_loading_and_the_loaded_model_budget(tmp_path: Path) -> None:
         state, reason = states(engine, "a")["1"]
         assert state == "UNAVAILABLE"
         assert "make room for 'b' (max_loaded_models)" in reason
-        with pytest.raises(ModelUnavailable, match="loading takes about"):
+        with pytest.raises(ModelUnavailable) as loading:
             await factor_of(engine, "a", timeout=1e-6)
+        # (Triton's words and a Retry-After, as a first load's refusal; "due in -0 ms" before)
+        assert loading.value.message.startswith(
+            "Request for unknown model: 'a' has no available versions: it is loading (a load "
+            "takes about "
+        )
+        assert "the request is already due; retry shortly" in loading.value.message
+        assert loading.value.retry_after_s is not None
+        assert loading.value.retry_after_s >= 1
         await asyncio.sleep(0.5)
         with pytest.raises(ModelNotFound):
             await factor_of(engine, "missing")
