@@ -11,18 +11,25 @@ from duetime.engine import Engine
 from duetime.errors import ModelNotFound, ModelUnavailable
 
 
+def versions_1_and_3_with_2_corrupt(repo: Path) -> Path:
+    """Model m: versions 1 and 3 (scale 1 and 3), version 2 not ONNX, all served by its policy;
+    its config file."""
+    write_version(repo, "m", 1, scale_model(1))
+    write_version(repo, "m", 2, b"not an onnx model")
+    write_version(repo, "m", 3, scale_model(3))
+    config = repo / "m" / "config.toml"
+    config.write_text("version_policy = { all = {} }\n")
+    age(config)
+    return config
+
+
 def test_a_version_whose_load_failed_beside_served_ones_is_unavailable_with_its_reason(
     tmp_path: Path,
 ) -> None:
     """Version 2 failed to load while 1 and 3 serve: a request for it was a 404 "version 2 is
     not found", as if there were no folder; Triton answers UNAVAILABLE "is not at ready state".
     Now 503 with the reason the index gives; a version with no folder stays 404."""
-    write_version(tmp_path, "m", 1, scale_model(1))
-    write_version(tmp_path, "m", 2, b"not an onnx model")
-    write_version(tmp_path, "m", 3, scale_model(3))
-    config = tmp_path / "m" / "config.toml"
-    config.write_text("version_policy = { all = {} }\n")
-    age(config)
+    versions_1_and_3_with_2_corrupt(tmp_path)
 
     async def scenario(engine: Engine) -> None:
         assert await factor_of(engine, version="3") == 3
@@ -44,12 +51,7 @@ def test_a_version_whose_load_failed_beside_served_ones_is_unavailable_with_its_
 def test_a_failed_version_the_policy_then_leaves_out_is_unknown_again(tmp_path: Path) -> None:
     """The failed load's row stayed after the policy dropped the version, and a request for it
     was told 503 "its load failed" where any other version outside the policy is 404."""
-    write_version(tmp_path, "m", 1, scale_model(1))
-    write_version(tmp_path, "m", 2, b"not an onnx model")
-    write_version(tmp_path, "m", 3, scale_model(3))
-    config = tmp_path / "m" / "config.toml"
-    config.write_text("version_policy = { all = {} }\n")
-    age(config)
+    config = versions_1_and_3_with_2_corrupt(tmp_path)
 
     async def scenario(engine: Engine) -> None:
         with pytest.raises(ModelUnavailable, match="its load failed"):

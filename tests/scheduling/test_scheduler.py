@@ -1450,33 +1450,31 @@ def test_probes_that_confirm_the_miss_come_ever_more_rarely_till_a_request_fits(
 
     async def body() -> None:
         h = harness()
-        probed = []
-        for index in range(60):  # 60 requests 120 ms apart: 7.2 s
-            h.clock.advance(120 * MS)
-            try:
-                h.submit(f"r{index}", due_in=60 * US)
-            except Overloaded:
-                continue
-            probed.append(index)
-            h.clock.advance(ONE_ROW)
-            h.executor.complete(len(probed) - 1, compute_ns=3 * ONE_ROW)  # (slower still)
+        probed: list[int] = []
+
+        def every_120_ms(indexes: range, refresh_every: int = 0) -> None:
+            """A request every 120 ms, each predicted to miss; the probes' runs slower still.
+            `refresh_every`: a refresh's sample run ends every that many requests."""
+            for index in indexes:
+                h.clock.advance(120 * MS)
+                if refresh_every and index % refresh_every == 0:
+                    h.scheduler._last_run_ns = h.clock.now_ns()  # (as a refresh's sample run)
+                try:
+                    h.submit(f"r{index}", due_in=60 * US)
+                except Overloaded:
+                    continue
+                probed.append(index)
+                h.clock.advance(ONE_ROW)
+                h.executor.complete(len(probed) - 1, compute_ns=3 * ONE_ROW)
+
+        every_120_ms(range(60))  # (7.2 s)
         # (periods 100, 200, 400, ... 3,200 ms from each probe's end; 9 of 10 probed before)
         assert probed == [0, 2, 6, 13, 27, 54], probed
         assert h.scheduler._probe_gap_ns == PROBE_MAX_NS  # (6,400 ms, capped)
         # the profile's refresh runs (one a second while refusing) end runs too: they kept any
         # probe more than a second apart from ever coming (found by a tester)
-        later = []
-        for index in range(60, 120):
-            h.clock.advance(120 * MS)
-            if index % 8 == 0:
-                h.scheduler._last_run_ns = h.clock.now_ns()  # (as a refresh's sample run)
-            try:
-                h.submit(f"r{index}", due_in=60 * US)
-            except Overloaded:
-                continue
-            later.append(index)
-            h.clock.advance(ONE_ROW)
-            h.executor.complete(len(probed) + len(later) - 1, compute_ns=3 * ONE_ROW)
+        every_120_ms(range(60, 120), refresh_every=8)
+        later = probed[6:]
         assert later, "probes come back"
         assert later[0] - probed[-1] <= 5_000 // 120 + 2, later
         h.clock.advance(120 * MS)
