@@ -91,9 +91,9 @@ def to_bfloat16(values: np.ndarray) -> np.ndarray:
     return single.astype(BFLOAT16)
 
 
-def float_max(dtype: np.dtype[Any]) -> float:
-    """The largest finite value of float dtype `dtype` (`is_float`)."""
-    return float(ml_dtypes.finfo(dtype).max)  # type: ignore[no-untyped-call]
+def float_info(dtype: np.dtype[Any]) -> Any:
+    """`np.finfo` of a float dtype (`is_float`), BF16's too (ml_dtypes': numpy's has none)."""
+    return ml_dtypes.finfo(dtype)  # type: ignore[no-untyped-call]
 
 
 def v2_datatype_of(array: np.ndarray) -> str:

@@ -14,7 +14,6 @@ import contextlib
 import copy
 import functools
 import logging
-import math
 import numbers
 import os
 import threading
@@ -50,7 +49,14 @@ from duetime.execution.executor import Feeds, Unreturned
 from duetime.loops import in_thread
 from duetime.repository.loader import LoadedModel, sample_inputs, sample_row_bytes
 from duetime.repository.manager import IndexEntry, ModelManager, RepositoryOptions
-from duetime.repository.registry import PRIMARY, UNKNOWN_MODEL, Deployment, Registry, Snapshot
+from duetime.repository.registry import (
+    PRIMARY,
+    UNKNOWN_MODEL,
+    Deployment,
+    Registry,
+    Snapshot,
+    retry_after_s,
+)
 from duetime.repository.tritonconfig import read_model_config
 from duetime.requestparams import (
     MAX_DUE_US,
@@ -788,7 +794,7 @@ class Engine:
                 f"{UNKNOWN_MODEL}'{request.model}' has no available versions: it is loading (a "
                 f"load takes about {estimate_ns / 1e6:.0f} ms) and the request is {due}{why}; "
                 "retry shortly",
-                retry_after_s=max(1, math.ceil(estimate_ns / 1e9)),
+                retry_after_s=retry_after_s(estimate_ns / 1e9),
             )
         ticket = Ticket(request.model, "", ())
         ticket.future = asyncio.get_running_loop().create_future()

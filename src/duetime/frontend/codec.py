@@ -24,7 +24,7 @@ from duetime.datatypes import (
     BFLOAT16,
     NUMPY_OF,
     WIRE_DTYPE_OF,
-    float_max,
+    float_info,
     is_float,
     to_bfloat16,
     v2_datatype_of,
@@ -539,7 +539,7 @@ def _out_of_range(where: str, field: str, datatype: str) -> InvalidInput:
         info = np.iinfo(dtype)  # type: ignore[type-var]
         low, high = str(info.min), str(info.max)
     else:
-        top = float_max(dtype)
+        top = float(float_info(dtype).max)
         low, high = f"{-top:.8g}", f"{top:.8g}"
     return InvalidInput(
         f"{where}: '{field}' has values outside the range of {datatype} ({low} to {high})"

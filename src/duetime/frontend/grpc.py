@@ -1644,8 +1644,7 @@ def _not_a_message(data: bytes, message: Any, exc: Exception) -> str:
     descriptor = getattr(message, "DESCRIPTOR", None)
     where = undecodable_at(data, descriptor) if descriptor is not None else None
     what = descriptor.full_name if descriptor is not None else "protobuf"
-    what = f"a valid {what} message"
-    return f"the request is not {what}: {where or exc}"
+    return f"the request is not a valid {what} message: {where or exc}"
 
 
 class _Undecodable(NamedTuple):

@@ -88,7 +88,7 @@ def _message(
     """Walks one message (or group: `group` its field number) from `pos` to `end`; where it
     ended (after a group's end tag)."""
     if depth > MAX_DEPTH:
-        raise _Bad(f"{_inside(path)}nests messages more than {MAX_DEPTH} deep")
+        raise _Bad(f"{_which(path)} nests messages more than {MAX_DEPTH} deep")
     seen: dict[int, int] = {}
     while pos < end:
         budget[0] -= 1
@@ -104,12 +104,12 @@ def _message(
         number, wire = key >> 3, key & 7
         if number > MAX_FIELD_NUMBER:
             raise _Bad(
-                f"{_inside(path)}has field number {number} at byte {start}, over "
+                f"{_which(path)} has field number {number} at byte {start}, over "
                 f"{MAX_FIELD_NUMBER}, the largest protobuf has"
             )
         if number == 0:
             raise _Bad(
-                f"{_inside(path)}has field number 0 at byte {start} (field numbers start at 1)"
+                f"{_which(path)} has field number 0 at byte {start} (field numbers start at 1)"
             )
         field = descriptor.fields_by_number.get(number) if descriptor is not None else None
         index = seen.get(number, 0)
@@ -136,7 +136,7 @@ def _message(
             pos = _message(data, pos, end, inner, name, depth + 1, number, budget)
         elif wire == _GROUP_END:
             if group != number:
-                raise _Bad(f"{_inside(path)}has an end-group tag (field {number}, byte {start}) "
+                raise _Bad(f"{_which(path)} has an end-group tag (field {number}, byte {start}) "
                            "with no group of that field open")  # fmt: skip
             return pos
         else:
@@ -244,10 +244,6 @@ def _field_name(path: str, field: Any, number: int, index: int) -> str:
     if field is not None and _repeated(field):
         name = f"{name}[{index}]"
     return f"{path}.{name}" if path else name
-
-
-def _inside(path: str) -> str:
-    return f"field '{path}' " if path else "the message "
 
 
 def _which(path: str) -> str:

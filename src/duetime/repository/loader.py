@@ -13,12 +13,11 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal, NamedTuple
 
-import ml_dtypes
 import numpy as np
 import onnxruntime as ort
 
 from duetime.config import ModelConfig, TensorConfig, VariantConfig
-from duetime.datatypes import BFLOAT16, NUMPY_OF, is_float, unserved_output_reason
+from duetime.datatypes import BFLOAT16, NUMPY_OF, float_info, is_float, unserved_output_reason
 from duetime.errors import ConfigError, DuetimeError, fitted
 from duetime.execution.executor import Executor
 from duetime.execution.ort import (
@@ -1110,7 +1109,7 @@ def _same_rows(batched: np.ndarray, lone: np.ndarray, tolerance: float) -> bool:
         return False
     if batched.dtype.kind not in "fc" and not is_float(batched.dtype):
         return bool(np.array_equal(batched, lone))
-    eps = float(ml_dtypes.finfo(lone.dtype).eps)  # type: ignore[no-untyped-call]
+    eps = float(float_info(lone.dtype).eps)
     if lone.dtype == BFLOAT16:  # (numpy's own functions take no ml_dtypes array)
         batched, lone = batched.astype(np.float32), lone.astype(np.float32)
     finite = np.abs(lone[np.isfinite(lone)])

@@ -291,7 +291,7 @@ class Registry:
             if name in snapshot.loading:
                 # NOTE: a 404 here ("unknown model"), as before, told clients and load
                 # balancers that take it as final that a model still loading is not there
-                wait_s = _retry_s(snapshot.loading[name])
+                wait_s = retry_after_s(snapshot.loading[name].expected_s)
                 raise ModelUnavailable(
                     f"{UNKNOWN_MODEL}'{name}' has no available versions: it is loading (a load "
                     f"takes about {wait_s} s); retry shortly",
@@ -342,21 +342,22 @@ class Registry:
         try:
             return served.version(version)
         except ModelNotFound:
-            loading = self.snapshot.loading.get(served.name)
             number = version_of(version)
-            if number is not None and (loading is None or str(number) not in loading.versions):
+            if number is None:
+                raise
+            loading = self.snapshot.loading.get(served.name)
+            if loading is None or str(number) not in loading.versions:
                 # NOTE: a version whose load failed, beside versions that serve, was "not
                 # found" (404) with no reason, where the index gives it; Triton answers
                 # UNAVAILABLE "version V is not at ready state" (found by a tester)
                 failure = self.load_failure(served.name, str(number))
-                if failure is not None:
-                    raise ModelUnavailable(
-                        f"{UNKNOWN_MODEL}'{served.name}' version {version} is not at ready "
-                        f"state: its load failed: {failure}"
-                    ) from None
-            if loading is None or number is None or str(number) not in loading.versions:
-                raise
-            wait_s = _retry_s(loading)
+                if failure is None:
+                    raise
+                raise ModelUnavailable(
+                    f"{UNKNOWN_MODEL}'{served.name}' version {version} is not at ready "
+                    f"state: its load failed: {failure}"
+                ) from None
+            wait_s = retry_after_s(loading.expected_s)
             raise ModelUnavailable(
                 f"{UNKNOWN_MODEL}'{served.name}' version {version} is not at ready state: it is "
                 f"loading (a load takes about {wait_s} s); retry shortly",
@@ -431,6 +432,7 @@ def _no_failure(model: str, version: str) -> str | None:
     return None
 
 
-def _retry_s(loading: Loading) -> int:
-    """When to come back to a model or version `loading` (whole seconds, at least 1)."""
-    return max(1, math.ceil(loading.expected_s))
+def retry_after_s(load_s: float) -> int:
+    """When to come back to a model or version whose load takes about `load_s` (a Retry-After:
+    whole seconds, at least 1)."""
+    return max(1, math.ceil(load_s))

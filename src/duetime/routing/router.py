@@ -139,18 +139,8 @@ class Router:
             counted = (served.name, version.version)
             self.invalid[counted] = self.invalid.get(counted, 0) + 1
             raise
-        due = request.due_ns
-        timeout = primary.scheduler.default_timeout_ns
-        if timeout is not None:
-            # NOTE: counted from the arrival whatever the request's own due time: one with a
-            # later due time of its own had its default counted from its admission (the
-            # scheduler caps due times at `now + default`), after its decoding: with a 3 ms
-            # default, a request with `timeout=1000000` was answered where the same request
-            # without one was refused (found by a tester)
-            arrival = request.arrival_ns
-            by_default = (now if arrival is None else arrival) + timeout
-            if due is None or by_default < due:
-                due = by_default
+        # (the due time the scheduler will hold it to: the variant is chosen by it)
+        due = primary.scheduler.due_by_default(request.due_ns, request.arrival_ns, now)
         deployment = primary
         # (a variant may lack an optional input: see loader.load_version)
         if len(version.variants) > 1 and not primary.model.validator.overrides(prepared):

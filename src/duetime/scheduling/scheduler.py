@@ -722,6 +722,20 @@ class ModelScheduler:
         self._arm_sweeper()
         return future
 
+    def due_by_default(self, due_ns: int | None, arrival_ns: int | None, now: int) -> int | None:
+        """`due_ns`, or the model's `default_timeout_ms` after the request's arrival (`now` if
+        not known) where that is earlier: the latest any request of it is due.
+
+        NOTE: counted from the arrival whatever the request's own due time. It counted from
+        admission, after decoding, and only requests without a due time were given it from
+        their arrival (by the router): with a 3 ms default, a request with `timeout=1000000`
+        was answered where the same request without one was refused (found by a tester)."""
+        default = self.default_timeout_ns
+        if default is None:
+            return due_ns
+        by_default = (now if arrival_ns is None else arrival_ns) + default
+        return by_default if due_ns is None or by_default < due_ns else due_ns
+
     def _admission(
         self,
         now: int,
@@ -735,8 +749,7 @@ class ModelScheduler:
         (the model's default one applied), its place in the queue, and whether it is admitted
         as a probe (see PROBE_NS)."""
         if self.default_timeout_ns is not None:
-            default_due = now + self.default_timeout_ns
-            due_ns = default_due if due_ns is None else min(due_ns, default_due)
+            due_ns = self.due_by_default(due_ns, arrival_ns, now)
         # (the default level without `_level`'s frame: priority 0, nearly every request's)
         level = self._config.default_priority_level if priority == 0 else self._level(priority)
         key = self._queue.key_for(level, due_ns)
@@ -805,9 +818,8 @@ class ModelScheduler:
         now = self._clock.now_ns()
         self.last_arrival_ns = now
         probe = False
-        default = self.default_timeout_ns
-        if default is not None and (due_ns is None or due_ns > now + default):
-            due_ns = now + default  # (`_admission`'s, which leaves it as it is from here)
+        if self.default_timeout_ns is not None:  # (`_admission` leaves it as it is from here)
+            due_ns = self.due_by_default(due_ns, arrival_ns, now)
         if due_ns is not None and not self._fits_alone(now, feeds, rows, due_ns):
             # (without a due time there is nothing to admit: `_admission` would only number
             # its place in a queue it never enters; nor where it fits, as nearly all do)
