@@ -548,6 +548,8 @@ def read_config_file(path: Path) -> dict[str, Any]:
             if path.suffix == ".toml"
             else yaml.load(text, Loader=_UniqueKeyLoader)  # (a SafeLoader)
         )
+    except yaml.MarkedYAMLError as exc:
+        raise ConfigError(f"{path}: cannot be read as {what}: {_yaml_problem(exc)}") from exc
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError, yaml.YAMLError) as exc:
         raise ConfigError(f"{path}: cannot be read as {what}: {exc}") from exc
     except RecursionError:
@@ -563,6 +565,25 @@ def read_config_file(path: Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a table of settings, got {type(data).__name__}")
     return data
+
+
+def _yaml_problem(exc: yaml.MarkedYAMLError) -> str:
+    """PyYAML's error on one line: where the problem is (line and column, from 1), what it is,
+    and the construct it was in.
+
+    NOTE: PyYAML's own text spans lines, each place named `in "<unicode string>"` and quoted
+    with a caret under it; a log or an HTTP error showed its first line, "while parsing a flow
+    sequence", with no place (found by a tester)."""
+    def at(mark: Any) -> str:
+        return f"line {mark.line + 1}, column {mark.column + 1}"
+
+    mark = exc.problem_mark or exc.context_mark
+    text = f"{at(mark)}: " if mark is not None else ""
+    text += exc.problem or exc.context or "not YAML"
+    if exc.context and exc.problem:
+        where = f" at {at(exc.context_mark)}" if exc.context_mark is not None else ""
+        text += f" ({exc.context}{where})"
+    return text
 
 
 def find_config_file(model_dir: Path) -> Path | None:

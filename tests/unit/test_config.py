@@ -213,6 +213,16 @@ def test_unreadable_files_name_the_file(tmp_path: Path, name: str, text: str, ma
         load_model_config(tmp_path)
 
 
+def test_yaml_syntax_error_is_one_line_with_its_place(tmp_path: Path) -> None:
+    path = write(tmp_path, "config.yaml", "max_batch_size: 4\ninputs: [a, b\n")
+    with pytest.raises(ConfigError) as caught:
+        read_config_file(path)
+    assert caught.value.message == (
+        f"{path}: cannot be read as YAML: line 3, column 1: expected ',' or ']', but got "
+        "'<stream end>' (while parsing a flow sequence at line 2, column 9)"
+    )
+
+
 def test_not_utf8_names_the_file(tmp_path: Path) -> None:
     path = tmp_path / "config.toml"
     path.write_bytes(b"name = '\xff'\n")

@@ -937,10 +937,12 @@ def _warn_timeout_honoured(source: str, warn: Warn) -> None:
     """NOTE: Triton's dynamic batcher ignores a request's own `timeout` unless the queue policy
     allows the override (false, its default, whether written or not: proto3 cannot tell);
     duetime honours it by design. It did so without a word, and the config endpoint said
-    `allow_timeout_override: true` (the pbtxt tester's timeout_override.py)."""
-    warn(f"{source}: dynamic_batching.default_queue_policy.allow_timeout_override false: Triton "
-         "would ignore a request's own timeout; duetime honours it (a request may shorten the "
-         "model's due time, never extend it), and the model's config says true")  # fmt: skip
+    `allow_timeout_override: true` (the pbtxt tester's timeout_override.py). The warning read
+    as if the file had set false: it now says the default is false (a tester)."""
+    warn(f"{source}: dynamic_batching.default_queue_policy.allow_timeout_override is false "
+         "(Triton's default where the file does not set it): Triton would ignore a request's "
+         "own timeout; duetime honours it (a request may shorten the model's due time, never "
+         "extend it), so the config endpoint reports allow_timeout_override true")  # fmt: skip
 
 
 def _priority(batching: Any, out: dict[str, Any]) -> None:
