@@ -574,6 +574,7 @@ def _yaml_problem(exc: yaml.MarkedYAMLError) -> str:
     NOTE: PyYAML's own text spans lines, each place named `in "<unicode string>"` and quoted
     with a caret under it; a log or an HTTP error showed its first line, "while parsing a flow
     sequence", with no place (found by a tester)."""
+
     def at(mark: Any) -> str:
         return f"line {mark.line + 1}, column {mark.column + 1}"
 
