@@ -37,6 +37,17 @@ def test_an_unsupported_version_is_answered_505_and_closed(
     assert b"send HTTP/1.1" in body
 
 
+def test_http2s_connection_preface_is_answered_505(server: RunningServer) -> None:
+    """An h2 client with prior knowledge (or a gRPC client at the HTTP port) opens with
+    `PRI * HTTP/2.0`: it got 400 in the parser's words, "Pause on PRI/Upgrade"."""
+    settings_frame = b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"
+    answer = exchange(server, b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + settings_frame)
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.split(b"\r\n")[0] == b"HTTP/1.1 505 HTTP Version Not Supported"
+    assert b"HTTP/2 is not supported here: send HTTP/1.1" in body
+    assert b"PRI/Upgrade" not in body
+
+
 @pytest.mark.parametrize("version", [b"1.1", b"1.0"])
 def test_http_1_is_served(server: RunningServer, version: bytes) -> None:
     answer = exchange(

@@ -110,6 +110,21 @@ def test_slow_body_gets_408(strict: RunningServer) -> None:
         assert "bytes/s" in json.loads(body)["error"]
 
 
+def test_a_body_that_stops_after_its_head_gets_408_after_one_read_timeout(
+    strict: RunningServer,
+) -> None:
+    """The body's window opens at the head's end (it opened at the first check after it, so a
+    stalled body waited two read timeouts: found by a tester)."""
+    with connect(strict.http) as sock:
+        sock.sendall(http_request("POST", "/v2/models/mlp/infer", Content_Length="1000") + b"{ ")
+        started = time.monotonic()
+        status, body = read_response(sock)
+        waited = time.monotonic() - started
+    assert status == 408
+    assert "bytes/s" in json.loads(body)["error"]
+    assert READ_TIMEOUT_S * 0.9 <= waited < READ_TIMEOUT_S * 1.8  # (it was twice the timeout)
+
+
 def test_body_at_a_steady_rate_above_the_minimum_is_read(strict: RunningServer) -> None:
     """Over several read-timeout periods, at twice the minimum rate: answered, not cut off."""
     body = infer_body(pad_to=int(MIN_RATE * 2 * READ_TIMEOUT_S * 3))

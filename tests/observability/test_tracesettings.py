@@ -90,7 +90,7 @@ def test_a_models_settings_override_the_global_ones_until_cleared() -> None:
         ({"trace_rate": "1²"}, "'trace_rate': expected an integer >= 1"),
         ({"log_frequency": "²"}, "'log_frequency': expected an integer >= 0"),
         ({"trace_rate": ["1", "2"]}, "expected one value"),
-        ({"trace_rate": True}, "expected strings"),
+        ({"trace_rate": True}, "expected a string or an integer"),
         ({"log_frequency": "5"}, "'log_frequency': only 0"),
         ({"trace_file": "/tmp/t.json"}, "'trace_file': only"),
         ({"trace_mode": "triton"}, "'trace_mode': only opentelemetry"),

@@ -371,9 +371,15 @@ def test_check_datatype_accepts_every_v2_datatype(value: str) -> None:
     assert codec.check_datatype(value, WHERE) == value
 
 
-@pytest.mark.parametrize("value", ["fp32", "FLOAT", "STRING", "", None, 3, ["FP32"]])
+@pytest.mark.parametrize("value", ["fp32", "FLOAT", "STRING", 3, ["FP32"]])
 def test_check_datatype_errors(value: Any) -> None:
     with _raises_invalid("input 'x'.*is not a v2 datatype; expected one of BOOL"):
+        codec.check_datatype(value, WHERE)
+
+
+@pytest.mark.parametrize("value", ["", None])
+def test_a_missing_datatype_is_called_missing(value: Any) -> None:
+    with _raises_invalid("input 'x': 'datatype' is missing; expected one of BOOL"):
         codec.check_datatype(value, WHERE)
 
 
@@ -436,7 +442,7 @@ def test_json_data_writes_non_finite_floats_as_tokens_and_finite_ones_as_numbers
     assert orjson.dumps(finite, option=orjson.OPT_SERIALIZE_NUMPY) == b"[1.5,2.0]"
 
 
-@pytest.mark.parametrize("datatype", ["FP8", "fp32", None])
+@pytest.mark.parametrize("datatype", ["FP8", "fp32"])
 def test_a_datatype_duetime_does_not_serve_is_refused_naming_the_field(datatype: Any) -> None:
     with _raises_invalid(rf"input 'x': 'datatype' '?{datatype}'? is not a v2 datatype"):
         codec.check_datatype(datatype, WHERE)

@@ -213,7 +213,7 @@ def test_a_request_without_inputs_has_none(body: bytes, header: bool) -> None:
         ),
         pytest.param(
             [fp32(datatype=None)],
-            "input 'x': 'datatype' None is not a v2 datatype",
+            "input 'x': 'datatype' is missing; expected one of",
             id="no-datatype",
         ),
         pytest.param([fp32(shape=None)], "input 'x': 'shape' must be a list", id="no-shape"),

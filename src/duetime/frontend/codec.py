@@ -75,9 +75,10 @@ def check_datatype(value: Any, where: str) -> str:
     """`value` if it is a v2 datatype; InvalidInput saying which it takes otherwise."""
     if not isinstance(value, str) or value not in NUMPY_OF:
         known = ", ".join(NUMPY_OF)
-        raise InvalidInput(
-            f"{where}: 'datatype' {value!r} is not a v2 datatype; expected one of {known}"
-        )
+        # (None: not in the JSON, or null; "": not set in the gRPC message. NOTE: both were
+        # "'datatype' None is not a v2 datatype", found by a tester)
+        got = "is missing" if value is None or value == "" else f"{value!r} is not a v2 datatype"
+        raise InvalidInput(f"{where}: 'datatype' {got}; expected one of {known}")
     return value
 
 

@@ -13,11 +13,11 @@ closed at once) and the bytes of big request bodies (one that does not fit waits
 connection paused, until others are answered). Bulk bodies (a MiB or more) are read in turns
 and at most a tenth of the loop's time while others are connected, so an upload cannot starve
 other clients. A request's head must arrive within `request_read_timeout_s` of its first byte,
-and its body must then keep coming at `min_body_rate_bytes_s` or more over each such period; a
-slower client (slowloris) is answered 408 and closed; a connection that sends nothing within
-`request_read_timeout_s` of its accept is closed. The common request pays for none of this
-but a few comparisons: one timer per connection checks the read and idle deadlines, and small
-bodies are not counted.
+and its body must then keep coming at `min_body_rate_bytes_s` or more over each such period
+from the head's end; a slower client (slowloris) is answered 408 and closed; a connection that
+sends nothing within `request_read_timeout_s` of its accept is closed. The common request pays
+for none of this but a few comparisons: one timer per connection checks the read and idle
+deadlines, and small bodies are not counted.
 
 A header field sent on several lines is read as one, its values comma-separated (RFC 9110
 5.3), but for those that take one value (a second Host, or a Content-Type or
@@ -1078,6 +1078,13 @@ class HttpConnection(asyncio.BufferedProtocol):
         elif not self._closing:
             if "HTTP version" in str(exc):  # (llhttp's for HTTP/3.0 or 1.2, say)
                 self._fail(505, f"{exc}: send HTTP/1.1 (or 1.0)")
+            elif "PRI/Upgrade" in str(exc):
+                # NOTE: HTTP/2's connection preface (`PRI * HTTP/2.0`: an h2 client with prior
+                # knowledge, or a gRPC client sent to this port) got 400 in llhttp's words,
+                # "Pause on PRI/Upgrade", where any other HTTP/2.0 request gets 505 (found by a
+                # tester)
+                self._fail(505, "HTTP/2 is not supported here: send HTTP/1.1 (or 1.0); gRPC "
+                           "is served on the gRPC port")  # fmt: skip
             else:
                 self._fail(400, f"malformed HTTP request: {exc}")
 
@@ -1187,6 +1194,10 @@ class HttpConnection(asyncio.BufferedProtocol):
 
     def on_headers_complete(self) -> None:
         self._head_done = True
+        # NOTE: the body's first window opens here: it opened at the next read-timeout check,
+        # so a body that stopped right after its head got its 408 after two read timeouts, not
+        # one (found by a tester)
+        self._window_start, self._window_bytes = self._last_active, self._body_bytes
         if self._rejected or (self._closing and not self._last_request):
             return
         version = self._parser.get_http_version()
@@ -2516,7 +2527,8 @@ class HttpConnection(asyncio.BufferedProtocol):
 
     def _read_on_time(self, elapsed: float) -> bool:
         """Whether the request being read kept pace over the last `elapsed` seconds: its head
-        complete by the end of the first period, then `min_rate` body bytes per second. Else
+        complete by the end of the first period, then, from the head's end, `min_rate` body
+        bytes per second. Else
         answers 408 (the client is too slow, or a slowloris) and returns False."""
         if not self._reads:  # a connection that sent nothing since accepted: closed, unanswered
             self._intake.read_timeouts += 1
@@ -2524,10 +2536,8 @@ class HttpConnection(asyncio.BufferedProtocol):
             return False
         if not self._head_done:
             problem = f"its head was not complete {elapsed:.1f} s after its first byte"
-        elif self._window_bytes is None:
-            return True
         else:
-            rate = (self._body_bytes - self._window_bytes) / elapsed
+            rate = (self._body_bytes - (self._window_bytes or 0)) / elapsed
             if rate >= self._min_rate:
                 return True
             problem = f"its body came at {rate:.0f} bytes/s over the last {elapsed:.1f} s"

@@ -129,7 +129,10 @@ class TraceSettings:
     def _checked(self, name: str, raw: Any) -> Value:
         values = raw if isinstance(raw, list) else [raw]
         if not all(isinstance(v, str | int) and not isinstance(v, bool) for v in values):
-            raise InvalidInput(f"trace setting '{name}': expected strings, got {shown(raw)}")
+            raise InvalidInput(
+                f"trace setting '{name}': expected a string or an integer (or a list of them), "
+                f"got {shown(raw)}"
+            )
         texts = [str(v) for v in values]
         if name == "trace_level":
             levels = sorted(set(t.upper() for t in texts))
