@@ -108,7 +108,7 @@ def test_a_repository_operation_that_fails_is_traced(
 def test_a_method_not_allowed_is_traced(explicit: RunningServer) -> None:
     status, headers, body = exchange(explicit, request("DELETE", "/v2/health/live"))
     assert_traced(status, headers, body, 405)
-    assert headers["allow"] == "GET"
+    assert headers["allow"] == "GET, HEAD"
     answer = exchange(explicit, request("GET", "/v2/models/mlp/infer", b"", "traceparent: x"))
     assert_traced(*answer, 405)
 
