@@ -738,14 +738,17 @@ class ServerSettings(_Strict):
     within this long."""
     min_body_rate_bytes_s: int = Field(default=64 * 1024, ge=1)
     max_inflight_bytes: int = Field(default=1024 * 1024 * 1024, ge=1024)
-    """HTTP request body bytes held at once (being read, or waiting for their answer). Bodies
-    up to this over `max_connections` always pass; a bigger one that does not fit waits, its
-    connection paused (a chunked one is refused, 503)."""
+    """HTTP request body bytes held at once (being read, or waiting for their answer), with
+    the bytes HTTP and gRPC requests read from shared memory (a request whose do not fit is
+    refused, 429). Bodies up to this over `max_connections` always pass; a bigger one that does
+    not fit waits, its connection paused (a chunked one is refused, 503)."""
     max_connection_inflight_bytes: int = Field(default=64 * 1024 * 1024, ge=1024)
-    """Body bytes of one connection's requests read and not yet answered; beyond this the
-    connection reads no further requests until some are answered. Its answers made and not yet
-    read by the client count against it too: a request whose answer would not fit (at the
-    size of the connection's last) waits unstarted until the client reads."""
+    """Body bytes of one connection's requests read and not yet answered, and what they read
+    from shared memory (a gRPC connection's: that alone; a request whose do not fit is refused,
+    429); beyond this the connection reads no further requests until some are answered. Its
+    answers made and not yet read by the client count against it too: a request whose answer
+    would not fit (at the size of the connection's last) waits unstarted until the client
+    reads."""
     max_unsent_answer_bytes: int = Field(default=1024 * 1024 * 1024, ge=1024)
     """Bytes of big inference answers made and not yet read by their clients, over all
     connections (HTTP's and gRPC's counted apart, each within this): at or beyond it, requests

@@ -10,9 +10,12 @@ import logging
 import os
 import socket
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from pydantic import TypeAdapter, ValidationError
 
 from duetime.config import ServerSettings, url_host
 from duetime.engine import Engine
@@ -222,18 +225,38 @@ def grpc_connections_within(settings: ServerSettings, files: int) -> int:
     return left
 
 
-def _warn_of_unused(settings: ServerSettings) -> None:
+def _warn_of_unused(settings: ServerSettings, env: Mapping[str, str] | None = None) -> None:
     """Warn of settings given that the others turn off (they were ignored without a word), as
-    `--load-model` without explicit mode is."""
+    `--load-model` without explicit mode is; `env`: the `DUETIME_*` variables that may have
+    given them (None: the process's)."""
+    env = os.environ if env is None else env
     given = settings.model_fields_set
     unused: list[tuple[str, str]] = []
     if settings.record_path is None:
         unused += [(f"--{n.replace('_', '-')}", "--record") for n in
                    ("record_outputs", "record_sample", "record_buffer") if n in given]  # fmt: skip
     if not settings.metrics and "metrics_port" in given:
-        unused.append(("--metrics-port", "metrics on (it is given with --no-metrics)"))
+        # NOTE: "(it is given with --no-metrics)" also where DUETIME_METRICS=false had turned
+        # metrics off: a flag the user never gave (found by a tester)
+        port = _from_env(env, "DUETIME_METRICS_PORT", settings.metrics_port) or "--metrics-port"
+        off = _from_env(env, "DUETIME_METRICS", False) or "--no-metrics"
+        unused.append((port, f"metrics on ({off} turns them off)"))
     for flag, needs in unused:
         log.warning("%s is ignored: it only takes effect with %s", flag, needs)
+
+
+def _from_env(env: Mapping[str, str], variable: str, value: bool | int) -> str | None:
+    """`variable=...` where `env` gives the setting `value` (its flag, given too, would give
+    the same), for a warning to name; None where it does not: its flag gave it."""
+    text = env.get(variable)
+    if text is None:
+        return None
+    try:
+        if TypeAdapter(type(value)).validate_python(text) != value:
+            return None
+    except ValidationError:
+        return None
+    return f"{variable}={text}"
 
 
 class Server:
@@ -272,10 +295,13 @@ class Server:
             self.engine, settings, self.tracing, self.log_settings, trace_settings,
             self.shared_memory,
         )  # fmt: skip
+        self._intake = Intake(settings)
+        """What the HTTP connections take in (see `Intake`), and what gRPC's requests read
+        from shared memory (held within the same limits)."""
         self._grpc_service = InferenceService(
             self.engine, self.shedder, settings.control_token, self.tracing,
             settings.access_log_sample, self.log_settings, trace_settings, self.shared_memory,
-            settings.max_grpc_message_bytes,
+            settings.max_grpc_message_bytes, self._intake,
         )  # fmt: skip
         self.cpu_latency = (
             None
@@ -283,8 +309,6 @@ class Server:
             else CpuLatencyLimit(settings.cpu_dma_latency_us)
         )
         self._connections: set[HttpConnection] = set()
-        self._intake = Intake(settings)
-        """What the HTTP connections take in (see `Intake`)."""
         self._http: asyncio.Server | None = None
         self._grpc: Any = None
         self._metrics: MetricsExporter | None = None

@@ -31,6 +31,7 @@ from duetime.config import ServerSettings
 from duetime.frontend.arrival import ReadTurn
 from duetime.frontend.http import HttpConnection, Intake
 from duetime.frontend.rest import PendingReply, Reply
+from duetime.frontend.sharedmemory import SharedMemoryRegions
 
 REQUEST = b"POST /v2/models/m/infer HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}"
 SMALL = REQUEST.replace(b"/m/", b"/s/")
@@ -61,6 +62,7 @@ class Api:
     tickets: list[Ticket] = field(default_factory=list)
     accepting = True
     turn = ReadTurn(MonotonicClock())
+    shared_memory = SharedMemoryRegions()  # (none registered)
 
     def handle(self, method: str, target: bytes, headers: Any, body: bytes) -> PendingReply:
         ticket = Ticket(asyncio.get_running_loop().create_future())

@@ -33,6 +33,7 @@ from duetime.config import ServerSettings
 from duetime.frontend.arrival import ReadTurn
 from duetime.frontend.http import HttpConnection, Intake
 from duetime.frontend.rest import PendingReply, Reply
+from duetime.frontend.sharedmemory import SharedMemoryRegions
 from duetime.loops import new_event_loop
 from duetime.overload import LoadShedder
 
@@ -85,6 +86,7 @@ class EchoApi:
         self.held: list[tuple[Ticket, Reply]] = []
         self.refused: dict[tuple[int, str], int] = {}  # (as RestApi's: the connection counts)
         self.turn = ReadTurn(MonotonicClock())
+        self.shared_memory = SharedMemoryRegions()  # (as RestApi's; none registered)
         # (as RestApi's: nothing records, no model is served)
         self.engine = types.SimpleNamespace(
             recorder=None, registry=types.SimpleNamespace(snapshot=types.SimpleNamespace(models={}))

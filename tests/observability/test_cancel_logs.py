@@ -1,5 +1,5 @@
 """A request its client cancels (an HTTP connection closed, a gRPC call cancelled) before its
-answer gets its line on `duetime.requests`, as every failed request does."""
+answer gets its line on `duetime.requests`, and its span, as every failed request does."""
 
 from __future__ import annotations
 
@@ -14,9 +14,13 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 from conftest import RunningServer, start_server, stop_server
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanKind, StatusCode
 from repo_models import heavy_model, write_version
 
 from duetime.config import ServerSettings
+from duetime.observability.tracing import Tracing, tracing_from_env
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -25,9 +29,11 @@ TRACEPARENT = f"00-{TRACE_ID}-00f067aa0ba902b7-01"
 
 
 @pytest.fixture(scope="module")
-def slow(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+def traced(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[tuple[RunningServer, InMemorySpanExporter, Tracing]]:
     """A model whose runs take tens of ms, on a thread: an answer is still coming when the
-    client goes.
+    client goes; traced, its spans kept in memory.
 
     NOTE: at depth 64 a run took 3.6 ms on the 2-core VM, and a gRPC cancel sent as soon as the
     model was seen busy reached the server after the answer in 1 run of 4 (no 499 line); at
@@ -35,9 +41,18 @@ def slow(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
     repo = tmp_path_factory.mktemp("repo")
     write_version(repo, "slow", 1, heavy_model(2.0, depth=1024))
     (repo / "slow" / "config.toml").write_text('execution = "thread"\nmax_batch_size = 0\n')
-    running, thread = start_server(ServerSettings(model_repository=repo, http_port=0, grpc_port=0))
-    yield running
+    exporter = InMemorySpanExporter()
+    tracing = tracing_from_env({}, exporter=exporter)
+    assert tracing is not None
+    settings = ServerSettings(model_repository=repo, http_port=0, grpc_port=0)
+    running, thread = start_server(settings, tracing=tracing)
+    yield running, exporter, tracing
     stop_server(running, thread)
+
+
+@pytest.fixture(scope="module")
+def slow(traced: tuple[RunningServer, InMemorySpanExporter, Tracing]) -> RunningServer:
+    return traced[0]
 
 
 def cancelled_lines(caplog: pytest.LogCaptureFixture, protocol: str) -> list[logging.LogRecord]:
@@ -125,3 +140,82 @@ def test_a_streamed_request_awaiting_its_answer_when_the_stream_ends_is_logged(
         lines = cancelled_lines(caplog, "grpc-stream")
     statuses = {(r.model, r.status, r.trace_id) for r in lines}  # type: ignore[attr-defined]
     assert statuses == {("slow", 499, TRACE_ID)}
+
+
+def server_span(
+    traced: tuple[RunningServer, InMemorySpanExporter, Tracing], trace_id: str
+) -> ReadableSpan:
+    """The one server span of `trace_id` exported."""
+    _, exporter, tracing = traced
+    tracing.provider.force_flush()
+    [span] = [
+        s for s in exporter.get_finished_spans()
+        if f"{s.context.trace_id:032x}" == trace_id and s.kind == SpanKind.SERVER
+    ]  # fmt: skip
+    return span
+
+
+@pytest.mark.parametrize("caller", [True, False])
+def test_a_grpc_call_its_client_cancels_gets_its_span(
+    traced: tuple[RunningServer, InMemorySpanExporter, Tracing],
+    caplog: pytest.LogCaptureFixture,
+    caller: bool,
+) -> None:
+    """Found by a tester: it was counted cancelled and logged 499 but had no span (its trace
+    lost), where an HTTP request withdrawn so has one; gRPC's conventions give it CANCELLED.
+    Its line has the span's trace id, also where the caller sent no traceparent (it had none)."""
+    slow = traced[0]
+    tensor = grpcclient.InferInput("x", [1, 4], "FP32")
+    tensor.set_data_from_numpy(np.ones((1, 4), np.float32))
+    caller_id = "7" * 32  # (its own: the tests above trace theirs as TRACE_ID)
+    headers = {"traceparent": f"00-{caller_id}-00f067aa0ba902b7-01"} if caller else {}
+    running(slow, busy=False)
+    with caplog.at_level(logging.INFO, logger="duetime.requests"):
+        with grpcclient.InferenceServerClient(slow.grpc) as client:
+            call = client.async_infer(
+                "slow", [tensor], callback=lambda *_, **__: None, headers=headers
+            )
+            running(slow)  # (cancelled while it runs: the server has it)
+            call.cancel()
+        [line] = cancelled_lines(caplog, "grpc")
+    trace_id = line.trace_id  # type: ignore[attr-defined]
+    if caller:
+        assert trace_id == caller_id
+    span = server_span(traced, trace_id)
+    assert span.name == "inference.GRPCInferenceService/ModelInfer"
+    assert span.attributes["rpc.grpc.status_code"] == 1  # CANCELLED
+    assert span.attributes["error.type"] == "CANCELLED"
+    assert span.status.status_code == StatusCode.UNSET  # (the client's doing)
+    children = {
+        s.name for s in traced[1].get_finished_spans()
+        if s.parent is not None and s.parent.span_id == span.context.span_id
+    }  # fmt: skip
+    assert {"decode", "queue", "batch", "execute"} <= children
+
+
+def test_a_streamed_request_cancelled_with_its_stream_gets_its_span(
+    traced: tuple[RunningServer, InMemorySpanExporter, Tracing],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Found by a tester: as a unary call, it was logged 499 with no span."""
+    slow = traced[0]
+    trace_id = "6" * 32
+    tensor = grpcclient.InferInput("x", [1, 4], "FP32")
+    tensor.set_data_from_numpy(np.ones((1, 4), np.float32))
+    running(slow, busy=False)
+    with caplog.at_level(logging.INFO, logger="duetime.requests"):
+        with grpcclient.InferenceServerClient(slow.grpc) as client:
+            client.start_stream(
+                callback=lambda *_, **__: None,
+                headers={"traceparent": f"00-{trace_id}-00f067aa0ba902b7-01"},
+            )
+            client.async_stream_infer("slow", [tensor], request_id="only")
+            running(slow)
+            client.stop_stream(cancel_requests=True)
+        [line] = cancelled_lines(caplog, "grpc-stream")
+    assert line.trace_id == trace_id  # type: ignore[attr-defined]
+    span = server_span(traced, trace_id)
+    assert span.name == "inference.GRPCInferenceService/ModelStreamInfer"
+    assert span.attributes["error.type"] == "CANCELLED"
+    # (a stream's requests share its call's status: none has `rpc.grpc.status_code`)
+    assert "rpc.grpc.status_code" not in span.attributes

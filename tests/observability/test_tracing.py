@@ -12,15 +12,17 @@ import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
+import grpc
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
-from conftest import RunningServer, start_server, stop_server
+from conftest import RunningServer, serving, start_server, stop_server
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 from repo_models import scale_model, write_version
+from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
 from duetime import server as server_module
@@ -543,6 +545,60 @@ def test_requests_the_sampler_drops_do_not_use_up_the_trace_count() -> None:
     assert len(roots) == 2
     assert tracing.settings.current()["trace_count"] == "0"
     tracing.shutdown()
+
+
+@pytest.mark.parametrize(
+    "sampler", [{"OTEL_TRACES_SAMPLER": "always_off"},
+                {"OTEL_TRACES_SAMPLER": "traceidratio", "OTEL_TRACES_SAMPLER_ARG": "0"}],
+)  # fmt: skip
+def test_a_request_the_sampler_drops_has_no_trace_id_but_its_callers(
+    monkeypatch: pytest.MonkeyPatch, sampler: dict[str, str]
+) -> None:
+    """Found by a tester: the trace id of the span the sampler dropped was returned (and sent
+    in `x-trace-id`), a trace never exported, where a request `trace_rate` skips has none."""
+    for name, value in sampler.items():
+        monkeypatch.setenv(name, value)  # (the SDK's provider reads them)
+    exporter = InMemorySpanExporter()
+    tracing = tracing_from_env({}, exporter=exporter)
+    assert tracing is not None
+    record = {"protocol": "http", "model": "m", "version": "1", "variant": "default"}
+    found = [
+        tracing.record(RequestTiming(1_000, decoded_ns=2_000), parent, **record, error=None,
+                       done_ns=3_000)
+        for parent in (None, parse_traceparent(TRACEPARENT))
+    ]  # fmt: skip
+    assert found == [None, TRACE_ID]
+    tracing.provider.force_flush()
+    assert not exporter.get_finished_spans()
+    tracing.shutdown()
+
+
+def test_answers_of_requests_the_sampler_drops_carry_no_trace_id(
+    monkeypatch: pytest.MonkeyPatch, mlp_repo: Path
+) -> None:
+    """Over HTTP and gRPC, with `OTEL_TRACES_SAMPLER=always_off`: no `x-trace-id` (it named a
+    trace never recorded: found by a tester), but the caller's where it sent a traceparent,
+    and an error still ends with a trace id."""
+    monkeypatch.setenv("OTEL_TRACES_SAMPLER", "always_off")
+    tracing = tracing_from_env({}, exporter=InMemorySpanExporter())
+    settings = ServerSettings(model_repository=mlp_repo, http_port=0, grpc_port=0)
+    request = service_pb2.ModelInferRequest(model_name="mlp")
+    tensor = request.inputs.add(name="x", datatype="FP32", shape=[1, 40])
+    request.raw_input_contents.append(np.zeros((1, 40), np.float32).tobytes())
+    with serving(settings, tracing=tracing) as server:
+        status, headers, _ = infer_http(server, {})
+        assert (status, headers.get("x-trace-id")) == (200, None)
+        assert infer_http(server, {"traceparent": TRACEPARENT})[1]["x-trace-id"] == TRACE_ID
+        with grpc.insecure_channel(server.grpc) as channel:
+            stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+            _, call = stub.ModelInfer.with_call(request)
+            assert "x-trace-id" not in dict(call.trailing_metadata())
+            _, call = stub.ModelInfer.with_call(request, metadata=[("traceparent", TRACEPARENT)])
+            assert dict(call.trailing_metadata())["x-trace-id"] == TRACE_ID
+            tensor.shape[:] = [1, 3]  # (invalid: its error names a fresh trace id)
+            with pytest.raises(grpc.RpcError) as refused:
+                stub.ModelInfer(request)
+            assert "(trace " in refused.value.details()
 
 
 def test_the_service_name_of_otel_resource_attributes_is_kept() -> None:

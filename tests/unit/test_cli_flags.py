@@ -224,6 +224,36 @@ def test_settings_that_others_turn_off_are_warned_of(
 
 
 @pytest.mark.parametrize(
+    ("env", "flags", "warned"),
+    [
+        ({"DUETIME_METRICS": "false"}, {"metrics_port": 5},
+         "--metrics-port is ignored: it only takes effect with metrics on (DUETIME_METRICS=false "
+         "turns them off)"),
+        ({"DUETIME_METRICS_PORT": "5"}, {"metrics": False},
+         "DUETIME_METRICS_PORT=5 is ignored: it only takes effect with metrics on (--no-metrics "
+         "turns them off)"),
+        ({"DUETIME_METRICS": "true"}, {"metrics": False, "metrics_port": 5},
+         "--metrics-port is ignored: it only takes effect with metrics on (--no-metrics turns "
+         "them off)"),
+    ],
+)  # fmt: skip
+def test_the_metrics_port_warning_names_what_turned_metrics_off(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch, env: dict[str, str],
+    flags: dict[str, object], warned: str,
+) -> None:  # fmt: skip
+    """Found by a tester: with DUETIME_METRICS=false, the warning said --metrics-port "is given
+    with --no-metrics", a flag never passed."""
+    from duetime.server import Server
+
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    settings = server_settings({"model_repository": Path("repo"), "cpus": "none", **flags})
+    with caplog.at_level(logging.WARNING, logger="duetime.server"):
+        Server(settings)
+    assert [m for m in caplog.messages if "is ignored" in m] == [warned]
+
+
+@pytest.mark.parametrize(
     ("argv", "command"),
     [
         (["serve", "repo"], "serve"),

@@ -55,6 +55,7 @@ from duetime.frontend.protowhere import undecodable_at
 from duetime.frontend.rest import (
     BULK_SHARED_BYTES,
     EXTENSIONS,
+    ClientWithdrew,
     Signatures,
     answer_failed,
     check_control_token,
@@ -77,6 +78,7 @@ from duetime.observability.tracing import (
 )
 from duetime.overload import LoadShedder
 from duetime.repository.manager import check_model_name
+from duetime.repository.registry import parse_version
 from duetime.types import InferRequest, InferResponse
 
 if TYPE_CHECKING:
@@ -279,7 +281,7 @@ def _shaped_bytes(sizes: tuple[OutputSizes, ...], request: Any) -> int | None:
 class AnswerHold:
     """One call's part of an `AnswerBudget`: the bytes it holds until `release`."""
 
-    __slots__ = ("_budget", "_echoed", "_estimate", "_model", "_sizes", "size")
+    __slots__ = ("_budget", "_echoed", "_estimate", "_model", "_sizes", "reads", "size")
 
     def __init__(
         self,
@@ -297,6 +299,8 @@ class AnswerHold:
         self._sizes = sizes
         self._echoed = echoed
         self.size = 0
+        self.reads: sharedmemory.HeldReads | None = None
+        """What its request copied out of shared memory, held until `release` too."""
 
     async def taken(self, within_s: float | None = None, request: Any = None) -> None:
         """Hold the model's estimate, once it fits, if big; DeadlineExceeded where it did not
@@ -355,6 +359,8 @@ class AnswerHold:
         if self.size:
             size, self.size = self.size, 0
             self._budget.give(size)
+        if self.reads is not None:
+            self.reads.release()
 
 
 class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
@@ -371,10 +377,16 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         trace_settings: TraceSettings | None = None,
         shared_memory: SharedMemoryRegions | None = None,
         max_message_bytes: int | None = None,
+        intake: sharedmemory.Room | None = None,
     ) -> None:
+        """`intake`: where the requests' bytes read from shared memory are held within the
+        server's in-flight limits, with HTTP's request bodies (None: they are not counted)."""
         self._engine = engine
         self._max_message_bytes = max_message_bytes
         self._regions = shared_memory or SharedMemoryRegions()
+        self._intake = intake
+        self._read_by_peer: dict[str, int] = {}
+        """Bytes read from shared memory held by each connection's requests (see `_reads`)."""
         self._log_settings = log_settings or LogSettings()
         self._trace_settings = trace_settings or trace_settings_of(tracing)
         self._control_token = control_token
@@ -473,10 +485,19 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         return response
 
     async def ModelStatistics(self, request: Any, context: Any) -> Any:
+        """The statistics of a model's versions (of `version` only), or of every model's.
+
+        NOTE: with no name and a version, only each model's version of that number was given:
+        Triton checks the version string, then gives every model's versions
+        (TRITONSERVER_ServerModelStatistics reads the version only with a name), as
+        `/v2/models/stats` does (found by a tester)."""
         name, version = request.name or None, request.version or None
         try:
             if name is not None:
                 self._engine.registry.resolve(name, version)
+            elif version is not None:
+                parse_version("", version)  # (refused if malformed, as Triton does)
+                version = None
         except DuetimeError as exc:
             _abort(context, exc)
         doc = statistics_json(self._engine.registry.snapshot, name, version)  # no shadow figures
@@ -625,13 +646,13 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
                 await hold.taken(self._within(due), request)
             except DeadlineExceeded as late:
                 raise self._late_for_room(late, request, context, arrived, due, timing) from None
-            submitted = self._submit(request, context, arrived, due, timing, shed=False)
+            submitted = self._submit(request, context, arrived, due, timing, shed=False, hold=hold)
             ticket = submitted.ticket
             response = await self._response(submitted, request.id, hold)
         except DuetimeError as exc:
             error = exc.with_traceback(None)  # this frame would hold its own traceback
         except asyncio.CancelledError:
-            _log_cancelled(context, "grpc", request, ticket)
+            self._withdrawn(context, "grpc", request, ticket, timing)
             if ticket is None and arrived is not None:
                 # NOTE: withdrawn while it waited for room for its answer, it was counted
                 # nowhere, where one withdrawn from the queue counts cancelled (found by a
@@ -691,6 +712,27 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
             error=error, done_ns=self._engine.clock.now_ns(),
         )  # fmt: skip
 
+    def _withdrawn(
+        self, context: Any, protocol: str, request: Any, ticket: Ticket | None,
+        timing: RequestTiming | None,
+    ) -> None:  # fmt: skip
+        """The span and the log line of a call (or a stream's request) its client ended before
+        its answer: gRPC's CANCELLED (499 in the line), with its span's trace id, else the
+        caller's.
+
+        NOTE: it was only logged, with no span, where a withdrawn HTTP request has one (see
+        `RestApi._withdrawn_span`) and every other failed call too (found by a tester)."""
+        if ticket is not None and timing is not None and not timing.finished_ns:
+            timing.finished_ns = self._engine.clock.now_ns()  # (its wait, or its run, ends here)
+        withdrew = ClientWithdrew(
+            "the client cancelled the call before its answer" if protocol == "grpc"
+            else "the stream ended before its answer"
+        )  # fmt: skip
+        trace_id = self._record(request, context, timing, ticket, withdrew, protocol)
+        model = ticket.model if ticket is not None else request.model_name
+        version = ticket.version if ticket is not None else request.model_version
+        log_cancelled(protocol, model, version, trace_id)
+
     async def ModelStreamInfer(
         self, requests: AsyncIterator[Any], context: Any
     ) -> AsyncIterator[Any]:
@@ -719,7 +761,9 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
                 try:
                     answer = self._held_late(submitted)
                     if answer is None:
-                        answer = await self._waited_answer(submitted, request, context, hold)
+                        answer = await self._waited_answer(
+                            submitted, request, context, hold, timing
+                        )
                     ticket = None if isinstance(submitted, DuetimeError) else submitted.ticket
                     if not isinstance(answer, DuetimeError):
                         self._record(request, context, timing, ticket, None, STREAM)
@@ -744,7 +788,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
                 if left is not None:
                     left[3].release()
                     if isinstance(left[1], _Submitted) and left[1].ticket.future.cancel():
-                        _log_cancelled(context, STREAM, left[0], left[1].ticket)
+                        self._withdrawn(context, STREAM, left[0], left[1].ticket, left[2])
 
     async def _read_stream(
         self, requests: AsyncIterator[Any], context: Any, window: _Window, intake: _Intake
@@ -776,12 +820,14 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
                     except asyncio.CancelledError:
                         # NOTE: the stream ended while it waited for room: counted nowhere,
                         # where a ModelInfer call's counts cancelled (found by a tester)
-                        _log_cancelled(context, STREAM, request, None)
+                        self._withdrawn(context, STREAM, request, None, timing)
                         self._engine.cancelled_unqueued(
                             request.model_name, request.model_version or None, arrived
                         )
                         raise
-                    made = self._submit(request, context, arrived, due, timing, protocol=STREAM)
+                    made = self._submit(
+                        request, context, arrived, due, timing, protocol=STREAM, hold=hold
+                    )
                     if made.ticket.stamp is None:  # (its settling time: see `_held_late`)
                         made.ticket.stamp = clock.now_ns
                     submitted: _Submitted | DuetimeError = made
@@ -798,15 +844,17 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
                 except BaseException:  # (the stream ended meanwhile)
                     hold.release()
                     if isinstance(submitted, _Submitted) and submitted.ticket.future.cancel():
-                        _log_cancelled(context, STREAM, request, submitted.ticket)
+                        self._withdrawn(context, STREAM, request, submitted.ticket, timing)
                     raise
         finally:
             await window.put(None)
 
     async def _waited_answer(
-        self, submitted: _Submitted | DuetimeError, request: Any, context: Any, hold: AnswerHold
-    ) -> Any:
-        """`_stream_answer`, the request cancelled and logged if the stream ends meanwhile.
+        self, submitted: _Submitted | DuetimeError, request: Any, context: Any,
+        hold: AnswerHold, timing: RequestTiming | None,
+    ) -> Any:  # fmt: skip
+        """`_stream_answer`, the request cancelled, traced and logged if the stream ends
+        meanwhile.
 
         NOTE: out of the window, it was neither cancelled there nor logged."""
         try:
@@ -815,7 +863,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
             if isinstance(submitted, _Submitted):
                 waited = submitted.ticket
                 if waited.future.cancel() or waited.future.cancelled():
-                    _log_cancelled(context, STREAM, request, waited)
+                    self._withdrawn(context, STREAM, request, waited, timing)
             raise
 
     def _held_late(self, submitted: _Submitted | DuetimeError) -> DeadlineExceeded | None:
@@ -997,9 +1045,11 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         timing: RequestTiming | None = None,
         protocol: str = "grpc",
         shed: bool = True,
+        hold: AnswerHold | None = None,
     ) -> _Submitted:
         """The request, `arrived` and `due` then (`_dated`), handed to the engine; `shed`:
-        offered to the load shedder first (a ModelInfer call was, by `ended`)."""
+        offered to the load shedder first (a ModelInfer call was, by `ended`); `hold`: its
+        answer's, which holds what its inputs read from shared memory too (see `_reads`)."""
         shedder = self._shedder
         if shed and shedder is not None and (shedder.share or shedder.watching):
             model = self._served(request.model_name)  # (weighed as `ended` weighs a call)
@@ -1007,7 +1057,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
             size = sum(map(len, request.raw_input_contents))
             if self._shed(model, request.model_version, size, top):
                 raise shedder.refusal()
-        infer, shared = self._infer_request(request, context, arrived, due, timing, protocol)
+        infer, shared = self._infer_request(request, context, arrived, due, timing, protocol, hold)
         return _Submitted(self._engine.submit(infer), shared, infer)
 
     def _infer_request(
@@ -1018,6 +1068,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         due: int | None,
         timing: RequestTiming | None,
         protocol: str,
+        hold: AnswerHold | None = None,
     ) -> tuple[InferRequest, dict[str, sharedmemory.Window] | None]:
         """`request` decoded for the engine, and the outputs it wants in shared memory."""
         parameters = _parameters(request.parameters)
@@ -1031,9 +1082,11 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
                 for name, window in requested.shared.items()
             }
             requested = requested._replace(shared=held)
+        with self._regions.charged(self._reads(context, hold)):
+            inputs = decode_inputs(request, self._regions, expected)
         infer = InferRequest(
             model=request.model_name,
-            inputs=decode_inputs(request, self._regions, expected),
+            inputs=inputs,
             version=request.model_version or None,
             outputs=requested.names,
             classes=requested.classes,
@@ -1049,6 +1102,26 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         if timing is not None:
             timing.decoded_ns = self._engine.clock.now_ns()
         return infer, requested.shared
+
+    def _reads(self, context: Any, hold: AnswerHold | None) -> sharedmemory.Reads | None:
+        """What the bytes a request's inputs read from shared memory are charged to: held in
+        the server's `intake` with HTTP's request bodies, and with those of the requests of
+        its connection (its peer), until its answer is sent (`hold`'s release). None: not
+        counted (no intake; no hold: a request decoded only to be refused).
+
+        NOTE: uncounted, each call held its copy against no limit while it waited: over HTTP,
+        20 requests each naming a 60 MiB input grew the server by 1 GiB under a 64 MiB limit
+        (found by a tester), and calls on one channel were bounded by nothing at all."""
+        intake = self._intake
+        if intake is None or hold is None:
+            return None
+
+        def take(size: int, where: str) -> None:
+            if hold.reads is None:  # (the peer is looked up only for a request that reads)
+                hold.reads = sharedmemory.HeldReads(intake, self._read_by_peer, context.peer())
+            hold.reads.take(size, where)
+
+        return take
 
     def _late_for_room(
         self,
@@ -1316,7 +1389,7 @@ def requested_outputs(request: Any, expected: codec.Expected | None = None) -> R
             if classification.PARAMETER in parameters:
                 value = parameters[classification.PARAMETER]
                 count = classification.class_count(value, name)
-            window = sharedmemory.window_of(parameters, f"output '{name}'")
+            window = sharedmemory.output_window_of(parameters, name)
         if name in seen:
             first = _output_settings(classes.get(name), shared.get(name))
             check_output_again(name, _output_settings(count, window), first)
@@ -1340,7 +1413,7 @@ def _output_settings(
 
 def _window(parameters: Mapping[str, Any], where: str) -> sharedmemory.Window | None:
     """The shared-memory window an input's gRPC parameters name (None: none)."""
-    if sharedmemory.REGION not in parameters:
+    if not parameters:  # (one with a byte size or an offset but no region is refused)
         return None
     return sharedmemory.window_of(_parameters(parameters), where)
 
@@ -1492,14 +1565,6 @@ class _Intake:
         self.stopped = True
         if self.reading and self.task is not None:
             self.task.cancel()
-
-
-def _log_cancelled(context: Any, protocol: str, request: Any, ticket: Ticket | None) -> None:
-    """The log line of a call (or a stream's request) ended before its answer."""
-    parent = parse_traceparent(_Metadata(context).get("traceparent"))
-    model = ticket.model if ticket is not None else request.model_name
-    version = ticket.version if ticket is not None else request.model_version
-    log_cancelled(protocol, model, version, parent.trace_id_hex if parent is not None else None)
 
 
 def _trace_id(context: Any) -> str:

@@ -170,14 +170,15 @@ class HttpError(DuetimeError):
 
 
 class ClientWithdrew(DuetimeError):
-    """A request its client withdrew (closed its connection) before its answer: the status of
-    its span and of its log line (nginx's 499; no reply is sent)."""
+    """A request its client withdrew (closed its connection, cancelled its gRPC call or
+    stream) before its answer: the status of its span and of its log line (nginx's 499, gRPC's
+    CANCELLED; no reply is sent)."""
 
     http_status = CANCELLED_STATUS
     grpc_code = "CANCELLED"
 
-    def __init__(self) -> None:
-        super().__init__("the client closed its connection before the answer")
+    def __init__(self, message: str = "the client closed its connection before the answer") -> None:
+        super().__init__(message)
 
 
 class Pending(Protocol):
@@ -2052,7 +2053,7 @@ def _outputs(
         count = None
         if classification.PARAMETER in params:
             count = classification.class_count(params[classification.PARAMETER], name)
-        window = sharedmemory.window_of(params, f"output '{name}'")
+        window = sharedmemory.output_window_of(params, name, binary_data=True)
         if window is not None:
             window = _shared(regions, f"output '{name}'").check(window, f"output '{name}'")
         flag = params.get("binary_data", default)

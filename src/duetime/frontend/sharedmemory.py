@@ -14,7 +14,9 @@ against what its datatype and shape need (where the decoder passes them to `read
 is read, and no input reads more than `max_read_bytes` (the server's: the larger of its HTTP body
 and gRPC message limits; the copy is made on the event loop, while the request is decoded). Errors
 begin with Triton's words for them and have its status codes (see `SharedMemoryRegions.register`
-for where they differ).
+for where they differ). The bytes an input copies out are held against the server's in-flight
+limits, as a request body's are, until its request ends: its front end charges them (see
+`SharedMemoryRegions.charged`) and refuses a request whose bytes do not fit (`check_room`).
 
 Regions are objects in `/dev/shm/<key>` (Linux); a key names an object there, never a path
 elsewhere. They are read and written with `pread`/`pwrite`, not through a memory map: a client
@@ -35,13 +37,13 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field, replace
 from errno import ELOOP
 from pathlib import Path
 from stat import S_ISREG
-from typing import Any
+from typing import Any, Protocol, TypeAlias
 
 from duetime.datatypes import WIRE_DTYPE_OF
 from duetime.errors import DuetimeError, InvalidInput, PayloadTooLarge
@@ -89,6 +91,19 @@ class TooManyRegions(InvalidInput):
     grpc_code = "RESOURCE_EXHAUSTED"
 
 
+class NoRoomToRead(DuetimeError):
+    """An input's bytes in shared memory do not fit the server's in-flight limits beside what
+    other requests hold now: 429 / RESOURCE_EXHAUSTED, with a Retry-After (see `check_room`)."""
+
+    http_status = 429
+    grpc_code = "RESOURCE_EXHAUSTED"
+
+
+Reads: TypeAlias = Callable[[int, str], None]
+"""What an input's bytes copied out of shared memory are charged to: called with their count
+and the input (`where`) before they are read; raises NoRoomToRead where they do not fit."""
+
+
 @dataclass(frozen=True, slots=True)
 class _Region:
     name: str
@@ -117,6 +132,9 @@ class Window:
     which an output is written to whatever happens to the name meanwhile."""
 
 
+_UNCHARGED = nullcontext()
+
+
 class SharedMemoryRegions:
     """The registered regions of one server (owned by the event loop; `write` may run on a
     thread that builds a big answer: each access opens a descriptor of its own)."""
@@ -131,6 +149,8 @@ class SharedMemoryRegions:
         self._max_read_bytes = max_read_bytes
         self._max_regions = max_regions
         self._regions: dict[str, _Region] = {}
+        self._reads: Reads | None = None
+        """What the inputs read now are charged to (see `charged`; None: nothing)."""
 
     def register(self, name: str, key: Any, offset: Any, byte_size: Any) -> None:
         """Register `byte_size` bytes at `offset` of the object `key` as region `name` (the
@@ -208,6 +228,8 @@ class SharedMemoryRegions:
                 "larger of --max-body-bytes and --max-grpc-message-bytes); give the size of the "
                 "tensor itself, not of the whole region"
             )
+        if self._reads is not None:
+            self._reads(size, where)
         # NOTE: numpy's, at a multiple of codec.ALIGNMENT, so that the input is decoded without
         # another copy (a bytearray's data lies at a multiple of 16; see codec.ALIGNMENT)
         buffer = codec.aligned_empty(size).data
@@ -254,6 +276,27 @@ class SharedMemoryRegions:
         which may be another client's."""
         region, _ = self._bounds(window, where)
         return replace(window, held=region)
+
+    def charged(self, reads: Reads | None) -> AbstractContextManager[None]:
+        """Charge the bytes the inputs read meanwhile to `reads` (None: to nothing): the front
+        end's, around the decoding of one request, which holds them until the request ends.
+
+        NOTE: uncharged, what requests copied out was held against no limit: 20 concurrent
+        requests of 300-byte bodies, each naming a 60 MiB input, grew the server by 1 GiB
+        under --max-inflight-bytes 64 MiB (found by a tester). Set for the call rather than
+        passed down the decoders: a request is decoded whole within one call on the event
+        loop (as `ReadTurn` marks the read that brought it); while no region is registered,
+        nothing can be read, and the common request pays no more than a `with` (a charge costs
+        1-2 µs)."""
+        return self._charging(reads) if self._regions else _UNCHARGED
+
+    @contextmanager
+    def _charging(self, reads: Reads | None) -> Iterator[None]:
+        before, self._reads = self._reads, reads
+        try:
+            yield
+        finally:
+            self._reads = before
 
     def close(self) -> None:
         self.unregister(None)
@@ -345,8 +388,19 @@ class SharedMemoryRegions:
 
 
 def window_of(parameters: Mapping[str, Any], where: str) -> Window | None:
-    """The shared-memory window a tensor's parameters (plain values) name; None: none."""
+    """The shared-memory window a tensor's parameters (plain values) name; None: none.
+
+    NOTE: a byte size or offset without a region was ignored: a client that misspelt the
+    region's key got its output inline, a 200, and read stale bytes from its region (found by
+    a tester). Refused in the words of Triton's gRPC front end (its shared-memory extension
+    calls it an error; its HTTP front end ignores it too)."""
     if REGION not in parameters:
+        for key in (OFFSET, BYTE_SIZE):
+            if key in parameters:
+                raise InvalidInput(
+                    f"'{key}' can not be specified without '{REGION}' parameter for {where} "
+                    f"(its parameters name no region: is '{REGION}' misspelt?)"
+                )
         return None
     region = parameters[REGION]
     size = parameters.get(BYTE_SIZE)
@@ -358,6 +412,98 @@ def window_of(parameters: Mapping[str, Any], where: str) -> Window | None:
     _check_count(size, BYTE_SIZE, where)
     _check_count(offset, OFFSET, where)
     return Window(region, size, offset)
+
+
+def output_window_of(
+    parameters: Mapping[str, Any], name: str, binary_data: bool = False
+) -> Window | None:
+    """The shared-memory window output `name`'s parameters name (`window_of`); InvalidInput,
+    in Triton's words, where they also ask for its top classes (`classification`) or, over
+    HTTP (`binary_data`: the front end has that parameter), for it as binary data.
+
+    NOTE: both were taken (a 200, as found by a tester): the classes' texts were written into
+    the region, and a window sized for the output's values was refused as too small for them;
+    `binary_data` was dropped. Triton refuses both (its HTTP front end the two, its gRPC one
+    `classification`: gRPC has no `binary_data`)."""
+    where = f"output '{name}'"
+    window = window_of(parameters, where)
+    if window is None:
+        return None
+    conflict = "classification" if "classification" in parameters else None
+    if binary_data and parameters.get("binary_data") is True:
+        conflict = conflict or "binary_data"
+    if conflict is not None:
+        raise InvalidInput(
+            f"Output can't set both '{REGION}' and '{conflict}' ({where}: an output written "
+            f"into shared memory is written as its values; ask for '{conflict}' without "
+            f"'{REGION}')"
+        )
+    return window
+
+
+def check_room(size: int, where: str, held: int, own: int, limit: int, setting: str) -> None:
+    """NoRoomToRead unless `size` more bytes copied out of shared memory for `where` (an input)
+    fit within `limit` (server setting `setting`: `INFLIGHT` or `CONNECTION_INFLIGHT`) beside
+    the `held` bytes held now, `own` of them by the same request. As a request body, one
+    request always fits where it holds all that is held."""
+    others = held - own
+    if others > 0 and held + size > limit:
+        whose = "of its connection" if setting == CONNECTION_INFLIGHT else "of all connections"
+        raise NoRoomToRead(
+            f"{where}: its {size} bytes in shared memory do not fit beside the {others} bytes "
+            f"other requests {whose} hold, within the {limit} bytes the server holds at once "
+            f"(server setting {setting}, --{setting.replace('_', '-')}); retry once they are "
+            "answered, or send smaller tensors",
+            retry_after_s=1.0,
+        )
+
+
+INFLIGHT = "max_inflight_bytes"
+CONNECTION_INFLIGHT = "max_connection_inflight_bytes"
+"""The settings bounding the bytes requests hold (bodies, and what they read from shared
+memory): of all connections, and of one."""
+
+
+class Room(Protocol):
+    """Where the server holds its requests' bytes within `max_bytes` (the HTTP front end's
+    Intake: its big bodies, and what HTTP and gRPC requests read from shared memory)."""
+
+    reserved: int
+    max_bytes: int
+    max_connection_bytes: int
+
+    def release(self, size: int) -> None: ...
+
+
+class HeldReads:
+    """What one request read from shared memory (`take`, its `Reads`), held in `room` with
+    the bytes of every request, and in `by_connection[connection]` with those of its
+    connection's requests, until `release` (its request is over)."""
+
+    __slots__ = ("_by_connection", "_connection", "_room", "size")
+
+    def __init__(self, room: Room, by_connection: dict[str, int], connection: str) -> None:
+        self._room = room
+        self._by_connection = by_connection
+        self._connection = connection
+        self.size = 0
+
+    def take(self, size: int, where: str) -> None:
+        room, mine = self._room, self._by_connection.get(self._connection, 0)
+        check_room(size, where, room.reserved, self.size, room.max_bytes, INFLIGHT)
+        check_room(size, where, mine, self.size, room.max_connection_bytes, CONNECTION_INFLIGHT)
+        room.reserved += size
+        self._by_connection[self._connection] = mine + size
+        self.size += size
+
+    def release(self) -> None:
+        size, self.size = self.size, 0
+        if not size:
+            return
+        left = self._by_connection.pop(self._connection) - size
+        if left:
+            self._by_connection[self._connection] = left
+        self._room.release(size)
 
 
 def _open(path: Path, flags: int) -> int:
