@@ -1,7 +1,8 @@
 """A stand-in HTTP server for the tools' tests: v2 metadata of model `m` (x: FP32 [-1, 4]), its
 Triton-style config (unless `has_config` is False, as MLServer) and an infer answer chosen per
 test (a v2 answer, or something that is not one). `dies_at_first_post`: it answers its first
-POSTs, each on a connection it then closes, and stops listening (a server dying mid-run)."""
+POSTs, each on a connection it then closes, and stops listening (a server dying mid-run).
+`metadata` and `config`: other bodies for those two (malformed ones)."""
 
 from __future__ import annotations
 
@@ -43,6 +44,8 @@ def fake_v2_server(
     *,
     has_config: bool = True,
     dies_at_first_post: bool = False,
+    metadata: bytes | None = None,
+    config: bytes | None = None,
 ) -> Iterator[FakeV2]:
     fake = FakeV2(answer, content_type)
 
@@ -65,11 +68,11 @@ def fake_v2_server(
         def do_GET(self) -> None:
             if self.path.endswith("/config"):
                 if has_config:
-                    self._send(200, b'{"max_batch_size": 8}')
+                    self._send(200, b'{"max_batch_size": 8}' if config is None else config)
                 else:
                     self._send(404, b'{"error": "not found"}')
             elif self.path.startswith("/v2/models/"):
-                self._send(200, json.dumps(METADATA).encode())
+                self._send(200, json.dumps(METADATA).encode() if metadata is None else metadata)
             else:
                 self._send(404, b"{}")
 

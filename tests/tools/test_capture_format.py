@@ -562,6 +562,11 @@ def test_jsonl_converts(tmp_path: Path) -> None:
         ('{"t_ms": 1, "model": "m", "colour": 1}', r"unknown field\(s\) colour"),
         ('{"t_ms": 1, "model": "m", "version": "v2", "inputs": {"x": {"datatype": "INT8", '
          '"shape": [1], "data": [1]}}}', r"field 'version' must be a version number"),
+        ('{"t_ms": 1, "model": "m", "protocol": "gprc", "inputs": {"x": {"datatype": "INT8", '
+         '"shape": [1], "data": [1]}}}', r"in.jsonl:2: field 'protocol' must be one of http, "
+         r"grpc, grpc-stream, engine, got 'gprc'"),
+        ('{"t_ms": 1, "model": "m", "protocol": "ftp", "inputs": {"x": {"datatype": "INT8", '
+         '"shape": [1], "data": [1]}}}', r"in.jsonl:2: field 'protocol' must be one of"),
     ],
 )  # fmt: skip
 def test_jsonl_errors_name_line_and_field(tmp_path: Path, line: str, message: str) -> None:
@@ -571,6 +576,14 @@ def test_jsonl_errors_name_line_and_field(tmp_path: Path, line: str, message: st
     with pytest.raises(JsonlError, match=message):
         convert(source, target)
     assert not target.exists()  # no half-converted capture is left
+
+
+@pytest.mark.parametrize("protocol", fmt.PROTOCOLS)
+def test_jsonl_takes_each_protocol_the_format_has(tmp_path: Path, protocol: str) -> None:
+    source = tmp_path / "in.jsonl"
+    source.write_text(GOOD.splitlines()[0].replace('"t_ms"', f'"protocol": "{protocol}", "t_ms"'))
+    assert convert(source, tmp_path / "out.cap") == 1
+    assert [r.protocol for r in read_capture(tmp_path / "out.cap")] == [protocol]
 
 
 # -- duetime capture -----------------------------------------------------------------------------
@@ -593,6 +606,20 @@ def test_cli_convert_and_show(
     assert "requests: 2 over 0.013 s" in out
     assert "models: mlp@1 1, m 1" in out
     assert out.count(" -> 0 ") == 1  # one record listed
+
+
+def test_cli_show_refuses_a_negative_head(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--head -1` listed nothing and said nothing (found by a tester)."""
+    source = tmp_path / "in.jsonl"
+    source.write_text(GOOD)
+    assert main(["capture", "convert", str(source), str(tmp_path / "out.cap")]) == 0
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_:
+        main(["capture", "show", str(tmp_path / "out.cap"), "--head", "-1"])
+    assert exit_.value.code == 2
+    assert "argument --head: expected a whole number >= 0, got '-1'" in capsys.readouterr().err
 
 
 def test_cli_show_reports_truncation(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

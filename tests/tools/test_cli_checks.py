@@ -344,6 +344,43 @@ def test_a_v2_server_without_model_config_is_benched_from_its_metadata(
     assert "error:" not in out
 
 
+@pytest.mark.parametrize(
+    ("metadata", "config", "says"),
+    [(b'{"name": "m", "inputs": [{"name": "x"}]}', None, "m: inputs[0] 'x' has no 'datatype'"),
+     (b'{"name": "m", "inputs": [{"name": "x", "datatype": "FP99", "shape": [-1, 4]}]}', None,
+      "m: inputs[0] 'x': 'datatype' 'FP99' is not a v2 datatype (BOOL, INT8"),
+     (b"[1, 2]", None, "m: expected a JSON object, got a JSON array"),
+     (b'{"inputs": {"x": 1}}', None, "m: 'inputs' is a JSON object, not a list of tensors"),
+     (b'{"inputs": [{"name": "x", "datatype": "FP32", "shape": ["4"]}]}', None,
+      "m: inputs[0] 'x' 'shape' ['4'] is not a list of dims"),
+     (b'{"inputs": [{"name": "x", "datatype": "FP32"}]}', None, "m: inputs[0] 'x' has no 'shape'"),
+     (b'{"inputs": [7]}', None, "m: inputs[0] is 7, not a tensor object"),
+     (None, b"[]", "m/config: expected a JSON object, got a JSON array"),
+     (None, b'{"max_batch_size": "8"}', "m/config: 'max_batch_size' '8' is not a whole number"),
+     (None, b'{"input": [1]}', "m/config: 'input' is a JSON array, not a list of input objects")],
+)  # fmt: skip
+def test_malformed_model_metadata_is_a_one_line_bench_error(
+    metadata: bytes | None, config: bytes | None, says: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Such metadata ended in a traceback: KeyError, or AttributeError of a JSON array (found by
+    a tester)."""
+    with fake_v2_server(metadata=metadata, config=config) as fake:
+        argv = ["bench", "--http", fake.address, "--model", "m", "--duration", "0.2",
+                "--warmup", "0", "-q"]  # fmt: skip
+        assert cli_main(argv) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"duetime bench: GET http://{fake.address}/v2/models/{says}"), err
+    assert len(err.splitlines()) == 1
+
+
+def test_grpc_model_metadata_of_an_unknown_datatype_is_a_bench_error() -> None:
+    doc = {"inputs": [{"name": "x", "datatype": "FP99", "shape": [-1, 4]}], "outputs": []}
+    with pytest.raises(transports.BadMetadata, match="inputs\\[0\\] 'x': 'datatype' 'FP99'"):
+        transports.signature_from_metadata(doc, 8)
+    odd_output = {"outputs": [{"name": "y", "datatype": "FP99", "shape": [-1]}]}
+    assert transports.signature_from_metadata(odd_output, 8).outputs[0].datatype == "FP99"
+
+
 def test_grpc_without_the_model_config_rpc_falls_back_to_the_metadata() -> None:
     class Stub:
         async def ModelConfig(self, request: Any) -> Any:

@@ -32,7 +32,15 @@ from duetime.loops import new_event_loop
 from duetime.tools import transports
 from duetime.tools.arrivals import arrival_offsets_ns, choose_classes, due_classes
 from duetime.tools.config import BenchConfig
-from duetime.tools.drivers import GROUP_NS, MAX_BACKOFF_S, ClosedLoop, Dispatch, Ledger, OpenLoop
+from duetime.tools.drivers import (
+    GROUP_NS,
+    MAX_BACKOFF_S,
+    ClosedLoop,
+    Dispatch,
+    Ledger,
+    OpenLoop,
+    call_at,
+)
 from duetime.tools.http_client import NO_CONNECTION, NO_STATUS, HttpPool
 from duetime.tools.loadgen import (
     BenchResult,
@@ -1030,6 +1038,42 @@ def test_cli_bench_with_metrics_says_what_the_server_counted_late(
     assert sum(int(size) * n for size, n in doc["batch_sizes"]["mlp"].items()) >= 60
 
 
+@pytest.mark.parametrize("processes", [1, 2])
+def test_cli_bench_metrics_count_the_measured_window_not_the_warmup(
+    server: RunningServer, tmp_path: Path, processes: int
+) -> None:
+    """The server's counters were read before the warm-up: with as long a warm-up as run,
+    batch_sizes held twice the rows of the requests measured (found by a tester)."""
+    out = tmp_path / "bench.json"
+    metrics = f"http://127.0.0.1:{server.addresses.metrics_port}/metrics"
+    argv = ["bench", "--http", server.http, "--model", "mlp", "--rate", "200", "--arrival",
+            "constant", "--warmup", "0.5", "--duration", "0.5", "--processes", str(processes),
+            "-q", "--metrics", metrics, "--json", str(out)]  # fmt: skip
+    assert cli_main(argv) == 0
+    doc = json.loads(out.read_text())
+    rows = sum(int(size) * n for size, n in doc["batch_sizes"]["mlp"].items())
+    # (give or take the requests in flight as the window starts: the 100 of the warm-up are not)
+    assert doc["sent"] == 100
+    assert abs(rows - doc["sent"]) <= 10, doc["batch_sizes"]
+
+
+def test_at_start_is_called_at_the_windows_start_and_not_once_stopped() -> None:
+    async def scenario() -> tuple[list[int], list[int]]:
+        clock = time.perf_counter_ns
+        called: list[int] = []
+        instant = clock() + 20 * MS
+        await call_at(instant, clock, lambda: called.append(clock()))
+        stop = asyncio.Event()
+        stop.set()  # (Ctrl-C during the warm-up)
+        stopped: list[int] = []
+        await call_at(clock() + 20 * MS, clock, lambda: stopped.append(clock()), stop)
+        assert called[0] >= instant
+        return called, stopped
+
+    called, stopped = run_async(scenario())
+    assert (len(called), stopped) == (1, [])
+
+
 def test_cli_reports_bad_flags_and_unknown_models(
     server: RunningServer, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -1039,6 +1083,10 @@ def test_cli_reports_bad_flags_and_unknown_models(
     argv = ["bench", "--grpc", server.grpc, "--protocol", "http-json", "--model", "mlp"]
     assert cli_main(argv) == 2
     assert "--protocol applies to --http only" in capsys.readouterr().err
+    # (an open loop's --concurrency was silently ignored; found by a tester)
+    argv = ["bench", "--http", server.http, "--model", "mlp", "--concurrency", "4"]
+    assert cli_main(argv) == 2
+    assert "--concurrency applies to --mode closed only" in capsys.readouterr().err
     assert cli_main(["bench", "--http", server.http, "--model", "nope", "--duration", "1"]) == 1
     assert "Request for unknown model: 'nope' is not found" in capsys.readouterr().err
 

@@ -9,15 +9,20 @@ figure of timing is asserted, only what a kept schedule implies whatever the loa
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import contextlib
 import json
 import math
 import socket
+import socketserver
+import threading
 import time
 import tracemalloc
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import grpc
 import numpy as np
 import pytest
 from conftest import RunningServer, start_server, stop_server
@@ -37,6 +42,7 @@ from duetime.tools.replay import (
     replay_async,
     run_replay,
 )
+from duetime.tools.replay_results import answered_none
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -462,6 +468,75 @@ def test_bad_flags_and_an_unreachable_target(
     assert "contradicts" in capsys.readouterr().err
     assert cli_main(["replay", capture, "--target", "127.0.0.1:1", "-q"]) == 1
     assert "cannot connect" in capsys.readouterr().err
+
+
+def test_an_http_target_at_a_grpc_port_is_refused_before_sending(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """It sent the whole capture, every request failing ("malformed HTTP response"), and exited
+    0 (found by a tester)."""
+    capture = str(write(tmp_path / "in.cap", traffic(3)))
+    server = grpc.server(concurrent.futures.ThreadPoolExecutor(1))
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        assert cli_main(["replay", capture, "--target", f"http://127.0.0.1:{port}", "-q"]) == 1
+    finally:
+        server.stop(0)
+    captured = capsys.readouterr()
+    err = captured.err.strip()
+    assert f"--target http://127.0.0.1:{port}: not an HTTP/1.1 server (is it the gRPC port?)" in err
+    assert err.isprintable()
+    assert len(err.splitlines()) == 1
+    assert "sent" not in captured.out  # (stopped before sending)
+
+
+@contextlib.contextmanager
+def http_to_get_only() -> Iterator[str]:
+    """HOST:PORT of a target that answers a GET in HTTP/1.1, anything else in bytes that are
+    not HTTP (then hangs up)."""
+
+    class Handler(socketserver.StreamRequestHandler):
+        def handle(self) -> None:
+            if self.rfile.readline().startswith(b"GET "):
+                self.wfile.write(b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n")
+            else:
+                self.wfile.write(b"SSH-2.0-not-http\r\n")
+
+    with socketserver.ThreadingTCPServer(("127.0.0.1", 0), Handler) as server:
+        server.daemon_threads = True
+        thread = threading.Thread(target=server.serve_forever, name="get-only", daemon=True)
+        thread.start()
+        try:
+            host, port = server.server_address[:2]
+            yield f"{host}:{port}"
+        finally:
+            server.shutdown()
+            thread.join(timeout=10)
+
+
+def test_a_replay_the_target_answered_none_of_exits_1(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Every request failing without an answer once read as a replay that went through (exit
+    0; found by a tester)."""
+    capture = str(write(tmp_path / "in.cap", traffic(3)))
+    out = tmp_path / "out.json"
+    with http_to_get_only() as target:  # (its GET answer passes the check of the target)
+        argv = ["replay", capture, "--target", target, "-q", "--drain", "5", "--json", str(out)]
+        assert cli_main(argv) == 1
+    printed = capsys.readouterr().out
+    assert "warning: the target answered none of the 3 requests it was sent" in printed
+    doc = json.loads(out.read_text())
+    assert (doc["sent"], doc["ok"], doc["errors"], doc["statuses"]) == (3, 0, 3, {"0": 3})
+
+
+@pytest.mark.parametrize(
+    ("statuses", "none"),
+    [({"0": 3}, True), ({"0": 2, "503": 1}, False), ({"200": 3}, False), ({}, False)],
+)  # fmt: skip
+def test_answered_none_means_no_request_had_a_status(statuses: dict[str, int], none: bool) -> None:
+    assert answered_none({"statuses": statuses}) is none
 
 
 # -- bench --record: a bench run's traffic, replayed ---------------------------------------------

@@ -449,6 +449,16 @@ async def growth_over(
     return read() - before
 
 
+async def call_at(
+    instant: int, clock: Clock, act: Callable[[], object], stop: asyncio.Event | None = None
+) -> None:
+    """Call `act` in a thread of its own at `instant` (the loop goes on sending meanwhile); not
+    at all if `stop` is set (Ctrl-C) before."""
+    await _sleep_until(instant, clock, stop)
+    if stop is None or not stop.is_set():
+        await asyncio.to_thread(act)
+
+
 async def _sleep_until(instant: int, clock: Clock, stop: asyncio.Event | None) -> None:
     delay = max(0.0, (instant - clock()) / 1e9)
     if stop is None:

@@ -47,6 +47,7 @@ from duetime.tools.drivers import (
     Ledger,
     OpenLoop,
     Sender,
+    call_at,
     cpu_over,
     growth_over,
     paced_switching,
@@ -70,7 +71,14 @@ from duetime.tools.payloads import (
 )
 from duetime.tools.progress import Progress
 from duetime.tools.report import EXIT_UNSENT, BenchResult, Records, merge_records, result_of
-from duetime.tools.server_metrics import batch_sizes_json, counted_between, late_line, scrape
+from duetime.tools.server_metrics import (
+    batch_sizes_json,
+    counted_between,
+    counts_of,
+    fetch,
+    late_line,
+    scrape,
+)
 from duetime.tools.transports import (
     BenchError,
     EngineTransport,
@@ -91,14 +99,21 @@ _SETUP_TIMEOUT_S = 120.0
 
 
 def run_bench(
-    config: BenchConfig, *, record: Path | None = None, progress: bool = False
+    config: BenchConfig,
+    *,
+    record: Path | None = None,
+    progress: bool = False,
+    at_start: Callable[[], object] | None = None,
 ) -> BenchResult:
     """Run on a fresh event loop (uvloop); never call it from a running loop. Blocks till done.
 
     With `processes` > 1, that many generator processes (spawned, not forked) share the rate
     and the clients, start together, and their records are merged into one result.
     `record`: write a capture of every request sent there (`duetime replay` sends it again);
-    `progress`: a live line on stderr (one process only).
+    `progress`: a live line on stderr (one process only); `at_start`: called once, in a thread
+    of this process, as the measured window starts (after the warm-up; not if the run stops
+    before): `--metrics` reads the server's counters then. It runs while requests go out, so
+    it should only wait (on I/O), not compute.
     Raises ConfigError for a bad setting and BenchError when the target cannot be used.
     Ctrl-C while sending ends the run early: the result covers what was measured till then and
     says it was interrupted; Ctrl-C before sending starts raises KeyboardInterrupt.
@@ -106,11 +121,13 @@ def run_bench(
     if config.processes > 1:
         if record is not None:
             raise ConfigError("--record needs --processes 1 (one process writes the capture)")
-        return _run_processes(config)
+        return _run_processes(config, at_start)
     loop = new_event_loop()
     interrupt = Interrupt()
     try:
-        run = run_bench_async(config, record=record, progress=progress, interrupt=interrupt)
+        run = run_bench_async(
+            config, record=record, progress=progress, interrupt=interrupt, at_start=at_start
+        )
         return interrupt.run(loop, run)
     finally:
         _close(loop)
@@ -129,16 +146,19 @@ async def run_bench_async(
     record: Path | None = None,
     progress: bool = False,
     interrupt: Interrupt | None = None,
+    at_start: Callable[[], object] | None = None,
 ) -> BenchResult:
     """Run on the running loop. `engine`: an engine to drive (protocol "engine"), left open;
-    `record` and `progress` as for `run_bench`; `interrupt.fire()` stops sending early."""
+    `record`, `progress` and `at_start` as for `run_bench`; `interrupt.fire()` stops sending
+    early."""
     if config.processes > 1:
         raise ConfigError(
             "--processes > 1 needs run_bench (it spawns processes), not run_bench_async"
         )
     records = await collect_records(
-        config, engine=engine, record=record, progress=progress, interrupt=interrupt
-    )
+        config, engine=engine, record=record, progress=progress, interrupt=interrupt,
+        at_start=at_start,
+    )  # fmt: skip
     return result_of(config, records)
 
 
@@ -151,6 +171,7 @@ async def collect_records(
     progress: bool = False,
     interrupt: Interrupt | None = None,
     phase_ns: int = 0,
+    at_start: Callable[[], object] | None = None,
 ) -> Records:
     """Connect, read the model's signature, build payloads, then (after `before_start`) run;
     then write the capture of what was sent to `record`, if given.
@@ -158,6 +179,7 @@ async def collect_records(
     `before_start` may return the instant (`time.perf_counter_ns`) to start sending at, shared
     by generator processes; otherwise sending starts shortly after it. `phase_ns` delays the
     whole open-loop schedule (one process's share of a constant rate), within the same window.
+    `at_start` as for `run_bench`.
     """
     ledger = Ledger(timeouts_ns=[due.timeout_ns for due in config.classes])
     transport = _transport(config, ledger, engine)
@@ -184,7 +206,7 @@ async def collect_records(
         interrupt = interrupt or Interrupt()  # never fired: the run goes to its end
         records = await _drive(
             config, ledger, transport, payloads, interrupt, progress=progress,
-            start_ns=start_ns, phase_ns=phase_ns,
+            start_ns=start_ns, phase_ns=phase_ns, at_start=at_start,
         )  # fmt: skip
         if record is not None:
             try:
@@ -254,8 +276,10 @@ async def _drive(
     progress: bool = False,
     start_ns: int | None = None,
     phase_ns: int = 0,
+    at_start: Callable[[], object] | None = None,
 ) -> Records:
-    """Send, then wait for the answers; Ctrl-C (`interrupt`) ends the measured window early."""
+    """Send, then wait for the answers; Ctrl-C (`interrupt`) ends the measured window early;
+    `at_start` is called as the measured window starts (see `run_bench`)."""
     rng = np.random.default_rng([config.seed, 1])
     sender = _sender(config, Dispatch(ledger, transport, payloads), rng, phase_ns)
     start = ledger.clock() + _LEAD_NS if start_ns is None else start_ns
@@ -266,6 +290,9 @@ async def _drive(
     read_late = asyncio.create_task(
         growth_over(window, ledger.clock, lambda: transport.read_late, stop)
     )
+    started = None if at_start is None else asyncio.create_task(
+        call_at(window[0], ledger.clock, at_start, stop)
+    )  # fmt: skip
     line = Progress("duetime bench", ledger.snapshot)
     if progress:
         line.start(config.total_s)
@@ -280,11 +307,15 @@ async def _drive(
         waited_measured = await waited  # sends of the measured window, as `records` counts them
         read_late_measured = await read_late
         await interrupt.drain(ledger.drained(interrupt.drain_s(config.drain_s)))
+        if started is not None:
+            await started  # (what it read comes before what the caller reads after the run)
     finally:
         line.stop()
         cpu.cancel()
         waited.cancel()
         read_late.cancel()
+        if started is not None:
+            started.cancel()
         sender.stop()
     return ledger.records(
         window, cpu_s, waited_measured, interrupted=interrupt.fired, read_late=read_late_measured
@@ -337,16 +368,39 @@ def phase_of(config: BenchConfig, index: int) -> int:
     return round(index * 1e9 / config.rate)
 
 
-def _set_start(start_at: Any) -> None:
+def _set_start(start_at: Any, started: Any) -> None:
     """The generator processes' barrier action (run by the last one ready): the instant they
-    all start sending."""
+    all start sending, and `started` set once it is there."""
     start_at.value = time.perf_counter_ns() + _LEAD_NS
+    started.set()
 
 
-def _run_processes(config: BenchConfig) -> BenchResult:
+def _call_at_start(
+    warmup_s: float, start_at: Any, started: Any, over: threading.Event,
+    interrupted: list[int], act: Callable[[], object],
+) -> None:  # fmt: skip
+    """`run_bench`'s `at_start` for generator processes, from a thread of the parent: waits for
+    them to set their start (`_set_start`), then for the end of their warm-up (the clock is the
+    machine's: `time.perf_counter_ns` is CLOCK_MONOTONIC), and calls `act`; not if the run is
+    `over` or `interrupted` first, nor if they never started (`started` set by the parent)."""
+    started.wait()
+    if not start_at.value:
+        return
+    delay_ns = start_at.value + round(warmup_s * 1e9) - time.perf_counter_ns()
+    if over.wait(max(0, delay_ns) / 1e9) or interrupted:
+        return
+    act()
+
+
+def _run_processes(
+    config: BenchConfig, at_start: Callable[[], object] | None = None
+) -> BenchResult:
     context = multiprocessing.get_context("spawn")  # fork is unsafe once grpc has threads
     start_at = context.Value("q", 0, lock=False)
-    barrier = context.Barrier(config.processes, action=functools.partial(_set_start, start_at))
+    started = context.Event()
+    barrier = context.Barrier(
+        config.processes, action=functools.partial(_set_start, start_at, started)
+    )
     queue: Any = context.Queue()
     args = [
         (share(config, i), phase_of(config, i), barrier, start_at, queue, i, os.getpid())
@@ -354,6 +408,14 @@ def _run_processes(config: BenchConfig) -> BenchResult:
     ]
     children = [context.Process(target=_child, args=a, daemon=True) for a in args]
     interrupted: list[int] = []
+    over = threading.Event()
+    caller = None
+    if at_start is not None:
+        caller = threading.Thread(
+            target=_call_at_start, name="bench-at-start", daemon=True,
+            args=(config.warmup_s, start_at, started, over, interrupted, at_start),
+        )  # fmt: skip
+        caller.start()
     try:
         with _forwarding_sigint(children, interrupted):
             with _sigint_held():
@@ -368,6 +430,10 @@ def _run_processes(config: BenchConfig) -> BenchResult:
             child.join(timeout=10)
             if child.is_alive():
                 child.kill()
+        if caller is not None:
+            over.set()
+            started.set()  # (if they never started: the caller then does nothing)
+            caller.join()
     failures = [a for a in answers.values() if isinstance(a, str)]
     if failures and interrupted:
         raise KeyboardInterrupt  # a child stopped before sending: nothing to report
@@ -547,14 +613,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="open",
         help="open: send on a schedule (default); closed: clients wait for answers",
     )
-    # (no argparse defaults: a closed loop refuses them given, see `config_from_args`)
+    # (no argparse defaults: the other mode refuses them given, see `config_from_args`)
     load.add_argument("--rate", type=float, help="open loop: requests/s (default 100)")
     load.add_argument(
         "--arrival",
         choices=list(ARRIVAL_KINDS),
         help="open loop: poisson (default) or constant spacing",
     )
-    load.add_argument("--concurrency", type=int, default=1, help="closed loop: clients (default 1)")
+    load.add_argument("--concurrency", type=int, help="closed loop: clients (default 1)")
     load.add_argument("--duration", type=float, default=10.0, help="measured seconds (default 10)")
     load.add_argument(
         "--warmup", type=float, default=1.0, help="seconds sent first, not counted (default 1)"
@@ -596,8 +662,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     due.add_argument("--priority", type=int, help="the v2 priority parameter (1 is highest)")
     parser.add_argument(
         "--metrics", metavar="URL", help="the server's Prometheus /metrics (duetime: "
-        "http://HOST:METRICS_PORT/metrics): the result then holds the batch sizes it ran, and "
-        "a line says how many answers it counted late by its own clock, and why",
+        "http://HOST:METRICS_PORT/metrics): the result then holds the batch sizes it ran in "
+        "the measured window (not the warm-up), and a line says how many answers it counted "
+        "late by its own clock, and why",
     )  # fmt: skip
     parser.add_argument("--json", type=Path, metavar="PATH", help="also write the results as JSON")
     parser.add_argument(
@@ -634,6 +701,13 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
                     f"{flag} applies to --mode open only (closed-loop clients send each request "
                     "as the last is answered: set their number with --concurrency)"
                 )
+    elif args.concurrency is not None:
+        # NOTE: an open loop sends on its schedule, however many answers are owed: --concurrency
+        # was silently ignored (found by a tester)
+        raise ConfigError(
+            "--concurrency applies to --mode closed only (an open loop sends at --rate, "
+            "whatever the answers do)"
+        )
     protocol: WireProtocol = args.protocol or "http-binary"
     if args.grpc or args.repository:
         protocol = "grpc" if args.grpc else "engine"
@@ -641,7 +715,8 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         model=args.model, protocol=protocol, address=args.http or args.grpc,
         repository=args.repository, batch=args.batch, mode=args.mode,
         rate=100.0 if args.rate is None else args.rate, arrival=args.arrival or "poisson",
-        concurrency=args.concurrency, duration_s=args.duration,
+        concurrency=1 if args.concurrency is None else args.concurrency,
+        duration_s=args.duration,
         warmup_s=args.warmup, timeouts_ms=args.timeout_ms, mix=args.mix, priority=args.priority,
         connections=args.connections, seed=args.seed, processes=args.processes,
         drain_s=args.drain, pool_size=args.pool,
@@ -655,8 +730,15 @@ def run(args: argparse.Namespace) -> int:
         config = config_from_args(args)
         check_output(args.json, "--json")
         check_output(args.record, "--record", new=True)
-        before = scrape(args.metrics) if args.metrics else None
-        result = run_bench(config, record=args.record, progress=not args.quiet)
+        # NOTE: the server's counters were read before the run, so that the batch sizes and
+        # late answers reported counted the warm-up too (3x the requests of the table, with
+        # --warmup 2 --duration 1; found by a tester): they are read as the measured window
+        # starts, as the table counts
+        fetched: list[str | None] = []
+        at_start = (
+            None if not args.metrics else functools.partial(_fetch_into, fetched, args.metrics)
+        )
+        result = run_bench(config, record=args.record, progress=not args.quiet, at_start=at_start)
     except ConfigError as exc:
         console(f"duetime bench: {exc.message}")
         return 2
@@ -670,6 +752,7 @@ def run(args: argparse.Namespace) -> int:
         console("duetime bench: interrupted before sending started", logging.WARNING)
         return EXIT_CODE
     print(result.format())
+    before = counts_of(args.metrics, fetched[0]) if fetched else None
     after = scrape(args.metrics) if args.metrics else None
     counted = counted_between(before, after)
     if before is not None and after is not None:
@@ -688,6 +771,11 @@ def run(args: argparse.Namespace) -> int:
             return 1
         print(f"wrote {args.json}")
     return exit_status(result)
+
+
+def _fetch_into(fetched: list[str | None], url: str) -> None:
+    """`--metrics`' read as the measured window starts: the text only (parsed after the run)."""
+    fetched.append(fetch(url))
 
 
 def exit_status(result: BenchResult) -> int:

@@ -63,18 +63,20 @@ from duetime.tools.replay_payloads import (
 )
 from duetime.tools.replay_plan import Plan, ReplayConfig, check_capture, load_plan
 from duetime.tools.replay_results import (
+    EXIT_TARGET_FAILED,
     MAX_MESSAGES,
     MAX_MISMATCHES,
     Mismatch,
     ReplayResult,
     Tally,
+    answered_none,
     compare_failed,
     result_of,
 )
 from duetime.tools.replay_transports import GrpcReplayTransport, ReplayTransport
 from duetime.tools.report import EXIT_UNSENT, rate_span
 from duetime.tools.server_metrics import batch_sizes_json, counted_between, late_line, scrape
-from duetime.tools.transports import BenchError
+from duetime.tools.transports import BenchError, why_not_http
 
 LEAD_NS = 50_000_000
 """From the end of setup to the first send."""
@@ -409,13 +411,21 @@ def run_replay(config: ReplayConfig, plan: Plan | None = None) -> ReplayResult:
 
 
 async def reach_target(config: ReplayConfig) -> None:
-    """Connect to the target and hang up; BenchError when it cannot be reached."""
+    """Connect to the target and hang up; BenchError when it cannot be reached, or (HTTP) when
+    it answers a GET in something that is not HTTP/1.1 (a gRPC port; see `why_not_http`).
+
+    NOTE: a connection alone was taken for an HTTP server: a replay to a gRPC port sent the
+    whole capture, each request failing ("malformed HTTP response"; found by a tester), where
+    `duetime bench` stops at once, as this does now."""
     transport = _transport(config, _no_answers)
     try:
         await transport.open(1)
     except OSError as exc:
         raise BenchError(f"--target: {exc}") from None
     await transport.aclose()
+    protocol, host, port = config.address()
+    if protocol == "http" and (why := await why_not_http(host, port)) is not None:
+        raise BenchError(f"--target {config.target}: {why}")
 
 
 def _no_answers(
@@ -489,9 +499,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "from the first scheduled send to the last answer (or the last send, if later)."
     )
     parser.epilog = (
-        "exit status: 0 the replay went through; 1 the target failed, or an output could not "
-        f"be written; 2 bad flags or capture; {EXIT_UNSENT} some requests could not be sent, "
-        "records of the capture were skipped (they do not decode), or (--compare-outputs) "
+        "exit status: 0 the replay went through; 1 the target failed (unreachable, not "
+        "speaking --target's protocol, or it answered none of the requests), or an output "
+        f"could not be written; 2 bad flags or capture; {EXIT_UNSENT} some requests could not "
+        "be sent, records of the capture were skipped (they do not decode), or (--compare-outputs) "
         f"answers differ from the recorded ones; {EXIT_CODE} interrupted (Ctrl-C)"
     )
     parser.add_argument("capture", type=Path, metavar="FILE", help="the capture file")
@@ -550,7 +561,8 @@ def config_from_args(args: argparse.Namespace) -> ReplayConfig:
 
 
 def run(args: argparse.Namespace) -> int:
-    """`duetime replay`: 2 for bad flags or capture, 1 if the target fails, 3 when some
+    """`duetime replay`: 2 for bad flags or capture, 1 if the target fails (`reach_target`,
+    or it answered none of the requests sent: `answered_none`), 3 when some
     requests could not be sent (no connection: the target died or stopped listening), when
     records of the capture were skipped (they do not decode: the replay is not the whole
     capture), or when outputs differ, are unreadable, or a recorded answer was not answered
@@ -610,6 +622,8 @@ def run(args: argparse.Namespace) -> int:
         return 1
     if doc["interrupted"]:
         return EXIT_CODE
+    if answered_none(doc):
+        return EXIT_TARGET_FAILED
     broken = doc["unsent"] or doc["skipped"] or compare_failed(doc["compare"])
     return EXIT_UNSENT if broken else 0
 

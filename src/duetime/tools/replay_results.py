@@ -222,6 +222,12 @@ def format_result(doc: dict[str, Any]) -> str:
             f"could be opened{f' ({reason})' if reason else ''}; counted as unsent only "
             f"(replay exits {EXIT_UNSENT}); did the target stop?"
         )
+    if answered_none(doc):
+        lines.append(
+            f"warning: the target answered none of the {doc['statuses']['0']:,} requests it "
+            f"was sent (no answer in its protocol; see the errors); replay exits "
+            f"{EXIT_TARGET_FAILED}"
+        )
     if doc.get("skipped"):
         lines.append(
             f"warning: {doc['skipped']:,} records of the capture were skipped (they do not "
@@ -240,6 +246,22 @@ def format_result(doc: dict[str, Any]) -> str:
             f"{doc['requests_in_capture'] * doc['loops']:,} requests sent"
         )
     return "\n".join(lines)
+
+
+EXIT_TARGET_FAILED = 1
+"""Replay's exit status when the target failed: unreachable, or it answered nothing."""
+
+
+def answered_none(doc: dict[str, Any]) -> bool:
+    """Whether the target failed the replay: it was sent requests, and answered none of them
+    with a status (each failed with none: an answer that is not HTTP, or not gRPC, a connection
+    closed unanswered), however many more were unsent or unanswered.
+
+    NOTE: a replay with --target http:// to a gRPC port sent the whole capture, failed every
+    request ("malformed HTTP response") and exited 0, "the replay went through" (found by a
+    tester)."""
+    statuses = doc["statuses"]
+    return statuses.get("0", 0) > 0 and not any(int(k) > 0 for k in statuses)
 
 
 def _not_compared(compare: dict[str, Any]) -> str:

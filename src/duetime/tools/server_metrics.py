@@ -1,5 +1,6 @@
 """The batch sizes a server ran during a load run, and the answers it counted late by cause, from
-its Prometheus `/metrics` read before and after (`duetime bench|replay --metrics URL`).
+its Prometheus `/metrics` read before and after (`duetime bench|replay --metrics URL`; bench's
+"before" as its measured window starts, after the warm-up).
 
 Reads the `duetime_batch_size` histogram (duetime's; its buckets are the batch sizes a model
 runs at) and the `duetime_late_answers` counter. A server without them, or a scrape that fails,
@@ -39,11 +40,24 @@ class Counted(NamedTuple):
 def scrape(url: str) -> Counted | None:
     """The executions per batch size and the late answers by cause so far, per model; None if
     `url` cannot be read."""
+    return counts_of(url, fetch(url))
+
+
+def fetch(url: str) -> str | None:
+    """The text at `url` (what `counts_of` reads), or None if it cannot be read: `scrape`'s
+    I/O alone, cheap enough to run while a run sends (the parsing waits till after)."""
     try:
         with urllib.request.urlopen(url, timeout=SCRAPE_TIMEOUT_S) as response:
-            text = response.read().decode("utf-8", "replace")
+            return str(response.read().decode("utf-8", "replace"))
     except (OSError, urllib.error.URLError, ValueError) as exc:
         log.warning("--metrics %s: cannot read it (%s); no server counts in the result", url, exc)
+        return None
+
+
+def counts_of(url: str, text: str | None) -> Counted | None:
+    """What the text `fetch` read from `url` counts; None if there is none, or it is not
+    Prometheus text."""
+    if text is None:
         return None
     try:
         return Counted(parse_batch_counts(text), parse_late_counts(text))

@@ -22,6 +22,7 @@ from urllib.parse import quote
 import grpc
 import orjson
 
+from duetime.datatypes import NUMPY_OF
 from duetime.engine import Engine
 from duetime.errors import DuetimeError
 from duetime.frontend.proto import grpc_service_pb2 as pb
@@ -99,24 +100,65 @@ class Transport(Protocol):
     async def aclose(self) -> None: ...
 
 
+class BadMetadata(ValueError):
+    """A model's metadata or config from the server that does not say what bench needs (the
+    message names what is wrong); the transports turn it into a BenchError naming the source."""
+
+
 def signature_from_metadata(
     metadata: Mapping[str, Any], max_batch_size: int, optional: Collection[str] = ()
 ) -> ModelSignature:
     """A ModelSignature from a v2 model metadata object and the config's max_batch_size and
-    `optional` inputs (the v2 metadata does not say which are)."""
+    `optional` inputs (the v2 metadata does not say which are). BadMetadata when `metadata` is
+    no such object: a tensor without its name, datatype or shape, an input of a datatype v2
+    does not have (bench could not make one).
+
+    NOTE: such metadata ended bench in a traceback (KeyError: 'datatype', KeyError: 'FP99'
+    from the payloads, AttributeError of a JSON array; found by a tester)."""
+    if not isinstance(metadata, Mapping):
+        raise BadMetadata(f"expected a JSON object, got {_json_type(metadata)}")
 
     def specs(key: str) -> tuple[TensorSpec, ...]:
+        tensors = metadata.get(key, [])
+        if not isinstance(tensors, list):
+            raise BadMetadata(f"'{key}' is {_json_type(tensors)}, not a list of tensors")
         return tuple(
-            TensorSpec(
-                t["name"],
-                t["datatype"],
-                tuple(int(d) for d in t["shape"]),
-                optional=t["name"] in optional,
-            )
-            for t in metadata.get(key, [])
+            _tensor_spec(t, f"{key}[{i}]", known=key == "inputs", optional=optional)
+            for i, t in enumerate(tensors)
         )
 
     return ModelSignature(specs("inputs"), specs("outputs"), max_batch_size)
+
+
+def _tensor_spec(doc: Any, where: str, *, known: bool, optional: Collection[str]) -> TensorSpec:
+    """One tensor of the metadata; `known`: its datatype must be one bench can make."""
+    if not isinstance(doc, Mapping):
+        raise BadMetadata(f"{where} is {_json_type(doc)}, not a tensor object")
+    name, datatype, shape = doc.get("name"), doc.get("datatype"), doc.get("shape")
+    if not isinstance(name, str) or not name:
+        raise BadMetadata(f"{where} has no 'name'")
+    where = f"{where} '{name}'"
+    if not isinstance(datatype, str) or not datatype:
+        raise BadMetadata(f"{where} has no 'datatype'")
+    if known and datatype not in NUMPY_OF:
+        raise BadMetadata(
+            f"{where}: 'datatype' {datatype!r} is not a v2 datatype ({', '.join(NUMPY_OF)})"
+        )
+    dims = shape if isinstance(shape, list) else None
+    if dims is None or not all(type(d) is int and d >= -1 for d in dims):
+        shown = one_line(repr(shape), SHOWN_ANSWER_CHARS)
+        state = "has no 'shape'" if shape is None else f"'shape' {shown} is not a list of dims"
+        raise BadMetadata(f"{where} {state} (whole numbers, -1 for a free one)")
+    return TensorSpec(name, datatype, tuple(dims), optional=name in optional)
+
+
+def _json_type(value: Any) -> str:
+    """`value` as an error names it: a JSON array or object, else the value itself."""
+    if isinstance(value, list):
+        return "a JSON array"
+    if isinstance(value, Mapping):
+        return "a JSON object"
+    return one_line(repr(value), SHOWN_ANSWER_CHARS)
 
 
 def signature_without_config(metadata: Mapping[str, Any], batch: int, where: str) -> ModelSignature:
@@ -228,9 +270,32 @@ class HttpTransport:
         metadata = await asyncio.to_thread(_get_json, base)
         config = await asyncio.to_thread(_get_json, f"{base}/config", missing_ok=True)
         if config is None:
-            return signature_without_config(metadata, batch, f"GET {base}/config: not found")
-        optional = [t.get("name") for t in config.get("input", ()) if t.get("optional")]
-        return signature_from_metadata(metadata, int(config.get("max_batch_size", 0)), optional)
+            try:
+                return signature_without_config(metadata, batch, f"GET {base}/config: not found")
+            except BadMetadata as exc:
+                raise BenchError(f"GET {base}: {exc}") from None
+        try:
+            max_batch_size, optional = _batch_and_optional(config)
+        except BadMetadata as exc:
+            raise BenchError(f"GET {base}/config: {exc}") from None
+        try:
+            return signature_from_metadata(metadata, max_batch_size, optional)
+        except BadMetadata as exc:
+            raise BenchError(f"GET {base}: {exc}") from None
+
+
+def _batch_and_optional(config: Any) -> tuple[int, list[str]]:
+    """A Triton-style model config's max_batch_size and optional inputs; BadMetadata if it is
+    not one."""
+    if not isinstance(config, Mapping):
+        raise BadMetadata(f"expected a JSON object, got {_json_type(config)}")
+    max_batch_size = config.get("max_batch_size", 0)
+    if type(max_batch_size) is not int or max_batch_size < 0:
+        raise BadMetadata(f"'max_batch_size' {max_batch_size!r} is not a whole number >= 0")
+    inputs = config.get("input", [])
+    if not isinstance(inputs, list) or not all(isinstance(t, Mapping) for t in inputs):
+        raise BadMetadata(f"'input' is {_json_type(inputs)}, not a list of input objects")
+    return max_batch_size, [t.get("name") for t in inputs if t.get("optional")]
 
 
 _MISSING = frozenset({404, 501})
@@ -259,8 +324,7 @@ def _get_json(url: str, *, missing_ok: bool = False) -> Any:
         ) from None
     except http.client.BadStatusLine as exc:  # not HTTP at all: a gRPC port, say
         raise BenchError(
-            f"GET {url}: not an HTTP/1.1 server (is it the gRPC port?); its answer began "
-            f"'{one_line(str(exc), SHOWN_ANSWER_CHARS)}'"
+            f"GET {url}: {NOT_HTTP}; its answer began '{one_line(str(exc), SHOWN_ANSWER_CHARS)}'"
         ) from None
     except http.client.HTTPException as exc:
         raise BenchError(
@@ -269,6 +333,30 @@ def _get_json(url: str, *, missing_ok: bool = False) -> Any:
         ) from None
     except (OSError, orjson.JSONDecodeError) as exc:
         raise BenchError(f"GET {url}: {one_line(str(exc), ERROR_TEXT_CHARS)}") from None
+
+
+NOT_HTTP = "not an HTTP/1.1 server (is it the gRPC port?)"
+
+
+async def why_not_http(host: str, port: int, path: str = "/v2/health/live") -> str | None:
+    """Why `host`:`port` is no HTTP/1.1 server, when a GET of `path` there is answered in
+    something else within PROBE_TIMEOUT_S (a gRPC port's HTTP/2 frames); None when it answers
+    HTTP, whatever the status, or nothing that tells (no answer in time, none at all)."""
+    try:
+        connecting = asyncio.open_connection(host, port)
+        reader, writer = await asyncio.wait_for(connecting, PROBE_TIMEOUT_S)
+    except OSError:  # (a timeout too)
+        return None
+    try:
+        writer.write(f"GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n".encode())
+        head = await asyncio.wait_for(reader.read(SHOWN_ANSWER_CHARS), PROBE_TIMEOUT_S)
+    except OSError:  # (a timeout too)
+        head = b""
+    finally:
+        writer.close()
+    if not head or head.startswith(b"HTTP/") or b"HTTP/".startswith(head):
+        return None
+    return f"{NOT_HTTP}; its answer began '{one_line(head.decode('latin-1'), SHOWN_ANSWER_CHARS)}'"
 
 
 # -- gRPC ----------------------------------------------------------------------------------------
@@ -396,10 +484,15 @@ class GrpcTransport:
             for t in metadata.inputs
         ]
         doc = {"inputs": inputs, "outputs": []}
-        if config is None:
-            return signature_without_config(doc, batch, "gRPC ModelConfig: UNIMPLEMENTED")
-        optional = [t.name for t in config.config.input if t.optional]
-        return signature_from_metadata(doc, int(config.config.max_batch_size), optional)
+        try:
+            if config is None:
+                return signature_without_config(doc, batch, "gRPC ModelConfig: UNIMPLEMENTED")
+            optional = [t.name for t in config.config.input if t.optional]
+            return signature_from_metadata(doc, int(config.config.max_batch_size), optional)
+        except BadMetadata as exc:
+            raise BenchError(
+                f"{self.flag} {self.target}: model '{model}' metadata: {exc}"
+            ) from None
 
     @staticmethod
     async def _config(stub: Any, model: str) -> Any:

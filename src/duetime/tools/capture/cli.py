@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TextIO
 
 from duetime.observability.logs import console
+from duetime.tools.argtypes import whole
 from duetime.tools.capture.format import BadField, CapturedRequest, CaptureFormatError
 from duetime.tools.capture.jsonl import JsonlError, convert
 from duetime.tools.capture.reader import CaptureReader
@@ -28,7 +29,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     convert_.add_argument("--force", action="store_true", help="replace TARGET if it exists")
     show = actions.add_parser("show", help="a capture's header and a summary of its records")
     show.add_argument("file", type=Path)
-    show.add_argument("--head", type=int, default=0, metavar="N", help="also list N records")
+    show.add_argument(
+        "--head", type=whole(at_least=0), default=0, metavar="N", help="also list N records"
+    )
 
 
 def run(args: argparse.Namespace, out: TextIO | None = None) -> int:

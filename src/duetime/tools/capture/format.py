@@ -47,6 +47,8 @@ META_FIELDS: Final = (
     "error", "parameters", "headers", "outputs_wanted", "input_names", "output_names",
 )  # fmt: skip
 """The meta JSON is an array of these, in this order, then OPTIONAL_META_FIELDS."""
+PROTOCOLS: Final = ("http", "grpc", "grpc-stream", "engine")
+"""What a record's `protocol` may be (`CapturedRequest.protocol`)."""
 OPTIONAL_META_FIELDS: Final = ("output_parameters",)
 """Written after META_FIELDS only when the record has them (a reader takes their absence as
 None): `output_parameters`, an object of each output's parameters the server acted on.

@@ -9,7 +9,8 @@ Fields: `t_ms` (arrival, ms from the start; required), `model` (required), `inpu
 name -> {datatype, shape, and `data` as a flat or nested list, or `data_b64` as base64 of the raw
 little-endian bytes}), and optionally `version`, `id`, `timeout_us` (due time after arrival),
 `priority`, `outputs` (names), `parameters` (an object), `headers` (an object of strings),
-`protocol` (default `http`). Records get status 0: no outcome was observed.
+`protocol` (`http`, the default, `grpc`, `grpc-stream` or `engine`). Records get status 0: no
+outcome was observed.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import orjson
 
 from duetime.errors import InvalidInput
 from duetime.frontend import codec
-from duetime.tools.capture.format import CapturedRequest, CapturedTensor, tensor_data
+from duetime.tools.capture.format import PROTOCOLS, CapturedRequest, CapturedTensor, tensor_data
 from duetime.tools.capture.writer import CaptureWriter
 
 FIELDS = frozenset({
@@ -113,8 +114,14 @@ def parse_request(doc: Any, where: str) -> CapturedRequest:
     headers = _object(doc, "headers", where)
     if not all(isinstance(v, str) for v in headers.values()):
         raise JsonlError(f"{where}: field 'headers' must map names to strings")
+    protocol = _text(doc, "protocol", where) or "http"
+    if protocol not in PROTOCOLS:
+        # NOTE: any string was written into the capture ("gprc", a typo, found by a tester)
+        raise JsonlError(
+            f"{where}: field 'protocol' must be one of {', '.join(PROTOCOLS)}, got {protocol!r}"
+        )
     return CapturedRequest(
-        arrival_ns=round(t_ms * 1e6), protocol=_text(doc, "protocol", where) or "http",
+        arrival_ns=round(t_ms * 1e6), protocol=protocol,
         model=_text(doc, "model", where, required=True) or "",
         version=_version(doc.get("version"), where), request_id=_text(doc, "id", where) or "",
         inputs=_inputs(doc.get("inputs"), where), outputs_wanted=None if outputs is None
