@@ -119,6 +119,9 @@ def test_a_grpc_call_its_client_cancels_is_logged(
         lines = cancelled_lines(caplog, "grpc")
     statuses = {(r.model, r.status, r.trace_id) for r in lines}  # type: ignore[attr-defined]
     assert statuses == {("slow", 499, TRACE_ID)}
+    # (its own status code, which its line names: it named HTTP's 499)
+    assert {r.grpc_code for r in lines} == {"CANCELLED"}  # type: ignore[attr-defined]
+    assert all(r.getMessage().startswith("grpc slow CANCELLED: ") for r in lines)
 
 
 def test_a_streamed_request_awaiting_its_answer_when_the_stream_ends_is_logged(

@@ -5,6 +5,7 @@ stream. (Only HTTP's refusals were counted: gRPC's moved no metric.)"""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -95,3 +96,32 @@ def test_streamed_refusals_are_counted(server: RunningServer) -> None:
 
     assert more(("grpc", "INVALID_ARGUMENT", "InvalidInput")) == 1
     assert more(("grpc", "NOT_FOUND", "ModelNotFound")) == 1
+
+
+def test_a_refusals_log_line_names_the_grpc_code_its_client_got(
+    server: RunningServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """It named the HTTP status of the same refusal (`grpc scale 400: ...`), a status a gRPC
+    client never sees (found by a tester); the HTTP one stays a field, for both protocols."""
+    with caplog.at_level(logging.INFO, logger="duetime.requests"):
+        assert (
+            call(server, request(width=3).SerializeToString()) == grpc.StatusCode.INVALID_ARGUMENT
+        )
+        with grpc.insecure_channel(server.grpc) as channel:
+            stream = channel.stream_stream(
+                STREAM,
+                request_serializer=service_pb2.ModelInferRequest.SerializeToString,
+                response_deserializer=service_pb2.ModelStreamInferResponse.FromString,
+            )
+            [answer] = stream(iter([request("made-up-model")]), timeout=30)
+        assert answer.error_message
+    lines = {
+        r.protocol: r  # type: ignore[attr-defined]
+        for r in caplog.records
+        if r.name == "duetime.requests" and r.model in ("scale", "made-up-model")  # type: ignore[attr-defined]
+    }
+    unary, streamed = lines["grpc"], lines["grpc-stream"]
+    assert unary.getMessage().startswith("grpc scale INVALID_ARGUMENT: ")
+    assert (unary.grpc_code, unary.status) == ("INVALID_ARGUMENT", 400)  # type: ignore[attr-defined]
+    assert streamed.getMessage().startswith("grpc-stream made-up-model NOT_FOUND: ")
+    assert (streamed.grpc_code, streamed.status) == ("NOT_FOUND", 404)  # type: ignore[attr-defined]

@@ -680,7 +680,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         if self._access.take():
             log_request(
                 protocol="grpc", model=request.model_name, version=response.model_version,
-                status=200, reason=None, trace_id=trace_id,
+                status=200, reason=None, trace_id=trace_id, grpc_code="OK",
             )  # fmt: skip
         return response
 
@@ -930,7 +930,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         request_id, model, version, message = texts
         log_request(
             protocol="grpc-stream", model=model, version=version, status=exc.http_status,
-            reason=message, trace_id=trace_id,
+            reason=message, trace_id=trace_id, grpc_code=exc.grpc_code,
         )  # fmt: skip
         # (as Triton: the request's id, so that the client knows which one failed)
         response = pb.ModelInferResponse(model_name=model, model_version=version, id=request_id)
@@ -1680,7 +1680,7 @@ def _refuse(
     log_request(
         protocol="grpc", model=fitted(model, MAX_DETAILS_BYTES),
         version=fitted(version, MAX_DETAILS_BYTES), status=exc.http_status, reason=message,
-        trace_id=trace_id,
+        trace_id=trace_id, grpc_code=exc.grpc_code,
     )  # fmt: skip
     context.set_trailing_metadata((("x-trace-id", trace_id),))
     context.set_code(getattr(grpc.StatusCode, exc.grpc_code))

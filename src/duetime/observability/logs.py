@@ -127,8 +127,15 @@ def log_request(
     reason: str | None,
     trace_id: str | None,
     latency_ns: int | None = None,
+    grpc_code: str | None = None,
 ) -> None:
-    """One line for one request: a failure, or a sampled success (reason None)."""
+    """One line for one request: a failure, or a sampled success (reason None). `status` is
+    HTTP's (or its equivalent, for a gRPC request: `DuetimeError.http_status`); a gRPC request's
+    line names its own status code (`grpc_code`: OK, RESOURCE_EXHAUSTED, ...) in its place,
+    and has both as fields.
+
+    NOTE: a gRPC failure's line said `grpc resnet 429: ...`, a status its client never saw
+    (found by a tester)."""
     # NOTE: 504 is a deadline miss (the client's budget, or overload), 503 a refusal for want
     # of room or of a model able to answer now (retry later): at overload there are thousands
     # a second (3 s of gzip overload logged 4,394 WARNING lines of 503), and they are counted
@@ -138,10 +145,10 @@ def log_request(
         return
     fields = {
         "protocol": protocol, "model": model, "version": version or None, "status": status,
-        "trace_id": trace_id,
+        "grpc_code": grpc_code, "trace_id": trace_id,
         "latency_us": None if latency_ns is None else round(latency_ns / 1000, 1),
     }  # fmt: skip
-    text = f"{protocol} {model} {status}" + (f": {reason}" if reason else "")
+    text = f"{protocol} {model} {grpc_code or status}" + (f": {reason}" if reason else "")
     if trace_id:
         text += f" (trace {trace_id})"
     requests_log.log(level, text, extra=fields)
@@ -158,6 +165,7 @@ def log_cancelled(protocol: str, model: str, version: str | None, trace_id: str 
     log_request(
         protocol=protocol, model=model, version=version, status=CANCELLED_STATUS,
         reason="cancelled by its client before its answer", trace_id=trace_id,
+        grpc_code=None if protocol == "http" else "CANCELLED",
     )  # fmt: skip
 
 
