@@ -183,6 +183,25 @@ def faulty_model(work: int = 256) -> bytes:
 Scenario = Callable[[Engine], Awaitable[None]]
 
 
+def faulty_rounds(seconds: float) -> int:
+    """The `k` that keeps `faulty_model` running about `seconds` on this machine: at least, as
+    timed on a quiet CPU (the fastest of 3 runs).
+
+    NOTE: timed once, a run slowed by other programs gave too small a `k`: the server's run
+    then ended before the region changed (the suite beside another load, twice in one run)."""
+    import onnxruntime as ort  # (only the tests that slow the model need it)
+
+    session = ort.InferenceSession(faulty_model(), providers=["CPUExecutionProvider"])
+    feeds = {"x": np.ones((1, 4), np.float32), "k": np.array([[2000]], np.int64)}
+    session.run(None, feeds)
+    fastest = float("inf")
+    for _ in range(3):
+        started = time.perf_counter()
+        session.run(None, feeds)
+        fastest = min(fastest, time.perf_counter() - started)
+    return max(2, int(2000 * seconds / max(fastest, 1e-6)))
+
+
 def run_on_engine(
     repo: Path, scenario: Scenario, *, limit_s: float | None = None, **options: Any
 ) -> None:

@@ -12,13 +12,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import onnxruntime as ort
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 import tritonclient.utils.shared_memory as shm
 from conftest import RunningServer, start_server, stop_server
-from repo_models import faulty_model, tiling_model, write_version
+from repo_models import faulty_model, faulty_rounds, tiling_model, write_version
 from tritonclient.utils import InferenceServerException
 
 from duetime.config import ServerSettings
@@ -504,23 +503,6 @@ def slow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningSer
     stop_server(running, thread)
 
 
-def rounds_for(seconds: float) -> int:
-    """The `k` that keeps `faulty_model` running about `seconds` on this machine: at least, as
-    timed on a quiet CPU (the fastest of 3 runs).
-
-    NOTE: timed once, a run slowed by other programs gave too small a `k`: the server's run
-    then ended before the region changed (the suite beside another load, twice in one run)."""
-    session = ort.InferenceSession(faulty_model(), providers=["CPUExecutionProvider"])
-    feeds = {"x": np.ones((1, 4), np.float32), "k": np.array([[2000]], np.int64)}
-    session.run(None, feeds)
-    fastest = float("inf")
-    for _ in range(3):
-        started = time.perf_counter()
-        session.run(None, feeds)
-        fastest = min(fastest, time.perf_counter() - started)
-    return max(2, int(2000 * seconds / max(fastest, 1e-6)))
-
-
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
 @pytest.mark.parametrize("change", ["unregister", "register again"])
 def test_a_region_changed_while_its_request_waits_gets_the_output_all_the_same(
@@ -556,7 +538,7 @@ def test_a_region_changed_while_its_request_waits_gets_the_output_all_the_same(
     pool = concurrent.futures.ThreadPoolExecutor(2)
     try:
         client.register_system_shared_memory("out", f"/dt-o-{tag}", 16)
-        busy = pool.submit(request, rounds_for(2.0), None)  # holds the one instance
+        busy = pool.submit(request, faulty_rounds(2.0), None)  # holds the one instance
         time.sleep(0.3)
         waiting = pool.submit(request, 2, "out")  # taken in, then queued behind it
         time.sleep(0.3)

@@ -26,13 +26,12 @@ from typing import Any
 
 import grpc
 import numpy as np
-import onnxruntime as ort
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 import tritonclient.utils.shared_memory as shm
 from conftest import RunningServer, read_answers, start_server, stop_server
-from repo_models import faulty_model, scale_model, write_version
+from repo_models import faulty_model, faulty_rounds, scale_model, write_version
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
@@ -213,19 +212,6 @@ def region() -> Iterator[str]:
     shm.destroy_shared_memory_region(handle)
 
 
-def rounds_for(seconds: float) -> int:
-    """The `k` that keeps `faulty_model` running at least `seconds` (timed on a quiet CPU)."""
-    session = ort.InferenceSession(faulty_model(), providers=["CPUExecutionProvider"])
-    feeds = {"x": np.ones((1, 4), np.float32), "k": np.array([[2000]], np.int64)}
-    session.run(None, feeds)
-    fastest = float("inf")
-    for _ in range(3):
-        started = time.perf_counter()
-        session.run(None, feeds)
-        fastest = min(fastest, time.perf_counter() - started)
-    return max(2, int(2000 * seconds / max(fastest, 1e-6)))
-
-
 def until(check: Callable[[], bool], what: str) -> None:
     deadline = time.monotonic() + 30
     while not check():
@@ -262,7 +248,7 @@ def test_inputs_read_from_shared_memory_are_held_within_the_inflight_limits(
     pool = concurrent.futures.ThreadPoolExecutor(1)
     try:
         control.register_system_shared_memory("in", region, 4 * MiB)
-        running = pool.submit(infer, module, first, rows, rounds_for(3.0))
+        running = pool.submit(infer, module, first, rows, faulty_rounds(3.0))
         until(lambda: intake.reserved >= rows * 16, "the first request's input was never held")
         with pytest.raises(InferenceServerException) as refused:
             infer(module, second, rows, 2)
@@ -308,7 +294,7 @@ def test_pipelined_http_requests_reading_shared_memory_are_held_within_their_con
     host, port = bounded.http.rsplit(":", 1)
     try:
         with socket.create_connection((host, int(port)), timeout=60) as sock:
-            sock.sendall(request(rounds_for(2.0)) + request(2))
+            sock.sendall(request(faulty_rounds(2.0)) + request(2))
             (status, _), (refused, message) = read_answers(sock.makefile("rb"), 2)
         assert (status, refused) == (200, 429), message
         assert b"(server setting max_connection_inflight_bytes" in message

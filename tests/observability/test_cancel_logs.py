@@ -124,23 +124,31 @@ def test_a_grpc_call_its_client_cancels_is_logged(
     assert all(r.getMessage().startswith("grpc slow CANCELLED: ") for r in lines)
 
 
-def test_a_streamed_request_awaiting_its_answer_when_the_stream_ends_is_logged(
-    slow: RunningServer, caplog: pytest.LogCaptureFixture
-) -> None:
-    """The request whose answer the stream was waiting for had left the window, and only the
-    window's were logged: a cancelled stream lost that request's line (counted failed)."""
+def cancel_a_stream(
+    slow: RunningServer, caplog: pytest.LogCaptureFixture, traceparent: str
+) -> list[logging.LogRecord]:
+    """Stream one request (under `traceparent`) to 'slow', cancel the stream while it runs:
+    the log lines of its cancelled requests."""
     tensor = grpcclient.InferInput("x", [1, 4], "FP32")
     tensor.set_data_from_numpy(np.ones((1, 4), np.float32))
     running(slow, busy=False)
     with caplog.at_level(logging.INFO, logger="duetime.requests"):
         with grpcclient.InferenceServerClient(slow.grpc) as client:
             client.start_stream(
-                callback=lambda *_, **__: None, headers={"traceparent": TRACEPARENT}
+                callback=lambda *_, **__: None, headers={"traceparent": traceparent}
             )
             client.async_stream_infer("slow", [tensor], request_id="only")
             running(slow)  # (its answer is awaited: the stream's loop holds it)
             client.stop_stream(cancel_requests=True)
-        lines = cancelled_lines(caplog, "grpc-stream")
+        return cancelled_lines(caplog, "grpc-stream")
+
+
+def test_a_streamed_request_awaiting_its_answer_when_the_stream_ends_is_logged(
+    slow: RunningServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The request whose answer the stream was waiting for had left the window, and only the
+    window's were logged: a cancelled stream lost that request's line (counted failed)."""
+    lines = cancel_a_stream(slow, caplog, TRACEPARENT)
     statuses = {(r.model, r.status, r.trace_id) for r in lines}  # type: ignore[attr-defined]
     assert statuses == {("slow", 499, TRACE_ID)}
 
@@ -203,19 +211,7 @@ def test_a_streamed_request_cancelled_with_its_stream_gets_its_span(
     """Found by a tester: as a unary call, it was logged 499 with no span."""
     slow = traced[0]
     trace_id = "6" * 32
-    tensor = grpcclient.InferInput("x", [1, 4], "FP32")
-    tensor.set_data_from_numpy(np.ones((1, 4), np.float32))
-    running(slow, busy=False)
-    with caplog.at_level(logging.INFO, logger="duetime.requests"):
-        with grpcclient.InferenceServerClient(slow.grpc) as client:
-            client.start_stream(
-                callback=lambda *_, **__: None,
-                headers={"traceparent": f"00-{trace_id}-00f067aa0ba902b7-01"},
-            )
-            client.async_stream_infer("slow", [tensor], request_id="only")
-            running(slow)
-            client.stop_stream(cancel_requests=True)
-        [line] = cancelled_lines(caplog, "grpc-stream")
+    [line] = cancel_a_stream(slow, caplog, f"00-{trace_id}-00f067aa0ba902b7-01")
     assert line.trace_id == trace_id  # type: ignore[attr-defined]
     span = server_span(traced, trace_id)
     assert span.name == "inference.GRPCInferenceService/ModelStreamInfer"
