@@ -269,20 +269,15 @@ class Validator:
                     break
             else:
                 return
-        refused = shape_refused(spec, shape, self._others.get(spec.name, ()))
+        refused = shape_refused(spec, shape, self._others.get(spec.name, ()), self._model)
         if refused is not None:
             raise InvalidInput(refused)
 
     def _check_rows(self, spec: TensorSpec, array: np.ndarray, rows: int | None) -> int:
         batch = array.shape[0]
         limit = self._signature.max_batch_size
-        if batch < 1:
-            raise InvalidInput(f"input '{spec.name}': batch size must be at least 1, got {batch}")
-        if batch > limit:
-            raise InvalidInput(
-                f"input '{spec.name}': batch size {batch} is over model '{self._model}' "
-                f"max_batch_size {limit}; split the request"
-            )
+        if not 0 < batch <= limit:
+            raise InvalidInput(batch_refused(spec.name, batch, limit, self._model))
         if rows is not None and batch != rows:
             raise InvalidInput(
                 f"input '{spec.name}': batch size {batch} differs from the other inputs' {rows}; "
@@ -431,16 +426,44 @@ def fits(shape: tuple[int, ...], wanted: tuple[int, ...]) -> bool:
 
 
 def shape_refused(
-    spec: TensorSpec, shape: tuple[int, ...], others: tuple[tuple[int, ...], ...]
+    spec: TensorSpec, shape: tuple[int, ...], others: tuple[tuple[int, ...], ...], model: str
 ) -> str | None:
-    """Why input `spec` does not take `shape`, which is not its `client_shape`: None where it
-    is one of `others` (see `other_shapes`), else the message naming the shapes it takes."""
+    """Why input `spec` of `model` does not take `shape`, which is not its `client_shape`: None
+    where it is one of `others` (see `other_shapes`), else the message naming the shapes it
+    takes, in Triton's words (its dims written as Triton writes them: `[-1,40]`).
+
+    NOTE: it said "input 'x': shape [1, 5] does not match the model's [-1, 4]", where Triton's
+    "unexpected shape for input 'x' for model 'm'. Expected [-1,4], got [1,5]" is what clients
+    and their logs look for (found by a tester)."""
     if any(fits(shape, other) for other in others):
         return None
-    taken = " or ".join(str(list(each)) for each in (spec.client_shape, *others))
+    taken = " or ".join(_dims(each) for each in (spec.client_shape, *others))
     return (
-        f"input '{spec.name}': shape {list(shape)} does not match the model's {taken} (-1 marks "
-        "a free dim)"
+        f"unexpected shape for input '{spec.name}' for model '{model}'. Expected {taken}, got "
+        f"{_dims(shape)} (-1 marks a free dim)"
+    )
+
+
+def _dims(shape: tuple[int, ...]) -> str:
+    """A shape as Triton writes one (DimsListToString): `[-1,40]`."""
+    return f"[{','.join(map(str, shape))}]"
+
+
+def batch_refused(name: str, batch: int, limit: int, model: str) -> str:
+    """Why input `name`'s `batch` rows are not a batch `model` takes (at most `limit`), in
+    Triton's words, which client code matches to split a request (`inference request
+    batch-size must be <= 8 for 'm'`).
+
+    NOTE: it said "input 'x': batch size 9 is over model 'm' max_batch_size 8" (found by a
+    tester)."""
+    if batch < 1:
+        return (
+            f"inference request batch-size must be >= 1 for '{model}': input '{name}' has "
+            f"{batch} rows"
+        )
+    return (
+        f"inference request batch-size must be <= {limit} for '{model}': input '{name}' has "
+        f"{batch} rows; split the request"
     )
 
 

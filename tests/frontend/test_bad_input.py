@@ -370,7 +370,9 @@ def test_shape_not_matching_data_size(wire: Wire, count: int) -> None:
 @pytest.mark.parametrize("shape", [[2, 41], [80], [1, 2, 40], [40, 1]], ids=str)
 def test_shape_not_matching_model(wire: Wire, shape: list[int]) -> None:
     outcome = wire.infer("mlp", [tensor("x", "FP32", shape)])
-    assert_refused(wire, outcome, "invalid", f"input 'x': shape {shape} does not match", "[-1, 40]")
+    got = f"[{','.join(map(str, shape))}]"
+    needle = f"unexpected shape for input 'x' for model 'mlp'. Expected [-1,40], got {got}"
+    assert_refused(wire, outcome, "invalid", needle)
     assert_still_serves(wire)
 
 
@@ -386,8 +388,8 @@ def test_shape_not_a_list_of_dims(wire: Wire, shape: Any) -> None:
 @pytest.mark.parametrize(
     ("rows", "needle"),
     [
-        (65, "batch size 65 is over model 'mlp' max_batch_size 64"),
-        (0, "batch size must be at least 1"),
+        (65, "inference request batch-size must be <= 64 for 'mlp': input 'x' has 65 rows"),
+        (0, "inference request batch-size must be >= 1 for 'mlp'"),
     ],
 )
 def test_batch_over_max_batch_size(wire: Wire, rows: int, needle: str) -> None:

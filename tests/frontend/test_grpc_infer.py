@@ -292,7 +292,7 @@ def test_stream_infer_answers_in_order_and_survives_a_bad_request(
     (first, no_error), (no_result, error), (third, _) = received
     assert no_error is None
     assert no_result is None
-    assert "shape [1, 20] does not match" in str(error)
+    assert "for model 'mlp'. Expected [-1,40], got [1,20]" in str(error)
     for result, batch, request_id in ((first, batches[0], "a"), (third, batches[1], "c")):
         assert result.get_response().id == request_id
         assert result.get_response().parameters["triton_final_response"].bool_param

@@ -181,7 +181,7 @@ def test_predict_answers_what_the_v2_endpoint_answers(server: RunningServer) -> 
     np.testing.assert_allclose(np.array(answer["predictions"], np.float32), expected, rtol=1e-6)
     status, error = call(server, "POST", "/v1/models/mlp:predict", {"instances": [[1, 2]]})
     assert status == 400
-    assert "input 'x': shape [1, 2] does not match" in error["error"]
+    assert "for model 'mlp'. Expected [-1,40], got [1,2]" in error["error"]
     assert call(server, "GET", "/v1/models/mlp")[0] == 200  # still serving
 
 

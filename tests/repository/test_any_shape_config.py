@@ -4,7 +4,7 @@ Triton's config nor the v2 protocol can say "any rank": the config endpoint writ
 load_model(config=<the server's config>) serves the same model.
 
 The config read back was rank 1: a [2, 3] request the model had served was refused with
-"shape [2, 3] does not match the model's [-1]"."""
+"unexpected shape for input 'x' for model 'm'. Expected [-1], got [2,3]"."""
 
 from __future__ import annotations
 

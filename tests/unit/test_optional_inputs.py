@@ -101,7 +101,7 @@ def test_an_input_with_an_initializer_is_optional(
     assert (run(model, {"INPUT": X, "INITIALIZER": SEVENS}) == 7).all()
     with pytest.raises(InvalidInput, match=r"'INITIALIZER': datatype INT32 does not match"):
         model.validator.prepare({"INPUT": X, "INITIALIZER": SEVENS.astype(np.int32)}, None)
-    with pytest.raises(InvalidInput, match=r"'INITIALIZER': shape \[5\] does not match"):
+    with pytest.raises(InvalidInput, match=r"unexpected shape for input 'INITIALIZER'.*got \[5\]"):
         model.validator.prepare({"INPUT": X, "INITIALIZER": SEVENS[0]}, None)
     expects = "is missing; model 'm' expects 'INPUT' FP32[5, 5] (optional: 'INITIALIZER' FP32"
     with pytest.raises(InvalidInput, match=re.escape(f"'INPUT' (FP32[5, 5]) {expects}")):

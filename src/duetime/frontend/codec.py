@@ -33,6 +33,7 @@ from duetime.errors import InvalidInput
 from duetime.execution.ort import CHECKED_TEXT, MAX_DIMS
 from duetime.types import ModelSignature, TensorSpec
 from duetime.validation import (
+    batch_refused,
     expected_inputs,
     left_out_input,
     not_an_output,
@@ -161,17 +162,11 @@ class Expected:
                 self._refuse(refused)
         limit = self._batch_limit
         if limit > 0 and shape and not 0 < shape[0] <= limit:
-            batch = shape[0]
-            if batch < 1:
-                self._refuse(f"input '{name}': batch size must be at least 1, got {batch}")
-            self._refuse(
-                f"input '{name}': batch size {batch} is over model '{self._model}' "
-                f"max_batch_size {limit}; split the request"
-            )
+            self._refuse(batch_refused(name, shape[0], limit, self._model))
 
     def _other_shape(self, spec: TensorSpec, shape: tuple[int, ...]) -> None:
         """InvalidInput unless `shape` is one of the others the input takes (`other_shapes`)."""
-        refused = shape_refused(spec, shape, self._others.get(spec.name, ()))
+        refused = shape_refused(spec, shape, self._others.get(spec.name, ()), self._model)
         if refused is not None:
             self._refuse(refused)
 
