@@ -297,8 +297,9 @@ class Engine:
         self._loop = asyncio.get_running_loop()
         spare = frozenset(self.cpus.cpus[1:]) if self.cpus.cpus else None
         self.manager = ModelManager(
-            root, self.options, self.registry, self._deploy, loader_cpus=spare or None
-        )
+            root, self.options, self.registry, self._deploy, loader_cpus=spare or None,
+            python_words=self._python_words,
+        )  # fmt: skip
         await self.manager.start()
 
     def _deploy(self, loaded: LoadedModel, variant: str, background: bool) -> Deployment:
@@ -430,16 +431,17 @@ class Engine:
         its blocking form, for an engine made by `open()`.
 
         NOTE: called from synchronous code on an `open()` engine, a refusal (NotAllowed, a
-        config of the wrong type) is raised by the call itself: `engine.load_model("m")` not
-        awaited returned a coroutine and did nothing, without a word but a RuntimeWarning."""
+        config or files of the wrong type: TypeError) is raised by the call itself:
+        `engine.load_model("m")` not awaited returned a coroutine and did nothing, without a
+        word but a RuntimeWarning."""
         if self._thread is not None and _running_loop() is None:
-            self._check_load(name, config)
+            self._check_load(name, config, files)
         return self._load_model(name, config, files)
 
     async def _load_model(
         self, name: str, config: ModelConfig | None, files: Mapping[str, bytes] | None
     ) -> None:
-        manager = self._check_load(name, config)
+        manager = self._check_load(name, config, files)
         work = functools.partial(self._load, manager, name, config, files)
         await self._on_engine_loop(work, "load_model")
 
@@ -471,8 +473,10 @@ class Engine:
                 reason = SHUTTING_DOWN
             raise ModelUnavailable(f"the load of model '{name}' did not finish: {reason}") from None
 
-    def _check_load(self, name: str, config: ModelConfig | None) -> ModelManager:
-        """The manager, if it may load `name` with `config` (see `load_model`)."""
+    def _check_load(
+        self, name: str, config: ModelConfig | None, files: Mapping[str, bytes] | None
+    ) -> ModelManager:
+        """The manager, if it may load `name` with `config` and `files` (see `load_model`)."""
         if config is not None and not isinstance(config, ModelConfig):
             # NOTE: a dict or a JSON string (what Triton's load API takes) failed deep in the
             # load with "'dict' object has no attribute 'version_policy'"
@@ -480,6 +484,8 @@ class Engine:
                 "config: expected a duetime.config.ModelConfig (or None), got "
                 f"{type(config).__name__}; build one with ModelConfig.model_validate(...)"
             )
+        if files is not None:
+            _check_files(files)
         return self._control("load", name)
 
     def unload_model(self, name: str) -> Coroutine[Any, Any, None]:
@@ -499,7 +505,7 @@ class Engine:
         """Blocking `load_model` for synchronous code, on an engine made by `open()` (as `infer`
         is `infer_async`'s); never call it on the engine's own loop."""
         self._check_blocking("load_model")
-        manager = self._check_load(name, config)
+        manager = self._check_load(name, config, files)
         self._run_blocking(functools.partial(self._load, manager, name, config, files))
 
     def unload_model_blocking(self, name: str) -> None:
@@ -1612,6 +1618,32 @@ _running_loop: Callable[[], asyncio.AbstractEventLoop | None] = asyncio._get_run
 
 NOTE: asyncio's own (C) function, not `get_running_loop` wrapped in a try: that was a Python
 frame and a try on every in-process call, twice for an engine made by `open()`."""
+
+
+def _check_files(files: object) -> None:
+    """TypeError unless `files` maps paths (str) to contents (bytes-like), naming `files`.
+
+    NOTE: a list of pairs, a str content or an int key failed deep in the load with "'list'
+    object has no attribute 'items'", "memoryview: a bytes-like object is required, not 'str'"
+    or "'int' object has no attribute 'removeprefix'", naming no argument (found by a tester)."""
+    if not isinstance(files, Mapping):
+        raise TypeError(
+            "files: expected a mapping of path in the model folder -> content (bytes), such as "
+            f"{{'1/model.onnx': data}}, or None; got {type(files).__name__}"
+        )
+    for key, content in files.items():
+        if not isinstance(key, str):
+            raise TypeError(
+                "files: expected paths in the model folder (str) as keys, such as "
+                f"'1/model.onnx'; got {type(key).__name__} {key!r:.80}"
+            )
+        try:
+            memoryview(content).release()
+        except TypeError:
+            raise TypeError(
+                f"files[{key!r:.200}]: expected the file's content as bytes (or bytearray, "
+                f"memoryview); got {type(content).__name__}"
+            ) from None
 
 
 def _repository_path(repository: str | os.PathLike[str]) -> Path:

@@ -225,7 +225,7 @@ def test_an_invalid_startup_model_fails_the_start_naming_the_setting(
     tmp_path: Path, name: str
 ) -> None:
     write_version(tmp_path, "m", 1, scale_model(1))
-    with pytest.raises(ConfigError, match=r"field 'load_model' \(--load-model '.*'\): model na"):
+    with pytest.raises(ConfigError, match=r"field 'startup_models' \('.*'\): model na"):
         run(tmp_path, _nothing, control_mode="explicit", startup_models=(name,))
 
 
@@ -271,7 +271,7 @@ def test_startup_models_outside_explicit_mode_are_ignored_with_a_warning(
     with caplog.at_level("WARNING", logger="duetime.manager"):
         run(tmp_path, scenario, startup_models=("n",))
     assert any(
-        "--load-model n is ignored" in r.getMessage() and "explicit" in r.getMessage()
+        "startup_models=('n',) is ignored" in r.getMessage() and "explicit" in r.getMessage()
         for r in caplog.records
     )
 
@@ -1490,7 +1490,7 @@ def test_lazy_loading_in_explicit_mode_is_said_to_be_ignored(
 
     with caplog.at_level(logging.WARNING, logger="duetime"):
         run(tmp_path, scenario, lazy=True, control_mode="explicit")
-    assert "--lazy-load is ignored: with --model-control-mode explicit" in caplog.text
+    assert "lazy=True is ignored: with control_mode='explicit'" in caplog.text
 
 
 def test_a_failed_lazy_load_is_retried_by_a_later_request(

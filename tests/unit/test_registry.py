@@ -92,6 +92,18 @@ def test_unknown_model_lists_served_models() -> None:
     )
 
 
+def test_unknown_model_lists_the_models_loaded_on_demand_too() -> None:
+    """Lazy loading: the models a request would load, which "served models: none" left out."""
+    registry = registry_with(deployment("b", "1"))
+    registry.on_demand = lambda: ["a", "b", "c"]
+    with pytest.raises(ModelNotFound) as unknown:
+        registry.resolve("d", None)
+    assert unknown.value.message == (
+        "Request for unknown model: 'd' is not found; served models: 'a', 'b', 'c' ('a', 'c' "
+        "not loaded yet: each loads on its first request)"
+    )
+
+
 def test_unknown_version_lists_loaded_versions() -> None:
     registry = registry_with(deployment("m", "10"), deployment("m", "2"))
     with pytest.raises(ModelNotFound) as unknown:

@@ -40,7 +40,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, get_args
 
-from duetime.config import CONFIG_FILENAMES, ModelConfig, TrafficConfig
+from pydantic import ConfigDict, ValidationError, create_model
+
+from duetime.config import (
+    CONFIG_FILENAMES,
+    ModelConfig,
+    ServerSettings,
+    TrafficConfig,
+    describe_validation_error,
+)
 from duetime.errors import ConfigError, DuetimeError, InvalidInput, ModelNotFound, ModelUnavailable
 from duetime.execution.affinity import lower_thread_priority, pin_current_thread
 from duetime.execution.executor import abandon_with
@@ -131,7 +139,9 @@ class RepositoryOptions:
 
     def __post_init__(self) -> None:
         """The mistakes that would pass unseen: a mode that is none of the three (it acted as
-        `none`), one name as a string (read as one name per letter)."""
+        `none`), one name as a string (read as one name per letter); and the options a server
+        setting gives, by that setting's rules (see `_SETTING_OF`): ConfigError naming the
+        option."""
         if self.control_mode not in get_args(ControlMode):
             raise ConfigError(
                 f"repository options: field 'control_mode': expected one of "
@@ -142,6 +152,39 @@ class RepositoryOptions:
                 f"repository options: field 'startup_models': expected a sequence of model "
                 f"names, got the string {self.startup_models!r} (write ({self.startup_models!r},))"
             )
+        try:
+            _OPTION_RULES.model_validate({option: getattr(self, option) for option in _SETTING_OF})
+        except ValidationError as exc:
+            raise ConfigError(describe_validation_error("repository options", exc)) from None
+
+
+_SETTING_OF = {
+    "poll_s": "repository_poll_secs",
+    "stable_s": "repository_stable_secs",
+    "max_loaded_models": "max_loaded_models",
+    "max_loaded_bytes": "max_loaded_bytes",
+    "lazy": "lazy_load",
+    "strict_readiness": "strict_readiness",
+    "drain_s": "unload_drain_secs",
+    "max_run_memory_bytes": "max_run_memory_bytes",
+}
+"""The repository options a server setting gives (see server.repository_options) -> that
+setting: an option is checked by its setting's rules, in process as from the CLI.
+
+NOTE: only `control_mode` and `startup_models` were checked in process: `poll_s=0` rescanned
+the repository without a pause (a core busy while idle), `max_loaded_models=0` served no model,
+`lazy="yes"` made `Engine.ready` the string 'yes' (found by a tester)."""
+
+_RULES: dict[str, Any] = {
+    option: (ServerSettings.model_fields[setting].annotation, ServerSettings.model_fields[setting])
+    for option, setting in _SETTING_OF.items()
+}
+_OPTION_RULES = create_model(
+    "RepositoryOptions",
+    # (strict: in process, values come as Python objects, not as the CLI's text to convert)
+    __config__=ConfigDict(strict=True, allow_inf_nan=False),
+    **_RULES,
+)
 
 
 @dataclass(slots=True)
@@ -289,11 +332,16 @@ class ModelManager:
         deploy: Callable[[LoadedModel, str, bool], Deployment],
         *,
         loader_cpus: frozenset[int] | None = None,
+        python_words: bool = False,
     ) -> None:
         self.root = root
         self.options = options
+        self._python_words = python_words
+        """`options` came from Python (an Engine's `open()` or `start()`), not from server
+        settings: errors and warnings about them name the options, not the CLI's flags."""
         self._registry = registry
         registry.load_failure = self._load_failure
+        registry.on_demand = self._on_demand
         self._deploy = deploy
         # NOTE: loading (graph optimisation, warm-up, a second of profiling) runs on one thread
         # kept off the event loop's CPU and below the serving threads' priority, so a reload
@@ -381,18 +429,10 @@ class ModelManager:
             everything = sorted([*names, *scan.errors])
             names = everything if "*" in wanted else self._startup_models(wanted, scan)
             if self.options.lazy:  # (requests for models not loaded got 404, without a word)
-                log.warning(
-                    "--lazy-load is ignored: with --model-control-mode explicit, models load "
-                    "through the repository API (and --load-model at start), never on a request"
-                )
+                self._warn_ignored("lazy", wanted)
         else:
             if wanted:
-                log.warning(
-                    "--load-model %s is ignored: it only takes effect with "
-                    "--model-control-mode explicit (this server runs with %s%s)",
-                    " ".join(wanted), self.options.control_mode,
-                    ", --lazy-load" if self.options.lazy else "",
-                )  # fmt: skip
+                self._warn_ignored("startup_models", wanted)
             if self.options.lazy:
                 names = []
             for name, reason in scan.errors.items():  # (every folder is meant to load)
@@ -403,12 +443,50 @@ class ModelManager:
         if self.options.control_mode == "poll":
             self._poller = asyncio.get_running_loop().create_task(self._poll_forever())
 
+    def _warn_ignored(
+        self, option: Literal["lazy", "startup_models"], wanted: Iterable[str]
+    ) -> None:
+        """Warn that `option` has no effect in this control mode, named as its giver names it:
+        a server's flag, or an Engine's option (see `_python_words`)."""
+        if not self._python_words:
+            if option == "lazy":
+                log.warning(
+                    "--lazy-load is ignored: with --model-control-mode explicit, models load "
+                    "through the repository API (and --load-model at start), never on a request"
+                )
+            else:
+                log.warning(
+                    "--load-model %s is ignored: it only takes effect with "
+                    "--model-control-mode explicit (this server runs with %s%s)",
+                    " ".join(wanted), self.options.control_mode,
+                    ", --lazy-load" if self.options.lazy else "",
+                )  # fmt: skip
+        elif option == "lazy":
+            log.warning(
+                "repository options: lazy=True is ignored: with control_mode='explicit', models "
+                "load through load_model (and startup_models at start), never on a request"
+            )
+        else:
+            log.warning(
+                "repository options: startup_models=%r is ignored: it only takes effect with "
+                "control_mode='explicit' (these options have control_mode=%r%s)",
+                tuple(wanted), self.options.control_mode,
+                ", lazy=True" if self.options.lazy else "",
+            )  # fmt: skip
+
     def _startup_models(self, wanted: Iterable[str], scan: Scan) -> list[str]:
-        """`wanted`, each checked to be a model folder of the repository (ConfigError if not)."""
+        """`wanted`, each checked to be a model folder of the repository (ConfigError if not).
+
+        NOTE: an Engine's unknown `startup_models` name was refused as "server settings: field
+        'load_model' (--load-model 'x')", a setting and a flag its caller never gave (found by
+        a tester): it is named as the caller gave it."""
         found = {source.name for source in scan.models} | set(scan.errors)
         names = []
         for name in wanted:
-            field = f"server settings: field 'load_model' (--load-model {name!r})"
+            if self._python_words:
+                field = f"repository options: field 'startup_models' ({name!r})"
+            else:
+                field = f"server settings: field 'load_model' (--load-model {name!r})"
             try:
                 check_model_name(name)
             except InvalidInput as exc:
@@ -1439,6 +1517,16 @@ class ModelManager:
             return False
         self._retry_at[name] = now + LAZY_RETRY_S  # (from the try: the failure is its outcome)
         return True
+
+    def _on_demand(self) -> list[str]:
+        """The models a request loads first, served or not: with lazy loading (not in explicit
+        mode), every model folder of the repository (see `Registry.on_demand`)."""
+        if not self.options.lazy or self.options.control_mode == "explicit":
+            return []
+        try:
+            return [folder.name for folder in model_folders(self.root)]
+        except OSError:  # (the repository gone or unreadable: the index says so)
+            return []
 
     def load_estimate_s(self, name: str) -> float:
         """How long loading `name` took last time (a second by default)."""

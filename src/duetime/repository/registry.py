@@ -214,6 +214,9 @@ class Registry:
         self.load_failure: Callable[[str, str], str | None] = _no_failure
         """Why version V of model M failed to load, if it did (its repository index reason;
         set by the model manager): a request for it is told that (see `served_version`)."""
+        self.on_demand: Callable[[], Iterable[str]] = tuple
+        """The models not served that a request loads first (lazy loading; set by the model
+        manager): a request for an unknown model is told them with the served ones."""
 
     def publish(
         self, name: str, versions: Mapping[str, ServedVersion], traffic: TrafficConfig
@@ -306,7 +309,16 @@ class Registry:
                 raise ModelUnavailable(
                     f"model '{name}': the server is shutting down; retry on another replica"
                 )
-            known = ", ".join(repr(n) for n in sorted(snapshot.models)) or "none"
+            # NOTE: with lazy loading, the models not loaded yet were left out: a mistyped
+            # name was told "served models: none" while every model of the repository served
+            # on request (found by a tester)
+            later = sorted(set(self.on_demand()) - snapshot.models.keys())
+            known = ", ".join(repr(n) for n in sorted([*snapshot.models, *later])) or "none"
+            if later and not snapshot.models:
+                known += " (each loads on its first request)"
+            elif later:
+                waiting = ", ".join(map(repr, later))
+                known += f" ({waiting} not loaded yet: each loads on its first request)"
             raise ModelNotFound(f"{UNKNOWN_MODEL}'{name}' is not found; served models: {known}")
         return served
 
