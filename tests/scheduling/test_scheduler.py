@@ -20,7 +20,7 @@ from conftest import collector_off
 from factories import OTHER_SHAPE, SHAPE, FakeExecutor, make_profile
 
 from duetime.clock import FakeClock
-from duetime.config import BreakerConfig, SchedulingConfig
+from duetime.config import BreakerConfig, ModelConfig, SchedulingConfig
 from duetime.errors import (
     DeadlineExceeded,
     InternalError,
@@ -29,6 +29,7 @@ from duetime.errors import (
     Overloaded,
 )
 from duetime.execution.executor import BatchResult, Feeds
+from duetime.repository.tritonconfig import translate
 from duetime.resilience.breaker import BreakerState
 from duetime.scheduling.ledger import CoreLedger
 from duetime.scheduling.profile import (
@@ -222,6 +223,70 @@ def test_each_priority_level_has_its_own_bound_within_the_whole_queues() -> None
         assert h.started() == ["running", "p1a"]
         h.submit("p1c", priority=1)  # its level has room again
         assert h.scheduler.statistics().queued == 5
+
+    run(body)
+
+
+def test_a_full_level_is_named_as_a_pbtxt_wrote_it_even_with_every_level_full() -> None:
+    """A config.pbtxt's `priority_levels: 2` with `default_queue_policy { max_queue_size: 3 }`
+    (3 per level, Triton's meaning): a full level was refused naming config.toml's
+    `scheduling.max_queue_size_per_level`, and with every level full the refusal cited 6, a
+    bound the file does not hold (found by a tester)."""
+    text = (
+        "dynamic_batching { priority_levels: 2 default_priority_level: 2 "
+        "default_queue_policy { max_queue_size: 3 } }"
+    )
+    scheduling = ModelConfig.model_validate(translate(text, source="c", model_name="m")).scheduling
+    assert (scheduling.max_queue_size, scheduling.max_queue_size_per_level) == (6, 3)
+
+    async def body() -> None:
+        h = harness(**{**scheduling.model_dump(), "delivery_margin_us": 0, "exec_margin": 0.0})
+        h.submit("running")
+        for name in ("a", "b", "c"):
+            h.submit(f"p2{name}", priority=2)
+        level_full = (
+            r"^Exceeds maximum queue size: model 'm' version 1: queue full for priority level 2 "
+            r"\(3 requests of that level waiting: its bound per level, config.pbtxt's "
+            r"dynamic_batching.default_queue_policy.max_queue_size with priority_levels, "
+            r"config.toml's scheduling.max_queue_size_per_level\); retry later"
+        )
+        with pytest.raises(Overloaded, match=level_full):
+            h.submit("p2d", priority=2)  # (level 1 has room)
+        for name in ("a", "b", "c"):
+            h.submit(f"p1{name}", priority=1)
+        with pytest.raises(Overloaded, match=level_full):  # (the whole queue is full too)
+            h.submit("p2e", priority=2)
+        with pytest.raises(Overloaded, match=level_full.replace("level 2", "level 1")):
+            h.submit("p1d", priority=1)
+
+    run(body)
+
+
+@pytest.mark.parametrize(
+    ("levels", "named"),
+    [
+        ({}, r"config.pbtxt's dynamic_batching.default_queue_policy.max_queue_size\); retry"),
+        (
+            {"priority_levels": 2, "max_queue_size_per_level": 3},
+            r"config.pbtxt's parameters\['duetime'\] scheduling.max_queue_size, else its "
+            r"priority_levels times dynamic_batching.default_queue_policy.max_queue_size\)",
+        ),
+    ],
+)
+def test_a_full_queue_names_its_bound_in_both_config_files_terms(
+    levels: dict[str, int], named: str
+) -> None:
+    async def body() -> None:
+        h = harness(max_queue_size=2, **levels)
+        h.submit("running")
+        h.submit("q1", priority=1)
+        h.submit("q2", priority=2)
+        with pytest.raises(
+            Overloaded,
+            match=r"queue full \(2 requests waiting: its max_queue_size, config.toml's "
+            r"scheduling.max_queue_size or " + named,
+        ):
+            h.submit("refused", priority=1)
 
     run(body)
 

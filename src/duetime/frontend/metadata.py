@@ -14,6 +14,7 @@ from duetime.repository.tritonconfig import (
     DUETIME,
     WITHOUT_DIMS,
     carried_settings,
+    queue_size_field,
 )
 from duetime.types import TensorSpec
 
@@ -69,8 +70,9 @@ def model_config_json(model: LoadedModel) -> dict[str, Any]:
     # (it may shorten the default, never extend it), whatever a Triton config said (warned of at
     # load when it did not allow it)
     queue_policy: dict[str, Any] = {
-        # (a queue per level, as Triton's, where the levels have one: see tritonconfig)
-        "max_queue_size": scheduling.max_queue_size_per_level or scheduling.max_queue_size,
+        # (a queue per level, as Triton's, where the levels have one; the bound the field
+        # cannot say travels in `parameters['duetime']`: see tritonconfig.carried_queue_bound)
+        "max_queue_size": queue_size_field(scheduling),
         "allow_timeout_override": True,
     }  # fmt: skip
     if config.default_timeout_ms is not None:
@@ -130,9 +132,9 @@ def _any_priority(scheduling: SchedulingConfig) -> dict[str, Any]:
 
 def _carried(config: ModelConfig) -> dict[str, Any]:
     """The settings Triton's ModelConfig has no field for (traffic, variants, execution,
-    breaker, two scheduling margins), those not at their defaults, as one JSON object in the
-    `duetime` parameter, so that the config read back by load_model(config=...) serves as
-    before (see tritonconfig.DUETIME)."""
+    breaker, two scheduling margins, a queue bound), those not at their defaults, as one JSON
+    object in the `duetime` parameter, so that the config read back by load_model(config=...)
+    serves as before (see tritonconfig.DUETIME)."""
     carried = carried_settings(config)
     if not carried:
         return {}

@@ -24,6 +24,7 @@ and one priority level:
 | `dynamic_batching.default_queue_policy.max_queue_size` | `scheduling.max_queue_size` |
 | the same unset or 0 (Triton: no maximum), or no `dynamic_batching` | 1024, warned of (q) |
 | the same, with `priority_levels` (a queue per level) | `scheduling.max_queue_size_per_level` |
+| and `priority_levels` times it (at most 1,000,000; see (+)) | `scheduling.max_queue_size` |
 | `dynamic_batching.default_queue_policy.default_timeout_microseconds` | `default_timeout_ms` (*) |
 | `dynamic_batching.default_priority_level`, `priority_levels` | `scheduling.` the same |
 | no `dynamic_batching.priority_levels` (one level, as Triton) | `scheduling.ignore_priority` |
@@ -41,7 +42,9 @@ and one priority level:
 
 (+) `execution`, `breaker`, `variants`, `traffic`, `scheduling.delivery_margin_us`,
 `scheduling.exec_margin`: what the config endpoint reports there, so that a config read back
-and loaded again serves as before.
+and loaded again serves as before. And the queue bound Triton's field cannot say (see
+`carried_queue_bound`): with `priority_levels`, `scheduling.max_queue_size`, the bound over
+every level together (Triton has none); without, `scheduling.max_queue_size_per_level`.
 
 (*) A request may always shorten the model's default due time and never extend it: Triton's
 `allow_timeout_override: true`, whatever the file says (duetime always honours a request's own;
@@ -158,12 +161,18 @@ get_model_config -> edit -> load_model(config=...) serves as before.
 NOTE: a model with A/B weights, a sticky key, a shadow version and a variant, loaded back from
 its own config as returned, sent all its traffic to the former shadow version (the highest),
 moved every sticky key and lost the variant, without a word. Only what Triton has no field for
-is carried, so an edit of a Triton field never meets a stale copy of it here."""
+is carried, so an edit of a Triton field never meets a stale copy of it here (the queue bound
+carried is the one its field cannot say: see `carried_queue_bound`)."""
 CARRIED = ("execution", "breaker", "variants", "traffic")
 """The sections of a duetime model config that `DUETIME` carries whole."""
 CARRIED_SCHEDULING = ("delivery_margin_us", "exec_margin")
-"""The `scheduling` settings that `DUETIME` carries (the others are `dynamic_batching`'s)."""
-_CARRIED_NAMES = ", ".join([*CARRIED, *(f"scheduling.{name}" for name in CARRIED_SCHEDULING)])
+"""The `scheduling` settings that `DUETIME` carries (the others are `dynamic_batching`'s, but
+a queue bound: see `carried_queue_bound`)."""
+_CARRIED_NAMES = (
+    f"{', '.join([*CARRIED, *(f'scheduling.{name}' for name in CARRIED_SCHEDULING)])}, and "
+    "the queue bound dynamic_batching cannot say (scheduling.max_queue_size with "
+    "priority_levels, scheduling.max_queue_size_per_level without)"
+)
 _THREAD_PARAMETERS = {
     "intra_op_thread_count": "intra_op_threads",
     "inter_op_thread_count": "inter_op_threads",
@@ -528,7 +537,7 @@ def _parameter(name: str, value: str, out: dict[str, Any], source: str, warn: Wa
     elif name == ANY_SHAPE:  # (duetime's own; after the tensors, whose dims it drops)
         _of_any_shape(_names(value, f"parameters['{name}']", source), out, where, warn)
     elif name == DUETIME:  # (duetime's own: the settings Triton has no field for)
-        _carried(value, out, where)
+        _carried(value, out, where, warn)
     elif name in _UNHONOURED_PARAMETERS:
         what_duetime_does, same = _UNHONOURED_PARAMETERS[name]
         if value.strip().lower() not in same:
@@ -543,10 +552,44 @@ def carried_settings(config: ModelConfig) -> dict[str, Any]:
     wanted: dict[str, Any] = {name: True for name in CARRIED}
     wanted["scheduling"] = set(CARRIED_SCHEDULING)
     dumped = config.model_dump(include=wanted, exclude_defaults=True)
-    return {key: value for key, value in dumped.items() if value not in ({}, [])}
+    carried = {key: value for key, value in dumped.items() if value not in ({}, [])}
+    queue = carried_queue_bound(config.scheduling)
+    if queue:
+        carried["scheduling"] = {**carried.get("scheduling", {}), **queue}
+    return carried
 
 
-def _carried(value: str, out: dict[str, Any], where: str) -> None:
+def queue_size_field(scheduling: SchedulingConfig) -> int:
+    """`dynamic_batching.default_queue_policy.max_queue_size` as the config endpoint writes the
+    queue bounds of `scheduling`, in Triton's terms: with priority levels, the bound of each
+    level's queue (the most one level may queue: its own bound, within the whole queue's);
+    without (Triton's one queue; a duetime model taking any level), the whole queue's."""
+    total = scheduling.max_queue_size
+    if scheduling.priority_levels:  # (`ignore_priority` too: one level, 1)
+        return min(scheduling.max_queue_size_per_level or total, total)
+    return total
+
+
+def carried_queue_bound(scheduling: SchedulingConfig) -> dict[str, int]:
+    """The queue bound of `scheduling` that `queue_size_field` cannot say, as `DUETIME` carries
+    it (none: {}): with priority levels, the whole queue's where it is not what the field reads
+    back as (`priority_levels` times it, see `_dynamic_batching`); without, a level's own.
+
+    NOTE: the config endpoint wrote a config.toml model's `max_queue_size` 2 with 2 priority
+    levels (2 in all) as Triton's `max_queue_size: 2`, a queue of 2 per level, and a
+    config.pbtxt's unset one (1024 in all) as 1024 per level: loaded back by
+    load_model(config=...), each queued twice what it had (found by a tester)."""
+    if scheduling.ignore_priority:
+        return {}  # (one level: the field is its bound, whichever of the two was tighter)
+    if scheduling.priority_levels:
+        total = scheduling.max_queue_size
+        read_back = min(MAX_QUEUE_SIZE, scheduling.priority_levels * queue_size_field(scheduling))
+        return {} if total == read_back else {"max_queue_size": total}
+    per_level = scheduling.max_queue_size_per_level
+    return {"max_queue_size_per_level": per_level} if per_level else {}
+
+
+def _carried(value: str, out: dict[str, Any], where: str, warn: Warn) -> None:
     """The settings the `DUETIME` parameter carries (`value`, a JSON object), into `out`; they
     are validated with the rest (errors name `parameters['duetime'].<setting>`, see
     `triton_field`). A key it does not carry is refused: a setting Triton has a field for is
@@ -559,8 +602,11 @@ def _carried(value: str, out: dict[str, Any], where: str) -> None:
     scheduling = given.pop("scheduling", {})
     if not isinstance(scheduling, dict):
         raise ConfigError(f"{where}: scheduling: expected a JSON object of "
-                          f"{' and '.join(CARRIED_SCHEDULING)}; got "
-                          f"{json.dumps(scheduling)}")  # fmt: skip
+                          f"{', '.join(CARRIED_SCHEDULING)} and a queue bound; got "
+                          f"{_shown(json.dumps(scheduling))}")  # fmt: skip
+    # (`_priority` ran: it writes `priority_levels` where the config has them, and only then)
+    own = out.setdefault("scheduling", {})
+    queue = _carried_queue_bounds(scheduling, "priority_levels" in own, where)
     unknown = sorted(set(given) - set(CARRIED))
     unknown += sorted(f"scheduling.{key}" for key in set(scheduling) - set(CARRIED_SCHEDULING))
     if unknown:
@@ -568,8 +614,33 @@ def _carried(value: str, out: dict[str, Any], where: str) -> None:
                           f"{_CARRIED_NAMES}: the settings Triton's ModelConfig has no field for "
                           "(set the others in their Triton fields)")  # fmt: skip
     out.update(given)
-    if scheduling:
-        out.setdefault("scheduling", {}).update(scheduling)
+    own.update(scheduling, **queue)
+    per_level = own.get("max_queue_size_per_level", 0)
+    if "max_queue_size" in queue and queue["max_queue_size"] < per_level:
+        warn(f"{where}: scheduling.max_queue_size {queue['max_queue_size']} (the bound over "
+             "every priority level together) is below dynamic_batching.default_queue_policy."
+             f"max_queue_size {per_level} (each level's): no level queues more than "
+             f"{queue['max_queue_size']}")  # fmt: skip
+
+
+def _carried_queue_bounds(scheduling: dict[str, Any], levels: bool, where: str) -> dict[str, int]:
+    """The queue bound the `DUETIME` parameter's `scheduling` carries (see
+    `carried_queue_bound`), taken out of it and checked: with priority `levels` the whole
+    queue's, without them a level's own; the other one is the field's to set."""
+    carried = "max_queue_size" if levels else "max_queue_size_per_level"
+    set_by_field = "max_queue_size_per_level" if levels else "max_queue_size"
+    if set_by_field in scheduling:
+        raise ConfigError(f"{where}: scheduling.{set_by_field}: not carried here; "
+                          "dynamic_batching.default_queue_policy.max_queue_size sets it "
+                          f"({'with' if levels else 'without'} priority_levels)")  # fmt: skip
+    if carried not in scheduling:
+        return {}
+    value, least = scheduling.pop(carried), 1 if levels else 0
+    is_int = isinstance(value, int) and not isinstance(value, bool)
+    if not is_int or not least <= value <= MAX_QUEUE_SIZE:
+        raise ConfigError(f"{where}: scheduling.{carried}: expected an integer in [{least}, "
+                          f"{MAX_QUEUE_SIZE}], got {_shown(json.dumps(value))}")  # fmt: skip
+    return {carried: value}
 
 
 def _without_dims(names: list[str], out: dict[str, Any], where: str, warn: Warn) -> None:

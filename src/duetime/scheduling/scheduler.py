@@ -914,18 +914,33 @@ class ModelScheduler:
         return True
 
     def _full_error(self, level: int) -> Overloaded:
-        """The refusal of a request of `level` the queue had no room for, naming the bound."""
+        """The refusal of a request of `level` the queue had no room for, naming the bound in
+        the terms of either config file (the scheduler does not know which the model has).
+
+        NOTE: a config.pbtxt's `default_queue_policy.max_queue_size` with priority levels (a
+        queue per level) was named `scheduling.max_queue_size_per_level`, a config.toml name,
+        and with every level full the refusal cited the whole queue's bound, the levels times
+        the file's (found by a tester): a full level is named first, as the file wrote it."""
         queue = self._queue
-        if len(queue) >= queue.capacity:
+        if queue.level_capacity and queue.at_level(level) >= queue.level_capacity:
             return Overloaded(
-                f"{QUEUE_FULL}: model {self._label}: queue full ({queue.capacity} requests "
-                "waiting: its max_queue_size, config.toml's [scheduling] or config.pbtxt's "
-                "dynamic_batching.default_queue_policy); retry later or raise the limit"
+                f"{QUEUE_FULL}: model {self._label}: queue full for priority level {level} "
+                f"({queue.level_capacity} requests of that level waiting: its bound per level, "
+                "config.pbtxt's dynamic_batching.default_queue_policy.max_queue_size with "
+                "priority_levels, config.toml's scheduling.max_queue_size_per_level); retry "
+                "later or raise the limit"
             )
+        levels = self._config.priority_levels and not self._config.ignore_priority
+        whole = (
+            "config.pbtxt's parameters['duetime'] scheduling.max_queue_size, else its "
+            "priority_levels times dynamic_batching.default_queue_policy.max_queue_size"
+            if levels
+            else "config.pbtxt's dynamic_batching.default_queue_policy.max_queue_size"
+        )
         return Overloaded(
-            f"{QUEUE_FULL}: model {self._label}: queue full for priority level {level} "
-            f"({queue.level_capacity} requests of that level waiting, "
-            "scheduling.max_queue_size_per_level); retry later or raise the limit"
+            f"{QUEUE_FULL}: model {self._label}: queue full ({queue.capacity} requests "
+            f"waiting: its max_queue_size, config.toml's scheduling.max_queue_size or {whole}); "
+            "retry later or raise the limit"
         )
 
     def fits(self, now: int, due_ns: int, rows: int, priority: int) -> bool:
