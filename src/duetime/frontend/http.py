@@ -1787,7 +1787,7 @@ class HttpConnection(asyncio.BufferedProtocol):
         here, if it inflates to `INFLATE_INLINE_BYTES` or less, then answer it (True); else go on
         off the loop (True: answered once inflated, its place in the pipeline kept), in steps
         on the server's inflation workers (`_inflate_pool`). False: not one of those (the API
-        decodes it, or answers 415).
+        inflates its body, to `INFLATE_INLINE_BYTES` at most, or answers 415).
 
         The API is handed the body inflated, with its headers but Content-Encoding; a body
         that cannot be inflated is answered as the API answers it (`RestApi.refuse_infer`).
@@ -1801,7 +1801,9 @@ class HttpConnection(asyncio.BufferedProtocol):
         inflates is reserved in the Intake's budget for big bodies as it grows (until its
         answer is written), refused (503) as a chunked body is when it does not fit."""
         arrival, slot.dated_ns = slot.dated_ns, None
-        if method != "POST" or not (self._api.infer_target(url) is not None or _names_predict(url)):
+        # NOTE: `infer_target` alone (and `_names_predict`) left '//v2/models/m/infer' and
+        # '/v1/models/m%3Apredict' to the API, which inflated them on the loop (a tester)
+        if method != "POST" or not (_names_predict(url) or self._api.inference_route(url)):
             return False
         inflated = self._inflate_inline(url, headers, body)
         if inflated is None:

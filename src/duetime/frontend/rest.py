@@ -43,6 +43,7 @@ from duetime.errors import (
     PayloadTooLarge,
     Unauthorized,
     fitted,
+    shown,
 )
 from duetime.frontend import codec, sharedmemory
 from duetime.frontend.answersizes import shaped_bytes
@@ -601,6 +602,8 @@ class RestApi:
             return self._route(method, parts, headers, body)
         except DuetimeError as exc:
             return self._failed(exc, headers, parts or _segments(target))
+        except RecursionError:  # (the client's JSON: see `_too_deep`)
+            return self._failed(_too_deep(), headers, parts or _segments(target))
         except Exception as exc:  # a bug of ours: answer 500, log it, keep serving
             log.exception("internal error on %s %r", method, target)
             error = InternalError(f"internal error: {type(exc).__name__}: {exc}")
@@ -621,6 +624,28 @@ class RestApi:
             self._infer_targets.clear()
         self._infer_targets[target] = infer
         return infer
+
+    def inference_route(self, target: bytes) -> tuple[str, str | None] | None:
+        """The model and version (None: the default; always for V1) of the inference request
+        a POST to `target` is, v2's or a V1 predict's, as `handle` routes it: its empty
+        segments collapsed, its percent-escapes undone; else None. For a compressed body,
+        which the front end inflates off the loop for an inference request alone (see
+        `HttpConnection._inflate`)."""
+        infer = self.infer_target(target)
+        if infer is not None:
+            return infer
+        parts = _segments(target)
+        if "" in parts:
+            try:
+                parts = _collapsed(parts, target)
+            except InvalidInput:
+                return None
+        if _names_infer(parts):
+            return parts[2], parts[4] if len(parts) == 6 else None
+        if not _names_predict(parts):
+            return None
+        model, _, verb = parts[2].rpartition(":")
+        return (model, None) if verb == "predict" else None
 
     def hold_back(
         self,
@@ -652,12 +677,12 @@ class RestApi:
         return HeldInfer(request, plan, received, len(body))
 
     def refuse_infer(self, target: bytes, headers: Mapping[str, str], exc: Exception) -> Reply:
-        """The error reply of the inference request to `target` (v2's, one `infer_target`
-        names, or a V1 predict) whose body could not be decoded (`exc`: its Content-Encoding
+        """The error reply of the inference request to `target` (v2's or a V1 predict's: see
+        `inference_route`) whose body could not be decoded (`exc`: its Content-Encoding
         could not be undone off the event loop, see `Inflation`; not a DuetimeError: a 500,
         logged), as `handle` answers it, counted in `refused`; never raises."""
-        infer = self.infer_target(target)
-        if infer is None:  # (V1: `/v1/models/<m>:predict`)
+        infer = self.inference_route(target)
+        if infer is None:  # (not an inference's: see `HttpConnection._decode`)
             parts = _segments(target)
             name = parts[2] if len(parts) > 2 else ""
             infer = (name.rpartition(":")[0] or name, None)
@@ -709,7 +734,9 @@ class RestApi:
     ) -> Reply:  # fmt: skip
         """The error reply of an inference request that got no ticket, as `handle` answers it
         (a fault of ours: 500, logged); `v1`: a KServe V1 predict's."""
-        if not isinstance(exc, DuetimeError):
+        if isinstance(exc, RecursionError):
+            exc = _too_deep()
+        elif not isinstance(exc, DuetimeError):
             log.exception("internal error on an inference request for model '%s'", model)
             exc = InternalError(f"internal error: {type(exc).__name__}: {exc}")
         if self._tracing is not None:
@@ -784,8 +811,6 @@ class RestApi:
         rest = parts[1:]
         if not rest:
             return _expect(method, "GET", self._server_metadata)
-        if method == "POST" and "content-encoding" in headers and not _names_infer(parts):
-            body = self._control_body(rest, headers, body)
         if rest == ["openapi.json"]:
             return _expect(method, "GET", _openapi)
         if rest[0] == "health" and len(rest) == 2 and rest[1] in ("live", "ready"):
@@ -808,15 +833,19 @@ class RestApi:
             return self._repository_route(method, rest[1:], headers, body)
         raise ModelNotFound(f"no such endpoint '/{'/'.join(parts)}'")
 
-    def _control_body(self, rest: list[str], headers: Mapping[str, str], body: bytes) -> bytes:
+    def _control_body(self, headers: Mapping[str, str], body: bytes) -> bytes:
         """A control request's body with its Content-Encoding undone, as an inference body's is
-        (a model's load inflates its own, on the thread that reads it: see `_load`).
+        (a model's load inflates its own, on the thread that reads it: see `_load`), once its
+        control token is checked: on the event loop, so within `INFLATE_INLINE_BYTES`.
 
         NOTE: it was read as sent: a gzip load or trace-setting request from a client that
-        compresses every body was refused as "not valid UTF-8" (found by a tester)."""
-        if len(rest) == 4 and rest[:2] == ["repository", "models"] and rest[3] == "load":
-            return body
-        return _decoded(body, headers["content-encoding"], self._settings.max_body_bytes)
+        compresses every body was refused as "not valid UTF-8" (found by a tester).
+
+        NOTE: every control body was inflated as it was routed, before its token was checked,
+        up to --max-body-bytes: a client without the token held the event loop (every HTTP
+        and gRPC client) 0.3-0.5 s with each 65 KB gzip body (64 MiB of spaces) it sent to
+        /v2/logging (found by a tester). These bodies are small JSON documents."""
+        return _inflated_here(body, headers.get("content-encoding"), self._settings.max_body_bytes)
 
     def _model_route(
         self, method: str, rest: list[str], headers: Mapping[str, str], body: bytes
@@ -849,7 +878,7 @@ class RestApi:
         if method != "POST":
             raise _method_not_allowed("POST")
         if rest == ["index"]:
-            return self._repository_index(body)
+            return self._repository_index(self._control_body(headers, body))
         if len(rest) == 3 and rest[0] == "models" and rest[2] in ("load", "unload"):
             check_control_token(self._settings.control_token, headers.get("authorization"))
             name = check_model_name(rest[1])
@@ -862,6 +891,7 @@ class RestApi:
 
             what = f"the {rest[2]} of model '{name}'"
             if rest[2] == "unload":
+                body = self._control_body(headers, body)
                 check_unload_request(_control_parameters(body, "unload request"))
                 return ControlCall.start(self._engine.unload_model(name), done, failed, what)
             coding = headers.get("content-encoding")
@@ -908,6 +938,7 @@ class RestApi:
             if name is None or rest == ["unregister"]:
                 regions.unregister(name)
             else:
+                body = self._control_body(headers, body)
                 doc = _json_object(body, "shared memory register request")
                 regions.register(name, doc.get("key"), doc.get("offset", 0), doc.get("byte_size"))
             return _EMPTY_OK
@@ -946,6 +977,7 @@ class RestApi:
         if method != "POST":
             raise _method_not_allowed("GET, POST")
         check_control_token(self._settings.control_token, headers.get("authorization"))
+        body = self._control_body(headers, body)
         return _json(update(_json_object(body, what) if body.strip() else {}))
 
     # -- metadata ------------------------------------------------------------------------------
@@ -1050,7 +1082,7 @@ class RestApi:
             received = self._engine.clock.now_ns() if self._tracing is not None else 0
         try:
             if arrival_ns is None:  # (one after a load has its body decoded and checked)
-                body = _decoded(
+                body = _inflated_here(
                     body, headers.get("content-encoding"), self._settings.max_body_bytes
                 )
                 self._check_json_size(len(body))
@@ -1291,7 +1323,7 @@ class RestApi:
         """`body` decoded into a request, dated: it arrived at `arrival_ns` if given (read
         earlier), else at the start of the loop turn that read it (see `ReadTurn`), and is due
         its `timeout` parameter after that."""
-        body = _decoded(body, headers.get("content-encoding"), self._settings.max_body_bytes)
+        body = _inflated_here(body, headers.get("content-encoding"), self._settings.max_body_bytes)
         header = parse_header_length(headers.get(_HEADER_LENGTH), len(body))
         self._check_json_size(len(body) if header is None else header)
         request, plan = parse_infer_request(
@@ -1449,6 +1481,20 @@ def _json_object(body: bytes, what: str) -> dict[str, Any]:
     return doc
 
 
+def _too_deep() -> InvalidInput:
+    """The refusal of a request whose JSON nests a value deeper than the server can handle it:
+    orjson reads 1,024 levels, and Python's stack takes fewer where a value is gone through
+    recursively (quoted in a message, compared).
+
+    NOTE: a guard for every field: values nested 995 deep where a message quoted them (an
+    input's name, a shared-memory key, 'unload_dependents') raised RecursionError, answered 500
+    with a traceback logged each time (found by a tester); those fields are named now."""
+    return InvalidInput(
+        "the request's JSON nests a value too deeply to be read (some 1,000 levels); no field "
+        "of the API takes more than a few: nest it less"
+    )
+
+
 def _control_parameters(body: bytes, what: str) -> dict[str, Any]:
     doc = _json_object(body, what) if body.strip() else {}
     return _parameters(doc.get("parameters"), f"{what} 'parameters'")
@@ -1545,11 +1591,14 @@ def check_unload_request(parameters: Mapping[str, Any]) -> None:
     if not isinstance(value, bool):
         # (as JSON, the request's form: `null`, not Python's None; a gRPC parameter with no
         # value set is None too)
-        text = orjson.dumps(value, default=repr).decode()
-        shown = text if len(text) <= 40 else f"{text[:40]}..."
+        try:
+            text = orjson.dumps(value, default=repr).decode()
+        except TypeError:  # (nested past orjson's 254 levels: a 500 it was, found by a tester)
+            text = shown(value)
+        text = text if len(text) <= 40 else f"{text[:40]}..."
         raise InvalidInput(
             "unload parameter 'unload_dependents': expected a boolean (true or false; "
-            f"bool_param over gRPC), got {shown}"
+            f"bool_param over gRPC), got {text}"
         )
 
 
@@ -1930,9 +1979,13 @@ def _check_parameter_types(doc: dict[str, Any]) -> None:
     _check_scalars(doc.get("parameters"), "request")
     for field in ("inputs", "outputs"):
         tensors = doc.get(field)
-        for tensor in tensors if isinstance(tensors, list) else ():
-            if isinstance(tensor, dict):
-                _check_scalars(tensor.get("parameters"), f"{field[:-1]} {tensor.get('name')!r}")
+        for index, tensor in enumerate(tensors if isinstance(tensors, list) else ()):
+            if isinstance(tensor, dict) and isinstance(tensor.get("parameters"), dict):
+                # NOTE: a name of 995 nested lists was quoted with repr: RecursionError, a 500
+                # (found by a tester); one that is no string is named as the decoding names it
+                name = tensor.get("name")
+                where = f"{field[:-1]} {name!r}" if isinstance(name, str) else f"{field}[{index}]"
+                _check_scalars(tensor["parameters"], where)
 
 
 def _check_scalars(parameters: Any, where: str) -> None:
@@ -2100,7 +2153,31 @@ def _decoded(body: bytes, encoding: str | None, limit: int) -> bytes:
 INFLATE_INLINE_BYTES = 256 << 10
 """A compressed request body inflating to more than this is inflated on from there off the event
 loop (see `HttpConnection._inflate`): ~1.5 ms of zlib on the 2-core VM (185 MB/s of tensors
-out, 470 MB/s of zeros)."""
+out, 470 MB/s of zeros). The API inflates no more than this of a body itself (`_inflated_here`)."""
+
+
+def _inflated_here(body: bytes, encoding: str | None, max_body: int) -> bytes:
+    """The body with its Content-Encoding undone by the API, on the event loop: so to
+    `INFLATE_INLINE_BYTES` at most (PayloadTooLarge past them), a control request's JSON. An
+    inference body inflating to more is inflated off the loop before the API sees it (see
+    `HttpConnection._inflate`).
+
+    NOTE: the API inflated up to --max-body-bytes (64 MiB) on the loop: a control request's
+    body, and an inference body on a path the front end did not take for one
+    ('//v2/models/m/infer', '/v1/models/m%3Apredict'); 65 KB of gzip held every client of
+    the server 0.3-0.5 s (found by a tester)."""
+    if encoding is None:
+        return body
+    limit = min(INFLATE_INLINE_BYTES, max_body)
+    try:
+        return _decoded(body, encoding, limit)
+    except PayloadTooLarge:
+        if limit == max_body:
+            raise  # (the server's body limit, said as before)
+    raise PayloadTooLarge(
+        f"the decompressed body is over the {limit}-byte limit for a compressed control "
+        "request body (these are small JSON documents); send it uncompressed"
+    )
 
 
 class Inflation:

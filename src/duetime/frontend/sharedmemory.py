@@ -46,7 +46,7 @@ from stat import S_ISREG
 from typing import Any, Protocol, TypeAlias
 
 from duetime.datatypes import WIRE_DTYPE_OF
-from duetime.errors import DuetimeError, InvalidInput, PayloadTooLarge
+from duetime.errors import DuetimeError, InvalidInput, PayloadTooLarge, shown
 from duetime.frontend import codec
 
 SHM_ROOT = Path("/dev/shm")
@@ -306,7 +306,9 @@ class SharedMemoryRegions:
     ) -> tuple[Path, tuple[int, int]]:
         """The path and identity (device, inode) of the object `key`, once it is checked to be
         one the window fits in."""
-        unable = f"Unable to open shared memory region: '{key}' (region '{name}')"
+        # NOTE: a key of 995 nested lists was quoted whole: RecursionError, a 500 (a tester)
+        quoted = f"'{key}'" if isinstance(key, str) else shown(key)
+        unable = f"Unable to open shared memory region: {quoted} (region '{name}')"
         stem = key.lstrip("/") if isinstance(key, str) else ""
         if not stem or "/" in stem or "\0" in stem or stem in (".", ".."):
             raise InvalidInput(
@@ -518,7 +520,7 @@ def _why(exc: OSError) -> str:
 
 def _check_count(value: Any, field: str, where: str = "shared memory") -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise InvalidInput(f"{where}: '{field}' must be an integer >= 0, got {value!r}")
+        raise InvalidInput(f"{where}: '{field}' must be an integer >= 0, got {shown(value)}")
 
 
 CUDA_UNSUPPORTED = (
