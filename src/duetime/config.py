@@ -735,7 +735,8 @@ class ServerSettings(_Strict):
     """An HTTP request's head must arrive within this long of its first byte, and its body
     must then keep coming at `min_body_rate_bytes_s` over each such period; a slower client
     (slowloris) is answered 408 and closed; a gRPC connection must finish its HTTP/2 handshake
-    within this long."""
+    within this long, and a gRPC call's first request message must all come within this long of
+    the call's start (else DEADLINE_EXCEEDED)."""
     min_body_rate_bytes_s: int = Field(default=64 * 1024, ge=1)
     max_inflight_bytes: int = Field(default=1024 * 1024 * 1024, ge=1024)
     """HTTP request body bytes held at once (being read, or waiting for their answer), with

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import grpc
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
@@ -257,3 +258,125 @@ def test_connections_that_hold_the_bound_are_ended(tmp_path: Path, holder: str) 
                 sock.close()
             for client in clients:
                 client.close()
+
+
+STALLED_READ_S = 0.5
+"""--request-read-timeout-s of the servers below: short, to keep the tests quick."""
+
+
+def stalled_call(
+    address: str, path: str = "/inference.GRPCInferenceService/ModelInfer"
+) -> socket.socket:
+    """A socket that sent HTTP/2's preface and the HEADERS of one call of `path`, and will send
+    nothing more: no request message, no end of stream (as a tester's client did)."""
+
+    def frame(kind: int, flags: int, stream: int, payload: bytes = b"") -> bytes:
+        head = len(payload).to_bytes(3, "big") + bytes((kind, flags))
+        return head + stream.to_bytes(4, "big") + payload
+
+    fields = ((":method", "POST"), (":scheme", "http"), (":path", path), (":authority", address),
+              ("content-type", "application/grpc"), ("te", "trailers"))  # fmt: skip
+    # (HPACK literals, not indexed, new names: each under 127 bytes)
+    headers = b"".join(
+        b"\0" + bytes((len(n),)) + n.encode() + bytes((len(v),)) + v.encode() for n, v in fields
+    )
+    host, port = address.rsplit(":", 1)
+    sock = socket.create_connection((host, int(port)), timeout=30)
+    preface = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + frame(4, 0, 0) + frame(4, 1, 0)
+    sock.sendall(preface + frame(1, 0x4, 1, headers))  # (END_HEADERS, not END_STREAM)
+    return sock
+
+
+@pytest.mark.parametrize(
+    "method", ["ModelInfer", "ModelStreamInfer", "ServerLive", "ModelMetadata"]
+)
+def test_a_call_whose_request_message_does_not_come_is_ended(tmp_path: Path, method: str) -> None:
+    """NOTE: no timeout applied to a call's request message: a call whose client sent its
+    headers and no message held its stream, and so its connection, for good (found by a
+    tester). Its first message must come within --request-read-timeout-s of its start: the
+    call is ended DEADLINE_EXCEEDED, the unary (ModelInfer, ServerLive, registered ahead or
+    not) as the streaming."""
+    write_version(tmp_path, "m", 1, scale_model(2))
+    settings = ServerSettings(
+        model_repository=tmp_path, http_port=0, grpc_port=0, request_read_timeout_s=STALLED_READ_S
+    )
+    never = threading.Event()
+
+    def no_message() -> Iterator[bytes]:
+        never.wait(60)  # (the client sends the call's headers, then waits here)
+        yield from ()
+
+    with serving(settings) as running, grpc.insecure_channel(running.grpc) as channel:
+        # (a stream of raw bytes on the method's path: its client need not send a message)
+        call = channel.stream_stream(f"/inference.GRPCInferenceService/{method}")
+        started = time.monotonic()
+        try:
+            with pytest.raises(grpc.RpcError) as ended:
+                list(call(no_message(), timeout=30))
+        finally:
+            never.set()
+        took = time.monotonic() - started
+    assert ended.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    assert "--request-read-timeout-s" in ended.value.details()
+    assert STALLED_READ_S <= took < 15  # (not the client's own 30 s deadline)
+
+
+def test_connections_held_by_calls_whose_message_does_not_come_are_freed(tmp_path: Path) -> None:
+    """NOTE: every connection of --max-grpc-connections held one call whose message never
+    came: each had a call, so --idle-timeout-s did not end it, and every new client was refused
+    UNAVAILABLE for as long as the sockets stayed open (found by a tester). The calls end after
+    --request-read-timeout-s, then their idle connections after --idle-timeout-s."""
+    write_version(tmp_path, "m", 1, scale_model(2))
+    settings = ServerSettings(
+        model_repository=tmp_path, http_port=0, grpc_port=0, max_grpc_connections=2,
+        request_read_timeout_s=STALLED_READ_S, idle_timeout_s=STALLED_READ_S,
+    )  # fmt: skip
+    with serving(settings) as running:
+        held = [stalled_call(running.grpc) for _ in range(2)]
+        try:
+            served = False
+            deadline = time.monotonic() + 20  # (freed in about 2 s; held for good before)
+            while not served and time.monotonic() < deadline:
+                time.sleep(0.5)
+                late = grpcclient.InferenceServerClient(
+                    running.grpc, channel_args=[("grpc.use_local_subchannel_pool", 1)]
+                )
+                try:
+                    served = late.is_server_live(client_timeout=5)
+                except Exception:  # (refused: the connections are still held)
+                    served = False
+                finally:
+                    late.close()
+            assert served
+            for sock in held:  # (the server closed them: neither sends anything more)
+                with contextlib.suppress(ConnectionResetError):
+                    while sock.recv(65536):
+                        pass
+        finally:
+            for sock in held:
+                sock.close()
+
+
+def test_a_stream_idle_after_its_first_message_lives_past_the_read_timeout(tmp_path: Path) -> None:
+    """Only a call's first message is due within --request-read-timeout-s: a stream may wait
+    between its requests (as a keep-alive connection may)."""
+    settings = ServerSettings(
+        model_repository=repository(tmp_path), http_port=0, grpc_port=0,
+        request_read_timeout_s=STALLED_READ_S,
+    )  # fmt: skip
+    with serving(settings) as running:
+        client = grpcclient.InferenceServerClient(running.grpc)
+        answers: queue.SimpleQueue[tuple[Any, Any]] = queue.SimpleQueue()
+        try:
+            client.start_stream(callback=lambda result, error: answers.put((result, error)))
+            client.async_stream_infer("scale", [scale_input()], request_id="first")
+            first = answers.get(timeout=30)
+            time.sleep(3 * STALLED_READ_S)
+            client.async_stream_infer("scale", [scale_input()], request_id="later")
+            later = answers.get(timeout=30)
+            client.stop_stream()
+        finally:
+            client.close()
+    for (result, error), request_id in ((first, "first"), (later, "later")):
+        assert error is None, error
+        assert result.get_response().id == request_id

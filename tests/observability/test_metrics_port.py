@@ -11,8 +11,10 @@ import asyncio
 import concurrent.futures
 import contextlib
 import http.client
+import select
 import socket
 import threading
+import time
 from collections.abc import Iterator
 from types import SimpleNamespace
 
@@ -127,11 +129,41 @@ def test_a_silent_connection_is_closed(monkeypatch: pytest.MonkeyPatch, port: in
 
 
 def test_connections_beyond_the_bound_are_closed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With every connection being answered (none still sending its head), one more is closed
+    at once."""
     monkeypatch.setattr(exporter_module, "MAX_CONNECTIONS", 2)
     monkeypatch.setattr(exporter_module, "READ_TIMEOUT_S", 30.0)
+    collecting = threading.Semaphore(0)
+    release = threading.Event()
+
+    class Held:
+        """A collector whose scrapes wait for `release`."""
+
+        def describe(self) -> list[object]:
+            return []
+
+        def collect(self) -> Iterator[object]:
+            collecting.release()
+            release.wait(30)
+            yield from ()
+
+    def held_and_refused(port: int) -> None:
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            scrapes = [pool.submit(get, port, "/metrics") for _ in range(2)]
+            try:
+                for _ in range(2):
+                    assert collecting.acquire(timeout=20)
+                with socket.create_connection(("127.0.0.1", port)) as third:
+                    third.settimeout(20)  # (held, it would wait for the read timeout: 30 s)
+                    with contextlib.suppress(ConnectionResetError):  # (a reset is as good)
+                        assert third.recv(1) == b""
+            finally:
+                release.set()
+            assert [scrape.result(timeout=30)[0] for scrape in scrapes] == [200, 200]
 
     async def body() -> None:
         exporter = MetricsExporter(fake_engine())  # type: ignore[arg-type]
+        exporter.registry.register(Held())  # type: ignore[arg-type]
         port = await exporter.start("127.0.0.1", 0)
         try:
             await asyncio.to_thread(held_and_refused, port)
@@ -141,16 +173,70 @@ def test_connections_beyond_the_bound_are_closed(monkeypatch: pytest.MonkeyPatch
     asyncio.run(body())
 
 
-def held_and_refused(port: int) -> None:
-    held = [socket.create_connection(("127.0.0.1", port)) for _ in range(2)]
-    try:
-        with socket.create_connection(("127.0.0.1", port)) as third:
-            third.settimeout(20)  # (held, it would wait for the read timeout: 30 s)
+def test_at_the_bound_the_connection_sending_its_head_longest_is_closed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """NOTE: a connection past the bound was closed however long the others had been sending
+    their heads: connections that each sent a header line every 2 s held every slot, and every
+    scrape was closed unanswered (found by a tester). The scrape now closes the one sending its
+    head longest, and is answered."""
+    monkeypatch.setattr(exporter_module, "MAX_CONNECTIONS", 2)
+    monkeypatch.setattr(exporter_module, "READ_TIMEOUT_S", 30.0)
+
+    def scraped_past_trickles(port: int) -> None:
+        trickles = []
+        try:
+            for _ in range(2):
+                trickle = socket.create_connection(("127.0.0.1", port), timeout=20)
+                trickle.sendall(b"GET /metrics HTTP/1.1\r\nX-A: b\r\n")  # (and no end)
+                trickles.append(trickle)
+                time.sleep(0.2)  # (the first is the older by far)
+            status, body = get(port, "/metrics")
+            assert status == 200
+            assert b"nv_inference_request_success" in body
+            oldest, younger = trickles
             with contextlib.suppress(ConnectionResetError):  # (a reset is as good)
-                assert third.recv(1) == b""
-    finally:
-        for connection in held:
-            connection.close()
+                assert oldest.recv(1) == b""
+            younger.sendall(b"X-A: b\r\n")
+            assert select.select([younger], [], [], 0.5)[0] == []  # (still open, unanswered)
+        finally:
+            for trickle in trickles:
+                trickle.close()
+
+    async def body() -> None:
+        exporter = MetricsExporter(fake_engine())  # type: ignore[arg-type]
+        port = await exporter.start("127.0.0.1", 0)
+        try:
+            await asyncio.to_thread(scraped_past_trickles, port)
+        finally:
+            await exporter.aclose()
+
+    asyncio.run(body())
+
+
+def test_a_request_head_trickled_in_is_closed_after_the_read_timeout(
+    monkeypatch: pytest.MonkeyPatch, port: int
+) -> None:
+    """NOTE: the read timeout was each read's: a header line every 2 s (5 s each) kept a slot
+    for good (found by a tester). The whole head must come within it of the accept."""
+    monkeypatch.setattr(exporter_module, "READ_TIMEOUT_S", 1.0)
+    with socket.create_connection(("127.0.0.1", port), timeout=20) as trickle:
+        trickle.sendall(b"GET /metrics HTTP/1.1\r\n")
+        started = time.monotonic()
+        closed = False
+        while not closed and time.monotonic() - started < 10:
+            if select.select([trickle], [], [], 0.3)[0]:  # (a line every 0.3 s otherwise)
+                with contextlib.suppress(ConnectionResetError):  # (a reset is as good)
+                    assert trickle.recv(1) == b""  # (nothing answered: the head never ended)
+                closed = True
+            else:
+                try:
+                    trickle.sendall(b"X-A: b\r\n")
+                except OSError:  # (closed meanwhile)
+                    closed = True
+        took = time.monotonic() - started
+    assert closed
+    assert took < 6  # (1 s, checked every POLL_S; trickling on for the 10 s before)
 
 
 def test_every_collector_describes_its_families() -> None:

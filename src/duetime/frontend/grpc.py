@@ -40,6 +40,7 @@ from duetime.frontend.grpcbacklog import (
     server_ids,
 )
 from duetime.frontend.grpchealth import add_health_and_reflection
+from duetime.frontend.grpcreads import FirstMessages, FirstMessageServer
 from duetime.frontend.metadata import model_config_json, model_metadata_json
 from duetime.frontend.parameters import (
     OutputSetting,
@@ -1981,7 +1982,10 @@ async def serve_grpc(service: InferenceService, settings: ServerSettings) -> tup
     servers_before = server_ids()
     server = grpc.aio.server(options=server_options(settings))
     backlog = CoreBacklog(core_counts_reader(servers_before, server_ids()))
-    counting = CountingServer(server, backlog)
+    # (every call's first request message due within the read timeout: see grpcreads)
+    counting = FirstMessageServer(
+        CountingServer(server, backlog), FirstMessages(settings.request_read_timeout_s)
+    )
     for name, handlers in _method_handlers(service).items():
         guarded = {
             method: _guarded(

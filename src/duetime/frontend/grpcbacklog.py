@@ -418,7 +418,10 @@ class CountingServer:
         restarts a server that is busy, not broken), 3.7-4.4 s at 2.5x capacity in a
         reproduction; registered, 1.5-5 ms. A call of theirs whose client stalls its message
         is held in the core as a call waiting (it is not taken before its message has come),
-        until a probe finds it held for good (`leaked`).
+        until a probe finds it held for good (`leaked`); where `handlers` come through
+        `grpcreads.FirstMessageServer` (as `serve_grpc` registers them), each takes its request
+        as a stream and runs at the call's start, so it is counted from then, and ended if its
+        message has not come within the read timeout.
 
         NOTE: grpc.aio runs a registered method's handler without a lookup, once the call's
         message has all come: nothing sees the call taken before then (a call whose client
