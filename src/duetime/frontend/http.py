@@ -2139,8 +2139,12 @@ class HttpConnection(asyncio.BufferedProtocol):
 
     def _charged(self, slot: _Slot) -> contextlib.AbstractContextManager[None]:
         """Have what the request of `slot` reads from shared memory as the API decodes it
-        meanwhile held as its body is (`_take_shared`)."""
-        return self._api.shared_memory.charged(functools.partial(self._take_shared, slot))
+        meanwhile held as its body is (`_take_shared`); the common request, with no region
+        registered, builds no charge (it is on every request's path)."""
+        memory = self._api.shared_memory
+        if not memory.any_registered:
+            return memory.charged(None)
+        return memory.charged(functools.partial(self._take_shared, slot))
 
     def _take_shared(self, slot: _Slot, size: int, where: str) -> None:
         """Hold `size` bytes the request of `slot` copies out of shared memory for `where` (an

@@ -598,7 +598,7 @@ class RestApi:
             if method == "POST" and _names_infer(parts):
                 if len(self._infer_targets) >= INFER_TARGETS_MAX:
                     self._infer_targets.clear()
-                self._infer_targets[target] = (parts[2], parts[4] if len(parts) == 6 else None)
+                self._infer_targets[target] = _infer_of(parts)
             return self._route(method, parts, headers, body)
         except DuetimeError as exc:
             return self._failed(exc, headers, parts or _segments(target))
@@ -619,7 +619,7 @@ class RestApi:
         parts = _segments(target)
         if "" in parts or not _names_infer(parts):
             return None
-        infer = (parts[2], parts[4] if len(parts) == 6 else None)
+        infer = _infer_of(parts)
         if len(self._infer_targets) >= INFER_TARGETS_MAX:
             self._infer_targets.clear()
         self._infer_targets[target] = infer
@@ -641,7 +641,7 @@ class RestApi:
             except InvalidInput:
                 return None
         if _names_infer(parts):
-            return parts[2], parts[4] if len(parts) == 6 else None
+            return _infer_of(parts)
         if not _names_predict(parts):
             return None
         model, _, verb = parts[2].rpartition(":")
@@ -667,7 +667,7 @@ class RestApi:
             parts = _segments(target) if method == "POST" else []
             if "" in parts or not _names_infer(parts):
                 return None  # (handled whole, as before: routing decides what it is)
-            infer = (parts[2], parts[4] if len(parts) == 6 else None)
+            infer = _infer_of(parts)
         model, version = infer
         received = self._engine.clock.now_ns() if self._tracing is not None else 0
         try:
@@ -2505,6 +2505,11 @@ def _method_not_allowed(allowed: str) -> HttpError:
 
 INFER_TARGETS_MAX = 256
 """Inference targets kept routed per server; all are dropped when full."""
+
+
+def _infer_of(parts: list[str]) -> tuple[str, str | None]:
+    """The model and version (None: the default) an inference path names (`_names_infer`)."""
+    return parts[2], parts[4] if len(parts) == 6 else None
 
 
 def _names_infer(parts: list[str]) -> bool:

@@ -277,6 +277,11 @@ class SharedMemoryRegions:
         region, _ = self._bounds(window, where)
         return replace(window, held=region)
 
+    @property
+    def any_registered(self) -> bool:
+        """Whether a region is registered (none: no input can read one, nothing to charge)."""
+        return bool(self._regions)
+
     def charged(self, reads: Reads | None) -> AbstractContextManager[None]:
         """Charge the bytes the inputs read meanwhile to `reads` (None: to nothing): the front
         end's, around the decoding of one request, which holds them until the request ends.
