@@ -37,8 +37,10 @@ loop late; plan, none of these).
 200% the verdicts solve what an answer and a refusal cost it, and the 200%/100% goodput ratio
 those costs allow a server whose CPU is full (`edf_cost_model`, the pairs' medians; see
 `cost_model`).
-A run answering over 110% of the capacity on time says the search missed the peak: the
-verdicts' `capacity_underestimated` is then true, and a warning says to rerun.
+A run answering over 110% of the capacity on time says the search missed the peak: its
+goodput becomes the capacity and step 2 is run again at the new one (`CAPACITY_ROUNDS` in
+all; the runs replaced are kept under `superseded`). Should the last round's runs still find
+one, the verdicts' `capacity_underestimated` is true, and a warning says to rerun.
 Each run starts once other programs (and the server) are idle (`--wait-quiet`), and is run
 again once if they used over 0.3 cores meanwhile; each row shows the cores they used
 (`others_cores`) and the attempts.
@@ -296,6 +298,39 @@ def cost_model(r100: dict[str, Any], r200: dict[str, Any]) -> dict[str, float] |
     }  # fmt: skip
 
 
+CAPACITY_ROUNDS = 3
+"""Times the loads may be run: again at a higher capacity while a load run finds a goodput
+over `UNDERESTIMATED` times the capacity they were run at (see `bench_model`)."""
+
+
+def load_runs(
+    runner: Runner, server: ServerProcess, fifo: ServerProcess, capacity: float, pairs: int
+) -> list[dict[str, Any]]:
+    """EDF and FIFO at 50/100/150/200% of `capacity`, then `pairs` - 1 more EDF 100%/200%
+    pairs; `runner` left serving `server`."""
+    rows = []
+    # NOTE: EDF and FIFO take each load in turn, back to back (the idle server costs next to
+    # nothing): FIFO's runs, made after all of EDF's, once answered 2x EDF's goodput at 200%
+    # on the 2-core VM, its speed having drifted meanwhile; alternated (8,500/s, 6 rounds),
+    # the two answered 6,122 and 6,304 a second on time
+    for p in (50, 100, 150, 200):
+        for label, target, idle in (("edf", server, fifo), ("fifo", fifo, server)):
+            runner.serving(target, idle)
+            result = runner.open_loop(runner.port(target), capacity * p / 100)
+            rows.append(row(label, f"{p}%", result, runner))
+    runner.serving(server, fifo)
+    # NOTE: the 100%/200% verdict compares runs minutes apart, and this VM's speed drifts
+    # by up to 2x in that time: more pairs, each run back to back, and the median ratio.
+    # Five, not three: mlp's three pairs of one run read 1.46, 1.12 and 0.51 (the 2-core
+    # VM; a core's speed there swings by 1.8x for seconds at a time, and more when the
+    # other core is busy), and its median moved by a third between full runs of one build
+    for pair in range(2, pairs + 1):
+        rows += [row("edf", f"{p}% (pair {pair})",
+                     runner.open_loop(runner.port(server), capacity * p / 100), runner)
+                 for p in (100, 200)]  # fmt: skip
+    return rows
+
+
 def find_capacity(runner: Runner, port: int) -> tuple[float, list[dict[str, Any]]]:
     """Highest goodput over open-loop rates around the closed-loop throughput."""
     saturated = runner.closed_loop(port, 64).overall.throughput_rps
@@ -365,27 +400,20 @@ def bench_model(
     ):
         runner.serving(server, fifo)
         capacity, search = find_capacity(runner, runner.port(server))
+        out["superseded"] = []
+        for attempt in range(1, CAPACITY_ROUNDS + 1):
+            rows = load_runs(runner, server, fifo, capacity, args.pairs)
+            best = max(r["goodput/s"] for r in rows)
+            if best <= UNDERESTIMATED * capacity or attempt == CAPACITY_ROUNDS:
+                break
+            # NOTE: capacity is the highest goodput found (the issue's definition); a load run
+            # that found a higher one than the search makes it the capacity, and the loads are
+            # run again at their percentages of it (on the 2-core VM mlp's search peaked at
+            # 1,685/s and its 200% runs then answered 1,869-2,000 on time: each run's goodput
+            # is noisy, and the search's rates are 10% of the closed-loop throughput apart)
+            out["superseded"].append({"capacity_rps": capacity, "runs": rows})
+            capacity = best
         out["capacity_rps"] = capacity
-        rows = []
-        # NOTE: EDF and FIFO take each load in turn, back to back (the idle server costs next to
-        # nothing): FIFO's runs, made after all of EDF's, once answered 2x EDF's goodput at 200%
-        # on the 2-core VM, its speed having drifted meanwhile; alternated (8,500/s, 6 rounds),
-        # the two answered 6,122 and 6,304 a second on time
-        for p in (50, 100, 150, 200):
-            for label, target, idle in (("edf", server, fifo), ("fifo", fifo, server)):
-                runner.serving(target, idle)
-                result = runner.open_loop(runner.port(target), capacity * p / 100)
-                rows.append(row(label, f"{p}%", result, runner))
-        runner.serving(server, fifo)
-        # NOTE: the 100%/200% verdict compares runs minutes apart, and this VM's speed drifts
-        # by up to 2x in that time: more pairs, each run back to back, and the median ratio.
-        # Five, not three: mlp's three pairs of one run read 1.46, 1.12 and 0.51 (the 2-core
-        # VM; a core's speed there swings by 1.8x for seconds at a time, and more when the
-        # other core is busy), and its median moved by a third between full runs of one build
-        for pair in range(2, args.pairs + 1):
-            rows += [row("edf", f"{p}% (pair {pair})",
-                         runner.open_loop(runner.port(server), capacity * p / 100), runner)
-                     for p in (100, 200)]  # fmt: skip
         if plan.name == "resnet":
             bare = BareOrt(demo / "resnet/1/model.onnx", plan.max_batch_size, plan.instance_cpus)
             before = bare.rows_per_s(bare.best, args.duration / 2)
@@ -483,6 +511,12 @@ def _median(values: list[float | None]) -> float | None:
     return float(np.median(known)) if known else None
 
 
+def _superseded(result: dict[str, Any]) -> str:
+    """The capacities whose load runs found a higher goodput, for the table's title."""
+    earlier = [f"{r['capacity_rps']:,.0f}" for r in result["superseded"]]
+    return f" (loads run again: those at {', '.join(earlier)}/s found more)" if earlier else ""
+
+
 def engine_overhead(demo: Path, requests: int) -> dict[str, float]:
     x = np.random.default_rng(0).standard_normal((1, 40), dtype=np.float32)
     # NOTE: the two timed call by call in alternation (see bench/overhead.py)
@@ -529,7 +563,7 @@ def main() -> int:
             print_table(
                 f"{name} over {args.protocol}: deadlines {plan.timeouts_ms[0]:g}/"
                 f"{plan.timeouts_ms[1]:g} ms, capacity {results[name]['capacity_rps']:,.0f} "
-                "answers/s on time",
+                f"answers/s on time{_superseded(results[name])}",
                 results[name]["runs"], list(results[name]["runs"][0]),
             )  # fmt: skip
             print(json.dumps(results[name]["verdicts"], indent=2))
