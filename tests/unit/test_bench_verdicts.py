@@ -21,9 +21,11 @@ def scheduling() -> Any:
     return module
 
 
-def run(policy: str, load: str, goodput: float, p99: float | None, ok: int = 100) -> dict[str, Any]:
+def run(
+    policy: str, load: str, goodput: float, p99: float | None, ok: int = 100, steal: float = 0.0
+) -> dict[str, Any]:
     return {"policy": policy, "load": load, "goodput/s": goodput, "p99_ms": p99,
-            "p50_ms": 1.0, "ok": ok, "late": 0}  # fmt: skip
+            "p50_ms": 1.0, "ok": ok, "late": 0, "steal_cores": steal}  # fmt: skip
 
 
 def rows(tuning_on: list[float | None], tuning_off: list[float | None]) -> list[dict[str, Any]]:
@@ -99,3 +101,14 @@ def test_a_run_answering_past_the_capacity_says_it_was_underestimated(scheduling
     the capacity was underestimated."""
     assert scheduling.verdicts(rows([1.0], [1.0]), 100.0)["capacity_underestimated"] is False
     assert scheduling.verdicts(rows([1.0], [1.0]), 90.0)["capacity_underestimated"] is True
+
+
+def test_the_most_cpu_the_hypervisor_took_during_a_run_is_in_the_verdicts(scheduling: Any) -> None:
+    """resnet's runs with 0.7-1.0 cores stolen sent 20-70% of requests late: such a run is the
+    machine's, and the verdicts say how much was taken, for a warning to say so."""
+    calm = rows([1.0], [1.0])
+    assert scheduling.verdicts(calm, 100.0)["max_steal_cores"] == 0.0
+    stolen = [*calm, run("edf", "100% (pair 2)", 100, 3.0, steal=0.8)]
+    stolen.append(run("edf", "200% (pair 2)", 90, 4.0, steal=0.1))
+    verdicts = scheduling.verdicts(stolen, 100.0)
+    assert verdicts["max_steal_cores"] == 0.8 > scheduling.STOLEN
