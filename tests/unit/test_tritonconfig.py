@@ -334,6 +334,30 @@ def test_every_uint64_default_timeout_of_a_triton_config_is_taken_and_shown(
     assert 0 < shown["default_timeout_microseconds"] <= 2**64 - 1
 
 
+@pytest.mark.parametrize(
+    ("milliseconds", "microseconds"), [(0.0005, 1), (4.35, 4350), (1.2341, 1235), (5, 5000)]
+)
+def test_a_default_timeout_is_shown_in_whole_microseconds_rounded_up(
+    tmp_path: Path, milliseconds: float, microseconds: int
+) -> None:
+    """Found by a tester (T64): 0.0005 ms was shown as 0 microseconds, Triton's 'none', and
+    the config loaded back served with no due time (every request answered 200, not 504)."""
+    repo = write_demo_repository(tmp_path / "repo")
+    (repo / "mlp" / "config.toml").write_text(f"default_timeout_ms = {milliseconds}\n")
+    loaded = load_version(scan_model(repo / "mlp"), 1)
+    try:
+        shown = model_config_json(loaded)["dynamic_batching"]["default_queue_policy"]
+    finally:
+        loaded.executor.close()
+    assert shown["default_timeout_microseconds"] == microseconds
+    back = ModelConfig.model_validate(
+        translate(f"dynamic_batching {{ default_queue_policy {{ default_timeout_microseconds: "
+                  f"{microseconds} }} }}", source="c", model_name="m")
+    )  # fmt: skip
+    assert back.default_timeout_ms is not None
+    assert back.default_timeout_ms >= milliseconds
+
+
 def test_a_pbtxt_without_priority_levels_ignores_priority_and_says_so(triton_repo: Path) -> None:
     """Its config says what the file says (no levels), while duetime serves one level."""
     model = load_version(scan_model(triton_repo), 1)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 from duetime.config import ModelConfig, SchedulingConfig
@@ -76,7 +77,9 @@ def model_config_json(model: LoadedModel) -> dict[str, Any]:
         "allow_timeout_override": True,
     }  # fmt: skip
     if config.default_timeout_ms is not None:
-        microseconds = min(int(config.default_timeout_ms * 1000), 2**64 - 1)  # (a uint64)
+        # (whole microseconds, rounded up: 0 is Triton's "none", and a default under 1 µs
+        # read back as 0 served with no due time once loaded again; a uint64)
+        microseconds = min(math.ceil(round(config.default_timeout_ms * 1000, 3)), 2**64 - 1)
         queue_policy["default_timeout_microseconds"] = microseconds
     return {
         "name": model.name,
