@@ -551,3 +551,33 @@ def test_an_optional_input_the_graph_takes_unbatched_leaves_the_check_to_the_oth
          ("one_by_4", np.array([1, 4], dtype=np.int64))),
     )  # fmt: skip
     assert load(tmp_path, model, loaded).signature.max_batch_size > 0
+
+
+def test_a_graph_whose_output_does_not_follow_its_free_first_dims_says_it_is_unbatched(
+    tmp_path: Path, loaded: list[LoadedModel], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Found by a tester: a ReduceSum over the first dim, its output declared ["M", 4], which
+    the graph gives as [1, 4], was served unbatched with nothing said (the sample check, which
+    warns, never ran: the dims already said no batch)."""
+    reduced = model_of(
+        [helper.make_node("ReduceSum", ["x", "axes"], ["y"], keepdims=1)],
+        [("x", FLOAT, ["N", 4])], [("y", FLOAT, ["M", 4])],
+        (("axes", np.array([0], np.int64)),),
+    )  # fmt: skip
+    model = load(tmp_path, reduced, loaded)
+    assert model.signature.max_batch_size == 0
+    assert "every input has a free first dim, but output 'y' has shape [1, 4]" in caplog.text
+    assert "served unbatched" in caplog.text
+
+
+def test_a_graph_with_a_fixed_input_is_unbatched_without_a_word(
+    tmp_path: Path, loaded: list[LoadedModel], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Its dims say there is no batch: nothing to warn of."""
+    fixed = model_of(
+        [helper.make_node("Add", ["x", "b"], ["y"])],
+        [("x", FLOAT, ["N", 4]), ("b", FLOAT, [1, 4])], [("y", FLOAT, [1, 4])],
+    )  # fmt: skip
+    model = load(tmp_path, fixed, loaded)
+    assert model.signature.max_batch_size == 0
+    assert "served unbatched" not in caplog.text

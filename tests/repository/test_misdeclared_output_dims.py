@@ -65,7 +65,8 @@ def test_a_fixed_output_dim_the_run_makes_is_kept(
     with caplog.at_level(logging.WARNING, logger="duetime.loader"):
         model = load(tmp_path, summed, loaded)
     assert model.signature.outputs[0].shape == (1, 1)
-    assert "output 'y'" not in caplog.text
+    assert "output 'y' is declared" not in caplog.text  # (its dims are the graph's)
+    assert "but output 'y' has shape [1, 1]; served unbatched" in caplog.text
 
 
 def test_a_variant_of_a_model_with_a_traced_dim_gives_what_it_does(
