@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import time
 from pathlib import Path
 
 import numpy as np
@@ -250,3 +251,105 @@ def test_a_request_begun_within_a_hold_is_moved_on_by_its_own_part_of_it(
     now, moved, before = asyncio.run(body())
     assert now - 0.1 <= moved <= now + 0.1, "its window starts as the hold ends"
     assert -1.1 <= before <= -0.9, "one begun before it is moved on by all of it"
+
+
+class OrderedTransport(WatchedTransport):
+    """A WatchedTransport whose writes are also noted, with its name, in `order`."""
+
+    def __init__(self, name: str, order: list[str]) -> None:
+        super().__init__()
+        self.name = name
+        self.order = order
+
+    def write(self, data: bytes) -> None:
+        super().write(data)
+        self.order.append(self.name)
+
+    def writelines(self, pieces: list[bytes]) -> None:
+        super().writelines(pieces)
+        self.order.append(self.name)
+
+
+def test_a_connection_sending_one_request_at_a_time_is_read_before_pipelining_ones(
+    mlp_resnet_repo: Path,
+) -> None:
+    """Of the reads waiting for a turn of the loop, those of connections that do not pipeline
+    are parsed first. In one queue, a request due in 20 ms on a new connection waited behind
+    300 connections of one client writing 200 requests each (each parsing a quota or up to 64
+    of them in its turn), and was read 4.6-12.6 s after it came (found by a tester)."""
+    pipelining = 12
+
+    async def body() -> tuple[list[bool], bool, list[str]]:
+        async with in_memory_server(mlp_resnet_repo) as served:
+            ticks = itertools.count()
+            intake = Intake(served.settings, clock=lambda: next(ticks) * 0.001)
+            order: list[str] = []
+            flood = [
+                served.connect(OrderedTransport(f"flood{i}", order), intake=intake, shedder=None)
+                for i in range(pipelining)
+            ]
+            for connection, _ in flood:  # (two requests in one read: each turn's only read)
+                connection.data_received(LIGHT * 2)
+                await asyncio.sleep(0)
+            marked = [connection.pipelined for connection, _ in flood]
+            for _ in range(5000):
+                if all(len(transport.written) == 2 for _, transport in flood):
+                    break
+                await asyncio.sleep(0.001)
+            order.clear()
+            # one turn: the flood's reads spend its budget and wait, then a lone request's
+            for connection, _ in flood:
+                connection.data_received(LIGHT * 2)
+            lone, lone_transport = served.connect(
+                OrderedTransport("lone", order), intake=intake, shedder=None
+            )
+            lone.data_received(LIGHT)
+            waited = bool(lone._unparsed)
+            for _ in range(5000):
+                if lone_transport.written and all(len(t.written) == 4 for _, t in flood):
+                    break
+                await asyncio.sleep(0.001)
+            return marked, waited and not lone.pipelined, order
+
+    marked, lone_waited, order = asyncio.run(body())
+    assert all(marked), "a connection sending two requests in one read pipelines"
+    assert lone_waited, "the lone request waited for a turn, and does not pipeline"
+    assert len(order) == 2 * pipelining + 1
+    waited_before = [name for name in order[: order.index("lone")] if name != "lone"]
+    # (the turn's first reads are parsed in it, before any waits: at most its budget's worth)
+    assert len(waited_before) <= 2 * 6, order
+
+
+def test_a_request_due_when_its_turn_to_be_read_came_is_refused_as_the_servers_lateness(
+    mlp_resnet_repo: Path,
+) -> None:
+    """Its client sent one request and owed no answer: the 504 says it waited to be read, and
+    does not tell the client to read its answers (found by a tester)."""
+    due_in_1ms = http_request_bytes(
+        PayloadSpec("http-binary", "mlp", 1, None, "127.0.0.1", 1),
+        {"x": np.ones((1, 40), np.float32)},
+        {"timeout": 1_000},
+        binary=True,
+    )
+
+    async def body() -> bytes:
+        async with in_memory_server(mlp_resnet_repo) as served:
+            ticks = itertools.count()
+            intake = Intake(served.settings, clock=lambda: next(ticks) * 0.001)
+            busy = [served.connect(intake=intake, shedder=None) for _ in range(8)]
+            for connection, _ in busy:  # (the turn's budget is spent by these)
+                connection.data_received(LIGHT)
+            late, transport = served.connect(intake=intake, shedder=None)
+            late.data_received(due_in_1ms)
+            assert late._unparsed, "it waits for a turn"
+            time.sleep(0.005)  # noqa: ASYNC251 - the loop is busy: the request is due meanwhile
+            for _ in range(5000):
+                if transport.written:
+                    break
+                await asyncio.sleep(0.001)
+            return transport.written[0]
+
+    answer = asyncio.run(body())
+    assert answer.startswith(b"HTTP/1.1 504 ")
+    assert b"it waited to be read behind other requests (the server is overloaded)" in answer
+    assert b"read answers as they come" not in answer
