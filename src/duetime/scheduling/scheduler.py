@@ -419,7 +419,8 @@ class _Running:
     """Its thread took it (set on that thread, by the clock of its `BatchJob.start_by`): it
     runs, or has run. Meaningful only for a job given a `start_by` (one that waits)."""
     swept: Sequence[QueuedRequest] = ()
-    """Its requests failed unrun while it waited (`_sweep_committed`): counted as expired.
+    """Its requests failed unrun while it waited (`_sweep_committed`): counted as expired, or
+    taken over by a cheaper variant, which answers them (see `_expire`).
     (A tuple until then: a list made for every batch was one more allocation per request.)"""
     stopping: bool = False
     """Its run is being stopped (see `_watch`)."""
@@ -1694,7 +1695,14 @@ class ModelScheduler:
         after its due time. A batch its thread took (`_Running.taken`) runs: its requests are
         left alone. The thread may take it just as it is revoked here; then it runs, and the
         requests failed here (each predicted to be late even started now) keep their 504, and
-        those a cheaper variant took over here are answered there (`_settle_batch`)."""
+        those a cheaper variant took over here are answered there (`_settle_batch`).
+
+        NOTE: a request a cheaper variant took over here stays in the batch, unsettled, until
+        that variant answers it; each later round (every millisecond) found it hopeless again
+        and offered it again: to the next cheaper variant, which queued it too (both ran it,
+        the first answer was delivered, and the ticket named the last variant that took it:
+        int8-dynamic's answers labelled `int8-static`, found by a tester), or, with none left,
+        failed it 504 here while its variant was about to answer. It is offered once."""
         if not self._edf:
             return  # FIFO runs what it handed over, as Triton's batcher does
         for jobs in self._outstanding:
@@ -1704,8 +1712,9 @@ class ModelScheduler:
                     continue
                 late = now + running.predicted_ns
                 hopeless = []
+                swept = running.swept
                 for item in running.requests:
-                    if item.due_ns is None or item.future.done():
+                    if item.due_ns is None or item.future.done() or (swept and _among(item, swept)):
                         continue
                     if late + self._kept_for(item.rows) > item.due_ns:
                         job.revoked = True
@@ -1956,7 +1965,12 @@ class ModelScheduler:
         NOTE: a stopped copy was counted expired: a shadow of 0.4 s a run showed 98 expired
         requests that no client sent (the shadow's statistics counted them dropped too), and
         the load shedder, reading them as missed due times, refused 9 of 1,305 real requests
-        to the answering version with 429 (found by a tester)."""
+        to the answering version with 429 (found by a tester).
+
+        NOTE: one a cheaper variant took over while the batch waited (`_sweep_committed`),
+        which its thread took all the same, is that variant's to answer and count: it was
+        failed 504 here (and counted expired here, then cancelled there)."""
+        swept = running.swept
         for item in running.requests:
             if item.level >= SHADOW_LEVEL:
                 _settle(item, DeadlineExceeded(
@@ -1964,10 +1978,11 @@ class ModelScheduler:
                     "its due time"
                 ))  # fmt: skip
                 continue
+            if swept and _among(item, swept):
+                continue  # (failed unrun, counted then; or the cheaper variant's)
             if item.future.done():
-                if not _among(item, running.swept):
-                    self._cancelled += 1
-                    self._fail_ns += now - item.arrival_ns
+                self._cancelled += 1
+                self._fail_ns += now - item.arrival_ns
                 continue
             self._expired += 1
             self._fail_ns += now - item.arrival_ns
