@@ -682,6 +682,23 @@ def test_an_exception_with_no_message_is_named_with_where_it_was_raised() -> Non
     assert reason_of(ValueError("bad shape\nmore")) == "ValueError: bad shape"
 
 
+def test_a_long_message_is_cut_after_a_whole_word_with_an_ellipsis() -> None:
+    """ORT's error for a Gather's index out of range was cut at 200 characters: "... must be
+    within the inclusive ra"."""
+    ort = (
+        "[ONNXRuntimeError] : 2 : INVALID_ARGUMENT : Non-zero status code returned while running "
+        "Gather node. Name:'' Status Message: indices element out of data bounds, idx=254 must "
+        "be within the inclusive range [-5,4]"
+    )
+    assert reason_of(ValueError(ort)) == f"ValueError: {ort}"
+    words = " ".join(f"word{i}" for i in range(100))
+    reason = reason_of(ValueError(words))
+    assert reason.endswith("...")
+    kept = reason.removeprefix("ValueError: ").removesuffix("...")
+    assert words.startswith(kept + " ")
+    assert len(reason) <= len("ValueError: ") + 300
+
+
 def test_a_triton_config_pbtxt_is_refused_before_any_kind_is_built(
     repo: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

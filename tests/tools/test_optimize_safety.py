@@ -1,13 +1,15 @@
 """`duetime optimize` on what can go wrong around it: variants ONNX Runtime crashes on or ONNX's
 checker rejects, inputs whose sizes it cannot know, held-out quality, a config it cannot write,
-noisy timings, and reruns.
+noisy timings, timings biased by the order of the runs, reruns, and runs with nothing to record.
 
 Runs pass `--keep-slower` and a short `--measure-s`, as in test_optimize.py.
 """
 
 from __future__ import annotations
 
+import statistics
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -21,7 +23,8 @@ from duetime.demo import write_demo_repository
 from duetime.errors import ConfigError
 from duetime.repository.layout import scan_model
 from duetime.repository.loader import load_version
-from duetime.tools.optimize.measure import ratio_bounds, verdict
+from duetime.tools.optimize import measure
+from duetime.tools.optimize.measure import ratio_bounds, round_times_ns, verdict
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -269,3 +272,152 @@ def test_ratio_bounds_are_the_same_for_the_same_times_and_narrow_when_steady() -
     assert 0.85 < low <= high < 0.95
     wild = ratio_bounds(primary, [60, 140, 70, 300, 130, 65, 120, 80])
     assert wild[1] - wild[0] > 0.3
+
+
+# -- 7. timings the order of the runs would bias ------------------------------------------------
+
+
+class Machine:
+    """A fake clock on which a run takes 1000 ns, 1100 ns within `reach` runs of one of a
+    `heavy` session's (whichever session it is of): as the int8 variants slowed the next run."""
+
+    def __init__(self, reach: int) -> None:
+        self.ns, self.reach, self.slowed = 0, reach, 0
+
+    def perf_counter_ns(self) -> int:
+        return self.ns
+
+    def perf_counter(self) -> float:
+        return self.ns / 1e9
+
+    def session(self, heavy: bool = False) -> Any:
+        def run(outputs: Any, feeds: Any) -> None:
+            self.ns += 1100 if self.slowed else 1000
+            self.slowed = self.reach if heavy else max(self.slowed - 1, 0)
+
+        return SimpleNamespace(run=run)
+
+
+@pytest.mark.parametrize("reach", [1, 2])
+def test_the_order_of_the_runs_makes_no_variant_faster(
+    reach: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Timed in the same order every round (primary, fp16, int8-dynamic, int8-static), the
+    primary always ran after int8-static, slowed, and fp16, no faster, was kept as 9% faster.
+    Timed after a run of its own, a session is not slowed by another's (reach 1); in a random
+    order, what reaches past that run touches each alike (reach 2: in the same order every round,
+    the primary was timed after int8-static's untimed run and one of its own)."""
+    machine = Machine(reach)
+    monkeypatch.setattr(measure, "time", machine)
+    primary, fp16 = machine.session(), machine.session()
+    sessions = [primary, fp16, machine.session(heavy=True), machine.session(heavy=True)]
+    times = round_times_ns(sessions, {}, budget_s=1.0)
+    assert len(times[0]) == measure.MAX_TIMING_ROUNDS
+    assert statistics.median(times[1]) / statistics.median(times[0]) == 1.0
+    ratios = [f / p for p, f in zip(times[0], times[1], strict=True)]
+    assert statistics.median(ratios) == 1.0
+    speed = VariantSpeed(
+        batch_1_us=statistics.median(times[1]), primary_batch_1_us=statistics.median(times[0])
+    )
+    bounds = (ratio_bounds(times[0], times[1]), None)
+    assert verdict(speed, 0, keep_slower=False, bounds=bounds)[0] == "dropped"
+
+
+def test_each_round_runs_the_sessions_in_a_new_order_the_same_every_time(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    machine, runs = Machine(0), []
+
+    def session(name: str) -> Any:
+        timed = machine.session()
+
+        def run(outputs: Any, feeds: Any) -> None:
+            runs.append(name)
+            timed.run(outputs, feeds)
+
+        return SimpleNamespace(run=run)
+
+    monkeypatch.setattr(measure, "time", machine)
+    round_times_ns([session(name) for name in "PFDS"], {}, budget_s=0.0)
+    first = runs
+    runs = []
+    round_times_ns([session(name) for name in "PFDS"], {}, budget_s=0.0)
+    assert runs == first
+    rounds = ["".join(first[4 + 8 * r : 4 + 8 * (r + 1) : 2]) for r in range(5)]
+    assert all(sorted(order) == sorted("PFDS") for order in rounds)
+    assert len(set(rounds)) > 1
+    assert all(first[i] == first[i + 1] for i in range(4, len(first), 2))  # (untimed, timed)
+
+
+# -- 8. configs: comments, and nothing to record ------------------------------------------------
+
+
+USER_ENTRY = '# my own smaller net\n[[variants]]\nname = "tiny"\nfile = "tiny.onnx"\n'
+KNOBS = "# knobs\n[scheduling]\nmax_queue_delay_us = 100\n"
+
+
+@pytest.mark.parametrize(
+    "layout", [[USER_ENTRY, KNOBS], [KNOBS, USER_ENTRY]], ids=["variants first", "variants last"]
+)
+def test_a_comment_above_an_entry_stays_above_it_as_the_entries_move(
+    repo: Path, layout: list[str]
+) -> None:
+    """A user's comment above their own entry, first, ended up above optimize's entry, put in
+    front of it. (Below a table, the comment is parsed into that table.)"""
+    model = repo / "mlp"
+    config = model / "config.toml"
+    config.write_text("\n".join(["max_batch_size = 16\n", *layout]))
+    assert optimize(model, *FAST, "--kinds", "fp16") == 0
+    assert [v.name for v in load_model_config(model).variants] == ["fp16", "tiny"]
+    lines = config.read_text().splitlines()
+    assert under(lines, "# my own smaller net") == ["[[variants]]", 'name = "tiny"']
+    assert under(lines, "# knobs") == ["[scheduling]", "max_queue_delay_us = 100"]
+    at = lines.index('name = "fp16"')
+    config.write_text("\n".join([*lines[: at - 1], "# checked by hand", *lines[at - 1 :], ""]))
+    assert optimize(model, *FAST, "--kinds", "int8-dynamic,fp16") == 0  # (fp16 measured again)
+    lines = config.read_text().splitlines()
+    assert under(lines, "# checked by hand") == ["[[variants]]", 'name = "fp16"']
+    assert under(lines, "# my own smaller net") == ["[[variants]]", 'name = "tiny"']
+    assert under(lines, "# knobs") == ["[scheduling]", "max_queue_delay_us = 100"]
+    assert optimize(model, *FAST, "--kinds", "int8-dynamic,fp16") == 0
+    timed = "speed = "  # (the figures of a new timing)
+    again = [line for line in config.read_text().splitlines() if not line.startswith(timed)]
+    assert again == [line for line in lines if not line.startswith(timed)]
+
+
+def under(lines: list[str], comment: str) -> list[str]:
+    """The two lines right under `comment` (its only line)."""
+    (at,) = [i for i, line in enumerate(lines) if line == comment]
+    return lines[at + 1 : at + 3]
+
+
+def test_nothing_kept_and_no_config_file_creates_none_and_says_so(
+    repo: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An empty config.toml was created and said "updated": a server polling the repository
+    reloads the model for it."""
+    from duetime.tools.optimize import pipeline
+
+    monkeypatch.setattr(pipeline, "verdict", lambda *args, **kwargs: ("dropped", "not faster"))
+    model = repo / "mlp"
+    (model / "config.toml").unlink()
+    assert optimize(model, "--measure-s", "0.05", "-q", "--kinds", "fp16") == 0
+    assert sorted(p.name for p in model.iterdir()) == ["1"]
+    out = capsys.readouterr().out
+    assert "updated nothing: no kind was kept, and none of them was listed to remove" in out
+
+
+def test_nothing_kept_leaves_a_yaml_config_and_its_comments_untouched(
+    repo: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Rewritten with the same variants, a YAML config lost its comments."""
+    from duetime.tools.optimize import pipeline
+
+    monkeypatch.setattr(pipeline, "verdict", lambda *args, **kwargs: ("dropped", "not faster"))
+    model = repo / "mlp"
+    (model / "config.toml").unlink()
+    text = "# small batches\nmax_batch_size: 8\nvariants:\n- {name: t, file: t.onnx}\n"
+    (model / "config.yaml").write_text(text)
+    assert optimize(model, "--measure-s", "0.05", "-q", "--kinds", "fp16") == 0
+    assert (model / "config.yaml").read_text() == text
+    assert "PyYAML" not in capsys.readouterr().out

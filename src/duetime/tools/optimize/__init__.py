@@ -121,7 +121,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--measure-s",
         type=_seconds,
         default=DEFAULT_MEASURE_S,
-        help=f"timing per batch size: rounds of one run of the model and each variant until "
+        help=f"timing per batch size: rounds of one timed run of the model and each variant "
+        f"(in random order, each after an untimed one) until "
         f"this many seconds have passed, but at least {MIN_TIMING_ROUNDS} and at most "
         f"{MAX_TIMING_ROUNDS} rounds (default {DEFAULT_MEASURE_S:g})",
     )

@@ -14,7 +14,7 @@ Kind = Literal["fp16", "int8-dynamic", "int8-static"]
 KINDS: tuple[Kind, ...] = ("fp16", "int8-dynamic", "int8-static")
 DEFAULT_SAMPLES = 256
 DEFAULT_MEASURE_S = 2.0
-"""Seconds spent timing each batch size, shared round-robin by the primary and its variants."""
+"""Seconds spent timing each batch size, shared in rounds by the primary and its variants."""
 
 
 class OptimizeError(DuetimeError):
@@ -38,6 +38,11 @@ def file_of(kind: Kind) -> str:
     return f"model.{kind}.onnx"
 
 
+REASON_CHARS = 300
+"""The most of a message's first line `reason_of` gives: all of ONNX Runtime's (its error,
+the node, then the cause)."""
+
+
 def reason_of(exc: BaseException) -> str:
     """One line for a table cell: the exception's type and the first line of its message, or,
     for one with no message (a bare `assert` in a converter), where it was raised."""
@@ -45,7 +50,19 @@ def reason_of(exc: BaseException) -> str:
     first = text[0] if text else ""
     if not first:
         return f"{type(exc).__name__} at {raised_at(exc)}"
-    return f"{type(exc).__name__}: {first[:200]}"
+    return f"{type(exc).__name__}: {_clipped(first, REASON_CHARS)}"
+
+
+def _clipped(line: str, limit: int) -> str:
+    """`line`, or as many of its words as fit in `limit` characters with "..." after them.
+
+    NOTE: cut at 200 characters as it came, ONNX Runtime's error for a Gather's index out of
+    range ended "must be within the inclusive ra" (found by a tester)."""
+    if len(line) <= limit:
+        return line
+    head = line[: limit - 2]  # (one more than fits: a space there ends a whole word)
+    words = head.rsplit(" ", 1)[0] if " " in head else head[:-1]
+    return words.rstrip() + "..."
 
 
 def raised_at(exc: BaseException) -> str:

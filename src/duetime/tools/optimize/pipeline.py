@@ -299,19 +299,20 @@ def _commit(
 ) -> Path | None:
     """Move the kept files into place, then write the config (so a reader never finds an entry
     without its file), its variants ranked `by_argmax`. Returns the config path, or None when
-    nothing was measured.
+    nothing was written (nothing was measured, or nothing changes: see `update_config`).
 
     OptimizeError naming the file when one cannot be written; the folders are then as they were:
     the config is staged first (a folder that is not writable stops the run there), and should a
     later step fail, the files moved are moved back."""
     if all(r.status == "failed" for r in results):
         return None
-    path, text = update_config(target.model_dir, results, by_argmax)
+    # NOTE: no rewrite when nothing changes: a config rewritten all the same had a new mtime,
+    # and a server polling the repository reloaded the model for nothing
+    update = update_config(target.model_dir, results, by_argmax)
+    if update is None:
+        return None
+    path, text = update
     kept = {r.kind for r in results if r.status == "kept"}
-    if not kept and path.is_file() and path.read_text(encoding="utf-8") == text:
-        # NOTE: rewritten all the same, a config whose verdicts did not change had a new mtime,
-        # and a server polling the repository reloaded the model for nothing
-        return path
     try:
         staged = stage(path, text.encode("utf-8"))
     except OSError as exc:

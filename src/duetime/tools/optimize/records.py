@@ -13,6 +13,7 @@ from typing import Any
 
 import tomlkit
 import yaml
+from tomlkit.items import AoT, Comment, Table, Whitespace
 
 from duetime.config import VariantConfig, find_config_file, parse_model_config, read_config_file
 from duetime.errors import ConfigError
@@ -78,6 +79,63 @@ def _trimmed(item: Any) -> Any:
     return item
 
 
+Lead = list[Any]
+"""The comment lines (tomlkit `Comment` items) right above a `[[variants]]` header; after the
+last entry, with the blank lines among and after them (`Whitespace` items)."""
+
+
+def _innermost(body: list[tuple[Any, Any]], end: int) -> tuple[list[tuple[Any, Any]], int]:
+    """The body, and the place in it, that the text right before `body[end]` belongs to:
+    `body` itself, or the end of the table just before that place (of the last table of an
+    array of tables), and so on in."""
+    while end and body[end - 1][0] is not None and isinstance(body[end - 1][1], Table | AoT):
+        last = body[end - 1][1]
+        body = (last[-1] if isinstance(last, AoT) else last).value.body
+        end = len(body)
+    return body, end
+
+
+def _take(body: list[tuple[Any, Any]], end: int, kinds: tuple[type, ...] = (Comment,)) -> Lead:
+    """Take the run of items of `kinds` (comment lines) that ends right before `body[end]` out
+    of `body`."""
+    start = end
+    while start and body[start - 1][0] is None and isinstance(body[start - 1][1], kinds):
+        start -= 1
+    run = [item for _, item in body[start:end]]
+    # (blanked, not removed, before a key: the body's index of its keys counts their places)
+    body[start:end] = [(None, Whitespace("")) for _ in run] if end < len(body) else []
+    return run
+
+
+def _detach_leads(doc: Any, tables: Any) -> list[Lead]:
+    """The comment lines right above each of the `tables` (`doc`'s `[[variants]]`), and last
+    those that follow the last one (with the blank lines), taken out of the places tomlkit
+    parsed them into; none where `tables` is not an item of `doc`'s own body.
+
+    NOTE: tomlkit parses the comments that introduce an entry into what comes before its header
+    (the document's body or the table above, for the first; the entry before, for the others),
+    so they stayed in place as the entries moved: a user's "# my own smaller net" above their
+    own entry ended up heading the optimizer's one, put in front of it (found by a tester)."""
+    at = next((i for i, (_, item) in enumerate(doc.body) if item is tables), None)
+    if at is None:
+        return [[] for _ in range(len(tables) + 1)]
+    leads = [_take(*_innermost(doc.body, at))]
+    leads += [_take(*_innermost(t.value.body, len(t.value.body))) for t in tables[:-1]]
+    rest, end = _innermost(tables[-1].value.body, len(tables[-1].value.body))
+    return [*leads, _take(rest, end, (Comment, Whitespace))]
+
+
+def _new_entry(entry: VariantConfig, inline: bool) -> Any:
+    table: Any = tomlkit.inline_table() if inline else tomlkit.table()
+    for key, value in entry.model_dump(exclude_none=True).items():
+        if isinstance(value, dict):
+            sub = tomlkit.inline_table()
+            sub.update(value)
+            value = sub
+        table[key] = value
+    return table
+
+
 def _render_toml(text: str, plan: list[int | VariantConfig]) -> str:
     doc = tomlkit.parse(text)
     old = doc.get("variants")
@@ -86,18 +144,26 @@ def _render_toml(text: str, plan: list[int | VariantConfig]) -> str:
     container: Any = tomlkit.array() if inline else tomlkit.aot()
     if inline:
         container.multiline(True)
+    leads: list[Lead] = [[] for _ in range(len(items) + 1)]
+    if plan and isinstance(old, tomlkit.items.AoT):
+        leads = _detach_leads(doc, old)
+    # An entry the optimizer replaces (its kind, measured again) keeps the lines above it; those
+    # above one it drops go with it.
+    named = {str(table.get("name")): i for i, table in enumerate(items)}
     for entry in plan:
         if isinstance(entry, int):
-            container.append(_trimmed(items[entry]))
-            continue
-        table: Any = tomlkit.inline_table() if inline else tomlkit.table()
-        for key, value in entry.model_dump(exclude_none=True).items():
-            if isinstance(value, dict):
-                sub = tomlkit.inline_table()
-                sub.update(value)
-                value = sub
-            table[key] = value
+            table, lead = _trimmed(items[entry]), leads[entry]
+        else:
+            replaced = named.get(entry.name)
+            table, lead = _new_entry(entry, inline), [] if replaced is None else leads[replaced]
+        if lead:
+            # (the "\n": AoT.append puts the blank line between entries only before a header
+            # with no line break in its indent, and the comment lines end in one)
+            above = "".join(line.as_string() for line in lead)
+            table.trivia.indent = ("\n" if len(container) else "") + above + table.trivia.indent
         container.append(table)
+    for line in leads[-1] if len(container) else []:
+        container[-1].value.append(None, line)
     if plan:
         doc["variants"] = container
     elif "variants" in doc:
@@ -119,11 +185,17 @@ def _render_yaml(data: dict[str, Any], plan: list[int | VariantConfig]) -> str:
 
 def update_config(
     model_dir: Path, results: Sequence[VariantResult], by_argmax: bool = True
-) -> tuple[Path, str]:
+) -> tuple[Path, str] | None:
     """Rewrite the `variants` of the model's config for the kinds measured in `results`, ranked
     `by_argmax` (see `ranking_keys`).
 
-    Returns the path and the new text, validated but not yet written (see `stage`).
+    Returns the path and the new text, validated but not yet written (see `stage`); None when
+    the variants stay as they are listed (none kept, and none listed to remove or re-rank).
+
+    NOTE: None rather than the same text: a config created with nothing in it (a folder with no
+    config file, every kind dropped) was reported as "updated", and a server polling the
+    repository reloaded the model for it (found by a tester); a YAML config rewritten to the
+    same variants lost its comments.
     """
     path = config_file(model_dir)
     text = path.read_text(encoding="utf-8") if path.is_file() else ""
@@ -132,6 +204,8 @@ def update_config(
     replaced: set[str] = {r.kind for r in results if r.status != "failed"}
     new = [_entry(r) for r in results if r.status == "kept"]
     plan = plan_variants(existing, replaced, new, by_argmax)
+    if plan == list(range(len(existing))):
+        return None
     if path.suffix == ".toml":
         new_text = _render_toml(text, plan)
         check = tomllib.loads(new_text)

@@ -44,6 +44,7 @@ class OptimizeReport:
     primary_max_batch_us: float | None
     results: list[VariantResult]
     config_path: Path | None
+    """The config file written; None when none was (nothing built, or nothing to record)."""
     elapsed_s: float = 0.0
     notes: list[str] = field(default_factory=list)
     primary_file: str = MODEL_FILENAME
@@ -82,9 +83,15 @@ class OptimizeReport:
             cells = [c.rjust(w) if 2 <= i <= 5 else c.ljust(w) for i, (c, w) in
                      enumerate(zip(row, widths, strict=False))]  # fmt: skip
             lines.append("  ".join([*cells, row[-1]]).rstrip())
-        where = self.config_path or "nothing: no kind could be built"
-        lines.append(f"updated {where} ({self.elapsed_s:.1f} s)")
+        lines.append(f"updated {self._updated()} ({self.elapsed_s:.1f} s)")
         return "\n".join([*lines, *self.notes])
+
+    def _updated(self) -> str:
+        if self.config_path is not None:
+            return str(self.config_path)
+        if all(r.status == "failed" for r in self.results):
+            return "nothing: no kind could be built"
+        return "nothing: no kind was kept, and none of them was listed to remove"
 
 
 def _us(value: float | None, primary: float | None) -> str:
