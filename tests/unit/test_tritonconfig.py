@@ -335,7 +335,8 @@ def test_every_uint64_default_timeout_of_a_triton_config_is_taken_and_shown(
 
 
 @pytest.mark.parametrize(
-    ("milliseconds", "microseconds"), [(0.0005, 1), (4.35, 4350), (1.2341, 1235), (5, 5000)]
+    ("milliseconds", "microseconds"),
+    [(0.0005, 1), (1e-7, 1), (4.35, 4350), (1.2341, 1235), (5, 5000)],
 )
 def test_a_default_timeout_is_shown_in_whole_microseconds_rounded_up(
     tmp_path: Path, milliseconds: float, microseconds: int

@@ -77,9 +77,9 @@ def model_config_json(model: LoadedModel) -> dict[str, Any]:
         "allow_timeout_override": True,
     }  # fmt: skip
     if config.default_timeout_ms is not None:
-        # (whole microseconds, rounded up: 0 is Triton's "none", and a default under 1 µs
-        # read back as 0 served with no due time once loaded again; a uint64)
-        microseconds = min(math.ceil(round(config.default_timeout_ms * 1000, 3)), 2**64 - 1)
+        # (whole microseconds, rounded up, 1 at least: 0 is Triton's "none", and a default under
+        # 1 µs read back as 0 served with no due time once loaded again; a uint64)
+        microseconds = min(max(1, math.ceil(round(config.default_timeout_ms * 1000, 3))), 2**64 - 1)
         queue_policy["default_timeout_microseconds"] = microseconds
     return {
         "name": model.name,
