@@ -328,7 +328,9 @@ class Intake:
         """Connections whose reads wait for a later turn, oldest first (see `wait_turn`), of
         those that pipeline requests (`HttpConnection.pipelined`)."""
         self._for_turn_first: deque[HttpConnection] = deque()
-        """The same, of those that do not: fed before any of the others."""
+        """The same, of those that do not: fed in turn with the others, first where both wait."""
+        self._first_next = True
+        """Whether the next connection fed comes from `_for_turn_first` (where both wait)."""
         self._feeding = False
         self._share = _BULK_SHARE
         self._credit = _BURST_S
@@ -481,24 +483,32 @@ class Intake:
 
     def wait_turn(self, connection: HttpConnection, loop: asyncio.AbstractEventLoop) -> None:
         """Have `connection` parse what it kept unread (`HttpConnection.turn_came`) on a later
-        turn of `loop`: waiting connections are fed oldest first, `_TURN_BUDGET_S` a turn,
-        those that pipeline requests after every one that does not.
+        turn of `loop`: waiting connections are fed oldest first, `_TURN_BUDGET_S` a turn, one
+        that pipelines requests and one that does not in turn (see `HttpConnection.pipelined`).
 
         NOTE: in one queue, a connection sending one request at a time waited behind every
         pipelining one, each parsing up to a quota or 64 requests in its turn: beside one
         client writing 200 requests on each of 300 connections, a request due in 20 ms on a
         new connection was read 4.6-12.6 s after it came, and refused then (found by a
-        tester). Pipelining connections share what is left, as before."""
+        tester). Fed only once no other waited, a pipelining connection got nothing while
+        clients sending one request at a time kept coming: 1.8-4.6 s for its 504 beside 150 of
+        them (a tester again)."""
         (self._for_turn if connection.pipelined else self._for_turn_first).append(connection)
         if not self._feeding:
             self._feeding = True
             loop.call_soon(self._feed_turn, loop)
 
+    def others_wait(self) -> bool:
+        """Whether a connection waits for a turn of the loop (see `wait_turn`)."""
+        return bool(self._for_turn_first or self._for_turn)
+
     def _feed_turn(self, loop: asyncio.AbstractEventLoop) -> None:
         first, rest = self._for_turn_first, self._for_turn
         started = self._clock()
         while (first or rest) and self._clock() - started <= _TURN_BUDGET_S:
-            (first or rest).popleft().turn_came()
+            queue = first if first and (self._first_next or not rest) else rest
+            self._first_next = queue is rest
+            queue.popleft().turn_came()
         if first or rest:  # (called back on the loop's next turn, after its poll)
             loop.call_soon(self._feed_turn, loop)
         else:
@@ -738,9 +748,10 @@ class HttpConnection(asyncio.BufferedProtocol):
         self._begun_at = 0
         """The reads so far, and the one the request being read began in."""
         self._pipelined = False
-        """Whether the client has sent a request in the same read as the one before it (it
-        does not wait for answers): its reads that wait for a turn of the loop wait behind
-        those of connections that do not (see `Intake.wait_turn`)."""
+        """Whether the client's last request came in the same read as the one before it, or
+        while an answer was owed (it does not wait for answers), rather than alone with none
+        owed: its reads that wait for a turn of the loop take turns with those of connections
+        that do not (see `Intake.wait_turn`)."""
         self._parser = httptools.HttpRequestParser(self)
         self._read_buffer = _READ_BUFFERS.view
         self._direct_read = False
@@ -962,11 +973,13 @@ class HttpConnection(asyncio.BufferedProtocol):
         if bulk and not self._closing:
             self._pace((time.perf_counter() - started) * _READ_COST)
 
-    def _parse(self, data: bytes) -> None:
+    def _parse(self, data: bytes, turn: bool = False) -> None:
         """Parse `data`, in pieces of `_FEED_BYTES` (`_BUSY_FEED_BYTES` while the loop is busy);
         once the connection owes `_MAX_PIPELINED` answers, keep the rest unparsed (`_unparsed`,
         reading paused) until it owes fewer, and once it has had its quota of a busy loop
-        (`_over_quota`), until its next period.
+        (`_over_quota`), until its next period. `turn`: `data` waited for a turn of the loop;
+        once it is seen to pipeline, its connection waits for another turn for the rest while
+        others wait for theirs (see `Intake.wait_turn`).
 
         NOTE: every request of a read was parsed at once, and each inference request decoded
         (`_defer`), however many answers its connection already owed: a client writing 2,000
@@ -979,11 +992,17 @@ class HttpConnection(asyncio.BufferedProtocol):
         if busy and self._quota_used >= _QUOTA_REQUESTS and self._over_quota():
             self._wait_quota(data)
             return
-        step = _BUSY_FEED_BYTES if busy else _FEED_BYTES
+        step = _BUSY_FEED_BYTES if busy or turn else _FEED_BYTES
         end = len(data)
         at = 0
         try:
             while True:
+                # NOTE: a turn's connection parsed all it kept, up to 64 requests: as a flood
+                # began, 300 pipelining connections not yet known to pipeline were fed one by
+                # one, 3 s in all, before a request on a new connection that came meanwhile
+                if turn and at and self._pipelined and self._intake.others_wait():
+                    self._wait_turn(data[at:])
+                    return
                 piece = end if end - at <= step else at + step
                 self._parser.feed_data(data[at:piece] if at or piece < end else data)
                 at = piece
@@ -1092,7 +1111,7 @@ class HttpConnection(asyncio.BufferedProtocol):
             return
         self._turn.mark(self._loop)
         try:
-            self._parse(data)
+            self._parse(data, turn=True)
         finally:
             if not self._unparsed:
                 self._replay_arrival = None
@@ -1333,6 +1352,10 @@ class HttpConnection(asyncio.BufferedProtocol):
             self._quota_used += 1
         else:
             self._quota_read = self._reads
+            if self._slots:  # (sent before the last answer was written)
+                self._pipelined = True
+            elif self._begun_at == self._reads:  # (alone: begun in this read, none owed)
+                self._pipelined = False
         if self._rejected or (self._closing and not self._last_request):
             return
         self._last_request = False
