@@ -14,10 +14,17 @@ path checks them (datatype, range, ragged lists), with the field named in the er
 
 JSON has no NaN or infinity: a V1 answer writes them as null, as KServe's own V1 server does,
 and a float input reads null as NaN (what the KServe client sends for a NaN or infinity).
+
+JSON has no bytes either: as TensorFlow Serving does, a BYTES input's element may come as
+`{"b64": "<base64>"}` (binary data: image bytes, a serialized example), read as the bytes it
+encodes, and a BYTES output whose name ends in `_bytes` is answered so, each element
+`{"b64": "<base64>"}`. Such an object for an input of another datatype is refused.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import math
 from typing import Any
 
@@ -26,10 +33,17 @@ import orjson
 
 from duetime.datatypes import BFLOAT16, NUMPY_OF, is_float, v2_datatype_of
 from duetime.errors import InvalidInput
+from duetime.execution.ort import CHECKED_TEXT, MAX_DIMS
 from duetime.frontend.codec import JSON_CHUNK, from_nested_json, json_size
 from duetime.types import ModelSignature, TensorSpec
 
 FIELDS = ("instances", "inputs")
+
+B64 = "b64"
+"""The key of TensorFlow Serving's form of binary data in JSON: `{"b64": "<base64>"}`."""
+BYTES_SUFFIX = "_bytes"
+"""A BYTES output whose name ends so is answered as binary data (`{"b64": ...}` elements), as
+TensorFlow Serving answers a string tensor so named (its `kBytesTensorNameSuffix`)."""
 
 
 def v1_inputs(doc: Any, signature: ModelSignature, model: str) -> dict[str, np.ndarray]:
@@ -52,7 +66,7 @@ def v1_inputs(doc: Any, signature: ModelSignature, model: str) -> dict[str, np.n
     specs = signature.inputs
     required = signature.required_inputs
     batched = signature.max_batch_size > 0
-    if isinstance(data, dict):  # columnar: input name -> every example's values
+    if _is_object(data):  # columnar: input name -> every example's values
         _only_inputs(data, signature, model, field, "the request")
         return {
             spec.name: _tensor(spec, _named(data, spec, field, "the request"), field)
@@ -66,10 +80,10 @@ def v1_inputs(doc: Any, signature: ModelSignature, model: str) -> dict[str, np.n
             f"predict request: model '{model}' does not batch (max_batch_size 0); send one "
             f"example in '{field}', got {len(data)}"
         )
-    if len(required) == 1 and not isinstance(data[0], dict):
+    if len(required) == 1 and not _is_object(data[0]):
         (spec,) = required
         return {spec.name: _tensor(spec, data if batched else data[0], field)}
-    if not all(isinstance(example, dict) for example in data):
+    if not all(_is_object(example) for example in data):
         names = ", ".join(f"'{spec.name}'" for spec in required)
         raise InvalidInput(
             f"predict request: model '{model}' takes {len(required)} inputs ({names}); each "
@@ -84,6 +98,20 @@ def v1_inputs(doc: Any, signature: ModelSignature, model: str) -> dict[str, np.n
         values = [_named(example, spec, field, f"example {i}") for i, example in enumerate(data)]
         tensors[spec.name] = _tensor(spec, values if batched else values[0], field)
     return tensors
+
+
+def _is_b64(value: Any) -> bool:
+    """Whether `value` is binary data as TensorFlow Serving writes it in JSON: an object with
+    one key, "b64", whose value is a string (its `IsValBase64Object`)."""
+    return type(value) is dict and len(value) == 1 and type(value.get(B64)) is str
+
+
+def _is_object(value: Any) -> bool:
+    """Whether `value` is an object of input name -> value (not binary data: `_is_b64`).
+
+    NOTE: as TensorFlow Serving tells them apart: an instance `{"b64": "..."}` of a model with
+    one BYTES input is that input's value, not an object naming an input 'b64'."""
+    return isinstance(value, dict) and not _is_b64(value)
 
 
 def _only_inputs(
@@ -114,6 +142,19 @@ def _tensor(spec: TensorSpec, values: Any, field: str) -> np.ndarray:
     try:
         return from_nested_json(values, spec.datatype, where, field)
     except InvalidInput:
+        # (read again only on a refusal, as below: the common request pays no walk)
+        depth = len(spec.shape) + 1
+        if spec.datatype == "BYTES":
+            decoded = _with_b64(values, where, field)
+            if decoded is None:
+                raise
+            return decoded
+        if _has_b64(values, depth):
+            # NOTE: TensorFlow Serving refuses binary data for any tensor but a string one
+            raise InvalidInput(
+                f"{where}: '{field}' holds {{\"b64\": ...}} (binary data), which only a BYTES "
+                f"input takes; {spec.datatype} takes numbers"
+            ) from None
         if not is_float(NUMPY_OF[spec.datatype]):
             raise
     # NOTE: the KServe client writes its request with orjson, which writes NaN, Infinity and
@@ -121,6 +162,72 @@ def _tensor(spec: TensorSpec, values: Any, field: str) -> np.ndarray:
     # KServe's servers read it as NaN (numpy casts None to NaN). Read again only on a refusal:
     # the common request pays no walk over its values
     return from_nested_json(_nan_for_null(values, len(spec.shape) + 1), spec.datatype, where, field)
+
+
+def _with_b64(values: Any, where: str, field: str) -> np.ndarray | None:
+    """The BYTES tensor of `values` where elements are binary data, `{"b64": "<base64>"}`,
+    each read as the bytes it encodes; None where none is (the refusal of `values` stands).
+    Shape and the other elements are checked as any BYTES input's.
+
+    NOTE: TensorFlow Serving's REST API (which KServe's V1 protocol is) sends binary values so,
+    the only way JSON carries bytes that are not UTF-8 text; they were refused "element 0 must
+    be a string" (found by a tester)."""
+    flat: list[bytes] = []
+    found = False
+
+    def read(value: Any, depth: int) -> Any:
+        nonlocal found
+        if isinstance(value, list) and depth:
+            return [read(item, depth - 1) for item in value]
+        if _is_b64(value):
+            found = True
+            flat.append(_decoded(value[B64], where, field, len(flat)))
+            return ""  # (a string in its place, for the checks of shape and the others)
+        if isinstance(value, dict):
+            raise InvalidInput(
+                f"{where}: BYTES '{field}' element {len(flat)} is an object that is not binary "
+                'data: send a string, or {"b64": "<base64>"} (one key, a string)'
+            )
+        try:
+            flat.append(value.encode() if isinstance(value, str) else b"")
+        except UnicodeEncodeError:  # (a lone surrogate: refused below, in the usual words)
+            flat.append(b"")
+        return value
+
+    stand_ins = read(values, MAX_DIMS + 1)  # (lists deeper than any tensor: refused below)
+    if not found:
+        return None
+    shape = from_nested_json(stand_ins, "BYTES", where, field).shape  # (checks all the others)
+    # (CHECKED_TEXT: all UTF-8, as an ONNX string tensor takes them; else the run refuses the
+    # element that is not, as it refuses one of a v2 binary request's)
+    out = np.empty(len(flat), dtype=CHECKED_TEXT if _all_utf8(flat) else object)
+    out[:] = flat
+    return out.reshape(shape)
+
+
+def _decoded(text: str, where: str, field: str, index: int) -> bytes:
+    """The bytes of the base64 `text` (standard alphabet; its `=` padding may be left out)."""
+    try:
+        return base64.b64decode(text + "=" * (-len(text) % 4), validate=True)
+    except (binascii.Error, ValueError):
+        raise InvalidInput(
+            f"{where}: BYTES '{field}' element {index}: its \"b64\" is not valid base64"
+        ) from None
+
+
+def _has_b64(values: Any, depth: int) -> bool:
+    """Whether binary data (`_is_b64`) is among `values`, down to `depth` levels of lists."""
+    if isinstance(values, list) and depth:
+        return any(_has_b64(item, depth - 1) for item in values)
+    return _is_b64(values)
+
+
+def _all_utf8(items: list[bytes]) -> bool:
+    try:
+        b"\n".join(items).decode("utf-8")  # (no element's character takes in a newline)
+    except UnicodeDecodeError:
+        return False
+    return True
 
 
 def _nan_for_null(values: Any, depth: int) -> Any:
@@ -153,7 +260,7 @@ def v1_predictions(outputs: dict[str, np.ndarray], batched: bool) -> bytes:
             else:
                 predictions = b"[" + _json_of(array) + b"]"
             return b'{"predictions":' + predictions + b"}"
-    columns = {name: _rows(array, batched) for name, array in outputs.items()}
+    columns = {name: _rows(array, batched, name) for name, array in outputs.items()}
     if len(columns) == 1:
         (rows,) = columns.values()
         return orjson.dumps({"predictions": rows}, option=orjson.OPT_SERIALIZE_NUMPY)
@@ -164,8 +271,22 @@ def v1_predictions(outputs: dict[str, np.ndarray], batched: bool) -> bytes:
 
 def v1_json_size(outputs: dict[str, np.ndarray]) -> dict[str, int]:
     """About how many bytes of JSON each output takes in a V1 answer (`codec.json_size`: each
-    number at its longest), before any is encoded."""
-    return {name: json_size(array, v2_datatype_of(array)) for name, array in outputs.items()}
+    number at its longest; binary data, `_b64`, as written), before any is encoded."""
+    return {
+        name: _b64_size(array) if _binary(name, array) else json_size(array, v2_datatype_of(array))
+        for name, array in outputs.items()
+    }
+
+
+def _binary(name: str, array: np.ndarray) -> bool:
+    """Whether output `name` is answered as binary data (see `BYTES_SUFFIX`)."""
+    return array.dtype == object and name.endswith(BYTES_SUFFIX)
+
+
+def _b64_size(array: np.ndarray) -> int:
+    """The bytes of JSON `_b64` writes for `array`'s elements, a comma after each."""
+    lengths = (len(_raw(item)) for item in array.reshape(-1).tolist())
+    return sum(4 * ((length + 2) // 3) + len('{"b64":""},') for length in lengths)
 
 
 def _numeric(array: np.ndarray) -> np.ndarray:
@@ -200,10 +321,11 @@ def _json_of(array: np.ndarray) -> bytes:
     return b"[" + b",".join(pieces) + b"]"
 
 
-def _rows(array: np.ndarray, batched: bool) -> list[Any]:
+def _rows(array: np.ndarray, batched: bool, name: str) -> list[Any]:
     """One entry per example (a model that does not batch answers one example)."""
     if array.dtype == object:
-        array = np.vectorize(_text, otypes=[object])(array) if array.size else array
+        each = _b64 if _binary(name, array) else _text
+        array = np.vectorize(each, otypes=[object])(array) if array.size else array
         values = array.tolist()
         return values if batched and array.ndim else [values]
     array = _numeric(array)
@@ -218,3 +340,19 @@ def _rows(array: np.ndarray, batched: bool) -> list[Any]:
 
 def _text(item: Any) -> str:
     return item.decode("utf-8", "replace") if isinstance(item, bytes) else str(item)
+
+
+def _b64(item: Any) -> dict[str, str]:
+    """A BYTES element as binary data: `{"b64": "<base64>"}` (see `BYTES_SUFFIX`).
+
+    NOTE: as TensorFlow Serving answers a string output whose name ends in `_bytes` (its
+    `IsNamedTensorBytes`): bytes that are not UTF-8 come back whole. Other BYTES outputs are
+    written as text, as before (bytes that are not UTF-8 as U+FFFD), as TF Serving writes them
+    (and KServe's V1 server, which has no binary form)."""
+    return {B64: base64.b64encode(_raw(item)).decode("ascii")}
+
+
+def _raw(item: Any) -> bytes:
+    if isinstance(item, bytes | bytearray | memoryview):
+        return bytes(item)
+    return str(item).encode("utf-8", "replace")

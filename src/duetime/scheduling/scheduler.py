@@ -650,6 +650,7 @@ class ModelScheduler:
         fallback: Callable[[QueuedRequest, int], bool] | None = None,
         arrival_ns: int | None = None,
         run_now: bool = False,
+        passes_on: bool = False,
     ) -> asyncio.Future[Feeds]:
         """Admit and queue one validated request; its future resolves to the model's outputs.
         `arrival_ns`: when it reached the server, where known (a due time already past that
@@ -662,6 +663,9 @@ class ModelScheduler:
         has started. `on_done`, if given, is called on the loop as soon as the future settles.
         `fallback` (EDF, a request with a due time): offered the request before it would fail
         unrun as hopeless, to hand it over to a cheaper variant (`QueuedRequest.fallback`).
+        `passes_on`: the caller offers the request to a cheaper variant should this one refuse
+        it with `Overloaded` (its due time, a full queue): that refusal is not counted here
+        (see `_admit`).
         """
         if self._closed:
             # NOTE: counted as those failed in the queue at the close: uncounted, the requests
@@ -678,7 +682,9 @@ class ModelScheduler:
             # statistic, and dashboards showed a model taking 5 requests during an incident
             self._unavailable += 1
             raise self.unavailable_error(now)
-        due_ns, key, probe = self._admission(now, feeds, rows, due_ns, priority, arrival_ns)
+        due_ns, key, probe = self._admission(
+            now, feeds, rows, due_ns, priority, arrival_ns, passes_on
+        )
         queue = self._queue
         future: asyncio.Future[Feeds] = self._loop.create_future()
         item = QueuedRequest(feeds, rows, shape_key, now, due_ns, key[0], future, key, on_done)
@@ -706,9 +712,10 @@ class ModelScheduler:
                     self._wake_drain_waiter()
                 return future
         if not queue.push(item):
-            self._rejected += 1
-            self._fail_ns += self._clock.now_ns() - now  # (Triton's fail times every failure)
-            self._full += 1
+            if not passes_on:  # (counted where it ends: see `_admit`)
+                self._rejected += 1
+                self._fail_ns += self._clock.now_ns() - now  # (Triton's fail times every failure)
+                self._full += 1
             self._refused_ns = now
             raise self._full_error(item.level)
         if len(queue) > self._peak:
@@ -745,10 +752,11 @@ class ModelScheduler:
         due_ns: int | None,
         priority: int,
         arrival_ns: int | None,
+        passes_on: bool = False,
     ) -> tuple[int | None, Key, bool]:
         """Admit a request arriving `now` (see `submit_nowait`), or raise why not: its due time
         (the model's default one applied), its place in the queue, and whether it is admitted
-        as a probe (see PROBE_NS)."""
+        as a probe (see PROBE_NS). `passes_on`: see `submit_nowait`."""
         if self.default_timeout_ns is not None:
             due_ns = self.due_by_default(due_ns, arrival_ns, now)
         # (the default level without `_level`'s frame: priority 0, nearly every request's)
@@ -758,7 +766,7 @@ class ModelScheduler:
         self._admitted_others = None
         if due_ns is not None:
             extra_bytes = self._extra_bytes(_bytes(feeds), rows) if self._size_cost else 0
-            probe = self._admit(now, due_ns, rows, key, extra_bytes, arrival_ns)
+            probe = self._admit(now, due_ns, rows, key, extra_bytes, arrival_ns, passes_on)
         return due_ns, key, probe
 
     def answer_alone(
@@ -1136,9 +1144,21 @@ class ModelScheduler:
         key: tuple[int, int, int],
         extra_bytes: int = 0,
         arrival_ns: int | None = None,
+        passes_on: bool = False,
     ) -> bool:
         """Admit a request due at `due_ns`, or raise why not; True when it is admitted as a
-        probe though predicted to miss (see PROBE_NS)."""
+        probe though predicted to miss (see PROBE_NS). `passes_on`: a refusal for its due time
+        (`Overloaded`) is not counted, a cheaper variant is offered the request next (see
+        `submit_nowait`).
+
+        NOTE: a refusal the engine passes on to a cheaper variant (`Engine._queue`) counted here
+        too (rejected, the failures' time, a miss for the load shedder), and the request counted
+        again where it ran, or was refused in the end: one request counted once per variant it
+        passed through (model statistics' `fail.count` rose for requests answered 200, 1500
+        requests sent were counted 1501; found by a tester). It counts where it ends, as one
+        handed over after admission does; passing it on still marks this variant refusing
+        (`_refused_ns`, `_refusing`: it is backlogged for the router, and refreshes a stale
+        profile)."""
         others = self._others(now)
         self._admitted_others = others
         finish, ahead = self._predict(now, rows, key, others)
@@ -1168,11 +1188,25 @@ class ModelScheduler:
                 # test's requests (RESOURCE_EXHAUSTED, 1 full suite in 2)
                 self._impossible += 1
             self._fail_ns += self._clock.now_ns() - now
+            default = self._due_by_default_ns(due_ns, arrival_ns)
+            if default is None:
+                why = (
+                    "its timeout is too short, or it waited that long to be read: the server "
+                    "is overloaded"
+                )
+                advice = "send a larger timeout or retry later"
+            elif self._exec_ns(rows) > default:
+                why = f"{_default_words(default)}, less than a run of the model takes"
+                advice = "raise the model's default_timeout_ms"
+            else:
+                why = (
+                    f"{_default_words(default)}, and it waited that long to be read: the "
+                    "server is overloaded"
+                )
+                advice = "retry later, or raise the model's default_timeout_ms"
             raise DeadlineExceeded(
                 f"{TIMEOUT_EXPIRED}: model {self._label}: the request was due "
-                f"{(now - due_ns) / 1e3:.0f} µs before "
-                "it reached the scheduler (its timeout is too short, or it waited that long to "
-                "be read: the server is overloaded); send a larger timeout or retry later"
+                f"{(now - due_ns) / 1e3:.0f} µs before it reached the scheduler ({why}); {advice}"
             )
         if not self._edf:
             return False  # FIFO, like Triton, admits whatever fits the queue
@@ -1198,20 +1232,46 @@ class ModelScheduler:
             # alone predicts it on time: no hopeless check fails it unrun.
             self._probes += 1
             return False
-        self._rejected += 1
-        if impossible:
-            self._impossible += 1
-        self._fail_ns += self._clock.now_ns() - now
+        if not passes_on:
+            self._rejected += 1
+            if impossible:
+                self._impossible += 1
+            self._fail_ns += self._clock.now_ns() - now
         self._refusing = True
         self.refresh_if_stale(now)
         kept = needed - finish
         margins = f" (+{kept / 1e3:.0f} µs kept for margins and delivery)" if kept >= 1000 else ""
+        default = self._due_by_default_ns(due_ns, arrival_ns)
+        if default is None:
+            advice = "; retry with a larger timeout or later"
+        elif self._exec_ns(rows) + extra_ns + kept > default:
+            advice = (
+                f": {_default_words(default)}, less than a run of the model takes; raise the "
+                "model's default_timeout_ms"
+            )
+        else:
+            advice = (
+                f": {_default_words(default)}; retry later, or raise the model's default_timeout_ms"
+            )
         raise Overloaded(
             f"model {self._label}: predicted to finish in {(finish - now) / 1e3:.0f} µs"
-            f"{margins} but due in {(due_ns - now) / 1e3:.0f} µs ({ahead} requests ahead); retry "
-            "with a larger timeout or later",
+            f"{margins} but due in {(due_ns - now) / 1e3:.0f} µs ({ahead} requests ahead)"
+            f"{advice}",
             retry_after_s=max(0.001, (finish - now) / 1e9),
         )
+
+    def _due_by_default_ns(self, due_ns: int, arrival_ns: int | None) -> int | None:
+        """The model's `default_timeout_ms` (ns) where it is the request's due time (it sent no
+        timeout, or a later one, which the default caps: see `due_by_default`); None where its
+        own timeout is (or, its arrival unknown, may be).
+
+        NOTE: a refusal for the due time told every request to "send a larger timeout", which
+        could not help one due by the default: a v2 request that sent 10 s was capped at 1 ms,
+        and a KServe V1 predict can send no timeout at all (found by a tester)."""
+        default = self.default_timeout_ns
+        if default is None or arrival_ns is None or due_ns - arrival_ns < default:
+            return None
+        return default
 
     def _run_ns(self, requests: list[QueuedRequest], rows: int) -> int:
         """Predicted time from starting a batch of `requests` (`rows`) to its result on the
@@ -2928,3 +2988,12 @@ def _settle(item: QueuedRequest, outcome: Feeds | DuetimeError) -> None:
         future.set_result(outcome)
     if item.on_done is not None:
         item.on_done()
+
+
+def _default_words(default_ns: int) -> str:
+    """Why a request is due when it is, where its model's `default_timeout_ms` (`default_ns`)
+    set that (see `ModelScheduler._due_by_default_ns`), as a refusal says it."""
+    return (
+        f"its due time is its model's default_timeout_ms ({default_ns / 1e6:g} ms after its "
+        "arrival; no timeout a request sends extends it)"
+    )
