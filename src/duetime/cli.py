@@ -191,6 +191,11 @@ def _parser(tools: Container[str | None] | None = None) -> argparse.ArgumentPars
         help="open gRPC connections accepted (4096); past it gRPC closes a new one at once",
     )  # fmt: skip
     serve.add_argument(
+        "--grpc-max-concurrent-streams", type=int,
+        help="calls one gRPC connection may have open at once (256; its client holds the others "
+        "back); 0: no bound",
+    )  # fmt: skip
+    serve.add_argument(
         "--request-read-timeout-s", type=float,
         help="an HTTP request head must arrive within this of its first byte, then its body "
         "at --min-body-rate-bytes-s over each such period (10; slower clients get 408); a "

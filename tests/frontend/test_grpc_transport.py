@@ -380,3 +380,67 @@ def test_a_stream_idle_after_its_first_message_lives_past_the_read_timeout(tmp_p
     for (result, error), request_id in ((first, "first"), (later, "later")):
         assert error is None, error
         assert result.get_response().id == request_id
+
+
+def test_one_connection_has_at_most_its_bound_of_calls_open_and_others_are_served(
+    tmp_path: Path,
+) -> None:
+    """--grpc-max-concurrent-streams bounds the calls one connection has open at once: its
+    client holds the next back until one ends, while another connection's calls go on. With
+    no bound, one client's 2,000 calls open on one channel, beyond its model's queue, kept
+    every other client's calls waiting 1-2 s in gRPC's shared queue (found by a tester)."""
+    assert dict(server_options(ServerSettings()))["grpc.max_concurrent_streams"] == 256
+    assert "grpc.max_concurrent_streams" not in dict(
+        server_options(ServerSettings(grpc_max_concurrent_streams=0))
+    )
+    write_version(tmp_path, "m", 1, scale_model(2))
+    settings = ServerSettings(
+        model_repository=tmp_path, http_port=0, grpc_port=0, grpc_max_concurrent_streams=2
+    )
+    stream_method = "/inference.GRPCInferenceService/ModelStreamInfer"
+    infer_method = "/inference.GRPCInferenceService/ModelInfer"
+    message = grpcclient.service_pb2.ModelInferRequest(model_name="m")
+    message.inputs.add(name="x", datatype="FP32", shape=[1, 4])
+    message.raw_input_contents.append(np.ones((1, 4), np.float32).tobytes())
+    held: queue.Queue[object] = queue.Queue()
+
+    def open_messages() -> Iterator[object]:
+        yield message  # (one request: the stream is a call under way, then it stays open)
+        held.get()
+
+    with serving(settings) as running:
+        # (a subchannel pool of each's own: channels to one address share a connection else)
+        own = [("grpc.use_local_subchannel_pool", 1)]
+        busy = grpc.insecure_channel(running.grpc, options=own)
+        other = grpc.insecure_channel(running.grpc, options=own)
+        try:
+            stream = busy.stream_stream(
+                stream_method,
+                request_serializer=grpcclient.service_pb2.ModelInferRequest.SerializeToString,
+                response_deserializer=grpcclient.service_pb2.ModelStreamInferResponse.FromString,
+            )
+            streams = [stream(open_messages()) for _ in range(2)]
+            for call in streams:  # (each answered its request: both are open on the server)
+                assert not next(call).error_message
+            infer = busy.unary_unary(
+                infer_method,
+                request_serializer=grpcclient.service_pb2.ModelInferRequest.SerializeToString,
+                response_deserializer=grpcclient.service_pb2.ModelInferResponse.FromString,
+            )
+            third = infer.future(message, timeout=30)
+            elsewhere = other.unary_unary(
+                infer_method,
+                request_serializer=grpcclient.service_pb2.ModelInferRequest.SerializeToString,
+                response_deserializer=grpcclient.service_pb2.ModelInferResponse.FromString,
+            )
+            assert elsewhere(message, timeout=10).model_name == "m"
+            time.sleep(0.3)
+            assert not third.done(), "a third call on the busy connection waits its turn"
+            held.put(None)  # (one stream ends: the third call goes on)
+            assert third.result(timeout=10).model_name == "m"
+            held.put(None)
+            for call in streams:
+                list(call)
+        finally:
+            busy.close()
+            other.close()

@@ -1917,6 +1917,11 @@ def server_options(settings: ServerSettings) -> list[tuple[str, int]]:
         ("grpc.max_send_message_length", limit),
         ("grpc.so_reuseport", 0),
         ("grpc.max_allowed_incoming_connections", settings.max_grpc_connections),
+        *(
+            [("grpc.max_concurrent_streams", settings.grpc_max_concurrent_streams)]
+            if settings.grpc_max_concurrent_streams
+            else []
+        ),
         # NOTE: as HTTP's connections: the bound above was held by connections that never
         # finished their HTTP/2 preface (gRPC's own limit: 120 s) or sat idle (none): 50 of
         # either had every new client refused "Socket closed" for minutes (found by a tester)
