@@ -72,6 +72,14 @@ model whose real inputs cost 15,000x its samples (a Loop whose trip count is an 
 at 8 µs, running 120 ms) was still predicted at 153 µs after 60 such runs, and a request due in
 50 ms was admitted and answered late, 123 ms on, where it should have been refused (found by a
 tester). One stalled run is no shift: five in a row of one bucket are."""
+SHAPE_FASTER = 2.0
+"""After a rescale of the whole profile from one bucket's runs (`SHIFT_RUNS`, or an idle run in
+`LatencyProfile.recalibrate`), no bucket of more rows is predicted more than this many times
+faster than that bucket, nor one of fewer rows this many times slower (see
+`LatencyProfile._keep_shape`)."""
+SHAPE_PER_ROW = 4.0
+"""...nor any bucket's cost per row more than this many times apart from that bucket's, beyond
+how the load measured them apart."""
 _NO_VALUE_NS = 1 << 62
 """When a value a block has not got came (never too old: its value is -inf)."""
 
@@ -399,6 +407,7 @@ class LatencyProfile:
             return False
         self._over.clear()
         self._scale(shortest / max(1.0, self._ewma[bucket]), spread=True)
+        self._keep_shape(bucket)
         self._unseen.clear()  # (all follow the runs now: the load's figures are no guide)
         return True
 
@@ -438,6 +447,65 @@ class LatencyProfile:
                 self._scale(tail, estimate=False, spread=True)
             return
         self._scale(ratio)
+        self._keep_shape(bucket)
+
+    def _keep_shape(self, anchor: int) -> None:
+        """Bring each bucket's estimate (its margin and spread with it) within bounds of
+        `anchor`'s, which the profile was just rescaled to from that bucket's runs: a bucket of
+        more rows at least 1/`SHAPE_FASTER` of it, one of fewer rows at most `SHAPE_FASTER`
+        times it (or as far apart as the load measured them, where that is further), and their
+        costs per row within `SHAPE_PER_ROW` of each other (or of the load's ratio); and no
+        bucket's margin at load (scaled) more than its estimate times its ratio to the median
+        at load (or once the estimate, where that is more).
+
+        NOTE: `_shifted` and `recalibrate` scale every bucket by one bucket's ratio, so an
+        inconsistency between buckets was never repaired, only carried along, and idle runs
+        added to it: an idle run of 1 row finding bucket 1 over twice its time (its runs under
+        floods had taught it their pace) scaled the whole profile down by that, and a bucket
+        not run since (batches of 8, while due times kept the batches small) stayed scaled
+        down, and went down again at the next (40 such rounds took a batch of 8 from 6.8 ms to
+        3 µs, the profile alone). A tester's server, after 25 minutes of floods with and
+        without due times, had `slow`'s batch of 8 at 1.5 µs (6.8 ms at load) while the
+        others were at 8-50 ms; every backlog's batches of 8 (20 ms each) then shifted the
+        whole profile by their 10^4 ratio, predicting 1 row at 36-342 s and refusing every
+        request with a due time until the next idle run scaled it back (found by a tester).
+        Nothing else moves a bucket but its own runs, so the bounds are kept where the whole
+        profile moves.
+
+        NOTE: the margin too: bucket 8's (p99 less median at load, scaled with the profile)
+        stood at 34 ms or more against its estimate of 1.5 µs (predicted at 16.9 ms in the
+        tester's statistics), and the shift scaled it by 10^4 with the rest: a batch of 8 would
+        have been predicted at minutes with its estimate put right at 20 ms."""
+        ewma = self._ewma
+        at = ewma[anchor]
+        points = self._points
+        measured = max(1, points[anchor].median_ns)
+        changed = False
+        for b in self.buckets:
+            most = ewma[b] * max(1.0, self._load_margin[b] / max(1, points[b].median_ns))
+            if self._margin[b] > most:
+                self._margin[b] = int(most)
+                changed = True
+            if b == anchor:
+                continue
+            shape = points[b].median_ns / measured
+            if b > anchor:
+                low = at * min(1.0, shape) / SHAPE_FASTER
+                high = at * max(b / anchor, shape) * SHAPE_PER_ROW
+            else:
+                low = at * min(b / anchor, shape) / SHAPE_PER_ROW
+                high = at * max(1.0, shape) * SHAPE_FASTER
+            value = ewma[b]
+            if low <= value <= high:
+                continue
+            ewma[b] = bound = low if value < low else high
+            if value > 0:  # (the spread and margin at load move with the estimate, as in `_scale`)
+                ratio = bound / value
+                self._spread[b] *= ratio
+                self._margin[b] = int(self._margin[b] * ratio)
+            changed = True
+        if changed:
+            self._refresh()
 
     def _replace_guess(self, seen: int, elapsed_ns: int) -> None:
         """Take a first real run of bucket `seen` for the profile a guess stood for: that bucket
