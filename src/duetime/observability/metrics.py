@@ -612,6 +612,7 @@ class GrpcCollector:
             "duetime_grpc_calls_gone",
             "ModelInfer calls whose client had gone (cancelled, or past its deadline) before "
             "their handler ran: neither decoded nor run. Many mean calls wait in gRPC's own "
-            "queue: the server is past its gRPC capacity.",
+            "queue: the server is past its gRPC capacity. Calls gRPC's core ended while they "
+            "waited there, before any handler took them, are not seen, so not counted.",
             value=self._service.gone_calls,
         )
