@@ -188,19 +188,19 @@ def test_an_output_that_is_the_input_is_refused_and_the_input_kept(
 @pytest.mark.parametrize(
     ("command", "option", "value", "wanted"),
     [
-        ("run", "--speed", "nan", "a finite number > 0"),
-        ("run", "--speed", "0", "a finite number > 0"),
+        ("run", "--speed", "nan", "a finite number >= 0.001"),
+        ("run", "--speed", "0", "a finite number >= 0.001"),
         ("run", "--deadline-us", "inf", "a finite number >= 0.001"),
         ("run", "--deadline-us", "1e-9", "a finite number >= 0.001"),
-        ("run", "--max-gap-ms", "-1", "a finite number >= 0"),
-        ("run", "--max-gap-ms", "nan", "a finite number >= 0"),
+        ("run", "--max-gap-ms", "-1", "a finite number >= 0 and <= 86400000"),
+        ("run", "--max-gap-ms", "nan", "a finite number >= 0 and <= 86400000"),
         ("run", "--delivery-margin-us", "-100", "a whole number >= 0 and <= 10000000"),
         ("listen", "--idle-s", "nan", "a finite number > 0"),
         ("listen", "--idle-s", "-1", "a finite number > 0"),
         ("listen", "--deadline-us", "nan", "a finite number >= 0.001"),
         ("listen", "--cpu-dma-latency-us", "-1", "a whole number >= 0 and <= 2147483647"),
-        ("send", "--speed", "nan", "a finite number > 0"),
-        ("send", "--max-gap-ms", "inf", "a finite number >= 0"),
+        ("send", "--speed", "nan", "a finite number >= 0.001"),
+        ("send", "--max-gap-ms", "inf", "a finite number >= 0 and <= 86400000"),
     ],
 )
 def test_numbers_out_of_range_nan_or_infinite_are_refused_naming_the_option(

@@ -5,6 +5,7 @@ model as a file replay, on 127.0.0.1."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import csv
 import io
 import json
@@ -25,7 +26,7 @@ from hypothesis import strategies as st
 from duetime.cli import main
 from duetime.execution import affinity
 from duetime.feeds.itch.book import Books
-from duetime.feeds.itch.cli import parse_address
+from duetime.feeds.itch.cli import _print_report, parse_address
 from duetime.feeds.itch.features import Features
 from duetime.feeds.itch.live import UdpFeed, _groups, send_session
 from duetime.feeds.itch.moldudp import (
@@ -35,6 +36,7 @@ from duetime.feeds.itch.moldudp import (
     decode_packet,
     encode_packet,
     end_of_session_packet,
+    heartbeat_packet,
     mold_packets,
 )
 from duetime.feeds.itch.parser import decode_message, read_frames, read_messages
@@ -616,10 +618,40 @@ def test_after_a_gap_the_books_and_predictions_say_they_may_be_incomplete() -> N
     report = run.stats.report()
     assert report["missed_messages"] == 5
     assert report["book_incomplete"] is True
+    assert report["end_of_session"] is True
     assert report["book_anomalies"] == {"unknown_ref": 5}  # the lost orders' deletes
     rows = list(csv.DictReader(io.StringIO(out.getvalue())))
     assert len(rows) == report["on_time"] == 30  # 5 adds, the gap, 10 adds, 15 deletes
     assert [row["book_gaps"] for row in rows] == ["0"] * 5 + ["1"] * 25
+
+
+def test_a_feed_that_ends_without_its_end_of_session_says_so() -> None:
+    """A sender that stopped at a bad frame leaves the session open (`itch send --on-error
+    stop`): the listener ends on its idle timeout, and its report says that no end of session
+    came, where it had looked like a whole session (found by a tester)."""
+    packets = list(mold_packets(_adds_then_deletes(5), "OPEN", per_packet=5))
+
+    async def scenario() -> FeedRun:
+        receiver = MoldUdpReceiver(next_sequence=1)
+        feed = UdpFeed(_Transport(), receiver, idle_s=0.05)  # type: ignore[arg-type]
+        options = RunOptions(deadline_ns=10**9, pace="max", keep_warm=False)
+        run = FeedRun(Recorder(), options, PredictionLog(io.StringIO(), 3))
+        running = asyncio.ensure_future(run.run_live(feed))
+        await asyncio.sleep(0)
+        for datagram in [*packets, heartbeat_packet("OPEN", 11)]:
+            receiver.datagram_received(datagram, ("127.0.0.1", 9))
+            await asyncio.sleep(0)
+        await asyncio.wait_for(running, 10)
+        return run
+
+    report = asyncio.run(scenario()).stats.report()
+    assert (report["messages"], report["missed_messages"]) == (10, 0)
+    assert report["end_of_session"] is False
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        _print_report({**report, "model": "m", "deadline_us": 1, "pace": "live",
+                       "engine": "python"})  # fmt: skip
+    assert "no end-of-session packet came" in out.getvalue()
 
 
 def test_listen_says_what_a_gap_did_to_the_books(tmp_path: Path, demo_repo: Path) -> None:
@@ -653,44 +685,62 @@ def _adds(count: int) -> bytes:
     )  # fmt: skip
 
 
-def _heard(sock: socket.socket) -> tuple[int, int]:
-    """The messages a listening socket took before the session's end, and the sequence number
-    the end-of-session packet gave (a timeout, as a listener would wait, if none came)."""
-    messages = 0
-    while True:
-        packet = decode_packet(sock.recv(65536))
-        if packet.is_end_of_session:
-            return messages, packet.sequence_number
-        messages += len(packet.messages)
+def _heard(sock: socket.socket) -> tuple[int, list[tuple[int, int]]]:
+    """The messages a listening socket took, and the (sequence number, count) of each packet
+    without messages after them, until none came for half a second (a heartbeat's count is 0,
+    an end of session's 0xFFFF)."""
+    messages, control = 0, []
+    sock.settimeout(0.5)
+    with contextlib.suppress(TimeoutError):
+        while True:
+            packet = decode_packet(sock.recv(65536))
+            if packet.messages:
+                messages += len(packet.messages)
+            else:
+                control.append((packet.sequence_number, packet.message_count))
+    return messages, control
 
 
 @pytest.mark.parametrize("pace", ["max", "recorded"])
 @pytest.mark.parametrize("bad", ["unknown_type", "truncated"])
-def test_send_stopped_by_a_bad_frame_sends_what_came_before_and_ends_the_session(
+def test_send_stopped_by_a_bad_frame_sends_what_came_before_and_leaves_the_session_open(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], pace: str, bad: str
 ) -> None:
     """`--on-error stop` on 10 messages then a bad frame (an unknown type, or a file cut short
     as one still being written is): at full pace 0 of the 10 went out, at the recorded pace 9
-    (the datagram being filled was lost), and never the session's end, so a listener waited on.
-    Now the 10 go, then the end, and the error (with its offset) is reported: exit 1."""
+    (the datagram being filled was lost), and nothing after them. Then the 10 went, and the
+    session's end, which told a listener that a feed cut short was whole (found by a tester).
+    Now the 10 go, then a heartbeat (3 times, for a listener's --idle-s), never the end, and
+    the error (with its offset) is reported: exit 1."""
     good = _adds(10)
     tail = struct.pack(">H", 11) + b"Z" + bytes(10) if bad == "unknown_type" else good[:20]
     path = tmp_path / "bad.itch"
     path.write_bytes(good + tail)
     with _udp_socket() as sock:
         report = send_session(path, sock.getsockname(), pace=pace, on_error="stop")
-        assert _heard(sock) == (10, 11)
+        assert _heard(sock) == (10, [(11, 0)] * 3)
     assert report.messages == 10
     assert report.format_error is not None
     assert (report.format_error.offset, report.format_error.reason) == (len(good), bad)
+    assert report.ended is False
     with _udp_socket() as sock:
         code = main(["itch", "send", str(path), "--udp", f"127.0.0.1:{sock.getsockname()[1]}",
                      "--pace", pace, "--on-error", "stop"])  # fmt: skip
-        assert _heard(sock) == (10, 11)
+        assert _heard(sock) == (10, [(11, 0)] * 3)
     assert code == 1
     out, err = capsys.readouterr()
     assert "sent 10 messages" in out
     assert f"at byte offset {len(good)}" in err, err
+    assert "the session was left open (no end-of-session sent" in err
+    assert err.count("\n") == 1, err
+
+
+def test_send_of_a_whole_file_ends_the_session() -> None:
+    """The session's end goes out (3 times) after the last message of an intact file."""
+    with _udp_socket() as sock:
+        report = send_session(_adds(10), sock.getsockname(), pace="max")
+        assert _heard(sock) == (10, [(11, 0xFFFF)] * 3)
+    assert report.ended is True
 
 
 def _udp_socket() -> socket.socket:

@@ -10,7 +10,8 @@ byte for byte.
 
 A pipe or character device (`<(zcat day.gz)`, /dev/stdin) is read once, front to back: `auto`
 gives it to the streaming books (its size is not known before it is read, and a pipe cannot
-be read a second time); `--engine numba` reads it whole into memory, once, as it reads a file.
+be read a second time); `--engine numba` reads it whole into memory, once, as it reads a file,
+up to what the memory available allows (`TooLarge` past that).
 """
 
 from __future__ import annotations
@@ -43,6 +44,11 @@ tables and compiled code)."""
 MEMORY_SHARE = 0.5
 """auto: the compiled pass may take this share of the memory available when it starts; for a
 longer stream the file goes the streaming way."""
+
+
+class TooLarge(Exception):
+    """`--engine numba`: the uncompressed stream is more than the memory available can hold on
+    the compiled pass (the message says so, in a line for stderr)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,6 +113,9 @@ def run_book(args: argparse.Namespace) -> int:
                 "cases and apply the documented policy")  # fmt: skip
         return 1
     except ItchFormatError as exc:
+        console(f"duetime itch book: {args.file}: {exc}")
+        return 1
+    except TooLarge as exc:  # (as the streaming books end on a stream they cannot frame)
         console(f"duetime itch book: {args.file}: {exc}")
         return 1
     except OSError as exc:  # (unreadable: no permission)
@@ -176,15 +185,27 @@ def _compiled(args: argparse.Namespace) -> BookRun | None:
         or not _has_numba()
     ):
         return None
-    available = None if forced else _memory_available()
-    limit = None if available is None else int(available * MEMORY_SHARE / FAST_BYTES_PER_BYTE)
-    if limit is not None and os.path.getsize(args.file) > limit:  # (gzip only grows)
+    # NOTE: forced, the stream was read with no bound: `--engine numba /dev/zero` (or a gzip
+    # bomb) grew by ~1 GB/s until a MemoryError traceback or the OOM killer (found by a
+    # tester). Forced, it may take all the memory available, not `MEMORY_SHARE` of it
+    available = _memory_available()
+    share = 1.0 if forced else MEMORY_SHARE
+    limit = None if available is None else int(available * share / FAST_BYTES_PER_BYTE)
+    if limit is not None and os.path.isfile(args.file) and os.path.getsize(args.file) > limit:
+        if forced:  # (gzip only grows)
+            raise TooLarge(_too_large(limit))
         return None
     from duetime.feeds.itch.fastbook import FastBook
     from duetime.feeds.itch.parser import read_stream
 
-    loaded = read_stream(args.file, limit)
+    try:
+        loaded = read_stream(args.file, limit)
+    except MemoryError:  # (a limit on the address space, which MemAvailable does not show)
+        raise TooLarge(_too_large(None)) from None
     if loaded is None:
+        if forced:
+            assert limit is not None
+            raise TooLarge(_too_large(limit))
         return None
     data, gzip_error = loaded
     buffer = np.frombuffer(data, np.uint8)  # (no copy; an array is taken as uncompressed)
@@ -196,6 +217,20 @@ def _compiled(args: argparse.Namespace) -> BookRun | None:
         anomalies=book.anomalies,
         skipped=skipped,
         first_skipped=first,
+    )
+
+
+def _too_large(limit: int | None) -> str:
+    """Why `--engine numba` gave up on a stream, in a line: over `limit` bytes (None: memory
+    ran out while it was read)."""
+    why = (
+        "memory ran out while the stream was read" if limit is None
+        else f"the stream is over {limit:,} bytes uncompressed, more than the memory available "
+        "holds"
+    )  # fmt: skip
+    return (
+        f"{why} (--engine numba holds it whole, with about {FAST_BYTES_PER_BYTE} bytes more per "
+        "byte); --engine python or auto streams it"
     )
 
 

@@ -32,6 +32,20 @@ if TYPE_CHECKING:
     from duetime.feeds.itch.tally import RunStats
 
 
+MIN_SPEED = 0.001
+"""`--speed` at least: a thousand times slower than recorded (a session's 2**48 ns of
+timestamps then still fit the int64 replay times of the compiled path)."""
+MAX_GAP_MS = 86_400_000
+"""`--max-gap-ms` at most: a day (an ITCH timestamp counts nanoseconds from midnight, so no
+quiet stretch of a day's session is longer: this cap cuts none of them).
+
+NOTE: both were open-ended: `--max-gap-ms 1e308` ended in an OverflowError traceback from
+`int()`, and `--speed 1e-300` overflowed the compiled path's replay times (every event refused
+unasked, with a RuntimeWarning) while the Python path waited for ever (found by a tester)."""
+MAX_EVERY = 2**63 - 1
+"""`--every` at most: the compiled path keeps it in an int64 (2**63 ended in an OverflowError
+traceback there, and passed on the Python path; found by a tester)."""
+
 _NO_SKIP = ("bad_gzip", "truncated")
 """Format errors that end a stream under --on-error skip too (a gzip stream that cannot be read
 on, a last frame cut short): no hint to skip them."""
@@ -55,11 +69,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     send.add_argument("--udp", required=True, help="where to send: HOST:PORT")
     send.add_argument("--pace", choices=("recorded", "max"), default="recorded")
     send.add_argument(
-        "--speed", type=real(above=0), default=1.0, help="replay this many times faster"
-    )
-    send.add_argument("--max-gap-ms", type=real(at_least=0), default=1000.0, help="cut longer "
-                      "quiet stretches between two messages to this (default 1000 ms)")  # fmt: skip
-    send.add_argument("--per-packet", type=int, default=32, help="messages a datagram at most")
+        "--speed", type=real(at_least=MIN_SPEED), default=1.0,
+        help="replay this many times faster (at least 0.001)",
+    )  # fmt: skip
+    send.add_argument("--max-gap-ms", type=real(at_least=0, at_most=MAX_GAP_MS), default=1000.0,
+                      help="cut longer quiet stretches between two messages to this (default "
+                      "1000 ms, at most a day)")  # fmt: skip
+    send.add_argument(
+        "--per-packet", type=whole(at_least=1, at_most=0xFFFE), default=32,
+        help="messages a datagram at most (1 to 65534; default 32)",
+    )  # fmt: skip
     send.add_argument("--session", default="DUETIME", help="MoldUDP64 session name (10 chars)")
     send.add_argument("--limit", type=int, help="stop after this many messages")
     send.add_argument("--on-error", choices=("stop", "skip"), default="stop")
@@ -95,8 +114,8 @@ def _add_run_arguments(run: argparse.ArgumentParser, *, live: bool = False) -> N
         )  # fmt: skip
         run.add_argument(
             "--join-late", action="store_true", help="join the session where it stands: the "
-            "first datagram sets the sequence (default: a session starts at sequence 1, and "
-            "messages before the first datagram seen are missed)",
+            "first datagram with messages sets the sequence (default: a session starts at "
+            "sequence 1, and messages before the first datagram seen are missed)",
         )  # fmt: skip
         run.add_argument(
             "--max-sequence-jump", type=int, help="a datagram more than this many messages "
@@ -124,12 +143,13 @@ def _add_run_arguments(run: argparse.ArgumentParser, *, live: bool = False) -> N
     if not live:
         run.add_argument("--pace", choices=("recorded", "max"), default="recorded")
         run.add_argument(
-            "--speed", type=real(above=0), default=1.0, help="with --pace recorded: replay this "
-            "many times faster than recorded (default 1)",
+            "--speed", type=real(at_least=MIN_SPEED), default=1.0, help="with --pace "
+            "recorded: replay this many times faster than recorded (default 1, at least 0.001)",
         )  # fmt: skip
         run.add_argument(
-            "--max-gap-ms", type=real(at_least=0), default=1000.0, help="with --pace recorded: "
-            "cut longer quiet stretches between two messages to this (default 1000 ms)",
+            "--max-gap-ms", type=real(at_least=0, at_most=MAX_GAP_MS), default=1000.0,
+            help="with --pace recorded: cut longer quiet stretches between two messages to "
+            "this (default 1000 ms, at most a day)",
         )  # fmt: skip
         run.add_argument("--on-error", choices=("stop", "skip"), default="stop")
         run.add_argument(
@@ -145,7 +165,10 @@ def _add_run_arguments(run: argparse.ArgumentParser, *, live: bool = False) -> N
         "with --busy-poll-us: it keeps the code path's caches warm, faster answers after gaps)",
     )  # fmt: skip
     trigger = run.add_mutually_exclusive_group()
-    trigger.add_argument("--every", type=int, default=1, help="ask on every N-th book event")
+    trigger.add_argument(
+        "--every", type=whole(at_least=1, at_most=MAX_EVERY), default=1,
+        help="ask on every N-th book event",
+    )  # fmt: skip
     trigger.add_argument(
         "--on", choices=("top-change",), help="ask when the best bid or ask changes"
     )
@@ -250,10 +273,11 @@ def _send(args: argparse.Namespace) -> int:
     if report.first_skipped is not None:  # (as `itch book` and `itch run` say what they skipped)
         console(f"duetime itch send: {args.file}: "
                 f"{skipped_note(report.skipped, report.first_skipped)}")  # fmt: skip
-    if report.format_error is not None:  # (sent up to it, then the session's end: exit 1)
+    if report.format_error is not None:  # (sent up to it, the session left open: exit 1)
         error = report.format_error
         hint = "" if error.reason in _NO_SKIP else " (--on-error skip steps over bad frames)"
-        console(f"duetime itch send: {args.file}: {error}{hint}")
+        console(f"duetime itch send: {args.file}: {error}{hint}; the session was left open "
+                "(no end-of-session sent: a listener ends on its --idle-s)")  # fmt: skip
         return 1
     return 0
 
@@ -616,6 +640,9 @@ def _print_report(report: dict[str, Any]) -> None:
                      f"reordered {report.get('reordered_messages', 0)}  "
                      f"duplicates {report.get('duplicate_messages', 0)}  "
                      f"bad packets {report['bad_packets']}")  # fmt: skip
+        if not report.get("end_of_session", True):  # (a sender that gave up leaves it open)
+            lines.append("  no end-of-session packet came (ended on --idle-s, --limit or a "
+                         "signal)")  # fmt: skip
         if report.get("book_incomplete"):
             lines.append(f"  the books may lack orders ({report['gaps']} sequence gap(s), "
                          f"first sequence {report['first_sequence']}): predictions after a gap "

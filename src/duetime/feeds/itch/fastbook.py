@@ -59,6 +59,7 @@ _R_COLUMN = ord("R") & 63
 _LETTER_BASE = 64
 """Counts column c holds type letter chr(c + 64): 'A'..'Z' are 1..26, 'a'..'z' 33..58, so
 column order is the summary's key order."""
+_INT64_MAX = 2**63 - 1
 
 
 def load_buffer(source: Source) -> np.ndarray:
@@ -173,7 +174,7 @@ class FastBook:
 
     def depth(self, locate: int, side: int, k: int) -> list[Level]:
         t = self.tables
-        rows, starts = book_depth(t.levels, t.ends, np.array([locate], np.int64), k)
+        rows, starts = book_depth(t.levels, t.ends, np.array([locate], np.int64), _levels(k))
         s = _SIDE_INDEX[side]
         return [(int(p), int(q), int(n)) for p, q, n in rows[starts[s] : starts[s + 1]]]
 
@@ -274,7 +275,7 @@ def _summary(book: FastBook, depth: int, first_changes: int) -> Summary:
     rows, starts = group_by_locate(changes)
     text, text_starts = digest_text(changes)
     locates = book.locates()
-    levels, level_starts = book_depth(book.tables.levels, book.tables.ends, locates, depth)
+    levels, level_starts = book_depth(book.tables.levels, book.tables.ends, locates, _levels(depth))
     stocks: dict[str, Any] = {}
     keys = stock_keys((locate, book.symbol(locate)) for locate in locates.tolist())
     for i, locate in enumerate(locates.tolist()):
@@ -294,6 +295,16 @@ def _summary(book: FastBook, depth: int, first_changes: int) -> Summary:
             "changes_digest": hashlib.sha256(lines.data).hexdigest(),
         }
     return {"market": {"counts": book.counts(0)}, "stocks": stocks}
+
+
+def _levels(depth: int) -> int:
+    """`depth` as the compiled `book_depth` takes it: an int64, the same levels listed.
+
+    NOTE: `itch book --depth 18446744073709551616` (2**64) failed in numba's typing ("Int value
+    is too large") on the compiled pass and listed every level on the Python books (found by a
+    tester). No book side holds 2**63 levels (a price is 32 bits), so any depth from there on
+    lists them all, as it does in Python; the summary's `book_depth` keeps the depth asked."""
+    return max(0, min(depth, _INT64_MAX))
 
 
 def _rows(packed: np.ndarray) -> list[list[int | None]]:

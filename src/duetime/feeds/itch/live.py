@@ -91,11 +91,11 @@ class UdpFeed:
         """Bind the feed's socket (port 0: any free port; see `address`). A MoldUDP64 session
         starts at sequence number 1: the messages before the first datagram seen are missed (a
         lost or reordered first datagram is a gap), unless `join_late`, where the first
-        datagram sets the sequence (a late joiner starts where the feed is, and its books lack
-        the orders added before). `busy_poll_us`: keep the loop polling that long after each
-        datagram instead of sleeping (see `loops.BusyPoll`): the next one is then taken
-        without waking a halted CPU. `max_jump`: a datagram further ahead is a stray (see
-        `moldudp.SequenceTracker`)."""
+        datagram with messages sets the sequence (a late joiner starts where the feed is, and
+        its books lack the orders added before). `busy_poll_us`: keep the loop polling that
+        long after each datagram instead of sleeping (see `loops.BusyPoll`): the next one is
+        then taken without waking a halted CPU. `max_jump`: a datagram further ahead is a
+        stray (see `moldudp.SequenceTracker`)."""
         transport, receiver = await open_receiver(
             host=host, port=port, next_sequence=None if join_late else 1,
             receive_buffer=RECEIVE_BUFFER, max_jump=max_jump,
@@ -121,7 +121,7 @@ class UdpFeed:
             missed=tracker.missed, dropped=tracker.discarded, gaps=tracker.gap_count,
             first_gaps=tuple(tracker.gaps[:FIRST_GAPS]), first_sequence=tracker.first_sequence,
             duplicates=tracker.duplicates, reordered=tracker.reordered, session=tracker.session,
-            bad_kinds=self._receiver.bad_packets.as_dict(),
+            bad_kinds=self._receiver.bad_packets.as_dict(), ended=tracker.ended,
         )  # fmt: skip
 
     def start(
@@ -192,8 +192,10 @@ class SendReport:
     first_skipped: ItchFormatError | None = None
     """...and the first of them..."""
     format_error: ItchFormatError | None = None
-    """...or the malformed frame that stopped the session (`on_error="stop"`; a file cut short
-    too): what came before it was sent, then the session's end."""
+    """...or the malformed frame that stopped the feed (`on_error="stop"`; a file cut short
+    too): what came before it was sent, and the session was left open (`ended` False)."""
+    ended: bool = False
+    """Whether the end-of-session packet was sent (not after a `format_error`)."""
 
 
 def send_session(
@@ -209,7 +211,7 @@ def send_session(
     on_error: OnError = "stop",
 ) -> SendReport:
     """Send the messages of `source` to `address` as MoldUDP64 datagrams, then the session's
-    end (blocking; returns what it sent).
+    end (blocking; returns what it sent); a feed stopped by an error leaves the session open.
 
     At the recorded pace (`speed` times faster; quiet stretches cut to `max_gap_ns`) the
     messages of one timestamp (a sweep) share datagrams and each datagram leaves at that time;
@@ -218,12 +220,17 @@ def send_session(
     than `HEARTBEAT_NS` is filled with heartbeats, one every `HEARTBEAT_NS`.
 
     A malformed frame that stops the file (`on_error="stop"`, or a file cut short: one still
-    being written) ends the session there: the messages before it are sent, then the session's
-    end, and the report's `format_error` says where it stopped.
+    being written) stops the feed there: the messages before it are sent, then a heartbeat
+    (the next sequence number, `END_REPEATS` times) instead of the session's end, and the
+    report's `format_error` says where it stopped. The session is left open: a listener ends
+    on its idle timeout, and its report says no end-of-session came.
 
     NOTE: the error was raised out of the send loop: the datagram being filled (at full pace,
-    every message of a short file: 0 of 10 sent) was lost, and no end-of-session packet went
-    out, so a listener waited on for a session that had ended.
+    every message of a short file: 0 of 10 sent) was lost, and nothing more went out, so a
+    listener that had heard nothing waited on for good (its idle timeout starts at the first
+    datagram); the heartbeat starts it. The session's end was sent for a while instead, but
+    it told a listener that a feed cut short was whole (`missed_messages` 0, not
+    `book_incomplete`; found by a tester).
     """
     if pace not in ("recorded", "max"):
         raise ValueError(f"pace must be 'recorded' or 'max', got {pace!r}")
@@ -255,7 +262,8 @@ def send_session(
             sequence += len(bodies)
             report.messages += len(bodies)
             report.packets += 1
-        end = end_of_session_packet(session, sequence)
+        report.ended = not stopped
+        end = (end_of_session_packet if report.ended else heartbeat_packet)(session, sequence)
         for repeat in range(END_REPEATS):
             if repeat:
                 time.sleep(0.001)
@@ -272,7 +280,7 @@ def send_session(
 
 def _until_error(frames: Iterator[bytes], stopped: list[ItchFormatError]) -> Iterator[bytes]:
     """`frames` up to a malformed frame that stops them, kept in `stopped`: the batch being
-    filled is still sent, and the session still ends."""
+    filled is still sent."""
     try:
         yield from frames
     except ItchFormatError as error:

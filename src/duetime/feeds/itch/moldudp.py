@@ -244,6 +244,11 @@ class SequenceTracker:
     implausible sequence number (a corrupt or stray header, raised as `implausible_sequence`),
     unless the next such packet continues it: then the feed did jump, and the jump is a gap.
     One stray number near 2**63 once ended a feed: every later message was a "duplicate".
+    A continuation must move the numbering on: it or the stray before it carries messages. A
+    heartbeat (or end of session) sent again, as servers do and UDP may, "continued" itself.
+
+    A late joiner (`next_sequence=None`) syncs to the first packet that carries messages, or
+    to an end of session; a heartbeat before it is taken in and otherwise ignored.
     """
 
     def __init__(self, next_sequence: int | None = 1, max_jump: int = MAX_JUMP) -> None:
@@ -267,7 +272,9 @@ class SequenceTracker:
         self._open: list[tuple[int, int]] = []
         """The last `KEEP_OPEN_GAPS` gaps' numbers not come yet, (first, last) in order."""
         self._jump_to: int | None = None
-        """Where the last implausible packet would have left `next_sequence`."""
+        """Where the last implausible packet would have left `next_sequence`..."""
+        self._jump_moved = False
+        """...and whether it carried messages (moved the numbering on)."""
 
     def accept(self, packet: MoldPacket) -> list[tuple[int, bytes]]:
         """The new (sequence number, message) pairs of `packet`, in order."""
@@ -285,6 +292,11 @@ class SequenceTracker:
                 "other_session",
             )
         sequence = packet.sequence_number
+        if self.next_sequence is None and packet.is_heartbeat:
+            # NOTE: a late joiner synced to the first datagram, a heartbeat too: one stray
+            # heartbeat numbered 2**63 first made every later message a duplicate (found by a
+            # tester). A heartbeat only says where the feed stands; its next message says so too
+            return []
         expected = sequence if self.next_sequence is None else self.next_sequence
         if sequence - expected > self.max_jump:
             self._implausible(packet, expected)
@@ -310,10 +322,15 @@ class SequenceTracker:
     def _implausible(self, packet: MoldPacket, expected: int) -> None:
         """Raise for a packet too far ahead, unless it continues the last such one."""
         sequence = packet.sequence_number
-        if sequence == self._jump_to:
+        # NOTE: a packet without messages continues the jump only after one with them: a
+        # heartbeat leaves the number where it was, so the same stray heartbeat twice (a
+        # repeated datagram) was taken as a real jump and the rest of the feed was dropped as
+        # reordered (found by a tester)
+        if sequence == self._jump_to and (packet.messages or self._jump_moved):
             self._jump_to = None
             return
         self._jump_to = sequence + len(packet.messages)
+        self._jump_moved = bool(packet.messages)
         hint = (
             " (a session under way? --join-late joins where it stands)"
             if self.first_sequence is None else ""

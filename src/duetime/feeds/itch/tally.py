@@ -46,6 +46,9 @@ class FeedStatistics:
     """The MoldUDP64 session of the stream (its first datagram's)."""
     bad_kinds: dict[str, dict[str, Any]] = field(default_factory=dict)
     """Bad packets by kind: {"count": n, "examples": [the first reasons]} (`BadPackets`)."""
+    ended: bool = False
+    """Whether the session's end-of-session packet came (not: the feed ended on the idle
+    timeout, the limit or a signal; a sender that gave up part-way leaves the session open)."""
 
 
 @dataclass(slots=True)
@@ -157,6 +160,7 @@ class RunStats:
             "duplicate_messages": feed.duplicates,
             "session": feed.session,
             "bad_packet_kinds": feed.bad_kinds,
+            "end_of_session": feed.ended,
         }
 
 
