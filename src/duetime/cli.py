@@ -192,8 +192,8 @@ def _parser(tools: Container[str | None] | None = None) -> argparse.ArgumentPars
     )  # fmt: skip
     serve.add_argument(
         "--grpc-max-concurrent-streams", type=int,
-        help="calls one gRPC connection may have open at once (256; its client holds the others "
-        "back); 0: no bound",
+        help="calls one gRPC connection may have open at once (0, the default: no bound); past "
+        "it some clients hold calls back, others fail them UNAVAILABLE (see the README)",
     )  # fmt: skip
     serve.add_argument(
         "--request-read-timeout-s", type=float,

@@ -731,13 +731,16 @@ class ServerSettings(_Strict):
     """Open gRPC connections; beyond this gRPC closes a new one at once. NOTE: there was no
     bound: a client holding 4,400 idle connections took every descriptor the server had, and
     no new HTTP or gRPC client was served until they closed (found by a tester)."""
-    grpc_max_concurrent_streams: int = Field(default=256, ge=0, le=2**31 - 1)
-    """Calls (HTTP/2 streams) one gRPC connection may have open at once; its client holds the
-    others back until one ends (HTTP/2's SETTINGS_MAX_CONCURRENT_STREAMS). 0: gRPC's own bound
-    (none). NOTE: with none, one client keeping 2,000 ModelInfer calls open on one channel
-    beyond a model's queue (each refused at once and sent again) kept about 1,000 of them in
-    gRPC's shared queue of calls not yet taken: every other client's gRPC calls waited 1-2 s
-    behind them (found by a tester; 3 ms at 256, as over HTTP meanwhile)."""
+    grpc_max_concurrent_streams: int = Field(default=0, ge=0, le=2**31 - 1)
+    """Calls (HTTP/2 streams) one gRPC connection may have open at once (HTTP/2's
+    SETTINGS_MAX_CONCURRENT_STREAMS). 0: gRPC's own bound (none). NOTE: with none, one client
+    keeping 2,000 ModelInfer calls open on one channel beyond a model's queue (each refused at
+    once and sent again) kept about 1,000 of them in gRPC's shared queue of calls not yet
+    taken: every other client's gRPC calls waited 1-2 s behind them (found by a tester; 3 ms
+    at 256, as over HTTP meanwhile). Not the default: gRPC's clients do not all hold calls
+    back for it: tritonclient's with 2,000 async calls outstanding had 9-58% of them fail
+    UNAVAILABLE (RST_STREAM 7, the stream refused), and one process's channels to one address
+    share a connection, so its 257th long-lived stream waited for ever (a tester again)."""
     request_read_timeout_s: float = Field(default=10.0, gt=0)
     """An HTTP request's head must arrive within this long of its first byte, and its body
     must then keep coming at `min_body_rate_bytes_s` over each such period; a slower client
