@@ -233,6 +233,24 @@ def test_explain_of_a_model_not_loaded_yet_is_not_ready(lazy_server: RunningServ
     assert status == 501
 
 
+def test_explain_of_a_model_whose_lazy_load_failed_says_why(tmp_path: Path) -> None:
+    """It said "not loaded yet (its first ':predict' loads it)" after a predict's load had
+    failed, where the predict gave the load's error (found by a tester)."""
+    (tmp_path / "broken" / "1").mkdir(parents=True)
+    (tmp_path / "broken" / "1" / "model.onnx").write_bytes(b"not an onnx graph")
+    age(tmp_path / "broken" / "1" / "model.onnx")
+    settings = ServerSettings(model_repository=tmp_path, http_port=0, grpc_port=0, lazy_load=True)
+    with serving(settings) as running:
+        doc = {"instances": [[1, 2, 3, 4]]}
+        status, _, _ = request(running, "POST", "/v1/models/broken:predict", doc)
+        assert status >= 400
+        status, _, body = request(running, "POST", "/v1/models/broken:explain", doc)
+    assert status == 503
+    error = orjson.loads(body)["error"]
+    assert "model 'broken' is not ready: its last load failed: " in error
+    assert "not loaded yet" not in error
+
+
 # -- 5. the model list and a model whose load failed -----------------------------------------------
 
 

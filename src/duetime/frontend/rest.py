@@ -1011,10 +1011,18 @@ class RestApi:
             if self._v1_on_demand(model) is not None:
                 # NOTE: a model lazy loading has not loaded yet is listed and not ready (see
                 # `_v1_ready`): it was answered 404 "'m' is not found; served models: 'm'"
-                # (found by a tester). Not loaded for this: it would answer 501 once it is
+                # (found by a tester). Not loaded for this: it would answer 501 once it is.
+                # One whose last load failed says why, as its ':predict' does (it said "not
+                # loaded yet": a tester again)
+                failed = self._engine.registry.snapshot.failures.get(model)
+                why = (
+                    f"its last load failed: {failed}"
+                    if failed
+                    else "not loaded yet (its first ':predict' loads it)"
+                )
                 raise ModelUnavailable(
-                    f"model '{model}' is not ready: not loaded yet (its first ':predict' loads "
-                    "it), and it has no explainer: duetime serves ':predict' only"
+                    f"model '{model}' is not ready: {why}, and it has no explainer: duetime "
+                    "serves ':predict' only"
                 )
             self._engine.registry.resolve(model, None)
             raise HttpError(
