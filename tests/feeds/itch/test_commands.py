@@ -201,6 +201,19 @@ def test_an_output_that_is_the_input_is_refused_and_the_input_kept(
         ("listen", "--cpu-dma-latency-us", "-1", "a whole number >= 0 and <= 2147483647"),
         ("send", "--speed", "nan", "a finite number >= 0.001"),
         ("send", "--max-gap-ms", "inf", "a finite number >= 0 and <= 86400000"),
+        # (T70: these passed and overflowed later, with a traceback: --max-gap-ms 1e308 in
+        # int(), --every 2**63 in the compiled path's int64 tables, --speed 1e-300 in its
+        # replay times; --per-packet 0 was refused only as sending began, as `per_packet`)
+        ("run", "--max-gap-ms", "1e308", "a finite number >= 0 and <= 86400000"),
+        ("send", "--max-gap-ms", "1e308", "a finite number >= 0 and <= 86400000"),
+        ("run", "--max-gap-ms", "86400001", "a finite number >= 0 and <= 86400000"),
+        ("run", "--speed", "1e-300", "a finite number >= 0.001"),
+        ("send", "--speed", "1e-300", "a finite number >= 0.001"),
+        ("run", "--every", str(2**63), "a whole number >= 1 and <= 9223372036854775807"),
+        ("listen", "--every", str(2**63), "a whole number >= 1 and <= 9223372036854775807"),
+        ("run", "--every", "0", "a whole number >= 1 and <= 9223372036854775807"),
+        ("send", "--per-packet", "0", "a whole number >= 1 and <= 65534"),
+        ("send", "--per-packet", "65535", "a whole number >= 1 and <= 65534"),
     ],
 )
 def test_numbers_out_of_range_nan_or_infinite_are_refused_naming_the_option(

@@ -171,43 +171,5 @@ def test_book_depth_past_int64_lists_every_level_on_both_engines(
     assert (len(stock["book"]["bids"]), stock["book_depth"]) == (50, depth)
 
 
-# 4. option values that passed validation and overflowed later
-
-
-@pytest.mark.parametrize(
-    ("command", "option", "value", "wanted"),
-    [
-        ("run", "--max-gap-ms", "1e308", "a finite number >= 0 and <= 86400000"),
-        ("send", "--max-gap-ms", "1e308", "a finite number >= 0 and <= 86400000"),
-        ("run", "--max-gap-ms", "86400001", "a finite number >= 0 and <= 86400000"),
-        ("run", "--speed", "1e-300", "a finite number >= 0.001"),
-        ("send", "--speed", "1e-300", "a finite number >= 0.001"),
-        ("run", "--every", str(2**63), "a whole number >= 1 and <= 9223372036854775807"),
-        ("listen", "--every", str(2**63), "a whole number >= 1 and <= 9223372036854775807"),
-        ("run", "--every", "0", "a whole number >= 1 and <= 9223372036854775807"),
-        ("send", "--per-packet", "0", "a whole number >= 1 and <= 65534"),
-        ("send", "--per-packet", "65535", "a whole number >= 1 and <= 65534"),
-    ],
-)
-def test_values_that_overflowed_later_are_refused_as_they_are_read(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], command: str, option: str, value: str,
-    wanted: str,
-) -> None:  # fmt: skip
-    """`--max-gap-ms 1e308` ended in an OverflowError traceback from int(), `--every 2**63` in
-    one from the compiled path's int64 tables, `--speed 1e-300` overflowed the compiled path's
-    replay times (and the Python path waited for ever); `--per-packet 0` was refused only
-    when sending began, as `per_packet`. All now exit 2 as argparse reads them, naming the
-    flag."""
-    path = tmp_path / "f.itch"
-    path.write_bytes(_adds(4))
-    options = {
-        "run": [str(path), "--model", "orderbook", "--repository", "/nowhere"],
-        "listen": ["--udp", "127.0.0.1:0", "--model", "orderbook", "--repository", "/nowhere"],
-        "send": [str(path), "--udp", "127.0.0.1:9"],
-    }[command]
-    with pytest.raises(SystemExit) as exited:
-        main(["itch", command, *options, option, value])
-    assert exited.value.code == 2
-    err = capsys.readouterr().err
-    assert f"argument {option}: expected {wanted}, got '{value}'" in err
-    assert "Traceback" not in err
+# 4. option values that passed validation and overflowed later: cases of
+# test_commands.py's test_numbers_out_of_range_nan_or_infinite_are_refused_naming_the_option
