@@ -742,25 +742,22 @@ class Engine:
             ticket.labels = model.labels
         deployment = routed.deployment
         variants = routed.version.variants
-        fallback = None
-        if (
+        # (a request with a due time may go to a cheaper variant, unless it gives optional
+        # inputs: a variant may lack one, see loader.load_version)
+        passable = (
             len(variants) > 1
             and routed.due_ns is not None
-            and deployment is not variants[-1]
             and not routed.version.primary.model.validator.overrides(prepared)
-        ):  # (a variant may lack an optional input: see loader.load_version)
+        )
+        fallback = None
+        if passable and deployment is not variants[-1]:
             fallback = functools.partial(_hand_down, ticket, variants, request.priority)
         # NOTE: the router chose by `fits`; admission a moment later can still refuse (the clock
         # moved, the request's size): a cheaper variant may yet take it. A variant that passes
         # it on does not count its refusal (`passes_on`): the request counts where it ran, or
         # at the variant whose refusal its client gets (both counted it; found by a tester)
-        retries = (
-            len(variants) > 1
-            and routed.due_ns is not None
-            and not model.validator.overrides(prepared)
-        )
-        while True:  # (a variant may lack an optional input: see loader.load_version)
-            cheaper = _cheaper(variants, deployment) if retries else None
+        while True:
+            cheaper = _cheaper(variants, deployment) if passable else None
             try:
                 ticket.future = deployment.scheduler.submit_nowait(
                     prepared.feeds,

@@ -353,7 +353,7 @@ def _rows_utf8(codes: np.ndarray) -> bool:
     or all of them, each followed by a newline, one UTF-8 text.
 
     NOTE: the newline, ASCII, can be no part of another character: text and newlines are
-    UTF-8 only where each element is (see `_utf8_items`)."""
+    UTF-8 only where each element is (see `bytes_elements`)."""
     if not codes.size or codes.max() < 0x80:
         return True
     lines = np.empty((codes.shape[0], codes.shape[1] + 1), np.uint8)
@@ -362,10 +362,13 @@ def _rows_utf8(codes: np.ndarray) -> bool:
     return _utf8(lines.data)
 
 
-def _utf8_items(items: list[bytes]) -> bool:
-    """Whether every one of `items` is UTF-8: joined by newlines (ASCII, which no element's
-    character can take in, so the whole is UTF-8 only where each is), in C."""
-    return _utf8(b"\n".join(items))
+def bytes_elements(items: list[bytes]) -> np.ndarray:
+    """A BYTES tensor (1-D) of `items`: CHECKED_TEXT where every one is UTF-8 (joined by
+    newlines, ASCII, which no element's character can take in, so the whole is UTF-8 only where
+    each is; in C), object otherwise."""
+    out = np.empty(len(items), dtype=CHECKED_TEXT if _utf8(b"\n".join(items)) else object)
+    out[:] = items
+    return out
 
 
 def _utf8(data: bytes | memoryview) -> bool:
@@ -399,9 +402,7 @@ def _elements(view: memoryview, count: int, where: str) -> np.ndarray:
         offset = stop
     if offset != end:
         raise InvalidInput(f"{where}: {end - offset} bytes left over after {count} BYTES elements")
-    out = np.empty(count, dtype=CHECKED_TEXT if _utf8_items(items) else object)
-    out[:] = items
-    return out
+    return bytes_elements(items)
 
 
 def to_raw(array: np.ndarray, datatype: str) -> bytes:

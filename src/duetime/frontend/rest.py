@@ -1223,23 +1223,15 @@ class RestApi:
         except DuetimeError as exc:
             unmade = self._made(ticket, request, exc.with_traceback(None))
             return self._answered(ticket, request, unmade, v1=True)
-        accepted = request.headers.get("accept-encoding")
-        coding = None if accepted is None else response_coding(accepted)
+        coding = _coding_of(request.headers)
         if sum(array.size for array in outputs.values()) > BULK_JSON_VALUES:
             return BulkReply(
-                lambda: _v1_built(outputs, batched, coding),
+                lambda: _in_coding(Reply(200, v1_predictions(outputs, batched)), coding),
                 lambda built: self._answered(ticket, request, built, v1=True),
             )
-        built = Reply(200, v1_predictions(outputs, batched))
-        if coding is not None:
-            if _size(built) > BULK_COMPRESS_BYTES:
-                reply = built
-                return BulkReply(
-                    lambda: compressed(reply, coding),
-                    lambda done: self._answered(ticket, request, done, v1=True),
-                )
-            built = compressed(built, coding)
-        return self._answered(ticket, request, built, v1=True)
+        return self._coded(
+            ticket, request, Reply(200, v1_predictions(outputs, batched)), coding, v1=True
+        )
 
     def _health(self, which: str) -> Reply:
         if which == "live":
@@ -1436,8 +1428,7 @@ class RestApi:
         error = self._ticket_error(ticket, request)
         if error is not None:
             return self._answered(ticket, request, error)
-        accepted = request.headers.get("accept-encoding")
-        coding = None if accepted is None else response_coding(accepted)
+        coding = _coding_of(request.headers)
         limit = self._settings.max_json_answer_bytes
         if _bulky(ticket, plan):
             return BulkReply(
@@ -1445,15 +1436,24 @@ class RestApi:
                 lambda built: self._answered(ticket, request, self._made(ticket, request, built)),
             )
         built = self._made(ticket, request, _built(ticket, request.id, plan, json_limit=limit))
-        if coding is not None and isinstance(built, Reply):
-            if _size(built) > BULK_COMPRESS_BYTES:
-                reply = built
-                return BulkReply(
-                    lambda: compressed(reply, coding),
-                    lambda done: self._answered(ticket, request, done),
-                )
-            built = compressed(built, coding)
+        if isinstance(built, Reply):
+            return self._coded(ticket, request, built, coding)
         return self._answered(ticket, request, built)
+
+    def _coded(
+        self, ticket: Ticket, request: InferRequest, reply: Reply, coding: str | None,
+        v1: bool = False,
+    ) -> Reply | BulkReply:  # fmt: skip
+        """`reply`, an answer built on the loop, compressed in `coding` (None: as it is) and
+        answered; compressed off the loop where it is big (see BulkReply)."""
+        if coding is None:
+            return self._answered(ticket, request, reply, v1=v1)
+        if _size(reply) > BULK_COMPRESS_BYTES:
+            return BulkReply(
+                lambda: compressed(reply, coding),
+                lambda done: self._answered(ticket, request, done, v1=v1),
+            )
+        return self._answered(ticket, request, compressed(reply, coding), v1=v1)
 
     def _made(
         self, ticket: Ticket, request: InferRequest, built: Reply | DuetimeError
@@ -2393,12 +2393,17 @@ def _built(
         reply = encode_infer_response(ticket, request_id, plan, json_limit)
     except DuetimeError as exc:
         return exc.with_traceback(None)  # this frame would hold its own traceback
-    return reply if coding is None else compressed(reply, coding)
+    return _in_coding(reply, coding)
 
 
-def _v1_built(outputs: dict[str, np.ndarray], batched: bool, coding: str | None) -> Reply:
-    """A V1 answer (see `v1_predictions`), compressed in `coding` (gzip, deflate; None: not)."""
-    reply = Reply(200, v1_predictions(outputs, batched))
+def _coding_of(headers: Mapping[str, str]) -> str | None:
+    """The coding an answer goes in, as the request's `Accept-Encoding` asks (None: none)."""
+    accepted = headers.get("accept-encoding")
+    return None if accepted is None else response_coding(accepted)
+
+
+def _in_coding(reply: Reply, coding: str | None) -> Reply:
+    """`reply` compressed in `coding` (gzip, deflate; None: as it is)."""
     return reply if coding is None else compressed(reply, coding)
 
 

@@ -33,8 +33,8 @@ import orjson
 
 from duetime.datatypes import BFLOAT16, NUMPY_OF, is_float, v2_datatype_of
 from duetime.errors import InvalidInput
-from duetime.execution.ort import CHECKED_TEXT, MAX_DIMS
-from duetime.frontend.codec import JSON_CHUNK, from_nested_json, json_size
+from duetime.execution.ort import MAX_DIMS
+from duetime.frontend.codec import JSON_CHUNK, bytes_elements, from_nested_json, json_size
 from duetime.types import ModelSignature, TensorSpec
 
 FIELDS = ("instances", "inputs")
@@ -200,9 +200,7 @@ def _with_b64(values: Any, where: str, field: str) -> np.ndarray | None:
     shape = from_nested_json(stand_ins, "BYTES", where, field).shape  # (checks all the others)
     # (CHECKED_TEXT: all UTF-8, as an ONNX string tensor takes them; else the run refuses the
     # element that is not, as it refuses one of a v2 binary request's)
-    out = np.empty(len(flat), dtype=CHECKED_TEXT if _all_utf8(flat) else object)
-    out[:] = flat
-    return out.reshape(shape)
+    return bytes_elements(flat).reshape(shape)
 
 
 def _decoded(text: str, where: str, field: str, index: int) -> bytes:
@@ -220,14 +218,6 @@ def _has_b64(values: Any, depth: int) -> bool:
     if isinstance(values, list) and depth:
         return any(_has_b64(item, depth - 1) for item in values)
     return _is_b64(values)
-
-
-def _all_utf8(items: list[bytes]) -> bool:
-    try:
-        b"\n".join(items).decode("utf-8")  # (no element's character takes in a newline)
-    except UnicodeDecodeError:
-        return False
-    return True
 
 
 def _nan_for_null(values: Any, depth: int) -> Any:
