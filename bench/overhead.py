@@ -168,16 +168,27 @@ def bench_grpc(
 @contextlib.contextmanager
 def echo_process(cpu: int) -> Iterator[int]:
     """bench/echo_server.py on `cpu` (the duetime server's loop CPU); yields its port."""
+    with echo_server(cpu) as (port, _):
+        yield port
+
+
+@contextlib.contextmanager
+def echo_server(cpu: int, answers_from: int | None = None) -> Iterator[tuple[int, int]]:
+    """bench/echo_server.py on `cpu`, with `--answers-from` where given; yields its port and
+    pid."""
     script = Path(__file__).parent / "echo_server.py"
+    extra = [] if answers_from is None else ["--answers-from", str(answers_from)]
     process = subprocess.Popen(
-        [sys.executable, str(script), "--cpu", str(cpu)], stdout=subprocess.PIPE, text=True
+        [sys.executable, str(script), "--cpu", str(cpu), *extra], stdout=subprocess.PIPE, text=True
     )
     try:
         assert process.stdout is not None
-        yield int(process.stdout.readline().split()[1])
+        yield int(process.stdout.readline().split()[1]), process.pid
     finally:
         process.send_signal(signal.SIGTERM)
         process.wait(timeout=10)
+        if process.stdout is not None:
+            process.stdout.close()
 
 
 LATENCY_TAG = ", --cpu-dma-latency-us 0"

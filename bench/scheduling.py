@@ -12,7 +12,10 @@ FIFO (`scheduling.policy = "fifo"`, a Triton-style batcher), and unbatched (`max
    the other), deadlines mixed 10/50 ms (resnet) or 2/10 ms
    (mlp), half each: goodput, share of answers on time, P50/P99, rejections, misses; then
    `--pairs` - 1 more EDF runs at 100% and 200% back to back: the goodput verdict is the median
-   of the pairs' ratios, the on-time one pools every 200% run;
+   of the pairs' ratios, the on-time one pools every 200% run.
+   Over HTTP, the echo floor follows: the 200% load on bench/echo_server.py answering as the
+   EDF server does, at once (no work, no refusals): the share on time this machine's loopback,
+   wake-ups and generator allow (`echo_floor`; verdict `echo_floor_on_time_at_200_%`);
 3. unbatched at 50%: the P50 that batching must not worsen by more than 1 ms;
 4. resnet: saturated throughput (closed loop, 64 clients) vs the bare-ORT limit (best
    in-process batched rows/s with one intra-op thread, the instance's thread count, on the
@@ -67,7 +70,7 @@ import onnxruntime as ort
 
 sys.path.insert(0, str(Path(__file__).parent))
 from common import ServerProcess, cpu_sample, print_table, run_when_quiet, server_process
-from overhead import ALL_CPUS, bench_engine_async, ort_call
+from overhead import ALL_CPUS, bench_engine_async, echo_server, ort_call
 
 from duetime.demo import write_demo_repository
 from duetime.execution.affinity import parse_cpus, pin_current_thread
@@ -176,6 +179,11 @@ class Runner:
         meanwhile, whose CPU is not other programs')."""
         self.pids = [os.getpid(), server.process.pid, *(other.process.pid for other in idle)]
         self.metrics_url = server.metrics_url
+
+    def serving_echo(self, pid: int, *idle: ServerProcess) -> None:
+        """As `serving`, for the echo server of process `pid` (no metrics)."""
+        self.pids = [os.getpid(), pid, *(other.process.pid for other in idle)]
+        self.metrics_url = None
 
     def port(self, server: ServerProcess) -> int:
         """`server`'s port for this runner's protocol."""
@@ -333,6 +341,25 @@ def load_runs(
     return rows
 
 
+def echo_floor(
+    runner: Runner, server: ServerProcess, fifo: ServerProcess, capacity: float
+) -> dict[str, Any]:
+    """The 200% run's load (due times, rate, connections) on bench/echo_server.py answering
+    as `server` does, at once, on the server's loop CPU: the share of answers this machine's
+    loopback, wake-ups and generator deliver on time from a server that does no work.
+
+    NOTE: the issue's on-time target (99.9% at 200%) reads the generator's clock, on the
+    machine the server shares. On the 2-core VM at 1,000-2,000 requests/s (2/10 ms due
+    times) a server answering every request at once from a cache answered 0.11-0.22% of them
+    over 2 ms after the generator sent them, and 0.14-0.55% of the 2 ms ones after their
+    due time (the generator's late sends too: it does not refuse them as duetime does). The
+    row says how much of duetime's lateness the machine alone would have made."""
+    cpu = min(parse_cpus(runner.plan.server_cpus) or ALL_CPUS)
+    with echo_server(cpu, answers_from=server.http_port) as (port, pid):
+        runner.serving_echo(pid, server, fifo)
+        return row("echo floor", "200%", runner.open_loop(port, capacity * 2), runner)
+
+
 def find_capacity(runner: Runner, port: int) -> tuple[float, list[dict[str, Any]]]:
     """Highest goodput over open-loop rates around the closed-loop throughput."""
     saturated = runner.closed_loop(port, 64).overall.throughput_rps
@@ -416,6 +443,9 @@ def bench_model(
             out["superseded"].append({"capacity_rps": capacity, "runs": rows})
             capacity = best
         out["capacity_rps"] = capacity
+        if args.protocol == "http-binary":
+            rows.append(echo_floor(runner, server, fifo, capacity))
+            runner.serving(server, fifo)
         if plan.name == "resnet":
             bare = BareOrt(demo / "resnet/1/model.onnx", plan.max_batch_size, plan.instance_cpus)
             before = bare.rows_per_s(bare.best, args.duration / 2)
@@ -494,6 +524,7 @@ def verdicts(rows: list[dict[str, Any]], capacity: float) -> dict[str, Any]:
         )
     ]
     known = [m for m in models if m is not None]
+    floor = by.get(("echo floor", "200%"))
     return {
         "capacity_underestimated": best > UNDERESTIMATED * capacity,
         "max_steal_cores": max(r["steal_cores"] for r in rows),
@@ -503,6 +534,7 @@ def verdicts(rows: list[dict[str, Any]], capacity: float) -> dict[str, Any]:
         "edf_goodput_200_over_100": float(np.median(pairs)),
         "edf_goodput_200_over_100_pairs": pairs,
         "edf_on_time_at_200_%": 100.0 * ok / (ok + late) if ok + late else None,
+        "echo_floor_on_time_at_200_%": floor["on_time_%"] if floor else None,
         "fifo_goodput_200_over_100": by[("fifo", "200%")]["goodput/s"]
         / max(by[("fifo", "100%")]["goodput/s"], 1e-9),
         "edf_p50_minus_unbatched_p50_ms_at_50": (edf50["p50_ms"] or 0) - (unbatched["p50_ms"] or 0),

@@ -112,3 +112,13 @@ def test_the_most_cpu_the_hypervisor_took_during_a_run_is_in_the_verdicts(schedu
     stolen.append(run("edf", "200% (pair 2)", 90, 4.0, steal=0.1))
     verdicts = scheduling.verdicts(stolen, 100.0)
     assert verdicts["max_steal_cores"] == 0.8 > scheduling.STOLEN
+
+
+def test_the_echo_floor_verdict_is_its_runs_share_on_time(scheduling: Any) -> None:
+    """The echo floor row (over HTTP) gives the on-time share a server doing no work gets from
+    the machine and generator; without one (gRPC) the verdict is None."""
+    assert scheduling.verdicts(rows([1.0], [1.0]), 100.0)["echo_floor_on_time_at_200_%"] is None
+    floor = {**run("echo floor", "200%", 190, 3.0, ok=998), "on_time_%": 99.8}
+    verdicts = scheduling.verdicts([*rows([1.0], [1.0]), floor], 100.0)
+    assert verdicts["echo_floor_on_time_at_200_%"] == 99.8
+    assert verdicts["edf_on_time_at_200_%"] == 100.0  # (the floor is no EDF run)

@@ -1,0 +1,52 @@
+"""bench/echo_server.py --answers-from: the floor under bench/scheduling.py's on-time shares,
+driven by `duetime bench` as duetime is."""
+
+from __future__ import annotations
+
+import json
+import sys
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import RunningServer
+
+from duetime.tools.config import BenchConfig
+from duetime.tools.loadgen import run_bench
+
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+
+
+@pytest.fixture(scope="module")
+def overhead() -> Any:
+    sys.path.insert(0, str(BENCH))
+    try:
+        import overhead as module  # (bench/overhead.py: not a package)
+    finally:
+        sys.path.remove(str(BENCH))
+    return module
+
+
+def test_the_echo_answers_as_the_server_did_and_bench_drives_it(
+    server: RunningServer, overhead: Any
+) -> None:
+    """Each method and path answered as the server answered its first request: the metadata
+    `duetime bench` reads, and every inference, so a run answers all it sends (no refusals:
+    it reads no timeout), each with the server's body."""
+    with overhead.echo_server(0, answers_from=server.addresses.http_port) as (port, pid):
+        assert pid > 0
+        for path in ("/v2/models/mlp", "/v2/models/mlp/config"):
+            echoed = urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=30).read()
+            served = urllib.request.urlopen(f"http://{server.http}{path}", timeout=30).read()
+            assert json.loads(echoed) == json.loads(served)
+        config = BenchConfig(
+            model="mlp", protocol="http-binary", address=f"127.0.0.1:{port}", mode="open",
+            rate=300, duration_s=0.4, warmup_s=0.1, timeouts_ms=(100.0, 500.0), mix=(0.5, 0.5),
+            connections=8,
+        )  # fmt: skip
+        result = run_bench(config)
+    overall = result.overall
+    assert overall.errors == 0, result.error_messages
+    assert overall.rejected == overall.expired == 0
+    assert overall.ok + overall.late == overall.sent > 0
