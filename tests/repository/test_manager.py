@@ -290,6 +290,49 @@ def test_load_of_a_model_not_in_the_repository(tmp_path: Path) -> None:
     run(tmp_path, scenario, control_mode="explicit")
 
 
+def test_a_load_of_a_served_model_whose_folder_is_gone_fails_and_it_serves_on(
+    tmp_path: Path,
+) -> None:
+    """A load is all or nothing, as Triton's: one for a model whose folder was moved away
+    answered 404 yet unloaded the model, every request after it told "served models: none".
+    It fails and changes nothing: the version serves on, the index saying why."""
+    repo = tmp_path / "repo"
+    write_version(repo, "m", 1, scale_model(3))
+
+    async def scenario(engine: Engine) -> None:
+        (repo / "m").rename(tmp_path / "moved")
+        with pytest.raises(ModelNotFound, match=r"not in the repository .*serve on"):
+            await engine.load_model("m")
+        assert await factor_of(engine) == 3.0
+        ((state, reason),) = states(engine).values()
+        assert state == "READY"
+        assert reason.startswith(manager_module.STILL_SERVES)
+        await engine.unload_model("m")  # (an unload still unloads it)
+        with pytest.raises(ModelNotFound):
+            await factor_of(engine)
+
+    run(repo, scenario, control_mode="explicit", startup_models=("m",))
+
+
+def test_the_index_forgets_a_failed_version_whose_folder_was_removed(tmp_path: Path) -> None:
+    """A broken version 2, its load failed (400), then its folder removed: the index listed it
+    UNAVAILABLE with its parse error until a load of the model succeeded."""
+    import shutil
+
+    write_version(tmp_path, "m", 1, scale_model(1))
+
+    async def scenario(engine: Engine) -> None:
+        write_version(tmp_path, "m", 2, b"not an onnx model")
+        with pytest.raises(InvalidInput):
+            await engine.load_model("m")
+        assert states(engine)["2"][0] == "UNAVAILABLE"
+        shutil.rmtree(tmp_path / "m" / "2")
+        assert list(states(engine)) == ["1"]
+        assert await factor_of(engine) == 1.0
+
+    run(tmp_path, scenario, control_mode="explicit", startup_models=("m",))
+
+
 # -- reloads ---------------------------------------------------------------------------------------
 
 

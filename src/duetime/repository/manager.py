@@ -846,12 +846,19 @@ class ModelManager:
         directory = self._uploads.get(name) or self.root / name
         current = self._registry.snapshot.models.get(name)
         if not directory.is_dir():
-            if current is not None:
-                self._unload_now(name, REMOVED)
-            else:
+            # NOTE: a poll follows the folders: what served goes with its folder. A load request
+            # is all or nothing (as Triton's): a failed one changes nothing served. One for a
+            # model whose folder had been moved away unloaded it, answering 404 for the load
+            # while every request after it was told "served models: none" (found by a tester)
+            if current is None:
                 self._forget(name)
+            elif not explicit:
+                self._unload_now(name, REMOVED)
+            serves_on = "; the versions it served before serve on" if current and explicit else ""
             raise ModelNotFound(
-                load_failed(name, f"'{name}' is not in the repository {self.root}", polled=False)
+                load_failed(
+                    name, f"'{name}' is not in the repository {self.root}{serves_on}", polled=False
+                )
             )
         if settle and given is None and not await self._config_settled(directory, wait=explicit):
             # NOTE: a config half written would be applied as it is (its traffic plan at once):
@@ -1554,10 +1561,14 @@ class ModelManager:
         entries: list[IndexEntry] = []
         for name in sorted(names):
             versions = self._states.get(name, {})
+            # NOTE: a failed load of a version whose folder has since been removed was listed
+            # with its failure (a parse error of a file no longer there) until a load of the
+            # model succeeded: only a poll or a load prunes the states (found by a tester)
             rows: list[IndexEntry] = [
                 {"name": name, "version": version, "state": s.state, "reason": s.reason}
                 for version, s in sorted(versions.items(), key=lambda item: int(item[0]))
-                if name in present or _outlives_folder(s)
+                if (name in present and not (s.failed and not self._on_disk(name, version)))
+                or _outlives_folder(s)
             ]
             if name not in present:  # its folder is gone (explicit mode: no poll forgot it)
                 entries.extend(r for r in rows if not ready_only or r.get("state") == "READY")
