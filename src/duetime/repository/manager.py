@@ -1419,8 +1419,9 @@ class ModelManager:
                 raise ModelUnavailable(
                     load_failed(
                         name,
-                        f"the {limit} budget is full and every {busy} model is busy; retry "
-                        "later or raise the budget",
+                        f"the {limit} budget is full and every {busy} model is busy (one "
+                        "unloaded to make room must have had no request, and been loaded, for "
+                        f"{EVICT_QUIET_S * 1000:.0f} ms); retry later or raise the budget",
                     )
                 )
             _, victim = idle.pop(0)
