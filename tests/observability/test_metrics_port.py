@@ -17,6 +17,7 @@ import threading
 import time
 from collections.abc import Iterator
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 from test_triton_accounting import harness
@@ -147,12 +148,19 @@ def test_connections_beyond_the_bound_are_closed(monkeypatch: pytest.MonkeyPatch
             release.wait(30)
             yield from ()
 
-    def held_and_refused(port: int) -> None:
+    def held_and_refused(port: int, server: Any) -> None:
+        def both_answered() -> bool:  # (each head read: one renders, one waits for its turn)
+            with server._lock:
+                return len(server._held) == 2 and not server._reading
+
         with concurrent.futures.ThreadPoolExecutor(2) as pool:
             scrapes = [pool.submit(get, port, "/metrics") for _ in range(2)]
             try:
-                for _ in range(2):
-                    assert collecting.acquire(timeout=20)
+                assert collecting.acquire(timeout=20)
+                deadline = time.monotonic() + 20
+                while not both_answered():
+                    assert time.monotonic() < deadline
+                    time.sleep(0.01)
                 with socket.create_connection(("127.0.0.1", port)) as third:
                     third.settimeout(20)  # (held, it would wait for the read timeout: 30 s)
                     with contextlib.suppress(ConnectionResetError):  # (a reset is as good)
@@ -166,7 +174,7 @@ def test_connections_beyond_the_bound_are_closed(monkeypatch: pytest.MonkeyPatch
         exporter.registry.register(Held())  # type: ignore[arg-type]
         port = await exporter.start("127.0.0.1", 0)
         try:
-            await asyncio.to_thread(held_and_refused, port)
+            await asyncio.to_thread(held_and_refused, port, exporter._server)
         finally:
             await exporter.aclose()
 

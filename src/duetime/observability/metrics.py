@@ -35,6 +35,7 @@ from prometheus_client.exposition import gzip_accepted
 from prometheus_client.registry import Collector
 
 from duetime.errors import Shed
+from duetime.observability.scrapegate import ScrapeGate
 from duetime.scheduling.scheduler import HistogramSnapshot, SchedulerStatistics
 
 if TYPE_CHECKING:
@@ -428,14 +429,20 @@ METRICS_PATHS = ("/metrics", "/metrics/")
 is answered 400, as Triton answers it."""
 
 
-def metrics_app(registry: Collector) -> WsgiApp:
+_Answer = tuple[str, list[tuple[str, str]], bytes]
+"""A rendered scrape: its status line, headers and body."""
+
+
+def metrics_app(registry: Collector, gate: ScrapeGate[_Answer] | None = None) -> WsgiApp:
     """prometheus_client's WSGI app for `registry` at `METRICS_PATHS`, with Triton's cumulative
     series typed as Triton types them: `# TYPE nv_inference_request_success counter` over
     samples of that exact name, in the Prometheus text format (prometheus_client can only write
     them untyped there: it renames a counter family `<name>_total`). An OpenMetrics scrape gets
     them as `unknown` (OpenMetrics counters must end in `_total`; these keep Triton's names).
-    HEAD is answered as GET without the body (RFC 9110 9.3.2)."""
+    HEAD is answered as GET without the body (RFC 9110 9.3.2). Renders go through a
+    `ScrapeGate` (`gate`): one at a time, spaced, shared by scrapes asking the same at once."""
     served = make_wsgi_app(registry, disable_compression=True)
+    renders: ScrapeGate[_Answer] = gate if gate is not None else ScrapeGate()
 
     def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
         # NOTE: prometheus_client serves the metrics at any path (/, /foo, /v2/models...)
@@ -445,16 +452,27 @@ def metrics_app(registry: Collector) -> WsgiApp:
         head = environ.get("REQUEST_METHOD") == "HEAD"
         if head:
             environ = {**environ, "REQUEST_METHOD": "GET"}
-        answer: list[Any] = []
-        body = b"".join(served(environ, lambda *head: answer.extend(head[:2])))
-        status, headers = answer
-        kind = next((v for k, v in headers if k == "Content-Type"), None)
-        if kind is not None:  # (a scrape, not OPTIONS or another method)
-            if kind.startswith("text/plain"):
-                body = _UNTYPED_TRITON_COUNTER.sub(rb"\1counter", body)
-            if gzip_accepted(environ.get("HTTP_ACCEPT_ENCODING", "")):
-                body = gzip.compress(body)
-                headers = [*headers, ("Content-Encoding", "gzip")]
+        compress = gzip_accepted(environ.get("HTTP_ACCEPT_ENCODING", ""))
+
+        def render() -> _Answer:
+            answer: list[Any] = []
+            body = b"".join(served(environ, lambda *head: answer.extend(head[:2])))
+            status, headers = answer
+            kind = next((v for k, v in headers if k == "Content-Type"), None)
+            if kind is not None:  # (a scrape, not OPTIONS or another method)
+                if kind.startswith("text/plain"):
+                    body = _UNTYPED_TRITON_COUNTER.sub(rb"\1counter", body)
+                if compress:
+                    body = gzip.compress(body)
+                    headers = [*headers, ("Content-Encoding", "gzip")]
+            return status, headers, body
+
+        # (what prometheus_client's answer depends on: the format asked, the names filtered)
+        key = (
+            environ.get("REQUEST_METHOD"), environ.get("QUERY_STRING", ""),
+            environ.get("HTTP_ACCEPT", ""), compress,
+        )  # fmt: skip
+        status, headers, body = renders.fetch(key, render)
         start_response(status, [*headers, ("Content-Length", str(len(body)))])
         return [] if head else [body]
 
