@@ -116,6 +116,47 @@ def test_the_costly_model_is_shed_and_counted_and_the_light_one_is_not(
     assert {model for model, _ in found["classes"]} <= {"mlp", "resnet", None}
 
 
+def test_a_shed_request_of_a_version_not_served_counts_against_no_model(
+    mlp_resnet_repo: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A tester's flood at versions of mlp not served: their refusals counted in
+    duetime_requests_shed_by_model{model="mlp"} (3,197 against 1,635 rejected), in none of
+    mlp's other counts. They are weighed and counted with the requests of no model."""
+    monkeypatch.setattr(ModelScheduler, "idle", property(lambda self: False))
+    monkeypatch.setattr(ModelScheduler, "backlogged", lambda self, now: True)
+    unserved = HEAVY.replace(b"/v2/models/resnet/infer", b"/v2/models/resnet/versions/9/infer")
+    assert unserved != HEAVY
+
+    async def body() -> tuple[list[bytes], int, dict[str, float]]:
+        clocks = ShedderClocks()
+        shedder = LoadShedder(
+            cpu_clock=lambda: clocks.cpu, wall_clock=lambda: clocks.wall, wait_clock=lambda: 0.0
+        )
+        async with in_memory_server(mlp_resnet_repo) as served:
+            server = served.server
+            connection, transport = served.connect(shedder=shedder)
+            clocks.run(busy=0.7)
+            shedder.sample(clocks.failing)
+            await statuses(connection, transport, [unserved, LIGHT] * 6)
+            for _ in range(10):
+                clocks.run(busy=1.0)
+                shedder.sample(clocks.failing)
+            shed = await statuses(connection, transport, [unserved] * 10)
+            resnet = server.engine.registry.snapshot.models["resnet"].versions["1"].primary
+            families = {f.name: f for f in MetricsCollector(server.engine, shedder).collect()}
+            by_model = {
+                sample.labels["model"]: sample.value
+                for sample in families["duetime_requests_shed_by_model"].samples
+            }
+            return shed, resnet.scheduler.statistics().rejected, by_model
+
+    shed, rejected, by_model = asyncio.run(body())
+    refused = shed.count(b"429")
+    assert refused >= 4
+    assert rejected == 0
+    assert by_model == {"": refused}
+
+
 def test_priority_one_is_found_in_the_json_of_a_request_not_decoded() -> None:
     binary = {"inference-header-content-length": "40"}
     assert _priority_one(binary, b'{"parameters": {"priority": 1}}        ' + b"\x01" * 100)

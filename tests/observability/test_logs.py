@@ -105,6 +105,22 @@ def test_json_lines_carry_the_request_fields() -> None:
     assert doc["time"].endswith("Z")
 
 
+def test_a_grpc_requests_json_line_has_its_code_as_a_field(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The README: a gRPC request's line "has it as the `grpc_code` field beside the HTTP
+    equivalent, `status`"; the JSON lines dropped it (found by a tester)."""
+    with caplog.at_level(logging.INFO, logger="duetime.requests"):
+        log_request(
+            protocol="grpc", model="mlp", version=None, status=400, reason="bad shape",
+            trace_id=None, grpc_code="INVALID_ARGUMENT",
+        )  # fmt: skip
+    (record,) = [r for r in caplog.records if r.name == "duetime.requests"]
+    doc = json.loads(JsonFormatter().format(record))
+    assert (doc["grpc_code"], doc["status"]) == ("INVALID_ARGUMENT", 400)
+    assert doc["message"] == "grpc mlp INVALID_ARGUMENT: bad shape"
+
+
 def test_text_lines_escape_control_characters() -> None:
     """A CR/LF in a client's value (here a model name) forged a line of its own; an ESC reached
     the terminal. Each is escaped, and a traceback's lines are indented under their record."""

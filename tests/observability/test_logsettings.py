@@ -73,6 +73,10 @@ def test_the_switches_set_the_level(
             {"log_verbose_level": 2**40},
             "expected an integer from 0 to 4294967295, got 1099511627776",
         ),
+        (  # (2**70 in a JSON body: read as a float; "an integer >= 0" was no help)
+            {"log_verbose_level": float(2**70)},
+            "'log_verbose_level': expected an integer from 0 to 4294967295, got 1.18",
+        ),
         ({"log_format": "json"}, "'log_format': expected one of default, ISO8601"),
         ({"log_warning": False}, "log_verbose_level is on but log_warning off"),
         ({"log_file": "/no/such/folder/x.log"}, "needs its control token"),

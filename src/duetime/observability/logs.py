@@ -22,7 +22,13 @@ import orjson
 
 requests_log = logging.getLogger("duetime.requests")
 
-_EXTRA_FIELDS = ("protocol", "model", "version", "status", "trace_id", "latency_us")
+_EXTRA_FIELDS = (
+    "protocol", "model", "version", "status", "grpc_code", "trace_id", "latency_us",
+)  # fmt: skip
+"""The request fields a JSON line carries (see `log_request`).
+
+NOTE: `grpc_code` was missing: a gRPC request's line had the code in its message only, though
+the README promises the field (found by a tester)."""
 
 TEXT_LINE = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 """A text log line: time, level, logger and message."""

@@ -164,7 +164,10 @@ def _close(handler: logging.FileHandler) -> None:
         handler.close()
 
 
-_KIND_NAMES = {str: "a string", bool: "true or false", int: "an integer >= 0"}
+_KIND_NAMES = {str: "a string", bool: "true or false", int: f"an integer from 0 to {_VERBOSE_MAX}"}
+"""What a setting of each type must be. NOTE: an integer past 2**64 in a JSON body is read as a
+float: "expected an integer >= 0, got 1.18e+21" told a client its 2**70 was not one; the range
+is named, as for -1 (found by a tester)."""
 
 
 def _threshold(settings: Mapping[str, Any]) -> int:
