@@ -135,7 +135,9 @@ class Api:
         models = {"mlp": object()}
         self.engine = SimpleNamespace(
             registry=SimpleNamespace(
-                snapshot=SimpleNamespace(models=models), count_shed=lambda model, version: None
+                snapshot=SimpleNamespace(models=models),
+                count_shed=lambda model, version: None,
+                scheduler_of=lambda model, version: models.get(model),
             )
         )
 

@@ -38,7 +38,12 @@ def service_of(shedder: LoadShedder, models: dict[str, Scheduler]) -> SimpleName
         if model in models and version in (None, "1"):
             models[model].count_shed()
 
-    registry = SimpleNamespace(snapshot=SimpleNamespace(models=models), count_shed=count_shed)
+    def scheduler_of(model: str, version: str | None) -> Scheduler | None:  # (as Registry's)
+        return models[model] if model in models and version in (None, "1") else None
+
+    registry = SimpleNamespace(
+        snapshot=SimpleNamespace(models=models), count_shed=count_shed, scheduler_of=scheduler_of
+    )
     service = SimpleNamespace(
         _shedder=shedder,
         gone_calls=0,
@@ -107,7 +112,8 @@ def test_a_refused_call_counts_against_its_model_and_priority_1_is_its_own_class
     assert mlp.shed == 1
     assert made.refused_by_model == {"mlp": 1}
     assert InferenceService.ended(service, context, call("mlp", "7"))  # type: ignore[arg-type]
-    assert mlp.shed == 1  # (a version not served counts nowhere)
+    assert mlp.shed == 1  # (a version not served counts against no model)
+    assert made.refused_by_model == {"mlp": 1, "": 1}
     InferenceService.ended(service, context, call("mlp", priority=1))  # type: ignore[arg-type]
     assert ("mlp", True) in made.costs()
     assert str(context.codes[0]) == "StatusCode.RESOURCE_EXHAUSTED"
