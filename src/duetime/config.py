@@ -90,9 +90,9 @@ class TensorConfig(_Strict):
     requests, runs the graph on [batch], and answers [batch, 1]. As many elements as `dims`;
     dims of 1 or more in both (no free dims)."""
     labels: str | None = Field(default=None, min_length=1)
-    """An output's class labels: a file in the model's folder, one label a line, the label of
-    class i on line i (Triton's `label_filename`); classification answers then read
-    `value:index:label`."""
+    """An output's class labels: a file in the model's folder or a folder below it
+    (`labels/classes.txt`; not a path leaving it), one label a line, the label of class i on
+    line i (Triton's `label_filename`); classification answers then read `value:index:label`."""
     optional: bool = False
     """An input requests may leave out (Triton's `optional`). Only a graph input with an
     initializer can be: ONNX Runtime runs on that default. Such inputs are optional whether

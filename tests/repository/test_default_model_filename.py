@@ -111,7 +111,11 @@ def test_the_unserved_model_says_why(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("files", "config", "said"),
     [
-        ({}, 'platform: "ensemble"\nensemble_scheduling { }\n', "platform: 'ensemble'"),
+        (
+            {},
+            'platform: "ensemble"\nensemble_scheduling { }\n',
+            "ensemble_scheduling: ensembles are not supported",
+        ),
         ({"1/model.py": b""}, 'backend: "python"\n', "backend: 'python'"),
         (
             {"1/net.onnx": scale_model(1)},

@@ -1625,28 +1625,6 @@ def test_byte_budget_refuses_a_model_when_all_are_busy(tmp_path: Path) -> None:
     run(tmp_path, scenario, lazy=True, max_loaded_bytes=int(size * 1.5))
 
 
-def test_two_folders_of_one_version_fail_the_model_naming_both(tmp_path: Path) -> None:
-    """`1` and `01` were both version 1: one was served, picked by the listing order."""
-    write_version(tmp_path, "m", 1, scale_model(1))
-    write_version(tmp_path, "n", 1, scale_model(2))
-
-    async def scenario(engine: Engine) -> None:
-        manager = engine.manager
-        assert manager is not None
-        with pytest.raises(ModelUnavailable, match="version folders '01' and '1' are both"):
-            await factor_of(engine, "n")
-        assert await factor_of(engine) == 1.0
-        (tmp_path / "m" / "001").mkdir()
-        (tmp_path / "m" / "001" / "model.onnx").write_bytes(scale_model(100))
-        await manager.poll()
-        assert await factor_of(engine) == 1.0  # the served version stays
-        assert "'001' and '1' are both version 1" in states(engine)["1"][1]  # (its row says)
-
-    (tmp_path / "n" / "01").mkdir()
-    (tmp_path / "n" / "01" / "model.onnx").write_bytes(scale_model(200))
-    run(tmp_path, scenario, control_mode="poll", poll_s=3600)
-
-
 def test_engine_answers_are_arrays(tmp_path: Path) -> None:
     write_version(tmp_path, "m", 1, scale_model(2))
 

@@ -23,6 +23,10 @@ class ModelSource:
     versions: dict[int, Path]
     """The model file of each version: `<version>/model.onnx`, or `<version>/model.onnx/model.onnx`
     (see `model_file`)."""
+    ignored: tuple[str, ...] = ()
+    """The folders that hold the model file but are no version, each said with why (`folder
+    003/ holds a model.onnx but is not served: not a version: ...`): warned of (see
+    `ignored_warning`)."""
 
     @property
     def latest(self) -> int:
@@ -178,7 +182,7 @@ def scan_repository(
 def _refuse_a_model_given_as_repository(root: Path) -> None:
     layout = f"a repository holds <model>/<version>/{MODEL_FILENAME}"
     if model_file(root) is not None:
-        if version_of(root.absolute().name) is None:
+        if folder_version(root.absolute().name) is None:
             # NOTE: "serve the repository two levels up" sent `my_models/model.onnx` to the
             # folder above my_models (/tmp, say), which is no repository either
             raise ConfigError(
@@ -194,7 +198,7 @@ def _refuse_a_model_given_as_repository(root: Path) -> None:
     versions = [
         p.name
         for p in model_folders(root)
-        if version_of(p.name) is not None and model_file(p) is not None
+        if folder_version(p.name) is not None and model_file(p) is not None
     ]
     if versions:
         raise ConfigError(
@@ -230,29 +234,31 @@ def scan_model(
     directory: Path, *, filename: str = MODEL_FILENAME, uploaded: bool = False
 ) -> ModelSource:
     """The versions of one model folder, each holding the model file `filename`; ConfigError if
-    it holds none, or two folders name the same version (`1` and `01`). `uploaded`: the folder
-    holds a load request's files (named so in the errors, and their paths as its `file:`
-    keys)."""
+    it holds none. `uploaded`: the folder holds a load request's files (named so in the errors,
+    and their paths as its `file:` keys).
+
+    A folder holding the model file whose name is no version (`003`, `v1`) is not served, as
+    Triton serves none: listed in `ModelSource.ignored`, for the caller to warn of."""
     where, under = (UPLOADED, "file:") if uploaded else (str(directory), f"{directory}/")
     versions: dict[int, Path] = {}
+    ignored: list[str] = []
     try:
         children = sorted(directory.iterdir())
     except OSError as exc:  # (a folder the server may not read: its model's error)
         raise ConfigError(f"{where}: cannot be read: {exc.strerror or exc}") from None
     for child in children:
-        number = version_of(child.name)
-        model = model_file(child, filename) if number is not None and child.is_dir() else None
-        if number is not None and model is not None:
-            seen = versions.get(number)
-            if seen is not None:
-                # NOTE: serving either would depend on the listing order; refusing the model
-                # (a served one keeps serving) names the stray folder instead.
-                raise ConfigError(
-                    f"{where}: version folders '{version_folder(seen, filename).name}' and "
-                    f"'{child.name}' are both version {number}; keep one (versions are "
-                    f"integers: name it '{number}')"
-                )
-            versions[number] = model
+        if is_hidden(child.name) or not child.is_dir():
+            continue
+        number = folder_version(child.name)
+        if number is not None:  # (names without leading zeros: one folder per number)
+            model = model_file(child, filename)
+            if model is not None:
+                versions[number] = model
+        elif _holds(child, filename) and (why := not_a_version(child.name)) is not None:
+            ignored.append(
+                f"folder {shown_name(child.name)}/ holds a {shown_name(filename)} but is not "
+                f"served: {why}"
+            )
     if not versions:
         found = _not_versions(directory, filename)
         shown = "; ".join(found[:_SHOWN_MAX])
@@ -270,7 +276,27 @@ def scan_model(
             + "as 1"
             + named
         )
-    return ModelSource(directory.name, directory, versions)
+    return ModelSource(directory.name, directory, versions, tuple(ignored))
+
+
+def _holds(folder: Path, filename: str) -> bool:
+    """Whether `folder` holds the model file `filename` as `model_file` finds it (not: where
+    it cannot be read, a folder of anything but versions, `labels/` say, being no concern)."""
+    path = folder / filename
+    try:
+        return path.is_file() or (path / MODEL_FILENAME).is_file()
+    except OSError:
+        return False
+
+
+def ignored_warning(source: ModelSource, *, uploaded: bool = False) -> str:
+    """What to warn of (once) for the folders of `source` that hold its model file but are no
+    version (`ModelSource.ignored`), and what the index says of the versions served; '' where
+    there are none. `uploaded`: as `scan_model`'s."""
+    if not source.ignored:
+        return ""
+    where = UPLOADED if uploaded else str(source.directory)
+    return f"{where}: {'; '.join(source.ignored)}"
 
 
 _SHOWN_MAX = 5
@@ -283,7 +309,7 @@ def _not_versions(directory: Path, filename: str) -> list[str]:
     model.onnx`.
 
     NOTE: the refusal said only that no version folder holds a model.onnx, whatever the folder
-    held: a version beyond int64 (which `version_of` drops), `1/model.onnx` a folder,
+    held: a version beyond int64 (which `folder_version` drops), `1/model.onnx` a folder,
     `1/Model.onnx`, a Triton user's `1/resnet.onnx`, `v1/`."""
     found: list[str] = []
     wanted = shown_name(filename)
@@ -302,16 +328,14 @@ def _not_versions(directory: Path, filename: str) -> list[str]:
                     f"folder, {directory.name}/1/{wanted}"
                 )
             continue
-        number = version_of(child.name)
+        number = folder_version(child.name)
         models = _onnx_files(child)
         if number is None:
-            if not (child.name.isascii() and child.name.isdigit()):
-                if models:  # (any other folder, `labels/` say, is no version, as meant)
-                    found.append(f"{name}/: not a version: a version folder's name is an "
-                                 "integer, such as 1")  # fmt: skip
-            else:
-                found.append(f"{name}/: beyond the highest version (versions are int64s: "
-                             f"at most {VERSION_MAX})")  # fmt: skip
+            why = not_a_version(child.name)
+            # (any other folder, `labels/` say, is no version, as meant: named only where it
+            # holds a model; a name of digits is always meant as a version)
+            if why is not None and (models or _digits(child.name)):
+                found.append(f"{name}/: {why}")
         elif (broken := broken_link(child / filename)) is not None:
             found.append(f"{name}/{wanted}: {broken}")
         elif (child / filename).is_dir():
@@ -339,16 +363,48 @@ VERSION_MAX = 2**63 - 1
 """The highest version: versions are int64s, as Triton's."""
 
 
+def folder_version(name: str) -> int | None:
+    """The version a folder named `name` holds (None: it holds none, see `not_a_version`).
+
+    NOTE: as Triton (VersionsToLoad, which logs "ignore version directory '003' which contains
+    leading zeros in its directory name"): a name of more than one digit starting with 0 is
+    no version. `003` was served as version 3 beside `1` (another model than Triton serves,
+    without a word), and `01` beside `1` refused the whole model, which serves in Triton (found
+    by a tester). A request's version string "01" still names version 1 (`version_of`)."""
+    if _digits(name) and len(name) > 1 and name.startswith("0"):
+        return None
+    return version_of(name)
+
+
+def not_a_version(name: str) -> str | None:
+    """Why a folder named `name` holds no version (`not a version: ...`); None where it does."""
+    if folder_version(name) is not None:
+        return None
+    if not _digits(name):
+        return "not a version: a version folder's name is an integer, such as 1"
+    if version_of(name) is None:
+        return f"beyond the highest version (versions are int64s: at most {VERSION_MAX})"
+    return (
+        "not a version: a version folder's name has no leading zeros (Triton ignores such a "
+        f"folder); name it '{int(name)}'"
+    )
+
+
+def _digits(name: str) -> bool:
+    """Whether `name` is ASCII digits alone (str.isdigit() alone also takes '²')."""
+    return name.isascii() and name.isdigit()
+
+
 def version_of(name: str) -> int | None:
-    """The version a folder named `name` holds, or a request's version string names (None: not
-    a version: not all ASCII digits, or beyond `VERSION_MAX`).
+    """The version a request's version string names, or a number of digits (None: not a
+    version: not all ASCII digits, or beyond `VERSION_MAX`); a folder's: `folder_version`.
 
     NOTE: str.isdigit() alone also accepts digits such as '²' that int() rejects; and a version
     is an int64, as Triton's (int() refuses thousands of digits with an error). A 20-digit
     number above 2**63 - 1 was taken: a request naming one was told "not found" (404) where
     Triton refuses the version string (400), and a folder so named served a version no client
     could name in Triton's int64 fields."""
-    if not (name.isascii() and name.isdigit() and len(name) <= 20):
+    if not (_digits(name) and len(name) <= 20):
         return None
     number = int(name)
     return number if number <= VERSION_MAX else None

@@ -7,6 +7,7 @@ event loop. The result is a `LoadedModel` ready to be published by the registry.
 from __future__ import annotations
 
 import logging
+import posixpath
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -334,14 +335,49 @@ def read_labels(config: ModelConfig, directory: Path) -> dict[str, tuple[str, ..
             continue
         where = f"{directory}: field 'outputs.{index}.labels'"
         name = tensor.labels
-        if name in (".", "..") or "/" in name or "\\" in name or "\0" in name:
-            raise ConfigError(f"{where}: '{name}' must be a file name in the model's folder")
+        refused = _label_path_refused(name)
+        if refused is not None:
+            raise ConfigError(f"{where}: '{name}' {refused}")
         try:
             text = (directory / name).read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as exc:
             raise ConfigError(f"{where}: cannot read '{directory / name}': {exc}") from None
         labels[tensor.name] = tuple(text.splitlines())
     return labels
+
+
+def label_files(config: ModelConfig, directory: Path) -> list[Path]:
+    """The label files the outputs of `config` name in model folder `directory` (those
+    `read_labels` reads; not those it refuses)."""
+    return [
+        directory / tensor.labels
+        for tensor in config.outputs or ()
+        if tensor.labels is not None and _label_path_refused(tensor.labels) is None
+    ]
+
+
+def _label_path_refused(name: str) -> str | None:
+    """Why a config's `labels` (Triton's `label_filename`) `name` is refused (None: taken): a
+    path leaving the model's folder.
+
+    NOTE: as Triton (it reads `<model folder>/<label_filename>` and refuses one outside the
+    folder: IsChildPathEscapingParentPath), a path to a folder below it (`labels/l.txt`) is
+    taken; it was refused as no file name in the model's folder (found by a tester). The check
+    is on the name, not the file: a link in the folder to a shared label file is read."""
+    inside = (
+        "must be a file name in the model's folder or in a folder below it (such as "
+        "labels/classes.txt), as in Triton"
+    )
+    if "\0" in name:
+        return f"{inside}: it holds a NUL character"
+    if "\\" in name:
+        return f"{inside}: '\\' is no folder separator here; write '/'"
+    if name.startswith("/"):
+        return f"{inside}: an absolute path leaves it"
+    normal = posixpath.normpath(name)
+    if normal == "." or normal == ".." or normal.startswith("../"):
+        return f"{inside}: '..' leaves the folder"
+    return None
 
 
 def runs_inline(profile: LatencyProfile, instances: int, *, cost_varies: bool = False) -> bool:

@@ -57,6 +57,8 @@ from duetime.repository.layout import (
     ModelSource,
     Scan,
     broken_links,
+    folder_version,
+    ignored_warning,
     is_hidden,
     misnamed_folders,
     model_file,
@@ -64,9 +66,8 @@ from duetime.repository.layout import (
     scan_model,
     scan_repository,
     version_folder,
-    version_of,
 )
-from duetime.repository.loader import LoadedModel, load_version
+from duetime.repository.loader import LoadedModel, label_files, load_version
 from duetime.repository.registry import (
     PRIMARY,
     Deployment,
@@ -375,6 +376,10 @@ class ModelManager:
         self._unread_configs: dict[str, str] = {}
         """Model -> the warning that files meant as its config are not read (see
         `unread_config_warning`), which its served versions give as their reason in the index."""
+        self._ignored: dict[str, str] = {}
+        """Model -> the warning that folders of it holding its model file are no version (see
+        `ignored_warning`): said once, and given by its served versions as their reason in the
+        index."""
         self._absent: dict[str, dict[str, str]] = {}
         """Model -> the versions its `specific` version_policy names that have no folder, each
         with the reason the index gives (said once in the log, not at every poll)."""
@@ -895,6 +900,9 @@ class ModelManager:
             self._fail_model(name, exc.message, serving=current is not None)
             raise _LoadFailed(load_failed(name, exc.message, polled=False)) from None
         self._prune_versions(name, source.versions)
+        self._note_ignored(
+            name, ignored_warning(source, uploaded=directory is self._uploads.get(name))
+        )
         self._note_absent(name, config.version_policy.missing(source.versions))
         wanted = config.version_policy.select(source.versions)
         if not wanted:
@@ -1051,6 +1059,7 @@ class ModelManager:
             for version in chosen.keys() - troubled:  # (a failure an earlier load noted is past)
                 notes = [self._degraded.get((name, version), ""), unfit.get(version, ""), warning]
                 notes.append(self._unread_configs.get(name, "") if given is None else "")
+                notes.append(self._ignored.get(name, ""))
                 if int(version) not in wanted:
                     notes.insert(0, _standing_in(troubled & {str(v) for v in wanted}))
                 self._states[name][version] = VersionState("READY", "; ".join(filter(None, notes)))
@@ -1274,6 +1283,19 @@ class ModelManager:
     def _retired(self, task: asyncio.Task[None]) -> None:
         del self._retiring[task]
 
+    def _note_ignored(self, name: str, warning: str) -> None:
+        """Record (and log, when it changes) what of `name`'s folder holds its model file but is
+        no version (`warning`, '' for nothing): its served versions' rows in the index say it.
+
+        NOTE: such a folder (`003`, `v1`) was skipped without a word, or (`01` beside `1`)
+        refused the model; Triton ignores it with a warning (found by a tester)."""
+        if warning and warning != self._ignored.get(name):
+            log.warning("model %s: %s", name, warning)
+        if warning:
+            self._ignored[name] = warning
+        else:
+            self._ignored.pop(name, None)
+
     def _note_absent(self, name: str, versions: list[int]) -> None:
         """Record (and log, when it changes) the versions of `name` that its `specific`
         version_policy names but that have no folder: the index lists each as UNAVAILABLE with
@@ -1328,6 +1350,7 @@ class ModelManager:
         self._warned.pop(name, None)
         self._config_warned.pop(name, None)
         self._unread_configs.pop(name, None)
+        self._ignored.pop(name, None)
         self._absent.pop(name, None)
 
     def _prune_versions(self, name: str, versions: Iterable[int]) -> None:
@@ -1354,7 +1377,7 @@ class ModelManager:
         filename = _filename(served.versions[version])
         try:
             return any(
-                version_of(p.name) == int(version)
+                folder_version(p.name) == int(version)
                 and p.is_dir()
                 and model_file(p, filename) is not None
                 for p in directory.iterdir()
@@ -1366,7 +1389,7 @@ class ModelManager:
         """Whether the folder `name` is served from holds a folder of `version`."""
         directory = self._uploads.get(name) or self.root / name
         try:
-            return any(version_of(p.name) == int(version) for p in directory.iterdir())
+            return any(folder_version(p.name) == int(version) for p in directory.iterdir())
         except OSError:
             return False
 
@@ -1917,7 +1940,9 @@ def fingerprint(source: ModelSource, version: int, config: ModelConfig) -> Finge
     config's digest.
 
     Every file of the version's folder counts, not only the model files: a model's tensors can
-    live in files of their own (ONNX external data), which a new release may change alone.
+    live in files of their own (ONNX external data), which a new release may change alone. So
+    do the config files and the label files the config names (`labels`, Triton's
+    `label_filename`), which the load reads too.
 
     NOTE: size and modification time alone missed a file replaced by one of the same size and
     the same time (a retrained model of one architecture, its time normalised: `cp -p`, `rsync
@@ -1930,6 +1955,10 @@ def fingerprint(source: ModelSource, version: int, config: ModelConfig) -> Finge
     model = source.versions[version]
     paths = _version_files(model, config)
     paths += [source.directory / name for name in CONFIG_FILENAMES]
+    # NOTE: an edited label file was never read again: polls, and a load request, kept the
+    # old labels for good (found by a tester); Triton's poll compares the whole folder's time.
+    # One deleted drops out of the list, a change too: its load then says it is missing.
+    paths += label_files(config, source.directory)
     files = []
     for path in paths:
         try:

@@ -1,11 +1,12 @@
 """Triton's `config.pbtxt`, read as a duetime model config: a Triton model repository of ONNX
 models serves unchanged.
 
-The file is parsed whole by protobuf's text_format against Triton's ModelConfig schema (the
-complete `model_config.proto`, so every section parses), then translated field by field into
-the settings `config.py` validates (a `max_batch_size` of 0 with no tensors listed is left to the
-graph: 32 where its first dim is free on every input and output, else 0; Triton's auto-complete
-gives the onnxruntime backend's default, 4). A config that sets nothing (an empty
+The file (UTF-8, but in its comments: see `decoded`) is parsed whole by protobuf's text_format
+against Triton's ModelConfig schema (the complete `model_config.proto`, so every section
+parses), then translated field by field into the settings `config.py` validates (a
+`max_batch_size` of 0 with no tensors listed is left to the graph: 32 where its first dim is
+free on every input and output, else 0; Triton's auto-complete gives the onnxruntime backend's
+default, 4). A config that sets nothing (an empty
 `config.pbtxt`, or only `name`, `platform`, `backend`) is served as a model folder without a
 config file: duetime's defaults (the graph's max_batch_size, 1 instance, any priority level a
 request asks for), where Triton auto-completes both alike to max_batch_size 4, 2 CPU instances
@@ -103,6 +104,8 @@ log = logging.getLogger("duetime.config")
 FILENAME = "config.pbtxt"
 ONNX_PLATFORMS = frozenset({"", "onnxruntime_onnx"})
 ONNX_BACKENDS = frozenset({"", "onnxruntime"})
+ENSEMBLE = "ensemble"
+"""The platform of a Triton ensemble."""
 
 _TRANSLATED = frozenset({
     "name", "platform", "backend", "max_batch_size", "input", "output", "instance_group",
@@ -247,10 +250,11 @@ def read_model_config(model_dir: Path) -> ReadConfig:
         )
     if path.name != FILENAME:
         return ReadConfig(settings.load_model_config(model_dir))
-    text = _read_text(path)
+    raw = _read_bytes(path)
     warnings: list[str] = []
+    text = decoded(raw, source=str(path))
     data = translate(text, source=str(path), model_name=model_dir.name, warn=warnings.append)
-    digest = hashlib.sha256(text.encode()).hexdigest()
+    digest = hashlib.sha256(raw).hexdigest()
     config = validated(data, source=str(path), form=TritonModelConfig)
     return ReadConfig(config, tuple(warnings), digest)
 
@@ -268,14 +272,70 @@ def declared_filename(model_dir: Path) -> str:
 
 def read_pbtxt(path: Path, model_name: str) -> dict[str, Any]:
     """The settings `path` (a Triton config.pbtxt of model `model_name`) translates to."""
-    return translate(_read_text(path), source=str(path), model_name=model_name)
+    text = decoded(_read_bytes(path), source=str(path))
+    return translate(text, source=str(path), model_name=model_name)
 
 
-def _read_text(path: Path) -> str:
+def _read_bytes(path: Path) -> bytes:
     try:
-        return path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
+        return path.read_bytes()
+    except OSError as exc:
         raise ConfigError(f"{path}: cannot be read: {exc}") from exc
+
+
+BOM = "\ufeff"
+"""A UTF-8 byte order mark, as Windows editors start a file with one: not part of the config."""
+
+
+def decoded(data: bytes, *, source: str) -> str:
+    """The text of a config.pbtxt's bytes `data`: UTF-8, but in its comments (any bytes, as
+    protobuf's tokenizer skips them; there shown as U+FFFD), a leading byte order mark left out.
+    ConfigError naming the line and column of a byte that is not UTF-8 elsewhere (in a string
+    value, say: protobuf refuses a string that is not UTF-8).
+
+    NOTE: the file was decoded whole, strictly: a comment saved in Latin-1 (`# Größe`, by a
+    Windows editor) refused the model ("'utf-8' codec can't decode byte 0xf6"), which Triton
+    serves; and a byte order mark was refused as "Expected identifier or number, got \ufeff",
+    a character no terminal shows (both found by a tester)."""
+    text = data.decode("utf-8", "surrogateescape").removeprefix(BOM)
+    if text.isascii() or not _UNDECODED.search(text):
+        return text
+    lines = text.split("\n")
+    for number, line in enumerate(lines, 1):
+        comment = _comment_start(line)
+        bad = _UNDECODED.search(line, 0, comment)
+        if bad is not None:
+            byte = ord(bad[0]) - 0xDC00
+            raise ConfigError(
+                f"{source}: line {number}, column {bad.start() + 1}: byte 0x{byte:02x} is not "
+                "UTF-8; expected UTF-8 text (other bytes may only be in comments, after '#'): "
+                "save the file as UTF-8"
+            )
+        lines[number - 1] = line[:comment] + _UNDECODED.sub("\ufffd", line[comment:])
+    return "\n".join(lines)
+
+
+_UNDECODED = re.compile("[\udc80-\udcff]")
+"""A byte that is not UTF-8, as the surrogateescape error handler decodes it."""
+
+
+def _comment_start(line: str) -> int:
+    """Where the comment of `line` starts (its `#` outside a string value), or its length."""
+    quote = ""
+    escaped = False
+    for index, char in enumerate(line):
+        if escaped:
+            escaped = False
+        elif quote:
+            if char == "\\":
+                escaped = True
+            elif char == quote:
+                quote = ""
+        elif char in "\"'":
+            quote = char
+        elif char == "#":
+            return index
+    return len(line)
 
 
 def translate(text: str, *, source: str, model_name: str, warn: Warn = _log) -> dict[str, Any]:
@@ -727,6 +787,13 @@ def _refuse_what_cannot_be_served(
         raise refuse("name", f"'{config.name}' differs from the model's folder '{model_name}'")
     if config.max_batch_size < 0:
         raise refuse("max_batch_size", f"{config.max_batch_size}: must be 0 (no batching) or more")
+    if config.platform == ENSEMBLE or "ensemble_scheduling" in given:
+        # NOTE: an ensemble (`platform: "ensemble"` beside its `ensemble_scheduling`, as Triton
+        # requires both) was refused as another platform, which reads as "change the platform"
+        # (found by a tester)
+        if "ensemble_scheduling" in given:
+            raise refuse("ensemble_scheduling", _REFUSED["ensemble_scheduling"])
+        raise refuse("platform", f"'{ENSEMBLE}': {_REFUSED['ensemble_scheduling']}")
     if config.platform not in ONNX_PLATFORMS or config.backend not in ONNX_BACKENDS:
         field = "platform" if config.platform not in ONNX_PLATFORMS else "backend"
         value = config.platform if field == "platform" else config.backend
