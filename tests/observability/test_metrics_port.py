@@ -253,3 +253,48 @@ def test_every_collector_describes_its_families() -> None:
     )
     names = [m.name for m in CaptureCollector(recorder).describe()]  # type: ignore[arg-type]
     assert names == ["duetime_capture_records", "duetime_capture_buffered"]
+
+
+def test_connections_wait_in_the_listen_backlog_while_the_server_is_busy(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """socketserver's backlog of 5 dropped the connection attempts of 10 scrapers at once: each
+    waited a second for its SYN to be sent again (found by a tester). While the server thread
+    is held after one accept, 40 more connections still complete their handshakes at once."""
+    held, release = threading.Event(), threading.Event()
+    process = exporter_module._MetricsServer.process_request
+
+    def holding(self: Any, request: Any, client_address: Any) -> None:
+        held.set()
+        release.wait(30)
+        process(self, request, client_address)
+
+    monkeypatch.setattr(exporter_module._MetricsServer, "process_request", holding)
+
+    def connect_all(port: int) -> list[bool]:
+        first = socket.create_connection(("127.0.0.1", port), timeout=10)
+        sockets = [first]
+        try:
+            assert held.wait(10)
+            opened = []
+            for _ in range(40):
+                try:
+                    sockets.append(socket.create_connection(("127.0.0.1", port), timeout=0.5))
+                    opened.append(True)
+                except OSError:
+                    opened.append(False)
+            return opened
+        finally:
+            release.set()
+            for each in sockets:
+                each.close()
+
+    async def body() -> list[bool]:
+        exporter = MetricsExporter(fake_engine())  # type: ignore[arg-type]
+        port = await exporter.start("127.0.0.1", 0)
+        try:
+            return await asyncio.to_thread(connect_all, port)
+        finally:
+            await exporter.aclose()
+
+    assert all(asyncio.run(body()))

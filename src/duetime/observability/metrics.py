@@ -472,7 +472,10 @@ def metrics_app(registry: Collector, gate: ScrapeGate[_Answer] | None = None) ->
             environ.get("REQUEST_METHOD"), environ.get("QUERY_STRING", ""),
             environ.get("HTTP_ACCEPT", ""), compress,
         )  # fmt: skip
-        status, headers, body = renders.fetch(key, render)
+        if environ.get("REQUEST_METHOD") == "GET":
+            status, headers, body = renders.fetch(key, render)
+        else:  # (OPTIONS and the methods refused: nothing to render)
+            status, headers, body = render()
         start_response(status, [*headers, ("Content-Length", str(len(body)))])
         return [] if head else [body]
 
