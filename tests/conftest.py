@@ -7,8 +7,10 @@ import asyncio
 import concurrent.futures
 import contextlib
 import gc
+import importlib
 import logging
 import shutil
+import sys
 import threading
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -33,6 +35,19 @@ def loaded() -> Iterator[list[LoadedModel]]:
     yield models
     for model in models:
         model.executor.close()
+
+
+BENCH = Path(__file__).resolve().parents[1] / "bench"
+
+
+def bench_module(name: str) -> Any:
+    """The module bench/`name`.py (bench/ is no package: its scripts import each other by
+    name)."""
+    sys.path.insert(0, str(BENCH))
+    try:
+        return importlib.import_module(name)
+    finally:
+        sys.path.remove(str(BENCH))
 
 
 @pytest.fixture(scope="session")

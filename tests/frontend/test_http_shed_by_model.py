@@ -62,6 +62,33 @@ async def statuses(
     return found
 
 
+def watching_shedder() -> tuple[ShedderClocks, LoadShedder]:
+    """A shedder on clocks the test moves, sampled once busy: it weighs requests."""
+    clocks = ShedderClocks()
+    shedder = LoadShedder(
+        cpu_clock=lambda: clocks.cpu, wall_clock=lambda: clocks.wall, wait_clock=lambda: 0.0
+    )
+    clocks.run(busy=0.7)
+    shedder.sample(clocks.failing)
+    return clocks, shedder
+
+
+def saturate(clocks: ShedderClocks, shedder: LoadShedder) -> None:
+    """Ten samples of a saturated loop whose requests miss their due times."""
+    for _ in range(10):
+        clocks.run(busy=1.0)
+        shedder.sample(clocks.failing)
+
+
+def shed_by_model(engine: Any, shedder: LoadShedder) -> dict[str, float]:
+    """duetime_requests_shed_by_model's samples, by model."""
+    families = {f.name: f for f in MetricsCollector(engine, shedder).collect()}
+    return {
+        sample.labels["model"]: sample.value
+        for sample in families["duetime_requests_shed_by_model"].samples
+    }
+
+
 def test_the_costly_model_is_shed_and_counted_and_the_light_one_is_not(
     mlp_resnet_repo: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -71,22 +98,15 @@ def test_the_costly_model_is_shed_and_counted_and_the_light_one_is_not(
     monkeypatch.setattr(ModelScheduler, "backlogged", lambda self, now: True)
 
     async def body() -> dict[str, Any]:
-        clocks = ShedderClocks()
-        shedder = LoadShedder(
-            cpu_clock=lambda: clocks.cpu, wall_clock=lambda: clocks.wall, wait_clock=lambda: 0.0
-        )
+        clocks, shedder = watching_shedder()
         async with in_memory_server(mlp_resnet_repo) as served:
             server = served.server
             connection, transport = served.connect(shedder=shedder)
-            clocks.run(busy=0.7)
-            shedder.sample(clocks.failing)  # (busy: requests are weighed)
-            assert shedder.watching
+            assert shedder.watching  # (busy: requests are weighed)
             weighed = await statuses(connection, transport, [HEAVY, LIGHT] * 6)
             assert set(weighed) == {b"400", b"200"}  # (nothing shed yet)
             await statuses(connection, transport, [invented(n) for n in range(20)])
-            for _ in range(10):  # saturated, requests missing their due times
-                clocks.run(busy=1.0)
-                shedder.sample(clocks.failing)
+            saturate(clocks, shedder)
             assert shedder.share > 0.4
             shed = await statuses(connection, transport, [HEAVY, LIGHT] * 10)
             snapshot = server.engine.registry.snapshot
@@ -94,11 +114,7 @@ def test_the_costly_model_is_shed_and_counted_and_the_light_one_is_not(
                 name: snapshot.models[name].versions["1"].primary.scheduler.statistics().rejected
                 for name in ("mlp", "resnet")
             }
-            families = {f.name: f for f in MetricsCollector(server.engine, shedder).collect()}
-            by_model = {
-                sample.labels["model"]: sample.value
-                for sample in families["duetime_requests_shed_by_model"].samples
-            }
+            by_model = shed_by_model(server.engine, shedder)
             return {
                 "heavy": shed[0::2],
                 "light": shed[1::2],
@@ -128,26 +144,15 @@ def test_a_shed_request_of_a_version_not_served_counts_against_no_model(
     assert unserved != HEAVY
 
     async def body() -> tuple[list[bytes], int, dict[str, float]]:
-        clocks = ShedderClocks()
-        shedder = LoadShedder(
-            cpu_clock=lambda: clocks.cpu, wall_clock=lambda: clocks.wall, wait_clock=lambda: 0.0
-        )
+        clocks, shedder = watching_shedder()
         async with in_memory_server(mlp_resnet_repo) as served:
             server = served.server
             connection, transport = served.connect(shedder=shedder)
-            clocks.run(busy=0.7)
-            shedder.sample(clocks.failing)
             await statuses(connection, transport, [unserved, LIGHT] * 6)
-            for _ in range(10):
-                clocks.run(busy=1.0)
-                shedder.sample(clocks.failing)
+            saturate(clocks, shedder)
             shed = await statuses(connection, transport, [unserved] * 10)
             resnet = server.engine.registry.snapshot.models["resnet"].versions["1"].primary
-            families = {f.name: f for f in MetricsCollector(server.engine, shedder).collect()}
-            by_model = {
-                sample.labels["model"]: sample.value
-                for sample in families["duetime_requests_shed_by_model"].samples
-            }
+            by_model = shed_by_model(server.engine, shedder)
             return shed, resnet.scheduler.statistics().rejected, by_model
 
     shed, rejected, by_model = asyncio.run(body())

@@ -4,28 +4,19 @@ driven by `duetime bench` as duetime is."""
 from __future__ import annotations
 
 import json
-import sys
 import urllib.request
-from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import RunningServer
+from conftest import RunningServer, bench_module
 
 from duetime.tools.config import BenchConfig
 from duetime.tools.loadgen import run_bench
 
-BENCH = Path(__file__).resolve().parents[2] / "bench"
-
 
 @pytest.fixture(scope="module")
 def overhead() -> Any:
-    sys.path.insert(0, str(BENCH))
-    try:
-        import overhead as module  # (bench/overhead.py: not a package)
-    finally:
-        sys.path.remove(str(BENCH))
-    return module
+    return bench_module("overhead")
 
 
 def test_the_echo_answers_as_the_server_did_and_bench_drives_it(

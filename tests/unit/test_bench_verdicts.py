@@ -2,23 +2,15 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
-
-BENCH = Path(__file__).resolve().parents[2] / "bench"
+from conftest import bench_module
 
 
 @pytest.fixture(scope="module")
 def scheduling() -> Any:
-    sys.path.insert(0, str(BENCH))
-    try:
-        import scheduling as module  # (bench/scheduling.py: not a package)
-    finally:
-        sys.path.remove(str(BENCH))
-    return module
+    return bench_module("scheduling")
 
 
 def run(
