@@ -12,11 +12,13 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 import orjson
 import pytest
 
 from duetime.cli import main
+from duetime.datatypes import NUMPY_OF
 from duetime.frontend.codec import encode_tensor
 from duetime.frontend.rest import parse_infer_request
 from duetime.tools.capture import (
@@ -43,6 +45,7 @@ ALL_DTYPES = {
     "UINT64": np.array([2**64 - 1], np.uint64), "FP16": np.array([0.5], np.float16),
     "FP32": np.linspace(0, 1, 40, dtype=np.float32).reshape(1, 40),
     "FP64": np.array([np.pi]), "BYTES": np.array([[b"ab", b""], [b"\x00\xff", b"c"]], object),
+    "BF16": np.array([[1.5, -0.0078125], [3e38, 0]], ml_dtypes.bfloat16),
 }  # fmt: skip
 
 
@@ -93,6 +96,46 @@ def test_every_datatype_round_trips(tmp_path: Path, datatype: str) -> None:
     got = record.inputs[0].array()
     assert got.shape == array.shape
     np.testing.assert_array_equal(got, array)
+
+
+def test_every_v2_datatype_has_a_code_and_the_old_codes_keep_theirs() -> None:
+    """BF16 had none: a BF16 model's traffic could not be recorded. A datatype's code is its
+    place in the tuple, so codes are only ever appended."""
+    assert set(fmt.DATATYPES) == set(NUMPY_OF)
+    assert fmt.DATATYPES[:13] == (
+        "BOOL", "INT8", "INT16", "INT32", "INT64", "UINT8", "UINT16", "UINT32", "UINT64",
+        "FP16", "FP32", "FP64", "BYTES",
+    )  # fmt: skip
+    assert fmt.DATATYPES.index("BF16") == 13
+
+
+def test_a_reader_without_a_datatypes_code_skips_its_records_and_reads_the_others(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Why BF16's code came without a new format version: a reader that predates it (here,
+    one whose DATATYPES stop at BYTES) skips a BF16 record as an unknown datatype code, never
+    misreads it, and reads the rest of the file as before."""
+    bf16 = make_record(request_id="b", inputs=[CapturedTensor.of("x", ALL_DTYPES["BF16"])])
+    path = write(tmp_path / "mixed.cap", make_record(request_id="a"), bf16,
+                 make_record(request_id="c"))  # fmt: skip
+    monkeypatch.setattr(fmt, "DATATYPES", fmt.DATATYPES[:13])
+    with CaptureReader(path) as reader:
+        assert reader.header.version == fmt.FORMAT_VERSION == 2
+        assert [r.request_id for r in reader] == ["a", "c"]
+        assert reader.skipped == 1
+        assert "unknown datatype code 13" in str(reader.first_skipped)
+
+
+def test_a_datatype_without_a_code_is_a_bad_field() -> None:
+    """It was a KeyError, which ended `bench --record` in a traceback after its run."""
+    tensor = ("t", "FP8", (1,), b"\x00")
+    message = "datatype 'FP8' has no code in the capture format"
+    with pytest.raises(fmt.BadField, match=message):  # an input
+        fmt.encode_record(0, "grpc", "m", None, "", [tensor], None, {}, None, 0, {}, None, 200,
+                          None, 0, None, None, None)  # fmt: skip
+    with pytest.raises(fmt.BadField, match=message):  # an output of a raw HTTP record
+        fmt.encode_http_record(0, "m", None, b"{}", None, None, 0, {}, None, 200, None, 0, None,
+                               None, [tensor])  # fmt: skip
 
 
 def test_bytes_layout_is_length_prefixed() -> None:

@@ -318,6 +318,23 @@ def test_report_and_replay_name_what_a_file_is_not(
     refused(["replay", str(tmp_path), "--target", NOWHERE], "a folder, not a capture file", capsys)
 
 
+def test_capture_show_and_replay_say_alike_what_a_file_is_not(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`capture show` printed Python's own text ("[Errno 21] Is a directory: ..."), and replay
+    called a link to /dev/null "no such capture file" (found by a tester)."""
+    device = tmp_path / "null.cap"
+    device.symlink_to("/dev/null")
+    missing = tmp_path / "missing.cap"
+    refused(["replay", str(device), "--target", NOWHERE], "null.cap: not a regular file, so no "
+            "capture file", capsys)  # fmt: skip
+    refused(["capture", "show", str(tmp_path)], f"{tmp_path}: a folder, not a capture file",
+            capsys)  # fmt: skip
+    refused(["capture", "show", str(missing)], "missing.cap: no such capture file", capsys)
+    refused(["capture", "convert", str(tmp_path / "in.jsonl"), str(tmp_path / "out.cap")],
+            "in.jsonl: no such JSON Lines file", capsys)  # fmt: skip
+
+
 def test_a_v2_server_without_model_config_is_benched_from_its_metadata(
     capsys: pytest.CaptureFixture[str],
 ) -> None:

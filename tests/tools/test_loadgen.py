@@ -353,15 +353,19 @@ def test_restamped_http_payload_carries_the_time_left_in_place(protocol: Any) ->
     spec = PayloadSpec(protocol, "mlp", 2, priority=None, host="h", port=1)
     inputs = random_inputs(MLP, 2, np.random.default_rng(0))
     original = encode(spec, inputs, due_classes((2,), ())[0])
-    for timeout_us in (1, 1_234, 10**12):
+    assert b'"timeout":2000,' in original or b'"timeout":2000}' in original  # as JSON writes it
+    for timeout_us in (1, 1_234, 2_000):
         raw = restamp(original, timeout_us)
         assert len(raw) == len(original)  # no length header changes
+        assert restamp(raw, 7) == restamp(original, 7)  # (a late send that then waited)
         head, _, body = raw.partition(b"\r\n\r\n")
         headers = dict(line.lower().split(": ") for line in head.decode().split("\r\n")[1:])
         header_length = headers.get("inference-header-content-length")
         request, _ = parse_infer_request(body, header_length and int(header_length), "mlp", None)
         assert request.parameters["timeout"] == timeout_us
         np.testing.assert_array_equal(request.inputs["x"], inputs["x"])
+    with pytest.raises(ValueError, match="longer than the payload's timeout"):
+        restamp(original, 20_000)  # (never: what is left of a due time is never more)
 
 
 def test_restamped_grpc_and_engine_payloads() -> None:
@@ -1236,3 +1240,29 @@ def test_a_request_sent_from_an_answer_reuses_its_connection() -> None:
     pool = run_async(scenario())
     assert pool.opened == 1
     assert pool.transports[0].written == [b"first", b"next", b"next"]
+
+
+def test_the_warnings_give_advice_the_run_can_take() -> None:
+    """A closed loop was told to "lower --rate", which it does not take; a run Ctrl-C cut short
+    in its drain (a wait of at most a second then) was told to "raise --drain" (found by a
+    tester)."""
+    from duetime.tools.report import Records, summarize
+
+    def warnings(*, open_loop: bool, interrupted: bool = False) -> str:
+        outcome = np.array([Outcome.OK] * 90 + [Outcome.NO_ANSWER] * 10, dtype=np.int8)
+        records = Records(
+            due_class=np.zeros(100, np.int64), outcome=outcome,
+            latency_ns=np.full(100, 1_000_000, np.int64), send_lag_ns=np.zeros(100, np.int64),
+            duration_s=1.0, cpu_s=0.1, waited=50, read_late=50, interrupted=interrupted,
+        )  # fmt: skip
+        return "\n".join(summarize(records, due_classes((), ()), open_loop=open_loop).warnings)
+
+    closed = warnings(open_loop=False)
+    assert "lower --rate" not in closed
+    assert closed.count("lower --concurrency") == 2  # waited for connections, read late
+    assert "lower --rate" in warnings(open_loop=True)
+    assert "10 requests had no answer by the end of --drain" in closed
+    assert "raise --drain" in closed
+    stopped = warnings(open_loop=True, interrupted=True)
+    assert "10 requests had no answer when the run ended (after Ctrl-C it waits at most" in stopped
+    assert "raise --drain" not in stopped

@@ -1,13 +1,14 @@
 """`duetime replay --compare-outputs`: how one answer is compared with the recorded one.
 
-Floats match within the tolerances; integer, BOOL and BYTES outputs must be equal; another
-datatype or shape is a difference; gRPC answers in typed `contents` keep their datatype.
+Floats (BF16 too) match within the tolerances; integer, BOOL and BYTES outputs must be equal;
+another datatype or shape is a difference; gRPC answers in typed `contents` keep their datatype.
 """
 
 from __future__ import annotations
 
 import math
 
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -96,6 +97,19 @@ def test_floats_keep_their_tolerances_and_nan_matches_nan() -> None:
     flipped = compare(want, np.array([1.0, np.nan, -np.inf, -2.0], np.float32))
     assert flipped is not None
     assert math.isinf(flipped.max_abs_error)
+
+
+def test_bf16_outputs_are_floats_within_the_tolerances() -> None:
+    """BF16's dtype is no numpy float (its kind is "V"): now that BF16 answers are recorded,
+    they were compared exactly, as integers, and any rounding was a difference."""
+    want = np.array([1.0, 2.0, np.nan], ml_dtypes.bfloat16)
+    step = np.array([1.0, 2.015625, np.nan], ml_dtypes.bfloat16)  # one bfloat16 step at 2
+    assert compare(want, want.copy()) is None
+    assert compare(want, step, rtol=1e-2) is None
+    moved = compare(want, step)
+    assert moved is not None
+    assert moved.max_abs_error == pytest.approx(0.015625)
+    assert moved.problem == "max abs error 0.0156"
 
 
 def test_grpc_typed_contents_keep_their_datatype() -> None:

@@ -14,6 +14,7 @@ import pytest
 
 from duetime.cli import main
 from duetime.tools.capture import CapturedRequest, CapturedTensor, CaptureWriter
+from duetime.tools.replay_results import format_result
 
 REQUESTS = 6
 
@@ -56,3 +57,8 @@ def test_requests_never_answered_are_unanswered(
     assert "6 requests had no answer by the end of --drain" in said
     assert "not in the latency percentiles" in said
     assert code == 0
+    assert "raise --drain" in said
+    # NOTE: the same after Ctrl-C cut the drain short was told to "raise --drain" (a tester's)
+    stopped = format_result({**result, "interrupted": True})
+    assert "6 requests had no answer when the replay ended (after Ctrl-C it waits at" in stopped
+    assert "raise --drain" not in stopped

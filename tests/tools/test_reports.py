@@ -17,11 +17,14 @@ from conftest import RunningServer
 
 from duetime.cli import main as cli_main
 from duetime.tools import hdr
-from duetime.tools.compare import load_reports
+from duetime.tools.compare import default_labels, load_reports
+from duetime.tools.config import BenchConfig
 from duetime.tools.drivers import Ledger
 from duetime.tools.outcomes import Outcome
-from duetime.tools.plots import bucket_spans, goodput_plot, html_page, verdict, winner
+from duetime.tools.plots import bucket_spans, goodput_plot, html_page, table_rows, verdict, winner
 from duetime.tools.progress import Progress, Snapshot
+from duetime.tools.report import Records
+from duetime.tools.report import result_of as bench_result_of
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -192,6 +195,12 @@ def _edited(doc: dict[str, Any], path: str, value: object) -> dict[str, Any]:
         ("batch_sizes", {"m": 3}, "batch_sizes.m: expected an object, got int"),
         ("batch_sizes", {"m": {"x": 1}}, "batch_sizes.m.x: expected a batch size"),
         ("batch_sizes", {"m": {"2": "many"}}, "batch_sizes.m.2: expected a whole number"),
+        ("interrupted", "yes", "interrupted: expected true or false, got 'yes'"),
+        ("unsent", -1, "unsent: expected a whole number, 0 or more, got -1"),
+        ("unanswered", "3", "unanswered: expected a whole number, 0 or more, got '3'"),
+        ("skipped", 1.5, "skipped: expected a whole number, 0 or more, got 1.5"),
+        ("overall", [], "overall: expected an object, got list"),
+        ("overall", {"unsent": None}, "overall.unsent: expected a whole number, 0 or"),
     ],
 )
 def test_a_result_with_a_field_of_the_wrong_kind_is_refused_naming_it(
@@ -209,6 +218,145 @@ def test_a_result_with_a_field_of_the_wrong_kind_is_refused_naming_it(
     err = capsys.readouterr().err
     assert f"bad.json: {message}" in err, err
     assert "Traceback" not in err
+
+
+# -- incomplete runs, missing fields, names ------------------------------------------------------
+
+
+def bench_result(
+    path: Path, latency_ms: float, *, unsent: int = 0, unanswered: int = 0,
+    interrupted: bool = False,
+) -> Path:  # fmt: skip
+    """A result as `duetime bench --json` writes it (its layout: the counts of what was never
+    sent or answered are in `overall`): 3 s at 100 req/s, then `unsent` requests that found
+    no connection and `unanswered` that had no answer by the end of --drain."""
+    rng = np.random.default_rng(int(latency_ms * 10))
+    size = 300 + unanswered
+    outcome = np.full(size, Outcome.OK, dtype=np.int8)
+    outcome[300:] = Outcome.NO_ANSWER
+    latency = (rng.lognormal(0, 0.3, size) * latency_ms * 1e6).astype(np.int64)
+    latency[300:] = 0
+    records = Records(
+        due_class=np.zeros(size, dtype=np.int64), outcome=outcome, latency_ns=latency,
+        send_lag_ns=np.zeros(size, dtype=np.int64), duration_s=3.0, cpu_s=0.1,
+        scheduled_ns=np.arange(size, dtype=np.int64) * 10_000_000, interrupted=interrupted,
+        unsent=unsent, unsent_class=np.zeros(unsent, dtype=np.int64),
+    )  # fmt: skip
+    config = BenchConfig(model="mlp", address="127.0.0.1:9", duration_s=3.0)
+    path.write_text(json.dumps(bench_result_of(config, records).to_json()))
+    return path
+
+
+def marked(path: Path, mark: str) -> Path:
+    """A run with answers 4x faster than `result`'s 4 ms one, and `mark`."""
+    if mark == "unsent":  # a bench run whose server died
+        return bench_result(path, 1.0, unsent=58)
+    if mark == "unanswered":  # answers that never came within --drain
+        return bench_result(path, 1.0, unanswered=12)
+    if mark == "interrupted":
+        return bench_result(path, 1.0, interrupted=True)
+    doc = json.loads(result(path, "skipping", 1.0, 5).read_text())
+    doc["skipped"] = 3  # a replay of a damaged capture
+    path.write_text(json.dumps(doc))
+    return path
+
+
+MARKS = {
+    "unsent": "58 requests unsent, finding no connection to the server",
+    "unanswered": "12 requests unanswered by the end of --drain",
+    "interrupted": "interrupted by Ctrl-C after 3.00 s measured",
+    "skipped": "3 capture records skipped, not decoding",
+}
+
+
+@pytest.mark.parametrize("mark", sorted(MARKS))
+def test_an_incomplete_run_is_marked_and_never_ranked(tmp_path: Path, mark: str) -> None:
+    """A run whose server died after 30 answers (58 unsent) was "Lowest P99" by the P99 of
+    those 30, its row highlighted best, with nothing on the page saying so; likewise one
+    interrupted, one whose answers never came, a replay of a damaged capture."""
+    fast = marked(tmp_path / "fast.json", mark)
+    slow = result(tmp_path / "slow.json", "slow", 4.0, 1)
+    reports = load_reports([fast, slow], [])
+    assert reports[0].problems == (MARKS[mark],)
+    assert float(reports[0].latency_us["p99"] or 0) < float(reports[1].latency_us["p99"] or 0)
+    assert winner(reports) is None
+    said = verdict(reports)
+    assert "Lowest P99" not in said
+    assert said.startswith("No run ranked by P99: that takes two complete runs with answers, "
+                           "and only slow is one.")  # fmt: skip
+    assert said.endswith(f" Incomplete, not ranked: fast ({MARKS[mark]}).")
+    page = html_page(reports, "t")
+    assert '<tr class="incomplete"><td>fast</td>' in page
+    assert MARKS[mark] in page.split("</table>")[0]  # in its row too
+    assert '<tr class="best">' not in page
+    slower = result(tmp_path / "slower.json", "slower", 8.0, 2)
+    reports = load_reports([fast, slow, slower], [])
+    assert winner(reports) == 1
+    assert verdict(reports).startswith("Lowest P99: slow at ")
+    compared, _, left_out = verdict(reports).partition(" Incomplete, not ranked: ")
+    assert " (vs slower " in compared
+    assert "fast" not in compared
+    assert left_out.startswith("fast (")
+    figure_out = tmp_path / "r.png"
+    assert cli_main(["report", str(fast), str(slow), str(slower), "--out", str(figure_out)]) == 0
+
+
+def test_the_unsent_column_shows_a_bench_runs_unsent(tmp_path: Path) -> None:
+    (report,) = load_reports([bench_result(tmp_path / "b.json", 1.0, unsent=58)], [])
+    (row,) = table_rows([report])
+    assert row[2:9] == ["300", "300", "0", "0", "0", "0", "58"]  # sent ... errors, unsent
+    assert "Incomplete: b (58 requests unsent" in verdict([report])  # one run: marked all the same
+
+
+def test_runs_tied_at_the_lowest_p99_are_named_as_tied(tmp_path: Path) -> None:
+    """The same file twice: one was "lowest" vs the other at the same value, and the two
+    were both named by the file's name."""
+    run = result(tmp_path / "run.json", "run", 2.0, 0)
+    other = result(tmp_path / "other.json", "other", 4.0, 1)
+    reports = load_reports([run, run, other], [])
+    assert [r.label for r in reports] == ["run", "run (2)", "other"]
+    assert winner(reports) is None
+    assert verdict(reports).startswith("Lowest P99: run and run (2), tied at ")
+    assert " (vs other " in verdict(reports)
+
+
+def test_results_of_one_name_are_told_apart_by_their_paths(tmp_path: Path) -> None:
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    first = result(tmp_path / "a" / "run.json", "a", 2.0, 0)
+    second = result(tmp_path / "b" / "run.json", "b", 4.0, 1)
+    third = result(tmp_path / "c.json", "c", 3.0, 2)
+    assert default_labels([first, second, third]) == [str(first), str(second), "c"]
+
+
+@pytest.mark.parametrize(
+    "field", ["sent", "ok", "late", "rejected", "expired", "errors", "goodput_rps", "duration_s"]
+)
+def test_a_result_without_a_count_is_refused_naming_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], field: str
+) -> None:
+    """A missing count was read as 0: a result without its `sent` had a row of "sent 0"
+    beside "ok 100", and one without its `goodput_rps`, "goodput 0.0"."""
+    doc = json.loads(bench_result(tmp_path / "good.json", 1.0).read_text())
+    del doc[field]
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(doc))
+    assert cli_main(["report", str(bad), "--out", str(tmp_path / "r.html")]) == 2
+    err = capsys.readouterr().err
+    assert f"bad.json: {field}: missing" in err, err
+    assert not (tmp_path / "r.html").exists()
+
+
+def test_a_result_written_before_the_marks_reads_as_complete(tmp_path: Path) -> None:
+    """`unsent`, `unanswered`, `interrupted` and `skipped` came after report_format 1: a result
+    without them is read, with none."""
+    doc = json.loads(bench_result(tmp_path / "new.json", 1.0).read_text())
+    for name in ("overall", "interrupted"):
+        del doc[name]
+    old = tmp_path / "old.json"
+    old.write_text(json.dumps(doc))
+    (report,) = load_reports([old], [])
+    assert report.problems == ()
 
 
 # -- the progress line ---------------------------------------------------------------------------

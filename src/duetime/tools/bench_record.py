@@ -3,9 +3,10 @@ run (nothing on the hot path), so `duetime replay` can send the same traffic aga
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import contextlib
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -14,6 +15,10 @@ from duetime.tools.capture.writer import CaptureWriter
 from duetime.tools.config import BenchConfig
 from duetime.tools.drivers import Ledger
 from duetime.tools.outcomes import DUE_PASSED_UNSENT, Outcome
+from duetime.tools.transports import BenchError
+
+if TYPE_CHECKING:
+    from duetime.tools.report import BenchResult, Records
 
 STATUS_OF: dict[int, int] = {
     Outcome.OK: 200, Outcome.LATE: 200, Outcome.REJECTED: 429, Outcome.EXPIRED: 504,
@@ -24,6 +29,19 @@ outcome, as `capture show` says: never sent, no connection to the server could b
 request EXPIRED unsent, its due time passed while it waited for a connection, is 0 too)."""
 UNSENT_ERROR = "not sent: no connection to the server could be opened"
 """The error recorded with a request that was never sent."""
+WRITTEN_BY = "duetime bench"
+"""The header meta's `written_by` of a bench capture (`replay_plan.ids_sent` reads it)."""
+
+
+class CaptureFailed(BenchError):
+    """The run went to its end but its capture could not be written (`message` says why; the
+    partial file was removed). `records` are the run's, and `result` (set by
+    `run_bench_async`) what it measured: a capture that fails must not take them with it."""
+
+    def __init__(self, message: str, records: Records) -> None:
+        super().__init__(message)
+        self.records = records
+        self.result: BenchResult | None = None
 
 
 def write_bench_capture(
@@ -40,50 +58,75 @@ def write_bench_capture(
     (as `duetime serve --record` does), which tell a replay JSON from binary tensors.
     FileExistsError if `path` exists: a capture is never overwritten.
 
+    Each record's `request_id` is empty: bench sends no request id, and a capture holds what
+    was on the wire (a server capture of the same traffic records none either), so a replay
+    sends none. A write that fails after the file was created removes it (a capture missing
+    some of what was sent would replay as if it were the run) and raises.
+
     NOTE: a request never sent (UNSENT: the server died mid-run) once raised KeyError here,
     after the run, and the run printed no table; and an `http-json` run's capture, with no
-    headers, replayed with binary tensors."""
-    protocol = {"grpc": "grpc", "engine": "engine"}.get(config.protocol, "http")
-    http = protocol == "http"
-    meta = {"written_by": "duetime bench", "model": config.model, "protocol": config.protocol,
+    headers, replayed with binary tensors. Requests were recorded as `bench-N`, an id never
+    sent, which `duetime replay` then sent (its bodies were not bench's; found by a tester)."""
+    http = config.protocol not in ("grpc", "engine")
+    meta = {"written_by": WRITTEN_BY, "model": config.model, "protocol": config.protocol,
             "mode": config.mode, "rate": config.rate, "seed": config.seed}  # fmt: skip
+    tensors = [[[CapturedTensor.of(n, a) for n, a in inputs.items()] for inputs in pool]
+               for pool in pools]  # fmt: skip
+    writer = CaptureWriter(path, meta=meta, overwrite=False)  # (FileExistsError: not ours)
+    try:
+        for record in _records(config, ledger, tensors, payloads if http else ()):
+            writer.write(record)
+        writer.close()
+    except BaseException:
+        with contextlib.suppress(OSError):
+            writer.close()
+        path.unlink(missing_ok=True)
+        raise
+    return len(ledger.scheduled)
+
+
+def _records(
+    config: BenchConfig,
+    ledger: Ledger,
+    tensors: Sequence[Sequence[list[CapturedTensor]]],
+    payloads: Sequence[Sequence[Any]],
+) -> Iterator[CapturedRequest]:
+    """One record per request of `ledger` (see `write_bench_capture`); `payloads`: the HTTP
+    requests as sent, for the headers that framed them (none: no headers)."""
+    protocol = {"grpc": "grpc", "engine": "engine"}.get(config.protocol, "http")
     first = min(ledger.scheduled, default=0)
     # NOTE: recorded as the server's 504, a replay compared them with answers it never sent
     expired_unsent = set(ledger.unsent_expired)
     classes = config.classes
-    tensors = [[[CapturedTensor.of(n, a) for n, a in inputs.items()] for inputs in pool]
-               for pool in pools]  # fmt: skip
-    with CaptureWriter(path, meta=meta, overwrite=False) as writer:
-        for rid, scheduled in enumerate(ledger.scheduled):
-            due_class = ledger.due_class[rid]
-            due = classes[due_class]
-            outcome = ledger.outcome[rid]
-            if rid in expired_unsent:
-                status, error = 0, DUE_PASSED_UNSENT
-            elif outcome == Outcome.UNSENT:
-                status, error = 0, UNSENT_ERROR
-            else:
-                status, error = STATUS_OF[outcome], None
-            answered = outcome != Outcome.NO_ANSWER and error is None
-            began = min(scheduled, ledger.sent[rid])
-            parameters: dict[str, Any] = {}
-            if due.timeout_us is not None:
-                parameters["timeout"] = due.timeout_us
-            if config.priority is not None:
-                parameters["priority"] = config.priority
-            pool = tensors[due_class]
-            k = rid % len(pool)
-            headers = _framing(payloads[due_class][k]) if payloads and http else {}
-            writer.write(CapturedRequest(
-                arrival_ns=scheduled - first, protocol=protocol, model=config.model,
-                version=None, request_id=f"bench-{rid}", inputs=pool[k],
-                outputs_wanted=None, parameters=parameters, due_in_ns=due.timeout_ns,
-                priority=config.priority or 0, headers=headers, trace_id=None,
-                status=status, error=error,
-                latency_ns=ledger.finished[rid] - began if answered else 0,
-                answered_version=None, variant=None, outputs=None,
-            ))  # fmt: skip
-    return len(ledger.scheduled)
+    for rid, scheduled in enumerate(ledger.scheduled):
+        due_class = ledger.due_class[rid]
+        due = classes[due_class]
+        outcome = ledger.outcome[rid]
+        if rid in expired_unsent:
+            status, error = 0, DUE_PASSED_UNSENT
+        elif outcome == Outcome.UNSENT:
+            status, error = 0, UNSENT_ERROR
+        else:
+            status, error = STATUS_OF[outcome], None
+        answered = outcome != Outcome.NO_ANSWER and error is None
+        began = min(scheduled, ledger.sent[rid])
+        parameters: dict[str, Any] = {}
+        if due.timeout_us is not None:
+            parameters["timeout"] = due.timeout_us
+        if config.priority is not None:
+            parameters["priority"] = config.priority
+        pool = tensors[due_class]
+        k = rid % len(pool)
+        headers = _framing(payloads[due_class][k]) if payloads else {}
+        yield CapturedRequest(
+            arrival_ns=scheduled - first, protocol=protocol, model=config.model,
+            version=None, request_id="", inputs=pool[k],
+            outputs_wanted=None, parameters=parameters, due_in_ns=due.timeout_ns,
+            priority=config.priority or 0, headers=headers, trace_id=None,
+            status=status, error=error,
+            latency_ns=ledger.finished[rid] - began if answered else 0,
+            answered_version=None, variant=None, outputs=None,
+        )  # fmt: skip
 
 
 def _framing(payload: bytes) -> dict[str, str]:

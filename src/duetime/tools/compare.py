@@ -20,9 +20,11 @@ from duetime.tools.outputs import OutputError, check_output, failed_write, make_
 
 
 def load_reports(paths: list[Path], labels: list[str]) -> list[RunReport]:
-    """The runs in `paths`, relabelled by `labels` in order; ValueError naming a bad file."""
+    """The runs in `paths`, relabelled by `labels` in order (none: see `default_labels`);
+    ValueError naming a bad file."""
     if labels and len(labels) != len(paths):
         raise ValueError(f"{len(labels)} --label for {len(paths)} results; give one per result")
+    labels = labels or default_labels(paths)
     reports = []
     for index, path in enumerate(paths):
         try:
@@ -32,9 +34,30 @@ def load_reports(paths: list[Path], labels: list[str]) -> list[RunReport]:
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:  # (a capture, say)
             raise ValueError(f"{path}: not JSON: {exc}") from None
         report = RunReport.from_json(doc, str(path))
-        report = replace(report, label=labels[index] if labels else path.stem)
+        report = replace(report, label=labels[index])
         reports.append(report)
     return reports
+
+
+def default_labels(paths: list[Path]) -> list[str]:
+    """Each result's name on the page: its file's name without the suffix; where two share
+    that, its path as given; where two share that too (one file twice), the name numbered
+    (`a`, `a (2)`).
+
+    NOTE: two results named alike (`a/run.json`, `b/run.json`, or one file twice) were both
+    `run`, told apart by nothing in the table or the plots' legends (found by a tester)."""
+    stems = [path.stem for path in paths]
+    given = [str(path) for path in paths]
+    labels = []
+    for index, (stem, path) in enumerate(zip(stems, given, strict=True)):
+        if stems.count(stem) == 1:
+            labels.append(stem)
+        elif given.count(path) == 1:
+            labels.append(path)
+        else:
+            seen = given[:index].count(path)
+            labels.append(f"{stem} ({seen + 1})" if seen else stem)
+    return labels
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -42,7 +65,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.description = (
         "Plot the results of `duetime bench --json` or `duetime replay --json` side by side: "
         "latency CDFs overlaid, latency and goodput over time per run, and a table with the "
-        "run of the lowest P99 highlighted."
+        "complete run of the lowest P99 highlighted (a run with unsent or unanswered "
+        "requests, interrupted, or whose capture had records skipped is marked incomplete and "
+        "not ranked)."
     )
     parser.add_argument("results", type=Path, nargs="+", metavar="RESULT.json")
     parser.add_argument(

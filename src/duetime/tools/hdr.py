@@ -415,14 +415,50 @@ class RunReport:
     timeline: Timeline
     batch_sizes: dict[int, int] = field(default_factory=dict)
     """Executions per batch size the server ran during the run (`--metrics`), all models."""
+    unsent: int = 0
+    """Requests that found no connection to the server, never sent (in no count above)."""
+    unanswered: int = 0
+    """Requests sent that had no answer by the end of the run's --drain (counted in
+    `errors`)."""
+    interrupted: bool = False
+    """Ctrl-C ended the run early: `duration_s` is the part of it measured."""
+    skipped: int = 0
+    """Records of a replay's capture that did not decode, so were not replayed."""
 
     @property
     def latency_us(self) -> dict[str, float | int | None]:
         return percentiles_us(self.histogram)
 
+    @property
+    def problems(self) -> tuple[str, ...]:
+        """What makes the run incomplete, short, each a phrase (none: it ran whole): its
+        percentiles cover the few answers it got, so it is not a run to rank by them."""
+        found = []
+        if self.unsent:
+            found.append(f"{_many(self.unsent, 'request')} unsent, finding no connection to "
+                         "the server")  # fmt: skip
+        if self.unanswered:
+            end = "the run" if self.interrupted else "--drain"  # (Ctrl-C cuts the drain short)
+            found.append(f"{_many(self.unanswered, 'request')} unanswered by the end of {end}")
+        if self.interrupted:
+            found.append(f"interrupted by Ctrl-C after {self.duration_s:.2f} s measured")
+        if self.skipped:
+            found.append(f"{_many(self.skipped, 'capture record')} skipped, not decoding")
+        return tuple(found)
+
     @classmethod
     def from_json(cls, doc: Any, where: str) -> RunReport:
-        """ValueError saying what is missing when `doc` is no bench or replay result."""
+        """ValueError saying what is missing when `doc` is no bench or replay result: naming
+        the field that is missing or of the wrong kind.
+
+        The counts, `goodput_rps` and `duration_s` must be there (every result since
+        `report_format` 1 has them). What marks a run incomplete (`problems`) is read where
+        there: `unsent` and `unanswered` (a bench result's in `overall`), `interrupted`,
+        `skipped`; a result written before one of them was has none.
+
+        NOTE: a missing count was once read as 0: a result without its `sent` showed
+        "sent 0" beside "ok 100" (found by a tester); and the marks were not read at all, so
+        a run whose server died (58 unsent) was ranked best by the P99 of its 36 answers."""
         if not isinstance(doc, dict) or "histogram" not in doc or "timeline" not in doc:
             raise ValueError(
                 f"{where}: not a result of `duetime bench --json` or `duetime replay --json` "
@@ -442,17 +478,48 @@ class RunReport:
                 )
             histogram = decode(encoded["encoded"])
             timeline = Timeline.from_json(doc["timeline"])
-            counts = {name: _count(doc.get(name, 0), name) for name in ("sent", *_ENDS)}
+            counts = {name: _count(_required(doc, name), name) for name in ("sent", *_ENDS)}
+            overall = doc.get("overall", {})  # (a bench result's; a replay's has none)
+            if not isinstance(overall, Mapping):
+                raise ValueError(f"overall: expected an object, got {_kind(overall)}")
+            interrupted = doc.get("interrupted", False)
+            if not isinstance(interrupted, bool):
+                raise ValueError(f"interrupted: expected true or false, got {_kind(interrupted)}")
             return cls(
                 label=where, description=str(doc.get("label", "")),
                 kind=str(doc.get("kind", "?")),
-                duration_s=_number(doc.get("duration_s", 0.0), "duration_s"), counts=counts,
-                goodput_rps=_number(doc.get("goodput_rps", 0.0), "goodput_rps"),
+                duration_s=_number(_required(doc, "duration_s"), "duration_s"), counts=counts,
+                goodput_rps=_number(_required(doc, "goodput_rps"), "goodput_rps"),
                 histogram=histogram, timeline=timeline,
                 batch_sizes=_batch_sizes(doc.get("batch_sizes") or {}),
+                unsent=_mark(doc, overall, "unsent"),
+                unanswered=_mark(doc, overall, "unanswered"), interrupted=interrupted,
+                skipped=_count(doc.get("skipped", 0), "skipped"),
             )  # fmt: skip
         except ValueError as exc:
             raise ValueError(f"{where}: {exc}") from None
+
+
+def _many(count: int, noun: str) -> str:
+    return f"{count:,} {noun}{'' if count == 1 else 's'}"
+
+
+def _required(doc: Mapping[str, Any], name: str) -> Any:
+    """`doc`'s field `name`; ValueError naming it when it is missing."""
+    if name not in doc:
+        raise ValueError(
+            f"{name}: missing (every result of `duetime bench --json` or `duetime replay "
+            "--json` has it: a damaged or edited file?)"
+        )
+    return doc[name]
+
+
+def _mark(doc: Mapping[str, Any], overall: Mapping[str, Any], name: str) -> int:
+    """The count `name` of a result: at the top (a replay's) or in `overall` (a bench's); 0
+    where neither has it (a result written before it was)."""
+    if name in doc:
+        return _count(doc[name], name)
+    return _count(overall.get(name, 0), f"overall.{name}")
 
 
 def _batch_sizes(by_model: Any) -> dict[int, int]:

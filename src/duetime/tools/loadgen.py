@@ -34,7 +34,7 @@ from duetime.errors import ConfigError
 from duetime.loops import new_event_loop
 from duetime.observability.logs import console
 from duetime.tools.arrivals import ARRIVAL_KINDS, arrival_offsets_ns, choose_classes
-from duetime.tools.bench_record import write_bench_capture
+from duetime.tools.bench_record import CaptureFailed, write_bench_capture
 from duetime.tools.config import (
     DEFAULT_HTTP_CONNECTIONS,
     MAX_HTTP_CONNECTIONS,
@@ -114,7 +114,9 @@ def run_bench(
     of this process, as the measured window starts (after the warm-up; not if the run stops
     before): `--metrics` reads the server's counters then. It runs while requests go out, so
     it should only wait (on I/O), not compute.
-    Raises ConfigError for a bad setting and BenchError when the target cannot be used.
+    Raises ConfigError for a bad setting and BenchError when the target cannot be used, or
+    CaptureFailed (a BenchError) when the run went to its end but `record` could not be
+    written: its `result` is what the run measured.
     Ctrl-C while sending ends the run early: the result covers what was measured till then and
     says it was interrupted; Ctrl-C before sending starts raises KeyboardInterrupt.
     """
@@ -155,10 +157,14 @@ async def run_bench_async(
         raise ConfigError(
             "--processes > 1 needs run_bench (it spawns processes), not run_bench_async"
         )
-    records = await collect_records(
-        config, engine=engine, record=record, progress=progress, interrupt=interrupt,
-        at_start=at_start,
-    )  # fmt: skip
+    try:
+        records = await collect_records(
+            config, engine=engine, record=record, progress=progress, interrupt=interrupt,
+            at_start=at_start,
+        )  # fmt: skip
+    except CaptureFailed as exc:
+        exc.result = result_of(config, exc.records)
+        raise
     return result_of(config, records)
 
 
@@ -209,14 +215,38 @@ async def collect_records(
             start_ns=start_ns, phase_ns=phase_ns, at_start=at_start,
         )  # fmt: skip
         if record is not None:
-            try:
-                record.parent.mkdir(parents=True, exist_ok=True)
-                write_bench_capture(record, config, ledger, pools, payloads)
-            except OSError as exc:
-                raise BenchError(failed_write(record, "--record", exc).message) from None
+            _write_capture(record, config, ledger, pools, payloads, records)
         return records
     finally:
         await transport.aclose()
+
+
+def _write_capture(
+    path: Path,
+    config: BenchConfig,
+    ledger: Ledger,
+    pools: list[list[dict[str, np.ndarray]]],
+    payloads: list[list[Any]],
+    records: Records,
+) -> None:
+    """`write_bench_capture`, or CaptureFailed holding the run's `records`.
+
+    NOTE: whatever goes wrong: a BF16 model's capture once failed (KeyError: 'BF16') after the
+    whole run, which then printed no table and wrote no --json, leaving a capture of its
+    header alone that a rerun refused to overwrite (found by a tester)."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_bench_capture(path, config, ledger, pools, payloads)
+    except OSError as exc:
+        message = failed_write(path, "--record", exc).message
+        left = "" if isinstance(exc, FileExistsError) else "; nothing was left there"
+        raise CaptureFailed(f"{message}{left}; the run's results are kept", records) from None
+    except Exception as exc:
+        raise CaptureFailed(
+            f"--record {path}: the capture could not be written ({type(exc).__name__}: {exc}); "
+            "nothing was left there, the run's results are kept",
+            records,
+        ) from None
 
 
 def check_pool_bytes(
@@ -724,8 +754,10 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
 
 
 def run(args: argparse.Namespace) -> int:
-    """`duetime bench`: run, print the table, write --json; 2 for bad flags, 1 if it cannot run,
-    EXIT_UNSENT if some requests found no connection, EXIT_CODE when interrupted."""
+    """`duetime bench`: run, print the table, write --json; 2 for bad flags, 1 if it cannot run
+    or --record could not be written (the table and --json all the same), EXIT_UNSENT if some
+    requests found no connection, EXIT_CODE when interrupted."""
+    capture_error = None
     try:
         config = config_from_args(args)
         check_output(args.json, "--json")
@@ -738,7 +770,14 @@ def run(args: argparse.Namespace) -> int:
         at_start = (
             None if not args.metrics else functools.partial(_fetch_into, fetched, args.metrics)
         )
-        result = run_bench(config, record=args.record, progress=not args.quiet, at_start=at_start)
+        try:
+            result = run_bench(
+                config, record=args.record, progress=not args.quiet, at_start=at_start
+            )
+        except CaptureFailed as exc:
+            if exc.result is None:
+                raise
+            result, capture_error = exc.result, exc.message
     except ConfigError as exc:
         console(f"duetime bench: {exc.message}")
         return 2
@@ -757,7 +796,9 @@ def run(args: argparse.Namespace) -> int:
     counted = counted_between(before, after)
     if before is not None and after is not None:
         print(late_line(counted.late))
-    if args.record is not None:
+    if capture_error is not None:
+        console(f"duetime bench: {capture_error}")
+    elif args.record is not None:
         print(f"wrote {args.record}")
     if args.json is not None:
         doc = result.to_json()
@@ -770,7 +811,7 @@ def run(args: argparse.Namespace) -> int:
             console(f"duetime bench: {exc.message}")
             return 1
         print(f"wrote {args.json}")
-    return exit_status(result)
+    return 1 if capture_error is not None else exit_status(result)
 
 
 def _fetch_into(fetched: list[str | None], url: str) -> None:

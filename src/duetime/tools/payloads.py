@@ -7,6 +7,7 @@ arrays for an in-process engine. The timeout travels as the v2 `timeout` paramet
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Literal
@@ -31,11 +32,10 @@ call, and leaves late answers measurable as late (as long as an HTTP run's defau
 waits for them). A call whose own deadline fires is late, not expired (see `GrpcTransport`)."""
 
 
-TIMEOUT_WIDTH = 13
-"""Characters the HTTP payloads keep for the `timeout` value (the parameter's largest, 10**12,
-has 13 digits): shorter values are padded with spaces, which JSON allows, so `restamp` rewrites
-it in place without changing any length header."""
 _TIMEOUT_KEY = b'"timeout":'
+_TIMEOUT_VALUE = re.compile(rb" *\d+")
+"""The `timeout` parameter's value in an HTTP payload: its digits, after the spaces an earlier
+`restamp` put before them."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,9 +149,6 @@ def http_request_bytes(
     if request_parameters:
         doc["parameters"] = request_parameters
     head = orjson.dumps(doc, option=orjson.OPT_SERIALIZE_NUMPY)
-    timeout = parameters.get("timeout")
-    if timeout is not None:
-        head = head.replace(_TIMEOUT_KEY + b"%d" % timeout, _timeout_field(timeout), 1)
     body = head + b"".join(blobs)
     lines = [
         f"POST /v2/models/{quote(spec.model, safe='')}/infer HTTP/1.1",
@@ -181,12 +178,15 @@ def grpc_request_bytes(
     return data
 
 
-def _timeout_field(timeout_us: int) -> bytes:
-    return _TIMEOUT_KEY + (b"%d" % timeout_us).ljust(TIMEOUT_WIDTH)
-
-
 def restamp(payload: Any, timeout_us: int) -> Any:
-    """`payload` (as `encode` made it, with a timeout) carrying `timeout_us` instead."""
+    """`payload` (as `encode` made it, with a timeout) carrying `timeout_us` instead: at most
+    the timeout it was made with (the time left of it), as an HTTP payload's value is
+    rewritten in place, padded with spaces before it (JSON allows them), so that no length
+    header changes; ValueError for more.
+
+    NOTE: HTTP payloads once kept 13 characters for the value, padded after it, so that any
+    value fitted: `duetime replay` of a `bench --record` capture, which sends the timeout
+    as JSON writes it, was then not the bytes bench sent (found by a tester)."""
     if isinstance(payload, EnginePayload):
         return replace(payload, timeout_s=timeout_us / 1e6)
     if isinstance(payload, GrpcPayload):
@@ -197,7 +197,13 @@ def restamp(payload: Any, timeout_us: int) -> Any:
             payload.data + extra.SerializeToString(), timeout_us / 1e6 + GRPC_DEADLINE_MARGIN_S
         )
     at = payload.find(_TIMEOUT_KEY)
-    if at < 0:
+    value = None if at < 0 else _TIMEOUT_VALUE.match(payload, at + len(_TIMEOUT_KEY))
+    if value is None:
         raise ValueError("restamp: the HTTP payload has no timeout parameter")
-    end = at + len(_TIMEOUT_KEY) + TIMEOUT_WIDTH
-    return b"".join((payload[:at], _timeout_field(timeout_us), payload[end:]))
+    start, end = value.span()
+    digits = b"%d" % timeout_us
+    if len(digits) > end - start:
+        raise ValueError(
+            f"restamp: {timeout_us} µs is longer than the payload's timeout {value[0].decode()}"
+        )
+    return b"".join((payload[:start], digits.rjust(end - start), payload[end:]))

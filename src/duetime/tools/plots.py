@@ -5,7 +5,7 @@ it: `pip install 'duetime[report]'`.
 Plots: the classic HDR percentile plot (latency against 1/(1-q), so the tail gets room) and the
 CDF, every run overlaid; per run, p50 and p99 per second with the sent rate on a second axis;
 goodput (on-time answers per second) and failures (rejected, expired, errors) per second.
-The table marks the run with the lowest P99.
+The table marks the complete run with the lowest P99, and the incomplete runs (not ranked).
 """
 
 from __future__ import annotations
@@ -227,44 +227,84 @@ def _with_batches(reports: Sequence[RunReport]) -> bool:
 # -- the table -----------------------------------------------------------------------------------
 
 _HEADS = ("run", "kind", "sent", "ok (on time)", "late", "rejected", "expired", "errors",
-          "goodput /s", "p50 ms", "p99 ms", "p99.9 ms")  # fmt: skip
+          "unsent", "goodput /s", "p50 ms", "p99 ms", "p99.9 ms", "incomplete")  # fmt: skip
+INCOMPLETE_COLOR = "#fde3c0"
+"""The background of an incomplete run's row (see `RunReport.problems`)."""
+
+
+def ranked(reports: Sequence[RunReport]) -> list[int]:
+    """The indices of the runs compared by P99: those with answers, and complete (none of
+    `RunReport.problems`)."""
+    return [i for i, r in enumerate(reports) if r.latency_us["p99"] and not r.problems]
 
 
 def winner(reports: Sequence[RunReport]) -> int | None:
-    """The index of the run with the lowest P99 (None: fewer than two runs with answers)."""
-    p99s = [(r.latency_us["p99"], i) for i, r in enumerate(reports) if r.latency_us["p99"]]
-    if len(p99s) < 2:
+    """The index of the complete run with the lowest P99 (None: fewer than two complete runs
+    with answers, or two or more at that P99).
+
+    NOTE: every run with answers was once ranked: a run whose server died after 30 answers
+    (58 unsent), one interrupted, one whose answers never came, won on the P99 of the few
+    answers they got (found by a tester); and of two runs at one P99, one was named lowest
+    "vs" the other at the same value."""
+    p99s = sorted((float(reports[i].latency_us["p99"] or 0), i) for i in ranked(reports))
+    if len(p99s) < 2 or p99s[0][0] == p99s[1][0]:
         return None
-    return min(p99s)[1]
+    return p99s[0][1]
 
 
-def table_rows(reports: Sequence[RunReport]) -> list[list[str]]:
+def table_rows(reports: Sequence[RunReport], short: bool = False) -> list[list[str]]:
+    """A row per run, as `_HEADS`; `short`: the last column (what makes a run incomplete) in
+    a word or two each (the PNG's table, whose verdict above it says the rest)."""
     rows = []
     for report in reports:
         latency, counts = report.latency_us, report.counts
         rows.append([
             report.label, report.kind, *(f"{counts[k]:,}" for k in
-            ("sent", "ok", "late", "rejected", "expired", "errors")),
+            ("sent", "ok", "late", "rejected", "expired", "errors")), f"{report.unsent:,}",
             f"{report.goodput_rps:,.1f}",
             *("-" if latency[k] is None else f"{float(latency[k] or 0) / 1000:.3f}"
               for k in ("p50", "p99", "p999")),
+            ", ".join(_tags(report)) if short else "; ".join(report.problems),
         ])  # fmt: skip
     return rows
 
 
+def _tags(report: RunReport) -> list[str]:
+    """`report.problems` in a word or two each."""
+    counted = (("unsent", report.unsent), ("unanswered", report.unanswered),
+               ("skipped", report.skipped))  # fmt: skip
+    tags = [f"{count:,} {name}" for name, count in counted if count]
+    return [*tags, "interrupted"] if report.interrupted else tags
+
+
 def verdict(reports: Sequence[RunReport]) -> str:
-    """One sentence naming the fastest run at P99, and by how much."""
-    best = winner(reports)
-    if best is None:
-        return ""
-    p99 = float(reports[best].latency_us["p99"] or 0)
-    others = [
-        f"{r.label} {float(r.latency_us['p99'] or 0) / 1000:.3f} ms"
-        for i, r in enumerate(reports)
-        if i != best and r.latency_us["p99"]
-    ]
-    return (f"Lowest P99: {reports[best].label} at {p99 / 1000:.3f} ms "
-            f"(vs {', '.join(others)}).")  # fmt: skip
+    """The runs compared at P99: the lowest, and by how much (or a tie); then the runs left out
+    of the comparison as incomplete, and why."""
+    compared = ranked(reports)
+    incomplete = [r for r in reports if r.problems]
+    sentences = []
+    if len(compared) >= 2:
+        p99 = {i: float(reports[i].latency_us["p99"] or 0) / 1000 for i in compared}
+        low = min(p99.values())
+        best = [reports[i].label for i in compared if p99[i] == low]
+        others = [f"{reports[i].label} {p99[i]:.3f} ms" for i in compared if p99[i] != low]
+        versus = f" (vs {', '.join(others)})" if others else ""
+        if len(best) == 1:
+            sentences.append(f"Lowest P99: {best[0]} at {low:.3f} ms{versus}.")
+        else:
+            sentences.append(
+                f"Lowest P99: {', '.join(best[:-1])} and {best[-1]}, tied at {low:.3f} ms{versus}."
+            )
+    elif incomplete and len(reports) >= 2:
+        only = f"only {reports[compared[0]].label} is one" if compared else "none is"
+        sentences.append(
+            f"No run ranked by P99: that takes two complete runs with answers, and {only}."
+        )
+    if incomplete:
+        what = ", ".join(f"{r.label} ({'; '.join(r.problems)})" for r in incomplete)
+        ranked_out = ", not ranked" if len(reports) >= 2 else ""
+        sentences.append(f"Incomplete{ranked_out}: {what}.")
+    return " ".join(sentences)
 
 
 # -- whole reports -------------------------------------------------------------------------------
@@ -316,16 +356,21 @@ def write_png(reports: Sequence[RunReport], out: Path, title: str) -> None:
         timeline_plot(figure.add_subplot(grid[first + index, :]), report, index)
     ax = figure.add_subplot(grid[rows - 1, :])
     ax.axis("off")
-    table = ax.table(cellText=table_rows(reports), colLabels=_HEADS, loc="center")
+    narrow = 0.82 / (len(_HEADS) - 1)  # (the last column, what makes a run incomplete: 0.18)
+    table = ax.table(cellText=table_rows(reports, short=True), colLabels=_HEADS, loc="center",
+                     colWidths=[narrow] * (len(_HEADS) - 1) + [0.18])  # fmt: skip
     table.auto_set_font_size(False)
     table.set_fontsize(9)
     table.scale(1, 1.6)
     best = winner(reports)
-    if best is not None:
+    for index, report in enumerate(reports):
         for column in range(len(_HEADS)):
-            table[best + 1, column].set_facecolor("#d8f5d0")
-            table[best + 1, column].set_text_props(fontweight="bold")
-    ax.set_title(verdict(reports) or " ", fontsize=11)
+            if index == best:
+                table[index + 1, column].set_facecolor("#d8f5d0")
+                table[index + 1, column].set_text_props(fontweight="bold")
+            elif report.problems:
+                table[index + 1, column].set_facecolor(INCOMPLETE_COLOR)
+    ax.set_title(verdict(reports) or " ", fontsize=11, wrap=True)
     figure.suptitle(title, fontsize=14)
     figure.savefig(out, format="png", dpi=90)
     plt.close(figure)
@@ -334,7 +379,8 @@ def write_png(reports: Sequence[RunReport], out: Path, title: str) -> None:
 _STYLE = """body{font:14px system-ui,sans-serif;margin:24px;color:#222;max-width:1400px}
 table{border-collapse:collapse;margin:12px 0}th,td{padding:4px 10px;border:1px solid #ccc;
 text-align:right}th{background:#f2f2f2}td:first-child,td:nth-child(2){text-align:left}
-tr.best td{background:#d8f5d0;font-weight:bold}.verdict{font-size:16px;margin:8px 0}
+tr.best td{background:#d8f5d0;font-weight:bold}tr.incomplete td{background:#fde3c0}
+td:last-child{text-align:left}.verdict{font-size:16px;margin:8px 0}
 figure{margin:18px 0}figcaption{color:#555;margin-bottom:4px}img{max-width:100%}"""
 
 
@@ -344,7 +390,10 @@ def html_page(reports: Sequence[RunReport], title: str) -> str:
     body = []
     for index, row in enumerate(table_rows(reports)):
         cells = "".join(f"<td>{html.escape(cell)}</td>" for cell in row)
-        marker = ' class="best"' if index == best else ""
+        marker = (
+            ' class="best"' if index == best
+            else ' class="incomplete"' if reports[index].problems else ""
+        )  # fmt: skip
         body.append(f"<tr{marker}>{cells}</tr>")
     images = "".join(
         f'<figure><figcaption>{html.escape(caption)}</figcaption><img alt="{html.escape(caption)}"'
@@ -358,7 +407,10 @@ def html_page(reports: Sequence[RunReport], title: str) -> str:
     )
     note = ("Latency runs from each request's scheduled send to its answer; ok counts answers "
             "within their due time. Percentiles come from each run's HDR histogram (3 "
-            "significant digits).")  # fmt: skip
+            "significant digits). Unsent requests found no connection to the server (in no "
+            "other count). An incomplete run (unsent or unanswered requests, interrupted, "
+            "capture records skipped) is not ranked: its percentiles cover only the answers it "
+            "got.")  # fmt: skip
     return (
         f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
         f"<style>{_STYLE}</style></head><body><h1>{html.escape(title)}</h1>"

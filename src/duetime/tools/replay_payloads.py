@@ -19,7 +19,7 @@ from urllib.parse import quote
 import numpy as np
 import orjson
 
-from duetime.datatypes import NUMPY_OF, v2_datatype_of
+from duetime.datatypes import NUMPY_OF, is_float, v2_datatype_of
 from duetime.frontend import codec
 from duetime.frontend.proto import grpc_service_pb2 as pb
 from duetime.tools.capture.format import (
@@ -106,7 +106,9 @@ def request_parameters(record: CapturedRequest) -> dict[str, Any]:
 
 def http_request(record: CapturedRequest, host: str, port: int) -> bytes:
     """The whole HTTP/1.1 request (keep-alive): JSON for a request its client sent as JSON
-    (see `sent_as_json`), else tensors binary both ways."""
+    (see `sent_as_json`), else tensors binary both ways. The JSON has an `id` only where the
+    record has one, and `parameters` only where there are some: a request of `duetime bench
+    --record` replays as the bytes bench sent (but its due time, where a late send cuts it)."""
     return timed_http_request(record, host, port)[0]
 
 
@@ -127,7 +129,8 @@ def timed_http_request(record: CapturedRequest, host: str, port: int) -> tuple[b
         parameters["binary_data_output"] = True
     else:
         doc["outputs"] = _json_outputs(record, {"binary_data": True})
-    doc["parameters"] = parameters
+    if parameters:  # (none: no member, as `duetime bench` sends it; see `http_request`)
+        doc["parameters"] = parameters
     try:
         head = orjson.dumps(doc, default=str, option=orjson.OPT_SERIALIZE_NUMPY)
     except orjson.JSONEncodeError as exc:  # an integer past 64 bits: orjson writes none
@@ -403,7 +406,7 @@ def compare_outputs(
     with another value; else the float output with the largest error.
 
     A missing output, another datatype or another shape is a difference. Floating point
-    outputs (FP16, FP32, FP64) match within `rtol` and `atol` (`np.isclose` with the recorded
+    outputs (FP16, FP32, FP64, BF16) match within `rtol` and `atol` (`np.isclose` with the recorded
     value as the reference; NaN matches NaN, an infinity the same infinity). Integer, BOOL and
     BYTES outputs must be equal: a class or token id that moved by one is another answer.
 
@@ -425,7 +428,7 @@ def compare_outputs(
             return Difference(
                 tensor.name, math.inf, f"shape {list(got.shape)}, recorded {list(want.shape)}"
             )
-        if want.dtype.kind != "f":
+        if not is_float(want.dtype):  # (BF16's dtype is no numpy float: see `is_float`)
             difference = _exact_difference(tensor.name, got, want)
             if difference is not None:
                 return difference

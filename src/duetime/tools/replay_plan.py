@@ -11,8 +11,9 @@ from typing import Any, Literal
 from urllib.parse import urlsplit
 
 from duetime.errors import ConfigError
+from duetime.tools.bench_record import WRITTEN_BY
 from duetime.tools.capture.format import CapturedRequest, CapturedTensor
-from duetime.tools.capture.reader import CaptureReader
+from duetime.tools.capture.reader import CaptureHeader, CaptureReader, not_a_file
 from duetime.tools.config import MAX_HTTP_CONNECTIONS, MAX_SECONDS
 from duetime.tools.replay_payloads import (
     Unsendable,
@@ -117,10 +118,10 @@ class Plan:
 
 
 def check_capture(config: ReplayConfig) -> None:
-    """The checks of the capture that cost nothing: ConfigError for no file or a folder."""
+    """The checks of the capture that cost nothing: ConfigError for no file, a folder, or
+    something else that is no file (a device, a pipe; a link to one)."""
     if not config.capture.is_file():
-        what = "a folder, not a capture file" if config.capture.is_dir() else "no such capture file"
-        raise ConfigError(f"{config.capture}: {what}")
+        raise ConfigError(f"{config.capture}: {not_a_file(config.capture)}")
 
 
 @dataclass(slots=True)
@@ -152,7 +153,10 @@ def load_plan(config: ReplayConfig) -> Plan:
     entries: list[_Entry] = []
     any_recorded = False
     with CaptureReader(config.capture) as reader:
+        sent_ids = ids_sent(reader.header)
         for index, record in enumerate(reader):
+            if not sent_ids:
+                record.request_id = ""
             try:
                 payload, timeout_at = encode(record)
             except Unsendable as exc:
@@ -191,6 +195,20 @@ def load_plan(config: ReplayConfig) -> Plan:
         recorded=[e.recorded for e in entries], skipped=skipped,
         first_skipped=None if first_skipped is None else str(first_skipped),
     )  # fmt: skip
+
+
+def ids_sent(header: CaptureHeader) -> bool:
+    """Whether the records' request ids were on the wire, to be sent again: not in a capture
+    of `duetime bench --record` (header meta `written_by`), which sends none, unless its meta
+    says `ids_sent: true`.
+
+    NOTE: bench recorded its requests as `bench-0`, `bench-1` ..., ids it never sent, and the
+    replay sent them: its bodies (and over gRPC its ModelInferRequest) were not bench's, and
+    the server's answers echoed them (found by a tester). Bench now records none; this
+    leaves them out of the captures it wrote before."""
+    if header.meta.get("written_by") != WRITTEN_BY:
+        return True
+    return header.meta.get("ids_sent") is True
 
 
 def _check_length(config: ReplayConfig, seconds: float) -> None:

@@ -16,6 +16,7 @@ import numpy as np
 from duetime.tools.arrivals import DueClass
 from duetime.tools.config import MAX_HTTP_CONNECTIONS, BenchConfig
 from duetime.tools.hdr import histogram_of, percentiles_us, record_arrays, run_fields
+from duetime.tools.interrupt import INTERRUPTED_DRAIN_S
 from duetime.tools.outcomes import Outcome
 from duetime.tools.payloads import GRPC_DEADLINE_MARGIN_S
 
@@ -287,13 +288,21 @@ def summarize(records: Records, classes: Sequence[DueClass], *, open_loop: bool)
     )
     overall = class_report("all", None, outcome, records.latency_ns, duration, records.unsent)
     generator = generator_report(records, open_loop)
-    return Summary(per_class, overall, generator, records.error_messages,
-                   _warnings(overall, generator, records.cut_short))  # fmt: skip
+    warnings = _warnings(overall, generator, records.cut_short, open_loop=open_loop,
+                         interrupted=records.interrupted)  # fmt: skip
+    return Summary(per_class, overall, generator, records.error_messages, warnings)
 
 
 def _warnings(
-    overall: ClassReport, generator: GeneratorReport, cut_short: int = 0
-) -> tuple[str, ...]:
+    overall: ClassReport, generator: GeneratorReport, cut_short: int = 0, *,
+    open_loop: bool = True, interrupted: bool = False,
+) -> tuple[str, ...]:  # fmt: skip
+    """What to watch out for in the run, each with what to change.
+
+    NOTE: a closed loop's advice was to "lower --rate", which it does not take (its load is
+    --concurrency); and a run Ctrl-C cut short in its drain was told to "raise --drain", which
+    it never used up (found by a tester)."""
+    load = "lower --rate" if open_loop else "lower --concurrency"
     found = []
     late = generator.late_send_fraction
     if late is not None and late > LATE_SEND_WARNING:
@@ -305,14 +314,14 @@ def _warnings(
         found.append(
             f"{generator.waited_fraction:.1%} of requests waited for a free HTTP connection (all "
             f"{MAX_HTTP_CONNECTIONS} the generator may open were busy), which adds to their "
-            "latency; lower --rate or add --processes"
+            f"latency; {load} or add --processes"
         )
     if generator.late_read_fraction > LATE_READ_WARNING:
         found.append(
             f"{generator.late_read_fraction:.1%} of answers waited more than 1 ms in the "
             "generator's sockets before it read them (its loop was busy), which adds to their "
-            "latency: the generator (or the CPU it shares) was a bottleneck; lower --rate or "
-            "give it more CPU"
+            f"latency: the generator (or the CPU it shares) was a bottleneck; {load} or give "
+            "it more CPU"
         )
     if generator.unsent:
         found.append(
@@ -324,7 +333,15 @@ def _warnings(
             f"{cut_short} late requests had no answer when their gRPC call's own deadline (the "
             f"timeout + {GRPC_DEADLINE_MARGIN_S:g} s) fired; their latency counts up to then"
         )
-    if overall.unanswered:
+    if overall.unanswered and interrupted:
+        found.append(
+            f"{overall.unanswered} requests had no answer when the run ended (after Ctrl-C it "
+            f"waits at most {INTERRUPTED_DRAIN_S:g} s for them, whatever --drain says); they "
+            "count as errors and are not in the latency percentiles, which cover answers only "
+            f"(so understate the slowest: {100 * overall.unanswered / max(1, overall.sent):.1f}% "
+            "of those sent)"
+        )
+    elif overall.unanswered:
         found.append(
             f"{overall.unanswered} requests had no answer by the end of --drain; they count as "
             "errors and are not in the latency percentiles, which cover answers only (so "
@@ -332,7 +349,8 @@ def _warnings(
             "those sent waited past the drain); raise --drain to time them"
         )
     if overall.sent == 0:
-        found.append("no request was sent in the measured window; raise --duration or --rate")
+        more = "--duration or --rate" if open_loop else "--duration"
+        found.append(f"no request was sent in the measured window; raise {more}")
     return tuple(found)
 
 

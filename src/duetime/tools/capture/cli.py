@@ -13,7 +13,7 @@ from duetime.observability.logs import console
 from duetime.tools.argtypes import whole
 from duetime.tools.capture.format import BadField, CapturedRequest, CaptureFormatError
 from duetime.tools.capture.jsonl import JsonlError, convert
-from duetime.tools.capture.reader import CaptureReader
+from duetime.tools.capture.reader import CaptureReader, not_a_file
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -51,8 +51,20 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
     except BrokenPipeError:  # (`show` piped into `head`: the command's handler says nothing)
         raise
     except OSError as exc:
-        console(f"duetime capture: {exc}")
+        console(f"duetime capture: {_problem(exc, args)}")
         return 2
+
+
+def _problem(exc: OSError, args: argparse.Namespace) -> str:
+    """The file the command could not open, and why, as `duetime replay` says it (not
+    Python's "[Errno 21] Is a directory: 'x'")."""
+    if exc.filename is None:
+        return exc.strerror or str(exc)
+    path = Path(exc.filename)
+    if isinstance(exc, IsADirectoryError | FileNotFoundError) and not path.is_file():
+        source = args.capture_command == "convert" and path == args.source
+        return f"{path}: {not_a_file(path, 'JSON Lines file' if source else 'capture file')}"
+    return f"{path}: {exc.strerror or exc}"
 
 
 def show(path: Path, head: int, out: TextIO) -> int:

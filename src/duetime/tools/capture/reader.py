@@ -203,3 +203,16 @@ def read_capture(
     and the records skipped)."""
     with CaptureReader(path, allow_truncated=allow_truncated, strict=strict) as reader:
         yield from reader
+
+
+def not_a_file(path: Path, what: str = "capture file") -> str:
+    """What `path`, which is no regular file, is instead, as the error about `what` says it.
+
+    NOTE: a link to /dev/null was "no such capture file" to `duetime replay` (it is there: a
+    device), and `duetime capture show` of a folder said "[Errno 21] Is a directory" where
+    replay said "a folder, not a capture file" (found by a tester)."""
+    if path.is_dir():
+        return f"a folder, not a {what}"
+    if path.exists():
+        return f"not a regular file, so no {what}"
+    return f"no such {what}"
