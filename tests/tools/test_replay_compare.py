@@ -126,3 +126,34 @@ def test_grpc_typed_contents_keep_their_datatype() -> None:
         CapturedTensor.of("real", np.array([[0.5, 1.5]], np.float32)),
     ]
     assert compare_outputs(recorded, outputs, 1e-5, 1e-6) is None
+
+
+def test_the_first_mismatches_are_the_captures_first_whatever_order_answers_came_in(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Kept as answers came, answers out of order under load made "the first mismatches" 5, 6,
+    9, 7, 8, or left a lower one out once MAX_MISMATCHES were kept (a full run's flaky test)."""
+    from types import SimpleNamespace
+
+    from duetime.tools import replay as replay_module
+    from duetime.tools.replay_results import MAX_MISMATCHES, Tally
+
+    monkeypatch.setattr(replay_module, "http_outputs", lambda body, head: {})
+    monkeypatch.setattr(
+        replay_module, "compare_outputs", lambda *args: Difference("y", 1.0, "differs")
+    )
+    count = 20
+    plan = SimpleNamespace(
+        offsets_ns=[0] * count, recorded=[()] * count, request_ids=[f"q{i}" for i in range(count)]
+    )
+    replay = SimpleNamespace(
+        tally=Tally(), plan=plan, config=SimpleNamespace(rtol=1e-5, atol=1e-8), _grpc=False
+    )
+    came = [19, 9, 7, 5, 18, 6, 8, 20 + 1, 3, 12]  # (21: request 1 of the second loop)
+    for rid in came:
+        replay_module.Replay._compare(replay, rid, b"", None)  # type: ignore[arg-type]
+    kept = replay.tally.mismatches
+    assert replay.tally.mismatched == len(came)
+    assert [(m.loop, m.index) for m in kept] == [(0, 3), (0, 5), (0, 6), (0, 7), (0, 8)]
+    assert len(kept) == MAX_MISMATCHES
+    assert kept[0].request_id == "q3"
