@@ -63,6 +63,25 @@ def test_beside_their_canonical_folders_they_are_ignored_and_listed(tmp_path: Pa
     assert ignored_warning(source) == f"{tmp_path / 'm'}: " + "; ".join(source.ignored)
 
 
+def test_a_long_name_of_leading_zeros_is_said_to_have_them_and_many_are_cut_short(
+    tmp_path: Path,
+) -> None:
+    """`000000000000000000000001` was said to be beyond the highest version, and 200 folders
+    `01`..`0200` made each served version's index reason 31 KB (both found by a tester)."""
+    put(tmp_path, "1", 1)
+    put(tmp_path, "0" * 23 + "1", 1)
+    source = scan_model(tmp_path / "m")
+    assert source.ignored == (
+        f"folder {'0' * 23}1/ holds a model.onnx but is not served: not a version: a version "
+        "folder's name has no leading zeros (Triton ignores such a folder); name it '1'",
+    )
+    for number in range(2, 21):
+        put(tmp_path, f"0{number}", number)
+    warning = ignored_warning(scan_model(tmp_path / "m"))
+    assert warning.count("holds a model.onnx") == 5
+    assert warning.endswith("; and 15 more such folders")
+
+
 def test_a_model_folder_of_such_folders_alone_is_refused_saying_why(tmp_path: Path) -> None:
     put(tmp_path, "007", 7)
     with pytest.raises(ConfigError) as caught:

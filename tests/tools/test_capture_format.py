@@ -651,6 +651,26 @@ def test_cli_convert_and_show(
     assert out.count(" -> 0 ") == 1  # one record listed
 
 
+def test_cli_convert_makes_the_targets_folders_and_words_a_target_it_cannot_write(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`convert in.jsonl no_such_folder/out.cap` said "out.cap: no such capture file", as if
+    the input were missing (found by a tester); the folders are made, as `--record` makes
+    them, and a target that cannot be written says so."""
+    source = tmp_path / "in.jsonl"
+    source.write_text(GOOD)
+    target = tmp_path / "new" / "folders" / "out.cap"
+    assert main(["capture", "convert", str(source), str(target)]) == 0
+    assert target.is_file()
+    capsys.readouterr()
+    (tmp_path / "a_file").write_text("")
+    blocked = tmp_path / "a_file" / "out.cap"
+    assert main(["capture", "convert", str(source), str(blocked)]) == 2
+    err = capsys.readouterr().err
+    assert "the capture cannot be written" in err
+    assert "no such capture file" not in err
+
+
 def test_cli_show_refuses_a_negative_head(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -109,7 +109,8 @@ def run_bench(
 
     With `processes` > 1, that many generator processes (spawned, not forked) share the rate
     and the clients, start together, and their records are merged into one result.
-    `record`: write a capture of every request sent there (`duetime replay` sends it again);
+    `record`: write a capture of every request scheduled there, sent or not (`duetime replay`
+    sends them again);
     `progress`: a live line on stderr (one process only); `at_start`: called once, in a thread
     of this process, as the measured window starts (after the warm-up; not if the run stops
     before): `--metrics` reads the server's counters then. It runs while requests go out, so
@@ -699,7 +700,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", type=Path, metavar="PATH", help="also write the results as JSON")
     parser.add_argument(
         "--record", type=Path, metavar="FILE",
-        help="write a capture of every request sent (duetime replay sends it again)",
+        help="write a capture of every request scheduled, sent or not (duetime replay sends "
+        "them again)",
     )  # fmt: skip
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress line on stderr")
 

@@ -38,6 +38,8 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
     out = out or sys.stdout
     try:
         if args.capture_command == "convert":
+            # (as `bench --record` and `serve --record` do: the target's folders are made)
+            args.target.parent.mkdir(parents=True, exist_ok=True)
             count = convert(args.source, args.target, overwrite=args.force)
             print(f"{count} requests written to {args.target}", file=out)
             return 0
@@ -61,6 +63,10 @@ def _problem(exc: OSError, args: argparse.Namespace) -> str:
     if exc.filename is None:
         return exc.strerror or str(exc)
     path = Path(exc.filename)
+    if args.capture_command == "convert" and path != args.source:
+        # NOTE: a target in a folder that could not be made read "no such capture file", as if
+        # the input were missing (found by a tester)
+        return f"{path}: the capture cannot be written: {exc.strerror or exc}"
     if isinstance(exc, IsADirectoryError | FileNotFoundError) and not path.is_file():
         source = args.capture_command == "convert" and path == args.source
         return f"{path}: {not_a_file(path, 'JSON Lines file' if source else 'capture file')}"
