@@ -8,10 +8,10 @@ Timed with the same clients as duetime, it shows what this machine's loopback, w
 client cost before a server does any work of its own.
 
 `--answers-from PORT`: answer each request with the answer a duetime server on 127.0.0.1:PORT
-gave the first request of its method and path (asked once, the loop blocked meanwhile: the
-model's metadata and config, one inference), so that `duetime bench` can drive it as it drives
-duetime: the floor under bench/scheduling.py's latencies and on-time shares (see
-`echo_floor`). It reads no timeout and refuses nothing.
+gave the first request of its method and path that it answered with success (asked until
+then, the loop blocked meanwhile: the model's metadata and config, one inference), so that
+`duetime bench` can drive it as it drives duetime: the floor under bench/scheduling.py's
+latencies and on-time shares (see `echo_floor`). It reads no timeout and refuses nothing.
 """
 
 from __future__ import annotations
@@ -88,11 +88,18 @@ class Replay(asyncio.Protocol):
         key = (method, self._url.split(b"?")[0])
         answer = self.answers.get(key)
         if answer is None:
-            answer = self.answers[key] = self._ask(method.decode(), self._url.decode())
+            status, answer = self._ask(method.decode(), self._url.decode())
+            if 200 <= status < 300:
+                self.answers[key] = answer
         self._transport.write(answer)
 
-    def _ask(self, method: str, url: str) -> bytes:
-        """The source server's answer to this request, whole, as bytes to send again."""
+    def _ask(self, method: str, url: str) -> tuple[int, bytes]:
+        """The source server's answer to this request, whole, as bytes to send again, and its
+        status (only a success is kept for the requests after it).
+
+        NOTE: the first answer was kept whatever it was: a busy source (the hypervisor took
+        half a core) refused the first inference, and every one after it was answered with
+        that refusal (a floor of 28,699 errors)."""
         connection = http.client.HTTPConnection("127.0.0.1", self.source, timeout=30)
         try:
             kept = {k: v for k, v in self._headers.items() if k.lower() != "connection"}
@@ -108,7 +115,7 @@ class Replay(asyncio.Protocol):
             if name.lower() not in ("content-length", "connection", "transfer-encoding")
         ]
         head.append(f"Content-Length: {len(body)}")
-        return ("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + body
+        return response.status, ("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + body
 
 
 async def serve(answers_from: int | None) -> None:
