@@ -437,7 +437,10 @@ def test_a_timeout_past_the_longest_due_time_sets_none(wire: Wire, timeout: int)
     [
         ({"shared_memory_region": 3}, "'shared_memory_region' must be a region name"),
         ({"shared_memory_region": "r"}, "needs 'shared_memory_byte_size'"),
-        ({"shared_memory_region": "r", "shared_memory_byte_size": -1}, "must be an integer >= 0"),
+        (
+            {"shared_memory_region": "r", "shared_memory_byte_size": -1},
+            "must be an integer from 0 to 18446744073709551615",
+        ),
         # (an unregistered region: 404 / NOT_FOUND, as in Triton; see test_shared_memory.py)
     ],
     ids=str,
