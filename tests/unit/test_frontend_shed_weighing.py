@@ -25,6 +25,7 @@ from duetime.frontend.http import HttpConnection
 from duetime.frontend.proto import grpc_service_pb2 as pb
 from duetime.frontend.rest import HeldInfer, RestApi
 from duetime.overload import LoadShedder
+from duetime.repository.registry import Registry
 
 
 class Weighing:
@@ -62,10 +63,10 @@ def grpc_service(shedder: object, **engine: Any) -> SimpleNamespace:
     """What `InferenceService.ended` and `_submit` read of their service: an engine serving
     no model (and what `engine` adds)."""
     registry = SimpleNamespace(snapshot=SimpleNamespace(models={}))
+    registry.served_name = functools.partial(Registry.served_name, registry)
     service = SimpleNamespace(
         _shedder=shedder, gone_calls=0, shed=0, _engine=SimpleNamespace(registry=registry, **engine)
     )
-    service._served = functools.partial(InferenceService._served, service)
     service._shed = functools.partial(InferenceService._shed, service)
     return service
 
@@ -133,13 +134,13 @@ class Api:
         self.asked: list[bytes] = []
         self.shed = 0
         models = {"mlp": object()}
-        self.engine = SimpleNamespace(
-            registry=SimpleNamespace(
-                snapshot=SimpleNamespace(models=models),
-                count_shed=lambda model, version: None,
-                scheduler_of=lambda model, version: models.get(model),
-            )
+        registry = SimpleNamespace(
+            snapshot=SimpleNamespace(models=models),
+            count_shed=lambda model, version: None,
+            scheduler_of=lambda model, version: models.get(model),
         )
+        registry.served_name = functools.partial(Registry.served_name, registry)
+        self.engine = SimpleNamespace(registry=registry)
 
     def infer_target(self, target: bytes) -> tuple[str, str | None] | None:
         self.asked.append(target)
@@ -179,7 +180,6 @@ def shedding_connection(shedder: object, api: object) -> SimpleNamespace:
     """What `HttpConnection._shed` and `_shed_held` read of their connection (refusals are not
     counted)."""
     connection = SimpleNamespace(_shedder=shedder, _api=api)
-    connection._served = functools.partial(HttpConnection._served, connection)
     connection._refused = functools.partial(HttpConnection._refused, connection)
     return connection
 

@@ -21,6 +21,7 @@ from duetime.frontend.grpc import (
 )
 from duetime.frontend.proto import grpc_service_pb2 as pb
 from duetime.overload import LoadShedder
+from duetime.repository.registry import Registry
 
 
 class Scheduler:
@@ -44,13 +45,13 @@ def service_of(shedder: LoadShedder, models: dict[str, Scheduler]) -> SimpleName
     registry = SimpleNamespace(
         snapshot=SimpleNamespace(models=models), count_shed=count_shed, scheduler_of=scheduler_of
     )
+    registry.served_name = functools.partial(Registry.served_name, registry)
     service = SimpleNamespace(
         _shedder=shedder,
         gone_calls=0,
         shed=0,
         _engine=SimpleNamespace(registry=registry, recorder=None),
     )
-    service._served = functools.partial(InferenceService._served, service)
     service._shed = functools.partial(InferenceService._shed, service)
     return service
 

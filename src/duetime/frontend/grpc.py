@@ -976,7 +976,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         # NOTE: weighed as no model, a gRPC flood of one heavy model had every model's gRPC
         # calls refused alike, where HTTP's shedder refuses the costliest model's first
         named, version = _peeked_target(data)
-        model = self._served(named, version)
+        model = self._engine.registry.served_name(named, version)
         top = shedder.refusing(model) and _asks_priority_one(data)
         if not self._shed(model, version, len(data), top):
             return False
@@ -1001,14 +1001,6 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         if model is not None:
             self._engine.registry.count_shed(model, version or None)
         return True
-
-    def _served(self, model: str | None, version: str) -> str | None:
-        """`model` if the server serves it and `version` of it ("": its default), as HTTP's
-        `_served` says."""
-        registry = self._engine.registry
-        if model is None or model not in registry.snapshot.models:
-            return None
-        return model if registry.scheduler_of(model, version or None) is not None else None
 
     def _dated(self, request: Any, context: Any, new_call: bool = True) -> tuple[int, int | None]:
         """When the request arrived and when it is due (see `_due`), before it waits for room
@@ -1057,7 +1049,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         shedder = self._shedder
         if shed and shedder is not None and (shedder.share or shedder.watching):
             # (weighed as `ended` weighs a call)
-            model = self._served(request.model_name, request.model_version)
+            model = self._engine.registry.served_name(request.model_name, request.model_version)
             top = shedder.refusing(model) and _priority(request.parameters) == 1
             size = sum(map(len, request.raw_input_contents))
             if self._shed(model, request.model_version, size, top):

@@ -1984,7 +1984,7 @@ class HttpConnection(asyncio.BufferedProtocol):
         assert shedder is not None
         target = self._api.infer_target(url)
         self._shed_of = named, version = target if target is not None else ("", None)
-        model = self._served(named, version)
+        model = self._api.engine.registry.served_name(named, version)
         # NOTE: looked for whenever the loop was busy (two scans of up to 4 KB a request, just
         # then), its priority is looked for only where its model's requests may be refused
         top = shedder.refusing(model) and _priority_one(headers, body)
@@ -1995,23 +1995,11 @@ class HttpConnection(asyncio.BufferedProtocol):
         it was read, as `_shed` weighs it: one model, one unit)."""
         request = held.request
         return self._refused(
-            self._served(request.model, request.version),
+            self._api.engine.registry.served_name(request.model, request.version),
             request.version,
             held.body_bytes,
             request.priority == 1,
         )
-
-    def _served(self, model: str | None, version: str | None) -> str | None:
-        """`model` if the server serves it and `version` of it (None: a name a client invents,
-        or a version not served, is weighed and counted with the requests of no model).
-
-        NOTE: a refusal of a version not served counted in `duetime_requests_shed_by_model`
-        under its model, and in none of the model's other counts (a tester's flood: 3,197
-        shed for mlp against 1,635 rejected)."""
-        registry = self._api.engine.registry
-        if model is None or model not in registry.snapshot.models:
-            return None
-        return model if registry.scheduler_of(model, version) is not None else None
 
     def _refused(self, model: str | None, version: str | None, size: int, top: bool) -> bool:
         """Whether the load shedder refuses a request of `model` (`size` bytes, priority 1 if

@@ -527,13 +527,10 @@ def _check_count(value: Any, field: str, where: str = "shared memory") -> None:
     """NOTE: an integer past 2**64 in a JSON body is read as a float: "must be an integer
     >= 0, got 1.8446744073709552e+19" told a client its 2**64 was no integer; the range is
     named (the protocol's uint64; found by a tester)."""
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= _UINT64_MAX:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= SIZE_MAX:
         raise InvalidInput(
-            f"{where}: '{field}' must be an integer from 0 to {_UINT64_MAX}, got {shown(value)}"
+            f"{where}: '{field}' must be an integer from 0 to {SIZE_MAX}, got {shown(value)}"
         )
-
-
-_UINT64_MAX = 2**64 - 1
 
 
 CUDA_UNSUPPORTED = (

@@ -1289,12 +1289,7 @@ class ModelManager:
 
         NOTE: such a folder (`003`, `v1`) was skipped without a word, or (`01` beside `1`)
         refused the model; Triton ignores it with a warning (found by a tester)."""
-        if warning and warning != self._ignored.get(name):
-            log.warning("model %s: %s", name, warning)
-        if warning:
-            self._ignored[name] = warning
-        else:
-            self._ignored.pop(name, None)
+        _note(self._ignored, name, warning, [warning])
 
     def _note_absent(self, name: str, versions: list[int]) -> None:
         """Record (and log, when it changes) the versions of `name` that its `specific`
@@ -1305,13 +1300,7 @@ class ModelManager:
             "directory is not present"
             for version in versions
         }
-        if absent and absent != self._absent.get(name):
-            for reason in absent.values():
-                log.warning("model %s: %s", name, reason)
-        if absent:
-            self._absent[name] = absent
-        else:
-            self._absent.pop(name, None)
+        _note(self._absent, name, absent, absent.values())
 
     def _read_config(self, name: str, directory: Path) -> ModelConfig:
         """The model's config from its file; the file's warnings are logged the first time its
@@ -1696,6 +1685,18 @@ def _sweep_uploads(loader: ThreadPoolExecutor, folders: list[Path]) -> None:
 def _remove_upload(folder: Path) -> None:
     """Remove the temporary directory holding an uploaded model folder."""
     shutil.rmtree(folder.parent, ignore_errors=True)
+
+
+def _note(table: dict[str, Any], name: str, value: Any, warnings: Iterable[str]) -> None:
+    """Keep `value` (falsy: nothing) as what `table` says of model `name`, logging `warnings`
+    only where it changed: said once, not at every poll."""
+    if value and value != table.get(name):
+        for warning in warnings:
+            log.warning("model %s: %s", name, warning)
+    if value:
+        table[name] = value
+    else:
+        table.pop(name, None)
 
 
 def _outlives_folder(state: VersionState) -> bool:

@@ -7,8 +7,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from duetime.tools.hdr import run_fields
-from duetime.tools.interrupt import INTERRUPTED_DRAIN_S
-from duetime.tools.report import EXIT_UNSENT
+from duetime.tools.report import EXIT_UNSENT, unanswered_warning
 
 if TYPE_CHECKING:
     from duetime.tools.replay import Replay
@@ -236,17 +235,9 @@ def format_result(doc: dict[str, Any]) -> str:
             f"{EXIT_UNSENT})"
         )
     if doc.get("unanswered"):
-        # NOTE: not "raise --drain" after Ctrl-C, which cut the drain short (found by a tester)
-        ended = (
-            f"when the replay ended (after Ctrl-C it waits at most {INTERRUPTED_DRAIN_S:g} s "
-            "for them, whatever --drain says)" if doc.get("interrupted")
-            else "by the end of --drain"
-        )  # fmt: skip
         lines.append(
-            f"warning: {doc['unanswered']:,} requests had no answer {ended}; they count as "
-            "errors and are not in the latency percentiles, which cover answers only (so "
-            "understate the slowest)"
-            + ("" if doc.get("interrupted") else "; raise --drain to time them")
+            "warning: "
+            + unanswered_warning(doc["unanswered"], "replay", bool(doc.get("interrupted")))
         )
     if doc.get("interrupted"):
         lines.append(

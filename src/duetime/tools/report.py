@@ -293,6 +293,22 @@ def summarize(records: Records, classes: Sequence[DueClass], *, open_loop: bool)
     return Summary(per_class, overall, generator, records.error_messages, warnings)
 
 
+def unanswered_warning(count: int, run: str, interrupted: bool, share: str = "") -> str:
+    """The warning for `count` requests with no answer at the end of a `run` ("run",
+    "replay"), cut short by Ctrl-C or not (`interrupted`; then not told to "raise --drain",
+    which it never used up: found by a tester); `share`: how many of those sent they are."""
+    ended = (
+        f"when the {run} ended (after Ctrl-C it waits at most {INTERRUPTED_DRAIN_S:g} s for "
+        "them, whatever --drain says)" if interrupted else "by the end of --drain"
+    )  # fmt: skip
+    return (
+        f"{count:,} requests had no answer {ended}; they count as errors and are not in the "
+        "latency percentiles, which cover answers only (so understate the slowest"
+        + (f": {share})" if share else ")")
+        + ("" if interrupted else "; raise --drain to time them")
+    )
+
+
 def _warnings(
     overall: ClassReport, generator: GeneratorReport, cut_short: int = 0, *,
     open_loop: bool = True, interrupted: bool = False,
@@ -333,21 +349,9 @@ def _warnings(
             f"{cut_short} late requests had no answer when their gRPC call's own deadline (the "
             f"timeout + {GRPC_DEADLINE_MARGIN_S:g} s) fired; their latency counts up to then"
         )
-    if overall.unanswered and interrupted:
-        found.append(
-            f"{overall.unanswered} requests had no answer when the run ended (after Ctrl-C it "
-            f"waits at most {INTERRUPTED_DRAIN_S:g} s for them, whatever --drain says); they "
-            "count as errors and are not in the latency percentiles, which cover answers only "
-            f"(so understate the slowest: {100 * overall.unanswered / max(1, overall.sent):.1f}% "
-            "of those sent)"
-        )
-    elif overall.unanswered:
-        found.append(
-            f"{overall.unanswered} requests had no answer by the end of --drain; they count as "
-            "errors and are not in the latency percentiles, which cover answers only (so "
-            f"understate the slowest: {100 * overall.unanswered / max(1, overall.sent):.1f}% of "
-            "those sent waited past the drain); raise --drain to time them"
-        )
+    if overall.unanswered:
+        share = f"{100 * overall.unanswered / max(1, overall.sent):.1f}% of those sent"
+        found.append(unanswered_warning(overall.unanswered, "run", interrupted, share))
     if overall.sent == 0:
         more = "--duration or --rate" if open_loop else "--duration"
         found.append(f"no request was sent in the measured window; raise {more}")
