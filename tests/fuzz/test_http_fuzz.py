@@ -6,6 +6,7 @@ once the clients are gone nothing stays reserved."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import json
 import types
@@ -36,6 +37,7 @@ from duetime.frontend.rest import PendingReply, Reply
 from duetime.frontend.sharedmemory import SharedMemoryRegions
 from duetime.loops import new_event_loop
 from duetime.overload import LoadShedder
+from duetime.repository.registry import Registry
 
 pytestmark = pytest.mark.timeout(TIMEOUT_S)
 
@@ -88,9 +90,9 @@ class EchoApi:
         self.turn = ReadTurn(MonotonicClock())
         self.shared_memory = SharedMemoryRegions()  # (as RestApi's; none registered)
         # (as RestApi's: nothing records, no model is served)
-        self.engine = types.SimpleNamespace(
-            recorder=None, registry=types.SimpleNamespace(snapshot=types.SimpleNamespace(models={}))
-        )
+        registry = types.SimpleNamespace(snapshot=types.SimpleNamespace(models={}))
+        registry.served_name = functools.partial(Registry.served_name, registry)
+        self.engine = types.SimpleNamespace(recorder=None, registry=registry)
 
     def handle(self, method: str, target: bytes, headers: Any, body: bytes) -> Any:
         reply = Reply(
