@@ -199,8 +199,9 @@ def _parser(tools: Container[str | None] | None = None) -> argparse.ArgumentPars
         "--request-read-timeout-s", type=float,
         help="an HTTP request head must arrive within this of its first byte, then its body "
         "at --min-body-rate-bytes-s over each such period (10; slower clients get 408); a "
-        "connection that sends nothing within this of its accept is closed, and a gRPC call "
-        "whose first request message has not all come within this of its start is ended",
+        "connection that sends nothing within this of its accept is closed, and a unary gRPC "
+        "call whose request message has not all come within this of its start is ended (a "
+        "stream waiting for its first, once half of --max-grpc-connections streams do)",
     )  # fmt: skip
     serve.add_argument(
         "--min-body-rate-bytes-s", type=int, help="slowest accepted body upload rate (65536)"

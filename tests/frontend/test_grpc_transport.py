@@ -288,18 +288,22 @@ def stalled_call(
 
 
 @pytest.mark.parametrize(
-    "method", ["ModelInfer", "ModelStreamInfer", "ServerLive", "ModelMetadata"]
+    ("method", "max_grpc_connections"),
+    [("ModelInfer", 4096), ("ServerLive", 4096), ("ModelMetadata", 4096), ("ModelStreamInfer", 1)],
 )
-def test_a_call_whose_request_message_does_not_come_is_ended(tmp_path: Path, method: str) -> None:
+def test_a_call_whose_request_message_does_not_come_is_ended(
+    tmp_path: Path, method: str, max_grpc_connections: int
+) -> None:
     """NOTE: no timeout applied to a call's request message: a call whose client sent its
     headers and no message held its stream, and so its connection, for good (found by a
     tester). Its first message must come within --request-read-timeout-s of its start: the
     call is ended DEADLINE_EXCEEDED, the unary (ModelInfer, ServerLive, registered ahead or
-    not) as the streaming."""
+    not) as the streaming where no idle stream is kept (half of --max-grpc-connections: 0)."""
     write_version(tmp_path, "m", 1, scale_model(2))
     settings = ServerSettings(
-        model_repository=tmp_path, http_port=0, grpc_port=0, request_read_timeout_s=STALLED_READ_S
-    )
+        model_repository=tmp_path, http_port=0, grpc_port=0,
+        request_read_timeout_s=STALLED_READ_S, max_grpc_connections=max_grpc_connections,
+    )  # fmt: skip
     never = threading.Event()
 
     def no_message() -> Iterator[bytes]:
@@ -380,6 +384,89 @@ def test_a_stream_idle_after_its_first_message_lives_past_the_read_timeout(tmp_p
     for (result, error), request_id in ((first, "first"), (later, "later")):
         assert error is None, error
         assert result.get_response().id == request_id
+
+
+def infer_message(request_id: str = "") -> Any:
+    message = grpcclient.service_pb2.ModelInferRequest(model_name="scale", id=request_id)
+    message.inputs.add(name="x", datatype="FP32", shape=[1, 4])
+    message.raw_input_contents.append(np.ones((1, 4), np.float32).tobytes())
+    return message
+
+
+def open_stream(channel: grpc.Channel, requests: Iterator[Any]) -> Any:
+    stream = channel.stream_stream(
+        "/inference.GRPCInferenceService/ModelStreamInfer",
+        request_serializer=grpcclient.service_pb2.ModelInferRequest.SerializeToString,
+        response_deserializer=grpcclient.service_pb2.ModelStreamInferResponse.FromString,
+    )
+    return stream(requests, timeout=30)
+
+
+def test_a_stream_opened_ahead_of_its_first_request_lives_past_the_read_timeout(
+    tmp_path: Path,
+) -> None:
+    """NOTE: a client that opened its stream at start-up (tritonclient's `start_stream`) and
+    sent its first request when an event came, after --request-read-timeout-s, had the stream
+    ended DEADLINE_EXCEEDED (found by a tester; Triton has no limit). Few streams wait: kept."""
+    settings = ServerSettings(
+        model_repository=repository(tmp_path), http_port=0, grpc_port=0,
+        request_read_timeout_s=STALLED_READ_S,
+    )  # fmt: skip
+    with serving(settings) as running:
+        client = grpcclient.InferenceServerClient(running.grpc)
+        answers: queue.SimpleQueue[tuple[Any, Any]] = queue.SimpleQueue()
+        try:
+            client.start_stream(callback=lambda result, error: answers.put((result, error)))
+            time.sleep(4 * STALLED_READ_S)
+            client.async_stream_infer("scale", [scale_input()], request_id="late first")
+            result, error = answers.get(timeout=30)
+            client.stop_stream()
+        finally:
+            client.close()
+    assert error is None, error
+    assert result.get_response().id == "late first"
+
+
+def test_streams_waiting_for_their_first_request_past_half_the_connections_are_ended(
+    tmp_path: Path,
+) -> None:
+    """Idle streams may not hold every connection (a tester's lock-out, as unary calls with no
+    message): past the read timeout, at most half of --max-grpc-connections streams are kept
+    waiting for their first request, the earliest; the newest beyond are ended, saying why."""
+    settings = ServerSettings(
+        model_repository=repository(tmp_path), http_port=0, grpc_port=0,
+        request_read_timeout_s=STALLED_READ_S, max_grpc_connections=4,
+    )  # fmt: skip
+    gates = [queue.SimpleQueue[object]() for _ in range(4)]
+
+    def requests(gate: queue.SimpleQueue[object], request_id: str) -> Iterator[Any]:
+        if gate.get(timeout=30) is not None:  # (None: end the stream, sending nothing)
+            yield infer_message(request_id)
+
+    with serving(settings) as running:
+        own = [("grpc.use_local_subchannel_pool", 1)]
+        channels = [grpc.insecure_channel(running.grpc, options=own) for _ in range(4)]
+        try:
+            calls = []
+            for number, (channel, gate) in enumerate(zip(channels, gates, strict=True)):
+                calls.append(open_stream(channel, requests(gate, f"stream {number}")))
+                time.sleep(0.1)  # (in order: the first two are the earliest)
+            time.sleep(3 * STALLED_READ_S)
+            for call in calls[2:]:
+                with pytest.raises(grpc.RpcError) as ended:
+                    next(call)
+                assert ended.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+                assert "half of --max-grpc-connections" in ended.value.details()
+            for number, (call, gate) in enumerate(zip(calls[:2], gates[:2], strict=True)):
+                gate.put(True)
+                answer = next(call)
+                assert not answer.error_message
+                assert answer.infer_response.id == f"stream {number}"
+        finally:
+            for gate in gates:
+                gate.put(None)
+            for channel in channels:
+                channel.close()
 
 
 def test_one_connection_has_at_most_its_bound_of_calls_open_and_others_are_served(

@@ -1984,9 +1984,10 @@ async def serve_grpc(service: InferenceService, settings: ServerSettings) -> tup
     server = grpc.aio.server(options=server_options(settings))
     backlog = CoreBacklog(core_counts_reader(servers_before, server_ids()))
     # (every call's first request message due within the read timeout: see grpcreads)
-    counting = FirstMessageServer(
-        CountingServer(server, backlog), FirstMessages(settings.request_read_timeout_s)
+    first_messages = FirstMessages(
+        settings.request_read_timeout_s, idle_streams=settings.max_grpc_connections // 2
     )
+    counting = FirstMessageServer(CountingServer(server, backlog), first_messages)
     for name, handlers in _method_handlers(service).items():
         guarded = {
             method: _guarded(

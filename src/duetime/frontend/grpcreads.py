@@ -15,6 +15,14 @@ request now takes it as a stream, so it runs at once and reads the message itsel
 start is ended DEADLINE_EXCEEDED, as HTTP's 408; a connection left with no call is then
 ended by the idle timeout. Taken as a stream, an empty unary call cost the loop what it did
 (273 µs of CPU a call either way, 40,000 calls, 6 runs each, on the 2-core VM).
+
+NOTE: a stream (ModelStreamInfer) is opened ahead of its requests: tritonclient's
+`start_stream` sends the call's HEADERS at once, and a client that opened it at start-up to send
+when events come had it ended after 10 s of quiet (found by a tester; Triton has no limit). A
+stream waiting for its first message past the timeout is kept while few do: it is ended only
+once more than `idle_streams` (half of `--max-grpc-connections`) wait past it, the newest first
+(those kept longest are a client's established streams, not a flood's). Calls held that way can
+keep at most that share of the connections from other clients.
 """
 
 from __future__ import annotations
@@ -42,24 +50,39 @@ class FirstMessages:
     NOTE: one timer serves every call, set for the one due first: a timer a call (asyncio's
     `timeout`) cost 6 µs a call, against 0.2 µs here."""
 
-    def __init__(self, within_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        within_s: float,
+        idle_streams: int = 0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.within_s = within_s
+        self.idle_streams = idle_streams
+        """Streams kept past `within_s` waiting for their first message, at most (module NOTE)."""
         self._clock = clock
         self._waiting: dict[asyncio.Task[Any], float] = {}
         """Each call's task -> when it is due; in the order they came, so the order due."""
+        self._streams: set[asyncio.Task[Any]] = set()
+        """The tasks of `_waiting` that serve streams."""
+        self._idle: dict[asyncio.Task[Any], None] = {}
+        """Streams past `within_s` with no message yet, kept; in the order they came."""
         self._late: set[asyncio.Task[Any]] = set()
         self._timer: asyncio.TimerHandle | None = None
 
-    def wait(self, task: asyncio.Task[Any]) -> None:
+    def wait(self, task: asyncio.Task[Any], stream: bool = False) -> None:
         self._waiting[task] = self._clock() + self.within_s
+        if stream:
+            self._streams.add(task)
         if self._timer is None:
             self._timer = asyncio.get_running_loop().call_later(self.within_s, self._sweep)
 
     def came(self, task: asyncio.Task[Any]) -> None:
         self._waiting.pop(task, None)
+        self._streams.discard(task)
+        self._idle.pop(task, None)
 
     def done(self, task: asyncio.Task[Any]) -> None:
-        self._waiting.pop(task, None)
+        self.came(task)
         self._late.discard(task)
 
     def late(self, task: asyncio.Task[Any]) -> bool:
@@ -86,6 +109,10 @@ class FirstMessages:
         finally:
             self.done(task)
 
+    def _end(self, task: asyncio.Task[Any]) -> None:
+        if task.cancel():
+            self._late.add(task)
+
     def _sweep(self) -> None:
         self._timer = None
         now = self._clock()
@@ -96,10 +123,16 @@ class FirstMessages:
                 due_first = due
                 break
             overdue.append(task)
+        idle = self._idle
         for task in overdue:
             del self._waiting[task]
-            if task.cancel():
-                self._late.add(task)
+            if task in self._streams:
+                self._streams.discard(task)
+                idle[task] = None
+            else:
+                self._end(task)
+        while len(idle) > self.idle_streams:
+            self._end(idle.popitem()[0])  # (the newest: see the module's NOTE)
         if due_first is not None:  # (uvloop's timers are whole ms: not one that fires early)
             delay = max(due_first - now, 0.001)
             self._timer = asyncio.get_running_loop().call_later(delay, self._sweep)
@@ -147,7 +180,7 @@ def bounded(handler: Any, messages: FirstMessages) -> Any:
             except asyncio.CancelledError:
                 if not messages.late(task):
                     raise
-                return _unread(context, _LATE, messages.within_s)
+                return _unread(context, _LATE, messages.within_s, messages.idle_streams)
             finally:
                 messages.done(task)
 
@@ -162,7 +195,7 @@ def bounded(handler: Any, messages: FirstMessages) -> Any:
             except asyncio.CancelledError:
                 if not messages.late(task):
                     raise
-                _unread(context, _LATE, messages.within_s)
+                _unread(context, _LATE, messages.within_s, messages.idle_streams)
             finally:
                 messages.done(task)
 
@@ -173,14 +206,22 @@ def bounded(handler: Any, messages: FirstMessages) -> Any:
 def _waiting(messages: FirstMessages) -> asyncio.Task[Any]:
     task = asyncio.current_task()
     assert task is not None  # (grpc.aio serves every call in a task)
-    messages.wait(task)
+    messages.wait(task, stream=True)
     return task
 
 
-def _unread(context: Any, request: object, within_s: float) -> None:
+def _unread(context: Any, request: object, within_s: float, idle_streams: int = 0) -> None:
     """End the call, its request message not read: late (`_LATE`), or never sent (EOF). No
-    answer is sent with a status that is not OK."""
-    if request is _LATE:
+    answer is sent with a status that is not OK. `idle_streams`: the call is a stream, ended
+    as one more than those kept idle (`FirstMessages.idle_streams`)."""
+    if request is _LATE and idle_streams:
+        context.set_code(grpc.StatusCode.DEADLINE_EXCEEDED)
+        context.set_details(
+            f"the stream's first request did not come within {within_s:g} s of its start "
+            f"(--request-read-timeout-s), and {idle_streams} other streams were already kept "
+            "waiting for theirs (half of --max-grpc-connections)"
+        )
+    elif request is _LATE:
         context.set_code(grpc.StatusCode.DEADLINE_EXCEEDED)
         context.set_details(
             f"the call's request message did not come within {within_s:g} s of its start "
