@@ -337,7 +337,7 @@ class Engine:
             breaker=loaded.config.breaker,
             ledger=None if background else ledger,
             sample_row_bytes=row_bytes,
-            sample=functools.partial(sample_inputs, loaded.signature, 1),
+            sample=functools.partial(sample_inputs, loaded.signature, 1, fill=loaded.sample_fill),
             # (where they failed at load, a request's row that ran replaces them: see
             # `ModelScheduler._keep_sample`)
             learn_sample=loaded.profile.guessed,

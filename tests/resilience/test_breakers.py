@@ -104,6 +104,46 @@ def test_a_client_s_bad_values_never_open_it_even_on_a_model_nobody_used_yet(
     run(tmp_path, scenario)
 
 
+def divider_model() -> bytes:
+    """y = a / b for INT64 a, b [-1, 1]: ONNX Runtime fails where b holds a zero, its zero
+    samples too (its load runs distinct samples instead)."""
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(
+        [helper.make_node("Div", ["a", "b"], ["y"])],
+        "divider",
+        [helper.make_tensor_value_info("a", TensorProto.INT64, ["n", 1]),
+         helper.make_tensor_value_info("b", TensorProto.INT64, ["n", 1])],
+        [helper.make_tensor_value_info("y", TensorProto.INT64, ["n", 1])],
+    )  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    return model.SerializeToString()
+
+
+def test_a_model_checked_on_the_samples_its_load_ran_stays_closed(tmp_path: Path) -> None:
+    """NOTE: its check ran zero samples whatever its load had found: a divider, loaded on
+    distinct samples as zeros failed, failed its check after a client's divisions by zero in a
+    row, and its breaker opened on every client (found by a tester)."""
+    write_version(tmp_path, "m", 1, divider_model())
+    config(tmp_path, "m", "max_batch_size = 8\n" + BREAKER.replace("0.3", "5.0"))
+
+    def feeds(b: int) -> dict[str, np.ndarray]:
+        return {"a": np.full((1, 1), 7, np.int64), "b": np.full((1, 1), b, np.int64)}
+
+    async def scenario(engine: Engine) -> None:
+        for _ in range(10):
+            with pytest.raises(InvalidInput, match="ONNX Runtime could not run"):
+                await engine.infer_async("m", feeds(0))
+        for _ in range(20):  # (a check's run ends on its thread)
+            await asyncio.sleep(0.01)
+        assert states(engine) == [BreakerState.CLOSED]
+        answer = await engine.infer_async("m", feeds(2))
+        np.testing.assert_array_equal(answer["y"], [[3]])
+
+    run(tmp_path, scenario)
+
+
 def test_a_model_that_fails_on_its_own_samples_opens_it(tmp_path: Path) -> None:
     write_version(tmp_path, "m", 1, broken_model())
     config(tmp_path, "m", "max_batch_size = 8\n" + BREAKER)

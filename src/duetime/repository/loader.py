@@ -107,6 +107,11 @@ class LoadedModel:
     """Its outputs' sizes as functions of a request's shapes, where ONNX shape inference gives
     them (see repository/outputsizes.py): for a model whose samples tell nothing of an
     answer's size (free dims besides the batch's)."""
+    sample_fill: SampleFill = "zeros"
+    """The samples its warm-up ran (`WARM_UP_FILLS`): its circuit breaker's check runs them.
+    NOTE: the check ran zeros whatever the warm-up had found: a graph dividing by an integer
+    input, loaded on distinct samples as zeros failed, failed its check after five clients'
+    divisions by zero, and its breaker opened on everyone (found by a tester)."""
 
 
 def load_version(
@@ -215,7 +220,7 @@ def load_version(
     return LoadedModel(
         source.name, str(version), path, config, signature, validator, executor, profile, labels,
         cost_depends_on_values=bool(varies), unserved_outputs=unserved,
-        output_sizes=None if reshaped else studied.sizes,
+        output_sizes=None if reshaped else studied.sizes, sample_fill=fill,
     )  # fmt: skip
 
 
