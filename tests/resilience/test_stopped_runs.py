@@ -92,7 +92,7 @@ def test_a_run_past_its_due_time_is_stopped_answered_504_and_frees_the_instance(
     was answered 200; every other request waited behind it."""
 
     async def scenario(engine: Engine) -> None:
-        with pytest.raises(DeadlineExceeded, match="its run was stopped"):
+        with pytest.raises(DeadlineExceeded, match="its run was still going"):
             await asyncio.wait_for(engine.infer_async("loop", feeds(FOREVER), timeout=0.2), 60)
         answer = await asyncio.wait_for(engine.infer_async("loop", feeds(2)), 60)
         np.testing.assert_array_equal(answer["y"], [2.0])
@@ -123,3 +123,59 @@ def test_a_run_whose_client_withdrew_is_stopped_and_counted_cancelled(tmp_path: 
         assert stats.failed == 0
 
     run(tmp_path, scenario)
+
+
+def one_node_model() -> bytes:
+    """y = sum(E @ E) for E = ones(s): one MatMul node as big as the input `s` says, which ONNX
+    Runtime cannot stop inside (it looks at `terminate` between nodes)."""
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(
+        [helper.make_node("Expand", ["one", "s"], ["e"]),
+         helper.make_node("MatMul", ["e", "e"], ["p"]),
+         helper.make_node("ReduceSum", ["p"], ["y"], keepdims=0)],
+        "one_node", [helper.make_tensor_value_info("s", TensorProto.INT64, [2])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [])],
+        [helper.make_tensor("one", TensorProto.FLOAT, [], [1.0])],
+    )  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    return model.SerializeToString()
+
+
+def test_a_run_past_its_due_time_is_answered_504_before_its_node_ends(tmp_path: Path) -> None:
+    """NOTE: a run was answered once ORT returned, which it does between nodes: a request due in
+    200 ms whose one MatMul ran 2.6 s got its 504 after 2.8 s, saying the run was stopped (found
+    by a tester). It is answered as it is given up; its instance stays busy till the node ends."""
+    version = tmp_path / "mm" / "1"
+    version.mkdir(parents=True)
+    (version / "model.onnx").write_bytes(one_node_model())
+    (tmp_path / "mm" / "config.toml").write_text('max_batch_size = 0\nexecution = "thread"\n')
+
+    async def scenario(engine: Engine) -> None:
+        scheduler = engine.registry.snapshot.models["mm"].versions["1"].primary.scheduler
+        big = {"s": np.array([5000, 5000], np.int64)}  # (250 GFLOP: seconds on one thread)
+        loop = asyncio.get_running_loop()
+        sent = loop.time()
+        with pytest.raises(DeadlineExceeded, match="given up") as late:
+            await asyncio.wait_for(engine.infer_async("mm", big, timeout=0.2), 60)
+        took = loop.time() - sent
+        assert scheduler.statistics().busy_instances == 1, "answered once its node had ended"
+        assert took < 2.0, late.value
+        for _ in range(6000):  # (the node ends; then the instance takes the next request)
+            if not scheduler.statistics().busy_instances:
+                break
+            await asyncio.sleep(0.01)
+        answer = await engine.infer_async("mm", {"s": np.array([2, 2], np.int64)})
+        assert float(answer["y"]) == 8.0  # (ones(2, 2) @ ones(2, 2): four 2s)
+        stats = scheduler.statistics()
+        assert (stats.expired, stats.failed, stats.cancelled) == (1, 0, 0)
+
+    async def main() -> None:
+        engine = await Engine.start(tmp_path, options=RepositoryOptions())
+        try:
+            await scenario(engine)
+        finally:
+            await engine.aclose()
+
+    asyncio.run(main())

@@ -423,7 +423,7 @@ class _Running:
     taken over by a cheaper variant, which answers them (see `_expire`).
     (A tuple until then: a list made for every batch was one more allocation per request.)"""
     stopping: bool = False
-    """Its run is being stopped (see `_watch`)."""
+    """Its run is being stopped, its requests answered (see `_watch`)."""
     cold: bool = False
     """It runs the probe (see PROBE_NS), or after `COLD_AFTER_NS` of refusals: its times teach
     only where they are shorter than the estimates (see `_record`)."""
@@ -2013,7 +2013,12 @@ class ModelScheduler:
                     break
             else:
                 if self._executor.terminate(instance, job):
+                    # NOTE: answered now, not when ORT returns: it stops between two nodes, and
+                    # a run of one big node (a MatMul sized from the input: 2.6 s) kept its 504
+                    # until it ended, 2.5 s past the due time (found by a tester). The instance
+                    # stays busy till then (`_complete`)
                     running.stopping = True
+                    self._stopped(running, now)
         if busy:
             self._watcher = self._loop.call_later(WATCH_EVERY_NS / 1e9, self._watch)
 
@@ -2050,8 +2055,8 @@ class ModelScheduler:
                 _timing_failed_unrun(item.timing, now)
             late = (now - (item.due_ns or now)) / 1e6
             _settle(item, DeadlineExceeded(
-                f"{TIMEOUT_EXPIRED}: model {self._label}: its run was stopped {late:.0f} ms past "
-                "its due time"
+                f"{TIMEOUT_EXPIRED}: model {self._label}: its run was still going {late:.0f} ms "
+                "past its due time, and was given up (ONNX Runtime stops it at its next node)"
             ))  # fmt: skip
 
     def _takes_probe(self, requests: list[QueuedRequest]) -> bool:
@@ -2235,10 +2240,9 @@ class ModelScheduler:
         now = self._ran()
         instance = result.instance
         running = self._ended(instance, now)
-        if result.terminated:  # (see `_watch`)
+        if running.stopping:  # (stopped and answered by `_watch`; ended or not meanwhile)
             if self._tripped:
                 self._breakers[instance].release()
-            self._stopped(running, now)
             return
         if result.skipped:  # its thread took it too late to run (see `_start_by`), or revoked
             if self._tripped:  # (a probe not run tells nothing: without this, never another)
