@@ -115,3 +115,19 @@ def test_no_due_time_queued_elsewhere_leaves_admission_behind_the_running_batch(
         assert not light.scheduler.fits(now, now + 50 * MS + 99 * US, 1, 0)
 
     run(body)
+
+
+def test_a_batch_on_a_shared_cpu_holds_its_turn_for_its_prediction_with_a_margin() -> None:
+    """Past twice its predicted run (or 10 ms more, if longer) the next batch of the CPU runs
+    beside it (`Turns.wait`'s hold: see execution/turns.py)."""
+
+    async def body() -> None:
+        _, heavy, light = heavy_and_light()
+        heavy.submit("h0")
+        light.submit("l0")
+        _, heavy_job = heavy.executor.jobs[0]
+        _, light_job = light.executor.jobs[0]
+        assert 2 * 0.050 <= heavy_job.hold_s < 2 * 0.051  # (50 ms a run, its overhead)
+        assert 0.010 <= light_job.hold_s < 0.0102  # (100 µs a run: the 10 ms margin)
+
+    run(body)

@@ -42,3 +42,42 @@ def test_a_turn_never_passed_on_is_skipped_after_a_while(monkeypatch: object) ->
     turns.done(waiting)
     assert lost == 0
     turns.wait(turns.take())  # the turns go on from there at once
+
+
+def test_a_run_past_what_it_was_given_has_the_next_batch_run_beside_it() -> None:
+    """NOTE: a run held its CPU's turn for as long as it took (up to `STUCK_S`): a value-driven
+    Loop held it a second, and the requests of the models beside it expired unrun (found by a
+    tester). Past its `hold_s`, the next batch goes on beside it; the one after waits its turn."""
+    turns = Turns()
+    long, next_, after = turns.take(), turns.take(), turns.take()
+    turns.wait(long, hold_s=0.05)  # (it runs on, never done in time)
+    started = time.perf_counter()
+    turns.wait(next_, hold_s=10.0)
+    assert 0.04 < time.perf_counter() - started < 0.5
+    passed = threading.Event()
+
+    def third() -> None:
+        turns.wait(after)
+        passed.set()
+
+    thread = threading.Thread(target=third)
+    thread.start()
+    assert not passed.wait(0.2), "the batch after went on too, within its predecessor's hold"
+    turns.done(long)  # (the long run ends: its turn was long gone, nothing moves)
+    assert not passed.wait(0.1)
+    turns.done(next_)
+    assert passed.wait(5)
+    thread.join(5)
+
+
+def test_a_run_within_what_it_was_given_keeps_its_turn() -> None:
+    turns = Turns()
+    first, second = turns.take(), turns.take()
+    turns.wait(first, hold_s=5.0)
+    went = threading.Event()
+    thread = threading.Thread(target=lambda: (turns.wait(second), went.set()))
+    thread.start()
+    assert not went.wait(0.2)
+    turns.done(first)
+    assert went.wait(5)
+    thread.join(5)

@@ -130,6 +130,11 @@ traffic is that sparse without refusals learns from its cold runs as from any.""
 STOP_GRACE_NS = 100_000_000
 """A run on an instance thread is stopped (`Executor.terminate`) once every request of it is
 this far past its due time, or withdrawn by its client (see `_watch`)."""
+TURN_HOLD_FACTOR = 2.0
+TURN_HOLD_SLACK_NS = 10_000_000
+"""A batch on a CPU shared with other models' instances holds the CPU's turn for its predicted
+run times `TURN_HOLD_FACTOR`, or that plus `TURN_HOLD_SLACK_NS` if longer; past that the next
+batch runs beside it (see execution/turns.py)."""
 WATCH_EVERY_NS = 20_000_000
 """How often the runs on instance threads are looked at (`_watch`), while there are any: a run
 is stopped `STOP_GRACE_NS` to that plus this past its due time.
@@ -1956,6 +1961,7 @@ class ModelScheduler:
         if self._ledger is not None and self._ledger.shared:
             turns = self._ledger.turns
             job.turn = (turns, turns.take())
+            job.hold_s = _turn_hold_s(predicted)
         if (
             self._edf
             and not probing
@@ -2221,6 +2227,7 @@ class ModelScheduler:
             if self._ledger.shared:  # (it takes its turn on the CPU, as a batch does)
                 turns = self._ledger.turns
                 job.turn = (turns, turns.take())
+                job.hold_s = _turn_hold_s(predicted)
         if self._tripped:
             self._breakers[instance].started()
         self._executor.submit(instance, job)
@@ -2980,6 +2987,11 @@ def _timing_failed_unrun(timing: RequestTiming, now: int) -> None:
     child, and its `encode` child covered those 57 ms."""
     timing.started_ns = 0
     timing.finished_ns = now
+
+
+def _turn_hold_s(predicted_ns: int) -> float:
+    """How long a batch predicted to run `predicted_ns` may hold its CPU's turn (seconds)."""
+    return max(predicted_ns * TURN_HOLD_FACTOR, predicted_ns + TURN_HOLD_SLACK_NS) / 1e9
 
 
 def _settle(item: QueuedRequest, outcome: Feeds | DuetimeError) -> None:
