@@ -507,6 +507,26 @@ def test_http_binary_sizes_do_not_add_up(
         connection.close()
 
 
+def test_a_big_binary_body_with_a_non_ascii_digit_header_length_is_refused(
+    limited: RunningServer,
+) -> None:
+    """NOTE: the length '1²' (0xB2, obs-text a header value may hold) passed str.isdigit() and
+    failed int(): a binary body of 8 KiB or more (read into aligned memory at its tensors'
+    start) got 500 and its connection closed (found by a tester); a smaller one got 400."""
+    host, port = limited.http.rsplit(":", 1)
+    connection = http.client.HTTPConnection(host, int(port), timeout=30)
+    try:
+        wire = HttpWire(connection, binary=True)
+        blob = np.zeros((60, 40), np.float32).tobytes()
+        body, headers = _binary_request(len(blob), blob, "1\u00b2")
+        assert len(body) >= 8192
+        response = wire.post("/v2/models/mlp/infer", body, headers)
+        assert_refused(wire, response, "invalid", "Inference-Header-Content-Length")
+        assert_still_serves(wire)
+    finally:
+        connection.close()
+
+
 @pytest.mark.parametrize(
     ("raw", "needle"),
     [

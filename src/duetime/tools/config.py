@@ -88,7 +88,7 @@ class BenchConfig:
         """`address` as (host, port); ConfigError naming the flag if it is not HOST:PORT."""
         flag = "--grpc" if self.protocol == "grpc" else "--http"
         host, _, port = (self.address or "").rpartition(":")
-        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        if not host or not (port.isascii() and port.isdigit()) or not 0 < int(port) < 65536:
             raise ConfigError(
                 f"{flag}: expected HOST:PORT such as 127.0.0.1:8000, got {self.address!r}"
             )

@@ -286,7 +286,7 @@ def parse_address(text: str, option: str) -> tuple[str, int]:
     """HOST:PORT (an IPv6 host in brackets: [::1]:31000) as (host, port)."""
     host, colon, port = text.rpartition(":")
     host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
-    if not colon or not host or not port.isdigit() or int(port) > 65535:
+    if not colon or not host or not (port.isascii() and port.isdigit()) or int(port) > 65535:
         raise ValueError(f"{option}: expected HOST:PORT (e.g. 127.0.0.1:31000), got {text!r}")
     return host, int(port)
 

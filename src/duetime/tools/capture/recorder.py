@@ -490,7 +490,9 @@ class Recorder:
             model, version = _infer_target(unread.target)
             body = _inflated(unread.data, headers.get("content-encoding"))
             length = headers.get("inference-header-content-length", "")
-            header_length = int(length) if length.isdigit() and len(length) < 19 else None
+            header_length = (
+                int(length) if length.isascii() and length.isdigit() and len(length) < 19 else None
+            )
             try:  # (as a capture reader decodes it: see format._decode_http)
                 request, _ = parse_infer_request(body, header_length, model, version)
             except DuetimeError as exc:
