@@ -258,6 +258,39 @@ def test_http_10_keep_alive(client: RawClient, expected_mlp: list[float]) -> Non
         assert response.headers["connection"].lower() == "keep-alive"
 
 
+@pytest.mark.parametrize(
+    "connection",
+    [b"Connection: close, keep-alive\r\n", b"Connection: keep-alive\r\nConnection: close\r\n"],
+)
+def test_http_10_asking_for_close_and_keep_alive_is_closed(
+    client: RawClient, connection: bytes
+) -> None:
+    """RFC 9112 9.3: 'close' wins in any version. llhttp kept an HTTP/1.0 connection saying both
+    open (found by a tester); its client, reading to the end, waited for the idle timeout."""
+    client.send(b"GET /v2/health/live HTTP/1.0\r\n" + connection + b"\r\n")
+    response = client.response()
+    assert response.status == 200
+    assert response.headers["connection"] == "close"
+    assert client.closed_by_server()
+
+
+@pytest.mark.parametrize("host", ["a b", "x/y", "u@x", "x:port", "x\xff", "[::1"])
+def test_a_host_that_is_not_a_host_and_port_gets_400(client: RawClient, host: str) -> None:
+    """RFC 9112 3.2: 400 for a Host field with an invalid value (it was served, found by a
+    tester); one that is a host and port, a name, an IPv4 or IPv6 literal, is served."""
+    head = f"GET /v2/health/live HTTP/1.1\r\nHost: {host}\r\n\r\n".encode("latin-1")
+    client.send(head)
+    response = client.response()
+    assert response.status == 400
+    assert "Host" in response.json()["error"]
+
+
+@pytest.mark.parametrize("host", ["localhost:8000", "127.0.0.1", "[::1]:8000", "my_host.test", ""])
+def test_a_host_and_port_is_served(client: RawClient, host: str) -> None:
+    client.send(f"GET /v2/health/live HTTP/1.1\r\nHost: {host}\r\n\r\n".encode())
+    assert client.response().status == 200
+
+
 # -- request bodies ------------------------------------------------------------------------------
 
 
@@ -470,6 +503,15 @@ def test_unknown_path_gets_404(client: RawClient, path: str) -> None:
     assert response.json()["error"]
     client.send(request("GET", "/v2/health/live"))
     assert client.response().status == 200
+
+
+def test_an_unknown_path_is_named_as_it_was_sent(client: RawClient) -> None:
+    """An encoded '/' separates no segments: the 404 named '/v2/health/live', an endpoint
+    there is, for '/v2%2Fhealth%2Flive' (found by a tester)."""
+    client.send(request("GET", "/v2%2Fhealth%2Flive"))
+    response = client.response()
+    assert response.status == 404
+    assert "'/v2%2Fhealth%2Flive'" in response.json()["error"]
 
 
 # -- closing -------------------------------------------------------------------------------------

@@ -1264,6 +1264,12 @@ class HttpConnection(asyncio.BufferedProtocol):
             # refused as it is read: `_repeated`)
             self._fail(400, "an HTTP/1.1 request must have a Host header (RFC 9112 3.2)")
             return
+        host = headers.get("host")
+        if host is not None and _HOST.fullmatch(host) is None:
+            # NOTE: served as any (found by a tester): RFC 9112 3.2 has a server answer 400 to
+            # a Host whose value is not a host and optional port (RFC 3986's uri-host)
+            self._fail(400, f"the Host header {host!r} is not a host[:port] (RFC 9112 3.2)")
+            return
         coding = headers.get("transfer-encoding")
         if coding is not None and coding.strip().lower() != "chunked":
             # NOTE: llhttp takes the last coding, chunked, for the framing: the body would reach
@@ -1365,6 +1371,11 @@ class HttpConnection(asyncio.BufferedProtocol):
         keep_alive = parser.should_keep_alive() and not (
             "upgrade" in self._headers and parser.should_upgrade()
         )
+        if keep_alive and self._http10 and _asks_close(self._headers):
+            # NOTE: llhttp has an HTTP/1.0 request that says keep-alive kept open though it
+            # says close too ('close, keep-alive', or on two lines): RFC 9112 9.3, close wins
+            # in any version (found by a tester)
+            keep_alive = False
         weighed = refused = False
         shedder = self._shedder
         if (
@@ -2870,6 +2881,19 @@ def _binary_start(method: str, url: bytes, headers: dict[str, str]) -> int | Non
     if not _is_infer(method, url) or headers.get("content-encoding", "identity") != "identity":
         return None
     return _header_length(headers)
+
+
+_HOST = re.compile(r"(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9\-._~%!$&'()*+,;=]*)(?::[0-9]*)?")
+"""RFC 9112 3.2's Host value: RFC 3986's uri-host (an IP literal in brackets, or a reg-name or
+IPv4 address), then an optional port."""
+
+
+def _asks_close(headers: Mapping[str, str]) -> bool:
+    """Whether the request's Connection header holds the option 'close'."""
+    connection = headers.get("connection")
+    return connection is not None and any(
+        option.strip().lower() == "close" for option in connection.split(",")
+    )
 
 
 def _header_length(headers: Mapping[str, str]) -> int | None:

@@ -807,7 +807,7 @@ class RestApi:
         if parts[0] == "v1":
             return self._v1_route(method, parts[1:], headers, body)
         if parts[0] != "v2":
-            raise ModelNotFound(f"no such endpoint '/{'/'.join(parts)}'; the API is under /v2")
+            raise ModelNotFound(f"no such endpoint '/{_sent(parts)}'; the API is under /v2")
         rest = parts[1:]
         if not rest:
             return _expect(method, "GET", self._server_metadata)
@@ -831,7 +831,7 @@ class RestApi:
             return self._model_route(method, rest[1:], headers, body)
         if rest[0] == "repository":
             return self._repository_route(method, rest[1:], headers, body)
-        raise ModelNotFound(f"no such endpoint '/{'/'.join(parts)}'")
+        raise ModelNotFound(f"no such endpoint '/{_sent(parts)}'")
 
     def _control_body(self, headers: Mapping[str, str], body: bytes) -> bytes:
         """A control request's body with its Content-Encoding undone, as an inference body's is
@@ -870,7 +870,7 @@ class RestApi:
             if method != "POST":
                 raise _method_not_allowed("POST")
             return self._infer(model, version, headers, body)
-        raise ModelNotFound(f"no such endpoint under model '{model}': '{'/'.join(action)}'")
+        raise ModelNotFound(f"no such endpoint under model '{model}': '{_sent(action)}'")
 
     def _repository_route(
         self, method: str, rest: list[str], headers: Mapping[str, str], body: bytes
@@ -896,7 +896,7 @@ class RestApi:
                 return ControlCall.start(self._engine.unload_model(name), done, failed, what)
             coding = headers.get("content-encoding")
             return ControlCall.start(self._load(name, body, coding), done, failed, what)
-        raise ModelNotFound(f"no such endpoint '/v2/repository/{'/'.join(rest)}'")
+        raise ModelNotFound(f"no such endpoint '/v2/repository/{_sent(rest)}'")
 
     async def _load(self, name: str, body: bytes, coding: str | None = None) -> None:
         """A load request's `body` read (its Content-Encoding `coding` undone), then the load.
@@ -942,7 +942,7 @@ class RestApi:
                 doc = _json_object(body, "shared memory register request")
                 regions.register(name, doc.get("key"), doc.get("offset", 0), doc.get("byte_size"))
             return _EMPTY_OK
-        raise ModelNotFound(f"no such endpoint '/v2/{kind}/{'/'.join(rest)}'")
+        raise ModelNotFound(f"no such endpoint '/v2/{kind}/{_sent(rest)}'")
 
     def _logging(self, method: str, headers: Mapping[str, str], body: bytes) -> Reply:
         settings = self.log_settings
@@ -992,7 +992,7 @@ class RestApi:
         if rest == ["models"]:
             return _expect(method, "GET", lambda: _json({"models": self._v1_models()}))
         if len(rest) != 2 or rest[0] != "models":
-            raise ModelNotFound(f"no such endpoint '/v1/{'/'.join(rest)}'")
+            raise ModelNotFound(f"no such endpoint '/v1/{_sent(rest)}'")
         name = rest[1]
         model, colon, verb = name.rpartition(":")
         if not colon or (method == "GET" and self._v1_names_model(name, verb)):
@@ -1742,6 +1742,13 @@ class _Recipe:
 
 
 Recipes = dict[bytes | tuple[bytes, bytes], _Recipe]
+
+
+def _sent(segments: list[str]) -> str:
+    """Path segments (decoded) joined as a path, a '/' or '%' in one percent-encoded as it
+    came: an error that joined them named '/v2/health/live' as the endpoint not found for
+    '/v2%2Fhealth%2Flive' (found by a tester)."""
+    return "/".join(s.replace("%", "%25").replace("/", "%2F") for s in segments)
 
 
 def parse_infer_request(
