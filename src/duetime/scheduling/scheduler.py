@@ -2247,9 +2247,11 @@ class ModelScheduler:
         now = self._ran()
         instance = result.instance
         running = self._ended(instance, now)
-        if running.stopping:  # (stopped and answered by `_watch`; ended or not meanwhile)
+        if running.stopping or result.terminated:  # (see `_watch`)
             if self._tripped:
                 self._breakers[instance].release()
+            if not running.stopping:  # (its requests not answered yet)
+                self._stopped(running, now)
             return
         if result.skipped:  # its thread took it too late to run (see `_start_by`), or revoked
             if self._tripped:  # (a probe not run tells nothing: without this, never another)
