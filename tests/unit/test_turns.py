@@ -81,3 +81,24 @@ def test_a_run_within_what_it_was_given_keeps_its_turn() -> None:
     turns.done(first)
     assert went.wait(5)
     thread.join(5)
+
+
+def test_each_turn_in_a_row_that_overruns_is_passed_on_in_its_own_hold() -> None:
+    """A batch waiting behind two overrunning runs goes on after their holds (not `STUCK_S`),
+    the second's hold set after the waiter had begun to wait."""
+    turns = Turns()
+    first, second, third = turns.take(), turns.take(), turns.take()
+    turns.wait(first, hold_s=0.05)
+    waiting = threading.Event()
+
+    def second_batch() -> None:
+        turns.wait(second, hold_s=0.05)
+        waiting.set()  # (it runs on, never done)
+
+    thread = threading.Thread(target=second_batch)
+    started = time.perf_counter()
+    thread.start()
+    turns.wait(third)
+    assert waiting.is_set()
+    assert time.perf_counter() - started < 0.6  # (about 0.1 s; STUCK_S is 1)
+    thread.join(5)

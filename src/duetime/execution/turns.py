@@ -64,6 +64,7 @@ class Turns:
             if self._serving == ticket:  # (not passed on beyond it meanwhile)
                 self._since = now
                 self._until = None if hold_s is None else now + hold_s
+                self._condition.notify_all()  # (the waiters' limits follow its hold)
 
     def done(self, ticket: int) -> None:
         """`ticket`'s batch finished: the next one may run."""
