@@ -82,8 +82,8 @@ from duetime.repository.tritonconfig import (
     read_model_config,
     triton_field,
 )
+from duetime.routing.fit import unfit_traffic
 from duetime.routing.traffic import plan_traffic
-from duetime.types import ModelSignature, TensorSpec
 
 log = logging.getLogger("duetime.manager")
 log_config = logging.getLogger("duetime.config")
@@ -366,8 +366,9 @@ class ModelManager:
         self._retry_at: dict[str, float] = {}
         """Lazy loading: model -> when (monotonic s) a request may next retry its failed load."""
         self._warned_unfit: dict[str, str] = {}
-        """Model -> what its last load said of shadows that cannot take their copies (see
-        `_unfit_shadows`): said once, not at every poll."""
+        """Model -> what its last load said of weighted versions unlike each other and of
+        shadows that cannot take their copies (see `unfit_traffic`): said once, not at every
+        poll."""
         self._warned: dict[str, str] = {}
         """Model -> the last warning about its traffic config (said once, not at every poll)."""
         self._config_warned: dict[str, str] = {}
@@ -1051,8 +1052,7 @@ class ModelManager:
             for version, print_ in prints.items():
                 self._fingerprints[(name, version)] = print_
             self._bytes[name] = _model_bytes(source, [int(v) for v in chosen], config)
-            unfit = _unfit_shadows(chosen, config.traffic) if chosen else {}
-            said_unfit = " ".join(unfit[v] for v in sorted(unfit, key=int))
+            said_unfit, unfit = unfit_traffic(chosen, config.traffic) if chosen else ("", {})
             if said_unfit and self._warned_unfit.get(name) != said_unfit:  # (once)
                 log.warning("model %s: %s", name, said_unfit)
             self._warned_unfit[name] = said_unfit
@@ -1812,63 +1812,6 @@ def _shadowing_itself(traffic: TrafficConfig, served: list[int]) -> str:
     )
 
 
-def _unfit_shadows(served: Mapping[str, ServedVersion], traffic: TrafficConfig) -> dict[str, str]:
-    """Shadow version -> what to say where its inputs cannot take the copies of the requests
-    that the traffic policy sends to another version (a copy is validated against the
-    shadow's inputs, and skipped when it fails): an input of the one missing from the other
-    (required by either), or given another datatype or shape.
-
-    NOTE: such a shadow was accepted without a word: every copy was skipped (mirrored 20,
-    skipped 20), and neither the log nor the index said why, where a variant with another
-    signature is refused at load (found by a tester)."""
-    plan = plan_traffic(traffic, list(served), max(served, key=int))
-    said: dict[str, str] = {}
-    for shadow, _ in plan.shadows:
-        takes = served[shadow].primary.model.signature
-        unfit = [
-            version
-            for version in plan.versions
-            if version != shadow and not _takes(takes, served[version].primary.model.signature)
-        ]
-        if not unfit:
-            continue
-        given = served[unfit[0]].primary.model.signature
-        which = f"version {unfit[0]}'s" if len(unfit) == 1 else f"versions {', '.join(unfit)}'"
-        said[shadow] = (
-            f"[traffic] shadow version {shadow} cannot take the copies of {which} requests "
-            f"(each is skipped): it takes {_inputs(takes)}, version {unfit[0]} "
-            f"{_inputs(given)}."
-        )
-    return said
-
-
-def _takes(shadow: ModelSignature, given: ModelSignature) -> bool:
-    """Whether requests fit for `given`'s inputs can fit `shadow`'s."""
-    names = {spec.name for spec in shadow.inputs}
-    if any(spec.name not in names for spec in given.required_inputs):
-        return False  # (the request carries an input the shadow has not)
-    for spec in shadow.inputs:
-        other = given.input(spec.name)
-        if other is None:
-            if not spec.optional:
-                return False
-        elif other.datatype != spec.datatype or not _shapes_meet(spec, other):
-            return False
-    return True
-
-
-def _shapes_meet(one: TensorSpec, other: TensorSpec) -> bool:
-    """Some tensor has both shapes (-1: any size; a spec of any rank takes any shape)."""
-    if one.any_rank or other.any_rank:
-        return True
-    a, b = one.client_shape, other.client_shape
-    return len(a) == len(b) and all(x == y or -1 in (x, y) for x, y in zip(a, b, strict=True))
-
-
-def _inputs(signature: ModelSignature) -> str:
-    return ", ".join(f"{spec.name} {spec.describe()}" for spec in signature.inputs)
-
-
 def _load_with_variants(
     source: ModelSource, version: int, config: ModelConfig, max_run_memory_bytes: int | None = None
 ) -> tuple[list[tuple[str, LoadedModel]], dict[str, str], set[str]]:
@@ -1930,7 +1873,9 @@ def _named_for(message: str, source: ModelSource, given: _Given) -> str:
     def named(match: re.Match[str]) -> str:
         field = match[1]
         if isinstance(given.config, TritonModelConfig):
-            field = triton_field(tuple(int(p) if p.isdigit() else p for p in field.split(".")))
+            field = triton_field(
+                tuple(int(p) if p.isascii() and p.isdigit() else p for p in field.split("."))
+            )
         return f"{given.source}: field '{field}'"
 
     return re.sub(re.escape(f"{source.directory}: field '") + r"([\w.]+)'", named, message)

@@ -23,6 +23,7 @@ from duetime.datatypes import is_float
 from duetime.errors import DeadlineExceeded, DuetimeError, InvalidInput, Overloaded
 from duetime.execution.executor import Feeds
 from duetime.repository.registry import Deployment, Registry, ServedModel, ServedVersion
+from duetime.routing.fit import chosen_by_weights
 from duetime.routing.traffic import routing_key
 from duetime.types import InferRequest
 from duetime.validation import Prepared
@@ -44,7 +45,7 @@ class ShadowStatistics:
     """Copies refused, failed or cancelled (by the shadow, or whose primary failed); refused
     also where the request's inputs do not fit the shadow's (the model's load warns of a
     shadow whose inputs never fit those of a version answering requests, and the index says
-    so of it: see repository/manager.py `_unfit_shadows`)."""
+    so of it: see routing/fit.py `unfit_traffic`)."""
     dropped: int = 0
     """Of `skipped`, the copies the shadow version dropped unrun to keep its room and time for
     real requests: over its cap of copies in flight, its queue full, given up for a real
@@ -135,9 +136,11 @@ class Router:
             prepared = primary.model.validator.prepare(
                 request.inputs, request.outputs, request.template
             )
-        except InvalidInput:
+        except InvalidInput as error:
             counted = (served.name, version.version)
             self.invalid[counted] = self.invalid.get(counted, 0) + 1
+            if not request.version and (served.traffic.split or version.version != served.default):
+                chosen_by_weights(error, served.name, version.version)  # (not what metadata says)
             raise
         # (the due time the scheduler will hold it to: the variant is chosen by it)
         due = primary.scheduler.due_by_default(request.due_ns, request.arrival_ns, now)
