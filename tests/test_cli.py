@@ -187,7 +187,7 @@ def test_demo_writes_the_repository(tmp_path: Path, demo_repo: Path) -> None:
                 "0",
                 "--no-metrics",
             ],
-            "field 'host': cannot listen on 999.1.1.1:0",
+            "field 'host' (--host): cannot listen on 999.1.1.1:0 (HTTP)",
         ),
         (["demo", ""], "demo: PATH is empty"),
         ([], "command"),
@@ -296,7 +296,7 @@ def test_a_taken_port_is_a_clear_error_not_a_traceback(tmp_path: Path, flag: str
         args = [arg for pair in others.items() for arg in pair]
         result = run_duetime(tmp_path, "serve", "--demo", *MLP_ONLY, *args, "--metrics-port", "0")
     assert result.returncode == 2, result.stderr
-    assert f"field '{flag[2:].replace('-', '_')}': cannot listen" in result.stderr
+    assert f"field '{flag[2:].replace('-', '_')}' ({flag}): cannot listen" in result.stderr
     assert f"127.0.0.1:{port}" in result.stderr
     assert "Traceback" not in result.stderr
 

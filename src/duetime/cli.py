@@ -14,7 +14,7 @@ from collections.abc import Container, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from duetime.config import ServerSettings, server_settings
+from duetime.config import ServerSettings, named_sources, server_settings, setting_sources
 from duetime.errors import ConfigError
 from duetime.loops import new_event_loop
 from duetime.observability.logs import configure_logging, console
@@ -456,13 +456,16 @@ def _serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         raise ConfigError("give a model repository folder or --demo (one of the two)")
     if demo:
         repository = _write_demo_cache()
-    settings = server_settings(_setting_flags(args, repository), flags=_flag_names(parser))
+    flags, names = _setting_flags(args, repository), _flag_names(parser)
+    settings = server_settings(flags, flags=names)
     from duetime.server import Server  # (after the checks: a bad flag is told 1 s sooner)
 
     loop = new_event_loop()
     asyncio.set_event_loop(loop)
     try:
         code = loop.run_until_complete(_run(Server(settings)))
+    except ConfigError as exc:  # (a check at start: named by the flag or variable it came from)
+        raise ConfigError(named_sources(exc.message, setting_sources(flags, flags=names))) from None
     finally:
         loop.close()
     if code == _STOPPED_LOADING:

@@ -8,6 +8,8 @@ import math
 import os
 import re
 import tomllib
+import typing
+import unicodedata
 from collections import Counter
 from collections.abc import Callable, Collection, Iterable, Mapping
 from pathlib import Path
@@ -206,6 +208,19 @@ class BreakerConfig(_Strict):
     """Each failed probe doubles the open period, up to this."""
     probes: int = Field(default=1, ge=1, le=1000)
     """Good executions while half-open that close the breaker."""
+
+    @model_validator(mode="after")
+    def _open_within_its_bound(self) -> BreakerConfig:
+        """NOTE: `open_s = 100` with `max_open_s = 10` was taken: the breaker first stayed
+        open 100 s, ten times its stated bound, and after a failed probe 10 s, the doubling
+        shrinking it (found by a tester). Refused, as a default level beyond the levels is."""
+        if self.open_s > self.max_open_s:
+            raise ValueError(
+                f"open_s {self.open_s:g} is over max_open_s {self.max_open_s:g}: the open "
+                "period starts at open_s and doubles up to max_open_s; lower open_s or raise "
+                "max_open_s"
+            )
+        return self
 
 
 class LatestVersions(_Strict):
@@ -465,11 +480,13 @@ def describe_validation_error(
     *,
     field_name: Callable[[tuple[int | str, ...]], str] | None = None,
     show_sections: bool = True,
+    schema: type[BaseModel] | None = None,
 ) -> str:
     """One line per problem: the file, the field (its dotted path, or what `field_name` calls
     it), what was expected, what came (of the fields named in `secrets`, only the length of
     what came: it may be a credential; with `show_sections` false, nothing of a whole mapping
-    or list)."""
+    or list). `schema`: the model validated, whose fields name what an unknown key may have
+    meant (see `unknown_key_hint`)."""
     lines = []
     for item in error.errors():
         loc = item["loc"]
@@ -490,8 +507,73 @@ def describe_validation_error(
             # NOTE: NaN fails every bound (its comparisons are false): "should be less than or
             # equal to 1000000000 (got nan)" named a bound NaN does not exceed
             message = "Input should be a finite number"
-        lines.append(f"{source}: field '{where}': {message}{got}")
+        hint = ""
+        if item["type"] == "extra_forbidden" and schema is not None:
+            hint = unknown_key_hint(schema, loc)
+        lines.append(f"{source}: field '{where}': {message}{got}{hint}")
     return "; ".join(lines)
+
+
+def unknown_key_hint(schema: type[BaseModel], loc: tuple[int | str, ...]) -> str:
+    """What the unknown key at `loc` (a path through `schema`'s tables) may have meant: the
+    table it is a setting of, where it is one elsewhere; else the nearest setting's name, in
+    its own table first ('' where none is near).
+
+    NOTE: "Extra inputs are not permitted" was all a misspelt key (`max_batch`,
+    `[breaker] failure`) or one in the wrong table (`max_queue_delay_us` at the top level)
+    got, where a misspelt `DUETIME_*` variable is told the one meant (found by a tester)."""
+    key, table = loc[-1], _table_at(schema, loc[:-1])
+    if not isinstance(key, str) or table is None:
+        return ""
+    settings = _settings_of(schema)
+    homes = [path[:-1] for path in settings if path[-1] == key]
+    if homes:
+        if () in homes:
+            here = ".".join(part for part in loc[:-1] if isinstance(part, str))
+            return f"; '{key}' is a top-level setting, not one of '{here}'"
+        tables = " or ".join(f"'{'.'.join(home)}'" for home in homes)
+        return f"; '{key}' is a setting of {tables}: write it there"
+    near = difflib.get_close_matches(key, list(table.model_fields), n=1, cutoff=0.6)
+    if near:
+        return f"; did you mean '{near[0]}'?"
+    dotted = {".".join(path): path[-1] for path in settings}
+    near = difflib.get_close_matches(key, list(dotted.values()), n=1, cutoff=0.6)
+    meant = [name for name, last in dotted.items() if near and last == near[0]]
+    return f"; did you mean '{meant[0]}'?" if meant else ""
+
+
+def _table_at(schema: type[BaseModel], path: Iterable[int | str]) -> type[BaseModel] | None:
+    """The model of the table at `path` in `schema` (list indexes skipped); None where the
+    path leads to no table of settings."""
+    table: type[BaseModel] | None = schema
+    for part in path:
+        if isinstance(part, int):
+            continue
+        field = table.model_fields.get(part) if table is not None else None
+        table = _model_in(field.annotation) if field is not None else None
+    return table
+
+
+def _model_in(annotation: Any) -> type[BaseModel] | None:
+    """The settings model an annotation holds (`list[TensorConfig] | None`: TensorConfig)."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for argument in typing.get_args(annotation):
+        found = _model_in(argument)
+        if found is not None:
+            return found
+    return None
+
+
+def _settings_of(schema: type[BaseModel]) -> list[tuple[str, ...]]:
+    """Every setting of `schema` and of its tables, as paths (`('scheduling', 'policy')`)."""
+    paths: list[tuple[str, ...]] = []
+    for name, field in schema.model_fields.items():
+        paths.append((name,))
+        inner = _model_in(field.annotation)
+        if inner is not None:
+            paths += [(name, *path) for path in _settings_of(inner)]
+    return paths
 
 
 def _shown_input(given: Any) -> str:
@@ -538,11 +620,35 @@ class _UniqueKeyLoader(yaml.SafeLoader):  # type: ignore[misc]  # (PyYAML: untyp
         return super().construct_mapping(node, deep=deep)  # type: ignore[no-any-return]
 
 
+BOM = "\ufeff"
+"""A UTF-8 byte order mark, as Windows editors start a file with one: not part of the config."""
+
+
+def utf8_text(data: bytes, *, source: str) -> str:
+    """The text of a config file's bytes `data`: UTF-8, a leading byte order mark left out.
+    ConfigError naming the line and column (from 1) of the first byte that is not UTF-8.
+
+    NOTE: a config.toml saved with a byte order mark (as Notepad saves it) was refused as
+    "Invalid statement (at line 1, column 1)", where config.pbtxt and config.yaml skip it, and
+    a Latin-1 byte was refused as "can't decode byte 0xf6 in position 4", with no line (found
+    by a tester). TOML and YAML are UTF-8 throughout, comments too: the byte is refused."""
+    try:
+        return data.decode("utf-8").removeprefix(BOM)
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        start = data.rfind(b"\n", 0, exc.start) + 1
+        before = data[start : exc.start].decode("utf-8").removeprefix(BOM)
+        raise ConfigError(
+            f"{source}: line {line}, column {len(before) + 1}: "
+            f"byte 0x{data[exc.start]:02x} is not UTF-8; save the file as UTF-8"
+        ) from None
+
+
 def read_config_file(path: Path) -> dict[str, Any]:
     """Parse a TOML or YAML file into a mapping, or raise ConfigError naming the file."""
     what = path.suffix[1:].upper()
     try:
-        text = path.read_text(encoding="utf-8")
+        text = utf8_text(path.read_bytes(), source=f"{path}: cannot be read as {what}")
         data = (
             tomllib.loads(text)
             if path.suffix == ".toml"
@@ -550,7 +656,7 @@ def read_config_file(path: Path) -> dict[str, Any]:
         )
     except yaml.MarkedYAMLError as exc:
         raise ConfigError(f"{path}: cannot be read as {what}: {_yaml_problem(exc)}") from exc
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError, yaml.YAMLError) as exc:
+    except (OSError, tomllib.TOMLDecodeError, yaml.YAMLError) as exc:
         raise ConfigError(f"{path}: cannot be read as {what}: {exc}") from exc
     except RecursionError:
         # NOTE: both parsers recurse per level of nesting: a small file of `x = [[[...]]]`
@@ -659,7 +765,28 @@ def load_model_config(model_dir: Path) -> ModelConfig:
         return ModelConfig()
     if path.suffix == ".pbtxt":
         raise ConfigError(f"{path}: read Triton configs with repository/tritonconfig.py")
-    return parse_model_config(read_config_file(path), source=str(path))
+    return parse_model_config(read_config_file(path), source=str(path), model_name=model_dir.name)
+
+
+def name_difference(name: str, folder: str) -> str:
+    """How a config's `name` differs from the model's `folder` name where the two print alike
+    ('' where they do not): their code points, escaped.
+
+    NOTE: a folder `café` written in NFD (`e` and a combining accent, as macOS and some
+    archivers write names) with `name: "café"` in NFC was refused as "'café' differs from the
+    model's folder 'café'" (found by a tester). It stays refused: Triton compares the two
+    names byte for byte, and clients address the model by its folder's bytes, which a request
+    naming it in NFC would not find; the message now shows the difference."""
+    if unicodedata.normalize("NFC", name) == unicodedata.normalize("NFC", folder):
+        how = "only in Unicode normalization, how their accented letters are encoded"
+    elif not (name.isprintable() and folder.isprintable()):
+        how = "in characters that do not print"
+    else:
+        return ""
+    return (
+        f" ({how}: the name is {name!a}, the folder {folder!a}; write the name as "
+        "the folder has it, or leave it out)"
+    )
 
 
 def url_host(host: str) -> str:
@@ -668,11 +795,41 @@ def url_host(host: str) -> str:
     return f"[{host}]" if ":" in host else host
 
 
-def parse_model_config(data: Mapping[str, Any], *, source: str) -> ModelConfig:
+ONNX_RUNTIME_ONLY = (
+    "duetime serves ONNX models with ONNX Runtime (platform 'onnxruntime_onnx', backend "
+    "'onnxruntime')"
+)
+"""Why a config naming another platform or backend is refused."""
+ONNX_BACKENDS = frozenset({"", "onnxruntime"})
+"""The `backend` of a model duetime serves: ONNX Runtime's, or none said (Triton's unset)."""
+
+
+def parse_model_config(
+    data: Mapping[str, Any], *, source: str, model_name: str | None = None
+) -> ModelConfig:
+    """The model config `data` says, in duetime's form. Triton's `name` and `backend` are
+    taken too, checked as Triton checks them and left out: the name must be the model's,
+    `model_name` (its folder's; None: not checked), the backend ONNX Runtime's.
+
+    NOTE: the README lists `name` and `backend` among the fields both forms share, and a load
+    request's JSON in duetime's form took them, but a config.toml or config.yaml with them was
+    refused ("field 'name': Extra inputs are not permitted"): a config saved from that JSON,
+    or one migrated from Triton, did not load (found by a tester)."""
+    data = dict(data)
+    backend = data.pop("backend", "")
+    if not (isinstance(backend, str) and backend in ONNX_BACKENDS):
+        raise ConfigError(f"{source}: backend: {backend!r}: {ONNX_RUNTIME_ONLY}")
+    name = data.pop("name", model_name)
+    if model_name is not None and name not in ("", model_name):  # ("": Triton's unset)
+        if not isinstance(name, str):
+            raise ConfigError(f"{source}: name: expected the model's name, '{model_name}' (its "
+                              f"folder's), got {name!r}")  # fmt: skip
+        raise ConfigError(f"{source}: name: '{name}' differs from the model's folder "
+                          f"'{model_name}'{name_difference(name, model_name)}")  # fmt: skip
     try:
-        return ModelConfig.model_validate(dict(data))
+        return ModelConfig.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(describe_validation_error(source, exc)) from exc
+        raise ConfigError(describe_validation_error(source, exc, schema=ModelConfig)) from exc
 
 
 class ServerSettings(_Strict):
@@ -952,28 +1109,57 @@ def server_settings(
     env = os.environ if env is None else env
     values: dict[str, Any] = {}
     keys = {f"DUETIME_{name.upper()}": name for name in ServerSettings.model_fields}
-    from_env: dict[str, str] = {}  # (setting -> the variable its value came from)
     for key, name in keys.items():
         if key in env:
             values[name] = env[key]
-            from_env[name] = key
     for key in sorted(set(env) - set(keys) - _OTHER_VARIABLES):
         if key.startswith("DUETIME_"):
             near = difflib.get_close_matches(key, list(keys), n=1, cutoff=0.6)
             hint = f" (did you mean {near[0]}?)" if near else ""
             log.warning("environment variable %s names no server setting; ignored%s", key, hint)
-    given = {k: v for k, v in overrides.items() if v is not None}
-    values.update(given)
+    values.update({k: v for k, v in overrides.items() if v is not None})
     try:
         return ServerSettings.model_validate(values)
     except ValidationError as exc:
         secrets = [name for name, field in ServerSettings.model_fields.items() if not field.repr]
         message = describe_validation_error("server settings", exc, secrets)
-        # NOTE: a value that came from a variable is named by it: "(--http-port)" for a bad
-        # DUETIME_HTTP_PORT named a flag the user never passed
-        sources = {name: flag for name, flag in (flags or {}).items() if name in given}
-        sources.update({name: key for name, key in from_env.items() if name not in given})
-        sources.update({name: flag for name, flag in (flags or {}).items() if name not in sources})
-        for name, source in sources.items():  # (`flags`: setting -> its flag, to name it)
-            message = message.replace(f"field '{name}'", f"field '{name}' ({source})")
-        raise ConfigError(message) from None
+        raise ConfigError(named_sources(message, setting_sources(overrides, env, flags))) from None
+
+
+def setting_sources(
+    overrides: Mapping[str, Any],
+    env: Mapping[str, str] | None = None,
+    flags: Mapping[str, str] | None = None,
+) -> dict[str, str]:
+    """Each server setting -> what an error about it names as its source: its flag (`flags`:
+    setting -> flag) where `overrides` (the flags given) set it, else its `DUETIME_*` variable
+    where `env` (None: the process's) sets it, else its flag.
+
+    NOTE: a value that came from a variable is named by it: "(--http-port)" for a bad
+    DUETIME_HTTP_PORT named a flag the user never passed."""
+    env = os.environ if env is None else env
+    flags = flags or {}
+    sources: dict[str, str] = {}
+    for name in ServerSettings.model_fields:
+        variable = f"DUETIME_{name.upper()}"
+        if overrides.get(name) is None and variable in env:
+            sources[name] = variable
+        elif name in flags:
+            sources[name] = flags[name]
+    return sources
+
+
+def named_sources(message: str, sources: Mapping[str, str]) -> str:
+    """`message` with each `field '<setting>'` it names followed by the setting's source
+    (`setting_sources`): a flag it names already (`field 'load_model' (--load-model 'x')`) is
+    replaced by the variable where that gave the value.
+
+    NOTE: the checks made after the settings are validated (a startup model that is not in the
+    repository, a host that is not this one's, a bad --cpus) named the flag whatever gave the
+    value, or nothing (found by a tester)."""
+    for name, source in sources.items():
+        field = f"field '{name}'"
+        named = f"{field} ({source}".replace("\\", r"\\")  # (as re.sub's replacement)
+        message = re.sub(rf"{re.escape(field)} \(--[\w-]+", named, message)
+        message = re.sub(rf"{re.escape(field)}(?! \()", f"{named})", message)
+    return message

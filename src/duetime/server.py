@@ -176,26 +176,28 @@ def open_files_for(max_connections: int) -> int:
 
 
 def check_ports_free(settings: ServerSettings) -> None:
-    """ConfigError naming the flag where the HTTP or gRPC port is taken now, before the models
-    load (the listeners take them after; one taken meanwhile is refused there as ever).
+    """ConfigError naming the flag where the HTTP or gRPC port is taken now, or the host is
+    none of this machine's, before the models load (the listeners take them after; one taken
+    meanwhile is refused there as ever).
 
     NOTE: a taken port was told only once every model had loaded (seconds, or minutes for big
     models), where the metrics port was told at once (found by a tester)."""
     for flag, port in (("http_port", settings.http_port), ("grpc_port", settings.grpc_port)):
-        if not port:
-            continue
+        endpoint = f"{url_host(settings.host)}:{port} ({flag.split('_')[0].upper()})"
         try:
             addresses = socket.getaddrinfo(
                 settings.host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
             )
-        except OSError:  # (a host that does not resolve: its listener says so)
-            continue
+        except OSError as exc:
+            raise _host_refused(endpoint, exc) from None
         family, kind, proto, _, address = addresses[0]
         with socket.socket(family, kind, proto) as probe:
             probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             try:
                 probe.bind(address)
             except OSError as exc:
+                if exc.errno == errno.EADDRNOTAVAIL:
+                    raise _host_refused(endpoint, exc) from None
                 if exc.errno != errno.EADDRINUSE:
                     continue  # (its listener says what is wrong)
                 name = f"--{flag.replace('_', '-')}"
@@ -204,6 +206,19 @@ def check_ports_free(settings: ServerSettings) -> None:
                     f"{url_host(settings.host)}:{port}: {exc.strerror}; pass {name} with a free "
                     "port (0 picks one)"
                 ) from None
+
+
+def _host_refused(endpoint: str, error: OSError) -> ConfigError:
+    """The start's error for a host it cannot listen on: not an address of this machine, or a
+    name that resolves to none.
+
+    NOTE: checked before the metrics endpoint starts, which told it first, on its own port:
+    "cannot listen on bad!host:8002" for a server asked for HTTP on 8000 (found by a tester)."""
+    return ConfigError(
+        f"server settings: field 'host': cannot listen on {endpoint}: "
+        f"{error.strerror or error}; pass --host with an address of this host (127.0.0.1, "
+        "0.0.0.0 or :: for every one)"
+    )
 
 
 def grpc_connections_within(settings: ServerSettings, files: int) -> int:
@@ -241,11 +256,29 @@ def _warn_of_unused(settings: ServerSettings, env: Mapping[str, str] | None = No
         port = _from_env(env, "DUETIME_METRICS_PORT", settings.metrics_port) or "--metrics-port"
         off = _from_env(env, "DUETIME_METRICS", False) or "--no-metrics"
         unused.append((port, f"metrics on ({off} turns them off)"))
+    # NOTE: these two were ignored without a word, as the ones above had been (found by a
+    # tester); each is named as it was given, a flag or a variable
+    mode = settings.model_control_mode
+    if mode != "poll" and "repository_poll_secs" in given:
+        poll = _given_as(env, "repository_poll_secs", settings.repository_poll_secs)
+        unused.append((poll, f"--model-control-mode poll (this server runs with {mode})"))
+    if not settings.tune_runtime:
+        off = _from_env(env, "DUETIME_TUNE_RUNTIME", False) or "--no-tune-runtime"
+        tuned = [n for n in ("gc_threshold", "switch_interval_us", "loop_slice_us") if n in given]
+        for name in tuned:
+            flag = _given_as(env, name, getattr(settings, name))
+            unused.append((flag, f"runtime tuning on ({off} turns it off)"))
     for flag, needs in unused:
         log.warning("%s is ignored: it only takes effect with %s", flag, needs)
 
 
-def _from_env(env: Mapping[str, str], variable: str, value: bool | int) -> str | None:
+def _given_as(env: Mapping[str, str], name: str, value: str | float) -> str:
+    """How the setting `name` (of `value`) was given, for a warning to name: `VARIABLE=...`
+    where `env` gave it (see `_from_env`), else its flag."""
+    return _from_env(env, f"DUETIME_{name.upper()}", value) or f"--{name.replace('_', '-')}"
+
+
+def _from_env(env: Mapping[str, str], variable: str, value: str | float) -> str | None:
     """`variable=...` where `env` gives the setting `value` (its flag, given too, would give
     the same), for a warning to name; None where it does not: its flag gave it."""
     text = env.get(variable)
@@ -337,8 +370,8 @@ class Server:
             raise
 
     async def _start(self, repository: Path) -> Addresses:
+        check_ports_free(self.settings)  # (the host first: the HTTP port's error names it)
         metrics_port = await self._start_metrics()  # a taken port fails before loading
-        check_ports_free(self.settings)
         if self.cpus.loop_cpu is not None:
             pin_current_thread(frozenset({self.cpus.loop_cpu}))
         if self.engine.repository is None:

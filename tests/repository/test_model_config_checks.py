@@ -9,11 +9,16 @@ from pathlib import Path
 
 import pytest
 
-from duetime.config import parse_model_config
+from duetime.config import ModelConfig, parse_model_config
 from duetime.errors import ConfigError, InvalidInput
 from duetime.frontend.rest import parse_config_override
 from duetime.repository.loader import reconcile
-from duetime.repository.tritonconfig import load_model_config, translate
+from duetime.repository.tritonconfig import (
+    load_model_config,
+    read_json_config,
+    read_model_config,
+    translate,
+)
 from duetime.types import TensorSpec
 
 
@@ -479,3 +484,134 @@ def test_a_config_override_with_a_key_once_in_each_object_is_taken() -> None:
         parse_config_override(text, "m")
     assert "twice" not in caught.value.message
     assert parse_config_override('{"max_batch_size": 4}', "m").max_batch_size == 4
+
+
+FIFO_PREFERRING_100 = [
+    ({"scheduling": {"policy": "fifo", "preferred_batch_size": [100]}},
+     "scheduling.preferred_batch_size"),  # duetime's form
+    ({"dynamic_batching": {"preferred_batch_size": [100]},
+      "parameters": {"scheduling_policy": {"string_value": "fifo"}}},
+     "dynamic_batching.preferred_batch_size"),  # Triton's
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("override", "field"), FIFO_PREFERRING_100)
+def test_a_preferred_size_over_the_graph_s_max_batch_size_is_refused(
+    override: dict[str, object], field: str
+) -> None:
+    """Found by a tester: with max_batch_size left to the graph (32), preferred sizes of 100
+    were taken, and the config endpoint returned a config that loaded back was refused."""
+    config = parse_config_override(json.dumps(override), "m")
+    with pytest.raises(ConfigError) as caught:
+        reconcile(config, TWO_INPUTS, SUM, source="m")
+    assert caught.value.message == (
+        f"m: field '{field}': 100 is over max_batch_size 32, which the model's graph gives it "
+        "(its config sets none); set max_batch_size to 100 or more, or lower the preferred sizes"
+    )
+
+
+@pytest.mark.parametrize(("override", "field"), FIFO_PREFERRING_100)
+def test_a_preferred_size_of_a_graph_that_does_not_batch_is_refused(
+    override: dict[str, object], field: str
+) -> None:
+    config = parse_config_override(json.dumps(override), "m")
+    fixed = [TensorSpec("a", "FP32", (2, 3))]
+    with pytest.raises(ConfigError, match=re.escape(f"'{field}': 100 is over max_batch_size 0")):
+        reconcile(config, fixed, [TensorSpec("s", "FP32", (2, 3))], source="m")
+
+
+def test_preferred_sizes_within_the_graph_s_max_batch_size_are_taken() -> None:
+    config = parse_model_config({"scheduling": {"preferred_batch_size": [4, 32]}}, source="c")
+    assert reconcile(config, TWO_INPUTS, SUM, source="m").max_batch_size == 32
+
+
+@pytest.mark.parametrize("spelt", [4, "4", 4.0, "4.0", "4e0", "+4"])
+@pytest.mark.parametrize("key", ["max_batch_size", "maxBatchSize"])
+def test_a_json_override_s_form_does_not_follow_how_its_number_is_spelt(
+    key: str, spelt: object
+) -> None:
+    """Found by a tester: `4` and `"4"` were read as duetime's form (1 instance, any priority
+    level) and `4.0`, `"4.0"`, `"4e0"` as Triton's (2 instances, one level), which protobuf
+    reads alike. The keys decide the form."""
+    config = parse_config_override(json.dumps({key: spelt}), "m")
+    assert type(config) is ModelConfig
+    assert (config.max_batch_size, config.instances, config.scheduling.priority_levels) == (4, 1, 0)
+
+
+@pytest.mark.parametrize("spelt", [4.5, "4.5", "four", True])
+def test_a_json_override_s_number_protobuf_would_refuse_is_refused(spelt: object) -> None:
+    with pytest.raises(InvalidInput, match="field 'max_batch_size'"):
+        parse_config_override(json.dumps({"max_batch_size": spelt}), "m")
+
+
+@pytest.mark.parametrize(
+    ("override", "fields"),
+    [
+        ({"max_batch_size": 4, "maxBatchSize": 8}, "max_batch_size and maxBatchSize"),
+        ({"input": [], "max_batch_size": 4, "maxBatchSize": 8}, "max_batch_size and maxBatchSize"),
+        ({"version_policy": {"latest": {"num_versions": 1, "numVersions": 2}}},
+         "version_policy.latest.num_versions and version_policy.latest.numVersions"),
+        ({"dynamic_batching": {"preferred_batch_size": [2], "preferredBatchSize": [4]}},
+         "dynamic_batching.preferred_batch_size and dynamic_batching.preferredBatchSize"),
+        ({"input": [{"name": "x", "data_type": "TYPE_FP32", "dataType": "TYPE_FP16"}]},
+         "input[0].data_type and input[0].dataType"),
+    ],
+)  # fmt: skip
+def test_a_json_override_giving_a_field_in_both_spellings_is_refused_naming_both(
+    override: dict[str, object], fields: str
+) -> None:
+    """protobuf's JSON reader kept the last of the two without a word (found by a tester)."""
+    with pytest.raises(InvalidInput) as caught:
+        parse_config_override(json.dumps(override), "m")
+    assert caught.value.message == (
+        f"load parameter 'config': {fields}: one field given twice, in both of its spellings; "
+        "give it once"
+    )
+
+
+LONG_DELAY = "a request with no due time may wait that long for its batch to fill"
+
+
+@pytest.mark.parametrize(
+    ("filename", "text", "field"),
+    [
+        ("config.toml", "[scheduling]\nmax_queue_delay_us = 3600000000\n",
+         "scheduling.max_queue_delay_us"),
+        ("config.yaml", "scheduling:\n  max_queue_delay_us: 3600000000\n",
+         "scheduling.max_queue_delay_us"),
+        ("config.pbtxt", "dynamic_batching { max_queue_delay_microseconds: 3600000000 }\n",
+         "dynamic_batching.max_queue_delay_microseconds"),
+    ],
+)  # fmt: skip
+def test_a_long_queue_delay_is_warned_of_in_every_config_file(
+    tmp_path: Path, filename: str, text: str, field: str
+) -> None:
+    """Found by a tester: config.pbtxt's was warned of, config.toml's not."""
+    folder = model_dir(tmp_path, filename, text)
+    read = read_model_config(folder)
+    assert f"{folder / filename}: {field}: 3600000000 (3600 s): {LONG_DELAY}" in read.warnings
+    assert read.digest
+
+
+def test_a_long_queue_delay_in_a_json_override_of_duetime_s_form_is_warned_of() -> None:
+    warnings: list[str] = []
+    override = {"scheduling": {"max_queue_delay_us": 3600000000}}
+    read_json_config(override, source="c", model_name="m", warn=warnings.append)
+    assert warnings == [f"c: scheduling.max_queue_delay_us: 3600000000 (3600 s): {LONG_DELAY}"]
+
+
+def test_a_short_queue_delay_in_a_config_toml_is_not_warned_of(tmp_path: Path) -> None:
+    folder = model_dir(tmp_path, "config.toml", "[scheduling]\nmax_queue_delay_us = 10000000\n")
+    assert read_model_config(folder).warnings == ()
+
+
+def test_a_pbtxt_name_differing_only_in_unicode_normalization_shows_the_code_points() -> None:
+    with pytest.raises(ConfigError) as caught:
+        translate('name: "caf\u00e9"', source="c", model_name="cafe\u0301")
+    assert "the name is 'caf\\xe9', the folder 'cafe\\u0301'" in caught.value.message
+
+
+def test_a_json_name_differing_only_in_unicode_normalization_shows_the_code_points() -> None:
+    with pytest.raises(InvalidInput) as caught:
+        parse_config_override(json.dumps({"name": "caf\u00e9"}), "cafe\u0301")
+    assert "the name is 'caf\\xe9', the folder 'cafe\\u0301'" in caught.value.message

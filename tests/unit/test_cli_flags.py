@@ -306,3 +306,73 @@ def test_an_empty_path_variable_is_refused(variable: str) -> None:
     setting = variable.removeprefix("DUETIME_").lower()
     with pytest.raises(ConfigError, match=f"field '{setting}'.*expected a path, got an empty one"):
         server_settings({}, env={variable: ""})
+
+
+@pytest.mark.parametrize(
+    ("settings", "warned"),
+    [
+        ({"repository_poll_secs": 1.0}, ["--repository-poll-secs"]),
+        ({"repository_poll_secs": 1.0, "model_control_mode": "poll"}, []),
+        (
+            {"tune_runtime": False, "switch_interval_us": 500, "gc_threshold": 1000,
+             "loop_slice_us": 0},
+            ["--gc-threshold", "--loop-slice-us", "--switch-interval-us"],
+        ),
+        ({"switch_interval_us": 500, "gc_threshold": 1000}, []),
+    ],
+)  # fmt: skip
+def test_poll_and_runtime_tuning_settings_with_no_effect_are_warned_of(
+    caplog: pytest.LogCaptureFixture, settings: dict[str, object], warned: list[str]
+) -> None:
+    """Found by a tester: these were ignored without a word, where --record-sample without
+    --record is warned of."""
+    from duetime.server import Server
+
+    with caplog.at_level(logging.WARNING, logger="duetime.server"):
+        Server(ServerSettings(model_repository=Path("repo"), cpus="none", **settings))
+    ignored = sorted(m.split()[0] for m in caplog.messages if "is ignored" in m)
+    assert ignored == warned
+
+
+def test_a_runtime_setting_with_no_effect_is_named_as_it_was_given(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from duetime.server import Server
+
+    monkeypatch.setenv("DUETIME_TUNE_RUNTIME", "false")
+    monkeypatch.setenv("DUETIME_GC_THRESHOLD", "1000")
+    settings = server_settings({"model_repository": Path("repo"), "cpus": "none"})
+    with caplog.at_level(logging.WARNING, logger="duetime.server"):
+        Server(settings)
+    assert [m for m in caplog.messages if "is ignored" in m] == [
+        "DUETIME_GC_THRESHOLD=1000 is ignored: it only takes effect with runtime tuning on "
+        "(DUETIME_TUNE_RUNTIME=false turns it off)"
+    ]
+
+
+@pytest.mark.usefixtures("restore_logging")
+@pytest.mark.parametrize(
+    ("env", "flags", "message"),
+    [
+        ({"DUETIME_CPUS": "abc"}, [],
+         "field 'cpus' (DUETIME_CPUS): 'abc' is not a CPU list"),
+        ({}, ["--cpus", "abc"], "field 'cpus' (--cpus): 'abc' is not a CPU list"),
+        ({"DUETIME_HOST": "bad!host"}, ["--http-port", "0"],
+         "field 'host' (DUETIME_HOST): cannot listen on bad!host:0 (HTTP): "),
+        ({"DUETIME_MODEL_CONTROL_MODE": "explicit", "DUETIME_LOAD_MODEL": "nosuch"}, [],
+         "field 'load_model' (DUETIME_LOAD_MODEL 'nosuch'): no model folder of that name"),
+    ],
+)  # fmt: skip
+def test_a_check_at_start_names_the_variable_or_flag_its_value_came_from(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+    env: dict[str, str], flags: list[str], message: str,
+) -> None:  # fmt: skip
+    """Found by a tester: DUETIME_LOAD_MODEL=nosuch was blamed on --load-model, and a bad
+    DUETIME_HOST or DUETIME_CPUS named no source at all (the host with the metrics port)."""
+    for name in [n for n in os.environ if n.startswith("DUETIME_")]:
+        monkeypatch.delenv(name)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    argv = ["serve", str(tmp_path), "--no-metrics", "--grpc-port", "0", "--no-tune-runtime"]
+    assert cli.main([*argv, *flags]) == 2
+    assert message in capsys.readouterr().err

@@ -438,3 +438,118 @@ def test_two_endpoints_on_one_port_are_refused_naming_both(
 def test_ports_0_and_a_port_of_metrics_turned_off_may_repeat() -> None:
     ServerSettings(http_port=0, grpc_port=0, metrics_port=0)
     ServerSettings(http_port=9000, metrics_port=9000, metrics=False)
+
+
+@pytest.mark.parametrize(("name", "text"), [("config.toml", TOML), ("config.yaml", YAML)])
+def test_a_config_file_starting_with_a_byte_order_mark_loads(
+    tmp_path: Path, name: str, text: str
+) -> None:
+    """Found by a tester: a config.toml saved by Notepad was refused as "Invalid statement (at
+    line 1, column 1)", where config.pbtxt and config.yaml skip the mark."""
+    (tmp_path / name).write_bytes(b"\xef\xbb\xbf" + text.encode())
+    assert load_model_config(tmp_path).max_batch_size == 16
+
+
+@pytest.mark.parametrize("name", ["config.toml", "config.yaml"])
+def test_a_byte_that_is_not_utf8_is_named_by_its_line_and_column(tmp_path: Path, name: str) -> None:
+    """It was "'utf-8' codec can't decode byte 0xf6 in position 4", with no line."""
+    path = tmp_path / name
+    path.write_bytes(b"\xef\xbb\xbf# caf\xc3\xa9\n# Gr\xf6\xdfe\n")
+    with pytest.raises(ConfigError) as caught:
+        load_model_config(tmp_path)
+    assert caught.value.message == (
+        f"{path}: cannot be read as {path.suffix[1:].upper()}: line 2, column 5: byte 0xf6 is "
+        "not UTF-8; save the file as UTF-8"
+    )
+
+
+@pytest.mark.parametrize(
+    ("data", "hint"),
+    [
+        ({"max_batch": 4}, "did you mean 'max_batch_size'?"),
+        ({"scheduling": {"max_queue_dealy_us": 100}}, "did you mean 'max_queue_delay_us'?"),
+        ({"breaker": {"failure": 3}}, "did you mean 'failures'?"),
+        ({"inputs": [{"name": "x", "dim": [4]}]}, "did you mean 'dims'?"),
+        ({"max_queue_dealy_us": 100}, "did you mean 'scheduling.max_queue_delay_us'?"),
+        ({"max_queue_delay_us": 100},
+         "'max_queue_delay_us' is a setting of 'scheduling': write it there"),
+        ({"scheduling": {"max_batch_size": 8}},
+         "'max_batch_size' is a top-level setting, not one of 'scheduling'"),
+        ({"dims": [4]}, "'dims' is a setting of 'inputs' or 'outputs': write it there"),
+    ],
+)  # fmt: skip
+def test_an_unknown_key_is_told_the_setting_it_may_mean(data: dict[str, object], hint: str) -> None:
+    """Found by a tester: each got "Extra inputs are not permitted" and nothing more."""
+    with pytest.raises(ConfigError) as caught:
+        parse_model_config(data, source="c")
+    assert "Extra inputs are not permitted" in caught.value.message
+    assert caught.value.message.endswith(f"; {hint}")
+
+
+def test_a_key_near_no_setting_gets_no_guess() -> None:
+    with pytest.raises(ConfigError) as caught:
+        parse_model_config({"zzz": 1}, source="c")
+    assert caught.value.message == "c: field 'zzz': Extra inputs are not permitted (got 1)"
+
+
+def test_a_breaker_opening_longer_than_its_maximum_is_refused_naming_both() -> None:
+    """Found by a tester: open_s 100 with max_open_s 10 opened for 100 s, then for 10."""
+    with pytest.raises(ConfigError, match=r"open_s 100 is over max_open_s 10"):
+        parse_model_config({"breaker": {"open_s": 100, "max_open_s": 10}}, source="c")
+    assert parse_model_config({"breaker": {"open_s": 10, "max_open_s": 10}}, source="c")
+
+
+@pytest.mark.parametrize(
+    ("name", "text"),
+    [
+        ("config.toml", 'name = "m"\nbackend = "onnxruntime"\nmax_batch_size = 4\n'),
+        ("config.yaml", "name: m\nbackend: onnxruntime\nmax_batch_size: 4\n"),
+    ],
+)
+def test_a_config_file_may_give_the_model_s_name_and_backend_as_json_may(
+    tmp_path: Path, name: str, text: str
+) -> None:
+    """Found by a tester: the README lists them among the fields both forms share, and a load
+    request's JSON took them, but config.toml refused them as extra inputs."""
+    folder = tmp_path / "m"
+    folder.mkdir()
+    write(folder, name, text)
+    assert load_model_config(folder).max_batch_size == 4
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ('name = "other"\n', "name: 'other' differs from the model's folder 'm'"),
+        ("name = 4\n", "name: expected the model's name, 'm' (its folder's), got 4"),
+        ('backend = "python"\n', "backend: 'python': duetime serves ONNX models with ONNX "
+                                 "Runtime (platform 'onnxruntime_onnx', backend 'onnxruntime')"),
+    ],
+)  # fmt: skip
+def test_a_config_file_s_name_and_backend_are_checked_as_triton_checks_them(
+    tmp_path: Path, text: str, message: str
+) -> None:
+    folder = tmp_path / "m"
+    folder.mkdir()
+    path = write(folder, "config.toml", text)
+    with pytest.raises(ConfigError) as caught:
+        load_model_config(folder)
+    assert caught.value.message == f"{path}: {message}"
+
+
+def test_a_name_that_differs_only_in_unicode_normalization_shows_the_code_points(
+    tmp_path: Path,
+) -> None:
+    """Found by a tester: a folder `café` in NFD and a name `café` in NFC were refused as
+    "'café' differs from the model's folder 'café'". Refused still, as Triton refuses it."""
+    folder = tmp_path / "cafe\u0301"
+    folder.mkdir()
+    path = write(folder, "config.toml", 'name = "caf\u00e9"\n')
+    with pytest.raises(ConfigError) as caught:
+        load_model_config(folder)
+    assert caught.value.message == (
+        f"{path}: name: 'caf\u00e9' differs from the model's folder 'cafe\u0301' (only in "
+        "Unicode normalization, how their accented letters are encoded: the name is "
+        "'caf\\xe9', the folder 'cafe\\u0301'; write the name as the folder has it, or leave "
+        "it out)"
+    )

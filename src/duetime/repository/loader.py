@@ -33,7 +33,7 @@ from duetime.execution.ort import (
     strings_for_ort,
 )
 from duetime.repository.layout import ModelSource
-from duetime.repository.tritonconfig import load_model_config
+from duetime.repository.tritonconfig import TritonModelConfig, load_model_config, triton_field
 from duetime.scheduling.profile import LatencyProfile, batch_buckets, profile_from_samples
 from duetime.types import ModelSignature, TensorSpec, model_words
 from duetime.validation import Validator, left_out_inputs
@@ -494,7 +494,33 @@ def reconcile(
             "batch dim), or set max_batch_size = 0"
         )
     _check_ranks(inputs, outputs, source)
+    _check_preferred_fit(config, max_batch, source)
     return ModelSignature(tuple(inputs), tuple(outputs), max_batch)
+
+
+def _check_preferred_fit(config: ModelConfig, max_batch: int, source: str) -> None:
+    """ConfigError where a preferred batch size is over `max_batch`, the max_batch_size the
+    model is served with, named as the config's writer named it.
+
+    NOTE: the config refuses one over its own max_batch_size (`ModelConfig._preferred_fit`),
+    but one over the graph's (no max_batch_size set: 32, or 0) was taken, and the config
+    endpoint then returned max_batch_size 32 with preferred_batch_size [100], a config that
+    load_model(config=...) refused (found by a tester). Triton refuses it too ("dynamic
+    batching preferred size must be <= max batch size")."""
+    preferred = config.scheduling.preferred_batch_size
+    if not preferred or max(preferred) <= max_batch:
+        return
+    largest, loc = max(preferred), ("scheduling", "preferred_batch_size")
+    field = triton_field(loc) if isinstance(config, TritonModelConfig) else ".".join(loc)
+    fix = (
+        f"set max_batch_size to {largest} or more, or lower the preferred sizes"
+        if max_batch
+        else "leave the preferred sizes out (0: the model does not batch)"
+    )
+    raise ConfigError(
+        f"{source}: field '{field}': {largest} is over max_batch_size {max_batch}, which the "
+        f"model's graph gives it (its config sets none); {fix}"
+    )
 
 
 def _check_ranks(inputs: list[TensorSpec], outputs: list[TensorSpec], source: str) -> None:

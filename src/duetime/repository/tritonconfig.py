@@ -88,11 +88,15 @@ from pydantic import ValidationError
 
 from duetime import config as settings
 from duetime.config import (
+    BOM,
     MAX_QUEUE_SIZE,
+    ONNX_BACKENDS,
+    ONNX_RUNTIME_ONLY,
     ModelConfig,
     SchedulingConfig,
     describe_validation_error,
     find_config_file,
+    name_difference,
     parse_model_config,
     unread_config_warning,
 )
@@ -103,7 +107,6 @@ log = logging.getLogger("duetime.config")
 
 FILENAME = "config.pbtxt"
 ONNX_PLATFORMS = frozenset({"", "onnxruntime_onnx"})
-ONNX_BACKENDS = frozenset({"", "onnxruntime"})
 ENSEMBLE = "ensemble"
 """The platform of a Triton ensemble."""
 
@@ -124,13 +127,22 @@ nothing else."""
 DEFAULT_QUEUE_SIZE: int = SchedulingConfig.model_fields["max_queue_size"].default
 """The queue bound a Triton config that leaves `max_queue_size` unset is served with."""
 _TRITON_FIELDS = mc.ModelConfig.DESCRIPTOR.fields
+_SHARED = frozenset(ModelConfig.model_fields) | {"name", "backend"}  # (both forms take these two)
+_SHARED_JSON_NAMES = {
+    field.json_name: field.name
+    for field in _TRITON_FIELDS
+    if field.name in _SHARED and field.json_name != field.name
+}
+"""protobuf's JSON names (camelCase: `maxBatchSize`) of the fields duetime's form shares with
+Triton's -> their names."""
 _TRITON_ONLY = (
     frozenset(
         {field.name for field in _TRITON_FIELDS} | {field.json_name for field in _TRITON_FIELDS}
     )
-    - set(ModelConfig.model_fields)
-    - {"name", "backend"}
-)  # (both forms take these two)
+    - _SHARED
+    - set(_SHARED_JSON_NAMES)
+)
+"""The keys of a JSON config that only Triton's form has: one of them makes it Triton's."""
 _REFUSED = {
     "sequence_batching": "sequence batching (stateful models) is not supported",
     "ensemble_scheduling": "ensembles are not supported; serve each model on its own",
@@ -248,10 +260,15 @@ def read_model_config(model_dir: Path) -> ReadConfig:
         return ReadConfig(
             ModelConfig(), (unread,), hashlib.sha256(unread.encode()).hexdigest(), unread
         )
-    if path.name != FILENAME:
-        return ReadConfig(settings.load_model_config(model_dir))
-    raw = _read_bytes(path)
     warnings: list[str] = []
+    if path.name != FILENAME:
+        own = settings.load_model_config(model_dir)
+        delay = own.scheduling.max_queue_delay_us
+        _warn_long_delay(delay, f"{path}: scheduling.max_queue_delay_us", warnings.append)
+        # (the digest of what it warns of: the same warnings are said once)
+        said = hashlib.sha256("\n".join(warnings).encode()).hexdigest() if warnings else ""
+        return ReadConfig(own, tuple(warnings), said)
+    raw = _read_bytes(path)
     text = decoded(raw, source=str(path))
     data = translate(text, source=str(path), model_name=model_dir.name, warn=warnings.append)
     digest = hashlib.sha256(raw).hexdigest()
@@ -281,10 +298,6 @@ def _read_bytes(path: Path) -> bytes:
         return path.read_bytes()
     except OSError as exc:
         raise ConfigError(f"{path}: cannot be read: {exc}") from exc
-
-
-BOM = "\ufeff"
-"""A UTF-8 byte order mark, as Windows editors start a file with one: not part of the config."""
 
 
 def decoded(data: bytes, *, source: str) -> str:
@@ -349,57 +362,72 @@ def read_json_config(
     """A JSON model config (a load request's `config`): duetime's own settings (Triton's `name`,
     and `backend` "onnxruntime", accepted too), or Triton's ModelConfig in protobuf's JSON form.
 
-    NOTE: the form is the one the JSON is valid in, duetime's first: the fields both share
-    (`name`, `platform`, `backend`, `max_batch_size`, `version_policy`) mean the same in each
-    (but `max_batch_size` 0, which duetime reads as "no batching" and Triton as "from the
-    graph"), in whatever form protobuf's JSON writes them (int64 as strings:
-    `"max_batch_size": "4"`, what tritonclient's gRPC `get_model_config(as_json=True)` returns;
-    camelCase names: `maxBatchSize`): a JSON of those fields alone is duetime's form, its other
-    settings at duetime's defaults. `"max_batch_size": "4"` was read as Triton's form (2
-    instances, one priority level) and `4` as duetime's (1 instance, any level): one config,
-    two meanings (the tconfig tester's repro_json_override_form.py). A JSON with any field
-    Triton's form alone has (`input`, `instance_group`, `dynamic_batching`, `parameters`, ...)
-    is Triton's form, its fields left out at Triton's defaults, as in a config.pbtxt. Valid in
-    neither: the errors of the form its keys name (Triton's if any is Triton's alone). Read in
+    NOTE: the form is decided by the keys, never by how a value is written: a JSON with any
+    field Triton's form alone has (`input`, `instance_group`, `dynamic_batching`,
+    `parameters`, ...) is Triton's form, its fields left out at Triton's defaults, as in a
+    config.pbtxt; any other is duetime's, its settings left out at duetime's defaults. The
+    fields both share (`name`, `platform`, `backend`, `max_batch_size`, `version_policy`,
+    `default_model_filename`) mean the same in each (but `max_batch_size` 0, which duetime
+    reads as "no batching" and Triton as "from the graph"), in any spelling protobuf's JSON
+    takes (camelCase names: `maxBatchSize`; integers as protobuf reads them: `"4"`, what
+    tritonclient's gRPC `get_model_config(as_json=True)` returns, `4.0`, `"4e0"`).
+    The form was the one the JSON was valid in, duetime's first: `"max_batch_size": "4"` was
+    read as Triton's form (2 instances, one priority level) and `4` as duetime's (1 instance,
+    any level), one config with two meanings (the tconfig tester's
+    repro_json_override_form.py); then `4.0` and `"4e0"` still were (the t85 tester's
+    repro_2.py). A field given in both spellings is refused (protobuf kept the last). Read in
     Triton's form, it is a `TritonModelConfig`."""
     given = data.get("name", model_name)
     if given != model_name:
-        raise ConfigError(f"{source}: name '{given}' is not the model '{model_name}'")
-    own = _shared_as_own({key: value for key, value in data.items() if key != "name"})
-    if own.get("backend") in ("onnxruntime", "onnxruntime_onnx"):
-        del own["backend"]
-    try:
-        return parse_model_config(own, source=source)
-    except ConfigError as exc:
-        # NOTE: its message, not the error: kept in a local of the frame its traceback holds,
-        # it made a cycle, which the tuned collector (`server.tune_gc`) left for minutes: a
-        # 20 MB config that failed validation held 118 MB a load request (found by a tester)
-        own_message = exc.message
-    try:
-        config = _parsed(json_format.ParseDict, data, source, "JSON ModelConfig")
-    except ConfigError:
-        if any(key in _TRITON_ONLY for key in data):
-            raise
-        raise ConfigError(own_message) from None
+        differs = name_difference(given, model_name) if isinstance(given, str) else ""
+        raise ConfigError(f"{source}: name '{given}' is not the model '{model_name}'{differs}")
+    _refuse_both_spellings(data, mc.ModelConfig.DESCRIPTOR, "", source)
+    if not any(key in _TRITON_ONLY for key in data):
+        own = parse_model_config(_shared_as_own(data), source=source, model_name=model_name)
+        _warn_long_delay(own.scheduling.max_queue_delay_us,
+                         f"{source}: scheduling.max_queue_delay_us", warn)  # fmt: skip
+        return own
+    config = _parsed(json_format.ParseDict, data, source, "JSON ModelConfig")
     translated = _translated(config, source, model_name, warn)
     return validated(translated, source=source, form=TritonModelConfig)
 
 
-_SHARED_JSON_NAMES = {"maxBatchSize": "max_batch_size", "versionPolicy": "version_policy"}
-"""protobuf's JSON names (camelCase) of the fields duetime's form shares with Triton's."""
-_INT64 = re.compile(r"-?[0-9]+")
+def _refuse_both_spellings(data: Any, message: Any, where: str, source: str) -> None:
+    """ConfigError where an object of the JSON `data` gives a field of `message` (a protobuf
+    descriptor; `where`: its path, '' for the config) under both of its names
+    (`max_batch_size` and `maxBatchSize`): protobuf's JSON reader keeps the last without a
+    word, and which one the writer meant is theirs to say."""
+    if not isinstance(data, dict):
+        return
+    for field in message.fields:
+        names = [name for name in dict.fromkeys((field.name, field.json_name)) if name in data]
+        if len(names) > 1:
+            raise ConfigError(f"{source}: {where}{names[0]} and {where}{names[1]}: one field "
+                              "given twice, in both of its spellings; give it once")  # fmt: skip
+        held = field.message_type
+        if held is None or not names:
+            continue
+        value, path = data[names[0]], f"{where}{names[0]}"
+        if held.GetOptions().map_entry:  # (a map: its values are of the entry's `value`)
+            held = held.fields_by_name["value"].message_type
+            items = list(value.items()) if isinstance(value, dict) and held else []
+            for key, item in items:
+                _refuse_both_spellings(item, held, f"{path}[{key!r}].", source)
+        elif field.is_repeated:
+            for index, item in enumerate(value if isinstance(value, list) else []):
+                _refuse_both_spellings(item, held, f"{path}[{index}].", source)
+        else:
+            _refuse_both_spellings(value, held, f"{path}.", source)
 
 
-def _shared_as_own(data: dict[str, Any]) -> dict[str, Any]:
-    """`data` with the fields both forms share written as duetime's form writes them: protobuf's
-    JSON names and int64-as-string numbers (`"maxBatchSize": "4"`) as `"max_batch_size": 4`.
-    Anything else is left as it is (for duetime's validation to refuse, naming the field)."""
+def _shared_as_own(data: Mapping[str, Any]) -> dict[str, Any]:
+    """`data` with the fields both forms share written as duetime's form writes them:
+    protobuf's JSON names and its spellings of integers (`"maxBatchSize": "4"`, `4.0`,
+    `"4e0"`) as `"max_batch_size": 4`. Anything else is left as it is (for duetime's
+    validation to refuse, naming the field)."""
     own = {_SHARED_JSON_NAMES.get(key, key): value for key, value in data.items()}
-    if len(own) != len(data):  # (both spellings of one field: left for the errors to name)
-        return dict(data)
-    own["max_batch_size"] = _int64(own.get("max_batch_size"))
-    if own["max_batch_size"] is None:
-        del own["max_batch_size"]
+    if "max_batch_size" in own:
+        own["max_batch_size"] = _json_integer(own["max_batch_size"])
     policy = own.get("version_policy")
     if isinstance(policy, dict):
         policy = dict(policy)
@@ -407,21 +435,33 @@ def _shared_as_own(data: dict[str, Any]) -> dict[str, Any]:
         if isinstance(latest, dict):
             latest = {"num_versions" if k == "numVersions" else k: v for k, v in latest.items()}
             if "num_versions" in latest:
-                latest["num_versions"] = _int64(latest["num_versions"])
+                latest["num_versions"] = _json_integer(latest["num_versions"])
             policy["latest"] = latest
         specific = policy.get("specific")
         if isinstance(specific, dict) and isinstance(specific.get("versions"), list):
-            specific = {**specific, "versions": [_int64(v) for v in specific["versions"]]}
+            specific = {**specific, "versions": [_json_integer(v) for v in specific["versions"]]}
             policy["specific"] = specific
         own["version_policy"] = policy
     return own
 
 
-def _int64(value: Any) -> Any:
-    """protobuf's JSON form of an int64 (a string of digits) as the number; others unchanged."""
-    if isinstance(value, str) and _INT64.fullmatch(value):
+def _json_integer(value: Any) -> Any:
+    """`value` as protobuf's JSON reader reads an integer field (its `_ConvertInteger`): `4`,
+    `4.0`, `"4"`, `"4.0"` and `"4e0"` are all 4. Others unchanged (a bool, a fraction, a
+    string with a space or of no number), for duetime's validation to refuse."""
+    if isinstance(value, float) and value.is_integer():
         return int(value)
-    return value
+    if not isinstance(value, str) or " " in value:
+        return value
+    try:
+        return int(value)
+    except ValueError:
+        pass
+    try:
+        number = float(value)
+    except ValueError:
+        return value
+    return int(number) if number.is_integer() else value
 
 
 def translate_json(
@@ -444,7 +484,7 @@ def validated(
     except ValidationError as exc:
         # (a section's whole translated content says nothing of the Triton file: left out)
         message = describe_validation_error(
-            source, exc, field_name=triton_field, show_sections=False
+            source, exc, field_name=triton_field, show_sections=False, schema=form
         )
         raise ConfigError(message) from None
 
@@ -784,7 +824,8 @@ def _refuse_what_cannot_be_served(
         return ConfigError(f"{source}: {field}: {why}")
 
     if config.name and config.name != model_name:
-        raise refuse("name", f"'{config.name}' differs from the model's folder '{model_name}'")
+        raise refuse("name", f"'{config.name}' differs from the model's folder '{model_name}'"
+                             f"{name_difference(config.name, model_name)}")  # fmt: skip
     if config.max_batch_size < 0:
         raise refuse("max_batch_size", f"{config.max_batch_size}: must be 0 (no batching) or more")
     if config.platform == ENSEMBLE or "ensemble_scheduling" in given:
@@ -797,8 +838,7 @@ def _refuse_what_cannot_be_served(
     if config.platform not in ONNX_PLATFORMS or config.backend not in ONNX_BACKENDS:
         field = "platform" if config.platform not in ONNX_PLATFORMS else "backend"
         value = config.platform if field == "platform" else config.backend
-        raise refuse(field, f"'{value}': duetime serves ONNX models with ONNX Runtime "
-                            "(platform 'onnxruntime_onnx', backend 'onnxruntime')")  # fmt: skip
+        raise refuse(field, f"'{value}': {ONNX_RUNTIME_ONLY}")
     refused = sorted(given & _REFUSED.keys())
     if refused:
         raise refuse(refused[0], _REFUSED[refused[0]])
@@ -992,6 +1032,17 @@ LONG_QUEUE_DELAY_US = 10_000_000
 warning: a request may wait that long for its batch to fill."""
 
 
+def _warn_long_delay(delay_us: int, field: str, warn: Warn) -> None:
+    """Warn of a queue delay over `LONG_QUEUE_DELAY_US`, in any form of config (`field`: the
+    source and the field, as its writer named it).
+
+    NOTE: a config.pbtxt's was warned of, the same in config.toml or a load request's JSON
+    (`scheduling.max_queue_delay_us`) was not (found by a tester)."""
+    if delay_us > LONG_QUEUE_DELAY_US:
+        warn(f"{field}: {delay_us} ({delay_us / 1e6:g} s): a request with no due time may wait "
+             "that long for its batch to fill")  # fmt: skip
+
+
 def _warn_queue_bounded(batching: Any, source: str, warn: Warn) -> None:
     """NOTE: Triton's `max_queue_size` 0 (unset, or no `dynamic_batching`) is no maximum;
     duetime keeps its queues bounded by design and served such a model with a bound of 1024
@@ -1039,9 +1090,7 @@ def _dynamic_batching(batching: Any, out: dict[str, Any], source: str, warn: War
              "instances side by side), not held back to the order requests came in")  # fmt: skip
     scheduling: dict[str, Any] = out.setdefault("scheduling", {})
     scheduling["max_queue_delay_us"] = delay = batching.max_queue_delay_microseconds
-    if delay > LONG_QUEUE_DELAY_US:
-        warn(f"{source}: dynamic_batching.max_queue_delay_microseconds: {delay} ({delay / 1e6:g} "
-             "s): a request with no due time may wait that long for its batch to fill")  # fmt: skip
+    _warn_long_delay(delay, f"{source}: dynamic_batching.max_queue_delay_microseconds", warn)
     if batching.preferred_batch_size:
         scheduling["preferred_batch_size"] = list(batching.preferred_batch_size)
     if batching.HasField("default_queue_policy"):

@@ -200,7 +200,7 @@ def update_config(
     path = config_file(model_dir)
     text = path.read_text(encoding="utf-8") if path.is_file() else ""
     data = read_config_file(path) if text else {}
-    existing = parse_model_config(data, source=str(path)).variants
+    existing = parse_model_config(data, source=str(path), model_name=model_dir.name).variants
     replaced: set[str] = {r.kind for r in results if r.status != "failed"}
     new = [_entry(r) for r in results if r.status == "kept"]
     plan = plan_variants(existing, replaced, new, by_argmax)
@@ -212,7 +212,9 @@ def update_config(
     else:
         new_text = _render_yaml(data, plan)
         check = yaml.safe_load(new_text) or {}
-    parse_model_config(check, source=f"{path} (as optimize would write it)")
+    parse_model_config(
+        check, source=f"{path} (as optimize would write it)", model_name=model_dir.name
+    )
     return path, new_text
 
 
