@@ -85,7 +85,7 @@ def _dating(wait_s: float, remaining_s: float | None, now: int) -> tuple[Any, An
     """A service whose backlog says calls wait `wait_s` in the core, and a call's context with
     `remaining_s` left till its gRPC deadline (None: none), at `now` (see `_dated`)."""
     service = SimpleNamespace(
-        backlog=SimpleNamespace(wait_s=wait_s),
+        backlog=SimpleNamespace(waited_ns=lambda: int(wait_s * 1e9)),
         _engine=SimpleNamespace(clock=SimpleNamespace(now_ns=lambda: now)),
     )
     service._due = lambda *args: InferenceService._due(service, *args)  # type: ignore[arg-type]

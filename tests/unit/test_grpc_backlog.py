@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from duetime.frontend.grpcbacklog import READ_PERIOD_S, CoreBacklog
@@ -156,3 +158,29 @@ def test_a_burst_after_a_quiet_stretch_is_not_spread_over_it() -> None:
     backlog.sample()
     assert backlog.calls == 99
     assert backlog.wait_s == 0.0  # (came after the last reading in reach: at most 20 ms ago)
+
+
+def test_a_call_counts_its_wait_from_when_it_was_taken_not_from_its_handler() -> None:
+    """NOTE: a call was dated by the estimate read as its handler began, turns of the loop
+    after it was taken: under an HTTP overload, 20 ms calls were answered 60-200 ms after they
+    were sent and counted on time (found by a tester). The call's task keeps the estimate of
+    when it was taken; the time since counts too."""
+    backlog, core, now = make()
+    for _ in range(10):  # (as the steady queue above: the call taken now waited 0.125 s)
+        now[0] += 0.025
+        core.arrive(40)
+        take(backlog, core, 20)
+        backlog.sample()
+
+    async def call() -> tuple[int, int]:
+        assert backlog.take_running()
+        taken_wait = backlog.wait_s
+        core.held -= 1
+        take(backlog, core, 200)  # (the calls behind it are taken: the estimate moves on)
+        await asyncio.sleep(0.05)  # (its message read, turns later)
+        return backlog.waited_ns(), int(taken_wait * 1e9)
+
+    waited, taken_wait = asyncio.run(call())
+    assert taken_wait == pytest.approx(0.125e9, abs=0.002e9)
+    assert taken_wait + 0.05e9 <= waited < taken_wait + 2e9
+    assert backlog.waited_ns() == int(backlog.wait_s * 1e9)  # (outside a call's task)

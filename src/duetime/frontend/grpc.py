@@ -1025,7 +1025,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         if None in kinds.values():
             _refuse_unset(kinds, "request")
         backlog = self.backlog
-        arrived = now - int(backlog.wait_s * 1e9) if backlog is not None and new_call else now
+        arrived = now - backlog.waited_ns() if backlog is not None and new_call else now
         return arrived, self._due(parameters, context, now, arrived)
 
     def _within(self, due: int | None) -> float | None:
