@@ -213,7 +213,11 @@ class BreakerConfig(_Strict):
     def _open_within_its_bound(self) -> BreakerConfig:
         """NOTE: `open_s = 100` with `max_open_s = 10` was taken: the breaker first stayed
         open 100 s, ten times its stated bound, and after a failed probe 10 s, the doubling
-        shrinking it (found by a tester). Refused, as a default level beyond the levels is."""
+        shrinking it (found by a tester). Refused, as a default level beyond the levels is.
+        An open_s left to its default starts at max_open_s where that is lower: a config giving
+        max_open_s = 3 alone was refused for the default's 5 (found by a tester)."""
+        if self.open_s > self.max_open_s and "open_s" not in self.model_fields_set:
+            object.__setattr__(self, "open_s", self.max_open_s)  # (frozen: set as it is made)
         if self.open_s > self.max_open_s:
             raise ValueError(
                 f"open_s {self.open_s:g} is over max_open_s {self.max_open_s:g}: the open "

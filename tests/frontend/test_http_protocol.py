@@ -285,7 +285,9 @@ def test_a_host_that_is_not_a_host_and_port_gets_400(client: RawClient, host: st
     assert "Host" in response.json()["error"]
 
 
-@pytest.mark.parametrize("host", ["localhost:8000", "127.0.0.1", "[::1]:8000", "my_host.test", ""])
+@pytest.mark.parametrize(
+    "host", ["localhost:8000", "127.0.0.1", "[::1]:8000", "my_host.test", "", "localhost \t"]
+)
 def test_a_host_and_port_is_served(client: RawClient, host: str) -> None:
     client.send(f"GET /v2/health/live HTTP/1.1\r\nHost: {host}\r\n\r\n".encode())
     assert client.response().status == 200

@@ -1738,3 +1738,35 @@ def test_without_lazy_loading_the_budget_loads_what_fits_and_unloads_none(
             assert any("add --lazy-load" in r for r in reasons), reasons
 
     run(tmp_path, scenario, control_mode=mode, poll_s=3600, max_loaded_models=1)
+
+
+@pytest.mark.parametrize(
+    ("variable", "named"), [(None, "--load-model n"), ("n", "(DUETIME_LOAD_MODEL) n")]
+)
+def test_a_server_s_startup_models_outside_explicit_mode_are_named_as_given(
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+    variable: str | None,
+    named: str,
+) -> None:
+    """A server's warning named the flag alone for models DUETIME_LOAD_MODEL gave (found by a
+    tester)."""
+    write_version(tmp_path, "n", 1, scale_model(2))
+    if variable is not None:
+        monkeypatch.setenv("DUETIME_LOAD_MODEL", variable)
+    else:
+        monkeypatch.delenv("DUETIME_LOAD_MODEL", raising=False)
+
+    async def main() -> None:
+        engine = Engine(options=manager_module.RepositoryOptions(startup_models=("n",)))
+        try:
+            await engine.load_repository(tmp_path)
+        finally:
+            await engine.aclose()
+
+    with caplog.at_level("WARNING", logger="duetime.manager"):
+        asyncio.run(main())
+    assert any(f"{named} is ignored" in r.getMessage() for r in caplog.records), [
+        r.getMessage() for r in caplog.records
+    ]

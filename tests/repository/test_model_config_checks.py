@@ -505,8 +505,9 @@ def test_a_preferred_size_over_the_graph_s_max_batch_size_is_refused(
     with pytest.raises(ConfigError) as caught:
         reconcile(config, TWO_INPUTS, SUM, source="m")
     assert caught.value.message == (
-        f"m: field '{field}': 100 is over max_batch_size 32, which the model's graph gives it "
-        "(its config sets none); set max_batch_size to 100 or more, or lower the preferred sizes"
+        f"m: field '{field}': 100 is over max_batch_size 32, what the model is served with as "
+        "its config sets none (duetime's default for its graph); set max_batch_size to 100 or "
+        "more, or lower the preferred sizes"
     )
 
 

@@ -499,6 +499,13 @@ def test_a_breaker_opening_longer_than_its_maximum_is_refused_naming_both() -> N
     assert parse_model_config({"breaker": {"open_s": 10, "max_open_s": 10}}, source="c")
 
 
+def test_a_breaker_bounded_below_the_default_open_period_opens_for_its_bound() -> None:
+    """A config giving max_open_s = 3 alone was refused for the default open_s, 5, which its
+    writer never wrote (found by a tester): the first open period is the bound."""
+    config = parse_model_config({"breaker": {"max_open_s": 3}}, source="c")
+    assert (config.breaker.open_s, config.breaker.max_open_s) == (3, 3)
+
+
 @pytest.mark.parametrize(
     ("name", "text"),
     [

@@ -518,8 +518,8 @@ def _check_preferred_fit(config: ModelConfig, max_batch: int, source: str) -> No
         else "leave the preferred sizes out (0: the model does not batch)"
     )
     raise ConfigError(
-        f"{source}: field '{field}': {largest} is over max_batch_size {max_batch}, which the "
-        f"model's graph gives it (its config sets none); {fix}"
+        f"{source}: field '{field}': {largest} is over max_batch_size {max_batch}, what the "
+        f"model is served with as its config sets none (duetime's default for its graph); {fix}"
     )
 
 

@@ -461,9 +461,13 @@ class ModelManager:
                     "through the repository API (and --load-model at start), never on a request"
                 )
             else:
+                # (named as DUETIME_LOAD_MODEL too where that is set: it named the flag alone
+                # for a variable's models, found by a tester)
+                given = "DUETIME_LOAD_MODEL" if "DUETIME_LOAD_MODEL" in os.environ else None
                 log.warning(
-                    "--load-model %s is ignored: it only takes effect with "
+                    "%s %s is ignored: it only takes effect with "
                     "--model-control-mode explicit (this server runs with %s%s)",
+                    "--load-model" if given is None else f"--load-model ({given})",
                     " ".join(wanted), self.options.control_mode,
                     ", --lazy-load" if self.options.lazy else "",
                 )  # fmt: skip
