@@ -9,7 +9,7 @@ import pytest
 from repo_models import factor_of, run_on_engine, scale_model, write_version
 
 from duetime import Engine
-from duetime.errors import ModelNotFound
+from duetime.errors import ModelNotFound, ModelUnavailable
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -48,3 +48,18 @@ def test_without_lazy_loading_only_the_served_models_are_told(tmp_path: Path) ->
         assert await _unknown(engine) == f"{UNKNOWN}'a'"
 
     run_on_engine(tmp_path, scenario, control_mode="explicit", lazy=True)
+
+
+def test_a_model_not_loaded_yet_is_unavailable_not_unknown(tmp_path: Path) -> None:
+    """Its metadata and readiness said "not found" (404, NOT_FOUND: final to a client), the
+    message listing it as served, where gRPC's ModelReady and V1 said not ready (found by a
+    tester): it is unavailable (503, retry) until its first inference request loads it."""
+    write_version(tmp_path, "a", 1, scale_model(1))
+
+    async def scenario(engine: Engine) -> None:
+        with pytest.raises(ModelUnavailable, match="'a' has no available versions: it is not"):
+            engine.registry.resolve("a", None)
+        assert await factor_of(engine, "a") == 1.0  # (an inference loads it)
+        assert engine.registry.resolve("a", None).model.name == "a"
+
+    run_on_engine(tmp_path, scenario, lazy=True)

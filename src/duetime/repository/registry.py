@@ -313,6 +313,14 @@ class Registry:
             # name was told "served models: none" while every model of the repository served
             # on request (found by a tester)
             later = sorted(set(self.on_demand()) - snapshot.models.keys())
+            if name in later:
+                # NOTE: it was "not found" (404, NOT_FOUND: final to a client) for its metadata
+                # and HTTP readiness, its message listing it as served, where gRPC's ModelReady
+                # and V1 said not ready (found by a tester)
+                raise ModelUnavailable(
+                    f"{UNKNOWN_MODEL}'{name}' has no available versions: it is not loaded yet; "
+                    "it loads on its first inference request (--lazy-load)"
+                )
             known = ", ".join(repr(n) for n in sorted([*snapshot.models, *later])) or "none"
             if later and not snapshot.models:
                 known += " (each loads on its first request)"
