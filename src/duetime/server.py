@@ -40,6 +40,7 @@ from duetime.observability.tracing import SHUTDOWN_EXPORT_S, Tracing, tracing_fr
 from duetime.overload import LoadShedder
 from duetime.repository.manager import RepositoryOptions
 from duetime.tools.capture.recorder import Recorder
+from duetime.tools.outputs import check_output
 
 log = logging.getLogger("duetime.server")
 
@@ -374,6 +375,9 @@ class Server:
 
     async def _start(self, repository: Path) -> Addresses:
         check_ports_free(self.settings)  # (the host first: the HTTP port's error names it)
+        # (a capture file that cannot be made fails before the models load: it failed after,
+        # seconds later, found by a tester)
+        check_output(self.settings.record_path, "--record", new=True)
         metrics_port = await self._start_metrics()  # a taken port fails before loading
         if self.cpus.loop_cpu is not None:
             pin_current_thread(frozenset({self.cpus.loop_cpu}))
@@ -415,10 +419,11 @@ class Server:
         try:
             recorder.start()
         except OSError as exc:
+            hint = " (a capture is never overwritten: choose a new file name)"
             raise ConfigError(
                 f"server settings: field 'record_path' (--record): cannot create the capture file "
-                f"{recorder.path}: {exc.strerror or exc} (a capture is never overwritten: "
-                "choose a new file name)"
+                f"{recorder.path}: {exc.strerror or exc}"
+                f"{hint if isinstance(exc, FileExistsError) else ''}"
             ) from None
         self.engine.recorder = recorder
         if self._metrics is not None:

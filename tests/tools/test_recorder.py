@@ -24,7 +24,7 @@ from tritonclient.utils import InferenceServerException
 
 from duetime.clock import FakeClock
 from duetime.config import ServerSettings
-from duetime.engine import Ticket
+from duetime.engine import Engine, Ticket
 from duetime.errors import InvalidInput
 from duetime.frontend.rest import parse_infer_request
 from duetime.frontend.sharedmemory import SharedMemoryRegions
@@ -224,6 +224,29 @@ def test_existing_capture_is_not_overwritten(mlp_repo: Path, tmp_path: Path) -> 
     with pytest.raises(Exception, match="never overwritten"):
         start_server(settings)
     assert path.read_bytes() == b"precious"
+
+
+def test_a_capture_in_folders_not_made_yet_makes_them(mlp_repo: Path, tmp_path: Path) -> None:
+    """It failed "No such file or directory (a capture is never overwritten: choose a new file
+    name)", a hint for a file that exists, after the models had loaded (found by a tester):
+    its folders are made, as the other tools' outputs' are."""
+    path = tmp_path / "new" / "folder" / "live.cap"
+    with recording_server(mlp_repo, path):
+        pass
+    assert path.is_file()
+
+
+def test_a_capture_that_cannot_be_made_fails_before_the_models_load(
+    mlp_repo: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    loaded: list[Path] = []
+    monkeypatch.setattr(Engine, "load_repository", lambda self, root: loaded.append(root))
+    settings = ServerSettings(model_repository=mlp_repo, http_port=0, grpc_port=0,
+                              record_path=tmp_path)  # fmt: skip
+    with pytest.raises(Exception, match=r"--record .*: is a directory") as refused:
+        start_server(settings)
+    assert "never overwritten" not in str(refused.value)
+    assert loaded == []
 
 
 # -- the recorder on its own ---------------------------------------------------------------------

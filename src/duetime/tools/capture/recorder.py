@@ -173,7 +173,9 @@ class Recorder:
     # -- lifecycle -----------------------------------------------------------------------------
 
     def start(self) -> None:
-        """Create the capture file and start the writer thread."""
+        """Create the capture file (and its missing folders, as the other tools' outputs) and
+        start the writer thread."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
         self._writer = CaptureWriter(self.path, meta=self._meta, overwrite=False)
         self._start_ns = self._now()
         self._thread = threading.Thread(target=self._run, name="duetime-capture", daemon=True)
