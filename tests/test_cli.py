@@ -354,7 +354,8 @@ def received_until_closed(sock: socket.socket) -> bytes:
 def test_sigterm_while_a_request_body_is_coming_answers_it(tmp_path: Path) -> None:
     """The request whose body was still coming was cut off (the connection closed: no answer,
     a broken pipe), which its client could not tell from a crash (found by a tester). Its body
-    is read, and it is answered as requests are while the server stops, closing after."""
+    is read, and it is run, as the models serve on while a request is half read (it was
+    refused 503, another tester found), the connection closing after."""
     body = json.dumps({
         "inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 40], "data": [0.1] * 40}],
         "id": "x" * 100_000,  # (a body read in several pieces: one of 16 KiB stopped it)
@@ -372,6 +373,5 @@ def test_sigterm_while_a_request_body_is_coming_answers_it(tmp_path: Path) -> No
             client.sendall(body[20:])
             answer = received_until_closed(client)
         assert server.process.wait(timeout=STARTUP_GUARD_S) == 0
-    assert answer.startswith(b"HTTP/1.1 503 "), answer[:200]
-    assert b"connection: close" in answer.lower()
-    assert b"the server is shutting down; retry on another replica" in answer
+    assert answer.startswith(b"HTTP/1.1 200 OK"), answer[:200]
+    assert b'"id":"xxx' in answer

@@ -52,6 +52,17 @@ def binary_request() -> bytes:
     )
 
 
+def small_request() -> bytes:
+    """A JSON request of one value to `mean`."""
+    body = json.dumps(
+        {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 1], "data": [0.5]}]}
+    ).encode()
+    return b"POST /v2/models/mean/infer HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%b" % (
+        len(body),
+        body,
+    )
+
+
 def test_sigterm_answers_the_requests_sent_whole_and_not_read_yet(tmp_path: Path) -> None:
     """Sixteen clients each wrote a 4 MiB request whole, then the server got a SIGTERM: 15 of
     16 had their connections closed unanswered (found by a tester), the server reading their
@@ -115,13 +126,7 @@ def test_a_request_that_comes_whole_after_sigterm_within_the_grace_is_run(tmp_pa
     SIGTERM, while the models still ran work queued before it, got 503 "shutting down", where
     the README has such a request run while the models drain (found by a tester). The models
     serve on while a request is half read, or one came within the last 50 ms."""
-    body = json.dumps(
-        {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 1], "data": [0.5]}]}
-    ).encode()
-    request = b"POST /v2/models/mean/infer HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%b" % (
-        len(body),
-        body,
-    )
+    request = small_request()
     with serving(tmp_path, str(mean_repository(tmp_path / "repo"))) as server:
         host, port = server.http.rsplit(":", 1)
         with socket.create_connection((host, int(port)), timeout=30) as sock:
@@ -159,13 +164,7 @@ def test_sigterm_answers_connections_still_in_the_listen_backlog(tmp_path: Path)
     listener's backlog), then it got a SIGTERM: closing its listener reset 18 of them, with
     no answer (found by a tester); and those past --max-connections, once it took them
     (found by another)."""
-    body = json.dumps(
-        {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 1], "data": [0.5]}]}
-    ).encode()
-    request = b"POST /v2/models/mean/infer HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%b" % (
-        len(body),
-        body,
-    )
+    request = small_request()
     repository = str(mean_repository(tmp_path / "repo"))
     with serving(tmp_path, repository, "--max-connections", "5") as server:
         host, port = server.http.rsplit(":", 1)
