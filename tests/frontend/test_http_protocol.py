@@ -514,6 +514,10 @@ def test_an_unknown_path_is_named_as_it_was_sent(client: RawClient) -> None:
     response = client.response()
     assert response.status == 404
     assert "'/v2%2Fhealth%2Flive'" in response.json()["error"]
+    client.send(request("OPTIONS", "*"))  # (it was named '/*')
+    response = client.response()
+    assert response.status == 404
+    assert "no such endpoint '*'" in response.json()["error"]
 
 
 # -- closing -------------------------------------------------------------------------------------

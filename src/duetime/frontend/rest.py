@@ -807,7 +807,8 @@ class RestApi:
         if parts[0] == "v1":
             return self._v1_route(method, parts[1:], headers, body)
         if parts[0] != "v2":
-            raise ModelNotFound(f"no such endpoint '/{_sent(parts)}'; the API is under /v2")
+            shown = "*" if parts == ["*"] else f"/{_sent(parts)}"  # ('*': OPTIONS *'s target)
+            raise ModelNotFound(f"no such endpoint '{shown}'; the API is under /v2")
         rest = parts[1:]
         if not rest:
             return _expect(method, "GET", self._server_metadata)
