@@ -409,6 +409,10 @@ class Server:
             self._rest, self.settings, self._connections, self._intake, self.shedder
         )
         self._grpc, grpc_port = await serve_grpc(self._grpc_service, grpc_settings)
+        backlog = self._grpc_service.backlog
+        if backlog is not None:  # (a gRPC call is at least as old as the HTTP read beside it)
+            turn, clock = self._rest.turn, self.engine.clock
+            backlog.turn_age_ns = lambda: (now := clock.now_ns()) - turn.arrival_ns(now)
         self._meter.sample()  # start measuring from now
         self._shed_timer = asyncio.get_running_loop().call_later(SHED_PERIOD_S, self._sample)
         http_port = self._http.sockets[0].getsockname()[1]

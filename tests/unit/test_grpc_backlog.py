@@ -184,3 +184,17 @@ def test_a_call_counts_its_wait_from_when_it_was_taken_not_from_its_handler() ->
     assert taken_wait == pytest.approx(0.125e9, abs=0.002e9)
     assert taken_wait + 0.05e9 <= waited < taken_wait + 2e9
     assert backlog.waited_ns() == int(backlog.wait_s * 1e9)  # (outside a call's task)
+
+
+def test_a_call_taken_while_the_loop_reads_turn_after_turn_is_as_old_as_its_turn() -> None:
+    """With one call waiting (the core's count less `SLACK`: none said to wait), a call taken
+    in a turn whose HTTP reads date from 30 ms ago waited at least that long."""
+    backlog, _, _ = make()
+    backlog.turn_age_ns = lambda: 30_000_000
+
+    async def call() -> int:
+        assert backlog.take_running()
+        return backlog.waited_ns()
+
+    assert backlog.wait_s == 0.0
+    assert 30_000_000 <= asyncio.run(call()) < 2_000_000_000
