@@ -186,3 +186,32 @@ def test_sigterm_answers_connections_still_in_the_listen_backlog(tmp_path: Path)
     assert all(
         status in (b"HTTP/1.1 200 OK", b"HTTP/1.1 503 Service Unavailable") for status in answers
     ), answers
+
+
+def test_grpc_takes_no_new_call_while_the_models_drain(tmp_path: Path) -> None:
+    """NOTE: gRPC's stop began only once the models had drained: a client that connected after
+    SIGTERM had its call run, and a half-sent call kept a server with a 2 s grace 5.4 s (found
+    by a tester). It begins at the signal: new calls are refused while HTTP's drain goes on."""
+    import tritonclient.grpc as grpcclient
+    from tritonclient.utils import InferenceServerException
+
+    with serving(tmp_path, str(mean_repository(tmp_path / "repo")), "--shutdown-grace-s", "2") as (
+        server
+    ):
+        host, port = server.http.rsplit(":", 1)
+        with socket.create_connection((host, int(port)), timeout=30) as sock:
+            sock.sendall(small_request()[:-5])  # (half read: the drain waits for it)
+            time.sleep(0.3)
+            signalled = time.monotonic()
+            server.process.send_signal(signal.SIGTERM)
+            time.sleep(0.5)
+            x = grpcclient.InferInput("x", [1, 1], "FP32")
+            x.set_data_from_numpy(np.full((1, 1), 0.5, np.float32))
+            client = grpcclient.InferenceServerClient(server.grpc)
+            try:
+                with pytest.raises(InferenceServerException):
+                    client.infer("mean", [x], client_timeout=5)
+            finally:
+                client.close()
+            assert server.process.wait(timeout=STARTUP_GUARD_S) == 0
+            assert time.monotonic() - signalled < 2 + 2.0  # (the grace, then gRPC's 1 s more)

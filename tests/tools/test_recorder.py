@@ -25,7 +25,7 @@ from tritonclient.utils import InferenceServerException
 from duetime.clock import FakeClock
 from duetime.config import ServerSettings
 from duetime.engine import Engine, Ticket
-from duetime.errors import InvalidInput
+from duetime.errors import ConfigError, InvalidInput
 from duetime.frontend.rest import parse_infer_request
 from duetime.frontend.sharedmemory import SharedMemoryRegions
 from duetime.tools.capture import CapturedRequest, CaptureReader, read_capture
@@ -236,14 +236,21 @@ def test_a_capture_in_folders_not_made_yet_makes_them(mlp_repo: Path, tmp_path: 
     assert path.is_file()
 
 
+@pytest.mark.parametrize("where", ["a folder", "a name too long"])
 def test_a_capture_that_cannot_be_made_fails_before_the_models_load(
-    mlp_repo: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    mlp_repo: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, where: str
 ) -> None:
+    """A name over 255 bytes failed with a traceback, from the check made ahead of the file
+    (found by a tester): the file is made before the models load, and its error told."""
     loaded: list[Path] = []
     monkeypatch.setattr(Engine, "load_repository", lambda self, root: loaded.append(root))
+    path, error = {
+        "a folder": (tmp_path, "it is a folder; give a file name"),
+        "a name too long": (tmp_path / ("x" * 300), "File name too long"),
+    }[where]
     settings = ServerSettings(model_repository=mlp_repo, http_port=0, grpc_port=0,
-                              record_path=tmp_path)  # fmt: skip
-    with pytest.raises(Exception, match=r"--record .*: is a directory") as refused:
+                              record_path=path)  # fmt: skip
+    with pytest.raises(ConfigError, match=rf"'record_path' \(--record\): .*{error}") as refused:
         start_server(settings)
     assert "never overwritten" not in str(refused.value)
     assert loaded == []

@@ -34,6 +34,13 @@ def check_output(
     0, having read nothing); `--json FILE` replaced it with the report (found by a tester)."""
     if path is None:
         return
+    try:
+        _check_output(path, flag, new, reads)
+    except OSError as exc:  # (a name too long, a loop of links: pathlib's questions raise)
+        raise ConfigError(f"{flag} {path}: {exc.strerror or exc}") from None
+
+
+def _check_output(path: Path, flag: str, new: bool, reads: Iterable[Path | None]) -> None:
     if path.is_dir():
         raise ConfigError(f"{flag} {path}: is a directory; give a file name")
     for read in reads:
