@@ -119,7 +119,7 @@ def test_no_due_time_queued_elsewhere_leaves_admission_behind_the_running_batch(
 
 def test_a_batch_on_a_shared_cpu_holds_its_turn_for_its_prediction_with_a_margin() -> None:
     """Past twice its predicted run (or 10 ms more, if longer) the next batch of the CPU runs
-    beside it (`Turns.wait`'s hold: see execution/turns.py)."""
+    beside it (the hold its turn is taken with: see execution/turns.py)."""
 
     async def body() -> None:
         _, heavy, light = heavy_and_light()

@@ -47,12 +47,12 @@ def test_a_turn_never_passed_on_is_skipped_after_a_while(monkeypatch: object) ->
 def test_a_run_past_what_it_was_given_has_the_next_batch_run_beside_it() -> None:
     """NOTE: a run held its CPU's turn for as long as it took (up to `STUCK_S`): a value-driven
     Loop held it a second, and the requests of the models beside it expired unrun (found by a
-    tester). Past its `hold_s`, the next batch goes on beside it; the one after waits its turn."""
+    tester). Past its hold, the next batch goes on beside it; the one after waits its turn."""
     turns = Turns()
-    long, next_, after = turns.take(), turns.take(), turns.take()
-    turns.wait(long, hold_s=0.05)  # (it runs on, never done in time)
+    long, next_, after = turns.take(hold_s=0.05), turns.take(hold_s=10.0), turns.take()
+    turns.wait(long)  # (it runs on, never done in time)
     started = time.perf_counter()
-    turns.wait(next_, hold_s=10.0)
+    turns.wait(next_)
     assert 0.04 < time.perf_counter() - started < 0.5
     passed = threading.Event()
 
@@ -72,8 +72,8 @@ def test_a_run_past_what_it_was_given_has_the_next_batch_run_beside_it() -> None
 
 def test_a_run_within_what_it_was_given_keeps_its_turn() -> None:
     turns = Turns()
-    first, second = turns.take(), turns.take()
-    turns.wait(first, hold_s=5.0)
+    first, second = turns.take(hold_s=5.0), turns.take()
+    turns.wait(first)
     went = threading.Event()
     thread = threading.Thread(target=lambda: (turns.wait(second), went.set()))
     thread.start()
@@ -85,14 +85,14 @@ def test_a_run_within_what_it_was_given_keeps_its_turn() -> None:
 
 def test_each_turn_in_a_row_that_overruns_is_passed_on_in_its_own_hold() -> None:
     """A batch waiting behind two overrunning runs goes on after their holds (not `STUCK_S`),
-    the second's hold set after the waiter had begun to wait."""
+    the second's hold counted from when its turn began."""
     turns = Turns()
-    first, second, third = turns.take(), turns.take(), turns.take()
-    turns.wait(first, hold_s=0.05)
+    first, second, third = turns.take(hold_s=0.05), turns.take(hold_s=0.05), turns.take()
+    turns.wait(first)
     waiting = threading.Event()
 
     def second_batch() -> None:
-        turns.wait(second, hold_s=0.05)
+        turns.wait(second)
         waiting.set()  # (it runs on, never done)
 
     thread = threading.Thread(target=second_batch)

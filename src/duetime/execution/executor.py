@@ -90,8 +90,8 @@ class BatchJob:
     turn: tuple[Turns, int] | None = None
     """Its place among the batches of the instance threads sharing its CPU (None: runs at once)."""
     hold_s: float | None = None
-    """How long its run may hold its `turn` before the next batch runs beside it (None: until
-    `turns.STUCK_S`)."""
+    """How long its run holds its `turn` at most, as it was taken (`Turns.take`) before the
+    next batch runs beside it (None: no turn, or `turns.STUCK_S`)."""
     start_by: tuple[Callable[[], int], int] | None = None
     """A clock and the last instant on it at which running still helps: a thread that takes the
     job later skips it (`BatchResult.skipped`). None: it always runs."""
@@ -347,7 +347,7 @@ class Executor:
             else:
                 turns, ticket = job.turn
                 waiting = time.perf_counter_ns()
-                turns.wait(ticket, job.hold_s)
+                turns.wait(ticket)
                 result.waited_ns = time.perf_counter_ns() - waiting
                 try:
                     self._execute_stoppable(index, run, job, result, pool)

@@ -36,6 +36,7 @@ from duetime.errors import (
 )
 from duetime.execution.affinity import SMALL_MODEL_NS
 from duetime.execution.executor import BatchJob, BatchResult, Executor, Feeds
+from duetime.execution.turns import Turns
 from duetime.resilience.breaker import BreakerState, CircuitBreaker
 from duetime.scheduling.admission import admit, predict_finish
 from duetime.scheduling.batching import (
@@ -1959,9 +1960,7 @@ class ModelScheduler:
             self._complete(self._executor.run_now(instance, job))
             return
         if self._ledger is not None and self._ledger.shared:
-            turns = self._ledger.turns
-            job.turn = (turns, turns.take())
-            job.hold_s = _turn_hold_s(predicted)
+            _take_turn(job, self._ledger.turns, predicted)
         if (
             self._edf
             and not probing
@@ -2225,9 +2224,7 @@ class ModelScheduler:
         if self._ledger is not None:
             self._ledger.book(self._owners[instance], self._busy_until[instance])
             if self._ledger.shared:  # (it takes its turn on the CPU, as a batch does)
-                turns = self._ledger.turns
-                job.turn = (turns, turns.take())
-                job.hold_s = _turn_hold_s(predicted)
+                _take_turn(job, self._ledger.turns, predicted)
         if self._tripped:
             self._breakers[instance].started()
         self._executor.submit(instance, job)
@@ -2991,9 +2988,11 @@ def _timing_failed_unrun(timing: RequestTiming, now: int) -> None:
     timing.finished_ns = now
 
 
-def _turn_hold_s(predicted_ns: int) -> float:
-    """How long a batch predicted to run `predicted_ns` may hold its CPU's turn (seconds)."""
-    return max(predicted_ns * TURN_HOLD_FACTOR, predicted_ns + TURN_HOLD_SLACK_NS) / 1e9
+def _take_turn(job: BatchJob, turns: Turns, predicted_ns: int) -> None:
+    """Give `job`, predicted to run `predicted_ns`, its place among the batches of its CPU's
+    `turns`, held for that with a margin (`TURN_HOLD_FACTOR`, `TURN_HOLD_SLACK_NS`)."""
+    job.hold_s = max(predicted_ns * TURN_HOLD_FACTOR, predicted_ns + TURN_HOLD_SLACK_NS) / 1e9
+    job.turn = (turns, turns.take(job.hold_s))
 
 
 def _settle(item: QueuedRequest, outcome: Feeds | DuetimeError) -> None:
