@@ -60,26 +60,23 @@ class FirstMessages:
         self.idle_streams = idle_streams
         """Streams kept past `within_s` waiting for their first message, at most (module NOTE)."""
         self._clock = clock
-        self._waiting: dict[asyncio.Task[Any], float] = {}
-        """Each call's task -> when it is due; in the order they came, so the order due."""
-        self._streams: set[asyncio.Task[Any]] = set()
-        """The tasks of `_waiting` that serve streams."""
+        self._waiting: dict[asyncio.Task[Any], tuple[float, bool]] = {}
+        """Each call's task -> when it is due, and whether it serves a stream; in the order
+        they came, so the order due."""
         self._idle: dict[asyncio.Task[Any], None] = {}
         """Streams past `within_s` with no message yet, kept; in the order they came."""
         self._late: set[asyncio.Task[Any]] = set()
         self._timer: asyncio.TimerHandle | None = None
 
     def wait(self, task: asyncio.Task[Any], stream: bool = False) -> None:
-        self._waiting[task] = self._clock() + self.within_s
-        if stream:
-            self._streams.add(task)
+        self._waiting[task] = (self._clock() + self.within_s, stream)
         if self._timer is None:
             self._timer = asyncio.get_running_loop().call_later(self.within_s, self._sweep)
 
     def came(self, task: asyncio.Task[Any]) -> None:
         self._waiting.pop(task, None)
-        self._streams.discard(task)
-        self._idle.pop(task, None)
+        if self._idle:
+            self._idle.pop(task, None)
 
     def done(self, task: asyncio.Task[Any]) -> None:
         self.came(task)
@@ -118,16 +115,15 @@ class FirstMessages:
         now = self._clock()
         due_first = None
         overdue = []
-        for task, due in self._waiting.items():
+        for task, (due, stream) in self._waiting.items():
             if due > now:
                 due_first = due
                 break
-            overdue.append(task)
+            overdue.append((task, stream))
         idle = self._idle
-        for task in overdue:
+        for task, stream in overdue:
             del self._waiting[task]
-            if task in self._streams:
-                self._streams.discard(task)
+            if stream:
                 idle[task] = None
             else:
                 self._end(task)
