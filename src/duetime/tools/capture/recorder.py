@@ -30,7 +30,7 @@ from urllib.parse import unquote
 from duetime.clock import Clock, MonotonicClock
 from duetime.errors import DuetimeError
 from duetime.frontend.parameters import priority_of as priority_of_parameters
-from duetime.frontend.rest import parse_infer_request
+from duetime.frontend.rest import parse_header_length, parse_infer_request
 from duetime.frontend.sharedmemory import REGION
 from duetime.observability.tracing import parse_traceparent
 from duetime.tools.capture.format import (
@@ -491,11 +491,9 @@ class Recorder:
         if unread.protocol == "http":
             model, version = _infer_target(unread.target)
             body = _inflated(unread.data, headers.get("content-encoding"))
-            length = headers.get("inference-header-content-length", "")
-            header_length = (
-                int(length) if length.isascii() and length.isdigit() and len(length) < 19 else None
-            )
-            try:  # (as a capture reader decodes it: see format._decode_http)
+            length = headers.get("inference-header-content-length")
+            try:  # (as the server and a capture reader decode it: see format._decode_http)
+                header_length = parse_header_length(length, len(body))
                 request, _ = parse_infer_request(body, header_length, model, version)
             except DuetimeError as exc:
                 raise BadField(f"the HTTP body does not decode: {exc.message}") from None
