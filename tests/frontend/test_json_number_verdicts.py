@@ -74,6 +74,10 @@ def test_numbers_infinite_as_float64_are_refused_as_orjson_refuses_them(body: by
         ("INT8", b"[1, 1.5, 300]", "holds values that are not INT8"),
         ("INT8", b"[300, 1.5, 1]", "outside the range of INT8"),
         ("INT32", b"[true, 1.5, 1]", "mixes true/false with numbers"),
+        # (an infinity was an OverflowError from math.floor: a 500, found by a tester)
+        ("INT64", b"[Infinity, 1, 2]", "outside the range of INT64"),
+        ("UINT8", b"[1, -Infinity, 2]", "outside the range of UINT8"),
+        ("INT32", b"[1.5, Infinity, 2]", "holds values that are not INT32"),
     ],
 )
 def test_the_first_faulty_value_is_told_as_it_would_be_alone(

@@ -573,9 +573,11 @@ def _whole_beyond(value: float, info: np.iinfo[Any]) -> bool:
     """Whether `value` is a whole number outside the range of the integer type of `info`.
 
     NOTE: bounds as floats: info.max + 1 and info.min are powers of two, so exact; -2**63
-    itself counts, as orjson reads -2**63 - 1 as that float."""
+    itself counts, as orjson reads -2**63 - 1 as that float. An infinity (JSON's `Infinity`,
+    which orjson reads) is beyond every range: math.floor raised OverflowError on it, a 500
+    (found by a tester)."""
     beyond = value >= float(info.max + 1) or value < float(info.min) or value <= -(2.0**63)
-    return beyond and math.floor(value) == value
+    return beyond and (math.isinf(value) or math.floor(value) == value)
 
 
 def _has_bools(data: list[Any], ndim: int) -> bool:
