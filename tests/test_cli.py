@@ -375,3 +375,32 @@ def test_sigterm_while_a_request_body_is_coming_answers_it(tmp_path: Path) -> No
         assert server.process.wait(timeout=STARTUP_GUARD_S) == 0
     assert answer.startswith(b"HTTP/1.1 200 OK"), answer[:200]
     assert b'"id":"xxx' in answer
+
+
+def _allowed_cpus(pid: int) -> dict[str, str]:
+    """Each thread of process `pid` (its name and id) -> the CPUs it may run on, as listed."""
+    allowed = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        with contextlib.suppress(FileNotFoundError):  # (a thread that ended meanwhile)
+            name = Path(f"/proc/{pid}/task/{tid}/comm").read_text().strip()
+            status = Path(f"/proc/{pid}/task/{tid}/status").read_text()
+            listed = re.search(r"^Cpus_allowed_list:\s*(\S+)", status, re.MULTILINE)
+            assert listed is not None
+            allowed[f"{name} ({tid})"] = listed[1]
+    return allowed
+
+
+@pytest.mark.skipif(
+    not hasattr(os, "sched_getaffinity") or len(os.sched_getaffinity(0)) < 2,
+    reason="needs two CPUs to tell one from all",
+)
+def test_cpus_confines_every_thread_of_the_server(tmp_path: Path) -> None:
+    """Found by a tester: with `--cpus 0`, the metrics exporter's thread, uvloop's and native
+    threads started before the loop was pinned could run on every CPU."""
+    cpu = str(max(os.sched_getaffinity(0)))
+    with serving(tmp_path, "--demo", *MLP_ONLY, "--cpus", cpu, "--metrics-port", "0") as server:
+        infer_mlp_both_ways(server.http, server.grpc)
+        allowed = _allowed_cpus(server.process.pid)
+        assert server.stop() == 0
+    assert len(allowed) > 3
+    assert {thread: cpus for thread, cpus in allowed.items() if cpus != cpu} == {}

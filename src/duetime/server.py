@@ -23,6 +23,7 @@ from duetime.errors import ConfigError
 from duetime.execution.affinity import (
     CpuLatencyLimit,
     CpuPlan,
+    confine_threads,
     parse_cpus,
     pin_current_thread,
     request_time_slice,
@@ -380,6 +381,8 @@ class Server:
             # failed seconds later (found by a tester); a check ahead of making it was passed
             # by what only making it tells (root may write anywhere, /proc takes no file)
             self._start_recorder(self.recorder)
+        if self.cpus.cpus:
+            confine_threads(frozenset(self.cpus.cpus))
         if self.cpus.loop_cpu is not None:
             pin_current_thread(frozenset({self.cpus.loop_cpu}))
         if self.engine.repository is None:
@@ -444,8 +447,10 @@ class Server:
             return None
         exporter = MetricsExporter(self.engine, self.shedder)
         try:
-            spare = frozenset(self.cpus.cpus[1:]) if self.cpus.cpus else None
-            port = await exporter.start(settings.host, settings.metrics_port, spare or None)
+            # (the loop's CPU where it is the only one: within --cpus still)
+            cpus = self.cpus.cpus
+            spare = (frozenset(cpus[1:]) or frozenset(cpus)) if cpus else None
+            port = await exporter.start(settings.host, settings.metrics_port, spare)
         except ConfigError as exc:
             if "metrics_port" in settings.model_fields_set or not port_taken(exc):
                 raise  # (a host that is not this one's fails everything: say so first)

@@ -83,6 +83,25 @@ def pin_current_thread(cpus: frozenset[int] | None) -> None:
         os.sched_setaffinity(0, cpus)
 
 
+def confine_threads(cpus: frozenset[int]) -> None:
+    """Keep every thread this process runs now within `cpus` (Linux), as narrowly as it is
+    pinned already where that is within them; threads started later take their starter's.
+
+    NOTE: `--cpus` pinned the threads duetime starts for itself, and the others kept every CPU:
+    threads of libraries started before the loop was pinned (uvloop's resolver, native ones at
+    import), and the metrics exporter's where the list had one CPU (found by a tester)."""
+    if not hasattr(os, "sched_setaffinity"):
+        return
+    try:
+        threads = os.listdir("/proc/self/task")
+    except OSError:
+        threads = ["0"]  # (no /proc: this thread at least)
+    for thread in threads:
+        with contextlib.suppress(OSError, ValueError):  # (a thread that ended meanwhile)
+            tid = int(thread)
+            os.sched_setaffinity(tid, (os.sched_getaffinity(tid) & cpus) or cpus)
+
+
 BACKGROUND_NICENESS = 19
 """Niceness of background work (shadow instances): Linux then gives it about 1/70 of a core
 that real work also wants, and all of a core nobody else wants."""
