@@ -399,9 +399,9 @@ class ModelConfig(_Strict):
     """Threads ORT uses inside one operator; 0 lets ORT choose."""
     inter_op_threads: int = Field(default=1, ge=1, le=256)
     default_timeout_ms: float | None = Field(default=None, gt=0, le=MAX_TIMEOUT_MS)
-    """Due time of every request: those that bring none get it, and those that bring a later
-    one are held to it (a request may shorten it, never extend it, as Triton's
-    `allow_timeout_override`); none by default (no deadline)."""
+    """Due time of the requests that bring none of their own (a `timeout` parameter, a gRPC
+    deadline): a request's own, shorter or longer, is honoured in its place; none by default
+    (no deadline)."""
     scheduling: SchedulingConfig = SchedulingConfig()
     inputs: list[TensorConfig] | None = None
     outputs: list[TensorConfig] | None = None

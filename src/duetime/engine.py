@@ -818,7 +818,7 @@ class Engine:
     def _due_by_default(self, request: InferRequest, now: int) -> None:
         """Give `request`, which waits for its model's on-demand load, the due time its model's
         `default_timeout_ms` sets, counted from its arrival (`now` if its front end did not
-        say), where that is earlier than its own.
+        say), where it has none of its own.
 
         NOTE: the default applied only once the model was loaded (the scheduler's admission):
         a request without a timeout of its own, for a lazy model whose default is 60 ms, was
@@ -830,10 +830,8 @@ class Engine:
         if request.arrival_ns is None:
             request.arrival_ns = now
         default_ns = self._lazy_defaults.get(request.model)
-        if default_ns is not None:
-            due = request.arrival_ns + default_ns
-            if request.due_ns is None or due < request.due_ns:
-                request.due_ns = due
+        if default_ns is not None and request.due_ns is None:
+            request.due_ns = request.arrival_ns + default_ns
 
     def _lazy_load(self, name: str, manager: ModelManager) -> asyncio.Task[None]:
         """The on-demand load of `name`: started by the first request that needs it, joined by

@@ -144,9 +144,9 @@ def test_model_default_timeout_applies_without_a_timeout(strict_server: RunningS
     assert "due" in str(body["error"])
 
 
-def test_a_request_timeout_cannot_extend_the_model_default(strict_server: RunningServer) -> None:
-    """The earliest applies (README): a later request due time is held to the model's default,
-    as Triton's `allow_timeout_override` allows only shorter ones."""
+def test_a_request_timeout_replaces_the_model_default(strict_server: RunningServer) -> None:
+    """A request's own timeout is honoured always, longer than the model's default too (README):
+    it was held to the default, as Triton's `allow_timeout_override` allows only shorter ones
+    (found by a tester)."""
     status, body = _post(strict_server, "resnet", _resnet_doc(BIG_BATCH, timeout=10_000_000))
-    assert status in (429, 504)
-    assert "due" in str(body["error"])  # (with its own 10 s timeout it would be answered)
+    assert status == 200, body

@@ -272,17 +272,15 @@ def test_a_model_whose_load_failed_is_listed_as_its_readiness_knows_it(tmp_path:
 
 
 def test_a_refusal_for_a_default_due_time_names_default_timeout_ms(tmp_path: Path) -> None:
-    """A V1 predict cannot send a timeout, and a v2 one is capped at the model's
-    `default_timeout_ms`: both were told to "send a larger timeout", which could not help."""
+    """A V1 predict cannot send a timeout, and a v2 one that sends none is due by the model's
+    `default_timeout_ms`: both were told to "send a larger timeout", which could not help. A
+    v2 request's own timeout replaces the default (the default capped it: found by a tester)."""
     write_version(tmp_path, "lin", 1, scale_model(2))
     (tmp_path / "lin" / "config.toml").write_text(
         "max_batch_size = 8\ndefault_timeout_ms = 0.001\n"  # (1 µs: due before it is queued)
     )
     settings = ServerSettings(model_repository=tmp_path, http_port=0, grpc_port=0)
-    v2 = {
-        "parameters": {"timeout": 10_000_000},  # (10 s, capped at 1 µs)
-        "inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP32", "data": [1, 2, 3, 4]}],
-    }
+    v2 = {"inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP32", "data": [1, 2, 3, 4]}]}
     with serving(settings) as running:
         for path, doc in [
             ("/v1/models/lin:predict", {"instances": [[1, 2, 3, 4]]}),
@@ -296,3 +294,6 @@ def test_a_refusal_for_a_default_due_time_names_default_timeout_ms(tmp_path: Pat
             assert "its due time is its model's default_timeout_ms (0.001 ms after its" in error
             assert "raise the model's default_timeout_ms" in error
             assert "larger timeout" not in error
+        own = {**v2, "parameters": {"timeout": 10_000_000}}  # (10 s: its own, honoured)
+        status, _, body = request(running, "POST", "/v2/models/lin/infer", own)
+        assert status == 200, body

@@ -223,7 +223,7 @@ ONE_LEVEL = {"ignore_priority": True}
 TIMEOUT_HONOURED = (
     "c: dynamic_batching.default_queue_policy.allow_timeout_override is false (Triton's default "
     "where the file does not set it): Triton would ignore a request's own timeout; duetime "
-    "honours it (a request may shorten the model's due time, never extend it), so the config "
+    "honours it (in place of the model's default, shorter or longer), so the config "
     "endpoint reports allow_timeout_override true"
 )
 """The warning of a `dynamic_batching` whose queue policy does not allow the override."""

@@ -389,9 +389,10 @@ def test_a_default_timeout_shorter_than_a_run_is_warned_of_at_load(
     triton_repo: Path, caplog: pytest.LogCaptureFixture, microseconds: int, warned: bool
 ) -> None:
     """Triton's default timeout bounds a request's wait in the queue; duetime's is the due time
-    of its answer, which no request may extend: one shorter than the model's run refused
-    every request, and nothing said why (the pbtxt tester's default_timeout_queue.py). Its
-    config says what duetime does: a request's own timeout is honoured."""
+    of the answers to requests that send no timeout of their own: one shorter than the model's
+    run refused every such request, and nothing said why (the pbtxt tester's
+    default_timeout_queue.py). Its config says what duetime does: a request's own timeout is
+    honoured."""
     config = triton_repo / "config.pbtxt"
     policy = f"default_queue_policy {{ default_timeout_microseconds: {microseconds} }}"
     config.write_text(
@@ -404,7 +405,8 @@ def test_a_default_timeout_shorter_than_a_run_is_warned_of_at_load(
     finally:
         model.executor.close()
     named = "default_timeout_microseconds) is shorter than one row needs"
-    assert (named in caplog.text, "so every request will be refused" in caplog.text) == (
+    refused = "so every request that sends no timeout of its own will be refused"
+    assert (named in caplog.text, refused in caplog.text) == (
         warned, warned,
     )  # fmt: skip
     assert shown["allow_timeout_override"] is True

@@ -68,7 +68,7 @@ def model_config_json(model: LoadedModel) -> dict[str, Any]:
     formats = {t.name: t.format for t in config.inputs or () if t.format != "FORMAT_NONE"}
     inputs = shown_inputs(model)
     # NOTE: what duetime does, in Triton's terms: a request's own timeout is always honoured
-    # (it may shorten the default, never extend it), whatever a Triton config said (warned of at
+    # (in place of the default, shorter or longer), whatever a Triton config said (warned of at
     # load when it did not allow it)
     queue_policy: dict[str, Any] = {
         # (a queue per level, as Triton's, where the levels have one; the bound the field

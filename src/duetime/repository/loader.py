@@ -292,7 +292,7 @@ def cost_varies(facts: GraphFacts | None, signature: ModelSignature) -> str:
 
 def _warn_unmeetable_timeout(config: ModelConfig, profile: LatencyProfile, path: Path) -> None:
     """Warn when the model's `default_timeout_ms` is shorter than a lone row needs (its run at
-    load and the margins kept): every request would be refused, as none may extend it. A model
+    load and the margins kept): every request that sends no timeout would be refused. A model
     with variants may meet it on one; a profile that could not be measured tells nothing.
 
     NOTE: Triton's default_timeout_microseconds, which a config.pbtxt's becomes, bounds a
@@ -309,8 +309,9 @@ def _warn_unmeetable_timeout(config: ModelConfig, profile: LatencyProfile, path:
     log.warning(
         "%s: default_timeout_ms %g (a Triton config's dynamic_batching.default_queue_policy."
         "default_timeout_microseconds) is shorter than one row needs: %.3g ms with the margins "
-        "kept (its run took %.3g ms at load), so every request will be refused; it is the due "
-        "time of the answer, not Triton's time in the queue: raise it above that",
+        "kept (its run took %.3g ms at load), so every request that sends no timeout of its own "
+        "will be refused; it is the due time of the answer, not Triton's time in the queue: "
+        "raise it above that",
         path, config.default_timeout_ms, needed_ns / 1e6, run_ns / 1e6,
     )  # fmt: skip
 

@@ -47,9 +47,10 @@ and loaded again serves as before. And the queue bound Triton's field cannot say
 `carried_queue_bound`): with `priority_levels`, `scheduling.max_queue_size`, the bound over
 every level together (Triton has none); without, `scheduling.max_queue_size_per_level`.
 
-(*) A request may always shorten the model's default due time and never extend it: Triton's
-`allow_timeout_override: true`, whatever the file says (duetime always honours a request's own;
-a `dynamic_batching` that does not allow it is warned of, and the config endpoint says true).
+(*) A request's own timeout always replaces the model's default due time, shorter or longer
+(Triton's `allow_timeout_override: true` lets it shorten it only), whatever the file says
+(duetime always honours a request's own; a `dynamic_batching` that does not allow it is
+warned of, and the config endpoint says true).
 Triton's default timeout bounds a request's wait in the queue, duetime's is the due time of its
 answer: a model whose run is longer refuses every request (warned of at load, see loader.py).
 
@@ -1128,8 +1129,8 @@ def _warn_timeout_honoured(source: str, warn: Warn) -> None:
     as if the file had set false: it now says the default is false (a tester)."""
     warn(f"{source}: dynamic_batching.default_queue_policy.allow_timeout_override is false "
          "(Triton's default where the file does not set it): Triton would ignore a request's "
-         "own timeout; duetime honours it (a request may shorten the model's due time, never "
-         "extend it), so the config endpoint reports allow_timeout_override true")  # fmt: skip
+         "own timeout; duetime honours it (in place of the model's default, shorter or "
+         "longer), so the config endpoint reports allow_timeout_override true")  # fmt: skip
 
 
 def _priority(batching: Any, out: dict[str, Any]) -> None:

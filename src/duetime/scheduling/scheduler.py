@@ -737,18 +737,20 @@ class ModelScheduler:
         return future
 
     def due_by_default(self, due_ns: int | None, arrival_ns: int | None, now: int) -> int | None:
-        """`due_ns`, or the model's `default_timeout_ms` after the request's arrival (`now` if
-        not known) where that is earlier: the latest any request of it is due.
+        """`due_ns`, the request's own due time, or where it has none the model's
+        `default_timeout_ms` after the request's arrival (`now` if not known).
 
-        NOTE: counted from the arrival whatever the request's own due time. It counted from
-        admission, after decoding, and only requests without a due time were given it from
-        their arrival (by the router): with a 3 ms default, a request with `timeout=1000000`
-        was answered where the same request without one was refused (found by a tester)."""
+        NOTE: the default was the latest any request was due, a request's own timeout only
+        shortening it, as Triton's `allow_timeout_override` allows: a request that sent 10 s to
+        a model of 10 ms default was refused at once, where a request's timeout is to be
+        honoured always, not only below a model default (found by a tester). And it counts from
+        the arrival: it counted from admission, after decoding (another tester)."""
+        if due_ns is not None:
+            return due_ns
         default = self.default_timeout_ns
         if default is None:
-            return due_ns
-        by_default = (now if arrival_ns is None else arrival_ns) + default
-        return by_default if due_ns is None or by_default < due_ns else due_ns
+            return None
+        return (now if arrival_ns is None else arrival_ns) + default
 
     def _admission(
         self,
@@ -996,12 +998,12 @@ class ModelScheduler:
         dropped; its caller counts it).
 
         A copy is dropped when the version holds its cap of copies already (`SHADOW_IN_FLIGHT`),
-        when its queue is full, or when it is predicted to miss `due_ns` (held to the model's
-        `default_timeout_ms`, as every request); a queued copy gives its place to a real request
-        that finds the queue full, and one that becomes hopeless as it waits is dropped then.
-        None of these counts as a refusal, an expiry or a failure (in the statistics, or in the
-        outcomes the load shedder reads): only the copies that run count, as the version's
-        requests.
+        when its queue is full, or when it is predicted to miss `due_ns` (or the version's
+        `default_timeout_ms` where that is earlier: a copy is best effort); a queued copy gives
+        its place to a real request that finds the queue full, and one that becomes hopeless as
+        it waits is dropped then. None of these counts as a refusal, an expiry or a failure (in
+        the statistics, or in the outcomes the load shedder reads): only the copies that run
+        count, as the version's requests.
 
         NOTE: copies took the room and time of real requests to the version: with every request
         to v1 mirrored to v2, copies without a due time never expired and filled v2's queue, and
@@ -1268,14 +1270,14 @@ class ModelScheduler:
 
     def _due_by_default_ns(self, due_ns: int, arrival_ns: int | None) -> int | None:
         """The model's `default_timeout_ms` (ns) where it is the request's due time (it sent no
-        timeout, or a later one, which the default caps: see `due_by_default`); None where its
-        own timeout is (or, its arrival unknown, may be).
+        timeout: see `due_by_default`); None where its own timeout is (or, its arrival unknown,
+        may be). (A timeout of the default's length to the nanosecond is taken for it.)
 
         NOTE: a refusal for the due time told every request to "send a larger timeout", which
         could not help one due by the default: a v2 request that sent 10 s was capped at 1 ms,
         and a KServe V1 predict can send no timeout at all (found by a tester)."""
         default = self.default_timeout_ns
-        if default is None or arrival_ns is None or due_ns - arrival_ns < default:
+        if default is None or arrival_ns is None or due_ns - arrival_ns != default:
             return None
         return default
 
@@ -3012,5 +3014,5 @@ def _default_words(default_ns: int) -> str:
     set that (see `ModelScheduler._due_by_default_ns`), as a refusal says it."""
     return (
         f"its due time is its model's default_timeout_ms ({default_ns / 1e6:g} ms after its "
-        "arrival; no timeout a request sends extends it)"
+        "arrival: it sent no timeout of its own)"
     )
