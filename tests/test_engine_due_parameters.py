@@ -245,9 +245,11 @@ def test_a_models_default_timeout_counts_from_arrival_and_an_own_due_replaces_it
         arrival = now - 2_000_000
         plain = InferRequest("m", inputs(), arrival_ns=arrival)
         assert engine.router.route(plain).due_ns == arrival + 3_000_000
-        for own in (now + 10**9, arrival + 3_000_001, arrival + 1_000_000):
+        assert engine.router.route(plain).by_default
+        for own in (now + 10**9, arrival + 3_000_000, arrival + 1_000_000):
             request = InferRequest("m", inputs(), arrival_ns=arrival, due_ns=own)
             assert engine.router.route(request).due_ns == own
+            assert not engine.router.route(request).by_default
         # (arrived 4 ms ago: its default due time passed; its own, a second on, has not)
         late = InferRequest("m", inputs(), arrival_ns=now - 4_000_000)
         with pytest.raises(DeadlineExceeded):
@@ -297,12 +299,15 @@ def test_a_request_waiting_for_a_lazy_load_is_due_by_its_models_default(tmp_path
         later = InferRequest("m", inputs(), arrival_ns=arrival, due_ns=arrival + 10**11)
         undated = InferRequest("m", inputs())
         tickets = [engine.submit(request) for request in (plain, own, later, undated)]
-        assert plain.due_ns == arrival + 20 * 10**9
-        assert own.due_ns == arrival + 10**10
-        assert later.due_ns == arrival + 10**11
+        # (the default is read as the load begins, at the first request)
+        assert engine._due_by_default(plain, arrival) == arrival + 20 * 10**9
+        assert engine._due_by_default(own, arrival) == arrival + 10**10
+        assert engine._due_by_default(later, arrival) == arrival + 10**11
+        # (their own due times as they were: the scheduler tells the default's by that)
+        assert [r.due_ns for r in (plain, own, later)] == [None, arrival + 10**10, arrival + 10**11]
         assert undated.arrival_ns is not None
         assert undated.arrival_ns >= arrival
-        assert undated.due_ns == undated.arrival_ns + 20 * 10**9
+        assert undated.due_ns is None
         for ticket in tickets:
             np.testing.assert_array_equal((await ticket.future)["y"], 2 * inputs()["x"])
 

@@ -771,6 +771,7 @@ class Engine:
                     arrival_ns=request.arrival_ns,
                     run_now=run_now,
                     passes_on=cheaper is not None,
+                    by_default=routed.by_default,
                 )
                 break
             except Overloaded:
@@ -788,9 +789,8 @@ class Engine:
         load = self._lazy_load(request.model, manager)
         estimate_ns = int(manager.load_estimate_s(request.model) * 1e9)
         now = self.clock.now_ns()
-        own_due = request.due_ns
-        self._due_by_default(request, now)
-        if request.due_ns is not None and now + estimate_ns > request.due_ns:
+        due_ns = self._due_by_default(request, now)
+        if due_ns is not None and now + estimate_ns > due_ns:
             # NOTE: the load has started above: raising first (as before) started none, and a
             # client that always sends a due time shorter than the load (a 50 ms budget, a load
             # of 1 s) was refused for good, 40 times out of 40 over 4 s
@@ -798,8 +798,8 @@ class Engine:
             # refused while a model's first load is under way (the registry's `served`): this
             # said "model 'x' is not loaded" with none, and "due in -0 ms" for one already due
             # (found by a tester)
-            why = "" if request.due_ns == own_due else " (its model's default_timeout_ms)"
-            left_ms = (request.due_ns - now) / 1e6
+            why = "" if request.due_ns is not None else " (its model's default_timeout_ms)"
+            left_ms = (due_ns - now) / 1e6
             due = f"due in {left_ms:.0f} ms" if left_ms >= 0.5 else "already due"
             raise ModelUnavailable(
                 f"{UNKNOWN_MODEL}'{request.model}' has no available versions: it is loading (a "
@@ -809,16 +809,19 @@ class Engine:
             )
         ticket = Ticket(request.model, "", ())
         ticket.future = asyncio.get_running_loop().create_future()
-        task = asyncio.get_running_loop().create_task(self._load_then_submit(request, ticket, load))
+        task = asyncio.get_running_loop().create_task(
+            self._load_then_submit(request, ticket, load, due_ns)
+        )
         self._pending_loads.add(task)
         task.add_done_callback(self._pending_loads.discard)
         task.add_done_callback(functools.partial(_unsettled, ticket))
         return ticket
 
-    def _due_by_default(self, request: InferRequest, now: int) -> None:
-        """Give `request`, which waits for its model's on-demand load, the due time its model's
-        `default_timeout_ms` sets, counted from its arrival (`now` if its front end did not
-        say), where it has none of its own.
+    def _due_by_default(self, request: InferRequest, now: int) -> int | None:
+        """The due time of `request`, which waits for its model's on-demand load: its own, else
+        the one its model's `default_timeout_ms` sets, counted from its arrival (`now` if its
+        front end did not say: `request` is dated so). Its own stays as it was (None: none):
+        the scheduler tells a due time the default set by that (see `submit_nowait`).
 
         NOTE: the default applied only once the model was loaded (the scheduler's admission):
         a request without a timeout of its own, for a lazy model whose default is 60 ms, was
@@ -831,7 +834,8 @@ class Engine:
             request.arrival_ns = now
         default_ns = self._lazy_defaults.get(request.model)
         if default_ns is not None and request.due_ns is None:
-            request.due_ns = request.arrival_ns + default_ns
+            return request.arrival_ns + default_ns
+        return request.due_ns
 
     def _lazy_load(self, name: str, manager: ModelManager) -> asyncio.Task[None]:
         """The on-demand load of `name`: started by the first request that needs it, joined by
@@ -853,11 +857,11 @@ class Engine:
             task.exception()
 
     async def _load_then_submit(
-        self, request: InferRequest, ticket: Ticket, load: asyncio.Task[None]
+        self, request: InferRequest, ticket: Ticket, load: asyncio.Task[None], due_ns: int | None
     ) -> None:
         outer = ticket.future
         try:
-            await self._await_load(request, load)
+            await self._await_load(request, load, due_ns)
             if outer.done():
                 return
             try:
@@ -893,16 +897,19 @@ class Engine:
         inner.future.add_done_callback(relay)
         outer.add_done_callback(lambda f: inner.future.cancel() if f.cancelled() else None)
 
-    async def _await_load(self, request: InferRequest, load: asyncio.Task[None]) -> None:
+    async def _await_load(
+        self, request: InferRequest, load: asyncio.Task[None], due_ns: int | None
+    ) -> None:
         """Wait for the on-demand `load` (raising its error), but no longer than `request`'s
-        due time: DeadlineExceeded then, and the load goes on for the requests after it.
+        due time `due_ns`: DeadlineExceeded then, and the load goes on for the requests after
+        it.
 
         NOTE: waiting for the whole load, a request due in 1.2 s was answered 504 at 2.95 s
         (33 s under load), long after its client had stopped waiting."""
-        if request.due_ns is None:
+        if due_ns is None:
             await asyncio.shield(load)  # (shared: one request's end must not end it)
             return
-        left_s = max(0.0, (request.due_ns - self.clock.now_ns()) / 1e9)
+        left_s = max(0.0, (due_ns - self.clock.now_ns()) / 1e9)
         done, _ = await asyncio.wait({load}, timeout=left_s)  # (never cancels the load)
         if not done:
             raise DeadlineExceeded(
@@ -1542,6 +1549,7 @@ def _answered_alone(
         priority=request.priority,
         arrival_ns=request.arrival_ns,
         deliver=deliver,
+        by_default=routed.by_default,
     )
 
 

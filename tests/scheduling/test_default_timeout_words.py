@@ -95,3 +95,46 @@ def test_a_request_due_by_default_before_it_is_queued_is_told_so(default: int, w
         )
 
     run(body)
+
+
+def test_an_own_timeout_of_the_defaults_length_is_told_as_its_own() -> None:
+    """Found by a tester: the scheduler told a due time the default set by its length, and a
+    request's own timeout of exactly the default's was refused as one that "sent no timeout of
+    its own", told to raise the default."""
+
+    async def body() -> None:
+        h = harness(default_timeout_ns=50 * US)  # (a run of one row: 100 µs)
+        with pytest.raises(Overloaded) as refused:
+            submit(h, "own", due_in=50 * US)
+        message = refused.value.message
+        assert message.endswith("; retry with a larger timeout or later"), message
+        assert "default_timeout_ms" not in message
+
+    run(body)
+
+
+def test_a_request_without_an_arrival_time_due_by_default_is_told_so() -> None:
+    """Found by a tester: an in-process call carries no arrival time, and one that sent no
+    timeout, refused for the default due time, was told to send a larger timeout."""
+
+    async def body() -> None:
+        h = harness(default_timeout_ns=50 * US)
+        for run_now in (False, True):
+            with pytest.raises(Overloaded) as refused:
+                h.scheduler.submit_nowait(
+                    {"name": np.array(["r"])}, rows=1, shape_key=SHAPE, due_ns=None, priority=0,
+                    run_now=run_now,
+                )  # fmt: skip
+            assert refused.value.message.endswith(
+                ": its due time is its model's default_timeout_ms (0.05 ms after its arrival: it "
+                "sent no timeout of its own), less than a run of the model takes; raise the "
+                "model's default_timeout_ms"
+            )
+        with pytest.raises(Overloaded) as refused:  # (the router gave it the default's)
+            h.scheduler.submit_nowait(
+                {"name": np.array(["r"])}, rows=1, shape_key=SHAPE,
+                due_ns=h.clock.now_ns() + 50 * US, priority=0, by_default=True,
+            )  # fmt: skip
+        assert "sent no timeout of its own" in refused.value.message
+
+    run(body)

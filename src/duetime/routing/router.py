@@ -95,6 +95,8 @@ class Routed:
     deployment: Deployment
     prepared: Prepared
     due_ns: int | None
+    by_default: bool = False
+    """`due_ns` is the one the model's `default_timeout_ms` set: the request brought none."""
 
 
 class Router:
@@ -151,7 +153,9 @@ class Router:
                 deployment = _cascade(version.variants, now, due, prepared.rows, request.priority)
             else:
                 deployment = _undue(version.variants, now, request.priority)
-        return Routed(served, version, deployment, prepared, due)
+        return Routed(
+            served, version, deployment, prepared, due, request.due_ns is None and due is not None
+        )
 
     def _failover(
         self, served: ServedModel, broken: ServedVersion, key: str | None, now: int

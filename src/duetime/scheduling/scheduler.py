@@ -657,6 +657,7 @@ class ModelScheduler:
         arrival_ns: int | None = None,
         run_now: bool = False,
         passes_on: bool = False,
+        by_default: bool = False,
     ) -> asyncio.Future[Feeds]:
         """Admit and queue one validated request; its future resolves to the model's outputs.
         `arrival_ns`: when it reached the server, where known (a due time already past that
@@ -671,7 +672,8 @@ class ModelScheduler:
         unrun as hopeless, to hand it over to a cheaper variant (`QueuedRequest.fallback`).
         `passes_on`: the caller offers the request to a cheaper variant should this one refuse
         it with `Overloaded` (its due time, a full queue): that refusal is not counted here
-        (see `_admit`).
+        (see `_admit`). `by_default`: `due_ns` is the one the model's `default_timeout_ms` set
+        (the router gave it: see `due_by_default`), not the request's own, as a refusal says.
         """
         if self._closed:
             # NOTE: counted as those failed in the queue at the close: uncounted, the requests
@@ -689,7 +691,7 @@ class ModelScheduler:
             self._unavailable += 1
             raise self.unavailable_error(now)
         due_ns, key, probe = self._admission(
-            now, feeds, rows, due_ns, priority, arrival_ns, passes_on
+            now, feeds, rows, due_ns, priority, arrival_ns, passes_on, by_default
         )
         queue = self._queue
         future: asyncio.Future[Feeds] = self._loop.create_future()
@@ -761,11 +763,13 @@ class ModelScheduler:
         priority: int,
         arrival_ns: int | None,
         passes_on: bool = False,
+        by_default: bool = False,
     ) -> tuple[int | None, Key, bool]:
         """Admit a request arriving `now` (see `submit_nowait`), or raise why not: its due time
         (the model's default one applied), its place in the queue, and whether it is admitted
-        as a probe (see PROBE_NS). `passes_on`: see `submit_nowait`."""
-        if self.default_timeout_ns is not None:
+        as a probe (see PROBE_NS). `passes_on`, `by_default`: see `submit_nowait`."""
+        if self.default_timeout_ns is not None and due_ns is None:
+            by_default = True
             due_ns = self.due_by_default(due_ns, arrival_ns, now)
         # (the default level without `_level`'s frame: priority 0, nearly every request's)
         level = self._config.default_priority_level if priority == 0 else self._level(priority)
@@ -774,7 +778,9 @@ class ModelScheduler:
         self._admitted_others = None
         if due_ns is not None:
             extra_bytes = self._extra_bytes(_bytes(feeds), rows) if self._size_cost else 0
-            probe = self._admit(now, due_ns, rows, key, extra_bytes, arrival_ns, passes_on)
+            probe = self._admit(
+                now, due_ns, rows, key, extra_bytes, arrival_ns, passes_on, by_default
+            )
         return due_ns, key, probe
 
     def answer_alone(
@@ -786,6 +792,7 @@ class ModelScheduler:
         priority: int = 0,
         arrival_ns: int | None = None,
         deliver: Callable[[Feeds], object] | None = None,
+        by_default: bool = False,
     ) -> Feeds | DuetimeError | None:
         """Admit a validated request as `submit_nowait(..., run_now=True)` does (raising its
         refusals), run it alone within this call and return its outputs (or the error its run
@@ -835,12 +842,15 @@ class ModelScheduler:
         now = self._clock.now_ns()
         self.last_arrival_ns = now
         probe = False
-        if self.default_timeout_ns is not None:  # (`_admission` leaves it as it is from here)
+        if self.default_timeout_ns is not None and due_ns is None:
+            by_default = True  # (`_admission` leaves it as it is from here)
             due_ns = self.due_by_default(due_ns, arrival_ns, now)
         if due_ns is not None and not self._fits_alone(now, feeds, rows, due_ns):
             # (without a due time there is nothing to admit: `_admission` would only number
             # its place in a queue it never enters; nor where it fits, as nearly all do)
-            due_ns, _, probe = self._admission(now, feeds, rows, due_ns, priority, arrival_ns)
+            due_ns, _, probe = self._admission(
+                now, feeds, rows, due_ns, priority, arrival_ns, by_default=by_default
+            )
         self._take_turn(task)  # (after admission, as `submit_nowait` takes it: nothing if refused)
         self._queue_time.observe(0)  # (started as it arrived: `_start`'s `start - arrival_ns`)
         cold = probe or self._cold(now)  # (a probe's run is cold: see `_start`)
@@ -1153,11 +1163,19 @@ class ModelScheduler:
         extra_bytes: int = 0,
         arrival_ns: int | None = None,
         passes_on: bool = False,
+        by_default: bool = False,
     ) -> bool:
         """Admit a request due at `due_ns`, or raise why not; True when it is admitted as a
         probe though predicted to miss (see PROBE_NS). `passes_on`: a refusal for its due time
         (`Overloaded`) is not counted, a cheaper variant is offered the request next (see
-        `submit_nowait`).
+        `submit_nowait`). `by_default`: the model's `default_timeout_ms` set `due_ns`, as a
+        refusal says.
+
+        NOTE: a refusal for the due time told every request to "send a larger timeout", which
+        could not help one due by the default (a KServe V1 predict can send none; found by a
+        tester). Then it was told by the due time's length: a request's own timeout of the
+        default's length was "due by the default, it sent no timeout", and an Engine call that
+        sent none, with no arrival time, was told to send a larger timeout (another tester).
 
         NOTE: a refusal the engine passes on to a cheaper variant (`Engine._queue`) counted here
         too (rejected, the failures' time, a miss for the load shedder), and the request counted
@@ -1196,7 +1214,7 @@ class ModelScheduler:
                 # test's requests (RESOURCE_EXHAUSTED, 1 full suite in 2)
                 self._impossible += 1
             self._fail_ns += self._clock.now_ns() - now
-            default = self._due_by_default_ns(due_ns, arrival_ns)
+            default = self.default_timeout_ns if by_default else None
             if default is None:
                 why = (
                     "its timeout is too short, or it waited that long to be read: the server "
@@ -1249,7 +1267,7 @@ class ModelScheduler:
         self.refresh_if_stale(now)
         kept = needed - finish
         margins = f" (+{kept / 1e3:.0f} µs kept for margins and delivery)" if kept >= 1000 else ""
-        default = self._due_by_default_ns(due_ns, arrival_ns)
+        default = self.default_timeout_ns if by_default else None
         if default is None:
             advice = "; retry with a larger timeout or later"
         elif self._exec_ns(rows) + extra_ns + kept > default:
@@ -1267,19 +1285,6 @@ class ModelScheduler:
             f"{advice}",
             retry_after_s=max(0.001, (finish - now) / 1e9),
         )
-
-    def _due_by_default_ns(self, due_ns: int, arrival_ns: int | None) -> int | None:
-        """The model's `default_timeout_ms` (ns) where it is the request's due time (it sent no
-        timeout: see `due_by_default`); None where its own timeout is (or, its arrival unknown,
-        may be). (A timeout of the default's length to the nanosecond is taken for it.)
-
-        NOTE: a refusal for the due time told every request to "send a larger timeout", which
-        could not help one due by the default: a v2 request that sent 10 s was capped at 1 ms,
-        and a KServe V1 predict can send no timeout at all (found by a tester)."""
-        default = self.default_timeout_ns
-        if default is None or arrival_ns is None or due_ns - arrival_ns != default:
-            return None
-        return default
 
     def _run_ns(self, requests: list[QueuedRequest], rows: int) -> int:
         """Predicted time from starting a batch of `requests` (`rows`) to its result on the
@@ -3011,7 +3016,7 @@ def _settle(item: QueuedRequest, outcome: Feeds | DuetimeError) -> None:
 
 def _default_words(default_ns: int) -> str:
     """Why a request is due when it is, where its model's `default_timeout_ms` (`default_ns`)
-    set that (see `ModelScheduler._due_by_default_ns`), as a refusal says it."""
+    set that (see `ModelScheduler._admit`), as a refusal says it."""
     return (
         f"its due time is its model's default_timeout_ms ({default_ns / 1e6:g} ms after its "
         "arrival: it sent no timeout of its own)"
