@@ -26,17 +26,22 @@ def repo(tmp_path: Path) -> Path:
     return tmp_path
 
 
-def _odd_arrays() -> dict[str, np.ndarray]:
+def _odd_arrays(folder: Path) -> dict[str, np.ndarray]:
+    mapped = np.memmap(folder / "mapped.bin", dtype=np.float32, mode="w+", shape=(6, 4))
+    mapped[:] = np.arange(24, dtype=np.float32).reshape(6, 4)
     return {
+        "memmap, transposed": mapped.T,
         "transposed": np.arange(24, dtype=np.float32).reshape(6, 4).T,
         "strided": np.arange(48, dtype=np.float32).reshape(8, 6)[::2],
         "big-endian": np.arange(24, dtype=np.float32).reshape(4, 6).astype(">f4"),
     }
 
 
-@pytest.mark.parametrize("kind", ["transposed", "strided", "big-endian"])
-def test_the_loop_gets_arrays_copied_on_the_callers_thread(repo: Path, kind: str) -> None:
-    x = _odd_arrays()[kind][:, :4]
+@pytest.mark.parametrize("kind", ["transposed", "strided", "big-endian", "memmap, transposed"])
+def test_the_loop_gets_arrays_copied_on_the_callers_thread(
+    repo: Path, tmp_path: Path, kind: str
+) -> None:
+    x = _odd_arrays(tmp_path)[kind][:, :4]
     assert not (x.flags.c_contiguous and x.dtype.isnative)
     with Engine.open(repo) as engine:
         seen: list[tuple[str, bool, bool]] = []

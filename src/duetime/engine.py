@@ -1722,8 +1722,8 @@ def _contiguous(inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     due time, as the copy's did there)."""
     feeds = dict(inputs)
     for name, array in feeds.items():
-        # (`type(...) is` first: the usual array, C-ordered and native, costs two looks)
-        if type(array) is not np.ndarray or (array.flags.c_contiguous and array.dtype.isnative):
+        # (subclasses too: a transposed np.memmap was copied on the loop still, a tester saw)
+        if not isinstance(array, np.ndarray) or (array.flags.c_contiguous and array.dtype.isnative):
             continue
         if array.dtype.kind not in "biufc":  # (strings and objects: the checks' to judge)
             continue
