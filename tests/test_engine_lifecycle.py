@@ -259,3 +259,69 @@ def test_an_empty_repository_path_is_refused(
         Engine.open("")
     with pytest.raises(ConfigError, match="the path is empty"):
         asyncio.run(Engine.start(""))
+
+
+def _duetime_threads() -> list[str]:
+    return [t.name for t in threading.enumerate() if t.name.startswith("duetime")]
+
+
+@pytest.mark.parametrize("closing", ["close()", "aclose() on another loop"])
+def test_a_started_engine_whose_loop_ended_without_aclose_can_be_closed(
+    mlp_repo: Path, closing: str
+) -> None:
+    """Found by a tester: its loop gone, nothing could close it (`close()` was for `open()`
+    engines, `aclose()` for its loop), and its model threads and sessions stayed."""
+    before = set(_duetime_threads())
+
+    async def forgot_aclose() -> Engine:
+        engine = await Engine.start(mlp_repo)
+        await engine.infer_async("mlp", {"x": np.zeros((1, 40), np.float32)})
+        return engine
+
+    engine = asyncio.run(forgot_aclose())
+    assert set(_duetime_threads()) > before
+    if closing == "close()":
+        engine.close()
+    else:
+        asyncio.run(engine.aclose())
+    engine.close()  # (again: nothing)
+    deadline = time.monotonic() + 10
+    while set(_duetime_threads()) - before and time.monotonic() < deadline:
+        time.sleep(0.05)  # (the loader thread ends on its own, as at aclose)
+    assert set(_duetime_threads()) - before == set()
+    assert not engine.ready
+    assert not list(engine.registry.snapshot.deployments())
+
+
+def test_with_refuses_a_started_engine_before_its_block_runs(mlp_repo: Path) -> None:
+    """Found by a tester: the block ran, and its end raised "close() is for engines made by
+    Engine.open()" in place of the block's own exception, the engine left open."""
+
+    async def body() -> None:
+        engine = await Engine.start(mlp_repo)
+        ran = False
+        with (
+            pytest.raises(RuntimeError, match=r"`with` is for engines made by Engine\.open"),
+            engine,
+        ):
+            ran = True
+        assert not ran
+        async with engine:  # (what the error says to do)
+            assert engine.ready
+        assert not engine.ready
+
+    asyncio.run(body())
+
+
+def test_an_engine_that_serves_nothing_says_so_and_closes(mlp_repo: Path) -> None:
+    """A bare `Engine()` was told it "runs on the loop that started it (Engine.start)"."""
+    engine = Engine()
+
+    async def infer() -> None:
+        await engine.infer_async("mlp", {"x": np.zeros((1, 40), np.float32)})
+
+    with pytest.raises(RuntimeError, match="this engine serves no repository yet"):
+        asyncio.run(infer())
+    with engine:  # (nothing to close)
+        pass
+    engine.close()

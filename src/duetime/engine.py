@@ -375,7 +375,10 @@ class Engine:
         the first still draining (requests unanswered, instance threads running)."""
         if self._loop is not None and _running_loop() is not self._loop:
             if self._thread is None:
-                raise _started_elsewhere("aclose")
+                if self._loop.is_closed():  # (its loop ended without aclose: see `close`)
+                    self._close_orphaned()
+                    return
+                raise _started_elsewhere("aclose", self._loop)
             await in_thread(functools.partial(self._close, grace_s))
             return
         shutting = self._shutting
@@ -970,7 +973,7 @@ class Engine:
         """`request` run, on the engine's loop or handed to it (see `infer_async`)."""
         if _running_loop() is not self._loop:
             if self._thread is None:  # (its futures belong to the loop that started it)
-                raise _started_elsewhere("infer_async")
+                raise _started_elsewhere("infer_async", self._loop)
             return await asyncio.wrap_future(self._submit_threadsafe(request))
         try:
             done = self.submit_now(request)
@@ -1079,7 +1082,7 @@ class Engine:
         if _running_loop() is self._loop:
             return await work()
         if self._thread is None:
-            raise _started_elsewhere(name)
+            raise _started_elsewhere(name, self._loop)
         result: concurrent.futures.Future[_T] = concurrent.futures.Future()
         self._hand_over(functools.partial(self._work_for_thread, work, result), result)
         return await asyncio.wrap_future(result)
@@ -1373,7 +1376,10 @@ class Engine:
         """Stop an engine made by `open()`: drain its models and end its loop thread. Calls
         made meanwhile from other threads end too (answered, or ModelUnavailable); closing a
         closed engine does nothing; a `close()` while another thread closes it waits until
-        it is closed.
+        it is closed. An engine made by `start()` is closed by `await aclose()` on its loop;
+        where that loop has ended without it, `close()` (or `aclose()` on another loop) stops
+        its model threads and its loader, with nothing to drain (RuntimeError while the loop
+        lives). An `Engine()` that serves no repository has nothing to close.
 
         NOTE: a second close() from another thread returned at once, the first still draining
         (the engine's loop thread alive): a caller could not rely on close() meaning closed.
@@ -1386,8 +1392,12 @@ class Engine:
         """`close()`, its models drained for up to `grace_s` (that of `aclose` awaited off the
         engine's loop: see there)."""
         thread, loop = self._thread, self._loop
-        if thread is None or loop is None:
+        if thread is None:
+            if loop is None or loop.is_closed():
+                self._close_orphaned()
+                return
             raise RuntimeError("close() is for engines made by Engine.open(); await aclose()")
+        assert loop is not None  # (an open() engine's loop thread runs its loop)
         with self._sync_lock:
             closing = self._closed
             self._closed = True
@@ -1407,7 +1417,39 @@ class Engine:
                     waiting.set_exception(closed)
             self._shut.set()
 
+    def _close_orphaned(self) -> None:
+        """Close an engine made by `start()` whose loop ended without `aclose()` (or one that
+        never served): nothing can run on that loop again, and nothing can be waiting on it
+        (its futures ended with it). Its loader stops and its models' instance threads and
+        sessions close; closing it again does nothing.
+
+        NOTE: nothing could close it: `close()` was for `open()` engines and `aclose()` for
+        its loop, which had ended, and its threads and ORT sessions stayed for the life of the
+        process (5 engines forgotten by `asyncio.run(main())`: +10 threads, +129 MB; found by
+        a tester)."""
+        with self._sync_lock:
+            if self._closed:
+                return
+            self._closing = self._closed = True
+        executors = []
+        if self.manager is not None:
+            executors += [d.model.executor for d in self.manager.abandon()]
+        executors += [d.model.executor for d in self.registry.clear()]
+        for executor in executors:
+            executor.close()
+
     def __enter__(self) -> Engine:
+        """`with Engine.open(repo) as engine:`, closed (`close`) at the end; an engine made by
+        `start()` is refused here (RuntimeError), before the block runs: its close is awaited
+        (`async with`).
+
+        NOTE: the block ran, and its end raised "close() is for engines made by Engine.open()"
+        in place of the block's own exception, the engine left open (found by a tester)."""
+        if self._thread is None and self._loop is not None and not self._loop.is_closed():
+            raise RuntimeError(
+                "`with` is for engines made by Engine.open(); an engine made by Engine.start() "
+                "is closed on its loop: `async with await Engine.start(repo) as engine:`"
+            )
         return self
 
     async def __aenter__(self) -> Engine:
@@ -1686,8 +1728,14 @@ def _waited(result: concurrent.futures.Future[_T]) -> _T:
         raise
 
 
-def _started_elsewhere(name: str) -> RuntimeError:
-    """The error of a call awaited off the loop of an engine made by `Engine.start`."""
+def _started_elsewhere(name: str, loop: asyncio.AbstractEventLoop | None) -> RuntimeError:
+    """The error of a call awaited off the loop of an engine made by `Engine.start` (`loop`;
+    None: an `Engine()` that serves no repository yet)."""
+    if loop is None:
+        return RuntimeError(
+            f"this engine serves no repository yet: make one with Engine.open(repository), or "
+            f"await Engine.start(repository) on your loop, before {name}"
+        )
     return RuntimeError(
         f"this engine runs on the loop that started it (Engine.start); await {name} there, or "
         "make an engine for many loops with Engine.open()"

@@ -536,6 +536,21 @@ class ModelManager:
             # (a drain cancelled half-way closed nothing: its queue is failed, its sessions
             # closed, here)
             await asyncio.gather(*(_close(draining[task]) for task in late))
+        self._stop_loader()
+
+    def abandon(self) -> list[Deployment]:
+        """Stop at once, without the loop (an engine whose loop ended without closing it): no
+        more loads, the loader's queue dropped; the variants of versions still retiring, whose
+        sessions the caller closes (their drains ended with the loop)."""
+        self._abandoned.set()
+        retiring = [d for version in self._retiring.values() for d in version.variants]
+        self._retiring.clear()
+        self._stop_loader()
+        return retiring
+
+    def _stop_loader(self) -> None:
+        """End the loader thread's queue (a load under way finishes in the background) and
+        remove the uploaded models' folders."""
         self._loader.shutdown(wait=False, cancel_futures=True)
         for name in list(self._uploads):
             _remove_upload(self._uploads.pop(name))
