@@ -1638,7 +1638,9 @@ def _abort(
     threshold of 50,000) makes rare. Every failed call kept its request: 60 failed 64 MiB
     calls grew the server from 161 MB to 4.3 GB, 600 resnet batches refused for their due
     time by 0.9 GB. `_Aborted` is dropped by `_guarded` as the call ends, and its frames with
-    it; gRPC sends the status set here (a unary call's answer is not sent with it)."""
+    it; gRPC sends the status set here (a unary call's answer is not sent with it, though
+    grpc.aio writes an empty message ahead of a status that is not OK, which clients skip;
+    Triton sends none: a tester)."""
     _refuse(context, exc, trace_id, model, version)
     raise _Aborted
 
