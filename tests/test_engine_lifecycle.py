@@ -261,8 +261,9 @@ def test_an_empty_repository_path_is_refused(
         asyncio.run(Engine.start(""))
 
 
-def _duetime_threads() -> list[str]:
-    return [t.name for t in threading.enumerate() if t.name.startswith("duetime")]
+def _duetime_threads() -> set[threading.Thread]:
+    """(Threads, not names: other tests' engines in this process name theirs alike.)"""
+    return {t for t in threading.enumerate() if t.name.startswith("duetime")}
 
 
 @pytest.mark.parametrize("closing", ["close()", "aclose() on another loop"])
@@ -271,7 +272,7 @@ def test_a_started_engine_whose_loop_ended_without_aclose_can_be_closed(
 ) -> None:
     """Found by a tester: its loop gone, nothing could close it (`close()` was for `open()`
     engines, `aclose()` for its loop), and its model threads and sessions stayed."""
-    before = set(_duetime_threads())
+    before = _duetime_threads()
 
     async def forgot_aclose() -> Engine:
         engine = await Engine.start(mlp_repo)
@@ -279,16 +280,16 @@ def test_a_started_engine_whose_loop_ended_without_aclose_can_be_closed(
         return engine
 
     engine = asyncio.run(forgot_aclose())
-    assert set(_duetime_threads()) > before
+    assert _duetime_threads() - before
     if closing == "close()":
         engine.close()
     else:
         asyncio.run(engine.aclose())
     engine.close()  # (again: nothing)
     deadline = time.monotonic() + 10
-    while set(_duetime_threads()) - before and time.monotonic() < deadline:
+    while _duetime_threads() - before and time.monotonic() < deadline:
         time.sleep(0.05)  # (the loader thread ends on its own, as at aclose)
-    assert set(_duetime_threads()) - before == set()
+    assert _duetime_threads() - before == set()
     assert not engine.ready
     assert not list(engine.registry.snapshot.deployments())
 

@@ -877,7 +877,7 @@ class Engine:
                 ) from None
         except DuetimeError as exc:
             if not outer.done():
-                outer.set_exception(exc)
+                outer.set_exception(_for_the_request(exc, request.model))
                 ticket._settled()
             return
         ticket.version, ticket.outputs, ticket.variant = inner.version, inner.outputs, inner.variant
@@ -1726,6 +1726,24 @@ def _waited(result: concurrent.futures.Future[_T]) -> _T:
     except BaseException:
         result.cancel()  # (does nothing to a settled one)
         raise
+
+
+def _for_the_request(error: DuetimeError, model: str) -> DuetimeError:
+    """`error`, which ended a request waiting for its model's on-demand load, in the words of a
+    request for a model not served: a load's own failure ("failed to load 'x': ...", a load
+    request's words) starts with Triton's ("Request for unknown model: 'x' has no available
+    versions: ..."), keeping its Retry-After; others as they are.
+
+    NOTE: a request refused because the loaded-models budget was full got the load request's
+    words, which a Triton client does not look for (found by a tester)."""
+    if not isinstance(error, ModelUnavailable) or not error.message.startswith(
+        f"failed to load '{model}'"
+    ):
+        return error
+    return ModelUnavailable(
+        f"{UNKNOWN_MODEL}'{model}' has no available versions: {error.message}",
+        retry_after_s=error.retry_after_s,
+    )
 
 
 def _started_elsewhere(name: str, loop: asyncio.AbstractEventLoop | None) -> RuntimeError:

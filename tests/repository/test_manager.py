@@ -1517,9 +1517,50 @@ def test_first_requests_for_several_models_at_once_keep_to_the_budget(tmp_path: 
         assert len(answered) + len(refused) == 4, results
         assert 1 <= len(answered) <= 2, results
         assert all("max_loaded_models budget is full" in str(r) for r in refused)
+        # (in Triton's words for a request, with a Retry-After: it passes; found by a tester)
+        for error in refused:
+            assert error.message.startswith(  # type: ignore[attr-defined]
+                "Request for unknown model: 'm"
+            )
+            assert " has no available versions: failed to load 'm" in str(error)
+            assert error.retry_after_s == 1.0  # type: ignore[attr-defined]
         assert len(engine.registry.snapshot.models) <= 2
 
     run(tmp_path, scenario, lazy=True, max_loaded_models=2)
+
+
+@pytest.mark.parametrize("lazy", [False, True])
+def test_a_model_bigger_than_the_whole_byte_budget_is_refused_for_good(
+    tmp_path: Path, lazy: bool
+) -> None:
+    """Found by a tester: with nothing loaded, it was refused 503 "the budget is full and
+    every loaded model is busy ... retry later", and clients retried forever."""
+    write_version(tmp_path, "big", 1, heavy_model(1))
+    write_version(tmp_path, "small", 1, scale_model(2))
+    size = (tmp_path / "big" / "1" / "model.onnx").stat().st_size
+
+    async def scenario(engine: Engine) -> None:
+        refused: pytest.ExceptionInfo[DuetimeError]
+        if lazy:
+            with pytest.raises(ModelUnavailable) as refused:
+                await factor_of(engine, "big")
+        else:  # (400 to a load request, as Triton's for a load its files rule out)
+            with pytest.raises(InvalidInput) as refused:
+                await engine.load_model("big")
+        message = refused.value.message
+        assert f"its files take {size} bytes" in message
+        assert f"more than the whole max_loaded_bytes budget ({size // 2}): it can never " in (
+            message
+        )
+        assert "busy" not in message
+        rows = [row for row in engine.repository_index() if row["name"] == "big"]
+        assert any("can never load" in row.get("reason", "") for row in rows), rows
+        if not lazy:
+            await engine.load_model("small")
+        assert await factor_of(engine, "small") == 2.0
+
+    options = {"lazy": True} if lazy else {"control_mode": "explicit"}
+    run(tmp_path, scenario, max_loaded_bytes=size // 2, **options)  # type: ignore[arg-type]
 
 
 def test_lazy_loading_in_explicit_mode_is_said_to_be_ignored(

@@ -943,8 +943,21 @@ class ModelManager:
         for stale in [v for v, state in states.items() if state.failed and int(v) not in wanted]:
             del states[stale]
         named = given or _named(config, directory)
+        needed = _model_bytes(source, wanted, config)
+        budget = self.options.max_loaded_bytes
+        if budget is not None and needed > budget and not current:
+            # NOTE: refused as a full budget (503, "every loaded model is busy ... retry
+            # later") with nothing loaded: clients retried forever a load that can never fit,
+            # and the index gave the model no state (found by a tester)
+            reason = (
+                f"its files take {needed} bytes (each counted once per instance), more than "
+                f"the whole max_loaded_bytes budget ({budget}): it can never load; raise the "
+                "budget"
+            )
+            self._fail_model(name, reason, serving=current is not None)
+            raise _LoadFailed(load_failed(name, reason))
         try:
-            victims = [] if current else self._make_room(name, _model_bytes(source, wanted, config))
+            victims = [] if current else self._make_room(name, needed)
         except ModelUnavailable as exc:
             if not self._evicts:  # (no passing refusal: listed as why the model is not served)
                 self._fail_model(name, exc.message.removeprefix(load_failed(name, "")))
@@ -1447,13 +1460,15 @@ class ModelManager:
                 )
             if not idle:
                 busy = "loaded or loading" if loading else "loaded"
+                # (a passing refusal: a Retry-After, as for a model loading; found by a tester)
                 raise ModelUnavailable(
                     load_failed(
                         name,
                         f"the {limit} budget is full and every {busy} model is busy (one "
                         "unloaded to make room must have had no request, and been loaded, for "
                         f"{EVICT_QUIET_S * 1000:.0f} ms); retry later or raise the budget",
-                    )
+                    ),
+                    retry_after_s=LAZY_RETRY_S,
                 )
             _, victim = idle.pop(0)
             kept.remove(victim)
