@@ -34,6 +34,8 @@ class InvalidInput(DuetimeError):
 
     http_status = 400
     grpc_code = "INVALID_ARGUMENT"
+    counted = False
+    """Counted already among its model's invalid requests (see `Router.count_invalid`)."""
 
 
 class ModelOutputError(InvalidInput):

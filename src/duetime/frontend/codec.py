@@ -180,7 +180,9 @@ class Expected:
 
     def _refuse(self, message: str) -> NoReturn:
         self._invalid[self._counted] = self._invalid.get(self._counted, 0) + 1
-        raise InvalidInput(message)
+        error = InvalidInput(message)
+        error.counted = True  # (not again by the front end: see `Router.count_invalid`)
+        raise error
 
 
 OUTPUT_REPEATS = 4

@@ -669,6 +669,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         if error is not None:
             if ticket is None:
                 self.count_refused(error)
+                self._engine.router.count_invalid(error, request.model_name, request.model_version)
             # NOTE: no answer to hold: what it held went on holding room until its status was
             # sent, which a client that reads nothing may never let happen (found by a tester:
             # two invalid calls held 96 MiB, and others' calls waited past their due times)
@@ -836,6 +837,9 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
                     submitted = exc.with_traceback(None)  # see Ticket.failure
                     if not isinstance(exc, Shed):  # (the shedder counts its own)
                         self.count_refused(submitted)
+                        self._engine.router.count_invalid(
+                            submitted, request.model_name, request.model_version
+                        )
                 except Exception as exc:
                     log.exception("internal error in ModelStreamInfer")
                     submitted = InternalError(f"internal error: {type(exc).__name__}: {exc}")

@@ -756,13 +756,16 @@ class RestApi:
 
         NOTE: a 400 for malformed JSON, a bad 'timeout' or 'priority' parameter moved no
         metric (found by a tester)."""
-        if inference or _names_infer(parts) or _names_predict(parts):
+        infer = inference or _names_infer(parts) or _names_predict(parts)
+        if infer:
             key = (exc.http_status, type(exc).__name__)
             self.refused[key] = self.refused.get(key, 0) + 1
         model = parts[2] if len(parts) > 2 and parts[1] == "models" else ""
         if parts[:1] == ["v1"] and model.rpartition(":")[2] in _V1_VERBS:
             model = model.rpartition(":")[0]  # (`/v1/models/<m>:predict` names model <m>)
         version = parts[4] if len(parts) > 4 and parts[3] == "versions" else None
+        if infer and isinstance(exc, InvalidInput):
+            self._engine.router.count_invalid(exc, model, version)
         return failed_reply(exc, headers, model, version, trace_id)
 
     def _ticket_error(self, ticket: Ticket, request: InferRequest) -> DuetimeError | None:
