@@ -140,8 +140,9 @@ class MetricsCollector:
             "scheduler, or could no longer make it while queued); failed: the model failed; "
             "cancelled: the client gave up (while it waited or ran); unavailable: failed unrun "
             "while queued, no instance taking work any more (every breaker open, or shut "
-            "down); invalid: inputs failed validation against the model's signature (variant "
-            "is empty: no variant was chosen yet). A request the model answered whose answer "
+            "down); invalid: refused as invalid (inputs that do not fit the model's signature, "
+            "a body, tensor or parameter that could not be read; variant is empty: no variant "
+            "was chosen yet). A request the model answered whose answer "
             "its front end could not deliver is a success here, as Triton counts it: see "
             "duetime_answers_failed_total.",
             labels=(*DEPLOYMENT_LABELS, "outcome"),
