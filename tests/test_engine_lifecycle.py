@@ -323,6 +323,16 @@ def test_an_engine_that_serves_nothing_says_so_and_closes(mlp_repo: Path) -> Non
 
     with pytest.raises(RuntimeError, match="this engine serves no repository yet"):
         asyncio.run(infer())
+    calls = {
+        "infer": lambda: engine.infer("mlp", {"x": np.zeros((1, 40), np.float32)}),
+        "load_model_blocking": lambda: engine.load_model_blocking("mlp"),
+        "unload_model_blocking": lambda: engine.unload_model_blocking("mlp"),
+        "load_model": lambda: asyncio.run(engine.load_model("mlp")),
+    }
+    for name, call in calls.items():
+        with pytest.raises(RuntimeError, match="this engine serves no repository yet"):
+            call()
+        assert name
     with engine:  # (nothing to close)
         pass
     engine.close()

@@ -520,6 +520,8 @@ class Engine:
     def _check_blocking(self, name: str) -> None:
         """RuntimeError unless this thread may wait for the engine's loop (see `infer`)."""
         if self._thread is None:
+            if self._loop is None:
+                raise _started_elsewhere(name, None)
             raise RuntimeError(
                 f"Engine.{name}_blocking is for engines made by Engine.open() (their loop runs "
                 "on a thread of their own); this one runs on the loop that started it "
@@ -554,6 +556,8 @@ class Engine:
             again = "open a new one" if self._thread is not None else "start a new one"
             raise ModelUnavailable(f"cannot {action} model '{name}': the engine is closed; {again}")
         manager = self.manager
+        if manager is None and self._loop is None:  # (a bare Engine(): see `_started_elsewhere`)
+            raise _started_elsewhere(f"{action}_model", None)
         if manager is None or manager.options.control_mode == "none":
             raise ModelControlOff(
                 f"{MODEL_CONTROL_OFF}: model {action} is off: the repository is served with "
@@ -1038,6 +1042,8 @@ class Engine:
     def _blocking(self, request: InferRequest) -> InferResponse:
         """`request` handed to the engine's loop, waited for on this thread (see `infer`)."""
         if self._thread is None:
+            if self._loop is None:
+                raise _started_elsewhere("infer_async", None)
             raise RuntimeError(
                 "Engine.infer is for engines made by Engine.open() (their loop runs on a thread "
                 "of their own); this one runs on the loop that started it (Engine.start): await "

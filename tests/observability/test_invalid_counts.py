@@ -71,9 +71,16 @@ def test_an_invalid_http_request_counts_once(running: RunningServer, case: str) 
 
 
 def test_an_invalid_request_to_a_model_not_served_counts_nowhere(running: RunningServer) -> None:
+    """(Nor under a version string a client made up: one became a label each, found by a
+    tester.)"""
     before = dict(running.server.engine.router.invalid)
     assert post(running, "/v2/models/nosuch/infer", b"{not json") in (400, 404)
     assert post(running, "/v2/models/mlp/versions/7/infer", b"{not json") in (400, 404)
+    assert post(running, "/v2/models/mlp/versions/junk0/infer", b"{not json") == 400
+    request = _grpc_request(short=True)
+    request.model_version = "grpcjunk"
+    with grpc.insecure_channel(running.grpc) as channel, pytest.raises(grpc.RpcError):
+        service_pb2_grpc.GRPCInferenceServiceStub(channel).ModelInfer(request, timeout=30)
     assert running.server.engine.router.invalid == before
 
 

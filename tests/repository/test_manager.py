@@ -1563,6 +1563,26 @@ def test_a_model_bigger_than_the_whole_byte_budget_is_refused_for_good(
     run(tmp_path, scenario, max_loaded_bytes=size // 2, **options)  # type: ignore[arg-type]
 
 
+def test_a_reload_past_the_whole_byte_budget_is_refused_and_the_model_serves_on(
+    tmp_path: Path,
+) -> None:
+    """Found by a tester: a reload to two instances (its bytes counted twice) took the model
+    past the budget for good, where a load of the same files is refused."""
+    write_version(tmp_path, "m", 1, heavy_model(1))
+    size = (tmp_path / "m" / "1" / "model.onnx").stat().st_size
+
+    async def scenario(engine: Engine) -> None:
+        await engine.load_model("m")
+        config(tmp_path, "m", 'instances = 2\nexecution = "thread"\n')
+        with pytest.raises(InvalidInput, match=r"can never load; raise the budget"):
+            await engine.load_model("m")
+        assert await factor_of(engine, "m") == 1.0
+        served = engine.registry.snapshot.models["m"].versions["1"].primary.model
+        assert served.config.instances == 1  # (the old load serves on)
+
+    run(tmp_path, scenario, control_mode="explicit", max_loaded_bytes=int(size * 1.5))
+
+
 def test_lazy_loading_in_explicit_mode_is_said_to_be_ignored(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -945,10 +945,12 @@ class ModelManager:
         named = given or _named(config, directory)
         needed = _model_bytes(source, wanted, config)
         budget = self.options.max_loaded_bytes
-        if budget is not None and needed > budget and not current:
+        if budget is not None and needed > budget:
             # NOTE: refused as a full budget (503, "every loaded model is busy ... retry
             # later") with nothing loaded: clients retried forever a load that can never fit,
-            # and the index gave the model no state (found by a tester)
+            # and the index gave the model no state (found by a tester). A reload too (its
+            # versions serve on): one to two instances took the model past the budget for good
+            # (another tester)
             reason = (
                 f"its files take {needed} bytes (each counted once per instance), more than "
                 f"the whole max_loaded_bytes budget ({budget}): it can never load; raise the "

@@ -182,8 +182,9 @@ class Router:
         if served is None:
             return
         if version:
-            named, _ = self._registry.attribution(model, version, invalid=True)
-            if not named:
+            try:  # (`attribution` would name it as the client wrote it: a label per string)
+                named = self._registry.served_version(served, version).version
+            except DuetimeError:
                 return
         else:
             named = served.default
