@@ -115,3 +115,16 @@ def test_run_fields_read_back_as_a_report() -> None:
     doc["timeline"]["ok"] = doc["timeline"]["ok"][:-1]
     with pytest.raises(ValueError, match=r"b\.json: timeline\.ok"):
         hdr.RunReport.from_json(doc, "b.json")
+
+
+def test_an_exact_max_given_is_the_max_and_bounds_the_percentiles() -> None:
+    """Found by a tester: ITCH's report gave a bucket's bound as its max, 1000447 µs in a run
+    with a 1 s deadline and no late answer (the largest latency was 999958 µs)."""
+    histogram = hdr.new_histogram()
+    for value in (10, 20, 999_958):
+        hdr.record_us(histogram, value)
+    assert hdr.percentiles_us(histogram)["max"] > 999_958  # (the bucket's bound)
+    exact = hdr.percentiles_us(histogram, 999_958)
+    assert exact["max"] == 999_958
+    assert exact["p999"] == exact["p99"] == 999_958
+    assert exact["p50"] == pytest.approx(20, abs=0.1)

@@ -99,10 +99,13 @@ def nearest_ranks(count: int) -> dict[str, int]:
     return {name: max(1, -(-tenths * count // 1000)) for name, tenths in PERCENTILES.items()}
 
 
-def percentiles_us(histogram: HdrHistogram) -> dict[str, float | int | None]:
+def percentiles_us(
+    histogram: HdrHistogram, max_us: float | None = None
+) -> dict[str, float | int | None]:
     """count, p50, p90, p99, p999, max and mean in µs (None without values); the percentiles
     by nearest rank, each its bucket's highest value (3 significant digits: never under the
-    value at that rank, at most 0.1% over).
+    value at that rank, at most 0.1% over); `max_us`, where the caller kept the exact largest
+    value, is the max (and bounds the percentiles), else its bucket's highest value.
 
     NOTE: hdrh's own percentiles round the rank to the nearest (count x p + 0.5): with fewer
     values than 1/(1 - p) they reported a value that more than 1 - p of them exceed (880
@@ -113,9 +116,13 @@ def percentiles_us(histogram: HdrHistogram) -> dict[str, float | int | None]:
     if count == 0:
         return {"count": 0, "p50": None, "p90": None, "p99": None, "p999": None, "max": None,
                 "mean": None}  # fmt: skip
+    ranked = _ranked(histogram, nearest_ranks(count))
+    top = float(histogram.get_max_value())
+    if max_us is not None:
+        top = float(max_us)
+        ranked = {name: min(value, top) for name, value in ranked.items()}
     return {
-        "count": count, **_ranked(histogram, nearest_ranks(count)),
-        "max": float(histogram.get_max_value()),
+        "count": count, **ranked, "max": top,
         "mean": float(histogram.get_mean_value()),
     }  # fmt: skip
 

@@ -762,3 +762,31 @@ def test_listen_names_symbols_never_seen_in_the_feed(tmp_path: Path, demo_repo: 
     assert "--symbols never seen in the feed: #2" in errors, errors
     result = json.loads(report.read_text(encoding="utf-8"))
     assert (result["unknown_symbols"], result["triggers"]) == (["#2"], 10)
+
+
+def test_a_live_run_counts_its_wall_time_from_its_first_datagram() -> None:
+    """Found by a tester: a 10 ms feed sent 6 s after the listener started read "0 msg/s over
+    6.0 s" (the wait for the first datagram counted, and the idle timeout after the last), and
+    the report's max tick-to-prediction was a histogram bucket's bound, not the largest."""
+    packets = list(mold_packets(_adds_then_deletes(5), "WALL", per_packet=5))
+    out = io.StringIO()
+
+    async def scenario() -> FeedRun:
+        receiver = MoldUdpReceiver(next_sequence=1)
+        feed = UdpFeed(_Transport(), receiver, idle_s=0.3)  # type: ignore[arg-type]
+        options = RunOptions(deadline_ns=10**9, pace="max", keep_warm=False)
+        run = FeedRun(Recorder(), options, PredictionLog(out, 3))
+        running = asyncio.ensure_future(run.run_live(feed))
+        await asyncio.sleep(0.5)  # (the listener waits for its feed)
+        for datagram in packets:
+            receiver.datagram_received(datagram, ("127.0.0.1", 9))
+            await asyncio.sleep(0)
+        await asyncio.wait_for(running, 10)  # (then it ends on its idle timeout)
+        return run
+
+    report = asyncio.run(scenario()).stats.report()
+    assert report["messages"] == 10
+    assert report["wall_s"] < 0.25, report["wall_s"]
+    rows = list(csv.DictReader(io.StringIO(out.getvalue())))
+    largest = max(int(row["latency_us"]) for row in rows)
+    assert report["tick_to_prediction_us"]["max"] == largest
