@@ -773,3 +773,15 @@ def test_malformed_output_parameters_are_a_bad_field(tmp_path: Path, value: Any)
     path.write_bytes(data[:size] + struct.pack("<II", len(body), zlib.crc32(body)) + body)
     with pytest.raises(CaptureFormatError, match="meta 'output_parameters' is not an object"):
         list(read_capture(path, strict=True))
+
+
+def test_a_record_arriving_before_the_capture_s_start_is_skipped(tmp_path: Path) -> None:
+    """Found by a tester: a record of arrival -1,000 s (its CRC right) was read, shown at
+    -1000000 ms, and a replay waited 1,000 s after it."""
+    early = make_record(request_id="b", arrival_ns=-(10**12))
+    path = write(tmp_path / "early.cap", make_record(request_id="a"), early,
+                 make_record(request_id="c"))  # fmt: skip
+    with CaptureReader(path) as reader:
+        assert [r.request_id for r in reader] == ["a", "c"]
+        assert reader.skipped == 1
+        assert "arrival_ns -1000000000000 is negative" in str(reader.first_skipped)

@@ -57,6 +57,17 @@ def test_bench_record_never_overwrites_a_capture(
     assert existing.read_bytes() == b"a capture a server is writing"
 
 
+def test_bench_refuses_one_file_for_its_result_and_its_capture(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Found by a tester: it wrote the capture, then the result over it, and said "wrote"
+    twice."""
+    out = tmp_path / "both"
+    err = refused(bench("--json", str(out), "--record", str(out)), "--record", capsys)
+    assert "is the --json file too" in err
+    assert not out.exists()
+
+
 @pytest.mark.parametrize("where", ["dir", "under-a-file", "record-dir"])
 def test_bench_refuses_outputs_it_could_not_write_before_running(
     where: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
@@ -474,6 +485,8 @@ def test_a_server_dying_mid_run_counts_the_unsent_and_exits_3(
     unsent = doc["generator"]["unsent"]
     assert unsent > 0
     assert doc["overall"]["unsent"] == unsent
+    # (at the top too, as a replay's result has them: found by a tester)
+    assert (doc["unsent"], doc["unanswered"]) == (unsent, doc["overall"]["unanswered"])
     assert sum(c["unsent"] for c in doc["classes"]) == unsent
     printed = capsys.readouterr().out
     head = printed.splitlines()[1].split()

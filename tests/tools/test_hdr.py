@@ -112,6 +112,12 @@ def test_run_fields_read_back_as_a_report() -> None:
     assert report.latency_us == doc["latency_us"]
     with pytest.raises(ValueError, match="not a result of `duetime bench --json`"):
         hdr.RunReport.from_json({"overall": {}}, "old.json")
+    # (a result without its unsent or unanswered count, at the top or in `overall`, was read
+    # as complete and ranked: found by a tester)
+    missing = {k: v for k, v in doc.items() if k != "unanswered"}
+    with pytest.raises(ValueError, match=r"c\.json: unanswered: missing"):
+        hdr.RunReport.from_json(missing, "c.json")
+    assert hdr.RunReport.from_json({**missing, "overall": {"unanswered": 2}}, "d").unanswered == 2
     doc["timeline"]["ok"] = doc["timeline"]["ok"][:-1]
     with pytest.raises(ValueError, match=r"b\.json: timeline\.ok"):
         hdr.RunReport.from_json(doc, "b.json")

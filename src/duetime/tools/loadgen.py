@@ -56,6 +56,7 @@ from duetime.tools.hdr import MissingHdr
 from duetime.tools.interrupt import EXIT_CODE, Interrupt
 from duetime.tools.outputs import (
     OutputError,
+    check_apart,
     check_output,
     failed_write,
     strict_json,
@@ -764,6 +765,8 @@ def run(args: argparse.Namespace) -> int:
         config = config_from_args(args)
         check_output(args.json, "--json")
         check_output(args.record, "--record", new=True)
+        # (one file for both: the capture was written, then the result over it; a tester)
+        check_apart(args.record, "--record", args.json, "--json")
         # NOTE: the server's counters were read before the run, so that the batch sizes and
         # late answers reported counted the warm-up too (3x the requests of the table, with
         # --warmup 2 --duration 1; found by a tester): they are read as the measured window

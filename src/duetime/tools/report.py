@@ -464,6 +464,10 @@ class BenchResult:
             None if self.config.repository is None else str(self.config.repository)
         )
         doc.update(doc.pop("report_fields") or {})
+        # (at the top, as a replay's result has them: a script reading one layout read no
+        # `unanswered` from a bench's, found by a tester)
+        for name in ("unsent", "unanswered"):
+            doc[name] = doc["overall"][name]
         return doc
 
     def format(self) -> str:

@@ -467,16 +467,23 @@ class Recorder:
         # NOTE: positional: this runs for every captured request (see encode_record).
         if wire is not None and _holds_its_data(*wire):
             return encode_http_record(
-                arrival - self._start_ns, request.model, request.version, wire[0], wire[1],
+                self._since_start(arrival), request.model, request.version, wire[0], wire[1],
                 due_in, request.priority, headers, trace_id, status, error, done - arrival,
                 answered, variant, outputs,
             )  # fmt: skip
         return encode_record(
-            arrival - self._start_ns, request.protocol, request.model, request.version,
+            self._since_start(arrival), request.protocol, request.model, request.version,
             request.id, tensors_of(request.inputs), request.outputs, request.parameters,
             due_in, request.priority, headers, trace_id, status, error, done - arrival,
             answered, variant, outputs, output_parameters_of(request.classes),
         )  # fmt: skip
+
+    def _since_start(self, arrival: int) -> int:
+        """A record's `arrival_ns`: from the capture's start, 0 for a request that came before
+        it (dated by its front end from the turn that read it, or a tick before: the reader
+        refuses an arrival before the start, see format.decode_record)."""
+        since = arrival - self._start_ns
+        return since if since > 0 else 0
 
     def _encode_unread(
         self, arrival: int, unread: _Unread, refusal: Exception, headers: Mapping[str, str]
@@ -500,7 +507,7 @@ class Recorder:
             timeout = request.parameters.get("timeout")
             due_in = timeout * 1000 if type(timeout) is int and timeout > 0 else None
             return encode_http_record(
-                arrival - self._start_ns, model, version, body, header_length, due_in,
+                self._since_start(arrival), model, version, body, header_length, due_in,
                 _priority(request.parameters), headers, trace_id, status, error,
                 0, None, None, None,
             )  # fmt: skip
@@ -511,7 +518,7 @@ class Recorder:
         except DuetimeError as exc:
             raise BadField(f"the gRPC request does not decode: {exc.message}") from None
         return encode_record(
-            arrival - self._start_ns, unread.protocol, request.model, request.version,
+            self._since_start(arrival), unread.protocol, request.model, request.version,
             request.id, tensors_of(request.inputs), request.outputs, request.parameters,
             unread.due_in_ns, request.priority, headers, trace_id, status, error, 0, None, None,
             None, output_parameters_of(request.classes),
