@@ -41,7 +41,7 @@ from duetime.feeds.itch.moldudp import (
 )
 from duetime.feeds.itch.parser import decode_message, read_frames, read_messages
 from duetime.feeds.itch.predictors import Answer
-from duetime.feeds.itch.run import FeedRun, RunOptions
+from duetime.feeds.itch.run import FeedRun, RunOptions, Trigger
 from duetime.feeds.itch.synth import write_session
 from duetime.feeds.itch.tally import PredictionLog
 from duetime.feeds.itch.writer import encode
@@ -790,3 +790,26 @@ def test_a_live_run_counts_its_wall_time_from_its_first_datagram() -> None:
     rows = list(csv.DictReader(io.StringIO(out.getvalue())))
     largest = max(int(row["latency_us"]) for row in rows)
     assert report["tick_to_prediction_us"]["max"] == largest
+
+
+def test_a_live_run_of_one_datagram_that_asks_nothing_counts_no_wait() -> None:
+    """Found by a tester: one datagram that triggered no request had a span of 0, and the wall
+    time fell back to the listener's whole life (the 5 s before it came included)."""
+    packet = next(iter(mold_packets(_adds_then_deletes(5)[:5], "ONE", per_packet=5)))
+
+    async def scenario() -> FeedRun:
+        receiver = MoldUdpReceiver(next_sequence=1)
+        feed = UdpFeed(_Transport(), receiver, idle_s=0.2)  # type: ignore[arg-type]
+        options = RunOptions(
+            deadline_ns=10**9, pace="max", keep_warm=False, trigger=Trigger(every=10**6)
+        )
+        run = FeedRun(Recorder(), options, PredictionLog(io.StringIO(), 3))
+        running = asyncio.ensure_future(run.run_live(feed))
+        await asyncio.sleep(0.5)
+        receiver.datagram_received(packet, ("127.0.0.1", 9))
+        await asyncio.wait_for(running, 10)
+        return run
+
+    report = asyncio.run(scenario()).stats.report()
+    assert (report["messages"], report["triggers"]) == (5, 0)
+    assert report["wall_s"] < 0.25, report["wall_s"]

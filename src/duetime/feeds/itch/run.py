@@ -251,7 +251,9 @@ class FeedRun:
         self._last_arrival_ns = 0
         self._first_arrival_ns = 0
         self._answered_ns = 0
-        """Live: when its first datagram came, and when the last answer did (see `_tuned`)."""
+        self._applied_ns = 0
+        """Live: when its first datagram came, and when the last answer came and the last
+        messages were applied (see `_tuned`)."""
         window = WINDOW_EVENTS if self._wants_window else 0
         warm = options.keep_warm and (options.pace == "recorded" or options.busy_poll_ns > 0)
         self._warmer: Warmer | FastWarmer | None = Warmer(window, predictor) if warm else None
@@ -374,6 +376,7 @@ class FeedRun:
                     packets.clear()
                     self._queued = 0
                     self._live_done.set()
+                    self._applied_ns = time.monotonic_ns()
                     return
                 now = time.monotonic_ns()
                 if self._burst and self._must_ask(now, now - taken if taken else 0):
@@ -384,6 +387,7 @@ class FeedRun:
                 taken = now
                 stats.messages += 1
                 self._arrived(message, arrival_ns)
+        self._applied_ns = time.monotonic_ns()
 
     async def _warm_live(self, warmer: Warmer | FastWarmer) -> None:
         """Live, while the feed busy-polls after a datagram: between loop turns with nothing
@@ -423,7 +427,7 @@ class FeedRun:
     async def _tuned(self) -> AsyncIterator[None]:
         """The run's runtime settings (collector, GIL switch interval), the path made ready
         (`_ready`), and its wall time: a live feed's from its first datagram to its last
-        datagram or answer, whichever came later.
+        datagram, answer or message applied, whichever came last.
 
         NOTE: a live feed's counted the wait for its first datagram and the idle timeout after
         its last: a 10 ms feed sent 6 s after the listener started read "0 msg/s over 6.0 s"
@@ -442,8 +446,9 @@ class FeedRun:
             yield
         finally:
             first = self._first_arrival_ns
-            span = max(self._last_arrival_ns, self._answered_ns) - first
-            self.stats.wall_ns = span if first and span > 0 else time.monotonic_ns() - started
+            span = max(self._last_arrival_ns, self._answered_ns, self._applied_ns) - first
+            # (a single datagram that asked nothing: its span is its messages' applying)
+            self.stats.wall_ns = max(span, 1) if first else time.monotonic_ns() - started
             fast = self._fast
             anomalies = self.books.anomalies.counts if fast is None else fast.anomalies
             # (in ANOMALY_KINDS order, as `itch book` says them: the python engine's counts are
