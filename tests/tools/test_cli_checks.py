@@ -57,6 +57,17 @@ def test_bench_record_never_overwrites_a_capture(
     assert existing.read_bytes() == b"a capture a server is writing"
 
 
+@pytest.mark.parametrize("flag", ["--json", "--record"])
+def test_bench_refuses_a_dash_for_an_output_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, flag: str
+) -> None:
+    """Found by a tester: `--json -` wrote a file named '-' (no tool writes stdout there)."""
+    monkeypatch.chdir(tmp_path)
+    err = refused(bench(flag, "-"), flag, capsys)
+    assert "standard output is not taken here" in err
+    assert not (tmp_path / "-").exists()
+
+
 def test_bench_refuses_one_file_for_its_result_and_its_capture(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

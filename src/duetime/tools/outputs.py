@@ -41,6 +41,11 @@ def check_output(
 
 
 def _check_output(path: Path, flag: str, new: bool, reads: Iterable[Path | None]) -> None:
+    if str(path) == "-":  # (a file named '-' was written: a tester took it for stdout)
+        raise ConfigError(
+            f"{flag} -: standard output is not taken here (the table goes there); give a "
+            "file name (./- for a file of that name)"
+        )
     if path.is_dir():
         raise ConfigError(f"{flag} {path}: is a directory; give a file name")
     for read in reads:
