@@ -72,6 +72,7 @@ from duetime.scheduling.edf import QueuedRequest
 from duetime.scheduling.ledger import CoreLedger
 from duetime.scheduling.scheduler import ModelScheduler, batch_bytes_bound
 from duetime.types import InferRequest, InferResponse, model_words
+from duetime.validation import c_ordered
 
 if TYPE_CHECKING:
     from duetime.repository.outputsizes import OutputSizes
@@ -1800,11 +1801,7 @@ def _contiguous(inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         if array.dtype.kind not in "biufc":  # (strings and objects: the checks' to judge)
             continue
         try:
-            feeds[name] = (
-                np.ascontiguousarray(array)
-                if array.dtype.isnative
-                else array.astype(array.dtype.newbyteorder("="), order="C")
-            )
+            feeds[name] = c_ordered(array)
         except MemoryError:
             raise InvalidInput(
                 f"input '{name}': no memory to copy the array ({array.nbytes} bytes, shape "

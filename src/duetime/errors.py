@@ -35,7 +35,15 @@ class InvalidInput(DuetimeError):
     http_status = 400
     grpc_code = "INVALID_ARGUMENT"
     counted = False
-    """Counted already among its model's invalid requests (see `Router.count_invalid`)."""
+    """Counted already among its model's invalid requests (see `count_in`)."""
+
+    def count_in(self, counts: dict[tuple[str, str], int], key: tuple[str, str]) -> None:
+        """Count this refusal in `counts` (the router's `invalid`) under `key` (model, version),
+        once: the header checks, the router and the front ends each count what the stage
+        before did not."""
+        if not self.counted:
+            counts[key] = counts.get(key, 0) + 1
+            self.counted = True
 
 
 class ModelOutputError(InvalidInput):

@@ -304,9 +304,7 @@ class Validator:
             if refused is not None:
                 raise InvalidInput(refused)
             return strings_for_ort(array, spec.name)
-        if not array.dtype.isnative:
-            return array.astype(array.dtype.newbyteorder("="))
-        return array if array.flags.c_contiguous else np.ascontiguousarray(array)
+        return c_ordered(array)
 
     def _check_outputs(self, outputs: Sequence[str] | None) -> tuple[str, ...]:
         if outputs is None:
@@ -476,3 +474,11 @@ def _datatype_name(array: np.ndarray) -> str:
         return v2_datatype_of(array)
     except TypeError:
         return str(array.dtype)
+
+
+def c_ordered(array: np.ndarray) -> np.ndarray:
+    """`array` as ONNX Runtime takes a numeric tensor: C-ordered, in this machine's byte order
+    (copied only where it is not)."""
+    if not array.dtype.isnative:
+        return array.astype(array.dtype.newbyteorder("="), order="C")
+    return array if array.flags.c_contiguous else np.ascontiguousarray(array)

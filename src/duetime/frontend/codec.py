@@ -179,9 +179,8 @@ class Expected:
         return ", ".join(repr(name) for name in self._outputs)
 
     def _refuse(self, message: str) -> NoReturn:
-        self._invalid[self._counted] = self._invalid.get(self._counted, 0) + 1
         error = InvalidInput(message)
-        error.counted = True  # (not again by the front end: see `Router.count_invalid`)
+        error.count_in(self._invalid, self._counted)
         raise error
 
 

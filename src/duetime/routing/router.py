@@ -145,9 +145,7 @@ class Router:
                 request.inputs, request.outputs, request.template
             )
         except InvalidInput as error:
-            counted = (served.name, version.version)
-            self.invalid[counted] = self.invalid.get(counted, 0) + 1
-            error.counted = True
+            error.count_in(self.invalid, (served.name, version.version))
             if not request.version and (served.traffic.split or version.version != served.default):
                 chosen_by_weights(error, served.name, version.version)  # (not what metadata says)
             raise
@@ -168,8 +166,9 @@ class Router:
         """Count `error`, where it is an InvalidInput not counted yet, among the invalid
         requests of `model` (`invalid`), as `route` counts those its inputs' checks refuse: a
         request its front end refused before routing it (its body or inputs could not be read,
-        a bad parameter), under the version it names (None: the model's default); not one to
-        a model or version not served (a client's name is no label).
+        a bad parameter), under the version it names (None: the first its traffic goes to, as
+        the header checks count it: `rest.Signatures`); not one to a model or version not
+        served (a client's name is no label).
 
         NOTE: a 400 for a `data` count that does not match the shape, or a body that is not
         JSON, was counted in `duetime_requests_refused_total` but not in the model's
@@ -187,10 +186,8 @@ class Router:
             except DuetimeError:
                 return
         else:
-            named = served.default
-        counted = (served.name, named)
-        self.invalid[counted] = self.invalid.get(counted, 0) + 1
-        error.counted = True
+            named = served.traffic.versions[0]
+        error.count_in(self.invalid, (served.name, named))
 
     def _failover(
         self, served: ServedModel, broken: ServedVersion, key: str | None, now: int

@@ -376,7 +376,8 @@ class FeedRun:
                     packets.clear()
                     self._queued = 0
                     self._live_done.set()
-                    self._applied_ns = time.monotonic_ns()
+                    if taken:
+                        self._applied_ns = taken
                     return
                 now = time.monotonic_ns()
                 if self._burst and self._must_ask(now, now - taken if taken else 0):
@@ -387,7 +388,8 @@ class FeedRun:
                 taken = now
                 stats.messages += 1
                 self._arrived(message, arrival_ns)
-        self._applied_ns = time.monotonic_ns()
+        if taken:  # (when the last message was taken: no clock read more a datagram)
+            self._applied_ns = taken
 
     async def _warm_live(self, warmer: Warmer | FastWarmer) -> None:
         """Live, while the feed busy-polls after a datagram: between loop turns with nothing
