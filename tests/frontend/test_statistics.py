@@ -42,6 +42,10 @@ def test_http_statistics_count_inferences_and_show_the_profile(server: RunningSe
     assert profile[0]["batch_size"] == 1
     assert profile[-1]["batch_size"] == 64
     assert all(p["measured_median_us"] > 0 for p in profile)
+    # each instance's profile: the variant's at the instance's pace (one instance: its own)
+    variant = after["duetime"]["variants"][0]
+    assert variant["instance_speeds"] == [1.0] * variant["instances"]
+    assert variant["instance_latency_profiles"] == [profile] * variant["instances"]
     assert {m["name"] for m in everything["model_stats"]} >= {"mlp", "resnet"}
 
 

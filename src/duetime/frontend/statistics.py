@@ -88,6 +88,7 @@ def model_statistics_json(
 
 
 def _variant_json(deployment: Deployment, stats: SchedulerStatistics) -> dict[str, Any]:
+    profile = deployment.scheduler.profile
     return {
         "variant": deployment.variant,
         "succeeded": stats.succeeded,
@@ -117,7 +118,10 @@ def _variant_json(deployment: Deployment, stats: SchedulerStatistics) -> dict[st
         "breakers_opened": stats.breakers_opened,
         "scheduling_policy": deployment.model.config.scheduling.policy,
         "execution": "inline" if deployment.model.executor.inline else "thread",
-        "latency_profile": deployment.scheduler.profile.snapshot(),
+        "latency_profile": profile.snapshot(),
+        # (each instance's: the variant's at its pace, see profile.InstanceSpeed)
+        "instance_speeds": [round(speed, 3) for speed in stats.instance_speeds],
+        "instance_latency_profiles": [profile.snapshot(speed) for speed in stats.instance_speeds],
     }
 
 

@@ -287,6 +287,52 @@ class LateMargin:
         return True
 
 
+SPEED_MAX = 8.0
+"""An `InstanceSpeed` stays within this factor of the profile, either way."""
+SPEED_ALPHA = 0.05
+"""An `InstanceSpeed`'s weight on each new run, once it has seen 1/SPEED_ALPHA of them (the mean
+of those until then)."""
+
+
+class InstanceSpeed:
+    """How long one instance's runs take against its variant's profile (`value`, 1.0: as the
+    profile predicts); pure. An instance's own latency profile is the variant's times this.
+
+    NOTE: a variant's instances are one session each on their own CPU (`--cpus`). The variant's
+    `LatencyProfile` is measured at load on one of them and learns from the runs of all (each
+    divided by its instance's speed); where the instances' CPUs differ (one shares its core with
+    the event loop, or with another model's instances, or a VM's cores differ), each runs at its
+    own pace, and the batches planned for it, and the time it is booked for, follow that pace.
+    One profile per instance, each learnt from its own runs alone, would have few runs each to
+    learn from where one instance takes most of the batches (the first idle instance takes the
+    next), and would go stale; a speed is one number, which a few runs set."""
+
+    __slots__ = ("_runs", "value")
+
+    def __init__(self) -> None:
+        self.value = 1.0
+        self._runs = 0
+
+    def observe(self, estimate_ns: float, actual_ns: int) -> None:
+        """Fold in one run of the instance that took `actual_ns` where the variant's profile
+        estimates `estimate_ns`. One run counts at most twice or half the current value (a
+        stall must not double every prediction), and the value stays within `SPEED_MAX` of 1."""
+        if estimate_ns <= 0:
+            return
+        value = self.value
+        ratio = actual_ns / estimate_ns
+        if ratio > 2 * value:
+            ratio = 2 * value
+        elif ratio < value / 2:
+            ratio = value / 2
+        self._runs += 1
+        alpha = 1.0 / self._runs
+        if alpha < SPEED_ALPHA:
+            alpha = SPEED_ALPHA
+        value += alpha * (ratio - value)
+        self.value = min(SPEED_MAX, max(1 / SPEED_MAX, value))
+
+
 class LatencyProfile:
     """Execution time per batch size, updated online.
 
@@ -349,6 +395,10 @@ class LatencyProfile:
     def predict(self, rows: int) -> int:
         """Predicted ns to execute a batch of `rows` (padded to its bucket)."""
         return self._predicted[rows]
+
+    def estimate_ns(self, rows: int) -> float:
+        """The current estimate (EWMA) for a batch of `rows`, without the spread `predict` adds."""
+        return self._ewma[self.bucket_of[rows]]
 
     def per_row_ns(self) -> float:
         """The best sustained cost of one row: what a saturated instance spends per row."""
@@ -554,20 +604,22 @@ class LatencyProfile:
         """The median measured at load for a batch of `rows` (its bucket's)."""
         return self._points[self.bucket_of[rows]].median_ns
 
-    def snapshot(self) -> list[dict[str, float | bool]]:
+    def snapshot(self, speed: float = 1.0) -> list[dict[str, float | bool]]:
         """Per bucket: median and p99 at load, the current estimate and the prediction admission
         uses (µs: the estimate and half the spread; a tester read the estimate alone while
         requests were refused on the prediction, 60 times it), and whether the load measured
         them (false: estimated from the sizes it measured, or a guess where no sample ran; a
-        tester took the estimated sizes' figures, p99 equal to the median, for measurements)."""
+        tester took the estimated sizes' figures, p99 equal to the median, for measurements).
+        `speed`: an instance's (see `InstanceSpeed`): its estimates and predictions are these
+        times it; the figures measured at load stay as measured."""
         guessed, estimated = self.guessed, self.estimated
         return [
             {
                 "batch_size": b,
                 "measured_median_us": self._points[b].median_ns / 1e3,
                 "measured_p99_us": self._points[b].p99_ns / 1e3,
-                "estimate_us": self._ewma[b] / 1e3,
-                "predicted_us": self._predicted[b] / 1e3,
+                "estimate_us": self._ewma[b] * speed / 1e3,
+                "predicted_us": self._predicted[b] * speed / 1e3,
                 "measured_at_load": not guessed and b not in estimated,
             }
             for b in self.buckets

@@ -49,7 +49,13 @@ from duetime.scheduling.batching import (
 )
 from duetime.scheduling.edf import SHADOW_LEVEL, EDFQueue, Key, QueuedRequest
 from duetime.scheduling.ledger import NO_SLACK, CoreLedger, Queued
-from duetime.scheduling.profile import LateMargin, LatencyProfile, Overrun, RecentTail
+from duetime.scheduling.profile import (
+    InstanceSpeed,
+    LateMargin,
+    LatencyProfile,
+    Overrun,
+    RecentTail,
+)
 from duetime.scheduling.sizecost import SizeCost
 from duetime.types import RequestTiming
 
@@ -284,6 +290,8 @@ class SchedulerStatistics:
     """The tail of the hand-offs from ONNX Runtime to the loop (see `ModelScheduler._handoff`)."""
     late_margin_ns: int = 0
     """Kept before every due time since answers were lately late (see profile.LateMargin)."""
+    instance_speeds: tuple[float, ...] = ()
+    """Each instance's pace against the variant's latency profile (see profile.InstanceSpeed)."""
     answer_ns: int = 0
     """Time settling one request of a finished batch takes on the loop, its answer included."""
     committed: int = 0
@@ -501,6 +509,13 @@ class ModelScheduler:
         self._max_rows = max_batch_size
         self._max_delay_ns = config.max_queue_delay_us * 1000
         self.profile = profile
+        """The variant's latency profile, measured at load on instance 0 (see `_speeds`)."""
+        self._speeds = [InstanceSpeed() for _ in range(executor.instances)]
+        """Each instance's pace against `profile` (instance 0's stays 1: `profile` is its own):
+        an instance's latency profile is `profile` times its speed (see `InstanceSpeed`)."""
+        self._fastest = 1.0
+        """The least of `_speeds`: what a request is predicted to need where no instance is
+        chosen yet (`_exec_ns`)."""
         self.default_timeout_ns = default_timeout_ns
         """The model's `default_timeout_ms`, in ns (None: none)."""
         self._clock = clock
@@ -1116,6 +1131,15 @@ class ModelScheduler:
         ahead = queue.ahead_of(key) if self._edf else len(queue)
         rows_ahead = ahead * queue.rows // len(queue) if ahead else 0
         busy_until: list[int] = self._busy_until
+        if self._fastest != 1.0 or any(s.value != 1.0 for s in self._speeds):
+            # (each instance free when its batches end, plus what its own run of `rows` takes
+            # over the fastest's: `exec_ns` below is the fastest's)
+            run = self.profile.predict(rows)
+            fastest = self._fastest
+            busy_until = [
+                max(now, busy) + int((speed.value - fastest) * run)
+                for busy, speed in zip(busy_until, self._speeds, strict=True)
+            ]
         if others is not None:
             # NOTE: the CPU runs the others' booked batches first. Its batches take turns (see
             # ledger.py), so this model's instances there run one batch at a time, as one
@@ -1286,7 +1310,7 @@ class ModelScheduler:
             retry_after_s=max(0.001, (finish - now) / 1e9),
         )
 
-    def _run_ns(self, requests: list[QueuedRequest], rows: int) -> int:
+    def _run_ns(self, requests: list[QueuedRequest], rows: int, instance: int) -> int:
         """Predicted time from starting a batch of `requests` (`rows`) to its result on the
         loop: `_exec_ns`, or more for inputs far bigger than the profile's samples, as
         admission predicts them (see `SizeCost`).
@@ -1294,14 +1318,36 @@ class ModelScheduler:
         NOTE: the instance's busy-until used the profile alone: a 400-row request to a model
         of free size, admitted on its size (hundreds of ms), was booked at 15 ms, and the
         requests behind it were admitted and planned for a start long before it ended."""
-        run = self.profile.predict(rows) + int(self._overhead_ns)  # (`_exec_ns`, its frame less)
+        run = self.profile.predict(rows)  # (`_exec_ns`, its frame less)
+        speed = self._speeds[instance].value
+        if speed != 1.0:
+            run = int(run * speed)
+        run += int(self._overhead_ns)
         if not self._size_cost:
             return run
         return run + self._size_cost.predict(self._extra_bytes(_input_bytes(requests), rows))
 
     def _exec_ns(self, rows: int) -> int:
-        """Predicted time from starting a batch of `rows` to its result on the loop."""
+        """Predicted time from starting a batch of `rows` to its result on the loop, on the
+        fastest instance (see `_on` for a given one)."""
+        if self._fastest != 1.0:
+            return int(self.profile.predict(rows) * self._fastest) + int(self._overhead_ns)
         return self.profile.predict(rows) + int(self._overhead_ns)
+
+    def _on(self, instance: int, rule: Callable[[int], int] | None) -> Callable[[int], int] | None:
+        """`rule` (what a batch of so many rows needs, on the fastest instance, as `_exec_ns`
+        predicts) for a batch on `instance`: its run takes longer by as much as the instance is
+        slower (see `InstanceSpeed`)."""
+        excess = self._speeds[instance].value - self._fastest
+        if rule is None or excess == 0.0:
+            return rule
+        predict = self.profile.predict
+
+        def on_instance(rows: int) -> int:
+            needed = rule(rows)
+            return needed if needed >= NO_SLACK else needed + int(excess * predict(rows))
+
+        return on_instance
 
     def _queued_work(self, now: int) -> Queued:
         """The work queued and not started, at the saturated per-row cost, and its slack (what
@@ -1421,16 +1467,21 @@ class ModelScheduler:
     # -- dispatch ------------------------------------------------------------------------------
 
     def _idle_instance(self, now: int) -> int | None:
+        """An idle instance that may run, the fastest of them (see `_speeds`); None: none."""
+        best, best_speed = None, 0.0
         for instance, jobs in enumerate(self._outstanding):
             if not jobs and (not self._tripped or self._breakers[instance].allows(now)):
-                return instance
-        return None
+                speed = self._speeds[instance].value
+                if best is None or speed < best_speed:
+                    best, best_speed = instance, speed
+        return best
 
     def _has_slot(self) -> bool:
         return any(len(jobs) < self._depth for jobs in self._outstanding)
 
     def _slot(self, now: int) -> tuple[int, int] | None:
-        """The instance whose next batch starts soonest, and when; None if all are committed.
+        """The instance whose next batch starts soonest (of instances at different paces, whose
+        run of a row would end soonest: see `_speeds`), and when; None if all are committed.
 
         A busy instance takes a lookahead batch only shortly before its current batch ends
         (a timer brings the scheduler back then). A closed scheduler (`aclose`) takes one at
@@ -1443,6 +1494,8 @@ class ModelScheduler:
         booked nothing), and the old one's timer always found the CPU booked again. Handed over
         now, the batch takes its turn on the CPU (see ledger.py) before the new one's next."""
         best: tuple[int, int] | None = None
+        best_end = 0
+        one_row = self.profile.predict(1)
         lead = NO_SLACK if self._closed else max(_LOOKAHEAD_MIN_NS, 2 * int(self._overhead_ns))
         for instance, jobs in enumerate(self._outstanding):
             if len(jobs) >= self._depth:
@@ -1457,8 +1510,10 @@ class ModelScheduler:
             if start - now > lead:
                 self._arm_timer(start - lead, now)
                 continue
-            if best is None or start < best[1]:
-                best = (instance, start)
+            # (the one whose run of a row would end first: that starts first, at one pace)
+            end = start + int((self._speeds[instance].value - self._fastest) * one_row)
+            if best is None or end < best_end:
+                best, best_end = (instance, start), end
         return best
 
     def _dispatch(self) -> None:
@@ -1471,20 +1526,27 @@ class ModelScheduler:
             if slot is None:
                 break
             instance, start = slot
-            hopeless = drop_hopeless(queue, now_ns=start, estimate=estimate, bare=bare)
+            on = self._on
+            hopeless = drop_hopeless(
+                queue, now_ns=start, estimate=on(instance, estimate), bare=on(instance, bare)
+            )
             self._expire_hopeless(hopeless, now, start)
             decision = plan_batch(
                 queue,
                 now_ns=start,
                 max_rows=self._max_rows,
                 max_delay_ns=self._max_delay_ns,
-                estimate=self._within_others_slack(self._batch_rule(), now),
+                estimate=self._within_others_slack(on(instance, self._batch_rule()), now),
                 bucket_of=self.profile.bucket_of,
                 answer_ns=int(self._answer_ns),
                 wake_slack_ns=self._wake_slack_ns,
                 preferred=self._preferred,
-                bare=self._within_others_slack(self._exec_ns, now) if self._edf else None,
-                window_estimate=None if self._edf else self._batch_estimate,
+                bare=(
+                    self._within_others_slack(on(instance, self._exec_ns), now)
+                    if self._edf
+                    else None
+                ),
+                window_estimate=None if self._edf else on(instance, self._batch_estimate),
                 max_bytes=self._max_batch_bytes,
             )
             if decision is None:
@@ -1950,7 +2012,7 @@ class ModelScheduler:
                 _timing_started(item.timing, now, start, rows, instance)
         if self._tripped:
             self._breakers[instance].started()
-        predicted = self._run_ns(requests, rows)
+        predicted = self._run_ns(requests, rows, instance)
         running = _Running(requests, bucket, now, rows, None, start, predicted)
         running.cold = probing or self._cold(now)
         self._outstanding[instance].append(running)
@@ -2224,7 +2286,7 @@ class ModelScheduler:
         rows = 1
         bucket = self.profile.bucket_of[rows] if self._max_rows else 0
         job = BatchJob([self._sample()], [rows], bucket, on_done)
-        predicted = self._exec_ns(rows)
+        predicted = self._run_ns([], rows, instance)
         start = self._core_free(now, instance)  # (after the batches booked on a shared CPU)
         self._outstanding[instance].append(_Running([], bucket, now, rows, job, start, predicted))
         self._busy_until[instance] = start + predicted
@@ -2243,7 +2305,8 @@ class ModelScheduler:
         self._refreshing = False
         outputs = result.outputs
         if not result.skipped and outputs and not isinstance(outputs[0], DuetimeError):
-            self.profile.recalibrate(running.bucket or 1, result.compute_ns)
+            speed = self._speeds[result.instance].value
+            self.profile.recalibrate(running.bucket or 1, int(result.compute_ns / speed))
         self._dispatch()
 
     def _complete(self, result: BatchResult) -> None:
@@ -2478,7 +2541,8 @@ class ModelScheduler:
         reason its inputs or outputs explain (see the NOTEs)."""
         compute = result.compute_ns
         factor = self._breaker_config.slow_factor
-        if compute <= self._slow_floor_ns or compute <= factor * self.profile.predict(rows):
+        expected = self.profile.predict(rows) * self._speeds[result.instance].value
+        if compute <= self._slow_floor_ns or compute <= factor * expected:
             return False
         if sent > rows * self._sample_row_bytes:
             # NOTE: inputs bigger than the profile's samples (free dims: a model that does not
@@ -2662,6 +2726,10 @@ class ModelScheduler:
             return
         profile = self.profile
         predicted = profile.predict(bucket)
+        instance = result.instance
+        speed = self._speeds[instance].value
+        if speed != 1.0:
+            predicted = int(predicted * speed)
         # NOTE: a run after a stretch of refusals is cold (see COLD_AFTER_NS), and its times
         # are not those of the runs admitting more would bring: folded in, the probes and the
         # few requests admitted in such a stretch raised orderbook's 1-row estimate from 15
@@ -2672,7 +2740,10 @@ class ModelScheduler:
         cold = cold and not profile.guessed
         if not cold or compute < predicted:
             self._overrun.observe(predicted, compute, now)
-            profile.observe(bucket, compute)
+            if instance:  # (instance 0's runs are the profile's own: see `_speeds`)
+                self._learn_speed(instance, bucket, compute)
+                speed = self._speeds[instance].value
+            profile.observe(bucket, compute if speed == 1.0 else int(compute / speed))
         # NOTE: a wait for the CPU's turn was planned for (`_core_free`): not hand-off cost
         overhead = now - started_ns - compute - result.waited_ns
         if overhead < 0:  # (conditionals, not min() and max(): see `_learn_answer`)
@@ -2686,6 +2757,17 @@ class ModelScheduler:
         if overhead > int(2 * known) + 200_000:  # see LatencyProfile
             overhead = int(2 * known) + 200_000
         self._overhead_ns = known + _OVERHEAD_ALPHA * (overhead - known)
+
+    def _learn_speed(self, instance: int, bucket: int, compute_ns: int) -> None:
+        """Fold a run of `instance` into its speed (see `InstanceSpeed`), and the fastest's."""
+        if self.profile.guessed:  # (nothing to compare with: the run replaces the guess)
+            return
+        self._speeds[instance].observe(self.profile.estimate_ns(bucket), compute_ns)
+        fastest = 1.0
+        for speed in self._speeds:
+            if speed.value < fastest:
+                fastest = speed.value
+        self._fastest = fastest
 
     def _keep_sample(self, job: BatchJob, outputs: Sequence[Feeds | DuetimeError]) -> None:
         """Keep a copy of the first row of `job`'s first request that ran cleanly (its
@@ -2847,6 +2929,7 @@ class ModelScheduler:
             overrun=self._overrun.factor,
             handoff_tail_ns=int(self._handoff.value),
             late_margin_ns=self._late_margin.value,
+            instance_speeds=tuple(speed.value for speed in self._speeds),
             answer_ns=int(self._answer_ns),
             # NOTE: list() copies each instance's batches before the loop can change them
             committed=sum(len(r.requests) for jobs in self._outstanding for r in list(jobs)[1:]),
