@@ -516,6 +516,8 @@ class ModelScheduler:
         self._fastest = 1.0
         """The least of `_speeds`: what a request is predicted to need where no instance is
         chosen yet (`_exec_ns`)."""
+        self._paced = False
+        """Some instance's speed is not 1 (the fast path's test)."""
         self.default_timeout_ns = default_timeout_ns
         """The model's `default_timeout_ms`, in ns (None: none)."""
         self._clock = clock
@@ -1131,7 +1133,7 @@ class ModelScheduler:
         ahead = queue.ahead_of(key) if self._edf else len(queue)
         rows_ahead = ahead * queue.rows // len(queue) if ahead else 0
         busy_until: list[int] = self._busy_until
-        if self._fastest != 1.0 or any(s.value != 1.0 for s in self._speeds):
+        if self._paced:
             # (each instance free when its batches end, plus what its own run of `rows` takes
             # over the fastest's: `exec_ns` below is the fastest's)
             run = self.profile.predict(rows)
@@ -1471,6 +1473,8 @@ class ModelScheduler:
         best, best_speed = None, 0.0
         for instance, jobs in enumerate(self._outstanding):
             if not jobs and (not self._tripped or self._breakers[instance].allows(now)):
+                if not self._paced:
+                    return instance
                 speed = self._speeds[instance].value
                 if best is None or speed < best_speed:
                     best, best_speed = instance, speed
@@ -2768,6 +2772,7 @@ class ModelScheduler:
             if speed.value < fastest:
                 fastest = speed.value
         self._fastest = fastest
+        self._paced = True
 
     def _keep_sample(self, job: BatchJob, outputs: Sequence[Feeds | DuetimeError]) -> None:
         """Keep a copy of the first row of `job`'s first request that ran cleanly (its
