@@ -10,6 +10,7 @@ import asyncio
 
 from test_scheduler import MS, harness, run
 
+from duetime.errors import DeadlineExceeded
 from duetime.scheduling.scheduler import STOP_GRACE_NS, WATCH_EVERY_NS
 
 
@@ -34,6 +35,29 @@ def test_runs_are_looked_at_often_enough_to_stop_near_the_grace() -> None:
         watcher.cancel()
         h.scheduler._watch()
         assert h.executor.terminated == [job], "stopped within a watch of the grace's end"
+        h.executor.complete(0)
+
+    run(body)
+
+
+def test_a_request_whose_run_was_given_up_is_no_miss_for_the_load_shedder() -> None:
+    """`outcomes` feeds the load shedder: a run stopped past its due time ran far beyond its
+    prediction (a Loop whose trip count is an input), which refusing others cannot shorten.
+    Counted as a miss, one client's given-up Loop requests had another's refused 429 "the
+    server is saturated" on a busy machine (found by a tester)."""
+
+    async def body() -> None:
+        h = harness()
+        runaway = h.submit("runaway", due_in=10 * MS)
+        h.clock.advance(10 * MS + STOP_GRACE_NS + WATCH_EVERY_NS)
+        watcher = h.scheduler._watcher
+        assert watcher is not None
+        watcher.cancel()
+        h.scheduler._watch()
+        assert runaway.done()
+        assert isinstance(runaway.exception(), DeadlineExceeded)
+        assert h.scheduler.statistics().expired == 1
+        assert h.scheduler.outcomes() == (0, 1)
         h.executor.complete(0)
 
     run(body)
