@@ -857,14 +857,16 @@ class RestApi:
         model, version, action = rest[0], None, rest[1:]
         if len(action) >= 2 and action[0] == "versions":
             version, action = action[1], action[2:]
+        if method != "GET" and (not action or action in _MODEL_GETS):
+            raise self._not_allowed_on(model, version, "GET")
         if not action:
-            return _expect(method, "GET", lambda: self._metadata(model, version))
+            return self._metadata(model, version)
         if action == ["ready"]:
-            return _expect(method, "GET", lambda: self._model_ready(model, version))
+            return self._model_ready(model, version)
         if action == ["config"]:
-            return _expect(method, "GET", lambda: self._config(model, version))
+            return self._config(model, version)
         if action == ["stats"]:
-            return _expect(method, "GET", lambda: self._statistics(model, version))
+            return self._statistics(model, version)
         if action == ["trace", "setting"] and version is None:
             if method == "POST":  # (before the model is looked up: no answer tells it apart)
                 check_control_token(self._settings.control_token, headers.get("authorization"))
@@ -872,9 +874,26 @@ class RestApi:
             return self._trace_setting(method, model, headers, body)
         if action == ["infer"]:
             if method != "POST":
-                raise _method_not_allowed("POST")
+                raise self._not_allowed_on(model, version, "POST")
             return self._infer(model, version, headers, body)
         raise ModelNotFound(f"no such endpoint under model '{model}': '{_sent(action)}'")
+
+    def _not_allowed_on(self, model: str, version: str | None, allowed: str) -> DuetimeError:
+        """The refusal of a request to a resource of `model` (and `version`) in a method it
+        does not take: 405 naming the methods `allowed`, where the model (and version) is
+        served, loading or failed; else the refusal of a request in the method it takes (404
+        for a model or version not served, 400 for a malformed version).
+
+        NOTE: the method was checked first: `POST /v2/models/mlp%2Finfer` (the metadata of a
+        model 'mlp/infer') got 405 "use GET", and that GET got 404: a target no method has
+        (found by a tester)."""
+        try:
+            self._engine.registry.resolve(model, version)
+        except ModelUnavailable:  # (the model is there, not serving: the method is wrong)
+            pass
+        except DuetimeError as exc:
+            return exc
+        return _method_not_allowed(allowed)
 
     def _repository_route(
         self, method: str, rest: list[str], headers: Mapping[str, str], body: bytes
@@ -2545,6 +2564,11 @@ def _openapi() -> Reply:
     """The OpenAPI document of this API, shipped in the package (`frontend/openapi.json`)."""
     text = resources.files("duetime.frontend").joinpath("openapi.json").read_bytes()
     return Reply(200, text)
+
+
+_MODEL_GETS = (["ready"], ["config"], ["stats"])
+"""The resources under `/v2/models/<m>[/versions/<v>]` that take GET alone, but for the
+model's metadata (the model's own path)."""
 
 
 def _expect(method: str, allowed: str, answer: Callable[[], Reply]) -> Reply:

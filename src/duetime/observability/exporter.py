@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import re
 import socket
 import threading
 import time
@@ -22,6 +23,7 @@ from prometheus_client import CollectorRegistry, GCCollector, ProcessCollector
 
 from duetime.errors import ConfigError
 from duetime.execution.affinity import pin_current_thread
+from duetime.frontend.http import host_refusal
 from duetime.observability.gc_pauses import GcPauses
 from duetime.observability.metrics import MetricsCollector, metrics_app
 
@@ -80,11 +82,47 @@ class MetricsExporter:
 
 
 class _QuietHandler(WSGIRequestHandler):
+    protocol_version = "HTTP/1.1"
+    """The version of the status line of the answers http.server writes itself: its refusals
+    (400, 414, 431, 505, with `Connection: close`) and 100 Continue. (A scrape's answer is
+    wsgiref's, HTTP/1.0: one request a connection.)"""
+
     def parse_request(self) -> bool:
         parsed = super().parse_request()
         server = self.server
         assert isinstance(server, _MetricsServer)
-        return server.head_read(self.connection) and parsed  # (not answered if it was cut)
+        if not (server.head_read(self.connection) and parsed):  # (not answered if it was cut)
+            return False
+        if self.request_version not in _VERSIONS:  # (HTTP/0.9, with no version; HTTP/1.2)
+            self.send_error(
+                505, explain=f"{self.request_version} is not supported here; send HTTP/1.1"
+            )
+            return False
+        # NOTE: the Host checks were the inference port's alone: a request with none, two, or
+        # one that is no host[:port] was served (found by a tester; RFC 9112 3.2: 400)
+        hosts = self.headers.get_all("Host", [])
+        refusal = host_refusal(hosts[0] if hosts else None, self.request_version == "HTTP/1.0")
+        if len(hosts) > 1:
+            refusal = "header 'host' is sent more than once; send it once"
+        if refusal is not None:
+            self.send_error(400, explain=refusal)
+            return False
+        absolute = _ABSOLUTE_FORM.match(self.path)
+        if absolute is not None:
+            # NOTE: refused as a path not served, "the metrics are at /metrics" (found by a
+            # tester); RFC 9112 3.2.2: a server must take the absolute-form, as the inference
+            # port does
+            rest = self.path[absolute.end() :]
+            self.path = rest if rest.startswith("/") else f"/{rest}"
+        return True
+
+    def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
+        # NOTE: http.server refuses HTTP/2.0 (505), or a version that is no version (400),
+        # before it takes the request's version, and so answers as to HTTP/0.9: an HTML page
+        # with no status line and no headers, garbage to an HTTP client (found by a tester)
+        if self.request_version == "HTTP/0.9":
+            self.request_version = self.protocol_version
+        super().send_error(code, message, explain)
 
     def handle(self) -> None:
         try:
@@ -94,6 +132,11 @@ class _QuietHandler(WSGIRequestHandler):
 
     def log_message(self, format: str, *args: Any) -> None:
         """Scrapes every few seconds are not news."""
+
+
+_VERSIONS = ("HTTP/1.0", "HTTP/1.1")
+_ABSOLUTE_FORM = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*://[^/?#]*")
+"""The scheme and authority of an absolute-form request target (RFC 9112 3.2.2)."""
 
 
 class _MetricsServer(ThreadingMixIn, WSGIServer):

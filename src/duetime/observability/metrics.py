@@ -18,6 +18,7 @@ import functools
 import gzip
 import re
 import weakref
+import zlib
 from bisect import bisect_left
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -31,10 +32,10 @@ from prometheus_client.core import (
     HistogramMetricFamily,
     Metric,
 )
-from prometheus_client.exposition import gzip_accepted
 from prometheus_client.registry import Collector
 
 from duetime.errors import Shed
+from duetime.frontend.rest import response_coding
 from duetime.observability.scrapegate import ScrapeGate
 from duetime.scheduling.scheduler import HistogramSnapshot, SchedulerStatistics
 
@@ -440,8 +441,10 @@ def metrics_app(registry: Collector, gate: ScrapeGate[_Answer] | None = None) ->
     samples of that exact name, in the Prometheus text format (prometheus_client can only write
     them untyped there: it renames a counter family `<name>_total`). An OpenMetrics scrape gets
     them as `unknown` (OpenMetrics counters must end in `_total`; these keep Triton's names).
-    HEAD is answered as GET without the body (RFC 9110 9.3.2). Renders go through a
-    `ScrapeGate` (`gate`): one at a time, spaced, shared by scrapes asking the same at once."""
+    HEAD is answered as GET without the body (RFC 9110 9.3.2); a scrape is compressed as
+    `Accept-Encoding` asks, as an inference answer is (`rest.response_coding`). Renders go
+    through a `ScrapeGate` (`gate`): one at a time, spaced, shared by scrapes asking the same
+    at once."""
     served = make_wsgi_app(registry, disable_compression=True)
     renders: ScrapeGate[_Answer] = gate if gate is not None else ScrapeGate()
 
@@ -453,7 +456,10 @@ def metrics_app(registry: Collector, gate: ScrapeGate[_Answer] | None = None) ->
         head = environ.get("REQUEST_METHOD") == "HEAD"
         if head:
             environ = {**environ, "REQUEST_METHOD": "GET"}
-        compress = gzip_accepted(environ.get("HTTP_ACCEPT_ENCODING", ""))
+        # NOTE: prometheus_client's `gzip_accepted` took any mention of gzip, `gzip;q=0` (not
+        # acceptable, RFC 9110 12.5.3) too, and its answers had no Vary (found by a tester):
+        # a scrape is compressed as an inference answer is, by the same reading of the field
+        coding = response_coding(environ.get("HTTP_ACCEPT_ENCODING", ""))
 
         def render() -> _Answer:
             answer: list[Any] = []
@@ -463,15 +469,17 @@ def metrics_app(registry: Collector, gate: ScrapeGate[_Answer] | None = None) ->
             if kind is not None:  # (a scrape, not OPTIONS or another method)
                 if kind.startswith("text/plain"):
                     body = _UNTYPED_TRITON_COUNTER.sub(rb"\1counter", body)
-                if compress:
-                    body = gzip.compress(body)
-                    headers = [*headers, ("Content-Encoding", "gzip")]
+                # (the answer varies by both: Accept picks the format, RFC 9110 12.5.5)
+                headers = [*headers, ("Vary", "Accept, Accept-Encoding")]
+                if coding is not None:
+                    body = gzip.compress(body) if coding == "gzip" else zlib.compress(body)
+                    headers.append(("Content-Encoding", coding))
             return status, headers, body
 
         # (what prometheus_client's answer depends on: the format asked, the names filtered)
         key = (
             environ.get("REQUEST_METHOD"), environ.get("QUERY_STRING", ""),
-            environ.get("HTTP_ACCEPT", ""), compress,
+            environ.get("HTTP_ACCEPT", ""), coding,
         )  # fmt: skip
         if environ.get("REQUEST_METHOD") == "GET":
             status, headers, body = renders.fetch(key, render)
