@@ -98,6 +98,14 @@ def test_bad_registrations_are_refused(
     assert regions.status() == []
 
 
+def test_a_region_of_no_bytes_is_refused_for_that_alone(regions: SharedMemoryRegions) -> None:
+    """It was told its 0 bytes did not fit the object (found by a tester)."""
+    with pytest.raises(InvalidInput) as refused:
+        regions.register("r", "/obj", 0, 0)
+    assert "does not fit" not in str(refused.value)
+    assert "byte_size is 0" in str(refused.value)
+
+
 def test_windows_must_lie_in_a_registered_region(regions: SharedMemoryRegions) -> None:
     """Each error begins with Triton's words for it (its clients and tests look for them) and
     has its status codes (but for an output too small: see `SharedMemoryRegions.write`)."""

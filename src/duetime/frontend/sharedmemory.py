@@ -332,11 +332,17 @@ class SharedMemoryRegions:
         if not S_ISREG(stat.st_mode):
             raise InvalidInput(f"{unable}: it is not a shared-memory object")
         size = stat.st_size
-        if offset + byte_size > size or byte_size == 0:
+        if byte_size == 0:
+            # NOTE: said "offset 0 + byte_size 0 does not fit the 100-byte object": it does; the
+            # reason came last, in brackets (found by a tester)
+            raise InvalidInput(
+                f"failed to register shared memory region '{name}': invalid args: byte_size "
+                "is 0: a region must hold at least one byte (byte_size must be > 0)"
+            )
+        if offset + byte_size > size:
             raise InvalidInput(
                 f"failed to register shared memory region '{name}': invalid args: offset "
-                f"{offset} + byte_size {byte_size} does not fit the {size}-byte object '{key}' "
-                "(and byte_size must be > 0)"
+                f"{offset} + byte_size {byte_size} does not fit the {size}-byte object '{key}'"
             )
         return path, (stat.st_dev, stat.st_ino)
 
