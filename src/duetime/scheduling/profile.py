@@ -288,15 +288,18 @@ class LateMargin:
 
 
 SPEED_MAX = 8.0
-"""An `InstanceSpeed` stays within this factor of the profile, either way."""
+"""An `InstanceSpeed` stays within this factor of 1, either way."""
 SPEED_ALPHA = 0.05
 """An `InstanceSpeed`'s weight on each new run, once it has seen 1/SPEED_ALPHA of them (the mean
 of those until then)."""
+SPEED_MIN_RUNS = 8
+"""An instance's speed stays 1 until this many of its runs have set it."""
 
 
 class InstanceSpeed:
-    """How long one instance's runs take against its variant's profile (`value`, 1.0: as the
-    profile predicts); pure. An instance's own latency profile is the variant's times this.
+    """An instance's pace: how long its runs take against instance 0's (`value`, 1.0: as long);
+    pure. An instance's own latency profile is its variant's times its speed (see
+    `ModelScheduler._learn_speed`, which tells it each run's ratio).
 
     NOTE: a variant's instances are one session each on their own CPU (`--cpus`). The variant's
     `LatencyProfile` is measured at load on one of them and learns from the runs of all (each
@@ -305,32 +308,46 @@ class InstanceSpeed:
     own pace, and the batches planned for it, and the time it is booked for, follow that pace.
     One profile per instance, each learnt from its own runs alone, would have few runs each to
     learn from where one instance takes most of the batches (the first idle instance takes the
-    next), and would go stale; a speed is one number, which a few runs set."""
+    next), and would go stale; a speed is one number, which a few runs set.
 
-    __slots__ = ("_runs", "value")
+    NOTE: each instance's runs were first compared with the profile itself: after a load whose
+    profile read 0.5-0.7 ms a run where served runs took 1.3 ms (on every instance), instance
+    1's first runs were read as its own slowness, and identical instances were given paces of
+    1.5-2.4 (found by a tester); the profile follows the runs slowly. A speed now compares
+    the instance's runs with instance 0's last runs of the same batch size: what they share
+    cancels out."""
 
-    def __init__(self) -> None:
+    __slots__ = ("_min_runs", "_pace", "runs", "value")
+
+    def __init__(self, min_runs: int = SPEED_MIN_RUNS) -> None:
         self.value = 1.0
-        self._runs = 0
+        """The pace predictions use: `_pace` once `min_runs` runs have set it, else 1."""
+        self._pace = 1.0
+        self.runs = 0
+        self._min_runs = min_runs
 
-    def observe(self, estimate_ns: float, actual_ns: int) -> None:
-        """Fold in one run of the instance that took `actual_ns` where the variant's profile
-        estimates `estimate_ns`. One run counts at most twice or half the current value (a
-        stall must not double every prediction), and the value stays within `SPEED_MAX` of 1."""
-        if estimate_ns <= 0:
-            return
-        value = self.value
-        ratio = actual_ns / estimate_ns
-        if ratio > 2 * value:
-            ratio = 2 * value
-        elif ratio < value / 2:
-            ratio = value / 2
-        self._runs += 1
-        alpha = 1.0 / self._runs
+    @property
+    def known(self) -> bool:
+        """Enough runs have set `value`."""
+        return self.runs >= self._min_runs
+
+    def observe(self, ratio: float) -> None:
+        """Fold in one run that took `ratio` times the reference. One run counts at most twice
+        or half the current pace (a stall must not double every prediction), and the pace stays
+        within `SPEED_MAX` of 1."""
+        pace = self._pace
+        if ratio > 2 * pace:
+            ratio = 2 * pace
+        elif ratio < pace / 2:
+            ratio = pace / 2
+        self.runs += 1
+        alpha = 1.0 / self.runs
         if alpha < SPEED_ALPHA:
             alpha = SPEED_ALPHA
-        value += alpha * (ratio - value)
-        self.value = min(SPEED_MAX, max(1 / SPEED_MAX, value))
+        pace += alpha * (ratio - pace)
+        self._pace = pace = min(SPEED_MAX, max(1 / SPEED_MAX, pace))
+        if self.runs >= self._min_runs:
+            self.value = pace
 
 
 class LatencyProfile:

@@ -50,6 +50,7 @@ from duetime.scheduling.batching import (
 from duetime.scheduling.edf import SHADOW_LEVEL, EDFQueue, Key, QueuedRequest
 from duetime.scheduling.ledger import NO_SLACK, CoreLedger, Queued
 from duetime.scheduling.profile import (
+    TAIL_MEMORY_NS,
     InstanceSpeed,
     LateMargin,
     LatencyProfile,
@@ -62,6 +63,8 @@ from duetime.types import RequestTiming
 log = logging.getLogger("duetime.scheduler")
 
 _OVERHEAD_ALPHA = 0.05
+OWN_TIME_ALPHA = 0.25
+"""The weight of each run of instance 0 in its time per bucket (see `_learn_speed`)."""
 _LOOKAHEAD_MIN_NS = 1_000_000
 """Plan an instance's next batch at most this long (or two hand-offs) before its current one ends:
 earlier would commit the next batch before the requests that could fill it have arrived, and the
@@ -511,8 +514,11 @@ class ModelScheduler:
         self.profile = profile
         """The variant's latency profile, measured at load on instance 0 (see `_speeds`)."""
         self._speeds = [InstanceSpeed() for _ in range(executor.instances)]
-        """Each instance's pace against `profile` (instance 0's stays 1: `profile` is its own):
-        an instance's latency profile is `profile` times its speed (see `InstanceSpeed`)."""
+        """Each instance's pace against instance 0's (whose stays 1: `profile` is its own): an
+        instance's latency profile is `profile` times its speed (see `InstanceSpeed`)."""
+        self._own_times: dict[int, tuple[float, int]] = {}
+        """Per bucket: instance 0's last few runs' time (an EWMA) and when the last ended: what
+        each other instance's runs are compared with (see `_learn_speed`)."""
         self._fastest = 1.0
         """The least of `_speeds`: what a request is predicted to need where no instance is
         chosen yet (`_exec_ns`)."""
@@ -2748,10 +2754,13 @@ class ModelScheduler:
         cold = cold and not profile.guessed
         if not cold or compute < predicted:
             self._overrun.observe(predicted, compute, now)
-            if instance:  # (instance 0's runs are the profile's own: see `_speeds`)
-                self._learn_speed(instance, bucket, compute)
+            if len(self._speeds) > 1:
+                self._learn_speed(instance, bucket, compute, now)
                 speed = self._speeds[instance].value
-            profile.observe(bucket, compute if speed == 1.0 else int(compute / speed))
+            # (an instance's runs teach the profile once its pace is known: until then, a slow
+            # one's would drag it, and instance 0's pace, that all others' are compared with)
+            if not instance or self._speeds[instance].known:
+                profile.observe(bucket, compute if speed == 1.0 else int(compute / speed))
         # NOTE: a wait for the CPU's turn was planned for (`_core_free`): not hand-off cost
         overhead = now - started_ns - compute - result.waited_ns
         if overhead < 0:  # (conditionals, not min() and max(): see `_learn_answer`)
@@ -2766,11 +2775,22 @@ class ModelScheduler:
             overhead = int(2 * known) + 200_000
         self._overhead_ns = known + _OVERHEAD_ALPHA * (overhead - known)
 
-    def _learn_speed(self, instance: int, bucket: int, compute_ns: int) -> None:
-        """Fold a run of `instance` into its speed (see `InstanceSpeed`), and the fastest's."""
-        if self.profile.guessed:  # (nothing to compare with: the run replaces the guess)
+    def _learn_speed(self, instance: int, bucket: int, compute_ns: int, now: int) -> None:
+        """Fold a run of `instance` (of `bucket`, that took `compute_ns`, ended `now`) into its
+        speed (see `InstanceSpeed`): its time over instance 0's lately for the same bucket, where
+        instance 0 ran that bucket within the last `TAIL_MEMORY_NS`; instance 0's run into
+        that time. (Against the profile, which follows the runs slowly, a slowdown every
+        instance shared read as the first runs' own: see `InstanceSpeed`.)"""
+        own = self._own_times.get(bucket)
+        recent = own is not None and now - own[1] <= TAIL_MEMORY_NS
+        if not instance:
+            if own is not None and recent:
+                compute_ns = int(own[0] + OWN_TIME_ALPHA * (compute_ns - own[0]))
+            self._own_times[bucket] = (compute_ns, now)
             return
-        self._speeds[instance].observe(self.profile.estimate_ns(bucket), compute_ns)
+        if own is None or not recent or own[0] <= 0:  # (nothing to compare with)
+            return
+        self._speeds[instance].observe(compute_ns / own[0])
         fastest = 1.0
         for speed in self._speeds:
             if speed.value < fastest:
