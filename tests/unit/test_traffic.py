@@ -145,7 +145,9 @@ def test_routing_key_prefers_the_request_parameter() -> None:
     assert routing_key("x-routing-key", {"x-routing-key": "p"}, {"x-routing-key": "h"}) == "p"
     assert routing_key("X-Routing-Key", {}, {"x-routing-key": "h"}) == "h"
     assert routing_key("x-routing-key", {"x-routing-key": 42}, {}) == "42"
-    assert routing_key("x-routing-key", {"x-routing-key": True}, {}) is None
+    # (a boolean keys as JSON writes it, as a header would: it pinned nothing, found by a tester)
+    assert routing_key("x-routing-key", {"x-routing-key": True}, {}) == "true"
+    assert routing_key("x-routing-key", {"x-routing-key": False}, {}) == "false"
     assert routing_key("x-routing-key", {}, {}) is None
     assert routing_key(None, {"x-routing-key": "p"}, {}) is None
 

@@ -152,6 +152,10 @@ def routing_key(
         if isinstance(value, str) and not value.isascii():
             with contextlib.suppress(UnicodeError):  # (not UTF-8, or not Latin-1: as it is)
                 value = value.encode("latin-1").decode("utf-8")
-    if value is None or isinstance(value, bool):
+    if value is None:
         return None
+    if isinstance(value, bool):
+        # NOTE: a boolean keyed nothing: each request drew its version, and the header beside
+        # it was passed over (found by a tester); it keys as JSON writes it, as a header would
+        return "true" if value else "false"
     return value.strip(" \t") if isinstance(value, str) else str(value)
