@@ -161,3 +161,23 @@ def test_a_request_goes_to_the_fastest_idle_instance() -> None:
         assert h.scheduler.statistics().late == 0
 
     run(body)
+
+
+def test_an_instance_with_no_runs_of_instance_0_to_compare_with_still_teaches_the_profile() -> None:
+    """Instance 0 held by a long run: instance 1's runs, at twice the profile's time, keep the
+    profile current (its pace, with nothing to compare with, stays 1)."""
+
+    async def body() -> None:
+        h = harness(instances=2)
+        h.submit("long")
+        assert h.job(0)[0] == 0
+        for index in range(1, 41):
+            h.submit(f"r{index}")
+            assert h.job(index)[0] == 1
+            h.clock.advance(2 * ONE_ROW)
+            h.executor.complete(index, compute_ns=2 * ONE_ROW)
+        assert h.scheduler.statistics().instance_speeds == (1.0, 1.0)
+        assert h.scheduler.profile.estimate_ns(1) > 1.5 * ONE_ROW
+        h.executor.complete(0)
+
+    run(body)

@@ -2754,12 +2754,11 @@ class ModelScheduler:
         cold = cold and not profile.guessed
         if not cold or compute < predicted:
             self._overrun.observe(predicted, compute, now)
+            teaches = True
             if len(self._speeds) > 1:
-                self._learn_speed(instance, bucket, compute, now)
+                teaches = self._learn_speed(instance, bucket, compute, now)
                 speed = self._speeds[instance].value
-            # (an instance's runs teach the profile once its pace is known: until then, a slow
-            # one's would drag it, and instance 0's pace, that all others' are compared with)
-            if not instance or self._speeds[instance].known:
+            if teaches:
                 profile.observe(bucket, compute if speed == 1.0 else int(compute / speed))
         # NOTE: a wait for the CPU's turn was planned for (`_core_free`): not hand-off cost
         overhead = now - started_ns - compute - result.waited_ns
@@ -2775,28 +2774,33 @@ class ModelScheduler:
             overhead = int(2 * known) + 200_000
         self._overhead_ns = known + _OVERHEAD_ALPHA * (overhead - known)
 
-    def _learn_speed(self, instance: int, bucket: int, compute_ns: int, now: int) -> None:
+    def _learn_speed(self, instance: int, bucket: int, compute_ns: int, now: int) -> bool:
         """Fold a run of `instance` (of `bucket`, that took `compute_ns`, ended `now`) into its
         speed (see `InstanceSpeed`): its time over instance 0's lately for the same bucket, where
         instance 0 ran that bucket within the last `TAIL_MEMORY_NS`; instance 0's run into
         that time. (Against the profile, which follows the runs slowly, a slowdown every
-        instance shared read as the first runs' own: see `InstanceSpeed`.)"""
+        instance shared read as the first runs' own: see `InstanceSpeed`.) True where the run
+        teaches the profile too: not while its instance's pace is still being learnt from
+        instance 0's runs (a slow instance's first runs would drag the profile, and with it
+        the pace of instance 0 that the others' are compared with)."""
         own = self._own_times.get(bucket)
         recent = own is not None and now - own[1] <= TAIL_MEMORY_NS
         if not instance:
             if own is not None and recent:
                 compute_ns = int(own[0] + OWN_TIME_ALPHA * (compute_ns - own[0]))
             self._own_times[bucket] = (compute_ns, now)
-            return
+            return True
+        speed = self._speeds[instance]
         if own is None or not recent or own[0] <= 0:  # (nothing to compare with)
-            return
-        self._speeds[instance].observe(compute_ns / own[0])
+            return True
+        speed.observe(compute_ns / own[0])
         fastest = 1.0
         for speed in self._speeds:
             if speed.value < fastest:
                 fastest = speed.value
         self._fastest = fastest
         self._paced = True
+        return speed.known
 
     def _keep_sample(self, job: BatchJob, outputs: Sequence[Feeds | DuetimeError]) -> None:
         """Keep a copy of the first row of `job`'s first request that ran cleanly (its
