@@ -76,14 +76,14 @@ def test_a_region_is_a_window_of_an_object(regions: SharedMemoryRegions, tmp_pat
             "failed to register shared memory region 'r': invalid args: "
             "offset 60 + byte_size 8 does not fit the 64-byte object '/obj'",
         ),
-        ("r", "/obj", 0, 0, "byte_size must be > 0"),
+        ("r", "/obj", 0, 0, "'byte_size' must be an integer from 1 to 18446744073709551615, got 0"),
         ("r", "/obj", -1, 8, "'offset' must be an integer from 0 to 18446744073709551615"),
         (  # (2**64 in a JSON body: read as a float; "an integer >= 0" told the client it was none)
             "r",
             "/obj",
             0,
             float(2**64),
-            "'byte_size' must be an integer from 0 to 18446744073709551615, got 1.8",
+            "'byte_size' must be an integer from 1 to 18446744073709551615, got 1.8",
         ),
         ("r", 5, 0, 8, "must name a shared-memory object"),
         ("r", None, 0, 8, "Shared memory register request has no 'key' field"),
@@ -99,11 +99,13 @@ def test_bad_registrations_are_refused(
 
 
 def test_a_region_of_no_bytes_is_refused_for_that_alone(regions: SharedMemoryRegions) -> None:
-    """It was told its 0 bytes did not fit the object (found by a tester)."""
+    """It was told its 0 bytes did not fit the object; then a byte_size of -1 was told 0 was
+    allowed (found by testers)."""
     with pytest.raises(InvalidInput) as refused:
         regions.register("r", "/obj", 0, 0)
     assert "does not fit" not in str(refused.value)
-    assert "byte_size is 0" in str(refused.value)
+    with pytest.raises(InvalidInput, match="from 1 to"):
+        regions.register("r", "/obj", 0, -1)
 
 
 def test_windows_must_lie_in_a_registered_region(regions: SharedMemoryRegions) -> None:

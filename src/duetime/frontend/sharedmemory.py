@@ -177,7 +177,9 @@ class SharedMemoryRegions:
             if value is None:
                 raise InvalidInput(f"Shared memory register request has no '{wanted}' field")
         _check_count(offset, "offset")
-        _check_count(byte_size, "byte_size")
+        # (a region holds at least one byte: the range said 0 was allowed, and 0 was then
+        # refused, found by a tester)
+        _check_count(byte_size, "byte_size", least=1)
         path, identity = self._examine(name, key, offset, byte_size)
         self._regions[name] = _Region(name, key, offset, byte_size, path, identity)
 
@@ -332,13 +334,6 @@ class SharedMemoryRegions:
         if not S_ISREG(stat.st_mode):
             raise InvalidInput(f"{unable}: it is not a shared-memory object")
         size = stat.st_size
-        if byte_size == 0:
-            # NOTE: said "offset 0 + byte_size 0 does not fit the 100-byte object": it does; the
-            # reason came last, in brackets (found by a tester)
-            raise InvalidInput(
-                f"failed to register shared memory region '{name}': invalid args: byte_size "
-                "is 0: a region must hold at least one byte (byte_size must be > 0)"
-            )
         if offset + byte_size > size:
             raise InvalidInput(
                 f"failed to register shared memory region '{name}': invalid args: offset "
@@ -529,13 +524,15 @@ def _why(exc: OSError) -> str:
     return "a symbolic link" if exc.errno == ELOOP else (exc.strerror or str(exc))
 
 
-def _check_count(value: Any, field: str, where: str = "shared memory") -> None:
-    """NOTE: an integer past 2**64 in a JSON body is read as a float: "must be an integer
+def _check_count(value: Any, field: str, where: str = "shared memory", least: int = 0) -> None:
+    """Refuse `value` unless an integer from `least` to the protocol's uint64 maximum.
+
+    NOTE: an integer past 2**64 in a JSON body is read as a float: "must be an integer
     >= 0, got 1.8446744073709552e+19" told a client its 2**64 was no integer; the range is
     named (the protocol's uint64; found by a tester)."""
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= SIZE_MAX:
+    if isinstance(value, bool) or not isinstance(value, int) or not least <= value <= SIZE_MAX:
         raise InvalidInput(
-            f"{where}: '{field}' must be an integer from 0 to {SIZE_MAX}, got {shown(value)}"
+            f"{where}: '{field}' must be an integer from {least} to {SIZE_MAX}, got {shown(value)}"
         )
 
 
