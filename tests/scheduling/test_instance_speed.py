@@ -3,50 +3,87 @@ learnt from its runs, used where the instance is known and in admission."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 from test_scheduler import ONE_ROW, US, Harness, harness, run
 
 from duetime.errors import Overloaded
-from duetime.scheduling.profile import SPEED_MAX, SPEED_MIN_RUNS, InstanceSpeed
+from duetime.scheduling.profile import (
+    SPEED_ALPHA,
+    SPEED_BAND,
+    SPEED_MAX,
+    SPEED_MIN_RUNS,
+    InstanceSpeed,
+)
 
 
-def test_a_speed_is_1_until_runs_set_it_then_the_mean_of_its_first_runs() -> None:
+def test_a_speed_is_1_until_runs_set_it_then_the_geometric_mean_of_its_first_runs() -> None:
     speed = InstanceSpeed()
     for _ in range(SPEED_MIN_RUNS - 1):
         speed.observe(1.5)
     assert speed.value == 1.0
     speed.observe(1.5)
     assert speed.value == pytest.approx(1.5)
-    speed.observe(1.5 + SPEED_MIN_RUNS + 1)  # (at most twice the pace: 3.0)
-    assert speed.value == pytest.approx((1.5 * SPEED_MIN_RUNS + 3.0) / (SPEED_MIN_RUNS + 1))
+    speed.observe(1.5 * 4)  # (at most twice the pace: 3.0)
+    assert speed.value == pytest.approx(math.exp((8 * math.log(1.5) + math.log(3)) / 9))
+
+
+def test_ratios_either_way_cancel_out() -> None:
+    speed = InstanceSpeed(min_runs=1)
+    for _ in range(30):
+        speed.observe(2.0)
+        speed.observe(0.5)
+    assert speed.value == 1.0
+
+
+def test_a_pace_near_1_reads_as_1() -> None:
+    """Identical instances differ by noise: a fast model's identical instances read paces of
+    0.79-1.78 between bursts on the 2-core VM (found by a tester)."""
+    speed = InstanceSpeed(min_runs=1)
+    for _ in range(50):
+        speed.observe(SPEED_BAND * 0.98)
+    assert speed.value == 1.0
+    for _ in range(100):
+        speed.observe(0.5)
+    assert speed.value == 1.0, "never predicted faster than the profile"
+    assert speed.pace == pytest.approx(0.5, rel=0.2), "though its runs teach it at their pace"
+    for _ in range(200):
+        speed.observe(1.5)
+    assert speed.value == pytest.approx(1.5, rel=0.05)
 
 
 def test_one_stalled_run_moves_a_speed_little() -> None:
     speed = InstanceSpeed(min_runs=1)
     for _ in range(100):
-        speed.observe(1.0)
+        speed.observe(1.5)
     speed.observe(1000.0)  # counted as twice the current pace, at the EWMA's weight
-    assert speed.value == pytest.approx(1.05)
+    assert speed.value == pytest.approx(1.5 * 2**SPEED_ALPHA)
 
 
 def test_a_speed_stays_within_its_bounds() -> None:
     speed = InstanceSpeed(min_runs=1)
-    for _ in range(200):
+    for _ in range(400):
         speed.observe(1000.0)
-    assert speed.value == SPEED_MAX
+    assert speed.value == pytest.approx(SPEED_MAX)
+    for _ in range(800):
+        speed.observe(0.0001)
+    assert speed.pace == pytest.approx(1 / SPEED_MAX)
 
 
-def teach(h: Harness, rounds: int, pace_ns: int) -> None:
-    """`rounds` pairs of requests, one on each instance: instance 0's runs take the profile's
-    100 µs, instance 1's `pace_ns`."""
+def teach(h: Harness, rounds: int, pace_ns: int, instances: int = 2) -> None:
+    """`rounds` rounds of one request on each instance: instance 1's runs take `pace_ns`, the
+    others' the profile's 100 µs."""
+    jobs = 0
     for index in range(rounds):
-        h.submit(f"a{index}")
-        h.submit(f"b{index}")
-        jobs = [2 * index, 2 * index + 1]
-        assert sorted(h.job(job)[0] for job in jobs) == [0, 1]
-        took = {0: ONE_ROW, 1: pace_ns}
+        for instance in range(instances):
+            h.submit(f"r{index}-{instance}")
+        started = range(jobs, jobs + instances)
+        jobs += instances
+        assert sorted(h.job(job)[0] for job in started) == list(range(instances))
+        took = {instance: ONE_ROW for instance in range(instances)} | {1: pace_ns}
         elapsed = 0
-        for job in sorted(jobs, key=lambda job: took[h.job(job)[0]]):
+        for job in sorted(started, key=lambda job: took[h.job(job)[0]]):
             compute = took[h.job(job)[0]]
             h.clock.advance(compute - elapsed)
             elapsed = compute
@@ -145,20 +182,32 @@ def test_a_batch_on_a_slow_instance_is_planned_for_its_pace() -> None:
     run(body)
 
 
-def test_a_request_goes_to_the_fastest_idle_instance() -> None:
-    """Instance 1 runs at half the profile's time: a request due in 80 µs is admitted (50 µs
-    there) and run there, not on instance 0 (100 µs), though instance 0 is idle too."""
+def test_an_instance_faster_than_instance_0_is_planned_at_the_profile_s_pace() -> None:
+    """Instance 1's runs take half instance 0's: it is not predicted faster than the profile
+    (two instances sharing one core read 0.6 for the one timed alone, found by a tester)."""
 
     async def body() -> None:
         h = harness(instances=2)
         teach(h, 40, ONE_ROW // 2)
-        assert h.scheduler.statistics().instance_speeds[1] == pytest.approx(0.5, rel=0.02)
-        done = h.submit("quick", due_in=80 * US)
-        assert h.job(80) == (1, ["quick"])
-        h.clock.advance(ONE_ROW // 2)
-        h.executor.complete(80, compute_ns=ONE_ROW // 2)
-        assert done.exception() is None
-        assert h.scheduler.statistics().late == 0
+        assert h.scheduler.statistics().instance_speeds == (1.0, 1.0)
+        h.submit("busy")
+        with pytest.raises(Overloaded):  # 100 µs on either instance
+            h.submit("quick", due_in=80 * US)
+
+    run(body)
+
+
+def test_a_request_goes_to_the_fastest_idle_instance() -> None:
+    """Three instances, instance 1 at twice instance 0's time: with instance 0 busy, a request
+    goes to instance 2, not to the first idle one."""
+
+    async def body() -> None:
+        h = harness(instances=3)
+        teach(h, 40, 2 * ONE_ROW, instances=3)
+        assert h.scheduler.statistics().instance_speeds == (1.0, pytest.approx(2.0), 1.0)
+        h.submit("busy")
+        h.submit("next")
+        assert [h.job(120)[0], h.job(121)[0]] == [0, 2]
 
     run(body)
 

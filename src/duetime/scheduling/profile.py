@@ -289,16 +289,29 @@ class LateMargin:
 
 SPEED_MAX = 8.0
 """An `InstanceSpeed` stays within this factor of 1, either way."""
-SPEED_ALPHA = 0.05
+SPEED_ALPHA = 0.02
 """An `InstanceSpeed`'s weight on each new run, once it has seen 1/SPEED_ALPHA of them (the mean
 of those until then)."""
 SPEED_MIN_RUNS = 8
 """An instance's speed stays 1 until this many of its runs have set it."""
+SPEED_BAND = 1.25
+"""A pace under this reads as 1: identical instances differ by noise alone, and an instance is
+never predicted faster than the variant's profile.
+
+NOTE: on the 2-core VM, two identical mlp instances (~20 µs a run) read paces of 0.79-1.78
+between bursts, and 0.38-1.34 with their threads unpinned (`--cpus none`), with a mean of
+ratios over 20 runs (found by a tester): a fast model's runs are mostly noise. Averaged as
+logarithms over 50 runs, and read as 1 below this, they read 1.
+NOTE: a pace under 1 was taken too: two instances of a 1 ms model pinned to one core read 0.6
+for instance 1, whose runs were timed alone while instance 0's shared the core with them; it
+would have been booked at 0.6 of the profile for runs that take twice it when both run. An
+instance slower than instance 0 is planned at its pace; one faster, at the profile's, as
+before paces were learnt."""
 
 
 class InstanceSpeed:
-    """An instance's pace: how long its runs take against instance 0's (`value`, 1.0: as long);
-    pure. An instance's own latency profile is its variant's times its speed (see
+    """An instance's pace: how long its runs take against instance 0's (`value`, 1.0: as long,
+    or less); pure. An instance's own latency profile is its variant's times its speed (see
     `ModelScheduler._learn_speed`, which tells it each run's ratio).
 
     NOTE: a variant's instances are one session each on their own CPU (`--cpus`). The variant's
@@ -317,12 +330,15 @@ class InstanceSpeed:
     the instance's runs with instance 0's last runs of the same batch size: what they share
     cancels out."""
 
-    __slots__ = ("_min_runs", "_pace", "runs", "value")
+    __slots__ = ("_log", "_min_runs", "runs", "value")
 
     def __init__(self, min_runs: int = SPEED_MIN_RUNS) -> None:
         self.value = 1.0
-        """The pace predictions use: `_pace` once `min_runs` runs have set it, else 1."""
-        self._pace = 1.0
+        """The pace predictions use: `_log`'s, once `min_runs` runs have set it and where it is
+        `SPEED_BAND` or more; else 1."""
+        self._log = 0.0
+        """The mean (an EWMA, once past 1/SPEED_ALPHA runs) of the runs' ratios' logarithms: a
+        ratio of 2 and one of 0.5 cancel out, as they should."""
         self.runs = 0
         self._min_runs = min_runs
 
@@ -331,23 +347,39 @@ class InstanceSpeed:
         """Enough runs have set `value`."""
         return self.runs >= self._min_runs
 
+    @property
+    def pace(self) -> float:
+        """The pace the runs show, under 1 too, once known (else 1): what a run is divided by
+        to teach the variant's profile (a faster instance's runs, taken as they are, would
+        bring instance 0's predictions under its runs)."""
+        return math.exp(self._log) if self.known else 1.0
+
     def observe(self, ratio: float) -> None:
-        """Fold in one run that took `ratio` times the reference. One run counts at most twice
-        or half the current pace (a stall must not double every prediction), and the pace stays
-        within `SPEED_MAX` of 1."""
-        pace = self._pace
-        if ratio > 2 * pace:
-            ratio = 2 * pace
-        elif ratio < pace / 2:
-            ratio = pace / 2
+        """Fold in one run that took `ratio` times the reference's. One run counts at most
+        twice or half the current pace (a stall must not double every prediction), and the
+        pace stays within `SPEED_MAX` of 1."""
+        if ratio <= 0:
+            return
+        now = self._log
+        taken = math.log(ratio)
+        if taken > now + _LN2:
+            taken = now + _LN2
+        elif taken < now - _LN2:
+            taken = now - _LN2
         self.runs += 1
         alpha = 1.0 / self.runs
         if alpha < SPEED_ALPHA:
             alpha = SPEED_ALPHA
-        pace += alpha * (ratio - pace)
-        self._pace = pace = min(SPEED_MAX, max(1 / SPEED_MAX, pace))
-        if self.runs >= self._min_runs:
-            self.value = pace
+        now += alpha * (taken - now)
+        self._log = now = min(_LN_SPEED_MAX, max(-_LN_SPEED_MAX, now))
+        pace = math.exp(now)
+        if self.runs < self._min_runs or pace < SPEED_BAND:
+            pace = 1.0
+        self.value = pace
+
+
+_LN2 = math.log(2)
+_LN_SPEED_MAX = math.log(SPEED_MAX)
 
 
 class LatencyProfile:

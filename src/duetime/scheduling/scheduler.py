@@ -50,7 +50,6 @@ from duetime.scheduling.batching import (
 from duetime.scheduling.edf import SHADOW_LEVEL, EDFQueue, Key, QueuedRequest
 from duetime.scheduling.ledger import NO_SLACK, CoreLedger, Queued
 from duetime.scheduling.profile import (
-    TAIL_MEMORY_NS,
     InstanceSpeed,
     LateMargin,
     LatencyProfile,
@@ -65,6 +64,9 @@ log = logging.getLogger("duetime.scheduler")
 _OVERHEAD_ALPHA = 0.05
 OWN_TIME_ALPHA = 0.25
 """The weight of each run of instance 0 in its time per bucket (see `_learn_speed`)."""
+PACE_WINDOW_NS = 100_000_000
+"""A run of another instance is compared with instance 0's runs of its size only where one of
+them ended this recently: under the same load of the machine (see `_learn_speed`)."""
 _LOOKAHEAD_MIN_NS = 1_000_000
 """Plan an instance's next batch at most this long (or two hand-offs) before its current one ends:
 earlier would commit the next batch before the requests that could fill it have arrived, and the
@@ -519,9 +521,6 @@ class ModelScheduler:
         self._own_times: dict[int, tuple[float, int]] = {}
         """Per bucket: instance 0's last few runs' time (an EWMA) and when the last ended: what
         each other instance's runs are compared with (see `_learn_speed`)."""
-        self._fastest = 1.0
-        """The least of `_speeds`: what a request is predicted to need where no instance is
-        chosen yet (`_exec_ns`)."""
         self._paced = False
         """Some instance's speed is not 1 (the fast path's test)."""
         self.default_timeout_ns = default_timeout_ns
@@ -1144,11 +1143,10 @@ class ModelScheduler:
         busy_until: list[int] = self._busy_until
         if self._paced:
             # (each instance free when its batches end, plus what its own run of `rows` takes
-            # over the fastest's: `exec_ns` below is the fastest's)
+            # over the profile's: `exec_ns` below is the profile's)
             run = self.profile.predict(rows)
-            fastest = self._fastest
             busy_until = [
-                max(now, busy) + int((speed.value - fastest) * run)
+                max(now, busy) + int((speed.value - 1.0) * run)
                 for busy, speed in zip(busy_until, self._speeds, strict=True)
             ]
         if others is not None:
@@ -1339,17 +1337,15 @@ class ModelScheduler:
         return run + self._size_cost.predict(self._extra_bytes(_input_bytes(requests), rows))
 
     def _exec_ns(self, rows: int) -> int:
-        """Predicted time from starting a batch of `rows` to its result on the loop, on the
-        fastest instance (see `_on` for a given one)."""
-        if self._fastest != 1.0:
-            return int(self.profile.predict(rows) * self._fastest) + int(self._overhead_ns)
+        """Predicted time from starting a batch of `rows` to its result on the loop, on an
+        instance at the profile's pace (see `_on` for a given one)."""
         return self.profile.predict(rows) + int(self._overhead_ns)
 
     def _on(self, instance: int, rule: Callable[[int], int] | None) -> Callable[[int], int] | None:
-        """`rule` (what a batch of so many rows needs, on the fastest instance, as `_exec_ns`
+        """`rule` (what a batch of so many rows needs, at the profile's pace, as `_exec_ns`
         predicts) for a batch on `instance`: its run takes longer by as much as the instance is
         slower (see `InstanceSpeed`)."""
-        excess = self._speeds[instance].value - self._fastest
+        excess = self._speeds[instance].value - 1.0
         if rule is None or excess == 0.0:
             return rule
         predict = self.profile.predict
@@ -1524,7 +1520,7 @@ class ModelScheduler:
                 self._arm_timer(start - lead, now)
                 continue
             # (the one whose run of a row would end first: that starts first, at one pace)
-            end = start + int((self._speeds[instance].value - self._fastest) * one_row)
+            end = start + int((self._speeds[instance].value - 1.0) * one_row)
             if best is None or end < best_end:
                 best, best_end = (instance, start), end
         return best
@@ -2319,8 +2315,8 @@ class ModelScheduler:
         self._refreshing = False
         outputs = result.outputs
         if not result.skipped and outputs and not isinstance(outputs[0], DuetimeError):
-            speed = self._speeds[result.instance].value
-            self.profile.recalibrate(running.bucket or 1, int(result.compute_ns / speed))
+            pace = self._speeds[result.instance].pace
+            self.profile.recalibrate(running.bucket or 1, int(result.compute_ns / pace))
         self._dispatch()
 
     def _complete(self, result: BatchResult) -> None:
@@ -2755,11 +2751,12 @@ class ModelScheduler:
         if not cold or compute < predicted:
             self._overrun.observe(predicted, compute, now)
             teaches = True
+            pace = 1.0
             if len(self._speeds) > 1:
                 teaches = self._learn_speed(instance, bucket, compute, now)
-                speed = self._speeds[instance].value
+                pace = self._speeds[instance].pace
             if teaches:
-                profile.observe(bucket, compute if speed == 1.0 else int(compute / speed))
+                profile.observe(bucket, compute if pace == 1.0 else int(compute / pace))
         # NOTE: a wait for the CPU's turn was planned for (`_core_free`): not hand-off cost
         overhead = now - started_ns - compute - result.waited_ns
         if overhead < 0:  # (conditionals, not min() and max(): see `_learn_answer`)
@@ -2777,14 +2774,14 @@ class ModelScheduler:
     def _learn_speed(self, instance: int, bucket: int, compute_ns: int, now: int) -> bool:
         """Fold a run of `instance` (of `bucket`, that took `compute_ns`, ended `now`) into its
         speed (see `InstanceSpeed`): its time over instance 0's lately for the same bucket, where
-        instance 0 ran that bucket within the last `TAIL_MEMORY_NS`; instance 0's run into
+        instance 0 ran that bucket within the last `PACE_WINDOW_NS`; instance 0's run into
         that time. (Against the profile, which follows the runs slowly, a slowdown every
         instance shared read as the first runs' own: see `InstanceSpeed`.) True where the run
         teaches the profile too: not while its instance's pace is still being learnt from
         instance 0's runs (a slow instance's first runs would drag the profile, and with it
         the pace of instance 0 that the others' are compared with)."""
         own = self._own_times.get(bucket)
-        recent = own is not None and now - own[1] <= TAIL_MEMORY_NS
+        recent = own is not None and now - own[1] <= PACE_WINDOW_NS
         if not instance:
             if own is not None and recent:
                 compute_ns = int(own[0] + OWN_TIME_ALPHA * (compute_ns - own[0]))
@@ -2794,11 +2791,6 @@ class ModelScheduler:
         if own is None or not recent or own[0] <= 0:  # (nothing to compare with)
             return True
         speed.observe(compute_ns / own[0])
-        fastest = 1.0
-        for speed in self._speeds:
-            if speed.value < fastest:
-                fastest = speed.value
-        self._fastest = fastest
         self._paced = True
         return speed.known
 
