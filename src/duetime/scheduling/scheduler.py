@@ -296,7 +296,8 @@ class SchedulerStatistics:
     late_margin_ns: int = 0
     """Kept before every due time since answers were lately late (see profile.LateMargin)."""
     instance_speeds: tuple[float, ...] = ()
-    """Each instance's pace against the variant's latency profile (see profile.InstanceSpeed)."""
+    """Each instance's pace against instance 0's, as predictions use it (see
+    profile.InstanceSpeed): its latency profile is the variant's times this."""
     answer_ns: int = 0
     """Time settling one request of a finished batch takes on the loop, its answer included."""
     committed: int = 0
