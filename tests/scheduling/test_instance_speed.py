@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 
 import pytest
-from test_scheduler import ONE_ROW, US, Harness, harness, run
+from test_scheduler import MS, ONE_ROW, US, Harness, harness, run
 
 from duetime.errors import Overloaded
 from duetime.scheduling.profile import (
@@ -15,6 +15,7 @@ from duetime.scheduling.profile import (
     SPEED_MAX,
     SPEED_MIN_RUNS,
     InstanceSpeed,
+    profile_from_samples,
 )
 
 
@@ -228,5 +229,25 @@ def test_an_instance_with_no_runs_of_instance_0_to_compare_with_still_teaches_th
         assert h.scheduler.statistics().instance_speeds == (1.0, 1.0)
         assert h.scheduler.profile.estimate_ns(1) > 1.5 * ONE_ROW
         h.executor.complete(0)
+
+    run(body)
+
+
+def test_a_slow_instance_of_a_long_model_learns_its_pace() -> None:
+    """100 ms runs on instance 0, 300 ms on instance 1: each of instance 1's runs ends 200 ms
+    after instance 0's last, which a window from its end alone missed (a tester slowed one
+    instance 5x and read a pace of 1)."""
+
+    async def body() -> None:
+        run_ns = 100 * MS
+        h = harness(instances=2, profile=profile_from_samples({1: [run_ns] * 5}))
+        for index in range(20):
+            h.submit(f"a{index}")
+            h.submit(f"b{index}")
+            h.clock.advance(run_ns)
+            h.executor.complete(2 * index, compute_ns=run_ns)
+            h.clock.advance(2 * run_ns)
+            h.executor.complete(2 * index + 1, compute_ns=3 * run_ns)
+        assert h.scheduler.statistics().instance_speeds == (1.0, pytest.approx(3.0, rel=0.05))
 
     run(body)

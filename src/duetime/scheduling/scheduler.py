@@ -66,7 +66,8 @@ OWN_TIME_ALPHA = 0.25
 """The weight of each run of instance 0 in its time per bucket (see `_learn_speed`)."""
 PACE_WINDOW_NS = 100_000_000
 """A run of another instance is compared with instance 0's runs of its size only where one of
-them ended this recently: under the same load of the machine (see `_learn_speed`)."""
+them ended during it or this long before its end: under the same load of the machine (see
+`_learn_speed`)."""
 _LOOKAHEAD_MIN_NS = 1_000_000
 """Plan an instance's next batch at most this long (or two hand-offs) before its current one ends:
 earlier would commit the next batch before the requests that could fill it have arrived, and the
@@ -2775,14 +2776,17 @@ class ModelScheduler:
     def _learn_speed(self, instance: int, bucket: int, compute_ns: int, now: int) -> bool:
         """Fold a run of `instance` (of `bucket`, that took `compute_ns`, ended `now`) into its
         speed (see `InstanceSpeed`): its time over instance 0's lately for the same bucket, where
-        instance 0 ran that bucket within the last `PACE_WINDOW_NS`; instance 0's run into
-        that time. (Against the profile, which follows the runs slowly, a slowdown every
-        instance shared read as the first runs' own: see `InstanceSpeed`.) True where the run
+        one of instance 0's runs of that bucket ended during it or `PACE_WINDOW_NS` before its
+        end; instance 0's run into that time. (Against the profile, which follows the runs
+        slowly, a slowdown every instance shared read as the first runs' own: see
+        `InstanceSpeed`.) True where the run
         teaches the profile too: not while its instance's pace is still being learnt from
         instance 0's runs (a slow instance's first runs would drag the profile, and with it
         the pace of instance 0 that the others' are compared with)."""
         own = self._own_times.get(bucket)
-        recent = own is not None and now - own[1] <= PACE_WINDOW_NS
+        # (within the window of this run's end, or during the run: one of 300 ms on a slow
+        # instance beside a 100 ms one on instance 0 ends 200 ms after instance 0's)
+        recent = own is not None and now - own[1] <= PACE_WINDOW_NS + compute_ns
         if not instance:
             if own is not None and recent:
                 compute_ns = int(own[0] + OWN_TIME_ALPHA * (compute_ns - own[0]))
