@@ -46,6 +46,11 @@ def test_http_statistics_count_inferences_and_show_the_profile(server: RunningSe
     variant = after["duetime"]["variants"][0]
     assert variant["instance_speeds"] == [1.0] * variant["instances"]
     assert variant["instance_latency_profiles"] == [profile] * variant["instances"]
+    assert sum(variant["instance_runs"]) >= 1
+    runs, means = variant["instance_runs"], variant["instance_mean_compute_us"]
+    assert len(runs) == len(means) == variant["instances"]
+    assert all((mean is None) == (count == 0) for count, mean in zip(runs, means, strict=True))
+    assert all(mean > 0 for mean in means if mean is not None)
     assert {m["name"] for m in everything["model_stats"]} >= {"mlp", "resnet"}
 
 

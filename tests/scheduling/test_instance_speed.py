@@ -98,6 +98,8 @@ def test_an_instance_slower_than_the_profile_learns_its_own_pace() -> None:
         stats = h.scheduler.statistics()
         assert stats.instance_speeds[0] == 1.0
         assert stats.instance_speeds[1] == pytest.approx(2.0, rel=0.01)
+        assert stats.instance_runs == (40, 40)
+        assert stats.instance_compute_ns == (40 * ONE_ROW, 40 * 2 * ONE_ROW)
         # the variant's profile is instance 0's: the slow instance's runs did not drag it
         assert h.scheduler.profile.predict(1) == pytest.approx(ONE_ROW, rel=0.01)
 

@@ -299,6 +299,10 @@ class SchedulerStatistics:
     instance_speeds: tuple[float, ...] = ()
     """Each instance's pace against instance 0's, as predictions use it (see
     profile.InstanceSpeed): its latency profile is the variant's times this."""
+    instance_runs: tuple[int, ...] = ()
+    """Each instance's runs (batches, sample runs too), failed ones included."""
+    instance_compute_ns: tuple[int, ...] = ()
+    """The time each instance's runs took in ONNX Runtime."""
     answer_ns: int = 0
     """Time settling one request of a finished batch takes on the loop, its answer included."""
     committed: int = 0
@@ -525,6 +529,9 @@ class ModelScheduler:
         each other instance's runs are compared with (see `_learn_speed`)."""
         self._paced = False
         """Some instance's speed is not 1 (the fast path's test)."""
+        self._instance_runs = [0] * executor.instances
+        self._instance_compute_ns = [0] * executor.instances
+        """Each instance's runs, and the time they took in ONNX Runtime (statistics)."""
         self.default_timeout_ns = default_timeout_ns
         """The model's `default_timeout_ms`, in ns (None: none)."""
         self._clock = clock
@@ -2703,6 +2710,8 @@ class ModelScheduler:
         compute_time = self._compute_time  # (`LatencyHistogram.observe`, without its frame)
         compute_time.counts[bisect_left(LATENCY_BOUNDS_NS, compute)] += 1
         compute_time.sum_ns += compute
+        self._instance_runs[result.instance] += 1
+        self._instance_compute_ns[result.instance] += compute
         outputs = result.outputs
         if len(outputs) == 1:
             clean = not isinstance(outputs[0], DuetimeError)
@@ -2965,6 +2974,8 @@ class ModelScheduler:
             handoff_tail_ns=int(self._handoff.value),
             late_margin_ns=self._late_margin.value,
             instance_speeds=tuple(speed.value for speed in self._speeds),
+            instance_runs=tuple(self._instance_runs),
+            instance_compute_ns=tuple(self._instance_compute_ns),
             answer_ns=int(self._answer_ns),
             # NOTE: list() copies each instance's batches before the loop can change them
             committed=sum(len(r.requests) for jobs in self._outstanding for r in list(jobs)[1:]),
