@@ -38,7 +38,9 @@ def result(path: Path, label: str, latency_ms: float, seed: int) -> Path:
     latency = (rng.lognormal(0, 0.5, sent.size) * latency_ms * 1e6).astype(np.int64)
     outcome = np.where(rng.random(sent.size) < 0.03, Outcome.REJECTED, Outcome.OK)
     recorded = hdr.record_arrays(sent, latency, outcome.astype(np.int8))
-    path.write_text(json.dumps(hdr.run_fields("replay", label, 3.0, recorded)))
+    path.write_text(
+        json.dumps(hdr.run_fields("replay", label, 3.0, recorded, unsent=0, unanswered=0))
+    )
     return path
 
 
@@ -70,7 +72,9 @@ def test_a_run_without_answers_is_plotted_without_warnings(tmp_path: Path) -> No
     errors = np.full(sent.size, Outcome.ERROR, dtype=np.int8)
     recorded = hdr.record_arrays(sent, np.zeros(sent.size, dtype=np.int64), errors)
     path = tmp_path / "errors.json"
-    path.write_text(json.dumps(hdr.run_fields("bench", "all errors", 1.0, recorded)))
+    path.write_text(
+        json.dumps(hdr.run_fields("bench", "all errors", 1.0, recorded, unsent=0, unanswered=0))
+    )
     for out in (tmp_path / "r.png", tmp_path / "r.html"):
         assert cli_main(["report", str(path), "--out", str(out)]) == 0
 
@@ -83,7 +87,7 @@ def test_the_last_partial_second_is_plotted_at_its_real_rate(tmp_path: Path) -> 
     ok = np.full(sent.size, Outcome.OK, dtype=np.int8)
     path = tmp_path / "steady.json"
     path.write_text(json.dumps(hdr.run_fields("bench", "steady", 2.5, hdr.record_arrays(
-        sent, latency, ok))))  # fmt: skip
+        sent, latency, ok), unsent=0, unanswered=0)))  # fmt: skip
     (report,) = load_reports([path], [])
     figure, ax = plt.subplots()
     try:

@@ -1513,7 +1513,8 @@ class ModelScheduler:
         now, the batch takes its turn on the CPU (see ledger.py) before the new one's next."""
         best: tuple[int, int] | None = None
         best_end = 0
-        one_row = self.profile.predict(1)
+        paced = self._paced
+        one_row = self.profile.predict(1) if paced else 0
         lead = NO_SLACK if self._closed else max(_LOOKAHEAD_MIN_NS, 2 * int(self._overhead_ns))
         for instance, jobs in enumerate(self._outstanding):
             if len(jobs) >= self._depth:
@@ -1529,7 +1530,7 @@ class ModelScheduler:
                 self._arm_timer(start - lead, now)
                 continue
             # (the one whose run of a row would end first: that starts first, at one pace)
-            end = start + int((self._speeds[instance].value - 1.0) * one_row)
+            end = start + int((self._speeds[instance].value - 1.0) * one_row) if paced else start
             if best is None or end < best_end:
                 best, best_end = (instance, start), end
         return best
@@ -2788,10 +2789,10 @@ class ModelScheduler:
         one of instance 0's runs of that bucket ended during it or `PACE_WINDOW_NS` before its
         end; instance 0's run into that time. (Against the profile, which follows the runs
         slowly, a slowdown every instance shared read as the first runs' own: see
-        `InstanceSpeed`.) True where the run
-        teaches the profile too: not while its instance's pace is still being learnt from
-        instance 0's runs (a slow instance's first runs would drag the profile, and with it
-        the pace of instance 0 that the others' are compared with)."""
+        `InstanceSpeed`.) True where the run teaches the profile too: not while its instance's
+        pace is still being learnt from instance 0's runs (a slow instance's first runs would
+        drag the profile, and with it the pace of instance 0 that the others' are compared
+        with)."""
         own = self._own_times.get(bucket)
         # (within the window of this run's end, or during the run: one of 300 ms on a slow
         # instance beside a 100 ms one on instance 0 ends 200 ms after instance 0's)
@@ -2805,7 +2806,7 @@ class ModelScheduler:
         if own is None or not recent or own[0] <= 0:  # (nothing to compare with)
             return True
         speed.observe(compute_ns / own[0])
-        self._paced = True
+        self._paced = any(other.value != 1.0 for other in self._speeds)
         return speed.known
 
     def _keep_sample(self, job: BatchJob, outputs: Sequence[Feeds | DuetimeError]) -> None:

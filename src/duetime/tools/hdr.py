@@ -378,9 +378,12 @@ def run_fields(
     extra: Mapping[str, Any] | None = None,
     *,
     span_s: float | None = None,
+    unsent: int,
+    unanswered: int,
 ) -> dict[str, Any]:
     """The fields `duetime report` reads, the same for a bench and a replay result.
-    `span_s`: the seconds the rates divide by (`report.rate_span`; default `duration_s`)."""
+    `span_s`: the seconds the rates divide by (`report.rate_span`; default `duration_s`);
+    `unsent` and `unanswered`: the run's own counts (bench's `overall`, replay's tally)."""
     timeline = recorded.timeline
     counts = {name: int(sum(getattr(timeline, name))) for name in ("sent", *_ENDS)}
     span_s = duration_s if span_s is None else span_s
@@ -403,9 +406,8 @@ def run_fields(
             "encoded": encode(recorded.histogram),
         },
         "timeline": timeline.to_json(),
-        # (the run's own counts of these replace them: bench's `overall`, replay's tally)
-        "unsent": 0,
-        "unanswered": 0,
+        "unsent": unsent,
+        "unanswered": unanswered,
         **(extra or {}),
     }
 

@@ -102,9 +102,7 @@ def result_of(
         "first_skipped": replay.plan.first_skipped,
         "interrupted": interrupted,
         "statuses": {str(k): v for k, v in sorted(tally.statuses.items())},
-        "unsent": tally.unsent,
         "unsent_reason": tally.unsent_message,
-        "unanswered": replay.outstanding,
         "schedule_error_us": {
             "p50": p50,
             "p99": p99,
@@ -147,7 +145,10 @@ def result_of(
         },
         "error_messages": tally.messages,
     }
-    doc = run_fields("replay", label, duration_s, recorded, extra, span_s=span_s)
+    doc = run_fields(
+        "replay", label, duration_s, recorded, extra, span_s=span_s, unsent=tally.unsent,
+        unanswered=replay.outstanding,
+    )  # fmt: skip
     doc["errors"] += replay.outstanding  # never answered: errors, like the bench's
     return ReplayResult(doc)
 

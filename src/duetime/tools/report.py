@@ -464,10 +464,6 @@ class BenchResult:
             None if self.config.repository is None else str(self.config.repository)
         )
         doc.update(doc.pop("report_fields") or {})
-        # (at the top, as a replay's result has them: a script reading one layout read no
-        # `unanswered` from a bench's, found by a tester)
-        for name in ("unsent", "unanswered"):
-            doc[name] = doc["overall"][name]
         return doc
 
     def format(self) -> str:
@@ -500,17 +496,22 @@ def result_of(config: BenchConfig, records: Records) -> BenchResult:
     summary = summarize(records, config.classes, open_loop=config.mode == "open")
     return BenchResult(
         config, summary.classes, summary.overall, summary.generator, summary.error_messages,
-        summary.warnings, report_fields(config, records), records.interrupted,
+        summary.warnings, report_fields(config, records, summary.overall), records.interrupted,
         records.duration_s,
     )  # fmt: skip
 
 
-def report_fields(config: BenchConfig, records: Records) -> dict[str, Any] | None:
-    """The run as `duetime report` reads it: HDR histogram, per-second timeline, counts."""
+def report_fields(
+    config: BenchConfig, records: Records, overall: ClassReport
+) -> dict[str, Any] | None:
+    """The run as `duetime report` reads it: HDR histogram, per-second timeline, counts (the
+    unsent and unanswered ones `overall`'s, at the top as a replay's result has them: a script
+    reading one layout read no `unanswered` from a bench's, found by a tester)."""
     if records.scheduled_ns.size != records.outcome.size:
         return None
     outcome = apply_due(records.outcome, records.latency_ns, records.due_class, config.classes)
     recorded = record_arrays(records.scheduled_ns, records.latency_ns, outcome)
     return run_fields(
-        "bench", describe(config), records.duration_s, recorded, span_s=records.rate_span_s
-    )
+        "bench", describe(config), records.duration_s, recorded, span_s=records.rate_span_s,
+        unsent=overall.unsent, unanswered=overall.unanswered,
+    )  # fmt: skip

@@ -429,7 +429,13 @@ def decode_record(body: bytes, format_version: int = FORMAT_VERSION) -> Captured
     arrival, due_in, latency, priority, status, flags, n_inputs, n_outputs, meta_length = (
         RECORD_FIXED.unpack_from(body)
     )
-    _check_arrival(arrival)
+    if arrival < 0:
+        # NOTE: read as it was, one record of -1,000 s (a hand-edited file, its CRC right) was
+        # shown at -1000000 ms, and a replay scheduled the next request 1,000 s after it (found
+        # by a tester); no writer writes an arrival before the capture's start
+        raise BadField(
+            f"arrival_ns {arrival} is negative: a request cannot arrive before the capture's start"
+        )
     if flags & ~KNOWN_FLAGS[format_version]:
         raise BadField(f"unknown flags {flags:#x}")
     start = RECORD_FIXED.size
@@ -462,26 +468,12 @@ def decode_record(body: bytes, format_version: int = FORMAT_VERSION) -> Captured
     )  # fmt: skip
 
 
-def _check_arrival(arrival_ns: int) -> None:
-    """BadField for an arrival before the capture's start, which no writer writes.
-
-    NOTE: read as it was, one record of -1,000 s (a hand-edited file, its CRC right) was shown
-    at -1000000 ms, and a replay scheduled the next request 1,000 s after it (found by a
-    tester)."""
-    if arrival_ns < 0:
-        raise BadField(
-            f"arrival_ns {arrival_ns} is negative: a request cannot arrive before the "
-            "capture's start"
-        )
-
-
 def _decode_http(
     body: bytes, meta_end: int, n_inputs: int, n_outputs: int, flags: int
 ) -> CapturedRequest:
     """A RAW_HTTP record: the fixed part's fields, the meta, output tensors, then the v2 REST
     body, decoded by the server's own parser."""
     arrival, due_in, latency, priority, status, *_ = RECORD_FIXED.unpack_from(body)
-    _check_arrival(arrival)
     if n_inputs:
         raise BadField(f"a raw HTTP record counts {n_inputs} input tensors (must be 0)")
     meta = _Meta(body[RECORD_FIXED.size : meta_end], HTTP_META_FIELDS)
