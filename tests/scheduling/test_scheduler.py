@@ -1331,6 +1331,72 @@ def test_a_lookahead_batch_its_thread_takes_too_late_fails_its_requests_unrun() 
     run(body)
 
 
+def test_fifo_fails_a_lookahead_batch_s_requests_once_their_due_time_passes() -> None:
+    """FIFO mode hands a batch over behind the running one as EDF does, but its requests wait
+    there as they would in Triton's queue: each fails unrun once its due time passes, the rest
+    run. (It ran whatever it handed over: a request behind a run that never ended waited past
+    its due time for as long as that run took.)"""
+
+    async def body() -> None:
+        clock, executor, scheduler = long_batches("fifo")
+        scheduler.submit_nowait({}, rows=1, shape_key=(), due_ns=None, priority=0)
+        due = clock.now_ns() + 20 * MS
+        passing = scheduler.submit_nowait({}, rows=1, shape_key=(), due_ns=due, priority=0)
+        later = scheduler.submit_nowait({}, rows=1, shape_key=(), due_ns=due + 60 * MS, priority=0)
+        clock.advance(4_500 * US)
+        scheduler._on_timer()
+        lookahead = executor.jobs[1][1]
+        assert lookahead.rows == [1, 1]
+        assert lookahead.start_by is not None
+        assert lookahead.start_by[1] == due + 60 * MS, "FIFO's latest start: its last due time"
+        clock.advance(10 * MS)  # the run ahead overruns, the due time not passed yet
+        scheduler._sweep()
+        assert not passing.done()
+        clock.advance(6 * MS)
+        scheduler._sweep()
+        error = passing.exception()
+        assert isinstance(error, DeadlineExceeded)
+        assert "while the request waited in the queue; it was not run" in str(error)
+        assert not later.done()
+        executor.complete(0, compute_ns=25 * MS)
+        executor.complete(1, compute_ns=5 * MS)
+        assert later.done()
+        assert later.exception() is None
+        stats = scheduler.statistics()
+        assert (stats.expired, stats.succeeded) == (1, 2)
+
+    run(body)
+
+
+def test_fifo_skips_a_lookahead_batch_its_thread_takes_past_its_last_due_time() -> None:
+    async def body() -> None:
+        clock, executor, scheduler = long_batches("fifo")
+        scheduler.submit_nowait({}, rows=1, shape_key=(), due_ns=None, priority=0)
+        due = clock.now_ns() + 20 * MS
+        waiting = [
+            scheduler.submit_nowait({}, rows=1, shape_key=(), due_ns=due, priority=0)
+            for _ in range(2)
+        ]
+        clock.advance(4_500 * US)
+        scheduler._on_timer()
+        instance, lookahead = executor.jobs[1]
+        assert lookahead.start_by is not None
+        read_clock, start_by = lookahead.start_by
+        executor.complete(0, compute_ns=25 * MS)
+        clock.advance(16 * MS)  # its thread takes it before the sweeper came round
+        assert read_clock() > start_by
+        executor.finished.add(1)
+        lookahead.on_done(BatchResult(lookahead, instance, skipped=True))
+        await asyncio.sleep(0)
+        for future in waiting:
+            error = future.exception()
+            assert isinstance(error, DeadlineExceeded)
+            assert "while the request waited in the queue; it was not run" in str(error)
+        assert scheduler.statistics().expired == 2
+
+    run(body)
+
+
 def test_a_batch_that_waited_for_another_keeps_no_reference_cycle_once_it_ends() -> None:
     """A batch given a `start_by` (it waited for the one ahead) holds its requests in a clock
     that holds the batch; once it ended, nothing but the collector would free them, and the
@@ -1455,21 +1521,28 @@ def test_a_request_queued_before_the_batch_ahead_overran_takes_the_lookahead_bat
     run(body)
 
 
-def test_fifo_runs_every_batch_it_handed_to_an_instance() -> None:
-    """FIFO mode stands for Triton's batcher: a batch handed over runs, whatever the time."""
+def test_fifo_runs_a_batch_it_handed_to_an_instance_predicted_to_end_late() -> None:
+    """FIFO mode stands for Triton's batcher: a batch handed over runs while its due times have
+    not passed, even where its run is predicted to end past them (EDF would skip it)."""
 
     async def body() -> None:
         clock, executor, scheduler = long_batches("fifo")
-        for _ in range(3):
-            scheduler.submit_nowait(
-                {}, rows=1, shape_key=(), due_ns=clock.now_ns() + 20 * MS, priority=0
-            )
+        due = clock.now_ns() + 12 * MS
+        futures = [
+            scheduler.submit_nowait({}, rows=1, shape_key=(), due_ns=due, priority=0)
+            for _ in range(3)
+        ]
         clock.advance(4_500 * US)
         scheduler._on_timer()
         assert len(executor.jobs) == 2
-        assert executor.jobs[1][1].start_by is None
+        start_by = executor.jobs[1][1].start_by
+        assert start_by is not None
+        assert start_by[1] == due  # (EDF's: the due time less its 9 ms run)
+        clock.advance(4 * MS)  # its thread takes it, 3.5 ms before the due time
+        assert start_by[0]() <= start_by[1]
         executor.complete(0, compute_ns=5 * MS)
         executor.complete(1, compute_ns=9 * MS)
+        assert all(f.done() and f.exception() is None for f in futures)
         await scheduler.aclose(0)
 
     run(body)

@@ -1856,9 +1856,15 @@ class ModelScheduler:
         and offered it again: to the next cheaper variant, which queued it too (both ran it,
         the first answer was delivered, and the ticket named the last variant that took it:
         int8-dynamic's answers labelled `int8-static`, found by a tester), or, with none left,
-        failed it 504 here while its variant was about to answer. It is offered once."""
-        if not self._edf:
-            return  # FIFO runs what it handed over, as Triton's batcher does
+        failed it 504 here while its variant was about to answer. It is offered once.
+
+        FIFO mode fails a request of such a batch once its due time has passed, as Triton's
+        queue does (its batcher hands a batch over only to a free instance: the rest wait in
+        the queue), and runs the rest.
+        NOTE: FIFO ran whatever it handed over: a request handed over behind a run that never
+        ended waited with it, past its due time, for as long as the run took (CI's machine,
+        slow enough at load to give a small model lookahead batches, timed out after 30 s)."""
+        edf = self._edf
         for jobs in self._outstanding:
             for running in jobs:
                 job = running.job
@@ -1870,7 +1876,10 @@ class ModelScheduler:
                 for item in running.requests:
                     if item.due_ns is None or item.future.done() or (swept and _among(item, swept)):
                         continue
-                    if late + self._kept_for(item.rows) > item.due_ns:
+                    if not edf:
+                        if item.due_ns <= now:
+                            hopeless.append(item)
+                    elif late + self._kept_for(item.rows) > item.due_ns:
                         job.revoked = True
                         if is_hopeless(item, now, self._estimate, self._bare_estimate):
                             hopeless.append(item)
@@ -2049,17 +2058,14 @@ class ModelScheduler:
             return
         if self._ledger is not None and self._ledger.shared:
             _take_turn(job, self._ledger.turns, predicted)
-        if (
-            self._edf
-            and not probing
-            and (len(self._outstanding[instance]) > 1 or job.turn is not None)
-        ):
+        if not probing and (len(self._outstanding[instance]) > 1 or job.turn is not None):
             # NOTE: it waits for another batch (its instance's, or its turn on a shared CPU),
             # which may overrun: its thread skips it past its `start_by`, and until then the
             # sweeper fails those of its requests that can no longer make it (see
             # `_sweep_committed`). The second of two instances sharing the one core of a 2-core
             # machine ran its batch whenever its turn came: answers 300-600 ms late. A probe's
-            # batch runs whenever its turn comes: predicted to miss, it would be skipped
+            # batch runs whenever its turn comes: predicted to miss, it would be skipped. (FIFO
+            # mode's waits too, until its due times pass: see `_sweep_committed`.)
             job.start_by = self._start_by(running)
         # (its thread runs only the requests not settled meanwhile: a client that withdrew from
         # a batch waiting its turn had its request run all the same)
@@ -2209,8 +2215,9 @@ class ModelScheduler:
         batch ahead of it is predicted to end; when that one overran (a stalled vCPU, say), the
         thread took the next batch whatever the time, and ran requests past their due times: 3
         of the 8 answers the server itself counted late in one resnet run at twice its
-        capacity. Skipped, they fail as expired, and the thread moves on. (FIFO mode runs what
-        it handed over, as Triton's batcher does.)"""
+        capacity. Skipped, they fail as expired, and the thread moves on. FIFO mode's latest
+        start is the last due time itself: its batch waits as its requests would in the queue
+        (see `_sweep_committed`)."""
         last_due = 0
         for item in running.requests:
             if item.due_ns is None:
@@ -2223,7 +2230,7 @@ class ModelScheduler:
             running.taken = True
             return now_ns()
 
-        return taken, last_due - running.predicted_ns
+        return taken, last_due - running.predicted_ns if self._edf else last_due
 
     def _finish(self, result: BatchResult) -> None:
         """An instance thread's result, on the loop."""
@@ -2356,8 +2363,8 @@ class ModelScheduler:
             if result.job.revoked:
                 for item in live:
                     self._queue.restore(item)
-            else:
-                self._expire(live, now, running)
+            else:  # (FIFO's: taken past its last due time, as if it had waited in the queue)
+                self._expire(live, now, running if self._edf else None)
             return
         # (the inputs' bytes matter only where a request can be bigger than the samples)
         sent = _input_bytes(running.requests) if self._sample_row_bytes else 0
