@@ -667,7 +667,7 @@ def test_a_version_whose_model_file_alone_was_removed_says_so(tmp_path: Path) ->
         await manager.poll()
         await asyncio.sleep(0.2)  # the version drains
         assert states(engine) == {
-            "1": ("READY", ""),
+            "1": ("READY", f"{tmp_path / 'm'}: folder 2/ is not served: 2/: holds no model.onnx"),
             "2": ("UNAVAILABLE", "its model file was removed from its version folder"),
         }
 

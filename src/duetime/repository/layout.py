@@ -24,8 +24,9 @@ class ModelSource:
     """The model file of each version: `<version>/model.onnx`, or `<version>/model.onnx/model.onnx`
     (see `model_file`)."""
     ignored: tuple[str, ...] = ()
-    """The folders that hold the model file but are no version, each said with why (`folder
-    003/ holds a model.onnx but is not served: not a version: ...`): warned of (see
+    """The folders that hold the model file but are no version, and the version folders that
+    hold none, each said with why (`folder 003/ holds a model.onnx but is not served: not a
+    version: ...`, `folder 2/ is not served: 2/: holds no model.onnx`): warned of (see
     `ignored_warning`)."""
 
     @property
@@ -242,6 +243,8 @@ def scan_model(
     where, under = (UPLOADED, "file:") if uploaded else (str(directory), f"{directory}/")
     versions: dict[int, Path] = {}
     ignored: list[str] = []
+    empty: list[Path] = []
+    """Version folders holding no model file: named where some other version serves."""
     try:
         children = sorted(directory.iterdir())
     except OSError as exc:  # (a folder the server may not read: its model's error)
@@ -254,6 +257,8 @@ def scan_model(
             model = model_file(child, filename)
             if model is not None:
                 versions[number] = model
+            else:
+                empty.append(child)
         elif _holds(child, filename) and (why := not_a_version(child.name)) is not None:
             ignored.append(
                 f"folder {shown_name(child.name)}/ holds a {shown_name(filename)} but is not "
@@ -276,6 +281,12 @@ def scan_model(
             + "as 1"
             + named
         )
+    # NOTE: Triton counts each such folder a version, whose load fails and says why; duetime
+    # serves the others, and said nothing of it: a version 2 copied without its model.onnx, or
+    # with it misnamed (`2/net.onnx`), was passed over without a word (found by a tester)
+    for child in empty:
+        held = "; ".join(_empty_version(child, filename))
+        ignored.append(f"folder {shown_name(child.name)}/ is not served: {held}")
     return ModelSource(directory.name, directory, versions, tuple(ignored))
 
 
@@ -332,27 +343,31 @@ def _not_versions(directory: Path, filename: str) -> list[str]:
                     f"folder, {directory.name}/1/{wanted}"
                 )
             continue
-        number = folder_version(child.name)
-        models = _onnx_files(child)
-        if number is None:
+        if folder_version(child.name) is None:
             why = not_a_version(child.name)
             # (any other folder, `labels/` say, is no version, as meant: named only where it
             # holds a model; a name of digits is always meant as a version)
-            if why is not None and (models or _digits(child.name)):
+            if why is not None and (_onnx_files(child) or _digits(child.name)):
                 found.append(f"{name}/: {why}")
-        elif (broken := broken_link(child / filename)) is not None:
-            found.append(f"{name}/{wanted}: {broken}")
-        elif (child / filename).is_dir():
-            found.append(f"{name}/{wanted}: a folder holding no {MODEL_FILENAME} (as "
-                         f"Triton's layout, {name}/{wanted}/{MODEL_FILENAME}, "
-                         "beside its external data)")  # fmt: skip
-        elif models:
-            found += [f"{name}/{shown_name(file)}: the file must be named {wanted} (or named "
-                      "by the config's field 'default_model_filename')"
-                      for file in models]  # fmt: skip
         else:
-            found.append(f"{name}/: holds no {wanted}")
+            found += _empty_version(child, filename)
     return found
+
+
+def _empty_version(child: Path, filename: str) -> list[str]:
+    """What the version folder `child` holds in place of its model file `filename`: `1/:
+    holds no model.onnx`, `1/Model.onnx: the file must be named model.onnx ...`."""
+    name, wanted = shown_name(child.name), shown_name(filename)
+    if (broken := broken_link(child / filename)) is not None:
+        return [f"{name}/{wanted}: {broken}"]
+    if (child / filename).is_dir():
+        return [f"{name}/{wanted}: a folder holding no {MODEL_FILENAME} (as Triton's layout, "
+                f"{name}/{wanted}/{MODEL_FILENAME}, beside its external data)"]  # fmt: skip
+    models = _onnx_files(child)
+    if models:
+        return [f"{name}/{shown_name(file)}: the file must be named {wanted} (or named by the "
+                "config's field 'default_model_filename')" for file in models]  # fmt: skip
+    return [f"{name}/: holds no {wanted}"]
 
 
 def _onnx_files(folder: Path) -> list[str]:

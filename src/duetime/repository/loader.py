@@ -9,7 +9,8 @@ from __future__ import annotations
 import logging
 import posixpath
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from contextvars import ContextVar
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal, NamedTuple
@@ -112,6 +113,19 @@ class LoadedModel:
     NOTE: the check ran zeros whatever the warm-up had found: a graph dividing by an integer
     input, loaded on distinct samples as zeros failed, failed its check after five clients'
     divisions by zero, and its breaker opened on everyone (found by a tester)."""
+
+
+FIELD_NAMES: ContextVar[Callable[[str], str] | None] = ContextVar("FIELD_NAMES", default=None)
+"""How the load in progress names its config's fields in a warning, as in its errors (the
+manager's: the config file and its own fields, `<folder>/config.pbtxt: field
+'input[0].optional'`); None: as the loader does (`<folder>: field 'inputs.0.optional'`)."""
+
+
+def _warn_of_field(message: str) -> None:
+    """Warn of `message`, naming a config's fields `<folder>: field 'inputs.0.name'` (see
+    `FIELD_NAMES`)."""
+    named = FIELD_NAMES.get()
+    log.warning("%s", message if named is None else named(message))
 
 
 def load_version(
@@ -624,10 +638,10 @@ def _apply(
         if entry.optional and not spec.optional:
             if field == "outputs":
                 raise ConfigError(f"{at}.optional': only an input can be optional")
-            log.warning(
-                "%s.optional': '%s' has no initializer in the graph, so ONNX Runtime cannot "
-                "run without it: requests must give it", at, spec.name,
-            )  # fmt: skip
+            _warn_of_field(
+                f"{at}.optional': '{spec.name}' has no initializer in the graph, so ONNX "
+                "Runtime cannot run without it: requests must give it"
+            )
         if entry.reshape is not None:  # (validated: dims given, of as many elements)
             shape = _narrow(spec, entry.reshape, batched, f"{at}.reshape'")
             wire = tuple(entry.dims or ())
@@ -714,6 +728,15 @@ def _narrow(spec: TensorSpec, dims: list[int], batched: bool, where: str) -> tup
     if any(d == 0 and g != 0 for d, g in zip(dims, graph_dims, strict=True)):
         raise ConfigError(_empty_dim(where, dims, f"dims {list(graph_dims)}"))
     narrowed = tuple(g if d == -1 else d for d, g in zip(dims, graph_dims, strict=True))
+    if list(narrowed) != dims:
+        # NOTE: served so without a word, the config endpoint giving the graph's dims where the
+        # file says -1 (found by a tester); Triton's ONNX Runtime backend refuses such a config
+        # (a -1 of the config matches only a -1 of the model)
+        _warn_of_field(
+            f"{where}: {dims} leaves free a dim the graph fixes ({list(graph_dims)}): served as "
+            f"{list(narrowed)}, which requests must match; give the graph's dims (Triton "
+            "refuses the -1)"
+        )
     return (-1, *narrowed) if batched else narrowed
 
 

@@ -65,9 +65,10 @@ from duetime.repository.layout import (
     model_folders,
     scan_model,
     scan_repository,
+    shown_name,
     version_folder,
 )
-from duetime.repository.loader import LoadedModel, label_files, load_version
+from duetime.repository.loader import FIELD_NAMES, LoadedModel, label_files, load_version
 from duetime.repository.registry import (
     PRIMARY,
     Deployment,
@@ -923,7 +924,7 @@ class ModelManager:
         self._note_ignored(
             name, ignored_warning(source, uploaded=directory is self._uploads.get(name))
         )
-        self._note_absent(name, config.version_policy.missing(source.versions))
+        self._note_absent(name, config.version_policy.missing(source.versions), directory, config)
         wanted = config.version_policy.select(source.versions)
         if not wanted:
             found = ", ".join(str(v) for v in sorted(source.versions))
@@ -1228,7 +1229,7 @@ class ModelManager:
         extra = () if limit is None else (limit,)
         try:
             loaded, unloaded, missing = await asyncio.get_running_loop().run_in_executor(
-                self._loader, _load_with_variants, source, version, config, *extra
+                self._loader, _load_named, given, source, version, config, *extra
             )
             lost = [
                 why
@@ -1325,13 +1326,21 @@ class ModelManager:
         refused the model; Triton ignores it with a warning (found by a tester)."""
         _note(self._ignored, name, warning, [warning])
 
-    def _note_absent(self, name: str, versions: list[int]) -> None:
+    def _note_absent(
+        self, name: str, versions: list[int], directory: Path, config: ModelConfig
+    ) -> None:
         """Record (and log, when it changes) the versions of `name` that its `specific`
-        version_policy names but that have no folder: the index lists each as UNAVAILABLE with
-        Triton's words for it."""
+        version_policy names but that have no folder, or one without the model file (in
+        `directory`, the model's folder): the index lists each as UNAVAILABLE with Triton's
+        words for it.
+
+        NOTE: a folder holding no model.onnx was said not to be there (found by a tester)."""
+        said = f"is specified for model '{name}', but the version directory"
+        filename = shown_name(config.default_model_filename)
         absent = {
-            str(version): f"version {version} is specified for model '{name}', but the version "
-            "directory is not present"
+            str(version): f"version {version} {said} {version}/ holds no {filename}"
+            if _is_folder(directory / str(version))
+            else f"version {version} {said} is not present"
             for version in versions
         }
         _note(self._absent, name, absent, absent.values())
@@ -1848,6 +1857,19 @@ def _shadowing_itself(traffic: TrafficConfig, served: list[int]) -> str:
     )
 
 
+def _load_named(
+    given: _Given | None, source: ModelSource, version: int, config: ModelConfig, *extra: Any
+) -> tuple[list[tuple[str, LoadedModel]], dict[str, str], set[str]]:
+    """`_load_with_variants`, its warnings naming the config's fields as its errors do: for
+    the config the load was `given` (see `_named_for`)."""
+    named = None if given is None else lambda message: _named_for(message, source, given)
+    token = FIELD_NAMES.set(named)
+    try:
+        return _load_with_variants(source, version, config, *extra)
+    finally:
+        FIELD_NAMES.reset(token)
+
+
 def _load_with_variants(
     source: ModelSource, version: int, config: ModelConfig, max_run_memory_bytes: int | None = None
 ) -> tuple[list[tuple[str, LoadedModel]], dict[str, str], set[str]]:
@@ -1878,6 +1900,13 @@ def _load_with_variants(
     return loaded, unloaded, missing
 
 
+def _is_folder(path: Path) -> bool:
+    try:
+        return path.is_dir()
+    except OSError:  # (one the server may not look at: no folder it can serve)
+        return False
+
+
 def _missing_variant(name: str, file: str, folder: Path) -> str:
     try:
         others = sorted(p.name for p in folder.iterdir() if p.suffix == ".onnx")
@@ -1891,11 +1920,20 @@ def _missing_variant(name: str, file: str, folder: Path) -> str:
 
 def _named(config: ModelConfig, directory: Path) -> _Given | None:
     """`config`, read from the model's folder `directory`, as its errors name it, if not as
-    the loader does (`<folder>: field 'inputs.0.name'`, duetime's fields): a config.pbtxt's
-    are the file's own fields (`<folder>/config.pbtxt: field 'input[0].name'`), as a load
-    override's in Triton's form and the file's own errors (`output[0].data_type`) are."""
+    the loader does (`<folder>: field 'inputs.0.name'`, duetime's fields): its file's
+    (`<folder>/config.toml: field 'inputs.0.name'`), and a config.pbtxt's are the file's own
+    fields (`<folder>/config.pbtxt: field 'input[0].name'`), as a load override's in Triton's
+    form and the file's own errors (`output[0].data_type`) are.
+
+    NOTE: a config.toml's dims that the graph refused were blamed on the model's folder, where
+    its parse errors named the file (found by a tester)."""
     if isinstance(config, TritonModelConfig):
         return _Given(config, str(directory / PBTXT_FILENAME))
+    for name in CONFIG_FILENAMES:
+        path = directory / name
+        with contextlib.suppress(OSError):
+            if path.suffix != ".pbtxt" and path.is_file():
+                return _Given(config, str(path))
     return None
 
 
