@@ -324,7 +324,7 @@ class Engine:
         ):
             ledger = self._ledgers.setdefault(pins[0], CoreLedger())
         timeout_ms = loaded.config.default_timeout_ms
-        row_bytes = sample_row_bytes(loaded.signature)
+        row_bytes = sample_row_bytes(loaded.signature, loaded.sample_free)
         row_out = loaded.profile.sample_output_row_bytes
         max_rows = max(1, loaded.signature.max_batch_size)
         scheduler = ModelScheduler(
@@ -338,7 +338,9 @@ class Engine:
             breaker=loaded.config.breaker,
             ledger=None if background else ledger,
             sample_row_bytes=row_bytes,
-            sample=functools.partial(sample_inputs, loaded.signature, 1, fill=loaded.sample_fill),
+            sample=functools.partial(
+                sample_inputs, loaded.signature, 1, fill=loaded.sample_fill, free=loaded.sample_free
+            ),
             # (where they failed at load, a request's row that ran replaces them: see
             # `ModelScheduler._keep_sample`)
             learn_sample=loaded.profile.guessed,

@@ -65,8 +65,8 @@ class _ZeroShy:
 def test_warm_up_tries_non_zero_samples_where_zeros_fail(tmp_path: Path) -> None:
     signature = ModelSignature((TensorSpec("n", "INT32", (-1, 2)),), (), max_batch_size=4)
     executor = _ZeroShy()
-    produced, fill = warm_up(executor, signature, tmp_path / "m.onnx", runs=2)  # type: ignore[arg-type]
-    assert fill == "distinct"
+    produced, fill, free = warm_up(executor, signature, tmp_path / "m.onnx", runs=2)  # type: ignore[arg-type]
+    assert (fill, free) == ("distinct", 1)
     assert produced is not None
     assert produced[0].all()
     assert executor.fed[0] == 0
@@ -81,8 +81,55 @@ def test_a_float_model_failing_warm_up_is_not_run_again(
     executor = _ZeroShy()
     executor.refuse_all = True
     with caplog.at_level(logging.WARNING, logger="duetime.loader"):
-        produced, fill = warm_up(executor, signature, tmp_path / "m.onnx")  # type: ignore[arg-type]
+        produced, fill, _ = warm_up(executor, signature, tmp_path / "m.onnx")  # type: ignore[arg-type]
     assert produced is None
     assert fill == "zeros"
     assert len(executor.fed) == 1
     assert "warm-up on sample inputs failed (Integer division by zero)" in caplog.text
+
+
+def conv_model(kernel: int) -> onnx.ModelProto:
+    """An image model over free height and width: a Conv of `kernel` x `kernel`, no padding."""
+    info = helper.make_tensor_value_info
+    weights = helper.make_tensor(
+        "w", TensorProto.FLOAT, [2, 3, kernel, kernel], [0.5] * (6 * kernel * kernel)
+    )
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w"], ["y"])],
+        "g",
+        [info("x", TensorProto.FLOAT, ["N", 3, "H", "W"])],
+        [info("y", TensorProto.FLOAT, ["N", 2, "h", "w"])],
+        [weights],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+def test_free_dims_too_small_for_the_graph_are_sampled_bigger(
+    tmp_path: Path, loaded: list[LoadedModel], caplog: pytest.LogCaptureFixture
+) -> None:
+    """A 3x3 kernel needs 3 pixels at least: warm-up and profiling take the free dims the
+    batching check takes, 8 where 1 fails (they stopped at 1: profiled at a made-up 1 ms a
+    row, requests the model answers in microseconds were refused 429, found by a tester)."""
+    folder = tmp_path / "conv"
+    (folder / "1").mkdir(parents=True)
+    onnx.save(conv_model(3), str(folder / "1" / MODEL_FILENAME))
+    with caplog.at_level(logging.INFO, logger="duetime.loader"):
+        model = load_version(scan_model(folder), 1, profile_budget_s=0.01)
+    loaded.append(model)
+    assert model.signature.max_batch_size > 0
+    assert not model.profile.guessed
+    assert model.sample_free == 8
+    assert "on sample inputs failed" not in caplog.text
+    assert "with free dims of 8, as smaller ones failed" in caplog.text
+    assert model.profile.predict(1) < 1_000_000  # (not the made-up 1 ms)
+
+
+def test_free_dims_a_graph_takes_at_1_stay_1(tmp_path: Path, loaded: list[LoadedModel]) -> None:
+    folder = tmp_path / "conv"
+    (folder / "1").mkdir(parents=True)
+    onnx.save(conv_model(1), str(folder / "1" / MODEL_FILENAME))
+    model = load_version(scan_model(folder), 1, profile_budget_s=0.01)
+    loaded.append(model)
+    assert (model.sample_free, model.profile.guessed) == (1, False)

@@ -113,6 +113,8 @@ class LoadedModel:
     NOTE: the check ran zeros whatever the warm-up had found: a graph dividing by an integer
     input, loaded on distinct samples as zeros failed, failed its check after five clients'
     divisions by zero, and its breaker opened on everyone (found by a tester)."""
+    sample_free: int = 1
+    """The size of the free dims beyond the batch in those samples (`SAMPLE_FREE_DIMS`)."""
 
 
 FIELD_NAMES: ContextVar[Callable[[str], str] | None] = ContextVar("FIELD_NAMES", default=None)
@@ -191,7 +193,7 @@ def load_version(
         splits_batches=alone,
         output_shapes=answer_shapes(signature),
     )
-    produced, fill = warm_up(executor, signature, path)
+    produced, fill, free = warm_up(executor, signature, path)
     _check_output_dims(
         config, signature, graph_outputs, produced, studied.facts, str(source.directory)
     )
@@ -208,9 +210,9 @@ def load_version(
             f"{_describe(primary.outputs)}, but it has {_describe(signature.required_inputs)} "
             f"and {_describe(signature.outputs)}"
         )
-    profile = measure_profile(executor, signature, path, profile_budget_s, fill=fill)
+    profile = measure_profile(executor, signature, path, profile_budget_s, fill=fill, free=free)
     if produced is not None:
-        warm_up_largest(executor, signature, profile, path, profile_budget_s, fill=fill)
+        warm_up_largest(executor, signature, profile, path, profile_budget_s, fill=fill, free=free)
     if variant is None:
         _warn_unmeetable_timeout(config, profile, path)
     varies = cost_varies(studied.facts, signature)
@@ -219,7 +221,7 @@ def load_version(
     if config.execution == "auto":
         inline = runs_inline(profile, config.instances, cost_varies=bool(varies))
         if not inline and config.instances == 1 and not varies:
-            inline = _fast_enough_alone(executor, signature, profile, fill)
+            inline = _fast_enough_alone(executor, signature, profile, fill, free)
         executor.inline = inline
     unserved = {name: unserved_output_reason(kind) for name, kind in uncarried.items()}
     if max_run_memory_bytes is None:
@@ -234,7 +236,7 @@ def load_version(
     return LoadedModel(
         source.name, str(version), path, config, signature, validator, executor, profile, labels,
         cost_depends_on_values=bool(varies), unserved_outputs=unserved,
-        output_sizes=None if reshaped else studied.sizes, sample_fill=fill,
+        output_sizes=None if reshaped else studied.sizes, sample_fill=fill, sample_free=free,
     )  # fmt: skip
 
 
@@ -420,7 +422,11 @@ INLINE_CHECK_RUNS = 10
 
 
 def _fast_enough_alone(
-    executor: Executor, signature: ModelSignature, profile: LatencyProfile, fill: SampleFill
+    executor: Executor,
+    signature: ModelSignature,
+    profile: LatencyProfile,
+    fill: SampleFill,
+    free: int = 1,
 ) -> bool:
     """Whether the fastest of a few more runs at batch 1 and at the largest batch are within
     the inline bounds, for a model of one instance whose profile says just over them.
@@ -448,7 +454,7 @@ def _fast_enough_alone(
     try:
         fastest = {}
         for rows, bound in ((1, INLINE_BATCH1_NS), (largest, INLINE_LONGEST_NS)):
-            feeds = sample_inputs(signature, rows, seed=rows, fill=fill)
+            feeds = sample_inputs(signature, rows, seed=rows, fill=fill, free=free)
             fastest[rows] = min(_timed_run(executor, feeds) for _ in range(INLINE_CHECK_RUNS))
             if fastest[rows] > bound:
                 return False
@@ -1288,18 +1294,17 @@ def _sample_numbers(shape: list[int], fill: SampleFill) -> np.ndarray:
     return numbers.reshape(shape)
 
 
-def sample_row_bytes(signature: ModelSignature) -> int:
+def sample_row_bytes(signature: ModelSignature, free: int = 1) -> int:
     """The input bytes of one row of `sample_inputs`: what the profile was measured on; 0 where
     every input has a fixed size beyond the batch (no request can be bigger than the samples,
     and the scheduler then never weighs a batch's inputs)."""
     batched = signature.max_batch_size > 0
-    free = any(
+    if not any(
         spec.any_rank or -1 in (spec.shape[1:] if batched else spec.shape)
         for spec in signature.inputs
-    )
-    if not free:
+    ):
         return 0
-    return sum(array.nbytes for array in sample_inputs(signature, 1).values())
+    return sum(array.nbytes for array in sample_inputs(signature, 1, free=free).values())
 
 
 def measure_profile(
@@ -1309,6 +1314,7 @@ def measure_profile(
     budget_s: float = PROFILE_BUDGET_S,
     *,
     fill: SampleFill = "zeros",
+    free: int = 1,
 ) -> LatencyProfile:
     """Median and p99 execution time of each batch bucket, measured on instance 0 within about
     `budget_s`; the buckets it cannot afford are estimated at the cost per row of the largest
@@ -1318,9 +1324,9 @@ def measure_profile(
     `PROFILE_PROBE_SHARE` of the budget (those of up to `PROFILE_MIN_ROWS` rows whatever they
     cost); then each measured one runs `PROFILE_MIN_RUNS` times (or as many as the budget has
     room for), and they share what is left equally, up to `PROFILE_MAX_RUNS` runs each, taken in
-    `PROFILE_ROUNDS` rounds over all the buckets, on the samples of `fill` (the warm-up's: see
-    `warm_up`). A graph that rejects the sample inputs gets a nominal 1 ms per row, marked
-    `guessed`: the first real execution replaces it.
+    `PROFILE_ROUNDS` rounds over all the buckets, on the samples of `fill` and `free` (the
+    warm-up's: see `warm_up`). A graph that rejects the sample inputs gets a nominal 1 ms per
+    row, marked `guessed`: the first real execution replaces it.
 
     NOTE: every bucket up to the max batch was run at least 5 times whatever the budget: the
     load of the demo resnet (about 1 ms a row) took ~4 s at max_batch_size 32, 29 s at 512,
@@ -1347,7 +1353,7 @@ def measure_profile(
                 largest = max(plan)
                 if spent + plan[largest][1] * rows / largest > PROFILE_PROBE_SHARE * budget_ns:
                     break
-            feeds = sample_inputs(signature, rows, seed=rows, fill=fill)
+            feeds = sample_inputs(signature, rows, seed=rows, fill=fill, free=free)
             started = time.perf_counter_ns()
             made = executor.run_sync(feeds)
             first = time.perf_counter_ns() - started
@@ -1402,6 +1408,8 @@ class WarmedUp(NamedTuple):
     """The outputs of the first run (None: the graph rejected every sample)."""
     fill: SampleFill
     """The samples it took (see `WARM_UP_FILLS`): profiling runs those too."""
+    free: int = 1
+    """Their free dims beyond the batch (see `SAMPLE_FREE_DIMS`): profiling's too."""
 
 
 WARM_UP_FILLS: tuple[SampleFill, ...] = ("zeros", "distinct")
@@ -1418,30 +1426,38 @@ def warm_up(
 ) -> WarmedUp:
     """Run each instance `runs` times at batch 1 so first requests pay no allocation cost (the
     largest batch: `warm_up_largest`, once profiled), on the first samples of `WARM_UP_FILLS`
-    the graph runs.
+    the graph runs, their free dims beyond the batch 1, else the next of `SAMPLE_FREE_DIMS`
+    (as `batching_problem` tries them).
 
     A graph that rejects every sample (it needs real indices, say) still loads: it is warned
     about, since real requests may well be valid.
+
+    NOTE: the free dims were 1 alone: an image model's height and width under a 3x3 kernel
+    without padding failed every sample, and was profiled at a made-up 1 ms a row; requests
+    it answers in microseconds were refused 429 as predicted to take 16 ms (found by a
+    tester).
     """
     failure: Exception | None = None
-    for fill in WARM_UP_FILLS:
-        feeds = sample_inputs(signature, 1, fill=fill)
-        produced: list[np.ndarray] | None = None
-        try:
-            for instance in range(executor.instances):
-                for _ in range(runs):
-                    made = executor.run_sync(feeds, instance)
-                    if produced is None:
-                        produced = made
-        except (DuetimeError, Exception) as exc:
-            failure = failure or exc
-            if not _has_integers(signature):  # (the other samples differ in those alone)
-                break
-            continue
-        if failure is not None:
-            log.info("%s: warm-up and profiling ran on %s samples, as zeros failed (%s)",
-                     path, fill, failure)  # fmt: skip
-        return WarmedUp(produced, fill)
+    for free in _free_dim_sizes(signature):
+        for fill in WARM_UP_FILLS:
+            feeds = sample_inputs(signature, 1, fill=fill, free=free)
+            produced: list[np.ndarray] | None = None
+            try:
+                for instance in range(executor.instances):
+                    for _ in range(runs):
+                        made = executor.run_sync(feeds, instance)
+                        if produced is None:
+                            produced = made
+            except (DuetimeError, Exception) as exc:
+                failure = failure or exc
+                if not _has_integers(signature):  # (the other samples differ in those alone)
+                    break
+                continue
+            if failure is not None:
+                log.info("%s: warm-up and profiling ran on %s samples%s, as %s failed (%s)",
+                         path, fill, f" with free dims of {free}" if free > 1 else "",
+                         "smaller ones" if free > 1 else "zeros", failure)  # fmt: skip
+            return WarmedUp(produced, fill, free)
     log.warning("%s: warm-up on sample inputs failed (%s); serving anyway", path, failure)
     return WarmedUp(None, "zeros")
 
@@ -1462,6 +1478,7 @@ def warm_up_largest(
     budget_s: float = PROFILE_BUDGET_S,
     *,
     fill: SampleFill = "zeros",
+    free: int = 1,
 ) -> None:
     """Run each instance once at the largest batch (instance 0 only where profiling did not),
     so that the first full batch does not pay ORT's allocations; not at all where the profile
@@ -1483,7 +1500,7 @@ def warm_up_largest(
         return
     measured = rows not in profile.estimated
     try:
-        feeds = sample_inputs(signature, rows, fill=fill)
+        feeds = sample_inputs(signature, rows, fill=fill, free=free)
         for instance in range(1 if measured else 0, executor.instances):
             executor.run_sync(feeds, instance)
     except (DuetimeError, Exception) as exc:
