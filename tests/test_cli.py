@@ -139,9 +139,15 @@ def infer_mlp_both_ways(http: str, grpc: str) -> None:
 
 
 def test_serve_demo_answers_both_protocols_and_stops_on_sigterm(tmp_path: Path) -> None:
+    """The signal is said at once, at the default log level: the drain after it takes up to
+    the grace (it drained in silence: found by a tester)."""
     with serving(tmp_path, "--demo") as server:
         infer_mlp_both_ways(server.http, server.grpc)
         assert server.stop() == 0
+        assert (
+            "duetime: SIGTERM: stopping; no new requests are taken, and those queued or running "
+            "get up to 5 s to finish (--shutdown-grace-s)"
+        ) in server.stderr.splitlines()
     assert (tmp_path / "cache" / "duetime" / "demo" / "resnet" / "1" / "model.onnx").is_file()
 
 

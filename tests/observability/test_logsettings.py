@@ -18,7 +18,7 @@ from tritonclient.utils import InferenceServerException
 
 from duetime.config import ServerSettings
 from duetime.errors import InvalidInput, NotAllowed
-from duetime.observability.logs import JsonFormatter
+from duetime.observability.logs import TEXT_LINE, JsonFormatter, TextFormatter
 from duetime.observability.logsettings import FORMATS, LogSettings
 
 
@@ -115,6 +115,30 @@ def test_a_log_file_takes_the_place_of_stderr_in_its_format(
     assert re.fullmatch(
         r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ WARNING duetime.test-log-settings: into the file", line
     )
+
+
+def test_iso8601_stamps_the_servers_stderr_lines_too(logger: logging.Logger) -> None:
+    """Only a log file's lines took it, and a file needs the control token: on a server without
+    one, "ISO8601" was accepted and changed nothing (found by a tester)."""
+    root = logging.getLogger()
+    stderr = logging.StreamHandler()
+    plain = TextFormatter(TEXT_LINE)  # (as configure_logging does)
+    stderr.setFormatter(plain)
+    root.addHandler(stderr)
+    settings = LogSettings(logger)
+    record = logging.makeLogRecord({"name": "duetime.x", "levelname": "INFO", "msg": "hello"})
+    iso = r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ INFO duetime.x: hello"
+    try:
+        settings.update({"log_format": "ISO8601"})
+        assert re.fullmatch(iso, stderr.format(record))
+        settings.update({"log_format": "default"})
+        assert stderr.formatter is plain
+        settings.update({"log_format": "ISO8601"})
+    finally:
+        settings.close()
+        root.removeHandler(stderr)
+    assert stderr.formatter is plain  # (put back as the server stops)
+    assert not re.fullmatch(iso, stderr.format(record))
 
 
 def test_a_log_file_gets_json_lines_while_the_server_logs_json(

@@ -9,9 +9,9 @@ The settings and what they do here:
 - `log_file` (string): a file the `duetime` loggers write to instead of the server's stderr
   (appended to; "" goes back to stderr). A file that cannot be opened is refused, and so is
   any file unless the server has a control token and the caller sent it.
-- `log_format` ("default" or "ISO8601"): the time stamps of the log file's lines. While the
-  server logs JSON (`--log-format json`) the file gets JSON lines too, their `time` in ISO 8601
-  (UTC) whichever is set.
+- `log_format` ("default" or "ISO8601"): the time stamps of the log's lines, on stderr and in
+  the log file. While the server logs JSON (`--log-format json`) the file gets JSON lines too,
+  their `time` in ISO 8601 (UTC) whichever is set.
 
 An update is checked whole before any of it applies; the answer is the settings after it.
 """
@@ -56,6 +56,9 @@ class LogSettings:
             "log_format": "default",
         }
         self._handler: logging.FileHandler | None = None
+        self._stderr: dict[logging.Handler, logging.Formatter | None] = {}
+        """The text handlers of the root logger (stderr) whose time stamps `log_format` set, and
+        the formatter each had before."""
 
     def current(self) -> dict[str, Any]:
         return dict(self._settings)
@@ -129,11 +132,29 @@ class LogSettings:
             logger.propagate = handler is None  # a file takes the place of stderr
         if self._handler is not None:
             self._handler.setFormatter(_formatter(merged["log_format"]))
+        self._stamp_stderr(merged["log_format"])
         self._settings = merged
+
+    def _stamp_stderr(self, form: str) -> None:
+        """Give the root logger's text lines (the server's stderr) `form`'s time stamps.
+
+        NOTE: only a log file's lines took them, and a log file needs the control token: on a
+        server without one, "ISO8601" was accepted and answered back, and changed nothing
+        (found by a tester; Triton's changes every line)."""
+        if form == "ISO8601":
+            for handler in logging.getLogger().handlers:
+                if handler not in self._stderr and type(handler.formatter) is TextFormatter:
+                    self._stderr[handler] = handler.formatter
+                    handler.setFormatter(_formatter(form))
+            return
+        for handler, formatter in self._stderr.items():
+            handler.setFormatter(formatter)
+        self._stderr.clear()
 
     def close(self) -> None:
         """Put the `duetime` logger back as it was (its level, stderr; closes a log file)."""
         self._logger.setLevel(self._own_level)
+        self._stamp_stderr("default")
         if self._handler is not None:
             self._logger.removeHandler(self._handler)
             _close(self._handler)

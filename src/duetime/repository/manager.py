@@ -356,6 +356,9 @@ class ModelManager:
         )  # fmt: skip
         self._states: dict[str, dict[str, VersionState]] = defaultdict(dict)
         self._model_errors: dict[str, str] = {}
+        self._cleared: set[str] = set()
+        """Models whose error (`_model_errors`) was cleared as their config and folder were read
+        again: their next version ready says so at the error's level (see `_load_version`)."""
         self._fingerprints: dict[tuple[str, str], Fingerprint] = {}
         self._niced: set[tuple[str, str]] = set()
         """(model, version) loaded as a shadow only, its instances in the background."""
@@ -936,7 +939,8 @@ class ModelManager:
             )
             self._fail_model(name, reason, serving=current is not None)
             raise _LoadFailed(load_failed(name, reason, polled=False))
-        self._model_errors.pop(name, None)
+        if self._model_errors.pop(name, None) is not None:
+            self._cleared.add(name)
         # NOTE: a failed load of a version the policy no longer selects is no news: its row
         # said so for good, and a request for it was told 503 "its load failed" where any other
         # version outside the policy is 404 (found by a tester)
@@ -1259,13 +1263,23 @@ class ModelManager:
                 log.exception("model %s version %d not loaded", source.name, version)
             self._states[source.name][key] = VersionState(
                 "READY" if keep else "UNAVAILABLE",
-                f"a new load failed, the previous one still serves: {message}" if keep else message,
+                f"{STILL_SERVES}{message}" if keep else message,
                 failed=not keep,
             )
             return message
         self._load_s[source.name] = time.perf_counter() - started
         variants = tuple(self._deploy(model, variant, background) for variant, model in loaded)
-        log.info("model %s version %d ready (%d variants)", source.name, version, len(variants))
+        # NOTE: a recovery was logged at INFO alone, below the default level, where its failure
+        # had been an ERROR: the operator never saw it cleared (found by a tester)
+        recovered = source.name in self._cleared or (
+            previous is not None and (previous.failed or previous.reason.startswith(STILL_SERVES))
+        )
+        self._cleared.discard(source.name)
+        log.log(
+            logging.WARNING if recovered else logging.INFO,
+            "model %s version %d ready (%d variants)%s", source.name, version, len(variants),
+            "; its last load had failed" if recovered else "",
+        )  # fmt: skip
         if unloaded:  # (a missing file, or a variant it never served: it serves without; the
             # index says so)
             # NOTE: a load adding a variant whose file was missing answered 400 'version 1
@@ -1294,12 +1308,16 @@ class ModelManager:
         mine: VersionState | None = None
         if served is None or version.version not in served.versions:
             mine = states[version.version] = VersionState("UNLOADING", reason)
+            # NOTE: loads were logged, unloads never (found by a tester; Triton logs both)
+            log.info("model %s version %s unloading: %s", name, version.version, reason)
 
         async def drain() -> None:
             try:
                 await _close(version, self.options.drain_s)
             finally:  # (its counts fold into the kept ones now, not at some later publish)
                 self._registry.prune_retiring()
+            if mine is not None:
+                log.info("model %s version %s unloaded", name, version.version)
             if mine is not None and states.get(version.version) is mine:
                 if reason in _GONE or self._on_disk(name, version.version):
                     states[version.version] = VersionState("UNAVAILABLE", reason)
@@ -1373,6 +1391,7 @@ class ModelManager:
         if not states:
             self._states.pop(name, None)
         self._model_errors.pop(name, None)
+        self._cleared.discard(name)
         if name in self._registry.snapshot.failures:
             self._registry.record_failure(name, None)
         for table in (self._failed, self._degraded):  # (keyed by model and version)
