@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import gc
+import logging
 import signal
 import subprocess
 import sys
@@ -336,3 +338,61 @@ def test_an_engine_that_serves_nothing_says_so_and_closes(mlp_repo: Path) -> Non
     with engine:  # (nothing to close)
         pass
     engine.close()
+
+
+def test_a_start_cancelled_as_it_loads_leaves_no_thread_running(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A start cancelled while it loads (`wait_for(Engine.start(repo), 30)` timing out) closes
+    what it started: it left the instance threads and sessions of the models loaded so far
+    running, with no engine returned to close them (found by a tester)."""
+    repo = loop_repo(tmp_path)
+    start = ModelManager.start
+    loading = asyncio.Event()
+
+    async def start_then_wait(manager: ModelManager) -> None:
+        await start(manager)  # ('loop' is served: its instance thread runs)
+        loading.set()
+        await asyncio.Event().wait()
+
+    monkeypatch.setattr(ModelManager, "start", start_then_wait)
+    before = _duetime_threads()
+
+    async def cancelled() -> None:
+        task = asyncio.ensure_future(Engine.start(repo))
+        await loading.wait()
+        assert any(t.name.startswith("duetime-loop") for t in _duetime_threads() - before)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(cancelled())
+    deadline = time.monotonic() + 10
+    while _duetime_threads() - before and time.monotonic() < deadline:
+        time.sleep(0.05)  # (the loader thread ends on its own, as at aclose)
+    assert _duetime_threads() - before == set()
+
+
+def test_a_started_engine_collected_unclosed_stops_its_threads_and_says_so(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A program that failed between its start and its aclose: its instance threads and
+    sessions ran for the life of the process, and nothing said why (found by a tester)."""
+    repo = loop_repo(tmp_path)
+    before = _duetime_threads()
+
+    async def failed_before_aclose() -> None:
+        engine = await Engine.start(repo)
+        assert any(t.name.startswith("duetime-loop") for t in _duetime_threads() - before)
+        raise LookupError(engine)
+
+    with caplog.at_level(logging.WARNING, logger="duetime.engine"):
+        with pytest.raises(LookupError) as failed:
+            asyncio.run(failed_before_aclose())
+        del failed  # (its traceback holds the engine)
+        gc.collect()
+    assert "an Engine was collected without aclose()" in caplog.text
+    deadline = time.monotonic() + 10
+    while _duetime_threads() - before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _duetime_threads() - before == set()

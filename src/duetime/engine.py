@@ -272,7 +272,14 @@ class Engine:
         """An engine serving the models in `repository` (as `options` say), on this loop."""
         engine = cls(clock=clock, options=options)
         engine._python_words = True
-        await engine.load_repository(_repository_path(repository))
+        try:
+            await engine.load_repository(_repository_path(repository))
+        except BaseException:
+            # NOTE: a start cancelled as it loaded (`wait_for(Engine.start(repo), 30)` timing
+            # out) left the instance threads and sessions of the models loaded so far running,
+            # with no engine returned to close them (found by a tester)
+            await engine.aclose(0.0)
+            raise
         return engine
 
     @property
@@ -1426,7 +1433,24 @@ class Engine:
                     waiting.set_exception(closed)
             self._shut.set()
 
-    def _close_orphaned(self) -> None:
+    def __del__(self) -> None:
+        """An engine made by `start()` collected unclosed (a program that failed between its
+        start and its `aclose()`): its models' threads are told to stop, and the log says so.
+
+        NOTE: its instance threads and sessions ran on for the life of the process, and nothing
+        said why (5 forgotten engines: 5 threads, +21 MB; found by a tester). Stopped, not
+        joined: the collector may run this on any thread, one of those too."""
+        if getattr(self, "_loop", None) is None or self._thread is not None:
+            return
+        if self._closed or self._closing:
+            return
+        log.warning(
+            "an Engine was collected without aclose(): its models' threads stop now; close "
+            "engines with `await engine.aclose()` or `async with await Engine.start(...)`"
+        )
+        self._close_orphaned(wait=False)
+
+    def _close_orphaned(self, *, wait: bool = True) -> None:
         """Close an engine made by `start()` whose loop ended without `aclose()` (or one that
         never served): nothing can run on that loop again, and nothing can be waiting on it
         (its futures ended with it). Its loader stops and its models' instance threads and
@@ -1445,7 +1469,10 @@ class Engine:
             executors += [d.model.executor for d in self.manager.abandon()]
         executors += [d.model.executor for d in self.registry.clear()]
         for executor in executors:
-            executor.close()
+            if wait:
+                executor.close()
+            else:
+                executor.stop()
 
     def __enter__(self) -> Engine:
         """`with Engine.open(repo) as engine:`, closed (`close`) at the end; an engine made by

@@ -274,11 +274,7 @@ class Executor:
         outlasted it (25 s of a Loop) kept its thread inside ORT past the join's timeout, and the
         process exited under it: SIGABRT ("terminate called without an active exception"), and
         its client got no answer at all."""
-        self._closing = True
-        for options in self._run_options:
-            options.terminate = True
-        for jobs in self._queues:
-            jobs.put(_Stop())
+        self.stop()
         for index, thread in enumerate(self._threads):
             thread.join(timeout_s)
             if thread.is_alive():  # (one node that runs for long: ORT checks between nodes)
@@ -290,6 +286,16 @@ class Executor:
         self._runs.clear()
         self._sync_runs.clear()  # (each holds its session)
         _STARTED.discard(self)
+
+    def stop(self) -> None:
+        """Tell the threads to stop (a run going on is terminated, jobs queued are not run), not
+        waiting for them: each ends on its own, and its session goes with the executor (see
+        `close`, which waits)."""
+        self._closing = True
+        for options in self._run_options:
+            options.terminate = True
+        for jobs in self._queues:
+            jobs.put(_Stop())
 
     def terminate(self, instance: int, job: BatchJob) -> bool:
         """Stop `job`'s run if `instance`'s thread runs it now: ORT ends it between two nodes,

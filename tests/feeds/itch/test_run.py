@@ -647,7 +647,11 @@ def test_one_stall_between_a_fit_test_and_its_ask_does_not_refuse_what_follows()
     stats = asyncio.run(run.run_fast(FastFeed(np.frombuffer(out.getvalue(), np.uint8))))
     assert stalled
     assert stats.triggers == 15
-    assert [rows for rows, _ in predictor.asked] == [5, 2, 2, 2, 2, 2]
+    asked = [rows for rows, _ in predictor.asked]
+    # (every event asked: pairs 10 ms apart may go as one batch where the machine is slow: CI's
+    # read [5, 2, 4, 2, 2] once)
+    assert asked[0] == 5
+    assert sum(asked) == 15
     assert stats.refused_unasked == 0
 
 
