@@ -76,6 +76,7 @@ from duetime.demo import write_demo_repository
 from duetime.execution.affinity import parse_cpus, pin_current_thread
 from duetime.execution.ort import session_options
 from duetime.scheduling.profile import batch_buckets
+from duetime.tools.argtypes import real, whole
 from duetime.tools.config import BenchConfig
 from duetime.tools.loadgen import run_bench
 from duetime.tools.payloads import WireProtocol
@@ -573,29 +574,55 @@ def engine_overhead(demo: Path, requests: int) -> dict[str, float]:
             "added_p50_us": engine_p50 - ort_p50}  # fmt: skip
 
 
+def _models(text: str) -> list[str]:
+    """`--models`: demo models this benchmark has a plan for, comma-separated.
+
+    NOTE: an unknown name ended in a traceback (KeyError), after the demo was written; so did
+    --duration 0, and --pairs 0 ran on unchecked (found by a tester)."""
+    names = [name.strip() for name in text.split(",")]
+    known = plans()
+    unknown = [name for name in names if name not in known]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(
+            f"expected demo models among {', '.join(known)}, comma-separated, got {text!r}"
+        )
+    return names
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--models", default="resnet,mlp")
-    parser.add_argument("--duration", type=float, default=5.0, help="measured seconds per run")
+    parser.add_argument(
+        "--models", type=_models, default="resnet,mlp",
+        help="which demo models, comma-separated: resnet, mlp (default both)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--duration", type=real(above=0), default=5.0, help="measured seconds per run (5)"
+    )
     parser.add_argument(
         "--protocol", choices=("http-binary", "grpc"), default="http-binary",
         help="what every run goes over (default http-binary)",
     )  # fmt: skip
     parser.add_argument(
-        "--connections", type=int, default=None,
+        "--connections", type=whole(at_least=1), default=None,
         help="the generator's HTTP connections (default 512) or gRPC channels (default 4)",
     )  # fmt: skip
     parser.add_argument(
-        "--pairs", type=int, default=5, help="EDF 100%%/200%% run pairs (the verdict's median)"
+        "--pairs",
+        type=whole(at_least=1),
+        default=5,
+        help="EDF 100%%/200%% run pairs (the verdict's median; 5)",
     )
     parser.add_argument(
-        "--wait-quiet", type=float, default=30.0,
-        help="seconds to wait before each run for other programs to be idle",
+        "--wait-quiet", type=real(at_least=0), default=30.0,
+        help="seconds to wait before each run for other programs to be idle (30)",
     )  # fmt: skip
     parser.add_argument(
-        "--out", type=Path, default=Path(__file__).parent / "results" / "scheduling.json"
+        "--out",
+        type=Path,
+        default=Path(__file__).parent / "results" / "scheduling.json",
+        help="the JSON file written (bench/results/scheduling.json)",
     )
     args = parser.parse_args()
     results: dict[str, Any] = {
@@ -603,7 +630,7 @@ def main() -> int:
     }
     with tempfile.TemporaryDirectory() as tmp:
         demo = write_demo_repository(Path(tmp) / "demo")
-        for name in args.models.split(","):
+        for name in args.models:
             plan = plans()[name]
             results[name] = bench_model(plan, demo, Path(tmp), args)
             print_table(

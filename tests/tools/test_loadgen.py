@@ -1217,6 +1217,35 @@ def test_the_generator_line_says_its_cost_is_per_request_scheduled_when_many_wai
     assert "waited for a free connection: 1.0%" in line(0.01)
 
 
+def test_an_in_process_run_says_its_cpu_counts_the_engine_and_advises_no_processes() -> None:
+    """In-process, the models' runs share the generator's process: the line called their CPU
+    the generator's own (2.1% of a core with an Identity, 36.8% with a 3.3 ms model), and the
+    late-send warning advised --processes, which --repository refuses (found by a tester)."""
+    from duetime.tools.report import GeneratorReport, _generator_line, _warnings, class_report
+
+    def report(with_engine: bool) -> GeneratorReport:
+        return GeneratorReport(
+            processes=1, cpu_s=1.1, cpu_cores=0.37, offered_rps=100.0, cpu_per_1k_rps=3.7,
+            late_send_fraction=0.67, send_lag_p99_ms=9.0, send_lag_max_ms=12.0,
+            waited_fraction=0.0, with_engine=with_engine,
+        )  # fmt: skip
+
+    assert _generator_line(report(True)).startswith(
+        "generator and engine (in-process: the models' runs count too): 1 process(es)"
+    )
+    assert _generator_line(report(False)).startswith("generator: 1 process(es)")
+    overall = class_report("all", None, np.zeros(0, np.int8), np.zeros(0, np.int64), 1.0, 0)
+
+    def late(with_engine: bool) -> str:
+        warned = _warnings(overall, report(with_engine), False, open_loop=True, interrupted=False)
+        (said,) = [w for w in warned if "after their scheduled time" in w]
+        return said
+
+    assert "--processes" not in late(True)
+    assert "generator and the engine, in one process, were a bottleneck" in late(True)
+    assert "add --processes" in late(False)
+
+
 def test_a_request_sent_from_an_answer_reuses_its_connection() -> None:
     """A closed-loop client sends its next request as its answer is told: the connection was
     freed only after that, and N clients kept N + 1 connections open (found by a tester)."""

@@ -330,15 +330,18 @@ def test_compare_outputs_fails_when_recorded_answers_are_not_answered_again(
     scale_server: RunningServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     # answered (and recorded) by a model the target does not serve: every replay is a 404,
-    # nothing is compared, and that is a failed comparison, not a pass
+    # nothing is compared, and that is a failed comparison, not a pass; and the target serves
+    # none of the capture's models: it failed the replay (1, ahead of the comparison's 3)
     records = changed_traffic()[:3]
     for record in records:
         record.model = "gone"
     capture = write(tmp_path / "in.cap", records)
     argv = ["replay", str(capture), "--target", f"http://{scale_server.http}",
             "--compare-outputs", "--json", str(tmp_path / "out.json"), "-q"]  # fmt: skip
-    assert cli_main(argv) == 3
-    printed = capsys.readouterr().out
+    assert cli_main(argv) == 1
+    captured = capsys.readouterr()
+    assert "the target answered every request 404 (NOT_FOUND)" in captured.err
+    printed = captured.out
     assert "0 compared, 0 differ" in printed
     assert "outputs: FAILED (3 of 3 recorded answers not answered 200)" in printed
     compare = json.loads((tmp_path / "out.json").read_text())["compare"]

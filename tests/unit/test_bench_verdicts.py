@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import pytest
@@ -116,3 +117,29 @@ def test_the_echo_floor_verdict_is_its_runs_share_on_time(scheduling: Any) -> No
     assert verdicts["edf_on_time_at_200_%"] == 100.0  # (the floor is no EDF run)
     # (nor a measure of capacity: it answers everything at once, 5,026/s against 2,555)
     assert verdicts["capacity_underestimated"] is False
+
+
+@pytest.mark.parametrize(
+    ("flags", "said"),
+    [
+        (["--models", "nosuch"], "argument --models: expected demo models among resnet, mlp"),
+        (["--duration", "0"], "argument --duration: expected a finite number > 0"),
+        (["--pairs", "0"], "argument --pairs: expected a whole number >= 1"),
+        (["--connections", "0"], "argument --connections: expected a whole number >= 1"),
+        (["--wait-quiet", "-1"], "argument --wait-quiet: expected a finite number >= 0"),
+    ],
+)
+def test_bad_flags_are_refused_in_one_line_before_anything_runs(
+    scheduling: Any,
+    flags: list[str],
+    said: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """They ended in tracebacks (--models nosuch, --duration 0), or ran on unchecked (--pairs 0:
+    servers started, still running 20 s later; found by a tester)."""
+    monkeypatch.setattr(sys, "argv", ["scheduling.py", *flags])
+    with pytest.raises(SystemExit) as ended:
+        scheduling.main()
+    assert ended.value.code == 2
+    assert said in capsys.readouterr().err

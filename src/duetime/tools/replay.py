@@ -73,6 +73,7 @@ from duetime.tools.replay_results import (
     answered_none,
     compare_failed,
     result_of,
+    served_none,
 )
 from duetime.tools.replay_transports import GrpcReplayTransport, ReplayTransport
 from duetime.tools.report import EXIT_UNSENT, rate_span
@@ -507,7 +508,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.epilog = (
         "exit status: 0 the replay went through; 1 the target failed (unreachable, not "
-        "speaking --target's protocol, or it answered none of the requests), or an output "
+        "speaking --target's protocol, it answered none of the requests, or each one 404: it "
+        "serves none of the capture's models), or an output "
         f"could not be written; 2 bad flags or capture; {EXIT_UNSENT} some requests could not "
         "be sent, records of the capture were skipped (they do not decode), or (--compare-outputs) "
         f"answers differ from the recorded ones; {EXIT_CODE} interrupted (Ctrl-C)"
@@ -569,11 +571,11 @@ def config_from_args(args: argparse.Namespace) -> ReplayConfig:
 
 def run(args: argparse.Namespace) -> int:
     """`duetime replay`: 2 for bad flags or capture, 1 if the target fails (`reach_target`,
-    or it answered none of the requests sent: `answered_none`), 3 when some
-    requests could not be sent (no connection: the target died or stopped listening), when
-    records of the capture were skipped (they do not decode: the replay is not the whole
-    capture), or when outputs differ, are unreadable, or a recorded answer was not answered
-    200 (with --compare-outputs).
+    or it answered none of the requests sent: `answered_none`, or each one 404: `served_none`),
+    3 when some requests could not be sent (no connection: the target died or stopped
+    listening), when records of the capture were skipped (they do not decode: the replay is
+    not the whole capture), or when outputs differ, are unreadable, or a recorded answer was
+    not answered 200 (with --compare-outputs).
 
     NOTE: skipped records once went unreported (a log line only): a damaged capture replayed
     19 of its 20 requests, said requests_in_capture 19, and exited 0."""
@@ -630,6 +632,12 @@ def run(args: argparse.Namespace) -> int:
     if doc["interrupted"]:
         return EXIT_CODE
     if answered_none(doc):
+        return EXIT_TARGET_FAILED
+    if served_none(doc):
+        console(
+            "duetime replay: the target answered every request 404 (NOT_FOUND): it serves none "
+            "of the capture's models or versions"
+        )
         return EXIT_TARGET_FAILED
     broken = doc["unsent"] or doc["skipped"] or compare_failed(doc["compare"])
     return EXIT_UNSENT if broken else 0

@@ -264,6 +264,16 @@ def answered_none(doc: dict[str, Any]) -> bool:
     return statuses.get("0", 0) > 0 and not any(int(k) > 0 for k in statuses)
 
 
+def served_none(doc: dict[str, Any]) -> bool:
+    """Whether the target answered every request it answered 404 (gRPC NOT_FOUND): it serves
+    none of the capture's models (or versions).
+
+    NOTE: such a replay went through, its exit 0 ("the replay went through"), where `duetime
+    bench` refuses that target at once (found by a tester)."""
+    statuses = doc["statuses"]
+    return statuses.get("404", 0) > 0 and all(k in ("0", "404") for k in statuses)
+
+
 def _not_compared(compare: dict[str, Any]) -> str:
     missed = compare["not_answered"]
     return f", {missed:,} recorded answers not answered 200 this time" if missed > 0 else ""
