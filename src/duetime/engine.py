@@ -1444,11 +1444,12 @@ class Engine:
             return
         if self._closed or self._closing:
             return
-        log.warning(
-            "an Engine was collected without aclose(): its models' threads stop now; close "
-            "engines with `await engine.aclose()` or `async with await Engine.start(...)`"
-        )
-        self._close_orphaned(wait=False)
+        with contextlib.suppress(Exception):  # (at the interpreter's exit, modules are going)
+            log.warning(
+                "an Engine was collected without aclose(): its models' threads stop now; close "
+                "engines with `await engine.aclose()` or `async with await Engine.start(...)`"
+            )
+            self._close_orphaned(wait=False)
 
     def _close_orphaned(self, *, wait: bool = True) -> None:
         """Close an engine made by `start()` whose loop ended without `aclose()` (or one that
