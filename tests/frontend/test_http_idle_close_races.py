@@ -11,8 +11,9 @@ import contextlib
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 from conftest import RunningServer, on_loop, start_server, stop_server
@@ -23,6 +24,7 @@ from duetime.frontend import http
 pytestmark = pytest.mark.timeout(60)
 
 LIVE = b"GET /v2/health/live HTTP/1.1\r\nHost: t\r\n\r\n"
+T = TypeVar("T")
 
 
 @contextlib.contextmanager
@@ -57,6 +59,27 @@ def hold_loop(server: RunningServer, seconds: float) -> None:
     server.loop.call_soon_threadsafe(time.sleep, seconds)
 
 
+def on_loop_once_sent(server: RunningServer, sock: socket.socket, call: Callable[[], T]) -> T:
+    """`call()`'s result, run on the server's loop once `sock` has sent a request whole, before
+    the loop can read it (timers run before reads: as a timer's callback would find it)."""
+    sent = threading.Event()
+
+    def once_sent() -> T:
+        sent.wait(10)
+        time.sleep(0.05)  # (the request is in the kernel)
+        return call()
+
+    result: list[T] = []
+    worker = threading.Thread(target=lambda: result.append(on_loop(server, once_sent)))
+    worker.start()
+    time.sleep(0.05)  # (the loop is in the call)
+    sock.sendall(LIVE)
+    sent.set()
+    worker.join(10)
+    (value,) = result
+    return value
+
+
 @pytest.fixture
 def idle_soon(tmp_path: Path) -> Iterator[RunningServer]:
     with serving(tmp_path, idle_timeout_s=0.3) as running:
@@ -68,20 +91,12 @@ def test_a_request_come_as_the_idle_timeout_passes_is_answered(idle_soon: Runnin
         sock.sendall(LIVE)
         assert answered(sock).startswith(b"HTTP/1.1 200 ")
         (connection,) = idle_soon.server._connections
-        sent = threading.Event()
 
-        def time_out_once_sent() -> None:  # (on the loop: nothing is read meanwhile)
-            sent.wait(10)
-            time.sleep(0.05)  # (the request is in the kernel)
+        def time_out() -> None:
             connection._last_active -= 1.0  # (its idle timeout has passed)
             connection._check_timeouts()
 
-        worker = threading.Thread(target=on_loop, args=(idle_soon, time_out_once_sent))
-        worker.start()
-        time.sleep(0.05)  # (the loop is in the call)
-        sock.sendall(LIVE)  # (whole, before the timeout: unread until the loop is back)
-        sent.set()
-        worker.join(10)
+        on_loop_once_sent(idle_soon, sock, time_out)
         assert answered(sock).startswith(b"HTTP/1.1 200 ")
 
 
@@ -105,23 +120,10 @@ def test_a_connection_with_its_next_request_unread_is_not_taken_for_idle(
     with serving(tmp_path, max_connections=4) as running, connect(running) as sock:
         sock.sendall(LIVE)
         assert answered(sock).startswith(b"HTTP/1.1 200 ")
-        sent = threading.Event()
-
-        def close_one_once_sent() -> bool:  # (on the loop: nothing is read meanwhile)
-            sent.wait(10)
-            time.sleep(0.05)  # (the request is in the kernel)
-            return bool(running.server._intake.close_one(running.loop.time()))
-
-        result: list[bool] = []
-        worker = threading.Thread(
-            target=lambda: result.append(on_loop(running, close_one_once_sent))
+        closed = on_loop_once_sent(
+            running, sock, lambda: running.server._intake.close_one(running.loop.time())
         )
-        worker.start()
-        time.sleep(0.05)  # (the loop is in the call)
-        sock.sendall(LIVE)
-        sent.set()
-        worker.join(10)
-        assert result == [False]  # (the only connection: not idle, its request is there)
+        assert closed is False  # (the only connection: not idle, its request is there)
         assert answered(sock).startswith(b"HTTP/1.1 200 ")
 
 
