@@ -108,6 +108,8 @@ def test_an_idle_timeout_sends_fin_first_then_drains(idle_soon: RunningServer) -
         assert answered(sock).startswith(b"HTTP/1.1 200 ")
         time.sleep(0.6)  # (past the timeout: the server has sent its FIN)
         assert sock.recv(100) == b""
+        # (draining, it no longer holds a slot of --max-connections)
+        assert on_loop(idle_soon, lambda: idle_soon.server._intake.connections) == 0
         for _ in range(3):
             sock.sendall(LIVE)  # (a reset would fail these)
             time.sleep(0.05)

@@ -2635,7 +2635,11 @@ class HttpConnection(asyncio.BufferedProtocol):
             if now >= deadline:
                 if not self._sent_checked and not self.unread():
                     # (FIN first, then what comes is drained: a request sent as the timeout
-                    # passed, crossing the FIN, meets a closed connection, not a reset)
+                    # passed, crossing the FIN, meets a closed connection, not a reset; its
+                    # slot is free at once, as an evicted one's, whatever its client does)
+                    if self._accepted:
+                        self._accepted = False
+                        self._intake.connections -= 1
                     self._linger()
                     return
                 # (its client is still reading, or its next request came: it is read this turn)
