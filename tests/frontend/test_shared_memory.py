@@ -555,7 +555,8 @@ def test_a_region_changed_while_its_request_waits_gets_the_output_all_the_same(
     pool = concurrent.futures.ThreadPoolExecutor(2)
     try:
         client.register_system_shared_memory("out", f"/dt-o-{tag}", 16)
-        busy = pool.submit(request, faulty_rounds(2.0), None)  # holds the one instance
+        # (4 s by a quiet CPU: the suite beside testers' load once ran 2 s of it in 0.6 s)
+        busy = pool.submit(request, faulty_rounds(4.0), None)  # holds the one instance
         time.sleep(0.3)
         waiting = pool.submit(request, 2, "out")  # taken in, then queued behind it
         time.sleep(0.3)
