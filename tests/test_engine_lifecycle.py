@@ -396,3 +396,37 @@ def test_a_started_engine_collected_unclosed_stops_its_threads_and_says_so(
     while _duetime_threads() - before and time.monotonic() < deadline:
         time.sleep(0.05)
     assert _duetime_threads() - before == set()
+
+
+def test_a_start_cancelled_twice_as_it_loads_leaves_no_thread_running(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A second cancel (the caller's own task cancelled after a `wait_for` timeout, or
+    `asyncio.run` ending) cut the close short, and the models' threads ran on (found by a
+    tester): they are told to stop before the close is awaited."""
+    repo = loop_repo(tmp_path)
+    start = ModelManager.start
+    loading = asyncio.Event()
+
+    async def start_then_wait(manager: ModelManager) -> None:
+        await start(manager)
+        loading.set()
+        await asyncio.Event().wait()
+
+    monkeypatch.setattr(ModelManager, "start", start_then_wait)
+    before = _duetime_threads()
+
+    async def cancelled_twice() -> None:
+        task = asyncio.ensure_future(Engine.start(repo))
+        await loading.wait()
+        task.cancel()
+        await asyncio.sleep(0)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(cancelled_twice())
+    deadline = time.monotonic() + 10
+    while _duetime_threads() - before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _duetime_threads() - before == set()

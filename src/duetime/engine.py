@@ -277,7 +277,10 @@ class Engine:
         except BaseException:
             # NOTE: a start cancelled as it loaded (`wait_for(Engine.start(repo), 30)` timing
             # out) left the instance threads and sessions of the models loaded so far running,
-            # with no engine returned to close them (found by a tester)
+            # with no engine returned to close them (found by a tester). Their threads are
+            # told to stop first: a second cancel may end the close (a second tester)
+            for deployment in engine.registry.snapshot.deployments():
+                deployment.model.executor.stop()
             await engine.aclose(0.0)
             raise
         return engine

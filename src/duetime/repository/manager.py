@@ -1232,9 +1232,17 @@ class ModelManager:
         # (the limit only when one is set: stand-ins for `_load_with_variants` take three)
         extra = () if limit is None else (limit,)
         try:
-            loaded, unloaded, missing = await asyncio.get_running_loop().run_in_executor(
+            loading = asyncio.get_running_loop().run_in_executor(
                 self._loader, _load_named, given, source, version, config, *extra
             )
+            try:
+                loaded, unloaded, missing = await asyncio.shield(loading)
+            except asyncio.CancelledError:
+                # NOTE: cancelled (an `Engine.start` cancelled twice, say), the load ran on in
+                # its thread, and the instance threads of what it loaded were left running,
+                # never deployed, never closed (found by a tester)
+                loading.add_done_callback(_stop_loaded)
+                raise
             lost = [
                 why
                 for variant, why in unloaded.items()
@@ -1874,6 +1882,14 @@ def _shadowing_itself(traffic: TrafficConfig, served: list[int]) -> str:
         "requests to: no request is mirrored to the version that answers it, so it gets copies "
         "only of requests that name another version."
     )
+
+
+def _stop_loaded(loading: asyncio.Future[Any]) -> None:
+    """Stop the instance threads of a load no one awaits any more (see `_load_version`)."""
+    if loading.cancelled() or loading.exception() is not None:
+        return
+    for _, model in loading.result()[0]:
+        model.executor.stop()
 
 
 def _load_named(
