@@ -16,6 +16,7 @@ import functools
 import logging
 import numbers
 import os
+import sys
 import threading
 import weakref
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
@@ -1445,9 +1446,9 @@ class Engine:
         joined: the collector may run this on any thread, one of those too."""
         if getattr(self, "_loop", None) is None or self._thread is not None:
             return
-        if self._closed or self._closing:
+        if self._closed or self._closing or sys.is_finalizing():  # (at exit: all goes)
             return
-        with contextlib.suppress(Exception):  # (at the interpreter's exit, modules are going)
+        with contextlib.suppress(Exception):  # (modules half torn down, say)
             log.warning(
                 "an Engine was collected without aclose(): its models' threads stop now; close "
                 "engines with `await engine.aclose()` or `async with await Engine.start(...)`"
