@@ -35,7 +35,7 @@ import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable, Coroutine, Iterable, Mapping
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, get_args
@@ -1232,16 +1232,15 @@ class ModelManager:
         # (the limit only when one is set: stand-ins for `_load_with_variants` take three)
         extra = () if limit is None else (limit,)
         try:
-            loading = asyncio.get_running_loop().run_in_executor(
-                self._loader, _load_named, given, source, version, config, *extra
-            )
+            loading = self._loader.submit(_load_named, given, source, version, config, *extra)
             try:
-                loaded, unloaded, missing = await asyncio.shield(loading)
+                loaded, unloaded, missing = await asyncio.wrap_future(loading)
             except asyncio.CancelledError:
-                # NOTE: cancelled (an `Engine.start` cancelled twice, say), the load ran on in
-                # its thread, and the instance threads of what it loaded were left running,
-                # never deployed, never closed (found by a tester)
-                loading.add_done_callback(_stop_loaded)
+                # NOTE: cancelled (an `Engine.start` cancelled twice, say), a load its thread
+                # had begun ran on, and the instance threads of what it loaded were left
+                # running, never deployed, never closed (found by a tester)
+                if not loading.cancel():
+                    loading.add_done_callback(_stop_loaded)
                 raise
             lost = [
                 why
@@ -1884,7 +1883,7 @@ def _shadowing_itself(traffic: TrafficConfig, served: list[int]) -> str:
     )
 
 
-def _stop_loaded(loading: asyncio.Future[Any]) -> None:
+def _stop_loaded(loading: Future[Any]) -> None:
     """Stop the instance threads of a load no one awaits any more (see `_load_version`)."""
     if loading.cancelled() or loading.exception() is not None:
         return
