@@ -521,3 +521,34 @@ def test_closed_loop_refuses_open_loop_flags(
     err = capsys.readouterr().err
     assert f"{flags[0]} applies to --mode open only" in err
     assert err.count("\n") == 1
+
+
+@pytest.mark.parametrize(
+    ("flags", "said"),
+    [
+        (["--rtol", "0.1"], "--rtol take effect only with --compare-outputs"),
+        (["--rtol", "0.1", "--atol", "1"], "--rtol and --atol take effect only with"),
+        (["--rtol", "0.1", "--compare-outputs"], None),
+        ([], None),
+    ],
+)
+def test_replay_warns_of_tolerances_given_without_compare_outputs(
+    flags: list[str], said: str | None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """They were taken in silence, comparing nothing (found by a tester)."""
+    import argparse
+
+    from duetime.tools import replay
+
+    parser = argparse.ArgumentParser()
+    replay.add_arguments(parser)
+    config = replay.config_from_args(
+        parser.parse_args(["x.cap", "--target", f"http://{NOWHERE}", *flags])
+    )
+    err = capsys.readouterr().err
+    if said is None:
+        assert err == ""
+    else:
+        assert said in err
+    assert config.rtol == (0.1 if "--rtol" in flags else 1e-5)
+    assert config.atol == (1.0 if "--atol" in flags else 1e-6)

@@ -532,11 +532,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--atol, integers, BOOL and BYTES exactly",
     )  # fmt: skip
     parser.add_argument(
-        "--rtol", type=float, default=1e-5, help="relative tolerance of float outputs (1e-5)"
-    )
+        "--rtol", type=float, default=None,
+        help="relative tolerance of float outputs (1e-5; with --compare-outputs)",
+    )  # fmt: skip
     parser.add_argument(
-        "--atol", type=float, default=1e-6, help="absolute tolerance of float outputs (1e-6)"
-    )
+        "--atol", type=float, default=None,
+        help="absolute tolerance of float outputs (1e-6; with --compare-outputs)",
+    )  # fmt: skip
     parser.add_argument(
         "--connections", type=int, default=8,
         help="HTTP connections opened first (more open when all are busy), or gRPC channels",
@@ -561,11 +563,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def config_from_args(args: argparse.Namespace) -> ReplayConfig:
+    """The replay the flags describe; a tolerance given without --compare-outputs is warned of
+    (it was taken in silence, comparing nothing: found by a tester)."""
+    given = [flag for flag in ("rtol", "atol") if getattr(args, flag) is not None]
+    if given and not args.compare_outputs:
+        flags = " and ".join(f"--{flag}" for flag in given)
+        console(
+            f"duetime replay: {flags} take effect only with --compare-outputs; nothing is compared",
+            logging.WARNING,
+        )
+    tolerances: dict[str, Any] = {flag: getattr(args, flag) for flag in given}
     return ReplayConfig(
         capture=args.capture, target=args.target, protocol=args.protocol, speed=args.speed,
-        loops=args.loop, compare_outputs=args.compare_outputs, rtol=args.rtol, atol=args.atol,
-        connections=args.connections, drain_s=args.drain, timer=args.timer,
-        progress=not args.quiet,
+        loops=args.loop, compare_outputs=args.compare_outputs, connections=args.connections,
+        drain_s=args.drain, timer=args.timer, progress=not args.quiet, **tolerances,
     )  # fmt: skip
 
 
