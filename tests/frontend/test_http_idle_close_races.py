@@ -54,9 +54,10 @@ def answered(sock: socket.socket) -> bytes:
     return data
 
 
-def hold_loop(server: RunningServer, seconds: float) -> None:
-    """Keep the server's loop busy for `seconds` from now (its timers fall due meanwhile)."""
-    server.loop.call_soon_threadsafe(time.sleep, seconds)
+def asked(sock: socket.socket) -> bytes:
+    """The head of the answer to a liveness probe sent on `sock`."""
+    sock.sendall(LIVE)
+    return answered(sock)
 
 
 def on_loop_once_sent(server: RunningServer, sock: socket.socket, call: Callable[[], T]) -> T:
@@ -88,8 +89,7 @@ def idle_soon(tmp_path: Path) -> Iterator[RunningServer]:
 
 def test_a_request_come_as_the_idle_timeout_passes_is_answered(idle_soon: RunningServer) -> None:
     with connect(idle_soon) as sock:
-        sock.sendall(LIVE)
-        assert answered(sock).startswith(b"HTTP/1.1 200 ")
+        assert asked(sock).startswith(b"HTTP/1.1 200 ")
         (connection,) = idle_soon.server._connections
 
         def time_out() -> None:
@@ -104,8 +104,7 @@ def test_an_idle_timeout_sends_fin_first_then_drains(idle_soon: RunningServer) -
     """A request crossing the close meets a connection its server has ended (EOF), which reads
     on and drops what comes, not a closed socket, which resets it."""
     with connect(idle_soon) as sock:
-        sock.sendall(LIVE)
-        assert answered(sock).startswith(b"HTTP/1.1 200 ")
+        assert asked(sock).startswith(b"HTTP/1.1 200 ")
         time.sleep(0.6)  # (past the timeout: the server has sent its FIN)
         assert sock.recv(100) == b""
         # (draining, it no longer holds a slot of --max-connections)
@@ -120,8 +119,7 @@ def test_a_connection_with_its_next_request_unread_is_not_taken_for_idle(
 ) -> None:
     monkeypatch.setattr(http, "IDLE_EVICT_S", 0.0, raising=False)
     with serving(tmp_path, max_connections=4) as running, connect(running) as sock:
-        sock.sendall(LIVE)
-        assert answered(sock).startswith(b"HTTP/1.1 200 ")
+        assert asked(sock).startswith(b"HTTP/1.1 200 ")
         closed = on_loop_once_sent(
             running, sock, lambda: running.server._intake.close_one(running.loop.time())
         )
@@ -134,16 +132,13 @@ def test_a_keep_alive_connection_is_closed_for_a_new_one_only_once_idle_for_a_wh
 ) -> None:
     monkeypatch.setattr(http, "IDLE_EVICT_S", 0.5, raising=False)
     with serving(tmp_path, max_connections=1) as running, connect(running) as sock:
-        sock.sendall(LIVE)
-        assert answered(sock).startswith(b"HTTP/1.1 200 ")
+        assert asked(sock).startswith(b"HTTP/1.1 200 ")
         with connect(running) as new:  # (its client is between two requests: it stays)
             assert answered(new).startswith(b"HTTP/1.1 503 ")
-        sock.sendall(LIVE)
-        assert answered(sock).startswith(b"HTTP/1.1 200 ")
+        assert asked(sock).startswith(b"HTTP/1.1 200 ")
         time.sleep(0.6)
         with connect(running) as new:  # (idle long enough now: closed for it)
-            new.sendall(LIVE)
-            assert answered(new).startswith(b"HTTP/1.1 200 ")
+            assert asked(new).startswith(b"HTTP/1.1 200 ")
         assert sock.recv(100) == b""
 
 
@@ -161,8 +156,7 @@ def test_a_connection_silent_since_accepted_makes_room_however_young(
             assert time.monotonic() < deadline
             time.sleep(0.01)
         with connect(running) as new:
-            new.sendall(LIVE)
-            assert answered(new).startswith(b"HTTP/1.1 200 ")
+            assert asked(new).startswith(b"HTTP/1.1 200 ")
         assert silent[0].recv(10) == b""  # (the oldest made room)
         for sock in silent:
             sock.close()

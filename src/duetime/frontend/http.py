@@ -907,9 +907,7 @@ class HttpConnection(asyncio.BufferedProtocol):
         self._intake.silent.pop(self, None)
         self._intake.idle.pop(self, None)
         self._intake.reading.pop(self, None)
-        if self._accepted:
-            self._accepted = False
-            self._intake.connections -= 1
+        self._free_slot()
         self._closing = True
         if self._timer is not None:
             self._timer.cancel()
@@ -2507,8 +2505,7 @@ class HttpConnection(asyncio.BufferedProtocol):
         no longer counts as open."""
         if not self._accepted or self._closing:
             return False
-        self._accepted = False
-        self._intake.connections -= 1
+        self._free_slot()
         self._fail(
             503,
             f"this request's body ({self._awaiting} bytes) waited for room among the bodies "
@@ -2524,10 +2521,16 @@ class HttpConnection(asyncio.BufferedProtocol):
         It no longer counts as open."""
         if not self._accepted or self._closing or self._slots or self._unstarted:
             return False
-        self._accepted = False
-        self._intake.connections -= 1
+        self._free_slot()
         self.close_now()
         return True
+
+    def _free_slot(self) -> None:
+        """It no longer counts as open (`max_connections`): it is lost, or let go for a new
+        connection, or ended by its idle timeout while it drains."""
+        if self._accepted:
+            self._accepted = False
+            self._intake.connections -= 1
 
     def unread(self) -> bool:
         """Whether bytes its client sent wait in the kernel, unread: a request the loop reads
@@ -2653,9 +2656,7 @@ class HttpConnection(asyncio.BufferedProtocol):
                     # (FIN first, then what comes is drained: a request sent as the timeout
                     # passed, crossing the FIN, meets a closed connection, not a reset; its
                     # slot is free at once, as an evicted one's, whatever its client does)
-                    if self._accepted:
-                        self._accepted = False
-                        self._intake.connections -= 1
+                    self._free_slot()
                     self._linger()
                     return
                 # (its client is still reading, or its next request came: it is read this turn)

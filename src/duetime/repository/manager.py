@@ -48,6 +48,7 @@ from duetime.config import (
     ServerSettings,
     TrafficConfig,
     describe_validation_error,
+    find_config_file,
 )
 from duetime.errors import ConfigError, DuetimeError, InvalidInput, ModelNotFound, ModelUnavailable
 from duetime.execution.affinity import lower_thread_priority, pin_current_thread
@@ -927,7 +928,10 @@ class ModelManager:
         self._note_ignored(
             name, ignored_warning(source, uploaded=directory is self._uploads.get(name))
         )
-        self._note_absent(name, config.version_policy.missing(source.versions), directory, config)
+        self._note_absent(
+            name, config.version_policy.missing(source.versions), directory,
+            config.default_model_filename,
+        )  # fmt: skip
         wanted = config.version_policy.select(source.versions)
         if not wanted:
             found = ", ".join(str(v) for v in sorted(source.versions))
@@ -1351,9 +1355,7 @@ class ModelManager:
         refused the model; Triton ignores it with a warning (found by a tester)."""
         _note(self._ignored, name, warning, [warning])
 
-    def _note_absent(
-        self, name: str, versions: list[int], directory: Path, config: ModelConfig
-    ) -> None:
+    def _note_absent(self, name: str, versions: list[int], directory: Path, filename: str) -> None:
         """Record (and log, when it changes) the versions of `name` that its `specific`
         version_policy names but that have no folder, or one without the model file (in
         `directory`, the model's folder): the index lists each as UNAVAILABLE with Triton's
@@ -1361,9 +1363,8 @@ class ModelManager:
 
         NOTE: a folder holding no model.onnx was said not to be there (found by a tester)."""
         said = f"is specified for model '{name}', but the version directory"
-        filename = shown_name(config.default_model_filename)
         absent = {
-            str(version): f"version {version} {said} {version}/ holds no {filename}"
+            str(version): f"version {version} {said} {version}/ holds no {shown_name(filename)}"
             if _is_folder(directory / str(version))
             else f"version {version} {said} is not present"
             for version in versions
@@ -1963,11 +1964,10 @@ def _named(config: ModelConfig, directory: Path) -> _Given | None:
     its parse errors named the file (found by a tester)."""
     if isinstance(config, TritonModelConfig):
         return _Given(config, str(directory / PBTXT_FILENAME))
-    for name in CONFIG_FILENAMES:
-        path = directory / name
-        with contextlib.suppress(OSError):
-            if path.suffix != ".pbtxt" and path.is_file():
-                return _Given(config, str(path))
+    with contextlib.suppress(ConfigError):  # (read already: only a race could fail it now)
+        path = find_config_file(directory)
+        if path is not None:
+            return _Given(config, str(path))
     return None
 
 
