@@ -53,7 +53,6 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import httptools
 import numpy as np
-import orjson
 
 from duetime.config import ServerSettings
 from duetime.engine import SHUTTING_DOWN
@@ -78,7 +77,6 @@ from duetime.frontend.rest import (
 from duetime.observability.logs import log_request
 from duetime.observability.tracing import new_trace_id, parse_traceparent
 from duetime.overload import LoadShedder
-from duetime.requestparams import MAX_DUE_US
 
 if TYPE_CHECKING:  # (not at run time: that module imports onnx)
     from duetime.repository.outputsizes import OutputSizes
@@ -1418,7 +1416,6 @@ class HttpConnection(asyncio.BufferedProtocol):
                        "send the API's requests to it directly")  # fmt: skip
             return
         weighed = refused = False
-        expired: Reply | None = None
         shedder = self._shedder
         if (
             shedder is not None
@@ -1433,19 +1430,17 @@ class HttpConnection(asyncio.BufferedProtocol):
             # loop's turns ran past their budget, mlp at twice its capacity stayed there for
             # seconds: ~2,000 requests/s decoded for nothing, 0-40 answers/s on time
             if self._shed(self._url, self._headers, self._body[0]):
-                if keep_alive and self._at_once(_shed_size()):
+                if (
+                    not self._slots
+                    and keep_alive
+                    and not (self._reserved or self._awaiting or self._full())
+                    and self._small_answer >= _shed_size()
+                ):
                     self._shed_at_once()
                     return
                 refused = True
             else:
                 weighed = True
-                expired = self._expired_unread()
-                if expired is not None:
-                    late = _encode(expired, keep_alive, self._http10)
-                    assert isinstance(late, bytes)  # (an error's body is whole)
-                    if keep_alive and self._at_once(len(late)):
-                        self._refuse_at_once(late)
-                        return
         slot = _Slot(keep_alive, self._http10)
         slot.one_read = self._begun_at == self._reads
         slot.first_read = self._begun_at == 1
@@ -1457,8 +1452,6 @@ class HttpConnection(asyncio.BufferedProtocol):
             self._closing = True
         if refused:  # (written in its turn; never started: it holds no place of a running one)
             self._shed_in_turn(slot, self._url, self._headers, self._body[0])
-        elif expired is not None:  # (as a refusal: see `_expired_unread`)
-            self._made(slot, _encode(expired, self._keep_alive(slot), slot.http10))
         elif (behind := bool(self._unstarted) or self._full(method, self._url)) or (
             self._replay_arrival is not None
         ):
@@ -1473,58 +1466,23 @@ class HttpConnection(asyncio.BufferedProtocol):
             self._start(slot, method, self._url, self._headers, self._body, self._body_bytes)
         self._update_reading()
 
-    def _at_once(self, size: int) -> bool:
-        """Whether a refusal of `size` bytes of the request just read, kept alive, is written
-        at once (`_refuse_at_once`): the connection owes no answer before it, and holds no
-        reservation; a refusal bigger than a small answer (`Intake`) goes through the
-        connection's pipeline, to be counted."""
-        return (
-            not self._slots
-            and not (self._reserved or self._awaiting or self._full())
-            and self._small_answer >= size
-        )
-
     def _shed_at_once(self) -> None:
-        """Write the shedder's refusal of the request just read at once (see `_at_once`).
+        """Write the shedder's refusal of the request just read, owing no answer before it
+        (`_complete`): at once, with no slot in the connection's pipeline.
 
         NOTE: at overload most requests are refused, and a refusal that went through the
-        pipeline (a slot made, started, answered, flushed) cost 10-15% more than this."""
+        pipeline (a slot made, started, answered, flushed) cost 10-15% more than this. A
+        refusal bigger than a small answer (`Intake`) still goes through it, to be counted."""
         headers = self._headers
-        self._refuse_at_once(_shed_reply(True, self._http10, headers, *self._shed_of))
-        self._record_shed(self._url, headers, self._body[0])
-
-    def _refuse_at_once(self, reply: bytes) -> None:
-        """Write `reply`, the refusal of the request just read, owing no answer before it
-        (`_complete`): at once, with no slot in the connection's pipeline (see `_at_once`)."""
+        reply = _shed_reply(True, self._http10, headers, *self._shed_of)
         transport = self._transport
         assert transport is not None
         self._answer_bytes = len(reply)
         transport.write(reply)
+        self._record_shed(self._url, headers, self._body[0])
         if not self._unparsed and not self._closing:
             self._intake.idle[self] = self._loop.time()  # (nothing in flight: see `close_one`)
         self._update_reading()
-
-    def _expired_unread(self) -> Reply | None:
-        """The 504 of the inference request just read, weighed by the load shedder and let
-        through, where its `timeout` parameter, read from its head undecoded, says it was due
-        before now (see `RestApi.expired_unread`); None where it was not, or where its due time
-        is not known without decoding it (see `_timeout_unread`).
-
-        NOTE: decoded first, it was refused all the same by the scheduler, and cost the loop
-        about what an answer does. At twice mlp's capacity (2/10 ms due times, the 2-core VM),
-        a loop turn lasts a few ms: a tenth of the requests were due before their turn read
-        them, and decoding them took the time of about 400 answers a second."""
-        model, version = self._shed_of
-        if not model:
-            return None
-        body = self._body[0]
-        timeout_us = _timeout_unread(self._headers, body)
-        if timeout_us is None:
-            return None
-        arrival = self._read_arrival(self._begun_at == self._reads, self._begun_at == 1)
-        return self._api.expired_unread(
-            model, version, self._url, self._headers, body, arrival + timeout_us * 1000, arrival
-        )
 
     def _shed_in_turn(
         self, slot: _Slot, url: bytes, headers: Mapping[str, str], body: bytes
@@ -1607,30 +1565,22 @@ class HttpConnection(asyncio.BufferedProtocol):
         slot.deferred = (method, url, headers, chunks, size)
         self._unstarted.append(slot)
         if _is_infer(method, url) and (len(chunks) == 1 or size < _BULK_BODY_BYTES):
-            slot.arrival_ns = self._read_arrival(slot.one_read, slot.first_read)
+            arrival = self._replay_arrival
+            if arrival is None and slot.one_read and self._arrival_of_read[0] == self._reads:
+                arrival = self._arrival_of_read[1]  # (as the others read whole by this read)
+            elif arrival is None:
+                turn = self._turn
+                turn.reading(self._sock, slot.one_read, slot.first_read)
+                try:
+                    # (the turn is open: `mark` ran for this read; the time passed is unused)
+                    arrival = turn.arrival_ns(time.monotonic_ns())
+                finally:
+                    turn.done_reading()
+                if slot.one_read:
+                    self._arrival_of_read = (self._reads, arrival)
+            slot.arrival_ns = arrival
             if len(self._unstarted) == 1:
                 self._promote()
-
-    def _read_arrival(self, one_read: bool, first_read: bool) -> int:
-        """When the request just read arrived (the engine's clock), as far as the loop can tell
-        (see `ReadTurn.arrival_ns`): with the bytes kept unparsed it came in (`_keep_arrival`),
-        or within the current read turn (`one_read`: it came whole in the connection's last
-        read; `first_read`: in its first)."""
-        arrival = self._replay_arrival
-        if arrival is not None:
-            return arrival
-        if one_read and self._arrival_of_read[0] == self._reads:
-            return self._arrival_of_read[1]  # (as the others read whole by this read)
-        turn = self._turn
-        turn.reading(self._sock, one_read, first_read)
-        try:
-            # (the turn is open: `mark` ran for this read; the time passed is unused)
-            arrival = turn.arrival_ns(time.monotonic_ns())
-        finally:
-            turn.done_reading()
-        if one_read:
-            self._arrival_of_read = (self._reads, arrival)
-        return arrival
 
     def _promote(self) -> None:
         """Decode the first waiting request if it is an inference request kept undecoded (see
@@ -2967,10 +2917,6 @@ def _names_inference(method: bytes, url: bytes) -> bool:
 _PRIORITY_ONE = re.compile(rb'"priority"\s*:\s*1(?![0-9.eE])')
 _PRIORITY_SCAN = 4096
 """Bytes of a JSON body looked through for its priority, at either end (see `_priority_one`)."""
-_TIMEOUT_KEY = re.compile(rb'"timeout"')
-_TIMEOUT_SCAN = 4096
-"""The most bytes of JSON read for a request's timeout before it is decoded (`_timeout_unread`):
-a small request's (an mlp one's header is 150 bytes), where decoding would cost the most."""
 
 
 def _priority_one(headers: Mapping[str, str], body: bytes) -> bool:
@@ -2992,33 +2938,6 @@ def _priority_one(headers: Mapping[str, str], body: bytes) -> bool:
         end > _PRIORITY_SCAN
         and search(body, max(_PRIORITY_SCAN, end - _PRIORITY_SCAN), end) is not None
     )
-
-
-def _timeout_unread(headers: Mapping[str, str], body: Any) -> int | None:
-    """The `timeout` parameter (µs) of a v2 inference request not decoded, read from its JSON
-    (the header of a binary body) where that is small (`_TIMEOUT_SCAN` bytes or fewer), not
-    compressed, names `"timeout"` once, and parses; None where it is not, or is not a count of
-    µs that sets a due time (see `due_from_timeout_us`): its due time is then known once it is
-    decoded, as before."""
-    if headers.get("content-encoding", "identity") != "identity":
-        return None
-    end = len(body)
-    length = _header_length(headers)
-    if length is not None:
-        end = min(end, length)
-    if end > _TIMEOUT_SCAN:
-        return None
-    if len(_TIMEOUT_KEY.findall(body, 0, end)) != 1:
-        return None
-    try:
-        head = orjson.loads(memoryview(body)[:end])
-    except orjson.JSONDecodeError:
-        return None
-    parameters = head.get("parameters") if isinstance(head, dict) else None
-    timeout = parameters.get("timeout") if isinstance(parameters, dict) else None
-    if type(timeout) is not int or not 0 < timeout <= MAX_DUE_US:
-        return None
-    return timeout
 
 
 def _binary_start(method: str, url: bytes, headers: dict[str, str]) -> int | None:

@@ -728,30 +728,6 @@ class RestApi:
         """Seconds until `due_ns` by the engine's clock (negative once it has passed)."""
         return (due_ns - self._engine.clock.now_ns()) / 1e9
 
-    def expired_unread(
-        self, model: str, version: str | None, target: bytes, headers: Mapping[str, str],
-        body: Any, due_ns: int, arrival_ns: int,
-    ) -> Reply | None:  # fmt: skip
-        """The 504 of an inference request of `model` (and `version`) that a front end read and
-        has not decoded (its `target` and `body`), due at `due_ns` (its `timeout` from its
-        arrival, `arrival_ns`), where that is past by the engine's clock: counted expired by
-        the model's scheduler (`ModelScheduler.expired_unread`), refused, traced and logged as
-        one refused at admission is. None where it is not past yet, or the model or version
-        is not served (it is decoded, and answered as any)."""
-        now = self._engine.clock.now_ns()
-        if due_ns > now:
-            return None
-        scheduler = self._engine.registry.scheduler_of(model, version)
-        if scheduler is None:
-            return None
-        error = scheduler.expired_unread(now, due_ns, arrival_ns)
-        recorder = self._engine.recorder
-        if recorder is not None:
-            recorder.refused_unread("http", target, body, headers, error)
-        if self._tracing is not None:
-            return self._refused(error, model, version, headers, now)
-        return self._failed(error, headers, _model_parts(model, version), inference=True)
-
     def _not_queued(
         self, exc: Exception, model: str, version: str | None, headers: Mapping[str, str],
         received: int, timing: RequestTiming | None = None, *, v1: bool = False,

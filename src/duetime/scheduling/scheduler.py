@@ -1190,32 +1190,6 @@ class ModelScheduler:
                 finish += max(0, others.backlog_ns - others.slack_ns)
         return finish, ahead
 
-    def _due_before(
-        self, now: int, due_ns: int, rows: int, by_default: bool = False
-    ) -> DeadlineExceeded:
-        """The error of a request of `rows` due at `due_ns`, before `now` as it reached the
-        scheduler (`by_default`: the model's `default_timeout_ms` set its due time)."""
-        default = self.default_timeout_ns if by_default else None
-        if default is None:
-            why = (
-                "its timeout is too short, or it waited that long to be read: the server "
-                "is overloaded"
-            )
-            advice = "send a larger timeout or retry later"
-        elif self._exec_ns(rows) > default:
-            why = f"{_default_words(default)}, less than a run of the model takes"
-            advice = "raise the model's default_timeout_ms"
-        else:
-            why = (
-                f"{_default_words(default)}, and it waited that long to be read: the "
-                "server is overloaded"
-            )
-            advice = "retry later, or raise the model's default_timeout_ms"
-        return DeadlineExceeded(
-            f"{TIMEOUT_EXPIRED}: model {self._label}: the request was due "
-            f"{(now - due_ns) / 1e3:.0f} µs before it reached the scheduler ({why}); {advice}"
-        )
-
     def _extra_bytes(self, sent: int, rows: int) -> int:
         """Input bytes `sent` for `rows` beyond their rows' worth of the profile samples' bytes,
         where they are far bigger than them (0: predicted by the profile alone)."""
@@ -1282,7 +1256,26 @@ class ModelScheduler:
                 # test's requests (RESOURCE_EXHAUSTED, 1 full suite in 2)
                 self._impossible += 1
             self._fail_ns += self._clock.now_ns() - now
-            raise self._due_before(now, due_ns, rows, by_default)
+            default = self.default_timeout_ns if by_default else None
+            if default is None:
+                why = (
+                    "its timeout is too short, or it waited that long to be read: the server "
+                    "is overloaded"
+                )
+                advice = "send a larger timeout or retry later"
+            elif self._exec_ns(rows) > default:
+                why = f"{_default_words(default)}, less than a run of the model takes"
+                advice = "raise the model's default_timeout_ms"
+            else:
+                why = (
+                    f"{_default_words(default)}, and it waited that long to be read: the "
+                    "server is overloaded"
+                )
+                advice = "retry later, or raise the model's default_timeout_ms"
+            raise DeadlineExceeded(
+                f"{TIMEOUT_EXPIRED}: model {self._label}: the request was due "
+                f"{(now - due_ns) / 1e3:.0f} µs before it reached the scheduler ({why}); {advice}"
+            )
         if not self._edf:
             return False  # FIFO, like Triton, admits whatever fits the queue
         if (
@@ -2891,20 +2884,6 @@ class ModelScheduler:
         misses would raise its share further."""
         self._rejected += 1
         self._shed += 1
-
-    def expired_unread(self, now: int, due_ns: int, arrival_ns: int) -> DeadlineExceeded:
-        """Count a request of this model that its front end found due before `now` as it read
-        it, not decoded (its `timeout` read from its head, due from `arrival_ns`), as expired,
-        as `_admit` counts one due before it reached the scheduler; its error, as `_admit`
-        words it (of one row: its rows are not read).
-
-        NOTE: decoded first, such a request cost the loop what an answer does (~110 µs of mlp's
-        ~200 on the 2-core VM), and at twice mlp's capacity with 2/10 ms due times a tenth of
-        the requests came in past their due time (their loop turn came late)."""
-        self._expired += 1
-        if arrival_ns + self._exec_ns(1) > due_ns:
-            self._impossible += 1  # (its timeout is shorter than a run: see `_admit`)
-        return self._due_before(now, due_ns, 1)
 
     def outcomes(self) -> tuple[int, int]:
         """`(missed, seen)`: requests that failed their due time (refused at admission or dropped
