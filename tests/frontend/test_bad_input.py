@@ -596,7 +596,11 @@ X_DATA = {**X_JSON, "data": [0.5] * 40}
         (json.dumps({"inputs": [{**X_JSON, "name": ""}]}).encode(), "inputs[0]: 'name'"),
         (json.dumps({"inputs": [X_JSON]}).encode(), "no 'data' and no 'binary_data_size'"),
         (json.dumps({"inputs": [{**X_JSON, "data": "abc"}]}).encode(), "'data' must be a list"),
-        (json.dumps({"inputs": [{**X_JSON, "data": [[0.5] * 39, [0.5]]}]}).encode(), "input 'x'"),
+        # (a ragged nest is read in order, as Triton reads it: only its count is checked)
+        (
+            json.dumps({"inputs": [{**X_JSON, "data": [[0.5] * 39, [0.5, 0.5]]}]}).encode(),
+            "input 'x': 'data' holds 41 values",
+        ),
         (json.dumps({"inputs": [{**X_JSON, "data": ["a"] * 40}]}).encode(), "not FP32"),
         # (null alone is NaN in a float tensor, as KServe's client sends one: see
         # test_json_null_nan.py; beside a value that is not a number it is refused)

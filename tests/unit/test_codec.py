@@ -292,8 +292,11 @@ def test_from_json_ints_for_floats_are_accepted() -> None:
         pytest.param([65536], "UINT16", (1,), "outside the range of UINT16", id="uint16-high"),
         pytest.param([2**31], "INT32", (1,), "outside the range of INT32", id="int32-high"),
         pytest.param([2**64], "UINT64", (1,), "outside the range of UINT64", id="uint64-too-big"),
-        pytest.param([[1, 2], [3]], "FP32", (3,), "not a regular list of FP32", id="ragged"),
-        pytest.param([[1, 2], 3], "FP32", (3,), "not a regular list of FP32", id="list-and-scalar"),
+        pytest.param([[1, 2], [3]], "FP32", (4,), "holds 3 values but shape", id="ragged-count"),
+        pytest.param([[1, 2], ["a"]], "FP32", (3,), "not FP32", id="ragged-string"),
+        pytest.param([[1], [2, 1.5]], "INT32", (3,), "not INT32", id="ragged-float-for-int"),
+        pytest.param([[1.5], [True]], "FP32", (2,), "mixes true/false", id="ragged-bool"),
+        pytest.param([["a"], [1]], "BYTES", (2,), "element 1 must be a string", id="ragged-bytes"),
         pytest.param(
             [1, "a"], "BYTES", (2,), "BYTES 'data' element 0 must be a string", id="bytes-int"
         ),
@@ -303,6 +306,25 @@ def test_from_json_ints_for_floats_are_accepted() -> None:
 def test_from_json_errors(data: Any, datatype: str, shape: tuple[int, ...], match: str) -> None:
     with _raises_invalid(f"input 'x'.*{match}"):
         codec.from_json(data, datatype, shape, WHERE)
+
+
+@pytest.mark.parametrize(
+    ("data", "datatype", "shape", "expected"),
+    [
+        ([[1, 2, 3], [5, 6, 7, 8, 9]], "FP32", (2, 4), [[1, 2, 3, 5], [6, 7, 8, 9]]),
+        ([[1, 2], 3], "INT32", (3,), [1, 2, 3]),
+        ([1, [2, [3, [4]]]], "INT64", (2, 2), [[1, 2], [3, 4]]),
+        ([[True], [False, True]], "BOOL", (3,), [True, False, True]),
+        ([[], [0.5], []], "FP64", (1,), [0.5]),
+        ([["a"], ["b", "c"]], "BYTES", (3,), [b"a", b"b", b"c"]),
+    ],
+)
+def test_from_json_reads_any_nest_in_order(
+    data: Any, datatype: str, shape: tuple[int, ...], expected: list[Any]
+) -> None:
+    """As Triton reads `data` (ReadDataFromJsonHelper): every value of the nest in order,
+    however ragged, checked only by count against the shape."""
+    assert codec.from_json(data, datatype, shape, WHERE).tolist() == expected
 
 
 def test_from_json_bytes_nested_too_deep() -> None:

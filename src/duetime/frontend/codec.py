@@ -486,6 +486,12 @@ def _numbers_from_json(data: list[Any], datatype: str, where: str, field: str) -
     except OverflowError:
         raise _out_of_range(where, field, datatype) from None
     except (ValueError, TypeError):
+        if any(isinstance(item, list) for item in data):
+            # NOTE: Triton reads any nest of lists in order, checking only the count against
+            # the shape (ReadDataFromJsonHelper recurses into each list it meets): a ragged
+            # nest ([[1, 2, 3], [4, 5, 6, 7, 8]] for [2, 4]) or lists beside values was
+            # refused 400 here (found by a tester), which numpy cannot read as one array
+            return _numbers_from_json(_flatten(data, where, field), datatype, where, field)
         raise InvalidInput(
             f"{where}: '{field}' is not a regular list of {datatype} values"
         ) from None
@@ -614,8 +620,7 @@ def _bytes_from_json(data: list[Any], where: str, field: str) -> np.ndarray:
             out = np.empty(len(encoded), dtype=CHECKED_TEXT)
             out[:] = encoded
             return out
-    _nested_shape(data, where, field=field)
-    flat = _flatten(data, where, field)
+    flat = _flatten(data, where, field)  # (any nest, read in order, as Triton reads it)
     out = np.empty(len(flat), dtype=CHECKED_TEXT)  # (text encoded as UTF-8 is UTF-8)
     try:
         out[:] = list(map(str.encode, flat))
@@ -642,7 +647,9 @@ def _text_fault(flat: list[Any], where: str, field: str) -> InvalidInput:
 def _nested_shape(
     data: list[Any], where: str, depth: int = 0, field: str = "data"
 ) -> tuple[int, ...]:
-    """The shape of nested lists, or InvalidInput when they are ragged (as numpy refuses)."""
+    """The shape of nested lists, or InvalidInput when they are ragged (as numpy refuses): a
+    KServe V1 request's, whose nesting is its shape; v2's `data` is read whatever its nesting
+    (see `from_json`)."""
     if depth >= _MAX_DIMS:
         raise InvalidInput(f"{where}: '{field}' is nested deeper than any tensor")
     if not any(isinstance(item, list) for item in data):
