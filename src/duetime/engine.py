@@ -47,6 +47,7 @@ from duetime.errors import (
 )
 from duetime.execution.affinity import SMALL_MODEL_NS, CpuPlan
 from duetime.execution.executor import Feeds, Unreturned
+from duetime.frontend.statistics import statistics_json
 from duetime.loops import in_thread
 from duetime.repository.loader import LoadedModel, sample_inputs, sample_row_bytes
 from duetime.repository.manager import IndexEntry, ModelManager, RepositoryOptions
@@ -422,6 +423,19 @@ class Engine:
             await in_thread(deployment.model.executor.close)
 
     # -- the repository API --------------------------------------------------------------------
+
+    def statistics(self, model: str | None = None, version: str | None = None) -> dict[str, Any]:
+        """Model statistics, as Triton's statistics extension gives them (`{"model_stats":
+        [...]}`, what `GET /v2/models/stats` answers, with duetime's own figures: the latency
+        profile, refusals, batches by size): of every served version of `model` (or of
+        `version` alone), or of every model. ModelNotFound (or another error its client would
+        get: see `Registry.resolve`) for a model or version not served.
+
+        NOTE: the in-process API had none: a caller read the HTTP endpoint or the metrics, or
+        nothing (found by a tester)."""
+        if model is not None:
+            self.registry.resolve(model, version)
+        return statistics_json(self.registry.snapshot, model, version, self.router.shadows)
 
     def repository_index(self, ready_only: bool = False) -> list[IndexEntry]:
         """Every model in the repository with the state of each version (Triton's index).
