@@ -47,7 +47,6 @@ from duetime.errors import (
 )
 from duetime.execution.affinity import SMALL_MODEL_NS, CpuPlan
 from duetime.execution.executor import Feeds, Unreturned
-from duetime.frontend.statistics import statistics_json
 from duetime.loops import in_thread
 from duetime.repository.loader import LoadedModel, sample_inputs, sample_row_bytes
 from duetime.repository.manager import IndexEntry, ModelManager, RepositoryOptions
@@ -73,6 +72,7 @@ from duetime.routing.router import Routed, Router
 from duetime.scheduling.edf import QueuedRequest
 from duetime.scheduling.ledger import CoreLedger
 from duetime.scheduling.scheduler import ModelScheduler, batch_bytes_bound
+from duetime.statistics import statistics_json
 from duetime.types import InferRequest, InferResponse, model_words
 from duetime.validation import c_ordered
 

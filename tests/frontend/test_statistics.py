@@ -83,7 +83,7 @@ def test_requests_their_clients_cancelled_count_as_failed(tmp_path: Path) -> Non
     from repo_models import scale_model, write_version
 
     from duetime import Engine
-    from duetime.frontend.statistics import statistics_json
+    from duetime.statistics import statistics_json
 
     write_version(tmp_path, "m", 1, scale_model(2.0))
     (tmp_path / "m" / "config.toml").write_text(

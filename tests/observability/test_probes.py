@@ -12,8 +12,8 @@ from repo_models import scale_model, write_version
 
 from duetime import Engine
 from duetime.errors import DeadlineExceeded, Overloaded
-from duetime.frontend.statistics import statistics_json
 from duetime.observability.metrics import MetricsCollector
+from duetime.statistics import statistics_json
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -15,9 +15,9 @@ from prometheus_client import CollectorRegistry, generate_latest
 from test_triton_accounting import Harness, harness, run
 
 from duetime.config import ModelConfig, SchedulingConfig
-from duetime.frontend.statistics import statistics_json
 from duetime.observability.metrics import MetricsCollector
 from duetime.repository.registry import Deployment, Registry, ServedVersion
+from duetime.statistics import statistics_json
 
 
 class _Model:

@@ -28,10 +28,10 @@ from duetime.config import SchedulingConfig
 from duetime.errors import QUEUE_FULL, TIMEOUT_EXPIRED, DuetimeError, InvalidInput, ModelUnavailable
 from duetime.execution import executor as executor_module
 from duetime.execution.executor import BatchJob, Executor, Feeds
-from duetime.frontend.statistics import model_statistics_json
 from duetime.observability.metrics import TRITON_COUNTERS, MetricsCollector, WsgiApp, metrics_app
 from duetime.scheduling.profile import profile_from_samples
 from duetime.scheduling.scheduler import ModelScheduler
+from duetime.statistics import model_statistics_json
 
 US = 1_000
 _MODELS: dict[int, object] = {}

@@ -17,8 +17,8 @@ from repo_models import factor_of, scale_model, write_version
 from repo_models import run_on_engine as run
 
 from duetime.engine import Engine
-from duetime.frontend.statistics import statistics_json
 from duetime.observability.metrics import MetricsCollector
+from duetime.statistics import statistics_json
 
 
 def successes(engine: Engine) -> list[str]:

@@ -1697,7 +1697,7 @@ def test_engine_answers_are_arrays(tmp_path: Path) -> None:
 
 
 def test_shadow_statistics_sit_on_the_shadow_version(tmp_path: Path) -> None:
-    from duetime.frontend.statistics import statistics_json
+    from duetime.statistics import statistics_json
 
     two_versions(tmp_path, 'weights = { "1" = 1 }\nshadow = { "2" = 1.0 }\n')
 

@@ -27,12 +27,12 @@ from duetime.clock import FakeClock
 from duetime.config import ModelConfig, SchedulingConfig
 from duetime.engine import Engine, Ticket
 from duetime.errors import Overloaded
-from duetime.frontend.statistics import statistics_json
 from duetime.observability.metrics import MetricsCollector
 from duetime.repository.registry import Deployment, Registry, ServedVersion
 from duetime.routing.router import Routed
 from duetime.scheduling.profile import profile_from_samples
 from duetime.scheduling.scheduler import ModelScheduler
+from duetime.statistics import statistics_json
 from duetime.types import InferRequest
 from duetime.validation import Prepared
 

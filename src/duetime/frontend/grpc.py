@@ -67,7 +67,6 @@ from duetime.frontend.rest import (
     shut_down_during,
 )
 from duetime.frontend.sharedmemory import CUDA_REGIONS, SharedMemoryRegions
-from duetime.frontend.statistics import statistics_json
 from duetime.observability.logs import AccessSampler, log_cancelled, log_request
 from duetime.observability.logsettings import LogSettings
 from duetime.observability.tracesettings import TraceSettings, trace_settings_of
@@ -80,6 +79,7 @@ from duetime.observability.tracing import (
 from duetime.overload import LoadShedder
 from duetime.repository.manager import check_model_name
 from duetime.repository.registry import parse_version
+from duetime.statistics import statistics_json
 from duetime.types import InferRequest, InferResponse
 
 if TYPE_CHECKING:

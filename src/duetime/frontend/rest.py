@@ -59,7 +59,6 @@ from duetime.frontend.parameters import (
     priority_of,
 )
 from duetime.frontend.sharedmemory import CUDA_REGIONS, CudaRegions, SharedMemoryRegions
-from duetime.frontend.statistics import statistics_json
 from duetime.frontend.v1 import v1_inputs, v1_json_size, v1_predictions
 from duetime.observability.logs import (
     CANCELLED_STATUS,
@@ -86,6 +85,7 @@ from duetime.repository.manager import (
 )
 from duetime.repository.registry import labels
 from duetime.repository.tritonconfig import read_json_config
+from duetime.statistics import statistics_json
 from duetime.types import InferRequest
 
 if TYPE_CHECKING:  # (not at run time: that module imports onnx)

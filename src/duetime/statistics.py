@@ -1,4 +1,5 @@
-"""Model statistics in Triton's form (the v2 statistics extension), plus duetime's own figures."""
+"""Model statistics in Triton's form (the v2 statistics extension), plus duetime's own figures:
+what the HTTP and gRPC statistics calls and `Engine.statistics` give (no front end's own)."""
 
 from __future__ import annotations
 
