@@ -314,6 +314,26 @@ class LoadShedder:
         counts[name] = counts.get(name, 0) + 1
         return True
 
+    @property
+    def saturated(self) -> bool:
+        """Whether the loop is past its target (its demand, see `demand`) or requests are being
+        refused: a request due before the loop could take it is refused then (see
+        `refuse_due`)."""
+        return self.share > 0.0 or self.demand > self.target
+
+    def refuse_due(self, model: str | None = None) -> None:
+        """Count a request of `model` (as `refuse` names it) refused for its due time while the
+        loop is saturated (its timeout no longer than the loop's lag: see the HTTP front
+        end's `_due_shed`), weighed already (`refuse` let it through), in `refused` and
+        `refused_by_model`. It is no miss: its refusal keeps the loop's time for requests that
+        can still be answered."""
+        self.refused += 1
+        name = model or ""
+        counts = self.refused_by_model
+        if name not in counts and len(counts) >= MAX_CLASSES:
+            name = ""
+        counts[name] = counts.get(name, 0) + 1
+
     def refusing(self, model: str | None) -> bool:
         """Whether a request of `model` (as `refuse` takes it) may be refused now: its class's
         refused share, or its priority-1 class's, is above 0 (a class not weighed yet: as

@@ -34,6 +34,7 @@ class Scripted:
     def __init__(self, decisions: list[bool]) -> None:
         self.share = 1.0
         self.watching = True
+        self.saturated = True  # (as a LoadShedder refusing a share: its requests send no timeout)
         self.decisions = list(decisions)
         self.weighed: list[tuple[str | None, int]] = []
 

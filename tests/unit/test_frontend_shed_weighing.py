@@ -35,6 +35,7 @@ class Weighing:
     def __init__(self, refusing: bool = False) -> None:
         self.share = 0.0
         self.watching = True
+        self.saturated = False
         self.refusing_all = refusing
         self.weighed: list[tuple[str | None, int, bool]] = []
 

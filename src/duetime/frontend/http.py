@@ -77,6 +77,7 @@ from duetime.frontend.rest import (
 from duetime.observability.logs import log_request
 from duetime.observability.tracing import new_trace_id, parse_traceparent
 from duetime.overload import LoadShedder
+from duetime.requestparams import MAX_DUE_US
 
 if TYPE_CHECKING:  # (not at run time: that module imports onnx)
     from duetime.repository.outputsizes import OutputSizes
@@ -724,7 +725,8 @@ class HttpConnection(asyncio.BufferedProtocol):
         "_promoting", "_quota_read", "_quota_since", "_quota_used", "_read_buffer",
         "_read_from", "_read_timeout", "_reading_paused", "_reads",
         "_rejected", "_replay_arrival", "_reserved", "_running",
-        "_sent_checked", "_shed_of", "_shedder", "_slots", "_small_answer", "_small_body", "_sock",
+        "_sent_checked", "_shed_due", "_shed_of", "_shedder", "_slots", "_small_answer",
+        "_small_body", "_sock",
         "_stall_since",
         "_start_pending", "_starting",
         "_timer", "_transport", "_turn", "_unparsed", "_unsent", "_unstarted",
@@ -848,6 +850,8 @@ class HttpConnection(asyncio.BufferedProtocol):
         """The request being read asks to switch protocols and has a body, which the parser
         skipped: it is read past the Upgrade (see `_upgraded`)."""
         self._shed_of: tuple[str, str | None] = ("", None)
+        self._shed_due = False
+        """Whether the request just refused by the shedder was refused for its due time."""
         """The model and version named by the last request `_shed` asked the shedder about."""
         self._unparsed = b""
         """Bytes read and not parsed yet: the connection owed `_MAX_PIPELINED` answers (see
@@ -1429,7 +1433,7 @@ class HttpConnection(asyncio.BufferedProtocol):
             # mostly, refused as expired at its due time, the shedder never asked. Once the
             # loop's turns ran past their budget, mlp at twice its capacity stayed there for
             # seconds: ~2,000 requests/s decoded for nothing, 0-40 answers/s on time
-            if self._shed(self._url, self._headers, self._body[0]):
+            if self._shed(self._url, self._headers, self._body[0]) or self._due_shed():
                 if (
                     not self._slots
                     and keep_alive
@@ -1466,6 +1470,52 @@ class HttpConnection(asyncio.BufferedProtocol):
             self._start(slot, method, self._url, self._headers, self._body, self._body_bytes)
         self._update_reading()
 
+    def _due_shed(self) -> bool:
+        """Whether the inference request just read, let through by the load shedder, is refused
+        all the same for its due time: the loop is saturated (`LoadShedder.saturated`), and its
+        `timeout` (read from its JSON head, undecoded) is no longer than the loop's lag, the time
+        since the earliest the loop can tell the request came (`ReadTurn.arrival_ns`): by then
+        it is due. Priority 1 is spared (refused last, as the shedder refuses it). Its refusal
+        is the shedder's (429, counted shed; see `LoadShedder.refuse_due`), in words of its own.
+
+        NOTE: the shedder refuses a share of every class of requests alike; a saturated loop's
+        turns last longer than a tight due time, so most of the tight ones it let through were
+        decoded, then refused as due (504) or expired in the queue, while it refused others it
+        could have answered. mlp on the 2-core VM, 2/10 ms due times half each, 10 s runs
+        interleaved with the code before this: at 8,400 requests/s (about 200% of capacity)
+        4,192 and 4,172 answers a second on time against 2,826 and 2,902; at 12,600/s 2,503
+        against 1,969; at 4,200/s (100%) 4,111 against 3,915. The 2 ms requests are then
+        refused nearly all above capacity (they were 21% answered at 200%).
+        NOTE: the first `"timeout"` key of the head's first `_DUE_SCAN` bytes is taken for the
+        request's (an input's own `timeout` parameter would be taken for it: the shedder then
+        refuses that request, where it refuses some requests at random anyway)."""
+        shedder = self._shedder
+        assert shedder is not None
+        model, version = self._shed_of
+        if not model or not shedder.saturated:
+            return False
+        headers, body = self._headers, self._body[0]
+        if headers.get("content-encoding", "identity") != "identity":
+            return False
+        end = min(len(body), _DUE_SCAN)
+        length = _header_length(headers)
+        if length is not None:
+            end = min(end, length)
+        found = _DUE_TIMEOUT.search(body, 0, end)
+        if found is None or len(found[1]) > 13:  # (over MAX_DUE_US's digits: no due time)
+            return False
+        timeout = int(found[1])
+        if not 0 < timeout <= MAX_DUE_US:  # (0: no due time)
+            return False
+        now = time.monotonic_ns()
+        if timeout * 1000 > now - self._turn.arrival_ns(now) or _priority_one(headers, body):
+            return False
+        shedder.refuse_due(self._api.engine.registry.served_name(model, version))
+        self._api.shed += 1
+        self._api.engine.registry.count_shed(model, version)
+        self._shed_due = True
+        return True
+
     def _shed_at_once(self) -> None:
         """Write the shedder's refusal of the request just read, owing no answer before it
         (`_complete`): at once, with no slot in the connection's pipeline.
@@ -1474,12 +1524,13 @@ class HttpConnection(asyncio.BufferedProtocol):
         pipeline (a slot made, started, answered, flushed) cost 10-15% more than this. A
         refusal bigger than a small answer (`Intake`) still goes through it, to be counted."""
         headers = self._headers
-        reply = _shed_reply(True, self._http10, headers, *self._shed_of)
+        due, self._shed_due = self._shed_due, False
+        reply = _shed_reply(True, self._http10, headers, *self._shed_of, due=due)
         transport = self._transport
         assert transport is not None
         self._answer_bytes = len(reply)
         transport.write(reply)
-        self._record_shed(self._url, headers, self._body[0])
+        self._record_shed(self._url, headers, self._body[0], due)
         if not self._unparsed and not self._closing:
             self._intake.idle[self] = self._loop.time()  # (nothing in flight: see `close_one`)
         self._update_reading()
@@ -1488,14 +1539,21 @@ class HttpConnection(asyncio.BufferedProtocol):
         self, slot: _Slot, url: bytes, headers: Mapping[str, str], body: bytes
     ) -> None:
         """`slot`'s answer is the shedder's refusal, written in its turn."""
-        self._made(slot, _shed_reply(slot.keep_alive, slot.http10, headers, *self._shed_of))
-        self._record_shed(url, headers, body)
+        due, self._shed_due = self._shed_due, False
+        self._made(
+            slot, _shed_reply(slot.keep_alive, slot.http10, headers, *self._shed_of, due=due)
+        )
+        self._record_shed(url, headers, body, due)
 
-    def _record_shed(self, url: bytes, headers: Mapping[str, str], body: bytes) -> None:
-        """Record a request the shedder refused unread in a traffic capture, if one is on."""
+    def _record_shed(
+        self, url: bytes, headers: Mapping[str, str], body: bytes, due: bool = False
+    ) -> None:
+        """Record a request the shedder refused unread (`due`: for its due time, see
+        `_due_shed`) in a traffic capture, if one is on."""
         recorder = self._api.engine.recorder
         if recorder is not None:
-            recorder.refused_unread("http", url, body, headers, _SHED_ERROR)
+            error = _DUE_SHED_ERROR if due else _SHED_ERROR
+            recorder.refused_unread("http", url, body, headers, error)
 
     def _full(self, method: str = "POST", url: bytes | None = None) -> bool:
         """Whether the connection runs as many requests as it may: `_MAX_PIPELINED` answers
@@ -2810,6 +2868,18 @@ _SHED_MESSAGE = (
 
 
 _SHED_ERROR = HttpError(429, _SHED_MESSAGE, retry_after_s=1.0)
+_DUE_SHED_MESSAGE = (
+    "the server is saturated and its event loop is behind: this request's timeout is no longer "
+    "than requests wait to be read now, so it was refused unread; retry later, on another "
+    "replica, or with a larger timeout"
+)
+_DUE_SHED_ERROR = HttpError(429, _DUE_SHED_MESSAGE, retry_after_s=1.0)
+"""The refusal of a request due before the saturated loop could take it (see `_due_shed`)."""
+_DUE_SCAN = 1024
+"""Bytes of a request's JSON head looked through for its timeout (see `_due_shed`)."""
+_DUE_TIMEOUT = re.compile(rb'"timeout"[ \t\n\r]*:[ \t\n\r]*(0|[1-9][0-9]*)(?![0-9.eE])')
+"""A `timeout` key and a JSON integer after it (`1.5`, `1e3`, `01` are none: the request is
+decoded, and refused as its parameter says)."""
 """The shedder's refusal, as a traffic capture records it (never raised: see `_shed_submit`)."""
 
 
@@ -3027,10 +3097,17 @@ _TRACE_SLOT = "~" * 32
 
 
 def _shed_reply(
-    keep_alive: bool, http10: bool, headers: Mapping[str, str], model: str, version: str | None
+    keep_alive: bool,
+    http10: bool,
+    headers: Mapping[str, str],
+    model: str,
+    version: str | None,
+    *,
+    due: bool = False,
 ) -> bytes:
-    """The refusal of a request the load shedder turns away, with its trace id, and its log
-    line (of `model` and `version`, as the request named them).
+    """The refusal of a request the load shedder turns away (`due`: for its due time, see
+    `HttpConnection._due_shed`), with its trace id, and its log line (of `model` and
+    `version`, as the request named them).
 
     NOTE: at overload most requests are refused, and a refusal that cost as much as an answer
     (routing, an exception, a JSON body: 70% of serving mlp, measured) left the loop too little
@@ -3040,19 +3117,18 @@ def _shed_reply(
     parent = parse_traceparent(traceparent) if traceparent else None
     trace_id = parent.trace_id_hex if parent is not None else new_trace_id()
     log_request(
-        protocol="http", model=model, version=version, status=429, reason=_SHED_MESSAGE,
-        trace_id=trace_id,
+        protocol="http", model=model, version=version, status=429,
+        reason=_DUE_SHED_MESSAGE if due else _SHED_MESSAGE, trace_id=trace_id,
     )  # fmt: skip
-    pieces = _shed_pieces(keep_alive, http10, _date_line(int(time.time())))
+    pieces = _shed_pieces(keep_alive, http10, _date_line(int(time.time())), due)
     return trace_id.encode().join(pieces)
 
 
-@functools.lru_cache(maxsize=4)
-def _shed_pieces(keep_alive: bool, http10: bool, date: bytes) -> list[bytes]:
-    """The shedder's refusal encoded (with the Date line `date`), split where its trace id
-    goes."""
-    error = HttpError(429, _SHED_MESSAGE, retry_after_s=1.0)
-    reply = error_reply(error, _TRACE_SLOT)
+@functools.lru_cache(maxsize=8)
+def _shed_pieces(keep_alive: bool, http10: bool, date: bytes, due: bool = False) -> list[bytes]:
+    """The shedder's refusal encoded (with the Date line `date`; `due`: for a request's due
+    time), split where its trace id goes."""
+    reply = error_reply(_DUE_SHED_ERROR if due else _SHED_ERROR, _TRACE_SLOT)
     encoded = cast(bytes, _encode(reply, keep_alive, http10, date=date))
     return encoded.split(_TRACE_SLOT.encode())
 
@@ -3063,9 +3139,10 @@ def _shed_size() -> int:
     length)."""
     date = _date_line(int(time.time()))  # (the current second's: any has the same length)
     return max(
-        len(("0" * len(_TRACE_SLOT)).encode().join(_shed_pieces(keep_alive, http10, date)))
+        len(("0" * len(_TRACE_SLOT)).encode().join(_shed_pieces(keep_alive, http10, date, due)))
         for keep_alive in (False, True)
         for http10 in (False, True)
+        for due in (False, True)
     )
 
 
