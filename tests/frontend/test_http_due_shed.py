@@ -182,3 +182,10 @@ def test_only_a_timeout_that_sets_a_due_time_is_read(
 ) -> None:
     found, _, _, _ = asyncio.run(exchange(mlp_repo, [json_infer(parameters)]))
     assert found == [status]
+
+
+def test_a_model_not_served_is_answered_as_such(mlp_repo: Path) -> None:
+    request = infer(timeout=1).replace(b"/v2/models/mlp/", b"/v2/models/nope/", 1)
+    found, _, shedder, _ = asyncio.run(exchange(mlp_repo, [request]))
+    assert found == [b"404"]
+    assert shedder.due == []

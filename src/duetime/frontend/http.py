@@ -1508,11 +1508,18 @@ class HttpConnection(asyncio.BufferedProtocol):
         if not 0 < timeout <= MAX_DUE_US:  # (0: no due time)
             return False
         now = time.monotonic_ns()
-        if timeout * 1000 > now - self._turn.arrival_ns(now) or _priority_one(headers, body):
+        arrival = self._replay_arrival  # (kept unparsed: see `_keep_arrival`)
+        if arrival is None:
+            arrival = self._turn.arrival_ns(now)
+        if timeout * 1000 > now - arrival or _priority_one(headers, body):
             return False
-        shedder.refuse_due(self._api.engine.registry.served_name(model, version))
+        registry = self._api.engine.registry
+        served = registry.served_name(model, version)
+        if served is None:  # (a model or version not served: its answer says so)
+            return False
+        shedder.refuse_due(served)
         self._api.shed += 1
-        self._api.engine.registry.count_shed(model, version)
+        registry.count_shed(model, version)
         self._shed_due = True
         return True
 
