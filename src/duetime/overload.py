@@ -306,12 +306,7 @@ class LoadShedder:
             load.credit = min(load.credit, 1.0)
             return False
         load.credit -= 1.0
-        self.refused += 1
-        name = model or ""
-        counts = self.refused_by_model
-        if name not in counts and len(counts) >= MAX_CLASSES:
-            name = ""
-        counts[name] = counts.get(name, 0) + 1
+        self._count(model)
         return True
 
     @property
@@ -327,6 +322,10 @@ class LoadShedder:
         end's `_due_shed`), weighed already (`refuse` let it through), in `refused` and
         `refused_by_model`. It is no miss: its refusal keeps the loop's time for requests that
         can still be answered."""
+        self._count(model)
+
+    def _count(self, model: str | None) -> None:
+        """Count a refusal of a request of `model` in `refused` and `refused_by_model`."""
         self.refused += 1
         name = model or ""
         counts = self.refused_by_model
