@@ -319,7 +319,7 @@ class LoadShedder:
     def refuse_due(self, model: str | None = None) -> None:
         """Count a request of `model` (as `refuse` names it) refused for its due time while the
         loop is saturated (its timeout no longer than the loop's lag: see the HTTP front
-        end's `_due_shed`), weighed already (`refuse` let it through), in `refused` and
+        end's `_due`), weighed already (`refuse` let it through), in `refused` and
         `refused_by_model`. It is no miss: its refusal keeps the loop's time for requests that
         can still be answered."""
         self._count(model)

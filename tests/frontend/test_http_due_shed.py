@@ -1,6 +1,6 @@
 """While the event loop is saturated, an inference request whose `timeout` is no longer than the
 loop's lag (the time since the earliest the loop can tell it came: by then it is due) is
-refused by the load shedder with 429, unread, in words of its own (`HttpConnection._due_shed`);
+refused by the load shedder with 429, unread, in words of its own (`HttpConnection._due`);
 one it lets through is not weighed twice. Priority 1 is spared, and so is every request while
 the loop is not saturated: those are decoded, and admission answers them as before (504 for
 one due). A real engine; connections fed in memory; the shedder scripted (saturated or not,

@@ -79,7 +79,6 @@ from duetime.observability.tracing import (
 from duetime.overload import LoadShedder
 from duetime.repository.manager import check_model_name
 from duetime.repository.registry import parse_version
-from duetime.statistics import statistics_json
 from duetime.types import InferRequest, InferResponse
 
 if TYPE_CHECKING:
@@ -494,14 +493,12 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         `/v2/models/stats` does (found by a tester)."""
         name, version = request.name or None, request.version or None
         try:
-            if name is not None:
-                self._engine.registry.resolve(name, version)
-            elif version is not None:
+            if name is None and version is not None:
                 parse_version("", version)  # (refused if malformed, as Triton does)
                 version = None
+            doc = self._engine.statistics(name, version)
         except DuetimeError as exc:
             _abort(context, exc)
-        doc = statistics_json(self._engine.registry.snapshot, name, version)  # no shadow figures
         for entry in doc["model_stats"]:
             del entry["duetime"]  # duetime's own figures have no field in the proto
         return json_format.ParseDict(doc, pb.ModelStatisticsResponse())

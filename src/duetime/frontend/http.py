@@ -725,8 +725,8 @@ class HttpConnection(asyncio.BufferedProtocol):
         "_promoting", "_quota_read", "_quota_since", "_quota_used", "_read_buffer",
         "_read_from", "_read_timeout", "_reading_paused", "_reads",
         "_rejected", "_replay_arrival", "_reserved", "_running",
-        "_sent_checked", "_shed_due", "_shed_of", "_shedder", "_slots", "_small_answer",
-        "_small_body", "_sock",
+        "_sent_checked", "_shed_of", "_shedder", "_slots", "_small_answer", "_small_body",
+        "_sock",
         "_stall_since",
         "_start_pending", "_starting",
         "_timer", "_transport", "_turn", "_unparsed", "_unsent", "_unstarted",
@@ -850,8 +850,6 @@ class HttpConnection(asyncio.BufferedProtocol):
         """The request being read asks to switch protocols and has a body, which the parser
         skipped: it is read past the Upgrade (see `_upgraded`)."""
         self._shed_of: tuple[str, str | None] = ("", None)
-        self._shed_due = False
-        """Whether the request just refused by the shedder was refused for its due time."""
         """The model and version named by the last request `_shed` asked the shedder about."""
         self._unparsed = b""
         """Bytes read and not parsed yet: the connection owed `_MAX_PIPELINED` answers (see
@@ -1419,7 +1417,8 @@ class HttpConnection(asyncio.BufferedProtocol):
             self._fail(501, "the method CONNECT is not supported here: this is no proxy; "
                        "send the API's requests to it directly")  # fmt: skip
             return
-        weighed = refused = False
+        weighed = False
+        refusal: HttpError | None = None
         shedder = self._shedder
         if (
             shedder is not None
@@ -1433,16 +1432,16 @@ class HttpConnection(asyncio.BufferedProtocol):
             # mostly, refused as expired at its due time, the shedder never asked. Once the
             # loop's turns ran past their budget, mlp at twice its capacity stayed there for
             # seconds: ~2,000 requests/s decoded for nothing, 0-40 answers/s on time
-            if self._shed(self._url, self._headers, self._body[0]) or self._due_shed():
+            refusal = self._shed(self._url, self._headers, self._body[0], due=True)
+            if refusal is not None:
                 if (
                     not self._slots
                     and keep_alive
                     and not (self._reserved or self._awaiting or self._full())
                     and self._small_answer >= _shed_size()
                 ):
-                    self._shed_at_once()
+                    self._shed_at_once(refusal)
                     return
-                refused = True
             else:
                 weighed = True
         slot = _Slot(keep_alive, self._http10)
@@ -1454,8 +1453,8 @@ class HttpConnection(asyncio.BufferedProtocol):
         self._slots.append(slot)
         if not slot.keep_alive:  # requests pipelined after the last one are not run
             self._closing = True
-        if refused:  # (written in its turn; never started: it holds no place of a running one)
-            self._shed_in_turn(slot, self._url, self._headers, self._body[0])
+        if refusal is not None:  # (in its turn; never started: it holds no running one's place)
+            self._shed_in_turn(slot, self._url, self._headers, self._body[0], refusal)
         elif (behind := bool(self._unstarted) or self._full(method, self._url)) or (
             self._replay_arrival is not None
         ):
@@ -1470,13 +1469,13 @@ class HttpConnection(asyncio.BufferedProtocol):
             self._start(slot, method, self._url, self._headers, self._body, self._body_bytes)
         self._update_reading()
 
-    def _due_shed(self) -> bool:
-        """Whether the inference request just read, let through by the load shedder, is refused
-        all the same for its due time: the loop is saturated (`LoadShedder.saturated`), and its
+    def _due(self, headers: Mapping[str, str], body: bytes) -> bool:
+        """Whether the inference request just read is refused for its due time, where the load
+        shedder let it through: the loop is saturated (`LoadShedder.saturated`), and its
         `timeout` (read from its JSON head, undecoded) is no longer than the loop's lag, the time
-        since the earliest the loop can tell the request came (`ReadTurn.arrival_ns`): by then
-        it is due. Priority 1 is spared (refused last, as the shedder refuses it). Its refusal
-        is the shedder's (429, counted shed; see `LoadShedder.refuse_due`), in words of its own.
+        since the earliest the loop can tell the request came (`ReadTurn.arrival_ns`, or when
+        its bytes kept unparsed came): by then it is due. Priority 1 is spared (refused last, as
+        the shedder refuses it).
 
         NOTE: the shedder refuses a share of every class of requests alike; a saturated loop's
         turns last longer than a tight due time, so most of the tight ones it let through were
@@ -1491,76 +1490,52 @@ class HttpConnection(asyncio.BufferedProtocol):
         refuses that request, where it refuses some requests at random anyway)."""
         shedder = self._shedder
         assert shedder is not None
-        model, version = self._shed_of
-        if not model or not shedder.saturated:
+        if not shedder.saturated:
             return False
-        headers, body = self._headers, self._body[0]
-        if headers.get("content-encoding", "identity") != "identity":
-            return False
-        end = min(len(body), _DUE_SCAN)
-        length = _header_length(headers)
-        if length is not None:
-            end = min(end, length)
-        found = _DUE_TIMEOUT.search(body, 0, end)
-        if found is None or len(found[1]) > 13:  # (over MAX_DUE_US's digits: no due time)
-            return False
-        timeout = int(found[1])
-        if not 0 < timeout <= MAX_DUE_US:  # (0: no due time)
+        end = _json_head_end(headers, body)
+        found = None if end is None else _DUE_TIMEOUT.search(body, 0, min(end, _DUE_SCAN))
+        if found is None or not 0 < (timeout := int(found[1])) <= MAX_DUE_US:  # (0: none)
             return False
         now = time.monotonic_ns()
         arrival = self._replay_arrival  # (kept unparsed: see `_keep_arrival`)
         if arrival is None:
             arrival = self._turn.arrival_ns(now)
-        if timeout * 1000 > now - arrival or _priority_one(headers, body):
-            return False
-        registry = self._api.engine.registry
-        served = registry.served_name(model, version)
-        if served is None:  # (a model or version not served: its answer says so)
-            return False
-        shedder.refuse_due(served)
-        self._api.shed += 1
-        registry.count_shed(model, version)
-        self._shed_due = True
-        return True
+        return timeout * 1000 <= now - arrival and not _priority_one(headers, body)
 
-    def _shed_at_once(self) -> None:
-        """Write the shedder's refusal of the request just read, owing no answer before it
+    def _shed_at_once(self, refusal: HttpError) -> None:
+        """Write the shedder's `refusal` of the request just read, owing no answer before it
         (`_complete`): at once, with no slot in the connection's pipeline.
 
         NOTE: at overload most requests are refused, and a refusal that went through the
         pipeline (a slot made, started, answered, flushed) cost 10-15% more than this. A
         refusal bigger than a small answer (`Intake`) still goes through it, to be counted."""
         headers = self._headers
-        due, self._shed_due = self._shed_due, False
-        reply = _shed_reply(True, self._http10, headers, *self._shed_of, due=due)
+        reply = _shed_reply(True, self._http10, headers, *self._shed_of, refusal)
         transport = self._transport
         assert transport is not None
         self._answer_bytes = len(reply)
         transport.write(reply)
-        self._record_shed(self._url, headers, self._body[0], due)
+        self._record_shed(self._url, headers, self._body[0], refusal)
         if not self._unparsed and not self._closing:
             self._intake.idle[self] = self._loop.time()  # (nothing in flight: see `close_one`)
         self._update_reading()
 
     def _shed_in_turn(
-        self, slot: _Slot, url: bytes, headers: Mapping[str, str], body: bytes
+        self, slot: _Slot, url: bytes, headers: Mapping[str, str], body: bytes, refusal: HttpError
     ) -> None:
-        """`slot`'s answer is the shedder's refusal, written in its turn."""
-        due, self._shed_due = self._shed_due, False
-        self._made(
-            slot, _shed_reply(slot.keep_alive, slot.http10, headers, *self._shed_of, due=due)
-        )
-        self._record_shed(url, headers, body, due)
+        """`slot`'s answer is the shedder's `refusal`, written in its turn."""
+        reply = _shed_reply(slot.keep_alive, slot.http10, headers, *self._shed_of, refusal)
+        self._made(slot, reply)
+        self._record_shed(url, headers, body, refusal)
 
     def _record_shed(
-        self, url: bytes, headers: Mapping[str, str], body: bytes, due: bool = False
+        self, url: bytes, headers: Mapping[str, str], body: bytes, refusal: HttpError
     ) -> None:
-        """Record a request the shedder refused unread (`due`: for its due time, see
-        `_due_shed`) in a traffic capture, if one is on."""
+        """Record a request the shedder refused unread (`refusal`) in a traffic capture, if one
+        is on."""
         recorder = self._api.engine.recorder
         if recorder is not None:
-            error = _DUE_SHED_ERROR if due else _SHED_ERROR
-            recorder.refused_unread("http", url, body, headers, error)
+            recorder.refused_unread("http", url, body, headers, refusal)
 
     def _full(self, method: str = "POST", url: bytes | None = None) -> bool:
         """Whether the connection runs as many requests as it may: `_MAX_PIPELINED` answers
@@ -1923,9 +1898,9 @@ class HttpConnection(asyncio.BufferedProtocol):
             and shedder is not None
             and (shedder.share or shedder.watching)
             and _is_infer(method, url)
-            and self._shed(url, headers, body)
+            and (refusal := self._shed(url, headers, body)) is not None
         ):
-            self._shed_in_turn(slot, url, headers, body)
+            self._shed_in_turn(slot, url, headers, body, refusal)
             return
         if "content-encoding" in headers and self._inflate(slot, method, url, headers, body):
             return
@@ -2090,11 +2065,14 @@ class HttpConnection(asyncio.BufferedProtocol):
                 return
         self._handle(slot, method, url, headers, body)
 
-    def _shed(self, url: bytes, headers: Mapping[str, str], body: bytes) -> bool:
-        """Whether the load shedder refuses this inference request, read and not decoded: it
-        is weighed by its model (one the server serves; a name a client invents is weighed
-        with requests of no model), its body's size and its priority (see `LoadShedder.refuse`);
-        a refusal counts against its model."""
+    def _shed(
+        self, url: bytes, headers: Mapping[str, str], body: bytes, due: bool = False
+    ) -> HttpError | None:
+        """The load shedder's refusal of this inference request, read and not decoded, if it
+        refuses it: it is weighed by its model (one the server serves; a name a client invents
+        is weighed with requests of no model), its body's size and its priority (see
+        `LoadShedder.refuse`); and where it lets it through, with `due` (a request just read),
+        by its due time (`_due`: a model's served). A refusal counts against its model."""
         shedder = self._shedder
         assert shedder is not None
         target = self._api.infer_target(url)
@@ -2103,7 +2081,13 @@ class HttpConnection(asyncio.BufferedProtocol):
         # NOTE: looked for whenever the loop was busy (two scans of up to 4 KB a request, just
         # then), its priority is looked for only where its model's requests may be refused
         top = shedder.refusing(model) and _priority_one(headers, body)
-        return self._refused(model, version, len(body), top)
+        if self._refused(model, version, len(body), top):
+            return _SHED_ERROR
+        if due and model is not None and self._due(headers, body):
+            shedder.refuse_due(model)
+            self._count_shed(model, version)
+            return _DUE_SHED_ERROR
+        return None
 
     def _shed_held(self, held: HeldInfer) -> bool:
         """`_shed` for a request decoded when it was held back (weighed by its body's size as
@@ -2127,10 +2111,14 @@ class HttpConnection(asyncio.BufferedProtocol):
         assert shedder is not None
         if not shedder.refuse(model, size, top, version):
             return False
+        self._count_shed(model, version)
+        return True
+
+    def _count_shed(self, model: str | None, version: str | None) -> None:
+        """Count a request of `model` the shedder refused (see `_refused`)."""
         self._api.shed += 1
         if model is not None:
             self._api.engine.registry.count_shed(model, version)
-        return True
 
     def _answered(self, slot: _Slot, outcome: Reply | PendingReply, head: bool = False) -> None:
         """`slot`'s answer made now (a Reply), or once its work is done (`_settle`)."""
@@ -2875,19 +2863,20 @@ _SHED_MESSAGE = (
 
 
 _SHED_ERROR = HttpError(429, _SHED_MESSAGE, retry_after_s=1.0)
+"""The shedder's refusal (never raised: see `_shed_submit`)."""
 _DUE_SHED_MESSAGE = (
     "the server is saturated and its event loop is behind: this request's timeout is no longer "
     "than requests wait to be read now, so it was refused unread; retry later, on another "
     "replica, or with a larger timeout"
 )
 _DUE_SHED_ERROR = HttpError(429, _DUE_SHED_MESSAGE, retry_after_s=1.0)
-"""The refusal of a request due before the saturated loop could take it (see `_due_shed`)."""
+"""The refusal of a request due before the saturated loop could take it (see
+`HttpConnection._due`)."""
 _DUE_SCAN = 1024
-"""Bytes of a request's JSON head looked through for its timeout (see `_due_shed`)."""
+"""Bytes of a request's JSON head looked through for its timeout (see `HttpConnection._due`)."""
 _DUE_TIMEOUT = re.compile(rb'"timeout"[ \t\n\r]*:[ \t\n\r]*(0|[1-9][0-9]*)(?![0-9.eE])')
 """A `timeout` key and a JSON integer after it (`1.5`, `1e3`, `01` are none: the request is
 decoded, and refused as its parameter says)."""
-"""The shedder's refusal, as a traffic capture records it (never raised: see `_shed_submit`)."""
 
 
 def _shed_submit(request: Any) -> Any:
@@ -3002,12 +2991,9 @@ def _priority_one(headers: Mapping[str, str], body: bytes) -> bool:
     `parameters` come before or after its tensors), `_PRIORITY_SCAN` bytes each; a compressed
     body is not looked into. A name or value that only looks like one errs toward priority 1:
     refused last."""
-    if headers.get("content-encoding", "identity") != "identity":
+    end = _json_head_end(headers, body)
+    if end is None:
         return False
-    end = len(body)
-    length = _header_length(headers)
-    if length is not None:
-        end = min(end, length)
     search = _PRIORITY_ONE.search  # (within bounds: no copy of a big body's ends)
     if search(body, 0, min(end, _PRIORITY_SCAN)) is not None:
         return True
@@ -3015,6 +3001,15 @@ def _priority_one(headers: Mapping[str, str], body: bytes) -> bool:
         end > _PRIORITY_SCAN
         and search(body, max(_PRIORITY_SCAN, end - _PRIORITY_SCAN), end) is not None
     )
+
+
+def _json_head_end(headers: Mapping[str, str], body: Any) -> int | None:
+    """Where the JSON of an inference request's body ends (its binary tensors start there, if
+    any); None where the body is compressed (not looked into before it is inflated)."""
+    if headers.get("content-encoding", "identity") != "identity":
+        return None
+    length = _header_length(headers)
+    return len(body) if length is None else min(len(body), length)
 
 
 def _binary_start(method: str, url: bytes, headers: dict[str, str]) -> int | None:
@@ -3109,12 +3104,11 @@ def _shed_reply(
     headers: Mapping[str, str],
     model: str,
     version: str | None,
-    *,
-    due: bool = False,
+    refusal: HttpError = _SHED_ERROR,
 ) -> bytes:
-    """The refusal of a request the load shedder turns away (`due`: for its due time, see
-    `HttpConnection._due_shed`), with its trace id, and its log line (of `model` and
-    `version`, as the request named them).
+    """The load shedder's `refusal` of a request (`_SHED_ERROR`, or `_DUE_SHED_ERROR`: see
+    `HttpConnection._due`), with its trace id, and its log line (of `model` and `version`, as
+    the request named them).
 
     NOTE: at overload most requests are refused, and a refusal that cost as much as an answer
     (routing, an exception, a JSON body: 70% of serving mlp, measured) left the loop too little
@@ -3124,18 +3118,18 @@ def _shed_reply(
     parent = parse_traceparent(traceparent) if traceparent else None
     trace_id = parent.trace_id_hex if parent is not None else new_trace_id()
     log_request(
-        protocol="http", model=model, version=version, status=429,
-        reason=_DUE_SHED_MESSAGE if due else _SHED_MESSAGE, trace_id=trace_id,
+        protocol="http", model=model, version=version, status=refusal.http_status,
+        reason=refusal.message, trace_id=trace_id,
     )  # fmt: skip
-    pieces = _shed_pieces(keep_alive, http10, _date_line(int(time.time())), due)
+    pieces = _shed_pieces(keep_alive, http10, _date_line(int(time.time())), refusal)
     return trace_id.encode().join(pieces)
 
 
 @functools.lru_cache(maxsize=8)
-def _shed_pieces(keep_alive: bool, http10: bool, date: bytes, due: bool = False) -> list[bytes]:
-    """The shedder's refusal encoded (with the Date line `date`; `due`: for a request's due
-    time), split where its trace id goes."""
-    reply = error_reply(_DUE_SHED_ERROR if due else _SHED_ERROR, _TRACE_SLOT)
+def _shed_pieces(keep_alive: bool, http10: bool, date: bytes, refusal: HttpError) -> list[bytes]:
+    """The shedder's `refusal` encoded (with the Date line `date`), split where its trace id
+    goes."""
+    reply = error_reply(refusal, _TRACE_SLOT)
     encoded = cast(bytes, _encode(reply, keep_alive, http10, date=date))
     return encoded.split(_TRACE_SLOT.encode())
 
@@ -3146,10 +3140,10 @@ def _shed_size() -> int:
     length)."""
     date = _date_line(int(time.time()))  # (the current second's: any has the same length)
     return max(
-        len(("0" * len(_TRACE_SLOT)).encode().join(_shed_pieces(keep_alive, http10, date, due)))
+        len(("0" * len(_TRACE_SLOT)).encode().join(_shed_pieces(keep_alive, http10, date, error)))
         for keep_alive in (False, True)
         for http10 in (False, True)
-        for due in (False, True)
+        for error in (_SHED_ERROR, _DUE_SHED_ERROR)
     )
 
 

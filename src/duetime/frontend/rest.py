@@ -85,7 +85,6 @@ from duetime.repository.manager import (
 )
 from duetime.repository.registry import labels
 from duetime.repository.tritonconfig import read_json_config
-from duetime.statistics import statistics_json
 from duetime.types import InferRequest
 
 if TYPE_CHECKING:  # (not at run time: that module imports onnx)
@@ -1290,13 +1289,7 @@ class RestApi:
         return _json(model_config_json(self._engine.registry.resolve(model, version).model))
 
     def _statistics(self, model: str | None, version: str | None) -> Reply:
-        if model is not None:
-            self._engine.registry.resolve(model, version)
-        return _json(
-            statistics_json(
-                self._engine.registry.snapshot, model, version, self._engine.router.shadows
-            )
-        )
+        return _json(self._engine.statistics(model, version))
 
     # -- inference -----------------------------------------------------------------------------
 
