@@ -62,6 +62,9 @@ from duetime.types import RequestTiming
 log = logging.getLogger("duetime.scheduler")
 
 _OVERHEAD_ALPHA = 0.05
+ANSWER_WAIT_ALPHA = 0.125
+"""The weight of each batch in `ModelScheduler.answer_wait_ns`: at overload, ~100 batches a
+second, it follows a change of load within ~100 ms."""
 OWN_TIME_ALPHA = 0.25
 """The weight of each run of instance 0 in its time per bucket (see `_learn_speed`)."""
 PACE_WINDOW_NS = 100_000_000
@@ -602,6 +605,11 @@ class ModelScheduler:
         encoded and written, where a front end answers from the settle callback); EWMA. Per
         request, not per row: a feed handler's burst of events is one request of many rows,
         settled by one callback (counting it per row refused 7% of an ITCH replay's bursts)."""
+        self.answer_wait_ns = 0.0
+        """What the most urgent request of a batch waited from its admission until its answer
+        was settled, lately (EWMA over batches, `ANSWER_WAIT_ALPHA`): how long a request
+        admitted now can expect to wait for its answer. A saturated front end refuses, unread,
+        a request whose due time is nearer than its lag plus this (`HttpConnection._due`)."""
         self._last_run_ns = clock.now_ns()
         """When an execution last ended, or the last probe was admitted (see PROBE_NS)."""
         self._refusing = False
@@ -2472,6 +2480,12 @@ class ModelScheduler:
                     item.on_done()
         if answered:
             self._count_answered(answered, queued, result)
+        # (the batch's first request is its most urgent: `plan_batch` takes them in EDF order)
+        waited: float = now - running.requests[0].arrival_ns
+        known = self.answer_wait_ns
+        if waited > 2 * known + 1_000_000:  # one stall must not double it (see `_learn_answer`)
+            waited = 2 * known + 1_000_000
+        self.answer_wait_ns = known + ANSWER_WAIT_ALPHA * (waited - known)
 
     def _count_failure(self, took_ns: int) -> None:
         """A request its run failed, `took_ns` after it arrived."""
