@@ -1753,6 +1753,31 @@ def test_inline_batches_what_one_loop_turn_brings_and_answers_in_that_turn() -> 
     run(body)
 
 
+def test_inline_requests_waiting_for_the_loop_s_turn_are_judged_on_their_bare_run() -> None:
+    """A request queued for an inline model's dispatch waits out the loop's turn (`_kick`), as
+    a batching window's request waits for more: once it starts it is failed unrun only where
+    its run no longer fits, not the margins admission kept. Judged on those, mlp's requests
+    admitted with a little slack expired as a busy loop's turns ended (~1,000 a second at 150%
+    of capacity on the 2-core VM)."""
+
+    async def body() -> None:
+        h = harness(inline=True, max_batch_size=4, delivery_margin_us=500)
+        fits = h.submit("fits", due_in=MS)  # admitted: a run (100 µs) and 500 µs kept fit
+        gone = h.submit("gone", due_in=700 * US)
+        h.clock.advance(650 * US)  # the rest of the turn: 350 and 50 µs left
+        await asyncio.sleep(0)  # the dispatch turn
+        assert h.started() == ["fits"]
+        assert failure(fits) is None
+        error = failure(gone)
+        assert isinstance(error, DeadlineExceeded)
+        assert "(50 µs left): a run needs 100 µs" in str(error)
+        assert "waited for its batch to gather the requests of the event loop's turn" in str(
+            error
+        )
+
+    run(body)
+
+
 def test_inline_runs_back_to_back_batches_in_one_dispatch_and_edf_order() -> None:
     async def body() -> None:
         h = harness(inline=True, max_batch_size=2)

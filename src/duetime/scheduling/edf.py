@@ -56,8 +56,9 @@ class QueuedRequest:
     variant of its model version that still can (True: one took it, with its future); given
     with a due time, where the version has a cheaper variant its inputs suit (None: it fails)."""
     held: bool = False
-    """Its batch waited for more requests by the batch former's choice (`batching.Wait`): the
-    time that took is not held against it (see `batching.is_hopeless`)."""
+    """Its batch waited for more requests by the batch former's choice (`batching.Wait`, or an
+    inline model's wait for the loop's turn): the time that took is not held against it (see
+    `batching.is_hopeless`)."""
     nbytes: int = 0
     """Its inputs' bytes, where its scheduler bounds a batch's (see `plan_batch`'s
     `max_bytes`); else 0."""
