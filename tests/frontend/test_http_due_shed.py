@@ -70,17 +70,17 @@ async def exchange(
     requests: list[bytes],
     saturated: bool = True,
     at_once: bool = False,
-    answer_wait_ns: float | None = None,
+    turn_wait_ns: float | None = None,
 ) -> tuple[list[bytes], list[bytes], Saturated, int]:
     """The statuses and bytes of the answers to `requests` (each sent once its connection owes
     nothing, or all in one read: `at_once`), the shedder, and the API's shed count.
-    `answer_wait_ns`: mlp's scheduler's recent wait for an answer (its own by default)."""
+    `turn_wait_ns`: mlp's scheduler's recent wait for a turn's dispatch (its own by default)."""
     shedder = Saturated(saturated)
     async with in_memory_server(repo) as served:
-        if answer_wait_ns is not None:
+        if turn_wait_ns is not None:
             scheduler = served.server.engine.registry.scheduler_of("mlp", None)
             assert scheduler is not None
-            scheduler.answer_wait_ns = answer_wait_ns
+            scheduler.turn_wait_ns = turn_wait_ns
         connection, transport = served.connect(shedder=shedder)
         if at_once:
             connection.data_received(b"".join(requests))
@@ -120,19 +120,20 @@ def test_behind_an_owed_answer_the_refusal_keeps_its_place(mlp_repo: Path) -> No
     assert shedder.due == ["mlp"]
 
 
-def test_a_request_due_before_its_model_s_answers_come_is_refused_unread(mlp_repo: Path) -> None:
-    """Its timeout (60 s) is longer than the loop's lag, but not than 1.5 times the wait for
-    an answer mlp's batches had lately (its scheduler's `answer_wait_ns`, 50 s here); one with
-    a longer timeout, or the same one while the loop is not saturated, is answered."""
+def test_a_request_due_before_its_model_s_turn_comes_is_refused_unread(mlp_repo: Path) -> None:
+    """Its timeout (60 s) is longer than the loop's lag, but not than that plus the wait for
+    the dispatch of a turn mlp's requests had lately (its scheduler's `turn_wait_ns`, 90 s
+    here); one with a longer timeout, or the same one while the loop is not saturated, is
+    answered."""
     minute, two = infer(timeout=60_000_000), infer(timeout=120_000_000)
     found, written, shedder, shed = asyncio.run(
-        exchange(mlp_repo, [minute, two], answer_wait_ns=50e9)
+        exchange(mlp_repo, [minute, two], turn_wait_ns=90e9)
     )
     assert found == [b"429", b"200"]
     assert DUE_WORDS.encode() in written[0]
     assert (shedder.due, shed) == (["mlp"], 1)
     found, _, shedder, _ = asyncio.run(
-        exchange(mlp_repo, [minute], saturated=False, answer_wait_ns=50e9)
+        exchange(mlp_repo, [minute], saturated=False, turn_wait_ns=90e9)
     )
     assert (found, shedder.due) == ([b"200"], [])
 

@@ -10,7 +10,6 @@ from test_scheduler import ONE_ROW, US, harness, run
 
 from duetime.errors import Overloaded
 from duetime.scheduling.profile import LATE_HALF_LIFE_NS, LATE_SHARE_MAX, LateMargin
-from duetime.scheduling.scheduler import ANSWER_WAIT_ALPHA
 
 MS = 1_000_000
 SECOND = 1_000 * MS
@@ -119,44 +118,5 @@ def test_a_probe_planned_past_its_due_time_teaches_no_margin() -> None:
         h.clock.advance(ONE_ROW)
         h.executor.complete(1, compute_ns=ONE_ROW)
         await fits
-
-    run(body)
-
-
-def test_the_wait_for_an_answer_is_learnt_from_each_batch_s_most_urgent_request() -> None:
-    """`answer_wait_ns`: an EWMA over batches of what the first (most urgent) request of each
-    waited from its admission to its answer, one stall raising it by a bounded step."""
-
-    async def body() -> None:
-        h = harness(max_batch_size=4)
-        scheduler = h.scheduler
-        assert scheduler.answer_wait_ns == 0
-        alone = h.submit("a")  # runs at once
-        h.clock.advance(MS)
-        h.executor.complete(0, compute_ns=ONE_ROW)
-        await alone
-        assert scheduler.answer_wait_ns == ANSWER_WAIT_ALPHA * MS
-        scheduler.answer_wait_ns = 2 * MS
-        ahead = h.submit("x")  # runs at once; the next two queue behind it
-        loose = h.submit("b", due_in=50 * MS)
-        h.clock.advance(MS // 2)
-        urgent = h.submit("c", due_in=20 * MS)
-        h.clock.advance(MS // 2)
-        h.executor.complete(1, compute_ns=ONE_ROW)  # x waited 1 ms
-        await ahead
-        learnt = 2 * MS + ANSWER_WAIT_ALPHA * (MS - 2 * MS)
-        assert scheduler.answer_wait_ns == pytest.approx(learnt)
-        h.clock.advance(2 * MS)
-        h.executor.complete(2, compute_ns=2 * ONE_ROW)  # one batch: c (2.5 ms), b (3 ms)
-        await urgent
-        await loose
-        learnt += ANSWER_WAIT_ALPHA * (2.5 * MS - learnt)  # (c's: the most urgent)
-        assert scheduler.answer_wait_ns == pytest.approx(learnt)
-        stalled = h.submit("d")
-        h.clock.advance(SECOND)
-        h.executor.complete(3, compute_ns=ONE_ROW)
-        await stalled
-        learnt += ANSWER_WAIT_ALPHA * (2 * learnt + MS - learnt)  # (a second: cut to this)
-        assert scheduler.answer_wait_ns == pytest.approx(learnt)
 
     run(body)

@@ -43,6 +43,7 @@ from duetime.scheduling.scheduler import (
     PROBE_MAX_NS,
     PROBE_NS,
     SHADOW_IN_FLIGHT,
+    TURN_WAIT_ALPHA,
     BatchSizeStatistics,
     ModelScheduler,
 )
@@ -1771,9 +1772,40 @@ def test_inline_requests_waiting_for_the_loop_s_turn_are_judged_on_their_bare_ru
         error = failure(gone)
         assert isinstance(error, DeadlineExceeded)
         assert "(50 µs left): a run needs 100 µs" in str(error)
-        assert "waited for its batch to gather the requests of the event loop's turn" in str(
-            error
-        )
+        assert "waited for its batch to gather the requests of the event loop's turn" in str(error)
+
+    run(body)
+
+
+def test_inline_learns_how_long_a_turn_s_first_request_waits_for_its_dispatch() -> None:
+    """`turn_wait_ns`: an EWMA over turns of the loop of the time from the first request queued
+    in the turn to the end of the dispatch that ran it; one stall raises it by a bounded step;
+    a model whose instances run on threads has none."""
+
+    async def body() -> None:
+        h = harness(inline=True, max_batch_size=4)
+        scheduler = h.scheduler
+        assert scheduler.turn_wait_ns == 0
+        first = h.submit("a")
+        h.clock.advance(300 * US)  # the turn reads on
+        h.submit("b")
+        h.clock.advance(200 * US)
+        await asyncio.sleep(0)  # the dispatch: one batch, run on the loop
+        assert first.done()
+        assert scheduler.turn_wait_ns == TURN_WAIT_ALPHA * 500 * US
+        scheduler.turn_wait_ns = learnt = 2 * MS
+        h.submit("c")
+        h.clock.advance(1_000 * MS)  # a stall: counted as 2 * 2 ms + 1 ms at most
+        await asyncio.sleep(0)
+        learnt += TURN_WAIT_ALPHA * (2 * learnt + MS - learnt)
+        assert scheduler.turn_wait_ns == pytest.approx(learnt)
+        threaded = harness(max_batch_size=4)
+        threaded.submit("d")
+        threaded.submit("e")
+        threaded.clock.advance(MS)
+        threaded.executor.complete(0)
+        threaded.executor.complete(1)
+        assert threaded.scheduler.turn_wait_ns == 0
 
     run(body)
 

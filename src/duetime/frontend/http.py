@@ -1476,10 +1476,10 @@ class HttpConnection(asyncio.BufferedProtocol):
         refused for its due time, where the load shedder let it through: the loop is saturated
         (`LoadShedder.saturated`), and its `timeout` (read from its JSON head, undecoded) is no
         longer than the loop's lag (the time since the earliest the loop can tell the request
-        came: `ReadTurn.arrival_ns`, or when its bytes kept unparsed came) plus what its model's
-        requests wait for their answers lately (`ModelScheduler.answer_wait_ns`, times
-        `_ANSWER_WAIT_FACTOR`): it would be due before its answer. Priority 1 is spared (refused
-        last, as the shedder refuses it).
+        came: `ReadTurn.arrival_ns`, or when its bytes kept unparsed came) plus what requests of
+        its model queued early in a turn of the loop waited lately for their answers, where its
+        instances run on the loop (`ModelScheduler.turn_wait_ns`): it would be due before its
+        answer. Priority 1 is spared (refused last, as the shedder refuses it).
 
         NOTE: the shedder refuses a share of every class of requests alike; a saturated loop's
         turns last longer than a tight due time, so most of the tight ones it let through were
@@ -1489,13 +1489,16 @@ class HttpConnection(asyncio.BufferedProtocol):
         4,192 and 4,172 answers a second on time against 2,826 and 2,902; at 12,600/s 2,503
         against 1,969; at 4,200/s (100%) 4,111 against 3,915. The 2 ms requests are then
         refused nearly all above capacity (they were 21% answered at 200%).
-        NOTE: refused by the lag alone, requests read with less time left than their wait in
-        the queue were decoded, admitted (admission predicts the model's runs, not the loop's
-        turns the batches wait for), and expired there: mlp on the 2-core VM at 19,000
-        requests/s, ~950 a second. With the wait counted, 15 s runs interleaved with the code
-        before: at 19,000/s 8,876 and 8,681 answers a second on time against 7,271 and 7,059; at
-        28,000/s 5,510 and 6,125 against 3,080 and 3,222; at 9,600/s 8,616 and 8,589 against
-        7,459 and 8,183.
+        NOTE: refused by the lag alone, requests read with less time left than their wait for
+        the turn's dispatch were decoded, admitted (admission predicts the model's runs, not the
+        loop's turns its batches wait for), and expired in the queue: mlp on the 2-core VM at
+        19,000 requests/s, ~950 a second. With the turn's wait counted (15 s runs, interleaved):
+        at 18,700/s 8,339 and 8,463 answers a second on time, against 7,271 and 7,059 with the
+        lag alone (at 19,000/s); 1.5 times the wait gave 7,786 and 7,739, and 1.5 times the
+        wait of each batch's first request from admission to answer (all models', threaded
+        too) 7,630 and 8,022. That last one refused resnet's requests at twice its capacity
+        nearly all (its batches' waits are its due times' length: admission fills the queue so
+        far), 500-630 answers a second on time against 1,440 at capacity.
         NOTE: the first `"timeout"` key of the head's first `_DUE_SCAN` bytes is taken for the
         request's (an input's own `timeout` parameter would be taken for it: the shedder then
         refuses that request, where it refuses some requests at random anyway)."""
@@ -1512,7 +1515,7 @@ class HttpConnection(asyncio.BufferedProtocol):
         if arrival is None:
             arrival = self._turn.arrival_ns(now)
         scheduler = self._api.engine.registry.scheduler_of(model, version or None)
-        wait = 0.0 if scheduler is None else _ANSWER_WAIT_FACTOR * scheduler.answer_wait_ns
+        wait = 0.0 if scheduler is None else scheduler.turn_wait_ns
         return timeout * 1000 <= now - arrival + wait and not _priority_one(headers, body)
 
     def _shed_at_once(self, refusal: HttpError) -> None:
@@ -2885,13 +2888,6 @@ _DUE_SHED_MESSAGE = (
 _DUE_SHED_ERROR = HttpError(429, _DUE_SHED_MESSAGE, retry_after_s=1.0)
 """The refusal of a request due before the saturated loop could take it (see
 `HttpConnection._due`)."""
-_ANSWER_WAIT_FACTOR = 1.5
-"""How many times its model's recent wait for an answer (`ModelScheduler.answer_wait_ns`, a
-mean) a request's due time must leave it, beyond the loop's lag, not to be refused unread by a
-saturated loop (`HttpConnection._due`): a request admitted as a turn of the loop begins waits
-out the whole turn, one admitted as it ends hardly any. mlp on the 2-core VM at 19,000
-requests/s (2/10 ms due times), 15 s runs interleaved: 1.0 gave 8,557 and 8,435 answers a
-second on time, 1.5 gave 8,876 and 8,681, 2.5 gave 8,710 and 8,005."""
 _DUE_SCAN = 1024
 """Bytes of a request's JSON head looked through for its timeout (see `HttpConnection._due`)."""
 _DUE_TIMEOUT = re.compile(rb'"timeout"[ \t\n\r]*:[ \t\n\r]*(0|[1-9][0-9]*)(?![0-9.eE])')

@@ -62,9 +62,9 @@ from duetime.types import RequestTiming
 log = logging.getLogger("duetime.scheduler")
 
 _OVERHEAD_ALPHA = 0.05
-ANSWER_WAIT_ALPHA = 0.125
-"""The weight of each batch in `ModelScheduler.answer_wait_ns`: at overload, ~100 batches a
-second, it follows a change of load within ~100 ms."""
+TURN_WAIT_ALPHA = 0.125
+"""The weight of each turn of the loop in `ModelScheduler.turn_wait_ns`: at overload, a few
+hundred turns a second, it follows a change of load within ~50 ms."""
 OWN_TIME_ALPHA = 0.25
 """The weight of each run of instance 0 in its time per bucket (see `_learn_speed`)."""
 PACE_WINDOW_NS = 100_000_000
@@ -605,11 +605,15 @@ class ModelScheduler:
         encoded and written, where a front end answers from the settle callback); EWMA. Per
         request, not per row: a feed handler's burst of events is one request of many rows,
         settled by one callback (counting it per row refused 7% of an ITCH replay's bursts)."""
-        self.answer_wait_ns = 0.0
-        """What the most urgent request of a batch waited from its admission until its answer
-        was settled, lately (EWMA over batches, `ANSWER_WAIT_ALPHA`): how long a request
-        admitted now can expect to wait for its answer. A saturated front end refuses, unread,
-        a request whose due time is nearer than its lag plus this (`HttpConnection._due`)."""
+        self._kicked_ns = 0
+        """When the first request of the loop's turn was queued (`_kick`)."""
+        self.turn_wait_ns = 0.0
+        """Inline: how long the first request queued in a turn of the loop waited for the end
+        of the dispatch that ran it (`_kick`), lately (EWMA over turns, `TURN_WAIT_ALPHA`):
+        the rest of the turn's reads, then the batches run and their answers settled. This is
+        the wait admission does not predict (it predicts the model's runs); a saturated front
+        end refuses, unread, a request whose due time is nearer than its lag plus this
+        (`HttpConnection._due`). 0 for a model whose instances run on threads."""
         self._last_run_ns = clock.now_ns()
         """When an execution last ended, or the last probe was admitted (see PROBE_NS)."""
         self._refusing = False
@@ -1678,6 +1682,7 @@ class ModelScheduler:
         busy, and the next batch waiting, for a whole extra turn of a busy loop."""
         if not self._kicked:
             self._kicked = True
+            self._kicked_ns = self._clock.now_ns()
             self._loop.call_soon(self._kicked_dispatch)
 
     def _runs_now(self, run_now: bool) -> bool:
@@ -1723,6 +1728,14 @@ class ModelScheduler:
 
     def _kicked_dispatch(self) -> None:
         self._kicked = False
+        self._dispatch_kicked()
+        waited: float = self._clock.now_ns() - self._kicked_ns
+        known = self.turn_wait_ns
+        if waited > 2 * known + 1_000_000:  # one stall must not double it (see `_learn_answer`)
+            waited = 2 * known + 1_000_000
+        self.turn_wait_ns = known + TURN_WAIT_ALPHA * (waited - known)
+
+    def _dispatch_kicked(self) -> None:
         queue = self._queue
         if len(queue) == 1 and self._max_delay_ns == 0:
             now = self._clock.now_ns()
@@ -2499,12 +2512,6 @@ class ModelScheduler:
                     item.on_done()
         if answered:
             self._count_answered(answered, queued, result)
-        # (the batch's first request is its most urgent: `plan_batch` takes them in EDF order)
-        waited: float = now - running.requests[0].arrival_ns
-        known = self.answer_wait_ns
-        if waited > 2 * known + 1_000_000:  # one stall must not double it (see `_learn_answer`)
-            waited = 2 * known + 1_000_000
-        self.answer_wait_ns = known + ANSWER_WAIT_ALPHA * (waited - known)
 
     def _count_failure(self, took_ns: int) -> None:
         """A request its run failed, `took_ns` after it arrived."""
