@@ -69,6 +69,7 @@ def grpc_service(shedder: object, **engine: Any) -> SimpleNamespace:
         _shedder=shedder, gone_calls=0, shed=0, _engine=SimpleNamespace(registry=registry, **engine)
     )
     service._shed = functools.partial(InferenceService._shed, service)
+    service._count_shed = functools.partial(InferenceService._count_shed, service)
     return service
 
 

@@ -17,6 +17,7 @@ from duetime.frontend.grpc import (
     InferenceService,
     _asks_priority_one,
     _head_fields,
+    _peeked_due,
     _peeked_target,
 )
 from duetime.frontend.proto import grpc_service_pb2 as pb
@@ -53,6 +54,7 @@ def service_of(shedder: LoadShedder, models: dict[str, Scheduler]) -> SimpleName
         _engine=SimpleNamespace(registry=registry, recorder=None),
     )
     service._shed = functools.partial(InferenceService._shed, service)
+    service._count_shed = functools.partial(InferenceService._count_shed, service)
     return service
 
 
@@ -161,3 +163,63 @@ def test_the_head_fields_stop_at_the_tensors(monkeypatch: pytest.MonkeyPatch) ->
     assert _asks_priority_one(data)
     assert len(decoded) == 1
     assert len(decoded[0]) < 64  # (the entry alone)
+
+
+def timed_call(
+    timeout_us: int | None = None, priority: int | None = None, model: str = "mlp"
+) -> bytes:
+    request = pb.ModelInferRequest.FromString(call(model, priority=priority))
+    if timeout_us is not None:
+        request.parameters["timeout"].int64_param = timeout_us
+    return request.SerializeToString()
+
+
+def test_a_saturated_loop_refuses_unread_a_call_due_before_its_model_s_turn_comes() -> None:
+    """As HTTP's (`HttpConnection._due`): the call's due time, its `timeout` parameter's from
+    its arrival or its deadline's, is no further off than what a turn of the loop lately kept
+    its model's requests waiting (`turn_wait_ns`); RESOURCE_EXHAUSTED, counted against its
+    model as the shedder's, no miss. Priority 1 is spared, and every call while the loop is
+    not saturated."""
+    made = shedder()
+    mlp = Scheduler()
+    mlp.turn_wait_ns = 5e6  # type: ignore[attr-defined]
+    service = service_of(made, {"mlp": mlp})
+    service._engine.clock = SimpleNamespace(now_ns=lambda: 10**12)
+    service.backlog = None
+    service._due_unread = functools.partial(InferenceService._due_unread, service)
+
+    def ended(data: bytes, deadline_s: float | None = None) -> list[Any]:
+        context = live_context()
+        context.time_remaining = lambda: deadline_s
+        InferenceService.ended(service, context, data)  # type: ignore[arg-type]
+        return [str(code) for code in context.codes]
+
+    made.demand = 0.5  # (not saturated: nothing is refused for its due time)
+    assert ended(timed_call(3_000)) == []
+    made.demand = 0.95
+    assert made.saturated
+    assert ended(timed_call(3_000)) == ["StatusCode.RESOURCE_EXHAUSTED"]
+    assert ended(timed_call(None), deadline_s=0.004) == ["StatusCode.RESOURCE_EXHAUSTED"]
+    assert ended(timed_call(3_000, priority=1)) == []
+    assert ended(timed_call(8_000)) == []
+    assert ended(timed_call(None), deadline_s=0.008) == []
+    assert ended(timed_call(8_000), deadline_s=0.002) == ["StatusCode.RESOURCE_EXHAUSTED"]
+    assert ended(timed_call(None)) == []  # (no due time)
+    assert ended(timed_call(0)) == []  # (0: none)
+    assert ended(timed_call(3_000, model="nope")) == []  # (decoded: answered as not served)
+    assert (mlp.shed, service.shed, made.refused_by_model) == (3, 3, {"mlp": 3})
+    mlp.turn_wait_ns = 0.0  # type: ignore[attr-defined]  # (a model run on threads)
+    assert ended(timed_call(3_000)) == []
+
+
+def test_a_timeout_is_peeked_from_the_parameters_alone() -> None:
+    arrived = 10**12
+    assert _peeked_due(timed_call(3_000), arrived) == arrived + 3_000_000
+    assert _peeked_due(timed_call(None), arrived) is None
+    assert _peeked_due(timed_call(0), arrived) is None
+    request = pb.ModelInferRequest.FromString(call("mlp"))
+    request.parameters["timeout"].string_param = "soon"  # (refused as such once decoded)
+    assert _peeked_due(request.SerializeToString(), arrived) is None
+    request = pb.ModelInferRequest.FromString(call("mlp"))
+    request.parameters["note"].string_param = "timeout"  # (another parameter saying it)
+    assert _peeked_due(request.SerializeToString(), arrived) is None

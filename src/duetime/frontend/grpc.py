@@ -979,9 +979,14 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         named, version = _peeked_target(data)
         model = self._engine.registry.served_name(named, version)
         top = shedder.refusing(model) and _asks_priority_one(data)
-        if not self._shed(model, version, len(data), top):
+        if self._shed(model, version, len(data), top):
+            refusal = shedder.refusal()
+        elif model is not None and shedder.saturated and self._due_unread(context, model, data):
+            shedder.refuse_due(model)
+            self._count_shed(model, version)
+            refusal = _DUE_SHED_ERROR
+        else:
             return False
-        refusal = shedder.refusal()
         recorder = self._engine.recorder
         if recorder is not None:
             left = context.time_remaining()
@@ -998,10 +1003,34 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         assert shedder is not None
         if not shedder.refuse(model, size, top, version or None):
             return False
+        self._count_shed(model, version)
+        return True
+
+    def _count_shed(self, model: str | None, version: str) -> None:
+        """Count a call of `model` the shedder refused (see `_shed`)."""
         self.shed += 1
         if model is not None:
             self._engine.registry.count_shed(model, version or None)
-        return True
+
+    def _due_unread(self, context: Any, model: str, data: bytes) -> bool:
+        """Whether a ModelInfer call of `model` (served), its request `data` not decoded, is
+        refused for its due time by a saturated loop (as HTTP's `HttpConnection._due`): its due
+        time, the gRPC deadline's or its `timeout` parameter's from its arrival (estimated as
+        `_dated` does), is no further off than what a turn of the loop lately kept requests of
+        `model` waiting for their answers (`ModelScheduler.turn_wait_ns`: 0 where its
+        instances run on threads). Priority 1 is spared."""
+        now = self._engine.clock.now_ns()
+        left = context.time_remaining()
+        due = None if left is None else now + int(left * 1e9)
+        backlog = self.backlog
+        by_timeout = _peeked_due(data, now - backlog.waited_ns() if backlog is not None else now)
+        if by_timeout is not None and (due is None or by_timeout < due):
+            due = by_timeout
+        if due is None:
+            return False
+        scheduler = self._engine.registry.scheduler_of(model, None)
+        wait = 0.0 if scheduler is None else scheduler.turn_wait_ns
+        return due - now <= wait and not _asks_priority_one(data)
 
     def _dated(self, request: Any, context: Any, new_call: bool = True) -> tuple[int, int | None]:
         """When the request arrived and when it is due (see `_due`), before it waits for room
@@ -1244,6 +1273,15 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         return due
 
 
+_DUE_SHED_ERROR = Shed(
+    "the server is saturated and its event loop is behind: this request's due time (its "
+    "timeout, or the call's deadline) is no further off than requests wait to be read and "
+    "answered now, so it was refused unread; retry later, on another replica, or with a "
+    "larger timeout",
+    retry_after_s=1.0,
+)
+"""The refusal of a call due before the saturated loop could answer it (see
+`InferenceService._due_unread`)."""
 ERROR_ROOM = 256
 """Bytes of a stream's error message beside its texts (id, model, version, error): their tags
 and lengths, the final-response parameter, the wrapper, the trace id."""
@@ -1879,6 +1917,24 @@ def _asks_priority_one(data: bytes) -> bool:
         if _priority(entry.parameters) == 1:
             return True
     return False
+
+
+def _peeked_due(data: bytes, arrived: int) -> int | None:
+    """The due time the `timeout` parameter of a serialized ModelInferRequest sets from
+    `arrived`, its entry decoded alone (as `_asks_priority_one` reads the priority); None for
+    none, or for one not valid (the request is refused for it once decoded)."""
+    for tag, start, value, end in _head_fields(data):
+        if tag != _PARAMETERS_TAG or b"timeout" not in data[value:end]:
+            continue
+        try:  # (the entry alone is a request holding only it)
+            parameters, _ = _parameters_and_kinds(
+                pb.ModelInferRequest.FromString(data[start:end]).parameters
+            )
+            if "timeout" in parameters:
+                return due_from_timeout_us(parameters, arrived)
+        except Exception:  # (bad bytes or value: refused as such once decoded)
+            return None
+    return None
 
 
 def _priority(parameters: Any) -> int | None:
