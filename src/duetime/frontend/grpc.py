@@ -981,7 +981,11 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         top = shedder.refusing(model) and _asks_priority_one(data)
         if self._shed(model, version, len(data), top):
             refusal = shedder.refusal()
-        elif model is not None and shedder.saturated and self._due_unread(context, model, data):
+        elif (
+            model is not None
+            and shedder.saturated
+            and self._due_unread(context, model, version, data)
+        ):
             shedder.refuse_due(model)
             self._count_shed(model, version)
             refusal = _DUE_SHED_ERROR
@@ -1012,13 +1016,14 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         if model is not None:
             self._engine.registry.count_shed(model, version or None)
 
-    def _due_unread(self, context: Any, model: str, data: bytes) -> bool:
-        """Whether a ModelInfer call of `model` (served), its request `data` not decoded, is
-        refused for its due time by a saturated loop (as HTTP's `HttpConnection._due`): its due
-        time, the gRPC deadline's or its `timeout` parameter's from its arrival (estimated as
-        `_dated` does), is no further off than what a turn of the loop lately kept requests of
-        `model` waiting for their answers (`ModelScheduler.turn_wait_ns`: 0 where its
-        instances run on threads). Priority 1 is spared."""
+    def _due_unread(self, context: Any, model: str, version: str, data: bytes) -> bool:
+        """Whether a ModelInfer call of `model` and `version` (served), its request `data` not
+        decoded, is refused for its due time by a saturated loop (as HTTP's
+        `HttpConnection._due`): its due time, the gRPC deadline's or its `timeout` parameter's
+        from its arrival (estimated as `_dated` does), is no further off than what a turn of the
+        loop lately kept requests of `model` waiting for their answers
+        (`ModelScheduler.turn_wait_ns`: 0 where its instances run on threads). Priority 1 is
+        spared."""
         now = self._engine.clock.now_ns()
         left = context.time_remaining()
         due = None if left is None else now + int(left * 1e9)
@@ -1028,7 +1033,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
             due = by_timeout
         if due is None:
             return False
-        scheduler = self._engine.registry.scheduler_of(model, None)
+        scheduler = self._engine.registry.scheduler_of(model, version or None)
         wait = 0.0 if scheduler is None else scheduler.turn_wait_ns
         return due - now <= wait and not _asks_priority_one(data)
 
