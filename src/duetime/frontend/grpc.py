@@ -1025,12 +1025,9 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         (`ModelScheduler.turn_wait_ns`: 0 where its instances run on threads). Priority 1 is
         spared."""
         now = self._engine.clock.now_ns()
-        left = context.time_remaining()
-        due = None if left is None else now + int(left * 1e9)
         backlog = self.backlog
-        by_timeout = _peeked_due(data, now - backlog.waited_ns() if backlog is not None else now)
-        if by_timeout is not None and (due is None or by_timeout < due):
-            due = by_timeout
+        arrived = now - backlog.waited_ns() if backlog is not None else now
+        due = _with_deadline(_peeked_due(data, arrived), context, now)
         if due is None:
             return False
         scheduler = self._engine.registry.scheduler_of(model, version or None)
@@ -1270,12 +1267,17 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
     ) -> int | None:
         """The due time from the `timeout` parameter, counted from the call's arrival (see
         `_dated`), and the gRPC deadline (the core's own: exact)."""
-        due = due_from_timeout_us(parameters, arrived)
-        remaining = context.time_remaining()
-        if remaining is not None:
-            grpc_due = now + int(remaining * 1e9)
-            due = grpc_due if due is None else min(due, grpc_due)
+        return _with_deadline(due_from_timeout_us(parameters, arrived), context, now)
+
+
+def _with_deadline(due: int | None, context: Any, now: int) -> int | None:
+    """`due` (None: none), or the call's gRPC deadline (`context`'s, the core's own: exact)
+    where that comes first."""
+    remaining = context.time_remaining()
+    if remaining is None:
         return due
+    grpc_due = now + int(remaining * 1e9)
+    return grpc_due if due is None else min(due, grpc_due)
 
 
 _DUE_SHED_ERROR = Shed(
@@ -1906,38 +1908,39 @@ def _peeked_target(data: bytes) -> tuple[str | None, str]:
     return model, version
 
 
-def _asks_priority_one(data: bytes) -> bool:
-    """Whether a serialized ModelInferRequest asks for priority 1: its `parameters` entries
-    (see `_head_fields`) looked into, the one naming 'priority' decoded alone.
+def _peeked_entries(data: bytes, key: str) -> Iterator[Any]:
+    """The `parameters` of each entry of a serialized ModelInferRequest's `parameters` map that
+    names `key` (see `_head_fields`), each entry decoded alone; none after bytes that do not
+    decode (the request is refused for them once decoded).
 
     NOTE: a scan of the whole call for the name, then a decode of all of it, cost a 600 KB
     resnet call 249 µs on a loop the shedder had found overloaded (found by a reviewer)."""
+    name = key.encode()
     for tag, start, value, end in _head_fields(data):
-        if tag != _PARAMETERS_TAG or b"priority" not in data[value:end]:
+        if tag != _PARAMETERS_TAG or name not in data[value:end]:
             continue
         try:  # (the entry alone is a request holding only it)
-            entry = pb.ModelInferRequest.FromString(data[start:end])
+            parameters = pb.ModelInferRequest.FromString(data[start:end]).parameters
         except Exception:  # (bad bytes: refused as such once decoded)
-            return False
-        if _priority(entry.parameters) == 1:
-            return True
-    return False
+            return
+        if key in parameters:
+            yield parameters
+
+
+def _asks_priority_one(data: bytes) -> bool:
+    """Whether a serialized ModelInferRequest asks for priority 1 (read undecoded: see
+    `_peeked_entries`)."""
+    return any(_priority(parameters) == 1 for parameters in _peeked_entries(data, "priority"))
 
 
 def _peeked_due(data: bytes, arrived: int) -> int | None:
     """The due time the `timeout` parameter of a serialized ModelInferRequest sets from
-    `arrived`, its entry decoded alone (as `_asks_priority_one` reads the priority); None for
-    none, or for one not valid (the request is refused for it once decoded)."""
-    for tag, start, value, end in _head_fields(data):
-        if tag != _PARAMETERS_TAG or b"timeout" not in data[value:end]:
-            continue
-        try:  # (the entry alone is a request holding only it)
-            parameters, _ = _parameters_and_kinds(
-                pb.ModelInferRequest.FromString(data[start:end]).parameters
-            )
-            if "timeout" in parameters:
-                return due_from_timeout_us(parameters, arrived)
-        except Exception:  # (bad bytes or value: refused as such once decoded)
+    `arrived` (read undecoded: see `_peeked_entries`); None for none, or for one not valid (the
+    request is refused for it once decoded)."""
+    for parameters in _peeked_entries(data, "timeout"):
+        try:
+            return due_from_timeout_us(_parameters_and_kinds(parameters)[0], arrived)
+        except DuetimeError:
             return None
     return None
 

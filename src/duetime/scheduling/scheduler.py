@@ -1728,14 +1728,16 @@ class ModelScheduler:
 
     def _kicked_dispatch(self) -> None:
         self._kicked = False
-        self._dispatch_kicked()
+        self._dispatch_turn()
         waited: float = self._clock.now_ns() - self._kicked_ns
         known = self.turn_wait_ns
         if waited > 2 * known + 1_000_000:  # one stall must not double it (see `_learn_answer`)
             waited = 2 * known + 1_000_000
         self.turn_wait_ns = known + TURN_WAIT_ALPHA * (waited - known)
 
-    def _dispatch_kicked(self) -> None:
+    def _dispatch_turn(self) -> None:
+        """The dispatch of a turn's requests (`_kicked_dispatch`): one alone at once, or
+        `_dispatch`."""
         queue = self._queue
         if len(queue) == 1 and self._max_delay_ns == 0:
             now = self._clock.now_ns()
