@@ -21,6 +21,7 @@ from bisect import bisect_left
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
+from itertools import islice
 from typing import Any, NamedTuple, TypeVar
 
 from duetime.clock import Clock
@@ -72,9 +73,13 @@ PACE_WINDOW_NS = 100_000_000
 them ended during it or this long before its end: under the same load of the machine (see
 `_learn_speed`)."""
 _LOOKAHEAD_MIN_NS = 1_000_000
-"""Plan an instance's next batch at most this long (or two hand-offs) before its current one ends:
-earlier would commit the next batch before the requests that could fill it have arrived, and the
-loop's timers are only good to about a millisecond."""
+"""Plan an instance's next batch at most this long (or two hand-offs, or the recent tail of the
+hand-offs) before the batches handed to it end: earlier would commit the next batch before the
+requests that could fill it have arrived, and the loop's timers are only good to about a
+millisecond."""
+LOOKAHEAD_BATCHES = 4
+"""At most this many batches handed to an instance's thread at once (the one running and those
+waiting behind it), where its runs are long enough to be handed ahead (`SMALL_MODEL_NS`)."""
 _SLACK_SCAN = 16
 """Queued requests looked at for the slack another scheduler of the CPU must leave them."""
 WAKE_SLACK_NS = 2_000_000
@@ -550,8 +555,8 @@ class ModelScheduler:
         # NOTE: a model whose batches take long gets its next batch queued on the instance before
         # the current one ends, so the instance never waits for a round trip through the loop.
         # Small models keep one batch per instance: their hand-off is cheap next to the batching
-        # a lookahead batch would forgo.
-        self._depth = 1 if profile.predict(1) < SMALL_MODEL_NS else 2
+        # a lookahead batch would forgo. How far ahead: see `_slot`.
+        self._depth = 1 if profile.predict(1) < SMALL_MODEL_NS else LOOKAHEAD_BATCHES
         self._breaker_config = breaker or BreakerConfig()
         self._breakers = [CircuitBreaker(self._breaker_config) for _ in range(executor.instances)]
         self._tripped = 0
@@ -1527,9 +1532,19 @@ class ModelScheduler:
         """The instance whose next batch starts soonest (of instances at different paces, whose
         run of a row would end soonest: see `_speeds`), and when; None if all are committed.
 
-        A busy instance takes a lookahead batch only shortly before its current batch ends
-        (a timer brings the scheduler back then). A closed scheduler (`aclose`) takes one at
-        once: no request can come any more to join it.
+        A busy instance takes a lookahead batch only shortly before the batches handed to it
+        end (a timer brings the scheduler back then): `_LOOKAHEAD_MIN_NS` before, or twice the
+        mean hand-off, or the recent tail of the hand-offs (`_handoff`), the longest. A closed
+        scheduler (`aclose`) takes one at once: no request can come any more to join it.
+
+        NOTE: planned a millisecond (or two hand-offs) ahead, and one batch at most, the next
+        batch of a busy loop came too late: a batch's result and the hand-over of the next one
+        wait for the loop's turn, and resnet on the 2-core VM at twice its capacity (its loop
+        reading ~2,750 requests a second) left its instance's thread idle 11% of the time,
+        waiting ~650 µs (median) after each of a quarter of its runs for the next batch; the
+        runs of 1-2 rows take ~1.3 ms, shorter than the tail of the waits. Planned as far ahead
+        as the tail of the hand-offs (~4 ms there), up to `LOOKAHEAD_BATCHES` deep: idle 5%,
+        and 1,300-1,340 answers a second on time against 1,120-1,240 (interleaved runs).
 
         NOTE: a request queued on a version at its reload waited 2.5-6.2 s (median 45 ms; with
         a 1 s deadline one a swap failed). Old and new version shared a CPU: the old one waited
@@ -1541,7 +1556,10 @@ class ModelScheduler:
         best_end = 0
         paced = self._paced
         one_row = self.profile.predict(1) if paced else 0
-        lead = NO_SLACK if self._closed else max(_LOOKAHEAD_MIN_NS, 2 * int(self._overhead_ns))
+        if self._closed:
+            lead = NO_SLACK
+        else:
+            lead = max(_LOOKAHEAD_MIN_NS, 2 * int(self._overhead_ns), int(self._handoff.value))
         for instance, jobs in enumerate(self._outstanding):
             if len(jobs) >= self._depth:
                 continue
@@ -1550,7 +1568,10 @@ class ModelScheduler:
                 if breaker.state is BreakerState.OPEN:
                     self._arm_timer(breaker.open_until_ns, now)
                 continue
-            start = max(now, self._busy_until[instance]) if jobs else now
+            busy_until = self._busy_until[instance]
+            if len(jobs) > 1 and busy_until + _REVOKE_AFTER_NS < now:
+                continue  # overrunning: one batch waits behind it, no more (see `_revoke_passed`)
+            start = max(now, busy_until) if jobs else now
             start = max(start, self._core_free(now, instance))
             if start - now > lead:
                 self._arm_timer(start - lead, now)
@@ -1906,11 +1927,12 @@ class ModelScheduler:
         slow enough at load to give a small model lookahead batches, timed out after 30 s)."""
         edf = self._edf
         for jobs in self._outstanding:
+            ahead = now  # (a lookahead batch behind another waiting one starts after that one)
             for running in jobs:
                 job = running.job
                 if job is None or job.start_by is None or running.taken:
                     continue
-                late = now + running.predicted_ns
+                late = ahead + running.predicted_ns
                 hopeless = []
                 swept = running.swept
                 for item in running.requests:
@@ -1926,6 +1948,8 @@ class ModelScheduler:
                 if hopeless:
                     running.swept = [*running.swept, *hopeless]
                 self._expire(hopeless, now)
+                if not job.revoked:  # (its thread skips one taken back)
+                    ahead = late
 
     def _deadline_rule(self) -> Callable[[int], int] | None:
         return self._estimate if self._edf else None
@@ -2227,18 +2251,20 @@ class ModelScheduler:
         for instance, jobs in enumerate(self._outstanding):
             if len(jobs) < 2:
                 continue
-            committed = jobs[1]
-            job = committed.job
-            if job is None or job.revoked:
-                continue
-            # (`_busy_until` is the committed batch's predicted end: the running one's is its
-            # start)
-            running_ends = self._busy_until[instance] - committed.predicted_ns
+            # (`_busy_until` is the last lookahead batch's predicted end: the running one's ends
+            # where the lookahead batches' runs begin)
+            running_ends = self._busy_until[instance]
+            for committed in islice(jobs, 1, None):
+                running_ends -= committed.predicted_ns
             if now <= running_ends + _REVOKE_AFTER_NS:
                 continue
             item = self._most_urgent()
-            if item is not None and any(item.key < w.key for w in committed.requests):
-                job.revoked = True
+            if item is None:
+                continue
+            for committed in islice(jobs, 1, None):
+                job = committed.job
+                if job is not None and any(item.key < w.key for w in committed.requests):
+                    job.revoked = True
 
     def _most_urgent(self) -> QueuedRequest | None:
         """The first queued request its client has not withdrawn (None: none)."""
@@ -2291,9 +2317,12 @@ class ModelScheduler:
             # shared core gave every batch a `start_by`: 2,500 requests of 1 MB grew the server
             # by 1.6 GB before a collection (found by a tester)
             job.start_by = None
-        if jobs:  # the lookahead batch started as this one ended
+        if jobs:  # the lookahead batch started as this one ended (the others wait behind it)
             jobs[0].started_ns = now
-            self._busy_until[instance] = now + jobs[0].predicted_ns
+            ends = now
+            for waiting in jobs:
+                ends += waiting.predicted_ns
+            self._busy_until[instance] = ends
         else:
             self._busy_until[instance] = 0
         if self._ledger is not None:
