@@ -874,6 +874,33 @@ def test_the_load_shedder_reads_refusals_for_the_work_ahead_as_misses_not_imposs
     run(body)
 
 
+def test_refusals_for_the_work_of_a_models_own_threads_are_no_misses_for_the_load_shedder() -> None:
+    """Found profiling resnet at twice its capacity: every refusal at admission counted as a
+    miss, so the shedder, its loop busy beside the client, refused a growing share of requests
+    unread until the model's thread ran short of work. A refusal the request would have had
+    had the loop taken it in as it came is the model's capacity, not the loop's: no miss. One
+    the loop's lateness caused still is."""
+
+    async def body() -> None:
+        clock, _, scheduler = long_batches()  # 5 ms runs on a thread of their own
+        scheduler.submit_nowait({}, rows=1, shape_key=(), due_ns=None, priority=0)
+        now = clock.now_ns()
+        with pytest.raises(Overloaded):  # the running batch ends in 5 ms, its own run 5 more
+            scheduler.submit_nowait(
+                {}, rows=1, shape_key=(), due_ns=now + 7 * MS, priority=0, arrival_ns=now
+            )
+        assert scheduler.outcomes() == (0, 1)
+        with pytest.raises(Overloaded):  # taken in as it came, 4 ms ago, it would have fit
+            scheduler.submit_nowait(
+                {}, rows=1, shape_key=(), due_ns=now + 8 * MS, priority=0,
+                arrival_ns=now - 4 * MS,
+            )  # fmt: skip
+        assert scheduler.outcomes() == (1, 2)
+        assert scheduler.statistics().rejected == 2
+
+    run(body)
+
+
 def test_requests_failed_by_the_scheduler_get_their_timing_stamps() -> None:
     """Probe repro_span_stages: a traced request failed in the queue had no stamp after
     `queued_ns`, and one its run failed none after its start, so their spans showed no `queue`
