@@ -14,6 +14,7 @@ import argparse
 import asyncio
 import contextlib
 import functools
+import gc
 import logging
 import multiprocessing
 import os
@@ -212,15 +213,35 @@ async def collect_records(
         ]
         start_ns = None if before_start is None else await before_start()
         interrupt = interrupt or Interrupt()  # never fired: the run goes to its end
-        records = await _drive(
-            config, ledger, transport, payloads, interrupt, progress=progress,
-            start_ns=start_ns, phase_ns=phase_ns, at_start=at_start,
-        )  # fmt: skip
+        with _collector_spares_setup():
+            records = await _drive(
+                config, ledger, transport, payloads, interrupt, progress=progress,
+                start_ns=start_ns, phase_ns=phase_ns, at_start=at_start,
+            )  # fmt: skip
         if record is not None:
             _write_capture(record, config, ledger, pools, payloads, records)
         return records
     finally:
         await transport.aclose()
+
+
+@contextlib.contextmanager
+def _collector_spares_setup() -> Iterator[None]:
+    """While the run goes: what this process holds already (the payloads, the model's
+    signature, the transport's connections, the modules) is out of the cyclic collector's
+    sight (`gc.freeze`), so its collections scan only what the run itself keeps.
+
+    NOTE: the generator's own pauses count as the server's lateness: a full collection
+    scanning the payloads and all else took 12 ms in an 8 s run (resnet at 2,750 requests/s,
+    the demo's payloads, 512 connections), and the 50 ms requests answered in the last 12 ms
+    before it were read late: 44 late answers in that second, where the server counted none
+    (the whole run: 51 late, 99.7% on time; the echo floor's 200% run: 99.9%)."""
+    gc.collect()
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
 
 
 def _write_capture(
