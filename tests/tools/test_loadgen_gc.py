@@ -20,5 +20,6 @@ def test_a_freeze_made_before_the_run_is_left_frozen() -> None:
     gc.freeze()  # as `tune_gc` does for a server in this process
     before = gc.get_freeze_count()
     with _collector_spares_setup():
-        assert gc.get_freeze_count() >= before
-    assert gc.get_freeze_count() >= before, "the server's frozen objects were thawed"
+        assert gc.get_freeze_count() > before // 2
+    # (frozen objects freed by their counts leave it meanwhile: thawed, it would be 0)
+    assert gc.get_freeze_count() > before // 2, "the server's frozen objects were thawed"
