@@ -47,6 +47,7 @@ def service_of(shedder: LoadShedder, models: dict[str, Scheduler]) -> SimpleName
         snapshot=SimpleNamespace(models=models), count_shed=count_shed, scheduler_of=scheduler_of
     )
     registry.served_name = functools.partial(Registry.served_name, registry)
+    registry.turn_wait_ns = functools.partial(Registry.turn_wait_ns, registry)
     service = SimpleNamespace(
         _shedder=shedder,
         gone_calls=0,

@@ -1030,8 +1030,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         due = _with_deadline(_peeked_due(data, arrived), context, now)
         if due is None:
             return False
-        scheduler = self._engine.registry.scheduler_of(model, version or None)
-        wait = 0.0 if scheduler is None else scheduler.turn_wait_ns
+        wait = self._engine.registry.turn_wait_ns(model, version or None)
         return due - now <= wait and not _asks_priority_one(data)
 
     def _dated(self, request: Any, context: Any, new_call: bool = True) -> tuple[int, int | None]:

@@ -1514,8 +1514,7 @@ class HttpConnection(asyncio.BufferedProtocol):
         arrival = self._replay_arrival  # (kept unparsed: see `_keep_arrival`)
         if arrival is None:
             arrival = self._turn.arrival_ns(now)
-        scheduler = self._api.engine.registry.scheduler_of(model, version or None)
-        wait = 0.0 if scheduler is None else scheduler.turn_wait_ns
+        wait = self._api.engine.registry.turn_wait_ns(model, version or None)
         return timeout * 1000 <= now - arrival + wait and not _priority_one(headers, body)
 
     def _shed_at_once(self, refusal: HttpError) -> None:

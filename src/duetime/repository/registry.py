@@ -451,6 +451,13 @@ class Registry:
             return None
         return name if self.scheduler_of(name, version or None) is not None else None
 
+    def turn_wait_ns(self, name: str, version: str | None) -> float:
+        """What requests of `name` and `version` lately waited for a turn of the loop to run
+        them (`ModelScheduler.turn_wait_ns`: 0 where its instances run on threads, or where it
+        is not served)."""
+        scheduler = self.scheduler_of(name, version)
+        return 0.0 if scheduler is None else scheduler.turn_wait_ns
+
     def count_shed(self, name: str, version: str | None) -> None:
         """Count a request of `name` and `version` that the front end's load shedder refused in
         the statistics of the deployment it would have gone to (`ModelScheduler.count_shed`);

@@ -1617,7 +1617,7 @@ class ModelScheduler:
     def _dispatch(self) -> None:
         queue = self._queue
         estimate = self._deadline_rule()
-        bare = self._bare_estimate if self._edf else None
+        bare = self._bare_rule()
         while len(queue):
             now = self._clock.now_ns()
             slot = self._slot(now)
@@ -1797,9 +1797,8 @@ class ModelScheduler:
             if self._idle_instance(now) is not None:
                 (item,) = queue.take(1)
                 if not item.future.done():  # (done: cancelled by its client)
-                    bare = self._bare_estimate if self._edf else None
                     if item is not self._probe and is_hopeless(
-                        item, now, self._deadline_rule(), bare
+                        item, now, self._deadline_rule(), self._bare_rule()
                     ):
                         # the loop was held past its due time since its admission
                         self._expire([item], now)
@@ -1988,6 +1987,9 @@ class ModelScheduler:
 
     def _batch_rule(self) -> Callable[[int], int] | None:
         return self._batch_estimate if self._edf else None
+
+    def _bare_rule(self) -> Callable[[int], int] | None:
+        return self._bare_estimate if self._edf else None
 
     def _within_others_slack(
         self, estimate: Callable[[int], int] | None, now: int

@@ -211,9 +211,11 @@ async def collect_records(
             [encode(spec, inputs, due) for inputs in pool]
             for pool, due in zip(pools, config.classes, strict=True)
         ]
-        start_ns = None if before_start is None else await before_start()
         interrupt = interrupt or Interrupt()  # never fired: the run goes to its end
+        # (frozen before the start instant is agreed: the collection that precedes the freeze
+        # takes 10-20 ms, which after it would make a process's first sends late)
         with _collector_spares_setup():
+            start_ns = None if before_start is None else await before_start()
             records = await _drive(
                 config, ledger, transport, payloads, interrupt, progress=progress,
                 start_ns=start_ns, phase_ns=phase_ns, at_start=at_start,
